@@ -1,0 +1,37 @@
+// The generator: KernelConfig -> GeneratedSource, a short config header plus an instantiation
+// translation unit that includes the real CUDA templates under templates/ (embedded at build time).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernel_config.hpp"
+
+namespace flashgen {
+
+// Bumped whenever generated code changes meaning; part of every cache key.
+inline constexpr const char* kGeneratorVersion = "1";
+
+struct SourceFile {
+  std::string name;      // include name, e.g. "fwd_sm80.cuh"
+  std::string contents;
+};
+
+struct GeneratedSource {
+  std::string kernel_name;           // extern "C" symbol == KernelConfig::name()
+  std::string translation_unit;      // "<kernel_name>.cu": includes the config header and the template
+  std::vector<SourceFile> headers;   // generated config header first, then the templates it includes
+
+  // One translation unit with every project include inlined in dependency order, for `flashgen emit`;
+  // nvcc compiles it unchanged.
+  std::string self_contained() const;
+};
+
+GeneratedSource generate(const KernelConfig& config);
+
+// The templates as embedded in the library at build time, or read from $FLASHGEN_TEMPLATE_DIR when set
+// (for editing templates without rebuilding).
+const std::vector<SourceFile>& template_files();
+
+}  // namespace flashgen

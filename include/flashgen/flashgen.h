@@ -1,0 +1,62 @@
+/* flashgen C ABI: attention kernels generated and compiled at run time for the GPU in hand.
+ * Stable names and semantics for outside programs and harnesses (ctypes, other languages). */
+#ifndef FLASHGEN_FLASHGEN_H
+#define FLASHGEN_FLASHGEN_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { FLASHGEN_FLOAT16 = 0, FLASHGEN_BFLOAT16 = 1 } flashgen_dtype;
+
+typedef enum {
+  FLASHGEN_MASK_NONE = 0,
+  FLASHGEN_MASK_CAUSAL = 1,          /* aligned bottom-right: key j visible to query i iff j <= i + seqlen_k - seqlen_q */
+  FLASHGEN_MASK_CAUSAL_TOP_LEFT = 2  /* aligned top-left: key j visible to query i iff j <= i */
+} flashgen_mask;
+
+typedef struct {
+  void* data;             /* device pointer, 16-byte aligned */
+  flashgen_dtype dtype;
+  int64_t shape[4];       /* [batch, seqlen, heads, head_dim] */
+  int64_t stride[4];      /* elements; stride[3] must be 1, the others multiples of 8 */
+} flashgen_tensor;
+
+typedef struct {
+  float softmax_scale;    /* <= 0: 1/sqrt(head_dim) */
+  flashgen_mask mask;
+  int deterministic;      /* backward */
+} flashgen_attention_options;
+
+/* Status codes. 0 is success; every failure also sets flashgen_last_error(). */
+enum {
+  FLASHGEN_SUCCESS = 0,
+  FLASHGEN_ERROR_INVALID_ARGUMENT = 1, /* bad shape, dtype, stride, alignment, null pointer */
+  FLASHGEN_ERROR_UNSUPPORTED = 2,      /* a valid request this build cannot serve (e.g. head_dim) */
+  FLASHGEN_ERROR_NO_DEVICE = 3,        /* no CUDA driver or GPU */
+  FLASHGEN_ERROR_COMPILE = 4,          /* NVRTC failed; the message carries the log */
+  FLASHGEN_ERROR_CUDA = 5,             /* a CUDA driver call failed */
+  FLASHGEN_ERROR_INTERNAL = 6
+};
+
+/* out = softmax(q kᵀ · scale [masked]) v, and lse = log-sum-exp of each row (natural log, fp32,
+ * [batch, heads_q, seqlen_q] contiguous) when lse is not NULL. heads_q must be a multiple of heads_kv.
+ * Runs on cuda_stream (a CUstream / cudaStream_t; NULL is the legacy default stream) in the caller's
+ * current CUDA context, or the device's primary context when none is current. */
+int flashgen_attention_forward(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
+                               const flashgen_tensor* out, float* lse /* may be NULL */,
+                               const flashgen_attention_options* opts, void* cuda_stream);
+
+/* Thread-local text of the last failure on this thread ("" if none). */
+const char* flashgen_last_error(void);
+
+/* Library version, e.g. "0.1.0". */
+const char* flashgen_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLASHGEN_FLASHGEN_H */

@@ -1,0 +1,46 @@
+// Launcher stage for the forward pass: checks a problem given as flashgen_tensor views, fills
+// AttnFwdParams, asks the tuner for a config, computes the grid and launches on the caller's stream.
+#pragma once
+
+#include <cuda.h>
+
+#include <string>
+
+#include "attn_params.cuh"
+#include "flashgen/flashgen.h"
+#include "kernel_config.hpp"
+
+namespace flashgen {
+
+// Everything the launcher derived from the arguments, before anything runs.
+struct ForwardProblem {
+  AttnFwdParams params{};
+  DType dtype = DType::kFloat16;
+  int head_dim = 0;
+  MaskKind mask = MaskKind::kNone;
+};
+
+// Validates every argument (null pointers, shapes, dtypes, head_dim, heads_q % heads_kv, alignment of
+// pointers and strides) and throws Error(kInvalidArgument / kUnsupported) naming the argument.
+// Touches no GPU.
+ForwardProblem make_forward_problem(const flashgen_tensor* q, const flashgen_tensor* k,
+                                    const flashgen_tensor* v, const flashgen_tensor* out, float* lse,
+                                    const flashgen_attention_options* opts);
+
+// What ran and why.
+struct ForwardLaunch {
+  KernelConfig config;
+  int arch = 0;
+  std::string reason;  // where the config came from (e.g. "built-in heuristic")
+};
+
+// Launches config (or the tuner's choice when config is null) for the problem on stream.
+ForwardLaunch launch_forward(const ForwardProblem& problem, CUstream stream,
+                             const KernelConfig* config = nullptr);
+
+// make_forward_problem + launch_forward: the C++ entry point behind flashgen_attention_forward.
+ForwardLaunch attention_forward(const flashgen_tensor& q, const flashgen_tensor& k, const flashgen_tensor& v,
+                                const flashgen_tensor& out, float* lse,
+                                const flashgen_attention_options& opts, CUstream stream);
+
+}  // namespace flashgen

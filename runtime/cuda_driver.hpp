@@ -1,0 +1,103 @@
+// The CUDA driver API, opened at run time with dlopen("libcuda.so.1") so the library and the CLI start
+// on machines with no GPU or driver: compile-only work never touches it, GPU calls get a clear error.
+#pragma once
+
+#include <cuda.h>
+
+#include <string>
+
+#include "flashgen/error.hpp"
+
+namespace flashgen {
+
+// X-macro of every driver entry point flashgen uses. The names are cuda.h's, so versioned aliases
+// (cuMemAlloc -> cuMemAlloc_v2) resolve to the symbol the header means.
+#define FLASHGEN_DRIVER_FUNCTIONS(X) \
+  X(cuInit)                          \
+  X(cuDriverGetVersion)              \
+  X(cuGetErrorName)                  \
+  X(cuGetErrorString)                \
+  X(cuDeviceGetCount)                \
+  X(cuDeviceGet)                     \
+  X(cuDeviceGetName)                 \
+  X(cuDeviceGetAttribute)            \
+  X(cuDeviceTotalMem)                \
+  X(cuDevicePrimaryCtxRetain)        \
+  X(cuDevicePrimaryCtxRelease)       \
+  X(cuCtxGetCurrent)                 \
+  X(cuCtxSetCurrent)                 \
+  X(cuCtxPushCurrent)                \
+  X(cuCtxPopCurrent)                 \
+  X(cuCtxGetDevice)                  \
+  X(cuCtxSynchronize)                \
+  X(cuStreamGetCtx)                  \
+  X(cuStreamCreate)                  \
+  X(cuStreamDestroy)                 \
+  X(cuStreamSynchronize)             \
+  X(cuModuleLoadData)                \
+  X(cuModuleUnload)                  \
+  X(cuModuleGetFunction)             \
+  X(cuFuncSetAttribute)              \
+  X(cuFuncGetAttribute)              \
+  X(cuLaunchKernel)                  \
+  X(cuMemAlloc)                      \
+  X(cuMemFree)                       \
+  X(cuMemcpyHtoD)                    \
+  X(cuMemcpyDtoH)                    \
+  X(cuMemsetD8)                      \
+  X(cuMemsetD32)                     \
+  X(cuEventCreate)                   \
+  X(cuEventDestroy)                  \
+  X(cuEventRecord)                   \
+  X(cuEventSynchronize)              \
+  X(cuEventElapsedTime)
+
+struct DriverApi {
+#define FLASHGEN_DRIVER_MEMBER(fn) decltype(&::fn) fn = nullptr;
+  FLASHGEN_DRIVER_FUNCTIONS(FLASHGEN_DRIVER_MEMBER)
+#undef FLASHGEN_DRIVER_MEMBER
+};
+
+// The loaded and initialised driver (cuInit done). Throws Error(kNoDevice) naming the cause when
+// libcuda cannot be opened, a symbol is missing, cuInit fails or no device is present. Thread-safe.
+const DriverApi& driver();
+
+// True when driver() would succeed; otherwise fills *why.
+bool driver_available(std::string* why = nullptr);
+
+// "CUDA_ERROR_X: description" for a driver status.
+std::string cu_error_text(CUresult result);
+
+[[noreturn]] void throw_cu_error(CUresult result, const char* call, const char* file, int line);
+
+// Makes a context current for the scope: the stream's own context when the stream is not null, else
+// the caller's current context, else the primary context of device 0 (retained for the process).
+class ScopedContext {
+ public:
+  explicit ScopedContext(CUstream stream = nullptr);
+  ~ScopedContext();
+  ScopedContext(const ScopedContext&) = delete;
+  ScopedContext& operator=(const ScopedContext&) = delete;
+
+  CUcontext context() const { return context_; }
+  CUdevice device() const { return device_; }
+
+ private:
+  CUcontext context_ = nullptr;
+  CUdevice device_ = 0;
+  bool pushed_ = false;
+};
+
+// Compute capability of a device as an sm number: 80, 86, 89, 90, ...
+int device_sm(CUdevice device);
+
+}  // namespace flashgen
+
+// Calls a driver entry point through driver() and throws Error(kCuda) with file:line, the call and
+// the driver's own text on failure.
+#define FLASHGEN_CU_CHECK(call_expr)                                                    \
+  do {                                                                                  \
+    CUresult flashgen_cu_result_ = ::flashgen::driver().call_expr;                      \
+    if (flashgen_cu_result_ != CUDA_SUCCESS)                                            \
+      ::flashgen::throw_cu_error(flashgen_cu_result_, #call_expr, __FILE__, __LINE__);  \
+  } while (0)

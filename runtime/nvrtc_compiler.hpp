@@ -1,0 +1,48 @@
+// NVRTC stage: GeneratedSource -> CompiledKernel (cubin, log, options, resource usage). Needs no GPU:
+// any target architecture compiles on any machine with libnvrtc.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "generator.hpp"
+
+namespace flashgen {
+
+// What ptxas reported for the kernel (--ptxas-options=-v).
+struct ResourceUsage {
+  int registers = -1;
+  int static_smem_bytes = 0;
+  int stack_bytes = 0;
+  int spill_store_bytes = 0;
+  int spill_load_bytes = 0;
+};
+
+struct CompiledKernel {
+  std::string kernel_name;
+  int arch = 0;                      // sm number the cubin targets (90 means sm_90a)
+  std::string cubin;                 // raw bytes
+  std::string log;                   // NVRTC + ptxas log
+  std::vector<std::string> options;  // NVRTC options used
+  ResourceUsage usage;
+  double compile_ms = 0;             // 0 when it came from a cache
+  bool from_cache = false;
+};
+
+// "-arch=sm_90a" on Hopper (wgmma/setmaxnreg need the a-suffix), "-arch=sm_<arch>" otherwise.
+std::string arch_flag(int arch);
+
+// Every option passed to NVRTC for this arch (deterministic order; part of the cache key).
+std::vector<std::string> nvrtc_options(int arch);
+
+// "13.0"
+std::string nvrtc_version();
+
+// Parses registers, shared memory, stack and spill bytes for the kernel out of a ptxas -v log.
+ResourceUsage parse_ptxas_log(const std::string& log);
+
+// Compiles with NVRTC. On failure throws Error(kCompile) whose message holds the log and the path
+// where the full source was dumped ($FLASHGEN_CACHE_DIR/failed/<kernel>.cu).
+CompiledKernel compile_nvrtc(const GeneratedSource& source, int arch);
+
+}  // namespace flashgen

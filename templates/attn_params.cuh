@@ -1,0 +1,35 @@
+// Runtime arguments of the attention kernels: one plain struct shared by the host compiler and NVRTC,
+// passed by value as a `const __grid_constant__` kernel parameter. Nothing here forces a recompile.
+#pragma once
+
+namespace flashgen {
+
+// All strides are in elements; head_dim has unit stride. A row is one (batch, seq, head) vector.
+struct AttnFwdParams {
+  const void* q;   // (batch, seqlen_q, heads_q, head_dim)
+  const void* k;   // (batch, seqlen_k, heads_kv, head_dim)
+  const void* v;   // (batch, seqlen_k, heads_kv, head_dim)
+  void* o;         // (batch, seqlen_q, heads_q, head_dim)
+  float* lse;      // (batch, heads_q, seqlen_q) contiguous, natural log; may be null
+
+  long long q_batch_stride, q_row_stride, q_head_stride;
+  long long k_batch_stride, k_row_stride, k_head_stride;
+  long long v_batch_stride, v_row_stride, v_head_stride;
+  long long o_batch_stride, o_row_stride, o_head_stride;
+
+  int batch;
+  int heads_q;
+  int heads_kv;
+  int group_size;     // heads_q / heads_kv: query heads sharing one key/value head
+  int seqlen_q;
+  int seqlen_k;
+
+  // Causal configs: key j is visible to query i iff j <= i + causal_offset.
+  // Bottom-right alignment uses seqlen_k - seqlen_q, top-left uses 0.
+  int causal_offset;
+
+  float scale;        // softmax scale applied to q·k
+  float scale_log2;   // scale * log2(e): the kernels exponentiate in base 2
+};
+
+}  // namespace flashgen

@@ -1,0 +1,61 @@
+// The one place that decides whether a forward config is valid and derives its sizes. Plain constexpr
+// C++ read by the host (generator, tuner, launcher) and by the kernel template's static_asserts.
+#pragma once
+
+namespace flashgen {
+
+enum class ElemType : int { kFloat16 = 0, kBFloat16 = 1 };
+enum class MaskKind : int { kNone = 0, kCausal = 1 };
+
+struct FwdTraits {
+  int threads;             // warps * 32
+  int head_dim_pad;        // head_dim rounded up to the mma k-step (16)
+  int smem_row_elems;      // shared-memory row pitch: head_dim_pad + 8 elements, so ldmatrix rows hit distinct banks
+  int rows_per_warp;       // block_m / warps
+  int m_tiles;             // 16-row mma tiles per warp
+  int smem_q_bytes;        // (block_m, smem_row_elems) Q tile; reused for the output tile
+  int smem_kv_stage_bytes; // (block_n, smem_row_elems) K tile + V tile
+  int smem_bytes;          // whole dynamic shared memory of one block
+  int accum_regs;          // fp32 accumulator registers per thread (O and S), the bulk of the register budget
+  const char* error;       // nullptr when the shape is valid on some GPU
+};
+
+// Registers a thread may spend on accumulators before the kernel spills: 255 minus addresses,
+// softmax state and operand fragments.
+constexpr int kMaxAccumRegs = 192;
+
+constexpr FwdTraits fwd_traits(int head_dim, int block_m, int block_n, int warps, int stages, bool q_in_regs) {
+  FwdTraits t{};
+  t.threads = warps * 32;
+  t.head_dim_pad = (head_dim + 15) / 16 * 16;
+  t.smem_row_elems = t.head_dim_pad + 8;
+  t.rows_per_warp = warps > 0 ? block_m / warps : 0;
+  t.m_tiles = t.rows_per_warp / 16;
+  t.smem_q_bytes = block_m * t.smem_row_elems * 2;
+  t.smem_kv_stage_bytes = 2 * block_n * t.smem_row_elems * 2;
+  t.smem_bytes = t.smem_q_bytes + stages * t.smem_kv_stage_bytes;
+  t.accum_regs = t.m_tiles * (t.head_dim_pad / 8) * 4 + t.m_tiles * (block_n / 8) * 4 +
+                 (q_in_regs ? t.m_tiles * (t.head_dim_pad / 16) * 4 : 0);
+  t.error = nullptr;
+  if (head_dim < 8 || head_dim > 256 || head_dim % 8 != 0) {
+    t.error = "head_dim must be a multiple of 8 in [8, 256]";
+  } else if (warps < 1 || warps > 16) {
+    t.error = "warps must be in [1, 16]";
+  } else if (block_m % (16 * warps) != 0) {
+    t.error = "block_m must be a multiple of 16 * warps (each warp owns whole 16-row mma tiles)";
+  } else if (block_n < 16 || block_n % 16 != 0 || block_n > 256) {
+    t.error = "block_n must be a multiple of 16 in [16, 256]";
+  } else if (stages < 2 || stages > 4) {
+    t.error = "stages must be in [2, 4]";
+  } else if (t.accum_regs > kMaxAccumRegs) {
+    t.error = "accumulators need more registers than a thread has: lower block_m per warp, block_n or q_in_regs";
+  }
+  return t;
+}
+
+// Largest dynamic shared memory one block may opt into on an architecture (sm number: 80, 86, 89, 90).
+constexpr int max_smem_per_block(int sm) {
+  return sm == 80 || sm == 87 ? 166912 : sm >= 90 ? 232448 : sm >= 86 ? 101376 : 0;
+}
+
+}  // namespace flashgen

@@ -1,0 +1,19 @@
+// Built-in config choice for the forward pass: valid for every problem, used when no tuning data
+// exists, and the default candidate list that the main job and tests compile.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "kernel_config.hpp"
+
+namespace flashgen {
+
+// The config the runtime uses for (dtype, head_dim, mask) on sm_<arch> without tuning data.
+KernelConfig heuristic_forward_config(DType dtype, int head_dim, MaskKind mask, int arch);
+
+// Default candidates for an arch: the heuristic choices for head_dim 32..256 (the standard ones),
+// both dtypes, both masks, plus the tile variants a tuner would try first. Every one is valid for arch.
+std::vector<KernelConfig> default_forward_candidates(int arch);
+
+}  // namespace flashgen
