@@ -1,5 +1,6 @@
-# Writes OUTPUT: a C++ file defining flashgen::embedded_templates(), the text of every file in INPUTS
+# Writes OUTPUT: a C++ file defining flashgen::embedded_templates(), the text of every TEMPLATE_DIR/*.cuh
 # as raw string literals. Run by the build (cmake -P); sorted by name so the output is deterministic.
+file(GLOB INPUTS ${TEMPLATE_DIR}/*.cuh)
 list(SORT INPUTS)
 set(body "")
 foreach(path IN LISTS INPUTS)

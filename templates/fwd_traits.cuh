@@ -16,13 +16,14 @@ struct FwdTraits {
   int smem_q_bytes;        // (block_m, smem_row_elems) Q tile; reused for the output tile
   int smem_kv_stage_bytes; // (block_n, smem_row_elems) K tile + V tile
   int smem_bytes;          // whole dynamic shared memory of one block
-  int accum_regs;          // fp32 accumulator registers per thread (O and S), the bulk of the register budget
+  int accum_regs;          // registers per thread for O, S, P (and Q) fragments: the bulk of the budget
   const char* error;       // nullptr when the shape is valid on some GPU
 };
 
-// Registers a thread may spend on accumulators before the kernel spills: 255 minus addresses,
-// softmax state and operand fragments.
-constexpr int kMaxAccumRegs = 192;
+// Registers a thread may spend on fragments before the kernel spills: 255 minus addresses, softmax
+// state and the K/V operands in flight. A necessary condition only: ptxas's report is the final word,
+// and a config that passes here and still spills is dropped by whoever compiled it.
+constexpr int kMaxAccumRegs = 176;
 
 constexpr FwdTraits fwd_traits(int head_dim, int block_m, int block_n, int warps, int stages, bool q_in_regs) {
   FwdTraits t{};
@@ -34,8 +35,10 @@ constexpr FwdTraits fwd_traits(int head_dim, int block_m, int block_n, int warps
   t.smem_q_bytes = block_m * t.smem_row_elems * 2;
   t.smem_kv_stage_bytes = 2 * block_n * t.smem_row_elems * 2;
   t.smem_bytes = t.smem_q_bytes + stages * t.smem_kv_stage_bytes;
-  t.accum_regs = t.m_tiles * (t.head_dim_pad / 8) * 4 + t.m_tiles * (block_n / 8) * 4 +
-                 (q_in_regs ? t.m_tiles * (t.head_dim_pad / 16) * 4 : 0);
+  t.accum_regs = t.m_tiles * (t.head_dim_pad / 8) * 4       // O, fp32
+                 + t.m_tiles * (block_n / 8) * 4             // S, fp32
+                 + t.m_tiles * (block_n / 16) * 4            // P, packed 16-bit pairs
+                 + (q_in_regs ? t.m_tiles * (t.head_dim_pad / 16) * 4 : 0);
   t.error = nullptr;
   if (head_dim < 8 || head_dim > 256 || head_dim % 8 != 0) {
     t.error = "head_dim must be a multiple of 8 in [8, 256]";
@@ -53,9 +56,13 @@ constexpr FwdTraits fwd_traits(int head_dim, int block_m, int block_n, int warps
   return t;
 }
 
-// Largest dynamic shared memory one block may opt into on an architecture (sm number: 80, 86, 89, 90).
+// Largest dynamic shared memory one block may opt into on an architecture (sm number: 80, 86, 89, 90,
+// 100, 120); 0 below sm_80, which the tensor-core path does not support.
 constexpr int max_smem_per_block(int sm) {
-  return sm == 80 || sm == 87 ? 166912 : sm >= 90 ? 232448 : sm >= 86 ? 101376 : 0;
+  if (sm == 80 || sm == 87) return 166912;   // A100, Orin: 163 KB
+  if (sm >= 90 && sm < 120) return 232448;   // H100/H200, B200: 227 KB
+  if (sm >= 86) return 101376;               // sm_86, sm_89, sm_120: 99 KB
+  return 0;
 }
 
 }  // namespace flashgen

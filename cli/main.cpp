@@ -1,0 +1,982 @@
+// The `flashgen` command-line tool: info, emit, compile, run and demo over the library's stages
+// (generator -> NVRTC -> cache/registry -> launcher). `flashgen help` lists the commands.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "args.hpp"
+#include "attention.hpp"
+#include "cuda_driver.hpp"
+#include "flashgen/error.hpp"
+#include "flashgen/flashgen.h"
+#include "generator.hpp"
+#include "heuristic.hpp"
+#include "kernel_cache.hpp"
+#include "kernel_config.hpp"
+#include "kernel_registry.hpp"
+#include "nvrtc_compiler.hpp"
+#include "reference.hpp"
+#include "table.hpp"
+
+namespace flashgen::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// Architectures `compile --arch` accepts, and the ones it and `demo` compile for by default.
+const std::vector<int> kKnownArchs = {80, 86, 89, 90};
+const std::vector<int> kDefaultArchs = {80, 90};
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+// "sm_90a" for Hopper (what NVRTC targets there), "sm_80" otherwise: arch_flag() without "-arch=".
+std::string arch_label(int arch) {
+  const std::string flag = arch_flag(arch);
+  const std::string prefix = "-arch=";
+  return flag.rfind(prefix, 0) == 0 ? flag.substr(prefix.size()) : flag;
+}
+
+std::string format_bytes(uint64_t bytes) {
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = -1;
+  while (value >= 1024 && unit < 3) {
+    value /= 1024;
+    ++unit;
+  }
+  return format("%.1f %s", value, units[unit]);
+}
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+// The value of an environment variable, or nullopt when unset or empty.
+std::optional<std::string> env(const char* name) {
+  const char* value = std::getenv(name);
+  if (!value || !*value) return std::nullopt;
+  return std::string(value);
+}
+
+// --arch values (repeatable, or comma-separated: --arch 80,90), each one of kKnownArchs.
+std::vector<int> parse_archs(const Args& args, const std::vector<int>& fallback) {
+  std::vector<int> archs;
+  for (const std::string& value : args.values("arch")) {
+    std::stringstream list(value);
+    std::string item;
+    while (std::getline(list, item, ',')) {
+      const int arch = static_cast<int>(args.parse_int("arch", item, 0, 1000));
+      if (std::find(kKnownArchs.begin(), kKnownArchs.end(), arch) == kKnownArchs.end())
+        throw UsageError("--arch expects 80, 86, 89 or 90, got " + item, args.usage());
+      if (std::find(archs.begin(), archs.end(), arch) == archs.end()) archs.push_back(arch);
+    }
+  }
+  return archs.empty() ? fallback : archs;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// flashgen info
+
+Command info_command() {
+  return Command("info", "Prints the versions, the kernel cache and the GPUs of this machine.", "[--json]")
+      .flag("json", "print one JSON object");
+}
+
+struct CacheSummary {
+  fs::path dir;
+  bool exists = false;
+  uint64_t entries = 0;  // compiled kernels (*.cubin)
+  uint64_t bytes = 0;    // every file under the folder, failed-source dumps included
+};
+
+CacheSummary summarize_cache(const fs::path& dir) {
+  CacheSummary summary;
+  summary.dir = dir;
+  std::error_code error;
+  summary.exists = fs::is_directory(dir, error);
+  if (!summary.exists) return summary;
+  for (fs::recursive_directory_iterator it(dir, fs::directory_options::skip_permission_denied, error), end;
+       !error && it != end; it.increment(error)) {
+    std::error_code file_error;
+    if (!it->is_regular_file(file_error)) continue;
+    const uintmax_t size = it->file_size(file_error);
+    if (!file_error) summary.bytes += size;
+    if (it->path().extension() == ".cubin") ++summary.entries;
+  }
+  return summary;
+}
+
+struct GpuInfo {
+  int index = 0;
+  std::string name;
+  int sm = 0;
+  int sm_count = 0;
+  uint64_t memory_bytes = 0;
+};
+
+std::vector<GpuInfo> list_gpus() {
+  std::vector<GpuInfo> gpus;
+  int count = 0;
+  FLASHGEN_CU_CHECK(cuDeviceGetCount(&count));
+  for (int i = 0; i < count; ++i) {
+    CUdevice device = 0;
+    FLASHGEN_CU_CHECK(cuDeviceGet(&device, i));
+    GpuInfo gpu;
+    gpu.index = i;
+    char name[256] = {};
+    FLASHGEN_CU_CHECK(cuDeviceGetName(name, sizeof name, device));
+    gpu.name = name;
+    gpu.sm = device_sm(device);
+    FLASHGEN_CU_CHECK(cuDeviceGetAttribute(&gpu.sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device));
+    size_t memory = 0;
+    FLASHGEN_CU_CHECK(cuDeviceTotalMem(&memory, device));
+    gpu.memory_bytes = memory;
+    gpus.push_back(gpu);
+  }
+  return gpus;
+}
+
+int command_info(const Args& args) {
+  const CacheSummary cache = summarize_cache(KernelCache::default_dir());
+  const std::optional<std::string> template_dir = env("FLASHGEN_TEMPLATE_DIR");
+  std::string no_gpu_reason;
+  const bool have_driver = driver_available(&no_gpu_reason);
+  int driver_version = 0;
+  std::vector<GpuInfo> gpus;
+  if (have_driver) {
+    // A driver that loaded but then fails a query is reported like a missing GPU: info never fails for it.
+    try {
+      FLASHGEN_CU_CHECK(cuDriverGetVersion(&driver_version));
+      gpus = list_gpus();
+    } catch (const Error& error) {
+      no_gpu_reason = error.what();
+      gpus.clear();
+    }
+  }
+  const bool have_gpu = have_driver && !gpus.empty();
+  const std::string driver_text =
+      format("%d.%d", driver_version / 1000, driver_version % 1000 / 10);
+
+  if (args.has("json")) {
+    Json j;
+    j["flashgen_version"] = FLASHGEN_VERSION;
+    j["generator_version"] = kGeneratorVersion;
+    j["nvrtc_version"] = nvrtc_version();
+    j["cache"] = {{"dir", cache.dir.string()}, {"exists", cache.exists}, {"entries", cache.entries},
+                  {"bytes", cache.bytes}};
+    j["template_dir"] = template_dir ? Json(*template_dir) : Json(nullptr);
+    if (have_driver && driver_version > 0) j["driver_version"] = driver_text;
+    else j["driver_version"] = nullptr;
+    j["gpus"] = Json::array();
+    for (const GpuInfo& gpu : gpus)
+      j["gpus"].push_back({{"index", gpu.index}, {"name", gpu.name}, {"sm", gpu.sm}, {"sm_count", gpu.sm_count},
+                           {"memory_bytes", gpu.memory_bytes}});
+    if (!have_gpu) j["no_gpu_reason"] = no_gpu_reason.empty() ? "no CUDA device" : no_gpu_reason;
+    std::cout << j.dump(2) << '\n';
+    return 0;
+  }
+
+  std::cout << "flashgen:              " << FLASHGEN_VERSION << '\n'
+            << "generator:             " << kGeneratorVersion << '\n'
+            << "NVRTC:                 " << nvrtc_version() << '\n'
+            << "kernel cache:          " << cache.dir.string();
+  if (cache.exists)
+    std::cout << " (" << cache.entries << (cache.entries == 1 ? " kernel, " : " kernels, ") << format_bytes(cache.bytes)
+              << ")\n";
+  else
+    std::cout << " (not created yet)\n";
+  std::cout << "FLASHGEN_TEMPLATE_DIR: "
+            << (template_dir ? "set: " + *template_dir : std::string("not set (templates embedded in the library)"))
+            << '\n';
+  if (have_driver && driver_version > 0) std::cout << "CUDA driver:           " << driver_text << '\n';
+  if (!have_gpu) {
+    std::cout << "GPU:                   none (" << (no_gpu_reason.empty() ? "no CUDA device" : no_gpu_reason)
+              << ")\n";
+    return 0;
+  }
+  for (const GpuInfo& gpu : gpus)
+    std::cout << format("GPU %d:%*s", gpu.index, gpu.index < 10 ? 17 : 16, "") << gpu.name << ", sm_" << gpu.sm
+              << ", " << gpu.sm_count << " SMs, " << format_bytes(gpu.memory_bytes) << '\n';
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// flashgen emit
+
+Command emit_command() {
+  return Command("emit",
+                 "Prints the generated kernel as one self-contained CUDA translation unit; nvcc compiles it\n"
+                 "unchanged: nvcc -gencode=arch=compute_90a,code=sm_90a -c <file>.cu",
+                 "<config-name> [-o FILE] | --config-json FILE|- [-o FILE]", 1,
+                 "<config-name>: a canonical config name, e.g. fwd_sm80_fp16_d128_m128_n64_w4_s2")
+      .option("config-json", "FILE", "read the config as JSON from FILE ('-' for stdin) instead of a name")
+      .option("arch", "SM", "check the config is valid for sm_<SM> (80, 86, 89, 90; default 90)")
+      .option("output", "FILE", "write to FILE instead of stdout", false, 'o');
+}
+
+KernelConfig read_config_json(const std::string& path) {
+  std::string text;
+  if (path == "-") {
+    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  } else {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail(Status::kInvalidArgument, "cannot read config JSON '" + path + "'");
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  try {
+    return Json::parse(text).get<KernelConfig>();
+  } catch (const Json::exception& error) {
+    fail(Status::kInvalidArgument, "config JSON '" + path + "': " + error.what());
+  }
+}
+
+int command_emit(const Args& args) {
+  const bool from_json = args.has("config-json");
+  if (from_json == !args.positionals.empty())
+    throw UsageError("emit takes either a config name or --config-json, exactly one of them", args.usage());
+  const KernelConfig config =
+      from_json ? read_config_json(args.string_or("config-json", "-")) : KernelConfig::from_name(args.positionals[0]);
+  const int arch = parse_archs(args, {90}).front();
+  if (std::optional<std::string> why = config.invalid_reason(arch))
+    fail(Status::kInvalidArgument, "config " + config.name() + " is invalid for sm_" + std::to_string(arch) + ": " + *why);
+
+  const std::string source = generate(config).self_contained();
+  if (!args.has("output")) {
+    std::cout << source;
+    return 0;
+  }
+  const std::string path = args.string_or("output", "");
+  std::ofstream out(path, std::ios::binary);
+  out << source;
+  out.close();
+  if (!out) fail(Status::kInternal, "cannot write '" + path + "'");
+  std::cerr << "wrote " << config.name() << " (" << source.size() << " bytes) to " << path << '\n';
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// flashgen compile (and the compile-only demo)
+
+Command compile_command() {
+  return Command("compile",
+                 "Compiles kernels with NVRTC (through the on-disk cache unless --no-cache) and prints\n"
+                 "registers, shared memory, spills, stack and compile time. Needs no GPU.",
+                 "[<config-name>...] [--all-defaults] [--arch SM]... [--json] [--no-cache] [--jobs N]", -1,
+                 "<config-name>: canonical config names, e.g. fwd_sm80_fp16_d128_m128_n64_w4_s2")
+      .option("arch", "SM", "target sm_<SM>: 80, 86, 89 or 90 (sm_90a); default 80 and 90", true)
+      .flag("all-defaults", "add the default candidates (default_forward_candidates) of each arch")
+      .flag("no-cache", "compile with NVRTC directly, bypassing the memory and disk caches")
+      .option("jobs", "N", "compile N kernels at a time (default: the number of cores)", false, 'j')
+      .flag("json", "print a JSON array instead of the table");
+}
+
+struct CompileJob {
+  KernelConfig config;
+  int arch = 0;
+};
+
+struct CompileOutcome {
+  std::string name;
+  int arch = 0;
+  bool ok = false;
+  ResourceUsage usage;
+  int dynamic_smem_bytes = 0;
+  double compile_ms = 0;  // NVRTC time; 0 when the kernel came from a cache
+  double wall_ms = 0;     // the whole call, cache lookup included
+  bool cached = false;
+  std::string error;
+};
+
+CompileOutcome compile_one(const CompileJob& job, bool use_cache) {
+  CompileOutcome outcome;
+  outcome.name = job.config.name();
+  outcome.arch = job.arch;
+  try {
+    if (std::optional<std::string> why = job.config.invalid_reason(job.arch))
+      fail(Status::kInvalidArgument, "not valid: " + *why);
+    outcome.dynamic_smem_bytes = job.config.traits().smem_bytes;
+    const Clock::time_point start = Clock::now();
+    std::shared_ptr<const CompiledKernel> kernel =
+        use_cache ? KernelRegistry::instance().compiled(job.config, job.arch)
+                  : std::make_shared<const CompiledKernel>(compile_nvrtc(generate(job.config), job.arch));
+    outcome.wall_ms = ms_since(start);
+    outcome.usage = kernel->usage;
+    outcome.compile_ms = kernel->compile_ms;
+    outcome.cached = kernel->from_cache;
+    outcome.ok = true;
+  } catch (const std::exception& error) {  // report it and keep going with the other kernels
+    outcome.error = error.what();
+  }
+  return outcome;
+}
+
+// Compiles every job on `threads` threads, printing progress and each failure to stderr as it happens.
+// Outcomes come back in the order of jobs.
+std::vector<CompileOutcome> compile_jobs(const std::vector<CompileJob>& jobs, bool use_cache, int threads) {
+  std::vector<CompileOutcome> outcomes(jobs.size());
+  std::atomic<size_t> next{0};
+  std::mutex log_mutex;
+  auto worker = [&] {
+    for (size_t i = next++; i < jobs.size(); i = next++) {
+      const std::string counter = format("[%zu/%zu] ", i + 1, jobs.size());
+      const std::string what = jobs[i].config.name() + " for " + arch_label(jobs[i].arch);
+      {
+        std::lock_guard<std::mutex> lock(log_mutex);
+        std::cerr << counter << "compiling " << what << '\n';
+      }
+      outcomes[i] = compile_one(jobs[i], use_cache);
+      if (!outcomes[i].ok) {
+        std::lock_guard<std::mutex> lock(log_mutex);
+        std::cerr << counter << "FAILED " << what << ": " << outcomes[i].error << '\n';
+      }
+    }
+  };
+  const size_t thread_count = std::clamp<size_t>(static_cast<size_t>(threads), 1, std::max<size_t>(jobs.size(), 1));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < thread_count; ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& thread : pool) thread.join();
+  return outcomes;
+}
+
+void print_compile_table(const std::vector<CompileOutcome>& outcomes, std::ostream& os) {
+  Table table({"config", "arch", "regs", "static smem", "dyn smem", "spill st/ld", "stack", "compile ms", "cached"});
+  for (const CompileOutcome& o : outcomes) {
+    if (!o.ok) {
+      table.add({o.name, arch_label(o.arch), "FAILED", "-", "-", "-", "-", "-", "-"});
+      continue;
+    }
+    table.add({o.name, arch_label(o.arch), std::to_string(o.usage.registers), std::to_string(o.usage.static_smem_bytes),
+               std::to_string(o.dynamic_smem_bytes),
+               std::to_string(o.usage.spill_store_bytes) + "/" + std::to_string(o.usage.spill_load_bytes),
+               std::to_string(o.usage.stack_bytes), o.cached ? "-" : format("%.0f", o.compile_ms),
+               o.cached ? "yes" : "no"});
+  }
+  table.print(os);
+}
+
+Json compile_outcomes_json(const std::vector<CompileOutcome>& outcomes) {
+  Json array = Json::array();
+  for (const CompileOutcome& o : outcomes) {
+    Json j = {{"config", o.name}, {"arch", o.arch}, {"target", arch_label(o.arch)}, {"ok", o.ok}};
+    if (o.ok) {
+      j["registers"] = o.usage.registers;
+      j["static_smem_bytes"] = o.usage.static_smem_bytes;
+      j["dynamic_smem_bytes"] = o.dynamic_smem_bytes;
+      j["spill_store_bytes"] = o.usage.spill_store_bytes;
+      j["spill_load_bytes"] = o.usage.spill_load_bytes;
+      j["stack_bytes"] = o.usage.stack_bytes;
+      j["compile_ms"] = o.compile_ms;
+      j["wall_ms"] = o.wall_ms;
+      j["cached"] = o.cached;
+    } else {
+      j["error"] = o.error;
+    }
+    array.push_back(std::move(j));
+  }
+  return array;
+}
+
+// The summary after the table (stdout) and one line per failure (stderr). Returns the failure count.
+size_t report_compile_summary(const std::vector<CompileOutcome>& outcomes, double wall_ms) {
+  size_t failed = 0;
+  size_t cached = 0;
+  for (const CompileOutcome& o : outcomes) {
+    failed += !o.ok;
+    cached += o.ok && o.cached;
+  }
+  std::cout << format("\n%zu of %zu kernels compiled (%zu from the cache) in %.1f s", outcomes.size() - failed,
+                      outcomes.size(), cached, wall_ms / 1000)
+            << (failed ? format("; %zu failed", failed) : std::string()) << '\n';
+  if (failed) {
+    std::cerr << "\nfailed:\n";
+    for (const CompileOutcome& o : outcomes)
+      if (!o.ok) std::cerr << "  " << o.name << " for " << arch_label(o.arch) << ": " << first_line(o.error) << '\n';
+  }
+  return failed;
+}
+
+int default_jobs() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
+// The default candidates of each arch, in arch order.
+std::vector<CompileJob> default_jobs_for(const std::vector<int>& archs) {
+  std::vector<CompileJob> jobs;
+  for (int arch : archs)
+    for (const KernelConfig& config : default_forward_candidates(arch)) jobs.push_back({config, arch});
+  return jobs;
+}
+
+int command_compile(const Args& args) {
+  if (args.positionals.empty() && !args.has("all-defaults"))
+    throw UsageError("nothing to compile: name configs or pass --all-defaults", args.usage());
+  const std::vector<int> archs = parse_archs(args, kDefaultArchs);
+  const int threads = static_cast<int>(args.int_or("jobs", default_jobs(), 1, 1024));
+
+  std::vector<CompileJob> jobs;
+  std::set<std::pair<std::string, int>> seen;
+  auto add = [&](const KernelConfig& config, int arch) {
+    if (seen.insert({config.name(), arch}).second) jobs.push_back({config, arch});
+  };
+  for (const std::string& name : args.positionals) {
+    const KernelConfig config = KernelConfig::from_name(name);  // a bad name stops here, before any work
+    for (int arch : archs) add(config, arch);
+  }
+  if (args.has("all-defaults"))
+    for (const CompileJob& job : default_jobs_for(archs)) add(job.config, job.arch);
+
+  const Clock::time_point start = Clock::now();
+  const std::vector<CompileOutcome> outcomes = compile_jobs(jobs, !args.has("no-cache"), threads);
+  if (args.has("json")) {
+    std::cout << compile_outcomes_json(outcomes).dump(2) << '\n';
+    return std::all_of(outcomes.begin(), outcomes.end(), [](const CompileOutcome& o) { return o.ok; }) ? 0 : 1;
+  }
+  print_compile_table(outcomes, std::cout);
+  return report_compile_summary(outcomes, ms_since(start)) == 0 ? 0 : 1;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// flashgen run (and the GPU demo)
+
+Command run_command() {
+  return Command("run",
+                 "Runs one attention problem on the GPU: random normal inputs, a check of sampled rows\n"
+                 "against a float64 CPU reference, then timing with CUDA events.",
+                 "[options]")
+      .option("batch", "B", "batch size (default 4)")
+      .option("seqlen-q", "N", "query length (default 4096)")
+      .option("seqlen-k", "N", "key/value length (default 4096)")
+      .option("heads-q", "H", "query heads (default 16)")
+      .option("heads-kv", "H", "key/value heads; heads-q must be a multiple (default 16)")
+      .option("head-dim", "D", "head dimension (default 128)")
+      .option("dtype", "T", "fp16 or bf16 (default fp16)")
+      .option("causal", "MODE", "none, bottom-right or top-left (default none)")
+      .option("scale", "S", "softmax scale; <= 0 means 1/sqrt(head_dim) (default 0)")
+      .option("layout", "L", "memory order of q/k/v/out: bshd or bhsd (default bshd)")
+      .option("config", "NAME", "run this config instead of the tuner's choice")
+      .option("iters", "N", "timed launches (default 20)")
+      .option("warmup", "N", "untimed launches before timing (default 3)")
+      .option("check-rows", "N", "query rows checked against the reference, plus the last one (default 64)")
+      .option("seed", "S", "random seed of the inputs (default 0)")
+      .flag("json", "print one JSON object");
+}
+
+struct RunOptions {
+  int64_t batch = 4;
+  int64_t seqlen_q = 4096;
+  int64_t seqlen_k = 4096;
+  int64_t heads_q = 16;
+  int64_t heads_kv = 16;
+  int64_t head_dim = 128;
+  DType dtype = DType::kFloat16;
+  std::string causal = "none";  // none | bottom-right | top-left
+  float scale = 0;              // <= 0: 1/sqrt(head_dim)
+  std::string layout = "bshd";  // bshd | bhsd
+  std::optional<std::string> config_name;
+  int iters = 20;
+  int warmup = 3;
+  int check_rows = 64;
+  uint32_t seed = 0;
+};
+
+RunOptions parse_run_options(const Args& args) {
+  constexpr long long kIntMax = std::numeric_limits<int>::max();
+  RunOptions o;
+  o.batch = args.int_or("batch", o.batch, 1, kIntMax);
+  o.seqlen_q = args.int_or("seqlen-q", o.seqlen_q, 1, kIntMax);
+  o.seqlen_k = args.int_or("seqlen-k", o.seqlen_k, 1, kIntMax);
+  o.heads_q = args.int_or("heads-q", o.heads_q, 1, kIntMax);
+  o.heads_kv = args.int_or("heads-kv", o.heads_kv, 1, kIntMax);
+  o.head_dim = args.int_or("head-dim", o.head_dim, 1, 4096);
+  o.dtype = args.choice_or("dtype", "fp16", {"fp16", "bf16"}) == "fp16" ? DType::kFloat16 : DType::kBFloat16;
+  o.causal = args.choice_or("causal", o.causal, {"none", "bottom-right", "top-left"});
+  o.scale = static_cast<float>(args.double_or("scale", o.scale));
+  o.layout = args.choice_or("layout", o.layout, {"bshd", "bhsd"});
+  if (args.has("config")) o.config_name = args.string_or("config", "");
+  o.iters = static_cast<int>(args.int_or("iters", o.iters, 1, 1000000));
+  o.warmup = static_cast<int>(args.int_or("warmup", o.warmup, 0, 1000000));
+  o.check_rows = static_cast<int>(args.int_or("check-rows", o.check_rows, 0, 1000000));
+  o.seed = static_cast<uint32_t>(args.int_or("seed", o.seed, 0, std::numeric_limits<uint32_t>::max()));
+  return o;
+}
+
+flashgen_mask mask_of(const RunOptions& o) {
+  if (o.causal == "bottom-right") return FLASHGEN_MASK_CAUSAL;
+  if (o.causal == "top-left") return FLASHGEN_MASK_CAUSAL_TOP_LEFT;
+  return FLASHGEN_MASK_NONE;
+}
+
+MaskRule mask_rule_of(const RunOptions& o) {
+  MaskRule rule;
+  rule.causal = o.causal != "none";
+  rule.causal_offset = o.causal == "bottom-right" ? o.seqlen_k - o.seqlen_q : 0;
+  return rule;
+}
+
+// A host tensor of shape [batch, seqlen, heads, head_dim] laid out as bshd, or as [batch, heads, seqlen,
+// head_dim] in memory for bhsd (the view's strides say so; its shape stays bshd).
+HostTensor make_host_tensor(DType dtype, int64_t batch, int64_t seqlen, int64_t heads, int64_t head_dim,
+                            bool bhsd) {
+  HostTensor t;
+  t.dtype = dtype;
+  const int64_t shape[4] = {batch, seqlen, heads, head_dim};
+  const int64_t bshd_stride[4] = {seqlen * heads * head_dim, heads * head_dim, head_dim, 1};
+  const int64_t bhsd_stride[4] = {heads * seqlen * head_dim, head_dim, seqlen * head_dim, 1};
+  for (int i = 0; i < 4; ++i) {
+    t.shape[i] = shape[i];
+    t.stride[i] = bhsd ? bhsd_stride[i] : bshd_stride[i];
+  }
+  t.bits.resize(static_cast<size_t>(batch * seqlen * heads * head_dim));
+  return t;
+}
+
+// Random normal values rounded to the tensor's type, in memory order.
+void fill_normal(HostTensor& t, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (uint16_t& bits : t.bits) bits = to_bits(t.dtype, normal(rng));
+}
+
+// Device memory from cuMemAlloc, freed when it goes out of scope (inside the ScopedContext that made it).
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) { FLASHGEN_CU_CHECK(cuMemAlloc(&ptr_, bytes)); }
+  ~DeviceBuffer() {
+    if (ptr_) driver().cuMemFree(ptr_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  CUdeviceptr get() const { return ptr_; }
+  void* data() const { return reinterpret_cast<void*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  CUdeviceptr ptr_ = 0;
+  size_t bytes_ = 0;
+};
+
+class Stream {
+ public:
+  Stream() { FLASHGEN_CU_CHECK(cuStreamCreate(&stream_, CU_STREAM_DEFAULT)); }
+  ~Stream() { driver().cuStreamDestroy(stream_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  CUstream get() const { return stream_; }
+
+ private:
+  CUstream stream_ = nullptr;
+};
+
+class Event {
+ public:
+  Event() { FLASHGEN_CU_CHECK(cuEventCreate(&event_, CU_EVENT_DEFAULT)); }
+  ~Event() { driver().cuEventDestroy(event_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  CUevent get() const { return event_; }
+
+ private:
+  CUevent event_ = nullptr;
+};
+
+flashgen_tensor tensor_view(const HostTensor& host, const DeviceBuffer& device) {
+  flashgen_tensor view{};
+  view.data = device.data();
+  view.dtype = host.dtype == DType::kFloat16 ? FLASHGEN_FLOAT16 : FLASHGEN_BFLOAT16;
+  for (int i = 0; i < 4; ++i) {
+    view.shape[i] = host.shape[i];
+    view.stride[i] = host.stride[i];
+  }
+  return view;
+}
+
+struct RowIndex {
+  int64_t batch = 0, head = 0, row = 0;
+  bool operator<(const RowIndex& other) const {
+    return std::tie(batch, head, row) < std::tie(other.batch, other.head, other.row);
+  }
+};
+
+// `count` rows spread evenly over all (batch, head, query) rows, plus the very last query row.
+std::vector<RowIndex> sample_rows(int64_t batch, int64_t heads, int64_t seqlen_q, int64_t count) {
+  std::set<RowIndex> rows;
+  const int64_t total = batch * heads * seqlen_q;
+  for (int64_t r = 0; r < count; ++r) {
+    const int64_t t = count == 1 ? 0 : r * (total - 1) / (count - 1);
+    rows.insert({t / (heads * seqlen_q), t / seqlen_q % heads, t % seqlen_q});
+  }
+  rows.insert({batch - 1, heads - 1, seqlen_q - 1});
+  return {rows.begin(), rows.end()};
+}
+
+// Tolerances against the float64 reference. The kernel rounds P to the input type before P·V and rounds
+// the output, so out's error scales with the type's unit roundoff (fp16 2^-11, bf16 2^-8) times |out|; the
+// absolute term covers long rows whose many rounded terms add up. LSE is computed in fp32 throughout.
+struct Tolerance {
+  double out_abs, out_rel, lse_abs;
+};
+Tolerance tolerance_for(DType dtype) {
+  return dtype == DType::kFloat16 ? Tolerance{1e-3, 4e-3, 1e-3} : Tolerance{8e-3, 3e-2, 1e-3};
+}
+
+struct CheckResult {
+  size_t rows = 0;
+  double max_error_out = 0;
+  double max_error_lse = 0;
+  int64_t mismatches = 0;
+  std::vector<std::string> first_mismatches;  // at most kShownMismatches
+  bool pass() const { return mismatches == 0; }
+};
+constexpr size_t kShownMismatches = 8;
+
+CheckResult check_rows(const HostTensor& q, const HostTensor& k, const HostTensor& v, const HostTensor& out,
+                       const std::vector<float>& lse, const std::vector<RowIndex>& rows, double scale,
+                       const MaskRule& mask) {
+  // The float64 reference is the slow part for long sequences: rows are independent, so use every core.
+  std::vector<ReferenceRow> reference(rows.size());
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i = next++; i < rows.size(); i = next++)
+      reference[i] = reference_row(q, k, v, rows[i].batch, rows[i].head, rows[i].row, scale, mask);
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < default_jobs() && static_cast<size_t>(t) < rows.size(); ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& thread : pool) thread.join();
+
+  const Tolerance tol = tolerance_for(q.dtype);
+  const int64_t heads = q.shape[2];
+  const int64_t seqlen_q = q.shape[1];
+  const double inf = std::numeric_limits<double>::infinity();
+  CheckResult result;
+  result.rows = rows.size();
+  auto mismatch = [&](const std::string& text) {
+    if (result.first_mismatches.size() < kShownMismatches) result.first_mismatches.push_back(text);
+    ++result.mismatches;
+  };
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const RowIndex& at = rows[r];
+    const std::string where = format("batch %lld head %lld row %lld", static_cast<long long>(at.batch),
+                                     static_cast<long long>(at.head), static_cast<long long>(at.row));
+    for (int64_t d = 0; d < q.shape[3]; ++d) {
+      const double got = out.at(at.batch, at.row, at.head, d);
+      const double want = reference[r].out[d];
+      const double error = std::isfinite(got) ? std::abs(got - want) : inf;
+      result.max_error_out = std::max(result.max_error_out, error);
+      if (!(error <= tol.out_abs + tol.out_rel * std::abs(want)))
+        mismatch(format("out %s dim %lld: got %.6g, expected %.6g", where.c_str(), static_cast<long long>(d), got, want));
+    }
+    const double got = lse[static_cast<size_t>((at.batch * heads + at.head) * seqlen_q + at.row)];
+    const double want = reference[r].lse;
+    const double error = std::isinf(want) ? (got == want ? 0 : inf) : std::isfinite(got) ? std::abs(got - want) : inf;
+    result.max_error_lse = std::max(result.max_error_lse, error);
+    if (!(error <= tol.lse_abs)) mismatch(format("lse %s: got %.8g, expected %.8g", where.c_str(), got, want));
+  }
+  return result;
+}
+
+struct RunReport {
+  RunOptions options;
+  std::string device_name;
+  int device_sm = 0;
+  double scale = 0;        // the scale in effect
+  ForwardLaunch launch;    // what ran and why
+  double first_launch_ms = 0;  // wall clock of the first call: includes compiling or loading the kernel
+  CheckResult check;
+  std::vector<double> times_ms;  // one per timed launch, sorted
+  double flops = 0;
+
+  double median_ms() const { return times_ms[times_ms.size() / 2]; }
+  double tflops() const { return flops / (median_ms() * 1e-3) / 1e12; }
+};
+
+std::string problem_text(const RunOptions& o, double scale) {
+  return format("batch %lld, seqlen_q %lld, seqlen_k %lld, heads %lld/%lld, head_dim %lld, %s, mask %s, scale %.6g, "
+                "layout %s",
+                static_cast<long long>(o.batch), static_cast<long long>(o.seqlen_q), static_cast<long long>(o.seqlen_k),
+                static_cast<long long>(o.heads_q), static_cast<long long>(o.heads_kv),
+                static_cast<long long>(o.head_dim), dtype_name(o.dtype), o.causal.c_str(), scale, o.layout.c_str());
+}
+
+// Runs, checks and times one problem. The caller has checked that a GPU is there.
+RunReport run_problem(const RunOptions& o) {
+  RunReport report;
+  report.options = o;
+  ScopedContext context;  // the current context, else device 0's primary context
+  char name[256] = {};
+  FLASHGEN_CU_CHECK(cuDeviceGetName(name, sizeof name, context.device()));
+  report.device_name = name;
+  report.device_sm = device_sm(context.device());
+
+  std::optional<KernelConfig> config;
+  if (o.config_name) config = KernelConfig::from_name(*o.config_name);
+
+  const bool bhsd = o.layout == "bhsd";
+  HostTensor q = make_host_tensor(o.dtype, o.batch, o.seqlen_q, o.heads_q, o.head_dim, bhsd);
+  HostTensor k = make_host_tensor(o.dtype, o.batch, o.seqlen_k, o.heads_kv, o.head_dim, bhsd);
+  HostTensor v = make_host_tensor(o.dtype, o.batch, o.seqlen_k, o.heads_kv, o.head_dim, bhsd);
+  HostTensor out = make_host_tensor(o.dtype, o.batch, o.seqlen_q, o.heads_q, o.head_dim, bhsd);
+  std::vector<float> lse(static_cast<size_t>(o.batch * o.heads_q * o.seqlen_q));
+
+  DeviceBuffer q_dev(q.bytes()), k_dev(k.bytes()), v_dev(v.bytes()), out_dev(out.bytes());
+  DeviceBuffer lse_dev(lse.size() * sizeof(float));
+  const flashgen_tensor q_view = tensor_view(q, q_dev), k_view = tensor_view(k, k_dev), v_view = tensor_view(v, v_dev),
+                        out_view = tensor_view(out, out_dev);
+  float* lse_ptr = reinterpret_cast<float*>(lse_dev.get());
+  flashgen_attention_options options{};
+  options.softmax_scale = o.scale;
+  options.mask = mask_of(o);
+  options.deterministic = 0;
+  // Validate before the slow part (host data): a bad shape fails here with the library's own message.
+  const ForwardProblem problem = make_forward_problem(&q_view, &k_view, &v_view, &out_view, lse_ptr, &options);
+  report.scale = problem.params.scale;
+
+  std::mt19937 rng(o.seed);
+  fill_normal(q, rng);
+  fill_normal(k, rng);
+  fill_normal(v, rng);
+  FLASHGEN_CU_CHECK(cuMemcpyHtoD(q_dev.get(), q.bits.data(), q.bytes()));
+  FLASHGEN_CU_CHECK(cuMemcpyHtoD(k_dev.get(), k.bits.data(), k.bytes()));
+  FLASHGEN_CU_CHECK(cuMemcpyHtoD(v_dev.get(), v.bits.data(), v.bytes()));
+  // 0xFF bytes are NaN in fp16, bf16 and fp32: anything the kernel fails to write shows up in the check.
+  FLASHGEN_CU_CHECK(cuMemsetD8(out_dev.get(), 0xFF, out_dev.bytes()));
+  FLASHGEN_CU_CHECK(cuMemsetD8(lse_dev.get(), 0xFF, lse_dev.bytes()));
+
+  Stream stream;
+  auto launch = [&] {
+    return config ? launch_forward(problem, stream.get(), &*config)
+                  : attention_forward(q_view, k_view, v_view, out_view, lse_ptr, options, stream.get());
+  };
+
+  const Clock::time_point first = Clock::now();
+  report.launch = launch();
+  FLASHGEN_CU_CHECK(cuStreamSynchronize(stream.get()));
+  report.first_launch_ms = ms_since(first);
+
+  FLASHGEN_CU_CHECK(cuMemcpyDtoH(out.bits.data(), out_dev.get(), out.bytes()));
+  FLASHGEN_CU_CHECK(cuMemcpyDtoH(lse.data(), lse_dev.get(), lse_dev.bytes()));
+  const MaskRule mask = mask_rule_of(o);
+  report.check = check_rows(q, k, v, out, lse, sample_rows(o.batch, o.heads_q, o.seqlen_q, o.check_rows), report.scale,
+                            mask);
+
+  for (int i = 0; i < o.warmup; ++i) launch();
+  std::vector<Event> starts(static_cast<size_t>(o.iters)), stops(static_cast<size_t>(o.iters));
+  for (int i = 0; i < o.iters; ++i) {
+    FLASHGEN_CU_CHECK(cuEventRecord(starts[i].get(), stream.get()));
+    launch();
+    FLASHGEN_CU_CHECK(cuEventRecord(stops[i].get(), stream.get()));
+  }
+  FLASHGEN_CU_CHECK(cuStreamSynchronize(stream.get()));
+  for (int i = 0; i < o.iters; ++i) {
+    float ms = 0;
+    FLASHGEN_CU_CHECK(cuEventElapsedTime(&ms, starts[i].get(), stops[i].get()));
+    report.times_ms.push_back(ms);
+  }
+  std::sort(report.times_ms.begin(), report.times_ms.end());
+  report.flops = 4.0 * static_cast<double>(o.batch * o.heads_q * o.head_dim) *
+                 static_cast<double>(unmasked_pairs(o.seqlen_q, o.seqlen_k, mask));
+  return report;
+}
+
+void print_run_report(const RunReport& r, std::ostream& os) {
+  const Tolerance tol = tolerance_for(r.options.dtype);
+  os << "device:   " << r.device_name << " (sm_" << r.device_sm << ")\n"
+     << "problem:  " << problem_text(r.options, r.scale) << '\n'
+     << "config:   " << r.launch.config.name() << " for " << arch_label(r.launch.arch) << " (" << r.launch.reason
+     << ")\n"
+     << format("first:    %.1f ms (first launch, includes compiling or loading the kernel)\n", r.first_launch_ms)
+     << format("check:    %zu rows, max abs error out %.3g (tol %.0e + %.0e*|ref|), lse %.3g (tol %.0e): %s\n",
+               r.check.rows, r.check.max_error_out, tol.out_abs, tol.out_rel, r.check.max_error_lse, tol.lse_abs,
+               r.check.pass() ? "PASS" : "FAIL");
+  for (const std::string& line : r.check.first_mismatches) os << "          mismatch: " << line << '\n';
+  if (r.check.mismatches > static_cast<int64_t>(r.check.first_mismatches.size()))
+    os << "          ... " << r.check.mismatches << " mismatches in all\n";
+  os << format("time:     median %.4f ms (min %.4f, max %.4f) over %zu launches after %d warm-up\n", r.median_ms(),
+               r.times_ms.front(), r.times_ms.back(), r.times_ms.size(), r.options.warmup)
+     << format("speed:    %.1f TFLOP/s (%.4g GFLOP per launch)\n", r.tflops(), r.flops / 1e9);
+}
+
+Json run_report_json(const RunReport& r) {
+  const RunOptions& o = r.options;
+  return {
+      {"device", {{"name", r.device_name}, {"sm", r.device_sm}}},
+      {"problem",
+       {{"batch", o.batch}, {"seqlen_q", o.seqlen_q}, {"seqlen_k", o.seqlen_k}, {"heads_q", o.heads_q},
+        {"heads_kv", o.heads_kv}, {"head_dim", o.head_dim}, {"dtype", dtype_name(o.dtype)}, {"causal", o.causal},
+        {"scale", r.scale}, {"layout", o.layout}, {"seed", o.seed}}},
+      {"config", r.launch.config.name()},
+      {"arch", r.launch.arch},
+      {"reason", r.launch.reason},
+      {"first_launch_ms", r.first_launch_ms},
+      {"check",
+       {{"rows", r.check.rows}, {"max_abs_error_out", r.check.max_error_out},
+        {"max_abs_error_lse", r.check.max_error_lse}, {"mismatches", r.check.mismatches},
+        {"first_mismatches", r.check.first_mismatches}, {"pass", r.check.pass()}}},
+      {"timing",
+       {{"iters", r.times_ms.size()}, {"warmup", o.warmup}, {"median_ms", r.median_ms()},
+        {"min_ms", r.times_ms.front()}, {"max_ms", r.times_ms.back()}, {"flops", r.flops}, {"tflops", r.tflops()}}},
+  };
+}
+
+int command_run(const Args& args) {
+  const RunOptions options = parse_run_options(args);
+  std::string why;
+  if (!driver_available(&why)) {
+    std::cerr << "flashgen run needs a GPU: " << why << '\n';
+    return 3;
+  }
+  const RunReport report = run_problem(options);
+  if (args.has("json")) std::cout << run_report_json(report).dump(2) << '\n';
+  else print_run_report(report, std::cout);
+  return report.check.pass() ? 0 : 1;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// flashgen demo
+
+Command demo_command() {
+  return Command("demo",
+                 "The main job. With a GPU: runs, checks and times the default problem of `flashgen run`\n"
+                 "(batch 4, seqlen 4096, 16 heads, head_dim 128, fp16). Without one: compiles the default\n"
+                 "candidates for sm_80 and sm_90a and prints their table.",
+                 "[--jobs N]")
+      .option("jobs", "N", "without a GPU: compile N kernels at a time (default: the number of cores)", false, 'j');
+}
+
+int command_demo(const Args& args) {
+  const int threads = static_cast<int>(args.int_or("jobs", default_jobs(), 1, 1024));
+  std::string why;
+  if (driver_available(&why)) {
+    const RunReport report = run_problem(RunOptions{});
+    print_run_report(report, std::cout);
+    std::cout << format("\n%s on %s: %.3f ms, %.1f TFLOP/s, check %s\n", report.launch.config.name().c_str(),
+                        report.device_name.c_str(), report.median_ms(), report.tflops(),
+                        report.check.pass() ? "PASS" : "FAIL");
+    return report.check.pass() ? 0 : 1;
+  }
+  const Clock::time_point start = Clock::now();
+  const std::vector<CompileOutcome> outcomes = compile_jobs(default_jobs_for(kDefaultArchs), true, threads);
+  print_compile_table(outcomes, std::cout);
+  const size_t failed = report_compile_summary(outcomes, ms_since(start));
+  std::cout << "No GPU found (" << why << "): compiled only; timing needs a GPU.\n";
+  return failed == 0 ? 0 : 1;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Dispatch
+
+struct Subcommand {
+  Command command;
+  std::function<int(const Args&)> run;
+};
+
+const std::vector<Subcommand>& subcommands() {
+  static const std::vector<Subcommand> list = {
+      {info_command(), command_info},       {emit_command(), command_emit}, {compile_command(), command_compile},
+      {run_command(), command_run},         {demo_command(), command_demo},
+  };
+  return list;
+}
+
+std::string top_usage() {
+  std::string text =
+      "usage: flashgen <command> [options]\n\n"
+      "flashgen generates flash-attention CUDA kernels from templates and compiles them at run time\n"
+      "with NVRTC for the GPU in hand.\n\ncommands:\n";
+  const std::vector<std::pair<std::string, std::string>> rows = {
+      {"info", "versions, kernel cache and GPUs"},
+      {"emit", "print a kernel's generated CUDA source as one translation unit"},
+      {"compile", "compile kernels with NVRTC and show registers, shared memory, spills"},
+      {"run", "run, check and time one attention problem on the GPU"},
+      {"demo", "the main job: run the default problem, or compile the defaults without a GPU"},
+      {"help", "this list; `flashgen help <command>` or `flashgen <command> --help` for one command"},
+  };
+  for (const auto& row : rows) text += "  " + row.first + std::string(10 - row.first.size(), ' ') + row.second + "\n";
+  return text;
+}
+
+const Subcommand* find_subcommand(const std::string& name) {
+  for (const Subcommand& sub : subcommands())
+    if (sub.command.name() == name) return &sub;
+  return nullptr;
+}
+
+int dispatch(const std::vector<std::string>& words) {
+  if (words.empty() || words[0] == "--help" || words[0] == "-h" || (words[0] == "help" && words.size() == 1)) {
+    std::cout << top_usage();
+    return 0;
+  }
+  if (words[0] == "--version") {
+    std::cout << "flashgen " << FLASHGEN_VERSION << '\n';
+    return 0;
+  }
+  if (words[0] == "help") {
+    if (words.size() > 2) throw UsageError("help takes one command name", top_usage());
+    const Subcommand* sub = find_subcommand(words[1]);
+    if (!sub) throw UsageError("unknown command '" + words[1] + "'", top_usage());
+    std::cout << sub->command.usage();
+    return 0;
+  }
+  const Subcommand* sub = find_subcommand(words[0]);
+  if (!sub) {
+    const bool is_flag = !words[0].empty() && words[0][0] == '-';
+    throw UsageError(std::string(is_flag ? "unknown option '" : "unknown command '") + words[0] + "'", top_usage());
+  }
+  const std::optional<Args> args = sub->command.parse({words.begin() + 1, words.end()});
+  if (!args) {
+    std::cout << sub->command.usage();
+    return 0;
+  }
+  return sub->run(*args);
+}
+
+int exit_code_for(Status status) {
+  switch (status) {
+    case Status::kInvalidArgument:
+    case Status::kUnsupported: return 2;
+    case Status::kNoDevice: return 3;
+    default: return 1;
+  }
+}
+
+}  // namespace
+}  // namespace flashgen::cli
+
+int main(int argc, char** argv) {
+  using namespace flashgen::cli;
+  try {
+    return dispatch(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const UsageError& error) {
+    std::cerr << "flashgen: error: " << error.what() << "\n\n" << error.usage();
+    return 2;
+  } catch (const flashgen::Error& error) {
+    std::cerr << "flashgen: error: " << error.what() << '\n';
+    return exit_code_for(error.status());
+  } catch (const std::exception& error) {
+    std::cerr << "flashgen: error: " << error.what() << '\n';
+    return 1;
+  }
+}

@@ -1,0 +1,120 @@
+// KernelConfig naming, validation and JSON round-trip. Validity itself lives in templates/fwd_traits.cuh,
+// shared with the kernel's static_asserts.
+#include "kernel_config.hpp"
+
+#include <sstream>
+
+#include "flashgen/error.hpp"
+
+namespace flashgen {
+
+const char* dtype_name(DType dtype) { return dtype == DType::kBFloat16 ? "bf16" : "fp16"; }
+
+static const char* mask_name(MaskKind mask) { return mask == MaskKind::kCausal ? "causal" : "none"; }
+
+std::string KernelConfig::name() const {
+  std::ostringstream out;
+  out << "fwd_sm80_" << dtype_name(dtype) << "_d" << head_dim << "_m" << block_m << "_n" << block_n << "_w"
+      << warps << "_s" << stages;
+  if (mask == MaskKind::kCausal) out << "_causal";
+  if (q_in_regs) out << "_qreg";
+  return out.str();
+}
+
+// Reads "<prefix><int>" from one '_'-separated field.
+static int parse_field(const std::string& field, char prefix, const std::string& name) {
+  FLASHGEN_REQUIRE(field.size() > 1 && field[0] == prefix &&
+                       field.find_first_not_of("0123456789", 1) == std::string::npos,
+                   "config name '" + name + "': expected '" + prefix + "<number>', got '" + field + "'");
+  return std::stoi(field.substr(1));
+}
+
+KernelConfig KernelConfig::from_name(const std::string& name) {
+  std::vector<std::string> fields;
+  std::istringstream in(name);
+  for (std::string field; std::getline(in, field, '_');) fields.push_back(field);
+  FLASHGEN_REQUIRE(fields.size() >= 8 && fields[0] == "fwd" && fields[1] == "sm80",
+                   "config name '" + name +
+                       "': expected fwd_sm80_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_w<warps>_s<stages>"
+                       "[_causal][_qreg]");
+  KernelConfig config;
+  FLASHGEN_REQUIRE(fields[2] == "fp16" || fields[2] == "bf16",
+                   "config name '" + name + "': dtype must be fp16 or bf16, got '" + fields[2] + "'");
+  config.dtype = fields[2] == "bf16" ? DType::kBFloat16 : DType::kFloat16;
+  config.head_dim = parse_field(fields[3], 'd', name);
+  config.block_m = parse_field(fields[4], 'm', name);
+  config.block_n = parse_field(fields[5], 'n', name);
+  config.warps = parse_field(fields[6], 'w', name);
+  config.stages = parse_field(fields[7], 's', name);
+  for (size_t i = 8; i < fields.size(); ++i) {
+    if (fields[i] == "causal" && config.mask == MaskKind::kNone && !config.q_in_regs) {
+      config.mask = MaskKind::kCausal;
+    } else if (fields[i] == "qreg" && !config.q_in_regs) {
+      config.q_in_regs = true;
+    } else {
+      fail(Status::kInvalidArgument, "config name '" + name + "': unknown suffix '" + fields[i] + "'");
+    }
+  }
+  return config;
+}
+
+FwdTraits KernelConfig::traits() const {
+  return fwd_traits(head_dim, block_m, block_n, warps, stages, q_in_regs);
+}
+
+std::optional<std::string> KernelConfig::invalid_reason(int arch) const {
+  if (arch < 80) return "the sm80 kernel family needs sm_80 or newer (mma.sync m16n8k16 bf16, cp.async)";
+  const FwdTraits t = traits();
+  if (t.error != nullptr) return std::string(t.error);
+  if (t.smem_bytes > max_smem_per_block(arch)) {
+    return "needs " + std::to_string(t.smem_bytes) + " bytes of shared memory; sm_" + std::to_string(arch) +
+           " allows " + std::to_string(max_smem_per_block(arch)) + " per block";
+  }
+  return std::nullopt;
+}
+
+bool KernelConfig::operator==(const KernelConfig& o) const {
+  return dtype == o.dtype && head_dim == o.head_dim && mask == o.mask && block_m == o.block_m &&
+         block_n == o.block_n && warps == o.warps && stages == o.stages && q_in_regs == o.q_in_regs;
+}
+
+void to_json(nlohmann::json& j, const KernelConfig& c) {
+  j = nlohmann::json{{"family", "fwd_sm80"},    {"dtype", dtype_name(c.dtype)}, {"head_dim", c.head_dim},
+                     {"mask", mask_name(c.mask)}, {"block_m", c.block_m},      {"block_n", c.block_n},
+                     {"warps", c.warps},          {"stages", c.stages},        {"q_in_regs", c.q_in_regs}};
+}
+
+void from_json(const nlohmann::json& j, KernelConfig& c) {
+  FLASHGEN_REQUIRE(j.is_object(), "kernel config JSON must be an object");
+  auto get_int = [&](const char* key, int& out) {
+    if (!j.contains(key)) return;
+    FLASHGEN_REQUIRE(j[key].is_number_integer(), std::string("kernel config JSON: '") + key + "' must be an integer");
+    out = j[key].get<int>();
+  };
+  KernelConfig config;
+  if (j.contains("family")) {
+    FLASHGEN_REQUIRE(j["family"] == "fwd_sm80", "kernel config JSON: unknown family " + j["family"].dump());
+  }
+  if (j.contains("dtype")) {
+    const auto& d = j["dtype"];
+    FLASHGEN_REQUIRE(d == "fp16" || d == "bf16", "kernel config JSON: dtype must be \"fp16\" or \"bf16\"");
+    config.dtype = d == "bf16" ? DType::kBFloat16 : DType::kFloat16;
+  }
+  if (j.contains("mask")) {
+    const auto& m = j["mask"];
+    FLASHGEN_REQUIRE(m == "none" || m == "causal", "kernel config JSON: mask must be \"none\" or \"causal\"");
+    config.mask = m == "causal" ? MaskKind::kCausal : MaskKind::kNone;
+  }
+  get_int("head_dim", config.head_dim);
+  get_int("block_m", config.block_m);
+  get_int("block_n", config.block_n);
+  get_int("warps", config.warps);
+  get_int("stages", config.stages);
+  if (j.contains("q_in_regs")) {
+    FLASHGEN_REQUIRE(j["q_in_regs"].is_boolean(), "kernel config JSON: 'q_in_regs' must be true or false");
+    config.q_in_regs = j["q_in_regs"].get<bool>();
+  }
+  c = config;
+}
+
+}  // namespace flashgen

@@ -1,0 +1,160 @@
+// Forward launcher: validates flashgen_tensor arguments into AttnFwdParams, picks a config, computes the
+// grid and launches on the caller's stream. Validation touches no GPU, so bad input launches nothing.
+#include "attention.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <sstream>
+
+#include "cuda_driver.hpp"
+#include "flashgen/error.hpp"
+#include "heuristic.hpp"
+#include "kernel_registry.hpp"
+
+namespace flashgen {
+
+namespace {
+
+const char* kDimNames[4] = {"batch", "seqlen", "heads", "head_dim"};
+
+std::string dim(const char* tensor, int i) {
+  return std::string(tensor) + ".shape[" + std::to_string(i) + "] (" + kDimNames[i] + ")";
+}
+
+void check_tensor(const flashgen_tensor* t, const char* name) {
+  FLASHGEN_REQUIRE(t != nullptr, std::string(name) + ": null pointer");
+  FLASHGEN_REQUIRE(t->data != nullptr, std::string(name) + ".data: null pointer");
+  FLASHGEN_REQUIRE(t->dtype == FLASHGEN_FLOAT16 || t->dtype == FLASHGEN_BFLOAT16,
+                   std::string(name) + ".dtype: unknown value " + std::to_string(static_cast<int>(t->dtype)));
+  FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(t->data) % 16 == 0,
+                   std::string(name) + ".data: pointer must be 16-byte aligned");
+  for (int i = 0; i < 4; ++i) {
+    FLASHGEN_REQUIRE(t->shape[i] >= 1 && t->shape[i] <= std::numeric_limits<int32_t>::max(),
+                     dim(name, i) + " must be in [1, 2^31), got " + std::to_string(t->shape[i]));
+  }
+  FLASHGEN_REQUIRE(t->stride[3] == 1, std::string(name) + ".stride[3] must be 1 (head_dim contiguous), got " +
+                                          std::to_string(t->stride[3]));
+  for (int i = 0; i < 3; ++i) {
+    // A dimension of size 1 is never stepped over, so its stride does not matter.
+    if (t->shape[i] == 1) continue;
+    FLASHGEN_REQUIRE(t->stride[i] >= 0 && t->stride[i] % 8 == 0,
+                     std::string(name) + ".stride[" + std::to_string(i) +
+                         "] must be a non-negative multiple of 8 elements (16 bytes), got " +
+                         std::to_string(t->stride[i]));
+  }
+}
+
+void require_same_dim(const flashgen_tensor* a, const char* a_name, const flashgen_tensor* b, const char* b_name,
+                      int i) {
+  FLASHGEN_REQUIRE(a->shape[i] == b->shape[i], dim(a_name, i) + " is " + std::to_string(a->shape[i]) + " but " +
+                                                   dim(b_name, i) + " is " + std::to_string(b->shape[i]));
+}
+
+const char* dtype_text(flashgen_dtype d) { return d == FLASHGEN_BFLOAT16 ? "bf16" : "fp16"; }
+
+}  // namespace
+
+ForwardProblem make_forward_problem(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
+                                    const flashgen_tensor* out, float* lse, const flashgen_attention_options* opts) {
+  check_tensor(q, "q");
+  check_tensor(k, "k");
+  check_tensor(v, "v");
+  check_tensor(out, "out");
+  FLASHGEN_REQUIRE(opts != nullptr, "opts: null pointer");
+  for (const auto& [t, name] : {std::pair{k, "k"}, std::pair{v, "v"}, std::pair{out, "out"}}) {
+    FLASHGEN_REQUIRE(t->dtype == q->dtype, std::string(name) + ".dtype is " + dtype_text(t->dtype) +
+                                               " but q.dtype is " + dtype_text(q->dtype));
+  }
+  require_same_dim(k, "k", q, "q", 0);
+  require_same_dim(v, "v", q, "q", 0);
+  require_same_dim(k, "k", q, "q", 3);
+  require_same_dim(v, "v", q, "q", 3);
+  require_same_dim(v, "v", k, "k", 1);
+  require_same_dim(v, "v", k, "k", 2);
+  for (int i = 0; i < 4; ++i) require_same_dim(out, "out", q, "q", i);
+
+  const int64_t head_dim = q->shape[3];
+  if (head_dim % 8 != 0 || head_dim > 256) {
+    fail(Status::kUnsupported, dim("q", 3) + " = " + std::to_string(head_dim) +
+                                   " is unsupported: head_dim must be a multiple of 8 up to 256");
+  }
+  FLASHGEN_REQUIRE(q->shape[2] % k->shape[2] == 0,
+                   dim("q", 2) + " = " + std::to_string(q->shape[2]) + " must be a multiple of " + dim("k", 2) +
+                       " = " + std::to_string(k->shape[2]));
+  FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(lse) % alignof(float) == 0,
+                   "lse: pointer must be 4-byte aligned");
+  FLASHGEN_REQUIRE(opts->mask == FLASHGEN_MASK_NONE || opts->mask == FLASHGEN_MASK_CAUSAL ||
+                       opts->mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT,
+                   "opts.mask: unknown value " + std::to_string(static_cast<int>(opts->mask)));
+  FLASHGEN_REQUIRE(std::isfinite(opts->softmax_scale), "opts.softmax_scale must be finite");
+  FLASHGEN_REQUIRE(q->shape[0] <= 65535 && q->shape[2] <= 65535,
+                   "q: batch and heads must each be at most 65535 (grid limits)");
+
+  ForwardProblem problem;
+  problem.dtype = q->dtype == FLASHGEN_BFLOAT16 ? DType::kBFloat16 : DType::kFloat16;
+  problem.head_dim = static_cast<int>(head_dim);
+  problem.mask = opts->mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
+
+  AttnFwdParams& p = problem.params;
+  p.q = q->data;
+  p.k = k->data;
+  p.v = v->data;
+  p.o = out->data;
+  p.lse = lse;
+  p.q_batch_stride = q->stride[0], p.q_row_stride = q->stride[1], p.q_head_stride = q->stride[2];
+  p.k_batch_stride = k->stride[0], p.k_row_stride = k->stride[1], p.k_head_stride = k->stride[2];
+  p.v_batch_stride = v->stride[0], p.v_row_stride = v->stride[1], p.v_head_stride = v->stride[2];
+  p.o_batch_stride = out->stride[0], p.o_row_stride = out->stride[1], p.o_head_stride = out->stride[2];
+  p.batch = static_cast<int>(q->shape[0]);
+  p.seqlen_q = static_cast<int>(q->shape[1]);
+  p.heads_q = static_cast<int>(q->shape[2]);
+  p.seqlen_k = static_cast<int>(k->shape[1]);
+  p.heads_kv = static_cast<int>(k->shape[2]);
+  p.group_size = p.heads_q / p.heads_kv;
+  p.causal_offset = opts->mask == FLASHGEN_MASK_CAUSAL ? p.seqlen_k - p.seqlen_q : 0;
+  p.scale = opts->softmax_scale > 0 ? opts->softmax_scale : static_cast<float>(1.0 / std::sqrt(double(head_dim)));
+  p.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
+  return problem;
+}
+
+ForwardLaunch launch_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig* config) {
+  ScopedContext scope(stream);
+  ForwardLaunch launch;
+  launch.arch = device_sm(scope.device());
+  if (launch.arch < 80) {
+    fail(Status::kUnsupported, "flashgen needs a GPU of compute capability 8.0 or newer; this one is sm_" +
+                                   std::to_string(launch.arch));
+  }
+  if (config != nullptr) {
+    FLASHGEN_REQUIRE(config->dtype == problem.dtype && config->head_dim == problem.head_dim &&
+                         config->mask == problem.mask,
+                     "config " + config->name() + " does not match the problem (dtype, head_dim, mask)");
+    if (auto why = config->invalid_reason(launch.arch)) {
+      fail(Status::kInvalidArgument, "config " + config->name() + " cannot run here: " + *why);
+    }
+    launch.config = *config;
+    launch.reason = "requested by the caller";
+  } else {
+    launch.config = heuristic_forward_config(problem.dtype, problem.head_dim, problem.mask, launch.arch);
+    launch.reason = "built-in heuristic (no tuning data)";
+  }
+
+  CUfunction function = KernelRegistry::instance().function(launch.config, scope.context(), launch.arch);
+  const AttnFwdParams& p = problem.params;
+  const FwdTraits traits = launch.config.traits();
+  const unsigned grid_x = static_cast<unsigned>((p.seqlen_q + launch.config.block_m - 1) / launch.config.block_m);
+  void* args[] = {const_cast<AttnFwdParams*>(&p)};
+  FLASHGEN_CU_CHECK(cuLaunchKernel(function, grid_x, static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch),
+                                   static_cast<unsigned>(traits.threads), 1, 1, static_cast<unsigned>(traits.smem_bytes),
+                                   stream, args, nullptr));
+  return launch;
+}
+
+ForwardLaunch attention_forward(const flashgen_tensor& q, const flashgen_tensor& k, const flashgen_tensor& v,
+                                const flashgen_tensor& out, float* lse, const flashgen_attention_options& opts,
+                                CUstream stream) {
+  return launch_forward(make_forward_problem(&q, &k, &v, &out, lse, &opts), stream);
+}
+
+}  // namespace flashgen

@@ -1,0 +1,164 @@
+// The CUDA driver API loaded with dlopen on first use: one thread-safe load + cuInit per process, whose
+// failure is remembered and rethrown cheaply, plus error text, context scoping and device queries.
+#include "cuda_driver.hpp"
+
+#include <dlfcn.h>
+
+#include <string>
+
+namespace flashgen {
+namespace {
+
+// Two levels so the argument is macro-expanded first: cuMemAlloc -> "cuMemAlloc_v2", the symbol cuda.h
+// means (and the one whose signature decltype(&::cuMemAlloc) describes).
+#define FLASHGEN_STRINGIFY_EXPANDED(x) #x
+#define FLASHGEN_STRINGIFY(x) FLASHGEN_STRINGIFY_EXPANDED(x)
+
+constexpr const char* kDriverLibrary = "libcuda.so.1";
+
+// The outcome of the one load attempt: either api is complete and cuInit succeeded, or failure says why.
+struct DriverState {
+  DriverApi api;
+  bool loaded = false;       // every symbol resolved (error names usable even if cuInit failed)
+  bool initialised = false;  // cuInit(0) succeeded and a device exists
+  std::string failure;
+};
+
+std::string raw_result_text(CUresult result) { return "CUresult " + std::to_string(static_cast<int>(result)); }
+
+std::string result_text(const DriverApi& api, CUresult result) {
+  const char* name = nullptr;
+  const char* description = nullptr;
+  if (api.cuGetErrorName(result, &name) != CUDA_SUCCESS || name == nullptr) return raw_result_text(result);
+  if (api.cuGetErrorString(result, &description) != CUDA_SUCCESS || description == nullptr)
+    return name;
+  return std::string(name) + ": " + description;
+}
+
+DriverState load_driver() {
+  DriverState state;
+  // The handle is never closed: function pointers into it live for the whole process.
+  void* handle = dlopen(kDriverLibrary, RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* why = dlerror();
+    state.failure = std::string("no CUDA driver: ") + kDriverLibrary + " could not be opened (" +
+                    (why != nullptr ? why : "unknown dlopen error") + ")";
+    return state;
+  }
+
+  std::string missing;
+#define FLASHGEN_DRIVER_RESOLVE(fn)                                                            \
+  state.api.fn = reinterpret_cast<decltype(state.api.fn)>(dlsym(handle, FLASHGEN_STRINGIFY(fn))); \
+  if (state.api.fn == nullptr) missing += (missing.empty() ? "" : ", ") + std::string(FLASHGEN_STRINGIFY(fn));
+  FLASHGEN_DRIVER_FUNCTIONS(FLASHGEN_DRIVER_RESOLVE)
+#undef FLASHGEN_DRIVER_RESOLVE
+  if (!missing.empty()) {
+    state.failure = std::string("CUDA driver too old: ") + kDriverLibrary + " lacks " + missing;
+    return state;
+  }
+  state.loaded = true;
+
+  CUresult result = state.api.cuInit(0);
+  if (result != CUDA_SUCCESS) {
+    state.failure = "cuInit failed: " + result_text(state.api, result);
+    return state;
+  }
+  int count = 0;
+  result = state.api.cuDeviceGetCount(&count);
+  if (result != CUDA_SUCCESS) {
+    state.failure = "cuDeviceGetCount failed: " + result_text(state.api, result);
+    return state;
+  }
+  if (count <= 0) {
+    state.failure = "no CUDA device found";
+    return state;
+  }
+  state.initialised = true;
+  return state;
+}
+
+// Loaded once; C++11 guarantees thread-safe initialisation of the function-local static.
+const DriverState& driver_state() {
+  static const DriverState state = load_driver();
+  return state;
+}
+
+// Device 0's primary context, retained once for the whole process (never released: the process may
+// use it until exit, and releasing at static-destruction time races the driver's own teardown).
+CUcontext process_primary_context() {
+  static const CUcontext context = [] {
+    CUdevice device = 0;
+    FLASHGEN_CU_CHECK(cuDeviceGet(&device, 0));
+    CUcontext primary = nullptr;
+    FLASHGEN_CU_CHECK(cuDevicePrimaryCtxRetain(&primary, device));
+    return primary;
+  }();
+  return context;
+}
+
+}  // namespace
+
+const DriverApi& driver() {
+  const DriverState& state = driver_state();
+  if (!state.initialised) throw Error(Status::kNoDevice, state.failure);
+  return state.api;
+}
+
+bool driver_available(std::string* why) {
+  const DriverState& state = driver_state();
+  if (!state.initialised && why != nullptr) *why = state.failure;
+  return state.initialised;
+}
+
+std::string cu_error_text(CUresult result) {
+  const DriverState& state = driver_state();
+  if (!state.loaded) return raw_result_text(result);
+  return result_text(state.api, result);
+}
+
+void throw_cu_error(CUresult result, const char* call, const char* file, int line) {
+  throw Error(Status::kCuda, std::string(file) + ":" + std::to_string(line) + ": " + call +
+                                 " failed: " + cu_error_text(result));
+}
+
+ScopedContext::ScopedContext(CUstream stream) {
+  CUcontext current = nullptr;
+  FLASHGEN_CU_CHECK(cuCtxGetCurrent(&current));
+  if (stream != nullptr) {
+    FLASHGEN_CU_CHECK(cuStreamGetCtx(stream, &context_));
+  } else if (current != nullptr) {
+    context_ = current;
+  } else {
+    context_ = process_primary_context();
+  }
+  if (context_ != current) {
+    FLASHGEN_CU_CHECK(cuCtxPushCurrent(context_));
+    pushed_ = true;
+  }
+  try {
+    FLASHGEN_CU_CHECK(cuCtxGetDevice(&device_));
+  } catch (...) {
+    if (pushed_) {
+      CUcontext popped = nullptr;
+      driver().cuCtxPopCurrent(&popped);
+    }
+    throw;
+  }
+}
+
+ScopedContext::~ScopedContext() {
+  if (!pushed_) return;
+  // A destructor cannot throw; a failed pop leaves nothing better to do than carry on.
+  CUcontext popped = nullptr;
+  driver().cuCtxPopCurrent(&popped);
+}
+
+int device_sm(CUdevice device) {
+  int major = 0;
+  int minor = 0;
+  FLASHGEN_CU_CHECK(cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device));
+  FLASHGEN_CU_CHECK(cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device));
+  return major * 10 + minor;
+}
+
+}  // namespace flashgen

@@ -1,0 +1,206 @@
+// Loader stage: KernelConfig -> CompiledKernel (memory map, then the disk cache, then NVRTC) -> CUfunction
+// loaded once per CUDA context. Compiles run outside the registry mutex so different kernels build in
+// parallel; the disk cache's per-key lock keeps one kernel from being compiled twice.
+#include "kernel_registry.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "cuda_driver.hpp"
+#include "flashgen/error.hpp"
+#include "generator.hpp"
+
+namespace flashgen {
+namespace {
+
+// Cache payload: u64 little-endian length of a JSON description | the JSON | the cubin bytes.
+constexpr size_t kJsonLengthBytes = 8;
+constexpr int kPayloadFormat = 1;
+
+// Length-prefixed so that moving bytes between pieces ("ab"+"c" vs "a"+"bc") changes the hash.
+void append_piece(const std::string& piece, std::string* blob) {
+  *blob += std::to_string(piece.size());
+  *blob += ':';
+  *blob += piece;
+}
+
+std::string serialize(const CompiledKernel& kernel) {
+  nlohmann::json description = {
+      {"format", kPayloadFormat},
+      {"kernel_name", kernel.kernel_name},
+      {"arch", kernel.arch},
+      {"options", kernel.options},
+      {"log", kernel.log},
+      {"compile_ms", kernel.compile_ms},
+      {"usage",
+       {{"registers", kernel.usage.registers},
+        {"static_smem_bytes", kernel.usage.static_smem_bytes},
+        {"stack_bytes", kernel.usage.stack_bytes},
+        {"spill_store_bytes", kernel.usage.spill_store_bytes},
+        {"spill_load_bytes", kernel.usage.spill_load_bytes}}},
+      {"cubin_bytes", kernel.cubin.size()},
+  };
+  std::string json = description.dump();
+  std::string payload(kJsonLengthBytes, '\0');
+  for (size_t i = 0; i < kJsonLengthBytes; ++i)
+    payload[i] = static_cast<char>((static_cast<uint64_t>(json.size()) >> (8 * i)) & 0xff);
+  payload += json;
+  payload += kernel.cubin;
+  return payload;
+}
+
+// The kernel a payload describes, or nullopt when it is not a payload of this format for this kernel.
+std::optional<CompiledKernel> deserialize(const std::string& payload, const std::string& kernel_name, int arch) {
+  if (payload.size() < kJsonLengthBytes) return std::nullopt;
+  uint64_t json_size = 0;
+  for (size_t i = 0; i < kJsonLengthBytes; ++i)
+    json_size |= static_cast<uint64_t>(static_cast<unsigned char>(payload[i])) << (8 * i);
+  if (json_size > payload.size() - kJsonLengthBytes) return std::nullopt;
+  try {
+    nlohmann::json description = nlohmann::json::parse(payload.substr(kJsonLengthBytes, json_size));
+    CompiledKernel kernel;
+    kernel.cubin = payload.substr(kJsonLengthBytes + json_size);
+    if (description.at("format").get<int>() != kPayloadFormat ||
+        description.at("cubin_bytes").get<size_t>() != kernel.cubin.size())
+      return std::nullopt;
+    kernel.kernel_name = description.at("kernel_name").get<std::string>();
+    kernel.arch = description.at("arch").get<int>();
+    if (kernel.kernel_name != kernel_name || kernel.arch != arch) return std::nullopt;
+    kernel.options = description.at("options").get<std::vector<std::string>>();
+    kernel.log = description.at("log").get<std::string>();
+    const nlohmann::json& usage = description.at("usage");
+    kernel.usage.registers = usage.at("registers").get<int>();
+    kernel.usage.static_smem_bytes = usage.at("static_smem_bytes").get<int>();
+    kernel.usage.stack_bytes = usage.at("stack_bytes").get<int>();
+    kernel.usage.spill_store_bytes = usage.at("spill_store_bytes").get<int>();
+    kernel.usage.spill_load_bytes = usage.at("spill_load_bytes").get<int>();
+    return kernel;
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+}
+
+// In-process identity of a kernel. name() is canonical over every config field and a process's
+// templates never change, so this picks the same kernel as kernel_cache_key without regenerating and
+// rehashing the source on every launch.
+std::string memory_key(const KernelConfig& config, int arch) {
+  return config.name() + "-sm" + std::to_string(arch);
+}
+
+std::string context_key(CUcontext ctx, const std::string& kernel_key) {
+  char pointer[2 + 2 * sizeof(void*) + 1];
+  std::snprintf(pointer, sizeof(pointer), "%p", static_cast<void*>(ctx));
+  return std::string(pointer) + "/" + kernel_key;
+}
+
+// Unloads a module unless release() says the registry now owns it.
+class ModuleGuard {
+ public:
+  explicit ModuleGuard(CUmodule module) : module_(module) {}
+  ~ModuleGuard() {
+    if (module_ != nullptr) driver().cuModuleUnload(module_);
+  }
+  ModuleGuard(const ModuleGuard&) = delete;
+  ModuleGuard& operator=(const ModuleGuard&) = delete;
+  void release() { module_ = nullptr; }
+
+ private:
+  CUmodule module_;
+};
+
+}  // namespace
+
+std::string kernel_cache_key(const GeneratedSource& source, int arch) {
+  std::string blob;
+  append_piece(source.translation_unit, &blob);
+  for (const SourceFile& header : source.headers) {
+    append_piece(header.name, &blob);
+    append_piece(header.contents, &blob);
+  }
+  for (const std::string& option : nvrtc_options(arch)) append_piece(option, &blob);
+  append_piece(nvrtc_version(), &blob);
+  append_piece(kGeneratorVersion, &blob);
+  return source.kernel_name + "-sm" + std::to_string(arch) + "-" + content_hash(blob);
+}
+
+KernelRegistry& KernelRegistry::instance() {
+  static KernelRegistry registry(KernelCache::default_dir());
+  return registry;
+}
+
+KernelRegistry::KernelRegistry(std::filesystem::path cache_dir) : cache_(std::move(cache_dir)) {}
+
+std::shared_ptr<const CompiledKernel> KernelRegistry::compiled(const KernelConfig& config, int arch) {
+  const std::string key = memory_key(config, arch);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = compiled_.find(key);
+    if (found != compiled_.end()) return found->second;
+  }
+
+  // Unlocked from here: a compile takes seconds, and the disk cache's per-key file lock already makes a
+  // second thread asking for the same kernel wait for the first and read its result.
+  const GeneratedSource source = generate(config);
+  const std::string cache_key = kernel_cache_key(source, arch);
+  std::optional<CompiledKernel> fresh;
+  bool hit = false;
+  std::string payload = cache_.get_or_create(
+      cache_key,
+      [&] {
+        fresh = compile_nvrtc(source, arch);
+        return serialize(*fresh);
+      },
+      &hit);
+
+  std::optional<CompiledKernel> kernel;
+  if (fresh) {
+    kernel = std::move(fresh);
+  } else if ((kernel = deserialize(payload, source.kernel_name, arch))) {
+    kernel->from_cache = true;
+    kernel->compile_ms = 0;
+  } else {
+    // An intact entry this build cannot read (older payload format): rebuild and replace it.
+    kernel = compile_nvrtc(source, arch);
+    cache_.store(cache_key, serialize(*kernel));
+  }
+
+  auto shared = std::make_shared<const CompiledKernel>(std::move(*kernel));
+  std::lock_guard<std::mutex> lock(mutex_);
+  return compiled_.emplace(key, std::move(shared)).first->second;  // a racing thread's copy wins
+}
+
+CUfunction KernelRegistry::function(const KernelConfig& config, CUcontext ctx, int arch) {
+  const std::string key = context_key(ctx, memory_key(config, arch));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = loaded_.find(key);
+    if (found != loaded_.end()) return found->second;
+  }
+
+  std::shared_ptr<const CompiledKernel> kernel = compiled(config, arch);
+  CUmodule module = nullptr;
+  FLASHGEN_CU_CHECK(cuModuleLoadData(&module, kernel->cubin.data()));
+  ModuleGuard guard(module);
+  CUfunction function = nullptr;
+  FLASHGEN_CU_CHECK(cuModuleGetFunction(&function, module, kernel->kernel_name.c_str()));
+  // Above 48 KiB of dynamic shared memory a kernel must opt in; the traits say how much it uses.
+  const int smem_bytes = config.traits().smem_bytes;
+  try {
+    FLASHGEN_CU_CHECK(cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes));
+  } catch (const Error& e) {
+    throw Error(e.status(), std::string(e.what()) + " (" + kernel->kernel_name + " asks for " +
+                                std::to_string(smem_bytes) + " bytes of dynamic shared memory)");
+  }
+
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto [entry, inserted] = loaded_.emplace(key, function);
+  if (inserted) guard.release();  // modules stay loaded for the life of the context
+  return entry->second;
+}
+
+}  // namespace flashgen

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what is missing and builds (scripts/setup.sh), runs the whole test suite, then builds again with
+# AddressSanitizer + UndefinedBehaviorSanitizer (Debug) and runs the CPU tests under them.
+#   FLASHGEN_BUILD_DIR       Release build folder (default: build)
+#   FLASHGEN_ASAN_BUILD_DIR  sanitizer build folder (default: build-asan)
+#   FLASHGEN_CMAKE_ARGS      extra CMake configure arguments for both builds
+set -euo pipefail
+
+say() { printf '==> %s\n' "$*"; }
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+build_dir=${FLASHGEN_BUILD_DIR:-build}
+asan_dir=${FLASHGEN_ASAN_BUILD_DIR:-build-asan}
+read -r -a extra_cmake_args <<< "${FLASHGEN_CMAKE_ARGS:-}"
+
+scripts/setup.sh
+
+say "tests: ctest --test-dir $build_dir ([gpu] cases skip when there is no GPU)"
+ctest --test-dir "$build_dir" --output-on-failure
+
+say "configuring $asan_dir (Debug, FLASHGEN_SANITIZE=ON)"
+cmake -S . -B "$asan_dir" -DCMAKE_BUILD_TYPE=Debug -DFLASHGEN_SANITIZE=ON "${extra_cmake_args[@]}"
+say "building $asan_dir with $(nproc) jobs"
+cmake --build "$asan_dir" -j"$(nproc)"
+say "CPU tests under AddressSanitizer, LeakSanitizer and UBSan"
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+ctest --test-dir "$asan_dir" -R '^cpu$' --output-on-failure
+say "all tests passed"

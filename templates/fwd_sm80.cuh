@@ -1,0 +1,337 @@
+// Forward attention on tensor cores for sm_80 and newer (mma.sync m16n8k16, ldmatrix, cp.async).
+// Generic over a config type (see the generated Config in generator/generator.cpp): one thread block
+// computes kBlockM query rows of one (batch, head); each warp owns kBlockM / kWarps of those rows and
+// streams K/V tiles of kBlockN keys through a kStages-deep cp.async ring, with an online softmax in
+// base 2 and the output normalised once at the end.
+#pragma once
+
+#include "attn_params.cuh"
+#include "fwd_traits.cuh"
+#include "sm80_primitives.cuh"
+
+namespace flashgen {
+
+template <class Cfg>
+struct FwdSm80 {
+  using u16 = sm80::u16;
+  using u32 = sm80::u32;
+
+  static constexpr FwdTraits kTraits =
+      fwd_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarps, Cfg::kStages, Cfg::kQInRegs);
+  static_assert(kTraits.error == nullptr, "invalid forward config: see fwd_traits() in fwd_traits.cuh");
+
+  static constexpr ElemType kElem = Cfg::kElem;
+  static constexpr bool kCausal = Cfg::kMask == MaskKind::kCausal;
+  static constexpr bool kQInRegs = Cfg::kQInRegs;
+  static constexpr int kThreads = kTraits.threads;
+  static constexpr int kBlockM = Cfg::kBlockM;
+  static constexpr int kBlockN = Cfg::kBlockN;
+  static constexpr int kStages = Cfg::kStages;
+  static constexpr int kHeadDim = Cfg::kHeadDim;       // real head_dim, a multiple of 8
+  static constexpr int kHeadDimPad = kTraits.head_dim_pad;  // multiple of 16: the QKᵀ k-steps
+  static constexpr int kRow = kTraits.smem_row_elems;  // smem pitch; (kRow / 2) % 8 == 4 words keeps
+                                                       // ldmatrix and the output stores conflict-free
+  static constexpr int kWarpRows = kTraits.rows_per_warp;
+  static constexpr int kMTiles = kTraits.m_tiles;      // 16-row tiles per warp
+  static constexpr int kNTiles = kBlockN / 8;          // 8-key column tiles of S
+  static constexpr int kDTiles = kHeadDimPad / 8;      // 8-wide column tiles of O
+  static constexpr int kKSteps = kHeadDimPad / 16;     // k-steps of S = Q Kᵀ
+  static constexpr int kChunks = kHeadDimPad / 8;      // 16-byte chunks per smem row
+  static constexpr int kValidChunks = kHeadDim / 8;    // chunks that hold data; the rest are zero-filled
+  static constexpr int kTileElems = kBlockN * kRow;    // one K or V tile in smem
+
+  // Copies rows [0, kRows) of a (rows, head_dim) global tile into smem, zero-filling rows past
+  // rows_valid and the head_dim padding. Consecutive threads take consecutive 16-byte chunks.
+  template <int kRows>
+  static __device__ __forceinline__ void load_tile(u16* smem_tile, const u16* gmem, long long row_stride,
+                                                   int rows_valid, int tid) {
+    constexpr int kTotal = kRows * kChunks;
+#pragma unroll
+    for (int i0 = 0; i0 < kTotal; i0 += kThreads) {
+      const int i = i0 + tid;
+      if (kTotal % kThreads == 0 || i < kTotal) {
+        const int row = i / kChunks;
+        const int chunk = i % kChunks;
+        const bool valid = row < rows_valid && chunk < kValidChunks;
+        const u16* src = valid ? gmem + row * row_stride + chunk * 8 : gmem;
+        sm80::cp_async_16(sm80::smem_addr(smem_tile + row * kRow + chunk * 8), src, valid);
+      }
+    }
+  }
+
+  // A fragments (16 rows x 16 k) of this warp's Q rows for k-step kk.
+  static __device__ __forceinline__ void load_q_frag(u32 (&a)[4], const u16* sq_warp, int mt, int kk, int lane) {
+    const int row = mt * 16 + (lane & 15);
+    const int col = kk * 16 + (lane >> 4) * 8;
+    sm80::ldmatrix_x4(a, sm80::smem_addr(sq_warp + row * kRow + col));
+  }
+
+  static __device__ void run(const AttnFwdParams& p) {
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    u16* sq = reinterpret_cast<u16*>(smem_raw);  // (kBlockM, kRow); reused for the output tile
+    u16* skv = sq + kBlockM * kRow;              // kStages x [K (kBlockN, kRow), V (kBlockN, kRow)]
+
+    const int tid = threadIdx.x;
+    const int warp = tid / 32;
+    const int lane = tid % 32;
+    const int m_start = blockIdx.x * kBlockM;
+    const int head = blockIdx.y;
+    const int batch = blockIdx.z;
+    const int kv_head = head / p.group_size;
+
+    const u16* q = static_cast<const u16*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride +
+                   m_start * p.q_row_stride;
+    const u16* k = static_cast<const u16*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
+    const u16* v = static_cast<const u16*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
+    u16* o = static_cast<u16*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
+             m_start * p.o_row_stride;
+
+    const int rows_q = min(kBlockM, p.seqlen_q - m_start);
+    // Keys past n_end are masked for every row of this block.
+    int n_end = p.seqlen_k;
+    if constexpr (kCausal) n_end = min(n_end, m_start + rows_q + p.causal_offset);
+    const int n_blocks = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
+
+    auto load_kv = [&](int n_block) {
+      u16* sk = skv + (n_block % kStages) * 2 * kTileElems;
+      const int n_start = n_block * kBlockN;
+      const int rows_valid = min(kBlockN, p.seqlen_k - n_start);
+      load_tile<kBlockN>(sk, k + n_start * p.k_row_stride, p.k_row_stride, rows_valid, tid);
+      load_tile<kBlockN>(sk + kTileElems, v + n_start * p.v_row_stride, p.v_row_stride, rows_valid, tid);
+    };
+
+    // Prologue: Q, then the first kStages - 1 K/V tiles, one commit group each (empty groups keep the
+    // count uniform so the wait below is a constant).
+    load_tile<kBlockM>(sq, q, p.q_row_stride, rows_q, tid);
+    sm80::cp_async_commit();
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < n_blocks) load_kv(s);
+      sm80::cp_async_commit();
+    }
+
+    const u16* sq_warp = sq + warp * kWarpRows * kRow;  // (kWarpRows, kRow): this warp's Q rows
+    u32 q_frag[kQInRegs ? kMTiles : 1][kQInRegs ? kKSteps : 1][4];
+    if constexpr (kQInRegs) {
+      sm80::cp_async_wait<kStages - 1>();
+      __syncthreads();
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int kk = 0; kk < kKSteps; ++kk) load_q_frag(q_frag[mt][kk], sq_warp, mt, kk, lane);
+    }
+
+    float acc_o[kMTiles][kDTiles][4];  // (kWarpRows, kHeadDimPad) fp32 output accumulator
+    float row_max[kMTiles][2];         // running max of raw scores of rows g and g + 8 of each tile
+    float row_sum[kMTiles][2];         // running sum of exp2, this thread's columns only
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] = 0.f;
+      row_max[mt][0] = row_max[mt][1] = -__int_as_float(0x7f800000);
+      row_sum[mt][0] = row_sum[mt][1] = 0.f;
+    }
+
+    const int g = lane / 4;  // fragment row within an 8-row group
+    const int t = lane % 4;  // fragment column pair
+    // First query row of this warp's tile mt is warp_row0 + mt * 16 (relative to the sequence).
+    const int warp_row0 = m_start + warp * kWarpRows;
+
+    for (int n_block = 0; n_block < n_blocks; ++n_block) {
+      sm80::cp_async_wait<kStages - 2>();  // Q and tile n_block have landed
+      __syncthreads();                     // ... for every thread, and tile n_block - 1 is no longer read
+      if (n_block + kStages - 1 < n_blocks) load_kv(n_block + kStages - 1);
+      sm80::cp_async_commit();
+
+      const u16* sk = skv + (n_block % kStages) * 2 * kTileElems;  // (kBlockN, kRow)
+      const u16* sv = sk + kTileElems;                              // (kBlockN, kRow)
+
+      // S = Q Kᵀ for this warp: (kWarpRows, kBlockN) fp32.
+      float acc_s[kMTiles][kNTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
+
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        u32 a[kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          if constexpr (kQInRegs) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) a[mt][e] = q_frag[mt][kk][e];
+          } else {
+            load_q_frag(a[mt], sq_warp, mt, kk, lane);
+          }
+        }
+#pragma unroll
+        for (int np = 0; np < kNTiles / 2; ++np) {
+          // Matrices: (keys 0-7, k 0-7), (keys 0-7, k 8-15), (keys 8-15, k 0-7), (keys 8-15, k 8-15).
+          u32 b[4];
+          const int key = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+          const int col = kk * 16 + ((lane >> 3) & 1) * 8;
+          sm80::ldmatrix_x4(b, sm80::smem_addr(sk + key * kRow + col));
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            sm80::mma_16816<kElem>(acc_s[mt][2 * np], a[mt], b[0], b[1]);
+            sm80::mma_16816<kElem>(acc_s[mt][2 * np + 1], a[mt], b[2], b[3]);
+          }
+        }
+      }
+
+      // Mask keys past seqlen_k and, for causal configs, keys after each row's diagonal.
+      const int n_start = n_block * kBlockN;
+      const bool needs_mask = n_start + kBlockN > p.seqlen_k ||
+                              (kCausal && n_start + kBlockN - 1 > m_start + p.causal_offset);
+      if (needs_mask) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int row = warp_row0 + mt * 16 + g + (e / 2) * 8;
+              const int col = n_start + nt * 8 + 2 * t + (e % 2);
+              const bool masked = col >= p.seqlen_k || (kCausal && col > row + p.causal_offset);
+              if (masked) acc_s[mt][nt][e] = -__int_as_float(0x7f800000);
+            }
+      }
+
+      // Online softmax in base 2; P is rounded to the 16-bit type as the A operand of P V.
+      u32 p_frag[kMTiles][kNTiles / 2][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float block_max = row_max[mt][h];
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt)
+            block_max = fmaxf(block_max, fmaxf(acc_s[mt][nt][2 * h], acc_s[mt][nt][2 * h + 1]));
+          block_max = sm80::quad_max(block_max);
+          // A row with nothing visible yet keeps max -inf; subtract 0 then so exp2 gives 0, not NaN.
+          const float max_scaled = block_max == -__int_as_float(0x7f800000) ? 0.f : block_max * p.scale_log2;
+          const float correction = sm80::exp2_approx(row_max[mt][h] * p.scale_log2 - max_scaled);
+          row_max[mt][h] = block_max;
+          float sum = 0.f;
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+            for (int e = 2 * h; e < 2 * h + 2; ++e) {
+              acc_s[mt][nt][e] = sm80::exp2_approx(acc_s[mt][nt][e] * p.scale_log2 - max_scaled);
+              sum += acc_s[mt][nt][e];
+            }
+          row_sum[mt][h] = row_sum[mt][h] * correction + sum;
+#pragma unroll
+          for (int dt = 0; dt < kDTiles; ++dt) {
+            acc_o[mt][dt][2 * h] *= correction;
+            acc_o[mt][dt][2 * h + 1] *= correction;
+          }
+        }
+        // The accumulator layout of key tiles 2j and 2j+1 is the A-operand layout of k-step j.
+#pragma unroll
+        for (int j = 0; j < kNTiles / 2; ++j) {
+          p_frag[mt][j][0] = sm80::pack2<kElem>(acc_s[mt][2 * j][0], acc_s[mt][2 * j][1]);
+          p_frag[mt][j][1] = sm80::pack2<kElem>(acc_s[mt][2 * j][2], acc_s[mt][2 * j][3]);
+          p_frag[mt][j][2] = sm80::pack2<kElem>(acc_s[mt][2 * j + 1][0], acc_s[mt][2 * j + 1][1]);
+          p_frag[mt][j][3] = sm80::pack2<kElem>(acc_s[mt][2 * j + 1][2], acc_s[mt][2 * j + 1][3]);
+        }
+      }
+
+      // O += P V: keys are the k dimension; V tiles are read transposed.
+#pragma unroll
+      for (int j = 0; j < kNTiles / 2; ++j) {
+#pragma unroll
+        for (int dp = 0; dp < kDTiles / 2; ++dp) {
+          // Matrices: (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15).
+          u32 b[4];
+          const int key = j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+          const int col = dp * 16 + (lane >> 4) * 8;
+          sm80::ldmatrix_x4_trans(b, sm80::smem_addr(sv + key * kRow + col));
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            sm80::mma_16816<kElem>(acc_o[mt][2 * dp], p_frag[mt][j], b[0], b[1]);
+            sm80::mma_16816<kElem>(acc_o[mt][2 * dp + 1], p_frag[mt][j], b[2], b[3]);
+          }
+        }
+      }
+    }
+    sm80::cp_async_wait<0>();  // no copy may still target smem when the output tile reuses it
+
+    // Epilogue: normalise once, write LSE, stage this warp's rows in its own Q rows, store 16-byte chunks.
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float sum = sm80::quad_sum(row_sum[mt][h]);
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;  // a fully masked row has sum 0: output 0
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          acc_o[mt][dt][2 * h] *= inv;
+          acc_o[mt][dt][2 * h + 1] *= inv;
+        }
+        const int row = warp_row0 + mt * 16 + g + h * 8;
+        if (p.lse != nullptr && t == 0 && row < p.seqlen_q) {
+          constexpr float kLn2 = 0.6931471805599453f;
+          const float lse = sum > 0.f ? row_max[mt][h] * p.scale + sm80::log2_approx(sum) * kLn2
+                                      : -__int_as_float(0x7f800000);
+          p.lse[(static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q + row] = lse;
+        }
+      }
+    }
+
+    u16* so_warp = const_cast<u16*>(sq_warp);  // (kWarpRows, kRow): only this warp ever read these rows
+    __syncwarp();
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = mt * 16 + g + h * 8;
+          const int col = dt * 8 + 2 * t;
+          *reinterpret_cast<u32*>(so_warp + row * kRow + col) =
+              sm80::pack2<kElem>(acc_o[mt][dt][2 * h], acc_o[mt][dt][2 * h + 1]);
+        }
+    __syncwarp();
+    const int warp_first_row = warp * kWarpRows;  // relative to m_start
+    constexpr int kOutChunks = kWarpRows * kValidChunks;
+#pragma unroll
+    for (int i0 = 0; i0 < kOutChunks; i0 += 32) {
+      const int i = i0 + lane;
+      if (kOutChunks % 32 == 0 || i < kOutChunks) {
+        const int row = i / kValidChunks;
+        const int chunk = i % kValidChunks;
+        if (warp_first_row + row < rows_q) {
+          const uint4 value = *reinterpret_cast<const uint4*>(so_warp + row * kRow + chunk * 8);
+          *reinterpret_cast<uint4*>(o + (warp_first_row + row) * p.o_row_stride + chunk * 8) = value;
+        }
+      }
+    }
+  }
+};
+
+}  // namespace flashgen
+
+#ifdef FLASHGEN_STANDALONE
+// Lets `nvcc -DFLASHGEN_STANDALONE -c` compile this template on its own for a default config.
+struct FlashgenDefaultFwdConfig {
+  static constexpr flashgen::ElemType kElem = flashgen::ElemType::kFloat16;
+  static constexpr int kHeadDim = 128;
+  static constexpr flashgen::MaskKind kMask = flashgen::MaskKind::kCausal;
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = 64;
+  static constexpr int kWarps = 4;
+  static constexpr int kStages = 2;
+  static constexpr bool kQInRegs = false;
+};
+
+extern "C" __global__ void __launch_bounds__(flashgen::FwdSm80<FlashgenDefaultFwdConfig>::kThreads, 1)
+    fwd_sm80_standalone_default(const __grid_constant__ flashgen::AttnFwdParams params) {
+  flashgen::FwdSm80<FlashgenDefaultFwdConfig>::run(params);
+}
+#endif

@@ -1,0 +1,85 @@
+// Generator output: golden files for the generated source, deterministic output, self-contained emit.
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "catch.hpp"
+#include "flashgen/error.hpp"
+#include "generator.hpp"
+
+namespace {
+
+std::string golden_path(const std::string& name) {
+  return std::string(FLASHGEN_SOURCE_DIR) + "/tests/generator/golden/" + name;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Compares with the golden file; FLASHGEN_UPDATE_GOLDEN=1 rewrites it instead.
+void check_golden(const std::string& name, const std::string& actual) {
+  const std::string path = golden_path(name);
+  if (const char* update = std::getenv("FLASHGEN_UPDATE_GOLDEN"); update != nullptr && std::string(update) == "1") {
+    std::ofstream(path, std::ios::binary) << actual;
+  }
+  INFO("golden file " << path << " (set FLASHGEN_UPDATE_GOLDEN=1 to regenerate after an intended change)");
+  CHECK(read_file(path) == actual);
+}
+
+}  // namespace
+
+TEST_CASE("generated sources match the golden files", "[generator]") {
+  flashgen::KernelConfig c;
+  c.dtype = flashgen::DType::kBFloat16;
+  c.mask = flashgen::MaskKind::kCausal;
+  const auto source = flashgen::generate(c);
+  CHECK(source.kernel_name == c.name());
+  REQUIRE(!source.headers.empty());
+  CHECK(source.headers.front().name == "generated_config.cuh");
+  check_golden(c.name() + ".cu", source.translation_unit);
+  check_golden(c.name() + "_config.cuh", source.headers.front().contents);
+
+  flashgen::KernelConfig d64;
+  d64.head_dim = 64;
+  d64.q_in_regs = true;
+  const auto source64 = flashgen::generate(d64);
+  check_golden(d64.name() + "_config.cuh", source64.headers.front().contents);
+}
+
+TEST_CASE("generation is deterministic and embeds the templates", "[generator]") {
+  flashgen::KernelConfig c;
+  const auto a = flashgen::generate(c);
+  const auto b = flashgen::generate(c);
+  CHECK(a.translation_unit == b.translation_unit);
+  REQUIRE(a.headers.size() == b.headers.size());
+  for (size_t i = 0; i < a.headers.size(); ++i) CHECK(a.headers[i].contents == b.headers[i].contents);
+
+  bool has_template = false;
+  for (const auto& h : a.headers) has_template |= h.name == "fwd_sm80.cuh" && h.contents == read_file(std::string(FLASHGEN_SOURCE_DIR) + "/templates/fwd_sm80.cuh");
+  CHECK(has_template);
+}
+
+TEST_CASE("self-contained source inlines every project include once", "[generator]") {
+  const auto source = flashgen::generate(flashgen::KernelConfig{});
+  const std::string text = source.self_contained();
+  CHECK(text.find("#include \"") == std::string::npos);
+  CHECK(text.find("#pragma once") == std::string::npos);
+  for (const char* name : {"fwd_traits.cuh", "attn_params.cuh", "sm80_primitives.cuh", "fwd_sm80.cuh"}) {
+    const std::string marker = std::string("// ---- begin ") + name + " ----";
+    const size_t first = text.find(marker);
+    INFO(name);
+    REQUIRE(first != std::string::npos);
+    CHECK(text.find(marker, first + 1) == std::string::npos);
+  }
+  CHECK(text.find("fwd_sm80_fp16_d128_m128_n64_w4_s2(const __grid_constant__") != std::string::npos);
+}
+
+TEST_CASE("invalid configs are not generated", "[generator]") {
+  flashgen::KernelConfig c;
+  c.head_dim = 260;
+  CHECK_THROWS_AS(flashgen::generate(c), flashgen::Error);
+}

@@ -1,0 +1,106 @@
+// KernelConfig: naming, parsing, validation (the shared fwd_traits rules) and JSON round-trip.
+#include "catch.hpp"
+
+#include "flashgen/error.hpp"
+#include "kernel_config.hpp"
+
+using flashgen::DType;
+using flashgen::KernelConfig;
+using flashgen::MaskKind;
+
+TEST_CASE("config names are canonical and parse back", "[generator][config]") {
+  KernelConfig c;
+  c.dtype = DType::kBFloat16;
+  c.head_dim = 128;
+  c.mask = MaskKind::kCausal;
+  c.block_m = 128;
+  c.block_n = 64;
+  c.warps = 4;
+  c.stages = 2;
+  CHECK(c.name() == "fwd_sm80_bf16_d128_m128_n64_w4_s2_causal");
+  CHECK(KernelConfig::from_name(c.name()) == c);
+
+  c.q_in_regs = true;
+  c.mask = MaskKind::kNone;
+  CHECK(c.name() == "fwd_sm80_bf16_d128_m128_n64_w4_s2_qreg");
+  CHECK(KernelConfig::from_name(c.name()) == c);
+}
+
+TEST_CASE("malformed config names are rejected with the offending part", "[generator][config]") {
+  auto message_of = [](const std::string& name) {
+    try {
+      KernelConfig::from_name(name);
+    } catch (const flashgen::Error& e) {
+      CHECK(e.status() == flashgen::Status::kInvalidArgument);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(message_of("fwd_sm80_fp32_d128_m128_n64_w4_s2").find("fp32") != std::string::npos);
+  CHECK(message_of("fwd_sm80_fp16_d12x_m128_n64_w4_s2").find("d12x") != std::string::npos);
+  CHECK(message_of("fwd_sm80_fp16_d128_m128_n64_w4_s2_sliding").find("sliding") != std::string::npos);
+  CHECK(message_of("bwd_sm80_fp16_d128_m128_n64_w4_s2").find("expected") != std::string::npos);
+  CHECK(message_of("fwd_sm80_fp16_d128").find("expected") != std::string::npos);
+}
+
+TEST_CASE("validity follows the shared traits", "[generator][config]") {
+  KernelConfig c;  // fp16 d128 m128 n64 w4 s2
+  CHECK_FALSE(c.invalid_reason(80).has_value());
+  CHECK(c.invalid_reason(75).has_value());
+
+  c.head_dim = 100;
+  REQUIRE(c.invalid_reason(90).has_value());
+  CHECK(c.invalid_reason(90)->find("head_dim") != std::string::npos);
+
+  c = KernelConfig{};
+  c.block_m = 96;  // not a multiple of 16 * 4 warps
+  CHECK(c.invalid_reason(90)->find("block_m") != std::string::npos);
+
+  c = KernelConfig{};
+  c.head_dim = 256;
+  c.warps = 8;
+  c.stages = 2;
+  // 128x264 Q + 2 x 2 x 64x264 K/V = 202752 bytes: fits Hopper's 227 KB, not A100's 163 KB.
+  CHECK(c.traits().smem_bytes == 202752);
+  CHECK_FALSE(c.invalid_reason(90).has_value());
+  REQUIRE(c.invalid_reason(80).has_value());
+  CHECK(c.invalid_reason(80)->find("shared memory") != std::string::npos);
+
+  c = KernelConfig{};
+  c.block_m = 256;  // 4 tiles of 16 rows per warp: the accumulators no longer fit in registers
+  CHECK(c.invalid_reason(90)->find("registers") != std::string::npos);
+}
+
+TEST_CASE("traits derive padded sizes", "[generator][config]") {
+  const auto t = flashgen::fwd_traits(72, 64, 32, 4, 3, false);
+  REQUIRE(t.error == nullptr);
+  CHECK(t.head_dim_pad == 80);
+  CHECK(t.smem_row_elems == 88);
+  CHECK(t.threads == 128);
+  CHECK(t.m_tiles == 1);
+  CHECK(t.smem_bytes == 64 * 88 * 2 + 3 * 2 * 32 * 88 * 2);
+  // Row pitch of 4 (mod 8) words keeps ldmatrix conflict-free for every head_dim.
+  for (int d = 8; d <= 256; d += 8) CHECK((flashgen::fwd_traits(d, 64, 32, 4, 2, false).smem_row_elems / 2) % 8 == 4);
+}
+
+TEST_CASE("config JSON round-trips and rejects bad fields", "[generator][config]") {
+  KernelConfig c;
+  c.dtype = DType::kBFloat16;
+  c.head_dim = 96;
+  c.mask = MaskKind::kCausal;
+  c.block_m = 64;
+  c.block_n = 32;
+  c.warps = 4;
+  c.stages = 3;
+  c.q_in_regs = true;
+  const nlohmann::json j = c;
+  CHECK(j.at("dtype") == "bf16");
+  CHECK(j.at("mask") == "causal");
+  CHECK(j.get<KernelConfig>() == c);
+  CHECK(nlohmann::json::parse(j.dump()).get<KernelConfig>() == c);
+
+  CHECK_THROWS_AS(nlohmann::json({{"dtype", "fp8"}}).get<KernelConfig>(), flashgen::Error);
+  CHECK_THROWS_AS(nlohmann::json({{"block_m", "128"}}).get<KernelConfig>(), flashgen::Error);
+  CHECK_THROWS_AS(nlohmann::json({{"family", "bwd"}}).get<KernelConfig>(), flashgen::Error);
+  CHECK_THROWS_AS(nlohmann::json::array().get<KernelConfig>(), flashgen::Error);
+}

@@ -1,0 +1,17 @@
+# Compiles every template on its own with nvcc (-DFLASHGEN_STANDALONE instantiates a default config)
+# for sm_80 and sm_90a. Run by CTest: cmake -DNVCC=... -DTEMPLATE_DIR=... -DWORK_DIR=... -P standalone.cmake
+file(GLOB templates ${TEMPLATE_DIR}/*.cuh)
+file(MAKE_DIRECTORY ${WORK_DIR})
+foreach(path IN LISTS templates)
+  get_filename_component(name ${path} NAME_WE)
+  foreach(arch 80 90a)
+    execute_process(
+      COMMAND ${NVCC} -x cu -std=c++17 -DFLASHGEN_STANDALONE -I${TEMPLATE_DIR}
+              -gencode=arch=compute_${arch},code=sm_${arch} -c ${path} -o ${WORK_DIR}/${name}_sm${arch}.o
+      RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE err)
+    if(NOT result EQUAL 0)
+      message(FATAL_ERROR "nvcc failed on ${path} for sm_${arch}:\n${out}${err}")
+    endif()
+    message(STATUS "${name}.cuh compiles on its own for sm_${arch}")
+  endforeach()
+endforeach()

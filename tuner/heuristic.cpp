@@ -1,0 +1,72 @@
+// Built-in forward config choice: a preference list per head_dim, first entry valid on the arch wins.
+// Chosen so every default candidate compiles without spills (see tests/tuner/test_heuristic.cpp).
+#include "heuristic.hpp"
+
+#include <set>
+
+#include "flashgen/error.hpp"
+
+namespace flashgen {
+
+namespace {
+
+struct Tile {
+  int block_m, block_n, warps, stages;
+};
+
+// Ordered by expected speed. One 16-row tile per warp keeps the O accumulator of d128-256 in
+// registers without spills; the 64-row fallbacks fit the 99 KB shared memory of sm_86/sm_89.
+std::vector<Tile> preferences(int head_dim) {
+  if (head_dim <= 64) return {{128, 64, 4, 3}, {128, 64, 4, 2}, {64, 64, 4, 2}};
+  if (head_dim <= 128) return {{128, 64, 8, 2}, {64, 64, 4, 2}, {64, 32, 4, 2}};
+  if (head_dim <= 192) return {{128, 64, 8, 2}, {64, 64, 4, 2}, {64, 32, 4, 2}};
+  return {{128, 32, 8, 2}, {64, 32, 4, 2}};  // a 64-key S tile next to the (16, 256) O tile spills
+}
+
+KernelConfig with_tile(DType dtype, int head_dim, MaskKind mask, const Tile& tile) {
+  KernelConfig c;
+  c.dtype = dtype;
+  c.head_dim = head_dim;
+  c.mask = mask;
+  c.block_m = tile.block_m;
+  c.block_n = tile.block_n;
+  c.warps = tile.warps;
+  c.stages = tile.stages;
+  return c;
+}
+
+}  // namespace
+
+KernelConfig heuristic_forward_config(DType dtype, int head_dim, MaskKind mask, int arch) {
+  std::string last_reason = "no candidate";
+  for (const Tile& tile : preferences(head_dim)) {
+    KernelConfig c = with_tile(dtype, head_dim, mask, tile);
+    auto why = c.invalid_reason(arch);
+    if (!why) return c;
+    last_reason = *why;
+  }
+  fail(Status::kUnsupported, "no forward config for head_dim " + std::to_string(head_dim) + " on sm_" +
+                                 std::to_string(arch) + ": " + last_reason);
+}
+
+std::vector<KernelConfig> default_forward_candidates(int arch) {
+  std::vector<KernelConfig> out;
+  std::set<std::string> seen;
+  auto add = [&](const KernelConfig& c) {
+    if (!c.invalid_reason(arch) && seen.insert(c.name()).second) out.push_back(c);
+  };
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16})
+    for (MaskKind mask : {MaskKind::kNone, MaskKind::kCausal})
+      for (int d : {32, 64, 96, 128, 192, 256}) add(heuristic_forward_config(dtype, d, mask, arch));
+  // Tile variants the tuner tries first, for the head_dims that matter most.
+  const Tile variants[] = {{128, 64, 4, 2}, {128, 128, 8, 2}, {64, 64, 4, 3}, {128, 32, 4, 2}, {128, 64, 8, 3}};
+  for (int d : {64, 128}) {
+    for (const Tile& tile : variants) add(with_tile(DType::kFloat16, d, MaskKind::kNone, tile));
+    KernelConfig qreg = with_tile(DType::kFloat16, d, MaskKind::kNone, {128, 64, 8, 2});
+    qreg.q_in_regs = true;
+    add(qreg);
+  }
+  return out;
+}
+
+}  // namespace flashgen
