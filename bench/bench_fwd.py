@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Forward-attention benchmark: flashgen (through its C ABI, loaded with ctypes) against PyTorch SDPA's
 FlashAttention-2 and cuDNN backends, in one process, on the same tensors, over the standard grid of
-../../shared/ANCHORS.md. Writes a CSV and prints a markdown table (the last thing printed).
+shared/ANCHORS.md. Writes a CSV and prints a markdown table (the last thing printed).
 
 Run on a GPU machine:  python3 bench/bench_fwd.py --lib build/libflashgen.so [--quick]
 """
@@ -355,7 +355,7 @@ def main():
 
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     with open(out_path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS, lineterminator="\n")
         writer.writeheader()
         for row in rows:
             writer.writerow({c: ("" if row.get(c) is None else

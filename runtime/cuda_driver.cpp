@@ -24,15 +24,30 @@ struct DriverState {
   std::string failure;
 };
 
-std::string raw_result_text(CUresult result) { return "CUresult " + std::to_string(static_cast<int>(result)); }
+std::string raw_result_text(CUresult result) {
+  return "CUresult " + std::to_string(static_cast<int>(result));
+}
 
 std::string result_text(const DriverApi& api, CUresult result) {
   const char* name = nullptr;
   const char* description = nullptr;
-  if (api.cuGetErrorName(result, &name) != CUDA_SUCCESS || name == nullptr) return raw_result_text(result);
+  if (api.cuGetErrorName(result, &name) != CUDA_SUCCESS || name == nullptr) {
+    // The toolkit's stub libcuda answers every call, cuGetErrorName included, with this code.
+    if (result == CUDA_ERROR_STUB_LIBRARY)
+      return "CUDA_ERROR_STUB_LIBRARY: the toolkit's link-time stub was loaded instead of a real driver";
+    return raw_result_text(result);
+  }
   if (api.cuGetErrorString(result, &description) != CUDA_SUCCESS || description == nullptr)
     return name;
   return std::string(name) + ": " + description;
+}
+
+// The file the driver was actually loaded from (LD_LIBRARY_PATH may point at a stub or an old driver).
+std::string loaded_from(const DriverApi& api) {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(api.cuInit), &info) != 0 && info.dli_fname != nullptr)
+    return info.dli_fname;
+  return kDriverLibrary;
 }
 
 DriverState load_driver() {
@@ -60,7 +75,8 @@ DriverState load_driver() {
 
   CUresult result = state.api.cuInit(0);
   if (result != CUDA_SUCCESS) {
-    state.failure = "cuInit failed: " + result_text(state.api, result);
+    state.failure =
+        "cuInit failed: " + result_text(state.api, result) + " (driver " + loaded_from(state.api) + ")";
     return state;
   }
   int count = 0;

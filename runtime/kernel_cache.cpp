@@ -68,8 +68,9 @@ bool is_filename_safe(char c) {
 // Unique among processes (pid) and threads and calls (random + counter) sharing one cache directory.
 std::string temp_suffix() {
   static std::atomic<uint64_t> counter{0};
-  thread_local std::mt19937_64 random(std::random_device{}() ^
-                                      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  thread_local std::mt19937_64 random(
+      std::random_device{}() ^
+      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
   std::string suffix = ".tmp." + std::to_string(::getpid()) + ".";
   append_hex(random() ^ counter.fetch_add(1), &suffix);
   return suffix;

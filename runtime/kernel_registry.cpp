@@ -55,7 +55,8 @@ std::string serialize(const CompiledKernel& kernel) {
 }
 
 // The kernel a payload describes, or nullopt when it is not a payload of this format for this kernel.
-std::optional<CompiledKernel> deserialize(const std::string& payload, const std::string& kernel_name, int arch) {
+std::optional<CompiledKernel> deserialize(const std::string& payload, const std::string& kernel_name,
+                                          int arch) {
   if (payload.size() < kJsonLengthBytes) return std::nullopt;
   uint64_t json_size = 0;
   for (size_t i = 0; i < kJsonLengthBytes; ++i)
@@ -191,7 +192,8 @@ CUfunction KernelRegistry::function(const KernelConfig& config, CUcontext ctx, i
   // Above 48 KiB of dynamic shared memory a kernel must opt in; the traits say how much it uses.
   const int smem_bytes = config.traits().smem_bytes;
   try {
-    FLASHGEN_CU_CHECK(cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes));
+    FLASHGEN_CU_CHECK(
+        cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes));
   } catch (const Error& e) {
     throw Error(e.status(), std::string(e.what()) + " (" + kernel->kernel_name + " asks for " +
                                 std::to_string(smem_bytes) + " bytes of dynamic shared memory)");

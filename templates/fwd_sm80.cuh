@@ -40,36 +40,59 @@ struct FwdSm80 {
   static constexpr int kValidChunks = kHeadDim / 8;    // chunks that hold data; the rest are zero-filled
   static constexpr int kTileElems = kBlockN * kRow;    // one K or V tile in smem
 
-  // Copies rows [0, kRows) of a (rows, head_dim) global tile into smem, zero-filling rows past
-  // rows_valid and the head_dim padding. Consecutive threads take consecutive 16-byte chunks.
+  // Copies rows [0, kRows) of a (rows, head_dim) global tile to smem at byte address smem_tile,
+  // zero-filling rows past rows_valid and the head_dim padding. Consecutive threads take consecutive
+  // 16-byte chunks, so each warp reads whole rows.
   template <int kRows>
-  static __device__ __forceinline__ void load_tile(u16* smem_tile, const u16* gmem, long long row_stride,
+  static __device__ __forceinline__ void load_tile(u32 smem_tile, const u16* gmem, long long row_stride,
                                                    int rows_valid, int tid) {
-    constexpr int kTotal = kRows * kChunks;
+    if constexpr (kThreads % kChunks == 0) {
+      // Each thread keeps one chunk column and steps down kRowsPerPass rows a pass: one running
+      // pointer instead of a 64-bit offset per pass held across the main loop.
+      constexpr int kRowsPerPass = kThreads / kChunks;
+      const int row0 = tid / kChunks;
+      const int chunk = tid % kChunks;
+      const u16* src = gmem + row0 * row_stride + chunk * 8;
+      const long long step = kRowsPerPass * row_stride;
+      u32 dst = smem_tile + (row0 * kRow + chunk * 8) * 2;
 #pragma unroll
-    for (int i0 = 0; i0 < kTotal; i0 += kThreads) {
-      const int i = i0 + tid;
-      if (kTotal % kThreads == 0 || i < kTotal) {
-        const int row = i / kChunks;
-        const int chunk = i % kChunks;
-        const bool valid = row < rows_valid && chunk < kValidChunks;
-        const u16* src = valid ? gmem + row * row_stride + chunk * 8 : gmem;
-        sm80::cp_async_16(sm80::smem_addr(smem_tile + row * kRow + chunk * 8), src, valid);
+      for (int row = 0; row < kRows; row += kRowsPerPass) {
+        if (kRows % kRowsPerPass == 0 || row + row0 < kRows) {
+          const bool valid = row + row0 < rows_valid && chunk < kValidChunks;
+          sm80::cp_async_16(dst, valid ? src : gmem, valid);
+        }
+        src += step;
+        dst += kRowsPerPass * kRow * 2;
+      }
+    } else {
+      constexpr int kTotal = kRows * kChunks;
+#pragma unroll
+      for (int i0 = 0; i0 < kTotal; i0 += kThreads) {
+        const int i = i0 + tid;
+        if (kTotal % kThreads == 0 || i < kTotal) {
+          const int row = i / kChunks;
+          const int chunk = i % kChunks;
+          const bool valid = row < rows_valid && chunk < kValidChunks;
+          const u16* src = valid ? gmem + row * row_stride + chunk * 8 : gmem;
+          sm80::cp_async_16(smem_tile + (row * kRow + chunk * 8) * 2, src, valid);
+        }
       }
     }
   }
 
-  // A fragments (16 rows x 16 k) of this warp's Q rows for k-step kk.
-  static __device__ __forceinline__ void load_q_frag(u32 (&a)[4], const u16* sq_warp, int mt, int kk, int lane) {
-    const int row = mt * 16 + (lane & 15);
-    const int col = kk * 16 + (lane >> 4) * 8;
-    sm80::ldmatrix_x4(a, sm80::smem_addr(sq_warp + row * kRow + col));
+  // A fragments (16 rows x 16 k) of this warp's Q tile mt for k-step kk; q_lane is the lane's address.
+  static __device__ __forceinline__ void load_q_frag(u32 (&a)[4], u32 q_lane, int mt, int kk) {
+    sm80::ldmatrix_x4(a, q_lane + (mt * 16 * kRow + kk * 16) * 2);
   }
 
   static __device__ void run(const AttnFwdParams& p) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    u16* sq = reinterpret_cast<u16*>(smem_raw);  // (kBlockM, kRow); reused for the output tile
-    u16* skv = sq + kBlockM * kRow;              // kStages x [K (kBlockN, kRow), V (kBlockN, kRow)]
+    // Shared memory is addressed with 32-bit byte offsets so ptxas folds the constant parts of every
+    // ldmatrix address into the instruction.
+    u16* sq = reinterpret_cast<u16*>(smem_raw);           // (kBlockM, kRow); reused for the output tile
+    const u32 sq_addr = sm80::smem_addr(smem_raw);
+    const u32 skv_addr = sq_addr + kBlockM * kRow * 2;    // kStages x [K (kBlockN, kRow), V (kBlockN, kRow)]
+    constexpr u32 kTileBytes = kTileElems * 2;
 
     const int tid = threadIdx.x;
     const int warp = tid / 32;
@@ -93,16 +116,16 @@ struct FwdSm80 {
     const int n_blocks = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
 
     auto load_kv = [&](int n_block) {
-      u16* sk = skv + (n_block % kStages) * 2 * kTileElems;
+      const u32 sk = skv_addr + (n_block % kStages) * 2 * kTileBytes;
       const int n_start = n_block * kBlockN;
       const int rows_valid = min(kBlockN, p.seqlen_k - n_start);
       load_tile<kBlockN>(sk, k + n_start * p.k_row_stride, p.k_row_stride, rows_valid, tid);
-      load_tile<kBlockN>(sk + kTileElems, v + n_start * p.v_row_stride, p.v_row_stride, rows_valid, tid);
+      load_tile<kBlockN>(sk + kTileBytes, v + n_start * p.v_row_stride, p.v_row_stride, rows_valid, tid);
     };
 
     // Prologue: Q, then the first kStages - 1 K/V tiles, one commit group each (empty groups keep the
     // count uniform so the wait below is a constant).
-    load_tile<kBlockM>(sq, q, p.q_row_stride, rows_q, tid);
+    load_tile<kBlockM>(sq_addr, q, p.q_row_stride, rows_q, tid);
     sm80::cp_async_commit();
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
@@ -110,7 +133,13 @@ struct FwdSm80 {
       sm80::cp_async_commit();
     }
 
-    const u16* sq_warp = sq + warp * kWarpRows * kRow;  // (kWarpRows, kRow): this warp's Q rows
+    // Per-lane ldmatrix byte offsets; the tile, k-step and n-tile parts are compile-time constants.
+    // Q (A operand): matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15).
+    const u32 q_lane = sq_addr + ((warp * kWarpRows + (lane & 15)) * kRow + (lane >> 4) * 8) * 2;
+    // K (B operand of S): (keys 0-7, k 0-7), (keys 0-7, k 8-15), (keys 8-15, k 0-7), (keys 8-15, k 8-15).
+    const u32 k_lane = ((lane & 7) + ((lane >> 4) << 3)) * kRow * 2 + ((lane >> 3) & 1) * 16;
+    // V (B operand of O, transposed): (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15).
+    const u32 v_lane = ((lane & 7) + ((lane >> 3) & 1) * 8) * kRow * 2 + (lane >> 4) * 16;
     u32 q_frag[kQInRegs ? kMTiles : 1][kQInRegs ? kKSteps : 1][4];
     if constexpr (kQInRegs) {
       sm80::cp_async_wait<kStages - 1>();
@@ -118,7 +147,7 @@ struct FwdSm80 {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-        for (int kk = 0; kk < kKSteps; ++kk) load_q_frag(q_frag[mt][kk], sq_warp, mt, kk, lane);
+        for (int kk = 0; kk < kKSteps; ++kk) load_q_frag(q_frag[mt][kk], q_lane, mt, kk);
     }
 
     float acc_o[kMTiles][kDTiles][4];  // (kWarpRows, kHeadDimPad) fp32 output accumulator
@@ -145,8 +174,8 @@ struct FwdSm80 {
       if (n_block + kStages - 1 < n_blocks) load_kv(n_block + kStages - 1);
       sm80::cp_async_commit();
 
-      const u16* sk = skv + (n_block % kStages) * 2 * kTileElems;  // (kBlockN, kRow)
-      const u16* sv = sk + kTileElems;                              // (kBlockN, kRow)
+      const u32 sk = skv_addr + (n_block % kStages) * 2 * kTileBytes;  // (kBlockN, kRow) K tile
+      const u32 sv = sk + kTileBytes;                                   // (kBlockN, kRow) V tile
 
       // S = Q Kᵀ for this warp: (kWarpRows, kBlockN) fp32.
       float acc_s[kMTiles][kNTiles][4];
@@ -166,16 +195,13 @@ struct FwdSm80 {
 #pragma unroll
             for (int e = 0; e < 4; ++e) a[mt][e] = q_frag[mt][kk][e];
           } else {
-            load_q_frag(a[mt], sq_warp, mt, kk, lane);
+            load_q_frag(a[mt], q_lane, mt, kk);
           }
         }
 #pragma unroll
         for (int np = 0; np < kNTiles / 2; ++np) {
-          // Matrices: (keys 0-7, k 0-7), (keys 0-7, k 8-15), (keys 8-15, k 0-7), (keys 8-15, k 8-15).
           u32 b[4];
-          const int key = np * 16 + (lane & 7) + ((lane >> 4) << 3);
-          const int col = kk * 16 + ((lane >> 3) & 1) * 8;
-          sm80::ldmatrix_x4(b, sm80::smem_addr(sk + key * kRow + col));
+          sm80::ldmatrix_x4(b, sk + k_lane + (np * 16 * kRow + kk * 16) * 2);
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {
             sm80::mma_16816<kElem>(acc_s[mt][2 * np], a[mt], b[0], b[1]);
@@ -247,11 +273,8 @@ struct FwdSm80 {
       for (int j = 0; j < kNTiles / 2; ++j) {
 #pragma unroll
         for (int dp = 0; dp < kDTiles / 2; ++dp) {
-          // Matrices: (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15).
           u32 b[4];
-          const int key = j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-          const int col = dp * 16 + (lane >> 4) * 8;
-          sm80::ldmatrix_x4_trans(b, sm80::smem_addr(sv + key * kRow + col));
+          sm80::ldmatrix_x4_trans(b, sv + v_lane + (j * 16 * kRow + dp * 16) * 2);
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {
             sm80::mma_16816<kElem>(acc_o[mt][2 * dp], p_frag[mt][j], b[0], b[1]);
@@ -260,7 +283,10 @@ struct FwdSm80 {
         }
       }
     }
-    sm80::cp_async_wait<0>();  // no copy may still target smem when the output tile reuses it
+    // The output tile reuses the Q rows: every thread's Q copies must have landed, including when no
+    // key block was visible (n_blocks == 0) and the loop's barriers never ran.
+    sm80::cp_async_wait<0>();
+    __syncthreads();
 
     // Epilogue: normalise once, write LSE, stage this warp's rows in its own Q rows, store 16-byte chunks.
 #pragma unroll
@@ -284,7 +310,7 @@ struct FwdSm80 {
       }
     }
 
-    u16* so_warp = const_cast<u16*>(sq_warp);  // (kWarpRows, kRow): only this warp ever read these rows
+    u16* so_warp = sq + warp * kWarpRows * kRow;  // (kWarpRows, kRow): only this warp ever read these rows
     __syncwarp();
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)

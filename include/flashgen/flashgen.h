@@ -42,9 +42,12 @@ enum {
 };
 
 /* out = softmax(q kᵀ · scale [masked]) v, and lse = log-sum-exp of each row (natural log, fp32,
- * [batch, heads_q, seqlen_q] contiguous) when lse is not NULL. heads_q must be a multiple of heads_kv.
- * Runs on cuda_stream (a CUstream / cudaStream_t; NULL is the legacy default stream) in the caller's
- * current CUDA context, or the device's primary context when none is current. */
+ * [batch, heads_q, seqlen_q] contiguous) when lse is not NULL. heads_q must be a multiple of heads_kv
+ * (query head h reads key/value head h / (heads_q / heads_kv)). A row that sees no key (bottom-right
+ * causal with seqlen_q > seqlen_k) gets output 0 and lse -inf, never NaN.
+ * Runs on cuda_stream (a CUstream / cudaStream_t; NULL is the legacy default stream) in the stream's
+ * context, else the caller's current CUDA context, else device 0's primary context. Asynchronous: the
+ * call returns once the kernel is queued. Nothing is allocated per call. */
 int flashgen_attention_forward(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
                                const flashgen_tensor* out, float* lse /* may be NULL */,
                                const flashgen_attention_options* opts, void* cuda_stream);

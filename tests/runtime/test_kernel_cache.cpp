@@ -90,7 +90,8 @@ TEST_CASE("kernel cache stores and loads an entry", "[kernel_cache]") {
 
 TEST_CASE("kernel cache keys map to safe file names inside the directory", "[kernel_cache]") {
   flashgen::KernelCache cache("/tmp/flashgen-cache-names");
-  CHECK(cache.path_for("fwd_sm80-sm90-0123abcd") == fs::path("/tmp/flashgen-cache-names/fwd_sm80-sm90-0123abcd.cubin"));
+  CHECK(cache.path_for("fwd_sm80-sm90-0123abcd") ==
+        fs::path("/tmp/flashgen-cache-names/fwd_sm80-sm90-0123abcd.cubin"));
   fs::path escaped = cache.path_for("../../etc/passwd");
   CHECK(escaped.parent_path() == cache.dir());
   CHECK(escaped.filename().string().find('/') == std::string::npos);
