@@ -177,9 +177,11 @@ int command_info(const Args& args) {
       gpus.clear();
     }
   }
-  const bool have_gpu = have_driver && !gpus.empty();
-  const std::string driver_text =
-      format("%d.%d", driver_version / 1000, driver_version % 1000 / 10);
+  const bool have_gpu = !gpus.empty();
+  if (!have_gpu && no_gpu_reason.empty()) no_gpu_reason = "no CUDA device";
+  const std::optional<std::string> driver_text =
+      driver_version > 0 ? std::optional<std::string>(format("%d.%d", driver_version / 1000, driver_version % 1000 / 10))
+                         : std::nullopt;
 
   if (args.has("json")) {
     Json j;
@@ -189,13 +191,12 @@ int command_info(const Args& args) {
     j["cache"] = {{"dir", cache.dir.string()}, {"exists", cache.exists}, {"entries", cache.entries},
                   {"bytes", cache.bytes}};
     j["template_dir"] = template_dir ? Json(*template_dir) : Json(nullptr);
-    if (have_driver && driver_version > 0) j["driver_version"] = driver_text;
-    else j["driver_version"] = nullptr;
+    j["driver_version"] = driver_text ? Json(*driver_text) : Json(nullptr);
     j["gpus"] = Json::array();
     for (const GpuInfo& gpu : gpus)
       j["gpus"].push_back({{"index", gpu.index}, {"name", gpu.name}, {"sm", gpu.sm}, {"sm_count", gpu.sm_count},
                            {"memory_bytes", gpu.memory_bytes}});
-    if (!have_gpu) j["no_gpu_reason"] = no_gpu_reason.empty() ? "no CUDA device" : no_gpu_reason;
+    if (!have_gpu) j["no_gpu_reason"] = no_gpu_reason;
     std::cout << j.dump(2) << '\n';
     return 0;
   }
@@ -212,10 +213,9 @@ int command_info(const Args& args) {
   std::cout << "FLASHGEN_TEMPLATE_DIR: "
             << (template_dir ? "set: " + *template_dir : std::string("not set (templates embedded in the library)"))
             << '\n';
-  if (have_driver && driver_version > 0) std::cout << "CUDA driver:           " << driver_text << '\n';
+  if (driver_text) std::cout << "CUDA driver:           " << *driver_text << '\n';
   if (!have_gpu) {
-    std::cout << "GPU:                   none (" << (no_gpu_reason.empty() ? "no CUDA device" : no_gpu_reason)
-              << ")\n";
+    std::cout << "GPU:                   none (" << no_gpu_reason << ")\n";
     return 0;
   }
   for (const GpuInfo& gpu : gpus)
@@ -801,12 +801,15 @@ RunReport run_problem(const RunOptions& o) {
   return report;
 }
 
+// One decimal for real throughput, significant digits for tiny problems that would print as 0.0.
+std::string tflops_text(double tflops) { return format(tflops >= 1 ? "%.1f TFLOP/s" : "%.3g TFLOP/s", tflops); }
+
 void print_run_report(const RunReport& r, std::ostream& os) {
   const Tolerance tol = tolerance_for(r.options.dtype);
   os << "device:   " << r.device_name << " (sm_" << r.device_sm << ")\n"
      << "problem:  " << problem_text(r.options, r.scale) << '\n'
-     << "config:   " << r.launch.config.name() << " for " << arch_label(r.launch.arch) << " (" << r.launch.reason
-     << ")\n"
+     << "config:   " << r.launch.config.name() << " for " << arch_label(r.launch.arch) << '\n'
+     << "why:      " << r.launch.reason << '\n'
      << format("first:    %.1f ms (first launch, includes compiling or loading the kernel)\n", r.first_launch_ms)
      << format("check:    %zu rows, max abs error out %.3g (tol %.0e + %.0e*|ref|), lse %.3g (tol %.0e): %s\n",
                r.check.rows, r.check.max_error_out, tol.out_abs, tol.out_rel, r.check.max_error_lse, tol.lse_abs,
@@ -816,7 +819,7 @@ void print_run_report(const RunReport& r, std::ostream& os) {
     os << "          ... " << r.check.mismatches << " mismatches in all\n";
   os << format("time:     median %.4f ms (min %.4f, max %.4f) over %zu launches after %d warm-up\n", r.median_ms(),
                r.times_ms.front(), r.times_ms.back(), r.times_ms.size(), r.options.warmup)
-     << format("speed:    %.1f TFLOP/s (%.4g GFLOP per launch)\n", r.tflops(), r.flops / 1e9);
+     << "speed:    " << tflops_text(r.tflops()) << format(" (%.4g GFLOP per launch)\n", r.flops / 1e9);
 }
 
 Json run_report_json(const RunReport& r) {
@@ -872,9 +875,9 @@ int command_demo(const Args& args) {
   if (driver_available(&why)) {
     const RunReport report = run_problem(RunOptions{});
     print_run_report(report, std::cout);
-    std::cout << format("\n%s on %s: %.3f ms, %.1f TFLOP/s, check %s\n", report.launch.config.name().c_str(),
-                        report.device_name.c_str(), report.median_ms(), report.tflops(),
-                        report.check.pass() ? "PASS" : "FAIL");
+    std::cout << format("\n%s on %s: %.3f ms, ", report.launch.config.name().c_str(), report.device_name.c_str(),
+                        report.median_ms())
+              << tflops_text(report.tflops()) << ", check " << (report.check.pass() ? "PASS" : "FAIL") << '\n';
     return report.check.pass() ? 0 : 1;
   }
   const Clock::time_point start = Clock::now();

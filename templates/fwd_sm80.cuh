@@ -39,6 +39,9 @@ struct FwdSm80 {
   static constexpr int kChunks = kHeadDimPad / 8;      // 16-byte chunks per smem row
   static constexpr int kValidChunks = kHeadDim / 8;    // chunks that hold data; the rest are zero-filled
   static constexpr int kTileElems = kBlockN * kRow;    // one K or V tile in smem
+  static __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
+  // Largest log2 growth of the row max absorbed without rescaling O: P stays below 2^8.
+  static constexpr float kRescaleSlack = 8.f;
 
   // Copies rows [0, kRows) of a (rows, head_dim) global tile to smem at byte address smem_tile,
   // zero-filling rows past rows_valid and the head_dim padding. Consecutive threads take consecutive
@@ -97,7 +100,9 @@ struct FwdSm80 {
     const int tid = threadIdx.x;
     const int warp = tid / 32;
     const int lane = tid % 32;
-    const int m_start = blockIdx.x * kBlockM;
+    // Highest query blocks first: under a causal mask they see the most keys, so the longest blocks
+    // start first and the short ones fill the tail.
+    const int m_start = (gridDim.x - 1 - blockIdx.x) * kBlockM;
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
     const int kv_head = head / p.group_size;
@@ -151,7 +156,7 @@ struct FwdSm80 {
     }
 
     float acc_o[kMTiles][kDTiles][4];  // (kWarpRows, kHeadDimPad) fp32 output accumulator
-    float row_max[kMTiles][2];         // running max of raw scores of rows g and g + 8 of each tile
+    float row_max[kMTiles][2];         // running max (log2 units) of rows g and g + 8 of each tile
     float row_sum[kMTiles][2];         // running sum of exp2, this thread's columns only
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
@@ -159,7 +164,7 @@ struct FwdSm80 {
       for (int dt = 0; dt < kDTiles; ++dt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] = 0.f;
-      row_max[mt][0] = row_max[mt][1] = -__int_as_float(0x7f800000);
+      row_max[mt][0] = row_max[mt][1] = neg_inf();
       row_sum[mt][0] = row_sum[mt][1] = 0.f;
     }
 
@@ -224,39 +229,63 @@ struct FwdSm80 {
               const int row = warp_row0 + mt * 16 + g + (e / 2) * 8;
               const int col = n_start + nt * 8 + 2 * t + (e % 2);
               const bool masked = col >= p.seqlen_k || (kCausal && col > row + p.causal_offset);
-              if (masked) acc_s[mt][nt][e] = -__int_as_float(0x7f800000);
+              if (masked) acc_s[mt][nt][e] = neg_inf();
             }
       }
 
-      // Online softmax in base 2; P is rounded to the 16-bit type as the A operand of P V.
+      // Online softmax in base 2 with lazy rescaling. The running max m (log2 units, scale folded in)
+      // moves only when a row's block max exceeds it by more than kRescaleSlack, so P = exp2(s - m) stays
+      // below 2^kRescaleSlack (exactly representable range in fp16/bf16, harmless in fp32 sums) and O is
+      // rescaled only in the rare blocks where some row of the warp needs it. The result is the same
+      // function: the final normalisation and the LSE use the same m.
+      float block_max[kMTiles][2];
+      bool any_rescale = false;
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float mx = neg_inf();
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt)
+            mx = fmaxf(mx, fmaxf(acc_s[mt][nt][2 * h], acc_s[mt][nt][2 * h + 1]));
+          block_max[mt][h] = sm80::quad_max(mx) * p.scale_log2;  // -inf stays -inf: scale_log2 > 0
+          any_rescale |= block_max[mt][h] > row_max[mt][h] + kRescaleSlack;
+        }
+      if (__any_sync(0xffffffffu, any_rescale)) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const bool moves = block_max[mt][h] > row_max[mt][h] + kRescaleSlack;
+            // exp2(-inf - finite) = 0: a row's first visible block drops the (empty) history.
+            const float correction = moves ? sm80::exp2_approx(row_max[mt][h] - block_max[mt][h]) : 1.f;
+            row_max[mt][h] = moves ? block_max[mt][h] : row_max[mt][h];
+            row_sum[mt][h] *= correction;
+#pragma unroll
+            for (int dt = 0; dt < kDTiles; ++dt) {
+              acc_o[mt][dt][2 * h] *= correction;
+              acc_o[mt][dt][2 * h + 1] *= correction;
+            }
+          }
+      }
+
+      // P = exp2(s * scale_log2 - m), rounded to the 16-bit type as the A operand of P V.
       u32 p_frag[kMTiles][kNTiles / 2][4];
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          float block_max = row_max[mt][h];
-#pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt)
-            block_max = fmaxf(block_max, fmaxf(acc_s[mt][nt][2 * h], acc_s[mt][nt][2 * h + 1]));
-          block_max = sm80::quad_max(block_max);
-          // A row with nothing visible yet keeps max -inf; subtract 0 then so exp2 gives 0, not NaN.
-          const float max_scaled = block_max == -__int_as_float(0x7f800000) ? 0.f : block_max * p.scale_log2;
-          const float correction = sm80::exp2_approx(row_max[mt][h] * p.scale_log2 - max_scaled);
-          row_max[mt][h] = block_max;
+          // A row that has seen no key keeps m = -inf; subtract 0 then so exp2(-inf) gives 0, not NaN.
+          const float m = row_max[mt][h] == neg_inf() ? 0.f : row_max[mt][h];
           float sum = 0.f;
 #pragma unroll
           for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
             for (int e = 2 * h; e < 2 * h + 2; ++e) {
-              acc_s[mt][nt][e] = sm80::exp2_approx(acc_s[mt][nt][e] * p.scale_log2 - max_scaled);
+              acc_s[mt][nt][e] = sm80::exp2_approx(acc_s[mt][nt][e] * p.scale_log2 - m);
               sum += acc_s[mt][nt][e];
             }
-          row_sum[mt][h] = row_sum[mt][h] * correction + sum;
-#pragma unroll
-          for (int dt = 0; dt < kDTiles; ++dt) {
-            acc_o[mt][dt][2 * h] *= correction;
-            acc_o[mt][dt][2 * h + 1] *= correction;
-          }
+          row_sum[mt][h] += sum;
         }
         // The accumulator layout of key tiles 2j and 2j+1 is the A-operand layout of k-step j.
 #pragma unroll
@@ -303,8 +332,7 @@ struct FwdSm80 {
         const int row = warp_row0 + mt * 16 + g + h * 8;
         if (p.lse != nullptr && t == 0 && row < p.seqlen_q) {
           constexpr float kLn2 = 0.6931471805599453f;
-          const float lse = sum > 0.f ? row_max[mt][h] * p.scale + sm80::log2_approx(sum) * kLn2
-                                      : -__int_as_float(0x7f800000);
+          const float lse = sum > 0.f ? (row_max[mt][h] + sm80::log2_approx(sum)) * kLn2 : neg_inf();
           p.lse[(static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q + row] = lse;
         }
       }
