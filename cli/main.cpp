@@ -232,7 +232,7 @@ Command emit_command() {
                  "Prints the generated kernel as one self-contained CUDA translation unit; nvcc compiles it\n"
                  "unchanged: nvcc -gencode=arch=compute_90a,code=sm_90a -c <file>.cu",
                  "<config-name> [-o FILE] | --config-json FILE|- [-o FILE]", 1,
-                 "<config-name>: a canonical config name, e.g. fwd_sm80_fp16_d128_m128_n64_w4_s2")
+                 "<config-name>: a canonical config name, e.g. fwd_sm80_fp16_d128_m128_n32_w4_s3")
       .option("config-json", "FILE", "read the config as JSON from FILE ('-' for stdin) instead of a name")
       .option("arch", "SM", "check the config is valid for sm_<SM> (80, 86, 89, 90; default 90)")
       .option("output", "FILE", "write to FILE instead of stdout", false, 'o');
@@ -286,7 +286,7 @@ Command compile_command() {
                  "Compiles kernels with NVRTC (through the on-disk cache unless --no-cache) and prints\n"
                  "registers, shared memory, spills, stack and compile time. Needs no GPU.",
                  "[<config-name>...] [--all-defaults] [--arch SM]... [--json] [--no-cache] [--jobs N]", -1,
-                 "<config-name>: canonical config names, e.g. fwd_sm80_fp16_d128_m128_n64_w4_s2")
+                 "<config-name>: canonical config names, e.g. fwd_sm80_fp16_d128_m128_n32_w4_s3")
       .option("arch", "SM", "target sm_<SM>: 80, 86, 89 or 90 (sm_90a); default 80 and 90", true)
       .flag("all-defaults", "add the default candidates (default_forward_candidates) of each arch")
       .flag("no-cache", "compile with NVRTC directly, bypassing the memory and disk caches")

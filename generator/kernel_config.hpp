@@ -20,12 +20,12 @@ struct KernelConfig {
   int head_dim = 128;
   MaskKind mask = MaskKind::kNone;
   int block_m = 128;
-  int block_n = 64;
+  int block_n = 32;
   int warps = 4;
-  int stages = 2;
+  int stages = 3;
   bool q_in_regs = false;  // keep Q's mma fragments in registers instead of re-reading shared memory
 
-  // Canonical name, e.g. fwd_sm80_bf16_d128_m128_n64_w4_s2_causal (suffix _qreg when q_in_regs).
+  // Canonical name, e.g. fwd_sm80_bf16_d128_m128_n32_w4_s3_causal (suffix _qreg when q_in_regs).
   // It is the kernel's symbol, its file name in dumps and part of its cache key.
   std::string name() const;
   // Inverse of name(); throws Error(kInvalidArgument) naming what it could not read.

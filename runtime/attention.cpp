@@ -22,17 +22,22 @@ std::string dim(const char* tensor, int i) {
   return std::string(tensor) + ".shape[" + std::to_string(i) + "] (" + kDimNames[i] + ")";
 }
 
+// Presence, dtype and shape ranges of one tensor argument.
 void check_tensor(const flashgen_tensor* t, const char* name) {
   FLASHGEN_REQUIRE(t != nullptr, std::string(name) + ": null pointer");
   FLASHGEN_REQUIRE(t->data != nullptr, std::string(name) + ".data: null pointer");
   FLASHGEN_REQUIRE(t->dtype == FLASHGEN_FLOAT16 || t->dtype == FLASHGEN_BFLOAT16,
                    std::string(name) + ".dtype: unknown value " + std::to_string(static_cast<int>(t->dtype)));
-  FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(t->data) % 16 == 0,
-                   std::string(name) + ".data: pointer must be 16-byte aligned");
   for (int i = 0; i < 4; ++i) {
     FLASHGEN_REQUIRE(t->shape[i] >= 1 && t->shape[i] <= std::numeric_limits<int32_t>::max(),
                      dim(name, i) + " must be in [1, 2^31), got " + std::to_string(t->shape[i]));
   }
+}
+
+// Memory layout the kernels can read with 16-byte copies: unit head_dim stride, aligned rows.
+void check_layout(const flashgen_tensor* t, const char* name) {
+  FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(t->data) % 16 == 0,
+                   std::string(name) + ".data: pointer must be 16-byte aligned");
   FLASHGEN_REQUIRE(t->stride[3] == 1, std::string(name) + ".stride[3] must be 1 (head_dim contiguous), got " +
                                           std::to_string(t->stride[3]));
   for (int i = 0; i < 3; ++i) {
@@ -82,6 +87,9 @@ ForwardProblem make_forward_problem(const flashgen_tensor* q, const flashgen_ten
   FLASHGEN_REQUIRE(q->shape[2] % k->shape[2] == 0,
                    dim("q", 2) + " = " + std::to_string(q->shape[2]) + " must be a multiple of " + dim("k", 2) +
                        " = " + std::to_string(k->shape[2]));
+  for (const auto& [t, name] : {std::pair{q, "q"}, std::pair{k, "k"}, std::pair{v, "v"}, std::pair{out, "out"}}) {
+    check_layout(t, name);
+  }
   FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(lse) % alignof(float) == 0,
                    "lse: pointer must be 4-byte aligned");
   FLASHGEN_REQUIRE(opts->mask == FLASHGEN_MASK_NONE || opts->mask == FLASHGEN_MASK_CAUSAL ||

@@ -17,7 +17,7 @@
 namespace flashgen {
 
 // The key of one compiled kernel: name, arch and a hash of source + options + NVRTC version +
-// generator version, e.g. "fwd_sm80_fp16_d128_m128_n64_w4_s2-sm90-3f2a...".
+// generator version, e.g. "fwd_sm80_fp16_d128_m128_n32_w4_s3-sm90-3f2a...".
 std::string kernel_cache_key(const GeneratedSource& source, int arch);
 
 class KernelRegistry {

@@ -378,9 +378,9 @@ struct FlashgenDefaultFwdConfig {
   static constexpr int kHeadDim = 128;
   static constexpr flashgen::MaskKind kMask = flashgen::MaskKind::kCausal;
   static constexpr int kBlockM = 128;
-  static constexpr int kBlockN = 64;
+  static constexpr int kBlockN = 32;
   static constexpr int kWarps = 4;
-  static constexpr int kStages = 2;
+  static constexpr int kStages = 3;
   static constexpr bool kQInRegs = false;
 };
 

@@ -75,7 +75,7 @@ TEST_CASE("self-contained source inlines every project include once", "[generato
     REQUIRE(first != std::string::npos);
     CHECK(text.find(marker, first + 1) == std::string::npos);
   }
-  CHECK(text.find("fwd_sm80_fp16_d128_m128_n64_w4_s2(const __grid_constant__") != std::string::npos);
+  CHECK(text.find("fwd_sm80_fp16_d128_m128_n32_w4_s3(const __grid_constant__") != std::string::npos);
 }
 
 TEST_CASE("invalid configs are not generated", "[generator]") {

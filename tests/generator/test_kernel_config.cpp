@@ -44,7 +44,7 @@ TEST_CASE("malformed config names are rejected with the offending part", "[gener
 }
 
 TEST_CASE("validity follows the shared traits", "[generator][config]") {
-  KernelConfig c;  // fp16 d128 m128 n64 w4 s2
+  KernelConfig c;  // fp16 d128 m128 n32 w4 s3
   CHECK_FALSE(c.invalid_reason(80).has_value());
   CHECK(c.invalid_reason(75).has_value());
 
@@ -58,6 +58,7 @@ TEST_CASE("validity follows the shared traits", "[generator][config]") {
 
   c = KernelConfig{};
   c.head_dim = 256;
+  c.block_n = 64;
   c.warps = 8;
   c.stages = 2;
   // 128x264 Q + 2 x 2 x 64x264 K/V = 202752 bytes: fits Hopper's 227 KB, not A100's 163 KB.
