@@ -223,14 +223,18 @@ struct FwdSm80 {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt)
+          for (int h = 0; h < 2; ++h) {
+            // Last visible key of this row, relative to this thread's first column in the block.
+            const int row = warp_row0 + mt * 16 + g + h * 8;
+            int last = p.seqlen_k - 1;
+            if constexpr (kCausal) last = min(last, row + p.causal_offset);
+            last -= n_start + 2 * t;
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int row = warp_row0 + mt * 16 + g + (e / 2) * 8;
-              const int col = n_start + nt * 8 + 2 * t + (e % 2);
-              const bool masked = col >= p.seqlen_k || (kCausal && col > row + p.causal_offset);
-              if (masked) acc_s[mt][nt][e] = neg_inf();
-            }
+            for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+              for (int e = 0; e < 2; ++e)
+                if (nt * 8 + e > last) acc_s[mt][nt][2 * h + e] = neg_inf();
+          }
       }
 
       // Online softmax in base 2 with lazy rescaling. The running max m (log2 units, scale folded in)
@@ -360,7 +364,7 @@ struct FwdSm80 {
       if (kOutChunks % 32 == 0 || i < kOutChunks) {
         const int row = i / kValidChunks;
         const int chunk = i % kValidChunks;
-        if (warp_first_row + row < rows_q) {
+        if (m_start + warp_first_row + row < p.seqlen_q) {
           const uint4 value = *reinterpret_cast<const uint4*>(so_warp + row * kRow + chunk * 8);
           *reinterpret_cast<uint4*>(o + (warp_first_row + row) * p.o_row_stride + chunk * 8) = value;
         }

@@ -12,13 +12,15 @@ namespace {
 
 struct Tile {
   int block_m, block_n, warps, stages;
+  bool q_in_regs = false;
 };
 
 // Ordered by measured speed (H200, 4k tokens, bench/results): two 16-row tiles per warp reuse every
 // K/V fragment twice, which matters more than a wide key block; a 64-key S tile next to a (32, 128)
-// O tile spills, so d128 takes 32-key blocks. The 64-row fallbacks fit sm_86/sm_89's 99 KB.
+// O tile spills, so d128 takes 32-key blocks; small head_dims have room to keep Q in registers.
+// The 64-row fallbacks fit sm_86/sm_89's 99 KB.
 std::vector<Tile> preferences(int head_dim) {
-  if (head_dim <= 64) return {{128, 64, 4, 3}, {128, 64, 4, 2}, {64, 64, 4, 2}};
+  if (head_dim <= 64) return {{128, 64, 4, 3, true}, {128, 64, 4, 3}, {64, 64, 4, 2}};
   if (head_dim <= 128) return {{128, 32, 4, 3}, {128, 32, 4, 2}, {64, 64, 4, 2}, {64, 32, 4, 2}};
   if (head_dim <= 192) return {{128, 64, 8, 2}, {64, 64, 4, 2}, {64, 32, 4, 2}};
   return {{128, 64, 8, 2}, {128, 32, 8, 2}, {64, 32, 4, 2}};  // the first needs Hopper's 227 KB
@@ -33,6 +35,7 @@ KernelConfig with_tile(DType dtype, int head_dim, MaskKind mask, const Tile& til
   c.block_n = tile.block_n;
   c.warps = tile.warps;
   c.stages = tile.stages;
+  c.q_in_regs = tile.q_in_regs;
   return c;
 }
 
@@ -60,7 +63,7 @@ std::vector<KernelConfig> default_forward_candidates(int arch) {
     for (MaskKind mask : {MaskKind::kNone, MaskKind::kCausal})
       for (int d : {32, 64, 96, 128, 192, 256}) add(heuristic_forward_config(dtype, d, mask, arch));
   // Tile variants the tuner tries first, for the head_dims that matter most.
-  const Tile variants[] = {{128, 64, 8, 2}, {128, 128, 8, 2}, {64, 64, 4, 3}, {128, 32, 4, 2}, {128, 64, 4, 2}};
+  const Tile variants[] = {{128, 64, 8, 2}, {128, 128, 8, 2}, {64, 64, 4, 3}, {128, 32, 4, 2}, {128, 32, 4, 4}};
   for (int d : {64, 128}) {
     for (const Tile& tile : variants) add(with_tile(DType::kFloat16, d, MaskKind::kNone, tile));
     KernelConfig qreg = with_tile(DType::kFloat16, d, MaskKind::kNone, {128, 64, 8, 2});
