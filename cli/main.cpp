@@ -28,6 +28,7 @@
 #include "args.hpp"
 #include "attention.hpp"
 #include "cuda_driver.hpp"
+#include "device_buffer.hpp"
 #include "flashgen/error.hpp"
 #include "flashgen/flashgen.h"
 #include "generator.hpp"
@@ -529,12 +530,22 @@ flashgen_mask mask_of(const RunOptions& o) {
   return FLASHGEN_MASK_NONE;
 }
 
-MaskRule mask_rule_of(const RunOptions& o) {
-  MaskRule rule;
-  rule.causal = o.causal != "none";
-  rule.causal_offset = o.causal == "bottom-right" ? o.seqlen_k - o.seqlen_q : 0;
-  return rule;
+AttentionShape shape_of(const RunOptions& o) {
+  return AttentionShape{o.batch, o.seqlen_q, o.seqlen_k, o.heads_q, o.heads_kv, o.head_dim};
 }
+
+flashgen_dtype abi_dtype(DType dtype) { return dtype == DType::kFloat16 ? FLASHGEN_FLOAT16 : FLASHGEN_BFLOAT16; }
+
+// Host copy of one 16-bit tensor: the raw elements in memory order plus the view the library is given
+// (shape [batch, seqlen, heads, head_dim], strides in elements).
+struct HostTensor {
+  DType dtype = DType::kFloat16;
+  StridedView view;
+  std::vector<uint16_t> bits;
+
+  HostInput input() const { return HostInput::bits16(bits.data(), abi_dtype(dtype), view); }
+  size_t bytes() const { return bits.size() * sizeof(uint16_t); }
+};
 
 // A host tensor of shape [batch, seqlen, heads, head_dim] laid out as bshd, or as [batch, heads, seqlen,
 // head_dim] in memory for bhsd (the view's strides say so; its shape stays bshd).
@@ -542,12 +553,11 @@ HostTensor make_host_tensor(DType dtype, int64_t batch, int64_t seqlen, int64_t 
                             bool bhsd) {
   HostTensor t;
   t.dtype = dtype;
-  const int64_t shape[4] = {batch, seqlen, heads, head_dim};
-  const int64_t bshd_stride[4] = {seqlen * heads * head_dim, heads * head_dim, head_dim, 1};
-  const int64_t bhsd_stride[4] = {heads * seqlen * head_dim, head_dim, seqlen * head_dim, 1};
-  for (int i = 0; i < 4; ++i) {
-    t.shape[i] = shape[i];
-    t.stride[i] = bhsd ? bhsd_stride[i] : bshd_stride[i];
+  t.view = StridedView::contiguous(batch, seqlen, heads, head_dim);
+  if (bhsd) {
+    t.view.stride[0] = heads * seqlen * head_dim;
+    t.view.stride[1] = head_dim;
+    t.view.stride[2] = seqlen * head_dim;
   }
   t.bits.resize(static_cast<size_t>(batch * seqlen * heads * head_dim));
   return t;
@@ -556,27 +566,8 @@ HostTensor make_host_tensor(DType dtype, int64_t batch, int64_t seqlen, int64_t 
 // Random normal values rounded to the tensor's type, in memory order.
 void fill_normal(HostTensor& t, std::mt19937& rng) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (uint16_t& bits : t.bits) bits = to_bits(t.dtype, normal(rng));
+  for (uint16_t& bits : t.bits) bits = float_to_dtype_bits(normal(rng), abi_dtype(t.dtype));
 }
-
-// Device memory from cuMemAlloc, freed when it goes out of scope (inside the ScopedContext that made it).
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) { FLASHGEN_CU_CHECK(cuMemAlloc(&ptr_, bytes)); }
-  ~DeviceBuffer() {
-    if (ptr_) driver().cuMemFree(ptr_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  CUdeviceptr get() const { return ptr_; }
-  void* data() const { return reinterpret_cast<void*>(ptr_); }
-  size_t bytes() const { return bytes_; }
-
- private:
-  CUdeviceptr ptr_ = 0;
-  size_t bytes_ = 0;
-};
 
 class Stream {
  public:
@@ -605,10 +596,10 @@ class Event {
 flashgen_tensor tensor_view(const HostTensor& host, const DeviceBuffer& device) {
   flashgen_tensor view{};
   view.data = device.data();
-  view.dtype = host.dtype == DType::kFloat16 ? FLASHGEN_FLOAT16 : FLASHGEN_BFLOAT16;
+  view.dtype = abi_dtype(host.dtype);
   for (int i = 0; i < 4; ++i) {
-    view.shape[i] = host.shape[i];
-    view.stride[i] = host.stride[i];
+    view.shape[i] = host.view.shape[i];
+    view.stride[i] = host.view.stride[i];
   }
   return view;
 }
@@ -652,15 +643,16 @@ struct CheckResult {
 };
 constexpr size_t kShownMismatches = 8;
 
-CheckResult check_rows(const HostTensor& q, const HostTensor& k, const HostTensor& v, const HostTensor& out,
-                       const std::vector<float>& lse, const std::vector<RowIndex>& rows, double scale,
-                       const MaskRule& mask) {
+CheckResult check_rows(const AttentionShape& shape, const HostTensor& q, const HostTensor& k, const HostTensor& v,
+                       const HostTensor& out, const std::vector<float>& lse, const std::vector<RowIndex>& rows,
+                       double scale, flashgen_mask mask) {
   // The float64 reference is the slow part for long sequences: rows are independent, so use every core.
   std::vector<ReferenceRow> reference(rows.size());
   std::atomic<size_t> next{0};
   auto worker = [&] {
     for (size_t i = next++; i < rows.size(); i = next++)
-      reference[i] = reference_row(q, k, v, rows[i].batch, rows[i].head, rows[i].row, scale, mask);
+      reference[i] = attention_reference_row(shape, q.input(), k.input(), v.input(), scale, mask, rows[i].batch,
+                                             rows[i].head, rows[i].row);
   };
   std::vector<std::thread> pool;
   for (int t = 1; t < default_jobs() && static_cast<size_t>(t) < rows.size(); ++t) pool.emplace_back(worker);
@@ -668,8 +660,9 @@ CheckResult check_rows(const HostTensor& q, const HostTensor& k, const HostTenso
   for (std::thread& thread : pool) thread.join();
 
   const Tolerance tol = tolerance_for(q.dtype);
-  const int64_t heads = q.shape[2];
-  const int64_t seqlen_q = q.shape[1];
+  const HostInput out_values = out.input();
+  const int64_t heads = shape.heads_q;
+  const int64_t seqlen_q = shape.seqlen_q;
   const double inf = std::numeric_limits<double>::infinity();
   CheckResult result;
   result.rows = rows.size();
@@ -681,8 +674,8 @@ CheckResult check_rows(const HostTensor& q, const HostTensor& k, const HostTenso
     const RowIndex& at = rows[r];
     const std::string where = format("batch %lld head %lld row %lld", static_cast<long long>(at.batch),
                                      static_cast<long long>(at.head), static_cast<long long>(at.row));
-    for (int64_t d = 0; d < q.shape[3]; ++d) {
-      const double got = out.at(at.batch, at.row, at.head, d);
+    for (int64_t d = 0; d < shape.head_dim; ++d) {
+      const double got = out_values.at(at.batch, at.row, at.head, d);
       const double want = reference[r].out[d];
       const double error = std::isfinite(got) ? std::abs(got - want) : inf;
       result.max_error_out = std::max(result.max_error_out, error);
@@ -745,7 +738,7 @@ RunReport run_problem(const RunOptions& o) {
   DeviceBuffer lse_dev(lse.size() * sizeof(float));
   const flashgen_tensor q_view = tensor_view(q, q_dev), k_view = tensor_view(k, k_dev), v_view = tensor_view(v, v_dev),
                         out_view = tensor_view(out, out_dev);
-  float* lse_ptr = reinterpret_cast<float*>(lse_dev.get());
+  float* lse_ptr = static_cast<float*>(lse_dev.data());
   flashgen_attention_options options{};
   options.softmax_scale = o.scale;
   options.mask = mask_of(o);
@@ -758,12 +751,12 @@ RunReport run_problem(const RunOptions& o) {
   fill_normal(q, rng);
   fill_normal(k, rng);
   fill_normal(v, rng);
-  FLASHGEN_CU_CHECK(cuMemcpyHtoD(q_dev.get(), q.bits.data(), q.bytes()));
-  FLASHGEN_CU_CHECK(cuMemcpyHtoD(k_dev.get(), k.bits.data(), k.bytes()));
-  FLASHGEN_CU_CHECK(cuMemcpyHtoD(v_dev.get(), v.bits.data(), v.bytes()));
+  q_dev.upload(q.bits);
+  k_dev.upload(k.bits);
+  v_dev.upload(v.bits);
   // 0xFF bytes are NaN in fp16, bf16 and fp32: anything the kernel fails to write shows up in the check.
-  FLASHGEN_CU_CHECK(cuMemsetD8(out_dev.get(), 0xFF, out_dev.bytes()));
-  FLASHGEN_CU_CHECK(cuMemsetD8(lse_dev.get(), 0xFF, lse_dev.bytes()));
+  out_dev.fill_bytes(0xFF);
+  lse_dev.fill_bytes(0xFF);
 
   Stream stream;
   auto launch = [&] {
@@ -776,11 +769,11 @@ RunReport run_problem(const RunOptions& o) {
   FLASHGEN_CU_CHECK(cuStreamSynchronize(stream.get()));
   report.first_launch_ms = ms_since(first);
 
-  FLASHGEN_CU_CHECK(cuMemcpyDtoH(out.bits.data(), out_dev.get(), out.bytes()));
-  FLASHGEN_CU_CHECK(cuMemcpyDtoH(lse.data(), lse_dev.get(), lse_dev.bytes()));
-  const MaskRule mask = mask_rule_of(o);
-  report.check = check_rows(q, k, v, out, lse, sample_rows(o.batch, o.heads_q, o.seqlen_q, o.check_rows), report.scale,
-                            mask);
+  out_dev.download(out.bits.data(), out.bytes());
+  lse_dev.download(lse.data(), lse_dev.bytes());
+  const AttentionShape shape = shape_of(o);
+  report.check = check_rows(shape, q, k, v, out, lse, sample_rows(o.batch, o.heads_q, o.seqlen_q, o.check_rows),
+                            report.scale, options.mask);
 
   for (int i = 0; i < o.warmup; ++i) launch();
   std::vector<Event> starts(static_cast<size_t>(o.iters)), stops(static_cast<size_t>(o.iters));
@@ -796,8 +789,7 @@ RunReport run_problem(const RunOptions& o) {
     report.times_ms.push_back(ms);
   }
   std::sort(report.times_ms.begin(), report.times_ms.end());
-  report.flops = 4.0 * static_cast<double>(o.batch * o.heads_q * o.head_dim) *
-                 static_cast<double>(unmasked_pairs(o.seqlen_q, o.seqlen_k, mask));
+  report.flops = forward_flops(shape, options.mask);
   return report;
 }
 

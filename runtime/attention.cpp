@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <sstream>
 
@@ -22,12 +23,23 @@ std::string dim(const char* tensor, int i) {
   return std::string(tensor) + ".shape[" + std::to_string(i) + "] (" + kDimNames[i] + ")";
 }
 
+// The integer a C caller stored in an enum field. Read through memcpy: loading a value outside the
+// enumerators through the enum type is undefined behaviour in C++, and C callers can pass anything.
+template <class Enum>
+int raw_enum(const Enum& value) {
+  static_assert(sizeof(Enum) == sizeof(int), "C enums are int-sized on supported ABIs");
+  int raw;
+  std::memcpy(&raw, &value, sizeof raw);
+  return raw;
+}
+
 // Presence, dtype and shape ranges of one tensor argument.
 void check_tensor(const flashgen_tensor* t, const char* name) {
   FLASHGEN_REQUIRE(t != nullptr, std::string(name) + ": null pointer");
   FLASHGEN_REQUIRE(t->data != nullptr, std::string(name) + ".data: null pointer");
-  FLASHGEN_REQUIRE(t->dtype == FLASHGEN_FLOAT16 || t->dtype == FLASHGEN_BFLOAT16,
-                   std::string(name) + ".dtype: unknown value " + std::to_string(static_cast<int>(t->dtype)));
+  const int dtype = raw_enum(t->dtype);
+  FLASHGEN_REQUIRE(dtype == FLASHGEN_FLOAT16 || dtype == FLASHGEN_BFLOAT16,
+                   std::string(name) + ".dtype: unknown value " + std::to_string(dtype));
   for (int i = 0; i < 4; ++i) {
     FLASHGEN_REQUIRE(t->shape[i] >= 1 && t->shape[i] <= std::numeric_limits<int32_t>::max(),
                      dim(name, i) + " must be in [1, 2^31), got " + std::to_string(t->shape[i]));
@@ -92,9 +104,9 @@ ForwardProblem make_forward_problem(const flashgen_tensor* q, const flashgen_ten
   }
   FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(lse) % alignof(float) == 0,
                    "lse: pointer must be 4-byte aligned");
-  FLASHGEN_REQUIRE(opts->mask == FLASHGEN_MASK_NONE || opts->mask == FLASHGEN_MASK_CAUSAL ||
-                       opts->mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT,
-                   "opts.mask: unknown value " + std::to_string(static_cast<int>(opts->mask)));
+  const int mask = raw_enum(opts->mask);
+  FLASHGEN_REQUIRE(mask == FLASHGEN_MASK_NONE || mask == FLASHGEN_MASK_CAUSAL || mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT,
+                   "opts.mask: unknown value " + std::to_string(mask));
   FLASHGEN_REQUIRE(std::isfinite(opts->softmax_scale), "opts.softmax_scale must be finite");
   FLASHGEN_REQUIRE(q->shape[0] <= 65535 && q->shape[2] <= 65535,
                    "q: batch and heads must each be at most 65535 (grid limits)");

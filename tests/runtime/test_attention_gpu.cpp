@@ -15,18 +15,20 @@
 
 #include "catch.hpp"
 #include "cuda_driver.hpp"
+#include "device_buffer.hpp"
 #include "flashgen/flashgen.h"
 #include "gpu.hpp"
+#include "reference.hpp"
 #include "support/attention_reference.hpp"
 
 namespace {
 
-using flashgen::test::AttentionResult;
-using flashgen::test::AttentionShape;
+using flashgen::AttentionResult;
+using flashgen::AttentionShape;
+using flashgen::DeviceBuffer;
+using flashgen::HostInput;
+using flashgen::StridedView;
 using flashgen::test::CheckReport;
-using flashgen::test::DeviceBuffer;
-using flashgen::test::HostInput;
-using flashgen::test::StridedView;
 
 // Memory layouts of q, k, v and out; the shape handed to flashgen is always [b, s, h, d].
 enum class Layout {
@@ -196,9 +198,9 @@ HostProblem make_host_problem(const Problem& p) {
       for (int64_t s = 0; s < view.shape[1]; ++s)
         for (int64_t h = 0; h < view.shape[2]; ++h)
           for (int64_t d = 0; d < view.shape[3]; ++d) {
-            const uint16_t bits = flashgen::test::float_to_dtype_bits(static_cast<float>(rng.normal()), p.dtype);
+            const uint16_t bits = flashgen::float_to_dtype_bits(static_cast<float>(rng.normal()), p.dtype);
             storage[static_cast<size_t>(placement.base + view.offset(b, s, h, d))] = bits;
-            values[index++] = flashgen::test::dtype_bits_to_float(bits, p.dtype);
+            values[index++] = flashgen::dtype_bits_to_float(bits, p.dtype);
           }
   };
   fill(host.layout.q, host.q);
@@ -263,11 +265,14 @@ void run_and_check(const Problem& p, CUstream stream = nullptr) {
   std::vector<float> lse_values;
   if (p.with_lse) lse_values = lse.download_all<float>();
 
-  const HostInput q_in{host.q.data(), StridedView::contiguous(s.batch, s.seqlen_q, s.heads_q, s.head_dim)};
-  const HostInput k_in{host.k.data(), StridedView::contiguous(s.batch, s.seqlen_k, s.heads_kv, s.head_dim)};
-  const HostInput v_in{host.v.data(), StridedView::contiguous(s.batch, s.seqlen_k, s.heads_kv, s.head_dim)};
-  const double scale = flashgen::test::effective_softmax_scale(p.softmax_scale, s.head_dim);
-  const AttentionResult ref64 = flashgen::test::attention_reference_f64(s, q_in, k_in, v_in, scale, p.mask);
+  const HostInput q_in =
+      HostInput::float64(host.q.data(), StridedView::contiguous(s.batch, s.seqlen_q, s.heads_q, s.head_dim));
+  const HostInput k_in =
+      HostInput::float64(host.k.data(), StridedView::contiguous(s.batch, s.seqlen_k, s.heads_kv, s.head_dim));
+  const HostInput v_in =
+      HostInput::float64(host.v.data(), StridedView::contiguous(s.batch, s.seqlen_k, s.heads_kv, s.head_dim));
+  const double scale = flashgen::effective_softmax_scale(p.softmax_scale, s.head_dim);
+  const AttentionResult ref64 = flashgen::attention_reference_f64(s, q_in, k_in, v_in, scale, p.mask);
   const AttentionResult naive =
       flashgen::test::attention_reference_naive(s, q_in, k_in, v_in, scale, p.mask, p.dtype);
 

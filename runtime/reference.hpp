@@ -1,0 +1,137 @@
+// The host float64 attention reference: fp16/bf16 <-> float conversion, softmax(q kᵀ · scale) v in float64
+// with flashgen.h's mask, GQA and stride semantics, and exact FLOP counts. `flashgen run` checks sampled
+// rows with it, the tests use it as ground truth, and the tuner's correctness check will.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "flashgen/flashgen.h"
+
+namespace flashgen {
+
+// ---------------------------------------------------------------------------------------------------
+// 16-bit floats on the host, stored as uint16_t. Float -> 16-bit rounds to nearest, ties to even;
+// overflow gives inf, NaN stays a (quiet) NaN, subnormals are produced and read exactly.
+
+uint16_t float_to_half_bits(float value);
+float half_bits_to_float(uint16_t bits);
+uint16_t float_to_bf16_bits(float value);
+float bf16_bits_to_float(uint16_t bits);
+
+uint16_t float_to_dtype_bits(float value, flashgen_dtype dtype);
+float dtype_bits_to_float(uint16_t bits, flashgen_dtype dtype);
+// value rounded to the dtype and read back: what a 16-bit store of value holds.
+float round_to_dtype(float value, flashgen_dtype dtype);
+
+// ---------------------------------------------------------------------------------------------------
+// Problems and their masks.
+
+// Element offset of (batch, seq, head, dim) given strides in elements; shape is [b, s, h, d].
+struct StridedView {
+  int64_t shape[4] = {0, 0, 0, 0};
+  int64_t stride[4] = {0, 0, 0, 0};
+
+  int64_t offset(int64_t b, int64_t s, int64_t h, int64_t d) const {
+    return b * stride[0] + s * stride[1] + h * stride[2] + d * stride[3];
+  }
+  int64_t elements() const { return shape[0] * shape[1] * shape[2] * shape[3]; }
+  // One past the largest offset the view touches (0 for an empty view): the storage it needs.
+  int64_t span() const;
+  static StridedView contiguous(int64_t batch, int64_t seqlen, int64_t heads, int64_t head_dim);
+};
+
+struct AttentionShape {
+  int64_t batch = 1;
+  int64_t seqlen_q = 1;
+  int64_t seqlen_k = 1;
+  int64_t heads_q = 1;
+  int64_t heads_kv = 1;
+  int64_t head_dim = 64;
+
+  // The key/value head query head head_q reads (GQA/MQA): head_q / (heads_q / heads_kv).
+  int64_t kv_head(int64_t head_q) const { return head_q / (heads_q / heads_kv); }
+  // Multiply-adds of one reference pass (QKᵀ and PV each cost this much): bounds the CPU time.
+  double reference_cost() const {
+    return static_cast<double>(batch) * heads_q * seqlen_q * seqlen_k * head_dim;
+  }
+};
+
+// The scale the library applies: softmax_scale when > 0, else 1/sqrt(head_dim).
+double effective_softmax_scale(float softmax_scale, int64_t head_dim);
+
+// Whether key j is visible to query i (flashgen.h's mask definitions).
+inline bool key_visible(flashgen_mask mask, int64_t i, int64_t j, int64_t seqlen_q, int64_t seqlen_k) {
+  switch (mask) {
+    case FLASHGEN_MASK_CAUSAL:
+      return j <= i + seqlen_k - seqlen_q;
+    case FLASHGEN_MASK_CAUSAL_TOP_LEFT:
+      return j <= i;
+    default:
+      return true;
+  }
+}
+
+// Keys visible to query i form a prefix [0, count) under every mask flashgen has; count in [0, seqlen_k].
+int64_t visible_key_count(flashgen_mask mask, int64_t i, int64_t seqlen_q, int64_t seqlen_k);
+
+// Visible (query, key) pairs of one head, counted exactly.
+int64_t visible_pairs(flashgen_mask mask, int64_t seqlen_q, int64_t seqlen_k);
+
+// FLOPs of one forward pass: 2 * head_dim for QKᵀ and 2 * head_dim for PV per visible pair of every
+// (batch, query head), the count FlashAttention's benchmarks report (softmax not counted).
+double forward_flops(const AttentionShape& shape, flashgen_mask mask);
+
+// ---------------------------------------------------------------------------------------------------
+// References.
+
+// An input tensor for the references, read through view (shape [b, s, h, d]): float64 values (holding
+// values rounded to the kernel's dtype, for a like-for-like check), or the raw bits of a 16-bit tensor as
+// the GPU holds it.
+struct HostInput {
+  enum class Element { kFloat64, kFloat16, kBFloat16 };
+
+  const void* data = nullptr;
+  Element element = Element::kFloat64;
+  StridedView view;
+
+  static HostInput float64(const double* values, const StridedView& view) {
+    return HostInput{values, Element::kFloat64, view};
+  }
+  static HostInput bits16(const uint16_t* bits, flashgen_dtype dtype, const StridedView& view) {
+    return HostInput{bits, dtype == FLASHGEN_BFLOAT16 ? Element::kBFloat16 : Element::kFloat16, view};
+  }
+  // Element (b, s, h, d); 16-bit values convert exactly.
+  double at(int64_t b, int64_t s, int64_t h, int64_t d) const;
+  // The view.shape[3] (head_dim) elements of row (b, s, h): a pointer into data when they are float64 at
+  // unit stride, else converted into scratch (head_dim doubles) and scratch returned.
+  const double* row(int64_t b, int64_t s, int64_t h, double* scratch) const;
+};
+
+// Throws Error(kInvalidArgument) unless heads_q is a positive multiple of heads_kv and each view's shape is
+// the problem's ([b, sq, hq, d] for q, [b, sk, hkv, d] for k and v). Every reference checks this first.
+void require_reference_inputs(const AttentionShape& shape, const HostInput& q, const HostInput& k,
+                              const HostInput& v);
+
+struct AttentionResult {
+  std::vector<double> out;  // [batch, seqlen_q, heads_q, head_dim] contiguous
+  std::vector<double> lse;  // [batch, heads_q, seqlen_q] contiguous, natural log; -inf for a fully masked row
+};
+
+// softmax(q kᵀ · scale, masked) v in float64. Query head h reads key/value head shape.kv_head(h). A fully
+// masked row gives out 0 and lse -inf, as flashgen.h specifies.
+AttentionResult attention_reference_f64(const AttentionShape& shape, const HostInput& q, const HostInput& k,
+                                        const HostInput& v, double scale, flashgen_mask mask);
+
+struct ReferenceRow {
+  std::vector<double> out;  // (head_dim)
+  double lse = 0;           // natural log; -inf for a fully masked row
+};
+
+// One query row of attention_reference_f64, bit for bit: for checking samples of problems too large to
+// compute whole. Rows are independent, so callers may compute several on different threads.
+ReferenceRow attention_reference_row(const AttentionShape& shape, const HostInput& q, const HostInput& k,
+                                     const HostInput& v, double scale, flashgen_mask mask, int64_t batch,
+                                     int64_t head, int64_t row);
+
+}  // namespace flashgen
