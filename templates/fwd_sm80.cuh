@@ -11,6 +11,11 @@
 
 namespace flashgen {
 
+template <bool kValue>
+struct BoolConstant {
+  static constexpr bool value = kValue;
+};
+
 template <class Cfg>
 struct FwdSm80 {
   using u16 = sm80::u16;
@@ -44,11 +49,12 @@ struct FwdSm80 {
   static constexpr float kRescaleSlack = 8.f;
 
   // Copies rows [0, kRows) of a (rows, head_dim) global tile to smem at byte address smem_tile,
-  // zero-filling rows past rows_valid and the head_dim padding. Consecutive threads take consecutive
-  // 16-byte chunks, so each warp reads whole rows.
+  // zero-filling rows past rows_valid (which may be <= 0) and the head_dim padding. Zero-fill copies
+  // read nothing but still name `inside`, an address inside the tensor. Consecutive threads take
+  // consecutive 16-byte chunks, so each warp reads whole rows.
   template <int kRows>
   static __device__ __forceinline__ void load_tile(u32 smem_tile, const u16* gmem, long long row_stride,
-                                                   int rows_valid, int tid) {
+                                                   int rows_valid, const u16* inside, int tid) {
     if constexpr (kThreads % kChunks == 0) {
       // Each thread keeps one chunk column and steps down kRowsPerPass rows a pass: one running
       // pointer instead of a 64-bit offset per pass held across the main loop.
@@ -62,7 +68,7 @@ struct FwdSm80 {
       for (int row = 0; row < kRows; row += kRowsPerPass) {
         if (kRows % kRowsPerPass == 0 || row + row0 < kRows) {
           const bool valid = row + row0 < rows_valid && chunk < kValidChunks;
-          sm80::cp_async_16(dst, valid ? src : gmem, valid);
+          sm80::cp_async_16(dst, valid ? src : inside, valid);
         }
         src += step;
         dst += kRowsPerPass * kRow * 2;
@@ -76,7 +82,7 @@ struct FwdSm80 {
           const int row = i / kChunks;
           const int chunk = i % kChunks;
           const bool valid = row < rows_valid && chunk < kValidChunks;
-          const u16* src = valid ? gmem + row * row_stride + chunk * 8 : gmem;
+          const u16* src = valid ? gmem + row * row_stride + chunk * 8 : inside;
           sm80::cp_async_16(smem_tile + (row * kRow + chunk * 8) * 2, src, valid);
         }
       }
@@ -124,17 +130,17 @@ struct FwdSm80 {
       const u32 sk = skv_addr + (n_block % kStages) * 2 * kTileBytes;
       const int n_start = n_block * kBlockN;
       const int rows_valid = min(kBlockN, p.seqlen_k - n_start);
-      load_tile<kBlockN>(sk, k + n_start * p.k_row_stride, p.k_row_stride, rows_valid, tid);
-      load_tile<kBlockN>(sk + kTileBytes, v + n_start * p.v_row_stride, p.v_row_stride, rows_valid, tid);
+      load_tile<kBlockN>(sk, k + n_start * p.k_row_stride, p.k_row_stride, rows_valid, k, tid);
+      load_tile<kBlockN>(sk + kTileBytes, v + n_start * p.v_row_stride, p.v_row_stride, rows_valid, v, tid);
     };
 
     // Prologue: Q, then the first kStages - 1 K/V tiles, one commit group each (empty groups keep the
     // count uniform so the wait below is a constant).
-    load_tile<kBlockM>(sq_addr, q, p.q_row_stride, rows_q, tid);
+    load_tile<kBlockM>(sq_addr, q, p.q_row_stride, rows_q, q, tid);
     sm80::cp_async_commit();
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      if (s < n_blocks) load_kv(s);
+      load_kv(s);  // blocks past n_blocks are zero-filled and never read
       sm80::cp_async_commit();
     }
 
@@ -173,7 +179,10 @@ struct FwdSm80 {
     // First query row of this warp's tile mt is warp_row0 + mt * 16 (relative to the sequence).
     const int warp_row0 = m_start + warp * kWarpRows;
 
-    for (int n_block = 0; n_block < n_blocks; ++n_block) {
+    // One key block: S = Q Kᵀ, (masking,) online softmax, O += P V. Instantiated twice so the loop over
+    // interior blocks carries no masking code and no branch for it.
+    auto attend = [&](int n_block, auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
       sm80::cp_async_wait<kStages - 2>();  // Q and tile n_block have landed
       __syncthreads();                     // ... for every thread, and tile n_block - 1 is no longer read
 
@@ -215,14 +224,12 @@ struct FwdSm80 {
 
       // Refill the slot tile n_block - 1 used only now: issued before the S product, the copies
       // delayed the first ldmatrix after the barrier (about 3% at 1k tokens on H200).
-      if (n_block + kStages - 1 < n_blocks) load_kv(n_block + kStages - 1);
+      load_kv(n_block + kStages - 1);  // past the last block every copy is a zero-fill: no branch
       sm80::cp_async_commit();
 
       // Mask keys past seqlen_k and, for causal configs, keys after each row's diagonal.
-      const int n_start = n_block * kBlockN;
-      const bool needs_mask = n_start + kBlockN > p.seqlen_k ||
-                              (kCausal && n_start + kBlockN - 1 > m_start + p.causal_offset);
-      if (needs_mask) {
+      if constexpr (kMasked) {
+        const int n_start = n_block * kBlockN;
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -318,7 +325,16 @@ struct FwdSm80 {
           }
         }
       }
-    }
+    };
+
+    // Blocks below n_interior need no mask for any row of this block: every key is inside seqlen_k and,
+    // for causal configs, at or before the first row's diagonal.
+    int n_interior = p.seqlen_k / kBlockN;
+    if constexpr (kCausal) n_interior = min(n_interior, max(0, (m_start + p.causal_offset + 1) / kBlockN));
+    n_interior = min(n_interior, n_blocks);
+    for (int n_block = 0; n_block < n_interior; ++n_block) attend(n_block, BoolConstant<false>{});
+    for (int n_block = n_interior; n_block < n_blocks; ++n_block) attend(n_block, BoolConstant<true>{});
+
     // The output tile reuses the Q rows: every thread's Q copies must have landed, including when no
     // key block was visible (n_blocks == 0) and the loop's barriers never ran.
     sm80::cp_async_wait<0>();
