@@ -23,7 +23,9 @@
 #include <tuple>
 #include <vector>
 
+#include <dlfcn.h>
 #include <nlohmann/json.hpp>
+#include <nvrtc.h>
 
 #include "args.hpp"
 #include "attention.hpp"
@@ -47,9 +49,11 @@ namespace fs = std::filesystem;
 using Json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-// Architectures `compile --arch` accepts, and the ones it and `demo` compile for by default.
-const std::vector<int> kKnownArchs = {80, 86, 89, 90};
+// The architectures `compile` and `demo` compile for by default.
 const std::vector<int> kDefaultArchs = {80, 90};
+
+// The kernel family needs sm_80 or newer (mma.sync m16n8k16 bf16, cp.async).
+constexpr int kMinArch = 80;
 
 double ms_since(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
@@ -83,7 +87,52 @@ std::optional<std::string> env(const char* name) {
   return std::string(value);
 }
 
-// --arch values (repeatable, or comma-separated: --arch 80,90), each one of kKnownArchs.
+// The sm numbers >= kMinArch that the NVRTC in this process can target, ascending; nullopt when it
+// cannot list them (NVRTC before 11.2). libflashgen links libnvrtc privately, so the CLI cannot link
+// NVRTC's calls; the library that is already loaded is asked through dlsym instead.
+const std::optional<std::vector<int>>& nvrtc_archs() {
+  static const std::optional<std::vector<int>> archs = []() -> std::optional<std::vector<int>> {
+    const auto count_archs =
+        reinterpret_cast<decltype(&nvrtcGetNumSupportedArchs)>(dlsym(RTLD_DEFAULT, "nvrtcGetNumSupportedArchs"));
+    const auto list_archs =
+        reinterpret_cast<decltype(&nvrtcGetSupportedArchs)>(dlsym(RTLD_DEFAULT, "nvrtcGetSupportedArchs"));
+    int count = 0;
+    if (!count_archs || !list_archs || count_archs(&count) != NVRTC_SUCCESS || count <= 0) return std::nullopt;
+    std::vector<int> all(static_cast<size_t>(count));
+    if (list_archs(all.data()) != NVRTC_SUCCESS) return std::nullopt;
+    std::vector<int> usable;
+    std::copy_if(all.begin(), all.end(), std::back_inserter(usable), [](int arch) { return arch >= kMinArch; });
+    std::sort(usable.begin(), usable.end());
+    return usable;
+  }();
+  return archs;
+}
+
+// Whether --arch may name sm_<arch>. When NVRTC cannot list its targets any arch >= kMinArch passes, and
+// a kernel for an arch NVRTC lacks fails on its own, reported like any other failed compile.
+bool arch_accepted(int arch) {
+  const std::optional<std::vector<int>>& archs = nvrtc_archs();
+  if (!archs) return arch >= kMinArch;
+  return std::find(archs->begin(), archs->end(), arch) != archs->end();
+}
+
+// "80, 86, 89, 90 (sm_90a), 100 (sm_100a), 120": the targets --arch accepts, for help and errors.
+std::string accepted_archs_text() {
+  const std::optional<std::vector<int>>& archs = nvrtc_archs();
+  if (!archs) return "any sm number >= " + std::to_string(kMinArch) + " (this NVRTC cannot list its targets)";
+  std::string text;
+  for (int arch : *archs) {
+    const std::string label = arch_label(arch);
+    text += (text.empty() ? "" : ", ") + std::to_string(arch);
+    if (label != "sm_" + std::to_string(arch)) text += " (" + label + ")";
+  }
+  return text;
+}
+
+// The help paragraph on SM values, shared by emit and compile.
+std::string arch_help() { return "SM: an sm number NVRTC " + nvrtc_version() + " targets: " + accepted_archs_text(); }
+
+// --arch values (repeatable, or comma-separated: --arch 80,90), each one arch_accepted().
 std::vector<int> parse_archs(const Args& args, const std::vector<int>& fallback) {
   std::vector<int> archs;
   for (const std::string& value : args.values("arch")) {
@@ -91,8 +140,8 @@ std::vector<int> parse_archs(const Args& args, const std::vector<int>& fallback)
     std::string item;
     while (std::getline(list, item, ',')) {
       const int arch = static_cast<int>(args.parse_int("arch", item, 0, 1000));
-      if (std::find(kKnownArchs.begin(), kKnownArchs.end(), arch) == kKnownArchs.end())
-        throw UsageError("--arch expects 80, 86, 89 or 90, got " + item, args.usage());
+      if (!arch_accepted(arch))
+        throw UsageError("--arch expects one of " + accepted_archs_text() + ", got " + item, args.usage());
       if (std::find(archs.begin(), archs.end(), arch) == archs.end()) archs.push_back(arch);
     }
   }
@@ -189,6 +238,7 @@ int command_info(const Args& args) {
     j["flashgen_version"] = FLASHGEN_VERSION;
     j["generator_version"] = kGeneratorVersion;
     j["nvrtc_version"] = nvrtc_version();
+    j["nvrtc_archs"] = nvrtc_archs() ? Json(*nvrtc_archs()) : Json(nullptr);
     j["cache"] = {{"dir", cache.dir.string()}, {"exists", cache.exists}, {"entries", cache.entries},
                   {"bytes", cache.bytes}};
     j["template_dir"] = template_dir ? Json(*template_dir) : Json(nullptr);
@@ -204,7 +254,7 @@ int command_info(const Args& args) {
 
   std::cout << "flashgen:              " << FLASHGEN_VERSION << '\n'
             << "generator:             " << kGeneratorVersion << '\n'
-            << "NVRTC:                 " << nvrtc_version() << '\n'
+            << "NVRTC:                 " << nvrtc_version() << ", targets " << accepted_archs_text() << '\n'
             << "kernel cache:          " << cache.dir.string();
   if (cache.exists)
     std::cout << " (" << cache.entries << (cache.entries == 1 ? " kernel, " : " kernels, ") << format_bytes(cache.bytes)
@@ -232,10 +282,10 @@ Command emit_command() {
   return Command("emit",
                  "Prints the generated kernel as one self-contained CUDA translation unit; nvcc compiles it\n"
                  "unchanged: nvcc -gencode=arch=compute_90a,code=sm_90a -c <file>.cu",
-                 "<config-name> [-o FILE] | --config-json FILE|- [-o FILE]", 1,
-                 "<config-name>: a canonical config name, e.g. fwd_sm80_fp16_d128_m128_n32_w4_s3")
+                 "<config-name> [--arch SM] [-o FILE] | --config-json FILE|- [--arch SM] [-o FILE]", 1,
+                 "<config-name>: a canonical config name, e.g. fwd_sm80_fp16_d128_m128_n32_w4_s3\n" + arch_help())
       .option("config-json", "FILE", "read the config as JSON from FILE ('-' for stdin) instead of a name")
-      .option("arch", "SM", "check the config is valid for sm_<SM> (80, 86, 89, 90; default 90)")
+      .option("arch", "SM", "check the config is valid for sm_<SM> (default 90)")
       .option("output", "FILE", "write to FILE instead of stdout", false, 'o');
 }
 
@@ -287,8 +337,8 @@ Command compile_command() {
                  "Compiles kernels with NVRTC (through the on-disk cache unless --no-cache) and prints\n"
                  "registers, shared memory, spills, stack and compile time. Needs no GPU.",
                  "[<config-name>...] [--all-defaults] [--arch SM]... [--json] [--no-cache] [--jobs N]", -1,
-                 "<config-name>: canonical config names, e.g. fwd_sm80_fp16_d128_m128_n32_w4_s3")
-      .option("arch", "SM", "target sm_<SM>: 80, 86, 89 or 90 (sm_90a); default 80 and 90", true)
+                 "<config-name>: canonical config names, e.g. fwd_sm80_fp16_d128_m128_n32_w4_s3\n" + arch_help())
+      .option("arch", "SM", "target sm_<SM> (default 80 and 90)", true)
       .flag("all-defaults", "add the default candidates (default_forward_candidates) of each arch")
       .flag("no-cache", "compile with NVRTC directly, bypassing the memory and disk caches")
       .option("jobs", "N", "compile N kernels at a time (default: the number of cores)", false, 'j')
@@ -839,10 +889,7 @@ Json run_report_json(const RunReport& r) {
 int command_run(const Args& args) {
   const RunOptions options = parse_run_options(args);
   std::string why;
-  if (!driver_available(&why)) {
-    std::cerr << "flashgen run needs a GPU: " << why << '\n';
-    return 3;
-  }
+  if (!driver_available(&why)) fail(Status::kNoDevice, "run needs a GPU: " + why);
   const RunReport report = run_problem(options);
   if (args.has("json")) std::cout << run_report_json(report).dump(2) << '\n';
   else print_run_report(report, std::cout);
@@ -957,21 +1004,54 @@ int exit_code_for(Status status) {
   }
 }
 
+// The "status" of a JSON error object: the C ABI's FLASHGEN_ERROR_* name in lower case.
+const char* status_name(Status status) {
+  switch (status) {
+    case Status::kSuccess: return "success";
+    case Status::kInvalidArgument: return "invalid_argument";
+    case Status::kUnsupported: return "unsupported";
+    case Status::kNoDevice: return "no_device";
+    case Status::kCompile: return "compile";
+    case Status::kCuda: return "cuda";
+    case Status::kInternal: return "internal";
+  }
+  return "internal";
+}
+
+// Whether the command line asks for JSON: --json before any "--" that ends the options.
+bool wants_json(const std::vector<std::string>& words) {
+  for (const std::string& word : words) {
+    if (word == "--") return false;
+    if (word == "--json") return true;
+  }
+  return false;
+}
+
+// Reports a failure that reached main and returns the exit code. The message goes to stderr, followed
+// by the command's usage for a usage error; with --json, stdout also gets one object
+// {"error": message, "status": status_name} for scripts, whatever the command.
+int report_failure(bool json, Status status, const std::string& message, const std::string& usage = "") {
+  std::cerr << "flashgen: error: " << message << '\n';
+  if (!usage.empty()) std::cerr << '\n' << usage;
+  if (json) std::cout << Json{{"error", message}, {"status", status_name(status)}}.dump(2) << '\n';
+  return exit_code_for(status);
+}
+
 }  // namespace
 }  // namespace flashgen::cli
 
 int main(int argc, char** argv) {
   using namespace flashgen::cli;
+  using flashgen::Status;
+  const std::vector<std::string> words(argv + 1, argv + argc);
+  const bool json = wants_json(words);
   try {
-    return dispatch(std::vector<std::string>(argv + 1, argv + argc));
-  } catch (const UsageError& error) {
-    std::cerr << "flashgen: error: " << error.what() << "\n\n" << error.usage();
-    return 2;
+    return dispatch(words);
+  } catch (const UsageError& error) {  // exit 2
+    return report_failure(json, Status::kInvalidArgument, error.what(), error.usage());
   } catch (const flashgen::Error& error) {
-    std::cerr << "flashgen: error: " << error.what() << '\n';
-    return exit_code_for(error.status());
-  } catch (const std::exception& error) {
-    std::cerr << "flashgen: error: " << error.what() << '\n';
-    return 1;
+    return report_failure(json, error.status(), error.what());
+  } catch (const std::exception& error) {  // exit 1
+    return report_failure(json, Status::kInternal, error.what());
   }
 }

@@ -2,6 +2,7 @@
 // shared with the kernel's static_asserts.
 #include "kernel_config.hpp"
 
+#include <charconv>
 #include <sstream>
 
 #include "flashgen/error.hpp"
@@ -23,10 +24,15 @@ std::string KernelConfig::name() const {
 
 // Reads "<prefix><int>" from one '_'-separated field.
 static int parse_field(const std::string& field, char prefix, const std::string& name) {
-  FLASHGEN_REQUIRE(field.size() > 1 && field[0] == prefix &&
-                       field.find_first_not_of("0123456789", 1) == std::string::npos,
+  int value = 0;
+  const char* first = field.data() + 1;
+  const char* last = field.data() + field.size();
+  const std::from_chars_result parsed = field.size() > 1 && field[0] == prefix
+                                            ? std::from_chars(first, last, value)
+                                            : std::from_chars_result{first, std::errc::invalid_argument};
+  FLASHGEN_REQUIRE(parsed.ec == std::errc() && parsed.ptr == last,
                    "config name '" + name + "': expected '" + prefix + "<number>', got '" + field + "'");
-  return std::stoi(field.substr(1));
+  return value;
 }
 
 KernelConfig KernelConfig::from_name(const std::string& name) {
@@ -47,7 +53,7 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
   config.warps = parse_field(fields[6], 'w', name);
   config.stages = parse_field(fields[7], 's', name);
   for (size_t i = 8; i < fields.size(); ++i) {
-    if (fields[i] == "causal" && config.mask == MaskKind::kNone && !config.q_in_regs) {
+    if (fields[i] == "causal" && config.mask == MaskKind::kNone) {
       config.mask = MaskKind::kCausal;
     } else if (fields[i] == "qreg" && !config.q_in_regs) {
       config.q_in_regs = true;
@@ -55,6 +61,9 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
       fail(Status::kInvalidArgument, "config name '" + name + "': unknown suffix '" + fields[i] + "'");
     }
   }
+  // Only canonical spellings name a kernel: "d0128" would parse but is another cache key.
+  FLASHGEN_REQUIRE(config.name() == name,
+                   "config name '" + name + "' is not canonical; did you mean '" + config.name() + "'?");
   return config;
 }
 

@@ -1,23 +1,25 @@
-// Forward launcher: validates flashgen_tensor arguments into AttnFwdParams, picks a config, computes the
-// grid and launches on the caller's stream. Validation touches no GPU, so bad input launches nothing.
+// Forward launcher: validates flashgen_tensor arguments into AttnFwdParams (no GPU needed), then checks
+// the pointers against the launch context, picks a config, computes the grid and launches on the
+// caller's stream. Any bad input is reported before anything is launched.
 #include "attention.hpp"
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
-#include <sstream>
 
 #include "cuda_driver.hpp"
 #include "flashgen/error.hpp"
-#include "heuristic.hpp"
 #include "kernel_registry.hpp"
+#include "select.hpp"
 
 namespace flashgen {
 
 namespace {
 
 const char* kDimNames[4] = {"batch", "seqlen", "heads", "head_dim"};
+
+// Largest extent of any dimension: keeps every index sum inside the kernels' 32-bit arithmetic.
+constexpr int64_t kMaxExtent = int64_t(1) << 30;
 
 std::string dim(const char* tensor, int i) {
   return std::string(tensor) + ".shape[" + std::to_string(i) + "] (" + kDimNames[i] + ")";
@@ -41,8 +43,8 @@ void check_tensor(const flashgen_tensor* t, const char* name) {
   FLASHGEN_REQUIRE(dtype == FLASHGEN_FLOAT16 || dtype == FLASHGEN_BFLOAT16,
                    std::string(name) + ".dtype: unknown value " + std::to_string(dtype));
   for (int i = 0; i < 4; ++i) {
-    FLASHGEN_REQUIRE(t->shape[i] >= 1 && t->shape[i] <= std::numeric_limits<int32_t>::max(),
-                     dim(name, i) + " must be in [1, 2^31), got " + std::to_string(t->shape[i]));
+    FLASHGEN_REQUIRE(t->shape[i] >= 1 && t->shape[i] <= kMaxExtent,
+                     dim(name, i) + " must be in [1, 2^30], got " + std::to_string(t->shape[i]));
   }
 }
 
@@ -62,13 +64,32 @@ void check_layout(const flashgen_tensor* t, const char* name) {
   }
 }
 
+// The output is written by many blocks at once: no two of its rows may share memory.
+void check_output_strides(const flashgen_tensor* out) {
+  for (int i = 0; i < 3; ++i) {
+    FLASHGEN_REQUIRE(out->shape[i] == 1 || out->stride[i] != 0,
+                     "out.stride[" + std::to_string(i) + "] is 0 for a dimension of size " +
+                         std::to_string(out->shape[i]) + ": output rows would overwrite each other");
+  }
+}
+
+// Device memory of the context's device, or an error naming the argument.
+void check_device_pointer(const void* ptr, const char* name, int device) {
+  const PointerInfo info = pointer_info(ptr);
+  FLASHGEN_REQUIRE(info.device_accessible,
+                   std::string(name) + ": not device memory (a host or unregistered pointer)");
+  FLASHGEN_REQUIRE(info.device == device, std::string(name) + ": memory of device " + std::to_string(info.device) +
+                                              ", but the launch runs on device " + std::to_string(device) +
+                                              " (the stream's or the current context's)");
+}
+
 void require_same_dim(const flashgen_tensor* a, const char* a_name, const flashgen_tensor* b, const char* b_name,
                       int i) {
   FLASHGEN_REQUIRE(a->shape[i] == b->shape[i], dim(a_name, i) + " is " + std::to_string(a->shape[i]) + " but " +
                                                    dim(b_name, i) + " is " + std::to_string(b->shape[i]));
 }
 
-const char* dtype_text(flashgen_dtype d) { return d == FLASHGEN_BFLOAT16 ? "bf16" : "fp16"; }
+DType to_dtype(flashgen_dtype d) { return d == FLASHGEN_BFLOAT16 ? DType::kBFloat16 : DType::kFloat16; }
 
 }  // namespace
 
@@ -80,8 +101,8 @@ ForwardProblem make_forward_problem(const flashgen_tensor* q, const flashgen_ten
   check_tensor(out, "out");
   FLASHGEN_REQUIRE(opts != nullptr, "opts: null pointer");
   for (const auto& [t, name] : {std::pair{k, "k"}, std::pair{v, "v"}, std::pair{out, "out"}}) {
-    FLASHGEN_REQUIRE(t->dtype == q->dtype, std::string(name) + ".dtype is " + dtype_text(t->dtype) +
-                                               " but q.dtype is " + dtype_text(q->dtype));
+    FLASHGEN_REQUIRE(t->dtype == q->dtype, std::string(name) + ".dtype is " + dtype_name(to_dtype(t->dtype)) +
+                                               " but q.dtype is " + dtype_name(to_dtype(q->dtype)));
   }
   require_same_dim(k, "k", q, "q", 0);
   require_same_dim(v, "v", q, "q", 0);
@@ -102,6 +123,7 @@ ForwardProblem make_forward_problem(const flashgen_tensor* q, const flashgen_ten
   for (const auto& [t, name] : {std::pair{q, "q"}, std::pair{k, "k"}, std::pair{v, "v"}, std::pair{out, "out"}}) {
     check_layout(t, name);
   }
+  check_output_strides(out);
   FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(lse) % alignof(float) == 0,
                    "lse: pointer must be 4-byte aligned");
   const int mask = raw_enum(opts->mask);
@@ -112,7 +134,7 @@ ForwardProblem make_forward_problem(const flashgen_tensor* q, const flashgen_ten
                    "q: batch and heads must each be at most 65535 (grid limits)");
 
   ForwardProblem problem;
-  problem.dtype = q->dtype == FLASHGEN_BFLOAT16 ? DType::kBFloat16 : DType::kFloat16;
+  problem.dtype = to_dtype(q->dtype);
   problem.head_dim = static_cast<int>(head_dim);
   problem.mask = opts->mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
 
@@ -139,7 +161,16 @@ ForwardProblem make_forward_problem(const flashgen_tensor* q, const flashgen_ten
 }
 
 ForwardLaunch launch_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig* config) {
-  ScopedContext scope(stream);
+  const AttnFwdParams& p = problem.params;
+  // Without a stream or a current context, run on the device that holds q.
+  const PointerInfo q_info = pointer_info(p.q);
+  ScopedContext scope(stream, q_info.device_accessible ? q_info.device : 0);
+  check_device_pointer(p.q, "q.data", scope.device());
+  check_device_pointer(p.k, "k.data", scope.device());
+  check_device_pointer(p.v, "v.data", scope.device());
+  check_device_pointer(p.o, "out.data", scope.device());
+  if (p.lse != nullptr) check_device_pointer(p.lse, "lse", scope.device());
+
   ForwardLaunch launch;
   launch.arch = device_sm(scope.device());
   if (launch.arch < 80) {
@@ -156,12 +187,12 @@ ForwardLaunch launch_forward(const ForwardProblem& problem, CUstream stream, con
     launch.config = *config;
     launch.reason = "requested by the caller";
   } else {
-    launch.config = heuristic_forward_config(problem.dtype, problem.head_dim, problem.mask, launch.arch);
-    launch.reason = "built-in heuristic (no tuning data)";
+    ForwardChoice choice = choose_forward_config(problem.dtype, problem.head_dim, problem.mask, launch.arch);
+    launch.config = choice.config;
+    launch.reason = std::move(choice.reason);
   }
 
   CUfunction function = KernelRegistry::instance().function(launch.config, scope.context(), launch.arch);
-  const AttnFwdParams& p = problem.params;
   const FwdTraits traits = launch.config.traits();
   const unsigned grid_x = static_cast<unsigned>((p.seqlen_q + launch.config.block_m - 1) / launch.config.block_m);
   void* args[] = {const_cast<AttnFwdParams*>(&p)};

@@ -4,6 +4,8 @@
 
 #include <dlfcn.h>
 
+#include <map>
+#include <mutex>
 #include <string>
 
 namespace flashgen {
@@ -99,17 +101,27 @@ const DriverState& driver_state() {
   return state;
 }
 
-// Device 0's primary context, retained once for the whole process (never released: the process may
-// use it until exit, and releasing at static-destruction time races the driver's own teardown).
-CUcontext process_primary_context() {
-  static const CUcontext context = [] {
-    CUdevice device = 0;
-    FLASHGEN_CU_CHECK(cuDeviceGet(&device, 0));
-    CUcontext primary = nullptr;
-    FLASHGEN_CU_CHECK(cuDevicePrimaryCtxRetain(&primary, device));
-    return primary;
-  }();
-  return context;
+// The primary context of a device, retained once per device for the whole process (never released:
+// the process may use it until exit, and releasing at static-destruction time races the driver's own
+// teardown).
+CUcontext process_primary_context(int ordinal) {
+  static std::mutex mutex;
+  static std::map<int, CUcontext> retained;  // device ordinal -> its primary context
+  std::lock_guard<std::mutex> lock(mutex);
+  auto found = retained.find(ordinal);
+  if (found != retained.end()) return found->second;
+  CUdevice device = 0;
+  FLASHGEN_CU_CHECK(cuDeviceGet(&device, ordinal));
+  CUcontext primary = nullptr;
+  FLASHGEN_CU_CHECK(cuDevicePrimaryCtxRetain(&primary, device));
+  retained.emplace(ordinal, primary);
+  return primary;
+}
+
+// Codes with which cuPointerGetAttributes answers for memory no CUDA context knows (a plain malloc'd or
+// stack pointer), depending on the driver: not a failure, just not device memory.
+bool means_unknown_pointer(CUresult result) {
+  return result == CUDA_ERROR_INVALID_VALUE || result == CUDA_ERROR_INVALID_CONTEXT;
 }
 
 }  // namespace
@@ -137,7 +149,46 @@ void throw_cu_error(CUresult result, const char* call, const char* file, int lin
                                  " failed: " + cu_error_text(result));
 }
 
-ScopedContext::ScopedContext(CUstream stream) {
+PointerInfo pointer_info(const void* ptr) {
+  const DriverApi& api = driver();
+  PointerInfo info;
+  if (ptr == nullptr) return info;
+  // Sized and zeroed wider than the driver writes: IS_MANAGED is documented only as "a boolean", so
+  // whichever of 1 or 4 bytes the driver stores, any non-zero value reads as true.
+  unsigned int memory_type = 0;  // CUmemorytype; 0 when the driver does not know the pointer
+  int ordinal = -1;
+  unsigned long long is_managed = 0;
+  CUpointer_attribute attributes[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                      CU_POINTER_ATTRIBUTE_IS_MANAGED};
+  void* values[] = {&memory_type, &ordinal, &is_managed};
+  constexpr unsigned kCount = sizeof(attributes) / sizeof(attributes[0]);
+  const CUdeviceptr address = reinterpret_cast<CUdeviceptr>(ptr);
+  CUresult result = api.cuPointerGetAttributes(kCount, attributes, values, address);
+  if (result == CUDA_ERROR_INVALID_CONTEXT) {
+    // Some drivers answer this on a thread with no current context whatever the pointer is. Under
+    // unified addressing any context can describe any pointer, so ask again inside device 0's primary
+    // context (retained for the process, as ScopedContext does; nothing stays current after).
+    CUcontext current = nullptr;
+    FLASHGEN_CU_CHECK(cuCtxGetCurrent(&current));
+    if (current == nullptr) {
+      ScopedContext scope;
+      memory_type = 0;
+      ordinal = -1;
+      is_managed = 0;
+      result = api.cuPointerGetAttributes(kCount, attributes, values, address);
+    }
+  }
+  if (means_unknown_pointer(result)) return info;
+  if (result != CUDA_SUCCESS) throw_cu_error(result, "cuPointerGetAttributes(ptr)", __FILE__, __LINE__);
+  // Pinned host memory (CU_MEMORYTYPE_HOST) is left out on purpose: kernels reading it go over PCIe.
+  if (memory_type == CU_MEMORYTYPE_DEVICE || is_managed != 0) {
+    info.device_accessible = true;
+    info.device = ordinal;
+  }
+  return info;
+}
+
+ScopedContext::ScopedContext(CUstream stream, int fallback_device) {
   CUcontext current = nullptr;
   FLASHGEN_CU_CHECK(cuCtxGetCurrent(&current));
   if (stream != nullptr) {
@@ -145,7 +196,7 @@ ScopedContext::ScopedContext(CUstream stream) {
   } else if (current != nullptr) {
     context_ = current;
   } else {
-    context_ = process_primary_context();
+    context_ = process_primary_context(fallback_device);
   }
   if (context_ != current) {
     FLASHGEN_CU_CHECK(cuCtxPushCurrent(context_));

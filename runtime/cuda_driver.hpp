@@ -24,6 +24,9 @@ namespace flashgen {
   X(cuDeviceTotalMem)                \
   X(cuDevicePrimaryCtxRetain)        \
   X(cuDevicePrimaryCtxRelease)       \
+  X(cuCtxCreate)                     \
+  X(cuCtxDestroy)                    \
+  X(cuCtxGetId)                      \
   X(cuCtxGetCurrent)                 \
   X(cuCtxSetCurrent)                 \
   X(cuCtxPushCurrent)                \
@@ -46,6 +49,7 @@ namespace flashgen {
   X(cuMemcpyDtoH)                    \
   X(cuMemsetD8)                      \
   X(cuMemsetD32)                     \
+  X(cuPointerGetAttributes)          \
   X(cuEventCreate)                   \
   X(cuEventDestroy)                  \
   X(cuEventRecord)                   \
@@ -70,11 +74,22 @@ std::string cu_error_text(CUresult result);
 
 [[noreturn]] void throw_cu_error(CUresult result, const char* call, const char* file, int line);
 
+// Where a pointer's memory lives, as the driver sees it.
+struct PointerInfo {
+  bool device_accessible = false;  // device or managed memory a kernel can read
+  int device = -1;                 // ordinal of the device that owns it (-1 when not device memory)
+};
+
+// Asks the driver about ptr (cuPointerGetAttributes); host memory (pinned included), unknown pointers
+// and null come back with device_accessible == false, never as an error. Works with no current
+// context. Throws Error(kNoDevice) without a driver, Error(kCuda) on any other driver failure.
+PointerInfo pointer_info(const void* ptr);
+
 // Makes a context current for the scope: the stream's own context when the stream is not null, else
-// the caller's current context, else the primary context of device 0 (retained for the process).
+// the caller's current context, else the primary context of fallback_device (retained for the process).
 class ScopedContext {
  public:
-  explicit ScopedContext(CUstream stream = nullptr);
+  explicit ScopedContext(CUstream stream = nullptr, int fallback_device = 0);
   ~ScopedContext();
   ScopedContext(const ScopedContext&) = delete;
   ScopedContext& operator=(const ScopedContext&) = delete;

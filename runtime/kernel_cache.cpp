@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -12,11 +13,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <random>
 #include <string>
 #include <system_error>
+#include <utility>
 
 #include "flashgen/error.hpp"
 
@@ -89,6 +89,49 @@ bool write_all(int fd, const char* data, size_t size) {
   return true;
 }
 
+// One read of an entry file: its payload when intact, and which file (device, inode) was read, so a
+// damaged one is removed only if the path still names it.
+struct EntryRead {
+  enum class State { kMissing, kIntact, kDamaged };
+  State state = State::kMissing;
+  std::string payload;
+  dev_t device = 0;
+  ino_t inode = 0;
+};
+
+EntryRead read_entry(const std::filesystem::path& path) {
+  EntryRead entry;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return entry;
+  std::string file;
+  struct stat info {};
+  bool ok = ::fstat(fd, &info) == 0;
+  if (ok) file.reserve(static_cast<size_t>(info.st_size));
+  char buffer[1 << 16];
+  while (ok) {
+    ssize_t count = ::read(fd, buffer, sizeof(buffer));
+    if (count < 0 && errno == EINTR) continue;
+    if (count <= 0) {
+      ok = count == 0;
+      break;
+    }
+    file.append(buffer, static_cast<size_t>(count));
+  }
+  ::close(fd);
+  if (!ok) return entry;  // an unreadable entry is a miss, not proof of damage
+  entry.device = info.st_dev;
+  entry.inode = info.st_ino;
+  entry.state = EntryRead::State::kDamaged;
+  const bool framed = file.size() >= kHeaderBytes && file.compare(0, kMagicBytes, kMagic, kMagicBytes) == 0 &&
+                      decode_length(file.data() + kMagicBytes) == file.size() - kHeaderBytes;
+  if (!framed) return entry;
+  std::string payload = file.substr(kHeaderBytes);
+  if (file.compare(kMagicBytes + kLengthBytes, kHashBytes, content_hash(payload)) != 0) return entry;
+  entry.state = EntryRead::State::kIntact;
+  entry.payload = std::move(payload);
+  return entry;
+}
+
 // Holds an exclusive flock on "<entry>.lock" for its lifetime; locked() is false when the lock file
 // cannot be opened (read-only or missing directory), in which case the caller just does not cache.
 class EntryLock {
@@ -158,25 +201,9 @@ std::filesystem::path KernelCache::path_for(const std::string& key) const {
 }
 
 std::optional<std::string> KernelCache::load(const std::string& key) const {
-  const std::filesystem::path path = path_for(key);
-  std::string file;
-  {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return std::nullopt;
-    file.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    if (in.bad()) return std::nullopt;  // an unreadable entry is a miss, not proof of damage
-  }
-  bool intact = file.size() >= kHeaderBytes && file.compare(0, kMagicBytes, kMagic, kMagicBytes) == 0 &&
-                decode_length(file.data() + kMagicBytes) == file.size() - kHeaderBytes;
-  if (intact) {
-    std::string payload = file.substr(kHeaderBytes);
-    if (file.compare(kMagicBytes + kLengthBytes, kHashBytes, content_hash(payload)) == 0) return payload;
-  }
-  // Truncated or corrupted (crash mid-write on a filesystem without rename atomicity, disk error, a
-  // foreign file): drop it so the caller rebuilds and stores a good entry.
-  std::error_code ignored;
-  std::filesystem::remove(path, ignored);
-  return std::nullopt;
+  EntryRead entry = read_entry(path_for(key));
+  if (entry.state != EntryRead::State::kIntact) return std::nullopt;
+  return std::move(entry.payload);
 }
 
 void KernelCache::store(const std::string& key, const std::string& bytes) const {
@@ -212,9 +239,20 @@ std::string KernelCache::get_or_create(const std::string& key, const std::functi
   if (!lock.locked()) return produce();  // cannot coordinate (read-only cache): work uncached
 
   // Whoever held the lock before us may have just stored the entry.
-  if (std::optional<std::string> cached = load(key)) {
+  const std::filesystem::path path = path_for(key);
+  EntryRead entry = read_entry(path);
+  if (entry.state == EntryRead::State::kIntact) {
     if (hit != nullptr) *hit = true;
-    return *cached;
+    return std::move(entry.payload);
+  }
+  if (entry.state == EntryRead::State::kDamaged) {
+    // Truncated or corrupted (crash mid-write on a filesystem without rename atomicity, disk error, a
+    // foreign file): drop it, so it goes even if the store below fails. Only here, under the lock, and
+    // only if the path still names the file that was read: a reader without the lock could otherwise
+    // delete the good entry a producer had just renamed into place.
+    struct stat now {};
+    if (::stat(path.c_str(), &now) == 0 && now.st_dev == entry.device && now.st_ino == entry.inode)
+      ::unlink(path.c_str());
   }
   std::string bytes = produce();
   store(key, bytes);

@@ -20,7 +20,8 @@ class KernelCache {
   const std::filesystem::path& dir() const { return dir_; }
   std::filesystem::path path_for(const std::string& key) const;
 
-  // The stored bytes, or nullopt when missing; a damaged entry is removed and reported as missing.
+  // The stored bytes, or nullopt when missing, unreadable or damaged (truncated, corrupted, a foreign
+  // file). Never deletes: a damaged entry is replaced by the next get_or_create, under the entry's lock.
   std::optional<std::string> load(const std::string& key) const;
 
   // Writes atomically; a failure to write (read-only disk, full disk) throws nothing and leaves no

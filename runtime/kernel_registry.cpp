@@ -6,7 +6,6 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
-#include <cstdio>
 #include <optional>
 #include <string>
 #include <utility>
@@ -86,17 +85,9 @@ std::optional<CompiledKernel> deserialize(const std::string& payload, const std:
   }
 }
 
-// In-process identity of a kernel. name() is canonical over every config field and a process's
-// templates never change, so this picks the same kernel as kernel_cache_key without regenerating and
-// rehashing the source on every launch.
-std::string memory_key(const KernelConfig& config, int arch) {
-  return config.name() + "-sm" + std::to_string(arch);
-}
-
-std::string context_key(CUcontext ctx, const std::string& kernel_key) {
-  char pointer[2 + 2 * sizeof(void*) + 1];
-  std::snprintf(pointer, sizeof(pointer), "%p", static_cast<void*>(ctx));
-  return std::string(pointer) + "/" + kernel_key;
+// boost::hash_combine's mixing step, widened to 64 bits.
+void hash_combine(size_t value, size_t* seed) {
+  *seed ^= value + 0x9e3779b97f4a7c15ULL + (*seed << 6) + (*seed >> 2);
 }
 
 // Unloads a module unless release() says the registry now owns it.
@@ -129,6 +120,23 @@ std::string kernel_cache_key(const GeneratedSource& source, int arch) {
   return source.kernel_name + "-sm" + std::to_string(arch) + "-" + content_hash(blob);
 }
 
+size_t KernelRegistry::KernelIdHash::operator()(const KernelId& id) const {
+  // Equality compares every KernelConfig field (operator==); the hash needs only enough of them to
+  // spread the handful of kernels a process uses, so a field added later cannot make it wrong.
+  const KernelConfig& c = id.config;
+  size_t seed = static_cast<size_t>(id.arch);
+  for (int field : {static_cast<int>(c.dtype), c.head_dim, static_cast<int>(c.mask), c.block_m, c.block_n,
+                    c.warps, c.stages, static_cast<int>(c.q_in_regs)})
+    hash_combine(static_cast<size_t>(field), &seed);
+  return seed;
+}
+
+size_t KernelRegistry::LoadedIdHash::operator()(const LoadedId& id) const {
+  size_t seed = KernelIdHash()(id.kernel);
+  hash_combine(static_cast<size_t>(id.context_id), &seed);
+  return seed;
+}
+
 KernelRegistry& KernelRegistry::instance() {
   static KernelRegistry registry(KernelCache::default_dir());
   return registry;
@@ -137,7 +145,7 @@ KernelRegistry& KernelRegistry::instance() {
 KernelRegistry::KernelRegistry(std::filesystem::path cache_dir) : cache_(std::move(cache_dir)) {}
 
 std::shared_ptr<const CompiledKernel> KernelRegistry::compiled(const KernelConfig& config, int arch) {
-  const std::string key = memory_key(config, arch);
+  const KernelId key{config, arch};
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto found = compiled_.find(key);
@@ -176,7 +184,11 @@ std::shared_ptr<const CompiledKernel> KernelRegistry::compiled(const KernelConfi
 }
 
 CUfunction KernelRegistry::function(const KernelConfig& config, CUcontext ctx, int arch) {
-  const std::string key = context_key(ctx, memory_key(config, arch));
+  // The context pointer alone is no identity: the driver may place a new context at a destroyed
+  // one's address, and a reset primary context keeps its handle, while their modules are gone.
+  unsigned long long context_id = 0;
+  FLASHGEN_CU_CHECK(cuCtxGetId(ctx, &context_id));
+  const LoadedId key{context_id, KernelId{config, arch}};
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto found = loaded_.find(key);

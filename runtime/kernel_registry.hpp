@@ -4,6 +4,7 @@
 
 #include <cuda.h>
 
+#include <cstddef>
 #include <filesystem>
 #include <memory>
 #include <mutex>
@@ -31,15 +32,39 @@ class KernelRegistry {
   std::shared_ptr<const CompiledKernel> compiled(const KernelConfig& config, int arch);
 
   // The kernel loaded into ctx (current on this thread) with its dynamic shared-memory limit raised.
+  // Loaded functions are remembered per context by the driver's unique context id (cuCtxGetId), so a
+  // context created at a destroyed one's address, or a reset primary context, loads afresh. Once
+  // loaded, a call costs one cuCtxGetId and a hash lookup.
   CUfunction function(const KernelConfig& config, CUcontext ctx, int arch);
 
   const KernelCache& disk_cache() const { return cache_; }
 
  private:
+  // In-process identity of a kernel: a process's templates never change, so (config, arch) picks the
+  // same kernel as kernel_cache_key without regenerating and hashing the source on every launch.
+  struct KernelId {
+    KernelConfig config;
+    int arch = 0;
+    bool operator==(const KernelId& other) const { return arch == other.arch && config == other.config; }
+  };
+  struct LoadedId {
+    unsigned long long context_id = 0;  // cuCtxGetId: unique for the life of the process
+    KernelId kernel;
+    bool operator==(const LoadedId& other) const {
+      return context_id == other.context_id && kernel == other.kernel;
+    }
+  };
+  struct KernelIdHash {
+    size_t operator()(const KernelId& id) const;
+  };
+  struct LoadedIdHash {
+    size_t operator()(const LoadedId& id) const;
+  };
+
   KernelCache cache_;
   std::mutex mutex_;
-  std::unordered_map<std::string, std::shared_ptr<const CompiledKernel>> compiled_;
-  std::unordered_map<std::string, CUfunction> loaded_;  // key: context pointer + kernel key
+  std::unordered_map<KernelId, std::shared_ptr<const CompiledKernel>, KernelIdHash> compiled_;
+  std::unordered_map<LoadedId, CUfunction, LoadedIdHash> loaded_;
 };
 
 }  // namespace flashgen

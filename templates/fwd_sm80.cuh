@@ -11,6 +11,7 @@
 
 namespace flashgen {
 
+// std::integral_constant without <type_traits>: NVRTC compiles the templates with no standard headers.
 template <bool kValue>
 struct BoolConstant {
   static constexpr bool value = kValue;
@@ -152,7 +153,7 @@ struct FwdSm80 {
     const u32 k_lane = ((lane & 7) + ((lane >> 4) << 3)) * kRow * 2 + ((lane >> 3) & 1) * 16;
     // V (B operand of O, transposed): (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15).
     const u32 v_lane = ((lane & 7) + ((lane >> 3) & 1) * 8) * kRow * 2 + (lane >> 4) * 16;
-    u32 q_frag[kQInRegs ? kMTiles : 1][kQInRegs ? kKSteps : 1][4];
+    u32 q_frag[kQInRegs ? kMTiles : 1][kQInRegs ? kKSteps : 1][4];  // (kMTiles, kKSteps) A fragments, 16x16 each
     if constexpr (kQInRegs) {
       sm80::cp_async_wait<kStages - 1>();
       __syncthreads();
@@ -162,7 +163,7 @@ struct FwdSm80 {
         for (int kk = 0; kk < kKSteps; ++kk) load_q_frag(q_frag[mt][kk], q_lane, mt, kk);
     }
 
-    float acc_o[kMTiles][kDTiles][4];  // (kWarpRows, kHeadDimPad) fp32 output accumulator
+    float acc_o[kMTiles][kDTiles][4];  // (kWarpRows, kHeadDimPad) fp32 output, (16, 8) accumulator tiles
     float row_max[kMTiles][2];         // running max (log2 units) of rows g and g + 8 of each tile
     float row_sum[kMTiles][2];         // running sum of exp2, this thread's columns only
 #pragma unroll
@@ -191,7 +192,7 @@ struct FwdSm80 {
       const u32 sv = sk + kTileBytes;                                   // (kBlockN, kRow) V tile
 
       // S = Q Kᵀ for this warp: (kWarpRows, kBlockN) fp32.
-      float acc_s[kMTiles][kNTiles][4];
+      float acc_s[kMTiles][kNTiles][4];  // (kWarpRows, kBlockN) in (16, 8) accumulator tiles
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -201,7 +202,7 @@ struct FwdSm80 {
 
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk) {
-        u32 a[kMTiles][4];
+        u32 a[kMTiles][4];  // (kMTiles) A fragments of Q for k-step kk, 16x16 each
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
           if constexpr (kQInRegs) {
@@ -213,7 +214,7 @@ struct FwdSm80 {
         }
 #pragma unroll
         for (int np = 0; np < kNTiles / 2; ++np) {
-          u32 b[4];
+          u32 b[4];  // B fragments of key tiles 2np and 2np+1, 16x8 each
           sm80::ldmatrix_x4(b, sk + k_lane + (np * 16 * kRow + kk * 16) * 2);
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {
@@ -254,7 +255,7 @@ struct FwdSm80 {
       // below 2^kRescaleSlack (exactly representable range in fp16/bf16, harmless in fp32 sums) and O is
       // rescaled only in the rare blocks where some row of the warp needs it. The result is the same
       // function: the final normalisation and the LSE use the same m.
-      float block_max[kMTiles][2];
+      float block_max[kMTiles][2];  // this block's max (log2 units) of rows g and g + 8 of each tile
       bool any_rescale = false;
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
@@ -286,7 +287,7 @@ struct FwdSm80 {
       }
 
       // P = exp2(s * scale_log2 - m), rounded to the 16-bit type as the A operand of P V.
-      u32 p_frag[kMTiles][kNTiles / 2][4];
+      u32 p_frag[kMTiles][kNTiles / 2][4];  // (kMTiles, kBlockN / 16) A fragments of P, 16x16 each
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -318,7 +319,7 @@ struct FwdSm80 {
       for (int j = 0; j < kNTiles / 2; ++j) {
 #pragma unroll
         for (int dp = 0; dp < kDTiles / 2; ++dp) {
-          u32 b[4];
+          u32 b[4];  // B fragments of V for d tiles 2dp and 2dp+1, 16x8 each
           sm80::ldmatrix_x4_trans(b, sv + v_lane + (j * 16 * kRow + dp * 16) * 2);
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {

@@ -22,7 +22,7 @@ struct Tile {
 std::vector<Tile> preferences(int head_dim) {
   if (head_dim <= 64) return {{128, 64, 4, 3, true}, {128, 64, 4, 3}, {64, 64, 4, 2}};
   if (head_dim <= 128) return {{128, 32, 4, 3}, {128, 32, 4, 2}, {64, 64, 4, 2}, {64, 32, 4, 2}};
-  if (head_dim <= 192) return {{128, 64, 8, 2}, {64, 64, 4, 2}, {64, 32, 4, 2}};
+  if (head_dim <= 192) return {{128, 64, 8, 2}, {128, 32, 8, 2}, {64, 64, 4, 2}, {64, 32, 4, 2}};
   // A 64-key S tile next to the (16, 256) O tile spills; 48 keys fit registers and Hopper's 227 KB.
   return {{128, 48, 8, 2}, {128, 32, 8, 2}, {64, 32, 4, 2}};
 }
@@ -42,16 +42,26 @@ KernelConfig with_tile(DType dtype, int head_dim, MaskKind mask, const Tile& til
 
 }  // namespace
 
-KernelConfig heuristic_forward_config(DType dtype, int head_dim, MaskKind mask, int arch) {
+std::vector<KernelConfig> heuristic_forward_configs(DType dtype, int head_dim, MaskKind mask, int arch) {
+  std::vector<KernelConfig> configs;
   std::string last_reason = "no candidate";
   for (const Tile& tile : preferences(head_dim)) {
     KernelConfig c = with_tile(dtype, head_dim, mask, tile);
-    auto why = c.invalid_reason(arch);
-    if (!why) return c;
-    last_reason = *why;
+    if (auto why = c.invalid_reason(arch)) {
+      last_reason = *why;
+    } else {
+      configs.push_back(c);
+    }
   }
-  fail(Status::kUnsupported, "no forward config for head_dim " + std::to_string(head_dim) + " on sm_" +
-                                 std::to_string(arch) + ": " + last_reason);
+  if (configs.empty()) {
+    fail(Status::kUnsupported, "no forward config for head_dim " + std::to_string(head_dim) + " on sm_" +
+                                   std::to_string(arch) + ": " + last_reason);
+  }
+  return configs;
+}
+
+KernelConfig heuristic_forward_config(DType dtype, int head_dim, MaskKind mask, int arch) {
+  return heuristic_forward_configs(dtype, head_dim, mask, arch).front();
 }
 
 std::vector<KernelConfig> default_forward_candidates(int arch) {

@@ -9,7 +9,12 @@
 
 namespace flashgen {
 
-// The config the runtime uses for (dtype, head_dim, mask) on sm_<arch> without tuning data.
+// Configs for (dtype, head_dim, mask) on sm_<arch> without tuning data, best first; every one is valid
+// for arch (invalid_reason is empty) and the list is never empty for a supported head_dim.
+std::vector<KernelConfig> heuristic_forward_configs(DType dtype, int head_dim, MaskKind mask, int arch);
+
+// The first of heuristic_forward_configs: what the runtime runs unless ptxas reports that it spills
+// (see select.hpp).
 KernelConfig heuristic_forward_config(DType dtype, int head_dim, MaskKind mask, int arch);
 
 // Default candidates for an arch: the heuristic choices for head_dim 32..256 (the standard ones),

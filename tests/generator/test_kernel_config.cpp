@@ -41,6 +41,10 @@ TEST_CASE("malformed config names are rejected with the offending part", "[gener
   CHECK(message_of("fwd_sm80_fp16_d128_m128_n64_w4_s2_sliding").find("sliding") != std::string::npos);
   CHECK(message_of("bwd_sm80_fp16_d128_m128_n64_w4_s2").find("expected") != std::string::npos);
   CHECK(message_of("fwd_sm80_fp16_d128").find("expected") != std::string::npos);
+  CHECK(message_of("fwd_sm80_fp16_d99999999999_m128_n64_w4_s2").find("d99999999999") != std::string::npos);
+  CHECK(message_of("fwd_sm80_fp16_d0128_m128_n64_w4_s2").find("did you mean 'fwd_sm80_fp16_d128_m128_n64_w4_s2'") !=
+        std::string::npos);
+  CHECK(message_of("fwd_sm80_fp16_d128_m128_n64_w4_s2_qreg_causal").find("not canonical") != std::string::npos);
 }
 
 TEST_CASE("validity follows the shared traits", "[generator][config]") {

@@ -1,13 +1,15 @@
 // [gpu] numerics of flashgen_attention_forward through the C ABI: masking edge cases, a deterministic
-// randomized matrix (seqlens, head_dims, dtypes, masks, GQA/MQA, layouts, scales), strided layouts, lse
-// NULL, user streams and back-to-back seqlens, each checked against the float64 reference.
+// randomized matrix (seqlens, head_dims, dtypes, masks, GQA/MQA, layouts, scales), the smallest and
+// largest odd head_dims, strided layouts, lse NULL, user streams, back-to-back seqlens and logits shaped to
+// drive the kernel's lazy rescaling, each checked against the float64 reference. The CPU cases check that
+// the matrix and the logit shapes are what the [gpu] cases claim.
 #include <cuda.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <random>
+#include <limits>
 #include <set>
 #include <sstream>
 #include <string>
@@ -20,15 +22,16 @@
 #include "gpu.hpp"
 #include "reference.hpp"
 #include "support/attention_reference.hpp"
+#include "support/check_reports.hpp"
 
 namespace {
 
-using flashgen::AttentionResult;
 using flashgen::AttentionShape;
 using flashgen::DeviceBuffer;
-using flashgen::HostInput;
 using flashgen::StridedView;
-using flashgen::test::CheckReport;
+using flashgen::test::ForwardCheck;
+using flashgen::test::check_reports;
+using flashgen::test::Rng;
 
 // Memory layouts of q, k, v and out; the shape handed to flashgen is always [b, s, h, d].
 enum class Layout {
@@ -52,6 +55,32 @@ const char* layout_label(Layout layout) {
   }
 }
 
+// What the inputs hold. The kernel keeps a running row max m in log2 units that moves only when a key
+// block's max exceeds it by more than 8, rescaling O by exp2(m_old - m_new) (templates/fwd_sm80.cuh);
+// with random normal inputs m never moves after the first block. The shaped kinds set each key's logit
+// (in log2 units, before noise of ~0.14) so that it does; running_max_stats replays m on the data to
+// check that.
+enum class Logits {
+  kNormal,   // q, k, v standard normal
+  kRising,   // logits climb from 0 to 48 along the keys: m moves every few blocks, over a live history
+  kPlateau,  // key 5 peaks at 16, keys in the middle third sit at 22.5, the rest at 0: m never moves
+             // after the first block, and later blocks have P = exp2(s - m) up to ~2^6.5, not <= 1
+  kJump,     // 0 for the first half of the keys, 20 for the second: m moves once, by ~20, mid-sequence
+};
+
+const char* logits_label(Logits logits) {
+  switch (logits) {
+    case Logits::kRising:
+      return "rising";
+    case Logits::kPlateau:
+      return "plateau";
+    case Logits::kJump:
+      return "jump";
+    default:
+      return "normal";
+  }
+}
+
 struct Problem {
   AttentionShape shape;
   flashgen_dtype dtype = FLASHGEN_FLOAT16;
@@ -59,6 +88,7 @@ struct Problem {
   float softmax_scale = 0.0f;  // <= 0: the library's default 1/sqrt(head_dim)
   Layout layout = Layout::kBSHD;
   bool with_lse = true;
+  Logits logits = Logits::kNormal;
   uint32_t seed = 1;
 
   std::string describe() const {
@@ -71,30 +101,11 @@ struct Problem {
     } else {
       s << "default(" << softmax_scale << ")";
     }
-    s << " layout=" << layout_label(layout) << " lse=" << (with_lse ? "yes" : "NULL") << " seed=" << seed;
+    s << " layout=" << layout_label(layout) << " lse=" << (with_lse ? "yes" : "NULL");
+    if (logits != Logits::kNormal) s << " logits=" << logits_label(logits);
+    s << " seed=" << seed;
     return s.str();
   }
-};
-
-// mt19937's output is fixed by the standard, unlike std's distributions and std::shuffle: with these
-// mappings the matrix and the data are the same on every machine, so a failure reproduces anywhere.
-class Rng {
- public:
-  explicit Rng(uint32_t seed) : engine_(seed) {}
-  uint32_t below(uint32_t n) { return static_cast<uint32_t>(engine_() % n); }
-  // Standard normal by Box-Muller.
-  double normal() {
-    const double u1 = (static_cast<double>(engine_()) + 1.0) / 4294967297.0;  // (0, 1]
-    const double u2 = static_cast<double>(engine_()) / 4294967296.0;          // [0, 1)
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-  }
-  template <typename T>
-  void shuffle(std::vector<T>& values) {
-    for (size_t i = values.size(); i > 1; --i) std::swap(values[i - 1], values[below(static_cast<uint32_t>(i))]);
-  }
-
- private:
-  std::mt19937 engine_;
 };
 
 // Elements of NaN after every buffer: writes past the end show up as overwritten guard.
@@ -183,29 +194,78 @@ struct HostProblem {
   std::vector<double> q, k, v;
 };
 
+// Target logit of key j of a shaped problem, in log2 units with the softmax scale applied (see Logits).
+double target_logit_log2(Logits logits, int64_t j, int64_t seqlen_k) {
+  switch (logits) {
+    case Logits::kRising:
+      return 48.0 * static_cast<double>(j) / static_cast<double>(seqlen_k);
+    case Logits::kPlateau:
+      if (j == 5) return 16.0;  // in the first block for every block_n >= 16
+      return 3 * j >= seqlen_k && 3 * j < 2 * seqlen_k ? 22.5 : 0.0;
+    case Logits::kJump:
+      return 2 * j >= seqlen_k ? 20.0 : 0.0;
+    default:
+      return 0.0;
+  }
+}
+
+// Inputs of a shaped problem as contiguous [b, s, h, d] values rounded to dtype. Each (batch, kv head) has
+// a sign vector u in {-1, +1}^d; its query rows are u + N(0, 0.05^2) noise per element and its key j is
+// beta_j u + N(0, nu^2), so q . k_j ~ d beta_j: beta_j = target * ln 2 / (scale * d) puts the logit
+// scale * q . k_j at the target, and nu = 0.1 / (scale * sqrt(d)) adds N(0, 0.1^2) to it. Values stay
+// below ~5 in magnitude (at d 64 and default scale), far inside fp16's range. v is standard normal.
+void make_shaped_inputs(const Problem& p, Rng& rng, std::vector<double>& q, std::vector<double>& k,
+                        std::vector<double>& v) {
+  const AttentionShape& s = p.shape;
+  const int64_t d_count = s.head_dim;
+  const double scale = flashgen::effective_softmax_scale(p.softmax_scale, d_count);
+  std::vector<double> u(static_cast<size_t>(s.batch * s.heads_kv * d_count));
+  for (double& sign : u) sign = rng.below(2) == 0 ? -1.0 : 1.0;
+  auto sign = [&](int64_t b, int64_t hk, int64_t d) {
+    return u[static_cast<size_t>((b * s.heads_kv + hk) * d_count + d)];
+  };
+  auto rounded = [&](double value) {
+    return static_cast<double>(flashgen::round_to_dtype(static_cast<float>(value), p.dtype));
+  };
+
+  q.clear();
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t i = 0; i < s.seqlen_q; ++i)
+      for (int64_t h = 0; h < s.heads_q; ++h)
+        for (int64_t d = 0; d < d_count; ++d) q.push_back(rounded(sign(b, s.kv_head(h), d) + 0.05 * rng.normal()));
+  const double nu = 0.1 / (scale * std::sqrt(static_cast<double>(d_count)));
+  k.clear();
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t j = 0; j < s.seqlen_k; ++j) {
+      const double beta =
+          target_logit_log2(p.logits, j, s.seqlen_k) * std::log(2.0) / (scale * static_cast<double>(d_count));
+      for (int64_t hk = 0; hk < s.heads_kv; ++hk)
+        for (int64_t d = 0; d < d_count; ++d) k.push_back(rounded(beta * sign(b, hk, d) + nu * rng.normal()));
+    }
+  v = flashgen::test::normal_values(rng, s.batch * s.seqlen_k * s.heads_kv * d_count, p.dtype);
+}
+
 HostProblem make_host_problem(const Problem& p) {
   HostProblem host;
   host.layout = make_layout(p);
   for (int64_t elements : host.layout.input_elements)
     host.buffers.emplace_back(static_cast<size_t>(elements), flashgen::test::kPoison16);
+  const AttentionShape& s = p.shape;
   Rng rng(p.seed);
-  auto fill = [&](const Placement& placement, std::vector<double>& values) {
-    const StridedView& view = placement.view;
-    values.resize(static_cast<size_t>(view.elements()));
-    std::vector<uint16_t>& storage = host.buffers[static_cast<size_t>(placement.buffer)];
-    size_t index = 0;
-    for (int64_t b = 0; b < view.shape[0]; ++b)
-      for (int64_t s = 0; s < view.shape[1]; ++s)
-        for (int64_t h = 0; h < view.shape[2]; ++h)
-          for (int64_t d = 0; d < view.shape[3]; ++d) {
-            const uint16_t bits = flashgen::float_to_dtype_bits(static_cast<float>(rng.normal()), p.dtype);
-            storage[static_cast<size_t>(placement.base + view.offset(b, s, h, d))] = bits;
-            values[index++] = flashgen::dtype_bits_to_float(bits, p.dtype);
-          }
+  if (p.logits == Logits::kNormal) {
+    host.q = flashgen::test::normal_values(rng, s.batch * s.seqlen_q * s.heads_q * s.head_dim, p.dtype);
+    host.k = flashgen::test::normal_values(rng, s.batch * s.seqlen_k * s.heads_kv * s.head_dim, p.dtype);
+    host.v = flashgen::test::normal_values(rng, s.batch * s.seqlen_k * s.heads_kv * s.head_dim, p.dtype);
+  } else {
+    make_shaped_inputs(p, rng, host.q, host.k, host.v);
+  }
+  auto store = [&](const Placement& placement, const std::vector<double>& values) {
+    flashgen::test::store_values(values, placement.view, placement.base, p.dtype,
+                                 host.buffers[static_cast<size_t>(placement.buffer)]);
   };
-  fill(host.layout.q, host.q);
-  fill(host.layout.k, host.k);
-  fill(host.layout.v, host.v);
+  store(host.layout.q, host.q);
+  store(host.layout.k, host.k);
+  store(host.layout.v, host.v);
   return host;
 }
 
@@ -265,49 +325,11 @@ void run_and_check(const Problem& p, CUstream stream = nullptr) {
   std::vector<float> lse_values;
   if (p.with_lse) lse_values = lse.download_all<float>();
 
-  const HostInput q_in =
-      HostInput::float64(host.q.data(), StridedView::contiguous(s.batch, s.seqlen_q, s.heads_q, s.head_dim));
-  const HostInput k_in =
-      HostInput::float64(host.k.data(), StridedView::contiguous(s.batch, s.seqlen_k, s.heads_kv, s.head_dim));
-  const HostInput v_in =
-      HostInput::float64(host.v.data(), StridedView::contiguous(s.batch, s.seqlen_k, s.heads_kv, s.head_dim));
   const double scale = flashgen::effective_softmax_scale(p.softmax_scale, s.head_dim);
-  const AttentionResult ref64 = flashgen::attention_reference_f64(s, q_in, k_in, v_in, scale, p.mask);
-  const AttentionResult naive =
-      flashgen::test::attention_reference_naive(s, q_in, k_in, v_in, scale, p.mask, p.dtype);
-
-  const CheckReport out_report = flashgen::test::check_output(
-      s, flashgen::test::gather_output(out_storage, layout.out, p.dtype), ref64, naive, p.dtype);
-  {
-    INFO(out_report.text);
-    CHECK(out_report.not_written == 0);
-    CHECK(out_report.ok);
-  }
-  std::string outside_text;
-  const int64_t touched = flashgen::test::count_touched_outside(out_storage, {layout.out},
-                                                                flashgen::test::kPoison16, &outside_text);
-  {
-    INFO("out buffer: " << outside_text);
-    CHECK(touched == 0);
-  }
-
-  if (p.with_lse) {
-    const CheckReport lse_report = flashgen::test::check_lse(s, lse_values, ref64);
-    int64_t guard_touched = 0;
-    for (size_t i = static_cast<size_t>(lse_count); i < lse_values.size(); ++i) {
-      uint32_t bits = 0;
-      std::memcpy(&bits, &lse_values[i], sizeof(bits));
-      if (bits != flashgen::test::kPoison32) ++guard_touched;
-    }
-    {
-      INFO(lse_report.text);
-      CHECK(lse_report.not_written == 0);
-      CHECK(lse_report.ok);
-    }
-    INFO("lse buffer: " << guard_touched << " of the " << kGuardElements << " floats after the "
-                        << lse_count << " [batch, heads_q, seqlen_q] entries were overwritten");
-    CHECK(guard_touched == 0);
-  }
+  const flashgen::test::ForwardReference reference =
+      flashgen::test::forward_reference(s, host.q, host.k, host.v, scale, p.mask, p.dtype);
+  check_reports(
+      flashgen::test::check_forward(reference, out_storage, layout.out, p.with_lse ? &lse_values : nullptr));
 }
 
 // Keeps each problem's CPU references (two passes of b * hq * sq * sk * d multiply-adds each, float64
@@ -390,6 +412,90 @@ Problem make_problem(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t 
   p.mask = mask;
   p.seed = seed;
   return p;
+}
+
+// The shaped problems of the rescaling test: each logit shape at head_dim 64 and 128, both dtypes, with
+// no mask and with bottom-right causal (query row i then sees the first i + 871 of the 1000 keys), GQA
+// 2:1. 1000 keys leave a partial last block for every block_n.
+std::vector<Problem> rescale_problems() {
+  struct Variant {
+    int64_t head_dim;
+    flashgen_dtype dtype;
+    flashgen_mask mask;
+  };
+  const Variant variants[] = {{64, FLASHGEN_FLOAT16, FLASHGEN_MASK_NONE},
+                              {64, FLASHGEN_BFLOAT16, FLASHGEN_MASK_CAUSAL},
+                              {128, FLASHGEN_BFLOAT16, FLASHGEN_MASK_NONE},
+                              {128, FLASHGEN_FLOAT16, FLASHGEN_MASK_CAUSAL}};
+  std::vector<Problem> problems;
+  uint32_t seed = 700;
+  for (Logits logits : {Logits::kRising, Logits::kPlateau, Logits::kJump}) {
+    for (const Variant& variant : variants) {
+      Problem p = make_problem(1, 130, 1000, 2, 1, variant.head_dim, variant.dtype, variant.mask, ++seed);
+      p.logits = logits;
+      problems.push_back(p);
+    }
+  }
+  return problems;
+}
+
+// templates/fwd_sm80.cuh's kRescaleSlack: the running max moves only when a block's max exceeds it by more.
+constexpr double kRescaleSlack = 8.0;
+
+// The kernel's running max replayed on the host over every row that sees a key, for key blocks of one
+// block_n, on float64 logits of the stored inputs (log2 units, scale applied).
+struct RunningMaxStats {
+  int64_t min_moves = std::numeric_limits<int64_t>::max();  // moves after a row's first block
+  int64_t max_moves = 0;
+  double largest_move = 0.0;  // m_new - m_old of one of those moves
+  double largest_p_log2 = -std::numeric_limits<double>::infinity();  // largest s - m: P = exp2(s - m)
+
+  std::string describe() const {
+    std::ostringstream s;
+    s << "moves after the first block: " << min_moves << ".." << max_moves << " per row, largest move "
+      << largest_move << ", largest P 2^" << largest_p_log2;
+    return s.str();
+  }
+};
+
+std::vector<RunningMaxStats> running_max_stats(const Problem& p, const HostProblem& host,
+                                               const std::vector<int>& block_ns) {
+  const AttentionShape& s = p.shape;
+  const double scale_log2 = flashgen::effective_softmax_scale(p.softmax_scale, s.head_dim) / std::log(2.0);
+  std::vector<RunningMaxStats> stats(block_ns.size());
+  std::vector<double> logits(static_cast<size_t>(s.seqlen_k));
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads_q; ++h)
+      for (int64_t i = 0; i < s.seqlen_q; ++i) {
+        const int64_t visible = flashgen::visible_key_count(p.mask, i, s.seqlen_q, s.seqlen_k);
+        if (visible == 0) continue;
+        const double* q_row = host.q.data() + ((b * s.seqlen_q + i) * s.heads_q + h) * s.head_dim;
+        for (int64_t j = 0; j < visible; ++j) {
+          const double* k_row = host.k.data() + ((b * s.seqlen_k + j) * s.heads_kv + s.kv_head(h)) * s.head_dim;
+          double dot = 0.0;
+          for (int64_t d = 0; d < s.head_dim; ++d) dot += q_row[d] * k_row[d];
+          logits[static_cast<size_t>(j)] = dot * scale_log2;
+        }
+        for (size_t n = 0; n < block_ns.size(); ++n) {
+          RunningMaxStats& row_stats = stats[n];
+          double m = -std::numeric_limits<double>::infinity();
+          int64_t moves = -1;  // the first block always moves m off -inf; that one is not counted
+          for (int64_t start = 0; start < visible; start += block_ns[n]) {
+            const auto first = logits.begin() + start;
+            const auto last = first + std::min<int64_t>(block_ns[n], visible - start);
+            const double block_max = *std::max_element(first, last);
+            if (block_max > m + kRescaleSlack) {
+              if (moves >= 0) row_stats.largest_move = std::max(row_stats.largest_move, block_max - m);
+              m = block_max;
+              ++moves;
+            }
+            row_stats.largest_p_log2 = std::max(row_stats.largest_p_log2, block_max - m);
+          }
+          row_stats.min_moves = std::min(row_stats.min_moves, moves);
+          row_stats.max_moves = std::max(row_stats.max_moves, moves);
+        }
+      }
+  return stats;
 }
 
 // A user stream, destroyed at scope exit.
@@ -551,6 +657,132 @@ TEST_CASE("attention forward: back-to-back calls with different seqlens", "[gpu]
       make_problem(1, 128, 128, 2, 2, 128, FLASHGEN_BFLOAT16, FLASHGEN_MASK_CAUSAL, 501),
   };
   for (const Problem& p : problems) {
+    INFO(p.describe());
+    run_and_check(p);
+  }
+}
+
+TEST_CASE("shaped logits move the kernel's running max as the rescaling test claims", "[attention]") {
+  const std::vector<int> block_ns = {16, 32, 48, 64, 128};  // every block_n a config may use here
+  for (const Problem& p : rescale_problems()) {
+    INFO(p.describe());
+    const HostProblem host = make_host_problem(p);
+    double largest = 0.0;
+    for (const std::vector<double>* values : {&host.q, &host.k, &host.v})
+      for (double value : *values) largest = std::max(largest, std::fabs(value));
+    CHECK(largest < 16.0);  // inputs far inside fp16's range (65504)
+    const std::vector<RunningMaxStats> stats = running_max_stats(p, host, block_ns);
+    for (size_t n = 0; n < block_ns.size(); ++n) {
+      INFO("block_n " << block_ns[n] << ": " << stats[n].describe());
+      switch (p.logits) {
+        case Logits::kRising:
+          CHECK(stats[n].min_moves >= 3);
+          break;
+        case Logits::kPlateau:
+          CHECK(stats[n].max_moves == 0);
+          CHECK(stats[n].largest_p_log2 >= 5.0);
+          break;
+        case Logits::kJump:
+          CHECK(stats[n].min_moves == 1);
+          CHECK(stats[n].max_moves == 1);
+          CHECK(stats[n].largest_move >= 16.0);
+          break;
+        default:
+          FAIL_CHECK("not a shaped problem");
+      }
+    }
+  }
+}
+
+TEST_CASE("check_forward passes an exact output and flags each kind of damage", "[attention]") {
+  for (Layout layout : {Layout::kBSHD, Layout::kPadded, Layout::kPackedQKV}) {
+    Problem p = make_problem(2, 64, 64, 4, 2, 40, FLASHGEN_FLOAT16, FLASHGEN_MASK_CAUSAL, 901);
+    p.layout = layout;
+    INFO(p.describe());
+    const HostProblem host = make_host_problem(p);
+    const AttentionShape& s = p.shape;
+    const flashgen::test::ForwardReference reference = flashgen::test::forward_reference(
+        s, host.q, host.k, host.v, flashgen::effective_softmax_scale(p.softmax_scale, s.head_dim), p.mask, p.dtype);
+
+    // What an exact kernel leaves in poisoned buffers: the float64 result rounded to the dtype, lse as float.
+    std::vector<uint16_t> out_storage(static_cast<size_t>(host.layout.out_elements), flashgen::test::kPoison16);
+    std::vector<double> exact_out = reference.ref64.out;
+    for (double& value : exact_out) value = flashgen::round_to_dtype(static_cast<float>(value), p.dtype);
+    flashgen::test::store_values(exact_out, host.layout.out, 0, p.dtype, out_storage);
+    float poison = 0.0f;
+    std::memcpy(&poison, &flashgen::test::kPoison32, sizeof(poison));
+    std::vector<float> lse(reference.ref64.lse.size() + kGuardElements, poison);
+    for (size_t i = 0; i < reference.ref64.lse.size(); ++i) lse[i] = static_cast<float>(reference.ref64.lse[i]);
+
+    const ForwardCheck exact = flashgen::test::check_forward(reference, out_storage, host.layout.out, &lse);
+    INFO(exact.out.text << "\n" << exact.out_touched_text << "\n" << exact.lse.text << "\n" << exact.lse_touched_text);
+    CHECK(exact.ok());
+    CHECK(exact.out.checked == static_cast<int64_t>(reference.ref64.out.size()));
+    CHECK_FALSE(flashgen::test::check_forward(reference, out_storage, host.layout.out, nullptr).has_lse);
+
+    std::vector<uint16_t> damaged = out_storage;
+    damaged[static_cast<size_t>(host.layout.out.offset(1, 63, 3, 39))] = flashgen::test::kPoison16;
+    const ForwardCheck unwritten = flashgen::test::check_forward(reference, damaged, host.layout.out, &lse);
+    CHECK(unwritten.out.not_written == 1);
+    CHECK_FALSE(unwritten.ok());
+
+    damaged = out_storage;
+    damaged.back() = 0;  // the last guard element
+    const ForwardCheck outside = flashgen::test::check_forward(reference, damaged, host.layout.out, &lse);
+    CHECK(outside.out_touched == 1);
+    CHECK(outside.out.ok);
+    CHECK_FALSE(outside.ok());
+
+    std::vector<float> bad_lse = lse;
+    bad_lse[5] += 0.5f;
+    bad_lse.back() = 0.0f;
+    const ForwardCheck lse_damage = flashgen::test::check_forward(reference, out_storage, host.layout.out, &bad_lse);
+    CHECK(lse_damage.lse.mismatches == 1);
+    CHECK(lse_damage.lse_touched == 1);
+    CHECK_FALSE(lse_damage.ok());
+  }
+}
+
+TEST_CASE("attention forward: head_dim 8 and 248", "[gpu][attention]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext context;
+  const flashgen_dtype f16 = FLASHGEN_FLOAT16;
+  const flashgen_dtype bf16 = FLASHGEN_BFLOAT16;
+  const flashgen_mask none = FLASHGEN_MASK_NONE;
+  const flashgen_mask br = FLASHGEN_MASK_CAUSAL;
+  const flashgen_mask tl = FLASHGEN_MASK_CAUSAL_TOP_LEFT;
+  // The smallest head_dim (padded to one 16-column mma step) and the largest non-standard one (padded to
+  // 256). The padded layout puts NaN in the 8 columns after each head that the kernel pads to.
+  std::vector<Problem> problems = {
+      make_problem(2, 203, 64, 4, 2, 8, f16, br, 601),
+      make_problem(1, 130, 1023, 2, 1, 8, bf16, none, 602),
+      make_problem(1, 77, 77, 3, 1, 8, bf16, tl, 603),
+      make_problem(1, 128, 128, 2, 1, 8, f16, br, 604),
+      make_problem(1, 203, 7, 2, 1, 248, bf16, br, 605),  // rows 0..195 see no key
+      make_problem(1, 130, 1023, 1, 1, 248, f16, tl, 606),
+      make_problem(2, 113, 256, 2, 2, 248, f16, none, 607),
+      make_problem(1, 64, 64, 2, 1, 248, bf16, br, 608),
+  };
+  problems[0].layout = Layout::kPadded;
+  problems[2].layout = Layout::kBHSD;
+  problems[2].softmax_scale = 0.3f;
+  problems[3].layout = Layout::kPackedQKV;
+  problems[4].layout = Layout::kPadded;
+  problems[6].layout = Layout::kBHSD;
+  problems[7].layout = Layout::kPackedQKV;
+  for (const Problem& p : problems) {
+    INFO(p.describe());
+    run_and_check(p);
+  }
+}
+
+TEST_CASE("attention forward: running max moves over a history (lazy rescaling)", "[gpu][attention]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext context;
+  // Logits that climb, plateau inside the rescale slack, or jump by ~20 in log2 units along the keys
+  // (checked on the CPU by "shaped logits move the kernel's running max ..."): out and lse must still
+  // match the float64 reference.
+  for (const Problem& p : rescale_problems()) {
     INFO(p.describe());
     run_and_check(p);
   }

@@ -24,7 +24,9 @@ TEST_CASE("without a CUDA driver, driver() throws kNoDevice with the cause", "[c
   // The failure is remembered: a second call reports the same cause.
   try {
     flashgen::driver();
+    FAIL("the second driver() call succeeded after the first failed");
   } catch (const flashgen::Error& e) {
+    CHECK(e.status() == flashgen::Status::kNoDevice);
     CHECK(std::string(e.what()) == first_message);
   }
   // A driver call through the check macro fails the same way, before touching any entry point.
@@ -34,11 +36,26 @@ TEST_CASE("without a CUDA driver, driver() throws kNoDevice with the cause", "[c
   } catch (const flashgen::Error& e) {
     CHECK(e.status() == flashgen::Status::kNoDevice);
   }
+  // So do the helpers built on the driver.
+  int host_value = 0;
+  try {
+    flashgen::pointer_info(&host_value);
+    FAIL("pointer_info answered without a driver");
+  } catch (const flashgen::Error& e) {
+    CHECK(e.status() == flashgen::Status::kNoDevice);
+  }
+  try {
+    flashgen::ScopedContext context;
+    FAIL("ScopedContext made a context current without a driver");
+  } catch (const flashgen::Error& e) {
+    CHECK(e.status() == flashgen::Status::kNoDevice);
+  }
 }
 
 TEST_CASE("throw_cu_error carries file:line, the call and the driver's text", "[cuda_driver]") {
   try {
     flashgen::throw_cu_error(CUDA_ERROR_INVALID_VALUE, "cuMemAlloc(&ptr, bytes)", "launch.cpp", 42);
+    FAIL("throw_cu_error returned without throwing");
   } catch (const flashgen::Error& e) {
     const std::string message = e.what();
     CHECK(e.status() == flashgen::Status::kCuda);

@@ -18,32 +18,15 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "support/temp_dir.hpp"
 #include "kernel_cache.hpp"
 
 namespace {
 
+using flashgen::testing::TempDir;
+
 namespace fs = std::filesystem;
 
-// A fresh directory under /tmp, removed with everything in it at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    char pattern[] = "/tmp/flashgen-cache-test-XXXXXX";
-    const char* made = ::mkdtemp(pattern);
-    REQUIRE(made != nullptr);
-    path_ = made;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 std::string read_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -65,7 +48,7 @@ std::string sample_payload() {
 }  // namespace
 
 TEST_CASE("kernel cache stores and loads an entry", "[kernel_cache]") {
-  TempDir temp;
+  TempDir temp{"flashgen-cache-test"};
   flashgen::KernelCache cache(temp.path() / "nested" / "cache");
   const std::string payload = sample_payload();
 
@@ -110,7 +93,7 @@ TEST_CASE("content_hash is 32 lowercase hex chars and sensitive to every byte", 
 }
 
 TEST_CASE("kernel cache detects truncated and corrupted entries and rebuilds them", "[kernel_cache]") {
-  TempDir temp;
+  TempDir temp{"flashgen-cache-test"};
   flashgen::KernelCache cache(temp.path());
   const std::string key = "fwd_sm80_bf16_d64-sm80-feed";
   const std::string payload = sample_payload();
@@ -145,22 +128,35 @@ TEST_CASE("kernel cache detects truncated and corrupted entries and rebuilds the
     write_file(path, "not a cache entry");
   }
 
+  const std::string damaged = read_file(path);
   CHECK_FALSE(cache.load(key).has_value());
-  CHECK_FALSE(fs::exists(path));
+  // load() reads without the entry's lock, so it never deletes: the file it judged damaged may already
+  // have been replaced by a producer's good entry.
+  CHECK(read_file(path) == damaged);
 
-  // A damaged file left in place is rebuilt by get_or_create too.
-  write_file(path, "garbage");
+  // get_or_create replaces it, under the lock.
   bool hit = true;
   CHECK(cache.get_or_create(key, produce, &hit) == payload);
   CHECK_FALSE(hit);
   CHECK(produced == 1);
+  CHECK(cache.load(key) == std::optional<std::string>(payload));
   CHECK(cache.get_or_create(key, produce, &hit) == payload);
   CHECK(hit);
   CHECK(produced == 1);
 }
 
+TEST_CASE("kernel cache drops a damaged entry under the lock even when rebuilding it fails", "[kernel_cache]") {
+  TempDir temp{"flashgen-cache-test"};
+  flashgen::KernelCache cache(temp.path());
+  const std::string key = "fwd_sm80_fp16_d32-sm80-damaged";
+  write_file(cache.path_for(key), "garbage");
+  CHECK_THROWS_AS(cache.get_or_create(key, []() -> std::string { throw std::runtime_error("no compiler"); }),
+                  std::runtime_error);
+  CHECK_FALSE(fs::exists(cache.path_for(key)));
+}
+
 TEST_CASE("kernel cache in an unwritable directory works uncached and throws nothing", "[kernel_cache]") {
-  TempDir temp;
+  TempDir temp{"flashgen-cache-test"};
   // A directory below a regular file can never be created, even by root (chmod would not stop root).
   write_file(temp.path() / "a-file", "x");
   flashgen::KernelCache cache(temp.path() / "a-file" / "cache");
@@ -174,7 +170,7 @@ TEST_CASE("kernel cache in an unwritable directory works uncached and throws not
 }
 
 TEST_CASE("kernel cache propagates a failing produce and caches nothing", "[kernel_cache]") {
-  TempDir temp;
+  TempDir temp{"flashgen-cache-test"};
   flashgen::KernelCache cache(temp.path());
   CHECK_THROWS_AS(cache.get_or_create("key", []() -> std::string { throw std::runtime_error("boom"); }),
                   std::runtime_error);
@@ -184,7 +180,7 @@ TEST_CASE("kernel cache propagates a failing produce and caches nothing", "[kern
 }
 
 TEST_CASE("kernel cache: concurrent processes produce one entry once", "[kernel_cache]") {
-  TempDir temp;
+  TempDir temp{"flashgen-cache-test"};
   const fs::path counter = temp.path() / "produced.txt";
   const std::string key = "fwd_sm80_fp16_d128_m128_n64_w4_s2-sm80-race";
   constexpr int kChildren = 4;

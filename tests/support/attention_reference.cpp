@@ -1,9 +1,10 @@
-// The test side of attention numerics declared in attention_reference.hpp: the naive same-dtype forward,
-// the tolerance checks and their reports, and the out-of-bounds write scan.
+// The test side of attention numerics declared in attention_reference.hpp: input data, the naive
+// same-dtype forward, the tolerance checks and their reports, the out-of-bounds write scan, check_forward.
 #include "attention_reference.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <sstream>
 
@@ -20,6 +21,44 @@ std::string format_double(double value) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------------------------------
+// Input data.
+
+double Rng::normal() {
+  const double u1 = (static_cast<double>(engine_()) + 1.0) / 4294967297.0;  // (0, 1]
+  const double u2 = static_cast<double>(engine_()) / 4294967296.0;          // [0, 1)
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
+
+std::vector<double> normal_values(Rng& rng, int64_t count, flashgen_dtype dtype) {
+  std::vector<double> values(static_cast<size_t>(count));
+  for (double& value : values) value = round_to_dtype(static_cast<float>(rng.normal()), dtype);
+  return values;
+}
+
+void store_values(const std::vector<double>& values, const StridedView& view, int64_t base, flashgen_dtype dtype,
+                  std::vector<uint16_t>& storage) {
+  FLASHGEN_REQUIRE(static_cast<int64_t>(values.size()) == view.elements(),
+                   "store_values: " + std::to_string(values.size()) + " values for a view of " +
+                       std::to_string(view.elements()) + " elements");
+  FLASHGEN_REQUIRE(base >= 0 && base + view.span() <= static_cast<int64_t>(storage.size()),
+                   "store_values: view exceeds storage");
+  size_t index = 0;
+  for (int64_t b = 0; b < view.shape[0]; ++b)
+    for (int64_t s = 0; s < view.shape[1]; ++s)
+      for (int64_t h = 0; h < view.shape[2]; ++h)
+        for (int64_t d = 0; d < view.shape[3]; ++d) {
+          const double value = values[index++];
+          const uint16_t bits = float_to_dtype_bits(static_cast<float>(value), dtype);
+          FLASHGEN_REQUIRE(static_cast<double>(dtype_bits_to_float(bits, dtype)) == value,
+                           "store_values: " + format_double(value) + " is not a " + dtype_label(dtype) + " value");
+          storage[static_cast<size_t>(base + view.offset(b, s, h, d))] = bits;
+        }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Labels.
 
 const char* dtype_label(flashgen_dtype dtype) { return dtype == FLASHGEN_BFLOAT16 ? "bf16" : "fp16"; }
 
@@ -245,6 +284,56 @@ int64_t count_touched_outside(const std::vector<uint16_t>& storage, const std::v
     *text = std::to_string(touched) + " elements outside the views were overwritten; first offsets:" + listed.str();
   }
   return touched;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// One forward run.
+
+ForwardReference forward_reference(const AttentionShape& shape, const std::vector<double>& q,
+                                   const std::vector<double>& k, const std::vector<double>& v, double scale,
+                                   flashgen_mask mask, flashgen_dtype dtype) {
+  const HostInput q_in =
+      HostInput::float64(q.data(), StridedView::contiguous(shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim));
+  const HostInput k_in = HostInput::float64(
+      k.data(), StridedView::contiguous(shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim));
+  const HostInput v_in = HostInput::float64(
+      v.data(), StridedView::contiguous(shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim));
+  FLASHGEN_REQUIRE(static_cast<int64_t>(q.size()) == q_in.view.elements() &&
+                       static_cast<int64_t>(k.size()) == k_in.view.elements() &&
+                       static_cast<int64_t>(v.size()) == v_in.view.elements(),
+                   "forward_reference: q, k or v does not match the shape");
+  ForwardReference reference;
+  reference.shape = shape;
+  reference.dtype = dtype;
+  reference.ref64 = attention_reference_f64(shape, q_in, k_in, v_in, scale, mask);
+  reference.naive = attention_reference_naive(shape, q_in, k_in, v_in, scale, mask, dtype);
+  return reference;
+}
+
+ForwardCheck check_forward(const ForwardReference& reference, const std::vector<uint16_t>& out_storage,
+                           const StridedView& out_view, const std::vector<float>* lse_storage) {
+  const AttentionShape& shape = reference.shape;
+  ForwardCheck check;
+  check.out = check_output(shape, gather_output(out_storage, out_view, reference.dtype), reference.ref64,
+                           reference.naive, reference.dtype);
+  std::string touched_text;
+  check.out_touched = count_touched_outside(out_storage, {out_view}, kPoison16, &touched_text);
+  check.out_touched_text = "out buffer: " + (check.out_touched > 0 ? touched_text : "nothing outside the view written");
+  if (lse_storage == nullptr) return check;
+
+  check.has_lse = true;
+  check.lse = check_lse(shape, *lse_storage, reference.ref64);
+  const size_t lse_count = static_cast<size_t>(shape.batch * shape.heads_q * shape.seqlen_q);
+  const size_t guard = lse_storage->size() > lse_count ? lse_storage->size() - lse_count : 0;
+  for (size_t i = lse_count; i < lse_storage->size(); ++i) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, &(*lse_storage)[i], sizeof(bits));
+    if (bits != kPoison32) ++check.lse_touched;
+  }
+  check.lse_touched_text = "lse buffer: " + std::to_string(check.lse_touched) + " of the " + std::to_string(guard) +
+                           " floats after the " + std::to_string(lse_count) +
+                           " [batch, heads_q, seqlen_q] entries were overwritten";
+  return check;
 }
 
 }  // namespace flashgen::test

@@ -1,0 +1,171 @@
+// The flashgen command-line tool run as a process (FLASHGEN_CLI_PATH): help, exit codes, emit, compile
+// --json and the JSON error object. CPU only; each run compiles into a fresh, temporary kernel cache.
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "catch.hpp"
+#include "support/temp_dir.hpp"
+#include "cuda_driver.hpp"
+
+namespace {
+
+using flashgen::testing::TempDir;
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+// A valid config for every arch the CLI accepts (85 KiB of shared memory) that compiles in seconds.
+const std::string kConfigName = "fwd_sm80_fp16_d64_m64_n64_w4_s2";
+
+
+struct CliResult {
+  int exit_code = -1;  // -1 when the CLI did not exit normally (a signal)
+  std::string out;
+  std::string err;
+};
+
+// The word quoted for /bin/sh.
+std::string shell_quote(const std::string& word) {
+  std::string quoted = "'";
+  for (char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Runs `flashgen <args>` with FLASHGEN_CACHE_DIR in `dir`: stdout through a pipe, stderr via a file.
+CliResult run_cli(const std::vector<std::string>& args, const TempDir& dir) {
+  const fs::path err_path = dir.path() / "stderr.txt";
+  std::string command = "FLASHGEN_CACHE_DIR=" + shell_quote((dir.path() / "cache").string()) + " " +
+                        shell_quote(FLASHGEN_CLI_PATH);
+  for (const std::string& arg : args) command += " " + shell_quote(arg);
+  command += " 2>" + shell_quote(err_path.string());
+  INFO("command: " << command);
+  FILE* pipe = ::popen(command.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  CliResult result;
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) result.out.append(buffer, n);
+  const int status = ::pclose(pipe);
+  result.exit_code = status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  result.err = read_file(err_path);
+  return result;
+}
+
+// stdout parsed as JSON; a parse failure fails the test and shows the text.
+Json parse_json(const CliResult& result) {
+  INFO("stdout: " << result.out << "\nstderr: " << result.err);
+  Json j;
+  REQUIRE_NOTHROW(j = Json::parse(result.out));
+  return j;
+}
+
+}  // namespace
+
+TEST_CASE("cli: --help lists the commands and exits 0", "[cli]") {
+  const TempDir dir{"flashgen-cli-test"};
+  const CliResult result = run_cli({"--help"}, dir);
+  CHECK(result.exit_code == 0);
+  for (const char* command : {"info", "emit", "compile", "run", "demo"}) {
+    INFO("command " << command << " in:\n" << result.out);
+    CHECK(result.out.find("\n  " + std::string(command) + " ") != std::string::npos);
+  }
+}
+
+TEST_CASE("cli: an unknown command exits 2", "[cli]") {
+  const TempDir dir{"flashgen-cli-test"};
+  const CliResult result = run_cli({"frobnicate"}, dir);
+  INFO("stderr: " << result.err);
+  CHECK(result.exit_code == 2);
+  CHECK(result.err.find("unknown command 'frobnicate'") != std::string::npos);
+  CHECK(result.out.empty());
+}
+
+TEST_CASE("cli: emit prints the kernel's translation unit", "[cli]") {
+  const TempDir dir{"flashgen-cli-test"};
+  const CliResult result = run_cli({"emit", kConfigName}, dir);
+  INFO("stderr: " << result.err);
+  CHECK(result.exit_code == 0);
+  CHECK(result.out.find(kConfigName) != std::string::npos);
+  CHECK(result.out.find("__global__") != std::string::npos);
+}
+
+TEST_CASE("cli: emit of an invalid config exits 2 with the reason", "[cli]") {
+  const TempDir dir{"flashgen-cli-test"};
+  const CliResult result = run_cli({"emit", "fwd_sm80_fp16_d128_m128_n24_w4_s3"}, dir);
+  INFO("stderr: " << result.err);
+  CHECK(result.exit_code == 2);
+  CHECK(result.err.find("block_n must be a multiple of 16") != std::string::npos);
+  CHECK(result.out.empty());
+}
+
+TEST_CASE("cli: --arch takes every target NVRTC lists and nothing below sm_80", "[cli]") {
+  const TempDir dir{"flashgen-cli-test"};
+  const Json info = parse_json(run_cli({"info", "--json"}, dir));
+  if (info["nvrtc_archs"].is_array()) {
+    CHECK_FALSE(info["nvrtc_archs"].empty());
+    for (const Json& arch : info["nvrtc_archs"]) {
+      INFO("emit --arch " << arch);
+      CHECK(arch.get<int>() >= 80);
+      CHECK(run_cli({"emit", kConfigName, "--arch", std::to_string(arch.get<int>())}, dir).exit_code == 0);
+    }
+  }
+  const CliResult old_arch = run_cli({"emit", kConfigName, "--arch", "75"}, dir);
+  CHECK(old_arch.exit_code == 2);
+  CHECK(old_arch.err.find("got 75") != std::string::npos);
+}
+
+TEST_CASE("cli: compile --json reports registers and no spills", "[cli][nvrtc]") {
+  const TempDir dir{"flashgen-cli-test"};
+  const CliResult result = run_cli({"compile", kConfigName, "--arch", "80", "--json"}, dir);
+  CHECK(result.exit_code == 0);
+  const Json j = parse_json(result);
+  REQUIRE(j.is_array());
+  REQUIRE(j.size() == 1);
+  const Json& entry = j[0];
+  INFO(entry.dump(2));
+  CHECK(entry["config"] == kConfigName);
+  CHECK(entry["arch"] == 80);
+  CHECK(entry["ok"] == true);
+  CHECK(entry["registers"].get<int>() > 0);
+  CHECK(entry["spill_store_bytes"] == 0);
+  CHECK(entry["spill_load_bytes"] == 0);
+  CHECK(entry["cached"] == false);
+}
+
+TEST_CASE("cli: failures under --json print one JSON error object", "[cli]") {
+  const TempDir dir{"flashgen-cli-test"};
+  SECTION("a usage error exits 2 with status invalid_argument") {
+    const CliResult result = run_cli({"compile", "--json"}, dir);
+    CHECK(result.exit_code == 2);
+    const Json j = parse_json(result);
+    REQUIRE(j.is_object());
+    CHECK(j["status"] == "invalid_argument");
+    CHECK(j["error"].get<std::string>().find("nothing to compile") != std::string::npos);
+  }
+  SECTION("run without a GPU exits 3 with status no_device") {
+    std::string why;
+    if (flashgen::driver_available(&why)) {
+      WARN("skipped: a CUDA driver is present (the [gpu] tests cover run)");
+      return;
+    }
+    const CliResult result = run_cli({"run", "--json"}, dir);
+    CHECK(result.exit_code == 3);
+    const Json j = parse_json(result);
+    REQUIRE(j.is_object());
+    CHECK(j["status"] == "no_device");
+    CHECK(j["error"].is_string());
+  }
+}
