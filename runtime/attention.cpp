@@ -73,6 +73,12 @@ void check_output_strides(const flashgen_tensor* out) {
   }
 }
 
+// Without a stream or a current context, a launch runs on the device that holds q.
+int home_device(const AttnFwdParams& p) {
+  const PointerInfo q_info = pointer_info(p.q);
+  return q_info.device_accessible ? q_info.device : 0;
+}
+
 // Device memory of the context's device, or an error naming the argument.
 void check_device_pointer(const void* ptr, const char* name, int device) {
   const PointerInfo info = pointer_info(ptr);
@@ -160,11 +166,9 @@ ForwardProblem make_forward_problem(const flashgen_tensor* q, const flashgen_ten
   return problem;
 }
 
-ForwardLaunch launch_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig* config) {
+PreparedForward prepare_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig* config) {
   const AttnFwdParams& p = problem.params;
-  // Without a stream or a current context, run on the device that holds q.
-  const PointerInfo q_info = pointer_info(p.q);
-  ScopedContext scope(stream, q_info.device_accessible ? q_info.device : 0);
+  ScopedContext scope(stream, home_device(p));
   check_device_pointer(p.q, "q.data", scope.device());
   check_device_pointer(p.k, "k.data", scope.device());
   check_device_pointer(p.v, "v.data", scope.device());
@@ -192,14 +196,30 @@ ForwardLaunch launch_forward(const ForwardProblem& problem, CUstream stream, con
     launch.reason = std::move(choice.reason);
   }
 
-  CUfunction function = KernelRegistry::instance().function(launch.config, scope.context(), launch.arch);
+  PreparedForward prepared;
+  prepared.function = KernelRegistry::instance().function(launch.config, scope.context(), launch.arch);
   const FwdTraits traits = launch.config.traits();
-  const unsigned grid_x = static_cast<unsigned>((p.seqlen_q + launch.config.block_m - 1) / launch.config.block_m);
-  void* args[] = {const_cast<AttnFwdParams*>(&p)};
-  FLASHGEN_CU_CHECK(cuLaunchKernel(function, grid_x, static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch),
-                                   static_cast<unsigned>(traits.threads), 1, 1, static_cast<unsigned>(traits.smem_bytes),
-                                   stream, args, nullptr));
-  return launch;
+  prepared.grid[0] = static_cast<unsigned>((p.seqlen_q + launch.config.block_m - 1) / launch.config.block_m);
+  prepared.grid[1] = static_cast<unsigned>(p.heads_q);
+  prepared.grid[2] = static_cast<unsigned>(p.batch);
+  prepared.threads = static_cast<unsigned>(traits.threads);
+  prepared.smem_bytes = static_cast<unsigned>(traits.smem_bytes);
+  prepared.params = p;
+  prepared.launch = std::move(launch);
+  return prepared;
+}
+
+void PreparedForward::operator()(CUstream stream) const {
+  void* args[] = {const_cast<AttnFwdParams*>(&params)};
+  FLASHGEN_CU_CHECK(cuLaunchKernel(function, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes, stream, args,
+                                   nullptr));
+}
+
+ForwardLaunch launch_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig* config) {
+  ScopedContext scope(stream, home_device(problem.params));  // current for the launch after preparing
+  const PreparedForward prepared = prepare_forward(problem, stream, config);
+  prepared(stream);
+  return prepared.launch;
 }
 
 ForwardLaunch attention_forward(const flashgen_tensor& q, const flashgen_tensor& k, const flashgen_tensor& v,

@@ -38,6 +38,24 @@ struct ForwardLaunch {
 ForwardLaunch launch_forward(const ForwardProblem& problem, CUstream stream,
                              const KernelConfig* config = nullptr);
 
+// A checked, resolved launch of one config for one problem: relaunched as is by the tuner's timing
+// loops, so host-side checks stay out of the timed region. Valid while the problem's buffers and the
+// context that prepared it live.
+struct PreparedForward {
+  ForwardLaunch launch;
+  CUfunction function = nullptr;
+  unsigned grid[3] = {1, 1, 1};
+  unsigned threads = 0;
+  unsigned smem_bytes = 0;
+  AttnFwdParams params{};
+
+  void operator()(CUstream stream) const;  // cuLaunchKernel, nothing else
+};
+
+// Everything launch_forward does before cuLaunchKernel. Needs the stream's (or current) context.
+PreparedForward prepare_forward(const ForwardProblem& problem, CUstream stream,
+                                const KernelConfig* config = nullptr);
+
 // make_forward_problem + launch_forward: the C++ entry point behind flashgen_attention_forward.
 ForwardLaunch attention_forward(const flashgen_tensor& q, const flashgen_tensor& k, const flashgen_tensor& v,
                                 const flashgen_tensor& out, float* lse,

@@ -49,6 +49,7 @@ namespace flashgen {
   X(cuMemcpyDtoH)                    \
   X(cuMemsetD8)                      \
   X(cuMemsetD32)                     \
+  X(cuMemsetD8Async)                 \
   X(cuPointerGetAttributes)          \
   X(cuEventCreate)                   \
   X(cuEventDestroy)                  \

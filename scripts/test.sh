@@ -19,7 +19,8 @@ say "tests: ctest --test-dir $build_dir ([gpu] cases skip when there is no GPU)"
 ctest --test-dir "$build_dir" --output-on-failure
 
 say "configuring $asan_dir (Debug, FLASHGEN_SANITIZE=ON)"
-cmake -S . -B "$asan_dir" -DCMAKE_BUILD_TYPE=Debug -DFLASHGEN_SANITIZE=ON "${extra_cmake_args[@]}"
+cmake -S . -B "$asan_dir" -DCMAKE_BUILD_TYPE=Debug -DFLASHGEN_SANITIZE=ON \
+  "-DFLASHGEN_TEST_CACHE_DIR=$(cd "$build_dir" && pwd)/test-cache" "${extra_cmake_args[@]}"
 say "building $asan_dir with $(nproc) jobs"
 cmake --build "$asan_dir" -j"$(nproc)"
 say "CPU tests under AddressSanitizer, LeakSanitizer and UBSan"

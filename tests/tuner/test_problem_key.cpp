@@ -1,0 +1,151 @@
+// Tests for tuner/problem_key: power-of-two buckets, the stable text ids the store keys rows by, bucket
+// distance within one problem class, and device fingerprints with and without a driver.
+#include <string>
+
+#include "catch.hpp"
+#include "cuda_driver.hpp"
+#include "flashgen/error.hpp"
+#include "generator.hpp"
+#include "nvrtc_compiler.hpp"
+#include "problem_key.hpp"
+
+using flashgen::DType;
+using flashgen::MaskKind;
+
+namespace {
+
+flashgen::Status status_of(void (*fn)()) {
+  try {
+    fn();
+  } catch (const flashgen::Error& e) {
+    return e.status();
+  }
+  return flashgen::Status::kSuccess;
+}
+
+}  // namespace
+
+TEST_CASE("size_bucket is the smallest power of two at or above n", "[tuner][problem_key]") {
+  CHECK(flashgen::size_bucket(1) == 1);
+  CHECK(flashgen::size_bucket(2) == 2);
+  CHECK(flashgen::size_bucket(3) == 4);
+  CHECK(flashgen::size_bucket(4096) == 4096);
+  CHECK(flashgen::size_bucket(4097) == 8192);
+  CHECK(flashgen::size_bucket(int64_t{1} << 40) == int64_t{1} << 40);
+  CHECK(flashgen::size_bucket((int64_t{1} << 40) + 1) == int64_t{1} << 41);
+
+  CHECK(status_of([] { flashgen::size_bucket(0); }) == flashgen::Status::kInvalidArgument);
+  CHECK(status_of([] { flashgen::size_bucket(-5); }) == flashgen::Status::kInvalidArgument);
+}
+
+TEST_CASE("problem key ids are stable text", "[tuner][problem_key]") {
+  const flashgen::ProblemKey key = flashgen::forward_problem_key(DType::kBFloat16, 128, MaskKind::kCausal,
+                                                                 /*gqa_ratio=*/4, /*seqlen_q=*/4096,
+                                                                 /*seqlen_k=*/3000, /*batch_heads=*/48);
+  CHECK(key.family == "fwd");
+  CHECK(key.seqlen_q_bucket == 4096);
+  CHECK(key.seqlen_k_bucket == 4096);
+  CHECK(key.batch_heads_bucket == 64);
+  CHECK(key.class_id() == "fwd|bf16|d128|causal|g4");
+  CHECK(key.id() == "fwd|bf16|d128|causal|g4|q4096|k4096|bh64");
+
+  const flashgen::ProblemKey plain =
+      flashgen::forward_problem_key(DType::kFloat16, 64, MaskKind::kNone, 1, 1, 1, 1);
+  CHECK(plain.id() == "fwd|fp16|d64|none|g1|q1|k1|bh1");
+
+  // Sizes in one bucket share a key; the next size up does not.
+  CHECK(flashgen::forward_problem_key(DType::kBFloat16, 128, MaskKind::kCausal, 4, 2049, 4096, 33) == key);
+  CHECK_FALSE(flashgen::forward_problem_key(DType::kBFloat16, 128, MaskKind::kCausal, 4, 4097, 4096, 64) == key);
+
+  CHECK(status_of([] { flashgen::forward_problem_key(DType::kFloat16, 64, MaskKind::kNone, 0, 1, 1, 1); }) ==
+        flashgen::Status::kInvalidArgument);
+  CHECK(status_of([] { flashgen::forward_problem_key(DType::kFloat16, 64, MaskKind::kNone, 1, 0, 1, 1); }) ==
+        flashgen::Status::kInvalidArgument);
+}
+
+TEST_CASE("GQA ratio, mask, dtype and head_dim are part of the problem class", "[tuner][problem_key]") {
+  const auto base = flashgen::forward_problem_key(DType::kFloat16, 128, MaskKind::kNone, 1, 1024, 1024, 32);
+  const auto gqa = flashgen::forward_problem_key(DType::kFloat16, 128, MaskKind::kNone, 8, 1024, 1024, 32);
+  const auto causal = flashgen::forward_problem_key(DType::kFloat16, 128, MaskKind::kCausal, 1, 1024, 1024, 32);
+  const auto bf16 = flashgen::forward_problem_key(DType::kBFloat16, 128, MaskKind::kNone, 1, 1024, 1024, 32);
+  const auto d64 = flashgen::forward_problem_key(DType::kFloat16, 64, MaskKind::kNone, 1, 1024, 1024, 32);
+  CHECK(base.class_id() == "fwd|fp16|d128|none|g1");
+  CHECK(gqa.class_id() == "fwd|fp16|d128|none|g8");
+  CHECK(causal.class_id() == "fwd|fp16|d128|causal|g1");
+  CHECK(bf16.class_id() == "fwd|bf16|d128|none|g1");
+  CHECK(d64.class_id() == "fwd|fp16|d64|none|g1");
+  for (const auto* other : {&gqa, &causal, &bf16, &d64}) CHECK_FALSE(*other == base);
+}
+
+TEST_CASE("bucket_distance sums bucket exponent differences within one class", "[tuner][problem_key]") {
+  const auto key = [](int64_t q, int64_t k, int64_t bh) {
+    return flashgen::forward_problem_key(DType::kBFloat16, 128, MaskKind::kCausal, 4, q, k, bh);
+  };
+  CHECK(flashgen::bucket_distance(key(4096, 4096, 64), key(4096, 4096, 64)) == 0);
+  CHECK(flashgen::bucket_distance(key(4096, 4096, 64), key(3000, 2049, 33)) == 0);  // same buckets
+  CHECK(flashgen::bucket_distance(key(1024, 4096, 64), key(4096, 4096, 16)) == 4);  // 2 + 0 + 2
+  CHECK(flashgen::bucket_distance(key(4096, 4096, 16), key(1024, 4096, 64)) == 4);  // symmetric
+  CHECK(flashgen::bucket_distance(key(1, 1, 1), key(1024, 512, 2)) == 10 + 9 + 1);
+
+  const auto other_class = flashgen::forward_problem_key(DType::kBFloat16, 128, MaskKind::kNone, 4, 4096, 4096, 64);
+  try {
+    flashgen::bucket_distance(key(4096, 4096, 64), other_class);
+    FAIL("bucket_distance compared keys of different classes");
+  } catch (const flashgen::Error& e) {
+    CHECK(e.status() == flashgen::Status::kInvalidArgument);
+    const std::string message = e.what();
+    CHECK(message.find("fwd|bf16|d128|causal|g4") != std::string::npos);
+    CHECK(message.find("fwd|bf16|d128|none|g4") != std::string::npos);
+  }
+}
+
+TEST_CASE("device fingerprint id is stable text", "[tuner][problem_key]") {
+  flashgen::DeviceFingerprint fp;
+  fp.gpu_name = "NVIDIA H200";
+  fp.sm = 90;
+  fp.sm_count = 132;
+  fp.driver_version = 13000;
+  fp.nvrtc_version = "13.0";
+  fp.generator_version = "1";
+  CHECK(fp.id() == "NVIDIA H200|sm90|132sm|drv13000|nvrtc13.0|gen1");
+
+  flashgen::DeviceFingerprint other = fp;
+  CHECK(other == fp);
+  other.driver_version = 12080;  // a driver update may change which kernel wins
+  CHECK_FALSE(other == fp);
+}
+
+TEST_CASE("fingerprint_for_arch names the arch and no device", "[tuner][problem_key]") {
+  const flashgen::DeviceFingerprint fp = flashgen::fingerprint_for_arch(90);
+  CHECK(fp.gpu_name == "sm_90 (no device)");
+  CHECK(fp.sm == 90);
+  CHECK(fp.sm_count == 0);
+  CHECK(fp.driver_version == 0);
+  CHECK(fp.nvrtc_version == flashgen::nvrtc_version());
+  CHECK(fp.generator_version == flashgen::kGeneratorVersion);
+  CHECK(fp.id() == "sm_90 (no device)|sm90|0sm|drv0|nvrtc" + flashgen::nvrtc_version() + "|gen" +
+                       flashgen::kGeneratorVersion);
+}
+
+TEST_CASE("current_device_fingerprint needs a driver", "[tuner][problem_key]") {
+  std::string why;
+  if (flashgen::driver_available(&why)) {
+    const flashgen::DeviceFingerprint fp = flashgen::current_device_fingerprint(0);
+    INFO(fp.id());
+    CHECK_FALSE(fp.gpu_name.empty());
+    CHECK(fp.sm >= 80);
+    CHECK(fp.sm_count > 0);
+    CHECK(fp.driver_version > 0);
+    CHECK(fp.nvrtc_version == flashgen::nvrtc_version());
+    CHECK(fp.generator_version == flashgen::kGeneratorVersion);
+    CHECK(flashgen::current_device_fingerprint(0) == fp);
+  } else {
+    try {
+      flashgen::current_device_fingerprint(0);
+      FAIL("current_device_fingerprint answered without a driver");
+    } catch (const flashgen::Error& e) {
+      CHECK(e.status() == flashgen::Status::kNoDevice);
+      CHECK(std::string(e.what()) == why);
+    }
+  }
+}

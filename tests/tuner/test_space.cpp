@@ -1,0 +1,182 @@
+// Tests for tuner/space: the forward search space's size, its split into valid and pruned configs by the
+// shared validity function (counted per reason), its fixed order, and how the arch's shared memory shrinks it.
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "catch.hpp"
+#include "heuristic.hpp"
+#include "kernel_config.hpp"
+#include "space.hpp"
+
+using flashgen::DType;
+using flashgen::KernelConfig;
+using flashgen::MaskKind;
+
+namespace {
+
+// The product of the knobs in the documented nesting order, independent of forward_space: the oracle.
+std::vector<KernelConfig> product(DType dtype, int head_dim, MaskKind mask, const flashgen::ForwardKnobs& knobs) {
+  std::vector<KernelConfig> out;
+  for (int m : knobs.block_m)
+    for (int n : knobs.block_n)
+      for (int w : knobs.warps)
+        for (int s : knobs.stages)
+          for (bool q : knobs.q_in_regs) out.push_back(KernelConfig{dtype, head_dim, mask, m, n, w, s, q});
+  return out;
+}
+
+std::set<std::string> names(const std::vector<KernelConfig>& configs) {
+  std::set<std::string> out;
+  for (const auto& c : configs) out.insert(c.name());
+  return out;
+}
+
+int sum_of(const std::map<std::string, int>& counts) {
+  int sum = 0;
+  for (const auto& [reason, count] : counts) sum += count;
+  return sum;
+}
+
+}  // namespace
+
+TEST_CASE("default forward space on sm_80 and sm_90: sizes, split and reasons", "[tuner][space]") {
+  // The default knobs: 3 block_m x 6 block_n x 3 warps x 3 stages x 2 q_in_regs.
+  constexpr int kTotal = 3 * 6 * 3 * 3 * 2;
+  static_assert(kTotal == 324, "default ForwardKnobs product");
+  // Valid d128 configs, worked out by hand from fwd_traits.cuh: 39 (block_m, block_n, warps, q_in_regs)
+  // combinations fit the registers at each of the 3 stage counts (117); shared memory then drops 24 of
+  // them on sm_80's 163 KB and 8 on sm_90's 227 KB. Update these when the validity rules change.
+  const std::map<int, int> expected_valid{{80, 93}, {90, 109}};
+
+  for (int arch : {80, 90})
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16})
+      for (MaskKind mask : {MaskKind::kNone, MaskKind::kCausal}) {
+        const int head_dim = 128;
+        INFO("sm_" << arch << " " << flashgen::dtype_name(dtype) << " causal=" << (mask == MaskKind::kCausal));
+        const flashgen::SpaceReport report = flashgen::forward_space(dtype, head_dim, mask, arch);
+        CHECK(report.total == kTotal);
+        CHECK(static_cast<int>(report.valid.size()) + report.pruned == report.total);
+        CHECK(static_cast<int>(report.valid.size()) == expected_valid.at(arch));
+        CHECK(sum_of(report.pruned_by_reason) == report.pruned);
+
+        for (const KernelConfig& c : report.valid) {
+          INFO(c.name());
+          CHECK(c.dtype == dtype);
+          CHECK(c.head_dim == head_dim);
+          CHECK(c.mask == mask);
+          CHECK_FALSE(c.invalid_reason(arch).has_value());
+        }
+
+        // The same split and the same reason texts as asking invalid_reason of every config in the product.
+        std::vector<KernelConfig> expected_list;
+        std::map<std::string, int> expected_reasons;
+        for (const KernelConfig& c : product(dtype, head_dim, mask, flashgen::ForwardKnobs{})) {
+          if (auto why = c.invalid_reason(arch)) {
+            ++expected_reasons[*why];
+          } else {
+            expected_list.push_back(c);
+          }
+        }
+        CHECK(report.valid == expected_list);  // also pins the nesting order
+        CHECK(report.pruned_by_reason == expected_reasons);
+        for (const auto& [reason, count] : report.pruned_by_reason) {
+          INFO(reason);
+          CHECK(count > 0);
+          CHECK_FALSE(reason.empty());
+        }
+
+        // The built-in choice is one of the valid configs.
+        const KernelConfig heuristic = flashgen::heuristic_forward_config(dtype, head_dim, mask, arch);
+        INFO("heuristic " << heuristic.name());
+        CHECK(std::find(report.valid.begin(), report.valid.end(), heuristic) != report.valid.end());
+      }
+}
+
+TEST_CASE("the heuristic choice is in the valid space for every standard head_dim", "[tuner][space]") {
+  for (int arch : {80, 86, 90})
+    for (int head_dim : {32, 64, 96, 128, 192, 256}) {
+      const flashgen::SpaceReport report = flashgen::forward_space(DType::kBFloat16, head_dim, MaskKind::kCausal, arch);
+      const KernelConfig heuristic = flashgen::heuristic_forward_config(DType::kBFloat16, head_dim, MaskKind::kCausal, arch);
+      INFO("sm_" << arch << " " << heuristic.name());
+      CHECK(report.total == 324);
+      CHECK(static_cast<int>(report.valid.size()) + report.pruned == report.total);
+      CHECK(std::find(report.valid.begin(), report.valid.end(), heuristic) != report.valid.end());
+    }
+}
+
+TEST_CASE("sm_86's 99 KB of shared memory leaves a strict subset of sm_90's space", "[tuner][space]") {
+  for (int head_dim : {64, 128, 256}) {
+    INFO("d" << head_dim);
+    const auto sm86 = flashgen::forward_space(DType::kFloat16, head_dim, MaskKind::kNone, 86);
+    const auto sm90 = flashgen::forward_space(DType::kFloat16, head_dim, MaskKind::kNone, 90);
+    CHECK(sm86.total == sm90.total);
+    const std::set<std::string> names86 = names(sm86.valid);
+    const std::set<std::string> names90 = names(sm90.valid);
+    CHECK(names86.size() < names90.size());
+    CHECK(std::includes(names90.begin(), names90.end(), names86.begin(), names86.end()));
+    // What sm_90 keeps and sm_86 drops, it drops for shared memory alone.
+    for (const KernelConfig& c : sm90.valid) {
+      if (names86.count(c.name())) continue;
+      const auto why = c.invalid_reason(86);
+      INFO(c.name());
+      REQUIRE(why.has_value());
+      CHECK(why->find("shared memory") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("forward_space is deterministic", "[tuner][space]") {
+  for (int arch : {80, 86, 90}) {
+    const auto first = flashgen::forward_space(DType::kBFloat16, 96, MaskKind::kCausal, arch);
+    const auto second = flashgen::forward_space(DType::kBFloat16, 96, MaskKind::kCausal, arch);
+    CHECK(first.valid == second.valid);
+    CHECK(first.total == second.total);
+    CHECK(first.pruned == second.pruned);
+    CHECK(first.pruned_by_reason == second.pruned_by_reason);
+  }
+}
+
+TEST_CASE("custom knobs span only their own product", "[tuner][space]") {
+  flashgen::ForwardKnobs one;
+  one.block_m = {128};
+  one.block_n = {32};
+  one.warps = {4};
+  one.stages = {3};
+  one.q_in_regs = {false};
+  const auto valid = flashgen::forward_space(DType::kFloat16, 128, MaskKind::kCausal, 80, one);
+  CHECK(valid.total == 1);
+  CHECK(valid.pruned == 0);
+  CHECK(valid.pruned_by_reason.empty());
+  REQUIRE(valid.valid.size() == 1);
+  CHECK(valid.valid[0].name() == "fwd_sm80_fp16_d128_m128_n32_w4_s3_causal");
+
+  // 64 rows cannot be split into whole 16-row tiles for 8 warps.
+  one.block_m = {64};
+  one.warps = {8};
+  const auto pruned = flashgen::forward_space(DType::kFloat16, 128, MaskKind::kCausal, 80, one);
+  CHECK(pruned.total == 1);
+  CHECK(pruned.valid.empty());
+  CHECK(pruned.pruned == 1);
+  const KernelConfig bad{DType::kFloat16, 128, MaskKind::kCausal, 64, 32, 8, 3, false};
+  REQUIRE(bad.invalid_reason(80).has_value());
+  CHECK(pruned.pruned_by_reason == std::map<std::string, int>{{*bad.invalid_reason(80), 1}});
+
+  // An empty knob leaves nothing to enumerate.
+  one.stages.clear();
+  const auto empty = flashgen::forward_space(DType::kFloat16, 128, MaskKind::kCausal, 80, one);
+  CHECK(empty.total == 0);
+  CHECK(empty.valid.empty());
+  CHECK(empty.pruned == 0);
+}
+
+TEST_CASE("below sm_80 the whole space is pruned for one reason", "[tuner][space]") {
+  const auto report = flashgen::forward_space(DType::kFloat16, 64, MaskKind::kNone, 75);
+  CHECK(report.total == 324);
+  CHECK(report.valid.empty());
+  CHECK(report.pruned == 324);
+  REQUIRE(report.pruned_by_reason.size() == 1);
+  CHECK(report.pruned_by_reason.begin()->first == *KernelConfig{}.invalid_reason(75));
+}

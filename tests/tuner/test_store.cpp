@@ -1,0 +1,642 @@
+// Tests for tuner/store: schema and migration, record/lookup round trips, nearest-bucket choice, prune,
+// JSON export/import/merge, damaged and too-new files, and several processes writing one file at once.
+#include <dlfcn.h>
+#include <sqlite3.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "catch.hpp"
+#include "flashgen/error.hpp"
+#include "store.hpp"
+#include "support/temp_dir.hpp"
+
+using flashgen::CandidateResult;
+using flashgen::DeviceFingerprint;
+using flashgen::DType;
+using flashgen::KernelConfig;
+using flashgen::MaskKind;
+using flashgen::ProblemKey;
+using flashgen::StoredChoice;
+using flashgen::TuningStore;
+using flashgen::testing::TempDir;
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The SQLite C API, looked up at run time from the copy libflashgen already loaded: the test target
+// links only flashgen, which keeps SQLite private. Used to inspect and hand-craft database files.
+class RawSqlite {
+ public:
+  explicit RawSqlite(const fs::path& path) {
+    REQUIRE(api().open_v2 != nullptr);
+    REQUIRE(api().open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) == SQLITE_OK);
+  }
+  ~RawSqlite() { api().close(db_); }
+  RawSqlite(const RawSqlite&) = delete;
+  RawSqlite& operator=(const RawSqlite&) = delete;
+
+  void exec(const std::string& sql) {
+    char* error = nullptr;
+    const int rc = api().exec(db_, sql.c_str(), nullptr, nullptr, &error);
+    INFO(sql << ": " << (error != nullptr ? error : ""));
+    api().free(error);
+    REQUIRE(rc == SQLITE_OK);
+  }
+  // Every row's first column.
+  std::vector<std::string> column(const std::string& sql) {
+    std::vector<std::string> rows;
+    auto collect = [](void* out, int, char** values, char**) {
+      static_cast<std::vector<std::string>*>(out)->push_back(values[0] != nullptr ? values[0] : "");
+      return 0;
+    };
+    REQUIRE(api().exec(db_, sql.c_str(), collect, &rows, nullptr) == SQLITE_OK);
+    return rows;
+  }
+
+ private:
+  struct Api {
+    decltype(&sqlite3_open_v2) open_v2 = nullptr;
+    decltype(&sqlite3_exec) exec = nullptr;
+    decltype(&sqlite3_close) close = nullptr;
+    decltype(&sqlite3_free) free = nullptr;
+  };
+  static const Api& api() {
+    static const Api loaded = [] {
+      void* library = dlopen("libsqlite3.so.0", RTLD_NOW | RTLD_NOLOAD);
+      if (library == nullptr) library = dlopen("libsqlite3.so.0", RTLD_NOW);
+      Api a;
+      if (library == nullptr) return a;
+      a.open_v2 = reinterpret_cast<decltype(a.open_v2)>(dlsym(library, "sqlite3_open_v2"));
+      a.exec = reinterpret_cast<decltype(a.exec)>(dlsym(library, "sqlite3_exec"));
+      a.close = reinterpret_cast<decltype(a.close)>(dlsym(library, "sqlite3_close"));
+      a.free = reinterpret_cast<decltype(a.free)>(dlsym(library, "sqlite3_free"));
+      return a;
+    }();
+    return loaded;
+  }
+  sqlite3* db_ = nullptr;
+};
+
+DeviceFingerprint device(const std::string& gpu_name = "NVIDIA H200", int sm = 90) {
+  DeviceFingerprint d;
+  d.gpu_name = gpu_name;
+  d.sm = sm;
+  d.sm_count = 132;
+  d.driver_version = 13000;
+  d.nvrtc_version = "13.0";
+  d.generator_version = "1";
+  return d;
+}
+
+ProblemKey problem(int64_t seqlen_q, int64_t seqlen_k, int64_t batch_heads = 64, DType dtype = DType::kFloat16,
+                   int gqa_ratio = 1) {
+  return flashgen::forward_problem_key(dtype, 128, MaskKind::kNone, gqa_ratio, seqlen_q, seqlen_k, batch_heads);
+}
+
+KernelConfig config(int block_m, int block_n, int warps = 4, int stages = 2, DType dtype = DType::kFloat16) {
+  KernelConfig c;
+  c.dtype = dtype;
+  c.head_dim = 128;
+  c.block_m = block_m;
+  c.block_n = block_n;
+  c.warps = warps;
+  c.stages = stages;
+  return c;
+}
+
+CandidateResult candidate(const KernelConfig& c, double median_ms, const std::string& status = "ok") {
+  CandidateResult r;
+  r.config = c;
+  r.status = status;
+  r.median_ms = status == "ok" ? median_ms : 0;
+  r.spread = status == "ok" ? 0.015 : 0;
+  r.samples = status == "ok" ? 25 : 0;
+  r.detail = status == "ok" ? "" : "ptxas: too many resources requested";
+  return r;
+}
+
+// Records a small sweep whose winner is the first (fastest) candidate.
+void record_sweep(TuningStore& store, const DeviceFingerprint& d, const ProblemKey& p, double best_ms,
+                  const KernelConfig& best = config(128, 64)) {
+  std::vector<CandidateResult> results = {candidate(best, best_ms), candidate(config(64, 64), best_ms * 1.3),
+                                          candidate(config(128, 128, 8, 3), 0, "compile_error")};
+  store.record(d, p, results, best, best_ms);
+}
+
+std::vector<std::string> damaged_files(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.path().filename().string().find(".damaged-") != std::string::npos)
+      names.push_back(entry.path().filename().string());
+  return names;
+}
+
+std::string read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void check_same_winner(const StoredChoice& a, const StoredChoice& b) {
+  CHECK(a.device.id() == b.device.id());
+  CHECK(a.device.gpu_name == b.device.gpu_name);
+  CHECK(a.device.sm_count == b.device.sm_count);
+  CHECK(a.problem.id() == b.problem.id());
+  CHECK(a.config == b.config);
+  CHECK(a.median_ms == b.median_ms);
+}
+
+void check_same_candidates(const std::vector<CandidateResult>& a, const std::vector<CandidateResult>& b) {
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    CHECK(a[i].config == b[i].config);
+    CHECK(a[i].status == b[i].status);
+    CHECK(a[i].median_ms == b[i].median_ms);
+    CHECK(a[i].spread == b[i].spread);
+    CHECK(a[i].samples == b[i].samples);
+    CHECK(a[i].detail == b[i].detail);
+  }
+}
+
+// Sets an environment variable for one scope and restores the old value after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value != nullptr)
+      setenv(name, value, 1);
+    else
+      unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      setenv(name_, old_->c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+}  // namespace
+
+TEST_CASE("a new store has schema version 1 and the four tables", "[tuner][store]") {
+  TempDir dir("flashgen-store");
+  const fs::path path = dir.path() / "nested" / "tuning.sqlite";  // parent folders are created
+  { TuningStore store(path); }
+  REQUIRE(fs::exists(path));
+  RawSqlite raw(path);
+  CHECK(raw.column("PRAGMA user_version") == std::vector<std::string>{"1"});
+  CHECK(raw.column("PRAGMA journal_mode") == std::vector<std::string>{"wal"});
+  const auto tables = raw.column("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name");
+  CHECK(tables == std::vector<std::string>{"candidates", "devices", "problems", "winners"});
+}
+
+TEST_CASE("record then lookup_exact returns the winner and every candidate", "[tuner][store]") {
+  TempDir dir("flashgen-store");
+  TuningStore store(dir.path() / "tuning.sqlite");
+  const DeviceFingerprint h200 = device();
+  const ProblemKey p = problem(4096, 4096);
+  CHECK_FALSE(store.lookup_exact(h200, p).has_value());
+
+  KernelConfig best = config(128, 64, 4, 3);
+  best.q_in_regs = true;
+  record_sweep(store, h200, p, 0.8125, best);
+
+  const auto found = store.lookup_exact(h200, p);
+  REQUIRE(found.has_value());
+  CHECK(found->config == best);
+  CHECK(found->median_ms == 0.8125);
+  CHECK(found->device.id() == h200.id());
+  CHECK(found->device.driver_version == 13000);
+  CHECK(found->problem.id() == p.id());
+  CHECK(found->problem.seqlen_q_bucket == 4096);
+  CHECK(found->source == store.path().string());
+
+  const auto rows = store.candidates(h200, p);
+  REQUIRE(rows.size() == 3);
+  CHECK(rows[0].config == best);  // fastest working first, failures last
+  CHECK(rows[1].config == config(64, 64));
+  CHECK(rows[2].status == "compile_error");
+  CHECK(rows[2].detail == "ptxas: too many resources requested");
+  CHECK(rows[0].samples == 25);
+  CHECK(rows[0].spread == 0.015);
+
+  // Another device, or another bucket, has no exact row.
+  CHECK_FALSE(store.lookup_exact(device("NVIDIA H100 80GB HBM3"), p).has_value());
+  CHECK_FALSE(store.lookup_exact(h200, problem(8192, 4096)).has_value());
+
+  // Recording again replaces the winner and upserts candidates rather than duplicating them.
+  record_sweep(store, h200, p, 0.75, config(64, 64));
+  CHECK(store.lookup_exact(h200, p)->config == config(64, 64));
+  CHECK(store.lookup_exact(h200, p)->median_ms == 0.75);
+  CHECK(store.candidates(h200, p).size() == 3);
+}
+
+TEST_CASE("lookup_nearest picks the nearest bucket of the same device and class", "[tuner][store]") {
+  TempDir dir("flashgen-store");
+  const DeviceFingerprint h200 = device();
+  const ProblemKey small = problem(512, 512);
+  const ProblemKey large = problem(2048, 2048);
+  const ProblemKey huge = problem(16384, 16384);
+  const std::vector<ProblemKey> order_a = {small, large, huge};
+  const std::vector<ProblemKey> order_b = {huge, large, small};
+
+  for (const auto* order : {&order_a, &order_b}) {
+    TuningStore store(dir.path() / (order == &order_a ? "a.sqlite" : "b.sqlite"));
+    int block_n = 32;
+    for (const ProblemKey& p : *order) record_sweep(store, h200, p, 1.0, config(128, block_n += 16));
+    // Different class (bf16) and different device at the exact bucket must not be chosen.
+    record_sweep(store, h200, problem(1024, 1024, 64, DType::kBFloat16), 1.0, config(64, 32, 4, 2, DType::kBFloat16));
+    record_sweep(store, device("NVIDIA H100 80GB HBM3"), problem(1024, 1024), 1.0, config(64, 16));
+
+    // 1024 is one step from both 512 and 2048 (distance 2 each): the smaller id wins, whatever the
+    // insertion order.
+    const ProblemKey query = problem(1024, 1024);
+    CHECK(flashgen::bucket_distance(query, small) == flashgen::bucket_distance(query, large));
+    const auto tie = store.lookup_nearest(h200, query);
+    REQUIRE(tie.has_value());
+    CHECK(tie->problem.id() == std::min(small.id(), large.id()));
+
+    const auto near_large = store.lookup_nearest(h200, problem(4096, 2048));
+    REQUIRE(near_large.has_value());
+    CHECK(near_large->problem.id() == large.id());
+
+    const auto exact = store.lookup_nearest(h200, huge);
+    REQUIRE(exact.has_value());
+    CHECK(exact->problem.id() == huge.id());
+
+    CHECK_FALSE(store.lookup_nearest(h200, problem(1024, 1024, 64, DType::kFloat16, /*gqa_ratio=*/8)).has_value());
+    CHECK_FALSE(store.lookup_nearest(device("NVIDIA A100-SXM4-80GB", 80), query).has_value());
+  }
+}
+
+TEST_CASE("has() lets a resumed sweep skip what is stored", "[tuner][store]") {
+  TempDir dir("flashgen-store");
+  const fs::path path = dir.path() / "tuning.sqlite";
+  const DeviceFingerprint h200 = device();
+  std::vector<ProblemKey> sweep;
+  for (int64_t seqlen : {256, 512, 1024, 2048, 4096}) sweep.push_back(problem(seqlen, seqlen));
+
+  {
+    // A first run that stopped after two problems.
+    TuningStore store(path);
+    record_sweep(store, h200, sweep[0], 0.1);
+    record_sweep(store, h200, sweep[3], 0.4);
+  }
+  TuningStore store(path);
+  CHECK(store.has(h200, sweep[0]));
+  CHECK_FALSE(store.has(h200, sweep[1]));
+  CHECK_FALSE(store.has(device("NVIDIA H100 80GB HBM3"), sweep[0]));
+  int tuned = 0;
+  for (const ProblemKey& p : sweep) {
+    if (store.has(h200, p)) continue;
+    record_sweep(store, h200, p, 1.0);
+    ++tuned;
+  }
+  CHECK(tuned == 3);
+  CHECK(store.winners().size() == 5);
+  CHECK(store.lookup_exact(h200, sweep[3])->median_ms == 0.4);  // not re-tuned
+}
+
+TEST_CASE("prune removes matching rows and counts them", "[tuner][store]") {
+  TempDir dir("flashgen-store");
+  TuningStore store(dir.path() / "tuning.sqlite");
+  const DeviceFingerprint h200 = device();
+  const DeviceFingerprint h100 = device("NVIDIA H100 80GB HBM3");
+  const ProblemKey fp16 = problem(1024, 1024);
+  const ProblemKey bf16 = problem(1024, 1024, 64, DType::kBFloat16);
+  record_sweep(store, h200, fp16, 1.0);  // 3 candidates + 1 winner each
+  record_sweep(store, h200, bf16, 1.0, config(128, 64, 4, 2, DType::kBFloat16));
+  record_sweep(store, h100, fp16, 1.0);
+
+  CHECK(store.prune(h200.id(), bf16.class_id()) == 4);
+  CHECK_FALSE(store.has(h200, bf16));
+  CHECK(store.has(h200, fp16));
+  CHECK(store.prune(h200.id(), bf16.class_id()) == 0);
+  CHECK(store.prune(h200.id(), "") == 4);
+  CHECK(store.winners().size() == 1);
+  // Orphaned device and problem rows went with them.
+  const auto exported = store.export_json();
+  CHECK(exported["devices"].size() == 1);
+  CHECK(exported["problems"].size() == 1);
+  CHECK(store.prune("", "") == 4);
+  CHECK(store.winners().empty());
+  CHECK(store.export_json()["devices"].empty());
+  CHECK(store.export_json()["problems"].empty());
+}
+
+TEST_CASE("export then import into a fresh store reproduces every row", "[tuner][store]") {
+  TempDir dir("flashgen-store");
+  TuningStore source(dir.path() / "source.sqlite");
+  const std::vector<DeviceFingerprint> devices = {device(), device("NVIDIA H100 80GB HBM3")};
+  std::vector<ProblemKey> problems;
+  for (int64_t seqlen : {128, 1000, 8192})
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16}) problems.push_back(problem(seqlen, seqlen * 2, 16, dtype));
+  double ms = 0.1;
+  for (const auto& d : devices)
+    for (const auto& p : problems) record_sweep(source, d, p, ms *= 1.37, config(128, 64, 4, 2, p.dtype));
+
+  const nlohmann::json exported = source.export_json();
+  CHECK(exported["format"] == "flashgen-tuning");
+  CHECK(exported["version"] == 1);
+  CHECK(exported["devices"].size() == 2);
+  CHECK(exported["problems"].size() == 6);
+  CHECK(exported["winners"].size() == 12);
+  CHECK(exported["candidates"].size() == 36);
+  const auto& first = exported["candidates"][0];
+  for (const char* key : {"device_id", "problem_id", "config_name", "config", "status", "median_ms", "spread",
+                          "samples", "detail", "updated_at"})
+    CHECK(first.contains(key));
+
+  // Through text, as a file shared between machines would go.
+  TuningStore copy(dir.path() / "copy.sqlite");
+  CHECK(copy.import_json(nlohmann::json::parse(exported.dump())) == 12);
+
+  const auto expected = source.winners();
+  const auto actual = copy.winners();
+  REQUIRE(actual.size() == expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    check_same_winner(actual[i], expected[i]);
+    check_same_candidates(copy.candidates(actual[i].device, actual[i].problem),
+                          source.candidates(expected[i].device, expected[i].problem));
+  }
+  CHECK(copy.export_json() == exported);
+  // Importing the same file again changes no winner.
+  CHECK(copy.import_json(exported) == 0);
+}
+
+TEST_CASE("import merges by keeping the faster winner", "[tuner][store]") {
+  TempDir dir("flashgen-store");
+  const DeviceFingerprint h200 = device();
+  const ProblemKey p1 = problem(1024, 1024), p2 = problem(2048, 2048), p3 = problem(4096, 4096);
+  TuningStore theirs(dir.path() / "theirs.sqlite");
+  record_sweep(theirs, h200, p1, 0.5, config(64, 32));  // faster than ours
+  record_sweep(theirs, h200, p2, 2.0, config(64, 32));  // slower than ours
+  record_sweep(theirs, h200, p3, 3.0, config(64, 32));  // new to us
+
+  TuningStore ours(dir.path() / "ours.sqlite");
+  record_sweep(ours, h200, p1, 1.0, config(128, 64));
+  record_sweep(ours, h200, p2, 1.0, config(128, 64));
+
+  CHECK(ours.import_json(theirs.export_json()) == 2);
+  CHECK(ours.lookup_exact(h200, p1)->config == config(64, 32));
+  CHECK(ours.lookup_exact(h200, p1)->median_ms == 0.5);
+  CHECK(ours.lookup_exact(h200, p2)->config == config(128, 64));
+  CHECK(ours.lookup_exact(h200, p2)->median_ms == 1.0);
+  CHECK(ours.lookup_exact(h200, p3)->config == config(64, 32));
+  CHECK(ours.winners().size() == 3);
+}
+
+TEST_CASE("import rejects documents that are not flashgen tuning exports", "[tuner][store]") {
+  TempDir dir("flashgen-store");
+  TuningStore source(dir.path() / "source.sqlite");
+  record_sweep(source, device(), problem(1024, 1024), 1.0);
+  TuningStore store(dir.path() / "tuning.sqlite");
+
+  auto status_and_message = [&](const nlohmann::json& data) -> std::pair<flashgen::Status, std::string> {
+    try {
+      store.import_json(data);
+    } catch (const flashgen::Error& e) {
+      return {e.status(), e.what()};
+    }
+    return {flashgen::Status::kSuccess, ""};
+  };
+
+  nlohmann::json wrong_format = source.export_json();
+  wrong_format["format"] = "something-else";
+  auto [status, message] = status_and_message(wrong_format);
+  CHECK(status == flashgen::Status::kInvalidArgument);
+  CHECK(message.find("flashgen-tuning") != std::string::npos);
+
+  nlohmann::json newer = source.export_json();
+  newer["version"] = 2;
+  std::tie(status, message) = status_and_message(newer);
+  CHECK(status == flashgen::Status::kInvalidArgument);
+  CHECK(message.find("version 2") != std::string::npos);
+
+  nlohmann::json dangling = source.export_json();
+  dangling["devices"] = nlohmann::json::array();
+  std::tie(status, message) = status_and_message(dangling);
+  CHECK(status == flashgen::Status::kInvalidArgument);
+  CHECK(message.find("does not define") != std::string::npos);
+
+  nlohmann::json bad_field = source.export_json();
+  bad_field["winners"][0]["median_ms"] = "fast";
+  std::tie(status, message) = status_and_message(bad_field);
+  CHECK(status == flashgen::Status::kInvalidArgument);
+  CHECK(message.find("winners[0]") != std::string::npos);
+
+  // Nothing of the rejected documents was written.
+  CHECK(store.winners().empty());
+  CHECK(store.export_json()["candidates"].empty());
+}
+
+TEST_CASE("a file of garbage bytes is moved aside and replaced", "[tuner][store]") {
+  TempDir dir("flashgen-store");
+  const fs::path path = dir.path() / "tuning.sqlite";
+  std::string garbage;
+  for (int i = 0; i < 8192; ++i) garbage.push_back(static_cast<char>((i * 131 + 7) % 251));
+  std::ofstream(path, std::ios::binary) << garbage;
+
+  // Read-only: an empty store, the file left where it is.
+  {
+    TuningStore read_only(path, /*read_only=*/true);
+    CHECK_FALSE(read_only.lookup_exact(device(), problem(64, 64)).has_value());
+    CHECK(read_only.winners().empty());
+  }
+  CHECK(damaged_files(dir.path()).empty());
+
+  TuningStore store(path);
+  const auto moved = damaged_files(dir.path());
+  REQUIRE(moved.size() == 1);
+  CHECK(moved[0].rfind("tuning.sqlite.damaged-", 0) == 0);
+  CHECK(read_bytes(dir.path() / moved[0]) == garbage);
+  record_sweep(store, device(), problem(64, 64), 0.01);
+  CHECK(store.lookup_exact(device(), problem(64, 64)).has_value());
+}
+
+TEST_CASE("a truncated database is moved aside and replaced", "[tuner][store]") {
+  TempDir dir("flashgen-store");
+  const fs::path path = dir.path() / "tuning.sqlite";
+  {
+    TuningStore store(path);
+    for (int64_t q = 1; q <= (int64_t{1} << 20); q *= 2)
+      for (int64_t bh = 1; bh <= 64; bh *= 2) record_sweep(store, device(), problem(q, q, bh), 0.5);
+  }  // closing the last connection checkpoints the WAL into the main file
+  const auto size = fs::file_size(path);
+  REQUIRE(size >= 16 * 4096);
+  CHECK_FALSE(fs::exists(path.string() + "-wal"));
+  fs::resize_file(path, size / 2);
+
+  TuningStore store(path);
+  CHECK(damaged_files(dir.path()).size() == 1);
+  CHECK(store.winners().empty());
+  record_sweep(store, device(), problem(64, 64), 0.01);
+  CHECK(store.winners().size() == 1);
+}
+
+TEST_CASE("a database of a newer schema is refused and left untouched", "[tuner][store]") {
+  TempDir dir("flashgen-store");
+  const fs::path path = dir.path() / "tuning.sqlite";
+  {
+    RawSqlite raw(path);
+    raw.exec("CREATE TABLE future (x INTEGER); PRAGMA user_version = 99;");
+  }
+  const std::string before = read_bytes(path);
+
+  for (bool read_only : {false, true}) {
+    std::string message;
+    flashgen::Status status = flashgen::Status::kSuccess;
+    try {
+      TuningStore store(path, read_only);
+    } catch (const flashgen::Error& e) {
+      message = e.what();
+      status = e.status();
+    }
+    INFO(message);
+    CHECK(status == flashgen::Status::kUnsupported);
+    CHECK(message.find("newer flashgen") != std::string::npos);
+    CHECK(message.find("99") != std::string::npos);
+  }
+  CHECK(read_bytes(path) == before);
+  CHECK(damaged_files(dir.path()).empty());
+}
+
+TEST_CASE("version-0 files are migrated; foreign databases are moved aside", "[tuner][store]") {
+  TempDir dir("flashgen-store");
+  const fs::path zero_bytes = dir.path() / "zero.sqlite";
+  std::ofstream(zero_bytes).close();
+  const fs::path no_tables = dir.path() / "empty.sqlite";
+  {
+    RawSqlite raw(no_tables);
+    raw.exec("CREATE TABLE scratch (x); DROP TABLE scratch;");
+    REQUIRE(raw.column("PRAGMA user_version") == std::vector<std::string>{"0"});
+  }
+  for (const fs::path& path : {zero_bytes, no_tables}) {
+    INFO(path);
+    {
+      TuningStore store(path);
+      record_sweep(store, device(), problem(64, 64), 0.01);
+      CHECK(store.winners().size() == 1);
+    }
+    RawSqlite raw(path);
+    CHECK(raw.column("PRAGMA user_version") == std::vector<std::string>{"1"});
+    CHECK(raw.column("SELECT count(*) FROM winners") == std::vector<std::string>{"1"});
+  }
+  CHECK(damaged_files(dir.path()).empty());
+
+  // A version-0 file that already holds someone else's tables is not ours to add tables to.
+  const fs::path foreign = dir.path() / "foreign.sqlite";
+  {
+    RawSqlite raw(foreign);
+    raw.exec("CREATE TABLE devices (serial TEXT);");
+  }
+  TuningStore store(foreign);
+  CHECK(damaged_files(dir.path()).size() == 1);
+  record_sweep(store, device(), problem(64, 64), 0.01);
+  CHECK(store.winners().size() == 1);
+}
+
+TEST_CASE("read-only stores: a missing file is empty and writes are refused", "[tuner][store]") {
+  TempDir dir("flashgen-store");
+  const fs::path path = dir.path() / "missing.sqlite";
+  {
+    TuningStore store(path, /*read_only=*/true);
+    CHECK_FALSE(store.lookup_exact(device(), problem(64, 64)).has_value());
+    CHECK_FALSE(store.lookup_nearest(device(), problem(64, 64)).has_value());
+    CHECK_FALSE(store.has(device(), problem(64, 64)));
+    CHECK(store.winners().empty());
+    CHECK(store.export_json()["winners"].empty());
+  }
+  CHECK_FALSE(fs::exists(path));
+
+  { TuningStore writer(path); record_sweep(writer, device(), problem(64, 64), 0.01); }
+  TuningStore store(path, /*read_only=*/true);
+  CHECK(store.lookup_exact(device(), problem(64, 64)).has_value());
+  CHECK_THROWS_AS(record_sweep(store, device(), problem(128, 128), 0.01), flashgen::Error);
+  CHECK_THROWS_AS(store.prune("", ""), flashgen::Error);
+}
+
+TEST_CASE("default_path follows FLASHGEN_TUNING_DB, XDG_DATA_HOME, then HOME", "[tuner][store]") {
+  ScopedEnv db("FLASHGEN_TUNING_DB", "/data/tuning.sqlite");
+  ScopedEnv xdg("XDG_DATA_HOME", "/xdg");
+  ScopedEnv home("HOME", "/home/someone");
+  CHECK(TuningStore::default_path() == fs::path("/data/tuning.sqlite"));
+  {
+    ScopedEnv unset_db("FLASHGEN_TUNING_DB", nullptr);
+    CHECK(TuningStore::default_path() == fs::path("/xdg/flashgen/tuning.sqlite"));
+    ScopedEnv unset_xdg("XDG_DATA_HOME", nullptr);
+    CHECK(TuningStore::default_path() == fs::path("/home/someone/.local/share/flashgen/tuning.sqlite"));
+  }
+}
+
+TEST_CASE("several processes record into one new file without losing rows", "[tuner][store]") {
+  TempDir dir("flashgen-store");
+  const fs::path path = dir.path() / "shared.sqlite";  // does not exist yet: the children race to create it
+  constexpr int kProcesses = 4;
+  constexpr int kProblemsEach = 50;
+
+  // The children wait on this pipe so they open the file and write at the same moment.
+  int start[2];
+  REQUIRE(pipe(start) == 0);
+  std::vector<pid_t> children;
+  for (int child = 0; child < kProcesses; ++child) {
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      close(start[1]);
+      char byte;
+      (void)!read(start[0], &byte, 1);  // returns 0 when the parent closes its end
+      int code = 0;
+      try {
+        TuningStore store(path);
+        for (int i = 0; i < kProblemsEach; ++i) {
+          // Distinct per child (gqa ratio) and per i (seqlen buckets).
+          const ProblemKey p = problem(int64_t{1} << (i / 7), int64_t{1} << (i % 7), 64, DType::kFloat16, child + 1);
+          record_sweep(store, device(), p, 0.01 * (i + 1));
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "child %d: %s\n", child, e.what());
+        code = 1;
+      }
+      _exit(code);
+    }
+    children.push_back(pid);
+  }
+  close(start[0]);
+  close(start[1]);
+  for (pid_t pid : children) {
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+
+  TuningStore store(path);
+  const auto winners = store.winners();
+  CHECK(winners.size() == kProcesses * kProblemsEach);
+  std::set<std::string> ids;
+  for (const auto& w : winners) ids.insert(w.problem.id());
+  CHECK(ids.size() == kProcesses * kProblemsEach);
+  CHECK(store.export_json()["candidates"].size() == 3 * kProcesses * kProblemsEach);
+  CHECK(damaged_files(dir.path()).empty());
+}

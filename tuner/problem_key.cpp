@@ -1,0 +1,103 @@
+// Device fingerprints and problem keys of the tuning store: their stable text ids, power-of-two size
+// buckets and the bucket distance the run-time lookup uses to find the nearest stored problem.
+#include "problem_key.hpp"
+
+#include <cstdlib>
+
+#include "cuda_driver.hpp"
+#include "flashgen/error.hpp"
+#include "generator.hpp"
+#include "nvrtc_compiler.hpp"
+
+namespace flashgen {
+
+namespace {
+
+const char* mask_text(MaskKind mask) { return mask == MaskKind::kCausal ? "causal" : "none"; }
+
+// Exponent of a power-of-two bucket; a key whose bucket is not one was not built by size_bucket.
+int bucket_exponent(int64_t bucket, const char* what) {
+  FLASHGEN_REQUIRE(bucket >= 1 && (bucket & (bucket - 1)) == 0,
+                   std::string("problem key ") + what + " bucket must be a power of two, got " +
+                       std::to_string(bucket));
+  int exponent = 0;
+  while ((int64_t{1} << exponent) < bucket) ++exponent;
+  return exponent;
+}
+
+}  // namespace
+
+std::string DeviceFingerprint::id() const {
+  return gpu_name + "|sm" + std::to_string(sm) + "|" + std::to_string(sm_count) + "sm|drv" +
+         std::to_string(driver_version) + "|nvrtc" + nvrtc_version + "|gen" + generator_version;
+}
+
+DeviceFingerprint current_device_fingerprint(int device) {
+  driver();  // throws Error(kNoDevice) naming the cause before any entry point is touched
+  CUdevice handle = 0;
+  FLASHGEN_CU_CHECK(cuDeviceGet(&handle, device));
+  char name[256] = {};
+  FLASHGEN_CU_CHECK(cuDeviceGetName(name, static_cast<int>(sizeof(name)), handle));
+  DeviceFingerprint fp;
+  fp.gpu_name = name;
+  fp.sm = device_sm(handle);
+  FLASHGEN_CU_CHECK(cuDeviceGetAttribute(&fp.sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, handle));
+  FLASHGEN_CU_CHECK(cuDriverGetVersion(&fp.driver_version));
+  fp.nvrtc_version = nvrtc_version();
+  fp.generator_version = kGeneratorVersion;
+  return fp;
+}
+
+DeviceFingerprint fingerprint_for_arch(int arch) {
+  DeviceFingerprint fp;
+  fp.gpu_name = "sm_" + std::to_string(arch) + " (no device)";
+  fp.sm = arch;
+  fp.nvrtc_version = nvrtc_version();
+  fp.generator_version = kGeneratorVersion;
+  return fp;
+}
+
+int64_t size_bucket(int64_t n) {
+  FLASHGEN_REQUIRE(n >= 1, "size_bucket: size must be >= 1, got " + std::to_string(n));
+  // 2^62 is the largest power of two an int64_t holds with room to compare against.
+  FLASHGEN_REQUIRE(n <= (int64_t{1} << 62), "size_bucket: size " + std::to_string(n) + " is larger than 2^62");
+  int64_t bucket = 1;
+  while (bucket < n) bucket <<= 1;
+  return bucket;
+}
+
+std::string ProblemKey::class_id() const {
+  return family + "|" + dtype_name(dtype) + "|d" + std::to_string(head_dim) + "|" + mask_text(mask) + "|g" +
+         std::to_string(gqa_ratio);
+}
+
+std::string ProblemKey::id() const {
+  return class_id() + "|q" + std::to_string(seqlen_q_bucket) + "|k" + std::to_string(seqlen_k_bucket) + "|bh" +
+         std::to_string(batch_heads_bucket);
+}
+
+ProblemKey forward_problem_key(DType dtype, int head_dim, MaskKind mask, int gqa_ratio, int64_t seqlen_q,
+                               int64_t seqlen_k, int64_t batch_heads) {
+  FLASHGEN_REQUIRE(gqa_ratio >= 1, "forward_problem_key: gqa_ratio must be >= 1, got " + std::to_string(gqa_ratio));
+  ProblemKey key;
+  key.family = "fwd";
+  key.dtype = dtype;
+  key.head_dim = head_dim;
+  key.mask = mask;
+  key.gqa_ratio = gqa_ratio;
+  key.seqlen_q_bucket = size_bucket(seqlen_q);
+  key.seqlen_k_bucket = size_bucket(seqlen_k);
+  key.batch_heads_bucket = size_bucket(batch_heads);
+  return key;
+}
+
+int bucket_distance(const ProblemKey& a, const ProblemKey& b) {
+  FLASHGEN_REQUIRE(a.class_id() == b.class_id(),
+                   "bucket_distance: keys of different classes: " + a.class_id() + " vs " + b.class_id());
+  return std::abs(bucket_exponent(a.seqlen_q_bucket, "seqlen_q") - bucket_exponent(b.seqlen_q_bucket, "seqlen_q")) +
+         std::abs(bucket_exponent(a.seqlen_k_bucket, "seqlen_k") - bucket_exponent(b.seqlen_k_bucket, "seqlen_k")) +
+         std::abs(bucket_exponent(a.batch_heads_bucket, "batch_heads") -
+                  bucket_exponent(b.batch_heads_bucket, "batch_heads"));
+}
+
+}  // namespace flashgen

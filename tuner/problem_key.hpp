@@ -1,0 +1,64 @@
+// Keys of the tuning data: which GPU and toolchain (DeviceFingerprint) and which problem class and
+// size bucket (ProblemKey). Rows of the SQLite store and the run-time lookup are keyed by both.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kernel_config.hpp"
+
+namespace flashgen {
+
+// Everything that can change which kernel is fastest or whether a cubin is valid.
+struct DeviceFingerprint {
+  std::string gpu_name;           // "NVIDIA H200"
+  int sm = 0;                     // 90
+  int sm_count = 0;               // 132
+  int driver_version = 0;         // cuDriverGetVersion, e.g. 13000
+  std::string nvrtc_version;      // "13.0"
+  std::string generator_version;  // kGeneratorVersion
+
+  // Stable text form, e.g. "NVIDIA H200|sm90|132sm|drv13000|nvrtc13.0|gen1"; the store's key.
+  std::string id() const;
+  bool operator==(const DeviceFingerprint& other) const { return id() == other.id(); }
+};
+
+// Fingerprint of local device `device` (an ordinal) from the CUDA driver, NVRTC and the generator.
+// Throws Error(kNoDevice) without a driver, Error(kCuda) for a bad ordinal.
+DeviceFingerprint current_device_fingerprint(int device = 0);
+
+// Fingerprint for compile-only work on sm_<arch> with no device: gpu_name "sm_<arch> (no device)",
+// sm_count 0, driver_version 0; the NVRTC and generator versions are the real ones.
+DeviceFingerprint fingerprint_for_arch(int arch);
+
+// Power-of-two bucket of a size: the smallest power of two >= n (n >= 1). Problems in one bucket share
+// tuning data; "nearest" compares bucket exponents.
+int64_t size_bucket(int64_t n);
+
+// Problem class (exact) plus bucketed sizes.
+struct ProblemKey {
+  std::string family = "fwd";  // kernel family; the backward kernels add their own
+  DType dtype = DType::kFloat16;
+  int head_dim = 128;
+  MaskKind mask = MaskKind::kNone;
+  int gqa_ratio = 1;                // heads_q / heads_kv
+  int64_t seqlen_q_bucket = 1;      // size_bucket(seqlen_q)
+  int64_t seqlen_k_bucket = 1;      // size_bucket(seqlen_k)
+  int64_t batch_heads_bucket = 1;   // size_bucket(batch * heads_q)
+
+  // Exact problem class without the size buckets, e.g. "fwd|bf16|d128|causal|g4".
+  std::string class_id() const;
+  // class_id plus buckets, e.g. "fwd|bf16|d128|causal|g4|q4096|k4096|bh64".
+  std::string id() const;
+  bool operator==(const ProblemKey& other) const { return id() == other.id(); }
+};
+
+// Key of a forward problem of the given sizes.
+ProblemKey forward_problem_key(DType dtype, int head_dim, MaskKind mask, int gqa_ratio, int64_t seqlen_q,
+                               int64_t seqlen_k, int64_t batch_heads);
+
+// Distance between two keys of the same class: sum of |log2 bucket differences|; used to pick the
+// nearest stored bucket. Throws Error(kInvalidArgument) for keys of different classes.
+int bucket_distance(const ProblemKey& a, const ProblemKey& b);
+
+}  // namespace flashgen

@@ -1,0 +1,33 @@
+// Search space of a kernel family: the product of its tunable knobs, pruned by the shared validity
+// function before anything is compiled. Pruned configs are counted by reason and never compiled.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kernel_config.hpp"
+
+namespace flashgen {
+
+// Values each forward knob ranges over.
+struct ForwardKnobs {
+  std::vector<int> block_m{64, 128, 256};
+  std::vector<int> block_n{16, 32, 48, 64, 96, 128};
+  std::vector<int> warps{2, 4, 8};
+  std::vector<int> stages{2, 3, 4};
+  std::vector<bool> q_in_regs{false, true};
+};
+
+struct SpaceReport {
+  std::vector<KernelConfig> valid;             // in a fixed, deterministic order
+  int total = 0;                               // size of the full product
+  int pruned = 0;                              // total - valid.size()
+  std::map<std::string, int> pruned_by_reason; // invalid_reason text -> count
+};
+
+// Every forward config for (dtype, head_dim, mask) over knobs, split into valid-on-sm_<arch> and
+// pruned (with reasons). Compiles nothing.
+SpaceReport forward_space(DType dtype, int head_dim, MaskKind mask, int arch, const ForwardKnobs& knobs = {});
+
+}  // namespace flashgen

@@ -1,0 +1,86 @@
+// SQLite store of tuning results: every candidate's timing and status per (device fingerprint, problem
+// key), and the winner. Safe for several processes writing one file at once (WAL, busy timeout,
+// BEGIN IMMEDIATE upserts); a damaged file is moved aside and recreated with a warning.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernel_config.hpp"
+#include "problem_key.hpp"
+
+namespace flashgen {
+
+// Outcome of one candidate in a sweep.
+struct CandidateResult {
+  KernelConfig config;
+  std::string status = "ok";  // "ok", "compile_error", "launch_error", "wrong_result", "spills", "skipped"
+  double median_ms = 0;       // meaningful when status == "ok"
+  double spread = 0;          // (p90 - p10) / median
+  int samples = 0;
+  std::string detail;         // error text or note
+};
+
+// The stored winner of one (device, problem) pair.
+struct StoredChoice {
+  DeviceFingerprint device;
+  ProblemKey problem;
+  KernelConfig config;
+  double median_ms = 0;
+  std::string source;         // database path or "shipped defaults"
+};
+
+class TuningStore {
+ public:
+  // Opens or creates the database at path (parent folders created). A file that is not a readable
+  // flashgen database is renamed to "<path>.damaged-<timestamp>" with a warning on stderr and a fresh
+  // one is created. Schema version is PRAGMA user_version; older versions are migrated.
+  explicit TuningStore(std::filesystem::path path, bool read_only = false);
+  ~TuningStore();
+  TuningStore(const TuningStore&) = delete;
+  TuningStore& operator=(const TuningStore&) = delete;
+
+  // $FLASHGEN_TUNING_DB, else $XDG_DATA_HOME/flashgen/tuning.sqlite, else
+  // $HOME/.local/share/flashgen/tuning.sqlite.
+  static std::filesystem::path default_path();
+
+  static constexpr int kSchemaVersion = 1;
+
+  const std::filesystem::path& path() const { return path_; }
+
+  // Upserts every candidate row and the winner for (device, problem) in one BEGIN IMMEDIATE transaction.
+  void record(const DeviceFingerprint& device, const ProblemKey& problem,
+              const std::vector<CandidateResult>& candidates, const KernelConfig& winner, double winner_ms);
+
+  // Winner stored for exactly this device and problem key.
+  std::optional<StoredChoice> lookup_exact(const DeviceFingerprint& device, const ProblemKey& problem) const;
+  // Winner of the stored bucket of the same device and problem class nearest to problem (bucket_distance;
+  // ties broken by the smaller id() so the answer is deterministic).
+  std::optional<StoredChoice> lookup_nearest(const DeviceFingerprint& device, const ProblemKey& problem) const;
+
+  // True when a winner exists for (device, problem): lets a resumed sweep skip it.
+  bool has(const DeviceFingerprint& device, const ProblemKey& problem) const;
+
+  std::vector<StoredChoice> winners() const;  // every stored winner, ordered by device then problem id
+  std::vector<CandidateResult> candidates(const DeviceFingerprint& device, const ProblemKey& problem) const;
+
+  // Removes rows; an empty device_id / problem_class matches everything. Returns rows removed.
+  int prune(const std::string& device_id, const std::string& problem_class);
+
+  // JSON of every row (devices, problems, candidates, winners) with a format version.
+  nlohmann::json export_json() const;
+  // Merges an export: rows for new (device, problem) pairs are added; for existing pairs the faster
+  // winner is kept and candidate rows are upserted. Returns the number of winners added or replaced.
+  int import_json(const nlohmann::json& data);
+
+ private:
+  std::filesystem::path path_;
+  void* db_ = nullptr;  // sqlite3*
+  bool read_only_ = false;
+};
+
+}  // namespace flashgen

@@ -1,0 +1,54 @@
+// One tuning sweep of the forward kernel family on the current GPU: compile candidates in parallel on
+// CPU threads (through the kernel caches), check each against a float64 reference, time the survivors
+// serially, re-time the best few interleaved and name a winner by a fixed rule.
+#pragma once
+
+#include <cuda.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "flashgen/flashgen.h"
+#include "problem_key.hpp"
+#include "store.hpp"
+#include "timing.hpp"
+
+namespace flashgen {
+
+struct ForwardSweepProblem {
+  DType dtype = DType::kFloat16;
+  int head_dim = 128;
+  flashgen_mask mask = FLASHGEN_MASK_NONE;
+  int batch = 4;
+  int heads_q = 16;
+  int heads_kv = 16;
+  int seqlen_q = 4096;
+  int seqlen_k = 4096;
+};
+
+struct SweepOptions {
+  TimingOptions timing;
+  int compile_threads = 0;  // 0: one per hardware thread
+  int retime_top = 3;       // candidates re-timed interleaved before naming the winner
+  int retime_rounds = 20;
+  double tie_tolerance = 0.01;  // within 1% of the fastest counts as a tie
+  int check_rows = 16;          // query rows checked against the float64 reference per candidate
+  uint64_t seed = 0;
+  std::function<void(const std::string&)> progress;  // one line per step; may be empty
+};
+
+struct SweepResult {
+  ProblemKey problem;
+  std::vector<CandidateResult> candidates;  // every candidate, in the order given, with its status
+  KernelConfig winner;
+  double winner_ms = 0;
+  std::string decision;  // how the winner was named (ties included)
+};
+
+// Sweeps candidates (all for problem's dtype, head_dim and mask kind) on stream's device. Throws
+// Error(kInvalidArgument) when no candidate passes; individual failures are recorded, not thrown.
+SweepResult sweep_forward(const ForwardSweepProblem& problem, const std::vector<KernelConfig>& candidates,
+                          CUstream stream, const SweepOptions& options);
+
+}  // namespace flashgen
