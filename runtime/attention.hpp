@@ -12,6 +12,17 @@
 
 namespace flashgen {
 
+// A flashgen_tensor over a contiguous [batch, seqlen, heads, head_dim] buffer (BSHD).
+inline flashgen_tensor bshd_tensor(void* data, flashgen_dtype dtype, int64_t batch, int64_t seqlen, int64_t heads,
+                                   int64_t head_dim) {
+  flashgen_tensor t{};
+  t.data = data;
+  t.dtype = dtype;
+  t.shape[0] = batch, t.shape[1] = seqlen, t.shape[2] = heads, t.shape[3] = head_dim;
+  t.stride[0] = seqlen * heads * head_dim, t.stride[1] = heads * head_dim, t.stride[2] = head_dim, t.stride[3] = 1;
+  return t;
+}
+
 // Everything the launcher derived from the arguments, before anything runs.
 struct ForwardProblem {
   AttnFwdParams params{};

@@ -27,15 +27,6 @@ struct InputSet {
   DeviceBuffer dq, dk, dv, dout, dlse;
 };
 
-flashgen_tensor bshd(void* data, flashgen_dtype dtype, int64_t b, int64_t s, int64_t h, int64_t d) {
-  flashgen_tensor t{};
-  t.data = data;
-  t.dtype = dtype;
-  t.shape[0] = b, t.shape[1] = s, t.shape[2] = h, t.shape[3] = d;
-  t.stride[0] = s * h * d, t.stride[1] = h * d, t.stride[2] = d, t.stride[3] = 1;
-  return t;
-}
-
 std::vector<uint16_t> random_bits(size_t count, flashgen_dtype dtype, std::mt19937_64& rng) {
   std::normal_distribution<float> normal(0.f, 1.f);
   std::vector<uint16_t> bits(count);
@@ -136,13 +127,13 @@ SweepResult sweep_forward(const ForwardSweepProblem& problem, const std::vector<
   opts.mask = problem.mask;
   auto make_problem = [&](const InputSet& set) {
     const flashgen_tensor q =
-        bshd(set.dq.data(), dtype, problem.batch, problem.seqlen_q, problem.heads_q, problem.head_dim);
+        bshd_tensor(set.dq.data(), dtype, problem.batch, problem.seqlen_q, problem.heads_q, problem.head_dim);
     const flashgen_tensor k =
-        bshd(set.dk.data(), dtype, problem.batch, problem.seqlen_k, problem.heads_kv, problem.head_dim);
+        bshd_tensor(set.dk.data(), dtype, problem.batch, problem.seqlen_k, problem.heads_kv, problem.head_dim);
     const flashgen_tensor v =
-        bshd(set.dv.data(), dtype, problem.batch, problem.seqlen_k, problem.heads_kv, problem.head_dim);
+        bshd_tensor(set.dv.data(), dtype, problem.batch, problem.seqlen_k, problem.heads_kv, problem.head_dim);
     const flashgen_tensor out =
-        bshd(set.dout.data(), dtype, problem.batch, problem.seqlen_q, problem.heads_q, problem.head_dim);
+        bshd_tensor(set.dout.data(), dtype, problem.batch, problem.seqlen_q, problem.heads_q, problem.head_dim);
     return make_forward_problem(&q, &k, &v, &out, static_cast<float*>(set.dlse.data()), &opts);
   };
   std::vector<ForwardProblem> problems;

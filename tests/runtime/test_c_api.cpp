@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "attention.hpp"
 #include "catch.hpp"
 #include "cuda_driver.hpp"
 #include "device_buffer.hpp"
@@ -31,12 +32,7 @@ using flashgen::StridedView;
 void* fake_pointer(std::uintptr_t n) { return reinterpret_cast<void*>(0x100000 + n * 0x1000000); }
 
 flashgen_tensor bshd(void* data, int64_t b, int64_t s, int64_t h, int64_t d) {
-  flashgen_tensor t{};
-  t.data = data;
-  t.dtype = FLASHGEN_FLOAT16;
-  t.shape[0] = b, t.shape[1] = s, t.shape[2] = h, t.shape[3] = d;
-  t.stride[0] = s * h * d, t.stride[1] = h * d, t.stride[2] = d, t.stride[3] = 1;
-  return t;
+  return flashgen::bshd_tensor(data, FLASHGEN_FLOAT16, b, s, h, d);
 }
 
 struct Call {

@@ -81,19 +81,6 @@ class CreatedContext {
   CUcontext context_ = nullptr;
 };
 
-flashgen_tensor bshd_tensor(const DeviceBuffer& buffer, int64_t b, int64_t s, int64_t h, int64_t d) {
-  flashgen_tensor t{};
-  t.data = buffer.data();
-  t.dtype = FLASHGEN_FLOAT16;
-  const int64_t shape[4] = {b, s, h, d};
-  const int64_t stride[4] = {s * h * d, h * d, d, 1};
-  for (int i = 0; i < 4; ++i) {
-    t.shape[i] = shape[i];
-    t.stride[i] = stride[i];
-  }
-  return t;
-}
-
 // Runs flashgen::attention_forward on a tiny fp16 problem (b 1, s 64, h 2, d 64, random inputs in
 // [-1, 1)) in the current context and returns what it ran. Fails the test if the launch or the
 // context reports an error, or the output holds a NaN.
@@ -112,10 +99,10 @@ flashgen::ForwardLaunch run_tiny_forward(uint32_t seed) {
   DeviceBuffer out(kElements * sizeof(uint16_t));
   out.fill_bytes(0xFF);  // NaN everywhere: an element the kernel does not write shows up below
 
-  const flashgen_tensor q = bshd_tensor(inputs[0], kBatch, kSeqlen, kHeads, kHeadDim);
-  const flashgen_tensor k = bshd_tensor(inputs[1], kBatch, kSeqlen, kHeads, kHeadDim);
-  const flashgen_tensor v = bshd_tensor(inputs[2], kBatch, kSeqlen, kHeads, kHeadDim);
-  const flashgen_tensor o = bshd_tensor(out, kBatch, kSeqlen, kHeads, kHeadDim);
+  const flashgen_tensor q = flashgen::bshd_tensor(inputs[0].data(), FLASHGEN_FLOAT16, kBatch, kSeqlen, kHeads, kHeadDim);
+  const flashgen_tensor k = flashgen::bshd_tensor(inputs[1].data(), FLASHGEN_FLOAT16, kBatch, kSeqlen, kHeads, kHeadDim);
+  const flashgen_tensor v = flashgen::bshd_tensor(inputs[2].data(), FLASHGEN_FLOAT16, kBatch, kSeqlen, kHeads, kHeadDim);
+  const flashgen_tensor o = flashgen::bshd_tensor(out.data(), FLASHGEN_FLOAT16, kBatch, kSeqlen, kHeads, kHeadDim);
   flashgen_attention_options options{};
   options.mask = FLASHGEN_MASK_NONE;
   const flashgen::ForwardLaunch launch = flashgen::attention_forward(q, k, v, o, nullptr, options, nullptr);
