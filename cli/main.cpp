@@ -1,10 +1,11 @@
 // The `flashgen` command-line tool: info, emit, compile, run and demo over the library's stages
-// (generator -> NVRTC -> cache/registry -> launcher). `flashgen help` lists the commands.
+// (generator -> NVRTC -> cache/registry -> launcher), tune and db over the tuner. `flashgen help` lists them.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -39,7 +40,11 @@
 #include "kernel_config.hpp"
 #include "kernel_registry.hpp"
 #include "nvrtc_compiler.hpp"
+#include "problem_key.hpp"
 #include "reference.hpp"
+#include "space.hpp"
+#include "store.hpp"
+#include "sweep.hpp"
 #include "table.hpp"
 
 namespace flashgen::cli {
@@ -928,6 +933,337 @@ int command_demo(const Args& args) {
 }
 
 // ---------------------------------------------------------------------------------------------------
+// flashgen db
+
+Command db_command() {
+  return Command("db",
+                 "Reads and edits the tuning database: every candidate's timing per (device, problem) and the\n"
+                 "winner that the run-time choice uses.",
+                 "<list|show|export|import|merge|prune> [arguments] [options]", -1,
+                 "actions:\n"
+                 "  list                    one line per stored winner: device, problem, config, median ms\n"
+                 "  show <problem-text>     the winners whose problem id contains the text, with every\n"
+                 "                          candidate row (status, median, spread, samples, detail)\n"
+                 "  export [-o FILE]        every row as JSON, to stdout or FILE\n"
+                 "  import FILE             merges a JSON export (FILE may be -) into the database\n"
+                 "  merge OUT IN1 [IN2...]  merges database files (each read-only) into the database file OUT\n"
+                 "  prune                   removes the rows of --device and/or --problem-class (or --all)")
+      .option("db", "PATH", "the database (default: " + TuningStore::default_path().string() + ")")
+      .option("output", "FILE", "export: write to FILE instead of stdout", false, 'o')
+      .option("device", "ID", "prune: only rows of this device id (as `db list` prints it)")
+      .option("problem-class", "CLASS", "prune: only rows of this problem class, e.g. fwd|bf16|d128|causal|g1")
+      .flag("all", "prune: allow removing every row when no filter is given")
+      .flag("json", "print JSON (list, show, import, merge, prune)");
+}
+
+// One stored winner as `db list --json` prints it.
+Json choice_json(const StoredChoice& choice) {
+  return {{"device", choice.device.id()},
+          {"problem", choice.problem.id()},
+          {"config", choice.config.name()},
+          {"median_ms", choice.median_ms}};
+}
+
+Json candidate_json(const CandidateResult& c) {
+  return {{"config", c.config.name()}, {"status", c.status},   {"median_ms", c.median_ms},
+          {"spread", c.spread},        {"samples", c.samples}, {"detail", c.detail}};
+}
+
+void print_winners(const std::vector<StoredChoice>& winners, std::ostream& os) {
+  Table table({"device", "problem", "config", "median ms"});
+  for (const StoredChoice& w : winners)
+    table.add({w.device.id(), w.problem.id(), w.config.name(), format("%.4f", w.median_ms)});
+  table.print(os);
+}
+
+Json read_json_file(const std::string& path) {
+  try {
+    if (path == "-") return Json::parse(std::cin);
+    std::ifstream in(path);
+    if (!in) fail(Status::kInvalidArgument, "cannot read '" + path + "'");
+    return Json::parse(in);
+  } catch (const Json::exception& error) {
+    fail(Status::kInvalidArgument, "'" + path + "' is not JSON: " + error.what());
+  }
+}
+
+int command_db(const Args& args) {
+  if (args.positionals.empty())
+    throw UsageError("db needs an action: list, show, export, import, merge or prune", args.usage());
+  const std::string action = args.positionals[0];
+  const std::vector<std::string> operands(args.positionals.begin() + 1, args.positionals.end());
+  const bool json = args.has("json");
+  const fs::path db_path = args.has("db") ? fs::path(args.string_or("db", "")) : TuningStore::default_path();
+
+  // Each option belongs to one action; anything else is a mistake worth reporting.
+  auto allow = [&](const std::vector<std::string>& options) {
+    for (const char* name : {"output", "device", "problem-class", "all"})
+      if (args.has(name) && std::find(options.begin(), options.end(), name) == options.end())
+        throw UsageError("--" + std::string(name) + " does not apply to 'db " + action + "'", args.usage());
+  };
+  auto operand_count = [&](size_t lo, size_t hi, const char* what) {
+    if (operands.size() < lo || operands.size() > hi)
+      throw UsageError("'db " + action + "' takes " + what, args.usage());
+  };
+
+  if (action == "list") {
+    allow({});
+    operand_count(0, 0, "no arguments");
+    const std::vector<StoredChoice> winners = TuningStore(db_path, true).winners();
+    if (json) {
+      Json array = Json::array();
+      for (const StoredChoice& w : winners) array.push_back(choice_json(w));
+      std::cout << array.dump(2) << '\n';
+    } else if (winners.empty()) {
+      std::cout << "no tuning results in " << db_path.string() << '\n';
+    } else {
+      print_winners(winners, std::cout);
+    }
+    return 0;
+  }
+  if (action == "show") {
+    allow({});
+    operand_count(1, 1, "one problem id or part of one");
+    const TuningStore store(db_path, true);
+    Json array = Json::array();
+    size_t matched = 0;
+    for (const StoredChoice& w : store.winners()) {
+      if (w.problem.id().find(operands[0]) == std::string::npos) continue;
+      ++matched;
+      const std::vector<CandidateResult> rows = store.candidates(w.device, w.problem);
+      if (json) {
+        Json entry = choice_json(w);
+        entry["candidates"] = Json::array();
+        for (const CandidateResult& c : rows) entry["candidates"].push_back(candidate_json(c));
+        array.push_back(std::move(entry));
+        continue;
+      }
+      std::cout << (matched > 1 ? "\n" : "") << "device:  " << w.device.id() << '\n'
+                << "problem: " << w.problem.id() << '\n'
+                << format("winner:  %s, %.4f ms\n", w.config.name().c_str(), w.median_ms);
+      Table table({"config", "status", "median ms", "spread", "samples", "detail"});
+      for (const CandidateResult& c : rows)
+        table.add({c.config.name(), c.status, c.status == "ok" ? format("%.4f", c.median_ms) : "-",
+                   c.status == "ok" ? format("%.1f%%", c.spread * 100) : "-", std::to_string(c.samples),
+                   first_line(c.detail)});
+      table.print(std::cout);
+    }
+    if (json) std::cout << array.dump(2) << '\n';
+    else if (matched == 0) std::cout << "no stored problem matches '" << operands[0] << "' in " << db_path.string() << '\n';
+    return 0;
+  }
+  if (action == "export") {
+    allow({"output"});
+    operand_count(0, 0, "no arguments (write to a file with -o FILE)");
+    const std::string text = TuningStore(db_path, true).export_json().dump(2) + "\n";
+    if (!args.has("output")) {
+      std::cout << text;
+      return 0;
+    }
+    const std::string path = args.string_or("output", "");
+    std::ofstream out(path, std::ios::binary);
+    if (!(out << text)) fail(Status::kInternal, "cannot write '" + path + "'");
+    return 0;
+  }
+  if (action == "import") {
+    allow({});
+    operand_count(1, 1, "one JSON file (or - for stdin)");
+    const Json data = read_json_file(operands[0]);
+    const int changed = TuningStore(db_path).import_json(data);
+    if (json) std::cout << Json{{"db", db_path.string()}, {"winners_added_or_replaced", changed}}.dump(2) << '\n';
+    else std::cout << changed << " winners added or replaced in " << db_path.string() << '\n';
+    return 0;
+  }
+  if (action == "merge") {
+    allow({});
+    if (args.has("db")) throw UsageError("'db merge' names its output file as OUT, not with --db", args.usage());
+    operand_count(2, std::numeric_limits<size_t>::max(), "an output file and at least one input file");
+    // A missing input is a typo, not an empty database: check them all before touching OUT.
+    for (size_t i = 1; i < operands.size(); ++i)
+      if (!fs::exists(operands[i])) fail(Status::kInvalidArgument, "no database file '" + operands[i] + "'");
+    TuningStore out(operands[0]);
+    int changed = 0;
+    for (size_t i = 1; i < operands.size(); ++i) changed += out.import_json(TuningStore(operands[i], true).export_json());
+    if (json) {
+      const std::vector<std::string> inputs(operands.begin() + 1, operands.end());
+      std::cout << Json{{"db", operands[0]}, {"inputs", inputs}, {"winners_added_or_replaced", changed}}.dump(2)
+                << '\n';
+    } else {
+      std::cout << "merged " << operands.size() - 1 << " files into " << operands[0] << ": " << changed
+                << " winners added or replaced\n";
+    }
+    return 0;
+  }
+  if (action == "prune") {
+    allow({"device", "problem-class", "all"});
+    operand_count(0, 0, "no arguments (filter with --device and --problem-class)");
+    const std::string device = args.string_or("device", "");
+    const std::string problem_class = args.string_or("problem-class", "");
+    if (device.empty() && problem_class.empty() && !args.has("all"))
+      throw UsageError("prune without --device or --problem-class removes every row: pass --all to mean that",
+                       args.usage());
+    const int removed = TuningStore(db_path).prune(device, problem_class);
+    if (json) std::cout << Json{{"db", db_path.string()}, {"removed", removed}}.dump(2) << '\n';
+    else std::cout << "removed " << removed << " rows from " << db_path.string() << '\n';
+    return 0;
+  }
+  throw UsageError("unknown db action '" + action + "'", args.usage());
+}
+
+// ---------------------------------------------------------------------------------------------------
+// flashgen tune
+
+Command tune_command() {
+  return Command("tune",
+                 "Tunes the forward kernel for one problem on the GPU: enumerates and prunes the search space,\n"
+                 "compiles the candidates, checks each against a float64 reference, times them and stores\n"
+                 "every row and the winner in the tuning database. A problem whose bucket the database\n"
+                 "already holds for this GPU is skipped unless --force, so an interrupted list of tune\n"
+                 "commands can simply be run again.",
+                 "[options]")
+      .option("dtype", "T", "fp16 or bf16 (default fp16)")
+      .option("head-dim", "D", "head dimension (default 128)")
+      .option("causal", "MODE", "none, bottom-right or top-left (default none)")
+      .option("batch", "B", "batch size (default 4)")
+      .option("heads-q", "H", "query heads (default 16)")
+      .option("heads-kv", "H", "key/value heads; heads-q must be a multiple (default 16)")
+      .option("seqlen-q", "N", "query length (default 4096)")
+      .option("seqlen-k", "N", "key/value length (default 4096)")
+      .option("max-candidates", "N", "time N evenly spaced valid configs (plus the built-in choice), not all")
+      .option("db", "PATH", "the database (default: " + TuningStore::default_path().string() + ")")
+      .flag("force", "tune even when the database already holds this problem's bucket for this GPU")
+      .flag("json", "print one JSON object (progress still goes to stderr)");
+}
+
+// Every index of an n-element list when count >= n, else count indices spread evenly from the first.
+std::vector<size_t> evenly_spaced(size_t n, size_t count) {
+  std::vector<size_t> picked;
+  for (size_t j = 0; j < std::min(n, count); ++j) picked.push_back(count >= n ? j : j * n / count);
+  return picked;
+}
+
+std::string space_text(const SpaceReport& space) {
+  std::string reasons;
+  for (const auto& [reason, count] : space.pruned_by_reason)
+    reasons += (reasons.empty() ? "" : "; ") + reason + ": " + std::to_string(count);
+  return format("%d configs, %d pruned", space.total, space.pruned) + (reasons.empty() ? "" : " (" + reasons + ")") +
+         format(", %zu valid", space.valid.size());
+}
+
+int command_tune(const Args& args) {
+  constexpr long long kIntMax = std::numeric_limits<int>::max();
+  ForwardSweepProblem problem;
+  problem.dtype = args.choice_or("dtype", "fp16", {"fp16", "bf16"}) == "fp16" ? DType::kFloat16 : DType::kBFloat16;
+  problem.head_dim = static_cast<int>(args.int_or("head-dim", problem.head_dim, 1, 4096));
+  const std::string causal = args.choice_or("causal", "none", {"none", "bottom-right", "top-left"});
+  problem.mask = causal == "bottom-right" ? FLASHGEN_MASK_CAUSAL
+                 : causal == "top-left"   ? FLASHGEN_MASK_CAUSAL_TOP_LEFT
+                                          : FLASHGEN_MASK_NONE;
+  problem.batch = static_cast<int>(args.int_or("batch", problem.batch, 1, kIntMax));
+  problem.heads_q = static_cast<int>(args.int_or("heads-q", problem.heads_q, 1, kIntMax));
+  problem.heads_kv = static_cast<int>(args.int_or("heads-kv", problem.heads_kv, 1, kIntMax));
+  problem.seqlen_q = static_cast<int>(args.int_or("seqlen-q", problem.seqlen_q, 1, kIntMax));
+  problem.seqlen_k = static_cast<int>(args.int_or("seqlen-k", problem.seqlen_k, 1, kIntMax));
+  if (problem.heads_q % problem.heads_kv != 0)
+    throw UsageError("--heads-q must be a multiple of --heads-kv", args.usage());
+  const size_t max_candidates = static_cast<size_t>(args.int_or("max-candidates", kIntMax, 1, kIntMax));
+  const fs::path db_path = args.has("db") ? fs::path(args.string_or("db", "")) : TuningStore::default_path();
+  const bool json = args.has("json");
+
+  std::string why;
+  if (!driver_available(&why)) fail(Status::kNoDevice, "tune needs a GPU: " + why);
+  ScopedContext context;  // the current context, else device 0's primary context
+  const int arch = device_sm(context.device());
+  const DeviceFingerprint device = current_device_fingerprint(static_cast<int>(context.device()));
+  // The sweep's mask kinds: both causal alignments run the causal kernels (as sweep_forward keys them).
+  const MaskKind mask_kind = problem.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
+  const ProblemKey key =
+      forward_problem_key(problem.dtype, problem.head_dim, mask_kind, problem.heads_q / problem.heads_kv,
+                          problem.seqlen_q, problem.seqlen_k, static_cast<int64_t>(problem.batch) * problem.heads_q);
+  TuningStore store(db_path);
+
+  if (!args.has("force")) {
+    if (const std::optional<StoredChoice> stored = store.lookup_exact(device, key)) {
+      if (json) {
+        Json j = choice_json(*stored);
+        j["skipped"] = true;
+        j["db"] = db_path.string();
+        std::cout << j.dump(2) << '\n';
+      } else {
+        std::cout << format("already tuned: %s, %.4f ms for %s on %s (--force tunes again)\n",
+                            stored->config.name().c_str(), stored->median_ms, key.id().c_str(), device.id().c_str());
+      }
+      return 0;
+    }
+  }
+
+  const SpaceReport space = forward_space(problem.dtype, problem.head_dim, mask_kind, arch);
+  const KernelConfig heuristic = heuristic_forward_config(problem.dtype, problem.head_dim, mask_kind, arch);
+  std::vector<KernelConfig> candidates;
+  for (size_t i : evenly_spaced(space.valid.size(), max_candidates)) candidates.push_back(space.valid[i]);
+  auto same_name = [&](const KernelConfig& c) { return c.name() == heuristic.name(); };
+  if (std::none_of(candidates.begin(), candidates.end(), same_name)) candidates.push_back(heuristic);
+  if (!json) std::cout << "space: " << space_text(space) << '\n';
+  std::cerr << "tuning " << key.id() << " on " << device.id() << ": compiling " << candidates.size()
+            << " candidates\n";
+
+  SweepOptions options;
+  Clock::time_point timing_start = Clock::now();
+  options.progress = [&](const std::string& line) {
+    size_t done = 0, total = 0;  // "[i/N] name: x ms": the candidate's position in the list
+    if (std::sscanf(line.c_str(), "[%zu/%zu]", &done, &total) == 2 && done > 0 && total >= done) {
+      const double eta_s = ms_since(timing_start) / 1000 / static_cast<double>(done) * static_cast<double>(total - done);
+      std::cerr << line << format("  (eta %.0f s)", eta_s) << '\n';
+      return;
+    }
+    if (line.rfind("compiled ", 0) == 0) timing_start = Clock::now();  // timing starts after compiling
+    std::cerr << line << '\n';
+  };
+  Stream stream;
+  const Clock::time_point start = Clock::now();
+  const SweepResult result = sweep_forward(problem, candidates, stream.get(), options);
+  const double sweep_s = ms_since(start) / 1000;
+  store.record(device, result.problem, result.candidates, result.winner, result.winner_ms);
+
+  const CandidateResult* builtin = nullptr;
+  for (const CandidateResult& c : result.candidates)
+    if (same_name(c.config)) builtin = &c;
+  const bool builtin_timed = builtin && builtin->status == "ok";
+  size_t passed = 0;
+  for (const CandidateResult& c : result.candidates) passed += c.status == "ok";
+
+  if (json) {
+    Json j = {{"device", device.id()},
+              {"problem", result.problem.id()},
+              {"space", {{"total", space.total}, {"pruned", space.pruned}, {"pruned_by_reason", space.pruned_by_reason},
+                         {"valid", space.valid.size()}}},
+              {"candidates", result.candidates.size()},
+              {"passed", passed},
+              {"winner", result.winner.name()},
+              {"winner_ms", result.winner_ms},
+              {"heuristic", heuristic.name()},
+              {"heuristic_ms", builtin_timed ? Json(builtin->median_ms) : Json(nullptr)},
+              {"heuristic_status", builtin ? builtin->status : "not swept"},
+              {"decision", result.decision},
+              {"sweep_s", sweep_s},
+              {"db", db_path.string()},
+              {"skipped", false}};
+    std::cout << j.dump(2) << '\n';
+    return 0;
+  }
+  std::cout << format("swept:     %zu candidates, %zu passed, in %.1f s\n", result.candidates.size(), passed, sweep_s)
+            << format("winner:    %s, %.4f ms\n", result.winner.name().c_str(), result.winner_ms);
+  if (builtin_timed)
+    std::cout << format("built-in:  %s, %.4f ms (the winner is %.2fx as fast)\n", heuristic.name().c_str(),
+                        builtin->median_ms, builtin->median_ms / result.winner_ms);
+  else
+    std::cout << "built-in:  " << heuristic.name() << ": " << (builtin ? builtin->status : "not swept") << '\n';
+  std::cout << "decision:  " << result.decision << '\n'
+            << "stored:    " << result.problem.id() << " for " << device.id() << " in " << db_path.string() << '\n';
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------------
 // Dispatch
 
 struct Subcommand {
@@ -939,6 +1275,7 @@ const std::vector<Subcommand>& subcommands() {
   static const std::vector<Subcommand> list = {
       {info_command(), command_info},       {emit_command(), command_emit}, {compile_command(), command_compile},
       {run_command(), command_run},         {demo_command(), command_demo},
+      {tune_command(), command_tune},       {db_command(), command_db},
   };
   return list;
 }
@@ -954,6 +1291,8 @@ std::string top_usage() {
       {"compile", "compile kernels with NVRTC and show registers, shared memory, spills"},
       {"run", "run, check and time one attention problem on the GPU"},
       {"demo", "the main job: run the default problem, or compile the defaults without a GPU"},
+      {"tune", "sweep the forward configs for one problem on the GPU and store the winner"},
+      {"db", "list, show, export, import, merge or prune the tuning database"},
       {"help", "this list; `flashgen help <command>` or `flashgen <command> --help` for one command"},
   };
   for (const auto& row : rows) text += "  " + row.first + std::string(10 - row.first.size(), ' ') + row.second + "\n";

@@ -191,7 +191,9 @@ PreparedForward prepare_forward(const ForwardProblem& problem, CUstream stream, 
     launch.config = *config;
     launch.reason = "requested by the caller";
   } else {
-    ForwardChoice choice = choose_forward_config(problem.dtype, problem.head_dim, problem.mask, launch.arch);
+    const ProblemKey key = forward_problem_key(problem.dtype, problem.head_dim, problem.mask, p.group_size,
+                                               p.seqlen_q, p.seqlen_k, int64_t(p.batch) * p.heads_q);
+    ForwardChoice choice = choose_forward_config(static_cast<int>(scope.device()), key, launch.arch);
     launch.config = choice.config;
     launch.reason = std::move(choice.reason);
   }

@@ -1,13 +1,17 @@
-// Run-time config choice for the forward pass: the heuristic's preference list, checked against what
-// ptxas reports, memoized per (dtype, head_dim, mask, arch). The tuner's database (issue 4) will sit
-// in front of it.
+// Run-time config choice for the forward pass. Order: the user's tuning database (exact size bucket,
+// then the nearest bucket of the same device and problem class), then the built-in heuristic's
+// preference list checked against what ptxas reports. A call never fails for lack of tuning data, and
+// every answer is memoized per process.
 #pragma once
 
 #include <string>
 
 #include "kernel_config.hpp"
+#include "problem_key.hpp"
 
 namespace flashgen {
+
+class TuningStore;
 
 struct ForwardChoice {
   KernelConfig config;
@@ -15,8 +19,18 @@ struct ForwardChoice {
 };
 
 // The first heuristic config whose compiled kernel does not spill (compiling through the kernel
-// registry's caches); the first one when all of them spill, saying so in the reason. Thread-safe;
-// after the first call for a key it costs one map lookup.
-ForwardChoice choose_forward_config(DType dtype, int head_dim, MaskKind mask, int arch);
+// registry's caches); the first one when all of them spill, saying so in the reason. Memoized.
+ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arch);
+
+// The choice from explicit data sources (either store may be null): user_db exact bucket, user_db
+// nearest bucket, then heuristic_choice. A stored config that cannot run on sm_<arch> is passed over,
+// and the reason says so. Not memoized: the process-wide form below is.
+ForwardChoice choose_forward_config(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
+                                    const TuningStore* user_db);
+
+// Process-wide choice for device (a CUDA device ordinal): the user's database at
+// TuningStore::default_path(), opened read-only on first use (a missing file means no tuning data),
+// memoized per (device, problem key). Thread-safe; microseconds after the first call for a key.
+ForwardChoice choose_forward_config(int device, const ProblemKey& problem, int arch);
 
 }  // namespace flashgen

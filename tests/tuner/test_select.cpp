@@ -4,6 +4,8 @@
 #include "heuristic.hpp"
 #include "kernel_registry.hpp"
 #include "select.hpp"
+#include "store.hpp"
+#include "support/temp_dir.hpp"
 
 using flashgen::DType;
 using flashgen::MaskKind;
@@ -14,7 +16,7 @@ TEST_CASE("the chosen forward config never spills, for every head_dim", "[tuner]
     for (DType dtype : {DType::kFloat16, DType::kBFloat16})
       for (MaskKind mask : {MaskKind::kNone, MaskKind::kCausal})
         for (int d = 8; d <= 256; d += 8) {
-          const flashgen::ForwardChoice choice = flashgen::choose_forward_config(dtype, d, mask, arch);
+          const flashgen::ForwardChoice choice = flashgen::heuristic_choice(dtype, d, mask, arch);
           INFO("sm_" << arch << " " << choice.config.name() << ": " << choice.reason);
           CHECK(choice.config.head_dim == d);
           CHECK(choice.config.dtype == dtype);
@@ -24,6 +26,70 @@ TEST_CASE("the chosen forward config never spills, for every head_dim", "[tuner]
           CHECK(usage.spill_store_bytes + usage.spill_load_bytes == 0);
           CHECK(choice.reason.rfind("built-in heuristic", 0) == 0);
           // Memoized: the same answer again.
-          CHECK(flashgen::choose_forward_config(dtype, d, mask, arch).config == choice.config);
+          CHECK(flashgen::heuristic_choice(dtype, d, mask, arch).config == choice.config);
         }
+}
+
+TEST_CASE("stored winners come first: exact bucket, then nearest, then the heuristic", "[tuner][select][store]") {
+  flashgen::testing::TempDir dir("flashgen-select-test");
+  flashgen::TuningStore store(dir.path() / "tuning.sqlite");
+  const flashgen::DeviceFingerprint device = flashgen::fingerprint_for_arch(90);
+  const flashgen::ProblemKey key = flashgen::forward_problem_key(DType::kFloat16, 64, MaskKind::kNone, 1, 4096, 4096, 64);
+
+  flashgen::KernelConfig stored;
+  stored.head_dim = 64;
+  stored.block_m = 64;
+  stored.block_n = 64;
+  stored.warps = 4;
+  stored.stages = 2;
+  REQUIRE(stored != flashgen::heuristic_forward_config(DType::kFloat16, 64, MaskKind::kNone, 90));
+  flashgen::CandidateResult row;
+  row.config = stored;
+  row.median_ms = 1.5;
+  row.samples = 10;
+  store.record(device, key, {row}, stored, 1.5);
+
+  const auto exact = flashgen::choose_forward_config(device, key, 90, &store);
+  CHECK(exact.config == stored);
+  CHECK(exact.reason.find("exact bucket") != std::string::npos);
+
+  const flashgen::ProblemKey longer =
+      flashgen::forward_problem_key(DType::kFloat16, 64, MaskKind::kNone, 1, 16384, 16384, 64);
+  const auto nearest = flashgen::choose_forward_config(device, longer, 90, &store);
+  CHECK(nearest.config == stored);
+  CHECK(nearest.reason.find("nearest bucket") != std::string::npos);
+
+  const flashgen::ProblemKey other_class =
+      flashgen::forward_problem_key(DType::kFloat16, 128, MaskKind::kNone, 1, 4096, 4096, 64);
+  const auto fallback = flashgen::choose_forward_config(device, other_class, 90, &store);
+  CHECK(fallback.reason.rfind("built-in heuristic", 0) == 0);
+  CHECK(fallback.config == flashgen::heuristic_choice(DType::kFloat16, 128, MaskKind::kNone, 90).config);
+
+  const auto no_store = flashgen::choose_forward_config(device, key, 90, nullptr);
+  CHECK(no_store.reason.rfind("built-in heuristic", 0) == 0);
+}
+
+TEST_CASE("a stored winner that cannot run on this arch is passed over", "[tuner][select][store]") {
+  flashgen::testing::TempDir dir("flashgen-select-test");
+  flashgen::TuningStore store(dir.path() / "tuning.sqlite");
+  const flashgen::DeviceFingerprint device = flashgen::fingerprint_for_arch(80);
+  const flashgen::ProblemKey key = flashgen::forward_problem_key(DType::kBFloat16, 256, MaskKind::kCausal, 2, 2048, 2048, 32);
+  flashgen::KernelConfig hopper_only;  // 202752 bytes of shared memory: more than sm_80 allows
+  hopper_only.dtype = DType::kBFloat16;
+  hopper_only.head_dim = 256;
+  hopper_only.mask = MaskKind::kCausal;
+  hopper_only.block_m = 128;
+  hopper_only.block_n = 64;
+  hopper_only.warps = 8;
+  hopper_only.stages = 2;
+  REQUIRE(hopper_only.invalid_reason(80).has_value());
+  flashgen::CandidateResult row;
+  row.config = hopper_only;
+  row.median_ms = 2.0;
+  store.record(device, key, {row}, hopper_only, 2.0);
+
+  const auto choice = flashgen::choose_forward_config(device, key, 80, &store);
+  CHECK(choice.config != hopper_only);
+  CHECK_FALSE(choice.config.invalid_reason(80).has_value());
+  CHECK(choice.reason.find("passed over") != std::string::npos);
 }

@@ -6,6 +6,7 @@
 #include "cuda_driver.hpp"
 #include "gpu.hpp"
 #include "heuristic.hpp"
+#include "select.hpp"
 #include "store.hpp"
 #include "support/temp_dir.hpp"
 #include "sweep.hpp"
@@ -54,7 +55,6 @@ TEST_CASE("a small forward sweep names, stores and finds a winner", "[gpu][tuner
   CHECK_FALSE(result.decision.empty());
   CHECK(lines.size() >= candidates.size());
   CHECK(result.problem.id() == "fwd|fp16|d64|causal|g4|q1024|k1024|bh16");
-  (void)arch;
 
   flashgen::testing::TempDir dir("flashgen-sweep-test");
   flashgen::TuningStore store(dir.path() / "tuning.sqlite");
@@ -64,4 +64,9 @@ TEST_CASE("a small forward sweep names, stores and finds a winner", "[gpu][tuner
   REQUIRE(found.has_value());
   CHECK(found->config == result.winner);
   CHECK(store.candidates(device, result.problem).size() == candidates.size());
+
+  // The run-time choice takes the stored winner for this problem and its bucket neighbours.
+  const flashgen::ForwardChoice choice = flashgen::choose_forward_config(device, result.problem, arch, &store);
+  CHECK(choice.config == result.winner);
+  CHECK(choice.reason.find("exact bucket") != std::string::npos);
 }
