@@ -1102,9 +1102,17 @@ int command_db(const Args& args) {
     if (device.empty() && problem_class.empty() && !args.has("all"))
       throw UsageError("prune without --device or --problem-class removes every row: pass --all to mean that",
                        args.usage());
-    const int removed = TuningStore(db_path).prune(device, problem_class);
-    if (json) std::cout << Json{{"db", db_path.string()}, {"removed", removed}}.dump(2) << '\n';
-    else std::cout << "removed " << removed << " rows from " << db_path.string() << '\n';
+    TuningStore store(db_path);
+    // prune() counts rows of both tables (winners and candidates); the winners are what `db list` shows.
+    const size_t winners_before = store.winners().size();
+    const int removed = store.prune(device, problem_class);
+    const size_t winners_removed = winners_before - store.winners().size();
+    if (json)
+      std::cout << Json{{"db", db_path.string()}, {"removed", removed}, {"winners_removed", winners_removed}}.dump(2)
+                << '\n';
+    else
+      std::cout << "removed " << removed << " rows (" << winners_removed << " winners) from " << db_path.string()
+                << '\n';
     return 0;
   }
   throw UsageError("unknown db action '" + action + "'", args.usage());

@@ -13,12 +13,16 @@
 #include <nlohmann/json.hpp>
 
 #include "catch.hpp"
+#include "support/cli_runner.hpp"
 #include "support/temp_dir.hpp"
 #include "cuda_driver.hpp"
 
 namespace {
 
+using flashgen::testing::CliResult;
 using flashgen::testing::TempDir;
+using flashgen::testing::parse_json;
+using flashgen::testing::run_cli;
 
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
@@ -26,51 +30,6 @@ using Json = nlohmann::json;
 // A valid config for every arch the CLI accepts (85 KiB of shared memory) that compiles in seconds.
 const std::string kConfigName = "fwd_sm80_fp16_d64_m64_n64_w4_s2";
 
-
-struct CliResult {
-  int exit_code = -1;  // -1 when the CLI did not exit normally (a signal)
-  std::string out;
-  std::string err;
-};
-
-// The word quoted for /bin/sh.
-std::string shell_quote(const std::string& word) {
-  std::string quoted = "'";
-  for (char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return quoted + "'";
-}
-
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-// Runs `flashgen <args>` with FLASHGEN_CACHE_DIR in `dir`: stdout through a pipe, stderr via a file.
-CliResult run_cli(const std::vector<std::string>& args, const TempDir& dir) {
-  const fs::path err_path = dir.path() / "stderr.txt";
-  std::string command = "FLASHGEN_CACHE_DIR=" + shell_quote((dir.path() / "cache").string()) + " " +
-                        shell_quote(FLASHGEN_CLI_PATH);
-  for (const std::string& arg : args) command += " " + shell_quote(arg);
-  command += " 2>" + shell_quote(err_path.string());
-  INFO("command: " << command);
-  FILE* pipe = ::popen(command.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  CliResult result;
-  char buffer[4096];
-  for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) result.out.append(buffer, n);
-  const int status = ::pclose(pipe);
-  result.exit_code = status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  result.err = read_file(err_path);
-  return result;
-}
-
-// stdout parsed as JSON; a parse failure fails the test and shows the text.
-Json parse_json(const CliResult& result) {
-  INFO("stdout: " << result.out << "\nstderr: " << result.err);
-  Json j;
-  REQUIRE_NOTHROW(j = Json::parse(result.out));
-  return j;
-}
 
 }  // namespace
 
