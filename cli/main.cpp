@@ -1217,6 +1217,8 @@ int command_tune(const Args& args) {
 
   SweepOptions options;
   Clock::time_point timing_start = Clock::now();
+  Clock::time_point start = Clock::now();
+  double compile_s = 0;
   options.progress = [&](const std::string& line) {
     size_t done = 0, total = 0;  // "[i/N] name: x ms": the candidate's position in the list
     if (std::sscanf(line.c_str(), "[%zu/%zu]", &done, &total) == 2 && done > 0 && total >= done) {
@@ -1224,11 +1226,14 @@ int command_tune(const Args& args) {
       std::cerr << line << format("  (eta %.0f s)", eta_s) << '\n';
       return;
     }
-    if (line.rfind("compiled ", 0) == 0) timing_start = Clock::now();  // timing starts after compiling
+    if (line.rfind("compiled ", 0) == 0) {  // timing starts after compiling
+      timing_start = Clock::now();
+      compile_s = ms_since(start) / 1000;
+    }
     std::cerr << line << '\n';
   };
   Stream stream;
-  const Clock::time_point start = Clock::now();
+  start = Clock::now();
   const SweepResult result = sweep_forward(problem, candidates, stream.get(), options);
   const double sweep_s = ms_since(start) / 1000;
   store.record(device, result.problem, result.candidates, result.winner, result.winner_ms);
@@ -1254,12 +1259,15 @@ int command_tune(const Args& args) {
               {"heuristic_status", builtin ? builtin->status : "not swept"},
               {"decision", result.decision},
               {"sweep_s", sweep_s},
+              {"compile_s", compile_s},
+              {"check_and_timing_s", sweep_s - compile_s},
               {"db", db_path.string()},
               {"skipped", false}};
     std::cout << j.dump(2) << '\n';
     return 0;
   }
-  std::cout << format("swept:     %zu candidates, %zu passed, in %.1f s\n", result.candidates.size(), passed, sweep_s)
+  std::cout << format("swept:     %zu candidates, %zu passed, in %.1f s (compile %.1f s, check and timing %.1f s)\n",
+                      result.candidates.size(), passed, sweep_s, compile_s, sweep_s - compile_s)
             << format("winner:    %s, %.4f ms\n", result.winner.name().c_str(), result.winner_ms);
   if (builtin_timed)
     std::cout << format("built-in:  %s, %.4f ms (the winner is %.2fx as fast)\n", heuristic.name().c_str(),
