@@ -166,9 +166,12 @@ ForwardProblem make_forward_problem(const flashgen_tensor* q, const flashgen_ten
   return problem;
 }
 
-PreparedForward prepare_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig* config) {
+namespace {
+
+// prepare_forward with the launch context already current (scope).
+PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedContext& scope,
+                                 const KernelConfig* config) {
   const AttnFwdParams& p = problem.params;
-  ScopedContext scope(stream, home_device(p));
   check_device_pointer(p.q, "q.data", scope.device());
   check_device_pointer(p.k, "k.data", scope.device());
   check_device_pointer(p.v, "v.data", scope.device());
@@ -211,6 +214,13 @@ PreparedForward prepare_forward(const ForwardProblem& problem, CUstream stream, 
   return prepared;
 }
 
+}  // namespace
+
+PreparedForward prepare_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig* config) {
+  ScopedContext scope(stream, home_device(problem.params));
+  return prepare_in_scope(problem, scope, config);
+}
+
 void PreparedForward::operator()(CUstream stream) const {
   void* args[] = {const_cast<AttnFwdParams*>(&params)};
   FLASHGEN_CU_CHECK(cuLaunchKernel(function, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes, stream, args,
@@ -218,8 +228,8 @@ void PreparedForward::operator()(CUstream stream) const {
 }
 
 ForwardLaunch launch_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig* config) {
-  ScopedContext scope(stream, home_device(problem.params));  // current for the launch after preparing
-  const PreparedForward prepared = prepare_forward(problem, stream, config);
+  ScopedContext scope(stream, home_device(problem.params));
+  const PreparedForward prepared = prepare_in_scope(problem, scope, config);
   prepared(stream);
   return prepared.launch;
 }

@@ -74,9 +74,9 @@ void DeviceBuffer::download(void* host, size_t bytes, size_t byte_offset) const 
   FLASHGEN_CU_CHECK(cuMemcpyDtoH(host, ptr_ + byte_offset, bytes));
 }
 
-void DeviceBuffer::fill_bytes(unsigned char value) {
+void DeviceBuffer::fill_bytes(unsigned char value, CUstream stream) {
   if (bytes_ == 0) return;
-  FLASHGEN_CU_CHECK(cuMemsetD8(ptr_, value, bytes_));
+  FLASHGEN_CU_CHECK(cuMemsetD8Async(ptr_, value, bytes_, stream));
 }
 
 }  // namespace flashgen

@@ -29,8 +29,8 @@ class DeviceBuffer {
   // Synchronous copies on the legacy default stream (cuMemcpyHtoD / DtoH), byte_offset into the buffer.
   void upload(const void* host, size_t bytes, size_t byte_offset = 0);
   void download(void* host, size_t bytes, size_t byte_offset = 0) const;
-  // cuMemsetD8 over the whole buffer (asynchronous on the legacy default stream).
-  void fill_bytes(unsigned char value);
+  // Sets every byte, ordered on stream (the legacy default stream when null).
+  void fill_bytes(unsigned char value, CUstream stream = nullptr);
 
   template <typename T>
   void upload(const std::vector<T>& host) {

@@ -164,10 +164,8 @@ SweepResult sweep_forward(const ForwardSweepProblem& problem, const std::vector<
     CandidateResult& c = result.candidates[i];
     if (c.status != "ok") continue;
     try {
-      inputs[0].dout.fill_bytes(0xff);  // NaN: an unwritten element fails the check
-      inputs[0].dlse.fill_bytes(0xff);
-      // The fills run on the legacy default stream; finish them before a non-blocking stream launches.
-      FLASHGEN_CU_CHECK(cuStreamSynchronize(nullptr));
+      inputs[0].dout.fill_bytes(0xff, stream);  // NaN: an unwritten element fails the check
+      inputs[0].dlse.fill_bytes(0xff, stream);
       launch_forward(problems[0], stream, &c.config);
       FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
       std::vector<uint16_t> out(static_cast<size_t>(q_elems));
