@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "bwd_config.hpp"
 #include "kernel_config.hpp"
 
 namespace flashgen {
@@ -29,6 +30,9 @@ struct GeneratedSource {
 };
 
 GeneratedSource generate(const KernelConfig& config);
+// One module holding every kernel of a backward config; kernel_name is config.name() and each kernel's
+// symbol is config.symbol(kernel).
+GeneratedSource generate(const BwdConfig& config);
 
 // The templates as embedded in the library at build time, or read from $FLASHGEN_TEMPLATE_DIR when set
 // (for editing templates without rebuilding).

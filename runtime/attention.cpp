@@ -10,94 +10,10 @@
 #include "cuda_driver.hpp"
 #include "flashgen/error.hpp"
 #include "kernel_registry.hpp"
+#include "tensor_checks.hpp"
 #include "select.hpp"
 
 namespace flashgen {
-
-namespace {
-
-const char* kDimNames[4] = {"batch", "seqlen", "heads", "head_dim"};
-
-// Largest extent of any dimension: keeps every index sum inside the kernels' 32-bit arithmetic.
-constexpr int64_t kMaxExtent = int64_t(1) << 30;
-
-std::string dim(const char* tensor, int i) {
-  return std::string(tensor) + ".shape[" + std::to_string(i) + "] (" + kDimNames[i] + ")";
-}
-
-// The integer a C caller stored in an enum field. Read through memcpy: loading a value outside the
-// enumerators through the enum type is undefined behaviour in C++, and C callers can pass anything.
-template <class Enum>
-int raw_enum(const Enum& value) {
-  static_assert(sizeof(Enum) == sizeof(int), "C enums are int-sized on supported ABIs");
-  int raw;
-  std::memcpy(&raw, &value, sizeof raw);
-  return raw;
-}
-
-// Presence, dtype and shape ranges of one tensor argument.
-void check_tensor(const flashgen_tensor* t, const char* name) {
-  FLASHGEN_REQUIRE(t != nullptr, std::string(name) + ": null pointer");
-  FLASHGEN_REQUIRE(t->data != nullptr, std::string(name) + ".data: null pointer");
-  const int dtype = raw_enum(t->dtype);
-  FLASHGEN_REQUIRE(dtype == FLASHGEN_FLOAT16 || dtype == FLASHGEN_BFLOAT16,
-                   std::string(name) + ".dtype: unknown value " + std::to_string(dtype));
-  for (int i = 0; i < 4; ++i) {
-    FLASHGEN_REQUIRE(t->shape[i] >= 1 && t->shape[i] <= kMaxExtent,
-                     dim(name, i) + " must be in [1, 2^30], got " + std::to_string(t->shape[i]));
-  }
-}
-
-// Memory layout the kernels can read with 16-byte copies: unit head_dim stride, aligned rows.
-void check_layout(const flashgen_tensor* t, const char* name) {
-  FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(t->data) % 16 == 0,
-                   std::string(name) + ".data: pointer must be 16-byte aligned");
-  FLASHGEN_REQUIRE(t->stride[3] == 1, std::string(name) + ".stride[3] must be 1 (head_dim contiguous), got " +
-                                          std::to_string(t->stride[3]));
-  for (int i = 0; i < 3; ++i) {
-    // A dimension of size 1 is never stepped over, so its stride does not matter.
-    if (t->shape[i] == 1) continue;
-    FLASHGEN_REQUIRE(t->stride[i] >= 0 && t->stride[i] % 8 == 0,
-                     std::string(name) + ".stride[" + std::to_string(i) +
-                         "] must be a non-negative multiple of 8 elements (16 bytes), got " +
-                         std::to_string(t->stride[i]));
-  }
-}
-
-// The output is written by many blocks at once: no two of its rows may share memory.
-void check_output_strides(const flashgen_tensor* out) {
-  for (int i = 0; i < 3; ++i) {
-    FLASHGEN_REQUIRE(out->shape[i] == 1 || out->stride[i] != 0,
-                     "out.stride[" + std::to_string(i) + "] is 0 for a dimension of size " +
-                         std::to_string(out->shape[i]) + ": output rows would overwrite each other");
-  }
-}
-
-// Without a stream or a current context, a launch runs on the device that holds q.
-int home_device(const AttnFwdParams& p) {
-  const PointerInfo q_info = pointer_info(p.q);
-  return q_info.device_accessible ? q_info.device : 0;
-}
-
-// Device memory of the context's device, or an error naming the argument.
-void check_device_pointer(const void* ptr, const char* name, int device) {
-  const PointerInfo info = pointer_info(ptr);
-  FLASHGEN_REQUIRE(info.device_accessible,
-                   std::string(name) + ": not device memory (a host or unregistered pointer)");
-  FLASHGEN_REQUIRE(info.device == device, std::string(name) + ": memory of device " + std::to_string(info.device) +
-                                              ", but the launch runs on device " + std::to_string(device) +
-                                              " (the stream's or the current context's)");
-}
-
-void require_same_dim(const flashgen_tensor* a, const char* a_name, const flashgen_tensor* b, const char* b_name,
-                      int i) {
-  FLASHGEN_REQUIRE(a->shape[i] == b->shape[i], dim(a_name, i) + " is " + std::to_string(a->shape[i]) + " but " +
-                                                   dim(b_name, i) + " is " + std::to_string(b->shape[i]));
-}
-
-DType to_dtype(flashgen_dtype d) { return d == FLASHGEN_BFLOAT16 ? DType::kBFloat16 : DType::kFloat16; }
-
-}  // namespace
 
 ForwardProblem make_forward_problem(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
                                     const flashgen_tensor* out, float* lse, const flashgen_attention_options* opts) {
@@ -129,7 +45,7 @@ ForwardProblem make_forward_problem(const flashgen_tensor* q, const flashgen_ten
   for (const auto& [t, name] : {std::pair{q, "q"}, std::pair{k, "k"}, std::pair{v, "v"}, std::pair{out, "out"}}) {
     check_layout(t, name);
   }
-  check_output_strides(out);
+  check_output_strides(out, "out");
   FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(lse) % alignof(float) == 0,
                    "lse: pointer must be 4-byte aligned");
   const int mask = raw_enum(opts->mask);
@@ -217,7 +133,7 @@ PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedCont
 }  // namespace
 
 PreparedForward prepare_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig* config) {
-  ScopedContext scope(stream, home_device(problem.params));
+  ScopedContext scope(stream, home_device(problem.params.q));
   return prepare_in_scope(problem, scope, config);
 }
 
@@ -228,7 +144,7 @@ void PreparedForward::operator()(CUstream stream) const {
 }
 
 ForwardLaunch launch_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig* config) {
-  ScopedContext scope(stream, home_device(problem.params));
+  ScopedContext scope(stream, home_device(problem.params.q));
   const PreparedForward prepared = prepare_in_scope(problem, scope, config);
   prepared(stream);
   return prepared.launch;

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "attention.hpp"
+#include "attention_backward.hpp"
 #include "flashgen/error.hpp"
 #include "flashgen/flashgen.h"
 
@@ -35,6 +36,18 @@ extern "C" int flashgen_attention_forward(const flashgen_tensor* q, const flashg
   return guarded([&] {
     const flashgen::ForwardProblem problem = flashgen::make_forward_problem(q, k, v, out, lse, opts);
     flashgen::launch_forward(problem, static_cast<CUstream>(cuda_stream));
+  });
+}
+
+extern "C" int flashgen_attention_backward(const flashgen_tensor* q, const flashgen_tensor* k,
+                                           const flashgen_tensor* v, const flashgen_tensor* out,
+                                           const flashgen_tensor* dout, const float* lse, const flashgen_tensor* dq,
+                                           const flashgen_tensor* dk, const flashgen_tensor* dv,
+                                           const flashgen_attention_options* opts, void* cuda_stream) {
+  return guarded([&] {
+    const flashgen::BackwardProblem problem =
+        flashgen::make_backward_problem(q, k, v, out, dout, lse, dq, dk, dv, opts);
+    flashgen::launch_backward(problem, static_cast<CUstream>(cuda_stream));
   });
 }
 

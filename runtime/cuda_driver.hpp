@@ -45,6 +45,8 @@ namespace flashgen {
   X(cuLaunchKernel)                  \
   X(cuMemAlloc)                      \
   X(cuMemFree)                       \
+  X(cuMemAllocAsync)                 \
+  X(cuMemFreeAsync)                  \
   X(cuMemcpyHtoD)                    \
   X(cuMemcpyDtoH)                    \
   X(cuMemsetD8)                      \

@@ -120,19 +120,15 @@ std::string kernel_cache_key(const GeneratedSource& source, int arch) {
   return source.kernel_name + "-sm" + std::to_string(arch) + "-" + content_hash(blob);
 }
 
-size_t KernelRegistry::KernelIdHash::operator()(const KernelId& id) const {
-  // Equality compares every KernelConfig field (operator==); the hash needs only enough of them to
-  // spread the handful of kernels a process uses, so a field added later cannot make it wrong.
-  const KernelConfig& c = id.config;
-  size_t seed = static_cast<size_t>(id.arch);
-  for (int field : {static_cast<int>(c.dtype), c.head_dim, static_cast<int>(c.mask), c.block_m, c.block_n,
-                    c.warps, c.stages, static_cast<int>(c.q_in_regs)})
-    hash_combine(static_cast<size_t>(field), &seed);
+size_t KernelRegistry::ModuleIdHash::operator()(const ModuleId& id) const {
+  size_t seed = std::hash<std::string>()(id.name);
+  hash_combine(static_cast<size_t>(id.arch), &seed);
   return seed;
 }
 
 size_t KernelRegistry::LoadedIdHash::operator()(const LoadedId& id) const {
-  size_t seed = KernelIdHash()(id.kernel);
+  size_t seed = ModuleIdHash()(id.module);
+  hash_combine(std::hash<std::string>()(id.symbol), &seed);
   hash_combine(static_cast<size_t>(id.context_id), &seed);
   return seed;
 }
@@ -145,16 +141,25 @@ KernelRegistry& KernelRegistry::instance() {
 KernelRegistry::KernelRegistry(std::filesystem::path cache_dir) : cache_(std::move(cache_dir)) {}
 
 std::shared_ptr<const CompiledKernel> KernelRegistry::compiled(const KernelConfig& config, int arch) {
-  const KernelId key{config, arch};
+  return compiled_module(ModuleId{config.name(), arch}, [&] { return generate(config); });
+}
+
+std::shared_ptr<const CompiledKernel> KernelRegistry::compiled(const BwdConfig& config, int arch) {
+  return compiled_module(ModuleId{config.name(), arch}, [&] { return generate(config); });
+}
+
+std::shared_ptr<const CompiledKernel> KernelRegistry::compiled_module(const ModuleId& id,
+                                                                      const Generate& generate_source) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto found = compiled_.find(key);
+    auto found = compiled_.find(id);
     if (found != compiled_.end()) return found->second;
   }
 
   // Unlocked from here: a compile takes seconds, and the disk cache's per-key file lock already makes a
   // second thread asking for the same kernel wait for the first and read its result.
-  const GeneratedSource source = generate(config);
+  const GeneratedSource source = generate_source();
+  const int arch = id.arch;
   const std::string cache_key = kernel_cache_key(source, arch);
   std::optional<CompiledKernel> fresh;
   bool hit = false;
@@ -180,41 +185,59 @@ std::shared_ptr<const CompiledKernel> KernelRegistry::compiled(const KernelConfi
 
   auto shared = std::make_shared<const CompiledKernel>(std::move(*kernel));
   std::lock_guard<std::mutex> lock(mutex_);
-  return compiled_.emplace(key, std::move(shared)).first->second;  // a racing thread's copy wins
+  return compiled_.emplace(id, std::move(shared)).first->second;  // a racing thread's copy wins
 }
 
 CUfunction KernelRegistry::function(const KernelConfig& config, CUcontext ctx, int arch) {
+  const std::string name = config.name();
+  return load(ModuleId{name, arch}, name, config.traits().smem_bytes, ctx, [&] { return generate(config); });
+}
+
+CUfunction KernelRegistry::function(const BwdConfig& config, BwdKernel kernel, CUcontext ctx, int arch) {
+  return load(ModuleId{config.name(), arch}, config.symbol(kernel), config.smem_bytes(kernel), ctx,
+              [&] { return generate(config); });
+}
+
+CUfunction KernelRegistry::load(const ModuleId& id, const std::string& symbol, int smem_bytes, CUcontext ctx,
+                                const Generate& generate_source) {
   // The context pointer alone is no identity: the driver may place a new context at a destroyed
   // one's address, and a reset primary context keeps its handle, while their modules are gone.
   unsigned long long context_id = 0;
   FLASHGEN_CU_CHECK(cuCtxGetId(ctx, &context_id));
-  const LoadedId key{context_id, KernelId{config, arch}};
+  const LoadedId key{context_id, id, symbol};
+  const LoadedId module_key{context_id, id, std::string()};
+  CUmodule module = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto found = loaded_.find(key);
     if (found != loaded_.end()) return found->second;
+    auto found_module = modules_.find(module_key);
+    if (found_module != modules_.end()) module = found_module->second;
   }
 
-  std::shared_ptr<const CompiledKernel> kernel = compiled(config, arch);
-  CUmodule module = nullptr;
-  FLASHGEN_CU_CHECK(cuModuleLoadData(&module, kernel->cubin.data()));
-  ModuleGuard guard(module);
+  std::shared_ptr<const CompiledKernel> kernel = compiled_module(id, generate_source);
+  if (module == nullptr) {
+    FLASHGEN_CU_CHECK(cuModuleLoadData(&module, kernel->cubin.data()));
+    ModuleGuard guard(module);
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto [entry, inserted] = modules_.emplace(module_key, module);
+    if (inserted) guard.release();  // modules stay loaded for the life of the context
+    module = entry->second;
+  }
   CUfunction function = nullptr;
-  FLASHGEN_CU_CHECK(cuModuleGetFunction(&function, module, kernel->kernel_name.c_str()));
+  FLASHGEN_CU_CHECK(cuModuleGetFunction(&function, module, symbol.c_str()));
   // Above 48 KiB of dynamic shared memory a kernel must opt in; the traits say how much it uses.
-  const int smem_bytes = config.traits().smem_bytes;
-  try {
-    FLASHGEN_CU_CHECK(
-        cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes));
-  } catch (const Error& e) {
-    throw Error(e.status(), std::string(e.what()) + " (" + kernel->kernel_name + " asks for " +
-                                std::to_string(smem_bytes) + " bytes of dynamic shared memory)");
+  if (smem_bytes > 0) {
+    try {
+      FLASHGEN_CU_CHECK(cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes));
+    } catch (const Error& e) {
+      throw Error(e.status(), std::string(e.what()) + " (" + symbol + " asks for " + std::to_string(smem_bytes) +
+                                  " bytes of dynamic shared memory)");
+    }
   }
 
   std::lock_guard<std::mutex> lock(mutex_);
-  auto [entry, inserted] = loaded_.emplace(key, function);
-  if (inserted) guard.release();  // modules stay loaded for the life of the context
-  return entry->second;
+  return loaded_.emplace(key, function).first->second;
 }
 
 }  // namespace flashgen

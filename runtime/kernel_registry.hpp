@@ -1,4 +1,4 @@
-// Loader stage: KernelConfig -> loaded CUfunction. Compiles through the in-memory map, then the disk
+// Loader stage: KernelConfig / BwdConfig -> loaded CUfunction. Compiles through the in-memory map, then the disk
 // cache, then NVRTC; loads each cubin once per CUDA context.
 #pragma once
 
@@ -6,11 +6,13 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 
+#include "bwd_config.hpp"
 #include "kernel_cache.hpp"
 #include "kernel_config.hpp"
 #include "nvrtc_compiler.hpp"
@@ -28,42 +30,54 @@ class KernelRegistry {
 
   explicit KernelRegistry(std::filesystem::path cache_dir);
 
-  // Compiled kernel for (config, arch): memory, then disk cache, then NVRTC. Thread-safe.
+  // Compiled module for (config, arch): memory, then disk cache, then NVRTC. Thread-safe.
   std::shared_ptr<const CompiledKernel> compiled(const KernelConfig& config, int arch);
+  std::shared_ptr<const CompiledKernel> compiled(const BwdConfig& config, int arch);
 
   // The kernel loaded into ctx (current on this thread) with its dynamic shared-memory limit raised.
-  // Loaded functions are remembered per context by the driver's unique context id (cuCtxGetId), so a
-  // context created at a destroyed one's address, or a reset primary context, loads afresh. Once
+  // Modules and functions are remembered per context by the driver's unique context id (cuCtxGetId),
+  // so a context created at a destroyed one's address, or a reset primary context, loads afresh. Once
   // loaded, a call costs one cuCtxGetId and a hash lookup.
   CUfunction function(const KernelConfig& config, CUcontext ctx, int arch);
+  CUfunction function(const BwdConfig& config, BwdKernel kernel, CUcontext ctx, int arch);
 
   const KernelCache& disk_cache() const { return cache_; }
 
  private:
-  // In-process identity of a kernel: a process's templates never change, so (config, arch) picks the
-  // same kernel as kernel_cache_key without regenerating and hashing the source on every launch.
-  struct KernelId {
-    KernelConfig config;
+  using Generate = std::function<GeneratedSource()>;
+
+  // In-process identity of a module: a process's templates never change, and a config's canonical
+  // name covers every field, so (name, arch) picks the same module as kernel_cache_key without
+  // regenerating and hashing the source on every launch.
+  struct ModuleId {
+    std::string name;
     int arch = 0;
-    bool operator==(const KernelId& other) const { return arch == other.arch && config == other.config; }
+    bool operator==(const ModuleId& other) const { return arch == other.arch && name == other.name; }
   };
+  // A module (symbol empty) or one kernel of it, loaded in one context.
   struct LoadedId {
     unsigned long long context_id = 0;  // cuCtxGetId: unique for the life of the process
-    KernelId kernel;
+    ModuleId module;
+    std::string symbol;
     bool operator==(const LoadedId& other) const {
-      return context_id == other.context_id && kernel == other.kernel;
+      return context_id == other.context_id && module == other.module && symbol == other.symbol;
     }
   };
-  struct KernelIdHash {
-    size_t operator()(const KernelId& id) const;
+  struct ModuleIdHash {
+    size_t operator()(const ModuleId& id) const;
   };
   struct LoadedIdHash {
     size_t operator()(const LoadedId& id) const;
   };
 
+  std::shared_ptr<const CompiledKernel> compiled_module(const ModuleId& id, const Generate& generate_source);
+  CUfunction load(const ModuleId& id, const std::string& symbol, int smem_bytes, CUcontext ctx,
+                  const Generate& generate_source);
+
   KernelCache cache_;
   std::mutex mutex_;
-  std::unordered_map<KernelId, std::shared_ptr<const CompiledKernel>, KernelIdHash> compiled_;
+  std::unordered_map<ModuleId, std::shared_ptr<const CompiledKernel>, ModuleIdHash> compiled_;
+  std::unordered_map<LoadedId, CUmodule, LoadedIdHash> modules_;
   std::unordered_map<LoadedId, CUfunction, LoadedIdHash> loaded_;
 };
 

@@ -124,7 +124,7 @@ std::string nvrtc_version() {
   return std::to_string(major) + "." + std::to_string(minor);
 }
 
-ResourceUsage parse_ptxas_log(const std::string& log) {
+ResourceUsage parse_ptxas_log(const std::string& log, const std::string& entry_name) {
   // ptxas -v as NVRTC 13 prints it (per entry function, after "Compiling entry function 'k' for 'sm_80'"):
   //   ptxas info    : Function properties for k
   //   ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
@@ -134,14 +134,17 @@ ResourceUsage parse_ptxas_log(const std::string& log) {
   ResourceUsage usage;
   std::string entry;       // the kernel being compiled, once a "Compiling entry function" line named it
   std::string properties;  // the function the current "Function properties" block describes
+  bool skipping = false;   // inside another entry function's block
   std::istringstream lines(log);
   std::string line;
   while (std::getline(lines, line)) {
     if (line.find("Compiling entry function") != std::string::npos) {
-      if (usage.registers >= 0) break;  // the first kernel is complete; a second one is not ours
+      if (usage.registers >= 0) break;  // the wanted kernel is complete; the next one is not ours
       entry = name_after(line, "Compiling entry function");
+      skipping = !entry_name.empty() && entry != entry_name;
       continue;
     }
+    if (skipping) continue;
     if (line.find("Function properties for") != std::string::npos) {
       properties = name_after(line, "Function properties for");
       continue;
@@ -163,6 +166,8 @@ ResourceUsage parse_ptxas_log(const std::string& log) {
   }
   return usage;
 }
+
+ResourceUsage CompiledKernel::usage_of(const std::string& symbol) const { return parse_ptxas_log(log, symbol); }
 
 CompiledKernel compile_nvrtc(const GeneratedSource& source, int arch) {
   CompiledKernel kernel;

@@ -24,9 +24,12 @@ struct CompiledKernel {
   std::string cubin;                 // raw bytes
   std::string log;                   // NVRTC + ptxas log
   std::vector<std::string> options;  // NVRTC options used
-  ResourceUsage usage;
+  ResourceUsage usage;               // of the first entry function (the only one of a forward module)
   double compile_ms = 0;             // 0 when it came from a cache
   bool from_cache = false;
+
+  // ptxas's report for one entry function of a module holding several (backward).
+  ResourceUsage usage_of(const std::string& symbol) const;
 };
 
 // "-arch=sm_90a" on Hopper (wgmma/setmaxnreg need the a-suffix), "-arch=sm_<arch>" otherwise.
@@ -38,8 +41,9 @@ std::vector<std::string> nvrtc_options(int arch);
 // "13.0"
 std::string nvrtc_version();
 
-// Parses registers, shared memory, stack and spill bytes for the kernel out of a ptxas -v log.
-ResourceUsage parse_ptxas_log(const std::string& log);
+// Parses registers, shared memory, stack and spill bytes out of a ptxas -v log: for the entry function
+// named entry_name, or the first one when entry_name is empty (default-constructed usage when absent).
+ResourceUsage parse_ptxas_log(const std::string& log, const std::string& entry_name = "");
 
 // Compiles with NVRTC. On failure throws Error(kCompile) whose message holds the log and the path
 // where the full source was dumped ($FLASHGEN_CACHE_DIR/failed/<kernel>.cu).

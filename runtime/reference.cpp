@@ -274,4 +274,70 @@ ReferenceRow attention_reference_row(const AttentionShape& shape, const HostInpu
   return result;
 }
 
+AttentionGradients attention_backward_reference_f64(const AttentionShape& shape, const HostInput& q,
+                                                    const HostInput& k, const HostInput& v, const HostInput& dout,
+                                                    double scale, flashgen_mask mask) {
+  require_reference_inputs(shape, q, k, v);
+  FLASHGEN_REQUIRE(dout.view.shape[0] == shape.batch && dout.view.shape[1] == shape.seqlen_q &&
+                       dout.view.shape[2] == shape.heads_q && dout.view.shape[3] == shape.head_dim,
+                   "dout: shape must be [batch, seqlen_q, heads_q, head_dim]");
+  const int64_t d = shape.head_dim;
+  AttentionGradients grads;
+  grads.dq.assign(static_cast<size_t>(shape.batch * shape.seqlen_q * shape.heads_q * d), 0.0);
+  grads.dk.assign(static_cast<size_t>(shape.batch * shape.seqlen_k * shape.heads_kv * d), 0.0);
+  grads.dv.assign(grads.dk.size(), 0.0);
+  const StridedView q_out = StridedView::contiguous(shape.batch, shape.seqlen_q, shape.heads_q, d);
+  const StridedView kv_out = StridedView::contiguous(shape.batch, shape.seqlen_k, shape.heads_kv, d);
+
+  std::vector<double> q_scratch(d), k_scratch(d), v_scratch(d), do_scratch(d), out(d), p;
+  for (int64_t b = 0; b < shape.batch; ++b)
+    for (int64_t h = 0; h < shape.heads_q; ++h) {
+      const int64_t hk = shape.kv_head(h);
+      for (int64_t i = 0; i < shape.seqlen_q; ++i) {
+        const int64_t visible = visible_key_count(mask, i, shape.seqlen_q, shape.seqlen_k);
+        if (visible == 0) continue;
+        const double* qi = q.row(b, i, h, q_scratch.data());
+        const double* doi = dout.row(b, i, h, do_scratch.data());
+        // P of row i, exactly as the forward reference forms it.
+        p.assign(static_cast<size_t>(visible), 0.0);
+        double row_max = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < visible; ++j) {
+          const double* kj = k.row(b, j, hk, k_scratch.data());
+          double s = 0;
+          for (int64_t x = 0; x < d; ++x) s += qi[x] * kj[x];
+          p[j] = s * scale;
+          row_max = std::max(row_max, p[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < visible; ++j) sum += (p[j] = std::exp(p[j] - row_max));
+        std::fill(out.begin(), out.end(), 0.0);
+        for (int64_t j = 0; j < visible; ++j) {
+          p[j] /= sum;
+          const double* vj = v.row(b, j, hk, v_scratch.data());
+          for (int64_t x = 0; x < d; ++x) out[x] += p[j] * vj[x];
+        }
+        double dsum = 0;  // D = rowsum(dO ∘ O)
+        for (int64_t x = 0; x < d; ++x) dsum += doi[x] * out[x];
+        double* dqi = &grads.dq[static_cast<size_t>(q_out.offset(b, i, h, 0))];
+        for (int64_t j = 0; j < visible; ++j) {
+          const double* kj = k.row(b, j, hk, k_scratch.data());
+          const double* vj = v.row(b, j, hk, v_scratch.data());
+          double dp = 0;
+          for (int64_t x = 0; x < d; ++x) dp += doi[x] * vj[x];
+          const double ds = p[j] * (dp - dsum);
+          double* dkj = &grads.dk[static_cast<size_t>(kv_out.offset(b, j, hk, 0))];
+          double* dvj = &grads.dv[static_cast<size_t>(kv_out.offset(b, j, hk, 0))];
+          for (int64_t x = 0; x < d; ++x) {
+            dqi[x] += scale * ds * kj[x];
+            dkj[x] += scale * ds * qi[x];
+            dvj[x] += p[j] * doi[x];
+          }
+        }
+      }
+    }
+  return grads;
+}
+
+double backward_flops(const AttentionShape& shape, flashgen_mask mask) { return 2.5 * forward_flops(shape, mask); }
+
 }  // namespace flashgen

@@ -134,4 +134,25 @@ ReferenceRow attention_reference_row(const AttentionShape& shape, const HostInpu
                                      const HostInput& v, double scale, flashgen_mask mask, int64_t batch,
                                      int64_t head, int64_t row);
 
+// ---------------------------------------------------------------------------------------------------
+// Backward.
+
+struct AttentionGradients {
+  std::vector<double> dq;  // [batch, seqlen_q, heads_q, head_dim] contiguous
+  std::vector<double> dk;  // [batch, seqlen_k, heads_kv, head_dim] contiguous
+  std::vector<double> dv;  // like dk
+};
+
+// Exact float64 gradients of attention_reference_f64's out for the upstream gradient dout ([b, sq, hq, d]):
+// P = softmax(scale · q kᵀ, masked), dV = Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP − rowsum(dO ∘ O)), dQ = scale · dS K,
+// dK = scale · dSᵀ Q, with dK and dV summed over the query heads sharing a key/value head. Fully masked
+// rows contribute nothing.
+AttentionGradients attention_backward_reference_f64(const AttentionShape& shape, const HostInput& q,
+                                                    const HostInput& k, const HostInput& v, const HostInput& dout,
+                                                    double scale, flashgen_mask mask);
+
+// FLOPs of one backward pass: 2.5x the forward's (five products of the forward's size, QKᵀ recomputed),
+// the count FlashAttention's benchmarks report.
+double backward_flops(const AttentionShape& shape, flashgen_mask mask);
+
 }  // namespace flashgen

@@ -32,4 +32,38 @@ struct AttnFwdParams {
   float scale_log2;   // scale * log2(e): the kernels exponentiate in base 2
 };
 
+// Backward pass: the forward's tensors, dO, the forward's LSE and the gradients, plus fp32 workspace.
+struct AttnBwdParams {
+  const void* q;     // (batch, seqlen_q, heads_q, head_dim)
+  const void* k;     // (batch, seqlen_k, heads_kv, head_dim)
+  const void* v;     // (batch, seqlen_k, heads_kv, head_dim)
+  const void* o;     // (batch, seqlen_q, heads_q, head_dim): the forward's output
+  const void* dout;  // (batch, seqlen_q, heads_q, head_dim)
+  const float* lse;  // (batch, heads_q, seqlen_q) contiguous, natural log, as the forward wrote it
+  void* dq;          // like q
+  void* dk;          // like k
+  void* dv;          // like v
+  float* dsum;       // workspace (batch, heads_q, seqlen_q): D = rowsum(dO ∘ O)
+  float* dq_accum;   // workspace (batch, heads_q, seqlen_q, head_dim) fp32, atomic strategy only
+
+  long long q_batch_stride, q_row_stride, q_head_stride;
+  long long k_batch_stride, k_row_stride, k_head_stride;
+  long long v_batch_stride, v_row_stride, v_head_stride;
+  long long o_batch_stride, o_row_stride, o_head_stride;
+  long long do_batch_stride, do_row_stride, do_head_stride;
+  long long dq_batch_stride, dq_row_stride, dq_head_stride;
+  long long dk_batch_stride, dk_row_stride, dk_head_stride;
+  long long dv_batch_stride, dv_row_stride, dv_head_stride;
+
+  int batch;
+  int heads_q;
+  int heads_kv;
+  int group_size;
+  int seqlen_q;
+  int seqlen_k;
+  int causal_offset;  // as in AttnFwdParams
+  float scale;
+  float scale_log2;
+};
+
 }  // namespace flashgen

@@ -8,14 +8,9 @@
 #include "attn_params.cuh"
 #include "fwd_traits.cuh"
 #include "sm80_primitives.cuh"
+#include "tile_copy.cuh"
 
 namespace flashgen {
-
-// std::integral_constant without <type_traits>: NVRTC compiles the templates with no standard headers.
-template <bool kValue>
-struct BoolConstant {
-  static constexpr bool value = kValue;
-};
 
 template <class Cfg>
 struct FwdSm80 {
@@ -49,45 +44,11 @@ struct FwdSm80 {
   // Largest log2 growth of the row max absorbed without rescaling O: P stays below 2^8.
   static constexpr float kRescaleSlack = 8.f;
 
-  // Copies rows [0, kRows) of a (rows, head_dim) global tile to smem at byte address smem_tile,
-  // zero-filling rows past rows_valid (which may be <= 0) and the head_dim padding. Zero-fill copies
-  // read nothing but still name `inside`, an address inside the tensor. Consecutive threads take
-  // consecutive 16-byte chunks, so each warp reads whole rows.
   template <int kRows>
   static __device__ __forceinline__ void load_tile(u32 smem_tile, const u16* gmem, long long row_stride,
                                                    int rows_valid, const u16* inside, int tid) {
-    if constexpr (kThreads % kChunks == 0) {
-      // Each thread keeps one chunk column and steps down kRowsPerPass rows a pass: one running
-      // pointer instead of a 64-bit offset per pass held across the main loop.
-      constexpr int kRowsPerPass = kThreads / kChunks;
-      const int row0 = tid / kChunks;
-      const int chunk = tid % kChunks;
-      const u16* src = gmem + row0 * row_stride + chunk * 8;
-      const long long step = kRowsPerPass * row_stride;
-      u32 dst = smem_tile + (row0 * kRow + chunk * 8) * 2;
-#pragma unroll
-      for (int row = 0; row < kRows; row += kRowsPerPass) {
-        if (kRows % kRowsPerPass == 0 || row + row0 < kRows) {
-          const bool valid = row + row0 < rows_valid && chunk < kValidChunks;
-          sm80::cp_async_16(dst, valid ? src : inside, valid);
-        }
-        src += step;
-        dst += kRowsPerPass * kRow * 2;
-      }
-    } else {
-      constexpr int kTotal = kRows * kChunks;
-#pragma unroll
-      for (int i0 = 0; i0 < kTotal; i0 += kThreads) {
-        const int i = i0 + tid;
-        if (kTotal % kThreads == 0 || i < kTotal) {
-          const int row = i / kChunks;
-          const int chunk = i % kChunks;
-          const bool valid = row < rows_valid && chunk < kValidChunks;
-          const u16* src = valid ? gmem + row * row_stride + chunk * 8 : inside;
-          sm80::cp_async_16(smem_tile + (row * kRow + chunk * 8) * 2, src, valid);
-        }
-      }
-    }
+    sm80::TileCopy<kThreads, kRow, kChunks, kValidChunks>::template load<kRows>(smem_tile, gmem, row_stride,
+                                                                              rows_valid, inside, tid);
   }
 
   // A fragments (16 rows x 16 k) of this warp's Q tile mt for k-step kk; q_lane is the lane's address.
@@ -335,8 +296,8 @@ struct FwdSm80 {
     int n_interior = p.seqlen_k / kBlockN;
     if constexpr (kCausal) n_interior = min(n_interior, max(0, (m_start + p.causal_offset + 1) / kBlockN));
     n_interior = min(n_interior, n_blocks);
-    for (int n_block = 0; n_block < n_interior; ++n_block) attend(n_block, BoolConstant<false>{});
-    for (int n_block = n_interior; n_block < n_blocks; ++n_block) attend(n_block, BoolConstant<true>{});
+    for (int n_block = 0; n_block < n_interior; ++n_block) attend(n_block, sm80::BoolConstant<false>{});
+    for (int n_block = n_interior; n_block < n_blocks; ++n_block) attend(n_block, sm80::BoolConstant<true>{});
 
     // The output tile reuses the Q rows: every thread's Q copies must have landed, including when no
     // key block was visible (n_blocks == 0) and the loop's barriers never ran.

@@ -24,6 +24,12 @@ __device__ __forceinline__ void cp_async_16(u32 dst, const void* src, bool valid
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
 
+// 4-byte global -> shared copy through L1 (for per-row floats such as LSE); zeros when !valid.
+__device__ __forceinline__ void cp_async_4(u32 dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 // Waits until at most kPending of this thread's committed groups are still in flight.
@@ -74,6 +80,24 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {
     asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
   }
   return r;
+}
+
+// The two 16-bit values of a packed pair as fp32: (low half, high half).
+template <ElemType kElem>
+__device__ __forceinline__ void unpack2(u32 pair, float& lo, float& hi) {
+  if constexpr (kElem == ElemType::kBFloat16) {
+    lo = __uint_as_float(pair << 16);
+    hi = __uint_as_float(pair & 0xffff0000u);
+  } else {
+    asm("{ .reg .f16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }"
+        : "=f"(lo), "=f"(hi)
+        : "r"(pair));
+  }
+}
+
+// *addr += value in global memory, result unused (red.global.add.f32).
+__device__ __forceinline__ void atomic_add_f32(float* addr, float value) {
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(addr), "f"(value) : "memory");
 }
 
 __device__ __forceinline__ float exp2_approx(float x) {

@@ -84,4 +84,68 @@ std::vector<KernelConfig> default_forward_candidates(int arch) {
   return out;
 }
 
+namespace {
+
+struct BwdTile {
+  int block_m, block_n, warps, stages, d_split;
+  int dq_block_m, dq_block_n, dq_warps, dq_stages;
+};
+
+// Each warp of the dkdv kernel holds dK and dV for 16 keys x its head_dim slice in registers (128
+// registers at a 128-wide slice), next to Sᵀ and dPᵀ of a whole query block, so wide heads take two
+// slices and narrow query blocks. Checked spill-free by tests/tuner/test_heuristic.cpp.
+std::vector<BwdTile> backward_preferences(int head_dim) {
+  const int split = head_dim <= 128 ? 1 : 2;
+  // Small tiles that fit sm_86/sm_89's 99 KB for every head_dim.
+  const BwdTile small = {16, 32, 2, 2, split, 32, 16, 2, 2};
+  if (head_dim <= 64) return {{64, 64, 4, 2, 1, 64, 32, 4, 2}, {32, 64, 4, 2, 1, 64, 32, 4, 2}, small};
+  if (head_dim <= 128) return {{32, 64, 4, 2, 1, 64, 32, 4, 2}, {32, 64, 4, 2, 2, 64, 16, 4, 2}, small};
+  // A 32-key S tile next to a (16, 192..256) dQ tile spills in the dq kernel; 16 keys fit.
+  const int dq_block_n = head_dim <= 160 ? 32 : 16;
+  return {{32, 64, 4, 2, 2, 64, dq_block_n, 4, 2}, {16, 64, 4, 2, 2, 64, 16, 4, 2}, small};
+}
+
+}  // namespace
+
+std::vector<BwdConfig> heuristic_backward_configs(DType dtype, int head_dim, MaskKind mask, bool deterministic,
+                                                  int arch) {
+  std::vector<BwdConfig> configs;
+  std::string last_reason = "no candidate";
+  for (const BwdTile& tile : backward_preferences(head_dim)) {
+    BwdConfig c;
+    c.dtype = dtype;
+    c.head_dim = head_dim;
+    c.mask = mask;
+    c.deterministic = deterministic;
+    c.block_m = tile.block_m, c.block_n = tile.block_n, c.warps = tile.warps, c.stages = tile.stages;
+    c.d_split = tile.d_split;
+    c.dq_block_m = tile.dq_block_m, c.dq_block_n = tile.dq_block_n, c.dq_warps = tile.dq_warps;
+    c.dq_stages = tile.dq_stages;
+    if (auto why = c.invalid_reason(arch)) {
+      last_reason = *why;
+    } else {
+      configs.push_back(c);
+    }
+  }
+  if (configs.empty()) {
+    fail(Status::kUnsupported, "no backward config for head_dim " + std::to_string(head_dim) + " on sm_" +
+                                   std::to_string(arch) + ": " + last_reason);
+  }
+  return configs;
+}
+
+BwdConfig heuristic_backward_config(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch) {
+  return heuristic_backward_configs(dtype, head_dim, mask, deterministic, arch).front();
+}
+
+std::vector<BwdConfig> default_backward_candidates(int arch) {
+  std::vector<BwdConfig> out;
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16})
+    for (MaskKind mask : {MaskKind::kNone, MaskKind::kCausal})
+      for (bool deterministic : {false, true})
+        for (int d : {32, 64, 96, 128, 192, 256})
+          out.push_back(heuristic_backward_config(dtype, d, mask, deterministic, arch));
+  return out;
+}
+
 }  // namespace flashgen

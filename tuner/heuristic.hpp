@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "bwd_config.hpp"
 #include "kernel_config.hpp"
 
 namespace flashgen {
@@ -20,5 +21,15 @@ KernelConfig heuristic_forward_config(DType dtype, int head_dim, MaskKind mask, 
 // Default candidates for an arch: the heuristic choices for head_dim 32..256 (the standard ones),
 // both dtypes, both masks, plus the tile variants a tuner would try first. Every one is valid for arch.
 std::vector<KernelConfig> default_forward_candidates(int arch);
+
+// Backward configs for (dtype, head_dim, mask, strategy) on sm_<arch> without tuning data, best first;
+// every one is valid for arch and the list is never empty for a supported head_dim.
+std::vector<BwdConfig> heuristic_backward_configs(DType dtype, int head_dim, MaskKind mask, bool deterministic,
+                                                  int arch);
+BwdConfig heuristic_backward_config(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch);
+
+// Default backward candidates for an arch: the heuristic choices for head_dim 32..256, both dtypes,
+// both masks, both strategies. Every one is valid for arch.
+std::vector<BwdConfig> default_backward_candidates(int arch);
 
 }  // namespace flashgen

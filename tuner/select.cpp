@@ -50,6 +50,43 @@ ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arc
   return chosen.emplace(key, choice).first->second;
 }
 
+BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch) {
+  using Key = std::tuple<int, int, int, bool, int>;
+  static std::mutex mutex;
+  static std::map<Key, BackwardChoice> chosen;
+  const Key key{static_cast<int>(dtype), head_dim, static_cast<int>(mask), deterministic, arch};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto found = chosen.find(key); found != chosen.end()) return found->second;
+  }
+
+  const std::vector<BwdConfig> configs = heuristic_backward_configs(dtype, head_dim, mask, deterministic, arch);
+  BackwardChoice choice{configs.front(), "built-in heuristic (no tuning data)"};
+  std::string spilling;
+  bool clean = false;
+  for (const BwdConfig& config : configs) {
+    const std::shared_ptr<const CompiledKernel> module = KernelRegistry::instance().compiled(config, arch);
+    int spilled = 0;
+    for (BwdKernel kernel : {BwdKernel::kDkdv, BwdKernel::kDq}) {
+      if (kernel == BwdKernel::kDq && !deterministic) continue;
+      const ResourceUsage usage = module->usage_of(config.symbol(kernel));
+      spilled += usage.spill_store_bytes + usage.spill_load_bytes;
+    }
+    if (spilled == 0) {
+      choice.config = config;
+      clean = true;
+      break;
+    }
+    spilling += (spilling.empty() ? "" : ", ") + config.name() + " spills " + std::to_string(spilled) + " bytes";
+  }
+  if (!spilling.empty()) {
+    choice.reason += clean ? "; passed over " + spilling
+                           : "; every candidate spills (" + spilling + "), using the first";
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  return chosen.emplace(key, choice).first->second;
+}
+
 ForwardChoice choose_forward_config(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
                                     const TuningStore* user_db) {
   std::string passed_over;

@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "bwd_config.hpp"
 #include "kernel_config.hpp"
 #include "problem_key.hpp"
 
@@ -32,5 +33,14 @@ ForwardChoice choose_forward_config(const DeviceFingerprint& device, const Probl
 // TuningStore::default_path(), opened read-only on first use (a missing file means no tuning data),
 // memoized per (device, problem key). Thread-safe; microseconds after the first call for a key.
 ForwardChoice choose_forward_config(int device, const ProblemKey& problem, int arch);
+
+struct BackwardChoice {
+  BwdConfig config;
+  std::string reason;
+};
+
+// The first built-in backward config for the problem class whose kernels (dkdv, and dq when
+// deterministic) compile without spills; the first one when all spill, saying so. Memoized.
+BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch);
 
 }  // namespace flashgen

@@ -27,7 +27,7 @@ typedef struct {
 typedef struct {
   float softmax_scale;    /* <= 0: 1/sqrt(head_dim) */
   flashgen_mask mask;
-  int deterministic;      /* backward */
+  int deterministic;      /* backward: nonzero gives bitwise-identical gradients on repeated runs */
 } flashgen_attention_options;
 
 /* Status codes. 0 is success; every failure also sets flashgen_last_error(). */
@@ -51,6 +51,22 @@ enum {
 int flashgen_attention_forward(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
                                const flashgen_tensor* out, float* lse /* may be NULL */,
                                const flashgen_attention_options* opts, void* cuda_stream);
+
+/* Gradients of flashgen_attention_forward: given dout = dL/d(out), writes dq, dk, dv (shaped and typed
+ * like q, k, v, each with its own strides). out and lse are exactly what the forward wrote for the same
+ * q, k, v and opts. With grouped heads (heads_q a multiple of heads_kv), dk and dv sum over each kv
+ * head's group of query heads. Rows that saw no key get zero gradients, never NaN.
+ * opts->deterministic != 0 computes dq in a separate pass that owns each element, so repeated runs give
+ * identical bits; otherwise dq is accumulated with fp32 atomics (faster, last-bit nondeterministic).
+ * Workspace: 4 * batch * heads_q * seqlen_q bytes, plus 4 * batch * heads_q * seqlen_q * head_dim bytes
+ * when not deterministic, taken from the device's default stream-ordered memory pool on cuda_stream and
+ * given back on it (cuMemAllocAsync / cuMemFreeAsync: no synchronization; the pool keeps the memory
+ * for the next call). The C++ API (runtime/attention_backward.hpp) takes a caller-provided workspace.
+ * Stream, context and error semantics as for the forward. */
+int flashgen_attention_backward(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
+                                const flashgen_tensor* out, const flashgen_tensor* dout, const float* lse,
+                                const flashgen_tensor* dq, const flashgen_tensor* dk, const flashgen_tensor* dv,
+                                const flashgen_attention_options* opts, void* cuda_stream);
 
 /* Thread-local text of the last failure on this thread ("" if none). */
 const char* flashgen_last_error(void);

@@ -55,3 +55,40 @@ TEST_CASE("every default candidate compiles for sm_80 and sm_90a with zero spill
     }
   }
 }
+
+TEST_CASE("backward heuristic is valid for every head_dim, dtype, mask, strategy and arch", "[tuner][heuristic][backward]") {
+  for (int arch : {80, 86, 89, 90})
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16})
+      for (MaskKind mask : {MaskKind::kNone, MaskKind::kCausal})
+        for (bool deterministic : {false, true})
+          for (int d = 8; d <= 256; d += 8) {
+            const auto c = flashgen::heuristic_backward_config(dtype, d, mask, deterministic, arch);
+            INFO("sm_" << arch << " " << c.name());
+            CHECK(c.head_dim == d);
+            CHECK(c.deterministic == deterministic);
+            CHECK_FALSE(c.invalid_reason(arch).has_value());
+          }
+}
+
+TEST_CASE("every default backward candidate compiles for sm_80 and sm_90a with zero spills",
+          "[tuner][heuristic][nvrtc][backward]") {
+  const TempDir cache_dir{"flashgen-bwd-heuristic-test"};
+  flashgen::KernelRegistry registry(cache_dir.path());
+  for (int arch : {80, 90}) {
+    const auto candidates = flashgen::default_backward_candidates(arch);
+    CHECK(candidates.size() == 48);
+    for (const auto& c : candidates) {
+      const auto compiled = registry.compiled(c, arch);
+      CHECK(compiled->cubin.size() > 0);
+      for (flashgen::BwdKernel kernel : {flashgen::BwdKernel::kPreprocess, flashgen::BwdKernel::kDkdv,
+                                         c.deterministic ? flashgen::BwdKernel::kDq : flashgen::BwdKernel::kConvert}) {
+        const flashgen::ResourceUsage usage = compiled->usage_of(c.symbol(kernel));
+        INFO("sm_" << arch << " " << c.symbol(kernel));
+        CHECK(usage.registers > 0);
+        CHECK(usage.spill_store_bytes == 0);
+        CHECK(usage.spill_load_bytes == 0);
+        CHECK(usage.stack_bytes == 0);
+      }
+    }
+  }
+}

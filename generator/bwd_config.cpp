@@ -1,0 +1,177 @@
+// BwdConfig naming, validation and JSON round-trip.
+#include "bwd_config.hpp"
+
+#include <charconv>
+#include <sstream>
+#include <vector>
+
+#include "flashgen/error.hpp"
+
+namespace flashgen {
+
+const char* bwd_kernel_suffix(BwdKernel kernel) {
+  switch (kernel) {
+    case BwdKernel::kPreprocess: return "preprocess";
+    case BwdKernel::kDkdv: return "dkdv";
+    case BwdKernel::kDq: return "dq";
+    case BwdKernel::kConvert: return "convert";
+  }
+  return "unknown";
+}
+
+std::string BwdConfig::name() const {
+  std::ostringstream out;
+  out << "bwd_sm80_" << dtype_name(dtype) << "_d" << head_dim << "_m" << block_m << "_n" << block_n << "_w"
+      << warps << "_s" << stages << "_x" << d_split;
+  if (mask == MaskKind::kCausal) out << "_causal";
+  if (deterministic) out << "_det_qm" << dq_block_m << "_qn" << dq_block_n << "_qw" << dq_warps << "_qs" << dq_stages;
+  return out.str();
+}
+
+std::string BwdConfig::symbol(BwdKernel kernel) const { return name() + "_" + bwd_kernel_suffix(kernel); }
+
+namespace {
+
+// Reads "<prefix><int>" from one '_'-separated field.
+int parse_field(const std::string& field, const std::string& prefix, const std::string& name) {
+  int value = 0;
+  const bool has_prefix = field.size() > prefix.size() && field.compare(0, prefix.size(), prefix) == 0;
+  const char* first = field.data() + prefix.size();
+  const char* last = field.data() + field.size();
+  const std::from_chars_result parsed =
+      has_prefix ? std::from_chars(first, last, value) : std::from_chars_result{first, std::errc::invalid_argument};
+  FLASHGEN_REQUIRE(parsed.ec == std::errc() && parsed.ptr == last,
+                   "config name '" + name + "': expected '" + prefix + "<number>', got '" + field + "'");
+  return value;
+}
+
+}  // namespace
+
+BwdConfig BwdConfig::from_name(const std::string& name) {
+  std::vector<std::string> fields;
+  std::istringstream in(name);
+  for (std::string field; std::getline(in, field, '_');) fields.push_back(field);
+  FLASHGEN_REQUIRE(fields.size() >= 9 && fields[0] == "bwd" && fields[1] == "sm80",
+                   "config name '" + name +
+                       "': expected bwd_sm80_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_w<warps>_s<stages>"
+                       "_x<d_split>[_causal][_det_qm<m>_qn<n>_qw<warps>_qs<stages>]");
+  BwdConfig c;
+  FLASHGEN_REQUIRE(fields[2] == "fp16" || fields[2] == "bf16",
+                   "config name '" + name + "': dtype must be fp16 or bf16, got '" + fields[2] + "'");
+  c.dtype = fields[2] == "bf16" ? DType::kBFloat16 : DType::kFloat16;
+  c.head_dim = parse_field(fields[3], "d", name);
+  c.block_m = parse_field(fields[4], "m", name);
+  c.block_n = parse_field(fields[5], "n", name);
+  c.warps = parse_field(fields[6], "w", name);
+  c.stages = parse_field(fields[7], "s", name);
+  c.d_split = parse_field(fields[8], "x", name);
+  size_t i = 9;
+  if (i < fields.size() && fields[i] == "causal") {
+    c.mask = MaskKind::kCausal;
+    ++i;
+  }
+  if (i < fields.size() && fields[i] == "det") {
+    FLASHGEN_REQUIRE(i + 5 == fields.size(), "config name '" + name + "': _det takes _qm<m>_qn<n>_qw<warps>_qs<stages>");
+    c.deterministic = true;
+    c.dq_block_m = parse_field(fields[i + 1], "qm", name);
+    c.dq_block_n = parse_field(fields[i + 2], "qn", name);
+    c.dq_warps = parse_field(fields[i + 3], "qw", name);
+    c.dq_stages = parse_field(fields[i + 4], "qs", name);
+    i += 5;
+  }
+  FLASHGEN_REQUIRE(i == fields.size(), "config name '" + name + "': unknown suffix '" +
+                                           (i < fields.size() ? fields[i] : std::string()) + "'");
+  FLASHGEN_REQUIRE(c.name() == name, "config name '" + name + "' is not canonical; did you mean '" + c.name() + "'?");
+  return c;
+}
+
+BwdDkdvTraits BwdConfig::dkdv_traits() const {
+  return bwd_dkdv_traits(head_dim, block_m, block_n, warps, stages, d_split, !deterministic);
+}
+
+BwdDqTraits BwdConfig::dq_traits() const {
+  return bwd_dq_traits(head_dim, dq_block_m, dq_block_n, dq_warps, dq_stages);
+}
+
+int BwdConfig::smem_bytes(BwdKernel kernel) const {
+  if (kernel == BwdKernel::kDkdv) return dkdv_traits().smem_bytes;
+  if (kernel == BwdKernel::kDq) return dq_traits().smem_bytes;
+  return 0;
+}
+
+std::optional<std::string> BwdConfig::invalid_reason(int arch) const {
+  if (arch < 80) return "the sm80 kernel family needs sm_80 or newer (mma.sync m16n8k16 bf16, cp.async)";
+  const BwdDkdvTraits dkdv = dkdv_traits();
+  if (dkdv.error != nullptr) return std::string(dkdv.error);
+  const int limit = max_smem_per_block(arch);
+  if (dkdv.smem_bytes > limit) {
+    return "dkdv kernel needs " + std::to_string(dkdv.smem_bytes) + " bytes of shared memory; sm_" +
+           std::to_string(arch) + " allows " + std::to_string(limit) + " per block";
+  }
+  if (deterministic) {
+    const BwdDqTraits dq = dq_traits();
+    if (dq.error != nullptr) return std::string(dq.error);
+    if (dq.smem_bytes > limit) {
+      return "dq kernel needs " + std::to_string(dq.smem_bytes) + " bytes of shared memory; sm_" +
+             std::to_string(arch) + " allows " + std::to_string(limit) + " per block";
+    }
+  }
+  return std::nullopt;
+}
+
+void to_json(nlohmann::json& j, const BwdConfig& c) {
+  j = nlohmann::json{{"family", "bwd_sm80"},
+                     {"dtype", dtype_name(c.dtype)},
+                     {"head_dim", c.head_dim},
+                     {"mask", c.mask == MaskKind::kCausal ? "causal" : "none"},
+                     {"block_m", c.block_m},
+                     {"block_n", c.block_n},
+                     {"warps", c.warps},
+                     {"stages", c.stages},
+                     {"d_split", c.d_split},
+                     {"deterministic", c.deterministic}};
+  if (c.deterministic) {
+    j["dq_block_m"] = c.dq_block_m;
+    j["dq_block_n"] = c.dq_block_n;
+    j["dq_warps"] = c.dq_warps;
+    j["dq_stages"] = c.dq_stages;
+  }
+}
+
+void from_json(const nlohmann::json& j, BwdConfig& c) {
+  FLASHGEN_REQUIRE(j.is_object(), "backward config JSON must be an object");
+  BwdConfig config;
+  if (j.contains("family")) {
+    FLASHGEN_REQUIRE(j["family"] == "bwd_sm80", "backward config JSON: unknown family " + j["family"].dump());
+  }
+  if (j.contains("dtype")) {
+    FLASHGEN_REQUIRE(j["dtype"] == "fp16" || j["dtype"] == "bf16", "backward config JSON: dtype must be \"fp16\" or \"bf16\"");
+    config.dtype = j["dtype"] == "bf16" ? DType::kBFloat16 : DType::kFloat16;
+  }
+  if (j.contains("mask")) {
+    FLASHGEN_REQUIRE(j["mask"] == "none" || j["mask"] == "causal", "backward config JSON: mask must be \"none\" or \"causal\"");
+    config.mask = j["mask"] == "causal" ? MaskKind::kCausal : MaskKind::kNone;
+  }
+  auto get_int = [&](const char* key, int& out) {
+    if (!j.contains(key)) return;
+    FLASHGEN_REQUIRE(j[key].is_number_integer(), std::string("backward config JSON: '") + key + "' must be an integer");
+    out = j[key].get<int>();
+  };
+  get_int("head_dim", config.head_dim);
+  get_int("block_m", config.block_m);
+  get_int("block_n", config.block_n);
+  get_int("warps", config.warps);
+  get_int("stages", config.stages);
+  get_int("d_split", config.d_split);
+  get_int("dq_block_m", config.dq_block_m);
+  get_int("dq_block_n", config.dq_block_n);
+  get_int("dq_warps", config.dq_warps);
+  get_int("dq_stages", config.dq_stages);
+  if (j.contains("deterministic")) {
+    FLASHGEN_REQUIRE(j["deterministic"].is_boolean(), "backward config JSON: 'deterministic' must be true or false");
+    config.deterministic = j["deterministic"].get<bool>();
+  }
+  c = config;
+}
+
+}  // namespace flashgen

@@ -1,0 +1,61 @@
+// BwdConfig: the compile-time choices of one generated backward module (dtype, head_dim, mask, the
+// dQ strategy and the tiles of each of its kernels), with validation, JSON round-trip and one
+// canonical name. Validity itself lives in templates/bwd_traits.cuh, shared with the kernels.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+
+#include "bwd_traits.cuh"
+#include "kernel_config.hpp"
+
+namespace flashgen {
+
+// The kernels of one backward module, in launch order.
+enum class BwdKernel { kPreprocess, kDkdv, kDq, kConvert };
+
+const char* bwd_kernel_suffix(BwdKernel kernel);  // "preprocess", "dkdv", "dq", "convert"
+
+struct BwdConfig {
+  DType dtype = DType::kFloat16;
+  int head_dim = 128;
+  MaskKind mask = MaskKind::kNone;
+  // dkdv kernel: block_n keys per block (16 * key tiles per warp * warps), block_m queries per step.
+  int block_m = 64;
+  int block_n = 64;
+  int warps = 4;
+  int stages = 2;
+  int d_split = 1;  // head_dim slices of dK/dV (and dQ) accumulated by separate blocks
+  // false: dQ added into an fp32 accumulator with atomics by the dkdv kernel, then converted.
+  // true: a separate dq kernel owns each dQ element; repeated runs give identical bits.
+  bool deterministic = false;
+  // dq kernel (deterministic only; not part of the name otherwise).
+  int dq_block_m = 64;
+  int dq_block_n = 32;
+  int dq_warps = 4;
+  int dq_stages = 2;
+
+  // e.g. bwd_sm80_bf16_d128_m64_n64_w4_s2_x1_causal, or ..._det_qm64_qn32_qw4_qs2 when deterministic.
+  std::string name() const;
+  static BwdConfig from_name(const std::string& name);  // throws Error(kInvalidArgument)
+
+  // Symbol of one kernel of the module: name() + "_" + bwd_kernel_suffix(kernel).
+  std::string symbol(BwdKernel kernel) const;
+
+  BwdDkdvTraits dkdv_traits() const;
+  BwdDqTraits dq_traits() const;
+  // Dynamic shared memory of one kernel (0 for the row kernels).
+  int smem_bytes(BwdKernel kernel) const;
+  // Why this config cannot run on sm_<arch>, or nullopt when it can.
+  std::optional<std::string> invalid_reason(int arch) const;
+
+  bool operator==(const BwdConfig& other) const { return name() == other.name(); }
+  bool operator!=(const BwdConfig& other) const { return !(*this == other); }
+};
+
+void to_json(nlohmann::json& j, const BwdConfig& config);
+void from_json(const nlohmann::json& j, BwdConfig& config);  // throws Error on bad fields
+
+}  // namespace flashgen

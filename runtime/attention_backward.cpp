@@ -1,0 +1,234 @@
+// Backward launcher: validates flashgen_tensor arguments into AttnBwdParams (no GPU needed), then checks
+// the pointers against the launch context, picks a config, binds the workspace and launches the
+// module's kernels in order on the caller's stream. Bad input is reported before anything is launched.
+#include "attention_backward.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <utility>
+
+#include "cuda_driver.hpp"
+#include "flashgen/error.hpp"
+#include "kernel_registry.hpp"
+#include "select.hpp"
+#include "tensor_checks.hpp"
+
+namespace flashgen {
+
+namespace {
+
+constexpr size_t kWorkspaceAlign = 256;
+
+size_t align_up(size_t bytes) { return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+
+size_t dsum_bytes(const AttnBwdParams& p) {
+  return align_up(sizeof(float) * size_t(p.batch) * size_t(p.heads_q) * size_t(p.seqlen_q));
+}
+
+unsigned ceil_div(long long a, long long b) { return static_cast<unsigned>((a + b - 1) / b); }
+
+}  // namespace
+
+BackwardProblem make_backward_problem(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
+                                      const flashgen_tensor* out, const flashgen_tensor* dout, const float* lse,
+                                      const flashgen_tensor* dq, const flashgen_tensor* dk, const flashgen_tensor* dv,
+                                      const flashgen_attention_options* opts) {
+  const std::pair<const flashgen_tensor*, const char*> tensors[] = {
+      {q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {dout, "dout"}, {dq, "dq"}, {dk, "dk"}, {dv, "dv"}};
+  for (const auto& [t, name] : tensors) check_tensor(t, name);
+  FLASHGEN_REQUIRE(lse != nullptr, "lse: null pointer (pass what flashgen_attention_forward wrote)");
+  FLASHGEN_REQUIRE(opts != nullptr, "opts: null pointer");
+  for (const auto& [t, name] : tensors) {
+    FLASHGEN_REQUIRE(t->dtype == q->dtype, std::string(name) + ".dtype is " + dtype_name(to_dtype(t->dtype)) +
+                                               " but q.dtype is " + dtype_name(to_dtype(q->dtype)));
+  }
+  require_same_dim(k, "k", q, "q", 0);
+  require_same_dim(k, "k", q, "q", 3);
+  for (int i = 0; i < 4; ++i) {
+    require_same_dim(v, "v", k, "k", i);
+    require_same_dim(out, "out", q, "q", i);
+    require_same_dim(dout, "dout", q, "q", i);
+    require_same_dim(dq, "dq", q, "q", i);
+    require_same_dim(dk, "dk", k, "k", i);
+    require_same_dim(dv, "dv", k, "k", i);
+  }
+  const int64_t head_dim = q->shape[3];
+  if (head_dim % 8 != 0 || head_dim > 256) {
+    fail(Status::kUnsupported, dim("q", 3) + " = " + std::to_string(head_dim) +
+                                   " is unsupported: head_dim must be a multiple of 8 up to 256");
+  }
+  FLASHGEN_REQUIRE(q->shape[2] % k->shape[2] == 0,
+                   dim("q", 2) + " = " + std::to_string(q->shape[2]) + " must be a multiple of " + dim("k", 2) +
+                       " = " + std::to_string(k->shape[2]));
+  for (const auto& [t, name] : tensors) check_layout(t, name);
+  check_output_strides(dq, "dq");
+  check_output_strides(dk, "dk");
+  check_output_strides(dv, "dv");
+  FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(lse) % alignof(float) == 0, "lse: pointer must be 4-byte aligned");
+  const int mask = raw_enum(opts->mask);
+  FLASHGEN_REQUIRE(mask == FLASHGEN_MASK_NONE || mask == FLASHGEN_MASK_CAUSAL || mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT,
+                   "opts.mask: unknown value " + std::to_string(mask));
+  FLASHGEN_REQUIRE(std::isfinite(opts->softmax_scale), "opts.softmax_scale must be finite");
+  FLASHGEN_REQUIRE(q->shape[0] <= 32767 && q->shape[2] <= 65535,
+                   "q: batch must be at most 32767 and heads at most 65535 (grid limits)");
+
+  BackwardProblem problem;
+  problem.dtype = to_dtype(q->dtype);
+  problem.head_dim = static_cast<int>(head_dim);
+  problem.mask = opts->mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
+  problem.deterministic = opts->deterministic != 0;
+
+  AttnBwdParams& p = problem.params;
+  p.q = q->data, p.k = k->data, p.v = v->data, p.o = out->data, p.dout = dout->data, p.lse = lse;
+  p.dq = dq->data, p.dk = dk->data, p.dv = dv->data;
+  auto strides = [](const flashgen_tensor* t, long long& batch, long long& row, long long& head) {
+    batch = t->stride[0], row = t->stride[1], head = t->stride[2];
+  };
+  strides(q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+  strides(k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+  strides(v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  strides(out, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
+  strides(dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride);
+  strides(dq, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
+  strides(dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+  strides(dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+  p.batch = static_cast<int>(q->shape[0]);
+  p.seqlen_q = static_cast<int>(q->shape[1]);
+  p.heads_q = static_cast<int>(q->shape[2]);
+  p.seqlen_k = static_cast<int>(k->shape[1]);
+  p.heads_kv = static_cast<int>(k->shape[2]);
+  p.group_size = p.heads_q / p.heads_kv;
+  p.causal_offset = opts->mask == FLASHGEN_MASK_CAUSAL ? p.seqlen_k - p.seqlen_q : 0;
+  p.scale = opts->softmax_scale > 0 ? opts->softmax_scale : static_cast<float>(1.0 / std::sqrt(double(head_dim)));
+  p.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
+  return problem;
+}
+
+size_t backward_workspace_bytes(const BackwardProblem& problem, const BwdConfig& config) {
+  const AttnBwdParams& p = problem.params;
+  size_t bytes = dsum_bytes(p);
+  if (!config.deterministic) {
+    bytes += align_up(sizeof(float) * size_t(p.batch) * size_t(p.heads_q) * size_t(p.seqlen_q) * size_t(problem.head_dim));
+  }
+  return bytes;
+}
+
+BwdConfig choose_backward_config(const BackwardProblem& problem, int arch, std::string* reason) {
+  BackwardChoice choice =
+      heuristic_backward_choice(problem.dtype, problem.head_dim, problem.mask, problem.deterministic, arch);
+  if (reason != nullptr) *reason = std::move(choice.reason);
+  return choice.config;
+}
+
+namespace {
+
+PreparedBackward prepare_in_scope(const BackwardProblem& problem, const ScopedContext& scope,
+                                  const BwdConfig* config) {
+  const AttnBwdParams& p = problem.params;
+  const std::pair<const void*, const char*> pointers[] = {
+      {p.q, "q.data"},       {p.k, "k.data"},     {p.v, "v.data"},   {p.o, "out.data"}, {p.dout, "dout.data"},
+      {p.lse, "lse"},        {p.dq, "dq.data"},   {p.dk, "dk.data"}, {p.dv, "dv.data"}};
+  for (const auto& [ptr, name] : pointers) check_device_pointer(ptr, name, scope.device());
+
+  BackwardLaunch launch;
+  launch.arch = device_sm(scope.device());
+  if (launch.arch < 80) {
+    fail(Status::kUnsupported, "flashgen needs a GPU of compute capability 8.0 or newer; this one is sm_" +
+                                   std::to_string(launch.arch));
+  }
+  if (config != nullptr) {
+    FLASHGEN_REQUIRE(config->dtype == problem.dtype && config->head_dim == problem.head_dim &&
+                         config->mask == problem.mask,
+                     "config " + config->name() + " does not match the problem (dtype, head_dim, mask)");
+    if (auto why = config->invalid_reason(launch.arch)) {
+      fail(Status::kInvalidArgument, "config " + config->name() + " cannot run here: " + *why);
+    }
+    launch.config = *config;
+    launch.reason = "requested by the caller";
+  } else {
+    launch.config = choose_backward_config(problem, launch.arch, &launch.reason);
+  }
+
+  const BwdConfig& c = launch.config;
+  KernelRegistry& registry = KernelRegistry::instance();
+  PreparedBackward prepared;
+  prepared.preprocess = registry.function(c, BwdKernel::kPreprocess, scope.context(), launch.arch);
+  prepared.dkdv = registry.function(c, BwdKernel::kDkdv, scope.context(), launch.arch);
+  prepared.finish =
+      registry.function(c, c.deterministic ? BwdKernel::kDq : BwdKernel::kConvert, scope.context(), launch.arch);
+
+  constexpr int kRowsPerBlock = kBwdRowKernelThreads / 32;
+  prepared.preprocess_grid[0] = ceil_div(p.seqlen_q, kRowsPerBlock);
+  prepared.preprocess_grid[1] = static_cast<unsigned>(p.heads_q);
+  prepared.preprocess_grid[2] = static_cast<unsigned>(p.batch);
+  const BwdDkdvTraits dkdv = c.dkdv_traits();
+  prepared.dkdv_grid[0] = ceil_div(p.seqlen_k, c.block_n);
+  prepared.dkdv_grid[1] = static_cast<unsigned>(p.heads_kv);
+  prepared.dkdv_grid[2] = static_cast<unsigned>(p.batch * c.d_split);
+  prepared.dkdv_threads = static_cast<unsigned>(dkdv.threads);
+  prepared.dkdv_smem = static_cast<unsigned>(dkdv.smem_bytes);
+  if (c.deterministic) {
+    const BwdDqTraits dq = c.dq_traits();
+    prepared.finish_grid[0] = ceil_div(p.seqlen_q, c.dq_block_m);
+    prepared.finish_threads = static_cast<unsigned>(dq.threads);
+    prepared.finish_smem = static_cast<unsigned>(dq.smem_bytes);
+  } else {
+    prepared.finish_grid[0] = ceil_div(static_cast<long long>(p.seqlen_q) * (problem.head_dim / 8), kBwdRowKernelThreads);
+    prepared.finish_threads = kBwdRowKernelThreads;
+  }
+  prepared.finish_grid[1] = static_cast<unsigned>(p.heads_q);
+  prepared.finish_grid[2] = static_cast<unsigned>(p.batch);
+  prepared.workspace_bytes = backward_workspace_bytes(problem, c);
+  prepared.params = p;
+  prepared.launch = std::move(launch);
+  return prepared;
+}
+
+}  // namespace
+
+PreparedBackward prepare_backward(const BackwardProblem& problem, CUstream stream, const BwdConfig* config) {
+  ScopedContext scope(stream, home_device(problem.params.q));
+  return prepare_in_scope(problem, scope, config);
+}
+
+void PreparedBackward::bind_workspace(CUdeviceptr workspace) {
+  params.dsum = reinterpret_cast<float*>(workspace);
+  params.dq_accum = launch.config.deterministic ? nullptr : reinterpret_cast<float*>(workspace + dsum_bytes(params));
+}
+
+void PreparedBackward::operator()(CUstream stream) const {
+  void* args[] = {const_cast<AttnBwdParams*>(&params)};
+  FLASHGEN_CU_CHECK(cuLaunchKernel(preprocess, preprocess_grid[0], preprocess_grid[1], preprocess_grid[2],
+                                   kBwdRowKernelThreads, 1, 1, 0, stream, args, nullptr));
+  FLASHGEN_CU_CHECK(cuLaunchKernel(dkdv, dkdv_grid[0], dkdv_grid[1], dkdv_grid[2], dkdv_threads, 1, 1, dkdv_smem,
+                                   stream, args, nullptr));
+  FLASHGEN_CU_CHECK(cuLaunchKernel(finish, finish_grid[0], finish_grid[1], finish_grid[2], finish_threads, 1, 1,
+                                   finish_smem, stream, args, nullptr));
+}
+
+BackwardLaunch launch_backward(const BackwardProblem& problem, CUstream stream, const BwdConfig* config,
+                               CUdeviceptr workspace, size_t workspace_bytes) {
+  ScopedContext scope(stream, home_device(problem.params.q));
+  PreparedBackward prepared = prepare_in_scope(problem, scope, config);
+  if (workspace != 0) {
+    FLASHGEN_REQUIRE(workspace_bytes >= prepared.workspace_bytes,
+                     "workspace: " + std::to_string(workspace_bytes) + " bytes given, " +
+                         std::to_string(prepared.workspace_bytes) + " needed by " + prepared.launch.config.name());
+    prepared.bind_workspace(workspace);
+    prepared(stream);
+    return prepared.launch;
+  }
+  CUdeviceptr owned = 0;
+  FLASHGEN_CU_CHECK(cuMemAllocAsync(&owned, prepared.workspace_bytes, stream));
+  prepared.bind_workspace(owned);
+  try {
+    prepared(stream);
+  } catch (...) {
+    driver().cuMemFreeAsync(owned, stream);
+    throw;
+  }
+  FLASHGEN_CU_CHECK(cuMemFreeAsync(owned, stream));
+  return prepared.launch;
+}
+
+}  // namespace flashgen

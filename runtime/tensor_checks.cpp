@@ -1,0 +1,82 @@
+// Argument checks shared by the forward and backward launchers.
+#include "tensor_checks.hpp"
+
+#include "cuda_driver.hpp"
+#include "flashgen/error.hpp"
+
+namespace flashgen {
+
+namespace {
+
+const char* kDimNames[4] = {"batch", "seqlen", "heads", "head_dim"};
+
+}  // namespace
+
+std::string dim(const char* tensor, int i) {
+  return std::string(tensor) + ".shape[" + std::to_string(i) + "] (" + kDimNames[i] + ")";
+}
+
+// Presence, dtype and shape ranges of one tensor argument.
+void check_tensor(const flashgen_tensor* t, const char* name) {
+  FLASHGEN_REQUIRE(t != nullptr, std::string(name) + ": null pointer");
+  FLASHGEN_REQUIRE(t->data != nullptr, std::string(name) + ".data: null pointer");
+  const int dtype = raw_enum(t->dtype);
+  FLASHGEN_REQUIRE(dtype == FLASHGEN_FLOAT16 || dtype == FLASHGEN_BFLOAT16,
+                   std::string(name) + ".dtype: unknown value " + std::to_string(dtype));
+  for (int i = 0; i < 4; ++i) {
+    FLASHGEN_REQUIRE(t->shape[i] >= 1 && t->shape[i] <= kMaxExtent,
+                     dim(name, i) + " must be in [1, 2^30], got " + std::to_string(t->shape[i]));
+  }
+}
+
+// Memory layout the kernels can read with 16-byte copies: unit head_dim stride, aligned rows.
+void check_layout(const flashgen_tensor* t, const char* name) {
+  FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(t->data) % 16 == 0,
+                   std::string(name) + ".data: pointer must be 16-byte aligned");
+  FLASHGEN_REQUIRE(t->stride[3] == 1, std::string(name) + ".stride[3] must be 1 (head_dim contiguous), got " +
+                                          std::to_string(t->stride[3]));
+  for (int i = 0; i < 3; ++i) {
+    // A dimension of size 1 is never stepped over, so its stride does not matter.
+    if (t->shape[i] == 1) continue;
+    FLASHGEN_REQUIRE(t->stride[i] >= 0 && t->stride[i] % 8 == 0,
+                     std::string(name) + ".stride[" + std::to_string(i) +
+                         "] must be a non-negative multiple of 8 elements (16 bytes), got " +
+                         std::to_string(t->stride[i]));
+  }
+}
+
+// The output is written by many blocks at once: no two of its rows may share memory.
+void check_output_strides(const flashgen_tensor* out, const char* name) {
+  for (int i = 0; i < 3; ++i) {
+    FLASHGEN_REQUIRE(out->shape[i] == 1 || out->stride[i] != 0,
+                     std::string(name) + ".stride[" + std::to_string(i) + "] is 0 for a dimension of size " +
+                         std::to_string(out->shape[i]) + ": output rows would overwrite each other");
+  }
+}
+
+// Without a stream or a current context, a launch runs on the device that holds q.
+int home_device(const void* q) {
+  const PointerInfo q_info = pointer_info(q);
+  return q_info.device_accessible ? q_info.device : 0;
+}
+
+// Device memory of the context's device, or an error naming the argument.
+void check_device_pointer(const void* ptr, const char* name, int device) {
+  const PointerInfo info = pointer_info(ptr);
+  FLASHGEN_REQUIRE(info.device_accessible,
+                   std::string(name) + ": not device memory (a host or unregistered pointer)");
+  FLASHGEN_REQUIRE(info.device == device, std::string(name) + ": memory of device " + std::to_string(info.device) +
+                                              ", but the launch runs on device " + std::to_string(device) +
+                                              " (the stream's or the current context's)");
+}
+
+void require_same_dim(const flashgen_tensor* a, const char* a_name, const flashgen_tensor* b, const char* b_name,
+                      int i) {
+  FLASHGEN_REQUIRE(a->shape[i] == b->shape[i], dim(a_name, i) + " is " + std::to_string(a->shape[i]) + " but " +
+                                                   dim(b_name, i) + " is " + std::to_string(b->shape[i]));
+}
+
+DType to_dtype(flashgen_dtype d) { return d == FLASHGEN_BFLOAT16 ? DType::kBFloat16 : DType::kFloat16; }
+
+
+}  // namespace flashgen

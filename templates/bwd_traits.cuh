@@ -1,0 +1,124 @@
+// The one place that decides whether a backward config is valid and derives its sizes: plain constexpr
+// C++ read by the host (generator, tuner, launcher) and by the kernel templates' static_asserts.
+//
+// The backward runs as up to four kernels of one generated module:
+//   preprocess  D = rowsum(dO ∘ O) in fp32 (and zeroes the fp32 dQ accumulator of the atomic strategy);
+//   dkdv        one block per (key block, kv head, batch[, head_dim slice]): recomputes P from Q, K and
+//               the saved LSE for every query block of every query head of its group and accumulates
+//               dK, dV in registers; the atomic strategy also adds dQ = dS K into fp32 with atomics;
+//   dq          deterministic strategy only: one block per (query block, head, batch) recomputes P and
+//               dP and accumulates dQ in registers, so no two blocks write the same element;
+//   convert     atomic strategy only: dQ = scale * accumulator, rounded to the 16-bit type.
+#pragma once
+
+#include "fwd_traits.cuh"
+
+namespace flashgen {
+
+struct BwdDkdvTraits {
+  int threads;             // warps * 32
+  int head_dim_pad;        // head_dim rounded up to 16
+  int smem_row_elems;      // Q/K/V/dO tile pitch: head_dim_pad + 8
+  int key_tiles;           // 16-key mma tiles per warp: block_n / (16 * warps)
+  int slice_tiles;         // 16-column tiles of dK/dV each block owns: ceil(head_dim_pad / 16 / d_split)
+  int ds_row_elems;        // dS tile pitch (keys x queries): block_m + 8
+  int dq_items;            // (16-row, column part) dQ work items per warp in the atomic strategy
+  int dq_part_tiles;       // 16-column tiles per dQ column part
+  int smem_kv_bytes;       // K and V tiles, resident for the whole block
+  int smem_stage_bytes;    // one ring stage: Q and dO tiles, LSE and D (block_m floats each)
+  int smem_ds_bytes;       // dS tile for the dQ product (atomic strategy)
+  int smem_bytes;
+  int accum_regs;          // dK, dV, S and dP fragments per thread
+  const char* error;
+};
+
+// Registers the dkdv kernel may hold in fragments before it surely spills (measured with ptxas: the
+// final word is its report, and configs that spill are dropped by whoever compiles them).
+constexpr int kMaxBwdAccumRegs = 200;
+
+constexpr BwdDkdvTraits bwd_dkdv_traits(int head_dim, int block_m, int block_n, int warps, int stages, int d_split,
+                                        bool atomic_dq) {
+  BwdDkdvTraits t{};
+  t.threads = warps * 32;
+  t.head_dim_pad = (head_dim + 15) / 16 * 16;
+  t.smem_row_elems = t.head_dim_pad + 8;
+  t.key_tiles = warps > 0 ? block_n / (16 * warps) : 0;
+  const int tiles16 = t.head_dim_pad / 16;
+  t.slice_tiles = d_split > 0 ? (tiles16 + d_split - 1) / d_split : 0;
+  t.ds_row_elems = block_m + 8;
+  const int m_tiles = block_m / 16;
+  const int parts = (warps > m_tiles && m_tiles > 0) ? warps / m_tiles : 1;
+  t.dq_items = warps > 0 ? m_tiles * parts / warps : 0;
+  t.dq_part_tiles = (t.slice_tiles + parts - 1) / parts;
+  t.smem_kv_bytes = 2 * block_n * t.smem_row_elems * 2;
+  t.smem_stage_bytes = 2 * block_m * t.smem_row_elems * 2 + 2 * block_m * 4;
+  t.smem_ds_bytes = atomic_dq ? block_n * t.ds_row_elems * 2 : 0;
+  t.smem_bytes = t.smem_kv_bytes + stages * t.smem_stage_bytes + t.smem_ds_bytes;
+  t.accum_regs = t.key_tiles * t.slice_tiles * 2 * 4 * 2   // dK, dV: (16 keys, 16 columns) = 2 tiles of 4
+                 + t.key_tiles * (block_m / 8) * 4 * 2;    // S and dP: (16 keys, 8 queries) tiles
+  t.error = nullptr;
+  if (head_dim < 8 || head_dim > 256 || head_dim % 8 != 0) {
+    t.error = "head_dim must be a multiple of 8 in [8, 256]";
+  } else if (warps < 1 || warps > 16) {
+    t.error = "warps must be in [1, 16]";
+  } else if (block_n % (16 * warps) != 0 || block_n > 256) {
+    t.error = "block_n must be a multiple of 16 * warps (each warp owns whole 16-key mma tiles), at most 256";
+  } else if (block_m < 16 || block_m % 16 != 0 || block_m > 256) {
+    t.error = "block_m must be a multiple of 16 in [16, 256]";
+  } else if (stages < 2 || stages > 3) {
+    t.error = "stages must be 2 or 3";
+  } else if (d_split < 1 || d_split > tiles16) {
+    t.error = "d_split must be in [1, head_dim_pad / 16]";
+  } else if (atomic_dq && m_tiles % warps != 0 && warps % m_tiles != 0) {
+    t.error = "block_m / 16 and warps must divide one another (dQ work is split evenly across warps)";
+  } else if (t.accum_regs > kMaxBwdAccumRegs) {
+    t.error = "accumulators need more registers than a thread has: raise d_split or lower block_m or block_n";
+  }
+  return t;
+}
+
+struct BwdDqTraits {
+  int threads;
+  int head_dim_pad;
+  int smem_row_elems;
+  int m_tiles;             // 16-row tiles per warp
+  int smem_q_bytes;        // Q and dO tiles, LSE and D
+  int smem_kv_stage_bytes; // one K tile + one V tile
+  int smem_bytes;
+  int accum_regs;          // dQ, S, dP fragments per thread
+  const char* error;
+};
+
+constexpr int kMaxBwdDqAccumRegs = 200;
+
+constexpr BwdDqTraits bwd_dq_traits(int head_dim, int block_m, int block_n, int warps, int stages) {
+  BwdDqTraits t{};
+  t.threads = warps * 32;
+  t.head_dim_pad = (head_dim + 15) / 16 * 16;
+  t.smem_row_elems = t.head_dim_pad + 8;
+  t.m_tiles = warps > 0 ? block_m / (16 * warps) : 0;
+  t.smem_q_bytes = 2 * block_m * t.smem_row_elems * 2 + 2 * block_m * 4;
+  t.smem_kv_stage_bytes = 2 * block_n * t.smem_row_elems * 2;
+  t.smem_bytes = t.smem_q_bytes + stages * t.smem_kv_stage_bytes;
+  t.accum_regs = t.m_tiles * (t.head_dim_pad / 8) * 4 + 2 * t.m_tiles * (block_n / 8) * 4;
+  t.error = nullptr;
+  if (head_dim < 8 || head_dim > 256 || head_dim % 8 != 0) {
+    t.error = "head_dim must be a multiple of 8 in [8, 256]";
+  } else if (warps < 1 || warps > 16) {
+    t.error = "dq warps must be in [1, 16]";
+  } else if (block_m % (16 * warps) != 0 || block_m > 256) {
+    t.error = "dq block_m must be a multiple of 16 * warps, at most 256";
+  } else if (block_n < 16 || block_n % 16 != 0 || block_n > 256) {
+    t.error = "dq block_n must be a multiple of 16 in [16, 256]";
+  } else if (stages < 2 || stages > 3) {
+    t.error = "dq stages must be 2 or 3";
+  } else if (t.accum_regs > kMaxBwdDqAccumRegs) {
+    t.error = "dq accumulators need more registers than a thread has: lower dq block_m per warp or block_n";
+  }
+  return t;
+}
+
+// Rows of (batch, head, query) the preprocess and convert kernels give one block.
+constexpr int kBwdRowKernelThreads = 256;
+
+}  // namespace flashgen

@@ -1,0 +1,124 @@
+// BwdConfig: canonical names, validation against the shared traits, JSON round-trip, and the generated
+// module (one translation unit holding every kernel of the config, golden-checked).
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "bwd_config.hpp"
+#include "catch.hpp"
+#include "flashgen/error.hpp"
+#include "generator.hpp"
+
+using flashgen::BwdConfig;
+using flashgen::BwdKernel;
+
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+void check_golden(const std::string& name, const std::string& actual) {
+  const std::string path = std::string(FLASHGEN_SOURCE_DIR) + "/tests/generator/golden/" + name;
+  if (const char* update = std::getenv("FLASHGEN_UPDATE_GOLDEN"); update != nullptr && std::string(update) == "1") {
+    std::ofstream(path, std::ios::binary) << actual;
+  }
+  INFO("golden file " << path << " (set FLASHGEN_UPDATE_GOLDEN=1 to regenerate after an intended change)");
+  CHECK(read_file(path) == actual);
+}
+
+}  // namespace
+
+TEST_CASE("backward config names round-trip and are canonical", "[generator][backward]") {
+  BwdConfig c;
+  CHECK(c.name() == "bwd_sm80_fp16_d128_m64_n64_w4_s2_x1");
+  CHECK(BwdConfig::from_name(c.name()) == c);
+  c.dtype = flashgen::DType::kBFloat16;
+  c.mask = flashgen::MaskKind::kCausal;
+  c.deterministic = true;
+  c.d_split = 2;
+  c.dq_block_n = 16;
+  CHECK(c.name() == "bwd_sm80_bf16_d128_m64_n64_w4_s2_x2_causal_det_qm64_qn16_qw4_qs2");
+  const BwdConfig back = BwdConfig::from_name(c.name());
+  CHECK(back == c);
+  CHECK(back.dq_block_n == 16);
+  CHECK(back.deterministic);
+  CHECK(c.symbol(BwdKernel::kDq) == c.name() + "_dq");
+
+  CHECK_THROWS_AS(BwdConfig::from_name("bwd_sm80_fp16_d128_m64_n64_w4_s2"), flashgen::Error);
+  CHECK_THROWS_AS(BwdConfig::from_name("bwd_sm80_fp16_d128_m64_n64_w4_s2_x1_det"), flashgen::Error);
+  CHECK_THROWS_AS(BwdConfig::from_name("bwd_sm80_fp16_d128_m64_n64_w4_s2_x1_qreg"), flashgen::Error);
+  CHECK_THROWS_AS(BwdConfig::from_name("bwd_sm80_fp16_d0128_m64_n64_w4_s2_x1"), flashgen::Error);
+  CHECK_THROWS_AS(BwdConfig::from_name("fwd_sm80_fp16_d128_m64_n64_w4_s2"), flashgen::Error);
+}
+
+TEST_CASE("backward config validity follows the shared traits", "[generator][backward]") {
+  BwdConfig c;
+  CHECK_FALSE(c.invalid_reason(80).has_value());
+  CHECK(c.invalid_reason(75).has_value());
+  BwdConfig bad = c;
+  bad.block_n = 48;  // not a multiple of 16 * warps
+  CHECK(bad.invalid_reason(90)->find("block_n") != std::string::npos);
+  bad = c;
+  bad.head_dim = 256;  // dK + dV of a 256-wide slice do not fit in registers
+  CHECK(bad.invalid_reason(90)->find("registers") != std::string::npos);
+  bad.d_split = 2;
+  bad.block_m = 32;
+  CHECK_FALSE(bad.invalid_reason(90).has_value());
+  bad.d_split = 17;
+  CHECK(bad.invalid_reason(90)->find("d_split") != std::string::npos);
+  bad = c;
+  bad.deterministic = true;
+  bad.dq_block_m = 48;  // not a multiple of 16 * dq_warps
+  CHECK(bad.invalid_reason(90)->find("dq block_m") != std::string::npos);
+  bad = c;
+  bad.stages = 3;
+  bad.block_m = 128;
+  bad.block_n = 128;
+  bad.warps = 8;
+  bad.head_dim = 64;
+  CHECK(bad.invalid_reason(86)->find("shared memory") != std::string::npos);
+  // Traits' sizes: dkdv holds K and V plus a ring of Q, dO, LSE and D, and the dS tile when atomic.
+  const flashgen::BwdDkdvTraits t = c.dkdv_traits();
+  CHECK(t.smem_bytes == 2 * 64 * 136 * 2 + 2 * (2 * 64 * 136 * 2 + 2 * 64 * 4) + 64 * 72 * 2);
+  CHECK(c.smem_bytes(BwdKernel::kPreprocess) == 0);
+}
+
+TEST_CASE("backward config JSON round-trips", "[generator][backward]") {
+  BwdConfig c;
+  c.head_dim = 96;
+  c.deterministic = true;
+  c.dq_warps = 2;
+  c.dq_block_m = 32;
+  const nlohmann::json j = c;
+  CHECK(j["family"] == "bwd_sm80");
+  CHECK(j.get<BwdConfig>() == c);
+  CHECK_THROWS_AS(nlohmann::json({{"family", "fwd_sm80"}}).get<BwdConfig>(), flashgen::Error);
+  CHECK_THROWS_AS(nlohmann::json({{"block_m", "64"}}).get<BwdConfig>(), flashgen::Error);
+}
+
+TEST_CASE("backward module holds every kernel of its strategy", "[generator][backward]") {
+  BwdConfig atomic;
+  atomic.dtype = flashgen::DType::kBFloat16;
+  atomic.mask = flashgen::MaskKind::kCausal;
+  const flashgen::GeneratedSource a = flashgen::generate(atomic);
+  for (BwdKernel k : {BwdKernel::kPreprocess, BwdKernel::kDkdv, BwdKernel::kConvert})
+    CHECK(a.translation_unit.find(atomic.symbol(k) + "(") != std::string::npos);
+  CHECK(a.translation_unit.find(atomic.symbol(BwdKernel::kDq) + "(") == std::string::npos);
+  check_golden(atomic.name() + ".cu", a.translation_unit);
+  check_golden(atomic.name() + "_config.cuh", a.headers.front().contents);
+
+  BwdConfig det = atomic;
+  det.deterministic = true;
+  const flashgen::GeneratedSource d = flashgen::generate(det);
+  CHECK(d.translation_unit.find(det.symbol(BwdKernel::kDq) + "(") != std::string::npos);
+  CHECK(d.translation_unit.find(det.symbol(BwdKernel::kConvert) + "(") == std::string::npos);
+  CHECK(d.headers.front().contents.find("kAtomicDq = false") != std::string::npos);
+
+  BwdConfig invalid;
+  invalid.warps = 0;
+  CHECK_THROWS_AS(flashgen::generate(invalid), flashgen::Error);
+}

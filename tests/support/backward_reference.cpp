@@ -1,0 +1,137 @@
+#include "support/backward_reference.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+namespace flashgen::test {
+
+AttentionGradients attention_backward_naive(const AttentionShape& shape, const HostInput& q, const HostInput& k,
+                                            const HostInput& v, const HostInput& dout, double scale,
+                                            flashgen_mask mask, flashgen_dtype dtype) {
+  require_reference_inputs(shape, q, k, v);
+  const int64_t d = shape.head_dim;
+  const float scale_f = static_cast<float>(scale);
+  std::vector<float> dq(static_cast<size_t>(shape.batch * shape.seqlen_q * shape.heads_q * d), 0.0f);
+  std::vector<float> dk(static_cast<size_t>(shape.batch * shape.seqlen_k * shape.heads_kv * d), 0.0f);
+  std::vector<float> dv(dk.size(), 0.0f);
+  const StridedView q_out = StridedView::contiguous(shape.batch, shape.seqlen_q, shape.heads_q, d);
+  const StridedView kv_out = StridedView::contiguous(shape.batch, shape.seqlen_k, shape.heads_kv, d);
+
+  std::vector<double> scratch(static_cast<size_t>(d));
+  std::vector<float> qi(d), doi(d), out(d), p;
+  for (int64_t b = 0; b < shape.batch; ++b)
+    for (int64_t h = 0; h < shape.heads_q; ++h) {
+      const int64_t hk = shape.kv_head(h);
+      for (int64_t i = 0; i < shape.seqlen_q; ++i) {
+        const int64_t visible = visible_key_count(mask, i, shape.seqlen_q, shape.seqlen_k);
+        if (visible == 0) continue;
+        const double* q64 = q.row(b, i, h, scratch.data());
+        for (int64_t x = 0; x < d; ++x) qi[x] = static_cast<float>(q64[x]);
+        const double* do64 = dout.row(b, i, h, scratch.data());
+        for (int64_t x = 0; x < d; ++x) doi[x] = static_cast<float>(do64[x]);
+        p.assign(static_cast<size_t>(visible), 0.0f);
+        float row_max = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < visible; ++j) {
+          const double* kj = k.row(b, j, hk, scratch.data());
+          float s = 0.0f;
+          for (int64_t x = 0; x < d; ++x) s += qi[x] * static_cast<float>(kj[x]);
+          p[j] = s * scale_f;
+          row_max = std::max(row_max, p[j]);
+        }
+        float sum = 0.0f;
+        for (int64_t j = 0; j < visible; ++j) sum += (p[j] = std::exp(p[j] - row_max));
+        std::fill(out.begin(), out.end(), 0.0f);
+        for (int64_t j = 0; j < visible; ++j) {
+          p[j] /= sum;
+          const double* vj = v.row(b, j, hk, scratch.data());
+          const float p16 = round_to_dtype(p[j], dtype);
+          for (int64_t x = 0; x < d; ++x) out[x] += p16 * static_cast<float>(vj[x]);
+        }
+        float dsum = 0.0f;
+        for (int64_t x = 0; x < d; ++x) dsum += doi[x] * round_to_dtype(out[x], dtype);
+        float* dqi = &dq[static_cast<size_t>(q_out.offset(b, i, h, 0))];
+        for (int64_t j = 0; j < visible; ++j) {
+          const double* vj = v.row(b, j, hk, scratch.data());
+          float dp = 0.0f;
+          for (int64_t x = 0; x < d; ++x) dp += doi[x] * static_cast<float>(vj[x]);
+          const float p16 = round_to_dtype(p[j], dtype);
+          const float ds16 = round_to_dtype(p[j] * (dp - dsum), dtype);
+          const double* kj = k.row(b, j, hk, scratch.data());
+          float* dkj = &dk[static_cast<size_t>(kv_out.offset(b, j, hk, 0))];
+          float* dvj = &dv[static_cast<size_t>(kv_out.offset(b, j, hk, 0))];
+          for (int64_t x = 0; x < d; ++x) {
+            dqi[x] += ds16 * static_cast<float>(kj[x]);
+            dkj[x] += ds16 * qi[x];
+            dvj[x] += p16 * doi[x];
+          }
+        }
+      }
+    }
+  AttentionGradients grads;
+  auto finish = [&](const std::vector<float>& acc, float factor) {
+    std::vector<double> rounded(acc.size());
+    for (size_t i = 0; i < acc.size(); ++i) rounded[i] = round_to_dtype(acc[i] * factor, dtype);
+    return rounded;
+  };
+  grads.dq = finish(dq, scale_f);
+  grads.dk = finish(dk, scale_f);
+  grads.dv = finish(dv, 1.0f);
+  return grads;
+}
+
+CheckReport check_gradient(const char* name, const std::vector<int64_t>& dims, const std::vector<double>& got,
+                           const std::vector<double>& ref64, const std::vector<double>& naive, flashgen_dtype dtype,
+                           int max_listed) {
+  CheckReport report;
+  const size_t count = ref64.size();
+  if (got.size() != count || naive.size() != count) {
+    report.ok = false;
+    report.text = std::string(name) + ": sizes differ: got " + std::to_string(got.size()) + ", ref64 " +
+                  std::to_string(count) + ", naive " + std::to_string(naive.size());
+    return report;
+  }
+  double naive_error = 0.0;
+  double magnitude = 0.0;
+  for (size_t i = 0; i < count; ++i) {
+    naive_error = std::max(naive_error, std::fabs(naive[i] - ref64[i]));
+    magnitude = std::max(magnitude, std::fabs(ref64[i]));
+  }
+  // 2^-14 (fp16's smallest normal) absolute: where the exact gradient is 0 by cancellation (a single
+  // visible key gives dS = P (dP - D) = 0), fp32 rounding of dP and D leaves ~1e-7 noise.
+  const double floor = std::max(magnitude * (dtype == FLASHGEN_BFLOAT16 ? 0x1p-7 : 0x1p-10), 0x1p-14);
+  report.bound = 2.0 * naive_error + floor;
+  report.checked = static_cast<int64_t>(count);
+  std::ostringstream listed;
+  int listed_count = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const double g = got[i];
+    bool bad = false;
+    if (std::isnan(g)) {
+      ++report.not_written;
+      bad = true;
+    } else if (!std::isfinite(g)) {
+      bad = true;
+    } else {
+      const double error = std::fabs(g - ref64[i]);
+      report.max_error = std::max(report.max_error, error);
+      bad = error > report.bound;
+    }
+    if (!bad) continue;
+    ++report.mismatches;
+    if (listed_count++ < max_listed) {
+      listed << "\n  " << name << format_index(static_cast<int64_t>(i), dims) << ": got " << g << ", want "
+             << ref64[i] << " (naive " << naive[i] << ")";
+    }
+  }
+  report.ok = report.mismatches == 0;
+  std::ostringstream text;
+  text << name << ": max |got - ref64| = " << report.max_error << ", bound = 2 * " << naive_error
+       << " (max |naive - ref64|) + " << floor << " = " << report.bound << "; " << report.mismatches << " of "
+       << count << " outside it, " << report.not_written << " NaN";
+  report.text = text.str() + listed.str();
+  return report;
+}
+
+}  // namespace flashgen::test

@@ -1,0 +1,29 @@
+// Test side of backward numerics: the "naive same-dtype" backward that sets the gradients' error budget,
+// and the gradient check. The float64 reference itself is the library's (runtime/reference.hpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "flashgen/flashgen.h"
+#include "reference.hpp"
+#include "support/attention_reference.hpp"
+
+namespace flashgen::test {
+
+// What a straightforward 16-bit backward computes: S and the softmax in float32, O rounded to dtype and
+// D = rowsum(dO ∘ O) in float32, P and dS rounded to dtype as the operands of the gradient products, the
+// products accumulated in float32, each gradient rounded to dtype at the end.
+AttentionGradients attention_backward_naive(const AttentionShape& shape, const HostInput& q, const HostInput& k,
+                                            const HostInput& v, const HostInput& dout, double scale,
+                                            flashgen_mask mask, flashgen_dtype dtype);
+
+// max|got - ref64| <= 2 * max|naive - ref64| + floor, floor = one ulp of dtype at max|ref64| (2^-10 or
+// 2^-7 relative), at least 2^-14: a gradient is a long sum, and where the naive error happens to be tiny
+// one rounding on the other side of a tie must still pass. name ("dq") and dims ([b, s, h, d]) label mismatches.
+CheckReport check_gradient(const char* name, const std::vector<int64_t>& dims, const std::vector<double>& got,
+                           const std::vector<double>& ref64, const std::vector<double>& naive, flashgen_dtype dtype,
+                           int max_listed = 8);
+
+}  // namespace flashgen::test
