@@ -30,6 +30,7 @@
 
 #include "args.hpp"
 #include "attention.hpp"
+#include "attention_backward.hpp"
 #include "cuda_driver.hpp"
 #include "device_buffer.hpp"
 #include "flashgen/error.hpp"
@@ -532,7 +533,9 @@ Command run_command() {
       .option("causal", "MODE", "none, bottom-right or top-left (default none)")
       .option("scale", "S", "softmax scale; <= 0 means 1/sqrt(head_dim) (default 0)")
       .option("layout", "L", "memory order of q/k/v/out: bshd or bhsd (default bshd)")
-      .option("config", "NAME", "run this config instead of the tuner's choice")
+      .option("config", "NAME", "run this config (a fwd_... name, or bwd_... with --backward) instead of the choice")
+      .flag("backward", "time the backward pass (dq, dk, dv for a random dout) after one forward")
+      .flag("deterministic", "with --backward: the deterministic dQ strategy (bitwise repeatable)")
       .option("iters", "N", "timed launches (default 20)")
       .option("warmup", "N", "untimed launches before timing (default 3)")
       .option("check-rows", "N", "query rows checked against the reference, plus the last one (default 64)")
@@ -552,6 +555,8 @@ struct RunOptions {
   float scale = 0;              // <= 0: 1/sqrt(head_dim)
   std::string layout = "bshd";  // bshd | bhsd
   std::optional<std::string> config_name;
+  bool backward = false;
+  bool deterministic = false;
   int iters = 20;
   int warmup = 3;
   int check_rows = 64;
@@ -572,6 +577,9 @@ RunOptions parse_run_options(const Args& args) {
   o.scale = static_cast<float>(args.double_or("scale", o.scale));
   o.layout = args.choice_or("layout", o.layout, {"bshd", "bhsd"});
   if (args.has("config")) o.config_name = args.string_or("config", "");
+  o.backward = args.has("backward");
+  o.deterministic = args.has("deterministic");
+  if (o.deterministic && !o.backward) fail(Status::kInvalidArgument, "--deterministic needs --backward");
   o.iters = static_cast<int>(args.int_or("iters", o.iters, 1, 1000000));
   o.warmup = static_cast<int>(args.int_or("warmup", o.warmup, 0, 1000000));
   o.check_rows = static_cast<int>(args.int_or("check-rows", o.check_rows, 0, 1000000));
@@ -751,9 +759,11 @@ struct RunReport {
   std::string device_name;
   int device_sm = 0;
   double scale = 0;        // the scale in effect
-  ForwardLaunch launch;    // what ran and why
+  std::string config_name;  // what ran (the backward module with --backward)
+  std::string reason;       // and why
+  int arch = 0;
   double first_launch_ms = 0;  // wall clock of the first call: includes compiling or loading the kernel
-  CheckResult check;
+  CheckResult check;           // forward: sampled rows; backward: whole gradients (see check_gradients)
   std::vector<double> times_ms;  // one per timed launch, sorted
   double flops = 0;
 
@@ -769,6 +779,112 @@ std::string problem_text(const RunOptions& o, double scale) {
                 static_cast<long long>(o.head_dim), dtype_name(o.dtype), o.causal.c_str(), scale, o.layout.c_str());
 }
 
+// Largest problem whose backward `run --backward` checks against the whole float64 reference
+// (batch * heads * seqlen_q * seqlen_k * head_dim multiply-adds, about a minute on one core).
+constexpr double kMaxBackwardCheckCost = 4e9;
+
+// Events around every launch of fn on stream; sorted milliseconds.
+std::vector<double> time_launches(const std::function<void()>& fn, int warmup, int iters, CUstream stream) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<Event> starts(static_cast<size_t>(iters)), stops(static_cast<size_t>(iters));
+  for (int i = 0; i < iters; ++i) {
+    FLASHGEN_CU_CHECK(cuEventRecord(starts[i].get(), stream));
+    fn();
+    FLASHGEN_CU_CHECK(cuEventRecord(stops[i].get(), stream));
+  }
+  FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
+  std::vector<double> times;
+  for (int i = 0; i < iters; ++i) {
+    float ms = 0;
+    FLASHGEN_CU_CHECK(cuEventElapsedTime(&ms, starts[i].get(), stops[i].get()));
+    times.push_back(ms);
+  }
+  std::sort(times.begin(), times.end());
+  return times;
+}
+
+// The backward half of `run --backward`: random dout, one checked backward (against the whole float64
+// reference when the problem is small enough), then timing with a workspace allocated once.
+void run_backward(const RunOptions& o, const AttentionShape& shape, const HostTensor& q, const HostTensor& k,
+                  const HostTensor& v, const flashgen_tensor& q_view,
+                  const flashgen_tensor& k_view, const flashgen_tensor& v_view, const flashgen_tensor& out_view,
+                  const float* lse, const flashgen_attention_options& options, CUstream stream, std::mt19937& rng,
+                  RunReport& report) {
+  const bool bhsd = o.layout == "bhsd";
+  HostTensor dout = make_host_tensor(o.dtype, o.batch, o.seqlen_q, o.heads_q, o.head_dim, bhsd);
+  HostTensor dq = make_host_tensor(o.dtype, o.batch, o.seqlen_q, o.heads_q, o.head_dim, bhsd);
+  HostTensor dk = make_host_tensor(o.dtype, o.batch, o.seqlen_k, o.heads_kv, o.head_dim, bhsd);
+  HostTensor dv = make_host_tensor(o.dtype, o.batch, o.seqlen_k, o.heads_kv, o.head_dim, bhsd);
+  fill_normal(dout, rng);
+  DeviceBuffer dout_dev(dout.bytes()), dq_dev(dq.bytes()), dk_dev(dk.bytes()), dv_dev(dv.bytes());
+  dout_dev.upload(dout.bits);
+  for (DeviceBuffer* b : {&dq_dev, &dk_dev, &dv_dev}) b->fill_bytes(0xFF, stream);
+  const flashgen_tensor dout_view = tensor_view(dout, dout_dev), dq_view = tensor_view(dq, dq_dev),
+                        dk_view = tensor_view(dk, dk_dev), dv_view = tensor_view(dv, dv_dev);
+  const BackwardProblem problem =
+      make_backward_problem(&q_view, &k_view, &v_view, &out_view, &dout_view, lse, &dq_view, &dk_view, &dv_view,
+                            &options);
+  BwdConfig config;
+  if (o.config_name) {
+    config = BwdConfig::from_name(*o.config_name);
+    FLASHGEN_REQUIRE(config.deterministic == o.deterministic,
+                     "config " + config.name() + (config.deterministic ? " is" : " is not") +
+                         " deterministic; pass --deterministic to match");
+    report.reason = "requested with --config";
+  } else {
+    config = choose_backward_config(problem, report.arch, &report.reason);
+  }
+  report.config_name = config.name();
+  DeviceBuffer workspace(backward_workspace_bytes(problem, config));
+  auto launch = [&] { launch_backward(problem, stream, &config, workspace.ptr(), workspace.bytes()); };
+
+  const Clock::time_point first = Clock::now();
+  launch();
+  FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
+  report.first_launch_ms = ms_since(first);
+
+  report.check = CheckResult{};
+  if (shape.reference_cost() <= kMaxBackwardCheckCost) {
+    dq_dev.download(dq.bits.data(), dq.bytes());
+    dk_dev.download(dk.bits.data(), dk.bytes());
+    dv_dev.download(dv.bits.data(), dv.bytes());
+    const AttentionGradients ref = attention_backward_reference_f64(shape, q.input(), k.input(), v.input(),
+                                                                    dout.input(), report.scale, options.mask);
+    // Relative to the largest gradient: the products round P and dS to the input type (unit roundoff
+    // 2^-11 fp16, 2^-8 bf16) and sum seqlen terms of them.
+    const double tolerance = o.dtype == DType::kFloat16 ? 1e-2 : 4e-2;
+    const struct {
+      const char* name;
+      const HostTensor& got;
+      const std::vector<double>& want;
+    } grads[] = {{"dq", dq, ref.dq}, {"dk", dk, ref.dk}, {"dv", dv, ref.dv}};
+    for (const auto& g : grads) {
+      const HostInput got = g.got.input();
+      double magnitude = 0, error = 0;
+      for (double x : g.want) magnitude = std::max(magnitude, std::abs(x));
+      const StridedView& view = g.got.view;
+      size_t i = 0;
+      for (int64_t b = 0; b < view.shape[0]; ++b)
+        for (int64_t s = 0; s < view.shape[1]; ++s)
+          for (int64_t h = 0; h < view.shape[2]; ++h)
+            for (int64_t d = 0; d < view.shape[3]; ++d, ++i) {
+              const double value = got.at(b, s, h, d);
+              error = std::max(error, std::isfinite(value) ? std::abs(value - g.want[i]) : HUGE_VAL);
+            }
+      const double relative = magnitude > 0 ? error / magnitude : error;
+      report.check.max_error_out = std::max(report.check.max_error_out, relative);
+      if (!(relative <= tolerance)) {
+        report.check.mismatches++;
+        report.check.first_mismatches.push_back(format("%s: max |got - ref| / max |ref| = %.3g > %.0e", g.name,
+                                                       relative, tolerance));
+      }
+    }
+    report.check.rows = static_cast<size_t>(o.batch * o.heads_q * o.seqlen_q);
+  }
+  report.times_ms = time_launches(launch, o.warmup, o.iters, stream);
+  report.flops = backward_flops(shape, options.mask);
+}
+
 // Runs, checks and times one problem. The caller has checked that a GPU is there.
 RunReport run_problem(const RunOptions& o) {
   RunReport report;
@@ -780,7 +896,7 @@ RunReport run_problem(const RunOptions& o) {
   report.device_sm = device_sm(context.device());
 
   std::optional<KernelConfig> config;
-  if (o.config_name) config = KernelConfig::from_name(*o.config_name);
+  if (o.config_name && !o.backward) config = KernelConfig::from_name(*o.config_name);
 
   const bool bhsd = o.layout == "bhsd";
   HostTensor q = make_host_tensor(o.dtype, o.batch, o.seqlen_q, o.heads_q, o.head_dim, bhsd);
@@ -820,30 +936,25 @@ RunReport run_problem(const RunOptions& o) {
   };
 
   const Clock::time_point first = Clock::now();
-  report.launch = launch();
+  const ForwardLaunch forward_launch = launch();
   FLASHGEN_CU_CHECK(cuStreamSynchronize(stream.get()));
   report.first_launch_ms = ms_since(first);
+  report.config_name = forward_launch.config.name();
+  report.reason = forward_launch.reason;
+  report.arch = forward_launch.arch;
 
   out_dev.download(out.bits.data(), out.bytes());
   lse_dev.download(lse.data(), lse_dev.bytes());
   const AttentionShape shape = shape_of(o);
   report.check = check_rows(shape, q, k, v, out, lse, sample_rows(o.batch, o.heads_q, o.seqlen_q, o.check_rows),
                             report.scale, options.mask);
+  if (o.backward) {
+    options.deterministic = o.deterministic ? 1 : 0;
+    run_backward(o, shape, q, k, v, q_view, k_view, v_view, out_view, lse_ptr, options, stream.get(), rng, report);
+    return report;
+  }
 
-  for (int i = 0; i < o.warmup; ++i) launch();
-  std::vector<Event> starts(static_cast<size_t>(o.iters)), stops(static_cast<size_t>(o.iters));
-  for (int i = 0; i < o.iters; ++i) {
-    FLASHGEN_CU_CHECK(cuEventRecord(starts[i].get(), stream.get()));
-    launch();
-    FLASHGEN_CU_CHECK(cuEventRecord(stops[i].get(), stream.get()));
-  }
-  FLASHGEN_CU_CHECK(cuStreamSynchronize(stream.get()));
-  for (int i = 0; i < o.iters; ++i) {
-    float ms = 0;
-    FLASHGEN_CU_CHECK(cuEventElapsedTime(&ms, starts[i].get(), stops[i].get()));
-    report.times_ms.push_back(ms);
-  }
-  std::sort(report.times_ms.begin(), report.times_ms.end());
+  report.times_ms = time_launches([&] { launch(); }, o.warmup, o.iters, stream.get());
   report.flops = forward_flops(shape, options.mask);
   return report;
 }
@@ -855,12 +966,21 @@ void print_run_report(const RunReport& r, std::ostream& os) {
   const Tolerance tol = tolerance_for(r.options.dtype);
   os << "device:   " << r.device_name << " (sm_" << r.device_sm << ")\n"
      << "problem:  " << problem_text(r.options, r.scale) << '\n'
-     << "config:   " << r.launch.config.name() << " for " << arch_label(r.launch.arch) << '\n'
-     << "why:      " << r.launch.reason << '\n'
-     << format("first:    %.1f ms (first launch, includes compiling or loading the kernel)\n", r.first_launch_ms)
-     << format("check:    %zu rows, max abs error out %.3g (tol %.0e + %.0e*|ref|), lse %.3g (tol %.0e): %s\n",
-               r.check.rows, r.check.max_error_out, tol.out_abs, tol.out_rel, r.check.max_error_lse, tol.lse_abs,
-               r.check.pass() ? "PASS" : "FAIL");
+     << "pass:     " << (r.options.backward ? (r.options.deterministic ? "backward (deterministic)" : "backward")
+                                                   : "forward") << '\n'
+     << "config:   " << r.config_name << " for " << arch_label(r.arch) << '\n'
+     << "why:      " << r.reason << '\n'
+     << format("first:    %.1f ms (first launch, includes compiling or loading the kernel)\n", r.first_launch_ms);
+  if (!r.options.backward) {
+    os << format("check:    %zu rows, max abs error out %.3g (tol %.0e + %.0e*|ref|), lse %.3g (tol %.0e): %s\n",
+                 r.check.rows, r.check.max_error_out, tol.out_abs, tol.out_rel, r.check.max_error_lse, tol.lse_abs,
+                 r.check.pass() ? "PASS" : "FAIL");
+  } else if (r.check.rows == 0) {
+    os << "check:    skipped: the float64 reference of this problem is too large (shrink it to check)\n";
+  } else {
+    os << format("check:    dq, dk, dv against the float64 reference, max |got - ref| / max |ref| %.3g: %s\n",
+                 r.check.max_error_out, r.check.pass() ? "PASS" : "FAIL");
+  }
   for (const std::string& line : r.check.first_mismatches) os << "          mismatch: " << line << '\n';
   if (r.check.mismatches > static_cast<int64_t>(r.check.first_mismatches.size()))
     os << "          ... " << r.check.mismatches << " mismatches in all\n";
@@ -877,9 +997,11 @@ Json run_report_json(const RunReport& r) {
        {{"batch", o.batch}, {"seqlen_q", o.seqlen_q}, {"seqlen_k", o.seqlen_k}, {"heads_q", o.heads_q},
         {"heads_kv", o.heads_kv}, {"head_dim", o.head_dim}, {"dtype", dtype_name(o.dtype)}, {"causal", o.causal},
         {"scale", r.scale}, {"layout", o.layout}, {"seed", o.seed}}},
-      {"config", r.launch.config.name()},
-      {"arch", r.launch.arch},
-      {"reason", r.launch.reason},
+      {"pass", o.backward ? "backward" : "forward"},
+      {"deterministic", o.deterministic},
+      {"config", r.config_name},
+      {"arch", r.arch},
+      {"reason", r.reason},
       {"first_launch_ms", r.first_launch_ms},
       {"check",
        {{"rows", r.check.rows}, {"max_abs_error_out", r.check.max_error_out},
@@ -919,7 +1041,7 @@ int command_demo(const Args& args) {
   if (driver_available(&why)) {
     const RunReport report = run_problem(RunOptions{});
     print_run_report(report, std::cout);
-    std::cout << format("\n%s on %s: %.3f ms, ", report.launch.config.name().c_str(), report.device_name.c_str(),
+    std::cout << format("\n%s on %s: %.3f ms, ", report.config_name.c_str(), report.device_name.c_str(),
                         report.median_ms())
               << tflops_text(report.tflops()) << ", check " << (report.check.pass() ? "PASS" : "FAIL") << '\n';
     return report.check.pass() ? 0 : 1;

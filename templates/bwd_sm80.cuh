@@ -428,8 +428,7 @@ struct BwdDkdvSm80 {
             for (int c = 0; c < kDqPartTiles * 2; ++c) {
               const int col = (part_tile0 * 2 + c) * 8 + 2 * t;
               if (part_tile0 + c / 2 >= part_end || col >= kHeadDim) continue;
-              sm80::atomic_add_f32(dst + col, acc_dq[c][2 * h]);
-              sm80::atomic_add_f32(dst + col + 1, acc_dq[c][2 * h + 1]);
+              sm80::atomic_add_f32x2(dst + col, acc_dq[c][2 * h], acc_dq[c][2 * h + 1]);
             }
           }
         }

@@ -100,6 +100,16 @@ __device__ __forceinline__ void atomic_add_f32(float* addr, float value) {
   asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(addr), "f"(value) : "memory");
 }
 
+// addr[0] += a, addr[1] += b in global memory (addr 8-byte aligned): one vector reduction on sm_90+.
+__device__ __forceinline__ void atomic_add_f32x2(float* addr, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
+#else
+  atomic_add_f32(addr, a);
+  atomic_add_f32(addr + 1, b);
+#endif
+}
+
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));

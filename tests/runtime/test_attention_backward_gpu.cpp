@@ -241,6 +241,24 @@ TEST_CASE("backward: randomized matrix against the float64 reference", "[gpu][ba
   for (const Problem& p : backward_matrix()) check_problem(p);
 }
 
+TEST_CASE("backward: every head_dim from 32 to 256", "[gpu][backward]") {
+  FLASHGEN_REQUIRE_GPU();
+  for (int64_t head_dim = 32; head_dim <= 256; head_dim += 8) {
+    for (bool deterministic : {false, true}) {
+      Problem p;
+      p.shape.head_dim = head_dim;
+      p.shape.seqlen_q = 70, p.shape.seqlen_k = 45;
+      p.shape.heads_q = 2, p.shape.heads_kv = 1;
+      p.dtype = head_dim % 16 == 0 ? FLASHGEN_BFLOAT16 : FLASHGEN_FLOAT16;
+      p.mask = deterministic ? FLASHGEN_MASK_CAUSAL : FLASHGEN_MASK_CAUSAL_TOP_LEFT;
+      p.layout = Layout::kPadded;
+      p.deterministic = deterministic;
+      p.seed = static_cast<uint32_t>(head_dim);
+      check_problem(p);
+    }
+  }
+}
+
 TEST_CASE("backward: masking edge cases and longer sequences", "[gpu][backward]") {
   FLASHGEN_REQUIRE_GPU();
   for (bool deterministic : {false, true}) {

@@ -2,7 +2,12 @@
 // for sm_80 and sm_90a without spills.
 #include <stdlib.h>
 
+#include <algorithm>
+#include <atomic>
 #include <filesystem>
+#include <memory>
+#include <thread>
+#include <vector>
 #include <string>
 
 #include "catch.hpp"
@@ -72,17 +77,28 @@ TEST_CASE("backward heuristic is valid for every head_dim, dtype, mask, strategy
 
 TEST_CASE("every default backward candidate compiles for sm_80 and sm_90a with zero spills",
           "[tuner][heuristic][nvrtc][backward]") {
-  const TempDir cache_dir{"flashgen-bwd-heuristic-test"};
-  flashgen::KernelRegistry registry(cache_dir.path());
+  // Through the process-wide registry and its disk cache ($FLASHGEN_CACHE_DIR): the sanitizer run reuses
+  // the Release run's cubins, and ptxas's report travels with each cached cubin. Compiled on every core.
+  flashgen::KernelRegistry& registry = flashgen::KernelRegistry::instance();
   for (int arch : {80, 90}) {
     const auto candidates = flashgen::default_backward_candidates(arch);
     CHECK(candidates.size() == 48);
-    for (const auto& c : candidates) {
-      const auto compiled = registry.compiled(c, arch);
-      CHECK(compiled->cubin.size() > 0);
+    std::vector<std::shared_ptr<const flashgen::CompiledKernel>> compiled(candidates.size());
+    std::atomic<size_t> next{0};
+    auto worker = [&] {
+      for (size_t i = next++; i < candidates.size(); i = next++) compiled[i] = registry.compiled(candidates[i], arch);
+    };
+    std::vector<std::thread> pool;
+    for (unsigned t = 1; t < std::max(1u, std::thread::hardware_concurrency()); ++t) pool.emplace_back(worker);
+    worker();
+    for (std::thread& thread : pool) thread.join();
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      const flashgen::BwdConfig& c = candidates[i];
+      REQUIRE(compiled[i] != nullptr);
+      CHECK(compiled[i]->cubin.size() > 0);
       for (flashgen::BwdKernel kernel : {flashgen::BwdKernel::kPreprocess, flashgen::BwdKernel::kDkdv,
                                          c.deterministic ? flashgen::BwdKernel::kDq : flashgen::BwdKernel::kConvert}) {
-        const flashgen::ResourceUsage usage = compiled->usage_of(c.symbol(kernel));
+        const flashgen::ResourceUsage usage = compiled[i]->usage_of(c.symbol(kernel));
         INFO("sm_" << arch << " " << c.symbol(kernel));
         CHECK(usage.registers > 0);
         CHECK(usage.spill_store_bytes == 0);
