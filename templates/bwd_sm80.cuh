@@ -190,7 +190,7 @@ struct BwdDkdvSm80 {
   static __device__ void run(const AttnBwdParams& p) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     // K (kBlockN, kRow) | V (kBlockN, kRow) | kStages x [Q (kBlockM, kRow) | dO | LSE (kBlockM) | D (kBlockM)]
-    // | dSᵀ (kBlockN, kDsRow), keys x queries, atomic strategy only.
+    // | 2 x dSᵀ (kBlockN, kDsRow), keys x queries, atomic strategy only.
     const u32 sk_addr = sm80::smem_addr(smem_raw);
     const u32 sv_addr = sk_addr + kKvTileBytes;
     const u32 stage_addr = sv_addr + kKvTileBytes;
@@ -321,11 +321,64 @@ struct BwdDkdvSm80 {
         }
     };
 
+    // dQ (queries, slice) += dS K for step `it`, whose dSᵀ every warp stored before a barrier since,
+    // added to the fp32 accumulator with reductions. Runs at the start of step it + 1 (after its
+    // barrier) or after the loop: the dSᵀ tiles alternate, so no barrier of its own is needed.
+    auto dq_update = [&](int it, int head, int m_start) {
+      const u32 sds_step = sds_addr + (it % 2) * kBlockN * kDsRow * 2;
+      const long long flat = (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q;
+#pragma unroll
+      for (int item_i = 0; item_i < kDqItems; ++item_i) {
+        const int item = warp + item_i * kWarps;
+        const int mi = item % kDqMTiles;
+        const int part_tile0 = slice_tile0 + (item / kDqMTiles) * kDqPartTiles;
+        const int part_end = min(slice_tile0 + kSliceTiles, kTiles16);
+        float acc_dq[kDqPartTiles * 2][4];
+#pragma unroll
+        for (int c = 0; c < kDqPartTiles * 2; ++c)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_dq[c][e] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < kBlockN / 16; ++ks) {
+          u32 a[4];
+          sm80::ldmatrix_x4_trans(a, sds_step + bwd::Lanes<kDsRow>::a_trans(lane) + (ks * 16 * kDsRow + mi * 16) * 2);
+#pragma unroll
+          for (int c = 0; c < kDqPartTiles; ++c) {
+            if (part_tile0 + c >= part_end) continue;
+            u32 b[4];
+            sm80::ldmatrix_x4_trans(b, sk_addr + bt_lane + (ks * 16 * kRow + (part_tile0 + c) * 16) * 2);
+            sm80::mma_16816<kElem>(acc_dq[2 * c], a, b[0], b[1]);
+            sm80::mma_16816<kElem>(acc_dq[2 * c + 1], a, b[2], b[3]);
+          }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = m_start + mi * 16 + g + h * 8;
+          if (row >= p.seqlen_q) continue;
+          float* dst = p.dq_accum + (flat + row) * kHeadDim;
+#pragma unroll
+          for (int c = 0; c < kDqPartTiles * 2; ++c) {
+            const int col = (part_tile0 * 2 + c) * 8 + 2 * t;
+            if (part_tile0 + c / 2 >= part_end || col >= kHeadDim) continue;
+            sm80::atomic_add_f32x2(dst + col, acc_dq[c][2 * h], acc_dq[c][2 * h + 1]);
+          }
+        }
+      }
+    };
+    int prev_head = 0;     // head and first query of the previous step, whose dQ update is pending
+    int prev_m_start = 0;
+
     // One query block of one query head.
     auto step = [&](int it, int head, int m_start, auto masked) {
       constexpr bool kMasked = decltype(masked)::value;
       sm80::cp_async_wait<kStages - 2>();  // this iteration's stage has landed
-      __syncthreads();                     // ... for every thread; the previous stage and dSᵀ are free
+      __syncthreads();                     // ... for every thread; the previous stage is free and its dSᵀ
+                                           // stored
+      if constexpr (kAtomicDq) {
+        if (it > 0) dq_update(it - 1, prev_head, prev_m_start);
+        prev_head = head;
+        prev_m_start = m_start;
+      }
 
       const u32 st = stage_addr + (it % kStages) * kStageBytes;
       const u32 sq_tile = st;
@@ -381,7 +434,8 @@ struct BwdDkdvSm80 {
       accumulate_slice(acc_dk, ds_frag, sq_tile);
 
       if constexpr (kAtomicDq) {
-        // dSᵀ to shared memory (keys x queries), then dQ (queries, slice) += dS K, added atomically.
+        // dSᵀ to shared memory (keys x queries) for the next step's dQ update (dq_update).
+        u16* sds_step = sds + (it % 2) * kBlockN * kDsRow;
 #pragma unroll
         for (int kt = 0; kt < kKeyTiles; ++kt)
 #pragma unroll
@@ -390,48 +444,8 @@ struct BwdDkdvSm80 {
             for (int r = 0; r < 4; ++r) {
               const int row = warp_key0 + kt * 16 + g + (r & 1) * 8;
               const int col = j * 16 + (r >> 1) * 8 + 2 * t;
-              *reinterpret_cast<u32*>(sds + row * kDsRow + col) = ds_frag[kt][j][r];
+              *reinterpret_cast<u32*>(sds_step + row * kDsRow + col) = ds_frag[kt][j][r];
             }
-        __syncthreads();
-
-        const long long flat = (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q;
-#pragma unroll
-        for (int item_i = 0; item_i < kDqItems; ++item_i) {
-          const int item = warp + item_i * kWarps;
-          const int mi = item % kDqMTiles;
-          const int part_tile0 = slice_tile0 + (item / kDqMTiles) * kDqPartTiles;
-          const int part_end = min(slice_tile0 + kSliceTiles, kTiles16);
-          float acc_dq[kDqPartTiles * 2][4];
-#pragma unroll
-          for (int c = 0; c < kDqPartTiles * 2; ++c)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc_dq[c][e] = 0.f;
-#pragma unroll
-          for (int ks = 0; ks < kBlockN / 16; ++ks) {
-            u32 a[4];
-            sm80::ldmatrix_x4_trans(a, sds_addr + bwd::Lanes<kDsRow>::a_trans(lane) + (ks * 16 * kDsRow + mi * 16) * 2);
-#pragma unroll
-            for (int c = 0; c < kDqPartTiles; ++c) {
-              if (part_tile0 + c >= part_end) continue;
-              u32 b[4];
-              sm80::ldmatrix_x4_trans(b, sk_addr + bt_lane + (ks * 16 * kRow + (part_tile0 + c) * 16) * 2);
-              sm80::mma_16816<kElem>(acc_dq[2 * c], a, b[0], b[1]);
-              sm80::mma_16816<kElem>(acc_dq[2 * c + 1], a, b[2], b[3]);
-            }
-          }
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int row = m_start + mi * 16 + g + h * 8;
-            if (row >= p.seqlen_q) continue;
-            float* dst = p.dq_accum + (flat + row) * kHeadDim;
-#pragma unroll
-            for (int c = 0; c < kDqPartTiles * 2; ++c) {
-              const int col = (part_tile0 * 2 + c) * 8 + 2 * t;
-              if (part_tile0 + c / 2 >= part_end || col >= kHeadDim) continue;
-              sm80::atomic_add_f32x2(dst + col, acc_dq[c][2 * h], acc_dq[c][2 * h + 1]);
-            }
-          }
-        }
       }
     };
 
@@ -441,6 +455,12 @@ struct BwdDkdvSm80 {
       for (int mb = m_interior; mb < m_blocks; ++mb, ++it) step(it, head, mb * kBlockM, sm80::BoolConstant<false>{});
     }
     sm80::cp_async_wait<0>();
+    if constexpr (kAtomicDq) {
+      if (it > 0) {
+        __syncthreads();  // the last step's dSᵀ is stored
+        dq_update(it - 1, prev_head, prev_m_start);
+      }
+    }
 
     // Epilogue: dK = scale * acc_dk; keys no query sees get zeros.
     u16* dk = static_cast<u16*>(p.dk) + batch * p.dk_batch_stride + kv_head * p.dk_head_stride;

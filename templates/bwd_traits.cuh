@@ -26,7 +26,8 @@ struct BwdDkdvTraits {
   int dq_part_tiles;       // 16-column tiles per dQ column part
   int smem_kv_bytes;       // K and V tiles, resident for the whole block
   int smem_stage_bytes;    // one ring stage: Q and dO tiles, LSE and D (block_m floats each)
-  int smem_ds_bytes;       // dS tile for the dQ product (atomic strategy)
+  int smem_ds_bytes;       // two dS tiles for the dQ product (atomic strategy): step i writes one while
+                           // step i + 1 reads the other, so one barrier serves both
   int smem_bytes;
   int accum_regs;          // dK, dV, S and dP fragments per thread
   const char* error;
@@ -52,7 +53,7 @@ constexpr BwdDkdvTraits bwd_dkdv_traits(int head_dim, int block_m, int block_n, 
   t.dq_part_tiles = (t.slice_tiles + parts - 1) / parts;
   t.smem_kv_bytes = 2 * block_n * t.smem_row_elems * 2;
   t.smem_stage_bytes = 2 * block_m * t.smem_row_elems * 2 + 2 * block_m * 4;
-  t.smem_ds_bytes = atomic_dq ? block_n * t.ds_row_elems * 2 : 0;
+  t.smem_ds_bytes = atomic_dq ? 2 * block_n * t.ds_row_elems * 2 : 0;
   t.smem_bytes = t.smem_kv_bytes + stages * t.smem_stage_bytes + t.smem_ds_bytes;
   t.accum_regs = t.key_tiles * t.slice_tiles * 2 * 4 * 2   // dK, dV: (16 keys, 16 columns) = 2 tiles of 4
                  + t.key_tiles * (block_m / 8) * 4 * 2;    // S and dP: (16 keys, 8 queries) tiles

@@ -94,12 +94,13 @@ struct BwdTile {
 // Each warp of the dkdv kernel holds dK and dV for 16 keys x its head_dim slice in registers (128
 // registers at a 128-wide slice), next to Sᵀ and dPᵀ of a whole query block, so wide heads take two
 // slices. 128-key blocks of 8 warps halve the atomic dQ traffic per FLOP and share each Q/dO tile among
-// more keys: measured on H200 (bench/notes_bwd_sm80.md) they win for the atomic strategy (d128: 223
-// TFLOP/s against 190 for 64-key blocks), while the deterministic strategy prefers 4-warp 64-key blocks
-// next to its dq kernel. Checked spill-free by tests/tuner/test_heuristic.cpp.
+// more keys: measured on H200 (bench/notes_bwd_sm80.md) they win for the atomic strategy (d128: 245
+// TFLOP/s with 64-query steps, 225 with 32, 192 for 64-key blocks), while the deterministic strategy
+// prefers 4-warp 64-key blocks next to its dq kernel. The first entries need Hopper's shared memory; the
+// next ones fit sm_80's 163 KB and the last sm_86/sm_89's 99 KB. Checked spill-free by
+// tests/tuner/test_heuristic.cpp.
 std::vector<BwdTile> backward_preferences(int head_dim, bool deterministic) {
   const int split = head_dim <= 128 ? 1 : 2;
-  // Small tiles that fit sm_86/sm_89's 99 KB for every head_dim.
   const BwdTile small = {16, 32, 2, 2, split, 32, 16, 2, 2};
   if (head_dim <= 64) {
     if (deterministic) return {{64, 64, 4, 2, 1, 64, 64, 4, 2}, {32, 64, 4, 2, 1, 64, 32, 4, 2}, small};
@@ -107,7 +108,8 @@ std::vector<BwdTile> backward_preferences(int head_dim, bool deterministic) {
   }
   if (head_dim <= 128) {
     if (deterministic) return {{64, 64, 4, 2, 1, 64, 32, 4, 2}, {32, 64, 4, 2, 1, 64, 32, 4, 2}, small};
-    return {{32, 128, 8, 2, 1, 64, 32, 4, 2}, {32, 64, 4, 2, 1, 64, 32, 4, 2}, small};
+    return {{64, 128, 8, 2, 1, 64, 32, 4, 2}, {32, 128, 8, 2, 1, 64, 32, 4, 2}, {32, 64, 4, 2, 1, 64, 32, 4, 2},
+            small};
   }
   // A 32-key S tile next to a (16, 192..256) dQ tile spills in the dq kernel; 16 keys fit.
   const int dq_block_n = head_dim <= 160 ? 32 : 16;
@@ -146,16 +148,6 @@ std::vector<BwdConfig> heuristic_backward_configs(DType dtype, int head_dim, Mas
 
 BwdConfig heuristic_backward_config(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch) {
   return heuristic_backward_configs(dtype, head_dim, mask, deterministic, arch).front();
-}
-
-std::vector<BwdConfig> default_backward_candidates(int arch) {
-  std::vector<BwdConfig> out;
-  for (DType dtype : {DType::kFloat16, DType::kBFloat16})
-    for (MaskKind mask : {MaskKind::kNone, MaskKind::kCausal})
-      for (bool deterministic : {false, true})
-        for (int d : {32, 64, 96, 128, 192, 256})
-          out.push_back(heuristic_backward_config(dtype, d, mask, deterministic, arch));
-  return out;
 }
 
 }  // namespace flashgen

@@ -23,13 +23,10 @@ KernelConfig heuristic_forward_config(DType dtype, int head_dim, MaskKind mask, 
 std::vector<KernelConfig> default_forward_candidates(int arch);
 
 // Backward configs for (dtype, head_dim, mask, strategy) on sm_<arch> without tuning data, best first;
-// every one is valid for arch and the list is never empty for a supported head_dim.
+// every one is valid for arch and the list is never empty for a supported head_dim. The run-time choice
+// (heuristic_backward_choice in select.hpp) takes the first that compiles without spills.
 std::vector<BwdConfig> heuristic_backward_configs(DType dtype, int head_dim, MaskKind mask, bool deterministic,
                                                   int arch);
 BwdConfig heuristic_backward_config(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch);
-
-// Default backward candidates for an arch: the heuristic choices for head_dim 32..256, both dtypes,
-// both masks, both strategies. Every one is valid for arch.
-std::vector<BwdConfig> default_backward_candidates(int arch);
 
 }  // namespace flashgen

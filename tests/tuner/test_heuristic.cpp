@@ -15,6 +15,7 @@
 #include "heuristic.hpp"
 #include "kernel_registry.hpp"
 #include "nvrtc_compiler.hpp"
+#include "select.hpp"
 
 using flashgen::DType;
 using flashgen::MaskKind;
@@ -75,36 +76,58 @@ TEST_CASE("backward heuristic is valid for every head_dim, dtype, mask, strategy
           }
 }
 
-TEST_CASE("every default backward candidate compiles for sm_80 and sm_90a with zero spills",
+TEST_CASE("the run-time backward choice compiles for sm_80 and sm_90a with zero spills",
           "[tuner][heuristic][nvrtc][backward]") {
-  // Through the process-wide registry and its disk cache ($FLASHGEN_CACHE_DIR): the sanitizer run reuses
-  // the Release run's cubins, and ptxas's report travels with each cached cubin. Compiled on every core.
+  // ptxas's allocation near 255 registers varies with head_dim and arch, so the run-time choice takes the
+  // first preference that compiles without spills (heuristic_backward_choice). Its answers for the
+  // standard head_dims, both dtypes, masks and strategies, on both archs, must be spill-free. Compiled
+  // through the process-wide registry and its disk cache ($FLASHGEN_CACHE_DIR), every preference on
+  // every core first, so the sanitizer run reuses the Release run's cubins.
   flashgen::KernelRegistry& registry = flashgen::KernelRegistry::instance();
-  for (int arch : {80, 90}) {
-    const auto candidates = flashgen::default_backward_candidates(arch);
-    CHECK(candidates.size() == 48);
-    std::vector<std::shared_ptr<const flashgen::CompiledKernel>> compiled(candidates.size());
-    std::atomic<size_t> next{0};
-    auto worker = [&] {
-      for (size_t i = next++; i < candidates.size(); i = next++) compiled[i] = registry.compiled(candidates[i], arch);
-    };
-    std::vector<std::thread> pool;
-    for (unsigned t = 1; t < std::max(1u, std::thread::hardware_concurrency()); ++t) pool.emplace_back(worker);
-    worker();
-    for (std::thread& thread : pool) thread.join();
-    for (size_t i = 0; i < candidates.size(); ++i) {
-      const flashgen::BwdConfig& c = candidates[i];
-      REQUIRE(compiled[i] != nullptr);
-      CHECK(compiled[i]->cubin.size() > 0);
-      for (flashgen::BwdKernel kernel : {flashgen::BwdKernel::kPreprocess, flashgen::BwdKernel::kDkdv,
-                                         c.deterministic ? flashgen::BwdKernel::kDq : flashgen::BwdKernel::kConvert}) {
-        const flashgen::ResourceUsage usage = compiled[i]->usage_of(c.symbol(kernel));
-        INFO("sm_" << arch << " " << c.symbol(kernel));
-        CHECK(usage.registers > 0);
-        CHECK(usage.spill_store_bytes == 0);
-        CHECK(usage.spill_load_bytes == 0);
-        CHECK(usage.stack_bytes == 0);
-      }
+  struct Class {
+    DType dtype;
+    int head_dim;
+    MaskKind mask;
+    bool deterministic;
+    int arch;
+  };
+  std::vector<Class> classes;
+  std::vector<std::pair<flashgen::BwdConfig, int>> preferences;
+  for (int arch : {80, 90})
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16})
+      for (MaskKind mask : {MaskKind::kNone, MaskKind::kCausal})
+        for (bool deterministic : {false, true})
+          for (int d : {32, 64, 96, 128, 192, 256}) {
+            classes.push_back({dtype, d, mask, deterministic, arch});
+            for (const auto& c : flashgen::heuristic_backward_configs(dtype, d, mask, deterministic, arch))
+              preferences.emplace_back(c, arch);
+          }
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i = next++; i < preferences.size(); i = next++) registry.compiled(preferences[i].first, preferences[i].second);
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < std::max(1u, std::thread::hardware_concurrency()); ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& thread : pool) thread.join();
+
+  for (const Class& k : classes) {
+    const flashgen::BackwardChoice choice =
+        flashgen::heuristic_backward_choice(k.dtype, k.head_dim, k.mask, k.deterministic, k.arch);
+    const flashgen::BwdConfig& c = choice.config;
+    INFO("sm_" << k.arch << " " << c.name() << ": " << choice.reason);
+    CHECK(c.head_dim == k.head_dim);
+    CHECK(c.deterministic == k.deterministic);
+    CHECK(choice.reason.find("every candidate spills") == std::string::npos);
+    const auto compiled = registry.compiled(c, k.arch);
+    for (flashgen::BwdKernel kernel : {flashgen::BwdKernel::kPreprocess, flashgen::BwdKernel::kDkdv,
+                                       c.deterministic ? flashgen::BwdKernel::kDq : flashgen::BwdKernel::kConvert}) {
+      const flashgen::ResourceUsage usage = compiled->usage_of(c.symbol(kernel));
+      INFO(c.symbol(kernel));
+      CHECK(usage.registers > 0);
+      CHECK(usage.spill_store_bytes == 0);
+      CHECK(usage.spill_load_bytes == 0);
+      CHECK(usage.stack_bytes == 0);
     }
   }
 }
