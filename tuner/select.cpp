@@ -12,6 +12,7 @@
 #include "flashgen/error.hpp"
 #include "heuristic.hpp"
 #include "kernel_registry.hpp"
+#include "shipped.hpp"
 #include "store.hpp"
 
 namespace flashgen {
@@ -88,7 +89,7 @@ BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mas
 }
 
 ForwardChoice choose_forward_config(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
-                                    const TuningStore* user_db) {
+                                    const TuningStore* user_db, const ShippedDefaults* shipped) {
   std::string passed_over;
   auto usable = [&](const std::optional<StoredChoice>& stored) {
     if (!stored) return false;
@@ -107,6 +108,14 @@ ForwardChoice choose_forward_config(const DeviceFingerprint& device, const Probl
     if (auto nearest = user_db->lookup_nearest(device, problem); usable(nearest)) {
       return {nearest->config, "tuning database " + user_db->path().string() + ", nearest bucket " +
                                    nearest->problem.id() + " for " + problem.id()};
+    }
+  }
+  if (shipped != nullptr) {
+    bool exact = false;
+    if (auto stored = shipped->lookup(device, problem, &exact); usable(stored)) {
+      return {stored->config, stored->source + (exact ? ", exact bucket " + problem.id()
+                                                      : ", nearest bucket " + stored->problem.id() + " for " +
+                                                            problem.id())};
     }
   }
   ForwardChoice choice = heuristic_choice(problem.dtype, problem.head_dim, problem.mask, arch);
@@ -159,8 +168,10 @@ ForwardChoice choose_forward_config(int device, const ProblemKey& problem, int a
     // SQLite reads through one connection, one thread at a time.
     static std::mutex store_mutex;
     std::lock_guard<std::mutex> lock(store_mutex);
-    choice = choose_forward_config(store != nullptr ? fingerprint_of(device) : DeviceFingerprint{}, problem, arch,
-                                   store);
+    const ShippedDefaults& shipped = ShippedDefaults::instance();
+    const bool any_data = store != nullptr || !shipped.winners().empty();
+    choice = choose_forward_config(any_data ? fingerprint_of(device) : DeviceFingerprint{}, problem, arch, store,
+                                   &shipped);
   }
   std::lock_guard<std::mutex> lock(mutex);
   return chosen.emplace(key, choice).first->second;

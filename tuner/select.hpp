@@ -12,6 +12,7 @@
 
 namespace flashgen {
 
+class ShippedDefaults;
 class TuningStore;
 
 struct ForwardChoice {
@@ -23,15 +24,16 @@ struct ForwardChoice {
 // registry's caches); the first one when all of them spill, saying so in the reason. Memoized.
 ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arch);
 
-// The choice from explicit data sources (either store may be null): user_db exact bucket, user_db
-// nearest bucket, then heuristic_choice. A stored config that cannot run on sm_<arch> is passed over,
-// and the reason says so. Not memoized: the process-wide form below is.
+// The choice from explicit data sources (either may be null): user_db exact bucket, user_db nearest
+// bucket, the shipped defaults (exact, then nearest bucket, for a GPU of the same kind), then
+// heuristic_choice. A stored config that cannot run on sm_<arch> is passed over, and the reason says so.
+// Not memoized: the process-wide form below is.
 ForwardChoice choose_forward_config(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
-                                    const TuningStore* user_db);
+                                    const TuningStore* user_db, const ShippedDefaults* shipped = nullptr);
 
 // Process-wide choice for device (a CUDA device ordinal): the user's database at
-// TuningStore::default_path(), opened read-only on first use (a missing file means no tuning data),
-// memoized per (device, problem key). Thread-safe; microseconds after the first call for a key.
+// TuningStore::default_path(), opened read-only on first use (a missing file means no tuning data), then
+// ShippedDefaults::instance(), memoized per (device, problem key). Thread-safe; microseconds after the first call for a key.
 ForwardChoice choose_forward_config(int device, const ProblemKey& problem, int arch);
 
 struct BackwardChoice {

@@ -841,4 +841,19 @@ int TuningStore::import_json(const nlohmann::json& data) {
   return changed;
 }
 
+std::vector<StoredChoice> winners_from_export(const nlohmann::json& data, const std::string& source) {
+  const ImportedRows rows = parse_import(data);
+  std::vector<StoredChoice> winners;
+  for (const ImportedWinner& w : rows.winners) {
+    StoredChoice choice;
+    choice.device = rows.devices.at(w.device_id);
+    choice.problem = rows.problems.at(w.problem_id);
+    choice.config = w.config;
+    choice.median_ms = w.median_ms;
+    choice.source = source;
+    winners.push_back(std::move(choice));
+  }
+  return winners;
+}
+
 }  // namespace flashgen

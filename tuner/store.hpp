@@ -83,4 +83,8 @@ class TuningStore {
   bool read_only_ = false;
 };
 
+// The winners of an export_json() document, each with source as its StoredChoice::source; throws
+// Error(kInvalidArgument) on a document import_json would refuse.
+std::vector<StoredChoice> winners_from_export(const nlohmann::json& data, const std::string& source);
+
 }  // namespace flashgen

@@ -81,9 +81,9 @@ TEST_CASE("backward config validity follows the shared traits", "[generator][bac
   bad.warps = 8;
   bad.head_dim = 64;
   CHECK(bad.invalid_reason(86)->find("shared memory") != std::string::npos);
-  // Traits' sizes: dkdv holds K and V plus a ring of Q, dO, LSE and D, and the dS tile when atomic.
+  // Traits' sizes: dkdv holds K and V plus a ring of Q, dO, LSE and D, and two dS tiles when atomic.
   const flashgen::BwdDkdvTraits t = c.dkdv_traits();
-  CHECK(t.smem_bytes == 2 * 64 * 136 * 2 + 2 * (2 * 64 * 136 * 2 + 2 * 64 * 4) + 64 * 72 * 2);
+  CHECK(t.smem_bytes == 2 * 64 * 136 * 2 + 2 * (2 * 64 * 136 * 2 + 2 * 64 * 4) + 2 * 64 * 72 * 2);
   CHECK(c.smem_bytes(BwdKernel::kPreprocess) == 0);
 }
 

@@ -1,0 +1,136 @@
+// Shipped tuning defaults: read from export documents, matched by GPU kind (driver and toolchain
+// versions may differ), exact bucket then nearest; placed after the user's database and before the
+// heuristic in the run-time choice; and the embedded data itself is valid.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "catch.hpp"
+#include "flashgen/error.hpp"
+#include "select.hpp"
+#include "shipped.hpp"
+#include "store.hpp"
+#include "support/temp_dir.hpp"
+
+using flashgen::DType;
+using flashgen::MaskKind;
+
+namespace {
+
+flashgen::DeviceFingerprint h200(int driver_version) {
+  flashgen::DeviceFingerprint d;
+  d.gpu_name = "NVIDIA H200";
+  d.sm = 90;
+  d.sm_count = 132;
+  d.driver_version = driver_version;
+  d.nvrtc_version = "13.0";
+  d.generator_version = "1";
+  return d;
+}
+
+flashgen::KernelConfig tile(int head_dim, int block_m, int block_n, int warps, int stages) {
+  flashgen::KernelConfig c;
+  c.head_dim = head_dim;
+  c.block_m = block_m, c.block_n = block_n, c.warps = warps, c.stages = stages;
+  return c;
+}
+
+// An export document holding one winner per (problem, config), recorded for device.
+std::string export_text(const flashgen::DeviceFingerprint& device,
+                        const std::vector<std::pair<flashgen::ProblemKey, flashgen::KernelConfig>>& winners) {
+  flashgen::testing::TempDir dir("flashgen-shipped-test");
+  flashgen::TuningStore store(dir.path() / "t.sqlite");
+  for (const auto& [problem, config] : winners) {
+    flashgen::CandidateResult row;
+    row.config = config;
+    row.median_ms = 1.0;
+    row.samples = 10;
+    store.record(device, problem, {row}, config, 1.0);
+  }
+  return store.export_json().dump();
+}
+
+}  // namespace
+
+TEST_CASE("shipped defaults match the GPU kind, exact bucket first, then the nearest", "[tuner][shipped]") {
+  const auto key4k = flashgen::forward_problem_key(DType::kFloat16, 64, MaskKind::kNone, 1, 4096, 4096, 64);
+  const auto key1k = flashgen::forward_problem_key(DType::kFloat16, 64, MaskKind::kNone, 1, 1024, 1024, 64);
+  const flashgen::KernelConfig a = tile(64, 64, 64, 4, 2), b = tile(64, 128, 128, 8, 2);
+  const flashgen::ShippedDefaults shipped =
+      flashgen::ShippedDefaults::from_files({{"h200.json", export_text(h200(13000), {{key4k, a}, {key1k, b}})}});
+  REQUIRE(shipped.winners().size() == 2);
+
+  bool exact = false;
+  // Another driver version: the same kind of GPU.
+  auto found = shipped.lookup(h200(13010), key4k, &exact);
+  REQUIRE(found.has_value());
+  CHECK(found->config == a);
+  CHECK(exact);
+  CHECK(found->source == "shipped defaults h200.json");
+  const auto key2k = flashgen::forward_problem_key(DType::kFloat16, 64, MaskKind::kNone, 1, 2048, 2048, 64);
+  found = shipped.lookup(h200(13000), key2k, &exact);  // 1k and 4k are equally near: the smaller id wins
+  REQUIRE(found.has_value());
+  CHECK_FALSE(exact);
+  CHECK(found->problem.id() == std::min(key1k.id(), key4k.id()));
+  const auto key16k = flashgen::forward_problem_key(DType::kFloat16, 64, MaskKind::kNone, 1, 16384, 16384, 64);
+  found = shipped.lookup(h200(13000), key16k, &exact);
+  REQUIRE(found.has_value());
+  CHECK(found->config == a);
+
+  flashgen::DeviceFingerprint h100 = h200(13000);
+  h100.gpu_name = "NVIDIA H100 80GB HBM3";
+  CHECK_FALSE(shipped.lookup(h100, key4k).has_value());
+  const auto causal = flashgen::forward_problem_key(DType::kFloat16, 64, MaskKind::kCausal, 1, 4096, 4096, 64);
+  CHECK_FALSE(shipped.lookup(h200(13000), causal).has_value());
+}
+
+TEST_CASE("shipped defaults sit between the user's database and the heuristic", "[tuner][shipped][select]") {
+  const auto key = flashgen::forward_problem_key(DType::kFloat16, 64, MaskKind::kNone, 1, 4096, 4096, 64);
+  const flashgen::KernelConfig user = tile(64, 64, 64, 4, 2), shipped_config = tile(64, 128, 128, 8, 2);
+  const flashgen::ShippedDefaults shipped =
+      flashgen::ShippedDefaults::from_files({{"h200.json", export_text(h200(13000), {{key, shipped_config}})}});
+
+  const auto from_shipped = flashgen::choose_forward_config(h200(13000), key, 90, nullptr, &shipped);
+  CHECK(from_shipped.config == shipped_config);
+  CHECK(from_shipped.reason.find("shipped defaults h200.json, exact bucket") != std::string::npos);
+
+  flashgen::testing::TempDir dir("flashgen-shipped-test");
+  flashgen::TuningStore store(dir.path() / "user.sqlite");
+  flashgen::CandidateResult row;
+  row.config = user;
+  row.median_ms = 2.0;
+  store.record(h200(13000), key, {row}, user, 2.0);
+  const auto from_user = flashgen::choose_forward_config(h200(13000), key, 90, &store, &shipped);
+  CHECK(from_user.config == user);
+  CHECK(from_user.reason.find("tuning database") != std::string::npos);
+
+  // A shipped config this arch cannot run (203 KB of shared memory on sm_80) falls to the heuristic.
+  const auto wide = flashgen::forward_problem_key(DType::kFloat16, 256, MaskKind::kNone, 1, 4096, 4096, 64);
+  flashgen::DeviceFingerprint a100 = h200(13000);
+  a100.gpu_name = "NVIDIA A100-SXM4-80GB", a100.sm = 80, a100.sm_count = 108;
+  const flashgen::ShippedDefaults hopper_only = flashgen::ShippedDefaults::from_files(
+      {{"a100.json", export_text(a100, {{wide, tile(256, 128, 64, 8, 2)}})}});
+  const auto passed = flashgen::choose_forward_config(a100, wide, 80, nullptr, &hopper_only);
+  CHECK(passed.reason.rfind("built-in heuristic", 0) == 0);
+  CHECK(passed.reason.find("passed over") != std::string::npos);
+}
+
+TEST_CASE("a shipped file that is not an export is refused with its name", "[tuner][shipped]") {
+  CHECK_THROWS_WITH(flashgen::ShippedDefaults::from_files({{"broken.json", "{not json"}}),
+                    Catch::Contains("broken.json") && Catch::Contains("not JSON"));
+  CHECK_THROWS_WITH(flashgen::ShippedDefaults::from_files({{"other.json", R"({"format": "something else"})"}}),
+                    Catch::Contains("other.json") && Catch::Contains("not a flashgen tuning export"));
+}
+
+TEST_CASE("the embedded shipped data is valid for the GPUs it names", "[tuner][shipped]") {
+  const flashgen::ShippedDefaults& shipped = flashgen::ShippedDefaults::instance();
+  REQUIRE_FALSE(shipped.winners().empty());
+  for (const flashgen::StoredChoice& choice : shipped.winners()) {
+    INFO(choice.source << ": " << choice.device.id() << " " << choice.problem.id() << " " << choice.config.name());
+    CHECK_FALSE(choice.config.invalid_reason(choice.device.sm).has_value());
+    CHECK(choice.config.dtype == choice.problem.dtype);
+    CHECK(choice.config.head_dim == choice.problem.head_dim);
+    CHECK(choice.config.mask == choice.problem.mask);
+    CHECK(choice.median_ms > 0);
+  }
+}
