@@ -1245,11 +1245,19 @@ int command_db(const Args& args) {
 
 Command tune_command() {
   return Command("tune",
-                 "Tunes the forward kernel for one problem on the GPU: enumerates and prunes the search space,\n"
-                 "compiles the candidates, checks each against a float64 reference, times them and stores\n"
-                 "every row and the winner in the tuning database. A problem whose bucket the database\n"
-                 "already holds for this GPU is skipped unless --force, so an interrupted list of tune\n"
-                 "commands can simply be run again.",
+                 "Tunes the forward kernel on the GPU for one problem (given by flags) or for every problem\n"
+                 "of a JSON spec: enumerates and prunes the search space, compiles the candidates, checks\n"
+                 "each against a float64 reference, times them and stores every row and the winner in the\n"
+                 "tuning database. A problem whose bucket the database already holds for this GPU is skipped\n"
+                 "unless --force, so an interrupted sweep can simply be run again.\n"
+                 "\n"
+                 "Across machines: --shard i/N (by default from SLURM_PROCID/SLURM_NTASKS, else\n"
+                 "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE) tunes the spec's problems i, i+N, i+2N, ...\n"
+                 "into its own file, <db>.shard<i>-of-<N>.sqlite; `flashgen db merge` joins the files.\n"
+                 "\n"
+                 "Spec: {\"max_candidates\": 32, \"problems\": [{\"dtype\": \"bf16\", \"head_dim\": 128,\n"
+                 "\"causal\": \"bottom-right\", \"batch\": 4, \"heads_q\": 32, \"heads_kv\": 8, \"seqlen_q\": 4096,\n"
+                 "\"seqlen_k\": 4096}, ...]}; omitted fields take the flag defaults below.",
                  "[options]")
       .option("dtype", "T", "fp16 or bf16 (default fp16)")
       .option("head-dim", "D", "head dimension (default 128)")
@@ -1259,10 +1267,13 @@ Command tune_command() {
       .option("heads-kv", "H", "key/value heads; heads-q must be a multiple (default 16)")
       .option("seqlen-q", "N", "query length (default 4096)")
       .option("seqlen-k", "N", "key/value length (default 4096)")
+      .option("spec", "FILE", "tune every problem of this JSON spec instead of the one the flags describe")
+      .option("shard", "I/N", "tune only problems I, I+N, ... of the spec, into their own database file")
       .option("max-candidates", "N", "time N evenly spaced valid configs (plus the built-in choice), not all")
       .option("db", "PATH", "the database (default: " + TuningStore::default_path().string() + ")")
       .flag("force", "tune even when the database already holds this problem's bucket for this GPU")
-      .flag("json", "print one JSON object (progress still goes to stderr)");
+      .flag("dry-run", "print the problems this shard would tune and its database, then stop (no GPU needed)")
+      .flag("json", "print JSON (one object per problem in an array; progress still goes to stderr)");
 }
 
 // Every index of an n-element list when count >= n, else count indices spread evenly from the first.
@@ -1280,29 +1291,145 @@ std::string space_text(const SpaceReport& space) {
          format(", %zu valid", space.valid.size());
 }
 
-int command_tune(const Args& args) {
+std::string causal_text(flashgen_mask mask) {
+  return mask == FLASHGEN_MASK_CAUSAL ? "bottom-right" : mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT ? "top-left" : "none";
+}
+
+flashgen_mask mask_from_text(const std::string& text) {
+  return text == "bottom-right" ? FLASHGEN_MASK_CAUSAL : text == "top-left" ? FLASHGEN_MASK_CAUSAL_TOP_LEFT
+                                                                           : FLASHGEN_MASK_NONE;
+}
+
+std::string problem_line(const ForwardSweepProblem& p) {
+  return format("%s d%d causal=%s batch %d heads %d/%d seqlen %d/%d", dtype_name(p.dtype), p.head_dim,
+                causal_text(p.mask).c_str(), p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k);
+}
+
+// The problem the flags describe (every flag has a default).
+ForwardSweepProblem problem_from_flags(const Args& args) {
   constexpr long long kIntMax = std::numeric_limits<int>::max();
   ForwardSweepProblem problem;
   problem.dtype = args.choice_or("dtype", "fp16", {"fp16", "bf16"}) == "fp16" ? DType::kFloat16 : DType::kBFloat16;
   problem.head_dim = static_cast<int>(args.int_or("head-dim", problem.head_dim, 1, 4096));
-  const std::string causal = args.choice_or("causal", "none", {"none", "bottom-right", "top-left"});
-  problem.mask = causal == "bottom-right" ? FLASHGEN_MASK_CAUSAL
-                 : causal == "top-left"   ? FLASHGEN_MASK_CAUSAL_TOP_LEFT
-                                          : FLASHGEN_MASK_NONE;
+  problem.mask = mask_from_text(args.choice_or("causal", "none", {"none", "bottom-right", "top-left"}));
   problem.batch = static_cast<int>(args.int_or("batch", problem.batch, 1, kIntMax));
   problem.heads_q = static_cast<int>(args.int_or("heads-q", problem.heads_q, 1, kIntMax));
   problem.heads_kv = static_cast<int>(args.int_or("heads-kv", problem.heads_kv, 1, kIntMax));
   problem.seqlen_q = static_cast<int>(args.int_or("seqlen-q", problem.seqlen_q, 1, kIntMax));
   problem.seqlen_k = static_cast<int>(args.int_or("seqlen-k", problem.seqlen_k, 1, kIntMax));
-  if (problem.heads_q % problem.heads_kv != 0)
-    throw UsageError("--heads-q must be a multiple of --heads-kv", args.usage());
-  const size_t max_candidates = static_cast<size_t>(args.int_or("max-candidates", kIntMax, 1, kIntMax));
-  const fs::path db_path = args.has("db") ? fs::path(args.string_or("db", "")) : TuningStore::default_path();
-  const bool json = args.has("json");
+  return problem;
+}
 
-  std::string why;
-  if (!driver_available(&why)) fail(Status::kNoDevice, "tune needs a GPU: " + why);
-  ScopedContext context;  // the current context, else device 0's primary context
+struct TuneSpec {
+  std::vector<ForwardSweepProblem> problems;
+  std::optional<size_t> max_candidates;
+};
+
+// A JSON spec; every error names the file and the field. Omitted problem fields take `defaults`.
+TuneSpec read_tune_spec(const std::string& path, const ForwardSweepProblem& defaults) {
+  const Json j = read_json_file(path);
+  auto bad = [&](const std::string& what) { fail(Status::kInvalidArgument, "tune spec " + path + ": " + what); };
+  if (!j.is_object()) bad("must be a JSON object with a \"problems\" array");
+  for (const auto& [key, value] : j.items())
+    if (key != "problems" && key != "max_candidates") bad("unknown field \"" + key + "\"");
+  TuneSpec spec;
+  if (j.contains("max_candidates")) {
+    if (!j["max_candidates"].is_number_integer() || j["max_candidates"].get<long long>() < 1)
+      bad("\"max_candidates\" must be a positive integer");
+    spec.max_candidates = j["max_candidates"].get<size_t>();
+  }
+  if (!j.contains("problems") || !j["problems"].is_array() || j["problems"].empty())
+    bad("\"problems\" must be a non-empty array");
+  for (size_t i = 0; i < j["problems"].size(); ++i) {
+    const Json& entry = j["problems"][i];
+    const std::string where = "problems[" + std::to_string(i) + "]";
+    if (!entry.is_object()) bad(where + " must be an object");
+    ForwardSweepProblem p = defaults;
+    for (const auto& [key, value] : entry.items()) {
+      auto positive = [&](int& field) {
+        if (!value.is_number_integer() || value.get<long long>() < 1 || value.get<long long>() > std::numeric_limits<int>::max())
+          bad(where + "." + key + " must be a positive integer");
+        field = value.get<int>();
+      };
+      if (key == "dtype") {
+        if (value != "fp16" && value != "bf16") bad(where + ".dtype must be \"fp16\" or \"bf16\"");
+        p.dtype = value == "bf16" ? DType::kBFloat16 : DType::kFloat16;
+      } else if (key == "causal") {
+        if (value != "none" && value != "bottom-right" && value != "top-left")
+          bad(where + ".causal must be \"none\", \"bottom-right\" or \"top-left\"");
+        p.mask = mask_from_text(value.get<std::string>());
+      } else if (key == "head_dim") {
+        positive(p.head_dim);
+      } else if (key == "batch") {
+        positive(p.batch);
+      } else if (key == "heads_q") {
+        positive(p.heads_q);
+      } else if (key == "heads_kv") {
+        positive(p.heads_kv);
+      } else if (key == "seqlen_q") {
+        positive(p.seqlen_q);
+      } else if (key == "seqlen_k") {
+        positive(p.seqlen_k);
+      } else {
+        bad(where + ": unknown field \"" + key + "\"");
+      }
+    }
+    if (p.heads_q % p.heads_kv != 0) bad(where + ": heads_q must be a multiple of heads_kv");
+    spec.problems.push_back(p);
+  }
+  return spec;
+}
+
+struct Shard {
+  int index = 0;
+  int count = 1;
+  std::string source;  // "--shard", "SLURM_PROCID/SLURM_NTASKS", ... or "" when not sharded
+};
+
+// "i/N" with 0 <= i < N.
+std::optional<Shard> parse_shard(const std::string& text) {
+  int index = -1, count = 0;
+  char slash = 0, extra = 0;
+  if (std::sscanf(text.c_str(), "%d %c %d %c", &index, &slash, &count, &extra) != 3 || slash != '/' || count < 1 ||
+      index < 0 || index >= count)
+    return std::nullopt;
+  return Shard{index, count, ""};
+}
+
+// --shard, else the Slurm or Open MPI rank and size, else the whole sweep.
+Shard shard_of(const Args& args) {
+  if (args.has("shard")) {
+    const std::string text = args.string_or("shard", "");
+    std::optional<Shard> shard = parse_shard(text);
+    if (!shard) throw UsageError("--shard must be I/N with 0 <= I < N, got '" + text + "'", args.usage());
+    shard->source = "--shard";
+    return *shard;
+  }
+  for (const auto& [rank, size] : {std::pair{"SLURM_PROCID", "SLURM_NTASKS"},
+                                   std::pair{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}}) {
+    const std::optional<std::string> r = env(rank), n = env(size);
+    if (!r || !n) continue;
+    std::optional<Shard> shard = parse_shard(*r + "/" + *n);
+    if (!shard) fail(Status::kInvalidArgument, std::string(rank) + "=" + *r + " and " + size + "=" + *n +
+                                                   " do not name a shard (need 0 <= rank < size)");
+    shard->source = std::string(rank) + "/" + size;
+    return *shard;
+  }
+  return Shard{};
+}
+
+// <db> for a whole sweep; <stem>.shard<i>-of-<N><extension> next to it for one shard of several.
+fs::path shard_db_path(const fs::path& db, const Shard& shard) {
+  if (shard.count == 1) return db;
+  fs::path path = db;
+  path.replace_filename(db.stem().string() + ".shard" + std::to_string(shard.index) + "-of-" +
+                        std::to_string(shard.count) + db.extension().string());
+  return path;
+}
+
+// Tunes one problem into store; prints (or returns as JSON) what happened.
+Json tune_one(const ForwardSweepProblem& problem, TuningStore& store, const fs::path& db_path, size_t max_candidates,
+              bool force, bool json, const ScopedContext& context) {
   const int arch = device_sm(context.device());
   const DeviceFingerprint device = current_device_fingerprint(static_cast<int>(context.device()));
   // The sweep's mask kinds: both causal alignments run the causal kernels (as sweep_forward keys them).
@@ -1310,20 +1437,17 @@ int command_tune(const Args& args) {
   const ProblemKey key =
       forward_problem_key(problem.dtype, problem.head_dim, mask_kind, problem.heads_q / problem.heads_kv,
                           problem.seqlen_q, problem.seqlen_k, static_cast<int64_t>(problem.batch) * problem.heads_q);
-  TuningStore store(db_path);
 
-  if (!args.has("force")) {
+  if (!force) {
     if (const std::optional<StoredChoice> stored = store.lookup_exact(device, key)) {
-      if (json) {
-        Json j = choice_json(*stored);
-        j["skipped"] = true;
-        j["db"] = db_path.string();
-        std::cout << j.dump(2) << '\n';
-      } else {
+      if (!json) {
         std::cout << format("already tuned: %s, %.4f ms for %s on %s (--force tunes again)\n",
                             stored->config.name().c_str(), stored->median_ms, key.id().c_str(), device.id().c_str());
       }
-      return 0;
+      Json j = choice_json(*stored);
+      j["skipped"] = true;
+      j["db"] = db_path.string();
+      return j;
     }
   }
 
@@ -1367,37 +1491,89 @@ int command_tune(const Args& args) {
   size_t passed = 0;
   for (const CandidateResult& c : result.candidates) passed += c.status == "ok";
 
-  if (json) {
-    Json j = {{"device", device.id()},
-              {"problem", result.problem.id()},
-              {"space", {{"total", space.total}, {"pruned", space.pruned}, {"pruned_by_reason", space.pruned_by_reason},
-                         {"valid", space.valid.size()}}},
-              {"candidates", result.candidates.size()},
-              {"passed", passed},
-              {"winner", result.winner.name()},
-              {"winner_ms", result.winner_ms},
-              {"heuristic", heuristic.name()},
-              {"heuristic_ms", builtin_timed ? Json(builtin->median_ms) : Json(nullptr)},
-              {"heuristic_status", builtin ? builtin->status : "not swept"},
-              {"decision", result.decision},
-              {"sweep_s", sweep_s},
-              {"compile_s", compile_s},
-              {"check_and_timing_s", sweep_s - compile_s},
-              {"db", db_path.string()},
-              {"skipped", false}};
-    std::cout << j.dump(2) << '\n';
+  if (!json) {
+    std::cout << format("swept:     %zu candidates, %zu passed, in %.1f s (compile %.1f s, check and timing %.1f s)\n",
+                        result.candidates.size(), passed, sweep_s, compile_s, sweep_s - compile_s)
+              << format("winner:    %s, %.4f ms\n", result.winner.name().c_str(), result.winner_ms);
+    if (builtin_timed)
+      std::cout << format("built-in:  %s, %.4f ms (the winner is %.2fx as fast)\n", heuristic.name().c_str(),
+                          builtin->median_ms, builtin->median_ms / result.winner_ms);
+    else
+      std::cout << "built-in:  " << heuristic.name() << ": " << (builtin ? builtin->status : "not swept") << '\n';
+    std::cout << "decision:  " << result.decision << '\n'
+              << "stored:    " << result.problem.id() << " for " << device.id() << " in " << db_path.string() << '\n';
+  }
+  return {{"device", device.id()},
+          {"problem", result.problem.id()},
+          {"space", {{"total", space.total}, {"pruned", space.pruned}, {"pruned_by_reason", space.pruned_by_reason},
+                     {"valid", space.valid.size()}}},
+          {"candidates", result.candidates.size()},
+          {"passed", passed},
+          {"winner", result.winner.name()},
+          {"winner_ms", result.winner_ms},
+          {"heuristic", heuristic.name()},
+          {"heuristic_ms", builtin_timed ? Json(builtin->median_ms) : Json(nullptr)},
+          {"heuristic_status", builtin ? builtin->status : "not swept"},
+          {"decision", result.decision},
+          {"sweep_s", sweep_s},
+          {"compile_s", compile_s},
+          {"check_and_timing_s", sweep_s - compile_s},
+          {"db", db_path.string()},
+          {"skipped", false}};
+}
+
+int command_tune(const Args& args) {
+  constexpr long long kIntMax = std::numeric_limits<int>::max();
+  const ForwardSweepProblem flags = problem_from_flags(args);
+  TuneSpec spec;
+  if (args.has("spec")) {
+    spec = read_tune_spec(args.string_or("spec", ""), flags);
+  } else {
+    if (flags.heads_q % flags.heads_kv != 0) throw UsageError("--heads-q must be a multiple of --heads-kv", args.usage());
+    spec.problems.push_back(flags);
+  }
+  size_t max_candidates = spec.max_candidates.value_or(static_cast<size_t>(kIntMax));
+  if (args.has("max-candidates")) max_candidates = static_cast<size_t>(args.int_or("max-candidates", kIntMax, 1, kIntMax));
+  const Shard shard = shard_of(args);
+  std::vector<ForwardSweepProblem> mine;
+  for (size_t i = static_cast<size_t>(shard.index); i < spec.problems.size(); i += static_cast<size_t>(shard.count))
+    mine.push_back(spec.problems[i]);
+  const fs::path base_db = args.has("db") ? fs::path(args.string_or("db", "")) : TuningStore::default_path();
+  const fs::path db_path = shard_db_path(base_db, shard);
+  const bool json = args.has("json");
+
+  if (args.has("dry-run")) {
+    if (json) {
+      Json problems = Json::array();
+      for (const ForwardSweepProblem& p : mine)
+        problems.push_back({{"dtype", dtype_name(p.dtype)}, {"head_dim", p.head_dim}, {"causal", causal_text(p.mask)},
+                            {"batch", p.batch}, {"heads_q", p.heads_q}, {"heads_kv", p.heads_kv},
+                            {"seqlen_q", p.seqlen_q}, {"seqlen_k", p.seqlen_k}});
+      std::cout << Json{{"shard", {{"index", shard.index}, {"count", shard.count}, {"source", shard.source}}},
+                        {"db", db_path.string()},
+                        {"max_candidates", max_candidates},
+                        {"problems", problems}}
+                       .dump(2)
+                << '\n';
+    } else {
+      std::cout << format("shard %d of %d%s: %zu of %zu problems into %s\n", shard.index, shard.count,
+                          shard.source.empty() ? "" : (" (from " + shard.source + ")").c_str(), mine.size(),
+                          spec.problems.size(), db_path.string().c_str());
+      for (const ForwardSweepProblem& p : mine) std::cout << "  " << problem_line(p) << '\n';
+    }
     return 0;
   }
-  std::cout << format("swept:     %zu candidates, %zu passed, in %.1f s (compile %.1f s, check and timing %.1f s)\n",
-                      result.candidates.size(), passed, sweep_s, compile_s, sweep_s - compile_s)
-            << format("winner:    %s, %.4f ms\n", result.winner.name().c_str(), result.winner_ms);
-  if (builtin_timed)
-    std::cout << format("built-in:  %s, %.4f ms (the winner is %.2fx as fast)\n", heuristic.name().c_str(),
-                        builtin->median_ms, builtin->median_ms / result.winner_ms);
-  else
-    std::cout << "built-in:  " << heuristic.name() << ": " << (builtin ? builtin->status : "not swept") << '\n';
-  std::cout << "decision:  " << result.decision << '\n'
-            << "stored:    " << result.problem.id() << " for " << device.id() << " in " << db_path.string() << '\n';
+
+  std::string why;
+  if (!driver_available(&why)) fail(Status::kNoDevice, "tune needs a GPU: " + why);
+  ScopedContext context;  // the current context, else device 0's primary context
+  TuningStore store(db_path);
+  Json results = Json::array();
+  for (size_t i = 0; i < mine.size(); ++i) {
+    if (mine.size() > 1) std::cerr << format("problem %zu/%zu: %s\n", i + 1, mine.size(), problem_line(mine[i]).c_str());
+    results.push_back(tune_one(mine[i], store, db_path, max_candidates, args.has("force"), json, context));
+  }
+  if (json) std::cout << (args.has("spec") ? results : results.front()).dump(2) << '\n';
   return 0;
 }
 

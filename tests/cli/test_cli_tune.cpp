@@ -1,0 +1,127 @@
+// `flashgen tune` problem lists: a JSON spec, sharding by --shard or the Slurm / Open MPI rank, the
+// shard's own database file, and --dry-run (no GPU needed), plus spec errors naming the field.
+#include <stdlib.h>
+
+#include <fstream>
+#include <string>
+
+#include "catch.hpp"
+#include "support/cli_runner.hpp"
+#include "support/temp_dir.hpp"
+
+using flashgen::testing::parse_json;
+using flashgen::testing::run_cli;
+using flashgen::testing::TempDir;
+
+namespace {
+
+// Scheduler variables of the test process, cleared for the scope (popen passes them on to the CLI).
+class NoSchedulerEnv {
+ public:
+  NoSchedulerEnv() {
+    for (const char* name : kNames) ::unsetenv(name);
+  }
+  ~NoSchedulerEnv() {
+    for (const char* name : kNames) ::unsetenv(name);
+  }
+
+ private:
+  static constexpr const char* kNames[] = {"SLURM_PROCID", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK",
+                                           "OMPI_COMM_WORLD_SIZE"};
+};
+
+std::string write_spec(const TempDir& dir, const std::string& text) {
+  const std::string path = (dir.path() / "spec.json").string();
+  std::ofstream(path) << text;
+  return path;
+}
+
+const char* kSpec = R"({"max_candidates": 12, "problems": [
+  {"dtype": "bf16", "head_dim": 128, "causal": "bottom-right", "seqlen_q": 8192, "seqlen_k": 8192, "batch": 2},
+  {"head_dim": 64}, {"head_dim": 256, "heads_q": 8, "heads_kv": 8}, {"head_dim": 96}, {"head_dim": 32}]})";
+
+}  // namespace
+
+TEST_CASE("cli: tune --spec --dry-run lists the problems and the database", "[cli][tune]") {
+  const NoSchedulerEnv no_scheduler;
+  const TempDir dir("flashgen-cli-tune");
+  const std::string spec = write_spec(dir, kSpec);
+  const nlohmann::json all = parse_json(run_cli({"tune", "--spec", spec, "--dry-run", "--json", "--head-dim", "80"}, dir));
+  CHECK(all["shard"]["count"] == 1);
+  CHECK(all["max_candidates"] == 12);
+  CHECK(all["db"] == (dir.path() / "default.sqlite").string());
+  REQUIRE(all["problems"].size() == 5);
+  CHECK(all["problems"][0]["dtype"] == "bf16");
+  CHECK(all["problems"][0]["causal"] == "bottom-right");
+  CHECK(all["problems"][0]["batch"] == 2);
+  CHECK(all["problems"][2]["heads_kv"] == 8);
+  // Fields a spec entry omits take the flags' values.
+  CHECK(all["problems"][1]["heads_q"] == 16);
+  CHECK(all["problems"][1]["dtype"] == "fp16");
+  const nlohmann::json capped =
+      parse_json(run_cli({"tune", "--spec", spec, "--dry-run", "--json", "--max-candidates", "5"}, dir));
+  CHECK(capped["max_candidates"] == 5);
+}
+
+TEST_CASE("cli: tune shards a spec by --shard and by the scheduler's rank", "[cli][tune]") {
+  const NoSchedulerEnv no_scheduler;
+  const TempDir dir("flashgen-cli-tune");
+  const std::string spec = write_spec(dir, kSpec);
+  const std::string db = (dir.path() / "sweep.sqlite").string();
+  const nlohmann::json first =
+      parse_json(run_cli({"tune", "--spec", spec, "--shard", "1/2", "--db", db, "--dry-run", "--json"}, dir));
+  CHECK(first["shard"]["source"] == "--shard");
+  CHECK(first["db"] == (dir.path() / "sweep.shard1-of-2.sqlite").string());
+  REQUIRE(first["problems"].size() == 2);  // problems 1 and 3
+  CHECK(first["problems"][0]["head_dim"] == 64);
+  CHECK(first["problems"][1]["head_dim"] == 96);
+
+  ::setenv("SLURM_PROCID", "2", 1);
+  ::setenv("SLURM_NTASKS", "3", 1);
+  const nlohmann::json slurm = parse_json(run_cli({"tune", "--spec", spec, "--db", db, "--dry-run", "--json"}, dir));
+  CHECK(slurm["shard"]["index"] == 2);
+  CHECK(slurm["shard"]["source"] == "SLURM_PROCID/SLURM_NTASKS");
+  CHECK(slurm["db"] == (dir.path() / "sweep.shard2-of-3.sqlite").string());
+  REQUIRE(slurm["problems"].size() == 1);
+  CHECK(slurm["problems"][0]["head_dim"] == 256);
+  // --shard wins over the environment.
+  const nlohmann::json flag = parse_json(run_cli({"tune", "--spec", spec, "--shard", "0/1", "--dry-run", "--json"}, dir));
+  CHECK(flag["problems"].size() == 5);
+
+  ::unsetenv("SLURM_PROCID");
+  ::unsetenv("SLURM_NTASKS");
+  ::setenv("OMPI_COMM_WORLD_RANK", "0", 1);
+  ::setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+  const nlohmann::json mpi = parse_json(run_cli({"tune", "--spec", spec, "--dry-run", "--json"}, dir));
+  CHECK(mpi["shard"]["source"] == "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE");
+  CHECK(mpi["problems"].size() == 2);  // problems 0 and 4
+  ::setenv("OMPI_COMM_WORLD_RANK", "4", 1);
+  const auto bad_rank = run_cli({"tune", "--spec", spec, "--dry-run"}, dir);
+  CHECK(bad_rank.exit_code == 2);
+  CHECK(bad_rank.err.find("OMPI_COMM_WORLD_RANK=4") != std::string::npos);
+}
+
+TEST_CASE("cli: tune refuses bad shards and specs, naming the field", "[cli][tune]") {
+  const NoSchedulerEnv no_scheduler;
+  const TempDir dir("flashgen-cli-tune");
+  auto error_of = [&](const std::string& spec_text) {
+    const auto r = run_cli({"tune", "--spec", write_spec(dir, spec_text), "--dry-run"}, dir);
+    CHECK(r.exit_code == 2);
+    return r.err;
+  };
+  CHECK(error_of(R"({"problems": []})").find("\"problems\" must be a non-empty array") != std::string::npos);
+  CHECK(error_of(R"({"problems": [{"head_dim": "x"}]})").find("problems[0].head_dim must be a positive integer") !=
+        std::string::npos);
+  CHECK(error_of(R"({"problems": [{"dtype": "fp32"}]})").find("problems[0].dtype") != std::string::npos);
+  CHECK(error_of(R"({"problems": [{"heads_q": 6, "heads_kv": 4}]})").find("multiple of heads_kv") !=
+        std::string::npos);
+  CHECK(error_of(R"({"problems": [{"seqlen": 4}]})").find("unknown field \"seqlen\"") != std::string::npos);
+  CHECK(error_of(R"({"grid": 1, "problems": [{}]})").find("unknown field \"grid\"") != std::string::npos);
+  CHECK(error_of("[1, 2]").find("must be a JSON object") != std::string::npos);
+  for (const char* shard : {"2/2", "-1/2", "1/0", "1", "a/b", "1/2/3"}) {
+    const auto r = run_cli({"tune", "--shard", shard, "--dry-run"}, dir);
+    INFO("--shard " << shard << ": " << r.err);
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find("--shard must be I/N") != std::string::npos);
+  }
+}
