@@ -12,6 +12,7 @@
 #include "kernel_registry.hpp"
 #include "tensor_checks.hpp"
 #include "select.hpp"
+#include "sweep.hpp"
 
 namespace flashgen {
 
@@ -85,7 +86,14 @@ ForwardProblem make_forward_problem(const flashgen_tensor* q, const flashgen_ten
 namespace {
 
 // prepare_forward with the launch context already current (scope).
-PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedContext& scope,
+// Whether stream is capturing a CUDA graph: no sweep may run into a capture.
+bool capturing(CUstream stream) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  FLASHGEN_CU_CHECK(cuStreamIsCapturing(stream, &status));
+  return status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedContext& scope, CUstream stream,
                                  const KernelConfig* config) {
   const AttnFwdParams& p = problem.params;
   check_device_pointer(p.q, "q.data", scope.device());
@@ -113,6 +121,24 @@ PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedCont
     const ProblemKey key = forward_problem_key(problem.dtype, problem.head_dim, problem.mask, p.group_size,
                                                p.seqlen_q, p.seqlen_k, int64_t(p.batch) * p.heads_q);
     ForwardChoice choice = choose_forward_config(static_cast<int>(scope.device()), key, launch.arch);
+    if (tune_on_first_use() && choice.reason.rfind("tuning database", 0) != 0 &&
+        choice.reason.rfind("tuned on first use", 0) != 0 && !capturing(stream)) {
+      ForwardSweepProblem sweep_problem;
+      sweep_problem.dtype = problem.dtype;
+      sweep_problem.head_dim = problem.head_dim;
+      // Bottom-right alignment is the offset seqlen_k - seqlen_q (the same as top-left when they are equal).
+      sweep_problem.mask = problem.mask == MaskKind::kNone            ? FLASHGEN_MASK_NONE
+                           : p.causal_offset == p.seqlen_k - p.seqlen_q ? FLASHGEN_MASK_CAUSAL
+                                                                      : FLASHGEN_MASK_CAUSAL_TOP_LEFT;
+      sweep_problem.batch = p.batch;
+      sweep_problem.heads_q = p.heads_q;
+      sweep_problem.heads_kv = p.heads_kv;
+      sweep_problem.seqlen_q = p.seqlen_q;
+      sweep_problem.seqlen_k = p.seqlen_k;
+      if (auto tuned = tune_forward_on_first_use(sweep_problem, static_cast<int>(scope.device()), launch.arch)) {
+        choice = std::move(*tuned);
+      }
+    }
     launch.config = choice.config;
     launch.reason = std::move(choice.reason);
   }
@@ -134,7 +160,7 @@ PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedCont
 
 PreparedForward prepare_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig* config) {
   ScopedContext scope(stream, home_device(problem.params.q));
-  return prepare_in_scope(problem, scope, config);
+  return prepare_in_scope(problem, scope, stream, config);
 }
 
 void PreparedForward::operator()(CUstream stream) const {
@@ -145,7 +171,7 @@ void PreparedForward::operator()(CUstream stream) const {
 
 ForwardLaunch launch_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig* config) {
   ScopedContext scope(stream, home_device(problem.params.q));
-  const PreparedForward prepared = prepare_in_scope(problem, scope, config);
+  const PreparedForward prepared = prepare_in_scope(problem, scope, stream, config);
   prepared(stream);
   return prepared.launch;
 }

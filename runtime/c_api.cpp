@@ -6,6 +6,7 @@
 #include "attention_backward.hpp"
 #include "flashgen/error.hpp"
 #include "flashgen/flashgen.h"
+#include "select.hpp"
 
 namespace {
 
@@ -50,6 +51,8 @@ extern "C" int flashgen_attention_backward(const flashgen_tensor* q, const flash
     flashgen::launch_backward(problem, static_cast<CUstream>(cuda_stream));
   });
 }
+
+extern "C" void flashgen_set_tune_on_first_use(int enabled) { flashgen::set_tune_on_first_use(enabled != 0); }
 
 extern "C" const char* flashgen_last_error(void) { return g_last_error.c_str(); }
 

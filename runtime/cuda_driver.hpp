@@ -37,6 +37,7 @@ namespace flashgen {
   X(cuStreamCreate)                  \
   X(cuStreamDestroy)                 \
   X(cuStreamSynchronize)             \
+  X(cuStreamIsCapturing)             \
   X(cuModuleLoadData)                \
   X(cuModuleUnload)                  \
   X(cuModuleGetFunction)             \

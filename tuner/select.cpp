@@ -2,18 +2,24 @@
 // memoized per process.
 #include "select.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <tuple>
 
+#include "cuda_driver.hpp"
 #include "flashgen/error.hpp"
 #include "heuristic.hpp"
 #include "kernel_registry.hpp"
 #include "shipped.hpp"
+#include "space.hpp"
 #include "store.hpp"
+#include "sweep.hpp"
 
 namespace flashgen {
 
@@ -154,13 +160,33 @@ const DeviceFingerprint& fingerprint_of(int device) {
 
 }  // namespace
 
+namespace {
+
+// The process-wide memo of forward choices, by (device ordinal, problem id).
+struct ForwardMemo {
+  std::mutex mutex;
+  std::map<std::pair<int, std::string>, ForwardChoice> chosen;
+};
+
+ForwardMemo& forward_memo() {
+  static ForwardMemo memo;
+  return memo;
+}
+
+std::atomic<int>& tune_switch() {
+  // -1: not decided yet (read FLASHGEN_TUNE on first use), 0 off, 1 on.
+  static std::atomic<int> state{-1};
+  return state;
+}
+
+}  // namespace
+
 ForwardChoice choose_forward_config(int device, const ProblemKey& problem, int arch) {
-  static std::mutex mutex;
-  static std::map<std::pair<int, std::string>, ForwardChoice> chosen;
+  ForwardMemo& memo = forward_memo();
   const std::pair<int, std::string> key{device, problem.id()};
   {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (auto found = chosen.find(key); found != chosen.end()) return found->second;
+    std::lock_guard<std::mutex> lock(memo.mutex);
+    if (auto found = memo.chosen.find(key); found != memo.chosen.end()) return found->second;
   }
   const TuningStore* store = user_store();
   ForwardChoice choice;
@@ -173,8 +199,73 @@ ForwardChoice choose_forward_config(int device, const ProblemKey& problem, int a
     choice = choose_forward_config(any_data ? fingerprint_of(device) : DeviceFingerprint{}, problem, arch, store,
                                    &shipped);
   }
-  std::lock_guard<std::mutex> lock(mutex);
-  return chosen.emplace(key, choice).first->second;
+  std::lock_guard<std::mutex> lock(memo.mutex);
+  return memo.chosen.emplace(key, choice).first->second;
+}
+
+bool tune_on_first_use() {
+  int state = tune_switch().load();
+  if (state < 0) {
+    const char* value = std::getenv("FLASHGEN_TUNE");
+    const int from_env = value != nullptr && std::string(value) == "1" ? 1 : 0;
+    tune_switch().compare_exchange_strong(state, from_env);
+    state = tune_switch().load();
+  }
+  return state == 1;
+}
+
+void set_tune_on_first_use(bool enabled) { tune_switch().store(enabled ? 1 : 0); }
+
+std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem& problem, int device, int arch) {
+  // One first-use sweep at a time in a process: a second thread asking for the same problem waits and
+  // then finds the memoized winner.
+  static std::mutex sweeping;
+  std::lock_guard<std::mutex> sweep_lock(sweeping);
+  const MaskKind mask = problem.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
+  const ProblemKey key = forward_problem_key(problem.dtype, problem.head_dim, mask, problem.heads_q / problem.heads_kv,
+                                             problem.seqlen_q, problem.seqlen_k,
+                                             static_cast<int64_t>(problem.batch) * problem.heads_q);
+  ForwardMemo& memo = forward_memo();
+  {
+    std::lock_guard<std::mutex> lock(memo.mutex);
+    auto found = memo.chosen.find({device, key.id()});
+    if (found != memo.chosen.end() && found->second.reason.rfind("tuned on first use", 0) == 0) return found->second;
+  }
+  const std::filesystem::path path = TuningStore::default_path();
+  try {
+    const SpaceReport space = forward_space(problem.dtype, problem.head_dim, mask, arch);
+    const KernelConfig builtin = heuristic_choice(problem.dtype, problem.head_dim, mask, arch).config;
+    std::vector<KernelConfig> candidates;
+    const size_t n = space.valid.size();
+    const size_t count = std::min<size_t>(n, kFirstUseCandidates);
+    for (size_t j = 0; j < count; ++j) candidates.push_back(space.valid[count >= n ? j : j * n / count]);
+    if (std::none_of(candidates.begin(), candidates.end(), [&](const KernelConfig& c) { return c == builtin; }))
+      candidates.push_back(builtin);
+    std::fprintf(stderr, "flashgen: tuning %s on first use (%zu candidates; FLASHGEN_TUNE=1)\n", key.id().c_str(),
+                 candidates.size());
+
+    CUstream stream = nullptr;
+    FLASHGEN_CU_CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    SweepResult result;
+    try {
+      result = sweep_forward(problem, candidates, stream, SweepOptions{});
+    } catch (...) {
+      driver().cuStreamDestroy(stream);
+      throw;
+    }
+    driver().cuStreamDestroy(stream);
+    const DeviceFingerprint fingerprint = current_device_fingerprint(device);
+    TuningStore store(path);
+    store.record(fingerprint, result.problem, result.candidates, result.winner, result.winner_ms);
+    ForwardChoice choice{result.winner, "tuned on first use: the fastest of " + std::to_string(candidates.size()) +
+                                            " candidates (" + result.decision + "), stored in " + path.string()};
+    std::lock_guard<std::mutex> lock(memo.mutex);
+    memo.chosen[{device, key.id()}] = choice;
+    return choice;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flashgen: warning: tuning %s on first use failed: %s\n", key.id().c_str(), e.what());
+    return std::nullopt;
+  }
 }
 
 }  // namespace flashgen

@@ -4,6 +4,7 @@
 // every answer is memoized per process.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "bwd_config.hpp"
@@ -35,6 +36,24 @@ ForwardChoice choose_forward_config(const DeviceFingerprint& device, const Probl
 // TuningStore::default_path(), opened read-only on first use (a missing file means no tuning data), then
 // ShippedDefaults::instance(), memoized per (device, problem key). Thread-safe; microseconds after the first call for a key.
 ForwardChoice choose_forward_config(int device, const ProblemKey& problem, int arch);
+
+// Tune-on-first-use: when on, a forward call whose problem bucket the user's database does not hold
+// for this GPU first runs a short sweep (tune_forward_on_first_use) and stores the winner there. Off
+// unless FLASHGEN_TUNE=1 is set in the environment or set_tune_on_first_use(true) is called.
+bool tune_on_first_use();
+void set_tune_on_first_use(bool enabled);
+
+// Candidates a first-use sweep times: this many evenly spaced valid configs plus the built-in choice.
+constexpr int kFirstUseCandidates = 16;
+
+struct ForwardSweepProblem;
+
+// Sweeps problem on device (an ordinal; its context current) on a stream of its own, stores every row
+// and the winner in the user's database (TuningStore::default_path(), opened for writing) and makes the
+// winner the process's memoized choice for the problem's key. Blocks until the sweep is done (seconds).
+// Returns nullopt, after a warning on stderr, when the sweep or the store fails: the caller keeps the
+// choice it had.
+std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem& problem, int device, int arch);
 
 struct BackwardChoice {
   BwdConfig config;

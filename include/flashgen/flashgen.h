@@ -68,6 +68,12 @@ int flashgen_attention_backward(const flashgen_tensor* q, const flashgen_tensor*
                                 const flashgen_tensor* dq, const flashgen_tensor* dk, const flashgen_tensor* dv,
                                 const flashgen_attention_options* opts, void* cuda_stream);
 
+/* Tune-on-first-use, off by default (also switched on by FLASHGEN_TUNE=1 in the environment): a forward
+ * call whose problem size bucket the user's tuning database does not hold for this GPU first sweeps 16
+ * candidate configs (compiling, checking and timing them; seconds, synchronously, never while the stream
+ * is capturing a CUDA graph), stores the results in the database and runs the winner. */
+void flashgen_set_tune_on_first_use(int enabled);
+
 /* Thread-local text of the last failure on this thread ("" if none). */
 const char* flashgen_last_error(void);
 

@@ -1,0 +1,84 @@
+// Tune-on-first-use: with the switch on, a forward call of a problem bucket the user's database lacks
+// sweeps it, stores the winner and runs it; the memoized choice serves later calls.
+#include <stdlib.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "attention.hpp"
+#include "catch.hpp"
+#include "cuda_driver.hpp"
+#include "device_buffer.hpp"
+#include "gpu.hpp"
+#include "problem_key.hpp"
+#include "reference.hpp"
+#include "select.hpp"
+#include "store.hpp"
+#include "support/attention_reference.hpp"
+#include "support/check_reports.hpp"
+#include "support/temp_dir.hpp"
+
+TEST_CASE("the tune-on-first-use switch", "[tuner][first_use]") {
+  const bool before = flashgen::tune_on_first_use();
+  flashgen::set_tune_on_first_use(true);
+  CHECK(flashgen::tune_on_first_use());
+  flashgen::set_tune_on_first_use(false);
+  CHECK_FALSE(flashgen::tune_on_first_use());
+  flashgen::set_tune_on_first_use(before);
+}
+
+TEST_CASE("tune-on-first-use sweeps a new problem, stores it and runs the winner", "[gpu][tuner][first_use]") {
+  FLASHGEN_REQUIRE_GPU();
+  const flashgen::testing::TempDir dir("flashgen-first-use");
+  const std::string db = (dir.path() / "tuning.sqlite").string();
+  ::setenv("FLASHGEN_TUNING_DB", db.c_str(), 1);
+  const bool before = flashgen::tune_on_first_use();
+  flashgen::set_tune_on_first_use(true);
+
+  flashgen::ScopedContext context;
+  const flashgen::AttentionShape shape{1, 777, 777, 2, 1, 40};  // a bucket nothing else in the suite uses
+  flashgen::test::Rng rng(4242);
+  const auto q = flashgen::test::normal_values(rng, 777 * 2 * 40, FLASHGEN_FLOAT16);
+  const auto k = flashgen::test::normal_values(rng, 777 * 40, FLASHGEN_FLOAT16);
+  const auto v = flashgen::test::normal_values(rng, 777 * 40, FLASHGEN_FLOAT16);
+  auto upload = [](const std::vector<double>& values, const flashgen::StridedView& view) {
+    std::vector<uint16_t> bits(static_cast<size_t>(view.span()), flashgen::test::kPoison16);
+    flashgen::test::store_values(values, view, 0, FLASHGEN_FLOAT16, bits);
+    flashgen::DeviceBuffer buffer(bits.size() * 2);
+    buffer.upload(bits);
+    return buffer;
+  };
+  const auto qv = flashgen::StridedView::contiguous(1, 777, 2, 40);
+  const auto kv = flashgen::StridedView::contiguous(1, 777, 1, 40);
+  flashgen::DeviceBuffer qd = upload(q, qv), kd = upload(k, kv), vd = upload(v, kv);
+  flashgen::DeviceBuffer out(static_cast<size_t>(qv.span()) * 2);
+  flashgen_attention_options opts{0.f, FLASHGEN_MASK_CAUSAL_TOP_LEFT, 0};
+  const flashgen_tensor tq = flashgen::bshd_tensor(qd.data(), FLASHGEN_FLOAT16, 1, 777, 2, 40);
+  const flashgen_tensor tk = flashgen::bshd_tensor(kd.data(), FLASHGEN_FLOAT16, 1, 777, 1, 40);
+  const flashgen_tensor tv = flashgen::bshd_tensor(vd.data(), FLASHGEN_FLOAT16, 1, 777, 1, 40);
+  const flashgen_tensor to = flashgen::bshd_tensor(out.data(), FLASHGEN_FLOAT16, 1, 777, 2, 40);
+
+  for (int call = 0; call < 2; ++call) {
+    out.fill_bytes(0xFF);
+    const flashgen::ForwardLaunch launch = flashgen::attention_forward(tq, tk, tv, to, nullptr, opts, nullptr);
+    FLASHGEN_CU_CHECK(cuCtxSynchronize());
+    INFO("call " << call << ": " << launch.config.name() << ": " << launch.reason);
+    CHECK(launch.reason.rfind("tuned on first use", 0) == 0);
+    CHECK(launch.reason.find(db) != std::string::npos);
+    const auto reference = flashgen::test::forward_reference(shape, q, k, v, 1.0 / std::sqrt(40.0),
+                                                             FLASHGEN_MASK_CAUSAL_TOP_LEFT, FLASHGEN_FLOAT16);
+    const auto check = flashgen::test::check_forward(reference, out.download_all<uint16_t>(), qv, nullptr);
+    flashgen::test::check_reports(check);
+
+    const flashgen::TuningStore store(db, /*read_only=*/true);
+    const auto key = flashgen::forward_problem_key(flashgen::DType::kFloat16, 40, flashgen::MaskKind::kCausal, 2, 777,
+                                                   777, 2);
+    const auto stored = store.lookup_exact(flashgen::current_device_fingerprint(0), key);
+    REQUIRE(stored.has_value());
+    CHECK(stored->config == launch.config);
+    CHECK(store.candidates(flashgen::current_device_fingerprint(0), key).size() >= 2);
+  }
+  flashgen::set_tune_on_first_use(before);
+  ::unsetenv("FLASHGEN_TUNING_DB");
+}
