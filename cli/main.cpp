@@ -2,17 +2,21 @@
 // (generator -> NVRTC -> cache/registry -> launcher), tune and db over the tuner. `flashgen help` lists them.
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -25,6 +29,8 @@
 #include <vector>
 
 #include <dlfcn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 #include <nvrtc.h>
 
@@ -1269,10 +1275,16 @@ Command tune_command() {
       .option("seqlen-k", "N", "key/value length (default 4096)")
       .option("spec", "FILE", "tune every problem of this JSON spec instead of the one the flags describe")
       .option("shard", "I/N", "tune only problems I, I+N, ... of the spec, into their own database file")
+      .option("devices", "LIST", "all, or GPU ordinals like 0,1: one worker process per GPU, each tuning its share; a "
+                                 "worker that crashes is restarted without the candidate it was running")
       .option("max-candidates", "N", "time N evenly spaced valid configs (plus the built-in choice), not all")
       .option("db", "PATH", "the database (default: " + TuningStore::default_path().string() + ")")
       .flag("force", "tune even when the database already holds this problem's bucket for this GPU")
       .flag("dry-run", "print the problems this shard would tune and its database, then stop (no GPU needed)")
+      .flag("worker", "internal: run as one worker of --devices")
+      .option("journal", "FILE", "internal (--worker): names the candidate being launched, for crash isolation")
+      .option("crashed", "NAME:WHY", "internal (--worker): a candidate that crashed a worker, recorded and skipped",
+              true)
       .flag("json", "print JSON (one object per problem in an array; progress still goes to stderr)");
 }
 
@@ -1428,8 +1440,15 @@ fs::path shard_db_path(const fs::path& db, const Shard& shard) {
 }
 
 // Tunes one problem into store; prints (or returns as JSON) what happened.
+// Crash isolation of a worker: candidates that crashed an earlier run of it, and the file that names the
+// candidate being launched.
+struct WorkerState {
+  std::map<std::string, std::string> known_crashes;
+  std::optional<fs::path> journal;
+};
+
 Json tune_one(const ForwardSweepProblem& problem, TuningStore& store, const fs::path& db_path, size_t max_candidates,
-              bool force, bool json, const ScopedContext& context) {
+              bool force, bool json, const ScopedContext& context, const WorkerState& worker) {
   const int arch = device_sm(context.device());
   const DeviceFingerprint device = current_device_fingerprint(static_cast<int>(context.device()));
   // The sweep's mask kinds: both causal alignments run the causal kernels (as sweep_forward keys them).
@@ -1462,6 +1481,12 @@ Json tune_one(const ForwardSweepProblem& problem, TuningStore& store, const fs::
             << " candidates\n";
 
   SweepOptions options;
+  options.known_crashes = worker.known_crashes;
+  if (worker.journal) {
+    options.on_launch = [&](const std::string& name) {
+      std::ofstream(*worker.journal, std::ios::trunc) << name << std::flush;
+    };
+  }
   Clock::time_point timing_start = Clock::now();
   Clock::time_point start = Clock::now();
   double compile_s = 0;
@@ -1522,6 +1547,181 @@ Json tune_one(const ForwardSweepProblem& problem, TuningStore& store, const fs::
           {"skipped", false}};
 }
 
+// --devices: "all" (every GPU the driver lists) or comma-separated ordinals.
+std::vector<int> parse_devices(const Args& args) {
+  const std::string text = args.string_or("devices", "");
+  std::vector<int> devices;
+  if (text == "all") {
+    std::string why;
+    if (!driver_available(&why)) fail(Status::kNoDevice, "--devices all needs a GPU: " + why);
+    int count = 0;
+    FLASHGEN_CU_CHECK(cuDeviceGetCount(&count));
+    for (int d = 0; d < count; ++d) devices.push_back(d);
+    return devices;
+  }
+  std::istringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    int device = -1;
+    const auto parsed = std::from_chars(item.data(), item.data() + item.size(), device);
+    if (parsed.ec != std::errc() || parsed.ptr != item.data() + item.size() || device < 0 ||
+        std::find(devices.begin(), devices.end(), device) != devices.end())
+      throw UsageError("--devices must be all or distinct GPU ordinals like 0,1, got '" + text + "'", args.usage());
+    devices.push_back(device);
+  }
+  if (devices.empty()) throw UsageError("--devices must be all or GPU ordinals like 0,1", args.usage());
+  return devices;
+}
+
+// What CUDA_VISIBLE_DEVICES a worker for ordinal `device` gets: the parent's own mapping when it has one.
+std::string visible_device(int device) {
+  const std::optional<std::string> parent = env("CUDA_VISIBLE_DEVICES");
+  if (!parent) return std::to_string(device);
+  std::vector<std::string> entries;
+  std::istringstream in(*parent);
+  for (std::string item; std::getline(in, item, ',');) entries.push_back(item);
+  return static_cast<size_t>(device) < entries.size() ? entries[static_cast<size_t>(device)] : std::to_string(device);
+}
+
+// Forks and execs `args` (args[0] the executable) with CUDA_VISIBLE_DEVICES set and stdout on stderr.
+pid_t spawn(const std::vector<std::string>& args, const std::string& visible) {
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) fail(Status::kInternal, std::string("fork failed: ") + std::strerror(errno));
+  if (pid == 0) {
+    ::setenv("CUDA_VISIBLE_DEVICES", visible.c_str(), 1);
+    ::dup2(2, 1);  // the supervisor's stdout stays its own (a summary, or JSON)
+    ::execv(argv[0], argv.data());
+    std::fprintf(stderr, "flashgen: cannot run %s: %s\n", argv[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+constexpr int kMaxWorkerRestarts = 3;
+
+// `tune --devices`: one worker process per GPU over its share of the problems, each into its own file in
+// <db>.workers/; a worker that dies is restarted (resuming) without the candidate its journal names;
+// finally every worker's rows are merged into db.
+int supervise_workers(const Args& args, const std::vector<ForwardSweepProblem>& problems, const fs::path& db,
+                      std::optional<size_t> max_candidates) {
+  const std::vector<int> devices = parse_devices(args);
+  const bool json = args.has("json");
+  const size_t m = devices.size();
+  if (args.has("dry-run")) {
+    Json plan = Json::array();
+    for (size_t j = 0; j < m; ++j) {
+      Json mine = Json::array();
+      for (size_t i = j; i < problems.size(); i += m) mine.push_back(problem_line(problems[i]));
+      if (json) plan.push_back({{"device", devices[j]}, {"problems", mine}});
+      else std::cout << format("GPU %d: %zu problems\n", devices[j], mine.size());
+    }
+    if (json) std::cout << Json{{"db", db.string()}, {"workers", plan}}.dump(2) << '\n';
+    return 0;
+  }
+  fs::path work = db;
+  work += ".workers";
+  fs::create_directories(work);
+  Json spec_problems = Json::array();
+  for (const ForwardSweepProblem& p : problems)
+    spec_problems.push_back({{"dtype", dtype_name(p.dtype)}, {"head_dim", p.head_dim}, {"causal", causal_text(p.mask)},
+                             {"batch", p.batch}, {"heads_q", p.heads_q}, {"heads_kv", p.heads_kv},
+                             {"seqlen_q", p.seqlen_q}, {"seqlen_k", p.seqlen_k}});
+  const fs::path spec = work / "spec.json";
+  std::ofstream(spec) << Json{{"problems", spec_problems}}.dump(1) << '\n';
+  const std::string exe = fs::read_symlink("/proc/self/exe").string();
+
+  struct Worker {
+    int device = 0;
+    size_t slot = 0;
+    pid_t pid = -1;
+    int restarts = 0;
+    std::vector<std::string> crashed;  // NAME:WHY
+    fs::path db, journal;
+    std::string failure;
+  };
+  std::vector<Worker> workers(m);
+  auto start = [&](Worker& w) {
+    std::vector<std::string> a = {exe,          "tune", "--worker", "--spec", spec.string(), "--shard",
+                                  std::to_string(w.slot) + "/" + std::to_string(m), "--db", w.db.string(),
+                                  "--journal", w.journal.string()};
+    if (max_candidates) a.insert(a.end(), {"--max-candidates", std::to_string(*max_candidates)});
+    if (args.has("force") && w.restarts == 0) a.push_back("--force");
+    for (const std::string& c : w.crashed) a.insert(a.end(), {"--crashed", c});
+    std::ofstream(w.journal, std::ios::trunc);
+    w.pid = spawn(a, visible_device(w.device));
+  };
+  for (size_t j = 0; j < m; ++j) {
+    Worker& w = workers[j];
+    w.device = devices[j];
+    w.slot = j;
+    w.db = work / ("gpu" + std::to_string(w.device) + ".sqlite");
+    w.journal = work / ("gpu" + std::to_string(w.device) + ".journal");
+    start(w);
+    std::cerr << format("flashgen: worker %zu/%zu on GPU %d (pid %d)\n", j + 1, m, w.device, static_cast<int>(w.pid));
+  }
+  Json crashes = Json::array();
+  for (size_t running = m; running > 0;) {
+    int status = 0;
+    const pid_t pid = ::wait(&status);
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      fail(Status::kInternal, std::string("wait failed: ") + std::strerror(errno));
+    }
+    auto found = std::find_if(workers.begin(), workers.end(), [&](const Worker& w) { return w.pid == pid; });
+    if (found == workers.end()) continue;
+    Worker& w = *found;
+    w.pid = -1;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+      --running;
+      continue;
+    }
+    const std::string how = WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status))
+                                                : "exit status " + std::to_string(WEXITSTATUS(status));
+    std::ifstream journal(w.journal);
+    std::string culprit;
+    std::getline(journal, culprit);
+    if (!culprit.empty() && w.restarts < kMaxWorkerRestarts) {
+      const std::string why = "crashed its worker process (" + how + ") on GPU " + std::to_string(w.device);
+      std::cerr << "flashgen: worker on GPU " << w.device << " ended with " << how << " while running " << culprit
+                << "; restarting it without that candidate\n";
+      crashes.push_back({{"device", w.device}, {"config", culprit}, {"how", how}});
+      w.crashed.push_back(culprit + ":" + why);
+      ++w.restarts;
+      start(w);
+      continue;
+    }
+    w.failure = "ended with " + how + (culprit.empty() ? "" : " while running " + culprit);
+    std::cerr << "flashgen: worker on GPU " << w.device << " " << w.failure << "\n";
+    --running;
+  }
+
+  TuningStore store(db);
+  int merged = 0;
+  Json failed = Json::array();
+  for (const Worker& w : workers) {
+    if (!w.failure.empty()) failed.push_back({{"device", w.device}, {"failure", w.failure}});
+    std::error_code ec;
+    if (!fs::exists(w.db, ec)) continue;
+    const TuningStore worker_db(w.db, /*read_only=*/true);
+    merged += store.import_json(worker_db.export_json());
+  }
+  if (failed.empty()) fs::remove_all(work);
+  if (json) {
+    std::cout << Json{{"db", db.string()}, {"devices", devices}, {"problems", problems.size()},
+                      {"winners_merged", merged}, {"crashes", crashes}, {"failed_workers", failed}}
+                     .dump(2)
+              << '\n';
+  } else {
+    std::cout << format("%zu problems on %zu GPUs: %d winners merged into %s; %zu candidate crashes isolated%s\n",
+                        problems.size(), m, merged, db.string().c_str(), crashes.size(),
+                        failed.empty() ? "" : format("; %zu workers failed (files kept in %s)", failed.size(),
+                                                     work.string().c_str()).c_str());
+  }
+  return failed.empty() ? 0 : 1;
+}
+
 int command_tune(const Args& args) {
   constexpr long long kIntMax = std::numeric_limits<int>::max();
   const ForwardSweepProblem flags = problem_from_flags(args);
@@ -1541,6 +1741,12 @@ int command_tune(const Args& args) {
   const fs::path base_db = args.has("db") ? fs::path(args.string_or("db", "")) : TuningStore::default_path();
   const fs::path db_path = shard_db_path(base_db, shard);
   const bool json = args.has("json");
+
+  if (args.has("devices") && !args.has("worker")) {
+    return supervise_workers(args, mine, db_path, args.has("max-candidates") || spec.max_candidates
+                                                      ? std::optional<size_t>(max_candidates)
+                                                      : std::nullopt);
+  }
 
   if (args.has("dry-run")) {
     if (json) {
@@ -1566,13 +1772,20 @@ int command_tune(const Args& args) {
 
   std::string why;
   if (!driver_available(&why)) fail(Status::kNoDevice, "tune needs a GPU: " + why);
+  WorkerState worker;
+  for (const std::string& entry : args.values("crashed")) {
+    const size_t colon = entry.find(':');
+    worker.known_crashes[entry.substr(0, colon)] = colon == std::string::npos ? "crashed a worker" : entry.substr(colon + 1);
+  }
+  if (args.has("journal")) worker.journal = fs::path(args.string_or("journal", ""));
   ScopedContext context;  // the current context, else device 0's primary context
   TuningStore store(db_path);
   Json results = Json::array();
   for (size_t i = 0; i < mine.size(); ++i) {
     if (mine.size() > 1) std::cerr << format("problem %zu/%zu: %s\n", i + 1, mine.size(), problem_line(mine[i]).c_str());
-    results.push_back(tune_one(mine[i], store, db_path, max_candidates, args.has("force"), json, context));
+    results.push_back(tune_one(mine[i], store, db_path, max_candidates, args.has("force"), json, context, worker));
   }
+  if (worker.journal) std::ofstream(*worker.journal, std::ios::trunc);
   if (json) std::cout << (args.has("spec") ? results : results.front()).dump(2) << '\n';
   return 0;
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -163,6 +164,16 @@ SweepResult sweep_forward(const ForwardSweepProblem& problem, const std::vector<
   for (size_t i = 0; i < candidates.size(); ++i) {
     CandidateResult& c = result.candidates[i];
     if (c.status != "ok") continue;
+    if (auto crashed = options.known_crashes.find(c.config.name()); crashed != options.known_crashes.end()) {
+      c.status = "crashed";
+      c.detail = crashed->second;
+      continue;
+    }
+    if (options.on_launch) options.on_launch(c.config.name());
+    // Testing hook for crash isolation: end the process as a kernel fault would, at this candidate.
+    if (const char* crash = std::getenv("FLASHGEN_TEST_CRASH_CONFIG"); crash != nullptr && c.config.name() == crash) {
+      std::abort();
+    }
     try {
       inputs[0].dout.fill_bytes(0xff, stream);  // NaN: an unwritten element fails the check
       inputs[0].dlse.fill_bytes(0xff, stream);
@@ -193,6 +204,7 @@ SweepResult sweep_forward(const ForwardSweepProblem& problem, const std::vector<
       if (!ok) {
         c.status = "wrong_result";
         c.detail = "max abs error " + std::to_string(worst) + " on sampled rows";
+        if (options.on_launch) options.on_launch("");
         continue;
       }
       std::vector<PreparedForward> prepared;
@@ -209,7 +221,11 @@ SweepResult sweep_forward(const ForwardSweepProblem& problem, const std::vector<
     } catch (const Error& e) {
       c.status = "launch_error";
       c.detail = e.what();
+      // A sticky CUDA error (an illegal address, say) leaves the context unusable for every later
+      // candidate: end the sweep, with the candidate still journaled for a supervising process.
+      if (e.status() == Status::kCuda && driver().cuCtxSynchronize() != CUDA_SUCCESS) throw;
     }
+    if (options.on_launch) options.on_launch("");
   }
   FLASHGEN_REQUIRE(!timed.empty(), "no candidate compiled, ran and matched the reference");
 

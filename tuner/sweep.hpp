@@ -6,6 +6,7 @@
 #include <cuda.h>
 
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,12 @@ struct SweepOptions {
   int check_rows = 16;          // query rows checked against the float64 reference per candidate
   uint64_t seed = 0;
   std::function<void(const std::string&)> progress;  // one line per step; may be empty
+  // Crash isolation (flashgen tune's worker processes): candidates known to have crashed a process,
+  // recorded with status "crashed" and their detail and never launched; and a hook called with a
+  // candidate's name right before its first launch and with "" once it is done, so a supervisor can
+  // pin a crash on it.
+  std::map<std::string, std::string> known_crashes;
+  std::function<void(const std::string&)> on_launch;
 };
 
 struct SweepResult {

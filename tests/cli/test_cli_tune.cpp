@@ -1,11 +1,16 @@
 // `flashgen tune` problem lists: a JSON spec, sharding by --shard or the Slurm / Open MPI rank, the
-// shard's own database file, and --dry-run (no GPU needed), plus spec errors naming the field.
+// shard's own database file, --devices workers, and --dry-run (no GPU needed), plus spec errors naming
+// the field; on a GPU, a worker killed by a candidate is restarted without it.
 #include <stdlib.h>
 
 #include <fstream>
 #include <string>
 
 #include "catch.hpp"
+#include "cuda_driver.hpp"
+#include "gpu.hpp"
+#include "heuristic.hpp"
+#include "store.hpp"
 #include "support/cli_runner.hpp"
 #include "support/temp_dir.hpp"
 
@@ -124,4 +129,56 @@ TEST_CASE("cli: tune refuses bad shards and specs, naming the field", "[cli][tun
     CHECK(r.exit_code == 2);
     CHECK(r.err.find("--shard must be I/N") != std::string::npos);
   }
+}
+
+TEST_CASE("cli: tune --devices splits the problems over worker GPUs", "[cli][tune]") {
+  const NoSchedulerEnv no_scheduler;
+  const TempDir dir("flashgen-cli-tune");
+  const std::string spec = write_spec(dir, kSpec);
+  const nlohmann::json plan = parse_json(run_cli({"tune", "--spec", spec, "--devices", "3,1", "--dry-run", "--json"}, dir));
+  REQUIRE(plan["workers"].size() == 2);
+  CHECK(plan["workers"][0]["device"] == 3);
+  CHECK(plan["workers"][0]["problems"].size() == 3);  // problems 0, 2, 4
+  CHECK(plan["workers"][1]["device"] == 1);
+  CHECK(plan["workers"][1]["problems"].size() == 2);
+  for (const char* devices : {"0,0", "x", "1,-2", ""}) {
+    const auto r = run_cli({"tune", "--devices", devices, "--dry-run"}, dir);
+    INFO("--devices '" << devices << "': " << r.err);
+    CHECK(r.exit_code == 2);
+  }
+}
+
+TEST_CASE("cli: a worker that crashes is restarted without its candidate", "[gpu][cli][tune]") {
+  FLASHGEN_REQUIRE_GPU();
+  const NoSchedulerEnv no_scheduler;
+  const TempDir dir("flashgen-cli-tune");
+  int arch = 0;
+  {
+    flashgen::ScopedContext context;
+    arch = flashgen::device_sm(context.device());
+  }
+  // The built-in config is always among the candidates: make it crash its worker.
+  const std::string victim =
+      flashgen::heuristic_forward_config(flashgen::DType::kFloat16, 64, flashgen::MaskKind::kNone, arch).name();
+  ::setenv("FLASHGEN_TEST_CRASH_CONFIG", victim.c_str(), 1);
+  const std::string db = (dir.path() / "sweep.sqlite").string();
+  const nlohmann::json summary =
+      parse_json(run_cli({"tune", "--head-dim", "64", "--seqlen-q", "1024", "--seqlen-k", "1024", "--max-candidates",
+                          "4", "--devices", "0", "--db", db, "--json"},
+                         dir));
+  ::unsetenv("FLASHGEN_TEST_CRASH_CONFIG");
+  CHECK(summary["failed_workers"].empty());
+  REQUIRE(summary["crashes"].size() == 1);
+  CHECK(summary["crashes"][0]["config"] == victim);
+  CHECK(summary["winners_merged"] == 1);
+  CHECK_FALSE(std::filesystem::exists(db + ".workers"));
+
+  const flashgen::TuningStore store(db, /*read_only=*/true);
+  const std::vector<flashgen::StoredChoice> winners = store.winners();
+  REQUIRE(winners.size() == 1);
+  CHECK(winners[0].config.name() != victim);
+  bool recorded = false;
+  for (const flashgen::CandidateResult& c : store.candidates(winners[0].device, winners[0].problem))
+    if (c.config.name() == victim) recorded = c.status == "crashed" && c.detail.find("signal 6") != std::string::npos;
+  CHECK(recorded);
 }
