@@ -1277,10 +1277,12 @@ Command tune_command() {
       .option("shard", "I/N", "tune only problems I, I+N, ... of the spec, into their own database file")
       .option("devices", "LIST", "all, or GPU ordinals like 0,1: one worker process per GPU, each tuning its share; a "
                                  "worker that crashes is restarted without the candidate it was running")
-      .option("max-candidates", "N", "time N evenly spaced valid configs (plus the built-in choice), not all")
+      .option("max-candidates", "N", "time N candidates, not the whole valid space: the built-in choice, its "
+                                     "one-knob neighbours, then others spread evenly")
       .option("db", "PATH", "the database (default: " + TuningStore::default_path().string() + ")")
       .flag("force", "tune even when the database already holds this problem's bucket for this GPU")
       .flag("dry-run", "print the problems this shard would tune and its database, then stop (no GPU needed)")
+      .option("arch", "SM", "with --dry-run --json: list each problem's candidates for sm_SM (default 90)")
       .flag("worker", "internal: run as one worker of --devices")
       .option("journal", "FILE", "internal (--worker): names the candidate being launched, for crash isolation")
       .option("crashed", "NAME:WHY", "internal (--worker): a candidate that crashed a worker, recorded and skipped",
@@ -1288,12 +1290,6 @@ Command tune_command() {
       .flag("json", "print JSON (one object per problem in an array; progress still goes to stderr)");
 }
 
-// Every index of an n-element list when count >= n, else count indices spread evenly from the first.
-std::vector<size_t> evenly_spaced(size_t n, size_t count) {
-  std::vector<size_t> picked;
-  for (size_t j = 0; j < std::min(n, count); ++j) picked.push_back(count >= n ? j : j * n / count);
-  return picked;
-}
 
 std::string space_text(const SpaceReport& space) {
   std::string reasons;
@@ -1472,10 +1468,8 @@ Json tune_one(const ForwardSweepProblem& problem, TuningStore& store, const fs::
 
   const SpaceReport space = forward_space(problem.dtype, problem.head_dim, mask_kind, arch);
   const KernelConfig heuristic = heuristic_forward_config(problem.dtype, problem.head_dim, mask_kind, arch);
-  std::vector<KernelConfig> candidates;
-  for (size_t i : evenly_spaced(space.valid.size(), max_candidates)) candidates.push_back(space.valid[i]);
+  const std::vector<KernelConfig> candidates = capped_candidates(space, heuristic, max_candidates);
   auto same_name = [&](const KernelConfig& c) { return c.name() == heuristic.name(); };
-  if (std::none_of(candidates.begin(), candidates.end(), same_name)) candidates.push_back(heuristic);
   if (!json) std::cout << "space: " << space_text(space) << '\n';
   std::cerr << "tuning " << key.id() << " on " << device.id() << ": compiling " << candidates.size()
             << " candidates\n";
@@ -1751,10 +1745,18 @@ int command_tune(const Args& args) {
   if (args.has("dry-run")) {
     if (json) {
       Json problems = Json::array();
-      for (const ForwardSweepProblem& p : mine)
+      const int arch = static_cast<int>(args.int_or("arch", 90, 80, 1000));
+      for (const ForwardSweepProblem& p : mine) {
+        const MaskKind kind = p.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
+        Json names = Json::array();
+        const SpaceReport space = forward_space(p.dtype, p.head_dim, kind, arch);
+        for (const KernelConfig& c :
+             capped_candidates(space, heuristic_forward_config(p.dtype, p.head_dim, kind, arch), max_candidates))
+          names.push_back(c.name());
         problems.push_back({{"dtype", dtype_name(p.dtype)}, {"head_dim", p.head_dim}, {"causal", causal_text(p.mask)},
                             {"batch", p.batch}, {"heads_q", p.heads_q}, {"heads_kv", p.heads_kv},
-                            {"seqlen_q", p.seqlen_q}, {"seqlen_k", p.seqlen_k}});
+                            {"seqlen_q", p.seqlen_q}, {"seqlen_k", p.seqlen_k}, {"candidates", names}});
+      }
       std::cout << Json{{"shard", {{"index", shard.index}, {"count", shard.count}, {"source", shard.source}}},
                         {"db", db_path.string()},
                         {"max_candidates", max_candidates},

@@ -235,12 +235,7 @@ std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem
   try {
     const SpaceReport space = forward_space(problem.dtype, problem.head_dim, mask, arch);
     const KernelConfig builtin = heuristic_choice(problem.dtype, problem.head_dim, mask, arch).config;
-    std::vector<KernelConfig> candidates;
-    const size_t n = space.valid.size();
-    const size_t count = std::min<size_t>(n, kFirstUseCandidates);
-    for (size_t j = 0; j < count; ++j) candidates.push_back(space.valid[count >= n ? j : j * n / count]);
-    if (std::none_of(candidates.begin(), candidates.end(), [&](const KernelConfig& c) { return c == builtin; }))
-      candidates.push_back(builtin);
+    const std::vector<KernelConfig> candidates = capped_candidates(space, builtin, kFirstUseCandidates);
     std::fprintf(stderr, "flashgen: tuning %s on first use (%zu candidates; FLASHGEN_TUNE=1)\n", key.id().c_str(),
                  candidates.size());
 

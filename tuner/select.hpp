@@ -43,7 +43,8 @@ ForwardChoice choose_forward_config(int device, const ProblemKey& problem, int a
 bool tune_on_first_use();
 void set_tune_on_first_use(bool enabled);
 
-// Candidates a first-use sweep times: this many evenly spaced valid configs plus the built-in choice.
+// Candidates a first-use sweep times (capped_candidates: the built-in choice, its neighbours, the rest
+// spread evenly).
 constexpr int kFirstUseCandidates = 16;
 
 struct ForwardSweepProblem;

@@ -2,6 +2,8 @@
 // KernelConfig::invalid_reason (fwd_traits.cuh) into configs worth compiling and counted prunes.
 #include "space.hpp"
 
+#include <algorithm>
+
 namespace flashgen {
 
 SpaceReport forward_space(DType dtype, int head_dim, MaskKind mask, int arch, const ForwardKnobs& knobs) {
@@ -31,6 +33,34 @@ SpaceReport forward_space(DType dtype, int head_dim, MaskKind mask, int arch, co
             }
           }
   return report;
+}
+
+namespace {
+
+// Knobs in which a and b differ.
+int knob_differences(const KernelConfig& a, const KernelConfig& b) {
+  return (a.block_m != b.block_m) + (a.block_n != b.block_n) + (a.warps != b.warps) + (a.stages != b.stages) +
+         (a.q_in_regs != b.q_in_regs);
+}
+
+}  // namespace
+
+std::vector<KernelConfig> capped_candidates(const SpaceReport& space, const KernelConfig& builtin, size_t max_count) {
+  std::vector<KernelConfig> picked;
+  if (max_count == 0) return picked;
+  picked.push_back(builtin);
+  auto taken = [&](const KernelConfig& c) { return std::find(picked.begin(), picked.end(), c) != picked.end(); };
+  for (const KernelConfig& c : space.valid) {
+    if (picked.size() >= max_count) return picked;
+    if (knob_differences(c, builtin) == 1 && !taken(c)) picked.push_back(c);
+  }
+  std::vector<KernelConfig> rest;
+  for (const KernelConfig& c : space.valid)
+    if (!taken(c)) rest.push_back(c);
+  const size_t room = max_count - picked.size();
+  const size_t count = std::min(room, rest.size());
+  for (size_t j = 0; j < count; ++j) picked.push_back(rest[count >= rest.size() ? j : j * rest.size() / count]);
+  return picked;
 }
 
 }  // namespace flashgen

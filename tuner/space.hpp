@@ -30,4 +30,10 @@ struct SpaceReport {
 // pruned (with reasons). Compiles nothing.
 SpaceReport forward_space(DType dtype, int head_dim, MaskKind mask, int arch, const ForwardKnobs& knobs = {});
 
+// At most max_count candidates of a space for a capped sweep: the built-in choice, then its neighbours
+// (valid configs that differ from it in one knob; measured, the best config is usually one or two knob
+// steps from it), then configs spread evenly over the rest of the valid list. Deterministic; every
+// config is from space.valid except the built-in, which is always first.
+std::vector<KernelConfig> capped_candidates(const SpaceReport& space, const KernelConfig& builtin, size_t max_count);
+
 }  // namespace flashgen

@@ -180,3 +180,33 @@ TEST_CASE("below sm_80 the whole space is pruned for one reason", "[tuner][space
   REQUIRE(report.pruned_by_reason.size() == 1);
   CHECK(report.pruned_by_reason.begin()->first == *KernelConfig{}.invalid_reason(75));
 }
+
+TEST_CASE("capped candidates: the built-in choice, its one-knob neighbours, then spread", "[tuner][space]") {
+  const flashgen::SpaceReport space = flashgen::forward_space(DType::kFloat16, 128, MaskKind::kNone, 90);
+  const flashgen::KernelConfig builtin =
+      flashgen::heuristic_forward_config(DType::kFloat16, 128, MaskKind::kNone, 90);
+  auto knobs_differing = [&](const flashgen::KernelConfig& c) {
+    return (c.block_m != builtin.block_m) + (c.block_n != builtin.block_n) + (c.warps != builtin.warps) +
+           (c.stages != builtin.stages) + (c.q_in_regs != builtin.q_in_regs);
+  };
+  size_t neighbours = 0;
+  for (const auto& c : space.valid) neighbours += knobs_differing(c) == 1;
+  REQUIRE(neighbours >= 4);
+
+  const auto picked = flashgen::capped_candidates(space, builtin, neighbours + 6);
+  REQUIRE(picked.size() == neighbours + 6);
+  CHECK(picked.front() == builtin);
+  for (size_t i = 1; i <= neighbours; ++i) CHECK(knobs_differing(picked[i]) == 1);
+  for (size_t i = neighbours + 1; i < picked.size(); ++i) CHECK(knobs_differing(picked[i]) > 1);
+  for (size_t i = 0; i < picked.size(); ++i)
+    for (size_t j = i + 1; j < picked.size(); ++j) CHECK(picked[i] != picked[j]);
+  CHECK(flashgen::capped_candidates(space, builtin, neighbours + 6) == picked);  // deterministic
+
+  const auto few = flashgen::capped_candidates(space, builtin, 3);
+  REQUIRE(few.size() == 3);
+  CHECK(few[0] == builtin);
+  CHECK(knobs_differing(few[1]) == 1);
+  const auto all = flashgen::capped_candidates(space, builtin, 100000);
+  CHECK(all.size() == space.valid.size());  // the built-in is itself valid: nothing added twice
+  CHECK(flashgen::capped_candidates(space, builtin, 0).empty());
+}
