@@ -9,7 +9,6 @@ Run on a GPU machine:  python3 bench/bench_bwd.py --lib build/libflashgen.so [--
 
 import argparse
 import ctypes
-import csv
 import datetime
 import os
 import sys
@@ -17,7 +16,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_fwd import (FLASHGEN_BFLOAT16, FLASHGEN_FLOAT16, FLASHGEN_MASK_CAUSAL, FLASHGEN_MASK_NONE,  # noqa: E402
-                       REPO_ROOT, Bench, FlashgenAttentionOptions, FlashgenTensor, find_library, fmt, slug)
+                       REPO_ROOT, Bench, FlashgenAttentionOptions, FlashgenTensor, find_library, fmt, slug,
+                       tensor_struct, write_csv)
 
 CSV_COLUMNS = [
     "device", "date", "torch_version", "cuda_version", "cudnn_version", "flashgen_version",
@@ -93,15 +93,6 @@ def load_flashgen(path):
     lib.flashgen_last_error.restype = ctypes.c_char_p
     lib.flashgen_version.restype = ctypes.c_char_p
     return lib
-
-
-def tensor_struct(t, dtype_code):
-    s = FlashgenTensor()
-    s.data = t.data_ptr()
-    s.dtype = dtype_code
-    s.shape = (ctypes.c_int64 * 4)(*t.shape)
-    s.stride = (ctypes.c_int64 * 4)(*t.stride())
-    return s
 
 
 def make_backward_call(lib, torch, tensors, lse, causal, deterministic, dtype_code):
@@ -260,13 +251,7 @@ def main():
                     del q, k, v, dout, out, lse, grads
                     torch.cuda.empty_cache()
 
-    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    with open(out_path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS, lineterminator="\n")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({c: ("" if row.get(c) is None else
-                                 f"{row[c]:.6g}" if isinstance(row.get(c), float) else row[c]) for c in CSV_COLUMNS})
+    write_csv(out_path, CSV_COLUMNS, rows)
     print(f"# wrote {out_path}")
     print()
     print(f"{device_name}, {today}, torch {meta['torch_version']}, cuDNN {cudnn_version}: backward TFLOP/s "

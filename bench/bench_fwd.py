@@ -190,18 +190,19 @@ class Bench:
         return statistics.median(times), percentile(times, 0.10), percentile(times, 0.90)
 
 
+def tensor_struct(t, dtype_code):
+    """flashgen_tensor over a torch tensor's [batch, seqlen, heads, head_dim] view."""
+    s = FlashgenTensor()
+    s.data = t.data_ptr()
+    s.dtype = dtype_code
+    s.shape = (ctypes.c_int64 * 4)(*t.shape)
+    s.stride = (ctypes.c_int64 * 4)(*t.stride())
+    return s
+
+
 def make_flashgen_call(lib, torch, q, k, v, out, causal, dtype_code):
     """A zero-argument callable that runs flashgen on the current torch stream; raises on a non-zero status."""
-
-    def tensor_struct(t):
-        s = FlashgenTensor()
-        s.data = t.data_ptr()
-        s.dtype = dtype_code
-        s.shape = (ctypes.c_int64 * 4)(*t.shape)
-        s.stride = (ctypes.c_int64 * 4)(*t.stride())
-        return s
-
-    structs = [tensor_struct(t) for t in (q, k, v, out)]
+    structs = [tensor_struct(t, dtype_code) for t in (q, k, v, out)]
     refs = [ctypes.byref(s) for s in structs]
     options = FlashgenAttentionOptions(0.0, FLASHGEN_MASK_CAUSAL if causal else FLASHGEN_MASK_NONE, 0)
     options_ref = ctypes.byref(options)
@@ -226,6 +227,18 @@ def reference_slice(torch, q, k, v, causal):
         s = q.shape[1]
         scores.masked_fill_(torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
     return (torch.softmax(scores, dim=-1) @ vs).transpose(1, 2)
+
+
+def write_csv(path, columns, rows):
+    """Rows (dicts) as CSV: floats with 6 significant digits, missing cells empty."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({c: ("" if row.get(c) is None else
+                                 f"{row[c]:.6g}" if isinstance(row.get(c), float) else row[c])
+                             for c in columns})
 
 
 def fmt(value, digits=1):
@@ -353,14 +366,7 @@ def main():
                     del q, k, v, out, qt, kt, vt, flashgen_call, peers
                     torch.cuda.empty_cache()
 
-    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    with open(out_path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS, lineterminator="\n")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({c: ("" if row.get(c) is None else
-                                 f"{row[c]:.6g}" if isinstance(row.get(c), float) else row[c])
-                             for c in CSV_COLUMNS})
+    write_csv(out_path, CSV_COLUMNS, rows)
     print(f"# wrote {out_path}")
     if failures:
         print(f"# {failures} point(s) failed for flashgen; see the error column", file=sys.stderr)

@@ -1,7 +1,6 @@
 // BwdConfig naming, validation and JSON round-trip.
 #include "bwd_config.hpp"
 
-#include <charconv>
 #include <sstream>
 #include <vector>
 
@@ -20,32 +19,20 @@ const char* bwd_kernel_suffix(BwdKernel kernel) {
 }
 
 std::string BwdConfig::name() const {
-  std::ostringstream out;
-  out << "bwd_sm80_" << dtype_name(dtype) << "_d" << head_dim << "_m" << block_m << "_n" << block_n << "_w"
-      << warps << "_s" << stages << "_x" << d_split;
-  if (mask == MaskKind::kCausal) out << "_causal";
-  if (deterministic) out << "_det_qm" << dq_block_m << "_qn" << dq_block_n << "_qw" << dq_warps << "_qs" << dq_stages;
-  return out.str();
+  // Built on every launch (it keys the loaded kernels): appends, no stream.
+  using std::to_string;
+  std::string name = std::string("bwd_sm80_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_m" +
+                     to_string(block_m) + "_n" + to_string(block_n) + "_w" + to_string(warps) + "_s" +
+                     to_string(stages) + "_x" + to_string(d_split);
+  if (mask == MaskKind::kCausal) name += "_causal";
+  if (deterministic) {
+    name += "_det_qm" + to_string(dq_block_m) + "_qn" + to_string(dq_block_n) + "_qw" + to_string(dq_warps) +
+            "_qs" + to_string(dq_stages);
+  }
+  return name;
 }
 
 std::string BwdConfig::symbol(BwdKernel kernel) const { return name() + "_" + bwd_kernel_suffix(kernel); }
-
-namespace {
-
-// Reads "<prefix><int>" from one '_'-separated field.
-int parse_field(const std::string& field, const std::string& prefix, const std::string& name) {
-  int value = 0;
-  const bool has_prefix = field.size() > prefix.size() && field.compare(0, prefix.size(), prefix) == 0;
-  const char* first = field.data() + prefix.size();
-  const char* last = field.data() + field.size();
-  const std::from_chars_result parsed =
-      has_prefix ? std::from_chars(first, last, value) : std::from_chars_result{first, std::errc::invalid_argument};
-  FLASHGEN_REQUIRE(parsed.ec == std::errc() && parsed.ptr == last,
-                   "config name '" + name + "': expected '" + prefix + "<number>', got '" + field + "'");
-  return value;
-}
-
-}  // namespace
 
 BwdConfig BwdConfig::from_name(const std::string& name) {
   std::vector<std::string> fields;
@@ -59,12 +46,12 @@ BwdConfig BwdConfig::from_name(const std::string& name) {
   FLASHGEN_REQUIRE(fields[2] == "fp16" || fields[2] == "bf16",
                    "config name '" + name + "': dtype must be fp16 or bf16, got '" + fields[2] + "'");
   c.dtype = fields[2] == "bf16" ? DType::kBFloat16 : DType::kFloat16;
-  c.head_dim = parse_field(fields[3], "d", name);
-  c.block_m = parse_field(fields[4], "m", name);
-  c.block_n = parse_field(fields[5], "n", name);
-  c.warps = parse_field(fields[6], "w", name);
-  c.stages = parse_field(fields[7], "s", name);
-  c.d_split = parse_field(fields[8], "x", name);
+  c.head_dim = parse_name_field(fields[3], "d", name);
+  c.block_m = parse_name_field(fields[4], "m", name);
+  c.block_n = parse_name_field(fields[5], "n", name);
+  c.warps = parse_name_field(fields[6], "w", name);
+  c.stages = parse_name_field(fields[7], "s", name);
+  c.d_split = parse_name_field(fields[8], "x", name);
   size_t i = 9;
   if (i < fields.size() && fields[i] == "causal") {
     c.mask = MaskKind::kCausal;
@@ -73,10 +60,10 @@ BwdConfig BwdConfig::from_name(const std::string& name) {
   if (i < fields.size() && fields[i] == "det") {
     FLASHGEN_REQUIRE(i + 5 == fields.size(), "config name '" + name + "': _det takes _qm<m>_qn<n>_qw<warps>_qs<stages>");
     c.deterministic = true;
-    c.dq_block_m = parse_field(fields[i + 1], "qm", name);
-    c.dq_block_n = parse_field(fields[i + 2], "qn", name);
-    c.dq_warps = parse_field(fields[i + 3], "qw", name);
-    c.dq_stages = parse_field(fields[i + 4], "qs", name);
+    c.dq_block_m = parse_name_field(fields[i + 1], "qm", name);
+    c.dq_block_n = parse_name_field(fields[i + 2], "qn", name);
+    c.dq_warps = parse_name_field(fields[i + 3], "qw", name);
+    c.dq_stages = parse_name_field(fields[i + 4], "qs", name);
     i += 5;
   }
   FLASHGEN_REQUIRE(i == fields.size(), "config name '" + name + "': unknown suffix '" +

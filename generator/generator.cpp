@@ -170,11 +170,11 @@ const std::vector<SourceFile>& template_files() {
   return files;
 }
 
-GeneratedSource generate(const KernelConfig& config) {
-  // Arch limits (shared memory) are the caller's to check; the shape rules hold everywhere.
-  if (const char* why = config.traits().error) {
-    fail(Status::kInvalidArgument, "invalid kernel config " + config.name() + ": " + why);
-  }
+namespace {
+
+// The generated unit of any config family: its config header, then every template it may include.
+template <class Config>
+GeneratedSource assemble(const Config& config) {
   GeneratedSource source;
   source.kernel_name = config.name();
   source.translation_unit = render_translation_unit(config);
@@ -183,21 +183,21 @@ GeneratedSource generate(const KernelConfig& config) {
   return source;
 }
 
+}  // namespace
+
+GeneratedSource generate(const KernelConfig& config) {
+  // Arch limits (shared memory) are the caller's to check; the shape rules hold everywhere.
+  if (const char* why = config.traits().error) {
+    fail(Status::kInvalidArgument, "invalid kernel config " + config.name() + ": " + why);
+  }
+  return assemble(config);
+}
+
 GeneratedSource generate(const BwdConfig& config) {
-  if (const char* why = config.dkdv_traits().error) {
-    fail(Status::kInvalidArgument, "invalid backward config " + config.name() + ": " + why);
-  }
-  if (config.deterministic) {
-    if (const char* why = config.dq_traits().error) {
-      fail(Status::kInvalidArgument, "invalid backward config " + config.name() + ": " + why);
-    }
-  }
-  GeneratedSource source;
-  source.kernel_name = config.name();
-  source.translation_unit = render_translation_unit(config);
-  source.headers.push_back({kConfigHeaderName, render_config_header(config)});
-  for (const auto& file : template_files()) source.headers.push_back(file);
-  return source;
+  const char* why = config.dkdv_traits().error;
+  if (why == nullptr && config.deterministic) why = config.dq_traits().error;
+  if (why != nullptr) fail(Status::kInvalidArgument, "invalid backward config " + config.name() + ": " + why);
+  return assemble(config);
 }
 
 std::string GeneratedSource::self_contained() const {

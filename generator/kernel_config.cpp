@@ -14,22 +14,23 @@ const char* dtype_name(DType dtype) { return dtype == DType::kBFloat16 ? "bf16" 
 static const char* mask_name(MaskKind mask) { return mask == MaskKind::kCausal ? "causal" : "none"; }
 
 std::string KernelConfig::name() const {
-  std::ostringstream out;
-  out << "fwd_sm80_" << dtype_name(dtype) << "_d" << head_dim << "_m" << block_m << "_n" << block_n << "_w"
-      << warps << "_s" << stages;
-  if (mask == MaskKind::kCausal) out << "_causal";
-  if (q_in_regs) out << "_qreg";
-  return out.str();
+  // Built on every launch (it keys the loaded kernels): appends, no stream.
+  using std::to_string;
+  std::string name = std::string("fwd_sm80_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_m" +
+                     to_string(block_m) + "_n" + to_string(block_n) + "_w" + to_string(warps) + "_s" +
+                     to_string(stages);
+  if (mask == MaskKind::kCausal) name += "_causal";
+  if (q_in_regs) name += "_qreg";
+  return name;
 }
 
-// Reads "<prefix><int>" from one '_'-separated field.
-static int parse_field(const std::string& field, char prefix, const std::string& name) {
+int parse_name_field(const std::string& field, const std::string& prefix, const std::string& name) {
   int value = 0;
-  const char* first = field.data() + 1;
+  const bool has_prefix = field.size() > prefix.size() && field.compare(0, prefix.size(), prefix) == 0;
+  const char* first = field.data() + prefix.size();
   const char* last = field.data() + field.size();
-  const std::from_chars_result parsed = field.size() > 1 && field[0] == prefix
-                                            ? std::from_chars(first, last, value)
-                                            : std::from_chars_result{first, std::errc::invalid_argument};
+  const std::from_chars_result parsed =
+      has_prefix ? std::from_chars(first, last, value) : std::from_chars_result{first, std::errc::invalid_argument};
   FLASHGEN_REQUIRE(parsed.ec == std::errc() && parsed.ptr == last,
                    "config name '" + name + "': expected '" + prefix + "<number>', got '" + field + "'");
   return value;
@@ -47,11 +48,11 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
   FLASHGEN_REQUIRE(fields[2] == "fp16" || fields[2] == "bf16",
                    "config name '" + name + "': dtype must be fp16 or bf16, got '" + fields[2] + "'");
   config.dtype = fields[2] == "bf16" ? DType::kBFloat16 : DType::kFloat16;
-  config.head_dim = parse_field(fields[3], 'd', name);
-  config.block_m = parse_field(fields[4], 'm', name);
-  config.block_n = parse_field(fields[5], 'n', name);
-  config.warps = parse_field(fields[6], 'w', name);
-  config.stages = parse_field(fields[7], 's', name);
+  config.head_dim = parse_name_field(fields[3], "d", name);
+  config.block_m = parse_name_field(fields[4], "m", name);
+  config.block_n = parse_name_field(fields[5], "n", name);
+  config.warps = parse_name_field(fields[6], "w", name);
+  config.stages = parse_name_field(fields[7], "s", name);
   for (size_t i = 8; i < fields.size(); ++i) {
     if (fields[i] == "causal" && config.mask == MaskKind::kNone) {
       config.mask = MaskKind::kCausal;

@@ -3,7 +3,6 @@
 // caller's stream. Any bad input is reported before anything is launched.
 #include "attention.hpp"
 
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -35,31 +34,22 @@ ForwardProblem make_forward_problem(const flashgen_tensor* q, const flashgen_ten
   require_same_dim(v, "v", k, "k", 2);
   for (int i = 0; i < 4; ++i) require_same_dim(out, "out", q, "q", i);
 
-  const int64_t head_dim = q->shape[3];
-  if (head_dim % 8 != 0 || head_dim > 256) {
-    fail(Status::kUnsupported, dim("q", 3) + " = " + std::to_string(head_dim) +
-                                   " is unsupported: head_dim must be a multiple of 8 up to 256");
-  }
-  FLASHGEN_REQUIRE(q->shape[2] % k->shape[2] == 0,
-                   dim("q", 2) + " = " + std::to_string(q->shape[2]) + " must be a multiple of " + dim("k", 2) +
-                       " = " + std::to_string(k->shape[2]));
+  check_head_dim_and_groups(q, k);
   for (const auto& [t, name] : {std::pair{q, "q"}, std::pair{k, "k"}, std::pair{v, "v"}, std::pair{out, "out"}}) {
     check_layout(t, name);
   }
   check_output_strides(out, "out");
   FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(lse) % alignof(float) == 0,
                    "lse: pointer must be 4-byte aligned");
-  const int mask = raw_enum(opts->mask);
-  FLASHGEN_REQUIRE(mask == FLASHGEN_MASK_NONE || mask == FLASHGEN_MASK_CAUSAL || mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT,
-                   "opts.mask: unknown value " + std::to_string(mask));
-  FLASHGEN_REQUIRE(std::isfinite(opts->softmax_scale), "opts.softmax_scale must be finite");
+  check_options(opts);
   FLASHGEN_REQUIRE(q->shape[0] <= 65535 && q->shape[2] <= 65535,
                    "q: batch and heads must each be at most 65535 (grid limits)");
 
   ForwardProblem problem;
   problem.dtype = to_dtype(q->dtype);
-  problem.head_dim = static_cast<int>(head_dim);
+  problem.head_dim = static_cast<int>(q->shape[3]);
   problem.mask = opts->mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
+  problem.abi_mask = opts->mask;
 
   AttnFwdParams& p = problem.params;
   p.q = q->data;
@@ -77,15 +67,14 @@ ForwardProblem make_forward_problem(const flashgen_tensor* q, const flashgen_ten
   p.seqlen_k = static_cast<int>(k->shape[1]);
   p.heads_kv = static_cast<int>(k->shape[2]);
   p.group_size = p.heads_q / p.heads_kv;
-  p.causal_offset = opts->mask == FLASHGEN_MASK_CAUSAL ? p.seqlen_k - p.seqlen_q : 0;
-  p.scale = opts->softmax_scale > 0 ? opts->softmax_scale : static_cast<float>(1.0 / std::sqrt(double(head_dim)));
+  p.causal_offset = causal_offset(*opts, p.seqlen_q, p.seqlen_k);
+  p.scale = softmax_scale(*opts, problem.head_dim);
   p.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
   return problem;
 }
 
 namespace {
 
-// prepare_forward with the launch context already current (scope).
 // Whether stream is capturing a CUDA graph: no sweep may run into a capture.
 bool capturing(CUstream stream) {
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -93,6 +82,7 @@ bool capturing(CUstream stream) {
   return status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+// prepare_forward with the launch context already current (scope).
 PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedContext& scope, CUstream stream,
                                  const KernelConfig* config) {
   const AttnFwdParams& p = problem.params;
@@ -103,18 +93,9 @@ PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedCont
   if (p.lse != nullptr) check_device_pointer(p.lse, "lse", scope.device());
 
   ForwardLaunch launch;
-  launch.arch = device_sm(scope.device());
-  if (launch.arch < 80) {
-    fail(Status::kUnsupported, "flashgen needs a GPU of compute capability 8.0 or newer; this one is sm_" +
-                                   std::to_string(launch.arch));
-  }
+  launch.arch = launch_arch(scope.device());
   if (config != nullptr) {
-    FLASHGEN_REQUIRE(config->dtype == problem.dtype && config->head_dim == problem.head_dim &&
-                         config->mask == problem.mask,
-                     "config " + config->name() + " does not match the problem (dtype, head_dim, mask)");
-    if (auto why = config->invalid_reason(launch.arch)) {
-      fail(Status::kInvalidArgument, "config " + config->name() + " cannot run here: " + *why);
-    }
+    check_requested_config(*config, problem.dtype, problem.head_dim, problem.mask, launch.arch);
     launch.config = *config;
     launch.reason = "requested by the caller";
   } else {
@@ -126,10 +107,7 @@ PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedCont
       ForwardSweepProblem sweep_problem;
       sweep_problem.dtype = problem.dtype;
       sweep_problem.head_dim = problem.head_dim;
-      // Bottom-right alignment is the offset seqlen_k - seqlen_q (the same as top-left when they are equal).
-      sweep_problem.mask = problem.mask == MaskKind::kNone            ? FLASHGEN_MASK_NONE
-                           : p.causal_offset == p.seqlen_k - p.seqlen_q ? FLASHGEN_MASK_CAUSAL
-                                                                      : FLASHGEN_MASK_CAUSAL_TOP_LEFT;
+      sweep_problem.mask = problem.abi_mask;
       sweep_problem.batch = p.batch;
       sweep_problem.heads_q = p.heads_q;
       sweep_problem.heads_kv = p.heads_kv;

@@ -28,7 +28,8 @@ struct ForwardProblem {
   AttnFwdParams params{};
   DType dtype = DType::kFloat16;
   int head_dim = 0;
-  MaskKind mask = MaskKind::kNone;
+  MaskKind mask = MaskKind::kNone;              // the kernel family's mask kind
+  flashgen_mask abi_mask = FLASHGEN_MASK_NONE;  // the caller's, alignment included (for tuning sweeps)
 };
 
 // Validates every argument (null pointers, shapes, dtypes, head_dim, heads_q % heads_kv, alignment of

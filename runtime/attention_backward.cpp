@@ -3,7 +3,6 @@
 // module's kernels in order on the caller's stream. Bad input is reported before anything is launched.
 #include "attention_backward.hpp"
 
-#include <cmath>
 #include <cstdint>
 #include <utility>
 
@@ -52,29 +51,19 @@ BackwardProblem make_backward_problem(const flashgen_tensor* q, const flashgen_t
     require_same_dim(dk, "dk", k, "k", i);
     require_same_dim(dv, "dv", k, "k", i);
   }
-  const int64_t head_dim = q->shape[3];
-  if (head_dim % 8 != 0 || head_dim > 256) {
-    fail(Status::kUnsupported, dim("q", 3) + " = " + std::to_string(head_dim) +
-                                   " is unsupported: head_dim must be a multiple of 8 up to 256");
-  }
-  FLASHGEN_REQUIRE(q->shape[2] % k->shape[2] == 0,
-                   dim("q", 2) + " = " + std::to_string(q->shape[2]) + " must be a multiple of " + dim("k", 2) +
-                       " = " + std::to_string(k->shape[2]));
+  check_head_dim_and_groups(q, k);
   for (const auto& [t, name] : tensors) check_layout(t, name);
   check_output_strides(dq, "dq");
   check_output_strides(dk, "dk");
   check_output_strides(dv, "dv");
   FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(lse) % alignof(float) == 0, "lse: pointer must be 4-byte aligned");
-  const int mask = raw_enum(opts->mask);
-  FLASHGEN_REQUIRE(mask == FLASHGEN_MASK_NONE || mask == FLASHGEN_MASK_CAUSAL || mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT,
-                   "opts.mask: unknown value " + std::to_string(mask));
-  FLASHGEN_REQUIRE(std::isfinite(opts->softmax_scale), "opts.softmax_scale must be finite");
+  check_options(opts);
   FLASHGEN_REQUIRE(q->shape[0] <= 32767 && q->shape[2] <= 65535,
                    "q: batch must be at most 32767 and heads at most 65535 (grid limits)");
 
   BackwardProblem problem;
   problem.dtype = to_dtype(q->dtype);
-  problem.head_dim = static_cast<int>(head_dim);
+  problem.head_dim = static_cast<int>(q->shape[3]);
   problem.mask = opts->mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
   problem.deterministic = opts->deterministic != 0;
 
@@ -98,8 +87,8 @@ BackwardProblem make_backward_problem(const flashgen_tensor* q, const flashgen_t
   p.seqlen_k = static_cast<int>(k->shape[1]);
   p.heads_kv = static_cast<int>(k->shape[2]);
   p.group_size = p.heads_q / p.heads_kv;
-  p.causal_offset = opts->mask == FLASHGEN_MASK_CAUSAL ? p.seqlen_k - p.seqlen_q : 0;
-  p.scale = opts->softmax_scale > 0 ? opts->softmax_scale : static_cast<float>(1.0 / std::sqrt(double(head_dim)));
+  p.causal_offset = causal_offset(*opts, p.seqlen_q, p.seqlen_k);
+  p.scale = softmax_scale(*opts, problem.head_dim);
   p.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
   return problem;
 }
@@ -131,18 +120,9 @@ PreparedBackward prepare_in_scope(const BackwardProblem& problem, const ScopedCo
   for (const auto& [ptr, name] : pointers) check_device_pointer(ptr, name, scope.device());
 
   BackwardLaunch launch;
-  launch.arch = device_sm(scope.device());
-  if (launch.arch < 80) {
-    fail(Status::kUnsupported, "flashgen needs a GPU of compute capability 8.0 or newer; this one is sm_" +
-                                   std::to_string(launch.arch));
-  }
+  launch.arch = launch_arch(scope.device());
   if (config != nullptr) {
-    FLASHGEN_REQUIRE(config->dtype == problem.dtype && config->head_dim == problem.head_dim &&
-                         config->mask == problem.mask,
-                     "config " + config->name() + " does not match the problem (dtype, head_dim, mask)");
-    if (auto why = config->invalid_reason(launch.arch)) {
-      fail(Status::kInvalidArgument, "config " + config->name() + " cannot run here: " + *why);
-    }
+    check_requested_config(*config, problem.dtype, problem.head_dim, problem.mask, launch.arch);
     launch.config = *config;
     launch.reason = "requested by the caller";
   } else {

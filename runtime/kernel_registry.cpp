@@ -194,8 +194,9 @@ CUfunction KernelRegistry::function(const KernelConfig& config, CUcontext ctx, i
 }
 
 CUfunction KernelRegistry::function(const BwdConfig& config, BwdKernel kernel, CUcontext ctx, int arch) {
-  return load(ModuleId{config.name(), arch}, config.symbol(kernel), config.smem_bytes(kernel), ctx,
-              [&] { return generate(config); });
+  std::string name = config.name();
+  std::string symbol = name + "_" + bwd_kernel_suffix(kernel);
+  return load(ModuleId{std::move(name), arch}, symbol, config.smem_bytes(kernel), ctx, [&] { return generate(config); });
 }
 
 CUfunction KernelRegistry::load(const ModuleId& id, const std::string& symbol, int smem_bytes, CUcontext ctx,

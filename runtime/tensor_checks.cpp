@@ -1,6 +1,8 @@
 // Argument checks shared by the forward and backward launchers.
 #include "tensor_checks.hpp"
 
+#include <cmath>
+
 #include "cuda_driver.hpp"
 #include "flashgen/error.hpp"
 
@@ -78,5 +80,40 @@ void require_same_dim(const flashgen_tensor* a, const char* a_name, const flashg
 
 DType to_dtype(flashgen_dtype d) { return d == FLASHGEN_BFLOAT16 ? DType::kBFloat16 : DType::kFloat16; }
 
+
+void check_head_dim_and_groups(const flashgen_tensor* q, const flashgen_tensor* k) {
+  const int64_t head_dim = q->shape[3];
+  if (head_dim % 8 != 0 || head_dim > 256) {
+    fail(Status::kUnsupported, dim("q", 3) + " = " + std::to_string(head_dim) +
+                                   " is unsupported: head_dim must be a multiple of 8 up to 256");
+  }
+  FLASHGEN_REQUIRE(q->shape[2] % k->shape[2] == 0,
+                   dim("q", 2) + " = " + std::to_string(q->shape[2]) + " must be a multiple of " + dim("k", 2) +
+                       " = " + std::to_string(k->shape[2]));
+}
+
+void check_options(const flashgen_attention_options* opts) {
+  const int mask = raw_enum(opts->mask);
+  FLASHGEN_REQUIRE(mask == FLASHGEN_MASK_NONE || mask == FLASHGEN_MASK_CAUSAL || mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT,
+                   "opts.mask: unknown value " + std::to_string(mask));
+  FLASHGEN_REQUIRE(std::isfinite(opts->softmax_scale), "opts.softmax_scale must be finite");
+}
+
+float softmax_scale(const flashgen_attention_options& opts, int64_t head_dim) {
+  return opts.softmax_scale > 0 ? opts.softmax_scale : static_cast<float>(1.0 / std::sqrt(double(head_dim)));
+}
+
+int causal_offset(const flashgen_attention_options& opts, int seqlen_q, int seqlen_k) {
+  return opts.mask == FLASHGEN_MASK_CAUSAL ? seqlen_k - seqlen_q : 0;
+}
+
+int launch_arch(CUdevice device) {
+  const int arch = device_sm(device);
+  if (arch < 80) {
+    fail(Status::kUnsupported,
+         "flashgen needs a GPU of compute capability 8.0 or newer; this one is sm_" + std::to_string(arch));
+  }
+  return arch;
+}
 
 }  // namespace flashgen

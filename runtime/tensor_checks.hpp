@@ -3,10 +3,13 @@
 // Error(kInvalidArgument / kUnsupported) naming the argument.
 #pragma once
 
+#include <cuda.h>
+
 #include <cstdint>
 #include <cstring>
 #include <string>
 
+#include "flashgen/error.hpp"
 #include "flashgen/flashgen.h"
 #include "kernel_config.hpp"
 
@@ -47,5 +50,30 @@ void require_same_dim(const flashgen_tensor* a, const char* a_name, const flashg
                       int i);
 
 DType to_dtype(flashgen_dtype d);
+
+// q's head_dim a multiple of 8 up to 256 (kUnsupported otherwise), and q's heads a multiple of k's.
+void check_head_dim_and_groups(const flashgen_tensor* q, const flashgen_tensor* k);
+
+// opts.mask one of flashgen_mask's values and opts.softmax_scale finite.
+void check_options(const flashgen_attention_options* opts);
+
+// The scale the kernels apply: opts.softmax_scale when > 0, else 1/sqrt(head_dim).
+float softmax_scale(const flashgen_attention_options& opts, int64_t head_dim);
+
+// Key j is visible to query i iff j <= i + causal_offset (flashgen.h's mask alignments).
+int causal_offset(const flashgen_attention_options& opts, int seqlen_q, int seqlen_k);
+
+// The sm number of the launch's device; kUnsupported below sm_80.
+int launch_arch(CUdevice device);
+
+// A config the caller asked for: it must match the problem and be able to run on sm_<arch>.
+template <class Config>
+void check_requested_config(const Config& config, DType dtype, int head_dim, MaskKind mask, int arch) {
+  FLASHGEN_REQUIRE(config.dtype == dtype && config.head_dim == head_dim && config.mask == mask,
+                   "config " + config.name() + " does not match the problem (dtype, head_dim, mask)");
+  if (auto why = config.invalid_reason(arch)) {
+    fail(Status::kInvalidArgument, "config " + config.name() + " cannot run here: " + *why);
+  }
+}
 
 }  // namespace flashgen

@@ -23,6 +23,33 @@
 
 namespace flashgen {
 
+namespace {
+
+// The first of configs whose kernels compile without spills (spilled_bytes(config) == 0), with the
+// reason "built-in heuristic ..." naming what was passed over; the first config when all of them spill.
+template <class Config, class SpilledBytes>
+std::pair<Config, std::string> first_spill_free(const std::vector<Config>& configs, SpilledBytes spilled_bytes) {
+  std::pair<Config, std::string> choice{configs.front(), "built-in heuristic (no tuning data)"};
+  std::string spilling;
+  bool clean = false;
+  for (const Config& config : configs) {
+    const int spilled = spilled_bytes(config);
+    if (spilled == 0) {
+      choice.first = config;
+      clean = true;
+      break;
+    }
+    spilling += (spilling.empty() ? "" : ", ") + config.name() + " spills " + std::to_string(spilled) + " bytes";
+  }
+  if (!spilling.empty()) {
+    choice.second += clean ? "; passed over " + spilling
+                           : "; every candidate spills (" + spilling + "), using the first";
+  }
+  return choice;
+}
+
+}  // namespace
+
 ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arch) {
   using Key = std::tuple<int, int, int, int>;
   static std::mutex mutex;
@@ -34,27 +61,13 @@ ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arc
   }
 
   // Compiled outside the lock: two threads may both compile a first choice, the registry keeps one.
-  const std::vector<KernelConfig> configs = heuristic_forward_configs(dtype, head_dim, mask, arch);
-  ForwardChoice choice{configs.front(), "built-in heuristic (no tuning data)"};
-  std::string spilling;
-  bool clean = false;
-  for (const KernelConfig& config : configs) {
-    const ResourceUsage usage = KernelRegistry::instance().compiled(config, arch)->usage;
-    const int spilled = usage.spill_store_bytes + usage.spill_load_bytes;
-    if (spilled == 0) {
-      choice.config = config;
-      clean = true;
-      break;
-    }
-    spilling += (spilling.empty() ? "" : ", ") + config.name() + " spills " + std::to_string(spilled) + " bytes";
-  }
-  if (!spilling.empty()) {
-    choice.reason += clean ? "; passed over " + spilling
-                           : "; every candidate spills (" + spilling + "), using the first";
-  }
-
+  auto [config, reason] =
+      first_spill_free(heuristic_forward_configs(dtype, head_dim, mask, arch), [&](const KernelConfig& c) {
+        const ResourceUsage usage = KernelRegistry::instance().compiled(c, arch)->usage;
+        return usage.spill_store_bytes + usage.spill_load_bytes;
+      });
   std::lock_guard<std::mutex> lock(mutex);
-  return chosen.emplace(key, choice).first->second;
+  return chosen.emplace(key, ForwardChoice{std::move(config), std::move(reason)}).first->second;
 }
 
 BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch) {
@@ -67,31 +80,19 @@ BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mas
     if (auto found = chosen.find(key); found != chosen.end()) return found->second;
   }
 
-  const std::vector<BwdConfig> configs = heuristic_backward_configs(dtype, head_dim, mask, deterministic, arch);
-  BackwardChoice choice{configs.front(), "built-in heuristic (no tuning data)"};
-  std::string spilling;
-  bool clean = false;
-  for (const BwdConfig& config : configs) {
-    const std::shared_ptr<const CompiledKernel> module = KernelRegistry::instance().compiled(config, arch);
-    int spilled = 0;
-    for (BwdKernel kernel : {BwdKernel::kDkdv, BwdKernel::kDq}) {
-      if (kernel == BwdKernel::kDq && !deterministic) continue;
-      const ResourceUsage usage = module->usage_of(config.symbol(kernel));
-      spilled += usage.spill_store_bytes + usage.spill_load_bytes;
-    }
-    if (spilled == 0) {
-      choice.config = config;
-      clean = true;
-      break;
-    }
-    spilling += (spilling.empty() ? "" : ", ") + config.name() + " spills " + std::to_string(spilled) + " bytes";
-  }
-  if (!spilling.empty()) {
-    choice.reason += clean ? "; passed over " + spilling
-                           : "; every candidate spills (" + spilling + "), using the first";
-  }
+  auto [config, reason] = first_spill_free(
+      heuristic_backward_configs(dtype, head_dim, mask, deterministic, arch), [&](const BwdConfig& c) {
+        const std::shared_ptr<const CompiledKernel> module = KernelRegistry::instance().compiled(c, arch);
+        int spilled = 0;
+        for (BwdKernel kernel : {BwdKernel::kDkdv, BwdKernel::kDq}) {
+          if (kernel == BwdKernel::kDq && !deterministic) continue;
+          const ResourceUsage usage = module->usage_of(c.symbol(kernel));
+          spilled += usage.spill_store_bytes + usage.spill_load_bytes;
+        }
+        return spilled;
+      });
   std::lock_guard<std::mutex> lock(mutex);
-  return chosen.emplace(key, choice).first->second;
+  return chosen.emplace(key, BackwardChoice{std::move(config), std::move(reason)}).first->second;
 }
 
 ForwardChoice choose_forward_config(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
