@@ -381,7 +381,7 @@ CompileOutcome compile_one(const CompileJob& job, bool use_cache) {
   try {
     if (std::optional<std::string> why = job.config.invalid_reason(job.arch))
       fail(Status::kInvalidArgument, "not valid: " + *why);
-    outcome.dynamic_smem_bytes = job.config.traits().smem_bytes;
+    outcome.dynamic_smem_bytes = job.config.smem_bytes();
     const Clock::time_point start = Clock::now();
     std::shared_ptr<const CompiledKernel> kernel =
         use_cache ? KernelRegistry::instance().compiled(job.config, job.arch)

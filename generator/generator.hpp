@@ -11,8 +11,9 @@
 
 namespace flashgen {
 
-// Bumped whenever generated code changes meaning; part of every cache key.
-inline constexpr const char* kGeneratorVersion = "1";
+// Bumped whenever generated code changes meaning; part of every cache key and of the device
+// fingerprint that tuning results are stored under. 2: the sm90 family.
+inline constexpr const char* kGeneratorVersion = "2";
 
 struct SourceFile {
   std::string name;      // include name, e.g. "fwd_sm80.cuh"

@@ -16,6 +16,13 @@ static const char* mask_name(MaskKind mask) { return mask == MaskKind::kCausal ?
 std::string KernelConfig::name() const {
   // Built on every launch (it keys the loaded kernels): appends, no stream.
   using std::to_string;
+  if (family == KernelFamily::kSm90) {
+    std::string name = std::string("fwd_sm90_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_m" +
+                       to_string(block_m) + "_n" + to_string(block_n) + "_s" + to_string(stages);
+    if (mask == MaskKind::kCausal) name += "_causal";
+    if (overlap) name += "_ovl";
+    return name;
+  }
   std::string name = std::string("fwd_sm80_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_m" +
                      to_string(block_m) + "_n" + to_string(block_n) + "_w" + to_string(warps) + "_s" +
                      to_string(stages);
@@ -40,24 +47,29 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
   std::vector<std::string> fields;
   std::istringstream in(name);
   for (std::string field; std::getline(in, field, '_');) fields.push_back(field);
-  FLASHGEN_REQUIRE(fields.size() >= 8 && fields[0] == "fwd" && fields[1] == "sm80",
+  const bool sm90 = fields.size() >= 7 && fields[0] == "fwd" && fields[1] == "sm90";
+  FLASHGEN_REQUIRE(sm90 || (fields.size() >= 8 && fields[0] == "fwd" && fields[1] == "sm80"),
                    "config name '" + name +
                        "': expected fwd_sm80_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_w<warps>_s<stages>"
-                       "[_causal][_qreg]");
+                       "[_causal][_qreg] or fwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_ovl]");
   KernelConfig config;
+  if (sm90) config.family = KernelFamily::kSm90;
   FLASHGEN_REQUIRE(fields[2] == "fp16" || fields[2] == "bf16",
                    "config name '" + name + "': dtype must be fp16 or bf16, got '" + fields[2] + "'");
   config.dtype = fields[2] == "bf16" ? DType::kBFloat16 : DType::kFloat16;
   config.head_dim = parse_name_field(fields[3], "d", name);
   config.block_m = parse_name_field(fields[4], "m", name);
   config.block_n = parse_name_field(fields[5], "n", name);
-  config.warps = parse_name_field(fields[6], "w", name);
-  config.stages = parse_name_field(fields[7], "s", name);
-  for (size_t i = 8; i < fields.size(); ++i) {
+  size_t next = 6;
+  if (!sm90) config.warps = parse_name_field(fields[next++], "w", name);
+  config.stages = parse_name_field(fields[next++], "s", name);
+  for (size_t i = next; i < fields.size(); ++i) {
     if (fields[i] == "causal" && config.mask == MaskKind::kNone) {
       config.mask = MaskKind::kCausal;
-    } else if (fields[i] == "qreg" && !config.q_in_regs) {
+    } else if (fields[i] == "qreg" && !sm90 && !config.q_in_regs) {
       config.q_in_regs = true;
+    } else if (fields[i] == "ovl" && sm90 && !config.overlap) {
+      config.overlap = true;
     } else {
       fail(Status::kInvalidArgument, "config name '" + name + "': unknown suffix '" + fields[i] + "'");
     }
@@ -72,23 +84,54 @@ FwdTraits KernelConfig::traits() const {
   return fwd_traits(head_dim, block_m, block_n, warps, stages, q_in_regs);
 }
 
+FwdSm90Traits KernelConfig::sm90_traits() const {
+  return fwd_sm90_traits(head_dim, block_m, block_n, stages, overlap);
+}
+
+int KernelConfig::threads() const {
+  return family == KernelFamily::kSm90 ? sm90_traits().threads : traits().threads;
+}
+
+int KernelConfig::smem_bytes() const {
+  return family == KernelFamily::kSm90 ? sm90_traits().smem_bytes : traits().smem_bytes;
+}
+
+const char* KernelConfig::shape_error() const {
+  return family == KernelFamily::kSm90 ? sm90_traits().error : traits().error;
+}
+
 std::optional<std::string> KernelConfig::invalid_reason(int arch) const {
-  if (arch < 80) return "the sm80 kernel family needs sm_80 or newer (mma.sync m16n8k16 bf16, cp.async)";
-  const FwdTraits t = traits();
-  if (t.error != nullptr) return std::string(t.error);
-  if (t.smem_bytes > max_smem_per_block(arch)) {
-    return "needs " + std::to_string(t.smem_bytes) + " bytes of shared memory; sm_" + std::to_string(arch) +
+  if (family == KernelFamily::kSm90) {
+    if (arch != 90) return "the sm90 kernel family needs sm_90a (wgmma, TMA, setmaxnreg)";
+    if (q_in_regs) return "q_in_regs is an sm80-family knob";
+  } else if (overlap) {
+    return "overlap is an sm90-family knob";
+  } else if (arch < 80) {
+    return "the sm80 kernel family needs sm_80 or newer (mma.sync m16n8k16 bf16, cp.async)";
+  }
+  if (const char* error = shape_error()) return std::string(error);
+  if (smem_bytes() > max_smem_per_block(arch)) {
+    return "needs " + std::to_string(smem_bytes()) + " bytes of shared memory; sm_" + std::to_string(arch) +
            " allows " + std::to_string(max_smem_per_block(arch)) + " per block";
   }
   return std::nullopt;
 }
 
 bool KernelConfig::operator==(const KernelConfig& o) const {
-  return dtype == o.dtype && head_dim == o.head_dim && mask == o.mask && block_m == o.block_m &&
-         block_n == o.block_n && warps == o.warps && stages == o.stages && q_in_regs == o.q_in_regs;
+  // Each family compares its own knobs: configs that share a name are equal.
+  const bool sm80 = family == KernelFamily::kSm80;
+  return family == o.family && dtype == o.dtype && head_dim == o.head_dim && mask == o.mask &&
+         block_m == o.block_m && block_n == o.block_n && stages == o.stages &&
+         (sm80 ? warps == o.warps && q_in_regs == o.q_in_regs : overlap == o.overlap);
 }
 
 void to_json(nlohmann::json& j, const KernelConfig& c) {
+  if (c.family == KernelFamily::kSm90) {
+    j = nlohmann::json{{"family", "fwd_sm90"},       {"dtype", dtype_name(c.dtype)}, {"head_dim", c.head_dim},
+                       {"mask", mask_name(c.mask)}, {"block_m", c.block_m},      {"block_n", c.block_n},
+                       {"stages", c.stages},          {"overlap", c.overlap}};
+    return;
+  }
   j = nlohmann::json{{"family", "fwd_sm80"},    {"dtype", dtype_name(c.dtype)}, {"head_dim", c.head_dim},
                      {"mask", mask_name(c.mask)}, {"block_m", c.block_m},      {"block_n", c.block_n},
                      {"warps", c.warps},          {"stages", c.stages},        {"q_in_regs", c.q_in_regs}};
@@ -103,7 +146,9 @@ void from_json(const nlohmann::json& j, KernelConfig& c) {
   };
   KernelConfig config;
   if (j.contains("family")) {
-    FLASHGEN_REQUIRE(j["family"] == "fwd_sm80", "kernel config JSON: unknown family " + j["family"].dump());
+    FLASHGEN_REQUIRE(j["family"] == "fwd_sm80" || j["family"] == "fwd_sm90",
+                     "kernel config JSON: unknown family " + j["family"].dump());
+    if (j["family"] == "fwd_sm90") config.family = KernelFamily::kSm90;
   }
   if (j.contains("dtype")) {
     const auto& d = j["dtype"];
@@ -120,6 +165,10 @@ void from_json(const nlohmann::json& j, KernelConfig& c) {
   get_int("block_n", config.block_n);
   get_int("warps", config.warps);
   get_int("stages", config.stages);
+  if (j.contains("overlap")) {
+    FLASHGEN_REQUIRE(j["overlap"].is_boolean(), "kernel config JSON: 'overlap' must be true or false");
+    config.overlap = j["overlap"].get<bool>();
+  }
   if (j.contains("q_in_regs")) {
     FLASHGEN_REQUIRE(j["q_in_regs"].is_boolean(), "kernel config JSON: 'q_in_regs' must be true or false");
     config.q_in_regs = j["q_in_regs"].get<bool>();

@@ -1,5 +1,5 @@
-// KernelConfig: the compile-time choices of one generated kernel (dtype, head_dim, mask, tile sizes,
-// warps, stages, ...), with validation, JSON round-trip and one canonical name.
+// KernelConfig: the compile-time choices of one generated forward kernel (family, dtype, head_dim, mask,
+// tile sizes, warps, stages, ...), with validation, JSON round-trip and one canonical name.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -15,23 +15,35 @@ enum class DType { kFloat16 = 0, kBFloat16 = 1 };
 
 const char* dtype_name(DType dtype);  // "fp16", "bf16"
 
+// The forward kernel families: templates/fwd_sm80.cuh (mma.sync, cp.async; sm_80 and newer) and
+// templates/fwd_sm90.cuh (wgmma, TMA, warp-specialized; sm_90a only).
+enum class KernelFamily { kSm80 = 0, kSm90 = 1 };
+
 struct KernelConfig {
   DType dtype = DType::kFloat16;
   int head_dim = 128;
   MaskKind mask = MaskKind::kNone;
   int block_m = 128;
   int block_n = 32;
-  int warps = 4;
+  int warps = 4;            // sm80 only: the sm90 family has block_m / 64 consumer warpgroups + 1 producer
   int stages = 3;
-  bool q_in_regs = false;  // keep Q's mma fragments in registers instead of re-reading shared memory
+  bool q_in_regs = false;  // sm80 only: keep Q's mma fragments in registers instead of re-reading shared memory
+  KernelFamily family = KernelFamily::kSm80;  // last, so aggregate initialisers of the sm80 fields still read
+  bool overlap = false;  // sm90 only: softmax of block j runs while the tensor cores compute P V of block j - 1
 
-  // Canonical name, e.g. fwd_sm80_bf16_d128_m128_n32_w4_s3_causal (suffix _qreg when q_in_regs).
-  // It is the kernel's symbol, its file name in dumps and part of its cache key.
+  // Canonical name, e.g. fwd_sm80_bf16_d128_m128_n32_w4_s3_causal (suffix _qreg when q_in_regs) or
+  // fwd_sm90_fp16_d128_m128_n128_s2_causal (suffix _ovl when overlap). It is the kernel's symbol, its file name in dumps and part
+  // of its cache key.
   std::string name() const;
   // Inverse of name(); throws Error(kInvalidArgument) naming what it could not read.
   static KernelConfig from_name(const std::string& name);
 
-  FwdTraits traits() const;
+  FwdTraits traits() const;          // the sm80 family's sizes
+  FwdSm90Traits sm90_traits() const; // the sm90 family's sizes
+  // The family's block size, dynamic shared memory, and shape error (nullptr when valid somewhere).
+  int threads() const;
+  int smem_bytes() const;
+  const char* shape_error() const;
   // Why this config cannot run on sm_<arch>, or nullopt when it can.
   std::optional<std::string> invalid_reason(int arch) const;
 

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
+#include <tuple>
 
 #include "cuda_driver.hpp"
 #include "flashgen/error.hpp"
@@ -12,6 +14,7 @@
 #include "tensor_checks.hpp"
 #include "select.hpp"
 #include "sweep.hpp"
+#include "tma.hpp"
 
 namespace flashgen {
 
@@ -82,6 +85,41 @@ bool capturing(CUstream stream) {
   return status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+// The four tensors of a forward problem as TMA sees them, with the box rows of the sm90 kernel's copies.
+struct ForwardTmaTensors {
+  TmaTensor q, k, v, o;
+  int q_rows = 0, kv_rows = 0;
+  static constexpr int kORows = 64;  // each consumer warpgroup stores its own 64 rows
+
+  ForwardTmaTensors(const ForwardProblem& problem, const KernelConfig& config) {
+    const AttnFwdParams& p = problem.params;
+    auto tensor = [&](const void* data, int seqlen, int heads, long long bs, long long rs, long long hs) {
+      return TmaTensor{data, problem.dtype, p.batch, seqlen, heads, problem.head_dim, bs, rs, hs};
+    };
+    q = tensor(p.q, p.seqlen_q, p.heads_q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+    k = tensor(p.k, p.seqlen_k, p.heads_kv, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+    v = tensor(p.v, p.seqlen_k, p.heads_kv, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+    o = tensor(p.o, p.seqlen_q, p.heads_q, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
+    q_rows = config.block_m;
+    kv_rows = config.block_n;
+  }
+
+  std::optional<std::string> unsupported_reason() const {
+    for (const auto& [t, rows, name] : {std::tuple{&q, q_rows, "q"}, std::tuple{&k, kv_rows, "k"},
+                                        std::tuple{&v, kv_rows, "v"}, std::tuple{&o, kORows, "out"}}) {
+      if (auto why = tma_unsupported_reason(*t, rows)) return std::string(name) + ": " + *why;
+    }
+    return std::nullopt;
+  }
+
+  void encode(AttnFwdSm90Params& params) const {
+    encode_tma_map(&params.q_map, q, q_rows);
+    encode_tma_map(&params.k_map, k, kv_rows);
+    encode_tma_map(&params.v_map, v, kv_rows);
+    encode_tma_map(&params.o_map, o, kORows);
+  }
+};
+
 // prepare_forward with the launch context already current (scope).
 PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedContext& scope, CUstream stream,
                                  const KernelConfig* config) {
@@ -122,13 +160,28 @@ PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedCont
   }
 
   PreparedForward prepared;
+  if (launch.config.family == KernelFamily::kSm90) {
+    const ForwardTmaTensors tensors(problem, launch.config);
+    if (auto why = tensors.unsupported_reason()) {
+      if (config != nullptr) {
+        fail(Status::kUnsupported, "config " + launch.config.name() + " needs TMA, which cannot describe " + *why);
+      }
+      const ForwardChoice fallback =
+          heuristic_choice(problem.dtype, problem.head_dim, problem.mask, launch.arch, /*sm80_only=*/true);
+      launch.reason += "; TMA cannot describe " + *why + ", so the sm80 family's " + fallback.reason;
+      launch.config = fallback.config;
+    } else {
+      prepared.uses_tma = true;
+      prepared.sm90_params.base = p;
+      tensors.encode(prepared.sm90_params);
+    }
+  }
   prepared.function = KernelRegistry::instance().function(launch.config, scope.context(), launch.arch);
-  const FwdTraits traits = launch.config.traits();
   prepared.grid[0] = static_cast<unsigned>((p.seqlen_q + launch.config.block_m - 1) / launch.config.block_m);
   prepared.grid[1] = static_cast<unsigned>(p.heads_q);
   prepared.grid[2] = static_cast<unsigned>(p.batch);
-  prepared.threads = static_cast<unsigned>(traits.threads);
-  prepared.smem_bytes = static_cast<unsigned>(traits.smem_bytes);
+  prepared.threads = static_cast<unsigned>(launch.config.threads());
+  prepared.smem_bytes = static_cast<unsigned>(launch.config.smem_bytes());
   prepared.params = p;
   prepared.launch = std::move(launch);
   return prepared;
@@ -142,7 +195,8 @@ PreparedForward prepare_forward(const ForwardProblem& problem, CUstream stream, 
 }
 
 void PreparedForward::operator()(CUstream stream) const {
-  void* args[] = {const_cast<AttnFwdParams*>(&params)};
+  void* args[] = {uses_tma ? static_cast<void*>(const_cast<AttnFwdSm90Params*>(&sm90_params))
+                           : static_cast<void*>(const_cast<AttnFwdParams*>(&params))};
   FLASHGEN_CU_CHECK(cuLaunchKernel(function, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes, stream, args,
                                    nullptr));
 }

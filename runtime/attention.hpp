@@ -60,6 +60,8 @@ struct PreparedForward {
   unsigned threads = 0;
   unsigned smem_bytes = 0;
   AttnFwdParams params{};
+  bool uses_tma = false;           // the sm90 family: the kernel takes sm90_params (params plus TMA maps)
+  AttnFwdSm90Params sm90_params{};
 
   void operator()(CUstream stream) const;  // cuLaunchKernel, nothing else
 };

@@ -58,7 +58,8 @@ namespace flashgen {
   X(cuEventDestroy)                  \
   X(cuEventRecord)                   \
   X(cuEventSynchronize)              \
-  X(cuEventElapsedTime)
+  X(cuEventElapsedTime)              \
+  X(cuTensorMapEncodeTiled)
 
 struct DriverApi {
 #define FLASHGEN_DRIVER_MEMBER(fn) decltype(&::fn) fn = nullptr;

@@ -190,7 +190,7 @@ std::shared_ptr<const CompiledKernel> KernelRegistry::compiled_module(const Modu
 
 CUfunction KernelRegistry::function(const KernelConfig& config, CUcontext ctx, int arch) {
   const std::string name = config.name();
-  return load(ModuleId{name, arch}, name, config.traits().smem_bytes, ctx, [&] { return generate(config); });
+  return load(ModuleId{name, arch}, name, config.smem_bytes(), ctx, [&] { return generate(config); });
 }
 
 CUfunction KernelRegistry::function(const BwdConfig& config, BwdKernel kernel, CUcontext ctx, int arch) {

@@ -32,6 +32,22 @@ struct AttnFwdParams {
   float scale_log2;   // scale * log2(e): the kernels exponentiate in base 2
 };
 
+// A CUtensorMap (cuda.h) by another name, so NVRTC needs no toolkit header: 128 opaque bytes that the
+// driver's cuTensorMapEncodeTiled fills and TMA instructions read from kernel parameter space.
+struct alignas(64) TmaDescriptor {
+  unsigned long long opaque[16];
+};
+
+// The Hopper forward family (fwd_sm90.cuh) takes TMA descriptors of q, k, v and o besides the plain
+// parameters. Each describes its tensor as 4-D (head_dim, seqlen, heads, batch) with byte strides.
+struct AttnFwdSm90Params {
+  AttnFwdParams base;
+  TmaDescriptor q_map;  // box (64, block_m, 1, 1): the whole Q tile, one 64-column chunk per copy
+  TmaDescriptor k_map;  // box (64, block_n, 1, 1)
+  TmaDescriptor v_map;  // box (64, block_n, 1, 1)
+  TmaDescriptor o_map;  // box (64, 64, 1, 1): one consumer warpgroup's rows
+};
+
 // Backward pass: the forward's tensors, dO, the forward's LSE and the gradients, plus fp32 workspace.
 struct AttnBwdParams {
   const void* q;     // (batch, seqlen_q, heads_q, head_dim)

@@ -57,6 +57,50 @@ constexpr FwdTraits fwd_traits(int head_dim, int block_m, int block_n, int warps
   return t;
 }
 
+// The Hopper family (fwd_sm90.cuh): one producer warpgroup issuing TMA loads and block_m / 64 consumer
+// warpgroups issuing wgmma, each owning 64 query rows. Tiles are stored as 64-column chunks with
+// 128-byte swizzling, so head_dim is a multiple of 64.
+struct FwdSm90Traits {
+  int consumers;            // consumer warpgroups: block_m / 64
+  int threads;              // 128 * (consumers + 1)
+  int producer_regs;        // setmaxnreg targets: the producer gives registers to the consumers
+  int consumer_regs;
+  int smem_q_bytes;         // (block_m, head_dim) Q tile; each consumer reuses its rows for its output
+  int smem_kv_stage_bytes;  // (block_n, head_dim) K tile + V tile
+  int smem_bytes;           // tiles, mbarriers and 1024 bytes to align the swizzled tiles
+  int accum_regs;           // O, S (fp32) and P (packed pairs; two blocks' worth with overlap) per consumer thread
+  const char* error;        // nullptr when the shape is valid on sm_90a
+};
+
+// overlap: each consumer issues the next block's S = Q Kᵀ and this block's O += P V back to back and
+// computes the softmax while the P V product runs, which holds two blocks' P at once.
+constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, int stages, bool overlap) {
+  FwdSm90Traits t{};
+  t.consumers = block_m / 64;
+  t.threads = 128 * (t.consumers + 1);
+  // 65536 registers per SM: the producer keeps 24, the consumers share the rest in steps of 8.
+  t.producer_regs = 24;
+  const int share = t.consumers > 0 ? (65536 - 128 * t.producer_regs) / (128 * t.consumers) / 8 * 8 : 0;
+  t.consumer_regs = share > 240 ? 240 : share;
+  t.smem_q_bytes = block_m * head_dim * 2;
+  t.smem_kv_stage_bytes = 2 * block_n * head_dim * 2;
+  t.smem_bytes = t.smem_q_bytes + stages * t.smem_kv_stage_bytes + (1 + 4 * stages) * 8 + 1024;
+  t.accum_regs = head_dim / 2 + block_n / 2 + (overlap ? 2 : 1) * (block_n / 4);
+  t.error = nullptr;
+  if (head_dim != 64 && head_dim != 128 && head_dim != 192 && head_dim != 256) {
+    t.error = "head_dim must be 64, 128, 192 or 256 (whole 64-column swizzled chunks; wgmma N of O)";
+  } else if (block_m != 64 && block_m != 128 && block_m != 192) {
+    t.error = "block_m must be 64, 128 or 192 (64 rows per consumer warpgroup, at most 3)";
+  } else if (block_n < 64 || block_n > 192 || block_n % 16 != 0) {
+    t.error = "block_n must be a multiple of 16 in [64, 192] (wgmma N of S; k-steps of P V)";
+  } else if (stages < 2 || stages > 4) {
+    t.error = "stages must be in [2, 4]";
+  } else if (t.accum_regs + 32 > t.consumer_regs) {
+    t.error = "accumulators need more registers than a consumer thread has: lower block_n or block_m";
+  }
+  return t;
+}
+
 // Largest dynamic shared memory one block may opt into on an architecture (sm number: 80, 86, 89, 90,
 // 100, 120); 0 below sm_80, which the tensor-core path does not support.
 constexpr int max_smem_per_block(int sm) {

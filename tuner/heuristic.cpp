@@ -40,11 +40,35 @@ KernelConfig with_tile(DType dtype, int head_dim, MaskKind mask, const Tile& til
   return c;
 }
 
+struct Sm90Tile {
+  int block_m, block_n, stages;
+};
+
+// The Hopper family where it applies (head_dim a multiple of 64), ahead of the sm80 family. Tiles after
+// FlashAttention-3's published choices: three consumer warpgroups for d64, two otherwise, the key block
+// shrinking as O grows so O, S and P fit a consumer's 240 registers (160 with three consumers).
+std::vector<Sm90Tile> sm90_preferences(int head_dim) {
+  if (head_dim == 64) return {{192, 128, 2}, {128, 128, 2}, {128, 64, 2}};
+  if (head_dim == 128) return {{128, 128, 2}, {128, 96, 2}, {128, 64, 2}};
+  if (head_dim == 192) return {{128, 112, 2}, {128, 96, 2}, {128, 64, 2}};
+  if (head_dim == 256) return {{128, 80, 2}, {128, 64, 2}, {64, 64, 2}};
+  return {};
+}
+
 }  // namespace
 
 std::vector<KernelConfig> heuristic_forward_configs(DType dtype, int head_dim, MaskKind mask, int arch) {
   std::vector<KernelConfig> configs;
   std::string last_reason = "no candidate";
+  if (arch == 90) {
+    for (const Sm90Tile& tile : sm90_preferences(head_dim)) {
+      KernelConfig c;
+      c.family = KernelFamily::kSm90;
+      c.dtype = dtype, c.head_dim = head_dim, c.mask = mask;
+      c.block_m = tile.block_m, c.block_n = tile.block_n, c.stages = tile.stages;
+      if (!c.invalid_reason(arch)) configs.push_back(c);
+    }
+  }
   for (const Tile& tile : preferences(head_dim)) {
     KernelConfig c = with_tile(dtype, head_dim, mask, tile);
     if (auto why = c.invalid_reason(arch)) {
@@ -72,7 +96,15 @@ std::vector<KernelConfig> default_forward_candidates(int arch) {
   };
   for (DType dtype : {DType::kFloat16, DType::kBFloat16})
     for (MaskKind mask : {MaskKind::kNone, MaskKind::kCausal})
-      for (int d : {32, 64, 96, 128, 192, 256}) add(heuristic_forward_config(dtype, d, mask, arch));
+      for (int d : {32, 64, 96, 128, 192, 256}) {
+        // The first choice of each family: on sm_90 the sm80 one is the fallback for what TMA cannot take.
+        bool sm80_added = false, sm90_added = false;
+        for (const KernelConfig& c : heuristic_forward_configs(dtype, d, mask, arch)) {
+          bool& added = c.family == KernelFamily::kSm90 ? sm90_added : sm80_added;
+          if (!added) add(c);
+          added = true;
+        }
+      }
   // Tile variants the tuner tries first, for the head_dims that matter most.
   const Tile variants[] = {{128, 64, 8, 2}, {128, 128, 8, 2}, {64, 64, 4, 3}, {128, 32, 4, 2}, {128, 32, 4, 4}};
   for (int d : {64, 128}) {

@@ -11,15 +11,17 @@
 namespace flashgen {
 
 // Configs for (dtype, head_dim, mask) on sm_<arch> without tuning data, best first; every one is valid
-// for arch (invalid_reason is empty) and the list is never empty for a supported head_dim.
+// for arch (invalid_reason is empty) and the list is never empty for a supported head_dim. On sm_90 the
+// sm90 family comes first where it applies, then the sm80 family (for problems TMA cannot describe).
 std::vector<KernelConfig> heuristic_forward_configs(DType dtype, int head_dim, MaskKind mask, int arch);
 
 // The first of heuristic_forward_configs: what the runtime runs unless ptxas reports that it spills
 // (see select.hpp).
 KernelConfig heuristic_forward_config(DType dtype, int head_dim, MaskKind mask, int arch);
 
-// Default candidates for an arch: the heuristic choices for head_dim 32..256 (the standard ones),
-// both dtypes, both masks, plus the tile variants a tuner would try first. Every one is valid for arch.
+// Default candidates for an arch: the heuristic choices (the first of each kernel family) for head_dim
+// 32..256 (the standard ones), both dtypes, both masks, plus the tile variants a tuner would try first.
+// Every one is valid for arch.
 std::vector<KernelConfig> default_forward_candidates(int arch);
 
 // Backward configs for (dtype, head_dim, mask, strategy) on sm_<arch> without tuning data, best first;

@@ -50,19 +50,24 @@ std::pair<Config, std::string> first_spill_free(const std::vector<Config>& confi
 
 }  // namespace
 
-ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arch) {
-  using Key = std::tuple<int, int, int, int>;
+ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arch, bool sm80_only) {
+  using Key = std::tuple<int, int, int, int, bool>;
   static std::mutex mutex;
   static std::map<Key, ForwardChoice> chosen;
-  const Key key{static_cast<int>(dtype), head_dim, static_cast<int>(mask), arch};
+  const Key key{static_cast<int>(dtype), head_dim, static_cast<int>(mask), arch, sm80_only};
   {
     std::lock_guard<std::mutex> lock(mutex);
     if (auto found = chosen.find(key); found != chosen.end()) return found->second;
   }
 
   // Compiled outside the lock: two threads may both compile a first choice, the registry keeps one.
-  auto [config, reason] =
-      first_spill_free(heuristic_forward_configs(dtype, head_dim, mask, arch), [&](const KernelConfig& c) {
+  std::vector<KernelConfig> configs = heuristic_forward_configs(dtype, head_dim, mask, arch);
+  if (sm80_only) {
+    configs.erase(std::remove_if(configs.begin(), configs.end(),
+                                 [](const KernelConfig& c) { return c.family != KernelFamily::kSm80; }),
+                  configs.end());
+  }
+  auto [config, reason] = first_spill_free(configs, [&](const KernelConfig& c) {
         const ResourceUsage usage = KernelRegistry::instance().compiled(c, arch)->usage;
         return usage.spill_store_bytes + usage.spill_load_bytes;
       });

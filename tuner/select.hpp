@@ -22,8 +22,10 @@ struct ForwardChoice {
 };
 
 // The first heuristic config whose compiled kernel does not spill (compiling through the kernel
-// registry's caches); the first one when all of them spill, saying so in the reason. Memoized.
-ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arch);
+// registry's caches); the first one when all of them spill, saying so in the reason. With sm80_only,
+// only the sm80 family is considered (the launcher's fallback when TMA cannot describe a problem).
+// Memoized.
+ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arch, bool sm80_only = false);
 
 // The choice from explicit data sources (either may be null): user_db exact bucket, user_db nearest
 // bucket, the shipped defaults (exact, then nearest bucket, for a GPU of the same kind), then

@@ -11,7 +11,8 @@ const std::vector<std::pair<std::string, std::string>>& shipped_tuning_data();  
 namespace {
 
 bool same_kind(const DeviceFingerprint& a, const DeviceFingerprint& b) {
-  return a.gpu_name == b.gpu_name && a.sm == b.sm && a.sm_count == b.sm_count;
+  return a.gpu_name == b.gpu_name && a.sm == b.sm && a.sm_count == b.sm_count &&
+         a.generator_version == b.generator_version;
 }
 
 }  // namespace

@@ -22,8 +22,9 @@ class ShippedDefaults {
   // valid export.
   static ShippedDefaults from_files(const std::vector<std::pair<std::string, std::string>>& files);
 
-  // The winner for problem on a GPU of device's kind: same GPU name, sm and SM count (driver, NVRTC and
-  // generator versions may differ: a shipped config is re-checked for validity by the caller). The
+  // The winner for problem on a GPU of device's kind: same GPU name, sm and SM count, swept by the same
+  // generator version (an older generator's sweep never timed the kernel families added since; driver
+  // and NVRTC versions may differ: a shipped config is re-checked for validity by the caller). The
   // exact size bucket first, else the nearest bucket of the same problem class (bucket_distance, ties
   // broken by the smaller problem id). *exact says which.
   std::optional<StoredChoice> lookup(const DeviceFingerprint& device, const ProblemKey& problem,

@@ -24,23 +24,45 @@ SpaceReport forward_space(DType dtype, int head_dim, MaskKind mask, int arch, co
             c.warps = warps;
             c.stages = stages;
             c.q_in_regs = q_in_regs;
-            ++report.total;
-            if (auto why = c.invalid_reason(arch)) {
-              ++report.pruned;
-              ++report.pruned_by_reason[*why];
-            } else {
-              report.valid.push_back(c);
-            }
+            report.add(c, arch);
           }
+  if (arch == 90) {
+    KernelConfig h = c;
+    h.family = KernelFamily::kSm90;
+    h.warps = KernelConfig{}.warps;
+    h.q_in_regs = false;
+    for (int block_m : knobs.sm90_block_m)
+      for (int block_n : knobs.sm90_block_n)
+        for (int stages : knobs.sm90_stages)
+          for (bool overlap : knobs.sm90_overlap) {
+            h.block_m = block_m;
+            h.block_n = block_n;
+            h.stages = stages;
+            h.overlap = overlap;
+            report.add(h, arch);
+          }
+  }
   return report;
+}
+
+void SpaceReport::add(const KernelConfig& config, int arch) {
+  ++total;
+  if (auto why = config.invalid_reason(arch)) {
+    ++pruned;
+    ++pruned_by_reason[*why];
+  } else {
+    valid.push_back(config);
+  }
 }
 
 namespace {
 
-// Knobs in which a and b differ.
+// Knobs in which a and b differ; configs of different families are never neighbours.
 int knob_differences(const KernelConfig& a, const KernelConfig& b) {
-  return (a.block_m != b.block_m) + (a.block_n != b.block_n) + (a.warps != b.warps) + (a.stages != b.stages) +
-         (a.q_in_regs != b.q_in_regs);
+  if (a.family != b.family) return 100;
+  const int shared = (a.block_m != b.block_m) + (a.block_n != b.block_n) + (a.stages != b.stages);
+  if (a.family == KernelFamily::kSm90) return shared + (a.overlap != b.overlap);
+  return shared + (a.warps != b.warps) + (a.q_in_regs != b.q_in_regs);
 }
 
 }  // namespace

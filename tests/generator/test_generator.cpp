@@ -1,4 +1,5 @@
 // Generator output: golden files for the generated source, deterministic output, self-contained emit.
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -48,6 +49,43 @@ TEST_CASE("generated sources match the golden files", "[generator]") {
   d64.q_in_regs = true;
   const auto source64 = flashgen::generate(d64);
   check_golden(d64.name() + "_config.cuh", source64.headers.front().contents);
+
+  flashgen::KernelConfig hopper;  // the sm90 family: its own template, parameters and knobs
+  hopper.family = flashgen::KernelFamily::kSm90;
+  hopper.block_n = 128;
+  hopper.stages = 2;
+  hopper.overlap = true;
+  const auto source90 = flashgen::generate(hopper);
+  CHECK(source90.kernel_name == "fwd_sm90_fp16_d128_m128_n128_s2_ovl");
+  check_golden(hopper.name() + ".cu", source90.translation_unit);
+  check_golden(hopper.name() + "_config.cuh", source90.headers.front().contents);
+}
+
+TEST_CASE("a generated unit carries only the templates it includes", "[generator]") {
+  auto names = [](const flashgen::GeneratedSource& source) {
+    std::vector<std::string> out;
+    for (const auto& h : source.headers) out.push_back(h.name);
+    return out;
+  };
+  flashgen::KernelConfig sm80;
+  flashgen::KernelConfig sm90 = sm80;
+  sm90.family = flashgen::KernelFamily::kSm90;
+  sm90.block_n = 128;
+  const std::vector<std::string> sm80_headers = names(flashgen::generate(sm80));
+  const std::vector<std::string> sm90_headers = names(flashgen::generate(sm90));
+  auto has = [](const std::vector<std::string>& list, const char* name) {
+    return std::find(list.begin(), list.end(), name) != list.end();
+  };
+  CHECK(has(sm80_headers, "fwd_sm80.cuh"));
+  CHECK(has(sm80_headers, "sm80_primitives.cuh"));
+  CHECK_FALSE(has(sm80_headers, "fwd_sm90.cuh"));
+  CHECK_FALSE(has(sm80_headers, "sm90_wgmma.cuh"));
+  CHECK_FALSE(has(sm80_headers, "bwd_sm80.cuh"));
+  CHECK(has(sm90_headers, "fwd_sm90.cuh"));
+  CHECK(has(sm90_headers, "sm90_wgmma.cuh"));
+  CHECK(has(sm90_headers, "sm90_primitives.cuh"));
+  CHECK(has(sm90_headers, "sm80_primitives.cuh"));  // its softmax helpers
+  CHECK_FALSE(has(sm90_headers, "fwd_sm80.cuh"));
 }
 
 TEST_CASE("generation is deterministic and embeds the templates", "[generator]") {

@@ -1,8 +1,9 @@
 // [gpu] numerics of flashgen_attention_forward through the C ABI: masking edge cases, a deterministic
 // randomized matrix (seqlens, head_dims, dtypes, masks, GQA/MQA, layouts, scales), the smallest and
 // largest odd head_dims, strided layouts, lse NULL, user streams, back-to-back seqlens and logits shaped to
-// drive the kernel's lazy rescaling, each checked against the float64 reference. The CPU cases check that
-// the matrix and the logit shapes are what the [gpu] cases claim.
+// drive the kernel's lazy rescaling, each checked against the float64 reference. The [sm90] cases run the
+// same problems on every built-in config of the Hopper family explicitly. The CPU cases check that the
+// matrix and the logit shapes are what the [gpu] cases claim.
 #include <cuda.h>
 
 #include <algorithm>
@@ -15,11 +16,13 @@
 #include <string>
 #include <vector>
 
+#include "attention.hpp"
 #include "catch.hpp"
 #include "cuda_driver.hpp"
 #include "device_buffer.hpp"
 #include "flashgen/flashgen.h"
 #include "gpu.hpp"
+#include "heuristic.hpp"
 #include "reference.hpp"
 #include "support/attention_reference.hpp"
 #include "support/check_reports.hpp"
@@ -280,9 +283,11 @@ flashgen_tensor make_tensor(const DeviceBuffer& buffer, int64_t base, const Stri
   return tensor;
 }
 
-// Runs one problem through the C ABI on stream (NULL: the legacy default stream) and checks out and lse
-// against the float64 reference with the naive-dtype error budget. The caller holds a ScopedContext.
-void run_and_check(const Problem& p, CUstream stream = nullptr) {
+// Runs one problem on stream (NULL: the legacy default stream) and checks out and lse against the float64
+// reference with the naive-dtype error budget: through the C ABI when configs is empty, else once per
+// config through launch_forward, outputs poisoned before each run. The caller holds a ScopedContext.
+void run_and_check(const Problem& p, CUstream stream = nullptr,
+                   const std::vector<flashgen::KernelConfig>& configs = {}) {
   const HostProblem host = make_host_problem(p);
   const ProblemLayout& layout = host.layout;
   const AttentionShape& s = p.shape;
@@ -293,15 +298,9 @@ void run_and_check(const Problem& p, CUstream stream = nullptr) {
     inputs.back().upload(image);
   }
   DeviceBuffer out(static_cast<size_t>(layout.out_elements) * sizeof(uint16_t));
-  out.fill_bytes(0xFF);
   const int64_t lse_count = s.batch * s.heads_q * s.seqlen_q;
   DeviceBuffer lse;
-  if (p.with_lse) {
-    lse = DeviceBuffer(static_cast<size_t>(lse_count + kGuardElements) * sizeof(float));
-    lse.fill_bytes(0xFF);
-  }
-  // Copies and memsets ran on the legacy stream; a non-blocking user stream does not wait for them.
-  FLASHGEN_CU_CHECK(cuCtxSynchronize());
+  if (p.with_lse) lse = DeviceBuffer(static_cast<size_t>(lse_count + kGuardElements) * sizeof(float));
 
   const flashgen_tensor q = make_tensor(inputs[static_cast<size_t>(layout.q.buffer)], layout.q.base, layout.q.view, p.dtype);
   const flashgen_tensor k = make_tensor(inputs[static_cast<size_t>(layout.k.buffer)], layout.k.base, layout.k.view, p.dtype);
@@ -311,26 +310,67 @@ void run_and_check(const Problem& p, CUstream stream = nullptr) {
   options.softmax_scale = p.softmax_scale;
   options.mask = p.mask;
   options.deterministic = 0;
-
   float* lse_ptr = p.with_lse ? static_cast<float*>(lse.data()) : nullptr;
-  const int status = flashgen_attention_forward(&q, &k, &v, &o, lse_ptr, &options, stream);
-  if (status != FLASHGEN_SUCCESS) {
-    FAIL_CHECK("flashgen_attention_forward returned " << status << ": " << flashgen_last_error());
-    return;
-  }
-  if (stream != nullptr) FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
-  FLASHGEN_CU_CHECK(cuCtxSynchronize());  // also surfaces a kernel fault as an exception naming it
-
-  const std::vector<uint16_t> out_storage = out.download_all<uint16_t>();
-  std::vector<float> lse_values;
-  if (p.with_lse) lse_values = lse.download_all<float>();
 
   const double scale = flashgen::effective_softmax_scale(p.softmax_scale, s.head_dim);
   const flashgen::test::ForwardReference reference =
       flashgen::test::forward_reference(s, host.q, host.k, host.v, scale, p.mask, p.dtype);
-  check_reports(
-      flashgen::test::check_forward(reference, out_storage, layout.out, p.with_lse ? &lse_values : nullptr));
+
+  // One run: poison, launch (config null: the C ABI's own choice), check.
+  auto run_once = [&](const flashgen::KernelConfig* config) {
+    out.fill_bytes(0xFF);
+    if (p.with_lse) lse.fill_bytes(0xFF);
+    // Copies and memsets ran on the legacy stream; a non-blocking user stream does not wait for them.
+    FLASHGEN_CU_CHECK(cuCtxSynchronize());
+    if (config == nullptr) {
+      const int status = flashgen_attention_forward(&q, &k, &v, &o, lse_ptr, &options, stream);
+      if (status != FLASHGEN_SUCCESS) {
+        FAIL_CHECK("flashgen_attention_forward returned " << status << ": " << flashgen_last_error());
+        return;
+      }
+    } else {
+      INFO("config " << config->name());
+      flashgen::launch_forward(flashgen::make_forward_problem(&q, &k, &v, &o, lse_ptr, &options), stream, config);
+    }
+    if (stream != nullptr) FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
+    FLASHGEN_CU_CHECK(cuCtxSynchronize());  // also surfaces a kernel fault as an exception naming it
+
+    const std::vector<uint16_t> out_storage = out.download_all<uint16_t>();
+    std::vector<float> lse_values;
+    if (p.with_lse) lse_values = lse.download_all<float>();
+    INFO((config != nullptr ? "config " + config->name() : std::string("the C ABI's choice")));
+    check_reports(
+        flashgen::test::check_forward(reference, out_storage, layout.out, p.with_lse ? &lse_values : nullptr));
+  };
+  if (configs.empty()) {
+    run_once(nullptr);
+  } else {
+    for (const flashgen::KernelConfig& config : configs) run_once(&config);
+  }
 }
+
+// The sm90 family's built-in configs for a problem (the heuristic's whole preference list), each with
+// the overlap knob both ways where valid, or none when the family does not apply to its head_dim.
+std::vector<flashgen::KernelConfig> sm90_configs(const Problem& p) {
+  std::vector<flashgen::KernelConfig> configs;
+  const flashgen::DType dtype = p.dtype == FLASHGEN_BFLOAT16 ? flashgen::DType::kBFloat16 : flashgen::DType::kFloat16;
+  const flashgen::MaskKind mask = p.mask == FLASHGEN_MASK_NONE ? flashgen::MaskKind::kNone : flashgen::MaskKind::kCausal;
+  for (const flashgen::KernelConfig& c :
+       flashgen::heuristic_forward_configs(dtype, static_cast<int>(p.shape.head_dim), mask, 90)) {
+    if (c.family != flashgen::KernelFamily::kSm90) continue;
+    configs.push_back(c);
+    flashgen::KernelConfig other = c;
+    other.overlap = !c.overlap;
+    if (!other.invalid_reason(90)) configs.push_back(other);
+  }
+  return configs;
+}
+
+// Skips the current case unless the context's device runs sm_90a kernels.
+#define FLASHGEN_REQUIRE_SM90(context)                                                             \
+  do {                                                                                             \
+    if (flashgen::device_sm((context).device()) != 90) FLASHGEN_SKIP_TEST("the sm90 family needs sm_90"); \
+  } while (0)
 
 // Keeps each problem's CPU references (two passes of b * hq * sq * sk * d multiply-adds each, float64
 // and float32) to a fraction of a second.
@@ -515,6 +555,55 @@ class Stream {
 
 }  // namespace
 
+// Masking edge cases: fully masked rows, both alignments, extreme seqlen ratios, a sharp softmax.
+std::vector<Problem> masking_edge_problems() {
+  const flashgen_dtype f16 = FLASHGEN_FLOAT16;
+  const flashgen_dtype bf16 = FLASHGEN_BFLOAT16;
+  const flashgen_mask br = FLASHGEN_MASK_CAUSAL;
+  const flashgen_mask tl = FLASHGEN_MASK_CAUSAL_TOP_LEFT;
+  std::vector<Problem> problems = {
+      // seqlen_q > seqlen_k bottom-right: query rows 0..195 see no key (out 0, lse -inf).
+      make_problem(2, 203, 7, 4, 2, 64, f16, br, 101),
+      make_problem(1, 203, 7, 2, 1, 128, bf16, tl, 102),
+      // seqlen_q < seqlen_k: bottom-right row 0 sees 197 keys, top-left row 0 sees one.
+      make_problem(2, 7, 203, 2, 2, 64, bf16, br, 103),
+      make_problem(1, 7, 203, 4, 1, 128, f16, tl, 104),
+      // One query against a long key sequence; a long query sequence against one key.
+      make_problem(3, 1, 2049, 8, 2, 128, f16, br, 105),
+      make_problem(1, 2049, 1, 2, 1, 64, bf16, br, 106),  // only the last row sees a key
+      make_problem(1, 2049, 1, 2, 1, 64, f16, tl, 107),   // every row sees key 0: out = v[0]
+      // The longest sequences (one pass of the reference ~ 6.7e7 multiply-adds after masking).
+      make_problem(1, 2049, 2049, 1, 1, 32, f16, br, 108),
+      make_problem(1, 2049, 1023, 2, 1, 32, bf16, FLASHGEN_MASK_NONE, 109),
+      // MQA with an odd group, and seqlen_q > seqlen_k with most rows masked at d = 192.
+      make_problem(2, 113, 1023, 3, 1, 96, f16, br, 110),
+      make_problem(1, 1023, 113, 2, 2, 256, bf16, tl, 111),
+      make_problem(1, 1023, 113, 2, 1, 192, f16, br, 112),
+  };
+  Problem scaled = make_problem(2, 64, 64, 2, 1, 256, f16, FLASHGEN_MASK_NONE, 113);
+  scaled.softmax_scale = 0.5f;  // logits with std ~8: a sharp softmax
+  problems.push_back(scaled);
+  return problems;
+}
+
+// Strided layouts: BHSD, padded rows/heads/batches, q/k/v slices of one packed buffer.
+std::vector<Problem> layout_problems() {
+  std::vector<Problem> problems = {
+      make_problem(2, 256, 203, 4, 2, 128, FLASHGEN_FLOAT16, FLASHGEN_MASK_CAUSAL, 201),
+      make_problem(2, 113, 1023, 4, 1, 72, FLASHGEN_BFLOAT16, FLASHGEN_MASK_NONE, 202),
+      make_problem(1, 203, 64, 2, 2, 40, FLASHGEN_FLOAT16, FLASHGEN_MASK_CAUSAL_TOP_LEFT, 203),
+      make_problem(2, 256, 256, 4, 4, 64, FLASHGEN_FLOAT16, FLASHGEN_MASK_CAUSAL, 204),
+      make_problem(1, 113, 113, 4, 2, 128, FLASHGEN_BFLOAT16, FLASHGEN_MASK_NONE, 205),
+  };
+  problems[0].layout = Layout::kBHSD;
+  problems[1].layout = Layout::kPadded;
+  problems[2].layout = Layout::kPadded;
+  problems[3].layout = Layout::kPackedQKV;  // q slice of a [b, s, 3 * heads * d] qkv buffer
+  problems[4].layout = Layout::kPackedQKV;  // with GQA: [b, s, (4 + 2 + 2) * d]
+  problems[4].softmax_scale = 0.1f;
+  return problems;
+}
+
 TEST_CASE("randomized attention matrix covers every parameter", "[attention]") {
   const std::vector<Problem> problems = randomized_matrix(kMatrixSeed);
   std::set<int64_t> head_dims;
@@ -555,33 +644,7 @@ TEST_CASE("randomized attention matrix covers every parameter", "[attention]") {
 TEST_CASE("attention forward: causal alignment and fully masked rows", "[gpu][attention]") {
   FLASHGEN_REQUIRE_GPU();
   flashgen::ScopedContext context;
-  const flashgen_dtype f16 = FLASHGEN_FLOAT16;
-  const flashgen_dtype bf16 = FLASHGEN_BFLOAT16;
-  const flashgen_mask br = FLASHGEN_MASK_CAUSAL;
-  const flashgen_mask tl = FLASHGEN_MASK_CAUSAL_TOP_LEFT;
-  std::vector<Problem> problems = {
-      // seqlen_q > seqlen_k bottom-right: query rows 0..195 see no key (out 0, lse -inf).
-      make_problem(2, 203, 7, 4, 2, 64, f16, br, 101),
-      make_problem(1, 203, 7, 2, 1, 128, bf16, tl, 102),
-      // seqlen_q < seqlen_k: bottom-right row 0 sees 197 keys, top-left row 0 sees one.
-      make_problem(2, 7, 203, 2, 2, 64, bf16, br, 103),
-      make_problem(1, 7, 203, 4, 1, 128, f16, tl, 104),
-      // One query against a long key sequence; a long query sequence against one key.
-      make_problem(3, 1, 2049, 8, 2, 128, f16, br, 105),
-      make_problem(1, 2049, 1, 2, 1, 64, bf16, br, 106),  // only the last row sees a key
-      make_problem(1, 2049, 1, 2, 1, 64, f16, tl, 107),   // every row sees key 0: out = v[0]
-      // The longest sequences (one pass of the reference ~ 6.7e7 multiply-adds after masking).
-      make_problem(1, 2049, 2049, 1, 1, 32, f16, br, 108),
-      make_problem(1, 2049, 1023, 2, 1, 32, bf16, FLASHGEN_MASK_NONE, 109),
-      // MQA with an odd group, and seqlen_q > seqlen_k with most rows masked at d = 192.
-      make_problem(2, 113, 1023, 3, 1, 96, f16, br, 110),
-      make_problem(1, 1023, 113, 2, 2, 256, bf16, tl, 111),
-      make_problem(1, 1023, 113, 2, 1, 192, f16, br, 112),
-  };
-  Problem scaled = make_problem(2, 64, 64, 2, 1, 256, f16, FLASHGEN_MASK_NONE, 113);
-  scaled.softmax_scale = 0.5f;  // logits with std ~8: a sharp softmax
-  problems.push_back(scaled);
-  for (const Problem& p : problems) {
+  for (const Problem& p : masking_edge_problems()) {
     INFO(p.describe());
     run_and_check(p);
   }
@@ -599,20 +662,7 @@ TEST_CASE("attention forward: randomized matrix against the float64 reference", 
 TEST_CASE("attention forward: BHSD, padded and packed-qkv strides", "[gpu][attention]") {
   FLASHGEN_REQUIRE_GPU();
   flashgen::ScopedContext context;
-  std::vector<Problem> problems = {
-      make_problem(2, 256, 203, 4, 2, 128, FLASHGEN_FLOAT16, FLASHGEN_MASK_CAUSAL, 201),
-      make_problem(2, 113, 1023, 4, 1, 72, FLASHGEN_BFLOAT16, FLASHGEN_MASK_NONE, 202),
-      make_problem(1, 203, 64, 2, 2, 40, FLASHGEN_FLOAT16, FLASHGEN_MASK_CAUSAL_TOP_LEFT, 203),
-      make_problem(2, 256, 256, 4, 4, 64, FLASHGEN_FLOAT16, FLASHGEN_MASK_CAUSAL, 204),
-      make_problem(1, 113, 113, 4, 2, 128, FLASHGEN_BFLOAT16, FLASHGEN_MASK_NONE, 205),
-  };
-  problems[0].layout = Layout::kBHSD;
-  problems[1].layout = Layout::kPadded;
-  problems[2].layout = Layout::kPadded;
-  problems[3].layout = Layout::kPackedQKV;  // q slice of a [b, s, 3 * heads * d] qkv buffer
-  problems[4].layout = Layout::kPackedQKV;  // with GQA: [b, s, (4 + 2 + 2) * d]
-  problems[4].softmax_scale = 0.1f;
-  for (const Problem& p : problems) {
+  for (const Problem& p : layout_problems()) {
     INFO(p.describe());
     run_and_check(p);
   }
@@ -786,4 +836,33 @@ TEST_CASE("attention forward: running max moves over a history (lazy rescaling)"
     INFO(p.describe());
     run_and_check(p);
   }
+}
+
+// Every sm90 built-in config over the problems above whose head_dim the family takes (64, 128, 192, 256).
+void run_sm90_family(const std::vector<Problem>& problems) {
+  int ran = 0;
+  for (const Problem& p : problems) {
+    const std::vector<flashgen::KernelConfig> configs = sm90_configs(p);
+    if (configs.empty()) continue;
+    INFO(p.describe());
+    run_and_check(p, nullptr, configs);
+    ++ran;
+  }
+  CHECK(ran > 0);
+}
+
+TEST_CASE("attention forward, sm90 family: randomized matrix", "[gpu][attention][sm90]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext context;
+  FLASHGEN_REQUIRE_SM90(context);
+  run_sm90_family(randomized_matrix(kMatrixSeed));
+}
+
+TEST_CASE("attention forward, sm90 family: masking edge cases, layouts, lazy rescaling", "[gpu][attention][sm90]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext context;
+  FLASHGEN_REQUIRE_SM90(context);
+  run_sm90_family(masking_edge_problems());
+  run_sm90_family(layout_problems());
+  run_sm90_family(rescale_problems());
 }

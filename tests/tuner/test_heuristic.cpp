@@ -45,6 +45,7 @@ TEST_CASE("every default candidate compiles for sm_80 and sm_90a with zero spill
   // An empty cache of its own, so every candidate really goes through NVRTC and ptxas.
   const TempDir cache_dir{"flashgen-heuristic-test"};
   flashgen::KernelRegistry registry(cache_dir.path());
+  int sm90_candidates = 0;
   for (int arch : {80, 90}) {
     const auto candidates = flashgen::default_forward_candidates(arch);
     CHECK(candidates.size() >= 24);
@@ -58,8 +59,17 @@ TEST_CASE("every default candidate compiles for sm_80 and sm_90a with zero spill
       CHECK(compiled->usage.spill_store_bytes == 0);
       CHECK(compiled->usage.spill_load_bytes == 0);
       CHECK(compiled->usage.stack_bytes == 0);
+      if (c.family == flashgen::KernelFamily::kSm90) {
+        ++sm90_candidates;
+        // ptxas warns when it serializes wgmma (accumulators touched while in flight) or ignores
+        // setmaxnreg; either would leave the kernel on a slower path than the one it was written for.
+        INFO(compiled->log);
+        CHECK(compiled->log.find("warning") == std::string::npos);
+      }
     }
   }
+  // On sm_90a the sm90 family is the first choice for head_dim 64, 128, 192 and 256, both dtypes and masks.
+  CHECK(sm90_candidates == 16);
 }
 
 TEST_CASE("backward heuristic is valid for every head_dim, dtype, mask, strategy and arch", "[tuner][heuristic][backward]") {

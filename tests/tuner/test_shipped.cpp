@@ -80,6 +80,10 @@ TEST_CASE("shipped defaults match the GPU kind, exact bucket first, then the nea
   flashgen::DeviceFingerprint h100 = h200(13000);
   h100.gpu_name = "NVIDIA H100 80GB HBM3";
   CHECK_FALSE(shipped.lookup(h100, key4k).has_value());
+  // Swept by another generator version: its sweep did not time today's kernel families.
+  flashgen::DeviceFingerprint other_generator = h200(13000);
+  other_generator.generator_version = "0";
+  CHECK_FALSE(shipped.lookup(other_generator, key4k).has_value());
   const auto causal = flashgen::forward_problem_key(DType::kFloat16, 64, MaskKind::kCausal, 1, 4096, 4096, 64);
   CHECK_FALSE(shipped.lookup(h200(13000), causal).has_value());
 }

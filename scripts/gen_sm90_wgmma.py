@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Writes templates/sm90_wgmma.cuh: one inline-PTX wrapper per wgmma shape the sm_90a kernels use.
+
+PTX takes a wgmma's accumulators as one brace list of registers, so each N needs its own asm statement;
+this script writes them out instead of a person. Rerun after changing the shape lists below:
+    python3 scripts/gen_sm90_wgmma.py > templates/sm90_wgmma.cuh
+"""
+
+# N of S = Q Kᵀ (the key block, A and B from shared memory) and of O += P V (head_dim, A from registers).
+SS_N = [64, 80, 96, 112, 128, 144, 160, 176, 192]
+RS_N = [64, 96, 128, 192, 256]
+TYPES = [("kFloat16", "f16"), ("kBFloat16", "bf16")]
+
+
+def acc_list(first, count):
+    return ", ".join(f"%{first + i}" for i in range(count))
+
+
+def acc_operands(n):
+    return ", ".join(f'"+f"(d[{i // 4}][{i % 4}])' for i in range(n // 2))
+
+
+def ss(n, ptx_type):
+    regs = n // 2
+    return (f'    asm volatile(\n'
+            f'        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"\n'
+            f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type} "\n'
+            f'        "{{{acc_list(0, regs)}}}, "\n'
+            f'        "%{regs}, %{regs + 1}, p, 1, 1, 0, {{TRANS_B}};\\n}}\\n"\n'
+            f'        : {acc_operands(n)}\n'
+            f'        : "l"(desc_a), "l"(desc_b), "r"(accumulate));\n')
+
+
+def rs(n, ptx_type):
+    regs = n // 2
+    return (f'    asm volatile(\n'
+            f'        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 5}, 0;\\n"\n'
+            f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type} "\n'
+            f'        "{{{acc_list(0, regs)}}}, "\n'
+            f'        "{{%{regs}, %{regs + 1}, %{regs + 2}, %{regs + 3}}}, %{regs + 4}, p, 1, 1, {{TRANS_B}};\\n}}\\n"\n'
+            f'        : {acc_operands(n)}\n'
+            f'        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));\n')
+
+
+def wrapper(form, n):
+    body = ss if form == "ss" else rs
+    a_param = "u64 desc_a" if form == "ss" else "const u32 (&a)[4]"
+    trans = 0 if form == "ss" else 1
+    out = [f"template <>\nstruct Wgmma{form.upper()}<{n}> {{\n"
+           f"  template <ElemType kElem>\n"
+           f"  static __device__ __forceinline__ void run(float (&d)[{n // 8}][4], {a_param}, u64 desc_b, int accumulate) {{\n"]
+    for i, (elem, ptx_type) in enumerate(TYPES):
+        out.append(f"    {'if' if i == 0 else '} else'} constexpr (kElem == ElemType::{elem}) {{\n" if i == 0 else "    } else {\n")
+        out.append("  " + body(n, ptx_type).replace("{TRANS_B}", str(trans)).replace("\n    ", "\n      "))
+    out.append("    }\n  }\n};\n")
+    return "".join(out)
+
+
+def main():
+    print("// wgmma.mma_async m64nNk16 with fp32 accumulators, fp16/bf16 inputs, for every N the sm_90a kernels use.")
+    print("// Written by scripts/gen_sm90_wgmma.py (PTX needs one asm statement per accumulator count); do not edit.")
+    print("#pragma once\n")
+    print('#include "sm90_primitives.cuh"\n')
+    print("namespace flashgen {\nnamespace sm90 {\n")
+    print("// D(64 x N) (+)= A(64 x 16) B(16 x N). d holds this thread's accumulators as N/8 groups of four:")
+    print("// d[i][0..1] at (row lane/4, columns 8i + 2(lane%4) + {0,1}) of its warp's 16 rows, d[i][2..3] at")
+    print("// row lane/4 + 8. accumulate = 0 overwrites D.")
+    print("template <int N>\nstruct WgmmaSS;  // A and B from shared-memory descriptors, both K-major (S = Q Kᵀ)")
+    print("template <int N>")
+    print("struct WgmmaRS;  // A from registers (the m16n8k16 A fragment of the warp's 16 rows), B MN-major (O += P V)\n")
+    for n in SS_N:
+        print(wrapper("ss", n))
+    for n in RS_N:
+        print(wrapper("rs", n))
+    print("}  // namespace sm90\n}  // namespace flashgen")
+
+
+if __name__ == "__main__":
+    main()

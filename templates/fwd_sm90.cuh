@@ -1,0 +1,401 @@
+// Forward attention for Hopper (sm_90a): TMA tile loads completing on mbarriers and wgmma on the tensor
+// cores, in a warp-specialized block. Warpgroup 0 is the producer: one thread loads the Q tile once and
+// streams K and V tiles through kStages-deep rings (separate full/empty barriers for K and V), keeping
+// only a few registers. Warpgroups 1..kConsumers each own 64 query rows: S = Q Kᵀ with both operands in
+// shared memory, an online softmax in base 2 on the accumulators, then O += P V with P in registers;
+// with kOverlap the softmax of one block runs while the tensor cores compute P V of the previous one.
+// The output is staged in the consumer's Q rows and written with a TMA store. Generic over a config
+// type like fwd_sm80.cuh; validity rules in fwd_sm90_traits() (fwd_traits.cuh).
+#pragma once
+
+#include "attn_params.cuh"
+#include "fwd_traits.cuh"
+#include "sm80_primitives.cuh"
+#include "sm90_primitives.cuh"
+#include "sm90_wgmma.cuh"
+#include "tile_copy.cuh"
+
+namespace flashgen {
+
+template <class Cfg>
+struct FwdSm90 {
+  using u32 = sm90::u32;
+  using u64 = sm90::u64;
+
+  static constexpr FwdSm90Traits kTraits =
+      fwd_sm90_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kOverlap);
+  static_assert(kTraits.error == nullptr, "invalid sm90 forward config: see fwd_sm90_traits() in fwd_traits.cuh");
+
+  static constexpr ElemType kElem = Cfg::kElem;
+  static constexpr bool kCausal = Cfg::kMask == MaskKind::kCausal;
+  static constexpr int kHeadDim = Cfg::kHeadDim;
+  static constexpr int kBlockM = Cfg::kBlockM;
+  static constexpr int kBlockN = Cfg::kBlockN;
+  static constexpr int kStages = Cfg::kStages;
+  static constexpr int kConsumers = kTraits.consumers;
+  static constexpr int kThreads = kTraits.threads;
+
+  // Every tile is stored as kChunks column chunks of 64 elements (128-byte rows), chunk after chunk,
+  // each swizzled in 1024-byte atoms of 8 rows: the layout TMA writes with 128-byte swizzling and the
+  // one wgmma descriptors read.
+  static constexpr int kChunks = kHeadDim / 64;
+  static constexpr u32 kRowBytes = 128;
+  static constexpr u32 kQBytes = kBlockM * kHeadDim * 2;     // (kChunks, kBlockM, 64)
+  static constexpr u32 kTileBytes = kBlockN * kHeadDim * 2;  // one K or V tile: (kChunks, kBlockN, 64)
+  static constexpr u32 kKOffset = kQBytes;
+  static constexpr u32 kVOffset = kKOffset + kStages * kTileBytes;
+  static constexpr u32 kBarrierOffset = kVOffset + kStages * kTileBytes;
+  static_assert(kBarrierOffset + (1 + 4 * kStages) * 8 + 1024 == kTraits.smem_bytes, "layout and traits disagree");
+
+  static constexpr int kSGroups = kBlockN / 8;   // accumulator groups of S: (16 rows, 8 keys) per warp
+  static constexpr int kOGroups = kHeadDim / 8;  // accumulator groups of O
+  static constexpr int kPSteps = kBlockN / 16;   // k-steps of O += P V
+  static constexpr int kQkSteps = kHeadDim / 16; // k-steps of S = Q Kᵀ
+  static constexpr float kRescaleSlack = 8.f;    // as in fwd_sm80.cuh: P stays below 2^8
+
+  static __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
+
+  struct Barriers {
+    u32 base;  // q_full, then k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages]
+    __device__ u32 q_full() const { return base; }
+    __device__ u32 k_full(int s) const { return base + 8 * (1 + s); }
+    __device__ u32 v_full(int s) const { return base + 8 * (1 + kStages + s); }
+    __device__ u32 k_empty(int s) const { return base + 8 * (1 + 2 * kStages + s); }
+    __device__ u32 v_empty(int s) const { return base + 8 * (1 + 3 * kStages + s); }
+  };
+
+  // The block's tile: which query rows, which head, and how many key blocks any of its rows sees.
+  struct Tile {
+    int m_start, head, batch, kv_head, n_blocks, n_interior;
+  };
+
+  static __device__ Tile tile_of(const AttnFwdParams& p) {
+    Tile tile;
+    // Highest query blocks first: under a causal mask they see the most keys.
+    tile.m_start = (gridDim.x - 1 - blockIdx.x) * kBlockM;
+    tile.head = blockIdx.y;
+    tile.batch = blockIdx.z;
+    tile.kv_head = tile.head / p.group_size;
+    const int rows_q = min(kBlockM, p.seqlen_q - tile.m_start);
+    int n_end = p.seqlen_k;
+    if constexpr (kCausal) n_end = min(n_end, tile.m_start + rows_q + p.causal_offset);
+    tile.n_blocks = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
+    // Blocks below n_interior need no mask for any row of the tile.
+    int n_interior = p.seqlen_k / kBlockN;
+    if constexpr (kCausal) n_interior = min(n_interior, max(0, (tile.m_start + p.causal_offset + 1) / kBlockN));
+    tile.n_interior = min(n_interior, tile.n_blocks);
+    return tile;
+  }
+
+  static __device__ void run(const AttnFwdSm90Params& params) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const u32 smem = (sm90::smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
+    const Barriers bars{smem + kBarrierOffset};
+    const Tile tile = tile_of(params.base);
+
+    if (threadIdx.x == 0) {
+      sm90::mbarrier_init(bars.q_full(), 1);
+      for (int s = 0; s < kStages; ++s) {
+        sm90::mbarrier_init(bars.k_full(s), 1);
+        sm90::mbarrier_init(bars.v_full(s), 1);
+        sm90::mbarrier_init(bars.k_empty(s), kConsumers * 4);  // one arrival per consumer warp
+        sm90::mbarrier_init(bars.v_empty(s), kConsumers * 4);
+      }
+      sm90::fence_mbarrier_init();
+    }
+    __syncthreads();
+
+    if (threadIdx.x < 128) {
+      sm90::setmaxnreg_dec<kTraits.producer_regs>();
+      if (threadIdx.x == 0 && tile.n_blocks > 0) produce(params, tile, smem, bars);
+    } else {
+      sm90::setmaxnreg_inc<kTraits.consumer_regs>();
+      consume(params, tile, smem, bars);
+    }
+  }
+
+  // One thread: Q once, then K and V of every visible key block, last block first (the masked ones).
+  static __device__ void produce(const AttnFwdSm90Params& params, const Tile& tile, u32 smem, const Barriers& bars) {
+    sm90::mbarrier_arrive_expect_tx(bars.q_full(), kQBytes);
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      sm90::tma_load_4d(smem + c * kBlockM * kRowBytes, &params.q_map, bars.q_full(), c * 64, tile.m_start,
+                        tile.head, tile.batch);
+    }
+    for (int it = 0; it < tile.n_blocks; ++it) {
+      const int key0 = (tile.n_blocks - 1 - it) * kBlockN;
+      const int s = it % kStages;
+      const u32 phase = (it / kStages) & 1;
+      const u32 sk = smem + kKOffset + s * kTileBytes;
+      const u32 sv = smem + kVOffset + s * kTileBytes;
+      sm90::mbarrier_wait(bars.k_empty(s), phase ^ 1);
+      sm90::mbarrier_arrive_expect_tx(bars.k_full(s), kTileBytes);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        sm90::tma_load_4d(sk + c * kBlockN * kRowBytes, &params.k_map, bars.k_full(s), c * 64, key0, tile.kv_head,
+                          tile.batch);
+      }
+      sm90::mbarrier_wait(bars.v_empty(s), phase ^ 1);
+      sm90::mbarrier_arrive_expect_tx(bars.v_full(s), kTileBytes);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        sm90::tma_load_4d(sv + c * kBlockN * kRowBytes, &params.v_map, bars.v_full(s), c * 64, key0, tile.kv_head,
+                          tile.batch);
+      }
+    }
+  }
+
+  static __device__ void consume(const AttnFwdSm90Params& params, const Tile& tile, u32 smem, const Barriers& bars) {
+    const AttnFwdParams& p = params.base;
+    const int consumer = threadIdx.x / 128 - 1;
+    const int warp = (threadIdx.x / 32) % 4;  // within the warpgroup: rows 16 * warp .. + 15 of its 64
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4;  // accumulator row within an 8-row group
+    const int t = lane % 4;  // accumulator column pair
+    const u32 sq_rows = smem + consumer * 64 * kRowBytes;  // this consumer's 64 Q rows in chunk 0
+    const int row0 = tile.m_start + consumer * 64 + warp * 16 + g;  // query rows row0 and row0 + 8
+
+    float acc_o[kOGroups][4];  // (64, kHeadDim) fp32 per warpgroup: this thread's (2 rows, 2 cols) groups
+    float row_max[2] = {neg_inf(), neg_inf()};  // running max (log2 units) of rows row0, row0 + 8
+    float row_sum[2] = {0.f, 0.f};              // running sum of exp2, this thread's columns only
+#pragma unroll
+    for (int i = 0; i < kOGroups; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[i][e] = 0.f;
+
+    if (tile.n_blocks > 0) sm90::mbarrier_wait(bars.q_full(), 0);
+
+    // Key block `it` (0 = the last block) sits in ring slot it % kStages, filled in phase (it / kStages) & 1.
+    auto slot = [](int it) { return it % kStages; };
+    auto phase = [](int it) { return static_cast<u32>((it / kStages) & 1); };
+
+    // Issues S = Q Kᵀ of block it: (64, kBlockN) per warpgroup, k-steps of 16 along head_dim.
+    auto issue_qk = [&](int it, float (&acc_s)[kSGroups][4]) {
+      const u32 sk = smem + kKOffset + slot(it) * kTileBytes;
+      sm90::mbarrier_wait(bars.k_full(slot(it)), phase(it));
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kQkSteps; ++kk) {
+        const u32 offset = (kk % 4) * 32;  // k-step within its 64-column chunk
+        const u64 desc_q = sm90::smem_desc_sw128(sq_rows + (kk / 4) * kBlockM * kRowBytes + offset, 16, 1024);
+        const u64 desc_k = sm90::smem_desc_sw128(sk + (kk / 4) * kBlockN * kRowBytes + offset, 16, 1024);
+        sm90::WgmmaSS<kBlockN>::template run<kElem>(acc_s, desc_q, desc_k, kk > 0 ? 1 : 0);
+      }
+      sm90::wgmma_commit();
+    };
+
+    // Issues O += P V of block it: keys are the k dimension; V is read MN-major (head_dim contiguous),
+    // its 64-column chunks kBlockN rows apart.
+    auto issue_pv = [&](int it, const u32 (&p_frag)[kPSteps][4]) {
+      const u32 sv = smem + kVOffset + slot(it) * kTileBytes;
+      sm90::mbarrier_wait(bars.v_full(slot(it)), phase(it));
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < kPSteps; ++j) {
+        const u64 desc_v = sm90::smem_desc_sw128(sv + j * 16 * kRowBytes, kBlockN * kRowBytes, 1024);
+        sm90::WgmmaRS<kHeadDim>::template run<kElem>(acc_o, p_frag[j], desc_v, 1);
+      }
+      sm90::wgmma_commit();
+    };
+
+    // One warp's arrival on a slot's empty barrier (the barriers count kConsumers * 4 arrivals).
+    auto release = [&](u32 empty_barrier) {
+      if (lane == 0) sm90::mbarrier_arrive(empty_barrier);
+    };
+
+    // Masks block it's S (when kMasked), moves the running max and sums, and writes P = exp2(s * scale_log2
+    // - m) as 16-bit A fragments: accumulator groups 2j and 2j+1 hold the m16n8k16 A fragment of keys
+    // 16j .. 16j + 15. correction[h] is the factor O's rows must be scaled by (1 when the max did not
+    // move); *rescale says whether any row of the warp moved.
+    auto softmax = [&](int it, float (&acc_s)[kSGroups][4], u32 (&p_frag)[kPSteps][4], float (&correction)[2],
+                       bool& rescale, auto masked) {
+      if constexpr (decltype(masked)::value) {
+        const int key0 = (tile.n_blocks - 1 - it) * kBlockN;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          // Last visible key of this row, relative to this thread's first column in the block.
+          int last = p.seqlen_k - 1;
+          if constexpr (kCausal) last = min(last, row0 + 8 * h + p.causal_offset);
+          last -= key0 + 2 * t;
+#pragma unroll
+          for (int i = 0; i < kSGroups; ++i)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              if (i * 8 + e > last) acc_s[i][2 * h + e] = neg_inf();
+        }
+      }
+      // Lazy rescaling as in fwd_sm80.cuh: the max moves only when a block's exceeds it by kRescaleSlack.
+      float block_max[2];
+      bool moves[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = neg_inf();
+#pragma unroll
+        for (int i = 0; i < kSGroups; ++i) mx = fmaxf(mx, fmaxf(acc_s[i][2 * h], acc_s[i][2 * h + 1]));
+        block_max[h] = sm80::quad_max(mx) * p.scale_log2;
+        moves[h] = block_max[h] > row_max[h] + kRescaleSlack;
+      }
+      rescale = __any_sync(0xffffffffu, moves[0] || moves[1]);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        correction[h] = 1.f;
+        if (rescale) {
+          correction[h] = moves[h] ? sm80::exp2_approx(row_max[h] - block_max[h]) : 1.f;
+          row_max[h] = moves[h] ? block_max[h] : row_max[h];
+          row_sum[h] *= correction[h];
+        }
+        const float m = row_max[h] == neg_inf() ? 0.f : row_max[h];  // a row that saw no key yet
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < kSGroups; ++i)
+#pragma unroll
+          for (int e = 2 * h; e < 2 * h + 2; ++e) {
+            acc_s[i][e] = sm80::exp2_approx(acc_s[i][e] * p.scale_log2 - m);
+            sum += acc_s[i][e];
+          }
+        row_sum[h] += sum;
+      }
+#pragma unroll
+      for (int j = 0; j < kPSteps; ++j) {
+        p_frag[j][0] = sm80::pack2<kElem>(acc_s[2 * j][0], acc_s[2 * j][1]);
+        p_frag[j][1] = sm80::pack2<kElem>(acc_s[2 * j][2], acc_s[2 * j][3]);
+        p_frag[j][2] = sm80::pack2<kElem>(acc_s[2 * j + 1][0], acc_s[2 * j + 1][1]);
+        p_frag[j][3] = sm80::pack2<kElem>(acc_s[2 * j + 1][2], acc_s[2 * j + 1][3]);
+      }
+    };
+
+    auto rescale_o = [&](const float (&correction)[2], bool rescale) {
+      if (!rescale) return;
+#pragma unroll
+      for (int i = 0; i < kOGroups; ++i) {
+        acc_o[i][0] *= correction[0], acc_o[i][1] *= correction[0];
+        acc_o[i][2] *= correction[1], acc_o[i][3] *= correction[1];
+      }
+    };
+
+    // Key blocks arrive last first: the masked ones (it < n_masked), then the interior ones, whose
+    // softmax carries no masking code.
+    const int n_masked = tile.n_blocks - tile.n_interior;
+    auto softmax_of = [&](int it, float (&acc_s)[kSGroups][4], u32 (&p_frag)[kPSteps][4], float (&correction)[2],
+                          bool& rescale) {
+      if (it < n_masked) {
+        softmax(it, acc_s, p_frag, correction, rescale, sm80::BoolConstant<true>{});
+      } else {
+        softmax(it, acc_s, p_frag, correction, rescale, sm80::BoolConstant<false>{});
+      }
+    };
+
+    float acc_s[kSGroups][4];
+    u32 p_frag[kPSteps][4];
+    float correction[2];
+    bool rescale = false;
+    if constexpr (!Cfg::kOverlap) {
+      // Each block in turn: S, softmax, P V, the tensor cores idle during the softmax unless the other
+      // consumer warpgroup fills them.
+      for (int it = 0; it < tile.n_blocks; ++it) {
+        issue_qk(it, acc_s);
+        sm90::wgmma_wait<0>();
+        sm90::pin_registers(acc_s);
+        release(bars.k_empty(slot(it)));
+        softmax_of(it, acc_s, p_frag, correction, rescale);
+        rescale_o(correction, rescale);
+        issue_pv(it, p_frag);
+        sm90::wgmma_wait<0>();
+        sm90::pin_registers(acc_o);
+        release(bars.v_empty(slot(it)));
+      }
+    } else if (tile.n_blocks > 0) {
+      // S of block it and P V of block it - 1 go to the tensor cores back to back; the softmax of block it
+      // runs while P V does. O takes the correction of block it only once P V of block it - 1 is in it.
+      issue_qk(0, acc_s);
+      sm90::wgmma_wait<0>();
+      sm90::pin_registers(acc_s);
+      release(bars.k_empty(slot(0)));
+      softmax_of(0, acc_s, p_frag, correction, rescale);  // O is still zero: no correction to apply
+      for (int it = 1; it < tile.n_blocks; ++it) {
+        issue_qk(it, acc_s);
+        issue_pv(it - 1, p_frag);
+        sm90::wgmma_wait<1>();  // groups complete in order: S of block it is done, P V may still run
+        sm90::pin_registers(acc_s);
+        release(bars.k_empty(slot(it)));
+        u32 p_next[kPSteps][4];
+        softmax_of(it, acc_s, p_next, correction, rescale);
+        sm90::wgmma_wait<0>();
+        sm90::pin_registers(acc_o);
+        release(bars.v_empty(slot(it - 1)));
+        rescale_o(correction, rescale);
+#pragma unroll
+        for (int j = 0; j < kPSteps; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) p_frag[j][e] = p_next[j][e];
+      }
+      issue_pv(tile.n_blocks - 1, p_frag);
+      sm90::wgmma_wait<0>();
+      sm90::pin_registers(acc_o);
+      release(bars.v_empty(slot(tile.n_blocks - 1)));
+    }
+
+    // Epilogue: normalise, write LSE, stage O in this consumer's Q rows (same swizzled layout), TMA store.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float sum = sm80::quad_sum(row_sum[h]);
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;  // a fully masked row has sum 0: output 0
+#pragma unroll
+      for (int i = 0; i < kOGroups; ++i) {
+        acc_o[i][2 * h] *= inv;
+        acc_o[i][2 * h + 1] *= inv;
+      }
+      const int row = row0 + 8 * h;
+      if (p.lse != nullptr && t == 0 && row < p.seqlen_q) {
+        constexpr float kLn2 = 0.6931471805599453f;
+        const float lse = sum > 0.f ? (row_max[h] + sm80::log2_approx(sum)) * kLn2 : neg_inf();
+        p.lse[(static_cast<long long>(tile.batch) * p.heads_q + tile.head) * p.seqlen_q + row] = lse;
+      }
+    }
+
+    // Every warp of this warpgroup is done reading its Q rows before any overwrites them.
+    const u32 barrier_id = 1 + consumer;
+    sm90::named_barrier_sync(barrier_id, 128);
+#pragma unroll
+    for (int i = 0; i < kOGroups; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = warp * 16 + g + 8 * h;  // within the consumer's 64 rows
+        // Column 8i + 2t lies in chunk i / 8, 16-byte unit i % 8, swizzled by the row within its atom.
+        const u32 addr = sq_rows + (i / 8) * kBlockM * kRowBytes + row * kRowBytes + (((i % 8) ^ (row % 8)) * 16) +
+                         4 * t;
+        sm90::st_shared_u32(addr, sm80::pack2<kElem>(acc_o[i][2 * h], acc_o[i][2 * h + 1]));
+      }
+    sm90::fence_proxy_async_smem();
+    sm90::named_barrier_sync(barrier_id, 128);
+    if (threadIdx.x % 128 == 0) {
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        sm90::tma_store_4d(&params.o_map, sq_rows + c * kBlockM * kRowBytes, c * 64, tile.m_start + consumer * 64,
+                           tile.head, tile.batch);
+      }
+      sm90::tma_store_commit();
+      sm90::tma_store_wait_all();
+    }
+  }
+};
+
+}  // namespace flashgen
+
+#ifdef FLASHGEN_STANDALONE
+// Lets `nvcc -DFLASHGEN_STANDALONE -gencode=arch=compute_90a,code=sm_90a -c` compile this template on its own.
+struct FlashgenDefaultFwdSm90Config {
+  static constexpr flashgen::ElemType kElem = flashgen::ElemType::kFloat16;
+  static constexpr int kHeadDim = 128;
+  static constexpr flashgen::MaskKind kMask = flashgen::MaskKind::kCausal;
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = 128;
+  static constexpr int kStages = 2;
+  static constexpr bool kOverlap = true;
+};
+
+extern "C" __global__ void __launch_bounds__(flashgen::FwdSm90<FlashgenDefaultFwdSm90Config>::kThreads, 1)
+    fwd_sm90_standalone_default(const __grid_constant__ flashgen::AttnFwdSm90Params params) {
+  flashgen::FwdSm90<FlashgenDefaultFwdSm90Config>::run(params);
+}
+#endif

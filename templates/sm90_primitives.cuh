@@ -1,0 +1,139 @@
+// Thin wrappers over the sm_90a PTX the Hopper kernels are built from: mbarriers, TMA tile copies
+// (cp.async.bulk.tensor), wgmma fences and shared-memory matrix descriptors, register reallocation
+// (setmaxnreg) and named barriers. No toolkit headers needed, as for sm80_primitives.cuh.
+#pragma once
+
+#include "fwd_traits.cuh"
+
+namespace flashgen {
+namespace sm90 {
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+__device__ __forceinline__ u32 smem_addr(const void* ptr) {
+  u32 addr;
+  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(ptr));
+  return addr;
+}
+
+// ---- mbarriers (64-bit, in shared memory, addressed by their .shared address) ----
+
+__device__ __forceinline__ void mbarrier_init(u32 bar, u32 arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(arrivals) : "memory");
+}
+
+// Makes the initialised barriers visible to the async proxy (TMA) and to the other threads.
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// One arrival that also announces `bytes` more bytes of TMA traffic for the current phase.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbarrier_arrive(u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+// Blocks until the phase with this parity has completed. A freshly initialised barrier counts its
+// phase "-1" (parity 1) as completed, so a producer's first wait on an empty slot passes at once.
+__device__ __forceinline__ void mbarrier_wait(u32 bar, u32 parity) {
+  u32 done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+
+__device__ __forceinline__ void st_shared_u32(u32 addr, u32 value) {
+  asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(value) : "memory");
+}
+
+// ---- TMA (bulk tensor copies described by a CUtensorMap in kernel parameter space) ----
+
+// Copies the box at coordinates (c0 innermost .. c3) of the tensor map into shared memory at dst
+// (1024-byte aligned for 128-byte swizzling); completion is counted on bar in bytes. Out-of-bounds
+// elements are filled with zeros.
+__device__ __forceinline__ void tma_load_4d(u32 dst, const void* tensor_map, u32 bar, int c0, int c1, int c2,
+                                            int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
+      "[%2];" ::"r"(dst),
+      "l"(tensor_map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+
+// Stores the box at src to the tensor map's coordinates; elements out of bounds are not written.
+__device__ __forceinline__ void tma_store_4d(const void* tensor_map, u32 src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];" ::"l"(
+                   tensor_map),
+               "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+
+__device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+
+// Waits until this thread's committed stores have finished writing global memory.
+__device__ __forceinline__ void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
+// Orders this thread's ordinary shared-memory writes before later async-proxy (TMA, wgmma) reads.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// ---- warpgroup matrix multiply ----
+
+// Orders register and shared-memory accesses before the wgmma instructions that follow.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+// Waits until at most kPending committed wgmma groups of this warpgroup are still running.
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+
+// Keeps the compiler from moving accesses of accumulator registers across wgmma issue and wait points:
+// the asm statements above do not name the accumulators they race with.
+template <int kRows, int kCols>
+__device__ __forceinline__ void pin_registers(float (&r)[kRows][kCols]) {
+#pragma unroll
+  for (int i = 0; i < kRows; ++i)
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) asm volatile("" : "+f"(r[i][j])::"memory");
+}
+
+// Shared-memory matrix descriptor for a tile stored with 128-byte swizzling (rows of 64 16-bit
+// elements, 8-row / 1024-byte swizzle atoms, as TMA writes them with CU_TENSOR_MAP_SWIZZLE_128B).
+// leading_bytes: MN-major only, the distance between 64-element column chunks. stride_bytes: the
+// distance between 8-row groups (1024 for a dense tile). Advancing the start address by k * 32 bytes
+// selects k-step k within a 64-element chunk.
+__device__ __forceinline__ u64 smem_desc_sw128(u32 addr, u32 leading_bytes, u32 stride_bytes) {
+  return static_cast<u64>((addr & 0x3FFFF) >> 4) | (static_cast<u64>(leading_bytes >> 4) << 16) |
+         (static_cast<u64>(stride_bytes >> 4) << 32) | (1ull << 62);
+}
+
+// ---- registers and barriers ----
+
+// Gives registers back to (dec) or takes them from (inc) the block's pool, for the whole warpgroup.
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+
+// Barrier among `threads` threads (a multiple of 32) on hardware barrier `id` (1-15; 0 is __syncthreads).
+__device__ __forceinline__ void named_barrier_sync(u32 id, u32 threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+}  // namespace sm90
+}  // namespace flashgen
