@@ -71,6 +71,7 @@ std::string render_config_header(const KernelConfig& c) {
     out << "  static constexpr bool kQInRegs = " << (c.q_in_regs ? "true" : "false") << ";\n";
   } else {
     out << "  static constexpr bool kOverlap = " << (c.overlap ? "true" : "false") << ";\n";
+    out << "  static constexpr bool kPingPong = " << (c.pingpong ? "true" : "false") << ";\n";
   }
   out << "};\n\n"
       << "}  // namespace flashgen_generated\n";

@@ -21,6 +21,7 @@ std::string KernelConfig::name() const {
                        to_string(block_m) + "_n" + to_string(block_n) + "_s" + to_string(stages);
     if (mask == MaskKind::kCausal) name += "_causal";
     if (overlap) name += "_ovl";
+    if (pingpong) name += "_pp";
     return name;
   }
   std::string name = std::string("fwd_sm80_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_m" +
@@ -51,7 +52,7 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
   FLASHGEN_REQUIRE(sm90 || (fields.size() >= 8 && fields[0] == "fwd" && fields[1] == "sm80"),
                    "config name '" + name +
                        "': expected fwd_sm80_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_w<warps>_s<stages>"
-                       "[_causal][_qreg] or fwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_ovl]");
+                       "[_causal][_qreg] or fwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_ovl][_pp]");
   KernelConfig config;
   if (sm90) config.family = KernelFamily::kSm90;
   FLASHGEN_REQUIRE(fields[2] == "fp16" || fields[2] == "bf16",
@@ -70,6 +71,8 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
       config.q_in_regs = true;
     } else if (fields[i] == "ovl" && sm90 && !config.overlap) {
       config.overlap = true;
+    } else if (fields[i] == "pp" && sm90 && !config.pingpong) {
+      config.pingpong = true;
     } else {
       fail(Status::kInvalidArgument, "config name '" + name + "': unknown suffix '" + fields[i] + "'");
     }
@@ -85,7 +88,7 @@ FwdTraits KernelConfig::traits() const {
 }
 
 FwdSm90Traits KernelConfig::sm90_traits() const {
-  return fwd_sm90_traits(head_dim, block_m, block_n, stages, overlap);
+  return fwd_sm90_traits(head_dim, block_m, block_n, stages, pingpong);
 }
 
 int KernelConfig::threads() const {
@@ -104,8 +107,8 @@ std::optional<std::string> KernelConfig::invalid_reason(int arch) const {
   if (family == KernelFamily::kSm90) {
     if (arch != 90) return "the sm90 kernel family needs sm_90a (wgmma, TMA, setmaxnreg)";
     if (q_in_regs) return "q_in_regs is an sm80-family knob";
-  } else if (overlap) {
-    return "overlap is an sm90-family knob";
+  } else if (overlap || pingpong) {
+    return "overlap and pingpong are sm90-family knobs";
   } else if (arch < 80) {
     return "the sm80 kernel family needs sm_80 or newer (mma.sync m16n8k16 bf16, cp.async)";
   }
@@ -122,14 +125,14 @@ bool KernelConfig::operator==(const KernelConfig& o) const {
   const bool sm80 = family == KernelFamily::kSm80;
   return family == o.family && dtype == o.dtype && head_dim == o.head_dim && mask == o.mask &&
          block_m == o.block_m && block_n == o.block_n && stages == o.stages &&
-         (sm80 ? warps == o.warps && q_in_regs == o.q_in_regs : overlap == o.overlap);
+         (sm80 ? warps == o.warps && q_in_regs == o.q_in_regs : overlap == o.overlap && pingpong == o.pingpong);
 }
 
 void to_json(nlohmann::json& j, const KernelConfig& c) {
   if (c.family == KernelFamily::kSm90) {
     j = nlohmann::json{{"family", "fwd_sm90"},       {"dtype", dtype_name(c.dtype)}, {"head_dim", c.head_dim},
                        {"mask", mask_name(c.mask)}, {"block_m", c.block_m},      {"block_n", c.block_n},
-                       {"stages", c.stages},          {"overlap", c.overlap}};
+                       {"stages", c.stages},          {"overlap", c.overlap},      {"pingpong", c.pingpong}};
     return;
   }
   j = nlohmann::json{{"family", "fwd_sm80"},    {"dtype", dtype_name(c.dtype)}, {"head_dim", c.head_dim},
@@ -168,6 +171,10 @@ void from_json(const nlohmann::json& j, KernelConfig& c) {
   if (j.contains("overlap")) {
     FLASHGEN_REQUIRE(j["overlap"].is_boolean(), "kernel config JSON: 'overlap' must be true or false");
     config.overlap = j["overlap"].get<bool>();
+  }
+  if (j.contains("pingpong")) {
+    FLASHGEN_REQUIRE(j["pingpong"].is_boolean(), "kernel config JSON: 'pingpong' must be true or false");
+    config.pingpong = j["pingpong"].get<bool>();
   }
   if (j.contains("q_in_regs")) {
     FLASHGEN_REQUIRE(j["q_in_regs"].is_boolean(), "kernel config JSON: 'q_in_regs' must be true or false");

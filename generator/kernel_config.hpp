@@ -29,10 +29,11 @@ struct KernelConfig {
   int stages = 3;
   bool q_in_regs = false;  // sm80 only: keep Q's mma fragments in registers instead of re-reading shared memory
   KernelFamily family = KernelFamily::kSm80;  // last, so aggregate initialisers of the sm80 fields still read
-  bool overlap = false;  // sm90 only: softmax of block j runs while the tensor cores compute P V of block j - 1
+  bool overlap = false;   // sm90 only: softmax of block j runs while the tensor cores compute P V of block j - 1
+  bool pingpong = false;  // sm90 only, two consumers: they take turns at issuing their products
 
   // Canonical name, e.g. fwd_sm80_bf16_d128_m128_n32_w4_s3_causal (suffix _qreg when q_in_regs) or
-  // fwd_sm90_fp16_d128_m128_n128_s2_causal (suffix _ovl when overlap). It is the kernel's symbol, its file name in dumps and part
+  // fwd_sm90_fp16_d128_m128_n128_s2_causal (suffixes _ovl, _pp for overlap, pingpong). It is the kernel's symbol, its file name in dumps and part
   // of its cache key.
   std::string name() const;
   // Inverse of name(); throws Error(kInvalidArgument) naming what it could not read.

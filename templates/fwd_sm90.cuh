@@ -3,7 +3,8 @@
 // streams K and V tiles through kStages-deep rings (separate full/empty barriers for K and V), keeping
 // only a few registers. Warpgroups 1..kConsumers each own 64 query rows: S = Q Kᵀ with both operands in
 // shared memory, an online softmax in base 2 on the accumulators, then O += P V with P in registers;
-// with kOverlap the softmax of one block runs while the tensor cores compute P V of the previous one.
+// with kOverlap the softmax of one block runs while the tensor cores compute P V of the previous one,
+// and with kPingPong the two consumers take turns at issuing their products.
 // The output is staged in the consumer's Q rows and written with a TMA store. Generic over a config
 // type like fwd_sm80.cuh; validity rules in fwd_sm90_traits() (fwd_traits.cuh).
 #pragma once
@@ -23,7 +24,7 @@ struct FwdSm90 {
   using u64 = sm90::u64;
 
   static constexpr FwdSm90Traits kTraits =
-      fwd_sm90_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kOverlap);
+      fwd_sm90_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kPingPong);
   static_assert(kTraits.error == nullptr, "invalid sm90 forward config: see fwd_sm90_traits() in fwd_traits.cuh");
 
   static constexpr ElemType kElem = Cfg::kElem;
@@ -52,6 +53,9 @@ struct FwdSm90 {
   static constexpr int kPSteps = kBlockN / 16;   // k-steps of O += P V
   static constexpr int kQkSteps = kHeadDim / 16; // k-steps of S = Q Kᵀ
   static constexpr float kRescaleSlack = 8.f;    // as in fwd_sm80.cuh: P stays below 2^8
+
+  // Hardware barriers: 0 is __syncthreads, 1 + c consumer c's epilogue, kTurnBarrier + c its ping-pong turn.
+  static constexpr unsigned kTurnBarrier = 4;
 
   static __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
 
@@ -203,12 +207,11 @@ struct FwdSm90 {
       if (lane == 0) sm90::mbarrier_arrive(empty_barrier);
     };
 
-    // Masks block it's S (when kMasked), moves the running max and sums, and writes P = exp2(s * scale_log2
-    // - m) as 16-bit A fragments: accumulator groups 2j and 2j+1 hold the m16n8k16 A fragment of keys
-    // 16j .. 16j + 15. correction[h] is the factor O's rows must be scaled by (1 when the max did not
-    // move); *rescale says whether any row of the warp moved.
-    auto softmax = [&](int it, float (&acc_s)[kSGroups][4], u32 (&p_frag)[kPSteps][4], float (&correction)[2],
-                       bool& rescale, auto masked) {
+    // Masks block it's S (when kMasked), moves the running max and sums, and turns S into
+    // P = exp2(s * scale_log2 - m) in place (fp32). correction[h] is the factor O's rows must be scaled
+    // by before P V of this block is added (1 when the max did not move); rescale says whether any row
+    // of the warp moved.
+    auto softmax = [&](int it, float (&acc_s)[kSGroups][4], float (&correction)[2], bool& rescale, auto masked) {
       if constexpr (decltype(masked)::value) {
         const int key0 = (tile.n_blocks - 1 - it) * kBlockN;
 #pragma unroll
@@ -255,6 +258,23 @@ struct FwdSm90 {
           }
         row_sum[h] += sum;
       }
+    };
+
+    // Key blocks arrive last first: the masked ones (it < n_masked), then the interior ones, whose
+    // softmax carries no masking code.
+    const int n_masked = tile.n_blocks - tile.n_interior;
+    auto softmax_of = [&](int it, float (&acc_s)[kSGroups][4], float (&correction)[2], bool& rescale) {
+      if (it < n_masked) {
+        softmax(it, acc_s, correction, rescale, sm80::BoolConstant<true>{});
+      } else {
+        softmax(it, acc_s, correction, rescale, sm80::BoolConstant<false>{});
+      }
+    };
+
+    // P as 16-bit A fragments: accumulator groups 2j and 2j+1 hold the m16n8k16 A fragment of keys
+    // 16j .. 16j + 15. Written only while no wgmma reads p_frag: ptxas serializes every wgmma of a kernel
+    // whose in-flight operand registers may be redefined.
+    auto pack_p = [&](const float (&acc_s)[kSGroups][4], u32 (&p_frag)[kPSteps][4]) {
 #pragma unroll
       for (int j = 0; j < kPSteps; ++j) {
         p_frag[j][0] = sm80::pack2<kElem>(acc_s[2 * j][0], acc_s[2 * j][1]);
@@ -273,31 +293,36 @@ struct FwdSm90 {
       }
     };
 
-    // Key blocks arrive last first: the masked ones (it < n_masked), then the interior ones, whose
-    // softmax carries no masking code.
-    const int n_masked = tile.n_blocks - tile.n_interior;
-    auto softmax_of = [&](int it, float (&acc_s)[kSGroups][4], u32 (&p_frag)[kPSteps][4], float (&correction)[2],
-                          bool& rescale) {
-      if (it < n_masked) {
-        softmax(it, acc_s, p_frag, correction, rescale, sm80::BoolConstant<true>{});
-      } else {
-        softmax(it, acc_s, p_frag, correction, rescale, sm80::BoolConstant<false>{});
-      }
+    // Ping-pong (two consumers): each warpgroup issues its products only in its turn and hands the turn
+    // over right after, so one warpgroup's softmax runs while the other's products keep the tensor cores
+    // busy. Turn barrier of consumer c: hardware barrier kTurnBarrier + c, synced by c and arrived at by
+    // the other.
+    auto wait_turn = [&] {
+      if constexpr (Cfg::kPingPong) sm90::named_barrier_sync(kTurnBarrier + consumer, 256);
     };
+    auto pass_turn = [&] {
+      if constexpr (Cfg::kPingPong) sm90::named_barrier_arrive(kTurnBarrier + (1 - consumer), 256);
+    };
+    if constexpr (Cfg::kPingPong) {
+      if (consumer == 1) sm90::named_barrier_arrive(kTurnBarrier, 256);  // consumer 0 goes first
+    }
 
     float acc_s[kSGroups][4];
     u32 p_frag[kPSteps][4];
     float correction[2];
     bool rescale = false;
     if constexpr (!Cfg::kOverlap) {
-      // Each block in turn: S, softmax, P V, the tensor cores idle during the softmax unless the other
+      // Each block in turn: S, softmax, P V; the tensor cores idle during the softmax unless the other
       // consumer warpgroup fills them.
       for (int it = 0; it < tile.n_blocks; ++it) {
+        wait_turn();
         issue_qk(it, acc_s);
+        pass_turn();
         sm90::wgmma_wait<0>();
         sm90::pin_registers(acc_s);
         release(bars.k_empty(slot(it)));
-        softmax_of(it, acc_s, p_frag, correction, rescale);
+        softmax_of(it, acc_s, correction, rescale);
+        pack_p(acc_s, p_frag);
         rescale_o(correction, rescale);
         issue_pv(it, p_frag);
         sm90::wgmma_wait<0>();
@@ -305,34 +330,41 @@ struct FwdSm90 {
         release(bars.v_empty(slot(it)));
       }
     } else if (tile.n_blocks > 0) {
-      // S of block it and P V of block it - 1 go to the tensor cores back to back; the softmax of block it
-      // runs while P V does. O takes the correction of block it only once P V of block it - 1 is in it.
+      // S of block it and P V of block it - 1 go to the tensor cores back to back; the softmax of block
+      // it runs while P V does. Its correction reaches O just before P V of block it is issued, and its
+      // P is packed once P V of block it - 1 no longer reads p_frag.
+      wait_turn();
       issue_qk(0, acc_s);
+      pass_turn();
       sm90::wgmma_wait<0>();
       sm90::pin_registers(acc_s);
       release(bars.k_empty(slot(0)));
-      softmax_of(0, acc_s, p_frag, correction, rescale);  // O is still zero: no correction to apply
+      softmax_of(0, acc_s, correction, rescale);
+      pack_p(acc_s, p_frag);
       for (int it = 1; it < tile.n_blocks; ++it) {
+        wait_turn();
         issue_qk(it, acc_s);
+        rescale_o(correction, rescale);
         issue_pv(it - 1, p_frag);
+        pass_turn();
         sm90::wgmma_wait<1>();  // groups complete in order: S of block it is done, P V may still run
         sm90::pin_registers(acc_s);
         release(bars.k_empty(slot(it)));
-        u32 p_next[kPSteps][4];
-        softmax_of(it, acc_s, p_next, correction, rescale);
+        softmax_of(it, acc_s, correction, rescale);
         sm90::wgmma_wait<0>();
         sm90::pin_registers(acc_o);
         release(bars.v_empty(slot(it - 1)));
-        rescale_o(correction, rescale);
-#pragma unroll
-        for (int j = 0; j < kPSteps; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) p_frag[j][e] = p_next[j][e];
+        pack_p(acc_s, p_frag);
       }
+      rescale_o(correction, rescale);
       issue_pv(tile.n_blocks - 1, p_frag);
       sm90::wgmma_wait<0>();
       sm90::pin_registers(acc_o);
       release(bars.v_empty(slot(tile.n_blocks - 1)));
+    }
+    // Balance the turn barriers: consumer 1's last hand-over (or its first, with no key block) is taken here.
+    if constexpr (Cfg::kPingPong) {
+      if (consumer == 0) sm90::named_barrier_sync(kTurnBarrier, 256);
     }
 
     // Epilogue: normalise, write LSE, stage O in this consumer's Q rows (same swizzled layout), TMA store.
@@ -392,6 +424,7 @@ struct FlashgenDefaultFwdSm90Config {
   static constexpr int kBlockN = 128;
   static constexpr int kStages = 2;
   static constexpr bool kOverlap = true;
+  static constexpr bool kPingPong = true;
 };
 
 extern "C" __global__ void __launch_bounds__(flashgen::FwdSm90<FlashgenDefaultFwdSm90Config>::kThreads, 1)

@@ -68,13 +68,13 @@ struct FwdSm90Traits {
   int smem_q_bytes;         // (block_m, head_dim) Q tile; each consumer reuses its rows for its output
   int smem_kv_stage_bytes;  // (block_n, head_dim) K tile + V tile
   int smem_bytes;           // tiles, mbarriers and 1024 bytes to align the swizzled tiles
-  int accum_regs;           // O, S (fp32) and P (packed pairs; two blocks' worth with overlap) per consumer thread
+  int accum_regs;           // O, S (fp32) and P (packed pairs) per consumer thread
   const char* error;        // nullptr when the shape is valid on sm_90a
 };
 
-// overlap: each consumer issues the next block's S = Q Kᵀ and this block's O += P V back to back and
-// computes the softmax while the P V product runs, which holds two blocks' P at once.
-constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, int stages, bool overlap) {
+// pingpong: the two consumers of a block_m = 128 config take turns at issuing their products. (The
+// overlap knob needs no rule here: it holds no more registers, P being packed once P V is done.)
+constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, int stages, bool pingpong) {
   FwdSm90Traits t{};
   t.consumers = block_m / 64;
   t.threads = 128 * (t.consumers + 1);
@@ -85,7 +85,7 @@ constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, 
   t.smem_q_bytes = block_m * head_dim * 2;
   t.smem_kv_stage_bytes = 2 * block_n * head_dim * 2;
   t.smem_bytes = t.smem_q_bytes + stages * t.smem_kv_stage_bytes + (1 + 4 * stages) * 8 + 1024;
-  t.accum_regs = head_dim / 2 + block_n / 2 + (overlap ? 2 : 1) * (block_n / 4);
+  t.accum_regs = head_dim / 2 + block_n / 2 + block_n / 4;
   t.error = nullptr;
   if (head_dim != 64 && head_dim != 128 && head_dim != 192 && head_dim != 256) {
     t.error = "head_dim must be 64, 128, 192 or 256 (whole 64-column swizzled chunks; wgmma N of O)";
@@ -95,6 +95,8 @@ constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, 
     t.error = "block_n must be a multiple of 16 in [64, 192] (wgmma N of S; k-steps of P V)";
   } else if (stages < 2 || stages > 4) {
     t.error = "stages must be in [2, 4]";
+  } else if (pingpong && t.consumers != 2) {
+    t.error = "pingpong takes turns between exactly two consumer warpgroups (block_m 128)";
   } else if (t.accum_regs + 32 > t.consumer_regs) {
     t.error = "accumulators need more registers than a consumer thread has: lower block_n or block_m";
   }

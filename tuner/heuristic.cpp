@@ -42,16 +42,19 @@ KernelConfig with_tile(DType dtype, int head_dim, MaskKind mask, const Tile& til
 
 struct Sm90Tile {
   int block_m, block_n, stages;
+  bool overlap, pingpong;
 };
 
-// The Hopper family where it applies (head_dim a multiple of 64), ahead of the sm80 family. Tiles after
-// FlashAttention-3's published choices: three consumer warpgroups for d64, two otherwise, the key block
-// shrinking as O grows so O, S and P fit a consumer's 240 registers (160 with three consumers).
+// The Hopper family where it applies (head_dim a multiple of 64), ahead of the sm80 family. Measured on
+// H200 (bench/notes_fwd_sm90.md, fp16, 1k-16k tokens per sequence): overlap wins everywhere (+5-20%),
+// ping-pong on top of it for two consumers (+2-5% at d128); d64 keeps three consumers (192 rows), whose
+// registers leave no room for ping-pong; d256 takes 64-key blocks (equal to 80 without a mask, +1-3%
+// with one). The key block shrinks as O grows so O, S and P fit a consumer's registers.
 std::vector<Sm90Tile> sm90_preferences(int head_dim) {
-  if (head_dim == 64) return {{192, 128, 2}, {128, 128, 2}, {128, 64, 2}};
-  if (head_dim == 128) return {{128, 128, 2}, {128, 96, 2}, {128, 64, 2}};
-  if (head_dim == 192) return {{128, 112, 2}, {128, 96, 2}, {128, 64, 2}};
-  if (head_dim == 256) return {{128, 80, 2}, {128, 64, 2}, {64, 64, 2}};
+  if (head_dim == 64) return {{192, 128, 2, true, false}, {128, 128, 2, true, true}, {128, 64, 2, false, false}};
+  if (head_dim == 128) return {{128, 128, 2, true, true}, {128, 96, 2, true, true}, {128, 64, 2, false, false}};
+  if (head_dim == 192) return {{128, 112, 2, true, true}, {128, 96, 2, true, true}, {128, 64, 2, false, false}};
+  if (head_dim == 256) return {{128, 64, 2, true, true}, {128, 80, 2, true, true}, {64, 64, 2, false, false}};
   return {};
 }
 
@@ -66,6 +69,7 @@ std::vector<KernelConfig> heuristic_forward_configs(DType dtype, int head_dim, M
       c.family = KernelFamily::kSm90;
       c.dtype = dtype, c.head_dim = head_dim, c.mask = mask;
       c.block_m = tile.block_m, c.block_n = tile.block_n, c.stages = tile.stages;
+      c.overlap = tile.overlap, c.pingpong = tile.pingpong;
       if (!c.invalid_reason(arch)) configs.push_back(c);
     }
   }

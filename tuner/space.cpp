@@ -34,13 +34,15 @@ SpaceReport forward_space(DType dtype, int head_dim, MaskKind mask, int arch, co
     for (int block_m : knobs.sm90_block_m)
       for (int block_n : knobs.sm90_block_n)
         for (int stages : knobs.sm90_stages)
-          for (bool overlap : knobs.sm90_overlap) {
-            h.block_m = block_m;
-            h.block_n = block_n;
-            h.stages = stages;
-            h.overlap = overlap;
-            report.add(h, arch);
-          }
+          for (bool overlap : knobs.sm90_overlap)
+            for (bool pingpong : knobs.sm90_pingpong) {
+              h.block_m = block_m;
+              h.block_n = block_n;
+              h.stages = stages;
+              h.overlap = overlap;
+              h.pingpong = pingpong;
+              report.add(h, arch);
+            }
   }
   return report;
 }
@@ -61,7 +63,7 @@ namespace {
 int knob_differences(const KernelConfig& a, const KernelConfig& b) {
   if (a.family != b.family) return 100;
   const int shared = (a.block_m != b.block_m) + (a.block_n != b.block_n) + (a.stages != b.stages);
-  if (a.family == KernelFamily::kSm90) return shared + (a.overlap != b.overlap);
+  if (a.family == KernelFamily::kSm90) return shared + (a.overlap != b.overlap) + (a.pingpong != b.pingpong);
   return shared + (a.warps != b.warps) + (a.q_in_regs != b.q_in_regs);
 }
 

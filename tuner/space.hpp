@@ -23,6 +23,7 @@ struct ForwardKnobs {
   std::vector<int> sm90_block_n{64, 80, 96, 112, 128, 144, 160, 176, 192};
   std::vector<int> sm90_stages{2, 3, 4};
   std::vector<bool> sm90_overlap{false, true};
+  std::vector<bool> sm90_pingpong{false, true};
 };
 
 struct SpaceReport {

@@ -349,8 +349,8 @@ void run_and_check(const Problem& p, CUstream stream = nullptr,
   }
 }
 
-// The sm90 family's built-in configs for a problem (the heuristic's whole preference list), each with
-// the overlap knob both ways where valid, or none when the family does not apply to its head_dim.
+// The sm90 family's built-in tiles for a problem (the heuristic's whole preference list), each with the
+// overlap and pingpong knobs both ways where valid, or none when the family does not apply to its head_dim.
 std::vector<flashgen::KernelConfig> sm90_configs(const Problem& p) {
   std::vector<flashgen::KernelConfig> configs;
   const flashgen::DType dtype = p.dtype == FLASHGEN_BFLOAT16 ? flashgen::DType::kBFloat16 : flashgen::DType::kFloat16;
@@ -358,10 +358,13 @@ std::vector<flashgen::KernelConfig> sm90_configs(const Problem& p) {
   for (const flashgen::KernelConfig& c :
        flashgen::heuristic_forward_configs(dtype, static_cast<int>(p.shape.head_dim), mask, 90)) {
     if (c.family != flashgen::KernelFamily::kSm90) continue;
-    configs.push_back(c);
-    flashgen::KernelConfig other = c;
-    other.overlap = !c.overlap;
-    if (!other.invalid_reason(90)) configs.push_back(other);
+    for (bool overlap : {false, true})
+      for (bool pingpong : {false, true}) {
+        flashgen::KernelConfig variant = c;
+        variant.overlap = overlap;
+        variant.pingpong = pingpong;
+        if (!variant.invalid_reason(90)) configs.push_back(variant);
+      }
   }
   return configs;
 }

@@ -12,6 +12,7 @@ struct Config {
   static constexpr int kBlockN = 128;
   static constexpr int kStages = 2;
   static constexpr bool kOverlap = true;
+  static constexpr bool kPingPong = false;
 };
 
 }  // namespace flashgen_generated
