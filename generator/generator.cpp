@@ -72,6 +72,7 @@ std::string render_config_header(const KernelConfig& c) {
   } else {
     out << "  static constexpr bool kOverlap = " << (c.overlap ? "true" : "false") << ";\n";
     out << "  static constexpr bool kPingPong = " << (c.pingpong ? "true" : "false") << ";\n";
+    out << "  static constexpr bool kPersistent = " << (c.persistent ? "true" : "false") << ";\n";
   }
   out << "};\n\n"
       << "}  // namespace flashgen_generated\n";

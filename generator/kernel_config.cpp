@@ -22,6 +22,7 @@ std::string KernelConfig::name() const {
     if (mask == MaskKind::kCausal) name += "_causal";
     if (overlap) name += "_ovl";
     if (pingpong) name += "_pp";
+    if (persistent) name += "_pst";
     return name;
   }
   std::string name = std::string("fwd_sm80_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_m" +
@@ -52,7 +53,7 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
   FLASHGEN_REQUIRE(sm90 || (fields.size() >= 8 && fields[0] == "fwd" && fields[1] == "sm80"),
                    "config name '" + name +
                        "': expected fwd_sm80_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_w<warps>_s<stages>"
-                       "[_causal][_qreg] or fwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_ovl][_pp]");
+                       "[_causal][_qreg] or fwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_ovl][_pp][_pst]");
   KernelConfig config;
   if (sm90) config.family = KernelFamily::kSm90;
   FLASHGEN_REQUIRE(fields[2] == "fp16" || fields[2] == "bf16",
@@ -73,6 +74,8 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
       config.overlap = true;
     } else if (fields[i] == "pp" && sm90 && !config.pingpong) {
       config.pingpong = true;
+    } else if (fields[i] == "pst" && sm90 && !config.persistent) {
+      config.persistent = true;
     } else {
       fail(Status::kInvalidArgument, "config name '" + name + "': unknown suffix '" + fields[i] + "'");
     }
@@ -107,8 +110,8 @@ std::optional<std::string> KernelConfig::invalid_reason(int arch) const {
   if (family == KernelFamily::kSm90) {
     if (arch != 90) return "the sm90 kernel family needs sm_90a (wgmma, TMA, setmaxnreg)";
     if (q_in_regs) return "q_in_regs is an sm80-family knob";
-  } else if (overlap || pingpong) {
-    return "overlap and pingpong are sm90-family knobs";
+  } else if (overlap || pingpong || persistent) {
+    return "overlap, pingpong and persistent are sm90-family knobs";
   } else if (arch < 80) {
     return "the sm80 kernel family needs sm_80 or newer (mma.sync m16n8k16 bf16, cp.async)";
   }
@@ -125,14 +128,15 @@ bool KernelConfig::operator==(const KernelConfig& o) const {
   const bool sm80 = family == KernelFamily::kSm80;
   return family == o.family && dtype == o.dtype && head_dim == o.head_dim && mask == o.mask &&
          block_m == o.block_m && block_n == o.block_n && stages == o.stages &&
-         (sm80 ? warps == o.warps && q_in_regs == o.q_in_regs : overlap == o.overlap && pingpong == o.pingpong);
+         (sm80 ? warps == o.warps && q_in_regs == o.q_in_regs : overlap == o.overlap && pingpong == o.pingpong && persistent == o.persistent);
 }
 
 void to_json(nlohmann::json& j, const KernelConfig& c) {
   if (c.family == KernelFamily::kSm90) {
     j = nlohmann::json{{"family", "fwd_sm90"},       {"dtype", dtype_name(c.dtype)}, {"head_dim", c.head_dim},
                        {"mask", mask_name(c.mask)}, {"block_m", c.block_m},      {"block_n", c.block_n},
-                       {"stages", c.stages},          {"overlap", c.overlap},      {"pingpong", c.pingpong}};
+                       {"stages", c.stages},          {"overlap", c.overlap},      {"pingpong", c.pingpong},
+                       {"persistent", c.persistent}};
     return;
   }
   j = nlohmann::json{{"family", "fwd_sm80"},    {"dtype", dtype_name(c.dtype)}, {"head_dim", c.head_dim},
@@ -175,6 +179,10 @@ void from_json(const nlohmann::json& j, KernelConfig& c) {
   if (j.contains("pingpong")) {
     FLASHGEN_REQUIRE(j["pingpong"].is_boolean(), "kernel config JSON: 'pingpong' must be true or false");
     config.pingpong = j["pingpong"].get<bool>();
+  }
+  if (j.contains("persistent")) {
+    FLASHGEN_REQUIRE(j["persistent"].is_boolean(), "kernel config JSON: 'persistent' must be true or false");
+    config.persistent = j["persistent"].get<bool>();
   }
   if (j.contains("q_in_regs")) {
     FLASHGEN_REQUIRE(j["q_in_regs"].is_boolean(), "kernel config JSON: 'q_in_regs' must be true or false");

@@ -3,6 +3,7 @@
 // caller's stream. Any bad input is reported before anything is launched.
 #include "attention.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -176,10 +177,24 @@ PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedCont
       tensors.encode(prepared.sm90_params);
     }
   }
+  const int64_t m_blocks = (p.seqlen_q + launch.config.block_m - 1) / launch.config.block_m;
+  const int64_t tiles = m_blocks * p.heads_q * p.batch;
+  if (launch.config.persistent && tiles > INT32_MAX) {  // the kernel walks the tile list with int indices
+    FLASHGEN_REQUIRE(config == nullptr, "config " + launch.config.name() + ": " + std::to_string(tiles) +
+                                            " tiles are more than a persistent kernel indexes");
+    launch.config.persistent = false;
+    launch.reason += "; not persistent: too many tiles";
+  }
   prepared.function = KernelRegistry::instance().function(launch.config, scope.context(), launch.arch);
-  prepared.grid[0] = static_cast<unsigned>((p.seqlen_q + launch.config.block_m - 1) / launch.config.block_m);
-  prepared.grid[1] = static_cast<unsigned>(p.heads_q);
-  prepared.grid[2] = static_cast<unsigned>(p.batch);
+  if (launch.config.persistent) {  // one block per SM walks the tiles
+    int sms = 0;
+    FLASHGEN_CU_CHECK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, scope.device()));
+    prepared.grid[0] = static_cast<unsigned>(std::min<int64_t>(tiles, sms));
+  } else {
+    prepared.grid[0] = static_cast<unsigned>(m_blocks);
+    prepared.grid[1] = static_cast<unsigned>(p.heads_q);
+    prepared.grid[2] = static_cast<unsigned>(p.batch);
+  }
   prepared.threads = static_cast<unsigned>(launch.config.threads());
   prepared.smem_bytes = static_cast<unsigned>(launch.config.smem_bytes());
   prepared.params = p;

@@ -4,7 +4,8 @@
 // only a few registers. Warpgroups 1..kConsumers each own 64 query rows: S = Q Kᵀ with both operands in
 // shared memory, an online softmax in base 2 on the accumulators, then O += P V with P in registers;
 // with kOverlap the softmax of one block runs while the tensor cores compute P V of the previous one,
-// and with kPingPong the two consumers take turns at issuing their products.
+// and with kPingPong the two consumers take turns at issuing their products. With kPersistent one block
+// per SM walks a list of tiles, the next tile's first K/V loads overlapping this tile's output store.
 // The output is staged in the consumer's Q rows and written with a TMA store. Generic over a config
 // type like fwd_sm80.cuh; validity rules in fwd_sm90_traits() (fwd_traits.cuh).
 #pragma once
@@ -33,6 +34,7 @@ struct FwdSm90 {
   static constexpr int kBlockM = Cfg::kBlockM;
   static constexpr int kBlockN = Cfg::kBlockN;
   static constexpr int kStages = Cfg::kStages;
+  static constexpr bool kPersistent = Cfg::kPersistent;
   static constexpr int kConsumers = kTraits.consumers;
   static constexpr int kThreads = kTraits.threads;
 
@@ -46,7 +48,7 @@ struct FwdSm90 {
   static constexpr u32 kKOffset = kQBytes;
   static constexpr u32 kVOffset = kKOffset + kStages * kTileBytes;
   static constexpr u32 kBarrierOffset = kVOffset + kStages * kTileBytes;
-  static_assert(kBarrierOffset + (1 + 4 * kStages) * 8 + 1024 == kTraits.smem_bytes, "layout and traits disagree");
+  static_assert(kBarrierOffset + (2 + 4 * kStages) * 8 + 1024 == kTraits.smem_bytes, "layout and traits disagree");
 
   static constexpr int kSGroups = kBlockN / 8;   // accumulator groups of S: (16 rows, 8 keys) per warp
   static constexpr int kOGroups = kHeadDim / 8;  // accumulator groups of O
@@ -60,25 +62,25 @@ struct FwdSm90 {
   static __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
 
   struct Barriers {
-    u32 base;  // q_full, then k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages]
+    u32 base;  // q_full, q_empty, then k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages]
     __device__ u32 q_full() const { return base; }
-    __device__ u32 k_full(int s) const { return base + 8 * (1 + s); }
-    __device__ u32 v_full(int s) const { return base + 8 * (1 + kStages + s); }
-    __device__ u32 k_empty(int s) const { return base + 8 * (1 + 2 * kStages + s); }
-    __device__ u32 v_empty(int s) const { return base + 8 * (1 + 3 * kStages + s); }
+    __device__ u32 q_empty() const { return base + 8; }  // the consumers' output has left the Q rows
+    __device__ u32 k_full(int s) const { return base + 8 * (2 + s); }
+    __device__ u32 v_full(int s) const { return base + 8 * (2 + kStages + s); }
+    __device__ u32 k_empty(int s) const { return base + 8 * (2 + 2 * kStages + s); }
+    __device__ u32 v_empty(int s) const { return base + 8 * (2 + 3 * kStages + s); }
   };
 
-  // The block's tile: which query rows, which head, and how many key blocks any of its rows sees.
+  // One tile: which query rows, which head, and how many key blocks any of its rows sees.
   struct Tile {
     int m_start, head, batch, kv_head, n_blocks, n_interior;
   };
 
-  static __device__ Tile tile_of(const AttnFwdParams& p) {
+  static __device__ Tile tile_of(const AttnFwdParams& p, int m_block, int head, int batch) {
     Tile tile;
-    // Highest query blocks first: under a causal mask they see the most keys.
-    tile.m_start = (gridDim.x - 1 - blockIdx.x) * kBlockM;
-    tile.head = blockIdx.y;
-    tile.batch = blockIdx.z;
+    tile.m_start = m_block * kBlockM;
+    tile.head = head;
+    tile.batch = batch;
     tile.kv_head = tile.head / p.group_size;
     const int rows_q = min(kBlockM, p.seqlen_q - tile.m_start);
     int n_end = p.seqlen_k;
@@ -91,14 +93,38 @@ struct FwdSm90 {
     return tile;
   }
 
+  // Calls fn(tile, k, first_block) for each tile of this block in order: k counts the block's tiles and
+  // first_block its key blocks before this tile (the K/V rings run on across tiles). Without kPersistent
+  // the grid is (m-blocks, heads, batch) and each block has one tile, highest query block first (under a
+  // causal mask it sees the most keys). With it, gridDim.x blocks (one per SM) take every gridDim.x-th
+  // tile of the list ordered by (batch, head), then query blocks from the highest: the blocks running at
+  // once share a head's K and V in L2, and each head's longest tiles start first.
+  template <class Fn>
+  static __device__ void for_each_tile(const AttnFwdParams& p, Fn&& fn) {
+    if constexpr (!kPersistent) {
+      fn(tile_of(p, gridDim.x - 1 - blockIdx.x, blockIdx.y, blockIdx.z), 0, 0);
+    } else {
+      const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+      const int tiles = m_blocks * p.heads_q * p.batch;
+      int first_block = 0;
+      int k = 0;
+      for (int i = blockIdx.x; i < tiles; i += gridDim.x, ++k) {
+        const int head_batch = i / m_blocks;
+        const Tile tile = tile_of(p, m_blocks - 1 - i % m_blocks, head_batch % p.heads_q, head_batch / p.heads_q);
+        fn(tile, k, first_block);
+        first_block += tile.n_blocks;
+      }
+    }
+  }
+
   static __device__ void run(const AttnFwdSm90Params& params) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 smem = (sm90::smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
     const Barriers bars{smem + kBarrierOffset};
-    const Tile tile = tile_of(params.base);
 
     if (threadIdx.x == 0) {
       sm90::mbarrier_init(bars.q_full(), 1);
+      sm90::mbarrier_init(bars.q_empty(), kConsumers);  // one arrival per consumer, after its output store
       for (int s = 0; s < kStages; ++s) {
         sm90::mbarrier_init(bars.k_full(s), 1);
         sm90::mbarrier_init(bars.v_full(s), 1);
@@ -111,25 +137,44 @@ struct FwdSm90 {
 
     if (threadIdx.x < 128) {
       sm90::setmaxnreg_dec<kTraits.producer_regs>();
-      if (threadIdx.x == 0 && tile.n_blocks > 0) produce(params, tile, smem, bars);
+      if (threadIdx.x == 0) {
+        for_each_tile(params.base, [&](const Tile& tile, int k, int first_block) {
+          produce(params, tile, k, first_block, smem, bars);
+        });
+      }
     } else {
       sm90::setmaxnreg_inc<kTraits.consumer_regs>();
-      consume(params, tile, smem, bars);
+      for_each_tile(params.base, [&](const Tile& tile, int k, int first_block) {
+        consume(params, tile, k, first_block, smem, bars);
+      });
+      if (threadIdx.x % 128 == 0) sm90::tma_store_wait_all();  // the last output is in global memory
     }
   }
 
-  // One thread: Q once, then K and V of every visible key block, last block first (the masked ones).
-  static __device__ void produce(const AttnFwdSm90Params& params, const Tile& tile, u32 smem, const Barriers& bars) {
-    sm90::mbarrier_arrive_expect_tx(bars.q_full(), kQBytes);
+  // Key block it of a tile (0 = its last block) is block first_block + it of the block's K/V rings: ring
+  // slot (first_block + it) % kStages, filled in phase ((first_block + it) / kStages) & 1.
+  static __device__ int ring_slot(int block) { return block % kStages; }
+  static __device__ u32 ring_phase(int block) { return static_cast<u32>((block / kStages) & 1); }
+
+  // One thread: the tile's Q, and K and V of every visible key block, last block first (the masked ones).
+  // Q goes after the first K/V pair: a persistent block waits for the previous tile's output to leave the
+  // Q rows, and the first key block loads meanwhile.
+  static __device__ void produce(const AttnFwdSm90Params& params, const Tile& tile, int k, int first_block, u32 smem,
+                                 const Barriers& bars) {
+    auto load_q = [&] {
+      if (k > 0) sm90::mbarrier_wait(bars.q_empty(), (k - 1) & 1);
+      sm90::mbarrier_arrive_expect_tx(bars.q_full(), kQBytes);
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      sm90::tma_load_4d(smem + c * kBlockM * kRowBytes, &params.q_map, bars.q_full(), c * 64, tile.m_start,
-                        tile.head, tile.batch);
-    }
+      for (int c = 0; c < kChunks; ++c) {
+        sm90::tma_load_4d(smem + c * kBlockM * kRowBytes, &params.q_map, bars.q_full(), c * 64, tile.m_start,
+                          tile.head, tile.batch);
+      }
+    };
+    if (tile.n_blocks == 0) load_q();  // a tile that sees no key still takes its turn at the Q rows
     for (int it = 0; it < tile.n_blocks; ++it) {
       const int key0 = (tile.n_blocks - 1 - it) * kBlockN;
-      const int s = it % kStages;
-      const u32 phase = (it / kStages) & 1;
+      const int s = ring_slot(first_block + it);
+      const u32 phase = ring_phase(first_block + it);
       const u32 sk = smem + kKOffset + s * kTileBytes;
       const u32 sv = smem + kVOffset + s * kTileBytes;
       sm90::mbarrier_wait(bars.k_empty(s), phase ^ 1);
@@ -146,10 +191,12 @@ struct FwdSm90 {
         sm90::tma_load_4d(sv + c * kBlockN * kRowBytes, &params.v_map, bars.v_full(s), c * 64, key0, tile.kv_head,
                           tile.batch);
       }
+      if (it == 0) load_q();
     }
   }
 
-  static __device__ void consume(const AttnFwdSm90Params& params, const Tile& tile, u32 smem, const Barriers& bars) {
+  static __device__ void consume(const AttnFwdSm90Params& params, const Tile& tile, int k, int first_block, u32 smem,
+                                 const Barriers& bars) {
     const AttnFwdParams& p = params.base;
     const int consumer = threadIdx.x / 128 - 1;
     const int warp = (threadIdx.x / 32) % 4;  // within the warpgroup: rows 16 * warp .. + 15 of its 64
@@ -167,11 +214,10 @@ struct FwdSm90 {
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_o[i][e] = 0.f;
 
-    if (tile.n_blocks > 0) sm90::mbarrier_wait(bars.q_full(), 0);
+    sm90::mbarrier_wait(bars.q_full(), k & 1);
 
-    // Key block `it` (0 = the last block) sits in ring slot it % kStages, filled in phase (it / kStages) & 1.
-    auto slot = [](int it) { return it % kStages; };
-    auto phase = [](int it) { return static_cast<u32>((it / kStages) & 1); };
+    auto slot = [&](int it) { return ring_slot(first_block + it); };
+    auto phase = [&](int it) { return ring_phase(first_block + it); };
 
     // Issues S = Q Kᵀ of block it: (64, kBlockN) per warpgroup, k-steps of 16 along head_dim.
     auto issue_qk = [&](int it, float (&acc_s)[kSGroups][4]) {
@@ -407,7 +453,8 @@ struct FwdSm90 {
                            tile.head, tile.batch);
       }
       sm90::tma_store_commit();
-      sm90::tma_store_wait_all();
+      sm90::tma_store_wait_read();  // the Q rows may take the next tile's Q
+      sm90::mbarrier_arrive(bars.q_empty());
     }
   }
 };
@@ -425,6 +472,7 @@ struct FlashgenDefaultFwdSm90Config {
   static constexpr int kStages = 2;
   static constexpr bool kOverlap = true;
   static constexpr bool kPingPong = true;
+  static constexpr bool kPersistent = true;
 };
 
 extern "C" __global__ void __launch_bounds__(flashgen::FwdSm90<FlashgenDefaultFwdSm90Config>::kThreads, 1)

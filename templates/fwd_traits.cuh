@@ -84,7 +84,7 @@ constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, 
   t.consumer_regs = share > 240 ? 240 : share;
   t.smem_q_bytes = block_m * head_dim * 2;
   t.smem_kv_stage_bytes = 2 * block_n * head_dim * 2;
-  t.smem_bytes = t.smem_q_bytes + stages * t.smem_kv_stage_bytes + (1 + 4 * stages) * 8 + 1024;
+  t.smem_bytes = t.smem_q_bytes + stages * t.smem_kv_stage_bytes + (2 + 4 * stages) * 8 + 1024;
   t.accum_regs = head_dim / 2 + block_n / 2 + block_n / 4;
   t.error = nullptr;
   if (head_dim != 64 && head_dim != 128 && head_dim != 192 && head_dim != 256) {

@@ -79,6 +79,11 @@ __device__ __forceinline__ void tma_store_4d(const void* tensor_map, u32 src, in
 
 __device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 
+// Waits until this thread's committed stores have finished reading their shared-memory source.
+__device__ __forceinline__ void tma_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+
 // Waits until this thread's committed stores have finished writing global memory.
 __device__ __forceinline__ void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 

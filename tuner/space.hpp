@@ -24,6 +24,7 @@ struct ForwardKnobs {
   std::vector<int> sm90_stages{2, 3, 4};
   std::vector<bool> sm90_overlap{false, true};
   std::vector<bool> sm90_pingpong{false, true};
+  std::vector<bool> sm90_persistent{false, true};
 };
 
 struct SpaceReport {

@@ -350,7 +350,8 @@ void run_and_check(const Problem& p, CUstream stream = nullptr,
 }
 
 // The sm90 family's built-in tiles for a problem (the heuristic's whole preference list), each with the
-// overlap and pingpong knobs both ways where valid, or none when the family does not apply to its head_dim.
+// overlap, pingpong and persistent knobs both ways where valid, or none when the family does not apply to
+// its head_dim.
 std::vector<flashgen::KernelConfig> sm90_configs(const Problem& p) {
   std::vector<flashgen::KernelConfig> configs;
   const flashgen::DType dtype = p.dtype == FLASHGEN_BFLOAT16 ? flashgen::DType::kBFloat16 : flashgen::DType::kFloat16;
@@ -359,12 +360,14 @@ std::vector<flashgen::KernelConfig> sm90_configs(const Problem& p) {
        flashgen::heuristic_forward_configs(dtype, static_cast<int>(p.shape.head_dim), mask, 90)) {
     if (c.family != flashgen::KernelFamily::kSm90) continue;
     for (bool overlap : {false, true})
-      for (bool pingpong : {false, true}) {
-        flashgen::KernelConfig variant = c;
-        variant.overlap = overlap;
-        variant.pingpong = pingpong;
-        if (!variant.invalid_reason(90)) configs.push_back(variant);
-      }
+      for (bool pingpong : {false, true})
+        for (bool persistent : {false, true}) {
+          flashgen::KernelConfig variant = c;
+          variant.overlap = overlap;
+          variant.pingpong = pingpong;
+          variant.persistent = persistent;
+          if (!variant.invalid_reason(90)) configs.push_back(variant);
+        }
   }
   return configs;
 }

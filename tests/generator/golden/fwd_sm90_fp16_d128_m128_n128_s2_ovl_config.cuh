@@ -13,6 +13,7 @@ struct Config {
   static constexpr int kStages = 2;
   static constexpr bool kOverlap = true;
   static constexpr bool kPingPong = false;
+  static constexpr bool kPersistent = false;
 };
 
 }  // namespace flashgen_generated
