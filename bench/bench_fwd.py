@@ -1,13 +1,12 @@
 #!/usr/bin/env python3
-"""Forward-attention benchmark: flashgen (through its C ABI, loaded with ctypes) against PyTorch SDPA's
-FlashAttention-2 and cuDNN backends, in one process, on the same tensors, over the standard grid of
-shared/ANCHORS.md. Writes a CSV and prints a markdown table (the last thing printed).
+"""Forward-attention benchmark: flashgen (flashgen.torch.attention, the Python package under python/) against
+PyTorch SDPA's FlashAttention-2 and cuDNN backends, in one process, on the same tensors, over the standard grid
+of shared/ANCHORS.md. Writes a CSV and prints a markdown table (the last thing printed).
 
-Run on a GPU machine:  python3 bench/bench_fwd.py --lib build/libflashgen.so [--quick]
+Run on a GPU machine:  python3 bench/bench_fwd.py [--lib build/libflashgen.so] [--quick]
 """
 
 import argparse
-import ctypes
 import csv
 import datetime
 import math
@@ -18,29 +17,6 @@ import sys
 import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-# flashgen.h, mirrored for ctypes. C enums are int on every ABI flashgen targets.
-FLASHGEN_FLOAT16 = 0
-FLASHGEN_BFLOAT16 = 1
-FLASHGEN_MASK_NONE = 0
-FLASHGEN_MASK_CAUSAL = 1
-
-
-class FlashgenTensor(ctypes.Structure):
-    _fields_ = [
-        ("data", ctypes.c_void_p),              # device pointer, 16-byte aligned
-        ("dtype", ctypes.c_int),                # flashgen_dtype
-        ("shape", ctypes.c_int64 * 4),          # [batch, seqlen, heads, head_dim]
-        ("stride", ctypes.c_int64 * 4),         # elements; stride[3] == 1
-    ]
-
-
-class FlashgenAttentionOptions(ctypes.Structure):
-    _fields_ = [
-        ("softmax_scale", ctypes.c_float),      # <= 0: 1/sqrt(head_dim)
-        ("mask", ctypes.c_int),                 # flashgen_mask
-        ("deterministic", ctypes.c_int),        # backward only
-    ]
 
 
 CSV_COLUMNS = [
@@ -66,14 +42,17 @@ def parse_args():
             "the kernel or loads it from the cache) whose output is checked against SDPA's FLASH_ATTENTION "
             "output; a max |diff| above the tolerance aborts flashgen's row (error column filled, exit status 1). "
             "Then each implementation gets --warmup untimed calls and --samples timed ones, each timed with CUDA "
-            "events after writing a --flush-mb buffer to flush L2. FLOPs = 4 * batch * heads * seqlen^2 * "
+            "events after writing a --flush-mb buffer to flush L2 and a short GPU sleep that keeps the host ahead "
+            "(so Python overhead is not timed). flashgen is called as a user would, flashgen.torch.attention(q, k, "
+            "v, causal=...), its output allocated per call like SDPA's. FLOPs = 4 * batch * heads * seqlen^2 * "
             "head_dim, halved when causal. A peer that raises for a point leaves its cells empty. "
             "FLASHGEN_CACHE_DIR (read by the library) chooses the kernel cache."
         ),
     )
-    parser.add_argument("--lib", default="build/libflashgen.so",
-                        help="path of libflashgen.so (relative paths are tried from the current directory, "
-                             "then from the repository root; default: %(default)s)")
+    parser.add_argument("--lib", default=None,
+                        help="path of libflashgen.so, passed to the package as FLASHGEN_LIBRARY (relative paths are "
+                             "tried from the current directory, then from the repository root; default: the "
+                             "package's own search: $FLASHGEN_LIBRARY, then build/libflashgen.so of this checkout)")
     parser.add_argument("--out", default=None,
                         help="CSV path (default: bench/results/fwd_<device-slug>_<YYYY-MM-DD>.csv in the repository)")
     parser.add_argument("--dtypes", default="fp16",
@@ -131,25 +110,18 @@ def parse_args():
     return args
 
 
-def find_library(path):
-    candidates = [path] if os.path.isabs(path) else [os.path.abspath(path), os.path.join(REPO_ROOT, path)]
-    for candidate in candidates:
-        if os.path.exists(candidate):
-            return candidate
-    sys.exit(f"error: libflashgen not found (tried {', '.join(candidates)}); build it or pass --lib")
-
-
-def load_flashgen(path):
-    lib = ctypes.CDLL(path)
-    tensor_p = ctypes.POINTER(FlashgenTensor)
-    lib.flashgen_attention_forward.argtypes = [tensor_p, tensor_p, tensor_p, tensor_p, ctypes.c_void_p,
-                                               ctypes.POINTER(FlashgenAttentionOptions), ctypes.c_void_p]
-    lib.flashgen_attention_forward.restype = ctypes.c_int
-    lib.flashgen_last_error.argtypes = []
-    lib.flashgen_last_error.restype = ctypes.c_char_p
-    lib.flashgen_version.argtypes = []
-    lib.flashgen_version.restype = ctypes.c_char_p
-    return lib
+def import_flashgen_torch(lib):
+    """flashgen.torch from this checkout's python/ (or an installed flashgen), with --lib as FLASHGEN_LIBRARY."""
+    if lib is not None:
+        candidates = [lib] if os.path.isabs(lib) else [os.path.abspath(lib), os.path.join(REPO_ROOT, lib)]
+        found = next((c for c in candidates if os.path.exists(c)), None)
+        if found is None:
+            sys.exit(f"error: libflashgen not found (tried {', '.join(candidates)}); build it or fix --lib")
+        os.environ["FLASHGEN_LIBRARY"] = found
+    sys.path.insert(0, os.path.join(REPO_ROOT, "python"))
+    import flashgen
+    import flashgen.torch
+    return flashgen, flashgen.torch
 
 
 def slug(text):
@@ -164,6 +136,12 @@ def percentile(sorted_values, fraction):
     low = math.floor(position)
     high = min(low + 1, len(sorted_values) - 1)
     return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
+
+
+# GPU cycles of torch.cuda._sleep queued after each L2 flush (about 0.25 ms): the host queues the start event and
+# the call while the GPU still sleeps, so the Python and dispatch time of a call never shows up as an idle gap
+# between the events, for flashgen and the peers alike.
+HOST_LEAD_CYCLES = 500_000
 
 
 class Bench:
@@ -182,41 +160,13 @@ class Bench:
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.args.samples)]
         for start, end in zip(starts, ends):
             self.flush_buffer.zero_()
+            torch.cuda._sleep(HOST_LEAD_CYCLES)
             start.record()
             fn()
             end.record()
         torch.cuda.synchronize()
         times = sorted(start.elapsed_time(end) for start, end in zip(starts, ends))
         return statistics.median(times), percentile(times, 0.10), percentile(times, 0.90)
-
-
-def tensor_struct(t, dtype_code):
-    """flashgen_tensor over a torch tensor's [batch, seqlen, heads, head_dim] view."""
-    s = FlashgenTensor()
-    s.data = t.data_ptr()
-    s.dtype = dtype_code
-    s.shape = (ctypes.c_int64 * 4)(*t.shape)
-    s.stride = (ctypes.c_int64 * 4)(*t.stride())
-    return s
-
-
-def make_flashgen_call(lib, torch, q, k, v, out, causal, dtype_code):
-    """A zero-argument callable that runs flashgen on the current torch stream; raises on a non-zero status."""
-    structs = [tensor_struct(t, dtype_code) for t in (q, k, v, out)]
-    refs = [ctypes.byref(s) for s in structs]
-    options = FlashgenAttentionOptions(0.0, FLASHGEN_MASK_CAUSAL if causal else FLASHGEN_MASK_NONE, 0)
-    options_ref = ctypes.byref(options)
-    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-    forward = lib.flashgen_attention_forward
-
-    def call():
-        status = forward(refs[0], refs[1], refs[2], refs[3], None, options_ref, stream)
-        if status != 0:
-            raise RuntimeError(f"flashgen_attention_forward returned {status}: "
-                               f"{lib.flashgen_last_error().decode(errors='replace')}")
-
-    call.keepalive = (structs, options)  # the structs must outlive every call
-    return call
 
 
 def reference_slice(torch, q, k, v, causal):
@@ -247,7 +197,7 @@ def fmt(value, digits=1):
 
 def main():
     args = parse_args()
-    lib_path = find_library(args.lib)
+    flashgen, flashgen_torch = import_flashgen_torch(args.lib)
 
     import torch
     import torch.nn.functional as F
@@ -257,7 +207,6 @@ def main():
         sys.exit("error: no CUDA device visible to torch")
     torch.manual_seed(args.seed)
     torch.cuda.init()
-    lib = load_flashgen(lib_path)
 
     device_name = torch.cuda.get_device_name()
     today = datetime.date.today().isoformat()
@@ -269,19 +218,19 @@ def main():
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda or "",
         "cudnn_version": cudnn_version,
-        "flashgen_version": lib.flashgen_version().decode(),
+        "flashgen_version": flashgen.version(),
     }
     out_path = args.out or os.path.join(REPO_ROOT, "bench", "results", f"fwd_{slug(device_name)}_{today}.csv")
     print(f"# {device_name}, torch {meta['torch_version']}, CUDA {meta['cuda_version']}, cuDNN {cudnn_version}, "
-          f"flashgen {meta['flashgen_version']} ({lib_path})", flush=True)
+          f"flashgen {meta['flashgen_version']} ({flashgen.library_path()})", flush=True)
 
-    torch_dtypes = {"fp16": (torch.float16, FLASHGEN_FLOAT16), "bf16": (torch.bfloat16, FLASHGEN_BFLOAT16)}
+    torch_dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
     bench = Bench(args, torch)
     rows = []
     failures = 0
 
     for dtype_name in args.dtypes:
-        torch_dtype, dtype_code = torch_dtypes[dtype_name]
+        torch_dtype = torch_dtypes[dtype_name]
         tolerance = args.tol if args.tol is not None else DEFAULT_TOLERANCE[dtype_name]
         for head_dim in args.head_dims:
             for causal in args.causal:
@@ -300,7 +249,6 @@ def main():
                     # Same random-normal BSHD tensors for every implementation; SDPA reads [b, h, s, d] views.
                     q, k, v = (torch.randn(batch, seqlen, heads, head_dim, dtype=torch_dtype, device="cuda")
                                for _ in range(3))
-                    out = torch.full_like(q, float("nan"))  # anything flashgen leaves unwritten shows up
                     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
 
                     def sdpa(backend):
@@ -310,14 +258,19 @@ def main():
 
                     peers = {"fa2": sdpa(SDPBackend.FLASH_ATTENTION), "cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
                     error = None
-                    flashgen_call = None
                     max_diff = None
+
+                    def flashgen_call():
+                        return flashgen_torch.attention(q, k, v, causal=causal)
 
                     # flashgen's first call (compile or cache load, untimed) and its check against FA2.
                     try:
-                        flashgen_call = make_flashgen_call(lib, torch, q, k, v, out, causal, dtype_code)
+                        # Freed NaNs of out's size: the caching allocator hands this block to flashgen's out, so
+                        # anything the kernel leaves unwritten shows up in the check.
+                        poison = torch.full_like(q, float("nan"))
+                        del poison
                         start = time.perf_counter()
-                        flashgen_call()
+                        out = flashgen_call()
                         torch.cuda.synchronize()
                         first_call_s = time.perf_counter() - start
                         reference = None
@@ -331,9 +284,10 @@ def main():
                             reference = reference_slice(torch, q, k, v, causal)
                             got = out[:1, :, :2].float()
                         max_diff = (got.float() - reference.float()).abs().max().item()
-                        del reference
+                        del reference, out, got
+                        chosen = flashgen_torch.explain(q, k, v, causal=causal, backward=False)["forward"]
                         print(f"  [{label}] first flashgen call {first_call_s:.2f} s, max |flashgen - ref| = "
-                              f"{max_diff:.3g}", flush=True)
+                              f"{max_diff:.3g}; config {chosen['config']} ({chosen['reason']})", flush=True)
                         if not (max_diff <= tolerance):  # NaN fails too
                             error = f"max |flashgen - FA2| = {max_diff:.3g} > {tolerance:g}"
                     except Exception as exc:  # noqa: BLE001 - a failing point must not end the run
@@ -363,7 +317,7 @@ def main():
                     print(f"  [{label}] flashgen {fmt(row.get('flashgen_tflops'))} TFLOP/s, "
                           f"FA2 {fmt(row.get('fa2_tflops'))}, cuDNN {fmt(row.get('cudnn_tflops'))}", flush=True)
                     rows.append(row)
-                    del q, k, v, out, qt, kt, vt, flashgen_call, peers
+                    del q, k, v, qt, kt, vt, flashgen_call, peers
                     torch.cuda.empty_cache()
 
     write_csv(out_path, CSV_COLUMNS, rows)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs what is missing and builds (scripts/setup.sh), runs the whole test suite, then builds again with
-# AddressSanitizer + UndefinedBehaviorSanitizer (Debug) and runs the CPU tests under them.
+# Installs what is missing and builds (scripts/setup.sh), runs the whole test suite, the Python package's tests
+# (python/tests with pytest, installed with apt when missing; the torch and GPU parts skip without them), then
+# builds again with AddressSanitizer + UndefinedBehaviorSanitizer (Debug) and runs the CPU tests under them.
 #   FLASHGEN_BUILD_DIR       Release build folder (default: build)
 #   FLASHGEN_ASAN_BUILD_DIR  sanitizer build folder (default: build-asan)
 #   FLASHGEN_CMAKE_ARGS      extra CMake configure arguments for both builds
@@ -17,6 +18,24 @@ scripts/setup.sh
 
 say "tests: ctest --test-dir $build_dir ([gpu] cases skip when there is no GPU)"
 ctest --test-dir "$build_dir" --output-on-failure
+
+# pytest: the default python3's if it has one, else Debian's (python3-pytest, for /usr/bin/python3).
+python=python3
+if ! python3 -c 'import pytest' 2> /dev/null; then
+  python=/usr/bin/python3
+  if ! "$python" -c 'import pytest' 2> /dev/null; then
+    if [[ $(id -u) -eq 0 ]]; then as_root=(); elif command -v sudo > /dev/null; then as_root=(sudo); else
+      printf 'test.sh: error: pytest is missing and there is neither root nor sudo to install python3-pytest\n' >&2
+      exit 1
+    fi
+    say "installing python3-pytest"
+    "${as_root[@]}" apt-get update
+    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-pytest
+  fi
+fi
+say "Python tests: $python -m pytest python/tests (libflashgen from $build_dir; torch and GPU parts skip without them)"
+FLASHGEN_LIBRARY="$(cd "$build_dir" && pwd)/libflashgen.so" FLASHGEN_CACHE_DIR="$(cd "$build_dir" && pwd)/test-cache" \
+  "$python" -m pytest python/tests -rs -p no:cacheprovider
 
 say "configuring $asan_dir (Debug, FLASHGEN_SANITIZE=ON)"
 cmake -S . -B "$asan_dir" -DCMAKE_BUILD_TYPE=Debug -DFLASHGEN_SANITIZE=ON \

@@ -3,6 +3,7 @@
 #ifndef FLASHGEN_FLASHGEN_H
 #define FLASHGEN_FLASHGEN_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -67,6 +68,72 @@ int flashgen_attention_backward(const flashgen_tensor* q, const flashgen_tensor*
                                 const flashgen_tensor* out, const flashgen_tensor* dout, const float* lse,
                                 const flashgen_tensor* dq, const flashgen_tensor* dk, const flashgen_tensor* dv,
                                 const flashgen_attention_options* opts, void* cuda_stream);
+
+/* Device workspace flashgen_attention_backward_with_workspace needs for exactly these arguments, in bytes
+ * (the same checks as the backward; it picks the config for the stream's device, compiling or loading its
+ * kernels if this process has not yet, and launches nothing). At most
+ * 4 * batch * heads_q * seqlen_q * (head_dim + 1) bytes plus 512 bytes of alignment. */
+int flashgen_attention_backward_workspace_size(const flashgen_tensor* q, const flashgen_tensor* k,
+                                               const flashgen_tensor* v, const flashgen_tensor* out,
+                                               const flashgen_tensor* dout, const float* lse,
+                                               const flashgen_tensor* dq, const flashgen_tensor* dk,
+                                               const flashgen_tensor* dv, const flashgen_attention_options* opts,
+                                               void* cuda_stream, size_t* workspace_bytes);
+
+/* flashgen_attention_backward with a caller-provided workspace instead of the stream-ordered pool: device
+ * memory of the launch's device, 256-byte aligned, at least flashgen_attention_backward_workspace_size()
+ * bytes, not touched by anything else until the kernels queued on cuda_stream have run (no need to clear
+ * it). Allocates nothing and never synchronizes, so it can be captured into a CUDA graph once its kernels
+ * are loaded (after one call, or one workspace-size query, on the same device). */
+int flashgen_attention_backward_with_workspace(const flashgen_tensor* q, const flashgen_tensor* k,
+                                               const flashgen_tensor* v, const flashgen_tensor* out,
+                                               const flashgen_tensor* dout, const float* lse,
+                                               const flashgen_tensor* dq, const flashgen_tensor* dk,
+                                               const flashgen_tensor* dv, const flashgen_attention_options* opts,
+                                               void* workspace, size_t workspace_bytes, void* cuda_stream);
+
+/* What flashgen_attention_forward would run for exactly these arguments, as one JSON object written to
+ * json (json_capacity bytes, NUL-terminated):
+ *   {"pass": "forward", "config": "fwd_sm80_...", "arch": 90,
+ *    "source": "tuning database" | "tuned on first use" | "shipped defaults" | "heuristic" | "other",
+ *    "reason": "<the chooser's full explanation>", "source_path": "<kernel cache>/sources/<config>.cu",
+ *    "grid": [x, y, z], "threads": N, "smem_bytes": N,
+ *    "kernels": [{"symbol": ..., "registers": N, "spill_store_bytes": N, "spill_load_bytes": N}]}
+ * source_path is the generated translation unit (as `flashgen emit` prints it), written there on every
+ * call; it is null, with "source_path_error" saying why, when it cannot be written. Compiles or loads the
+ * kernel like a first call and launches nothing; with tune-on-first-use on, an untuned problem is tuned
+ * first, as the call would. *json_length (when not NULL) receives the length of the text without its NUL,
+ * also when json_capacity is too small; then nothing is written and the status is
+ * FLASHGEN_ERROR_INVALID_ARGUMENT. */
+int flashgen_explain_forward(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
+                             const flashgen_tensor* out, float* lse, const flashgen_attention_options* opts,
+                             void* cuda_stream, char* json, size_t json_capacity, size_t* json_length);
+
+/* The same for flashgen_attention_backward: "pass": "backward", a bwd_... config whose source is always
+ * "heuristic" (the backward is not tuned yet), one entry of "kernels" per kernel of the module in launch
+ * order (with its "grid", "threads" and "smem_bytes"), and "workspace_bytes". */
+int flashgen_explain_backward(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
+                              const flashgen_tensor* out, const flashgen_tensor* dout, const float* lse,
+                              const flashgen_tensor* dq, const flashgen_tensor* dk, const flashgen_tensor* dv,
+                              const flashgen_attention_options* opts, void* cuda_stream, char* json,
+                              size_t json_capacity, size_t* json_length);
+
+/* A forward problem by its sizes, for tuning. */
+typedef struct {
+  flashgen_dtype dtype;
+  flashgen_mask mask;
+  int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
+} flashgen_forward_problem;
+
+/* Tunes the forward kernel for problem's size bucket on the device of cuda_stream's context (else the
+ * current context, else device 0) now: sweeps 16 candidate configs (the built-in choice, its one-knob
+ * neighbours, others spread evenly over the search space; each compiled, checked against a float64
+ * reference on its own random inputs and timed, on a stream of its own; seconds, synchronously), stores
+ * every row and the winner in the user's tuning database, and makes the winner this process's choice for
+ * that bucket. Writes {"problem": "<bucket id>", "config": "<winner>", "reason": ..., "db": "<path>"} to
+ * json as flashgen_explain_forward does. A bucket already tuned by this process is not swept again. */
+int flashgen_tune_forward(const flashgen_forward_problem* problem, void* cuda_stream, char* json,
+                          size_t json_capacity, size_t* json_length);
 
 /* Tune-on-first-use, off by default (also switched on by FLASHGEN_TUNE=1 in the environment): a forward
  * call whose problem size bucket the user's tuning database does not hold for this GPU first sweeps 16

@@ -1,0 +1,313 @@
+"""flashgen for PyTorch: `attention(q, k, v, ...)`, a drop-in for scaled_dot_product_attention on CUDA fp16/bf16
+tensors, with autograd, grouped-query heads and both causal alignments; `explain` says which kernels a call runs
+and why; `tune` sweeps the forward's configs for a problem. Both passes are torch.library custom ops
+(flashgen::attention_forward, flashgen::attention_backward) with fake implementations, so torch.compile keeps
+them in its graphs, and once their kernels are loaded a call neither allocates outside torch's caching
+allocator nor synchronizes, so it can be captured in a CUDA graph.
+
+    import torch, flashgen.torch
+    q, k, v = (torch.randn(2, 1024, 8, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    out = flashgen.torch.attention(q, k, v, causal=True)   # [batch, seqlen, heads, head_dim]
+    out.sum().backward()
+"""
+
+import ctypes
+
+import torch
+
+from . import _lib
+from ._lib import FlashgenArgumentError, FlashgenError
+
+if not (hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_autograd")):
+    raise ImportError(f"flashgen.torch needs torch >= 2.4 (torch.library.custom_op); this is torch {torch.__version__}")
+
+__all__ = ["attention", "explain", "tune", "FlashgenError", "FlashgenArgumentError"]
+
+_DTYPE_CODES = {torch.float16: _lib.FLOAT16, torch.bfloat16: _lib.BFLOAT16}
+_MASK_CODES = {"none": _lib.MASK_NONE, "bottom_right": _lib.MASK_CAUSAL, "top_left": _lib.MASK_CAUSAL_TOP_LEFT}
+# Position of [batch, seqlen, heads, head_dim] in a tensor of each layout.
+_BSHD_DIMS = {"bshd": (0, 1, 2, 3), "bhsd": (0, 2, 1, 3)}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Argument checks: types, devices, ranks and dtypes here (on fake tensors too, so torch.compile reports them while
+# tracing); shapes, strides and alignment in the library, whose messages name the dimension.
+
+def _mask(causal, causal_align):
+    if causal_align not in ("bottom_right", "top_left"):
+        raise FlashgenArgumentError(f"causal_align must be 'bottom_right' or 'top_left', got {causal_align!r}",
+                                    _lib.ERROR_INVALID_ARGUMENT)
+    return causal_align if causal else "none"
+
+
+def _bshd_shape(t, layout):
+    """t's (batch, seqlen, heads, head_dim)."""
+    return tuple(t.shape[i] for i in _BSHD_DIMS[layout])
+
+
+def _check_inputs(q, k, v, layout):
+    """Raises FlashgenArgumentError naming the argument for what the library cannot see (types, devices, ranks,
+    dtypes)."""
+    def bad(message):
+        raise FlashgenArgumentError(message, _lib.ERROR_INVALID_ARGUMENT)
+
+    if layout not in ("bshd", "bhsd"):
+        bad(f"layout must be 'bshd' ([batch, seqlen, heads, head_dim]) or 'bhsd' ([batch, heads, seqlen, "
+            f"head_dim]), got {layout!r}")
+    order = "[batch, seqlen, heads, head_dim]" if layout == "bshd" else "[batch, heads, seqlen, head_dim]"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            bad(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            bad(f"{name}: expected a 4-d tensor {order} (layout {layout!r}), got shape {tuple(t.shape)}")
+        if t.dtype not in (torch.float16, torch.bfloat16):
+            bad(f"{name}.dtype is {t.dtype}; flashgen runs torch.float16 and torch.bfloat16")
+        if t.device.type != "cuda":
+            bad(f"{name} is on {t.device}; flashgen runs on CUDA devices")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            bad(f"{name}.dtype is {t.dtype} but q.dtype is {q.dtype}")
+        if t.device != q.device:
+            bad(f"{name} is on {t.device} but q is on {q.device}")
+
+
+def _check_mask(mask):
+    if mask not in _MASK_CODES:
+        raise FlashgenArgumentError(f"mask must be one of {sorted(_MASK_CODES)}, got {mask!r}",
+                                    _lib.ERROR_INVALID_ARGUMENT)
+
+
+def _check_scale(scale):
+    """The scale argument as the ops take it: 0.0 for the default 1/sqrt(head_dim)."""
+    if scale is None:
+        return 0.0
+    scale = float(scale)
+    if not 0.0 < scale < float("inf"):
+        raise FlashgenArgumentError(f"scale must be a positive finite number or None (1/sqrt(head_dim)), got {scale}",
+                                    _lib.ERROR_INVALID_ARGUMENT)
+    return scale
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The C calls. Tensors are passed by pointer and strides, never copied, unless the kernels cannot read them in
+# place (head_dim not unit-stride, other strides not multiples of 8 elements, data not 16-byte aligned).
+
+def _readable(t):
+    """t when the kernels can read it in place, else a fresh contiguous copy in the same layout."""
+    aligned = t.data_ptr() % 16 == 0 and t.stride(-1) == 1
+    if aligned and all(size == 1 or stride % 8 == 0 for size, stride in zip(t.shape[:-1], t.stride()[:-1])):
+        return t
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def _view(t, layout):
+    """flashgen_tensor over t, read as [batch, seqlen, heads, head_dim] through t's own strides."""
+    dims = _BSHD_DIMS[layout]
+    view = _lib.Tensor()
+    view.data = t.data_ptr()
+    view.dtype = _DTYPE_CODES[t.dtype]
+    view.shape = (ctypes.c_int64 * 4)(*(t.shape[i] for i in dims))
+    view.stride = (ctypes.c_int64 * 4)(*(t.stride(i) for i in dims))
+    return view
+
+
+def _lse_shape(q, layout):
+    batch, seqlen_q, heads_q, _ = _bshd_shape(q, layout)
+    return (batch, heads_q, seqlen_q)
+
+
+def _stream(device):
+    """The caller's current stream on device, as the C ABI takes it."""
+    return ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
+
+
+class _ForwardCall:
+    """The arguments of one flashgen_attention_forward call: readable q, k, v, a fresh out (q's shape, contiguous)
+    and lse (fp32 [batch, heads_q, seqlen_q]), their views and the options. Build it under the device's guard."""
+
+    def __init__(self, q, k, v, scale, mask, layout):
+        self.q, self.k, self.v = (_readable(t) for t in (q, k, v))
+        self.out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        self.lse = torch.empty(_lse_shape(q, layout), dtype=torch.float32, device=q.device)
+        self.views = [_view(t, layout) for t in (self.q, self.k, self.v, self.out)]
+        self.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 0)
+
+    def arguments(self):
+        return (*(ctypes.byref(view) for view in self.views), ctypes.c_void_p(self.lse.data_ptr()),
+                ctypes.byref(self.options))
+
+
+class _BackwardCall:
+    """The arguments of one backward call: readable dout, q, k, v, out; lse; fresh dq, dk, dv (contiguous, shaped
+    like q, k, v); views and options. Build it under the device's guard."""
+
+    def __init__(self, dout, q, k, v, out, lse, scale, mask, layout, deterministic):
+        self.dout, self.q, self.k, self.v, self.out = (_readable(t) for t in (dout, q, k, v, out))
+        self.lse = lse.contiguous()
+        self.dq, self.dk, self.dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+        tensors = (self.q, self.k, self.v, self.out, self.dout, self.dq, self.dk, self.dv)
+        self.views = [_view(t, layout) for t in tensors]
+        self.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 1 if deterministic else 0)
+
+    def arguments(self):
+        refs = [ctypes.byref(view) for view in self.views]
+        return (*refs[:5], ctypes.c_void_p(self.lse.data_ptr()), *refs[5:], ctypes.byref(self.options))
+
+
+def _check_lse(lse, q, layout):
+    expected = _lse_shape(q, layout)
+    if lse.dtype != torch.float32 or tuple(lse.shape) != tuple(expected) or lse.device != q.device:
+        raise FlashgenArgumentError(
+            f"lse: expected float32 {list(expected)} on {q.device} as the forward returned it, got {lse.dtype} "
+            f"{list(lse.shape)} on {lse.device}", _lib.ERROR_INVALID_ARGUMENT)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The custom ops. scale 0.0 means 1/sqrt(head_dim); mask is "none", "bottom_right" or "top_left"; layout is
+# "bshd" or "bhsd". Outputs are new contiguous tensors in the inputs' layout; lse is fp32 [batch, heads_q,
+# seqlen_q] in either layout.
+
+@torch.library.custom_op("flashgen::attention_forward", mutates_args=())
+def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: str, layout: str,
+                       deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse). deterministic is not used by the forward; autograd hands it to the backward."""
+    _check_inputs(q, k, v, layout)
+    _check_mask(mask)
+    with torch.cuda.device(q.device):
+        call = _ForwardCall(q, k, v, scale, mask, layout)
+        _lib.check(_lib.function("flashgen_attention_forward")(*call.arguments(), _stream(q.device)),
+                   "flashgen_attention_forward")
+    return call.out, call.lse
+
+
+@_attention_forward.register_fake
+def _attention_forward_fake(q, k, v, scale, mask, layout, deterministic):
+    _check_inputs(q, k, v, layout)
+    return q.new_empty(q.shape), q.new_empty(_lse_shape(q, layout), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashgen::attention_backward", mutates_args=())
+def _attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                        lse: torch.Tensor, scale: float, mask: str, layout: str,
+                        deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) given dout and the forward's q, k, v, out and lse. The kernels' workspace is a torch
+    allocation, so nothing is allocated behind the caching allocator (or a CUDA graph's pool)."""
+    _check_inputs(q, k, v, layout)
+    _check_mask(mask)
+    _check_lse(lse, q, layout)
+    with torch.cuda.device(q.device):
+        call = _BackwardCall(dout, q, k, v, out, lse, scale, mask, layout, deterministic)
+        stream = _stream(q.device)
+        workspace_bytes = ctypes.c_size_t(0)
+        _lib.check(_lib.function("flashgen_attention_backward_workspace_size")(
+            *call.arguments(), stream, ctypes.byref(workspace_bytes)), "flashgen_attention_backward_workspace_size")
+        # The caching allocator hands out 512-byte aligned blocks; the library asks for 256.
+        workspace = torch.empty(workspace_bytes.value, dtype=torch.uint8, device=q.device)
+        _lib.check(_lib.function("flashgen_attention_backward_with_workspace")(
+            *call.arguments(), ctypes.c_void_p(workspace.data_ptr()), workspace_bytes.value, stream),
+            "flashgen_attention_backward_with_workspace")
+    return call.dq, call.dk, call.dv
+
+
+@_attention_backward.register_fake
+def _attention_backward_fake(dout, q, k, v, out, lse, scale, mask, layout, deterministic):
+    _check_inputs(q, k, v, layout)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, scale, mask, layout, deterministic = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.scale, ctx.mask, ctx.layout, ctx.deterministic = scale, mask, layout, deterministic
+    # The kernels compute no gradient through lse: it is returned for inspection and combining partial results.
+    ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, dout, dlse):
+    if dout is None:  # out took no part in the loss
+        return None, None, None, None, None, None, None
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.flashgen.attention_backward(dout, q, k, v, out, lse, ctx.scale, ctx.mask, ctx.layout,
+                                                       ctx.deterministic)
+    return dq, dk, dv, None, None, None, None
+
+
+_attention_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Public API.
+
+def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, layout="bshd", deterministic=False,
+              return_lse=False):
+    """softmax(q kᵀ · scale [causal mask]) v on CUDA float16 / bfloat16 tensors, differentiable in q, k and v.
+
+    q: [batch, seqlen_q, heads_q, head_dim] ("bshd") or [batch, heads_q, seqlen_q, head_dim] ("bhsd", the layout
+    of torch's scaled_dot_product_attention). k, v: the same with seqlen_k and heads_kv; heads_q must be a
+    multiple of heads_kv (grouped-query attention: query head h reads key/value head h // (heads_q // heads_kv)).
+    head_dim a multiple of 8 up to 256. Any strides work without a copy as long as head_dim is contiguous, the
+    other strides are multiples of 8 elements and the data 16-byte aligned; other inputs are copied first.
+
+    causal: mask future keys. causal_align: "bottom_right" (key j visible to query i iff j <= i + seqlen_k -
+    seqlen_q; the last query sees every key, as in decoding with a KV cache) or "top_left" (iff j <= i, what
+    scaled_dot_product_attention's is_causal means). They differ only when seqlen_q != seqlen_k. A query row
+    that sees no key (bottom_right with seqlen_q > seqlen_k) gets output 0, lse -inf and zero gradients.
+    scale: the softmax scale, default 1/sqrt(head_dim). deterministic: the backward computes dq without
+    atomics, giving bitwise-identical gradients on repeated runs (somewhat slower).
+
+    Returns out, shaped and laid out like q (a new contiguous tensor), or (out, lse) with return_lse, lse being
+    the natural-log log-sum-exp of each row's scaled scores, float32 [batch, heads_q, seqlen_q]; lse carries no
+    gradient. Runs on the current CUDA stream of q's device. Bad arguments raise FlashgenArgumentError (a
+    ValueError), other failures FlashgenError (a RuntimeError), carrying the library's message.
+    """
+    mask = _mask(causal, causal_align)
+    _check_inputs(q, k, v, layout)
+    out, lse = torch.ops.flashgen.attention_forward(q, k, v, _check_scale(scale), mask, layout, bool(deterministic))
+    return (out, lse) if return_lse else out
+
+
+def explain(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, layout="bshd", deterministic=False,
+            backward=True):
+    """Which kernels attention(q, k, v, ...) with these arguments runs, and why, as a dict:
+    {"library": path, "version": ..., "forward": {...}, "backward": {...}}. Each pass has "config" (the kernel
+    config's canonical name), "source" ("tuning database", "tuned on first use", "shipped defaults" or
+    "heuristic"), "reason" (the chooser's full explanation), "arch", "source_path" (the generated CUDA source,
+    written into the kernel cache; compile it with nvcc as is), the launch grid, threads, shared memory and each
+    kernel's registers and spills; the backward also has "workspace_bytes". Compiles or loads the kernels like a
+    first call (and with tune-on-first-use on, tunes an untuned problem first) but runs nothing. Allocates what
+    the call would (out, lse and, with backward, dout and the gradients) for as long as it runs.
+    """
+    mask = _mask(causal, causal_align)
+    _check_inputs(q, k, v, layout)
+    scale = _check_scale(scale)
+    answer = {"library": _lib.library_path(), "version": _lib.version()}
+    with torch.no_grad(), torch.cuda.device(q.device):
+        stream = _stream(q.device)
+        forward = _ForwardCall(q, k, v, scale, mask, layout)
+        answer["forward"] = _lib.call_json("flashgen_explain_forward", *forward.arguments(), stream)
+        if backward:
+            call = _BackwardCall(torch.empty_like(forward.out), q, k, v, forward.out, forward.lse, scale, mask,
+                                 layout, deterministic)
+            answer["backward"] = _lib.call_json("flashgen_explain_backward", *call.arguments(), stream)
+    return answer
+
+
+def tune(q, k, v, *, causal=False, causal_align="bottom_right", layout="bshd"):
+    """Tunes the forward kernel for the size bucket of attention(q, k, v, ...) on q's GPU, now: sweeps 16 candidate
+    configs (compiled in parallel, each checked against a float64 reference and timed on inputs of its own;
+    seconds), stores every timing and the winner in the user's tuning database ($FLASHGEN_TUNING_DB, else
+    ~/.local/share/flashgen/tuning.sqlite) and makes the winner this process's choice; later processes read it
+    from the database. Only the tensors' shapes, dtype and device matter. Returns {"problem": bucket id, "config":
+    winner, "reason": ..., "db": path}. The backward has no tuning yet (explain shows its built-in choice).
+    """
+    mask = _mask(causal, causal_align)
+    _check_inputs(q, k, v, layout)
+    batch, seqlen_q, heads_q, head_dim = _bshd_shape(q, layout)
+    _, seqlen_k, heads_kv, _ = _bshd_shape(k, layout)
+    problem = _lib.ForwardProblem(_DTYPE_CODES[q.dtype], _MASK_CODES[mask], batch, seqlen_q, seqlen_k, heads_q,
+                                  heads_kv, head_dim)
+    with torch.cuda.device(q.device):
+        return _lib.call_json("flashgen_tune_forward", ctypes.byref(problem), _stream(q.device))

@@ -1,0 +1,243 @@
+"""libflashgen through ctypes, with no torch and no GPU needed: where the library is looked for and what the error
+says when it is not found, the version, the ctypes mirror of flashgen.h, and the C ABI's argument checks surfacing
+as Python exceptions that carry the library's message."""
+
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+import testsupport
+
+import flashgen
+from flashgen import _lib
+
+_missing = testsupport.library_missing()
+if _missing:
+    pytest.skip(f"libflashgen not found here: {_missing}", allow_module_level=True)
+
+
+def _fake_pointer(n):
+    """Never dereferenced: the checks refuse the call first. 16-byte aligned like real allocations."""
+    return 0x100000 + n * 0x1000000
+
+
+def _bshd(n, batch, seqlen, heads, head_dim, dtype=_lib.FLOAT16):
+    view = _lib.Tensor()
+    view.data = _fake_pointer(n)
+    view.dtype = dtype
+    view.shape = (ctypes.c_int64 * 4)(batch, seqlen, heads, head_dim)
+    view.stride = (ctypes.c_int64 * 4)(seqlen * heads * head_dim, heads * head_dim, head_dim, 1)
+    return view
+
+
+class _Call:
+    """A valid backward-shaped argument set: q, out, dout, dq [2, 100, 8, 64]; k, v, dk, dv [2, 75, 4, 64]."""
+
+    def __init__(self):
+        self.q, self.out, self.dout, self.dq = (_bshd(n, 2, 100, 8, 64) for n in (1, 4, 5, 6))
+        self.k, self.v, self.dk, self.dv = (_bshd(n, 2, 75, 4, 64) for n in (2, 3, 7, 8))
+        self.lse = ctypes.c_void_p(_fake_pointer(9))
+        self.options = _lib.AttentionOptions(0.0, _lib.MASK_CAUSAL, 0)
+
+    def forward(self):
+        refs = [ctypes.byref(t) for t in (self.q, self.k, self.v, self.out)]
+        return _lib.function("flashgen_attention_forward")(*refs, self.lse, ctypes.byref(self.options), None)
+
+    def backward_arguments(self):
+        refs = [ctypes.byref(t) for t in (self.q, self.k, self.v, self.out, self.dout)]
+        grads = [ctypes.byref(t) for t in (self.dq, self.dk, self.dv)]
+        return (*refs, self.lse, *grads, ctypes.byref(self.options))
+
+
+def _raised(status, call):
+    with pytest.raises(flashgen.FlashgenError) as caught:
+        _lib.check(status, call)
+    return caught.value
+
+
+def test_version_matches_the_package():
+    assert flashgen.version() == flashgen.__version__
+    assert os.path.exists(flashgen.library_path())
+
+
+def test_struct_layouts_mirror_flashgen_h():
+    # flashgen_tensor: void*, int (+4 padding), int64[4], int64[4]; options: float, int, int;
+    # flashgen_forward_problem: two ints, six int64.
+    assert ctypes.sizeof(_lib.Tensor) == 80
+    assert _lib.Tensor.shape.offset == 16
+    assert ctypes.sizeof(_lib.AttentionOptions) == 12
+    assert ctypes.sizeof(_lib.ForwardProblem) == 56
+    assert _lib.ForwardProblem.batch.offset == 8
+
+
+def test_search_order():
+    saved = os.environ.pop("FLASHGEN_LIBRARY", None)
+    try:
+        candidates = _lib.library_candidates()
+        assert [description for description, _ in candidates] == [
+            "bundled with the package", "the source tree's build", "the system loader (LD_LIBRARY_PATH, ldconfig)"]
+        assert candidates[0][1] == os.path.join(os.path.dirname(_lib.__file__), "libflashgen.so")
+        assert candidates[1][1] == str(testsupport.REPO_ROOT / "build" / "libflashgen.so")
+        os.environ["FLASHGEN_LIBRARY"] = "/opt/x/libflashgen.so"
+        assert _lib.library_candidates() == [("FLASHGEN_LIBRARY", "/opt/x/libflashgen.so")]
+    finally:
+        os.environ.pop("FLASHGEN_LIBRARY", None)
+        if saved is not None:
+            os.environ["FLASHGEN_LIBRARY"] = saved
+
+
+def _version_in_fresh_process(package_parent, environment):
+    """Runs `flashgen.version()` in a new interpreter (a fresh loader) and returns (exit code, output)."""
+    env = {key: value for key, value in os.environ.items() if key not in ("FLASHGEN_LIBRARY", "LD_LIBRARY_PATH")}
+    env.update(environment)
+    env["PYTHONPATH"] = str(package_parent)
+    done = subprocess.run([sys.executable, "-c", "import flashgen; print(flashgen.version())"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_not_found_error_lists_every_place_tried():
+    # A copy of the package outside the source tree: no bundled library, no build/ beside it.
+    with tempfile.TemporaryDirectory() as folder:
+        shutil.copytree(testsupport.PYTHON_DIR / "flashgen", os.path.join(folder, "flashgen"),
+                        ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+        code, output = _version_in_fresh_process(folder, {})
+        assert code != 0
+        assert "libflashgen.so not found" in output
+        assert os.path.join(folder, "flashgen", "libflashgen.so") + " (bundled with the package): no such file" in output
+        assert "through the system loader" in output
+        assert "FLASHGEN_LIBRARY" in output
+
+        # FLASHGEN_LIBRARY names the one place to look.
+        missing = os.path.join(folder, "nowhere", "libflashgen.so")
+        code, output = _version_in_fresh_process(folder, {"FLASHGEN_LIBRARY": missing})
+        assert code != 0
+        assert f"{missing} (FLASHGEN_LIBRARY): no such file" in output
+
+        # A file that is there but is no library: the loader's own error, not a search elsewhere.
+        bogus = os.path.join(folder, "libflashgen.so")
+        with open(bogus, "w") as f:
+            f.write("not a library\n")
+        code, output = _version_in_fresh_process(folder, {"FLASHGEN_LIBRARY": bogus})
+        assert code != 0
+        assert f"cannot load {bogus} (FLASHGEN_LIBRARY)" in output
+
+
+def test_loads_through_flashgen_library():
+    code, output = _version_in_fresh_process(testsupport.PYTHON_DIR, {"FLASHGEN_LIBRARY": flashgen.library_path()})
+    assert code == 0, output
+    assert output.strip() == flashgen.__version__
+
+
+def test_statuses_map_to_exception_types():
+    for status in (_lib.ERROR_INVALID_ARGUMENT, _lib.ERROR_UNSUPPORTED):
+        error = _lib.error_for(status, "m")
+        assert isinstance(error, flashgen.FlashgenArgumentError) and isinstance(error, ValueError)
+        assert error.status == status
+    for status in (_lib.ERROR_NO_DEVICE, _lib.ERROR_COMPILE, _lib.ERROR_CUDA, _lib.ERROR_INTERNAL):
+        error = _lib.error_for(status, "m")
+        assert isinstance(error, flashgen.FlashgenError) and isinstance(error, RuntimeError)
+        assert not isinstance(error, ValueError)
+    _lib.check(_lib.SUCCESS, "nothing")  # no exception
+
+
+@pytest.mark.parametrize("mutate, status, message", [
+    (lambda c: setattr(c.q, "data", None), _lib.ERROR_INVALID_ARGUMENT, "q.data: null pointer"),
+    (lambda c: c.k.shape.__setitem__(0, 3), _lib.ERROR_INVALID_ARGUMENT,
+     "k.shape[0] (batch) is 3 but q.shape[0] (batch) is 2"),
+    (lambda c: c.v.stride.__setitem__(3, 2), _lib.ERROR_INVALID_ARGUMENT, "v.stride[3] must be 1"),
+    (lambda c: setattr(c.options, "mask", 7), _lib.ERROR_INVALID_ARGUMENT, "opts.mask: unknown value 7"),
+    (lambda c: [t.shape.__setitem__(3, 100) for t in (c.q, c.k, c.v, c.out)], _lib.ERROR_UNSUPPORTED,
+     "q.shape[3] (head_dim) = 100 is unsupported"),
+], ids=["null-data", "batch", "stride", "mask", "head-dim"])
+def test_forward_errors_carry_the_library_message(mutate, status, message):
+    call = _Call()
+    mutate(call)
+    error = _raised(call.forward(), "flashgen_attention_forward")
+    assert error.status == status
+    assert isinstance(error, flashgen.FlashgenArgumentError)
+    assert message in str(error)
+    assert str(error).startswith("flashgen_attention_forward: ")
+
+
+def test_backward_workspace_calls_check_their_arguments():
+    call = _Call()
+    size = _lib.function("flashgen_attention_backward_workspace_size")
+    status = size(*call.backward_arguments(), None, None)
+    assert "workspace_bytes: null pointer" in str(_raised(status, "size"))
+    call.dk.shape[2] = 8
+    status = size(*call.backward_arguments(), None, ctypes.byref(ctypes.c_size_t()))
+    assert "dk.shape[2] (heads) is 8 but k.shape[2]" in str(_raised(status, "size"))
+
+    call = _Call()
+    launch = _lib.function("flashgen_attention_backward_with_workspace")
+    status = launch(*call.backward_arguments(), ctypes.c_void_p(_fake_pointer(10) + 128), 1 << 20, None)
+    assert "workspace: pointer must be 256-byte aligned" in str(_raised(status, "launch"))
+    status = launch(*call.backward_arguments(), None, 1 << 20, None)
+    assert "workspace: null pointer" in str(_raised(status, "launch"))
+
+
+def test_explain_and_tune_check_their_arguments():
+    call = _Call()
+    call.v.shape[1] = 74
+    refs = [ctypes.byref(t) for t in (call.q, call.k, call.v, call.out)]
+    with pytest.raises(flashgen.FlashgenArgumentError, match=r"v\.shape\[1\] \(seqlen\) is 74"):
+        _lib.call_json("flashgen_explain_forward", *refs, call.lse, ctypes.byref(call.options), None)
+    call = _Call()
+    call.dv.data = None
+    with pytest.raises(flashgen.FlashgenArgumentError, match=r"dv\.data: null pointer"):
+        _lib.call_json("flashgen_explain_backward", *call.backward_arguments(), None)
+
+    problem = _lib.ForwardProblem(_lib.BFLOAT16, _lib.MASK_CAUSAL, 2, 512, 512, 7, 2, 64)
+    with pytest.raises(flashgen.FlashgenArgumentError, match="problem.heads_q = 7 must be a multiple of"):
+        _lib.call_json("flashgen_tune_forward", ctypes.byref(problem), None)
+    problem.heads_q, problem.head_dim = 8, 100
+    with pytest.raises(flashgen.FlashgenArgumentError, match="problem.head_dim = 100 is unsupported") as caught:
+        _lib.call_json("flashgen_tune_forward", ctypes.byref(problem), None)
+    assert caught.value.status == _lib.ERROR_UNSUPPORTED
+
+
+def test_valid_call_reaches_the_device_check():
+    status = _Call().forward()
+    message = _lib.last_error()
+    if status == _lib.ERROR_NO_DEVICE:  # no driver here: the valid call fails only for want of a GPU
+        error = _raised(status, "flashgen_attention_forward")
+        assert not isinstance(error, ValueError)
+        assert message and message in str(error)
+    else:  # a driver: the fake pointers are refused as not device memory
+        assert status == _lib.ERROR_INVALID_ARGUMENT, message
+        assert "not device memory" in message
+
+
+def test_call_json_grows_its_buffer():
+    answer = {"config": "x" * 40000, "reason": "long"}
+    text = json.dumps(answer).encode()
+    calls = []
+
+    def fake(*args):
+        buffer, capacity, length = args[-3:]
+        calls.append(capacity)
+        length[0] = len(text)
+        if capacity <= len(text):
+            return _lib.ERROR_INVALID_ARGUMENT
+        ctypes.memmove(buffer, text + b"\0", len(text) + 1)
+        return _lib.SUCCESS
+
+    real = _lib.function
+    _lib.function = lambda name: fake
+    try:
+        assert _lib.call_json("flashgen_explain_forward", "argument") == answer
+    finally:
+        _lib.function = real
+    assert calls == [1 << 14, len(text) + 1]
+
+
+def test_tune_on_first_use_switch():
+    flashgen.set_tune_on_first_use(True)
+    flashgen.set_tune_on_first_use(False)

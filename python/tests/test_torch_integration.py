@@ -1,0 +1,182 @@
+"""flashgen.torch inside PyTorch's machinery, on the GPU: the custom ops pass torch.library.opcheck; torch.compile
+keeps attention in one graph (forward and backward, static then dynamic shapes) with eager's results; forward and
+backward captured in a CUDA graph replay on new inputs with eager's results; calls run on the caller's current
+stream; explain names the configs and writes their sources; tune sweeps and the process then runs the winner.
+"""
+
+import os
+
+import pytest
+
+import testsupport
+
+_missing = testsupport.gpu_missing()
+if _missing:
+    pytest.skip(f"GPU tests skipped: {_missing}", allow_module_level=True)
+
+import torch  # noqa: E402
+
+import flashgen  # noqa: E402
+import flashgen.torch as fgt  # noqa: E402
+
+
+def _randn(*shape, dtype=torch.bfloat16, seed=0, requires_grad=False):
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    t = torch.randn(*shape, device="cuda", generator=generator).to(dtype)
+    return t.requires_grad_() if requires_grad else t
+
+
+def _close(got, want, dtype):
+    """Equal up to one epsilon of dtype at want's scale: the last-bit differences of fp32 atomics' order."""
+    allowed = testsupport.EPSILON[str(dtype).replace("torch.", "")] * want.abs().max().item()
+    return testsupport.max_error(got, want) <= allowed
+
+
+def test_opcheck():
+    q = _randn(1, 80, 4, 64, dtype=torch.float16, seed=1, requires_grad=True)
+    k = _randn(1, 96, 2, 64, dtype=torch.float16, seed=2, requires_grad=True)
+    v = _randn(1, 96, 2, 64, dtype=torch.float16, seed=3, requires_grad=True)
+    # deterministic: opcheck compares the outputs and gradients of several runs.
+    torch.library.opcheck(torch.ops.flashgen.attention_forward.default, (q, k, v, 0.0, "bottom_right", "bshd", True))
+    q, k, v = (t.detach() for t in (q, k, v))
+    out, lse = torch.ops.flashgen.attention_forward(q, k, v, 0.0, "bottom_right", "bshd", True)
+    dout = _randn(*out.shape, dtype=torch.float16, seed=4)
+    torch.library.opcheck(torch.ops.flashgen.attention_backward.default,
+                          (dout, q, k, v, out, lse, 0.0, "bottom_right", "bshd", True))
+
+
+def test_torch_compile_keeps_attention_in_the_graph():
+    torch._dynamo.reset()
+
+    def loss_of(q, k, v):
+        out = fgt.attention(q, k, v, causal=True, deterministic=True)
+        return (out.float() ** 2).sum()
+
+    compiled = torch.compile(loss_of, fullgraph=True)  # fullgraph: any graph break is an error
+    for seqlen in (128, 200):  # the second length recompiles with dynamic shapes (the fake ops see SymInts)
+        q = _randn(2, seqlen, 4, 64, seed=seqlen, requires_grad=True)
+        k = _randn(2, seqlen, 2, 64, seed=seqlen + 1, requires_grad=True)
+        v = _randn(2, seqlen, 2, 64, seed=seqlen + 2, requires_grad=True)
+        loss = compiled(q, k, v)
+        grads = torch.autograd.grad(loss, (q, k, v))
+        eager_loss = loss_of(q, k, v)
+        eager_grads = torch.autograd.grad(eager_loss, (q, k, v))
+        assert torch.allclose(loss, eager_loss, rtol=1e-4)
+        for name, got, want in zip(("dq", "dk", "dv"), grads, eager_grads):
+            # The same dout reaches the same deterministic kernels: the same bits.
+            assert torch.equal(got, want), f"seqlen {seqlen}: compiled {name} differs from eager"
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic-dq", "deterministic"])
+def test_cuda_graph_capture_and_replay(deterministic):
+    q = _randn(2, 160, 4, 64, seed=10, requires_grad=True)
+    k = _randn(2, 200, 2, 64, seed=11, requires_grad=True)
+    v = _randn(2, 200, 2, 64, seed=12, requires_grad=True)
+    dout = _randn(2, 160, 4, 64, seed=13)
+
+    def step():
+        out = fgt.attention(q, k, v, causal=True, deterministic=deterministic)
+        return (out, *torch.autograd.grad(out, (q, k, v), dout))
+
+    # Warm-up on a side stream, as torch.cuda.graph asks: compiles or loads the kernels before capture.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+
+    for seed in (20, 30):
+        with torch.no_grad():
+            for i, t in enumerate((q, k, v, dout)):
+                t.copy_(_randn(*t.shape, seed=seed + i))
+        graph.replay()
+        expected = step()
+        torch.cuda.synchronize()
+        for name, got, want in zip(("out", "dq", "dk", "dv"), captured, expected):
+            exact = deterministic or name == "out"
+            assert torch.equal(got, want) if exact else _close(got, want, torch.bfloat16), \
+                f"replay {seed}: {name} differs from eager (max |diff| {testsupport.max_error(got, want):.3g})"
+
+
+def test_runs_on_the_current_stream():
+    q, k, v = (_randn(1, 256, 4, 64, seed=40 + i) for i in range(3))
+    expected = fgt.attention(q, k, v, causal=True)
+    q_late = torch.zeros_like(q)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        # q_late is written only after ~50 ms of GPU time on this stream: a kernel queued anywhere else would
+        # read the zeros.
+        torch.cuda._sleep(100_000_000)
+        q_late.copy_(q)
+        out = fgt.attention(q_late, k, v, causal=True)
+    torch.cuda.current_stream().wait_stream(stream)
+    assert torch.equal(out, expected)
+
+
+def test_other_device_than_the_current_one():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("one GPU: no other device to put the tensors on")
+    q, k, v = (_randn(1, 128, 2, 64, seed=50 + i) for i in range(3))
+    expected = fgt.attention(q, k, v)
+    with torch.cuda.device(0):
+        out = fgt.attention(*(t.to("cuda:1") for t in (q, k, v)))
+    assert out.device == torch.device("cuda:1")
+    assert torch.equal(out.cpu(), expected.cpu())
+
+
+_SOURCES = {"tuning database", "tuned on first use", "shipped defaults", "heuristic"}
+
+
+def test_explain_names_the_configs_and_writes_their_sources():
+    q = _randn(2, 4, 300, 64, seed=60)  # bhsd
+    k, v = _randn(2, 2, 300, 64, seed=61), _randn(2, 2, 300, 64, seed=62)
+    info = fgt.explain(q, k, v, causal=True, layout="bhsd")
+    assert info["version"] == flashgen.__version__ and os.path.exists(info["library"])
+    major, minor = torch.cuda.get_device_capability()
+    forward, backward = info["forward"], info["backward"]
+    assert forward["pass"] == "forward" and backward["pass"] == "backward"
+    assert forward["config"].startswith("fwd_") and "_bf16_d64_" in forward["config"]
+    assert "causal" in forward["config"]
+    assert forward["source"] in _SOURCES and forward["reason"]
+    assert forward["arch"] == backward["arch"] == major * 10 + minor
+    assert forward["grid"][1:] == [4, 2]  # (query blocks, heads_q, batch)
+    assert backward["config"].startswith("bwd_") and "_bf16_d64_" in backward["config"]
+    assert backward["source"] == "heuristic"
+    rows = 2 * 4 * 300
+    assert 4 * rows * 65 <= backward["workspace_bytes"] <= 4 * rows * 65 + 512  # D rows and the dQ accumulator
+    assert [kernel["symbol"].rsplit("_", 1)[1] for kernel in backward["kernels"]] == ["preprocess", "dkdv", "convert"]
+    for answer in (forward, backward):
+        assert answer["source_path"], answer.get("source_path_error")
+        with open(answer["source_path"]) as f:
+            source = f.read()
+        assert answer["config"] in source and 'extern "C"' in source
+
+    deterministic = fgt.explain(q, k, v, causal=True, layout="bhsd", deterministic=True)["backward"]
+    assert "_det_" in deterministic["config"]
+    assert deterministic["workspace_bytes"] < backward["workspace_bytes"]  # no dQ accumulator
+    assert fgt.explain(q, k, v, layout="bhsd", backward=False).keys() == {"library", "version", "forward"}
+
+
+def test_tune_sweeps_and_the_process_runs_the_winner():
+    q, k, v = (_randn(2, 512, 4, 64, dtype=torch.float16, seed=70 + i) for i in range(3))
+    result = fgt.tune(q, k, v, causal=True)
+    assert result["config"].startswith("fwd_") and "_fp16_d64_" in result["config"]
+    assert result["reason"].startswith("tuned on first use: the fastest of 16 candidates"), result["reason"]
+    assert result["problem"].startswith("fwd|fp16|d64|causal|g1|")
+    assert os.path.exists(result["db"]) and os.path.samefile(result["db"], os.environ["FLASHGEN_TUNING_DB"])
+
+    forward = fgt.explain(q, k, v, causal=True, backward=False)["forward"]
+    assert forward["source"] == "tuned on first use" and forward["config"] == result["config"]
+    # The winner computes what the built-in choice does, within fp16 rounding of the output.
+    out = fgt.attention(q, k, v, causal=True)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel([SDPBackend.MATH]):
+        want = torch.nn.functional.scaled_dot_product_attention(
+            *(t.transpose(1, 2).double() for t in (q, k, v)), is_causal=True).transpose(1, 2)
+    assert testsupport.max_error(out, want) <= 4 * testsupport.EPSILON["float16"] * want.abs().max().item()

@@ -1,0 +1,169 @@
+"""Shared by flashgen's Python tests: imports flashgen from this source tree, keeps the tests' tuning data out of
+the user's database, says why torch, a GPU or the library is missing, and holds the float64 reference
+(scaled_dot_product_attention with the MATH backend) with the tolerance rule the numeric tests use.
+"""
+
+import os
+import pathlib
+import sys
+import tempfile
+
+PYTHON_DIR = pathlib.Path(__file__).resolve().parents[1]
+REPO_ROOT = PYTHON_DIR.parent
+
+
+def setup_environment():
+    """flashgen from python/ of this checkout; a fresh tuning database unless FLASHGEN_TUNING_DB is set (tune()
+    writes to it, and the tests must not change the user's choices)."""
+    if str(PYTHON_DIR) not in sys.path:
+        sys.path.insert(0, str(PYTHON_DIR))
+    if "FLASHGEN_TUNING_DB" not in os.environ:
+        folder = tempfile.mkdtemp(prefix="flashgen-python-tests-")
+        os.environ["FLASHGEN_TUNING_DB"] = os.path.join(folder, "tuning.sqlite")
+
+
+setup_environment()
+
+
+def library_missing():
+    """Why libflashgen cannot be used here, or None. With FLASHGEN_LIBRARY set (as CI sets it) a library that
+    does not load is an error of the run, not a reason to skip, so this only skips when nothing was asked for."""
+    import flashgen._lib as lib
+    try:
+        lib.load_library()
+        return None
+    except lib.FlashgenError as error:
+        if os.environ.get("FLASHGEN_LIBRARY"):
+            raise
+        return str(error)
+
+
+def torch_missing():
+    """Why flashgen.torch cannot be used here (no torch, or one without torch.library.custom_op), or None."""
+    try:
+        import torch
+    except ImportError as error:
+        return f"no torch ({error})"
+    if not hasattr(torch.library, "custom_op"):
+        return f"torch {torch.__version__} has no torch.library.custom_op (flashgen.torch needs torch >= 2.4)"
+    return None
+
+
+def gpu_missing():
+    """Why the GPU tests cannot run here, or None."""
+    why = torch_missing()
+    if why:
+        return why
+    import torch
+    if not torch.cuda.is_available():
+        return "no CUDA device visible to torch"
+    if torch.cuda.get_device_capability() < (8, 0):
+        return f"{torch.cuda.get_device_name()} is older than sm_80"
+    return library_missing()
+
+
+# -------------------------------------------------------------------------------------------------------------
+# Numerics. Everything below imports torch lazily: this module is also loaded where torch is missing.
+
+# Machine epsilon of each dtype: the smallest relative step of a stored value.
+EPSILON = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
+
+
+def visible_keys(seqlen_q, seqlen_k, mask, device):
+    """[seqlen_q, seqlen_k] bool: key j visible to query i (flashgen.h's alignments; "none" sees all)."""
+    import torch
+    i = torch.arange(seqlen_q, device=device)[:, None]
+    j = torch.arange(seqlen_k, device=device)[None, :]
+    if mask == "none":
+        return torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    offset = seqlen_k - seqlen_q if mask == "bottom_right" else 0
+    return j <= i + offset
+
+
+def to_bhsd(t, layout):
+    return t if layout == "bhsd" else t.transpose(1, 2)
+
+
+def from_bhsd(t, layout):
+    return t if layout == "bhsd" else t.transpose(1, 2)
+
+
+def sdpa_attention(q, k, v, dout, mask, scale, layout, dtype=None, backend=None):
+    """scaled_dot_product_attention of q, k, v (in `layout`) and its gradients for dout, computed in `dtype`
+    (default: the inputs' own) with `backend` (default: torch's choice), on the rows that see a key.
+
+    Returns (out, lse, dq, dk, dv, live): out and the gradients in `layout`, zero on rows that see no key; lse
+    float64 [batch, heads_q, seqlen_q] (-inf on those rows; computed from the scores, not by SDPA); live the
+    [seqlen_q] bool of rows that see a key. Grouped heads are expanded with repeat_interleave, so the gradients
+    of k and v sum over each group exactly as flashgen documents.
+    """
+    import contextlib
+
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    dtype = dtype or q.dtype
+    qb, kb, vb, doutb = (to_bhsd(t.detach(), layout).to(dtype) for t in (q, k, v, dout))
+    qb, kb, vb = (t.clone().requires_grad_() for t in (qb, kb, vb))
+    batch, heads_q, seqlen_q, head_dim = qb.shape
+    group = heads_q // kb.shape[1]
+    kx, vx = kb.repeat_interleave(group, dim=1), vb.repeat_interleave(group, dim=1)
+    visible = visible_keys(seqlen_q, kb.shape[2], mask, q.device)
+    live = visible.any(dim=1)
+    scale = scale or head_dim ** -0.5
+
+    with torch.no_grad():
+        scores = (qb.double() @ kx.double().transpose(-1, -2)) * scale
+        lse = scores.masked_fill(~visible, float("-inf")).logsumexp(dim=-1)
+
+    with sdpa_kernel([backend]) if backend is not None else contextlib.nullcontext():
+        out_live = F.scaled_dot_product_attention(qb[:, :, live], kx, vx, attn_mask=visible[live], scale=scale)
+    dq, dk, dv = torch.autograd.grad(out_live, (qb, kb, vb), doutb[:, :, live])
+    out = torch.zeros(batch, heads_q, seqlen_q, head_dim, dtype=dtype, device=q.device)
+    out[:, :, live] = out_live.detach()
+    return (from_bhsd(out, layout), lse, from_bhsd(dq, layout), from_bhsd(dk, layout), from_bhsd(dv, layout),
+            live)
+
+
+def reference_attention(q, k, v, dout, mask, scale, layout):
+    """The float64 reference: SDPA's MATH backend on the very values flashgen reads."""
+    import torch
+    from torch.nn.attention import SDPBackend
+    return sdpa_attention(q, k, v, dout, mask, scale, layout, dtype=torch.float64, backend=SDPBackend.MATH)
+
+
+def max_error(got, want):
+    """max |got - want| in float64 (inf when got has a NaN where want has a number)."""
+    import torch
+    diff = (got.double() - want.double()).abs()
+    diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
+    return diff.max().item() if diff.numel() else 0.0
+
+
+def tolerance(name, reference, torch_error, dtype_name, factor):
+    """Allowed max |flashgen - float64 reference| for one tensor: `factor` times PyTorch's own attention error in
+    the same dtype (what a torch user already accepts), plus one epsilon of the dtype at the reference's scale
+    (a last-bit rounding difference of the largest value)."""
+    del name
+    return factor * torch_error + EPSILON[dtype_name] * reference.abs().max().item()
+
+
+def mismatch_report(name, got, want, allowed, limit=5):
+    """The first `limit` elements of got outside want ± allowed, for an assertion message."""
+    import torch
+    diff = (got.double() - want.double()).abs()
+    bad = torch.nonzero(~(diff <= allowed))[:limit]
+    lines = [f"{name}: max |diff| {max_error(got, want):.3g} > allowed {allowed:.3g}; first mismatches:"]
+    for index in bad.tolist():
+        lines.append(f"  {name}{index}: got {got[tuple(index)].item():.6g}, want {want[tuple(index)].item():.6g}")
+    return "\n".join(lines)
+
+
+def poison_allocator(device, *byte_counts):
+    """Best effort at making unwritten outputs visible: fills freshly allocated blocks of these sizes with NaN
+    (0xFF bytes) and frees them, so the caching allocator hands the same blocks to the next allocations of those
+    sizes (flashgen's outputs, which the tests cannot fill themselves)."""
+    import torch
+    blocks = [torch.full((max(1, n),), 0xFF, dtype=torch.uint8, device=device) for n in byte_counts]
+    del blocks
