@@ -97,8 +97,10 @@ struct FwdSm90 {
   // first_block its key blocks before this tile (the K/V rings run on across tiles). Without kPersistent
   // the grid is (m-blocks, heads, batch) and each block has one tile, highest query block first (under a
   // causal mask it sees the most keys). With it, gridDim.x blocks (one per SM) take every gridDim.x-th
-  // tile of the list ordered by (batch, head), then query blocks from the highest: the blocks running at
-  // once share a head's K and V in L2, and each head's longest tiles start first.
+  // tile of a list. Without a mask the list runs by (batch, head), then query block: the blocks running
+  // at once share a head's K and V in L2. Under a causal mask it runs by query block from the highest,
+  // then (batch, head): the longest tiles go first and every block's share spans all lengths (ordered by
+  // head first, block c's share would hold only the lengths near c's).
   template <class Fn>
   static __device__ void for_each_tile(const AttnFwdParams& p, Fn&& fn) {
     if constexpr (!kPersistent) {
@@ -108,9 +110,11 @@ struct FwdSm90 {
       const int tiles = m_blocks * p.heads_q * p.batch;
       int first_block = 0;
       int k = 0;
+      const int heads_batch = p.heads_q * p.batch;
       for (int i = blockIdx.x; i < tiles; i += gridDim.x, ++k) {
-        const int head_batch = i / m_blocks;
-        const Tile tile = tile_of(p, m_blocks - 1 - i % m_blocks, head_batch % p.heads_q, head_batch / p.heads_q);
+        const int head_batch = kCausal ? i % heads_batch : i / m_blocks;
+        const int m_block = kCausal ? m_blocks - 1 - i / heads_batch : m_blocks - 1 - i % m_blocks;
+        const Tile tile = tile_of(p, m_block, head_batch % p.heads_q, head_batch / p.heads_q);
         fn(tile, k, first_block);
         first_block += tile.n_blocks;
       }
