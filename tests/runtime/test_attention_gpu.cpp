@@ -3,7 +3,8 @@
 // largest odd head_dims, strided layouts, lse NULL, user streams, back-to-back seqlens and logits shaped to
 // drive the kernel's lazy rescaling, each checked against the float64 reference. The [sm90] cases run the
 // same problems on every built-in config of the Hopper family explicitly. The CPU cases check that the
-// matrix and the logit shapes are what the [gpu] cases claim.
+// matrix and the logit shapes are what the [gpu] cases claim. One [sm90] case checks that inputs TMA cannot
+// describe (a batch stride of 0) run on the sm80 family instead.
 #include <cuda.h>
 
 #include <algorithm>
@@ -871,4 +872,56 @@ TEST_CASE("attention forward, sm90 family: masking edge cases, layouts, lazy res
   run_sm90_family(masking_edge_problems());
   run_sm90_family(layout_problems());
   run_sm90_family(rescale_problems());
+}
+
+TEST_CASE("attention forward, sm90 family: inputs TMA cannot describe run on the sm80 family", "[gpu][attention][sm90]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext context;
+  FLASHGEN_REQUIRE_SM90(context);
+  // q broadcast over the batch (batch stride 0): a valid argument, but no TMA descriptor can step by 0.
+  const AttentionShape shape{2, 100, 130, 4, 2, 128};
+  const flashgen_dtype dtype = FLASHGEN_FLOAT16;
+  Rng rng(4242);
+  const StridedView q_one = StridedView::contiguous(1, shape.seqlen_q, shape.heads_q, shape.head_dim);
+  const StridedView kv_view = StridedView::contiguous(shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim);
+  const StridedView out_view = StridedView::contiguous(shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim);
+  const std::vector<double> q_batch = flashgen::test::normal_values(rng, q_one.elements(), dtype);
+  std::vector<double> q = q_batch;  // what each batch reads
+  q.insert(q.end(), q_batch.begin(), q_batch.end());
+  const std::vector<double> k = flashgen::test::normal_values(rng, kv_view.elements(), dtype);
+  const std::vector<double> v = flashgen::test::normal_values(rng, kv_view.elements(), dtype);
+
+  auto upload = [&](const std::vector<double>& values, const StridedView& view) {
+    std::vector<uint16_t> storage(static_cast<size_t>(view.elements()));
+    flashgen::test::store_values(values, view, 0, dtype, storage);
+    DeviceBuffer buffer(storage.size() * sizeof(uint16_t));
+    buffer.upload(storage);
+    return buffer;
+  };
+  const DeviceBuffer q_buffer = upload(q_batch, q_one), k_buffer = upload(k, kv_view), v_buffer = upload(v, kv_view);
+  DeviceBuffer out(static_cast<size_t>(out_view.elements()) * sizeof(uint16_t));
+  out.fill_bytes(0xFF);
+  const int64_t lse_count = shape.batch * shape.heads_q * shape.seqlen_q;
+  DeviceBuffer lse(static_cast<size_t>(lse_count + kGuardElements) * sizeof(float));
+  lse.fill_bytes(0xFF);
+
+  StridedView q_view = q_one;
+  q_view.shape[0] = shape.batch;
+  q_view.stride[0] = 0;
+  flashgen_attention_options options{};
+  options.mask = FLASHGEN_MASK_CAUSAL;
+  const flashgen::ForwardLaunch launch = flashgen::attention_forward(
+      make_tensor(q_buffer, 0, q_view, dtype), make_tensor(k_buffer, 0, kv_view, dtype),
+      make_tensor(v_buffer, 0, kv_view, dtype), make_tensor(out, 0, out_view, dtype), static_cast<float*>(lse.data()),
+      options, nullptr);
+  INFO(launch.config.name() << ": " << launch.reason);
+  CHECK(launch.config.family == flashgen::KernelFamily::kSm80);
+  CHECK(launch.reason.find("TMA cannot describe q") != std::string::npos);
+  FLASHGEN_CU_CHECK(cuCtxSynchronize());
+
+  const double scale = flashgen::effective_softmax_scale(0.0f, shape.head_dim);
+  const flashgen::test::ForwardReference reference =
+      flashgen::test::forward_reference(shape, q, k, v, scale, options.mask, dtype);
+  const std::vector<float> lse_values = lse.download_all<float>();
+  check_reports(flashgen::test::check_forward(reference, out.download_all<uint16_t>(), out_view, &lse_values));
 }
