@@ -137,12 +137,13 @@ PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedCont
     check_requested_config(*config, problem.dtype, problem.head_dim, problem.mask, launch.arch);
     launch.config = *config;
     launch.reason = "requested by the caller";
+    launch.source = ChoiceSource::kRequested;
   } else {
     const ProblemKey key = forward_problem_key(problem.dtype, problem.head_dim, problem.mask, p.group_size,
                                                p.seqlen_q, p.seqlen_k, int64_t(p.batch) * p.heads_q);
     ForwardChoice choice = choose_forward_config(static_cast<int>(scope.device()), key, launch.arch);
-    if (tune_on_first_use() && choice.reason.rfind("tuning database", 0) != 0 &&
-        choice.reason.rfind("tuned on first use", 0) != 0 && !capturing(stream)) {
+    if (tune_on_first_use() && choice.source != ChoiceSource::kTuningDatabase &&
+        choice.source != ChoiceSource::kTunedOnFirstUse && !capturing(stream)) {
       ForwardSweepProblem sweep_problem;
       sweep_problem.dtype = problem.dtype;
       sweep_problem.head_dim = problem.head_dim;
@@ -158,6 +159,7 @@ PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedCont
     }
     launch.config = choice.config;
     launch.reason = std::move(choice.reason);
+    launch.source = choice.source;
   }
 
   PreparedForward prepared;
@@ -171,6 +173,7 @@ PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedCont
           heuristic_choice(problem.dtype, problem.head_dim, problem.mask, launch.arch, /*sm80_only=*/true);
       launch.reason += "; TMA cannot describe " + *why + ", so the sm80 family's " + fallback.reason;
       launch.config = fallback.config;
+      launch.source = fallback.source;
     } else {
       prepared.uses_tma = true;
       prepared.sm90_params.base = p;

@@ -9,6 +9,7 @@
 #include "attn_params.cuh"
 #include "flashgen/flashgen.h"
 #include "kernel_config.hpp"
+#include "select.hpp"
 
 namespace flashgen {
 
@@ -43,7 +44,8 @@ ForwardProblem make_forward_problem(const flashgen_tensor* q, const flashgen_ten
 struct ForwardLaunch {
   KernelConfig config;
   int arch = 0;
-  std::string reason;  // where the config came from (e.g. "built-in heuristic")
+  std::string reason;  // where the config came from and why (e.g. "built-in heuristic ...")
+  ChoiceSource source = ChoiceSource::kHeuristic;
 };
 
 // Launches config (or the tuner's choice when config is null) for the problem on stream.

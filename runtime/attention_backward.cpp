@@ -125,6 +125,7 @@ PreparedBackward prepare_in_scope(const BackwardProblem& problem, const ScopedCo
     check_requested_config(*config, problem.dtype, problem.head_dim, problem.mask, launch.arch);
     launch.config = *config;
     launch.reason = "requested by the caller";
+    launch.source = ChoiceSource::kRequested;
   } else {
     launch.config = choose_backward_config(problem, launch.arch, &launch.reason);
   }

@@ -11,6 +11,7 @@
 #include "attn_params.cuh"
 #include "bwd_config.hpp"
 #include "flashgen/flashgen.h"
+#include "select.hpp"
 
 namespace flashgen {
 
@@ -39,6 +40,7 @@ struct BackwardLaunch {
   BwdConfig config;
   int arch = 0;
   std::string reason;
+  ChoiceSource source = ChoiceSource::kHeuristic;  // the backward is not tuned yet: heuristic or requested
 };
 
 // The built-in choice for a problem on sm_<arch> (the first spill-free heuristic config). Memoized.

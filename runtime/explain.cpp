@@ -14,18 +14,6 @@
 
 namespace flashgen {
 
-std::string choice_source(const std::string& reason) {
-  const std::pair<const char*, const char*> prefixes[] = {
-      {"tuning database", "tuning database"},   {"tuned on first use", "tuned on first use"},
-      {"shipped defaults", "shipped defaults"}, {"built-in heuristic", "heuristic"},
-      {"requested by the caller", "requested"},
-  };
-  for (const auto& [prefix, source] : prefixes) {
-    if (reason.rfind(prefix, 0) == 0) return source;
-  }
-  return "other";
-}
-
 std::filesystem::path write_generated_source(const GeneratedSource& source, const std::filesystem::path& dir) {
   const std::filesystem::path path = dir / (source.kernel_name + ".cu");
   std::error_code ec;
@@ -86,7 +74,7 @@ nlohmann::json explain_forward(const ForwardProblem& problem, CUstream stream) {
   nlohmann::json j = {{"pass", "forward"},
                       {"config", launch.config.name()},
                       {"arch", launch.arch},
-                      {"source", choice_source(launch.reason)},
+                      {"source", choice_source_name(launch.source)},
                       {"reason", launch.reason},
                       {"grid", grid_json(prepared.grid)},
                       {"threads", prepared.threads},
@@ -112,7 +100,7 @@ nlohmann::json explain_backward(const BackwardProblem& problem, CUstream stream)
       {"pass", "backward"},
       {"config", config.name()},
       {"arch", launch.arch},
-      {"source", choice_source(launch.reason)},
+      {"source", choice_source_name(launch.source)},
       {"reason", launch.reason},
       {"workspace_bytes", prepared.workspace_bytes},
       {"kernels",

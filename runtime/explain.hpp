@@ -16,10 +16,6 @@
 
 namespace flashgen {
 
-// The kind of data a chooser's reason names, from how the reason starts: "tuning database", "tuned on first
-// use", "shipped defaults", "heuristic", "requested" (a config the caller named), else "other".
-std::string choice_source(const std::string& reason);
-
 // Writes source.self_contained() (what `flashgen emit` prints) to dir/<kernel_name>.cu through a temporary
 // file and a rename, so a reader never sees half a file; returns the path. Throws Error(kInternal) naming
 // the path and the cause when the folder cannot be created or the file written.

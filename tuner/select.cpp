@@ -50,6 +50,17 @@ std::pair<Config, std::string> first_spill_free(const std::vector<Config>& confi
 
 }  // namespace
 
+const char* choice_source_name(ChoiceSource source) {
+  switch (source) {
+    case ChoiceSource::kTuningDatabase: return "tuning database";
+    case ChoiceSource::kTunedOnFirstUse: return "tuned on first use";
+    case ChoiceSource::kShippedDefaults: return "shipped defaults";
+    case ChoiceSource::kHeuristic: return "heuristic";
+    case ChoiceSource::kRequested: return "requested";
+  }
+  return "heuristic";
+}
+
 ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arch, bool sm80_only) {
   using Key = std::tuple<int, int, int, int, bool>;
   static std::mutex mutex;
@@ -115,19 +126,23 @@ ForwardChoice choose_forward_config(const DeviceFingerprint& device, const Probl
   };
   if (user_db != nullptr) {
     if (auto exact = user_db->lookup_exact(device, problem); usable(exact)) {
-      return {exact->config, "tuning database " + user_db->path().string() + ", exact bucket " + problem.id()};
+      return {exact->config, "tuning database " + user_db->path().string() + ", exact bucket " + problem.id(),
+              ChoiceSource::kTuningDatabase};
     }
     if (auto nearest = user_db->lookup_nearest(device, problem); usable(nearest)) {
-      return {nearest->config, "tuning database " + user_db->path().string() + ", nearest bucket " +
-                                   nearest->problem.id() + " for " + problem.id()};
+      return {nearest->config,
+              "tuning database " + user_db->path().string() + ", nearest bucket " + nearest->problem.id() + " for " +
+                  problem.id(),
+              ChoiceSource::kTuningDatabase};
     }
   }
   if (shipped != nullptr) {
     bool exact = false;
     if (auto stored = shipped->lookup(device, problem, &exact); usable(stored)) {
-      return {stored->config, stored->source + (exact ? ", exact bucket " + problem.id()
-                                                      : ", nearest bucket " + stored->problem.id() + " for " +
-                                                            problem.id())};
+      return {stored->config,
+              stored->source + (exact ? ", exact bucket " + problem.id()
+                                      : ", nearest bucket " + stored->problem.id() + " for " + problem.id()),
+              ChoiceSource::kShippedDefaults};
     }
   }
   ForwardChoice choice = heuristic_choice(problem.dtype, problem.head_dim, problem.mask, arch);
@@ -235,7 +250,7 @@ std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem
   {
     std::lock_guard<std::mutex> lock(memo.mutex);
     auto found = memo.chosen.find({device, key.id()});
-    if (found != memo.chosen.end() && found->second.reason.rfind("tuned on first use", 0) == 0) return found->second;
+    if (found != memo.chosen.end() && found->second.source == ChoiceSource::kTunedOnFirstUse) return found->second;
   }
   const std::filesystem::path path = TuningStore::default_path();
   try {
@@ -258,8 +273,10 @@ std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem
     const DeviceFingerprint fingerprint = current_device_fingerprint(device);
     TuningStore store(path);
     store.record(fingerprint, result.problem, result.candidates, result.winner, result.winner_ms);
-    ForwardChoice choice{result.winner, "tuned on first use: the fastest of " + std::to_string(candidates.size()) +
-                                            " candidates (" + result.decision + "), stored in " + path.string()};
+    ForwardChoice choice{result.winner,
+                         "tuned on first use: the fastest of " + std::to_string(candidates.size()) + " candidates (" +
+                             result.decision + "), stored in " + path.string(),
+                         ChoiceSource::kTunedOnFirstUse};
     std::lock_guard<std::mutex> lock(memo.mutex);
     memo.chosen[{device, key.id()}] = choice;
     return choice;

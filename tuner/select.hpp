@@ -16,9 +16,16 @@ namespace flashgen {
 class ShippedDefaults;
 class TuningStore;
 
+// Where a run-time choice came from.
+enum class ChoiceSource { kTuningDatabase, kTunedOnFirstUse, kShippedDefaults, kHeuristic, kRequested };
+
+// "tuning database", "tuned on first use", "shipped defaults", "heuristic", "requested" (as explain reports).
+const char* choice_source_name(ChoiceSource source);
+
 struct ForwardChoice {
   KernelConfig config;
-  std::string reason;  // where the config came from, e.g. "built-in heuristic (no tuning data)"
+  std::string reason;  // where the config came from and why, e.g. "built-in heuristic (no tuning data)"
+  ChoiceSource source = ChoiceSource::kHeuristic;
 };
 
 // The first heuristic config whose compiled kernel does not spill (compiling through the kernel

@@ -95,7 +95,7 @@ int flashgen_attention_backward_with_workspace(const flashgen_tensor* q, const f
 /* What flashgen_attention_forward would run for exactly these arguments, as one JSON object written to
  * json (json_capacity bytes, NUL-terminated):
  *   {"pass": "forward", "config": "fwd_sm80_...", "arch": 90,
- *    "source": "tuning database" | "tuned on first use" | "shipped defaults" | "heuristic" | "other",
+ *    "source": "tuning database" | "tuned on first use" | "shipped defaults" | "heuristic" | "requested",
  *    "reason": "<the chooser's full explanation>", "source_path": "<kernel cache>/sources/<config>.cu",
  *    "grid": [x, y, z], "threads": N, "smem_bytes": N,
  *    "kernels": [{"symbol": ..., "registers": N, "spill_store_bytes": N, "spill_load_bytes": N}]}

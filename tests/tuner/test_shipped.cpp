@@ -96,6 +96,7 @@ TEST_CASE("shipped defaults sit between the user's database and the heuristic", 
 
   const auto from_shipped = flashgen::choose_forward_config(h200(13000), key, 90, nullptr, &shipped);
   CHECK(from_shipped.config == shipped_config);
+  CHECK(from_shipped.source == flashgen::ChoiceSource::kShippedDefaults);
   CHECK(from_shipped.reason.find("shipped defaults h200.json, exact bucket") != std::string::npos);
 
   flashgen::testing::TempDir dir("flashgen-shipped-test");
@@ -106,6 +107,7 @@ TEST_CASE("shipped defaults sit between the user's database and the heuristic", 
   store.record(h200(13000), key, {row}, user, 2.0);
   const auto from_user = flashgen::choose_forward_config(h200(13000), key, 90, &store, &shipped);
   CHECK(from_user.config == user);
+  CHECK(from_user.source == flashgen::ChoiceSource::kTuningDatabase);
   CHECK(from_user.reason.find("tuning database") != std::string::npos);
 
   // A shipped config this arch cannot run (203 KB of shared memory on sm_80) falls to the heuristic.
@@ -116,6 +118,7 @@ TEST_CASE("shipped defaults sit between the user's database and the heuristic", 
       {{"a100.json", export_text(a100, {{wide, tile(256, 128, 64, 8, 2)}})}});
   const auto passed = flashgen::choose_forward_config(a100, wide, 80, nullptr, &hopper_only);
   CHECK(passed.reason.rfind("built-in heuristic", 0) == 0);
+  CHECK(passed.source == flashgen::ChoiceSource::kHeuristic);
   CHECK(passed.reason.find("passed over") != std::string::npos);
 }
 
