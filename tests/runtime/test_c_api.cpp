@@ -22,14 +22,14 @@
 #include "gpu.hpp"
 #include "reference.hpp"
 #include "support/attention_reference.hpp"
+#include "support/fake_pointer.hpp"
 
 namespace {
 
 using flashgen::DeviceBuffer;
 using flashgen::StridedView;
 
-// Never dereferenced: validation rejects the call first. 16-byte aligned like real allocations.
-void* fake_pointer(std::uintptr_t n) { return reinterpret_cast<void*>(0x100000 + n * 0x1000000); }
+using flashgen::test::fake_pointer;
 
 flashgen_tensor bshd(void* data, int64_t b, int64_t s, int64_t h, int64_t d) {
   return flashgen::bshd_tensor(data, FLASHGEN_FLOAT16, b, s, h, d);

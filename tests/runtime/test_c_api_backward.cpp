@@ -9,11 +9,11 @@
 #include "catch.hpp"
 #include "cuda_driver.hpp"
 #include "flashgen/flashgen.h"
+#include "support/fake_pointer.hpp"
 
 namespace {
 
-// Never dereferenced: validation rejects the call first. 16-byte aligned like real allocations.
-void* fake_pointer(std::uintptr_t n) { return reinterpret_cast<void*>(0x100000 + n * 0x1000000); }
+using flashgen::test::fake_pointer;
 
 flashgen_tensor bshd(void* data, int64_t b, int64_t s, int64_t h, int64_t d) {
   return flashgen::bshd_tensor(data, FLASHGEN_BFLOAT16, b, s, h, d);
