@@ -26,6 +26,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <variant>
 #include <vector>
 
 #include <dlfcn.h>
@@ -349,7 +350,9 @@ Command compile_command() {
                  "Compiles kernels with NVRTC (through the on-disk cache unless --no-cache) and prints\n"
                  "registers, shared memory, spills, stack and compile time. Needs no GPU.",
                  "[<config-name>...] [--all-defaults] [--arch SM]... [--json] [--no-cache] [--jobs N]", -1,
-                 "<config-name>: canonical config names, e.g. fwd_sm80_fp16_d128_m128_n32_w4_s3\n" + arch_help())
+                 "<config-name>: canonical config names, e.g. fwd_sm80_fp16_d128_m128_n32_w4_s3, or backward modules\n"
+                 "               such as bwd_sm90_fp16_d128_m64_n128_s2 (reported by their dkdv kernel)\n" +
+                     arch_help())
       .option("arch", "SM", "target sm_<SM> (default 80 and 90)", true)
       .flag("all-defaults", "add the default candidates (default_forward_candidates) of each arch")
       .flag("no-cache", "compile with NVRTC directly, bypassing the memory and disk caches")
@@ -357,10 +360,21 @@ Command compile_command() {
       .flag("json", "print a JSON array instead of the table");
 }
 
+// A forward kernel, or a backward module (reported by its dkdv kernel, the one that holds the tiles).
 struct CompileJob {
-  KernelConfig config;
+  std::variant<KernelConfig, BwdConfig> config;
   int arch = 0;
+
+  std::string name() const {
+    return std::visit([](const auto& c) { return c.name(); }, config);
+  }
 };
+
+// A config name of either pass: bwd_... names are backward modules.
+std::variant<KernelConfig, BwdConfig> config_from_name(const std::string& name) {
+  if (name.rfind("bwd_", 0) == 0) return BwdConfig::from_name(name);
+  return KernelConfig::from_name(name);
+}
 
 struct CompileOutcome {
   std::string name;
@@ -376,18 +390,26 @@ struct CompileOutcome {
 
 CompileOutcome compile_one(const CompileJob& job, bool use_cache) {
   CompileOutcome outcome;
-  outcome.name = job.config.name();
+  outcome.name = job.name();
   outcome.arch = job.arch;
   try {
-    if (std::optional<std::string> why = job.config.invalid_reason(job.arch))
-      fail(Status::kInvalidArgument, "not valid: " + *why);
-    outcome.dynamic_smem_bytes = job.config.smem_bytes();
     const Clock::time_point start = Clock::now();
-    std::shared_ptr<const CompiledKernel> kernel =
-        use_cache ? KernelRegistry::instance().compiled(job.config, job.arch)
-                  : std::make_shared<const CompiledKernel>(compile_nvrtc(generate(job.config), job.arch));
+    std::shared_ptr<const CompiledKernel> kernel = std::visit(
+        [&](const auto& config) {
+          if (std::optional<std::string> why = config.invalid_reason(job.arch))
+            fail(Status::kInvalidArgument, "not valid: " + *why);
+          return use_cache ? KernelRegistry::instance().compiled(config, job.arch)
+                           : std::make_shared<const CompiledKernel>(compile_nvrtc(generate(config), job.arch));
+        },
+        job.config);
     outcome.wall_ms = ms_since(start);
-    outcome.usage = kernel->usage;
+    if (const auto* bwd = std::get_if<BwdConfig>(&job.config)) {
+      outcome.usage = kernel->usage_of(bwd->symbol(BwdKernel::kDkdv));
+      outcome.dynamic_smem_bytes = bwd->smem_bytes(BwdKernel::kDkdv);
+    } else {
+      outcome.usage = kernel->usage;
+      outcome.dynamic_smem_bytes = std::get<KernelConfig>(job.config).smem_bytes();
+    }
     outcome.compile_ms = kernel->compile_ms;
     outcome.cached = kernel->from_cache;
     outcome.ok = true;
@@ -406,7 +428,7 @@ std::vector<CompileOutcome> compile_jobs(const std::vector<CompileJob>& jobs, bo
   auto worker = [&] {
     for (size_t i = next++; i < jobs.size(); i = next++) {
       const std::string counter = format("[%zu/%zu] ", i + 1, jobs.size());
-      const std::string what = jobs[i].config.name() + " for " + arch_label(jobs[i].arch);
+      const std::string what = jobs[i].name() + " for " + arch_label(jobs[i].arch);
       {
         std::lock_guard<std::mutex> lock(log_mutex);
         std::cerr << counter << "compiling " << what << '\n';
@@ -501,11 +523,12 @@ int command_compile(const Args& args) {
 
   std::vector<CompileJob> jobs;
   std::set<std::pair<std::string, int>> seen;
-  auto add = [&](const KernelConfig& config, int arch) {
-    if (seen.insert({config.name(), arch}).second) jobs.push_back({config, arch});
+  auto add = [&](const std::variant<KernelConfig, BwdConfig>& config, int arch) {
+    CompileJob job{config, arch};
+    if (seen.insert({job.name(), arch}).second) jobs.push_back(std::move(job));
   };
   for (const std::string& name : args.positionals) {
-    const KernelConfig config = KernelConfig::from_name(name);  // a bad name stops here, before any work
+    const auto config = config_from_name(name);  // a bad name stops here, before any work
     for (int arch : archs) add(config, arch);
   }
   if (args.has("all-defaults"))

@@ -19,6 +19,10 @@ enum class BwdKernel { kPreprocess, kDkdv, kDq, kConvert };
 const char* bwd_kernel_suffix(BwdKernel kernel);  // "preprocess", "dkdv", "dq", "convert"
 
 struct BwdConfig {
+  // kSm80: templates/bwd_sm80.cuh (mma.sync; both dQ strategies). kSm90: templates/bwd_sm90.cuh (wgmma
+  // and TMA, sm_90a; atomic dQ only): its dkdv kernel has block_n / 64 consumer warpgroups and a
+  // producer, so warps, d_split and the dq fields do not apply.
+  KernelFamily family = KernelFamily::kSm80;
   DType dtype = DType::kFloat16;
   int head_dim = 128;
   MaskKind mask = MaskKind::kNone;
@@ -37,7 +41,8 @@ struct BwdConfig {
   int dq_warps = 4;
   int dq_stages = 2;
 
-  // e.g. bwd_sm80_bf16_d128_m64_n64_w4_s2_x1_causal, or ..._det_qm64_qn32_qw4_qs2 when deterministic.
+  // e.g. bwd_sm80_bf16_d128_m64_n64_w4_s2_x1_causal, or ..._det_qm64_qn32_qw4_qs2 when deterministic;
+  // bwd_sm90_fp16_d128_m64_n128_s2[_causal].
   std::string name() const;
   static BwdConfig from_name(const std::string& name);  // throws Error(kInvalidArgument)
 
@@ -46,6 +51,11 @@ struct BwdConfig {
 
   BwdDkdvTraits dkdv_traits() const;
   BwdDqTraits dq_traits() const;
+  BwdSm90Traits sm90_traits() const;
+  // Block size of the dkdv kernel.
+  int dkdv_threads() const;
+  // Workspace rows per (batch, head) are seqlen_q rounded up to this (bwd_rows.cuh).
+  int pad_rows() const;
   // Dynamic shared memory of one kernel (0 for the row kernels).
   int smem_bytes(BwdKernel kernel) const;
   // Why this config cannot run on sm_<arch>, or nullopt when it can.

@@ -33,6 +33,12 @@ std::string KernelConfig::name() const {
   return name;
 }
 
+DType parse_dtype_field(const std::string& field, const std::string& name) {
+  FLASHGEN_REQUIRE(field == "fp16" || field == "bf16",
+                   "config name '" + name + "': dtype must be fp16 or bf16, got '" + field + "'");
+  return field == "bf16" ? DType::kBFloat16 : DType::kFloat16;
+}
+
 int parse_name_field(const std::string& field, const std::string& prefix, const std::string& name) {
   int value = 0;
   const bool has_prefix = field.size() > prefix.size() && field.compare(0, prefix.size(), prefix) == 0;
@@ -56,9 +62,7 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
                        "[_causal][_qreg] or fwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_ovl][_pp][_pst]");
   KernelConfig config;
   if (sm90) config.family = KernelFamily::kSm90;
-  FLASHGEN_REQUIRE(fields[2] == "fp16" || fields[2] == "bf16",
-                   "config name '" + name + "': dtype must be fp16 or bf16, got '" + fields[2] + "'");
-  config.dtype = fields[2] == "bf16" ? DType::kBFloat16 : DType::kFloat16;
+  config.dtype = parse_dtype_field(fields[2], name);
   config.head_dim = parse_name_field(fields[3], "d", name);
   config.block_m = parse_name_field(fields[4], "m", name);
   config.block_n = parse_name_field(fields[5], "n", name);

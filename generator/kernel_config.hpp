@@ -56,6 +56,8 @@ struct KernelConfig {
 // Reads "<prefix><int>" from one '_'-separated field of the config name `name` (e.g. "d128" with prefix
 // "d"); throws Error(kInvalidArgument) naming the field otherwise. Shared by the config families' names.
 int parse_name_field(const std::string& field, const std::string& prefix, const std::string& name);
+// Reads the dtype field ("fp16" or "bf16") of the config name `name`; throws Error(kInvalidArgument).
+DType parse_dtype_field(const std::string& field, const std::string& name);
 
 void to_json(nlohmann::json& j, const KernelConfig& config);
 void from_json(const nlohmann::json& j, KernelConfig& config);  // throws Error on bad fields

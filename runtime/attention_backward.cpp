@@ -4,6 +4,8 @@
 #include "attention_backward.hpp"
 
 #include <cstdint>
+#include <optional>
+#include <tuple>
 #include <utility>
 
 #include "cuda_driver.hpp"
@@ -11,6 +13,7 @@
 #include "kernel_registry.hpp"
 #include "select.hpp"
 #include "tensor_checks.hpp"
+#include "tma.hpp"
 
 namespace flashgen {
 
@@ -20,9 +23,56 @@ constexpr size_t kWorkspaceAlign = 256;
 
 size_t align_up(size_t bytes) { return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
 
-size_t dsum_bytes(const AttnBwdParams& p) {
-  return align_up(sizeof(float) * size_t(p.batch) * size_t(p.heads_q) * size_t(p.seqlen_q));
+// Workspace rows of one (batch, head): seqlen_q rounded up to the config's padding (bwd_rows.cuh).
+size_t workspace_rows(const AttnBwdParams& p, const BwdConfig& config) {
+  const size_t pad = static_cast<size_t>(config.pad_rows());
+  return (static_cast<size_t>(p.seqlen_q) + pad - 1) / pad * pad;
 }
+
+// One fp32 value per workspace row: D, and the base-2 LSE of the sm90 family.
+size_t row_array_bytes(const AttnBwdParams& p, const BwdConfig& config) {
+  return align_up(sizeof(float) * size_t(p.batch) * size_t(p.heads_q) * workspace_rows(p, config));
+}
+
+// The tensors of a backward problem as TMA sees them, with the box rows of the sm90 dkdv kernel's copies.
+struct BackwardTmaTensors {
+  TmaTensor q, dout, k, v, dk, dv;
+  int q_rows = 0, kv_rows = 0;
+  static constexpr int kGradRows = 64;  // each consumer warpgroup stores its own 64 keys
+
+  BackwardTmaTensors(const BackwardProblem& problem, const BwdConfig& config) {
+    const AttnBwdParams& p = problem.params;
+    auto tensor = [&](const void* data, int seqlen, int heads, long long bs, long long rs, long long hs) {
+      return TmaTensor{data, problem.dtype, p.batch, seqlen, heads, problem.head_dim, bs, rs, hs};
+    };
+    q = tensor(p.q, p.seqlen_q, p.heads_q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+    dout = tensor(p.dout, p.seqlen_q, p.heads_q, p.do_batch_stride, p.do_row_stride, p.do_head_stride);
+    k = tensor(p.k, p.seqlen_k, p.heads_kv, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+    v = tensor(p.v, p.seqlen_k, p.heads_kv, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+    dk = tensor(p.dk, p.seqlen_k, p.heads_kv, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+    dv = tensor(p.dv, p.seqlen_k, p.heads_kv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+    q_rows = config.block_m;
+    kv_rows = config.block_n;
+  }
+
+  std::optional<std::string> unsupported_reason() const {
+    for (const auto& [t, rows, name] :
+         {std::tuple{&q, q_rows, "q"}, std::tuple{&dout, q_rows, "dout"}, std::tuple{&k, kv_rows, "k"},
+          std::tuple{&v, kv_rows, "v"}, std::tuple{&dk, kGradRows, "dk"}, std::tuple{&dv, kGradRows, "dv"}}) {
+      if (auto why = tma_unsupported_reason(*t, rows)) return std::string(name) + ": " + *why;
+    }
+    return std::nullopt;
+  }
+
+  void encode(AttnBwdSm90Params& params) const {
+    encode_tma_map(&params.q_map, q, q_rows);
+    encode_tma_map(&params.do_map, dout, q_rows);
+    encode_tma_map(&params.k_map, k, kv_rows);
+    encode_tma_map(&params.v_map, v, kv_rows);
+    encode_tma_map(&params.dk_map, dk, kGradRows);
+    encode_tma_map(&params.dv_map, dv, kGradRows);
+  }
+};
 
 unsigned ceil_div(long long a, long long b) { return static_cast<unsigned>((a + b - 1) / b); }
 
@@ -95,9 +145,11 @@ BackwardProblem make_backward_problem(const flashgen_tensor* q, const flashgen_t
 
 size_t backward_workspace_bytes(const BackwardProblem& problem, const BwdConfig& config) {
   const AttnBwdParams& p = problem.params;
-  size_t bytes = dsum_bytes(p);
+  size_t bytes = row_array_bytes(p, config);                                       // D
+  if (config.family == KernelFamily::kSm90) bytes += row_array_bytes(p, config);  // LSE in base 2
   if (!config.deterministic) {
-    bytes += align_up(sizeof(float) * size_t(p.batch) * size_t(p.heads_q) * size_t(p.seqlen_q) * size_t(problem.head_dim));
+    bytes += align_up(sizeof(float) * size_t(p.batch) * size_t(p.heads_q) * workspace_rows(p, config) *
+                      size_t(problem.head_dim));
   }
   return bytes;
 }
@@ -105,6 +157,14 @@ size_t backward_workspace_bytes(const BackwardProblem& problem, const BwdConfig&
 BwdConfig choose_backward_config(const BackwardProblem& problem, int arch, std::string* reason) {
   BackwardChoice choice =
       heuristic_backward_choice(problem.dtype, problem.head_dim, problem.mask, problem.deterministic, arch);
+  if (choice.config.family == KernelFamily::kSm90) {
+    if (auto why = BackwardTmaTensors(problem, choice.config).unsupported_reason()) {
+      const BackwardChoice fallback = heuristic_backward_choice(problem.dtype, problem.head_dim, problem.mask,
+                                                                problem.deterministic, arch, /*sm80_only=*/true);
+      choice.reason += "; TMA cannot describe " + *why + ", so the sm80 family's " + fallback.reason;
+      choice.config = fallback.config;
+    }
+  }
   if (reason != nullptr) *reason = std::move(choice.reason);
   return choice.config;
 }
@@ -131,23 +191,30 @@ PreparedBackward prepare_in_scope(const BackwardProblem& problem, const ScopedCo
   }
 
   const BwdConfig& c = launch.config;
-  KernelRegistry& registry = KernelRegistry::instance();
   PreparedBackward prepared;
+  if (c.family == KernelFamily::kSm90) {
+    const BackwardTmaTensors tensors(problem, c);
+    if (auto why = tensors.unsupported_reason()) {
+      fail(Status::kUnsupported, "config " + c.name() + " needs TMA, which cannot describe " + *why);
+    }
+    prepared.uses_tma = true;
+    tensors.encode(prepared.sm90_params);
+  }
+  KernelRegistry& registry = KernelRegistry::instance();
   prepared.preprocess = registry.function(c, BwdKernel::kPreprocess, scope.context(), launch.arch);
   prepared.dkdv = registry.function(c, BwdKernel::kDkdv, scope.context(), launch.arch);
   prepared.finish =
       registry.function(c, c.deterministic ? BwdKernel::kDq : BwdKernel::kConvert, scope.context(), launch.arch);
 
   constexpr int kRowsPerBlock = kBwdRowKernelThreads / 32;
-  prepared.preprocess_grid[0] = ceil_div(p.seqlen_q, kRowsPerBlock);
+  prepared.preprocess_grid[0] = ceil_div(static_cast<long long>(workspace_rows(p, c)), kRowsPerBlock);
   prepared.preprocess_grid[1] = static_cast<unsigned>(p.heads_q);
   prepared.preprocess_grid[2] = static_cast<unsigned>(p.batch);
-  const BwdDkdvTraits dkdv = c.dkdv_traits();
   prepared.dkdv_grid[0] = ceil_div(p.seqlen_k, c.block_n);
   prepared.dkdv_grid[1] = static_cast<unsigned>(p.heads_kv);
-  prepared.dkdv_grid[2] = static_cast<unsigned>(p.batch * c.d_split);
-  prepared.dkdv_threads = static_cast<unsigned>(dkdv.threads);
-  prepared.dkdv_smem = static_cast<unsigned>(dkdv.smem_bytes);
+  prepared.dkdv_grid[2] = static_cast<unsigned>(c.family == KernelFamily::kSm90 ? p.batch : p.batch * c.d_split);
+  prepared.dkdv_threads = static_cast<unsigned>(c.dkdv_threads());
+  prepared.dkdv_smem = static_cast<unsigned>(c.smem_bytes(BwdKernel::kDkdv));
   if (c.deterministic) {
     const BwdDqTraits dq = c.dq_traits();
     prepared.finish_grid[0] = ceil_div(p.seqlen_q, c.dq_block_m);
@@ -173,16 +240,27 @@ PreparedBackward prepare_backward(const BackwardProblem& problem, CUstream strea
 }
 
 void PreparedBackward::bind_workspace(CUdeviceptr workspace) {
+  const BwdConfig& c = launch.config;
+  const size_t row_bytes = row_array_bytes(params, c);
   params.dsum = reinterpret_cast<float*>(workspace);
-  params.dq_accum = launch.config.deterministic ? nullptr : reinterpret_cast<float*>(workspace + dsum_bytes(params));
+  CUdeviceptr next = workspace + row_bytes;
+  params.lse_log2 = nullptr;
+  if (c.family == KernelFamily::kSm90) {
+    params.lse_log2 = reinterpret_cast<float*>(next);
+    next += row_bytes;
+  }
+  params.dq_accum = c.deterministic ? nullptr : reinterpret_cast<float*>(next);
+  sm90_params.base = params;
 }
 
 void PreparedBackward::operator()(CUstream stream) const {
   void* args[] = {const_cast<AttnBwdParams*>(&params)};
+  void* dkdv_args[] = {uses_tma ? static_cast<void*>(const_cast<AttnBwdSm90Params*>(&sm90_params))
+                                : static_cast<void*>(const_cast<AttnBwdParams*>(&params))};
   FLASHGEN_CU_CHECK(cuLaunchKernel(preprocess, preprocess_grid[0], preprocess_grid[1], preprocess_grid[2],
                                    kBwdRowKernelThreads, 1, 1, 0, stream, args, nullptr));
   FLASHGEN_CU_CHECK(cuLaunchKernel(dkdv, dkdv_grid[0], dkdv_grid[1], dkdv_grid[2], dkdv_threads, 1, 1, dkdv_smem,
-                                   stream, args, nullptr));
+                                   stream, dkdv_args, nullptr));
   FLASHGEN_CU_CHECK(cuLaunchKernel(finish, finish_grid[0], finish_grid[1], finish_grid[2], finish_threads, 1, 1,
                                    finish_smem, stream, args, nullptr));
 }

@@ -32,8 +32,10 @@ BackwardProblem make_backward_problem(const flashgen_tensor* q, const flashgen_t
                                       const flashgen_attention_options* opts);
 
 // Device workspace a config needs for a problem, in bytes: D = rowsum(dO ∘ O) in fp32 for every
-// (batch, head, query), plus the fp32 dQ accumulator (batch · heads_q · seqlen_q · head_dim floats)
-// for the atomic strategy. At most 4 · batch · heads_q · seqlen_q · (head_dim + 1) bytes plus alignment.
+// (batch, head, query), the LSE in base 2 likewise for the sm90 family, plus the fp32 dQ accumulator
+// (batch · heads_q · rows · head_dim floats) for the atomic strategy. rows is seqlen_q for the sm80
+// family and seqlen_q rounded up to 128 for the sm90 one: at most 4 · batch · heads_q · rows ·
+// (head_dim + 2) bytes plus alignment.
 size_t backward_workspace_bytes(const BackwardProblem& problem, const BwdConfig& config);
 
 struct BackwardLaunch {
@@ -62,6 +64,8 @@ struct PreparedBackward {
   unsigned finish_smem = 0;
   size_t workspace_bytes = 0;
   AttnBwdParams params{};
+  bool uses_tma = false;                 // the sm90 family: its dkdv kernel takes sm90_params
+  AttnBwdSm90Params sm90_params{};       // params plus TMA descriptors; base follows params at bind time
 
   // Points the launch at a workspace of at least workspace_bytes (device memory of the launch context).
   void bind_workspace(CUdeviceptr workspace);

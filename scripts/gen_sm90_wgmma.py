@@ -6,9 +6,11 @@ this script writes them out instead of a person. Rerun after changing the shape 
     python3 scripts/gen_sm90_wgmma.py > templates/sm90_wgmma.cuh
 """
 
-# N of S = Q Kᵀ (the key block, A and B from shared memory) and of O += P V (head_dim, A from registers).
+# N of S = Q Kᵀ (the key block, A and B from shared memory) and of O += P V (head_dim, A from registers);
+# N of the backward's dQ = dS K (A and B from shared memory, both MN-major).
 SS_N = [64, 80, 96, 112, 128, 144, 160, 176, 192]
 RS_N = [64, 96, 128, 192, 256]
+SSMN_N = [64, 128]
 TYPES = [("kFloat16", "f16"), ("kBFloat16", "bf16")]
 
 
@@ -26,7 +28,7 @@ def ss(n, ptx_type):
             f'        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"\n'
             f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type} "\n'
             f'        "{{{acc_list(0, regs)}}}, "\n'
-            f'        "%{regs}, %{regs + 1}, p, 1, 1, 0, {{TRANS_B}};\\n}}\\n"\n'
+            f'        "%{regs}, %{regs + 1}, p, 1, 1, {{TRANS_A}}, {{TRANS_B}};\\n}}\\n"\n'
             f'        : {acc_operands(n)}\n'
             f'        : "l"(desc_a), "l"(desc_b), "r"(accumulate));\n')
 
@@ -43,15 +45,18 @@ def rs(n, ptx_type):
 
 
 def wrapper(form, n):
-    body = ss if form == "ss" else rs
-    a_param = "u64 desc_a" if form == "ss" else "const u32 (&a)[4]"
-    trans = 0 if form == "ss" else 1
-    out = [f"template <>\nstruct Wgmma{form.upper()}<{n}> {{\n"
+    body = rs if form == "rs" else ss
+    a_param = "const u32 (&a)[4]" if form == "rs" else "u64 desc_a"
+    trans_a = 1 if form == "ssmn" else 0
+    trans_b = 0 if form == "ss" else 1
+    struct = {"ss": "SS", "rs": "RS", "ssmn": "SSMN"}[form]
+    out = [f"template <>\nstruct Wgmma{struct}<{n}> {{\n"
            f"  template <ElemType kElem>\n"
            f"  static __device__ __forceinline__ void run(float (&d)[{n // 8}][4], {a_param}, u64 desc_b, int accumulate) {{\n"]
     for i, (elem, ptx_type) in enumerate(TYPES):
         out.append(f"    {'if' if i == 0 else '} else'} constexpr (kElem == ElemType::{elem}) {{\n" if i == 0 else "    } else {\n")
-        out.append("  " + body(n, ptx_type).replace("{TRANS_B}", str(trans)).replace("\n    ", "\n      "))
+        out.append("  " + body(n, ptx_type).replace("{TRANS_A}", str(trans_a)).replace("{TRANS_B}", str(trans_b))
+                   .replace("\n    ", "\n      "))
     out.append("    }\n  }\n};\n")
     return "".join(out)
 
@@ -67,11 +72,15 @@ def main():
     print("// row lane/4 + 8. accumulate = 0 overwrites D.")
     print("template <int N>\nstruct WgmmaSS;  // A and B from shared-memory descriptors, both K-major (S = Q Kᵀ)")
     print("template <int N>")
-    print("struct WgmmaRS;  // A from registers (the m16n8k16 A fragment of the warp's 16 rows), B MN-major (O += P V)\n")
+    print("struct WgmmaRS;  // A from registers (the m16n8k16 A fragment of the warp's 16 rows), B MN-major (O += P V)")
+    print("template <int N>")
+    print("struct WgmmaSSMN;  // A and B from shared-memory descriptors, both MN-major (dQ = dS K from dSᵀ and K)\n")
     for n in SS_N:
         print(wrapper("ss", n))
     for n in RS_N:
         print(wrapper("rs", n))
+    for n in SSMN_N:
+        print(wrapper("ssmn", n))
     print("}  // namespace sm90\n}  // namespace flashgen")
 
 

@@ -59,8 +59,10 @@ struct AttnBwdParams {
   void* dq;          // like q
   void* dk;          // like k
   void* dv;          // like v
-  float* dsum;       // workspace (batch, heads_q, seqlen_q): D = rowsum(dO ∘ O)
-  float* dq_accum;   // workspace (batch, heads_q, seqlen_q, head_dim) fp32, atomic strategy only
+  // Workspace rows per (batch, head) are seqlen_q rounded up to the config's kPadRows (bwd_rows.cuh).
+  float* dsum;       // workspace (batch, heads_q, rows): D = rowsum(dO ∘ O)
+  float* dq_accum;   // workspace (batch, heads_q, rows, head_dim) fp32, atomic strategy only
+  float* lse_log2;   // workspace (batch, heads_q, rows): LSE in base 2, Hopper family only (else null)
 
   long long q_batch_stride, q_row_stride, q_head_stride;
   long long k_batch_stride, k_row_stride, k_head_stride;
@@ -80,6 +82,18 @@ struct AttnBwdParams {
   int causal_offset;  // as in AttnFwdParams
   float scale;
   float scale_log2;
+};
+
+// The Hopper backward family (bwd_sm90.cuh) takes TMA descriptors besides the plain parameters, each
+// describing its tensor as 4-D (head_dim, seqlen, heads, batch) like AttnFwdSm90Params's.
+struct AttnBwdSm90Params {
+  AttnBwdParams base;
+  TmaDescriptor q_map;   // box (64, block_m, 1, 1)
+  TmaDescriptor do_map;  // box (64, block_m, 1, 1)
+  TmaDescriptor k_map;   // box (64, block_n, 1, 1)
+  TmaDescriptor v_map;   // box (64, block_n, 1, 1)
+  TmaDescriptor dk_map;  // box (64, 64, 1, 1): one consumer warpgroup's keys
+  TmaDescriptor dv_map;  // box (64, 64, 1, 1)
 };
 
 }  // namespace flashgen

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "attn_params.cuh"
+#include "bwd_rows.cuh"
 #include "bwd_traits.cuh"
 #include "sm80_primitives.cuh"
 #include "tile_copy.cuh"
@@ -15,15 +16,6 @@ namespace bwd {
 
 using sm80::u16;
 using sm80::u32;
-
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
-__device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000u); }
-
-// The forward's natural-log LSE in the base-2 units of P = exp2(s * scale_log2 - lse2). A row that saw
-// no key has LSE -inf; +inf makes its P 0 instead of inf.
-__device__ __forceinline__ float lse_to_log2(float lse) {
-  return lse == neg_inf() ? pos_inf() : lse * 1.4426950408889634f;
-}
 
 // Per-lane ldmatrix byte offsets within a tile of pitch kPitch elements (16-bit).
 template <int kPitch>
@@ -59,89 +51,6 @@ __device__ __forceinline__ void pack_a(u32 (&a)[4], const float (&lo)[4], const 
 
 }  // namespace bwd
 
-// D = rowsum(dO ∘ O) for every (batch, head, query) row, one warp per row; zeroes the row of the fp32
-// dQ accumulator when the atomic strategy will add into it.
-template <class Cfg>
-struct BwdPreprocess {
-  using u16 = sm80::u16;
-  using u32 = sm80::u32;
-  static constexpr int kThreads = kBwdRowKernelThreads;
-  static constexpr int kRowsPerBlock = kThreads / 32;
-  static constexpr int kHeadDim = Cfg::kHeadDim;
-  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row, at most 32
-
-  static __device__ void run(const AttnBwdParams& p) {
-    const int warp = threadIdx.x / 32;
-    const int lane = threadIdx.x % 32;
-    const int row = blockIdx.x * kRowsPerBlock + warp;
-    const int head = blockIdx.y;
-    const int batch = blockIdx.z;
-    if (row >= p.seqlen_q) return;
-    const long long flat_row = (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q + row;
-
-    float sum = 0.f;
-    if (lane < kChunks) {
-      const u16* o = static_cast<const u16*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
-                     row * p.o_row_stride + lane * 8;
-      const u16* d = static_cast<const u16*>(p.dout) + batch * p.do_batch_stride + head * p.do_head_stride +
-                     row * p.do_row_stride + lane * 8;
-      const uint4 ov = *reinterpret_cast<const uint4*>(o);
-      const uint4 dv = *reinterpret_cast<const uint4*>(d);
-      const u32 ow[4] = {ov.x, ov.y, ov.z, ov.w};
-      const u32 dw[4] = {dv.x, dv.y, dv.z, dv.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        float o_lo, o_hi, d_lo, d_hi;
-        sm80::unpack2<Cfg::kElem>(ow[i], o_lo, o_hi);
-        sm80::unpack2<Cfg::kElem>(dw[i], d_lo, d_hi);
-        sum += o_lo * d_lo + o_hi * d_hi;
-      }
-    }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (lane == 0) p.dsum[flat_row] = sum;
-
-    if constexpr (Cfg::kAtomicDq) {
-      float4 zero;
-      zero.x = zero.y = zero.z = zero.w = 0.f;
-      float4* acc = reinterpret_cast<float4*>(p.dq_accum + flat_row * kHeadDim);
-      for (int i = lane; i < kHeadDim / 4; i += 32) acc[i] = zero;
-    }
-  }
-};
-
-// dQ = scale * accumulator, rounded to the 16-bit type: one thread per 8 elements.
-template <class Cfg>
-struct BwdConvertDq {
-  using u16 = sm80::u16;
-  using u32 = sm80::u32;
-  static constexpr int kThreads = kBwdRowKernelThreads;
-  static constexpr int kHeadDim = Cfg::kHeadDim;
-  static constexpr int kChunks = kHeadDim / 8;
-
-  static __device__ void run(const AttnBwdParams& p) {
-    const int i = blockIdx.x * kThreads + threadIdx.x;
-    const int row = i / kChunks;
-    const int chunk = i % kChunks;
-    const int head = blockIdx.y;
-    const int batch = blockIdx.z;
-    if (row >= p.seqlen_q) return;
-    const long long flat_row = (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q + row;
-    const float4* src = reinterpret_cast<const float4*>(p.dq_accum + flat_row * kHeadDim + chunk * 8);
-    const float4 a = src[0];
-    const float4 b = src[1];
-    const float s = p.scale;
-    uint4 out;
-    out.x = sm80::pack2<Cfg::kElem>(a.x * s, a.y * s);
-    out.y = sm80::pack2<Cfg::kElem>(a.z * s, a.w * s);
-    out.z = sm80::pack2<Cfg::kElem>(b.x * s, b.y * s);
-    out.w = sm80::pack2<Cfg::kElem>(b.z * s, b.w * s);
-    u16* dq = static_cast<u16*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride +
-              row * p.dq_row_stride + chunk * 8;
-    *reinterpret_cast<uint4*>(dq) = out;
-  }
-};
-
 // dK and dV (and, for the atomic strategy, dQ contributions) of one block of kBlockN keys of one
 // kv head, over every query block of every query head in the head's group. Each warp owns 16 *
 // kKeyTiles keys: it computes Sᵀ and dPᵀ for them against the whole query block, so Pᵀ and dSᵀ stay in
@@ -156,6 +65,7 @@ struct BwdDkdvSm80 {
   static constexpr BwdDkdvTraits kTraits = bwd_dkdv_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarps,
                                                            Cfg::kStages, Cfg::kDSplit, kAtomicDq);
   static_assert(kTraits.error == nullptr, "invalid backward config: see bwd_dkdv_traits() in bwd_traits.cuh");
+  static_assert(Cfg::kPadRows == 1, "the sm80 family indexes LSE and D by seqlen_q: its workspace is unpadded");
 
   static constexpr ElemType kElem = Cfg::kElem;
   static constexpr bool kCausal = Cfg::kMask == MaskKind::kCausal;
@@ -721,6 +631,7 @@ struct FlashgenDefaultBwdConfig {
   static constexpr int kDqBlockN = 64;
   static constexpr int kDqWarps = 4;
   static constexpr int kDqStages = 2;
+  static constexpr int kPadRows = 1;
 };
 
 extern "C" __global__ void __launch_bounds__(flashgen::kBwdRowKernelThreads)

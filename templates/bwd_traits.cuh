@@ -122,4 +122,65 @@ constexpr BwdDqTraits bwd_dq_traits(int head_dim, int block_m, int block_n, int 
 // Rows of (batch, head, query) the preprocess and convert kernels give one block.
 constexpr int kBwdRowKernelThreads = 256;
 
+// The Hopper family (bwd_sm90.cuh) replaces the dkdv kernel with a warp-specialized one: a producer
+// warpgroup loads K and V once and streams Q, dO, LSE and D through a ring with TMA; block_n / 64
+// consumer warpgroups own 64 keys each and run every product on wgmma (Sᵀ and dPᵀ from shared memory,
+// dV and dK with Pᵀ and dSᵀ from registers, dQ = dS K from dSᵀ staged in shared memory). Its workspace
+// rows (LSE in base 2, D, the dQ accumulator) are padded to a multiple of kBwdSm90PadRows per head so
+// every query block's LSE and D are one aligned bulk copy and no dQ row needs a bounds check.
+constexpr int kBwdSm90PadRows = 128;
+
+struct BwdSm90Traits {
+  int consumers;        // block_n / 64
+  int threads;          // 128 * (consumers + 1)
+  int producer_regs;
+  int consumer_regs;
+  int dq_row_tiles;     // 64-row query tiles of dQ per consumer
+  int dq_cols;          // dQ columns per consumer (wgmma N): head_dim split across consumers sharing a row tile
+  int smem_kv_bytes;    // K and V: (head_dim / 64 chunks, block_n, 64) each
+  int smem_stage_bytes; // one ring stage: Q, dO (head_dim / 64 chunks, block_m, 64), LSE and D
+  int smem_ds_bytes;    // two dSᵀ tiles (block_m / 64 chunks, block_n, 64), alternating per step
+                        // (bwd_sm90.cuh lays the stages' LSE and D out after the tiles: 1024-byte alignment)
+  int smem_bytes;
+  int accum_regs;       // most fp32 fragments a consumer thread holds at once
+  const char* error;
+};
+
+constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, int stages) {
+  BwdSm90Traits t{};
+  t.consumers = block_n / 64;
+  t.threads = 128 * (t.consumers + 1);
+  t.producer_regs = kSm90ProducerRegs;
+  t.consumer_regs = sm90_consumer_regs(t.consumers);
+  const int row_tiles = block_m / 64;
+  t.dq_row_tiles = t.consumers > 0 && row_tiles > t.consumers ? row_tiles / t.consumers : 1;
+  const int col_parts = row_tiles > 0 && t.consumers > row_tiles ? t.consumers / row_tiles : 1;
+  t.dq_cols = head_dim / col_parts;
+  t.smem_kv_bytes = 2 * block_n * head_dim * 2;
+  t.smem_stage_bytes = 2 * block_m * head_dim * 2 + 2 * block_m * 4;
+  t.smem_ds_bytes = 2 * block_n * block_m * 2;
+  t.smem_bytes = t.smem_kv_bytes + stages * t.smem_stage_bytes + t.smem_ds_bytes + (1 + 2 * stages) * 8 + 1024;
+  // dK and dV (head_dim / 2 each), then either Sᵀ and dPᵀ (block_m / 2 each) or their 16-bit fragments
+  // (block_m / 4 each) with the dQ tile.
+  const int with_s = head_dim + block_m;
+  const int with_dq = head_dim + block_m / 4 + t.dq_row_tiles * t.dq_cols / 2;
+  t.accum_regs = with_s > with_dq ? with_s : with_dq;
+  t.error = nullptr;
+  if (head_dim != 64 && head_dim != 128) {
+    t.error = "head_dim must be 64 or 128 (whole 64-column swizzled chunks; dK and dV stay in registers)";
+  } else if (block_n != 64 && block_n != 128) {
+    t.error = "block_n must be 64 or 128 (64 keys per consumer warpgroup, at most 2)";
+  } else if (block_m != 64 && block_m != 128) {
+    t.error = "block_m must be 64 or 128 (wgmma N of Sᵀ; 64-row tiles of dQ)";
+  } else if (stages < 2 || stages > 3) {
+    t.error = "stages must be 2 or 3";
+  } else if (t.dq_cols % 64 != 0) {
+    t.error = "dQ columns per consumer must be whole 64-column chunks: raise block_m or lower block_n";
+  } else if (t.accum_regs + 40 > t.consumer_regs) {
+    // 40: addresses, LSE and D, loop state; at 32 ptxas serializes the wgmma of head_dim 128, block_n 64.
+    t.error = "accumulators need more registers than a consumer thread has: lower block_m or block_n";
+  }
+  return t;
+}
+
 }  // namespace flashgen

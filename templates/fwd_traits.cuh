@@ -74,14 +74,21 @@ struct FwdSm90Traits {
 
 // pingpong: the two consumers of a block_m = 128 config take turns at issuing their products. (The
 // overlap knob needs no rule here: it holds no more registers, P being packed once P V is done.)
+// Registers of a warp-specialized sm90 block (forward and backward): the producer warpgroup keeps
+// kSm90ProducerRegs, the consumers share the rest of the SM's 65536 in steps of 8, at most 240 each.
+constexpr int kSm90ProducerRegs = 24;
+constexpr int sm90_consumer_regs(int consumers) {
+  const int share = consumers > 0 ? (65536 - 128 * kSm90ProducerRegs) / (128 * consumers) / 8 * 8 : 0;
+  return share > 240 ? 240 : share;
+}
+
 constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, int stages, bool pingpong) {
   FwdSm90Traits t{};
   t.consumers = block_m / 64;
   t.threads = 128 * (t.consumers + 1);
   // 65536 registers per SM: the producer keeps 24, the consumers share the rest in steps of 8.
-  t.producer_regs = 24;
-  const int share = t.consumers > 0 ? (65536 - 128 * t.producer_regs) / (128 * t.consumers) / 8 * 8 : 0;
-  t.consumer_regs = share > 240 ? 240 : share;
+  t.producer_regs = kSm90ProducerRegs;
+  t.consumer_regs = sm90_consumer_regs(t.consumers);
   t.smem_q_bytes = block_m * head_dim * 2;
   t.smem_kv_stage_bytes = 2 * block_n * head_dim * 2;
   t.smem_bytes = t.smem_q_bytes + stages * t.smem_kv_stage_bytes + (2 + 4 * stages) * 8 + 1024;

@@ -55,6 +55,10 @@ __device__ __forceinline__ void st_shared_u32(u32 addr, u32 value) {
   asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(value) : "memory");
 }
 
+__device__ __forceinline__ void ld_shared_f32x2(u32 addr, float& a, float& b) {
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(a), "=f"(b) : "r"(addr) : "memory");
+}
+
 // ---- TMA (bulk tensor copies described by a CUtensorMap in kernel parameter space) ----
 
 // Copies the box at coordinates (c0 innermost .. c3) of the tensor map into shared memory at dst
@@ -67,6 +71,14 @@ __device__ __forceinline__ void tma_load_4d(u32 dst, const void* tensor_map, u32
       "[%2];" ::"r"(dst),
       "l"(tensor_map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
+}
+
+// Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) from global memory to shared memory,
+// counted on bar like a tile copy.
+__device__ __forceinline__ void bulk_load(u32 dst, const void* src, u32 bytes, u32 bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
 }
 
 // Stores the box at src to the tensor map's coordinates; elements out of bounds are not written.

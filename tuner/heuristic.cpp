@@ -162,6 +162,20 @@ std::vector<BwdConfig> heuristic_backward_configs(DType dtype, int head_dim, Mas
                                                   int arch) {
   std::vector<BwdConfig> configs;
   std::string last_reason = "no candidate";
+  // On sm_90 the Hopper family comes first where it applies (atomic dQ, head_dim 64 or 128): 128 keys in
+  // two consumer warpgroups, with 64-query steps at head_dim 128 (dK, dV and Sᵀ fill the registers) and
+  // 128-query steps at 64.
+  if (arch == 90 && !deterministic) {
+    BwdConfig c;
+    c.family = KernelFamily::kSm90;
+    c.dtype = dtype;
+    c.head_dim = head_dim;
+    c.mask = mask;
+    c.block_m = head_dim <= 64 ? 128 : 64;
+    c.block_n = 128;
+    c.stages = 2;
+    if (!c.invalid_reason(arch)) configs.push_back(c);
+  }
   for (const BwdTile& tile : backward_preferences(head_dim, deterministic)) {
     BwdConfig c;
     c.dtype = dtype;

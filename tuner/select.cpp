@@ -86,18 +86,24 @@ ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arc
   return chosen.emplace(key, ForwardChoice{std::move(config), std::move(reason)}).first->second;
 }
 
-BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch) {
-  using Key = std::tuple<int, int, int, bool, int>;
+BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch,
+                                         bool sm80_only) {
+  using Key = std::tuple<int, int, int, bool, int, bool>;
   static std::mutex mutex;
   static std::map<Key, BackwardChoice> chosen;
-  const Key key{static_cast<int>(dtype), head_dim, static_cast<int>(mask), deterministic, arch};
+  const Key key{static_cast<int>(dtype), head_dim, static_cast<int>(mask), deterministic, arch, sm80_only};
   {
     std::lock_guard<std::mutex> lock(mutex);
     if (auto found = chosen.find(key); found != chosen.end()) return found->second;
   }
 
-  auto [config, reason] = first_spill_free(
-      heuristic_backward_configs(dtype, head_dim, mask, deterministic, arch), [&](const BwdConfig& c) {
+  std::vector<BwdConfig> configs = heuristic_backward_configs(dtype, head_dim, mask, deterministic, arch);
+  if (sm80_only) {
+    configs.erase(std::remove_if(configs.begin(), configs.end(),
+                                 [](const BwdConfig& c) { return c.family != KernelFamily::kSm80; }),
+                  configs.end());
+  }
+  auto [config, reason] = first_spill_free(configs, [&](const BwdConfig& c) {
         const std::shared_ptr<const CompiledKernel> module = KernelRegistry::instance().compiled(c, arch);
         int spilled = 0;
         for (BwdKernel kernel : {BwdKernel::kDkdv, BwdKernel::kDq}) {

@@ -72,6 +72,8 @@ struct BackwardChoice {
 
 // The first built-in backward config for the problem class whose kernels (dkdv, and dq when
 // deterministic) compile without spills; the first one when all spill, saying so. Memoized.
-BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch);
+// With sm80_only, only the sm80 family's configs are considered (when TMA cannot describe the tensors).
+BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch,
+                                         bool sm80_only = false);
 
 }  // namespace flashgen

@@ -55,6 +55,74 @@ TEST_CASE("backward config names round-trip and are canonical", "[generator][bac
   CHECK_THROWS_AS(BwdConfig::from_name("fwd_sm80_fp16_d128_m64_n64_w4_s2"), flashgen::Error);
 }
 
+TEST_CASE("sm90 backward config names round-trip", "[generator][backward][sm90]") {
+  BwdConfig c;
+  c.family = flashgen::KernelFamily::kSm90;
+  c.dtype = flashgen::DType::kBFloat16;
+  c.block_m = 64;
+  c.block_n = 128;
+  CHECK(c.name() == "bwd_sm90_bf16_d128_m64_n128_s2");
+  c.mask = flashgen::MaskKind::kCausal;
+  c.stages = 3;
+  CHECK(c.name() == "bwd_sm90_bf16_d128_m64_n128_s3_causal");
+  const BwdConfig back = BwdConfig::from_name(c.name());
+  CHECK(back == c);
+  CHECK(back.family == flashgen::KernelFamily::kSm90);
+  CHECK(back.stages == 3);
+  CHECK(back.mask == flashgen::MaskKind::kCausal);
+  CHECK_THROWS_AS(BwdConfig::from_name("bwd_sm90_fp16_d128_m64_n128"), flashgen::Error);
+  CHECK_THROWS_AS(BwdConfig::from_name("bwd_sm90_fp16_d128_m64_n128_s2_det"), flashgen::Error);
+  CHECK_THROWS_AS(BwdConfig::from_name("bwd_sm90_fp16_d128_m64_n128_w8_s2"), flashgen::Error);
+  const nlohmann::json j = c;
+  CHECK(j["family"] == "bwd_sm90");
+  CHECK(j.get<BwdConfig>() == c);
+}
+
+TEST_CASE("sm90 backward validity follows bwd_sm90_traits", "[generator][backward][sm90]") {
+  BwdConfig c;
+  c.family = flashgen::KernelFamily::kSm90;
+  c.block_m = 64;
+  c.block_n = 128;
+  CHECK_FALSE(c.invalid_reason(90).has_value());
+  CHECK(c.invalid_reason(80)->find("sm_90") != std::string::npos);
+  CHECK(c.invalid_reason(100)->find("sm_90") != std::string::npos);
+  BwdConfig bad = c;
+  bad.deterministic = true;
+  CHECK(bad.invalid_reason(90)->find("deterministic") != std::string::npos);
+  bad = c;
+  bad.head_dim = 256;
+  CHECK(bad.invalid_reason(90)->find("head_dim") != std::string::npos);
+  bad = c;
+  bad.block_n = 192;
+  CHECK(bad.invalid_reason(90)->find("block_n") != std::string::npos);
+  bad = c;
+  bad.block_m = 128;  // Sᵀ and dPᵀ of 128 queries next to dK and dV of 128 columns
+  CHECK(bad.invalid_reason(90)->find("registers") != std::string::npos);
+  bad = c;
+  bad.block_n = 64;  // one consumer: dQ of all 128 columns next to dK and dV
+  CHECK(bad.invalid_reason(90)->find("registers") != std::string::npos);
+  bad = c;
+  bad.head_dim = 64;  // two consumers split 64 dQ columns into halves narrower than a chunk
+  CHECK(bad.invalid_reason(90)->find("dQ columns") != std::string::npos);
+  bad.block_m = 128;
+  CHECK_FALSE(bad.invalid_reason(90).has_value());
+  bad = c;
+  bad.stages = 4;
+  CHECK(bad.invalid_reason(90)->find("stages") != std::string::npos);
+
+  // K and V, a ring of Q, dO, LSE and D, two dSᵀ tiles, the barriers and the 1024-byte alignment slack.
+  const flashgen::BwdSm90Traits t = c.sm90_traits();
+  CHECK(t.consumers == 2);
+  CHECK(t.threads == 384);
+  CHECK(t.dq_cols == 64);
+  CHECK(t.dq_row_tiles == 1);
+  CHECK(t.smem_bytes == 2 * 128 * 128 * 2 + 2 * (2 * 64 * 128 * 2 + 2 * 64 * 4) + 2 * 128 * 64 * 2 + 5 * 8 + 1024);
+  CHECK(c.smem_bytes(BwdKernel::kDkdv) == t.smem_bytes);
+  CHECK(c.dkdv_threads() == 384);
+  CHECK(c.pad_rows() == flashgen::kBwdSm90PadRows);
+  CHECK(BwdConfig().pad_rows() == 1);
+}
+
 TEST_CASE("backward config validity follows the shared traits", "[generator][backward]") {
   BwdConfig c;
   CHECK_FALSE(c.invalid_reason(80).has_value());
@@ -121,4 +189,25 @@ TEST_CASE("backward module holds every kernel of its strategy", "[generator][bac
   BwdConfig invalid;
   invalid.warps = 0;
   CHECK_THROWS_AS(flashgen::generate(invalid), flashgen::Error);
+}
+
+TEST_CASE("sm90 backward module: the Hopper dkdv kernel between the shared row kernels", "[generator][backward][sm90]") {
+  BwdConfig c;
+  c.family = flashgen::KernelFamily::kSm90;
+  c.mask = flashgen::MaskKind::kCausal;
+  c.block_n = 128;
+  const flashgen::GeneratedSource s = flashgen::generate(c);
+  for (BwdKernel k : {BwdKernel::kPreprocess, BwdKernel::kDkdv, BwdKernel::kConvert})
+    CHECK(s.translation_unit.find(c.symbol(k) + "(") != std::string::npos);
+  CHECK(s.translation_unit.find("AttnBwdSm90Params") != std::string::npos);
+  CHECK(s.headers.front().contents.find("kPadRows = 128") != std::string::npos);
+  bool has_sm80_template = false;
+  for (const auto& h : s.headers) has_sm80_template |= h.name == "bwd_sm80.cuh";
+  CHECK_FALSE(has_sm80_template);  // only the templates the unit reaches
+  check_golden(c.name() + ".cu", s.translation_unit);
+  check_golden(c.name() + "_config.cuh", s.headers.front().contents);
+
+  BwdConfig det = c;
+  det.deterministic = true;
+  CHECK_THROWS_AS(flashgen::generate(det), flashgen::Error);
 }

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_backward.hpp"
 #include "catch.hpp"
 #include "cuda_driver.hpp"
 #include "device_buffer.hpp"
@@ -114,8 +115,10 @@ struct Outputs {
 };
 
 // Uploads inputs, runs the forward, then `repeats` backwards (re-poisoning the gradients before each)
-// and returns the raw gradient buffers of every run.
-std::vector<Outputs> run_problem(const Problem& p, const Inputs& in, int repeats) {
+// and returns the raw gradient buffers of every run. The backward runs `config` through the C++ API when
+// given, else the C ABI's own choice.
+std::vector<Outputs> run_problem(const Problem& p, const Inputs& in, int repeats,
+                                 const flashgen::BwdConfig* config = nullptr) {
   const AttentionShape& s = p.shape;
   flashgen::ScopedContext scope;
   DeviceTensor q(make_view(p.layout, s.batch, s.seqlen_q, s.heads_q, s.head_dim));
@@ -148,21 +151,29 @@ std::vector<Outputs> run_problem(const Problem& p, const Inputs& in, int repeats
     dq.buffer.fill_bytes(0xFF);
     dk.buffer.fill_bytes(0xFF);
     dv.buffer.fill_bytes(0xFF);
-    const int status = flashgen_attention_backward(&tq, &tk, &tv, &tout, &tdout, lse_ptr, &tdq, &tdk, &tdv, &opts,
-                                                   nullptr);
-    INFO(flashgen_last_error());
-    REQUIRE(status == FLASHGEN_SUCCESS);
+    if (config != nullptr) {
+      const flashgen::BackwardProblem problem =
+          flashgen::make_backward_problem(&tq, &tk, &tv, &tout, &tdout, lse_ptr, &tdq, &tdk, &tdv, &opts);
+      const flashgen::BackwardLaunch launch = flashgen::launch_backward(problem, nullptr, config);
+      REQUIRE(launch.config == *config);
+    } else {
+      const int status = flashgen_attention_backward(&tq, &tk, &tv, &tout, &tdout, lse_ptr, &tdq, &tdk, &tdv, &opts,
+                                                     nullptr);
+      INFO(flashgen_last_error());
+      REQUIRE(status == FLASHGEN_SUCCESS);
+    }
     FLASHGEN_CU_CHECK(cuCtxSynchronize());
     runs.push_back(Outputs{dq.raw(), dk.raw(), dv.raw(), q.view, k.view});
   }
   return runs;
 }
 
-void check_problem(const Problem& p, int repeats = 1) {
+void check_problem(const Problem& p, int repeats = 1, const flashgen::BwdConfig* config = nullptr) {
   INFO(p.describe());
+  INFO((config != nullptr ? "config " + config->name() : std::string("the C ABI's choice")));
   const AttentionShape& s = p.shape;
   const Inputs in = make_inputs(p);
-  const std::vector<Outputs> runs = run_problem(p, in, repeats);
+  const std::vector<Outputs> runs = run_problem(p, in, repeats, config);
 
   const StridedView qc = StridedView::contiguous(s.batch, s.seqlen_q, s.heads_q, s.head_dim);
   const StridedView kc = StridedView::contiguous(s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
@@ -283,6 +294,70 @@ TEST_CASE("backward: masking edge cases and longer sequences", "[gpu][backward]"
       check_problem(p);
     }
   }
+}
+
+// Every valid config of the sm90 family for a problem's dtype, head_dim and mask (empty when the family
+// does not take the problem: deterministic, or a head_dim other than 64 and 128).
+std::vector<flashgen::BwdConfig> sm90_backward_configs(const Problem& p) {
+  std::vector<flashgen::BwdConfig> configs;
+  if (p.deterministic) return configs;
+  for (int block_m : {64, 128})
+    for (int block_n : {64, 128})
+      for (int stages : {2, 3}) {
+        flashgen::BwdConfig c;
+        c.family = flashgen::KernelFamily::kSm90;
+        c.dtype = p.dtype == FLASHGEN_BFLOAT16 ? flashgen::DType::kBFloat16 : flashgen::DType::kFloat16;
+        c.head_dim = static_cast<int>(p.shape.head_dim);
+        c.mask = p.mask == FLASHGEN_MASK_NONE ? flashgen::MaskKind::kNone : flashgen::MaskKind::kCausal;
+        c.block_m = block_m, c.block_n = block_n, c.stages = stages;
+        if (!c.invalid_reason(90)) configs.push_back(c);
+      }
+  return configs;
+}
+
+TEST_CASE("backward, sm90 family: every config over the matrix and the masking edge cases",
+          "[gpu][backward][sm90]") {
+  FLASHGEN_REQUIRE_GPU();
+  {
+    flashgen::ScopedContext context;
+    if (flashgen::device_sm(context.device()) != 90) FLASHGEN_SKIP_TEST("the sm90 family needs sm_90");
+  }
+  std::vector<Problem> problems;
+  for (Problem p : backward_matrix()) {
+    p.deterministic = false;
+    if (p.shape.head_dim == 64 || p.shape.head_dim == 128) problems.push_back(p);
+  }
+  for (flashgen_dtype dtype : {FLASHGEN_FLOAT16, FLASHGEN_BFLOAT16}) {
+    for (int64_t head_dim : {64, 128}) {
+      Problem p;
+      p.dtype = dtype;
+      p.shape.head_dim = head_dim;
+      p.layout = dtype == FLASHGEN_FLOAT16 ? Layout::kBHSD : Layout::kPadded;
+      p.mask = FLASHGEN_MASK_CAUSAL;  // the first rows see no key
+      p.shape.seqlen_q = 300, p.shape.seqlen_k = 77;
+      problems.push_back(p);
+      p.mask = FLASHGEN_MASK_CAUSAL_TOP_LEFT;  // keys past the last query are seen by nobody
+      p.shape.seqlen_q = 70, p.shape.seqlen_k = 333;
+      problems.push_back(p);
+      p.mask = FLASHGEN_MASK_NONE;  // several blocks both ways, GQA
+      p.shape.seqlen_q = 385, p.shape.seqlen_k = 257;
+      p.shape.heads_q = 4, p.shape.heads_kv = 2;
+      problems.push_back(p);
+      p.mask = FLASHGEN_MASK_CAUSAL;
+      p.shape.seqlen_q = p.shape.seqlen_k = 513;
+      p.shape.heads_q = 3, p.shape.heads_kv = 1;
+      p.softmax_scale = 0.3f;
+      problems.push_back(p);
+    }
+  }
+  int ran = 0;
+  for (const Problem& p : problems) {
+    for (const flashgen::BwdConfig& c : sm90_backward_configs(p)) {
+      check_problem(p, 1, &c);
+      ++ran;
+    }
+  }
+  CHECK(ran > 50);
 }
 
 TEST_CASE("backward: deterministic mode gives identical bits on repeated runs", "[gpu][backward]") {

@@ -18,6 +18,7 @@ struct BwdConfig {
   static constexpr int kDqBlockN = 32;
   static constexpr int kDqWarps = 4;
   static constexpr int kDqStages = 2;
+  static constexpr int kPadRows = 1;
 };
 
 }  // namespace flashgen_generated

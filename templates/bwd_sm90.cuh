@@ -1,0 +1,403 @@
+// Backward attention for Hopper (sm_90a): the dkdv kernel of the atomic-dQ strategy as a
+// warp-specialized block on TMA and wgmma; the row kernels (bwd_rows.cuh) run before and after it.
+// Notation as in bwd_sm80.cuh: S = Q Kᵀ, P recomputed from the saved LSE, dP = dO Vᵀ, dS = P ∘ (dP − D),
+// dV = Pᵀ dO, dK = scale · dSᵀ Q, dQ = scale · dS K.
+//
+// One block per (key block, kv head, batch). Warpgroup 0 is the producer: one thread loads the block's
+// K and V once, then streams the Q and dO tiles of every query block of every query head of the group
+// through a kStages-deep ring, with the LSE (base 2) and D of their rows (bulk copies from the padded
+// workspace). Warpgroups 1..kConsumers own 64 keys each. Per query block a consumer computes
+// Sᵀ = K Qᵀ and dPᵀ = V dOᵀ with both operands in shared memory, turns them into Pᵀ and dSᵀ in
+// registers, adds dV += Pᵀ dO and dK += dSᵀ Q with those as register A operands, and stages dSᵀ in
+// shared memory; once every consumer has, each computes its share of dQ = dS K (dSᵀ and K read
+// MN-major) and adds it into the fp32 accumulator with vector reductions. dK and dV leave through the
+// K and V tiles and TMA stores. Validity rules in bwd_sm90_traits() (bwd_traits.cuh).
+#pragma once
+
+#include "attn_params.cuh"
+#include "bwd_rows.cuh"
+#include "bwd_traits.cuh"
+#include "sm80_primitives.cuh"
+#include "sm90_primitives.cuh"
+#include "sm90_wgmma.cuh"
+#include "tile_copy.cuh"
+
+namespace flashgen {
+
+template <class Cfg>
+struct BwdDkdvSm90 {
+  using u32 = sm90::u32;
+  using u64 = sm90::u64;
+
+  static constexpr BwdSm90Traits kTraits = bwd_sm90_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages);
+  static_assert(kTraits.error == nullptr, "invalid sm90 backward config: see bwd_sm90_traits() in bwd_traits.cuh");
+  static_assert(Cfg::kAtomicDq, "the sm90 family adds dQ with reductions; the deterministic strategy is sm80's");
+  static_assert(Cfg::kPadRows == kBwdSm90PadRows, "the sm90 family reads whole query blocks of the workspace");
+
+  static constexpr ElemType kElem = Cfg::kElem;
+  static constexpr bool kCausal = Cfg::kMask == MaskKind::kCausal;
+  static constexpr int kHeadDim = Cfg::kHeadDim;
+  static constexpr int kBlockM = Cfg::kBlockM;
+  static constexpr int kBlockN = Cfg::kBlockN;
+  static constexpr int kStages = Cfg::kStages;
+  static constexpr int kConsumers = kTraits.consumers;
+  static constexpr int kThreads = kTraits.threads;
+
+  // Tiles are stored as 64-column chunks of 128-byte rows, chunk after chunk, swizzled in 1024-byte
+  // atoms of 8 rows (what TMA writes with 128-byte swizzling and wgmma descriptors read), as in
+  // fwd_sm90.cuh. dSᵀ is stored keys x queries: its chunks are 64 queries wide.
+  static constexpr u32 kRowBytes = 128;
+  static constexpr int kChunks = kHeadDim / 64;
+  // Layout: K | V | kStages x [Q | dO] | 2 x dSᵀ | kStages x [LSE | D] | barriers. Every tile starts on a
+  // 1024-byte boundary (all tile sizes are multiples of 1024): TMA, wgmma and the swizzled stores below
+  // all derive the swizzle from address bits, relative to the atom.
+  static constexpr u32 kKvTileBytes = kBlockN * kHeadDim * 2;  // K or V
+  static constexpr u32 kQTileBytes = kBlockM * kHeadDim * 2;   // Q or dO
+  static constexpr u32 kStageBytes = 2 * kQTileBytes;
+  static constexpr u32 kDsTileBytes = kBlockN * kBlockM * 2;
+  static constexpr u32 kRowStatsBytes = 2 * kBlockM * 4;      // LSE and D of one stage
+  static constexpr u32 kVOffset = kKvTileBytes;
+  static constexpr u32 kStageOffset = 2 * kKvTileBytes;
+  static constexpr u32 kDsOffset = kStageOffset + kStages * kStageBytes;
+  static constexpr u32 kRowStatsOffset = kDsOffset + 2 * kDsTileBytes;
+  static constexpr u32 kBarrierOffset = kRowStatsOffset + kStages * kRowStatsBytes;
+  static_assert(kKvTileBytes % 1024 == 0 && kQTileBytes % 1024 == 0 && kDsTileBytes % 1024 == 0,
+                "tiles must keep 1024-byte alignment");
+  static_assert(kBarrierOffset + (1 + 2 * kStages) * 8 + 1024 == kTraits.smem_bytes, "layout and traits disagree");
+
+  static constexpr int kSGroups = kBlockM / 8;   // accumulator groups of Sᵀ, dPᵀ: (16 keys, 8 queries) per warp
+  static constexpr int kDGroups = kHeadDim / 8;  // accumulator groups of dK, dV
+  static constexpr int kMSteps = kBlockM / 16;   // k-steps of dV += Pᵀ dO and dK += dSᵀ Q
+  static constexpr int kDSteps = kHeadDim / 16;  // k-steps of Sᵀ and dPᵀ
+  static constexpr int kNSteps = kBlockN / 16;   // k-steps of dQ = dS K
+  static constexpr int kDqRowTiles = kTraits.dq_row_tiles;
+  static constexpr int kDqCols = kTraits.dq_cols;
+  static constexpr int kDqGroups = kDqCols / 8;
+  static constexpr int kDqColParts = kHeadDim / kDqCols;  // consumers sharing one 64-row tile of dQ
+
+  // Hardware barriers: 0 is __syncthreads, 1 all consumers (dSᵀ staged; K and V free), 2 + c consumer c.
+  static constexpr unsigned kConsumersBarrier = 1;
+
+  struct Barriers {
+    u32 base;  // kv_full, then full[kStages], empty[kStages]
+    __device__ u32 kv_full() const { return base; }
+    __device__ u32 full(int s) const { return base + 8 * (1 + s); }
+    __device__ u32 empty(int s) const { return base + 8 * (1 + kStages + s); }
+  };
+
+  // The query blocks that see some key of this block, per query head: m_first .. m_blocks - 1; from
+  // m_interior on they see every key (no mask code).
+  struct Work {
+    int n_start, kv_head, batch, rows_pad;
+    int m_blocks, m_first, m_interior, per_head, iterations;
+  };
+
+  static __device__ Work work_of(const AttnBwdParams& p) {
+    Work w;
+    w.n_start = blockIdx.x * kBlockN;
+    w.kv_head = blockIdx.y;
+    w.batch = blockIdx.z;
+    w.rows_pad = bwd::padded_rows<Cfg>(p);
+    w.m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+    w.m_first = 0;
+    w.m_interior = 0;
+    if constexpr (kCausal) {
+      const int first_row = w.n_start - p.causal_offset;               // first query seeing key n_start
+      const int full_row = w.n_start + kBlockN - 1 - p.causal_offset;  // first query seeing all keys
+      w.m_first = min(first_row <= 0 ? 0 : first_row / kBlockM, w.m_blocks);
+      w.m_interior = full_row <= 0 ? 0 : (full_row + kBlockM - 1) / kBlockM;
+    }
+    if (p.seqlen_k - w.n_start < kBlockN) w.m_interior = w.m_blocks;  // keys past seqlen_k are masked
+    w.m_interior = min(max(w.m_interior, w.m_first), w.m_blocks);
+    w.per_head = w.m_blocks - w.m_first;
+    w.iterations = w.per_head * p.group_size;
+    return w;
+  }
+
+  static __device__ int head_of(const AttnBwdParams& p, const Work& w, int it) {
+    return w.kv_head * p.group_size + it / w.per_head;
+  }
+  static __device__ int m_block_of(const Work& w, int it) { return w.m_first + it % w.per_head; }
+  static __device__ u32 ring_phase(int it) { return static_cast<u32>((it / kStages) & 1); }
+
+  static __device__ void run(const AttnBwdSm90Params& params) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const u32 smem = (sm90::smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
+    const Barriers bars{smem + kBarrierOffset};
+    const Work w = work_of(params.base);
+
+    if (threadIdx.x == 0) {
+      sm90::mbarrier_init(bars.kv_full(), 1);
+      for (int s = 0; s < kStages; ++s) {
+        sm90::mbarrier_init(bars.full(s), 1);
+        sm90::mbarrier_init(bars.empty(s), kConsumers * 4);  // one arrival per consumer warp
+      }
+      sm90::fence_mbarrier_init();
+    }
+    __syncthreads();
+
+    if (threadIdx.x < 128) {
+      sm90::setmaxnreg_dec<kTraits.producer_regs>();
+      if (threadIdx.x == 0) produce(params, w, smem, bars);
+    } else {
+      sm90::setmaxnreg_inc<kTraits.consumer_regs>();
+      consume(params, w, smem, bars);
+    }
+  }
+
+  static __device__ void produce(const AttnBwdSm90Params& params, const Work& w, u32 smem, const Barriers& bars) {
+    const AttnBwdParams& p = params.base;
+    sm90::mbarrier_arrive_expect_tx(bars.kv_full(), 2 * kKvTileBytes);
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      sm90::tma_load_4d(smem + c * kBlockN * kRowBytes, &params.k_map, bars.kv_full(), c * 64, w.n_start, w.kv_head,
+                        w.batch);
+      sm90::tma_load_4d(smem + kVOffset + c * kBlockN * kRowBytes, &params.v_map, bars.kv_full(), c * 64, w.n_start,
+                        w.kv_head, w.batch);
+    }
+    for (int it = 0; it < w.iterations; ++it) {
+      const int head = head_of(p, w, it);
+      const int m_start = m_block_of(w, it) * kBlockM;
+      const int s = it % kStages;
+      const u32 st = smem + kStageOffset + s * kStageBytes;
+      sm90::mbarrier_wait(bars.empty(s), ring_phase(it) ^ 1);
+      sm90::mbarrier_arrive_expect_tx(bars.full(s), kStageBytes + kRowStatsBytes);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        sm90::tma_load_4d(st + c * kBlockM * kRowBytes, &params.q_map, bars.full(s), c * 64, m_start, head, w.batch);
+        sm90::tma_load_4d(st + kQTileBytes + c * kBlockM * kRowBytes, &params.do_map, bars.full(s), c * 64, m_start,
+                          head, w.batch);
+      }
+      const long long flat = (static_cast<long long>(w.batch) * p.heads_q + head) * w.rows_pad + m_start;
+      const u32 stats = smem + kRowStatsOffset + s * kRowStatsBytes;
+      sm90::bulk_load(stats, p.lse_log2 + flat, kBlockM * 4, bars.full(s));
+      sm90::bulk_load(stats + kBlockM * 4, p.dsum + flat, kBlockM * 4, bars.full(s));
+    }
+  }
+
+  // Byte offset of 16-bit element (row, col) in a swizzled tile of `rows` rows per 64-column chunk.
+  static __device__ __forceinline__ u32 swizzled(int rows, int row, int col) {
+    return (col / 64) * rows * kRowBytes + row * kRowBytes + ((((col % 64) / 8) ^ (row % 8)) * 16) + (col % 8) * 2;
+  }
+
+  static __device__ void consume(const AttnBwdSm90Params& params, const Work& w, u32 smem, const Barriers& bars) {
+    const AttnBwdParams& p = params.base;
+    const int consumer = threadIdx.x / 128 - 1;
+    const int warp = (threadIdx.x / 32) % 4;
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4;  // accumulator row within an 8-row group
+    const int t = lane % 4;  // accumulator column pair
+    const int key_row0 = consumer * 64 + warp * 16 + g;  // this thread's keys: key_row0 and + 8, block-relative
+    const u32 sk = smem;
+    const u32 sv = smem + kVOffset;
+    const u32 sk_rows = sk + consumer * 64 * kRowBytes;  // this consumer's 64 keys in chunk 0
+    const u32 sv_rows = sv + consumer * 64 * kRowBytes;
+
+    // This consumer's share of dQ: 64-row tiles of the query block and a range of columns.
+    constexpr bool kSplitRows = kDqColParts == 1;
+    const int dq_tile0 = kSplitRows ? consumer * kDqRowTiles : consumer / kDqColParts;
+    const int dq_col0 = kSplitRows ? 0 : (consumer % kDqColParts) * kDqCols;
+
+    float acc_dk[kDGroups][4];
+    float acc_dv[kDGroups][4];
+#pragma unroll
+    for (int i = 0; i < kDGroups; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_dk[i][e] = acc_dv[i][e] = 0.f;
+
+    sm90::mbarrier_wait(bars.kv_full(), 0);
+
+    // Pᵀ = exp2(s * scale_log2 - lse2) with hidden entries at 0, then dSᵀ = Pᵀ ∘ (dPᵀ - D); queries past
+    // seqlen_q have lse2 = +inf in the padded workspace, so only keys need masking.
+    auto probabilities = [&](float (&acc_s)[kSGroups][4], u32 s_lse, int m_start, auto masked) {
+#pragma unroll
+      for (int i = 0; i < kSGroups; ++i) {
+        float lse2[2];
+        sm90::ld_shared_f32x2(s_lse + (8 * i + 2 * t) * 4, lse2[0], lse2[1]);
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float s = acc_s[i][2 * h + e] * p.scale_log2;
+            if constexpr (decltype(masked)::value) {
+              const int key = w.n_start + key_row0 + 8 * h;
+              bool hidden = key >= p.seqlen_k;
+              if constexpr (kCausal) hidden |= key > m_start + 8 * i + 2 * t + e + p.causal_offset;
+              if (hidden) s = bwd::neg_inf();
+            }
+            acc_s[i][2 * h + e] = sm80::exp2_approx(s - lse2[e]);
+          }
+      }
+    };
+
+    for (int it = 0; it < w.iterations; ++it) {
+      const int head = head_of(p, w, it);
+      const int m_block = m_block_of(w, it);
+      const int m_start = m_block * kBlockM;
+      const int s = it % kStages;
+      const u32 sq = smem + kStageOffset + s * kStageBytes;
+      const u32 sdo = sq + kQTileBytes;
+      const u32 s_lse = smem + kRowStatsOffset + s * kRowStatsBytes;
+      const u32 s_dsum = s_lse + kBlockM * 4;
+      const u32 sds = smem + kDsOffset + (it % 2) * kDsTileBytes;
+      sm90::mbarrier_wait(bars.full(s), ring_phase(it));
+
+      // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for this consumer's keys: (64, kBlockM), k-steps along head_dim.
+      float acc_s[kSGroups][4];
+      float acc_dp[kSGroups][4];
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kDSteps; ++kk) {
+        const u32 offset = (kk / 4) * kBlockN * kRowBytes + (kk % 4) * 32;
+        const u32 q_offset = (kk / 4) * kBlockM * kRowBytes + (kk % 4) * 32;
+        sm90::WgmmaSS<kBlockM>::template run<kElem>(acc_s, sm90::smem_desc_sw128(sk_rows + offset, 16, 1024),
+                                                    sm90::smem_desc_sw128(sq + q_offset, 16, 1024), kk > 0 ? 1 : 0);
+      }
+      sm90::wgmma_commit();
+#pragma unroll
+      for (int kk = 0; kk < kDSteps; ++kk) {
+        const u32 offset = (kk / 4) * kBlockN * kRowBytes + (kk % 4) * 32;
+        const u32 q_offset = (kk / 4) * kBlockM * kRowBytes + (kk % 4) * 32;
+        sm90::WgmmaSS<kBlockM>::template run<kElem>(acc_dp, sm90::smem_desc_sw128(sv_rows + offset, 16, 1024),
+                                                    sm90::smem_desc_sw128(sdo + q_offset, 16, 1024), kk > 0 ? 1 : 0);
+      }
+      sm90::wgmma_commit();
+
+      sm90::wgmma_wait<1>();
+      sm90::pin_registers(acc_s);
+      if (m_block < w.m_interior) {
+        probabilities(acc_s, s_lse, m_start, sm80::BoolConstant<true>{});
+      } else {
+        probabilities(acc_s, s_lse, m_start, sm80::BoolConstant<false>{});
+      }
+      sm90::wgmma_wait<0>();
+      sm90::pin_registers(acc_dp);
+#pragma unroll
+      for (int i = 0; i < kSGroups; ++i) {
+        float dsum[2];
+        sm90::ld_shared_f32x2(s_dsum + (8 * i + 2 * t) * 4, dsum[0], dsum[1]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_dp[i][e] = acc_s[i][e] * (acc_dp[i][e] - dsum[e % 2]);
+      }
+
+      // Pᵀ and dSᵀ as 16-bit A fragments (groups 2j, 2j+1 are k-step j's m16n8k16 A fragment), and dSᵀ
+      // into shared memory for the dQ product.
+      u32 p_frag[kMSteps][4];
+      u32 ds_frag[kMSteps][4];
+#pragma unroll
+      for (int j = 0; j < kMSteps; ++j) {
+        p_frag[j][0] = sm80::pack2<kElem>(acc_s[2 * j][0], acc_s[2 * j][1]);
+        p_frag[j][1] = sm80::pack2<kElem>(acc_s[2 * j][2], acc_s[2 * j][3]);
+        p_frag[j][2] = sm80::pack2<kElem>(acc_s[2 * j + 1][0], acc_s[2 * j + 1][1]);
+        p_frag[j][3] = sm80::pack2<kElem>(acc_s[2 * j + 1][2], acc_s[2 * j + 1][3]);
+        ds_frag[j][0] = sm80::pack2<kElem>(acc_dp[2 * j][0], acc_dp[2 * j][1]);
+        ds_frag[j][1] = sm80::pack2<kElem>(acc_dp[2 * j][2], acc_dp[2 * j][3]);
+        ds_frag[j][2] = sm80::pack2<kElem>(acc_dp[2 * j + 1][0], acc_dp[2 * j + 1][1]);
+        ds_frag[j][3] = sm80::pack2<kElem>(acc_dp[2 * j + 1][2], acc_dp[2 * j + 1][3]);
+      }
+#pragma unroll
+      for (int i = 0; i < kSGroups; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const u32 word = (i % 2 == 0) ? ds_frag[i / 2][h] : ds_frag[i / 2][2 + h];
+          sm90::st_shared_u32(sds + swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t), word);
+        }
+      sm90::fence_proxy_async_smem();
+
+      // dV += Pᵀ dO and dK += dSᵀ Q: queries are the k dimension; dO and Q are read MN-major.
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < kMSteps; ++j) {
+        const u64 desc_do = sm90::smem_desc_sw128(sdo + j * 16 * kRowBytes, kBlockM * kRowBytes, 1024);
+        sm90::WgmmaRS<kHeadDim>::template run<kElem>(acc_dv, p_frag[j], desc_do, 1);
+      }
+#pragma unroll
+      for (int j = 0; j < kMSteps; ++j) {
+        const u64 desc_q = sm90::smem_desc_sw128(sq + j * 16 * kRowBytes, kBlockM * kRowBytes, 1024);
+        sm90::WgmmaRS<kHeadDim>::template run<kElem>(acc_dk, ds_frag[j], desc_q, 1);
+      }
+      sm90::wgmma_commit();
+
+      // dQ = dS K once every consumer's dSᵀ is staged: A = dSᵀ and B = K, both read MN-major; keys are
+      // the k dimension. The dSᵀ tiles alternate, so the next step's stores need no barrier of their own.
+      sm90::named_barrier_sync(kConsumersBarrier, kConsumers * 128);
+      float acc_dq[kDqRowTiles][kDqGroups][4];
+#pragma unroll
+      for (int r = 0; r < kDqRowTiles; ++r) {
+#pragma unroll
+        for (int j = 0; j < kNSteps; ++j) {
+          const u64 desc_ds =
+              sm90::smem_desc_sw128(sds + (dq_tile0 + r) * kBlockN * kRowBytes + j * 16 * kRowBytes, kBlockN * kRowBytes,
+                                    1024);
+          const u64 desc_k = sm90::smem_desc_sw128(sk + (dq_col0 / 64) * kBlockN * kRowBytes + j * 16 * kRowBytes,
+                                                   kBlockN * kRowBytes, 1024);
+          sm90::WgmmaSSMN<kDqCols>::template run<kElem>(acc_dq[r], desc_ds, desc_k, j > 0 ? 1 : 0);
+        }
+      }
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      sm90::pin_registers(acc_dv);
+      sm90::pin_registers(acc_dk);
+#pragma unroll
+      for (int r = 0; r < kDqRowTiles; ++r) sm90::pin_registers(acc_dq[r]);
+      if (lane == 0) sm90::mbarrier_arrive(bars.empty(s));  // this warp is done with the stage
+
+      // Rows past seqlen_q exist in the padded accumulator and receive zeros.
+      const long long flat = (static_cast<long long>(w.batch) * p.heads_q + head) * w.rows_pad + m_start;
+#pragma unroll
+      for (int r = 0; r < kDqRowTiles; ++r)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float* dst = p.dq_accum + (flat + (dq_tile0 + r) * 64 + warp * 16 + g + 8 * h) * kHeadDim + dq_col0 + 2 * t;
+#pragma unroll
+          for (int i = 0; i < kDqGroups; ++i) sm80::atomic_add_f32x2(dst + 8 * i, acc_dq[r][i][2 * h], acc_dq[r][i][2 * h + 1]);
+        }
+    }
+
+    // Epilogue: every consumer is done with K and V (dQ read all keys); stage dK = scale · acc_dk and dV
+    // in this consumer's rows of the K and V tiles, then TMA-store them (rows past seqlen_k are clipped).
+    sm90::named_barrier_sync(kConsumersBarrier, kConsumers * 128);
+#pragma unroll
+    for (int i = 0; i < kDGroups; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const u32 offset = swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t);
+        sm90::st_shared_u32(sk + offset,
+                            sm80::pack2<kElem>(acc_dk[i][2 * h] * p.scale, acc_dk[i][2 * h + 1] * p.scale));
+        sm90::st_shared_u32(sv + offset, sm80::pack2<kElem>(acc_dv[i][2 * h], acc_dv[i][2 * h + 1]));
+      }
+    sm90::fence_proxy_async_smem();
+    sm90::named_barrier_sync(2 + consumer, 128);
+    if (threadIdx.x % 128 == 0) {
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const u32 rows = c * kBlockN * kRowBytes + consumer * 64 * kRowBytes;
+        sm90::tma_store_4d(&params.dk_map, sk + rows, c * 64, w.n_start + consumer * 64, w.kv_head, w.batch);
+        sm90::tma_store_4d(&params.dv_map, sv + rows, c * 64, w.n_start + consumer * 64, w.kv_head, w.batch);
+      }
+      sm90::tma_store_commit();
+      sm90::tma_store_wait_all();
+    }
+  }
+};
+
+}  // namespace flashgen
+
+#ifdef FLASHGEN_STANDALONE
+// Lets `nvcc -DFLASHGEN_STANDALONE -gencode=arch=compute_90a,code=sm_90a -c` compile this template on its own.
+struct FlashgenDefaultBwdSm90Config {
+  static constexpr flashgen::ElemType kElem = flashgen::ElemType::kBFloat16;
+  static constexpr int kHeadDim = 128;
+  static constexpr flashgen::MaskKind kMask = flashgen::MaskKind::kCausal;
+  static constexpr int kBlockM = 64;
+  static constexpr int kBlockN = 128;
+  static constexpr int kStages = 2;
+  static constexpr bool kAtomicDq = true;
+  static constexpr int kPadRows = flashgen::kBwdSm90PadRows;
+};
+
+extern "C" __global__ void __launch_bounds__(flashgen::BwdDkdvSm90<FlashgenDefaultBwdSm90Config>::kThreads, 1)
+    bwd_sm90_standalone_dkdv(const __grid_constant__ flashgen::AttnBwdSm90Params params) {
+  flashgen::BwdDkdvSm90<FlashgenDefaultBwdSm90Config>::run(params);
+}
+#endif
