@@ -21,15 +21,15 @@ const char* bwd_kernel_suffix(BwdKernel kernel) {
 std::string BwdConfig::name() const {
   // Built on every launch (it keys the loaded kernels): appends, no stream.
   using std::to_string;
+  std::string name;
   if (family == KernelFamily::kSm90) {
-    std::string name = std::string("bwd_sm90_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_m" +
-                       to_string(block_m) + "_n" + to_string(block_n) + "_s" + to_string(stages);
-    if (mask == MaskKind::kCausal) name += "_causal";
-    return name;
+    name = std::string("bwd_sm90_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_m" + to_string(block_m) +
+           "_n" + to_string(block_n) + "_s" + to_string(stages);
+  } else {
+    name = std::string("bwd_sm80_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_m" + to_string(block_m) +
+           "_n" + to_string(block_n) + "_w" + to_string(warps) + "_s" + to_string(stages) + "_x" +
+           to_string(d_split);
   }
-  std::string name = std::string("bwd_sm80_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_m" +
-                     to_string(block_m) + "_n" + to_string(block_n) + "_w" + to_string(warps) + "_s" +
-                     to_string(stages) + "_x" + to_string(d_split);
   if (mask == MaskKind::kCausal) name += "_causal";
   if (deterministic) {
     name += "_det_qm" + to_string(dq_block_m) + "_qn" + to_string(dq_block_n) + "_qw" + to_string(dq_warps) +
@@ -40,48 +40,26 @@ std::string BwdConfig::name() const {
 
 std::string BwdConfig::symbol(BwdKernel kernel) const { return name() + "_" + bwd_kernel_suffix(kernel); }
 
-namespace {
-
-// bwd_sm90_<dtype>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal], already split at '_'.
-BwdConfig sm90_from_fields(const std::vector<std::string>& fields, const std::string& name) {
-  FLASHGEN_REQUIRE(fields.size() == 7 || (fields.size() == 8 && fields[7] == "causal"),
-                   "config name '" + name + "': expected bwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal]");
-  BwdConfig c;
-  c.family = KernelFamily::kSm90;
-  c.dtype = parse_dtype_field(fields[2], name);
-  c.head_dim = parse_name_field(fields[3], "d", name);
-  c.block_m = parse_name_field(fields[4], "m", name);
-  c.block_n = parse_name_field(fields[5], "n", name);
-  c.stages = parse_name_field(fields[6], "s", name);
-  if (fields.size() == 8) c.mask = MaskKind::kCausal;
-  return c;
-}
-
-}  // namespace
-
 BwdConfig BwdConfig::from_name(const std::string& name) {
   std::vector<std::string> fields;
   std::istringstream in(name);
   for (std::string field; std::getline(in, field, '_');) fields.push_back(field);
-  if (fields.size() >= 2 && fields[0] == "bwd" && fields[1] == "sm90") {
-    BwdConfig c = sm90_from_fields(fields, name);
-    FLASHGEN_REQUIRE(c.name() == name, "config name '" + name + "' is not canonical; did you mean '" + c.name() + "'?");
-    return c;
-  }
-  FLASHGEN_REQUIRE(fields.size() >= 9 && fields[0] == "bwd" && fields[1] == "sm80",
+  const bool sm90 = fields.size() >= 7 && fields[0] == "bwd" && fields[1] == "sm90";
+  FLASHGEN_REQUIRE(sm90 || (fields.size() >= 9 && fields[0] == "bwd" && fields[1] == "sm80"),
                    "config name '" + name +
                        "': expected bwd_sm80_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_w<warps>_s<stages>"
                        "_x<d_split>[_causal][_det_qm<m>_qn<n>_qw<warps>_qs<stages>] or "
-                       "bwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal]");
+                       "bwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_det_...]");
   BwdConfig c;
+  if (sm90) c.family = KernelFamily::kSm90;
   c.dtype = parse_dtype_field(fields[2], name);
   c.head_dim = parse_name_field(fields[3], "d", name);
   c.block_m = parse_name_field(fields[4], "m", name);
   c.block_n = parse_name_field(fields[5], "n", name);
-  c.warps = parse_name_field(fields[6], "w", name);
-  c.stages = parse_name_field(fields[7], "s", name);
-  c.d_split = parse_name_field(fields[8], "x", name);
-  size_t i = 9;
+  size_t i = 6;
+  if (!sm90) c.warps = parse_name_field(fields[i++], "w", name);
+  c.stages = parse_name_field(fields[i++], "s", name);
+  if (!sm90) c.d_split = parse_name_field(fields[i++], "x", name);
   if (i < fields.size() && fields[i] == "causal") {
     c.mask = MaskKind::kCausal;
     ++i;
@@ -109,7 +87,9 @@ BwdDqTraits BwdConfig::dq_traits() const {
   return bwd_dq_traits(head_dim, dq_block_m, dq_block_n, dq_warps, dq_stages);
 }
 
-BwdSm90Traits BwdConfig::sm90_traits() const { return bwd_sm90_traits(head_dim, block_m, block_n, stages); }
+BwdSm90Traits BwdConfig::sm90_traits() const {
+  return bwd_sm90_traits(head_dim, block_m, block_n, stages, !deterministic);
+}
 
 int BwdConfig::dkdv_threads() const {
   return family == KernelFamily::kSm90 ? sm90_traits().threads : dkdv_traits().threads;
@@ -128,21 +108,16 @@ int BwdConfig::smem_bytes(BwdKernel kernel) const {
 std::optional<std::string> BwdConfig::invalid_reason(int arch) const {
   if (family == KernelFamily::kSm90) {
     if (arch != 90) return "the sm90 kernel family needs sm_90 (wgmma, TMA and setmaxnreg are sm_90a instructions)";
-    if (deterministic) return "the sm90 kernel family adds dQ with atomics; the deterministic strategy is the sm80 family's";
     const BwdSm90Traits t = sm90_traits();
     if (t.error != nullptr) return std::string(t.error);
-    if (t.smem_bytes > max_smem_per_block(arch)) {
-      return "dkdv kernel needs " + std::to_string(t.smem_bytes) + " bytes of shared memory; sm_90 allows " +
-             std::to_string(max_smem_per_block(arch)) + " per block";
-    }
-    return std::nullopt;
+  } else {
+    if (arch < 80) return "the sm80 kernel family needs sm_80 or newer (mma.sync m16n8k16 bf16, cp.async)";
+    const BwdDkdvTraits dkdv = dkdv_traits();
+    if (dkdv.error != nullptr) return std::string(dkdv.error);
   }
-  if (arch < 80) return "the sm80 kernel family needs sm_80 or newer (mma.sync m16n8k16 bf16, cp.async)";
-  const BwdDkdvTraits dkdv = dkdv_traits();
-  if (dkdv.error != nullptr) return std::string(dkdv.error);
   const int limit = max_smem_per_block(arch);
-  if (dkdv.smem_bytes > limit) {
-    return "dkdv kernel needs " + std::to_string(dkdv.smem_bytes) + " bytes of shared memory; sm_" +
+  if (smem_bytes(BwdKernel::kDkdv) > limit) {
+    return "dkdv kernel needs " + std::to_string(smem_bytes(BwdKernel::kDkdv)) + " bytes of shared memory; sm_" +
            std::to_string(arch) + " allows " + std::to_string(limit) + " per block";
   }
   if (deterministic) {
@@ -166,18 +141,18 @@ void to_json(nlohmann::json& j, const BwdConfig& c) {
                        {"block_n", c.block_n},
                        {"stages", c.stages},
                        {"deterministic", c.deterministic}};
-    return;
+  } else {
+    j = nlohmann::json{{"family", "bwd_sm80"},
+                       {"dtype", dtype_name(c.dtype)},
+                       {"head_dim", c.head_dim},
+                       {"mask", c.mask == MaskKind::kCausal ? "causal" : "none"},
+                       {"block_m", c.block_m},
+                       {"block_n", c.block_n},
+                       {"warps", c.warps},
+                       {"stages", c.stages},
+                       {"d_split", c.d_split},
+                       {"deterministic", c.deterministic}};
   }
-  j = nlohmann::json{{"family", "bwd_sm80"},
-                     {"dtype", dtype_name(c.dtype)},
-                     {"head_dim", c.head_dim},
-                     {"mask", c.mask == MaskKind::kCausal ? "causal" : "none"},
-                     {"block_m", c.block_m},
-                     {"block_n", c.block_n},
-                     {"warps", c.warps},
-                     {"stages", c.stages},
-                     {"d_split", c.d_split},
-                     {"deterministic", c.deterministic}};
   if (c.deterministic) {
     j["dq_block_m"] = c.dq_block_m;
     j["dq_block_n"] = c.dq_block_n;

@@ -113,7 +113,7 @@ std::string render_config_header(const BwdConfig& c) {
   out << "  static constexpr int kStages = " << c.stages << ";\n";
   if (c.family == KernelFamily::kSm80) out << "  static constexpr int kDSplit = " << c.d_split << ";\n";
   out << "  static constexpr bool kAtomicDq = " << (c.deterministic ? "false" : "true") << ";\n";
-  if (c.family == KernelFamily::kSm80) {
+  if (c.family == KernelFamily::kSm80 || c.deterministic) {
     out << "  static constexpr int kDqBlockM = " << c.dq_block_m << ";\n"
         << "  static constexpr int kDqBlockN = " << c.dq_block_n << ";\n"
         << "  static constexpr int kDqWarps = " << c.dq_warps << ";\n"
@@ -133,6 +133,7 @@ std::string render_translation_unit(const BwdConfig& c) {
       << " for " << c.name() << ". Do not edit.\n"
       << "#include \"" << kConfigHeaderName << "\"\n"
       << "#include \"" << template_name << "\"\n";
+  if (sm90 && c.deterministic) out << "#include \"" << kBwdTemplateName << "\"  // the dq kernel\n";
   auto entry = [&](BwdKernel kernel, const std::string& type, const std::string& threads,
                    const char* params = "AttnBwdParams") {
     out << "\nextern \"C\" __global__ void __launch_bounds__(" << threads << ", 1)\n"
@@ -246,11 +247,10 @@ GeneratedSource generate(const BwdConfig& config) {
   const char* why = nullptr;
   if (config.family == KernelFamily::kSm90) {
     why = config.sm90_traits().error;
-    if (why == nullptr && config.deterministic) why = "the sm90 family has only the atomic dQ strategy";
   } else {
     why = config.dkdv_traits().error;
-    if (why == nullptr && config.deterministic) why = config.dq_traits().error;
   }
+  if (why == nullptr && config.deterministic) why = config.dq_traits().error;
   if (why != nullptr) fail(Status::kInvalidArgument, "invalid backward config " + config.name() + ": " + why);
   return assemble(config);
 }

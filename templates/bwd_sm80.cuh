@@ -396,7 +396,8 @@ struct BwdDkdvSm80 {
 
 // dQ of one block of kBlockM queries of one head, deterministic: the block walks the visible key
 // blocks through a K/V ring (as the forward does), recomputes P and dP, and accumulates dQ = dS K in
-// registers; nothing is added atomically, so repeated runs give identical bits.
+// registers; nothing is added atomically, so repeated runs give identical bits. Also the dq kernel of
+// the sm90 family's deterministic strategy, whose workspace rows are padded (bwd_rows.cuh).
 template <class Cfg>
 struct BwdDqSm80 {
   using u16 = sm80::u16;
@@ -449,7 +450,9 @@ struct BwdDqSm80 {
     const u16* dout = static_cast<const u16*>(p.dout) + batch * p.do_batch_stride + head * p.do_head_stride;
     const u16* k = static_cast<const u16*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
     const u16* v = static_cast<const u16*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
-    const long long flat = (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q;
+    const long long head_row0 = static_cast<long long>(batch) * p.heads_q + head;
+    const long long flat = head_row0 * p.seqlen_q;                          // the forward's LSE
+    const long long dsum_flat = head_row0 * bwd::padded_rows<Cfg>(p);       // the workspace's D
 
     const int rows_q = min(kBlockM, p.seqlen_q - m_start);
     int n_end = p.seqlen_k;
@@ -469,9 +472,9 @@ struct BwdDqSm80 {
     Copy::template load<kBlockM>(sdo_addr, dout + m_start * p.do_row_stride, p.do_row_stride, rows_q, dout, tid);
     for (int i = tid; i < kBlockM; i += kThreads) {
       const bool valid = i < rows_q;
-      const long long row = valid ? flat + m_start + i : flat;
-      sm80::cp_async_4(lse_addr + i * 4, p.lse + row, valid);
-      sm80::cp_async_4(lse_addr + (kBlockM + i) * 4, p.dsum + row, valid);
+      const int row = valid ? m_start + i : 0;
+      sm80::cp_async_4(lse_addr + i * 4, p.lse + flat + row, valid);
+      sm80::cp_async_4(lse_addr + (kBlockM + i) * 4, p.dsum + dsum_flat + row, valid);
     }
     sm80::cp_async_commit();
 #pragma unroll

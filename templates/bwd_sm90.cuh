@@ -1,5 +1,7 @@
-// Backward attention for Hopper (sm_90a): the dkdv kernel of the atomic-dQ strategy as a
-// warp-specialized block on TMA and wgmma; the row kernels (bwd_rows.cuh) run before and after it.
+// Backward attention for Hopper (sm_90a): the dkdv kernel as a warp-specialized block on TMA and wgmma.
+// The row kernels (bwd_rows.cuh) run before it; after it the conversion of the fp32 dQ accumulator
+// (atomic strategy) or, for the deterministic strategy, the sm80 family's dq kernel (BwdDqSm80), in which
+// case this kernel computes dK and dV only.
 // Notation as in bwd_sm80.cuh: S = Q Kᵀ, P recomputed from the saved LSE, dP = dO Vᵀ, dS = P ∘ (dP − D),
 // dV = Pᵀ dO, dK = scale · dSᵀ Q, dQ = scale · dS K.
 //
@@ -10,7 +12,7 @@
 // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ with both operands in shared memory, turns them into Pᵀ and dSᵀ in
 // registers, adds dV += Pᵀ dO and dK += dSᵀ Q with those as register A operands, and stages dSᵀ in
 // shared memory; once every consumer has, each computes its share of dQ = dS K (dSᵀ and K read
-// MN-major) and adds it into the fp32 accumulator with vector reductions. dK and dV leave through the
+// MN-major) and adds it into the fp32 accumulator with vector reductions (atomic strategy only). dK and dV leave through the
 // K and V tiles and TMA stores. Validity rules in bwd_sm90_traits() (bwd_traits.cuh).
 #pragma once
 
@@ -29,9 +31,10 @@ struct BwdDkdvSm90 {
   using u32 = sm90::u32;
   using u64 = sm90::u64;
 
-  static constexpr BwdSm90Traits kTraits = bwd_sm90_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages);
+  static constexpr bool kAtomicDq = Cfg::kAtomicDq;
+  static constexpr BwdSm90Traits kTraits =
+      bwd_sm90_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, kAtomicDq);
   static_assert(kTraits.error == nullptr, "invalid sm90 backward config: see bwd_sm90_traits() in bwd_traits.cuh");
-  static_assert(Cfg::kAtomicDq, "the sm90 family adds dQ with reductions; the deterministic strategy is sm80's");
   static_assert(Cfg::kPadRows == kBwdSm90PadRows, "the sm90 family reads whole query blocks of the workspace");
 
   static constexpr ElemType kElem = Cfg::kElem;
@@ -54,7 +57,7 @@ struct BwdDkdvSm90 {
   static constexpr u32 kKvTileBytes = kBlockN * kHeadDim * 2;  // K or V
   static constexpr u32 kQTileBytes = kBlockM * kHeadDim * 2;   // Q or dO
   static constexpr u32 kStageBytes = 2 * kQTileBytes;
-  static constexpr u32 kDsTileBytes = kBlockN * kBlockM * 2;
+  static constexpr u32 kDsTileBytes = kAtomicDq ? kBlockN * kBlockM * 2 : 0;  // none without the dQ product
   static constexpr u32 kRowStatsBytes = 2 * kBlockM * 4;      // LSE and D of one stage
   static constexpr u32 kVOffset = kKvTileBytes;
   static constexpr u32 kStageOffset = 2 * kKvTileBytes;
@@ -295,14 +298,16 @@ struct BwdDkdvSm90 {
         ds_frag[j][2] = sm80::pack2<kElem>(acc_dp[2 * j + 1][0], acc_dp[2 * j + 1][1]);
         ds_frag[j][3] = sm80::pack2<kElem>(acc_dp[2 * j + 1][2], acc_dp[2 * j + 1][3]);
       }
+      if constexpr (kAtomicDq) {
 #pragma unroll
-      for (int i = 0; i < kSGroups; ++i)
+        for (int i = 0; i < kSGroups; ++i)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const u32 word = (i % 2 == 0) ? ds_frag[i / 2][h] : ds_frag[i / 2][2 + h];
-          sm90::st_shared_u32(sds + swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t), word);
-        }
-      sm90::fence_proxy_async_smem();
+          for (int h = 0; h < 2; ++h) {
+            const u32 word = (i % 2 == 0) ? ds_frag[i / 2][h] : ds_frag[i / 2][2 + h];
+            sm90::st_shared_u32(sds + swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t), word);
+          }
+        sm90::fence_proxy_async_smem();
+      }
 
       // dV += Pᵀ dO and dK += dSᵀ Q: queries are the k dimension; dO and Q are read MN-major.
       sm90::wgmma_fence();
@@ -318,40 +323,47 @@ struct BwdDkdvSm90 {
       }
       sm90::wgmma_commit();
 
-      // dQ = dS K once every consumer's dSᵀ is staged: A = dSᵀ and B = K, both read MN-major; keys are
-      // the k dimension. The dSᵀ tiles alternate, so the next step's stores need no barrier of their own.
-      sm90::named_barrier_sync(kConsumersBarrier, kConsumers * 128);
-      float acc_dq[kDqRowTiles][kDqGroups][4];
+      if constexpr (kAtomicDq) {
+        // dQ = dS K once every consumer's dSᵀ is staged: A = dSᵀ and B = K, both read MN-major; keys are
+        // the k dimension. The dSᵀ tiles alternate, so the next step's stores need no barrier of their own.
+        sm90::named_barrier_sync(kConsumersBarrier, kConsumers * 128);
+        float acc_dq[kDqRowTiles][kDqGroups][4];
 #pragma unroll
-      for (int r = 0; r < kDqRowTiles; ++r) {
+        for (int r = 0; r < kDqRowTiles; ++r) {
 #pragma unroll
-        for (int j = 0; j < kNSteps; ++j) {
-          const u64 desc_ds =
-              sm90::smem_desc_sw128(sds + (dq_tile0 + r) * kBlockN * kRowBytes + j * 16 * kRowBytes, kBlockN * kRowBytes,
-                                    1024);
-          const u64 desc_k = sm90::smem_desc_sw128(sk + (dq_col0 / 64) * kBlockN * kRowBytes + j * 16 * kRowBytes,
-                                                   kBlockN * kRowBytes, 1024);
-          sm90::WgmmaSSMN<kDqCols>::template run<kElem>(acc_dq[r], desc_ds, desc_k, j > 0 ? 1 : 0);
+          for (int j = 0; j < kNSteps; ++j) {
+            const u64 desc_ds =
+                sm90::smem_desc_sw128(sds + (dq_tile0 + r) * kBlockN * kRowBytes + j * 16 * kRowBytes, kBlockN * kRowBytes,
+                                      1024);
+            const u64 desc_k = sm90::smem_desc_sw128(sk + (dq_col0 / 64) * kBlockN * kRowBytes + j * 16 * kRowBytes,
+                                                     kBlockN * kRowBytes, 1024);
+            sm90::WgmmaSSMN<kDqCols>::template run<kElem>(acc_dq[r], desc_ds, desc_k, j > 0 ? 1 : 0);
+          }
         }
-      }
-      sm90::wgmma_commit();
-      sm90::wgmma_wait<0>();
-      sm90::pin_registers(acc_dv);
-      sm90::pin_registers(acc_dk);
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
+        sm90::pin_registers(acc_dv);
+        sm90::pin_registers(acc_dk);
 #pragma unroll
-      for (int r = 0; r < kDqRowTiles; ++r) sm90::pin_registers(acc_dq[r]);
-      if (lane == 0) sm90::mbarrier_arrive(bars.empty(s));  // this warp is done with the stage
+        for (int r = 0; r < kDqRowTiles; ++r) sm90::pin_registers(acc_dq[r]);
+        if (lane == 0) sm90::mbarrier_arrive(bars.empty(s));  // this warp is done with the stage
 
-      // Rows past seqlen_q exist in the padded accumulator and receive zeros.
-      const long long flat = (static_cast<long long>(w.batch) * p.heads_q + head) * w.rows_pad + m_start;
+        // Rows past seqlen_q exist in the padded accumulator and receive zeros.
+        const long long flat = (static_cast<long long>(w.batch) * p.heads_q + head) * w.rows_pad + m_start;
 #pragma unroll
-      for (int r = 0; r < kDqRowTiles; ++r)
+        for (int r = 0; r < kDqRowTiles; ++r)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float* dst = p.dq_accum + (flat + (dq_tile0 + r) * 64 + warp * 16 + g + 8 * h) * kHeadDim + dq_col0 + 2 * t;
+          for (int h = 0; h < 2; ++h) {
+            float* dst = p.dq_accum + (flat + (dq_tile0 + r) * 64 + warp * 16 + g + 8 * h) * kHeadDim + dq_col0 + 2 * t;
 #pragma unroll
-          for (int i = 0; i < kDqGroups; ++i) sm80::atomic_add_f32x2(dst + 8 * i, acc_dq[r][i][2 * h], acc_dq[r][i][2 * h + 1]);
-        }
+            for (int i = 0; i < kDqGroups; ++i) sm80::atomic_add_f32x2(dst + 8 * i, acc_dq[r][i][2 * h], acc_dq[r][i][2 * h + 1]);
+          }
+      } else {
+        sm90::wgmma_wait<0>();
+        sm90::pin_registers(acc_dv);
+        sm90::pin_registers(acc_dk);
+        if (lane == 0) sm90::mbarrier_arrive(bars.empty(s));  // this warp is done with the stage
+      }
     }
 
     // Epilogue: every consumer is done with K and V (dQ read all keys); stage dK = scale · acc_dk and dV

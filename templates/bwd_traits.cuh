@@ -139,14 +139,16 @@ struct BwdSm90Traits {
   int dq_cols;          // dQ columns per consumer (wgmma N): head_dim split across consumers sharing a row tile
   int smem_kv_bytes;    // K and V: (head_dim / 64 chunks, block_n, 64) each
   int smem_stage_bytes; // one ring stage: Q, dO (head_dim / 64 chunks, block_m, 64), LSE and D
-  int smem_ds_bytes;    // two dSᵀ tiles (block_m / 64 chunks, block_n, 64), alternating per step
+  int smem_ds_bytes;    // two dSᵀ tiles (block_m / 64 chunks, block_n, 64), alternating per step (atomic only)
                         // (bwd_sm90.cuh lays the stages' LSE and D out after the tiles: 1024-byte alignment)
   int smem_bytes;
   int accum_regs;       // most fp32 fragments a consumer thread holds at once
   const char* error;
 };
 
-constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, int stages) {
+// atomic_dq: the dkdv kernel also computes dQ (atomic strategy); without it the deterministic strategy's
+// dq kernel (BwdDqSm80, bwd_dq_traits) follows, and neither the dSᵀ tiles nor the dQ registers exist.
+constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, int stages, bool atomic_dq) {
   BwdSm90Traits t{};
   t.consumers = block_n / 64;
   t.threads = 128 * (t.consumers + 1);
@@ -158,12 +160,12 @@ constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, 
   t.dq_cols = head_dim / col_parts;
   t.smem_kv_bytes = 2 * block_n * head_dim * 2;
   t.smem_stage_bytes = 2 * block_m * head_dim * 2 + 2 * block_m * 4;
-  t.smem_ds_bytes = 2 * block_n * block_m * 2;
+  t.smem_ds_bytes = atomic_dq ? 2 * block_n * block_m * 2 : 0;
   t.smem_bytes = t.smem_kv_bytes + stages * t.smem_stage_bytes + t.smem_ds_bytes + (1 + 2 * stages) * 8 + 1024;
   // dK and dV (head_dim / 2 each), then either Sᵀ and dPᵀ (block_m / 2 each) or their 16-bit fragments
   // (block_m / 4 each) with the dQ tile.
   const int with_s = head_dim + block_m;
-  const int with_dq = head_dim + block_m / 4 + t.dq_row_tiles * t.dq_cols / 2;
+  const int with_dq = head_dim + block_m / 4 + (atomic_dq ? t.dq_row_tiles * t.dq_cols / 2 : 0);
   t.accum_regs = with_s > with_dq ? with_s : with_dq;
   t.error = nullptr;
   if (head_dim != 64 && head_dim != 128) {
@@ -174,7 +176,7 @@ constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, 
     t.error = "block_m must be 64 or 128 (wgmma N of Sᵀ; 64-row tiles of dQ)";
   } else if (stages < 2 || stages > 3) {
     t.error = "stages must be 2 or 3";
-  } else if (t.dq_cols % 64 != 0) {
+  } else if (atomic_dq && t.dq_cols % 64 != 0) {
     t.error = "dQ columns per consumer must be whole 64-column chunks: raise block_m or lower block_n";
   } else if (t.accum_regs + 40 > t.consumer_regs) {
     // 40: addresses, LSE and D, loop state; at 32 ptxas serializes the wgmma of head_dim 128, block_n 64.

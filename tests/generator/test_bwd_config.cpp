@@ -70,6 +70,12 @@ TEST_CASE("sm90 backward config names round-trip", "[generator][backward][sm90]"
   CHECK(back.family == flashgen::KernelFamily::kSm90);
   CHECK(back.stages == 3);
   CHECK(back.mask == flashgen::MaskKind::kCausal);
+  c.deterministic = true;
+  c.dq_block_n = 32;
+  CHECK(c.name() == "bwd_sm90_bf16_d128_m64_n128_s3_causal_det_qm64_qn32_qw4_qs2");
+  CHECK(BwdConfig::from_name(c.name()) == c);
+  CHECK(BwdConfig::from_name(c.name()).deterministic);
+  c.deterministic = false;
   CHECK_THROWS_AS(BwdConfig::from_name("bwd_sm90_fp16_d128_m64_n128"), flashgen::Error);
   CHECK_THROWS_AS(BwdConfig::from_name("bwd_sm90_fp16_d128_m64_n128_s2_det"), flashgen::Error);
   CHECK_THROWS_AS(BwdConfig::from_name("bwd_sm90_fp16_d128_m64_n128_w8_s2"), flashgen::Error);
@@ -86,10 +92,14 @@ TEST_CASE("sm90 backward validity follows bwd_sm90_traits", "[generator][backwar
   CHECK_FALSE(c.invalid_reason(90).has_value());
   CHECK(c.invalid_reason(80)->find("sm_90") != std::string::npos);
   CHECK(c.invalid_reason(100)->find("sm_90") != std::string::npos);
+  BwdConfig det = c;
+  det.deterministic = true;  // the dkdv kernel without dQ, then the sm80 family's dq kernel
+  CHECK_FALSE(det.invalid_reason(90).has_value());
+  CHECK(det.sm90_traits().smem_ds_bytes == 0);
+  CHECK(det.smem_bytes(BwdKernel::kDkdv) == c.smem_bytes(BwdKernel::kDkdv) - 2 * 128 * 64 * 2);
+  det.dq_block_m = 48;
+  CHECK(det.invalid_reason(90)->find("dq block_m") != std::string::npos);
   BwdConfig bad = c;
-  bad.deterministic = true;
-  CHECK(bad.invalid_reason(90)->find("deterministic") != std::string::npos);
-  bad = c;
   bad.head_dim = 256;
   CHECK(bad.invalid_reason(90)->find("head_dim") != std::string::npos);
   bad = c;
@@ -104,6 +114,9 @@ TEST_CASE("sm90 backward validity follows bwd_sm90_traits", "[generator][backwar
   bad = c;
   bad.head_dim = 64;  // two consumers split 64 dQ columns into halves narrower than a chunk
   CHECK(bad.invalid_reason(90)->find("dQ columns") != std::string::npos);
+  bad.deterministic = true;  // no dQ product in the dkdv kernel
+  CHECK_FALSE(bad.invalid_reason(90).has_value());
+  bad.deterministic = false;
   bad.block_m = 128;
   CHECK_FALSE(bad.invalid_reason(90).has_value());
   bad = c;
@@ -209,5 +222,11 @@ TEST_CASE("sm90 backward module: the Hopper dkdv kernel between the shared row k
 
   BwdConfig det = c;
   det.deterministic = true;
+  const flashgen::GeneratedSource d = flashgen::generate(det);
+  for (BwdKernel k : {BwdKernel::kPreprocess, BwdKernel::kDkdv, BwdKernel::kDq})
+    CHECK(d.translation_unit.find(det.symbol(k) + "(") != std::string::npos);
+  CHECK(d.translation_unit.find("BwdDqSm80") != std::string::npos);  // the sm80 family's dq kernel
+  CHECK(d.headers.front().contents.find("kAtomicDq = false") != std::string::npos);
+  det.dq_warps = 0;
   CHECK_THROWS_AS(flashgen::generate(det), flashgen::Error);
 }

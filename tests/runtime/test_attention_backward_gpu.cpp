@@ -15,6 +15,7 @@
 #include "catch.hpp"
 #include "cuda_driver.hpp"
 #include "device_buffer.hpp"
+#include "heuristic.hpp"
 #include "flashgen/flashgen.h"
 #include "gpu.hpp"
 #include "reference.hpp"
@@ -296,11 +297,15 @@ TEST_CASE("backward: masking edge cases and longer sequences", "[gpu][backward]"
   }
 }
 
-// Every valid config of the sm90 family for a problem's dtype, head_dim and mask (empty when the family
-// does not take the problem: deterministic, or a head_dim other than 64 and 128).
+// Every valid config of the sm90 family for a problem's dtype, head_dim, mask and dQ strategy (empty
+// when the family does not take the head_dim); the deterministic ones with the built-in dq kernel tiles.
 std::vector<flashgen::BwdConfig> sm90_backward_configs(const Problem& p) {
   std::vector<flashgen::BwdConfig> configs;
-  if (p.deterministic) return configs;
+  const flashgen::BwdConfig builtin = flashgen::heuristic_backward_configs(
+      p.dtype == FLASHGEN_BFLOAT16 ? flashgen::DType::kBFloat16 : flashgen::DType::kFloat16,
+      static_cast<int>(p.shape.head_dim),
+      p.mask == FLASHGEN_MASK_NONE ? flashgen::MaskKind::kNone : flashgen::MaskKind::kCausal, p.deterministic, 90)
+                                        .front();
   for (int block_m : {64, 128})
     for (int block_n : {64, 128})
       for (int stages : {2, 3}) {
@@ -310,12 +315,15 @@ std::vector<flashgen::BwdConfig> sm90_backward_configs(const Problem& p) {
         c.head_dim = static_cast<int>(p.shape.head_dim);
         c.mask = p.mask == FLASHGEN_MASK_NONE ? flashgen::MaskKind::kNone : flashgen::MaskKind::kCausal;
         c.block_m = block_m, c.block_n = block_n, c.stages = stages;
+        c.deterministic = p.deterministic;
+        c.dq_block_m = builtin.dq_block_m, c.dq_block_n = builtin.dq_block_n, c.dq_warps = builtin.dq_warps;
+        c.dq_stages = builtin.dq_stages;
         if (!c.invalid_reason(90)) configs.push_back(c);
       }
   return configs;
 }
 
-TEST_CASE("backward, sm90 family: every config over the matrix and the masking edge cases",
+TEST_CASE("backward, sm90 family: every config of both strategies over the matrix and the masking edge cases",
           "[gpu][backward][sm90]") {
   FLASHGEN_REQUIRE_GPU();
   {
@@ -323,9 +331,8 @@ TEST_CASE("backward, sm90 family: every config over the matrix and the masking e
     if (flashgen::device_sm(context.device()) != 90) FLASHGEN_SKIP_TEST("the sm90 family needs sm_90");
   }
   std::vector<Problem> problems;
-  for (Problem p : backward_matrix()) {
-    p.deterministic = false;
-    if (p.shape.head_dim == 64 || p.shape.head_dim == 128) problems.push_back(p);
+  for (const Problem& p : backward_matrix()) {
+    if (p.shape.head_dim == 64 || p.shape.head_dim == 128) problems.push_back(p);  // both dQ strategies
   }
   for (flashgen_dtype dtype : {FLASHGEN_FLOAT16, FLASHGEN_BFLOAT16}) {
     for (int64_t head_dim : {64, 128}) {
@@ -333,6 +340,7 @@ TEST_CASE("backward, sm90 family: every config over the matrix and the masking e
       p.dtype = dtype;
       p.shape.head_dim = head_dim;
       p.layout = dtype == FLASHGEN_FLOAT16 ? Layout::kBHSD : Layout::kPadded;
+      p.deterministic = (dtype == FLASHGEN_FLOAT16) == (head_dim == 64);
       p.mask = FLASHGEN_MASK_CAUSAL;  // the first rows see no key
       p.shape.seqlen_q = 300, p.shape.seqlen_k = 77;
       problems.push_back(p);
@@ -351,13 +359,16 @@ TEST_CASE("backward, sm90 family: every config over the matrix and the masking e
     }
   }
   int ran = 0;
+  int deterministic = 0;
   for (const Problem& p : problems) {
     for (const flashgen::BwdConfig& c : sm90_backward_configs(p)) {
-      check_problem(p, 1, &c);
+      check_problem(p, c.deterministic ? 2 : 1, &c);  // deterministic: bitwise equal on a second run
       ++ran;
+      deterministic += c.deterministic;
     }
   }
   CHECK(ran > 50);
+  CHECK(deterministic > 0);
 }
 
 TEST_CASE("backward: deterministic mode gives identical bits on repeated runs", "[gpu][backward]") {

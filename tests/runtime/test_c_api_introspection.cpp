@@ -235,9 +235,12 @@ TEST_CASE("A caller workspace gives the bits of the pool workspace", "[gpu][c_ap
   size_t bytes = 0;
   a.workspace_size = &bytes;
   REQUIRE(workspace_size(a) == FLASHGEN_SUCCESS);
-  // D rows, 256-byte aligned; no dQ accumulator for the deterministic strategy.
-  const size_t rows = size_t(DeviceProblem::kBatch * DeviceProblem::kHeadsQ * DeviceProblem::kSeqlenQ);
-  CHECK(bytes == (rows * sizeof(float) + 255) / 256 * 256);
+  // D rows, 256-byte aligned; no dQ accumulator for the deterministic strategy. On sm_90 (the Hopper
+  // family at head_dim 64) the rows are padded to 128 per head and the LSE in base 2 comes too.
+  const bool sm90 = flashgen::device_sm(context.device()) == 90;
+  const size_t rows_per_head = sm90 ? 128 : size_t(DeviceProblem::kSeqlenQ);
+  const size_t rows = size_t(DeviceProblem::kBatch * DeviceProblem::kHeadsQ) * rows_per_head;
+  CHECK(bytes == (sm90 ? 2 : 1) * ((rows * sizeof(float) + 255) / 256 * 256));
 
   problem.poison_gradients();
   REQUIRE(flashgen_attention_backward(&a.q, &a.k, &a.v, &a.out, &a.dout, a.lse, &a.dq, &a.dk, &a.dv, &a.opts,
