@@ -968,7 +968,7 @@ RunReport run_problem(const RunOptions& o) {
   const ForwardLaunch forward_launch = launch();
   FLASHGEN_CU_CHECK(cuStreamSynchronize(stream.get()));
   report.first_launch_ms = ms_since(first);
-  report.config_name = forward_launch.config.name();
+  report.config_name = flashgen::config_name(forward_launch.config);
   report.reason = forward_launch.reason;
   report.arch = forward_launch.arch;
 
@@ -1111,19 +1111,19 @@ Command db_command() {
 Json choice_json(const StoredChoice& choice) {
   return {{"device", choice.device.id()},
           {"problem", choice.problem.id()},
-          {"config", choice.config.name()},
+          {"config", flashgen::config_name(choice.config)},
           {"median_ms", choice.median_ms}};
 }
 
 Json candidate_json(const CandidateResult& c) {
-  return {{"config", c.config.name()}, {"status", c.status},   {"median_ms", c.median_ms},
+  return {{"config", flashgen::config_name(c.config)}, {"status", c.status},   {"median_ms", c.median_ms},
           {"spread", c.spread},        {"samples", c.samples}, {"detail", c.detail}};
 }
 
 void print_winners(const std::vector<StoredChoice>& winners, std::ostream& os) {
   Table table({"device", "problem", "config", "median ms"});
   for (const StoredChoice& w : winners)
-    table.add({w.device.id(), w.problem.id(), w.config.name(), format("%.4f", w.median_ms)});
+    table.add({w.device.id(), w.problem.id(), flashgen::config_name(w.config), format("%.4f", w.median_ms)});
   table.print(os);
 }
 
@@ -1191,10 +1191,10 @@ int command_db(const Args& args) {
       }
       std::cout << (matched > 1 ? "\n" : "") << "device:  " << w.device.id() << '\n'
                 << "problem: " << w.problem.id() << '\n'
-                << format("winner:  %s, %.4f ms\n", w.config.name().c_str(), w.median_ms);
+                << format("winner:  %s, %.4f ms\n", flashgen::config_name(w.config).c_str(), w.median_ms);
       Table table({"config", "status", "median ms", "spread", "samples", "detail"});
       for (const CandidateResult& c : rows)
-        table.add({c.config.name(), c.status, c.status == "ok" ? format("%.4f", c.median_ms) : "-",
+        table.add({flashgen::config_name(c.config), c.status, c.status == "ok" ? format("%.4f", c.median_ms) : "-",
                    c.status == "ok" ? format("%.1f%%", c.spread * 100) : "-", std::to_string(c.samples),
                    first_line(c.detail)});
       table.print(std::cout);
@@ -1480,7 +1480,7 @@ Json tune_one(const ForwardSweepProblem& problem, TuningStore& store, const fs::
     if (const std::optional<StoredChoice> stored = store.lookup_exact(device, key)) {
       if (!json) {
         std::cout << format("already tuned: %s, %.4f ms for %s on %s (--force tunes again)\n",
-                            stored->config.name().c_str(), stored->median_ms, key.id().c_str(), device.id().c_str());
+                            flashgen::config_name(stored->config).c_str(), stored->median_ms, key.id().c_str(), device.id().c_str());
       }
       Json j = choice_json(*stored);
       j["skipped"] = true;
@@ -1492,7 +1492,6 @@ Json tune_one(const ForwardSweepProblem& problem, TuningStore& store, const fs::
   const SpaceReport space = forward_space(problem.dtype, problem.head_dim, mask_kind, arch);
   const KernelConfig heuristic = heuristic_forward_config(problem.dtype, problem.head_dim, mask_kind, arch);
   const std::vector<KernelConfig> candidates = capped_candidates(space, heuristic, max_candidates);
-  auto same_name = [&](const KernelConfig& c) { return c.name() == heuristic.name(); };
   if (!json) std::cout << "space: " << space_text(space) << '\n';
   std::cerr << "tuning " << key.id() << " on " << device.id() << ": compiling " << candidates.size()
             << " candidates\n";
@@ -1528,7 +1527,7 @@ Json tune_one(const ForwardSweepProblem& problem, TuningStore& store, const fs::
 
   const CandidateResult* builtin = nullptr;
   for (const CandidateResult& c : result.candidates)
-    if (same_name(c.config)) builtin = &c;
+    if (config_name(c.config) == heuristic.name()) builtin = &c;
   const bool builtin_timed = builtin && builtin->status == "ok";
   size_t passed = 0;
   for (const CandidateResult& c : result.candidates) passed += c.status == "ok";
@@ -1536,7 +1535,7 @@ Json tune_one(const ForwardSweepProblem& problem, TuningStore& store, const fs::
   if (!json) {
     std::cout << format("swept:     %zu candidates, %zu passed, in %.1f s (compile %.1f s, check and timing %.1f s)\n",
                         result.candidates.size(), passed, sweep_s, compile_s, sweep_s - compile_s)
-              << format("winner:    %s, %.4f ms\n", result.winner.name().c_str(), result.winner_ms);
+              << format("winner:    %s, %.4f ms\n", flashgen::config_name(result.winner).c_str(), result.winner_ms);
     if (builtin_timed)
       std::cout << format("built-in:  %s, %.4f ms (the winner is %.2fx as fast)\n", heuristic.name().c_str(),
                           builtin->median_ms, builtin->median_ms / result.winner_ms);
@@ -1551,7 +1550,7 @@ Json tune_one(const ForwardSweepProblem& problem, TuningStore& store, const fs::
                      {"valid", space.valid.size()}}},
           {"candidates", result.candidates.size()},
           {"passed", passed},
-          {"winner", result.winner.name()},
+          {"winner", flashgen::config_name(result.winner)},
           {"winner_ms", result.winner_ms},
           {"heuristic", heuristic.name()},
           {"heuristic_ms", builtin_timed ? Json(builtin->median_ms) : Json(nullptr)},

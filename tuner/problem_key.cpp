@@ -91,6 +91,13 @@ ProblemKey forward_problem_key(DType dtype, int head_dim, MaskKind mask, int gqa
   return key;
 }
 
+ProblemKey backward_problem_key(DType dtype, int head_dim, MaskKind mask, bool deterministic, int gqa_ratio,
+                                int64_t seqlen_q, int64_t seqlen_k, int64_t batch_heads) {
+  ProblemKey key = forward_problem_key(dtype, head_dim, mask, gqa_ratio, seqlen_q, seqlen_k, batch_heads);
+  key.family = deterministic ? "bwd_det" : "bwd";
+  return key;
+}
+
 int bucket_distance(const ProblemKey& a, const ProblemKey& b) {
   FLASHGEN_REQUIRE(a.class_id() == b.class_id(),
                    "bucket_distance: keys of different classes: " + a.class_id() + " vs " + b.class_id());

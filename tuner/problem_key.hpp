@@ -37,7 +37,7 @@ int64_t size_bucket(int64_t n);
 
 // Problem class (exact) plus bucketed sizes.
 struct ProblemKey {
-  std::string family = "fwd";  // kernel family; the backward kernels add their own
+  std::string family = "fwd";  // pass: "fwd", "bwd" or "bwd_det" (backward_problem_key)
   DType dtype = DType::kFloat16;
   int head_dim = 128;
   MaskKind mask = MaskKind::kNone;
@@ -56,6 +56,11 @@ struct ProblemKey {
 // Key of a forward problem of the given sizes.
 ProblemKey forward_problem_key(DType dtype, int head_dim, MaskKind mask, int gqa_ratio, int64_t seqlen_q,
                                int64_t seqlen_k, int64_t batch_heads);
+
+// Key of a backward problem: family "bwd", or "bwd_det" for the deterministic strategy (its own
+// kernels, so its own tuning data).
+ProblemKey backward_problem_key(DType dtype, int head_dim, MaskKind mask, bool deterministic, int gqa_ratio,
+                                int64_t seqlen_q, int64_t seqlen_k, int64_t batch_heads);
 
 // Distance between two keys of the same class: sum of |log2 bucket differences|; used to pick the
 // nearest stored bucket. Throws Error(kInvalidArgument) for keys of different classes.

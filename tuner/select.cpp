@@ -117,39 +117,72 @@ BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mas
   return chosen.emplace(key, BackwardChoice{std::move(config), std::move(reason)}).first->second;
 }
 
-ForwardChoice choose_forward_config(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
-                                    const TuningStore* user_db, const ShippedDefaults* shipped) {
-  std::string passed_over;
-  auto usable = [&](const std::optional<StoredChoice>& stored) {
-    if (!stored) return false;
-    const KernelConfig& c = stored->config;
-    std::optional<std::string> why = c.invalid_reason(arch);
-    if (!why && (c.dtype != problem.dtype || c.head_dim != problem.head_dim || c.mask != problem.mask)) {
-      why = "does not match the problem";
+namespace {
+
+// A stored winner the run-time choice may use, and why.
+template <class Config>
+struct StoredUse {
+  Config config;
+  std::string reason;
+  ChoiceSource source;
+};
+
+// The user's database (exact bucket, then nearest), then the shipped defaults, for a config of type
+// Config that can run on sm_<arch> and matches the problem class; passed_over collects what was not used.
+template <class Config>
+std::optional<StoredUse<Config>> stored_choice(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
+                                               const TuningStore* user_db, const ShippedDefaults* shipped,
+                                               std::string& passed_over) {
+  auto usable = [&](const std::optional<StoredChoice>& stored) -> const Config* {
+    if (!stored) return nullptr;
+    const Config* c = std::get_if<Config>(&stored->config);
+    std::optional<std::string> why;
+    if (c == nullptr) {
+      why = "a config of the other pass";
+    } else {
+      why = c->invalid_reason(arch);
+      if (!why && (c->dtype != problem.dtype || c->head_dim != problem.head_dim || c->mask != problem.mask)) {
+        why = "does not match the problem";
+      }
     }
-    if (why) passed_over += "; stored " + c.name() + " passed over: " + *why;
-    return !why;
+    if (why) passed_over += "; stored " + config_name(stored->config) + " passed over: " + *why;
+    return why ? nullptr : c;
   };
   if (user_db != nullptr) {
-    if (auto exact = user_db->lookup_exact(device, problem); usable(exact)) {
-      return {exact->config, "tuning database " + user_db->path().string() + ", exact bucket " + problem.id(),
-              ChoiceSource::kTuningDatabase};
+    const std::optional<StoredChoice> exact = user_db->lookup_exact(device, problem);
+    if (const Config* c = usable(exact)) {
+      return StoredUse<Config>{*c, "tuning database " + user_db->path().string() + ", exact bucket " + problem.id(),
+                               ChoiceSource::kTuningDatabase};
     }
-    if (auto nearest = user_db->lookup_nearest(device, problem); usable(nearest)) {
-      return {nearest->config,
-              "tuning database " + user_db->path().string() + ", nearest bucket " + nearest->problem.id() + " for " +
-                  problem.id(),
-              ChoiceSource::kTuningDatabase};
+    const std::optional<StoredChoice> nearest = user_db->lookup_nearest(device, problem);
+    if (const Config* c = usable(nearest)) {
+      return StoredUse<Config>{*c,
+                               "tuning database " + user_db->path().string() + ", nearest bucket " +
+                                   nearest->problem.id() + " for " + problem.id(),
+                               ChoiceSource::kTuningDatabase};
     }
   }
   if (shipped != nullptr) {
     bool exact = false;
-    if (auto stored = shipped->lookup(device, problem, &exact); usable(stored)) {
-      return {stored->config,
-              stored->source + (exact ? ", exact bucket " + problem.id()
-                                      : ", nearest bucket " + stored->problem.id() + " for " + problem.id()),
-              ChoiceSource::kShippedDefaults};
+    const std::optional<StoredChoice> stored = shipped->lookup(device, problem, &exact);
+    if (const Config* c = usable(stored)) {
+      return StoredUse<Config>{*c,
+                               stored->source + (exact ? ", exact bucket " + problem.id()
+                                                       : ", nearest bucket " + stored->problem.id() + " for " +
+                                                             problem.id()),
+                               ChoiceSource::kShippedDefaults};
     }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+ForwardChoice choose_forward_config(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
+                                    const TuningStore* user_db, const ShippedDefaults* shipped) {
+  std::string passed_over;
+  if (auto stored = stored_choice<KernelConfig>(device, problem, arch, user_db, shipped, passed_over)) {
+    return {stored->config, stored->reason, stored->source};
   }
   ForwardChoice choice = heuristic_choice(problem.dtype, problem.head_dim, problem.mask, arch);
   choice.reason += passed_over;
@@ -279,7 +312,7 @@ std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem
     const DeviceFingerprint fingerprint = current_device_fingerprint(device);
     TuningStore store(path);
     store.record(fingerprint, result.problem, result.candidates, result.winner, result.winner_ms);
-    ForwardChoice choice{result.winner,
+    ForwardChoice choice{std::get<KernelConfig>(result.winner),
                          "tuned on first use: the fastest of " + std::to_string(candidates.size()) + " candidates (" +
                              result.decision + "), stored in " + path.string(),
                          ChoiceSource::kTunedOnFirstUse};

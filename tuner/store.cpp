@@ -339,10 +339,10 @@ MaskKind parse_mask(const std::string& text) {
   fail(Status::kInvalidArgument, "tuning data: unknown mask '" + text + "'");
 }
 
-KernelConfig parse_config(const std::string& text) {
+TunedConfig parse_config(const std::string& text) {
   const json parsed = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded()) fail(Status::kInvalidArgument, "tuning data: config_json is not JSON: " + text);
-  return parsed.get<KernelConfig>();
+  return parsed.get<TunedConfig>();
 }
 
 void upsert_device(sqlite3* db, const std::string& id, const DeviceFingerprint& d) {
@@ -374,7 +374,7 @@ void upsert_problem(sqlite3* db, const std::string& id, const ProblemKey& p) {
 
 void upsert_candidate(Statement& statement, const std::string& device_id, const std::string& problem_id,
                       const CandidateResult& c, int64_t updated_at) {
-  statement.bind_text(1, device_id).bind_text(2, problem_id).bind_text(3, c.config.name());
+  statement.bind_text(1, device_id).bind_text(2, problem_id).bind_text(3, config_name(c.config));
   statement.bind_text(4, json(c.config).dump()).bind_text(5, c.status).bind_real(6, c.median_ms);
   statement.bind_real(7, c.spread).bind_int(8, c.samples).bind_text(9, c.detail).bind_int(10, updated_at);
   statement.run();
@@ -488,7 +488,7 @@ struct ImportedCandidate {
 struct ImportedWinner {
   std::string device_id;
   std::string problem_id;
-  KernelConfig config;
+  TunedConfig config;
   double median_ms;
   int64_t updated_at;
 };
@@ -549,7 +549,7 @@ ImportedRows parse_import(const json& data) {
       ImportedCandidate c;
       c.device_id = resolve(device_ids, row, "device_id");
       c.problem_id = resolve(problem_ids, row, "problem_id");
-      c.result.config = row.at("config").get<KernelConfig>();
+      c.result.config = row.at("config").get<TunedConfig>();
       c.result.status = row.at("status").get<std::string>();
       c.result.median_ms = row.at("median_ms").get<double>();
       c.result.spread = row.at("spread").get<double>();
@@ -564,7 +564,7 @@ ImportedRows parse_import(const json& data) {
       ImportedWinner w;
       w.device_id = resolve(device_ids, row, "device_id");
       w.problem_id = resolve(problem_ids, row, "problem_id");
-      w.config = row.at("config").get<KernelConfig>();
+      w.config = row.at("config").get<TunedConfig>();
       w.median_ms = row.at("median_ms").get<double>();
       w.updated_at = row.value("updated_at", now);
       rows.winners.push_back(std::move(w));
@@ -650,7 +650,7 @@ std::filesystem::path TuningStore::default_path() {
 }
 
 void TuningStore::record(const DeviceFingerprint& device, const ProblemKey& problem,
-                         const std::vector<CandidateResult>& candidates, const KernelConfig& winner,
+                         const std::vector<CandidateResult>& candidates, const TunedConfig& winner,
                          double winner_ms) {
   FLASHGEN_REQUIRE(!read_only_, "tuning database " + path_.string() + " is open read-only");
   sqlite3* db = connection(db_);
@@ -667,7 +667,7 @@ void TuningStore::record(const DeviceFingerprint& device, const ProblemKey& prob
     VALUES (?1, ?2, ?3, ?4, ?5, ?6)
     ON CONFLICT (device_id, problem_id) DO UPDATE SET config_name = excluded.config_name,
       config_json = excluded.config_json, median_ms = excluded.median_ms, updated_at = excluded.updated_at)sql");
-  statement.bind_text(1, device_id).bind_text(2, problem_id).bind_text(3, winner.name());
+  statement.bind_text(1, device_id).bind_text(2, problem_id).bind_text(3, config_name(winner));
   statement.bind_text(4, json(winner).dump()).bind_real(5, winner_ms).bind_int(6, now);
   statement.run();
   transaction.commit();
@@ -832,7 +832,7 @@ int TuningStore::import_json(const nlohmann::json& data) {
     WHERE excluded.median_ms < winners.median_ms)sql");
   int changed = 0;
   for (const ImportedWinner& w : rows.winners) {
-    winner.bind_text(1, w.device_id).bind_text(2, w.problem_id).bind_text(3, w.config.name());
+    winner.bind_text(1, w.device_id).bind_text(2, w.problem_id).bind_text(3, config_name(w.config));
     winner.bind_text(4, json(w.config).dump()).bind_real(5, w.median_ms).bind_int(6, w.updated_at);
     winner.run();
     changed += sqlite3_changes(db);

@@ -10,14 +10,14 @@
 #include <string>
 #include <vector>
 
-#include "kernel_config.hpp"
 #include "problem_key.hpp"
+#include "tuned_config.hpp"
 
 namespace flashgen {
 
 // Outcome of one candidate in a sweep.
 struct CandidateResult {
-  KernelConfig config;
+  TunedConfig config;
   std::string status = "ok";  // "ok", "compile_error", "launch_error", "wrong_result", "spills", "skipped"
   double median_ms = 0;       // meaningful when status == "ok"
   double spread = 0;          // (p90 - p10) / median
@@ -29,7 +29,7 @@ struct CandidateResult {
 struct StoredChoice {
   DeviceFingerprint device;
   ProblemKey problem;
-  KernelConfig config;
+  TunedConfig config;
   double median_ms = 0;
   std::string source;         // database path or "shipped defaults"
 };
@@ -54,7 +54,7 @@ class TuningStore {
 
   // Upserts every candidate row and the winner for (device, problem) in one BEGIN IMMEDIATE transaction.
   void record(const DeviceFingerprint& device, const ProblemKey& problem,
-              const std::vector<CandidateResult>& candidates, const KernelConfig& winner, double winner_ms);
+              const std::vector<CandidateResult>& candidates, const TunedConfig& winner, double winner_ms);
 
   // Winner stored for exactly this device and problem key.
   std::optional<StoredChoice> lookup_exact(const DeviceFingerprint& device, const ProblemKey& problem) const;

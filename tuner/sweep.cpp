@@ -1,4 +1,6 @@
-// Forward tuning sweep: parallel compile, reference check, serial timing, interleaved re-timing.
+// Tuning sweeps of the forward and the backward: parallel compile, reference check, serial timing,
+// interleaved re-timing. The pass-independent part is one driver (run_sweep); each pass supplies its
+// inputs, its check and its launch.
 #include "sweep.hpp"
 
 #include <algorithm>
@@ -10,11 +12,13 @@
 #include <thread>
 
 #include "attention.hpp"
+#include "attention_backward.hpp"
 #include "cuda_driver.hpp"
 #include "device_buffer.hpp"
 #include "flashgen/error.hpp"
 #include "kernel_registry.hpp"
 #include "reference.hpp"
+#include "select.hpp"
 
 namespace flashgen {
 
@@ -45,29 +49,27 @@ std::vector<std::array<int64_t, 3>> sample_rows(const ForwardSweepProblem& p, in
   return rows;
 }
 
-}  // namespace
+// What a pass gives the driver for one candidate: why its output is wrong ("" when right), and the
+// call that runs it once on input set `sample % sets`, prepared ahead so host work stays out of the
+// timed region.
+template <class Config>
+struct PassHooks {
+  std::function<int(const Config&)> compile;  // compiles through the registry; returns spilled bytes
+  std::function<std::string(const Config&)> check;
+  std::function<std::function<void(int)>(const Config&)> prepare;
+};
 
-SweepResult sweep_forward(const ForwardSweepProblem& problem, const std::vector<KernelConfig>& candidates,
-                          CUstream stream, const SweepOptions& options) {
+// Compiles every candidate in parallel, checks and times the compiled ones one by one (crash isolation
+// hooks included), re-times the fastest few interleaved and names the winner: the fastest, or among
+// those within tie_tolerance of it the first by name, so repeated sweeps agree.
+template <class Config>
+void run_sweep(const std::vector<Config>& candidates, int arch, CUstream stream, const SweepOptions& options,
+               const PassHooks<Config>& hooks, SweepResult& result) {
   auto progress = [&](const std::string& line) {
     if (options.progress) options.progress(line);
   };
-  ScopedContext scope(stream);
-  const int arch = device_sm(scope.device());
-  const flashgen_dtype dtype = to_c_dtype(problem.dtype);
-  const MaskKind mask_kind = problem.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
-
-  SweepResult result;
-  result.problem =
-      forward_problem_key(problem.dtype, problem.head_dim, mask_kind, problem.heads_q / problem.heads_kv,
-                          problem.seqlen_q, problem.seqlen_k, static_cast<int64_t>(problem.batch) * problem.heads_q);
   result.candidates.resize(candidates.size());
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    result.candidates[i].config = candidates[i];
-    FLASHGEN_REQUIRE(candidates[i].dtype == problem.dtype && candidates[i].head_dim == problem.head_dim &&
-                         candidates[i].mask == mask_kind,
-                     "candidate " + candidates[i].name() + " does not match the sweep's problem");
-  }
+  for (size_t i = 0; i < candidates.size(); ++i) result.candidates[i].config = candidates[i];
 
   // 1. Compile in parallel on CPU threads; the registry's caches make repeated sweeps cheap.
   std::atomic<size_t> next{0};
@@ -80,14 +82,13 @@ SweepResult sweep_forward(const ForwardSweepProblem& problem, const std::vector<
     pool.emplace_back([&] {
       for (size_t i = next++; i < candidates.size(); i = next++) {
         CandidateResult& c = result.candidates[i];
-        if (auto why = c.config.invalid_reason(arch)) {
+        if (auto why = candidates[i].invalid_reason(arch)) {
           c.status = "skipped";
           c.detail = *why;
           continue;
         }
         try {
-          const ResourceUsage usage = KernelRegistry::instance().compiled(c.config, arch)->usage;
-          const int spilled = usage.spill_store_bytes + usage.spill_load_bytes;
+          const int spilled = hooks.compile(candidates[i]);
           if (spilled > 0) c.detail = "spills " + std::to_string(spilled) + " bytes";
         } catch (const Error& e) {
           c.status = "compile_error";
@@ -99,15 +100,115 @@ SweepResult sweep_forward(const ForwardSweepProblem& problem, const std::vector<
   for (auto& t : pool) t.join();
   progress("compiled " + std::to_string(candidates.size()) + " candidates for sm_" + std::to_string(arch));
 
-  // 2. Inputs: several sets when one fits in L2, so timed launches do not reuse cached inputs.
+  // 2. Check every compiled candidate once, then time it.
+  Timer timer(stream);
+  std::vector<size_t> timed;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    CandidateResult& c = result.candidates[i];
+    const Config& config = candidates[i];
+    const std::string name = config.name();
+    if (c.status != "ok") continue;
+    if (auto crashed = options.known_crashes.find(name); crashed != options.known_crashes.end()) {
+      c.status = "crashed";
+      c.detail = crashed->second;
+      continue;
+    }
+    if (options.on_launch) options.on_launch(name);
+    // Testing hook for crash isolation: end the process as a kernel fault would, at this candidate.
+    if (const char* crash = std::getenv("FLASHGEN_TEST_CRASH_CONFIG"); crash != nullptr && name == crash) {
+      std::abort();
+    }
+    try {
+      const std::string wrong = hooks.check(config);
+      if (!wrong.empty()) {
+        c.status = "wrong_result";
+        c.detail = wrong;
+        if (options.on_launch) options.on_launch("");
+        continue;
+      }
+      const std::function<void(int)> launch = hooks.prepare(config);
+      const TimingResult t = timer.time(launch, options.timing);
+      c.median_ms = t.median_ms;
+      c.spread = t.spread();
+      c.samples = t.samples;
+      timed.push_back(i);
+      std::ostringstream line;
+      line << "[" << i + 1 << "/" << candidates.size() << "] " << name << ": " << t.median_ms << " ms";
+      progress(line.str());
+    } catch (const Error& e) {
+      c.status = "launch_error";
+      c.detail = e.what();
+      // A sticky CUDA error (an illegal address, say) leaves the context unusable for every later
+      // candidate: end the sweep, with the candidate still journaled for a supervising process.
+      if (e.status() == Status::kCuda && driver().cuCtxSynchronize() != CUDA_SUCCESS) throw;
+    }
+    if (options.on_launch) options.on_launch("");
+  }
+  FLASHGEN_REQUIRE(!timed.empty(), "no candidate compiled, ran and matched the reference");
+
+  // 3. Re-time the fastest few interleaved, then name the winner.
+  std::sort(timed.begin(), timed.end(),
+            [&](size_t a, size_t b) { return result.candidates[a].median_ms < result.candidates[b].median_ms; });
+  const size_t top = std::min<size_t>(timed.size(), size_t(std::max(1, options.retime_top)));
+  std::vector<std::function<void(int)>> launches;
+  for (size_t j = 0; j < top; ++j) launches.push_back(hooks.prepare(candidates[timed[j]]));
+  const std::vector<TimingResult> retimed = timer.time_interleaved(launches, options.retime_rounds);
+  double best = INFINITY;
+  for (size_t j = 0; j < top; ++j) {
+    CandidateResult& c = result.candidates[timed[j]];
+    c.median_ms = retimed[j].median_ms;
+    c.spread = retimed[j].spread();
+    c.samples += retimed[j].samples;
+    best = std::min(best, c.median_ms);
+  }
+  const CandidateResult* winner = nullptr;
+  int ties = 0;
+  for (size_t j = 0; j < top; ++j) {
+    const CandidateResult& c = result.candidates[timed[j]];
+    if (c.median_ms > best * (1 + options.tie_tolerance)) continue;
+    ++ties;
+    if (winner == nullptr || config_name(c.config) < config_name(winner->config)) winner = &c;
+  }
+  result.winner = winner->config;
+  result.winner_ms = winner->median_ms;
+  result.decision = ties > 1 ? std::to_string(ties) + " candidates within " +
+                                   std::to_string(options.tie_tolerance * 100) + "% of the fastest; first by name"
+                             : "fastest after interleaved re-timing of the top " + std::to_string(top);
+  progress("winner " + config_name(result.winner) + ": " + std::to_string(result.winner_ms) + " ms (" +
+           result.decision + ")");
+}
+
+// Input sets for timing: several when one fits in L2, so timed launches do not reuse cached inputs.
+int input_sets(CUdevice device, int64_t set_bytes) {
   int l2_bytes = 0;
-  FLASHGEN_CU_CHECK(cuDeviceGetAttribute(&l2_bytes, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, scope.device()));
+  FLASHGEN_CU_CHECK(cuDeviceGetAttribute(&l2_bytes, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, device));
+  return set_bytes >= 2 * int64_t(l2_bytes)
+             ? 1
+             : static_cast<int>(std::min<int64_t>(8, (4 * int64_t(l2_bytes) + set_bytes - 1) / set_bytes));
+}
+
+}  // namespace
+
+SweepResult sweep_forward(const ForwardSweepProblem& problem, const std::vector<KernelConfig>& candidates,
+                          CUstream stream, const SweepOptions& options) {
+  ScopedContext scope(stream);
+  const int arch = device_sm(scope.device());
+  const flashgen_dtype dtype = to_c_dtype(problem.dtype);
+  const MaskKind mask_kind = problem.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
+
+  SweepResult result;
+  result.problem =
+      forward_problem_key(problem.dtype, problem.head_dim, mask_kind, problem.heads_q / problem.heads_kv,
+                          problem.seqlen_q, problem.seqlen_k, static_cast<int64_t>(problem.batch) * problem.heads_q);
+  for (const KernelConfig& c : candidates) {
+    FLASHGEN_REQUIRE(c.dtype == problem.dtype && c.head_dim == problem.head_dim && c.mask == mask_kind,
+                     "candidate " + c.name() + " does not match the sweep's problem");
+  }
+
+  // Inputs.
   const int64_t q_elems = int64_t(problem.batch) * problem.seqlen_q * problem.heads_q * problem.head_dim;
   const int64_t kv_elems = int64_t(problem.batch) * problem.seqlen_k * problem.heads_kv * problem.head_dim;
-  const int64_t set_bytes = 2 * (2 * q_elems + 2 * kv_elems);
-  const int sets = set_bytes >= 2 * int64_t(l2_bytes)
-                       ? 1
-                       : static_cast<int>(std::min<int64_t>(8, (4 * int64_t(l2_bytes) + set_bytes - 1) / set_bytes));
+  const int sets = input_sets(scope.device(), 2 * (2 * q_elems + 2 * kv_elems));
   std::mt19937_64 rng(options.seed);
   std::vector<InputSet> inputs(sets);
   const size_t lse_bytes = sizeof(float) * size_t(problem.batch) * problem.heads_q * problem.seqlen_q;
@@ -140,7 +241,7 @@ SweepResult sweep_forward(const ForwardSweepProblem& problem, const std::vector<
   std::vector<ForwardProblem> problems;
   for (const InputSet& set : inputs) problems.push_back(make_problem(set));
 
-  // 3. Reference rows of set 0, computed once.
+  // Reference rows of set 0, computed once.
   const AttentionShape shape{problem.batch,   problem.seqlen_q, problem.seqlen_k,
                              problem.heads_q, problem.heads_kv, problem.head_dim};
   const StridedView q_view =
@@ -158,114 +259,208 @@ SweepResult sweep_forward(const ForwardSweepProblem& problem, const std::vector<
   const double abs_tol = problem.dtype == DType::kBFloat16 ? 8e-3 : 1e-3;
   const double rel_tol = problem.dtype == DType::kBFloat16 ? 3e-2 : 4e-3;
 
-  // 4. Check every compiled candidate once, then time it.
-  Timer timer(stream);
-  std::vector<size_t> timed;
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    CandidateResult& c = result.candidates[i];
-    if (c.status != "ok") continue;
-    if (auto crashed = options.known_crashes.find(c.config.name()); crashed != options.known_crashes.end()) {
-      c.status = "crashed";
-      c.detail = crashed->second;
-      continue;
-    }
-    if (options.on_launch) options.on_launch(c.config.name());
-    // Testing hook for crash isolation: end the process as a kernel fault would, at this candidate.
-    if (const char* crash = std::getenv("FLASHGEN_TEST_CRASH_CONFIG"); crash != nullptr && c.config.name() == crash) {
-      std::abort();
-    }
-    try {
-      inputs[0].dout.fill_bytes(0xff, stream);  // NaN: an unwritten element fails the check
-      inputs[0].dlse.fill_bytes(0xff, stream);
-      launch_forward(problems[0], stream, &c.config);
-      FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
-      std::vector<uint16_t> out(static_cast<size_t>(q_elems));
-      std::vector<float> lse(lse_bytes / sizeof(float));
-      inputs[0].dout.download(out.data(), out.size() * 2);
-      inputs[0].dlse.download(lse.data(), lse_bytes);
-      double worst = 0;
-      bool ok = true;
-      for (size_t r = 0; r < rows.size() && ok; ++r) {
-        const auto [b, h, s] = rows[r];
-        for (int d = 0; d < problem.head_dim; ++d) {
-          const size_t at = size_t(((b * problem.seqlen_q + s) * problem.heads_q + h) * problem.head_dim + d);
-          const double got = dtype_bits_to_float(out[at], dtype);
-          const double want = reference[r].out[size_t(d)];
-          const double err = std::fabs(got - want);
-          worst = std::max(worst, std::isnan(got) ? INFINITY : err);
-          if (!(err <= abs_tol + rel_tol * std::fabs(want))) ok = false;
-        }
-        const double got_lse = lse[size_t((b * problem.heads_q + h) * problem.seqlen_q + s)];
-        const double want_lse = reference[r].lse;
-        if (std::isinf(want_lse) ? got_lse != want_lse
-                                 : !(std::fabs(got_lse - want_lse) <= 1e-3 * std::max(1.0, std::fabs(want_lse))))
-          ok = false;
+  PassHooks<KernelConfig> hooks;
+  hooks.compile = [&](const KernelConfig& c) {
+    const ResourceUsage usage = KernelRegistry::instance().compiled(c, arch)->usage;
+    return usage.spill_store_bytes + usage.spill_load_bytes;
+  };
+  hooks.check = [&](const KernelConfig& c) -> std::string {
+    inputs[0].dout.fill_bytes(0xff, stream);  // NaN: an unwritten element fails the check
+    inputs[0].dlse.fill_bytes(0xff, stream);
+    launch_forward(problems[0], stream, &c);
+    FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
+    std::vector<uint16_t> out(static_cast<size_t>(q_elems));
+    std::vector<float> lse(lse_bytes / sizeof(float));
+    inputs[0].dout.download(out.data(), out.size() * 2);
+    inputs[0].dlse.download(lse.data(), lse_bytes);
+    double worst = 0;
+    bool ok = true;
+    for (size_t r = 0; r < rows.size() && ok; ++r) {
+      const auto [b, h, s] = rows[r];
+      for (int d = 0; d < problem.head_dim; ++d) {
+        const size_t at = size_t(((b * problem.seqlen_q + s) * problem.heads_q + h) * problem.head_dim + d);
+        const double got = dtype_bits_to_float(out[at], dtype);
+        const double want = reference[r].out[size_t(d)];
+        const double err = std::fabs(got - want);
+        worst = std::max(worst, std::isnan(got) ? INFINITY : err);
+        if (!(err <= abs_tol + rel_tol * std::fabs(want))) ok = false;
       }
-      if (!ok) {
-        c.status = "wrong_result";
-        c.detail = "max abs error " + std::to_string(worst) + " on sampled rows";
-        if (options.on_launch) options.on_launch("");
-        continue;
-      }
-      std::vector<PreparedForward> prepared;
-      for (const ForwardProblem& fp : problems) prepared.push_back(prepare_forward(fp, stream, &c.config));
-      const TimingResult t =
-          timer.time([&](int sample) { prepared[size_t(sample) % prepared.size()](stream); }, options.timing);
-      c.median_ms = t.median_ms;
-      c.spread = t.spread();
-      c.samples = t.samples;
-      timed.push_back(i);
-      std::ostringstream line;
-      line << "[" << i + 1 << "/" << candidates.size() << "] " << c.config.name() << ": " << t.median_ms << " ms";
-      progress(line.str());
-    } catch (const Error& e) {
-      c.status = "launch_error";
-      c.detail = e.what();
-      // A sticky CUDA error (an illegal address, say) leaves the context unusable for every later
-      // candidate: end the sweep, with the candidate still journaled for a supervising process.
-      if (e.status() == Status::kCuda && driver().cuCtxSynchronize() != CUDA_SUCCESS) throw;
+      const double got_lse = lse[size_t((b * problem.heads_q + h) * problem.seqlen_q + s)];
+      const double want_lse = reference[r].lse;
+      if (std::isinf(want_lse) ? got_lse != want_lse
+                               : !(std::fabs(got_lse - want_lse) <= 1e-3 * std::max(1.0, std::fabs(want_lse))))
+        ok = false;
     }
-    if (options.on_launch) options.on_launch("");
-  }
-  FLASHGEN_REQUIRE(!timed.empty(), "no candidate compiled, ran and matched the reference");
+    return ok ? std::string() : "max abs error " + std::to_string(worst) + " on sampled rows";
+  };
+  hooks.prepare = [&](const KernelConfig& c) -> std::function<void(int)> {
+    auto prepared = std::make_shared<std::vector<PreparedForward>>();
+    for (const ForwardProblem& fp : problems) prepared->push_back(prepare_forward(fp, stream, &c));
+    return [prepared, stream](int sample) { (*prepared)[size_t(sample) % prepared->size()](stream); };
+  };
+  run_sweep(candidates, arch, stream, options, hooks, result);
+  return result;
+}
 
-  // 5. Re-time the fastest few interleaved, then name the winner: the fastest, or among those within
-  //    tie_tolerance of it the first by name, so repeated sweeps agree.
-  std::sort(timed.begin(), timed.end(),
-            [&](size_t a, size_t b) { return result.candidates[a].median_ms < result.candidates[b].median_ms; });
-  const size_t top = std::min<size_t>(timed.size(), size_t(std::max(1, options.retime_top)));
-  std::vector<std::vector<PreparedForward>> prepared(top);
-  std::vector<std::function<void(int)>> launches;
-  for (size_t j = 0; j < top; ++j) {
-    for (const ForwardProblem& fp : problems) {
-      prepared[j].push_back(prepare_forward(fp, stream, &result.candidates[timed[j]].config));
+namespace {
+
+// The float64 check of the backward: a problem of the sweep's class (dtype, head_dim, mask, GQA ratio)
+// small enough for the reference, with lengths in the same order as the sweep's (the causal offset
+// keeps its sign) and several blocks each way.
+ForwardSweepProblem backward_check_problem(const BackwardSweepProblem& p) {
+  ForwardSweepProblem small = p;
+  small.batch = 1;
+  small.heads_kv = 1;
+  small.heads_q = p.heads_q / p.heads_kv;
+  small.seqlen_q = std::min(p.seqlen_q, 259);
+  small.seqlen_k = p.seqlen_k == p.seqlen_q ? small.seqlen_q
+                   : p.seqlen_k < p.seqlen_q ? std::min(p.seqlen_k, 193)
+                                             : std::min(p.seqlen_k, 321);
+  return small;
+}
+
+// Device tensors of one backward problem (BSHD contiguous) after a forward by the built-in forward config.
+struct BackwardSet {
+  ForwardSweepProblem shape;
+  std::vector<uint16_t> q, k, v, dout;  // host bits
+  DeviceBuffer dq_in, dk_in, dv_in, out, ddout, lse, dq, dk, dv;
+  BackwardProblem problem;
+
+  BackwardSet(const ForwardSweepProblem& p, bool deterministic, std::mt19937_64& rng, CUstream stream, int arch)
+      : shape(p) {
+    const flashgen_dtype dtype = to_c_dtype(p.dtype);
+    const size_t q_elems = size_t(p.batch) * p.seqlen_q * p.heads_q * p.head_dim;
+    const size_t kv_elems = size_t(p.batch) * p.seqlen_k * p.heads_kv * p.head_dim;
+    q = random_bits(q_elems, dtype, rng);
+    k = random_bits(kv_elems, dtype, rng);
+    v = random_bits(kv_elems, dtype, rng);
+    dout = random_bits(q_elems, dtype, rng);
+    auto device_copy = [](const std::vector<uint16_t>& bits) {
+      DeviceBuffer buffer(bits.size() * 2);
+      buffer.upload(bits);
+      return buffer;
+    };
+    dq_in = device_copy(q), dk_in = device_copy(k), dv_in = device_copy(v), ddout = device_copy(dout);
+    out = DeviceBuffer(q_elems * 2);
+    lse = DeviceBuffer(sizeof(float) * size_t(p.batch) * p.heads_q * p.seqlen_q);
+    dq = DeviceBuffer(q_elems * 2), dk = DeviceBuffer(kv_elems * 2), dv = DeviceBuffer(kv_elems * 2);
+    flashgen_attention_options opts{};
+    opts.mask = p.mask;
+    opts.deterministic = deterministic ? 1 : 0;
+    auto tensor = [&](DeviceBuffer& b, bool kv) {
+      return bshd_tensor(b.data(), dtype, p.batch, kv ? p.seqlen_k : p.seqlen_q, kv ? p.heads_kv : p.heads_q,
+                         p.head_dim);
+    };
+    const flashgen_tensor tq = tensor(dq_in, false), tk = tensor(dk_in, true), tv = tensor(dv_in, true);
+    const flashgen_tensor tout = tensor(out, false), tdout = tensor(ddout, false);
+    const flashgen_tensor tdq = tensor(dq, false), tdk = tensor(dk, true), tdv = tensor(dv, true);
+    float* lse_ptr = static_cast<float*>(lse.data());
+    // The forward by its built-in config (not the run-time choice: no tune-on-first-use inside a sweep).
+    const MaskKind mask = p.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
+    const ForwardProblem forward = make_forward_problem(&tq, &tk, &tv, &tout, lse_ptr, &opts);
+    const KernelConfig fwd = heuristic_choice(p.dtype, p.head_dim, mask, arch).config;
+    launch_forward(forward, stream, &fwd);
+    problem = make_backward_problem(&tq, &tk, &tv, &tout, &tdout, lse_ptr, &tdq, &tdk, &tdv, &opts);
+  }
+
+  // Runs config with workspace (at least its backward_workspace_bytes) after poisoning the gradients;
+  // returns why the result is wrong against ref ("" when right), every element checked.
+  std::string run_and_check(const BwdConfig& config, CUstream stream, const AttentionGradients& ref) {
+    dq.fill_bytes(0xff, stream), dk.fill_bytes(0xff, stream), dv.fill_bytes(0xff, stream);
+    launch_backward(problem, stream, &config);
+    FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
+    const flashgen_dtype dtype = to_c_dtype(shape.dtype);
+    const double tolerance = shape.dtype == DType::kBFloat16 ? 3e-2 : 1e-2;
+    const std::pair<const DeviceBuffer*, const std::vector<double>*> grads[] = {
+        {&dq, &ref.dq}, {&dk, &ref.dk}, {&dv, &ref.dv}};
+    const char* names[] = {"dq", "dk", "dv"};
+    for (int g = 0; g < 3; ++g) {
+      const std::vector<double>& want = *grads[g].second;
+      std::vector<uint16_t> got(want.size());
+      grads[g].first->download(got.data(), got.size() * 2);
+      double scale = 0, worst = 0;
+      for (double w : want) scale = std::max(scale, std::fabs(w));
+      for (size_t i = 0; i < want.size(); ++i) {
+        const double x = dtype_bits_to_float(got[i], dtype);
+        worst = std::max(worst, std::isnan(x) ? INFINITY : std::fabs(x - want[i]));
+      }
+      if (!(worst <= tolerance * std::max(scale, 1e-3))) {
+        return std::string(names[g]) + ": max abs error " + std::to_string(worst) + " against the float64 "
+               "reference (largest value " + std::to_string(scale) + ")";
+      }
     }
-    launches.push_back([&, j](int sample) { prepared[j][size_t(sample) % prepared[j].size()](stream); });
+    return "";
   }
-  const std::vector<TimingResult> retimed = timer.time_interleaved(launches, options.retime_rounds);
-  double best = INFINITY;
-  for (size_t j = 0; j < top; ++j) {
-    CandidateResult& c = result.candidates[timed[j]];
-    c.median_ms = retimed[j].median_ms;
-    c.spread = retimed[j].spread();
-    c.samples += retimed[j].samples;
-    best = std::min(best, c.median_ms);
+};
+
+}  // namespace
+
+SweepResult sweep_backward(const BackwardSweepProblem& problem, const std::vector<BwdConfig>& candidates,
+                           CUstream stream, const SweepOptions& options) {
+  ScopedContext scope(stream);
+  const int arch = device_sm(scope.device());
+  const MaskKind mask_kind = problem.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
+
+  SweepResult result;
+  result.problem = backward_problem_key(problem.dtype, problem.head_dim, mask_kind, problem.deterministic,
+                                        problem.heads_q / problem.heads_kv, problem.seqlen_q, problem.seqlen_k,
+                                        static_cast<int64_t>(problem.batch) * problem.heads_q);
+  for (const BwdConfig& c : candidates) {
+    FLASHGEN_REQUIRE(c.dtype == problem.dtype && c.head_dim == problem.head_dim && c.mask == mask_kind &&
+                         c.deterministic == problem.deterministic,
+                     "candidate " + c.name() + " does not match the sweep's problem");
   }
-  const CandidateResult* winner = nullptr;
-  int ties = 0;
-  for (size_t j = 0; j < top; ++j) {
-    const CandidateResult& c = result.candidates[timed[j]];
-    if (c.median_ms > best * (1 + options.tie_tolerance)) continue;
-    ++ties;
-    if (winner == nullptr || c.config.name() < winner->config.name()) winner = &c;
+
+  // The float64 check on a small problem of the same class, then the timed sets.
+  std::mt19937_64 rng(options.seed);
+  BackwardSet check(backward_check_problem(problem), problem.deterministic, rng, stream, arch);
+  FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
+  const ForwardSweepProblem& cp = check.shape;
+  const flashgen_dtype dtype = to_c_dtype(problem.dtype);
+  const StridedView q_view = StridedView::contiguous(cp.batch, cp.seqlen_q, cp.heads_q, cp.head_dim);
+  const StridedView kv_view = StridedView::contiguous(cp.batch, cp.seqlen_k, cp.heads_kv, cp.head_dim);
+  const AttentionShape check_shape{cp.batch, cp.seqlen_q, cp.seqlen_k, cp.heads_q, cp.heads_kv, cp.head_dim};
+  const AttentionGradients reference = attention_backward_reference_f64(
+      check_shape, HostInput::bits16(check.q.data(), dtype, q_view), HostInput::bits16(check.k.data(), dtype, kv_view),
+      HostInput::bits16(check.v.data(), dtype, kv_view), HostInput::bits16(check.dout.data(), dtype, q_view),
+      effective_softmax_scale(0.f, problem.head_dim), problem.mask);
+
+  const int64_t q_bytes = int64_t(problem.batch) * problem.seqlen_q * problem.heads_q * problem.head_dim * 2;
+  const int64_t kv_bytes = int64_t(problem.batch) * problem.seqlen_k * problem.heads_kv * problem.head_dim * 2;
+  const int sets = input_sets(scope.device(), 4 * q_bytes + 4 * kv_bytes);
+  std::vector<std::unique_ptr<BackwardSet>> timed_sets;
+  for (int i = 0; i < sets; ++i) {
+    timed_sets.push_back(std::make_unique<BackwardSet>(problem, problem.deterministic, rng, stream, arch));
   }
-  result.winner = winner->config;
-  result.winner_ms = winner->median_ms;
-  result.decision = ties > 1 ? std::to_string(ties) + " candidates within " +
-                                   std::to_string(options.tie_tolerance * 100) + "% of the fastest; first by name"
-                             : "fastest after interleaved re-timing of the top " + std::to_string(top);
-  progress("winner " + result.winner.name() + ": " + std::to_string(result.winner_ms) + " ms (" + result.decision +
-           ")");
+  FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
+
+  PassHooks<BwdConfig> hooks;
+  hooks.compile = [&](const BwdConfig& c) {
+    const std::shared_ptr<const CompiledKernel> module = KernelRegistry::instance().compiled(c, arch);
+    int spilled = 0;
+    for (BwdKernel kernel : {BwdKernel::kDkdv, BwdKernel::kDq}) {
+      if (kernel == BwdKernel::kDq && !c.deterministic) continue;
+      const ResourceUsage usage = module->usage_of(c.symbol(kernel));
+      spilled += usage.spill_store_bytes + usage.spill_load_bytes;
+    }
+    return spilled;
+  };
+  hooks.check = [&](const BwdConfig& c) { return check.run_and_check(c, stream, reference); };
+  hooks.prepare = [&](const BwdConfig& c) -> std::function<void(int)> {
+    struct Prepared {
+      PreparedBackward launch;
+      DeviceBuffer workspace;
+    };
+    auto prepared = std::make_shared<std::vector<Prepared>>();
+    for (const auto& set : timed_sets) {
+      Prepared p{prepare_backward(set->problem, stream, &c), DeviceBuffer()};
+      p.workspace = DeviceBuffer(p.launch.workspace_bytes);
+      p.launch.bind_workspace(reinterpret_cast<CUdeviceptr>(p.workspace.data()));
+      prepared->push_back(std::move(p));
+    }
+    return [prepared, stream](int sample) { (*prepared)[size_t(sample) % prepared->size()].launch(stream); };
+  };
+  run_sweep(candidates, arch, stream, options, hooks, result);
   return result;
 }
 

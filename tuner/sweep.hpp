@@ -1,6 +1,6 @@
-// One tuning sweep of the forward kernel family on the current GPU: compile candidates in parallel on
-// CPU threads (through the kernel caches), check each against a float64 reference, time the survivors
-// serially, re-time the best few interleaved and name a winner by a fixed rule.
+// One tuning sweep of the forward or the backward kernels on the current GPU: compile candidates in
+// parallel on CPU threads (through the kernel caches), check each against a float64 reference, time the
+// survivors serially, re-time the best few interleaved and name a winner by a fixed rule.
 #pragma once
 
 #include <cuda.h>
@@ -28,6 +28,12 @@ struct ForwardSweepProblem {
   int seqlen_k = 4096;
 };
 
+// A backward problem: the forward's sizes plus the dQ strategy. Candidates are checked in full against
+// the float64 reference on a small problem of the same class, then timed at these sizes.
+struct BackwardSweepProblem : ForwardSweepProblem {
+  bool deterministic = false;
+};
+
 struct SweepOptions {
   TimingOptions timing;
   int compile_threads = 0;  // 0: one per hardware thread
@@ -48,7 +54,7 @@ struct SweepOptions {
 struct SweepResult {
   ProblemKey problem;
   std::vector<CandidateResult> candidates;  // every candidate, in the order given, with its status
-  KernelConfig winner;
+  TunedConfig winner;  // a KernelConfig from sweep_forward, a BwdConfig from sweep_backward
   double winner_ms = 0;
   std::string decision;  // how the winner was named (ties included)
 };
@@ -57,5 +63,9 @@ struct SweepResult {
 // Error(kInvalidArgument) when no candidate passes; individual failures are recorded, not thrown.
 SweepResult sweep_forward(const ForwardSweepProblem& problem, const std::vector<KernelConfig>& candidates,
                           CUstream stream, const SweepOptions& options);
+
+// The same for backward candidates (all for problem's dtype, head_dim, mask kind and dQ strategy).
+SweepResult sweep_backward(const BackwardSweepProblem& problem, const std::vector<BwdConfig>& candidates,
+                           CUstream stream, const SweepOptions& options);
 
 }  // namespace flashgen

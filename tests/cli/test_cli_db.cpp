@@ -49,7 +49,7 @@ fs::path make_store(const TempDir& dir) {
       failed.config = heuristic_forward_configs(key.dtype, key.head_dim, key.mask, 90).back();
       failed.status = "compile_error";
       failed.detail = "ptxas: too many resources requested";
-      if (failed.config.name() != best.config.name()) rows.push_back(failed);
+      if (flashgen::config_name(failed.config) != flashgen::config_name(best.config)) rows.push_back(failed);
     }
     store.record(device, key, rows, best.config, best.median_ms);
   }

@@ -17,7 +17,7 @@ TEST_CASE("the chosen forward config never spills, for every head_dim", "[tuner]
       for (MaskKind mask : {MaskKind::kNone, MaskKind::kCausal})
         for (int d = 8; d <= 256; d += 8) {
           const flashgen::ForwardChoice choice = flashgen::heuristic_choice(dtype, d, mask, arch);
-          INFO("sm_" << arch << " " << choice.config.name() << ": " << choice.reason);
+          INFO("sm_" << arch << " " << flashgen::config_name(choice.config) << ": " << choice.reason);
           CHECK(choice.config.head_dim == d);
           CHECK(choice.config.dtype == dtype);
           CHECK(choice.config.mask == mask);

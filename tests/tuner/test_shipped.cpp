@@ -133,11 +133,16 @@ TEST_CASE("the embedded shipped data is valid for the GPUs it names", "[tuner][s
   const flashgen::ShippedDefaults& shipped = flashgen::ShippedDefaults::instance();
   REQUIRE_FALSE(shipped.winners().empty());
   for (const flashgen::StoredChoice& choice : shipped.winners()) {
-    INFO(choice.source << ": " << choice.device.id() << " " << choice.problem.id() << " " << choice.config.name());
-    CHECK_FALSE(choice.config.invalid_reason(choice.device.sm).has_value());
-    CHECK(choice.config.dtype == choice.problem.dtype);
-    CHECK(choice.config.head_dim == choice.problem.head_dim);
-    CHECK(choice.config.mask == choice.problem.mask);
+    INFO(choice.source << ": " << choice.device.id() << " " << choice.problem.id() << " " << flashgen::config_name(choice.config));
+    std::visit(
+        [&](const auto& config) {
+          CHECK_FALSE(config.invalid_reason(choice.device.sm).has_value());
+          CHECK(config.dtype == choice.problem.dtype);
+          CHECK(config.head_dim == choice.problem.head_dim);
+          CHECK(config.mask == choice.problem.mask);
+        },
+        choice.config);
+    CHECK(flashgen::is_backward(choice.config) == (choice.problem.family != "fwd"));
     CHECK(choice.median_ms > 0);
   }
 }

@@ -44,7 +44,7 @@ TEST_CASE("a small forward sweep names, stores and finds a winner", "[gpu][tuner
   REQUIRE(result.candidates.size() == candidates.size());
   bool winner_listed = false;
   for (const auto& c : result.candidates) {
-    INFO(c.config.name() << ": " << c.status << " " << c.detail);
+    INFO(flashgen::config_name(c.config) << ": " << c.status << " " << c.detail);
     CHECK(c.status == "ok");
     CHECK(c.median_ms > 0);
     CHECK(c.samples >= 5);

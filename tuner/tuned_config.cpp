@@ -1,0 +1,26 @@
+// TunedConfig: name and JSON of a config of either pass.
+#include "tuned_config.hpp"
+
+namespace flashgen {
+
+std::string config_name(const TunedConfig& config) {
+  return std::visit([](const auto& c) { return c.name(); }, config);
+}
+
+bool is_backward(const TunedConfig& config) { return std::holds_alternative<BwdConfig>(config); }
+
+void to_json(nlohmann::json& j, const TunedConfig& config) {
+  std::visit([&](const auto& c) { j = c; }, config);
+}
+
+void from_json(const nlohmann::json& j, TunedConfig& config) {
+  const bool backward = j.is_object() && j.contains("family") && j["family"].is_string() &&
+                        j["family"].get<std::string>().rfind("bwd_", 0) == 0;
+  if (backward) {
+    config = j.get<BwdConfig>();
+  } else {
+    config = j.get<KernelConfig>();
+  }
+}
+
+}  // namespace flashgen
