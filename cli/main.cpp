@@ -861,7 +861,10 @@ void run_backward(const RunOptions& o, const AttentionShape& shape, const HostTe
                          " deterministic; pass --deterministic to match");
     report.reason = "requested with --config";
   } else {
-    config = choose_backward_config(problem, report.arch, &report.reason);
+    // The launch's own choice: tuning data first (as the library call makes it), then the built-in one.
+    BackwardLaunch chosen = prepare_backward(problem, stream).launch;
+    config = chosen.config;
+    report.reason = chosen.reason;
   }
   report.config_name = config.name();
   DeviceBuffer workspace(backward_workspace_bytes(problem, config));
@@ -1274,8 +1277,8 @@ int command_db(const Args& args) {
 
 Command tune_command() {
   return Command("tune",
-                 "Tunes the forward kernel on the GPU for one problem (given by flags) or for every problem\n"
-                 "of a JSON spec: enumerates and prunes the search space, compiles the candidates, checks\n"
+                 "Tunes the forward kernel (with --backward the backward's kernels) on the GPU for one\n"
+                 "problem (given by flags) or for every problem of a JSON spec: enumerates and prunes the search space, compiles the candidates, checks\n"
                  "each against a float64 reference, times them and stores every row and the winner in the\n"
                  "tuning database. A problem whose bucket the database already holds for this GPU is skipped\n"
                  "unless --force, so an interrupted sweep can simply be run again.\n"
@@ -1284,10 +1287,13 @@ Command tune_command() {
                  "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE) tunes the spec's problems i, i+N, i+2N, ...\n"
                  "into its own file, <db>.shard<i>-of-<N>.sqlite; `flashgen db merge` joins the files.\n"
                  "\n"
-                 "Spec: {\"max_candidates\": 32, \"problems\": [{\"dtype\": \"bf16\", \"head_dim\": 128,\n"
+                 "Spec: {\"max_candidates\": 32, \"problems\": [{\"pass\": \"backward\", \"deterministic\": false,\n"
+                 "\"dtype\": \"bf16\", \"head_dim\": 128,\n"
                  "\"causal\": \"bottom-right\", \"batch\": 4, \"heads_q\": 32, \"heads_kv\": 8, \"seqlen_q\": 4096,\n"
                  "\"seqlen_k\": 4096}, ...]}; omitted fields take the flag defaults below.",
                  "[options]")
+      .flag("backward", "tune the backward pass (dq, dk, dv) instead of the forward")
+      .flag("deterministic", "with --backward: the deterministic dQ strategy (bitwise repeatable)")
       .option("dtype", "T", "fp16 or bf16 (default fp16)")
       .option("head-dim", "D", "head dimension (default 128)")
       .option("causal", "MODE", "none, bottom-right or top-left (default none)")
@@ -1314,7 +1320,8 @@ Command tune_command() {
 }
 
 
-std::string space_text(const SpaceReport& space) {
+template <class Config>
+std::string space_text(const BasicSpaceReport<Config>& space) {
   std::string reasons;
   for (const auto& [reason, count] : space.pruned_by_reason)
     reasons += (reasons.empty() ? "" : "; ") + reason + ": " + std::to_string(count);
@@ -1331,15 +1338,35 @@ flashgen_mask mask_from_text(const std::string& text) {
                                                                            : FLASHGEN_MASK_NONE;
 }
 
-std::string problem_line(const ForwardSweepProblem& p) {
-  return format("%s d%d causal=%s batch %d heads %d/%d seqlen %d/%d", dtype_name(p.dtype), p.head_dim,
-                causal_text(p.mask).c_str(), p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k);
+// One problem of a tune run: its sizes and its pass (the backward with its dQ strategy).
+struct TuneProblem : BackwardSweepProblem {
+  bool backward = false;
+};
+
+const char* pass_text(const TuneProblem& p) {
+  return !p.backward ? "forward" : p.deterministic ? "backward (deterministic)" : "backward";
+}
+
+std::string problem_line(const TuneProblem& p) {
+  return format("%s %s d%d causal=%s batch %d heads %d/%d seqlen %d/%d", pass_text(p), dtype_name(p.dtype),
+                p.head_dim, causal_text(p.mask).c_str(), p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k);
+}
+
+// A problem's spec entry (read_tune_spec's format).
+Json problem_json(const TuneProblem& p) {
+  return {{"pass", p.backward ? "backward" : "forward"}, {"deterministic", p.deterministic},
+          {"dtype", dtype_name(p.dtype)}, {"head_dim", p.head_dim}, {"causal", causal_text(p.mask)},
+          {"batch", p.batch}, {"heads_q", p.heads_q}, {"heads_kv", p.heads_kv},
+          {"seqlen_q", p.seqlen_q}, {"seqlen_k", p.seqlen_k}};
 }
 
 // The problem the flags describe (every flag has a default).
-ForwardSweepProblem problem_from_flags(const Args& args) {
+TuneProblem problem_from_flags(const Args& args) {
   constexpr long long kIntMax = std::numeric_limits<int>::max();
-  ForwardSweepProblem problem;
+  TuneProblem problem;
+  problem.backward = args.has("backward");
+  problem.deterministic = args.has("deterministic");
+  if (problem.deterministic && !problem.backward) fail(Status::kInvalidArgument, "--deterministic needs --backward");
   problem.dtype = args.choice_or("dtype", "fp16", {"fp16", "bf16"}) == "fp16" ? DType::kFloat16 : DType::kBFloat16;
   problem.head_dim = static_cast<int>(args.int_or("head-dim", problem.head_dim, 1, 4096));
   problem.mask = mask_from_text(args.choice_or("causal", "none", {"none", "bottom-right", "top-left"}));
@@ -1352,12 +1379,12 @@ ForwardSweepProblem problem_from_flags(const Args& args) {
 }
 
 struct TuneSpec {
-  std::vector<ForwardSweepProblem> problems;
+  std::vector<TuneProblem> problems;
   std::optional<size_t> max_candidates;
 };
 
 // A JSON spec; every error names the file and the field. Omitted problem fields take `defaults`.
-TuneSpec read_tune_spec(const std::string& path, const ForwardSweepProblem& defaults) {
+TuneSpec read_tune_spec(const std::string& path, const TuneProblem& defaults) {
   const Json j = read_json_file(path);
   auto bad = [&](const std::string& what) { fail(Status::kInvalidArgument, "tune spec " + path + ": " + what); };
   if (!j.is_object()) bad("must be a JSON object with a \"problems\" array");
@@ -1375,14 +1402,20 @@ TuneSpec read_tune_spec(const std::string& path, const ForwardSweepProblem& defa
     const Json& entry = j["problems"][i];
     const std::string where = "problems[" + std::to_string(i) + "]";
     if (!entry.is_object()) bad(where + " must be an object");
-    ForwardSweepProblem p = defaults;
+    TuneProblem p = defaults;
     for (const auto& [key, value] : entry.items()) {
       auto positive = [&](int& field) {
         if (!value.is_number_integer() || value.get<long long>() < 1 || value.get<long long>() > std::numeric_limits<int>::max())
           bad(where + "." + key + " must be a positive integer");
         field = value.get<int>();
       };
-      if (key == "dtype") {
+      if (key == "pass") {
+        if (value != "forward" && value != "backward") bad(where + ".pass must be \"forward\" or \"backward\"");
+        p.backward = value == "backward";
+      } else if (key == "deterministic") {
+        if (!value.is_boolean()) bad(where + ".deterministic must be true or false");
+        p.deterministic = value.get<bool>();
+      } else if (key == "dtype") {
         if (value != "fp16" && value != "bf16") bad(where + ".dtype must be \"fp16\" or \"bf16\"");
         p.dtype = value == "bf16" ? DType::kBFloat16 : DType::kFloat16;
       } else if (key == "causal") {
@@ -1406,6 +1439,7 @@ TuneSpec read_tune_spec(const std::string& path, const ForwardSweepProblem& defa
       }
     }
     if (p.heads_q % p.heads_kv != 0) bad(where + ": heads_q must be a multiple of heads_kv");
+    if (p.deterministic && !p.backward) bad(where + ": deterministic needs \"pass\": \"backward\"");
     spec.problems.push_back(p);
   }
   return spec;
@@ -1466,21 +1500,25 @@ struct WorkerState {
   std::optional<fs::path> journal;
 };
 
-Json tune_one(const ForwardSweepProblem& problem, TuningStore& store, const fs::path& db_path, size_t max_candidates,
-              bool force, bool json, const ScopedContext& context, const WorkerState& worker) {
-  const int arch = device_sm(context.device());
-  const DeviceFingerprint device = current_device_fingerprint(static_cast<int>(context.device()));
-  // The sweep's mask kinds: both causal alignments run the causal kernels (as sweep_forward keys them).
-  const MaskKind mask_kind = problem.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
-  const ProblemKey key =
-      forward_problem_key(problem.dtype, problem.head_dim, mask_kind, problem.heads_q / problem.heads_kv,
-                          problem.seqlen_q, problem.seqlen_k, static_cast<int64_t>(problem.batch) * problem.heads_q);
+// The sweep of one pass: its key, space, built-in choice and sweep function.
+template <class Config>
+struct PassSweep {
+  ProblemKey key;
+  BasicSpaceReport<Config> space;
+  Config heuristic;
+  std::function<SweepResult(const std::vector<Config>&, CUstream, const SweepOptions&)> sweep;
+};
 
+template <class Config>
+Json tune_pass(const PassSweep<Config>& pass, TuningStore& store, const fs::path& db_path, size_t max_candidates,
+               bool force, bool json, const DeviceFingerprint& device, const WorkerState& worker) {
+  const ProblemKey& key = pass.key;
   if (!force) {
     if (const std::optional<StoredChoice> stored = store.lookup_exact(device, key)) {
       if (!json) {
         std::cout << format("already tuned: %s, %.4f ms for %s on %s (--force tunes again)\n",
-                            flashgen::config_name(stored->config).c_str(), stored->median_ms, key.id().c_str(), device.id().c_str());
+                            flashgen::config_name(stored->config).c_str(), stored->median_ms, key.id().c_str(),
+                            device.id().c_str());
       }
       Json j = choice_json(*stored);
       j["skipped"] = true;
@@ -1489,13 +1527,12 @@ Json tune_one(const ForwardSweepProblem& problem, TuningStore& store, const fs::
     }
   }
 
-  const SpaceReport space = forward_space(problem.dtype, problem.head_dim, mask_kind, arch);
-  const KernelConfig heuristic = heuristic_forward_config(problem.dtype, problem.head_dim, mask_kind, arch);
-  const std::vector<KernelConfig> candidates = capped_candidates(space, heuristic, max_candidates);
+  const auto& space = pass.space;
+  const Config& heuristic = pass.heuristic;
+  const std::vector<Config> candidates = capped_candidates(space, heuristic, max_candidates);
   if (!json) std::cout << "space: " << space_text(space) << '\n';
   std::cerr << "tuning " << key.id() << " on " << device.id() << ": compiling " << candidates.size()
             << " candidates\n";
-
   SweepOptions options;
   options.known_crashes = worker.known_crashes;
   if (worker.journal) {
@@ -1521,7 +1558,7 @@ Json tune_one(const ForwardSweepProblem& problem, TuningStore& store, const fs::
   };
   Stream stream;
   start = Clock::now();
-  const SweepResult result = sweep_forward(problem, candidates, stream.get(), options);
+  const SweepResult result = pass.sweep(candidates, stream.get(), options);
   const double sweep_s = ms_since(start) / 1000;
   store.record(device, result.problem, result.candidates, result.winner, result.winner_ms);
 
@@ -1561,6 +1598,37 @@ Json tune_one(const ForwardSweepProblem& problem, TuningStore& store, const fs::
           {"check_and_timing_s", sweep_s - compile_s},
           {"db", db_path.string()},
           {"skipped", false}};
+}
+
+Json tune_one(const TuneProblem& problem, TuningStore& store, const fs::path& db_path, size_t max_candidates,
+              bool force, bool json, const ScopedContext& context, const WorkerState& worker) {
+  const int arch = device_sm(context.device());
+  const DeviceFingerprint device = current_device_fingerprint(static_cast<int>(context.device()));
+  // Both causal alignments run the causal kernels (as the sweeps key them).
+  const MaskKind mask_kind = problem.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
+  const int gqa = problem.heads_q / problem.heads_kv;
+  const int64_t batch_heads = static_cast<int64_t>(problem.batch) * problem.heads_q;
+  if (problem.backward) {
+    PassSweep<BwdConfig> pass;
+    pass.key = backward_problem_key(problem.dtype, problem.head_dim, mask_kind, problem.deterministic, gqa,
+                                    problem.seqlen_q, problem.seqlen_k, batch_heads);
+    pass.space = backward_space(problem.dtype, problem.head_dim, mask_kind, problem.deterministic, arch);
+    pass.heuristic =
+        heuristic_backward_choice(problem.dtype, problem.head_dim, mask_kind, problem.deterministic, arch).config;
+    pass.sweep = [&](const std::vector<BwdConfig>& candidates, CUstream stream, const SweepOptions& options) {
+      return sweep_backward(problem, candidates, stream, options);
+    };
+    return tune_pass(pass, store, db_path, max_candidates, force, json, device, worker);
+  }
+  PassSweep<KernelConfig> pass;
+  pass.key = forward_problem_key(problem.dtype, problem.head_dim, mask_kind, gqa, problem.seqlen_q, problem.seqlen_k,
+                                 batch_heads);
+  pass.space = forward_space(problem.dtype, problem.head_dim, mask_kind, arch);
+  pass.heuristic = heuristic_forward_config(problem.dtype, problem.head_dim, mask_kind, arch);
+  pass.sweep = [&](const std::vector<KernelConfig>& candidates, CUstream stream, const SweepOptions& options) {
+    return sweep_forward(problem, candidates, stream, options);
+  };
+  return tune_pass(pass, store, db_path, max_candidates, force, json, device, worker);
 }
 
 // --devices: "all" (every GPU the driver lists) or comma-separated ordinals.
@@ -1620,7 +1688,7 @@ constexpr int kMaxWorkerRestarts = 3;
 // `tune --devices`: one worker process per GPU over its share of the problems, each into its own file in
 // <db>.workers/; a worker that dies is restarted (resuming) without the candidate its journal names;
 // finally every worker's rows are merged into db.
-int supervise_workers(const Args& args, const std::vector<ForwardSweepProblem>& problems, const fs::path& db,
+int supervise_workers(const Args& args, const std::vector<TuneProblem>& problems, const fs::path& db,
                       std::optional<size_t> max_candidates) {
   const std::vector<int> devices = parse_devices(args);
   const bool json = args.has("json");
@@ -1640,10 +1708,7 @@ int supervise_workers(const Args& args, const std::vector<ForwardSweepProblem>& 
   work += ".workers";
   fs::create_directories(work);
   Json spec_problems = Json::array();
-  for (const ForwardSweepProblem& p : problems)
-    spec_problems.push_back({{"dtype", dtype_name(p.dtype)}, {"head_dim", p.head_dim}, {"causal", causal_text(p.mask)},
-                             {"batch", p.batch}, {"heads_q", p.heads_q}, {"heads_kv", p.heads_kv},
-                             {"seqlen_q", p.seqlen_q}, {"seqlen_k", p.seqlen_k}});
+  for (const TuneProblem& p : problems) spec_problems.push_back(problem_json(p));
   const fs::path spec = work / "spec.json";
   std::ofstream(spec) << Json{{"problems", spec_problems}}.dump(1) << '\n';
   const std::string exe = fs::read_symlink("/proc/self/exe").string();
@@ -1740,7 +1805,7 @@ int supervise_workers(const Args& args, const std::vector<ForwardSweepProblem>& 
 
 int command_tune(const Args& args) {
   constexpr long long kIntMax = std::numeric_limits<int>::max();
-  const ForwardSweepProblem flags = problem_from_flags(args);
+  const TuneProblem flags = problem_from_flags(args);
   TuneSpec spec;
   if (args.has("spec")) {
     spec = read_tune_spec(args.string_or("spec", ""), flags);
@@ -1751,7 +1816,7 @@ int command_tune(const Args& args) {
   size_t max_candidates = spec.max_candidates.value_or(static_cast<size_t>(kIntMax));
   if (args.has("max-candidates")) max_candidates = static_cast<size_t>(args.int_or("max-candidates", kIntMax, 1, kIntMax));
   const Shard shard = shard_of(args);
-  std::vector<ForwardSweepProblem> mine;
+  std::vector<TuneProblem> mine;
   for (size_t i = static_cast<size_t>(shard.index); i < spec.problems.size(); i += static_cast<size_t>(shard.count))
     mine.push_back(spec.problems[i]);
   const fs::path base_db = args.has("db") ? fs::path(args.string_or("db", "")) : TuningStore::default_path();
@@ -1768,16 +1833,22 @@ int command_tune(const Args& args) {
     if (json) {
       Json problems = Json::array();
       const int arch = static_cast<int>(args.int_or("arch", 90, 80, 1000));
-      for (const ForwardSweepProblem& p : mine) {
+      for (const TuneProblem& p : mine) {
         const MaskKind kind = p.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
         Json names = Json::array();
-        const SpaceReport space = forward_space(p.dtype, p.head_dim, kind, arch);
-        for (const KernelConfig& c :
-             capped_candidates(space, heuristic_forward_config(p.dtype, p.head_dim, kind, arch), max_candidates))
-          names.push_back(c.name());
-        problems.push_back({{"dtype", dtype_name(p.dtype)}, {"head_dim", p.head_dim}, {"causal", causal_text(p.mask)},
-                            {"batch", p.batch}, {"heads_q", p.heads_q}, {"heads_kv", p.heads_kv},
-                            {"seqlen_q", p.seqlen_q}, {"seqlen_k", p.seqlen_k}, {"candidates", names}});
+        if (p.backward) {
+          const BackwardSpaceReport space = backward_space(p.dtype, p.head_dim, kind, p.deterministic, arch);
+          const BwdConfig builtin = heuristic_backward_config(p.dtype, p.head_dim, kind, p.deterministic, arch);
+          for (const BwdConfig& c : capped_candidates(space, builtin, max_candidates)) names.push_back(c.name());
+        } else {
+          const SpaceReport space = forward_space(p.dtype, p.head_dim, kind, arch);
+          for (const KernelConfig& c :
+               capped_candidates(space, heuristic_forward_config(p.dtype, p.head_dim, kind, arch), max_candidates))
+            names.push_back(c.name());
+        }
+        Json entry = problem_json(p);
+        entry["candidates"] = names;
+        problems.push_back(entry);
       }
       std::cout << Json{{"shard", {{"index", shard.index}, {"count", shard.count}, {"source", shard.source}}},
                         {"db", db_path.string()},
@@ -1789,7 +1860,7 @@ int command_tune(const Args& args) {
       std::cout << format("shard %d of %d%s: %zu of %zu problems into %s\n", shard.index, shard.count,
                           shard.source.empty() ? "" : (" (from " + shard.source + ")").c_str(), mine.size(),
                           spec.problems.size(), db_path.string().c_str());
-      for (const ForwardSweepProblem& p : mine) std::cout << "  " << problem_line(p) << '\n';
+      for (const TuneProblem& p : mine) std::cout << "  " << problem_line(p) << '\n';
     }
     return 0;
   }

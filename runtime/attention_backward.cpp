@@ -154,17 +154,28 @@ size_t backward_workspace_bytes(const BackwardProblem& problem, const BwdConfig&
   return bytes;
 }
 
-BwdConfig choose_backward_config(const BackwardProblem& problem, int arch, std::string* reason) {
-  BackwardChoice choice =
-      heuristic_backward_choice(problem.dtype, problem.head_dim, problem.mask, problem.deterministic, arch);
+namespace {
+
+// An sm90 choice for tensors TMA cannot describe becomes the sm80 family's built-in choice.
+BackwardChoice with_tma_fallback(const BackwardProblem& problem, BackwardChoice choice, int arch) {
   if (choice.config.family == KernelFamily::kSm90) {
     if (auto why = BackwardTmaTensors(problem, choice.config).unsupported_reason()) {
       const BackwardChoice fallback = heuristic_backward_choice(problem.dtype, problem.head_dim, problem.mask,
                                                                 problem.deterministic, arch, /*sm80_only=*/true);
       choice.reason += "; TMA cannot describe " + *why + ", so the sm80 family's " + fallback.reason;
       choice.config = fallback.config;
+      choice.source = fallback.source;
     }
   }
+  return choice;
+}
+
+}  // namespace
+
+BwdConfig choose_backward_config(const BackwardProblem& problem, int arch, std::string* reason) {
+  BackwardChoice choice = with_tma_fallback(
+      problem, heuristic_backward_choice(problem.dtype, problem.head_dim, problem.mask, problem.deterministic, arch),
+      arch);
   if (reason != nullptr) *reason = std::move(choice.reason);
   return choice.config;
 }
@@ -187,7 +198,13 @@ PreparedBackward prepare_in_scope(const BackwardProblem& problem, const ScopedCo
     launch.reason = "requested by the caller";
     launch.source = ChoiceSource::kRequested;
   } else {
-    launch.config = choose_backward_config(problem, launch.arch, &launch.reason);
+    const ProblemKey key = backward_problem_key(problem.dtype, problem.head_dim, problem.mask, problem.deterministic,
+                                                p.group_size, p.seqlen_q, p.seqlen_k, int64_t(p.batch) * p.heads_q);
+    BackwardChoice choice = with_tma_fallback(
+        problem, choose_backward_config(static_cast<int>(scope.device()), key, launch.arch), launch.arch);
+    launch.config = std::move(choice.config);
+    launch.reason = std::move(choice.reason);
+    launch.source = choice.source;
   }
 
   const BwdConfig& c = launch.config;

@@ -42,10 +42,12 @@ struct BackwardLaunch {
   BwdConfig config;
   int arch = 0;
   std::string reason;
-  ChoiceSource source = ChoiceSource::kHeuristic;  // the backward is not tuned yet: heuristic or requested
+  ChoiceSource source = ChoiceSource::kHeuristic;
 };
 
-// The built-in choice for a problem on sm_<arch> (the first spill-free heuristic config). Memoized.
+// The built-in choice for a problem on sm_<arch> (the first spill-free heuristic config; the sm80
+// family's where TMA cannot describe the tensors), without tuning data. Memoized. The launch itself
+// (prepare_backward, launch_backward with no config) also consults the tuning data first.
 BwdConfig choose_backward_config(const BackwardProblem& problem, int arch, std::string* reason = nullptr);
 
 // A checked, resolved backward launch: relaunched as is by benchmarks, so host-side checks stay out of

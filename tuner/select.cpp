@@ -119,6 +119,12 @@ BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mas
 
 namespace {
 
+// Whether a config is of the pass a problem key names.
+bool same_pass(const KernelConfig&, const ProblemKey& problem) { return problem.family == "fwd"; }
+bool same_pass(const BwdConfig& c, const ProblemKey& problem) {
+  return problem.family == (c.deterministic ? "bwd_det" : "bwd");
+}
+
 // A stored winner the run-time choice may use, and why.
 template <class Config>
 struct StoredUse {
@@ -137,8 +143,8 @@ std::optional<StoredUse<Config>> stored_choice(const DeviceFingerprint& device, 
     if (!stored) return nullptr;
     const Config* c = std::get_if<Config>(&stored->config);
     std::optional<std::string> why;
-    if (c == nullptr) {
-      why = "a config of the other pass";
+    if (c == nullptr || !same_pass(*c, problem)) {
+      why = "a config of another pass or dQ strategy";
     } else {
       why = c->invalid_reason(arch);
       if (!why && (c->dtype != problem.dtype || c->head_dim != problem.head_dim || c->mask != problem.mask)) {
@@ -222,6 +228,12 @@ const DeviceFingerprint& fingerprint_of(int device) {
 
 namespace {
 
+// SQLite reads through the user store's one connection, one thread at a time.
+std::mutex& store_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
 // The process-wide memo of forward choices, by (device ordinal, problem id).
 struct ForwardMemo {
   std::mutex mutex;
@@ -251,9 +263,7 @@ ForwardChoice choose_forward_config(int device, const ProblemKey& problem, int a
   const TuningStore* store = user_store();
   ForwardChoice choice;
   {
-    // SQLite reads through one connection, one thread at a time.
-    static std::mutex store_mutex;
-    std::lock_guard<std::mutex> lock(store_mutex);
+    std::lock_guard<std::mutex> lock(store_mutex());
     const ShippedDefaults& shipped = ShippedDefaults::instance();
     const bool any_data = store != nullptr || !shipped.winners().empty();
     choice = choose_forward_config(any_data ? fingerprint_of(device) : DeviceFingerprint{}, problem, arch, store,
@@ -323,6 +333,39 @@ std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem
     std::fprintf(stderr, "flashgen: warning: tuning %s on first use failed: %s\n", key.id().c_str(), e.what());
     return std::nullopt;
   }
+}
+
+BackwardChoice choose_backward_config(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
+                                      const TuningStore* user_db, const ShippedDefaults* shipped) {
+  std::string passed_over;
+  if (auto stored = stored_choice<BwdConfig>(device, problem, arch, user_db, shipped, passed_over)) {
+    return {stored->config, stored->reason, stored->source};
+  }
+  BackwardChoice choice =
+      heuristic_backward_choice(problem.dtype, problem.head_dim, problem.mask, problem.family == "bwd_det", arch);
+  choice.reason += passed_over;
+  return choice;
+}
+
+BackwardChoice choose_backward_config(int device, const ProblemKey& problem, int arch) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, std::string>, BackwardChoice> chosen;
+  const std::pair<int, std::string> key{device, problem.id()};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto found = chosen.find(key); found != chosen.end()) return found->second;
+  }
+  const TuningStore* store = user_store();
+  BackwardChoice choice;
+  {
+    std::lock_guard<std::mutex> lock(store_mutex());
+    const ShippedDefaults& shipped = ShippedDefaults::instance();
+    const bool any_data = store != nullptr || !shipped.winners().empty();
+    choice = choose_backward_config(any_data ? fingerprint_of(device) : DeviceFingerprint{}, problem, arch, store,
+                                    &shipped);
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  return chosen.emplace(key, choice).first->second;
 }
 
 }  // namespace flashgen

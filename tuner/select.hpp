@@ -68,6 +68,7 @@ std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem
 struct BackwardChoice {
   BwdConfig config;
   std::string reason;
+  ChoiceSource source = ChoiceSource::kHeuristic;
 };
 
 // The first built-in backward config for the problem class whose kernels (dkdv, and dq when
@@ -75,5 +76,15 @@ struct BackwardChoice {
 // With sm80_only, only the sm80 family's configs are considered (when TMA cannot describe the tensors).
 BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch,
                                          bool sm80_only = false);
+
+// The backward's choice from explicit data sources, in choose_forward_config's order: user_db exact and
+// nearest bucket, the shipped defaults, then heuristic_backward_choice. problem is a backward key
+// (backward_problem_key: family "bwd" or "bwd_det").
+BackwardChoice choose_backward_config(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
+                                      const TuningStore* user_db, const ShippedDefaults* shipped = nullptr);
+
+// Process-wide backward choice for device (a CUDA device ordinal), as the forward's: the user's
+// database, then the shipped defaults, then the heuristic; memoized per (device, problem key).
+BackwardChoice choose_backward_config(int device, const ProblemKey& problem, int arch);
 
 }  // namespace flashgen

@@ -1,5 +1,6 @@
-// Forward search space: the product of ForwardKnobs for one (dtype, head_dim, mask), split by
-// KernelConfig::invalid_reason (fwd_traits.cuh) into configs worth compiling and counted prunes.
+// Search spaces: the product of ForwardKnobs for one (dtype, head_dim, mask), or of BackwardKnobs for one
+// (dtype, head_dim, mask, dQ strategy), split by the config's invalid_reason (the traits in
+// templates/) into configs worth compiling and counted prunes.
 #include "space.hpp"
 
 #include <algorithm>
@@ -49,16 +50,6 @@ SpaceReport forward_space(DType dtype, int head_dim, MaskKind mask, int arch, co
   return report;
 }
 
-void SpaceReport::add(const KernelConfig& config, int arch) {
-  ++total;
-  if (auto why = config.invalid_reason(arch)) {
-    ++pruned;
-    ++pruned_by_reason[*why];
-  } else {
-    valid.push_back(config);
-  }
-}
-
 namespace {
 
 // Knobs in which a and b differ; configs of different families are never neighbours.
@@ -71,24 +62,96 @@ int knob_differences(const KernelConfig& a, const KernelConfig& b) {
   return shared + (a.warps != b.warps) + (a.q_in_regs != b.q_in_regs);
 }
 
-}  // namespace
+// Knobs in which two backward configs differ; configs of different families are never neighbours.
+int knob_differences(const BwdConfig& a, const BwdConfig& b) {
+  if (a.family != b.family) return 100;
+  int d = (a.block_m != b.block_m) + (a.block_n != b.block_n) + (a.stages != b.stages);
+  if (a.family == KernelFamily::kSm80) d += (a.warps != b.warps) + (a.d_split != b.d_split);
+  if (a.deterministic) {
+    d += (a.dq_block_m != b.dq_block_m) + (a.dq_block_n != b.dq_block_n) + (a.dq_warps != b.dq_warps) +
+         (a.dq_stages != b.dq_stages);
+  }
+  return d;
+}
 
-std::vector<KernelConfig> capped_candidates(const SpaceReport& space, const KernelConfig& builtin, size_t max_count) {
-  std::vector<KernelConfig> picked;
+// The built-in choice, then its one-knob neighbours, then configs spread evenly over the rest.
+template <class Config>
+std::vector<Config> capped(const BasicSpaceReport<Config>& space, const Config& builtin, size_t max_count) {
+  std::vector<Config> picked;
   if (max_count == 0) return picked;
   picked.push_back(builtin);
-  auto taken = [&](const KernelConfig& c) { return std::find(picked.begin(), picked.end(), c) != picked.end(); };
-  for (const KernelConfig& c : space.valid) {
+  auto taken = [&](const Config& c) { return std::find(picked.begin(), picked.end(), c) != picked.end(); };
+  for (const Config& c : space.valid) {
     if (picked.size() >= max_count) return picked;
     if (knob_differences(c, builtin) == 1 && !taken(c)) picked.push_back(c);
   }
-  std::vector<KernelConfig> rest;
-  for (const KernelConfig& c : space.valid)
+  std::vector<Config> rest;
+  for (const Config& c : space.valid)
     if (!taken(c)) rest.push_back(c);
   const size_t room = max_count - picked.size();
   const size_t count = std::min(room, rest.size());
   for (size_t j = 0; j < count; ++j) picked.push_back(rest[count >= rest.size() ? j : j * rest.size() / count]);
   return picked;
+}
+
+}  // namespace
+
+std::vector<KernelConfig> capped_candidates(const SpaceReport& space, const KernelConfig& builtin, size_t max_count) {
+  return capped(space, builtin, max_count);
+}
+
+std::vector<BwdConfig> capped_candidates(const BackwardSpaceReport& space, const BwdConfig& builtin,
+                                         size_t max_count) {
+  return capped(space, builtin, max_count);
+}
+
+BackwardSpaceReport backward_space(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch,
+                                   const BackwardKnobs& knobs) {
+  BackwardSpaceReport report;
+  BwdConfig c;
+  c.dtype = dtype;
+  c.head_dim = head_dim;
+  c.mask = mask;
+  c.deterministic = deterministic;
+  // The deterministic strategy's dq tiles multiply each dkdv config; the atomic one has none.
+  struct DqTile {
+    int block_m, block_n, warps;
+  };
+  std::vector<DqTile> dq_tiles{{c.dq_block_m, c.dq_block_n, c.dq_warps}};
+  if (deterministic) {
+    dq_tiles.clear();
+    for (int m : knobs.dq_block_m)
+      for (int n : knobs.dq_block_n)
+        for (int w : knobs.dq_warps) dq_tiles.push_back({m, n, w});
+  }
+  auto add_with_dq = [&](BwdConfig config) {
+    for (const DqTile& t : dq_tiles) {
+      config.dq_block_m = t.block_m, config.dq_block_n = t.block_n, config.dq_warps = t.warps;
+      report.add(config, arch);
+    }
+  };
+  // Fixed nesting, as in forward_space, so every sweep walks the list in the same order.
+  for (int block_m : knobs.block_m)
+    for (int block_n : knobs.block_n)
+      for (int warps : knobs.warps)
+        for (int stages : knobs.stages)
+          for (int d_split : knobs.d_split) {
+            c.block_m = block_m, c.block_n = block_n, c.warps = warps, c.stages = stages, c.d_split = d_split;
+            add_with_dq(c);
+          }
+  if (arch == 90) {
+    BwdConfig h = c;
+    h.family = KernelFamily::kSm90;
+    h.warps = BwdConfig{}.warps;
+    h.d_split = 1;
+    for (int block_m : knobs.sm90_block_m)
+      for (int block_n : knobs.sm90_block_n)
+        for (int stages : knobs.sm90_stages) {
+          h.block_m = block_m, h.block_n = block_n, h.stages = stages;
+          add_with_dq(h);
+        }
+  }
+  return report;
 }
 
 }  // namespace flashgen

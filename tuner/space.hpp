@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "bwd_config.hpp"
 #include "kernel_config.hpp"
 
 namespace flashgen {
@@ -27,14 +28,43 @@ struct ForwardKnobs {
   std::vector<bool> sm90_persistent{false, true};
 };
 
-struct SpaceReport {
-  std::vector<KernelConfig> valid;             // in a fixed, deterministic order
+// Values each backward knob ranges over. sm80 family: the dkdv kernel's tiles, warps, stages and
+// head_dim slices, and for the deterministic strategy the dq kernel's tiles. sm90 family (on sm_90 only):
+// the dkdv kernel's query block, key block (64 per consumer warpgroup) and stages, and the same dq tiles.
+struct BackwardKnobs {
+  std::vector<int> block_m{16, 32, 64, 128};
+  std::vector<int> block_n{32, 64, 128};
+  std::vector<int> warps{2, 4, 8};
+  std::vector<int> stages{2, 3};
+  std::vector<int> d_split{1, 2};
+  std::vector<int> dq_block_m{32, 64, 128};
+  std::vector<int> dq_block_n{16, 32, 64};
+  std::vector<int> dq_warps{2, 4};
+
+  std::vector<int> sm90_block_m{64, 128};
+  std::vector<int> sm90_block_n{64, 128};
+  std::vector<int> sm90_stages{2, 3};
+};
+
+template <class Config>
+struct BasicSpaceReport {
+  std::vector<Config> valid;                   // in a fixed, deterministic order
   int total = 0;                               // size of the full product
   int pruned = 0;                              // total - valid.size()
   std::map<std::string, int> pruned_by_reason; // invalid_reason text -> count
 
-  void add(const KernelConfig& config, int arch);  // counts config, valid or pruned on sm_<arch>
+  void add(const Config& config, int arch) {   // counts config, valid or pruned on sm_<arch>
+    ++total;
+    if (auto why = config.invalid_reason(arch)) {
+      ++pruned;
+      ++pruned_by_reason[*why];
+    } else {
+      valid.push_back(config);
+    }
+  }
 };
+using SpaceReport = BasicSpaceReport<KernelConfig>;
+using BackwardSpaceReport = BasicSpaceReport<BwdConfig>;
 
 // Every forward config for (dtype, head_dim, mask) over knobs, split into valid-on-sm_<arch> and
 // pruned (with reasons): the sm80 family's product, then on sm_90 the sm90 family's. Compiles nothing.
@@ -45,5 +75,11 @@ SpaceReport forward_space(DType dtype, int head_dim, MaskKind mask, int arch, co
 // steps from it), then configs spread evenly over the rest of the valid list. Deterministic; every
 // config is from space.valid except the built-in, which is always first.
 std::vector<KernelConfig> capped_candidates(const SpaceReport& space, const KernelConfig& builtin, size_t max_count);
+
+// Every backward config for (dtype, head_dim, mask, dQ strategy) over knobs, as forward_space does.
+BackwardSpaceReport backward_space(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch,
+                                   const BackwardKnobs& knobs = {});
+std::vector<BwdConfig> capped_candidates(const BackwardSpaceReport& space, const BwdConfig& builtin,
+                                         size_t max_count);
 
 }  // namespace flashgen

@@ -106,6 +106,39 @@ TEST_CASE("cli: tune shards a spec by --shard and by the scheduler's rank", "[cl
   CHECK(bad_rank.err.find("OMPI_COMM_WORLD_RANK=4") != std::string::npos);
 }
 
+TEST_CASE("cli: tune --backward lists backward candidates of its strategy", "[cli][tune][backward]") {
+  const NoSchedulerEnv no_scheduler;
+  const TempDir dir("flashgen-cli-tune");
+  const nlohmann::json atomic = parse_json(run_cli(
+      {"tune", "--backward", "--head-dim", "128", "--causal", "bottom-right", "--max-candidates", "4", "--dry-run",
+       "--json", "--arch", "90"},
+      dir));
+  REQUIRE(atomic["problems"].size() == 1);
+  const nlohmann::json& p = atomic["problems"][0];
+  CHECK(p["pass"] == "backward");
+  CHECK(p["deterministic"] == false);
+  REQUIRE(p["candidates"].size() == 4);
+  // The built-in choice first: on sm_90, the Hopper family.
+  CHECK(p["candidates"][0] ==
+        flashgen::heuristic_backward_config(flashgen::DType::kFloat16, 128, flashgen::MaskKind::kCausal, false, 90)
+            .name());
+  for (const auto& name : p["candidates"]) CHECK(name.get<std::string>().rfind("bwd_", 0) == 0);
+
+  const std::string spec =
+      write_spec(dir, R"({"problems": [{"pass": "backward", "deterministic": true, "head_dim": 64}, {}]})");
+  const nlohmann::json mixed =
+      parse_json(run_cli({"tune", "--spec", spec, "--max-candidates", "3", "--dry-run", "--json", "--arch", "80"}, dir));
+  REQUIRE(mixed["problems"].size() == 2);
+  for (const auto& name : mixed["problems"][0]["candidates"])
+    CHECK(name.get<std::string>().find("_det_") != std::string::npos);
+  CHECK(mixed["problems"][1]["pass"] == "forward");
+  CHECK(mixed["problems"][1]["candidates"][0].get<std::string>().rfind("fwd_", 0) == 0);
+
+  const auto refused = run_cli({"tune", "--deterministic", "--dry-run"}, dir);
+  CHECK(refused.exit_code == 2);
+  CHECK(refused.err.find("--deterministic needs --backward") != std::string::npos);
+}
+
 TEST_CASE("cli: tune refuses bad shards and specs, naming the field", "[cli][tune]") {
   const NoSchedulerEnv no_scheduler;
   const TempDir dir("flashgen-cli-tune");
@@ -123,6 +156,8 @@ TEST_CASE("cli: tune refuses bad shards and specs, naming the field", "[cli][tun
   CHECK(error_of(R"({"problems": [{"seqlen": 4}]})").find("unknown field \"seqlen\"") != std::string::npos);
   CHECK(error_of(R"({"grid": 1, "problems": [{}]})").find("unknown field \"grid\"") != std::string::npos);
   CHECK(error_of("[1, 2]").find("must be a JSON object") != std::string::npos);
+  CHECK(error_of(R"({"problems": [{"pass": "both"}]})").find("problems[0].pass") != std::string::npos);
+  CHECK(error_of(R"({"problems": [{"deterministic": true}]})").find("deterministic needs") != std::string::npos);
   for (const char* shard : {"2/2", "-1/2", "1/0", "1", "a/b", "1/2/3"}) {
     const auto r = run_cli({"tune", "--shard", shard, "--dry-run"}, dir);
     INFO("--shard " << shard << ": " << r.err);
@@ -181,4 +216,27 @@ TEST_CASE("cli: a worker that crashes is restarted without its candidate", "[gpu
   for (const flashgen::CandidateResult& c : store.candidates(winners[0].device, winners[0].problem))
     if (flashgen::config_name(c.config) == victim) recorded = c.status == "crashed" && c.detail.find("signal 6") != std::string::npos;
   CHECK(recorded);
+}
+
+TEST_CASE("cli: tune --backward stores a winner that run --backward then uses", "[gpu][cli][tune][backward]") {
+  FLASHGEN_REQUIRE_GPU();
+  const NoSchedulerEnv no_scheduler;
+  const TempDir dir("flashgen-cli-tune-backward");
+  const std::vector<std::string> problem = {"--backward", "--head-dim", "64", "--causal", "bottom-right",
+                                            "--batch", "2", "--heads-q", "4", "--heads-kv", "2",
+                                            "--seqlen-q", "600", "--seqlen-k", "600"};
+  std::vector<std::string> tune = {"tune", "--max-candidates", "3", "--json"};
+  tune.insert(tune.end(), problem.begin(), problem.end());
+  const nlohmann::json tuned = parse_json(run_cli(tune, dir));  // one problem: one object
+  REQUIRE(tuned.is_object());
+  CHECK(tuned["problem"].get<std::string>().rfind("bwd|fp16|d64|causal|g2|", 0) == 0);
+  CHECK(tuned["passed"] == 3);
+  const std::string winner = tuned["winner"].get<std::string>();
+  CHECK(winner.rfind("bwd_", 0) == 0);
+
+  std::vector<std::string> run = {"run", "--json", "--iters", "2", "--warmup", "1"};
+  run.insert(run.end(), problem.begin(), problem.end());
+  const nlohmann::json ran = parse_json(run_cli(run, dir));
+  CHECK(ran["config"] == winner);
+  CHECK(ran["reason"].get<std::string>().find("tuning database") != std::string::npos);
 }

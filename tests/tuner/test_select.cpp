@@ -69,6 +69,56 @@ TEST_CASE("stored winners come first: exact bucket, then nearest, then the heuri
   CHECK(no_store.reason.rfind("built-in heuristic", 0) == 0);
 }
 
+TEST_CASE("backward choice: stored winners of its own pass and strategy, then the heuristic", "[tuner][select][store][backward]") {
+  flashgen::testing::TempDir dir("flashgen-select-backward-test");
+  flashgen::TuningStore store(dir.path() / "tuning.sqlite");
+  const flashgen::DeviceFingerprint device = flashgen::fingerprint_for_arch(90);
+  const flashgen::ProblemKey key =
+      flashgen::backward_problem_key(DType::kFloat16, 128, MaskKind::kCausal, false, 1, 4096, 4096, 64);
+  CHECK(key.id() == "bwd|fp16|d128|causal|g1|q4096|k4096|bh64");
+  const flashgen::ProblemKey det_key =
+      flashgen::backward_problem_key(DType::kFloat16, 128, MaskKind::kCausal, true, 1, 4096, 4096, 64);
+  CHECK(det_key.class_id() == "bwd_det|fp16|d128|causal|g1");
+
+  flashgen::BwdConfig stored;
+  stored.family = flashgen::KernelFamily::kSm90;
+  stored.mask = MaskKind::kCausal;
+  stored.block_m = 64;
+  stored.block_n = 128;
+  stored.stages = 3;
+  const flashgen::BwdConfig builtin =
+      flashgen::heuristic_backward_choice(DType::kFloat16, 128, MaskKind::kCausal, false, 90).config;
+  REQUIRE(stored != builtin);
+  flashgen::CandidateResult row;
+  row.config = stored;
+  row.median_ms = 2.5;
+  row.samples = 10;
+  store.record(device, key, {row}, stored, 2.5);
+
+  const flashgen::BackwardChoice exact = flashgen::choose_backward_config(device, key, 90, &store);
+  CHECK(exact.config == stored);
+  CHECK(exact.source == flashgen::ChoiceSource::kTuningDatabase);
+  CHECK(exact.reason.find("exact bucket") != std::string::npos);
+  const flashgen::BackwardChoice nearest = flashgen::choose_backward_config(
+      device, flashgen::backward_problem_key(DType::kFloat16, 128, MaskKind::kCausal, false, 1, 1024, 1024, 64), 90,
+      &store);
+  CHECK(nearest.config == stored);
+  CHECK(nearest.reason.find("nearest bucket") != std::string::npos);
+
+  // The deterministic strategy and the forward have their own data: nothing stored for them here.
+  const flashgen::BackwardChoice det = flashgen::choose_backward_config(device, det_key, 90, &store);
+  CHECK(det.source == flashgen::ChoiceSource::kHeuristic);
+  CHECK(det.config.deterministic);
+  const flashgen::ProblemKey fwd_key =
+      flashgen::forward_problem_key(DType::kFloat16, 128, MaskKind::kCausal, 1, 4096, 4096, 64);
+  CHECK_FALSE(store.lookup_nearest(device, fwd_key).has_value());
+  // On an arch the stored config cannot run on, it is passed over with the reason said.
+  const flashgen::BackwardChoice on80 =
+      flashgen::choose_backward_config(flashgen::fingerprint_for_arch(90), key, 80, &store);
+  CHECK(on80.source == flashgen::ChoiceSource::kHeuristic);
+  CHECK(on80.reason.find("passed over") != std::string::npos);
+}
+
 TEST_CASE("a stored winner that cannot run on this arch is passed over", "[tuner][select][store]") {
   flashgen::testing::TempDir dir("flashgen-select-test");
   flashgen::TuningStore store(dir.path() / "tuning.sqlite");

@@ -235,3 +235,46 @@ TEST_CASE("capped candidates: the built-in choice, its one-knob neighbours, then
   CHECK(all.size() == space.valid.size());  // the built-in is itself valid: nothing added twice
   CHECK(flashgen::capped_candidates(space, builtin, 0).empty());
 }
+
+TEST_CASE("backward space: both families on sm_90, the sm80 one elsewhere, dq tiles when deterministic",
+          "[tuner][space][backward]") {
+  const flashgen::BackwardKnobs knobs;
+  const size_t sm80_product = knobs.block_m.size() * knobs.block_n.size() * knobs.warps.size() *
+                              knobs.stages.size() * knobs.d_split.size();
+  const size_t sm90_product = knobs.sm90_block_m.size() * knobs.sm90_block_n.size() * knobs.sm90_stages.size();
+  const size_t dq_tiles = knobs.dq_block_m.size() * knobs.dq_block_n.size() * knobs.dq_warps.size();
+
+  const auto atomic90 = flashgen::backward_space(DType::kFloat16, 128, MaskKind::kCausal, false, 90);
+  CHECK(size_t(atomic90.total) == sm80_product + sm90_product);
+  CHECK(size_t(atomic90.pruned) + atomic90.valid.size() == size_t(atomic90.total));
+  int pruned_sum = 0;
+  for (const auto& [reason, count] : atomic90.pruned_by_reason) pruned_sum += count;
+  CHECK(pruned_sum == atomic90.pruned);
+  size_t sm90_valid = 0;
+  for (const flashgen::BwdConfig& c : atomic90.valid) {
+    CHECK_FALSE(c.invalid_reason(90).has_value());
+    CHECK(c.head_dim == 128);
+    CHECK(c.mask == MaskKind::kCausal);
+    CHECK_FALSE(c.deterministic);
+    sm90_valid += c.family == flashgen::KernelFamily::kSm90;
+  }
+  CHECK(sm90_valid == 2);  // d128: m64 n128 with 2 or 3 stages
+  const flashgen::BwdConfig builtin = flashgen::heuristic_backward_config(DType::kFloat16, 128, MaskKind::kCausal, false, 90);
+  CHECK(std::find(atomic90.valid.begin(), atomic90.valid.end(), builtin) != atomic90.valid.end());
+
+  const auto atomic80 = flashgen::backward_space(DType::kFloat16, 128, MaskKind::kCausal, false, 80);
+  CHECK(size_t(atomic80.total) == sm80_product);
+  for (const flashgen::BwdConfig& c : atomic80.valid) CHECK(c.family == flashgen::KernelFamily::kSm80);
+
+  const auto det90 = flashgen::backward_space(DType::kBFloat16, 64, MaskKind::kNone, true, 90);
+  CHECK(size_t(det90.total) == (sm80_product + sm90_product) * dq_tiles);
+  for (const flashgen::BwdConfig& c : det90.valid) CHECK(c.deterministic);
+
+  // Capped: the built-in choice first, then its one-knob neighbours; deterministic order.
+  const std::vector<flashgen::BwdConfig> capped = flashgen::capped_candidates(atomic90, builtin, 6);
+  REQUIRE(capped.size() == 6);
+  CHECK(capped.front() == builtin);
+  CHECK(capped[1].family == flashgen::KernelFamily::kSm90);  // its only neighbour: 3 stages
+  CHECK(capped[1].stages == 3);
+  CHECK(capped == flashgen::capped_candidates(atomic90, builtin, 6));
+}

@@ -1,4 +1,4 @@
-// [gpu] A small forward sweep: every candidate is checked and timed, a winner is named, stored in a
+// [gpu] Small forward and backward sweeps: every candidate is checked and timed, a winner is named, stored in a
 // TuningStore and found again.
 #include <string>
 
@@ -6,6 +6,7 @@
 #include "cuda_driver.hpp"
 #include "gpu.hpp"
 #include "heuristic.hpp"
+#include "space.hpp"
 #include "select.hpp"
 #include "store.hpp"
 #include "support/temp_dir.hpp"
@@ -69,4 +70,53 @@ TEST_CASE("a small forward sweep names, stores and finds a winner", "[gpu][tuner
   const flashgen::ForwardChoice choice = flashgen::choose_forward_config(device, result.problem, arch, &store);
   CHECK(choice.config == result.winner);
   CHECK(choice.reason.find("exact bucket") != std::string::npos);
+}
+
+TEST_CASE("a small backward sweep names, stores and finds a winner, and the backward choice takes it",
+          "[gpu][tuner][sweep][backward]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext scope;
+  const int arch = flashgen::device_sm(scope.device());
+
+  flashgen::BackwardSweepProblem problem;
+  problem.head_dim = 64;
+  problem.mask = FLASHGEN_MASK_CAUSAL;
+  problem.batch = 2;
+  problem.heads_q = 8;
+  problem.heads_kv = 2;
+  problem.seqlen_q = 777;
+  problem.seqlen_k = 1024;
+  const flashgen::BackwardSpaceReport space =
+      flashgen::backward_space(flashgen::DType::kFloat16, 64, flashgen::MaskKind::kCausal, false, arch);
+  const flashgen::BwdConfig builtin =
+      flashgen::heuristic_backward_choice(flashgen::DType::kFloat16, 64, flashgen::MaskKind::kCausal, false, arch).config;
+  const std::vector<flashgen::BwdConfig> candidates = flashgen::capped_candidates(space, builtin, 4);
+  REQUIRE(candidates.size() == 4);
+
+  flashgen::SweepOptions options;
+  options.timing.min_samples = 5;
+  options.timing.max_samples = 20;
+  options.retime_rounds = 5;
+  const flashgen::SweepResult result = flashgen::sweep_backward(problem, candidates, nullptr, options);
+  REQUIRE(result.candidates.size() == candidates.size());
+  for (const auto& c : result.candidates) {
+    INFO(flashgen::config_name(c.config) << ": " << c.status << " " << c.detail);
+    CHECK(c.status == "ok");
+    CHECK(c.median_ms > 0);
+  }
+  REQUIRE(std::holds_alternative<flashgen::BwdConfig>(result.winner));
+  CHECK(result.problem.id() == "bwd|fp16|d64|causal|g4|q1024|k1024|bh16");
+
+  flashgen::testing::TempDir dir("flashgen-sweep-backward-test");
+  flashgen::TuningStore store(dir.path() / "tuning.sqlite");
+  const flashgen::DeviceFingerprint device = flashgen::current_device_fingerprint(scope.device());
+  store.record(device, result.problem, result.candidates, result.winner, result.winner_ms);
+  const flashgen::BackwardChoice choice = flashgen::choose_backward_config(device, result.problem, arch, &store);
+  CHECK(choice.config == result.winner);
+  CHECK(choice.source == flashgen::ChoiceSource::kTuningDatabase);
+
+  // A broken candidate (a deterministic config in an atomic sweep) is refused before anything runs.
+  flashgen::BwdConfig wrong = builtin;
+  wrong.deterministic = true;
+  CHECK_THROWS_AS(flashgen::sweep_backward(problem, {wrong}, nullptr, options), flashgen::Error);
 }
