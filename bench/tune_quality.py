@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Tuning quality on the GPU in hand, measured in one process per problem: sweep the whole valid forward
-space once (`flashgen tune`, no cap), then read from that sweep's own timings how a capped sweep would
+(or backward) space once (`flashgen tune`, no cap), then read from that sweep's own timings how a capped sweep would
 have done (the best of the candidates `tune --max-candidates N` would time, as `tune --dry-run` lists
 them) and how the built-in choice does, against the exhaustive winner. Comparing timings taken in
 separate processes mixes in clock and power drift of several percent; these come from one sweep.
@@ -17,14 +17,18 @@ import subprocess
 import sys
 import tempfile
 
-PROBLEMS = [  # (dtype, head_dim, causal, batch, heads, seqlen): standard-grid points
-    ("fp16", 64, "none", 4, 32, 4096),
-    ("fp16", 64, "bottom-right", 4, 32, 4096),
-    ("fp16", 128, "none", 4, 16, 4096),
-    ("fp16", 128, "bottom-right", 4, 16, 4096),
-    ("bf16", 128, "none", 1, 16, 16384),
-    ("fp16", 256, "bottom-right", 4, 8, 4096),
+PROBLEMS = [  # (pass, dtype, head_dim, causal, batch, heads, seqlen): standard-grid points
+    ("forward", "fp16", 64, "none", 4, 32, 4096),
+    ("forward", "fp16", 64, "bottom-right", 4, 32, 4096),
+    ("forward", "fp16", 128, "none", 4, 16, 4096),
+    ("forward", "fp16", 128, "bottom-right", 4, 16, 4096),
+    ("forward", "bf16", 128, "none", 1, 16, 16384),
+    ("forward", "fp16", 256, "bottom-right", 4, 8, 4096),
+    ("backward", "fp16", 128, "none", 4, 16, 4096),
+    ("backward", "fp16", 64, "bottom-right", 4, 32, 4096),
+    ("deterministic", "bf16", 128, "bottom-right", 4, 16, 4096),
 ]
+PASS_FLAGS = {"forward": [], "backward": ["--backward"], "deterministic": ["--backward", "--deterministic"]}
 
 
 def run_json(command):
@@ -40,13 +44,16 @@ def main():
     parser.add_argument("--cap", type=int, default=16, help="candidates of the capped sweep (default: 16)")
     parser.add_argument("--arch", type=int, default=90, help="sm number of the GPU, for the capped list (default 90)")
     parser.add_argument("--out", help="CSV path (default: bench/results/tune_quality_<device>_<date>.csv)")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated indices into the problem list (default: all of them)")
     args = parser.parse_args()
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         db = os.path.join(tmp, "full.sqlite")
-        for dtype, head_dim, causal, batch, heads, seqlen in PROBLEMS:
-            problem = ["--dtype", dtype, "--head-dim", str(head_dim), "--causal", causal, "--batch", str(batch),
+        chosen = PROBLEMS if args.only is None else [PROBLEMS[int(i)] for i in args.only.split(",")]
+        for pass_name, dtype, head_dim, causal, batch, heads, seqlen in chosen:
+            problem = PASS_FLAGS[pass_name] + ["--dtype", dtype, "--head-dim", str(head_dim), "--causal", causal, "--batch", str(batch),
                        "--heads-q", str(heads), "--heads-kv", str(heads), "--seqlen-q", str(seqlen),
                        "--seqlen-k", str(seqlen)]
             full = run_json([args.flashgen, "tune", "--json", "--force", "--db", db] + problem)
