@@ -26,6 +26,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -1308,6 +1309,9 @@ Command tune_command() {
                                  "worker that crashes is restarted without the candidate it was running")
       .option("max-candidates", "N", "time N candidates, not the whole valid space: the built-in choice, its "
                                      "one-knob neighbours, then others spread evenly")
+      .option("candidates", "NAMES", "time exactly these configs (comma-separated names of the problem's pass, "
+                                     "dtype, head_dim and mask), e.g. to re-time a winner against the built-in "
+                                     "choice; the best three are re-timed interleaved")
       .option("db", "PATH", "the database (default: " + TuningStore::default_path().string() + ")")
       .flag("force", "tune even when the database already holds this problem's bucket for this GPU")
       .flag("dry-run", "print the problems this shard would tune and its database, then stop (no GPU needed)")
@@ -1506,6 +1510,7 @@ struct PassSweep {
   ProblemKey key;
   BasicSpaceReport<Config> space;
   Config heuristic;
+  std::vector<Config> named;  // --candidates: swept instead of the space when not empty
   std::function<SweepResult(const std::vector<Config>&, CUstream, const SweepOptions&)> sweep;
 };
 
@@ -1529,11 +1534,13 @@ Json tune_pass(const PassSweep<Config>& pass, TuningStore& store, const fs::path
 
   const auto& space = pass.space;
   const Config& heuristic = pass.heuristic;
-  const std::vector<Config> candidates = capped_candidates(space, heuristic, max_candidates);
+  const std::vector<Config> candidates =
+      pass.named.empty() ? capped_candidates(space, heuristic, max_candidates) : pass.named;
   if (!json) std::cout << "space: " << space_text(space) << '\n';
   std::cerr << "tuning " << key.id() << " on " << device.id() << ": compiling " << candidates.size()
             << " candidates\n";
   SweepOptions options;
+  options.always_retime = {heuristic.name()};  // its time, printed next to the winner's, on the same basis
   options.known_crashes = worker.known_crashes;
   if (worker.journal) {
     options.on_launch = [&](const std::string& name) {
@@ -1600,31 +1607,62 @@ Json tune_pass(const PassSweep<Config>& pass, TuningStore& store, const fs::path
           {"skipped", false}};
 }
 
-Json tune_one(const TuneProblem& problem, TuningStore& store, const fs::path& db_path, size_t max_candidates,
-              bool force, bool json, const ScopedContext& context, const WorkerState& worker) {
-  const int arch = device_sm(context.device());
-  const DeviceFingerprint device = current_device_fingerprint(static_cast<int>(context.device()));
-  // Both causal alignments run the causal kernels (as the sweeps key them).
+// The problem key a sweep of problem stores its rows under (both causal alignments run the causal kernels).
+ProblemKey tune_problem_key(const TuneProblem& problem) {
   const MaskKind mask_kind = problem.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
   const int gqa = problem.heads_q / problem.heads_kv;
   const int64_t batch_heads = static_cast<int64_t>(problem.batch) * problem.heads_q;
+  return problem.backward ? backward_problem_key(problem.dtype, problem.head_dim, mask_kind, problem.deterministic,
+                                                 gqa, problem.seqlen_q, problem.seqlen_k, batch_heads)
+                          : forward_problem_key(problem.dtype, problem.head_dim, mask_kind, gqa, problem.seqlen_q,
+                                                problem.seqlen_k, batch_heads);
+}
+
+// --candidates for a problem of key's class: each name parsed as a Config and checked against the key.
+template <class Config>
+std::vector<Config> named_candidates(const std::vector<std::string>& names, const ProblemKey& key) {
+  constexpr bool backward = std::is_same_v<Config, BwdConfig>;
+  std::vector<Config> configs;
+  for (const std::string& name : names) {
+    if ((name.rfind("bwd_", 0) == 0) != backward) {
+      fail(Status::kInvalidArgument, "--candidates: " + name + " is a " + (backward ? "forward" : "backward") +
+                                         " config; this problem tunes the " + (backward ? "backward" : "forward"));
+    }
+    const Config c = Config::from_name(name);
+    bool same_pass = true;
+    if constexpr (backward) same_pass = key.family == (c.deterministic ? "bwd_det" : "bwd");
+    if (!same_pass || c.dtype != key.dtype || c.head_dim != key.head_dim || c.mask != key.mask) {
+      fail(Status::kInvalidArgument, "--candidates: " + name + " is not a config of the problem " + key.id());
+    }
+    configs.push_back(c);
+  }
+  return configs;
+}
+
+Json tune_one(const TuneProblem& problem, TuningStore& store, const fs::path& db_path, size_t max_candidates,
+              bool force, bool json, const ScopedContext& context, const WorkerState& worker,
+              const std::vector<std::string>& named) {
+  const int arch = device_sm(context.device());
+  const DeviceFingerprint device = current_device_fingerprint(static_cast<int>(context.device()));
+  const ProblemKey key = tune_problem_key(problem);
+  const MaskKind mask_kind = key.mask;
   if (problem.backward) {
     PassSweep<BwdConfig> pass;
-    pass.key = backward_problem_key(problem.dtype, problem.head_dim, mask_kind, problem.deterministic, gqa,
-                                    problem.seqlen_q, problem.seqlen_k, batch_heads);
+    pass.key = key;
     pass.space = backward_space(problem.dtype, problem.head_dim, mask_kind, problem.deterministic, arch);
     pass.heuristic =
         heuristic_backward_choice(problem.dtype, problem.head_dim, mask_kind, problem.deterministic, arch).config;
+    pass.named = named_candidates<BwdConfig>(named, pass.key);
     pass.sweep = [&](const std::vector<BwdConfig>& candidates, CUstream stream, const SweepOptions& options) {
       return sweep_backward(problem, candidates, stream, options);
     };
     return tune_pass(pass, store, db_path, max_candidates, force, json, device, worker);
   }
   PassSweep<KernelConfig> pass;
-  pass.key = forward_problem_key(problem.dtype, problem.head_dim, mask_kind, gqa, problem.seqlen_q, problem.seqlen_k,
-                                 batch_heads);
+  pass.key = key;
   pass.space = forward_space(problem.dtype, problem.head_dim, mask_kind, arch);
   pass.heuristic = heuristic_forward_config(problem.dtype, problem.head_dim, mask_kind, arch);
+  pass.named = named_candidates<KernelConfig>(named, pass.key);
   pass.sweep = [&](const std::vector<KernelConfig>& candidates, CUstream stream, const SweepOptions& options) {
     return sweep_forward(problem, candidates, stream, options);
   };
@@ -1815,6 +1853,23 @@ int command_tune(const Args& args) {
   }
   size_t max_candidates = spec.max_candidates.value_or(static_cast<size_t>(kIntMax));
   if (args.has("max-candidates")) max_candidates = static_cast<size_t>(args.int_or("max-candidates", kIntMax, 1, kIntMax));
+  std::vector<std::string> named;
+  {
+    std::stringstream list(args.string_or("candidates", ""));
+    for (std::string item; std::getline(list, item, ',');)
+      if (!item.empty()) named.push_back(item);
+  }
+  if (args.has("candidates")) {
+    if (named.empty()) throw UsageError("--candidates needs at least one config name", args.usage());
+    for (const char* other : {"spec", "devices", "max-candidates"}) {
+      if (args.has(other))
+        throw UsageError("--candidates names one problem's configs; it does not go with --" + std::string(other),
+                         args.usage());
+    }
+    // A bad name stops here, before any GPU work.
+    if (flags.backward) named_candidates<BwdConfig>(named, tune_problem_key(flags));
+    else named_candidates<KernelConfig>(named, tune_problem_key(flags));
+  }
   const Shard shard = shard_of(args);
   std::vector<TuneProblem> mine;
   for (size_t i = static_cast<size_t>(shard.index); i < spec.problems.size(); i += static_cast<size_t>(shard.count))
@@ -1836,7 +1891,9 @@ int command_tune(const Args& args) {
       for (const TuneProblem& p : mine) {
         const MaskKind kind = p.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
         Json names = Json::array();
-        if (p.backward) {
+        if (!named.empty()) {
+          for (const std::string& name : named) names.push_back(name);
+        } else if (p.backward) {
           const BackwardSpaceReport space = backward_space(p.dtype, p.head_dim, kind, p.deterministic, arch);
           const BwdConfig builtin = heuristic_backward_config(p.dtype, p.head_dim, kind, p.deterministic, arch);
           for (const BwdConfig& c : capped_candidates(space, builtin, max_candidates)) names.push_back(c.name());
@@ -1878,7 +1935,8 @@ int command_tune(const Args& args) {
   Json results = Json::array();
   for (size_t i = 0; i < mine.size(); ++i) {
     if (mine.size() > 1) std::cerr << format("problem %zu/%zu: %s\n", i + 1, mine.size(), problem_line(mine[i]).c_str());
-    results.push_back(tune_one(mine[i], store, db_path, max_candidates, args.has("force"), json, context, worker));
+    results.push_back(tune_one(mine[i], store, db_path, max_candidates, args.has("force"), json, context, worker,
+                                named));
   }
   if (worker.journal) std::ofstream(*worker.journal, std::ios::trunc);
   if (json) std::cout << (args.has("spec") ? results : results.front()).dump(2) << '\n';

@@ -95,7 +95,7 @@ FwdTraits KernelConfig::traits() const {
 }
 
 FwdSm90Traits KernelConfig::sm90_traits() const {
-  return fwd_sm90_traits(head_dim, block_m, block_n, stages, pingpong);
+  return fwd_sm90_traits(head_dim, block_m, block_n, stages, pingpong, persistent);
 }
 
 int KernelConfig::threads() const {

@@ -79,13 +79,6 @@ ForwardProblem make_forward_problem(const flashgen_tensor* q, const flashgen_ten
 
 namespace {
 
-// Whether stream is capturing a CUDA graph: no sweep may run into a capture.
-bool capturing(CUstream stream) {
-  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-  FLASHGEN_CU_CHECK(cuStreamIsCapturing(stream, &status));
-  return status != CU_STREAM_CAPTURE_STATUS_NONE;
-}
-
 // The four tensors of a forward problem as TMA sees them, with the box rows of the sm90 kernel's copies.
 struct ForwardTmaTensors {
   TmaTensor q, k, v, o;
@@ -143,17 +136,9 @@ PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedCont
                                                p.seqlen_q, p.seqlen_k, int64_t(p.batch) * p.heads_q);
     ForwardChoice choice = choose_forward_config(static_cast<int>(scope.device()), key, launch.arch);
     if (tune_on_first_use() && choice.source != ChoiceSource::kTuningDatabase &&
-        choice.source != ChoiceSource::kTunedOnFirstUse && !capturing(stream)) {
-      ForwardSweepProblem sweep_problem;
-      sweep_problem.dtype = problem.dtype;
-      sweep_problem.head_dim = problem.head_dim;
-      sweep_problem.mask = problem.abi_mask;
-      sweep_problem.batch = p.batch;
-      sweep_problem.heads_q = p.heads_q;
-      sweep_problem.heads_kv = p.heads_kv;
-      sweep_problem.seqlen_q = p.seqlen_q;
-      sweep_problem.seqlen_k = p.seqlen_k;
-      if (auto tuned = tune_forward_on_first_use(sweep_problem, static_cast<int>(scope.device()), launch.arch)) {
+        choice.source != ChoiceSource::kTunedOnFirstUse && !stream_capturing(stream)) {
+      if (auto tuned = tune_forward_on_first_use(sweep_problem_of(problem), static_cast<int>(scope.device()),
+                                                 launch.arch)) {
         choice = std::move(*tuned);
       }
     }

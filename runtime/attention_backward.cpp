@@ -12,6 +12,7 @@
 #include "flashgen/error.hpp"
 #include "kernel_registry.hpp"
 #include "select.hpp"
+#include "sweep.hpp"
 #include "tensor_checks.hpp"
 #include "tma.hpp"
 
@@ -115,6 +116,7 @@ BackwardProblem make_backward_problem(const flashgen_tensor* q, const flashgen_t
   problem.dtype = to_dtype(q->dtype);
   problem.head_dim = static_cast<int>(q->shape[3]);
   problem.mask = opts->mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
+  problem.abi_mask = opts->mask;
   problem.deterministic = opts->deterministic != 0;
 
   AttnBwdParams& p = problem.params;
@@ -182,7 +184,7 @@ BwdConfig choose_backward_config(const BackwardProblem& problem, int arch, std::
 
 namespace {
 
-PreparedBackward prepare_in_scope(const BackwardProblem& problem, const ScopedContext& scope,
+PreparedBackward prepare_in_scope(const BackwardProblem& problem, const ScopedContext& scope, CUstream stream,
                                   const BwdConfig* config) {
   const AttnBwdParams& p = problem.params;
   const std::pair<const void*, const char*> pointers[] = {
@@ -200,8 +202,14 @@ PreparedBackward prepare_in_scope(const BackwardProblem& problem, const ScopedCo
   } else {
     const ProblemKey key = backward_problem_key(problem.dtype, problem.head_dim, problem.mask, problem.deterministic,
                                                 p.group_size, p.seqlen_q, p.seqlen_k, int64_t(p.batch) * p.heads_q);
-    BackwardChoice choice = with_tma_fallback(
-        problem, choose_backward_config(static_cast<int>(scope.device()), key, launch.arch), launch.arch);
+    const int device = static_cast<int>(scope.device());
+    BackwardChoice choice = choose_backward_config(device, key, launch.arch);
+    if (tune_on_first_use() && choice.source != ChoiceSource::kTuningDatabase &&
+        choice.source != ChoiceSource::kTunedOnFirstUse && !stream_capturing(stream)) {
+      const BackwardSweepProblem sweep_problem{sweep_problem_of(problem), problem.deterministic};
+      if (auto tuned = tune_backward_on_first_use(sweep_problem, device, launch.arch)) choice = std::move(*tuned);
+    }
+    choice = with_tma_fallback(problem, std::move(choice), launch.arch);
     launch.config = std::move(choice.config);
     launch.reason = std::move(choice.reason);
     launch.source = choice.source;
@@ -253,7 +261,7 @@ PreparedBackward prepare_in_scope(const BackwardProblem& problem, const ScopedCo
 
 PreparedBackward prepare_backward(const BackwardProblem& problem, CUstream stream, const BwdConfig* config) {
   ScopedContext scope(stream, home_device(problem.params.q));
-  return prepare_in_scope(problem, scope, config);
+  return prepare_in_scope(problem, scope, stream, config);
 }
 
 void PreparedBackward::bind_workspace(CUdeviceptr workspace) {
@@ -285,7 +293,7 @@ void PreparedBackward::operator()(CUstream stream) const {
 BackwardLaunch launch_backward(const BackwardProblem& problem, CUstream stream, const BwdConfig* config,
                                CUdeviceptr workspace, size_t workspace_bytes) {
   ScopedContext scope(stream, home_device(problem.params.q));
-  PreparedBackward prepared = prepare_in_scope(problem, scope, config);
+  PreparedBackward prepared = prepare_in_scope(problem, scope, stream, config);
   if (workspace != 0) {
     FLASHGEN_REQUIRE(workspace_bytes >= prepared.workspace_bytes,
                      "workspace: " + std::to_string(workspace_bytes) + " bytes given, " +

@@ -20,6 +20,7 @@ struct BackwardProblem {
   DType dtype = DType::kFloat16;
   int head_dim = 0;
   MaskKind mask = MaskKind::kNone;
+  flashgen_mask abi_mask = FLASHGEN_MASK_NONE;  // the caller's, alignment included (for tuning sweeps)
   bool deterministic = false;
 };
 

@@ -220,6 +220,12 @@ ScopedContext::~ScopedContext() {
   driver().cuCtxPopCurrent(&popped);
 }
 
+bool stream_capturing(CUstream stream) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  FLASHGEN_CU_CHECK(cuStreamIsCapturing(stream, &status));
+  return status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 int device_sm(CUdevice device) {
   int major = 0;
   int minor = 0;

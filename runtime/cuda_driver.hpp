@@ -111,6 +111,9 @@ class ScopedContext {
 // Compute capability of a device as an sm number: 80, 86, 89, 90, ...
 int device_sm(CUdevice device);
 
+// Whether stream is capturing a CUDA graph (nothing but the captured work may run into it).
+bool stream_capturing(CUstream stream);
+
 }  // namespace flashgen
 
 // Calls a driver entry point through driver() and throws Error(kCuda) with file:line, the call and

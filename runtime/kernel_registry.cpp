@@ -148,6 +148,22 @@ std::shared_ptr<const CompiledKernel> KernelRegistry::compiled(const BwdConfig& 
   return compiled_module(ModuleId{config.name(), arch}, [&] { return generate(config); });
 }
 
+int KernelRegistry::spilled_bytes(const KernelConfig& config, int arch) {
+  const ResourceUsage usage = compiled(config, arch)->usage;
+  return usage.spill_store_bytes + usage.spill_load_bytes;
+}
+
+int KernelRegistry::spilled_bytes(const BwdConfig& config, int arch) {
+  const std::shared_ptr<const CompiledKernel> module = compiled(config, arch);
+  int spilled = 0;
+  for (BwdKernel kernel : {BwdKernel::kDkdv, BwdKernel::kDq}) {
+    if (kernel == BwdKernel::kDq && !config.deterministic) continue;
+    const ResourceUsage usage = module->usage_of(config.symbol(kernel));
+    spilled += usage.spill_store_bytes + usage.spill_load_bytes;
+  }
+  return spilled;
+}
+
 std::shared_ptr<const CompiledKernel> KernelRegistry::compiled_module(const ModuleId& id,
                                                                       const Generate& generate_source) {
   {

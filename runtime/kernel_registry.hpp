@@ -34,6 +34,11 @@ class KernelRegistry {
   std::shared_ptr<const CompiledKernel> compiled(const KernelConfig& config, int arch);
   std::shared_ptr<const CompiledKernel> compiled(const BwdConfig& config, int arch);
 
+  // Local-memory bytes (spill stores + loads) ptxas reported for the kernels a config launches,
+  // compiling them first if needed: the backward's dkdv kernel, plus its dq kernel when deterministic.
+  int spilled_bytes(const KernelConfig& config, int arch);
+  int spilled_bytes(const BwdConfig& config, int arch);
+
   // The kernel loaded into ctx (current on this thread) with its dynamic shared-memory limit raised.
   // Modules and functions are remembered per context by the driver's unique context id (cuCtxGetId),
   // so a context created at a destroyed one's address, or a reset primary context, loads afresh. Once

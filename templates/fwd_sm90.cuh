@@ -5,8 +5,10 @@
 // shared memory, an online softmax in base 2 on the accumulators, then O += P V with P in registers;
 // with kOverlap the softmax of one block runs while the tensor cores compute P V of the previous one,
 // and with kPingPong the two consumers take turns at issuing their products. With kPersistent one block
-// per SM walks a list of tiles, the next tile's first K/V loads overlapping this tile's output store.
-// The output is staged in the consumer's Q rows and written with a TMA store. Generic over a config
+// per SM walks a list of tiles, the next tile's first K/V loads overlapping this tile's output store;
+// where shared memory allows, the output has staging rows of its own and the next tile's Q loads as
+// soon as this tile's last S is done. Otherwise the output is staged in the consumer's Q rows. A TMA
+// store writes it. Generic over a config
 // type like fwd_sm80.cuh; validity rules in fwd_sm90_traits() (fwd_traits.cuh).
 #pragma once
 
@@ -25,7 +27,7 @@ struct FwdSm90 {
   using u64 = sm90::u64;
 
   static constexpr FwdSm90Traits kTraits =
-      fwd_sm90_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kPingPong);
+      fwd_sm90_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kPingPong, Cfg::kPersistent);
   static_assert(kTraits.error == nullptr, "invalid sm90 forward config: see fwd_sm90_traits() in fwd_traits.cuh");
 
   static constexpr ElemType kElem = Cfg::kElem;
@@ -47,7 +49,9 @@ struct FwdSm90 {
   static constexpr u32 kTileBytes = kBlockN * kHeadDim * 2;  // one K or V tile: (kChunks, kBlockN, 64)
   static constexpr u32 kKOffset = kQBytes;
   static constexpr u32 kVOffset = kKOffset + kStages * kTileBytes;
-  static constexpr u32 kBarrierOffset = kVOffset + kStages * kTileBytes;
+  static constexpr bool kOwnO = kTraits.smem_o_bytes > 0;  // output staging rows apart from Q's
+  static constexpr u32 kOOffset = kOwnO ? kVOffset + kStages * kTileBytes : 0;  // (kChunks, kBlockM, 64)
+  static constexpr u32 kBarrierOffset = kVOffset + kStages * kTileBytes + kTraits.smem_o_bytes;
   static_assert(kBarrierOffset + (2 + 4 * kStages) * 8 + 1024 == kTraits.smem_bytes, "layout and traits disagree");
 
   static constexpr int kSGroups = kBlockN / 8;   // accumulator groups of S: (16 rows, 8 keys) per warp
@@ -64,7 +68,8 @@ struct FwdSm90 {
   struct Barriers {
     u32 base;  // q_full, q_empty, then k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages]
     __device__ u32 q_full() const { return base; }
-    __device__ u32 q_empty() const { return base + 8; }  // the consumers' output has left the Q rows
+    // The consumers are done with the Q rows: their last S is complete (kOwnO), or their output has left.
+    __device__ u32 q_empty() const { return base + 8; }
     __device__ u32 k_full(int s) const { return base + 8 * (2 + s); }
     __device__ u32 v_full(int s) const { return base + 8 * (2 + kStages + s); }
     __device__ u32 k_empty(int s) const { return base + 8 * (2 + 2 * kStages + s); }
@@ -100,7 +105,8 @@ struct FwdSm90 {
   // tile of a list. Without a mask the list runs by (batch, head), then query block: the blocks running
   // at once share a head's K and V in L2. Under a causal mask it runs by query block from the highest,
   // then (batch, head): the longest tiles go first and every block's share spans all lengths (ordered by
-  // head first, block c's share would hold only the lengths near c's).
+  // head first, block c's share would hold only the lengths near c's; cut into L2-sized sections of a few
+  // heads each, the same happens whenever a section holds about gridDim.x tiles).
   template <class Fn>
   static __device__ void for_each_tile(const AttnFwdParams& p, Fn&& fn) {
     if constexpr (!kPersistent) {
@@ -128,7 +134,8 @@ struct FwdSm90 {
 
     if (threadIdx.x == 0) {
       sm90::mbarrier_init(bars.q_full(), 1);
-      sm90::mbarrier_init(bars.q_empty(), kConsumers);  // one arrival per consumer, after its output store
+      // One arrival per consumer warp after its last S (kOwnO), else per consumer after its output store.
+      sm90::mbarrier_init(bars.q_empty(), kOwnO ? kConsumers * 4 : kConsumers);
       for (int s = 0; s < kStages; ++s) {
         sm90::mbarrier_init(bars.k_full(s), 1);
         sm90::mbarrier_init(bars.v_full(s), 1);
@@ -161,8 +168,8 @@ struct FwdSm90 {
   static __device__ u32 ring_phase(int block) { return static_cast<u32>((block / kStages) & 1); }
 
   // One thread: the tile's Q, and K and V of every visible key block, last block first (the masked ones).
-  // Q goes after the first K/V pair: a persistent block waits for the previous tile's output to leave the
-  // Q rows, and the first key block loads meanwhile.
+  // Q goes after the first K/V pair: a persistent block waits for the consumers to be done with the Q rows
+  // (q_empty), and the first key block loads meanwhile.
   static __device__ void produce(const AttnFwdSm90Params& params, const Tile& tile, int k, int first_block, u32 smem,
                                  const Barriers& bars) {
     auto load_q = [&] {
@@ -220,6 +227,21 @@ struct FwdSm90 {
 
     sm90::mbarrier_wait(bars.q_full(), k & 1);
 
+    // One warp's arrival on a slot's empty barrier (the barriers count kConsumers * 4 arrivals).
+    auto release = [&](u32 empty_barrier) {
+      if (lane == 0) sm90::mbarrier_arrive(empty_barrier);
+    };
+    // With kOwnO the Q rows are free once S of the tile's last block is done: K of block it is released.
+    auto release_k = [&](int it) {
+      release(bars.k_empty(ring_slot(first_block + it)));
+      if constexpr (kOwnO) {
+        if (it == tile.n_blocks - 1) release(bars.q_empty());
+      }
+    };
+    if constexpr (kOwnO) {
+      if (tile.n_blocks == 0) release(bars.q_empty());
+    }
+
     auto slot = [&](int it) { return ring_slot(first_block + it); };
     auto phase = [&](int it) { return ring_phase(first_block + it); };
 
@@ -250,11 +272,6 @@ struct FwdSm90 {
         sm90::WgmmaRS<kHeadDim>::template run<kElem>(acc_o, p_frag[j], desc_v, 1);
       }
       sm90::wgmma_commit();
-    };
-
-    // One warp's arrival on a slot's empty barrier (the barriers count kConsumers * 4 arrivals).
-    auto release = [&](u32 empty_barrier) {
-      if (lane == 0) sm90::mbarrier_arrive(empty_barrier);
     };
 
     // Masks block it's S (when kMasked), moves the running max and sums, and turns S into
@@ -370,7 +387,7 @@ struct FwdSm90 {
         pass_turn();
         sm90::wgmma_wait<0>();
         sm90::pin_registers(acc_s);
-        release(bars.k_empty(slot(it)));
+        release_k(it);
         softmax_of(it, acc_s, correction, rescale);
         pack_p(acc_s, p_frag);
         rescale_o(correction, rescale);
@@ -388,7 +405,7 @@ struct FwdSm90 {
       pass_turn();
       sm90::wgmma_wait<0>();
       sm90::pin_registers(acc_s);
-      release(bars.k_empty(slot(0)));
+      release_k(0);
       softmax_of(0, acc_s, correction, rescale);
       pack_p(acc_s, p_frag);
       for (int it = 1; it < tile.n_blocks; ++it) {
@@ -399,7 +416,7 @@ struct FwdSm90 {
         pass_turn();
         sm90::wgmma_wait<1>();  // groups complete in order: S of block it is done, P V may still run
         sm90::pin_registers(acc_s);
-        release(bars.k_empty(slot(it)));
+        release_k(it);
         softmax_of(it, acc_s, correction, rescale);
         sm90::wgmma_wait<0>();
         sm90::pin_registers(acc_o);
@@ -417,7 +434,8 @@ struct FwdSm90 {
       if (consumer == 0) sm90::named_barrier_sync(kTurnBarrier, 256);
     }
 
-    // Epilogue: normalise, write LSE, stage O in this consumer's Q rows (same swizzled layout), TMA store.
+    // Epilogue: normalise, write LSE, stage O in this consumer's output rows (its Q rows unless kOwnO; same
+    // swizzled layout), TMA store.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float sum = sm80::quad_sum(row_sum[h]);
@@ -435,8 +453,13 @@ struct FwdSm90 {
       }
     }
 
-    // Every warp of this warpgroup is done reading its Q rows before any overwrites them.
+    // Every warp of this warpgroup is done reading its Q rows (kOwnO: the previous tile's store is done
+    // reading the output rows) before any overwrites them.
+    const u32 so_rows = kOwnO ? smem + kOOffset + consumer * 64 * kRowBytes : sq_rows;
     const u32 barrier_id = 1 + consumer;
+    if constexpr (kOwnO) {
+      if (threadIdx.x % 128 == 0) sm90::tma_store_wait_read();
+    }
     sm90::named_barrier_sync(barrier_id, 128);
 #pragma unroll
     for (int i = 0; i < kOGroups; ++i)
@@ -444,7 +467,7 @@ struct FwdSm90 {
       for (int h = 0; h < 2; ++h) {
         const int row = warp * 16 + g + 8 * h;  // within the consumer's 64 rows
         // Column 8i + 2t lies in chunk i / 8, 16-byte unit i % 8, swizzled by the row within its atom.
-        const u32 addr = sq_rows + (i / 8) * kBlockM * kRowBytes + row * kRowBytes + (((i % 8) ^ (row % 8)) * 16) +
+        const u32 addr = so_rows + (i / 8) * kBlockM * kRowBytes + row * kRowBytes + (((i % 8) ^ (row % 8)) * 16) +
                          4 * t;
         sm90::st_shared_u32(addr, sm80::pack2<kElem>(acc_o[i][2 * h], acc_o[i][2 * h + 1]));
       }
@@ -453,12 +476,14 @@ struct FwdSm90 {
     if (threadIdx.x % 128 == 0) {
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
-        sm90::tma_store_4d(&params.o_map, sq_rows + c * kBlockM * kRowBytes, c * 64, tile.m_start + consumer * 64,
+        sm90::tma_store_4d(&params.o_map, so_rows + c * kBlockM * kRowBytes, c * 64, tile.m_start + consumer * 64,
                            tile.head, tile.batch);
       }
       sm90::tma_store_commit();
-      sm90::tma_store_wait_read();  // the Q rows may take the next tile's Q
-      sm90::mbarrier_arrive(bars.q_empty());
+      if constexpr (!kOwnO) {
+        sm90::tma_store_wait_read();  // the Q rows may take the next tile's Q
+        sm90::mbarrier_arrive(bars.q_empty());
+      }
     }
   }
 };

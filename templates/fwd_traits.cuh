@@ -57,6 +57,15 @@ constexpr FwdTraits fwd_traits(int head_dim, int block_m, int block_n, int warps
   return t;
 }
 
+// Largest dynamic shared memory one block may opt into on an architecture (sm number: 80, 86, 89, 90,
+// 100, 120); 0 below sm_80, which the tensor-core path does not support.
+constexpr int max_smem_per_block(int sm) {
+  if (sm == 80 || sm == 87) return 166912;   // A100, Orin: 163 KB
+  if (sm >= 90 && sm < 120) return 232448;   // H100/H200, B200: 227 KB
+  if (sm >= 86) return 101376;               // sm_86, sm_89, sm_120: 99 KB
+  return 0;
+}
+
 // The Hopper family (fwd_sm90.cuh): one producer warpgroup issuing TMA loads and block_m / 64 consumer
 // warpgroups issuing wgmma, each owning 64 query rows. Tiles are stored as 64-column chunks with
 // 128-byte swizzling, so head_dim is a multiple of 64.
@@ -65,8 +74,9 @@ struct FwdSm90Traits {
   int threads;              // 128 * (consumers + 1)
   int producer_regs;        // setmaxnreg targets: the producer gives registers to the consumers
   int consumer_regs;
-  int smem_q_bytes;         // (block_m, head_dim) Q tile; each consumer reuses its rows for its output
+  int smem_q_bytes;         // (block_m, head_dim) Q tile
   int smem_kv_stage_bytes;  // (block_n, head_dim) K tile + V tile
+  int smem_o_bytes;         // (block_m, head_dim) output staging, or 0: the output is staged in the Q rows
   int smem_bytes;           // tiles, mbarriers and 1024 bytes to align the swizzled tiles
   int accum_regs;           // O, S (fp32) and P (packed pairs) per consumer thread
   const char* error;        // nullptr when the shape is valid on sm_90a
@@ -74,6 +84,8 @@ struct FwdSm90Traits {
 
 // pingpong: the two consumers of a block_m = 128 config take turns at issuing their products. (The
 // overlap knob needs no rule here: it holds no more registers, P being packed once P V is done.)
+// persistent: where shared memory allows, the output gets staging rows of its own, so the next tile's Q
+// may load as soon as this tile's last S = Q Kᵀ is done instead of after its output has left.
 // Registers of a warp-specialized sm90 block (forward and backward): the producer warpgroup keeps
 // kSm90ProducerRegs, the consumers share the rest of the SM's 65536 in steps of 8, at most 240 each.
 constexpr int kSm90ProducerRegs = 24;
@@ -82,7 +94,8 @@ constexpr int sm90_consumer_regs(int consumers) {
   return share > 240 ? 240 : share;
 }
 
-constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, int stages, bool pingpong) {
+constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, int stages, bool pingpong,
+                                        bool persistent) {
   FwdSm90Traits t{};
   t.consumers = block_m / 64;
   t.threads = 128 * (t.consumers + 1);
@@ -92,6 +105,8 @@ constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, 
   t.smem_q_bytes = block_m * head_dim * 2;
   t.smem_kv_stage_bytes = 2 * block_n * head_dim * 2;
   t.smem_bytes = t.smem_q_bytes + stages * t.smem_kv_stage_bytes + (2 + 4 * stages) * 8 + 1024;
+  t.smem_o_bytes = persistent && t.smem_bytes + t.smem_q_bytes <= max_smem_per_block(90) ? t.smem_q_bytes : 0;
+  t.smem_bytes += t.smem_o_bytes;
   t.accum_regs = head_dim / 2 + block_n / 2 + block_n / 4;
   t.error = nullptr;
   if (head_dim != 64 && head_dim != 128 && head_dim != 192 && head_dim != 256) {
@@ -110,13 +125,5 @@ constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, 
   return t;
 }
 
-// Largest dynamic shared memory one block may opt into on an architecture (sm number: 80, 86, 89, 90,
-// 100, 120); 0 below sm_80, which the tensor-core path does not support.
-constexpr int max_smem_per_block(int sm) {
-  if (sm == 80 || sm == 87) return 166912;   // A100, Orin: 163 KB
-  if (sm >= 90 && sm < 120) return 232448;   // H100/H200, B200: 227 KB
-  if (sm >= 86) return 101376;               // sm_86, sm_89, sm_120: 99 KB
-  return 0;
-}
 
 }  // namespace flashgen

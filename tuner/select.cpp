@@ -25,15 +25,23 @@ namespace flashgen {
 
 namespace {
 
-// The first of configs whose kernels compile without spills (spilled_bytes(config) == 0), with the
-// reason "built-in heuristic ..." naming what was passed over; the first config when all of them spill.
-template <class Config, class SpilledBytes>
-std::pair<Config, std::string> first_spill_free(const std::vector<Config>& configs, SpilledBytes spilled_bytes) {
+// Drops every config not of the sm80 family (for problems the Hopper families cannot describe).
+template <class Config>
+void keep_sm80_family(std::vector<Config>& configs) {
+  configs.erase(std::remove_if(configs.begin(), configs.end(),
+                               [](const Config& c) { return c.family != KernelFamily::kSm80; }),
+                configs.end());
+}
+
+// The first of configs whose kernels compile for arch without spills, with the reason "built-in
+// heuristic ..." naming what was passed over; the first config when all of them spill.
+template <class Config>
+std::pair<Config, std::string> first_spill_free(const std::vector<Config>& configs, int arch) {
   std::pair<Config, std::string> choice{configs.front(), "built-in heuristic (no tuning data)"};
   std::string spilling;
   bool clean = false;
   for (const Config& config : configs) {
-    const int spilled = spilled_bytes(config);
+    const int spilled = KernelRegistry::instance().spilled_bytes(config, arch);
     if (spilled == 0) {
       choice.first = config;
       clean = true;
@@ -73,15 +81,8 @@ ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arc
 
   // Compiled outside the lock: two threads may both compile a first choice, the registry keeps one.
   std::vector<KernelConfig> configs = heuristic_forward_configs(dtype, head_dim, mask, arch);
-  if (sm80_only) {
-    configs.erase(std::remove_if(configs.begin(), configs.end(),
-                                 [](const KernelConfig& c) { return c.family != KernelFamily::kSm80; }),
-                  configs.end());
-  }
-  auto [config, reason] = first_spill_free(configs, [&](const KernelConfig& c) {
-        const ResourceUsage usage = KernelRegistry::instance().compiled(c, arch)->usage;
-        return usage.spill_store_bytes + usage.spill_load_bytes;
-      });
+  if (sm80_only) keep_sm80_family(configs);
+  auto [config, reason] = first_spill_free(configs, arch);
   std::lock_guard<std::mutex> lock(mutex);
   return chosen.emplace(key, ForwardChoice{std::move(config), std::move(reason)}).first->second;
 }
@@ -98,21 +99,8 @@ BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mas
   }
 
   std::vector<BwdConfig> configs = heuristic_backward_configs(dtype, head_dim, mask, deterministic, arch);
-  if (sm80_only) {
-    configs.erase(std::remove_if(configs.begin(), configs.end(),
-                                 [](const BwdConfig& c) { return c.family != KernelFamily::kSm80; }),
-                  configs.end());
-  }
-  auto [config, reason] = first_spill_free(configs, [&](const BwdConfig& c) {
-        const std::shared_ptr<const CompiledKernel> module = KernelRegistry::instance().compiled(c, arch);
-        int spilled = 0;
-        for (BwdKernel kernel : {BwdKernel::kDkdv, BwdKernel::kDq}) {
-          if (kernel == BwdKernel::kDq && !deterministic) continue;
-          const ResourceUsage usage = module->usage_of(c.symbol(kernel));
-          spilled += usage.spill_store_bytes + usage.spill_load_bytes;
-        }
-        return spilled;
-      });
+  if (sm80_only) keep_sm80_family(configs);
+  auto [config, reason] = first_spill_free(configs, arch);
   std::lock_guard<std::mutex> lock(mutex);
   return chosen.emplace(key, BackwardChoice{std::move(config), std::move(reason)}).first->second;
 }
@@ -234,15 +222,39 @@ std::mutex& store_mutex() {
   return mutex;
 }
 
-// The process-wide memo of forward choices, by (device ordinal, problem id).
-struct ForwardMemo {
+// The process-wide memo of one pass's choices, by (device ordinal, problem id).
+template <class Choice>
+struct ChoiceMemo {
   std::mutex mutex;
-  std::map<std::pair<int, std::string>, ForwardChoice> chosen;
+  std::map<std::pair<int, std::string>, Choice> chosen;
 };
 
-ForwardMemo& forward_memo() {
-  static ForwardMemo memo;
+template <class Choice>
+ChoiceMemo<Choice>& choice_memo() {
+  static ChoiceMemo<Choice> memo;
   return memo;
+}
+
+// The memoized process-wide choice: choose(fingerprint, user store, shipped defaults) on the first call
+// for (device, problem), with the device fingerprint read only when there is any data to match.
+template <class Choice, class Choose>
+Choice memoized_choice(int device, const ProblemKey& problem, Choose choose) {
+  ChoiceMemo<Choice>& memo = choice_memo<Choice>();
+  const std::pair<int, std::string> key{device, problem.id()};
+  {
+    std::lock_guard<std::mutex> lock(memo.mutex);
+    if (auto found = memo.chosen.find(key); found != memo.chosen.end()) return found->second;
+  }
+  const TuningStore* store = user_store();
+  Choice choice;
+  {
+    std::lock_guard<std::mutex> lock(store_mutex());
+    const ShippedDefaults& shipped = ShippedDefaults::instance();
+    const bool any_data = store != nullptr || !shipped.winners().empty();
+    choice = choose(any_data ? fingerprint_of(device) : DeviceFingerprint{}, store, &shipped);
+  }
+  std::lock_guard<std::mutex> lock(memo.mutex);
+  return memo.chosen.emplace(key, choice).first->second;
 }
 
 std::atomic<int>& tune_switch() {
@@ -251,26 +263,63 @@ std::atomic<int>& tune_switch() {
   return state;
 }
 
+// The body of both passes' first-use sweeps: times make_candidates() with sweep(candidates, stream) on a
+// stream of its own, stores every row in the user's database and memoizes the winner for key.
+template <class Choice, class MakeCandidates, class Sweep>
+std::optional<Choice> first_use_sweep(const ProblemKey& key, int device, MakeCandidates make_candidates,
+                                      Sweep sweep) {
+  using Config = decltype(Choice::config);
+  // One first-use sweep at a time in a process: a second thread asking for the same problem waits and
+  // then finds the memoized winner.
+  static std::mutex sweeping;
+  std::lock_guard<std::mutex> sweep_lock(sweeping);
+  ChoiceMemo<Choice>& memo = choice_memo<Choice>();
+  {
+    std::lock_guard<std::mutex> lock(memo.mutex);
+    auto found = memo.chosen.find({device, key.id()});
+    if (found != memo.chosen.end() && found->second.source == ChoiceSource::kTunedOnFirstUse) return found->second;
+  }
+  const std::filesystem::path path = TuningStore::default_path();
+  try {
+    const std::vector<Config> candidates = make_candidates();
+    std::fprintf(stderr, "flashgen: tuning %s on first use (%zu candidates; FLASHGEN_TUNE=1)\n", key.id().c_str(),
+                 candidates.size());
+    CUstream stream = nullptr;
+    FLASHGEN_CU_CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    SweepResult result;
+    try {
+      result = sweep(candidates, stream);
+    } catch (...) {
+      driver().cuStreamDestroy(stream);
+      throw;
+    }
+    driver().cuStreamDestroy(stream);
+    const DeviceFingerprint fingerprint = current_device_fingerprint(device);
+    TuningStore store(path);
+    store.record(fingerprint, result.problem, result.candidates, result.winner, result.winner_ms);
+    Choice choice{std::get<Config>(result.winner),
+                  "tuned on first use: the fastest of " + std::to_string(candidates.size()) + " candidates (" +
+                      result.decision + "), stored in " + path.string(),
+                  ChoiceSource::kTunedOnFirstUse};
+    std::lock_guard<std::mutex> lock(memo.mutex);
+    memo.chosen[{device, key.id()}] = choice;
+    return choice;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flashgen: warning: tuning %s on first use failed: %s\n", key.id().c_str(), e.what());
+    return std::nullopt;
+  }
+}
+
+MaskKind mask_kind(flashgen_mask mask) { return mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal; }
+
 }  // namespace
 
 ForwardChoice choose_forward_config(int device, const ProblemKey& problem, int arch) {
-  ForwardMemo& memo = forward_memo();
-  const std::pair<int, std::string> key{device, problem.id()};
-  {
-    std::lock_guard<std::mutex> lock(memo.mutex);
-    if (auto found = memo.chosen.find(key); found != memo.chosen.end()) return found->second;
-  }
-  const TuningStore* store = user_store();
-  ForwardChoice choice;
-  {
-    std::lock_guard<std::mutex> lock(store_mutex());
-    const ShippedDefaults& shipped = ShippedDefaults::instance();
-    const bool any_data = store != nullptr || !shipped.winners().empty();
-    choice = choose_forward_config(any_data ? fingerprint_of(device) : DeviceFingerprint{}, problem, arch, store,
-                                   &shipped);
-  }
-  std::lock_guard<std::mutex> lock(memo.mutex);
-  return memo.chosen.emplace(key, choice).first->second;
+  return memoized_choice<ForwardChoice>(
+      device, problem, [&](const DeviceFingerprint& fingerprint, const TuningStore* store,
+                           const ShippedDefaults* shipped) {
+        return choose_forward_config(fingerprint, problem, arch, store, shipped);
+      });
 }
 
 bool tune_on_first_use() {
@@ -287,52 +336,39 @@ bool tune_on_first_use() {
 void set_tune_on_first_use(bool enabled) { tune_switch().store(enabled ? 1 : 0); }
 
 std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem& problem, int device, int arch) {
-  // One first-use sweep at a time in a process: a second thread asking for the same problem waits and
-  // then finds the memoized winner.
-  static std::mutex sweeping;
-  std::lock_guard<std::mutex> sweep_lock(sweeping);
-  const MaskKind mask = problem.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
+  const MaskKind mask = mask_kind(problem.mask);
   const ProblemKey key = forward_problem_key(problem.dtype, problem.head_dim, mask, problem.heads_q / problem.heads_kv,
                                              problem.seqlen_q, problem.seqlen_k,
                                              static_cast<int64_t>(problem.batch) * problem.heads_q);
-  ForwardMemo& memo = forward_memo();
-  {
-    std::lock_guard<std::mutex> lock(memo.mutex);
-    auto found = memo.chosen.find({device, key.id()});
-    if (found != memo.chosen.end() && found->second.source == ChoiceSource::kTunedOnFirstUse) return found->second;
-  }
-  const std::filesystem::path path = TuningStore::default_path();
-  try {
-    const SpaceReport space = forward_space(problem.dtype, problem.head_dim, mask, arch);
-    const KernelConfig builtin = heuristic_choice(problem.dtype, problem.head_dim, mask, arch).config;
-    const std::vector<KernelConfig> candidates = capped_candidates(space, builtin, kFirstUseCandidates);
-    std::fprintf(stderr, "flashgen: tuning %s on first use (%zu candidates; FLASHGEN_TUNE=1)\n", key.id().c_str(),
-                 candidates.size());
+  return first_use_sweep<ForwardChoice>(
+      key, device,
+      [&] {
+        const KernelConfig builtin = heuristic_choice(problem.dtype, problem.head_dim, mask, arch).config;
+        return capped_candidates(forward_space(problem.dtype, problem.head_dim, mask, arch), builtin,
+                                 kFirstUseCandidates);
+      },
+      [&](const std::vector<KernelConfig>& candidates, CUstream stream) {
+        return sweep_forward(problem, candidates, stream, SweepOptions{});
+      });
+}
 
-    CUstream stream = nullptr;
-    FLASHGEN_CU_CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
-    SweepResult result;
-    try {
-      result = sweep_forward(problem, candidates, stream, SweepOptions{});
-    } catch (...) {
-      driver().cuStreamDestroy(stream);
-      throw;
-    }
-    driver().cuStreamDestroy(stream);
-    const DeviceFingerprint fingerprint = current_device_fingerprint(device);
-    TuningStore store(path);
-    store.record(fingerprint, result.problem, result.candidates, result.winner, result.winner_ms);
-    ForwardChoice choice{std::get<KernelConfig>(result.winner),
-                         "tuned on first use: the fastest of " + std::to_string(candidates.size()) + " candidates (" +
-                             result.decision + "), stored in " + path.string(),
-                         ChoiceSource::kTunedOnFirstUse};
-    std::lock_guard<std::mutex> lock(memo.mutex);
-    memo.chosen[{device, key.id()}] = choice;
-    return choice;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "flashgen: warning: tuning %s on first use failed: %s\n", key.id().c_str(), e.what());
-    return std::nullopt;
-  }
+std::optional<BackwardChoice> tune_backward_on_first_use(const BackwardSweepProblem& problem, int device, int arch) {
+  const MaskKind mask = mask_kind(problem.mask);
+  const ProblemKey key = backward_problem_key(problem.dtype, problem.head_dim, mask, problem.deterministic,
+                                              problem.heads_q / problem.heads_kv, problem.seqlen_q, problem.seqlen_k,
+                                              static_cast<int64_t>(problem.batch) * problem.heads_q);
+  return first_use_sweep<BackwardChoice>(
+      key, device,
+      [&] {
+        const BwdConfig builtin =
+            heuristic_backward_choice(problem.dtype, problem.head_dim, mask, problem.deterministic, arch).config;
+        return capped_candidates(
+            backward_space(problem.dtype, problem.head_dim, mask, problem.deterministic, arch), builtin,
+            kFirstUseCandidates);
+      },
+      [&](const std::vector<BwdConfig>& candidates, CUstream stream) {
+        return sweep_backward(problem, candidates, stream, SweepOptions{});
+      });
 }
 
 BackwardChoice choose_backward_config(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
@@ -348,24 +384,11 @@ BackwardChoice choose_backward_config(const DeviceFingerprint& device, const Pro
 }
 
 BackwardChoice choose_backward_config(int device, const ProblemKey& problem, int arch) {
-  static std::mutex mutex;
-  static std::map<std::pair<int, std::string>, BackwardChoice> chosen;
-  const std::pair<int, std::string> key{device, problem.id()};
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (auto found = chosen.find(key); found != chosen.end()) return found->second;
-  }
-  const TuningStore* store = user_store();
-  BackwardChoice choice;
-  {
-    std::lock_guard<std::mutex> lock(store_mutex());
-    const ShippedDefaults& shipped = ShippedDefaults::instance();
-    const bool any_data = store != nullptr || !shipped.winners().empty();
-    choice = choose_backward_config(any_data ? fingerprint_of(device) : DeviceFingerprint{}, problem, arch, store,
-                                    &shipped);
-  }
-  std::lock_guard<std::mutex> lock(mutex);
-  return chosen.emplace(key, choice).first->second;
+  return memoized_choice<BackwardChoice>(
+      device, problem, [&](const DeviceFingerprint& fingerprint, const TuningStore* store,
+                           const ShippedDefaults* shipped) {
+        return choose_backward_config(fingerprint, problem, arch, store, shipped);
+      });
 }
 
 }  // namespace flashgen

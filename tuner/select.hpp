@@ -46,9 +46,10 @@ ForwardChoice choose_forward_config(const DeviceFingerprint& device, const Probl
 // ShippedDefaults::instance(), memoized per (device, problem key). Thread-safe; microseconds after the first call for a key.
 ForwardChoice choose_forward_config(int device, const ProblemKey& problem, int arch);
 
-// Tune-on-first-use: when on, a forward call whose problem bucket the user's database does not hold
-// for this GPU first runs a short sweep (tune_forward_on_first_use) and stores the winner there. Off
-// unless FLASHGEN_TUNE=1 is set in the environment or set_tune_on_first_use(true) is called.
+// Tune-on-first-use: when on, a forward or backward call whose problem bucket the user's database does
+// not hold for this GPU first runs a short sweep (tune_forward_on_first_use, tune_backward_on_first_use)
+// and stores the winner there. Off unless FLASHGEN_TUNE=1 is set in the environment or
+// set_tune_on_first_use(true) is called.
 bool tune_on_first_use();
 void set_tune_on_first_use(bool enabled);
 
@@ -86,5 +87,11 @@ BackwardChoice choose_backward_config(const DeviceFingerprint& device, const Pro
 // Process-wide backward choice for device (a CUDA device ordinal), as the forward's: the user's
 // database, then the shipped defaults, then the heuristic; memoized per (device, problem key).
 BackwardChoice choose_backward_config(int device, const ProblemKey& problem, int arch);
+
+struct BackwardSweepProblem;
+
+// tune_forward_on_first_use for a backward problem (its dQ strategy's candidates; checked in full
+// against float64 on a small problem of the same class, then timed at the problem's sizes).
+std::optional<BackwardChoice> tune_backward_on_first_use(const BackwardSweepProblem& problem, int device, int arch);
 
 }  // namespace flashgen

@@ -54,7 +54,6 @@ std::vector<std::array<int64_t, 3>> sample_rows(const ForwardSweepProblem& p, in
 // timed region.
 template <class Config>
 struct PassHooks {
-  std::function<int(const Config&)> compile;  // compiles through the registry; returns spilled bytes
   std::function<std::string(const Config&)> check;
   std::function<std::function<void(int)>(const Config&)> prepare;
 };
@@ -88,7 +87,7 @@ void run_sweep(const std::vector<Config>& candidates, int arch, CUstream stream,
           continue;
         }
         try {
-          const int spilled = hooks.compile(candidates[i]);
+          const int spilled = KernelRegistry::instance().spilled_bytes(candidates[i], arch);
           if (spilled > 0) c.detail = "spills " + std::to_string(spilled) + " bytes";
         } catch (const Error& e) {
           c.status = "compile_error";
@@ -146,10 +145,16 @@ void run_sweep(const std::vector<Config>& candidates, int arch, CUstream stream,
   }
   FLASHGEN_REQUIRE(!timed.empty(), "no candidate compiled, ran and matched the reference");
 
-  // 3. Re-time the fastest few interleaved, then name the winner.
+  // 3. Re-time the fastest few (and those always re-timed) interleaved, then name the winner.
   std::sort(timed.begin(), timed.end(),
             [&](size_t a, size_t b) { return result.candidates[a].median_ms < result.candidates[b].median_ms; });
-  const size_t top = std::min<size_t>(timed.size(), size_t(std::max(1, options.retime_top)));
+  const size_t fastest = std::min<size_t>(timed.size(), size_t(std::max(1, options.retime_top)));
+  auto always = [&](size_t i) {
+    const std::string name = candidates[i].name();
+    return std::find(options.always_retime.begin(), options.always_retime.end(), name) != options.always_retime.end();
+  };
+  const auto rest = std::stable_partition(timed.begin() + static_cast<std::ptrdiff_t>(fastest), timed.end(), always);
+  const size_t top = static_cast<size_t>(rest - timed.begin());
   std::vector<std::function<void(int)>> launches;
   for (size_t j = 0; j < top; ++j) launches.push_back(hooks.prepare(candidates[timed[j]]));
   const std::vector<TimingResult> retimed = timer.time_interleaved(launches, options.retime_rounds);
@@ -173,7 +178,8 @@ void run_sweep(const std::vector<Config>& candidates, int arch, CUstream stream,
   result.winner_ms = winner->median_ms;
   result.decision = ties > 1 ? std::to_string(ties) + " candidates within " +
                                    std::to_string(options.tie_tolerance * 100) + "% of the fastest; first by name"
-                             : "fastest after interleaved re-timing of the top " + std::to_string(top);
+                             : "fastest after interleaved re-timing of the top " + std::to_string(fastest) +
+                                   (top > fastest ? " and " + std::to_string(top - fastest) + " always re-timed" : "");
   progress("winner " + config_name(result.winner) + ": " + std::to_string(result.winner_ms) + " ms (" +
            result.decision + ")");
 }
@@ -260,10 +266,6 @@ SweepResult sweep_forward(const ForwardSweepProblem& problem, const std::vector<
   const double rel_tol = problem.dtype == DType::kBFloat16 ? 3e-2 : 4e-3;
 
   PassHooks<KernelConfig> hooks;
-  hooks.compile = [&](const KernelConfig& c) {
-    const ResourceUsage usage = KernelRegistry::instance().compiled(c, arch)->usage;
-    return usage.spill_store_bytes + usage.spill_load_bytes;
-  };
   hooks.check = [&](const KernelConfig& c) -> std::string {
     inputs[0].dout.fill_bytes(0xff, stream);  // NaN: an unwritten element fails the check
     inputs[0].dlse.fill_bytes(0xff, stream);
@@ -435,16 +437,6 @@ SweepResult sweep_backward(const BackwardSweepProblem& problem, const std::vecto
   FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
 
   PassHooks<BwdConfig> hooks;
-  hooks.compile = [&](const BwdConfig& c) {
-    const std::shared_ptr<const CompiledKernel> module = KernelRegistry::instance().compiled(c, arch);
-    int spilled = 0;
-    for (BwdKernel kernel : {BwdKernel::kDkdv, BwdKernel::kDq}) {
-      if (kernel == BwdKernel::kDq && !c.deterministic) continue;
-      const ResourceUsage usage = module->usage_of(c.symbol(kernel));
-      spilled += usage.spill_store_bytes + usage.spill_load_bytes;
-    }
-    return spilled;
-  };
   hooks.check = [&](const BwdConfig& c) { return check.run_and_check(c, stream, reference); };
   hooks.prepare = [&](const BwdConfig& c) -> std::function<void(int)> {
     struct Prepared {

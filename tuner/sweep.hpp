@@ -28,6 +28,22 @@ struct ForwardSweepProblem {
   int seqlen_k = 4096;
 };
 
+// A launcher's problem (runtime/attention.hpp's ForwardProblem, BackwardProblem) as a sweep takes it:
+// its dtype, head_dim, mask with its alignment, and sizes.
+template <class LaunchProblem>
+ForwardSweepProblem sweep_problem_of(const LaunchProblem& problem) {
+  ForwardSweepProblem sweep;
+  sweep.dtype = problem.dtype;
+  sweep.head_dim = problem.head_dim;
+  sweep.mask = problem.abi_mask;
+  sweep.batch = problem.params.batch;
+  sweep.heads_q = problem.params.heads_q;
+  sweep.heads_kv = problem.params.heads_kv;
+  sweep.seqlen_q = problem.params.seqlen_q;
+  sweep.seqlen_k = problem.params.seqlen_k;
+  return sweep;
+}
+
 // A backward problem: the forward's sizes plus the dQ strategy. Candidates are checked in full against
 // the float64 reference on a small problem of the same class, then timed at these sizes.
 struct BackwardSweepProblem : ForwardSweepProblem {
@@ -38,6 +54,9 @@ struct SweepOptions {
   TimingOptions timing;
   int compile_threads = 0;  // 0: one per hardware thread
   int retime_top = 3;       // candidates re-timed interleaved before naming the winner
+  // Candidates re-timed with the top few whatever their first timing (say the built-in choice), so what
+  // the sweep reports of them rests on the same interleaved timings as the winner's.
+  std::vector<std::string> always_retime;
   int retime_rounds = 20;
   double tie_tolerance = 0.01;  // within 1% of the fastest counts as a tie
   int check_rows = 16;          // query rows checked against the float64 reference per candidate

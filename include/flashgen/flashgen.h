@@ -136,9 +136,9 @@ int flashgen_tune_forward(const flashgen_forward_problem* problem, void* cuda_st
                           size_t json_capacity, size_t* json_length);
 
 /* Tune-on-first-use, off by default (also switched on by FLASHGEN_TUNE=1 in the environment): a forward
- * call whose problem size bucket the user's tuning database does not hold for this GPU first sweeps 16
- * candidate configs (compiling, checking and timing them; seconds, synchronously, never while the stream
- * is capturing a CUDA graph), stores the results in the database and runs the winner. */
+ * or backward call whose problem size bucket the user's tuning database does not hold for this GPU first
+ * sweeps 16 candidate configs (compiling, checking and timing them; seconds, synchronously, never while
+ * the stream is capturing a CUDA graph), stores the results in the database and runs the winner. */
 void flashgen_set_tune_on_first_use(int enabled);
 
 /* Thread-local text of the last failure on this thread ("" if none). */

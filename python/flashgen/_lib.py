@@ -236,7 +236,7 @@ def version():
 
 
 def set_tune_on_first_use(enabled):
-    """Tune-on-first-use for this process (FLASHGEN_TUNE=1 turns it on from the environment): a forward call
-    whose problem size bucket the user's tuning database lacks for this GPU first sweeps 16 candidates (seconds,
+    """Tune-on-first-use for this process (FLASHGEN_TUNE=1 turns it on from the environment): a forward or
+    backward call whose problem size bucket the user's tuning database lacks for this GPU first sweeps 16 candidates (seconds,
     never while a CUDA graph is being captured), stores the winner and runs it."""
     function("flashgen_set_tune_on_first_use")(1 if enabled else 0)

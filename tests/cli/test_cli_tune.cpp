@@ -1,6 +1,7 @@
 // `flashgen tune` problem lists: a JSON spec, sharding by --shard or the Slurm / Open MPI rank, the
 // shard's own database file, --devices workers, and --dry-run (no GPU needed), plus spec errors naming
-// the field; on a GPU, a worker killed by a candidate is restarted without it.
+// the field; --candidates and its refusals; on a GPU, a worker killed by a candidate is restarted
+// without it.
 #include <stdlib.h>
 
 #include <fstream>
@@ -137,6 +138,40 @@ TEST_CASE("cli: tune --backward lists backward candidates of its strategy", "[cl
   const auto refused = run_cli({"tune", "--deterministic", "--dry-run"}, dir);
   CHECK(refused.exit_code == 2);
   CHECK(refused.err.find("--deterministic needs --backward") != std::string::npos);
+}
+
+TEST_CASE("cli: tune --candidates times exactly the named configs of the problem", "[cli][tune]") {
+  const NoSchedulerEnv no_scheduler;
+  const TempDir dir("flashgen-cli-tune");
+  const std::string a = "fwd_sm80_bf16_d64_m128_n64_w4_s2_causal", b = "fwd_sm90_bf16_d64_m192_n128_s2_causal_ovl";
+  const nlohmann::json plan = parse_json(run_cli({"tune", "--dtype", "bf16", "--head-dim", "64", "--causal", "top-left",
+                                                  "--candidates", a + "," + b, "--dry-run", "--json"},
+                                                 dir));
+  REQUIRE(plan["problems"].size() == 1);
+  CHECK(plan["problems"][0]["candidates"] == nlohmann::json::array({a, b}));
+
+  auto refused = [&](const std::vector<std::string>& args, const std::string& why) {
+    std::vector<std::string> command = {"tune", "--dry-run"};
+    command.insert(command.end(), args.begin(), args.end());
+    const auto r = run_cli(command, dir);
+    INFO(r.err);
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find(why) != std::string::npos);
+  };
+  // Another dtype, head_dim or mask kind than the problem's; a backward name for a forward problem and
+  // the reverse; the other dQ strategy; a name that does not parse; nothing named; a spec.
+  refused({"--head-dim", "64", "--candidates", a}, "is not a config of the problem fwd|fp16|d64|none");
+  refused({"--dtype", "bf16", "--head-dim", "128", "--causal", "top-left", "--candidates", a}, "is not a config");
+  refused({"--dtype", "bf16", "--head-dim", "64", "--candidates", a}, "is not a config");
+  refused({"--candidates", "bwd_sm80_fp16_d128_m64_n128_w8_s2"}, "is a backward config; this problem tunes the forward");
+  refused({"--backward", "--candidates", a}, "is a forward config; this problem tunes the backward");
+  refused({"--backward", "--deterministic", "--head-dim", "128", "--candidates",
+           flashgen::heuristic_backward_config(flashgen::DType::kFloat16, 128, flashgen::MaskKind::kNone, false, 90)
+               .name()},
+          "is not a config of the problem bwd_det|");
+  refused({"--candidates", "fwd_sm80_fp16_d128_m64"}, "config name");
+  refused({"--candidates", ","}, "--candidates needs at least one config name");
+  refused({"--spec", write_spec(dir, R"({"problems": [{}]})"), "--candidates", a}, "does not go with --spec");
 }
 
 TEST_CASE("cli: tune refuses bad shards and specs, naming the field", "[cli][tune]") {

@@ -2,8 +2,9 @@
 // (odd lengths, seqlen_q != seqlen_k both ways under both causal alignments, GQA/MQA, head_dims 32..256,
 // both dtypes, three layouts, both dQ strategies), each gradient checked against the float64 reference
 // with poisoned outputs and guarded buffers; bitwise repeatability of the deterministic strategy; and a
-// directional-derivative check of the whole forward + backward.
+// directional-derivative check of the whole forward + backward; tune-on-first-use of a backward bucket.
 #include <cuda.h>
+#include <stdlib.h>
 
 #include <cmath>
 #include <cstdint>
@@ -18,9 +19,13 @@
 #include "heuristic.hpp"
 #include "flashgen/flashgen.h"
 #include "gpu.hpp"
+#include "problem_key.hpp"
 #include "reference.hpp"
+#include "select.hpp"
+#include "store.hpp"
 #include "support/attention_reference.hpp"
 #include "support/backward_reference.hpp"
+#include "support/temp_dir.hpp"
 
 namespace {
 
@@ -427,4 +432,38 @@ TEST_CASE("backward: gradients are the derivative of the forward", "[gpu][backwa
   for (size_t i = 0; i < dk.size(); ++i) analytic += dk[i] * ek[i] + dv[i] * ev[i];
   INFO("directional derivative: gpu " << analytic << ", central difference " << numeric);
   CHECK(std::fabs(analytic - numeric) <= 1e-2 * std::fabs(numeric) + 1e-3);
+}
+
+TEST_CASE("backward: tune-on-first-use sweeps a new problem, stores it and the call runs the winner",
+          "[gpu][backward][tuner][first_use]") {
+  FLASHGEN_REQUIRE_GPU();
+  const flashgen::testing::TempDir dir("flashgen-first-use-backward");
+  const std::string db = (dir.path() / "tuning.sqlite").string();
+  ::setenv("FLASHGEN_TUNING_DB", db.c_str(), 1);
+  const bool before = flashgen::tune_on_first_use();
+  flashgen::set_tune_on_first_use(true);
+
+  Problem p;  // a bucket nothing else in the suite uses
+  p.shape = AttentionShape{1, 555, 555, 2, 1, 64};
+  p.mask = FLASHGEN_MASK_CAUSAL_TOP_LEFT;
+  p.seed = 555;
+  check_problem(p);  // its forward and backward calls each sweep their bucket first
+
+  flashgen::ScopedContext scope;
+  const int arch = flashgen::device_sm(scope.device());
+  const flashgen::ProblemKey key = flashgen::backward_problem_key(flashgen::DType::kFloat16, 64,
+                                                                  flashgen::MaskKind::kCausal, false, 2, 555, 555, 2);
+  const flashgen::BackwardChoice choice = flashgen::choose_backward_config(static_cast<int>(scope.device()), key, arch);
+  INFO(choice.config.name() << ": " << choice.reason);
+  CHECK(choice.source == flashgen::ChoiceSource::kTunedOnFirstUse);
+  CHECK(choice.reason.find(db) != std::string::npos);
+  const flashgen::TuningStore store(db, /*read_only=*/true);
+  const auto fingerprint = flashgen::current_device_fingerprint(static_cast<int>(scope.device()));
+  const auto stored = store.lookup_exact(fingerprint, key);
+  REQUIRE(stored.has_value());
+  CHECK(stored->config == flashgen::TunedConfig(choice.config));
+  CHECK(store.candidates(fingerprint, key).size() >= 2);
+
+  flashgen::set_tune_on_first_use(before);
+  ::unsetenv("FLASHGEN_TUNING_DB");
 }
