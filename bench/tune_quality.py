@@ -38,6 +38,18 @@ def run_json(command):
     return json.loads(done.stdout)
 
 
+def write_csv(rows, out):
+    device = rows[0]["device"].lower().replace(" ", "-")
+    out = out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                              f"tune_quality_{device}_{rows[0]['date']}.csv")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"# wrote {out}", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--flashgen", default="build/flashgen", help="the flashgen CLI (default: build/flashgen)")
@@ -93,17 +105,7 @@ def main():
                   f"capped({args.cap}) {r['capped_winner']} {r['capped_ms']:.4f} ms = {r['capped_vs_exhaustive']:.3f}x; "
                   f"built-in {r['heuristic_vs_exhaustive'] or 0:.3f}x (timed together); sweep {r['sweep_s']:.1f} s "
                   f"(compile {r['compile_s']:.1f} s), capped sweep {r['capped_sweep_s']:.1f} s", flush=True)
-
-    device = rows[0]["device"].lower().replace(" ", "-")
-    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                   f"tune_quality_{device}_{rows[0]['date']}.csv")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"# wrote {out}")
-
+            write_csv(rows, args.out)  # after every problem: a cut-short run keeps what it measured
 
 if __name__ == "__main__":
     main()
