@@ -1311,7 +1311,8 @@ Command tune_command() {
                                      "one-knob neighbours, then others spread evenly")
       .option("candidates", "NAMES", "time exactly these configs (comma-separated names of the problem's pass, "
                                      "dtype, head_dim and mask), e.g. to re-time a winner against the built-in "
-                                     "choice; the best three are re-timed interleaved")
+                                     "choice: the best three and the built-in are re-timed interleaved. Needs "
+                                     "--db (its winner replaces the bucket's stored one) and implies --force")
       .option("db", "PATH", "the database (default: " + TuningStore::default_path().string() + ")")
       .flag("force", "tune even when the database already holds this problem's bucket for this GPU")
       .flag("dry-run", "print the problems this shard would tune and its database, then stop (no GPU needed)")
@@ -1624,11 +1625,17 @@ std::vector<Config> named_candidates(const std::vector<std::string>& names, cons
   constexpr bool backward = std::is_same_v<Config, BwdConfig>;
   std::vector<Config> configs;
   for (const std::string& name : names) {
-    if ((name.rfind("bwd_", 0) == 0) != backward) {
+    const bool forward_name = name.rfind("fwd_", 0) == 0, backward_name = name.rfind("bwd_", 0) == 0;
+    if ((backward && forward_name) || (!backward && backward_name)) {
       fail(Status::kInvalidArgument, "--candidates: " + name + " is a " + (backward ? "forward" : "backward") +
                                          " config; this problem tunes the " + (backward ? "backward" : "forward"));
     }
-    const Config c = Config::from_name(name);
+    Config c;
+    try {
+      c = Config::from_name(name);
+    } catch (const Error& e) {
+      fail(Status::kInvalidArgument, std::string("--candidates: ") + e.what());
+    }
     bool same_pass = true;
     if constexpr (backward) same_pass = key.family == (c.deterministic ? "bwd_det" : "bwd");
     if (!same_pass || c.dtype != key.dtype || c.head_dim != key.head_dim || c.mask != key.mask) {
@@ -1853,14 +1860,23 @@ int command_tune(const Args& args) {
   }
   size_t max_candidates = spec.max_candidates.value_or(static_cast<size_t>(kIntMax));
   if (args.has("max-candidates")) max_candidates = static_cast<size_t>(args.int_or("max-candidates", kIntMax, 1, kIntMax));
-  std::vector<std::string> named;
+  std::vector<std::string> named;  // --candidates: trimmed, each once, in the order given
   {
     std::stringstream list(args.string_or("candidates", ""));
-    for (std::string item; std::getline(list, item, ',');)
-      if (!item.empty()) named.push_back(item);
+    for (std::string item; std::getline(list, item, ',');) {
+      const size_t first = item.find_first_not_of(" \t"), last = item.find_last_not_of(" \t");
+      if (first == std::string::npos) continue;
+      item = item.substr(first, last - first + 1);
+      if (std::find(named.begin(), named.end(), item) == named.end()) named.push_back(item);
+    }
   }
   if (args.has("candidates")) {
     if (named.empty()) throw UsageError("--candidates needs at least one config name", args.usage());
+    if (!args.has("db") && !args.has("dry-run")) {
+      throw UsageError("--candidates needs --db: its winner replaces the bucket's stored one, so it goes to a "
+                       "database of its own",
+                       args.usage());
+    }
     for (const char* other : {"spec", "devices", "max-candidates"}) {
       if (args.has(other))
         throw UsageError("--candidates names one problem's configs; it does not go with --" + std::string(other),
@@ -1935,8 +1951,8 @@ int command_tune(const Args& args) {
   Json results = Json::array();
   for (size_t i = 0; i < mine.size(); ++i) {
     if (mine.size() > 1) std::cerr << format("problem %zu/%zu: %s\n", i + 1, mine.size(), problem_line(mine[i]).c_str());
-    results.push_back(tune_one(mine[i], store, db_path, max_candidates, args.has("force"), json, context, worker,
-                                named));
+    results.push_back(tune_one(mine[i], store, db_path, max_candidates, args.has("force") || !named.empty(), json,
+                                context, worker, named));
   }
   if (worker.journal) std::ofstream(*worker.journal, std::ios::trunc);
   if (json) std::cout << (args.has("spec") ? results : results.front()).dump(2) << '\n';

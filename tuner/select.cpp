@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <tuple>
 
 #include "cuda_driver.hpp"
@@ -263,22 +264,29 @@ std::atomic<int>& tune_switch() {
   return state;
 }
 
+std::mutex& first_use_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
 // The body of both passes' first-use sweeps: times make_candidates() with sweep(candidates, stream) on a
 // stream of its own, stores every row in the user's database and memoizes the winner for key.
 template <class Choice, class MakeCandidates, class Sweep>
 std::optional<Choice> first_use_sweep(const ProblemKey& key, int device, MakeCandidates make_candidates,
                                       Sweep sweep) {
   using Config = decltype(Choice::config);
-  // One first-use sweep at a time in a process: a second thread asking for the same problem waits and
-  // then finds the memoized winner.
-  static std::mutex sweeping;
-  std::lock_guard<std::mutex> sweep_lock(sweeping);
+  // One first-use sweep at a time in a process, of either pass (two would disturb each other's timings):
+  // a second thread asking for the same problem waits and then finds the memoized winner.
+  std::lock_guard<std::mutex> sweep_lock(first_use_mutex());
   ChoiceMemo<Choice>& memo = choice_memo<Choice>();
   {
     std::lock_guard<std::mutex> lock(memo.mutex);
     auto found = memo.chosen.find({device, key.id()});
     if (found != memo.chosen.end() && found->second.source == ChoiceSource::kTunedOnFirstUse) return found->second;
   }
+  // A bucket whose sweep failed is not swept again by this process (the warning was given once).
+  static std::set<std::pair<int, std::string>> failed;  // guarded by first_use_mutex()
+  if (failed.count({device, key.id()}) > 0) return std::nullopt;
   const std::filesystem::path path = TuningStore::default_path();
   try {
     const std::vector<Config> candidates = make_candidates();
@@ -305,7 +313,9 @@ std::optional<Choice> first_use_sweep(const ProblemKey& key, int device, MakeCan
     memo.chosen[{device, key.id()}] = choice;
     return choice;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "flashgen: warning: tuning %s on first use failed: %s\n", key.id().c_str(), e.what());
+    std::fprintf(stderr, "flashgen: warning: tuning %s on first use failed (not tried again in this process): %s\n",
+                 key.id().c_str(), e.what());
+    failed.insert({device, key.id()});
     return std::nullopt;
   }
 }

@@ -63,7 +63,7 @@ struct ForwardSweepProblem;
 // and the winner in the user's database (TuningStore::default_path(), opened for writing) and makes the
 // winner the process's memoized choice for the problem's key. Blocks until the sweep is done (seconds).
 // Returns nullopt, after a warning on stderr, when the sweep or the store fails: the caller keeps the
-// choice it had.
+// choice it had, and the process does not sweep that bucket again.
 std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem& problem, int device, int arch);
 
 struct BackwardChoice {

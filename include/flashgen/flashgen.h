@@ -71,7 +71,8 @@ int flashgen_attention_backward(const flashgen_tensor* q, const flashgen_tensor*
 
 /* Device workspace flashgen_attention_backward_with_workspace needs for exactly these arguments, in bytes
  * (the same checks as the backward; it picks the config for the stream's device, compiling or loading its
- * kernels if this process has not yet, and launches nothing). At most
+ * kernels if this process has not yet, and launches none of them; with tune-on-first-use on, an untuned
+ * problem is swept first, as the call would, which takes seconds once per bucket). At most
  * 4 * batch * heads_q * seqlen_q * (head_dim + 1) bytes plus 512 bytes of alignment. */
 int flashgen_attention_backward_workspace_size(const flashgen_tensor* q, const flashgen_tensor* k,
                                                const flashgen_tensor* v, const flashgen_tensor* out,
@@ -109,9 +110,10 @@ int flashgen_explain_forward(const flashgen_tensor* q, const flashgen_tensor* k,
                              const flashgen_tensor* out, float* lse, const flashgen_attention_options* opts,
                              void* cuda_stream, char* json, size_t json_capacity, size_t* json_length);
 
-/* The same for flashgen_attention_backward: "pass": "backward", a bwd_... config whose source is always
- * "heuristic" (the backward is not tuned yet), one entry of "kernels" per kernel of the module in launch
- * order (with its "grid", "threads" and "smem_bytes"), and "workspace_bytes". */
+/* The same for flashgen_attention_backward: "pass": "backward", a bwd_... config chosen as the backward
+ * chooses it (tuning database, shipped defaults or heuristic; tuned first with tune-on-first-use on), one
+ * entry of "kernels" per kernel of the module in launch order (with its "grid", "threads" and
+ * "smem_bytes"), and "workspace_bytes". */
 int flashgen_explain_backward(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
                               const flashgen_tensor* out, const flashgen_tensor* dout, const float* lse,
                               const flashgen_tensor* dq, const flashgen_tensor* dk, const flashgen_tensor* dv,

@@ -301,7 +301,8 @@ def tune(q, k, v, *, causal=False, causal_align="bottom_right", layout="bshd"):
     seconds), stores every timing and the winner in the user's tuning database ($FLASHGEN_TUNING_DB, else
     ~/.local/share/flashgen/tuning.sqlite) and makes the winner this process's choice; later processes read it
     from the database. Only the tensors' shapes, dtype and device matter. Returns {"problem": bucket id, "config":
-    winner, "reason": ..., "db": path}. The backward has no tuning yet (explain shows its built-in choice).
+    winner, "reason": ..., "db": path}. The backward is tuned by set_tune_on_first_use(True) on its first call, or
+    ahead of time with `flashgen tune --backward`.
     """
     mask = _mask(causal, causal_align)
     _check_inputs(q, k, v, layout)

@@ -145,10 +145,10 @@ TEST_CASE("cli: tune --candidates times exactly the named configs of the problem
   const TempDir dir("flashgen-cli-tune");
   const std::string a = "fwd_sm80_bf16_d64_m128_n64_w4_s2_causal", b = "fwd_sm90_bf16_d64_m192_n128_s2_causal_ovl";
   const nlohmann::json plan = parse_json(run_cli({"tune", "--dtype", "bf16", "--head-dim", "64", "--causal", "top-left",
-                                                  "--candidates", a + "," + b, "--dry-run", "--json"},
+                                                  "--candidates", a + ", " + b + " ," + a, "--dry-run", "--json"},
                                                  dir));
   REQUIRE(plan["problems"].size() == 1);
-  CHECK(plan["problems"][0]["candidates"] == nlohmann::json::array({a, b}));
+  CHECK(plan["problems"][0]["candidates"] == nlohmann::json::array({a, b}));  // trimmed, each once
 
   auto refused = [&](const std::vector<std::string>& args, const std::string& why) {
     std::vector<std::string> command = {"tune", "--dry-run"};
@@ -169,9 +169,14 @@ TEST_CASE("cli: tune --candidates times exactly the named configs of the problem
            flashgen::heuristic_backward_config(flashgen::DType::kFloat16, 128, flashgen::MaskKind::kNone, false, 90)
                .name()},
           "is not a config of the problem bwd_det|");
-  refused({"--candidates", "fwd_sm80_fp16_d128_m64"}, "config name");
+  refused({"--candidates", "fwd_sm80_fp16_d128_m64"}, "--candidates: config name");
+  refused({"--backward", "--candidates", "xyz"}, "--candidates: config name 'xyz'");
   refused({"--candidates", ","}, "--candidates needs at least one config name");
   refused({"--spec", write_spec(dir, R"({"problems": [{}]})"), "--candidates", a}, "does not go with --spec");
+  // Outside --dry-run it needs a database of its own: its winner replaces the bucket's stored one.
+  const auto no_db = run_cli({"tune", "--dtype", "bf16", "--head-dim", "64", "--causal", "top-left", "--candidates", a}, dir);
+  CHECK(no_db.exit_code == 2);
+  CHECK(no_db.err.find("--candidates needs --db") != std::string::npos);
 }
 
 TEST_CASE("cli: tune refuses bad shards and specs, naming the field", "[cli][tune]") {

@@ -4,7 +4,6 @@
 // with poisoned outputs and guarded buffers; bitwise repeatability of the deterministic strategy; and a
 // directional-derivative check of the whole forward + backward; tune-on-first-use of a backward bucket.
 #include <cuda.h>
-#include <stdlib.h>
 
 #include <cmath>
 #include <cstdint>
@@ -25,6 +24,7 @@
 #include "store.hpp"
 #include "support/attention_reference.hpp"
 #include "support/backward_reference.hpp"
+#include "support/first_use_scope.hpp"
 #include "support/temp_dir.hpp"
 
 namespace {
@@ -439,9 +439,7 @@ TEST_CASE("backward: tune-on-first-use sweeps a new problem, stores it and the c
   FLASHGEN_REQUIRE_GPU();
   const flashgen::testing::TempDir dir("flashgen-first-use-backward");
   const std::string db = (dir.path() / "tuning.sqlite").string();
-  ::setenv("FLASHGEN_TUNING_DB", db.c_str(), 1);
-  const bool before = flashgen::tune_on_first_use();
-  flashgen::set_tune_on_first_use(true);
+  const flashgen::testing::FirstUseScope first_use(db);
 
   Problem p;  // a bucket nothing else in the suite uses
   p.shape = AttentionShape{1, 555, 555, 2, 1, 64};
@@ -463,7 +461,4 @@ TEST_CASE("backward: tune-on-first-use sweeps a new problem, stores it and the c
   REQUIRE(stored.has_value());
   CHECK(stored->config == flashgen::TunedConfig(choice.config));
   CHECK(store.candidates(fingerprint, key).size() >= 2);
-
-  flashgen::set_tune_on_first_use(before);
-  ::unsetenv("FLASHGEN_TUNING_DB");
 }

@@ -874,6 +874,21 @@ TEST_CASE("attention forward, sm90 family: masking edge cases, layouts, lazy res
   run_sm90_family(rescale_problems());
 }
 
+TEST_CASE("attention forward, sm90 family: persistent blocks walk many tiles", "[gpu][attention][sm90]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext context;
+  FLASHGEN_REQUIRE_SM90(context);
+  // At least twice as many tiles as SMs for every block_m, so each persistent block takes several:
+  // the K/V rings and mbarrier phases run on across tiles, the next tile's Q waits for the Q rows to be
+  // free, and output staging rows are reused. Bottom-right causal with seqlen_q > seqlen_k leaves most
+  // tiles without a visible key (their output is 0), between tiles that have some.
+  run_sm90_family({
+      make_problem(2, 700, 50, 48, 16, 64, FLASHGEN_FLOAT16, FLASHGEN_MASK_CAUSAL, 961),
+      make_problem(2, 300, 90, 64, 8, 128, FLASHGEN_BFLOAT16, FLASHGEN_MASK_NONE, 962),
+      make_problem(1, 520, 200, 96, 96, 64, FLASHGEN_FLOAT16, FLASHGEN_MASK_CAUSAL_TOP_LEFT, 963),
+  });
+}
+
 TEST_CASE("attention forward, sm90 family: inputs TMA cannot describe run on the sm80 family", "[gpu][attention][sm90]") {
   FLASHGEN_REQUIRE_GPU();
   flashgen::ScopedContext context;

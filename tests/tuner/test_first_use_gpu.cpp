@@ -1,6 +1,5 @@
 // Tune-on-first-use: with the switch on, a forward call of a problem bucket the user's database lacks
 // sweeps it, stores the winner and runs it; the memoized choice serves later calls.
-#include <stdlib.h>
 
 #include <cmath>
 #include <string>
@@ -17,6 +16,7 @@
 #include "store.hpp"
 #include "support/attention_reference.hpp"
 #include "support/check_reports.hpp"
+#include "support/first_use_scope.hpp"
 #include "support/temp_dir.hpp"
 
 TEST_CASE("the tune-on-first-use switch", "[tuner][first_use]") {
@@ -32,9 +32,7 @@ TEST_CASE("tune-on-first-use sweeps a new problem, stores it and runs the winner
   FLASHGEN_REQUIRE_GPU();
   const flashgen::testing::TempDir dir("flashgen-first-use");
   const std::string db = (dir.path() / "tuning.sqlite").string();
-  ::setenv("FLASHGEN_TUNING_DB", db.c_str(), 1);
-  const bool before = flashgen::tune_on_first_use();
-  flashgen::set_tune_on_first_use(true);
+  const flashgen::testing::FirstUseScope first_use(db);
 
   flashgen::ScopedContext context;
   const flashgen::AttentionShape shape{1, 777, 777, 2, 1, 40};  // a bucket nothing else in the suite uses
@@ -79,6 +77,4 @@ TEST_CASE("tune-on-first-use sweeps a new problem, stores it and runs the winner
     CHECK(stored->config == flashgen::TunedConfig(launch.config));
     CHECK(store.candidates(flashgen::current_device_fingerprint(0), key).size() >= 2);
   }
-  flashgen::set_tune_on_first_use(before);
-  ::unsetenv("FLASHGEN_TUNING_DB");
 }
