@@ -1608,15 +1608,10 @@ Json tune_pass(const PassSweep<Config>& pass, TuningStore& store, const fs::path
           {"skipped", false}};
 }
 
-// The problem key a sweep of problem stores its rows under (both causal alignments run the causal kernels).
+// The problem key a sweep of problem stores its rows under.
 ProblemKey tune_problem_key(const TuneProblem& problem) {
-  const MaskKind mask_kind = problem.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
-  const int gqa = problem.heads_q / problem.heads_kv;
-  const int64_t batch_heads = static_cast<int64_t>(problem.batch) * problem.heads_q;
-  return problem.backward ? backward_problem_key(problem.dtype, problem.head_dim, mask_kind, problem.deterministic,
-                                                 gqa, problem.seqlen_q, problem.seqlen_k, batch_heads)
-                          : forward_problem_key(problem.dtype, problem.head_dim, mask_kind, gqa, problem.seqlen_q,
-                                                problem.seqlen_k, batch_heads);
+  return problem.backward ? sweep_problem_key(static_cast<const BackwardSweepProblem&>(problem))
+                          : sweep_problem_key(static_cast<const ForwardSweepProblem&>(problem));
 }
 
 // --candidates for a problem of key's class: each name parsed as a Config and checked against the key.

@@ -173,11 +173,7 @@ extern "C" int flashgen_tune_forward(const flashgen_forward_problem* problem, vo
     const flashgen::ForwardSweepProblem sweep = sweep_problem(problem);
     const flashgen::ScopedContext scope(static_cast<CUstream>(cuda_stream));
     const int arch = flashgen::launch_arch(scope.device());
-    const flashgen::MaskKind mask = sweep.mask == FLASHGEN_MASK_NONE ? flashgen::MaskKind::kNone
-                                                                     : flashgen::MaskKind::kCausal;
-    const flashgen::ProblemKey key =
-        flashgen::forward_problem_key(sweep.dtype, sweep.head_dim, mask, sweep.heads_q / sweep.heads_kv,
-                                      sweep.seqlen_q, sweep.seqlen_k, int64_t(sweep.batch) * sweep.heads_q);
+    const flashgen::ProblemKey key = flashgen::sweep_problem_key(sweep);
     const std::optional<flashgen::ForwardChoice> tuned =
         flashgen::tune_forward_on_first_use(sweep, static_cast<int>(scope.device()), arch);
     if (!tuned) {

@@ -320,8 +320,6 @@ std::optional<Choice> first_use_sweep(const ProblemKey& key, int device, MakeCan
   }
 }
 
-MaskKind mask_kind(flashgen_mask mask) { return mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal; }
-
 }  // namespace
 
 ForwardChoice choose_forward_config(int device, const ProblemKey& problem, int arch) {
@@ -346,10 +344,8 @@ bool tune_on_first_use() {
 void set_tune_on_first_use(bool enabled) { tune_switch().store(enabled ? 1 : 0); }
 
 std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem& problem, int device, int arch) {
-  const MaskKind mask = mask_kind(problem.mask);
-  const ProblemKey key = forward_problem_key(problem.dtype, problem.head_dim, mask, problem.heads_q / problem.heads_kv,
-                                             problem.seqlen_q, problem.seqlen_k,
-                                             static_cast<int64_t>(problem.batch) * problem.heads_q);
+  const ProblemKey key = sweep_problem_key(problem);
+  const MaskKind mask = key.mask;
   return first_use_sweep<ForwardChoice>(
       key, device,
       [&] {
@@ -363,10 +359,8 @@ std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem
 }
 
 std::optional<BackwardChoice> tune_backward_on_first_use(const BackwardSweepProblem& problem, int device, int arch) {
-  const MaskKind mask = mask_kind(problem.mask);
-  const ProblemKey key = backward_problem_key(problem.dtype, problem.head_dim, mask, problem.deterministic,
-                                              problem.heads_q / problem.heads_kv, problem.seqlen_q, problem.seqlen_k,
-                                              static_cast<int64_t>(problem.batch) * problem.heads_q);
+  const ProblemKey key = sweep_problem_key(problem);
+  const MaskKind mask = key.mask;
   return first_use_sweep<BackwardChoice>(
       key, device,
       [&] {

@@ -195,17 +195,28 @@ int input_sets(CUdevice device, int64_t set_bytes) {
 
 }  // namespace
 
+ProblemKey sweep_problem_key(const ForwardSweepProblem& problem) {
+  const MaskKind mask = problem.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
+  return forward_problem_key(problem.dtype, problem.head_dim, mask, problem.heads_q / problem.heads_kv,
+                             problem.seqlen_q, problem.seqlen_k, static_cast<int64_t>(problem.batch) * problem.heads_q);
+}
+
+ProblemKey sweep_problem_key(const BackwardSweepProblem& problem) {
+  const MaskKind mask = problem.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
+  return backward_problem_key(problem.dtype, problem.head_dim, mask, problem.deterministic,
+                              problem.heads_q / problem.heads_kv, problem.seqlen_q, problem.seqlen_k,
+                              static_cast<int64_t>(problem.batch) * problem.heads_q);
+}
+
 SweepResult sweep_forward(const ForwardSweepProblem& problem, const std::vector<KernelConfig>& candidates,
                           CUstream stream, const SweepOptions& options) {
   ScopedContext scope(stream);
   const int arch = device_sm(scope.device());
   const flashgen_dtype dtype = to_c_dtype(problem.dtype);
-  const MaskKind mask_kind = problem.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
 
   SweepResult result;
-  result.problem =
-      forward_problem_key(problem.dtype, problem.head_dim, mask_kind, problem.heads_q / problem.heads_kv,
-                          problem.seqlen_q, problem.seqlen_k, static_cast<int64_t>(problem.batch) * problem.heads_q);
+  result.problem = sweep_problem_key(problem);
+  const MaskKind mask_kind = result.problem.mask;
   for (const KernelConfig& c : candidates) {
     FLASHGEN_REQUIRE(c.dtype == problem.dtype && c.head_dim == problem.head_dim && c.mask == mask_kind,
                      "candidate " + c.name() + " does not match the sweep's problem");
@@ -401,12 +412,10 @@ SweepResult sweep_backward(const BackwardSweepProblem& problem, const std::vecto
                            CUstream stream, const SweepOptions& options) {
   ScopedContext scope(stream);
   const int arch = device_sm(scope.device());
-  const MaskKind mask_kind = problem.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
 
   SweepResult result;
-  result.problem = backward_problem_key(problem.dtype, problem.head_dim, mask_kind, problem.deterministic,
-                                        problem.heads_q / problem.heads_kv, problem.seqlen_q, problem.seqlen_k,
-                                        static_cast<int64_t>(problem.batch) * problem.heads_q);
+  result.problem = sweep_problem_key(problem);
+  const MaskKind mask_kind = result.problem.mask;
   for (const BwdConfig& c : candidates) {
     FLASHGEN_REQUIRE(c.dtype == problem.dtype && c.head_dim == problem.head_dim && c.mask == mask_kind &&
                          c.deterministic == problem.deterministic,

@@ -50,6 +50,10 @@ struct BackwardSweepProblem : ForwardSweepProblem {
   bool deterministic = false;
 };
 
+// The key a sweep of problem stores its rows under (both causal alignments run the causal kernels).
+ProblemKey sweep_problem_key(const ForwardSweepProblem& problem);
+ProblemKey sweep_problem_key(const BackwardSweepProblem& problem);
+
 struct SweepOptions {
   TimingOptions timing;
   int compile_threads = 0;  // 0: one per hardware thread
