@@ -74,6 +74,8 @@ std::string render_config_header(const KernelConfig& c) {
     out << "  static constexpr bool kOverlap = " << (c.overlap ? "true" : "false") << ";\n";
     out << "  static constexpr bool kPingPong = " << (c.pingpong ? "true" : "false") << ";\n";
     out << "  static constexpr bool kPersistent = " << (c.persistent ? "true" : "false") << ";\n";
+    out << "  static constexpr bool kPSmem = " << (c.p_smem ? "true" : "false") << ";\n";
+    out << "  static constexpr int kCluster = " << c.cluster << ";\n";
   }
   out << "};\n\n"
       << "}  // namespace flashgen_generated\n";
@@ -90,8 +92,10 @@ std::string render_translation_unit(const KernelConfig& c) {
       << " for " << c.name() << ". Do not edit.\n"
       << "#include \"" << kConfigHeaderName << "\"\n"
       << "#include \"" << template_name << "\"\n\n"
-      << "extern \"C\" __global__ void __launch_bounds__(" << kernel << "::kThreads, 1)\n"
-      << c.name() << "(const __grid_constant__ " << params << " params) {\n"
+      << "extern \"C\" __global__ void __launch_bounds__(" << kernel << "::kThreads, 1)\n";
+  // A cluster shape fixed at compile time: a plain launch of a grid whose x is a multiple of it.
+  if (sm90 && c.cluster > 1) out << "__cluster_dims__(" << c.cluster << ", 1, 1)\n";
+  out << c.name() << "(const __grid_constant__ " << params << " params) {\n"
       << "  " << kernel << "::run(params);\n"
       << "}\n";
   return out.str();

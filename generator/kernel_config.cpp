@@ -23,6 +23,8 @@ std::string KernelConfig::name() const {
     if (overlap) name += "_ovl";
     if (pingpong) name += "_pp";
     if (persistent) name += "_pst";
+    if (p_smem) name += "_psm";
+    if (cluster != 1) name += "_c" + to_string(cluster);
     return name;
   }
   std::string name = std::string("fwd_sm80_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_m" +
@@ -59,7 +61,7 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
   FLASHGEN_REQUIRE(sm90 || (fields.size() >= 8 && fields[0] == "fwd" && fields[1] == "sm80"),
                    "config name '" + name +
                        "': expected fwd_sm80_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_w<warps>_s<stages>"
-                       "[_causal][_qreg] or fwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_ovl][_pp][_pst]");
+                       "[_causal][_qreg] or fwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_ovl][_pp][_pst][_psm][_c2]");
   KernelConfig config;
   if (sm90) config.family = KernelFamily::kSm90;
   config.dtype = parse_dtype_field(fields[2], name);
@@ -80,6 +82,10 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
       config.pingpong = true;
     } else if (fields[i] == "pst" && sm90 && !config.persistent) {
       config.persistent = true;
+    } else if (fields[i] == "psm" && sm90 && !config.p_smem) {
+      config.p_smem = true;
+    } else if (fields[i].size() > 1 && fields[i][0] == 'c' && sm90 && config.cluster == 1) {
+      config.cluster = parse_name_field(fields[i], "c", name);
     } else {
       fail(Status::kInvalidArgument, "config name '" + name + "': unknown suffix '" + fields[i] + "'");
     }
@@ -95,7 +101,7 @@ FwdTraits KernelConfig::traits() const {
 }
 
 FwdSm90Traits KernelConfig::sm90_traits() const {
-  return fwd_sm90_traits(head_dim, block_m, block_n, stages, pingpong, persistent);
+  return fwd_sm90_traits(head_dim, block_m, block_n, stages, pingpong, persistent, p_smem, cluster, mask);
 }
 
 int KernelConfig::threads() const {
@@ -114,8 +120,8 @@ std::optional<std::string> KernelConfig::invalid_reason(int arch) const {
   if (family == KernelFamily::kSm90) {
     if (arch != 90) return "the sm90 kernel family needs sm_90a (wgmma, TMA, setmaxnreg)";
     if (q_in_regs) return "q_in_regs is an sm80-family knob";
-  } else if (overlap || pingpong || persistent) {
-    return "overlap, pingpong and persistent are sm90-family knobs";
+  } else if (overlap || pingpong || persistent || p_smem || cluster != 1) {
+    return "overlap, pingpong, persistent, p_smem and cluster are sm90-family knobs";
   } else if (arch < 80) {
     return "the sm80 kernel family needs sm_80 or newer (mma.sync m16n8k16 bf16, cp.async)";
   }
@@ -132,7 +138,9 @@ bool KernelConfig::operator==(const KernelConfig& o) const {
   const bool sm80 = family == KernelFamily::kSm80;
   return family == o.family && dtype == o.dtype && head_dim == o.head_dim && mask == o.mask &&
          block_m == o.block_m && block_n == o.block_n && stages == o.stages &&
-         (sm80 ? warps == o.warps && q_in_regs == o.q_in_regs : overlap == o.overlap && pingpong == o.pingpong && persistent == o.persistent);
+         (sm80 ? warps == o.warps && q_in_regs == o.q_in_regs
+              : overlap == o.overlap && pingpong == o.pingpong && persistent == o.persistent &&
+                    p_smem == o.p_smem && cluster == o.cluster);
 }
 
 void to_json(nlohmann::json& j, const KernelConfig& c) {
@@ -140,7 +148,7 @@ void to_json(nlohmann::json& j, const KernelConfig& c) {
     j = nlohmann::json{{"family", "fwd_sm90"},       {"dtype", dtype_name(c.dtype)}, {"head_dim", c.head_dim},
                        {"mask", mask_name(c.mask)}, {"block_m", c.block_m},      {"block_n", c.block_n},
                        {"stages", c.stages},          {"overlap", c.overlap},      {"pingpong", c.pingpong},
-                       {"persistent", c.persistent}};
+                       {"persistent", c.persistent}, {"p_smem", c.p_smem},      {"cluster", c.cluster}};
     return;
   }
   j = nlohmann::json{{"family", "fwd_sm80"},    {"dtype", dtype_name(c.dtype)}, {"head_dim", c.head_dim},
@@ -154,6 +162,11 @@ void from_json(const nlohmann::json& j, KernelConfig& c) {
     if (!j.contains(key)) return;
     FLASHGEN_REQUIRE(j[key].is_number_integer(), std::string("kernel config JSON: '") + key + "' must be an integer");
     out = j[key].get<int>();
+  };
+  auto get_bool = [&](const char* key, bool& out) {
+    if (!j.contains(key)) return;
+    FLASHGEN_REQUIRE(j[key].is_boolean(), std::string("kernel config JSON: '") + key + "' must be true or false");
+    out = j[key].get<bool>();
   };
   KernelConfig config;
   if (j.contains("family")) {
@@ -176,22 +189,12 @@ void from_json(const nlohmann::json& j, KernelConfig& c) {
   get_int("block_n", config.block_n);
   get_int("warps", config.warps);
   get_int("stages", config.stages);
-  if (j.contains("overlap")) {
-    FLASHGEN_REQUIRE(j["overlap"].is_boolean(), "kernel config JSON: 'overlap' must be true or false");
-    config.overlap = j["overlap"].get<bool>();
-  }
-  if (j.contains("pingpong")) {
-    FLASHGEN_REQUIRE(j["pingpong"].is_boolean(), "kernel config JSON: 'pingpong' must be true or false");
-    config.pingpong = j["pingpong"].get<bool>();
-  }
-  if (j.contains("persistent")) {
-    FLASHGEN_REQUIRE(j["persistent"].is_boolean(), "kernel config JSON: 'persistent' must be true or false");
-    config.persistent = j["persistent"].get<bool>();
-  }
-  if (j.contains("q_in_regs")) {
-    FLASHGEN_REQUIRE(j["q_in_regs"].is_boolean(), "kernel config JSON: 'q_in_regs' must be true or false");
-    config.q_in_regs = j["q_in_regs"].get<bool>();
-  }
+  get_int("cluster", config.cluster);
+  get_bool("overlap", config.overlap);
+  get_bool("pingpong", config.pingpong);
+  get_bool("persistent", config.persistent);
+  get_bool("p_smem", config.p_smem);
+  get_bool("q_in_regs", config.q_in_regs);
   c = config;
 }
 

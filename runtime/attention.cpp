@@ -114,6 +114,28 @@ struct ForwardTmaTensors {
   }
 };
 
+int multiprocessors(CUdevice device) {
+  int sms = 0;
+  FLASHGEN_CU_CHECK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device));
+  return sms;
+}
+
+// How many clusters of the prepared kernel (its cluster shape compiled in) fit on the device at once: GPCs
+// of odd SM counts leave some SMs out of clusters of two. Falls back to half the SMs if the driver cannot say.
+int max_active_clusters(const PreparedForward& prepared, CUdevice device) {
+  CUlaunchConfig config{};
+  config.gridDimX = 2;
+  config.gridDimY = config.gridDimZ = 1;
+  config.blockDimX = prepared.threads;
+  config.blockDimY = config.blockDimZ = 1;
+  config.sharedMemBytes = prepared.smem_bytes;
+  int clusters = 0;
+  if (driver().cuOccupancyMaxActiveClusters(&clusters, prepared.function, &config) != CUDA_SUCCESS || clusters <= 0) {
+    clusters = multiprocessors(device) / 2;
+  }
+  return clusters;
+}
+
 // prepare_forward with the launch context already current (scope).
 PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedContext& scope, CUstream stream,
                                  const KernelConfig* config) {
@@ -165,8 +187,11 @@ PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedCont
       tensors.encode(prepared.sm90_params);
     }
   }
+  // A cluster of two takes pairs of query blocks: the grid's x is a multiple of 2, its last block
+  // possibly past the end.
+  const int cluster = launch.config.cluster;
   const int64_t m_blocks = (p.seqlen_q + launch.config.block_m - 1) / launch.config.block_m;
-  const int64_t tiles = m_blocks * p.heads_q * p.batch;
+  const int64_t tiles = (m_blocks + cluster - 1) / cluster * p.heads_q * p.batch;  // per cluster
   if (launch.config.persistent && tiles > INT32_MAX) {  // the kernel walks the tile list with int indices
     FLASHGEN_REQUIRE(config == nullptr, "config " + launch.config.name() + ": " + std::to_string(tiles) +
                                             " tiles are more than a persistent kernel indexes");
@@ -174,17 +199,16 @@ PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedCont
     launch.reason += "; not persistent: too many tiles";
   }
   prepared.function = KernelRegistry::instance().function(launch.config, scope.context(), launch.arch);
-  if (launch.config.persistent) {  // one block per SM walks the tiles
-    int sms = 0;
-    FLASHGEN_CU_CHECK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, scope.device()));
-    prepared.grid[0] = static_cast<unsigned>(std::min<int64_t>(tiles, sms));
+  prepared.threads = static_cast<unsigned>(launch.config.threads());
+  prepared.smem_bytes = static_cast<unsigned>(launch.config.smem_bytes());
+  if (launch.config.persistent) {  // one block per SM (one cluster per SM pair) walks the tiles
+    const int64_t resident = cluster > 1 ? max_active_clusters(prepared, scope.device()) : multiprocessors(scope.device());
+    prepared.grid[0] = static_cast<unsigned>(std::min<int64_t>(tiles, resident) * cluster);
   } else {
-    prepared.grid[0] = static_cast<unsigned>(m_blocks);
+    prepared.grid[0] = static_cast<unsigned>((m_blocks + cluster - 1) / cluster * cluster);
     prepared.grid[1] = static_cast<unsigned>(p.heads_q);
     prepared.grid[2] = static_cast<unsigned>(p.batch);
   }
-  prepared.threads = static_cast<unsigned>(launch.config.threads());
-  prepared.smem_bytes = static_cast<unsigned>(launch.config.smem_bytes());
   prepared.params = p;
   prepared.launch = std::move(launch);
   return prepared;

@@ -44,6 +44,7 @@ namespace flashgen {
   X(cuFuncSetAttribute)              \
   X(cuFuncGetAttribute)              \
   X(cuLaunchKernel)                  \
+  X(cuOccupancyMaxActiveClusters)    \
   X(cuMemAlloc)                      \
   X(cuMemFree)                       \
   X(cuMemAllocAsync)                 \

@@ -6,10 +6,12 @@ this script writes them out instead of a person. Rerun after changing the shape 
     python3 scripts/gen_sm90_wgmma.py > templates/sm90_wgmma.cuh
 """
 
-# N of S = Q Kᵀ (the key block, A and B from shared memory) and of O += P V (head_dim, A from registers);
-# N of the backward's dQ = dS K (A and B from shared memory, both MN-major).
+# N of S = Q Kᵀ (the key block, A and B from shared memory) and of O += P V (head_dim, A from registers,
+# or from shared memory K-major with B MN-major); N of the backward's dQ = dS K (A and B from shared
+# memory, both MN-major).
 SS_N = [64, 80, 96, 112, 128, 144, 160, 176, 192]
 RS_N = [64, 96, 128, 192, 256]
+SSKMN_N = RS_N
 SSMN_N = [64, 128]
 TYPES = [("kFloat16", "f16"), ("kBFloat16", "bf16")]
 
@@ -49,7 +51,7 @@ def wrapper(form, n):
     a_param = "const u32 (&a)[4]" if form == "rs" else "u64 desc_a"
     trans_a = 1 if form == "ssmn" else 0
     trans_b = 0 if form == "ss" else 1
-    struct = {"ss": "SS", "rs": "RS", "ssmn": "SSMN"}[form]
+    struct = {"ss": "SS", "rs": "RS", "sskmn": "SSKMN", "ssmn": "SSMN"}[form]
     out = [f"template <>\nstruct Wgmma{struct}<{n}> {{\n"
            f"  template <ElemType kElem>\n"
            f"  static __device__ __forceinline__ void run(float (&d)[{n // 8}][4], {a_param}, u64 desc_b, int accumulate) {{\n"]
@@ -74,11 +76,15 @@ def main():
     print("template <int N>")
     print("struct WgmmaRS;  // A from registers (the m16n8k16 A fragment of the warp's 16 rows), B MN-major (O += P V)")
     print("template <int N>")
+    print("struct WgmmaSSKMN;  // A K-major and B MN-major, both from shared memory (O += P V with P staged there)")
+    print("template <int N>")
     print("struct WgmmaSSMN;  // A and B from shared-memory descriptors, both MN-major (dQ = dS K from dSᵀ and K)\n")
     for n in SS_N:
         print(wrapper("ss", n))
     for n in RS_N:
         print(wrapper("rs", n))
+    for n in SSKMN_N:
+        print(wrapper("sskmn", n))
     for n in SSMN_N:
         print(wrapper("ssmn", n))
     print("}  // namespace sm90\n}  // namespace flashgen")

@@ -8,8 +8,10 @@
 // per SM walks a list of tiles, the next tile's first K/V loads overlapping this tile's output store;
 // where shared memory allows, the output has staging rows of its own and the next tile's Q loads as
 // soon as this tile's last S is done. Otherwise the output is staged in the consumer's Q rows. A TMA
-// store writes it. Generic over a config
-// type like fwd_sm80.cuh; validity rules in fwd_sm90_traits() (fwd_traits.cuh).
+// store writes it. With kPSmem P V reads P from shared memory (both wgmma operands there) instead of
+// registers. With kCluster == 2 two blocks of adjacent query tiles of one head form a cluster: one loads
+// each K tile, the other each V tile, and TMA multicast writes it into both. Generic over a config type
+// like fwd_sm80.cuh; validity rules in fwd_sm90_traits() (fwd_traits.cuh).
 #pragma once
 
 #include "attn_params.cuh"
@@ -27,7 +29,8 @@ struct FwdSm90 {
   using u64 = sm90::u64;
 
   static constexpr FwdSm90Traits kTraits =
-      fwd_sm90_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kPingPong, Cfg::kPersistent);
+      fwd_sm90_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kPingPong, Cfg::kPersistent,
+                      Cfg::kPSmem, Cfg::kCluster, Cfg::kMask);
   static_assert(kTraits.error == nullptr, "invalid sm90 forward config: see fwd_sm90_traits() in fwd_traits.cuh");
 
   static constexpr ElemType kElem = Cfg::kElem;
@@ -37,6 +40,8 @@ struct FwdSm90 {
   static constexpr int kBlockN = Cfg::kBlockN;
   static constexpr int kStages = Cfg::kStages;
   static constexpr bool kPersistent = Cfg::kPersistent;
+  static constexpr bool kPSmem = Cfg::kPSmem;
+  static constexpr int kCluster = Cfg::kCluster;
   static constexpr int kConsumers = kTraits.consumers;
   static constexpr int kThreads = kTraits.threads;
 
@@ -49,9 +54,14 @@ struct FwdSm90 {
   static constexpr u32 kTileBytes = kBlockN * kHeadDim * 2;  // one K or V tile: (kChunks, kBlockN, 64)
   static constexpr u32 kKOffset = kQBytes;
   static constexpr u32 kVOffset = kKOffset + kStages * kTileBytes;
+  // kPSmem: consumer c's P, (kPChunks, 64, 64), at kPOffset + c * kPBytes.
+  static constexpr int kPChunks = (kBlockN + 63) / 64;
+  static constexpr u32 kPBytes = kPChunks * 64 * kRowBytes;
+  static constexpr u32 kPOffset = kVOffset + kStages * kTileBytes;
   static constexpr bool kOwnO = kTraits.smem_o_bytes > 0;  // output staging rows apart from Q's
-  static constexpr u32 kOOffset = kOwnO ? kVOffset + kStages * kTileBytes : 0;  // (kChunks, kBlockM, 64)
-  static constexpr u32 kBarrierOffset = kVOffset + kStages * kTileBytes + kTraits.smem_o_bytes;
+  static constexpr u32 kOOffset = kPOffset + kTraits.smem_p_bytes;  // (kChunks, kBlockM, 64) when kOwnO
+  static constexpr u32 kBarrierOffset = kOOffset + kTraits.smem_o_bytes;
+  static_assert(kTraits.smem_p_bytes == (kPSmem ? kConsumers * kPBytes : 0), "layout and traits disagree");
   static_assert(kBarrierOffset + (2 + 4 * kStages) * 8 + 1024 == kTraits.smem_bytes, "layout and traits disagree");
 
   static constexpr int kSGroups = kBlockN / 8;   // accumulator groups of S: (16 rows, 8 keys) per warp
@@ -60,7 +70,8 @@ struct FwdSm90 {
   static constexpr int kQkSteps = kHeadDim / 16; // k-steps of S = Q Kᵀ
   static constexpr float kRescaleSlack = 8.f;    // as in fwd_sm80.cuh: P stays below 2^8
 
-  // Hardware barriers: 0 is __syncthreads, 1 + c consumer c's epilogue, kTurnBarrier + c its ping-pong turn.
+  // Hardware barriers: 0 is __syncthreads, 1 + c consumer c's own (P staging, epilogue), kTurnBarrier + c
+  // its ping-pong turn.
   static constexpr unsigned kTurnBarrier = 4;
 
   static __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
@@ -107,12 +118,28 @@ struct FwdSm90 {
   // then (batch, head): the longest tiles go first and every block's share spans all lengths (ordered by
   // head first, block c's share would hold only the lengths near c's; cut into L2-sized sections of a few
   // heads each, the same happens whenever a section holds about gridDim.x tiles).
+  // With kCluster == 2 (no mask) the list holds pairs of adjacent query blocks, a cluster walks it and
+  // its block of rank r takes the pair's r-th block; the grid's x is even, and where the query blocks
+  // are odd in number the last pair's second block lies past the end (zero-filled loads, no store).
   template <class Fn>
   static __device__ void for_each_tile(const AttnFwdParams& p, Fn&& fn) {
+    const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
     if constexpr (!kPersistent) {
       fn(tile_of(p, gridDim.x - 1 - blockIdx.x, blockIdx.y, blockIdx.z), 0, 0);
+    } else if constexpr (kCluster == 2) {
+      const int m_pairs = (m_blocks + 1) / 2;
+      const int pairs = m_pairs * p.heads_q * p.batch;
+      const int rank = static_cast<int>(sm90::cluster_rank());
+      int first_block = 0;
+      int k = 0;
+      for (int j = blockIdx.x / 2; j < pairs; j += gridDim.x / 2, ++k) {
+        const int head_batch = j / m_pairs;
+        const int m_block = m_blocks - 1 - (2 * (j % m_pairs) + rank);
+        const Tile tile = tile_of(p, m_block < 0 ? m_blocks : m_block, head_batch % p.heads_q, head_batch / p.heads_q);
+        fn(tile, k, first_block);
+        first_block += tile.n_blocks;
+      }
     } else {
-      const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
       const int tiles = m_blocks * p.heads_q * p.batch;
       int first_block = 0;
       int k = 0;
@@ -139,19 +166,34 @@ struct FwdSm90 {
       for (int s = 0; s < kStages; ++s) {
         sm90::mbarrier_init(bars.k_full(s), 1);
         sm90::mbarrier_init(bars.v_full(s), 1);
-        sm90::mbarrier_init(bars.k_empty(s), kConsumers * 4);  // one arrival per consumer warp
-        sm90::mbarrier_init(bars.v_empty(s), kConsumers * 4);
+        // One arrival per consumer warp of every block of the cluster: each block's copies fill both.
+        sm90::mbarrier_init(bars.k_empty(s), kConsumers * 4 * kCluster);
+        sm90::mbarrier_init(bars.v_empty(s), kConsumers * 4 * kCluster);
       }
       sm90::fence_mbarrier_init();
     }
-    __syncthreads();
+    if constexpr (kCluster > 1) {
+      sm90::cluster_sync();  // the peer's barriers are initialised before anything arrives on them
+    } else {
+      __syncthreads();
+    }
 
     if (threadIdx.x < 128) {
       sm90::setmaxnreg_dec<kTraits.producer_regs>();
       if (threadIdx.x == 0) {
+        int blocks = 0;
         for_each_tile(params.base, [&](const Tile& tile, int k, int first_block) {
           produce(params, tile, k, first_block, smem, bars);
+          blocks = first_block + tile.n_blocks;
         });
+        // In a cluster the peer's consumers arrive on this block's barriers: it leaves only once every
+        // slot has been released by both blocks (as before filling each slot once more).
+        if constexpr (kCluster > 1) {
+          for (int b = blocks; b < blocks + kStages; ++b) {
+            sm90::mbarrier_wait(bars.k_empty(ring_slot(b)), ring_phase(b) ^ 1);
+            sm90::mbarrier_wait(bars.v_empty(ring_slot(b)), ring_phase(b) ^ 1);
+          }
+        }
       }
     } else {
       sm90::setmaxnreg_inc<kTraits.consumer_regs>();
@@ -162,6 +204,11 @@ struct FwdSm90 {
     }
   }
 
+  // Byte offset of 16-byte unit `unit` of row `row` in a chunk of 128-byte rows swizzled in 8-row atoms.
+  static __device__ u32 swizzled_offset(int row, int unit) {
+    return static_cast<u32>(row) * kRowBytes + static_cast<u32>((unit ^ (row % 8)) * 16);
+  }
+
   // Key block it of a tile (0 = its last block) is block first_block + it of the block's K/V rings: ring
   // slot (first_block + it) % kStages, filled in phase ((first_block + it) / kStages) & 1.
   static __device__ int ring_slot(int block) { return block % kStages; }
@@ -169,7 +216,23 @@ struct FwdSm90 {
 
   // One thread: the tile's Q, and K and V of every visible key block, last block first (the masked ones).
   // Q goes after the first K/V pair: a persistent block waits for the consumers to be done with the Q rows
-  // (q_empty), and the first key block loads meanwhile.
+  // (q_empty), and the first key block loads meanwhile. In a cluster of two, each block's empty barriers
+  // count both blocks' consumers and each block expects every tile on its own full barriers; rank 0
+  // copies K tiles and rank 1 V tiles into both.
+  // Copies the K or V tile of keys key0.. into dst, chunk by chunk; in a cluster, into both blocks.
+  static __device__ void load_tile(u32 dst, const void* map, u32 full_barrier, int key0, const Tile& tile) {
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const u32 chunk = dst + c * kBlockN * kRowBytes;
+      if constexpr (kCluster > 1) {
+        sm90::tma_load_4d_multicast(chunk, map, full_barrier, c * 64, key0, tile.kv_head, tile.batch,
+                                    static_cast<sm90::u16>((1u << kCluster) - 1));
+      } else {
+        sm90::tma_load_4d(chunk, map, full_barrier, c * 64, key0, tile.kv_head, tile.batch);
+      }
+    }
+  }
+
   static __device__ void produce(const AttnFwdSm90Params& params, const Tile& tile, int k, int first_block, u32 smem,
                                  const Barriers& bars) {
     auto load_q = [&] {
@@ -182,6 +245,7 @@ struct FwdSm90 {
       }
     };
     if (tile.n_blocks == 0) load_q();  // a tile that sees no key still takes its turn at the Q rows
+    const u32 rank = kCluster > 1 ? sm90::cluster_rank() : 0;
     for (int it = 0; it < tile.n_blocks; ++it) {
       const int key0 = (tile.n_blocks - 1 - it) * kBlockN;
       const int s = ring_slot(first_block + it);
@@ -190,18 +254,10 @@ struct FwdSm90 {
       const u32 sv = smem + kVOffset + s * kTileBytes;
       sm90::mbarrier_wait(bars.k_empty(s), phase ^ 1);
       sm90::mbarrier_arrive_expect_tx(bars.k_full(s), kTileBytes);
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        sm90::tma_load_4d(sk + c * kBlockN * kRowBytes, &params.k_map, bars.k_full(s), c * 64, key0, tile.kv_head,
-                          tile.batch);
-      }
+      if (kCluster == 1 || rank == 0) load_tile(sk, &params.k_map, bars.k_full(s), key0, tile);
       sm90::mbarrier_wait(bars.v_empty(s), phase ^ 1);
       sm90::mbarrier_arrive_expect_tx(bars.v_full(s), kTileBytes);
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        sm90::tma_load_4d(sv + c * kBlockN * kRowBytes, &params.v_map, bars.v_full(s), c * 64, key0, tile.kv_head,
-                          tile.batch);
-      }
+      if (kCluster == 1 || rank == 1) load_tile(sv, &params.v_map, bars.v_full(s), key0, tile);
       if (it == 0) load_q();
     }
   }
@@ -227,13 +283,24 @@ struct FwdSm90 {
 
     sm90::mbarrier_wait(bars.q_full(), k & 1);
 
-    // One warp's arrival on a slot's empty barrier (the barriers count kConsumers * 4 arrivals).
+    // One warp's arrival on the Q rows' empty barrier (it counts kConsumers * 4 arrivals, or kConsumers).
     auto release = [&](u32 empty_barrier) {
       if (lane == 0) sm90::mbarrier_arrive(empty_barrier);
     };
+    // One warp's arrival on a K or V slot's empty barrier in every block of the cluster.
+    auto release_kv = [&](u32 empty_barrier) {
+      if constexpr (kCluster > 1) {
+        if (lane == 0) {
+#pragma unroll
+          for (u32 r = 0; r < kCluster; ++r) sm90::mbarrier_arrive_cluster(empty_barrier, r);
+        }
+      } else {
+        release(empty_barrier);
+      }
+    };
     // With kOwnO the Q rows are free once S of the tile's last block is done: K of block it is released.
     auto release_k = [&](int it) {
-      release(bars.k_empty(ring_slot(first_block + it)));
+      release_kv(bars.k_empty(ring_slot(first_block + it)));
       if constexpr (kOwnO) {
         if (it == tile.n_blocks - 1) release(bars.q_empty());
       }
@@ -261,7 +328,9 @@ struct FwdSm90 {
     };
 
     // Issues O += P V of block it: keys are the k dimension; V is read MN-major (head_dim contiguous),
-    // its 64-column chunks kBlockN rows apart.
+    // its 64-column chunks kBlockN rows apart. P comes from p_frag, or with kPSmem from this consumer's
+    // P rows, read K-major like Q.
+    const u32 sp_rows = smem + kPOffset + consumer * kPBytes;
     auto issue_pv = [&](int it, const u32 (&p_frag)[kPSteps][4]) {
       const u32 sv = smem + kVOffset + slot(it) * kTileBytes;
       sm90::mbarrier_wait(bars.v_full(slot(it)), phase(it));
@@ -269,7 +338,12 @@ struct FwdSm90 {
 #pragma unroll
       for (int j = 0; j < kPSteps; ++j) {
         const u64 desc_v = sm90::smem_desc_sw128(sv + j * 16 * kRowBytes, kBlockN * kRowBytes, 1024);
-        sm90::WgmmaRS<kHeadDim>::template run<kElem>(acc_o, p_frag[j], desc_v, 1);
+        if constexpr (kPSmem) {
+          const u64 desc_p = sm90::smem_desc_sw128(sp_rows + (j / 4) * 64 * kRowBytes + (j % 4) * 32, 16, 1024);
+          sm90::WgmmaSSKMN<kHeadDim>::template run<kElem>(acc_o, desc_p, desc_v, 1);
+        } else {
+          sm90::WgmmaRS<kHeadDim>::template run<kElem>(acc_o, p_frag[j], desc_v, 1);
+        }
       }
       sm90::wgmma_commit();
     };
@@ -341,13 +415,30 @@ struct FwdSm90 {
     // P as 16-bit A fragments: accumulator groups 2j and 2j+1 hold the m16n8k16 A fragment of keys
     // 16j .. 16j + 15. Written only while no wgmma reads p_frag: ptxas serializes every wgmma of a kernel
     // whose in-flight operand registers may be redefined.
+    // With kPSmem P goes to this consumer's P rows instead, in the swizzled layout of the output staging
+    // below, once every warp's P V of the previous block is done reading them; the second barrier makes
+    // every warp's P visible to the tensor cores.
     auto pack_p = [&](const float (&acc_s)[kSGroups][4], u32 (&p_frag)[kPSteps][4]) {
+      if constexpr (kPSmem) {
+        sm90::named_barrier_sync(1 + consumer, 128);
 #pragma unroll
-      for (int j = 0; j < kPSteps; ++j) {
-        p_frag[j][0] = sm80::pack2<kElem>(acc_s[2 * j][0], acc_s[2 * j][1]);
-        p_frag[j][1] = sm80::pack2<kElem>(acc_s[2 * j][2], acc_s[2 * j][3]);
-        p_frag[j][2] = sm80::pack2<kElem>(acc_s[2 * j + 1][0], acc_s[2 * j + 1][1]);
-        p_frag[j][3] = sm80::pack2<kElem>(acc_s[2 * j + 1][2], acc_s[2 * j + 1][3]);
+        for (int i = 0; i < kSGroups; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = warp * 16 + g + 8 * h;
+            sm90::st_shared_u32(sp_rows + (i / 8) * 64 * kRowBytes + swizzled_offset(row, i % 8) + 4 * t,
+                                sm80::pack2<kElem>(acc_s[i][2 * h], acc_s[i][2 * h + 1]));
+          }
+        sm90::fence_proxy_async_smem();
+        sm90::named_barrier_sync(1 + consumer, 128);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kPSteps; ++j) {
+          p_frag[j][0] = sm80::pack2<kElem>(acc_s[2 * j][0], acc_s[2 * j][1]);
+          p_frag[j][1] = sm80::pack2<kElem>(acc_s[2 * j][2], acc_s[2 * j][3]);
+          p_frag[j][2] = sm80::pack2<kElem>(acc_s[2 * j + 1][0], acc_s[2 * j + 1][1]);
+          p_frag[j][3] = sm80::pack2<kElem>(acc_s[2 * j + 1][2], acc_s[2 * j + 1][3]);
+        }
       }
     };
 
@@ -394,7 +485,7 @@ struct FwdSm90 {
         issue_pv(it, p_frag);
         sm90::wgmma_wait<0>();
         sm90::pin_registers(acc_o);
-        release(bars.v_empty(slot(it)));
+        release_kv(bars.v_empty(slot(it)));
       }
     } else if (tile.n_blocks > 0) {
       // S of block it and P V of block it - 1 go to the tensor cores back to back; the softmax of block
@@ -420,14 +511,14 @@ struct FwdSm90 {
         softmax_of(it, acc_s, correction, rescale);
         sm90::wgmma_wait<0>();
         sm90::pin_registers(acc_o);
-        release(bars.v_empty(slot(it - 1)));
+        release_kv(bars.v_empty(slot(it - 1)));
         pack_p(acc_s, p_frag);
       }
       rescale_o(correction, rescale);
       issue_pv(tile.n_blocks - 1, p_frag);
       sm90::wgmma_wait<0>();
       sm90::pin_registers(acc_o);
-      release(bars.v_empty(slot(tile.n_blocks - 1)));
+      release_kv(bars.v_empty(slot(tile.n_blocks - 1)));
     }
     // Balance the turn barriers: consumer 1's last hand-over (or its first, with no key block) is taken here.
     if constexpr (Cfg::kPingPong) {
@@ -466,9 +557,8 @@ struct FwdSm90 {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = warp * 16 + g + 8 * h;  // within the consumer's 64 rows
-        // Column 8i + 2t lies in chunk i / 8, 16-byte unit i % 8, swizzled by the row within its atom.
-        const u32 addr = so_rows + (i / 8) * kBlockM * kRowBytes + row * kRowBytes + (((i % 8) ^ (row % 8)) * 16) +
-                         4 * t;
+        // Column 8i + 2t lies in chunk i / 8, 16-byte unit i % 8.
+        const u32 addr = so_rows + (i / 8) * kBlockM * kRowBytes + swizzled_offset(row, i % 8) + 4 * t;
         sm90::st_shared_u32(addr, sm80::pack2<kElem>(acc_o[i][2 * h], acc_o[i][2 * h + 1]));
       }
     sm90::fence_proxy_async_smem();
@@ -502,6 +592,8 @@ struct FlashgenDefaultFwdSm90Config {
   static constexpr bool kOverlap = true;
   static constexpr bool kPingPong = true;
   static constexpr bool kPersistent = true;
+  static constexpr bool kPSmem = false;
+  static constexpr int kCluster = 1;
 };
 
 extern "C" __global__ void __launch_bounds__(flashgen::FwdSm90<FlashgenDefaultFwdSm90Config>::kThreads, 1)

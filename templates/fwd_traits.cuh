@@ -76,9 +76,10 @@ struct FwdSm90Traits {
   int consumer_regs;
   int smem_q_bytes;         // (block_m, head_dim) Q tile
   int smem_kv_stage_bytes;  // (block_n, head_dim) K tile + V tile
+  int smem_p_bytes;         // p_smem: P of each consumer, (64, block_n) in 64-column chunks; else 0
   int smem_o_bytes;         // (block_m, head_dim) output staging, or 0: the output is staged in the Q rows
   int smem_bytes;           // tiles, mbarriers and 1024 bytes to align the swizzled tiles
-  int accum_regs;           // O, S (fp32) and P (packed pairs) per consumer thread
+  int accum_regs;           // O, S (fp32) and P (packed pairs; with p_smem its store addressing) per thread
   const char* error;        // nullptr when the shape is valid on sm_90a
 };
 
@@ -86,28 +87,40 @@ struct FwdSm90Traits {
 // overlap knob needs no rule here: it holds no more registers, P being packed once P V is done.)
 // persistent: where shared memory allows, the output gets staging rows of its own, so the next tile's Q
 // may load as soon as this tile's last S = Q Kᵀ is done instead of after its output has left.
+// p_smem: P goes through shared memory (wgmma reads both operands of P V there), freeing the registers
+// of its packed fragments. cluster: 1 or 2 blocks of adjacent query tiles of one head share every K and
+// V tile (each loads half and multicasts it to both); under a causal mask the two would see different
+// key ranges, so clusters take unmasked problems only.
 // Registers of a warp-specialized sm90 block (forward and backward): the producer warpgroup keeps
-// kSm90ProducerRegs, the consumers share the rest of the SM's 65536 in steps of 8, at most 240 each.
+// producer_regs (kSm90ProducerRegs unless it walks cluster tiles), the consumers share the rest of what
+// the block was launched with (the SM's 65536 split evenly over its threads, in steps of 8, at most 255
+// each) in steps of 8, at most 240 each.
 constexpr int kSm90ProducerRegs = 24;
-constexpr int sm90_consumer_regs(int consumers) {
-  const int share = consumers > 0 ? (65536 - 128 * kSm90ProducerRegs) / (128 * consumers) / 8 * 8 : 0;
+constexpr int kSm90ClusterProducerRegs = 32;  // the pair walk of a cluster needs a few more
+constexpr int sm90_consumer_regs(int consumers, int producer_regs = kSm90ProducerRegs) {
+  if (consumers <= 0) return 0;
+  const int threads = 128 * (consumers + 1);
+  const int launch_regs = 65536 / threads > 255 ? 248 : 65536 / threads / 8 * 8;
+  const int share = (launch_regs * threads - 128 * producer_regs) / (128 * consumers) / 8 * 8;
   return share > 240 ? 240 : share;
 }
 
 constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, int stages, bool pingpong,
-                                        bool persistent) {
+                                        bool persistent, bool p_smem, int cluster, MaskKind mask) {
   FwdSm90Traits t{};
   t.consumers = block_m / 64;
   t.threads = 128 * (t.consumers + 1);
-  // 65536 registers per SM: the producer keeps 24, the consumers share the rest in steps of 8.
-  t.producer_regs = kSm90ProducerRegs;
-  t.consumer_regs = sm90_consumer_regs(t.consumers);
+  t.producer_regs = cluster > 1 ? kSm90ClusterProducerRegs : kSm90ProducerRegs;
+  t.consumer_regs = sm90_consumer_regs(t.consumers, t.producer_regs);
   t.smem_q_bytes = block_m * head_dim * 2;
   t.smem_kv_stage_bytes = 2 * block_n * head_dim * 2;
-  t.smem_bytes = t.smem_q_bytes + stages * t.smem_kv_stage_bytes + (2 + 4 * stages) * 8 + 1024;
+  t.smem_p_bytes = p_smem ? t.consumers * ((block_n + 63) / 64) * 64 * 128 : 0;
+  t.smem_bytes = t.smem_q_bytes + stages * t.smem_kv_stage_bytes + t.smem_p_bytes + (2 + 4 * stages) * 8 + 1024;
   t.smem_o_bytes = persistent && t.smem_bytes + t.smem_q_bytes <= max_smem_per_block(90) ? t.smem_q_bytes : 0;
   t.smem_bytes += t.smem_o_bytes;
-  t.accum_regs = head_dim / 2 + block_n / 2 + block_n / 4;
+  // P's packed pairs, or with p_smem the addressing of its stores: 24 registers of headroom is what
+  // ptxas needed to keep three consumers' persistent kernels free of spills.
+  t.accum_regs = head_dim / 2 + block_n / 2 + (p_smem ? 24 : block_n / 4);
   t.error = nullptr;
   if (head_dim != 64 && head_dim != 128 && head_dim != 192 && head_dim != 256) {
     t.error = "head_dim must be 64, 128, 192 or 256 (whole 64-column swizzled chunks; wgmma N of O)";
@@ -119,6 +132,11 @@ constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, 
     t.error = "stages must be in [2, 4]";
   } else if (pingpong && t.consumers != 2) {
     t.error = "pingpong takes turns between exactly two consumer warpgroups (block_m 128)";
+  } else if (cluster != 1 && cluster != 2) {
+    t.error = "cluster must be 1 or 2 (blocks sharing each K and V tile)";
+  } else if (cluster == 2 && mask != MaskKind::kNone) {
+    t.error = "cluster 2 takes unmasked problems only: under a causal mask the two query blocks of a cluster "
+              "would see different key ranges";
   } else if (t.accum_regs + 32 > t.consumer_regs) {
     t.error = "accumulators need more registers than a consumer thread has: lower block_n or block_m";
   }

@@ -1,6 +1,6 @@
 // Thin wrappers over the sm_90a PTX the Hopper kernels are built from: mbarriers, TMA tile copies
 // (cp.async.bulk.tensor), wgmma fences and shared-memory matrix descriptors, register reallocation
-// (setmaxnreg) and named barriers. No toolkit headers needed, as for sm80_primitives.cuh.
+// (setmaxnreg), named barriers and clusters. No toolkit headers needed, as for sm80_primitives.cuh.
 #pragma once
 
 #include "fwd_traits.cuh"
@@ -38,6 +38,17 @@ __device__ __forceinline__ void mbarrier_arrive(u32 bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 
+// One arrival on the barrier at this barrier's shared-memory offset in block `rank` of the cluster
+// (this block's own, or a peer's). Default (CTA-scope) ordering: it announces that this block is done
+// reading its own shared memory, which a peer's TMA may then overwrite.
+__device__ __forceinline__ void mbarrier_arrive_cluster(u32 bar, u32 rank) {
+  asm volatile(
+      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      "r"(rank)
+      : "memory");
+}
+
 // Blocks until the phase with this parity has completed. A freshly initialised barrier counts its
 // phase "-1" (parity 1) as completed, so a producer's first wait on an empty slot passes at once.
 __device__ __forceinline__ void mbarrier_wait(u32 bar, u32 parity) {
@@ -70,6 +81,17 @@ __device__ __forceinline__ void tma_load_4d(u32 dst, const void* tensor_map, u32
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
       "[%2];" ::"r"(dst),
       "l"(tensor_map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+
+// As tma_load_4d, into the same shared-memory offset of every block of the cluster named in cta_mask
+// (bit r: rank r), completing on the barrier at bar's offset in each of them.
+__device__ __forceinline__ void tma_load_4d_multicast(u32 dst, const void* tensor_map, u32 bar, int c0, int c1,
+                                                      int c2, int c3, u16 cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
+      "[%0], [%1, {%3, %4, %5, %6}], [%2], %7;" ::"r"(dst),
+      "l"(tensor_map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "h"(cta_mask)
       : "memory");
 }
 
@@ -145,6 +167,21 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+
+// ---- clusters ----
+
+// This block's rank within its cluster (0 without clusters).
+__device__ __forceinline__ u32 cluster_rank() {
+  u32 rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  return rank;
+}
+
+// Barrier among every thread of every block of the cluster, ordering their earlier memory accesses
+// before everything after it (barrier initialisation before any remote arrival).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
 }
 
 // Barrier among `threads` threads (a multiple of 32) on hardware barrier `id` (1-15; 0 is __syncthreads).

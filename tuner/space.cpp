@@ -37,15 +37,19 @@ SpaceReport forward_space(DType dtype, int head_dim, MaskKind mask, int arch, co
         for (int stages : knobs.sm90_stages)
           for (bool overlap : knobs.sm90_overlap)
             for (bool pingpong : knobs.sm90_pingpong)
-              for (bool persistent : knobs.sm90_persistent) {
-                h.block_m = block_m;
-                h.block_n = block_n;
-                h.stages = stages;
-                h.overlap = overlap;
-                h.pingpong = pingpong;
-                h.persistent = persistent;
-                report.add(h, arch);
-              }
+              for (bool persistent : knobs.sm90_persistent)
+                for (bool p_smem : knobs.sm90_p_smem)
+                  for (int cluster : knobs.sm90_cluster) {
+                    h.block_m = block_m;
+                    h.block_n = block_n;
+                    h.stages = stages;
+                    h.overlap = overlap;
+                    h.pingpong = pingpong;
+                    h.persistent = persistent;
+                    h.p_smem = p_smem;
+                    h.cluster = cluster;
+                    report.add(h, arch);
+                  }
   }
   return report;
 }
@@ -57,7 +61,8 @@ int knob_differences(const KernelConfig& a, const KernelConfig& b) {
   if (a.family != b.family) return 100;
   const int shared = (a.block_m != b.block_m) + (a.block_n != b.block_n) + (a.stages != b.stages);
   if (a.family == KernelFamily::kSm90) {
-    return shared + (a.overlap != b.overlap) + (a.pingpong != b.pingpong) + (a.persistent != b.persistent);
+    return shared + (a.overlap != b.overlap) + (a.pingpong != b.pingpong) + (a.persistent != b.persistent) +
+           (a.p_smem != b.p_smem) + (a.cluster != b.cluster);
   }
   return shared + (a.warps != b.warps) + (a.q_in_regs != b.q_in_regs);
 }

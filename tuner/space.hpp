@@ -26,6 +26,8 @@ struct ForwardKnobs {
   std::vector<bool> sm90_overlap{false, true};
   std::vector<bool> sm90_pingpong{false, true};
   std::vector<bool> sm90_persistent{false, true};
+  std::vector<bool> sm90_p_smem{false, true};
+  std::vector<int> sm90_cluster{1, 2};  // 2: unmasked problems only
 };
 
 // Values each backward knob ranges over. sm80 family: the dkdv kernel's tiles, warps, stages and

@@ -59,6 +59,15 @@ TEST_CASE("generated sources match the golden files", "[generator]") {
   CHECK(source90.kernel_name == "fwd_sm90_fp16_d128_m128_n128_s2_ovl");
   check_golden(hopper.name() + ".cu", source90.translation_unit);
   check_golden(hopper.name() + "_config.cuh", source90.headers.front().contents);
+
+  // A cluster of two is compiled into the kernel: a plain launch then forms the clusters.
+  flashgen::KernelConfig clustered = hopper;
+  clustered.cluster = 2;
+  clustered.p_smem = true;
+  const auto source_c2 = flashgen::generate(clustered);
+  CHECK(source_c2.kernel_name == "fwd_sm90_fp16_d128_m128_n128_s2_ovl_psm_c2");
+  check_golden(clustered.name() + ".cu", source_c2.translation_unit);
+  CHECK(source90.translation_unit.find("__cluster_dims__") == std::string::npos);
 }
 
 TEST_CASE("a generated unit carries only the templates it includes", "[generator]") {

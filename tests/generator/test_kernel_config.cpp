@@ -109,3 +109,61 @@ TEST_CASE("config JSON round-trips and rejects bad fields", "[generator][config]
   CHECK_THROWS_AS(nlohmann::json({{"family", "bwd"}}).get<KernelConfig>(), flashgen::Error);
   CHECK_THROWS_AS(nlohmann::json::array().get<KernelConfig>(), flashgen::Error);
 }
+
+TEST_CASE("sm90 configs: every knob in the name, the JSON and the validity rules", "[generator][config]") {
+  KernelConfig c;
+  c.family = flashgen::KernelFamily::kSm90;
+  c.head_dim = 128;
+  c.block_m = 128;
+  c.block_n = 128;
+  c.stages = 2;
+  c.overlap = true;
+  c.persistent = true;
+  c.p_smem = true;
+  c.cluster = 2;
+  CHECK(c.name() == "fwd_sm90_fp16_d128_m128_n128_s2_ovl_pst_psm_c2");
+  CHECK(KernelConfig::from_name(c.name()) == c);
+  const nlohmann::json j = c;
+  CHECK(j.at("p_smem") == true);
+  CHECK(j.at("cluster") == 2);
+  CHECK(j.get<KernelConfig>() == c);
+  CHECK_FALSE(c.invalid_reason(90).has_value());
+  CHECK_THROWS_AS(KernelConfig::from_name("fwd_sm90_fp16_d128_m128_n128_s2_c1"), flashgen::Error);  // not canonical
+  CHECK_THROWS_AS(KernelConfig::from_name("fwd_sm90_fp16_d128_m128_n128_s2_c2_psm"), flashgen::Error);
+  CHECK_THROWS_AS(nlohmann::json({{"p_smem", 1}}).get<KernelConfig>(), flashgen::Error);
+
+  // P in shared memory: two 8 KB chunks of (64 rows, 64 keys) per consumer; its 32 registers of packed
+  // pairs give way to 24 for the stores' addressing.
+  const flashgen::FwdSm90Traits in_regs = [&] {
+    KernelConfig r = c;
+    r.p_smem = false;
+    return r.sm90_traits();
+  }();
+  const flashgen::FwdSm90Traits in_smem = c.sm90_traits();
+  CHECK(in_smem.smem_p_bytes == 2 * 2 * 64 * 128);
+  CHECK(in_regs.smem_p_bytes == 0);
+  CHECK(in_regs.accum_regs - in_smem.accum_regs == 128 / 4 - 24);
+  // head_dim 64, three consumers, block_n 144: the packed P is what does not fit in registers.
+  c.head_dim = 64;
+  c.block_m = 192;
+  c.block_n = 144;
+  c.p_smem = false;
+  c.persistent = false;
+  REQUIRE(c.invalid_reason(90).has_value());
+  CHECK(c.invalid_reason(90)->find("registers") != std::string::npos);
+  c.p_smem = true;
+  CHECK_FALSE(c.invalid_reason(90).has_value());
+
+  c.cluster = 3;
+  REQUIRE(c.invalid_reason(90).has_value());
+  CHECK(c.invalid_reason(90)->find("cluster") != std::string::npos);
+  c.cluster = 2;
+  c.mask = MaskKind::kCausal;
+  REQUIRE(c.invalid_reason(90).has_value());
+  CHECK(c.invalid_reason(90)->find("causal") != std::string::npos);
+
+  KernelConfig sm80;
+  sm80.p_smem = true;
+  REQUIRE(sm80.invalid_reason(80).has_value());
+  CHECK(sm80.invalid_reason(80)->find("sm90-family") != std::string::npos);
+}

@@ -351,12 +351,14 @@ void run_and_check(const Problem& p, CUstream stream = nullptr,
 }
 
 // The sm90 family's built-in tiles for a problem (the heuristic's whole preference list), each with the
-// overlap, pingpong and persistent knobs both ways where valid, or none when the family does not apply to
-// its head_dim.
+// overlap, pingpong and persistent knobs both ways where valid, and the first tile also with P in shared
+// memory and in clusters of two (alone and together, overlap and persistent off and on); none when the
+// family does not apply to its head_dim.
 std::vector<flashgen::KernelConfig> sm90_configs(const Problem& p) {
   std::vector<flashgen::KernelConfig> configs;
   const flashgen::DType dtype = p.dtype == FLASHGEN_BFLOAT16 ? flashgen::DType::kBFloat16 : flashgen::DType::kFloat16;
   const flashgen::MaskKind mask = p.mask == FLASHGEN_MASK_NONE ? flashgen::MaskKind::kNone : flashgen::MaskKind::kCausal;
+  bool extras_done = false;
   for (const flashgen::KernelConfig& c :
        flashgen::heuristic_forward_configs(dtype, static_cast<int>(p.shape.head_dim), mask, 90)) {
     if (c.family != flashgen::KernelFamily::kSm90) continue;
@@ -369,6 +371,16 @@ std::vector<flashgen::KernelConfig> sm90_configs(const Problem& p) {
           variant.persistent = persistent;
           if (!variant.invalid_reason(90)) configs.push_back(variant);
         }
+    if (extras_done) continue;
+    extras_done = true;
+    for (auto [p_smem, cluster] : {std::pair{true, 1}, std::pair{false, 2}, std::pair{true, 2}})
+      for (bool on : {false, true}) {
+        flashgen::KernelConfig variant = c;
+        variant.p_smem = p_smem;
+        variant.cluster = cluster;
+        variant.overlap = variant.persistent = on;
+        if (!variant.invalid_reason(90)) configs.push_back(variant);
+      }
   }
   return configs;
 }
@@ -886,6 +898,9 @@ TEST_CASE("attention forward, sm90 family: persistent blocks walk many tiles", "
       make_problem(2, 700, 50, 48, 16, 64, FLASHGEN_FLOAT16, FLASHGEN_MASK_CAUSAL, 961),
       make_problem(2, 300, 90, 64, 8, 128, FLASHGEN_BFLOAT16, FLASHGEN_MASK_NONE, 962),
       make_problem(1, 520, 200, 96, 96, 64, FLASHGEN_FLOAT16, FLASHGEN_MASK_CAUSAL_TOP_LEFT, 963),
+      // Clusters of two walk several pairs of query blocks each (the last pair's second block past the
+      // end), over several key blocks per tile, so both blocks' K/V rings wrap across tiles.
+      make_problem(1, 520, 520, 64, 8, 128, FLASHGEN_FLOAT16, FLASHGEN_MASK_NONE, 964),
   });
 }
 

@@ -73,6 +73,36 @@ TEST_CASE("every default candidate compiles for sm_80 and sm_90a with zero spill
   CHECK(sm90_candidates == 16);
 }
 
+TEST_CASE("the sm90 family's P-in-shared-memory and cluster variants compile with zero spills",
+          "[tuner][heuristic][nvrtc]") {
+  // The tuner's p_smem and cluster knobs on every fp16 default sm90 candidate (dtype changes no code
+  // path): each valid variant compiles for sm_90a without spills or ptxas warnings.
+  const TempDir cache_dir{"flashgen-heuristic-variants-test"};
+  flashgen::KernelRegistry registry(cache_dir.path());
+  int variants = 0;
+  for (const auto& c : flashgen::default_forward_candidates(90)) {
+    if (c.family != flashgen::KernelFamily::kSm90 || c.dtype != flashgen::DType::kFloat16) continue;
+    for (auto [p_smem, cluster] : {std::pair{true, 1}, std::pair{false, 2}, std::pair{true, 2}}) {
+      flashgen::KernelConfig variant = c;
+      variant.p_smem = p_smem;
+      variant.cluster = cluster;
+      if (variant.invalid_reason(90)) continue;
+      ++variants;
+      INFO(variant.name());
+      const auto compiled = registry.compiled(variant, 90);
+      INFO(compiled->log);
+      CHECK(compiled->cubin.size() > 0);
+      CHECK(compiled->usage.spill_store_bytes == 0);
+      CHECK(compiled->usage.spill_load_bytes == 0);
+      CHECK(compiled->usage.stack_bytes == 0);
+      CHECK(compiled->log.find("warning") == std::string::npos);
+    }
+  }
+  // P in shared memory fits beside the tiles of every head_dim's candidate but 192's (3 head_dims under
+  // both masks: 6); clusters take the 4 unmasked candidates, 3 of them with P in shared memory: 13.
+  CHECK(variants == 13);
+}
+
 TEST_CASE("backward heuristic is valid for every head_dim, dtype, mask, strategy and arch", "[tuner][heuristic][backward]") {
   for (int arch : {80, 86, 89, 90})
     for (DType dtype : {DType::kFloat16, DType::kBFloat16})

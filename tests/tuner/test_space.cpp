@@ -33,14 +33,18 @@ std::vector<KernelConfig> product(DType dtype, int head_dim, MaskKind mask, cons
       for (int s : knobs.sm90_stages)
         for (bool overlap : knobs.sm90_overlap)
           for (bool pingpong : knobs.sm90_pingpong)
-            for (bool persistent : knobs.sm90_persistent) {
-              KernelConfig c{dtype, head_dim, mask, m, n, 4, s, false};
-              c.family = flashgen::KernelFamily::kSm90;
-              c.overlap = overlap;
-              c.pingpong = pingpong;
-              c.persistent = persistent;
-              out.push_back(c);
-            }
+            for (bool persistent : knobs.sm90_persistent)
+              for (bool p_smem : knobs.sm90_p_smem)
+                for (int cluster : knobs.sm90_cluster) {
+                  KernelConfig c{dtype, head_dim, mask, m, n, 4, s, false};
+                  c.family = flashgen::KernelFamily::kSm90;
+                  c.overlap = overlap;
+                  c.pingpong = pingpong;
+                  c.persistent = persistent;
+                  c.p_smem = p_smem;
+                  c.cluster = cluster;
+                  out.push_back(c);
+                }
   return out;
 }
 
@@ -60,19 +64,26 @@ int sum_of(const std::map<std::string, int>& counts) {
 
 TEST_CASE("default forward space on sm_80 and sm_90: sizes, split and reasons", "[tuner][space]") {
   // The default knobs: 3 block_m x 6 block_n x 3 warps x 3 stages x 2 q_in_regs for the sm80 family,
-  // and on sm_90 3 block_m x 9 block_n x 3 stages x 2 overlap x 2 pingpong x 2 persistent for the sm90
-  // family.
+  // and on sm_90 3 block_m x 9 block_n x 3 stages x 2 overlap x 2 pingpong x 2 persistent x 2 p_smem x 2
+  // cluster for the sm90 family.
   constexpr int kSm80Total = 3 * 6 * 3 * 3 * 2;
   static_assert(kSm80Total == 324, "default ForwardKnobs product");
-  const std::map<int, int> expected_total{{80, kSm80Total}, {90, kSm80Total + 3 * 9 * 3 * 8}};
+  const std::map<int, int> expected_total{{80, kSm80Total}, {90, kSm80Total + 3 * 9 * 3 * 32}};
   // Valid d128 configs, worked out by hand from fwd_traits.cuh. sm80 family: 39 (block_m, block_n,
   // warps, q_in_regs) combinations fit the registers at each of the 3 stage counts (117); shared memory
   // then drops 24 of them on sm_80's 163 KB and 8 on sm_90's 227 KB. sm90 family on sm_90: one or two
   // consumers fit every block_n in 240 registers, three fit block_n 64 and 80 in 160; 227 KB then keep
   // all of them at 2 stages, block_n <= 128 at 3 and <= 96 at 4 (17 + 17), and all six with three
   // consumers: 40, each with overlap off and on (80); pingpong adds the 17 two-consumer ones, twice
-  // (114); persistent doubles them all. Update these when the validity rules change.
-  const std::map<int, int> expected_valid{{80, 93}, {90, 109 + 2 * (80 + 34)}};
+  // (114); persistent doubles them all (228). With P in shared memory (one 8 KB chunk per consumer and 64
+  // keys; 24 registers for its stores instead of block_n / 4 for its pairs) three consumers still fit
+  // block_n 64 and 80 only, and 227 KB keep 8, 5 and 3 block_n at 2, 3 and 4 stages with one consumer,
+  // 6, 3 and 2 with two, 2, 2 and 1 with three (32), 11 more with pingpong, each with overlap and
+  // persistent off and on (172). A cluster of two repeats them all but the
+  // 8 with two consumers and block_n 192 in registers (its producer keeps 8 more registers, leaving each
+  // consumer 232), without a mask, and none under a causal one. Update these when the validity rules
+  // change.
+  const std::map<int, int> expected_valid{{80, 93}, {90, 109 + 228 + 172}};
 
   for (int arch : {80, 90})
     for (DType dtype : {DType::kFloat16, DType::kBFloat16})
@@ -82,7 +93,8 @@ TEST_CASE("default forward space on sm_80 and sm_90: sizes, split and reasons", 
         const flashgen::SpaceReport report = flashgen::forward_space(dtype, head_dim, mask, arch);
         CHECK(report.total == expected_total.at(arch));
         CHECK(static_cast<int>(report.valid.size()) + report.pruned == report.total);
-        CHECK(static_cast<int>(report.valid.size()) == expected_valid.at(arch));
+        const int sm90_clusters = arch == 90 && mask == MaskKind::kNone ? 228 - 8 + 172 : 0;
+        CHECK(static_cast<int>(report.valid.size()) == expected_valid.at(arch) + sm90_clusters);
         CHECK(sum_of(report.pruned_by_reason) == report.pruned);
 
         for (const KernelConfig& c : report.valid) {
@@ -124,7 +136,7 @@ TEST_CASE("the heuristic choice is in the valid space for every standard head_di
       const flashgen::SpaceReport report = flashgen::forward_space(DType::kBFloat16, head_dim, MaskKind::kCausal, arch);
       const KernelConfig heuristic = flashgen::heuristic_forward_config(DType::kBFloat16, head_dim, MaskKind::kCausal, arch);
       INFO("sm_" << arch << " " << heuristic.name());
-      CHECK(report.total == (arch == 90 ? 324 + 648 : 324));
+      CHECK(report.total == (arch == 90 ? 324 + 2592 : 324));
       CHECK(static_cast<int>(report.valid.size()) + report.pruned == report.total);
       CHECK(std::find(report.valid.begin(), report.valid.end(), heuristic) != report.valid.end());
     }
@@ -135,7 +147,7 @@ TEST_CASE("sm_86's 99 KB of shared memory leaves a strict subset of sm_90's spac
     INFO("d" << head_dim);
     const auto sm86 = flashgen::forward_space(DType::kFloat16, head_dim, MaskKind::kNone, 86);
     const auto sm90 = flashgen::forward_space(DType::kFloat16, head_dim, MaskKind::kNone, 90);
-    CHECK(sm86.total + 648 == sm90.total);  // the sm90 family is enumerated on sm_90 only
+    CHECK(sm86.total + 2592 == sm90.total);  // the sm90 family is enumerated on sm_90 only
     const std::set<std::string> names86 = names(sm86.valid);
     const std::set<std::string> names90 = names(sm90.valid);
     CHECK(names86.size() < names90.size());
@@ -212,7 +224,8 @@ TEST_CASE("capped candidates: the built-in choice, its one-knob neighbours, then
   auto knobs_differing = [&](const flashgen::KernelConfig& c) {  // the sm90 family's knobs
     if (c.family != builtin.family) return 100;
     return (c.block_m != builtin.block_m) + (c.block_n != builtin.block_n) + (c.stages != builtin.stages) +
-           (c.overlap != builtin.overlap) + (c.pingpong != builtin.pingpong) + (c.persistent != builtin.persistent);
+           (c.overlap != builtin.overlap) + (c.pingpong != builtin.pingpong) + (c.persistent != builtin.persistent) +
+           (c.p_smem != builtin.p_smem) + (c.cluster != builtin.cluster);
   };
   size_t neighbours = 0;
   for (const auto& c : space.valid) neighbours += knobs_differing(c) == 1;

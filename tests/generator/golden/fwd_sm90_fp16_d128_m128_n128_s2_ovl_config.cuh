@@ -14,6 +14,8 @@ struct Config {
   static constexpr bool kOverlap = true;
   static constexpr bool kPingPong = false;
   static constexpr bool kPersistent = false;
+  static constexpr bool kPSmem = false;
+  static constexpr int kCluster = 1;
 };
 
 }  // namespace flashgen_generated
