@@ -3,8 +3,10 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -24,6 +26,54 @@ namespace {
 
 using flashgen::testing::TempDir;
 
+// cuobjdump where the toolkit has it (the lent GPU machines do; a compile-only machine may not).
+std::string find_cuobjdump() {
+  std::vector<std::string> candidates;
+  if (const char* home = std::getenv("CUDA_HOME")) candidates.push_back(std::string(home) + "/bin/cuobjdump");
+  candidates.push_back("/usr/local/cuda/bin/cuobjdump");
+  for (const std::string& path : candidates)
+    if (std::filesystem::exists(path)) return path;
+  return {};
+}
+
+// The SASS of a cubin, disassembled by cuobjdump.
+std::string sass_of(const std::string& cuobjdump, const std::string& cubin, const TempDir& dir) {
+  const std::filesystem::path path = dir.path() / "kernel.cubin";
+  std::ofstream(path, std::ios::binary) << cubin;
+  std::string text;
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen((cuobjdump + " -sass " + path.string()).c_str(), "r"), pclose);
+  REQUIRE(pipe != nullptr);
+  char buffer[4096];
+  for (size_t n; (n = fread(buffer, 1, sizeof buffer, pipe.get())) > 0;) text.append(buffer, n);
+  return text;
+}
+
+// Occurrences of an opcode (a whole word followed by '.' or ' ') in SASS text.
+int opcode_count(const std::string& sass, const std::string& opcode) {
+  int count = 0;
+  for (size_t at = sass.find(opcode); at != std::string::npos; at = sass.find(opcode, at + 1)) {
+    const char before = at > 0 ? sass[at - 1] : ' ';
+    const char after = at + opcode.size() < sass.size() ? sass[at + opcode.size()] : ' ';
+    count += (before == ' ' || before == '}') && (after == '.' || after == ' ');
+  }
+  return count;
+}
+
+// The sm90 family's default candidates, then their p_smem and cluster variants where valid.
+std::vector<flashgen::KernelConfig> sm90_candidates_and_variants() {
+  std::vector<flashgen::KernelConfig> configs;
+  for (const auto& c : flashgen::default_forward_candidates(90)) {
+    if (c.family != flashgen::KernelFamily::kSm90) continue;
+    configs.push_back(c);
+    for (auto [p_smem, cluster] : {std::pair{true, 1}, std::pair{false, 2}, std::pair{true, 2}}) {
+      flashgen::KernelConfig variant = c;
+      variant.p_smem = p_smem;
+      variant.cluster = cluster;
+      if (!variant.invalid_reason(90)) configs.push_back(variant);
+    }
+  }
+  return configs;
+}
 
 }  // namespace
 
@@ -80,23 +130,17 @@ TEST_CASE("the sm90 family's P-in-shared-memory and cluster variants compile wit
   const TempDir cache_dir{"flashgen-heuristic-variants-test"};
   flashgen::KernelRegistry registry(cache_dir.path());
   int variants = 0;
-  for (const auto& c : flashgen::default_forward_candidates(90)) {
-    if (c.family != flashgen::KernelFamily::kSm90 || c.dtype != flashgen::DType::kFloat16) continue;
-    for (auto [p_smem, cluster] : {std::pair{true, 1}, std::pair{false, 2}, std::pair{true, 2}}) {
-      flashgen::KernelConfig variant = c;
-      variant.p_smem = p_smem;
-      variant.cluster = cluster;
-      if (variant.invalid_reason(90)) continue;
-      ++variants;
-      INFO(variant.name());
-      const auto compiled = registry.compiled(variant, 90);
-      INFO(compiled->log);
-      CHECK(compiled->cubin.size() > 0);
-      CHECK(compiled->usage.spill_store_bytes == 0);
-      CHECK(compiled->usage.spill_load_bytes == 0);
-      CHECK(compiled->usage.stack_bytes == 0);
-      CHECK(compiled->log.find("warning") == std::string::npos);
-    }
+  for (const auto& variant : sm90_candidates_and_variants()) {
+    if ((!variant.p_smem && variant.cluster == 1) || variant.dtype != flashgen::DType::kFloat16) continue;
+    ++variants;
+    INFO(variant.name());
+    const auto compiled = registry.compiled(variant, 90);
+    INFO(compiled->log);
+    CHECK(compiled->cubin.size() > 0);
+    CHECK(compiled->usage.spill_store_bytes == 0);
+    CHECK(compiled->usage.spill_load_bytes == 0);
+    CHECK(compiled->usage.stack_bytes == 0);
+    CHECK(compiled->log.find("warning") == std::string::npos);
   }
   // P in shared memory fits beside the tiles of every head_dim's candidate but 192's (3 head_dims under
   // both masks: 6); clusters take the 4 unmasked candidates, 3 of them with P in shared memory: 13.
@@ -178,5 +222,27 @@ TEST_CASE("the run-time backward choice compiles for sm_80 and sm_90a with zero 
       CHECK(compiled->log.find("warning") == std::string::npos);
       CHECK(compiled->log.find("Performance Loss") == std::string::npos);
     }
+  }
+}
+
+TEST_CASE("the SASS of every default sm90 candidate and its variants runs on HGMMA without local memory",
+          "[tuner][heuristic][nvrtc][sass]") {
+  // Needs cuobjdump (no GPU): where the toolkit lacks it, the case skips.
+  const std::string cuobjdump = find_cuobjdump();
+  if (cuobjdump.empty()) {
+    WARN("skipped: no cuobjdump in $CUDA_HOME/bin or /usr/local/cuda/bin");
+    return;
+  }
+  const TempDir dir{"flashgen-sass-test"};
+  flashgen::KernelRegistry registry(dir.path());
+  const auto configs = sm90_candidates_and_variants();
+  CHECK(configs.size() == 16 + 13 * 2);  // both dtypes of the default candidates and variants counted above
+  for (const auto& c : configs) {
+    INFO(c.name());
+    const std::string sass = sass_of(cuobjdump, registry.compiled(c, 90)->cubin, dir);
+    CHECK(opcode_count(sass, "HGMMA") >= 2 * c.head_dim / 16);  // at least the k-steps of S = Q Kᵀ and P V
+    CHECK(opcode_count(sass, "HMMA") == 0);                     // no mma.sync left in the wgmma family
+    CHECK(opcode_count(sass, "LDL") == 0);                      // no local memory
+    CHECK(opcode_count(sass, "STL") == 0);
   }
 }
