@@ -72,7 +72,7 @@ struct FwdSm90 {
 
   // Hardware barriers: 0 is __syncthreads, 1 + c consumer c's own (P staging, epilogue), kTurnBarrier + c
   // its ping-pong turn.
-  static constexpr unsigned kTurnBarrier = 4;
+  static constexpr unsigned kTurnBarrier = 5;
 
   static __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
 

@@ -124,8 +124,8 @@ constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, 
   t.error = nullptr;
   if (head_dim != 64 && head_dim != 128 && head_dim != 192 && head_dim != 256) {
     t.error = "head_dim must be 64, 128, 192 or 256 (whole 64-column swizzled chunks; wgmma N of O)";
-  } else if (block_m != 64 && block_m != 128 && block_m != 192) {
-    t.error = "block_m must be 64, 128 or 192 (64 rows per consumer warpgroup, at most 3)";
+  } else if (block_m != 64 && block_m != 128 && block_m != 192 && block_m != 256) {
+    t.error = "block_m must be 64, 128, 192 or 256 (64 rows per consumer warpgroup, at most 4)";
   } else if (block_n < 64 || block_n > 192 || block_n % 16 != 0) {
     t.error = "block_n must be a multiple of 16 in [64, 192] (wgmma N of S; k-steps of P V)";
   } else if (stages < 2 || stages > 4) {

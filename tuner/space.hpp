@@ -20,7 +20,7 @@ struct ForwardKnobs {
   std::vector<int> stages{2, 3, 4};
   std::vector<bool> q_in_regs{false, true};
 
-  std::vector<int> sm90_block_m{64, 128, 192};  // 1, 2 or 3 consumer warpgroups
+  std::vector<int> sm90_block_m{64, 128, 192, 256};  // 1 to 4 consumer warpgroups
   std::vector<int> sm90_block_n{64, 80, 96, 112, 128, 144, 160, 176, 192};
   std::vector<int> sm90_stages{2, 3, 4};
   std::vector<bool> sm90_overlap{false, true};
