@@ -214,11 +214,6 @@ struct FwdSm90 {
   static __device__ int ring_slot(int block) { return block % kStages; }
   static __device__ u32 ring_phase(int block) { return static_cast<u32>((block / kStages) & 1); }
 
-  // One thread: the tile's Q, and K and V of every visible key block, last block first (the masked ones).
-  // Q goes after the first K/V pair: a persistent block waits for the consumers to be done with the Q rows
-  // (q_empty), and the first key block loads meanwhile. In a cluster of two, each block's empty barriers
-  // count both blocks' consumers and each block expects every tile on its own full barriers; rank 0
-  // copies K tiles and rank 1 V tiles into both.
   // Copies the K or V tile of keys key0.. into dst, chunk by chunk; in a cluster, into both blocks.
   static __device__ void load_tile(u32 dst, const void* map, u32 full_barrier, int key0, const Tile& tile) {
 #pragma unroll
@@ -233,6 +228,11 @@ struct FwdSm90 {
     }
   }
 
+  // One thread: the tile's Q, and K and V of every visible key block, last block first (the masked ones).
+  // Q goes after the first K/V pair: a persistent block waits for the consumers to be done with the Q rows
+  // (q_empty), and the first key block loads meanwhile. In a cluster of two, each block's empty barriers
+  // count both blocks' consumers and each block expects every tile on its own full barriers; rank 0
+  // copies K tiles and rank 1 V tiles into both.
   static __device__ void produce(const AttnFwdSm90Params& params, const Tile& tile, int k, int first_block, u32 smem,
                                  const Barriers& bars) {
     auto load_q = [&] {
