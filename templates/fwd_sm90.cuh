@@ -204,9 +204,23 @@ struct FwdSm90 {
     }
   }
 
-  // Byte offset of 16-byte unit `unit` of row `row` in a chunk of 128-byte rows swizzled in 8-row atoms.
-  static __device__ u32 swizzled_offset(int row, int unit) {
-    return static_cast<u32>(row) * kRowBytes + static_cast<u32>((unit ^ (row % 8)) * 16);
+  // Stores one warpgroup's (64, 8 * kGroups) fp32 accumulator as 16-bit pairs into rows laid out like
+  // the tiles (64-column chunks chunk_bytes apart, 128-byte rows swizzled in 8-row atoms): column 8i + 2t
+  // of row r lies in chunk i / 8, 16-byte unit i % 8 ^ r % 8.
+  template <int kGroups>
+  static __device__ __forceinline__ void store_swizzled(u32 rows, u32 chunk_bytes, const float (&acc)[kGroups][4]) {
+    const int warp = (threadIdx.x / 32) % 4;
+    const int g = threadIdx.x % 32 / 4;
+    const int t = threadIdx.x % 4;
+#pragma unroll
+    for (int i = 0; i < kGroups; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = warp * 16 + g + 8 * h;  // within the warpgroup's 64 rows
+        const u32 addr = rows + (i / 8) * chunk_bytes + static_cast<u32>(row) * kRowBytes +
+                         static_cast<u32>(((i % 8) ^ (row % 8)) * 16) + 4 * t;
+        sm90::st_shared_u32(addr, sm80::pack2<kElem>(acc[i][2 * h], acc[i][2 * h + 1]));
+      }
   }
 
   // Key block it of a tile (0 = its last block) is block first_block + it of the block's K/V rings: ring
@@ -415,20 +429,12 @@ struct FwdSm90 {
     // P as 16-bit A fragments: accumulator groups 2j and 2j+1 hold the m16n8k16 A fragment of keys
     // 16j .. 16j + 15. Written only while no wgmma reads p_frag: ptxas serializes every wgmma of a kernel
     // whose in-flight operand registers may be redefined.
-    // With kPSmem P goes to this consumer's P rows instead, in the swizzled layout of the output staging
-    // below, once every warp's P V of the previous block is done reading them; the second barrier makes
+    // With kPSmem P goes to this consumer's P rows instead (store_swizzled, as the output below), once every warp's P V of the previous block is done reading them; the second barrier makes
     // every warp's P visible to the tensor cores.
     auto pack_p = [&](const float (&acc_s)[kSGroups][4], u32 (&p_frag)[kPSteps][4]) {
       if constexpr (kPSmem) {
         sm90::named_barrier_sync(1 + consumer, 128);
-#pragma unroll
-        for (int i = 0; i < kSGroups; ++i)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int row = warp * 16 + g + 8 * h;
-            sm90::st_shared_u32(sp_rows + (i / 8) * 64 * kRowBytes + swizzled_offset(row, i % 8) + 4 * t,
-                                sm80::pack2<kElem>(acc_s[i][2 * h], acc_s[i][2 * h + 1]));
-          }
+        store_swizzled(sp_rows, 64 * kRowBytes, acc_s);
         sm90::fence_proxy_async_smem();
         sm90::named_barrier_sync(1 + consumer, 128);
       } else {
@@ -552,15 +558,7 @@ struct FwdSm90 {
       if (threadIdx.x % 128 == 0) sm90::tma_store_wait_read();
     }
     sm90::named_barrier_sync(barrier_id, 128);
-#pragma unroll
-    for (int i = 0; i < kOGroups; ++i)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = warp * 16 + g + 8 * h;  // within the consumer's 64 rows
-        // Column 8i + 2t lies in chunk i / 8, 16-byte unit i % 8.
-        const u32 addr = so_rows + (i / 8) * kBlockM * kRowBytes + swizzled_offset(row, i % 8) + 4 * t;
-        sm90::st_shared_u32(addr, sm80::pack2<kElem>(acc_o[i][2 * h], acc_o[i][2 * h + 1]));
-      }
+    store_swizzled(so_rows, kBlockM * kRowBytes, acc_o);
     sm90::fence_proxy_async_smem();
     sm90::named_barrier_sync(barrier_id, 128);
     if (threadIdx.x % 128 == 0) {
