@@ -13,6 +13,7 @@
 #include "flashgen/error.hpp"
 #include "kernel_registry.hpp"
 #include "tensor_checks.hpp"
+#include "tile_counters.hpp"
 #include "select.hpp"
 #include "sweep.hpp"
 #include "tma.hpp"
@@ -120,6 +121,21 @@ int multiprocessors(CUdevice device) {
   return sms;
 }
 
+// (batch, head) pairs per section of a persistent causal kernel's tile list. As many as have their K and V
+// (shared by the query heads of a group) in half the L2 cache, but enough for two tiles per block, since
+// the blocks running at once span about one section; then widened to even out the sections, so the last
+// is not a narrow one whose longest tiles would start when the others are done.
+int l2_section(const AttnFwdParams& p, int head_dim, int64_t m_blocks, int64_t blocks, CUdevice device) {
+  int l2_bytes = 0;
+  FLASHGEN_CU_CHECK(cuDeviceGetAttribute(&l2_bytes, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, device));
+  const int64_t kv_bytes_per_pair = std::max<int64_t>(int64_t(2) * p.seqlen_k * head_dim * 2 / p.group_size, 1);
+  const int64_t pairs = int64_t(p.heads_q) * p.batch;
+  const int64_t widest = std::clamp<int64_t>(
+      std::max<int64_t>(l2_bytes / 2 / kv_bytes_per_pair, (2 * blocks + m_blocks - 1) / m_blocks), 1, pairs);
+  const int64_t sections = pairs / widest;
+  return static_cast<int>((pairs + sections - 1) / sections);
+}
+
 // How many clusters of the prepared kernel (its cluster shape compiled in) fit on the device at once: GPCs
 // of odd SM counts leave some SMs out of clusters of two. Falls back to half the SMs if the driver cannot say.
 int max_active_clusters(const PreparedForward& prepared, CUdevice device) {
@@ -209,6 +225,11 @@ PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedCont
     prepared.grid[1] = static_cast<unsigned>(p.heads_q);
     prepared.grid[2] = static_cast<unsigned>(p.batch);
   }
+  prepared.uses_tile_counter = prepared.uses_tma && launch.config.persistent && problem.mask == MaskKind::kCausal;
+
+  if (prepared.uses_tma) {
+    prepared.sm90_params.l2_section = l2_section(p, problem.head_dim, m_blocks, prepared.grid[0], scope.device());
+  }
   prepared.params = p;
   prepared.launch = std::move(launch);
   return prepared;
@@ -222,10 +243,34 @@ PreparedForward prepare_forward(const ForwardProblem& problem, CUstream stream, 
 }
 
 void PreparedForward::operator()(CUstream stream) const {
-  void* args[] = {uses_tma ? static_cast<void*>(const_cast<AttnFwdSm90Params*>(&sm90_params))
-                           : static_cast<void*>(const_cast<AttnFwdParams*>(&params))};
-  FLASHGEN_CU_CHECK(cuLaunchKernel(function, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes, stream, args,
-                                   nullptr));
+  if (!uses_tile_counter) {
+    void* args[] = {uses_tma ? static_cast<void*>(const_cast<AttnFwdSm90Params*>(&sm90_params))
+                             : static_cast<void*>(const_cast<AttnFwdParams*>(&params))};
+    FLASHGEN_CU_CHECK(cuLaunchKernel(function, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes, stream, args,
+                                     nullptr));
+    return;
+  }
+  AttnFwdSm90Params with_counter = sm90_params;
+  void* args[] = {&with_counter};
+  if (const CUdeviceptr shared = stream_tile_counter(stream)) {
+    with_counter.tile_counter = reinterpret_cast<int*>(shared);
+    FLASHGEN_CU_CHECK(cuLaunchKernel(function, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes, stream, args,
+                                     nullptr));
+    return;
+  }
+  // A counter of this launch's own, zeroed in stream order (and captured with it into a graph).
+  CUdeviceptr owned = 0;
+  FLASHGEN_CU_CHECK(cuMemAllocAsync(&owned, sizeof(int), stream));
+  with_counter.tile_counter = reinterpret_cast<int*>(owned);
+  try {
+    FLASHGEN_CU_CHECK(cuMemsetD32Async(owned, 0, 1, stream));
+    FLASHGEN_CU_CHECK(cuLaunchKernel(function, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes, stream, args,
+                                     nullptr));
+  } catch (...) {
+    driver().cuMemFreeAsync(owned, stream);
+    throw;
+  }
+  FLASHGEN_CU_CHECK(cuMemFreeAsync(owned, stream));
 }
 
 ForwardLaunch launch_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig* config) {

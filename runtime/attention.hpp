@@ -64,8 +64,11 @@ struct PreparedForward {
   AttnFwdParams params{};
   bool uses_tma = false;           // the sm90 family: the kernel takes sm90_params (params plus TMA maps)
   AttnFwdSm90Params sm90_params{};
+  bool uses_tile_counter = false;  // a persistent causal sm90 kernel claims its tiles through a counter
 
-  void operator()(CUstream stream) const;  // cuLaunchKernel, nothing else
+  // cuLaunchKernel; with uses_tile_counter, with the stream's tile counter (tile_counters.hpp) or, where
+  // it has none, one taken from the stream's pool, zeroed before and given back after the launch.
+  void operator()(CUstream stream) const;
 };
 
 // Everything launch_forward does before cuLaunchKernel. Needs the stream's (or current) context.

@@ -38,6 +38,7 @@ namespace flashgen {
   X(cuStreamDestroy)                 \
   X(cuStreamSynchronize)             \
   X(cuStreamIsCapturing)             \
+  X(cuStreamGetId)                   \
   X(cuModuleLoadData)                \
   X(cuModuleUnload)                  \
   X(cuModuleGetFunction)             \
@@ -54,6 +55,7 @@ namespace flashgen {
   X(cuMemsetD8)                      \
   X(cuMemsetD32)                     \
   X(cuMemsetD8Async)                 \
+  X(cuMemsetD32Async)                \
   X(cuPointerGetAttributes)          \
   X(cuEventCreate)                   \
   X(cuEventDestroy)                  \

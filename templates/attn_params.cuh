@@ -46,6 +46,12 @@ struct AttnFwdSm90Params {
   TmaDescriptor k_map;  // box (64, block_n, 1, 1)
   TmaDescriptor v_map;  // box (64, block_n, 1, 1)
   TmaDescriptor o_map;  // box (64, 64, 1, 1): one consumer warpgroup's rows
+  // Persistent kernels under a causal mask: the tiles claimed so far past the first gridDim.x; 0 when
+  // the kernel starts, and set back to 0 by its last claim. Null otherwise.
+  int* tile_counter;
+  // Persistent kernels under a causal mask: (batch, head) pairs per section of the tile list, so many
+  // that one section's K and V fit in about half the L2 cache.
+  int l2_section;
 };
 
 // Backward pass: the forward's tensors, dO, the forward's LSE and the gradients, plus fp32 workspace.

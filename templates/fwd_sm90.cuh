@@ -62,7 +62,7 @@ struct FwdSm90 {
   static constexpr u32 kOOffset = kPOffset + kTraits.smem_p_bytes;  // (kChunks, kBlockM, 64) when kOwnO
   static constexpr u32 kBarrierOffset = kOOffset + kTraits.smem_o_bytes;
   static_assert(kTraits.smem_p_bytes == (kPSmem ? kConsumers * kPBytes : 0), "layout and traits disagree");
-  static_assert(kBarrierOffset + (2 + 4 * kStages) * 8 + 1024 == kTraits.smem_bytes, "layout and traits disagree");
+  static_assert(kBarrierOffset + (3 + 4 * kStages) * 8 + 1024 == kTraits.smem_bytes, "layout and traits disagree");
 
   static constexpr int kSGroups = kBlockN / 8;   // accumulator groups of S: (16 rows, 8 keys) per warp
   static constexpr int kOGroups = kHeadDim / 8;  // accumulator groups of O
@@ -77,7 +77,9 @@ struct FwdSm90 {
   static __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
 
   struct Barriers {
-    u32 base;  // q_full, q_empty, then k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages]
+    // q_full, q_empty, k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages], then two
+    // 32-bit tile slots
+    u32 base;
     __device__ u32 q_full() const { return base; }
     // The consumers are done with the Q rows: their last S is complete (kOwnO), or their output has left.
     __device__ u32 q_empty() const { return base + 8; }
@@ -85,15 +87,18 @@ struct FwdSm90 {
     __device__ u32 v_full(int s) const { return base + 8 * (2 + kStages + s); }
     __device__ u32 k_empty(int s) const { return base + 8 * (2 + 2 * kStages + s); }
     __device__ u32 v_empty(int s) const { return base + 8 * (2 + 3 * kStages + s); }
+    __device__ u32 tile_slot(int j) const { return base + 8 * (2 + 4 * kStages) + 4 * j; }
   };
 
-  // One tile: which query rows, which head, and how many key blocks any of its rows sees.
+  // One tile: which query rows, which head, and how many key blocks any of its rows sees; index is its
+  // place in the tile list.
   struct Tile {
-    int m_start, head, batch, kv_head, n_blocks, n_interior;
+    int index, m_start, head, batch, kv_head, n_blocks, n_interior;
   };
 
   static __device__ Tile tile_of(const AttnFwdParams& p, int m_block, int head, int batch) {
     Tile tile;
+    tile.index = 0;
     tile.m_start = m_block * kBlockM;
     tile.head = head;
     tile.batch = batch;
@@ -109,48 +114,115 @@ struct FwdSm90 {
     return tile;
   }
 
-  // Calls fn(tile, k, first_block) for each tile of this block in order: k counts the block's tiles and
-  // first_block its key blocks before this tile (the K/V rings run on across tiles). Without kPersistent
-  // the grid is (m-blocks, heads, batch) and each block has one tile, highest query block first (under a
-  // causal mask it sees the most keys). With it, gridDim.x blocks (one per SM) take every gridDim.x-th
-  // tile of a list. Without a mask the list runs by (batch, head), then query block: the blocks running
-  // at once share a head's K and V in L2. Under a causal mask it runs by query block from the highest,
-  // then (batch, head): the longest tiles go first and every block's share spans all lengths (ordered by
-  // head first, block c's share would hold only the lengths near c's; cut into L2-sized sections of a few
-  // heads each, the same happens whenever a section holds about gridDim.x tiles).
-  // With kCluster == 2 (no mask) the list holds pairs of adjacent query blocks, a cluster walks it and
-  // its block of rank r takes the pair's r-th block; the grid's x is even, and where the query blocks
-  // are odd in number the last pair's second block lies past the end (zero-filled loads, no store).
-  template <class Fn>
-  static __device__ void for_each_tile(const AttnFwdParams& p, Fn&& fn) {
+  // The tile schedule. Without kPersistent the grid is (m-blocks, heads, batch) and each block has one
+  // tile, highest query block first (under a causal mask it sees the most keys). With it, gridDim.x
+  // blocks (one per SM) walk a list of tiles. Without a mask the list runs by (batch, head), then query
+  // block: the blocks running at once share a head's K and V in L2. Under a causal mask it runs in
+  // sections of params.l2_section (batch, head) pairs, whose K and V stay in L2 while the section runs,
+  // each section by query block from the highest, then (batch, head): longest tiles first.
+  // Under a causal mask block b takes tile b first, then whichever tile is next in the list when its
+  // producer starts issuing the loads of its current one (params.tile_counter counts the claims): a
+  // dynamic longest-first schedule, which evens out the blocks' shares of tiles of unequal length where
+  // a fixed round-robin would not. The producer passes each tile's index to the consumers in tile slot
+  // k % 2, written before it arms the tile's Q load on q_full; -1 ends the walk. Without a mask, tiles
+  // being of one length, block b takes tiles b, b + gridDim.x, ...
+  // With kCluster == 2 (no mask) the list holds pairs of adjacent query blocks, cluster c takes pairs c,
+  // c + gridDim.x / 2, ... and its block of rank r the pair's r-th block; the grid's x is even, and where
+  // the query blocks are odd in number the last pair's second block lies past the end (zero-filled
+  // loads, no store).
+  static constexpr bool kDynamic = kPersistent && kCausal;
+
+  static __device__ int tile_count(const AttnFwdParams& p) {
     const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+    return (kCluster == 2 ? (m_blocks + 1) / 2 : m_blocks) * p.heads_q * p.batch;
+  }
+
+  // Tile i of the persistent list (pair i with kCluster == 2, this block's half of it).
+  static __device__ Tile tile_at(const AttnFwdSm90Params& params, int i) {
+    const AttnFwdParams& p = params.base;
+    const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+    Tile tile;
+    if constexpr (kCluster == 2) {
+      const int m_pairs = (m_blocks + 1) / 2;
+      const int head_batch = i / m_pairs;
+      const int m_block = m_blocks - 1 - (2 * (i % m_pairs) + static_cast<int>(sm90::cluster_rank()));
+      tile = tile_of(p, m_block < 0 ? m_blocks : m_block, head_batch % p.heads_q, head_batch / p.heads_q);
+    } else if constexpr (kCausal) {
+      const int first = i / (params.l2_section * m_blocks) * params.l2_section;  // the section's first pair
+      const int width = min(params.l2_section, p.heads_q * p.batch - first);   // the last may be narrower
+      const int j = i - first * m_blocks;                                        // i's place in its section
+      const int head_batch = first + j % width;
+      tile = tile_of(p, m_blocks - 1 - j / width, head_batch % p.heads_q, head_batch / p.heads_q);
+    } else {
+      const int head_batch = i / m_blocks;
+      tile = tile_of(p, m_blocks - 1 - i % m_blocks, head_batch % p.heads_q, head_batch / p.heads_q);
+    }
+    tile.index = i;
+    return tile;
+  }
+
+  // The producer's walk: calls fn(tile, k, first_block) for each tile of this block in order, k counting
+  // the block's tiles and first_block its key blocks before this tile (the K/V rings run on across tiles).
+  template <class Fn>
+  static __device__ void produce_tiles(const AttnFwdSm90Params& params, const Barriers& bars, Fn&& fn) {
+    const AttnFwdParams& p = params.base;
     if constexpr (!kPersistent) {
       fn(tile_of(p, gridDim.x - 1 - blockIdx.x, blockIdx.y, blockIdx.z), 0, 0);
-    } else if constexpr (kCluster == 2) {
-      const int m_pairs = (m_blocks + 1) / 2;
-      const int pairs = m_pairs * p.heads_q * p.batch;
-      const int rank = static_cast<int>(sm90::cluster_rank());
-      int first_block = 0;
-      int k = 0;
-      for (int j = blockIdx.x / 2; j < pairs; j += gridDim.x / 2, ++k) {
-        const int head_batch = j / m_pairs;
-        const int m_block = m_blocks - 1 - (2 * (j % m_pairs) + rank);
-        const Tile tile = tile_of(p, m_block < 0 ? m_blocks : m_block, head_batch % p.heads_q, head_batch / p.heads_q);
-        fn(tile, k, first_block);
-        first_block += tile.n_blocks;
+      return;
+    }
+    const int tiles = tile_count(p);
+    const int stride = gridDim.x / kCluster;
+    int first_block = 0;
+    int k = 0;
+    int i = blockIdx.x / kCluster;
+    for (; i < tiles; ++k) {
+      // Claimed before this tile's loads are issued, so the atomic's latency hides behind them. Every
+      // block claims until it draws past the end, tiles claims in all: the one that draws tiles - 1 is
+      // the last and leaves the counter at 0 for the next launch.
+      const int claim = kDynamic ? atomicAdd(params.tile_counter, 1) : 0;
+      const Tile tile = tile_at(params, i);
+      fn(tile, k, first_block);
+      first_block += tile.n_blocks;
+      if constexpr (kDynamic) {
+        if (claim == tiles - 1) atomicExch(params.tile_counter, 0);
+        i = stride + claim;
+      } else {
+        i += stride;
       }
-    } else {
-      const int tiles = m_blocks * p.heads_q * p.batch;
-      int first_block = 0;
-      int k = 0;
-      const int heads_batch = p.heads_q * p.batch;
-      for (int i = blockIdx.x; i < tiles; i += gridDim.x, ++k) {
-        const int head_batch = kCausal ? i % heads_batch : i / m_blocks;
-        const int m_block = kCausal ? m_blocks - 1 - i / heads_batch : m_blocks - 1 - i % m_blocks;
-        const Tile tile = tile_of(p, m_block, head_batch % p.heads_q, head_batch / p.heads_q);
-        fn(tile, k, first_block);
-        first_block += tile.n_blocks;
+    }
+    if constexpr (kDynamic) {
+      // The end mark takes the Q rows' turn like a tile: the consumers are done waiting for tile k - 1's
+      // Q before q_full moves on (its parity could not tell phase k + 1 from k - 1).
+      if (k > 0) sm90::mbarrier_wait(bars.q_empty(), (k - 1) & 1);
+      sm90::st_shared_u32(bars.tile_slot(k & 1), ~0u);
+      sm90::mbarrier_arrive(bars.q_full());
+    }
+  }
+
+  // The consumers' walk: like produce_tiles, but each tile's Q rows have arrived (q_full) when fn runs.
+  template <class Fn>
+  static __device__ void consume_tiles(const AttnFwdSm90Params& params, const Barriers& bars, Fn&& fn) {
+    const AttnFwdParams& p = params.base;
+    if constexpr (!kPersistent) {
+      sm90::mbarrier_wait(bars.q_full(), 0);
+      fn(tile_of(p, gridDim.x - 1 - blockIdx.x, blockIdx.y, blockIdx.z), 0, 0);
+      return;
+    }
+    const int tiles = tile_count(p);
+    int first_block = 0;
+    for (int k = 0, i = blockIdx.x / kCluster;; ++k) {
+      if constexpr (kDynamic) {
+        sm90::mbarrier_wait(bars.q_full(), k & 1);
+        i = static_cast<int>(sm90::ld_shared_u32(bars.tile_slot(k & 1)));
+        if (i < 0) break;
+      } else {
+        if (k > 0) i += gridDim.x / kCluster;
+        if (i >= tiles) break;
       }
+      const Tile tile = tile_at(params, i);
+      if constexpr (!kDynamic) sm90::mbarrier_wait(bars.q_full(), k & 1);
+      fn(tile, k, first_block);
+      first_block += tile.n_blocks;
     }
   }
 
@@ -182,7 +254,7 @@ struct FwdSm90 {
       sm90::setmaxnreg_dec<kTraits.producer_regs>();
       if (threadIdx.x == 0) {
         int blocks = 0;
-        for_each_tile(params.base, [&](const Tile& tile, int k, int first_block) {
+        produce_tiles(params, bars, [&](const Tile& tile, int k, int first_block) {
           produce(params, tile, k, first_block, smem, bars);
           blocks = first_block + tile.n_blocks;
         });
@@ -197,7 +269,7 @@ struct FwdSm90 {
       }
     } else {
       sm90::setmaxnreg_inc<kTraits.consumer_regs>();
-      for_each_tile(params.base, [&](const Tile& tile, int k, int first_block) {
+      consume_tiles(params, bars, [&](const Tile& tile, int k, int first_block) {
         consume(params, tile, k, first_block, smem, bars);
       });
       if (threadIdx.x % 128 == 0) sm90::tma_store_wait_all();  // the last output is in global memory
@@ -251,6 +323,7 @@ struct FwdSm90 {
                                  const Barriers& bars) {
     auto load_q = [&] {
       if (k > 0) sm90::mbarrier_wait(bars.q_empty(), (k - 1) & 1);
+      if constexpr (kDynamic) sm90::st_shared_u32(bars.tile_slot(k & 1), static_cast<u32>(tile.index));
       sm90::mbarrier_arrive_expect_tx(bars.q_full(), kQBytes);
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
@@ -294,8 +367,6 @@ struct FwdSm90 {
     for (int i = 0; i < kOGroups; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_o[i][e] = 0.f;
-
-    sm90::mbarrier_wait(bars.q_full(), k & 1);
 
     // One warp's arrival on the Q rows' empty barrier (it counts kConsumers * 4 arrivals, or kConsumers).
     auto release = [&](u32 empty_barrier) {

@@ -78,7 +78,7 @@ struct FwdSm90Traits {
   int smem_kv_stage_bytes;  // (block_n, head_dim) K tile + V tile
   int smem_p_bytes;         // p_smem: P of each consumer, (64, block_n) in 64-column chunks; else 0
   int smem_o_bytes;         // (block_m, head_dim) output staging, or 0: the output is staged in the Q rows
-  int smem_bytes;           // tiles, mbarriers and 1024 bytes to align the swizzled tiles
+  int smem_bytes;           // tiles, mbarriers, two tile indices and 1024 bytes to align the swizzled tiles
   int accum_regs;           // O, S (fp32) and P (packed pairs; with p_smem its store addressing) per thread
   const char* error;        // nullptr when the shape is valid on sm_90a
 };
@@ -115,7 +115,7 @@ constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, 
   t.smem_q_bytes = block_m * head_dim * 2;
   t.smem_kv_stage_bytes = 2 * block_n * head_dim * 2;
   t.smem_p_bytes = p_smem ? t.consumers * ((block_n + 63) / 64) * 64 * 128 : 0;
-  t.smem_bytes = t.smem_q_bytes + stages * t.smem_kv_stage_bytes + t.smem_p_bytes + (2 + 4 * stages) * 8 + 1024;
+  t.smem_bytes = t.smem_q_bytes + stages * t.smem_kv_stage_bytes + t.smem_p_bytes + (3 + 4 * stages) * 8 + 1024;
   t.smem_o_bytes = persistent && t.smem_bytes + t.smem_q_bytes <= max_smem_per_block(90) ? t.smem_q_bytes : 0;
   t.smem_bytes += t.smem_o_bytes;
   // P's packed pairs, or with p_smem the addressing of its stores: 24 registers of headroom is what

@@ -66,6 +66,12 @@ __device__ __forceinline__ void st_shared_u32(u32 addr, u32 value) {
   asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(value) : "memory");
 }
 
+__device__ __forceinline__ u32 ld_shared_u32(u32 addr) {
+  u32 value;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(value) : "r"(addr) : "memory");
+  return value;
+}
+
 __device__ __forceinline__ void ld_shared_f32x2(u32 addr, float& a, float& b) {
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(a), "=f"(b) : "r"(addr) : "memory");
 }

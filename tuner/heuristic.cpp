@@ -74,9 +74,10 @@ std::vector<KernelConfig> heuristic_forward_configs(DType dtype, int head_dim, M
       c.dtype = dtype, c.head_dim = head_dim, c.mask = mask;
       c.block_m = tile.block_m, c.block_n = tile.block_n, c.stages = tile.stages;
       c.overlap = tile.overlap, c.pingpong = tile.pingpong;
-      // Persistent blocks win without a mask (+3-15%, most at 1k tokens and d128 16k) and for d64 under a
-      // causal mask (+5%), but lose 4-15% at d128 and d256 under one (bench/notes_fwd_sm90.md, v5-v6).
-      c.persistent = mask == MaskKind::kNone || head_dim == 64;
+      // Persistent blocks win without a mask (+3-15%, most at 1k tokens and d128 16k), and under a causal
+      // mask since its tiles are claimed longest first from L2-sized sections (d128 +3-12% at 1k-16k,
+      // d256 +0-6% at 1k-4k; bench/notes_fwd_sm90.md, v5-v6 and v14).
+      c.persistent = true;
       if (!c.invalid_reason(arch)) configs.push_back(c);
     }
   }

@@ -284,6 +284,27 @@ flashgen_tensor make_tensor(const DeviceBuffer& buffer, int64_t base, const Stri
   return tensor;
 }
 
+// The problem's input buffers, uploaded.
+std::vector<DeviceBuffer> upload_inputs(const HostProblem& host) {
+  std::vector<DeviceBuffer> inputs;
+  for (const std::vector<uint16_t>& image : host.buffers) {
+    inputs.emplace_back(image.size() * sizeof(uint16_t));
+    inputs.back().upload(image);
+  }
+  return inputs;
+}
+
+// q, k and v over the uploaded inputs.
+struct InputTensors {
+  flashgen_tensor q, k, v;
+};
+InputTensors input_tensors(const std::vector<DeviceBuffer>& in, const ProblemLayout& layout, flashgen_dtype dtype) {
+  auto tensor = [&](const Placement& at) {
+    return make_tensor(in[static_cast<size_t>(at.buffer)], at.base, at.view, dtype);
+  };
+  return {tensor(layout.q), tensor(layout.k), tensor(layout.v)};
+}
+
 // Runs one problem on stream (NULL: the legacy default stream) and checks out and lse against the float64
 // reference with the naive-dtype error budget: through the C ABI when configs is empty, else once per
 // config through launch_forward, outputs poisoned before each run. The caller holds a ScopedContext.
@@ -293,19 +314,13 @@ void run_and_check(const Problem& p, CUstream stream = nullptr,
   const ProblemLayout& layout = host.layout;
   const AttentionShape& s = p.shape;
 
-  std::vector<DeviceBuffer> inputs;
-  for (const std::vector<uint16_t>& image : host.buffers) {
-    inputs.emplace_back(image.size() * sizeof(uint16_t));
-    inputs.back().upload(image);
-  }
+  const std::vector<DeviceBuffer> inputs = upload_inputs(host);
   DeviceBuffer out(static_cast<size_t>(layout.out_elements) * sizeof(uint16_t));
   const int64_t lse_count = s.batch * s.heads_q * s.seqlen_q;
   DeviceBuffer lse;
   if (p.with_lse) lse = DeviceBuffer(static_cast<size_t>(lse_count + kGuardElements) * sizeof(float));
 
-  const flashgen_tensor q = make_tensor(inputs[static_cast<size_t>(layout.q.buffer)], layout.q.base, layout.q.view, p.dtype);
-  const flashgen_tensor k = make_tensor(inputs[static_cast<size_t>(layout.k.buffer)], layout.k.base, layout.k.view, p.dtype);
-  const flashgen_tensor v = make_tensor(inputs[static_cast<size_t>(layout.v.buffer)], layout.v.base, layout.v.view, p.dtype);
+  const auto [q, k, v] = input_tensors(inputs, layout, p.dtype);
   const flashgen_tensor o = make_tensor(out, 0, layout.out, p.dtype);
   flashgen_attention_options options{};
   options.softmax_scale = p.softmax_scale;
@@ -902,6 +917,113 @@ TEST_CASE("attention forward, sm90 family: persistent blocks walk many tiles", "
       // end), over several key blocks per tile, so both blocks' K/V rings wrap across tiles.
       make_problem(1, 520, 520, 64, 8, 128, FLASHGEN_FLOAT16, FLASHGEN_MASK_NONE, 964),
   });
+}
+
+TEST_CASE("attention forward, sm90 family: persistent launches on two streams at once, each twice", "[gpu][attention][sm90]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext context;
+  FLASHGEN_REQUIRE_SM90(context);
+  // A persistent kernel hands its tiles out through a counter of its stream, which must read 0 when it
+  // starts. Two problems with more tiles than SMs run at once on two streams, each launched twice in a
+  // row with its output poisoned on its stream in between: a counter shared by the two streams, or one
+  // the first launch did not set back to 0, would leave tiles poisoned.
+  const std::vector<Problem> problems = {
+      make_problem(1, 300, 300, 96, 8, 64, FLASHGEN_FLOAT16, FLASHGEN_MASK_CAUSAL, 971),
+      make_problem(2, 300, 260, 48, 12, 64, FLASHGEN_FLOAT16, FLASHGEN_MASK_CAUSAL, 972),
+  };
+  struct Run {
+    HostProblem host;
+    std::vector<DeviceBuffer> inputs;
+    DeviceBuffer out, lse;
+    flashgen::test::ForwardReference reference;
+  };
+  std::vector<Run> runs;
+  for (const Problem& p : problems) {
+    Run run;
+    run.host = make_host_problem(p);
+    run.inputs = upload_inputs(run.host);
+    run.out = DeviceBuffer(static_cast<size_t>(run.host.layout.out_elements) * sizeof(uint16_t));
+    const AttentionShape& s = p.shape;
+    run.lse = DeviceBuffer(static_cast<size_t>(s.batch * s.heads_q * s.seqlen_q + kGuardElements) * sizeof(float));
+    run.reference = flashgen::test::forward_reference(s, run.host.q, run.host.k, run.host.v,
+                                                      flashgen::effective_softmax_scale(p.softmax_scale, s.head_dim),
+                                                      p.mask, p.dtype);
+    runs.push_back(std::move(run));
+  }
+  Stream streams[2] = {Stream(CU_STREAM_NON_BLOCKING), Stream(CU_STREAM_NON_BLOCKING)};
+
+  int checked = 0;
+  for (const flashgen::KernelConfig& config : sm90_configs(problems[0])) {
+    if (!config.persistent || config.cluster != 1) continue;
+    INFO("config " << config.name());
+    FLASHGEN_CU_CHECK(cuCtxSynchronize());
+    for (int round = 0; round < 2; ++round)
+      for (size_t j = 0; j < runs.size(); ++j) {
+        const Problem& p = problems[j];
+        const ProblemLayout& layout = runs[j].host.layout;
+        CUstream stream = streams[j].get();
+        runs[j].out.fill_bytes(0xFF, stream);
+        runs[j].lse.fill_bytes(0xFF, stream);
+        const auto [q, k, v] = input_tensors(runs[j].inputs, layout, p.dtype);
+        const flashgen_tensor o = make_tensor(runs[j].out, 0, layout.out, p.dtype);
+        flashgen_attention_options options{};
+        options.softmax_scale = p.softmax_scale;
+        options.mask = p.mask;
+        flashgen::launch_forward(
+            flashgen::make_forward_problem(&q, &k, &v, &o, static_cast<float*>(runs[j].lse.data()), &options), stream,
+            &config);
+      }
+    FLASHGEN_CU_CHECK(cuCtxSynchronize());
+    for (size_t j = 0; j < runs.size(); ++j) {
+      INFO(problems[j].describe());
+      const std::vector<float> lse_values = runs[j].lse.download_all<float>();
+      check_reports(flashgen::test::check_forward(runs[j].reference, runs[j].out.download_all<uint16_t>(),
+                                                  runs[j].host.layout.out, &lse_values));
+    }
+    ++checked;
+  }
+  CHECK(checked > 0);
+}
+
+TEST_CASE("attention forward, sm90 family: causal tile lists in L2 sections of any width", "[gpu][attention][sm90]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext context;
+  FLASHGEN_REQUIRE_SM90(context);
+  // The runtime sizes a persistent causal kernel's sections by the L2 cache, which these small problems
+  // never fill: set the width by hand instead, down to one (batch, head) pair, and widths that leave a
+  // narrower last section (7 pairs in sections of 2 and 3), a section wider than the problem included.
+  const Problem p = make_problem(1, 333, 300, 7, 7, 64, FLASHGEN_FLOAT16, FLASHGEN_MASK_CAUSAL, 981);
+  const HostProblem host = make_host_problem(p);
+  const ProblemLayout& layout = host.layout;
+  const std::vector<DeviceBuffer> inputs = upload_inputs(host);
+  DeviceBuffer out(static_cast<size_t>(layout.out_elements) * sizeof(uint16_t));
+  DeviceBuffer lse(static_cast<size_t>(p.shape.heads_q * p.shape.seqlen_q + kGuardElements) * sizeof(float));
+  const auto [q, k, v] = input_tensors(inputs, layout, p.dtype);
+  const flashgen_tensor o = make_tensor(out, 0, layout.out, p.dtype);
+  flashgen_attention_options options{};
+  options.mask = p.mask;
+  const flashgen::ForwardProblem problem =
+      flashgen::make_forward_problem(&q, &k, &v, &o, static_cast<float*>(lse.data()), &options);
+  const flashgen::test::ForwardReference reference = flashgen::test::forward_reference(
+      p.shape, host.q, host.k, host.v, flashgen::effective_softmax_scale(0.0f, p.shape.head_dim), p.mask, p.dtype);
+
+  int checked = 0;
+  for (const flashgen::KernelConfig& config : sm90_configs(p)) {
+    if (!config.persistent || config.cluster != 1) continue;
+    for (int section : {1, 2, 3, 7, 100}) {
+      INFO("config " << config.name() << ", sections of " << section << " pairs");
+      flashgen::PreparedForward prepared = flashgen::prepare_forward(problem, nullptr, &config);
+      prepared.sm90_params.l2_section = section;
+      out.fill_bytes(0xFF);
+      lse.fill_bytes(0xFF);
+      prepared(nullptr);
+      FLASHGEN_CU_CHECK(cuCtxSynchronize());
+      const std::vector<float> lse_values = lse.download_all<float>();
+      check_reports(flashgen::test::check_forward(reference, out.download_all<uint16_t>(), layout.out, &lse_values));
+      ++checked;
+    }
+  }
+  CHECK(checked > 0);
 }
 
 TEST_CASE("attention forward, sm90 family: inputs TMA cannot describe run on the sm80 family", "[gpu][attention][sm90]") {
