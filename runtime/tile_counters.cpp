@@ -33,11 +33,16 @@ CUdeviceptr stream_tile_counter(CUstream stream) {
   if (auto it = slab.slots.find(stream_id); it != slab.slots.end()) return it->second;
   if (slab.used == kTileCounterSlots) return 0;
   if (slab.base == 0) {
+    // Zeroed in this stream's order and waited for: a memset into the legacy default stream would not
+    // be ordered before launches into a non-blocking stream, and every slot must read 0 before the
+    // first launch into any stream.
     CUdeviceptr base = 0;
     FLASHGEN_CU_CHECK(cuMemAlloc(&base, sizeof(int) * kTileCounterSlots));
-    if (CUresult r = driver().cuMemsetD32(base, 0, kTileCounterSlots); r != CUDA_SUCCESS) {
+    CUresult r = driver().cuMemsetD32Async(base, 0, kTileCounterSlots, stream);
+    if (r == CUDA_SUCCESS) r = driver().cuStreamSynchronize(stream);
+    if (r != CUDA_SUCCESS) {
       driver().cuMemFree(base);
-      throw_cu_error(r, "cuMemsetD32(tile counters)", __FILE__, __LINE__);
+      throw_cu_error(r, "zeroing the tile counters", __FILE__, __LINE__);
     }
     slab.base = base;
   }
