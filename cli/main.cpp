@@ -51,6 +51,7 @@
 #include "nvrtc_compiler.hpp"
 #include "problem_key.hpp"
 #include "reference.hpp"
+#include "sass.hpp"
 #include "space.hpp"
 #include "store.hpp"
 #include "sweep.hpp"
@@ -349,8 +350,11 @@ int command_emit(const Args& args) {
 Command compile_command() {
   return Command("compile",
                  "Compiles kernels with NVRTC (through the on-disk cache unless --no-cache) and prints\n"
-                 "registers, shared memory, spills, stack and compile time. Needs no GPU.",
-                 "[<config-name>...] [--all-defaults] [--arch SM]... [--json] [--no-cache] [--jobs N]", -1,
+                 "registers, shared memory, spills, stack and compile time. Needs no GPU. With --cubin-dir it\n"
+                 "also writes each kernel's cubin; with --sass it prints each kernel's SASS (cuobjdump).",
+                 "[<config-name>...] [--all-defaults] [--arch SM]... [--json] [--no-cache] [--jobs N]\n"
+                 "       [--cubin-dir DIR] [--sass]",
+                 -1,
                  "<config-name>: canonical config names, e.g. fwd_sm80_fp16_d128_m128_n32_w4_s3, or backward modules\n"
                  "               such as bwd_sm90_fp16_d128_m64_n128_s2 (reported by their dkdv kernel)\n" +
                      arch_help())
@@ -358,6 +362,8 @@ Command compile_command() {
       .flag("all-defaults", "add the default candidates (default_forward_candidates) of each arch")
       .flag("no-cache", "compile with NVRTC directly, bypassing the memory and disk caches")
       .option("jobs", "N", "compile N kernels at a time (default: the number of cores)", false, 'j')
+      .option("cubin-dir", "DIR", "write each kernel's cubin to DIR/<config>.<target>.cubin (DIR is created)")
+      .flag("sass", "print each kernel's SASS after the table (JSON: a \"sass\" field); needs cuobjdump")
       .flag("json", "print a JSON array instead of the table");
 }
 
@@ -387,6 +393,9 @@ struct CompileOutcome {
   double wall_ms = 0;     // the whole call, cache lookup included
   bool cached = false;
   std::string error;
+  std::string cubin;       // the kernel's bytes
+  std::string cubin_path;  // where --cubin-dir wrote them
+  std::string sass;        // with --sass
 };
 
 CompileOutcome compile_one(const CompileJob& job, bool use_cache) {
@@ -413,6 +422,7 @@ CompileOutcome compile_one(const CompileJob& job, bool use_cache) {
     }
     outcome.compile_ms = kernel->compile_ms;
     outcome.cached = kernel->from_cache;
+    outcome.cubin = kernel->cubin;
     outcome.ok = true;
   } catch (const std::exception& error) {  // report it and keep going with the other kernels
     outcome.error = error.what();
@@ -456,10 +466,13 @@ void print_compile_table(const std::vector<CompileOutcome>& outcomes, std::ostre
       table.add({o.name, arch_label(o.arch), "FAILED", "-", "-", "-", "-", "-", "-"});
       continue;
     }
-    table.add({o.name, arch_label(o.arch), std::to_string(o.usage.registers), std::to_string(o.usage.static_smem_bytes),
+    // registers < 0: ptxas's report was missing from NVRTC's log, so nothing of it is known.
+    const bool known = o.usage.registers >= 0;
+    auto reported = [&](int value) { return known ? std::to_string(value) : std::string("?"); };
+    table.add({o.name, arch_label(o.arch), reported(o.usage.registers), reported(o.usage.static_smem_bytes),
                std::to_string(o.dynamic_smem_bytes),
-               std::to_string(o.usage.spill_store_bytes) + "/" + std::to_string(o.usage.spill_load_bytes),
-               std::to_string(o.usage.stack_bytes), o.cached ? "-" : format("%.0f", o.compile_ms),
+               reported(o.usage.spill_store_bytes) + "/" + reported(o.usage.spill_load_bytes),
+               reported(o.usage.stack_bytes), o.cached ? "-" : format("%.0f", o.compile_ms),
                o.cached ? "yes" : "no"});
   }
   table.print(os);
@@ -470,15 +483,19 @@ Json compile_outcomes_json(const std::vector<CompileOutcome>& outcomes) {
   for (const CompileOutcome& o : outcomes) {
     Json j = {{"config", o.name}, {"arch", o.arch}, {"target", arch_label(o.arch)}, {"ok", o.ok}};
     if (o.ok) {
-      j["registers"] = o.usage.registers;
-      j["static_smem_bytes"] = o.usage.static_smem_bytes;
+      const bool known = o.usage.registers >= 0;  // else null: ptxas's report was missing from the log
+      auto reported = [&](int value) { return known ? Json(value) : Json(nullptr); };
+      j["registers"] = reported(o.usage.registers);
+      j["static_smem_bytes"] = reported(o.usage.static_smem_bytes);
       j["dynamic_smem_bytes"] = o.dynamic_smem_bytes;
-      j["spill_store_bytes"] = o.usage.spill_store_bytes;
-      j["spill_load_bytes"] = o.usage.spill_load_bytes;
-      j["stack_bytes"] = o.usage.stack_bytes;
+      j["spill_store_bytes"] = reported(o.usage.spill_store_bytes);
+      j["spill_load_bytes"] = reported(o.usage.spill_load_bytes);
+      j["stack_bytes"] = reported(o.usage.stack_bytes);
       j["compile_ms"] = o.compile_ms;
       j["wall_ms"] = o.wall_ms;
       j["cached"] = o.cached;
+      if (!o.cubin_path.empty()) j["cubin_path"] = o.cubin_path;
+      if (!o.sass.empty()) j["sass"] = o.sass;
     } else {
       j["error"] = o.error;
     }
@@ -498,6 +515,9 @@ size_t report_compile_summary(const std::vector<CompileOutcome>& outcomes, doubl
   std::cout << format("\n%zu of %zu kernels compiled (%zu from the cache) in %.1f s", outcomes.size() - failed,
                       outcomes.size(), cached, wall_ms / 1000)
             << (failed ? format("; %zu failed", failed) : std::string()) << '\n';
+  if (std::any_of(outcomes.begin(), outcomes.end(), [](const CompileOutcome& o) { return o.ok && o.usage.registers < 0; }))
+    std::cerr << "? : this NVRTC's log carries no ptxas report (--ptxas-options=-v), so registers, static shared "
+                 "memory, spills and stack are unknown; --sass shows the code (LDL/STL are local memory)\n";
   if (failed) {
     std::cerr << "\nfailed:\n";
     for (const CompileOutcome& o : outcomes)
@@ -535,14 +555,37 @@ int command_compile(const Args& args) {
   if (args.has("all-defaults"))
     for (const CompileJob& job : default_jobs_for(archs)) add(job.config, job.arch);
 
+  const bool sass = args.has("sass");
+  if (sass) require_cuobjdump();  // before any work
+  const std::string cubin_dir = args.string_or("cubin-dir", "");
+  if (!cubin_dir.empty()) {
+    std::error_code error;
+    fs::create_directories(cubin_dir, error);
+    if (error) fail(Status::kInvalidArgument, "--cubin-dir: cannot create '" + cubin_dir + "': " + error.message());
+  }
+
   const Clock::time_point start = Clock::now();
-  const std::vector<CompileOutcome> outcomes = compile_jobs(jobs, !args.has("no-cache"), threads);
+  std::vector<CompileOutcome> outcomes = compile_jobs(jobs, !args.has("no-cache"), threads);
+  for (CompileOutcome& o : outcomes) {
+    if (!o.ok) continue;
+    if (!cubin_dir.empty()) {
+      o.cubin_path = (fs::path(cubin_dir) / (o.name + "." + arch_label(o.arch) + ".cubin")).string();
+      std::ofstream out(o.cubin_path, std::ios::binary);
+      out.write(o.cubin.data(), static_cast<std::streamsize>(o.cubin.size()));
+      if (!out) fail(Status::kInternal, "cannot write '" + o.cubin_path + "'");
+      std::cerr << "wrote " << o.cubin_path << " (" << o.cubin.size() << " bytes)\n";
+    }
+    if (sass) o.sass = disassemble_cubin(o.cubin);
+  }
   if (args.has("json")) {
     std::cout << compile_outcomes_json(outcomes).dump(2) << '\n';
     return std::all_of(outcomes.begin(), outcomes.end(), [](const CompileOutcome& o) { return o.ok; }) ? 0 : 1;
   }
   print_compile_table(outcomes, std::cout);
-  return report_compile_summary(outcomes, ms_since(start)) == 0 ? 0 : 1;
+  const size_t failed = report_compile_summary(outcomes, ms_since(start));
+  for (const CompileOutcome& o : outcomes)
+    if (!o.sass.empty()) std::cout << "\n// SASS of " << o.name << " for " << arch_label(o.arch) << "\n" << o.sass;
+  return failed == 0 ? 0 : 1;
 }
 
 // ---------------------------------------------------------------------------------------------------

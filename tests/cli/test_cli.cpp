@@ -16,6 +16,7 @@
 #include "support/cli_runner.hpp"
 #include "support/temp_dir.hpp"
 #include "cuda_driver.hpp"
+#include "sass.hpp"
 
 namespace {
 
@@ -102,6 +103,41 @@ TEST_CASE("cli: compile --json reports registers and no spills", "[cli][nvrtc]")
   CHECK(entry["spill_store_bytes"] == 0);
   CHECK(entry["spill_load_bytes"] == 0);
   CHECK(entry["cached"] == false);
+}
+
+TEST_CASE("cli: compile --cubin-dir writes each kernel's cubin", "[cli][nvrtc]") {
+  const TempDir dir{"flashgen-cli-test"};
+  const fs::path cubins = dir.path() / "cubins" / "nested";  // created by the CLI
+  const CliResult result = run_cli({"compile", kConfigName, "--arch", "80", "--json", "--cubin-dir", cubins.string()}, dir);
+  CHECK(result.exit_code == 0);
+  const Json j = parse_json(result);
+  REQUIRE(j.size() == 1);
+  const fs::path expected = cubins / (kConfigName + ".sm_80.cubin");
+  CHECK(j[0]["cubin_path"] == expected.string());
+  REQUIRE(fs::exists(expected));
+  std::ifstream in(expected, std::ios::binary);
+  const std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  CHECK(bytes.size() > 1000);
+  CHECK(bytes.compare(0, 4, "\x7f" "ELF") == 0);  // a cubin is an ELF image
+  CHECK(result.err.find("wrote " + expected.string()) != std::string::npos);
+}
+
+TEST_CASE("cli: compile --sass prints the SASS, or says why it cannot", "[cli][nvrtc][sass]") {
+  const TempDir dir{"flashgen-cli-test"};
+  const CliResult result = run_cli({"compile", kConfigName, "--arch", "80", "--sass"}, dir);
+  INFO(result.err);
+  if (flashgen::find_cuobjdump().empty()) {
+    // Refused before compiling anything, with where it looked and what to do instead.
+    CHECK(result.exit_code == 2);  // unsupported here
+    CHECK(result.err.find("no cuobjdump") != std::string::npos);
+    CHECK(result.err.find("--cubin-dir") != std::string::npos);
+    CHECK(result.err.find("compiling") == std::string::npos);
+  } else {
+    CHECK(result.exit_code == 0);
+    const size_t header = result.out.find("// SASS of " + kConfigName + " for sm_80");
+    REQUIRE(header != std::string::npos);
+    CHECK(flashgen::sass_opcode_count(result.out.substr(header), "HMMA") > 0);  // the sm80 family's mma.sync
+  }
 }
 
 TEST_CASE("cli: failures under --json print one JSON error object", "[cli]") {

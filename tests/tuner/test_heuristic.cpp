@@ -1,22 +1,17 @@
 // Built-in configs: valid for every supported problem, and every default candidate compiles with NVRTC
 // for sm_80 and sm_90a without spills.
-#include <stdlib.h>
-
 #include <algorithm>
-#include <cstdio>
 #include <atomic>
-#include <filesystem>
-#include <fstream>
-#include <memory>
+#include <string>
 #include <thread>
 #include <vector>
-#include <string>
 
 #include "catch.hpp"
 #include "support/temp_dir.hpp"
 #include "heuristic.hpp"
 #include "kernel_registry.hpp"
 #include "nvrtc_compiler.hpp"
+#include "sass.hpp"
 #include "select.hpp"
 
 using flashgen::DType;
@@ -25,39 +20,6 @@ using flashgen::MaskKind;
 namespace {
 
 using flashgen::testing::TempDir;
-
-// cuobjdump where the toolkit has it (the lent GPU machines do; a compile-only machine may not).
-std::string find_cuobjdump() {
-  std::vector<std::string> candidates;
-  if (const char* home = std::getenv("CUDA_HOME")) candidates.push_back(std::string(home) + "/bin/cuobjdump");
-  candidates.push_back("/usr/local/cuda/bin/cuobjdump");
-  for (const std::string& path : candidates)
-    if (std::filesystem::exists(path)) return path;
-  return {};
-}
-
-// The SASS of a cubin, disassembled by cuobjdump.
-std::string sass_of(const std::string& cuobjdump, const std::string& cubin, const TempDir& dir) {
-  const std::filesystem::path path = dir.path() / "kernel.cubin";
-  std::ofstream(path, std::ios::binary) << cubin;
-  std::string text;
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen((cuobjdump + " -sass " + path.string()).c_str(), "r"), pclose);
-  REQUIRE(pipe != nullptr);
-  char buffer[4096];
-  for (size_t n; (n = fread(buffer, 1, sizeof buffer, pipe.get())) > 0;) text.append(buffer, n);
-  return text;
-}
-
-// Occurrences of an opcode (a whole word followed by '.' or ' ') in SASS text.
-int opcode_count(const std::string& sass, const std::string& opcode) {
-  int count = 0;
-  for (size_t at = sass.find(opcode); at != std::string::npos; at = sass.find(opcode, at + 1)) {
-    const char before = at > 0 ? sass[at - 1] : ' ';
-    const char after = at + opcode.size() < sass.size() ? sass[at + opcode.size()] : ' ';
-    count += (before == ' ' || before == '}') && (after == '.' || after == ' ');
-  }
-  return count;
-}
 
 // The sm90 family's default candidates, then their p_smem and cluster variants where valid.
 std::vector<flashgen::KernelConfig> sm90_candidates_and_variants() {
@@ -229,9 +191,8 @@ TEST_CASE("the run-time backward choice compiles for sm_80 and sm_90a with zero 
 TEST_CASE("the SASS of every default sm90 candidate and its variants runs on HGMMA without local memory",
           "[tuner][heuristic][nvrtc][sass]") {
   // Needs cuobjdump (no GPU): where the toolkit lacks it, the case skips.
-  const std::string cuobjdump = find_cuobjdump();
-  if (cuobjdump.empty()) {
-    WARN("skipped: no cuobjdump in $CUDA_HOME/bin or /usr/local/cuda/bin");
+  if (flashgen::find_cuobjdump().empty()) {
+    WARN("skipped: no cuobjdump in $CUDA_HOME/bin, /usr/local/cuda/bin or $PATH");
     return;
   }
   const TempDir dir{"flashgen-sass-test"};
@@ -240,10 +201,10 @@ TEST_CASE("the SASS of every default sm90 candidate and its variants runs on HGM
   CHECK(configs.size() == 16 + 10 * 2);  // both dtypes of the default candidates and variants counted above
   for (const auto& c : configs) {
     INFO(c.name());
-    const std::string sass = sass_of(cuobjdump, registry.compiled(c, 90)->cubin, dir);
-    CHECK(opcode_count(sass, "HGMMA") >= 2 * c.head_dim / 16);  // at least the k-steps of S = Q Kᵀ and P V
-    CHECK(opcode_count(sass, "HMMA") == 0);                     // no mma.sync left in the wgmma family
-    CHECK(opcode_count(sass, "LDL") == 0);                      // no local memory
-    CHECK(opcode_count(sass, "STL") == 0);
+    const std::string sass = flashgen::disassemble_cubin(registry.compiled(c, 90)->cubin);
+    CHECK(flashgen::sass_opcode_count(sass, "HGMMA") >= 2 * c.head_dim / 16);  // the k-steps of S = Q Kᵀ and P V
+    CHECK(flashgen::sass_opcode_count(sass, "HMMA") == 0);  // no mma.sync left in the wgmma family
+    CHECK(flashgen::sass_opcode_count(sass, "LDL") == 0);   // no local memory
+    CHECK(flashgen::sass_opcode_count(sass, "STL") == 0);
   }
 }
