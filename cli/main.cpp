@@ -393,8 +393,8 @@ struct CompileOutcome {
   double wall_ms = 0;     // the whole call, cache lookup included
   bool cached = false;
   std::string error;
-  std::string cubin;       // the kernel's bytes
-  std::string cubin_path;  // where --cubin-dir wrote them
+  std::shared_ptr<const CompiledKernel> kernel;  // its cubin for --cubin-dir and --sass
+  std::string cubin_path;  // where --cubin-dir wrote it
   std::string sass;        // with --sass
 };
 
@@ -422,7 +422,7 @@ CompileOutcome compile_one(const CompileJob& job, bool use_cache) {
     }
     outcome.compile_ms = kernel->compile_ms;
     outcome.cached = kernel->from_cache;
-    outcome.cubin = kernel->cubin;
+    outcome.kernel = kernel;
     outcome.ok = true;
   } catch (const std::exception& error) {  // report it and keep going with the other kernels
     outcome.error = error.what();
@@ -571,11 +571,12 @@ int command_compile(const Args& args) {
     if (!cubin_dir.empty()) {
       o.cubin_path = (fs::path(cubin_dir) / (o.name + "." + arch_label(o.arch) + ".cubin")).string();
       std::ofstream out(o.cubin_path, std::ios::binary);
-      out.write(o.cubin.data(), static_cast<std::streamsize>(o.cubin.size()));
+      const std::string& cubin = o.kernel->cubin;
+      out.write(cubin.data(), static_cast<std::streamsize>(cubin.size()));
       if (!out) fail(Status::kInternal, "cannot write '" + o.cubin_path + "'");
-      std::cerr << "wrote " << o.cubin_path << " (" << o.cubin.size() << " bytes)\n";
+      std::cerr << "wrote " << o.cubin_path << " (" << cubin.size() << " bytes)\n";
     }
-    if (sass) o.sass = disassemble_cubin(o.cubin);
+    if (sass) o.sass = disassemble_cubin(o.kernel->cubin);
   }
   if (args.has("json")) {
     std::cout << compile_outcomes_json(outcomes).dump(2) << '\n';

@@ -225,9 +225,9 @@ PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedCont
     prepared.grid[1] = static_cast<unsigned>(p.heads_q);
     prepared.grid[2] = static_cast<unsigned>(p.batch);
   }
+  // Only the persistent causal kernels walk a sectioned tile list; the others never read l2_section.
   prepared.uses_tile_counter = prepared.uses_tma && launch.config.persistent && problem.mask == MaskKind::kCausal;
-
-  if (prepared.uses_tma) {
+  if (prepared.uses_tile_counter) {
     prepared.sm90_params.l2_section = l2_section(p, problem.head_dim, m_blocks, prepared.grid[0], scope.device());
   }
   prepared.params = p;
@@ -243,19 +243,19 @@ PreparedForward prepare_forward(const ForwardProblem& problem, CUstream stream, 
 }
 
 void PreparedForward::operator()(CUstream stream) const {
-  if (!uses_tile_counter) {
-    void* args[] = {uses_tma ? static_cast<void*>(const_cast<AttnFwdSm90Params*>(&sm90_params))
-                             : static_cast<void*>(const_cast<AttnFwdParams*>(&params))};
+  auto launch = [&](const void* kernel_params) {
+    void* args[] = {const_cast<void*>(kernel_params)};
     FLASHGEN_CU_CHECK(cuLaunchKernel(function, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes, stream, args,
                                      nullptr));
+  };
+  if (!uses_tile_counter) {
+    launch(uses_tma ? static_cast<const void*>(&sm90_params) : static_cast<const void*>(&params));
     return;
   }
   AttnFwdSm90Params with_counter = sm90_params;
-  void* args[] = {&with_counter};
   if (const CUdeviceptr shared = stream_tile_counter(stream)) {
     with_counter.tile_counter = reinterpret_cast<int*>(shared);
-    FLASHGEN_CU_CHECK(cuLaunchKernel(function, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes, stream, args,
-                                     nullptr));
+    launch(&with_counter);
     return;
   }
   // A counter of this launch's own, zeroed in stream order (and captured with it into a graph).
@@ -264,8 +264,7 @@ void PreparedForward::operator()(CUstream stream) const {
   with_counter.tile_counter = reinterpret_cast<int*>(owned);
   try {
     FLASHGEN_CU_CHECK(cuMemsetD32Async(owned, 0, 1, stream));
-    FLASHGEN_CU_CHECK(cuLaunchKernel(function, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes, stream, args,
-                                     nullptr));
+    launch(&with_counter);
   } catch (...) {
     driver().cuMemFreeAsync(owned, stream);
     throw;
