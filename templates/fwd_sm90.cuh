@@ -352,12 +352,13 @@ struct FwdSm90 {
   static __device__ void consume(const AttnFwdSm90Params& params, const Tile& tile, int k, int first_block, u32 smem,
                                  const Barriers& bars) {
     const AttnFwdParams& p = params.base;
-    const int consumer = threadIdx.x / 128 - 1;
+    const int consumer = sm90::warpgroup_index() - 1;
     const int warp = (threadIdx.x / 32) % 4;  // within the warpgroup: rows 16 * warp .. + 15 of its 64
     const int lane = threadIdx.x % 32;
     const int g = lane / 4;  // accumulator row within an 8-row group
     const int t = lane % 4;  // accumulator column pair
     const u32 sq_rows = smem + consumer * 64 * kRowBytes;  // this consumer's 64 Q rows in chunk 0
+    const u64 desc_q0 = sm90::smem_desc_sw128(sq_rows, 16, 1024);
     const int row0 = tile.m_start + consumer * 64 + warp * 16 + g;  // query rows row0 and row0 + 8
 
     float acc_o[kOGroups][4];  // (64, kHeadDim) fp32 per warpgroup: this thread's (2 rows, 2 cols) groups
@@ -399,14 +400,14 @@ struct FwdSm90 {
 
     // Issues S = Q Kᵀ of block it: (64, kBlockN) per warpgroup, k-steps of 16 along head_dim.
     auto issue_qk = [&](int it, float (&acc_s)[kSGroups][4]) {
-      const u32 sk = smem + kKOffset + slot(it) * kTileBytes;
+      const u64 desc_k0 = sm90::smem_desc_sw128(smem + kKOffset + slot(it) * kTileBytes, 16, 1024);
       sm90::mbarrier_wait(bars.k_full(slot(it)), phase(it));
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kQkSteps; ++kk) {
         const u32 offset = (kk % 4) * 32;  // k-step within its 64-column chunk
-        const u64 desc_q = sm90::smem_desc_sw128(sq_rows + (kk / 4) * kBlockM * kRowBytes + offset, 16, 1024);
-        const u64 desc_k = sm90::smem_desc_sw128(sk + (kk / 4) * kBlockN * kRowBytes + offset, 16, 1024);
+        const u64 desc_q = sm90::smem_desc_advance(desc_q0, (kk / 4) * kBlockM * kRowBytes + offset);
+        const u64 desc_k = sm90::smem_desc_advance(desc_k0, (kk / 4) * kBlockN * kRowBytes + offset);
         sm90::WgmmaSS<kBlockN>::template run<kElem>(acc_s, desc_q, desc_k, kk > 0 ? 1 : 0);
       }
       sm90::wgmma_commit();
@@ -416,15 +417,16 @@ struct FwdSm90 {
     // its 64-column chunks kBlockN rows apart. P comes from p_frag, or with kPSmem from this consumer's
     // P rows, read K-major like Q.
     const u32 sp_rows = smem + kPOffset + consumer * kPBytes;
+    const u64 desc_p0 = sm90::smem_desc_sw128(sp_rows, 16, 1024);
     auto issue_pv = [&](int it, const u32 (&p_frag)[kPSteps][4]) {
-      const u32 sv = smem + kVOffset + slot(it) * kTileBytes;
+      const u64 desc_v0 = sm90::smem_desc_sw128(smem + kVOffset + slot(it) * kTileBytes, kBlockN * kRowBytes, 1024);
       sm90::mbarrier_wait(bars.v_full(slot(it)), phase(it));
       sm90::wgmma_fence();
 #pragma unroll
       for (int j = 0; j < kPSteps; ++j) {
-        const u64 desc_v = sm90::smem_desc_sw128(sv + j * 16 * kRowBytes, kBlockN * kRowBytes, 1024);
+        const u64 desc_v = sm90::smem_desc_advance(desc_v0, j * 16 * kRowBytes);
         if constexpr (kPSmem) {
-          const u64 desc_p = sm90::smem_desc_sw128(sp_rows + (j / 4) * 64 * kRowBytes + (j % 4) * 32, 16, 1024);
+          const u64 desc_p = sm90::smem_desc_advance(desc_p0, (j / 4) * 64 * kRowBytes + (j % 4) * 32);
           sm90::WgmmaSSKMN<kHeadDim>::template run<kElem>(acc_o, desc_p, desc_v, 1);
         } else {
           sm90::WgmmaRS<kHeadDim>::template run<kElem>(acc_o, p_frag[j], desc_v, 1);

@@ -163,7 +163,22 @@ __device__ __forceinline__ u64 smem_desc_sw128(u32 addr, u32 leading_bytes, u32 
          (static_cast<u64>(stride_bytes >> 4) << 32) | (1ull << 62);
 }
 
+// desc with its start address moved on by bytes (a multiple of 16), e.g. to the next k-step. Only the
+// 32-bit word holding the address field changes: shared-memory addresses stay below 2^18 bytes, so the
+// add never carries out of the 14-bit field, and one 32-bit add replaces rebuilding the descriptor.
+__device__ __forceinline__ u64 smem_desc_advance(u64 desc, u32 bytes) {
+  const u32 low = static_cast<u32>(desc) + (bytes >> 4);
+  return (desc & 0xFFFFFFFF00000000ull) | low;
+}
+
 // ---- registers and barriers ----
+
+// This thread's warpgroup, threadIdx.x / 128, read through a shuffle from lane 0: the compiler then knows
+// it is the same for the whole warp and keeps what is derived from it (shared-memory addresses, wgmma
+// descriptors) in uniform registers instead of moving them over with R2UR before each wgmma.
+__device__ __forceinline__ int warpgroup_index() {
+  return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+}
 
 // Gives registers back to (dec) or takes them from (inc) the block's pool, for the whole warpgroup.
 template <int kRegs>
