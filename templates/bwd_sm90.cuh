@@ -244,6 +244,10 @@ struct BwdDkdvSm90 {
       const u32 s_dsum = s_lse + kBlockM * 4;
       const u32 sds = smem + kDsOffset + (it % 2) * kDsTileBytes;
       sm90::mbarrier_wait(bars.full(s), ring_phase(it));
+      const u64 desc_k_rows = sm90::smem_desc_sw128(sk_rows, 16, 1024);
+      const u64 desc_v_rows = sm90::smem_desc_sw128(sv_rows, 16, 1024);
+      const u64 desc_q = sm90::smem_desc_sw128(sq, 16, 1024);
+      const u64 desc_do = sm90::smem_desc_sw128(sdo, 16, 1024);
 
       // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for this consumer's keys: (64, kBlockM), k-steps along head_dim.
       float acc_s[kSGroups][4];
@@ -253,16 +257,16 @@ struct BwdDkdvSm90 {
       for (int kk = 0; kk < kDSteps; ++kk) {
         const u32 offset = (kk / 4) * kBlockN * kRowBytes + (kk % 4) * 32;
         const u32 q_offset = (kk / 4) * kBlockM * kRowBytes + (kk % 4) * 32;
-        sm90::WgmmaSS<kBlockM>::template run<kElem>(acc_s, sm90::smem_desc_sw128(sk_rows + offset, 16, 1024),
-                                                    sm90::smem_desc_sw128(sq + q_offset, 16, 1024), kk > 0 ? 1 : 0);
+        sm90::WgmmaSS<kBlockM>::template run<kElem>(acc_s, sm90::smem_desc_advance(desc_k_rows, offset),
+                                                    sm90::smem_desc_advance(desc_q, q_offset), kk > 0 ? 1 : 0);
       }
       sm90::wgmma_commit();
 #pragma unroll
       for (int kk = 0; kk < kDSteps; ++kk) {
         const u32 offset = (kk / 4) * kBlockN * kRowBytes + (kk % 4) * 32;
         const u32 q_offset = (kk / 4) * kBlockM * kRowBytes + (kk % 4) * 32;
-        sm90::WgmmaSS<kBlockM>::template run<kElem>(acc_dp, sm90::smem_desc_sw128(sv_rows + offset, 16, 1024),
-                                                    sm90::smem_desc_sw128(sdo + q_offset, 16, 1024), kk > 0 ? 1 : 0);
+        sm90::WgmmaSS<kBlockM>::template run<kElem>(acc_dp, sm90::smem_desc_advance(desc_v_rows, offset),
+                                                    sm90::smem_desc_advance(desc_do, q_offset), kk > 0 ? 1 : 0);
       }
       sm90::wgmma_commit();
 
@@ -310,16 +314,18 @@ struct BwdDkdvSm90 {
       }
 
       // dV += Pᵀ dO and dK += dSᵀ Q: queries are the k dimension; dO and Q are read MN-major.
+      const u64 desc_do_mn = sm90::smem_desc_sw128(sdo, kBlockM * kRowBytes, 1024);
+      const u64 desc_q_mn = sm90::smem_desc_sw128(sq, kBlockM * kRowBytes, 1024);
       sm90::wgmma_fence();
 #pragma unroll
       for (int j = 0; j < kMSteps; ++j) {
-        const u64 desc_do = sm90::smem_desc_sw128(sdo + j * 16 * kRowBytes, kBlockM * kRowBytes, 1024);
-        sm90::WgmmaRS<kHeadDim>::template run<kElem>(acc_dv, p_frag[j], desc_do, 1);
+        const u64 desc_do_j = sm90::smem_desc_advance(desc_do_mn, j * 16 * kRowBytes);
+        sm90::WgmmaRS<kHeadDim>::template run<kElem>(acc_dv, p_frag[j], desc_do_j, 1);
       }
 #pragma unroll
       for (int j = 0; j < kMSteps; ++j) {
-        const u64 desc_q = sm90::smem_desc_sw128(sq + j * 16 * kRowBytes, kBlockM * kRowBytes, 1024);
-        sm90::WgmmaRS<kHeadDim>::template run<kElem>(acc_dk, ds_frag[j], desc_q, 1);
+        const u64 desc_q_j = sm90::smem_desc_advance(desc_q_mn, j * 16 * kRowBytes);
+        sm90::WgmmaRS<kHeadDim>::template run<kElem>(acc_dk, ds_frag[j], desc_q_j, 1);
       }
       sm90::wgmma_commit();
 
@@ -328,15 +334,15 @@ struct BwdDkdvSm90 {
         // the k dimension. The dSᵀ tiles alternate, so the next step's stores need no barrier of their own.
         sm90::named_barrier_sync(kConsumersBarrier, kConsumers * 128);
         float acc_dq[kDqRowTiles][kDqGroups][4];
+        const u64 desc_ds_mn = sm90::smem_desc_sw128(sds, kBlockN * kRowBytes, 1024);
+        const u64 desc_k_mn = sm90::smem_desc_sw128(sk, kBlockN * kRowBytes, 1024);
 #pragma unroll
         for (int r = 0; r < kDqRowTiles; ++r) {
 #pragma unroll
           for (int j = 0; j < kNSteps; ++j) {
-            const u64 desc_ds =
-                sm90::smem_desc_sw128(sds + (dq_tile0 + r) * kBlockN * kRowBytes + j * 16 * kRowBytes, kBlockN * kRowBytes,
-                                      1024);
-            const u64 desc_k = sm90::smem_desc_sw128(sk + (dq_col0 / 64) * kBlockN * kRowBytes + j * 16 * kRowBytes,
-                                                     kBlockN * kRowBytes, 1024);
+            const u32 step = j * 16 * kRowBytes;
+            const u64 desc_ds = sm90::smem_desc_advance(desc_ds_mn, (dq_tile0 + r) * kBlockN * kRowBytes + step);
+            const u64 desc_k = sm90::smem_desc_advance(desc_k_mn, (dq_col0 / 64) * kBlockN * kRowBytes + step);
             sm90::WgmmaSSMN<kDqCols>::template run<kElem>(acc_dq[r], desc_ds, desc_k, j > 0 ? 1 : 0);
           }
         }
