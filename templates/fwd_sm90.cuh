@@ -502,8 +502,9 @@ struct FwdSm90 {
     // P as 16-bit A fragments: accumulator groups 2j and 2j+1 hold the m16n8k16 A fragment of keys
     // 16j .. 16j + 15. Written only while no wgmma reads p_frag: ptxas serializes every wgmma of a kernel
     // whose in-flight operand registers may be redefined.
-    // With kPSmem P goes to this consumer's P rows instead (store_swizzled, as the output below), once every warp's P V of the previous block is done reading them; the second barrier makes
-    // every warp's P visible to the tensor cores.
+    // With kPSmem P goes to this consumer's P rows instead (store_swizzled, as the output below), once
+    // every warp's P V of the previous block is done reading them; the second barrier makes every warp's
+    // P visible to the tensor cores.
     auto pack_p = [&](const float (&acc_s)[kSGroups][4], u32 (&p_frag)[kPSteps][4]) {
       if constexpr (kPSmem) {
         sm90::named_barrier_sync(1 + consumer, 128);
