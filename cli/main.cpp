@@ -81,6 +81,14 @@ std::string arch_label(int arch) {
   return flag.rfind(prefix, 0) == 0 ? flag.substr(prefix.size()) : flag;
 }
 
+// Writes bytes to path (replacing it), or fails with kInternal naming the path.
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  out.close();
+  if (!out) fail(Status::kInternal, "cannot write '" + path + "'");
+}
+
 std::string format_bytes(uint64_t bytes) {
   if (bytes < 1024) return std::to_string(bytes) + " B";
   const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
@@ -336,10 +344,7 @@ int command_emit(const Args& args) {
     return 0;
   }
   const std::string path = args.string_or("output", "");
-  std::ofstream out(path, std::ios::binary);
-  out << source;
-  out.close();
-  if (!out) fail(Status::kInternal, "cannot write '" + path + "'");
+  write_file(path, source);
   std::cerr << "wrote " << config.name() << " (" << source.size() << " bytes) to " << path << '\n';
   return 0;
 }
@@ -570,11 +575,8 @@ int command_compile(const Args& args) {
     if (!o.ok) continue;
     if (!cubin_dir.empty()) {
       o.cubin_path = (fs::path(cubin_dir) / (o.name + "." + arch_label(o.arch) + ".cubin")).string();
-      std::ofstream out(o.cubin_path, std::ios::binary);
-      const std::string& cubin = o.kernel->cubin;
-      out.write(cubin.data(), static_cast<std::streamsize>(cubin.size()));
-      if (!out) fail(Status::kInternal, "cannot write '" + o.cubin_path + "'");
-      std::cerr << "wrote " << o.cubin_path << " (" << cubin.size() << " bytes)\n";
+      write_file(o.cubin_path, o.kernel->cubin);
+      std::cerr << "wrote " << o.cubin_path << " (" << o.kernel->cubin.size() << " bytes)\n";
     }
     if (sass) o.sass = disassemble_cubin(o.kernel->cubin);
   }
@@ -1259,9 +1261,7 @@ int command_db(const Args& args) {
       std::cout << text;
       return 0;
     }
-    const std::string path = args.string_or("output", "");
-    std::ofstream out(path, std::ios::binary);
-    if (!(out << text)) fail(Status::kInternal, "cannot write '" + path + "'");
+    write_file(args.string_or("output", ""), text);
     return 0;
   }
   if (action == "import") {

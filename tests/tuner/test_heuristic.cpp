@@ -1,12 +1,11 @@
 // Built-in configs: valid for every supported problem, and every default candidate compiles with NVRTC
 // for sm_80 and sm_90a without spills.
-#include <algorithm>
-#include <atomic>
 #include <string>
-#include <thread>
+#include <utility>
 #include <vector>
 
 #include "catch.hpp"
+#include "support/parallel.hpp"
 #include "support/temp_dir.hpp"
 #include "heuristic.hpp"
 #include "kernel_registry.hpp"
@@ -150,14 +149,9 @@ TEST_CASE("the run-time backward choice compiles for sm_80 and sm_90a with zero 
             for (const auto& c : flashgen::heuristic_backward_configs(dtype, d, mask, deterministic, arch))
               preferences.emplace_back(c, arch);
           }
-  std::atomic<size_t> next{0};
-  auto worker = [&] {
-    for (size_t i = next++; i < preferences.size(); i = next++) registry.compiled(preferences[i].first, preferences[i].second);
-  };
-  std::vector<std::thread> pool;
-  for (unsigned t = 1; t < std::max(1u, std::thread::hardware_concurrency()); ++t) pool.emplace_back(worker);
-  worker();
-  for (std::thread& thread : pool) thread.join();
+  flashgen::testing::parallel_for(preferences.size(), [&](size_t i) {
+    registry.compiled(preferences[i].first, preferences[i].second);
+  });
 
   for (const Class& k : classes) {
     const flashgen::BackwardChoice choice =

@@ -1,11 +1,8 @@
 // Shipped tuning defaults: read from export documents, matched by GPU kind (driver and toolchain
 // versions may differ), exact bucket then nearest; placed after the user's database and before the
 // heuristic in the run-time choice; and the embedded data itself is valid.
-#include <algorithm>
-#include <atomic>
 #include <set>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -15,6 +12,7 @@
 #include "select.hpp"
 #include "shipped.hpp"
 #include "store.hpp"
+#include "support/parallel.hpp"
 #include "support/temp_dir.hpp"
 
 using flashgen::DType;
@@ -169,14 +167,7 @@ TEST_CASE("every embedded shipped winner compiles without spills or ptxas warnin
   auto compile = [&](const std::pair<flashgen::TunedConfig, int>& job) {
     return std::visit([&](const auto& config) { return registry.compiled(config, job.second); }, job.first);
   };
-  std::atomic<size_t> next{0};
-  auto worker = [&] {
-    for (size_t i = next++; i < jobs.size(); i = next++) compile(jobs[i]);
-  };
-  std::vector<std::thread> pool;
-  for (unsigned t = 1; t < std::max(1u, std::thread::hardware_concurrency()); ++t) pool.emplace_back(worker);
-  worker();
-  for (std::thread& thread : pool) thread.join();
+  flashgen::testing::parallel_for(jobs.size(), [&](size_t i) { compile(jobs[i]); });
 
   for (const auto& job : jobs) {
     INFO("sm_" << job.second << " " << flashgen::config_name(job.first));
