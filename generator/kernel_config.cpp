@@ -25,6 +25,7 @@ std::string KernelConfig::name() const {
     if (persistent) name += "_pst";
     if (p_smem) name += "_psm";
     if (cluster != 1) name += "_c" + to_string(cluster);
+    if (groups != 1) name += "_g" + to_string(groups);
     return name;
   }
   std::string name = std::string("fwd_sm80_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_m" +
@@ -61,7 +62,7 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
   FLASHGEN_REQUIRE(sm90 || (fields.size() >= 8 && fields[0] == "fwd" && fields[1] == "sm80"),
                    "config name '" + name +
                        "': expected fwd_sm80_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_w<warps>_s<stages>"
-                       "[_causal][_qreg] or fwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_ovl][_pp][_pst][_psm][_c2]");
+                       "[_causal][_qreg] or fwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_ovl][_pp][_pst][_psm][_c2][_g2]");
   KernelConfig config;
   if (sm90) config.family = KernelFamily::kSm90;
   config.dtype = parse_dtype_field(fields[2], name);
@@ -86,6 +87,8 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
       config.p_smem = true;
     } else if (fields[i].size() > 1 && fields[i][0] == 'c' && sm90 && config.cluster == 1) {
       config.cluster = parse_name_field(fields[i], "c", name);
+    } else if (fields[i].size() > 1 && fields[i][0] == 'g' && sm90 && config.groups == 1) {
+      config.groups = parse_name_field(fields[i], "g", name);
     } else {
       fail(Status::kInvalidArgument, "config name '" + name + "': unknown suffix '" + fields[i] + "'");
     }
@@ -101,7 +104,7 @@ FwdTraits KernelConfig::traits() const {
 }
 
 FwdSm90Traits KernelConfig::sm90_traits() const {
-  return fwd_sm90_traits(head_dim, block_m, block_n, stages, pingpong, persistent, p_smem, cluster, mask);
+  return fwd_sm90_traits(head_dim, block_m, block_n, stages, pingpong, persistent, p_smem, cluster, mask, groups);
 }
 
 int KernelConfig::threads() const {
@@ -120,8 +123,8 @@ std::optional<std::string> KernelConfig::invalid_reason(int arch) const {
   if (family == KernelFamily::kSm90) {
     if (arch != 90) return "the sm90 kernel family needs sm_90a (wgmma, TMA, setmaxnreg)";
     if (q_in_regs) return "q_in_regs is an sm80-family knob";
-  } else if (overlap || pingpong || persistent || p_smem || cluster != 1) {
-    return "overlap, pingpong, persistent, p_smem and cluster are sm90-family knobs";
+  } else if (overlap || pingpong || persistent || p_smem || cluster != 1 || groups != 1) {
+    return "overlap, pingpong, persistent, p_smem, cluster and groups are sm90-family knobs";
   } else if (arch < 80) {
     return "the sm80 kernel family needs sm_80 or newer (mma.sync m16n8k16 bf16, cp.async)";
   }
@@ -140,7 +143,7 @@ bool KernelConfig::operator==(const KernelConfig& o) const {
          block_m == o.block_m && block_n == o.block_n && stages == o.stages &&
          (sm80 ? warps == o.warps && q_in_regs == o.q_in_regs
               : overlap == o.overlap && pingpong == o.pingpong && persistent == o.persistent &&
-                    p_smem == o.p_smem && cluster == o.cluster);
+                    p_smem == o.p_smem && cluster == o.cluster && groups == o.groups);
 }
 
 void to_json(nlohmann::json& j, const KernelConfig& c) {
@@ -148,7 +151,8 @@ void to_json(nlohmann::json& j, const KernelConfig& c) {
     j = nlohmann::json{{"family", "fwd_sm90"},       {"dtype", dtype_name(c.dtype)}, {"head_dim", c.head_dim},
                        {"mask", mask_name(c.mask)}, {"block_m", c.block_m},      {"block_n", c.block_n},
                        {"stages", c.stages},          {"overlap", c.overlap},      {"pingpong", c.pingpong},
-                       {"persistent", c.persistent}, {"p_smem", c.p_smem},      {"cluster", c.cluster}};
+                       {"persistent", c.persistent}, {"p_smem", c.p_smem},      {"cluster", c.cluster},
+                       {"groups", c.groups}};
     return;
   }
   j = nlohmann::json{{"family", "fwd_sm80"},    {"dtype", dtype_name(c.dtype)}, {"head_dim", c.head_dim},
@@ -190,6 +194,7 @@ void from_json(const nlohmann::json& j, KernelConfig& c) {
   get_int("warps", config.warps);
   get_int("stages", config.stages);
   get_int("cluster", config.cluster);
+  get_int("groups", config.groups);
   get_bool("overlap", config.overlap);
   get_bool("pingpong", config.pingpong);
   get_bool("persistent", config.persistent);

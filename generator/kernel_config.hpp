@@ -34,10 +34,11 @@ struct KernelConfig {
   bool persistent = false;  // sm90 only: one block per SM walks the tiles (grid = min(tiles, SMs))
   bool p_smem = false;      // sm90 only: P V reads P from shared memory instead of registers
   int cluster = 1;          // sm90 only: 2 blocks of a cluster share each K/V tile by TMA multicast
+  int groups = 1;           // sm90 only: 2 groups of consumers in one persistent block, each on tiles of its own
 
   // Canonical name, e.g. fwd_sm80_bf16_d128_m128_n32_w4_s3_causal (suffix _qreg when q_in_regs) or
-  // fwd_sm90_fp16_d128_m128_n128_s2_causal (suffixes _ovl, _pp, _pst, _psm, _c2 for overlap, pingpong,
-  // persistent, p_smem, cluster 2). It is the kernel's symbol, its file name in dumps and part of its
+  // fwd_sm90_fp16_d128_m128_n128_s2_causal (suffixes _ovl, _pp, _pst, _psm, _c2, _g2 for overlap,
+  // pingpong, persistent, p_smem, cluster 2, groups 2). It is the kernel's symbol, its file name in dumps and part of its
   // cache key.
   std::string name() const;
   // Inverse of name(); throws Error(kInvalidArgument) naming what it could not read.

@@ -122,16 +122,16 @@ int multiprocessors(CUdevice device) {
 }
 
 // (batch, head) pairs per section of a persistent causal kernel's tile list. As many as have their K and V
-// (shared by the query heads of a group) in half the L2 cache, but enough for two tiles per block, since
-// the blocks running at once span about one section; then widened to even out the sections, so the last
+// (shared by the query heads of a group) in half the L2 cache, but enough for two tiles per walker (block
+// or group of consumers), since the walkers running at once span about one section; then widened to even out the sections, so the last
 // is not a narrow one whose longest tiles would start when the others are done.
-int l2_section(const AttnFwdParams& p, int head_dim, int64_t m_blocks, int64_t blocks, CUdevice device) {
+int l2_section(const AttnFwdParams& p, int head_dim, int64_t m_blocks, int64_t walkers, CUdevice device) {
   int l2_bytes = 0;
   FLASHGEN_CU_CHECK(cuDeviceGetAttribute(&l2_bytes, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, device));
   const int64_t kv_bytes_per_pair = std::max<int64_t>(int64_t(2) * p.seqlen_k * head_dim * 2 / p.group_size, 1);
   const int64_t pairs = int64_t(p.heads_q) * p.batch;
   const int64_t widest = std::clamp<int64_t>(
-      std::max<int64_t>(l2_bytes / 2 / kv_bytes_per_pair, (2 * blocks + m_blocks - 1) / m_blocks), 1, pairs);
+      std::max<int64_t>(l2_bytes / 2 / kv_bytes_per_pair, (2 * walkers + m_blocks - 1) / m_blocks), 1, pairs);
   const int64_t sections = pairs / widest;
   return static_cast<int>((pairs + sections - 1) / sections);
 }
@@ -217,9 +217,11 @@ PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedCont
   prepared.function = KernelRegistry::instance().function(launch.config, scope.context(), launch.arch);
   prepared.threads = static_cast<unsigned>(launch.config.threads());
   prepared.smem_bytes = static_cast<unsigned>(launch.config.smem_bytes());
+  // Walkers of a persistent kernel's tile list: its blocks, or their groups of consumers.
+  const int groups = launch.config.groups;
   if (launch.config.persistent) {  // one block per SM (one cluster per SM pair) walks the tiles
     const int64_t resident = cluster > 1 ? max_active_clusters(prepared, scope.device()) : multiprocessors(scope.device());
-    prepared.grid[0] = static_cast<unsigned>(std::min<int64_t>(tiles, resident) * cluster);
+    prepared.grid[0] = static_cast<unsigned>(std::min<int64_t>((tiles + groups - 1) / groups, resident) * cluster);
   } else {
     prepared.grid[0] = static_cast<unsigned>((m_blocks + cluster - 1) / cluster * cluster);
     prepared.grid[1] = static_cast<unsigned>(p.heads_q);
@@ -228,7 +230,8 @@ PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedCont
   // Only the persistent causal kernels walk a sectioned tile list; the others never read l2_section.
   prepared.uses_tile_counter = prepared.uses_tma && launch.config.persistent && problem.mask == MaskKind::kCausal;
   if (prepared.uses_tile_counter) {
-    prepared.sm90_params.l2_section = l2_section(p, problem.head_dim, m_blocks, prepared.grid[0], scope.device());
+    prepared.sm90_params.l2_section =
+        l2_section(p, problem.head_dim, m_blocks, int64_t(prepared.grid[0]) * groups, scope.device());
   }
   prepared.params = p;
   prepared.launch = std::move(launch);

@@ -10,7 +10,9 @@
 // soon as this tile's last S is done. Otherwise the output is staged in the consumer's Q rows. A TMA
 // store writes it. With kPSmem P V reads P from shared memory (both wgmma operands there) instead of
 // registers. With kCluster == 2 two blocks of adjacent query tiles of one head form a cluster: one loads
-// each K tile, the other each V tile, and TMA multicast writes it into both. Generic over a config type
+// each K tile, the other each V tile, and TMA multicast writes it into both. With kGroups == 2
+// (persistent only) the block holds two groups of consumers, each with a Q tile, K/V rings, barriers and
+// a producer thread of its own, walking the tile list as two blocks would. Generic over a config type
 // like fwd_sm80.cuh; validity rules in fwd_sm90_traits() (fwd_traits.cuh).
 #pragma once
 
@@ -30,7 +32,7 @@ struct FwdSm90 {
 
   static constexpr FwdSm90Traits kTraits =
       fwd_sm90_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kPingPong, Cfg::kPersistent,
-                      Cfg::kPSmem, Cfg::kCluster, Cfg::kMask);
+                      Cfg::kPSmem, Cfg::kCluster, Cfg::kMask, Cfg::kGroups);
   static_assert(kTraits.error == nullptr, "invalid sm90 forward config: see fwd_sm90_traits() in fwd_traits.cuh");
 
   static constexpr ElemType kElem = Cfg::kElem;
@@ -42,7 +44,8 @@ struct FwdSm90 {
   static constexpr bool kPersistent = Cfg::kPersistent;
   static constexpr bool kPSmem = Cfg::kPSmem;
   static constexpr int kCluster = Cfg::kCluster;
-  static constexpr int kConsumers = kTraits.consumers;
+  static constexpr int kGroups = Cfg::kGroups;
+  static constexpr int kConsumers = kTraits.consumers;  // per group
   static constexpr int kThreads = kTraits.threads;
 
   // Every tile is stored as kChunks column chunks of 64 elements (128-byte rows), chunk after chunk,
@@ -62,7 +65,9 @@ struct FwdSm90 {
   static constexpr u32 kOOffset = kPOffset + kTraits.smem_p_bytes;  // (kChunks, kBlockM, 64) when kOwnO
   static constexpr u32 kBarrierOffset = kOOffset + kTraits.smem_o_bytes;
   static_assert(kTraits.smem_p_bytes == (kPSmem ? kConsumers * kPBytes : 0), "layout and traits disagree");
-  static_assert(kBarrierOffset + (3 + 4 * kStages) * 8 + 1024 == kTraits.smem_bytes, "layout and traits disagree");
+  static_assert(kBarrierOffset + (3 + 4 * kStages) * 8 == kTraits.smem_group_bytes, "layout and traits disagree");
+  // With kGroups == 2 the block holds two such layouts, kGroupStride bytes apart, each with its own barriers.
+  static constexpr u32 kGroupStride = kTraits.smem_group_stride;
 
   static constexpr int kSGroups = kBlockN / 8;   // accumulator groups of S: (16 rows, 8 keys) per warp
   static constexpr int kOGroups = kHeadDim / 8;  // accumulator groups of O
@@ -70,8 +75,8 @@ struct FwdSm90 {
   static constexpr int kQkSteps = kHeadDim / 16; // k-steps of S = Q Kᵀ
   static constexpr float kRescaleSlack = 8.f;    // as in fwd_sm80.cuh: P stays below 2^8
 
-  // Hardware barriers: 0 is __syncthreads, 1 + c consumer c's own (P staging, epilogue), kTurnBarrier + c
-  // its ping-pong turn.
+  // Hardware barriers: 0 is __syncthreads, 1 + w consumer warpgroup w's own (P staging, epilogue; w counts
+  // the block's consumers), kTurnBarrier + 2 * g + c the ping-pong turn of consumer c of group g.
   static constexpr unsigned kTurnBarrier = 5;
 
   static __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
@@ -126,6 +131,8 @@ struct FwdSm90 {
   // a fixed round-robin would not. The producer passes each tile's index to the consumers in tile slot
   // k % 2, written before it arms the tile's Q load on q_full; -1 ends the walk. Without a mask, tiles
   // being of one length, block b takes tiles b, b + gridDim.x, ...
+  // With kGroups == 2 each group walks the list as a block of its own: group g of block b is walker
+  // kGroups * b + g of kGroups * gridDim.x.
   // With kCluster == 2 (no mask) the list holds pairs of adjacent query blocks, cluster c takes pairs c,
   // c + gridDim.x / 2, ... and its block of rank r the pair's r-th block; the grid's x is even, and where
   // the query blocks are odd in number the last pair's second block lies past the end (zero-filled
@@ -161,20 +168,24 @@ struct FwdSm90 {
     return tile;
   }
 
-  // The producer's walk: calls fn(tile, k, first_block) for each tile of this block in order, k counting
-  // the block's tiles and first_block its key blocks before this tile (the K/V rings run on across tiles).
+  // This group's place among the walkers of the persistent tile list, and how many there are.
+  static __device__ int walker(int group) { return blockIdx.x / kCluster * kGroups + group; }
+  static __device__ int walkers() { return gridDim.x / kCluster * kGroups; }
+
+  // The producer's walk: calls fn(tile, k, first_block) for each tile of this group in order, k counting
+  // the group's tiles and first_block its key blocks before this tile (the K/V rings run on across tiles).
   template <class Fn>
-  static __device__ void produce_tiles(const AttnFwdSm90Params& params, const Barriers& bars, Fn&& fn) {
+  static __device__ void produce_tiles(const AttnFwdSm90Params& params, int group, const Barriers& bars, Fn&& fn) {
     const AttnFwdParams& p = params.base;
     if constexpr (!kPersistent) {
       fn(tile_of(p, gridDim.x - 1 - blockIdx.x, blockIdx.y, blockIdx.z), 0, 0);
       return;
     }
     const int tiles = tile_count(p);
-    const int stride = gridDim.x / kCluster;
+    const int stride = walkers();
     int first_block = 0;
     int k = 0;
-    int i = blockIdx.x / kCluster;
+    int i = walker(group);
     for (; i < tiles; ++k) {
       // Claimed before this tile's loads are issued, so the atomic's latency hides behind them. Every
       // block claims until it draws past the end, tiles claims in all: the one that draws tiles - 1 is
@@ -201,7 +212,7 @@ struct FwdSm90 {
 
   // The consumers' walk: like produce_tiles, but each tile's Q rows have arrived (q_full) when fn runs.
   template <class Fn>
-  static __device__ void consume_tiles(const AttnFwdSm90Params& params, const Barriers& bars, Fn&& fn) {
+  static __device__ void consume_tiles(const AttnFwdSm90Params& params, int group, const Barriers& bars, Fn&& fn) {
     const AttnFwdParams& p = params.base;
     if constexpr (!kPersistent) {
       sm90::mbarrier_wait(bars.q_full(), 0);
@@ -210,13 +221,13 @@ struct FwdSm90 {
     }
     const int tiles = tile_count(p);
     int first_block = 0;
-    for (int k = 0, i = blockIdx.x / kCluster;; ++k) {
+    for (int k = 0, i = walker(group);; ++k) {
       if constexpr (kDynamic) {
         sm90::mbarrier_wait(bars.q_full(), k & 1);
         i = static_cast<int>(sm90::ld_shared_u32(bars.tile_slot(k & 1)));
         if (i < 0) break;
       } else {
-        if (k > 0) i += gridDim.x / kCluster;
+        if (k > 0) i += walkers();
         if (i >= tiles) break;
       }
       const Tile tile = tile_at(params, i);
@@ -228,10 +239,10 @@ struct FwdSm90 {
 
   static __device__ void run(const AttnFwdSm90Params& params) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const u32 smem = (sm90::smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
-    const Barriers bars{smem + kBarrierOffset};
+    const u32 smem_base = (sm90::smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
 
-    if (threadIdx.x == 0) {
+    for (int g = 0; g < kGroups && threadIdx.x == 0; ++g) {
+      const Barriers bars{smem_base + g * kGroupStride + kBarrierOffset};
       sm90::mbarrier_init(bars.q_full(), 1);
       // One arrival per consumer warp after its last S (kOwnO), else per consumer after its output store.
       sm90::mbarrier_init(bars.q_empty(), kOwnO ? kConsumers * 4 : kConsumers);
@@ -252,9 +263,13 @@ struct FwdSm90 {
 
     if (threadIdx.x < 128) {
       sm90::setmaxnreg_dec<kTraits.producer_regs>();
-      if (threadIdx.x == 0) {
+      // Lane 0 of warp g produces group g's tiles.
+      const int group = kGroups == 1 ? 0 : static_cast<int>(threadIdx.x) / 32;
+      if (threadIdx.x % 32 == 0 && (kGroups == 1 ? threadIdx.x == 0 : group < kGroups)) {
+        const u32 smem = smem_base + group * kGroupStride;
+        const Barriers bars{smem + kBarrierOffset};
         int blocks = 0;
-        produce_tiles(params, bars, [&](const Tile& tile, int k, int first_block) {
+        produce_tiles(params, group, bars, [&](const Tile& tile, int k, int first_block) {
           produce(params, tile, k, first_block, smem, bars);
           blocks = first_block + tile.n_blocks;
         });
@@ -269,23 +284,27 @@ struct FwdSm90 {
       }
     } else {
       sm90::setmaxnreg_inc<kTraits.consumer_regs>();
-      consume_tiles(params, bars, [&](const Tile& tile, int k, int first_block) {
+      const int group = kGroups == 1 ? 0 : (sm90::warpgroup_index() - 1) / kConsumers;
+      const u32 smem = smem_base + group * kGroupStride;
+      const Barriers bars{smem + kBarrierOffset};
+      consume_tiles(params, group, bars, [&](const Tile& tile, int k, int first_block) {
         consume(params, tile, k, first_block, smem, bars);
       });
       if (threadIdx.x % 128 == 0) sm90::tma_store_wait_all();  // the last output is in global memory
     }
   }
 
-  // Stores one warpgroup's (64, 8 * kGroups) fp32 accumulator as 16-bit pairs into rows laid out like
-  // the tiles (64-column chunks chunk_bytes apart, 128-byte rows swizzled in 8-row atoms): column 8i + 2t
-  // of row r lies in chunk i / 8, 16-byte unit i % 8 ^ r % 8.
-  template <int kGroups>
-  static __device__ __forceinline__ void store_swizzled(u32 rows, u32 chunk_bytes, const float (&acc)[kGroups][4]) {
+  // Stores one warpgroup's (64, 8 * kColumnGroups) fp32 accumulator as 16-bit pairs into rows laid out
+  // like the tiles (64-column chunks chunk_bytes apart, 128-byte rows swizzled in 8-row atoms): column
+  // 8i + 2t of row r lies in chunk i / 8, 16-byte unit i % 8 ^ r % 8.
+  template <int kColumnGroups>
+  static __device__ __forceinline__ void store_swizzled(u32 rows, u32 chunk_bytes,
+                                                       const float (&acc)[kColumnGroups][4]) {
     const int warp = (threadIdx.x / 32) % 4;
     const int g = threadIdx.x % 32 / 4;
     const int t = threadIdx.x % 4;
 #pragma unroll
-    for (int i = 0; i < kGroups; ++i)
+    for (int i = 0; i < kColumnGroups; ++i)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = warp * 16 + g + 8 * h;  // within the warpgroup's 64 rows
@@ -352,7 +371,9 @@ struct FwdSm90 {
   static __device__ void consume(const AttnFwdSm90Params& params, const Tile& tile, int k, int first_block, u32 smem,
                                  const Barriers& bars) {
     const AttnFwdParams& p = params.base;
-    const int consumer = sm90::warpgroup_index() - 1;
+    const int warpgroup = sm90::warpgroup_index() - 1;  // among the block's consumers
+    const int consumer = kGroups == 1 ? warpgroup : warpgroup % kConsumers;  // within this group
+    const int group = kGroups == 1 ? 0 : warpgroup / kConsumers;
     const int warp = (threadIdx.x / 32) % 4;  // within the warpgroup: rows 16 * warp .. + 15 of its 64
     const int lane = threadIdx.x % 32;
     const int g = lane / 4;  // accumulator row within an 8-row group
@@ -507,10 +528,10 @@ struct FwdSm90 {
     // P visible to the tensor cores.
     auto pack_p = [&](const float (&acc_s)[kSGroups][4], u32 (&p_frag)[kPSteps][4]) {
       if constexpr (kPSmem) {
-        sm90::named_barrier_sync(1 + consumer, 128);
+        sm90::named_barrier_sync(1 + warpgroup, 128);
         store_swizzled(sp_rows, 64 * kRowBytes, acc_s);
         sm90::fence_proxy_async_smem();
-        sm90::named_barrier_sync(1 + consumer, 128);
+        sm90::named_barrier_sync(1 + warpgroup, 128);
       } else {
 #pragma unroll
         for (int j = 0; j < kPSteps; ++j) {
@@ -533,16 +554,16 @@ struct FwdSm90 {
 
     // Ping-pong (two consumers): each warpgroup issues its products only in its turn and hands the turn
     // over right after, so one warpgroup's softmax runs while the other's products keep the tensor cores
-    // busy. Turn barrier of consumer c: hardware barrier kTurnBarrier + c, synced by c and arrived at by
-    // the other.
+    // busy. Turn barrier of consumer c: hardware barrier turn + c, synced by c and arrived at by the other.
+    const unsigned turn = kTurnBarrier + 2 * group;
     auto wait_turn = [&] {
-      if constexpr (Cfg::kPingPong) sm90::named_barrier_sync(kTurnBarrier + consumer, 256);
+      if constexpr (Cfg::kPingPong) sm90::named_barrier_sync(turn + consumer, 256);
     };
     auto pass_turn = [&] {
-      if constexpr (Cfg::kPingPong) sm90::named_barrier_arrive(kTurnBarrier + (1 - consumer), 256);
+      if constexpr (Cfg::kPingPong) sm90::named_barrier_arrive(turn + (1 - consumer), 256);
     };
     if constexpr (Cfg::kPingPong) {
-      if (consumer == 1) sm90::named_barrier_arrive(kTurnBarrier, 256);  // consumer 0 goes first
+      if (consumer == 1) sm90::named_barrier_arrive(turn, 256);  // consumer 0 goes first
     }
 
     float acc_s[kSGroups][4];
@@ -602,7 +623,7 @@ struct FwdSm90 {
     }
     // Balance the turn barriers: consumer 1's last hand-over (or its first, with no key block) is taken here.
     if constexpr (Cfg::kPingPong) {
-      if (consumer == 0) sm90::named_barrier_sync(kTurnBarrier, 256);
+      if (consumer == 0) sm90::named_barrier_sync(turn, 256);
     }
 
     // Epilogue: normalise, write LSE, stage O in this consumer's output rows (its Q rows unless kOwnO; same
@@ -627,7 +648,7 @@ struct FwdSm90 {
     // Every warp of this warpgroup is done reading its Q rows (kOwnO: the previous tile's store is done
     // reading the output rows) before any overwrites them.
     const u32 so_rows = kOwnO ? smem + kOOffset + consumer * 64 * kRowBytes : sq_rows;
-    const u32 barrier_id = 1 + consumer;
+    const u32 barrier_id = 1 + warpgroup;
     if constexpr (kOwnO) {
       if (threadIdx.x % 128 == 0) sm90::tma_store_wait_read();
     }
@@ -666,6 +687,7 @@ struct FlashgenDefaultFwdSm90Config {
   static constexpr bool kPersistent = true;
   static constexpr bool kPSmem = false;
   static constexpr int kCluster = 1;
+  static constexpr int kGroups = 1;
 };
 
 extern "C" __global__ void __launch_bounds__(flashgen::FwdSm90<FlashgenDefaultFwdSm90Config>::kThreads, 1)

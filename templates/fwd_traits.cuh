@@ -70,15 +70,17 @@ constexpr int max_smem_per_block(int sm) {
 // warpgroups issuing wgmma, each owning 64 query rows. Tiles are stored as 64-column chunks with
 // 128-byte swizzling, so head_dim is a multiple of 64.
 struct FwdSm90Traits {
-  int consumers;            // consumer warpgroups: block_m / 64
-  int threads;              // 128 * (consumers + 1)
+  int consumers;            // consumer warpgroups of a group: block_m / 64
+  int threads;              // 128 * (groups * consumers + 1)
   int producer_regs;        // setmaxnreg targets: the producer gives registers to the consumers
   int consumer_regs;
   int smem_q_bytes;         // (block_m, head_dim) Q tile
   int smem_kv_stage_bytes;  // (block_n, head_dim) K tile + V tile
   int smem_p_bytes;         // p_smem: P of each consumer, (64, block_n) in 64-column chunks; else 0
   int smem_o_bytes;         // (block_m, head_dim) output staging, or 0: the output is staged in the Q rows
-  int smem_bytes;           // tiles, mbarriers, two tile indices and 1024 bytes to align the swizzled tiles
+  int smem_group_bytes;     // one group's tiles, mbarriers and two tile indices
+  int smem_group_stride;    // from one group's tiles to the next's: smem_group_bytes rounded up to 1024
+  int smem_bytes;           // every group's, and 1024 bytes to align the swizzled tiles
   int accum_regs;           // O, S (fp32) and P (packed pairs; with p_smem its store addressing) per thread
   const char* error;        // nullptr when the shape is valid on sm_90a
 };
@@ -87,16 +89,19 @@ struct FwdSm90Traits {
 // overlap knob needs no rule here: it holds no more registers, P being packed once P V is done.)
 // persistent: where shared memory allows, the output gets staging rows of its own, so the next tile's Q
 // may load as soon as this tile's last S = Q Kᵀ is done instead of after its output has left.
+// groups: 1, or 2 groups of consumers in one persistent block, each walking tiles of its own with a Q
+// tile, K/V rings, barriers and a producer thread of its own: two block_m-row blocks in one, sharing the
+// SM's registers as one block (two blocks of 384 threads would each leave their consumers 8 fewer).
 // p_smem: P goes through shared memory (wgmma reads both operands of P V there), freeing the registers
 // of its packed fragments. cluster: 1 or 2 blocks of adjacent query tiles of one head share every K and
 // V tile (each loads half and multicasts it to both); under a causal mask the two would see different
 // key ranges, so clusters take unmasked problems only.
 // Registers of a warp-specialized sm90 block (forward and backward): the producer warpgroup keeps
-// producer_regs (kSm90ProducerRegs unless it walks cluster tiles), the consumers share the rest of what
-// the block was launched with (the SM's 65536 split evenly over its threads, in steps of 8, at most 255
-// each) in steps of 8, at most 240 each.
+// producer_regs (kSm90ProducerRegs unless it walks cluster tiles or one of two groups' lists), the
+// consumers share the rest of what the block was launched with (the SM's 65536 split evenly over its
+// threads, in steps of 8, at most 255 each) in steps of 8, at most 240 each.
 constexpr int kSm90ProducerRegs = 24;
-constexpr int kSm90ClusterProducerRegs = 32;  // the pair walk of a cluster needs a few more
+constexpr int kSm90WideProducerRegs = 32;  // the pair walk of a cluster, or a group's own walk, needs a few more
 constexpr int sm90_consumer_regs(int consumers, int producer_regs = kSm90ProducerRegs) {
   if (consumers <= 0) return 0;
   const int threads = 128 * (consumers + 1);
@@ -106,18 +111,24 @@ constexpr int sm90_consumer_regs(int consumers, int producer_regs = kSm90Produce
 }
 
 constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, int stages, bool pingpong,
-                                        bool persistent, bool p_smem, int cluster, MaskKind mask) {
+                                        bool persistent, bool p_smem, int cluster, MaskKind mask, int groups = 1) {
   FwdSm90Traits t{};
   t.consumers = block_m / 64;
-  t.threads = 128 * (t.consumers + 1);
-  t.producer_regs = cluster > 1 ? kSm90ClusterProducerRegs : kSm90ProducerRegs;
-  t.consumer_regs = sm90_consumer_regs(t.consumers, t.producer_regs);
+  t.threads = 128 * (groups * t.consumers + 1);
+  t.producer_regs = cluster > 1 || groups > 1 ? kSm90WideProducerRegs : kSm90ProducerRegs;
+  t.consumer_regs = sm90_consumer_regs(groups * t.consumers, t.producer_regs);
   t.smem_q_bytes = block_m * head_dim * 2;
   t.smem_kv_stage_bytes = 2 * block_n * head_dim * 2;
   t.smem_p_bytes = p_smem ? t.consumers * ((block_n + 63) / 64) * 64 * 128 : 0;
-  t.smem_bytes = t.smem_q_bytes + stages * t.smem_kv_stage_bytes + t.smem_p_bytes + (3 + 4 * stages) * 8 + 1024;
-  t.smem_o_bytes = persistent && t.smem_bytes + t.smem_q_bytes <= max_smem_per_block(90) ? t.smem_q_bytes : 0;
-  t.smem_bytes += t.smem_o_bytes;
+  t.smem_group_bytes = t.smem_q_bytes + stages * t.smem_kv_stage_bytes + t.smem_p_bytes + (3 + 4 * stages) * 8;
+  const auto total = [&](int group_bytes) {
+    return groups > 0 ? (groups - 1) * ((group_bytes + 1023) / 1024 * 1024) + group_bytes + 1024 : 0;
+  };
+  t.smem_o_bytes =
+      persistent && total(t.smem_group_bytes + t.smem_q_bytes) <= max_smem_per_block(90) ? t.smem_q_bytes : 0;
+  t.smem_group_bytes += t.smem_o_bytes;
+  t.smem_group_stride = (t.smem_group_bytes + 1023) / 1024 * 1024;
+  t.smem_bytes = total(t.smem_group_bytes);
   // P's packed pairs, or with p_smem the addressing of its stores: 24 registers of headroom is what
   // ptxas needed to keep three consumers' persistent kernels free of spills.
   t.accum_regs = head_dim / 2 + block_n / 2 + (p_smem ? 24 : block_n / 4);
@@ -132,6 +143,12 @@ constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, 
     t.error = "stages must be in [2, 4]";
   } else if (pingpong && t.consumers != 2) {
     t.error = "pingpong takes turns between exactly two consumer warpgroups (block_m 128)";
+  } else if (groups != 1 && groups != 2) {
+    t.error = "groups must be 1 or 2 (groups of consumers walking tiles of their own)";
+  } else if (groups * t.consumers > 4) {
+    t.error = "groups * block_m / 64 must be at most 4 consumer warpgroups";
+  } else if (groups > 1 && (!persistent || cluster != 1)) {
+    t.error = "groups 2 takes persistent blocks without clusters (each group walks the tile list)";
   } else if (cluster != 1 && cluster != 2) {
     t.error = "cluster must be 1 or 2 (blocks sharing each K and V tile)";
   } else if (cluster == 2 && mask != MaskKind::kNone) {

@@ -167,3 +167,57 @@ TEST_CASE("sm90 configs: every knob in the name, the JSON and the validity rules
   REQUIRE(sm80.invalid_reason(80).has_value());
   CHECK(sm80.invalid_reason(80)->find("sm90-family") != std::string::npos);
 }
+
+TEST_CASE("sm90 configs: two groups of consumers per persistent block", "[generator][config]") {
+  KernelConfig c = KernelConfig::from_name("fwd_sm90_fp16_d64_m128_n64_s3_causal_ovl_pst_g2");
+  CHECK(c.groups == 2);
+  CHECK(c.block_m == 128);
+  const nlohmann::json j = c;
+  CHECK(j.at("groups") == 2);
+  CHECK(j.get<KernelConfig>() == c);
+  KernelConfig one_group = c;
+  one_group.groups = 1;
+  CHECK(one_group != c);
+  CHECK(one_group.name() == "fwd_sm90_fp16_d64_m128_n64_s3_causal_ovl_pst");
+  CHECK_THROWS_AS(KernelConfig::from_name("fwd_sm90_fp16_d64_m128_n64_s3_pst_g1"), flashgen::Error);  // not canonical
+
+  // Four consumer warpgroups in all, so each gets the registers of a block_m 256 block; every group has
+  // a 128-row block's shared memory, the second starting at the next 1024-byte boundary.
+  REQUIRE_FALSE(c.invalid_reason(90).has_value());
+  const flashgen::FwdSm90Traits two = c.sm90_traits();
+  const flashgen::FwdSm90Traits one = one_group.sm90_traits();
+  KernelConfig m256 = one_group;
+  m256.block_m = 256;
+  CHECK(two.threads == 640);
+  CHECK(two.consumers == 2);
+  CHECK(two.consumer_regs == m256.sm90_traits().consumer_regs);
+  CHECK(two.smem_group_bytes == one.smem_group_bytes);
+  CHECK(two.smem_group_stride % 1024 == 0);
+  CHECK(two.smem_group_stride >= two.smem_group_bytes);
+  CHECK(two.smem_bytes == two.smem_group_stride + two.smem_group_bytes + 1024);
+  CHECK(one.smem_bytes == one.smem_group_bytes + 1024);
+
+  // Each group walks the persistent tile list, at most four consumers in all, no clusters.
+  KernelConfig bad = c;
+  bad.persistent = false;
+  REQUIRE(bad.invalid_reason(90).has_value());
+  CHECK(bad.invalid_reason(90)->find("persistent") != std::string::npos);
+  bad = c;
+  bad.block_m = 256;
+  REQUIRE(bad.invalid_reason(90).has_value());
+  CHECK(bad.invalid_reason(90)->find("at most 4") != std::string::npos);
+  bad = c;
+  bad.groups = 3;
+  REQUIRE(bad.invalid_reason(90).has_value());
+  CHECK(bad.invalid_reason(90)->find("groups must be 1 or 2") != std::string::npos);
+  bad = c;
+  bad.mask = MaskKind::kNone;
+  bad.cluster = 2;
+  REQUIRE(bad.invalid_reason(90).has_value());
+  CHECK(bad.invalid_reason(90)->find("clusters") != std::string::npos);
+
+  KernelConfig sm80;
+  sm80.groups = 2;
+  REQUIRE(sm80.invalid_reason(80).has_value());
+  CHECK(sm80.invalid_reason(80)->find("sm90-family") != std::string::npos);
+}

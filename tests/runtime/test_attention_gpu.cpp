@@ -366,11 +366,13 @@ void run_and_check(const Problem& p, CUstream stream = nullptr,
 }
 
 // The sm90 family's built-in tiles for a problem (the heuristic's whole preference list), each with the
-// overlap, pingpong and persistent knobs both ways where valid, and the first tile also with P in shared
-// memory and in clusters of two (alone and together, overlap and persistent off and on); none when the
-// family does not apply to its head_dim.
+// overlap, pingpong and persistent knobs both ways where valid and as two groups of consumers per
+// persistent block (block_m at most 128, overlap and pingpong both ways), and the first tile also with P
+// in shared memory and in clusters of two (alone and together, overlap and persistent off and on); none
+// when the family does not apply to its head_dim.
 std::vector<flashgen::KernelConfig> sm90_configs(const Problem& p) {
   std::vector<flashgen::KernelConfig> configs;
+  std::set<std::string> grouped;
   const flashgen::DType dtype = p.dtype == FLASHGEN_BFLOAT16 ? flashgen::DType::kBFloat16 : flashgen::DType::kFloat16;
   const flashgen::MaskKind mask = p.mask == FLASHGEN_MASK_NONE ? flashgen::MaskKind::kNone : flashgen::MaskKind::kCausal;
   bool extras_done = false;
@@ -386,6 +388,16 @@ std::vector<flashgen::KernelConfig> sm90_configs(const Problem& p) {
           variant.persistent = persistent;
           if (!variant.invalid_reason(90)) configs.push_back(variant);
         }
+    for (bool overlap : {false, true})
+      for (bool pingpong : {false, true}) {
+        flashgen::KernelConfig variant = c;
+        variant.block_m = std::min(c.block_m, 128);
+        variant.groups = 2;
+        variant.persistent = true;
+        variant.overlap = overlap;
+        variant.pingpong = pingpong;
+        if (!variant.invalid_reason(90) && grouped.insert(variant.name()).second) configs.push_back(variant);
+      }
     if (extras_done) continue;
     extras_done = true;
     for (auto [p_smem, cluster] : {std::pair{true, 1}, std::pair{false, 2}, std::pair{true, 2}})

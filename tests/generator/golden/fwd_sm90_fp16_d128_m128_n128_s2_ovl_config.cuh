@@ -16,6 +16,7 @@ struct Config {
   static constexpr bool kPersistent = false;
   static constexpr bool kPSmem = false;
   static constexpr int kCluster = 1;
+  static constexpr int kGroups = 1;
 };
 
 }  // namespace flashgen_generated
