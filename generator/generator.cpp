@@ -77,6 +77,7 @@ std::string render_config_header(const KernelConfig& c) {
     out << "  static constexpr bool kPSmem = " << (c.p_smem ? "true" : "false") << ";\n";
     out << "  static constexpr int kCluster = " << c.cluster << ";\n";
     out << "  static constexpr int kGroups = " << c.groups << ";\n";
+    out << "  static constexpr bool kTensorSum = " << (c.tensor_sum ? "true" : "false") << ";\n";
   }
   out << "};\n\n"
       << "}  // namespace flashgen_generated\n";

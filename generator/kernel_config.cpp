@@ -26,6 +26,7 @@ std::string KernelConfig::name() const {
     if (p_smem) name += "_psm";
     if (cluster != 1) name += "_c" + to_string(cluster);
     if (groups != 1) name += "_g" + to_string(groups);
+    if (tensor_sum) name += "_tsum";
     return name;
   }
   std::string name = std::string("fwd_sm80_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_m" +
@@ -62,7 +63,7 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
   FLASHGEN_REQUIRE(sm90 || (fields.size() >= 8 && fields[0] == "fwd" && fields[1] == "sm80"),
                    "config name '" + name +
                        "': expected fwd_sm80_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_w<warps>_s<stages>"
-                       "[_causal][_qreg] or fwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_ovl][_pp][_pst][_psm][_c2][_g2]");
+                       "[_causal][_qreg] or fwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_ovl][_pp][_pst][_psm][_c2][_g2][_tsum]");
   KernelConfig config;
   if (sm90) config.family = KernelFamily::kSm90;
   config.dtype = parse_dtype_field(fields[2], name);
@@ -89,6 +90,8 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
       config.cluster = parse_name_field(fields[i], "c", name);
     } else if (fields[i].size() > 1 && fields[i][0] == 'g' && sm90 && config.groups == 1) {
       config.groups = parse_name_field(fields[i], "g", name);
+    } else if (fields[i] == "tsum" && sm90 && !config.tensor_sum) {
+      config.tensor_sum = true;
     } else {
       fail(Status::kInvalidArgument, "config name '" + name + "': unknown suffix '" + fields[i] + "'");
     }
@@ -104,7 +107,8 @@ FwdTraits KernelConfig::traits() const {
 }
 
 FwdSm90Traits KernelConfig::sm90_traits() const {
-  return fwd_sm90_traits(head_dim, block_m, block_n, stages, pingpong, persistent, p_smem, cluster, mask, groups);
+  return fwd_sm90_traits(head_dim, block_m, block_n, stages, pingpong, persistent, p_smem, cluster, mask, groups,
+                         tensor_sum);
 }
 
 int KernelConfig::threads() const {
@@ -123,8 +127,8 @@ std::optional<std::string> KernelConfig::invalid_reason(int arch) const {
   if (family == KernelFamily::kSm90) {
     if (arch != 90) return "the sm90 kernel family needs sm_90a (wgmma, TMA, setmaxnreg)";
     if (q_in_regs) return "q_in_regs is an sm80-family knob";
-  } else if (overlap || pingpong || persistent || p_smem || cluster != 1 || groups != 1) {
-    return "overlap, pingpong, persistent, p_smem, cluster and groups are sm90-family knobs";
+  } else if (overlap || pingpong || persistent || p_smem || cluster != 1 || groups != 1 || tensor_sum) {
+    return "overlap, pingpong, persistent, p_smem, cluster, groups and tensor_sum are sm90-family knobs";
   } else if (arch < 80) {
     return "the sm80 kernel family needs sm_80 or newer (mma.sync m16n8k16 bf16, cp.async)";
   }
@@ -143,7 +147,8 @@ bool KernelConfig::operator==(const KernelConfig& o) const {
          block_m == o.block_m && block_n == o.block_n && stages == o.stages &&
          (sm80 ? warps == o.warps && q_in_regs == o.q_in_regs
               : overlap == o.overlap && pingpong == o.pingpong && persistent == o.persistent &&
-                    p_smem == o.p_smem && cluster == o.cluster && groups == o.groups);
+                    p_smem == o.p_smem && cluster == o.cluster && groups == o.groups &&
+                    tensor_sum == o.tensor_sum);
 }
 
 void to_json(nlohmann::json& j, const KernelConfig& c) {
@@ -152,7 +157,7 @@ void to_json(nlohmann::json& j, const KernelConfig& c) {
                        {"mask", mask_name(c.mask)}, {"block_m", c.block_m},      {"block_n", c.block_n},
                        {"stages", c.stages},          {"overlap", c.overlap},      {"pingpong", c.pingpong},
                        {"persistent", c.persistent}, {"p_smem", c.p_smem},      {"cluster", c.cluster},
-                       {"groups", c.groups}};
+                       {"groups", c.groups},          {"tensor_sum", c.tensor_sum}};
     return;
   }
   j = nlohmann::json{{"family", "fwd_sm80"},    {"dtype", dtype_name(c.dtype)}, {"head_dim", c.head_dim},
@@ -195,6 +200,7 @@ void from_json(const nlohmann::json& j, KernelConfig& c) {
   get_int("stages", config.stages);
   get_int("cluster", config.cluster);
   get_int("groups", config.groups);
+  get_bool("tensor_sum", config.tensor_sum);
   get_bool("overlap", config.overlap);
   get_bool("pingpong", config.pingpong);
   get_bool("persistent", config.persistent);

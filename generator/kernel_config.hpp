@@ -31,14 +31,15 @@ struct KernelConfig {
   KernelFamily family = KernelFamily::kSm80;  // last, so aggregate initialisers of the sm80 fields still read
   bool overlap = false;   // sm90 only: softmax of block j runs while the tensor cores compute P V of block j - 1
   bool pingpong = false;  // sm90 only, two consumers: they take turns at issuing their products
-  bool persistent = false;  // sm90 only: one block per SM walks the tiles (grid = min(tiles, SMs))
+  bool persistent = false;  // sm90 only: one block per SM walks the tiles (grid = min(tiles, SMs)), or its groups
   bool p_smem = false;      // sm90 only: P V reads P from shared memory instead of registers
   int cluster = 1;          // sm90 only: 2 blocks of a cluster share each K/V tile by TMA multicast
   int groups = 1;           // sm90 only: 2 groups of consumers in one persistent block, each on tiles of its own
+  bool tensor_sum = false;  // sm90 only: the rows' sums of P from the tensor cores (P times ones) instead of adds
 
   // Canonical name, e.g. fwd_sm80_bf16_d128_m128_n32_w4_s3_causal (suffix _qreg when q_in_regs) or
-  // fwd_sm90_fp16_d128_m128_n128_s2_causal (suffixes _ovl, _pp, _pst, _psm, _c2, _g2 for overlap,
-  // pingpong, persistent, p_smem, cluster 2, groups 2). It is the kernel's symbol, its file name in dumps and part of its
+  // fwd_sm90_fp16_d128_m128_n128_s2_causal (suffixes _ovl, _pp, _pst, _psm, _c2, _g2, _tsum for overlap,
+  // pingpong, persistent, p_smem, cluster 2, groups 2, tensor_sum). It is the kernel's symbol, its file name in dumps and part of its
   // cache key.
   std::string name() const;
   // Inverse of name(); throws Error(kInvalidArgument) naming what it could not read.

@@ -208,10 +208,12 @@ PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedCont
   const int cluster = launch.config.cluster;
   const int64_t m_blocks = (p.seqlen_q + launch.config.block_m - 1) / launch.config.block_m;
   const int64_t tiles = (m_blocks + cluster - 1) / cluster * p.heads_q * p.batch;  // per cluster
-  if (launch.config.persistent && tiles > INT32_MAX) {  // the kernel walks the tile list with int indices
+  // The kernel walks the tile list with int indices, up to a walker count past its end.
+  if (launch.config.persistent && tiles > INT32_MAX - 2 * int64_t(multiprocessors(scope.device()))) {
     FLASHGEN_REQUIRE(config == nullptr, "config " + launch.config.name() + ": " + std::to_string(tiles) +
                                             " tiles are more than a persistent kernel indexes");
     launch.config.persistent = false;
+    launch.config.groups = 1;  // groups walk a persistent list
     launch.reason += "; not persistent: too many tiles";
   }
   prepared.function = KernelRegistry::instance().function(launch.config, scope.context(), launch.arch);
@@ -221,7 +223,7 @@ PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedCont
   const int groups = launch.config.groups;
   if (launch.config.persistent) {  // one block per SM (one cluster per SM pair) walks the tiles
     const int64_t resident = cluster > 1 ? max_active_clusters(prepared, scope.device()) : multiprocessors(scope.device());
-    prepared.grid[0] = static_cast<unsigned>(std::min<int64_t>((tiles + groups - 1) / groups, resident) * cluster);
+    prepared.grid[0] = static_cast<unsigned>(std::min<int64_t>(tiles, resident) * cluster);
   } else {
     prepared.grid[0] = static_cast<unsigned>((m_blocks + cluster - 1) / cluster * cluster);
     prepared.grid[1] = static_cast<unsigned>(p.heads_q);

@@ -7,10 +7,10 @@ this script writes them out instead of a person. Rerun after changing the shape 
 """
 
 # N of S = Q Kᵀ (the key block, A and B from shared memory) and of O += P V (head_dim, A from registers,
-# or from shared memory K-major with B MN-major); N of the backward's dQ = dS K (A and B from shared
-# memory, both MN-major).
+# or from shared memory K-major with B MN-major; 8 for the row sums of P); N of the backward's dQ = dS K
+# (A and B from shared memory, both MN-major).
 SS_N = [64, 80, 96, 112, 128, 144, 160, 176, 192]
-RS_N = [64, 96, 128, 192, 256]
+RS_N = [8, 64, 96, 128, 192, 256]  # 8: P times a block of ones, the rows' sums (tensor_sum)
 SSKMN_N = RS_N
 SSMN_N = [64, 128]
 TYPES = [("kFloat16", "f16"), ("kBFloat16", "bf16")]

@@ -32,7 +32,7 @@ struct FwdSm90 {
 
   static constexpr FwdSm90Traits kTraits =
       fwd_sm90_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kPingPong, Cfg::kPersistent,
-                      Cfg::kPSmem, Cfg::kCluster, Cfg::kMask, Cfg::kGroups);
+                      Cfg::kPSmem, Cfg::kCluster, Cfg::kMask, Cfg::kGroups, Cfg::kTensorSum);
   static_assert(kTraits.error == nullptr, "invalid sm90 forward config: see fwd_sm90_traits() in fwd_traits.cuh");
 
   static constexpr ElemType kElem = Cfg::kElem;
@@ -45,6 +45,7 @@ struct FwdSm90 {
   static constexpr bool kPSmem = Cfg::kPSmem;
   static constexpr int kCluster = Cfg::kCluster;
   static constexpr int kGroups = Cfg::kGroups;
+  static constexpr bool kTensorSum = Cfg::kTensorSum;
   static constexpr int kConsumers = kTraits.consumers;  // per group
   static constexpr int kThreads = kTraits.threads;
 
@@ -63,11 +64,16 @@ struct FwdSm90 {
   static constexpr u32 kPOffset = kVOffset + kStages * kTileBytes;
   static constexpr bool kOwnO = kTraits.smem_o_bytes > 0;  // output staging rows apart from Q's
   static constexpr u32 kOOffset = kPOffset + kTraits.smem_p_bytes;  // (kChunks, kBlockM, 64) when kOwnO
-  static constexpr u32 kBarrierOffset = kOOffset + kTraits.smem_o_bytes;
+  // kTensorSum: 1024 bytes of ones (16-bit), B of the rows' sums P (64, kBlockN) x ones (kBlockN, 8).
+  static constexpr u32 kOnesOffset = kOOffset + kTraits.smem_o_bytes;
+  static constexpr u32 kBarrierOffset = kOnesOffset + kTraits.smem_ones_bytes;
   static_assert(kTraits.smem_p_bytes == (kPSmem ? kConsumers * kPBytes : 0), "layout and traits disagree");
   static_assert(kBarrierOffset + (3 + 4 * kStages) * 8 == kTraits.smem_group_bytes, "layout and traits disagree");
   // With kGroups == 2 the block holds two such layouts, kGroupStride bytes apart, each with its own barriers.
   static constexpr u32 kGroupStride = kTraits.smem_group_stride;
+  static_assert(kGroupStride % 1024 == 0 &&
+                    kTraits.smem_bytes == (kGroups - 1) * kGroupStride + kTraits.smem_group_bytes + 1024,
+                "layout and traits disagree");
 
   static constexpr int kSGroups = kBlockN / 8;   // accumulator groups of S: (16 rows, 8 keys) per warp
   static constexpr int kOGroups = kHeadDim / 8;  // accumulator groups of O
@@ -78,6 +84,7 @@ struct FwdSm90 {
   // Hardware barriers: 0 is __syncthreads, 1 + w consumer warpgroup w's own (P staging, epilogue; w counts
   // the block's consumers), kTurnBarrier + 2 * g + c the ping-pong turn of consumer c of group g.
   static constexpr unsigned kTurnBarrier = 5;
+  static_assert(kGroups * kConsumers < kTurnBarrier && kTurnBarrier + 2 * kGroups <= 16, "hardware barrier ids");
 
   static __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
 
@@ -132,7 +139,8 @@ struct FwdSm90 {
   // k % 2, written before it arms the tile's Q load on q_full; -1 ends the walk. Without a mask, tiles
   // being of one length, block b takes tiles b, b + gridDim.x, ...
   // With kGroups == 2 each group walks the list as a block of its own: group g of block b is walker
-  // kGroups * b + g of kGroups * gridDim.x.
+  // g * gridDim.x + b of kGroups * gridDim.x, so that with fewer tiles than walkers each SM gets one
+  // before any gets two.
   // With kCluster == 2 (no mask) the list holds pairs of adjacent query blocks, cluster c takes pairs c,
   // c + gridDim.x / 2, ... and its block of rank r the pair's r-th block; the grid's x is even, and where
   // the query blocks are odd in number the last pair's second block lies past the end (zero-filled
@@ -169,7 +177,7 @@ struct FwdSm90 {
   }
 
   // This group's place among the walkers of the persistent tile list, and how many there are.
-  static __device__ int walker(int group) { return blockIdx.x / kCluster * kGroups + group; }
+  static __device__ int walker(int group) { return group * gridDim.x + blockIdx.x / kCluster; }
   static __device__ int walkers() { return gridDim.x / kCluster * kGroups; }
 
   // The producer's walk: calls fn(tile, k, first_block) for each tile of this group in order, k counting
@@ -254,6 +262,15 @@ struct FwdSm90 {
         sm90::mbarrier_init(bars.v_empty(s), kConsumers * 4 * kCluster);
       }
       sm90::fence_mbarrier_init();
+    }
+    if constexpr (kTensorSum) {  // each group's ones, written by the generic proxy, read by wgmma
+      const u32 one_pair = kElem == ElemType::kFloat16 ? 0x3C003C00u : 0x3F803F80u;
+      for (u32 i = threadIdx.x; i < kGroups * kTraits.smem_ones_bytes / 4; i += kThreads) {
+        const u32 group = i / (kTraits.smem_ones_bytes / 4);
+        sm90::st_shared_u32(smem_base + group * kGroupStride + kOnesOffset + 4 * (i % (kTraits.smem_ones_bytes / 4)),
+                            one_pair);
+      }
+      sm90::fence_proxy_async_smem();
     }
     if constexpr (kCluster > 1) {
       sm90::cluster_sync();  // the peer's barriers are initialised before anything arrives on them
@@ -385,6 +402,8 @@ struct FwdSm90 {
     float acc_o[kOGroups][4];  // (64, kHeadDim) fp32 per warpgroup: this thread's (2 rows, 2 cols) groups
     float row_max[2] = {neg_inf(), neg_inf()};  // running max (log2 units) of rows row0, row0 + 8
     float row_sum[2] = {0.f, 0.f};              // running sum of exp2, this thread's columns only
+    // kTensorSum: (64, 8) fp32 per warpgroup, P times ones: every column holds its row's running sum.
+    float acc_l[1][4] = {{0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
     for (int i = 0; i < kOGroups; ++i)
 #pragma unroll
@@ -439,6 +458,7 @@ struct FwdSm90 {
     // P rows, read K-major like Q.
     const u32 sp_rows = smem + kPOffset + consumer * kPBytes;
     const u64 desc_p0 = sm90::smem_desc_sw128(sp_rows, 16, 1024);
+    const u64 desc_ones = sm90::smem_desc_plain(smem + kOnesOffset, 128, 256);
     auto issue_pv = [&](int it, const u32 (&p_frag)[kPSteps][4]) {
       const u64 desc_v0 = sm90::smem_desc_sw128(smem + kVOffset + slot(it) * kTileBytes, kBlockN * kRowBytes, 1024);
       sm90::mbarrier_wait(bars.v_full(slot(it)), phase(it));
@@ -451,6 +471,17 @@ struct FwdSm90 {
           sm90::WgmmaSSKMN<kHeadDim>::template run<kElem>(acc_o, desc_p, desc_v, 1);
         } else {
           sm90::WgmmaRS<kHeadDim>::template run<kElem>(acc_o, p_frag[j], desc_v, 1);
+        }
+      }
+      if constexpr (kTensorSum) {
+#pragma unroll
+        for (int j = 0; j < kPSteps; ++j) {
+          if constexpr (kPSmem) {
+            const u64 desc_p = sm90::smem_desc_advance(desc_p0, (j / 4) * 64 * kRowBytes + (j % 4) * 32);
+            sm90::WgmmaSSKMN<8>::template run<kElem>(acc_l, desc_p, desc_ones, 1);
+          } else {
+            sm90::WgmmaRS<8>::template run<kElem>(acc_l, p_frag[j], desc_ones, 1);
+          }
         }
       }
       sm90::wgmma_commit();
@@ -494,7 +525,7 @@ struct FwdSm90 {
         if (rescale) {
           correction[h] = moves[h] ? sm80::exp2_approx(row_max[h] - block_max[h]) : 1.f;
           row_max[h] = moves[h] ? block_max[h] : row_max[h];
-          row_sum[h] *= correction[h];
+          if constexpr (!kTensorSum) row_sum[h] *= correction[h];
         }
         const float m = row_max[h] == neg_inf() ? 0.f : row_max[h];  // a row that saw no key yet
         float sum = 0.f;
@@ -503,9 +534,9 @@ struct FwdSm90 {
 #pragma unroll
           for (int e = 2 * h; e < 2 * h + 2; ++e) {
             acc_s[i][e] = sm80::exp2_approx(acc_s[i][e] * p.scale_log2 - m);
-            sum += acc_s[i][e];
+            if constexpr (!kTensorSum) sum += acc_s[i][e];
           }
-        row_sum[h] += sum;
+        if constexpr (!kTensorSum) row_sum[h] += sum;
       }
     };
 
@@ -550,6 +581,10 @@ struct FwdSm90 {
         acc_o[i][0] *= correction[0], acc_o[i][1] *= correction[0];
         acc_o[i][2] *= correction[1], acc_o[i][3] *= correction[1];
       }
+      if constexpr (kTensorSum) {
+        acc_l[0][0] *= correction[0], acc_l[0][1] *= correction[0];
+        acc_l[0][2] *= correction[1], acc_l[0][3] *= correction[1];
+      }
     };
 
     // Ping-pong (two consumers): each warpgroup issues its products only in its turn and hands the turn
@@ -586,6 +621,7 @@ struct FwdSm90 {
         issue_pv(it, p_frag);
         sm90::wgmma_wait<0>();
         sm90::pin_registers(acc_o);
+        if constexpr (kTensorSum) sm90::pin_registers(acc_l);
         release_kv(bars.v_empty(slot(it)));
       }
     } else if (tile.n_blocks > 0) {
@@ -612,6 +648,7 @@ struct FwdSm90 {
         softmax_of(it, acc_s, correction, rescale);
         sm90::wgmma_wait<0>();
         sm90::pin_registers(acc_o);
+        if constexpr (kTensorSum) sm90::pin_registers(acc_l);
         release_kv(bars.v_empty(slot(it - 1)));
         pack_p(acc_s, p_frag);
       }
@@ -619,6 +656,7 @@ struct FwdSm90 {
       issue_pv(tile.n_blocks - 1, p_frag);
       sm90::wgmma_wait<0>();
       sm90::pin_registers(acc_o);
+      if constexpr (kTensorSum) sm90::pin_registers(acc_l);
       release_kv(bars.v_empty(slot(tile.n_blocks - 1)));
     }
     // Balance the turn barriers: consumer 1's last hand-over (or its first, with no key block) is taken here.
@@ -630,7 +668,7 @@ struct FwdSm90 {
     // swizzled layout), TMA store.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float sum = sm80::quad_sum(row_sum[h]);
+      const float sum = kTensorSum ? acc_l[0][2 * h] : sm80::quad_sum(row_sum[h]);
       const float inv = sum > 0.f ? 1.f / sum : 0.f;  // a fully masked row has sum 0: output 0
 #pragma unroll
       for (int i = 0; i < kOGroups; ++i) {
@@ -688,6 +726,7 @@ struct FlashgenDefaultFwdSm90Config {
   static constexpr bool kPSmem = false;
   static constexpr int kCluster = 1;
   static constexpr int kGroups = 1;
+  static constexpr bool kTensorSum = false;
 };
 
 extern "C" __global__ void __launch_bounds__(flashgen::FwdSm90<FlashgenDefaultFwdSm90Config>::kThreads, 1)

@@ -78,6 +78,7 @@ struct FwdSm90Traits {
   int smem_kv_stage_bytes;  // (block_n, head_dim) K tile + V tile
   int smem_p_bytes;         // p_smem: P of each consumer, (64, block_n) in 64-column chunks; else 0
   int smem_o_bytes;         // (block_m, head_dim) output staging, or 0: the output is staged in the Q rows
+  int smem_ones_bytes;      // tensor_sum: a block of ones, whose product with P is the rows' sums; else 0
   int smem_group_bytes;     // one group's tiles, mbarriers and two tile indices
   int smem_group_stride;    // from one group's tiles to the next's: smem_group_bytes rounded up to 1024
   int smem_bytes;           // every group's, and 1024 bytes to align the swizzled tiles
@@ -92,6 +93,8 @@ struct FwdSm90Traits {
 // groups: 1, or 2 groups of consumers in one persistent block, each walking tiles of its own with a Q
 // tile, K/V rings, barriers and a producer thread of its own: two block_m-row blocks in one, sharing the
 // SM's registers as one block (two blocks of 384 threads would each leave their consumers 8 fewer).
+// tensor_sum: the rows' running sums of P come from the tensor cores (P times a block of ones in shared
+// memory, 8 more columns of P V) instead of one add per score.
 // p_smem: P goes through shared memory (wgmma reads both operands of P V there), freeing the registers
 // of its packed fragments. cluster: 1 or 2 blocks of adjacent query tiles of one head share every K and
 // V tile (each loads half and multicasts it to both); under a causal mask the two would see different
@@ -111,7 +114,8 @@ constexpr int sm90_consumer_regs(int consumers, int producer_regs = kSm90Produce
 }
 
 constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, int stages, bool pingpong,
-                                        bool persistent, bool p_smem, int cluster, MaskKind mask, int groups = 1) {
+                                        bool persistent, bool p_smem, int cluster, MaskKind mask, int groups = 1,
+                                        bool tensor_sum = false) {
   FwdSm90Traits t{};
   t.consumers = block_m / 64;
   t.threads = 128 * (groups * t.consumers + 1);
@@ -120,7 +124,9 @@ constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, 
   t.smem_q_bytes = block_m * head_dim * 2;
   t.smem_kv_stage_bytes = 2 * block_n * head_dim * 2;
   t.smem_p_bytes = p_smem ? t.consumers * ((block_n + 63) / 64) * 64 * 128 : 0;
-  t.smem_group_bytes = t.smem_q_bytes + stages * t.smem_kv_stage_bytes + t.smem_p_bytes + (3 + 4 * stages) * 8;
+  t.smem_ones_bytes = tensor_sum ? 1024 : 0;
+  t.smem_group_bytes =
+      t.smem_q_bytes + stages * t.smem_kv_stage_bytes + t.smem_p_bytes + t.smem_ones_bytes + (3 + 4 * stages) * 8;
   const auto total = [&](int group_bytes) {
     return groups > 0 ? (groups - 1) * ((group_bytes + 1023) / 1024 * 1024) + group_bytes + 1024 : 0;
   };
@@ -131,6 +137,8 @@ constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, 
   t.smem_bytes = total(t.smem_group_bytes);
   // P's packed pairs, or with p_smem the addressing of its stores: 24 registers of headroom is what
   // ptxas needed to keep three consumers' persistent kernels free of spills.
+  // (tensor_sum's four accumulators of the sums take the place of the two running sums and the adds'
+  // temporaries.)
   t.accum_regs = head_dim / 2 + block_n / 2 + (p_smem ? 24 : block_n / 4);
   t.error = nullptr;
   if (head_dim != 64 && head_dim != 128 && head_dim != 192 && head_dim != 256) {

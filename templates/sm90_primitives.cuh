@@ -163,6 +163,13 @@ __device__ __forceinline__ u64 smem_desc_sw128(u32 addr, u32 leading_bytes, u32 
          (static_cast<u64>(stride_bytes >> 4) << 32) | (1ull << 62);
 }
 
+// Shared-memory matrix descriptor without swizzling: 8 x 16-byte core matrices, leading_bytes and
+// stride_bytes apart. For the block of ones (tensor_sum), where every byte read holds the same value.
+__device__ __forceinline__ u64 smem_desc_plain(u32 addr, u32 leading_bytes, u32 stride_bytes) {
+  return static_cast<u64>((addr & 0x3FFFF) >> 4) | (static_cast<u64>(leading_bytes >> 4) << 16) |
+         (static_cast<u64>(stride_bytes >> 4) << 32);
+}
+
 // desc with its start address moved on by bytes (a multiple of 16), e.g. to the next k-step. Only the
 // 32-bit word holding the address field changes: shared-memory addresses stay below 2^18 bytes, so the
 // add never carries out of the 14-bit field, and one 32-bit add replaces rebuilding the descriptor.

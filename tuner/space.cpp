@@ -62,7 +62,8 @@ int knob_differences(const KernelConfig& a, const KernelConfig& b) {
   const int shared = (a.block_m != b.block_m) + (a.block_n != b.block_n) + (a.stages != b.stages);
   if (a.family == KernelFamily::kSm90) {
     return shared + (a.overlap != b.overlap) + (a.pingpong != b.pingpong) + (a.persistent != b.persistent) +
-           (a.p_smem != b.p_smem) + (a.cluster != b.cluster);
+           (a.p_smem != b.p_smem) + (a.cluster != b.cluster) + (a.groups != b.groups) +
+           (a.tensor_sum != b.tensor_sum);
   }
   return shared + (a.warps != b.warps) + (a.q_in_regs != b.q_in_regs);
 }

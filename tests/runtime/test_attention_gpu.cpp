@@ -366,10 +366,11 @@ void run_and_check(const Problem& p, CUstream stream = nullptr,
 }
 
 // The sm90 family's built-in tiles for a problem (the heuristic's whole preference list), each with the
-// overlap, pingpong and persistent knobs both ways where valid and as two groups of consumers per
-// persistent block (block_m at most 128, overlap and pingpong both ways), and the first tile also with P
-// in shared memory and in clusters of two (alone and together, overlap and persistent off and on); none
-// when the family does not apply to its head_dim.
+// overlap, pingpong and persistent knobs both ways where valid, as two groups of consumers per
+// persistent block (block_m at most 128, or 64 with 64-key blocks; overlap and pingpong both ways) and
+// with the rows' sums from the tensor cores (P in registers and in shared memory); the first tile also
+// with P in shared memory and in clusters of two (alone and together, overlap and persistent off and
+// on). None when the family does not apply to its head_dim.
 std::vector<flashgen::KernelConfig> sm90_configs(const Problem& p) {
   std::vector<flashgen::KernelConfig> configs;
   std::set<std::string> grouped;
@@ -389,15 +390,23 @@ std::vector<flashgen::KernelConfig> sm90_configs(const Problem& p) {
           if (!variant.invalid_reason(90)) configs.push_back(variant);
         }
     for (bool overlap : {false, true})
-      for (bool pingpong : {false, true}) {
-        flashgen::KernelConfig variant = c;
-        variant.block_m = std::min(c.block_m, 128);
-        variant.groups = 2;
-        variant.persistent = true;
-        variant.overlap = overlap;
-        variant.pingpong = pingpong;
-        if (!variant.invalid_reason(90) && grouped.insert(variant.name()).second) configs.push_back(variant);
-      }
+      for (bool pingpong : {false, true})
+        for (int block_m : {128, 64}) {  // two or one consumers per group; 64-key blocks with one
+          flashgen::KernelConfig variant = c;
+          variant.block_m = std::min(c.block_m, block_m);
+          if (block_m == 64) variant.block_n = 64;
+          variant.groups = 2;
+          variant.persistent = true;
+          variant.overlap = overlap;
+          variant.pingpong = pingpong;
+          if (!variant.invalid_reason(90) && grouped.insert(variant.name()).second) configs.push_back(variant);
+        }
+    for (bool p_smem : {false, true}) {  // the rows' sums from the tensor cores, P in registers or not
+      flashgen::KernelConfig variant = c;
+      variant.tensor_sum = true;
+      variant.p_smem = p_smem;
+      if (!variant.invalid_reason(90)) configs.push_back(variant);
+    }
     if (extras_done) continue;
     extras_done = true;
     for (auto [p_smem, cluster] : {std::pair{true, 1}, std::pair{false, 2}, std::pair{true, 2}})
@@ -917,10 +926,11 @@ TEST_CASE("attention forward, sm90 family: persistent blocks walk many tiles", "
   FLASHGEN_REQUIRE_GPU();
   flashgen::ScopedContext context;
   FLASHGEN_REQUIRE_SM90(context);
-  // At least twice as many tiles as SMs for every block_m, so each persistent block takes several:
-  // the K/V rings and mbarrier phases run on across tiles, the next tile's Q waits for the Q rows to be
-  // free, and output staging rows are reused. Bottom-right causal with seqlen_q > seqlen_k leaves most
-  // tiles without a visible key (their output is 0), between tiles that have some.
+  // At least twice as many tiles as SMs for every block_m, so each persistent block (each group of a
+  // _g2 block) takes several: the K/V rings and mbarrier phases run on across tiles, the next tile's Q
+  // waits for the Q rows to be free, and output staging rows are reused. Bottom-right causal with
+  // seqlen_q > seqlen_k leaves most tiles without a visible key (their output is 0), between tiles that
+  // have some.
   run_sm90_family({
       make_problem(2, 700, 50, 48, 16, 64, FLASHGEN_FLOAT16, FLASHGEN_MASK_CAUSAL, 961),
       make_problem(2, 300, 90, 64, 8, 128, FLASHGEN_BFLOAT16, FLASHGEN_MASK_NONE, 962),
@@ -928,6 +938,9 @@ TEST_CASE("attention forward, sm90 family: persistent blocks walk many tiles", "
       // Clusters of two walk several pairs of query blocks each (the last pair's second block past the
       // end), over several key blocks per tile, so both blocks' K/V rings wrap across tiles.
       make_problem(1, 520, 520, 64, 8, 128, FLASHGEN_FLOAT16, FLASHGEN_MASK_NONE, 964),
+      // Unmasked head_dim 64 (the _g2 tiles): 576 tiles of 128 rows, several per walker on the fixed
+      // round-robin, not a multiple of the walkers.
+      make_problem(2, 700, 50, 48, 16, 64, FLASHGEN_FLOAT16, FLASHGEN_MASK_NONE, 965),
   });
 }
 

@@ -17,6 +17,7 @@ struct Config {
   static constexpr bool kPSmem = false;
   static constexpr int kCluster = 1;
   static constexpr int kGroups = 1;
+  static constexpr bool kTensorSum = false;
 };
 
 }  // namespace flashgen_generated
