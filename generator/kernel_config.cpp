@@ -108,7 +108,7 @@ FwdTraits KernelConfig::traits() const {
 
 FwdSm90Traits KernelConfig::sm90_traits() const {
   return fwd_sm90_traits(head_dim, block_m, block_n, stages, pingpong, persistent, p_smem, cluster, mask, groups,
-                         tensor_sum);
+                         tensor_sum, dtype == DType::kBFloat16 ? ElemType::kBFloat16 : ElemType::kFloat16);
 }
 
 int KernelConfig::threads() const {

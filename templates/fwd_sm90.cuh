@@ -32,7 +32,7 @@ struct FwdSm90 {
 
   static constexpr FwdSm90Traits kTraits =
       fwd_sm90_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kPingPong, Cfg::kPersistent,
-                      Cfg::kPSmem, Cfg::kCluster, Cfg::kMask, Cfg::kGroups, Cfg::kTensorSum);
+                      Cfg::kPSmem, Cfg::kCluster, Cfg::kMask, Cfg::kGroups, Cfg::kTensorSum, Cfg::kElem);
   static_assert(kTraits.error == nullptr, "invalid sm90 forward config: see fwd_sm90_traits() in fwd_traits.cuh");
 
   static constexpr ElemType kElem = Cfg::kElem;

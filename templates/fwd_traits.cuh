@@ -94,7 +94,8 @@ struct FwdSm90Traits {
 // tile, K/V rings, barriers and a producer thread of its own: two block_m-row blocks in one, sharing the
 // SM's registers as one block (two blocks of 384 threads would each leave their consumers 8 fewer).
 // tensor_sum: the rows' running sums of P come from the tensor cores (P times a block of ones in shared
-// memory, 8 more columns of P V) instead of one add per score.
+// memory, 8 more columns of P V) instead of one add per score; they add P as rounded to fp16 (as P V
+// does), which moves the LSE by up to 2^-11 (1.6e-4 measured).
 // p_smem: P goes through shared memory (wgmma reads both operands of P V there), freeing the registers
 // of its packed fragments. cluster: 1 or 2 blocks of adjacent query tiles of one head share every K and
 // V tile (each loads half and multicasts it to both); under a causal mask the two would see different
@@ -115,7 +116,7 @@ constexpr int sm90_consumer_regs(int consumers, int producer_regs = kSm90Produce
 
 constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, int stages, bool pingpong,
                                         bool persistent, bool p_smem, int cluster, MaskKind mask, int groups = 1,
-                                        bool tensor_sum = false) {
+                                        bool tensor_sum = false, ElemType elem = ElemType::kFloat16) {
   FwdSm90Traits t{};
   t.consumers = block_m / 64;
   t.threads = 128 * (groups * t.consumers + 1);
@@ -157,6 +158,8 @@ constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, 
     t.error = "groups * block_m / 64 must be at most 4 consumer warpgroups";
   } else if (groups > 1 && (!persistent || cluster != 1)) {
     t.error = "groups 2 takes persistent blocks without clusters (each group walks the tile list)";
+  } else if (tensor_sum && elem != ElemType::kFloat16) {
+    t.error = "tensor_sum takes fp16: the sums of P rounded to bf16 (8 bits) would put the LSE off by up to 2e-3";
   } else if (cluster != 1 && cluster != 2) {
     t.error = "cluster must be 1 or 2 (blocks sharing each K and V tile)";
   } else if (cluster == 2 && mask != MaskKind::kNone) {

@@ -39,17 +39,21 @@ SpaceReport forward_space(DType dtype, int head_dim, MaskKind mask, int arch, co
             for (bool pingpong : knobs.sm90_pingpong)
               for (bool persistent : knobs.sm90_persistent)
                 for (bool p_smem : knobs.sm90_p_smem)
-                  for (int cluster : knobs.sm90_cluster) {
-                    h.block_m = block_m;
-                    h.block_n = block_n;
-                    h.stages = stages;
-                    h.overlap = overlap;
-                    h.pingpong = pingpong;
-                    h.persistent = persistent;
-                    h.p_smem = p_smem;
-                    h.cluster = cluster;
-                    report.add(h, arch);
-                  }
+                  for (int cluster : knobs.sm90_cluster)
+                    for (int groups : knobs.sm90_groups)
+                      for (bool tensor_sum : knobs.sm90_tensor_sum) {
+                        h.block_m = block_m;
+                        h.block_n = block_n;
+                        h.stages = stages;
+                        h.overlap = overlap;
+                        h.pingpong = pingpong;
+                        h.persistent = persistent;
+                        h.p_smem = p_smem;
+                        h.cluster = cluster;
+                        h.groups = groups;
+                        h.tensor_sum = tensor_sum;
+                        report.add(h, arch);
+                      }
   }
   return report;
 }

@@ -28,6 +28,8 @@ struct ForwardKnobs {
   std::vector<bool> sm90_persistent{false, true};
   std::vector<bool> sm90_p_smem{false, true};
   std::vector<int> sm90_cluster{1, 2};  // 2: unmasked problems only
+  std::vector<int> sm90_groups{1, 2};   // 2: persistent, at most four consumer warpgroups in all
+  std::vector<bool> sm90_tensor_sum{false, true};  // true: fp16 only
 };
 
 // Values each backward knob ranges over. sm80 family: the dkdv kernel's tiles, warps, stages and

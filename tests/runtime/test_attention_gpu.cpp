@@ -24,9 +24,11 @@
 #include "flashgen/flashgen.h"
 #include "gpu.hpp"
 #include "heuristic.hpp"
+#include "kernel_registry.hpp"
 #include "reference.hpp"
 #include "support/attention_reference.hpp"
 #include "support/check_reports.hpp"
+#include "support/parallel.hpp"
 
 namespace {
 
@@ -894,7 +896,14 @@ TEST_CASE("attention forward: running max moves over a history (lazy rescaling)"
 }
 
 // Every sm90 built-in config over the problems above whose head_dim the family takes (64, 128, 192, 256).
+// The configs are compiled first, on every core at once.
 void run_sm90_family(const std::vector<Problem>& problems) {
+  std::vector<flashgen::KernelConfig> all;
+  std::set<std::string> names;
+  for (const Problem& p : problems)
+    for (const flashgen::KernelConfig& c : sm90_configs(p))
+      if (names.insert(c.name()).second) all.push_back(c);
+  flashgen::testing::parallel_for(all.size(), [&](size_t i) { flashgen::KernelRegistry::instance().compiled(all[i], 90); });
   int ran = 0;
   for (const Problem& p : problems) {
     const std::vector<flashgen::KernelConfig> configs = sm90_configs(p);

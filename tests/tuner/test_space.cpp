@@ -35,16 +35,20 @@ std::vector<KernelConfig> product(DType dtype, int head_dim, MaskKind mask, cons
           for (bool pingpong : knobs.sm90_pingpong)
             for (bool persistent : knobs.sm90_persistent)
               for (bool p_smem : knobs.sm90_p_smem)
-                for (int cluster : knobs.sm90_cluster) {
-                  KernelConfig c{dtype, head_dim, mask, m, n, 4, s, false};
-                  c.family = flashgen::KernelFamily::kSm90;
-                  c.overlap = overlap;
-                  c.pingpong = pingpong;
-                  c.persistent = persistent;
-                  c.p_smem = p_smem;
-                  c.cluster = cluster;
-                  out.push_back(c);
-                }
+                for (int cluster : knobs.sm90_cluster)
+                  for (int groups : knobs.sm90_groups)
+                    for (bool tensor_sum : knobs.sm90_tensor_sum) {
+                      KernelConfig c{dtype, head_dim, mask, m, n, 4, s, false};
+                      c.family = flashgen::KernelFamily::kSm90;
+                      c.overlap = overlap;
+                      c.pingpong = pingpong;
+                      c.persistent = persistent;
+                      c.p_smem = p_smem;
+                      c.cluster = cluster;
+                      c.groups = groups;
+                      c.tensor_sum = tensor_sum;
+                      out.push_back(c);
+                    }
   return out;
 }
 
@@ -65,10 +69,10 @@ int sum_of(const std::map<std::string, int>& counts) {
 TEST_CASE("default forward space on sm_80 and sm_90: sizes, split and reasons", "[tuner][space]") {
   // The default knobs: 3 block_m x 6 block_n x 3 warps x 3 stages x 2 q_in_regs for the sm80 family,
   // and on sm_90 4 block_m x 9 block_n x 3 stages x 2 overlap x 2 pingpong x 2 persistent x 2 p_smem x 2
-  // cluster for the sm90 family.
+  // cluster x 2 groups x 2 tensor_sum for the sm90 family.
   constexpr int kSm80Total = 3 * 6 * 3 * 3 * 2;
   static_assert(kSm80Total == 324, "default ForwardKnobs product");
-  const std::map<int, int> expected_total{{80, kSm80Total}, {90, kSm80Total + 4 * 9 * 3 * 32}};
+  const std::map<int, int> expected_total{{80, kSm80Total}, {90, kSm80Total + 4 * 9 * 3 * 128}};
   // Valid d128 configs, worked out by hand from fwd_traits.cuh. sm80 family: 39 (block_m, block_n,
   // warps, q_in_regs) combinations fit the registers at each of the 3 stage counts (117); shared memory
   // then drops 24 of them on sm_80's 163 KB and 8 on sm_90's 227 KB. sm90 family on sm_90: one or two
@@ -81,9 +85,16 @@ TEST_CASE("default forward space on sm_80 and sm_90: sizes, split and reasons", 
   // 6, 3 and 2 with two, 2, 2 and 1 with three (32), 11 more with pingpong, each with overlap and
   // persistent off and on (172). A cluster of two repeats them all but the
   // 8 with two consumers and block_n 192 in registers (its producer keeps 8 more registers, leaving each
-  // consumer 232), without a mask, and none under a causal one. Update these when the validity rules
-  // change.
-  const std::map<int, int> expected_valid{{80, 93}, {90, 109 + 228 + 172}};
+  // consumer 232), without a mask, and none under a causal one. Two groups of consumers per persistent
+  // block fit block_m 64 only (two 128-row groups would leave each consumer 112 registers), with 232
+  // registers each and two groups' shared memory in 227 KB: block_n 64 at 2 and 3 stages, 80 and 96 at
+  // 2, and with P in shared memory 64 and 80 at 2 (6), overlap off and on (12). The rows' sums from the
+  // tensor cores (fp16 only) add 1 KB of ones per group: every single-group config still fits (400 and,
+  // without a mask, the 392 clusters again), two groups only at 2 stages with block_n 64, 80, and 64 with P
+  // in shared memory (6). Update these when the validity rules change.
+  const int kSm90Single = 228 + 172;
+  const std::map<int, int> expected_valid{{80, 93}, {90, 109 + kSm90Single + 12}};
+  const int kTensorSums = kSm90Single + 6;  // fp16 only
 
   for (int arch : {80, 90})
     for (DType dtype : {DType::kFloat16, DType::kBFloat16})
@@ -94,7 +105,8 @@ TEST_CASE("default forward space on sm_80 and sm_90: sizes, split and reasons", 
         CHECK(report.total == expected_total.at(arch));
         CHECK(static_cast<int>(report.valid.size()) + report.pruned == report.total);
         const int sm90_clusters = arch == 90 && mask == MaskKind::kNone ? 228 - 8 + 172 : 0;
-        CHECK(static_cast<int>(report.valid.size()) == expected_valid.at(arch) + sm90_clusters);
+        const int sm90_tensor_sums = arch == 90 && dtype == DType::kFloat16 ? kTensorSums + sm90_clusters : 0;
+        CHECK(static_cast<int>(report.valid.size()) == expected_valid.at(arch) + sm90_clusters + sm90_tensor_sums);
         CHECK(sum_of(report.pruned_by_reason) == report.pruned);
 
         for (const KernelConfig& c : report.valid) {
@@ -136,7 +148,7 @@ TEST_CASE("the heuristic choice is in the valid space for every standard head_di
       const flashgen::SpaceReport report = flashgen::forward_space(DType::kBFloat16, head_dim, MaskKind::kCausal, arch);
       const KernelConfig heuristic = flashgen::heuristic_forward_config(DType::kBFloat16, head_dim, MaskKind::kCausal, arch);
       INFO("sm_" << arch << " " << heuristic.name());
-      CHECK(report.total == (arch == 90 ? 324 + 3456 : 324));
+      CHECK(report.total == (arch == 90 ? 324 + 13824 : 324));
       CHECK(static_cast<int>(report.valid.size()) + report.pruned == report.total);
       CHECK(std::find(report.valid.begin(), report.valid.end(), heuristic) != report.valid.end());
     }
@@ -147,7 +159,7 @@ TEST_CASE("sm_86's 99 KB of shared memory leaves a strict subset of sm_90's spac
     INFO("d" << head_dim);
     const auto sm86 = flashgen::forward_space(DType::kFloat16, head_dim, MaskKind::kNone, 86);
     const auto sm90 = flashgen::forward_space(DType::kFloat16, head_dim, MaskKind::kNone, 90);
-    CHECK(sm86.total + 3456 == sm90.total);  // the sm90 family is enumerated on sm_90 only
+    CHECK(sm86.total + 13824 == sm90.total);  // the sm90 family is enumerated on sm_90 only
     const std::set<std::string> names86 = names(sm86.valid);
     const std::set<std::string> names90 = names(sm90.valid);
     CHECK(names86.size() < names90.size());
@@ -225,7 +237,8 @@ TEST_CASE("capped candidates: the built-in choice, its one-knob neighbours, then
     if (c.family != builtin.family) return 100;
     return (c.block_m != builtin.block_m) + (c.block_n != builtin.block_n) + (c.stages != builtin.stages) +
            (c.overlap != builtin.overlap) + (c.pingpong != builtin.pingpong) + (c.persistent != builtin.persistent) +
-           (c.p_smem != builtin.p_smem) + (c.cluster != builtin.cluster);
+           (c.p_smem != builtin.p_smem) + (c.cluster != builtin.cluster) + (c.groups != builtin.groups) +
+           (c.tensor_sum != builtin.tensor_sum);
   };
   size_t neighbours = 0;
   for (const auto& c : space.valid) neighbours += knobs_differing(c) == 1;
