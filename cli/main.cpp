@@ -640,13 +640,13 @@ struct RunOptions {
 };
 
 RunOptions parse_run_options(const Args& args) {
-  constexpr long long kIntMax = std::numeric_limits<int>::max();
+  constexpr long long kSizeMax = 1ll << 30;  // the library's limit on every size
   RunOptions o;
-  o.batch = args.int_or("batch", o.batch, 1, kIntMax);
-  o.seqlen_q = args.int_or("seqlen-q", o.seqlen_q, 1, kIntMax);
-  o.seqlen_k = args.int_or("seqlen-k", o.seqlen_k, 1, kIntMax);
-  o.heads_q = args.int_or("heads-q", o.heads_q, 1, kIntMax);
-  o.heads_kv = args.int_or("heads-kv", o.heads_kv, 1, kIntMax);
+  o.batch = args.int_or("batch", o.batch, 1, kSizeMax);
+  o.seqlen_q = args.int_or("seqlen-q", o.seqlen_q, 1, kSizeMax);
+  o.seqlen_k = args.int_or("seqlen-k", o.seqlen_k, 1, kSizeMax);
+  o.heads_q = args.int_or("heads-q", o.heads_q, 1, kSizeMax);
+  o.heads_kv = args.int_or("heads-kv", o.heads_kv, 1, kSizeMax);
   o.head_dim = args.int_or("head-dim", o.head_dim, 1, 4096);
   o.dtype = args.choice_or("dtype", "fp16", {"fp16", "bf16"}) == "fp16" ? DType::kFloat16 : DType::kBFloat16;
   o.causal = args.choice_or("causal", o.causal, {"none", "bottom-right", "top-left"});
@@ -1092,8 +1092,26 @@ Json run_report_json(const RunReport& r) {
   };
 }
 
+// The host copies of `run` (inputs, output, LSE; with --backward dout and the three gradients) are
+// allocated before the library sees the problem: refuse what this machine cannot hold instead of being
+// killed for it.
+void check_host_memory(const RunOptions& o) {
+  const double q_elements = double(o.batch) * o.seqlen_q * o.heads_q * o.head_dim;
+  const double kv_elements = double(o.batch) * o.seqlen_k * o.heads_kv * o.head_dim;
+  const double host_bytes = 2 * ((o.backward ? 4 : 2) * q_elements + (o.backward ? 4 : 2) * kv_elements) +
+                            4.0 * o.batch * o.heads_q * o.seqlen_q;
+  const double memory_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  if (memory_bytes > 0 && host_bytes > 0.8 * memory_bytes) {
+    char text[160];
+    std::snprintf(text, sizeof text, "this problem's host tensors need %.1f GiB; this machine has %.1f GiB",
+                  host_bytes / double(1 << 30), memory_bytes / double(1 << 30));
+    fail(Status::kInvalidArgument, text);
+  }
+}
+
 int command_run(const Args& args) {
   const RunOptions options = parse_run_options(args);
+  check_host_memory(options);
   std::string why;
   if (!driver_available(&why)) fail(Status::kNoDevice, "run needs a GPU: " + why);
   const RunReport report = run_problem(options);

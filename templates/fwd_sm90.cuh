@@ -528,7 +528,7 @@ struct FwdSm90 {
           if constexpr (!kTensorSum) row_sum[h] *= correction[h];
         }
         const float m = row_max[h] == neg_inf() ? 0.f : row_max[h];  // a row that saw no key yet
-        float sum = 0.f;
+        [[maybe_unused]] float sum = 0.f;  // with kTensorSum the tensor cores add P up (issue_pv)
 #pragma unroll
         for (int i = 0; i < kSGroups; ++i)
 #pragma unroll

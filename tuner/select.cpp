@@ -143,18 +143,24 @@ std::optional<StoredUse<Config>> stored_choice(const DeviceFingerprint& device, 
     if (why) passed_over += "; stored " + config_name(stored->config) + " passed over: " + *why;
     return why ? nullptr : c;
   };
+  // A row the database cannot turn back into a problem or config (written by another tool, or edited)
+  // is passed over like an unusable one: the call still gets the shipped defaults or the heuristic.
   if (user_db != nullptr) {
-    const std::optional<StoredChoice> exact = user_db->lookup_exact(device, problem);
-    if (const Config* c = usable(exact)) {
-      return StoredUse<Config>{*c, "tuning database " + user_db->path().string() + ", exact bucket " + problem.id(),
-                               ChoiceSource::kTuningDatabase};
-    }
-    const std::optional<StoredChoice> nearest = user_db->lookup_nearest(device, problem);
-    if (const Config* c = usable(nearest)) {
-      return StoredUse<Config>{*c,
-                               "tuning database " + user_db->path().string() + ", nearest bucket " +
-                                   nearest->problem.id() + " for " + problem.id(),
-                               ChoiceSource::kTuningDatabase};
+    try {
+      const std::optional<StoredChoice> exact = user_db->lookup_exact(device, problem);
+      if (const Config* c = usable(exact)) {
+        return StoredUse<Config>{*c, "tuning database " + user_db->path().string() + ", exact bucket " + problem.id(),
+                                 ChoiceSource::kTuningDatabase};
+      }
+      const std::optional<StoredChoice> nearest = user_db->lookup_nearest(device, problem);
+      if (const Config* c = usable(nearest)) {
+        return StoredUse<Config>{*c,
+                                 "tuning database " + user_db->path().string() + ", nearest bucket " +
+                                     nearest->problem.id() + " for " + problem.id(),
+                                 ChoiceSource::kTuningDatabase};
+      }
+    } catch (const std::exception& e) {  // Error, or the JSON library's on a config it cannot read
+      passed_over += "; tuning database " + user_db->path().string() + " passed over: " + e.what();
     }
   }
   if (shipped != nullptr) {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -18,7 +19,9 @@
 #include <string>
 #include <system_error>
 #include <thread>
+#include <type_traits>
 #include <utility>
+#include <variant>
 
 #include "flashgen/error.hpp"
 
@@ -465,6 +468,8 @@ DeviceFingerprint device_from_json(const json& j) {
   return d;
 }
 
+// A problem row as the store's keys require it: a known pass, a power-of-two bucket per size (as
+// size_bucket writes them), a group ratio of at least 1. Throws Error(kInvalidArgument) naming the field.
 ProblemKey problem_from_json(const json& j) {
   ProblemKey p;
   p.family = j.at("family").get<std::string>();
@@ -475,7 +480,38 @@ ProblemKey problem_from_json(const json& j) {
   p.seqlen_q_bucket = j.at("seqlen_q_bucket").get<int64_t>();
   p.seqlen_k_bucket = j.at("seqlen_k_bucket").get<int64_t>();
   p.batch_heads_bucket = j.at("batch_heads_bucket").get<int64_t>();
+  FLASHGEN_REQUIRE(p.family == "fwd" || p.family == "bwd" || p.family == "bwd_det",
+                   "problem family must be fwd, bwd or bwd_det, got '" + p.family + "'");
+  FLASHGEN_REQUIRE(p.gqa_ratio >= 1, "problem gqa_ratio must be at least 1, got " + std::to_string(p.gqa_ratio));
+  for (const auto& [name, bucket] : {std::pair{"seqlen_q_bucket", p.seqlen_q_bucket},
+                                     std::pair{"seqlen_k_bucket", p.seqlen_k_bucket},
+                                     std::pair{"batch_heads_bucket", p.batch_heads_bucket}}) {
+    FLASHGEN_REQUIRE(bucket >= 1 && size_bucket(bucket) == bucket,
+                     std::string("problem ") + name + " must be a power of two, got " + std::to_string(bucket));
+  }
   return p;
+}
+
+// A timing read from a file: positive and finite, or a winner could never be replaced.
+double median_from_json(const json& row) {
+  const double median = row.at("median_ms").get<double>();
+  FLASHGEN_REQUIRE(std::isfinite(median) && median > 0, "median_ms must be positive, got " + row.at("median_ms").dump());
+  return median;
+}
+
+// A winner's config must be of the problem's pass, dtype, head_dim and mask: the run-time choice would
+// pass it over on every call otherwise.
+void require_config_matches(const TunedConfig& tuned, const ProblemKey& problem) {
+  bool matches = false;
+  std::visit(
+      [&](const auto& c) {
+        using Config = std::decay_t<decltype(c)>;
+        bool pass = problem.family == "fwd";
+        if constexpr (std::is_same_v<Config, BwdConfig>) pass = problem.family == (c.deterministic ? "bwd_det" : "bwd");
+        matches = pass && c.dtype == problem.dtype && c.head_dim == problem.head_dim && c.mask == problem.mask;
+      },
+      tuned);
+  FLASHGEN_REQUIRE(matches, "config " + config_name(tuned) + " is not one of problem " + problem.id());
 }
 
 // Rows of an import, parsed and checked before anything is written.
@@ -565,11 +601,15 @@ ImportedRows parse_import(const json& data) {
       w.device_id = resolve(device_ids, row, "device_id");
       w.problem_id = resolve(problem_ids, row, "problem_id");
       w.config = row.at("config").get<TunedConfig>();
-      w.median_ms = row.at("median_ms").get<double>();
+      require_config_matches(w.config, rows.problems.at(w.problem_id));
+      w.median_ms = median_from_json(row);
       w.updated_at = row.value("updated_at", now);
       rows.winners.push_back(std::move(w));
     }
   } catch (const json::exception& e) {
+    fail(Status::kInvalidArgument,
+         std::string("tuning import: ") + section + "[" + std::to_string(index) + "]: " + e.what());
+  } catch (const Error& e) {
     fail(Status::kInvalidArgument,
          std::string("tuning import: ") + section + "[" + std::to_string(index) + "]: " + e.what());
   }

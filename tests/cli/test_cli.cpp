@@ -163,4 +163,19 @@ TEST_CASE("cli: failures under --json print one JSON error object", "[cli]") {
     CHECK(j["status"] == "no_device");
     CHECK(j["error"].is_string());
   }
+  SECTION("run refuses a problem whose host tensors exceed the machine's memory, before looking for a GPU") {
+    const CliResult result = run_cli({"run", "--json", "--batch", "1024", "--seqlen-q", "1048576", "--seqlen-k",
+                                      "1048576", "--heads-q", "64", "--heads-kv", "64"},
+                                     dir);
+    CHECK(result.exit_code == 2);
+    const Json j = parse_json(result);
+    REQUIRE(j.is_object());
+    CHECK(j["status"] == "invalid_argument");
+    CHECK(j["error"].get<std::string>().find("host tensors need") != std::string::npos);
+  }
+  SECTION("run takes sizes up to the library's 2^30 only") {
+    const CliResult result = run_cli({"run", "--seqlen-q", "2000000000"}, dir);
+    CHECK(result.exit_code == 2);
+    CHECK(result.err.find("seqlen-q") != std::string::npos);
+  }
 }

@@ -370,9 +370,9 @@ void run_and_check(const Problem& p, CUstream stream = nullptr,
 // The sm90 family's built-in tiles for a problem (the heuristic's whole preference list), each with the
 // overlap, pingpong and persistent knobs both ways where valid, as two groups of consumers per
 // persistent block (block_m at most 128, or 64 with 64-key blocks; overlap and pingpong both ways) and
-// with the rows' sums from the tensor cores (P in registers and in shared memory); the first tile also
-// with P in shared memory and in clusters of two (alone and together, overlap and persistent off and
-// on). None when the family does not apply to its head_dim.
+// with the rows' sums taken the other way (tensor cores or adds; P in registers and in shared memory);
+// the first tile also with P in shared memory and in clusters of two (alone and together, overlap and
+// persistent off and on). None when the family does not apply to its head_dim.
 std::vector<flashgen::KernelConfig> sm90_configs(const Problem& p) {
   std::vector<flashgen::KernelConfig> configs;
   std::set<std::string> grouped;
@@ -403,9 +403,9 @@ std::vector<flashgen::KernelConfig> sm90_configs(const Problem& p) {
           variant.pingpong = pingpong;
           if (!variant.invalid_reason(90) && grouped.insert(variant.name()).second) configs.push_back(variant);
         }
-    for (bool p_smem : {false, true}) {  // the rows' sums from the tensor cores, P in registers or not
+    for (bool p_smem : {false, true}) {  // the rows' sums the other way, P in registers or not
       flashgen::KernelConfig variant = c;
-      variant.tensor_sum = true;
+      variant.tensor_sum = !c.tensor_sum;
       variant.p_smem = p_smem;
       if (!variant.invalid_reason(90)) configs.push_back(variant);
     }

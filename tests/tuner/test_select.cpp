@@ -5,6 +5,7 @@
 #include "kernel_registry.hpp"
 #include "select.hpp"
 #include "store.hpp"
+#include "support/raw_sqlite.hpp"
 #include "support/temp_dir.hpp"
 
 using flashgen::DType;
@@ -142,4 +143,26 @@ TEST_CASE("a stored winner that cannot run on this arch is passed over", "[tuner
   CHECK(choice.config != hopper_only);
   CHECK_FALSE(choice.config.invalid_reason(80).has_value());
   CHECK(choice.reason.find("passed over") != std::string::npos);
+}
+
+TEST_CASE("a stored row the database cannot read back is passed over, not thrown", "[tuner][select][store]") {
+  flashgen::testing::TempDir dir("flashgen-select-test");
+  const flashgen::DeviceFingerprint device = flashgen::fingerprint_for_arch(90);
+  const flashgen::ProblemKey key = flashgen::forward_problem_key(DType::kFloat16, 64, MaskKind::kNone, 1, 4096, 4096, 64);
+  {
+    flashgen::TuningStore store(dir.path() / "tuning.sqlite");
+    flashgen::KernelConfig stored = flashgen::heuristic_forward_configs(DType::kFloat16, 64, MaskKind::kNone, 90).back();
+    flashgen::CandidateResult row;
+    row.config = stored;
+    row.median_ms = 1.5;
+    store.record(device, key, {row}, stored, 1.5);
+  }
+  // Edited by hand or by another tool: a winner whose config names a mask flashgen does not have.
+  flashgen::testing::RawSqlite(dir.path() / "tuning.sqlite")
+      .exec("UPDATE winners SET config_json = '{\"family\": \"fwd_sm90\", \"mask\": \"sliding\"}'");
+  flashgen::TuningStore store(dir.path() / "tuning.sqlite");
+  const auto choice = flashgen::choose_forward_config(device, key, 90, &store);
+  CHECK(choice.config == flashgen::heuristic_choice(DType::kFloat16, 64, MaskKind::kNone, 90).config);
+  CHECK(choice.reason.find("passed over") != std::string::npos);
+  CHECK(choice.reason.find("mask") != std::string::npos);
 }

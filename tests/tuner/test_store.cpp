@@ -22,6 +22,7 @@
 #include "catch.hpp"
 #include "flashgen/error.hpp"
 #include "store.hpp"
+#include "support/raw_sqlite.hpp"
 #include "support/temp_dir.hpp"
 
 using flashgen::CandidateResult;
@@ -32,65 +33,12 @@ using flashgen::MaskKind;
 using flashgen::ProblemKey;
 using flashgen::StoredChoice;
 using flashgen::TuningStore;
+using flashgen::testing::RawSqlite;
 using flashgen::testing::TempDir;
 
 namespace fs = std::filesystem;
 
 namespace {
-
-// The SQLite C API, looked up at run time from the copy libflashgen already loaded: the test target
-// links only flashgen, which keeps SQLite private. Used to inspect and hand-craft database files.
-class RawSqlite {
- public:
-  explicit RawSqlite(const fs::path& path) {
-    REQUIRE(api().open_v2 != nullptr);
-    REQUIRE(api().open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) == SQLITE_OK);
-  }
-  ~RawSqlite() { api().close(db_); }
-  RawSqlite(const RawSqlite&) = delete;
-  RawSqlite& operator=(const RawSqlite&) = delete;
-
-  void exec(const std::string& sql) {
-    char* error = nullptr;
-    const int rc = api().exec(db_, sql.c_str(), nullptr, nullptr, &error);
-    INFO(sql << ": " << (error != nullptr ? error : ""));
-    api().free(error);
-    REQUIRE(rc == SQLITE_OK);
-  }
-  // Every row's first column.
-  std::vector<std::string> column(const std::string& sql) {
-    std::vector<std::string> rows;
-    auto collect = [](void* out, int, char** values, char**) {
-      static_cast<std::vector<std::string>*>(out)->push_back(values[0] != nullptr ? values[0] : "");
-      return 0;
-    };
-    REQUIRE(api().exec(db_, sql.c_str(), collect, &rows, nullptr) == SQLITE_OK);
-    return rows;
-  }
-
- private:
-  struct Api {
-    decltype(&sqlite3_open_v2) open_v2 = nullptr;
-    decltype(&sqlite3_exec) exec = nullptr;
-    decltype(&sqlite3_close) close = nullptr;
-    decltype(&sqlite3_free) free = nullptr;
-  };
-  static const Api& api() {
-    static const Api loaded = [] {
-      void* library = dlopen("libsqlite3.so.0", RTLD_NOW | RTLD_NOLOAD);
-      if (library == nullptr) library = dlopen("libsqlite3.so.0", RTLD_NOW);
-      Api a;
-      if (library == nullptr) return a;
-      a.open_v2 = reinterpret_cast<decltype(a.open_v2)>(dlsym(library, "sqlite3_open_v2"));
-      a.exec = reinterpret_cast<decltype(a.exec)>(dlsym(library, "sqlite3_exec"));
-      a.close = reinterpret_cast<decltype(a.close)>(dlsym(library, "sqlite3_close"));
-      a.free = reinterpret_cast<decltype(a.free)>(dlsym(library, "sqlite3_free"));
-      return a;
-    }();
-    return loaded;
-  }
-  sqlite3* db_ = nullptr;
-};
 
 DeviceFingerprint device(const std::string& gpu_name = "NVIDIA H200", int sm = 90) {
   DeviceFingerprint d;
@@ -444,6 +392,28 @@ TEST_CASE("import rejects documents that are not flashgen tuning exports", "[tun
   std::tie(status, message) = status_and_message(bad_field);
   CHECK(status == flashgen::Status::kInvalidArgument);
   CHECK(message.find("winners[0]") != std::string::npos);
+
+  // Rows the run-time lookup could not use: a bucket size_bucket would not write, a winner slower than
+  // any (a timing of 0 or less could never be replaced), a winner of another dtype than its problem.
+  nlohmann::json odd_bucket = source.export_json();
+  odd_bucket["problems"][0]["seqlen_q_bucket"] = 1000;
+  std::tie(status, message) = status_and_message(odd_bucket);
+  CHECK(status == flashgen::Status::kInvalidArgument);
+  CHECK(message.find("problems[0]") != std::string::npos);
+  CHECK(message.find("seqlen_q_bucket must be a power of two, got 1000") != std::string::npos);
+
+  nlohmann::json negative = source.export_json();
+  negative["winners"][0]["median_ms"] = -1.0;
+  std::tie(status, message) = status_and_message(negative);
+  CHECK(status == flashgen::Status::kInvalidArgument);
+  CHECK(message.find("median_ms must be positive") != std::string::npos);
+
+  nlohmann::json other_dtype = source.export_json();
+  other_dtype["winners"][0]["config"]["dtype"] =
+      other_dtype["winners"][0]["config"]["dtype"] == "bf16" ? "fp16" : "bf16";
+  std::tie(status, message) = status_and_message(other_dtype);
+  CHECK(status == flashgen::Status::kInvalidArgument);
+  CHECK(message.find("is not one of problem") != std::string::npos);
 
   // Nothing of the rejected documents was written.
   CHECK(store.winners().empty());
