@@ -59,8 +59,9 @@ int flashgen_attention_forward(const flashgen_tensor* q, const flashgen_tensor* 
  * head's group of query heads. Rows that saw no key get zero gradients, never NaN.
  * opts->deterministic != 0 computes dq in a separate pass that owns each element, so repeated runs give
  * identical bits; otherwise dq is accumulated with fp32 atomics (faster, last-bit nondeterministic).
- * Workspace: 4 * batch * heads_q * seqlen_q bytes, plus 4 * batch * heads_q * seqlen_q * head_dim bytes
- * when not deterministic, taken from the device's default stream-ordered memory pool on cuda_stream and
+ * Workspace: fp32 row values (4 * batch * heads_q * rows bytes, twice for the sm90 kernels) plus, when
+ * not deterministic, the fp32 dq accumulator (4 * batch * heads_q * rows * head_dim bytes), rows being
+ * seqlen_q (rounded up to 128 for the sm90 kernels; see flashgen_attention_backward_workspace_size), taken from the device's default stream-ordered memory pool on cuda_stream and
  * given back on it (cuMemAllocAsync / cuMemFreeAsync: no synchronization; the pool keeps the memory
  * for the next call). The C++ API (runtime/attention_backward.hpp) takes a caller-provided workspace.
  * Stream, context and error semantics as for the forward. */
@@ -73,7 +74,7 @@ int flashgen_attention_backward(const flashgen_tensor* q, const flashgen_tensor*
  * (the same checks as the backward; it picks the config for the stream's device, compiling or loading its
  * kernels if this process has not yet, and launches none of them; with tune-on-first-use on, an untuned
  * problem is swept first, as the call would, which takes seconds once per bucket). At most
- * 4 * batch * heads_q * seqlen_q * (head_dim + 1) bytes plus 512 bytes of alignment. */
+ * 4 * batch * heads_q * rows * (head_dim + 2) bytes plus alignment, rows = seqlen_q rounded up to 128. */
 int flashgen_attention_backward_workspace_size(const flashgen_tensor* q, const flashgen_tensor* k,
                                                const flashgen_tensor* v, const flashgen_tensor* out,
                                                const flashgen_tensor* dout, const float* lse,
