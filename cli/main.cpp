@@ -306,8 +306,12 @@ Command emit_command() {
                  "Prints the generated kernel as one self-contained CUDA translation unit; nvcc compiles it\n"
                  "unchanged: nvcc -gencode=arch=compute_90a,code=sm_90a -c <file>.cu",
                  "<config-name> [--arch SM] [-o FILE] | --config-json FILE|- [--arch SM] [-o FILE]", 1,
-                 "<config-name>: a canonical config name, e.g. fwd_sm80_fp16_d128_m128_n32_w4_s3\n" + arch_help())
-      .option("config-json", "FILE", "read the config as JSON from FILE ('-' for stdin) instead of a name")
+                 "<config-name>: a canonical config name, e.g. fwd_sm80_fp16_d128_m128_n32_w4_s3, or a\n"
+                 "backward module's, e.g. bwd_sm90_bf16_d128_m64_n128_s2_causal\n" + arch_help())
+      .option("config-json", "FILE",
+              "read a forward config as JSON from FILE ('-' for stdin) instead of a name; fields: family (fwd_sm80 or "
+              "fwd_sm90), dtype, head_dim, mask (none or causal), block_m, block_n, warps, stages, q_in_regs, "
+              "overlap, pingpong, persistent, p_smem, cluster, groups, tensor_sum; omitted ones take the defaults")
       .option("arch", "SM", "check the config is valid for sm_<SM> (default 90)")
       .option("output", "FILE", "write to FILE instead of stdout", false, 'o');
 }
@@ -328,24 +332,32 @@ KernelConfig read_config_json(const std::string& path) {
   }
 }
 
+// A config name of either pass: bwd_... names are backward modules.
+std::variant<KernelConfig, BwdConfig> config_from_name(const std::string& name) {
+  if (name.rfind("bwd_", 0) == 0) return BwdConfig::from_name(name);
+  return KernelConfig::from_name(name);
+}
+
 int command_emit(const Args& args) {
   const bool from_json = args.has("config-json");
   if (from_json == !args.positionals.empty())
     throw UsageError("emit takes either a config name or --config-json, exactly one of them", args.usage());
-  const KernelConfig config =
-      from_json ? read_config_json(args.string_or("config-json", "-")) : KernelConfig::from_name(args.positionals[0]);
+  const std::variant<KernelConfig, BwdConfig> config =
+      from_json ? std::variant<KernelConfig, BwdConfig>(read_config_json(args.string_or("config-json", "-")))
+                : config_from_name(args.positionals[0]);
   const int arch = parse_archs(args, {90}).front();
-  if (std::optional<std::string> why = config.invalid_reason(arch))
-    fail(Status::kInvalidArgument, "config " + config.name() + " is invalid for sm_" + std::to_string(arch) + ": " + *why);
+  const std::string name = std::visit([](const auto& c) { return c.name(); }, config);
+  if (std::optional<std::string> why = std::visit([&](const auto& c) { return c.invalid_reason(arch); }, config))
+    fail(Status::kInvalidArgument, "config " + name + " is invalid for sm_" + std::to_string(arch) + ": " + *why);
 
-  const std::string source = generate(config).self_contained();
+  const std::string source = std::visit([](const auto& c) { return generate(c).self_contained(); }, config);
   if (!args.has("output")) {
     std::cout << source;
     return 0;
   }
   const std::string path = args.string_or("output", "");
   write_file(path, source);
-  std::cerr << "wrote " << config.name() << " (" << source.size() << " bytes) to " << path << '\n';
+  std::cerr << "wrote " << name << " (" << source.size() << " bytes) to " << path << '\n';
   return 0;
 }
 
@@ -363,7 +375,7 @@ Command compile_command() {
                  "<config-name>: canonical config names, e.g. fwd_sm80_fp16_d128_m128_n32_w4_s3, or backward modules\n"
                  "               such as bwd_sm90_fp16_d128_m64_n128_s2 (reported by their dkdv kernel)\n" +
                      arch_help())
-      .option("arch", "SM", "target sm_<SM> (default 80 and 90)", true)
+      .option("arch", "SM", "target sm_<SM> (default 80 and 90; 90 only for sm90-family configs)", true)
       .flag("all-defaults", "add the default candidates (default_forward_candidates) of each arch")
       .flag("no-cache", "compile with NVRTC directly, bypassing the memory and disk caches")
       .option("jobs", "N", "compile N kernels at a time (default: the number of cores)", false, 'j')
@@ -381,12 +393,6 @@ struct CompileJob {
     return std::visit([](const auto& c) { return c.name(); }, config);
   }
 };
-
-// A config name of either pass: bwd_... names are backward modules.
-std::variant<KernelConfig, BwdConfig> config_from_name(const std::string& name) {
-  if (name.rfind("bwd_", 0) == 0) return BwdConfig::from_name(name);
-  return KernelConfig::from_name(name);
-}
 
 struct CompileOutcome {
   std::string name;
@@ -555,7 +561,10 @@ int command_compile(const Args& args) {
   };
   for (const std::string& name : args.positionals) {
     const auto config = config_from_name(name);  // a bad name stops here, before any work
-    for (int arch : archs) add(config, arch);
+    // Without --arch a Hopper-family config is compiled for sm_90a only, the one target it has.
+    const bool sm90_only = std::visit([](const auto& c) { return c.family == KernelFamily::kSm90; }, config);
+    for (int arch : archs)
+      if (args.has("arch") || !sm90_only || arch == 90) add(config, arch);
   }
   if (args.has("all-defaults"))
     for (const CompileJob& job : default_jobs_for(archs)) add(job.config, job.arch);

@@ -2,7 +2,9 @@
 // shared with the kernel's static_asserts.
 #include "kernel_config.hpp"
 
+#include <algorithm>
 #include <charconv>
+#include <iterator>
 #include <sstream>
 
 #include "flashgen/error.hpp"
@@ -167,6 +169,14 @@ void to_json(nlohmann::json& j, const KernelConfig& c) {
 
 void from_json(const nlohmann::json& j, KernelConfig& c) {
   FLASHGEN_REQUIRE(j.is_object(), "kernel config JSON must be an object");
+  // A misspelt key would otherwise leave its knob at the default without a word.
+  static const char* const kKeys[] = {"family", "dtype",      "head_dim",  "mask",       "block_m", "block_n",
+                                      "warps",  "stages",     "q_in_regs", "overlap",    "pingpong", "persistent",
+                                      "p_smem", "cluster",    "groups",    "tensor_sum"};
+  for (const auto& item : j.items()) {
+    FLASHGEN_REQUIRE(std::find(std::begin(kKeys), std::end(kKeys), item.key()) != std::end(kKeys),
+                     "kernel config JSON: unknown field \"" + item.key() + "\"");
+  }
   auto get_int = [&](const char* key, int& out) {
     if (!j.contains(key)) return;
     FLASHGEN_REQUIRE(j[key].is_number_integer(), std::string("kernel config JSON: '") + key + "' must be an integer");

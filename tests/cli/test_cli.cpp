@@ -105,6 +105,25 @@ TEST_CASE("cli: compile --json reports registers and no spills", "[cli][nvrtc]")
   CHECK(entry["cached"] == false);
 }
 
+TEST_CASE("cli: emit prints a backward module's source too", "[cli]") {
+  const TempDir dir{"flashgen-cli-test"};
+  const CliResult result = run_cli({"emit", "bwd_sm90_bf16_d128_m64_n128_s2_causal"}, dir);
+  CHECK(result.exit_code == 0);
+  CHECK(result.out.find("bwd_sm90_bf16_d128_m64_n128_s2_causal") != std::string::npos);
+  CHECK(result.out.find("BwdDkdvSm90") != std::string::npos);
+}
+
+TEST_CASE("cli: compile without --arch takes a Hopper-family config to sm_90a only", "[cli][nvrtc]") {
+  const TempDir dir{"flashgen-cli-test"};
+  const CliResult result = run_cli({"compile", "fwd_sm90_fp16_d64_m128_n64_s2_ovl", "--json"}, dir);
+  CHECK(result.exit_code == 0);
+  const Json j = parse_json(result);
+  REQUIRE(j.is_array());
+  REQUIRE(j.size() == 1);
+  CHECK(j[0]["arch"] == 90);
+  CHECK(j[0]["ok"] == true);
+}
+
 TEST_CASE("cli: compile --cubin-dir writes each kernel's cubin", "[cli][nvrtc]") {
   const TempDir dir{"flashgen-cli-test"};
   const fs::path cubins = dir.path() / "cubins" / "nested";  // created by the CLI

@@ -131,6 +131,12 @@ TEST_CASE("sm90 configs: every knob in the name, the JSON and the validity rules
   CHECK_THROWS_AS(KernelConfig::from_name("fwd_sm90_fp16_d128_m128_n128_s2_c1"), flashgen::Error);  // not canonical
   CHECK_THROWS_AS(KernelConfig::from_name("fwd_sm90_fp16_d128_m128_n128_s2_c2_psm"), flashgen::Error);
   CHECK_THROWS_AS(nlohmann::json({{"p_smem", 1}}).get<KernelConfig>(), flashgen::Error);
+  try {  // a misspelt knob is an error, not the default
+    nlohmann::json({{"headdim", 64}}).get<KernelConfig>();
+    FAIL("a misspelt key was accepted");
+  } catch (const flashgen::Error& e) {
+    CHECK(std::string(e.what()).find("unknown field \"headdim\"") != std::string::npos);
+  }
 
   // P in shared memory: two 8 KB chunks of (64 rows, 64 keys) per consumer; its 32 registers of packed
   // pairs give way to 24 for the stores' addressing.
