@@ -1436,6 +1436,22 @@ Json problem_json(const TuneProblem& p) {
           {"seqlen_q", p.seqlen_q}, {"seqlen_k", p.seqlen_k}};
 }
 
+// Why no kernel family takes the problem's head_dim (checked against the sm80 family, which every
+// supported GPU runs), or nullopt: a sweep would stop at such a problem, so the dry run says it too.
+std::optional<std::string> untunable(const TuneProblem& p) {
+  const MaskKind mask = p.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
+  try {
+    if (p.backward) {
+      heuristic_backward_configs(p.dtype, p.head_dim, mask, p.deterministic, 80);
+    } else {
+      heuristic_forward_configs(p.dtype, p.head_dim, mask, 80);
+    }
+  } catch (const Error& e) {
+    return std::string(e.what());
+  }
+  return std::nullopt;
+}
+
 // The problem the flags describe (every flag has a default).
 TuneProblem problem_from_flags(const Args& args) {
   constexpr long long kIntMax = std::numeric_limits<int>::max();
@@ -1451,6 +1467,8 @@ TuneProblem problem_from_flags(const Args& args) {
   problem.heads_kv = static_cast<int>(args.int_or("heads-kv", problem.heads_kv, 1, kIntMax));
   problem.seqlen_q = static_cast<int>(args.int_or("seqlen-q", problem.seqlen_q, 1, kIntMax));
   problem.seqlen_k = static_cast<int>(args.int_or("seqlen-k", problem.seqlen_k, 1, kIntMax));
+  if (problem.heads_q % problem.heads_kv != 0) fail(Status::kInvalidArgument, "--heads-q must be a multiple of --heads-kv");
+  if (auto why = untunable(problem)) fail(Status::kInvalidArgument, *why);
   return problem;
 }
 
@@ -1516,6 +1534,7 @@ TuneSpec read_tune_spec(const std::string& path, const TuneProblem& defaults) {
     }
     if (p.heads_q % p.heads_kv != 0) bad(where + ": heads_q must be a multiple of heads_kv");
     if (p.deterministic && !p.backward) bad(where + ": deterministic needs \"pass\": \"backward\"");
+    if (auto why = untunable(p)) bad(where + ": " + *why);
     spec.problems.push_back(p);
   }
   return spec;

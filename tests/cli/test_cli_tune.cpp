@@ -198,6 +198,12 @@ TEST_CASE("cli: tune refuses bad shards and specs, naming the field", "[cli][tun
   CHECK(error_of("[1, 2]").find("must be a JSON object") != std::string::npos);
   CHECK(error_of(R"({"problems": [{"pass": "both"}]})").find("problems[0].pass") != std::string::npos);
   CHECK(error_of(R"({"problems": [{"deterministic": true}]})").find("deterministic needs") != std::string::npos);
+  // A head_dim no kernel family takes stops the dry run as it would stop the sweep.
+  CHECK(error_of(R"({"problems": [{"head_dim": 65}]})").find("problems[0]: no forward config for head_dim 65") !=
+        std::string::npos);
+  const auto flags = run_cli({"tune", "--head-dim", "65", "--dry-run"}, dir);
+  CHECK(flags.exit_code == 2);
+  CHECK(flags.err.find("no forward config for head_dim 65") != std::string::npos);
   for (const char* shard : {"2/2", "-1/2", "1/0", "1", "a/b", "1/2/3"}) {
     const auto r = run_cli({"tune", "--shard", shard, "--dry-run"}, dir);
     INFO("--shard " << shard << ": " << r.err);
