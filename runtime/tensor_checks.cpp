@@ -1,7 +1,9 @@
 // Argument checks shared by the forward and backward launchers.
 #include "tensor_checks.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 
 #include "cuda_driver.hpp"
 #include "flashgen/error.hpp"
@@ -47,12 +49,24 @@ void check_layout(const flashgen_tensor* t, const char* name) {
   }
 }
 
-// The output is written by many blocks at once: no two of its rows may share memory.
+// The output is written by many blocks at once: no two of its elements may share memory. Taken by
+// increasing stride, each dimension must step past everything the smaller ones span.
 void check_output_strides(const flashgen_tensor* out, const char* name) {
   for (int i = 0; i < 3; ++i) {
     FLASHGEN_REQUIRE(out->shape[i] == 1 || out->stride[i] != 0,
                      std::string(name) + ".stride[" + std::to_string(i) + "] is 0 for a dimension of size " +
                          std::to_string(out->shape[i]) + ": output rows would overwrite each other");
+  }
+  int order[4] = {0, 1, 2, 3};
+  std::sort(std::begin(order), std::end(order), [&](int a, int b) { return out->stride[a] < out->stride[b]; });
+  int64_t span = 1;  // elements covered by the dimensions taken so far
+  for (int i : order) {
+    if (out->shape[i] == 1) continue;
+    FLASHGEN_REQUIRE(out->stride[i] >= span, std::string(name) + ".stride[" + std::to_string(i) + "] = " +
+                                                 std::to_string(out->stride[i]) + " is less than the " +
+                                                 std::to_string(span) +
+                                                 " elements the smaller strides span: output elements would overlap");
+    span = out->stride[i] * (out->shape[i] - 1) + span;
   }
 }
 

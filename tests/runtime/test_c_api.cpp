@@ -206,8 +206,11 @@ TEST_CASE("C ABI rejects each bad argument with a message naming it", "[c_api]")
           for (flashgen_tensor* t : {&c.q, &c.k, &c.v, &c.out}) t->shape[0] = 65536;
         },
         kInvalid, "q: batch and heads must each be at most 65535 (grid limits)");
-    check_rejected([](Call& c) { c.q.shape[2] = c.out.shape[2] = 65536; }, kInvalid,
-                   "q: batch and heads must each be at most 65535 (grid limits)");
+    check_rejected(
+        [](Call& c) {
+          for (flashgen_tensor* t : {&c.q, &c.out}) *t = bshd(t->data, 2, 100, 65536, 64);
+        },
+        kInvalid, "q: batch and heads must each be at most 65535 (grid limits)");
   }
   SECTION("head_dim") {
     auto set_d = [](int64_t d) {
@@ -222,6 +225,9 @@ TEST_CASE("C ABI rejects each bad argument with a message naming it", "[c_api]")
     check_rejected([](Call& c) { c.q.stride[3] = 2; }, kInvalid, "q.stride[3] must be 1");
     check_rejected([](Call& c) { c.k.stride[1] = 260; }, kInvalid, "k.stride[1] must be a non-negative multiple of 8");
     check_rejected([](Call& c) { c.out.stride[0] = -8; }, kInvalid, "out.stride[0]");
+    // Rows 8 elements apart with head_dim 64: each row would overwrite the next one's first 56 elements.
+    check_rejected([](Call& c) { c.out.stride[2] = 8; }, kInvalid,
+                   "out.stride[2] = 8 is less than the 64 elements the smaller strides span");
     check_rejected([](Call& c) { c.v.data = static_cast<char*>(c.v.data) + 8; }, kInvalid,
                    "v.data: pointer must be 16-byte aligned");
     check_rejected([](Call& c) { c.lse = reinterpret_cast<float*>(reinterpret_cast<char*>(c.lse) + 2); }, kInvalid,
