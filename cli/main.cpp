@@ -1107,8 +1107,7 @@ Json run_report_json(const RunReport& r) {
 void check_host_memory(const RunOptions& o) {
   const double q_elements = double(o.batch) * o.seqlen_q * o.heads_q * o.head_dim;
   const double kv_elements = double(o.batch) * o.seqlen_k * o.heads_kv * o.head_dim;
-  const double host_bytes = 2 * ((o.backward ? 4 : 2) * q_elements + (o.backward ? 4 : 2) * kv_elements) +
-                            4.0 * o.batch * o.heads_q * o.seqlen_q;
+  const double host_bytes = 2 * (o.backward ? 4 : 2) * (q_elements + kv_elements) + 4.0 * o.batch * o.heads_q * o.seqlen_q;
   const double memory_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
   if (memory_bytes > 0 && host_bytes > 0.8 * memory_bytes) {
     char text[160];

@@ -108,12 +108,6 @@ BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mas
 
 namespace {
 
-// Whether a config is of the pass a problem key names.
-bool same_pass(const KernelConfig&, const ProblemKey& problem) { return problem.family == "fwd"; }
-bool same_pass(const BwdConfig& c, const ProblemKey& problem) {
-  return problem.family == (c.deterministic ? "bwd_det" : "bwd");
-}
-
 // A stored winner the run-time choice may use, and why.
 template <class Config>
 struct StoredUse {

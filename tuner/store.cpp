@@ -19,9 +19,7 @@
 #include <string>
 #include <system_error>
 #include <thread>
-#include <type_traits>
 #include <utility>
-#include <variant>
 
 #include "flashgen/error.hpp"
 
@@ -502,16 +500,7 @@ double median_from_json(const json& row) {
 // A winner's config must be of the problem's pass, dtype, head_dim and mask: the run-time choice would
 // pass it over on every call otherwise.
 void require_config_matches(const TunedConfig& tuned, const ProblemKey& problem) {
-  bool matches = false;
-  std::visit(
-      [&](const auto& c) {
-        using Config = std::decay_t<decltype(c)>;
-        bool pass = problem.family == "fwd";
-        if constexpr (std::is_same_v<Config, BwdConfig>) pass = problem.family == (c.deterministic ? "bwd_det" : "bwd");
-        matches = pass && c.dtype == problem.dtype && c.head_dim == problem.head_dim && c.mask == problem.mask;
-      },
-      tuned);
-  FLASHGEN_REQUIRE(matches, "config " + config_name(tuned) + " is not one of problem " + problem.id());
+  FLASHGEN_REQUIRE(of_problem(tuned, problem), "config " + config_name(tuned) + " is not one of problem " + problem.id());
 }
 
 // Rows of an import, parsed and checked before anything is written.

@@ -1,4 +1,4 @@
-// TunedConfig: name and JSON of a config of either pass.
+// TunedConfig: name, JSON and problem match of a config of either pass.
 #include "tuned_config.hpp"
 
 namespace flashgen {
@@ -8,6 +8,20 @@ std::string config_name(const TunedConfig& config) {
 }
 
 bool is_backward(const TunedConfig& config) { return std::holds_alternative<BwdConfig>(config); }
+
+bool same_pass(const KernelConfig&, const ProblemKey& problem) { return problem.family == "fwd"; }
+bool same_pass(const BwdConfig& config, const ProblemKey& problem) {
+  return problem.family == (config.deterministic ? "bwd_det" : "bwd");
+}
+
+bool of_problem(const TunedConfig& config, const ProblemKey& problem) {
+  return std::visit(
+      [&](const auto& c) {
+        return same_pass(c, problem) && c.dtype == problem.dtype && c.head_dim == problem.head_dim &&
+               c.mask == problem.mask;
+      },
+      config);
+}
 
 void to_json(nlohmann::json& j, const TunedConfig& config) {
   std::visit([&](const auto& c) { j = c; }, config);

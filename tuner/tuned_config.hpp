@@ -11,6 +11,7 @@
 
 #include "bwd_config.hpp"
 #include "kernel_config.hpp"
+#include "problem_key.hpp"
 
 namespace flashgen {
 
@@ -33,6 +34,12 @@ bool operator!=(const TunedConfig& tuned, const Config& config) {
   return !(tuned == config);
 }
 bool is_backward(const TunedConfig& config);
+
+// Whether a config is of the pass a problem key names (the backward with its dQ strategy).
+bool same_pass(const KernelConfig& config, const ProblemKey& problem);
+bool same_pass(const BwdConfig& config, const ProblemKey& problem);
+// Whether a config is one of the problem's: its pass, dtype, head_dim and mask.
+bool of_problem(const TunedConfig& config, const ProblemKey& problem);
 
 void to_json(nlohmann::json& j, const TunedConfig& config);
 // Reads a forward or backward config by its "family" (forward when absent); throws Error on bad fields.
