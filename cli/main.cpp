@@ -82,11 +82,28 @@ std::string arch_label(int arch) {
 }
 
 // Writes bytes to path (replacing it), or fails with kInternal naming the path.
+// Writes bytes to path. A regular file (or a new one) is written beside it first and renamed over it, so a
+// failed write (full disk, a signal) leaves the old file whole; other targets (/dev/stdout, a pipe) are
+// written in place.
 void write_file(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary);
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  const bool in_place = fs::exists(status) && !fs::is_regular_file(status);
+  const std::string target = in_place ? path : path + ".tmp-" + std::to_string(getpid());
+  std::ofstream out(target, std::ios::binary);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   out.close();
-  if (!out) fail(Status::kInternal, "cannot write '" + path + "'");
+  if (!out) {
+    if (!in_place) fs::remove(target, error);
+    fail(Status::kInternal, "cannot write '" + path + "'");
+  }
+  if (in_place) return;
+  fs::rename(target, path, error);
+  if (error) {
+    const std::string reason = error.message();
+    fs::remove(target, error);
+    fail(Status::kInternal, "cannot write '" + path + "': " + reason);
+  }
 }
 
 std::string format_bytes(uint64_t bytes) {
@@ -1282,7 +1299,9 @@ int command_db(const Args& args) {
   if (action == "export") {
     allow({"output"});
     operand_count(0, 0, "no arguments (write to a file with -o FILE)");
-    const std::string text = TuningStore(db_path, true).export_json().dump(2) + "\n";
+    const TuningStore store(db_path, true);
+    if (store.unreadable()) fail(Status::kInvalidArgument, "tuning database " + db_path.string() + " is " + *store.unreadable());
+    const std::string text = store.export_json().dump(2) + "\n";
     if (!args.has("output")) {
       std::cout << text;
       return 0;
@@ -1303,12 +1322,19 @@ int command_db(const Args& args) {
     allow({});
     if (args.has("db")) throw UsageError("'db merge' names its output file as OUT, not with --db", args.usage());
     operand_count(2, std::numeric_limits<size_t>::max(), "an output file and at least one input file");
-    // A missing input is a typo, not an empty database: check them all before touching OUT.
-    for (size_t i = 1; i < operands.size(); ++i)
+    // A missing or damaged input is a mistake, not an empty database: read them all before touching OUT.
+    std::vector<Json> inputs;
+    for (size_t i = 1; i < operands.size(); ++i) {
       if (!fs::exists(operands[i])) fail(Status::kInvalidArgument, "no database file '" + operands[i] + "'");
+      const TuningStore input(operands[i], true);
+      if (input.unreadable())
+        fail(Status::kInvalidArgument, "database file '" + operands[i] + "' is " + *input.unreadable() +
+                                           "; nothing was merged");
+      inputs.push_back(input.export_json());
+    }
     TuningStore out(operands[0]);
     int changed = 0;
-    for (size_t i = 1; i < operands.size(); ++i) changed += out.import_json(TuningStore(operands[i], true).export_json());
+    for (const Json& input : inputs) changed += out.import_json(input);
     if (json) {
       const std::vector<std::string> inputs(operands.begin() + 1, operands.end());
       std::cout << Json{{"db", operands[0]}, {"inputs", inputs}, {"winners_added_or_replaced", changed}}.dump(2)
@@ -1633,8 +1659,11 @@ Json tune_pass(const PassSweep<Config>& pass, TuningStore& store, const fs::path
   options.always_retime = {heuristic.name()};  // its time, printed next to the winner's, on the same basis
   options.known_crashes = worker.known_crashes;
   if (worker.journal) {
-    options.on_launch = [&](const std::string& name) {
+    // FLASHGEN_TEST_CRASH_CONFIG (testing only): the worker dies at that candidate as at a kernel fault.
+    const std::optional<std::string> crash_at = env("FLASHGEN_TEST_CRASH_CONFIG");
+    options.on_launch = [&, crash_at](const std::string& name) {
       std::ofstream(*worker.journal, std::ios::trunc) << name << std::flush;
+      if (crash_at && name == *crash_at) std::abort();
     };
   }
   Clock::time_point timing_start = Clock::now();

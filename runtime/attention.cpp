@@ -175,9 +175,12 @@ PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedCont
     ForwardChoice choice = choose_forward_config(static_cast<int>(scope.device()), key, launch.arch);
     if (tune_on_first_use() && choice.source != ChoiceSource::kTuningDatabase &&
         choice.source != ChoiceSource::kTunedOnFirstUse && !stream_capturing(stream)) {
+      std::string failure;
       if (auto tuned = tune_forward_on_first_use(sweep_problem_of(problem), static_cast<int>(scope.device()),
-                                                 launch.arch)) {
+                                                 launch.arch, &failure)) {
         choice = std::move(*tuned);
+      } else {
+        choice.reason += "; tuning on first use failed: " + failure;
       }
     }
     launch.config = choice.config;

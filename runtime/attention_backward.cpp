@@ -207,7 +207,12 @@ PreparedBackward prepare_in_scope(const BackwardProblem& problem, const ScopedCo
     if (tune_on_first_use() && choice.source != ChoiceSource::kTuningDatabase &&
         choice.source != ChoiceSource::kTunedOnFirstUse && !stream_capturing(stream)) {
       const BackwardSweepProblem sweep_problem{sweep_problem_of(problem), problem.deterministic};
-      if (auto tuned = tune_backward_on_first_use(sweep_problem, device, launch.arch)) choice = std::move(*tuned);
+      std::string failure;
+      if (auto tuned = tune_backward_on_first_use(sweep_problem, device, launch.arch, &failure)) {
+        choice = std::move(*tuned);
+      } else {
+        choice.reason += "; tuning on first use failed: " + failure;
+      }
     }
     choice = with_tma_fallback(problem, std::move(choice), launch.arch);
     launch.config = std::move(choice.config);
@@ -292,9 +297,12 @@ void PreparedBackward::operator()(CUstream stream) const {
 
 BackwardLaunch launch_backward(const BackwardProblem& problem, CUstream stream, const BwdConfig* config,
                                CUdeviceptr workspace, size_t workspace_bytes) {
+  FLASHGEN_REQUIRE(workspace % kBackwardWorkspaceAlignment == 0,
+                   "workspace: pointer must be " + std::to_string(kBackwardWorkspaceAlignment) + "-byte aligned");
   ScopedContext scope(stream, home_device(problem.params.q));
   PreparedBackward prepared = prepare_in_scope(problem, scope, stream, config);
   if (workspace != 0) {
+    check_device_pointer(reinterpret_cast<const void*>(workspace), "workspace", scope.device());
     FLASHGEN_REQUIRE(workspace_bytes >= prepared.workspace_bytes,
                      "workspace: " + std::to_string(workspace_bytes) + " bytes given, " +
                          std::to_string(prepared.workspace_bytes) + " needed by " + prepared.launch.config.name());

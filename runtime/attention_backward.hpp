@@ -75,14 +75,18 @@ struct PreparedBackward {
   void operator()(CUstream stream) const;  // the kernels in order, nothing else
 };
 
+// Alignment asked of a caller's workspace: what cuMemAlloc and the pool give, which the kernels' vector
+// accesses of the fp32 dQ accumulator (placed a multiple of 256 bytes behind the D rows) rely on.
+inline constexpr CUdeviceptr kBackwardWorkspaceAlignment = 256;
+
 // Everything launch_backward does before the launches; the workspace is bound separately.
 PreparedBackward prepare_backward(const BackwardProblem& problem, CUstream stream, const BwdConfig* config = nullptr);
 
 // Launches config (or the built-in choice when null) on stream. With workspace == 0 the workspace is
 // taken from the device's stream-ordered memory pool on stream and given back on it after the last
 // kernel (cuMemAllocAsync / cuMemFreeAsync: no synchronization, and the pool keeps the memory for the
-// next call); otherwise workspace must hold workspace_bytes bytes and stay untouched until the kernels
-// have run.
+// next call); otherwise workspace must be device memory of the launch's device, kBackwardWorkspaceAlignment
+// aligned, hold workspace_bytes bytes and stay untouched until the kernels have run.
 BackwardLaunch launch_backward(const BackwardProblem& problem, CUstream stream, const BwdConfig* config = nullptr,
                                CUdeviceptr workspace = 0, size_t workspace_bytes = 0);
 

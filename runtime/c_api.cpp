@@ -50,10 +50,6 @@ void copy_json(const nlohmann::json& answer, char* json, size_t capacity, size_t
   json[text.size()] = '\0';
 }
 
-// Alignment asked of a caller's backward workspace: what cuMemAlloc and the pool give, which the kernels' vector
-// accesses of the fp32 dQ accumulator (placed a multiple of 256 bytes behind the D rows) rely on.
-constexpr std::uintptr_t kWorkspaceAlignment = 256;
-
 // The sweep problem of a flashgen_forward_problem, checked like the calls check their tensors.
 flashgen::ForwardSweepProblem sweep_problem(const flashgen_forward_problem* problem) {
   FLASHGEN_REQUIRE(problem != nullptr, "problem: null pointer");
@@ -137,8 +133,6 @@ extern "C" int flashgen_attention_backward_with_workspace(
         flashgen::make_backward_problem(q, k, v, out, dout, lse, dq, dk, dv, opts);
     FLASHGEN_REQUIRE(workspace != nullptr,
                      "workspace: null pointer (flashgen_attention_backward takes its workspace from the stream's pool)");
-    FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(workspace) % kWorkspaceAlignment == 0,
-                     "workspace: pointer must be " + std::to_string(kWorkspaceAlignment) + "-byte aligned");
     flashgen::launch_backward(problem, static_cast<CUstream>(cuda_stream), nullptr,
                               reinterpret_cast<CUdeviceptr>(workspace), workspace_bytes);
   });
@@ -174,13 +168,10 @@ extern "C" int flashgen_tune_forward(const flashgen_forward_problem* problem, vo
     const flashgen::ScopedContext scope(static_cast<CUstream>(cuda_stream));
     const int arch = flashgen::launch_arch(scope.device());
     const flashgen::ProblemKey key = flashgen::sweep_problem_key(sweep);
+    std::string failure;
     const std::optional<flashgen::ForwardChoice> tuned =
-        flashgen::tune_forward_on_first_use(sweep, static_cast<int>(scope.device()), arch);
-    if (!tuned) {
-      // tune_forward_on_first_use reports its failure on stderr and keeps the previous choice.
-      flashgen::fail(flashgen::Status::kInternal, "tuning " + key.id() +
-                                                      " failed; the cause is in the warning flashgen printed on stderr");
-    }
+        flashgen::tune_forward_on_first_use(sweep, static_cast<int>(scope.device()), arch, &failure);
+    if (!tuned) flashgen::fail(flashgen::Status::kInternal, "tuning " + key.id() + " failed: " + failure);
     copy_json({{"problem", key.id()},
                {"config", tuned->config.name()},
                {"reason", tuned->reason},

@@ -10,7 +10,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <tuple>
 
 #include "cuda_driver.hpp"
@@ -272,8 +271,8 @@ std::mutex& first_use_mutex() {
 // The body of both passes' first-use sweeps: times make_candidates() with sweep(candidates, stream) on a
 // stream of its own, stores every row in the user's database and memoizes the winner for key.
 template <class Choice, class MakeCandidates, class Sweep>
-std::optional<Choice> first_use_sweep(const ProblemKey& key, int device, MakeCandidates make_candidates,
-                                      Sweep sweep) {
+std::optional<Choice> first_use_sweep(const ProblemKey& key, int device, std::string* failure,
+                                      MakeCandidates make_candidates, Sweep sweep) {
   using Config = decltype(Choice::config);
   // One first-use sweep at a time in a process, of either pass (two would disturb each other's timings):
   // a second thread asking for the same problem waits and then finds the memoized winner.
@@ -284,11 +283,16 @@ std::optional<Choice> first_use_sweep(const ProblemKey& key, int device, MakeCan
     auto found = memo.chosen.find({device, key.id()});
     if (found != memo.chosen.end() && found->second.source == ChoiceSource::kTunedOnFirstUse) return found->second;
   }
-  // A bucket whose sweep failed is not swept again by this process (the warning was given once).
-  static std::set<std::pair<int, std::string>> failed;  // guarded by first_use_mutex()
-  if (failed.count({device, key.id()}) > 0) return std::nullopt;
+  // A bucket whose sweep failed is not swept again by this process (the warning was given once); its
+  // cause is kept for the callers' reasons.
+  static std::map<std::pair<int, std::string>, std::string> failed;  // guarded by first_use_mutex()
+  if (auto found = failed.find({device, key.id()}); found != failed.end()) {
+    if (failure != nullptr) *failure = found->second;
+    return std::nullopt;
+  }
   const std::filesystem::path path = TuningStore::default_path();
   try {
+    TuningStore store(path);  // opened first: a database that cannot be written fails before the sweep
     const std::vector<Config> candidates = make_candidates();
     std::fprintf(stderr, "flashgen: tuning %s on first use (%zu candidates; FLASHGEN_TUNE=1)\n", key.id().c_str(),
                  candidates.size());
@@ -303,7 +307,6 @@ std::optional<Choice> first_use_sweep(const ProblemKey& key, int device, MakeCan
     }
     driver().cuStreamDestroy(stream);
     const DeviceFingerprint fingerprint = current_device_fingerprint(device);
-    TuningStore store(path);
     store.record(fingerprint, result.problem, result.candidates, result.winner, result.winner_ms);
     Choice choice{std::get<Config>(result.winner),
                   "tuned on first use: the fastest of " + std::to_string(candidates.size()) + " candidates (" +
@@ -315,7 +318,8 @@ std::optional<Choice> first_use_sweep(const ProblemKey& key, int device, MakeCan
   } catch (const std::exception& e) {
     std::fprintf(stderr, "flashgen: warning: tuning %s on first use failed (not tried again in this process): %s\n",
                  key.id().c_str(), e.what());
-    failed.insert({device, key.id()});
+    failed.emplace(std::make_pair(device, key.id()), e.what());
+    if (failure != nullptr) *failure = e.what();
     return std::nullopt;
   }
 }
@@ -343,11 +347,12 @@ bool tune_on_first_use() {
 
 void set_tune_on_first_use(bool enabled) { tune_switch().store(enabled ? 1 : 0); }
 
-std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem& problem, int device, int arch) {
+std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem& problem, int device, int arch,
+                                                       std::string* failure) {
   const ProblemKey key = sweep_problem_key(problem);
   const MaskKind mask = key.mask;
   return first_use_sweep<ForwardChoice>(
-      key, device,
+      key, device, failure,
       [&] {
         const KernelConfig builtin = heuristic_choice(problem.dtype, problem.head_dim, mask, arch).config;
         return capped_candidates(forward_space(problem.dtype, problem.head_dim, mask, arch), builtin,
@@ -358,11 +363,12 @@ std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem
       });
 }
 
-std::optional<BackwardChoice> tune_backward_on_first_use(const BackwardSweepProblem& problem, int device, int arch) {
+std::optional<BackwardChoice> tune_backward_on_first_use(const BackwardSweepProblem& problem, int device, int arch,
+                                                         std::string* failure) {
   const ProblemKey key = sweep_problem_key(problem);
   const MaskKind mask = key.mask;
   return first_use_sweep<BackwardChoice>(
-      key, device,
+      key, device, failure,
       [&] {
         const BwdConfig builtin =
             heuristic_backward_choice(problem.dtype, problem.head_dim, mask, problem.deterministic, arch).config;

@@ -63,8 +63,10 @@ struct ForwardSweepProblem;
 // and the winner in the user's database (TuningStore::default_path(), opened for writing) and makes the
 // winner the process's memoized choice for the problem's key. Blocks until the sweep is done (seconds).
 // Returns nullopt, after a warning on stderr, when the sweep or the store fails: the caller keeps the
-// choice it had, and the process does not sweep that bucket again.
-std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem& problem, int device, int arch);
+// choice it had, and the process does not sweep that bucket again. *failure (when given) then gets the
+// cause, this time and at every later call for the bucket.
+std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem& problem, int device, int arch,
+                                                       std::string* failure = nullptr);
 
 struct BackwardChoice {
   BwdConfig config;
@@ -92,6 +94,7 @@ struct BackwardSweepProblem;
 
 // tune_forward_on_first_use for a backward problem (its dQ strategy's candidates; checked in full
 // against float64 on a small problem of the same class, then timed at the problem's sizes).
-std::optional<BackwardChoice> tune_backward_on_first_use(const BackwardSweepProblem& problem, int device, int arch);
+std::optional<BackwardChoice> tune_backward_on_first_use(const BackwardSweepProblem& problem, int device, int arch,
+                                                         std::string* failure = nullptr);
 
 }  // namespace flashgen

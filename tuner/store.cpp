@@ -620,6 +620,7 @@ TuningStore::TuningStore(std::filesystem::path path, bool read_only)
     try {
       Connection db = open_connection(path_, SQLITE_OPEN_READONLY);
       if (auto damage = find_damage(db.get())) {
+        unreadable_ = "damaged (" + *damage + ")";
         std::fprintf(stderr, "flashgen: warning: tuning database %s is damaged (%s); reading it as empty\n",
                      path_.c_str(), damage->c_str());
         return;
@@ -627,16 +628,20 @@ TuningStore::TuningStore(std::filesystem::path path, bool read_only)
       const int version = user_version(db.get());
       if (version > kSchemaVersion) throw_newer_version(path_, version);
       if (version < kSchemaVersion) {
-        if (version > 0)
+        if (version > 0) {
+          unreadable_ = "schema version " + std::to_string(version) + ", older than " +
+                        std::to_string(kSchemaVersion) + " (open it read-write once to migrate it)";
           std::fprintf(stderr,
                        "flashgen: warning: tuning database %s has schema version %d and is open read-only, "
                        "so it cannot be migrated to %d; reading it as empty\n",
                        path_.c_str(), version, kSchemaVersion);
+        }
         return;
       }
       db_ = db.release();
     } catch (const Error& e) {
       if (e.status() == Status::kUnsupported) throw;
+      unreadable_ = std::string("unreadable: ") + e.what();
       std::fprintf(stderr, "flashgen: warning: cannot read tuning database %s (%s); reading it as empty\n",
                    path_.c_str(), e.what());
     }

@@ -52,6 +52,11 @@ class TuningStore {
 
   const std::filesystem::path& path() const { return path_; }
 
+  // Read-only stores: why an existing file reads as empty (damaged, unreadable, an older schema that
+  // cannot be migrated read-only), or nullopt. Commands that copy a database use it to refuse instead of
+  // copying nothing.
+  const std::optional<std::string>& unreadable() const { return unreadable_; }
+
   // Upserts every candidate row and the winner for (device, problem) in one BEGIN IMMEDIATE transaction.
   void record(const DeviceFingerprint& device, const ProblemKey& problem,
               const std::vector<CandidateResult>& candidates, const TunedConfig& winner, double winner_ms);
@@ -81,6 +86,7 @@ class TuningStore {
   std::filesystem::path path_;
   void* db_ = nullptr;  // sqlite3*
   bool read_only_ = false;
+  std::optional<std::string> unreadable_;
 };
 
 // The winners of an export_json() document, each with source as its StoredChoice::source; throws

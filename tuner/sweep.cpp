@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -113,10 +112,6 @@ void run_sweep(const std::vector<Config>& candidates, int arch, CUstream stream,
       continue;
     }
     if (options.on_launch) options.on_launch(name);
-    // Testing hook for crash isolation: end the process as a kernel fault would, at this candidate.
-    if (const char* crash = std::getenv("FLASHGEN_TEST_CRASH_CONFIG"); crash != nullptr && name == crash) {
-      std::abort();
-    }
     try {
       const std::string wrong = hooks.check(config);
       if (!wrong.empty()) {

@@ -35,16 +35,25 @@ Timer::Timer(CUstream stream) : stream_(stream) {
   int l2_bytes = 0;
   FLASHGEN_CU_CHECK(cuDeviceGetAttribute(&l2_bytes, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, device));
   flush_bytes_ = std::max<size_t>(2 * static_cast<size_t>(l2_bytes), size_t(1) << 20);
-  FLASHGEN_CU_CHECK(cuMemAlloc(&flush_, flush_bytes_));
-  FLASHGEN_CU_CHECK(cuEventCreate(&start_, CU_EVENT_DEFAULT));
-  FLASHGEN_CU_CHECK(cuEventCreate(&stop_, CU_EVENT_DEFAULT));
+  try {
+    FLASHGEN_CU_CHECK(cuMemAlloc(&flush_, flush_bytes_));
+    FLASHGEN_CU_CHECK(cuEventCreate(&start_, CU_EVENT_DEFAULT));
+    FLASHGEN_CU_CHECK(cuEventCreate(&stop_, CU_EVENT_DEFAULT));
+  } catch (...) {
+    release();  // no destructor runs for an object whose constructor threw
+    throw;
+  }
 }
 
-Timer::~Timer() {
+Timer::~Timer() { release(); }
+
+void Timer::release() {
   const DriverApi& api = driver();
   if (start_ != nullptr) api.cuEventDestroy(start_);
   if (stop_ != nullptr) api.cuEventDestroy(stop_);
   if (flush_ != 0) api.cuMemFree(flush_);
+  start_ = stop_ = nullptr;
+  flush_ = 0;
 }
 
 float Timer::timed_sample(const std::function<void(int sample)>& launch, int sample) {

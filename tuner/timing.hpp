@@ -43,6 +43,7 @@ class Timer {
 
  private:
   float timed_sample(const std::function<void(int sample)>& launch, int sample);
+  void release();
 
   CUstream stream_;
   CUdeviceptr flush_ = 0;

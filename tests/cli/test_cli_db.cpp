@@ -96,6 +96,17 @@ TEST_CASE("cli db: export then import into a new file keeps the winners", "[cli]
   // Importing the same export again changes no winner.
   CHECK(parse_json(run_cli({"db", "import", exported.string(), "--db", copy.string(), "--json"}, dir))
             .at("winners_added_or_replaced") == 0);
+  SECTION("-o replaces a file whole through a file beside it, and writes other targets in place") {
+    std::ofstream(exported, std::ios::trunc) << "old text that is longer than nothing";
+    REQUIRE(run_cli({"db", "export", "--db", db.string(), "-o", exported.string()}, dir).exit_code == 0);
+    CHECK(parse_json(run_cli({"db", "import", exported.string(), "--db", copy.string(), "--json"}, dir))
+              .at("winners_added_or_replaced") == 0);
+    for (const auto& entry : fs::directory_iterator(dir.path()))
+      CHECK(entry.path().filename().string().find(".tmp-") == std::string::npos);
+    const CliResult to_null = run_cli({"db", "export", "--db", db.string(), "-o", "/dev/null"}, dir);
+    CHECK(to_null.exit_code == 0);
+    CHECK(fs::is_character_file("/dev/null"));
+  }
 }
 
 TEST_CASE("cli db: merge combines database files", "[cli]") {
@@ -117,6 +128,22 @@ TEST_CASE("cli db: merge combines database files", "[cli]") {
     const CliResult result = run_cli({"db", "merge", out.string(), (dir.path() / "missing.sqlite").string()}, dir);
     CHECK(result.exit_code == 2);
     CHECK_FALSE(fs::exists(out));
+  }
+  SECTION("a damaged input exits 2 naming it, leaves OUT alone and is not exported as empty") {
+    const fs::path garbage = dir.path() / "garbage.sqlite";
+    std::string bytes;
+    for (int i = 0; i < 8192; ++i) bytes.push_back(static_cast<char>((i * 131 + 7) % 251));
+    std::ofstream(garbage, std::ios::binary) << bytes;
+    const fs::path out = dir.path() / "never.sqlite";
+    const CliResult merge = run_cli({"db", "merge", out.string(), db.string(), garbage.string(), "--json"}, dir);
+    CHECK(merge.exit_code == 2);
+    CHECK(merge.out.find("garbage.sqlite' is") != std::string::npos);
+    CHECK(merge.out.find("nothing was merged") != std::string::npos);
+    CHECK_FALSE(fs::exists(out));
+    const CliResult exported = run_cli({"db", "export", "--db", garbage.string()}, dir);
+    CHECK(exported.exit_code == 2);
+    CHECK(exported.out.empty());
+    CHECK(exported.err.find("garbage.sqlite is damaged") != std::string::npos);
   }
 }
 

@@ -257,6 +257,12 @@ TEST_CASE("A caller workspace gives the bits of the pool workspace", "[gpu][c_ap
   CHECK(std::string(flashgen_last_error()).find("workspace: " + std::to_string(bytes - 1) + " bytes given") !=
         std::string::npos);
   a.workspace_bytes = bytes;
+  // Host memory (256-byte aligned, large enough) is not a workspace the kernels could write.
+  std::vector<char> host_memory(bytes + 256);
+  a.workspace = host_memory.data() + (256 - reinterpret_cast<std::uintptr_t>(host_memory.data()) % 256);
+  CHECK(with_workspace(a) == FLASHGEN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(flashgen_last_error()).find("workspace: not device memory") != std::string::npos);
+  a.workspace = workspace.data();
   const int status = with_workspace(a);
   INFO(flashgen_last_error());
   REQUIRE(status == FLASHGEN_SUCCESS);

@@ -2,6 +2,8 @@
 // sweeps it, stores the winner and runs it; the memoized choice serves later calls.
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -76,5 +78,32 @@ TEST_CASE("tune-on-first-use sweeps a new problem, stores it and runs the winner
     REQUIRE(stored.has_value());
     CHECK(stored->config == flashgen::TunedConfig(launch.config));
     CHECK(store.candidates(flashgen::current_device_fingerprint(0), key).size() >= 2);
+  }
+}
+
+TEST_CASE("a first-use sweep that cannot store its winner says why, at every call", "[gpu][tuner][first_use]") {
+  FLASHGEN_REQUIRE_GPU();
+  const flashgen::testing::TempDir dir("flashgen-first-use");
+  // The database's directory would have to be made inside a regular file.
+  const std::filesystem::path blocker = dir.path() / "not-a-directory";
+  std::ofstream(blocker) << "x";
+  const flashgen::testing::FirstUseScope first_use((blocker / "tuning.sqlite").string());
+
+  flashgen::ScopedContext context;
+  const int64_t seqlen = 333, heads = 3, head_dim = 24;  // a bucket nothing else in the suite uses
+  flashgen::DeviceBuffer q(size_t(seqlen * heads * head_dim) * 2), k(q.bytes()), v(q.bytes()), out(q.bytes());
+  for (flashgen::DeviceBuffer* b : {&q, &k, &v}) b->fill_bytes(0x3C);  // fp16 ~1.06: values, not zeros
+  flashgen_attention_options opts{0.f, FLASHGEN_MASK_NONE, 0};
+  const flashgen_tensor tq = flashgen::bshd_tensor(q.data(), FLASHGEN_FLOAT16, 1, seqlen, heads, head_dim);
+  const flashgen_tensor tk = flashgen::bshd_tensor(k.data(), FLASHGEN_FLOAT16, 1, seqlen, heads, head_dim);
+  const flashgen_tensor tv = flashgen::bshd_tensor(v.data(), FLASHGEN_FLOAT16, 1, seqlen, heads, head_dim);
+  const flashgen_tensor to = flashgen::bshd_tensor(out.data(), FLASHGEN_FLOAT16, 1, seqlen, heads, head_dim);
+  for (int call = 0; call < 2; ++call) {  // the second call does not sweep again but keeps the cause
+    const flashgen::ForwardLaunch launch = flashgen::attention_forward(tq, tk, tv, to, nullptr, opts, nullptr);
+    FLASHGEN_CU_CHECK(cuCtxSynchronize());
+    INFO("call " << call << ": " << launch.reason);
+    CHECK(launch.source != flashgen::ChoiceSource::kTunedOnFirstUse);
+    CHECK(launch.reason.find("; tuning on first use failed: ") != std::string::npos);
+    CHECK(launch.reason.find("not-a-directory") != std::string::npos);
   }
 }
