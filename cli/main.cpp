@@ -82,10 +82,31 @@ std::string arch_label(int arch) {
 }
 
 // Writes bytes to path (replacing it), or fails with kInternal naming the path.
-// Writes bytes to path. A regular file (or a new one) is written beside it first and renamed over it, so a
-// failed write (full disk, a signal) leaves the old file whole; other targets (/dev/stdout, a pipe) are
-// written in place.
+// Refuses a directory where a file is meant (what names it: "--db", "output").
+void reject_directory(const fs::path& path, const std::string& what) {
+  std::error_code error;
+  if (fs::is_directory(path, error)) fail(Status::kInvalidArgument, what + " '" + path.string() + "' is a directory");
+}
+
+// An input file, opened, or an invalid-argument error saying why it cannot be read (what names it).
+std::ifstream open_input(const std::string& path, const std::string& what) {
+  reject_directory(path, what);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(Status::kInvalidArgument, "cannot read " + what + " '" + path + "': " + std::strerror(errno));
+  return in;
+}
+
+// Writes bytes to path ("-": standard output). A regular file (or a new one) is written beside it first and
+// renamed over it, so a failed write (full disk, a signal) leaves the old file whole; other targets
+// (/dev/stdout, a pipe) are written in place.
 void write_file(const std::string& path, const std::string& bytes) {
+  if (path == "-") {
+    std::cout.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    std::cout.flush();
+    if (!std::cout) fail(Status::kInternal, "cannot write to standard output");
+    return;
+  }
+  reject_directory(path, "output");
   std::error_code error;
   const fs::file_status status = fs::status(path, error);
   const bool in_place = fs::exists(status) && !fs::is_regular_file(status);
@@ -94,8 +115,9 @@ void write_file(const std::string& path, const std::string& bytes) {
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   out.close();
   if (!out) {
+    const std::string reason = std::strerror(errno);
     if (!in_place) fs::remove(target, error);
-    fail(Status::kInternal, "cannot write '" + path + "'");
+    fail(Status::kInvalidArgument, "cannot write '" + path + "': " + reason);
   }
   if (in_place) return;
   fs::rename(target, path, error);
@@ -330,7 +352,7 @@ Command emit_command() {
               "fwd_sm90), dtype, head_dim, mask (none or causal), block_m, block_n, warps, stages, q_in_regs, "
               "overlap, pingpong, persistent, p_smem, cluster, groups, tensor_sum; omitted ones take the defaults")
       .option("arch", "SM", "check the config is valid for sm_<SM> (default 90)")
-      .option("output", "FILE", "write to FILE instead of stdout", false, 'o');
+      .option("output", "FILE", "write to FILE (replaced whole) instead of stdout; - is stdout", false, 'o');
 }
 
 KernelConfig read_config_json(const std::string& path) {
@@ -338,8 +360,7 @@ KernelConfig read_config_json(const std::string& path) {
   if (path == "-") {
     text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
   } else {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) fail(Status::kInvalidArgument, "cannot read config JSON '" + path + "'");
+    std::ifstream in = open_input(path, "config JSON");
     text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
   try {
@@ -362,7 +383,9 @@ int command_emit(const Args& args) {
   const std::variant<KernelConfig, BwdConfig> config =
       from_json ? std::variant<KernelConfig, BwdConfig>(read_config_json(args.string_or("config-json", "-")))
                 : config_from_name(args.positionals[0]);
-  const int arch = parse_archs(args, {90}).front();
+  const std::vector<int> archs = parse_archs(args, {90});
+  if (archs.size() != 1) throw UsageError("emit writes the source of one --arch", args.usage());
+  const int arch = archs.front();
   const std::string name = std::visit([](const auto& c) { return c.name(); }, config);
   if (std::optional<std::string> why = std::visit([&](const auto& c) { return c.invalid_reason(arch); }, config))
     fail(Status::kInvalidArgument, "config " + name + " is invalid for sm_" + std::to_string(arch) + ": " + *why);
@@ -948,7 +971,11 @@ void run_backward(const RunOptions& o, const AttentionShape& shape, const HostTe
   FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
   report.first_launch_ms = ms_since(first);
 
+  // The forward's sampled rows were checked before: its mismatches stay in the report, the backward's join them.
+  const CheckResult forward = report.check;
   report.check = CheckResult{};
+  report.check.mismatches = forward.mismatches;
+  for (const std::string& line : forward.first_mismatches) report.check.first_mismatches.push_back("forward: " + line);
   if (shape.reference_cost() <= kMaxBackwardCheckCost) {
     dq_dev.download(dq.bits.data(), dq.bytes());
     dk_dev.download(dk.bits.data(), dk.bytes());
@@ -1111,7 +1138,10 @@ Json run_report_json(const RunReport& r) {
       {"check",
        {{"rows", r.check.rows}, {"max_abs_error_out", r.check.max_error_out},
         {"max_abs_error_lse", r.check.max_error_lse}, {"mismatches", r.check.mismatches},
-        {"first_mismatches", r.check.first_mismatches}, {"pass", r.check.pass()}}},
+        {"first_mismatches", r.check.first_mismatches},
+        // A backward too large for the float64 reference is not checked: pass is null unless the forward failed.
+        {"skipped", o.backward && r.check.rows == 0},
+        {"pass", o.backward && r.check.rows == 0 && r.check.pass() ? Json(nullptr) : Json(r.check.pass())}}},
       {"timing",
        {{"iters", r.times_ms.size()}, {"warmup", o.warmup}, {"median_ms", r.median_ms()},
         {"min_ms", r.times_ms.front()}, {"max_ms", r.times_ms.back()}, {"flops", r.flops}, {"tflops", r.tflops()}}},
@@ -1193,7 +1223,7 @@ Command db_command() {
                  "  merge OUT IN1 [IN2...]  merges database files (each read-only) into the database file OUT\n"
                  "  prune                   removes the rows of --device and/or --problem-class (or --all)")
       .option("db", "PATH", "the database (default: " + TuningStore::default_path().string() + ")")
-      .option("output", "FILE", "export: write to FILE instead of stdout", false, 'o')
+      .option("output", "FILE", "export: write to FILE (replaced whole) instead of stdout; - is stdout", false, 'o')
       .option("device", "ID", "prune: only rows of this device id (as `db list` prints it)")
       .option("problem-class", "CLASS", "prune: only rows of this problem class, e.g. fwd|bf16|d128|causal|g1")
       .flag("all", "prune: allow removing every row when no filter is given")
@@ -1223,8 +1253,7 @@ void print_winners(const std::vector<StoredChoice>& winners, std::ostream& os) {
 Json read_json_file(const std::string& path) {
   try {
     if (path == "-") return Json::parse(std::cin);
-    std::ifstream in(path);
-    if (!in) fail(Status::kInvalidArgument, "cannot read '" + path + "'");
+    std::ifstream in = open_input(path, "file");
     return Json::parse(in);
   } catch (const Json::exception& error) {
     fail(Status::kInvalidArgument, "'" + path + "' is not JSON: " + error.what());
@@ -1249,11 +1278,19 @@ int command_db(const Args& args) {
     if (operands.size() < lo || operands.size() > hi)
       throw UsageError("'db " + action + "' takes " + what, args.usage());
   };
+  reject_directory(db_path, "--db");
+  // The database read-only, refused when damaged rather than read as empty (a missing one is empty).
+  auto readable = [&] {
+    auto store = std::make_unique<TuningStore>(db_path, true);
+    if (store->unreadable())
+      fail(Status::kInvalidArgument, "tuning database " + db_path.string() + " is " + *store->unreadable());
+    return store;
+  };
 
   if (action == "list") {
     allow({});
     operand_count(0, 0, "no arguments");
-    const std::vector<StoredChoice> winners = TuningStore(db_path, true).winners();
+    const std::vector<StoredChoice> winners = readable()->winners();
     if (json) {
       Json array = Json::array();
       for (const StoredChoice& w : winners) array.push_back(choice_json(w));
@@ -1268,7 +1305,8 @@ int command_db(const Args& args) {
   if (action == "show") {
     allow({});
     operand_count(1, 1, "one problem id or part of one");
-    const TuningStore store(db_path, true);
+    const std::unique_ptr<TuningStore> opened = readable();
+    const TuningStore& store = *opened;
     Json array = Json::array();
     size_t matched = 0;
     for (const StoredChoice& w : store.winners()) {
@@ -1299,9 +1337,7 @@ int command_db(const Args& args) {
   if (action == "export") {
     allow({"output"});
     operand_count(0, 0, "no arguments (write to a file with -o FILE)");
-    const TuningStore store(db_path, true);
-    if (store.unreadable()) fail(Status::kInvalidArgument, "tuning database " + db_path.string() + " is " + *store.unreadable());
-    const std::string text = store.export_json().dump(2) + "\n";
+    const std::string text = readable()->export_json().dump(2) + "\n";
     if (!args.has("output")) {
       std::cout << text;
       return 0;
@@ -1322,6 +1358,7 @@ int command_db(const Args& args) {
     allow({});
     if (args.has("db")) throw UsageError("'db merge' names its output file as OUT, not with --db", args.usage());
     operand_count(2, std::numeric_limits<size_t>::max(), "an output file and at least one input file");
+    reject_directory(operands[0], "OUT");
     // A missing or damaged input is a mistake, not an empty database: read them all before touching OUT.
     std::vector<Json> inputs;
     for (size_t i = 1; i < operands.size(); ++i) {
@@ -1353,6 +1390,9 @@ int command_db(const Args& args) {
     if (device.empty() && problem_class.empty() && !args.has("all"))
       throw UsageError("prune without --device or --problem-class removes every row: pass --all to mean that",
                        args.usage());
+    // Pruning a file that is not there, or damaged, would create or replace one and report 0 rows.
+    if (!fs::exists(db_path)) fail(Status::kInvalidArgument, "no database file '" + db_path.string() + "'");
+    readable();
     TuningStore store(db_path);
     // prune() counts rows of both tables (winners and candidates); the winners are what `db list` shows.
     const size_t winners_before = store.winners().size();
@@ -1581,15 +1621,18 @@ std::optional<Shard> parse_shard(const std::string& text) {
   return Shard{index, count, ""};
 }
 
-// --shard, else the Slurm or Open MPI rank and size, else the whole sweep.
+// --shard, else the Slurm or Open MPI rank and size, else the whole sweep. Only a --spec's problems are
+// sharded: a single problem given by flags is tuned whole, in whichever task runs it.
 Shard shard_of(const Args& args) {
   if (args.has("shard")) {
     const std::string text = args.string_or("shard", "");
     std::optional<Shard> shard = parse_shard(text);
     if (!shard) throw UsageError("--shard must be I/N with 0 <= I < N, got '" + text + "'", args.usage());
+    if (!args.has("spec")) throw UsageError("--shard splits the problems of a --spec file", args.usage());
     shard->source = "--shard";
     return *shard;
   }
+  if (!args.has("spec")) return Shard{};
   for (const auto& [rank, size] : {std::pair{"SLURM_PROCID", "SLURM_NTASKS"},
                                    std::pair{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}}) {
     const std::optional<std::string> r = env(rank), n = env(size);
@@ -1944,6 +1987,11 @@ int supervise_workers(const Args& args, const std::vector<TuneProblem>& problems
     std::error_code ec;
     if (!fs::exists(w.db, ec)) continue;
     const TuningStore worker_db(w.db, /*read_only=*/true);
+    if (worker_db.unreadable()) {  // kept with the work folder, not merged as empty
+      failed.push_back(
+          {{"device", w.device}, {"failure", "its database " + w.db.string() + " is " + *worker_db.unreadable()}});
+      continue;
+    }
     merged += store.import_json(worker_db.export_json());
   }
   if (failed.empty()) fs::remove_all(work);
@@ -1963,6 +2011,8 @@ int supervise_workers(const Args& args, const std::vector<TuneProblem>& problems
 
 int command_tune(const Args& args) {
   constexpr long long kIntMax = std::numeric_limits<int>::max();
+  if (args.has("arch") && !(args.has("dry-run") && args.has("json")))
+    throw UsageError("--arch applies to --dry-run --json (a sweep runs on the GPU it finds)", args.usage());
   const TuneProblem flags = problem_from_flags(args);
   TuneSpec spec;
   if (args.has("spec")) {
@@ -2004,7 +2054,9 @@ int command_tune(const Args& args) {
   for (size_t i = static_cast<size_t>(shard.index); i < spec.problems.size(); i += static_cast<size_t>(shard.count))
     mine.push_back(spec.problems[i]);
   const fs::path base_db = args.has("db") ? fs::path(args.string_or("db", "")) : TuningStore::default_path();
-  const fs::path db_path = shard_db_path(base_db, shard);
+  // A worker of --devices writes the file its supervisor named and merges; only a shard of its own is renamed.
+  const fs::path db_path = args.has("worker") ? base_db : shard_db_path(base_db, shard);
+  reject_directory(db_path, "--db");
   const bool json = args.has("json");
 
   if (args.has("devices") && !args.has("worker")) {
@@ -2016,7 +2068,9 @@ int command_tune(const Args& args) {
   if (args.has("dry-run")) {
     if (json) {
       Json problems = Json::array();
-      const int arch = static_cast<int>(args.int_or("arch", 90, 80, 1000));
+      const std::vector<int> archs = parse_archs(args, {90});
+      if (archs.size() != 1) throw UsageError("tune --dry-run --json lists the candidates of one --arch", args.usage());
+      const int arch = archs.front();
       for (const TuneProblem& p : mine) {
         const MaskKind kind = p.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
         Json names = Json::array();
@@ -2068,7 +2122,7 @@ int command_tune(const Args& args) {
                                 context, worker, named));
   }
   if (worker.journal) std::ofstream(*worker.journal, std::ios::trunc);
-  if (json) std::cout << (args.has("spec") ? results : results.front()).dump(2) << '\n';
+  if (json) std::cout << (args.has("spec") || results.empty() ? results : results.front()).dump(2) << '\n';
   return 0;
 }
 
@@ -2100,11 +2154,14 @@ std::string top_usage() {
       {"compile", "compile kernels with NVRTC and show registers, shared memory, spills"},
       {"run", "run, check and time one attention problem on the GPU"},
       {"demo", "the main job: run the default problem, or compile the defaults without a GPU"},
-      {"tune", "sweep the forward configs for one problem on the GPU and store the winner"},
+      {"tune", "sweep the forward or backward configs of problems on the GPU and store the winners"},
       {"db", "list, show, export, import, merge or prune the tuning database"},
       {"help", "this list; `flashgen help <command>` or `flashgen <command> --help` for one command"},
   };
   for (const auto& row : rows) text += "  " + row.first + std::string(10 - row.first.size(), ' ') + row.second + "\n";
+  text += "\nexit status: 0 success, 1 a failed check or compile (or an internal error), 2 a bad argument or an\n"
+          "unsupported request, 3 a GPU is needed and none is usable. With --json, errors are printed as\n"
+          "{\"error\": ..., \"status\": ...} on standard output.\n";
   return text;
 }
 

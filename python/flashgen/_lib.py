@@ -118,7 +118,9 @@ def library_candidates():
     of the source tree when this package runs from python/ of a flashgen checkout, the system loader."""
     explicit = os.environ.get("FLASHGEN_LIBRARY")
     if explicit:
-        return [("FLASHGEN_LIBRARY", explicit)]
+        # Absolute: a bare file name would otherwise go to the system loader's search, which skips the
+        # current directory, and a relative path would be wrong after a chdir.
+        return [("FLASHGEN_LIBRARY", os.path.abspath(explicit))]
     candidates = [("bundled with the package", str(_PACKAGE_DIR / LIBRARY_NAME))]
     checkout = _PACKAGE_DIR.parent.parent
     if (checkout / "include" / "flashgen" / "flashgen.h").is_file():
@@ -161,6 +163,9 @@ def load_library():
                     raise FlashgenError(f"flashgen: cannot load {path} ({description}): {error}") from error
                 tried.append(f"{LIBRARY_NAME} through {description}: {error}")
                 continue
+            if getattr(library, "flashgen_version", None) is None:
+                raise FlashgenError(f"flashgen: {path or LIBRARY_NAME} ({description}) loads but is not libflashgen "
+                                    "(it has no flashgen_version)")
             _declare(library)
             _Loaded.library = library
             _Loaded.path = path if path is not None else _loaded_path(library)

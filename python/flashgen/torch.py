@@ -1,6 +1,9 @@
-"""flashgen for PyTorch: `attention(q, k, v, ...)`, a drop-in for scaled_dot_product_attention on CUDA fp16/bf16
-tensors, with autograd, grouped-query heads and both causal alignments; `explain` says which kernels a call runs
-and why; `tune` sweeps the forward's configs for a problem. Both passes are torch.library custom ops
+"""flashgen for PyTorch: `attention(q, k, v, ...)`, softmax attention on CUDA fp16/bf16 tensors like
+scaled_dot_product_attention, with autograd, grouped-query heads and both causal alignments; `explain` says which
+kernels a call runs and why; `tune` sweeps the forward's configs for a problem. Two defaults differ from SDPA's:
+the layout is [batch, seqlen, heads, head_dim] (pass layout="bhsd" for SDPA's [batch, heads, seqlen, head_dim]),
+and causal=True aligns the mask bottom-right (pass causal_align="top_left" for SDPA's is_causal when seqlen_q !=
+seqlen_k). Both passes are torch.library custom ops
 (flashgen::attention_forward, flashgen::attention_backward) with fake implementations, so torch.compile keeps
 them in its graphs, and once their kernels are loaded a call neither allocates outside torch's caching
 allocator nor synchronizes, so it can be captured in a CUDA graph.
@@ -31,8 +34,9 @@ _BSHD_DIMS = {"bshd": (0, 1, 2, 3), "bhsd": (0, 2, 1, 3)}
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Argument checks: types, devices, ranks and dtypes here (on fake tensors too, so torch.compile reports them while
-# tracing); shapes, strides and alignment in the library, whose messages name the dimension.
+# Argument checks: types, devices, ranks, dtypes and how the shapes agree here (on fake tensors too, so
+# torch.compile reports them while tracing, and naming the caller's dims in either layout); sizes, strides and
+# alignment in the library.
 
 def _mask(causal, causal_align):
     if causal_align not in ("bottom_right", "top_left"):
@@ -63,13 +67,24 @@ def _check_inputs(q, k, v, layout):
             bad(f"{name}: expected a 4-d tensor {order} (layout {layout!r}), got shape {tuple(t.shape)}")
         if t.dtype not in (torch.float16, torch.bfloat16):
             bad(f"{name}.dtype is {t.dtype}; flashgen runs torch.float16 and torch.bfloat16")
-        if t.device.type != "cuda":
+        if t.device.type not in ("cuda", "meta"):  # meta: shapes only, through the fake kernels
             bad(f"{name} is on {t.device}; flashgen runs on CUDA devices")
     for name, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype:
             bad(f"{name}.dtype is {t.dtype} but q.dtype is {q.dtype}")
         if t.device != q.device:
             bad(f"{name} is on {t.device} but q is on {q.device}")
+    roles = ("batch", "seqlen", "heads", "head_dim")
+
+    def dim(name, i):
+        return f"{name}.shape[{_BSHD_DIMS[layout][i]}] ({roles[i]})"
+
+    shapes = {name: _bshd_shape(t, layout) for name, t in (("q", q), ("k", k), ("v", v))}
+    for name, other, i in (("k", "q", 0), ("k", "q", 3), ("v", "q", 0), ("v", "q", 3), ("v", "k", 1), ("v", "k", 2)):
+        if shapes[name][i] != shapes[other][i]:
+            bad(f"{dim(name, i)} is {shapes[name][i]} but {dim(other, i)} is {shapes[other][i]}")
+    if shapes["k"][2] > 0 and shapes["q"][2] % shapes["k"][2] != 0:
+        bad(f"{dim('q', 2)} = {shapes['q'][2]} must be a multiple of {dim('k', 2)} = {shapes['k'][2]}")
 
 
 def _check_mask(mask):
@@ -238,6 +253,27 @@ def _backward(ctx, dout, dlse):
 _attention_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _Empty(torch.autograd.Function):
+    """attention() where q or k has no elements, without a kernel (the library takes sizes of at least 1): out 0
+    (there is no row, or no row sees a key), lse -inf and zero gradients."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, lse_shape):
+        ctx.like = [(t.shape, t.dtype, t.device) for t in (q, k, v)]
+        lse = torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=q.device)
+        ctx.mark_non_differentiable(lse)
+        return torch.zeros(q.shape, dtype=q.dtype, device=q.device), lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        return (*(torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in ctx.like), None)
+
+
+def _deterministic(deterministic):
+    """The backward's strategy: deterministic when asked for, or while torch.use_deterministic_algorithms(True)."""
+    return bool(deterministic) or torch.are_deterministic_algorithms_enabled()
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Public API.
 
@@ -256,7 +292,9 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     scaled_dot_product_attention's is_causal means). They differ only when seqlen_q != seqlen_k. A query row
     that sees no key (bottom_right with seqlen_q > seqlen_k) gets output 0, lse -inf and zero gradients.
     scale: the softmax scale, default 1/sqrt(head_dim). deterministic: the backward computes dq without
-    atomics, giving bitwise-identical gradients on repeated runs (somewhat slower).
+    atomics, giving bitwise-identical gradients on repeated runs (somewhat slower); also on while
+    torch.use_deterministic_algorithms(True) is in effect. Empty inputs (a size 0) give empty or zero outputs,
+    lse -inf and zero gradients.
 
     Returns out, shaped and laid out like q (a new contiguous tensor), or (out, lse) with return_lse, lse being
     the natural-log log-sum-exp of each row's scaled scores, float32 [batch, heads_q, seqlen_q]; lse carries no
@@ -265,7 +303,11 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     """
     mask = _mask(causal, causal_align)
     _check_inputs(q, k, v, layout)
-    out, lse = torch.ops.flashgen.attention_forward(q, k, v, _check_scale(scale), mask, layout, bool(deterministic))
+    scale = _check_scale(scale)
+    if q.numel() == 0 or k.numel() == 0:
+        out, lse = _Empty.apply(q, k, v, _lse_shape(q, layout))
+    else:
+        out, lse = torch.ops.flashgen.attention_forward(q, k, v, scale, mask, layout, _deterministic(deterministic))
     return (out, lse) if return_lse else out
 
 
@@ -283,6 +325,7 @@ def explain(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, l
     mask = _mask(causal, causal_align)
     _check_inputs(q, k, v, layout)
     scale = _check_scale(scale)
+    deterministic = _deterministic(deterministic)
     answer = {"library": _lib.library_path(), "version": _lib.version()}
     with torch.no_grad(), torch.cuda.device(q.device):
         stream = _stream(q.device)

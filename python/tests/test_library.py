@@ -3,6 +3,7 @@ says when it is not found, the version, the ctypes mirror of flashgen.h, and the
 as Python exceptions that carry the library's message."""
 
 import ctypes
+import ctypes.util
 import json
 import os
 import shutil
@@ -86,6 +87,9 @@ def test_search_order():
         assert candidates[1][1] == str(testsupport.REPO_ROOT / "build" / "libflashgen.so")
         os.environ["FLASHGEN_LIBRARY"] = "/opt/x/libflashgen.so"
         assert _lib.library_candidates() == [("FLASHGEN_LIBRARY", "/opt/x/libflashgen.so")]
+        # A relative path (a bare name too) is the file in the current directory, not a loader search.
+        os.environ["FLASHGEN_LIBRARY"] = "libflashgen.so"
+        assert _lib.library_candidates() == [("FLASHGEN_LIBRARY", os.path.join(os.getcwd(), "libflashgen.so"))]
     finally:
         os.environ.pop("FLASHGEN_LIBRARY", None)
         if saved is not None:
@@ -127,6 +131,16 @@ def test_not_found_error_lists_every_place_tried():
         code, output = _version_in_fresh_process(folder, {"FLASHGEN_LIBRARY": bogus})
         assert code != 0
         assert f"cannot load {bogus} (FLASHGEN_LIBRARY)" in output
+
+        # A shared library that loads but is not flashgen's: said so, not a recursion or a missing symbol.
+        other = ctypes.util.find_library("m")
+        libm = next((os.path.join(d, other) for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64",
+                                                       "/usr/lib64", "/lib", "/usr/lib")
+                     if other and os.path.exists(os.path.join(d, other))), None)
+        if libm is not None:
+            code, output = _version_in_fresh_process(folder, {"FLASHGEN_LIBRARY": libm})
+            assert code != 0
+            assert "loads but is not libflashgen" in output and "RecursionError" not in output
 
 
 def test_loads_through_flashgen_library():
@@ -238,6 +252,14 @@ def test_call_json_grows_its_buffer():
     assert calls == [1 << 14, len(text) + 1]
 
 
-def test_tune_on_first_use_switch():
-    flashgen.set_tune_on_first_use(True)
-    flashgen.set_tune_on_first_use(False)
+def test_tune_on_first_use_switch_reaches_the_library():
+    calls = []
+    real = _lib.function
+    _lib.function = lambda name: (lambda *args: calls.append((name, args)))
+    try:
+        flashgen.set_tune_on_first_use(True)
+        flashgen.set_tune_on_first_use(False)
+    finally:
+        _lib.function = real
+    assert calls == [("flashgen_set_tune_on_first_use", (1,)), ("flashgen_set_tune_on_first_use", (0,))]
+    flashgen.set_tune_on_first_use(False)  # the real switch, declared and callable

@@ -1,7 +1,8 @@
 """flashgen.torch inside PyTorch's machinery, on the GPU: the custom ops pass torch.library.opcheck; torch.compile
 keeps attention in one graph (forward and backward, static then dynamic shapes) with eager's results; forward and
 backward captured in a CUDA graph replay on new inputs with eager's results; calls run on the caller's current
-stream; explain names the configs and writes their sources; tune sweeps and the process then runs the winner.
+stream; explain names the configs and writes their sources; tune sweeps and the process then runs the winner;
+shape errors name the caller's dims; empty inputs, meta tensors and torch.use_deterministic_algorithms.
 """
 
 import os
@@ -150,7 +151,7 @@ def test_explain_names_the_configs_and_writes_their_sources():
     else:
         assert forward["grid"][1:] == [4, 2]  # (query blocks, heads_q, batch)
     assert backward["config"].startswith("bwd_") and "_bf16_d64_" in backward["config"]
-    assert backward["source"] == "heuristic"
+    assert backward["source"] in _SOURCES and backward["reason"]
     if backward["config"].startswith("bwd_sm90_"):
         # Rows padded to 128 per head; D, the LSE in base 2 and the dQ accumulator.
         rows, floats, slack = 2 * 4 * 384, 66, 768
@@ -187,3 +188,53 @@ def test_tune_sweeps_and_the_process_runs_the_winner():
         want = torch.nn.functional.scaled_dot_product_attention(
             *(t.transpose(1, 2).double() for t in (q, k, v)), is_causal=True).transpose(1, 2)
     assert testsupport.max_error(out, want) <= 4 * testsupport.EPSILON["float16"] * want.abs().max().item()
+
+
+def test_shape_errors_name_the_callers_dims():
+    q = _randn(1, 6, 16, 64, dtype=torch.float16)  # bhsd: 6 heads
+    k = _randn(1, 4, 16, 64, dtype=torch.float16, seed=1)
+    with pytest.raises(fgt.FlashgenArgumentError, match=r"q\.shape\[1\] \(heads\) = 6 must be a multiple of "
+                                                         r"k\.shape\[1\] \(heads\) = 4"):
+        fgt.attention(q, k, k, layout="bhsd")
+    narrow = _randn(1, 6, 16, 32, dtype=torch.float16, seed=2)
+    with pytest.raises(fgt.FlashgenArgumentError, match=r"v\.shape\[3\] \(head_dim\) is 32 but q\.shape\[3\] "
+                                                         r"\(head_dim\) is 64"):
+        fgt.attention(q, q, narrow, layout="bhsd")
+    short = _randn(1, 6, 15, 64, dtype=torch.float16, seed=3)
+    with pytest.raises(fgt.FlashgenArgumentError, match=r"v\.shape\[2\] \(seqlen\) is 15 but k\.shape\[2\] "
+                                                         r"\(seqlen\) is 16"):
+        fgt.attention(q, q, short, layout="bhsd")
+
+
+def test_empty_inputs_give_empty_or_zero_outputs():
+    q = _randn(0, 16, 2, 64, seed=4, requires_grad=True)
+    out, lse = fgt.attention(q, q, q, return_lse=True)
+    assert out.shape == q.shape and lse.shape == (0, 2, 16)
+    # No keys: every row's output is 0, its lse -inf, and the gradients are 0.
+    q = _randn(1, 5, 2, 64, seed=5, requires_grad=True)
+    k = _randn(1, 0, 2, 64, seed=6, requires_grad=True)
+    v = _randn(1, 0, 2, 64, seed=7, requires_grad=True)
+    out, lse = fgt.attention(q, k, v, return_lse=True)
+    assert out.shape == q.shape and bool((out == 0).all())
+    assert lse.shape == (1, 2, 5) and bool(torch.isneginf(lse).all())
+    out.float().pow(2).add(out.float()).sum().backward()
+    assert q.grad is not None and bool((q.grad == 0).all()) and k.grad.shape == k.shape
+
+
+def test_meta_tensors_give_the_outputs_shapes():
+    q = torch.empty(2, 4, 128, 64, device="meta", dtype=torch.bfloat16)
+    k = torch.empty(2, 2, 96, 64, device="meta", dtype=torch.bfloat16)
+    out, lse = fgt.attention(q, k, k, layout="bhsd", return_lse=True)
+    assert out.device.type == "meta" and out.shape == q.shape
+    assert lse.device.type == "meta" and lse.shape == (2, 4, 128) and lse.dtype == torch.float32
+
+
+def test_use_deterministic_algorithms_picks_the_deterministic_backward():
+    q, k, v = (_randn(2, 300, 4, 64, seed=80 + i) for i in range(3))
+    assert "_det_" not in fgt.explain(q, k, v, causal=True)["backward"]["config"]
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert "_det_" in fgt.explain(q, k, v, causal=True)["backward"]["config"]
+    finally:
+        torch.use_deterministic_algorithms(before)

@@ -62,6 +62,22 @@ TEST_CASE("cli: emit prints the kernel's translation unit", "[cli]") {
   CHECK(result.out.find("__global__") != std::string::npos);
 }
 
+TEST_CASE("cli: emit writes to -o - as to stdout and refuses directories as files", "[cli]") {
+  const TempDir dir{"flashgen-cli-test"};
+  const CliResult to_stdout = run_cli({"emit", kConfigName, "-o", "-"}, dir);
+  CHECK(to_stdout.exit_code == 0);
+  CHECK(to_stdout.out.find("__global__") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir.path() / "-"));
+  const CliResult into_directory = run_cli({"emit", kConfigName, "-o", dir.path().string()}, dir);
+  CHECK(into_directory.exit_code == 2);
+  CHECK(into_directory.err.find("is a directory") != std::string::npos);
+  const CliResult from_directory = run_cli({"emit", "--config-json", dir.path().string()}, dir);
+  CHECK(from_directory.exit_code == 2);
+  CHECK(from_directory.err.find("config JSON '" + dir.path().string() + "' is a directory") != std::string::npos);
+  const CliResult two_archs = run_cli({"emit", kConfigName, "--arch", "80,90"}, dir);
+  CHECK(two_archs.exit_code == 2);
+}
+
 TEST_CASE("cli: emit of an invalid config exits 2 with the reason", "[cli]") {
   const TempDir dir{"flashgen-cli-test"};
   const CliResult result = run_cli({"emit", "fwd_sm80_fp16_d128_m128_n24_w4_s3"}, dir);

@@ -147,6 +147,36 @@ TEST_CASE("cli db: merge combines database files", "[cli]") {
   }
 }
 
+TEST_CASE("cli db: a missing or damaged database is refused, not read or pruned as empty", "[cli]") {
+  const TempDir dir{"flashgen-cli-db"};
+  const fs::path missing = dir.path() / "typo.sqlite";
+  const CliResult prune_missing = run_cli({"db", "prune", "--all", "--db", missing.string()}, dir);
+  CHECK(prune_missing.exit_code == 2);
+  CHECK(prune_missing.err.find("no database file") != std::string::npos);
+  CHECK_FALSE(fs::exists(missing));
+  const fs::path garbage = dir.path() / "garbage.sqlite";
+  std::string bytes;
+  for (int i = 0; i < 8192; ++i) bytes.push_back(static_cast<char>((i * 131 + 7) % 251));
+  std::ofstream(garbage, std::ios::binary) << bytes;
+  for (const std::vector<std::string>& command :
+       {std::vector<std::string>{"db", "list"}, {"db", "show", "fwd"}, {"db", "prune", "--all"}}) {
+    std::vector<std::string> words = command;
+    words.insert(words.end(), {"--db", garbage.string()});
+    const CliResult r = run_cli(words, dir);
+    INFO(command[1] << ": " << r.err);
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find("is damaged") != std::string::npos);
+  }
+  std::ifstream kept(garbage, std::ios::binary);
+  CHECK(std::string(std::istreambuf_iterator<char>(kept), {}) == bytes);  // not moved aside or replaced
+  const CliResult directory = run_cli({"db", "list", "--db", dir.path().string()}, dir);
+  CHECK(directory.exit_code == 2);
+  CHECK(directory.err.find("is a directory") != std::string::npos);
+  const CliResult import_directory = run_cli({"db", "import", dir.path().string(), "--db", missing.string()}, dir);
+  CHECK(import_directory.exit_code == 2);
+  CHECK(import_directory.err.find("is a directory") != std::string::npos);
+}
+
 TEST_CASE("cli db: prune needs a filter or --all", "[cli]") {
   const TempDir dir{"flashgen-cli-db"};
   const fs::path db = make_store(dir);

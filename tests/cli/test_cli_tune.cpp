@@ -105,6 +105,22 @@ TEST_CASE("cli: tune shards a spec by --shard and by the scheduler's rank", "[cl
   const auto bad_rank = run_cli({"tune", "--spec", spec, "--dry-run"}, dir);
   CHECK(bad_rank.exit_code == 2);
   CHECK(bad_rank.err.find("OMPI_COMM_WORLD_RANK=4") != std::string::npos);
+
+  // One problem given by flags is tuned whole, into --db, whatever the scheduler says; --shard needs a spec.
+  ::setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+  const nlohmann::json single =
+      parse_json(run_cli({"tune", "--head-dim", "64", "--db", db, "--dry-run", "--json"}, dir));
+  CHECK(single["shard"]["count"] == 1);
+  CHECK(single["db"] == db);
+  CHECK(single["problems"].size() == 1);
+  const auto shard_without_spec = run_cli({"tune", "--head-dim", "64", "--shard", "1/2", "--dry-run", "--json"}, dir);
+  CHECK(shard_without_spec.exit_code == 2);
+  CHECK(shard_without_spec.out.find("--shard splits the problems of a --spec file") != std::string::npos);
+  // A --devices worker writes the file its supervisor names, not a shard file beside it.
+  const nlohmann::json worker = parse_json(
+      run_cli({"tune", "--worker", "--spec", spec, "--shard", "1/2", "--db", db, "--dry-run", "--json"}, dir));
+  CHECK(worker["db"] == db);
+  CHECK(worker["problems"].size() == 2);
 }
 
 TEST_CASE("cli: tune --backward lists backward candidates of its strategy", "[cli][tune][backward]") {
