@@ -1164,8 +1164,31 @@ void check_host_memory(const RunOptions& o) {
   }
 }
 
+// The library's own checks of the problem and the --config name, on placeholder addresses (never read), so a
+// bad argument is reported as one (exit 2) before the GPU is looked for.
+void check_run_problem(const RunOptions& o) {
+  const flashgen_dtype dtype = abi_dtype(o.dtype);
+  auto placeholder = [&](int n, int64_t seqlen, int64_t heads) {
+    return bshd_tensor(reinterpret_cast<void*>(uintptr_t{1} << (20 + n)), dtype, o.batch, seqlen, heads, o.head_dim);
+  };
+  const flashgen_tensor q = placeholder(0, o.seqlen_q, o.heads_q), k = placeholder(1, o.seqlen_k, o.heads_kv),
+                        v = placeholder(2, o.seqlen_k, o.heads_kv), out = placeholder(3, o.seqlen_q, o.heads_q);
+  flashgen_attention_options options{o.scale, mask_of(o), o.deterministic ? 1 : 0};
+  if (o.backward) {
+    const flashgen_tensor dout = placeholder(4, o.seqlen_q, o.heads_q), dq = placeholder(5, o.seqlen_q, o.heads_q),
+                          dk = placeholder(6, o.seqlen_k, o.heads_kv), dv = placeholder(7, o.seqlen_k, o.heads_kv);
+    const float* lse = reinterpret_cast<const float*>(uintptr_t{1} << 28);
+    make_backward_problem(&q, &k, &v, &out, &dout, lse, &dq, &dk, &dv, &options);
+    if (o.config_name) BwdConfig::from_name(*o.config_name);
+  } else {
+    make_forward_problem(&q, &k, &v, &out, nullptr, &options);
+    if (o.config_name) KernelConfig::from_name(*o.config_name);
+  }
+}
+
 int command_run(const Args& args) {
   const RunOptions options = parse_run_options(args);
+  check_run_problem(options);
   check_host_memory(options);
   std::string why;
   if (!driver_available(&why)) fail(Status::kNoDevice, "run needs a GPU: " + why);
@@ -1457,7 +1480,7 @@ Command tune_command() {
       .option("journal", "FILE", "internal (--worker): names the candidate being launched, for crash isolation")
       .option("crashed", "NAME:WHY", "internal (--worker): a candidate that crashed a worker, recorded and skipped",
               true)
-      .flag("json", "print JSON (one object per problem in an array; progress still goes to stderr)");
+      .flag("json", "print JSON: the result (an array with --spec), the plan (--dry-run) or the summary (--devices)");
 }
 
 
@@ -1684,7 +1707,11 @@ Json tune_pass(const PassSweep<Config>& pass, TuningStore& store, const fs::path
                             flashgen::config_name(stored->config).c_str(), stored->median_ms, key.id().c_str(),
                             device.id().c_str());
       }
+      // The stored winner under the keys a sweep's result has (device, problem, winner, winner_ms), and the
+      // stored row's own fields besides.
       Json j = choice_json(*stored);
+      j["winner"] = flashgen::config_name(stored->config);
+      j["winner_ms"] = stored->median_ms;
       j["skipped"] = true;
       j["db"] = db_path.string();
       return j;

@@ -208,6 +208,16 @@ TEST_CASE("cli: failures under --json print one JSON error object", "[cli]") {
     CHECK(j["status"] == "invalid_argument");
     CHECK(j["error"].get<std::string>().find("host tensors need") != std::string::npos);
   }
+  SECTION("run refuses a bad problem or config name before looking for a GPU") {
+    for (const std::vector<std::string>& words :
+         {std::vector<std::string>{"run", "--head-dim", "100"}, {"run", "--heads-kv", "5"}, {"run", "--config", "x"},
+          {"run", "--backward", "--config", "fwd_sm90_fp16_d128_m128_n128_s2"}}) {
+      const CliResult result = run_cli(words, dir);
+      INFO(words.back() << ": " << result.err);
+      CHECK(result.exit_code == 2);
+      CHECK(result.err.find("needs a GPU") == std::string::npos);
+    }
+  }
   SECTION("run takes sizes up to the library's 2^30 only") {
     const CliResult result = run_cli({"run", "--seqlen-q", "2000000000"}, dir);
     CHECK(result.exit_code == 2);
