@@ -173,7 +173,8 @@ PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedCont
     const ProblemKey key = forward_problem_key(problem.dtype, problem.head_dim, problem.mask, p.group_size,
                                                p.seqlen_q, p.seqlen_k, int64_t(p.batch) * p.heads_q);
     ForwardChoice choice = choose_forward_config(static_cast<int>(scope.device()), key, launch.arch);
-    if (tune_on_first_use() && choice.source != ChoiceSource::kTuningDatabase &&
+    // Swept unless the user's database holds this very bucket (a neighbour's winner is only a stand-in).
+    if (tune_on_first_use() && !(choice.source == ChoiceSource::kTuningDatabase && choice.exact_bucket) &&
         choice.source != ChoiceSource::kTunedOnFirstUse && !stream_capturing(stream)) {
       std::string failure;
       if (auto tuned = tune_forward_on_first_use(sweep_problem_of(problem), static_cast<int>(scope.device()),

@@ -204,7 +204,8 @@ PreparedBackward prepare_in_scope(const BackwardProblem& problem, const ScopedCo
                                                 p.group_size, p.seqlen_q, p.seqlen_k, int64_t(p.batch) * p.heads_q);
     const int device = static_cast<int>(scope.device());
     BackwardChoice choice = choose_backward_config(device, key, launch.arch);
-    if (tune_on_first_use() && choice.source != ChoiceSource::kTuningDatabase &&
+    // Swept unless the user's database holds this very bucket (a neighbour's winner is only a stand-in).
+    if (tune_on_first_use() && !(choice.source == ChoiceSource::kTuningDatabase && choice.exact_bucket) &&
         choice.source != ChoiceSource::kTunedOnFirstUse && !stream_capturing(stream)) {
       const BackwardSweepProblem sweep_problem{sweep_problem_of(problem), problem.deterministic};
       std::string failure;

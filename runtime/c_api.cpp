@@ -170,7 +170,8 @@ extern "C" int flashgen_tune_forward(const flashgen_forward_problem* problem, vo
     const flashgen::ProblemKey key = flashgen::sweep_problem_key(sweep);
     std::string failure;
     const std::optional<flashgen::ForwardChoice> tuned =
-        flashgen::tune_forward_on_first_use(sweep, static_cast<int>(scope.device()), arch, &failure);
+        flashgen::tune_forward_on_first_use(sweep, static_cast<int>(scope.device()), arch, &failure,
+                                            /*retry_failed=*/true);
     if (!tuned) flashgen::fail(flashgen::Status::kInternal, "tuning " + key.id() + " failed: " + failure);
     copy_json({{"problem", key.id()},
                {"config", tuned->config.name()},

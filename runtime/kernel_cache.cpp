@@ -181,9 +181,22 @@ std::filesystem::path KernelCache::default_dir() {
   if (xdg != nullptr && xdg[0] != '\0') return std::filesystem::path(xdg) / "flashgen";
   const char* home = std::getenv("HOME");
   if (home != nullptr && home[0] != '\0') return std::filesystem::path(home) / ".cache" / "flashgen";
-  // No home (some daemons and containers): a per-user folder under the temp directory still works.
+  // No home (some daemons and containers): a per-user folder under the temp directory, made 0700. Its name
+  // is predictable, so it is used only if it is this user's real directory, writable by nobody else: cubins
+  // found there are loaded and run. Otherwise this process gets a fresh private folder of its own.
   std::error_code ignored;
-  return std::filesystem::temp_directory_path(ignored) / ("flashgen-cache-" + std::to_string(::getuid()));
+  const std::filesystem::path temp = std::filesystem::temp_directory_path(ignored);
+  const std::string name = "flashgen-cache-" + std::to_string(::getuid());
+  const std::filesystem::path shared = temp / name;
+  ::mkdir(shared.c_str(), 0700);  // EEXIST: checked below like any existing folder
+  struct stat st {};
+  if (::lstat(shared.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == ::getuid() &&
+      (st.st_mode & (S_IWGRP | S_IWOTH)) == 0) {
+    return shared;
+  }
+  std::string pattern = (temp / (name + "-XXXXXX")).string();
+  if (::mkdtemp(pattern.data()) == nullptr) return temp / (name + "-unusable") / "none";  // stores fail: uncached
+  return pattern;
 }
 
 std::filesystem::path KernelCache::path_for(const std::string& key) const {

@@ -47,6 +47,15 @@ void check_layout(const flashgen_tensor* t, const char* name) {
                          "] must be a non-negative multiple of 8 elements (16 bytes), got " +
                          std::to_string(t->stride[i]));
   }
+  // The farthest element's offset must be addressable (and the sizes derived from it free of overflow).
+  int64_t last = 0;
+  for (int i = 0; i < 4; ++i) {
+    int64_t step = 0;
+    const bool overflow = __builtin_mul_overflow(t->stride[i], t->shape[i] - 1, &step) ||
+                          __builtin_add_overflow(last, step, &last);
+    FLASHGEN_REQUIRE(!overflow && last < (int64_t{1} << 60),
+                     std::string(name) + ": its strides reach past 2^60 elements from its data pointer");
+  }
 }
 
 // The output is written by many blocks at once: no two of its elements may share memory. Taken by

@@ -1,4 +1,5 @@
-// Per-stream tile counters: one slab of kTileCounterSlots ints per context, zeroed once, a slot per stream.
+// Per-stream tile counters: one slab of kTileCounterSlots ints per context, a slot per stream, zeroed in that
+// stream's order when it is handed out.
 #include "tile_counters.hpp"
 
 #include <map>
@@ -32,21 +33,13 @@ CUdeviceptr stream_tile_counter(CUstream stream) {
   Slab& slab = slabs[ctx_id];
   if (auto it = slab.slots.find(stream_id); it != slab.slots.end()) return it->second;
   if (slab.used == kTileCounterSlots) return 0;
-  if (slab.base == 0) {
-    // Zeroed in this stream's order and waited for: a memset into the legacy default stream would not
-    // be ordered before launches into a non-blocking stream, and every slot must read 0 before the
-    // first launch into any stream.
-    CUdeviceptr base = 0;
-    FLASHGEN_CU_CHECK(cuMemAlloc(&base, sizeof(int) * kTileCounterSlots));
-    CUresult r = driver().cuMemsetD32Async(base, 0, kTileCounterSlots, stream);
-    if (r == CUDA_SUCCESS) r = driver().cuStreamSynchronize(stream);
-    if (r != CUDA_SUCCESS) {
-      driver().cuMemFree(base);
-      throw_cu_error(r, "zeroing the tile counters", __FILE__, __LINE__);
-    }
-    slab.base = base;
-  }
-  const CUdeviceptr counter = slab.base + sizeof(int) * static_cast<size_t>(slab.used++);
+  if (slab.base == 0) FLASHGEN_CU_CHECK(cuMemAlloc(&slab.base, sizeof(int) * kTileCounterSlots));
+  // Zeroed in this stream's order (only this stream ever uses the slot), queued before the slot is handed out,
+  // under the lock so that no other thread's launch into the stream gets it first; nothing waits for the
+  // stream's earlier work.
+  const CUdeviceptr counter = slab.base + sizeof(int) * static_cast<size_t>(slab.used);
+  FLASHGEN_CU_CHECK(cuMemsetD32Async(counter, 0, 1, stream));
+  ++slab.used;
   slab.slots.emplace(stream_id, counter);
   return counter;
 }

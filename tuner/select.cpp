@@ -113,6 +113,7 @@ struct StoredUse {
   Config config;
   std::string reason;
   ChoiceSource source;
+  bool exact_bucket = false;  // the user's database holds this very bucket
 };
 
 // The user's database (exact bucket, then nearest), then the shipped defaults, for a config of type
@@ -143,7 +144,7 @@ std::optional<StoredUse<Config>> stored_choice(const DeviceFingerprint& device, 
       const std::optional<StoredChoice> exact = user_db->lookup_exact(device, problem);
       if (const Config* c = usable(exact)) {
         return StoredUse<Config>{*c, "tuning database " + user_db->path().string() + ", exact bucket " + problem.id(),
-                                 ChoiceSource::kTuningDatabase};
+                                 ChoiceSource::kTuningDatabase, true};
       }
       const std::optional<StoredChoice> nearest = user_db->lookup_nearest(device, problem);
       if (const Config* c = usable(nearest)) {
@@ -176,7 +177,7 @@ ForwardChoice choose_forward_config(const DeviceFingerprint& device, const Probl
                                     const TuningStore* user_db, const ShippedDefaults* shipped) {
   std::string passed_over;
   if (auto stored = stored_choice<KernelConfig>(device, problem, arch, user_db, shipped, passed_over)) {
-    return {stored->config, stored->reason, stored->source};
+    return {stored->config, stored->reason, stored->source, stored->exact_bucket};
   }
   ForwardChoice choice = heuristic_choice(problem.dtype, problem.head_dim, problem.mask, arch);
   choice.reason += passed_over;
@@ -271,7 +272,7 @@ std::mutex& first_use_mutex() {
 // The body of both passes' first-use sweeps: times make_candidates() with sweep(candidates, stream) on a
 // stream of its own, stores every row in the user's database and memoizes the winner for key.
 template <class Choice, class MakeCandidates, class Sweep>
-std::optional<Choice> first_use_sweep(const ProblemKey& key, int device, std::string* failure,
+std::optional<Choice> first_use_sweep(const ProblemKey& key, int device, std::string* failure, bool retry_failed,
                                       MakeCandidates make_candidates, Sweep sweep) {
   using Config = decltype(Choice::config);
   // One first-use sweep at a time in a process, of either pass (two would disturb each other's timings):
@@ -286,6 +287,7 @@ std::optional<Choice> first_use_sweep(const ProblemKey& key, int device, std::st
   // A bucket whose sweep failed is not swept again by this process (the warning was given once); its
   // cause is kept for the callers' reasons.
   static std::map<std::pair<int, std::string>, std::string> failed;  // guarded by first_use_mutex()
+  if (retry_failed) failed.erase({device, key.id()});
   if (auto found = failed.find({device, key.id()}); found != failed.end()) {
     if (failure != nullptr) *failure = found->second;
     return std::nullopt;
@@ -348,11 +350,11 @@ bool tune_on_first_use() {
 void set_tune_on_first_use(bool enabled) { tune_switch().store(enabled ? 1 : 0); }
 
 std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem& problem, int device, int arch,
-                                                       std::string* failure) {
+                                                       std::string* failure, bool retry_failed) {
   const ProblemKey key = sweep_problem_key(problem);
   const MaskKind mask = key.mask;
   return first_use_sweep<ForwardChoice>(
-      key, device, failure,
+      key, device, failure, retry_failed,
       [&] {
         const KernelConfig builtin = heuristic_choice(problem.dtype, problem.head_dim, mask, arch).config;
         return capped_candidates(forward_space(problem.dtype, problem.head_dim, mask, arch), builtin,
@@ -368,7 +370,7 @@ std::optional<BackwardChoice> tune_backward_on_first_use(const BackwardSweepProb
   const ProblemKey key = sweep_problem_key(problem);
   const MaskKind mask = key.mask;
   return first_use_sweep<BackwardChoice>(
-      key, device, failure,
+      key, device, failure, false,
       [&] {
         const BwdConfig builtin =
             heuristic_backward_choice(problem.dtype, problem.head_dim, mask, problem.deterministic, arch).config;
@@ -385,7 +387,7 @@ BackwardChoice choose_backward_config(const DeviceFingerprint& device, const Pro
                                       const TuningStore* user_db, const ShippedDefaults* shipped) {
   std::string passed_over;
   if (auto stored = stored_choice<BwdConfig>(device, problem, arch, user_db, shipped, passed_over)) {
-    return {stored->config, stored->reason, stored->source};
+    return {stored->config, stored->reason, stored->source, stored->exact_bucket};
   }
   BackwardChoice choice =
       heuristic_backward_choice(problem.dtype, problem.head_dim, problem.mask, problem.family == "bwd_det", arch);

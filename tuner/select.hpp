@@ -26,6 +26,7 @@ struct ForwardChoice {
   KernelConfig config;
   std::string reason;  // where the config came from and why, e.g. "built-in heuristic (no tuning data)"
   ChoiceSource source = ChoiceSource::kHeuristic;
+  bool exact_bucket = false;  // kTuningDatabase: the user's database holds the problem's own bucket (not a neighbour)
 };
 
 // The first heuristic config whose compiled kernel does not spill (compiling through the kernel
@@ -63,15 +64,17 @@ struct ForwardSweepProblem;
 // and the winner in the user's database (TuningStore::default_path(), opened for writing) and makes the
 // winner the process's memoized choice for the problem's key. Blocks until the sweep is done (seconds).
 // Returns nullopt, after a warning on stderr, when the sweep or the store fails: the caller keeps the
-// choice it had, and the process does not sweep that bucket again. *failure (when given) then gets the
-// cause, this time and at every later call for the bucket.
+// choice it had, and the process does not sweep that bucket again unless retry_failed (an explicit tune
+// request) says to. *failure (when given) then gets the cause, this time and at every later call for the
+// bucket.
 std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem& problem, int device, int arch,
-                                                       std::string* failure = nullptr);
+                                                       std::string* failure = nullptr, bool retry_failed = false);
 
 struct BackwardChoice {
   BwdConfig config;
   std::string reason;
   ChoiceSource source = ChoiceSource::kHeuristic;
+  bool exact_bucket = false;  // as ForwardChoice's
 };
 
 // The first built-in backward config for the problem class whose kernels (dkdv, and dq when

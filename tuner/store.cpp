@@ -627,6 +627,15 @@ TuningStore::TuningStore(std::filesystem::path path, bool read_only)
       }
       const int version = user_version(db.get());
       if (version > kSchemaVersion) throw_newer_version(path_, version);
+      if (version == 0) {  // empty (a new file), or another program's database
+        Statement tables(db.get(), "SELECT count(*) FROM sqlite_master");
+        if (tables.step() && tables.integer(0) > 0) {
+          unreadable_ = "not a flashgen database (user_version 0 but it holds tables)";
+          std::fprintf(stderr, "flashgen: warning: tuning database %s is not a flashgen database; reading it as empty\n",
+                       path_.c_str());
+        }
+        return;
+      }
       if (version < kSchemaVersion) {
         if (version > 0) {
           unreadable_ = "schema version " + std::to_string(version) + ", older than " +

@@ -47,8 +47,11 @@ enum {
  * (query head h reads key/value head h / (heads_q / heads_kv)). A row that sees no key (bottom-right
  * causal with seqlen_q > seqlen_k) gets output 0 and lse -inf, never NaN.
  * Runs on cuda_stream (a CUstream / cudaStream_t; NULL is the legacy default stream) in the stream's
- * context, else the caller's current CUDA context, else device 0's primary context. Asynchronous: the
- * call returns once the kernel is queued. Nothing is allocated per call. */
+ * context, else the caller's current CUDA context, else the primary context of the device q is on.
+ * Asynchronous: the call returns once the kernel is queued (the first call for a problem class may first
+ * compile or load its kernel). Nothing is allocated per call, except a 4-byte tile counter taken from the
+ * stream's memory pool and given back (stream-ordered) by the persistent causal sm90 kernels on the
+ * per-thread default stream, on a stream that is capturing a graph, or past 1024 streams in a context. */
 int flashgen_attention_forward(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
                                const flashgen_tensor* out, float* lse /* may be NULL */,
                                const flashgen_attention_options* opts, void* cuda_stream);
@@ -61,9 +64,11 @@ int flashgen_attention_forward(const flashgen_tensor* q, const flashgen_tensor* 
  * identical bits; otherwise dq is accumulated with fp32 atomics (faster, last-bit nondeterministic).
  * Workspace: fp32 row values (4 * batch * heads_q * rows bytes, twice for the sm90 kernels) plus, when
  * not deterministic, the fp32 dq accumulator (4 * batch * heads_q * rows * head_dim bytes), rows being
- * seqlen_q (rounded up to 128 for the sm90 kernels; see flashgen_attention_backward_workspace_size), taken from the device's default stream-ordered memory pool on cuda_stream and
- * given back on it (cuMemAllocAsync / cuMemFreeAsync: no synchronization; the pool keeps the memory
- * for the next call). The C++ API (runtime/attention_backward.hpp) takes a caller-provided workspace.
+ * seqlen_q (rounded up to 128 for the sm90 kernels; see flashgen_attention_backward_workspace_size),
+ * taken from the device's current stream-ordered memory pool on cuda_stream and given back on it
+ * (cuMemAllocAsync / cuMemFreeAsync: no synchronization; whether the pool keeps the memory for the next
+ * call is its release threshold's choice). flashgen_attention_backward_with_workspace takes a
+ * caller-provided workspace instead.
  * Stream, context and error semantics as for the forward. */
 int flashgen_attention_backward(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
                                 const flashgen_tensor* out, const flashgen_tensor* dout, const float* lse,

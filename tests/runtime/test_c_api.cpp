@@ -230,6 +230,10 @@ TEST_CASE("C ABI rejects each bad argument with a message naming it", "[c_api]")
                    "out.stride[2] = 8 is less than the 64 elements the smaller strides span");
     check_rejected([](Call& c) { c.v.data = static_cast<char*>(c.v.data) + 8; }, kInvalid,
                    "v.data: pointer must be 16-byte aligned");
+    // Strides whose products overflow int64 (UB before this check) or reach past 2^60 elements.
+    check_rejected([](Call& c) { c.out.stride[0] = int64_t{1} << 62; }, kInvalid,
+                   "out: its strides reach past 2^60 elements");
+    check_rejected([](Call& c) { c.k.stride[1] = int64_t{1} << 56; }, kInvalid, "k: its strides reach past 2^60");
     check_rejected([](Call& c) { c.lse = reinterpret_cast<float*>(reinterpret_cast<char*>(c.lse) + 2); }, kInvalid,
                    "lse: pointer must be 4-byte aligned");
   }

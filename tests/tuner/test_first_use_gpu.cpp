@@ -12,6 +12,7 @@
 #include "cuda_driver.hpp"
 #include "device_buffer.hpp"
 #include "gpu.hpp"
+#include "heuristic.hpp"
 #include "problem_key.hpp"
 #include "reference.hpp"
 #include "select.hpp"
@@ -106,4 +107,39 @@ TEST_CASE("a first-use sweep that cannot store its winner says why, at every cal
     CHECK(launch.reason.find("; tuning on first use failed: ") != std::string::npos);
     CHECK(launch.reason.find("not-a-directory") != std::string::npos);
   }
+}
+
+TEST_CASE("tune-on-first-use sweeps a bucket whose neighbour alone is stored", "[gpu][tuner][first_use]") {
+  FLASHGEN_REQUIRE_GPU();
+  const flashgen::testing::TempDir dir("flashgen-first-use");
+  const std::string db = (dir.path() / "tuning.sqlite").string();
+  flashgen::ScopedContext context;
+  const int arch = flashgen::device_sm(context.device());
+  const int64_t seqlen = 700, heads = 2, head_dim = 56;  // buckets nothing else in the suite uses
+  {  // the neighbouring bucket (seqlen 2048) tuned, this one (1024) not
+    flashgen::TuningStore store(db);
+    const flashgen::KernelConfig config =
+        flashgen::heuristic_forward_config(flashgen::DType::kFloat16, head_dim, flashgen::MaskKind::kNone, arch);
+    const auto neighbour = flashgen::forward_problem_key(flashgen::DType::kFloat16, head_dim,
+                                                         flashgen::MaskKind::kNone, 1, 2048, 2048, heads);
+    flashgen::CandidateResult row;
+    row.config = flashgen::TunedConfig(config);
+    row.median_ms = 0.05;
+    row.samples = 10;
+    store.record(flashgen::current_device_fingerprint(context.device()), neighbour, {row}, row.config, 0.05);
+  }
+  const flashgen::testing::FirstUseScope first_use(db);
+  flashgen::DeviceBuffer q(size_t(seqlen * heads * head_dim) * 2), k(q.bytes()), v(q.bytes()), out(q.bytes());
+  for (flashgen::DeviceBuffer* b : {&q, &k, &v}) b->fill_bytes(0x3C);  // fp16 ~1.06: values, not zeros
+  flashgen_attention_options opts{0.f, FLASHGEN_MASK_NONE, 0};
+  auto view = [&](flashgen::DeviceBuffer& b) {
+    return flashgen::bshd_tensor(b.data(), FLASHGEN_FLOAT16, 1, seqlen, heads, head_dim);
+  };
+  const flashgen_tensor tq = view(q), tk = view(k), tv = view(v), to = view(out);
+  const flashgen::ForwardLaunch launch = flashgen::attention_forward(tq, tk, tv, to, nullptr, opts, nullptr);
+  FLASHGEN_CU_CHECK(cuCtxSynchronize());
+  INFO(launch.reason);
+  CHECK(launch.source == flashgen::ChoiceSource::kTunedOnFirstUse);
+  const flashgen::TuningStore store(db, /*read_only=*/true);
+  CHECK(store.winners().size() == 2);
 }

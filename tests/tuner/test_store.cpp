@@ -432,7 +432,10 @@ TEST_CASE("a file of garbage bytes is moved aside and replaced", "[tuner][store]
     TuningStore read_only(path, /*read_only=*/true);
     CHECK_FALSE(read_only.lookup_exact(device(), problem(64, 64)).has_value());
     CHECK(read_only.winners().empty());
+    REQUIRE(read_only.unreadable().has_value());
+    CHECK(read_only.unreadable()->rfind("damaged", 0) == 0);
   }
+  CHECK_FALSE(TuningStore(dir.path() / "missing.sqlite", /*read_only=*/true).unreadable().has_value());
   CHECK(damaged_files(dir.path()).empty());
 
   TuningStore store(path);
@@ -519,6 +522,12 @@ TEST_CASE("version-0 files are migrated; foreign databases are moved aside", "[t
   {
     RawSqlite raw(foreign);
     raw.exec("CREATE TABLE devices (serial TEXT);");
+  }
+  {  // read-only it reads as empty, and says why (db export and merge refuse it)
+    const TuningStore read_only(foreign, /*read_only=*/true);
+    CHECK(read_only.winners().empty());
+    REQUIRE(read_only.unreadable().has_value());
+    CHECK(read_only.unreadable()->find("not a flashgen database") != std::string::npos);
   }
   TuningStore store(foreign);
   CHECK(damaged_files(dir.path()).size() == 1);
