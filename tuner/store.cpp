@@ -696,6 +696,10 @@ void TuningStore::record(const DeviceFingerprint& device, const ProblemKey& prob
                          const std::vector<CandidateResult>& candidates, const TunedConfig& winner,
                          double winner_ms) {
   FLASHGEN_REQUIRE(!read_only_, "tuning database " + path_.string() + " is open read-only");
+  // What import_json would refuse is not written either: an export of this file must import.
+  FLASHGEN_REQUIRE(std::isfinite(winner_ms) && winner_ms > 0,
+                   "winner of " + problem.id() + ": time " + std::to_string(winner_ms) + " ms is not positive");
+  require_config_matches(winner, problem);
   sqlite3* db = connection(db_);
   const std::string device_id = device.id();
   const std::string problem_id = problem.id();
@@ -703,6 +707,11 @@ void TuningStore::record(const DeviceFingerprint& device, const ProblemKey& prob
   Transaction transaction(db);
   upsert_device(db, device_id, device);
   upsert_problem(db, problem_id, problem);
+  // The pair's rows are this sweep's: a candidate an earlier sweep timed and this one did not would keep a
+  // time measured on another occasion next to the new winner's.
+  Statement stale(db, "DELETE FROM candidates WHERE device_id = ?1 AND problem_id = ?2");
+  stale.bind_text(1, device_id).bind_text(2, problem_id);
+  stale.run();
   Statement candidate(db, kUpsertCandidate);
   for (const CandidateResult& c : candidates) upsert_candidate(candidate, device_id, problem_id, c, now);
   Statement statement(db, R"sql(

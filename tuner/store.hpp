@@ -57,7 +57,9 @@ class TuningStore {
   // copying nothing.
   const std::optional<std::string>& unreadable() const { return unreadable_; }
 
-  // Upserts every candidate row and the winner for (device, problem) in one BEGIN IMMEDIATE transaction.
+  // Replaces the candidate rows of (device, problem) with candidates and upserts the winner, in one BEGIN
+  // IMMEDIATE transaction. Throws Error(kInvalidArgument) for a winner import_json would refuse (a time
+  // that is not positive, a config not of the problem).
   void record(const DeviceFingerprint& device, const ProblemKey& problem,
               const std::vector<CandidateResult>& candidates, const TunedConfig& winner, double winner_ms);
 

@@ -192,11 +192,14 @@ TEST_CASE("record then lookup_exact returns the winner and every candidate", "[t
   CHECK_FALSE(store.lookup_exact(device("NVIDIA H100 80GB HBM3"), p).has_value());
   CHECK_FALSE(store.lookup_exact(h200, problem(8192, 4096)).has_value());
 
-  // Recording again replaces the winner and upserts candidates rather than duplicating them.
+  // Recording again replaces the winner and the candidate rows: this sweep times (64, 64) twice (one row)
+  // and (128, 128) fails; the first sweep's (128, 64) row is gone.
   record_sweep(store, h200, p, 0.75, config(64, 64));
   CHECK(store.lookup_exact(h200, p)->config == config(64, 64));
   CHECK(store.lookup_exact(h200, p)->median_ms == 0.75);
-  CHECK(store.candidates(h200, p).size() == 3);
+  const auto again = store.candidates(h200, p);
+  CHECK(again.size() == 2);
+  for (const CandidateResult& row : again) CHECK(row.config != flashgen::TunedConfig(config(128, 64)));
 }
 
 TEST_CASE("lookup_nearest picks the nearest bucket of the same device and class", "[tuner][store]") {
@@ -418,6 +421,27 @@ TEST_CASE("import rejects documents that are not flashgen tuning exports", "[tun
   // Nothing of the rejected documents was written.
   CHECK(store.winners().empty());
   CHECK(store.export_json()["candidates"].empty());
+}
+
+TEST_CASE("record replaces the pair's candidate rows and refuses what import would", "[tuner][store]") {
+  TempDir dir("flashgen-store");
+  TuningStore store(dir.path() / "tuning.sqlite");
+  record_sweep(store, device(), problem(64, 64), 0.01);
+  REQUIRE(store.candidates(device(), problem(64, 64)).size() == 3);
+  // A second sweep of the pair with one candidate: the first sweep's other rows go.
+  store.record(device(), problem(64, 64), {candidate(config(64, 64), 0.02)}, config(64, 64), 0.02);
+  const auto rows = store.candidates(device(), problem(64, 64));
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0].config == flashgen::TunedConfig(config(64, 64)));
+  CHECK(rows[0].median_ms == 0.02);
+  // Another pair's rows are untouched.
+  record_sweep(store, device(), problem(128, 128), 0.03);
+  CHECK(store.candidates(device(), problem(64, 64)).size() == 1);
+  CHECK_THROWS_WITH(store.record(device(), problem(256, 256), {}, config(128, 64), 0.0),
+                    Catch::Contains("is not positive"));
+  CHECK_THROWS_WITH(store.record(device(), problem(256, 256), {}, config(128, 64, 4, 2, DType::kBFloat16), 0.1),
+                    Catch::Contains("is not one of problem"));
+  CHECK_FALSE(store.lookup_exact(device(), problem(256, 256)).has_value());
 }
 
 TEST_CASE("a file of garbage bytes is moved aside and replaced", "[tuner][store]") {
