@@ -11,11 +11,13 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <utility>
 
 #include "flashgen/error.hpp"
@@ -133,19 +135,29 @@ EntryRead read_entry(const std::filesystem::path& path) {
 }
 
 // Holds an exclusive flock on "<entry>.lock" for its lifetime; locked() is false when the lock file
-// cannot be opened (read-only or missing directory), in which case the caller just does not cache.
+// cannot be opened (read-only or missing directory) or another holder keeps it past kLockWait (a stopped or
+// hung process), in which case the caller just does not cache. A lock file another user made (mode 0644)
+// is opened read-only: flock works on any descriptor.
 class EntryLock {
  public:
+  static constexpr std::chrono::seconds kLockWait{300};
+
   explicit EntryLock(const std::filesystem::path& lock_path) {
     fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) fd_ = ::open(lock_path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) return;
-    int result = 0;
-    do {
-      result = ::flock(fd_, LOCK_EX);
-    } while (result != 0 && errno == EINTR);
-    if (result != 0) {
-      ::close(fd_);
-      fd_ = -1;
+    const auto deadline = std::chrono::steady_clock::now() + kLockWait;
+    while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      if ((errno != EWOULDBLOCK && errno != EINTR) || std::chrono::steady_clock::now() > deadline) {
+        if (errno == EWOULDBLOCK) {
+          std::fprintf(stderr, "flashgen: warning: %s held for over %lld s; compiling without the cache\n",
+                       lock_path.c_str(), static_cast<long long>(kLockWait.count()));
+        }
+        ::close(fd_);
+        fd_ = -1;
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
   ~EntryLock() {
