@@ -81,7 +81,6 @@ std::string arch_label(int arch) {
   return flag.rfind(prefix, 0) == 0 ? flag.substr(prefix.size()) : flag;
 }
 
-// Writes bytes to path (replacing it), or fails with kInternal naming the path.
 // Refuses a directory where a file is meant (what names it: "--db", "output").
 void reject_directory(const fs::path& path, const std::string& what) {
   std::error_code error;

@@ -173,16 +173,11 @@ PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedCont
     const ProblemKey key = forward_problem_key(problem.dtype, problem.head_dim, problem.mask, p.group_size,
                                                p.seqlen_q, p.seqlen_k, int64_t(p.batch) * p.heads_q);
     ForwardChoice choice = choose_forward_config(static_cast<int>(scope.device()), key, launch.arch);
-    // Swept unless the user's database holds this very bucket (a neighbour's winner is only a stand-in).
-    if (tune_on_first_use() && !(choice.source == ChoiceSource::kTuningDatabase && choice.exact_bucket) &&
-        choice.source != ChoiceSource::kTunedOnFirstUse && !stream_capturing(stream)) {
-      std::string failure;
-      if (auto tuned = tune_forward_on_first_use(sweep_problem_of(problem), static_cast<int>(scope.device()),
-                                                 launch.arch, &failure)) {
-        choice = std::move(*tuned);
-      } else {
-        choice.reason += "; tuning on first use failed: " + failure;
-      }
+    if (!stream_capturing(stream)) {
+      apply_tune_on_first_use(choice, [&](std::string* failure) {
+        return tune_forward_on_first_use(sweep_problem_of(problem), static_cast<int>(scope.device()), launch.arch,
+                                         failure);
+      });
     }
     launch.config = choice.config;
     launch.reason = std::move(choice.reason);

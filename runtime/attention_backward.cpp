@@ -204,16 +204,11 @@ PreparedBackward prepare_in_scope(const BackwardProblem& problem, const ScopedCo
                                                 p.group_size, p.seqlen_q, p.seqlen_k, int64_t(p.batch) * p.heads_q);
     const int device = static_cast<int>(scope.device());
     BackwardChoice choice = choose_backward_config(device, key, launch.arch);
-    // Swept unless the user's database holds this very bucket (a neighbour's winner is only a stand-in).
-    if (tune_on_first_use() && !(choice.source == ChoiceSource::kTuningDatabase && choice.exact_bucket) &&
-        choice.source != ChoiceSource::kTunedOnFirstUse && !stream_capturing(stream)) {
-      const BackwardSweepProblem sweep_problem{sweep_problem_of(problem), problem.deterministic};
-      std::string failure;
-      if (auto tuned = tune_backward_on_first_use(sweep_problem, device, launch.arch, &failure)) {
-        choice = std::move(*tuned);
-      } else {
-        choice.reason += "; tuning on first use failed: " + failure;
-      }
+    if (!stream_capturing(stream)) {
+      apply_tune_on_first_use(choice, [&](std::string* failure) {
+        return tune_backward_on_first_use({sweep_problem_of(problem), problem.deterministic}, device, launch.arch,
+                                          failure);
+      });
     }
     choice = with_tma_fallback(problem, std::move(choice), launch.arch);
     launch.config = std::move(choice.config);

@@ -83,9 +83,9 @@ inline constexpr CUdeviceptr kBackwardWorkspaceAlignment = 256;
 PreparedBackward prepare_backward(const BackwardProblem& problem, CUstream stream, const BwdConfig* config = nullptr);
 
 // Launches config (or the built-in choice when null) on stream. With workspace == 0 the workspace is
-// taken from the device's stream-ordered memory pool on stream and given back on it after the last
-// kernel (cuMemAllocAsync / cuMemFreeAsync: no synchronization, and the pool keeps the memory for the
-// next call); otherwise workspace must be device memory of the launch's device, kBackwardWorkspaceAlignment
+// taken from the device's current stream-ordered memory pool on stream and given back on it after the last
+// kernel (cuMemAllocAsync / cuMemFreeAsync: no synchronization; the pool's release threshold decides
+// whether it keeps the memory for the next call); otherwise workspace must be device memory of the launch's device, kBackwardWorkspaceAlignment
 // aligned, hold workspace_bytes bytes and stay untouched until the kernels have run.
 BackwardLaunch launch_backward(const BackwardProblem& problem, CUstream stream, const BwdConfig* config = nullptr,
                                CUdeviceptr workspace = 0, size_t workspace_bytes = 0);

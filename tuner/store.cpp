@@ -212,15 +212,18 @@ static_assert(std::size(kMigrations) == TuningStore::kSchemaVersion, "one migrat
 // Brings the schema to kSchemaVersion. Runs in one BEGIN IMMEDIATE transaction and re-reads the version
 // inside it, so processes opening a new file at once migrate it exactly once. Returns why the file is
 // not a flashgen database (version 0 but already holding tables), or nullopt.
+// Whether the file holds any table (a version-0 file that does is another program's database).
+bool holds_tables(sqlite3* db) {
+  Statement tables(db, "SELECT count(*) FROM sqlite_master");
+  return tables.step() && tables.integer(0) > 0;
+}
+
 std::optional<std::string> migrate(sqlite3* db) {
   Transaction transaction(db);
   const int version = user_version(db);
   if (version >= TuningStore::kSchemaVersion) return std::nullopt;  // another process got here first
-  if (version == 0) {
-    Statement tables(db, "SELECT count(*) FROM sqlite_master");
-    if (tables.step() && tables.integer(0) > 0)
-      return std::string("user_version 0 but the file already holds tables: not a flashgen database");
-  }
+  if (version == 0 && holds_tables(db))
+    return std::string("user_version 0 but the file already holds tables: not a flashgen database");
   for (int v = version; v < TuningStore::kSchemaVersion; ++v) kMigrations[v](db);
   exec(db, "PRAGMA user_version = " + std::to_string(TuningStore::kSchemaVersion));
   transaction.commit();
@@ -628,8 +631,7 @@ TuningStore::TuningStore(std::filesystem::path path, bool read_only)
       const int version = user_version(db.get());
       if (version > kSchemaVersion) throw_newer_version(path_, version);
       if (version == 0) {  // empty (a new file), or another program's database
-        Statement tables(db.get(), "SELECT count(*) FROM sqlite_master");
-        if (tables.step() && tables.integer(0) > 0) {
+        if (holds_tables(db.get())) {
           unreadable_ = "not a flashgen database (user_version 0 but it holds tables)";
           std::fprintf(stderr, "flashgen: warning: tuning database %s is not a flashgen database; reading it as empty\n",
                        path_.c_str());
@@ -637,14 +639,12 @@ TuningStore::TuningStore(std::filesystem::path path, bool read_only)
         return;
       }
       if (version < kSchemaVersion) {
-        if (version > 0) {
-          unreadable_ = "schema version " + std::to_string(version) + ", older than " +
-                        std::to_string(kSchemaVersion) + " (open it read-write once to migrate it)";
-          std::fprintf(stderr,
-                       "flashgen: warning: tuning database %s has schema version %d and is open read-only, "
-                       "so it cannot be migrated to %d; reading it as empty\n",
-                       path_.c_str(), version, kSchemaVersion);
-        }
+        unreadable_ = "schema version " + std::to_string(version) + ", older than " +
+                      std::to_string(kSchemaVersion) + " (open it read-write once to migrate it)";
+        std::fprintf(stderr,
+                     "flashgen: warning: tuning database %s has schema version %d and is open read-only, "
+                     "so it cannot be migrated to %d; reading it as empty\n",
+                     path_.c_str(), version, kSchemaVersion);
         return;
       }
       db_ = db.release();
