@@ -86,6 +86,11 @@ struct FwdSm90 {
   static constexpr unsigned kTurnBarrier = 5;
   static_assert(kGroups * kConsumers < kTurnBarrier && kTurnBarrier + 2 * kGroups <= 16, "hardware barrier ids");
 
+  // The ping-pong turn of consumer c of group g: synced by c, arrived at by the other consumer.
+  static __device__ unsigned turn_barrier(int group, int consumer) {
+    return kTurnBarrier + 2 * static_cast<unsigned>(group) + static_cast<unsigned>(consumer);
+  }
+
   static __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
 
   struct Barriers {
@@ -304,9 +309,20 @@ struct FwdSm90 {
       const int group = kGroups == 1 ? 0 : (sm90::warpgroup_index() - 1) / kConsumers;
       const u32 smem = smem_base + group * kGroupStride;
       const Barriers bars{smem + kBarrierOffset};
+      // Ping-pong turns run on across tiles: consumer 0 takes the first turn of the walk, and its first
+      // turn of a tile follows consumer 1's last turn of the tile before, so it issues its next S while
+      // consumer 1 still finishes the last block and stores its output.
+      const int consumer = (sm90::warpgroup_index() - 1) % kConsumers;  // within its group
+      if constexpr (Cfg::kPingPong) {
+        if (consumer == 1) sm90::named_barrier_arrive(turn_barrier(group, 0), 256);
+      }
       consume_tiles(params, group, bars, [&](const Tile& tile, int k, int first_block) {
         consume(params, tile, k, first_block, smem, bars);
       });
+      // Balance the turn barriers: consumer 1's last hand-over (or its first, with no key block) is taken here.
+      if constexpr (Cfg::kPingPong) {
+        if (consumer == 0) sm90::named_barrier_sync(turn_barrier(group, 0), 256);
+      }
       if (threadIdx.x % 128 == 0) sm90::tma_store_wait_all();  // the last output is in global memory
     }
   }
@@ -589,17 +605,13 @@ struct FwdSm90 {
 
     // Ping-pong (two consumers): each warpgroup issues its products only in its turn and hands the turn
     // over right after, so one warpgroup's softmax runs while the other's products keep the tensor cores
-    // busy. Turn barrier of consumer c: hardware barrier turn + c, synced by c and arrived at by the other.
-    const unsigned turn = kTurnBarrier + 2 * group;
+    // busy. Consumer 0 takes the first turn of the walk (run()).
     auto wait_turn = [&] {
-      if constexpr (Cfg::kPingPong) sm90::named_barrier_sync(turn + consumer, 256);
+      if constexpr (Cfg::kPingPong) sm90::named_barrier_sync(turn_barrier(group, consumer), 256);
     };
     auto pass_turn = [&] {
-      if constexpr (Cfg::kPingPong) sm90::named_barrier_arrive(turn + (1 - consumer), 256);
+      if constexpr (Cfg::kPingPong) sm90::named_barrier_arrive(turn_barrier(group, 1 - consumer), 256);
     };
-    if constexpr (Cfg::kPingPong) {
-      if (consumer == 1) sm90::named_barrier_arrive(turn, 256);  // consumer 0 goes first
-    }
 
     float acc_s[kSGroups][4];
     u32 p_frag[kPSteps][4];
@@ -659,11 +671,6 @@ struct FwdSm90 {
       if constexpr (kTensorSum) sm90::pin_registers(acc_l);
       release_kv(bars.v_empty(slot(tile.n_blocks - 1)));
     }
-    // Balance the turn barriers: consumer 1's last hand-over (or its first, with no key block) is taken here.
-    if constexpr (Cfg::kPingPong) {
-      if (consumer == 0) sm90::named_barrier_sync(turn, 256);
-    }
-
     // Epilogue: normalise, write LSE, stage O in this consumer's output rows (its Q rows unless kOwnO; same
     // swizzled layout), TMA store.
 #pragma unroll
