@@ -182,6 +182,7 @@ struct FwdSm90 {
   }
 
   // This group's place among the walkers of the persistent tile list, and how many there are.
+  static_assert(kCluster == 1 || kGroups == 1, "walker() numbers the walkers of clusters or of groups, not both");
   static __device__ int walker(int group) { return group * gridDim.x + blockIdx.x / kCluster; }
   static __device__ int walkers() { return gridDim.x / kCluster * kGroups; }
 
@@ -319,7 +320,8 @@ struct FwdSm90 {
       consume_tiles(params, group, bars, [&](const Tile& tile, int k, int first_block) {
         consume(params, tile, k, first_block, smem, bars);
       });
-      // Balance the turn barriers: consumer 1's last hand-over (or its first, with no key block) is taken here.
+      // Balance the turn barriers: consumer 1's last hand-over (its opening one, when the walk saw no key
+      // block) is taken here.
       if constexpr (Cfg::kPingPong) {
         if (consumer == 0) sm90::named_barrier_sync(turn_barrier(group, 0), 256);
       }
