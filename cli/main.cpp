@@ -56,12 +56,20 @@
 #include "store.hpp"
 #include "sweep.hpp"
 #include "table.hpp"
+#include "tensor_checks.hpp"
 
 namespace flashgen::cli {
 namespace {
 
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
+
+// JSON text for output: bytes that are not UTF-8 (a path or a name from the command line, a stored
+// detail) become U+FFFD instead of an exception.
+std::string json_text(const Json& j, int indent = 2) {
+  return j.dump(indent, ' ', false, Json::error_handler_t::replace);
+}
+void print_json(const Json& j) { std::cout << json_text(j) << '\n'; }
 using Clock = std::chrono::steady_clock;
 
 // The architectures `compile` and `demo` compile for by default.
@@ -105,6 +113,7 @@ void write_file(const std::string& path, const std::string& bytes) {
     if (!std::cout) fail(Status::kInternal, "cannot write to standard output");
     return;
   }
+  if (path.empty()) fail(Status::kInvalidArgument, "the output path is empty");
   reject_directory(path, "output");
   std::error_code error;
   const fs::file_status status = fs::status(path, error);
@@ -309,7 +318,7 @@ int command_info(const Args& args) {
       j["gpus"].push_back({{"index", gpu.index}, {"name", gpu.name}, {"sm", gpu.sm}, {"sm_count", gpu.sm_count},
                            {"memory_bytes", gpu.memory_bytes}});
     if (!have_gpu) j["no_gpu_reason"] = no_gpu_reason;
-    std::cout << j.dump(2) << '\n';
+    print_json(j);
     return 0;
   }
 
@@ -629,7 +638,7 @@ int command_compile(const Args& args) {
     if (sass) o.sass = disassemble_cubin(o.kernel->cubin);
   }
   if (args.has("json")) {
-    std::cout << compile_outcomes_json(outcomes).dump(2) << '\n';
+    print_json(compile_outcomes_json(outcomes));
     return std::all_of(outcomes.begin(), outcomes.end(), [](const CompileOutcome& o) { return o.ok; }) ? 0 : 1;
   }
   print_compile_table(outcomes, std::cout);
@@ -1163,6 +1172,13 @@ void check_host_memory(const RunOptions& o) {
   }
 }
 
+// A --config the library would refuse on every GPU: one not of the problem (dtype, head_dim, mask) or invalid
+// on sm_90, whose limits are the widest of the GPUs either family runs on (the GPU's own come at launch).
+template <class Config>
+void check_config_anywhere(const Config& config, DType dtype, int head_dim, MaskKind mask) {
+  check_requested_config(config, dtype, head_dim, mask, 90);
+}
+
 // The library's own checks of the problem and the --config name, on placeholder addresses (never read), so a
 // bad argument is reported as one (exit 2) before the GPU is looked for.
 void check_run_problem(const RunOptions& o) {
@@ -1177,11 +1193,13 @@ void check_run_problem(const RunOptions& o) {
     const flashgen_tensor dout = placeholder(4, o.seqlen_q, o.heads_q), dq = placeholder(5, o.seqlen_q, o.heads_q),
                           dk = placeholder(6, o.seqlen_k, o.heads_kv), dv = placeholder(7, o.seqlen_k, o.heads_kv);
     const float* lse = reinterpret_cast<const float*>(uintptr_t{1} << 28);
-    make_backward_problem(&q, &k, &v, &out, &dout, lse, &dq, &dk, &dv, &options);
-    if (o.config_name) BwdConfig::from_name(*o.config_name);
+    const BackwardProblem problem = make_backward_problem(&q, &k, &v, &out, &dout, lse, &dq, &dk, &dv, &options);
+    if (o.config_name) check_config_anywhere(BwdConfig::from_name(*o.config_name), problem.dtype, problem.head_dim,
+                                             problem.mask);
   } else {
-    make_forward_problem(&q, &k, &v, &out, nullptr, &options);
-    if (o.config_name) KernelConfig::from_name(*o.config_name);
+    const ForwardProblem problem = make_forward_problem(&q, &k, &v, &out, nullptr, &options);
+    if (o.config_name) check_config_anywhere(KernelConfig::from_name(*o.config_name), problem.dtype, problem.head_dim,
+                                             problem.mask);
   }
 }
 
@@ -1192,7 +1210,7 @@ int command_run(const Args& args) {
   std::string why;
   if (!driver_available(&why)) fail(Status::kNoDevice, "run needs a GPU: " + why);
   const RunReport report = run_problem(options);
-  if (args.has("json")) std::cout << run_report_json(report).dump(2) << '\n';
+  if (args.has("json")) print_json(run_report_json(report));
   else print_run_report(report, std::cout);
   return report.check.pass() ? 0 : 1;
 }
@@ -1253,6 +1271,22 @@ Command db_command() {
 }
 
 // One stored winner as `db list --json` prints it.
+// A database the command writes: a damaged file or another program's database would be moved aside to
+// start a fresh one, which the library does for its own default file but a command naming it should not.
+void refuse_unusable_output(const fs::path& path, const std::string& consequence) {
+  if (auto why = TuningStore::why_unusable(path))
+    fail(Status::kInvalidArgument, "'" + path.string() + "' is " + *why + "; " + consequence +
+                                       " (move it away or name another file)");
+}
+
+// --db, else the default database.
+fs::path db_path_of(const Args& args) {
+  if (!args.has("db")) return TuningStore::default_path();
+  const std::string path = args.string_or("db", "");
+  if (path.empty()) throw UsageError("--db needs a file path", args.usage());
+  return path;
+}
+
 Json choice_json(const StoredChoice& choice) {
   return {{"device", choice.device.id()},
           {"problem", choice.problem.id()},
@@ -1288,7 +1322,7 @@ int command_db(const Args& args) {
   const std::string action = args.positionals[0];
   const std::vector<std::string> operands(args.positionals.begin() + 1, args.positionals.end());
   const bool json = args.has("json");
-  const fs::path db_path = args.has("db") ? fs::path(args.string_or("db", "")) : TuningStore::default_path();
+  const fs::path db_path = db_path_of(args);
 
   // Each option belongs to one action; anything else is a mistake worth reporting.
   auto allow = [&](const std::vector<std::string>& options) {
@@ -1303,6 +1337,8 @@ int command_db(const Args& args) {
   reject_directory(db_path, "--db");
   // The database read-only, refused when damaged rather than read as empty (a missing one is empty).
   auto readable = [&] {
+    if (auto why = TuningStore::why_unusable(db_path))
+      fail(Status::kInvalidArgument, "tuning database " + db_path.string() + " is " + *why);
     auto store = std::make_unique<TuningStore>(db_path, true);
     if (store->unreadable())
       fail(Status::kInvalidArgument, "tuning database " + db_path.string() + " is " + *store->unreadable());
@@ -1316,7 +1352,7 @@ int command_db(const Args& args) {
     if (json) {
       Json array = Json::array();
       for (const StoredChoice& w : winners) array.push_back(choice_json(w));
-      std::cout << array.dump(2) << '\n';
+      print_json(array);
     } else if (winners.empty()) {
       std::cout << "no tuning results in " << db_path.string() << '\n';
     } else {
@@ -1352,27 +1388,33 @@ int command_db(const Args& args) {
                    first_line(c.detail)});
       table.print(std::cout);
     }
-    if (json) std::cout << array.dump(2) << '\n';
+    if (json) print_json(array);
     else if (matched == 0) std::cout << "no stored problem matches '" << operands[0] << "' in " << db_path.string() << '\n';
     return 0;
   }
   if (action == "export") {
     allow({"output"});
     operand_count(0, 0, "no arguments (write to a file with -o FILE)");
-    const std::string text = readable()->export_json().dump(2) + "\n";
+    const std::string text = json_text(readable()->export_json()) + "\n";
     if (!args.has("output")) {
       std::cout << text;
       return 0;
     }
-    write_file(args.string_or("output", ""), text);
+    const std::string output = args.string_or("output", "");
+    std::error_code error;
+    if (fs::equivalent(output, db_path, error))
+      fail(Status::kInvalidArgument, "-o '" + output + "' is the database being exported");
+    write_file(output, text);
     return 0;
   }
   if (action == "import") {
     allow({});
     operand_count(1, 1, "one JSON file (or - for stdin)");
     const Json data = read_json_file(operands[0]);
+    winners_from_export(data, operands[0]);  // a document import would refuse creates no database either
+    refuse_unusable_output(db_path, "nothing was imported");
     const int changed = TuningStore(db_path).import_json(data);
-    if (json) std::cout << Json{{"db", db_path.string()}, {"winners_added_or_replaced", changed}}.dump(2) << '\n';
+    if (json) print_json({{"db", db_path.string()}, {"winners_added_or_replaced", changed}});
     else std::cout << changed << " winners added or replaced in " << db_path.string() << '\n';
     return 0;
   }
@@ -1385,19 +1427,21 @@ int command_db(const Args& args) {
     std::vector<Json> inputs;
     for (size_t i = 1; i < operands.size(); ++i) {
       if (!fs::exists(operands[i])) fail(Status::kInvalidArgument, "no database file '" + operands[i] + "'");
+      if (auto why = TuningStore::why_unusable(operands[i]))
+        fail(Status::kInvalidArgument, "database file '" + operands[i] + "' is " + *why + "; nothing was merged");
       const TuningStore input(operands[i], true);
       if (input.unreadable())
         fail(Status::kInvalidArgument, "database file '" + operands[i] + "' is " + *input.unreadable() +
                                            "; nothing was merged");
       inputs.push_back(input.export_json());
     }
+    refuse_unusable_output(operands[0], "nothing was merged");
     TuningStore out(operands[0]);
     int changed = 0;
     for (const Json& input : inputs) changed += out.import_json(input);
     if (json) {
       const std::vector<std::string> inputs(operands.begin() + 1, operands.end());
-      std::cout << Json{{"db", operands[0]}, {"inputs", inputs}, {"winners_added_or_replaced", changed}}.dump(2)
-                << '\n';
+      print_json({{"db", operands[0]}, {"inputs", inputs}, {"winners_added_or_replaced", changed}});
     } else {
       std::cout << "merged " << operands.size() - 1 << " files into " << operands[0] << ": " << changed
                 << " winners added or replaced\n";
@@ -1421,8 +1465,7 @@ int command_db(const Args& args) {
     const int removed = store.prune(device, problem_class);
     const size_t winners_removed = winners_before - store.winners().size();
     if (json)
-      std::cout << Json{{"db", db_path.string()}, {"removed", removed}, {"winners_removed", winners_removed}}.dump(2)
-                << '\n';
+      print_json({{"db", db_path.string()}, {"removed", removed}, {"winners_removed", winners_removed}});
     else
       std::cout << "removed " << removed << " rows (" << winners_removed << " winners) from " << db_path.string()
                 << '\n';
@@ -1523,16 +1566,22 @@ Json problem_json(const TuneProblem& p) {
           {"seqlen_q", p.seqlen_q}, {"seqlen_k", p.seqlen_k}};
 }
 
-// Why no kernel family takes the problem's head_dim (checked against the sm80 family, which every
-// supported GPU runs), or nullopt: a sweep would stop at such a problem, so the dry run says it too.
+// Why the library refuses the problem (its sizes, as `run` checks them) or no kernel family takes its
+// head_dim (checked against the sm80 family, which every supported GPU runs), or nullopt: a sweep would
+// stop at such a problem, so the dry run says it too.
 std::optional<std::string> untunable(const TuneProblem& p) {
   const MaskKind mask = p.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
+  RunOptions as_run;
+  as_run.batch = p.batch, as_run.seqlen_q = p.seqlen_q, as_run.seqlen_k = p.seqlen_k;
+  as_run.heads_q = p.heads_q, as_run.heads_kv = p.heads_kv, as_run.head_dim = p.head_dim, as_run.dtype = p.dtype;
+  as_run.causal = causal_text(p.mask), as_run.backward = p.backward, as_run.deterministic = p.deterministic;
   try {
     if (p.backward) {
       heuristic_backward_configs(p.dtype, p.head_dim, mask, p.deterministic, 80);
     } else {
       heuristic_forward_configs(p.dtype, p.head_dim, mask, 80);
     }
+    check_run_problem(as_run);
   } catch (const Error& e) {
     return std::string(e.what());
   }
@@ -1928,16 +1977,23 @@ int supervise_workers(const Args& args, const std::vector<TuneProblem>& problems
       if (json) plan.push_back({{"device", devices[j]}, {"problems", mine}});
       else std::cout << format("GPU %d: %zu problems\n", devices[j], mine.size());
     }
-    if (json) std::cout << Json{{"db", db.string()}, {"workers", plan}}.dump(2) << '\n';
+    if (json) print_json({{"db", db.string()}, {"workers", plan}});
     return 0;
   }
+  // Before any file is made: a GPU, and every ordinal named on this machine.
+  std::string why;
+  if (!driver_available(&why)) fail(Status::kNoDevice, "tune --devices needs a GPU: " + why);
+  int count = 0;
+  FLASHGEN_CU_CHECK(cuDeviceGetCount(&count));
+  for (int device : devices)
+    if (device >= count) fail(Status::kInvalidArgument, format("--devices names GPU %d; %d visible", device, count));
   fs::path work = db;
   work += ".workers";
   fs::create_directories(work);
   Json spec_problems = Json::array();
   for (const TuneProblem& p : problems) spec_problems.push_back(problem_json(p));
   const fs::path spec = work / "spec.json";
-  std::ofstream(spec) << Json{{"problems", spec_problems}}.dump(1) << '\n';
+  std::ofstream(spec) << json_text({{"problems", spec_problems}}, 1) << '\n';
   const std::string exe = fs::read_symlink("/proc/self/exe").string();
 
   struct Worker {
@@ -2022,10 +2078,8 @@ int supervise_workers(const Args& args, const std::vector<TuneProblem>& problems
   }
   if (failed.empty()) fs::remove_all(work);
   if (json) {
-    std::cout << Json{{"db", db.string()}, {"devices", devices}, {"problems", problems.size()},
-                      {"winners_merged", merged}, {"crashes", crashes}, {"failed_workers", failed}}
-                     .dump(2)
-              << '\n';
+    print_json({{"db", db.string()}, {"devices", devices}, {"problems", problems.size()},
+                {"winners_merged", merged}, {"crashes", crashes}, {"failed_workers", failed}});
   } else {
     std::cout << format("%zu problems on %zu GPUs: %d winners merged into %s; %zu candidate crashes isolated%s\n",
                         problems.size(), m, merged, db.string().c_str(), crashes.size(),
@@ -2079,7 +2133,7 @@ int command_tune(const Args& args) {
   std::vector<TuneProblem> mine;
   for (size_t i = static_cast<size_t>(shard.index); i < spec.problems.size(); i += static_cast<size_t>(shard.count))
     mine.push_back(spec.problems[i]);
-  const fs::path base_db = args.has("db") ? fs::path(args.string_or("db", "")) : TuningStore::default_path();
+  const fs::path base_db = db_path_of(args);
   // A worker of --devices writes the file its supervisor named and merges; only a shard of its own is renamed.
   const fs::path db_path = args.has("worker") ? base_db : shard_db_path(base_db, shard);
   reject_directory(db_path, "--db");
@@ -2116,12 +2170,10 @@ int command_tune(const Args& args) {
         entry["candidates"] = names;
         problems.push_back(entry);
       }
-      std::cout << Json{{"shard", {{"index", shard.index}, {"count", shard.count}, {"source", shard.source}}},
-                        {"db", db_path.string()},
-                        {"max_candidates", max_candidates},
-                        {"problems", problems}}
-                       .dump(2)
-                << '\n';
+      print_json({{"shard", {{"index", shard.index}, {"count", shard.count}, {"source", shard.source}}},
+                  {"db", db_path.string()},
+                  {"max_candidates", max_candidates},
+                  {"problems", problems}});
     } else {
       std::cout << format("shard %d of %d%s: %zu of %zu problems into %s\n", shard.index, shard.count,
                           shard.source.empty() ? "" : (" (from " + shard.source + ")").c_str(), mine.size(),
@@ -2148,7 +2200,7 @@ int command_tune(const Args& args) {
                                 context, worker, named));
   }
   if (worker.journal) std::ofstream(*worker.journal, std::ios::trunc);
-  if (json) std::cout << (args.has("spec") || results.empty() ? results : results.front()).dump(2) << '\n';
+  if (json) print_json(args.has("spec") || results.empty() ? results : results.front());
   return 0;
 }
 
@@ -2208,6 +2260,10 @@ int dispatch(const std::vector<std::string>& words) {
   }
   if (words[0] == "help") {
     if (words.size() > 2) throw UsageError("help takes one command name", top_usage());
+    if (words[1] == "--help" || words[1] == "-h") {
+      std::cout << top_usage();
+      return 0;
+    }
     const Subcommand* sub = find_subcommand(words[1]);
     if (!sub) throw UsageError("unknown command '" + words[1] + "'", top_usage());
     std::cout << sub->command.usage();
@@ -2264,7 +2320,7 @@ bool wants_json(const std::vector<std::string>& words) {
 int report_failure(bool json, Status status, const std::string& message, const std::string& usage = "") {
   std::cerr << "flashgen: error: " << message << '\n';
   if (!usage.empty()) std::cerr << '\n' << usage;
-  if (json) std::cout << Json{{"error", message}, {"status", status_name(status)}}.dump(2) << '\n';
+  if (json) print_json({{"error", message}, {"status", status_name(status)}});
   return exit_code_for(status);
 }
 
@@ -2277,7 +2333,11 @@ int main(int argc, char** argv) {
   const std::vector<std::string> words(argv + 1, argv + argc);
   const bool json = wants_json(words);
   try {
-    return dispatch(words);
+    const int code = dispatch(words);
+    // What the command printed must have reached its reader (a full disk, a closed pipe): else it failed.
+    std::cout.flush();
+    if (!std::cout) throw flashgen::Error(Status::kInternal, "cannot write to standard output");
+    return code;
   } catch (const UsageError& error) {  // exit 2
     return report_failure(json, Status::kInvalidArgument, error.what(), error.usage());
   } catch (const flashgen::Error& error) {

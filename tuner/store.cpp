@@ -15,11 +15,15 @@
 #include <ctime>
 #include <iterator>
 #include <map>
+#include <limits>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <system_error>
 #include <thread>
 #include <utility>
+#include <variant>
 
 #include "flashgen/error.hpp"
 
@@ -209,14 +213,15 @@ using Migration = void (*)(sqlite3*);
 constexpr Migration kMigrations[] = {migrate_0_to_1};
 static_assert(std::size(kMigrations) == TuningStore::kSchemaVersion, "one migration step per schema version");
 
-// Brings the schema to kSchemaVersion. Runs in one BEGIN IMMEDIATE transaction and re-reads the version
-// inside it, so processes opening a new file at once migrate it exactly once. Returns why the file is
-// not a flashgen database (version 0 but already holding tables), or nullopt.
 // Whether the file holds any table (a version-0 file that does is another program's database).
 bool holds_tables(sqlite3* db) {
   Statement tables(db, "SELECT count(*) FROM sqlite_master");
   return tables.step() && tables.integer(0) > 0;
 }
+
+// Brings the schema to kSchemaVersion. Runs in one BEGIN IMMEDIATE transaction and re-reads the version
+// inside it, so processes opening a new file at once migrate it exactly once. Returns why the file is
+// not a flashgen database (version 0 but already holding tables), or nullopt.
 
 std::optional<std::string> migrate(sqlite3* db) {
   Transaction transaction(db);
@@ -458,12 +463,31 @@ json problem_json(const std::string& id, const ProblemKey& p) {
           {"batch_heads_bucket", p.batch_heads_bucket}};
 }
 
+// An integer field within [lo, hi] (a plain get<int>() would wrap larger numbers silently).
+int int_field(const json& j, const char* key, int64_t lo, int64_t hi) {
+  const json& value = j.at(key);
+  FLASHGEN_REQUIRE(value.is_number_integer(), std::string(key) + " must be an integer, got " + value.dump());
+  const int64_t v = value.get<int64_t>();
+  FLASHGEN_REQUIRE(v >= lo && v <= hi, std::string(key) + " must be from " + std::to_string(lo) + " to " +
+                                           std::to_string(hi) + ", got " + value.dump());
+  return static_cast<int>(v);
+}
+
+// A finite number of at least lo (spreads, failed candidates' times).
+double real_field(const json& j, const char* key, double lo) {
+  const double v = j.at(key).get<double>();
+  FLASHGEN_REQUIRE(std::isfinite(v) && v >= lo, std::string(key) + " must be a finite number of at least " +
+                                                   std::to_string(lo) + ", got " + j.at(key).dump());
+  return v;
+}
+
 DeviceFingerprint device_from_json(const json& j) {
+  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
   DeviceFingerprint d;
   d.gpu_name = j.at("gpu_name").get<std::string>();
-  d.sm = j.at("sm").get<int>();
-  d.sm_count = j.at("sm_count").get<int>();
-  d.driver_version = j.at("driver_version").get<int>();
+  d.sm = int_field(j, "sm", 10, 999);
+  d.sm_count = int_field(j, "sm_count", 0, kIntMax);
+  d.driver_version = int_field(j, "driver_version", 0, kIntMax);
   d.nvrtc_version = j.at("nvrtc_version").get<std::string>();
   d.generator_version = j.at("generator_version").get<std::string>();
   return d;
@@ -475,15 +499,15 @@ ProblemKey problem_from_json(const json& j) {
   ProblemKey p;
   p.family = j.at("family").get<std::string>();
   p.dtype = parse_dtype(j.at("dtype").get<std::string>());
-  p.head_dim = j.at("head_dim").get<int>();
+  p.head_dim = int_field(j, "head_dim", 8, 256);
+  FLASHGEN_REQUIRE(p.head_dim % 8 == 0, "problem head_dim must be a multiple of 8, got " + std::to_string(p.head_dim));
   p.mask = parse_mask(j.at("mask").get<std::string>());
-  p.gqa_ratio = j.at("gqa_ratio").get<int>();
+  p.gqa_ratio = int_field(j, "gqa_ratio", 1, std::numeric_limits<int>::max());
   p.seqlen_q_bucket = j.at("seqlen_q_bucket").get<int64_t>();
   p.seqlen_k_bucket = j.at("seqlen_k_bucket").get<int64_t>();
   p.batch_heads_bucket = j.at("batch_heads_bucket").get<int64_t>();
   FLASHGEN_REQUIRE(p.family == "fwd" || p.family == "bwd" || p.family == "bwd_det",
                    "problem family must be fwd, bwd or bwd_det, got '" + p.family + "'");
-  FLASHGEN_REQUIRE(p.gqa_ratio >= 1, "problem gqa_ratio must be at least 1, got " + std::to_string(p.gqa_ratio));
   for (const auto& [name, bucket] : {std::pair{"seqlen_q_bucket", p.seqlen_q_bucket},
                                      std::pair{"seqlen_k_bucket", p.seqlen_k_bucket},
                                      std::pair{"batch_heads_bucket", p.batch_heads_bucket}}) {
@@ -498,6 +522,13 @@ double median_from_json(const json& row) {
   const double median = row.at("median_ms").get<double>();
   FLASHGEN_REQUIRE(std::isfinite(median) && median > 0, "median_ms must be positive, got " + row.at("median_ms").dump());
   return median;
+}
+
+// A winner's config must be a kernel the generator can build: valid on sm_90, whose limits are the widest
+// of the GPUs either family runs on (the run-time choice checks the GPU's own).
+void require_buildable(const TunedConfig& tuned) {
+  const std::optional<std::string> why = std::visit([](const auto& c) { return c.invalid_reason(90); }, tuned);
+  FLASHGEN_REQUIRE(!why, "config " + config_name(tuned) + " is not a valid config: " + why.value_or(""));
 }
 
 // A winner's config must be of the problem's pass, dtype, head_dim and mask: the run-time choice would
@@ -547,6 +578,7 @@ ImportedRows parse_import(const json& data) {
                        " is not supported; this flashgen reads version " + std::to_string(kExportVersion));
   ImportedRows rows;
   std::map<std::string, std::string> device_ids, problem_ids;  // id in the file -> id() here
+  std::set<std::pair<std::string, std::string>> winner_pairs;  // (device, problem) of the winners so far
   const char* section = "devices";
   size_t index = 0;
   auto resolve = [&](const std::map<std::string, std::string>& ids, const json& row, const char* key) {
@@ -578,10 +610,11 @@ ImportedRows parse_import(const json& data) {
       c.device_id = resolve(device_ids, row, "device_id");
       c.problem_id = resolve(problem_ids, row, "problem_id");
       c.result.config = row.at("config").get<TunedConfig>();
+      require_config_matches(c.result.config, rows.problems.at(c.problem_id));
       c.result.status = row.at("status").get<std::string>();
-      c.result.median_ms = row.at("median_ms").get<double>();
-      c.result.spread = row.at("spread").get<double>();
-      c.result.samples = row.at("samples").get<int>();
+      c.result.median_ms = c.result.status == "ok" ? median_from_json(row) : real_field(row, "median_ms", 0);
+      c.result.spread = real_field(row, "spread", 0);
+      c.result.samples = int_field(row, "samples", 0, std::numeric_limits<int>::max());
       c.result.detail = row.at("detail").get<std::string>();
       c.updated_at = row.value("updated_at", now);
       rows.candidates.push_back(std::move(c));
@@ -594,6 +627,9 @@ ImportedRows parse_import(const json& data) {
       w.problem_id = resolve(problem_ids, row, "problem_id");
       w.config = row.at("config").get<TunedConfig>();
       require_config_matches(w.config, rows.problems.at(w.problem_id));
+      require_buildable(w.config);
+      FLASHGEN_REQUIRE(winner_pairs.insert({w.device_id, w.problem_id}).second,
+                       "a second winner of problem " + w.problem_id + " on device " + w.device_id);
       w.median_ms = median_from_json(row);
       w.updated_at = row.value("updated_at", now);
       rows.winners.push_back(std::move(w));
@@ -670,6 +706,15 @@ TuningStore::TuningStore(std::filesystem::path path, bool read_only)
       fail(Status::kInternal, "new tuning database " + path_.string() + " is unusable: " + *again);
   }
   db_ = db.release();
+}
+
+std::optional<std::string> TuningStore::why_unusable(const std::filesystem::path& path) {
+  if (!fs::exists(path)) return std::nullopt;
+  Connection db = open_connection(path, SQLITE_OPEN_READONLY);
+  if (auto damage = find_damage(db.get())) return "damaged (" + *damage + ")";
+  if (user_version(db.get()) == 0 && holds_tables(db.get()))
+    return std::string("not a flashgen database (user_version 0 but it holds tables)");
+  return std::nullopt;
 }
 
 TuningStore::~TuningStore() {

@@ -18,7 +18,7 @@ namespace flashgen {
 // Outcome of one candidate in a sweep.
 struct CandidateResult {
   TunedConfig config;
-  std::string status = "ok";  // "ok", "compile_error", "launch_error", "wrong_result", "spills", "skipped"
+  std::string status = "ok";  // "ok", "compile_error", "launch_error", "wrong_result", "crashed", "skipped"
   double median_ms = 0;       // meaningful when status == "ok"
   double spread = 0;          // (p90 - p10) / median
   int samples = 0;
@@ -51,6 +51,11 @@ class TuningStore {
   static constexpr int kSchemaVersion = 1;
 
   const std::filesystem::path& path() const { return path_; }
+
+  // Why the file at path could not be opened as a flashgen database without being moved aside: damaged, or
+  // another program's database; nullopt for a missing file, a sound one or one of an older schema (which
+  // opening it read-write migrates). Prints nothing; an I/O or permission failure throws.
+  static std::optional<std::string> why_unusable(const std::filesystem::path& path);
 
   // Read-only stores: why an existing file reads as empty (damaged, unreadable, an older schema that
   // cannot be migrated read-only), or nullopt. Commands that copy a database use it to refuse instead of

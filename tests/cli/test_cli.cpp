@@ -175,6 +175,17 @@ TEST_CASE("cli: compile --sass prints the SASS, or says why it cannot", "[cli][n
   }
 }
 
+TEST_CASE("cli: output that cannot be written fails the command", "[cli]") {
+  if (!fs::exists("/dev/full")) {
+    WARN("skipped: no /dev/full");
+    return;
+  }
+  const std::string command = std::string(FLASHGEN_CLI_PATH) + " emit " + kConfigName + " > /dev/full 2>/dev/null";
+  const int status = std::system(command.c_str());
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 1);
+}
+
 TEST_CASE("cli: failures under --json print one JSON error object", "[cli]") {
   const TempDir dir{"flashgen-cli-test"};
   SECTION("a usage error exits 2 with status invalid_argument") {
@@ -211,12 +222,29 @@ TEST_CASE("cli: failures under --json print one JSON error object", "[cli]") {
   SECTION("run refuses a bad problem or config name before looking for a GPU") {
     for (const std::vector<std::string>& words :
          {std::vector<std::string>{"run", "--head-dim", "100"}, {"run", "--heads-kv", "5"}, {"run", "--config", "x"},
-          {"run", "--backward", "--config", "fwd_sm90_fp16_d128_m128_n128_s2"}}) {
+          {"run", "--backward", "--config", "fwd_sm90_fp16_d128_m128_n128_s2"},
+          // valid configs, but not of the problem (head_dim 64 for the default 128; causal for no mask)
+          {"run", "--config", "fwd_sm80_fp16_d64_m128_n64_w8_s2"},
+          {"run", "--backward", "--config", "bwd_sm80_fp16_d128_m64_n64_w4_s2_x1_causal"},
+          // a config no GPU can run (more shared memory than sm_90 has)
+          {"run", "--config", "fwd_sm90_fp16_d128_m128_n192_s4"}}) {
       const CliResult result = run_cli(words, dir);
       INFO(words.back() << ": " << result.err);
       CHECK(result.exit_code == 2);
       CHECK(result.err.find("needs a GPU") == std::string::npos);
     }
+  }
+  SECTION("text that is not UTF-8 comes back replaced, inside valid JSON") {
+    const CliResult result = run_cli({"run", "--json", "--config", "fwd\xff"}, dir);
+    CHECK(result.exit_code == 2);
+    const Json j = parse_json(result);
+    REQUIRE(j.is_object());
+    CHECK(j["error"].get<std::string>().find("fwd\xef\xbf\xbd") != std::string::npos);  // U+FFFD
+  }
+  SECTION("tune refuses the sizes run refuses, dry run included") {
+    const CliResult result = run_cli({"tune", "--dry-run", "--batch", "100000"}, dir);
+    CHECK(result.exit_code == 2);
+    CHECK(result.err.find("batch") != std::string::npos);
   }
   SECTION("run takes sizes up to the library's 2^30 only") {
     const CliResult result = run_cli({"run", "--seqlen-q", "2000000000"}, dir);

@@ -147,6 +147,44 @@ TEST_CASE("cli db: merge combines database files", "[cli]") {
   }
 }
 
+TEST_CASE("cli db: a file that is not a flashgen database is never replaced by a command writing to it", "[cli]") {
+  const TempDir dir{"flashgen-cli-db"};
+  const fs::path db = make_store(dir);
+  const fs::path notes = dir.path() / "notes.txt";
+  const std::string text = "my notes, not a database\n";
+  std::ofstream(notes, std::ios::binary) << text;
+  const fs::path exported = dir.path() / "export.json";
+  REQUIRE(run_cli({"db", "export", "--db", db.string(), "-o", exported.string()}, dir).exit_code == 0);
+  const CliResult merge = run_cli({"db", "merge", notes.string(), db.string(), "--json"}, dir);
+  CHECK(merge.exit_code == 2);
+  CHECK(parse_json(merge).at("error").get<std::string>().find("nothing was merged") != std::string::npos);
+  const CliResult import = run_cli({"db", "import", exported.string(), "--db", notes.string()}, dir);
+  CHECK(import.exit_code == 2);
+  CHECK(import.err.find("nothing was imported") != std::string::npos);
+  std::ifstream kept(notes, std::ios::binary);
+  CHECK(std::string(std::istreambuf_iterator<char>(kept), {}) == text);
+  for (const auto& entry : fs::directory_iterator(dir.path()))
+    CHECK(entry.path().filename().string().find(".damaged-") == std::string::npos);
+
+  SECTION("export -o naming the database itself is refused and the database kept") {
+    const CliResult self = run_cli({"db", "export", "--db", db.string(), "-o", db.string()}, dir);
+    CHECK(self.exit_code == 2);
+    CHECK(self.err.find("is the database being exported") != std::string::npos);
+    CHECK(parse_json(run_cli({"db", "list", "--db", db.string(), "--json"}, dir)).size() == 2);
+  }
+  SECTION("an import the store refuses creates no database file") {
+    const fs::path empty_doc = dir.path() / "empty.json";
+    std::ofstream(empty_doc) << "{}";
+    const fs::path never = dir.path() / "never.sqlite";
+    CHECK(run_cli({"db", "import", empty_doc.string(), "--db", never.string()}, dir).exit_code == 2);
+    CHECK_FALSE(fs::exists(never));
+  }
+  SECTION("an empty --db or -o is a usage error") {
+    CHECK(run_cli({"db", "list", "--db", ""}, dir).exit_code == 2);
+    CHECK(run_cli({"db", "export", "--db", db.string(), "-o", ""}, dir).exit_code == 2);
+  }
+}
+
 TEST_CASE("cli db: a missing or damaged database is refused, not read or pruned as empty", "[cli]") {
   const TempDir dir{"flashgen-cli-db"};
   const fs::path missing = dir.path() / "typo.sqlite";
@@ -228,4 +266,14 @@ TEST_CASE("cli tune: without a GPU exits 3 with status no_device", "[cli]") {
   CHECK(j.at("status") == "no_device");
   CHECK(j.at("error").is_string());
   CHECK(run_cli({"tune", "--heads-q", "16", "--heads-kv", "3"}, dir).exit_code == 2);  // arguments first
+
+  // Workers on GPUs: the GPU is looked for before any file is made.
+  const fs::path spec = dir.path() / "spec.json";
+  std::ofstream(spec) << R"({"problems": [{"head_dim": 128}]})";
+  const fs::path db = dir.path() / "workers.sqlite";
+  const CliResult workers = run_cli({"tune", "--spec", spec.string(), "--devices", "0,1", "--db", db.string(), "--json"}, dir);
+  CHECK(workers.exit_code == 3);
+  CHECK(parse_json(workers).at("status") == "no_device");
+  CHECK_FALSE(fs::exists(db));
+  CHECK_FALSE(fs::exists(dir.path() / "workers.sqlite.workers"));
 }

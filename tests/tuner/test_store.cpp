@@ -81,8 +81,9 @@ CandidateResult candidate(const KernelConfig& c, double median_ms, const std::st
 // Records a small sweep whose winner is the first (fastest) candidate.
 void record_sweep(TuningStore& store, const DeviceFingerprint& d, const ProblemKey& p, double best_ms,
                   const KernelConfig& best = config(128, 64)) {
-  std::vector<CandidateResult> results = {candidate(best, best_ms), candidate(config(64, 64), best_ms * 1.3),
-                                          candidate(config(128, 128, 8, 3), 0, "compile_error")};
+  std::vector<CandidateResult> results = {candidate(best, best_ms),
+                                          candidate(config(64, 64, 4, 2, best.dtype), best_ms * 1.3),
+                                          candidate(config(128, 128, 8, 3, best.dtype), 0, "compile_error")};
   store.record(d, p, results, best, best_ms);
 }
 
@@ -417,6 +418,27 @@ TEST_CASE("import rejects documents that are not flashgen tuning exports", "[tun
   std::tie(status, message) = status_and_message(other_dtype);
   CHECK(status == flashgen::Status::kInvalidArgument);
   CHECK(message.find("is not one of problem") != std::string::npos);
+
+  // Numbers out of their range (a plain int read would wrap 2^40 to 0), candidates whose timing or config
+  // could not come from a sweep, a winner no generator can build, a second winner for one pair.
+  auto refused = [&](const char* what, auto&& edit, const std::string& expected) {
+    nlohmann::json doc = source.export_json();
+    edit(doc);
+    std::tie(status, message) = status_and_message(doc);
+    INFO(what << ": " << message);
+    CHECK(status == flashgen::Status::kInvalidArgument);
+    CHECK(message.find(expected) != std::string::npos);
+  };
+  const int64_t huge = int64_t{1} << 40;
+  refused("sm", [&](nlohmann::json& d) { d["devices"][0]["sm"] = huge; }, "devices[0]: sm must be from 10 to 999");
+  refused("head_dim", [](nlohmann::json& d) { d["problems"][0]["head_dim"] = -128; }, "head_dim must be from 8 to 256");
+  refused("head_dim", [](nlohmann::json& d) { d["problems"][0]["head_dim"] = 100; }, "multiple of 8");
+  refused("ok time", [](nlohmann::json& d) { d["candidates"][0]["median_ms"] = -5.0; }, "candidates[0]: median_ms");
+  refused("spread", [](nlohmann::json& d) { d["candidates"][0]["spread"] = -1.0; }, "candidates[0]: spread");
+  refused("samples", [](nlohmann::json& d) { d["candidates"][0]["samples"] = -3; }, "candidates[0]: samples");
+  refused("candidate", [](nlohmann::json& d) { d["candidates"][0]["config"]["head_dim"] = 64; }, "is not one of problem");
+  refused("winner", [](nlohmann::json& d) { d["winners"][0]["config"]["block_m"] = 7; }, "is not a valid config");
+  refused("twice", [](nlohmann::json& d) { d["winners"].push_back(d["winners"][0]); }, "a second winner of problem");
 
   // Nothing of the rejected documents was written.
   CHECK(store.winners().empty());
