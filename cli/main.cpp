@@ -104,8 +104,8 @@ std::ifstream open_input(const std::string& path, const std::string& what) {
 }
 
 // Writes bytes to path ("-": standard output). A regular file (or a new one) is written beside it first and
-// renamed over it, so a failed write (full disk, a signal) leaves the old file whole; other targets
-// (/dev/stdout, a pipe) are written in place.
+// renamed over it with the old file's mode, so a failed write (full disk, a signal) leaves the old file whole;
+// other targets (/dev/stdout, a pipe) are written in place. A symbolic link's target is what gets replaced.
 void write_file(const std::string& path, const std::string& bytes) {
   if (path == "-") {
     std::cout.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
@@ -116,9 +116,15 @@ void write_file(const std::string& path, const std::string& bytes) {
   if (path.empty()) fail(Status::kInvalidArgument, "the output path is empty");
   reject_directory(path, "output");
   std::error_code error;
-  const fs::file_status status = fs::status(path, error);
+  // Through a symbolic link the file it points at is replaced, the link kept.
+  std::string real = path;
+  if (fs::is_symlink(fs::symlink_status(path, error))) {
+    real = fs::weakly_canonical(path, error).string();
+    if (error) fail(Status::kInvalidArgument, "cannot write '" + path + "': " + error.message());
+  }
+  const fs::file_status status = fs::status(real, error);
   const bool in_place = fs::exists(status) && !fs::is_regular_file(status);
-  const std::string target = in_place ? path : path + ".tmp-" + std::to_string(getpid());
+  const std::string target = in_place ? real : real + ".tmp-" + std::to_string(getpid());
   std::ofstream out(target, std::ios::binary);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   out.close();
@@ -128,7 +134,8 @@ void write_file(const std::string& path, const std::string& bytes) {
     fail(Status::kInvalidArgument, "cannot write '" + path + "': " + reason);
   }
   if (in_place) return;
-  fs::rename(target, path, error);
+  if (fs::exists(status)) fs::permissions(target, status.permissions(), error);  // the replaced file's mode
+  fs::rename(target, real, error);
   if (error) {
     const std::string reason = error.message();
     fs::remove(target, error);
@@ -2172,7 +2179,7 @@ int command_tune(const Args& args) {
       }
       print_json({{"shard", {{"index", shard.index}, {"count", shard.count}, {"source", shard.source}}},
                   {"db", db_path.string()},
-                  {"max_candidates", max_candidates},
+                  {"max_candidates", max_candidates < static_cast<size_t>(kIntMax) ? Json(max_candidates) : Json(nullptr)},
                   {"problems", problems}});
     } else {
       std::cout << format("shard %d of %d%s: %zu of %zu problems into %s\n", shard.index, shard.count,

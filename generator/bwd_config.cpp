@@ -179,7 +179,8 @@ void from_json(const nlohmann::json& j, BwdConfig& c) {
   }
   auto get_int = [&](const char* key, int& out) {
     if (!j.contains(key)) return;
-    FLASHGEN_REQUIRE(j[key].is_number_integer(), std::string("backward config JSON: '") + key + "' must be an integer");
+    FLASHGEN_REQUIRE(is_int_field(j[key]), std::string("backward config JSON: '") + key + "' must be an integer, got " +
+                                              j[key].dump());
     out = j[key].get<int>();
   };
   get_int("head_dim", config.head_dim);

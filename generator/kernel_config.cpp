@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdint>
 #include <iterator>
+#include <limits>
 #include <sstream>
 
 #include "flashgen/error.hpp"
@@ -167,6 +169,12 @@ void to_json(nlohmann::json& j, const KernelConfig& c) {
                      {"warps", c.warps},          {"stages", c.stages},        {"q_in_regs", c.q_in_regs}};
 }
 
+bool is_int_field(const nlohmann::json& value) {
+  constexpr int64_t kMin = std::numeric_limits<int>::min(), kMax = std::numeric_limits<int>::max();
+  if (value.is_number_unsigned()) return value.get<uint64_t>() <= uint64_t{kMax};
+  return value.is_number_integer() && value.get<int64_t>() >= kMin && value.get<int64_t>() <= kMax;
+}
+
 void from_json(const nlohmann::json& j, KernelConfig& c) {
   FLASHGEN_REQUIRE(j.is_object(), "kernel config JSON must be an object");
   // A misspelt key would otherwise leave its knob at the default without a word.
@@ -179,7 +187,8 @@ void from_json(const nlohmann::json& j, KernelConfig& c) {
   }
   auto get_int = [&](const char* key, int& out) {
     if (!j.contains(key)) return;
-    FLASHGEN_REQUIRE(j[key].is_number_integer(), std::string("kernel config JSON: '") + key + "' must be an integer");
+    FLASHGEN_REQUIRE(is_int_field(j[key]), std::string("kernel config JSON: '") + key + "' must be an integer, got " +
+                                              j[key].dump());
     out = j[key].get<int>();
   };
   auto get_bool = [&](const char* key, bool& out) {

@@ -67,4 +67,7 @@ DType parse_dtype_field(const std::string& field, const std::string& name);
 void to_json(nlohmann::json& j, const KernelConfig& config);
 void from_json(const nlohmann::json& j, KernelConfig& config);  // throws Error on bad fields
 
+// Whether a config JSON field is an integer within int's range (a plain get<int>() would wrap larger ones).
+bool is_int_field(const nlohmann::json& value);
+
 }  // namespace flashgen

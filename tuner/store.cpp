@@ -277,6 +277,9 @@ Connection open_connection(const fs::path& path, int flags) {
   sqlite3* raw = nullptr;
   const int rc = sqlite3_open_v2(path.c_str(), &raw, flags, nullptr);
   Connection db(raw);
+  if ((rc & 0xff) == SQLITE_CANTOPEN)  // the path's fault (no such folder, no permission), not flashgen's
+    fail(Status::kInvalidArgument, "cannot open tuning database " + path.string() + ": " +
+                                       (raw != nullptr ? sqlite3_errmsg(raw) : sqlite3_errstr(rc)));
   if (rc != SQLITE_OK)
     throw_sqlite_error(raw, rc, ("sqlite3_open_v2(\"" + path.string() + "\")").c_str(), __FILE__, __LINE__);
   FLASHGEN_SQLITE_CHECK(raw, sqlite3_busy_timeout(raw, kBusyTimeoutMs));

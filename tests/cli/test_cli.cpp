@@ -76,6 +76,16 @@ TEST_CASE("cli: emit writes to -o - as to stdout and refuses directories as file
   CHECK(from_directory.err.find("config JSON '" + dir.path().string() + "' is a directory") != std::string::npos);
   const CliResult two_archs = run_cli({"emit", kConfigName, "--arch", "80,90"}, dir);
   CHECK(two_archs.exit_code == 2);
+
+  // -o through a symbolic link replaces the file it points at, keeping the link and the file's mode.
+  const fs::path real = dir.path() / "kernel.cu", link = dir.path() / "link.cu";
+  std::ofstream(real) << "old";
+  fs::permissions(real, fs::perms::owner_all | fs::perms::group_read);
+  fs::create_symlink(real, link);
+  REQUIRE(run_cli({"emit", kConfigName, "-o", link.string()}, dir).exit_code == 0);
+  CHECK(fs::is_symlink(link));
+  CHECK(fs::file_size(real) > 100);
+  CHECK(fs::status(real).permissions() == (fs::perms::owner_all | fs::perms::group_read));
 }
 
 TEST_CASE("cli: emit of an invalid config exits 2 with the reason", "[cli]") {

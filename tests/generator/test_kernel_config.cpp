@@ -137,6 +137,11 @@ TEST_CASE("sm90 configs: every knob in the name, the JSON and the validity rules
   } catch (const flashgen::Error& e) {
     CHECK(std::string(e.what()).find("unknown field \"headdim\"") != std::string::npos);
   }
+  // Integers past int's range are refused, not wrapped (2^32 + 128 would read as 128).
+  for (const nlohmann::json& big : {nlohmann::json(int64_t{4294967424}), nlohmann::json(uint64_t{18446744073709551615u}),
+                                    nlohmann::json(int64_t{-4294967296})})
+    CHECK_THROWS_AS(nlohmann::json({{"head_dim", big}}).get<KernelConfig>(), flashgen::Error);
+  CHECK(nlohmann::json({{"head_dim", 64}}).get<KernelConfig>().head_dim == 64);
 
   // P in shared memory: two 8 KB chunks of (64 rows, 64 keys) per consumer; its 32 registers of packed
   // pairs give way to 24 for the stores' addressing.
