@@ -1971,18 +1971,55 @@ constexpr int kMaxWorkerRestarts = 3;
 // `tune --devices`: one worker process per GPU over its share of the problems, each into its own file in
 // <db>.workers/; a worker that dies is restarted (resuming) without the candidate its journal names;
 // finally every worker's rows are merged into db.
+// A dry run's problems as spec entries, each with the candidates a sweep would time on the one --arch (90 by
+// default; the names given with --candidates as they are).
+Json dry_run_entries(const Args& args, const std::vector<TuneProblem>& problems, const std::vector<std::string>& named,
+                     size_t max_candidates) {
+  const std::vector<int> archs = parse_archs(args, {90});
+  if (archs.size() != 1) throw UsageError("tune --dry-run --json lists the candidates of one --arch", args.usage());
+  const int arch = archs.front();
+  Json entries = Json::array();
+  for (const TuneProblem& p : problems) {
+    const MaskKind kind = p.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
+    Json names = Json::array();
+    if (!named.empty()) {
+      for (const std::string& name : named) names.push_back(name);
+    } else if (p.backward) {
+      const BackwardSpaceReport space = backward_space(p.dtype, p.head_dim, kind, p.deterministic, arch);
+      const BwdConfig builtin = heuristic_backward_config(p.dtype, p.head_dim, kind, p.deterministic, arch);
+      for (const BwdConfig& c : capped_candidates(space, builtin, max_candidates)) names.push_back(c.name());
+    } else {
+      const SpaceReport space = forward_space(p.dtype, p.head_dim, kind, arch);
+      for (const KernelConfig& c :
+           capped_candidates(space, heuristic_forward_config(p.dtype, p.head_dim, kind, arch), max_candidates))
+        names.push_back(c.name());
+    }
+    Json entry = problem_json(p);
+    entry["candidates"] = names;
+    entries.push_back(entry);
+  }
+  return entries;
+}
+
 int supervise_workers(const Args& args, const std::vector<TuneProblem>& problems, const fs::path& db,
                       std::optional<size_t> max_candidates) {
   const std::vector<int> devices = parse_devices(args);
   const bool json = args.has("json");
   const size_t m = devices.size();
-  if (args.has("dry-run")) {
+  if (args.has("dry-run")) {  // each worker's problems, as a dry run without --devices prints them
+    if (!json) std::cout << format("%zu problems on %zu GPUs into %s\n", problems.size(), m, db.string().c_str());
     Json plan = Json::array();
     for (size_t j = 0; j < m; ++j) {
-      Json mine = Json::array();
-      for (size_t i = j; i < problems.size(); i += m) mine.push_back(problem_line(problems[i]));
-      if (json) plan.push_back({{"device", devices[j]}, {"problems", mine}});
-      else std::cout << format("GPU %d: %zu problems\n", devices[j], mine.size());
+      std::vector<TuneProblem> mine;
+      for (size_t i = j; i < problems.size(); i += m) mine.push_back(problems[i]);
+      if (json) {
+        plan.push_back({{"device", devices[j]},
+                        {"problems", dry_run_entries(args, mine, {}, max_candidates.value_or(
+                                                                          std::numeric_limits<int>::max()))}});
+        continue;
+      }
+      std::cout << format("  GPU %d: %zu problems\n", devices[j], mine.size());
+      for (const TuneProblem& p : mine) std::cout << "    " << problem_line(p) << '\n';
     }
     if (json) print_json({{"db", db.string()}, {"workers", plan}});
     return 0;
@@ -2154,33 +2191,10 @@ int command_tune(const Args& args) {
 
   if (args.has("dry-run")) {
     if (json) {
-      Json problems = Json::array();
-      const std::vector<int> archs = parse_archs(args, {90});
-      if (archs.size() != 1) throw UsageError("tune --dry-run --json lists the candidates of one --arch", args.usage());
-      const int arch = archs.front();
-      for (const TuneProblem& p : mine) {
-        const MaskKind kind = p.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
-        Json names = Json::array();
-        if (!named.empty()) {
-          for (const std::string& name : named) names.push_back(name);
-        } else if (p.backward) {
-          const BackwardSpaceReport space = backward_space(p.dtype, p.head_dim, kind, p.deterministic, arch);
-          const BwdConfig builtin = heuristic_backward_config(p.dtype, p.head_dim, kind, p.deterministic, arch);
-          for (const BwdConfig& c : capped_candidates(space, builtin, max_candidates)) names.push_back(c.name());
-        } else {
-          const SpaceReport space = forward_space(p.dtype, p.head_dim, kind, arch);
-          for (const KernelConfig& c :
-               capped_candidates(space, heuristic_forward_config(p.dtype, p.head_dim, kind, arch), max_candidates))
-            names.push_back(c.name());
-        }
-        Json entry = problem_json(p);
-        entry["candidates"] = names;
-        problems.push_back(entry);
-      }
       print_json({{"shard", {{"index", shard.index}, {"count", shard.count}, {"source", shard.source}}},
                   {"db", db_path.string()},
                   {"max_candidates", max_candidates < static_cast<size_t>(kIntMax) ? Json(max_candidates) : Json(nullptr)},
-                  {"problems", problems}});
+                  {"problems", dry_run_entries(args, mine, named, max_candidates)}});
     } else {
       std::cout << format("shard %d of %d%s: %zu of %zu problems into %s\n", shard.index, shard.count,
                           shard.source.empty() ? "" : (" (from " + shard.source + ")").c_str(), mine.size(),

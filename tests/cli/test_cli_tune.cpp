@@ -238,6 +238,12 @@ TEST_CASE("cli: tune --devices splits the problems over worker GPUs", "[cli][tun
   CHECK(plan["workers"][0]["problems"].size() == 3);  // problems 0, 2, 4
   CHECK(plan["workers"][1]["device"] == 1);
   CHECK(plan["workers"][1]["problems"].size() == 2);
+  // Each worker's problems as a dry run without --devices lists them: spec entries with their candidates.
+  for (const auto& worker : plan["workers"])
+    for (const auto& problem : worker["problems"]) {
+      CHECK(problem.contains("head_dim"));
+      CHECK_FALSE(problem["candidates"].empty());
+    }
   for (const char* devices : {"0,0", "x", "1,-2", ""}) {
     const auto r = run_cli({"tune", "--devices", devices, "--dry-run"}, dir);
     INFO("--devices '" << devices << "': " << r.err);
