@@ -269,6 +269,19 @@ class _Empty(torch.autograd.Function):
         return (*(torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in ctx.like), None)
 
 
+def _autocast(q, k, v):
+    """Under torch.autocast on CUDA, inputs of another floating dtype than autocast's (float32 say) are cast to
+    it, as scaled_dot_product_attention's are; outside it the inputs as given (float32 is then refused)."""
+    try:
+        enabled, dtype = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
+    except (TypeError, AttributeError):  # torch 2.4's older spellings
+        enabled, dtype = torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()
+    if not enabled or dtype not in _DTYPE_CODES:
+        return q, k, v
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.device.type == "cuda" and t.is_floating_point()
+                 and t.dtype != dtype else t for t in (q, k, v))
+
+
 def _deterministic(deterministic):
     """The backward's strategy: deterministic when asked for, or while torch.use_deterministic_algorithms(True)."""
     return bool(deterministic) or torch.are_deterministic_algorithms_enabled()
@@ -294,7 +307,8 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     scale: the softmax scale, default 1/sqrt(head_dim). deterministic: the backward computes dq without
     atomics, giving bitwise-identical gradients on repeated runs (somewhat slower); also on while
     torch.use_deterministic_algorithms(True) is in effect. Empty inputs (a size 0) give empty or zero outputs,
-    lse -inf and zero gradients.
+    lse -inf and zero gradients. Under torch.autocast("cuda"), inputs of another floating dtype (float32) are
+    cast to autocast's float16 or bfloat16 first, as scaled_dot_product_attention's are.
 
     Returns out, shaped and laid out like q (a new contiguous tensor), or (out, lse) with return_lse, lse being
     the natural-log log-sum-exp of each row's scaled scores, float32 [batch, heads_q, seqlen_q]; lse carries no
@@ -302,6 +316,7 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     ValueError), other failures FlashgenError (a RuntimeError), carrying the library's message.
     """
     mask = _mask(causal, causal_align)
+    q, k, v = _autocast(q, k, v)
     _check_inputs(q, k, v, layout)
     scale = _check_scale(scale)
     if q.numel() == 0 or k.numel() == 0:
@@ -323,6 +338,7 @@ def explain(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, l
     the call would (out, lse and, with backward, dout and the gradients) for as long as it runs.
     """
     mask = _mask(causal, causal_align)
+    q, k, v = _autocast(q, k, v)
     _check_inputs(q, k, v, layout)
     scale = _check_scale(scale)
     deterministic = _deterministic(deterministic)

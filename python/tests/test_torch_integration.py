@@ -2,7 +2,8 @@
 keeps attention in one graph (forward and backward, static then dynamic shapes) with eager's results; forward and
 backward captured in a CUDA graph replay on new inputs with eager's results; calls run on the caller's current
 stream; explain names the configs and writes their sources; tune sweeps and the process then runs the winner;
-shape errors name the caller's dims; empty inputs, meta tensors and torch.use_deterministic_algorithms.
+shape errors name the caller's dims; empty inputs, meta tensors, torch.use_deterministic_algorithms and
+torch.autocast.
 """
 
 import os
@@ -238,3 +239,29 @@ def test_use_deterministic_algorithms_picks_the_deterministic_backward():
         assert "_det_" in fgt.explain(q, k, v, causal=True)["backward"]["config"]
     finally:
         torch.use_deterministic_algorithms(before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_autocast_casts_float32_inputs_as_sdpa_does(dtype):
+    q, k, v = (_randn(2, 200, 4, 64, dtype=torch.float32, seed=90 + i, requires_grad=True) for i in range(3))
+    with pytest.raises(fgt.FlashgenArgumentError, match="float32"):
+        fgt.attention(q, k, v)  # outside autocast float32 is refused
+    with torch.autocast("cuda", dtype=dtype):
+        out = fgt.attention(q, k, v, causal=True)
+        want = torch.nn.functional.scaled_dot_product_attention(
+            *(t.transpose(1, 2) for t in (q, k, v)), is_causal=True).transpose(1, 2)
+    assert out.dtype == dtype and want.dtype == dtype
+    eps = testsupport.EPSILON[str(dtype).replace("torch.", "")]
+    assert testsupport.max_error(out, want) <= 4 * eps * max(1.0, want.abs().max().item())
+    out.float().sum().backward()
+    assert q.grad is not None and q.grad.dtype == torch.float32 and bool(torch.isfinite(q.grad).all())
+    # The float32 inputs' gradients are those of the cast: the same as through SDPA's.
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    with torch.autocast("cuda", dtype=dtype):
+        want = torch.nn.functional.scaled_dot_product_attention(
+            *(t.transpose(1, 2) for t in (q, k, v)), is_causal=True).transpose(1, 2)
+    want.float().sum().backward()
+    for got, t in zip(grads, (q, k, v)):
+        assert testsupport.max_error(got, t.grad) <= 8 * eps * max(1.0, t.grad.abs().max().item())
