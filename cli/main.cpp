@@ -1286,11 +1286,12 @@ void refuse_unusable_output(const fs::path& path, const std::string& consequence
                                        " (move it away or name another file)");
 }
 
-// --db, else the default database.
+// --db, else the default database; a directory (or a path ending in '/') is refused.
 fs::path db_path_of(const Args& args) {
   if (!args.has("db")) return TuningStore::default_path();
   const std::string path = args.string_or("db", "");
-  if (path.empty()) throw UsageError("--db needs a file path", args.usage());
+  if (path.empty() || path.back() == '/') throw UsageError("--db needs a file path, got '" + path + "'", args.usage());
+  reject_directory(path, "--db");
   return path;
 }
 
@@ -1494,7 +1495,7 @@ Command tune_command() {
                  "\n"
                  "Across machines: --shard i/N (by default from SLURM_PROCID/SLURM_NTASKS, else\n"
                  "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE) tunes the spec's problems i, i+N, i+2N, ...\n"
-                 "into its own file, <db>.shard<i>-of-<N>.sqlite; `flashgen db merge` joins the files.\n"
+                 "into its own file, .shard<i>-of-<N> put before the database's extension; `flashgen db merge` joins the files.\n"
                  "\n"
                  "Spec: {\"max_candidates\": 32, \"problems\": [{\"pass\": \"backward\", \"deterministic\": false,\n"
                  "\"dtype\": \"bf16\", \"head_dim\": 128,\n"

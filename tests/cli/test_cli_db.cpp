@@ -182,6 +182,9 @@ TEST_CASE("cli db: a file that is not a flashgen database is never replaced by a
   SECTION("an empty --db or -o is a usage error") {
     CHECK(run_cli({"db", "list", "--db", ""}, dir).exit_code == 2);
     CHECK(run_cli({"db", "export", "--db", db.string(), "-o", ""}, dir).exit_code == 2);
+    // A folder is no database, also as the stem of a shard's file (it named a hidden ".shard1-of-3").
+    CHECK(run_cli({"tune", "--dry-run", "--shard", "1/3", "--db", dir.path().string() + "/"}, dir).exit_code == 2);
+    CHECK(run_cli({"tune", "--dry-run", "--db", dir.path().string()}, dir).exit_code == 2);
   }
 }
 
