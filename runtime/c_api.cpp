@@ -168,11 +168,11 @@ extern "C" int flashgen_tune_forward(const flashgen_forward_problem* problem, vo
     const flashgen::ScopedContext scope(static_cast<CUstream>(cuda_stream));
     const int arch = flashgen::launch_arch(scope.device());
     const flashgen::ProblemKey key = flashgen::sweep_problem_key(sweep);
-    std::string failure;
+    // An explicit request throws its failure with the cause's status (CUDA, compile, a bad database path).
     const std::optional<flashgen::ForwardChoice> tuned =
-        flashgen::tune_forward_on_first_use(sweep, static_cast<int>(scope.device()), arch, &failure,
-                                            /*retry_failed=*/true);
-    if (!tuned) flashgen::fail(flashgen::Status::kInternal, "tuning " + key.id() + " failed: " + failure);
+        flashgen::tune_forward_on_first_use(sweep, static_cast<int>(scope.device()), arch, nullptr,
+                                            /*explicit_request=*/true);
+    if (!tuned) flashgen::fail(flashgen::Status::kInternal, "tuning " + key.id() + " returned no winner");
     copy_json({{"problem", key.id()},
                {"config", tuned->config.name()},
                {"reason", tuned->reason},

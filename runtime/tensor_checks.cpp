@@ -119,7 +119,9 @@ void check_options(const flashgen_attention_options* opts) {
   const int mask = raw_enum(opts->mask);
   FLASHGEN_REQUIRE(mask == FLASHGEN_MASK_NONE || mask == FLASHGEN_MASK_CAUSAL || mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT,
                    "opts.mask: unknown value " + std::to_string(mask));
-  FLASHGEN_REQUIRE(std::isfinite(opts->softmax_scale), "opts.softmax_scale must be finite");
+  // The kernels scale by softmax_scale * log2(e): that product must be finite too.
+  FLASHGEN_REQUIRE(std::isfinite(opts->softmax_scale) && std::isfinite(opts->softmax_scale * 1.4426950408889634f),
+                   "opts.softmax_scale must be finite and below 2.3e38, got " + std::to_string(opts->softmax_scale));
 }
 
 float softmax_scale(const flashgen_attention_options& opts, int64_t head_dim) {

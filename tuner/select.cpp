@@ -272,7 +272,7 @@ std::mutex& first_use_mutex() {
 // The body of both passes' first-use sweeps: times make_candidates() with sweep(candidates, stream) on a
 // stream of its own, stores every row in the user's database and memoizes the winner for key.
 template <class Choice, class MakeCandidates, class Sweep>
-std::optional<Choice> first_use_sweep(const ProblemKey& key, int device, std::string* failure, bool retry_failed,
+std::optional<Choice> first_use_sweep(const ProblemKey& key, int device, std::string* failure, bool explicit_request,
                                       MakeCandidates make_candidates, Sweep sweep) {
   using Config = decltype(Choice::config);
   // One first-use sweep at a time in a process, of either pass (two would disturb each other's timings):
@@ -287,7 +287,7 @@ std::optional<Choice> first_use_sweep(const ProblemKey& key, int device, std::st
   // A bucket whose sweep failed is not swept again by this process (the warning was given once); its
   // cause is kept for the callers' reasons.
   static std::map<std::pair<int, std::string>, std::string> failed;  // guarded by first_use_mutex()
-  if (retry_failed) failed.erase({device, key.id()});
+  if (explicit_request) failed.erase({device, key.id()});
   if (auto found = failed.find({device, key.id()}); found != failed.end()) {
     if (failure != nullptr) *failure = found->second;
     return std::nullopt;
@@ -296,8 +296,8 @@ std::optional<Choice> first_use_sweep(const ProblemKey& key, int device, std::st
   try {
     TuningStore store(path);  // opened first: a database that cannot be written fails before the sweep
     const std::vector<Config> candidates = make_candidates();
-    std::fprintf(stderr, "flashgen: tuning %s on first use (%zu candidates; FLASHGEN_TUNE=1)\n", key.id().c_str(),
-                 candidates.size());
+    std::fprintf(stderr, "flashgen: tuning %s %s(%zu candidates)\n", key.id().c_str(),
+                 explicit_request ? "" : "on first use, FLASHGEN_TUNE=1 ", candidates.size());
     CUstream stream = nullptr;
     FLASHGEN_CU_CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
     SweepResult result;
@@ -318,10 +318,14 @@ std::optional<Choice> first_use_sweep(const ProblemKey& key, int device, std::st
     memo.chosen[{device, key.id()}] = choice;
     return choice;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "flashgen: warning: tuning %s on first use failed (not tried again in this process): %s\n",
-                 key.id().c_str(), e.what());
     failed.emplace(std::make_pair(device, key.id()), e.what());
     if (failure != nullptr) *failure = e.what();
+    if (explicit_request) {  // the caller's error, with the cause's status (a CUDA or compile failure, a bad path)
+      const auto* error = dynamic_cast<const Error*>(&e);
+      fail(error != nullptr ? error->status() : Status::kInternal, "tuning " + key.id() + " failed: " + e.what());
+    }
+    std::fprintf(stderr, "flashgen: warning: tuning %s on first use failed (not tried again in this process): %s\n",
+                 key.id().c_str(), e.what());
     return std::nullopt;
   }
 }
@@ -350,11 +354,11 @@ bool tune_on_first_use() {
 void set_tune_on_first_use(bool enabled) { tune_switch().store(enabled ? 1 : 0); }
 
 std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem& problem, int device, int arch,
-                                                       std::string* failure, bool retry_failed) {
+                                                       std::string* failure, bool explicit_request) {
   const ProblemKey key = sweep_problem_key(problem);
   const MaskKind mask = key.mask;
   return first_use_sweep<ForwardChoice>(
-      key, device, failure, retry_failed,
+      key, device, failure, explicit_request,
       [&] {
         const KernelConfig builtin = heuristic_choice(problem.dtype, problem.head_dim, mask, arch).config;
         return capped_candidates(forward_space(problem.dtype, problem.head_dim, mask, arch), builtin,

@@ -83,11 +83,11 @@ struct ForwardSweepProblem;
 // and the winner in the user's database (TuningStore::default_path(), opened for writing) and makes the
 // winner the process's memoized choice for the problem's key. Blocks until the sweep is done (seconds).
 // Returns nullopt, after a warning on stderr, when the sweep or the store fails: the caller keeps the
-// choice it had, and the process does not sweep that bucket again unless retry_failed (an explicit tune
-// request) says to. *failure (when given) then gets the cause, this time and at every later call for the
-// bucket.
+// choice it had, and the process does not sweep that bucket again. *failure (when given) then gets the
+// cause, this time and at every later call for the bucket. An explicit_request (flashgen_tune_forward)
+// sweeps a bucket whose sweep failed before, and a failure throws Error with its cause's status instead.
 std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem& problem, int device, int arch,
-                                                       std::string* failure = nullptr, bool retry_failed = false);
+                                                       std::string* failure = nullptr, bool explicit_request = false);
 
 struct BackwardChoice {
   BwdConfig config;

@@ -696,7 +696,13 @@ TuningStore::TuningStore(std::filesystem::path path, bool read_only)
     return;
   }
 
-  if (path_.has_parent_path()) fs::create_directories(path_.parent_path());
+  if (path_.has_parent_path()) {
+    std::error_code error;
+    fs::create_directories(path_.parent_path(), error);
+    if (error)
+      fail(Status::kInvalidArgument, "cannot create the folder of tuning database " + path_.string() + ": " +
+                                         error.message());
+  }
   constexpr int kFlags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
   Connection db = open_connection(path_, kFlags);
   if (auto damage = prepare_read_write(db.get(), path_)) {

@@ -22,11 +22,11 @@ typedef struct {
   void* data;             /* device pointer, 16-byte aligned */
   flashgen_dtype dtype;
   int64_t shape[4];       /* [batch, seqlen, heads, head_dim] */
-  int64_t stride[4];      /* elements; stride[3] must be 1, the others multiples of 8 */
+  int64_t stride[4];      /* elements; stride[3] must be 1, the others non-negative multiples of 8 */
 } flashgen_tensor;
 
 typedef struct {
-  float softmax_scale;    /* <= 0: 1/sqrt(head_dim) */
+  float softmax_scale;    /* finite, scale * log2(e) too; <= 0: 1/sqrt(head_dim) */
   flashgen_mask mask;
   int deterministic;      /* backward: nonzero gives bitwise-identical gradients on repeated runs */
 } flashgen_attention_options;
@@ -139,7 +139,9 @@ typedef struct {
  * reference on its own random inputs and timed, on a stream of its own; seconds, synchronously), stores
  * every row and the winner in the user's tuning database, and makes the winner this process's choice for
  * that bucket. Writes {"problem": "<bucket id>", "config": "<winner>", "reason": ..., "db": "<path>"} to
- * json as flashgen_explain_forward does. A bucket already tuned by this process is not swept again. */
+ * json as flashgen_explain_forward does. A bucket already tuned by this process is not swept again. A
+ * failed sweep returns its cause's status (FLASHGEN_ERROR_CUDA, FLASHGEN_ERROR_COMPILE, or
+ * FLASHGEN_ERROR_INVALID_ARGUMENT for a tuning database that cannot be written there). */
 int flashgen_tune_forward(const flashgen_forward_problem* problem, void* cuda_stream, char* json,
                           size_t json_capacity, size_t* json_length);
 

@@ -242,6 +242,8 @@ TEST_CASE("C ABI rejects each bad argument with a message naming it", "[c_api]")
     check_rejected([](Call& c) { c.opts.softmax_scale = std::nanf(""); }, kInvalid, "opts.softmax_scale must be finite");
     check_rejected([](Call& c) { c.opts.softmax_scale = std::numeric_limits<float>::infinity(); }, kInvalid,
                    "opts.softmax_scale must be finite");
+    // Finite, but scale * log2(e), what the kernels multiply by, is not.
+    check_rejected([](Call& c) { c.opts.softmax_scale = 3e38f; }, kInvalid, "opts.softmax_scale must be finite");
   }
 }
 

@@ -11,6 +11,7 @@
 #include "catch.hpp"
 #include "cuda_driver.hpp"
 #include "device_buffer.hpp"
+#include "flashgen/flashgen.h"
 #include "gpu.hpp"
 #include "heuristic.hpp"
 #include "problem_key.hpp"
@@ -21,6 +22,27 @@
 #include "support/check_reports.hpp"
 #include "support/first_use_scope.hpp"
 #include "support/temp_dir.hpp"
+
+namespace {
+
+// Tune-on-first-use with a database path whose folder would have to be made inside a regular file
+// (".../not-a-directory/tuning.sqlite"), for as long as it lives.
+class UnwritableTuningDb {
+ public:
+  UnwritableTuningDb() : blocker_(make_blocker(dir_)), scope_((blocker_ / "tuning.sqlite").string()) {}
+
+ private:
+  static std::filesystem::path make_blocker(const flashgen::testing::TempDir& dir) {
+    const std::filesystem::path blocker = dir.path() / "not-a-directory";
+    std::ofstream(blocker) << "x";
+    return blocker;
+  }
+  flashgen::testing::TempDir dir_{"flashgen-first-use"};
+  std::filesystem::path blocker_;
+  flashgen::testing::FirstUseScope scope_;
+};
+
+}  // namespace
 
 TEST_CASE("the tune-on-first-use switch", "[tuner][first_use]") {
   const bool before = flashgen::tune_on_first_use();
@@ -84,12 +106,7 @@ TEST_CASE("tune-on-first-use sweeps a new problem, stores it and runs the winner
 
 TEST_CASE("a first-use sweep that cannot store its winner says why, at every call", "[gpu][tuner][first_use]") {
   FLASHGEN_REQUIRE_GPU();
-  const flashgen::testing::TempDir dir("flashgen-first-use");
-  // The database's directory would have to be made inside a regular file.
-  const std::filesystem::path blocker = dir.path() / "not-a-directory";
-  std::ofstream(blocker) << "x";
-  const flashgen::testing::FirstUseScope first_use((blocker / "tuning.sqlite").string());
-
+  const UnwritableTuningDb first_use;
   flashgen::ScopedContext context;
   const int64_t seqlen = 333, heads = 3, head_dim = 24;  // a bucket nothing else in the suite uses
   flashgen::DeviceBuffer q(size_t(seqlen * heads * head_dim) * 2), k(q.bytes()), v(q.bytes()), out(q.bytes());
@@ -106,6 +123,24 @@ TEST_CASE("a first-use sweep that cannot store its winner says why, at every cal
     CHECK(launch.source != flashgen::ChoiceSource::kTunedOnFirstUse);
     CHECK(launch.reason.find("; tuning on first use failed: ") != std::string::npos);
     CHECK(launch.reason.find("not-a-directory") != std::string::npos);
+  }
+}
+
+TEST_CASE("an explicit tune that cannot store its winner fails with the cause's status", "[gpu][tuner][first_use]") {
+  FLASHGEN_REQUIRE_GPU();
+  const UnwritableTuningDb first_use;
+  flashgen::ScopedContext context;
+  flashgen_forward_problem problem{};
+  problem.dtype = FLASHGEN_FLOAT16, problem.mask = FLASHGEN_MASK_NONE;
+  problem.batch = 1, problem.seqlen_q = 3000, problem.seqlen_k = 3000;  // a bucket nothing else in the suite uses
+  problem.heads_q = 5, problem.heads_kv = 5, problem.head_dim = 40;
+  char json[1024];
+  for (int call = 0; call < 2; ++call) {  // an explicit request tries again, and fails again the same way
+    const int status = flashgen_tune_forward(&problem, nullptr, json, sizeof json, nullptr);
+    const std::string message = flashgen_last_error();
+    INFO("call " << call << ": " << message);
+    CHECK(status == FLASHGEN_ERROR_INVALID_ARGUMENT);  // a path that cannot hold a database, not an internal error
+    CHECK(message.find("not-a-directory") != std::string::npos);
   }
 }
 
