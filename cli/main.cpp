@@ -1179,15 +1179,9 @@ void check_host_memory(const RunOptions& o) {
   }
 }
 
-// A --config the library would refuse on every GPU: one not of the problem (dtype, head_dim, mask) or invalid
-// on sm_90, whose limits are the widest of the GPUs either family runs on (the GPU's own come at launch).
-template <class Config>
-void check_config_anywhere(const Config& config, DType dtype, int head_dim, MaskKind mask) {
-  check_requested_config(config, dtype, head_dim, mask, 90);
-}
-
 // The library's own checks of the problem and the --config name, on placeholder addresses (never read), so a
-// bad argument is reported as one (exit 2) before the GPU is looked for.
+// bad argument is reported as one (exit 2) before the GPU is looked for. The config is checked against sm_90,
+// whose limits are the widest of the GPUs either family runs on (the GPU's own come at launch).
 void check_run_problem(const RunOptions& o) {
   const flashgen_dtype dtype = abi_dtype(o.dtype);
   auto placeholder = [&](int n, int64_t seqlen, int64_t heads) {
@@ -1201,12 +1195,13 @@ void check_run_problem(const RunOptions& o) {
                           dk = placeholder(6, o.seqlen_k, o.heads_kv), dv = placeholder(7, o.seqlen_k, o.heads_kv);
     const float* lse = reinterpret_cast<const float*>(uintptr_t{1} << 28);
     const BackwardProblem problem = make_backward_problem(&q, &k, &v, &out, &dout, lse, &dq, &dk, &dv, &options);
-    if (o.config_name) check_config_anywhere(BwdConfig::from_name(*o.config_name), problem.dtype, problem.head_dim,
-                                             problem.mask);
+    if (o.config_name)
+      check_requested_config(BwdConfig::from_name(*o.config_name), problem.dtype, problem.head_dim, problem.mask, 90);
   } else {
     const ForwardProblem problem = make_forward_problem(&q, &k, &v, &out, nullptr, &options);
-    if (o.config_name) check_config_anywhere(KernelConfig::from_name(*o.config_name), problem.dtype, problem.head_dim,
-                                             problem.mask);
+    if (o.config_name)
+      check_requested_config(KernelConfig::from_name(*o.config_name), problem.dtype, problem.head_dim, problem.mask,
+                             90);
   }
 }
 
@@ -1277,7 +1272,6 @@ Command db_command() {
       .flag("json", "print JSON (list, show, import, merge, prune)");
 }
 
-// One stored winner as `db list --json` prints it.
 // A database the command writes: a damaged file or another program's database would be moved aside to
 // start a fresh one, which the library does for its own default file but a command naming it should not.
 void refuse_unusable_output(const fs::path& path, const std::string& consequence) {
@@ -1286,15 +1280,29 @@ void refuse_unusable_output(const fs::path& path, const std::string& consequence
                                        " (move it away or name another file)");
 }
 
+// A database the command reads, opened read-only; refused (naming it as `name`, the message ending in
+// consequence) when it is damaged, another program's or otherwise unreadable rather than read as empty. A
+// missing one is empty.
+std::unique_ptr<TuningStore> open_read_only(const fs::path& path, const std::string& name,
+                                            const std::string& consequence = "") {
+  if (auto why = TuningStore::why_unusable(path)) fail(Status::kInvalidArgument, name + " is " + *why + consequence);
+  auto store = std::make_unique<TuningStore>(path, true);
+  if (store->unreadable()) fail(Status::kInvalidArgument, name + " is " + *store->unreadable() + consequence);
+  return store;
+}
+
 // --db, else the default database; a directory (or a path ending in '/') is refused.
 fs::path db_path_of(const Args& args) {
-  if (!args.has("db")) return TuningStore::default_path();
-  const std::string path = args.string_or("db", "");
-  if (path.empty() || path.back() == '/') throw UsageError("--db needs a file path, got '" + path + "'", args.usage());
+  std::string path = TuningStore::default_path().string();
+  if (args.has("db")) {
+    path = args.string_or("db", "");
+    if (path.empty() || path.back() == '/') throw UsageError("--db needs a file path, got '" + path + "'", args.usage());
+  }
   reject_directory(path, "--db");
   return path;
 }
 
+// One stored winner as `db list --json` prints it.
 Json choice_json(const StoredChoice& choice) {
   return {{"device", choice.device.id()},
           {"problem", choice.problem.id()},
@@ -1342,16 +1350,7 @@ int command_db(const Args& args) {
     if (operands.size() < lo || operands.size() > hi)
       throw UsageError("'db " + action + "' takes " + what, args.usage());
   };
-  reject_directory(db_path, "--db");
-  // The database read-only, refused when damaged rather than read as empty (a missing one is empty).
-  auto readable = [&] {
-    if (auto why = TuningStore::why_unusable(db_path))
-      fail(Status::kInvalidArgument, "tuning database " + db_path.string() + " is " + *why);
-    auto store = std::make_unique<TuningStore>(db_path, true);
-    if (store->unreadable())
-      fail(Status::kInvalidArgument, "tuning database " + db_path.string() + " is " + *store->unreadable());
-    return store;
-  };
+  auto readable = [&] { return open_read_only(db_path, "tuning database " + db_path.string()); };
 
   if (action == "list") {
     allow({});
@@ -1435,13 +1434,8 @@ int command_db(const Args& args) {
     std::vector<Json> inputs;
     for (size_t i = 1; i < operands.size(); ++i) {
       if (!fs::exists(operands[i])) fail(Status::kInvalidArgument, "no database file '" + operands[i] + "'");
-      if (auto why = TuningStore::why_unusable(operands[i]))
-        fail(Status::kInvalidArgument, "database file '" + operands[i] + "' is " + *why + "; nothing was merged");
-      const TuningStore input(operands[i], true);
-      if (input.unreadable())
-        fail(Status::kInvalidArgument, "database file '" + operands[i] + "' is " + *input.unreadable() +
-                                           "; nothing was merged");
-      inputs.push_back(input.export_json());
+      inputs.push_back(open_read_only(operands[i], "database file '" + operands[i] + "'", "; nothing was merged")
+                           ->export_json());
     }
     refuse_unusable_output(operands[0], "nothing was merged");
     TuningStore out(operands[0]);
@@ -1969,9 +1963,6 @@ pid_t spawn(const std::vector<std::string>& args, const std::string& visible) {
 
 constexpr int kMaxWorkerRestarts = 3;
 
-// `tune --devices`: one worker process per GPU over its share of the problems, each into its own file in
-// <db>.workers/; a worker that dies is restarted (resuming) without the candidate its journal names;
-// finally every worker's rows are merged into db.
 // A dry run's problems as spec entries, each with the candidates a sweep would time on the one --arch (90 by
 // default; the names given with --candidates as they are).
 Json dry_run_entries(const Args& args, const std::vector<TuneProblem>& problems, const std::vector<std::string>& named,
@@ -2002,6 +1993,9 @@ Json dry_run_entries(const Args& args, const std::vector<TuneProblem>& problems,
   return entries;
 }
 
+// `tune --devices`: one worker process per GPU over its share of the problems, each into its own file in
+// <db>.workers/; a worker that dies is restarted (resuming) without the candidate its journal names;
+// finally every worker's rows are merged into db.
 int supervise_workers(const Args& args, const std::vector<TuneProblem>& problems, const fs::path& db,
                       std::optional<size_t> max_candidates) {
   const std::vector<int> devices = parse_devices(args);

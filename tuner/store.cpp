@@ -222,7 +222,6 @@ bool holds_tables(sqlite3* db) {
 // Brings the schema to kSchemaVersion. Runs in one BEGIN IMMEDIATE transaction and re-reads the version
 // inside it, so processes opening a new file at once migrate it exactly once. Returns why the file is
 // not a flashgen database (version 0 but already holding tables), or nullopt.
-
 std::optional<std::string> migrate(sqlite3* db) {
   Transaction transaction(db);
   const int version = user_version(db);
@@ -649,6 +648,15 @@ ImportedRows parse_import(const json& data) {
 
 sqlite3* connection(void* db) { return static_cast<sqlite3*>(db); }
 
+// Why an open file cannot be used as a flashgen database as it is: damaged, or another program's
+// database (version 0 but holding tables); nullopt otherwise.
+std::optional<std::string> unusable_reason(sqlite3* db) {
+  if (auto damage = find_damage(db)) return "damaged (" + *damage + ")";
+  if (user_version(db) == 0 && holds_tables(db))
+    return std::string("not a flashgen database (user_version 0 but it holds tables)");
+  return std::nullopt;
+}
+
 }  // namespace
 
 // ---- TuningStore --------------------------------------------------------------------------------
@@ -661,22 +669,15 @@ TuningStore::TuningStore(std::filesystem::path path, bool read_only)
     if (!fs::exists(path_)) return;
     try {
       Connection db = open_connection(path_, SQLITE_OPEN_READONLY);
-      if (auto damage = find_damage(db.get())) {
-        unreadable_ = "damaged (" + *damage + ")";
-        std::fprintf(stderr, "flashgen: warning: tuning database %s is damaged (%s); reading it as empty\n",
-                     path_.c_str(), damage->c_str());
+      if (auto why = unusable_reason(db.get())) {
+        unreadable_ = *why;
+        std::fprintf(stderr, "flashgen: warning: tuning database %s is %s; reading it as empty\n", path_.c_str(),
+                     why->c_str());
         return;
       }
       const int version = user_version(db.get());
       if (version > kSchemaVersion) throw_newer_version(path_, version);
-      if (version == 0) {  // empty (a new file), or another program's database
-        if (holds_tables(db.get())) {
-          unreadable_ = "not a flashgen database (user_version 0 but it holds tables)";
-          std::fprintf(stderr, "flashgen: warning: tuning database %s is not a flashgen database; reading it as empty\n",
-                       path_.c_str());
-        }
-        return;
-      }
+      if (version == 0) return;  // empty: a new file
       if (version < kSchemaVersion) {
         unreadable_ = "schema version " + std::to_string(version) + ", older than " +
                       std::to_string(kSchemaVersion) + " (open it read-write once to migrate it)";
@@ -719,11 +720,7 @@ TuningStore::TuningStore(std::filesystem::path path, bool read_only)
 
 std::optional<std::string> TuningStore::why_unusable(const std::filesystem::path& path) {
   if (!fs::exists(path)) return std::nullopt;
-  Connection db = open_connection(path, SQLITE_OPEN_READONLY);
-  if (auto damage = find_damage(db.get())) return "damaged (" + *damage + ")";
-  if (user_version(db.get()) == 0 && holds_tables(db.get()))
-    return std::string("not a flashgen database (user_version 0 but it holds tables)");
-  return std::nullopt;
+  return unusable_reason(open_connection(path, SQLITE_OPEN_READONLY).get());
 }
 
 TuningStore::~TuningStore() {
