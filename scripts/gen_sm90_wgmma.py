@@ -9,7 +9,7 @@ this script writes them out instead of a person. Rerun after changing the shape 
 # N of S = Q Kᵀ (the key block, A and B from shared memory) and of O += P V (head_dim, A from registers,
 # or from shared memory K-major with B MN-major; 8 for the row sums of P); N of the backward's dQ = dS K
 # (A and B from shared memory, both MN-major).
-SS_N = [64, 80, 96, 112, 128, 144, 160, 176, 192]
+SS_N = [32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192]  # 32, 48: half key blocks (fwd_sm90.cuh)
 RS_N = [8, 64, 96, 128, 192, 256]  # 8: P times a block of ones, the rows' sums (tensor_sum)
 SSKMN_N = RS_N
 SSMN_N = [64, 128]
@@ -53,8 +53,9 @@ def wrapper(form, n):
     trans_b = 0 if form == "ss" else 1
     struct = {"ss": "SS", "rs": "RS", "sskmn": "SSKMN", "ssmn": "SSMN"}[form]
     out = [f"template <>\nstruct Wgmma{struct}<{n}> {{\n"
-           f"  template <ElemType kElem>\n"
-           f"  static __device__ __forceinline__ void run(float (&d)[{n // 8}][4], {a_param}, u64 desc_b, int accumulate) {{\n"]
+           f"  template <ElemType kElem, int kGroups>\n"
+           f"  static __device__ __forceinline__ void run(float (&d)[kGroups][4], {a_param}, u64 desc_b, int accumulate) {{\n"
+           f"    static_assert(kGroups >= {n // 8}, \"d holds at least N/8 groups\");\n"]
     for i, (elem, ptx_type) in enumerate(TYPES):
         out.append(f"    {'if' if i == 0 else '} else'} constexpr (kElem == ElemType::{elem}) {{\n" if i == 0 else "    } else {\n")
         out.append("  " + body(n, ptx_type).replace("{TRANS_A}", str(trans_a)).replace("{TRANS_B}", str(trans_b))
@@ -69,7 +70,7 @@ def main():
     print("#pragma once\n")
     print('#include "sm90_primitives.cuh"\n')
     print("namespace flashgen {\nnamespace sm90 {\n")
-    print("// D(64 x N) (+)= A(64 x 16) B(16 x N). d holds this thread's accumulators as N/8 groups of four:")
+    print("// D(64 x N) (+)= A(64 x 16) B(16 x N). The first N/8 groups of four of d hold this thread's accumulators:")
     print("// d[i][0..1] at (row lane/4, columns 8i + 2(lane%4) + {0,1}) of its warp's 16 rows, d[i][2..3] at")
     print("// row lane/4 + 8. accumulate = 0 overwrites D.")
     print("template <int N>\nstruct WgmmaSS;  // A and B from shared-memory descriptors, both K-major (S = Q Kᵀ)")

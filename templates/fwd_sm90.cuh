@@ -4,16 +4,17 @@
 // only a few registers. Warpgroups 1..kConsumers each own 64 query rows: S = Q Kᵀ with both operands in
 // shared memory, an online softmax in base 2 on the accumulators, then O += P V with P in registers;
 // with kOverlap the softmax of one block runs while the tensor cores compute P V of the previous one,
-// and with kPingPong the two consumers take turns at issuing their products. With kPersistent one block
-// per SM walks a list of tiles, the next tile's first K/V loads overlapping this tile's output store;
-// where shared memory allows, the output has staging rows of its own and the next tile's Q loads as
-// soon as this tile's last S is done. Otherwise the output is staged in the consumer's Q rows. A TMA
-// store writes it. With kPSmem P V reads P from shared memory (both wgmma operands there) instead of
-// registers. With kCluster == 2 two blocks of adjacent query tiles of one head form a cluster: one loads
-// each K tile, the other each V tile, and TMA multicast writes it into both. With kGroups == 2
-// (persistent only) the block holds two groups of consumers, each with a Q tile, K/V rings, barriers and
-// a producer thread of its own, walking the tile list as two blocks would. Generic over a config type
-// like fwd_sm80.cuh; validity rules in fwd_sm90_traits() (fwd_traits.cuh).
+// and with kPingPong the two consumers take turns at issuing their products. Under a causal mask a
+// consumer computes of each key block only what its rows see: all of it, the first half (kHalfN) or
+// nothing. With kPersistent one block per SM walks a list of tiles, the next tile's first K/V loads
+// overlapping this tile's output store; where shared memory allows, the output has staging rows of its
+// own and the next tile's Q loads as soon as this tile's last S is done. Otherwise the output is staged
+// in the consumer's Q rows. A TMA store writes it. With kPSmem P V reads P from shared memory (both
+// wgmma operands there) instead of registers. With kCluster == 2 two blocks of adjacent query tiles of
+// one head form a cluster: one loads each K tile, the other each V tile, and TMA multicast writes it
+// into both. With kGroups == 2 (persistent only) the block holds two groups of consumers, each with a Q
+// tile, K/V rings, barriers and a producer thread of its own, walking the tile list as two blocks would.
+// Generic over a config type like fwd_sm80.cuh; validity rules in fwd_sm90_traits() (fwd_traits.cuh).
 #pragma once
 
 #include "attn_params.cuh"
@@ -80,6 +81,12 @@ struct FwdSm90 {
   static constexpr int kPSteps = kBlockN / 16;   // k-steps of O += P V
   static constexpr int kQkSteps = kHeadDim / 16; // k-steps of S = Q Kᵀ
   static constexpr float kRescaleSlack = 8.f;    // as in fwd_sm80.cuh: P stays below 2^8
+  // Under a causal mask a key block may show one consumer's 64 rows no key from kHalfN on (the upper half
+  // of a diagonal block, to the first consumer) or no key at all. That consumer then computes S, softmax
+  // and P V of the first kHalfN keys only, or nothing of the block. kHalfN keeps whole 16-key steps of
+  // P V; 0 where kBlockN cannot be halved so. Without a mask only a ragged last block could be narrowed,
+  // and the kernel keeps a single path.
+  static constexpr int kHalfN = kCausal && kBlockN % 32 == 0 ? kBlockN / 2 : 0;
 
   // Hardware barriers: 0 is __syncthreads, 1 + w consumer warpgroup w's own (P staging, epilogue; w counts
   // the block's consumers), kTurnBarrier + 2 * g + c the ping-pong turn of consumer c of group g.
@@ -456,8 +463,27 @@ struct FwdSm90 {
     auto slot = [&](int it) { return ring_slot(first_block + it); };
     auto phase = [&](int it) { return ring_phase(first_block + it); };
 
-    // Issues S = Q Kᵀ of block it: (64, kBlockN) per warpgroup, k-steps of 16 along head_dim.
-    auto issue_qk = [&](int it, float (&acc_s)[kSGroups][4]) {
+    // Key blocks arrive last first: the masked ones (it < n_masked), then the interior ones, whose
+    // softmax carries no masking code.
+    const int n_masked = tile.n_blocks - tile.n_interior;
+    // How much of each key block this consumer computes (causal mask only). Blocks it < first hold only
+    // keys past the last one its rows see; it computes nothing of them. Block first may show its rows no
+    // key from kHalfN on (half_first); every later block is computed whole. Widths count S groups of 8
+    // keys.
+    int first = 0;
+    bool half_first = false;
+    if constexpr (kCausal) {
+      const int last_key = min(p.seqlen_k - 1, tile.m_start + consumer * 64 + 63 + p.causal_offset);
+      first = last_key < 0 ? tile.n_blocks : max(0, tile.n_blocks - 1 - last_key / kBlockN);
+      half_first =
+          kHalfN > 0 && first < tile.n_blocks && last_key + 1 - (tile.n_blocks - 1 - first) * kBlockN <= kHalfN;
+    }
+    using Whole = sm80::IntConstant<kSGroups>;
+    using Half = sm80::IntConstant<(kHalfN > 0 ? kHalfN / 8 : kSGroups)>;  // never used when kHalfN == 0
+
+    // Issues S = Q Kᵀ of block it: (64, 8 * width) per warpgroup into the first width groups of acc_s,
+    // k-steps of 16 along head_dim.
+    auto issue_qk = [&](int it, float (&acc_s)[kSGroups][4], auto width) {
       const u64 desc_k0 = sm90::smem_desc_sw128(smem + kKOffset + slot(it) * kTileBytes, 16, 1024);
       sm90::mbarrier_wait(bars.k_full(slot(it)), phase(it));
       sm90::wgmma_fence();
@@ -466,23 +492,24 @@ struct FwdSm90 {
         const u32 offset = (kk % 4) * 32;  // k-step within its 64-column chunk
         const u64 desc_q = sm90::smem_desc_advance(desc_q0, (kk / 4) * kBlockM * kRowBytes + offset);
         const u64 desc_k = sm90::smem_desc_advance(desc_k0, (kk / 4) * kBlockN * kRowBytes + offset);
-        sm90::WgmmaSS<kBlockN>::template run<kElem>(acc_s, desc_q, desc_k, kk > 0 ? 1 : 0);
+        sm90::WgmmaSS<8 * decltype(width)::value>::template run<kElem>(acc_s, desc_q, desc_k, kk > 0 ? 1 : 0);
       }
       sm90::wgmma_commit();
     };
 
-    // Issues O += P V of block it: keys are the k dimension; V is read MN-major (head_dim contiguous),
-    // its 64-column chunks kBlockN rows apart. P comes from p_frag, or with kPSmem from this consumer's
-    // P rows, read K-major like Q.
+    // Issues O += P V of block it over its first 8 * width keys: keys are the k dimension; V is read
+    // MN-major (head_dim contiguous), its 64-column chunks kBlockN rows apart. P comes from p_frag, or
+    // with kPSmem from this consumer's P rows, read K-major like Q.
     const u32 sp_rows = smem + kPOffset + consumer * kPBytes;
     const u64 desc_p0 = sm90::smem_desc_sw128(sp_rows, 16, 1024);
     const u64 desc_ones = sm90::smem_desc_plain(smem + kOnesOffset, 128, 256);
-    auto issue_pv = [&](int it, const u32 (&p_frag)[kPSteps][4]) {
+    auto issue_pv = [&](int it, const u32 (&p_frag)[kPSteps][4], auto width) {
+      constexpr int kSteps = decltype(width)::value / 2;
       const u64 desc_v0 = sm90::smem_desc_sw128(smem + kVOffset + slot(it) * kTileBytes, kBlockN * kRowBytes, 1024);
       sm90::mbarrier_wait(bars.v_full(slot(it)), phase(it));
       sm90::wgmma_fence();
 #pragma unroll
-      for (int j = 0; j < kPSteps; ++j) {
+      for (int j = 0; j < kSteps; ++j) {
         const u64 desc_v = sm90::smem_desc_advance(desc_v0, j * 16 * kRowBytes);
         if constexpr (kPSmem) {
           const u64 desc_p = sm90::smem_desc_advance(desc_p0, (j / 4) * 64 * kRowBytes + (j % 4) * 32);
@@ -493,7 +520,7 @@ struct FwdSm90 {
       }
       if constexpr (kTensorSum) {
 #pragma unroll
-        for (int j = 0; j < kPSteps; ++j) {
+        for (int j = 0; j < kSteps; ++j) {
           if constexpr (kPSmem) {
             const u64 desc_p = sm90::smem_desc_advance(desc_p0, (j / 4) * 64 * kRowBytes + (j % 4) * 32);
             sm90::WgmmaSSKMN<8>::template run<kElem>(acc_l, desc_p, desc_ones, 1);
@@ -505,11 +532,13 @@ struct FwdSm90 {
       sm90::wgmma_commit();
     };
 
-    // Masks block it's S (when kMasked), moves the running max and sums, and turns S into
-    // P = exp2(s * scale_log2 - m) in place (fp32). correction[h] is the factor O's rows must be scaled
-    // by before P V of this block is added (1 when the max did not move); rescale says whether any row
-    // of the warp moved.
-    auto softmax = [&](int it, float (&acc_s)[kSGroups][4], float (&correction)[2], bool& rescale, auto masked) {
+    // Masks block it's S (when masked), moves the running max and sums, and turns S into
+    // P = exp2(s * scale_log2 - m) in place (fp32), over the first width groups of acc_s. correction[h]
+    // is the factor O's rows must be scaled by before P V of this block is added (1 when the max did not
+    // move); rescale says whether any row of the warp moved.
+    auto softmax = [&](int it, float (&acc_s)[kSGroups][4], float (&correction)[2], bool& rescale, auto masked,
+                       auto width) {
+      constexpr int kWidth = decltype(width)::value;
       if constexpr (decltype(masked)::value) {
         const int key0 = (tile.n_blocks - 1 - it) * kBlockN;
 #pragma unroll
@@ -519,7 +548,7 @@ struct FwdSm90 {
           if constexpr (kCausal) last = min(last, row0 + 8 * h + p.causal_offset);
           last -= key0 + 2 * t;
 #pragma unroll
-          for (int i = 0; i < kSGroups; ++i)
+          for (int i = 0; i < kWidth; ++i)
 #pragma unroll
             for (int e = 0; e < 2; ++e)
               if (i * 8 + e > last) acc_s[i][2 * h + e] = neg_inf();
@@ -532,7 +561,7 @@ struct FwdSm90 {
       for (int h = 0; h < 2; ++h) {
         float mx = neg_inf();
 #pragma unroll
-        for (int i = 0; i < kSGroups; ++i) mx = fmaxf(mx, fmaxf(acc_s[i][2 * h], acc_s[i][2 * h + 1]));
+        for (int i = 0; i < kWidth; ++i) mx = fmaxf(mx, fmaxf(acc_s[i][2 * h], acc_s[i][2 * h + 1]));
         block_max[h] = sm80::quad_max(mx) * p.scale_log2;
         moves[h] = block_max[h] > row_max[h] + kRescaleSlack;
       }
@@ -548,7 +577,7 @@ struct FwdSm90 {
         const float m = row_max[h] == neg_inf() ? 0.f : row_max[h];  // a row that saw no key yet
         [[maybe_unused]] float sum = 0.f;  // with kTensorSum the tensor cores add P up (issue_pv)
 #pragma unroll
-        for (int i = 0; i < kSGroups; ++i)
+        for (int i = 0; i < kWidth; ++i)
 #pragma unroll
           for (int e = 2 * h; e < 2 * h + 2; ++e) {
             acc_s[i][e] = sm80::exp2_approx(acc_s[i][e] * p.scale_log2 - m);
@@ -558,24 +587,24 @@ struct FwdSm90 {
       }
     };
 
-    // Key blocks arrive last first: the masked ones (it < n_masked), then the interior ones, whose
-    // softmax carries no masking code.
-    const int n_masked = tile.n_blocks - tile.n_interior;
-    auto softmax_of = [&](int it, float (&acc_s)[kSGroups][4], float (&correction)[2], bool& rescale) {
-      if (it < n_masked) {
-        softmax(it, acc_s, correction, rescale, sm80::BoolConstant<true>{});
-      } else {
-        softmax(it, acc_s, correction, rescale, sm80::BoolConstant<false>{});
+    auto softmax_of = [&](int it, float (&acc_s)[kSGroups][4], float (&correction)[2], bool& rescale, auto width) {
+      constexpr bool kWhole = decltype(width)::value == kSGroups;  // a part block is always masked
+      if constexpr (kWhole) {
+        if (it >= n_masked) {
+          softmax(it, acc_s, correction, rescale, sm80::BoolConstant<false>{}, width);
+          return;
+        }
       }
+      softmax(it, acc_s, correction, rescale, sm80::BoolConstant<true>{}, width);
     };
 
-    // P as 16-bit A fragments: accumulator groups 2j and 2j+1 hold the m16n8k16 A fragment of keys
-    // 16j .. 16j + 15. Written only while no wgmma reads p_frag: ptxas serializes every wgmma of a kernel
-    // whose in-flight operand registers may be redefined.
-    // With kPSmem P goes to this consumer's P rows instead (store_swizzled, as the output below), once
-    // every warp's P V of the previous block is done reading them; the second barrier makes every warp's
-    // P visible to the tensor cores.
-    auto pack_p = [&](const float (&acc_s)[kSGroups][4], u32 (&p_frag)[kPSteps][4]) {
+    // P of block it as 16-bit A fragments: accumulator groups 2j and 2j+1 hold the m16n8k16 A fragment
+    // of keys 16j .. 16j + 15 (the block's width only). Written only while no wgmma reads p_frag: ptxas
+    // serializes every wgmma of a kernel whose in-flight operand registers may be redefined.
+    // With kPSmem P goes to this consumer's P rows instead (store_swizzled, as the output below; the
+    // whole block, P V reads the width), once every warp's P V of the previous block is done reading
+    // them; the second barrier makes every warp's P visible to the tensor cores.
+    auto pack_p = [&](const float (&acc_s)[kSGroups][4], u32 (&p_frag)[kPSteps][4], auto width) {
       if constexpr (kPSmem) {
         sm90::named_barrier_sync(1 + warpgroup, 128);
         store_swizzled(sp_rows, 64 * kRowBytes, acc_s);
@@ -583,7 +612,7 @@ struct FwdSm90 {
         sm90::named_barrier_sync(1 + warpgroup, 128);
       } else {
 #pragma unroll
-        for (int j = 0; j < kPSteps; ++j) {
+        for (int j = 0; j < decltype(width)::value / 2; ++j) {
           p_frag[j][0] = sm80::pack2<kElem>(acc_s[2 * j][0], acc_s[2 * j][1]);
           p_frag[j][1] = sm80::pack2<kElem>(acc_s[2 * j][2], acc_s[2 * j][3]);
           p_frag[j][2] = sm80::pack2<kElem>(acc_s[2 * j + 1][0], acc_s[2 * j + 1][1]);
@@ -615,63 +644,88 @@ struct FwdSm90 {
       if constexpr (Cfg::kPingPong) sm90::named_barrier_arrive(turn_barrier(group, 1 - consumer), 256);
     };
 
+    // A block this consumer computes nothing of: it takes its turn and frees the block's slots, each once
+    // its load has landed (an arrival on an empty barrier must not run ahead of the slot's phase).
+    auto pass_block = [&](int it) {
+      wait_turn();
+      pass_turn();
+      sm90::mbarrier_wait(bars.k_full(slot(it)), phase(it));
+      release_k(it);
+      sm90::mbarrier_wait(bars.v_full(slot(it)), phase(it));
+      release_kv(bars.v_empty(slot(it)));
+    };
+    for (int it = 0; it < first; ++it) pass_block(it);
+
+    // The width of a block is a template argument: ptxas serializes every wgmma of the kernel when a
+    // wgmma is issued under a branch inside a pipeline stage (from its issue to the wait for it), so
+    // each branch on half_first below holds whole stages.
     float acc_s[kSGroups][4];
     u32 p_frag[kPSteps][4];
     float correction[2];
     bool rescale = false;
-    if constexpr (!Cfg::kOverlap) {
-      // Each block in turn: S, softmax, P V; the tensor cores idle during the softmax unless the other
-      // consumer warpgroup fills them.
-      for (int it = 0; it < tile.n_blocks; ++it) {
-        wait_turn();
-        issue_qk(it, acc_s);
-        pass_turn();
-        sm90::wgmma_wait<0>();
-        sm90::pin_registers(acc_s);
-        release_k(it);
-        softmax_of(it, acc_s, correction, rescale);
-        pack_p(acc_s, p_frag);
-        rescale_o(correction, rescale);
-        issue_pv(it, p_frag);
-        sm90::wgmma_wait<0>();
-        sm90::pin_registers(acc_o);
-        if constexpr (kTensorSum) sm90::pin_registers(acc_l);
-        release_kv(bars.v_empty(slot(it)));
-      }
-    } else if (tile.n_blocks > 0) {
-      // S of block it and P V of block it - 1 go to the tensor cores back to back; the softmax of block
-      // it runs while P V does. Its correction reaches O just before P V of block it is issued, and its
-      // P is packed once P V of block it - 1 no longer reads p_frag.
+    // S of block it on its own, then its softmax and P.
+    auto s_alone = [&](int it, auto width) {
       wait_turn();
-      issue_qk(0, acc_s);
+      issue_qk(it, acc_s, width);
       pass_turn();
       sm90::wgmma_wait<0>();
       sm90::pin_registers(acc_s);
-      release_k(0);
-      softmax_of(0, acc_s, correction, rescale);
-      pack_p(acc_s, p_frag);
-      for (int it = 1; it < tile.n_blocks; ++it) {
+      release_k(it);
+      softmax_of(it, acc_s, correction, rescale, width);
+      pack_p(acc_s, p_frag, width);
+    };
+    // P V of block it on its own, after O's correction.
+    auto pv_alone = [&](int it, auto width) {
+      rescale_o(correction, rescale);
+      issue_pv(it, p_frag, width);
+      sm90::wgmma_wait<0>();
+      sm90::pin_registers(acc_o);
+      if constexpr (kTensorSum) sm90::pin_registers(acc_l);
+      release_kv(bars.v_empty(slot(it)));
+    };
+    if constexpr (!Cfg::kOverlap) {
+      // Each block in turn: S, softmax, P V; the tensor cores idle during the softmax unless the other
+      // consumer warpgroup fills them.
+      auto step = [&](int it, auto width) {
+        s_alone(it, width);
+        pv_alone(it, width);
+      };
+      int it = first;
+      if (half_first) step(it++, Half{});
+      for (; it < tile.n_blocks; ++it) step(it, Whole{});
+    } else if (first < tile.n_blocks) {
+      // S of block it and P V of block it - 1 go to the tensor cores back to back; the softmax of block
+      // it runs while P V does. Its correction reaches O just before P V of block it is issued, and its
+      // P is packed once P V of block it - 1 no longer reads p_frag.
+      auto step = [&](int it, auto pv_width) {  // pv_width: block it - 1's
         wait_turn();
-        issue_qk(it, acc_s);
+        issue_qk(it, acc_s, Whole{});
         rescale_o(correction, rescale);
-        issue_pv(it - 1, p_frag);
+        issue_pv(it - 1, p_frag, pv_width);
         pass_turn();
         sm90::wgmma_wait<1>();  // groups complete in order: S of block it is done, P V may still run
         sm90::pin_registers(acc_s);
         release_k(it);
-        softmax_of(it, acc_s, correction, rescale);
+        softmax_of(it, acc_s, correction, rescale, Whole{});
         sm90::wgmma_wait<0>();
         sm90::pin_registers(acc_o);
         if constexpr (kTensorSum) sm90::pin_registers(acc_l);
         release_kv(bars.v_empty(slot(it - 1)));
-        pack_p(acc_s, p_frag);
+        pack_p(acc_s, p_frag, Whole{});
+      };
+      if (half_first) {
+        s_alone(first, Half{});
+      } else {
+        s_alone(first, Whole{});
       }
-      rescale_o(correction, rescale);
-      issue_pv(tile.n_blocks - 1, p_frag);
-      sm90::wgmma_wait<0>();
-      sm90::pin_registers(acc_o);
-      if constexpr (kTensorSum) sm90::pin_registers(acc_l);
-      release_kv(bars.v_empty(slot(tile.n_blocks - 1)));
+      int it = first + 1;
+      if (half_first && it < tile.n_blocks) step(it++, Half{});
+      for (; it < tile.n_blocks; ++it) step(it, Whole{});
+      if (half_first && first + 1 == tile.n_blocks) {
+        pv_alone(tile.n_blocks - 1, Half{});
+      } else {
+        pv_alone(tile.n_blocks - 1, Whole{});
+      }
     }
     // Epilogue: normalise, write LSE, stage O in this consumer's output rows (its Q rows unless kOwnO; same
     // swizzled layout), TMA store.

@@ -7,7 +7,7 @@
 namespace flashgen {
 namespace sm90 {
 
-// D(64 x N) (+)= A(64 x 16) B(16 x N). d holds this thread's accumulators as N/8 groups of four:
+// D(64 x N) (+)= A(64 x 16) B(16 x N). The first N/8 groups of four of d hold this thread's accumulators:
 // d[i][0..1] at (row lane/4, columns 8i + 2(lane%4) + {0,1}) of its warp's 16 rows, d[i][2..3] at
 // row lane/4 + 8. accumulate = 0 overwrites D.
 template <int N>
@@ -20,9 +20,60 @@ template <int N>
 struct WgmmaSSMN;  // A and B from shared-memory descriptors, both MN-major (dQ = dS K from dSᵀ and K)
 
 template <>
+struct WgmmaSS<32> {
+  template <ElemType kElem, int kGroups>
+  static __device__ __forceinline__ void run(float (&d)[kGroups][4], u64 desc_a, u64 desc_b, int accumulate) {
+    static_assert(kGroups >= 4, "d holds at least N/8 groups");
+    if constexpr (kElem == ElemType::kFloat16) {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+          "%16, %17, p, 1, 1, 0, 0;\n}\n"
+          : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+          : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+    } else {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+          "%16, %17, p, 1, 1, 0, 0;\n}\n"
+          : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+          : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+    }
+  }
+};
+
+template <>
+struct WgmmaSS<48> {
+  template <ElemType kElem, int kGroups>
+  static __device__ __forceinline__ void run(float (&d)[kGroups][4], u64 desc_a, u64 desc_b, int accumulate) {
+    static_assert(kGroups >= 6, "d holds at least N/8 groups");
+    if constexpr (kElem == ElemType::kFloat16) {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n48k16.f32.f16.f16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, "
+          "%24, %25, p, 1, 1, 0, 0;\n}\n"
+          : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3])
+          : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+    } else {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, "
+          "%24, %25, p, 1, 1, 0, 0;\n}\n"
+          : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3])
+          : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+    }
+  }
+};
+
+template <>
 struct WgmmaSS<64> {
-  template <ElemType kElem>
-  static __device__ __forceinline__ void run(float (&d)[8][4], u64 desc_a, u64 desc_b, int accumulate) {
+  template <ElemType kElem, int kGroups>
+  static __device__ __forceinline__ void run(float (&d)[kGroups][4], u64 desc_a, u64 desc_b, int accumulate) {
+    static_assert(kGroups >= 8, "d holds at least N/8 groups");
     if constexpr (kElem == ElemType::kFloat16) {
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
@@ -45,8 +96,9 @@ struct WgmmaSS<64> {
 
 template <>
 struct WgmmaSS<80> {
-  template <ElemType kElem>
-  static __device__ __forceinline__ void run(float (&d)[10][4], u64 desc_a, u64 desc_b, int accumulate) {
+  template <ElemType kElem, int kGroups>
+  static __device__ __forceinline__ void run(float (&d)[kGroups][4], u64 desc_a, u64 desc_b, int accumulate) {
+    static_assert(kGroups >= 10, "d holds at least N/8 groups");
     if constexpr (kElem == ElemType::kFloat16) {
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"
@@ -69,8 +121,9 @@ struct WgmmaSS<80> {
 
 template <>
 struct WgmmaSS<96> {
-  template <ElemType kElem>
-  static __device__ __forceinline__ void run(float (&d)[12][4], u64 desc_a, u64 desc_b, int accumulate) {
+  template <ElemType kElem, int kGroups>
+  static __device__ __forceinline__ void run(float (&d)[kGroups][4], u64 desc_a, u64 desc_b, int accumulate) {
+    static_assert(kGroups >= 12, "d holds at least N/8 groups");
     if constexpr (kElem == ElemType::kFloat16) {
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
@@ -93,8 +146,9 @@ struct WgmmaSS<96> {
 
 template <>
 struct WgmmaSS<112> {
-  template <ElemType kElem>
-  static __device__ __forceinline__ void run(float (&d)[14][4], u64 desc_a, u64 desc_b, int accumulate) {
+  template <ElemType kElem, int kGroups>
+  static __device__ __forceinline__ void run(float (&d)[kGroups][4], u64 desc_a, u64 desc_b, int accumulate) {
+    static_assert(kGroups >= 14, "d holds at least N/8 groups");
     if constexpr (kElem == ElemType::kFloat16) {
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %58, 0;\n"
@@ -117,8 +171,9 @@ struct WgmmaSS<112> {
 
 template <>
 struct WgmmaSS<128> {
-  template <ElemType kElem>
-  static __device__ __forceinline__ void run(float (&d)[16][4], u64 desc_a, u64 desc_b, int accumulate) {
+  template <ElemType kElem, int kGroups>
+  static __device__ __forceinline__ void run(float (&d)[kGroups][4], u64 desc_a, u64 desc_b, int accumulate) {
+    static_assert(kGroups >= 16, "d holds at least N/8 groups");
     if constexpr (kElem == ElemType::kFloat16) {
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
@@ -141,8 +196,9 @@ struct WgmmaSS<128> {
 
 template <>
 struct WgmmaSS<144> {
-  template <ElemType kElem>
-  static __device__ __forceinline__ void run(float (&d)[18][4], u64 desc_a, u64 desc_b, int accumulate) {
+  template <ElemType kElem, int kGroups>
+  static __device__ __forceinline__ void run(float (&d)[kGroups][4], u64 desc_a, u64 desc_b, int accumulate) {
+    static_assert(kGroups >= 18, "d holds at least N/8 groups");
     if constexpr (kElem == ElemType::kFloat16) {
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %74, 0;\n"
@@ -165,8 +221,9 @@ struct WgmmaSS<144> {
 
 template <>
 struct WgmmaSS<160> {
-  template <ElemType kElem>
-  static __device__ __forceinline__ void run(float (&d)[20][4], u64 desc_a, u64 desc_b, int accumulate) {
+  template <ElemType kElem, int kGroups>
+  static __device__ __forceinline__ void run(float (&d)[kGroups][4], u64 desc_a, u64 desc_b, int accumulate) {
+    static_assert(kGroups >= 20, "d holds at least N/8 groups");
     if constexpr (kElem == ElemType::kFloat16) {
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %82, 0;\n"
@@ -189,8 +246,9 @@ struct WgmmaSS<160> {
 
 template <>
 struct WgmmaSS<176> {
-  template <ElemType kElem>
-  static __device__ __forceinline__ void run(float (&d)[22][4], u64 desc_a, u64 desc_b, int accumulate) {
+  template <ElemType kElem, int kGroups>
+  static __device__ __forceinline__ void run(float (&d)[kGroups][4], u64 desc_a, u64 desc_b, int accumulate) {
+    static_assert(kGroups >= 22, "d holds at least N/8 groups");
     if constexpr (kElem == ElemType::kFloat16) {
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"
@@ -213,8 +271,9 @@ struct WgmmaSS<176> {
 
 template <>
 struct WgmmaSS<192> {
-  template <ElemType kElem>
-  static __device__ __forceinline__ void run(float (&d)[24][4], u64 desc_a, u64 desc_b, int accumulate) {
+  template <ElemType kElem, int kGroups>
+  static __device__ __forceinline__ void run(float (&d)[kGroups][4], u64 desc_a, u64 desc_b, int accumulate) {
+    static_assert(kGroups >= 24, "d holds at least N/8 groups");
     if constexpr (kElem == ElemType::kFloat16) {
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
@@ -237,8 +296,9 @@ struct WgmmaSS<192> {
 
 template <>
 struct WgmmaRS<8> {
-  template <ElemType kElem>
-  static __device__ __forceinline__ void run(float (&d)[1][4], const u32 (&a)[4], u64 desc_b, int accumulate) {
+  template <ElemType kElem, int kGroups>
+  static __device__ __forceinline__ void run(float (&d)[kGroups][4], const u32 (&a)[4], u64 desc_b, int accumulate) {
+    static_assert(kGroups >= 1, "d holds at least N/8 groups");
     if constexpr (kElem == ElemType::kFloat16) {
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
@@ -261,8 +321,9 @@ struct WgmmaRS<8> {
 
 template <>
 struct WgmmaRS<64> {
-  template <ElemType kElem>
-  static __device__ __forceinline__ void run(float (&d)[8][4], const u32 (&a)[4], u64 desc_b, int accumulate) {
+  template <ElemType kElem, int kGroups>
+  static __device__ __forceinline__ void run(float (&d)[kGroups][4], const u32 (&a)[4], u64 desc_b, int accumulate) {
+    static_assert(kGroups >= 8, "d holds at least N/8 groups");
     if constexpr (kElem == ElemType::kFloat16) {
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
@@ -285,8 +346,9 @@ struct WgmmaRS<64> {
 
 template <>
 struct WgmmaRS<96> {
-  template <ElemType kElem>
-  static __device__ __forceinline__ void run(float (&d)[12][4], const u32 (&a)[4], u64 desc_b, int accumulate) {
+  template <ElemType kElem, int kGroups>
+  static __device__ __forceinline__ void run(float (&d)[kGroups][4], const u32 (&a)[4], u64 desc_b, int accumulate) {
+    static_assert(kGroups >= 12, "d holds at least N/8 groups");
     if constexpr (kElem == ElemType::kFloat16) {
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
@@ -309,8 +371,9 @@ struct WgmmaRS<96> {
 
 template <>
 struct WgmmaRS<128> {
-  template <ElemType kElem>
-  static __device__ __forceinline__ void run(float (&d)[16][4], const u32 (&a)[4], u64 desc_b, int accumulate) {
+  template <ElemType kElem, int kGroups>
+  static __device__ __forceinline__ void run(float (&d)[kGroups][4], const u32 (&a)[4], u64 desc_b, int accumulate) {
+    static_assert(kGroups >= 16, "d holds at least N/8 groups");
     if constexpr (kElem == ElemType::kFloat16) {
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
@@ -333,8 +396,9 @@ struct WgmmaRS<128> {
 
 template <>
 struct WgmmaRS<192> {
-  template <ElemType kElem>
-  static __device__ __forceinline__ void run(float (&d)[24][4], const u32 (&a)[4], u64 desc_b, int accumulate) {
+  template <ElemType kElem, int kGroups>
+  static __device__ __forceinline__ void run(float (&d)[kGroups][4], const u32 (&a)[4], u64 desc_b, int accumulate) {
+    static_assert(kGroups >= 24, "d holds at least N/8 groups");
     if constexpr (kElem == ElemType::kFloat16) {
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %101, 0;\n"
@@ -357,8 +421,9 @@ struct WgmmaRS<192> {
 
 template <>
 struct WgmmaRS<256> {
-  template <ElemType kElem>
-  static __device__ __forceinline__ void run(float (&d)[32][4], const u32 (&a)[4], u64 desc_b, int accumulate) {
+  template <ElemType kElem, int kGroups>
+  static __device__ __forceinline__ void run(float (&d)[kGroups][4], const u32 (&a)[4], u64 desc_b, int accumulate) {
+    static_assert(kGroups >= 32, "d holds at least N/8 groups");
     if constexpr (kElem == ElemType::kFloat16) {
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
@@ -381,8 +446,9 @@ struct WgmmaRS<256> {
 
 template <>
 struct WgmmaSSKMN<8> {
-  template <ElemType kElem>
-  static __device__ __forceinline__ void run(float (&d)[1][4], u64 desc_a, u64 desc_b, int accumulate) {
+  template <ElemType kElem, int kGroups>
+  static __device__ __forceinline__ void run(float (&d)[kGroups][4], u64 desc_a, u64 desc_b, int accumulate) {
+    static_assert(kGroups >= 1, "d holds at least N/8 groups");
     if constexpr (kElem == ElemType::kFloat16) {
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
@@ -405,8 +471,9 @@ struct WgmmaSSKMN<8> {
 
 template <>
 struct WgmmaSSKMN<64> {
-  template <ElemType kElem>
-  static __device__ __forceinline__ void run(float (&d)[8][4], u64 desc_a, u64 desc_b, int accumulate) {
+  template <ElemType kElem, int kGroups>
+  static __device__ __forceinline__ void run(float (&d)[kGroups][4], u64 desc_a, u64 desc_b, int accumulate) {
+    static_assert(kGroups >= 8, "d holds at least N/8 groups");
     if constexpr (kElem == ElemType::kFloat16) {
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
@@ -429,8 +496,9 @@ struct WgmmaSSKMN<64> {
 
 template <>
 struct WgmmaSSKMN<96> {
-  template <ElemType kElem>
-  static __device__ __forceinline__ void run(float (&d)[12][4], u64 desc_a, u64 desc_b, int accumulate) {
+  template <ElemType kElem, int kGroups>
+  static __device__ __forceinline__ void run(float (&d)[kGroups][4], u64 desc_a, u64 desc_b, int accumulate) {
+    static_assert(kGroups >= 12, "d holds at least N/8 groups");
     if constexpr (kElem == ElemType::kFloat16) {
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
@@ -453,8 +521,9 @@ struct WgmmaSSKMN<96> {
 
 template <>
 struct WgmmaSSKMN<128> {
-  template <ElemType kElem>
-  static __device__ __forceinline__ void run(float (&d)[16][4], u64 desc_a, u64 desc_b, int accumulate) {
+  template <ElemType kElem, int kGroups>
+  static __device__ __forceinline__ void run(float (&d)[kGroups][4], u64 desc_a, u64 desc_b, int accumulate) {
+    static_assert(kGroups >= 16, "d holds at least N/8 groups");
     if constexpr (kElem == ElemType::kFloat16) {
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
@@ -477,8 +546,9 @@ struct WgmmaSSKMN<128> {
 
 template <>
 struct WgmmaSSKMN<192> {
-  template <ElemType kElem>
-  static __device__ __forceinline__ void run(float (&d)[24][4], u64 desc_a, u64 desc_b, int accumulate) {
+  template <ElemType kElem, int kGroups>
+  static __device__ __forceinline__ void run(float (&d)[kGroups][4], u64 desc_a, u64 desc_b, int accumulate) {
+    static_assert(kGroups >= 24, "d holds at least N/8 groups");
     if constexpr (kElem == ElemType::kFloat16) {
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
@@ -501,8 +571,9 @@ struct WgmmaSSKMN<192> {
 
 template <>
 struct WgmmaSSKMN<256> {
-  template <ElemType kElem>
-  static __device__ __forceinline__ void run(float (&d)[32][4], u64 desc_a, u64 desc_b, int accumulate) {
+  template <ElemType kElem, int kGroups>
+  static __device__ __forceinline__ void run(float (&d)[kGroups][4], u64 desc_a, u64 desc_b, int accumulate) {
+    static_assert(kGroups >= 32, "d holds at least N/8 groups");
     if constexpr (kElem == ElemType::kFloat16) {
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
@@ -525,8 +596,9 @@ struct WgmmaSSKMN<256> {
 
 template <>
 struct WgmmaSSMN<64> {
-  template <ElemType kElem>
-  static __device__ __forceinline__ void run(float (&d)[8][4], u64 desc_a, u64 desc_b, int accumulate) {
+  template <ElemType kElem, int kGroups>
+  static __device__ __forceinline__ void run(float (&d)[kGroups][4], u64 desc_a, u64 desc_b, int accumulate) {
+    static_assert(kGroups >= 8, "d holds at least N/8 groups");
     if constexpr (kElem == ElemType::kFloat16) {
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
@@ -549,8 +621,9 @@ struct WgmmaSSMN<64> {
 
 template <>
 struct WgmmaSSMN<128> {
-  template <ElemType kElem>
-  static __device__ __forceinline__ void run(float (&d)[16][4], u64 desc_a, u64 desc_b, int accumulate) {
+  template <ElemType kElem, int kGroups>
+  static __device__ __forceinline__ void run(float (&d)[kGroups][4], u64 desc_a, u64 desc_b, int accumulate) {
+    static_assert(kGroups >= 16, "d holds at least N/8 groups");
     if constexpr (kElem == ElemType::kFloat16) {
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"

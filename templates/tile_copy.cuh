@@ -60,6 +60,10 @@ template <bool kValue>
 struct BoolConstant {
   static constexpr bool value = kValue;
 };
+template <int kValue>
+struct IntConstant {
+  static constexpr int value = kValue;
+};
 
 }  // namespace sm80
 }  // namespace flashgen

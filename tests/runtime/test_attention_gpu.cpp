@@ -931,6 +931,29 @@ TEST_CASE("attention forward, sm90 family: masking edge cases, layouts, lazy res
   run_sm90_family(rescale_problems());
 }
 
+TEST_CASE("attention forward, sm90 family: causal key blocks a consumer sees in part or not at all",
+          "[gpu][attention][sm90]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext context;
+  FLASHGEN_REQUIRE_SM90(context);
+  // Under a causal mask each consumer warpgroup (64 query rows) skips the key blocks past its last row's
+  // last key and computes only the first half of a block whose second half it cannot see (fwd_sm90.cuh,
+  // kHalfN). Diagonal offsets off the 64-row grid move the half blocks and the skipped ones to every
+  // position in a tile, first and last block included. A consumer's last key just past a block edge
+  // (offset -60, and the last of 260 keys) leaves it a block with 4 keys to compute, and with many fewer
+  // keys than queries whole consumers see nothing (rows 0..149 here) while their tile's other one sees
+  // keys.
+  run_sm90_family({
+      make_problem(1, 300, 332, 2, 1, 64, FLASHGEN_FLOAT16, FLASHGEN_MASK_CAUSAL, 991),
+      make_problem(1, 400, 260, 2, 1, 64, FLASHGEN_BFLOAT16, FLASHGEN_MASK_CAUSAL_TOP_LEFT, 992),
+      make_problem(1, 300, 150, 2, 2, 128, FLASHGEN_BFLOAT16, FLASHGEN_MASK_CAUSAL, 993),
+      make_problem(1, 400, 340, 2, 1, 128, FLASHGEN_FLOAT16, FLASHGEN_MASK_CAUSAL, 994),
+      make_problem(1, 200, 456, 2, 1, 128, FLASHGEN_FLOAT16, FLASHGEN_MASK_CAUSAL_TOP_LEFT, 995),
+      make_problem(2, 361, 301, 2, 1, 256, FLASHGEN_FLOAT16, FLASHGEN_MASK_CAUSAL, 996),
+      make_problem(1, 160, 224, 2, 2, 256, FLASHGEN_BFLOAT16, FLASHGEN_MASK_CAUSAL_TOP_LEFT, 997),
+  });
+}
+
 TEST_CASE("attention forward, sm90 family: persistent blocks walk many tiles", "[gpu][attention][sm90]") {
   FLASHGEN_REQUIRE_GPU();
   flashgen::ScopedContext context;
