@@ -940,14 +940,16 @@ TEST_CASE("attention forward, sm90 family: causal key blocks a consumer sees in 
   // last key and computes only the first half of a block whose second half it cannot see (fwd_sm90.cuh,
   // kHalfN). Diagonal offsets off the 64-row grid move the half blocks and the skipped ones to every
   // position in a tile, first and last block included. A consumer's last key just past a block edge
-  // (offset -60, and the last of 260 keys) leaves it a block with 4 keys to compute, and with many fewer
-  // keys than queries whole consumers see nothing (rows 0..149 here) while their tile's other one sees
-  // keys.
+  // (offset -60, and the last of 260 keys) leaves it a block with 4 keys to compute. With 100 fewer keys
+  // than queries the first consumer of the tile of rows 0..127 passes every block while the second sees
+  // keys; offsets -100 and 32 also put skipped blocks in the 128-key blocks of the d128 tiles.
   run_sm90_family({
       make_problem(1, 300, 332, 2, 1, 64, FLASHGEN_FLOAT16, FLASHGEN_MASK_CAUSAL, 991),
       make_problem(1, 400, 260, 2, 1, 64, FLASHGEN_BFLOAT16, FLASHGEN_MASK_CAUSAL_TOP_LEFT, 992),
       make_problem(1, 300, 150, 2, 2, 128, FLASHGEN_BFLOAT16, FLASHGEN_MASK_CAUSAL, 993),
       make_problem(1, 400, 340, 2, 1, 128, FLASHGEN_FLOAT16, FLASHGEN_MASK_CAUSAL, 994),
+      make_problem(1, 300, 200, 2, 1, 128, FLASHGEN_FLOAT16, FLASHGEN_MASK_CAUSAL, 998),
+      make_problem(1, 300, 332, 2, 2, 128, FLASHGEN_BFLOAT16, FLASHGEN_MASK_CAUSAL, 999),
       make_problem(1, 200, 456, 2, 1, 128, FLASHGEN_FLOAT16, FLASHGEN_MASK_CAUSAL_TOP_LEFT, 995),
       make_problem(2, 361, 301, 2, 1, 256, FLASHGEN_FLOAT16, FLASHGEN_MASK_CAUSAL, 996),
       make_problem(1, 160, 224, 2, 2, 256, FLASHGEN_BFLOAT16, FLASHGEN_MASK_CAUSAL_TOP_LEFT, 997),
