@@ -1,5 +1,5 @@
 // BwdConfig naming, validation and JSON round-trip.
-#include "bwd_config.hpp"
+#include "generator/bwd_config.hpp"
 
 #include <sstream>
 #include <vector>

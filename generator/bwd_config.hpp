@@ -8,8 +8,8 @@
 #include <optional>
 #include <string>
 
-#include "bwd_traits.cuh"
-#include "kernel_config.hpp"
+#include "generator/kernel_config.hpp"
+#include "templates/bwd_traits.cuh"
 
 namespace flashgen {
 

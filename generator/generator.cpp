@@ -1,6 +1,6 @@
 // The generator: renders a KernelConfig as a short config header and an instantiation translation
 // unit over the templates. Output is deterministic (no timestamps), so its hash is a stable cache key.
-#include "generator.hpp"
+#include "generator/generator.hpp"
 
 #include <cstdlib>
 #include <filesystem>

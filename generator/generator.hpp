@@ -6,8 +6,8 @@
 #include <utility>
 #include <vector>
 
-#include "bwd_config.hpp"
-#include "kernel_config.hpp"
+#include "generator/bwd_config.hpp"
+#include "generator/kernel_config.hpp"
 
 namespace flashgen {
 

@@ -1,6 +1,6 @@
 // KernelConfig naming, validation and JSON round-trip. Validity itself lives in templates/fwd_traits.cuh,
 // shared with the kernel's static_asserts.
-#include "kernel_config.hpp"
+#include "generator/kernel_config.hpp"
 
 #include <algorithm>
 #include <charconv>

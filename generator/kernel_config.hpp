@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "fwd_traits.cuh"
+#include "templates/fwd_traits.cuh"
 
 namespace flashgen {
 

@@ -1,6 +1,6 @@
 // The CUDA driver API loaded with dlopen on first use: one thread-safe load + cuInit per process, whose
 // failure is remembered and rethrown cheaply, plus error text, context scoping and device queries.
-#include "cuda_driver.hpp"
+#include "runtime/cuda_driver.hpp"
 
 #include <dlfcn.h>
 

@@ -1,11 +1,11 @@
 // DeviceBuffer (device_buffer.hpp): allocation in the current context, release in the allocating one,
 // and checked synchronous copies.
-#include "device_buffer.hpp"
+#include "runtime/device_buffer.hpp"
 
 #include <algorithm>
 
-#include "cuda_driver.hpp"
 #include "flashgen/error.hpp"
+#include "runtime/cuda_driver.hpp"
 
 namespace flashgen {
 

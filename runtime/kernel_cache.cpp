@@ -1,6 +1,6 @@
 // On-disk kernel cache: checksummed entries written with temp file + fsync + rename, and a flock per key
 // so concurrent processes (and threads) produce each entry once. Every I/O failure degrades to a miss.
-#include "kernel_cache.hpp"
+#include "runtime/kernel_cache.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>

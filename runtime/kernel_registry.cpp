@@ -1,7 +1,7 @@
 // Loader stage: KernelConfig -> CompiledKernel (memory map, then the disk cache, then NVRTC) -> CUfunction
 // loaded once per CUDA context. Compiles run outside the registry mutex so different kernels build in
 // parallel; the disk cache's per-key lock keeps one kernel from being compiled twice.
-#include "kernel_registry.hpp"
+#include "runtime/kernel_registry.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -10,9 +10,9 @@
 #include <string>
 #include <utility>
 
-#include "cuda_driver.hpp"
 #include "flashgen/error.hpp"
-#include "generator.hpp"
+#include "generator/generator.hpp"
+#include "runtime/cuda_driver.hpp"
 
 namespace flashgen {
 namespace {

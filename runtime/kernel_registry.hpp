@@ -12,10 +12,10 @@
 #include <string>
 #include <unordered_map>
 
-#include "bwd_config.hpp"
-#include "kernel_cache.hpp"
-#include "kernel_config.hpp"
-#include "nvrtc_compiler.hpp"
+#include "generator/bwd_config.hpp"
+#include "generator/kernel_config.hpp"
+#include "runtime/kernel_cache.hpp"
+#include "runtime/nvrtc_compiler.hpp"
 
 namespace flashgen {
 

@@ -1,6 +1,6 @@
 // NVRTC stage: compiles a GeneratedSource (in-memory headers, no toolkit includes) to a cubin for one
 // sm arch, keeps the NVRTC + ptxas log and the resource usage ptxas reported, dumps failing sources.
-#include "nvrtc_compiler.hpp"
+#include "runtime/nvrtc_compiler.hpp"
 
 #include <nvrtc.h>
 
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "flashgen/error.hpp"
-#include "kernel_cache.hpp"
+#include "runtime/kernel_cache.hpp"
 
 // Throws Error(kCompile) with file:line, the call and NVRTC's own text when an NVRTC call fails.
 #define FLASHGEN_NVRTC_CHECK(call_expr)                                                          \

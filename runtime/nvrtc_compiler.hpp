@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "generator.hpp"
+#include "generator/generator.hpp"
 
 namespace flashgen {
 

@@ -1,5 +1,5 @@
 // cuobjdump over a temporary cubin file, its output read through a pipe.
-#include "sass.hpp"
+#include "runtime/sass.hpp"
 
 #include <sys/wait.h>
 #include <unistd.h>

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "catch.hpp"
-#include "cuda_driver.hpp"
+#include "runtime/cuda_driver.hpp"
 
 #ifdef FLASHGEN_CATCH3
 #define FLASHGEN_SKIP_TEST(why) SKIP(why)

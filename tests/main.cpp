@@ -13,7 +13,7 @@
 #include <system_error>
 
 #include "catch.hpp"
-#include "cuda_driver.hpp"
+#include "runtime/cuda_driver.hpp"
 
 namespace {
 constexpr int kSkipped = 77;

@@ -1,6 +1,6 @@
 // Built-in forward config choice: a preference list per head_dim, first entry valid on the arch wins.
 // Chosen so every default candidate compiles without spills (see tests/tuner/test_heuristic.cpp).
-#include "heuristic.hpp"
+#include "tuner/heuristic.hpp"
 
 #include <set>
 

@@ -1,13 +1,13 @@
 // Device fingerprints and problem keys of the tuning store: their stable text ids, power-of-two size
 // buckets and the bucket distance the run-time lookup uses to find the nearest stored problem.
-#include "problem_key.hpp"
+#include "tuner/problem_key.hpp"
 
 #include <cstdlib>
 
-#include "cuda_driver.hpp"
 #include "flashgen/error.hpp"
-#include "generator.hpp"
-#include "nvrtc_compiler.hpp"
+#include "generator/generator.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "runtime/nvrtc_compiler.hpp"
 
 namespace flashgen {
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "kernel_config.hpp"
+#include "generator/kernel_config.hpp"
 
 namespace flashgen {
 

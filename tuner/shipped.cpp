@@ -1,4 +1,4 @@
-#include "shipped.hpp"
+#include "tuner/shipped.hpp"
 
 #include <cstdio>
 

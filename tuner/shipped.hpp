@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include "problem_key.hpp"
-#include "store.hpp"
+#include "tuner/problem_key.hpp"
+#include "tuner/store.hpp"
 
 namespace flashgen {
 

@@ -1,7 +1,7 @@
 // Search spaces: the product of ForwardKnobs for one (dtype, head_dim, mask), or of BackwardKnobs for one
 // (dtype, head_dim, mask, dQ strategy), split by the config's invalid_reason (the traits in
 // templates/) into configs worth compiling and counted prunes.
-#include "space.hpp"
+#include "tuner/space.hpp"
 
 #include <algorithm>
 

@@ -1,6 +1,6 @@
 // SQLite store of tuning results (see store.hpp): schema and migrations, opening with damage detection,
 // BEGIN IMMEDIATE upserts so several processes can write one file, lookups, and JSON export/import.
-#include "store.hpp"
+#include "tuner/store.hpp"
 
 #include <pwd.h>
 #include <sqlite3.h>

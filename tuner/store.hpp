@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "problem_key.hpp"
-#include "tuned_config.hpp"
+#include "tuner/problem_key.hpp"
+#include "tuner/tuned_config.hpp"
 
 namespace flashgen {
 

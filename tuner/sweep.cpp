@@ -1,7 +1,7 @@
 // Tuning sweeps of the forward and the backward: parallel compile, reference check, serial timing,
 // interleaved re-timing. The pass-independent part is one driver (run_sweep); each pass supplies its
 // inputs, its check and its launch.
-#include "sweep.hpp"
+#include "tuner/sweep.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -10,14 +10,14 @@
 #include <sstream>
 #include <thread>
 
-#include "attention.hpp"
-#include "attention_backward.hpp"
-#include "cuda_driver.hpp"
-#include "device_buffer.hpp"
+#include "check/reference.hpp"
+#include "dispatch/select.hpp"
 #include "flashgen/error.hpp"
-#include "kernel_registry.hpp"
-#include "reference.hpp"
-#include "select.hpp"
+#include "launch/attention.hpp"
+#include "launch/attention_backward.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "runtime/device_buffer.hpp"
+#include "runtime/kernel_registry.hpp"
 
 namespace flashgen {
 

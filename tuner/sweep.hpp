@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "flashgen/flashgen.h"
-#include "problem_key.hpp"
-#include "store.hpp"
-#include "timing.hpp"
+#include "tuner/problem_key.hpp"
+#include "tuner/store.hpp"
+#include "tuner/timing.hpp"
 
 namespace flashgen {
 

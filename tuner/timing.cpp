@@ -1,11 +1,11 @@
 // GPU timing for the tuner: events around one launch, an L2 flush before it, robust statistics.
-#include "timing.hpp"
+#include "tuner/timing.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 
-#include "cuda_driver.hpp"
+#include "runtime/cuda_driver.hpp"
 
 namespace flashgen {
 

@@ -1,5 +1,5 @@
 // TunedConfig: name, JSON and problem match of a config of either pass.
-#include "tuned_config.hpp"
+#include "tuner/tuned_config.hpp"
 
 namespace flashgen {
 

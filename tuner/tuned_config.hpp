@@ -9,9 +9,9 @@
 #include <type_traits>
 #include <variant>
 
-#include "bwd_config.hpp"
-#include "kernel_config.hpp"
-#include "problem_key.hpp"
+#include "generator/bwd_config.hpp"
+#include "generator/kernel_config.hpp"
+#include "tuner/problem_key.hpp"
 
 namespace flashgen {
 

@@ -13,10 +13,10 @@
 #include <nlohmann/json.hpp>
 
 #include "catch.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "runtime/sass.hpp"
 #include "support/cli_runner.hpp"
 #include "support/temp_dir.hpp"
-#include "cuda_driver.hpp"
-#include "sass.hpp"
 
 namespace {
 

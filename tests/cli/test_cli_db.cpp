@@ -12,12 +12,12 @@
 #include <nlohmann/json.hpp>
 
 #include "catch.hpp"
-#include "cuda_driver.hpp"
-#include "heuristic.hpp"
-#include "problem_key.hpp"
-#include "store.hpp"
+#include "runtime/cuda_driver.hpp"
 #include "support/cli_runner.hpp"
 #include "support/temp_dir.hpp"
+#include "tuner/heuristic.hpp"
+#include "tuner/problem_key.hpp"
+#include "tuner/store.hpp"
 
 namespace {
 

@@ -8,12 +8,12 @@
 #include <string>
 
 #include "catch.hpp"
-#include "cuda_driver.hpp"
 #include "gpu.hpp"
-#include "heuristic.hpp"
-#include "store.hpp"
+#include "runtime/cuda_driver.hpp"
 #include "support/cli_runner.hpp"
 #include "support/temp_dir.hpp"
+#include "tuner/heuristic.hpp"
+#include "tuner/store.hpp"
 
 using flashgen::testing::parse_json;
 using flashgen::testing::run_cli;

@@ -4,10 +4,10 @@
 #include <sstream>
 #include <string>
 
-#include "bwd_config.hpp"
 #include "catch.hpp"
 #include "flashgen/error.hpp"
-#include "generator.hpp"
+#include "generator/bwd_config.hpp"
+#include "generator/generator.hpp"
 
 using flashgen::BwdConfig;
 using flashgen::BwdKernel;

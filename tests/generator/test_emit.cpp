@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "catch.hpp"
-#include "generator.hpp"
+#include "generator/generator.hpp"
 
 using flashgen::DType;
 using flashgen::MaskKind;

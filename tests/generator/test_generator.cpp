@@ -6,7 +6,7 @@
 
 #include "catch.hpp"
 #include "flashgen/error.hpp"
-#include "generator.hpp"
+#include "generator/generator.hpp"
 
 namespace {
 

@@ -2,7 +2,7 @@
 #include "catch.hpp"
 
 #include "flashgen/error.hpp"
-#include "kernel_config.hpp"
+#include "generator/kernel_config.hpp"
 
 using flashgen::DType;
 using flashgen::KernelConfig;

@@ -3,9 +3,9 @@
 #include <string>
 
 #include "catch.hpp"
-#include "cuda_driver.hpp"
 #include "flashgen/error.hpp"
 #include "gpu.hpp"
+#include "runtime/cuda_driver.hpp"
 
 TEST_CASE("without a CUDA driver, driver() throws kNoDevice with the cause", "[cuda_driver]") {
   std::string why;

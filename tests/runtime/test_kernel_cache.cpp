@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "runtime/kernel_cache.hpp"
 #include "support/temp_dir.hpp"
-#include "kernel_cache.hpp"
 
 namespace {
 

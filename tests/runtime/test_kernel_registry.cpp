@@ -12,12 +12,12 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "generator/generator.hpp"
+#include "generator/kernel_config.hpp"
+#include "runtime/kernel_cache.hpp"
+#include "runtime/kernel_registry.hpp"
+#include "runtime/nvrtc_compiler.hpp"
 #include "support/temp_dir.hpp"
-#include "generator.hpp"
-#include "kernel_cache.hpp"
-#include "kernel_config.hpp"
-#include "kernel_registry.hpp"
-#include "nvrtc_compiler.hpp"
 
 namespace {
 

@@ -8,7 +8,7 @@
 
 #include "catch.hpp"
 #include "flashgen/error.hpp"
-#include "nvrtc_compiler.hpp"
+#include "runtime/nvrtc_compiler.hpp"
 
 namespace {
 

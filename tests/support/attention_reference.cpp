@@ -1,6 +1,6 @@
 // The test side of attention numerics declared in attention_reference.hpp: input data, the naive
 // same-dtype forward, the tolerance checks and their reports, the out-of-bounds write scan, check_forward.
-#include "attention_reference.hpp"
+#include "support/attention_reference.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "check/reference.hpp"
 #include "flashgen/flashgen.h"
-#include "reference.hpp"
 
 namespace flashgen::test {
 

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "check/reference.hpp"
 #include "flashgen/flashgen.h"
-#include "reference.hpp"
 #include "support/attention_reference.hpp"
 
 namespace flashgen::test {

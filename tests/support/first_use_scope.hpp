@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "select.hpp"
+#include "dispatch/select.hpp"
 
 namespace flashgen::testing {
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "catch.hpp"
-#include "reference.hpp"
+#include "check/reference.hpp"
 #include "support/attention_reference.hpp"
 
 using namespace flashgen;

@@ -5,13 +5,13 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "dispatch/select.hpp"
+#include "runtime/kernel_registry.hpp"
+#include "runtime/nvrtc_compiler.hpp"
+#include "runtime/sass.hpp"
 #include "support/parallel.hpp"
 #include "support/temp_dir.hpp"
-#include "heuristic.hpp"
-#include "kernel_registry.hpp"
-#include "nvrtc_compiler.hpp"
-#include "sass.hpp"
-#include "select.hpp"
+#include "tuner/heuristic.hpp"
 
 using flashgen::DType;
 using flashgen::MaskKind;

@@ -3,11 +3,11 @@
 #include <string>
 
 #include "catch.hpp"
-#include "cuda_driver.hpp"
 #include "flashgen/error.hpp"
-#include "generator.hpp"
-#include "nvrtc_compiler.hpp"
-#include "problem_key.hpp"
+#include "generator/generator.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "runtime/nvrtc_compiler.hpp"
+#include "tuner/problem_key.hpp"
 
 using flashgen::DType;
 using flashgen::MaskKind;

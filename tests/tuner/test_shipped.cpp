@@ -7,14 +7,14 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "dispatch/select.hpp"
 #include "flashgen/error.hpp"
-#include "generator.hpp"
-#include "kernel_registry.hpp"
-#include "select.hpp"
-#include "shipped.hpp"
-#include "store.hpp"
+#include "generator/generator.hpp"
+#include "runtime/kernel_registry.hpp"
 #include "support/parallel.hpp"
 #include "support/temp_dir.hpp"
+#include "tuner/shipped.hpp"
+#include "tuner/store.hpp"
 
 using flashgen::DType;
 using flashgen::MaskKind;

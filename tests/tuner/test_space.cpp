@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "catch.hpp"
-#include "heuristic.hpp"
-#include "kernel_config.hpp"
-#include "space.hpp"
+#include "generator/kernel_config.hpp"
+#include "tuner/heuristic.hpp"
+#include "tuner/space.hpp"
 
 using flashgen::DType;
 using flashgen::KernelConfig;

@@ -21,9 +21,9 @@
 
 #include "catch.hpp"
 #include "flashgen/error.hpp"
-#include "store.hpp"
 #include "support/raw_sqlite.hpp"
 #include "support/temp_dir.hpp"
+#include "tuner/store.hpp"
 
 using flashgen::CandidateResult;
 using flashgen::DeviceFingerprint;

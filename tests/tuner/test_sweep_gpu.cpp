@@ -3,14 +3,14 @@
 #include <string>
 
 #include "catch.hpp"
-#include "cuda_driver.hpp"
+#include "dispatch/select.hpp"
 #include "gpu.hpp"
-#include "heuristic.hpp"
-#include "space.hpp"
-#include "select.hpp"
-#include "store.hpp"
+#include "runtime/cuda_driver.hpp"
 #include "support/temp_dir.hpp"
-#include "sweep.hpp"
+#include "tuner/heuristic.hpp"
+#include "tuner/space.hpp"
+#include "tuner/store.hpp"
+#include "tuner/sweep.hpp"
 
 TEST_CASE("a small forward sweep names, stores and finds a winner", "[gpu][tuner][sweep]") {
   FLASHGEN_REQUIRE_GPU();

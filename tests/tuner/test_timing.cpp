@@ -1,6 +1,6 @@
 // Timing statistics (CPU) used by the tuner's sweeps.
 #include "catch.hpp"
-#include "timing.hpp"
+#include "tuner/timing.hpp"
 
 TEST_CASE("summarize gives median and interpolated percentiles", "[tuner][timing]") {
   const flashgen::TimingResult r = flashgen::summarize({5, 1, 4, 2, 3});

@@ -1,0 +1,188 @@
+// The C ABI of include/flashgen/flashgen.h: exceptions become status codes plus a thread-local message
+// that keeps the text of the last failure until the next one; JSON answers go into caller buffers.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "api/explain.hpp"
+#include "dispatch/select.hpp"
+#include "flashgen/error.hpp"
+#include "flashgen/flashgen.h"
+#include "launch/attention.hpp"
+#include "launch/attention_backward.hpp"
+#include "launch/tensor_checks.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "tuner/store.hpp"
+#include "tuner/sweep.hpp"
+
+namespace {
+
+thread_local std::string g_last_error;
+
+template <class Fn>
+int guarded(Fn&& fn) {
+  try {
+    fn();
+    return FLASHGEN_SUCCESS;
+  } catch (const flashgen::Error& e) {
+    g_last_error = e.what();
+    return static_cast<int>(e.status());
+  } catch (const std::exception& e) {
+    g_last_error = std::string("internal error: ") + e.what();
+    return FLASHGEN_ERROR_INTERNAL;
+  } catch (...) {
+    g_last_error = "internal error: unknown exception";
+    return FLASHGEN_ERROR_INTERNAL;
+  }
+}
+
+// A JSON answer into the caller's buffer: *length (when given) gets the text's length either way; the text
+// and its NUL are copied only when they fit.
+void copy_json(const nlohmann::json& answer, char* json, size_t capacity, size_t* length) {
+  const std::string text = answer.dump();
+  if (length != nullptr) *length = text.size();
+  FLASHGEN_REQUIRE(json != nullptr, "json: null pointer");
+  FLASHGEN_REQUIRE(capacity > text.size(), "json_capacity: " + std::to_string(capacity) +
+                                               " bytes is too small; the answer needs " +
+                                               std::to_string(text.size() + 1) + " (json_length holds its length)");
+  text.copy(json, text.size());
+  json[text.size()] = '\0';
+}
+
+// The sweep problem of a flashgen_forward_problem, checked like the calls check their tensors.
+flashgen::ForwardSweepProblem sweep_problem(const flashgen_forward_problem* problem) {
+  FLASHGEN_REQUIRE(problem != nullptr, "problem: null pointer");
+  const int dtype = flashgen::raw_enum(problem->dtype);
+  FLASHGEN_REQUIRE(dtype == FLASHGEN_FLOAT16 || dtype == FLASHGEN_BFLOAT16,
+                   "problem.dtype: unknown value " + std::to_string(dtype));
+  const std::pair<int64_t, const char*> sizes[] = {
+      {problem->batch, "batch"},       {problem->seqlen_q, "seqlen_q"}, {problem->seqlen_k, "seqlen_k"},
+      {problem->heads_q, "heads_q"},   {problem->heads_kv, "heads_kv"}, {problem->head_dim, "head_dim"}};
+  for (const auto& [size, name] : sizes) {
+    FLASHGEN_REQUIRE(size >= 1 && size <= flashgen::kMaxExtent,
+                     std::string("problem.") + name + " must be in [1, 2^30], got " + std::to_string(size));
+  }
+  if (problem->head_dim % 8 != 0 || problem->head_dim > 256) {
+    flashgen::fail(flashgen::Status::kUnsupported, "problem.head_dim = " + std::to_string(problem->head_dim) +
+                                                       " is unsupported: head_dim must be a multiple of 8 up to 256");
+  }
+  FLASHGEN_REQUIRE(problem->heads_q % problem->heads_kv == 0,
+                   "problem.heads_q = " + std::to_string(problem->heads_q) + " must be a multiple of problem.heads_kv = " +
+                       std::to_string(problem->heads_kv));
+  FLASHGEN_REQUIRE(problem->batch <= 65535 && problem->heads_q <= 65535,
+                   "problem: batch and heads_q must each be at most 65535 (grid limits)");
+  const int mask = flashgen::raw_enum(problem->mask);
+  FLASHGEN_REQUIRE(mask == FLASHGEN_MASK_NONE || mask == FLASHGEN_MASK_CAUSAL || mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT,
+                   "problem.mask: unknown value " + std::to_string(mask));
+
+  flashgen::ForwardSweepProblem sweep;
+  sweep.dtype = flashgen::to_dtype(problem->dtype);
+  sweep.head_dim = static_cast<int>(problem->head_dim);
+  sweep.mask = problem->mask;
+  sweep.batch = static_cast<int>(problem->batch);
+  sweep.heads_q = static_cast<int>(problem->heads_q);
+  sweep.heads_kv = static_cast<int>(problem->heads_kv);
+  sweep.seqlen_q = static_cast<int>(problem->seqlen_q);
+  sweep.seqlen_k = static_cast<int>(problem->seqlen_k);
+  return sweep;
+}
+
+}  // namespace
+
+extern "C" int flashgen_attention_forward(const flashgen_tensor* q, const flashgen_tensor* k,
+                                          const flashgen_tensor* v, const flashgen_tensor* out, float* lse,
+                                          const flashgen_attention_options* opts, void* cuda_stream) {
+  return guarded([&] {
+    const flashgen::ForwardProblem problem = flashgen::make_forward_problem(q, k, v, out, lse, opts);
+    flashgen::launch_forward(problem, static_cast<CUstream>(cuda_stream));
+  });
+}
+
+extern "C" int flashgen_attention_backward(const flashgen_tensor* q, const flashgen_tensor* k,
+                                           const flashgen_tensor* v, const flashgen_tensor* out,
+                                           const flashgen_tensor* dout, const float* lse, const flashgen_tensor* dq,
+                                           const flashgen_tensor* dk, const flashgen_tensor* dv,
+                                           const flashgen_attention_options* opts, void* cuda_stream) {
+  return guarded([&] {
+    const flashgen::BackwardProblem problem =
+        flashgen::make_backward_problem(q, k, v, out, dout, lse, dq, dk, dv, opts);
+    flashgen::launch_backward(problem, static_cast<CUstream>(cuda_stream));
+  });
+}
+
+extern "C" int flashgen_attention_backward_workspace_size(
+    const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v, const flashgen_tensor* out,
+    const flashgen_tensor* dout, const float* lse, const flashgen_tensor* dq, const flashgen_tensor* dk,
+    const flashgen_tensor* dv, const flashgen_attention_options* opts, void* cuda_stream, size_t* workspace_bytes) {
+  return guarded([&] {
+    FLASHGEN_REQUIRE(workspace_bytes != nullptr, "workspace_bytes: null pointer");
+    const flashgen::BackwardProblem problem =
+        flashgen::make_backward_problem(q, k, v, out, dout, lse, dq, dk, dv, opts);
+    *workspace_bytes = flashgen::prepare_backward(problem, static_cast<CUstream>(cuda_stream)).workspace_bytes;
+  });
+}
+
+extern "C" int flashgen_attention_backward_with_workspace(
+    const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v, const flashgen_tensor* out,
+    const flashgen_tensor* dout, const float* lse, const flashgen_tensor* dq, const flashgen_tensor* dk,
+    const flashgen_tensor* dv, const flashgen_attention_options* opts, void* workspace, size_t workspace_bytes,
+    void* cuda_stream) {
+  return guarded([&] {
+    const flashgen::BackwardProblem problem =
+        flashgen::make_backward_problem(q, k, v, out, dout, lse, dq, dk, dv, opts);
+    FLASHGEN_REQUIRE(workspace != nullptr,
+                     "workspace: null pointer (flashgen_attention_backward takes its workspace from the stream's pool)");
+    flashgen::launch_backward(problem, static_cast<CUstream>(cuda_stream), nullptr,
+                              reinterpret_cast<CUdeviceptr>(workspace), workspace_bytes);
+  });
+}
+
+extern "C" int flashgen_explain_forward(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
+                                        const flashgen_tensor* out, float* lse, const flashgen_attention_options* opts,
+                                        void* cuda_stream, char* json, size_t json_capacity, size_t* json_length) {
+  return guarded([&] {
+    const flashgen::ForwardProblem problem = flashgen::make_forward_problem(q, k, v, out, lse, opts);
+    copy_json(flashgen::explain_forward(problem, static_cast<CUstream>(cuda_stream)), json, json_capacity,
+              json_length);
+  });
+}
+
+extern "C" int flashgen_explain_backward(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
+                                         const flashgen_tensor* out, const flashgen_tensor* dout, const float* lse,
+                                         const flashgen_tensor* dq, const flashgen_tensor* dk, const flashgen_tensor* dv,
+                                         const flashgen_attention_options* opts, void* cuda_stream, char* json,
+                                         size_t json_capacity, size_t* json_length) {
+  return guarded([&] {
+    const flashgen::BackwardProblem problem =
+        flashgen::make_backward_problem(q, k, v, out, dout, lse, dq, dk, dv, opts);
+    copy_json(flashgen::explain_backward(problem, static_cast<CUstream>(cuda_stream)), json, json_capacity,
+              json_length);
+  });
+}
+
+extern "C" int flashgen_tune_forward(const flashgen_forward_problem* problem, void* cuda_stream, char* json,
+                                     size_t json_capacity, size_t* json_length) {
+  return guarded([&] {
+    const flashgen::ForwardSweepProblem sweep = sweep_problem(problem);
+    const flashgen::ScopedContext scope(static_cast<CUstream>(cuda_stream));
+    const int arch = flashgen::launch_arch(scope.device());
+    const flashgen::ProblemKey key = flashgen::sweep_problem_key(sweep);
+    // An explicit request throws its failure with the cause's status (CUDA, compile, a bad database path).
+    const std::optional<flashgen::ForwardChoice> tuned =
+        flashgen::tune_forward_on_first_use(sweep, static_cast<int>(scope.device()), arch, nullptr,
+                                            /*explicit_request=*/true);
+    if (!tuned) flashgen::fail(flashgen::Status::kInternal, "tuning " + key.id() + " returned no winner");
+    copy_json({{"problem", key.id()},
+               {"config", tuned->config.name()},
+               {"reason", tuned->reason},
+               {"db", flashgen::TuningStore::default_path().string()}},
+              json, json_capacity, json_length);
+  });
+}
+
+extern "C" void flashgen_set_tune_on_first_use(int enabled) { flashgen::set_tune_on_first_use(enabled != 0); }
+
+extern "C" const char* flashgen_last_error(void) { return g_last_error.c_str(); }
+
+extern "C" const char* flashgen_version(void) { return FLASHGEN_VERSION; }

@@ -1,0 +1,343 @@
+// The host float64 attention reference declared in reference.hpp: 16-bit conversions, mask and FLOP
+// counting, and the float64 forward, whole or one query row at a time.
+#include "check/reference.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "flashgen/error.hpp"
+
+namespace flashgen {
+namespace {
+
+uint32_t float_bits(float value) {
+  uint32_t bits = 0;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+}
+
+float bits_float(uint32_t bits) {
+  float value = 0.0f;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+// Buffers of one row's computation, kept across the rows of a problem.
+struct RowScratch {
+  std::vector<double> q_row;   // (head_dim), when converted
+  std::vector<double> kv_row;  // (head_dim): the key or value row in use, when converted
+  std::vector<double> scores;  // (seqlen_k)
+  std::vector<double> acc;     // (head_dim)
+
+  explicit RowScratch(const AttentionShape& shape)
+      : q_row(static_cast<size_t>(shape.head_dim)),
+        kv_row(static_cast<size_t>(shape.head_dim)),
+        scores(static_cast<size_t>(shape.seqlen_k)),
+        acc(static_cast<size_t>(shape.head_dim)) {}
+};
+
+// Query row i of (batch b, head h) in float64 into out_row (head_dim values) and *lse. A fully masked row
+// leaves both as the caller set them (0 and -inf).
+void reference_row_f64(const AttentionShape& shape, const HostInput& q, const HostInput& k, const HostInput& v,
+                       double scale, flashgen_mask mask, int64_t b, int64_t h, int64_t i, RowScratch& scratch,
+                       double* out_row, double* lse) {
+  const int64_t d_count = shape.head_dim;
+  const int64_t hk = shape.kv_head(h);
+  const int64_t visible = visible_key_count(mask, i, shape.seqlen_q, shape.seqlen_k);
+  if (visible == 0) return;
+  const double* q_row = q.row(b, i, h, scratch.q_row.data());
+  double* scores = scratch.scores.data();
+  double* acc = scratch.acc.data();
+
+  double row_max = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < visible; ++j) {
+    const double* k_row = k.row(b, j, hk, scratch.kv_row.data());
+    double dot = 0.0;
+    for (int64_t d = 0; d < d_count; ++d) dot += q_row[d] * k_row[d];
+    scores[j] = dot * scale;
+    row_max = std::max(row_max, scores[j]);
+  }
+  double row_sum = 0.0;
+  std::fill(acc, acc + d_count, 0.0);
+  for (int64_t j = 0; j < visible; ++j) {
+    const double p = std::exp(scores[j] - row_max);
+    row_sum += p;
+    const double* v_row = v.row(b, j, hk, scratch.kv_row.data());
+    for (int64_t d = 0; d < d_count; ++d) acc[d] += p * v_row[d];
+  }
+  for (int64_t d = 0; d < d_count; ++d) out_row[d] = acc[d] / row_sum;
+  *lse = row_max + std::log(row_sum);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------
+// 16-bit conversions.
+
+uint16_t float_to_half_bits(float value) {
+  const uint32_t bits = float_bits(value);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t magnitude = bits & 0x7FFFFFFFu;
+  if (magnitude > 0x7F800000u) {
+    // NaN: keep the top payload bits and force the quiet bit so the mantissa stays non-zero.
+    return static_cast<uint16_t>(sign | 0x7E00u | ((magnitude >> 13) & 0x3FFu));
+  }
+  if (magnitude >= 0x477FF000u) {
+    // >= 65520 (halfway between 65504, the largest half, and 2^16) rounds to inf; so does inf.
+    return static_cast<uint16_t>(sign | 0x7C00u);
+  }
+  if (magnitude >= 0x38800000u) {
+    // Normal half (>= 2^-14): round the 23-bit mantissa to 10 bits, ties to even; a carry into the
+    // exponent is the correct result. Then rebias the exponent from 127 to 15 (112 << 23 = 0x38000000).
+    const uint32_t rounded = magnitude + 0xFFFu + ((magnitude >> 13) & 1u);
+    return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
+  }
+  // Subnormal half (or zero): adding 0.5f puts the value's 2^-24 units in the low mantissa bits of the
+  // sum (0.5 has an ulp of 2^-24), and the FPU's own round-to-nearest-even does the rounding. 2^-14
+  // exactly rounds up to 0x400, the smallest normal half, which is the right encoding.
+  const float shifted = bits_float(magnitude) + 0.5f;
+  return static_cast<uint16_t>(sign | (float_bits(shifted) - 0x3F000000u));
+}
+
+float half_bits_to_float(uint16_t bits) {
+  const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
+  const uint32_t exponent = (bits >> 10) & 0x1Fu;
+  const uint32_t mantissa = bits & 0x3FFu;
+  if (exponent == 0) {
+    // Zero or subnormal: mantissa * 2^-24, exact in float.
+    const float magnitude = std::ldexp(static_cast<float>(mantissa), -24);
+    return sign != 0 ? -magnitude : magnitude;
+  }
+  if (exponent == 0x1F) return bits_float(sign | 0x7F800000u | (mantissa << 13));  // inf / NaN
+  return bits_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+
+uint16_t float_to_bf16_bits(float value) {
+  const uint32_t bits = float_bits(value);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) {
+    return static_cast<uint16_t>((bits >> 16) | 0x0040u);  // NaN stays NaN (quiet bit set)
+  }
+  // Round the low 16 bits away, ties to even. Overflow carries into the exponent and gives inf, as
+  // round-to-nearest must; subnormals round the same way as normals.
+  const uint32_t rounded = bits + 0x7FFFu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(rounded >> 16);
+}
+
+float bf16_bits_to_float(uint16_t bits) { return bits_float(static_cast<uint32_t>(bits) << 16); }
+
+uint16_t float_to_dtype_bits(float value, flashgen_dtype dtype) {
+  return dtype == FLASHGEN_BFLOAT16 ? float_to_bf16_bits(value) : float_to_half_bits(value);
+}
+
+float dtype_bits_to_float(uint16_t bits, flashgen_dtype dtype) {
+  return dtype == FLASHGEN_BFLOAT16 ? bf16_bits_to_float(bits) : half_bits_to_float(bits);
+}
+
+float round_to_dtype(float value, flashgen_dtype dtype) {
+  return dtype_bits_to_float(float_to_dtype_bits(value, dtype), dtype);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Problems and their masks.
+
+int64_t StridedView::span() const {
+  if (elements() == 0) return 0;
+  int64_t last = 0;
+  for (int i = 0; i < 4; ++i) last += (shape[i] - 1) * stride[i];
+  return last + 1;
+}
+
+StridedView StridedView::contiguous(int64_t batch, int64_t seqlen, int64_t heads, int64_t head_dim) {
+  StridedView view;
+  view.shape[0] = batch;
+  view.shape[1] = seqlen;
+  view.shape[2] = heads;
+  view.shape[3] = head_dim;
+  view.stride[3] = 1;
+  view.stride[2] = head_dim;
+  view.stride[1] = heads * head_dim;
+  view.stride[0] = seqlen * heads * head_dim;
+  return view;
+}
+
+double effective_softmax_scale(float softmax_scale, int64_t head_dim) {
+  return softmax_scale > 0.0f ? static_cast<double>(softmax_scale)
+                              : 1.0 / std::sqrt(static_cast<double>(head_dim));
+}
+
+int64_t visible_key_count(flashgen_mask mask, int64_t i, int64_t seqlen_q, int64_t seqlen_k) {
+  int64_t last = seqlen_k - 1;  // last visible key index
+  if (mask == FLASHGEN_MASK_CAUSAL) last = i + seqlen_k - seqlen_q;
+  if (mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT) last = i;
+  return std::clamp<int64_t>(last + 1, 0, seqlen_k);
+}
+
+int64_t visible_pairs(flashgen_mask mask, int64_t seqlen_q, int64_t seqlen_k) {
+  int64_t pairs = 0;
+  for (int64_t i = 0; i < seqlen_q; ++i) pairs += visible_key_count(mask, i, seqlen_q, seqlen_k);
+  return pairs;
+}
+
+double forward_flops(const AttentionShape& shape, flashgen_mask mask) {
+  return 4.0 * static_cast<double>(shape.batch * shape.heads_q * shape.head_dim) *
+         static_cast<double>(visible_pairs(mask, shape.seqlen_q, shape.seqlen_k));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// References.
+
+double HostInput::at(int64_t b, int64_t s, int64_t h, int64_t d) const {
+  const int64_t offset = view.offset(b, s, h, d);
+  switch (element) {
+    case Element::kFloat16:
+      return half_bits_to_float(static_cast<const uint16_t*>(data)[offset]);
+    case Element::kBFloat16:
+      return bf16_bits_to_float(static_cast<const uint16_t*>(data)[offset]);
+    case Element::kFloat64:
+      break;
+  }
+  return static_cast<const double*>(data)[offset];
+}
+
+const double* HostInput::row(int64_t b, int64_t s, int64_t h, double* scratch) const {
+  const int64_t base = view.offset(b, s, h, 0);
+  const int64_t step = view.stride[3];
+  const int64_t count = view.shape[3];
+  switch (element) {
+    case Element::kFloat16: {
+      const uint16_t* bits = static_cast<const uint16_t*>(data) + base;
+      for (int64_t d = 0; d < count; ++d) scratch[d] = half_bits_to_float(bits[d * step]);
+      return scratch;
+    }
+    case Element::kBFloat16: {
+      const uint16_t* bits = static_cast<const uint16_t*>(data) + base;
+      for (int64_t d = 0; d < count; ++d) scratch[d] = bf16_bits_to_float(bits[d * step]);
+      return scratch;
+    }
+    case Element::kFloat64:
+      break;
+  }
+  const double* values = static_cast<const double*>(data) + base;
+  if (step == 1) return values;
+  for (int64_t d = 0; d < count; ++d) scratch[d] = values[d * step];
+  return scratch;
+}
+
+void require_reference_inputs(const AttentionShape& shape, const HostInput& q, const HostInput& k,
+                              const HostInput& v) {
+  FLASHGEN_REQUIRE(shape.heads_kv > 0 && shape.heads_q % shape.heads_kv == 0,
+                   "reference: heads_q must be a positive multiple of heads_kv");
+  const int64_t want_q[4] = {shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim};
+  const int64_t want_kv[4] = {shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim};
+  for (int i = 0; i < 4; ++i) {
+    FLASHGEN_REQUIRE(q.view.shape[i] == want_q[i], "reference: q view does not match the problem shape");
+    FLASHGEN_REQUIRE(k.view.shape[i] == want_kv[i], "reference: k view does not match the problem shape");
+    FLASHGEN_REQUIRE(v.view.shape[i] == want_kv[i], "reference: v view does not match the problem shape");
+  }
+}
+
+AttentionResult attention_reference_f64(const AttentionShape& shape, const HostInput& q, const HostInput& k,
+                                        const HostInput& v, double scale, flashgen_mask mask) {
+  require_reference_inputs(shape, q, k, v);
+  const int64_t d_count = shape.head_dim;
+  AttentionResult result;
+  result.out.assign(static_cast<size_t>(shape.batch * shape.seqlen_q * shape.heads_q * d_count), 0.0);
+  result.lse.assign(static_cast<size_t>(shape.batch * shape.heads_q * shape.seqlen_q),
+                    -std::numeric_limits<double>::infinity());
+  RowScratch scratch(shape);
+  for (int64_t b = 0; b < shape.batch; ++b) {
+    for (int64_t h = 0; h < shape.heads_q; ++h) {
+      for (int64_t i = 0; i < shape.seqlen_q; ++i) {
+        double* out_row = result.out.data() + ((b * shape.seqlen_q + i) * shape.heads_q + h) * d_count;
+        double* lse = result.lse.data() + (b * shape.heads_q + h) * shape.seqlen_q + i;
+        reference_row_f64(shape, q, k, v, scale, mask, b, h, i, scratch, out_row, lse);
+      }
+    }
+  }
+  return result;
+}
+
+ReferenceRow attention_reference_row(const AttentionShape& shape, const HostInput& q, const HostInput& k,
+                                     const HostInput& v, double scale, flashgen_mask mask, int64_t batch,
+                                     int64_t head, int64_t row) {
+  require_reference_inputs(shape, q, k, v);
+  FLASHGEN_REQUIRE(batch >= 0 && batch < shape.batch && head >= 0 && head < shape.heads_q && row >= 0 &&
+                       row < shape.seqlen_q,
+                   "reference: (batch, head, row) outside the problem");
+  ReferenceRow result;
+  result.out.assign(static_cast<size_t>(shape.head_dim), 0.0);
+  result.lse = -std::numeric_limits<double>::infinity();
+  RowScratch scratch(shape);
+  reference_row_f64(shape, q, k, v, scale, mask, batch, head, row, scratch, result.out.data(), &result.lse);
+  return result;
+}
+
+AttentionGradients attention_backward_reference_f64(const AttentionShape& shape, const HostInput& q,
+                                                    const HostInput& k, const HostInput& v, const HostInput& dout,
+                                                    double scale, flashgen_mask mask) {
+  require_reference_inputs(shape, q, k, v);
+  FLASHGEN_REQUIRE(dout.view.shape[0] == shape.batch && dout.view.shape[1] == shape.seqlen_q &&
+                       dout.view.shape[2] == shape.heads_q && dout.view.shape[3] == shape.head_dim,
+                   "dout: shape must be [batch, seqlen_q, heads_q, head_dim]");
+  const int64_t d = shape.head_dim;
+  AttentionGradients grads;
+  grads.dq.assign(static_cast<size_t>(shape.batch * shape.seqlen_q * shape.heads_q * d), 0.0);
+  grads.dk.assign(static_cast<size_t>(shape.batch * shape.seqlen_k * shape.heads_kv * d), 0.0);
+  grads.dv.assign(grads.dk.size(), 0.0);
+  const StridedView q_out = StridedView::contiguous(shape.batch, shape.seqlen_q, shape.heads_q, d);
+  const StridedView kv_out = StridedView::contiguous(shape.batch, shape.seqlen_k, shape.heads_kv, d);
+
+  std::vector<double> q_scratch(d), k_scratch(d), v_scratch(d), do_scratch(d), out(d), p;
+  for (int64_t b = 0; b < shape.batch; ++b)
+    for (int64_t h = 0; h < shape.heads_q; ++h) {
+      const int64_t hk = shape.kv_head(h);
+      for (int64_t i = 0; i < shape.seqlen_q; ++i) {
+        const int64_t visible = visible_key_count(mask, i, shape.seqlen_q, shape.seqlen_k);
+        if (visible == 0) continue;
+        const double* qi = q.row(b, i, h, q_scratch.data());
+        const double* doi = dout.row(b, i, h, do_scratch.data());
+        // P of row i, exactly as the forward reference forms it.
+        p.assign(static_cast<size_t>(visible), 0.0);
+        double row_max = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < visible; ++j) {
+          const double* kj = k.row(b, j, hk, k_scratch.data());
+          double s = 0;
+          for (int64_t x = 0; x < d; ++x) s += qi[x] * kj[x];
+          p[j] = s * scale;
+          row_max = std::max(row_max, p[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < visible; ++j) sum += (p[j] = std::exp(p[j] - row_max));
+        std::fill(out.begin(), out.end(), 0.0);
+        for (int64_t j = 0; j < visible; ++j) {
+          p[j] /= sum;
+          const double* vj = v.row(b, j, hk, v_scratch.data());
+          for (int64_t x = 0; x < d; ++x) out[x] += p[j] * vj[x];
+        }
+        double dsum = 0;  // D = rowsum(dO ∘ O)
+        for (int64_t x = 0; x < d; ++x) dsum += doi[x] * out[x];
+        double* dqi = &grads.dq[static_cast<size_t>(q_out.offset(b, i, h, 0))];
+        for (int64_t j = 0; j < visible; ++j) {
+          const double* kj = k.row(b, j, hk, k_scratch.data());
+          const double* vj = v.row(b, j, hk, v_scratch.data());
+          double dp = 0;
+          for (int64_t x = 0; x < d; ++x) dp += doi[x] * vj[x];
+          const double ds = p[j] * (dp - dsum);
+          double* dkj = &grads.dk[static_cast<size_t>(kv_out.offset(b, j, hk, 0))];
+          double* dvj = &grads.dv[static_cast<size_t>(kv_out.offset(b, j, hk, 0))];
+          for (int64_t x = 0; x < d; ++x) {
+            dqi[x] += scale * ds * kj[x];
+            dkj[x] += scale * ds * qi[x];
+            dvj[x] += p[j] * doi[x];
+          }
+        }
+      }
+    }
+  return grads;
+}
+
+double backward_flops(const AttentionShape& shape, flashgen_mask mask) { return 2.5 * forward_flops(shape, mask); }
+
+}  // namespace flashgen

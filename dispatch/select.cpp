@@ -1,0 +1,410 @@
+// Forward config choice: tuning database first, then the heuristic filtered by ptxas's spill report;
+// memoized per process.
+#include "dispatch/select.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
+#include "flashgen/error.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "runtime/kernel_registry.hpp"
+#include "tuner/heuristic.hpp"
+#include "tuner/shipped.hpp"
+#include "tuner/space.hpp"
+#include "tuner/store.hpp"
+#include "tuner/sweep.hpp"
+
+namespace flashgen {
+
+namespace {
+
+// Drops every config not of the sm80 family (for problems the Hopper families cannot describe).
+template <class Config>
+void keep_sm80_family(std::vector<Config>& configs) {
+  configs.erase(std::remove_if(configs.begin(), configs.end(),
+                               [](const Config& c) { return c.family != KernelFamily::kSm80; }),
+                configs.end());
+}
+
+// The first of configs whose kernels compile for arch without spills, with the reason "built-in
+// heuristic ..." naming what was passed over; the first config when all of them spill.
+template <class Config>
+std::pair<Config, std::string> first_spill_free(const std::vector<Config>& configs, int arch) {
+  std::pair<Config, std::string> choice{configs.front(), "built-in heuristic (no tuning data)"};
+  std::string spilling;
+  bool clean = false;
+  for (const Config& config : configs) {
+    const int spilled = KernelRegistry::instance().spilled_bytes(config, arch);
+    if (spilled == 0) {
+      choice.first = config;
+      clean = true;
+      break;
+    }
+    spilling += (spilling.empty() ? "" : ", ") + config.name() + " spills " + std::to_string(spilled) + " bytes";
+  }
+  if (!spilling.empty()) {
+    choice.second += clean ? "; passed over " + spilling
+                           : "; every candidate spills (" + spilling + "), using the first";
+  }
+  return choice;
+}
+
+}  // namespace
+
+const char* choice_source_name(ChoiceSource source) {
+  switch (source) {
+    case ChoiceSource::kTuningDatabase: return "tuning database";
+    case ChoiceSource::kTunedOnFirstUse: return "tuned on first use";
+    case ChoiceSource::kShippedDefaults: return "shipped defaults";
+    case ChoiceSource::kHeuristic: return "heuristic";
+    case ChoiceSource::kRequested: return "requested";
+  }
+  return "heuristic";
+}
+
+ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arch, bool sm80_only) {
+  using Key = std::tuple<int, int, int, int, bool>;
+  static std::mutex mutex;
+  static std::map<Key, ForwardChoice> chosen;
+  const Key key{static_cast<int>(dtype), head_dim, static_cast<int>(mask), arch, sm80_only};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto found = chosen.find(key); found != chosen.end()) return found->second;
+  }
+
+  // Compiled outside the lock: two threads may both compile a first choice, the registry keeps one.
+  std::vector<KernelConfig> configs = heuristic_forward_configs(dtype, head_dim, mask, arch);
+  if (sm80_only) keep_sm80_family(configs);
+  auto [config, reason] = first_spill_free(configs, arch);
+  std::lock_guard<std::mutex> lock(mutex);
+  return chosen.emplace(key, ForwardChoice{std::move(config), std::move(reason)}).first->second;
+}
+
+BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch,
+                                         bool sm80_only) {
+  using Key = std::tuple<int, int, int, bool, int, bool>;
+  static std::mutex mutex;
+  static std::map<Key, BackwardChoice> chosen;
+  const Key key{static_cast<int>(dtype), head_dim, static_cast<int>(mask), deterministic, arch, sm80_only};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto found = chosen.find(key); found != chosen.end()) return found->second;
+  }
+
+  std::vector<BwdConfig> configs = heuristic_backward_configs(dtype, head_dim, mask, deterministic, arch);
+  if (sm80_only) keep_sm80_family(configs);
+  auto [config, reason] = first_spill_free(configs, arch);
+  std::lock_guard<std::mutex> lock(mutex);
+  return chosen.emplace(key, BackwardChoice{std::move(config), std::move(reason)}).first->second;
+}
+
+namespace {
+
+// A stored winner the run-time choice may use, and why.
+template <class Config>
+struct StoredUse {
+  Config config;
+  std::string reason;
+  ChoiceSource source;
+  bool exact_bucket = false;  // the user's database holds this very bucket
+};
+
+// The user's database (exact bucket, then nearest), then the shipped defaults, for a config of type
+// Config that can run on sm_<arch> and matches the problem class; passed_over collects what was not used.
+template <class Config>
+std::optional<StoredUse<Config>> stored_choice(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
+                                               const TuningStore* user_db, const ShippedDefaults* shipped,
+                                               std::string& passed_over) {
+  auto usable = [&](const std::optional<StoredChoice>& stored) -> const Config* {
+    if (!stored) return nullptr;
+    const Config* c = std::get_if<Config>(&stored->config);
+    std::optional<std::string> why;
+    if (c == nullptr || !same_pass(*c, problem)) {
+      why = "a config of another pass or dQ strategy";
+    } else {
+      why = c->invalid_reason(arch);
+      if (!why && (c->dtype != problem.dtype || c->head_dim != problem.head_dim || c->mask != problem.mask)) {
+        why = "does not match the problem";
+      }
+    }
+    if (why) passed_over += "; stored " + config_name(stored->config) + " passed over: " + *why;
+    return why ? nullptr : c;
+  };
+  // A row the database cannot turn back into a problem or config (written by another tool, or edited)
+  // is passed over like an unusable one: the call still gets the shipped defaults or the heuristic.
+  if (user_db != nullptr) {
+    try {
+      const std::optional<StoredChoice> exact = user_db->lookup_exact(device, problem);
+      if (const Config* c = usable(exact)) {
+        return StoredUse<Config>{*c, "tuning database " + user_db->path().string() + ", exact bucket " + problem.id(),
+                                 ChoiceSource::kTuningDatabase, true};
+      }
+      const std::optional<StoredChoice> nearest = user_db->lookup_nearest(device, problem);
+      if (const Config* c = usable(nearest)) {
+        return StoredUse<Config>{*c,
+                                 "tuning database " + user_db->path().string() + ", nearest bucket " +
+                                     nearest->problem.id() + " for " + problem.id(),
+                                 ChoiceSource::kTuningDatabase};
+      }
+    } catch (const std::exception& e) {  // Error, or the JSON library's on a config it cannot read
+      passed_over += "; tuning database " + user_db->path().string() + " passed over: " + e.what();
+    }
+  }
+  if (shipped != nullptr) {
+    bool exact = false;
+    const std::optional<StoredChoice> stored = shipped->lookup(device, problem, &exact);
+    if (const Config* c = usable(stored)) {
+      return StoredUse<Config>{*c,
+                               stored->source + (exact ? ", exact bucket " + problem.id()
+                                                       : ", nearest bucket " + stored->problem.id() + " for " +
+                                                             problem.id()),
+                               ChoiceSource::kShippedDefaults};
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+ForwardChoice choose_forward_config(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
+                                    const TuningStore* user_db, const ShippedDefaults* shipped) {
+  std::string passed_over;
+  if (auto stored = stored_choice<KernelConfig>(device, problem, arch, user_db, shipped, passed_over)) {
+    return {stored->config, stored->reason, stored->source, stored->exact_bucket};
+  }
+  ForwardChoice choice = heuristic_choice(problem.dtype, problem.head_dim, problem.mask, arch);
+  choice.reason += passed_over;
+  return choice;
+}
+
+namespace {
+
+// The user's database, opened read-only once per process; null when there is none or it is unusable.
+const TuningStore* user_store() {
+  static std::once_flag once;
+  static std::unique_ptr<TuningStore> store;
+  std::call_once(once, [] {
+    const std::filesystem::path path = TuningStore::default_path();
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) return;  // no tuning data: not worth a warning
+    try {
+      store = std::make_unique<TuningStore>(path, /*read_only=*/true);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "flashgen: warning: tuning database %s not used: %s\n", path.string().c_str(), e.what());
+    }
+  });
+  return store.get();
+}
+
+// Fingerprint of each device, read once.
+const DeviceFingerprint& fingerprint_of(int device) {
+  static std::mutex mutex;
+  static std::map<int, DeviceFingerprint> fingerprints;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto found = fingerprints.find(device);
+  if (found == fingerprints.end()) found = fingerprints.emplace(device, current_device_fingerprint(device)).first;
+  return found->second;
+}
+
+}  // namespace
+
+namespace {
+
+// SQLite reads through the user store's one connection, one thread at a time.
+std::mutex& store_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+// The process-wide memo of one pass's choices, by (device ordinal, problem id).
+template <class Choice>
+struct ChoiceMemo {
+  std::mutex mutex;
+  std::map<std::pair<int, std::string>, Choice> chosen;
+};
+
+template <class Choice>
+ChoiceMemo<Choice>& choice_memo() {
+  static ChoiceMemo<Choice> memo;
+  return memo;
+}
+
+// The memoized process-wide choice: choose(fingerprint, user store, shipped defaults) on the first call
+// for (device, problem), with the device fingerprint read only when there is any data to match.
+template <class Choice, class Choose>
+Choice memoized_choice(int device, const ProblemKey& problem, Choose choose) {
+  ChoiceMemo<Choice>& memo = choice_memo<Choice>();
+  const std::pair<int, std::string> key{device, problem.id()};
+  {
+    std::lock_guard<std::mutex> lock(memo.mutex);
+    if (auto found = memo.chosen.find(key); found != memo.chosen.end()) return found->second;
+  }
+  const TuningStore* store = user_store();
+  Choice choice;
+  {
+    std::lock_guard<std::mutex> lock(store_mutex());
+    const ShippedDefaults& shipped = ShippedDefaults::instance();
+    const bool any_data = store != nullptr || !shipped.winners().empty();
+    choice = choose(any_data ? fingerprint_of(device) : DeviceFingerprint{}, store, &shipped);
+  }
+  std::lock_guard<std::mutex> lock(memo.mutex);
+  return memo.chosen.emplace(key, choice).first->second;
+}
+
+std::atomic<int>& tune_switch() {
+  // -1: not decided yet (read FLASHGEN_TUNE on first use), 0 off, 1 on.
+  static std::atomic<int> state{-1};
+  return state;
+}
+
+std::mutex& first_use_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+// The body of both passes' first-use sweeps: times make_candidates() with sweep(candidates, stream) on a
+// stream of its own, stores every row in the user's database and memoizes the winner for key.
+template <class Choice, class MakeCandidates, class Sweep>
+std::optional<Choice> first_use_sweep(const ProblemKey& key, int device, std::string* failure, bool explicit_request,
+                                      MakeCandidates make_candidates, Sweep sweep) {
+  using Config = decltype(Choice::config);
+  // One first-use sweep at a time in a process, of either pass (two would disturb each other's timings):
+  // a second thread asking for the same problem waits and then finds the memoized winner.
+  std::lock_guard<std::mutex> sweep_lock(first_use_mutex());
+  ChoiceMemo<Choice>& memo = choice_memo<Choice>();
+  {
+    std::lock_guard<std::mutex> lock(memo.mutex);
+    auto found = memo.chosen.find({device, key.id()});
+    if (found != memo.chosen.end() && found->second.source == ChoiceSource::kTunedOnFirstUse) return found->second;
+  }
+  // A bucket whose sweep failed is not swept again by this process (the warning was given once); its
+  // cause is kept for the callers' reasons.
+  static std::map<std::pair<int, std::string>, std::string> failed;  // guarded by first_use_mutex()
+  if (explicit_request) failed.erase({device, key.id()});
+  if (auto found = failed.find({device, key.id()}); found != failed.end()) {
+    if (failure != nullptr) *failure = found->second;
+    return std::nullopt;
+  }
+  const std::filesystem::path path = TuningStore::default_path();
+  try {
+    TuningStore store(path);  // opened first: a database that cannot be written fails before the sweep
+    const std::vector<Config> candidates = make_candidates();
+    std::fprintf(stderr, "flashgen: tuning %s %s(%zu candidates)\n", key.id().c_str(),
+                 explicit_request ? "" : "on first use, FLASHGEN_TUNE=1 ", candidates.size());
+    CUstream stream = nullptr;
+    FLASHGEN_CU_CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    SweepResult result;
+    try {
+      result = sweep(candidates, stream);
+    } catch (...) {
+      driver().cuStreamDestroy(stream);
+      throw;
+    }
+    driver().cuStreamDestroy(stream);
+    const DeviceFingerprint fingerprint = current_device_fingerprint(device);
+    store.record(fingerprint, result.problem, result.candidates, result.winner, result.winner_ms);
+    Choice choice{std::get<Config>(result.winner),
+                  "tuned on first use: the fastest of " + std::to_string(candidates.size()) + " candidates (" +
+                      result.decision + "), stored in " + path.string(),
+                  ChoiceSource::kTunedOnFirstUse};
+    std::lock_guard<std::mutex> lock(memo.mutex);
+    memo.chosen[{device, key.id()}] = choice;
+    return choice;
+  } catch (const std::exception& e) {
+    failed.emplace(std::make_pair(device, key.id()), e.what());
+    if (failure != nullptr) *failure = e.what();
+    if (explicit_request) {  // the caller's error, with the cause's status (a CUDA or compile failure, a bad path)
+      const auto* error = dynamic_cast<const Error*>(&e);
+      fail(error != nullptr ? error->status() : Status::kInternal, "tuning " + key.id() + " failed: " + e.what());
+    }
+    std::fprintf(stderr, "flashgen: warning: tuning %s on first use failed (not tried again in this process): %s\n",
+                 key.id().c_str(), e.what());
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+ForwardChoice choose_forward_config(int device, const ProblemKey& problem, int arch) {
+  return memoized_choice<ForwardChoice>(
+      device, problem, [&](const DeviceFingerprint& fingerprint, const TuningStore* store,
+                           const ShippedDefaults* shipped) {
+        return choose_forward_config(fingerprint, problem, arch, store, shipped);
+      });
+}
+
+bool tune_on_first_use() {
+  int state = tune_switch().load();
+  if (state < 0) {
+    const char* value = std::getenv("FLASHGEN_TUNE");
+    const int from_env = value != nullptr && std::string(value) == "1" ? 1 : 0;
+    tune_switch().compare_exchange_strong(state, from_env);
+    state = tune_switch().load();
+  }
+  return state == 1;
+}
+
+void set_tune_on_first_use(bool enabled) { tune_switch().store(enabled ? 1 : 0); }
+
+std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem& problem, int device, int arch,
+                                                       std::string* failure, bool explicit_request) {
+  const ProblemKey key = sweep_problem_key(problem);
+  const MaskKind mask = key.mask;
+  return first_use_sweep<ForwardChoice>(
+      key, device, failure, explicit_request,
+      [&] {
+        const KernelConfig builtin = heuristic_choice(problem.dtype, problem.head_dim, mask, arch).config;
+        return capped_candidates(forward_space(problem.dtype, problem.head_dim, mask, arch), builtin,
+                                 kFirstUseCandidates);
+      },
+      [&](const std::vector<KernelConfig>& candidates, CUstream stream) {
+        return sweep_forward(problem, candidates, stream, SweepOptions{});
+      });
+}
+
+std::optional<BackwardChoice> tune_backward_on_first_use(const BackwardSweepProblem& problem, int device, int arch,
+                                                         std::string* failure) {
+  const ProblemKey key = sweep_problem_key(problem);
+  const MaskKind mask = key.mask;
+  return first_use_sweep<BackwardChoice>(
+      key, device, failure, false,
+      [&] {
+        const BwdConfig builtin =
+            heuristic_backward_choice(problem.dtype, problem.head_dim, mask, problem.deterministic, arch).config;
+        return capped_candidates(
+            backward_space(problem.dtype, problem.head_dim, mask, problem.deterministic, arch), builtin,
+            kFirstUseCandidates);
+      },
+      [&](const std::vector<BwdConfig>& candidates, CUstream stream) {
+        return sweep_backward(problem, candidates, stream, SweepOptions{});
+      });
+}
+
+BackwardChoice choose_backward_config(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
+                                      const TuningStore* user_db, const ShippedDefaults* shipped) {
+  std::string passed_over;
+  if (auto stored = stored_choice<BwdConfig>(device, problem, arch, user_db, shipped, passed_over)) {
+    return {stored->config, stored->reason, stored->source, stored->exact_bucket};
+  }
+  BackwardChoice choice =
+      heuristic_backward_choice(problem.dtype, problem.head_dim, problem.mask, problem.family == "bwd_det", arch);
+  choice.reason += passed_over;
+  return choice;
+}
+
+BackwardChoice choose_backward_config(int device, const ProblemKey& problem, int arch) {
+  return memoized_choice<BackwardChoice>(
+      device, problem, [&](const DeviceFingerprint& fingerprint, const TuningStore* store,
+                           const ShippedDefaults* shipped) {
+        return choose_backward_config(fingerprint, problem, arch, store, shipped);
+      });
+}
+
+}  // namespace flashgen

@@ -1,0 +1,122 @@
+// Run-time config choice for the forward pass. Order: the user's tuning database (exact size bucket,
+// then the nearest bucket of the same device and problem class), then the built-in heuristic's
+// preference list checked against what ptxas reports. A call never fails for lack of tuning data, and
+// every answer is memoized per process.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "generator/bwd_config.hpp"
+#include "generator/kernel_config.hpp"
+#include "tuner/problem_key.hpp"
+
+namespace flashgen {
+
+class ShippedDefaults;
+class TuningStore;
+
+// Where a run-time choice came from.
+enum class ChoiceSource { kTuningDatabase, kTunedOnFirstUse, kShippedDefaults, kHeuristic, kRequested };
+
+// "tuning database", "tuned on first use", "shipped defaults", "heuristic", "requested" (as explain reports).
+const char* choice_source_name(ChoiceSource source);
+
+struct ForwardChoice {
+  KernelConfig config;
+  std::string reason;  // where the config came from and why, e.g. "built-in heuristic (no tuning data)"
+  ChoiceSource source = ChoiceSource::kHeuristic;
+  bool exact_bucket = false;  // kTuningDatabase: the user's database holds the problem's own bucket (not a neighbour)
+};
+
+// The first heuristic config whose compiled kernel does not spill (compiling through the kernel
+// registry's caches); the first one when all of them spill, saying so in the reason. With sm80_only,
+// only the sm80 family is considered (the launcher's fallback when TMA cannot describe a problem).
+// Memoized.
+ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arch, bool sm80_only = false);
+
+// The choice from explicit data sources (either may be null): user_db exact bucket, user_db nearest
+// bucket, the shipped defaults (exact, then nearest bucket, for a GPU of the same kind), then
+// heuristic_choice. A stored config that cannot run on sm_<arch> is passed over, and the reason says so.
+// Not memoized: the process-wide form below is.
+ForwardChoice choose_forward_config(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
+                                    const TuningStore* user_db, const ShippedDefaults* shipped = nullptr);
+
+// Process-wide choice for device (a CUDA device ordinal): the user's database at
+// TuningStore::default_path(), opened read-only on first use (a missing file means no tuning data), then
+// ShippedDefaults::instance(), memoized per (device, problem key). Thread-safe; microseconds after the first call for a key.
+ForwardChoice choose_forward_config(int device, const ProblemKey& problem, int arch);
+
+// Tune-on-first-use: when on, a forward or backward call whose problem bucket the user's database does
+// not hold for this GPU first runs a short sweep (tune_forward_on_first_use, tune_backward_on_first_use)
+// and stores the winner there. Off unless FLASHGEN_TUNE=1 is set in the environment or
+// set_tune_on_first_use(true) is called.
+bool tune_on_first_use();
+void set_tune_on_first_use(bool enabled);
+
+// A call's tune-on-first-use step, given its run-time choice: when the switch is on and neither the user's
+// database holds the problem's own bucket (a neighbour's winner is only a stand-in) nor this process has
+// tuned it, tune(&failure) sweeps it; its winner replaces the choice, or the choice is kept with the
+// failure's cause at the end of its reason. The caller skips this while its stream captures a graph.
+template <class Choice, class Tune>
+void apply_tune_on_first_use(Choice& choice, Tune&& tune) {
+  if (!tune_on_first_use() || choice.source == ChoiceSource::kTunedOnFirstUse ||
+      (choice.source == ChoiceSource::kTuningDatabase && choice.exact_bucket)) {
+    return;
+  }
+  std::string failure;
+  if (auto tuned = tune(&failure)) {
+    choice = std::move(*tuned);
+  } else {
+    choice.reason += "; tuning on first use failed: " + failure;
+  }
+}
+
+// Candidates a first-use sweep times (capped_candidates: the built-in choice, its neighbours, the rest
+// spread evenly).
+constexpr int kFirstUseCandidates = 16;
+
+struct ForwardSweepProblem;
+
+// Sweeps problem on device (an ordinal; its context current) on a stream of its own, stores every row
+// and the winner in the user's database (TuningStore::default_path(), opened for writing) and makes the
+// winner the process's memoized choice for the problem's key. Blocks until the sweep is done (seconds).
+// Returns nullopt, after a warning on stderr, when the sweep or the store fails: the caller keeps the
+// choice it had, and the process does not sweep that bucket again. *failure (when given) then gets the
+// cause, this time and at every later call for the bucket. An explicit_request (flashgen_tune_forward)
+// sweeps a bucket whose sweep failed before, and a failure throws Error with its cause's status instead.
+std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem& problem, int device, int arch,
+                                                       std::string* failure = nullptr, bool explicit_request = false);
+
+struct BackwardChoice {
+  BwdConfig config;
+  std::string reason;
+  ChoiceSource source = ChoiceSource::kHeuristic;
+  bool exact_bucket = false;  // as ForwardChoice's
+};
+
+// The first built-in backward config for the problem class whose kernels (dkdv, and dq when
+// deterministic) compile without spills; the first one when all spill, saying so. Memoized.
+// With sm80_only, only the sm80 family's configs are considered (when TMA cannot describe the tensors).
+BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch,
+                                         bool sm80_only = false);
+
+// The backward's choice from explicit data sources, in choose_forward_config's order: user_db exact and
+// nearest bucket, the shipped defaults, then heuristic_backward_choice. problem is a backward key
+// (backward_problem_key: family "bwd" or "bwd_det").
+BackwardChoice choose_backward_config(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
+                                      const TuningStore* user_db, const ShippedDefaults* shipped = nullptr);
+
+// Process-wide backward choice for device (a CUDA device ordinal), as the forward's: the user's
+// database, then the shipped defaults, then the heuristic; memoized per (device, problem key).
+BackwardChoice choose_backward_config(int device, const ProblemKey& problem, int arch);
+
+struct BackwardSweepProblem;
+
+// tune_forward_on_first_use for a backward problem (its dQ strategy's candidates; checked in full
+// against float64 on a small problem of the same class, then timed at the problem's sizes).
+std::optional<BackwardChoice> tune_backward_on_first_use(const BackwardSweepProblem& problem, int device, int arch,
+                                                         std::string* failure = nullptr);
+
+}  // namespace flashgen

@@ -1,0 +1,292 @@
+// Forward launcher: validates flashgen_tensor arguments into AttnFwdParams (no GPU needed), then checks
+// the pointers against the launch context, picks a config, computes the grid and launches on the
+// caller's stream. Any bad input is reported before anything is launched.
+#include "launch/attention.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <tuple>
+
+#include "dispatch/select.hpp"
+#include "flashgen/error.hpp"
+#include "launch/tensor_checks.hpp"
+#include "launch/tile_counters.hpp"
+#include "launch/tma.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "runtime/kernel_registry.hpp"
+#include "tuner/sweep.hpp"
+
+namespace flashgen {
+
+ForwardProblem make_forward_problem(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
+                                    const flashgen_tensor* out, float* lse, const flashgen_attention_options* opts) {
+  check_tensor(q, "q");
+  check_tensor(k, "k");
+  check_tensor(v, "v");
+  check_tensor(out, "out");
+  FLASHGEN_REQUIRE(opts != nullptr, "opts: null pointer");
+  for (const auto& [t, name] : {std::pair{k, "k"}, std::pair{v, "v"}, std::pair{out, "out"}}) {
+    FLASHGEN_REQUIRE(t->dtype == q->dtype, std::string(name) + ".dtype is " + dtype_name(to_dtype(t->dtype)) +
+                                               " but q.dtype is " + dtype_name(to_dtype(q->dtype)));
+  }
+  require_same_dim(k, "k", q, "q", 0);
+  require_same_dim(v, "v", q, "q", 0);
+  require_same_dim(k, "k", q, "q", 3);
+  require_same_dim(v, "v", q, "q", 3);
+  require_same_dim(v, "v", k, "k", 1);
+  require_same_dim(v, "v", k, "k", 2);
+  for (int i = 0; i < 4; ++i) require_same_dim(out, "out", q, "q", i);
+
+  check_head_dim_and_groups(q, k);
+  for (const auto& [t, name] : {std::pair{q, "q"}, std::pair{k, "k"}, std::pair{v, "v"}, std::pair{out, "out"}}) {
+    check_layout(t, name);
+  }
+  check_output_strides(out, "out");
+  FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(lse) % alignof(float) == 0,
+                   "lse: pointer must be 4-byte aligned");
+  check_options(opts);
+  FLASHGEN_REQUIRE(q->shape[0] <= 65535 && q->shape[2] <= 65535,
+                   "q: batch and heads must each be at most 65535 (grid limits)");
+
+  ForwardProblem problem;
+  problem.dtype = to_dtype(q->dtype);
+  problem.head_dim = static_cast<int>(q->shape[3]);
+  problem.mask = opts->mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
+  problem.abi_mask = opts->mask;
+
+  AttnFwdParams& p = problem.params;
+  p.q = q->data;
+  p.k = k->data;
+  p.v = v->data;
+  p.o = out->data;
+  p.lse = lse;
+  p.q_batch_stride = q->stride[0], p.q_row_stride = q->stride[1], p.q_head_stride = q->stride[2];
+  p.k_batch_stride = k->stride[0], p.k_row_stride = k->stride[1], p.k_head_stride = k->stride[2];
+  p.v_batch_stride = v->stride[0], p.v_row_stride = v->stride[1], p.v_head_stride = v->stride[2];
+  p.o_batch_stride = out->stride[0], p.o_row_stride = out->stride[1], p.o_head_stride = out->stride[2];
+  p.batch = static_cast<int>(q->shape[0]);
+  p.seqlen_q = static_cast<int>(q->shape[1]);
+  p.heads_q = static_cast<int>(q->shape[2]);
+  p.seqlen_k = static_cast<int>(k->shape[1]);
+  p.heads_kv = static_cast<int>(k->shape[2]);
+  p.group_size = p.heads_q / p.heads_kv;
+  p.causal_offset = causal_offset(*opts, p.seqlen_q, p.seqlen_k);
+  p.scale = softmax_scale(*opts, problem.head_dim);
+  p.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
+  return problem;
+}
+
+namespace {
+
+// The four tensors of a forward problem as TMA sees them, with the box rows of the sm90 kernel's copies.
+struct ForwardTmaTensors {
+  TmaTensor q, k, v, o;
+  int q_rows = 0, kv_rows = 0;
+  static constexpr int kORows = 64;  // each consumer warpgroup stores its own 64 rows
+
+  ForwardTmaTensors(const ForwardProblem& problem, const KernelConfig& config) {
+    const AttnFwdParams& p = problem.params;
+    auto tensor = [&](const void* data, int seqlen, int heads, long long bs, long long rs, long long hs) {
+      return TmaTensor{data, problem.dtype, p.batch, seqlen, heads, problem.head_dim, bs, rs, hs};
+    };
+    q = tensor(p.q, p.seqlen_q, p.heads_q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+    k = tensor(p.k, p.seqlen_k, p.heads_kv, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+    v = tensor(p.v, p.seqlen_k, p.heads_kv, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+    o = tensor(p.o, p.seqlen_q, p.heads_q, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
+    q_rows = config.block_m;
+    kv_rows = config.block_n;
+  }
+
+  std::optional<std::string> unsupported_reason() const {
+    for (const auto& [t, rows, name] : {std::tuple{&q, q_rows, "q"}, std::tuple{&k, kv_rows, "k"},
+                                        std::tuple{&v, kv_rows, "v"}, std::tuple{&o, kORows, "out"}}) {
+      if (auto why = tma_unsupported_reason(*t, rows)) return std::string(name) + ": " + *why;
+    }
+    return std::nullopt;
+  }
+
+  void encode(AttnFwdSm90Params& params) const {
+    encode_tma_map(&params.q_map, q, q_rows);
+    encode_tma_map(&params.k_map, k, kv_rows);
+    encode_tma_map(&params.v_map, v, kv_rows);
+    encode_tma_map(&params.o_map, o, kORows);
+  }
+};
+
+int multiprocessors(CUdevice device) {
+  int sms = 0;
+  FLASHGEN_CU_CHECK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device));
+  return sms;
+}
+
+// (batch, head) pairs per section of a persistent causal kernel's tile list. As many as have their K and V
+// (shared by the query heads of a group) in half the L2 cache, but enough for two tiles per walker (block
+// or group of consumers), since the walkers running at once span about one section; then widened to even out the sections, so the last
+// is not a narrow one whose longest tiles would start when the others are done.
+int l2_section(const AttnFwdParams& p, int head_dim, int64_t m_blocks, int64_t walkers, CUdevice device) {
+  int l2_bytes = 0;
+  FLASHGEN_CU_CHECK(cuDeviceGetAttribute(&l2_bytes, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, device));
+  const int64_t kv_bytes_per_pair = std::max<int64_t>(int64_t(2) * p.seqlen_k * head_dim * 2 / p.group_size, 1);
+  const int64_t pairs = int64_t(p.heads_q) * p.batch;
+  const int64_t widest = std::clamp<int64_t>(
+      std::max<int64_t>(l2_bytes / 2 / kv_bytes_per_pair, (2 * walkers + m_blocks - 1) / m_blocks), 1, pairs);
+  const int64_t sections = pairs / widest;
+  return static_cast<int>((pairs + sections - 1) / sections);
+}
+
+// How many clusters of the prepared kernel (its cluster shape compiled in) fit on the device at once: GPCs
+// of odd SM counts leave some SMs out of clusters of two. Falls back to half the SMs if the driver cannot say.
+int max_active_clusters(const PreparedForward& prepared, CUdevice device) {
+  CUlaunchConfig config{};
+  config.gridDimX = 2;
+  config.gridDimY = config.gridDimZ = 1;
+  config.blockDimX = prepared.threads;
+  config.blockDimY = config.blockDimZ = 1;
+  config.sharedMemBytes = prepared.smem_bytes;
+  int clusters = 0;
+  if (driver().cuOccupancyMaxActiveClusters(&clusters, prepared.function, &config) != CUDA_SUCCESS || clusters <= 0) {
+    clusters = multiprocessors(device) / 2;
+  }
+  return clusters;
+}
+
+// prepare_forward with the launch context already current (scope).
+PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedContext& scope, CUstream stream,
+                                 const KernelConfig* config) {
+  const AttnFwdParams& p = problem.params;
+  check_device_pointer(p.q, "q.data", scope.device());
+  check_device_pointer(p.k, "k.data", scope.device());
+  check_device_pointer(p.v, "v.data", scope.device());
+  check_device_pointer(p.o, "out.data", scope.device());
+  if (p.lse != nullptr) check_device_pointer(p.lse, "lse", scope.device());
+
+  ForwardLaunch launch;
+  launch.arch = launch_arch(scope.device());
+  if (config != nullptr) {
+    check_requested_config(*config, problem.dtype, problem.head_dim, problem.mask, launch.arch);
+    launch.config = *config;
+    launch.reason = "requested by the caller";
+    launch.source = ChoiceSource::kRequested;
+  } else {
+    const ProblemKey key = forward_problem_key(problem.dtype, problem.head_dim, problem.mask, p.group_size,
+                                               p.seqlen_q, p.seqlen_k, int64_t(p.batch) * p.heads_q);
+    ForwardChoice choice = choose_forward_config(static_cast<int>(scope.device()), key, launch.arch);
+    if (!stream_capturing(stream)) {
+      apply_tune_on_first_use(choice, [&](std::string* failure) {
+        return tune_forward_on_first_use(sweep_problem_of(problem), static_cast<int>(scope.device()), launch.arch,
+                                         failure);
+      });
+    }
+    launch.config = choice.config;
+    launch.reason = std::move(choice.reason);
+    launch.source = choice.source;
+  }
+
+  PreparedForward prepared;
+  if (launch.config.family == KernelFamily::kSm90) {
+    const ForwardTmaTensors tensors(problem, launch.config);
+    if (auto why = tensors.unsupported_reason()) {
+      if (config != nullptr) {
+        fail(Status::kUnsupported, "config " + launch.config.name() + " needs TMA, which cannot describe " + *why);
+      }
+      const ForwardChoice fallback =
+          heuristic_choice(problem.dtype, problem.head_dim, problem.mask, launch.arch, /*sm80_only=*/true);
+      launch.reason += "; TMA cannot describe " + *why + ", so the sm80 family's " + fallback.reason;
+      launch.config = fallback.config;
+      launch.source = fallback.source;
+    } else {
+      prepared.uses_tma = true;
+      prepared.sm90_params.base = p;
+      tensors.encode(prepared.sm90_params);
+    }
+  }
+  // A cluster of two takes pairs of query blocks: the grid's x is a multiple of 2, its last block
+  // possibly past the end.
+  const int cluster = launch.config.cluster;
+  const int64_t m_blocks = (p.seqlen_q + launch.config.block_m - 1) / launch.config.block_m;
+  const int64_t tiles = (m_blocks + cluster - 1) / cluster * p.heads_q * p.batch;  // per cluster
+  // The kernel walks the tile list with int indices, up to a walker count past its end.
+  if (launch.config.persistent && tiles > INT32_MAX - 2 * int64_t(multiprocessors(scope.device()))) {
+    FLASHGEN_REQUIRE(config == nullptr, "config " + launch.config.name() + ": " + std::to_string(tiles) +
+                                            " tiles are more than a persistent kernel indexes");
+    launch.config.persistent = false;
+    launch.config.groups = 1;  // groups walk a persistent list
+    launch.reason += "; not persistent: too many tiles";
+  }
+  prepared.function = KernelRegistry::instance().function(launch.config, scope.context(), launch.arch);
+  prepared.threads = static_cast<unsigned>(launch.config.threads());
+  prepared.smem_bytes = static_cast<unsigned>(launch.config.smem_bytes());
+  // Walkers of a persistent kernel's tile list: its blocks, or their groups of consumers.
+  const int groups = launch.config.groups;
+  if (launch.config.persistent) {  // one block per SM (one cluster per SM pair) walks the tiles
+    const int64_t resident = cluster > 1 ? max_active_clusters(prepared, scope.device()) : multiprocessors(scope.device());
+    prepared.grid[0] = static_cast<unsigned>(std::min<int64_t>(tiles, resident) * cluster);
+  } else {
+    prepared.grid[0] = static_cast<unsigned>((m_blocks + cluster - 1) / cluster * cluster);
+    prepared.grid[1] = static_cast<unsigned>(p.heads_q);
+    prepared.grid[2] = static_cast<unsigned>(p.batch);
+  }
+  // Only the persistent causal kernels walk a sectioned tile list; the others never read l2_section.
+  prepared.uses_tile_counter = prepared.uses_tma && launch.config.persistent && problem.mask == MaskKind::kCausal;
+  if (prepared.uses_tile_counter) {
+    prepared.sm90_params.l2_section =
+        l2_section(p, problem.head_dim, m_blocks, int64_t(prepared.grid[0]) * groups, scope.device());
+  }
+  prepared.params = p;
+  prepared.launch = std::move(launch);
+  return prepared;
+}
+
+}  // namespace
+
+PreparedForward prepare_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig* config) {
+  ScopedContext scope(stream, home_device(problem.params.q));
+  return prepare_in_scope(problem, scope, stream, config);
+}
+
+void PreparedForward::operator()(CUstream stream) const {
+  auto launch = [&](const void* kernel_params) {
+    void* args[] = {const_cast<void*>(kernel_params)};
+    FLASHGEN_CU_CHECK(cuLaunchKernel(function, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes, stream, args,
+                                     nullptr));
+  };
+  if (!uses_tile_counter) {
+    launch(uses_tma ? static_cast<const void*>(&sm90_params) : static_cast<const void*>(&params));
+    return;
+  }
+  AttnFwdSm90Params with_counter = sm90_params;
+  if (const CUdeviceptr shared = stream_tile_counter(stream)) {
+    with_counter.tile_counter = reinterpret_cast<int*>(shared);
+    launch(&with_counter);
+    return;
+  }
+  // A counter of this launch's own, zeroed in stream order (and captured with it into a graph).
+  CUdeviceptr owned = 0;
+  FLASHGEN_CU_CHECK(cuMemAllocAsync(&owned, sizeof(int), stream));
+  with_counter.tile_counter = reinterpret_cast<int*>(owned);
+  try {
+    FLASHGEN_CU_CHECK(cuMemsetD32Async(owned, 0, 1, stream));
+    launch(&with_counter);
+  } catch (...) {
+    driver().cuMemFreeAsync(owned, stream);
+    throw;
+  }
+  FLASHGEN_CU_CHECK(cuMemFreeAsync(owned, stream));
+}
+
+ForwardLaunch launch_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig* config) {
+  ScopedContext scope(stream, home_device(problem.params.q));
+  const PreparedForward prepared = prepare_in_scope(problem, scope, stream, config);
+  prepared(stream);
+  return prepared.launch;
+}
+
+ForwardLaunch attention_forward(const flashgen_tensor& q, const flashgen_tensor& k, const flashgen_tensor& v,
+                                const flashgen_tensor& out, float* lse, const flashgen_attention_options& opts,
+                                CUstream stream) {
+  return launch_forward(make_forward_problem(&q, &k, &v, &out, lse, &opts), stream);
+}
+
+}  // namespace flashgen

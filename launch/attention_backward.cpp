@@ -1,0 +1,322 @@
+// Backward launcher: validates flashgen_tensor arguments into AttnBwdParams (no GPU needed), then checks
+// the pointers against the launch context, picks a config, binds the workspace and launches the
+// module's kernels in order on the caller's stream. Bad input is reported before anything is launched.
+#include "launch/attention_backward.hpp"
+
+#include <cstdint>
+#include <optional>
+#include <tuple>
+#include <utility>
+
+#include "dispatch/select.hpp"
+#include "flashgen/error.hpp"
+#include "launch/tensor_checks.hpp"
+#include "launch/tma.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "runtime/kernel_registry.hpp"
+#include "tuner/sweep.hpp"
+
+namespace flashgen {
+
+namespace {
+
+constexpr size_t kWorkspaceAlign = 256;
+
+size_t align_up(size_t bytes) { return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+
+// Workspace rows of one (batch, head): seqlen_q rounded up to the config's padding (bwd_rows.cuh).
+size_t workspace_rows(const AttnBwdParams& p, const BwdConfig& config) {
+  const size_t pad = static_cast<size_t>(config.pad_rows());
+  return (static_cast<size_t>(p.seqlen_q) + pad - 1) / pad * pad;
+}
+
+// One fp32 value per workspace row: D, and the base-2 LSE of the sm90 family.
+size_t row_array_bytes(const AttnBwdParams& p, const BwdConfig& config) {
+  return align_up(sizeof(float) * size_t(p.batch) * size_t(p.heads_q) * workspace_rows(p, config));
+}
+
+// The tensors of a backward problem as TMA sees them, with the box rows of the sm90 dkdv kernel's copies.
+struct BackwardTmaTensors {
+  TmaTensor q, dout, k, v, dk, dv;
+  int q_rows = 0, kv_rows = 0;
+  static constexpr int kGradRows = 64;  // each consumer warpgroup stores its own 64 keys
+
+  BackwardTmaTensors(const BackwardProblem& problem, const BwdConfig& config) {
+    const AttnBwdParams& p = problem.params;
+    auto tensor = [&](const void* data, int seqlen, int heads, long long bs, long long rs, long long hs) {
+      return TmaTensor{data, problem.dtype, p.batch, seqlen, heads, problem.head_dim, bs, rs, hs};
+    };
+    q = tensor(p.q, p.seqlen_q, p.heads_q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+    dout = tensor(p.dout, p.seqlen_q, p.heads_q, p.do_batch_stride, p.do_row_stride, p.do_head_stride);
+    k = tensor(p.k, p.seqlen_k, p.heads_kv, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+    v = tensor(p.v, p.seqlen_k, p.heads_kv, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+    dk = tensor(p.dk, p.seqlen_k, p.heads_kv, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+    dv = tensor(p.dv, p.seqlen_k, p.heads_kv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+    q_rows = config.block_m;
+    kv_rows = config.block_n;
+  }
+
+  std::optional<std::string> unsupported_reason() const {
+    for (const auto& [t, rows, name] :
+         {std::tuple{&q, q_rows, "q"}, std::tuple{&dout, q_rows, "dout"}, std::tuple{&k, kv_rows, "k"},
+          std::tuple{&v, kv_rows, "v"}, std::tuple{&dk, kGradRows, "dk"}, std::tuple{&dv, kGradRows, "dv"}}) {
+      if (auto why = tma_unsupported_reason(*t, rows)) return std::string(name) + ": " + *why;
+    }
+    return std::nullopt;
+  }
+
+  void encode(AttnBwdSm90Params& params) const {
+    encode_tma_map(&params.q_map, q, q_rows);
+    encode_tma_map(&params.do_map, dout, q_rows);
+    encode_tma_map(&params.k_map, k, kv_rows);
+    encode_tma_map(&params.v_map, v, kv_rows);
+    encode_tma_map(&params.dk_map, dk, kGradRows);
+    encode_tma_map(&params.dv_map, dv, kGradRows);
+  }
+};
+
+unsigned ceil_div(long long a, long long b) { return static_cast<unsigned>((a + b - 1) / b); }
+
+}  // namespace
+
+BackwardProblem make_backward_problem(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
+                                      const flashgen_tensor* out, const flashgen_tensor* dout, const float* lse,
+                                      const flashgen_tensor* dq, const flashgen_tensor* dk, const flashgen_tensor* dv,
+                                      const flashgen_attention_options* opts) {
+  const std::pair<const flashgen_tensor*, const char*> tensors[] = {
+      {q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {dout, "dout"}, {dq, "dq"}, {dk, "dk"}, {dv, "dv"}};
+  for (const auto& [t, name] : tensors) check_tensor(t, name);
+  FLASHGEN_REQUIRE(lse != nullptr, "lse: null pointer (pass what flashgen_attention_forward wrote)");
+  FLASHGEN_REQUIRE(opts != nullptr, "opts: null pointer");
+  for (const auto& [t, name] : tensors) {
+    FLASHGEN_REQUIRE(t->dtype == q->dtype, std::string(name) + ".dtype is " + dtype_name(to_dtype(t->dtype)) +
+                                               " but q.dtype is " + dtype_name(to_dtype(q->dtype)));
+  }
+  require_same_dim(k, "k", q, "q", 0);
+  require_same_dim(k, "k", q, "q", 3);
+  for (int i = 0; i < 4; ++i) {
+    require_same_dim(v, "v", k, "k", i);
+    require_same_dim(out, "out", q, "q", i);
+    require_same_dim(dout, "dout", q, "q", i);
+    require_same_dim(dq, "dq", q, "q", i);
+    require_same_dim(dk, "dk", k, "k", i);
+    require_same_dim(dv, "dv", k, "k", i);
+  }
+  check_head_dim_and_groups(q, k);
+  for (const auto& [t, name] : tensors) check_layout(t, name);
+  check_output_strides(dq, "dq");
+  check_output_strides(dk, "dk");
+  check_output_strides(dv, "dv");
+  FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(lse) % alignof(float) == 0, "lse: pointer must be 4-byte aligned");
+  check_options(opts);
+  FLASHGEN_REQUIRE(q->shape[0] <= 32767 && q->shape[2] <= 65535,
+                   "q: batch must be at most 32767 and heads at most 65535 (grid limits)");
+
+  BackwardProblem problem;
+  problem.dtype = to_dtype(q->dtype);
+  problem.head_dim = static_cast<int>(q->shape[3]);
+  problem.mask = opts->mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
+  problem.abi_mask = opts->mask;
+  problem.deterministic = opts->deterministic != 0;
+
+  AttnBwdParams& p = problem.params;
+  p.q = q->data, p.k = k->data, p.v = v->data, p.o = out->data, p.dout = dout->data, p.lse = lse;
+  p.dq = dq->data, p.dk = dk->data, p.dv = dv->data;
+  auto strides = [](const flashgen_tensor* t, long long& batch, long long& row, long long& head) {
+    batch = t->stride[0], row = t->stride[1], head = t->stride[2];
+  };
+  strides(q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+  strides(k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+  strides(v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  strides(out, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
+  strides(dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride);
+  strides(dq, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
+  strides(dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+  strides(dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+  p.batch = static_cast<int>(q->shape[0]);
+  p.seqlen_q = static_cast<int>(q->shape[1]);
+  p.heads_q = static_cast<int>(q->shape[2]);
+  p.seqlen_k = static_cast<int>(k->shape[1]);
+  p.heads_kv = static_cast<int>(k->shape[2]);
+  p.group_size = p.heads_q / p.heads_kv;
+  p.causal_offset = causal_offset(*opts, p.seqlen_q, p.seqlen_k);
+  p.scale = softmax_scale(*opts, problem.head_dim);
+  p.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
+  return problem;
+}
+
+size_t backward_workspace_bytes(const BackwardProblem& problem, const BwdConfig& config) {
+  const AttnBwdParams& p = problem.params;
+  size_t bytes = row_array_bytes(p, config);                                       // D
+  if (config.family == KernelFamily::kSm90) bytes += row_array_bytes(p, config);  // LSE in base 2
+  if (!config.deterministic) {
+    bytes += align_up(sizeof(float) * size_t(p.batch) * size_t(p.heads_q) * workspace_rows(p, config) *
+                      size_t(problem.head_dim));
+  }
+  return bytes;
+}
+
+namespace {
+
+// An sm90 choice for tensors TMA cannot describe becomes the sm80 family's built-in choice.
+BackwardChoice with_tma_fallback(const BackwardProblem& problem, BackwardChoice choice, int arch) {
+  if (choice.config.family == KernelFamily::kSm90) {
+    if (auto why = BackwardTmaTensors(problem, choice.config).unsupported_reason()) {
+      const BackwardChoice fallback = heuristic_backward_choice(problem.dtype, problem.head_dim, problem.mask,
+                                                                problem.deterministic, arch, /*sm80_only=*/true);
+      choice.reason += "; TMA cannot describe " + *why + ", so the sm80 family's " + fallback.reason;
+      choice.config = fallback.config;
+      choice.source = fallback.source;
+    }
+  }
+  return choice;
+}
+
+}  // namespace
+
+BwdConfig choose_backward_config(const BackwardProblem& problem, int arch, std::string* reason) {
+  BackwardChoice choice = with_tma_fallback(
+      problem, heuristic_backward_choice(problem.dtype, problem.head_dim, problem.mask, problem.deterministic, arch),
+      arch);
+  if (reason != nullptr) *reason = std::move(choice.reason);
+  return choice.config;
+}
+
+namespace {
+
+PreparedBackward prepare_in_scope(const BackwardProblem& problem, const ScopedContext& scope, CUstream stream,
+                                  const BwdConfig* config) {
+  const AttnBwdParams& p = problem.params;
+  const std::pair<const void*, const char*> pointers[] = {
+      {p.q, "q.data"},       {p.k, "k.data"},     {p.v, "v.data"},   {p.o, "out.data"}, {p.dout, "dout.data"},
+      {p.lse, "lse"},        {p.dq, "dq.data"},   {p.dk, "dk.data"}, {p.dv, "dv.data"}};
+  for (const auto& [ptr, name] : pointers) check_device_pointer(ptr, name, scope.device());
+
+  BackwardLaunch launch;
+  launch.arch = launch_arch(scope.device());
+  if (config != nullptr) {
+    check_requested_config(*config, problem.dtype, problem.head_dim, problem.mask, launch.arch);
+    launch.config = *config;
+    launch.reason = "requested by the caller";
+    launch.source = ChoiceSource::kRequested;
+  } else {
+    const ProblemKey key = backward_problem_key(problem.dtype, problem.head_dim, problem.mask, problem.deterministic,
+                                                p.group_size, p.seqlen_q, p.seqlen_k, int64_t(p.batch) * p.heads_q);
+    const int device = static_cast<int>(scope.device());
+    BackwardChoice choice = choose_backward_config(device, key, launch.arch);
+    if (!stream_capturing(stream)) {
+      apply_tune_on_first_use(choice, [&](std::string* failure) {
+        return tune_backward_on_first_use({sweep_problem_of(problem), problem.deterministic}, device, launch.arch,
+                                          failure);
+      });
+    }
+    choice = with_tma_fallback(problem, std::move(choice), launch.arch);
+    launch.config = std::move(choice.config);
+    launch.reason = std::move(choice.reason);
+    launch.source = choice.source;
+  }
+
+  const BwdConfig& c = launch.config;
+  PreparedBackward prepared;
+  if (c.family == KernelFamily::kSm90) {
+    const BackwardTmaTensors tensors(problem, c);
+    if (auto why = tensors.unsupported_reason()) {
+      fail(Status::kUnsupported, "config " + c.name() + " needs TMA, which cannot describe " + *why);
+    }
+    prepared.uses_tma = true;
+    tensors.encode(prepared.sm90_params);
+  }
+  KernelRegistry& registry = KernelRegistry::instance();
+  prepared.preprocess = registry.function(c, BwdKernel::kPreprocess, scope.context(), launch.arch);
+  prepared.dkdv = registry.function(c, BwdKernel::kDkdv, scope.context(), launch.arch);
+  prepared.finish =
+      registry.function(c, c.deterministic ? BwdKernel::kDq : BwdKernel::kConvert, scope.context(), launch.arch);
+
+  constexpr int kRowsPerBlock = kBwdRowKernelThreads / 32;
+  prepared.preprocess_grid[0] = ceil_div(static_cast<long long>(workspace_rows(p, c)), kRowsPerBlock);
+  prepared.preprocess_grid[1] = static_cast<unsigned>(p.heads_q);
+  prepared.preprocess_grid[2] = static_cast<unsigned>(p.batch);
+  prepared.dkdv_grid[0] = ceil_div(p.seqlen_k, c.block_n);
+  prepared.dkdv_grid[1] = static_cast<unsigned>(p.heads_kv);
+  prepared.dkdv_grid[2] = static_cast<unsigned>(c.family == KernelFamily::kSm90 ? p.batch : p.batch * c.d_split);
+  prepared.dkdv_threads = static_cast<unsigned>(c.dkdv_threads());
+  prepared.dkdv_smem = static_cast<unsigned>(c.smem_bytes(BwdKernel::kDkdv));
+  if (c.deterministic) {
+    const BwdDqTraits dq = c.dq_traits();
+    prepared.finish_grid[0] = ceil_div(p.seqlen_q, c.dq_block_m);
+    prepared.finish_threads = static_cast<unsigned>(dq.threads);
+    prepared.finish_smem = static_cast<unsigned>(dq.smem_bytes);
+  } else {
+    prepared.finish_grid[0] = ceil_div(static_cast<long long>(p.seqlen_q) * (problem.head_dim / 8), kBwdRowKernelThreads);
+    prepared.finish_threads = kBwdRowKernelThreads;
+  }
+  prepared.finish_grid[1] = static_cast<unsigned>(p.heads_q);
+  prepared.finish_grid[2] = static_cast<unsigned>(p.batch);
+  prepared.workspace_bytes = backward_workspace_bytes(problem, c);
+  prepared.params = p;
+  prepared.launch = std::move(launch);
+  return prepared;
+}
+
+}  // namespace
+
+PreparedBackward prepare_backward(const BackwardProblem& problem, CUstream stream, const BwdConfig* config) {
+  ScopedContext scope(stream, home_device(problem.params.q));
+  return prepare_in_scope(problem, scope, stream, config);
+}
+
+void PreparedBackward::bind_workspace(CUdeviceptr workspace) {
+  const BwdConfig& c = launch.config;
+  const size_t row_bytes = row_array_bytes(params, c);
+  params.dsum = reinterpret_cast<float*>(workspace);
+  CUdeviceptr next = workspace + row_bytes;
+  params.lse_log2 = nullptr;
+  if (c.family == KernelFamily::kSm90) {
+    params.lse_log2 = reinterpret_cast<float*>(next);
+    next += row_bytes;
+  }
+  params.dq_accum = c.deterministic ? nullptr : reinterpret_cast<float*>(next);
+  sm90_params.base = params;
+}
+
+void PreparedBackward::operator()(CUstream stream) const {
+  void* args[] = {const_cast<AttnBwdParams*>(&params)};
+  void* dkdv_args[] = {uses_tma ? static_cast<void*>(const_cast<AttnBwdSm90Params*>(&sm90_params))
+                                : static_cast<void*>(const_cast<AttnBwdParams*>(&params))};
+  FLASHGEN_CU_CHECK(cuLaunchKernel(preprocess, preprocess_grid[0], preprocess_grid[1], preprocess_grid[2],
+                                   kBwdRowKernelThreads, 1, 1, 0, stream, args, nullptr));
+  FLASHGEN_CU_CHECK(cuLaunchKernel(dkdv, dkdv_grid[0], dkdv_grid[1], dkdv_grid[2], dkdv_threads, 1, 1, dkdv_smem,
+                                   stream, dkdv_args, nullptr));
+  FLASHGEN_CU_CHECK(cuLaunchKernel(finish, finish_grid[0], finish_grid[1], finish_grid[2], finish_threads, 1, 1,
+                                   finish_smem, stream, args, nullptr));
+}
+
+BackwardLaunch launch_backward(const BackwardProblem& problem, CUstream stream, const BwdConfig* config,
+                               CUdeviceptr workspace, size_t workspace_bytes) {
+  FLASHGEN_REQUIRE(workspace % kBackwardWorkspaceAlignment == 0,
+                   "workspace: pointer must be " + std::to_string(kBackwardWorkspaceAlignment) + "-byte aligned");
+  ScopedContext scope(stream, home_device(problem.params.q));
+  PreparedBackward prepared = prepare_in_scope(problem, scope, stream, config);
+  if (workspace != 0) {
+    check_device_pointer(reinterpret_cast<const void*>(workspace), "workspace", scope.device());
+    FLASHGEN_REQUIRE(workspace_bytes >= prepared.workspace_bytes,
+                     "workspace: " + std::to_string(workspace_bytes) + " bytes given, " +
+                         std::to_string(prepared.workspace_bytes) + " needed by " + prepared.launch.config.name());
+    prepared.bind_workspace(workspace);
+    prepared(stream);
+    return prepared.launch;
+  }
+  CUdeviceptr owned = 0;
+  FLASHGEN_CU_CHECK(cuMemAllocAsync(&owned, prepared.workspace_bytes, stream));
+  prepared.bind_workspace(owned);
+  try {
+    prepared(stream);
+  } catch (...) {
+    driver().cuMemFreeAsync(owned, stream);
+    throw;
+  }
+  FLASHGEN_CU_CHECK(cuMemFreeAsync(owned, stream));
+  return prepared.launch;
+}
+
+}  // namespace flashgen

@@ -1,0 +1,144 @@
+// Argument checks shared by the forward and backward launchers.
+#include "launch/tensor_checks.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <iterator>
+
+#include "flashgen/error.hpp"
+#include "runtime/cuda_driver.hpp"
+
+namespace flashgen {
+
+namespace {
+
+const char* kDimNames[4] = {"batch", "seqlen", "heads", "head_dim"};
+
+}  // namespace
+
+std::string dim(const char* tensor, int i) {
+  return std::string(tensor) + ".shape[" + std::to_string(i) + "] (" + kDimNames[i] + ")";
+}
+
+// Presence, dtype and shape ranges of one tensor argument.
+void check_tensor(const flashgen_tensor* t, const char* name) {
+  FLASHGEN_REQUIRE(t != nullptr, std::string(name) + ": null pointer");
+  FLASHGEN_REQUIRE(t->data != nullptr, std::string(name) + ".data: null pointer");
+  const int dtype = raw_enum(t->dtype);
+  FLASHGEN_REQUIRE(dtype == FLASHGEN_FLOAT16 || dtype == FLASHGEN_BFLOAT16,
+                   std::string(name) + ".dtype: unknown value " + std::to_string(dtype));
+  for (int i = 0; i < 4; ++i) {
+    FLASHGEN_REQUIRE(t->shape[i] >= 1 && t->shape[i] <= kMaxExtent,
+                     dim(name, i) + " must be in [1, 2^30], got " + std::to_string(t->shape[i]));
+  }
+}
+
+// Memory layout the kernels can read with 16-byte copies: unit head_dim stride, aligned rows.
+void check_layout(const flashgen_tensor* t, const char* name) {
+  FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(t->data) % 16 == 0,
+                   std::string(name) + ".data: pointer must be 16-byte aligned");
+  FLASHGEN_REQUIRE(t->stride[3] == 1, std::string(name) + ".stride[3] must be 1 (head_dim contiguous), got " +
+                                          std::to_string(t->stride[3]));
+  for (int i = 0; i < 3; ++i) {
+    // A dimension of size 1 is never stepped over, so its stride does not matter.
+    if (t->shape[i] == 1) continue;
+    FLASHGEN_REQUIRE(t->stride[i] >= 0 && t->stride[i] % 8 == 0,
+                     std::string(name) + ".stride[" + std::to_string(i) +
+                         "] must be a non-negative multiple of 8 elements (16 bytes), got " +
+                         std::to_string(t->stride[i]));
+  }
+  // The farthest element's offset must be addressable (and the sizes derived from it free of overflow).
+  int64_t last = 0;
+  for (int i = 0; i < 4; ++i) {
+    int64_t step = 0;
+    const bool overflow = __builtin_mul_overflow(t->stride[i], t->shape[i] - 1, &step) ||
+                          __builtin_add_overflow(last, step, &last);
+    FLASHGEN_REQUIRE(!overflow && last < (int64_t{1} << 60),
+                     std::string(name) + ": its strides reach past 2^60 elements from its data pointer");
+  }
+}
+
+// The output is written by many blocks at once: no two of its elements may share memory. Taken by
+// increasing stride, each dimension must step past everything the smaller ones span.
+void check_output_strides(const flashgen_tensor* out, const char* name) {
+  for (int i = 0; i < 3; ++i) {
+    FLASHGEN_REQUIRE(out->shape[i] == 1 || out->stride[i] != 0,
+                     std::string(name) + ".stride[" + std::to_string(i) + "] is 0 for a dimension of size " +
+                         std::to_string(out->shape[i]) + ": output rows would overwrite each other");
+  }
+  int order[4] = {0, 1, 2, 3};
+  std::sort(std::begin(order), std::end(order), [&](int a, int b) { return out->stride[a] < out->stride[b]; });
+  int64_t span = 1;  // elements covered by the dimensions taken so far
+  for (int i : order) {
+    if (out->shape[i] == 1) continue;
+    FLASHGEN_REQUIRE(out->stride[i] >= span, std::string(name) + ".stride[" + std::to_string(i) + "] = " +
+                                                 std::to_string(out->stride[i]) + " is less than the " +
+                                                 std::to_string(span) +
+                                                 " elements the smaller strides span: output elements would overlap");
+    span = out->stride[i] * (out->shape[i] - 1) + span;
+  }
+}
+
+// Without a stream or a current context, a launch runs on the device that holds q.
+int home_device(const void* q) {
+  const PointerInfo q_info = pointer_info(q);
+  return q_info.device_accessible ? q_info.device : 0;
+}
+
+// Device memory of the context's device, or an error naming the argument.
+void check_device_pointer(const void* ptr, const char* name, int device) {
+  const PointerInfo info = pointer_info(ptr);
+  FLASHGEN_REQUIRE(info.device_accessible,
+                   std::string(name) + ": not device memory (a host or unregistered pointer)");
+  FLASHGEN_REQUIRE(info.device == device, std::string(name) + ": memory of device " + std::to_string(info.device) +
+                                              ", but the launch runs on device " + std::to_string(device) +
+                                              " (the stream's or the current context's)");
+}
+
+void require_same_dim(const flashgen_tensor* a, const char* a_name, const flashgen_tensor* b, const char* b_name,
+                      int i) {
+  FLASHGEN_REQUIRE(a->shape[i] == b->shape[i], dim(a_name, i) + " is " + std::to_string(a->shape[i]) + " but " +
+                                                   dim(b_name, i) + " is " + std::to_string(b->shape[i]));
+}
+
+DType to_dtype(flashgen_dtype d) { return d == FLASHGEN_BFLOAT16 ? DType::kBFloat16 : DType::kFloat16; }
+
+
+void check_head_dim_and_groups(const flashgen_tensor* q, const flashgen_tensor* k) {
+  const int64_t head_dim = q->shape[3];
+  if (head_dim % 8 != 0 || head_dim > 256) {
+    fail(Status::kUnsupported, dim("q", 3) + " = " + std::to_string(head_dim) +
+                                   " is unsupported: head_dim must be a multiple of 8 up to 256");
+  }
+  FLASHGEN_REQUIRE(q->shape[2] % k->shape[2] == 0,
+                   dim("q", 2) + " = " + std::to_string(q->shape[2]) + " must be a multiple of " + dim("k", 2) +
+                       " = " + std::to_string(k->shape[2]));
+}
+
+void check_options(const flashgen_attention_options* opts) {
+  const int mask = raw_enum(opts->mask);
+  FLASHGEN_REQUIRE(mask == FLASHGEN_MASK_NONE || mask == FLASHGEN_MASK_CAUSAL || mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT,
+                   "opts.mask: unknown value " + std::to_string(mask));
+  // The kernels scale by softmax_scale * log2(e): that product must be finite too.
+  FLASHGEN_REQUIRE(std::isfinite(opts->softmax_scale) && std::isfinite(opts->softmax_scale * 1.4426950408889634f),
+                   "opts.softmax_scale must be finite and below 2.3e38, got " + std::to_string(opts->softmax_scale));
+}
+
+float softmax_scale(const flashgen_attention_options& opts, int64_t head_dim) {
+  return opts.softmax_scale > 0 ? opts.softmax_scale : static_cast<float>(1.0 / std::sqrt(double(head_dim)));
+}
+
+int causal_offset(const flashgen_attention_options& opts, int seqlen_q, int seqlen_k) {
+  return opts.mask == FLASHGEN_MASK_CAUSAL ? seqlen_k - seqlen_q : 0;
+}
+
+int launch_arch(CUdevice device) {
+  const int arch = device_sm(device);
+  if (arch < 80) {
+    fail(Status::kUnsupported,
+         "flashgen needs a GPU of compute capability 8.0 or newer; this one is sm_" + std::to_string(arch));
+  }
+  return arch;
+}
+
+}  // namespace flashgen

@@ -1,0 +1,79 @@
+// Argument checks shared by the forward and backward launchers: presence, dtype, shape ranges and
+// memory layout of flashgen_tensor views, and where device pointers live. Every failure throws
+// Error(kInvalidArgument / kUnsupported) naming the argument.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "flashgen/error.hpp"
+#include "flashgen/flashgen.h"
+#include "generator/kernel_config.hpp"
+
+namespace flashgen {
+
+// Largest extent of any dimension: keeps every index sum inside the kernels' 32-bit arithmetic.
+constexpr int64_t kMaxExtent = int64_t(1) << 30;
+
+// "q.shape[3] (head_dim)"
+std::string dim(const char* tensor, int i);
+
+// The integer a C caller stored in an enum field. Read through memcpy: loading a value outside the
+// enumerators through the enum type is undefined behaviour in C++, and C callers can pass anything.
+template <class Enum>
+int raw_enum(const Enum& value) {
+  static_assert(sizeof(Enum) == sizeof(int), "C enums are int-sized on supported ABIs");
+  int raw;
+  std::memcpy(&raw, &value, sizeof raw);
+  return raw;
+}
+
+// Presence, dtype and shape ranges of one tensor argument.
+void check_tensor(const flashgen_tensor* t, const char* name);
+
+// Memory layout the kernels can read with 16-byte copies: unit head_dim stride, aligned rows.
+void check_layout(const flashgen_tensor* t, const char* name);
+
+// An output is written by many blocks at once: no two of its rows may share memory.
+void check_output_strides(const flashgen_tensor* out, const char* name);
+
+// Without a stream or a current context, a launch runs on the device that holds q.
+int home_device(const void* q);
+
+// Device memory of the context's device, or an error naming the argument.
+void check_device_pointer(const void* ptr, const char* name, int device);
+
+void require_same_dim(const flashgen_tensor* a, const char* a_name, const flashgen_tensor* b, const char* b_name,
+                      int i);
+
+DType to_dtype(flashgen_dtype d);
+
+// q's head_dim a multiple of 8 up to 256 (kUnsupported otherwise), and q's heads a multiple of k's.
+void check_head_dim_and_groups(const flashgen_tensor* q, const flashgen_tensor* k);
+
+// opts.mask one of flashgen_mask's values and opts.softmax_scale finite.
+void check_options(const flashgen_attention_options* opts);
+
+// The scale the kernels apply: opts.softmax_scale when > 0, else 1/sqrt(head_dim).
+float softmax_scale(const flashgen_attention_options& opts, int64_t head_dim);
+
+// Key j is visible to query i iff j <= i + causal_offset (flashgen.h's mask alignments).
+int causal_offset(const flashgen_attention_options& opts, int seqlen_q, int seqlen_k);
+
+// The sm number of the launch's device; kUnsupported below sm_80.
+int launch_arch(CUdevice device);
+
+// A config the caller asked for: it must match the problem and be able to run on sm_<arch>.
+template <class Config>
+void check_requested_config(const Config& config, DType dtype, int head_dim, MaskKind mask, int arch) {
+  FLASHGEN_REQUIRE(config.dtype == dtype && config.head_dim == head_dim && config.mask == mask,
+                   "config " + config.name() + " does not match the problem (dtype, head_dim, mask)");
+  if (auto why = config.invalid_reason(arch)) {
+    fail(Status::kInvalidArgument, "config " + config.name() + " cannot run here: " + *why);
+  }
+}
+
+}  // namespace flashgen

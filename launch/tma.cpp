@@ -1,0 +1,67 @@
+// TMA descriptor encoding for the sm90 family; the limits checked here are the driver's documented ones
+// for cuTensorMapEncodeTiled, so a tensor it would refuse falls back to the sm80 family instead of failing.
+#include "launch/tma.hpp"
+
+#include <cuda.h>
+
+#include <cstring>
+
+#include "flashgen/error.hpp"
+#include "runtime/cuda_driver.hpp"
+
+namespace flashgen {
+
+// Copied bytewise; TMA itself needs the 64-byte alignment TmaDescriptor has in kernel parameter space.
+static_assert(sizeof(TmaDescriptor) == sizeof(CUtensorMap), "TmaDescriptor must have CUtensorMap's size");
+
+namespace {
+
+constexpr int64_t kElemBytes = 2;
+constexpr int64_t kMaxStrideBytes = int64_t(1) << 40;
+
+}  // namespace
+
+std::optional<std::string> tma_unsupported_reason(const TmaTensor& t, int box_rows) {
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return "the base address is not 16-byte aligned";
+  if (t.head_dim % 64 != 0) return "head_dim is not a multiple of 64";
+  if (box_rows < 1 || box_rows > 256) return "a TMA box has at most 256 rows";
+  const int64_t strides[3] = {t.row_stride, t.head_stride, t.batch_stride};
+  const int64_t extents[3] = {t.seqlen, t.heads, t.batch};
+  for (int i = 0; i < 3; ++i) {
+    const int64_t bytes = strides[i] * kElemBytes;
+    // A dimension of extent 1 never steps, so its stride does not matter (it is replaced when encoding).
+    if (extents[i] == 1) continue;
+    if (bytes <= 0 || bytes % 16 != 0 || bytes >= kMaxStrideBytes) {
+      return "stride " + std::to_string(strides[i]) + " is not a positive multiple of 16 bytes below 2^40";
+    }
+  }
+  return std::nullopt;
+}
+
+void encode_tma_map(TmaDescriptor* map, const TmaTensor& t, int box_rows) {
+  if (auto why = tma_unsupported_reason(t, box_rows)) fail(Status::kInvalidArgument, "TMA: " + *why);
+  const cuuint64_t dims[4] = {cuuint64_t(t.head_dim), cuuint64_t(t.seqlen), cuuint64_t(t.heads),
+                              cuuint64_t(t.batch)};
+  // Strides of dimensions 1..3 in bytes. An extent-1 dimension gets its predecessor's span, a stride
+  // the driver accepts whatever the caller's (unused) stride was.
+  cuuint64_t strides[3];
+  const int64_t given[3] = {t.row_stride, t.head_stride, t.batch_stride};
+  int64_t span = t.head_dim * kElemBytes;
+  for (int i = 0; i < 3; ++i) {
+    const int64_t bytes = dims[i + 1] == 1 ? (span + 15) / 16 * 16 : given[i] * kElemBytes;
+    strides[i] = cuuint64_t(bytes);
+    span = bytes * int64_t(dims[i + 1]);
+  }
+  const cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type =
+      t.dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  CUtensorMap encoded;
+  FLASHGEN_CU_CHECK(cuTensorMapEncodeTiled(&encoded, type, 4, const_cast<void*>(t.data), dims, strides, box,
+                                           element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                           CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+  std::memcpy(map, &encoded, sizeof encoded);
+}
+
+}  // namespace flashgen

@@ -1,0 +1,345 @@
+// C ABI argument checking: every bad input returns a nonzero status and a message naming the argument,
+// before any GPU work (on a machine without a driver these still report the argument, not the GPU). The
+// [gpu] cases run an odd but valid layout for real and check that pointers to host memory or to another
+// device's memory are refused before anything is launched.
+#include <cuda.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "catch.hpp"
+#include "check/reference.hpp"
+#include "flashgen/flashgen.h"
+#include "gpu.hpp"
+#include "launch/attention.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "runtime/device_buffer.hpp"
+#include "support/attention_reference.hpp"
+#include "support/fake_pointer.hpp"
+
+namespace {
+
+using flashgen::DeviceBuffer;
+using flashgen::StridedView;
+
+using flashgen::test::fake_pointer;
+
+flashgen_tensor bshd(void* data, int64_t b, int64_t s, int64_t h, int64_t d) {
+  return flashgen::bshd_tensor(data, FLASHGEN_FLOAT16, b, s, h, d);
+}
+
+struct Call {
+  flashgen_tensor q = bshd(fake_pointer(1), 2, 100, 8, 64);
+  flashgen_tensor k = bshd(fake_pointer(2), 2, 75, 4, 64);
+  flashgen_tensor v = bshd(fake_pointer(3), 2, 75, 4, 64);
+  flashgen_tensor out = bshd(fake_pointer(4), 2, 100, 8, 64);
+  float* lse = static_cast<float*>(fake_pointer(5));
+  flashgen_attention_options opts{0.f, FLASHGEN_MASK_CAUSAL, 0};
+  const flashgen_tensor* qp = &q;
+  const flashgen_tensor* kp = &k;
+  const flashgen_tensor* vp = &v;
+  const flashgen_tensor* outp = &out;
+  const flashgen_attention_options* optsp = &opts;
+
+  int run() { return flashgen_attention_forward(qp, kp, vp, outp, lse, optsp, nullptr); }
+};
+
+// Applies a mutation to a valid call and checks the status and that the message names `expected`.
+void check_rejected(const std::function<void(Call&)>& mutate, int status, const std::string& expected) {
+  Call call;
+  mutate(call);
+  const int result = call.run();
+  const std::string message = flashgen_last_error();
+  INFO("message: " << message);
+  CHECK(result == status);
+  CHECK(message.find(expected) != std::string::npos);
+}
+
+// The odd but valid layout the two "odd layout" cases use: q a [b, h, s, d] view, k and v MQA views whose
+// size-1 head dimension has stride 3 (never stepped over; their rows keep the 4-head pitch), no lse.
+void use_odd_layout(Call& call) {
+  call.q.stride[2] = 64 * 100;  // BHSD view: [b, h, s, d] memory
+  call.q.stride[1] = 64;
+  call.q.stride[0] = 8 * 100 * 64;
+  call.k.shape[2] = call.v.shape[2] = 1;  // MQA: the size-1 head dimension's stride does not matter
+  call.k.stride[2] = call.v.stride[2] = 3;
+  call.lse = nullptr;
+}
+
+StridedView view_of(const flashgen_tensor& tensor) {
+  StridedView view;
+  for (int i = 0; i < 4; ++i) {
+    view.shape[i] = tensor.shape[i];
+    view.stride[i] = tensor.stride[i];
+  }
+  return view;
+}
+
+// Device memory for every tensor of a Call, poisoned (0xFF) outside what its view covers: inputs hold
+// standard normals, out and lse poison. The Call's data pointers are set to it.
+class DeviceCall {
+ public:
+  explicit DeviceCall(Call& call, uint32_t seed) : call_(call) {
+    flashgen::test::Rng rng(seed);
+    for (flashgen_tensor* tensor : {&call.q, &call.k, &call.v}) {
+      const StridedView view = view_of(*tensor);
+      std::vector<uint16_t> image(static_cast<size_t>(view.span() + kGuardElements), flashgen::test::kPoison16);
+      inputs_.push_back(flashgen::test::normal_values(rng, view.elements(), tensor->dtype));
+      flashgen::test::store_values(inputs_.back(), view, 0, tensor->dtype, image);
+      buffers_.emplace_back(image.size() * sizeof(uint16_t));
+      buffers_.back().upload(image);
+      tensor->data = buffers_.back().data();
+    }
+    out_ = DeviceBuffer(static_cast<size_t>(view_of(call.out).span() + kGuardElements) * sizeof(uint16_t));
+    out_.fill_bytes(0xFF);
+    call.out.data = out_.data();
+    if (call.lse != nullptr) {
+      lse_ = DeviceBuffer(static_cast<size_t>(lse_count() + kGuardElements) * sizeof(float));
+      lse_.fill_bytes(0xFF);
+      call.lse = static_cast<float*>(lse_.data());
+    }
+    FLASHGEN_CU_CHECK(cuCtxSynchronize());
+  }
+
+  // The inputs as contiguous [b, s, h, d] values: q, k, v.
+  const std::vector<double>& input(int i) const { return inputs_[static_cast<size_t>(i)]; }
+  std::vector<uint16_t> out_storage() const { return out_.download_all<uint16_t>(); }
+  std::vector<float> lse_storage() const { return lse_.download_all<float>(); }
+  int64_t lse_count() const { return call_.q.shape[0] * call_.q.shape[2] * call_.q.shape[1]; }
+
+ private:
+  static constexpr int64_t kGuardElements = 64;
+
+  Call& call_;
+  std::vector<std::vector<double>> inputs_;
+  std::vector<DeviceBuffer> buffers_;
+  DeviceBuffer out_;
+  DeviceBuffer lse_;
+};
+
+// A small valid call on device memory: q and out [1, 16, 2, 64], k and v [1, 16, 1, 64], fp16, with lse.
+Call small_call() {
+  Call call;
+  call.q = bshd(fake_pointer(1), 1, 16, 2, 64);
+  call.k = bshd(fake_pointer(2), 1, 16, 1, 64);
+  call.v = bshd(fake_pointer(3), 1, 16, 1, 64);
+  call.out = bshd(fake_pointer(4), 1, 16, 2, 64);
+  return call;
+}
+
+// Every element of the out buffer still poison: nothing was launched.
+bool out_untouched(const DeviceCall& device_call) {
+  FLASHGEN_CU_CHECK(cuCtxSynchronize());
+  for (uint16_t bits : device_call.out_storage())
+    if (bits != flashgen::test::kPoison16) return false;
+  return true;
+}
+
+// Retains a device's primary context for the scope (released at exit).
+class PrimaryContext {
+ public:
+  explicit PrimaryContext(int ordinal) {
+    FLASHGEN_CU_CHECK(cuDeviceGet(&device_, ordinal));
+    FLASHGEN_CU_CHECK(cuDevicePrimaryCtxRetain(&context_, device_));
+  }
+  ~PrimaryContext() { flashgen::driver().cuDevicePrimaryCtxRelease(device_); }
+  PrimaryContext(const PrimaryContext&) = delete;
+  PrimaryContext& operator=(const PrimaryContext&) = delete;
+  CUcontext get() const { return context_; }
+
+ private:
+  CUdevice device_ = 0;
+  CUcontext context_ = nullptr;
+};
+
+// Makes a context current for the scope.
+class PushedContext {
+ public:
+  explicit PushedContext(CUcontext context) { FLASHGEN_CU_CHECK(cuCtxPushCurrent(context)); }
+  ~PushedContext() {
+    CUcontext popped = nullptr;
+    flashgen::driver().cuCtxPopCurrent(&popped);
+  }
+  PushedContext(const PushedContext&) = delete;
+  PushedContext& operator=(const PushedContext&) = delete;
+};
+
+}  // namespace
+
+TEST_CASE("C ABI rejects each bad argument with a message naming it", "[c_api]") {
+  const int kInvalid = FLASHGEN_ERROR_INVALID_ARGUMENT;
+  SECTION("null pointers") {
+    check_rejected([](Call& c) { c.qp = nullptr; }, kInvalid, "q: null pointer");
+    check_rejected([](Call& c) { c.kp = nullptr; }, kInvalid, "k: null pointer");
+    check_rejected([](Call& c) { c.vp = nullptr; }, kInvalid, "v: null pointer");
+    check_rejected([](Call& c) { c.outp = nullptr; }, kInvalid, "out: null pointer");
+    check_rejected([](Call& c) { c.optsp = nullptr; }, kInvalid, "opts: null pointer");
+    check_rejected([](Call& c) { c.v.data = nullptr; }, kInvalid, "v.data: null pointer");
+    check_rejected([](Call& c) { c.out.data = nullptr; }, kInvalid, "out.data: null pointer");
+  }
+  SECTION("dtypes") {
+    check_rejected([](Call& c) { c.k.dtype = FLASHGEN_BFLOAT16; }, kInvalid, "k.dtype is bf16 but q.dtype is fp16");
+    check_rejected([](Call& c) { c.out.dtype = FLASHGEN_BFLOAT16; }, kInvalid, "out.dtype");
+    check_rejected([](Call& c) { c.q.dtype = static_cast<flashgen_dtype>(7); }, kInvalid, "q.dtype: unknown value 7");
+  }
+  SECTION("shapes") {
+    check_rejected([](Call& c) { c.k.shape[0] = 3; }, kInvalid, "k.shape[0] (batch) is 3 but q.shape[0] (batch) is 2");
+    check_rejected([](Call& c) { c.v.shape[1] = 74; }, kInvalid, "v.shape[1] (seqlen) is 74 but k.shape[1]");
+    check_rejected([](Call& c) { c.v.shape[2] = 2; }, kInvalid, "v.shape[2] (heads)");
+    check_rejected([](Call& c) { c.k.shape[3] = 32; }, kInvalid, "k.shape[3] (head_dim) is 32 but q.shape[3]");
+    check_rejected([](Call& c) { c.out.shape[1] = 99; }, kInvalid, "out.shape[1] (seqlen) is 99");
+    check_rejected([](Call& c) { c.q.shape[1] = 0; }, kInvalid, "q.shape[1] (seqlen) must be in [1, 2^30], got 0");
+    check_rejected([](Call& c) { c.k.shape[1] = -5; }, kInvalid, "k.shape[1] (seqlen) must be in [1, 2^30], got -5");
+    check_rejected([](Call& c) { c.q.shape[1] = int64_t(1) << 31; }, kInvalid, "q.shape[1] (seqlen)");
+    check_rejected([](Call& c) { c.q.shape[2] = c.out.shape[2] = 6; }, kInvalid,
+                   "q.shape[2] (heads) = 6 must be a multiple of k.shape[2] (heads) = 4");
+    // gridDim.y and gridDim.z stop at 65535.
+    check_rejected(
+        [](Call& c) {
+          for (flashgen_tensor* t : {&c.q, &c.k, &c.v, &c.out}) t->shape[0] = 65536;
+        },
+        kInvalid, "q: batch and heads must each be at most 65535 (grid limits)");
+    check_rejected(
+        [](Call& c) {
+          for (flashgen_tensor* t : {&c.q, &c.out}) *t = bshd(t->data, 2, 100, 65536, 64);
+        },
+        kInvalid, "q: batch and heads must each be at most 65535 (grid limits)");
+  }
+  SECTION("head_dim") {
+    auto set_d = [](int64_t d) {
+      return [d](Call& c) {
+        for (flashgen_tensor* t : {&c.q, &c.k, &c.v, &c.out}) *t = bshd(t->data, t->shape[0], t->shape[1], t->shape[2], d);
+      };
+    };
+    check_rejected(set_d(100), FLASHGEN_ERROR_UNSUPPORTED, "q.shape[3] (head_dim) = 100 is unsupported");
+    check_rejected(set_d(264), FLASHGEN_ERROR_UNSUPPORTED, "q.shape[3] (head_dim) = 264 is unsupported");
+  }
+  SECTION("strides and alignment") {
+    check_rejected([](Call& c) { c.q.stride[3] = 2; }, kInvalid, "q.stride[3] must be 1");
+    check_rejected([](Call& c) { c.k.stride[1] = 260; }, kInvalid, "k.stride[1] must be a non-negative multiple of 8");
+    check_rejected([](Call& c) { c.out.stride[0] = -8; }, kInvalid, "out.stride[0]");
+    // Rows 8 elements apart with head_dim 64: each row would overwrite the next one's first 56 elements.
+    check_rejected([](Call& c) { c.out.stride[2] = 8; }, kInvalid,
+                   "out.stride[2] = 8 is less than the 64 elements the smaller strides span");
+    check_rejected([](Call& c) { c.v.data = static_cast<char*>(c.v.data) + 8; }, kInvalid,
+                   "v.data: pointer must be 16-byte aligned");
+    // Strides whose products overflow int64 (UB before this check) or reach past 2^60 elements.
+    check_rejected([](Call& c) { c.out.stride[0] = int64_t{1} << 62; }, kInvalid,
+                   "out: its strides reach past 2^60 elements");
+    check_rejected([](Call& c) { c.k.stride[1] = int64_t{1} << 56; }, kInvalid, "k: its strides reach past 2^60");
+    check_rejected([](Call& c) { c.lse = reinterpret_cast<float*>(reinterpret_cast<char*>(c.lse) + 2); }, kInvalid,
+                   "lse: pointer must be 4-byte aligned");
+  }
+  SECTION("options") {
+    check_rejected([](Call& c) { c.opts.mask = static_cast<flashgen_mask>(3); }, kInvalid, "opts.mask: unknown value 3");
+    check_rejected([](Call& c) { c.opts.softmax_scale = std::nanf(""); }, kInvalid, "opts.softmax_scale must be finite");
+    check_rejected([](Call& c) { c.opts.softmax_scale = std::numeric_limits<float>::infinity(); }, kInvalid,
+                   "opts.softmax_scale must be finite");
+    // Finite, but scale * log2(e), what the kernels multiply by, is not.
+    check_rejected([](Call& c) { c.opts.softmax_scale = 3e38f; }, kInvalid, "opts.softmax_scale must be finite");
+  }
+}
+
+TEST_CASE("C ABI accepts odd but valid layouts before touching the GPU", "[c_api]") {
+  if (flashgen::driver_available()) {
+    FLASHGEN_SKIP_TEST("a driver is present: \"C ABI runs an odd but valid layout\" [gpu] launches this layout");
+  }
+  Call call;
+  use_odd_layout(call);
+  CHECK(call.run() == FLASHGEN_ERROR_NO_DEVICE);
+  CHECK(std::string(flashgen_last_error()).find("CUDA") != std::string::npos);
+}
+
+TEST_CASE("C ABI runs an odd but valid layout", "[gpu][c_api]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext context;
+  // q [2, 100, 8, 64] in [b, h, s, d] memory; k and v [2, 75, 1, 64] with 256-element rows (NaN between
+  // rows) and head stride 3; bottom-right causal, so query rows 0..24 see no key; lse NULL.
+  Call call;
+  use_odd_layout(call);
+  const DeviceCall device_call(call, 1201);
+  const int status = call.run();
+  INFO("message: " << flashgen_last_error());
+  REQUIRE(status == FLASHGEN_SUCCESS);
+  FLASHGEN_CU_CHECK(cuCtxSynchronize());
+
+  const flashgen::AttentionShape shape{call.q.shape[0], call.q.shape[1], call.k.shape[1],
+                                       call.q.shape[2], call.k.shape[2], call.q.shape[3]};
+  const flashgen::test::ForwardReference reference = flashgen::test::forward_reference(
+      shape, device_call.input(0), device_call.input(1), device_call.input(2),
+      flashgen::effective_softmax_scale(call.opts.softmax_scale, shape.head_dim), call.opts.mask, call.q.dtype);
+  const flashgen::test::ForwardCheck check =
+      flashgen::test::check_forward(reference, device_call.out_storage(), view_of(call.out), nullptr);
+  {
+    INFO(check.out.text);
+    CHECK(check.out.not_written == 0);
+    CHECK(check.out.ok);
+  }
+  INFO(check.out_touched_text);
+  CHECK(check.out_touched == 0);
+}
+
+TEST_CASE("C ABI refuses host memory before launching", "[gpu][c_api]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext context;
+  Call call = small_call();
+  const DeviceCall device_call(call, 1202);
+  // A 16-byte-aligned host pointer: it passes every check that does not ask the driver.
+  const size_t bytes = static_cast<size_t>(view_of(call.k).span()) * sizeof(uint16_t);  // 2048, a multiple of 16
+  std::unique_ptr<void, decltype(&std::free)> host(std::aligned_alloc(16, bytes), &std::free);
+  REQUIRE(host != nullptr);
+  std::memset(host.get(), 0, bytes);
+  call.k.data = host.get();
+  const int status = call.run();
+  const std::string message = flashgen_last_error();
+  INFO("message: " << message);
+  CHECK(status == FLASHGEN_ERROR_INVALID_ARGUMENT);
+  CHECK(message.find("k.data") != std::string::npos);
+  CHECK(message.find("not device memory") != std::string::npos);
+  CHECK(out_untouched(device_call));
+}
+
+TEST_CASE("C ABI refuses memory of another device before launching", "[gpu][c_api]") {
+  FLASHGEN_REQUIRE_GPU();
+  int device_count = 0;
+  FLASHGEN_CU_CHECK(cuDeviceGetCount(&device_count));
+  if (device_count < 2) FLASHGEN_SKIP_TEST("one device: there is no other device's memory to pass");
+  flashgen::ScopedContext context;  // the launch runs here, on context.device()
+  const int other_device = (static_cast<int>(context.device()) + 1) % device_count;  // device 1 in practice
+  const PrimaryContext other_context(other_device);
+  Call call = small_call();
+  const DeviceCall device_call(call, 1203);
+  DeviceBuffer other_v;
+  {
+    const PushedContext pushed(other_context.get());
+    other_v = DeviceBuffer(static_cast<size_t>(view_of(call.v).span()) * sizeof(uint16_t));
+    other_v.fill_bytes(0);
+    FLASHGEN_CU_CHECK(cuCtxSynchronize());
+  }
+  call.v.data = other_v.data();
+  const int status = call.run();
+  const std::string message = flashgen_last_error();
+  INFO("launch device " << context.device() << ", v on device " << other_device << "; message: " << message);
+  CHECK(status == FLASHGEN_ERROR_INVALID_ARGUMENT);
+  CHECK(message.find("v.data") != std::string::npos);
+  CHECK(message.find("device " + std::to_string(other_device)) != std::string::npos);
+  CHECK(out_untouched(device_call));
+}
+
+TEST_CASE("C ABI reports a missing GPU clearly and keeps the last error per thread", "[c_api]") {
+  std::string why;
+  if (flashgen::driver_available(&why)) FLASHGEN_SKIP_TEST("only meaningful without a driver");
+  Call call;
+  CHECK(call.run() == FLASHGEN_ERROR_NO_DEVICE);
+  const std::string message = flashgen_last_error();
+  CHECK_FALSE(message.empty());
+  CHECK(message == why);
+  CHECK(std::string(flashgen_version()) == FLASHGEN_VERSION);
+}

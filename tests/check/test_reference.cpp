@@ -1,0 +1,244 @@
+// CPU checks of the library's float64 reference (runtime/reference.hpp): 16-bit conversions, mask and
+// GQA semantics, FLOP counts, and row, whole-problem and 16-bit inputs agreeing. `flashgen run` and the
+// [gpu] attention tests are only as right as these.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "catch.hpp"
+#include "check/reference.hpp"
+
+using namespace flashgen;
+
+namespace {
+
+// |a - b| <= 1e-12 * max(1, |b|) (Catch's Approx lives in different namespaces in v2 and v3).
+bool near(double a, double b) { return std::fabs(a - b) <= 1e-12 * std::max(1.0, std::fabs(b)); }
+
+float float_of_bits(uint32_t bits) {
+  float value = 0.0f;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+// A problem with hand-picked values for q, k, v given as contiguous [b, s, h, d] arrays.
+struct SmallProblem {
+  AttentionShape shape;
+  std::vector<double> q, k, v;
+  HostInput in(const std::vector<double>& data, int64_t seqlen, int64_t heads) const {
+    return HostInput::float64(data.data(), StridedView::contiguous(shape.batch, seqlen, heads, shape.head_dim));
+  }
+  AttentionResult run(double scale, flashgen_mask mask) const {
+    return attention_reference_f64(shape, in(q, shape.seqlen_q, shape.heads_q), in(k, shape.seqlen_k, shape.heads_kv),
+                                   in(v, shape.seqlen_k, shape.heads_kv), scale, mask);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("fp16 conversion rounds to nearest even and keeps specials", "[reference]") {
+  CHECK(float_to_half_bits(1.0f) == 0x3C00);
+  CHECK(float_to_half_bits(-2.0f) == 0xC000);
+  CHECK(float_to_half_bits(-0.0f) == 0x8000);
+  CHECK(float_to_half_bits(65504.0f) == 0x7BFF);
+  CHECK(float_to_half_bits(65519.0f) == 0x7BFF);
+  CHECK(float_to_half_bits(65520.0f) == 0x7C00);  // the tie rounds to even: inf
+  CHECK(float_to_half_bits(std::numeric_limits<float>::infinity()) == 0x7C00);
+  CHECK(float_to_half_bits(std::ldexp(1.0f, -24)) == 0x0001);      // smallest subnormal
+  CHECK(float_to_half_bits(std::ldexp(1.0f, -25)) == 0x0000);      // tie to even: 0
+  CHECK(float_to_half_bits(std::ldexp(3.0f, -25)) == 0x0002);      // tie to even: 2
+  CHECK(float_to_half_bits(std::ldexp(1.0f, -14)) == 0x0400);      // smallest normal
+  CHECK(float_to_half_bits(1.0f + std::ldexp(1.0f, -11)) == 0x3C00);        // tie to even: down
+  CHECK(float_to_half_bits(1.0f + std::ldexp(3.0f, -11)) == 0x3C02);        // tie to even: up
+  const uint16_t nan = float_to_half_bits(std::numeric_limits<float>::quiet_NaN());
+  CHECK((nan & 0x7C00) == 0x7C00);
+  CHECK((nan & 0x03FF) != 0);
+  CHECK(half_bits_to_float(0x0001) == std::ldexp(1.0f, -24));
+  CHECK(half_bits_to_float(0x7BFF) == 65504.0f);
+  CHECK(std::isinf(half_bits_to_float(0xFC00)));
+  // Every 16-bit pattern that is not NaN survives a round trip through float.
+  int bad = 0;
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const float value = half_bits_to_float(static_cast<uint16_t>(bits));
+    if (!std::isnan(value) && float_to_half_bits(value) != bits) ++bad;
+  }
+  CHECK(bad == 0);
+}
+
+TEST_CASE("bf16 conversion rounds to nearest even and keeps specials", "[reference]") {
+  CHECK(float_to_bf16_bits(1.0f) == 0x3F80);
+  CHECK(float_to_bf16_bits(-0.0f) == 0x8000);
+  CHECK(float_to_bf16_bits(float_of_bits(0x3F808000u)) == 0x3F80);  // tie to even: down
+  CHECK(float_to_bf16_bits(float_of_bits(0x3F818000u)) == 0x3F82);  // tie to even: up
+  CHECK(float_to_bf16_bits(float_of_bits(0x3F808001u)) == 0x3F81);
+  CHECK(float_to_bf16_bits(std::numeric_limits<float>::max()) == 0x7F80);  // rounds to inf
+  CHECK(float_to_bf16_bits(float_of_bits(0x00000001u)) == 0x0000);        // tiny subnormal
+  const uint16_t nan = float_to_bf16_bits(float_of_bits(0x7F800001u));  // NaN with only low payload bits
+  CHECK((nan & 0x7F80) == 0x7F80);
+  CHECK((nan & 0x007F) != 0);
+  CHECK(round_to_dtype(3.14159f, FLASHGEN_BFLOAT16) == 3.140625f);
+  CHECK(round_to_dtype(3.14159f, FLASHGEN_FLOAT16) == 3.140625f);
+}
+
+TEST_CASE("float64 reference matches a hand-computed softmax", "[reference]") {
+  SmallProblem p;
+  p.shape = AttentionShape{1, 1, 2, 1, 1, 1};
+  p.q = {1.0};
+  p.k = {0.0, 1.0};
+  p.v = {1.0, 3.0};
+  const AttentionResult r = p.run(1.0, FLASHGEN_MASK_NONE);
+  const double e = std::exp(1.0);
+  CHECK(near(r.out[0], (1.0 + 3.0 * e) / (1.0 + e)));
+  CHECK(near(r.lse[0], std::log(1.0 + e)));
+
+  // A scale of 2 doubles the logits.
+  const AttentionResult scaled = p.run(2.0, FLASHGEN_MASK_NONE);
+  const double e2 = std::exp(2.0);
+  CHECK(near(scaled.out[0], (1.0 + 3.0 * e2) / (1.0 + e2)));
+  CHECK(effective_softmax_scale(0.0f, 64) == 0.125);
+  CHECK(effective_softmax_scale(-1.0f, 16) == 0.25);
+  CHECK(effective_softmax_scale(0.5f, 64) == 0.5);
+}
+
+TEST_CASE("float64 reference aligns causal masks bottom-right and top-left", "[reference]") {
+  // seqlen_q = 3, seqlen_k = 2, head_dim 1, q = 0 so every visible key weighs the same: the output is the
+  // mean of the visible values and the lse is log(visible count).
+  SmallProblem p;
+  p.shape = AttentionShape{1, 3, 2, 1, 1, 1};
+  p.q = {0.0, 0.0, 0.0};
+  p.k = {0.5, -0.5};
+  p.v = {2.0, 4.0};
+  const double inf = std::numeric_limits<double>::infinity();
+
+  const AttentionResult br = p.run(1.0, FLASHGEN_MASK_CAUSAL);  // row i sees j <= i - 1
+  CHECK(br.out[0] == 0.0);
+  CHECK(br.lse[0] == -inf);
+  CHECK(br.out[1] == 2.0);
+  CHECK(br.lse[1] == 0.0);
+  CHECK(near(br.out[2], 3.0));
+  CHECK(near(br.lse[2], std::log(2.0)));
+
+  const AttentionResult tl = p.run(1.0, FLASHGEN_MASK_CAUSAL_TOP_LEFT);  // row i sees j <= i
+  CHECK(tl.out[0] == 2.0);
+  CHECK(near(tl.out[1], 3.0));
+  CHECK(near(tl.out[2], 3.0));
+
+  const AttentionResult none = p.run(1.0, FLASHGEN_MASK_NONE);
+  for (int i = 0; i < 3; ++i) CHECK(near(none.out[i], 3.0));
+
+  // seqlen_q < seqlen_k: bottom-right lets row 0 see seqlen_k - seqlen_q + 1 keys.
+  CHECK(key_visible(FLASHGEN_MASK_CAUSAL, 0, 5, 2, 7));
+  CHECK_FALSE(key_visible(FLASHGEN_MASK_CAUSAL, 0, 6, 2, 7));
+  CHECK_FALSE(key_visible(FLASHGEN_MASK_CAUSAL_TOP_LEFT, 0, 1, 2, 7));
+  CHECK(key_visible(FLASHGEN_MASK_NONE, 0, 6, 2, 7));
+}
+
+TEST_CASE("float64 reference maps query heads to their key/value group", "[reference]") {
+  // heads_q = 4, heads_kv = 2: query heads 0, 1 read kv head 0 and heads 2, 3 read kv head 1.
+  SmallProblem p;
+  p.shape = AttentionShape{1, 1, 1, 4, 2, 1};
+  p.q = {1.0, 1.0, 1.0, 1.0};
+  p.k = {0.0, 0.0};
+  p.v = {10.0, 20.0};
+  const AttentionResult r = p.run(1.0, FLASHGEN_MASK_NONE);
+  CHECK(r.out == std::vector<double>{10.0, 10.0, 20.0, 20.0});
+}
+
+
+TEST_CASE("visible pairs and FLOPs are counted exactly", "[reference]") {
+  // The prefix count agrees with the per-pair rule of flashgen.h on every (i, j) of a few shapes.
+  for (flashgen_mask mask : {FLASHGEN_MASK_NONE, FLASHGEN_MASK_CAUSAL, FLASHGEN_MASK_CAUSAL_TOP_LEFT}) {
+    for (const auto& [seqlen_q, seqlen_k] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {3, 2}, {2, 7}, {9, 9}}) {
+      int64_t pairs = 0;
+      for (int64_t i = 0; i < seqlen_q; ++i) {
+        int64_t row = 0;
+        for (int64_t j = 0; j < seqlen_k; ++j) row += key_visible(mask, i, j, seqlen_q, seqlen_k);
+        CHECK(visible_key_count(mask, i, seqlen_q, seqlen_k) == row);
+        pairs += row;
+      }
+      CHECK(visible_pairs(mask, seqlen_q, seqlen_k) == pairs);
+    }
+  }
+  CHECK(visible_pairs(FLASHGEN_MASK_NONE, 3, 2) == 6);
+  CHECK(visible_pairs(FLASHGEN_MASK_CAUSAL, 3, 2) == 0 + 1 + 2);           // bottom-right: row 0 sees nothing
+  CHECK(visible_pairs(FLASHGEN_MASK_CAUSAL_TOP_LEFT, 3, 2) == 1 + 2 + 2);  // top-left
+  CHECK(visible_pairs(FLASHGEN_MASK_CAUSAL, 2, 7) == 6 + 7);
+  CHECK(visible_pairs(FLASHGEN_MASK_CAUSAL, 4096, 4096) == 4096 * 4097 / 2);
+
+  const AttentionShape shape{2, 3, 2, 4, 2, 64};
+  CHECK(forward_flops(shape, FLASHGEN_MASK_NONE) == 4.0 * 2 * 4 * 64 * 6);
+  CHECK(forward_flops(shape, FLASHGEN_MASK_CAUSAL) == 4.0 * 2 * 4 * 64 * 3);
+}
+
+TEST_CASE("row reference and 16-bit inputs agree with the float64 reference bit for bit", "[reference]") {
+  // seqlen_q > seqlen_k so bottom-right causal leaves fully masked rows; GQA with two query heads a group.
+  const AttentionShape shape{2, 11, 6, 4, 2, 24};
+  uint32_t state = 2024;
+  auto next = [&state]() {
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>((state >> 8) % 4001) / 1000.0f - 2.0f;
+  };
+  // Each tensor as raw 16-bit bits in [b, h, s, d] memory and as contiguous [b, s, h, d] doubles.
+  struct Tensor {
+    StridedView bhsd;
+    std::vector<uint16_t> bits;
+    std::vector<double> values;
+  };
+  for (flashgen_dtype dtype : {FLASHGEN_FLOAT16, FLASHGEN_BFLOAT16}) {
+    auto make = [&](int64_t seqlen, int64_t heads) {
+      Tensor t;
+      t.bhsd = StridedView::contiguous(shape.batch, seqlen, heads, shape.head_dim);
+      t.bhsd.stride[0] = heads * seqlen * shape.head_dim;
+      t.bhsd.stride[1] = shape.head_dim;
+      t.bhsd.stride[2] = seqlen * shape.head_dim;
+      t.bits.resize(static_cast<size_t>(t.bhsd.span()));
+      for (int64_t b = 0; b < shape.batch; ++b)
+        for (int64_t s = 0; s < seqlen; ++s)
+          for (int64_t h = 0; h < heads; ++h)
+            for (int64_t d = 0; d < shape.head_dim; ++d) {
+              const uint16_t bits = float_to_dtype_bits(next(), dtype);
+              t.bits[static_cast<size_t>(t.bhsd.offset(b, s, h, d))] = bits;
+              t.values.push_back(dtype_bits_to_float(bits, dtype));
+            }
+      return t;
+    };
+    const Tensor q = make(shape.seqlen_q, shape.heads_q);
+    const Tensor k = make(shape.seqlen_k, shape.heads_kv);
+    const Tensor v = make(shape.seqlen_k, shape.heads_kv);
+    auto as_f64 = [&](const Tensor& t) {
+      return HostInput::float64(t.values.data(),
+                                StridedView::contiguous(shape.batch, t.bhsd.shape[1], t.bhsd.shape[2], shape.head_dim));
+    };
+    auto as_bits = [&](const Tensor& t) { return HostInput::bits16(t.bits.data(), dtype, t.bhsd); };
+    CHECK(as_bits(k).at(1, 5, 1, 23) == as_f64(k).at(1, 5, 1, 23));
+
+    for (flashgen_mask mask : {FLASHGEN_MASK_NONE, FLASHGEN_MASK_CAUSAL, FLASHGEN_MASK_CAUSAL_TOP_LEFT}) {
+      const AttentionResult whole = attention_reference_f64(shape, as_f64(q), as_f64(k), as_f64(v), 0.2, mask);
+      const AttentionResult from_bits = attention_reference_f64(shape, as_bits(q), as_bits(k), as_bits(v), 0.2, mask);
+      CHECK(from_bits.out == whole.out);
+      CHECK(from_bits.lse == whole.lse);
+      int mismatched_rows = 0;
+      for (int64_t b = 0; b < shape.batch; ++b)
+        for (int64_t h = 0; h < shape.heads_q; ++h)
+          for (int64_t i = 0; i < shape.seqlen_q; ++i) {
+            const ReferenceRow row =
+                attention_reference_row(shape, as_bits(q), as_bits(k), as_bits(v), 0.2, mask, b, h, i);
+            const double* want = whole.out.data() + ((b * shape.seqlen_q + i) * shape.heads_q + h) * shape.head_dim;
+            const bool same = std::equal(row.out.begin(), row.out.end(), want) &&
+                              row.lse == whole.lse[static_cast<size_t>((b * shape.heads_q + h) * shape.seqlen_q + i)];
+            mismatched_rows += !same;
+          }
+      CHECK(mismatched_rows == 0);
+    }
+  }
+  const std::vector<double> zeros(static_cast<size_t>(shape.batch * shape.seqlen_q * shape.heads_q * shape.head_dim));
+  const HostInput q_in = HostInput::float64(zeros.data(), StridedView::contiguous(2, 11, 4, 24));
+  const HostInput kv_in = HostInput::float64(zeros.data(), StridedView::contiguous(2, 6, 2, 24));
+  const ReferenceRow masked = attention_reference_row(shape, q_in, kv_in, kv_in, 1.0, FLASHGEN_MASK_CAUSAL, 0, 0, 0);
+  CHECK(masked.lse == -std::numeric_limits<double>::infinity());
+  CHECK(masked.out == std::vector<double>(24, 0.0));
+  CHECK_THROWS(attention_reference_row(shape, q_in, kv_in, kv_in, 1.0, FLASHGEN_MASK_NONE, 0, 4, 0));
+  CHECK_THROWS(attention_reference_f64(shape, kv_in, kv_in, kv_in, 1.0, FLASHGEN_MASK_NONE));
+}

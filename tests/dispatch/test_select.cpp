@@ -1,0 +1,168 @@
+// Run-time config choice: for every head_dim, dtype and mask, the chosen forward kernel compiles for
+// sm_80 and sm_90a without spills (the heuristic's first choice is passed over when ptxas says it spills).
+#include "catch.hpp"
+#include "dispatch/select.hpp"
+#include "runtime/kernel_registry.hpp"
+#include "support/raw_sqlite.hpp"
+#include "support/temp_dir.hpp"
+#include "tuner/heuristic.hpp"
+#include "tuner/store.hpp"
+
+using flashgen::DType;
+using flashgen::MaskKind;
+
+TEST_CASE("the chosen forward config never spills, for every head_dim", "[tuner][select][nvrtc]") {
+  auto& registry = flashgen::KernelRegistry::instance();
+  for (int arch : {80, 90})
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16})
+      for (MaskKind mask : {MaskKind::kNone, MaskKind::kCausal})
+        for (int d = 8; d <= 256; d += 8) {
+          const flashgen::ForwardChoice choice = flashgen::heuristic_choice(dtype, d, mask, arch);
+          INFO("sm_" << arch << " " << flashgen::config_name(choice.config) << ": " << choice.reason);
+          CHECK(choice.config.head_dim == d);
+          CHECK(choice.config.dtype == dtype);
+          CHECK(choice.config.mask == mask);
+          CHECK_FALSE(choice.config.invalid_reason(arch).has_value());
+          const auto usage = registry.compiled(choice.config, arch)->usage;
+          CHECK(usage.spill_store_bytes + usage.spill_load_bytes == 0);
+          CHECK(choice.reason.rfind("built-in heuristic", 0) == 0);
+          // Memoized: the same answer again.
+          CHECK(flashgen::heuristic_choice(dtype, d, mask, arch).config == choice.config);
+        }
+}
+
+TEST_CASE("stored winners come first: exact bucket, then nearest, then the heuristic", "[tuner][select][store]") {
+  flashgen::testing::TempDir dir("flashgen-select-test");
+  flashgen::TuningStore store(dir.path() / "tuning.sqlite");
+  const flashgen::DeviceFingerprint device = flashgen::fingerprint_for_arch(90);
+  const flashgen::ProblemKey key = flashgen::forward_problem_key(DType::kFloat16, 64, MaskKind::kNone, 1, 4096, 4096, 64);
+
+  flashgen::KernelConfig stored;
+  stored.head_dim = 64;
+  stored.block_m = 64;
+  stored.block_n = 64;
+  stored.warps = 4;
+  stored.stages = 2;
+  REQUIRE(stored != flashgen::heuristic_forward_config(DType::kFloat16, 64, MaskKind::kNone, 90));
+  flashgen::CandidateResult row;
+  row.config = stored;
+  row.median_ms = 1.5;
+  row.samples = 10;
+  store.record(device, key, {row}, stored, 1.5);
+
+  const auto exact = flashgen::choose_forward_config(device, key, 90, &store);
+  CHECK(exact.config == stored);
+  CHECK(exact.reason.find("exact bucket") != std::string::npos);
+
+  const flashgen::ProblemKey longer =
+      flashgen::forward_problem_key(DType::kFloat16, 64, MaskKind::kNone, 1, 16384, 16384, 64);
+  const auto nearest = flashgen::choose_forward_config(device, longer, 90, &store);
+  CHECK(nearest.config == stored);
+  CHECK(nearest.reason.find("nearest bucket") != std::string::npos);
+
+  const flashgen::ProblemKey other_class =
+      flashgen::forward_problem_key(DType::kFloat16, 128, MaskKind::kNone, 1, 4096, 4096, 64);
+  const auto fallback = flashgen::choose_forward_config(device, other_class, 90, &store);
+  CHECK(fallback.reason.rfind("built-in heuristic", 0) == 0);
+  CHECK(fallback.config == flashgen::heuristic_choice(DType::kFloat16, 128, MaskKind::kNone, 90).config);
+
+  const auto no_store = flashgen::choose_forward_config(device, key, 90, nullptr);
+  CHECK(no_store.reason.rfind("built-in heuristic", 0) == 0);
+}
+
+TEST_CASE("backward choice: stored winners of its own pass and strategy, then the heuristic", "[tuner][select][store][backward]") {
+  flashgen::testing::TempDir dir("flashgen-select-backward-test");
+  flashgen::TuningStore store(dir.path() / "tuning.sqlite");
+  const flashgen::DeviceFingerprint device = flashgen::fingerprint_for_arch(90);
+  const flashgen::ProblemKey key =
+      flashgen::backward_problem_key(DType::kFloat16, 128, MaskKind::kCausal, false, 1, 4096, 4096, 64);
+  CHECK(key.id() == "bwd|fp16|d128|causal|g1|q4096|k4096|bh64");
+  const flashgen::ProblemKey det_key =
+      flashgen::backward_problem_key(DType::kFloat16, 128, MaskKind::kCausal, true, 1, 4096, 4096, 64);
+  CHECK(det_key.class_id() == "bwd_det|fp16|d128|causal|g1");
+
+  flashgen::BwdConfig stored;
+  stored.family = flashgen::KernelFamily::kSm90;
+  stored.mask = MaskKind::kCausal;
+  stored.block_m = 64;
+  stored.block_n = 128;
+  stored.stages = 3;
+  const flashgen::BwdConfig builtin =
+      flashgen::heuristic_backward_choice(DType::kFloat16, 128, MaskKind::kCausal, false, 90).config;
+  REQUIRE(stored != builtin);
+  flashgen::CandidateResult row;
+  row.config = stored;
+  row.median_ms = 2.5;
+  row.samples = 10;
+  store.record(device, key, {row}, stored, 2.5);
+
+  const flashgen::BackwardChoice exact = flashgen::choose_backward_config(device, key, 90, &store);
+  CHECK(exact.config == stored);
+  CHECK(exact.source == flashgen::ChoiceSource::kTuningDatabase);
+  CHECK(exact.reason.find("exact bucket") != std::string::npos);
+  const flashgen::BackwardChoice nearest = flashgen::choose_backward_config(
+      device, flashgen::backward_problem_key(DType::kFloat16, 128, MaskKind::kCausal, false, 1, 1024, 1024, 64), 90,
+      &store);
+  CHECK(nearest.config == stored);
+  CHECK(nearest.reason.find("nearest bucket") != std::string::npos);
+
+  // The deterministic strategy and the forward have their own data: nothing stored for them here.
+  const flashgen::BackwardChoice det = flashgen::choose_backward_config(device, det_key, 90, &store);
+  CHECK(det.source == flashgen::ChoiceSource::kHeuristic);
+  CHECK(det.config.deterministic);
+  const flashgen::ProblemKey fwd_key =
+      flashgen::forward_problem_key(DType::kFloat16, 128, MaskKind::kCausal, 1, 4096, 4096, 64);
+  CHECK_FALSE(store.lookup_nearest(device, fwd_key).has_value());
+  // On an arch the stored config cannot run on, it is passed over with the reason said.
+  const flashgen::BackwardChoice on80 =
+      flashgen::choose_backward_config(flashgen::fingerprint_for_arch(90), key, 80, &store);
+  CHECK(on80.source == flashgen::ChoiceSource::kHeuristic);
+  CHECK(on80.reason.find("passed over") != std::string::npos);
+}
+
+TEST_CASE("a stored winner that cannot run on this arch is passed over", "[tuner][select][store]") {
+  flashgen::testing::TempDir dir("flashgen-select-test");
+  flashgen::TuningStore store(dir.path() / "tuning.sqlite");
+  const flashgen::DeviceFingerprint device = flashgen::fingerprint_for_arch(80);
+  const flashgen::ProblemKey key = flashgen::forward_problem_key(DType::kBFloat16, 256, MaskKind::kCausal, 2, 2048, 2048, 32);
+  flashgen::KernelConfig hopper_only;  // 202752 bytes of shared memory: more than sm_80 allows
+  hopper_only.dtype = DType::kBFloat16;
+  hopper_only.head_dim = 256;
+  hopper_only.mask = MaskKind::kCausal;
+  hopper_only.block_m = 128;
+  hopper_only.block_n = 64;
+  hopper_only.warps = 8;
+  hopper_only.stages = 2;
+  REQUIRE(hopper_only.invalid_reason(80).has_value());
+  flashgen::CandidateResult row;
+  row.config = hopper_only;
+  row.median_ms = 2.0;
+  store.record(device, key, {row}, hopper_only, 2.0);
+
+  const auto choice = flashgen::choose_forward_config(device, key, 80, &store);
+  CHECK(choice.config != hopper_only);
+  CHECK_FALSE(choice.config.invalid_reason(80).has_value());
+  CHECK(choice.reason.find("passed over") != std::string::npos);
+}
+
+TEST_CASE("a stored row the database cannot read back is passed over, not thrown", "[tuner][select][store]") {
+  flashgen::testing::TempDir dir("flashgen-select-test");
+  const flashgen::DeviceFingerprint device = flashgen::fingerprint_for_arch(90);
+  const flashgen::ProblemKey key = flashgen::forward_problem_key(DType::kFloat16, 64, MaskKind::kNone, 1, 4096, 4096, 64);
+  {
+    flashgen::TuningStore store(dir.path() / "tuning.sqlite");
+    flashgen::KernelConfig stored = flashgen::heuristic_forward_configs(DType::kFloat16, 64, MaskKind::kNone, 90).back();
+    flashgen::CandidateResult row;
+    row.config = stored;
+    row.median_ms = 1.5;
+    store.record(device, key, {row}, stored, 1.5);
+  }
+  // Edited by hand or by another tool: a winner whose config names a mask flashgen does not have.
+  flashgen::testing::RawSqlite(dir.path() / "tuning.sqlite")
+      .exec("UPDATE winners SET config_json = '{\"family\": \"fwd_sm90\", \"mask\": \"sliding\"}'");
+  flashgen::TuningStore store(dir.path() / "tuning.sqlite");
+  const auto choice = flashgen::choose_forward_config(device, key, 90, &store);
+  CHECK(choice.config == flashgen::heuristic_choice(DType::kFloat16, 64, MaskKind::kNone, 90).config);
+  CHECK(choice.reason.find("passed over") != std::string::npos);
+  CHECK(choice.reason.find("mask") != std::string::npos);
+}
