@@ -6,11 +6,10 @@
 #include <utility>
 
 #include "api/explain.hpp"
+#include "dispatch/dispatch.hpp"
 #include "dispatch/select.hpp"
 #include "flashgen/error.hpp"
 #include "flashgen/flashgen.h"
-#include "launch/attention.hpp"
-#include "launch/attention_backward.hpp"
 #include "launch/tensor_checks.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "tuner/store.hpp"
@@ -94,8 +93,8 @@ extern "C" int flashgen_attention_forward(const flashgen_tensor* q, const flashg
                                           const flashgen_tensor* v, const flashgen_tensor* out, float* lse,
                                           const flashgen_attention_options* opts, void* cuda_stream) {
   return guarded([&] {
-    const flashgen::ForwardProblem problem = flashgen::make_forward_problem(q, k, v, out, lse, opts);
-    flashgen::launch_forward(problem, static_cast<CUstream>(cuda_stream));
+    flashgen::attention_forward(flashgen::make_forward_problem(q, k, v, out, lse, opts),
+                                static_cast<CUstream>(cuda_stream));
   });
 }
 
@@ -107,7 +106,7 @@ extern "C" int flashgen_attention_backward(const flashgen_tensor* q, const flash
   return guarded([&] {
     const flashgen::BackwardProblem problem =
         flashgen::make_backward_problem(q, k, v, out, dout, lse, dq, dk, dv, opts);
-    flashgen::launch_backward(problem, static_cast<CUstream>(cuda_stream));
+    flashgen::attention_backward(problem, static_cast<CUstream>(cuda_stream));
   });
 }
 
@@ -119,7 +118,7 @@ extern "C" int flashgen_attention_backward_workspace_size(
     FLASHGEN_REQUIRE(workspace_bytes != nullptr, "workspace_bytes: null pointer");
     const flashgen::BackwardProblem problem =
         flashgen::make_backward_problem(q, k, v, out, dout, lse, dq, dk, dv, opts);
-    *workspace_bytes = flashgen::prepare_backward(problem, static_cast<CUstream>(cuda_stream)).workspace_bytes;
+    *workspace_bytes = flashgen::plan_backward(problem, static_cast<CUstream>(cuda_stream)).launch.workspace_bytes;
   });
 }
 
@@ -133,8 +132,8 @@ extern "C" int flashgen_attention_backward_with_workspace(
         flashgen::make_backward_problem(q, k, v, out, dout, lse, dq, dk, dv, opts);
     FLASHGEN_REQUIRE(workspace != nullptr,
                      "workspace: null pointer (flashgen_attention_backward takes its workspace from the stream's pool)");
-    flashgen::launch_backward(problem, static_cast<CUstream>(cuda_stream), nullptr,
-                              reinterpret_cast<CUdeviceptr>(workspace), workspace_bytes);
+    flashgen::attention_backward(problem, static_cast<CUstream>(cuda_stream), reinterpret_cast<CUdeviceptr>(workspace),
+                                 workspace_bytes);
   });
 }
 

@@ -67,8 +67,9 @@ nlohmann::json grid_json(const unsigned (&grid)[3]) { return {grid[0], grid[1], 
 }  // namespace
 
 nlohmann::json explain_forward(const ForwardProblem& problem, CUstream stream) {
-  const PreparedForward prepared = prepare_forward(problem, stream);
-  const ForwardLaunch& launch = prepared.launch;
+  const ForwardPlan plan = plan_forward(problem, stream);
+  const ForwardLaunch& launch = plan.launch;
+  const PreparedForward& prepared = plan.prepared;
   const std::shared_ptr<const CompiledKernel> compiled =
       KernelRegistry::instance().compiled(launch.config, launch.arch);
   nlohmann::json j = {{"pass", "forward"},
@@ -85,8 +86,9 @@ nlohmann::json explain_forward(const ForwardProblem& problem, CUstream stream) {
 }
 
 nlohmann::json explain_backward(const BackwardProblem& problem, CUstream stream) {
-  const PreparedBackward prepared = prepare_backward(problem, stream);
-  const BackwardLaunch& launch = prepared.launch;
+  const BackwardPlan plan = plan_backward(problem, stream);
+  const BackwardLaunch& launch = plan.launch;
+  const PreparedBackward& prepared = plan.prepared;
   const BwdConfig& config = launch.config;
   const std::shared_ptr<const CompiledKernel> compiled = KernelRegistry::instance().compiled(config, launch.arch);
   auto kernel = [&](BwdKernel which, const unsigned (&grid)[3], unsigned threads, unsigned smem_bytes) {

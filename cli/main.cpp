@@ -39,6 +39,7 @@
 #include "check/reference.hpp"
 #include "cli/args.hpp"
 #include "cli/table.hpp"
+#include "dispatch/dispatch.hpp"
 #include "flashgen/error.hpp"
 #include "flashgen/flashgen.h"
 #include "generator/generator.hpp"
@@ -973,13 +974,13 @@ void run_backward(const RunOptions& o, const AttentionShape& shape, const HostTe
     report.reason = "requested with --config";
   } else {
     // The launch's own choice: tuning data first (as the library call makes it), then the built-in one.
-    BackwardLaunch chosen = prepare_backward(problem, stream).launch;
+    const BackwardLaunch chosen = plan_backward(problem, stream).launch;
     config = chosen.config;
     report.reason = chosen.reason;
   }
   report.config_name = config.name();
   DeviceBuffer workspace(backward_workspace_bytes(problem, config));
-  auto launch = [&] { launch_backward(problem, stream, &config, workspace.ptr(), workspace.bytes()); };
+  auto launch = [&] { launch_backward(problem, stream, config, workspace.ptr(), workspace.bytes()); };
 
   const Clock::time_point first = Clock::now();
   launch();
@@ -1078,7 +1079,7 @@ RunReport run_problem(const RunOptions& o) {
 
   Stream stream;
   auto launch = [&] {
-    return config ? launch_forward(problem, stream.get(), &*config)
+    return config ? attention_forward(problem, stream.get(), *config)
                   : attention_forward(q_view, k_view, v_view, out_view, lse_ptr, options, stream.get());
   };
 

@@ -1,5 +1,5 @@
-// Forward config choice: tuning database first, then the heuristic filtered by ptxas's spill report;
-// memoized per process.
+// The process-wide choice of both passes (tuner/choice.hpp's order over the user's database and the shipped
+// defaults), memoized per (device, problem key), and the sweeps of tune-on-first-use.
 #include "dispatch/select.hpp"
 
 #include <algorithm>
@@ -22,167 +22,6 @@
 #include "tuner/sweep.hpp"
 
 namespace flashgen {
-
-namespace {
-
-// Drops every config not of the sm80 family (for problems the Hopper families cannot describe).
-template <class Config>
-void keep_sm80_family(std::vector<Config>& configs) {
-  configs.erase(std::remove_if(configs.begin(), configs.end(),
-                               [](const Config& c) { return c.family != KernelFamily::kSm80; }),
-                configs.end());
-}
-
-// The first of configs whose kernels compile for arch without spills, with the reason "built-in
-// heuristic ..." naming what was passed over; the first config when all of them spill.
-template <class Config>
-std::pair<Config, std::string> first_spill_free(const std::vector<Config>& configs, int arch) {
-  std::pair<Config, std::string> choice{configs.front(), "built-in heuristic (no tuning data)"};
-  std::string spilling;
-  bool clean = false;
-  for (const Config& config : configs) {
-    const int spilled = KernelRegistry::instance().spilled_bytes(config, arch);
-    if (spilled == 0) {
-      choice.first = config;
-      clean = true;
-      break;
-    }
-    spilling += (spilling.empty() ? "" : ", ") + config.name() + " spills " + std::to_string(spilled) + " bytes";
-  }
-  if (!spilling.empty()) {
-    choice.second += clean ? "; passed over " + spilling
-                           : "; every candidate spills (" + spilling + "), using the first";
-  }
-  return choice;
-}
-
-}  // namespace
-
-const char* choice_source_name(ChoiceSource source) {
-  switch (source) {
-    case ChoiceSource::kTuningDatabase: return "tuning database";
-    case ChoiceSource::kTunedOnFirstUse: return "tuned on first use";
-    case ChoiceSource::kShippedDefaults: return "shipped defaults";
-    case ChoiceSource::kHeuristic: return "heuristic";
-    case ChoiceSource::kRequested: return "requested";
-  }
-  return "heuristic";
-}
-
-ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arch, bool sm80_only) {
-  using Key = std::tuple<int, int, int, int, bool>;
-  static std::mutex mutex;
-  static std::map<Key, ForwardChoice> chosen;
-  const Key key{static_cast<int>(dtype), head_dim, static_cast<int>(mask), arch, sm80_only};
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (auto found = chosen.find(key); found != chosen.end()) return found->second;
-  }
-
-  // Compiled outside the lock: two threads may both compile a first choice, the registry keeps one.
-  std::vector<KernelConfig> configs = heuristic_forward_configs(dtype, head_dim, mask, arch);
-  if (sm80_only) keep_sm80_family(configs);
-  auto [config, reason] = first_spill_free(configs, arch);
-  std::lock_guard<std::mutex> lock(mutex);
-  return chosen.emplace(key, ForwardChoice{std::move(config), std::move(reason)}).first->second;
-}
-
-BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch,
-                                         bool sm80_only) {
-  using Key = std::tuple<int, int, int, bool, int, bool>;
-  static std::mutex mutex;
-  static std::map<Key, BackwardChoice> chosen;
-  const Key key{static_cast<int>(dtype), head_dim, static_cast<int>(mask), deterministic, arch, sm80_only};
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (auto found = chosen.find(key); found != chosen.end()) return found->second;
-  }
-
-  std::vector<BwdConfig> configs = heuristic_backward_configs(dtype, head_dim, mask, deterministic, arch);
-  if (sm80_only) keep_sm80_family(configs);
-  auto [config, reason] = first_spill_free(configs, arch);
-  std::lock_guard<std::mutex> lock(mutex);
-  return chosen.emplace(key, BackwardChoice{std::move(config), std::move(reason)}).first->second;
-}
-
-namespace {
-
-// A stored winner the run-time choice may use, and why.
-template <class Config>
-struct StoredUse {
-  Config config;
-  std::string reason;
-  ChoiceSource source;
-  bool exact_bucket = false;  // the user's database holds this very bucket
-};
-
-// The user's database (exact bucket, then nearest), then the shipped defaults, for a config of type
-// Config that can run on sm_<arch> and matches the problem class; passed_over collects what was not used.
-template <class Config>
-std::optional<StoredUse<Config>> stored_choice(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
-                                               const TuningStore* user_db, const ShippedDefaults* shipped,
-                                               std::string& passed_over) {
-  auto usable = [&](const std::optional<StoredChoice>& stored) -> const Config* {
-    if (!stored) return nullptr;
-    const Config* c = std::get_if<Config>(&stored->config);
-    std::optional<std::string> why;
-    if (c == nullptr || !same_pass(*c, problem)) {
-      why = "a config of another pass or dQ strategy";
-    } else {
-      why = c->invalid_reason(arch);
-      if (!why && (c->dtype != problem.dtype || c->head_dim != problem.head_dim || c->mask != problem.mask)) {
-        why = "does not match the problem";
-      }
-    }
-    if (why) passed_over += "; stored " + config_name(stored->config) + " passed over: " + *why;
-    return why ? nullptr : c;
-  };
-  // A row the database cannot turn back into a problem or config (written by another tool, or edited)
-  // is passed over like an unusable one: the call still gets the shipped defaults or the heuristic.
-  if (user_db != nullptr) {
-    try {
-      const std::optional<StoredChoice> exact = user_db->lookup_exact(device, problem);
-      if (const Config* c = usable(exact)) {
-        return StoredUse<Config>{*c, "tuning database " + user_db->path().string() + ", exact bucket " + problem.id(),
-                                 ChoiceSource::kTuningDatabase, true};
-      }
-      const std::optional<StoredChoice> nearest = user_db->lookup_nearest(device, problem);
-      if (const Config* c = usable(nearest)) {
-        return StoredUse<Config>{*c,
-                                 "tuning database " + user_db->path().string() + ", nearest bucket " +
-                                     nearest->problem.id() + " for " + problem.id(),
-                                 ChoiceSource::kTuningDatabase};
-      }
-    } catch (const std::exception& e) {  // Error, or the JSON library's on a config it cannot read
-      passed_over += "; tuning database " + user_db->path().string() + " passed over: " + e.what();
-    }
-  }
-  if (shipped != nullptr) {
-    bool exact = false;
-    const std::optional<StoredChoice> stored = shipped->lookup(device, problem, &exact);
-    if (const Config* c = usable(stored)) {
-      return StoredUse<Config>{*c,
-                               stored->source + (exact ? ", exact bucket " + problem.id()
-                                                       : ", nearest bucket " + stored->problem.id() + " for " +
-                                                             problem.id()),
-                               ChoiceSource::kShippedDefaults};
-    }
-  }
-  return std::nullopt;
-}
-
-}  // namespace
-
-ForwardChoice choose_forward_config(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
-                                    const TuningStore* user_db, const ShippedDefaults* shipped) {
-  std::string passed_over;
-  if (auto stored = stored_choice<KernelConfig>(device, problem, arch, user_db, shipped, passed_over)) {
-    return {stored->config, stored->reason, stored->source, stored->exact_bucket};
-  }
-  ForwardChoice choice = heuristic_choice(problem.dtype, problem.head_dim, problem.mask, arch);
-  choice.reason += passed_over;
-  return choice;
-}
 
 namespace {
 
@@ -258,6 +97,11 @@ Choice memoized_choice(int device, const ProblemKey& problem, Choose choose) {
   return memo.chosen.emplace(key, choice).first->second;
 }
 
+std::atomic<uint64_t>& generation() {
+  static std::atomic<uint64_t> count{0};
+  return count;
+}
+
 std::atomic<int>& tune_switch() {
   // -1: not decided yet (read FLASHGEN_TUNE on first use), 0 off, 1 on.
   static std::atomic<int> state{-1};
@@ -316,6 +160,7 @@ std::optional<Choice> first_use_sweep(const ProblemKey& key, int device, std::st
                   ChoiceSource::kTunedOnFirstUse};
     std::lock_guard<std::mutex> lock(memo.mutex);
     memo.chosen[{device, key.id()}] = choice;
+    ++generation();
     return choice;
   } catch (const std::exception& e) {
     failed.emplace(std::make_pair(device, key.id()), e.what());
@@ -351,7 +196,12 @@ bool tune_on_first_use() {
   return state == 1;
 }
 
-void set_tune_on_first_use(bool enabled) { tune_switch().store(enabled ? 1 : 0); }
+void set_tune_on_first_use(bool enabled) {
+  tune_switch().store(enabled ? 1 : 0);
+  ++generation();
+}
+
+uint64_t choice_generation() { return generation().load(std::memory_order_acquire); }
 
 std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem& problem, int device, int arch,
                                                        std::string* failure, bool explicit_request) {
@@ -385,18 +235,6 @@ std::optional<BackwardChoice> tune_backward_on_first_use(const BackwardSweepProb
       [&](const std::vector<BwdConfig>& candidates, CUstream stream) {
         return sweep_backward(problem, candidates, stream, SweepOptions{});
       });
-}
-
-BackwardChoice choose_backward_config(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
-                                      const TuningStore* user_db, const ShippedDefaults* shipped) {
-  std::string passed_over;
-  if (auto stored = stored_choice<BwdConfig>(device, problem, arch, user_db, shipped, passed_over)) {
-    return {stored->config, stored->reason, stored->source, stored->exact_bucket};
-  }
-  BackwardChoice choice =
-      heuristic_backward_choice(problem.dtype, problem.head_dim, problem.mask, problem.family == "bwd_det", arch);
-  choice.reason += passed_over;
-  return choice;
 }
 
 BackwardChoice choose_backward_config(int device, const ProblemKey& problem, int arch) {

@@ -1,47 +1,16 @@
-// Run-time config choice for the forward pass. Order: the user's tuning database (exact size bucket,
-// then the nearest bucket of the same device and problem class), then the built-in heuristic's
-// preference list checked against what ptxas reports. A call never fails for lack of tuning data, and
-// every answer is memoized per process.
+// The process-wide run-time choice of both passes: tuner/choice.hpp's order over the user's database (opened
+// read-only once) and the shipped defaults, memoized per (device, problem key), and tune-on-first-use.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
 
-#include "generator/bwd_config.hpp"
-#include "generator/kernel_config.hpp"
+#include "tuner/choice.hpp"
 #include "tuner/problem_key.hpp"
 
 namespace flashgen {
-
-class ShippedDefaults;
-class TuningStore;
-
-// Where a run-time choice came from.
-enum class ChoiceSource { kTuningDatabase, kTunedOnFirstUse, kShippedDefaults, kHeuristic, kRequested };
-
-// "tuning database", "tuned on first use", "shipped defaults", "heuristic", "requested" (as explain reports).
-const char* choice_source_name(ChoiceSource source);
-
-struct ForwardChoice {
-  KernelConfig config;
-  std::string reason;  // where the config came from and why, e.g. "built-in heuristic (no tuning data)"
-  ChoiceSource source = ChoiceSource::kHeuristic;
-  bool exact_bucket = false;  // kTuningDatabase: the user's database holds the problem's own bucket (not a neighbour)
-};
-
-// The first heuristic config whose compiled kernel does not spill (compiling through the kernel
-// registry's caches); the first one when all of them spill, saying so in the reason. With sm80_only,
-// only the sm80 family is considered (the launcher's fallback when TMA cannot describe a problem).
-// Memoized.
-ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arch, bool sm80_only = false);
-
-// The choice from explicit data sources (either may be null): user_db exact bucket, user_db nearest
-// bucket, the shipped defaults (exact, then nearest bucket, for a GPU of the same kind), then
-// heuristic_choice. A stored config that cannot run on sm_<arch> is passed over, and the reason says so.
-// Not memoized: the process-wide form below is.
-ForwardChoice choose_forward_config(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
-                                    const TuningStore* user_db, const ShippedDefaults* shipped = nullptr);
 
 // Process-wide choice for device (a CUDA device ordinal): the user's database at
 // TuningStore::default_path(), opened read-only on first use (a missing file means no tuning data), then
@@ -54,6 +23,10 @@ ForwardChoice choose_forward_config(int device, const ProblemKey& problem, int a
 // set_tune_on_first_use(true) is called.
 bool tune_on_first_use();
 void set_tune_on_first_use(bool enabled);
+
+// A count that grows whenever a memoized choice may change: a first-use or explicit sweep stored a winner,
+// or the tune-on-first-use switch was set. Launches dispatch keeps from before are prepared afresh.
+uint64_t choice_generation();
 
 // A call's tune-on-first-use step, given its run-time choice: when the switch is on and neither the user's
 // database holds the problem's own bucket (a neighbour's winner is only a stand-in) nor this process has
@@ -88,25 +61,6 @@ struct ForwardSweepProblem;
 // sweeps a bucket whose sweep failed before, and a failure throws Error with its cause's status instead.
 std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem& problem, int device, int arch,
                                                        std::string* failure = nullptr, bool explicit_request = false);
-
-struct BackwardChoice {
-  BwdConfig config;
-  std::string reason;
-  ChoiceSource source = ChoiceSource::kHeuristic;
-  bool exact_bucket = false;  // as ForwardChoice's
-};
-
-// The first built-in backward config for the problem class whose kernels (dkdv, and dq when
-// deterministic) compile without spills; the first one when all spill, saying so. Memoized.
-// With sm80_only, only the sm80 family's configs are considered (when TMA cannot describe the tensors).
-BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch,
-                                         bool sm80_only = false);
-
-// The backward's choice from explicit data sources, in choose_forward_config's order: user_db exact and
-// nearest bucket, the shipped defaults, then heuristic_backward_choice. problem is a backward key
-// (backward_problem_key: family "bwd" or "bwd_det").
-BackwardChoice choose_backward_config(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
-                                      const TuningStore* user_db, const ShippedDefaults* shipped = nullptr);
 
 // Process-wide backward choice for device (a CUDA device ordinal), as the forward's: the user's
 // database, then the shipped defaults, then the heuristic; memoized per (device, problem key).

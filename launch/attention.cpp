@@ -1,6 +1,6 @@
-// Forward launcher: validates flashgen_tensor arguments into AttnFwdParams (no GPU needed), then checks
-// the pointers against the launch context, picks a config, computes the grid and launches on the
-// caller's stream. Any bad input is reported before anything is launched.
+// Forward launcher: validates flashgen_tensor arguments into AttnFwdParams (no GPU needed); for a config it
+// is given, checks the pointers against the launch context and what the kernel family can implement,
+// computes the grid and launches on the caller's stream. Any bad input is reported before anything runs.
 #include "launch/attention.hpp"
 
 #include <algorithm>
@@ -9,14 +9,12 @@
 #include <optional>
 #include <tuple>
 
-#include "dispatch/select.hpp"
 #include "flashgen/error.hpp"
 #include "launch/tensor_checks.hpp"
 #include "launch/tile_counters.hpp"
 #include "launch/tma.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/kernel_registry.hpp"
-#include "tuner/sweep.hpp"
 
 namespace flashgen {
 
@@ -115,30 +113,22 @@ struct ForwardTmaTensors {
   }
 };
 
-int multiprocessors(CUdevice device) {
-  int sms = 0;
-  FLASHGEN_CU_CHECK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device));
-  return sms;
-}
-
 // (batch, head) pairs per section of a persistent causal kernel's tile list. As many as have their K and V
 // (shared by the query heads of a group) in half the L2 cache, but enough for two tiles per walker (block
-// or group of consumers), since the walkers running at once span about one section; then widened to even out the sections, so the last
-// is not a narrow one whose longest tiles would start when the others are done.
-int l2_section(const AttnFwdParams& p, int head_dim, int64_t m_blocks, int64_t walkers, CUdevice device) {
-  int l2_bytes = 0;
-  FLASHGEN_CU_CHECK(cuDeviceGetAttribute(&l2_bytes, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, device));
+// or group of consumers), since the walkers running at once span about one section; then widened to even
+// out the sections, so the last is not a narrow one whose longest tiles would start when the others are done.
+int l2_section(const AttnFwdParams& p, int head_dim, int64_t m_blocks, int64_t walkers, const DeviceTraits& device) {
   const int64_t kv_bytes_per_pair = std::max<int64_t>(int64_t(2) * p.seqlen_k * head_dim * 2 / p.group_size, 1);
   const int64_t pairs = int64_t(p.heads_q) * p.batch;
   const int64_t widest = std::clamp<int64_t>(
-      std::max<int64_t>(l2_bytes / 2 / kv_bytes_per_pair, (2 * walkers + m_blocks - 1) / m_blocks), 1, pairs);
+      std::max<int64_t>(device.l2_bytes / 2 / kv_bytes_per_pair, (2 * walkers + m_blocks - 1) / m_blocks), 1, pairs);
   const int64_t sections = pairs / widest;
   return static_cast<int>((pairs + sections - 1) / sections);
 }
 
 // How many clusters of the prepared kernel (its cluster shape compiled in) fit on the device at once: GPCs
 // of odd SM counts leave some SMs out of clusters of two. Falls back to half the SMs if the driver cannot say.
-int max_active_clusters(const PreparedForward& prepared, CUdevice device) {
+int max_active_clusters(const PreparedForward& prepared, const DeviceTraits& device) {
   CUlaunchConfig config{};
   config.gridDimX = 2;
   config.gridDimY = config.gridDimZ = 1;
@@ -147,103 +137,106 @@ int max_active_clusters(const PreparedForward& prepared, CUdevice device) {
   config.sharedMemBytes = prepared.smem_bytes;
   int clusters = 0;
   if (driver().cuOccupancyMaxActiveClusters(&clusters, prepared.function, &config) != CUDA_SUCCESS || clusters <= 0) {
-    clusters = multiprocessors(device) / 2;
+    clusters = device.multiprocessors / 2;
   }
   return clusters;
 }
 
-// prepare_forward with the launch context already current (scope).
-PreparedForward prepare_in_scope(const ForwardProblem& problem, const ScopedContext& scope, CUstream stream,
-                                 const KernelConfig* config) {
-  const AttnFwdParams& p = problem.params;
-  check_device_pointer(p.q, "q.data", scope.device());
-  check_device_pointer(p.k, "k.data", scope.device());
-  check_device_pointer(p.v, "v.data", scope.device());
-  check_device_pointer(p.o, "out.data", scope.device());
-  if (p.lse != nullptr) check_device_pointer(p.lse, "lse", scope.device());
+// Query blocks of the problem under config, and the tiles (cluster-wide query blocks of every head and
+// batch) a persistent kernel walks.
+int64_t query_blocks(const ForwardProblem& problem, const KernelConfig& config) {
+  return (problem.params.seqlen_q + config.block_m - 1) / config.block_m;
+}
 
-  ForwardLaunch launch;
-  launch.arch = launch_arch(scope.device());
-  if (config != nullptr) {
-    check_requested_config(*config, problem.dtype, problem.head_dim, problem.mask, launch.arch);
-    launch.config = *config;
-    launch.reason = "requested by the caller";
-    launch.source = ChoiceSource::kRequested;
-  } else {
-    const ProblemKey key = forward_problem_key(problem.dtype, problem.head_dim, problem.mask, p.group_size,
-                                               p.seqlen_q, p.seqlen_k, int64_t(p.batch) * p.heads_q);
-    ForwardChoice choice = choose_forward_config(static_cast<int>(scope.device()), key, launch.arch);
-    if (!stream_capturing(stream)) {
-      apply_tune_on_first_use(choice, [&](std::string* failure) {
-        return tune_forward_on_first_use(sweep_problem_of(problem), static_cast<int>(scope.device()), launch.arch,
-                                         failure);
-      });
+int64_t persistent_tiles(const ForwardProblem& problem, const KernelConfig& config) {
+  const AttnFwdParams& p = problem.params;
+  return (query_blocks(problem, config) + config.cluster - 1) / config.cluster * p.heads_q * p.batch;
+}
+
+void check_device_pointers(const AttnFwdParams& p, int device) {
+  check_device_pointer(p.q, "q.data", device);
+  check_device_pointer(p.k, "k.data", device);
+  check_device_pointer(p.v, "v.data", device);
+  check_device_pointer(p.o, "out.data", device);
+  if (p.lse != nullptr) check_device_pointer(p.lse, "lse", device);
+}
+
+}  // namespace
+
+Implementability can_implement(const ForwardProblem& problem, const KernelConfig& config, const DeviceTraits& device) {
+  if (config.family == KernelFamily::kSm90) {
+    if (auto why = ForwardTmaTensors(problem, config).unsupported_reason()) return {Shortfall::kTmaLayout, *why};
+  }
+  // The kernel walks the tile list with int indices, up to a walker count past its end.
+  const int64_t tiles = persistent_tiles(problem, config);
+  if (config.persistent && tiles > INT32_MAX - 2 * int64_t(device.multiprocessors)) {
+    return {Shortfall::kTileCount, std::to_string(tiles) + " tiles are more than a persistent kernel indexes"};
+  }
+  return {};
+}
+
+PreparedForward prepare_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig& config) {
+  const AttnFwdParams& p = problem.params;
+  const ScopedContext scope(stream, p.q);
+  check_device_pointers(p, scope.device());
+  const int arch = launch_arch(scope.device());
+  check_requested_config(config, problem.dtype, problem.head_dim, problem.mask, arch);
+  const DeviceTraits& device = device_traits(scope.device());
+  if (const Implementability answer = can_implement(problem, config, device); !answer) {
+    if (answer.shortfall == Shortfall::kTmaLayout) {
+      fail(Status::kUnsupported, "config " + config.name() + " needs TMA, which cannot describe " + answer.reason);
     }
-    launch.config = choice.config;
-    launch.reason = std::move(choice.reason);
-    launch.source = choice.source;
+    fail(Status::kInvalidArgument, "config " + config.name() + ": " + answer.reason);
   }
 
   PreparedForward prepared;
-  if (launch.config.family == KernelFamily::kSm90) {
-    const ForwardTmaTensors tensors(problem, launch.config);
-    if (auto why = tensors.unsupported_reason()) {
-      if (config != nullptr) {
-        fail(Status::kUnsupported, "config " + launch.config.name() + " needs TMA, which cannot describe " + *why);
-      }
-      const ForwardChoice fallback =
-          heuristic_choice(problem.dtype, problem.head_dim, problem.mask, launch.arch, /*sm80_only=*/true);
-      launch.reason += "; TMA cannot describe " + *why + ", so the sm80 family's " + fallback.reason;
-      launch.config = fallback.config;
-      launch.source = fallback.source;
-    } else {
-      prepared.uses_tma = true;
-      prepared.sm90_params.base = p;
-      tensors.encode(prepared.sm90_params);
-    }
+  prepared.config = config;
+  prepared.arch = arch;
+  prepared.params = p;
+  if (config.family == KernelFamily::kSm90) {
+    prepared.uses_tma = true;
+    prepared.sm90_params.base = p;
+    ForwardTmaTensors(problem, config).encode(prepared.sm90_params);
   }
+  prepared.function = KernelRegistry::instance().function(config, scope.context(), arch);
+  prepared.threads = static_cast<unsigned>(config.threads());
+  prepared.smem_bytes = static_cast<unsigned>(config.smem_bytes());
   // A cluster of two takes pairs of query blocks: the grid's x is a multiple of 2, its last block
   // possibly past the end.
-  const int cluster = launch.config.cluster;
-  const int64_t m_blocks = (p.seqlen_q + launch.config.block_m - 1) / launch.config.block_m;
-  const int64_t tiles = (m_blocks + cluster - 1) / cluster * p.heads_q * p.batch;  // per cluster
-  // The kernel walks the tile list with int indices, up to a walker count past its end.
-  if (launch.config.persistent && tiles > INT32_MAX - 2 * int64_t(multiprocessors(scope.device()))) {
-    FLASHGEN_REQUIRE(config == nullptr, "config " + launch.config.name() + ": " + std::to_string(tiles) +
-                                            " tiles are more than a persistent kernel indexes");
-    launch.config.persistent = false;
-    launch.config.groups = 1;  // groups walk a persistent list
-    launch.reason += "; not persistent: too many tiles";
-  }
-  prepared.function = KernelRegistry::instance().function(launch.config, scope.context(), launch.arch);
-  prepared.threads = static_cast<unsigned>(launch.config.threads());
-  prepared.smem_bytes = static_cast<unsigned>(launch.config.smem_bytes());
-  // Walkers of a persistent kernel's tile list: its blocks, or their groups of consumers.
-  const int groups = launch.config.groups;
-  if (launch.config.persistent) {  // one block per SM (one cluster per SM pair) walks the tiles
-    const int64_t resident = cluster > 1 ? max_active_clusters(prepared, scope.device()) : multiprocessors(scope.device());
-    prepared.grid[0] = static_cast<unsigned>(std::min<int64_t>(tiles, resident) * cluster);
+  const int cluster = config.cluster;
+  const int64_t m_blocks = query_blocks(problem, config);
+  if (config.persistent) {  // one block per SM (one cluster per SM pair) walks the tiles
+    const int64_t resident = cluster > 1 ? max_active_clusters(prepared, device) : device.multiprocessors;
+    prepared.grid[0] = static_cast<unsigned>(std::min<int64_t>(persistent_tiles(problem, config), resident) * cluster);
   } else {
     prepared.grid[0] = static_cast<unsigned>((m_blocks + cluster - 1) / cluster * cluster);
     prepared.grid[1] = static_cast<unsigned>(p.heads_q);
     prepared.grid[2] = static_cast<unsigned>(p.batch);
   }
   // Only the persistent causal kernels walk a sectioned tile list; the others never read l2_section.
-  prepared.uses_tile_counter = prepared.uses_tma && launch.config.persistent && problem.mask == MaskKind::kCausal;
+  // Walkers of a persistent kernel's tile list: its blocks, or their groups of consumers.
+  prepared.uses_tile_counter = prepared.uses_tma && config.persistent && problem.mask == MaskKind::kCausal;
   if (prepared.uses_tile_counter) {
     prepared.sm90_params.l2_section =
-        l2_section(p, problem.head_dim, m_blocks, int64_t(prepared.grid[0]) * groups, scope.device());
+        l2_section(p, problem.head_dim, m_blocks, int64_t(prepared.grid[0]) * config.groups, device);
   }
-  prepared.params = p;
-  prepared.launch = std::move(launch);
   return prepared;
 }
 
-}  // namespace
-
-PreparedForward prepare_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig* config) {
-  ScopedContext scope(stream, home_device(problem.params.q));
-  return prepare_in_scope(problem, scope, stream, config);
+void PreparedForward::rebind(const ForwardProblem& problem, int device) {
+  const AttnFwdParams& p = problem.params;
+  check_device_pointers(p, device);
+  params = p;
+  if (!uses_tma) return;
+  sm90_params.base = p;
+  if (!tma_maps_retargetable()) {
+    ForwardTmaTensors(problem, config).encode(sm90_params);
+    return;
+  }
+  retarget_tma_map(&sm90_params.q_map, p.q);
+  retarget_tma_map(&sm90_params.k_map, p.k);
+  retarget_tma_map(&sm90_params.v_map, p.v);
+  retarget_tma_map(&sm90_params.o_map, p.o);
 }
 
 void PreparedForward::operator()(CUstream stream) const {
@@ -276,17 +269,9 @@ void PreparedForward::operator()(CUstream stream) const {
   FLASHGEN_CU_CHECK(cuMemFreeAsync(owned, stream));
 }
 
-ForwardLaunch launch_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig* config) {
-  ScopedContext scope(stream, home_device(problem.params.q));
-  const PreparedForward prepared = prepare_in_scope(problem, scope, stream, config);
-  prepared(stream);
-  return prepared.launch;
-}
-
-ForwardLaunch attention_forward(const flashgen_tensor& q, const flashgen_tensor& k, const flashgen_tensor& v,
-                                const flashgen_tensor& out, float* lse, const flashgen_attention_options& opts,
-                                CUstream stream) {
-  return launch_forward(make_forward_problem(&q, &k, &v, &out, lse, &opts), stream);
+void launch_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig& config) {
+  const ScopedContext scope(stream, problem.params.q);
+  prepare_forward(problem, stream, config)(stream);
 }
 
 }  // namespace flashgen

@@ -1,14 +1,15 @@
-// Launcher stage for the forward pass: checks a problem given as flashgen_tensor views, fills
-// AttnFwdParams, asks the tuner for a config, computes the grid and launches on the caller's stream.
+// Launcher stage for the forward pass: checks a problem given as flashgen_tensor views into AttnFwdParams,
+// answers whether a kernel family can implement it, and launches a config it is given (dispatch/ chooses
+// which) on the caller's stream.
 #pragma once
 
 #include <cuda.h>
 
 #include <string>
 
-#include "dispatch/select.hpp"
 #include "flashgen/flashgen.h"
 #include "generator/kernel_config.hpp"
+#include "runtime/cuda_driver.hpp"
 #include "templates/attn_params.cuh"
 
 namespace flashgen {
@@ -40,23 +41,30 @@ ForwardProblem make_forward_problem(const flashgen_tensor* q, const flashgen_ten
                                     const flashgen_tensor* v, const flashgen_tensor* out, float* lse,
                                     const flashgen_attention_options* opts);
 
-// What ran and why.
-struct ForwardLaunch {
-  KernelConfig config;
-  int arch = 0;
-  std::string reason;  // where the config came from and why (e.g. "built-in heuristic ...")
-  ChoiceSource source = ChoiceSource::kHeuristic;
+// Why a kernel family cannot run a config on a problem, as dispatch needs it to pick a fallback.
+enum class Shortfall {
+  kNone,
+  kTmaLayout,  // the sm90 family: TMA cannot describe one of the tensors (dispatch: the sm80 family)
+  kTileCount,  // a persistent kernel: more tiles than its int indices reach (dispatch: not persistent)
 };
 
-// Launches config (or the tuner's choice when config is null) for the problem on stream.
-ForwardLaunch launch_forward(const ForwardProblem& problem, CUstream stream,
-                             const KernelConfig* config = nullptr);
+struct Implementability {
+  Shortfall shortfall = Shortfall::kNone;
+  std::string reason;  // e.g. "q: the base address is not 16-byte aligned"; empty when it can
+  explicit operator bool() const { return shortfall == Shortfall::kNone; }
+};
+
+// Whether config's kernel family can run the problem on a device of these traits, and if not why. The
+// config itself must be one for the problem that can run on the device (check_requested_config).
+Implementability can_implement(const ForwardProblem& problem, const KernelConfig& config, const DeviceTraits& device);
 
 // A checked, resolved launch of one config for one problem: relaunched as is by the tuner's timing
-// loops, so host-side checks stay out of the timed region. Valid while the problem's buffers and the
-// context that prepared it live.
+// loops, so host-side checks stay out of the timed region, and kept by dispatch for the next call of the
+// same problem class, pointed at the new call's tensors by rebind. Valid while the problem's buffers and
+// the context that prepared it live.
 struct PreparedForward {
-  ForwardLaunch launch;
+  KernelConfig config;
+  int arch = 0;
   CUfunction function = nullptr;
   unsigned grid[3] = {1, 1, 1};
   unsigned threads = 0;
@@ -66,18 +74,22 @@ struct PreparedForward {
   AttnFwdSm90Params sm90_params{};
   bool uses_tile_counter = false;  // a persistent causal sm90 kernel claims its tiles through a counter
 
+  // Points the launch at problem's tensors after checking they are memory of device (the launch
+  // context's): problem must differ from the prepared one in its data pointers only.
+  void rebind(const ForwardProblem& problem, int device);
+
   // cuLaunchKernel; with uses_tile_counter, with the stream's tile counter (tile_counters.hpp) or, where
   // it has none, one taken from the stream's pool, zeroed before and given back after the launch.
   void operator()(CUstream stream) const;
 };
 
-// Everything launch_forward does before cuLaunchKernel. Needs the stream's (or current) context.
-PreparedForward prepare_forward(const ForwardProblem& problem, CUstream stream,
-                                const KernelConfig* config = nullptr);
+// Everything a launch does before cuLaunchKernel, for a config the caller chose: checks that the pointers
+// are memory of the launch's device, that the config is one for the problem and can run there, and that
+// its family can implement the problem (Error naming why otherwise), then loads the kernel and computes
+// the grid. Needs the stream's (or current) context.
+PreparedForward prepare_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig& config);
 
-// make_forward_problem + launch_forward: the C++ entry point behind flashgen_attention_forward.
-ForwardLaunch attention_forward(const flashgen_tensor& q, const flashgen_tensor& k, const flashgen_tensor& v,
-                                const flashgen_tensor& out, float* lse,
-                                const flashgen_attention_options& opts, CUstream stream);
+// prepare_forward, then the launch.
+void launch_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig& config);
 
 }  // namespace flashgen

@@ -1,6 +1,7 @@
-// Backward launcher: validates flashgen_tensor arguments into AttnBwdParams (no GPU needed), then checks
-// the pointers against the launch context, picks a config, binds the workspace and launches the
-// module's kernels in order on the caller's stream. Bad input is reported before anything is launched.
+// Backward launcher: validates flashgen_tensor arguments into AttnBwdParams (no GPU needed); for a config it
+// is given, checks the pointers against the launch context and what the kernel family can implement,
+// binds the workspace and launches the module's kernels in order on the caller's stream. Bad input is
+// reported before anything is launched.
 #include "launch/attention_backward.hpp"
 
 #include <cstdint>
@@ -8,13 +9,11 @@
 #include <tuple>
 #include <utility>
 
-#include "dispatch/select.hpp"
 #include "flashgen/error.hpp"
 #include "launch/tensor_checks.hpp"
 #include "launch/tma.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/kernel_registry.hpp"
-#include "tuner/sweep.hpp"
 
 namespace flashgen {
 
@@ -156,81 +155,45 @@ size_t backward_workspace_bytes(const BackwardProblem& problem, const BwdConfig&
   return bytes;
 }
 
+Implementability can_implement(const BackwardProblem& problem, const BwdConfig& config, const DeviceTraits&) {
+  if (config.family == KernelFamily::kSm90) {
+    if (auto why = BackwardTmaTensors(problem, config).unsupported_reason()) return {Shortfall::kTmaLayout, *why};
+  }
+  return {};
+}
+
 namespace {
 
-// An sm90 choice for tensors TMA cannot describe becomes the sm80 family's built-in choice.
-BackwardChoice with_tma_fallback(const BackwardProblem& problem, BackwardChoice choice, int arch) {
-  if (choice.config.family == KernelFamily::kSm90) {
-    if (auto why = BackwardTmaTensors(problem, choice.config).unsupported_reason()) {
-      const BackwardChoice fallback = heuristic_backward_choice(problem.dtype, problem.head_dim, problem.mask,
-                                                                problem.deterministic, arch, /*sm80_only=*/true);
-      choice.reason += "; TMA cannot describe " + *why + ", so the sm80 family's " + fallback.reason;
-      choice.config = fallback.config;
-      choice.source = fallback.source;
-    }
-  }
-  return choice;
+void check_device_pointers(const AttnBwdParams& p, int device) {
+  const std::pair<const void*, const char*> pointers[] = {
+      {p.q, "q.data"},       {p.k, "k.data"},     {p.v, "v.data"},   {p.o, "out.data"}, {p.dout, "dout.data"},
+      {p.lse, "lse"},        {p.dq, "dq.data"},   {p.dk, "dk.data"}, {p.dv, "dv.data"}};
+  for (const auto& [ptr, name] : pointers) check_device_pointer(ptr, name, device);
 }
 
 }  // namespace
 
-BwdConfig choose_backward_config(const BackwardProblem& problem, int arch, std::string* reason) {
-  BackwardChoice choice = with_tma_fallback(
-      problem, heuristic_backward_choice(problem.dtype, problem.head_dim, problem.mask, problem.deterministic, arch),
-      arch);
-  if (reason != nullptr) *reason = std::move(choice.reason);
-  return choice.config;
-}
-
-namespace {
-
-PreparedBackward prepare_in_scope(const BackwardProblem& problem, const ScopedContext& scope, CUstream stream,
-                                  const BwdConfig* config) {
+PreparedBackward prepare_backward(const BackwardProblem& problem, CUstream stream, const BwdConfig& c) {
   const AttnBwdParams& p = problem.params;
-  const std::pair<const void*, const char*> pointers[] = {
-      {p.q, "q.data"},       {p.k, "k.data"},     {p.v, "v.data"},   {p.o, "out.data"}, {p.dout, "dout.data"},
-      {p.lse, "lse"},        {p.dq, "dq.data"},   {p.dk, "dk.data"}, {p.dv, "dv.data"}};
-  for (const auto& [ptr, name] : pointers) check_device_pointer(ptr, name, scope.device());
-
-  BackwardLaunch launch;
-  launch.arch = launch_arch(scope.device());
-  if (config != nullptr) {
-    check_requested_config(*config, problem.dtype, problem.head_dim, problem.mask, launch.arch);
-    launch.config = *config;
-    launch.reason = "requested by the caller";
-    launch.source = ChoiceSource::kRequested;
-  } else {
-    const ProblemKey key = backward_problem_key(problem.dtype, problem.head_dim, problem.mask, problem.deterministic,
-                                                p.group_size, p.seqlen_q, p.seqlen_k, int64_t(p.batch) * p.heads_q);
-    const int device = static_cast<int>(scope.device());
-    BackwardChoice choice = choose_backward_config(device, key, launch.arch);
-    if (!stream_capturing(stream)) {
-      apply_tune_on_first_use(choice, [&](std::string* failure) {
-        return tune_backward_on_first_use({sweep_problem_of(problem), problem.deterministic}, device, launch.arch,
-                                          failure);
-      });
-    }
-    choice = with_tma_fallback(problem, std::move(choice), launch.arch);
-    launch.config = std::move(choice.config);
-    launch.reason = std::move(choice.reason);
-    launch.source = choice.source;
+  const ScopedContext scope(stream, p.q);
+  check_device_pointers(p, scope.device());
+  const int arch = launch_arch(scope.device());
+  check_requested_config(c, problem.dtype, problem.head_dim, problem.mask, arch);
+  if (const Implementability answer = can_implement(problem, c, device_traits(scope.device())); !answer) {
+    fail(Status::kUnsupported, "config " + c.name() + " needs TMA, which cannot describe " + answer.reason);
   }
 
-  const BwdConfig& c = launch.config;
   PreparedBackward prepared;
+  prepared.config = c;
+  prepared.arch = arch;
   if (c.family == KernelFamily::kSm90) {
-    const BackwardTmaTensors tensors(problem, c);
-    if (auto why = tensors.unsupported_reason()) {
-      fail(Status::kUnsupported, "config " + c.name() + " needs TMA, which cannot describe " + *why);
-    }
     prepared.uses_tma = true;
-    tensors.encode(prepared.sm90_params);
+    BackwardTmaTensors(problem, c).encode(prepared.sm90_params);
   }
   KernelRegistry& registry = KernelRegistry::instance();
-  prepared.preprocess = registry.function(c, BwdKernel::kPreprocess, scope.context(), launch.arch);
-  prepared.dkdv = registry.function(c, BwdKernel::kDkdv, scope.context(), launch.arch);
-  prepared.finish =
-      registry.function(c, c.deterministic ? BwdKernel::kDq : BwdKernel::kConvert, scope.context(), launch.arch);
+  prepared.preprocess = registry.function(c, BwdKernel::kPreprocess, scope.context(), arch);
+  prepared.dkdv = registry.function(c, BwdKernel::kDkdv, scope.context(), arch);
+  prepared.finish = registry.function(c, c.deterministic ? BwdKernel::kDq : BwdKernel::kConvert, scope.context(), arch);
 
   constexpr int kRowsPerBlock = kBwdRowKernelThreads / 32;
   prepared.preprocess_grid[0] = ceil_div(static_cast<long long>(workspace_rows(p, c)), kRowsPerBlock);
@@ -254,28 +217,36 @@ PreparedBackward prepare_in_scope(const BackwardProblem& problem, const ScopedCo
   prepared.finish_grid[2] = static_cast<unsigned>(p.batch);
   prepared.workspace_bytes = backward_workspace_bytes(problem, c);
   prepared.params = p;
-  prepared.launch = std::move(launch);
   return prepared;
 }
 
-}  // namespace
-
-PreparedBackward prepare_backward(const BackwardProblem& problem, CUstream stream, const BwdConfig* config) {
-  ScopedContext scope(stream, home_device(problem.params.q));
-  return prepare_in_scope(problem, scope, stream, config);
+void PreparedBackward::rebind(const BackwardProblem& problem, int device) {
+  check_device_pointers(problem.params, device);
+  params = problem.params;  // the workspace pointers are bound at launch
+  if (!uses_tma) return;
+  if (!tma_maps_retargetable()) {
+    BackwardTmaTensors(problem, config).encode(sm90_params);
+    return;
+  }
+  const AttnBwdParams& p = problem.params;
+  retarget_tma_map(&sm90_params.q_map, p.q);
+  retarget_tma_map(&sm90_params.do_map, p.dout);
+  retarget_tma_map(&sm90_params.k_map, p.k);
+  retarget_tma_map(&sm90_params.v_map, p.v);
+  retarget_tma_map(&sm90_params.dk_map, p.dk);
+  retarget_tma_map(&sm90_params.dv_map, p.dv);
 }
 
 void PreparedBackward::bind_workspace(CUdeviceptr workspace) {
-  const BwdConfig& c = launch.config;
-  const size_t row_bytes = row_array_bytes(params, c);
+  const size_t row_bytes = row_array_bytes(params, config);
   params.dsum = reinterpret_cast<float*>(workspace);
   CUdeviceptr next = workspace + row_bytes;
   params.lse_log2 = nullptr;
-  if (c.family == KernelFamily::kSm90) {
+  if (config.family == KernelFamily::kSm90) {
     params.lse_log2 = reinterpret_cast<float*>(next);
     next += row_bytes;
   }
-  params.dq_accum = c.deterministic ? nullptr : reinterpret_cast<float*>(next);
+  params.dq_accum = config.deterministic ? nullptr : reinterpret_cast<float*>(next);
   sm90_params.base = params;
 }
 
@@ -291,20 +262,18 @@ void PreparedBackward::operator()(CUstream stream) const {
                                    finish_smem, stream, args, nullptr));
 }
 
-BackwardLaunch launch_backward(const BackwardProblem& problem, CUstream stream, const BwdConfig* config,
-                               CUdeviceptr workspace, size_t workspace_bytes) {
+void launch_prepared_backward(PreparedBackward& prepared, CUstream stream, int device, CUdeviceptr workspace,
+                              size_t workspace_bytes) {
   FLASHGEN_REQUIRE(workspace % kBackwardWorkspaceAlignment == 0,
                    "workspace: pointer must be " + std::to_string(kBackwardWorkspaceAlignment) + "-byte aligned");
-  ScopedContext scope(stream, home_device(problem.params.q));
-  PreparedBackward prepared = prepare_in_scope(problem, scope, stream, config);
   if (workspace != 0) {
-    check_device_pointer(reinterpret_cast<const void*>(workspace), "workspace", scope.device());
+    check_device_pointer(reinterpret_cast<const void*>(workspace), "workspace", device);
     FLASHGEN_REQUIRE(workspace_bytes >= prepared.workspace_bytes,
                      "workspace: " + std::to_string(workspace_bytes) + " bytes given, " +
-                         std::to_string(prepared.workspace_bytes) + " needed by " + prepared.launch.config.name());
+                         std::to_string(prepared.workspace_bytes) + " needed by " + prepared.config.name());
     prepared.bind_workspace(workspace);
     prepared(stream);
-    return prepared.launch;
+    return;
   }
   CUdeviceptr owned = 0;
   FLASHGEN_CU_CHECK(cuMemAllocAsync(&owned, prepared.workspace_bytes, stream));
@@ -316,7 +285,13 @@ BackwardLaunch launch_backward(const BackwardProblem& problem, CUstream stream, 
     throw;
   }
   FLASHGEN_CU_CHECK(cuMemFreeAsync(owned, stream));
-  return prepared.launch;
+}
+
+void launch_backward(const BackwardProblem& problem, CUstream stream, const BwdConfig& config, CUdeviceptr workspace,
+                     size_t workspace_bytes) {
+  const ScopedContext scope(stream, problem.params.q);
+  PreparedBackward prepared = prepare_backward(problem, stream, config);
+  launch_prepared_backward(prepared, stream, scope.device(), workspace, workspace_bytes);
 }
 
 }  // namespace flashgen

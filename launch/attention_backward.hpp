@@ -1,6 +1,6 @@
-// Launcher stage for the backward pass: checks a problem given as flashgen_tensor views, fills
-// AttnBwdParams, picks a config and launches its kernels (preprocess, dkdv, then dq or convert) on the
-// caller's stream.
+// Launcher stage for the backward pass: checks a problem given as flashgen_tensor views into AttnBwdParams,
+// answers whether a kernel family can implement it, and launches the kernels of a config it is given
+// (preprocess, dkdv, then dq or convert) on the caller's stream.
 #pragma once
 
 #include <cuda.h>
@@ -8,9 +8,9 @@
 #include <cstddef>
 #include <string>
 
-#include "dispatch/select.hpp"
 #include "flashgen/flashgen.h"
 #include "generator/bwd_config.hpp"
+#include "launch/attention.hpp"
 #include "templates/attn_params.cuh"
 
 namespace flashgen {
@@ -39,22 +39,16 @@ BackwardProblem make_backward_problem(const flashgen_tensor* q, const flashgen_t
 // (head_dim + 2) bytes plus alignment.
 size_t backward_workspace_bytes(const BackwardProblem& problem, const BwdConfig& config);
 
-struct BackwardLaunch {
-  BwdConfig config;
-  int arch = 0;
-  std::string reason;
-  ChoiceSource source = ChoiceSource::kHeuristic;
-};
-
-// The built-in choice for a problem on sm_<arch> (the first spill-free heuristic config; the sm80
-// family's where TMA cannot describe the tensors), without tuning data. Memoized. The launch itself
-// (prepare_backward, launch_backward with no config) also consults the tuning data first.
-BwdConfig choose_backward_config(const BackwardProblem& problem, int arch, std::string* reason = nullptr);
+// Whether config's kernel family can run the problem (attention.hpp's Implementability; the backward's only
+// shortfall is kTmaLayout). The config must be one for the problem that can run on the device.
+Implementability can_implement(const BackwardProblem& problem, const BwdConfig& config, const DeviceTraits& device);
 
 // A checked, resolved backward launch: relaunched as is by benchmarks, so host-side checks stay out of
-// the timed region. Valid while the problem's buffers, the workspace and the preparing context live.
+// the timed region, and kept by dispatch for the next call of the same problem class (rebind). Valid while
+// the problem's buffers, the workspace and the preparing context live.
 struct PreparedBackward {
-  BackwardLaunch launch;
+  BwdConfig config;
+  int arch = 0;
   CUfunction preprocess = nullptr;
   CUfunction dkdv = nullptr;
   CUfunction finish = nullptr;  // dq kernel (deterministic) or convert kernel (atomic)
@@ -70,6 +64,9 @@ struct PreparedBackward {
   bool uses_tma = false;                 // the sm90 family: its dkdv kernel takes sm90_params
   AttnBwdSm90Params sm90_params{};       // params plus TMA descriptors; base follows params at bind time
 
+  // Points the launch at problem's tensors after checking they are memory of device (the launch
+  // context's): problem must differ from the prepared one in its data pointers only.
+  void rebind(const BackwardProblem& problem, int device);
   // Points the launch at a workspace of at least workspace_bytes (device memory of the launch context).
   void bind_workspace(CUdeviceptr workspace);
   void operator()(CUstream stream) const;  // the kernels in order, nothing else
@@ -79,15 +76,21 @@ struct PreparedBackward {
 // accesses of the fp32 dQ accumulator (placed a multiple of 256 bytes behind the D rows) rely on.
 inline constexpr CUdeviceptr kBackwardWorkspaceAlignment = 256;
 
-// Everything launch_backward does before the launches; the workspace is bound separately.
-PreparedBackward prepare_backward(const BackwardProblem& problem, CUstream stream, const BwdConfig* config = nullptr);
+// Everything a launch does before the kernels run, for a config the caller chose: the checks of
+// prepare_forward (pointers, config, can_implement), the kernels loaded, the grids; the workspace is bound
+// separately.
+PreparedBackward prepare_backward(const BackwardProblem& problem, CUstream stream, const BwdConfig& config);
 
-// Launches config (or the built-in choice when null) on stream. With workspace == 0 the workspace is
-// taken from the device's current stream-ordered memory pool on stream and given back on it after the last
-// kernel (cuMemAllocAsync / cuMemFreeAsync: no synchronization; the pool's release threshold decides
-// whether it keeps the memory for the next call); otherwise workspace must be device memory of the launch's device, kBackwardWorkspaceAlignment
-// aligned, hold workspace_bytes bytes and stay untouched until the kernels have run.
-BackwardLaunch launch_backward(const BackwardProblem& problem, CUstream stream, const BwdConfig* config = nullptr,
-                               CUdeviceptr workspace = 0, size_t workspace_bytes = 0);
+// Launches prepared's kernels on stream. With workspace == 0 the workspace is taken from the device's
+// current stream-ordered memory pool on stream and given back on it after the last kernel (cuMemAllocAsync
+// / cuMemFreeAsync: no synchronization; the pool's release threshold decides whether it keeps the memory
+// for the next call); otherwise workspace must be device memory of device (the launch's), aligned to
+// kBackwardWorkspaceAlignment, hold workspace_bytes bytes and stay untouched until the kernels have run.
+void launch_prepared_backward(PreparedBackward& prepared, CUstream stream, int device, CUdeviceptr workspace = 0,
+                              size_t workspace_bytes = 0);
+
+// prepare_backward, then launch_prepared_backward.
+void launch_backward(const BackwardProblem& problem, CUstream stream, const BwdConfig& config,
+                     CUdeviceptr workspace = 0, size_t workspace_bytes = 0);
 
 }  // namespace flashgen

@@ -79,12 +79,6 @@ void check_output_strides(const flashgen_tensor* out, const char* name) {
   }
 }
 
-// Without a stream or a current context, a launch runs on the device that holds q.
-int home_device(const void* q) {
-  const PointerInfo q_info = pointer_info(q);
-  return q_info.device_accessible ? q_info.device : 0;
-}
-
 // Device memory of the context's device, or an error naming the argument.
 void check_device_pointer(const void* ptr, const char* name, int device) {
   const PointerInfo info = pointer_info(ptr);
@@ -133,7 +127,7 @@ int causal_offset(const flashgen_attention_options& opts, int seqlen_q, int seql
 }
 
 int launch_arch(CUdevice device) {
-  const int arch = device_sm(device);
+  const int arch = device_traits(device).sm;
   if (arch < 80) {
     fail(Status::kUnsupported,
          "flashgen needs a GPU of compute capability 8.0 or newer; this one is sm_" + std::to_string(arch));

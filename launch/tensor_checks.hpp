@@ -40,9 +40,6 @@ void check_layout(const flashgen_tensor* t, const char* name);
 // An output is written by many blocks at once: no two of its rows may share memory.
 void check_output_strides(const flashgen_tensor* out, const char* name);
 
-// Without a stream or a current context, a launch runs on the device that holds q.
-int home_device(const void* q);
-
 // Device memory of the context's device, or an error naming the argument.
 void check_device_pointer(const void* ptr, const char* name, int device);
 

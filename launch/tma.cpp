@@ -64,4 +64,32 @@ void encode_tma_map(TmaDescriptor* map, const TmaTensor& t, int box_rows) {
   std::memcpy(map, &encoded, sizeof encoded);
 }
 
+bool tma_maps_retargetable() {
+  static const bool retargetable = [] {
+    const TmaTensor shape{nullptr, DType::kFloat16, 2, 256, 4, 128, 256 * 4 * 128, 4 * 128, 128};
+    const uint64_t addresses[2] = {uint64_t(1) << 20, (uint64_t(1) << 46) + 4096};
+    TmaDescriptor maps[2];
+    for (int i = 0; i < 2; ++i) {
+      TmaTensor t = shape;
+      t.data = reinterpret_cast<const void*>(addresses[i]);
+      try {
+        encode_tma_map(&maps[i], t, 64);
+      } catch (const Error&) {
+        return false;
+      }
+      uint64_t stored = 0;
+      std::memcpy(&stored, &maps[i], sizeof stored);
+      if (stored != addresses[i]) return false;
+    }
+    return std::memcmp(reinterpret_cast<const char*>(&maps[0]) + 8, reinterpret_cast<const char*>(&maps[1]) + 8,
+                       sizeof(TmaDescriptor) - 8) == 0;
+  }();
+  return retargetable;
+}
+
+void retarget_tma_map(TmaDescriptor* map, const void* data) {
+  const uint64_t address = reinterpret_cast<uint64_t>(data);
+  std::memcpy(map, &address, sizeof address);
+}
+
 }  // namespace flashgen

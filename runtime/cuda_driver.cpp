@@ -188,7 +188,8 @@ PointerInfo pointer_info(const void* ptr) {
   return info;
 }
 
-ScopedContext::ScopedContext(CUstream stream, int fallback_device) {
+template <class FallbackDevice>
+void ScopedContext::enter(CUstream stream, FallbackDevice fallback_device) {
   CUcontext current = nullptr;
   FLASHGEN_CU_CHECK(cuCtxGetCurrent(&current));
   if (stream != nullptr) {
@@ -196,7 +197,7 @@ ScopedContext::ScopedContext(CUstream stream, int fallback_device) {
   } else if (current != nullptr) {
     context_ = current;
   } else {
-    context_ = process_primary_context(fallback_device);
+    context_ = process_primary_context(fallback_device());
   }
   if (context_ != current) {
     FLASHGEN_CU_CHECK(cuCtxPushCurrent(context_));
@@ -211,6 +212,17 @@ ScopedContext::ScopedContext(CUstream stream, int fallback_device) {
     }
     throw;
   }
+}
+
+ScopedContext::ScopedContext(CUstream stream, int fallback_device) {
+  enter(stream, [&] { return fallback_device; });
+}
+
+ScopedContext::ScopedContext(CUstream stream, const void* home) {
+  enter(stream, [&] {
+    const PointerInfo info = pointer_info(home);
+    return info.device_accessible ? info.device : 0;
+  });
 }
 
 ScopedContext::~ScopedContext() {
@@ -232,6 +244,21 @@ int device_sm(CUdevice device) {
   FLASHGEN_CU_CHECK(cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device));
   FLASHGEN_CU_CHECK(cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device));
   return major * 10 + minor;
+}
+
+const DeviceTraits& device_traits(CUdevice device) {
+  static std::mutex mutex;
+  static std::map<CUdevice, DeviceTraits> known;  // nodes never move: references stay valid
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto found = known.find(device); found != known.end()) return found->second;
+  }
+  DeviceTraits traits;
+  traits.sm = device_sm(device);
+  FLASHGEN_CU_CHECK(cuDeviceGetAttribute(&traits.multiprocessors, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device));
+  FLASHGEN_CU_CHECK(cuDeviceGetAttribute(&traits.l2_bytes, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, device));
+  std::lock_guard<std::mutex> lock(mutex);
+  return known.emplace(device, traits).first->second;
 }
 
 }  // namespace flashgen

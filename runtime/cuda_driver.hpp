@@ -98,6 +98,9 @@ PointerInfo pointer_info(const void* ptr);
 class ScopedContext {
  public:
   explicit ScopedContext(CUstream stream = nullptr, int fallback_device = 0);
+  // As above with the device that holds home as the fallback (device 0 when home is not device memory),
+  // asked of the driver only when neither the stream nor the caller names a context.
+  ScopedContext(CUstream stream, const void* home);
   ~ScopedContext();
   ScopedContext(const ScopedContext&) = delete;
   ScopedContext& operator=(const ScopedContext&) = delete;
@@ -106,6 +109,9 @@ class ScopedContext {
   CUdevice device() const { return device_; }
 
  private:
+  template <class FallbackDevice>
+  void enter(CUstream stream, FallbackDevice fallback_device);
+
   CUcontext context_ = nullptr;
   CUdevice device_ = 0;
   bool pushed_ = false;
@@ -113,6 +119,15 @@ class ScopedContext {
 
 // Compute capability of a device as an sm number: 80, 86, 89, 90, ...
 int device_sm(CUdevice device);
+
+// What the launchers ask of a device: read from the driver once per device and process, so no driver
+// query stays on a warm call's path.
+struct DeviceTraits {
+  int sm = 0;               // as device_sm
+  int multiprocessors = 0;  // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+  int l2_bytes = 0;         // CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE
+};
+const DeviceTraits& device_traits(CUdevice device);
 
 // Whether stream is capturing a CUDA graph (nothing but the captured work may run into it).
 bool stream_capturing(CUstream stream);

@@ -11,13 +11,13 @@
 #include <thread>
 
 #include "check/reference.hpp"
-#include "dispatch/select.hpp"
 #include "flashgen/error.hpp"
 #include "launch/attention.hpp"
 #include "launch/attention_backward.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/device_buffer.hpp"
 #include "runtime/kernel_registry.hpp"
+#include "tuner/choice.hpp"
 
 namespace flashgen {
 
@@ -275,7 +275,7 @@ SweepResult sweep_forward(const ForwardSweepProblem& problem, const std::vector<
   hooks.check = [&](const KernelConfig& c) -> std::string {
     inputs[0].dout.fill_bytes(0xff, stream);  // NaN: an unwritten element fails the check
     inputs[0].dlse.fill_bytes(0xff, stream);
-    launch_forward(problems[0], stream, &c);
+    launch_forward(problems[0], stream, c);
     FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
     std::vector<uint16_t> out(static_cast<size_t>(q_elems));
     std::vector<float> lse(lse_bytes / sizeof(float));
@@ -303,7 +303,7 @@ SweepResult sweep_forward(const ForwardSweepProblem& problem, const std::vector<
   };
   hooks.prepare = [&](const KernelConfig& c) -> std::function<void(int)> {
     auto prepared = std::make_shared<std::vector<PreparedForward>>();
-    for (const ForwardProblem& fp : problems) prepared->push_back(prepare_forward(fp, stream, &c));
+    for (const ForwardProblem& fp : problems) prepared->push_back(prepare_forward(fp, stream, c));
     return [prepared, stream](int sample) { (*prepared)[size_t(sample) % prepared->size()](stream); };
   };
   run_sweep(candidates, arch, stream, options, hooks, result);
@@ -367,7 +367,7 @@ struct BackwardSet {
     const MaskKind mask = p.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
     const ForwardProblem forward = make_forward_problem(&tq, &tk, &tv, &tout, lse_ptr, &opts);
     const KernelConfig fwd = heuristic_choice(p.dtype, p.head_dim, mask, arch).config;
-    launch_forward(forward, stream, &fwd);
+    launch_forward(forward, stream, fwd);
     problem = make_backward_problem(&tq, &tk, &tv, &tout, &tdout, lse_ptr, &tdq, &tdk, &tdv, &opts);
   }
 
@@ -375,7 +375,7 @@ struct BackwardSet {
   // returns why the result is wrong against ref ("" when right), every element checked.
   std::string run_and_check(const BwdConfig& config, CUstream stream, const AttentionGradients& ref) {
     dq.fill_bytes(0xff, stream), dk.fill_bytes(0xff, stream), dv.fill_bytes(0xff, stream);
-    launch_backward(problem, stream, &config);
+    launch_backward(problem, stream, config);
     FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
     const flashgen_dtype dtype = to_c_dtype(shape.dtype);
     const double tolerance = shape.dtype == DType::kBFloat16 ? 3e-2 : 1e-2;
@@ -449,7 +449,7 @@ SweepResult sweep_backward(const BackwardSweepProblem& problem, const std::vecto
     };
     auto prepared = std::make_shared<std::vector<Prepared>>();
     for (const auto& set : timed_sets) {
-      Prepared p{prepare_backward(set->problem, stream, &c), DeviceBuffer()};
+      Prepared p{prepare_backward(set->problem, stream, c), DeviceBuffer()};
       p.workspace = DeviceBuffer(p.launch.workspace_bytes);
       p.launch.bind_workspace(reinterpret_cast<CUdeviceptr>(p.workspace.data()));
       prepared->push_back(std::move(p));

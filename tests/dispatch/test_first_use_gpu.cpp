@@ -9,6 +9,7 @@
 
 #include "catch.hpp"
 #include "check/reference.hpp"
+#include "dispatch/dispatch.hpp"
 #include "dispatch/select.hpp"
 #include "flashgen/flashgen.h"
 #include "gpu.hpp"

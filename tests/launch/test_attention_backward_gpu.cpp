@@ -13,6 +13,7 @@
 
 #include "catch.hpp"
 #include "check/reference.hpp"
+#include "dispatch/dispatch.hpp"
 #include "dispatch/select.hpp"
 #include "flashgen/flashgen.h"
 #include "gpu.hpp"
@@ -160,8 +161,7 @@ std::vector<Outputs> run_problem(const Problem& p, const Inputs& in, int repeats
     if (config != nullptr) {
       const flashgen::BackwardProblem problem =
           flashgen::make_backward_problem(&tq, &tk, &tv, &tout, &tdout, lse_ptr, &tdq, &tdk, &tdv, &opts);
-      const flashgen::BackwardLaunch launch = flashgen::launch_backward(problem, nullptr, config);
-      REQUIRE(launch.config == *config);
+      flashgen::launch_backward(problem, nullptr, *config);
     } else {
       const int status = flashgen_attention_backward(&tq, &tk, &tv, &tout, &tdout, lse_ptr, &tdq, &tdk, &tdv, &opts,
                                                      nullptr);

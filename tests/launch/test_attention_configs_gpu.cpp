@@ -12,6 +12,7 @@
 
 #include "catch.hpp"
 #include "check/reference.hpp"
+#include "dispatch/dispatch.hpp"
 #include "flashgen/error.hpp"
 #include "flashgen/flashgen.h"
 #include "generator/kernel_config.hpp"
@@ -200,8 +201,7 @@ void run_config(const KernelConfig& config, const PreparedProblem& prepared) {
   try {
     const flashgen::ForwardProblem problem = flashgen::make_forward_problem(
         &q_tensor, &k_tensor, &v_tensor, &out_tensor, static_cast<float*>(lse.data()), &options);
-    const flashgen::ForwardLaunch launch = flashgen::launch_forward(problem, nullptr, &config);
-    CHECK(launch.config == config);
+    flashgen::launch_forward(problem, nullptr, config);
     FLASHGEN_CU_CHECK(cuCtxSynchronize());  // a kernel fault surfaces here, naming the call
   } catch (const flashgen::Error& error) {
     FAIL_CHECK("launch failed: " << error.what());

@@ -19,6 +19,7 @@
 
 #include "catch.hpp"
 #include "check/reference.hpp"
+#include "dispatch/dispatch.hpp"
 #include "flashgen/flashgen.h"
 #include "gpu.hpp"
 #include "launch/attention.hpp"
@@ -348,7 +349,7 @@ void run_and_check(const Problem& p, CUstream stream = nullptr,
       }
     } else {
       INFO("config " << config->name());
-      flashgen::launch_forward(flashgen::make_forward_problem(&q, &k, &v, &o, lse_ptr, &options), stream, config);
+      flashgen::launch_forward(flashgen::make_forward_problem(&q, &k, &v, &o, lse_ptr, &options), stream, *config);
     }
     if (stream != nullptr) FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
     FLASHGEN_CU_CHECK(cuCtxSynchronize());  // also surfaces a kernel fault as an exception naming it
@@ -1030,7 +1031,7 @@ TEST_CASE("attention forward, sm90 family: persistent launches on two streams at
         options.mask = p.mask;
         flashgen::launch_forward(
             flashgen::make_forward_problem(&q, &k, &v, &o, static_cast<float*>(runs[j].lse.data()), &options), stream,
-            &config);
+            config);
       }
     FLASHGEN_CU_CHECK(cuCtxSynchronize());
     for (size_t j = 0; j < runs.size(); ++j) {
@@ -1071,7 +1072,7 @@ TEST_CASE("attention forward, sm90 family: causal tile lists in L2 sections of a
     if (!config.persistent || config.cluster != 1) continue;
     for (int section : {1, 2, 3, 7, 100}) {
       INFO("config " << config.name() << ", sections of " << section << " pairs");
-      flashgen::PreparedForward prepared = flashgen::prepare_forward(problem, nullptr, &config);
+      flashgen::PreparedForward prepared = flashgen::prepare_forward(problem, nullptr, config);
       prepared.sm90_params.l2_section = section;
       out.fill_bytes(0xFF);
       lse.fill_bytes(0xFF);

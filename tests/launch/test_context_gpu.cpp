@@ -12,6 +12,7 @@
 
 #include "catch.hpp"
 #include "check/reference.hpp"
+#include "dispatch/dispatch.hpp"
 #include "flashgen/error.hpp"
 #include "flashgen/flashgen.h"
 #include "gpu.hpp"

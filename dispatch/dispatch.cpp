@@ -1,0 +1,284 @@
+// Dispatch of both passes: the run-time choice, tune-on-first-use, the fallbacks in one order, and the
+// per-process store of prepared launches that keeps a warm call to a few driver calls.
+#include "dispatch/dispatch.hpp"
+
+#include <array>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <utility>
+
+#include "dispatch/select.hpp"
+#include "flashgen/error.hpp"
+#include "launch/tensor_checks.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "tuner/sweep.hpp"
+
+namespace flashgen {
+
+namespace {
+
+// The sm80 family's built-in choice, for problems the chosen family cannot implement.
+ForwardChoice sm80_fallback(const ForwardProblem& problem, int arch) {
+  return heuristic_choice(problem.dtype, problem.head_dim, problem.mask, arch, /*sm80_only=*/true);
+}
+
+BackwardChoice sm80_fallback(const BackwardProblem& problem, int arch) {
+  return heuristic_backward_choice(problem.dtype, problem.head_dim, problem.mask, problem.deterministic, arch,
+                                   /*sm80_only=*/true);
+}
+
+// The kTileCount fallback: the same tiles, one block each instead of a persistent walk (groups walk a
+// persistent list too). The backward has no persistent kernels.
+void without_persistence(KernelConfig& config) {
+  config.persistent = false;
+  config.groups = 1;
+}
+
+void without_persistence(BwdConfig& config) {
+  fail(Status::kInternal, "backward config " + config.name() + " reported too many tiles for a persistent walk");
+}
+
+// Step (3) of both passes: until the choice's family can implement the problem, take the fallback for what
+// it lacks, saying so in the reason.
+template <class Problem, class Choice>
+void apply_fallbacks(const Problem& problem, Choice& choice, int arch, const DeviceTraits& device) {
+  // Each fallback removes its shortfall for good (the sm80 family uses no TMA and is never persistent).
+  for (int step = 0; step < 3; ++step) {
+    const Implementability answer = can_implement(problem, choice.config, device);
+    switch (answer.shortfall) {
+      case Shortfall::kNone:
+        return;
+      case Shortfall::kTmaLayout: {
+        Choice fallback = sm80_fallback(problem, arch);
+        choice.reason += "; TMA cannot describe " + answer.reason + ", so the sm80 family's " + fallback.reason;
+        choice.config = std::move(fallback.config);
+        choice.source = fallback.source;
+        break;
+      }
+      case Shortfall::kTileCount:
+        without_persistence(choice.config);
+        choice.reason += "; not persistent: too many tiles";
+        break;
+    }
+  }
+  fail(Status::kInternal, "no fallback lets a kernel family implement the problem with " + choice.config.name());
+}
+
+ProblemKey choice_key(const ForwardProblem& problem) {
+  const AttnFwdParams& p = problem.params;
+  return forward_problem_key(problem.dtype, problem.head_dim, problem.mask, p.group_size, p.seqlen_q, p.seqlen_k,
+                             int64_t(p.batch) * p.heads_q);
+}
+
+ProblemKey choice_key(const BackwardProblem& problem) {
+  const AttnBwdParams& p = problem.params;
+  return backward_problem_key(problem.dtype, problem.head_dim, problem.mask, problem.deterministic, p.group_size,
+                              p.seqlen_q, p.seqlen_k, int64_t(p.batch) * p.heads_q);
+}
+
+std::optional<ForwardChoice> tune_on_first_use_of(const ForwardProblem& problem, int device, int arch,
+                                                  std::string* failure) {
+  return tune_forward_on_first_use(sweep_problem_of(problem), device, arch, failure);
+}
+
+std::optional<BackwardChoice> tune_on_first_use_of(const BackwardProblem& problem, int device, int arch,
+                                                   std::string* failure) {
+  return tune_backward_on_first_use({sweep_problem_of(problem), problem.deterministic}, device, arch, failure);
+}
+
+ForwardChoice process_choice(const ForwardProblem& problem, int device, int arch) {
+  return choose_forward_config(device, choice_key(problem), arch);
+}
+
+BackwardChoice process_choice(const BackwardProblem& problem, int device, int arch) {
+  return choose_backward_config(device, choice_key(problem), arch);
+}
+
+// Steps (1) to (3) for a problem in scope's context.
+template <class Problem>
+auto plan_in_scope(const Problem& problem, const ScopedContext& scope, CUstream stream) {
+  const int device = static_cast<int>(scope.device());
+  const int arch = launch_arch(scope.device());
+  auto choice = process_choice(problem, device, arch);
+  if (!stream_capturing(stream)) {
+    apply_tune_on_first_use(choice, [&](std::string* failure) {
+      return tune_on_first_use_of(problem, device, arch, failure);
+    });
+  }
+  apply_fallbacks(problem, choice, arch, device_traits(scope.device()));
+  return std::pair{std::move(choice), arch};
+}
+
+// A problem class: everything of a call but its data pointers, in one context. Two calls of one class
+// make the same choice, the same checks pass for both, and they launch the same kernel on the same grid.
+struct ClassKey {
+  unsigned long long context_id = 0;
+  std::array<int64_t, 40> values{};
+
+  bool operator<(const ClassKey& other) const {
+    return std::tie(context_id, values) < std::tie(other.context_id, other.values);
+  }
+};
+
+// The values of the key: the sizes and options of the params, then each tensor's three strides.
+template <class Params>
+ClassKey class_key(const ScopedContext& scope, DType dtype, int head_dim, flashgen_mask mask, int deterministic,
+                   const Params& p, std::initializer_list<int64_t> strides) {
+  ClassKey key;
+  FLASHGEN_CU_CHECK(cuCtxGetId(scope.context(), &key.context_id));
+  int32_t scale_bits = 0;
+  std::memcpy(&scale_bits, &p.scale, sizeof scale_bits);
+  const int64_t head[] = {static_cast<int64_t>(dtype), head_dim, mask, deterministic, p.batch, p.seqlen_q,
+                          p.seqlen_k, p.heads_q, p.heads_kv, scale_bits};
+  size_t i = 0;
+  for (int64_t v : head) key.values[i++] = v;
+  for (int64_t v : strides) key.values[i++] = v;
+  return key;
+}
+
+ClassKey class_key(const ForwardProblem& problem, const ScopedContext& scope) {
+  const AttnFwdParams& p = problem.params;
+  return class_key(scope, problem.dtype, problem.head_dim, problem.abi_mask, 0, p,
+                   {p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride, p.k_row_stride,
+                    p.k_head_stride, p.v_batch_stride, p.v_row_stride, p.v_head_stride, p.o_batch_stride,
+                    p.o_row_stride, p.o_head_stride});
+}
+
+ClassKey class_key(const BackwardProblem& problem, const ScopedContext& scope) {
+  const AttnBwdParams& p = problem.params;
+  return class_key(scope, problem.dtype, problem.head_dim, problem.abi_mask, problem.deterministic ? 1 : 0, p,
+                   {p.q_batch_stride,  p.q_row_stride,  p.q_head_stride,  p.k_batch_stride,  p.k_row_stride,
+                    p.k_head_stride,   p.v_batch_stride,  p.v_row_stride,  p.v_head_stride,  p.o_batch_stride,
+                    p.o_row_stride,    p.o_head_stride,   p.do_batch_stride, p.do_row_stride, p.do_head_stride,
+                    p.dq_batch_stride, p.dq_row_stride,   p.dq_head_stride,  p.dk_batch_stride, p.dk_row_stride,
+                    p.dk_head_stride,  p.dv_batch_stride, p.dv_row_stride,   p.dv_head_stride});
+}
+
+// A prepared launch kept for its problem class, with what the call reports.
+template <class Prepared, class Launch>
+struct Kept {
+  Prepared prepared;
+  Launch launch;
+  uint64_t generation = 0;  // choice_generation() when it was planned
+};
+
+// The kept launches of one pass. Bounded: a program that calls with ever new sizes starts it afresh.
+template <class Prepared, class Launch>
+class KeptLaunches {
+ public:
+  using Entry = Kept<Prepared, Launch>;
+
+  std::shared_ptr<const Entry> find(const ClassKey& key) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = entries_.find(key);
+    if (found == entries_.end() || found->second->generation != choice_generation()) return nullptr;
+    return found->second;
+  }
+
+  void keep(const ClassKey& key, std::shared_ptr<const Entry> entry) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (entries_.size() >= kMaxEntries) entries_.clear();
+    entries_[key] = std::move(entry);
+  }
+
+ private:
+  static constexpr size_t kMaxEntries = 4096;
+  mutable std::mutex mutex_;
+  std::map<ClassKey, std::shared_ptr<const Entry>> entries_;
+};
+
+using KeptForward = Kept<PreparedForward, ForwardLaunch>;
+using KeptBackward = Kept<PreparedBackward, BackwardLaunch>;
+
+KeptLaunches<PreparedForward, ForwardLaunch>& kept_forward() {
+  static KeptLaunches<PreparedForward, ForwardLaunch> kept;
+  return kept;
+}
+
+KeptLaunches<PreparedBackward, BackwardLaunch>& kept_backward() {
+  static KeptLaunches<PreparedBackward, BackwardLaunch> kept;
+  return kept;
+}
+
+// The kept launch of problem's class, prepared (and kept) now when there is none.
+std::shared_ptr<const KeptForward> forward_launch_of(const ForwardProblem& problem, const ScopedContext& scope,
+                                                     CUstream stream) {
+  const ClassKey key = class_key(problem, scope);
+  if (auto kept = kept_forward().find(key)) return kept;
+  // Read before planning: a tuning result stored while this call plans leaves the entry stale, not lost.
+  const uint64_t generation = choice_generation();
+  auto [choice, arch] = plan_in_scope(problem, scope, stream);
+  auto entry = std::make_shared<KeptForward>();
+  entry->prepared = prepare_forward(problem, stream, choice.config);
+  entry->launch = {std::move(choice.config), arch, std::move(choice.reason), choice.source};
+  entry->generation = generation;
+  kept_forward().keep(key, entry);
+  return entry;
+}
+
+std::shared_ptr<const KeptBackward> backward_launch_of(const BackwardProblem& problem, const ScopedContext& scope,
+                                                       CUstream stream) {
+  const ClassKey key = class_key(problem, scope);
+  if (auto kept = kept_backward().find(key)) return kept;
+  const uint64_t generation = choice_generation();
+  auto [choice, arch] = plan_in_scope(problem, scope, stream);
+  auto entry = std::make_shared<KeptBackward>();
+  entry->prepared = prepare_backward(problem, stream, choice.config);
+  entry->launch = {std::move(choice.config), arch, std::move(choice.reason), choice.source,
+                   entry->prepared.workspace_bytes};
+  entry->generation = generation;
+  kept_backward().keep(key, entry);
+  return entry;
+}
+
+}  // namespace
+
+ForwardPlan plan_forward(const ForwardProblem& problem, CUstream stream) {
+  const ScopedContext scope(stream, problem.params.q);
+  const std::shared_ptr<const KeptForward> kept = forward_launch_of(problem, scope, stream);
+  return {kept->launch, kept->prepared};
+}
+
+ForwardLaunch attention_forward(const ForwardProblem& problem, CUstream stream) {
+  const ScopedContext scope(stream, problem.params.q);
+  const std::shared_ptr<const KeptForward> kept = forward_launch_of(problem, scope, stream);
+  PreparedForward prepared = kept->prepared;
+  prepared.rebind(problem, static_cast<int>(scope.device()));
+  prepared(stream);
+  return kept->launch;
+}
+
+ForwardLaunch attention_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig& requested) {
+  const ScopedContext scope(stream, problem.params.q);
+  const PreparedForward prepared = prepare_forward(problem, stream, requested);
+  prepared(stream);
+  return {requested, prepared.arch, "requested by the caller", ChoiceSource::kRequested};
+}
+
+ForwardLaunch attention_forward(const flashgen_tensor& q, const flashgen_tensor& k, const flashgen_tensor& v,
+                                const flashgen_tensor& out, float* lse, const flashgen_attention_options& opts,
+                                CUstream stream) {
+  return attention_forward(make_forward_problem(&q, &k, &v, &out, lse, &opts), stream);
+}
+
+BackwardPlan plan_backward(const BackwardProblem& problem, CUstream stream) {
+  const ScopedContext scope(stream, problem.params.q);
+  const std::shared_ptr<const KeptBackward> kept = backward_launch_of(problem, scope, stream);
+  return {kept->launch, kept->prepared};
+}
+
+BackwardLaunch attention_backward(const BackwardProblem& problem, CUstream stream, CUdeviceptr workspace,
+                                  size_t workspace_bytes) {
+  const ScopedContext scope(stream, problem.params.q);
+  const std::shared_ptr<const KeptBackward> kept = backward_launch_of(problem, scope, stream);
+  PreparedBackward prepared = kept->prepared;
+  const int device = static_cast<int>(scope.device());
+  prepared.rebind(problem, device);
+  launch_prepared_backward(prepared, stream, device, workspace, workspace_bytes);
+  return kept->launch;
+}
+
+}  // namespace flashgen

@@ -1,0 +1,76 @@
+// Dispatch: from a checked problem to a launch, for both passes in one order. (1) The process-wide choice
+// (select.hpp: the user's database, the shipped defaults, the built-in heuristic); (2) tune-on-first-use,
+// unless the stream captures a graph; (3) while the chosen config's kernel family cannot implement the
+// problem (the launcher's can_implement): where TMA cannot describe a tensor, the sm80 family's built-in
+// choice; where a persistent kernel would index too many tiles, the config without persistence. Then the
+// launcher launches that config. The C ABI, explain and the CLI call this layer; launchers never choose.
+//
+// A warm call is cheap: the prepared launch of a problem class (the same sizes, strides, dtype, mask and
+// options, in the same context) is kept, and the next call of the class only checks its pointers, points
+// the launch at its tensors and launches. A new tuning result or a change of the tune-on-first-use switch
+// makes kept launches be prepared afresh.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <string>
+
+#include "flashgen/flashgen.h"
+#include "launch/attention.hpp"
+#include "launch/attention_backward.hpp"
+#include "tuner/choice.hpp"
+
+namespace flashgen {
+
+// What a forward call runs and why.
+struct ForwardLaunch {
+  KernelConfig config;
+  int arch = 0;
+  std::string reason;  // where the config came from and each fallback taken, e.g. "built-in heuristic ..."
+  ChoiceSource source = ChoiceSource::kHeuristic;
+};
+
+// What attention_forward would launch for problem on stream (its context, else the current one, else the
+// primary context of the device holding q), after every fallback, and its prepared launch: compiles or
+// loads the kernel like a first call (and may sweep when tune-on-first-use is on), launches nothing.
+struct ForwardPlan {
+  ForwardLaunch launch;
+  PreparedForward prepared;
+};
+ForwardPlan plan_forward(const ForwardProblem& problem, CUstream stream);
+
+// plan_forward, then the launch; a warm call re-uses the prepared launch of its problem class.
+ForwardLaunch attention_forward(const ForwardProblem& problem, CUstream stream);
+
+// The launch of a config the caller asked for instead of the choice: no fallback; an Error says why the
+// config cannot run the problem (launch/attention.hpp's prepare_forward). Reports source kRequested.
+ForwardLaunch attention_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig& requested);
+
+// make_forward_problem + attention_forward: the C++ entry point behind flashgen_attention_forward.
+ForwardLaunch attention_forward(const flashgen_tensor& q, const flashgen_tensor& k, const flashgen_tensor& v,
+                                const flashgen_tensor& out, float* lse, const flashgen_attention_options& opts,
+                                CUstream stream);
+
+// What a backward call runs and why, with the workspace it needs.
+struct BackwardLaunch {
+  BwdConfig config;
+  int arch = 0;
+  std::string reason;
+  ChoiceSource source = ChoiceSource::kHeuristic;
+  size_t workspace_bytes = 0;  // backward_workspace_bytes(problem, config)
+};
+
+// As plan_forward, for the backward pass.
+struct BackwardPlan {
+  BackwardLaunch launch;
+  PreparedBackward prepared;
+};
+BackwardPlan plan_backward(const BackwardProblem& problem, CUstream stream);
+
+// plan_backward, then the kernels, with the caller's workspace (launch_prepared_backward's rules) or, with
+// workspace == 0, one from the stream's memory pool.
+BackwardLaunch attention_backward(const BackwardProblem& problem, CUstream stream, CUdeviceptr workspace = 0,
+                                  size_t workspace_bytes = 0);
+
+}  // namespace flashgen

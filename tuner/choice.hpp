@@ -1,0 +1,62 @@
+// The run-time choice of a config from explicit data sources, in one order for both passes: the user's
+// tuning database (exact size bucket, then the nearest bucket of the same device and problem class), the
+// shipped defaults, then the built-in heuristic's preference list checked against what ptxas reports. A
+// choice never fails for lack of tuning data. dispatch/ memoizes it per process and adds tune-on-first-use.
+#pragma once
+
+#include <string>
+
+#include "generator/bwd_config.hpp"
+#include "generator/kernel_config.hpp"
+#include "tuner/problem_key.hpp"
+
+namespace flashgen {
+
+class ShippedDefaults;
+class TuningStore;
+
+// Where a run-time choice came from.
+enum class ChoiceSource { kTuningDatabase, kTunedOnFirstUse, kShippedDefaults, kHeuristic, kRequested };
+
+// "tuning database", "tuned on first use", "shipped defaults", "heuristic", "requested" (as explain reports).
+const char* choice_source_name(ChoiceSource source);
+
+struct ForwardChoice {
+  KernelConfig config;
+  std::string reason;  // where the config came from and why, e.g. "built-in heuristic (no tuning data)"
+  ChoiceSource source = ChoiceSource::kHeuristic;
+  bool exact_bucket = false;  // kTuningDatabase: the user's database holds the problem's own bucket (not a neighbour)
+};
+
+struct BackwardChoice {
+  BwdConfig config;
+  std::string reason;
+  ChoiceSource source = ChoiceSource::kHeuristic;
+  bool exact_bucket = false;  // as ForwardChoice's
+};
+
+// The first heuristic config whose compiled kernel does not spill (compiling through the kernel
+// registry's caches); the first one when all of them spill, saying so in the reason. With sm80_only,
+// only the sm80 family is considered (dispatch's fallback when TMA cannot describe a problem).
+// Memoized.
+ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arch, bool sm80_only = false);
+
+// The first built-in backward config for the problem class whose kernels (dkdv, and dq when
+// deterministic) compile without spills; the first one when all spill, saying so. Memoized.
+// With sm80_only, only the sm80 family's configs are considered (when TMA cannot describe the tensors).
+BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch,
+                                         bool sm80_only = false);
+
+// The choice from explicit data sources (either may be null): user_db exact bucket, user_db nearest
+// bucket, the shipped defaults (exact, then nearest bucket, for a GPU of the same kind), then
+// heuristic_choice. A stored config that cannot run on sm_<arch> is passed over, and the reason says so.
+// Not memoized: dispatch/select.hpp's process-wide form is.
+ForwardChoice choose_forward_config(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
+                                    const TuningStore* user_db, const ShippedDefaults* shipped = nullptr);
+
+// The backward's choice from explicit data sources, in choose_forward_config's order. problem is a
+// backward key (backward_problem_key: family "bwd" or "bwd_det").
+BackwardChoice choose_backward_config(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
+                                      const TuningStore* user_db, const ShippedDefaults* shipped = nullptr);
+
+}  // namespace flashgen
