@@ -1,7 +1,8 @@
 // Host cost of a warm call and of the first call, through the C ABI: the median over many calls of a tiny
 // forward problem of the time from entering flashgen_attention_forward to its return (the launch queued),
-// with a breakdown into argument checks, the choice of a kernel, the launch's preparation and the launch
-// itself. Writes CSV rows (device, date, library version) to stdout or --csv.
+// with a breakdown: the argument checks, dispatch's look-up of the kept launch of the problem class, the
+// pointer checks and re-pointing of that launch, the launch itself, and (for comparison) a launch prepared
+// from scratch as a call of a new problem class does. Writes CSV rows (device, date, library version) to stdout or --csv.
 //   flashgen_bench_call_path [--calls N] [--csv FILE] [--first-call]
 // --first-call times one call in this fresh process instead: context creation, then the first forward
 // call (kernel from the disk cache when it holds it), each stage on its own.
@@ -178,11 +179,15 @@ int main(int argc, char** argv) {
   rows.push_back({"dispatch_plan", stats_of(time_calls(calls, stream, [&] {
                     flashgen::plan_forward(checked, stream);
                   }))});
-  const flashgen::ForwardPlan plan = flashgen::plan_forward(checked, stream);
+  const flashgen::KernelConfig config = flashgen::plan_forward(checked, stream).launch.config;
   rows.push_back({"launch_prepare", stats_of(time_calls(calls, stream, [&] {
-                    flashgen::prepare_forward(checked, stream, plan.config);
+                    flashgen::prepare_forward(checked, stream, config);
                   }))});
-  const flashgen::PreparedForward prepared = flashgen::prepare_forward(checked, stream, plan.config);
+  const flashgen::PreparedForward prepared = flashgen::prepare_forward(checked, stream, config);
+  rows.push_back({"rebind_pointers", stats_of(time_calls(calls, stream, [&] {
+                    flashgen::PreparedForward copy = prepared;
+                    copy.rebind(checked, static_cast<int>(scope.device()));
+                  }))});
   rows.push_back({"cuLaunchKernel", stats_of(time_calls(calls, stream, [&] { prepared(stream); }))});
 
   CUdevice device = 0;
@@ -194,7 +199,7 @@ int main(int argc, char** argv) {
   for (const Row& row : rows) {
     char line[512];
     std::snprintf(line, sizeof line, "%s,%s,%s,%s,%d,%s,%.3f,%.3f,%.3f\n", device_name(device).c_str(),
-                  today().c_str(), flashgen_version(), plan.config.name().c_str(), calls, row.stage,
+                  today().c_str(), flashgen_version(), config.name().c_str(), calls, row.stage,
                   row.stats.median, row.stats.p10, row.stats.p90);
     os << line;
   }

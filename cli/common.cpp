@@ -1,0 +1,197 @@
+// The helpers that several commands of the flashgen tool share (declared and described in cli/common.hpp):
+// JSON output, files, --arch, config names and the tuning database's --db.
+#include "cli/common.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <iterator>
+#include <sstream>
+#include <thread>
+
+#include <dlfcn.h>
+#include <nvrtc.h>
+#include <unistd.h>
+
+#include "flashgen/error.hpp"
+#include "runtime/nvrtc_compiler.hpp"
+#include "tuner/tuned_config.hpp"
+
+namespace flashgen::cli {
+namespace {
+
+// The kernel family needs sm_80 or newer (mma.sync m16n8k16 bf16, cp.async).
+constexpr int kMinArch = 80;
+
+}  // namespace
+
+std::string json_text(const Json& j, int indent) {
+  return j.dump(indent, ' ', false, Json::error_handler_t::replace);
+}
+void print_json(const Json& j) { std::cout << json_text(j) << '\n'; }
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+std::string arch_label(int arch) {
+  const std::string flag = arch_flag(arch);
+  const std::string prefix = "-arch=";
+  return flag.rfind(prefix, 0) == 0 ? flag.substr(prefix.size()) : flag;
+}
+
+void reject_directory(const fs::path& path, const std::string& what) {
+  std::error_code error;
+  if (fs::is_directory(path, error)) fail(Status::kInvalidArgument, what + " '" + path.string() + "' is a directory");
+}
+
+std::ifstream open_input(const std::string& path, const std::string& what) {
+  reject_directory(path, what);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(Status::kInvalidArgument, "cannot read " + what + " '" + path + "': " + std::strerror(errno));
+  return in;
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  if (path == "-") {
+    std::cout.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    std::cout.flush();
+    if (!std::cout) fail(Status::kInternal, "cannot write to standard output");
+    return;
+  }
+  if (path.empty()) fail(Status::kInvalidArgument, "the output path is empty");
+  reject_directory(path, "output");
+  std::error_code error;
+  // Through a symbolic link the file it points at is replaced, the link kept.
+  std::string real = path;
+  if (fs::is_symlink(fs::symlink_status(path, error))) {
+    real = fs::weakly_canonical(path, error).string();
+    if (error) fail(Status::kInvalidArgument, "cannot write '" + path + "': " + error.message());
+  }
+  const fs::file_status status = fs::status(real, error);
+  const bool in_place = fs::exists(status) && !fs::is_regular_file(status);
+  const std::string target = in_place ? real : real + ".tmp-" + std::to_string(getpid());
+  std::ofstream out(target, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  out.close();
+  if (!out) {
+    const std::string reason = std::strerror(errno);
+    if (!in_place) fs::remove(target, error);
+    fail(Status::kInvalidArgument, "cannot write '" + path + "': " + reason);
+  }
+  if (in_place) return;
+  if (fs::exists(status)) fs::permissions(target, status.permissions(), error);  // the replaced file's mode
+  fs::rename(target, real, error);
+  if (error) {
+    const std::string reason = error.message();
+    fs::remove(target, error);
+    fail(Status::kInternal, "cannot write '" + path + "': " + reason);
+  }
+}
+
+Json read_json_file(const std::string& path) {
+  try {
+    if (path == "-") return Json::parse(std::cin);
+    std::ifstream in = open_input(path, "file");
+    return Json::parse(in);
+  } catch (const Json::exception& error) {
+    fail(Status::kInvalidArgument, "'" + path + "' is not JSON: " + error.what());
+  }
+}
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+std::optional<std::string> env(const char* name) {
+  const char* value = std::getenv(name);
+  if (!value || !*value) return std::nullopt;
+  return std::string(value);
+}
+
+int default_jobs() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
+// libflashgen links libnvrtc privately, so the CLI cannot link NVRTC's calls; the library that is already
+// loaded is asked through dlsym instead.
+const std::optional<std::vector<int>>& nvrtc_archs() {
+  static const std::optional<std::vector<int>> archs = []() -> std::optional<std::vector<int>> {
+    const auto count_archs =
+        reinterpret_cast<decltype(&nvrtcGetNumSupportedArchs)>(dlsym(RTLD_DEFAULT, "nvrtcGetNumSupportedArchs"));
+    const auto list_archs =
+        reinterpret_cast<decltype(&nvrtcGetSupportedArchs)>(dlsym(RTLD_DEFAULT, "nvrtcGetSupportedArchs"));
+    int count = 0;
+    if (!count_archs || !list_archs || count_archs(&count) != NVRTC_SUCCESS || count <= 0) return std::nullopt;
+    std::vector<int> all(static_cast<size_t>(count));
+    if (list_archs(all.data()) != NVRTC_SUCCESS) return std::nullopt;
+    std::vector<int> usable;
+    std::copy_if(all.begin(), all.end(), std::back_inserter(usable), [](int arch) { return arch >= kMinArch; });
+    std::sort(usable.begin(), usable.end());
+    return usable;
+  }();
+  return archs;
+}
+
+namespace {
+
+// Whether --arch may name sm_<arch>. When NVRTC cannot list its targets any arch >= kMinArch passes, and
+// a kernel for an arch NVRTC lacks fails on its own, reported like any other failed compile.
+bool arch_accepted(int arch) {
+  const std::optional<std::vector<int>>& archs = nvrtc_archs();
+  if (!archs) return arch >= kMinArch;
+  return std::find(archs->begin(), archs->end(), arch) != archs->end();
+}
+
+}  // namespace
+
+std::string accepted_archs_text() {
+  const std::optional<std::vector<int>>& archs = nvrtc_archs();
+  if (!archs) return "any sm number >= " + std::to_string(kMinArch) + " (this NVRTC cannot list its targets)";
+  std::string text;
+  for (int arch : *archs) {
+    const std::string label = arch_label(arch);
+    text += (text.empty() ? "" : ", ") + std::to_string(arch);
+    if (label != "sm_" + std::to_string(arch)) text += " (" + label + ")";
+  }
+  return text;
+}
+
+std::string arch_help() { return "SM: an sm number NVRTC " + nvrtc_version() + " targets: " + accepted_archs_text(); }
+
+std::vector<int> parse_archs(const Args& args, const std::vector<int>& fallback) {
+  std::vector<int> archs;
+  for (const std::string& value : args.values("arch")) {
+    std::stringstream list(value);
+    std::string item;
+    while (std::getline(list, item, ',')) {
+      const int arch = static_cast<int>(args.parse_int("arch", item, 0, 1000));
+      if (!arch_accepted(arch))
+        throw UsageError("--arch expects one of " + accepted_archs_text() + ", got " + item, args.usage());
+      if (std::find(archs.begin(), archs.end(), arch) == archs.end()) archs.push_back(arch);
+    }
+  }
+  return archs.empty() ? fallback : archs;
+}
+
+std::variant<KernelConfig, BwdConfig> config_from_name(const std::string& name) {
+  if (name.rfind("bwd_", 0) == 0) return BwdConfig::from_name(name);
+  return KernelConfig::from_name(name);
+}
+
+fs::path db_path_of(const Args& args) {
+  std::string path = TuningStore::default_path().string();
+  if (args.has("db")) {
+    path = args.string_or("db", "");
+    if (path.empty() || path.back() == '/') throw UsageError("--db needs a file path, got '" + path + "'", args.usage());
+  }
+  reject_directory(path, "--db");
+  return path;
+}
+
+Json choice_json(const StoredChoice& choice) {
+  return {{"device", choice.device.id()},
+          {"problem", choice.problem.id()},
+          {"config", flashgen::config_name(choice.config)},
+          {"median_ms", choice.median_ms}};
+}
+
+}  // namespace flashgen::cli

@@ -1,0 +1,93 @@
+// What several commands of the flashgen tool share: JSON output, input and output files, --arch parsing,
+// config names, the tuning database's --db, and a CUDA stream.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/args.hpp"
+#include "generator/bwd_config.hpp"
+#include "generator/kernel_config.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "tuner/store.hpp"
+
+namespace flashgen::cli {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// JSON text for output: bytes that are not UTF-8 (a path or a name from the command line, a stored
+// detail) become U+FFFD instead of an exception.
+std::string json_text(const Json& j, int indent = 2);
+void print_json(const Json& j);
+
+double ms_since(Clock::time_point start);
+
+// "sm_90a" for Hopper (what NVRTC targets there), "sm_80" otherwise: arch_flag() without "-arch=".
+std::string arch_label(int arch);
+
+// Refuses a directory where a file is meant (what names it: "--db", "output").
+void reject_directory(const fs::path& path, const std::string& what);
+
+// An input file, opened, or an invalid-argument error saying why it cannot be read (what names it).
+std::ifstream open_input(const std::string& path, const std::string& what);
+
+// Writes bytes to path ("-": standard output). A regular file (or a new one) is written beside it first and
+// renamed over it with the old file's mode, so a failed write (full disk, a signal) leaves the old file whole;
+// other targets (/dev/stdout, a pipe) are written in place. A symbolic link's target is what gets replaced.
+void write_file(const std::string& path, const std::string& bytes);
+
+// A JSON file ("-": stdin), parsed; an invalid-argument error when it is not JSON.
+Json read_json_file(const std::string& path);
+
+std::string first_line(const std::string& text);
+
+// The value of an environment variable, or nullopt when unset or empty.
+std::optional<std::string> env(const char* name);
+
+// The number of cores: how many kernels compile, or reference rows are computed, at a time by default.
+int default_jobs();
+
+// The sm numbers >= sm_80 that the NVRTC in this process can target, ascending; nullopt when it cannot
+// list them (NVRTC before 11.2).
+const std::optional<std::vector<int>>& nvrtc_archs();
+
+// "80, 86, 89, 90 (sm_90a), 100 (sm_100a), 120": the targets --arch accepts, for help and errors.
+std::string accepted_archs_text();
+
+// The help paragraph on SM values, shared by emit and compile.
+std::string arch_help();
+
+// --arch values (repeatable, or comma-separated: --arch 80,90), each one NVRTC targets.
+std::vector<int> parse_archs(const Args& args, const std::vector<int>& fallback);
+
+// A config name of either pass: bwd_... names are backward modules.
+std::variant<KernelConfig, BwdConfig> config_from_name(const std::string& name);
+
+// --db, else the default database; a directory (or a path ending in '/') is refused.
+fs::path db_path_of(const Args& args);
+
+// One stored winner as `db list --json` prints it.
+Json choice_json(const StoredChoice& choice);
+
+class Stream {
+ public:
+  Stream() { FLASHGEN_CU_CHECK(cuStreamCreate(&stream_, CU_STREAM_DEFAULT)); }
+  ~Stream() { driver().cuStreamDestroy(stream_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  CUstream get() const { return stream_; }
+
+ private:
+  CUstream stream_ = nullptr;
+};
+
+}  // namespace flashgen::cli

@@ -1,0 +1,236 @@
+// `flashgen compile`: compiles kernels with NVRTC on a pool of threads (through the caches unless
+// --no-cache) and reports each one's registers, shared memory, spills and stack; optionally cubins and SASS.
+#include "cli/compile.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <iostream>
+#include <mutex>
+#include <set>
+#include <system_error>
+#include <thread>
+#include <utility>
+
+#include "cli/args.hpp"
+#include "cli/commands.hpp"
+#include "cli/common.hpp"
+#include "cli/table.hpp"
+#include "flashgen/error.hpp"
+#include "generator/generator.hpp"
+#include "runtime/kernel_registry.hpp"
+#include "runtime/sass.hpp"
+#include "tuner/heuristic.hpp"
+
+namespace flashgen::cli {
+
+Command compile_command() {
+  return Command("compile",
+                 "Compiles kernels with NVRTC (through the on-disk cache unless --no-cache) and prints\n"
+                 "registers, shared memory, spills, stack and compile time. Needs no GPU. With --cubin-dir it\n"
+                 "also writes each kernel's cubin; with --sass it prints each kernel's SASS (cuobjdump).",
+                 "[<config-name>...] [--all-defaults] [--arch SM]... [--json] [--no-cache] [--jobs N]\n"
+                 "       [--cubin-dir DIR] [--sass]",
+                 -1,
+                 "<config-name>: canonical config names, e.g. fwd_sm80_fp16_d128_m128_n32_w4_s3, or backward modules\n"
+                 "               such as bwd_sm90_fp16_d128_m64_n128_s2 (reported by their dkdv kernel)\n" +
+                     arch_help())
+      .option("arch", "SM", "target sm_<SM> (default 80 and 90; 90 only for sm90-family configs)", true)
+      .flag("all-defaults", "add the default candidates (default_forward_candidates) of each arch")
+      .flag("no-cache", "compile with NVRTC directly, bypassing the memory and disk caches")
+      .option("jobs", "N", "compile N kernels at a time (default: the number of cores)", false, 'j')
+      .option("cubin-dir", "DIR", "write each kernel's cubin to DIR/<config>.<target>.cubin (DIR is created)")
+      .flag("sass", "print each kernel's SASS after the table (JSON: a \"sass\" field); needs cuobjdump")
+      .flag("json", "print a JSON array instead of the table");
+}
+
+namespace {
+
+CompileOutcome compile_one(const CompileJob& job, bool use_cache) {
+  CompileOutcome outcome;
+  outcome.name = job.name();
+  outcome.arch = job.arch;
+  try {
+    const Clock::time_point start = Clock::now();
+    std::shared_ptr<const CompiledKernel> kernel = std::visit(
+        [&](const auto& config) {
+          if (std::optional<std::string> why = config.invalid_reason(job.arch))
+            fail(Status::kInvalidArgument, "not valid: " + *why);
+          return use_cache ? KernelRegistry::instance().compiled(config, job.arch)
+                           : std::make_shared<const CompiledKernel>(compile_nvrtc(generate(config), job.arch));
+        },
+        job.config);
+    outcome.wall_ms = ms_since(start);
+    if (const auto* bwd = std::get_if<BwdConfig>(&job.config)) {
+      outcome.usage = kernel->usage_of(bwd->symbol(BwdKernel::kDkdv));
+      outcome.dynamic_smem_bytes = bwd->smem_bytes(BwdKernel::kDkdv);
+    } else {
+      outcome.usage = kernel->usage;
+      outcome.dynamic_smem_bytes = std::get<KernelConfig>(job.config).smem_bytes();
+    }
+    outcome.compile_ms = kernel->compile_ms;
+    outcome.cached = kernel->from_cache;
+    outcome.kernel = kernel;
+    outcome.ok = true;
+  } catch (const std::exception& error) {  // report it and keep going with the other kernels
+    outcome.error = error.what();
+  }
+  return outcome;
+}
+
+Json compile_outcomes_json(const std::vector<CompileOutcome>& outcomes) {
+  Json array = Json::array();
+  for (const CompileOutcome& o : outcomes) {
+    Json j = {{"config", o.name}, {"arch", o.arch}, {"target", arch_label(o.arch)}, {"ok", o.ok}};
+    if (o.ok) {
+      const bool known = o.usage.registers >= 0;  // else null: ptxas's report was missing from the log
+      auto reported = [&](int value) { return known ? Json(value) : Json(nullptr); };
+      j["registers"] = reported(o.usage.registers);
+      j["static_smem_bytes"] = reported(o.usage.static_smem_bytes);
+      j["dynamic_smem_bytes"] = o.dynamic_smem_bytes;
+      j["spill_store_bytes"] = reported(o.usage.spill_store_bytes);
+      j["spill_load_bytes"] = reported(o.usage.spill_load_bytes);
+      j["stack_bytes"] = reported(o.usage.stack_bytes);
+      j["compile_ms"] = o.compile_ms;
+      j["wall_ms"] = o.wall_ms;
+      j["cached"] = o.cached;
+      if (!o.cubin_path.empty()) j["cubin_path"] = o.cubin_path;
+      if (!o.sass.empty()) j["sass"] = o.sass;
+    } else {
+      j["error"] = o.error;
+    }
+    array.push_back(std::move(j));
+  }
+  return array;
+}
+
+}  // namespace
+
+std::vector<CompileOutcome> compile_jobs(const std::vector<CompileJob>& jobs, bool use_cache, int threads) {
+  std::vector<CompileOutcome> outcomes(jobs.size());
+  std::atomic<size_t> next{0};
+  std::mutex log_mutex;
+  auto worker = [&] {
+    for (size_t i = next++; i < jobs.size(); i = next++) {
+      const std::string counter = format("[%zu/%zu] ", i + 1, jobs.size());
+      const std::string what = jobs[i].name() + " for " + arch_label(jobs[i].arch);
+      {
+        std::lock_guard<std::mutex> lock(log_mutex);
+        std::cerr << counter << "compiling " << what << '\n';
+      }
+      outcomes[i] = compile_one(jobs[i], use_cache);
+      if (!outcomes[i].ok) {
+        std::lock_guard<std::mutex> lock(log_mutex);
+        std::cerr << counter << "FAILED " << what << ": " << outcomes[i].error << '\n';
+      }
+    }
+  };
+  const size_t thread_count = std::clamp<size_t>(static_cast<size_t>(threads), 1, std::max<size_t>(jobs.size(), 1));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < thread_count; ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& thread : pool) thread.join();
+  return outcomes;
+}
+
+void print_compile_table(const std::vector<CompileOutcome>& outcomes, std::ostream& os) {
+  Table table({"config", "arch", "regs", "static smem", "dyn smem", "spill st/ld", "stack", "compile ms", "cached"});
+  for (const CompileOutcome& o : outcomes) {
+    if (!o.ok) {
+      table.add({o.name, arch_label(o.arch), "FAILED", "-", "-", "-", "-", "-", "-"});
+      continue;
+    }
+    // registers < 0: ptxas's report was missing from NVRTC's log, so nothing of it is known.
+    const bool known = o.usage.registers >= 0;
+    auto reported = [&](int value) { return known ? std::to_string(value) : std::string("?"); };
+    table.add({o.name, arch_label(o.arch), reported(o.usage.registers), reported(o.usage.static_smem_bytes),
+               std::to_string(o.dynamic_smem_bytes),
+               reported(o.usage.spill_store_bytes) + "/" + reported(o.usage.spill_load_bytes),
+               reported(o.usage.stack_bytes), o.cached ? "-" : format("%.0f", o.compile_ms),
+               o.cached ? "yes" : "no"});
+  }
+  table.print(os);
+}
+
+size_t report_compile_summary(const std::vector<CompileOutcome>& outcomes, double wall_ms) {
+  size_t failed = 0;
+  size_t cached = 0;
+  for (const CompileOutcome& o : outcomes) {
+    failed += !o.ok;
+    cached += o.ok && o.cached;
+  }
+  std::cout << format("\n%zu of %zu kernels compiled (%zu from the cache) in %.1f s", outcomes.size() - failed,
+                      outcomes.size(), cached, wall_ms / 1000)
+            << (failed ? format("; %zu failed", failed) : std::string()) << '\n';
+  if (std::any_of(outcomes.begin(), outcomes.end(), [](const CompileOutcome& o) { return o.ok && o.usage.registers < 0; }))
+    std::cerr << "? : this NVRTC's log carries no ptxas report (--ptxas-options=-v), so registers, static shared "
+                 "memory, spills and stack are unknown; --sass shows the code (LDL/STL are local memory)\n";
+  if (failed) {
+    std::cerr << "\nfailed:\n";
+    for (const CompileOutcome& o : outcomes)
+      if (!o.ok) std::cerr << "  " << o.name << " for " << arch_label(o.arch) << ": " << first_line(o.error) << '\n';
+  }
+  return failed;
+}
+
+std::vector<CompileJob> default_jobs_for(const std::vector<int>& archs) {
+  std::vector<CompileJob> jobs;
+  for (int arch : archs)
+    for (const KernelConfig& config : default_forward_candidates(arch)) jobs.push_back({config, arch});
+  return jobs;
+}
+
+int command_compile(const Args& args) {
+  if (args.positionals.empty() && !args.has("all-defaults"))
+    throw UsageError("nothing to compile: name configs or pass --all-defaults", args.usage());
+  const std::vector<int> archs = parse_archs(args, kDefaultArchs);
+  const int threads = static_cast<int>(args.int_or("jobs", default_jobs(), 1, 1024));
+
+  std::vector<CompileJob> jobs;
+  std::set<std::pair<std::string, int>> seen;
+  auto add = [&](const std::variant<KernelConfig, BwdConfig>& config, int arch) {
+    CompileJob job{config, arch};
+    if (seen.insert({job.name(), arch}).second) jobs.push_back(std::move(job));
+  };
+  for (const std::string& name : args.positionals) {
+    const auto config = config_from_name(name);  // a bad name stops here, before any work
+    // Without --arch a Hopper-family config is compiled for sm_90a only, the one target it has.
+    const bool sm90_only = std::visit([](const auto& c) { return c.family == KernelFamily::kSm90; }, config);
+    for (int arch : archs)
+      if (args.has("arch") || !sm90_only || arch == 90) add(config, arch);
+  }
+  if (args.has("all-defaults"))
+    for (const CompileJob& job : default_jobs_for(archs)) add(job.config, job.arch);
+
+  const bool sass = args.has("sass");
+  if (sass) require_cuobjdump();  // before any work
+  const std::string cubin_dir = args.string_or("cubin-dir", "");
+  if (!cubin_dir.empty()) {
+    std::error_code error;
+    fs::create_directories(cubin_dir, error);
+    if (error) fail(Status::kInvalidArgument, "--cubin-dir: cannot create '" + cubin_dir + "': " + error.message());
+  }
+
+  const Clock::time_point start = Clock::now();
+  std::vector<CompileOutcome> outcomes = compile_jobs(jobs, !args.has("no-cache"), threads);
+  for (CompileOutcome& o : outcomes) {
+    if (!o.ok) continue;
+    if (!cubin_dir.empty()) {
+      o.cubin_path = (fs::path(cubin_dir) / (o.name + "." + arch_label(o.arch) + ".cubin")).string();
+      write_file(o.cubin_path, o.kernel->cubin);
+      std::cerr << "wrote " << o.cubin_path << " (" << o.kernel->cubin.size() << " bytes)\n";
+    }
+    if (sass) o.sass = disassemble_cubin(o.kernel->cubin);
+  }
+  if (args.has("json")) {
+    print_json(compile_outcomes_json(outcomes));
+    return std::all_of(outcomes.begin(), outcomes.end(), [](const CompileOutcome& o) { return o.ok; }) ? 0 : 1;
+  }
+  print_compile_table(outcomes, std::cout);
+  const size_t failed = report_compile_summary(outcomes, ms_since(start));
+  for (const CompileOutcome& o : outcomes)
+    if (!o.sass.empty()) std::cout << "\n// SASS of " << o.name << " for " << arch_label(o.arch) << "\n" << o.sass;
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace flashgen::cli

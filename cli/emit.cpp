@@ -1,0 +1,80 @@
+// `flashgen emit`: prints the generated source of one kernel config (by name or as JSON) as a single
+// self-contained CUDA translation unit, to stdout or a file.
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "cli/args.hpp"
+#include "cli/commands.hpp"
+#include "cli/common.hpp"
+#include "flashgen/error.hpp"
+#include "generator/bwd_config.hpp"
+#include "generator/generator.hpp"
+#include "generator/kernel_config.hpp"
+
+namespace flashgen::cli {
+
+Command emit_command() {
+  return Command("emit",
+                 "Prints the generated kernel as one self-contained CUDA translation unit; nvcc compiles it\n"
+                 "unchanged: nvcc -gencode=arch=compute_90a,code=sm_90a -c <file>.cu",
+                 "<config-name> [--arch SM] [-o FILE] | --config-json FILE|- [--arch SM] [-o FILE]", 1,
+                 "<config-name>: a canonical config name, e.g. fwd_sm80_fp16_d128_m128_n32_w4_s3, or a\n"
+                 "backward module's, e.g. bwd_sm90_bf16_d128_m64_n128_s2_causal\n" + arch_help())
+      .option("config-json", "FILE",
+              "read a forward config as JSON from FILE ('-' for stdin) instead of a name; fields: family (fwd_sm80 or "
+              "fwd_sm90), dtype, head_dim, mask (none or causal), block_m, block_n, warps, stages, q_in_regs, "
+              "overlap, pingpong, persistent, p_smem, cluster, groups, tensor_sum; omitted ones take the defaults")
+      .option("arch", "SM", "check the config is valid for sm_<SM> (default 90)")
+      .option("output", "FILE", "write to FILE (replaced whole) instead of stdout; - is stdout", false, 'o');
+}
+
+namespace {
+
+KernelConfig read_config_json(const std::string& path) {
+  std::string text;
+  if (path == "-") {
+    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  } else {
+    std::ifstream in = open_input(path, "config JSON");
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  try {
+    return Json::parse(text).get<KernelConfig>();
+  } catch (const Json::exception& error) {
+    fail(Status::kInvalidArgument, "config JSON '" + path + "': " + error.what());
+  }
+}
+
+}  // namespace
+
+int command_emit(const Args& args) {
+  const bool from_json = args.has("config-json");
+  if (from_json == !args.positionals.empty())
+    throw UsageError("emit takes either a config name or --config-json, exactly one of them", args.usage());
+  const std::variant<KernelConfig, BwdConfig> config =
+      from_json ? std::variant<KernelConfig, BwdConfig>(read_config_json(args.string_or("config-json", "-")))
+                : config_from_name(args.positionals[0]);
+  const std::vector<int> archs = parse_archs(args, {90});
+  if (archs.size() != 1) throw UsageError("emit writes the source of one --arch", args.usage());
+  const int arch = archs.front();
+  const std::string name = std::visit([](const auto& c) { return c.name(); }, config);
+  if (std::optional<std::string> why = std::visit([&](const auto& c) { return c.invalid_reason(arch); }, config))
+    fail(Status::kInvalidArgument, "config " + name + " is invalid for sm_" + std::to_string(arch) + ": " + *why);
+
+  const std::string source = std::visit([](const auto& c) { return generate(c).self_contained(); }, config);
+  if (!args.has("output")) {
+    std::cout << source;
+    return 0;
+  }
+  const std::string path = args.string_or("output", "");
+  write_file(path, source);
+  std::cerr << "wrote " << name << " (" << source.size() << " bytes) to " << path << '\n';
+  return 0;
+}
+
+}  // namespace flashgen::cli

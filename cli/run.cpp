@@ -1,0 +1,540 @@
+// `flashgen run`: one attention problem on the GPU, forward or backward: random normal inputs, a check
+// against the float64 reference (sampled rows, or whole gradients), then timing with CUDA events.
+#include "cli/run.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <iostream>
+#include <limits>
+#include <random>
+#include <set>
+#include <thread>
+#include <tuple>
+
+#include <unistd.h>
+
+#include "check/reference.hpp"
+#include "cli/args.hpp"
+#include "cli/commands.hpp"
+#include "cli/common.hpp"
+#include "cli/table.hpp"
+#include "dispatch/dispatch.hpp"
+#include "flashgen/error.hpp"
+#include "flashgen/flashgen.h"
+#include "generator/bwd_config.hpp"
+#include "launch/attention.hpp"
+#include "launch/attention_backward.hpp"
+#include "launch/tensor_checks.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "runtime/device_buffer.hpp"
+#include "tuner/tuned_config.hpp"
+
+namespace flashgen::cli {
+
+Command run_command() {
+  return Command("run",
+                 "Runs one attention problem on the GPU: random normal inputs, a check of sampled rows\n"
+                 "against a float64 CPU reference, then timing with CUDA events.",
+                 "[options]")
+      .option("batch", "B", "batch size (default 4)")
+      .option("seqlen-q", "N", "query length (default 4096)")
+      .option("seqlen-k", "N", "key/value length (default 4096)")
+      .option("heads-q", "H", "query heads (default 16)")
+      .option("heads-kv", "H", "key/value heads; heads-q must be a multiple (default 16)")
+      .option("head-dim", "D", "head dimension (default 128)")
+      .option("dtype", "T", "fp16 or bf16 (default fp16)")
+      .option("causal", "MODE", "none, bottom-right or top-left (default none)")
+      .option("scale", "S", "softmax scale; <= 0 means 1/sqrt(head_dim) (default 0)")
+      .option("layout", "L", "memory order of q/k/v/out: bshd or bhsd (default bshd)")
+      .option("config", "NAME", "run this config (a fwd_... name, or bwd_... with --backward) instead of the choice")
+      .flag("backward", "time the backward pass (dq, dk, dv for a random dout) after one forward")
+      .flag("deterministic", "with --backward: the deterministic dQ strategy (bitwise repeatable)")
+      .option("iters", "N", "timed launches (default 20)")
+      .option("warmup", "N", "untimed launches before timing (default 3)")
+      .option("check-rows", "N", "query rows checked against the reference, plus the last one (default 64)")
+      .option("seed", "S", "random seed of the inputs (default 0)")
+      .flag("json", "print one JSON object");
+}
+
+namespace {
+
+RunOptions parse_run_options(const Args& args) {
+  constexpr long long kSizeMax = 1ll << 30;  // the library's limit on every size
+  RunOptions o;
+  o.batch = args.int_or("batch", o.batch, 1, kSizeMax);
+  o.seqlen_q = args.int_or("seqlen-q", o.seqlen_q, 1, kSizeMax);
+  o.seqlen_k = args.int_or("seqlen-k", o.seqlen_k, 1, kSizeMax);
+  o.heads_q = args.int_or("heads-q", o.heads_q, 1, kSizeMax);
+  o.heads_kv = args.int_or("heads-kv", o.heads_kv, 1, kSizeMax);
+  o.head_dim = args.int_or("head-dim", o.head_dim, 1, 4096);
+  o.dtype = args.choice_or("dtype", "fp16", {"fp16", "bf16"}) == "fp16" ? DType::kFloat16 : DType::kBFloat16;
+  o.causal = args.choice_or("causal", o.causal, {"none", "bottom-right", "top-left"});
+  o.scale = static_cast<float>(args.double_or("scale", o.scale));
+  o.layout = args.choice_or("layout", o.layout, {"bshd", "bhsd"});
+  if (args.has("config")) o.config_name = args.string_or("config", "");
+  o.backward = args.has("backward");
+  o.deterministic = args.has("deterministic");
+  if (o.deterministic && !o.backward) fail(Status::kInvalidArgument, "--deterministic needs --backward");
+  o.iters = static_cast<int>(args.int_or("iters", o.iters, 1, 1000000));
+  o.warmup = static_cast<int>(args.int_or("warmup", o.warmup, 0, 1000000));
+  o.check_rows = static_cast<int>(args.int_or("check-rows", o.check_rows, 0, 1000000));
+  o.seed = static_cast<uint32_t>(args.int_or("seed", o.seed, 0, std::numeric_limits<uint32_t>::max()));
+  return o;
+}
+
+flashgen_mask mask_of(const RunOptions& o) {
+  if (o.causal == "bottom-right") return FLASHGEN_MASK_CAUSAL;
+  if (o.causal == "top-left") return FLASHGEN_MASK_CAUSAL_TOP_LEFT;
+  return FLASHGEN_MASK_NONE;
+}
+
+AttentionShape shape_of(const RunOptions& o) {
+  return AttentionShape{o.batch, o.seqlen_q, o.seqlen_k, o.heads_q, o.heads_kv, o.head_dim};
+}
+
+flashgen_dtype abi_dtype(DType dtype) { return dtype == DType::kFloat16 ? FLASHGEN_FLOAT16 : FLASHGEN_BFLOAT16; }
+
+// Host copy of one 16-bit tensor: the raw elements in memory order plus the view the library is given
+// (shape [batch, seqlen, heads, head_dim], strides in elements).
+struct HostTensor {
+  DType dtype = DType::kFloat16;
+  StridedView view;
+  std::vector<uint16_t> bits;
+
+  HostInput input() const { return HostInput::bits16(bits.data(), abi_dtype(dtype), view); }
+  size_t bytes() const { return bits.size() * sizeof(uint16_t); }
+};
+
+// A host tensor of shape [batch, seqlen, heads, head_dim] laid out as bshd, or as [batch, heads, seqlen,
+// head_dim] in memory for bhsd (the view's strides say so; its shape stays bshd).
+HostTensor make_host_tensor(DType dtype, int64_t batch, int64_t seqlen, int64_t heads, int64_t head_dim,
+                            bool bhsd) {
+  HostTensor t;
+  t.dtype = dtype;
+  t.view = StridedView::contiguous(batch, seqlen, heads, head_dim);
+  if (bhsd) {
+    t.view.stride[0] = heads * seqlen * head_dim;
+    t.view.stride[1] = head_dim;
+    t.view.stride[2] = seqlen * head_dim;
+  }
+  t.bits.resize(static_cast<size_t>(batch * seqlen * heads * head_dim));
+  return t;
+}
+
+// Random normal values rounded to the tensor's type, in memory order.
+void fill_normal(HostTensor& t, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (uint16_t& bits : t.bits) bits = float_to_dtype_bits(normal(rng), abi_dtype(t.dtype));
+}
+
+class Event {
+ public:
+  Event() { FLASHGEN_CU_CHECK(cuEventCreate(&event_, CU_EVENT_DEFAULT)); }
+  ~Event() { driver().cuEventDestroy(event_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  CUevent get() const { return event_; }
+
+ private:
+  CUevent event_ = nullptr;
+};
+
+flashgen_tensor tensor_view(const HostTensor& host, const DeviceBuffer& device) {
+  flashgen_tensor view{};
+  view.data = device.data();
+  view.dtype = abi_dtype(host.dtype);
+  for (int i = 0; i < 4; ++i) {
+    view.shape[i] = host.view.shape[i];
+    view.stride[i] = host.view.stride[i];
+  }
+  return view;
+}
+
+struct RowIndex {
+  int64_t batch = 0, head = 0, row = 0;
+  bool operator<(const RowIndex& other) const {
+    return std::tie(batch, head, row) < std::tie(other.batch, other.head, other.row);
+  }
+};
+
+// `count` rows spread evenly over all (batch, head, query) rows, plus the very last query row.
+std::vector<RowIndex> sample_rows(int64_t batch, int64_t heads, int64_t seqlen_q, int64_t count) {
+  std::set<RowIndex> rows;
+  const int64_t total = batch * heads * seqlen_q;
+  for (int64_t r = 0; r < count; ++r) {
+    const int64_t t = count == 1 ? 0 : r * (total - 1) / (count - 1);
+    rows.insert({t / (heads * seqlen_q), t / seqlen_q % heads, t % seqlen_q});
+  }
+  rows.insert({batch - 1, heads - 1, seqlen_q - 1});
+  return {rows.begin(), rows.end()};
+}
+
+// Tolerances against the float64 reference. The kernel rounds P to the input type before P·V and rounds
+// the output, so out's error scales with the type's unit roundoff (fp16 2^-11, bf16 2^-8) times |out|; the
+// absolute term covers long rows whose many rounded terms add up. LSE is computed in fp32 throughout.
+struct Tolerance {
+  double out_abs, out_rel, lse_abs;
+};
+Tolerance tolerance_for(DType dtype) {
+  return dtype == DType::kFloat16 ? Tolerance{1e-3, 4e-3, 1e-3} : Tolerance{8e-3, 3e-2, 1e-3};
+}
+
+CheckResult check_rows(const AttentionShape& shape, const HostTensor& q, const HostTensor& k, const HostTensor& v,
+                       const HostTensor& out, const std::vector<float>& lse, const std::vector<RowIndex>& rows,
+                       double scale, flashgen_mask mask) {
+  // The float64 reference is the slow part for long sequences: rows are independent, so use every core.
+  std::vector<ReferenceRow> reference(rows.size());
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i = next++; i < rows.size(); i = next++)
+      reference[i] = attention_reference_row(shape, q.input(), k.input(), v.input(), scale, mask, rows[i].batch,
+                                             rows[i].head, rows[i].row);
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < default_jobs() && static_cast<size_t>(t) < rows.size(); ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& thread : pool) thread.join();
+
+  const Tolerance tol = tolerance_for(q.dtype);
+  const HostInput out_values = out.input();
+  const int64_t heads = shape.heads_q;
+  const int64_t seqlen_q = shape.seqlen_q;
+  const double inf = std::numeric_limits<double>::infinity();
+  CheckResult result;
+  result.rows = rows.size();
+  auto mismatch = [&](const std::string& text) {
+    if (result.first_mismatches.size() < kShownMismatches) result.first_mismatches.push_back(text);
+    ++result.mismatches;
+  };
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const RowIndex& at = rows[r];
+    const std::string where = format("batch %lld head %lld row %lld", static_cast<long long>(at.batch),
+                                     static_cast<long long>(at.head), static_cast<long long>(at.row));
+    for (int64_t d = 0; d < shape.head_dim; ++d) {
+      const double got = out_values.at(at.batch, at.row, at.head, d);
+      const double want = reference[r].out[d];
+      const double error = std::isfinite(got) ? std::abs(got - want) : inf;
+      result.max_error_out = std::max(result.max_error_out, error);
+      if (!(error <= tol.out_abs + tol.out_rel * std::abs(want)))
+        mismatch(format("out %s dim %lld: got %.6g, expected %.6g", where.c_str(), static_cast<long long>(d), got, want));
+    }
+    const double got = lse[static_cast<size_t>((at.batch * heads + at.head) * seqlen_q + at.row)];
+    const double want = reference[r].lse;
+    const double error = std::isinf(want) ? (got == want ? 0 : inf) : std::isfinite(got) ? std::abs(got - want) : inf;
+    result.max_error_lse = std::max(result.max_error_lse, error);
+    if (!(error <= tol.lse_abs)) mismatch(format("lse %s: got %.8g, expected %.8g", where.c_str(), got, want));
+  }
+  return result;
+}
+
+std::string problem_text(const RunOptions& o, double scale) {
+  return format("batch %lld, seqlen_q %lld, seqlen_k %lld, heads %lld/%lld, head_dim %lld, %s, mask %s, scale %.6g, "
+                "layout %s",
+                static_cast<long long>(o.batch), static_cast<long long>(o.seqlen_q), static_cast<long long>(o.seqlen_k),
+                static_cast<long long>(o.heads_q), static_cast<long long>(o.heads_kv),
+                static_cast<long long>(o.head_dim), dtype_name(o.dtype), o.causal.c_str(), scale, o.layout.c_str());
+}
+
+// Largest problem whose backward `run --backward` checks against the whole float64 reference
+// (batch * heads * seqlen_q * seqlen_k * head_dim multiply-adds, about a minute on one core).
+constexpr double kMaxBackwardCheckCost = 4e9;
+
+// Events around every launch of fn on stream; sorted milliseconds.
+std::vector<double> time_launches(const std::function<void()>& fn, int warmup, int iters, CUstream stream) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<Event> starts(static_cast<size_t>(iters)), stops(static_cast<size_t>(iters));
+  for (int i = 0; i < iters; ++i) {
+    FLASHGEN_CU_CHECK(cuEventRecord(starts[i].get(), stream));
+    fn();
+    FLASHGEN_CU_CHECK(cuEventRecord(stops[i].get(), stream));
+  }
+  FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
+  std::vector<double> times;
+  for (int i = 0; i < iters; ++i) {
+    float ms = 0;
+    FLASHGEN_CU_CHECK(cuEventElapsedTime(&ms, starts[i].get(), stops[i].get()));
+    times.push_back(ms);
+  }
+  std::sort(times.begin(), times.end());
+  return times;
+}
+
+// The backward half of `run --backward`: random dout, one checked backward (against the whole float64
+// reference when the problem is small enough), then timing with a workspace allocated once.
+void run_backward(const RunOptions& o, const AttentionShape& shape, const HostTensor& q, const HostTensor& k,
+                  const HostTensor& v, const flashgen_tensor& q_view,
+                  const flashgen_tensor& k_view, const flashgen_tensor& v_view, const flashgen_tensor& out_view,
+                  const float* lse, const flashgen_attention_options& options, CUstream stream, std::mt19937& rng,
+                  RunReport& report) {
+  const bool bhsd = o.layout == "bhsd";
+  HostTensor dout = make_host_tensor(o.dtype, o.batch, o.seqlen_q, o.heads_q, o.head_dim, bhsd);
+  HostTensor dq = make_host_tensor(o.dtype, o.batch, o.seqlen_q, o.heads_q, o.head_dim, bhsd);
+  HostTensor dk = make_host_tensor(o.dtype, o.batch, o.seqlen_k, o.heads_kv, o.head_dim, bhsd);
+  HostTensor dv = make_host_tensor(o.dtype, o.batch, o.seqlen_k, o.heads_kv, o.head_dim, bhsd);
+  fill_normal(dout, rng);
+  DeviceBuffer dout_dev(dout.bytes()), dq_dev(dq.bytes()), dk_dev(dk.bytes()), dv_dev(dv.bytes());
+  dout_dev.upload(dout.bits);
+  for (DeviceBuffer* b : {&dq_dev, &dk_dev, &dv_dev}) b->fill_bytes(0xFF, stream);
+  const flashgen_tensor dout_view = tensor_view(dout, dout_dev), dq_view = tensor_view(dq, dq_dev),
+                        dk_view = tensor_view(dk, dk_dev), dv_view = tensor_view(dv, dv_dev);
+  const BackwardProblem problem =
+      make_backward_problem(&q_view, &k_view, &v_view, &out_view, &dout_view, lse, &dq_view, &dk_view, &dv_view,
+                            &options);
+  BwdConfig config;
+  if (o.config_name) {
+    config = BwdConfig::from_name(*o.config_name);
+    FLASHGEN_REQUIRE(config.deterministic == o.deterministic,
+                     "config " + config.name() + (config.deterministic ? " is" : " is not") +
+                         " deterministic; pass --deterministic to match");
+    report.reason = "requested with --config";
+  } else {
+    // The launch's own choice: tuning data first (as the library call makes it), then the built-in one.
+    const BackwardLaunch chosen = plan_backward(problem, stream).launch;
+    config = chosen.config;
+    report.reason = chosen.reason;
+  }
+  report.config_name = config.name();
+  DeviceBuffer workspace(backward_workspace_bytes(problem, config));
+  auto launch = [&] { launch_backward(problem, stream, config, workspace.ptr(), workspace.bytes()); };
+
+  const Clock::time_point first = Clock::now();
+  launch();
+  FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
+  report.first_launch_ms = ms_since(first);
+
+  // The forward's sampled rows were checked before: its mismatches stay in the report, the backward's join them.
+  const CheckResult forward = report.check;
+  report.check = CheckResult{};
+  report.check.mismatches = forward.mismatches;
+  for (const std::string& line : forward.first_mismatches) report.check.first_mismatches.push_back("forward: " + line);
+  if (shape.reference_cost() <= kMaxBackwardCheckCost) {
+    dq_dev.download(dq.bits.data(), dq.bytes());
+    dk_dev.download(dk.bits.data(), dk.bytes());
+    dv_dev.download(dv.bits.data(), dv.bytes());
+    const AttentionGradients ref = attention_backward_reference_f64(shape, q.input(), k.input(), v.input(),
+                                                                    dout.input(), report.scale, options.mask);
+    // Relative to the largest gradient: the products round P and dS to the input type (unit roundoff
+    // 2^-11 fp16, 2^-8 bf16) and sum seqlen terms of them.
+    const double tolerance = o.dtype == DType::kFloat16 ? 1e-2 : 4e-2;
+    const struct {
+      const char* name;
+      const HostTensor& got;
+      const std::vector<double>& want;
+    } grads[] = {{"dq", dq, ref.dq}, {"dk", dk, ref.dk}, {"dv", dv, ref.dv}};
+    for (const auto& g : grads) {
+      const HostInput got = g.got.input();
+      double magnitude = 0, error = 0;
+      for (double x : g.want) magnitude = std::max(magnitude, std::abs(x));
+      const StridedView& view = g.got.view;
+      size_t i = 0;
+      for (int64_t b = 0; b < view.shape[0]; ++b)
+        for (int64_t s = 0; s < view.shape[1]; ++s)
+          for (int64_t h = 0; h < view.shape[2]; ++h)
+            for (int64_t d = 0; d < view.shape[3]; ++d, ++i) {
+              const double value = got.at(b, s, h, d);
+              error = std::max(error, std::isfinite(value) ? std::abs(value - g.want[i]) : HUGE_VAL);
+            }
+      const double relative = magnitude > 0 ? error / magnitude : error;
+      report.check.max_error_out = std::max(report.check.max_error_out, relative);
+      if (!(relative <= tolerance)) {
+        report.check.mismatches++;
+        report.check.first_mismatches.push_back(format("%s: max |got - ref| / max |ref| = %.3g > %.0e", g.name,
+                                                       relative, tolerance));
+      }
+    }
+    report.check.rows = static_cast<size_t>(o.batch * o.heads_q * o.seqlen_q);
+  }
+  report.times_ms = time_launches(launch, o.warmup, o.iters, stream);
+  report.flops = backward_flops(shape, options.mask);
+}
+
+}  // namespace
+
+RunReport run_problem(const RunOptions& o) {
+  RunReport report;
+  report.options = o;
+  ScopedContext context;  // the current context, else device 0's primary context
+  char name[256] = {};
+  FLASHGEN_CU_CHECK(cuDeviceGetName(name, sizeof name, context.device()));
+  report.device_name = name;
+  report.device_sm = device_sm(context.device());
+
+  std::optional<KernelConfig> config;
+  if (o.config_name && !o.backward) config = KernelConfig::from_name(*o.config_name);
+
+  const bool bhsd = o.layout == "bhsd";
+  HostTensor q = make_host_tensor(o.dtype, o.batch, o.seqlen_q, o.heads_q, o.head_dim, bhsd);
+  HostTensor k = make_host_tensor(o.dtype, o.batch, o.seqlen_k, o.heads_kv, o.head_dim, bhsd);
+  HostTensor v = make_host_tensor(o.dtype, o.batch, o.seqlen_k, o.heads_kv, o.head_dim, bhsd);
+  HostTensor out = make_host_tensor(o.dtype, o.batch, o.seqlen_q, o.heads_q, o.head_dim, bhsd);
+  std::vector<float> lse(static_cast<size_t>(o.batch * o.heads_q * o.seqlen_q));
+
+  DeviceBuffer q_dev(q.bytes()), k_dev(k.bytes()), v_dev(v.bytes()), out_dev(out.bytes());
+  DeviceBuffer lse_dev(lse.size() * sizeof(float));
+  const flashgen_tensor q_view = tensor_view(q, q_dev), k_view = tensor_view(k, k_dev), v_view = tensor_view(v, v_dev),
+                        out_view = tensor_view(out, out_dev);
+  float* lse_ptr = static_cast<float*>(lse_dev.data());
+  flashgen_attention_options options{};
+  options.softmax_scale = o.scale;
+  options.mask = mask_of(o);
+  options.deterministic = 0;
+  // Validate before the slow part (host data): a bad shape fails here with the library's own message.
+  const ForwardProblem problem = make_forward_problem(&q_view, &k_view, &v_view, &out_view, lse_ptr, &options);
+  report.scale = problem.params.scale;
+
+  std::mt19937 rng(o.seed);
+  fill_normal(q, rng);
+  fill_normal(k, rng);
+  fill_normal(v, rng);
+  q_dev.upload(q.bits);
+  k_dev.upload(k.bits);
+  v_dev.upload(v.bits);
+  // 0xFF bytes are NaN in fp16, bf16 and fp32: anything the kernel fails to write shows up in the check.
+  out_dev.fill_bytes(0xFF);
+  lse_dev.fill_bytes(0xFF);
+
+  Stream stream;
+  auto launch = [&] {
+    return config ? attention_forward(problem, stream.get(), *config)
+                  : attention_forward(q_view, k_view, v_view, out_view, lse_ptr, options, stream.get());
+  };
+
+  const Clock::time_point first = Clock::now();
+  const ForwardLaunch forward_launch = launch();
+  FLASHGEN_CU_CHECK(cuStreamSynchronize(stream.get()));
+  report.first_launch_ms = ms_since(first);
+  report.config_name = flashgen::config_name(forward_launch.config);
+  report.reason = forward_launch.reason;
+  report.arch = forward_launch.arch;
+
+  out_dev.download(out.bits.data(), out.bytes());
+  lse_dev.download(lse.data(), lse_dev.bytes());
+  const AttentionShape shape = shape_of(o);
+  report.check = check_rows(shape, q, k, v, out, lse, sample_rows(o.batch, o.heads_q, o.seqlen_q, o.check_rows),
+                            report.scale, options.mask);
+  if (o.backward) {
+    options.deterministic = o.deterministic ? 1 : 0;
+    run_backward(o, shape, q, k, v, q_view, k_view, v_view, out_view, lse_ptr, options, stream.get(), rng, report);
+    return report;
+  }
+
+  report.times_ms = time_launches([&] { launch(); }, o.warmup, o.iters, stream.get());
+  report.flops = forward_flops(shape, options.mask);
+  return report;
+}
+
+std::string tflops_text(double tflops) { return format(tflops >= 1 ? "%.1f TFLOP/s" : "%.3g TFLOP/s", tflops); }
+
+void print_run_report(const RunReport& r, std::ostream& os) {
+  const Tolerance tol = tolerance_for(r.options.dtype);
+  os << "device:   " << r.device_name << " (sm_" << r.device_sm << ")\n"
+     << "problem:  " << problem_text(r.options, r.scale) << '\n'
+     << "pass:     " << (r.options.backward ? (r.options.deterministic ? "backward (deterministic)" : "backward")
+                                                   : "forward") << '\n'
+     << "config:   " << r.config_name << " for " << arch_label(r.arch) << '\n'
+     << "why:      " << r.reason << '\n'
+     << format("first:    %.1f ms (first launch, includes compiling or loading the kernel)\n", r.first_launch_ms);
+  if (!r.options.backward) {
+    os << format("check:    %zu rows, max abs error out %.3g (tol %.0e + %.0e*|ref|), lse %.3g (tol %.0e): %s\n",
+                 r.check.rows, r.check.max_error_out, tol.out_abs, tol.out_rel, r.check.max_error_lse, tol.lse_abs,
+                 r.check.pass() ? "PASS" : "FAIL");
+  } else if (r.check.rows == 0) {
+    os << "check:    skipped: the float64 reference of this problem is too large (shrink it to check)\n";
+  } else {
+    os << format("check:    dq, dk, dv against the float64 reference, max |got - ref| / max |ref| %.3g: %s\n",
+                 r.check.max_error_out, r.check.pass() ? "PASS" : "FAIL");
+  }
+  for (const std::string& line : r.check.first_mismatches) os << "          mismatch: " << line << '\n';
+  if (r.check.mismatches > static_cast<int64_t>(r.check.first_mismatches.size()))
+    os << "          ... " << r.check.mismatches << " mismatches in all\n";
+  os << format("time:     median %.4f ms (min %.4f, max %.4f) over %zu launches after %d warm-up\n", r.median_ms(),
+               r.times_ms.front(), r.times_ms.back(), r.times_ms.size(), r.options.warmup)
+     << "speed:    " << tflops_text(r.tflops()) << format(" (%.4g GFLOP per launch)\n", r.flops / 1e9);
+}
+
+namespace {
+
+Json run_report_json(const RunReport& r) {
+  const RunOptions& o = r.options;
+  return {
+      {"device", {{"name", r.device_name}, {"sm", r.device_sm}}},
+      {"problem",
+       {{"batch", o.batch}, {"seqlen_q", o.seqlen_q}, {"seqlen_k", o.seqlen_k}, {"heads_q", o.heads_q},
+        {"heads_kv", o.heads_kv}, {"head_dim", o.head_dim}, {"dtype", dtype_name(o.dtype)}, {"causal", o.causal},
+        {"scale", r.scale}, {"layout", o.layout}, {"seed", o.seed}}},
+      {"pass", o.backward ? "backward" : "forward"},
+      {"deterministic", o.deterministic},
+      {"config", r.config_name},
+      {"arch", r.arch},
+      {"reason", r.reason},
+      {"first_launch_ms", r.first_launch_ms},
+      {"check",
+       {{"rows", r.check.rows}, {"max_abs_error_out", r.check.max_error_out},
+        {"max_abs_error_lse", r.check.max_error_lse}, {"mismatches", r.check.mismatches},
+        {"first_mismatches", r.check.first_mismatches},
+        // A backward too large for the float64 reference is not checked: pass is null unless the forward failed.
+        {"skipped", o.backward && r.check.rows == 0},
+        {"pass", o.backward && r.check.rows == 0 && r.check.pass() ? Json(nullptr) : Json(r.check.pass())}}},
+      {"timing",
+       {{"iters", r.times_ms.size()}, {"warmup", o.warmup}, {"median_ms", r.median_ms()},
+        {"min_ms", r.times_ms.front()}, {"max_ms", r.times_ms.back()}, {"flops", r.flops}, {"tflops", r.tflops()}}},
+  };
+}
+
+// The host copies of `run` (inputs, output, LSE; with --backward dout and the three gradients) are
+// allocated before the library sees the problem: refuse what this machine cannot hold instead of being
+// killed for it.
+void check_host_memory(const RunOptions& o) {
+  const double q_elements = double(o.batch) * o.seqlen_q * o.heads_q * o.head_dim;
+  const double kv_elements = double(o.batch) * o.seqlen_k * o.heads_kv * o.head_dim;
+  const double host_bytes = 2 * (o.backward ? 4 : 2) * (q_elements + kv_elements) + 4.0 * o.batch * o.heads_q * o.seqlen_q;
+  const double memory_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  if (memory_bytes > 0 && host_bytes > 0.8 * memory_bytes) {
+    char text[160];
+    std::snprintf(text, sizeof text, "this problem's host tensors need %.1f GiB; this machine has %.1f GiB",
+                  host_bytes / double(1 << 30), memory_bytes / double(1 << 30));
+    fail(Status::kInvalidArgument, text);
+  }
+}
+
+}  // namespace
+
+void check_run_problem(const RunOptions& o) {
+  const flashgen_dtype dtype = abi_dtype(o.dtype);
+  auto placeholder = [&](int n, int64_t seqlen, int64_t heads) {
+    return bshd_tensor(reinterpret_cast<void*>(uintptr_t{1} << (20 + n)), dtype, o.batch, seqlen, heads, o.head_dim);
+  };
+  const flashgen_tensor q = placeholder(0, o.seqlen_q, o.heads_q), k = placeholder(1, o.seqlen_k, o.heads_kv),
+                        v = placeholder(2, o.seqlen_k, o.heads_kv), out = placeholder(3, o.seqlen_q, o.heads_q);
+  flashgen_attention_options options{o.scale, mask_of(o), o.deterministic ? 1 : 0};
+  if (o.backward) {
+    const flashgen_tensor dout = placeholder(4, o.seqlen_q, o.heads_q), dq = placeholder(5, o.seqlen_q, o.heads_q),
+                          dk = placeholder(6, o.seqlen_k, o.heads_kv), dv = placeholder(7, o.seqlen_k, o.heads_kv);
+    const float* lse = reinterpret_cast<const float*>(uintptr_t{1} << 28);
+    const BackwardProblem problem = make_backward_problem(&q, &k, &v, &out, &dout, lse, &dq, &dk, &dv, &options);
+    if (o.config_name)
+      check_requested_config(BwdConfig::from_name(*o.config_name), problem.dtype, problem.head_dim, problem.mask, 90);
+  } else {
+    const ForwardProblem problem = make_forward_problem(&q, &k, &v, &out, nullptr, &options);
+    if (o.config_name)
+      check_requested_config(KernelConfig::from_name(*o.config_name), problem.dtype, problem.head_dim, problem.mask,
+                             90);
+  }
+}
+
+int command_run(const Args& args) {
+  const RunOptions options = parse_run_options(args);
+  check_run_problem(options);
+  check_host_memory(options);
+  std::string why;
+  if (!driver_available(&why)) fail(Status::kNoDevice, "run needs a GPU: " + why);
+  const RunReport report = run_problem(options);
+  if (args.has("json")) print_json(run_report_json(report));
+  else print_run_report(report, std::cout);
+  return report.check.pass() ? 0 : 1;
+}
+
+}  // namespace flashgen::cli

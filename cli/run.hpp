@@ -1,0 +1,77 @@
+// What `flashgen run` shares with `flashgen demo` (which runs the default problem) and `flashgen tune`
+// (which checks a problem as run would): the problem's options, its report, and the run itself.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "generator/kernel_config.hpp"
+
+namespace flashgen::cli {
+
+// One problem of `run` and how it is checked and timed: its flags, each with its default.
+struct RunOptions {
+  int64_t batch = 4;
+  int64_t seqlen_q = 4096;
+  int64_t seqlen_k = 4096;
+  int64_t heads_q = 16;
+  int64_t heads_kv = 16;
+  int64_t head_dim = 128;
+  DType dtype = DType::kFloat16;
+  std::string causal = "none";  // none | bottom-right | top-left
+  float scale = 0;              // <= 0: 1/sqrt(head_dim)
+  std::string layout = "bshd";  // bshd | bhsd
+  std::optional<std::string> config_name;
+  bool backward = false;
+  bool deterministic = false;
+  int iters = 20;
+  int warmup = 3;
+  int check_rows = 64;
+  uint32_t seed = 0;
+};
+
+struct CheckResult {
+  size_t rows = 0;
+  double max_error_out = 0;
+  double max_error_lse = 0;
+  int64_t mismatches = 0;
+  std::vector<std::string> first_mismatches;  // at most kShownMismatches
+  bool pass() const { return mismatches == 0; }
+};
+constexpr size_t kShownMismatches = 8;
+
+struct RunReport {
+  RunOptions options;
+  std::string device_name;
+  int device_sm = 0;
+  double scale = 0;        // the scale in effect
+  std::string config_name;  // what ran (the backward module with --backward)
+  std::string reason;       // and why
+  int arch = 0;
+  double first_launch_ms = 0;  // wall clock of the first call: includes compiling or loading the kernel
+  CheckResult check;           // forward: sampled rows; backward: whole gradients (see run_backward)
+  std::vector<double> times_ms;  // one per timed launch, sorted
+  double flops = 0;
+
+  double median_ms() const { return times_ms[times_ms.size() / 2]; }
+  double tflops() const { return flops / (median_ms() * 1e-3) / 1e12; }
+};
+
+// Runs, checks and times one problem. The caller has checked that a GPU is there.
+RunReport run_problem(const RunOptions& o);
+
+// One decimal for real throughput, significant digits for tiny problems that would print as 0.0.
+std::string tflops_text(double tflops);
+
+void print_run_report(const RunReport& r, std::ostream& os);
+
+// The library's own checks of the problem and the --config name, on placeholder addresses (never read), so a
+// bad argument is reported as one (exit 2) before the GPU is looked for. The config is checked against sm_90,
+// whose limits are the widest of the GPUs either family runs on (the GPU's own come at launch).
+void check_run_problem(const RunOptions& o);
+
+}  // namespace flashgen::cli

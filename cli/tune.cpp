@@ -1,0 +1,584 @@
+// `flashgen tune`: sweeps the forward or backward configs of one problem (given by flags) or of every
+// problem of a JSON spec on the GPU, and stores every candidate's row and the winner in the tuning
+// database; --shard splits a spec across machines, --devices across GPUs (cli/tune_workers.cpp).
+#include "cli/tune.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <type_traits>
+#include <utility>
+
+#include "cli/commands.hpp"
+#include "cli/common.hpp"
+#include "cli/run.hpp"
+#include "cli/table.hpp"
+#include "flashgen/error.hpp"
+#include "flashgen/flashgen.h"
+#include "generator/bwd_config.hpp"
+#include "generator/kernel_config.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "tuner/choice.hpp"
+#include "tuner/heuristic.hpp"
+#include "tuner/problem_key.hpp"
+#include "tuner/space.hpp"
+#include "tuner/store.hpp"
+#include "tuner/tuned_config.hpp"
+
+namespace flashgen::cli {
+
+Command tune_command() {
+  return Command("tune",
+                 "Tunes the forward kernel (with --backward the backward's kernels) on the GPU for one\n"
+                 "problem (given by flags) or for every problem of a JSON spec: enumerates and prunes the search space, compiles the candidates, checks\n"
+                 "each against a float64 reference, times them and stores every row and the winner in the\n"
+                 "tuning database. A problem whose bucket the database already holds for this GPU is skipped\n"
+                 "unless --force, so an interrupted sweep can simply be run again.\n"
+                 "\n"
+                 "Across machines: --shard i/N (by default from SLURM_PROCID/SLURM_NTASKS, else\n"
+                 "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE) tunes the spec's problems i, i+N, i+2N, ...\n"
+                 "into its own file, .shard<i>-of-<N> put before the database's extension; `flashgen db merge` joins the files.\n"
+                 "\n"
+                 "Spec: {\"max_candidates\": 32, \"problems\": [{\"pass\": \"backward\", \"deterministic\": false,\n"
+                 "\"dtype\": \"bf16\", \"head_dim\": 128,\n"
+                 "\"causal\": \"bottom-right\", \"batch\": 4, \"heads_q\": 32, \"heads_kv\": 8, \"seqlen_q\": 4096,\n"
+                 "\"seqlen_k\": 4096}, ...]}; omitted fields take the flag defaults below.",
+                 "[options]")
+      .flag("backward", "tune the backward pass (dq, dk, dv) instead of the forward")
+      .flag("deterministic", "with --backward: the deterministic dQ strategy (bitwise repeatable)")
+      .option("dtype", "T", "fp16 or bf16 (default fp16)")
+      .option("head-dim", "D", "head dimension (default 128)")
+      .option("causal", "MODE", "none, bottom-right or top-left (default none)")
+      .option("batch", "B", "batch size (default 4)")
+      .option("heads-q", "H", "query heads (default 16)")
+      .option("heads-kv", "H", "key/value heads; heads-q must be a multiple (default 16)")
+      .option("seqlen-q", "N", "query length (default 4096)")
+      .option("seqlen-k", "N", "key/value length (default 4096)")
+      .option("spec", "FILE", "tune every problem of this JSON spec instead of the one the flags describe")
+      .option("shard", "I/N", "tune only problems I, I+N, ... of the spec, into their own database file")
+      .option("devices", "LIST", "all, or GPU ordinals like 0,1: one worker process per GPU, each tuning its share; a "
+                                 "worker that crashes is restarted without the candidate it was running")
+      .option("max-candidates", "N", "time N candidates, not the whole valid space: the built-in choice, its "
+                                     "one-knob neighbours, then others spread evenly")
+      .option("candidates", "NAMES", "time exactly these configs (comma-separated names of the problem's pass, "
+                                     "dtype, head_dim and mask), e.g. to re-time a winner against the built-in "
+                                     "choice: the best three and the built-in are re-timed interleaved. Needs "
+                                     "--db (its winner replaces the bucket's stored one) and implies --force")
+      .option("db", "PATH", "the database (default: " + TuningStore::default_path().string() + ")")
+      .flag("force", "tune even when the database already holds this problem's bucket for this GPU")
+      .flag("dry-run", "print the problems this shard would tune and its database, then stop (no GPU needed)")
+      .option("arch", "SM", "with --dry-run --json: list each problem's candidates for sm_SM (default 90)")
+      .flag("worker", "internal: run as one worker of --devices")
+      .option("journal", "FILE", "internal (--worker): names the candidate being launched, for crash isolation")
+      .option("crashed", "NAME:WHY", "internal (--worker): a candidate that crashed a worker, recorded and skipped",
+              true)
+      .flag("json", "print JSON: the result (an array with --spec), the plan (--dry-run) or the summary (--devices)");
+}
+
+namespace {
+
+template <class Config>
+std::string space_text(const BasicSpaceReport<Config>& space) {
+  std::string reasons;
+  for (const auto& [reason, count] : space.pruned_by_reason)
+    reasons += (reasons.empty() ? "" : "; ") + reason + ": " + std::to_string(count);
+  return format("%d configs, %d pruned", space.total, space.pruned) + (reasons.empty() ? "" : " (" + reasons + ")") +
+         format(", %zu valid", space.valid.size());
+}
+
+std::string causal_text(flashgen_mask mask) {
+  return mask == FLASHGEN_MASK_CAUSAL ? "bottom-right" : mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT ? "top-left" : "none";
+}
+
+flashgen_mask mask_from_text(const std::string& text) {
+  return text == "bottom-right" ? FLASHGEN_MASK_CAUSAL : text == "top-left" ? FLASHGEN_MASK_CAUSAL_TOP_LEFT
+                                                                           : FLASHGEN_MASK_NONE;
+}
+
+const char* pass_text(const TuneProblem& p) {
+  return !p.backward ? "forward" : p.deterministic ? "backward (deterministic)" : "backward";
+}
+
+// Why the library refuses the problem (its sizes, as `run` checks them) or no kernel family takes its
+// head_dim (checked against the sm80 family, which every supported GPU runs), or nullopt: a sweep would
+// stop at such a problem, so the dry run says it too.
+std::optional<std::string> untunable(const TuneProblem& p) {
+  const MaskKind mask = p.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
+  RunOptions as_run;
+  as_run.batch = p.batch, as_run.seqlen_q = p.seqlen_q, as_run.seqlen_k = p.seqlen_k;
+  as_run.heads_q = p.heads_q, as_run.heads_kv = p.heads_kv, as_run.head_dim = p.head_dim, as_run.dtype = p.dtype;
+  as_run.causal = causal_text(p.mask), as_run.backward = p.backward, as_run.deterministic = p.deterministic;
+  try {
+    if (p.backward) {
+      heuristic_backward_configs(p.dtype, p.head_dim, mask, p.deterministic, 80);
+    } else {
+      heuristic_forward_configs(p.dtype, p.head_dim, mask, 80);
+    }
+    check_run_problem(as_run);
+  } catch (const Error& e) {
+    return std::string(e.what());
+  }
+  return std::nullopt;
+}
+
+// The problem the flags describe (every flag has a default).
+TuneProblem problem_from_flags(const Args& args) {
+  constexpr long long kIntMax = std::numeric_limits<int>::max();
+  TuneProblem problem;
+  problem.backward = args.has("backward");
+  problem.deterministic = args.has("deterministic");
+  if (problem.deterministic && !problem.backward) fail(Status::kInvalidArgument, "--deterministic needs --backward");
+  problem.dtype = args.choice_or("dtype", "fp16", {"fp16", "bf16"}) == "fp16" ? DType::kFloat16 : DType::kBFloat16;
+  problem.head_dim = static_cast<int>(args.int_or("head-dim", problem.head_dim, 1, 4096));
+  problem.mask = mask_from_text(args.choice_or("causal", "none", {"none", "bottom-right", "top-left"}));
+  problem.batch = static_cast<int>(args.int_or("batch", problem.batch, 1, kIntMax));
+  problem.heads_q = static_cast<int>(args.int_or("heads-q", problem.heads_q, 1, kIntMax));
+  problem.heads_kv = static_cast<int>(args.int_or("heads-kv", problem.heads_kv, 1, kIntMax));
+  problem.seqlen_q = static_cast<int>(args.int_or("seqlen-q", problem.seqlen_q, 1, kIntMax));
+  problem.seqlen_k = static_cast<int>(args.int_or("seqlen-k", problem.seqlen_k, 1, kIntMax));
+  if (problem.heads_q % problem.heads_kv != 0) fail(Status::kInvalidArgument, "--heads-q must be a multiple of --heads-kv");
+  if (auto why = untunable(problem)) fail(Status::kInvalidArgument, *why);
+  return problem;
+}
+
+struct TuneSpec {
+  std::vector<TuneProblem> problems;
+  std::optional<size_t> max_candidates;
+};
+
+// A JSON spec; every error names the file and the field. Omitted problem fields take `defaults`.
+TuneSpec read_tune_spec(const std::string& path, const TuneProblem& defaults) {
+  const Json j = read_json_file(path);
+  auto bad = [&](const std::string& what) { fail(Status::kInvalidArgument, "tune spec " + path + ": " + what); };
+  if (!j.is_object()) bad("must be a JSON object with a \"problems\" array");
+  for (const auto& [key, value] : j.items())
+    if (key != "problems" && key != "max_candidates") bad("unknown field \"" + key + "\"");
+  TuneSpec spec;
+  if (j.contains("max_candidates")) {
+    if (!j["max_candidates"].is_number_integer() || j["max_candidates"].get<long long>() < 1)
+      bad("\"max_candidates\" must be a positive integer");
+    spec.max_candidates = j["max_candidates"].get<size_t>();
+  }
+  if (!j.contains("problems") || !j["problems"].is_array() || j["problems"].empty())
+    bad("\"problems\" must be a non-empty array");
+  for (size_t i = 0; i < j["problems"].size(); ++i) {
+    const Json& entry = j["problems"][i];
+    const std::string where = "problems[" + std::to_string(i) + "]";
+    if (!entry.is_object()) bad(where + " must be an object");
+    TuneProblem p = defaults;
+    for (const auto& [key, value] : entry.items()) {
+      auto positive = [&](int& field) {
+        if (!value.is_number_integer() || value.get<long long>() < 1 || value.get<long long>() > std::numeric_limits<int>::max())
+          bad(where + "." + key + " must be a positive integer");
+        field = value.get<int>();
+      };
+      if (key == "pass") {
+        if (value != "forward" && value != "backward") bad(where + ".pass must be \"forward\" or \"backward\"");
+        p.backward = value == "backward";
+      } else if (key == "deterministic") {
+        if (!value.is_boolean()) bad(where + ".deterministic must be true or false");
+        p.deterministic = value.get<bool>();
+      } else if (key == "dtype") {
+        if (value != "fp16" && value != "bf16") bad(where + ".dtype must be \"fp16\" or \"bf16\"");
+        p.dtype = value == "bf16" ? DType::kBFloat16 : DType::kFloat16;
+      } else if (key == "causal") {
+        if (value != "none" && value != "bottom-right" && value != "top-left")
+          bad(where + ".causal must be \"none\", \"bottom-right\" or \"top-left\"");
+        p.mask = mask_from_text(value.get<std::string>());
+      } else if (key == "head_dim") {
+        positive(p.head_dim);
+      } else if (key == "batch") {
+        positive(p.batch);
+      } else if (key == "heads_q") {
+        positive(p.heads_q);
+      } else if (key == "heads_kv") {
+        positive(p.heads_kv);
+      } else if (key == "seqlen_q") {
+        positive(p.seqlen_q);
+      } else if (key == "seqlen_k") {
+        positive(p.seqlen_k);
+      } else {
+        bad(where + ": unknown field \"" + key + "\"");
+      }
+    }
+    if (p.heads_q % p.heads_kv != 0) bad(where + ": heads_q must be a multiple of heads_kv");
+    if (p.deterministic && !p.backward) bad(where + ": deterministic needs \"pass\": \"backward\"");
+    if (auto why = untunable(p)) bad(where + ": " + *why);
+    spec.problems.push_back(p);
+  }
+  return spec;
+}
+
+struct Shard {
+  int index = 0;
+  int count = 1;
+  std::string source;  // "--shard", "SLURM_PROCID/SLURM_NTASKS", ... or "" when not sharded
+};
+
+// "i/N" with 0 <= i < N.
+std::optional<Shard> parse_shard(const std::string& text) {
+  int index = -1, count = 0;
+  char slash = 0, extra = 0;
+  if (std::sscanf(text.c_str(), "%d %c %d %c", &index, &slash, &count, &extra) != 3 || slash != '/' || count < 1 ||
+      index < 0 || index >= count)
+    return std::nullopt;
+  return Shard{index, count, ""};
+}
+
+// --shard, else the Slurm or Open MPI rank and size, else the whole sweep. Only a --spec's problems are
+// sharded: a single problem given by flags is tuned whole, in whichever task runs it.
+Shard shard_of(const Args& args) {
+  if (args.has("shard")) {
+    const std::string text = args.string_or("shard", "");
+    std::optional<Shard> shard = parse_shard(text);
+    if (!shard) throw UsageError("--shard must be I/N with 0 <= I < N, got '" + text + "'", args.usage());
+    if (!args.has("spec")) throw UsageError("--shard splits the problems of a --spec file", args.usage());
+    shard->source = "--shard";
+    return *shard;
+  }
+  if (!args.has("spec")) return Shard{};
+  for (const auto& [rank, size] : {std::pair{"SLURM_PROCID", "SLURM_NTASKS"},
+                                   std::pair{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}}) {
+    const std::optional<std::string> r = env(rank), n = env(size);
+    if (!r || !n) continue;
+    std::optional<Shard> shard = parse_shard(*r + "/" + *n);
+    if (!shard) fail(Status::kInvalidArgument, std::string(rank) + "=" + *r + " and " + size + "=" + *n +
+                                                   " do not name a shard (need 0 <= rank < size)");
+    shard->source = std::string(rank) + "/" + size;
+    return *shard;
+  }
+  return Shard{};
+}
+
+// <db> for a whole sweep; <stem>.shard<i>-of-<N><extension> next to it for one shard of several.
+fs::path shard_db_path(const fs::path& db, const Shard& shard) {
+  if (shard.count == 1) return db;
+  fs::path path = db;
+  path.replace_filename(db.stem().string() + ".shard" + std::to_string(shard.index) + "-of-" +
+                        std::to_string(shard.count) + db.extension().string());
+  return path;
+}
+
+// Crash isolation of a worker: candidates that crashed an earlier run of it, and the file that names the
+// candidate being launched.
+struct WorkerState {
+  std::map<std::string, std::string> known_crashes;
+  std::optional<fs::path> journal;
+};
+
+// The sweep of one pass: its key, space, built-in choice and sweep function.
+template <class Config>
+struct PassSweep {
+  ProblemKey key;
+  BasicSpaceReport<Config> space;
+  Config heuristic;
+  std::vector<Config> named;  // --candidates: swept instead of the space when not empty
+  std::function<SweepResult(const std::vector<Config>&, CUstream, const SweepOptions&)> sweep;
+};
+
+template <class Config>
+Json tune_pass(const PassSweep<Config>& pass, TuningStore& store, const fs::path& db_path, size_t max_candidates,
+               bool force, bool json, const DeviceFingerprint& device, const WorkerState& worker) {
+  const ProblemKey& key = pass.key;
+  if (!force) {
+    if (const std::optional<StoredChoice> stored = store.lookup_exact(device, key)) {
+      if (!json) {
+        std::cout << format("already tuned: %s, %.4f ms for %s on %s (--force tunes again)\n",
+                            flashgen::config_name(stored->config).c_str(), stored->median_ms, key.id().c_str(),
+                            device.id().c_str());
+      }
+      // The stored winner under the keys a sweep's result has (device, problem, winner, winner_ms), and the
+      // stored row's own fields besides.
+      Json j = choice_json(*stored);
+      j["winner"] = flashgen::config_name(stored->config);
+      j["winner_ms"] = stored->median_ms;
+      j["skipped"] = true;
+      j["db"] = db_path.string();
+      return j;
+    }
+  }
+
+  const auto& space = pass.space;
+  const Config& heuristic = pass.heuristic;
+  const std::vector<Config> candidates =
+      pass.named.empty() ? capped_candidates(space, heuristic, max_candidates) : pass.named;
+  if (!json) std::cout << "space: " << space_text(space) << '\n';
+  std::cerr << "tuning " << key.id() << " on " << device.id() << ": compiling " << candidates.size()
+            << " candidates\n";
+  SweepOptions options;
+  options.always_retime = {heuristic.name()};  // its time, printed next to the winner's, on the same basis
+  options.known_crashes = worker.known_crashes;
+  if (worker.journal) {
+    // FLASHGEN_TEST_CRASH_CONFIG (testing only): the worker dies at that candidate as at a kernel fault.
+    const std::optional<std::string> crash_at = env("FLASHGEN_TEST_CRASH_CONFIG");
+    options.on_launch = [&, crash_at](const std::string& name) {
+      std::ofstream(*worker.journal, std::ios::trunc) << name << std::flush;
+      if (crash_at && name == *crash_at) std::abort();
+    };
+  }
+  Clock::time_point timing_start = Clock::now();
+  Clock::time_point start = Clock::now();
+  double compile_s = 0;
+  options.progress = [&](const std::string& line) {
+    size_t done = 0, total = 0;  // "[i/N] name: x ms": the candidate's position in the list
+    if (std::sscanf(line.c_str(), "[%zu/%zu]", &done, &total) == 2 && done > 0 && total >= done) {
+      const double eta_s = ms_since(timing_start) / 1000 / static_cast<double>(done) * static_cast<double>(total - done);
+      std::cerr << line << format("  (eta %.0f s)", eta_s) << '\n';
+      return;
+    }
+    if (line.rfind("compiled ", 0) == 0) {  // timing starts after compiling
+      timing_start = Clock::now();
+      compile_s = ms_since(start) / 1000;
+    }
+    std::cerr << line << '\n';
+  };
+  Stream stream;
+  start = Clock::now();
+  const SweepResult result = pass.sweep(candidates, stream.get(), options);
+  const double sweep_s = ms_since(start) / 1000;
+  store.record(device, result.problem, result.candidates, result.winner, result.winner_ms);
+
+  const CandidateResult* builtin = nullptr;
+  for (const CandidateResult& c : result.candidates)
+    if (config_name(c.config) == heuristic.name()) builtin = &c;
+  const bool builtin_timed = builtin && builtin->status == "ok";
+  size_t passed = 0;
+  for (const CandidateResult& c : result.candidates) passed += c.status == "ok";
+
+  if (!json) {
+    std::cout << format("swept:     %zu candidates, %zu passed, in %.1f s (compile %.1f s, check and timing %.1f s)\n",
+                        result.candidates.size(), passed, sweep_s, compile_s, sweep_s - compile_s)
+              << format("winner:    %s, %.4f ms\n", flashgen::config_name(result.winner).c_str(), result.winner_ms);
+    if (builtin_timed)
+      std::cout << format("built-in:  %s, %.4f ms (the winner is %.2fx as fast)\n", heuristic.name().c_str(),
+                          builtin->median_ms, builtin->median_ms / result.winner_ms);
+    else
+      std::cout << "built-in:  " << heuristic.name() << ": " << (builtin ? builtin->status : "not swept") << '\n';
+    std::cout << "decision:  " << result.decision << '\n'
+              << "stored:    " << result.problem.id() << " for " << device.id() << " in " << db_path.string() << '\n';
+  }
+  return {{"device", device.id()},
+          {"problem", result.problem.id()},
+          {"space", {{"total", space.total}, {"pruned", space.pruned}, {"pruned_by_reason", space.pruned_by_reason},
+                     {"valid", space.valid.size()}}},
+          {"candidates", result.candidates.size()},
+          {"passed", passed},
+          {"winner", flashgen::config_name(result.winner)},
+          {"winner_ms", result.winner_ms},
+          {"heuristic", heuristic.name()},
+          {"heuristic_ms", builtin_timed ? Json(builtin->median_ms) : Json(nullptr)},
+          {"heuristic_status", builtin ? builtin->status : "not swept"},
+          {"decision", result.decision},
+          {"sweep_s", sweep_s},
+          {"compile_s", compile_s},
+          {"check_and_timing_s", sweep_s - compile_s},
+          {"db", db_path.string()},
+          {"skipped", false}};
+}
+
+// The problem key a sweep of problem stores its rows under.
+ProblemKey tune_problem_key(const TuneProblem& problem) {
+  return problem.backward ? sweep_problem_key(static_cast<const BackwardSweepProblem&>(problem))
+                          : sweep_problem_key(static_cast<const ForwardSweepProblem&>(problem));
+}
+
+// --candidates for a problem of key's class: each name parsed as a Config and checked against the key.
+template <class Config>
+std::vector<Config> named_candidates(const std::vector<std::string>& names, const ProblemKey& key) {
+  constexpr bool backward = std::is_same_v<Config, BwdConfig>;
+  std::vector<Config> configs;
+  for (const std::string& name : names) {
+    const bool forward_name = name.rfind("fwd_", 0) == 0, backward_name = name.rfind("bwd_", 0) == 0;
+    if ((backward && forward_name) || (!backward && backward_name)) {
+      fail(Status::kInvalidArgument, "--candidates: " + name + " is a " + (backward ? "forward" : "backward") +
+                                         " config; this problem tunes the " + (backward ? "backward" : "forward"));
+    }
+    Config c;
+    try {
+      c = Config::from_name(name);
+    } catch (const Error& e) {
+      fail(Status::kInvalidArgument, std::string("--candidates: ") + e.what());
+    }
+    bool same_pass = true;
+    if constexpr (backward) same_pass = key.family == (c.deterministic ? "bwd_det" : "bwd");
+    if (!same_pass || c.dtype != key.dtype || c.head_dim != key.head_dim || c.mask != key.mask) {
+      fail(Status::kInvalidArgument, "--candidates: " + name + " is not a config of the problem " + key.id());
+    }
+    configs.push_back(c);
+  }
+  return configs;
+}
+
+// Tunes one problem into store; prints (or returns as JSON) what happened.
+Json tune_one(const TuneProblem& problem, TuningStore& store, const fs::path& db_path, size_t max_candidates,
+              bool force, bool json, const ScopedContext& context, const WorkerState& worker,
+              const std::vector<std::string>& named) {
+  const int arch = device_sm(context.device());
+  const DeviceFingerprint device = current_device_fingerprint(static_cast<int>(context.device()));
+  const ProblemKey key = tune_problem_key(problem);
+  const MaskKind mask_kind = key.mask;
+  if (problem.backward) {
+    PassSweep<BwdConfig> pass;
+    pass.key = key;
+    pass.space = backward_space(problem.dtype, problem.head_dim, mask_kind, problem.deterministic, arch);
+    pass.heuristic =
+        heuristic_backward_choice(problem.dtype, problem.head_dim, mask_kind, problem.deterministic, arch).config;
+    pass.named = named_candidates<BwdConfig>(named, pass.key);
+    pass.sweep = [&](const std::vector<BwdConfig>& candidates, CUstream stream, const SweepOptions& options) {
+      return sweep_backward(problem, candidates, stream, options);
+    };
+    return tune_pass(pass, store, db_path, max_candidates, force, json, device, worker);
+  }
+  PassSweep<KernelConfig> pass;
+  pass.key = key;
+  pass.space = forward_space(problem.dtype, problem.head_dim, mask_kind, arch);
+  pass.heuristic = heuristic_forward_config(problem.dtype, problem.head_dim, mask_kind, arch);
+  pass.named = named_candidates<KernelConfig>(named, pass.key);
+  pass.sweep = [&](const std::vector<KernelConfig>& candidates, CUstream stream, const SweepOptions& options) {
+    return sweep_forward(problem, candidates, stream, options);
+  };
+  return tune_pass(pass, store, db_path, max_candidates, force, json, device, worker);
+}
+
+}  // namespace
+
+std::string problem_line(const TuneProblem& p) {
+  return format("%s %s d%d causal=%s batch %d heads %d/%d seqlen %d/%d", pass_text(p), dtype_name(p.dtype),
+                p.head_dim, causal_text(p.mask).c_str(), p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k);
+}
+
+Json problem_json(const TuneProblem& p) {
+  return {{"pass", p.backward ? "backward" : "forward"}, {"deterministic", p.deterministic},
+          {"dtype", dtype_name(p.dtype)}, {"head_dim", p.head_dim}, {"causal", causal_text(p.mask)},
+          {"batch", p.batch}, {"heads_q", p.heads_q}, {"heads_kv", p.heads_kv},
+          {"seqlen_q", p.seqlen_q}, {"seqlen_k", p.seqlen_k}};
+}
+
+Json dry_run_entries(const Args& args, const std::vector<TuneProblem>& problems, const std::vector<std::string>& named,
+                     size_t max_candidates) {
+  const std::vector<int> archs = parse_archs(args, {90});
+  if (archs.size() != 1) throw UsageError("tune --dry-run --json lists the candidates of one --arch", args.usage());
+  const int arch = archs.front();
+  Json entries = Json::array();
+  for (const TuneProblem& p : problems) {
+    const MaskKind kind = p.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
+    Json names = Json::array();
+    if (!named.empty()) {
+      for (const std::string& name : named) names.push_back(name);
+    } else if (p.backward) {
+      const BackwardSpaceReport space = backward_space(p.dtype, p.head_dim, kind, p.deterministic, arch);
+      const BwdConfig builtin = heuristic_backward_config(p.dtype, p.head_dim, kind, p.deterministic, arch);
+      for (const BwdConfig& c : capped_candidates(space, builtin, max_candidates)) names.push_back(c.name());
+    } else {
+      const SpaceReport space = forward_space(p.dtype, p.head_dim, kind, arch);
+      for (const KernelConfig& c :
+           capped_candidates(space, heuristic_forward_config(p.dtype, p.head_dim, kind, arch), max_candidates))
+        names.push_back(c.name());
+    }
+    Json entry = problem_json(p);
+    entry["candidates"] = names;
+    entries.push_back(entry);
+  }
+  return entries;
+}
+
+int command_tune(const Args& args) {
+  constexpr long long kIntMax = std::numeric_limits<int>::max();
+  if (args.has("arch") && !(args.has("dry-run") && args.has("json")))
+    throw UsageError("--arch applies to --dry-run --json (a sweep runs on the GPU it finds)", args.usage());
+  const TuneProblem flags = problem_from_flags(args);
+  TuneSpec spec;
+  if (args.has("spec")) {
+    spec = read_tune_spec(args.string_or("spec", ""), flags);
+  } else {
+    if (flags.heads_q % flags.heads_kv != 0) throw UsageError("--heads-q must be a multiple of --heads-kv", args.usage());
+    spec.problems.push_back(flags);
+  }
+  size_t max_candidates = spec.max_candidates.value_or(static_cast<size_t>(kIntMax));
+  if (args.has("max-candidates")) max_candidates = static_cast<size_t>(args.int_or("max-candidates", kIntMax, 1, kIntMax));
+  std::vector<std::string> named;  // --candidates: trimmed, each once, in the order given
+  {
+    std::stringstream list(args.string_or("candidates", ""));
+    for (std::string item; std::getline(list, item, ',');) {
+      const size_t first = item.find_first_not_of(" \t"), last = item.find_last_not_of(" \t");
+      if (first == std::string::npos) continue;
+      item = item.substr(first, last - first + 1);
+      if (std::find(named.begin(), named.end(), item) == named.end()) named.push_back(item);
+    }
+  }
+  if (args.has("candidates")) {
+    if (named.empty()) throw UsageError("--candidates needs at least one config name", args.usage());
+    if (!args.has("db") && !args.has("dry-run")) {
+      throw UsageError("--candidates needs --db: its winner replaces the bucket's stored one, so it goes to a "
+                       "database of its own",
+                       args.usage());
+    }
+    for (const char* other : {"spec", "devices", "max-candidates"}) {
+      if (args.has(other))
+        throw UsageError("--candidates names one problem's configs; it does not go with --" + std::string(other),
+                         args.usage());
+    }
+    // A bad name stops here, before any GPU work.
+    if (flags.backward) named_candidates<BwdConfig>(named, tune_problem_key(flags));
+    else named_candidates<KernelConfig>(named, tune_problem_key(flags));
+  }
+  const Shard shard = shard_of(args);
+  std::vector<TuneProblem> mine;
+  for (size_t i = static_cast<size_t>(shard.index); i < spec.problems.size(); i += static_cast<size_t>(shard.count))
+    mine.push_back(spec.problems[i]);
+  const fs::path base_db = db_path_of(args);
+  // A worker of --devices writes the file its supervisor named and merges; only a shard of its own is renamed.
+  const fs::path db_path = args.has("worker") ? base_db : shard_db_path(base_db, shard);
+  reject_directory(db_path, "--db");
+  const bool json = args.has("json");
+
+  if (args.has("devices") && !args.has("worker")) {
+    return supervise_workers(args, mine, db_path, args.has("max-candidates") || spec.max_candidates
+                                                      ? std::optional<size_t>(max_candidates)
+                                                      : std::nullopt);
+  }
+
+  if (args.has("dry-run")) {
+    if (json) {
+      print_json({{"shard", {{"index", shard.index}, {"count", shard.count}, {"source", shard.source}}},
+                  {"db", db_path.string()},
+                  {"max_candidates", max_candidates < static_cast<size_t>(kIntMax) ? Json(max_candidates) : Json(nullptr)},
+                  {"problems", dry_run_entries(args, mine, named, max_candidates)}});
+    } else {
+      std::cout << format("shard %d of %d%s: %zu of %zu problems into %s\n", shard.index, shard.count,
+                          shard.source.empty() ? "" : (" (from " + shard.source + ")").c_str(), mine.size(),
+                          spec.problems.size(), db_path.string().c_str());
+      for (const TuneProblem& p : mine) std::cout << "  " << problem_line(p) << '\n';
+    }
+    return 0;
+  }
+
+  std::string why;
+  if (!driver_available(&why)) fail(Status::kNoDevice, "tune needs a GPU: " + why);
+  WorkerState worker;
+  for (const std::string& entry : args.values("crashed")) {
+    const size_t colon = entry.find(':');
+    worker.known_crashes[entry.substr(0, colon)] = colon == std::string::npos ? "crashed a worker" : entry.substr(colon + 1);
+  }
+  if (args.has("journal")) worker.journal = fs::path(args.string_or("journal", ""));
+  ScopedContext context;  // the current context, else device 0's primary context
+  TuningStore store(db_path);
+  Json results = Json::array();
+  for (size_t i = 0; i < mine.size(); ++i) {
+    if (mine.size() > 1) std::cerr << format("problem %zu/%zu: %s\n", i + 1, mine.size(), problem_line(mine[i]).c_str());
+    results.push_back(tune_one(mine[i], store, db_path, max_candidates, args.has("force") || !named.empty(), json,
+                                context, worker, named));
+  }
+  if (worker.journal) std::ofstream(*worker.journal, std::ios::trunc);
+  if (json) print_json(args.has("spec") || results.empty() ? results : results.front());
+  return 0;
+}
+
+}  // namespace flashgen::cli
