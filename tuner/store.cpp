@@ -1,321 +1,38 @@
-// SQLite store of tuning results (see store.hpp): schema and migrations, opening with damage detection,
-// BEGIN IMMEDIATE upserts so several processes can write one file, lookups, and JSON export/import.
+// TuningStore's operations (see store.hpp): opening with damaged files moved aside, BEGIN IMMEDIATE upserts
+// so several processes can write one file, lookups, export and import. Schema: store_schema; JSON: store_json.
 #include "tuner/store.hpp"
 
 #include <pwd.h>
 #include <sqlite3.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
-#include <iterator>
-#include <map>
-#include <limits>
-#include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <system_error>
-#include <thread>
 #include <utility>
-#include <variant>
 
 #include "flashgen/error.hpp"
-
-// Throws Error(kInternal) with file:line, the call and SQLite's own text unless the call returns SQLITE_OK.
-#define FLASHGEN_SQLITE_CHECK(db, call_expr)                                                    \
-  do {                                                                                          \
-    const int flashgen_sqlite_rc_ = (call_expr);                                                \
-    if (flashgen_sqlite_rc_ != SQLITE_OK)                                                       \
-      ::flashgen::throw_sqlite_error((db), flashgen_sqlite_rc_, #call_expr, __FILE__, __LINE__); \
-  } while (0)
+#include "tuner/sqlite.hpp"
+#include "tuner/store_json.hpp"
+#include "tuner/store_schema.hpp"
 
 namespace flashgen {
 namespace {
 
-// Error text of a failed SQLite call; the macro and the few checks that accept other codes use it.
-[[noreturn]] void throw_sqlite_error(sqlite3* db, int rc, const char* call, const char* file, int line) {
-  const std::string message = db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
-  fail(Status::kInternal, std::string(file) + ":" + std::to_string(line) + ": " + call + " failed (" +
-                              std::to_string(rc) + "): " + message);
-}
-
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-// The first line of a statement, for error messages: enough to tell which one failed.
-std::string sql_excerpt(const char* sql) {
-  std::string text = sql != nullptr ? sql : "";
-  const size_t start = text.find_first_not_of(" \n");
-  if (start == std::string::npos) return "";
-  text = text.substr(start);
-  return text.substr(0, std::min(text.find('\n'), size_t{80}));
-}
-
-// Version of the export_json() document, independent of the SQLite schema version.
-constexpr int kExportVersion = 1;
-constexpr const char* kExportFormat = "flashgen-tuning";
-// Writers wait this long for another process's transaction before failing with "database is locked".
-constexpr int kBusyTimeoutMs = 10000;
-
-struct ConnectionCloser {
-  void operator()(sqlite3* db) const { sqlite3_close_v2(db); }
-};
-using Connection = std::unique_ptr<sqlite3, ConnectionCloser>;
-
-// One prepared statement; bind_* take 1-based indices, column readers 0-based ones.
-class Statement {
- public:
-  Statement(sqlite3* db, const std::string& sql) : db_(db) {
-    FLASHGEN_SQLITE_CHECK(db_, sqlite3_prepare_v2(db_, sql.c_str(), -1, &stmt_, nullptr));
-  }
-  ~Statement() { sqlite3_finalize(stmt_); }
-  Statement(const Statement&) = delete;
-  Statement& operator=(const Statement&) = delete;
-
-  Statement& bind_text(int index, const std::string& value) {
-    FLASHGEN_SQLITE_CHECK(db_, sqlite3_bind_text(stmt_, index, value.data(), static_cast<int>(value.size()),
-                                                 SQLITE_TRANSIENT));
-    return *this;
-  }
-  Statement& bind_int(int index, int64_t value) {
-    FLASHGEN_SQLITE_CHECK(db_, sqlite3_bind_int64(stmt_, index, value));
-    return *this;
-  }
-  Statement& bind_real(int index, double value) {
-    FLASHGEN_SQLITE_CHECK(db_, sqlite3_bind_double(stmt_, index, value));
-    return *this;
-  }
-
-  // True when a row is ready, false when the statement is done.
-  bool step() {
-    const int rc = sqlite3_step(stmt_);
-    if (rc == SQLITE_ROW) return true;
-    if (rc == SQLITE_DONE) return false;
-    throw_sqlite_error(db_, rc, ("sqlite3_step(\"" + sql_excerpt(sqlite3_sql(stmt_)) + "\")").c_str(), __FILE__,
-                       __LINE__);
-  }
-  // Steps a statement that returns no rows and resets it so it can be bound and run again.
-  void run() {
-    while (step()) {
-    }
-    sqlite3_reset(stmt_);
-  }
-
-  std::string text(int column) const {
-    const auto* bytes = reinterpret_cast<const char*>(sqlite3_column_text(stmt_, column));
-    return bytes != nullptr ? std::string(bytes, static_cast<size_t>(sqlite3_column_bytes(stmt_, column)))
-                            : std::string();
-  }
-  int64_t integer(int column) const { return sqlite3_column_int64(stmt_, column); }
-  double real(int column) const { return sqlite3_column_double(stmt_, column); }
-
- private:
-  sqlite3* db_;
-  sqlite3_stmt* stmt_ = nullptr;
-};
-
-// Runs SQL without results; the error names the statement.
-void exec(sqlite3* db, const std::string& sql) {
-  const int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr);
-  if (rc != SQLITE_OK)
-    throw_sqlite_error(db, rc, ("sqlite3_exec(\"" + sql_excerpt(sql.c_str()) + "\")").c_str(), __FILE__, __LINE__);
-}
-
-// BEGIN IMMEDIATE takes the write lock up front (waiting up to the busy timeout), so a writer never
-// fails halfway through with SQLITE_BUSY on a lock upgrade. Rolled back unless commit() is reached.
-class Transaction {
- public:
-  explicit Transaction(sqlite3* db) : db_(db) { exec(db_, "BEGIN IMMEDIATE"); }
-  ~Transaction() {
-    if (!committed_) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
-  }
-  Transaction(const Transaction&) = delete;
-  Transaction& operator=(const Transaction&) = delete;
-  void commit() {
-    exec(db_, "COMMIT");
-    committed_ = true;
-  }
-
- private:
-  sqlite3* db_;
-  bool committed_ = false;
-};
+using sqlite::exec;
+using sqlite::Statement;
+using sqlite::Transaction;
 
 int64_t unix_now() { return static_cast<int64_t>(std::time(nullptr)); }
 
-int user_version(sqlite3* db) {
-  Statement statement(db, "PRAGMA user_version");
-  return statement.step() ? static_cast<int>(statement.integer(0)) : 0;
-}
-
-// ---- Schema -------------------------------------------------------------------------------------
-
-// Version 1. Device and problem rows keep every field of their key so rows can be rebuilt; the text ids
-// are the keys the lookups use.
-constexpr const char* kSchemaV1 = R"sql(
-CREATE TABLE devices (
-  id TEXT PRIMARY KEY,
-  gpu_name TEXT NOT NULL,
-  sm INTEGER NOT NULL,
-  sm_count INTEGER NOT NULL,
-  driver_version INTEGER NOT NULL,
-  nvrtc_version TEXT NOT NULL,
-  generator_version TEXT NOT NULL
-);
-CREATE TABLE problems (
-  id TEXT PRIMARY KEY,
-  class_id TEXT NOT NULL,
-  family TEXT NOT NULL,
-  dtype TEXT NOT NULL,
-  head_dim INTEGER NOT NULL,
-  mask TEXT NOT NULL,
-  gqa_ratio INTEGER NOT NULL,
-  seqlen_q_bucket INTEGER NOT NULL,
-  seqlen_k_bucket INTEGER NOT NULL,
-  batch_heads_bucket INTEGER NOT NULL
-);
-CREATE INDEX problems_by_class ON problems (class_id);
-CREATE TABLE candidates (
-  device_id TEXT NOT NULL REFERENCES devices (id),
-  problem_id TEXT NOT NULL REFERENCES problems (id),
-  config_name TEXT NOT NULL,
-  config_json TEXT NOT NULL,
-  status TEXT NOT NULL,
-  median_ms REAL NOT NULL,
-  spread REAL NOT NULL,
-  samples INTEGER NOT NULL,
-  detail TEXT NOT NULL,
-  updated_at INTEGER NOT NULL,
-  PRIMARY KEY (device_id, problem_id, config_name)
-);
-CREATE TABLE winners (
-  device_id TEXT NOT NULL REFERENCES devices (id),
-  problem_id TEXT NOT NULL REFERENCES problems (id),
-  config_name TEXT NOT NULL,
-  config_json TEXT NOT NULL,
-  median_ms REAL NOT NULL,
-  updated_at INTEGER NOT NULL,
-  PRIMARY KEY (device_id, problem_id)
-);
-)sql";
-
-void migrate_0_to_1(sqlite3* db) { exec(db, kSchemaV1); }
-
-// kMigrations[v] upgrades a database at user_version v to v + 1; a new schema version appends a step
-// (e.g. migrate_1_to_2 running ALTER TABLE) and bumps TuningStore::kSchemaVersion.
-using Migration = void (*)(sqlite3*);
-constexpr Migration kMigrations[] = {migrate_0_to_1};
-static_assert(std::size(kMigrations) == TuningStore::kSchemaVersion, "one migration step per schema version");
-
-// Whether the file holds any table (a version-0 file that does is another program's database).
-bool holds_tables(sqlite3* db) {
-  Statement tables(db, "SELECT count(*) FROM sqlite_master");
-  return tables.step() && tables.integer(0) > 0;
-}
-
-// Brings the schema to kSchemaVersion. Runs in one BEGIN IMMEDIATE transaction and re-reads the version
-// inside it, so processes opening a new file at once migrate it exactly once. Returns why the file is
-// not a flashgen database (version 0 but already holding tables), or nullopt.
-std::optional<std::string> migrate(sqlite3* db) {
-  Transaction transaction(db);
-  const int version = user_version(db);
-  if (version >= TuningStore::kSchemaVersion) return std::nullopt;  // another process got here first
-  if (version == 0 && holds_tables(db))
-    return std::string("user_version 0 but the file already holds tables: not a flashgen database");
-  for (int v = version; v < TuningStore::kSchemaVersion; ++v) kMigrations[v](db);
-  exec(db, "PRAGMA user_version = " + std::to_string(TuningStore::kSchemaVersion));
-  transaction.commit();
-  return std::nullopt;
-}
-
-// ---- Opening ------------------------------------------------------------------------------------
-
-bool is_damage_code(int rc) {
-  const int primary = rc & 0xff;
-  return primary == SQLITE_NOTADB || primary == SQLITE_CORRUPT;
-}
-
-// Why the open file is damaged (not a database, or quick_check not "ok"), or nullopt. Other failures
-// (I/O, permissions) throw: they are not the file's fault and moving it aside would not help.
-std::optional<std::string> find_damage(sqlite3* db) {
-  sqlite3_stmt* raw = nullptr;
-  int rc = sqlite3_prepare_v2(db, "PRAGMA quick_check", -1, &raw, nullptr);
-  if (is_damage_code(rc)) {
-    sqlite3_finalize(raw);
-    return std::string(sqlite3_errmsg(db));
-  }
-  if (rc != SQLITE_OK) {
-    sqlite3_finalize(raw);
-    throw_sqlite_error(db, rc, "sqlite3_prepare_v2(PRAGMA quick_check)", __FILE__, __LINE__);
-  }
-  std::unique_ptr<sqlite3_stmt, int (*)(sqlite3_stmt*)> statement(raw, sqlite3_finalize);
-  rc = sqlite3_step(raw);
-  if (is_damage_code(rc)) return std::string(sqlite3_errmsg(db));
-  if (rc != SQLITE_ROW) throw_sqlite_error(db, rc, "sqlite3_step(PRAGMA quick_check)", __FILE__, __LINE__);
-  const auto* first = reinterpret_cast<const char*>(sqlite3_column_text(raw, 0));
-  const std::string result = first != nullptr ? first : "";
-  if (result != "ok") return "quick_check: " + result;
-  return std::nullopt;
-}
-
-[[noreturn]] void throw_newer_version(const fs::path& path, int version) {
-  fail(Status::kUnsupported, "tuning database " + path.string() + " has schema version " +
-                                 std::to_string(version) + ", newer than this flashgen's " +
-                                 std::to_string(TuningStore::kSchemaVersion) +
-                                 ": it was written by a newer flashgen; upgrade, or point FLASHGEN_TUNING_DB "
-                                 "at another file");
-}
-
-Connection open_connection(const fs::path& path, int flags) {
-  sqlite3* raw = nullptr;
-  const int rc = sqlite3_open_v2(path.c_str(), &raw, flags, nullptr);
-  Connection db(raw);
-  if ((rc & 0xff) == SQLITE_CANTOPEN)  // the path's fault (no such folder, no permission), not flashgen's
-    fail(Status::kInvalidArgument, "cannot open tuning database " + path.string() + ": " +
-                                       (raw != nullptr ? sqlite3_errmsg(raw) : sqlite3_errstr(rc)));
-  if (rc != SQLITE_OK)
-    throw_sqlite_error(raw, rc, ("sqlite3_open_v2(\"" + path.string() + "\")").c_str(), __FILE__, __LINE__);
-  FLASHGEN_SQLITE_CHECK(raw, sqlite3_busy_timeout(raw, kBusyTimeoutMs));
-  FLASHGEN_SQLITE_CHECK(raw, sqlite3_extended_result_codes(raw, 1));
-  return db;
-}
-
-// WAL lets readers run beside one writer. The mode is stored in the file, so only the first open of a
-// new file switches it; a file system without WAL support keeps its old mode, which is still correct.
-// The switch needs an exclusive lock and SQLite returns SQLITE_BUSY for it without calling the busy
-// handler (processes creating one file at once hit this), so it is retried here up to the busy timeout.
-void enable_wal(sqlite3* db) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kBusyTimeoutMs);
-  for (;;) {
-    {
-      Statement mode(db, "PRAGMA journal_mode");
-      if (mode.step() && mode.text(0) == "wal") return;
-    }
-    const int rc = sqlite3_exec(db, "PRAGMA journal_mode = WAL", nullptr, nullptr, nullptr);
-    if (rc == SQLITE_OK) return;
-    if ((rc & 0xff) != SQLITE_BUSY || std::chrono::steady_clock::now() > deadline)
-      throw_sqlite_error(db, rc, "sqlite3_exec(\"PRAGMA journal_mode = WAL\")", __FILE__, __LINE__);
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-}
-
-// Checks and prepares a read-write connection: damage, schema version, WAL, foreign keys, migration.
-// Returns why the file is damaged, or nullopt when the connection is ready.
-std::optional<std::string> prepare_read_write(sqlite3* db, const fs::path& path) {
-  if (auto damage = find_damage(db)) return damage;
-  const int version = user_version(db);
-  if (version > TuningStore::kSchemaVersion) throw_newer_version(path, version);
-  enable_wal(db);
-  exec(db, "PRAGMA foreign_keys = ON");
-  if (version < TuningStore::kSchemaVersion) return migrate(db);
-  return std::nullopt;
-}
+sqlite3* connection(void* db) { return static_cast<sqlite3*>(db); }
 
 // Renames a damaged database (and its -wal / -shm / -journal files) to "<path>.damaged-<unix time>".
 fs::path move_aside(const fs::path& path) {
@@ -335,26 +52,6 @@ fs::path move_aside(const fs::path& path) {
 }
 
 // ---- Rows ---------------------------------------------------------------------------------------
-
-const char* mask_text(MaskKind mask) { return mask == MaskKind::kCausal ? "causal" : "none"; }
-
-DType parse_dtype(const std::string& text) {
-  if (text == dtype_name(DType::kFloat16)) return DType::kFloat16;
-  if (text == dtype_name(DType::kBFloat16)) return DType::kBFloat16;
-  fail(Status::kInvalidArgument, "tuning data: unknown dtype '" + text + "'");
-}
-
-MaskKind parse_mask(const std::string& text) {
-  if (text == "none") return MaskKind::kNone;
-  if (text == "causal") return MaskKind::kCausal;
-  fail(Status::kInvalidArgument, "tuning data: unknown mask '" + text + "'");
-}
-
-TunedConfig parse_config(const std::string& text) {
-  const json parsed = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (parsed.is_discarded()) fail(Status::kInvalidArgument, "tuning data: config_json is not JSON: " + text);
-  return parsed.get<TunedConfig>();
-}
 
 void upsert_device(sqlite3* db, const std::string& id, const DeviceFingerprint& d) {
   Statement statement(db, R"sql(
@@ -399,6 +96,21 @@ constexpr const char* kUpsertCandidate = R"sql(
     status = excluded.status, median_ms = excluded.median_ms, spread = excluded.spread,
     samples = excluded.samples, detail = excluded.detail, updated_at = excluded.updated_at)sql";
 
+// record() replaces the pair's winner; import_json adds a WHERE that keeps a faster one.
+constexpr const char* kUpsertWinner = R"sql(
+  INSERT INTO winners (device_id, problem_id, config_name, config_json, median_ms, updated_at)
+  VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+  ON CONFLICT (device_id, problem_id) DO UPDATE SET config_name = excluded.config_name,
+    config_json = excluded.config_json, median_ms = excluded.median_ms, updated_at = excluded.updated_at)sql";
+
+void upsert_winner(Statement& statement, const std::string& device_id, const std::string& problem_id,
+                   const TunedConfig& config, double median_ms, int64_t updated_at) {
+  statement.bind_text(1, device_id).bind_text(2, problem_id).bind_text(3, config_name(config));
+  statement.bind_text(4, json(config).dump()).bind_real(5, median_ms).bind_int(6, updated_at);
+  statement.run();
+}
+
+
 // Column lists and readers shared by the winner queries: w = winners, d = devices, p = problems.
 constexpr const char* kWinnerColumns = R"sql(
   SELECT d.gpu_name, d.sm, d.sm_count, d.driver_version, d.nvrtc_version, d.generator_version,
@@ -440,221 +152,16 @@ StoredChoice read_winner(const Statement& s, const fs::path& source) {
   return choice;
 }
 
-// ---- JSON ---------------------------------------------------------------------------------------
-
-json device_json(const std::string& id, const DeviceFingerprint& d) {
-  return {{"id", id},
-          {"gpu_name", d.gpu_name},
-          {"sm", d.sm},
-          {"sm_count", d.sm_count},
-          {"driver_version", d.driver_version},
-          {"nvrtc_version", d.nvrtc_version},
-          {"generator_version", d.generator_version}};
-}
-
-json problem_json(const std::string& id, const ProblemKey& p) {
-  return {{"id", id},
-          {"class_id", p.class_id()},
-          {"family", p.family},
-          {"dtype", dtype_name(p.dtype)},
-          {"head_dim", p.head_dim},
-          {"mask", mask_text(p.mask)},
-          {"gqa_ratio", p.gqa_ratio},
-          {"seqlen_q_bucket", p.seqlen_q_bucket},
-          {"seqlen_k_bucket", p.seqlen_k_bucket},
-          {"batch_heads_bucket", p.batch_heads_bucket}};
-}
-
-// An integer field within [lo, hi] (a plain get<int>() would wrap larger numbers silently).
-int int_field(const json& j, const char* key, int64_t lo, int64_t hi) {
-  const json& value = j.at(key);
-  FLASHGEN_REQUIRE(value.is_number_integer(), std::string(key) + " must be an integer, got " + value.dump());
-  const int64_t v = value.get<int64_t>();
-  FLASHGEN_REQUIRE(v >= lo && v <= hi, std::string(key) + " must be from " + std::to_string(lo) + " to " +
-                                           std::to_string(hi) + ", got " + value.dump());
-  return static_cast<int>(v);
-}
-
-// A finite number of at least lo (spreads, failed candidates' times).
-double real_field(const json& j, const char* key, double lo) {
-  const double v = j.at(key).get<double>();
-  FLASHGEN_REQUIRE(std::isfinite(v) && v >= lo, std::string(key) + " must be a finite number of at least " +
-                                                   std::to_string(lo) + ", got " + j.at(key).dump());
-  return v;
-}
-
-DeviceFingerprint device_from_json(const json& j) {
-  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
-  DeviceFingerprint d;
-  d.gpu_name = j.at("gpu_name").get<std::string>();
-  d.sm = int_field(j, "sm", 10, 999);
-  d.sm_count = int_field(j, "sm_count", 0, kIntMax);
-  d.driver_version = int_field(j, "driver_version", 0, kIntMax);
-  d.nvrtc_version = j.at("nvrtc_version").get<std::string>();
-  d.generator_version = j.at("generator_version").get<std::string>();
-  return d;
-}
-
-// A problem row as the store's keys require it: a known pass, a power-of-two bucket per size (as
-// size_bucket writes them), a group ratio of at least 1. Throws Error(kInvalidArgument) naming the field.
-ProblemKey problem_from_json(const json& j) {
-  ProblemKey p;
-  p.family = j.at("family").get<std::string>();
-  p.dtype = parse_dtype(j.at("dtype").get<std::string>());
-  p.head_dim = int_field(j, "head_dim", 8, 256);
-  FLASHGEN_REQUIRE(p.head_dim % 8 == 0, "problem head_dim must be a multiple of 8, got " + std::to_string(p.head_dim));
-  p.mask = parse_mask(j.at("mask").get<std::string>());
-  p.gqa_ratio = int_field(j, "gqa_ratio", 1, std::numeric_limits<int>::max());
-  p.seqlen_q_bucket = j.at("seqlen_q_bucket").get<int64_t>();
-  p.seqlen_k_bucket = j.at("seqlen_k_bucket").get<int64_t>();
-  p.batch_heads_bucket = j.at("batch_heads_bucket").get<int64_t>();
-  FLASHGEN_REQUIRE(p.family == "fwd" || p.family == "bwd" || p.family == "bwd_det",
-                   "problem family must be fwd, bwd or bwd_det, got '" + p.family + "'");
-  for (const auto& [name, bucket] : {std::pair{"seqlen_q_bucket", p.seqlen_q_bucket},
-                                     std::pair{"seqlen_k_bucket", p.seqlen_k_bucket},
-                                     std::pair{"batch_heads_bucket", p.batch_heads_bucket}}) {
-    FLASHGEN_REQUIRE(bucket >= 1 && size_bucket(bucket) == bucket,
-                     std::string("problem ") + name + " must be a power of two, got " + std::to_string(bucket));
-  }
-  return p;
-}
-
-// A timing read from a file: positive and finite, or a winner could never be replaced.
-double median_from_json(const json& row) {
-  const double median = row.at("median_ms").get<double>();
-  FLASHGEN_REQUIRE(std::isfinite(median) && median > 0, "median_ms must be positive, got " + row.at("median_ms").dump());
-  return median;
-}
-
-// A winner's config must be a kernel the generator can build: valid on sm_90, whose limits are the widest
-// of the GPUs either family runs on (the run-time choice checks the GPU's own).
-void require_buildable(const TunedConfig& tuned) {
-  const std::optional<std::string> why = std::visit([](const auto& c) { return c.invalid_reason(90); }, tuned);
-  FLASHGEN_REQUIRE(!why, "config " + config_name(tuned) + " is not a valid config: " + why.value_or(""));
-}
-
-// A winner's config must be of the problem's pass, dtype, head_dim and mask: the run-time choice would
-// pass it over on every call otherwise.
-void require_config_matches(const TunedConfig& tuned, const ProblemKey& problem) {
-  FLASHGEN_REQUIRE(of_problem(tuned, problem), "config " + config_name(tuned) + " is not one of problem " + problem.id());
-}
-
-// Rows of an import, parsed and checked before anything is written.
-struct ImportedCandidate {
-  std::string device_id;
-  std::string problem_id;
-  CandidateResult result;
-  int64_t updated_at;
-};
-struct ImportedWinner {
-  std::string device_id;
-  std::string problem_id;
-  TunedConfig config;
-  double median_ms;
-  int64_t updated_at;
-};
-struct ImportedRows {
-  std::map<std::string, DeviceFingerprint> devices;  // by this flashgen's id()
-  std::map<std::string, ProblemKey> problems;        // by this flashgen's id()
-  std::vector<ImportedCandidate> candidates;
-  std::vector<ImportedWinner> winners;
-};
-
-const json& array_of(const json& data, const char* key) {
-  static const json kEmpty = json::array();
-  if (!data.contains(key)) return kEmpty;
-  FLASHGEN_REQUIRE(data[key].is_array(), std::string("tuning import: '") + key + "' must be an array");
-  return data[key];
-}
-
-// Parses every row. Ids are recomputed from the fields, so rows written under another id spelling land
-// on the keys this flashgen looks up; candidates and winners must name a device and problem of the file.
-ImportedRows parse_import(const json& data) {
-  FLASHGEN_REQUIRE(data.is_object(), "tuning import: the document must be a JSON object");
-  auto field_text = [&](const char* key) { return data.contains(key) ? data[key].dump() : std::string("nothing"); };
-  FLASHGEN_REQUIRE(data.contains("format") && data["format"] == kExportFormat,
-                   std::string("tuning import: not a flashgen tuning export (\"format\" must be \"") +
-                       kExportFormat + "\", got " + field_text("format") + ")");
-  FLASHGEN_REQUIRE(data.contains("version") && data["version"] == kExportVersion,
-                   "tuning import: export version " + field_text("version") +
-                       " is not supported; this flashgen reads version " + std::to_string(kExportVersion));
-  ImportedRows rows;
-  std::map<std::string, std::string> device_ids, problem_ids;  // id in the file -> id() here
-  std::set<std::pair<std::string, std::string>> winner_pairs;  // (device, problem) of the winners so far
-  const char* section = "devices";
-  size_t index = 0;
-  auto resolve = [&](const std::map<std::string, std::string>& ids, const json& row, const char* key) {
-    const std::string id = row.at(key).get<std::string>();
-    const auto found = ids.find(id);
-    FLASHGEN_REQUIRE(found != ids.end(), std::string("tuning import: ") + section + "[" + std::to_string(index) +
-                                             "] names " + key + " '" + id + "' that the file does not define");
-    return found->second;
-  };
-  try {
-    for (index = 0; index < array_of(data, "devices").size(); ++index) {
-      const json& row = data["devices"][index];
-      const DeviceFingerprint device = device_from_json(row);
-      device_ids[row.at("id").get<std::string>()] = device.id();
-      rows.devices[device.id()] = device;
-    }
-    section = "problems";
-    for (index = 0; index < array_of(data, "problems").size(); ++index) {
-      const json& row = data["problems"][index];
-      const ProblemKey problem = problem_from_json(row);
-      problem_ids[row.at("id").get<std::string>()] = problem.id();
-      rows.problems[problem.id()] = problem;
-    }
-    const int64_t now = unix_now();
-    section = "candidates";
-    for (index = 0; index < array_of(data, "candidates").size(); ++index) {
-      const json& row = data["candidates"][index];
-      ImportedCandidate c;
-      c.device_id = resolve(device_ids, row, "device_id");
-      c.problem_id = resolve(problem_ids, row, "problem_id");
-      c.result.config = row.at("config").get<TunedConfig>();
-      require_config_matches(c.result.config, rows.problems.at(c.problem_id));
-      c.result.status = row.at("status").get<std::string>();
-      c.result.median_ms = c.result.status == "ok" ? median_from_json(row) : real_field(row, "median_ms", 0);
-      c.result.spread = real_field(row, "spread", 0);
-      c.result.samples = int_field(row, "samples", 0, std::numeric_limits<int>::max());
-      c.result.detail = row.at("detail").get<std::string>();
-      c.updated_at = row.value("updated_at", now);
-      rows.candidates.push_back(std::move(c));
-    }
-    section = "winners";
-    for (index = 0; index < array_of(data, "winners").size(); ++index) {
-      const json& row = data["winners"][index];
-      ImportedWinner w;
-      w.device_id = resolve(device_ids, row, "device_id");
-      w.problem_id = resolve(problem_ids, row, "problem_id");
-      w.config = row.at("config").get<TunedConfig>();
-      require_config_matches(w.config, rows.problems.at(w.problem_id));
-      require_buildable(w.config);
-      FLASHGEN_REQUIRE(winner_pairs.insert({w.device_id, w.problem_id}).second,
-                       "a second winner of problem " + w.problem_id + " on device " + w.device_id);
-      w.median_ms = median_from_json(row);
-      w.updated_at = row.value("updated_at", now);
-      rows.winners.push_back(std::move(w));
-    }
-  } catch (const json::exception& e) {
-    fail(Status::kInvalidArgument,
-         std::string("tuning import: ") + section + "[" + std::to_string(index) + "]: " + e.what());
-  } catch (const Error& e) {
-    fail(Status::kInvalidArgument,
-         std::string("tuning import: ") + section + "[" + std::to_string(index) + "]: " + e.what());
-  }
-  return rows;
-}
-
-sqlite3* connection(void* db) { return static_cast<sqlite3*>(db); }
-
-// Why an open file cannot be used as a flashgen database as it is: damaged, or another program's
-// database (version 0 but holding tables); nullopt otherwise.
-std::optional<std::string> unusable_reason(sqlite3* db) {
-  if (auto damage = find_damage(db)) return "damaged (" + *damage + ")";
-  if (user_version(db) == 0 && holds_tables(db))
-    return std::string("not a flashgen database (user_version 0 but it holds tables)");
-  return std::nullopt;
+// The columns config_json, status, median_ms, spread, samples, detail from first on.
+CandidateResult read_candidate(const Statement& s, int first) {
+  CandidateResult c;
+  c.config = parse_config(s.text(first));
+  c.status = s.text(first + 1);
+  c.median_ms = s.real(first + 2);
+  c.spread = s.real(first + 3);
+  c.samples = static_cast<int>(s.integer(first + 4));
+  c.detail = s.text(first + 5);
+  return c;
 }
 
 }  // namespace
@@ -668,14 +175,14 @@ TuningStore::TuningStore(std::filesystem::path path, bool read_only)
     // missing, unreadable or damaged file reads as an empty store. Only a newer schema throws.
     if (!fs::exists(path_)) return;
     try {
-      Connection db = open_connection(path_, SQLITE_OPEN_READONLY);
+      sqlite::Connection db = open_tuning_database(path_, SQLITE_OPEN_READONLY);
       if (auto why = unusable_reason(db.get())) {
         unreadable_ = *why;
         std::fprintf(stderr, "flashgen: warning: tuning database %s is %s; reading it as empty\n", path_.c_str(),
                      why->c_str());
         return;
       }
-      const int version = user_version(db.get());
+      const int version = sqlite::user_version(db.get());
       if (version > kSchemaVersion) throw_newer_version(path_, version);
       if (version == 0) return;  // empty: a new file
       if (version < kSchemaVersion) {
@@ -705,13 +212,13 @@ TuningStore::TuningStore(std::filesystem::path path, bool read_only)
                                          error.message());
   }
   constexpr int kFlags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
-  Connection db = open_connection(path_, kFlags);
+  sqlite::Connection db = open_tuning_database(path_, kFlags);
   if (auto damage = prepare_read_write(db.get(), path_)) {
     db.reset();
     const fs::path moved = move_aside(path_);
     std::fprintf(stderr, "flashgen: warning: tuning database %s is damaged (%s); moved it to %s and started a "
                  "new one\n", path_.c_str(), damage->c_str(), moved.c_str());
-    db = open_connection(path_, kFlags);
+    db = open_tuning_database(path_, kFlags);
     if (auto again = prepare_read_write(db.get(), path_))
       fail(Status::kInternal, "new tuning database " + path_.string() + " is unusable: " + *again);
   }
@@ -720,7 +227,7 @@ TuningStore::TuningStore(std::filesystem::path path, bool read_only)
 
 std::optional<std::string> TuningStore::why_unusable(const std::filesystem::path& path) {
   if (!fs::exists(path)) return std::nullopt;
-  return unusable_reason(open_connection(path, SQLITE_OPEN_READONLY).get());
+  return unusable_reason(open_tuning_database(path, SQLITE_OPEN_READONLY).get());
 }
 
 TuningStore::~TuningStore() {
@@ -765,14 +272,8 @@ void TuningStore::record(const DeviceFingerprint& device, const ProblemKey& prob
   stale.run();
   Statement candidate(db, kUpsertCandidate);
   for (const CandidateResult& c : candidates) upsert_candidate(candidate, device_id, problem_id, c, now);
-  Statement statement(db, R"sql(
-    INSERT INTO winners (device_id, problem_id, config_name, config_json, median_ms, updated_at)
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-    ON CONFLICT (device_id, problem_id) DO UPDATE SET config_name = excluded.config_name,
-      config_json = excluded.config_json, median_ms = excluded.median_ms, updated_at = excluded.updated_at)sql");
-  statement.bind_text(1, device_id).bind_text(2, problem_id).bind_text(3, config_name(winner));
-  statement.bind_text(4, json(winner).dump()).bind_real(5, winner_ms).bind_int(6, now);
-  statement.run();
+  Statement statement(db, kUpsertWinner);
+  upsert_winner(statement, device_id, problem_id, winner, winner_ms, now);
   transaction.commit();
 }
 
@@ -831,16 +332,7 @@ std::vector<CandidateResult> TuningStore::candidates(const DeviceFingerprint& de
     WHERE device_id = ?1 AND problem_id = ?2
     ORDER BY status != 'ok', median_ms, config_name)sql");
   statement.bind_text(1, device.id()).bind_text(2, problem.id());
-  while (statement.step()) {
-    CandidateResult c;
-    c.config = parse_config(statement.text(0));
-    c.status = statement.text(1);
-    c.median_ms = statement.real(2);
-    c.spread = statement.real(3);
-    c.samples = static_cast<int>(statement.integer(4));
-    c.detail = statement.text(5);
-    result.push_back(std::move(c));
-  }
+  while (statement.step()) result.push_back(read_candidate(statement, 0));
   return result;
 }
 
@@ -868,12 +360,7 @@ int TuningStore::prune(const std::string& device_id, const std::string& problem_
 }
 
 nlohmann::json TuningStore::export_json() const {
-  json out = {{"format", kExportFormat},
-              {"version", kExportVersion},
-              {"devices", json::array()},
-              {"problems", json::array()},
-              {"candidates", json::array()},
-              {"winners", json::array()}};
+  json out = empty_export();
   if (db_ == nullptr) return out;
   sqlite3* db = connection(db_);
   {
@@ -890,27 +377,15 @@ nlohmann::json TuningStore::export_json() const {
     Statement s(db, "SELECT device_id, problem_id, config_name, config_json, status, median_ms, spread, samples, "
                     "detail, updated_at FROM candidates ORDER BY device_id, problem_id, config_name");
     while (s.step())
-      out["candidates"].push_back({{"device_id", s.text(0)},
-                                   {"problem_id", s.text(1)},
-                                   {"config_name", s.text(2)},
-                                   {"config", parse_config(s.text(3))},
-                                   {"status", s.text(4)},
-                                   {"median_ms", s.real(5)},
-                                   {"spread", s.real(6)},
-                                   {"samples", s.integer(7)},
-                                   {"detail", s.text(8)},
-                                   {"updated_at", s.integer(9)}});
+      out["candidates"].push_back(
+          candidate_json(s.text(0), s.text(1), s.text(2), read_candidate(s, 3), s.integer(9)));
   }
   {
     Statement s(db, "SELECT device_id, problem_id, config_name, config_json, median_ms, updated_at "
                     "FROM winners ORDER BY device_id, problem_id");
     while (s.step())
-      out["winners"].push_back({{"device_id", s.text(0)},
-                                {"problem_id", s.text(1)},
-                                {"config_name", s.text(2)},
-                                {"config", parse_config(s.text(3))},
-                                {"median_ms", s.real(4)},
-                                {"updated_at", s.integer(5)}});
+      out["winners"].push_back(
+          winner_json(s.text(0), s.text(1), s.text(2), parse_config(s.text(3)), s.real(4), s.integer(5)));
   }
   return out;
 }
@@ -927,36 +402,14 @@ int TuningStore::import_json(const nlohmann::json& data) {
     upsert_candidate(candidate, c.device_id, c.problem_id, c.result, c.updated_at);
   // An existing winner is replaced only by a strictly faster one; sqlite3_changes() is 0 when the
   // WHERE of the upsert kept the old row, so the count is exactly the winners added or replaced.
-  Statement winner(db, R"sql(
-    INSERT INTO winners (device_id, problem_id, config_name, config_json, median_ms, updated_at)
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-    ON CONFLICT (device_id, problem_id) DO UPDATE SET config_name = excluded.config_name,
-      config_json = excluded.config_json, median_ms = excluded.median_ms, updated_at = excluded.updated_at
-    WHERE excluded.median_ms < winners.median_ms)sql");
+  Statement winner(db, std::string(kUpsertWinner) + "\n  WHERE excluded.median_ms < winners.median_ms");
   int changed = 0;
   for (const ImportedWinner& w : rows.winners) {
-    winner.bind_text(1, w.device_id).bind_text(2, w.problem_id).bind_text(3, config_name(w.config));
-    winner.bind_text(4, json(w.config).dump()).bind_real(5, w.median_ms).bind_int(6, w.updated_at);
-    winner.run();
+    upsert_winner(winner, w.device_id, w.problem_id, w.config, w.median_ms, w.updated_at);
     changed += sqlite3_changes(db);
   }
   transaction.commit();
   return changed;
-}
-
-std::vector<StoredChoice> winners_from_export(const nlohmann::json& data, const std::string& source) {
-  const ImportedRows rows = parse_import(data);
-  std::vector<StoredChoice> winners;
-  for (const ImportedWinner& w : rows.winners) {
-    StoredChoice choice;
-    choice.device = rows.devices.at(w.device_id);
-    choice.problem = rows.problems.at(w.problem_id);
-    choice.config = w.config;
-    choice.median_ms = w.median_ms;
-    choice.source = source;
-    winners.push_back(std::move(choice));
-  }
-  return winners;
 }
 
 }  // namespace flashgen
