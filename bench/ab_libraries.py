@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Kernel time of two builds of libflashgen side by side: both libraries loaded into one process through their
+C ABIs, called on the same random tensors of the standard grid (batch * seqlen = 16384, heads * head_dim = 2048),
+forward and backward, and timed interleaved (A, B, A, B, ...) with CUDA events after an L2 flush. A third column
+times A against itself, the run-to-run noise the A/B difference is read against. Writes a CSV.
+
+    python3 bench/ab_libraries.py --a old/libflashgen.so --b new/libflashgen.so [--quick] [--out FILE]
+"""
+
+import argparse
+import ctypes
+import datetime
+import statistics
+import sys
+
+import torch
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("shape", ctypes.c_int64 * 4),
+                ("stride", ctypes.c_int64 * 4)]
+
+
+class Options(ctypes.Structure):
+    _fields_ = [("softmax_scale", ctypes.c_float), ("mask", ctypes.c_int), ("deterministic", ctypes.c_int)]
+
+
+def view(t, code):
+    return Tensor(t.data_ptr(), code, tuple(t.shape), tuple(t.stride()))
+
+
+class Library:
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
+        self.lib.flashgen_last_error.restype = ctypes.c_char_p
+        self.path = path
+
+    def check(self, status, what):
+        if status != 0:
+            raise RuntimeError(f"{self.path}: {what}: {self.lib.flashgen_last_error().decode()}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--a", required=True, help="libflashgen.so of the build before")
+    parser.add_argument("--b", required=True, help="libflashgen.so of the build after")
+    parser.add_argument("--quick", action="store_true", help="seqlen 1k and 4k only")
+    parser.add_argument("--samples", type=int, default=30)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    a, b = Library(args.a), Library(args.b)
+    seqlens = [1024, 4096] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    rows = []
+    torch.manual_seed(0)
+    for dtype, code in ((torch.float16, 0), (torch.bfloat16, 1)):
+        for head_dim in (64, 128, 256):
+            for causal in (False, True):
+                for seqlen in seqlens:
+                    batch, heads = 16384 // seqlen, 2048 // head_dim
+                    q, k, v, dout = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=dtype)
+                                     for _ in range(4))
+                    out = torch.empty_like(q)
+                    lse = torch.empty(batch, heads, seqlen, device="cuda", dtype=torch.float32)
+                    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+                    views = [view(t, code) for t in (q, k, v, out)]
+                    grads = [view(t, code) for t in (dout, dq, dk, dv)]
+                    opts = Options(0.0, 1 if causal else 0, 0)
+
+                    def forward(lib):
+                        lib.check(lib.lib.flashgen_attention_forward(
+                            *(ctypes.byref(x) for x in views), ctypes.c_void_p(lse.data_ptr()), ctypes.byref(opts),
+                            stream), "forward")
+
+                    def backward(lib):
+                        refs = [ctypes.byref(x) for x in views] + [ctypes.byref(grads[0])]
+                        lib.check(lib.lib.flashgen_attention_backward(
+                            *refs, ctypes.c_void_p(lse.data_ptr()), *(ctypes.byref(x) for x in grads[1:]),
+                            ctypes.byref(opts), stream), "backward")
+
+                    for name, call in (("forward", forward), ("backward", backward)):
+                        for lib in (a, b):
+                            forward(lib)
+                            call(lib)  # compile or load, choose
+                        torch.cuda.synchronize()
+                        times = {"a": [], "b": [], "a2": []}
+                        for _ in range(args.samples):
+                            for key, lib in (("a", a), ("b", b), ("a2", a)):
+                                flush.zero_()
+                                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                                start.record()
+                                call(lib)
+                                end.record()
+                                end.synchronize()
+                                times[key].append(start.elapsed_time(end))
+                        med = {key: statistics.median(values) for key, values in times.items()}
+                        rows.append((name, str(dtype).split(".")[-1], head_dim, causal, seqlen, med["a"], med["b"],
+                                     med["a2"], med["b"] / med["a"], med["a2"] / med["a"]))
+                        print(f"{name:8s} {rows[-1][1]:8s} d{head_dim:<3d} {'causal' if causal else 'none':6s} "
+                              f"{seqlen:5d}: a {med['a']:.3f} ms  b {med['b']:.3f} ms  b/a {rows[-1][8]:.3f}  "
+                              f"a2/a {rows[-1][9]:.3f}", flush=True)
+    device = torch.cuda.get_device_name()
+    date = datetime.date.today().isoformat()
+    header = "device,date,torch,pass,dtype,head_dim,causal,seqlen,a_ms,b_ms,a_again_ms,b_over_a,a_again_over_a"
+    lines = [header] + [f"{device},{date},{torch.__version__},{r[0]},{r[1]},{r[2]},{int(r[3])},{r[4]},{r[5]:.4f},"
+                        f"{r[6]:.4f},{r[7]:.4f},{r[8]:.4f},{r[9]:.4f}" for r in rows]
+    if args.out:
+        open(args.out, "w").write("\n".join(lines) + "\n")
+    ratios = [r[8] for r in rows]
+    noise = [r[9] for r in rows]
+    print(f"b/a: median {statistics.median(ratios):.4f}, range {min(ratios):.4f}-{max(ratios):.4f}; "
+          f"a/a (noise): median {statistics.median(noise):.4f}, range {min(noise):.4f}-{max(noise):.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
