@@ -3,10 +3,11 @@ scaled_dot_product_attention, with autograd, grouped-query heads and both causal
 kernels a call runs and why; `tune` sweeps the forward's configs for a problem. Two defaults differ from SDPA's:
 the layout is [batch, seqlen, heads, head_dim] (pass layout="bhsd" for SDPA's [batch, heads, seqlen, head_dim]),
 and causal=True aligns the mask bottom-right (pass causal_align="top_left" for SDPA's is_causal when seqlen_q !=
-seqlen_k). Both passes are torch.library custom ops
-(flashgen::attention_forward, flashgen::attention_backward) with fake implementations, so torch.compile keeps
-them in its graphs, and once their kernels are loaded a call neither allocates outside torch's caching
-allocator nor synchronizes, so it can be captured in a CUDA graph.
+seqlen_k). Both passes are torch.library custom ops (flashgen::attention_forward, flashgen::attention_backward)
+with fake implementations, so torch.compile keeps them in its graphs; eager calls on CUDA tensors do the ops'
+work without the dispatcher's round trip (an autograd.Function: tens of microseconds less per call). Once their
+kernels are loaded a call neither allocates outside torch's caching allocator nor synchronizes, so it can be
+captured in a CUDA graph.
 
     import torch, flashgen.torch
     q, k, v = (torch.randn(2, 1024, 8, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -183,10 +184,8 @@ def _check_lse(lse, q, layout):
 # "bshd" or "bhsd". Outputs are new contiguous tensors in the inputs' layout; lse is fp32 [batch, heads_q,
 # seqlen_q] in either layout.
 
-@torch.library.custom_op("flashgen::attention_forward", mutates_args=())
-def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: str, layout: str,
-                       deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse). deterministic is not used by the forward; autograd hands it to the backward."""
+def _forward(q, k, v, scale, mask, layout):
+    """(out, lse): the forward op's implementation, also called directly by eager calls (_EagerAttention)."""
     _check_inputs(q, k, v, layout)
     _check_mask(mask)
     with torch.cuda.device(q.device):
@@ -196,18 +195,23 @@ def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale:
     return call.out, call.lse
 
 
+@torch.library.custom_op("flashgen::attention_forward", mutates_args=())
+def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: str, layout: str,
+                       deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse). deterministic is not used by the forward; autograd hands it to the backward."""
+    return _forward(q, k, v, scale, mask, layout)
+
+
 @_attention_forward.register_fake
 def _attention_forward_fake(q, k, v, scale, mask, layout, deterministic):
     _check_inputs(q, k, v, layout)
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q, layout), dtype=torch.float32)
 
 
-@torch.library.custom_op("flashgen::attention_backward", mutates_args=())
-def _attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                        lse: torch.Tensor, scale: float, mask: str, layout: str,
-                        deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) given dout and the forward's q, k, v, out and lse. The kernels' workspace is a torch
-    allocation, so nothing is allocated behind the caching allocator (or a CUDA graph's pool)."""
+def _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministic):
+    """(dq, dk, dv): the backward op's implementation, also called directly by eager calls (_EagerAttention). The
+    kernels' workspace is a torch allocation, so nothing is allocated behind the caching allocator (or a CUDA
+    graph's pool)."""
     _check_inputs(q, k, v, layout)
     _check_mask(mask)
     _check_lse(lse, q, layout)
@@ -223,6 +227,14 @@ def _attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
             *call.arguments(), ctypes.c_void_p(workspace.data_ptr()), workspace_bytes.value, stream),
             "flashgen_attention_backward_with_workspace")
     return call.dq, call.dk, call.dv
+
+
+@torch.library.custom_op("flashgen::attention_backward", mutates_args=())
+def _attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                        lse: torch.Tensor, scale: float, mask: str, layout: str,
+                        deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) given dout and the forward's q, k, v, out and lse."""
+    return _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministic)
 
 
 @_attention_backward.register_fake
@@ -251,6 +263,46 @@ def _backward(ctx, dout, dlse):
 
 
 _attention_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """The custom ops' work for eager calls on plain CUDA tensors, without the dispatcher: a custom op's eager
+    call costs about 80 µs of Python in torch.library per call, and a process's first one several seconds of
+    torch imports (torch._dynamo, sympy, torch.distributed). Same kernels, same arguments, same autograd
+    (the ops' _setup_context and _backward); under torch.compile, fake tensors and dispatch modes the ops
+    run instead (_eager_call)."""
+
+    @staticmethod
+    def forward(q, k, v, scale, mask, layout, deterministic):
+        return _forward(q, k, v, scale, mask, layout)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _setup_context(ctx, inputs, output)
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        if dout is None:  # out took no part in the loss
+            return None, None, None, None, None, None, None
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _backward_kernels(dout, q, k, v, out, lse, ctx.scale, ctx.mask, ctx.layout, ctx.deterministic)
+        return dq, dk, dv, None, None, None, None
+
+
+def _eager_call(*tensors):
+    """Whether a call may skip the dispatcher (_EagerAttention): plain CUDA tensors, outside torch.compile's
+    tracing and any dispatch mode."""
+    if torch.compiler.is_compiling() or _current_dispatch_mode() is not None:
+        return False
+    return all(type(t) is torch.Tensor and t.is_cuda for t in tensors)
+
+
+def _current_dispatch_mode():
+    try:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+    except ImportError:  # without the helper, every call goes through the ops
+        return True
+    return _get_current_dispatch_mode()
 
 
 class _Empty(torch.autograd.Function):
@@ -322,7 +374,8 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     if q.numel() == 0 or k.numel() == 0:
         out, lse = _Empty.apply(q, k, v, _lse_shape(q, layout))
     else:
-        out, lse = torch.ops.flashgen.attention_forward(q, k, v, scale, mask, layout, _deterministic(deterministic))
+        args = (q, k, v, scale, mask, layout, _deterministic(deterministic))
+        out, lse = _EagerAttention.apply(*args) if _eager_call(q, k, v) else torch.ops.flashgen.attention_forward(*args)
     return (out, lse) if return_lse else out
 
 

@@ -1,4 +1,5 @@
-"""flashgen.torch inside PyTorch's machinery, on the GPU: the custom ops pass torch.library.opcheck; torch.compile
+"""flashgen.torch inside PyTorch's machinery, on the GPU: the custom ops pass torch.library.opcheck; eager calls skip
+the dispatcher and match the ops bitwise; torch.compile
 keeps attention in one graph (forward and backward, static then dynamic shapes) with eager's results; forward and
 backward captured in a CUDA graph replay on new inputs with eager's results; calls run on the caller's current
 stream; explain names the configs and writes their sources; tune sweeps and the process then runs the winner;
@@ -45,6 +46,22 @@ def test_opcheck():
     dout = _randn(*out.shape, dtype=torch.float16, seed=4)
     torch.library.opcheck(torch.ops.flashgen.attention_backward.default,
                           (dout, q, k, v, out, lse, 0.0, "bottom_right", "bshd", True))
+
+
+def test_eager_calls_skip_the_dispatcher_and_match_the_ops_bitwise():
+    # attention() on plain CUDA tensors runs the ops' work through _EagerAttention; the outputs and (deterministic)
+    # gradients are those of the custom ops, bit for bit.
+    q, k, v = (_randn(2, 200, 4, 64, seed=s, requires_grad=True) for s in (1, 2, 3))
+    dout = _randn(2, 200, 4, 64, seed=4)
+    assert fgt._eager_call(q, k, v)
+    out, lse = fgt.attention(q, k, v, causal=True, deterministic=True, return_lse=True)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    op_out, op_lse = torch.ops.flashgen.attention_forward(q, k, v, 0.0, "bottom_right", "bshd", True)
+    op_grads = torch.autograd.grad(op_out, (q, k, v), dout)
+    assert torch.equal(out, op_out) and torch.equal(lse, op_lse)
+    assert all(torch.equal(g, h) for g, h in zip(grads, op_grads))
+    assert out.grad_fn is not None and not lse.requires_grad
+    assert not fgt._eager_call(q.to("meta"), k, v)
 
 
 def test_torch_compile_keeps_attention_in_the_graph():
