@@ -97,19 +97,29 @@ BackwardChoice process_choice(const BackwardProblem& problem, int device, int ar
   return choose_backward_config(device, choice_key(problem), arch);
 }
 
-// Steps (1) to (3) for a problem in scope's context.
+// Steps (1) to (3) for a problem in scope's context. final is false when tune-on-first-use had to be skipped
+// (the stream captures a graph): such a plan serves this call but is not kept for the next.
+template <class Choice>
+struct Plan {
+  Choice choice;
+  int arch = 0;
+  bool final = true;
+};
+
 template <class Problem>
 auto plan_in_scope(const Problem& problem, const ScopedContext& scope, CUstream stream) {
   const int device = static_cast<int>(scope.device());
   const int arch = launch_arch(scope.device());
-  auto choice = process_choice(problem, device, arch);
-  if (!stream_capturing(stream)) {
-    apply_tune_on_first_use(choice, [&](std::string* failure) {
+  Plan<decltype(process_choice(problem, device, arch))> plan{process_choice(problem, device, arch), arch};
+  if (tune_on_first_use() && stream_capturing(stream)) {
+    plan.final = false;
+  } else {
+    apply_tune_on_first_use(plan.choice, [&](std::string* failure) {
       return tune_on_first_use_of(problem, device, arch, failure);
     });
   }
-  apply_fallbacks(problem, choice, arch, device_traits(scope.device()));
-  return std::pair{std::move(choice), arch};
+  apply_fallbacks(problem, plan.choice, arch, device_traits(scope.device()));
+  return plan;
 }
 
 // A problem class: everything of a call but its data pointers, in one context. Two calls of one class
@@ -210,12 +220,12 @@ std::shared_ptr<const KeptForward> forward_launch_of(const ForwardProblem& probl
   if (auto kept = kept_forward().find(key)) return kept;
   // Read before planning: a tuning result stored while this call plans leaves the entry stale, not lost.
   const uint64_t generation = choice_generation();
-  auto [choice, arch] = plan_in_scope(problem, scope, stream);
+  auto [choice, arch, final] = plan_in_scope(problem, scope, stream);
   auto entry = std::make_shared<KeptForward>();
   entry->prepared = prepare_forward(problem, stream, choice.config);
   entry->launch = {std::move(choice.config), arch, std::move(choice.reason), choice.source};
   entry->generation = generation;
-  kept_forward().keep(key, entry);
+  if (final) kept_forward().keep(key, entry);
   return entry;
 }
 
@@ -224,13 +234,13 @@ std::shared_ptr<const KeptBackward> backward_launch_of(const BackwardProblem& pr
   const ClassKey key = class_key(problem, scope);
   if (auto kept = kept_backward().find(key)) return kept;
   const uint64_t generation = choice_generation();
-  auto [choice, arch] = plan_in_scope(problem, scope, stream);
+  auto [choice, arch, final] = plan_in_scope(problem, scope, stream);
   auto entry = std::make_shared<KeptBackward>();
   entry->prepared = prepare_backward(problem, stream, choice.config);
   entry->launch = {std::move(choice.config), arch, std::move(choice.reason), choice.source,
                    entry->prepared.workspace_bytes};
   entry->generation = generation;
-  kept_backward().keep(key, entry);
+  if (final) kept_backward().keep(key, entry);
   return entry;
 }
 
