@@ -282,6 +282,7 @@ BackwardPlan plan_backward(const BackwardProblem& problem, CUstream stream) {
 
 BackwardLaunch attention_backward(const BackwardProblem& problem, CUstream stream, CUdeviceptr workspace,
                                   size_t workspace_bytes) {
+  check_workspace_alignment(workspace);  // before anything needs a GPU
   const ScopedContext scope(stream, problem.params.q);
   const std::shared_ptr<const KeptBackward> kept = backward_launch_of(problem, scope, stream);
   PreparedBackward prepared = kept->prepared;

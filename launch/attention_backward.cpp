@@ -262,10 +262,14 @@ void PreparedBackward::operator()(CUstream stream) const {
                                    finish_smem, stream, args, nullptr));
 }
 
-void launch_prepared_backward(PreparedBackward& prepared, CUstream stream, int device, CUdeviceptr workspace,
-                              size_t workspace_bytes) {
+void check_workspace_alignment(CUdeviceptr workspace) {
   FLASHGEN_REQUIRE(workspace % kBackwardWorkspaceAlignment == 0,
                    "workspace: pointer must be " + std::to_string(kBackwardWorkspaceAlignment) + "-byte aligned");
+}
+
+void launch_prepared_backward(PreparedBackward& prepared, CUstream stream, int device, CUdeviceptr workspace,
+                              size_t workspace_bytes) {
+  check_workspace_alignment(workspace);
   if (workspace != 0) {
     check_device_pointer(reinterpret_cast<const void*>(workspace), "workspace", device);
     FLASHGEN_REQUIRE(workspace_bytes >= prepared.workspace_bytes,
@@ -289,6 +293,7 @@ void launch_prepared_backward(PreparedBackward& prepared, CUstream stream, int d
 
 void launch_backward(const BackwardProblem& problem, CUstream stream, const BwdConfig& config, CUdeviceptr workspace,
                      size_t workspace_bytes) {
+  check_workspace_alignment(workspace);  // before anything needs a GPU
   const ScopedContext scope(stream, problem.params.q);
   PreparedBackward prepared = prepare_backward(problem, stream, config);
   launch_prepared_backward(prepared, stream, scope.device(), workspace, workspace_bytes);

@@ -76,6 +76,9 @@ struct PreparedBackward {
 // accesses of the fp32 dQ accumulator (placed a multiple of 256 bytes behind the D rows) rely on.
 inline constexpr CUdeviceptr kBackwardWorkspaceAlignment = 256;
 
+// A caller's workspace pointer must be kBackwardWorkspaceAlignment aligned: Error naming it otherwise. Needs no GPU.
+void check_workspace_alignment(CUdeviceptr workspace);
+
 // Everything a launch does before the kernels run, for a config the caller chose: the checks of
 // prepare_forward (pointers, config, can_implement), the kernels loaded, the grids; the workspace is bound
 // separately.
