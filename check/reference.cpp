@@ -1,11 +1,13 @@
 // The host float64 attention reference declared in reference.hpp: 16-bit conversions, mask and FLOP
-// counting, and the float64 forward, whole or one query row at a time.
+// counting, the float64 forward (whole, one query row, or sampled rows on several threads) and backward.
 #include "check/reference.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <thread>
 
 #include "flashgen/error.hpp"
 
@@ -272,6 +274,30 @@ ReferenceRow attention_reference_row(const AttentionShape& shape, const HostInpu
   RowScratch scratch(shape);
   reference_row_f64(shape, q, k, v, scale, mask, batch, head, row, scratch, result.out.data(), &result.lse);
   return result;
+}
+
+std::vector<ReferenceRow> attention_reference_rows(const AttentionShape& shape, const HostInput& q,
+                                                   const HostInput& k, const HostInput& v, double scale,
+                                                   flashgen_mask mask, const std::vector<RowSample>& rows,
+                                                   int threads) {
+  // Checked here, so that no worker thread throws.
+  require_reference_inputs(shape, q, k, v);
+  for (const RowSample& r : rows) {
+    FLASHGEN_REQUIRE(r.batch >= 0 && r.batch < shape.batch && r.head >= 0 && r.head < shape.heads_q && r.row >= 0 &&
+                         r.row < shape.seqlen_q,
+                     "reference: (batch, head, row) outside the problem");
+  }
+  std::vector<ReferenceRow> reference(rows.size());
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i = next++; i < rows.size(); i = next++)
+      reference[i] = attention_reference_row(shape, q, k, v, scale, mask, rows[i].batch, rows[i].head, rows[i].row);
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads && static_cast<size_t>(t) < rows.size(); ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& thread : pool) thread.join();
+  return reference;
 }
 
 AttentionGradients attention_backward_reference_f64(const AttentionShape& shape, const HostInput& q,

@@ -1,6 +1,6 @@
 // The host float64 attention reference: fp16/bf16 <-> float conversion, softmax(q kᵀ · scale) v in float64
-// with flashgen.h's mask, GQA and stride semantics, and exact FLOP counts. `flashgen run` checks sampled
-// rows with it, the tests use it as ground truth, and the tuner's correctness check will.
+// with flashgen.h's mask, GQA and stride semantics, and exact FLOP counts: the ground truth of `flashgen run`,
+// the tuner's sweeps and the tests, which compare outputs with it by the rule in check/output_check.hpp.
 #pragma once
 
 #include <cstdint>
@@ -133,6 +133,19 @@ struct ReferenceRow {
 ReferenceRow attention_reference_row(const AttentionShape& shape, const HostInput& q, const HostInput& k,
                                      const HostInput& v, double scale, flashgen_mask mask, int64_t batch,
                                      int64_t head, int64_t row);
+
+// A query row of a problem: what the sampled checks of large problems compute and compare.
+struct RowSample {
+  int64_t batch = 0;
+  int64_t head = 0;  // query head
+  int64_t row = 0;   // query position
+};
+
+// attention_reference_row of each sample, computed on up to `threads` threads (the rows are independent).
+std::vector<ReferenceRow> attention_reference_rows(const AttentionShape& shape, const HostInput& q,
+                                                   const HostInput& k, const HostInput& v, double scale,
+                                                   flashgen_mask mask, const std::vector<RowSample>& rows,
+                                                   int threads);
 
 // ---------------------------------------------------------------------------------------------------
 // Backward.

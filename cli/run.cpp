@@ -3,19 +3,16 @@
 #include "cli/run.hpp"
 
 #include <algorithm>
-#include <atomic>
-#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <iostream>
 #include <limits>
 #include <random>
 #include <set>
-#include <thread>
-#include <tuple>
 
 #include <unistd.h>
 
+#include "check/output_check.hpp"
 #include "check/reference.hpp"
 #include "cli/args.hpp"
 #include "cli/commands.hpp"
@@ -153,80 +150,38 @@ flashgen_tensor tensor_view(const HostTensor& host, const DeviceBuffer& device) 
   return view;
 }
 
-struct RowIndex {
-  int64_t batch = 0, head = 0, row = 0;
-  bool operator<(const RowIndex& other) const {
-    return std::tie(batch, head, row) < std::tie(other.batch, other.head, other.row);
-  }
-};
-
 // `count` rows spread evenly over all (batch, head, query) rows, plus the very last query row.
-std::vector<RowIndex> sample_rows(int64_t batch, int64_t heads, int64_t seqlen_q, int64_t count) {
-  std::set<RowIndex> rows;
+std::vector<RowSample> sample_rows(int64_t batch, int64_t heads, int64_t seqlen_q, int64_t count) {
+  std::set<int64_t> flat;  // (batch * heads + head) * seqlen_q + row: sorted and without repeats
   const int64_t total = batch * heads * seqlen_q;
-  for (int64_t r = 0; r < count; ++r) {
-    const int64_t t = count == 1 ? 0 : r * (total - 1) / (count - 1);
-    rows.insert({t / (heads * seqlen_q), t / seqlen_q % heads, t % seqlen_q});
+  for (int64_t r = 0; r < count; ++r) flat.insert(count == 1 ? 0 : r * (total - 1) / (count - 1));
+  flat.insert(total - 1);
+  std::vector<RowSample> rows;
+  for (int64_t t : flat) rows.push_back({t / (heads * seqlen_q), t / seqlen_q % heads, t % seqlen_q});
+  return rows;
+}
+
+// Adds a check's mismatches to result, which lists the first kShownMismatches of all its checks.
+void add_mismatches(const CheckReport& report, CheckResult& result) {
+  result.mismatches += report.mismatches;
+  for (const std::string& line : report.first_mismatches) {
+    if (result.first_mismatches.size() < kShownMismatches) result.first_mismatches.push_back(line);
   }
-  rows.insert({batch - 1, heads - 1, seqlen_q - 1});
-  return {rows.begin(), rows.end()};
 }
 
-// Tolerances against the float64 reference. The kernel rounds P to the input type before P·V and rounds
-// the output, so out's error scales with the type's unit roundoff (fp16 2^-11, bf16 2^-8) times |out|; the
-// absolute term covers long rows whose many rounded terms add up. LSE is computed in fp32 throughout.
-struct Tolerance {
-  double out_abs, out_rel, lse_abs;
-};
-Tolerance tolerance_for(DType dtype) {
-  return dtype == DType::kFloat16 ? Tolerance{1e-3, 4e-3, 1e-3} : Tolerance{8e-3, 3e-2, 1e-3};
-}
-
-CheckResult check_rows(const AttentionShape& shape, const HostTensor& q, const HostTensor& k, const HostTensor& v,
-                       const HostTensor& out, const std::vector<float>& lse, const std::vector<RowIndex>& rows,
-                       double scale, flashgen_mask mask) {
+CheckResult check_sampled_rows(const AttentionShape& shape, const HostTensor& q, const HostTensor& k,
+                               const HostTensor& v, const HostTensor& out, const std::vector<float>& lse,
+                               const std::vector<RowSample>& rows, double scale, flashgen_mask mask) {
   // The float64 reference is the slow part for long sequences: rows are independent, so use every core.
-  std::vector<ReferenceRow> reference(rows.size());
-  std::atomic<size_t> next{0};
-  auto worker = [&] {
-    for (size_t i = next++; i < rows.size(); i = next++)
-      reference[i] = attention_reference_row(shape, q.input(), k.input(), v.input(), scale, mask, rows[i].batch,
-                                             rows[i].head, rows[i].row);
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < default_jobs() && static_cast<size_t>(t) < rows.size(); ++t) pool.emplace_back(worker);
-  worker();
-  for (std::thread& thread : pool) thread.join();
-
-  const Tolerance tol = tolerance_for(q.dtype);
-  const HostInput out_values = out.input();
-  const int64_t heads = shape.heads_q;
-  const int64_t seqlen_q = shape.seqlen_q;
-  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<ReferenceRow> reference =
+      attention_reference_rows(shape, q.input(), k.input(), v.input(), scale, mask, rows, default_jobs());
+  const RowsCheck check = check_rows(shape, rows, reference, out.input(), lse.data(), abi_dtype(q.dtype));
   CheckResult result;
   result.rows = rows.size();
-  auto mismatch = [&](const std::string& text) {
-    if (result.first_mismatches.size() < kShownMismatches) result.first_mismatches.push_back(text);
-    ++result.mismatches;
-  };
-  for (size_t r = 0; r < rows.size(); ++r) {
-    const RowIndex& at = rows[r];
-    const std::string where = format("batch %lld head %lld row %lld", static_cast<long long>(at.batch),
-                                     static_cast<long long>(at.head), static_cast<long long>(at.row));
-    for (int64_t d = 0; d < shape.head_dim; ++d) {
-      const double got = out_values.at(at.batch, at.row, at.head, d);
-      const double want = reference[r].out[d];
-      const double error = std::isfinite(got) ? std::abs(got - want) : inf;
-      result.max_error_out = std::max(result.max_error_out, error);
-      if (!(error <= tol.out_abs + tol.out_rel * std::abs(want)))
-        mismatch(format("out %s dim %lld: got %.6g, expected %.6g", where.c_str(), static_cast<long long>(d), got, want));
-    }
-    const double got = lse[static_cast<size_t>((at.batch * heads + at.head) * seqlen_q + at.row)];
-    const double want = reference[r].lse;
-    const double error = std::isinf(want) ? (got == want ? 0 : inf) : std::isfinite(got) ? std::abs(got - want) : inf;
-    result.max_error_lse = std::max(result.max_error_lse, error);
-    if (!(error <= tol.lse_abs)) mismatch(format("lse %s: got %.8g, expected %.8g", where.c_str(), got, want));
-  }
+  result.max_error_out = check.out.max_error;
+  result.max_error_lse = check.lse.max_error;
+  add_mismatches(check.out, result);
+  add_mismatches(check.lse, result);
   return result;
 }
 
@@ -316,9 +271,6 @@ void run_backward(const RunOptions& o, const AttentionShape& shape, const HostTe
     dv_dev.download(dv.bits.data(), dv.bytes());
     const AttentionGradients ref = attention_backward_reference_f64(shape, q.input(), k.input(), v.input(),
                                                                     dout.input(), report.scale, options.mask);
-    // Relative to the largest gradient: the products round P and dS to the input type (unit roundoff
-    // 2^-11 fp16, 2^-8 bf16) and sum seqlen terms of them.
-    const double tolerance = o.dtype == DType::kFloat16 ? 1e-2 : 4e-2;
     const struct {
       const char* name;
       const HostTensor& got;
@@ -326,24 +278,20 @@ void run_backward(const RunOptions& o, const AttentionShape& shape, const HostTe
     } grads[] = {{"dq", dq, ref.dq}, {"dk", dk, ref.dk}, {"dv", dv, ref.dv}};
     for (const auto& g : grads) {
       const HostInput got = g.got.input();
-      double magnitude = 0, error = 0;
-      for (double x : g.want) magnitude = std::max(magnitude, std::abs(x));
       const StridedView& view = g.got.view;
-      size_t i = 0;
+      std::vector<double> values;  // contiguous [b, s, h, d], as the reference
+      values.reserve(g.want.size());
       for (int64_t b = 0; b < view.shape[0]; ++b)
         for (int64_t s = 0; s < view.shape[1]; ++s)
           for (int64_t h = 0; h < view.shape[2]; ++h)
-            for (int64_t d = 0; d < view.shape[3]; ++d, ++i) {
-              const double value = got.at(b, s, h, d);
-              error = std::max(error, std::isfinite(value) ? std::abs(value - g.want[i]) : HUGE_VAL);
-            }
-      const double relative = magnitude > 0 ? error / magnitude : error;
-      report.check.max_error_out = std::max(report.check.max_error_out, relative);
-      if (!(relative <= tolerance)) {
-        report.check.mismatches++;
-        report.check.first_mismatches.push_back(format("%s: max |got - ref| / max |ref| = %.3g > %.0e", g.name,
-                                                       relative, tolerance));
-      }
+            for (int64_t d = 0; d < view.shape[3]; ++d) values.push_back(got.at(b, s, h, d));
+      const double magnitude = max_magnitude(g.want);
+      const CheckReport check =
+          check_elements(g.name, {view.shape[0], view.shape[1], view.shape[2], view.shape[3]}, values, g.want,
+                         gradient_tolerance(abi_dtype(o.dtype), magnitude));
+      report.check.max_error_out =
+          std::max(report.check.max_error_out, check.max_error / std::max(magnitude, kGradientMagnitudeFloor));
+      add_mismatches(check, report.check);
     }
     report.check.rows = static_cast<size_t>(o.batch * o.heads_q * o.seqlen_q);
   }
@@ -413,8 +361,9 @@ RunReport run_problem(const RunOptions& o) {
   out_dev.download(out.bits.data(), out.bytes());
   lse_dev.download(lse.data(), lse_dev.bytes());
   const AttentionShape shape = shape_of(o);
-  report.check = check_rows(shape, q, k, v, out, lse, sample_rows(o.batch, o.heads_q, o.seqlen_q, o.check_rows),
-                            report.scale, options.mask);
+  report.check = check_sampled_rows(shape, q, k, v, out, lse,
+                                    sample_rows(o.batch, o.heads_q, o.seqlen_q, o.check_rows), report.scale,
+                                    options.mask);
   if (o.backward) {
     options.deterministic = o.deterministic ? 1 : 0;
     run_backward(o, shape, q, k, v, q_view, k_view, v_view, out_view, lse_ptr, options, stream.get(), rng, report);
@@ -429,7 +378,7 @@ RunReport run_problem(const RunOptions& o) {
 std::string tflops_text(double tflops) { return format(tflops >= 1 ? "%.1f TFLOP/s" : "%.3g TFLOP/s", tflops); }
 
 void print_run_report(const RunReport& r, std::ostream& os) {
-  const Tolerance tol = tolerance_for(r.options.dtype);
+  const DtypeTolerances& tol = tolerances(abi_dtype(r.options.dtype));
   os << "device:   " << r.device_name << " (sm_" << r.device_sm << ")\n"
      << "problem:  " << problem_text(r.options, r.scale) << '\n'
      << "pass:     " << (r.options.backward ? (r.options.deterministic ? "backward (deterministic)" : "backward")
@@ -439,13 +388,14 @@ void print_run_report(const RunReport& r, std::ostream& os) {
      << format("first:    %.1f ms (first launch, includes compiling or loading the kernel)\n", r.first_launch_ms);
   if (!r.options.backward) {
     os << format("check:    %zu rows, max abs error out %.3g (tol %.0e + %.0e*|ref|), lse %.3g (tol %.0e): %s\n",
-                 r.check.rows, r.check.max_error_out, tol.out_abs, tol.out_rel, r.check.max_error_lse, tol.lse_abs,
+                 r.check.rows, r.check.max_error_out, tol.out.abs, tol.out.rel, r.check.max_error_lse, tol.lse.abs,
                  r.check.pass() ? "PASS" : "FAIL");
   } else if (r.check.rows == 0) {
     os << "check:    skipped: the float64 reference of this problem is too large (shrink it to check)\n";
   } else {
-    os << format("check:    dq, dk, dv against the float64 reference, max |got - ref| / max |ref| %.3g: %s\n",
-                 r.check.max_error_out, r.check.pass() ? "PASS" : "FAIL");
+    os << format("check:    dq, dk, dv against the float64 reference, max |got - ref| / max |ref| %.3g (tol %.0e): "
+                 "%s\n",
+                 r.check.max_error_out, tol.gradient, r.check.pass() ? "PASS" : "FAIL");
   }
   for (const std::string& line : r.check.first_mismatches) os << "          mismatch: " << line << '\n';
   if (r.check.mismatches > static_cast<int64_t>(r.check.first_mismatches.size()))

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "check/output_check.hpp"
 #include "check/reference.hpp"
 #include "flashgen/error.hpp"
 #include "launch/attention.hpp"
@@ -39,13 +40,22 @@ std::vector<uint16_t> random_bits(size_t count, flashgen_dtype dtype, std::mt199
 }
 
 // Rows checked against the reference: spread over (batch, head, position), always the last row.
-std::vector<std::array<int64_t, 3>> sample_rows(const ForwardSweepProblem& p, int count) {
-  std::vector<std::array<int64_t, 3>> rows;
+std::vector<RowSample> sample_rows(const ForwardSweepProblem& p, int count) {
+  std::vector<RowSample> rows;
   for (int i = 0; i < count; ++i) {
     rows.push_back({i % p.batch, (i * 7) % p.heads_q, (static_cast<int64_t>(i) * 2654435761u) % p.seqlen_q});
   }
   rows.push_back({p.batch - 1, p.heads_q - 1, p.seqlen_q - 1});
   return rows;
+}
+
+// "" when every report is ok, else the texts of those that are not (summary first, then the first mismatches).
+std::string failures(const std::vector<const CheckReport*>& reports) {
+  std::string text;
+  for (const CheckReport* report : reports) {
+    if (!report->ok) text += (text.empty() ? "" : "\n") + report->text;
+  }
+  return text;
 }
 
 // What a pass gives the driver for one candidate: why its output is wrong ("" when right), and the
@@ -63,8 +73,11 @@ struct PassHooks {
 template <class Config>
 void run_sweep(const std::vector<Config>& candidates, int arch, CUstream stream, const SweepOptions& options,
                const PassHooks<Config>& hooks, SweepResult& result) {
-  auto progress = [&](const std::string& line) {
-    if (options.progress) options.progress(line);
+  // Candidate i's row as it stands after phase, to the progress callback.
+  auto report = [&](SweepPhase phase, size_t i) {
+    if (!options.progress) return;
+    const CandidateResult& c = result.candidates[i];
+    options.progress({phase, i, candidates.size(), candidates[i].name(), c.status, c.median_ms, c.detail});
   };
   result.candidates.resize(candidates.size());
   for (size_t i = 0; i < candidates.size(); ++i) result.candidates[i].config = candidates[i];
@@ -96,7 +109,7 @@ void run_sweep(const std::vector<Config>& candidates, int arch, CUstream stream,
     });
   }
   for (auto& t : pool) t.join();
-  progress("compiled " + std::to_string(candidates.size()) + " candidates for sm_" + std::to_string(arch));
+  for (size_t i = 0; i < candidates.size(); ++i) report(SweepPhase::kCompiled, i);
 
   // 2. Check every compiled candidate once, then time it.
   Timer timer(stream);
@@ -109,29 +122,33 @@ void run_sweep(const std::vector<Config>& candidates, int arch, CUstream stream,
     if (auto crashed = options.known_crashes.find(name); crashed != options.known_crashes.end()) {
       c.status = "crashed";
       c.detail = crashed->second;
+      report(SweepPhase::kChecked, i);
       continue;
     }
     if (options.on_launch) options.on_launch(name);
+    SweepPhase phase = SweepPhase::kChecked;
     try {
       const std::string wrong = hooks.check(config);
       if (!wrong.empty()) {
         c.status = "wrong_result";
         c.detail = wrong;
+        report(phase, i);
         if (options.on_launch) options.on_launch("");
         continue;
       }
+      report(phase, i);
+      phase = SweepPhase::kTimed;
       const std::function<void(int)> launch = hooks.prepare(config);
       const TimingResult t = timer.time(launch, options.timing);
       c.median_ms = t.median_ms;
       c.spread = t.spread();
       c.samples = t.samples;
       timed.push_back(i);
-      std::ostringstream line;
-      line << "[" << i + 1 << "/" << candidates.size() << "] " << name << ": " << t.median_ms << " ms";
-      progress(line.str());
+      report(phase, i);
     } catch (const Error& e) {
       c.status = "launch_error";
       c.detail = e.what();
+      report(phase, i);
       // A sticky CUDA error (an illegal address, say) leaves the context unusable for every later
       // candidate: end the sweep, with the candidate still journaled for a supervising process.
       if (e.status() == Status::kCuda && driver().cuCtxSynchronize() != CUDA_SUCCESS) throw;
@@ -160,6 +177,7 @@ void run_sweep(const std::vector<Config>& candidates, int arch, CUstream stream,
     c.spread = retimed[j].spread();
     c.samples += retimed[j].samples;
     best = std::min(best, c.median_ms);
+    report(SweepPhase::kRetimed, timed[j]);
   }
   const CandidateResult* winner = nullptr;
   int ties = 0;
@@ -175,8 +193,6 @@ void run_sweep(const std::vector<Config>& candidates, int arch, CUstream stream,
                                    std::to_string(options.tie_tolerance * 100) + "% of the fastest; first by name"
                              : "fastest after interleaved re-timing of the top " + std::to_string(fastest) +
                                    (top > fastest ? " and " + std::to_string(top - fastest) + " always re-timed" : "");
-  progress("winner " + config_name(result.winner) + ": " + std::to_string(result.winner_ms) + " ms (" +
-           result.decision + ")");
 }
 
 // Input sets for timing: several when one fits in L2, so timed launches do not reuse cached inputs.
@@ -189,6 +205,22 @@ int input_sets(CUdevice device, int64_t set_bytes) {
 }
 
 }  // namespace
+
+std::string progress_line(const SweepProgress& event) {
+  std::ostringstream line;
+  line << "[" << event.index + 1 << "/" << event.count << "] " << event.config << ": ";
+  if (event.status != "ok") {
+    line << event.status;
+    if (!event.detail.empty()) line << " (" << event.detail.substr(0, event.detail.find('\n')) << ")";
+  } else if (event.phase == SweepPhase::kCompiled) {
+    line << "compiled" << (event.detail.empty() ? "" : " (" + event.detail + ")");
+  } else if (event.phase == SweepPhase::kChecked) {
+    line << "matches the reference";
+  } else {
+    line << event.median_ms << " ms" << (event.phase == SweepPhase::kRetimed ? " re-timed" : "");
+  }
+  return line.str();
+}
 
 ProblemKey sweep_problem_key(const ForwardSweepProblem& problem) {
   const MaskKind mask = problem.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
@@ -264,12 +296,9 @@ SweepResult sweep_forward(const ForwardSweepProblem& problem, const std::vector<
   const HostInput hk = HostInput::bits16(inputs[0].k.data(), dtype, kv_view);
   const HostInput hv = HostInput::bits16(inputs[0].v.data(), dtype, kv_view);
   const double scale = effective_softmax_scale(0.f, problem.head_dim);
-  const auto rows = sample_rows(problem, options.check_rows);
-  std::vector<ReferenceRow> reference;
-  for (const auto& r : rows)
-    reference.push_back(attention_reference_row(shape, hq, hk, hv, scale, problem.mask, r[0], r[1], r[2]));
-  const double abs_tol = problem.dtype == DType::kBFloat16 ? 8e-3 : 1e-3;
-  const double rel_tol = problem.dtype == DType::kBFloat16 ? 3e-2 : 4e-3;
+  const std::vector<RowSample> rows = sample_rows(problem, options.check_rows);
+  const std::vector<ReferenceRow> reference =
+      attention_reference_rows(shape, hq, hk, hv, scale, problem.mask, rows, /*threads=*/1);
 
   PassHooks<KernelConfig> hooks;
   hooks.check = [&](const KernelConfig& c) -> std::string {
@@ -281,25 +310,9 @@ SweepResult sweep_forward(const ForwardSweepProblem& problem, const std::vector<
     std::vector<float> lse(lse_bytes / sizeof(float));
     inputs[0].dout.download(out.data(), out.size() * 2);
     inputs[0].dlse.download(lse.data(), lse_bytes);
-    double worst = 0;
-    bool ok = true;
-    for (size_t r = 0; r < rows.size() && ok; ++r) {
-      const auto [b, h, s] = rows[r];
-      for (int d = 0; d < problem.head_dim; ++d) {
-        const size_t at = size_t(((b * problem.seqlen_q + s) * problem.heads_q + h) * problem.head_dim + d);
-        const double got = dtype_bits_to_float(out[at], dtype);
-        const double want = reference[r].out[size_t(d)];
-        const double err = std::fabs(got - want);
-        worst = std::max(worst, std::isnan(got) ? INFINITY : err);
-        if (!(err <= abs_tol + rel_tol * std::fabs(want))) ok = false;
-      }
-      const double got_lse = lse[size_t((b * problem.heads_q + h) * problem.seqlen_q + s)];
-      const double want_lse = reference[r].lse;
-      if (std::isinf(want_lse) ? got_lse != want_lse
-                               : !(std::fabs(got_lse - want_lse) <= 1e-3 * std::max(1.0, std::fabs(want_lse))))
-        ok = false;
-    }
-    return ok ? std::string() : "max abs error " + std::to_string(worst) + " on sampled rows";
+    const RowsCheck check =
+        check_rows(shape, rows, reference, HostInput::bits16(out.data(), dtype, q_view), lse.data(), dtype);
+    return failures({&check.out, &check.lse});
   };
   hooks.prepare = [&](const KernelConfig& c) -> std::function<void(int)> {
     auto prepared = std::make_shared<std::vector<PreparedForward>>();
@@ -378,24 +391,22 @@ struct BackwardSet {
     launch_backward(problem, stream, config);
     FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
     const flashgen_dtype dtype = to_c_dtype(shape.dtype);
-    const double tolerance = shape.dtype == DType::kBFloat16 ? 3e-2 : 1e-2;
-    const std::pair<const DeviceBuffer*, const std::vector<double>*> grads[] = {
-        {&dq, &ref.dq}, {&dk, &ref.dk}, {&dv, &ref.dv}};
-    const char* names[] = {"dq", "dk", "dv"};
-    for (int g = 0; g < 3; ++g) {
-      const std::vector<double>& want = *grads[g].second;
-      std::vector<uint16_t> got(want.size());
-      grads[g].first->download(got.data(), got.size() * 2);
-      double scale = 0, worst = 0;
-      for (double w : want) scale = std::max(scale, std::fabs(w));
-      for (size_t i = 0; i < want.size(); ++i) {
-        const double x = dtype_bits_to_float(got[i], dtype);
-        worst = std::max(worst, std::isnan(x) ? INFINITY : std::fabs(x - want[i]));
-      }
-      if (!(worst <= tolerance * std::max(scale, 1e-3))) {
-        return std::string(names[g]) + ": max abs error " + std::to_string(worst) + " against the float64 "
-               "reference (largest value " + std::to_string(scale) + ")";
-      }
+    const std::vector<int64_t> q_dims = {shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim};
+    const std::vector<int64_t> kv_dims = {shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim};
+    const struct {
+      const char* name;
+      const DeviceBuffer& got;
+      const std::vector<double>& want;
+      const std::vector<int64_t>& dims;
+    } grads[] = {{"dq", dq, ref.dq, q_dims}, {"dk", dk, ref.dk, kv_dims}, {"dv", dv, ref.dv, kv_dims}};
+    for (const auto& g : grads) {
+      std::vector<uint16_t> bits(g.want.size());
+      g.got.download(bits.data(), bits.size() * 2);
+      std::vector<double> got(bits.size());
+      for (size_t i = 0; i < bits.size(); ++i) got[i] = dtype_bits_to_float(bits[i], dtype);
+      const CheckReport check =
+          check_elements(g.name, g.dims, got, g.want, gradient_tolerance(dtype, max_magnitude(g.want)));
+      if (!check.ok) return check.text;
     }
     return "";
   }

@@ -5,9 +5,12 @@
 
 #include <cuda.h>
 
+#include <cstddef>
 #include <functional>
 #include <map>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "flashgen/flashgen.h"
@@ -54,6 +57,44 @@ struct BackwardSweepProblem : ForwardSweepProblem {
 ProblemKey sweep_problem_key(const ForwardSweepProblem& problem);
 ProblemKey sweep_problem_key(const BackwardSweepProblem& problem);
 
+// What a sweep reports of a candidate as it goes. Compiled: every candidate once compiling ends (status
+// "ok", "skipped" or "compile_error"); checked: after its reference check ("ok", "wrong_result", "crashed",
+// "launch_error"); timed: after its first timing ("ok" with median_ms, or "launch_error"); re-timed: after
+// the interleaved re-timing of the fastest few. Called on the thread that runs the sweep, in that order.
+enum class SweepPhase { kCompiled, kChecked, kTimed, kRetimed };
+
+struct SweepProgress {
+  SweepPhase phase = SweepPhase::kCompiled;
+  size_t index = 0;        // the candidate's position in the list, from 0
+  size_t count = 0;        // candidates in the list
+  std::string config;      // its name
+  std::string status;      // its CandidateResult::status after this phase
+  double median_ms = 0;    // timed and re-timed: its median
+  std::string detail;      // why it failed, or a note ("spills 8 bytes")
+};
+
+// One line of text for an event, e.g. "[3/16] fwd_sm80_fp16_d64_m128_n64_w4_s2: 0.0412 ms" (timed).
+std::string progress_line(const SweepProgress& event);
+
+// A sweep's progress callback: a function of the event, or of its line (progress_line) for a plain log.
+class SweepProgressCallback {
+ public:
+  SweepProgressCallback() = default;
+  template <class F, class = std::enable_if_t<!std::is_same_v<std::decay_t<F>, SweepProgressCallback>>>
+  SweepProgressCallback(F f) {  // implicit: options.progress = [](...) { ... };
+    if constexpr (std::is_invocable_v<F&, const SweepProgress&>) {
+      call_ = std::move(f);
+    } else {
+      call_ = [f = std::move(f)](const SweepProgress& event) mutable { f(progress_line(event)); };
+    }
+  }
+  explicit operator bool() const { return static_cast<bool>(call_); }
+  void operator()(const SweepProgress& event) const { call_(event); }
+
+ private:
+  std::function<void(const SweepProgress&)> call_;
+};
+
 struct SweepOptions {
   TimingOptions timing;
   int compile_threads = 0;  // 0: one per hardware thread
@@ -65,7 +106,7 @@ struct SweepOptions {
   double tie_tolerance = 0.01;  // within 1% of the fastest counts as a tie
   int check_rows = 16;          // query rows checked against the float64 reference per candidate
   uint64_t seed = 0;
-  std::function<void(const std::string&)> progress;  // one line per step; may be empty
+  SweepProgressCallback progress;  // one event per candidate and phase; may be empty
   // Crash isolation (flashgen tune's worker processes): candidates known to have crashed a process,
   // recorded with status "crashed" and their detail and never launched; and a hook called with a
   // candidate's name right before its first launch and with "" once it is done, so a supervisor can

@@ -1,4 +1,4 @@
-// CPU checks of the library's float64 reference (runtime/reference.hpp): 16-bit conversions, mask and
+// CPU checks of the library's float64 reference (check/reference.hpp): 16-bit conversions, mask and
 // GQA semantics, FLOP counts, and row, whole-problem and 16-bit inputs agreeing. `flashgen run` and the
 // [gpu] attention tests are only as right as these.
 #include <algorithm>
@@ -219,17 +219,23 @@ TEST_CASE("row reference and 16-bit inputs agree with the float64 reference bit 
       const AttentionResult from_bits = attention_reference_f64(shape, as_bits(q), as_bits(k), as_bits(v), 0.2, mask);
       CHECK(from_bits.out == whole.out);
       CHECK(from_bits.lse == whole.lse);
-      int mismatched_rows = 0;
+      std::vector<RowSample> samples;
       for (int64_t b = 0; b < shape.batch; ++b)
         for (int64_t h = 0; h < shape.heads_q; ++h)
-          for (int64_t i = 0; i < shape.seqlen_q; ++i) {
-            const ReferenceRow row =
-                attention_reference_row(shape, as_bits(q), as_bits(k), as_bits(v), 0.2, mask, b, h, i);
-            const double* want = whole.out.data() + ((b * shape.seqlen_q + i) * shape.heads_q + h) * shape.head_dim;
-            const bool same = std::equal(row.out.begin(), row.out.end(), want) &&
-                              row.lse == whole.lse[static_cast<size_t>((b * shape.heads_q + h) * shape.seqlen_q + i)];
-            mismatched_rows += !same;
-          }
+          for (int64_t i = 0; i < shape.seqlen_q; ++i) samples.push_back({b, h, i});
+      // The same rows computed on three threads.
+      const std::vector<ReferenceRow> threaded =
+          attention_reference_rows(shape, as_bits(q), as_bits(k), as_bits(v), 0.2, mask, samples, 3);
+      REQUIRE(threaded.size() == samples.size());
+      int mismatched_rows = 0;
+      for (size_t n = 0; n < samples.size(); ++n) {
+        const auto [b, h, i] = samples[n];
+        const ReferenceRow row = attention_reference_row(shape, as_bits(q), as_bits(k), as_bits(v), 0.2, mask, b, h, i);
+        const double* want = whole.out.data() + ((b * shape.seqlen_q + i) * shape.heads_q + h) * shape.head_dim;
+        const bool same = std::equal(row.out.begin(), row.out.end(), want) &&
+                          row.lse == whole.lse[static_cast<size_t>((b * shape.heads_q + h) * shape.seqlen_q + i)];
+        mismatched_rows += !same || threaded[n].out != row.out || threaded[n].lse != row.lse;
+      }
       CHECK(mismatched_rows == 0);
     }
   }
@@ -240,5 +246,6 @@ TEST_CASE("row reference and 16-bit inputs agree with the float64 reference bit 
   CHECK(masked.lse == -std::numeric_limits<double>::infinity());
   CHECK(masked.out == std::vector<double>(24, 0.0));
   CHECK_THROWS(attention_reference_row(shape, q_in, kv_in, kv_in, 1.0, FLASHGEN_MASK_NONE, 0, 4, 0));
+  CHECK_THROWS(attention_reference_rows(shape, q_in, kv_in, kv_in, 1.0, FLASHGEN_MASK_NONE, {{0, 4, 0}}, 2));
   CHECK_THROWS(attention_reference_f64(shape, kv_in, kv_in, kv_in, 1.0, FLASHGEN_MASK_NONE));
 }

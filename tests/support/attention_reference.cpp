@@ -1,5 +1,5 @@
 // The test side of attention numerics declared in attention_reference.hpp: input data, the naive
-// same-dtype forward, the tolerance checks and their reports, the out-of-bounds write scan, check_forward.
+// same-dtype forward, the whole-output checks, the out-of-bounds write scan, check_forward.
 #include "support/attention_reference.hpp"
 
 #include <algorithm>
@@ -11,16 +11,6 @@
 #include "flashgen/error.hpp"
 
 namespace flashgen::test {
-namespace {
-
-std::string format_double(double value) {
-  std::ostringstream s;
-  s.precision(7);
-  s << value;
-  return s.str();
-}
-
-}  // namespace
 
 // ---------------------------------------------------------------------------------------------------
 // Input data.
@@ -52,7 +42,7 @@ void store_values(const std::vector<double>& values, const StridedView& view, in
           const double value = values[index++];
           const uint16_t bits = float_to_dtype_bits(static_cast<float>(value), dtype);
           FLASHGEN_REQUIRE(static_cast<double>(dtype_bits_to_float(bits, dtype)) == value,
-                           "store_values: " + format_double(value) + " is not a " + dtype_label(dtype) + " value");
+                           "store_values: " + format_number(value) + " is not a " + dtype_label(dtype) + " value");
           storage[static_cast<size_t>(base + view.offset(b, s, h, d))] = bits;
         }
 }
@@ -134,119 +124,32 @@ AttentionResult attention_reference_naive(const AttentionShape& shape, const Hos
 // ---------------------------------------------------------------------------------------------------
 // Checks.
 
-double output_abs_floor(flashgen_dtype dtype) { return dtype == FLASHGEN_BFLOAT16 ? 8e-3 : 1e-3; }
-
-std::string format_index(int64_t flat, const std::vector<int64_t>& dims) {
-  std::vector<int64_t> index(dims.size(), 0);
-  for (size_t i = dims.size(); i-- > 0;) {
-    if (dims[i] > 0) {
-      index[i] = flat % dims[i];
-      flat /= dims[i];
-    }
-  }
-  std::string text = "[";
-  for (size_t i = 0; i < index.size(); ++i) text += (i ? ", " : "") + std::to_string(index[i]);
-  return text + "]";
+CheckReport check_within_budget(const std::string& name, const std::vector<int64_t>& dims,
+                                const std::vector<double>& got, const std::vector<double>& ref64,
+                                const std::vector<double>& naive, double floor) {
+  FLASHGEN_REQUIRE(naive.size() == ref64.size(), name + ": naive and ref64 differ in size");
+  double naive_error = 0.0;
+  for (size_t i = 0; i < ref64.size(); ++i) naive_error = std::max(naive_error, std::fabs(naive[i] - ref64[i]));
+  const Tolerance tolerance = naive_budget_tolerance(naive_error, floor);
+  CheckReport report = check_elements(name, dims, got, ref64, tolerance);
+  report.text = name + ": tolerance = " + format_number(kNaiveErrorFactor) + " * " + format_number(naive_error) +
+                " (max |naive - ref64|) + " + format_number(floor) + " = " + format_number(tolerance.abs) + "\n" +
+                report.text;
+  return report;
 }
 
 CheckReport check_output(const AttentionShape& shape, const std::vector<double>& got,
-                         const AttentionResult& ref64, const AttentionResult& naive, flashgen_dtype dtype,
-                         int max_listed) {
-  CheckReport report;
-  const std::vector<int64_t> dims = {shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim};
-  const size_t count = ref64.out.size();
-  if (got.size() != count || naive.out.size() != count) {
-    report.ok = false;
-    report.text = "output sizes differ: got " + std::to_string(got.size()) + ", ref64 " +
-                  std::to_string(count) + ", naive " + std::to_string(naive.out.size());
-    return report;
-  }
-  double naive_error = 0.0;
-  for (size_t i = 0; i < count; ++i) naive_error = std::max(naive_error, std::fabs(naive.out[i] - ref64.out[i]));
-  const double floor = output_abs_floor(dtype);
-  report.bound = 2.0 * naive_error + floor;
-  report.checked = static_cast<int64_t>(count);
-
-  std::ostringstream listed;
-  int listed_count = 0;
-  for (size_t i = 0; i < count; ++i) {
-    const double g = got[i];
-    const double want = ref64.out[i];
-    bool bad = false;
-    if (std::isnan(g)) {
-      ++report.not_written;
-      bad = true;
-    } else if (!std::isfinite(g)) {
-      bad = true;
-    } else {
-      const double error = std::fabs(g - want);
-      report.max_error = std::max(report.max_error, error);
-      bad = error > report.bound;
-    }
-    if (!bad) continue;
-    ++report.mismatches;
-    if (listed_count < max_listed) {
-      ++listed_count;
-      listed << "\n  out" << format_index(static_cast<int64_t>(i), dims) << " [b, sq, hq, d]: got "
-             << format_double(g) << ", want " << format_double(want) << " (naive " << format_double(naive.out[i])
-             << ")";
-    }
-  }
-  report.ok = report.mismatches == 0;
-  std::ostringstream text;
-  text << "output: max |got - ref64| = " << format_double(report.max_error) << ", bound = 2 * "
-       << format_double(naive_error) << " (max |naive - ref64|) + " << floor << " = " << format_double(report.bound)
-       << "; " << report.mismatches << " of " << count << " elements outside it, " << report.not_written
-       << " NaN (unwritten poison or produced)";
-  report.text = text.str() + listed.str();
-  return report;
+                         const AttentionResult& ref64, const AttentionResult& naive, flashgen_dtype dtype) {
+  return check_within_budget("out", {shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim}, got, ref64.out,
+                             naive.out, tolerances(dtype).out.abs);
 }
 
 CheckReport check_lse(const AttentionShape& shape, const std::vector<float>& got, const AttentionResult& ref64,
-                      int max_listed) {
-  CheckReport report;
-  const std::vector<int64_t> dims = {shape.batch, shape.heads_q, shape.seqlen_q};
-  const size_t count = ref64.lse.size();
-  if (got.size() < count) {
-    report.ok = false;
-    report.text = "lse: got " + std::to_string(got.size()) + " values, want " + std::to_string(count);
-    return report;
-  }
-  report.bound = kLseTolerance;
-  report.checked = static_cast<int64_t>(count);
-  std::ostringstream listed;
-  int listed_count = 0;
-  for (size_t i = 0; i < count; ++i) {
-    const double g = got[i];
-    const double want = ref64.lse[i];
-    bool bad = false;
-    if (std::isnan(g)) {
-      ++report.not_written;
-      bad = true;
-    } else if (std::isinf(want)) {
-      bad = g != want;  // a fully masked row: -inf exactly
-    } else if (!std::isfinite(g)) {
-      bad = true;
-    } else {
-      const double error = std::fabs(g - want);
-      report.max_error = std::max(report.max_error, error);
-      bad = error > kLseTolerance * std::max(1.0, std::fabs(want));
-    }
-    if (!bad) continue;
-    ++report.mismatches;
-    if (listed_count < max_listed) {
-      ++listed_count;
-      listed << "\n  lse" << format_index(static_cast<int64_t>(i), dims) << " [b, hq, sq]: got " << format_double(g)
-             << ", want " << format_double(want);
-    }
-  }
-  report.ok = report.mismatches == 0;
-  std::ostringstream text;
-  text << "lse: max |got - ref64| = " << format_double(report.max_error) << " (bound " << kLseTolerance
-       << " * max(1, |want|)); " << report.mismatches << " of " << count << " entries wrong, "
-       << report.not_written << " NaN (unwritten poison or produced)";
-  report.text = text.str() + listed.str();
-  return report;
+                      flashgen_dtype dtype) {
+  const size_t count = std::min(got.size(), ref64.lse.size());  // check_elements reports a short got
+  return check_elements("lse", {shape.batch, shape.heads_q, shape.seqlen_q},
+                        std::vector<double>(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(count)), ref64.lse,
+                        tolerances(dtype).lse);
 }
 
 std::vector<double> gather_output(const std::vector<uint16_t>& storage, const StridedView& view,
@@ -322,7 +225,7 @@ ForwardCheck check_forward(const ForwardReference& reference, const std::vector<
   if (lse_storage == nullptr) return check;
 
   check.has_lse = true;
-  check.lse = check_lse(shape, *lse_storage, reference.ref64);
+  check.lse = check_lse(shape, *lse_storage, reference.ref64, reference.dtype);
   const size_t lse_count = static_cast<size_t>(shape.batch * shape.heads_q * shape.seqlen_q);
   const size_t guard = lse_storage->size() > lse_count ? lse_storage->size() - lse_count : 0;
   for (size_t i = lse_count; i < lse_storage->size(); ++i) {

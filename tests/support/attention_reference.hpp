@@ -1,7 +1,7 @@
 // Test side of attention numerics: deterministic input data, the "naive same-dtype" forward that sets the
-// error budget, the tolerance rule and its mismatch reports, poison/guard helpers, and check_forward, which
-// runs all of them on one kernel's downloaded outputs. The float64 reference itself is the library's
-// (runtime/reference.hpp). No Catch2 here: checks return reports that the caller prints.
+// error budget, poison/guard helpers, and check_forward, which checks one kernel's downloaded outputs. The
+// float64 reference and the tolerance rule are the library's (check/reference.hpp, check/output_check.hpp).
+// No Catch2 here: checks return reports that the caller prints.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "check/output_check.hpp"
 #include "check/reference.hpp"
 #include "flashgen/flashgen.h"
 
@@ -58,39 +59,25 @@ AttentionResult attention_reference_naive(const AttentionShape& shape, const Hos
                                           flashgen_dtype dtype);
 
 // ---------------------------------------------------------------------------------------------------
-// Tolerance (the FlashAttention test rule): max|got - ref64| <= 2 * max|naive - ref64| + abs_floor.
+// Checks of whole outputs, by the library's rule with the naive reference's error budget.
 
-// Absolute floor of the output check: half an ulp of the dtype at |x| in [2, 4), the range random-normal
-// attention outputs stay within (an output is a convex mix of value rows). fp16 keeps 11 significant bits,
-// so half an ulp there is 2^-10 ≈ 9.8e-4 -> 1e-3; bf16 keeps 8, half an ulp there is 2^-7 ≈ 7.8e-3 -> 8e-3.
-// It absorbs one output rounding that lands on the other side of a tie from the naive reference's, where
-// max|naive - ref64| happens to be tiny (short rows, e.g. seqlen_k = 1, where the naive path is exact).
-double output_abs_floor(flashgen_dtype dtype);
+// The library's report (check/output_check.hpp), under the name the tests have used for it.
+using flashgen::CheckReport;
 
-// LSE: |got - want| <= kLseTolerance * max(1, |want|) on finite entries; -inf must match exactly.
-// The kernels compute S with fp32 accumulation of exact 16-bit products and a base-2 fp32 softmax, so
-// their LSE error is ~1e-6 relative; 1e-3 leaves room for a different summation order, not for a bug.
-constexpr double kLseTolerance = 1e-3;
+// got against ref64, contiguous over dims, within naive_budget_tolerance(max|naive - ref64|, floor); the
+// text opens with how the bound was formed. name ("out", "dq") and dims label the mismatches.
+CheckReport check_within_budget(const std::string& name, const std::vector<int64_t>& dims,
+                                const std::vector<double>& got, const std::vector<double>& ref64,
+                                const std::vector<double>& naive, double floor);
 
-// Outcome of one check; text holds the summary and the first mismatches (index, got, want), for INFO.
-struct CheckReport {
-  bool ok = true;
-  double max_error = 0.0;  // over finite pairs
-  double bound = 0.0;      // the tolerance that applied
-  int64_t checked = 0;
-  int64_t mismatches = 0;  // elements outside the bound, NaN or non-finite disagreement included
-  int64_t not_written = 0; // NaN in got: poison the kernel left (or a NaN it produced)
-  std::string text;
-};
-
-// got: [b, sq, hq, d] contiguous (gather_output). naive supplies the error budget.
+// got: [b, sq, hq, d] contiguous (gather_output); check_within_budget with the dtype's out.abs as floor.
 CheckReport check_output(const AttentionShape& shape, const std::vector<double>& got,
-                         const AttentionResult& ref64, const AttentionResult& naive, flashgen_dtype dtype,
-                         int max_listed = 8);
+                         const AttentionResult& ref64, const AttentionResult& naive, flashgen_dtype dtype);
 
-// got: [b, hq, sq] as the kernel wrote it (float, NaN where unwritten).
+// got: [b, hq, sq] as the kernel wrote it (float, NaN where unwritten); entries past those are not read.
+// Tolerance: the dtype's lse.
 CheckReport check_lse(const AttentionShape& shape, const std::vector<float>& got, const AttentionResult& ref64,
-                      int max_listed = 8);
+                      flashgen_dtype dtype);
 
 // Raw 16-bit storage read through view into a contiguous [b, s, h, d] array of doubles (NaN stays NaN).
 std::vector<double> gather_output(const std::vector<uint16_t>& storage, const StridedView& view,
@@ -100,9 +87,6 @@ std::vector<double> gather_output(const std::vector<uint16_t>& storage, const St
 // Lists the first few offsets in *text when it returns non-zero.
 int64_t count_touched_outside(const std::vector<uint16_t>& storage, const std::vector<StridedView>& views,
                               uint16_t expected, std::string* text, int max_listed = 8);
-
-// "[i0, i1, i2, i3]" for a flat index into a contiguous array of the given dims.
-std::string format_index(int64_t flat, const std::vector<int64_t>& dims);
 
 // ---------------------------------------------------------------------------------------------------
 // One forward run, checked whole.

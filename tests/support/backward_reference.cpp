@@ -1,9 +1,10 @@
+// The test side of backward numerics declared in backward_reference.hpp: the naive same-dtype backward and
+// the gradient check.
 #include "support/backward_reference.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <sstream>
 
 namespace flashgen::test {
 
@@ -82,56 +83,8 @@ AttentionGradients attention_backward_naive(const AttentionShape& shape, const H
 }
 
 CheckReport check_gradient(const char* name, const std::vector<int64_t>& dims, const std::vector<double>& got,
-                           const std::vector<double>& ref64, const std::vector<double>& naive, flashgen_dtype dtype,
-                           int max_listed) {
-  CheckReport report;
-  const size_t count = ref64.size();
-  if (got.size() != count || naive.size() != count) {
-    report.ok = false;
-    report.text = std::string(name) + ": sizes differ: got " + std::to_string(got.size()) + ", ref64 " +
-                  std::to_string(count) + ", naive " + std::to_string(naive.size());
-    return report;
-  }
-  double naive_error = 0.0;
-  double magnitude = 0.0;
-  for (size_t i = 0; i < count; ++i) {
-    naive_error = std::max(naive_error, std::fabs(naive[i] - ref64[i]));
-    magnitude = std::max(magnitude, std::fabs(ref64[i]));
-  }
-  // 2^-14 (fp16's smallest normal) absolute: where the exact gradient is 0 by cancellation (a single
-  // visible key gives dS = P (dP - D) = 0), fp32 rounding of dP and D leaves ~1e-7 noise.
-  const double floor = std::max(magnitude * (dtype == FLASHGEN_BFLOAT16 ? 0x1p-7 : 0x1p-10), 0x1p-14);
-  report.bound = 2.0 * naive_error + floor;
-  report.checked = static_cast<int64_t>(count);
-  std::ostringstream listed;
-  int listed_count = 0;
-  for (size_t i = 0; i < count; ++i) {
-    const double g = got[i];
-    bool bad = false;
-    if (std::isnan(g)) {
-      ++report.not_written;
-      bad = true;
-    } else if (!std::isfinite(g)) {
-      bad = true;
-    } else {
-      const double error = std::fabs(g - ref64[i]);
-      report.max_error = std::max(report.max_error, error);
-      bad = error > report.bound;
-    }
-    if (!bad) continue;
-    ++report.mismatches;
-    if (listed_count++ < max_listed) {
-      listed << "\n  " << name << format_index(static_cast<int64_t>(i), dims) << ": got " << g << ", want "
-             << ref64[i] << " (naive " << naive[i] << ")";
-    }
-  }
-  report.ok = report.mismatches == 0;
-  std::ostringstream text;
-  text << name << ": max |got - ref64| = " << report.max_error << ", bound = 2 * " << naive_error
-       << " (max |naive - ref64|) + " << floor << " = " << report.bound << "; " << report.mismatches << " of "
-       << count << " outside it, " << report.not_written << " NaN";
-  report.text = text.str() + listed.str();
-  return report;
+                           const std::vector<double>& ref64, const std::vector<double>& naive, flashgen_dtype dtype) {
+  return check_within_budget(name, dims, got, ref64, naive, gradient_budget_floor(dtype, max_magnitude(ref64)));
 }
 
 }  // namespace flashgen::test

@@ -77,7 +77,8 @@ TEST_CASE("references read strided inputs and the naive one stays near float64",
       INFO(self.text);
       CHECK(self.ok);
       CHECK(self.max_error < (dtype == FLASHGEN_FLOAT16 ? 1e-2 : 5e-2));
-      const CheckReport lse = check_lse(shape, std::vector<float>(naive.lse.begin(), naive.lse.end()), contiguous);
+      const CheckReport lse =
+          check_lse(shape, std::vector<float>(naive.lse.begin(), naive.lse.end()), contiguous, dtype);
       INFO(lse.text);
       CHECK(lse.ok);
     }
@@ -106,11 +107,13 @@ TEST_CASE("checks flag NaN, errors beyond the bound and writes outside the views
   CHECK(report.not_written == 1);
 
   const float inf = std::numeric_limits<float>::infinity();
-  CHECK(check_lse(shape, {1.5f + 1e-4f, -inf}, ref).ok);
-  CHECK_FALSE(check_lse(shape, {1.5f + 2e-3f, -inf}, ref).ok);
-  CHECK_FALSE(check_lse(shape, {1.5f, inf}, ref).ok);         // +inf is not -inf
-  CHECK_FALSE(check_lse(shape, {1.5f, -1e30f}, ref).ok);      // a finite stand-in for -inf
-  CHECK_FALSE(check_lse(shape, {std::nanf(""), -inf}, ref).ok);
+  const flashgen_dtype f16 = FLASHGEN_FLOAT16;
+  CHECK(check_lse(shape, {1.5f + 1e-4f, -inf}, ref, f16).ok);
+  CHECK_FALSE(check_lse(shape, {1.5f + 2e-3f, -inf}, ref, f16).ok);
+  CHECK_FALSE(check_lse(shape, {1.5f, inf}, ref, f16).ok);     // +inf is not -inf
+  CHECK_FALSE(check_lse(shape, {1.5f, -1e30f}, ref, f16).ok);  // a finite stand-in for -inf
+  CHECK_FALSE(check_lse(shape, {std::nanf(""), -inf}, ref, f16).ok);
+  CHECK_FALSE(check_lse(shape, {1.5f}, ref, f16).ok);  // too few values
 
   // A [1, 2, 1, 2] view with row stride 3 inside 8 elements: offsets 2, 5, 6, 7 are outside.
   StridedView view = StridedView::contiguous(1, 2, 1, 2);
