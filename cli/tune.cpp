@@ -8,12 +8,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <iostream>
 #include <limits>
 #include <map>
 #include <sstream>
-#include <type_traits>
 #include <utility>
 
 #include "cli/commands.hpp"
@@ -22,15 +20,10 @@
 #include "cli/table.hpp"
 #include "flashgen/error.hpp"
 #include "flashgen/flashgen.h"
-#include "generator/bwd_config.hpp"
-#include "generator/kernel_config.hpp"
 #include "runtime/cuda_driver.hpp"
-#include "tuner/choice.hpp"
 #include "tuner/heuristic.hpp"
-#include "tuner/problem_key.hpp"
-#include "tuner/space.hpp"
 #include "tuner/store.hpp"
-#include "tuner/tuned_config.hpp"
+#include "tuner/tune.hpp"
 
 namespace flashgen::cli {
 
@@ -84,13 +77,12 @@ Command tune_command() {
 
 namespace {
 
-template <class Config>
-std::string space_text(const BasicSpaceReport<Config>& space) {
+std::string space_text(const SpaceCounts& space) {
   std::string reasons;
   for (const auto& [reason, count] : space.pruned_by_reason)
     reasons += (reasons.empty() ? "" : "; ") + reason + ": " + std::to_string(count);
   return format("%d configs, %d pruned", space.total, space.pruned) + (reasons.empty() ? "" : " (" + reasons + ")") +
-         format(", %zu valid", space.valid.size());
+         format(", %zu valid", space.valid);
 }
 
 std::string causal_text(flashgen_mask mask) {
@@ -273,147 +265,13 @@ struct WorkerState {
   std::optional<fs::path> journal;
 };
 
-// The sweep of one pass: its key, space, built-in choice and sweep function.
-template <class Config>
-struct PassSweep {
-  ProblemKey key;
-  BasicSpaceReport<Config> space;
-  Config heuristic;
-  std::vector<Config> named;  // --candidates: swept instead of the space when not empty
-  std::function<SweepResult(const std::vector<Config>&, CUstream, const SweepOptions&)> sweep;
-};
-
-template <class Config>
-Json tune_pass(const PassSweep<Config>& pass, TuningStore& store, const fs::path& db_path, size_t max_candidates,
-               bool force, bool json, const DeviceFingerprint& device, const WorkerState& worker) {
-  const ProblemKey& key = pass.key;
-  if (!force) {
-    if (const std::optional<StoredChoice> stored = store.lookup_exact(device, key)) {
-      if (!json) {
-        std::cout << format("already tuned: %s, %.4f ms for %s on %s (--force tunes again)\n",
-                            flashgen::config_name(stored->config).c_str(), stored->median_ms, key.id().c_str(),
-                            device.id().c_str());
-      }
-      // The stored winner under the keys a sweep's result has (device, problem, winner, winner_ms), and the
-      // stored row's own fields besides.
-      Json j = choice_json(*stored);
-      j["winner"] = flashgen::config_name(stored->config);
-      j["winner_ms"] = stored->median_ms;
-      j["skipped"] = true;
-      j["db"] = db_path.string();
-      return j;
-    }
+// --candidates for problem (configs_of_problem), an error naming the option.
+std::vector<TunedConfig> named_candidates(const std::vector<std::string>& names, const TuneProblem& problem) {
+  try {
+    return configs_of_problem(names, tune_problem_key(problem));
+  } catch (const Error& e) {
+    fail(e.status(), std::string("--candidates: ") + e.what());
   }
-
-  const auto& space = pass.space;
-  const Config& heuristic = pass.heuristic;
-  const std::vector<Config> candidates =
-      pass.named.empty() ? capped_candidates(space, heuristic, max_candidates) : pass.named;
-  if (!json) std::cout << "space: " << space_text(space) << '\n';
-  std::cerr << "tuning " << key.id() << " on " << device.id() << ": compiling " << candidates.size()
-            << " candidates\n";
-  SweepOptions options;
-  options.always_retime = {heuristic.name()};  // its time, printed next to the winner's, on the same basis
-  options.known_crashes = worker.known_crashes;
-  if (worker.journal) {
-    // FLASHGEN_TEST_CRASH_CONFIG (testing only): the worker dies at that candidate as at a kernel fault.
-    const std::optional<std::string> crash_at = env("FLASHGEN_TEST_CRASH_CONFIG");
-    options.on_launch = [&, crash_at](const std::string& name) {
-      std::ofstream(*worker.journal, std::ios::trunc) << name << std::flush;
-      if (crash_at && name == *crash_at) std::abort();
-    };
-  }
-  Clock::time_point timing_start = Clock::now();
-  Clock::time_point start = Clock::now();
-  double compile_s = 0;
-  options.progress = [&](const std::string& line) {
-    size_t done = 0, total = 0;  // "[i/N] name: x ms": the candidate's position in the list
-    if (std::sscanf(line.c_str(), "[%zu/%zu]", &done, &total) == 2 && done > 0 && total >= done) {
-      const double eta_s = ms_since(timing_start) / 1000 / static_cast<double>(done) * static_cast<double>(total - done);
-      std::cerr << line << format("  (eta %.0f s)", eta_s) << '\n';
-      return;
-    }
-    if (line.rfind("compiled ", 0) == 0) {  // timing starts after compiling
-      timing_start = Clock::now();
-      compile_s = ms_since(start) / 1000;
-    }
-    std::cerr << line << '\n';
-  };
-  Stream stream;
-  start = Clock::now();
-  const SweepResult result = pass.sweep(candidates, stream.get(), options);
-  const double sweep_s = ms_since(start) / 1000;
-  store.record(device, result.problem, result.candidates, result.winner, result.winner_ms);
-
-  const CandidateResult* builtin = nullptr;
-  for (const CandidateResult& c : result.candidates)
-    if (config_name(c.config) == heuristic.name()) builtin = &c;
-  const bool builtin_timed = builtin && builtin->status == "ok";
-  size_t passed = 0;
-  for (const CandidateResult& c : result.candidates) passed += c.status == "ok";
-
-  if (!json) {
-    std::cout << format("swept:     %zu candidates, %zu passed, in %.1f s (compile %.1f s, check and timing %.1f s)\n",
-                        result.candidates.size(), passed, sweep_s, compile_s, sweep_s - compile_s)
-              << format("winner:    %s, %.4f ms\n", flashgen::config_name(result.winner).c_str(), result.winner_ms);
-    if (builtin_timed)
-      std::cout << format("built-in:  %s, %.4f ms (the winner is %.2fx as fast)\n", heuristic.name().c_str(),
-                          builtin->median_ms, builtin->median_ms / result.winner_ms);
-    else
-      std::cout << "built-in:  " << heuristic.name() << ": " << (builtin ? builtin->status : "not swept") << '\n';
-    std::cout << "decision:  " << result.decision << '\n'
-              << "stored:    " << result.problem.id() << " for " << device.id() << " in " << db_path.string() << '\n';
-  }
-  return {{"device", device.id()},
-          {"problem", result.problem.id()},
-          {"space", {{"total", space.total}, {"pruned", space.pruned}, {"pruned_by_reason", space.pruned_by_reason},
-                     {"valid", space.valid.size()}}},
-          {"candidates", result.candidates.size()},
-          {"passed", passed},
-          {"winner", flashgen::config_name(result.winner)},
-          {"winner_ms", result.winner_ms},
-          {"heuristic", heuristic.name()},
-          {"heuristic_ms", builtin_timed ? Json(builtin->median_ms) : Json(nullptr)},
-          {"heuristic_status", builtin ? builtin->status : "not swept"},
-          {"decision", result.decision},
-          {"sweep_s", sweep_s},
-          {"compile_s", compile_s},
-          {"check_and_timing_s", sweep_s - compile_s},
-          {"db", db_path.string()},
-          {"skipped", false}};
-}
-
-// The problem key a sweep of problem stores its rows under.
-ProblemKey tune_problem_key(const TuneProblem& problem) {
-  return problem.backward ? sweep_problem_key(static_cast<const BackwardSweepProblem&>(problem))
-                          : sweep_problem_key(static_cast<const ForwardSweepProblem&>(problem));
-}
-
-// --candidates for a problem of key's class: each name parsed as a Config and checked against the key.
-template <class Config>
-std::vector<Config> named_candidates(const std::vector<std::string>& names, const ProblemKey& key) {
-  constexpr bool backward = std::is_same_v<Config, BwdConfig>;
-  std::vector<Config> configs;
-  for (const std::string& name : names) {
-    const bool forward_name = name.rfind("fwd_", 0) == 0, backward_name = name.rfind("bwd_", 0) == 0;
-    if ((backward && forward_name) || (!backward && backward_name)) {
-      fail(Status::kInvalidArgument, "--candidates: " + name + " is a " + (backward ? "forward" : "backward") +
-                                         " config; this problem tunes the " + (backward ? "backward" : "forward"));
-    }
-    Config c;
-    try {
-      c = Config::from_name(name);
-    } catch (const Error& e) {
-      fail(Status::kInvalidArgument, std::string("--candidates: ") + e.what());
-    }
-    bool same_pass = true;
-    if constexpr (backward) same_pass = key.family == (c.deterministic ? "bwd_det" : "bwd");
-    if (!same_pass || c.dtype != key.dtype || c.head_dim != key.head_dim || c.mask != key.mask) {
-      fail(Status::kInvalidArgument, "--candidates: " + name + " is not a config of the problem " + key.id());
-    }
-    configs.push_back(c);
-  }
-  return configs;
 }
 
 // Tunes one problem into store; prints (or returns as JSON) what happened.
@@ -422,29 +280,97 @@ Json tune_one(const TuneProblem& problem, TuningStore& store, const fs::path& db
               const std::vector<std::string>& named) {
   const int arch = device_sm(context.device());
   const DeviceFingerprint device = current_device_fingerprint(static_cast<int>(context.device()));
-  const ProblemKey key = tune_problem_key(problem);
-  const MaskKind mask_kind = key.mask;
-  if (problem.backward) {
-    PassSweep<BwdConfig> pass;
-    pass.key = key;
-    pass.space = backward_space(problem.dtype, problem.head_dim, mask_kind, problem.deterministic, arch);
-    pass.heuristic =
-        heuristic_backward_choice(problem.dtype, problem.head_dim, mask_kind, problem.deterministic, arch).config;
-    pass.named = named_candidates<BwdConfig>(named, pass.key);
-    pass.sweep = [&](const std::vector<BwdConfig>& candidates, CUstream stream, const SweepOptions& options) {
-      return sweep_backward(problem, candidates, stream, options);
+  TuneOptions options;
+  options.force = force;
+  options.max_candidates = max_candidates;
+  options.named = named_candidates(named, problem);
+  options.sweep.known_crashes = worker.known_crashes;
+  if (worker.journal) {
+    // FLASHGEN_TEST_CRASH_CONFIG (testing only): the worker dies at that candidate as at a kernel fault.
+    const std::optional<std::string> crash_at = env("FLASHGEN_TEST_CRASH_CONFIG");
+    options.sweep.on_launch = [&, crash_at](const std::string& name) {
+      std::ofstream(*worker.journal, std::ios::trunc) << name << std::flush;
+      if (crash_at && name == *crash_at) std::abort();
     };
-    return tune_pass(pass, store, db_path, max_candidates, force, json, device, worker);
   }
-  PassSweep<KernelConfig> pass;
-  pass.key = key;
-  pass.space = forward_space(problem.dtype, problem.head_dim, mask_kind, arch);
-  pass.heuristic = heuristic_forward_config(problem.dtype, problem.head_dim, mask_kind, arch);
-  pass.named = named_candidates<KernelConfig>(named, pass.key);
-  pass.sweep = [&](const std::vector<KernelConfig>& candidates, CUstream stream, const SweepOptions& options) {
-    return sweep_forward(problem, candidates, stream, options);
+  Clock::time_point start = Clock::now();
+  Clock::time_point timing_start = start;
+  double compile_s = 0;
+  options.on_plan = [&](const TunePlan& plan) {
+    if (!json) std::cout << "space: " << space_text(plan.space) << '\n';
+    std::cerr << "tuning " << plan.key.id() << " on " << device.id() << ": compiling " << plan.candidates.size()
+              << " candidates\n";
+    start = Clock::now();
   };
-  return tune_pass(pass, store, db_path, max_candidates, force, json, device, worker);
+  // On stderr: the end of compiling, then each candidate's first timing with an estimate of the time left.
+  options.sweep.progress = [&](const SweepProgress& event) {
+    if (event.phase == SweepPhase::kCompiled && event.index + 1 == event.count) {  // timing starts after compiling
+      timing_start = Clock::now();
+      compile_s = ms_since(start) / 1000;
+      std::cerr << "compiled " << event.count << " candidates for sm_" << arch << '\n';
+    } else if (event.phase == SweepPhase::kTimed && event.status == "ok") {
+      const double done = static_cast<double>(event.index + 1);  // the candidate's position in the list
+      const double eta_s = ms_since(timing_start) / 1000 / done * (static_cast<double>(event.count) - done);
+      std::cerr << progress_line(event) << format("  (eta %.0f s)", eta_s) << '\n';
+    }
+  };
+  const TuneResult result = tune(problem, store, device, arch, options);
+  const double sweep_s = ms_since(start) / 1000;
+
+  if (const std::optional<StoredChoice>& stored = result.stored) {
+    if (!json) {
+      std::cout << format("already tuned: %s, %.4f ms for %s on %s (--force tunes again)\n",
+                          flashgen::config_name(stored->config).c_str(), stored->median_ms, result.key.id().c_str(),
+                          device.id().c_str());
+    }
+    // The stored winner under the keys a sweep's result has (device, problem, winner, winner_ms), and the
+    // stored row's own fields besides.
+    Json j = choice_json(*stored);
+    j["winner"] = flashgen::config_name(stored->config);
+    j["winner_ms"] = stored->median_ms;
+    j["skipped"] = true;
+    j["db"] = db_path.string();
+    return j;
+  }
+
+  const std::string winner = flashgen::config_name(result.winner);
+  std::cerr << "winner " << winner << ": " << std::to_string(result.winner_ms) << " ms (" << result.decision << ")\n";
+  const std::string heuristic = flashgen::config_name(result.plan.builtin);
+  const CandidateResult* builtin = result.builtin_row();
+  const bool builtin_timed = builtin && builtin->status == "ok";
+  size_t passed = 0;
+  for (const CandidateResult& c : result.candidates) passed += c.status == "ok";
+
+  if (!json) {
+    std::cout << format("swept:     %zu candidates, %zu passed, in %.1f s (compile %.1f s, check and timing %.1f s)\n",
+                        result.candidates.size(), passed, sweep_s, compile_s, sweep_s - compile_s)
+              << format("winner:    %s, %.4f ms\n", winner.c_str(), result.winner_ms);
+    if (builtin_timed)
+      std::cout << format("built-in:  %s, %.4f ms (the winner is %.2fx as fast)\n", heuristic.c_str(),
+                          builtin->median_ms, builtin->median_ms / result.winner_ms);
+    else
+      std::cout << "built-in:  " << heuristic << ": " << (builtin ? builtin->status : "not swept") << '\n';
+    std::cout << "decision:  " << result.decision << '\n'
+              << "stored:    " << result.key.id() << " for " << device.id() << " in " << db_path.string() << '\n';
+  }
+  const SpaceCounts& space = result.plan.space;
+  return {{"device", device.id()},
+          {"problem", result.key.id()},
+          {"space", {{"total", space.total}, {"pruned", space.pruned}, {"pruned_by_reason", space.pruned_by_reason},
+                     {"valid", space.valid}}},
+          {"candidates", result.candidates.size()},
+          {"passed", passed},
+          {"winner", winner},
+          {"winner_ms", result.winner_ms},
+          {"heuristic", heuristic},
+          {"heuristic_ms", builtin_timed ? Json(builtin->median_ms) : Json(nullptr)},
+          {"heuristic_status", builtin ? builtin->status : "not swept"},
+          {"decision", result.decision},
+          {"sweep_s", sweep_s},
+          {"compile_s", compile_s},
+          {"check_and_timing_s", sweep_s - compile_s},
+          {"db", db_path.string()},
+          {"skipped", false}};
 }
 
 }  // namespace
@@ -467,20 +393,14 @@ Json dry_run_entries(const Args& args, const std::vector<TuneProblem>& problems,
   if (archs.size() != 1) throw UsageError("tune --dry-run --json lists the candidates of one --arch", args.usage());
   const int arch = archs.front();
   Json entries = Json::array();
+  TuneOptions options;
+  options.max_candidates = max_candidates;
   for (const TuneProblem& p : problems) {
-    const MaskKind kind = p.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
     Json names = Json::array();
     if (!named.empty()) {
       for (const std::string& name : named) names.push_back(name);
-    } else if (p.backward) {
-      const BackwardSpaceReport space = backward_space(p.dtype, p.head_dim, kind, p.deterministic, arch);
-      const BwdConfig builtin = heuristic_backward_config(p.dtype, p.head_dim, kind, p.deterministic, arch);
-      for (const BwdConfig& c : capped_candidates(space, builtin, max_candidates)) names.push_back(c.name());
     } else {
-      const SpaceReport space = forward_space(p.dtype, p.head_dim, kind, arch);
-      for (const KernelConfig& c :
-           capped_candidates(space, heuristic_forward_config(p.dtype, p.head_dim, kind, arch), max_candidates))
-        names.push_back(c.name());
+      for (const TunedConfig& c : plan_tune(p, arch, options).candidates) names.push_back(flashgen::config_name(c));
     }
     Json entry = problem_json(p);
     entry["candidates"] = names;
@@ -525,9 +445,7 @@ int command_tune(const Args& args) {
         throw UsageError("--candidates names one problem's configs; it does not go with --" + std::string(other),
                          args.usage());
     }
-    // A bad name stops here, before any GPU work.
-    if (flags.backward) named_candidates<BwdConfig>(named, tune_problem_key(flags));
-    else named_candidates<KernelConfig>(named, tune_problem_key(flags));
+    named_candidates(named, flags);  // a bad name stops here, before any GPU work
   }
   const Shard shard = shard_of(args);
   std::vector<TuneProblem> mine;

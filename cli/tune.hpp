@@ -9,14 +9,9 @@
 
 #include "cli/args.hpp"
 #include "cli/common.hpp"
-#include "tuner/sweep.hpp"
+#include "tuner/tune.hpp"
 
 namespace flashgen::cli {
-
-// One problem of a tune run: its sizes and its pass (the backward with its dQ strategy).
-struct TuneProblem : BackwardSweepProblem {
-  bool backward = false;
-};
 
 // One line on the problem, for a dry run's list and the progress of a sweep.
 std::string problem_line(const TuneProblem& p);
@@ -25,7 +20,7 @@ std::string problem_line(const TuneProblem& p);
 Json problem_json(const TuneProblem& p);
 
 // A dry run's problems as spec entries, each with the candidates a sweep would time on the one --arch (90 by
-// default; the names given with --candidates as they are).
+// default; plan_tune's list, or the names given with --candidates as they are).
 Json dry_run_entries(const Args& args, const std::vector<TuneProblem>& problems, const std::vector<std::string>& named,
                      size_t max_candidates);
 

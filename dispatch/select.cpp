@@ -2,7 +2,6 @@
 // defaults), memoized per (device, problem key), and the sweeps of tune-on-first-use.
 #include "dispatch/select.hpp"
 
-#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -10,16 +9,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <tuple>
+#include <string>
+#include <utility>
 
 #include "flashgen/error.hpp"
-#include "runtime/cuda_driver.hpp"
-#include "runtime/kernel_registry.hpp"
-#include "tuner/heuristic.hpp"
 #include "tuner/shipped.hpp"
-#include "tuner/space.hpp"
 #include "tuner/store.hpp"
-#include "tuner/sweep.hpp"
+#include "tuner/tune.hpp"
 
 namespace flashgen {
 
@@ -113,12 +109,13 @@ std::mutex& first_use_mutex() {
   return mutex;
 }
 
-// The body of both passes' first-use sweeps: times make_candidates() with sweep(candidates, stream) on a
-// stream of its own, stores every row in the user's database and memoizes the winner for key.
-template <class Choice, class MakeCandidates, class Sweep>
-std::optional<Choice> first_use_sweep(const ProblemKey& key, int device, std::string* failure, bool explicit_request,
-                                      MakeCandidates make_candidates, Sweep sweep) {
+// Both passes' first-use sweeps: tune(problem) into the user's database, its winner memoized for the
+// problem's key. explicit_request (flashgen_tune_forward) sweeps even a bucket the database holds.
+template <class Choice>
+std::optional<Choice> first_use_tune(const TuneProblem& problem, int device, int arch, std::string* failure,
+                                     bool explicit_request) {
   using Config = decltype(Choice::config);
+  const ProblemKey key = tune_problem_key(problem);
   // One first-use sweep at a time in a process, of either pass (two would disturb each other's timings):
   // a second thread asking for the same problem waits and then finds the memoized winner.
   std::lock_guard<std::mutex> sweep_lock(first_use_mutex());
@@ -139,25 +136,23 @@ std::optional<Choice> first_use_sweep(const ProblemKey& key, int device, std::st
   const std::filesystem::path path = TuningStore::default_path();
   try {
     TuningStore store(path);  // opened first: a database that cannot be written fails before the sweep
-    const std::vector<Config> candidates = make_candidates();
-    std::fprintf(stderr, "flashgen: tuning %s %s(%zu candidates)\n", key.id().c_str(),
-                 explicit_request ? "" : "on first use, FLASHGEN_TUNE=1 ", candidates.size());
-    CUstream stream = nullptr;
-    FLASHGEN_CU_CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
-    SweepResult result;
-    try {
-      result = sweep(candidates, stream);
-    } catch (...) {
-      driver().cuStreamDestroy(stream);
-      throw;
-    }
-    driver().cuStreamDestroy(stream);
-    const DeviceFingerprint fingerprint = current_device_fingerprint(device);
-    store.record(fingerprint, result.problem, result.candidates, result.winner, result.winner_ms);
-    Choice choice{std::get<Config>(result.winner),
-                  "tuned on first use: the fastest of " + std::to_string(candidates.size()) + " candidates (" +
-                      result.decision + "), stored in " + path.string(),
-                  ChoiceSource::kTunedOnFirstUse};
+    TuneOptions options;
+    // Another process may have stored the bucket since this one read the database: then its winner serves.
+    options.force = explicit_request;
+    options.max_candidates = kFirstUseCandidates;
+    options.on_plan = [&](const TunePlan& plan) {
+      std::fprintf(stderr, "flashgen: tuning %s %s(%zu candidates)\n", key.id().c_str(),
+                   explicit_request ? "" : "on first use, FLASHGEN_TUNE=1 ", plan.candidates.size());
+    };
+    const TuneResult result = tune(problem, store, fingerprint_of(device), arch, options);
+    const Choice choice =
+        result.from_store()
+            ? Choice{std::get<Config>(result.winner), "tuning database " + path.string() + ", exact bucket " + key.id(),
+                     ChoiceSource::kTuningDatabase, true}
+            : Choice{std::get<Config>(result.winner),
+                     "tuned on first use: the fastest of " + std::to_string(result.candidates.size()) +
+                         " candidates (" + result.decision + "), stored in " + path.string(),
+                     ChoiceSource::kTunedOnFirstUse};
     std::lock_guard<std::mutex> lock(memo.mutex);
     memo.chosen[{device, key.id()}] = choice;
     ++generation();
@@ -205,36 +200,12 @@ uint64_t choice_generation() { return generation().load(std::memory_order_acquir
 
 std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem& problem, int device, int arch,
                                                        std::string* failure, bool explicit_request) {
-  const ProblemKey key = sweep_problem_key(problem);
-  const MaskKind mask = key.mask;
-  return first_use_sweep<ForwardChoice>(
-      key, device, failure, explicit_request,
-      [&] {
-        const KernelConfig builtin = heuristic_choice(problem.dtype, problem.head_dim, mask, arch).config;
-        return capped_candidates(forward_space(problem.dtype, problem.head_dim, mask, arch), builtin,
-                                 kFirstUseCandidates);
-      },
-      [&](const std::vector<KernelConfig>& candidates, CUstream stream) {
-        return sweep_forward(problem, candidates, stream, SweepOptions{});
-      });
+  return first_use_tune<ForwardChoice>(forward_tune_problem(problem), device, arch, failure, explicit_request);
 }
 
 std::optional<BackwardChoice> tune_backward_on_first_use(const BackwardSweepProblem& problem, int device, int arch,
                                                          std::string* failure) {
-  const ProblemKey key = sweep_problem_key(problem);
-  const MaskKind mask = key.mask;
-  return first_use_sweep<BackwardChoice>(
-      key, device, failure, false,
-      [&] {
-        const BwdConfig builtin =
-            heuristic_backward_choice(problem.dtype, problem.head_dim, mask, problem.deterministic, arch).config;
-        return capped_candidates(
-            backward_space(problem.dtype, problem.head_dim, mask, problem.deterministic, arch), builtin,
-            kFirstUseCandidates);
-      },
-      [&](const std::vector<BwdConfig>& candidates, CUstream stream) {
-        return sweep_backward(problem, candidates, stream, SweepOptions{});
-      });
+  return first_use_tune<BackwardChoice>(backward_tune_problem(problem), device, arch, failure, false);
 }
 
 BackwardChoice choose_backward_config(int device, const ProblemKey& problem, int arch) {

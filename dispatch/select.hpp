@@ -52,9 +52,11 @@ constexpr int kFirstUseCandidates = 16;
 
 struct ForwardSweepProblem;
 
-// Sweeps problem on device (an ordinal; its context current) on a stream of its own, stores every row
-// and the winner in the user's database (TuningStore::default_path(), opened for writing) and makes the
-// winner the process's memoized choice for the problem's key. Blocks until the sweep is done (seconds).
+// tune() (tuner/tune.hpp) of problem on device (an ordinal; its context current): sweeps the capped
+// space on a stream of its own, stores every row and the winner in the user's database
+// (TuningStore::default_path(), opened for writing) and makes the winner the process's memoized choice for
+// the problem's key. Blocks until the sweep is done (seconds). When another process has stored the bucket
+// since this one read the database, that winner is the choice and nothing is swept.
 // Returns nullopt, after a warning on stderr, when the sweep or the store fails: the caller keeps the
 // choice it had, and the process does not sweep that bucket again. *failure (when given) then gets the
 // cause, this time and at every later call for the bucket. An explicit_request (flashgen_tune_forward)

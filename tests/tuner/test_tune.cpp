@@ -1,0 +1,248 @@
+// Tests for tuner/tune: the store look-up before any sweep, the plan around the one built-in choice, the
+// record of a sweep's rows and winner, named candidates, and progress as events or lines. A fake sweep
+// stands in for the GPU; the built-in choice compiles for sm_80 through the kernel cache (no device).
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "catch.hpp"
+#include "flashgen/error.hpp"
+#include "support/temp_dir.hpp"
+#include "tuner/choice.hpp"
+#include "tuner/space.hpp"
+#include "tuner/store.hpp"
+#include "tuner/sweep.hpp"
+#include "tuner/tune.hpp"
+
+using flashgen::BwdConfig;
+using flashgen::CandidateResult;
+using flashgen::DType;
+using flashgen::MaskKind;
+using flashgen::SweepOptions;
+using flashgen::SweepResult;
+using flashgen::TunedConfig;
+using flashgen::TuneOptions;
+using flashgen::TuneProblem;
+using flashgen::TuneResult;
+
+namespace {
+
+// A small atomic backward problem of a class whose built-in choice the CPU tests already compile for sm_80.
+TuneProblem backward_problem() {
+  flashgen::BackwardSweepProblem p;
+  p.head_dim = 64;
+  p.batch = 2, p.heads_q = 8, p.heads_kv = 2;
+  p.seqlen_q = 1024, p.seqlen_k = 1024;
+  return flashgen::backward_tune_problem(p);
+}
+
+BwdConfig builtin_of(const TuneProblem& p) {
+  return flashgen::heuristic_backward_choice(p.dtype, p.head_dim, MaskKind::kNone, p.deterministic, 80).config;
+}
+
+// A sweep that runs nothing: every candidate passes, the later in the list the faster, so the last one wins.
+// It keeps what each call was given.
+struct FakeSweep {
+  std::vector<std::vector<TunedConfig>> calls;
+  std::vector<std::string> always_retime;
+
+  flashgen::SweepRunner runner() {
+    return [this](const TuneProblem& problem, const std::vector<TunedConfig>& candidates, const SweepOptions& options) {
+      calls.push_back(candidates);
+      always_retime = options.always_retime;
+      SweepResult result;
+      result.problem = flashgen::tune_problem_key(problem);
+      for (size_t i = 0; i < candidates.size(); ++i) {
+        CandidateResult row;
+        row.config = candidates[i];
+        row.median_ms = 1.0 / static_cast<double>(i + 1);
+        row.samples = 10;
+        result.candidates.push_back(row);
+      }
+      result.winner = candidates.back();
+      result.winner_ms = result.candidates.back().median_ms;
+      result.decision = "fastest (fake)";
+      return result;
+    };
+  }
+};
+
+}  // namespace
+
+TEST_CASE("tune problems and keys of both passes", "[tuner][tune]") {
+  flashgen::ForwardSweepProblem forward;
+  forward.heads_q = 32;
+  forward.heads_kv = 8;
+  const TuneProblem f = flashgen::forward_tune_problem(forward);
+  CHECK_FALSE(f.backward);
+  CHECK(flashgen::tune_problem_key(f) == flashgen::sweep_problem_key(forward));
+  CHECK(flashgen::tune_problem_key(f).family == "fwd");
+
+  flashgen::BackwardSweepProblem backward;
+  backward.mask = FLASHGEN_MASK_CAUSAL_TOP_LEFT;
+  backward.deterministic = true;
+  const TuneProblem b = flashgen::backward_tune_problem(backward);
+  CHECK(b.backward);
+  CHECK(flashgen::tune_problem_key(b) == flashgen::sweep_problem_key(backward));
+  CHECK(flashgen::tune_problem_key(b).id().rfind("bwd_det|fp16|d128|causal|", 0) == 0);
+}
+
+TEST_CASE("tune sweeps a bucket the store lacks, records it, then finds it there", "[tuner][tune][nvrtc]") {
+  const flashgen::testing::TempDir dir("flashgen-tune-test");
+  flashgen::TuningStore store(dir.path() / "tuning.sqlite");
+  const flashgen::DeviceFingerprint device = flashgen::fingerprint_for_arch(80);
+  const TuneProblem problem = backward_problem();
+  const BwdConfig builtin = builtin_of(problem);
+
+  FakeSweep sweep;
+  TuneOptions options;
+  options.max_candidates = 4;
+  options.run_sweep = sweep.runner();
+  std::vector<flashgen::TunePlan> plans;
+  options.on_plan = [&](const flashgen::TunePlan& plan) { plans.push_back(plan); };
+
+  const TuneResult swept = flashgen::tune(problem, store, device, 80, options);
+  CHECK_FALSE(swept.from_store());
+  REQUIRE(sweep.calls.size() == 1);
+  REQUIRE(plans.size() == 1);
+  // The capped space, the built-in choice first, and the built-in re-timed with the fastest.
+  REQUIRE(sweep.calls[0].size() == 4);
+  CHECK(sweep.calls[0][0] == builtin);
+  CHECK(plans[0].builtin == builtin);
+  CHECK(plans[0].candidates == sweep.calls[0]);
+  CHECK(sweep.always_retime == std::vector<std::string>{builtin.name()});
+  CHECK(swept.key == flashgen::tune_problem_key(problem));
+  CHECK(swept.winner == sweep.calls[0].back());
+  CHECK(swept.winner_ms == 0.25);
+  CHECK(swept.decision == "fastest (fake)");
+  CHECK(swept.candidates.size() == 4);
+  REQUIRE(swept.builtin_row() != nullptr);
+  CHECK(swept.builtin_row()->median_ms == 1.0);
+
+  // Stored: the winner and every row.
+  const auto stored = store.lookup_exact(device, swept.key);
+  REQUIRE(stored.has_value());
+  CHECK(stored->config == swept.winner);
+  CHECK(store.candidates(device, swept.key).size() == 4);
+
+  // Again: the store answers, nothing is planned or swept.
+  const TuneResult found = flashgen::tune(problem, store, device, 80, options);
+  CHECK(found.from_store());
+  CHECK(found.winner == swept.winner);
+  CHECK(found.winner_ms == 0.25);
+  CHECK(found.candidates.empty());
+  CHECK(found.builtin_row() == nullptr);
+  CHECK(sweep.calls.size() == 1);
+  CHECK(plans.size() == 1);
+
+  // Forced, or on another device: swept again.
+  options.force = true;
+  CHECK_FALSE(flashgen::tune(problem, store, device, 80, options).from_store());
+  CHECK(sweep.calls.size() == 2);
+  options.force = false;
+  CHECK_FALSE(flashgen::tune(problem, store, flashgen::fingerprint_for_arch(90), 80, options).from_store());
+  CHECK(sweep.calls.size() == 3);
+}
+
+TEST_CASE("a tune whose sweep fails stores nothing", "[tuner][tune][nvrtc]") {
+  const flashgen::testing::TempDir dir("flashgen-tune-test");
+  flashgen::TuningStore store(dir.path() / "tuning.sqlite");
+  const flashgen::DeviceFingerprint device = flashgen::fingerprint_for_arch(80);
+  const TuneProblem problem = backward_problem();
+  TuneOptions options;
+  options.max_candidates = 2;
+  options.run_sweep = [](const TuneProblem&, const std::vector<TunedConfig>&, const SweepOptions&) -> SweepResult {
+    flashgen::fail(flashgen::Status::kInvalidArgument, "no candidate compiled, ran and matched the reference");
+  };
+  CHECK_THROWS_WITH(flashgen::tune(problem, store, device, 80, options), Catch::Contains("no candidate compiled"));
+  CHECK_FALSE(store.has(device, flashgen::tune_problem_key(problem)));
+}
+
+TEST_CASE("named candidates are swept as given, and must be configs of the problem", "[tuner][tune][nvrtc]") {
+  const TuneProblem problem = backward_problem();
+  const flashgen::ProblemKey key = flashgen::tune_problem_key(problem);
+  const BwdConfig builtin = builtin_of(problem);
+  const flashgen::BackwardSpaceReport space =
+      flashgen::backward_space(DType::kFloat16, 64, MaskKind::kNone, false, 80);
+  std::vector<std::string> names;
+  for (const BwdConfig& c : space.valid)
+    if (c != builtin && names.size() < 2) names.push_back(c.name());
+  REQUIRE(names.size() == 2);
+
+  TuneOptions options;
+  options.named = flashgen::configs_of_problem({names[1], names[0]}, key);
+  const flashgen::TunePlan plan = flashgen::plan_tune(problem, 80, options);
+  REQUIRE(plan.candidates.size() == 2);
+  CHECK(flashgen::config_name(plan.candidates[0]) == names[1]);
+  CHECK(flashgen::config_name(plan.candidates[1]) == names[0]);
+  CHECK(plan.builtin == builtin);  // named or not, the plan knows the built-in choice
+
+  const flashgen::testing::TempDir dir("flashgen-tune-test");
+  flashgen::TuningStore store(dir.path() / "tuning.sqlite");
+  FakeSweep sweep;
+  options.run_sweep = sweep.runner();
+  const TuneResult result = flashgen::tune(problem, store, flashgen::fingerprint_for_arch(80), 80, options);
+  CHECK(result.builtin_row() == nullptr);  // not named, not swept
+  CHECK(flashgen::config_name(result.winner) == names[0]);
+
+  using Catch::Contains;
+  CHECK_THROWS_WITH(flashgen::configs_of_problem({"fwd_sm80_fp16_d64_m128_n64_w4_s2"}, key),
+                    Contains("is a forward config; this problem tunes the backward"));
+  BwdConfig deterministic = builtin;
+  deterministic.deterministic = true;
+  CHECK_THROWS_WITH(flashgen::configs_of_problem({deterministic.name()}, key),
+                    Contains("is not a config of the problem bwd|fp16|d64|none"));
+  CHECK_THROWS_WITH(flashgen::configs_of_problem({"xyz"}, flashgen::tune_problem_key(flashgen::forward_tune_problem({}))),
+                    Contains("config name 'xyz'"));
+  CHECK_THROWS_WITH(flashgen::configs_of_problem({builtin.name()},
+                                                 flashgen::tune_problem_key(flashgen::forward_tune_problem({}))),
+                    Contains("is a backward config; this problem tunes the forward"));
+  // A parsed config of another problem is refused by the plan too.
+  options.named = {TunedConfig(deterministic)};
+  CHECK_THROWS_AS(flashgen::plan_tune(problem, 80, options), flashgen::Error);
+}
+
+TEST_CASE("a plan caps the space around the built-in choice, as a dry run lists it", "[tuner][tune][nvrtc]") {
+  const TuneProblem problem = backward_problem();
+  TuneOptions options;
+  options.max_candidates = 3;
+  const flashgen::TunePlan plan = flashgen::plan_tune(problem, 80, options);
+  const flashgen::BackwardSpaceReport space =
+      flashgen::backward_space(DType::kFloat16, 64, MaskKind::kNone, false, 80);
+  const std::vector<BwdConfig> capped = flashgen::capped_candidates(space, builtin_of(problem), 3);
+  REQUIRE(plan.candidates.size() == capped.size());
+  for (size_t i = 0; i < capped.size(); ++i) CHECK(plan.candidates[i] == capped[i]);
+  CHECK(plan.space.total == space.total);
+  CHECK(plan.space.pruned == space.pruned);
+  CHECK(plan.space.valid == space.valid.size());
+  CHECK(plan.space.pruned_by_reason == space.pruned_by_reason);
+  CHECK(plan.key == flashgen::tune_problem_key(problem));
+}
+
+TEST_CASE("sweep progress reaches a callback as events or as lines", "[tuner][tune]") {
+  flashgen::SweepProgress timed;
+  timed.phase = flashgen::SweepPhase::kTimed;
+  timed.index = 1;
+  timed.count = 5;
+  timed.config = "fwd_sm80_fp16_d64_m128_n64_w4_s2";
+  timed.status = "ok";
+  timed.median_ms = 0.0412;
+  CHECK(flashgen::progress_line(timed) == "[2/5] fwd_sm80_fp16_d64_m128_n64_w4_s2: 0.0412 ms");
+  flashgen::SweepProgress wrong = timed;
+  wrong.phase = flashgen::SweepPhase::kChecked;
+  wrong.status = "wrong_result";
+  wrong.detail = "max abs error 0.5 on sampled rows\nsecond line";
+  CHECK(flashgen::progress_line(wrong) ==
+        "[2/5] fwd_sm80_fp16_d64_m128_n64_w4_s2: wrong_result (max abs error 0.5 on sampled rows)");
+
+  std::vector<flashgen::SweepPhase> phases;
+  std::vector<std::string> lines;
+  SweepOptions options;
+  CHECK_FALSE(options.progress);
+  options.progress = [&](const flashgen::SweepProgress& event) { phases.push_back(event.phase); };
+  options.progress(timed);
+  options.progress = [&](const std::string& line) { lines.push_back(line); };
+  options.progress(wrong);
+  CHECK(phases == std::vector<flashgen::SweepPhase>{flashgen::SweepPhase::kTimed});
+  CHECK(lines == std::vector<std::string>{flashgen::progress_line(wrong)});
+}

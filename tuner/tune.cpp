@@ -1,0 +1,147 @@
+// The tuning orchestrator: store look-up, the candidate plan around the one built-in choice, the sweep of
+// either pass and the record of its rows and winner.
+#include "tuner/tune.hpp"
+
+#include <utility>
+
+#include "flashgen/error.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "tuner/choice.hpp"
+#include "tuner/space.hpp"
+
+namespace flashgen {
+
+namespace {
+
+template <class Config>
+SpaceCounts counts_of(const BasicSpaceReport<Config>& space) {
+  return {space.total, space.pruned, space.pruned_by_reason, space.valid.size()};
+}
+
+// The candidates of a pass: the named configs, else the space capped around the built-in choice.
+template <class Config>
+std::vector<TunedConfig> pass_candidates(const BasicSpaceReport<Config>& space, const Config& builtin,
+                                         const TuneOptions& options) {
+  if (!options.named.empty()) return options.named;
+  std::vector<TunedConfig> candidates;
+  for (const Config& c : capped_candidates(space, builtin, options.max_candidates)) candidates.emplace_back(c);
+  return candidates;
+}
+
+template <class Config>
+std::vector<Config> configs_as(const std::vector<TunedConfig>& configs) {
+  std::vector<Config> typed;
+  for (const TunedConfig& c : configs) typed.push_back(std::get<Config>(c));
+  return typed;
+}
+
+// The real sweep of problem's pass on a non-blocking stream of the current context, made for it so the
+// timings wait on no other work.
+SweepResult sweep_on_own_stream(const TuneProblem& problem, const std::vector<TunedConfig>& candidates,
+                                const SweepOptions& options) {
+  struct OwnStream {
+    CUstream stream = nullptr;
+    OwnStream() { FLASHGEN_CU_CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING)); }
+    ~OwnStream() { driver().cuStreamDestroy(stream); }
+  } own;
+  if (problem.backward) return sweep_backward(problem, configs_as<BwdConfig>(candidates), own.stream, options);
+  return sweep_forward(problem, configs_as<KernelConfig>(candidates), own.stream, options);
+}
+
+}  // namespace
+
+TuneProblem forward_tune_problem(const ForwardSweepProblem& problem) {
+  TuneProblem tune;
+  static_cast<ForwardSweepProblem&>(tune) = problem;
+  return tune;
+}
+
+TuneProblem backward_tune_problem(const BackwardSweepProblem& problem) {
+  TuneProblem tune;
+  static_cast<BackwardSweepProblem&>(tune) = problem;
+  tune.backward = true;
+  return tune;
+}
+
+ProblemKey tune_problem_key(const TuneProblem& problem) {
+  return problem.backward ? sweep_problem_key(static_cast<const BackwardSweepProblem&>(problem))
+                          : sweep_problem_key(static_cast<const ForwardSweepProblem&>(problem));
+}
+
+std::vector<TunedConfig> configs_of_problem(const std::vector<std::string>& names, const ProblemKey& key) {
+  const bool backward = key.family != "fwd";
+  std::vector<TunedConfig> configs;
+  for (const std::string& name : names) {
+    const bool forward_name = name.rfind("fwd_", 0) == 0, backward_name = name.rfind("bwd_", 0) == 0;
+    if ((backward && forward_name) || (!backward && backward_name)) {
+      fail(Status::kInvalidArgument, name + " is a " + (backward ? "forward" : "backward") +
+                                         " config; this problem tunes the " + (backward ? "backward" : "forward"));
+    }
+    const TunedConfig config =
+        backward ? TunedConfig(BwdConfig::from_name(name)) : TunedConfig(KernelConfig::from_name(name));
+    if (!of_problem(config, key)) fail(Status::kInvalidArgument, name + " is not a config of the problem " + key.id());
+    configs.push_back(config);
+  }
+  return configs;
+}
+
+const CandidateResult* TuneResult::builtin_row() const {
+  if (from_store()) return nullptr;
+  const std::string builtin = config_name(plan.builtin);
+  for (const CandidateResult& c : candidates)
+    if (config_name(c.config) == builtin) return &c;
+  return nullptr;
+}
+
+TunePlan plan_tune(const TuneProblem& problem, int arch, const TuneOptions& options) {
+  TunePlan plan;
+  plan.key = tune_problem_key(problem);
+  const ProblemKey& key = plan.key;
+  for (const TunedConfig& c : options.named) {
+    FLASHGEN_REQUIRE(of_problem(c, key), config_name(c) + " is not a config of the problem " + key.id());
+  }
+  if (problem.backward) {
+    const BackwardSpaceReport space = backward_space(key.dtype, key.head_dim, key.mask, problem.deterministic, arch);
+    const BwdConfig builtin =
+        heuristic_backward_choice(key.dtype, key.head_dim, key.mask, problem.deterministic, arch).config;
+    plan.builtin = builtin;
+    plan.space = counts_of(space);
+    plan.candidates = pass_candidates(space, builtin, options);
+  } else {
+    const SpaceReport space = forward_space(key.dtype, key.head_dim, key.mask, arch);
+    const KernelConfig builtin = heuristic_choice(key.dtype, key.head_dim, key.mask, arch).config;
+    plan.builtin = builtin;
+    plan.space = counts_of(space);
+    plan.candidates = pass_candidates(space, builtin, options);
+  }
+  return plan;
+}
+
+TuneResult tune(const TuneProblem& problem, TuningStore& store, const DeviceFingerprint& device, int arch,
+                const TuneOptions& options) {
+  TuneResult result;
+  result.key = tune_problem_key(problem);
+  if (!options.force) {
+    if (std::optional<StoredChoice> stored = store.lookup_exact(device, result.key)) {
+      result.winner = stored->config;
+      result.winner_ms = stored->median_ms;
+      result.decision = "stored winner";
+      result.stored = std::move(stored);
+      return result;
+    }
+  }
+  result.plan = plan_tune(problem, arch, options);
+  if (options.on_plan) options.on_plan(result.plan);
+  SweepOptions sweep = options.sweep;
+  sweep.always_retime.push_back(config_name(result.plan.builtin));
+  SweepResult swept = options.run_sweep ? options.run_sweep(problem, result.plan.candidates, sweep)
+                                        : sweep_on_own_stream(problem, result.plan.candidates, sweep);
+  store.record(device, result.key, swept.candidates, swept.winner, swept.winner_ms);
+  result.candidates = std::move(swept.candidates);
+  result.winner = std::move(swept.winner);
+  result.winner_ms = swept.winner_ms;
+  result.decision = std::move(swept.decision);
+  return result;
+}
+
+}  // namespace flashgen
