@@ -120,12 +120,9 @@ def _readable(t):
 def _view(t, layout):
     """flashgen_tensor over t, read as [batch, seqlen, heads, head_dim] through t's own strides."""
     dims = _BSHD_DIMS[layout]
-    view = _lib.Tensor()
-    view.data = t.data_ptr()
-    view.dtype = _DTYPE_CODES[t.dtype]
-    view.shape = (ctypes.c_int64 * 4)(*(t.shape[i] for i in dims))
-    view.stride = (ctypes.c_int64 * 4)(*(t.stride(i) for i in dims))
-    return view
+    shape, stride = t.shape, t.stride()
+    return _lib.Tensor(t.data_ptr(), _DTYPE_CODES[t.dtype], tuple(shape[i] for i in dims),
+                       tuple(stride[i] for i in dims))
 
 
 def _lse_shape(q, layout):
@@ -184,10 +181,12 @@ def _check_lse(lse, q, layout):
 # "bshd" or "bhsd". Outputs are new contiguous tensors in the inputs' layout; lse is fp32 [batch, heads_q,
 # seqlen_q] in either layout.
 
-def _forward(q, k, v, scale, mask, layout):
-    """(out, lse): the forward op's implementation, also called directly by eager calls (_EagerAttention)."""
-    _check_inputs(q, k, v, layout)
-    _check_mask(mask)
+def _forward(q, k, v, scale, mask, layout, checked=False):
+    """(out, lse): the forward op's implementation, also called directly by eager calls (checked: attention()
+    has checked the arguments already)."""
+    if not checked:
+        _check_inputs(q, k, v, layout)
+        _check_mask(mask)
     with torch.cuda.device(q.device):
         call = _ForwardCall(q, k, v, scale, mask, layout)
         _lib.check(_lib.function("flashgen_attention_forward")(*call.arguments(), _stream(q.device)),
@@ -270,15 +269,14 @@ class _EagerAttention(torch.autograd.Function):
     call costs about 80 µs of Python in torch.library per call, and a process's first one several seconds of
     torch imports (torch._dynamo, sympy, torch.distributed). Same kernels, same arguments, same autograd
     (the ops' _setup_context and _backward); under torch.compile, fake tensors and dispatch modes the ops
-    run instead (_eager_call)."""
+    run instead (_eager_call). forward takes ctx itself: with a separate setup_context, Function.apply binds
+    its arguments through inspect.signature at every call."""
 
     @staticmethod
-    def forward(q, k, v, scale, mask, layout, deterministic):
-        return _forward(q, k, v, scale, mask, layout)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _setup_context(ctx, inputs, output)
+    def forward(ctx, q, k, v, scale, mask, layout, deterministic):
+        output = _forward(q, k, v, scale, mask, layout, checked=True)
+        _setup_context(ctx, (q, k, v, scale, mask, layout, deterministic), output)
+        return output
 
     @staticmethod
     def backward(ctx, dout, dlse):
@@ -375,7 +373,12 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
         out, lse = _Empty.apply(q, k, v, _lse_shape(q, layout))
     else:
         args = (q, k, v, scale, mask, layout, _deterministic(deterministic))
-        out, lse = _EagerAttention.apply(*args) if _eager_call(q, k, v) else torch.ops.flashgen.attention_forward(*args)
+        if not _eager_call(q, k, v):
+            out, lse = torch.ops.flashgen.attention_forward(*args)
+        elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            out, lse = _EagerAttention.apply(*args)
+        else:  # nothing to differentiate: no autograd node at all
+            out, lse = _forward(q, k, v, scale, mask, layout, checked=True)
     return (out, lse) if return_lse else out
 
 
