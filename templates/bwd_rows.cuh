@@ -8,12 +8,10 @@
 #include "attn_params.cuh"
 #include "bwd_traits.cuh"
 #include "sm80_primitives.cuh"
+#include "softmax.cuh"
 
 namespace flashgen {
 namespace bwd {
-
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
-__device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000u); }
 
 // The forward's natural-log LSE in the base-2 units of P = exp2(s * scale_log2 - lse2). A row that saw
 // no key has LSE -inf; +inf makes its P 0 instead of inf.
@@ -76,7 +74,7 @@ struct BwdPreprocess {
     if (lane == 0) {
       p.dsum[flat_row] = sum;
       if (p.lse_log2 != nullptr) {
-        p.lse_log2[flat_row] = valid ? bwd::lse_to_log2(p.lse[head_row0 * p.seqlen_q + row]) : bwd::pos_inf();
+        p.lse_log2[flat_row] = valid ? bwd::lse_to_log2(p.lse[head_row0 * p.seqlen_q + row]) : pos_inf();
       }
     }
 

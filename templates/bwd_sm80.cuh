@@ -2,14 +2,18 @@
 // Generic over a config type (see the generated BwdConfig in generator/generator.cpp). The kernels and
 // the order they run in are described in bwd_traits.cuh. Notation: S = Q Kᵀ (unscaled), P = softmax
 // of scale·S recomputed from the forward's LSE, dP = dO Vᵀ, D = rowsum(dO ∘ O), dS = P ∘ (dP − D);
-// then dV = Pᵀ dO, dK = scale · dSᵀ Q, dQ = scale · dS K.
+// then dV = Pᵀ dO, dK = scale · dSᵀ Q, dQ = scale · dS K. Masking and scores go through the config's
+// Variant (variant.cuh, block_range.cuh); dS is taken with respect to q·k (its score_grad).
 #pragma once
 
 #include "attn_params.cuh"
+#include "block_range.cuh"
 #include "bwd_rows.cuh"
 #include "bwd_traits.cuh"
 #include "sm80_primitives.cuh"
+#include "softmax.cuh"
 #include "tile_copy.cuh"
+#include "variant.cuh"
 
 namespace flashgen {
 namespace bwd {
@@ -39,16 +43,6 @@ struct Lanes {
   }
 };
 
-// Packs 16x16 blocks of a (16, 2j..2j+1 n-tiles) accumulator pair as the A fragment of k-step j: the
-// accumulator layout of n-tiles 2j and 2j+1 is the A-operand layout.
-template <ElemType kElem>
-__device__ __forceinline__ void pack_a(u32 (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
-  a[0] = sm80::pack2<kElem>(lo[0], lo[1]);
-  a[1] = sm80::pack2<kElem>(lo[2], lo[3]);
-  a[2] = sm80::pack2<kElem>(hi[0], hi[1]);
-  a[3] = sm80::pack2<kElem>(hi[2], hi[3]);
-}
-
 }  // namespace bwd
 
 // dK and dV (and, for the atomic strategy, dQ contributions) of one block of kBlockN keys of one
@@ -68,7 +62,7 @@ struct BwdDkdvSm80 {
   static_assert(Cfg::kPadRows == 1, "the sm80 family indexes LSE and D by seqlen_q: its workspace is unpadded");
 
   static constexpr ElemType kElem = Cfg::kElem;
-  static constexpr bool kCausal = Cfg::kMask == MaskKind::kCausal;
+  using Variant = typename Cfg::Variant;
   static constexpr int kThreads = kTraits.threads;
   static constexpr int kWarps = Cfg::kWarps;
   static constexpr int kBlockM = Cfg::kBlockM;
@@ -124,18 +118,11 @@ struct BwdDkdvSm80 {
     const int rows_k = min(kBlockN, p.seqlen_k - n_start);
 
     // Query blocks that see some key of this block: from m_first on. Blocks from m_interior on see
-    // every key of it, so their loop carries no mask code.
-    const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-    int m_first = 0;
-    int m_interior = 0;
-    if constexpr (kCausal) {
-      const int first_row = n_start - p.causal_offset;                 // first query seeing key n_start
-      const int full_row = n_start + kBlockN - 1 - p.causal_offset;    // first query seeing all keys
-      m_first = min(first_row <= 0 ? 0 : first_row / kBlockM, m_blocks);
-      m_interior = full_row <= 0 ? 0 : (full_row + kBlockM - 1) / kBlockM;
-    }
-    if (rows_k < kBlockN) m_interior = m_blocks;  // keys past seqlen_k are masked in every block
-    m_interior = min(max(m_interior, m_first), m_blocks);
+    // every key of it, so their loop carries no mask code (block_range.cuh).
+    const QueryBlocks<Variant, kBlockM, kBlockN> queries(p, batch, n_start, [&] { return rows_k; });
+    const int m_blocks = queries.end;
+    const int m_first = queries.begin;
+    const int m_interior = queries.full_begin;
     const int per_head = m_blocks - m_first;
     const int iterations = per_head * p.group_size;
 
@@ -305,7 +292,8 @@ struct BwdDkdvSm80 {
       float acc_dp[kKeyTiles][kQTiles][4];  // dPᵀ, then dSᵀ
       product_t(acc_dp, v_lane, sdo_tile);
 
-      // Pᵀ = exp2(s * scale_log2 - lse2) with masked entries at 0; dSᵀ = Pᵀ ∘ (dPᵀ - D).
+      // Pᵀ = exp2(s * scale_log2 - lse2) with hidden entries at 0 (s: the variant's score);
+      // dSᵀ = Pᵀ ∘ (dPᵀ - D), with respect to q·k.
 #pragma unroll
       for (int qt = 0; qt < kQTiles; ++qt)
 #pragma unroll
@@ -317,16 +305,19 @@ struct BwdDkdvSm80 {
           for (int kt = 0; kt < kKeyTiles; ++kt)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-              float s = acc_s[kt][qt][2 * h + e] * p.scale_log2;
+              const float qk = acc_s[kt][qt][2 * h + e];
+              const float scale_log2 = p.scale_log2;
+              const int key = n_start + warp_key0 + kt * 16 + g + h * 8;
+              const ScoreAt at{batch, head, m_start + col, key};
+              float s = Variant::score(p, at, qk) * scale_log2;
               if constexpr (kMasked) {
-                const int key = n_start + warp_key0 + kt * 16 + g + h * 8;
                 bool hidden = key >= p.seqlen_k;
-                if constexpr (kCausal) hidden |= key > m_start + col + p.causal_offset;
-                if (hidden) s = bwd::neg_inf();
+                if constexpr (Variant::kHidesKeys) hidden |= !Variant::visible(p, at);
+                if (hidden) s = neg_inf();
               }
               const float pr = sm80::exp2_approx(s - lse2);
               acc_s[kt][qt][2 * h + e] = pr;
-              acc_dp[kt][qt][2 * h + e] = pr * (acc_dp[kt][qt][2 * h + e] - dsum);
+              acc_dp[kt][qt][2 * h + e] = Variant::score_grad(p, at, qk, pr * (acc_dp[kt][qt][2 * h + e] - dsum));
             }
         }
 
@@ -336,8 +327,8 @@ struct BwdDkdvSm80 {
       for (int kt = 0; kt < kKeyTiles; ++kt)
 #pragma unroll
         for (int j = 0; j < kQTiles / 2; ++j) {
-          bwd::pack_a<kElem>(p_frag[kt][j], acc_s[kt][2 * j], acc_s[kt][2 * j + 1]);
-          bwd::pack_a<kElem>(ds_frag[kt][j], acc_dp[kt][2 * j], acc_dp[kt][2 * j + 1]);
+          sm80::pack_a<kElem>(p_frag[kt][j], acc_s[kt][2 * j], acc_s[kt][2 * j + 1]);
+          sm80::pack_a<kElem>(ds_frag[kt][j], acc_dp[kt][2 * j], acc_dp[kt][2 * j + 1]);
         }
 
       accumulate_slice(acc_dv, p_frag, sdo_tile);
@@ -408,7 +399,7 @@ struct BwdDqSm80 {
   static_assert(kTraits.error == nullptr, "invalid backward dq config: see bwd_dq_traits() in bwd_traits.cuh");
 
   static constexpr ElemType kElem = Cfg::kElem;
-  static constexpr bool kCausal = Cfg::kMask == MaskKind::kCausal;
+  using Variant = typename Cfg::Variant;
   static constexpr int kThreads = kTraits.threads;
   static constexpr int kBlockM = Cfg::kDqBlockM;
   static constexpr int kBlockN = Cfg::kDqBlockN;
@@ -455,9 +446,9 @@ struct BwdDqSm80 {
     const long long dsum_flat = head_row0 * bwd::padded_rows<Cfg>(p);       // the workspace's D
 
     const int rows_q = min(kBlockM, p.seqlen_q - m_start);
-    int n_end = p.seqlen_k;
-    if constexpr (kCausal) n_end = min(n_end, m_start + rows_q + p.causal_offset);
-    const int n_blocks = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
+    const KeyBlocks<Variant, kBlockN> blocks(p, batch, m_start, rows_q);  // block_range.cuh
+    const int n_end = blocks.key_end;
+    const int n_blocks = blocks.end;
 
     auto load_kv = [&](int n_block) {
       const u32 sk = skv_addr + (n_block % kStages) * 2 * kKvTileBytes;
@@ -559,21 +550,22 @@ struct BwdDqSm80 {
       for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          int last = p.seqlen_k - 1;  // last visible key of this row, relative to this thread's columns
-          if constexpr (kCausal) last = min(last, m_start + warp_row0 + mt * 16 + g + h * 8 + p.causal_offset);
-          last -= n_start + 2 * t;
+          const int row = m_start + warp_row0 + mt * 16 + g + h * 8;
+          const auto keys = Variant::row_keys(p, batch, head, row, p.seqlen_k - 1, n_start + 2 * t);
 #pragma unroll
           for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              float s = acc_s[mt][nt][2 * h + e] * p.scale_log2;
-              if (kMasked && nt * 8 + e > last) s = bwd::neg_inf();
+              const ScoreAt at{batch, head, row, n_start + 2 * t + nt * 8 + e};
+              const float qk = acc_s[mt][nt][2 * h + e];
+              float s = Variant::score(p, at, qk) * p.scale_log2;
+              if (kMasked && keys.hidden(nt * 8 + e)) s = neg_inf();
               const float pr = sm80::exp2_approx(s - lse2[mt][h]);
-              acc_dp[mt][nt][2 * h + e] = pr * (acc_dp[mt][nt][2 * h + e] - dsum[mt][h]);
+              const float ds = pr * (acc_dp[mt][nt][2 * h + e] - dsum[mt][h]);
+              acc_dp[mt][nt][2 * h + e] = Variant::score_grad(p, at, qk, ds);
             }
         }
-#pragma unroll
-        for (int j = 0; j < kNTiles / 2; ++j) bwd::pack_a<kElem>(ds_frag[mt][j], acc_dp[mt][2 * j], acc_dp[mt][2 * j + 1]);
+        sm80::pack_a_steps<kElem, kNTiles / 2>(ds_frag[mt], acc_dp[mt]);
       }
 
       // dQ += dS K: keys are the k dimension; K tiles are read transposed.
@@ -591,11 +583,7 @@ struct BwdDqSm80 {
         }
     };
 
-    int n_interior = p.seqlen_k / kBlockN;
-    if constexpr (kCausal) n_interior = min(n_interior, max(0, (m_start + p.causal_offset + 1) / kBlockN));
-    n_interior = min(n_interior, n_blocks);
-    for (int n_block = 0; n_block < n_interior; ++n_block) step(n_block, sm80::BoolConstant<false>{});
-    for (int n_block = n_interior; n_block < n_blocks; ++n_block) step(n_block, sm80::BoolConstant<true>{});
+    visit_key_blocks(blocks.full_end(p, batch, m_start), n_blocks, step);
     sm80::cp_async_wait<0>();
 
     u16* dq = static_cast<u16*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride;
@@ -624,6 +612,7 @@ struct FlashgenDefaultBwdConfig {
   static constexpr flashgen::ElemType kElem = flashgen::ElemType::kBFloat16;
   static constexpr int kHeadDim = 128;
   static constexpr flashgen::MaskKind kMask = flashgen::MaskKind::kCausal;
+  using Variant = flashgen::CausalMask;
   static constexpr int kBlockM = 64;
   static constexpr int kBlockN = 64;
   static constexpr int kWarps = 4;

@@ -13,16 +13,19 @@
 // registers, adds dV += Pᵀ dO and dK += dSᵀ Q with those as register A operands, and stages dSᵀ in
 // shared memory; once every consumer has, each computes its share of dQ = dS K (dSᵀ and K read
 // MN-major) and adds it into the fp32 accumulator with vector reductions (atomic strategy only). dK and dV leave through the
-// K and V tiles and TMA stores. Validity rules in bwd_sm90_traits() (bwd_traits.cuh).
+// K and V tiles and TMA stores. Validity rules in bwd_sm90_traits() (bwd_traits.cuh). Masking and scores go
+// through the config's Variant (variant.cuh, block_range.cuh).
 #pragma once
 
 #include "attn_params.cuh"
+#include "block_range.cuh"
 #include "bwd_rows.cuh"
 #include "bwd_traits.cuh"
 #include "sm80_primitives.cuh"
 #include "sm90_primitives.cuh"
 #include "sm90_wgmma.cuh"
-#include "tile_copy.cuh"
+#include "softmax.cuh"
+#include "variant.cuh"
 
 namespace flashgen {
 
@@ -38,7 +41,7 @@ struct BwdDkdvSm90 {
   static_assert(Cfg::kPadRows == kBwdSm90PadRows, "the sm90 family reads whole query blocks of the workspace");
 
   static constexpr ElemType kElem = Cfg::kElem;
-  static constexpr bool kCausal = Cfg::kMask == MaskKind::kCausal;
+  using Variant = typename Cfg::Variant;
   static constexpr int kHeadDim = Cfg::kHeadDim;
   static constexpr int kBlockM = Cfg::kBlockM;
   static constexpr int kBlockN = Cfg::kBlockN;
@@ -89,7 +92,7 @@ struct BwdDkdvSm90 {
   };
 
   // The query blocks that see some key of this block, per query head: m_first .. m_blocks - 1; from
-  // m_interior on they see every key (no mask code).
+  // m_interior on they see every key (no mask code; block_range.cuh).
   struct Work {
     int n_start, kv_head, batch, rows_pad;
     int m_blocks, m_first, m_interior, per_head, iterations;
@@ -101,17 +104,10 @@ struct BwdDkdvSm90 {
     w.kv_head = blockIdx.y;
     w.batch = blockIdx.z;
     w.rows_pad = bwd::padded_rows<Cfg>(p);
-    w.m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-    w.m_first = 0;
-    w.m_interior = 0;
-    if constexpr (kCausal) {
-      const int first_row = w.n_start - p.causal_offset;               // first query seeing key n_start
-      const int full_row = w.n_start + kBlockN - 1 - p.causal_offset;  // first query seeing all keys
-      w.m_first = min(first_row <= 0 ? 0 : first_row / kBlockM, w.m_blocks);
-      w.m_interior = full_row <= 0 ? 0 : (full_row + kBlockM - 1) / kBlockM;
-    }
-    if (p.seqlen_k - w.n_start < kBlockN) w.m_interior = w.m_blocks;  // keys past seqlen_k are masked
-    w.m_interior = min(max(w.m_interior, w.m_first), w.m_blocks);
+    const QueryBlocks<Variant, kBlockM, kBlockN> queries(p, w.batch, w.n_start, [&] { return p.seqlen_k - w.n_start; });
+    w.m_blocks = queries.end;
+    w.m_first = queries.begin;
+    w.m_interior = queries.full_begin;
     w.per_head = w.m_blocks - w.m_first;
     w.iterations = w.per_head * p.group_size;
     return w;
@@ -210,9 +206,13 @@ struct BwdDkdvSm90 {
 
     sm90::mbarrier_wait(bars.kv_full(), 0);
 
-    // Pᵀ = exp2(s * scale_log2 - lse2) with hidden entries at 0, then dSᵀ = Pᵀ ∘ (dPᵀ - D); queries past
+    // Where entry (i, 2h + e) of this thread's Sᵀ lies: key key_row0 + 8h, query 8i + 2t + e.
+    auto score_at = [&](int head, int m_start, int i, int h, int e) {
+      return ScoreAt{w.batch, head, m_start + 8 * i + 2 * t + e, w.n_start + key_row0 + 8 * h};
+    };
+    // Pᵀ = exp2(s * scale_log2 - lse2) with hidden entries at 0 (s: the variant's score); queries past
     // seqlen_q have lse2 = +inf in the padded workspace, so only keys need masking.
-    auto probabilities = [&](float (&acc_s)[kSGroups][4], u32 s_lse, int m_start, auto masked) {
+    auto probabilities = [&](float (&acc_s)[kSGroups][4], u32 s_lse, int head, int m_start, auto masked) {
 #pragma unroll
       for (int i = 0; i < kSGroups; ++i) {
         float lse2[2];
@@ -221,12 +221,12 @@ struct BwdDkdvSm90 {
         for (int h = 0; h < 2; ++h)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            float s = acc_s[i][2 * h + e] * p.scale_log2;
+            const ScoreAt at = score_at(head, m_start, i, h, e);
+            float s = Variant::score(p, at, acc_s[i][2 * h + e]) * p.scale_log2;
             if constexpr (decltype(masked)::value) {
-              const int key = w.n_start + key_row0 + 8 * h;
-              bool hidden = key >= p.seqlen_k;
-              if constexpr (kCausal) hidden |= key > m_start + 8 * i + 2 * t + e + p.causal_offset;
-              if (hidden) s = bwd::neg_inf();
+              bool hidden = at.k >= p.seqlen_k;
+              if constexpr (Variant::kHidesKeys) hidden |= !Variant::visible(p, at);
+              if (hidden) s = neg_inf();
             }
             acc_s[i][2 * h + e] = sm80::exp2_approx(s - lse2[e]);
           }
@@ -272,35 +272,38 @@ struct BwdDkdvSm90 {
 
       sm90::wgmma_wait<1>();
       sm90::pin_registers(acc_s);
+      float qk[kSGroups][4];  // Sᵀ as q·k, for the variant's score_grad (nothing left of it when unused)
+#pragma unroll
+      for (int i = 0; i < kSGroups; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) qk[i][e] = acc_s[i][e];
       if (m_block < w.m_interior) {
-        probabilities(acc_s, s_lse, m_start, sm80::BoolConstant<true>{});
+        probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<true>{});
       } else {
-        probabilities(acc_s, s_lse, m_start, sm80::BoolConstant<false>{});
+        probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<false>{});
       }
       sm90::wgmma_wait<0>();
       sm90::pin_registers(acc_dp);
+      // dSᵀ = Pᵀ ∘ (dPᵀ - D), with respect to q·k.
 #pragma unroll
       for (int i = 0; i < kSGroups; ++i) {
         float dsum[2];
         sm90::ld_shared_f32x2(s_dsum + (8 * i + 2 * t) * 4, dsum[0], dsum[1]);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc_dp[i][e] = acc_s[i][e] * (acc_dp[i][e] - dsum[e % 2]);
+        for (int e = 0; e < 4; ++e) {
+          const float ds = acc_s[i][e] * (acc_dp[i][e] - dsum[e % 2]);
+          acc_dp[i][e] = Variant::score_grad(p, score_at(head, m_start, i, e / 2, e % 2), qk[i][e], ds);
+        }
       }
 
-      // Pᵀ and dSᵀ as 16-bit A fragments (groups 2j, 2j+1 are k-step j's m16n8k16 A fragment), and dSᵀ
-      // into shared memory for the dQ product.
+      // Pᵀ and dSᵀ as 16-bit A fragments (groups 2j, 2j+1 are k-step j's A fragment), and dSᵀ into shared
+      // memory for the dQ product.
       u32 p_frag[kMSteps][4];
       u32 ds_frag[kMSteps][4];
 #pragma unroll
       for (int j = 0; j < kMSteps; ++j) {
-        p_frag[j][0] = sm80::pack2<kElem>(acc_s[2 * j][0], acc_s[2 * j][1]);
-        p_frag[j][1] = sm80::pack2<kElem>(acc_s[2 * j][2], acc_s[2 * j][3]);
-        p_frag[j][2] = sm80::pack2<kElem>(acc_s[2 * j + 1][0], acc_s[2 * j + 1][1]);
-        p_frag[j][3] = sm80::pack2<kElem>(acc_s[2 * j + 1][2], acc_s[2 * j + 1][3]);
-        ds_frag[j][0] = sm80::pack2<kElem>(acc_dp[2 * j][0], acc_dp[2 * j][1]);
-        ds_frag[j][1] = sm80::pack2<kElem>(acc_dp[2 * j][2], acc_dp[2 * j][3]);
-        ds_frag[j][2] = sm80::pack2<kElem>(acc_dp[2 * j + 1][0], acc_dp[2 * j + 1][1]);
-        ds_frag[j][3] = sm80::pack2<kElem>(acc_dp[2 * j + 1][2], acc_dp[2 * j + 1][3]);
+        sm80::pack_a<kElem>(p_frag[j], acc_s[2 * j], acc_s[2 * j + 1]);
+        sm80::pack_a<kElem>(ds_frag[j], acc_dp[2 * j], acc_dp[2 * j + 1]);
       }
       if constexpr (kAtomicDq) {
 #pragma unroll
@@ -407,6 +410,7 @@ struct FlashgenDefaultBwdSm90Config {
   static constexpr flashgen::ElemType kElem = flashgen::ElemType::kBFloat16;
   static constexpr int kHeadDim = 128;
   static constexpr flashgen::MaskKind kMask = flashgen::MaskKind::kCausal;
+  using Variant = flashgen::CausalMask;
   static constexpr int kBlockM = 64;
   static constexpr int kBlockN = 128;
   static constexpr int kStages = 2;

@@ -2,13 +2,17 @@
 // Generic over a config type (see the generated Config in generator/generator.cpp): one thread block
 // computes kBlockM query rows of one (batch, head); each warp owns kBlockM / kWarps of those rows and
 // streams K/V tiles of kBlockN keys through a kStages-deep cp.async ring, with an online softmax in
-// base 2 and the output normalised once at the end.
+// base 2 (softmax.cuh) and the output normalised once at the end. Masking and scores go through the
+// config's Variant (variant.cuh, block_range.cuh).
 #pragma once
 
 #include "attn_params.cuh"
+#include "block_range.cuh"
 #include "fwd_traits.cuh"
 #include "sm80_primitives.cuh"
+#include "softmax.cuh"
 #include "tile_copy.cuh"
+#include "variant.cuh"
 
 namespace flashgen {
 
@@ -22,7 +26,7 @@ struct FwdSm80 {
   static_assert(kTraits.error == nullptr, "invalid forward config: see fwd_traits() in fwd_traits.cuh");
 
   static constexpr ElemType kElem = Cfg::kElem;
-  static constexpr bool kCausal = Cfg::kMask == MaskKind::kCausal;
+  using Variant = typename Cfg::Variant;
   static constexpr bool kQInRegs = Cfg::kQInRegs;
   static constexpr int kThreads = kTraits.threads;
   static constexpr int kBlockM = Cfg::kBlockM;
@@ -40,9 +44,6 @@ struct FwdSm80 {
   static constexpr int kChunks = kHeadDimPad / 8;      // 16-byte chunks per smem row
   static constexpr int kValidChunks = kHeadDim / 8;    // chunks that hold data; the rest are zero-filled
   static constexpr int kTileElems = kBlockN * kRow;    // one K or V tile in smem
-  static __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
-  // Largest log2 growth of the row max absorbed without rescaling O: P stays below 2^8.
-  static constexpr float kRescaleSlack = 8.f;
 
   template <int kRows>
   static __device__ __forceinline__ void load_tile(u32 smem_tile, const u16* gmem, long long row_stride,
@@ -83,12 +84,11 @@ struct FwdSm80 {
              m_start * p.o_row_stride;
 
     const int rows_q = min(kBlockM, p.seqlen_q - m_start);
-    // Keys past n_end are masked for every row of this block.
-    int n_end = p.seqlen_k;
-    if constexpr (kCausal) n_end = min(n_end, m_start + rows_q + p.causal_offset);
-    const int n_blocks = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
+    const KeyBlocks<Variant, kBlockN> blocks(p, batch, m_start, rows_q);
+    const int n_end = blocks.key_end;
+    const int n_blocks = blocks.end;
 
-    // Keys at or past n_end are masked for every row, so they are zero-filled rather than read.
+    // Keys at or past n_end are hidden from every row, so they are zero-filled rather than read.
     auto load_kv = [&](int n_block) {
       const u32 sk = skv_addr + (n_block % kStages) * 2 * kTileBytes;
       const int n_start = n_block * kBlockN;
@@ -191,59 +191,31 @@ struct FwdSm80 {
       load_kv(n_block + kStages - 1);
       sm80::cp_async_commit();
 
-      // Mask keys past seqlen_k and, for causal configs, keys after each row's diagonal.
-      if constexpr (kMasked) {
-        const int n_start = n_block * kBlockN;
+      // The variant's scores: its transform, and in partial blocks its mask and seqlen_k's (block_range.cuh).
+      const int n_start = n_block * kBlockN;
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            // Last visible key of this row, relative to this thread's first column in the block.
-            const int row = warp_row0 + mt * 16 + g + h * 8;
-            int last = p.seqlen_k - 1;
-            if constexpr (kCausal) last = min(last, row + p.causal_offset);
-            last -= n_start + 2 * t;
-#pragma unroll
-            for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-              for (int e = 0; e < 2; ++e)
-                if (nt * 8 + e > last) acc_s[mt][nt][2 * h + e] = neg_inf();
-          }
-      }
+      for (int mt = 0; mt < kMTiles; ++mt)
+        variant_scores<Variant, kNTiles, kMasked>(p, acc_s[mt], batch, head, warp_row0 + mt * 16 + g, n_start, t);
 
-      // Online softmax in base 2 with lazy rescaling. The running max m (log2 units, scale folded in)
-      // moves only when a row's block max exceeds it by more than kRescaleSlack, so P = exp2(s - m) stays
-      // below 2^kRescaleSlack (exactly representable range in fp16/bf16, harmless in fp32 sums) and O is
-      // rescaled only in the rare blocks where some row of the warp needs it. The result is the same
-      // function: the final normalisation and the LSE use the same m.
+      // Online softmax (softmax.cuh): every row's block max first, then one vote of the warp on rescaling.
       float block_max[kMTiles][2];  // this block's max (log2 units) of rows g and g + 8 of each tile
       bool any_rescale = false;
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          float mx = neg_inf();
-#pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt)
-            mx = fmaxf(mx, fmaxf(acc_s[mt][nt][2 * h], acc_s[mt][nt][2 * h + 1]));
-          block_max[mt][h] = sm80::quad_max(mx) * p.scale_log2;  // -inf stays -inf: scale_log2 > 0
-          any_rescale |= block_max[mt][h] > row_max[mt][h] + kRescaleSlack;
+          block_max[mt][h] = softmax::block_max<kNTiles>(acc_s[mt], h, p.scale_log2);
+          any_rescale |= softmax::max_moves(block_max[mt][h], row_max[mt][h]);
         }
       if (__any_sync(0xffffffffu, any_rescale)) {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const bool moves = block_max[mt][h] > row_max[mt][h] + kRescaleSlack;
-            // exp2(-inf - finite) = 0: a row's first visible block drops the (empty) history.
-            const float correction = moves ? sm80::exp2_approx(row_max[mt][h] - block_max[mt][h]) : 1.f;
-            row_max[mt][h] = moves ? block_max[mt][h] : row_max[mt][h];
+            const bool moves = softmax::max_moves(block_max[mt][h], row_max[mt][h]);
+            const float correction = softmax::move_max(moves, block_max[mt][h], row_max[mt][h]);
             row_sum[mt][h] *= correction;
-#pragma unroll
-            for (int dt = 0; dt < kDTiles; ++dt) {
-              acc_o[mt][dt][2 * h] *= correction;
-              acc_o[mt][dt][2 * h + 1] *= correction;
-            }
+            softmax::scale_row(acc_o[mt], h, correction);
           }
       }
 
@@ -252,27 +224,9 @@ struct FwdSm80 {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          // A row that has seen no key keeps m = -inf; subtract 0 then so exp2(-inf) gives 0, not NaN.
-          const float m = row_max[mt][h] == neg_inf() ? 0.f : row_max[mt][h];
-          float sum = 0.f;
-#pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-            for (int e = 2 * h; e < 2 * h + 2; ++e) {
-              acc_s[mt][nt][e] = sm80::exp2_approx(acc_s[mt][nt][e] * p.scale_log2 - m);
-              sum += acc_s[mt][nt][e];
-            }
-          row_sum[mt][h] += sum;
-        }
-        // The accumulator layout of key tiles 2j and 2j+1 is the A-operand layout of k-step j.
-#pragma unroll
-        for (int j = 0; j < kNTiles / 2; ++j) {
-          p_frag[mt][j][0] = sm80::pack2<kElem>(acc_s[mt][2 * j][0], acc_s[mt][2 * j][1]);
-          p_frag[mt][j][1] = sm80::pack2<kElem>(acc_s[mt][2 * j][2], acc_s[mt][2 * j][3]);
-          p_frag[mt][j][2] = sm80::pack2<kElem>(acc_s[mt][2 * j + 1][0], acc_s[mt][2 * j + 1][1]);
-          p_frag[mt][j][3] = sm80::pack2<kElem>(acc_s[mt][2 * j + 1][2], acc_s[mt][2 * j + 1][3]);
-        }
+        for (int h = 0; h < 2; ++h)
+          row_sum[mt][h] += softmax::exponentiate<kNTiles, true>(acc_s[mt], h, row_max[mt][h], p.scale_log2);
+        sm80::pack_a_steps<kElem, kNTiles / 2>(p_frag[mt], acc_s[mt]);
       }
 
       // O += P V: keys are the k dimension; V tiles are read transposed.
@@ -291,13 +245,8 @@ struct FwdSm80 {
       }
     };
 
-    // Blocks below n_interior need no mask for any row of this block: every key is inside seqlen_k and,
-    // for causal configs, at or before the first row's diagonal.
-    int n_interior = p.seqlen_k / kBlockN;
-    if constexpr (kCausal) n_interior = min(n_interior, max(0, (m_start + p.causal_offset + 1) / kBlockN));
-    n_interior = min(n_interior, n_blocks);
-    for (int n_block = 0; n_block < n_interior; ++n_block) attend(n_block, sm80::BoolConstant<false>{});
-    for (int n_block = n_interior; n_block < n_blocks; ++n_block) attend(n_block, sm80::BoolConstant<true>{});
+    // Blocks below full_end need no mask for any row of this block (block_range.cuh).
+    visit_key_blocks(blocks.full_end(p, batch, m_start), n_blocks, attend);
 
     // The output tile reuses the Q rows: every thread's Q copies must have landed, including when no
     // key block was visible (n_blocks == 0) and the loop's barriers never ran.
@@ -310,17 +259,11 @@ struct FwdSm80 {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float sum = sm80::quad_sum(row_sum[mt][h]);
-        const float inv = sum > 0.f ? 1.f / sum : 0.f;  // a fully masked row has sum 0: output 0
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          acc_o[mt][dt][2 * h] *= inv;
-          acc_o[mt][dt][2 * h + 1] *= inv;
-        }
+        softmax::scale_row(acc_o[mt], h, softmax::inverse_sum(sum));
         const int row = warp_row0 + mt * 16 + g + h * 8;
         if (p.lse != nullptr && t == 0 && row < p.seqlen_q) {
-          constexpr float kLn2 = 0.6931471805599453f;
-          const float lse = sum > 0.f ? (row_max[mt][h] + sm80::log2_approx(sum)) * kLn2 : neg_inf();
-          p.lse[(static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q + row] = lse;
+          p.lse[(static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q + row] =
+              softmax::lse(row_max[mt][h], sum);
         }
       }
     }
@@ -364,6 +307,7 @@ struct FlashgenDefaultFwdConfig {
   static constexpr flashgen::ElemType kElem = flashgen::ElemType::kFloat16;
   static constexpr int kHeadDim = 128;
   static constexpr flashgen::MaskKind kMask = flashgen::MaskKind::kCausal;
+  using Variant = flashgen::CausalMask;
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = 32;
   static constexpr int kWarps = 4;

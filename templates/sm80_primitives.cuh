@@ -11,6 +11,16 @@ namespace sm80 {
 typedef unsigned short u16;  // fp16 or bf16 bits; the kernels never do arithmetic on them directly
 typedef unsigned int u32;
 
+// std::integral_constant without <type_traits>: NVRTC compiles the templates with no standard headers.
+template <bool kValue>
+struct BoolConstant {
+  static constexpr bool value = kValue;
+};
+template <int kValue>
+struct IntConstant {
+  static constexpr int value = kValue;
+};
+
 // Shared-memory address (32-bit, .shared window) of a generic pointer into shared memory.
 __device__ __forceinline__ u32 smem_addr(const void* ptr) {
   u32 addr;
@@ -80,6 +90,24 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {
     asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
   }
   return r;
+}
+
+// An fp32 accumulator's 8-column groups 2j and 2j + 1 of 16 rows (mma.sync m16n8 or wgmma layout: row g
+// in [0], [1], row g + 8 in [2], [3]) are laid out as the 16-bit A operand of k-step j (16 x 16) of
+// mma.sync m16n8k16 and of wgmma with A in registers: packs groups lo and hi as that fragment.
+template <ElemType kElem>
+__device__ __forceinline__ void pack_a(u32 (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+  a[0] = pack2<kElem>(lo[0], lo[1]);
+  a[1] = pack2<kElem>(lo[2], lo[3]);
+  a[2] = pack2<kElem>(hi[0], hi[1]);
+  a[3] = pack2<kElem>(hi[2], hi[3]);
+}
+
+// The first kSteps k-steps of an accumulator tile (8 * 2 * kSteps columns) as A fragments.
+template <ElemType kElem, int kSteps, int kFragSteps, int kGroups>
+__device__ __forceinline__ void pack_a_steps(u32 (&a)[kFragSteps][4], const float (&acc)[kGroups][4]) {
+#pragma unroll
+  for (int j = 0; j < kSteps; ++j) pack_a<kElem>(a[j], acc[2 * j], acc[2 * j + 1]);
 }
 
 // The two 16-bit values of a packed pair as fp32: (low half, high half).

@@ -55,16 +55,6 @@ struct TileCopy {
 
 };
 
-// std::integral_constant without <type_traits>: NVRTC compiles the templates with no standard headers.
-template <bool kValue>
-struct BoolConstant {
-  static constexpr bool value = kValue;
-};
-template <int kValue>
-struct IntConstant {
-  static constexpr int value = kValue;
-};
-
 }  // namespace sm80
 }  // namespace flashgen
 

@@ -95,6 +95,36 @@ TEST_CASE("a generated unit carries only the templates it includes", "[generator
   CHECK(has(sm90_headers, "sm90_primitives.cuh"));
   CHECK(has(sm90_headers, "sm80_primitives.cuh"));  // its softmax helpers
   CHECK_FALSE(has(sm90_headers, "fwd_sm80.cuh"));
+  // The Hopper forward's parts, and the device code every family shares.
+  for (const char* part : {"fwd_sm90_layout.cuh", "fwd_sm90_scheduler.cuh", "fwd_sm90_producer.cuh",
+                           "fwd_sm90_consumer.cuh", "fwd_sm90_epilogue.cuh"}) {
+    INFO(part);
+    CHECK(has(sm90_headers, part));
+    CHECK_FALSE(has(sm80_headers, part));
+  }
+  for (const char* shared : {"variant.cuh", "block_range.cuh", "softmax.cuh"}) {
+    INFO(shared);
+    CHECK(has(sm80_headers, shared));
+    CHECK(has(sm90_headers, shared));
+  }
+}
+
+TEST_CASE("the config header names the variant policy of the mask", "[generator]") {
+  auto config_header = [](const flashgen::GeneratedSource& source) { return source.headers.front().contents; };
+  for (flashgen::KernelFamily family : {flashgen::KernelFamily::kSm80, flashgen::KernelFamily::kSm90}) {
+    flashgen::KernelConfig c;
+    c.family = family;
+    c.block_n = family == flashgen::KernelFamily::kSm90 ? 128 : 32;
+    c.stages = 2;
+    INFO(c.name());
+    CHECK(config_header(flashgen::generate(c)).find("  using Variant = flashgen::NoMask;\n") != std::string::npos);
+    c.mask = flashgen::MaskKind::kCausal;
+    CHECK(config_header(flashgen::generate(c)).find("  using Variant = flashgen::CausalMask;\n") != std::string::npos);
+  }
+  flashgen::BwdConfig b;
+  b.mask = flashgen::MaskKind::kCausal;
+  CHECK(config_header(flashgen::generate(b)).find("  using Variant = flashgen::CausalMask;\n") != std::string::npos);
+  CHECK(config_header(flashgen::generate(b)).find("#include \"variant.cuh\"\n") != std::string::npos);
 }
 
 TEST_CASE("generation is deterministic and embeds the templates", "[generator]") {

@@ -1,5 +1,7 @@
 # Compiles every template on its own with nvcc (-DFLASHGEN_STANDALONE instantiates a default config)
-# for sm_80 and sm_90a; the sm90 family's templates (wgmma, TMA, setmaxnreg) for sm_90a only. Run by CTest: cmake -DNVCC=... -DTEMPLATE_DIR=... -DWORK_DIR=... -P standalone.cmake
+# for sm_80 and sm_90a; the sm90 family's templates (wgmma, TMA, setmaxnreg) for sm_90a only; then checks
+# the variant policies on the host (variant_check.cu). Run by CTest: cmake -DNVCC=... -DTEMPLATE_DIR=...
+# -DWORK_DIR=... -P standalone.cmake
 file(GLOB templates ${TEMPLATE_DIR}/*.cuh)
 file(MAKE_DIRECTORY ${WORK_DIR})
 foreach(path IN LISTS templates)
@@ -18,3 +20,17 @@ foreach(path IN LISTS templates)
     message(STATUS "${name}.cuh compiles on its own for sm_${arch}")
   endforeach()
 endforeach()
+
+# Every variant policy agrees with its own visible() (variant_check.cu, host code).
+get_filename_component(check_dir ${CMAKE_CURRENT_LIST_DIR} ABSOLUTE)
+execute_process(
+  COMMAND ${NVCC} -x cu -std=c++17 -I${TEMPLATE_DIR} ${check_dir}/variant_check.cu -o ${WORK_DIR}/variant_check
+  RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT result EQUAL 0)
+  message(FATAL_ERROR "nvcc failed on variant_check.cu:\n${out}${err}")
+endif()
+execute_process(COMMAND ${WORK_DIR}/variant_check RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT result EQUAL 0)
+  message(FATAL_ERROR "variant_check failed:\n${out}${err}")
+endif()
+message(STATUS "${out}")

@@ -1,0 +1,124 @@
+// What the four kernel families derive from the variant policy (variant.cuh) and the sequence bounds:
+// the key blocks a query block visits (forward, and the backward's dq kernel), the query blocks a key
+// block visits (the backward's dkdv kernels), each split into blocks that need a per-element mask and
+// blocks that need none; and the variant's scores (its transform, and its mask in partial blocks) on one
+// 16-row tile of S in the forward accumulator layout (softmax.cuh). The ranges take each row to see a
+// prefix of the keys that grows with the row (none and causal; tests/templates/variant_check.cu checks
+// them against visible()); a variant whose rows also skip earlier keys (a window) adds a first block.
+#pragma once
+
+#include "sm80_primitives.cuh"
+#include "softmax.cuh"
+#include "variant.cuh"
+
+namespace flashgen {
+
+// The blocks of kBlockN keys that query rows [row_begin, row_begin + rows) of one (batch, head) visit:
+// blocks [0, end) hold a key some row sees (keys at or past key_end are hidden from every row, so the
+// kernels zero-fill them rather than read them). Blocks [0, full_end()) need no per-element mask: every
+// key is inside seqlen_k and visible to every row; the rest are partial.
+template <class Variant, int kBlockN>
+struct KeyBlocks {
+  int key_end;
+  int end;
+
+  template <class Params>
+  __host__ __device__ __forceinline__ KeyBlocks(const Params& p, int batch, int row_begin, int rows) {
+    key_end = p.seqlen_k;
+    if constexpr (Variant::kHidesKeys) key_end = min(key_end, Variant::key_end(p, batch, row_begin + rows));
+    end = key_end > 0 ? (key_end + kBlockN - 1) / kBlockN : 0;
+  }
+
+  // Computed where a kernel first needs it (row_begin as above).
+  template <class Params>
+  __host__ __device__ __forceinline__ int full_end(const Params& p, int batch, int row_begin) const {
+    int full = p.seqlen_k / kBlockN;
+    // The first row sees the fewest keys: the blocks before its last key + 1.
+    if constexpr (Variant::kHidesKeys) {
+      full = min(full, max(0, (Variant::last_key(p, batch, row_begin) + 1) / kBlockN));
+    }
+    return min(full, end);
+  }
+};
+
+// Visits key blocks [0, end) in order, as the sm80 families walk them through their cp.async rings: the
+// first full_end with no per-element mask, visit(n, BoolConstant<false>), the rest with one.
+template <class Visit>
+__device__ __forceinline__ void visit_key_blocks(int full_end, int end, Visit&& visit) {
+  for (int n = 0; n < full_end; ++n) visit(n, sm80::BoolConstant<false>{});
+  for (int n = full_end; n < end; ++n) visit(n, sm80::BoolConstant<true>{});
+}
+
+// The blocks of kBlockM query rows that see keys [key_begin, key_begin + kBlockN) of one (batch, kv
+// head), the same for each query head of its group: blocks [begin, end) hold a row that sees one of the
+// keys; of those, [full_begin, end) see every key (no per-element mask) and [begin, full_begin) are
+// partial. keys() is how many of the block's keys lie inside seqlen_k (kBlockN or more when all do): a
+// block with fewer is partial for every query block. It is asked once, after the variant's range.
+template <class Variant, int kBlockM, int kBlockN>
+struct QueryBlocks {
+  int end;
+  int begin;
+  int full_begin;
+
+  template <class Params, class KeyCount>
+  __host__ __device__ __forceinline__ QueryBlocks(const Params& p, int batch, int key_begin, KeyCount keys) {
+    end = (p.seqlen_q + kBlockM - 1) / kBlockM;
+    begin = 0;
+    full_begin = 0;
+    if constexpr (Variant::kHidesKeys) {
+      const int first_row = Variant::first_query(p, batch, key_begin);               // first query seeing key_begin
+      const int full_row = Variant::first_query(p, batch, key_begin + kBlockN - 1);  // first query seeing all keys
+      begin = min(first_row <= 0 ? 0 : first_row / kBlockM, end);
+      full_begin = full_row <= 0 ? 0 : (full_row + kBlockM - 1) / kBlockM;
+    }
+    if (keys() < kBlockN) full_begin = end;  // keys past seqlen_k are masked in every block
+    full_begin = min(max(full_begin, begin), end);
+  }
+};
+
+// The variant's scores on the first kWidth 8-key groups of a 16-row tile of S = Q Kᵀ (forward layout):
+// this thread holds rows row (h 0) and row + 8 (h 1), keys key0 + 8i + 2t + e of group i (key0: the
+// block's first key; t: lane % 4). In a partial block (kMasked) the scores the variant hides, or whose key
+// lies past seqlen_k, become -inf; every other score becomes the variant's score of it. Nothing is left of
+// it in a full block of a variant that transforms no score.
+template <class Variant, int kWidth, bool kMasked, class Params, int kGroups>
+__device__ __forceinline__ void variant_scores(const Params& p, float (&acc)[kGroups][4], int batch, int head,
+                                               int row, int key0, int t) {
+  if constexpr (kMasked) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      // Key key0 + 2t + o of this row is hidden iff keys.hidden(o).
+      const auto keys = Variant::row_keys(p, batch, head, row + 8 * h, p.seqlen_k - 1, key0 + 2 * t);
+#pragma unroll
+      for (int i = 0; i < kWidth; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (keys.hidden(i * 8 + e)) acc[i][2 * h + e] = neg_inf();
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kWidth; ++i)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const float s = acc[i][r];
+      const ScoreAt at{batch, head, row + 8 * (r / 2), key0 + 2 * t + 8 * i + r % 2};
+      acc[i][r] = kMasked && s == neg_inf() ? s : Variant::score(p, at, s);  // q·k itself is finite
+    }
+}
+
+}  // namespace flashgen
+
+#ifdef FLASHGEN_STANDALONE
+// Lets `nvcc -DFLASHGEN_STANDALONE -c` check this header on its own: a causal tile's ranges and mask.
+struct FlashgenBlockRangeCheckParams {
+  int seqlen_q, seqlen_k, causal_offset;
+};
+__global__ void flashgen_block_range_check(const FlashgenBlockRangeCheckParams p, float* out) {
+  using Variant = flashgen::CausalMask;
+  const flashgen::KeyBlocks<Variant, 64> keys(p, 0, 128, 64);
+  const flashgen::QueryBlocks<Variant, 64, 64> queries(p, 0, 64, [&] { return p.seqlen_k - 64; });
+  float acc[8][4] = {};
+  flashgen::variant_scores<Variant, 8, true>(p, acc, 0, 0, threadIdx.x / 4, 64, threadIdx.x % 4);
+  out[threadIdx.x] = acc[0][0] + keys.full_end(p, 0, 128) + queries.full_begin;
+}
+#endif

@@ -1,0 +1,81 @@
+// The Hopper forward's epilogue (fwd_sm90.cuh): one consumer warpgroup normalises its 64 rows of O,
+// writes their LSE (softmax.cuh), stages O as 16-bit pairs in its output rows (its Q rows unless kOwnO;
+// the tiles' swizzled layout) and stores them with TMA; without kOwnO it then frees the Q rows.
+#pragma once
+
+#include "attn_params.cuh"
+#include "fwd_sm90_layout.cuh"
+#include "fwd_sm90_scheduler.cuh"
+#include "sm80_primitives.cuh"
+#include "sm90_primitives.cuh"
+#include "softmax.cuh"
+
+namespace flashgen {
+
+template <class Cfg>
+struct FwdSm90Epilogue : FwdSm90Layout<Cfg> {
+  using L = FwdSm90Layout<Cfg>;
+  using Tile = typename FwdSm90Scheduler<Cfg>::Tile;
+  using typename L::Barriers;
+  using typename L::u32;
+  using L::kBlockM;
+  using L::kChunks;
+  using L::kOGroups;
+  using L::kOOffset;
+  using L::kOwnO;
+  using L::kRowBytes;
+  using L::kTensorSum;
+  using L::store_swizzled;
+
+  // Consumer `consumer` of the group (warpgroup among the block's consumers) holds, per thread, rows row0
+  // and row0 + 8 of the tile: acc_o (64, kHeadDim) fp32 unnormalised, row_max (log2 units) and row_sum
+  // (this thread's columns), or with kTensorSum the rows' sums in every column of acc_l (64, 8).
+  static __device__ void store(const AttnFwdSm90Params& params, const Tile& tile, u32 smem, const Barriers& bars,
+                               int warpgroup, int consumer, int row0, float (&acc_o)[kOGroups][4],
+                               const float (&row_max)[2], const float (&row_sum)[2], const float (&acc_l)[1][4]) {
+    const AttnFwdParams& p = params.base;
+    const int t = threadIdx.x % 32 % 4;  // accumulator column pair
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float sum = kTensorSum ? acc_l[0][2 * h] : sm80::quad_sum(row_sum[h]);
+      softmax::scale_row(acc_o, h, softmax::inverse_sum(sum));
+      const int row = row0 + 8 * h;
+      if (p.lse != nullptr && t == 0 && row < p.seqlen_q) {
+        p.lse[(static_cast<long long>(tile.batch) * p.heads_q + tile.head) * p.seqlen_q + row] =
+            softmax::lse(row_max[h], sum);
+      }
+    }
+
+    // Every warp of this warpgroup is done reading its Q rows (kOwnO: the previous tile's store is done
+    // reading the output rows) before any overwrites them.
+    const u32 sq_rows = smem + consumer * 64 * kRowBytes;  // this consumer's 64 Q rows in chunk 0
+    const u32 so_rows = kOwnO ? smem + kOOffset + consumer * 64 * kRowBytes : sq_rows;
+    const u32 barrier_id = 1 + warpgroup;
+    if constexpr (kOwnO) {
+      if (threadIdx.x % 128 == 0) sm90::tma_store_wait_read();
+    }
+    sm90::named_barrier_sync(barrier_id, 128);
+    store_swizzled(so_rows, kBlockM * kRowBytes, acc_o);
+    sm90::fence_proxy_async_smem();
+    sm90::named_barrier_sync(barrier_id, 128);
+    if (threadIdx.x % 128 == 0) {
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        sm90::tma_store_4d(&params.o_map, so_rows + c * kBlockM * kRowBytes, c * 64, tile.m_start + consumer * 64,
+                           tile.head, tile.batch);
+      }
+      sm90::tma_store_commit();
+      if constexpr (!kOwnO) {
+        sm90::tma_store_wait_read();  // the Q rows may take the next tile's Q
+        sm90::mbarrier_arrive(bars.q_empty());
+      }
+    }
+  }
+};
+
+}  // namespace flashgen
+
+#ifdef FLASHGEN_STANDALONE
+// Lets `nvcc -DFLASHGEN_STANDALONE -gencode=arch=compute_90a,code=sm_90a -c` compile this file on its own.
+template struct flashgen::FwdSm90Epilogue<FlashgenDefaultFwdSm90Config>;
+#endif

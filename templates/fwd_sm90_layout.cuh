@@ -1,0 +1,145 @@
+// The Hopper forward's compile-time shape (fwd_sm90.cuh): the config's sizes, the shared-memory layout of
+// one group's tiles and mbarriers, the hardware barrier ids, the K/V ring's slots and phases, and the
+// swizzled store of an accumulator. The scheduler, producer, consumer and epilogue derive from it.
+#pragma once
+
+#include "attn_params.cuh"
+#include "fwd_traits.cuh"
+#include "sm80_primitives.cuh"
+#include "sm90_primitives.cuh"
+#include "variant.cuh"
+
+namespace flashgen {
+
+template <class Cfg>
+struct FwdSm90Layout {
+  using u32 = sm90::u32;
+  using u64 = sm90::u64;
+
+  static constexpr FwdSm90Traits kTraits =
+      fwd_sm90_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kPingPong, Cfg::kPersistent,
+                      Cfg::kPSmem, Cfg::kCluster, Cfg::kMask, Cfg::kGroups, Cfg::kTensorSum, Cfg::kElem);
+  static_assert(kTraits.error == nullptr, "invalid sm90 forward config: see fwd_sm90_traits() in fwd_traits.cuh");
+  // The two blocks of a cluster load each K and V tile once for both: they must visit the same key blocks.
+  static_assert(Cfg::kCluster == 1 || !Cfg::Variant::kHidesKeys, "clusters take variants that hide no key");
+
+  using Variant = typename Cfg::Variant;
+  static constexpr ElemType kElem = Cfg::kElem;
+  static constexpr int kHeadDim = Cfg::kHeadDim;
+  static constexpr int kBlockM = Cfg::kBlockM;
+  static constexpr int kBlockN = Cfg::kBlockN;
+  static constexpr int kStages = Cfg::kStages;
+  static constexpr bool kOverlap = Cfg::kOverlap;
+  static constexpr bool kPingPong = Cfg::kPingPong;
+  static constexpr bool kPersistent = Cfg::kPersistent;
+  static constexpr bool kPSmem = Cfg::kPSmem;
+  static constexpr int kCluster = Cfg::kCluster;
+  static constexpr int kGroups = Cfg::kGroups;
+  static constexpr bool kTensorSum = Cfg::kTensorSum;
+  static constexpr int kConsumers = kTraits.consumers;  // per group
+  static constexpr int kThreads = kTraits.threads;
+
+  // Every tile is stored as kChunks column chunks of 64 elements (128-byte rows), chunk after chunk,
+  // each swizzled in 1024-byte atoms of 8 rows: the layout TMA writes with 128-byte swizzling and the
+  // one wgmma descriptors read.
+  static constexpr int kChunks = kHeadDim / 64;
+  static constexpr u32 kRowBytes = 128;
+  static constexpr u32 kQBytes = kBlockM * kHeadDim * 2;     // (kChunks, kBlockM, 64)
+  static constexpr u32 kTileBytes = kBlockN * kHeadDim * 2;  // one K or V tile: (kChunks, kBlockN, 64)
+  static constexpr u32 kKOffset = kQBytes;
+  static constexpr u32 kVOffset = kKOffset + kStages * kTileBytes;
+  // kPSmem: consumer c's P, (kPChunks, 64, 64), at kPOffset + c * kPBytes.
+  static constexpr int kPChunks = (kBlockN + 63) / 64;
+  static constexpr u32 kPBytes = kPChunks * 64 * kRowBytes;
+  static constexpr u32 kPOffset = kVOffset + kStages * kTileBytes;
+  static constexpr bool kOwnO = kTraits.smem_o_bytes > 0;  // output staging rows apart from Q's
+  static constexpr u32 kOOffset = kPOffset + kTraits.smem_p_bytes;  // (kChunks, kBlockM, 64) when kOwnO
+  // kTensorSum: 1024 bytes of ones (16-bit), B of the rows' sums P (64, kBlockN) x ones (kBlockN, 8).
+  static constexpr u32 kOnesOffset = kOOffset + kTraits.smem_o_bytes;
+  static constexpr u32 kBarrierOffset = kOnesOffset + kTraits.smem_ones_bytes;
+  static_assert(kTraits.smem_p_bytes == (kPSmem ? kConsumers * kPBytes : 0), "layout and traits disagree");
+  static_assert(kBarrierOffset + (3 + 4 * kStages) * 8 == kTraits.smem_group_bytes, "layout and traits disagree");
+  // With kGroups == 2 the block holds two such layouts, kGroupStride bytes apart, each with its own barriers.
+  static constexpr u32 kGroupStride = kTraits.smem_group_stride;
+  static_assert(kGroupStride % 1024 == 0 &&
+                    kTraits.smem_bytes == (kGroups - 1) * kGroupStride + kTraits.smem_group_bytes + 1024,
+                "layout and traits disagree");
+
+  static constexpr int kSGroups = kBlockN / 8;   // accumulator groups of S: (16 rows, 8 keys) per warp
+  static constexpr int kOGroups = kHeadDim / 8;  // accumulator groups of O
+  static constexpr int kPSteps = kBlockN / 16;   // k-steps of O += P V
+  static constexpr int kQkSteps = kHeadDim / 16; // k-steps of S = Q Kᵀ
+
+  // Hardware barriers: 0 is __syncthreads, 1 + w consumer warpgroup w's own (P staging, epilogue; w counts
+  // the block's consumers), kTurnBarrier + 2 * g + c the ping-pong turn of consumer c of group g.
+  static constexpr unsigned kTurnBarrier = 5;
+  static_assert(kGroups * kConsumers < kTurnBarrier && kTurnBarrier + 2 * kGroups <= 16, "hardware barrier ids");
+
+  // The ping-pong turn of consumer c of group g: synced by c, arrived at by the other consumer.
+  static __device__ unsigned turn_barrier(int group, int consumer) {
+    return kTurnBarrier + 2 * static_cast<unsigned>(group) + static_cast<unsigned>(consumer);
+  }
+
+  struct Barriers {
+    // q_full, q_empty, k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages], then two
+    // 32-bit tile slots
+    u32 base;
+    __device__ u32 q_full() const { return base; }
+    // The consumers are done with the Q rows: their last S is complete (kOwnO), or their output has left.
+    __device__ u32 q_empty() const { return base + 8; }
+    __device__ u32 k_full(int s) const { return base + 8 * (2 + s); }
+    __device__ u32 v_full(int s) const { return base + 8 * (2 + kStages + s); }
+    __device__ u32 k_empty(int s) const { return base + 8 * (2 + 2 * kStages + s); }
+    __device__ u32 v_empty(int s) const { return base + 8 * (2 + 3 * kStages + s); }
+    __device__ u32 tile_slot(int j) const { return base + 8 * (2 + 4 * kStages) + 4 * j; }
+  };
+
+  // Key block it of a tile (0 = its last block) is block first_block + it of the block's K/V rings: ring
+  // slot (first_block + it) % kStages, filled in phase ((first_block + it) / kStages) & 1.
+  static __device__ int ring_slot(int block) { return block % kStages; }
+  static __device__ u32 ring_phase(int block) { return static_cast<u32>((block / kStages) & 1); }
+
+  // Stores one warpgroup's (64, 8 * kColumnGroups) fp32 accumulator as 16-bit pairs into rows laid out
+  // like the tiles (64-column chunks chunk_bytes apart, 128-byte rows swizzled in 8-row atoms): column
+  // 8i + 2t of row r lies in chunk i / 8, 16-byte unit i % 8 ^ r % 8.
+  template <int kColumnGroups>
+  static __device__ __forceinline__ void store_swizzled(u32 rows, u32 chunk_bytes,
+                                                       const float (&acc)[kColumnGroups][4]) {
+    const int warp = (threadIdx.x / 32) % 4;
+    const int g = threadIdx.x % 32 / 4;
+    const int t = threadIdx.x % 4;
+#pragma unroll
+    for (int i = 0; i < kColumnGroups; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = warp * 16 + g + 8 * h;  // within the warpgroup's 64 rows
+        const u32 addr = rows + (i / 8) * chunk_bytes + static_cast<u32>(row) * kRowBytes +
+                         static_cast<u32>(((i % 8) ^ (row % 8)) * 16) + 4 * t;
+        sm90::st_shared_u32(addr, sm80::pack2<kElem>(acc[i][2 * h], acc[i][2 * h + 1]));
+      }
+  }
+};
+
+}  // namespace flashgen
+
+#ifdef FLASHGEN_STANDALONE
+// The default config of the Hopper forward's files, each of which `nvcc -DFLASHGEN_STANDALONE
+// -gencode=arch=compute_90a,code=sm_90a -c` compiles on its own with it.
+struct FlashgenDefaultFwdSm90Config {
+  static constexpr flashgen::ElemType kElem = flashgen::ElemType::kFloat16;
+  static constexpr int kHeadDim = 128;
+  static constexpr flashgen::MaskKind kMask = flashgen::MaskKind::kCausal;
+  using Variant = flashgen::CausalMask;
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = 128;
+  static constexpr int kStages = 2;
+  static constexpr bool kOverlap = true;
+  static constexpr bool kPingPong = true;
+  static constexpr bool kPersistent = true;
+  static constexpr bool kPSmem = false;
+  static constexpr int kCluster = 1;
+  static constexpr int kGroups = 1;
+  static constexpr bool kTensorSum = false;
+};
+template struct flashgen::FwdSm90Layout<FlashgenDefaultFwdSm90Config>;
+#endif

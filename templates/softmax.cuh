@@ -1,0 +1,117 @@
+// The online softmax of the forward families (fwd_sm80.cuh, fwd_sm90_consumer.cuh) in base 2 with lazy
+// rescaling, and the infinities every family masks with. The functions work on one 16-row tile of scores
+// in the accumulator layout that mma.sync m16n8 and wgmma share: groups of 4 floats per 8 keys, [0], [1]
+// row g and [2], [3] row g + 8 (g = lane / 4, "h" 0 and 1 below), keys 2t and 2t + 1 (t = lane % 4); a
+// quad of lanes holds a row's 8 keys of each group. A kernel calls them in the order its pipeline needs.
+//
+// Lazy rescaling: the running max m (log2 units, softmax scale folded in) moves only when a row's block
+// max exceeds it by more than kRescaleSlack, so P = exp2(s * scale_log2 - m) stays below 2^kRescaleSlack
+// (exactly representable range in fp16/bf16, harmless in fp32 sums) and O is rescaled only in the rare
+// blocks where some row of the warp needs it. The result is the same function: the final normalisation
+// and the LSE use the same m.
+// Scalars come by const reference: inlined, each function then compiles to the PTX of the code it
+// replaced in the kernels, operand for operand (a by-value float swaps the operands of some multiplies
+// and compares; scripts/compare_kernels.py shows it).
+#pragma once
+
+#include "sm80_primitives.cuh"
+
+namespace flashgen {
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
+__device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000u); }
+
+namespace softmax {
+
+// Largest log2 growth of the row max absorbed without rescaling O: P stays below 2^8.
+constexpr float kRescaleSlack = 8.f;
+
+// This block's max of row h over the first kWidth groups of acc, across the quad, in log2 units.
+template <int kWidth, int kGroups>
+__device__ __forceinline__ float block_max(const float (&acc)[kGroups][4], int h, const float& scale_log2) {
+  float mx = neg_inf();
+#pragma unroll
+  for (int i = 0; i < kWidth; ++i) mx = fmaxf(mx, fmaxf(acc[i][2 * h], acc[i][2 * h + 1]));
+  return sm80::quad_max(mx) * scale_log2;  // -inf stays -inf: scale_log2 > 0
+}
+
+// Whether a row's running max moves for a block whose max is block_max.
+__device__ __forceinline__ bool max_moves(const float& block_max, const float& row_max) {
+  return block_max > row_max + kRescaleSlack;
+}
+
+// Moves row_max to block_max when moves; returns the factor the row's O and sum are scaled by (1 when
+// the max stays). exp2(-inf - finite) = 0: a row's first visible block drops the (empty) history.
+__device__ __forceinline__ float move_max(const bool& moves, const float& block_max, float& row_max) {
+  const float correction = moves ? sm80::exp2_approx(row_max - block_max) : 1.f;
+  row_max = moves ? block_max : row_max;
+  return correction;
+}
+
+// P = exp2(s * scale_log2 - m) in place over row h's first kWidth groups; returns this thread's sum of
+// them when kSum (0 otherwise).
+template <int kWidth, bool kSum, int kGroups>
+__device__ __forceinline__ float exponentiate(float (&acc)[kGroups][4], int h, const float& row_max,
+                                             const float& scale_log2) {
+  // A row that has seen no key keeps m = -inf; subtract 0 then so exp2(-inf) gives 0, not NaN.
+  const float m = row_max == neg_inf() ? 0.f : row_max;
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < kWidth; ++i)
+#pragma unroll
+    for (int e = 2 * h; e < 2 * h + 2; ++e) {
+      acc[i][e] = sm80::exp2_approx(acc[i][e] * scale_log2 - m);
+      if constexpr (kSum) sum += acc[i][e];
+    }
+  return sum;
+}
+
+// Scales row h of an accumulator tile (O, or the rows' sums) by factor.
+template <int kGroups>
+__device__ __forceinline__ void scale_row(float (&acc)[kGroups][4], int h, float factor) {
+#pragma unroll
+  for (int i = 0; i < kGroups; ++i) {
+    acc[i][2 * h] *= factor;
+    acc[i][2 * h + 1] *= factor;
+  }
+}
+
+// Scales rows g and g + 8 of an accumulator tile by factor[0] and factor[1].
+template <int kGroups>
+__device__ __forceinline__ void scale_rows(float (&acc)[kGroups][4], const float (&factor)[2]) {
+#pragma unroll
+  for (int i = 0; i < kGroups; ++i) {
+    acc[i][0] *= factor[0], acc[i][1] *= factor[0];
+    acc[i][2] *= factor[1], acc[i][3] *= factor[1];
+  }
+}
+
+// The end of a row: 1 / sum, or 0 for a fully masked row (sum 0), whose output is 0.
+__device__ __forceinline__ float inverse_sum(float sum) { return sum > 0.f ? 1.f / sum : 0.f; }
+
+// The row's log-sum-exp in natural log from its max (log2 units) and sum; -inf for a fully masked row.
+__device__ __forceinline__ float lse(float row_max, float sum) {
+  constexpr float kLn2 = 0.6931471805599453f;
+  return sum > 0.f ? (row_max + sm80::log2_approx(sum)) * kLn2 : neg_inf();
+}
+
+}  // namespace softmax
+}  // namespace flashgen
+
+#ifdef FLASHGEN_STANDALONE
+// Lets `nvcc -DFLASHGEN_STANDALONE -c` check this header on its own: one block of two rows.
+__global__ void flashgen_softmax_check(const float* s, float* out) {
+  float acc[4][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[i][e] = s[threadIdx.x * 16 + i * 4 + e];
+  float row_max = flashgen::neg_inf();
+  const float block_max = flashgen::softmax::block_max<4>(acc, 0, 1.f);
+  const float correction =
+      flashgen::softmax::move_max(flashgen::softmax::max_moves(block_max, row_max), block_max, row_max);
+  const float sum = flashgen::softmax::exponentiate<4, true>(acc, 0, row_max, 1.f) * correction;
+  flashgen::softmax::scale_row(acc, 0, flashgen::softmax::inverse_sum(sum));
+  out[threadIdx.x] = acc[0][0] + flashgen::softmax::lse(row_max, sum);
+}
+#endif

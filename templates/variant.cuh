@@ -1,0 +1,126 @@
+// Attention variants: one policy type per way of masking and transforming scores. The generated config
+// names it (`using Variant = flashgen::CausalMask;`) and every kernel family asks it the same questions
+// at the same places, mostly through block_range.cuh: which keys a row sees (and, in the backward, which
+// queries see a key), hence which key blocks a query block visits and which of them need a per-element
+// mask; whether one score is visible; each score's transform before the softmax max, and its derivative
+// on dS. A new variant (a soft cap, ALiBi, a window, a user's mask) is one more policy here.
+//
+// A policy is a struct of static members. Params is AttnFwdParams or AttnBwdParams (attn_params.cuh),
+// which both carry seqlen_q, seqlen_k, causal_offset and scale; a variant's run-time arguments (a window,
+// a cap, per-head slopes behind a pointer) join both structs and are read here. Positions are sequence
+// indices: query row q in [0, seqlen_q), key k in [0, seqlen_k); head is the query head. Keys past
+// seqlen_k are hidden by the kernels for every variant; a policy speaks of the keys inside.
+//
+//   kHidesKeys                 compile time: some key inside seqlen_k may be hidden from some row. When
+//                              false the three range questions are never asked (every row sees every key)
+//                              and no block is partial but seqlen_k's ragged last one.
+//   visible(p, at)             whether key at.k is visible to query at.q: the definition the answers
+//                              below agree with (tests/templates/variant_check.cu checks each policy).
+//   row_keys(p, batch, head, row, last_bound, key_base)
+//                              the same for one row and consecutive keys, in the form a kernel tests once
+//                              per score: key key_base + o is hidden iff .hidden(o) (keys past last_bound
+//                              too; o is a fragment's constant column offset).
+//   last_key(p, batch, row)    the last key row sees (may lie outside [0, seqlen_k)).
+//   key_end(p, batch, row_end) one past the last key any row before row_end sees: key_end(r + 1) ==
+//                              last_key(r) + 1, both given in the form the kernels use them.
+//   first_query(p, batch, key) the first query that sees key.
+//   score(p, at, s)            the score of (at.q, at.k) from s = q·k (softmax scale not applied), in the
+//                              same units: the kernels scale it, take the max and exponentiate. Identity in
+//                              the policies below; a soft cap or ALiBi changes it.
+//   score_grad(p, at, s, ds)   the backward's counterpart: from ds, the gradient with respect to
+//                              score(p, at, s), the gradient with respect to s. Identity below.
+// The ranges take each row to see a prefix of the keys that grows with the row (block_range.cuh derives
+// the blocks from last_key, key_end and first_query); a policy whose rows also skip earlier keys (a
+// sliding window, chunked attention) will add a row's first key and a key's last query, and the kernels'
+// walks a partial run at the other end (forward: they start at key block 0; backward: they end at the
+// last query block). Ranges take the batch, not the head: the backward's dkdv kernels share one query
+// range among a kv head's query heads. A kernel asks all of these with values it already holds; a policy
+// that hides no key, or transforms no score, leaves no instruction behind.
+#pragma once
+
+namespace flashgen {
+
+// Where one score lies.
+struct ScoreAt {
+  int batch;
+  int head;  // the query head
+  int q;     // query row in its sequence
+  int k;     // key in its sequence
+};
+
+// The visible keys of one row as a kernel tests them: key base + o is hidden iff o > last (o, a
+// fragment's column offset, is a constant after unrolling: one compare per score).
+struct KeysUpTo {
+  int last;  // the last visible key, relative to the base
+  __host__ __device__ __forceinline__ bool hidden(int offset) const { return offset > last; }
+};
+
+// The score hooks of a variant that leaves scores as they are: a base of the masks below.
+struct UnchangedScores {
+  template <class Params>
+  static __host__ __device__ __forceinline__ float score(const Params&, const ScoreAt&, float s) {
+    return s;
+  }
+  template <class Params>
+  static __host__ __device__ __forceinline__ float score_grad(const Params&, const ScoreAt&, float /*s*/, float ds) {
+    return ds;
+  }
+};
+
+// Every key inside seqlen_k is visible; scores unchanged.
+struct NoMask : UnchangedScores {
+  static constexpr bool kHidesKeys = false;
+
+  template <class Params>
+  static __host__ __device__ __forceinline__ bool visible(const Params&, const ScoreAt&) {
+    return true;
+  }
+  template <class Params>
+  static __host__ __device__ __forceinline__ KeysUpTo row_keys(const Params&, int /*batch*/, int /*head*/,
+                                                                int /*row*/, int last_bound, int key_base) {
+    return {last_bound - key_base};
+  }
+};
+
+// Key k is visible to query q iff k <= q + p.causal_offset: one policy for both alignments, the launcher
+// sets the offset (seqlen_k - seqlen_q bottom-right, 0 top-left). Scores unchanged.
+struct CausalMask : UnchangedScores {
+  static constexpr bool kHidesKeys = true;
+
+  template <class Params>
+  static __host__ __device__ __forceinline__ bool visible(const Params& p, const ScoreAt& at) {
+    return at.k <= at.q + p.causal_offset;
+  }
+  template <class Params>
+  static __host__ __device__ __forceinline__ KeysUpTo row_keys(const Params& p, int /*batch*/, int /*head*/, int row,
+                                                                int last_bound, int key_base) {
+    const int last = min(last_bound, row + p.causal_offset);
+    return {last - key_base};
+  }
+  template <class Params>
+  static __host__ __device__ __forceinline__ int last_key(const Params& p, int /*batch*/, int row) {
+    return row + p.causal_offset;
+  }
+  template <class Params>
+  static __host__ __device__ __forceinline__ int key_end(const Params& p, int /*batch*/, int row_end) {
+    return row_end + p.causal_offset;
+  }
+  template <class Params>
+  static __host__ __device__ __forceinline__ int first_query(const Params& p, int /*batch*/, int key) {
+    return key - p.causal_offset;
+  }
+};
+
+}  // namespace flashgen
+
+#ifdef FLASHGEN_STANDALONE
+// Lets `nvcc -DFLASHGEN_STANDALONE -c` check this header on its own.
+struct FlashgenVariantCheckParams {
+  int seqlen_q, seqlen_k, causal_offset;
+};
+__global__ void flashgen_variant_check(const FlashgenVariantCheckParams p, int* out) {
+  const flashgen::ScoreAt at{0, 0, static_cast<int>(threadIdx.x), static_cast<int>(blockIdx.x)};
+  out[threadIdx.x] = flashgen::CausalMask::visible(p, at) + flashgen::NoMask::visible(p, at) +
+                     flashgen::CausalMask::row_keys(p, 0, 0, at.q, p.seqlen_k - 1, 0).hidden(at.k);
+}
+#endif

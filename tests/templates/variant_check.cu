@@ -1,0 +1,137 @@
+// Checks every variant policy (templates/variant.cuh) against its own definition, visible(), on the host:
+// the per-row forms the kernels test per score and the ranges they derive (block_range.cuh) must agree
+// with it for every row, key and block of small problems, both alignments and ragged lengths. A new
+// policy joins the list in main(). Built and run by standalone.cmake (nvcc, host code only).
+#include <cstdio>
+
+#include "block_range.cuh"
+#include "variant.cuh"
+
+namespace {
+
+// What the policies read of AttnFwdParams / AttnBwdParams.
+struct Params {
+  int seqlen_q, seqlen_k, causal_offset;
+};
+
+int failures = 0;
+
+void fail(const char* policy, const char* what, const Params& p, int a, int b) {
+  if (++failures <= 20) {
+    std::printf("%s: %s (seqlen_q %d, seqlen_k %d, offset %d; %d, %d)\n", policy, what, p.seqlen_q, p.seqlen_k,
+                p.causal_offset, a, b);
+  }
+}
+
+// QueryBlocks' key count, as a callable its __host__ __device__ constructor may call on the host.
+struct KeyCount {
+  int keys;
+  __host__ __device__ int operator()() const { return keys; }
+};
+
+template <class Variant>
+bool visible(const Params& p, int q, int k) {
+  return k < p.seqlen_k && Variant::visible(p, flashgen::ScoreAt{0, 0, q, k});
+}
+
+// The per-row forms: row_keys for every row and key base, and (variants that hide keys) last_key,
+// key_end and first_query.
+template <class Variant>
+void check_rows(const char* name, const Params& p) {
+  for (int q = 0; q < p.seqlen_q; ++q) {
+    for (int base = 0; base < p.seqlen_k; base += 3) {
+      const auto keys = Variant::row_keys(p, 0, 0, q, p.seqlen_k - 1, base);
+      for (int k = base; k < p.seqlen_k + 8; ++k) {
+        if (keys.hidden(k - base) == visible<Variant>(p, q, k)) fail(name, "row_keys disagrees", p, q, k);
+      }
+    }
+    if constexpr (Variant::kHidesKeys) {
+      const int last = Variant::last_key(p, 0, q);
+      if (Variant::key_end(p, 0, q + 1) != last + 1) fail(name, "key_end(q + 1) != last_key(q) + 1", p, q, last);
+      for (int k = 0; k < p.seqlen_k; ++k) {
+        if (visible<Variant>(p, q, k) && k > last) fail(name, "a key past last_key is visible", p, q, k);
+      }
+      if (last >= 0 && last < p.seqlen_k && !visible<Variant>(p, q, last)) {
+        fail(name, "last_key hidden", p, q, last);
+      }
+    }
+  }
+  if constexpr (Variant::kHidesKeys) {
+    for (int k = 0; k < p.seqlen_k; ++k) {
+      const int first = Variant::first_query(p, 0, k);
+      for (int q = 0; q < p.seqlen_q; ++q) {
+        if (visible<Variant>(p, q, k) && q < first) fail(name, "a query before first_query sees the key", p, q, k);
+      }
+      if (first >= 0 && first < p.seqlen_q && !visible<Variant>(p, first, k)) {
+        fail(name, "first_query does not see the key", p, first, k);
+      }
+    }
+  }
+}
+
+// The forward's key blocks of each query block: none visible at or past end (skipped), all visible below
+// full_end (no mask); and the backward's query blocks of each key block likewise.
+template <class Variant, int kBlockM, int kBlockN>
+void check_blocks(const char* name, const Params& p) {
+  const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  const int n_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
+  for (int m = 0; m < m_blocks; ++m) {
+    const int row_begin = m * kBlockM;
+    const int rows = p.seqlen_q - row_begin < kBlockM ? p.seqlen_q - row_begin : kBlockM;
+    const flashgen::KeyBlocks<Variant, kBlockN> blocks(p, 0, row_begin, rows);
+    const int full_end = blocks.full_end(p, 0, row_begin);
+    for (int q = row_begin; q < row_begin + rows; ++q) {
+      for (int k = 0; k < p.seqlen_k; ++k) {
+        if (visible<Variant>(p, q, k) && k >= blocks.key_end) fail(name, "visible key past key_end", p, q, k);
+        if (visible<Variant>(p, q, k) && k / kBlockN >= blocks.end) {
+          fail(name, "visible key in a skipped block", p, q, k);
+        }
+      }
+      for (int k = 0; k < full_end * kBlockN; ++k) {
+        if (!visible<Variant>(p, q, k)) fail(name, "hidden key in a full key block", p, q, k);
+      }
+    }
+  }
+  for (int n = 0; n < n_blocks; ++n) {
+    const int key_begin = n * kBlockN;
+    const flashgen::QueryBlocks<Variant, kBlockM, kBlockN> queries(p, 0, key_begin,
+                                                                    KeyCount{p.seqlen_k - key_begin});
+    if (queries.end != m_blocks) fail(name, "query blocks end", p, n, queries.end);
+    for (int k = key_begin; k < key_begin + kBlockN; ++k) {
+      for (int q = 0; q < p.seqlen_q; ++q) {
+        if (visible<Variant>(p, q, k) && q / kBlockM < queries.begin) {
+          fail(name, "visible key in a skipped query block", p, q, k);
+        }
+        if (!visible<Variant>(p, q, k) && q / kBlockM >= queries.full_begin) {
+          fail(name, "hidden key in a full query block", p, q, k);
+        }
+      }
+    }
+  }
+}
+
+template <class Variant>
+void check(const char* name) {
+  for (int seqlen_q : {1, 5, 16, 33, 70})
+    for (int seqlen_k : {1, 7, 16, 40, 77})
+      for (int offset = -20; offset <= 20 + seqlen_k; ++offset) {  // top-left 0, bottom-right seqlen_k - seqlen_q
+        const Params p{seqlen_q, seqlen_k, offset};
+        check_rows<Variant>(name, p);
+        check_blocks<Variant, 16, 16>(name, p);
+        check_blocks<Variant, 32, 8>(name, p);
+        check_blocks<Variant, 8, 32>(name, p);
+      }
+}
+
+}  // namespace
+
+int main() {
+  check<flashgen::NoMask>("NoMask");
+  check<flashgen::CausalMask>("CausalMask");
+  if (failures > 0) {
+    std::printf("%d failures\n", failures);
+    return 1;
+  }
+  std::printf("variant policies agree with visible()\n");
+  return 0;
+}
