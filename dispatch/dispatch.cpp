@@ -176,11 +176,9 @@ struct Kept {
 };
 
 // The kept launches of one pass. Bounded: a program that calls with ever new sizes starts it afresh.
-template <class Prepared, class Launch>
+template <class Entry>
 class KeptLaunches {
  public:
-  using Entry = Kept<Prepared, Launch>;
-
   std::shared_ptr<const Entry> find(const ClassKey& key) const {
     std::lock_guard<std::mutex> lock(mutex_);
     auto found = entries_.find(key);
@@ -203,44 +201,43 @@ class KeptLaunches {
 using KeptForward = Kept<PreparedForward, ForwardLaunch>;
 using KeptBackward = Kept<PreparedBackward, BackwardLaunch>;
 
-KeptLaunches<PreparedForward, ForwardLaunch>& kept_forward() {
-  static KeptLaunches<PreparedForward, ForwardLaunch> kept;
+template <class Entry>
+KeptLaunches<Entry>& kept_launches() {
+  static KeptLaunches<Entry> kept;
   return kept;
 }
 
-KeptLaunches<PreparedBackward, BackwardLaunch>& kept_backward() {
-  static KeptLaunches<PreparedBackward, BackwardLaunch> kept;
-  return kept;
+// The launcher's preparation of a chosen config, and what a call of each pass reports about it.
+PreparedForward prepare(const ForwardProblem& problem, CUstream stream, const KernelConfig& config) {
+  return prepare_forward(problem, stream, config);
+}
+
+PreparedBackward prepare(const BackwardProblem& problem, CUstream stream, const BwdConfig& config) {
+  return prepare_backward(problem, stream, config);
+}
+
+ForwardLaunch report_of(ForwardChoice&& choice, int arch, const PreparedForward&) {
+  return {std::move(choice.config), arch, std::move(choice.reason), choice.source};
+}
+
+BackwardLaunch report_of(BackwardChoice&& choice, int arch, const PreparedBackward& prepared) {
+  return {std::move(choice.config), arch, std::move(choice.reason), choice.source, prepared.workspace_bytes};
 }
 
 // The kept launch of problem's class, prepared (and kept) now when there is none.
-std::shared_ptr<const KeptForward> forward_launch_of(const ForwardProblem& problem, const ScopedContext& scope,
-                                                     CUstream stream) {
+template <class Entry, class Problem>
+std::shared_ptr<const Entry> launch_of(const Problem& problem, const ScopedContext& scope, CUstream stream) {
+  KeptLaunches<Entry>& kept = kept_launches<Entry>();
   const ClassKey key = class_key(problem, scope);
-  if (auto kept = kept_forward().find(key)) return kept;
+  if (auto found = kept.find(key)) return found;
   // Read before planning: a tuning result stored while this call plans leaves the entry stale, not lost.
   const uint64_t generation = choice_generation();
   auto [choice, arch, final] = plan_in_scope(problem, scope, stream);
-  auto entry = std::make_shared<KeptForward>();
-  entry->prepared = prepare_forward(problem, stream, choice.config);
-  entry->launch = {std::move(choice.config), arch, std::move(choice.reason), choice.source};
+  auto entry = std::make_shared<Entry>();
+  entry->prepared = prepare(problem, stream, choice.config);
+  entry->launch = report_of(std::move(choice), arch, entry->prepared);
   entry->generation = generation;
-  if (final) kept_forward().keep(key, entry);
-  return entry;
-}
-
-std::shared_ptr<const KeptBackward> backward_launch_of(const BackwardProblem& problem, const ScopedContext& scope,
-                                                       CUstream stream) {
-  const ClassKey key = class_key(problem, scope);
-  if (auto kept = kept_backward().find(key)) return kept;
-  const uint64_t generation = choice_generation();
-  auto [choice, arch, final] = plan_in_scope(problem, scope, stream);
-  auto entry = std::make_shared<KeptBackward>();
-  entry->prepared = prepare_backward(problem, stream, choice.config);
-  entry->launch = {std::move(choice.config), arch, std::move(choice.reason), choice.source,
-                   entry->prepared.workspace_bytes};
-  entry->generation = generation;
-  if (final) kept_backward().keep(key, entry);
+  if (final) kept.keep(key, entry);
   return entry;
 }
 
@@ -248,13 +245,13 @@ std::shared_ptr<const KeptBackward> backward_launch_of(const BackwardProblem& pr
 
 ForwardPlan plan_forward(const ForwardProblem& problem, CUstream stream) {
   const ScopedContext scope(stream, problem.params.q);
-  const std::shared_ptr<const KeptForward> kept = forward_launch_of(problem, scope, stream);
+  const std::shared_ptr<const KeptForward> kept = launch_of<KeptForward>(problem, scope, stream);
   return {kept->launch, kept->prepared};
 }
 
 ForwardLaunch attention_forward(const ForwardProblem& problem, CUstream stream) {
   const ScopedContext scope(stream, problem.params.q);
-  const std::shared_ptr<const KeptForward> kept = forward_launch_of(problem, scope, stream);
+  const std::shared_ptr<const KeptForward> kept = launch_of<KeptForward>(problem, scope, stream);
   PreparedForward prepared = kept->prepared;
   prepared.rebind(problem, static_cast<int>(scope.device()));
   prepared(stream);
@@ -276,7 +273,7 @@ ForwardLaunch attention_forward(const flashgen_tensor& q, const flashgen_tensor&
 
 BackwardPlan plan_backward(const BackwardProblem& problem, CUstream stream) {
   const ScopedContext scope(stream, problem.params.q);
-  const std::shared_ptr<const KeptBackward> kept = backward_launch_of(problem, scope, stream);
+  const std::shared_ptr<const KeptBackward> kept = launch_of<KeptBackward>(problem, scope, stream);
   return {kept->launch, kept->prepared};
 }
 
@@ -284,7 +281,7 @@ BackwardLaunch attention_backward(const BackwardProblem& problem, CUstream strea
                                   size_t workspace_bytes) {
   check_workspace_alignment(workspace);  // before anything needs a GPU
   const ScopedContext scope(stream, problem.params.q);
-  const std::shared_ptr<const KeptBackward> kept = backward_launch_of(problem, scope, stream);
+  const std::shared_ptr<const KeptBackward> kept = launch_of<KeptBackward>(problem, scope, stream);
   PreparedBackward prepared = kept->prepared;
   const int device = static_cast<int>(scope.device());
   prepared.rebind(problem, device);
