@@ -23,6 +23,11 @@ import torch
 from . import _lib
 from ._lib import FlashgenArgumentError, FlashgenError
 
+try:  # read once here, not at every call
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+except ImportError:
+    _get_current_dispatch_mode = None
+
 if not (hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_autograd")):
     raise ImportError(f"flashgen.torch needs torch >= 2.4 (torch.library.custom_op); this is torch {torch.__version__}")
 
@@ -296,11 +301,9 @@ def _eager_call(*tensors):
 
 
 def _current_dispatch_mode():
-    try:
-        from torch.utils._python_dispatch import _get_current_dispatch_mode
-    except ImportError:  # without the helper, every call goes through the ops
-        return True
-    return _get_current_dispatch_mode()
+    """The innermost active dispatch mode, or None; True when this torch cannot say (every call then goes
+    through the ops)."""
+    return True if _get_current_dispatch_mode is None else _get_current_dispatch_mode()
 
 
 class _Empty(torch.autograd.Function):
