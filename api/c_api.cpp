@@ -13,7 +13,6 @@
 #include "launch/tensor_checks.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "tuner/store.hpp"
-#include "tuner/sweep.hpp"
 
 namespace {
 
@@ -49,8 +48,15 @@ void copy_json(const nlohmann::json& answer, char* json, size_t capacity, size_t
   json[text.size()] = '\0';
 }
 
-// The sweep problem of a flashgen_forward_problem, checked like the calls check their tensors.
-flashgen::ForwardSweepProblem sweep_problem(const flashgen_forward_problem* problem) {
+// A pointer argument as the C++ API takes it, after the null check the launcher would make.
+template <class T>
+const T& required(const T* argument, const char* name) {
+  FLASHGEN_REQUIRE(argument != nullptr, std::string(name) + ": null pointer");
+  return *argument;
+}
+
+// The problem of a flashgen_forward_problem, checked like the calls check their tensors.
+flashgen::AttentionProblem forward_problem_of(const flashgen_forward_problem* problem) {
   FLASHGEN_REQUIRE(problem != nullptr, "problem: null pointer");
   const int dtype = flashgen::raw_enum(problem->dtype);
   FLASHGEN_REQUIRE(dtype == FLASHGEN_FLOAT16 || dtype == FLASHGEN_BFLOAT16,
@@ -75,16 +81,9 @@ flashgen::ForwardSweepProblem sweep_problem(const flashgen_forward_problem* prob
   FLASHGEN_REQUIRE(mask == FLASHGEN_MASK_NONE || mask == FLASHGEN_MASK_CAUSAL || mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT,
                    "problem.mask: unknown value " + std::to_string(mask));
 
-  flashgen::ForwardSweepProblem sweep;
-  sweep.dtype = flashgen::to_dtype(problem->dtype);
-  sweep.head_dim = static_cast<int>(problem->head_dim);
-  sweep.mask = problem->mask;
-  sweep.batch = static_cast<int>(problem->batch);
-  sweep.heads_q = static_cast<int>(problem->heads_q);
-  sweep.heads_kv = static_cast<int>(problem->heads_kv);
-  sweep.seqlen_q = static_cast<int>(problem->seqlen_q);
-  sweep.seqlen_k = static_cast<int>(problem->seqlen_k);
-  return sweep;
+  const flashgen::AttentionShape shape{problem->batch,   problem->seqlen_q, problem->seqlen_k,
+                                      problem->heads_q, problem->heads_kv, problem->head_dim};
+  return flashgen::forward_problem(flashgen::to_dtype(problem->dtype), shape, problem->mask);
 }
 
 }  // namespace
@@ -93,8 +92,8 @@ extern "C" int flashgen_attention_forward(const flashgen_tensor* q, const flashg
                                           const flashgen_tensor* v, const flashgen_tensor* out, float* lse,
                                           const flashgen_attention_options* opts, void* cuda_stream) {
   return guarded([&] {
-    flashgen::attention_forward(flashgen::make_forward_problem(q, k, v, out, lse, opts),
-                                static_cast<CUstream>(cuda_stream));
+    flashgen::attention_forward(required(q, "q"), required(k, "k"), required(v, "v"), required(out, "out"), lse,
+                                required(opts, "opts"), static_cast<CUstream>(cuda_stream));
   });
 }
 
@@ -104,9 +103,9 @@ extern "C" int flashgen_attention_backward(const flashgen_tensor* q, const flash
                                            const flashgen_tensor* dk, const flashgen_tensor* dv,
                                            const flashgen_attention_options* opts, void* cuda_stream) {
   return guarded([&] {
-    const flashgen::BackwardProblem problem =
-        flashgen::make_backward_problem(q, k, v, out, dout, lse, dq, dk, dv, opts);
-    flashgen::attention_backward(problem, static_cast<CUstream>(cuda_stream));
+    flashgen::attention_backward(required(q, "q"), required(k, "k"), required(v, "v"), required(out, "out"),
+                                 required(dout, "dout"), lse, required(dq, "dq"), required(dk, "dk"),
+                                 required(dv, "dv"), required(opts, "opts"), static_cast<CUstream>(cuda_stream));
   });
 }
 
@@ -116,9 +115,8 @@ extern "C" int flashgen_attention_backward_workspace_size(
     const flashgen_tensor* dv, const flashgen_attention_options* opts, void* cuda_stream, size_t* workspace_bytes) {
   return guarded([&] {
     FLASHGEN_REQUIRE(workspace_bytes != nullptr, "workspace_bytes: null pointer");
-    const flashgen::BackwardProblem problem =
-        flashgen::make_backward_problem(q, k, v, out, dout, lse, dq, dk, dv, opts);
-    *workspace_bytes = flashgen::plan_backward(problem, static_cast<CUstream>(cuda_stream)).launch.workspace_bytes;
+    const flashgen::BackwardCall call = flashgen::make_backward_call(q, k, v, out, dout, lse, dq, dk, dv, opts);
+    *workspace_bytes = flashgen::plan_backward(call, static_cast<CUstream>(cuda_stream)).launch.workspace_bytes;
   });
 }
 
@@ -128,12 +126,12 @@ extern "C" int flashgen_attention_backward_with_workspace(
     const flashgen_tensor* dv, const flashgen_attention_options* opts, void* workspace, size_t workspace_bytes,
     void* cuda_stream) {
   return guarded([&] {
-    const flashgen::BackwardProblem problem =
-        flashgen::make_backward_problem(q, k, v, out, dout, lse, dq, dk, dv, opts);
     FLASHGEN_REQUIRE(workspace != nullptr,
                      "workspace: null pointer (flashgen_attention_backward takes its workspace from the stream's pool)");
-    flashgen::attention_backward(problem, static_cast<CUstream>(cuda_stream), reinterpret_cast<CUdeviceptr>(workspace),
-                                 workspace_bytes);
+    flashgen::attention_backward(required(q, "q"), required(k, "k"), required(v, "v"), required(out, "out"),
+                                 required(dout, "dout"), lse, required(dq, "dq"), required(dk, "dk"),
+                                 required(dv, "dv"), required(opts, "opts"), static_cast<CUstream>(cuda_stream),
+                                 reinterpret_cast<CUdeviceptr>(workspace), workspace_bytes);
   });
 }
 
@@ -141,8 +139,8 @@ extern "C" int flashgen_explain_forward(const flashgen_tensor* q, const flashgen
                                         const flashgen_tensor* out, float* lse, const flashgen_attention_options* opts,
                                         void* cuda_stream, char* json, size_t json_capacity, size_t* json_length) {
   return guarded([&] {
-    const flashgen::ForwardProblem problem = flashgen::make_forward_problem(q, k, v, out, lse, opts);
-    copy_json(flashgen::explain_forward(problem, static_cast<CUstream>(cuda_stream)), json, json_capacity,
+    const flashgen::ForwardCall call = flashgen::make_forward_call(q, k, v, out, lse, opts);
+    copy_json(flashgen::explain_forward(call, static_cast<CUstream>(cuda_stream)), json, json_capacity,
               json_length);
   });
 }
@@ -153,9 +151,8 @@ extern "C" int flashgen_explain_backward(const flashgen_tensor* q, const flashge
                                          const flashgen_attention_options* opts, void* cuda_stream, char* json,
                                          size_t json_capacity, size_t* json_length) {
   return guarded([&] {
-    const flashgen::BackwardProblem problem =
-        flashgen::make_backward_problem(q, k, v, out, dout, lse, dq, dk, dv, opts);
-    copy_json(flashgen::explain_backward(problem, static_cast<CUstream>(cuda_stream)), json, json_capacity,
+    const flashgen::BackwardCall call = flashgen::make_backward_call(q, k, v, out, dout, lse, dq, dk, dv, opts);
+    copy_json(flashgen::explain_backward(call, static_cast<CUstream>(cuda_stream)), json, json_capacity,
               json_length);
   });
 }
@@ -163,13 +160,13 @@ extern "C" int flashgen_explain_backward(const flashgen_tensor* q, const flashge
 extern "C" int flashgen_tune_forward(const flashgen_forward_problem* problem, void* cuda_stream, char* json,
                                      size_t json_capacity, size_t* json_length) {
   return guarded([&] {
-    const flashgen::ForwardSweepProblem sweep = sweep_problem(problem);
+    const flashgen::AttentionProblem forward = forward_problem_of(problem);
     const flashgen::ScopedContext scope(static_cast<CUstream>(cuda_stream));
     const int arch = flashgen::launch_arch(scope.device());
-    const flashgen::ProblemKey key = flashgen::sweep_problem_key(sweep);
+    const flashgen::ProblemKey key = flashgen::problem_key(forward);
     // An explicit request throws its failure with the cause's status (CUDA, compile, a bad database path).
     const std::optional<flashgen::ForwardChoice> tuned =
-        flashgen::tune_forward_on_first_use(sweep, static_cast<int>(scope.device()), arch, nullptr,
+        flashgen::tune_forward_on_first_use(forward, static_cast<int>(scope.device()), arch, nullptr,
                                             /*explicit_request=*/true);
     if (!tuned) flashgen::fail(flashgen::Status::kInternal, "tuning " + key.id() + " returned no winner");
     copy_json({{"problem", key.id()},

@@ -66,8 +66,8 @@ nlohmann::json grid_json(const unsigned (&grid)[3]) { return {grid[0], grid[1], 
 
 }  // namespace
 
-nlohmann::json explain_forward(const ForwardProblem& problem, CUstream stream) {
-  const ForwardPlan plan = plan_forward(problem, stream);
+nlohmann::json explain_forward(const ForwardCall& call, CUstream stream) {
+  const ForwardPlan plan = plan_forward(call, stream);
   const ForwardLaunch& launch = plan.launch;
   const PreparedForward& prepared = plan.prepared;
   const std::shared_ptr<const CompiledKernel> compiled =
@@ -85,8 +85,8 @@ nlohmann::json explain_forward(const ForwardProblem& problem, CUstream stream) {
   return j;
 }
 
-nlohmann::json explain_backward(const BackwardProblem& problem, CUstream stream) {
-  const BackwardPlan plan = plan_backward(problem, stream);
+nlohmann::json explain_backward(const BackwardCall& call, CUstream stream) {
+  const BackwardPlan plan = plan_backward(call, stream);
   const BackwardLaunch& launch = plan.launch;
   const PreparedBackward& prepared = plan.prepared;
   const BwdConfig& config = launch.config;

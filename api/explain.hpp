@@ -23,12 +23,12 @@ std::filesystem::path write_generated_source(const GeneratedSource& source, cons
 // <kernel cache folder>/sources: where the explain calls write generated sources.
 std::filesystem::path generated_source_dir();
 
-// What attention_forward(problem, stream) would run, as flashgen.h's flashgen_explain_forward describes it.
+// What attention_forward(call, stream) would run, as flashgen.h's flashgen_explain_forward describes it.
 // Compiles or loads the kernel like a first call; launches nothing.
-nlohmann::json explain_forward(const ForwardProblem& problem, CUstream stream);
+nlohmann::json explain_forward(const ForwardCall& call, CUstream stream);
 
-// The same for attention_backward(problem, stream), with one "kernels" entry per kernel in launch order and
+// The same for attention_backward(call, stream), with one "kernels" entry per kernel in launch order and
 // "workspace_bytes".
-nlohmann::json explain_backward(const BackwardProblem& problem, CUstream stream);
+nlohmann::json explain_backward(const BackwardCall& call, CUstream stream);
 
 }  // namespace flashgen

@@ -169,11 +169,11 @@ int main(int argc, char** argv) {
   };
   std::vector<Row> rows;
   rows.push_back({"c_abi_forward", stats_of(time_calls(calls, stream, [&] { problem.call(stream); }))});
-  const flashgen::ForwardProblem checked =
-      flashgen::make_forward_problem(&problem.tq, &problem.tk, &problem.tv, &problem.tout,
+  const flashgen::ForwardCall checked =
+      flashgen::make_forward_call(&problem.tq, &problem.tk, &problem.tv, &problem.tout,
                                      static_cast<float*>(problem.lse.data()), &problem.opts);
   rows.push_back({"check_arguments", stats_of(time_calls(calls, stream, [&] {
-                    flashgen::make_forward_problem(&problem.tq, &problem.tk, &problem.tv, &problem.tout,
+                    flashgen::make_forward_call(&problem.tq, &problem.tk, &problem.tv, &problem.tout,
                                                    static_cast<float*>(problem.lse.data()), &problem.opts);
                   }))});
   rows.push_back({"dispatch_plan", stats_of(time_calls(calls, stream, [&] {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "flashgen/flashgen.h"
+#include "problem/attention_problem.hpp"
 
 namespace flashgen {
 
@@ -39,22 +40,6 @@ struct StridedView {
   // One past the largest offset the view touches (0 for an empty view): the storage it needs.
   int64_t span() const;
   static StridedView contiguous(int64_t batch, int64_t seqlen, int64_t heads, int64_t head_dim);
-};
-
-struct AttentionShape {
-  int64_t batch = 1;
-  int64_t seqlen_q = 1;
-  int64_t seqlen_k = 1;
-  int64_t heads_q = 1;
-  int64_t heads_kv = 1;
-  int64_t head_dim = 64;
-
-  // The key/value head query head head_q reads (GQA/MQA): head_q / (heads_q / heads_kv).
-  int64_t kv_head(int64_t head_q) const { return head_q / (heads_q / heads_kv); }
-  // Multiply-adds of one reference pass (QKᵀ and PV each cost this much): bounds the CPU time.
-  double reference_cost() const {
-    return static_cast<double>(batch) * heads_q * seqlen_q * seqlen_k * head_dim;
-  }
 };
 
 // The scale the library applies: softmax_scale when > 0, else 1/sqrt(head_dim).

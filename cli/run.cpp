@@ -235,8 +235,8 @@ void run_backward(const RunOptions& o, const AttentionShape& shape, const HostTe
   for (DeviceBuffer* b : {&dq_dev, &dk_dev, &dv_dev}) b->fill_bytes(0xFF, stream);
   const flashgen_tensor dout_view = tensor_view(dout, dout_dev), dq_view = tensor_view(dq, dq_dev),
                         dk_view = tensor_view(dk, dk_dev), dv_view = tensor_view(dv, dv_dev);
-  const BackwardProblem problem =
-      make_backward_problem(&q_view, &k_view, &v_view, &out_view, &dout_view, lse, &dq_view, &dk_view, &dv_view,
+  const BackwardCall problem =
+      make_backward_call(&q_view, &k_view, &v_view, &out_view, &dout_view, lse, &dq_view, &dk_view, &dv_view,
                             &options);
   BwdConfig config;
   if (o.config_name) {
@@ -330,7 +330,7 @@ RunReport run_problem(const RunOptions& o) {
   options.mask = mask_of(o);
   options.deterministic = 0;
   // Validate before the slow part (host data): a bad shape fails here with the library's own message.
-  const ForwardProblem problem = make_forward_problem(&q_view, &k_view, &v_view, &out_view, lse_ptr, &options);
+  const ForwardCall problem = make_forward_call(&q_view, &k_view, &v_view, &out_view, lse_ptr, &options);
   report.scale = problem.params.scale;
 
   std::mt19937 rng(o.seed);
@@ -464,14 +464,11 @@ void check_run_problem(const RunOptions& o) {
     const flashgen_tensor dout = placeholder(4, o.seqlen_q, o.heads_q), dq = placeholder(5, o.seqlen_q, o.heads_q),
                           dk = placeholder(6, o.seqlen_k, o.heads_kv), dv = placeholder(7, o.seqlen_k, o.heads_kv);
     const float* lse = reinterpret_cast<const float*>(uintptr_t{1} << 28);
-    const BackwardProblem problem = make_backward_problem(&q, &k, &v, &out, &dout, lse, &dq, &dk, &dv, &options);
-    if (o.config_name)
-      check_requested_config(BwdConfig::from_name(*o.config_name), problem.dtype, problem.head_dim, problem.mask, 90);
+    const BackwardCall call = make_backward_call(&q, &k, &v, &out, &dout, lse, &dq, &dk, &dv, &options);
+    if (o.config_name) check_requested_config(BwdConfig::from_name(*o.config_name), call.problem, 90);
   } else {
-    const ForwardProblem problem = make_forward_problem(&q, &k, &v, &out, nullptr, &options);
-    if (o.config_name)
-      check_requested_config(KernelConfig::from_name(*o.config_name), problem.dtype, problem.head_dim, problem.mask,
-                             90);
+    const ForwardCall call = make_forward_call(&q, &k, &v, &out, nullptr, &options);
+    if (o.config_name) check_requested_config(KernelConfig::from_name(*o.config_name), call.problem, 90);
   }
 }
 

@@ -94,24 +94,29 @@ flashgen_mask mask_from_text(const std::string& text) {
                                                                            : FLASHGEN_MASK_NONE;
 }
 
-const char* pass_text(const TuneProblem& p) {
-  return !p.backward ? "forward" : p.deterministic ? "backward (deterministic)" : "backward";
+const char* pass_text(const AttentionProblem& p) {
+  return !p.backward() ? "forward" : p.deterministic() ? "backward (deterministic)" : "backward";
+}
+
+// Whether a problem asks for the deterministic dQ strategy of a forward pass (which has none).
+bool deterministic_forward(const AttentionProblem& p) {
+  return p.pass == Pass::kForward && p.dq == DqStrategy::kDeterministic;
 }
 
 // Why the library refuses the problem (its sizes, as `run` checks them) or no kernel family takes its
 // head_dim (checked against the sm80 family, which every supported GPU runs), or nullopt: a sweep would
 // stop at such a problem, so the dry run says it too.
-std::optional<std::string> untunable(const TuneProblem& p) {
-  const MaskKind mask = p.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
+std::optional<std::string> untunable(const AttentionProblem& p) {
+  const AttentionShape& s = p.shape;
   RunOptions as_run;
-  as_run.batch = p.batch, as_run.seqlen_q = p.seqlen_q, as_run.seqlen_k = p.seqlen_k;
-  as_run.heads_q = p.heads_q, as_run.heads_kv = p.heads_kv, as_run.head_dim = p.head_dim, as_run.dtype = p.dtype;
-  as_run.causal = causal_text(p.mask), as_run.backward = p.backward, as_run.deterministic = p.deterministic;
+  as_run.batch = s.batch, as_run.seqlen_q = s.seqlen_q, as_run.seqlen_k = s.seqlen_k;
+  as_run.heads_q = s.heads_q, as_run.heads_kv = s.heads_kv, as_run.head_dim = s.head_dim, as_run.dtype = p.dtype;
+  as_run.causal = causal_text(p.mask), as_run.backward = p.backward(), as_run.deterministic = p.deterministic();
   try {
-    if (p.backward) {
-      heuristic_backward_configs(p.dtype, p.head_dim, mask, p.deterministic, 80);
+    if (p.backward()) {
+      heuristic_backward_configs(p.dtype, p.head_dim(), p.mask_kind(), p.deterministic(), 80);
     } else {
-      heuristic_forward_configs(p.dtype, p.head_dim, mask, 80);
+      heuristic_forward_configs(p.dtype, p.head_dim(), p.mask_kind(), 80);
     }
     check_run_problem(as_run);
   } catch (const Error& e) {
@@ -121,32 +126,33 @@ std::optional<std::string> untunable(const TuneProblem& p) {
 }
 
 // The problem the flags describe (every flag has a default).
-TuneProblem problem_from_flags(const Args& args) {
+AttentionProblem problem_from_flags(const Args& args) {
   constexpr long long kIntMax = std::numeric_limits<int>::max();
-  TuneProblem problem;
-  problem.backward = args.has("backward");
-  problem.deterministic = args.has("deterministic");
-  if (problem.deterministic && !problem.backward) fail(Status::kInvalidArgument, "--deterministic needs --backward");
+  AttentionProblem problem;
+  problem.pass = args.has("backward") ? Pass::kBackward : Pass::kForward;
+  problem.dq = args.has("deterministic") ? DqStrategy::kDeterministic : DqStrategy::kAtomic;
+  if (deterministic_forward(problem)) fail(Status::kInvalidArgument, "--deterministic needs --backward");
   problem.dtype = args.choice_or("dtype", "fp16", {"fp16", "bf16"}) == "fp16" ? DType::kFloat16 : DType::kBFloat16;
-  problem.head_dim = static_cast<int>(args.int_or("head-dim", problem.head_dim, 1, 4096));
   problem.mask = mask_from_text(args.choice_or("causal", "none", {"none", "bottom-right", "top-left"}));
-  problem.batch = static_cast<int>(args.int_or("batch", problem.batch, 1, kIntMax));
-  problem.heads_q = static_cast<int>(args.int_or("heads-q", problem.heads_q, 1, kIntMax));
-  problem.heads_kv = static_cast<int>(args.int_or("heads-kv", problem.heads_kv, 1, kIntMax));
-  problem.seqlen_q = static_cast<int>(args.int_or("seqlen-q", problem.seqlen_q, 1, kIntMax));
-  problem.seqlen_k = static_cast<int>(args.int_or("seqlen-k", problem.seqlen_k, 1, kIntMax));
-  if (problem.heads_q % problem.heads_kv != 0) fail(Status::kInvalidArgument, "--heads-q must be a multiple of --heads-kv");
+  AttentionShape& s = problem.shape;
+  s.head_dim = args.int_or("head-dim", 128, 1, 4096);
+  s.batch = args.int_or("batch", 4, 1, kIntMax);
+  s.heads_q = args.int_or("heads-q", 16, 1, kIntMax);
+  s.heads_kv = args.int_or("heads-kv", 16, 1, kIntMax);
+  s.seqlen_q = args.int_or("seqlen-q", 4096, 1, kIntMax);
+  s.seqlen_k = args.int_or("seqlen-k", 4096, 1, kIntMax);
+  if (s.heads_q % s.heads_kv != 0) fail(Status::kInvalidArgument, "--heads-q must be a multiple of --heads-kv");
   if (auto why = untunable(problem)) fail(Status::kInvalidArgument, *why);
   return problem;
 }
 
 struct TuneSpec {
-  std::vector<TuneProblem> problems;
+  std::vector<AttentionProblem> problems;
   std::optional<size_t> max_candidates;
 };
 
 // A JSON spec; every error names the file and the field. Omitted problem fields take `defaults`.
-TuneSpec read_tune_spec(const std::string& path, const TuneProblem& defaults) {
+TuneSpec read_tune_spec(const std::string& path, const AttentionProblem& defaults) {
   const Json j = read_json_file(path);
   auto bad = [&](const std::string& what) { fail(Status::kInvalidArgument, "tune spec " + path + ": " + what); };
   if (!j.is_object()) bad("must be a JSON object with a \"problems\" array");
@@ -164,19 +170,19 @@ TuneSpec read_tune_spec(const std::string& path, const TuneProblem& defaults) {
     const Json& entry = j["problems"][i];
     const std::string where = "problems[" + std::to_string(i) + "]";
     if (!entry.is_object()) bad(where + " must be an object");
-    TuneProblem p = defaults;
+    AttentionProblem p = defaults;
     for (const auto& [key, value] : entry.items()) {
-      auto positive = [&](int& field) {
+      auto positive = [&](int64_t& field) {
         if (!value.is_number_integer() || value.get<long long>() < 1 || value.get<long long>() > std::numeric_limits<int>::max())
           bad(where + "." + key + " must be a positive integer");
-        field = value.get<int>();
+        field = value.get<int64_t>();
       };
       if (key == "pass") {
         if (value != "forward" && value != "backward") bad(where + ".pass must be \"forward\" or \"backward\"");
-        p.backward = value == "backward";
+        p.pass = value == "backward" ? Pass::kBackward : Pass::kForward;
       } else if (key == "deterministic") {
         if (!value.is_boolean()) bad(where + ".deterministic must be true or false");
-        p.deterministic = value.get<bool>();
+        p.dq = value.get<bool>() ? DqStrategy::kDeterministic : DqStrategy::kAtomic;
       } else if (key == "dtype") {
         if (value != "fp16" && value != "bf16") bad(where + ".dtype must be \"fp16\" or \"bf16\"");
         p.dtype = value == "bf16" ? DType::kBFloat16 : DType::kFloat16;
@@ -185,23 +191,23 @@ TuneSpec read_tune_spec(const std::string& path, const TuneProblem& defaults) {
           bad(where + ".causal must be \"none\", \"bottom-right\" or \"top-left\"");
         p.mask = mask_from_text(value.get<std::string>());
       } else if (key == "head_dim") {
-        positive(p.head_dim);
+        positive(p.shape.head_dim);
       } else if (key == "batch") {
-        positive(p.batch);
+        positive(p.shape.batch);
       } else if (key == "heads_q") {
-        positive(p.heads_q);
+        positive(p.shape.heads_q);
       } else if (key == "heads_kv") {
-        positive(p.heads_kv);
+        positive(p.shape.heads_kv);
       } else if (key == "seqlen_q") {
-        positive(p.seqlen_q);
+        positive(p.shape.seqlen_q);
       } else if (key == "seqlen_k") {
-        positive(p.seqlen_k);
+        positive(p.shape.seqlen_k);
       } else {
         bad(where + ": unknown field \"" + key + "\"");
       }
     }
-    if (p.heads_q % p.heads_kv != 0) bad(where + ": heads_q must be a multiple of heads_kv");
-    if (p.deterministic && !p.backward) bad(where + ": deterministic needs \"pass\": \"backward\"");
+    if (p.shape.heads_q % p.shape.heads_kv != 0) bad(where + ": heads_q must be a multiple of heads_kv");
+    if (deterministic_forward(p)) bad(where + ": deterministic needs \"pass\": \"backward\"");
     if (auto why = untunable(p)) bad(where + ": " + *why);
     spec.problems.push_back(p);
   }
@@ -266,16 +272,16 @@ struct WorkerState {
 };
 
 // --candidates for problem (configs_of_problem), an error naming the option.
-std::vector<TunedConfig> named_candidates(const std::vector<std::string>& names, const TuneProblem& problem) {
+std::vector<TunedConfig> named_candidates(const std::vector<std::string>& names, const AttentionProblem& problem) {
   try {
-    return configs_of_problem(names, tune_problem_key(problem));
+    return configs_of_problem(names, problem_key(problem));
   } catch (const Error& e) {
     fail(e.status(), std::string("--candidates: ") + e.what());
   }
 }
 
 // Tunes one problem into store; prints (or returns as JSON) what happened.
-Json tune_one(const TuneProblem& problem, TuningStore& store, const fs::path& db_path, size_t max_candidates,
+Json tune_one(const AttentionProblem& problem, TuningStore& store, const fs::path& db_path, size_t max_candidates,
               bool force, bool json, const ScopedContext& context, const WorkerState& worker,
               const std::vector<std::string>& named) {
   const int arch = device_sm(context.device());
@@ -375,19 +381,22 @@ Json tune_one(const TuneProblem& problem, TuningStore& store, const fs::path& db
 
 }  // namespace
 
-std::string problem_line(const TuneProblem& p) {
-  return format("%s %s d%d causal=%s batch %d heads %d/%d seqlen %d/%d", pass_text(p), dtype_name(p.dtype),
-                p.head_dim, causal_text(p.mask).c_str(), p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k);
+std::string problem_line(const AttentionProblem& p) {
+  const AttentionShape& s = p.shape;
+  return format("%s %s d%d causal=%s batch %lld heads %lld/%lld seqlen %lld/%lld", pass_text(p), dtype_name(p.dtype),
+                p.head_dim(), causal_text(p.mask).c_str(), (long long)s.batch, (long long)s.heads_q,
+                (long long)s.heads_kv, (long long)s.seqlen_q, (long long)s.seqlen_k);
 }
 
-Json problem_json(const TuneProblem& p) {
-  return {{"pass", p.backward ? "backward" : "forward"}, {"deterministic", p.deterministic},
-          {"dtype", dtype_name(p.dtype)}, {"head_dim", p.head_dim}, {"causal", causal_text(p.mask)},
-          {"batch", p.batch}, {"heads_q", p.heads_q}, {"heads_kv", p.heads_kv},
-          {"seqlen_q", p.seqlen_q}, {"seqlen_k", p.seqlen_k}};
+Json problem_json(const AttentionProblem& p) {
+  const AttentionShape& s = p.shape;
+  return {{"pass", p.backward() ? "backward" : "forward"}, {"deterministic", p.deterministic()},
+          {"dtype", dtype_name(p.dtype)}, {"head_dim", s.head_dim}, {"causal", causal_text(p.mask)},
+          {"batch", s.batch}, {"heads_q", s.heads_q}, {"heads_kv", s.heads_kv},
+          {"seqlen_q", s.seqlen_q}, {"seqlen_k", s.seqlen_k}};
 }
 
-Json dry_run_entries(const Args& args, const std::vector<TuneProblem>& problems, const std::vector<std::string>& named,
+Json dry_run_entries(const Args& args, const std::vector<AttentionProblem>& problems, const std::vector<std::string>& named,
                      size_t max_candidates) {
   const std::vector<int> archs = parse_archs(args, {90});
   if (archs.size() != 1) throw UsageError("tune --dry-run --json lists the candidates of one --arch", args.usage());
@@ -395,7 +404,7 @@ Json dry_run_entries(const Args& args, const std::vector<TuneProblem>& problems,
   Json entries = Json::array();
   TuneOptions options;
   options.max_candidates = max_candidates;
-  for (const TuneProblem& p : problems) {
+  for (const AttentionProblem& p : problems) {
     Json names = Json::array();
     if (!named.empty()) {
       for (const std::string& name : named) names.push_back(name);
@@ -413,12 +422,11 @@ int command_tune(const Args& args) {
   constexpr long long kIntMax = std::numeric_limits<int>::max();
   if (args.has("arch") && !(args.has("dry-run") && args.has("json")))
     throw UsageError("--arch applies to --dry-run --json (a sweep runs on the GPU it finds)", args.usage());
-  const TuneProblem flags = problem_from_flags(args);
+  const AttentionProblem flags = problem_from_flags(args);
   TuneSpec spec;
   if (args.has("spec")) {
     spec = read_tune_spec(args.string_or("spec", ""), flags);
   } else {
-    if (flags.heads_q % flags.heads_kv != 0) throw UsageError("--heads-q must be a multiple of --heads-kv", args.usage());
     spec.problems.push_back(flags);
   }
   size_t max_candidates = spec.max_candidates.value_or(static_cast<size_t>(kIntMax));
@@ -448,7 +456,7 @@ int command_tune(const Args& args) {
     named_candidates(named, flags);  // a bad name stops here, before any GPU work
   }
   const Shard shard = shard_of(args);
-  std::vector<TuneProblem> mine;
+  std::vector<AttentionProblem> mine;
   for (size_t i = static_cast<size_t>(shard.index); i < spec.problems.size(); i += static_cast<size_t>(shard.count))
     mine.push_back(spec.problems[i]);
   const fs::path base_db = db_path_of(args);
@@ -473,7 +481,7 @@ int command_tune(const Args& args) {
       std::cout << format("shard %d of %d%s: %zu of %zu problems into %s\n", shard.index, shard.count,
                           shard.source.empty() ? "" : (" (from " + shard.source + ")").c_str(), mine.size(),
                           spec.problems.size(), db_path.string().c_str());
-      for (const TuneProblem& p : mine) std::cout << "  " << problem_line(p) << '\n';
+      for (const AttentionProblem& p : mine) std::cout << "  " << problem_line(p) << '\n';
     }
     return 0;
   }

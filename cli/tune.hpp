@@ -14,20 +14,20 @@
 namespace flashgen::cli {
 
 // One line on the problem, for a dry run's list and the progress of a sweep.
-std::string problem_line(const TuneProblem& p);
+std::string problem_line(const AttentionProblem& p);
 
 // A problem's spec entry (read_tune_spec's format).
-Json problem_json(const TuneProblem& p);
+Json problem_json(const AttentionProblem& p);
 
 // A dry run's problems as spec entries, each with the candidates a sweep would time on the one --arch (90 by
 // default; plan_tune's list, or the names given with --candidates as they are).
-Json dry_run_entries(const Args& args, const std::vector<TuneProblem>& problems, const std::vector<std::string>& named,
+Json dry_run_entries(const Args& args, const std::vector<AttentionProblem>& problems, const std::vector<std::string>& named,
                      size_t max_candidates);
 
 // `tune --devices`: one worker process per GPU over its share of the problems, each into its own file in
 // <db>.workers/; a worker that dies is restarted (resuming) without the candidate its journal names;
 // finally every worker's rows are merged into db.
-int supervise_workers(const Args& args, const std::vector<TuneProblem>& problems, const fs::path& db,
+int supervise_workers(const Args& args, const std::vector<AttentionProblem>& problems, const fs::path& db,
                       std::optional<size_t> max_candidates);
 
 }  // namespace flashgen::cli

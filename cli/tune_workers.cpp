@@ -87,7 +87,7 @@ constexpr int kMaxWorkerRestarts = 3;
 
 }  // namespace
 
-int supervise_workers(const Args& args, const std::vector<TuneProblem>& problems, const fs::path& db,
+int supervise_workers(const Args& args, const std::vector<AttentionProblem>& problems, const fs::path& db,
                       std::optional<size_t> max_candidates) {
   const std::vector<int> devices = parse_devices(args);
   const bool json = args.has("json");
@@ -96,7 +96,7 @@ int supervise_workers(const Args& args, const std::vector<TuneProblem>& problems
     if (!json) std::cout << format("%zu problems on %zu GPUs into %s\n", problems.size(), m, db.string().c_str());
     Json plan = Json::array();
     for (size_t j = 0; j < m; ++j) {
-      std::vector<TuneProblem> mine;
+      std::vector<AttentionProblem> mine;
       for (size_t i = j; i < problems.size(); i += m) mine.push_back(problems[i]);
       if (json) {
         plan.push_back({{"device", devices[j]},
@@ -105,7 +105,7 @@ int supervise_workers(const Args& args, const std::vector<TuneProblem>& problems
         continue;
       }
       std::cout << format("  GPU %d: %zu problems\n", devices[j], mine.size());
-      for (const TuneProblem& p : mine) std::cout << "    " << problem_line(p) << '\n';
+      for (const AttentionProblem& p : mine) std::cout << "    " << problem_line(p) << '\n';
     }
     if (json) print_json({{"db", db.string()}, {"workers", plan}});
     return 0;
@@ -121,7 +121,7 @@ int supervise_workers(const Args& args, const std::vector<TuneProblem>& problems
   work += ".workers";
   fs::create_directories(work);
   Json spec_problems = Json::array();
-  for (const TuneProblem& p : problems) spec_problems.push_back(problem_json(p));
+  for (const AttentionProblem& p : problems) spec_problems.push_back(problem_json(p));
   const fs::path spec = work / "spec.json";
   std::ofstream(spec) << json_text({{"problems", spec_problems}}, 1) << '\n';
   const std::string exe = fs::read_symlink("/proc/self/exe").string();

@@ -14,20 +14,20 @@
 #include "flashgen/error.hpp"
 #include "launch/tensor_checks.hpp"
 #include "runtime/cuda_driver.hpp"
-#include "tuner/sweep.hpp"
 
 namespace flashgen {
 
 namespace {
 
 // The sm80 family's built-in choice, for problems the chosen family cannot implement.
-ForwardChoice sm80_fallback(const ForwardProblem& problem, int arch) {
-  return heuristic_choice(problem.dtype, problem.head_dim, problem.mask, arch, /*sm80_only=*/true);
+ForwardChoice sm80_fallback(const ForwardCall& call, int arch) {
+  const AttentionProblem& p = call.problem;
+  return heuristic_choice(p.dtype, p.head_dim(), p.mask_kind(), arch, /*sm80_only=*/true);
 }
 
-BackwardChoice sm80_fallback(const BackwardProblem& problem, int arch) {
-  return heuristic_backward_choice(problem.dtype, problem.head_dim, problem.mask, problem.deterministic, arch,
-                                   /*sm80_only=*/true);
+BackwardChoice sm80_fallback(const BackwardCall& call, int arch) {
+  const AttentionProblem& p = call.problem;
+  return heuristic_backward_choice(p.dtype, p.head_dim(), p.mask_kind(), p.deterministic(), arch, /*sm80_only=*/true);
 }
 
 // The kTileCount fallback: the same tiles, one block each instead of a persistent walk (groups walk a
@@ -43,16 +43,16 @@ void without_persistence(BwdConfig& config) {
 
 // Step (3) of both passes: until the choice's family can implement the problem, take the fallback for what
 // it lacks, saying so in the reason.
-template <class Problem, class Choice>
-void apply_fallbacks(const Problem& problem, Choice& choice, int arch, const DeviceTraits& device) {
+template <class Call, class Choice>
+void apply_fallbacks(const Call& call, Choice& choice, int arch, const DeviceTraits& device) {
   // Each fallback removes its shortfall for good (the sm80 family uses no TMA and is never persistent).
   for (int step = 0; step < 3; ++step) {
-    const Implementability answer = can_implement(problem, choice.config, device);
+    const Implementability answer = can_implement(call, choice.config, device);
     switch (answer.shortfall) {
       case Shortfall::kNone:
         return;
       case Shortfall::kTmaLayout: {
-        Choice fallback = sm80_fallback(problem, arch);
+        Choice fallback = sm80_fallback(call, arch);
         choice.reason += "; TMA cannot describe " + answer.reason + ", so the sm80 family's " + fallback.reason;
         choice.config = std::move(fallback.config);
         choice.source = fallback.source;
@@ -67,34 +67,22 @@ void apply_fallbacks(const Problem& problem, Choice& choice, int arch, const Dev
   fail(Status::kInternal, "no fallback lets a kernel family implement the problem with " + choice.config.name());
 }
 
-ProblemKey choice_key(const ForwardProblem& problem) {
-  const AttnFwdParams& p = problem.params;
-  return forward_problem_key(problem.dtype, problem.head_dim, problem.mask, p.group_size, p.seqlen_q, p.seqlen_k,
-                             int64_t(p.batch) * p.heads_q);
-}
-
-ProblemKey choice_key(const BackwardProblem& problem) {
-  const AttnBwdParams& p = problem.params;
-  return backward_problem_key(problem.dtype, problem.head_dim, problem.mask, problem.deterministic, p.group_size,
-                              p.seqlen_q, p.seqlen_k, int64_t(p.batch) * p.heads_q);
-}
-
-std::optional<ForwardChoice> tune_on_first_use_of(const ForwardProblem& problem, int device, int arch,
+std::optional<ForwardChoice> tune_on_first_use_of(const ForwardCall& call, int device, int arch,
                                                   std::string* failure) {
-  return tune_forward_on_first_use(sweep_problem_of(problem), device, arch, failure);
+  return tune_forward_on_first_use(call.problem, device, arch, failure);
 }
 
-std::optional<BackwardChoice> tune_on_first_use_of(const BackwardProblem& problem, int device, int arch,
+std::optional<BackwardChoice> tune_on_first_use_of(const BackwardCall& call, int device, int arch,
                                                    std::string* failure) {
-  return tune_backward_on_first_use({sweep_problem_of(problem), problem.deterministic}, device, arch, failure);
+  return tune_backward_on_first_use(call.problem, device, arch, failure);
 }
 
-ForwardChoice process_choice(const ForwardProblem& problem, int device, int arch) {
-  return choose_forward_config(device, choice_key(problem), arch);
+ForwardChoice process_choice(const ForwardCall& call, int device, int arch) {
+  return choose_forward_config(device, problem_key(call.problem), arch);
 }
 
-BackwardChoice process_choice(const BackwardProblem& problem, int device, int arch) {
-  return choose_backward_config(device, choice_key(problem), arch);
+BackwardChoice process_choice(const BackwardCall& call, int device, int arch) {
+  return choose_backward_config(device, problem_key(call.problem), arch);
 }
 
 // Steps (1) to (3) for a problem in scope's context. final is false when tune-on-first-use had to be skipped
@@ -106,19 +94,19 @@ struct Plan {
   bool final = true;
 };
 
-template <class Problem>
-auto plan_in_scope(const Problem& problem, const ScopedContext& scope, CUstream stream) {
+template <class Call>
+auto plan_in_scope(const Call& call, const ScopedContext& scope, CUstream stream) {
   const int device = static_cast<int>(scope.device());
   const int arch = launch_arch(scope.device());
-  Plan<decltype(process_choice(problem, device, arch))> plan{process_choice(problem, device, arch), arch};
+  Plan<decltype(process_choice(call, device, arch))> plan{process_choice(call, device, arch), arch};
   if (tune_on_first_use() && stream_capturing(stream)) {
     plan.final = false;
   } else {
     apply_tune_on_first_use(plan.choice, [&](std::string* failure) {
-      return tune_on_first_use_of(problem, device, arch, failure);
+      return tune_on_first_use_of(call, device, arch, failure);
     });
   }
-  apply_fallbacks(problem, plan.choice, arch, device_traits(scope.device()));
+  apply_fallbacks(call, plan.choice, arch, device_traits(scope.device()));
   return plan;
 }
 
@@ -135,31 +123,32 @@ struct ClassKey {
 
 // The values of the key: the sizes and options of the params, then each tensor's three strides.
 template <class Params>
-ClassKey class_key(const ScopedContext& scope, DType dtype, int head_dim, flashgen_mask mask, int deterministic,
-                   const Params& p, std::initializer_list<int64_t> strides) {
+ClassKey class_key(const ScopedContext& scope, const AttentionProblem& problem, const Params& p,
+                   std::initializer_list<int64_t> strides) {
   ClassKey key;
   FLASHGEN_CU_CHECK(cuCtxGetId(scope.context(), &key.context_id));
   int32_t scale_bits = 0;
   std::memcpy(&scale_bits, &p.scale, sizeof scale_bits);
-  const int64_t head[] = {static_cast<int64_t>(dtype), head_dim, mask, deterministic, p.batch, p.seqlen_q,
-                          p.seqlen_k, p.heads_q, p.heads_kv, scale_bits};
+  const AttentionShape& s = problem.shape;
+  const int64_t head[] = {static_cast<int64_t>(problem.dtype), s.head_dim, problem.mask, problem.deterministic(),
+                          s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, scale_bits};
   size_t i = 0;
   for (int64_t v : head) key.values[i++] = v;
   for (int64_t v : strides) key.values[i++] = v;
   return key;
 }
 
-ClassKey class_key(const ForwardProblem& problem, const ScopedContext& scope) {
-  const AttnFwdParams& p = problem.params;
-  return class_key(scope, problem.dtype, problem.head_dim, problem.abi_mask, 0, p,
+ClassKey class_key(const ForwardCall& call, const ScopedContext& scope) {
+  const AttnFwdParams& p = call.params;
+  return class_key(scope, call.problem, p,
                    {p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride, p.k_row_stride,
                     p.k_head_stride, p.v_batch_stride, p.v_row_stride, p.v_head_stride, p.o_batch_stride,
                     p.o_row_stride, p.o_head_stride});
 }
 
-ClassKey class_key(const BackwardProblem& problem, const ScopedContext& scope) {
-  const AttnBwdParams& p = problem.params;
-  return class_key(scope, problem.dtype, problem.head_dim, problem.abi_mask, problem.deterministic ? 1 : 0, p,
+ClassKey class_key(const BackwardCall& call, const ScopedContext& scope) {
+  const AttnBwdParams& p = call.params;
+  return class_key(scope, call.problem, p,
                    {p.q_batch_stride,  p.q_row_stride,  p.q_head_stride,  p.k_batch_stride,  p.k_row_stride,
                     p.k_head_stride,   p.v_batch_stride,  p.v_row_stride,  p.v_head_stride,  p.o_batch_stride,
                     p.o_row_stride,    p.o_head_stride,   p.do_batch_stride, p.do_row_stride, p.do_head_stride,
@@ -208,12 +197,12 @@ KeptLaunches<Entry>& kept_launches() {
 }
 
 // The launcher's preparation of a chosen config, and what a call of each pass reports about it.
-PreparedForward prepare(const ForwardProblem& problem, CUstream stream, const KernelConfig& config) {
-  return prepare_forward(problem, stream, config);
+PreparedForward prepare(const ForwardCall& call, CUstream stream, const KernelConfig& config) {
+  return prepare_forward(call, stream, config);
 }
 
-PreparedBackward prepare(const BackwardProblem& problem, CUstream stream, const BwdConfig& config) {
-  return prepare_backward(problem, stream, config);
+PreparedBackward prepare(const BackwardCall& call, CUstream stream, const BwdConfig& config) {
+  return prepare_backward(call, stream, config);
 }
 
 ForwardLaunch report_of(ForwardChoice&& choice, int arch, const PreparedForward&) {
@@ -225,16 +214,16 @@ BackwardLaunch report_of(BackwardChoice&& choice, int arch, const PreparedBackwa
 }
 
 // The kept launch of problem's class, prepared (and kept) now when there is none.
-template <class Entry, class Problem>
-std::shared_ptr<const Entry> launch_of(const Problem& problem, const ScopedContext& scope, CUstream stream) {
+template <class Entry, class Call>
+std::shared_ptr<const Entry> launch_of(const Call& call, const ScopedContext& scope, CUstream stream) {
   KeptLaunches<Entry>& kept = kept_launches<Entry>();
-  const ClassKey key = class_key(problem, scope);
+  const ClassKey key = class_key(call, scope);
   if (auto found = kept.find(key)) return found;
   // Read before planning: a tuning result stored while this call plans leaves the entry stale, not lost.
   const uint64_t generation = choice_generation();
-  auto [choice, arch, final] = plan_in_scope(problem, scope, stream);
+  auto [choice, arch, final] = plan_in_scope(call, scope, stream);
   auto entry = std::make_shared<Entry>();
-  entry->prepared = prepare(problem, stream, choice.config);
+  entry->prepared = prepare(call, stream, choice.config);
   entry->launch = report_of(std::move(choice), arch, entry->prepared);
   entry->generation = generation;
   if (final) kept.keep(key, entry);
@@ -243,24 +232,24 @@ std::shared_ptr<const Entry> launch_of(const Problem& problem, const ScopedConte
 
 }  // namespace
 
-ForwardPlan plan_forward(const ForwardProblem& problem, CUstream stream) {
-  const ScopedContext scope(stream, problem.params.q);
-  const std::shared_ptr<const KeptForward> kept = launch_of<KeptForward>(problem, scope, stream);
+ForwardPlan plan_forward(const ForwardCall& call, CUstream stream) {
+  const ScopedContext scope(stream, call.params.q);
+  const std::shared_ptr<const KeptForward> kept = launch_of<KeptForward>(call, scope, stream);
   return {kept->launch, kept->prepared};
 }
 
-ForwardLaunch attention_forward(const ForwardProblem& problem, CUstream stream) {
-  const ScopedContext scope(stream, problem.params.q);
-  const std::shared_ptr<const KeptForward> kept = launch_of<KeptForward>(problem, scope, stream);
+ForwardLaunch attention_forward(const ForwardCall& call, CUstream stream) {
+  const ScopedContext scope(stream, call.params.q);
+  const std::shared_ptr<const KeptForward> kept = launch_of<KeptForward>(call, scope, stream);
   PreparedForward prepared = kept->prepared;
-  prepared.rebind(problem, static_cast<int>(scope.device()));
+  prepared.rebind(call, static_cast<int>(scope.device()));
   prepared(stream);
   return kept->launch;
 }
 
-ForwardLaunch attention_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig& requested) {
-  const ScopedContext scope(stream, problem.params.q);
-  const PreparedForward prepared = prepare_forward(problem, stream, requested);
+ForwardLaunch attention_forward(const ForwardCall& call, CUstream stream, const KernelConfig& requested) {
+  const ScopedContext scope(stream, call.params.q);
+  const PreparedForward prepared = prepare_forward(call, stream, requested);
   prepared(stream);
   return {requested, prepared.arch, "requested by the caller", ChoiceSource::kRequested};
 }
@@ -268,25 +257,34 @@ ForwardLaunch attention_forward(const ForwardProblem& problem, CUstream stream, 
 ForwardLaunch attention_forward(const flashgen_tensor& q, const flashgen_tensor& k, const flashgen_tensor& v,
                                 const flashgen_tensor& out, float* lse, const flashgen_attention_options& opts,
                                 CUstream stream) {
-  return attention_forward(make_forward_problem(&q, &k, &v, &out, lse, &opts), stream);
+  return attention_forward(make_forward_call(&q, &k, &v, &out, lse, &opts), stream);
 }
 
-BackwardPlan plan_backward(const BackwardProblem& problem, CUstream stream) {
-  const ScopedContext scope(stream, problem.params.q);
-  const std::shared_ptr<const KeptBackward> kept = launch_of<KeptBackward>(problem, scope, stream);
+BackwardPlan plan_backward(const BackwardCall& call, CUstream stream) {
+  const ScopedContext scope(stream, call.params.q);
+  const std::shared_ptr<const KeptBackward> kept = launch_of<KeptBackward>(call, scope, stream);
   return {kept->launch, kept->prepared};
 }
 
-BackwardLaunch attention_backward(const BackwardProblem& problem, CUstream stream, CUdeviceptr workspace,
+BackwardLaunch attention_backward(const BackwardCall& call, CUstream stream, CUdeviceptr workspace,
                                   size_t workspace_bytes) {
   check_workspace_alignment(workspace);  // before anything needs a GPU
-  const ScopedContext scope(stream, problem.params.q);
-  const std::shared_ptr<const KeptBackward> kept = launch_of<KeptBackward>(problem, scope, stream);
+  const ScopedContext scope(stream, call.params.q);
+  const std::shared_ptr<const KeptBackward> kept = launch_of<KeptBackward>(call, scope, stream);
   PreparedBackward prepared = kept->prepared;
   const int device = static_cast<int>(scope.device());
-  prepared.rebind(problem, device);
+  prepared.rebind(call, device);
   launch_prepared_backward(prepared, stream, device, workspace, workspace_bytes);
   return kept->launch;
+}
+
+BackwardLaunch attention_backward(const flashgen_tensor& q, const flashgen_tensor& k, const flashgen_tensor& v,
+                                  const flashgen_tensor& out, const flashgen_tensor& dout, const float* lse,
+                                  const flashgen_tensor& dq, const flashgen_tensor& dk, const flashgen_tensor& dv,
+                                  const flashgen_attention_options& opts, CUstream stream, CUdeviceptr workspace,
+                                  size_t workspace_bytes) {
+  return attention_backward(make_backward_call(&q, &k, &v, &out, &dout, lse, &dq, &dk, &dv, &opts), stream, workspace,
+                            workspace_bytes);
 }
 
 }  // namespace flashgen

@@ -31,23 +31,23 @@ struct ForwardLaunch {
   ChoiceSource source = ChoiceSource::kHeuristic;
 };
 
-// What attention_forward would launch for problem on stream (its context, else the current one, else the
+// What attention_forward would launch for call on stream (its context, else the current one, else the
 // primary context of the device holding q), after every fallback, and its prepared launch: compiles or
 // loads the kernel like a first call (and may sweep when tune-on-first-use is on), launches nothing.
 struct ForwardPlan {
   ForwardLaunch launch;
   PreparedForward prepared;
 };
-ForwardPlan plan_forward(const ForwardProblem& problem, CUstream stream);
+ForwardPlan plan_forward(const ForwardCall& call, CUstream stream);
 
 // plan_forward, then the launch; a warm call re-uses the prepared launch of its problem class.
-ForwardLaunch attention_forward(const ForwardProblem& problem, CUstream stream);
+ForwardLaunch attention_forward(const ForwardCall& call, CUstream stream);
 
 // The launch of a config the caller asked for instead of the choice: no fallback; an Error says why the
 // config cannot run the problem (launch/attention.hpp's prepare_forward). Reports source kRequested.
-ForwardLaunch attention_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig& requested);
+ForwardLaunch attention_forward(const ForwardCall& call, CUstream stream, const KernelConfig& requested);
 
-// make_forward_problem + attention_forward: the C++ entry point behind flashgen_attention_forward.
+// make_forward_call + attention_forward: the entry point behind flashgen_attention_forward.
 ForwardLaunch attention_forward(const flashgen_tensor& q, const flashgen_tensor& k, const flashgen_tensor& v,
                                 const flashgen_tensor& out, float* lse, const flashgen_attention_options& opts,
                                 CUstream stream);
@@ -66,11 +66,19 @@ struct BackwardPlan {
   BackwardLaunch launch;
   PreparedBackward prepared;
 };
-BackwardPlan plan_backward(const BackwardProblem& problem, CUstream stream);
+BackwardPlan plan_backward(const BackwardCall& call, CUstream stream);
 
 // plan_backward, then the kernels, with the caller's workspace (launch_prepared_backward's rules) or, with
 // workspace == 0, one from the stream's memory pool.
-BackwardLaunch attention_backward(const BackwardProblem& problem, CUstream stream, CUdeviceptr workspace = 0,
+BackwardLaunch attention_backward(const BackwardCall& call, CUstream stream, CUdeviceptr workspace = 0,
+                                  size_t workspace_bytes = 0);
+
+// make_backward_call + attention_backward: the entry point behind flashgen_attention_backward and
+// flashgen_attention_backward_with_workspace.
+BackwardLaunch attention_backward(const flashgen_tensor& q, const flashgen_tensor& k, const flashgen_tensor& v,
+                                  const flashgen_tensor& out, const flashgen_tensor& dout, const float* lse,
+                                  const flashgen_tensor& dq, const flashgen_tensor& dk, const flashgen_tensor& dv,
+                                  const flashgen_attention_options& opts, CUstream stream, CUdeviceptr workspace = 0,
                                   size_t workspace_bytes = 0);
 
 }  // namespace flashgen

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "flashgen/error.hpp"
@@ -112,10 +113,12 @@ std::mutex& first_use_mutex() {
 // Both passes' first-use sweeps: tune(problem) into the user's database, its winner memoized for the
 // problem's key. explicit_request (flashgen_tune_forward) sweeps even a bucket the database holds.
 template <class Choice>
-std::optional<Choice> first_use_tune(const TuneProblem& problem, int device, int arch, std::string* failure,
+std::optional<Choice> first_use_tune(const AttentionProblem& problem, int device, int arch, std::string* failure,
                                      bool explicit_request) {
   using Config = decltype(Choice::config);
-  const ProblemKey key = tune_problem_key(problem);
+  constexpr bool kBackward = std::is_same_v<Config, BwdConfig>;
+  FLASHGEN_REQUIRE(problem.backward() == kBackward, "tuning on first use: the problem is not of the pass asked for");
+  const ProblemKey key = problem_key(problem);
   // One first-use sweep at a time in a process, of either pass (two would disturb each other's timings):
   // a second thread asking for the same problem waits and then finds the memoized winner.
   std::lock_guard<std::mutex> sweep_lock(first_use_mutex());
@@ -198,14 +201,14 @@ void set_tune_on_first_use(bool enabled) {
 
 uint64_t choice_generation() { return generation().load(std::memory_order_acquire); }
 
-std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem& problem, int device, int arch,
+std::optional<ForwardChoice> tune_forward_on_first_use(const AttentionProblem& problem, int device, int arch,
                                                        std::string* failure, bool explicit_request) {
-  return first_use_tune<ForwardChoice>(forward_tune_problem(problem), device, arch, failure, explicit_request);
+  return first_use_tune<ForwardChoice>(problem, device, arch, failure, explicit_request);
 }
 
-std::optional<BackwardChoice> tune_backward_on_first_use(const BackwardSweepProblem& problem, int device, int arch,
+std::optional<BackwardChoice> tune_backward_on_first_use(const AttentionProblem& problem, int device, int arch,
                                                          std::string* failure) {
-  return first_use_tune<BackwardChoice>(backward_tune_problem(problem), device, arch, failure, false);
+  return first_use_tune<BackwardChoice>(problem, device, arch, failure, false);
 }
 
 BackwardChoice choose_backward_config(int device, const ProblemKey& problem, int arch) {

@@ -50,9 +50,7 @@ void apply_tune_on_first_use(Choice& choice, Tune&& tune) {
 // spread evenly).
 constexpr int kFirstUseCandidates = 16;
 
-struct ForwardSweepProblem;
-
-// tune() (tuner/tune.hpp) of problem on device (an ordinal; its context current): sweeps the capped
+// tune() (tuner/tune.hpp) of a forward problem on device (an ordinal; its context current): sweeps the capped
 // space on a stream of its own, stores every row and the winner in the user's database
 // (TuningStore::default_path(), opened for writing) and makes the winner the process's memoized choice for
 // the problem's key. Blocks until the sweep is done (seconds). When another process has stored the bucket
@@ -61,18 +59,16 @@ struct ForwardSweepProblem;
 // choice it had, and the process does not sweep that bucket again. *failure (when given) then gets the
 // cause, this time and at every later call for the bucket. An explicit_request (flashgen_tune_forward)
 // sweeps a bucket whose sweep failed before, and a failure throws Error with its cause's status instead.
-std::optional<ForwardChoice> tune_forward_on_first_use(const ForwardSweepProblem& problem, int device, int arch,
+std::optional<ForwardChoice> tune_forward_on_first_use(const AttentionProblem& problem, int device, int arch,
                                                        std::string* failure = nullptr, bool explicit_request = false);
 
 // Process-wide backward choice for device (a CUDA device ordinal), as the forward's: the user's
 // database, then the shipped defaults, then the heuristic; memoized per (device, problem key).
 BackwardChoice choose_backward_config(int device, const ProblemKey& problem, int arch);
 
-struct BackwardSweepProblem;
-
 // tune_forward_on_first_use for a backward problem (its dQ strategy's candidates; checked in full
 // against float64 on a small problem of the same class, then timed at the problem's sizes).
-std::optional<BackwardChoice> tune_backward_on_first_use(const BackwardSweepProblem& problem, int device, int arch,
+std::optional<BackwardChoice> tune_backward_on_first_use(const AttentionProblem& problem, int device, int arch,
                                                          std::string* failure = nullptr);
 
 }  // namespace flashgen

@@ -13,8 +13,6 @@
 
 namespace flashgen {
 
-const char* dtype_name(DType dtype) { return dtype == DType::kBFloat16 ? "bf16" : "fp16"; }
-
 static const char* mask_name(MaskKind mask) { return mask == MaskKind::kCausal ? "causal" : "none"; }
 
 std::string KernelConfig::name() const {
@@ -112,7 +110,7 @@ FwdTraits KernelConfig::traits() const {
 
 FwdSm90Traits KernelConfig::sm90_traits() const {
   return fwd_sm90_traits(head_dim, block_m, block_n, stages, pingpong, persistent, p_smem, cluster, mask, groups,
-                         tensor_sum, dtype == DType::kBFloat16 ? ElemType::kBFloat16 : ElemType::kFloat16);
+                         tensor_sum, dtype);
 }
 
 int KernelConfig::threads() const {

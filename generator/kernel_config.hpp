@@ -7,13 +7,10 @@
 #include <optional>
 #include <string>
 
+#include "problem/attention_problem.hpp"
 #include "templates/fwd_traits.cuh"
 
 namespace flashgen {
-
-enum class DType { kFloat16 = 0, kBFloat16 = 1 };
-
-const char* dtype_name(DType dtype);  // "fp16", "bf16"
 
 // The forward kernel families: templates/fwd_sm80.cuh (mma.sync, cp.async; sm_80 and newer) and
 // templates/fwd_sm90.cuh (wgmma, TMA, warp-specialized; sm_90a only).

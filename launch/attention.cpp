@@ -18,7 +18,7 @@
 
 namespace flashgen {
 
-ForwardProblem make_forward_problem(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
+ForwardCall make_forward_call(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
                                     const flashgen_tensor* out, float* lse, const flashgen_attention_options* opts) {
   check_tensor(q, "q");
   check_tensor(k, "k");
@@ -48,13 +48,10 @@ ForwardProblem make_forward_problem(const flashgen_tensor* q, const flashgen_ten
   FLASHGEN_REQUIRE(q->shape[0] <= 65535 && q->shape[2] <= 65535,
                    "q: batch and heads must each be at most 65535 (grid limits)");
 
-  ForwardProblem problem;
-  problem.dtype = to_dtype(q->dtype);
-  problem.head_dim = static_cast<int>(q->shape[3]);
-  problem.mask = opts->mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
-  problem.abi_mask = opts->mask;
+  ForwardCall call;
+  call.problem = forward_problem(to_dtype(q->dtype), shape_of(q, k), opts->mask);
 
-  AttnFwdParams& p = problem.params;
+  AttnFwdParams& p = call.params;
   p.q = q->data;
   p.k = k->data;
   p.v = v->data;
@@ -71,23 +68,23 @@ ForwardProblem make_forward_problem(const flashgen_tensor* q, const flashgen_ten
   p.heads_kv = static_cast<int>(k->shape[2]);
   p.group_size = p.heads_q / p.heads_kv;
   p.causal_offset = causal_offset(*opts, p.seqlen_q, p.seqlen_k);
-  p.scale = softmax_scale(*opts, problem.head_dim);
+  p.scale = softmax_scale(*opts, call.problem.head_dim());
   p.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
-  return problem;
+  return call;
 }
 
 namespace {
 
-// The four tensors of a forward problem as TMA sees them, with the box rows of the sm90 kernel's copies.
+// The four tensors of a forward call as TMA sees them, with the box rows of the sm90 kernel's copies.
 struct ForwardTmaTensors {
   TmaTensor q, k, v, o;
   int q_rows = 0, kv_rows = 0;
   static constexpr int kORows = 64;  // each consumer warpgroup stores its own 64 rows
 
-  ForwardTmaTensors(const ForwardProblem& problem, const KernelConfig& config) {
-    const AttnFwdParams& p = problem.params;
+  ForwardTmaTensors(const ForwardCall& call, const KernelConfig& config) {
+    const AttnFwdParams& p = call.params;
     auto tensor = [&](const void* data, int seqlen, int heads, long long bs, long long rs, long long hs) {
-      return TmaTensor{data, problem.dtype, p.batch, seqlen, heads, problem.head_dim, bs, rs, hs};
+      return TmaTensor{data, call.problem.dtype, p.batch, seqlen, heads, call.problem.head_dim(), bs, rs, hs};
     };
     q = tensor(p.q, p.seqlen_q, p.heads_q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
     k = tensor(p.k, p.seqlen_k, p.heads_kv, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
@@ -142,15 +139,15 @@ int max_active_clusters(const PreparedForward& prepared, const DeviceTraits& dev
   return clusters;
 }
 
-// Query blocks of the problem under config, and the tiles (cluster-wide query blocks of every head and
+// Query blocks of the call under config, and the tiles (cluster-wide query blocks of every head and
 // batch) a persistent kernel walks.
-int64_t query_blocks(const ForwardProblem& problem, const KernelConfig& config) {
-  return (problem.params.seqlen_q + config.block_m - 1) / config.block_m;
+int64_t query_blocks(const ForwardCall& call, const KernelConfig& config) {
+  return (call.params.seqlen_q + config.block_m - 1) / config.block_m;
 }
 
-int64_t persistent_tiles(const ForwardProblem& problem, const KernelConfig& config) {
-  const AttnFwdParams& p = problem.params;
-  return (query_blocks(problem, config) + config.cluster - 1) / config.cluster * p.heads_q * p.batch;
+int64_t persistent_tiles(const ForwardCall& call, const KernelConfig& config) {
+  const AttnFwdParams& p = call.params;
+  return (query_blocks(call, config) + config.cluster - 1) / config.cluster * p.heads_q * p.batch;
 }
 
 void check_device_pointers(const AttnFwdParams& p, int device) {
@@ -163,26 +160,26 @@ void check_device_pointers(const AttnFwdParams& p, int device) {
 
 }  // namespace
 
-Implementability can_implement(const ForwardProblem& problem, const KernelConfig& config, const DeviceTraits& device) {
+Implementability can_implement(const ForwardCall& call, const KernelConfig& config, const DeviceTraits& device) {
   if (config.family == KernelFamily::kSm90) {
-    if (auto why = ForwardTmaTensors(problem, config).unsupported_reason()) return {Shortfall::kTmaLayout, *why};
+    if (auto why = ForwardTmaTensors(call, config).unsupported_reason()) return {Shortfall::kTmaLayout, *why};
   }
   // The kernel walks the tile list with int indices, up to a walker count past its end.
-  const int64_t tiles = persistent_tiles(problem, config);
+  const int64_t tiles = persistent_tiles(call, config);
   if (config.persistent && tiles > INT32_MAX - 2 * int64_t(device.multiprocessors)) {
     return {Shortfall::kTileCount, std::to_string(tiles) + " tiles are more than a persistent kernel indexes"};
   }
   return {};
 }
 
-PreparedForward prepare_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig& config) {
-  const AttnFwdParams& p = problem.params;
+PreparedForward prepare_forward(const ForwardCall& call, CUstream stream, const KernelConfig& config) {
+  const AttnFwdParams& p = call.params;
   const ScopedContext scope(stream, p.q);
   check_device_pointers(p, scope.device());
   const int arch = launch_arch(scope.device());
-  check_requested_config(config, problem.dtype, problem.head_dim, problem.mask, arch);
+  check_requested_config(config, call.problem, arch);
   const DeviceTraits& device = device_traits(scope.device());
-  if (const Implementability answer = can_implement(problem, config, device); !answer) {
+  if (const Implementability answer = can_implement(call, config, device); !answer) {
     if (answer.shortfall == Shortfall::kTmaLayout) {
       fail(Status::kUnsupported, "config " + config.name() + " needs TMA, which cannot describe " + answer.reason);
     }
@@ -196,7 +193,7 @@ PreparedForward prepare_forward(const ForwardProblem& problem, CUstream stream, 
   if (config.family == KernelFamily::kSm90) {
     prepared.uses_tma = true;
     prepared.sm90_params.base = p;
-    ForwardTmaTensors(problem, config).encode(prepared.sm90_params);
+    ForwardTmaTensors(call, config).encode(prepared.sm90_params);
   }
   prepared.function = KernelRegistry::instance().function(config, scope.context(), arch);
   prepared.threads = static_cast<unsigned>(config.threads());
@@ -204,10 +201,10 @@ PreparedForward prepare_forward(const ForwardProblem& problem, CUstream stream, 
   // A cluster of two takes pairs of query blocks: the grid's x is a multiple of 2, its last block
   // possibly past the end.
   const int cluster = config.cluster;
-  const int64_t m_blocks = query_blocks(problem, config);
+  const int64_t m_blocks = query_blocks(call, config);
   if (config.persistent) {  // one block per SM (one cluster per SM pair) walks the tiles
     const int64_t resident = cluster > 1 ? max_active_clusters(prepared, device) : device.multiprocessors;
-    prepared.grid[0] = static_cast<unsigned>(std::min<int64_t>(persistent_tiles(problem, config), resident) * cluster);
+    prepared.grid[0] = static_cast<unsigned>(std::min<int64_t>(persistent_tiles(call, config), resident) * cluster);
   } else {
     prepared.grid[0] = static_cast<unsigned>((m_blocks + cluster - 1) / cluster * cluster);
     prepared.grid[1] = static_cast<unsigned>(p.heads_q);
@@ -215,22 +212,22 @@ PreparedForward prepare_forward(const ForwardProblem& problem, CUstream stream, 
   }
   // Only the persistent causal kernels walk a sectioned tile list; the others never read l2_section.
   // Walkers of a persistent kernel's tile list: its blocks, or their groups of consumers.
-  prepared.uses_tile_counter = prepared.uses_tma && config.persistent && problem.mask == MaskKind::kCausal;
+  prepared.uses_tile_counter = prepared.uses_tma && config.persistent && call.problem.mask_kind() == MaskKind::kCausal;
   if (prepared.uses_tile_counter) {
     prepared.sm90_params.l2_section =
-        l2_section(p, problem.head_dim, m_blocks, int64_t(prepared.grid[0]) * config.groups, device);
+        l2_section(p, call.problem.head_dim(), m_blocks, int64_t(prepared.grid[0]) * config.groups, device);
   }
   return prepared;
 }
 
-void PreparedForward::rebind(const ForwardProblem& problem, int device) {
-  const AttnFwdParams& p = problem.params;
+void PreparedForward::rebind(const ForwardCall& call, int device) {
+  const AttnFwdParams& p = call.params;
   check_device_pointers(p, device);
   params = p;
   if (!uses_tma) return;
   sm90_params.base = p;
   if (!tma_maps_retargetable()) {
-    ForwardTmaTensors(problem, config).encode(sm90_params);
+    ForwardTmaTensors(call, config).encode(sm90_params);
     return;
   }
   retarget_tma_map(&sm90_params.q_map, p.q);
@@ -269,9 +266,9 @@ void PreparedForward::operator()(CUstream stream) const {
   FLASHGEN_CU_CHECK(cuMemFreeAsync(owned, stream));
 }
 
-void launch_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig& config) {
-  const ScopedContext scope(stream, problem.params.q);
-  prepare_forward(problem, stream, config)(stream);
+void launch_forward(const ForwardCall& call, CUstream stream, const KernelConfig& config) {
+  const ScopedContext scope(stream, call.params.q);
+  prepare_forward(call, stream, config)(stream);
 }
 
 }  // namespace flashgen

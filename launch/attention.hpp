@@ -1,4 +1,4 @@
-// Launcher stage for the forward pass: checks a problem given as flashgen_tensor views into AttnFwdParams,
+// Launcher stage for the forward pass: checks a call given as flashgen_tensor views into AttnFwdParams,
 // answers whether a kernel family can implement it, and launches a config it is given (dispatch/ chooses
 // which) on the caller's stream.
 #pragma once
@@ -9,6 +9,7 @@
 
 #include "flashgen/flashgen.h"
 #include "generator/kernel_config.hpp"
+#include "problem/attention_problem.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "templates/attn_params.cuh"
 
@@ -25,23 +26,20 @@ inline flashgen_tensor bshd_tensor(void* data, flashgen_dtype dtype, int64_t bat
   return t;
 }
 
-// Everything the launcher derived from the arguments, before anything runs.
-struct ForwardProblem {
+// A checked forward call: its problem, and the kernel parameters bound to the caller's tensors.
+struct ForwardCall {
+  AttentionProblem problem;
   AttnFwdParams params{};
-  DType dtype = DType::kFloat16;
-  int head_dim = 0;
-  MaskKind mask = MaskKind::kNone;              // the kernel family's mask kind
-  flashgen_mask abi_mask = FLASHGEN_MASK_NONE;  // the caller's, alignment included (for tuning sweeps)
 };
 
 // Validates every argument (null pointers, shapes, dtypes, head_dim, heads_q % heads_kv, alignment of
 // pointers and strides) and throws Error(kInvalidArgument / kUnsupported) naming the argument.
 // Touches no GPU.
-ForwardProblem make_forward_problem(const flashgen_tensor* q, const flashgen_tensor* k,
+ForwardCall make_forward_call(const flashgen_tensor* q, const flashgen_tensor* k,
                                     const flashgen_tensor* v, const flashgen_tensor* out, float* lse,
                                     const flashgen_attention_options* opts);
 
-// Why a kernel family cannot run a config on a problem, as dispatch needs it to pick a fallback.
+// Why a kernel family cannot run a config on a call, as dispatch needs it to pick a fallback.
 enum class Shortfall {
   kNone,
   kTmaLayout,  // the sm90 family: TMA cannot describe one of the tensors (dispatch: the sm80 family)
@@ -54,13 +52,13 @@ struct Implementability {
   explicit operator bool() const { return shortfall == Shortfall::kNone; }
 };
 
-// Whether config's kernel family can run the problem on a device of these traits, and if not why. The
-// config itself must be one for the problem that can run on the device (check_requested_config).
-Implementability can_implement(const ForwardProblem& problem, const KernelConfig& config, const DeviceTraits& device);
+// Whether config's kernel family can run the call on a device of these traits, and if not why. The
+// config itself must be one for the call that can run on the device (check_requested_config).
+Implementability can_implement(const ForwardCall& call, const KernelConfig& config, const DeviceTraits& device);
 
-// A checked, resolved launch of one config for one problem: relaunched as is by the tuner's timing
+// A checked, resolved launch of one config for one call: relaunched as is by the tuner's timing
 // loops, so host-side checks stay out of the timed region, and kept by dispatch for the next call of the
-// same problem class, pointed at the new call's tensors by rebind. Valid while the problem's buffers and
+// same problem class, pointed at the new call's tensors by rebind. Valid while the call's buffers and
 // the context that prepared it live.
 struct PreparedForward {
   KernelConfig config;
@@ -74,9 +72,9 @@ struct PreparedForward {
   AttnFwdSm90Params sm90_params{};
   bool uses_tile_counter = false;  // a persistent causal sm90 kernel claims its tiles through a counter
 
-  // Points the launch at problem's tensors after checking they are memory of device (the launch
-  // context's): problem must differ from the prepared one in its data pointers only.
-  void rebind(const ForwardProblem& problem, int device);
+  // Points the launch at call's tensors after checking they are memory of device (the launch
+  // context's): call must differ from the prepared one in its data pointers only.
+  void rebind(const ForwardCall& call, int device);
 
   // cuLaunchKernel; with uses_tile_counter, with the stream's tile counter (tile_counters.hpp) or, where
   // it has none, one taken from the stream's pool, zeroed before and given back after the launch.
@@ -84,12 +82,12 @@ struct PreparedForward {
 };
 
 // Everything a launch does before cuLaunchKernel, for a config the caller chose: checks that the pointers
-// are memory of the launch's device, that the config is one for the problem and can run there, and that
-// its family can implement the problem (Error naming why otherwise), then loads the kernel and computes
+// are memory of the launch's device, that the config is one for the call and can run there, and that
+// its family can implement the call (Error naming why otherwise), then loads the kernel and computes
 // the grid. Needs the stream's (or current) context.
-PreparedForward prepare_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig& config);
+PreparedForward prepare_forward(const ForwardCall& call, CUstream stream, const KernelConfig& config);
 
 // prepare_forward, then the launch.
-void launch_forward(const ForwardProblem& problem, CUstream stream, const KernelConfig& config);
+void launch_forward(const ForwardCall& call, CUstream stream, const KernelConfig& config);
 
 }  // namespace flashgen

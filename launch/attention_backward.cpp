@@ -34,16 +34,16 @@ size_t row_array_bytes(const AttnBwdParams& p, const BwdConfig& config) {
   return align_up(sizeof(float) * size_t(p.batch) * size_t(p.heads_q) * workspace_rows(p, config));
 }
 
-// The tensors of a backward problem as TMA sees them, with the box rows of the sm90 dkdv kernel's copies.
+// The tensors of a backward call as TMA sees them, with the box rows of the sm90 dkdv kernel's copies.
 struct BackwardTmaTensors {
   TmaTensor q, dout, k, v, dk, dv;
   int q_rows = 0, kv_rows = 0;
   static constexpr int kGradRows = 64;  // each consumer warpgroup stores its own 64 keys
 
-  BackwardTmaTensors(const BackwardProblem& problem, const BwdConfig& config) {
-    const AttnBwdParams& p = problem.params;
+  BackwardTmaTensors(const BackwardCall& call, const BwdConfig& config) {
+    const AttnBwdParams& p = call.params;
     auto tensor = [&](const void* data, int seqlen, int heads, long long bs, long long rs, long long hs) {
-      return TmaTensor{data, problem.dtype, p.batch, seqlen, heads, problem.head_dim, bs, rs, hs};
+      return TmaTensor{data, call.problem.dtype, p.batch, seqlen, heads, call.problem.head_dim(), bs, rs, hs};
     };
     q = tensor(p.q, p.seqlen_q, p.heads_q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
     dout = tensor(p.dout, p.seqlen_q, p.heads_q, p.do_batch_stride, p.do_row_stride, p.do_head_stride);
@@ -78,7 +78,7 @@ unsigned ceil_div(long long a, long long b) { return static_cast<unsigned>((a + 
 
 }  // namespace
 
-BackwardProblem make_backward_problem(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
+BackwardCall make_backward_call(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
                                       const flashgen_tensor* out, const flashgen_tensor* dout, const float* lse,
                                       const flashgen_tensor* dq, const flashgen_tensor* dk, const flashgen_tensor* dv,
                                       const flashgen_attention_options* opts) {
@@ -111,14 +111,10 @@ BackwardProblem make_backward_problem(const flashgen_tensor* q, const flashgen_t
   FLASHGEN_REQUIRE(q->shape[0] <= 32767 && q->shape[2] <= 65535,
                    "q: batch must be at most 32767 and heads at most 65535 (grid limits)");
 
-  BackwardProblem problem;
-  problem.dtype = to_dtype(q->dtype);
-  problem.head_dim = static_cast<int>(q->shape[3]);
-  problem.mask = opts->mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
-  problem.abi_mask = opts->mask;
-  problem.deterministic = opts->deterministic != 0;
+  BackwardCall call;
+  call.problem = backward_problem(to_dtype(q->dtype), shape_of(q, k), opts->mask, opts->deterministic != 0);
 
-  AttnBwdParams& p = problem.params;
+  AttnBwdParams& p = call.params;
   p.q = q->data, p.k = k->data, p.v = v->data, p.o = out->data, p.dout = dout->data, p.lse = lse;
   p.dq = dq->data, p.dk = dk->data, p.dv = dv->data;
   auto strides = [](const flashgen_tensor* t, long long& batch, long long& row, long long& head) {
@@ -139,25 +135,25 @@ BackwardProblem make_backward_problem(const flashgen_tensor* q, const flashgen_t
   p.heads_kv = static_cast<int>(k->shape[2]);
   p.group_size = p.heads_q / p.heads_kv;
   p.causal_offset = causal_offset(*opts, p.seqlen_q, p.seqlen_k);
-  p.scale = softmax_scale(*opts, problem.head_dim);
+  p.scale = softmax_scale(*opts, call.problem.head_dim());
   p.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
-  return problem;
+  return call;
 }
 
-size_t backward_workspace_bytes(const BackwardProblem& problem, const BwdConfig& config) {
-  const AttnBwdParams& p = problem.params;
+size_t backward_workspace_bytes(const BackwardCall& call, const BwdConfig& config) {
+  const AttnBwdParams& p = call.params;
   size_t bytes = row_array_bytes(p, config);                                       // D
   if (config.family == KernelFamily::kSm90) bytes += row_array_bytes(p, config);  // LSE in base 2
   if (!config.deterministic) {
     bytes += align_up(sizeof(float) * size_t(p.batch) * size_t(p.heads_q) * workspace_rows(p, config) *
-                      size_t(problem.head_dim));
+                      size_t(call.problem.head_dim()));
   }
   return bytes;
 }
 
-Implementability can_implement(const BackwardProblem& problem, const BwdConfig& config, const DeviceTraits&) {
+Implementability can_implement(const BackwardCall& call, const BwdConfig& config, const DeviceTraits&) {
   if (config.family == KernelFamily::kSm90) {
-    if (auto why = BackwardTmaTensors(problem, config).unsupported_reason()) return {Shortfall::kTmaLayout, *why};
+    if (auto why = BackwardTmaTensors(call, config).unsupported_reason()) return {Shortfall::kTmaLayout, *why};
   }
   return {};
 }
@@ -173,13 +169,13 @@ void check_device_pointers(const AttnBwdParams& p, int device) {
 
 }  // namespace
 
-PreparedBackward prepare_backward(const BackwardProblem& problem, CUstream stream, const BwdConfig& c) {
-  const AttnBwdParams& p = problem.params;
+PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, const BwdConfig& c) {
+  const AttnBwdParams& p = call.params;
   const ScopedContext scope(stream, p.q);
   check_device_pointers(p, scope.device());
   const int arch = launch_arch(scope.device());
-  check_requested_config(c, problem.dtype, problem.head_dim, problem.mask, arch);
-  if (const Implementability answer = can_implement(problem, c, device_traits(scope.device())); !answer) {
+  check_requested_config(c, call.problem, arch);
+  if (const Implementability answer = can_implement(call, c, device_traits(scope.device())); !answer) {
     fail(Status::kUnsupported, "config " + c.name() + " needs TMA, which cannot describe " + answer.reason);
   }
 
@@ -188,7 +184,7 @@ PreparedBackward prepare_backward(const BackwardProblem& problem, CUstream strea
   prepared.arch = arch;
   if (c.family == KernelFamily::kSm90) {
     prepared.uses_tma = true;
-    BackwardTmaTensors(problem, c).encode(prepared.sm90_params);
+    BackwardTmaTensors(call, c).encode(prepared.sm90_params);
   }
   KernelRegistry& registry = KernelRegistry::instance();
   prepared.preprocess = registry.function(c, BwdKernel::kPreprocess, scope.context(), arch);
@@ -210,25 +206,25 @@ PreparedBackward prepare_backward(const BackwardProblem& problem, CUstream strea
     prepared.finish_threads = static_cast<unsigned>(dq.threads);
     prepared.finish_smem = static_cast<unsigned>(dq.smem_bytes);
   } else {
-    prepared.finish_grid[0] = ceil_div(static_cast<long long>(p.seqlen_q) * (problem.head_dim / 8), kBwdRowKernelThreads);
+    prepared.finish_grid[0] = ceil_div(static_cast<long long>(p.seqlen_q) * (call.problem.head_dim() / 8), kBwdRowKernelThreads);
     prepared.finish_threads = kBwdRowKernelThreads;
   }
   prepared.finish_grid[1] = static_cast<unsigned>(p.heads_q);
   prepared.finish_grid[2] = static_cast<unsigned>(p.batch);
-  prepared.workspace_bytes = backward_workspace_bytes(problem, c);
+  prepared.workspace_bytes = backward_workspace_bytes(call, c);
   prepared.params = p;
   return prepared;
 }
 
-void PreparedBackward::rebind(const BackwardProblem& problem, int device) {
-  check_device_pointers(problem.params, device);
-  params = problem.params;  // the workspace pointers are bound at launch
+void PreparedBackward::rebind(const BackwardCall& call, int device) {
+  check_device_pointers(call.params, device);
+  params = call.params;  // the workspace pointers are bound at launch
   if (!uses_tma) return;
   if (!tma_maps_retargetable()) {
-    BackwardTmaTensors(problem, config).encode(sm90_params);
+    BackwardTmaTensors(call, config).encode(sm90_params);
     return;
   }
-  const AttnBwdParams& p = problem.params;
+  const AttnBwdParams& p = call.params;
   retarget_tma_map(&sm90_params.q_map, p.q);
   retarget_tma_map(&sm90_params.do_map, p.dout);
   retarget_tma_map(&sm90_params.k_map, p.k);
@@ -291,11 +287,11 @@ void launch_prepared_backward(PreparedBackward& prepared, CUstream stream, int d
   FLASHGEN_CU_CHECK(cuMemFreeAsync(owned, stream));
 }
 
-void launch_backward(const BackwardProblem& problem, CUstream stream, const BwdConfig& config, CUdeviceptr workspace,
+void launch_backward(const BackwardCall& call, CUstream stream, const BwdConfig& config, CUdeviceptr workspace,
                      size_t workspace_bytes) {
   check_workspace_alignment(workspace);  // before anything needs a GPU
-  const ScopedContext scope(stream, problem.params.q);
-  PreparedBackward prepared = prepare_backward(problem, stream, config);
+  const ScopedContext scope(stream, call.params.q);
+  PreparedBackward prepared = prepare_backward(call, stream, config);
   launch_prepared_backward(prepared, stream, scope.device(), workspace, workspace_bytes);
 }
 

@@ -1,4 +1,4 @@
-// Launcher stage for the backward pass: checks a problem given as flashgen_tensor views into AttnBwdParams,
+// Launcher stage for the backward pass: checks a call given as flashgen_tensor views into AttnBwdParams,
 // answers whether a kernel family can implement it, and launches the kernels of a config it is given
 // (preprocess, dkdv, then dq or convert) on the caller's stream.
 #pragma once
@@ -15,37 +15,35 @@
 
 namespace flashgen {
 
-struct BackwardProblem {
+// A checked backward call: its problem (the dQ strategy from the options), and the kernel parameters bound
+// to the caller's tensors.
+struct BackwardCall {
+  AttentionProblem problem;
   AttnBwdParams params{};  // workspace pointers (dsum, dq_accum) are filled in at launch
-  DType dtype = DType::kFloat16;
-  int head_dim = 0;
-  MaskKind mask = MaskKind::kNone;
-  flashgen_mask abi_mask = FLASHGEN_MASK_NONE;  // the caller's, alignment included (for tuning sweeps)
-  bool deterministic = false;
 };
 
-// Validates every argument as make_forward_problem does, for the forward's tensors plus dout, lse and
+// Validates every argument as make_forward_call does, for the forward's tensors plus dout, lse and
 // the three gradients (dq, dout and out shaped like q; dk, dv like k), and throws Error(kInvalidArgument /
 // kUnsupported) naming the argument. Touches no GPU.
-BackwardProblem make_backward_problem(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
+BackwardCall make_backward_call(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
                                       const flashgen_tensor* out, const flashgen_tensor* dout, const float* lse,
                                       const flashgen_tensor* dq, const flashgen_tensor* dk, const flashgen_tensor* dv,
                                       const flashgen_attention_options* opts);
 
-// Device workspace a config needs for a problem, in bytes: D = rowsum(dO ∘ O) in fp32 for every
+// Device workspace a config needs for a call, in bytes: D = rowsum(dO ∘ O) in fp32 for every
 // (batch, head, query), the LSE in base 2 likewise for the sm90 family, plus the fp32 dQ accumulator
 // (batch · heads_q · rows · head_dim floats) for the atomic strategy. rows is seqlen_q for the sm80
 // family and seqlen_q rounded up to 128 for the sm90 one: at most 4 · batch · heads_q · rows ·
 // (head_dim + 2) bytes plus alignment.
-size_t backward_workspace_bytes(const BackwardProblem& problem, const BwdConfig& config);
+size_t backward_workspace_bytes(const BackwardCall& call, const BwdConfig& config);
 
-// Whether config's kernel family can run the problem (attention.hpp's Implementability; the backward's only
-// shortfall is kTmaLayout). The config must be one for the problem that can run on the device.
-Implementability can_implement(const BackwardProblem& problem, const BwdConfig& config, const DeviceTraits& device);
+// Whether config's kernel family can run the call (attention.hpp's Implementability; the backward's only
+// shortfall is kTmaLayout). The config must be one for the call that can run on the device.
+Implementability can_implement(const BackwardCall& call, const BwdConfig& config, const DeviceTraits& device);
 
 // A checked, resolved backward launch: relaunched as is by benchmarks, so host-side checks stay out of
 // the timed region, and kept by dispatch for the next call of the same problem class (rebind). Valid while
-// the problem's buffers, the workspace and the preparing context live.
+// the call's buffers, the workspace and the preparing context live.
 struct PreparedBackward {
   BwdConfig config;
   int arch = 0;
@@ -64,9 +62,9 @@ struct PreparedBackward {
   bool uses_tma = false;                 // the sm90 family: its dkdv kernel takes sm90_params
   AttnBwdSm90Params sm90_params{};       // params plus TMA descriptors; base follows params at bind time
 
-  // Points the launch at problem's tensors after checking they are memory of device (the launch
-  // context's): problem must differ from the prepared one in its data pointers only.
-  void rebind(const BackwardProblem& problem, int device);
+  // Points the launch at call's tensors after checking they are memory of device (the launch
+  // context's): call must differ from the prepared one in its data pointers only.
+  void rebind(const BackwardCall& call, int device);
   // Points the launch at a workspace of at least workspace_bytes (device memory of the launch context).
   void bind_workspace(CUdeviceptr workspace);
   void operator()(CUstream stream) const;  // the kernels in order, nothing else
@@ -82,7 +80,7 @@ void check_workspace_alignment(CUdeviceptr workspace);
 // Everything a launch does before the kernels run, for a config the caller chose: the checks of
 // prepare_forward (pointers, config, can_implement), the kernels loaded, the grids; the workspace is bound
 // separately.
-PreparedBackward prepare_backward(const BackwardProblem& problem, CUstream stream, const BwdConfig& config);
+PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, const BwdConfig& config);
 
 // Launches prepared's kernels on stream. With workspace == 0 the workspace is taken from the device's
 // current stream-ordered memory pool on stream and given back on it after the last kernel (cuMemAllocAsync
@@ -93,7 +91,7 @@ void launch_prepared_backward(PreparedBackward& prepared, CUstream stream, int d
                               size_t workspace_bytes = 0);
 
 // prepare_backward, then launch_prepared_backward.
-void launch_backward(const BackwardProblem& problem, CUstream stream, const BwdConfig& config,
+void launch_backward(const BackwardCall& call, CUstream stream, const BwdConfig& config,
                      CUdeviceptr workspace = 0, size_t workspace_bytes = 0);
 
 }  // namespace flashgen

@@ -97,6 +97,10 @@ void require_same_dim(const flashgen_tensor* a, const char* a_name, const flashg
 
 DType to_dtype(flashgen_dtype d) { return d == FLASHGEN_BFLOAT16 ? DType::kBFloat16 : DType::kFloat16; }
 
+AttentionShape shape_of(const flashgen_tensor* q, const flashgen_tensor* k) {
+  return AttentionShape{q->shape[0], q->shape[1], k->shape[1], q->shape[2], k->shape[2], q->shape[3]};
+}
+
 
 void check_head_dim_and_groups(const flashgen_tensor* q, const flashgen_tensor* k) {
   const int64_t head_dim = q->shape[3];

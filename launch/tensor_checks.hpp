@@ -12,6 +12,7 @@
 #include "flashgen/error.hpp"
 #include "flashgen/flashgen.h"
 #include "generator/kernel_config.hpp"
+#include "problem/attention_problem.hpp"
 
 namespace flashgen {
 
@@ -48,6 +49,9 @@ void require_same_dim(const flashgen_tensor* a, const char* a_name, const flashg
 
 DType to_dtype(flashgen_dtype d);
 
+// The sizes of checked tensors q [batch, seqlen_q, heads_q, head_dim] and k [batch, seqlen_k, heads_kv, head_dim].
+AttentionShape shape_of(const flashgen_tensor* q, const flashgen_tensor* k);
+
 // q's head_dim a multiple of 8 up to 256 (kUnsupported otherwise), and q's heads a multiple of k's.
 void check_head_dim_and_groups(const flashgen_tensor* q, const flashgen_tensor* k);
 
@@ -65,8 +69,9 @@ int launch_arch(CUdevice device);
 
 // A config the caller asked for: it must match the problem and be able to run on sm_<arch>.
 template <class Config>
-void check_requested_config(const Config& config, DType dtype, int head_dim, MaskKind mask, int arch) {
-  FLASHGEN_REQUIRE(config.dtype == dtype && config.head_dim == head_dim && config.mask == mask,
+void check_requested_config(const Config& config, const AttentionProblem& problem, int arch) {
+  FLASHGEN_REQUIRE(config.dtype == problem.dtype && config.head_dim == problem.head_dim() &&
+                       config.mask == problem.mask_kind(),
                    "config " + config.name() + " does not match the problem (dtype, head_dim, mask)");
   if (auto why = config.invalid_reason(arch)) {
     fail(Status::kInvalidArgument, "config " + config.name() + " cannot run here: " + *why);

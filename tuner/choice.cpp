@@ -183,7 +183,7 @@ BackwardChoice choose_backward_config(const DeviceFingerprint& device, const Pro
     return {stored->config, stored->reason, stored->source, stored->exact_bucket};
   }
   BackwardChoice choice =
-      heuristic_backward_choice(problem.dtype, problem.head_dim, problem.mask, problem.family == "bwd_det", arch);
+      heuristic_backward_choice(problem.dtype, problem.head_dim, problem.mask, problem.dq == DqStrategy::kDeterministic, arch);
   choice.reason += passed_over;
   return choice;
 }

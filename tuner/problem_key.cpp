@@ -66,8 +66,23 @@ int64_t size_bucket(int64_t n) {
   return bucket;
 }
 
+const char* ProblemKey::pass_id() const {
+  if (pass == Pass::kForward) return "fwd";
+  return dq == DqStrategy::kDeterministic ? "bwd_det" : "bwd";
+}
+
+void read_pass_id(const std::string& text, ProblemKey& key) {
+  if (text == "fwd") {
+    key.pass = Pass::kForward, key.dq = DqStrategy::kAtomic;
+  } else if (text == "bwd" || text == "bwd_det") {
+    key.pass = Pass::kBackward, key.dq = text == "bwd" ? DqStrategy::kAtomic : DqStrategy::kDeterministic;
+  } else {
+    fail(Status::kInvalidArgument, "problem pass must be fwd, bwd or bwd_det, got '" + text + "'");
+  }
+}
+
 std::string ProblemKey::class_id() const {
-  return family + "|" + dtype_name(dtype) + "|d" + std::to_string(head_dim) + "|" + mask_text(mask) + "|g" +
+  return std::string(pass_id()) + "|" + dtype_name(dtype) + "|d" + std::to_string(head_dim) + "|" + mask_text(mask) + "|g" +
          std::to_string(gqa_ratio);
 }
 
@@ -80,7 +95,6 @@ ProblemKey forward_problem_key(DType dtype, int head_dim, MaskKind mask, int gqa
                                int64_t seqlen_k, int64_t batch_heads) {
   FLASHGEN_REQUIRE(gqa_ratio >= 1, "forward_problem_key: gqa_ratio must be >= 1, got " + std::to_string(gqa_ratio));
   ProblemKey key;
-  key.family = "fwd";
   key.dtype = dtype;
   key.head_dim = head_dim;
   key.mask = mask;
@@ -94,8 +108,20 @@ ProblemKey forward_problem_key(DType dtype, int head_dim, MaskKind mask, int gqa
 ProblemKey backward_problem_key(DType dtype, int head_dim, MaskKind mask, bool deterministic, int gqa_ratio,
                                 int64_t seqlen_q, int64_t seqlen_k, int64_t batch_heads) {
   ProblemKey key = forward_problem_key(dtype, head_dim, mask, gqa_ratio, seqlen_q, seqlen_k, batch_heads);
-  key.family = deterministic ? "bwd_det" : "bwd";
+  key.pass = Pass::kBackward;
+  key.dq = deterministic ? DqStrategy::kDeterministic : DqStrategy::kAtomic;
   return key;
+}
+
+ProblemKey problem_key(const AttentionProblem& problem) {
+  const AttentionShape& s = problem.shape;
+  const int group_size = static_cast<int>(s.group_size());
+  if (problem.backward()) {
+    return backward_problem_key(problem.dtype, problem.head_dim(), problem.mask_kind(), problem.deterministic(),
+                                group_size, s.seqlen_q, s.seqlen_k, s.batch * s.heads_q);
+  }
+  return forward_problem_key(problem.dtype, problem.head_dim(), problem.mask_kind(), group_size, s.seqlen_q,
+                             s.seqlen_k, s.batch * s.heads_q);
 }
 
 int bucket_distance(const ProblemKey& a, const ProblemKey& b) {

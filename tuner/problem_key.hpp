@@ -6,6 +6,7 @@
 #include <string>
 
 #include "generator/kernel_config.hpp"
+#include "problem/attention_problem.hpp"
 
 namespace flashgen {
 
@@ -37,7 +38,8 @@ int64_t size_bucket(int64_t n);
 
 // Problem class (exact) plus bucketed sizes.
 struct ProblemKey {
-  std::string family = "fwd";  // pass: "fwd", "bwd" or "bwd_det" (backward_problem_key)
+  Pass pass = Pass::kForward;
+  DqStrategy dq = DqStrategy::kAtomic;  // backward keys: each strategy has its own kernels and tuning data
   DType dtype = DType::kFloat16;
   int head_dim = 128;
   MaskKind mask = MaskKind::kNone;
@@ -46,6 +48,8 @@ struct ProblemKey {
   int64_t seqlen_k_bucket = 1;      // size_bucket(seqlen_k)
   int64_t batch_heads_bucket = 1;   // size_bucket(batch * heads_q)
 
+  // The pass in ids and the store's rows: "fwd", "bwd" or "bwd_det" (the deterministic dQ strategy).
+  const char* pass_id() const;
   // Exact problem class without the size buckets, e.g. "fwd|bf16|d128|causal|g4".
   std::string class_id() const;
   // class_id plus buckets, e.g. "fwd|bf16|d128|causal|g4|q4096|k4096|bh64".
@@ -53,12 +57,18 @@ struct ProblemKey {
   bool operator==(const ProblemKey& other) const { return id() == other.id(); }
 };
 
+// Sets key's pass and dQ strategy from their text in ids ("fwd", "bwd", "bwd_det"); throws
+// Error(kInvalidArgument) naming any other text.
+void read_pass_id(const std::string& text, ProblemKey& key);
+
+// The key a problem is tuned, stored and looked up under (both causal alignments run the causal kernels).
+ProblemKey problem_key(const AttentionProblem& problem);
+
 // Key of a forward problem of the given sizes.
 ProblemKey forward_problem_key(DType dtype, int head_dim, MaskKind mask, int gqa_ratio, int64_t seqlen_q,
                                int64_t seqlen_k, int64_t batch_heads);
 
-// Key of a backward problem: family "bwd", or "bwd_det" for the deterministic strategy (its own
-// kernels, so its own tuning data).
+// Key of a backward problem of the given sizes and dQ strategy.
 ProblemKey backward_problem_key(DType dtype, int head_dim, MaskKind mask, bool deterministic, int gqa_ratio,
                                 int64_t seqlen_q, int64_t seqlen_k, int64_t batch_heads);
 

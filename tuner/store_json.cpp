@@ -55,7 +55,7 @@ DeviceFingerprint device_from_json(const json& j) {
 // size_bucket writes them), a group ratio of at least 1. Throws Error(kInvalidArgument) naming the field.
 ProblemKey problem_from_json(const json& j) {
   ProblemKey p;
-  p.family = j.at("family").get<std::string>();
+  read_pass_id(j.at("family").get<std::string>(), p);
   p.dtype = parse_dtype(j.at("dtype").get<std::string>());
   p.head_dim = int_field(j, "head_dim", 8, 256);
   FLASHGEN_REQUIRE(p.head_dim % 8 == 0, "problem head_dim must be a multiple of 8, got " + std::to_string(p.head_dim));
@@ -64,8 +64,6 @@ ProblemKey problem_from_json(const json& j) {
   p.seqlen_q_bucket = j.at("seqlen_q_bucket").get<int64_t>();
   p.seqlen_k_bucket = j.at("seqlen_k_bucket").get<int64_t>();
   p.batch_heads_bucket = j.at("batch_heads_bucket").get<int64_t>();
-  FLASHGEN_REQUIRE(p.family == "fwd" || p.family == "bwd" || p.family == "bwd_det",
-                   "problem family must be fwd, bwd or bwd_det, got '" + p.family + "'");
   for (const auto& [name, bucket] : {std::pair{"seqlen_q_bucket", p.seqlen_q_bucket},
                                      std::pair{"seqlen_k_bucket", p.seqlen_k_bucket},
                                      std::pair{"batch_heads_bucket", p.batch_heads_bucket}}) {
@@ -149,7 +147,7 @@ json device_json(const std::string& id, const DeviceFingerprint& d) {
 json problem_json(const std::string& id, const ProblemKey& p) {
   return {{"id", id},
           {"class_id", p.class_id()},
-          {"family", p.family},
+          {"family", p.pass_id()},
           {"dtype", dtype_name(p.dtype)},
           {"head_dim", p.head_dim},
           {"mask", mask_text(p.mask)},

@@ -40,7 +40,7 @@ std::vector<uint16_t> random_bits(size_t count, flashgen_dtype dtype, std::mt199
 }
 
 // Rows checked against the reference: spread over (batch, head, position), always the last row.
-std::vector<RowSample> sample_rows(const ForwardSweepProblem& p, int count) {
+std::vector<RowSample> sample_rows(const AttentionShape& p, int count) {
   std::vector<RowSample> rows;
   for (int i = 0; i < count; ++i) {
     rows.push_back({i % p.batch, (i * 7) % p.heads_q, (static_cast<int64_t>(i) * 2654435761u) % p.seqlen_q});
@@ -222,40 +222,28 @@ std::string progress_line(const SweepProgress& event) {
   return line.str();
 }
 
-ProblemKey sweep_problem_key(const ForwardSweepProblem& problem) {
-  const MaskKind mask = problem.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
-  return forward_problem_key(problem.dtype, problem.head_dim, mask, problem.heads_q / problem.heads_kv,
-                             problem.seqlen_q, problem.seqlen_k, static_cast<int64_t>(problem.batch) * problem.heads_q);
-}
-
-ProblemKey sweep_problem_key(const BackwardSweepProblem& problem) {
-  const MaskKind mask = problem.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
-  return backward_problem_key(problem.dtype, problem.head_dim, mask, problem.deterministic,
-                              problem.heads_q / problem.heads_kv, problem.seqlen_q, problem.seqlen_k,
-                              static_cast<int64_t>(problem.batch) * problem.heads_q);
-}
-
-SweepResult sweep_forward(const ForwardSweepProblem& problem, const std::vector<KernelConfig>& candidates,
+SweepResult sweep_forward(const AttentionProblem& problem, const std::vector<KernelConfig>& candidates,
                           CUstream stream, const SweepOptions& options) {
+  FLASHGEN_REQUIRE(problem.pass == Pass::kForward, "sweep_forward: the problem is not a forward one");
   ScopedContext scope(stream);
   const int arch = device_sm(scope.device());
   const flashgen_dtype dtype = to_c_dtype(problem.dtype);
+  const AttentionShape& shape = problem.shape;
 
   SweepResult result;
-  result.problem = sweep_problem_key(problem);
-  const MaskKind mask_kind = result.problem.mask;
+  result.problem = problem_key(problem);
   for (const KernelConfig& c : candidates) {
-    FLASHGEN_REQUIRE(c.dtype == problem.dtype && c.head_dim == problem.head_dim && c.mask == mask_kind,
+    FLASHGEN_REQUIRE(c.dtype == problem.dtype && c.head_dim == problem.head_dim() && c.mask == problem.mask_kind(),
                      "candidate " + c.name() + " does not match the sweep's problem");
   }
 
   // Inputs.
-  const int64_t q_elems = int64_t(problem.batch) * problem.seqlen_q * problem.heads_q * problem.head_dim;
-  const int64_t kv_elems = int64_t(problem.batch) * problem.seqlen_k * problem.heads_kv * problem.head_dim;
+  const int64_t q_elems = shape.batch * shape.seqlen_q * shape.heads_q * shape.head_dim;
+  const int64_t kv_elems = shape.batch * shape.seqlen_k * shape.heads_kv * shape.head_dim;
   const int sets = input_sets(scope.device(), 2 * (2 * q_elems + 2 * kv_elems));
   std::mt19937_64 rng(options.seed);
   std::vector<InputSet> inputs(sets);
-  const size_t lse_bytes = sizeof(float) * size_t(problem.batch) * problem.heads_q * problem.seqlen_q;
+  const size_t lse_bytes = sizeof(float) * size_t(shape.batch * shape.heads_q * shape.seqlen_q);
   for (InputSet& set : inputs) {
     set.q = random_bits(size_t(q_elems), dtype, rng);
     set.k = random_bits(size_t(kv_elems), dtype, rng);
@@ -271,32 +259,28 @@ SweepResult sweep_forward(const ForwardSweepProblem& problem, const std::vector<
   }
   flashgen_attention_options opts{};
   opts.mask = problem.mask;
-  auto make_problem = [&](const InputSet& set) {
+  auto make_call = [&](const InputSet& set) {
     const flashgen_tensor q =
-        bshd_tensor(set.dq.data(), dtype, problem.batch, problem.seqlen_q, problem.heads_q, problem.head_dim);
+        bshd_tensor(set.dq.data(), dtype, shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim);
     const flashgen_tensor k =
-        bshd_tensor(set.dk.data(), dtype, problem.batch, problem.seqlen_k, problem.heads_kv, problem.head_dim);
+        bshd_tensor(set.dk.data(), dtype, shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim);
     const flashgen_tensor v =
-        bshd_tensor(set.dv.data(), dtype, problem.batch, problem.seqlen_k, problem.heads_kv, problem.head_dim);
+        bshd_tensor(set.dv.data(), dtype, shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim);
     const flashgen_tensor out =
-        bshd_tensor(set.dout.data(), dtype, problem.batch, problem.seqlen_q, problem.heads_q, problem.head_dim);
-    return make_forward_problem(&q, &k, &v, &out, static_cast<float*>(set.dlse.data()), &opts);
+        bshd_tensor(set.dout.data(), dtype, shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim);
+    return make_forward_call(&q, &k, &v, &out, static_cast<float*>(set.dlse.data()), &opts);
   };
-  std::vector<ForwardProblem> problems;
-  for (const InputSet& set : inputs) problems.push_back(make_problem(set));
+  std::vector<ForwardCall> calls;
+  for (const InputSet& set : inputs) calls.push_back(make_call(set));
 
   // Reference rows of set 0, computed once.
-  const AttentionShape shape{problem.batch,   problem.seqlen_q, problem.seqlen_k,
-                             problem.heads_q, problem.heads_kv, problem.head_dim};
-  const StridedView q_view =
-      StridedView::contiguous(problem.batch, problem.seqlen_q, problem.heads_q, problem.head_dim);
-  const StridedView kv_view =
-      StridedView::contiguous(problem.batch, problem.seqlen_k, problem.heads_kv, problem.head_dim);
+  const StridedView q_view = StridedView::contiguous(shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim);
+  const StridedView kv_view = StridedView::contiguous(shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim);
   const HostInput hq = HostInput::bits16(inputs[0].q.data(), dtype, q_view);
   const HostInput hk = HostInput::bits16(inputs[0].k.data(), dtype, kv_view);
   const HostInput hv = HostInput::bits16(inputs[0].v.data(), dtype, kv_view);
-  const double scale = effective_softmax_scale(0.f, problem.head_dim);
-  const std::vector<RowSample> rows = sample_rows(problem, options.check_rows);
+  const double scale = effective_softmax_scale(0.f, shape.head_dim);
+  const std::vector<RowSample> rows = sample_rows(shape, options.check_rows);
   const std::vector<ReferenceRow> reference =
       attention_reference_rows(shape, hq, hk, hv, scale, problem.mask, rows, /*threads=*/1);
 
@@ -304,7 +288,7 @@ SweepResult sweep_forward(const ForwardSweepProblem& problem, const std::vector<
   hooks.check = [&](const KernelConfig& c) -> std::string {
     inputs[0].dout.fill_bytes(0xff, stream);  // NaN: an unwritten element fails the check
     inputs[0].dlse.fill_bytes(0xff, stream);
-    launch_forward(problems[0], stream, c);
+    launch_forward(calls[0], stream, c);
     FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
     std::vector<uint16_t> out(static_cast<size_t>(q_elems));
     std::vector<float> lse(lse_bytes / sizeof(float));
@@ -316,7 +300,7 @@ SweepResult sweep_forward(const ForwardSweepProblem& problem, const std::vector<
   };
   hooks.prepare = [&](const KernelConfig& c) -> std::function<void(int)> {
     auto prepared = std::make_shared<std::vector<PreparedForward>>();
-    for (const ForwardProblem& fp : problems) prepared->push_back(prepare_forward(fp, stream, c));
+    for (const ForwardCall& call : calls) prepared->push_back(prepare_forward(call, stream, c));
     return [prepared, stream](int sample) { (*prepared)[size_t(sample) % prepared->size()](stream); };
   };
   run_sweep(candidates, arch, stream, options, hooks, result);
@@ -328,30 +312,30 @@ namespace {
 // The float64 check of the backward: a problem of the sweep's class (dtype, head_dim, mask, GQA ratio)
 // small enough for the reference, with lengths in the same order as the sweep's (the causal offset
 // keeps its sign) and several blocks each way.
-ForwardSweepProblem backward_check_problem(const BackwardSweepProblem& p) {
-  ForwardSweepProblem small = p;
+AttentionShape backward_check_shape(const AttentionShape& p) {
+  AttentionShape small = p;
   small.batch = 1;
   small.heads_kv = 1;
   small.heads_q = p.heads_q / p.heads_kv;
-  small.seqlen_q = std::min(p.seqlen_q, 259);
+  small.seqlen_q = std::min<int64_t>(p.seqlen_q, 259);
   small.seqlen_k = p.seqlen_k == p.seqlen_q ? small.seqlen_q
-                   : p.seqlen_k < p.seqlen_q ? std::min(p.seqlen_k, 193)
-                                             : std::min(p.seqlen_k, 321);
+                   : p.seqlen_k < p.seqlen_q ? std::min<int64_t>(p.seqlen_k, 193)
+                                             : std::min<int64_t>(p.seqlen_k, 321);
   return small;
 }
 
 // Device tensors of one backward problem (BSHD contiguous) after a forward by the built-in forward config.
 struct BackwardSet {
-  ForwardSweepProblem shape;
+  AttentionProblem problem;  // the sweep's, or the float64 check's smaller one of its class
   std::vector<uint16_t> q, k, v, dout;  // host bits
   DeviceBuffer dq_in, dk_in, dv_in, out, ddout, lse, dq, dk, dv;
-  BackwardProblem problem;
+  BackwardCall call;
 
-  BackwardSet(const ForwardSweepProblem& p, bool deterministic, std::mt19937_64& rng, CUstream stream, int arch)
-      : shape(p) {
-    const flashgen_dtype dtype = to_c_dtype(p.dtype);
-    const size_t q_elems = size_t(p.batch) * p.seqlen_q * p.heads_q * p.head_dim;
-    const size_t kv_elems = size_t(p.batch) * p.seqlen_k * p.heads_kv * p.head_dim;
+  BackwardSet(const AttentionProblem& of, std::mt19937_64& rng, CUstream stream, int arch) : problem(of) {
+    const AttentionShape& p = problem.shape;
+    const flashgen_dtype dtype = to_c_dtype(problem.dtype);
+    const size_t q_elems = size_t(p.batch * p.seqlen_q * p.heads_q * p.head_dim);
+    const size_t kv_elems = size_t(p.batch * p.seqlen_k * p.heads_kv * p.head_dim);
     q = random_bits(q_elems, dtype, rng);
     k = random_bits(kv_elems, dtype, rng);
     v = random_bits(kv_elems, dtype, rng);
@@ -363,11 +347,11 @@ struct BackwardSet {
     };
     dq_in = device_copy(q), dk_in = device_copy(k), dv_in = device_copy(v), ddout = device_copy(dout);
     out = DeviceBuffer(q_elems * 2);
-    lse = DeviceBuffer(sizeof(float) * size_t(p.batch) * p.heads_q * p.seqlen_q);
+    lse = DeviceBuffer(sizeof(float) * size_t(p.batch * p.heads_q * p.seqlen_q));
     dq = DeviceBuffer(q_elems * 2), dk = DeviceBuffer(kv_elems * 2), dv = DeviceBuffer(kv_elems * 2);
     flashgen_attention_options opts{};
-    opts.mask = p.mask;
-    opts.deterministic = deterministic ? 1 : 0;
+    opts.mask = problem.mask;
+    opts.deterministic = problem.deterministic() ? 1 : 0;
     auto tensor = [&](DeviceBuffer& b, bool kv) {
       return bshd_tensor(b.data(), dtype, p.batch, kv ? p.seqlen_k : p.seqlen_q, kv ? p.heads_kv : p.heads_q,
                          p.head_dim);
@@ -377,20 +361,20 @@ struct BackwardSet {
     const flashgen_tensor tdq = tensor(dq, false), tdk = tensor(dk, true), tdv = tensor(dv, true);
     float* lse_ptr = static_cast<float*>(lse.data());
     // The forward by its built-in config (not the run-time choice: no tune-on-first-use inside a sweep).
-    const MaskKind mask = p.mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal;
-    const ForwardProblem forward = make_forward_problem(&tq, &tk, &tv, &tout, lse_ptr, &opts);
-    const KernelConfig fwd = heuristic_choice(p.dtype, p.head_dim, mask, arch).config;
+    const ForwardCall forward = make_forward_call(&tq, &tk, &tv, &tout, lse_ptr, &opts);
+    const KernelConfig fwd = heuristic_choice(problem.dtype, problem.head_dim(), problem.mask_kind(), arch).config;
     launch_forward(forward, stream, fwd);
-    problem = make_backward_problem(&tq, &tk, &tv, &tout, &tdout, lse_ptr, &tdq, &tdk, &tdv, &opts);
+    call = make_backward_call(&tq, &tk, &tv, &tout, &tdout, lse_ptr, &tdq, &tdk, &tdv, &opts);
   }
 
   // Runs config with workspace (at least its backward_workspace_bytes) after poisoning the gradients;
   // returns why the result is wrong against ref ("" when right), every element checked.
   std::string run_and_check(const BwdConfig& config, CUstream stream, const AttentionGradients& ref) {
     dq.fill_bytes(0xff, stream), dk.fill_bytes(0xff, stream), dv.fill_bytes(0xff, stream);
-    launch_backward(problem, stream, config);
+    launch_backward(call, stream, config);
     FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
-    const flashgen_dtype dtype = to_c_dtype(shape.dtype);
+    const flashgen_dtype dtype = to_c_dtype(problem.dtype);
+    const AttentionShape& shape = problem.shape;
     const std::vector<int64_t> q_dims = {shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim};
     const std::vector<int64_t> kv_dims = {shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim};
     const struct {
@@ -414,40 +398,42 @@ struct BackwardSet {
 
 }  // namespace
 
-SweepResult sweep_backward(const BackwardSweepProblem& problem, const std::vector<BwdConfig>& candidates,
+SweepResult sweep_backward(const AttentionProblem& problem, const std::vector<BwdConfig>& candidates,
                            CUstream stream, const SweepOptions& options) {
+  FLASHGEN_REQUIRE(problem.pass == Pass::kBackward, "sweep_backward: the problem is not a backward one");
   ScopedContext scope(stream);
   const int arch = device_sm(scope.device());
 
   SweepResult result;
-  result.problem = sweep_problem_key(problem);
-  const MaskKind mask_kind = result.problem.mask;
+  result.problem = problem_key(problem);
   for (const BwdConfig& c : candidates) {
-    FLASHGEN_REQUIRE(c.dtype == problem.dtype && c.head_dim == problem.head_dim && c.mask == mask_kind &&
-                         c.deterministic == problem.deterministic,
+    FLASHGEN_REQUIRE(c.dtype == problem.dtype && c.head_dim == problem.head_dim() && c.mask == problem.mask_kind() &&
+                         c.deterministic == problem.deterministic(),
                      "candidate " + c.name() + " does not match the sweep's problem");
   }
 
   // The float64 check on a small problem of the same class, then the timed sets.
   std::mt19937_64 rng(options.seed);
-  BackwardSet check(backward_check_problem(problem), problem.deterministic, rng, stream, arch);
+  AttentionProblem small = problem;
+  small.shape = backward_check_shape(problem.shape);
+  BackwardSet check(small, rng, stream, arch);
   FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
-  const ForwardSweepProblem& cp = check.shape;
+  const AttentionShape& cp = small.shape;
   const flashgen_dtype dtype = to_c_dtype(problem.dtype);
   const StridedView q_view = StridedView::contiguous(cp.batch, cp.seqlen_q, cp.heads_q, cp.head_dim);
   const StridedView kv_view = StridedView::contiguous(cp.batch, cp.seqlen_k, cp.heads_kv, cp.head_dim);
-  const AttentionShape check_shape{cp.batch, cp.seqlen_q, cp.seqlen_k, cp.heads_q, cp.heads_kv, cp.head_dim};
   const AttentionGradients reference = attention_backward_reference_f64(
-      check_shape, HostInput::bits16(check.q.data(), dtype, q_view), HostInput::bits16(check.k.data(), dtype, kv_view),
+      cp, HostInput::bits16(check.q.data(), dtype, q_view), HostInput::bits16(check.k.data(), dtype, kv_view),
       HostInput::bits16(check.v.data(), dtype, kv_view), HostInput::bits16(check.dout.data(), dtype, q_view),
-      effective_softmax_scale(0.f, problem.head_dim), problem.mask);
+      effective_softmax_scale(0.f, cp.head_dim), problem.mask);
 
-  const int64_t q_bytes = int64_t(problem.batch) * problem.seqlen_q * problem.heads_q * problem.head_dim * 2;
-  const int64_t kv_bytes = int64_t(problem.batch) * problem.seqlen_k * problem.heads_kv * problem.head_dim * 2;
+  const AttentionShape& shape = problem.shape;
+  const int64_t q_bytes = shape.batch * shape.seqlen_q * shape.heads_q * shape.head_dim * 2;
+  const int64_t kv_bytes = shape.batch * shape.seqlen_k * shape.heads_kv * shape.head_dim * 2;
   const int sets = input_sets(scope.device(), 4 * q_bytes + 4 * kv_bytes);
   std::vector<std::unique_ptr<BackwardSet>> timed_sets;
   for (int i = 0; i < sets; ++i) {
-    timed_sets.push_back(std::make_unique<BackwardSet>(problem, problem.deterministic, rng, stream, arch));
+    timed_sets.push_back(std::make_unique<BackwardSet>(problem, rng, stream, arch));
   }
   FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
 
@@ -460,7 +446,7 @@ SweepResult sweep_backward(const BackwardSweepProblem& problem, const std::vecto
     };
     auto prepared = std::make_shared<std::vector<Prepared>>();
     for (const auto& set : timed_sets) {
-      Prepared p{prepare_backward(set->problem, stream, c), DeviceBuffer()};
+      Prepared p{prepare_backward(set->call, stream, c), DeviceBuffer()};
       p.workspace = DeviceBuffer(p.launch.workspace_bytes);
       p.launch.bind_workspace(reinterpret_cast<CUdeviceptr>(p.workspace.data()));
       prepared->push_back(std::move(p));

@@ -20,43 +20,6 @@
 
 namespace flashgen {
 
-struct ForwardSweepProblem {
-  DType dtype = DType::kFloat16;
-  int head_dim = 128;
-  flashgen_mask mask = FLASHGEN_MASK_NONE;
-  int batch = 4;
-  int heads_q = 16;
-  int heads_kv = 16;
-  int seqlen_q = 4096;
-  int seqlen_k = 4096;
-};
-
-// A launcher's problem (runtime/attention.hpp's ForwardProblem, BackwardProblem) as a sweep takes it:
-// its dtype, head_dim, mask with its alignment, and sizes.
-template <class LaunchProblem>
-ForwardSweepProblem sweep_problem_of(const LaunchProblem& problem) {
-  ForwardSweepProblem sweep;
-  sweep.dtype = problem.dtype;
-  sweep.head_dim = problem.head_dim;
-  sweep.mask = problem.abi_mask;
-  sweep.batch = problem.params.batch;
-  sweep.heads_q = problem.params.heads_q;
-  sweep.heads_kv = problem.params.heads_kv;
-  sweep.seqlen_q = problem.params.seqlen_q;
-  sweep.seqlen_k = problem.params.seqlen_k;
-  return sweep;
-}
-
-// A backward problem: the forward's sizes plus the dQ strategy. Candidates are checked in full against
-// the float64 reference on a small problem of the same class, then timed at these sizes.
-struct BackwardSweepProblem : ForwardSweepProblem {
-  bool deterministic = false;
-};
-
-// The key a sweep of problem stores its rows under (both causal alignments run the causal kernels).
-ProblemKey sweep_problem_key(const ForwardSweepProblem& problem);
-ProblemKey sweep_problem_key(const BackwardSweepProblem& problem);
-
 // What a sweep reports of a candidate as it goes. Compiled: every candidate once compiling ends (status
 // "ok", "skipped" or "compile_error"); checked: after its reference check ("ok", "wrong_result", "crashed",
 // "launch_error"); timed: after its first timing ("ok" with median_ms, or "launch_error"); re-timed: after
@@ -123,13 +86,16 @@ struct SweepResult {
   std::string decision;  // how the winner was named (ties included)
 };
 
-// Sweeps candidates (all for problem's dtype, head_dim and mask kind) on stream's device. Throws
-// Error(kInvalidArgument) when no candidate passes; individual failures are recorded, not thrown.
-SweepResult sweep_forward(const ForwardSweepProblem& problem, const std::vector<KernelConfig>& candidates,
+// Sweeps candidates (all for problem's dtype, head_dim and mask kind) on stream's device, and keys the
+// result by problem_key(problem). Throws Error(kInvalidArgument) when no candidate passes; individual
+// failures are recorded, not thrown.
+SweepResult sweep_forward(const AttentionProblem& problem, const std::vector<KernelConfig>& candidates,
                           CUstream stream, const SweepOptions& options);
 
-// The same for backward candidates (all for problem's dtype, head_dim, mask kind and dQ strategy).
-SweepResult sweep_backward(const BackwardSweepProblem& problem, const std::vector<BwdConfig>& candidates,
+// The same for backward candidates (all for problem's dtype, head_dim, mask kind and dQ strategy). They
+// are checked in full against the float64 reference on a small problem of the same class, then timed at
+// the problem's sizes.
+SweepResult sweep_backward(const AttentionProblem& problem, const std::vector<BwdConfig>& candidates,
                            CUstream stream, const SweepOptions& options);
 
 }  // namespace flashgen

@@ -37,39 +37,21 @@ std::vector<Config> configs_as(const std::vector<TunedConfig>& configs) {
 
 // The real sweep of problem's pass on a non-blocking stream of the current context, made for it so the
 // timings wait on no other work.
-SweepResult sweep_on_own_stream(const TuneProblem& problem, const std::vector<TunedConfig>& candidates,
+SweepResult sweep_on_own_stream(const AttentionProblem& problem, const std::vector<TunedConfig>& candidates,
                                 const SweepOptions& options) {
   struct OwnStream {
     CUstream stream = nullptr;
     OwnStream() { FLASHGEN_CU_CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING)); }
     ~OwnStream() { driver().cuStreamDestroy(stream); }
   } own;
-  if (problem.backward) return sweep_backward(problem, configs_as<BwdConfig>(candidates), own.stream, options);
+  if (problem.backward()) return sweep_backward(problem, configs_as<BwdConfig>(candidates), own.stream, options);
   return sweep_forward(problem, configs_as<KernelConfig>(candidates), own.stream, options);
 }
 
 }  // namespace
 
-TuneProblem forward_tune_problem(const ForwardSweepProblem& problem) {
-  TuneProblem tune;
-  static_cast<ForwardSweepProblem&>(tune) = problem;
-  return tune;
-}
-
-TuneProblem backward_tune_problem(const BackwardSweepProblem& problem) {
-  TuneProblem tune;
-  static_cast<BackwardSweepProblem&>(tune) = problem;
-  tune.backward = true;
-  return tune;
-}
-
-ProblemKey tune_problem_key(const TuneProblem& problem) {
-  return problem.backward ? sweep_problem_key(static_cast<const BackwardSweepProblem&>(problem))
-                          : sweep_problem_key(static_cast<const ForwardSweepProblem&>(problem));
-}
-
 std::vector<TunedConfig> configs_of_problem(const std::vector<std::string>& names, const ProblemKey& key) {
-  const bool backward = key.family != "fwd";
+  const bool backward = key.pass == Pass::kBackward;
   std::vector<TunedConfig> configs;
   for (const std::string& name : names) {
     const bool forward_name = name.rfind("fwd_", 0) == 0, backward_name = name.rfind("bwd_", 0) == 0;
@@ -93,17 +75,17 @@ const CandidateResult* TuneResult::builtin_row() const {
   return nullptr;
 }
 
-TunePlan plan_tune(const TuneProblem& problem, int arch, const TuneOptions& options) {
+TunePlan plan_tune(const AttentionProblem& problem, int arch, const TuneOptions& options) {
   TunePlan plan;
-  plan.key = tune_problem_key(problem);
+  plan.key = problem_key(problem);
   const ProblemKey& key = plan.key;
   for (const TunedConfig& c : options.named) {
     FLASHGEN_REQUIRE(of_problem(c, key), config_name(c) + " is not a config of the problem " + key.id());
   }
-  if (problem.backward) {
-    const BackwardSpaceReport space = backward_space(key.dtype, key.head_dim, key.mask, problem.deterministic, arch);
+  if (problem.backward()) {
+    const BackwardSpaceReport space = backward_space(key.dtype, key.head_dim, key.mask, problem.deterministic(), arch);
     const BwdConfig builtin =
-        heuristic_backward_choice(key.dtype, key.head_dim, key.mask, problem.deterministic, arch).config;
+        heuristic_backward_choice(key.dtype, key.head_dim, key.mask, problem.deterministic(), arch).config;
     plan.builtin = builtin;
     plan.space = counts_of(space);
     plan.candidates = pass_candidates(space, builtin, options);
@@ -117,10 +99,10 @@ TunePlan plan_tune(const TuneProblem& problem, int arch, const TuneOptions& opti
   return plan;
 }
 
-TuneResult tune(const TuneProblem& problem, TuningStore& store, const DeviceFingerprint& device, int arch,
+TuneResult tune(const AttentionProblem& problem, TuningStore& store, const DeviceFingerprint& device, int arch,
                 const TuneOptions& options) {
   TuneResult result;
-  result.key = tune_problem_key(problem);
+  result.key = problem_key(problem);
   if (!options.force) {
     if (std::optional<StoredChoice> stored = store.lookup_exact(device, result.key)) {
       result.winner = stored->config;

@@ -18,17 +18,6 @@
 
 namespace flashgen {
 
-// One problem of either pass: its sizes and its pass (the backward with its dQ strategy).
-struct TuneProblem : BackwardSweepProblem {
-  bool backward = false;
-};
-
-TuneProblem forward_tune_problem(const ForwardSweepProblem& problem);
-TuneProblem backward_tune_problem(const BackwardSweepProblem& problem);
-
-// The key a tune of problem looks up and stores its rows under (sweep_problem_key of its pass).
-ProblemKey tune_problem_key(const TuneProblem& problem);
-
 // Configs given by name for a problem of key's class: each parsed and checked against the key's pass,
 // dtype, head_dim and mask. Throws Error(kInvalidArgument) naming the config and what is wrong with it.
 std::vector<TunedConfig> configs_of_problem(const std::vector<std::string>& names, const ProblemKey& key);
@@ -52,7 +41,7 @@ struct TunePlan {
 // Runs one sweep of candidates (all of problem's pass) and returns its result. tune's default sweeps on the
 // current context's device with sweep_forward or sweep_backward, on a stream of its own; tests pass a fake.
 using SweepRunner =
-    std::function<SweepResult(const TuneProblem&, const std::vector<TunedConfig>&, const SweepOptions&)>;
+    std::function<SweepResult(const AttentionProblem&, const std::vector<TunedConfig>&, const SweepOptions&)>;
 
 struct TuneOptions {
   bool force = false;  // sweep even when the store holds the problem's exact bucket for the device
@@ -85,12 +74,12 @@ struct TuneResult {
 
 // The candidate list a tune of problem would sweep on sm_<arch> (compiles the built-in choices through the
 // kernel registry's caches to see which spill; needs no GPU). Uses options.max_candidates and options.named.
-TunePlan plan_tune(const TuneProblem& problem, int arch, const TuneOptions& options);
+TunePlan plan_tune(const AttentionProblem& problem, int arch, const TuneOptions& options);
 
 // Looks problem's exact bucket up in store for device unless options.force; otherwise plans on sm_<arch>,
 // sweeps, and records every row and the winner in store. Throws what the sweep or the store throws
 // (Error(kInvalidArgument) when no candidate passes), storing nothing then.
-TuneResult tune(const TuneProblem& problem, TuningStore& store, const DeviceFingerprint& device, int arch,
+TuneResult tune(const AttentionProblem& problem, TuningStore& store, const DeviceFingerprint& device, int arch,
                 const TuneOptions& options);
 
 }  // namespace flashgen

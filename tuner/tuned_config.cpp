@@ -9,9 +9,9 @@ std::string config_name(const TunedConfig& config) {
 
 bool is_backward(const TunedConfig& config) { return std::holds_alternative<BwdConfig>(config); }
 
-bool same_pass(const KernelConfig&, const ProblemKey& problem) { return problem.family == "fwd"; }
+bool same_pass(const KernelConfig&, const ProblemKey& problem) { return problem.pass == Pass::kForward; }
 bool same_pass(const BwdConfig& config, const ProblemKey& problem) {
-  return problem.family == (config.deterministic ? "bwd_det" : "bwd");
+  return problem.pass == Pass::kBackward && config.deterministic == (problem.dq == DqStrategy::kDeterministic);
 }
 
 bool of_problem(const TunedConfig& config, const ProblemKey& problem) {

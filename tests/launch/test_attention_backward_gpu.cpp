@@ -159,8 +159,8 @@ std::vector<Outputs> run_problem(const Problem& p, const Inputs& in, int repeats
     dk.buffer.fill_bytes(0xFF);
     dv.buffer.fill_bytes(0xFF);
     if (config != nullptr) {
-      const flashgen::BackwardProblem problem =
-          flashgen::make_backward_problem(&tq, &tk, &tv, &tout, &tdout, lse_ptr, &tdq, &tdk, &tdv, &opts);
+      const flashgen::BackwardCall problem =
+          flashgen::make_backward_call(&tq, &tk, &tv, &tout, &tdout, lse_ptr, &tdq, &tdk, &tdv, &opts);
       flashgen::launch_backward(problem, nullptr, *config);
     } else {
       const int status = flashgen_attention_backward(&tq, &tk, &tv, &tout, &tdout, lse_ptr, &tdq, &tdk, &tdv, &opts,

@@ -199,7 +199,7 @@ void run_config(const KernelConfig& config, const PreparedProblem& prepared) {
   options.softmax_scale = prepared.softmax_scale;
   options.mask = prepared.mask;
   try {
-    const flashgen::ForwardProblem problem = flashgen::make_forward_problem(
+    const flashgen::ForwardCall problem = flashgen::make_forward_call(
         &q_tensor, &k_tensor, &v_tensor, &out_tensor, static_cast<float*>(lse.data()), &options);
     flashgen::launch_forward(problem, nullptr, config);
     FLASHGEN_CU_CHECK(cuCtxSynchronize());  // a kernel fault surfaces here, naming the call

@@ -349,7 +349,7 @@ void run_and_check(const Problem& p, CUstream stream = nullptr,
       }
     } else {
       INFO("config " << config->name());
-      flashgen::launch_forward(flashgen::make_forward_problem(&q, &k, &v, &o, lse_ptr, &options), stream, *config);
+      flashgen::launch_forward(flashgen::make_forward_call(&q, &k, &v, &o, lse_ptr, &options), stream, *config);
     }
     if (stream != nullptr) FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
     FLASHGEN_CU_CHECK(cuCtxSynchronize());  // also surfaces a kernel fault as an exception naming it
@@ -1030,7 +1030,7 @@ TEST_CASE("attention forward, sm90 family: persistent launches on two streams at
         options.softmax_scale = p.softmax_scale;
         options.mask = p.mask;
         flashgen::launch_forward(
-            flashgen::make_forward_problem(&q, &k, &v, &o, static_cast<float*>(runs[j].lse.data()), &options), stream,
+            flashgen::make_forward_call(&q, &k, &v, &o, static_cast<float*>(runs[j].lse.data()), &options), stream,
             config);
       }
     FLASHGEN_CU_CHECK(cuCtxSynchronize());
@@ -1062,8 +1062,8 @@ TEST_CASE("attention forward, sm90 family: causal tile lists in L2 sections of a
   const flashgen_tensor o = make_tensor(out, 0, layout.out, p.dtype);
   flashgen_attention_options options{};
   options.mask = p.mask;
-  const flashgen::ForwardProblem problem =
-      flashgen::make_forward_problem(&q, &k, &v, &o, static_cast<float*>(lse.data()), &options);
+  const flashgen::ForwardCall problem =
+      flashgen::make_forward_call(&q, &k, &v, &o, static_cast<float*>(lse.data()), &options);
   const flashgen::test::ForwardReference reference = flashgen::test::forward_reference(
       p.shape, host.q, host.k, host.v, flashgen::effective_softmax_scale(0.0f, p.shape.head_dim), p.mask, p.dtype);
 

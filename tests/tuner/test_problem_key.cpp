@@ -42,7 +42,7 @@ TEST_CASE("problem key ids are stable text", "[tuner][problem_key]") {
   const flashgen::ProblemKey key = flashgen::forward_problem_key(DType::kBFloat16, 128, MaskKind::kCausal,
                                                                  /*gqa_ratio=*/4, /*seqlen_q=*/4096,
                                                                  /*seqlen_k=*/3000, /*batch_heads=*/48);
-  CHECK(key.family == "fwd");
+  CHECK(key.pass == flashgen::Pass::kForward);
   CHECK(key.seqlen_q_bucket == 4096);
   CHECK(key.seqlen_k_bucket == 4096);
   CHECK(key.batch_heads_bucket == 64);
@@ -75,6 +75,39 @@ TEST_CASE("GQA ratio, mask, dtype and head_dim are part of the problem class", "
   CHECK(bf16.class_id() == "fwd|bf16|d128|none|g1");
   CHECK(d64.class_id() == "fwd|fp16|d64|none|g1");
   for (const auto* other : {&gqa, &causal, &bf16, &d64}) CHECK_FALSE(*other == base);
+}
+
+TEST_CASE("a problem's key: its pass and dQ strategy, its mask kind, its group ratio and buckets",
+          "[tuner][problem_key]") {
+  const flashgen::AttentionShape shape{/*batch=*/3, /*seqlen_q=*/1000, /*seqlen_k=*/3000, /*heads_q=*/32,
+                                      /*heads_kv=*/8, /*head_dim=*/96};
+  const flashgen::AttentionProblem forward =
+      flashgen::forward_problem(DType::kBFloat16, shape, FLASHGEN_MASK_CAUSAL_TOP_LEFT);
+  CHECK(flashgen::problem_key(forward) ==
+        flashgen::forward_problem_key(DType::kBFloat16, 96, MaskKind::kCausal, 4, 1000, 3000, 96));
+  CHECK(flashgen::problem_key(forward).id() == "fwd|bf16|d96|causal|g4|q1024|k4096|bh128");
+
+  // A forward problem has no dQ strategy, whatever the field holds: one key.
+  flashgen::AttentionProblem odd = forward;
+  odd.dq = flashgen::DqStrategy::kDeterministic;
+  CHECK(flashgen::problem_key(odd) == flashgen::problem_key(forward));
+
+  const flashgen::AttentionProblem atomic = flashgen::backward_problem(DType::kFloat16, shape, FLASHGEN_MASK_NONE, false);
+  const flashgen::AttentionProblem det = flashgen::backward_problem(DType::kFloat16, shape, FLASHGEN_MASK_NONE, true);
+  CHECK(flashgen::problem_key(atomic).class_id() == "bwd|fp16|d96|none|g4");
+  CHECK(flashgen::problem_key(det).class_id() == "bwd_det|fp16|d96|none|g4");
+  CHECK(flashgen::problem_key(det) ==
+        flashgen::backward_problem_key(DType::kFloat16, 96, MaskKind::kNone, true, 4, 1000, 3000, 96));
+}
+
+TEST_CASE("pass ids read back into the key's pass and dQ strategy", "[tuner][problem_key]") {
+  for (const char* text : {"fwd", "bwd", "bwd_det"}) {
+    flashgen::ProblemKey key;
+    flashgen::read_pass_id(text, key);
+    CHECK(std::string(key.pass_id()) == text);
+  }
+  flashgen::ProblemKey key;
+  CHECK_THROWS_WITH(flashgen::read_pass_id("bwd-det", key), Catch::Matchers::Contains("fwd, bwd or bwd_det, got 'bwd-det'"));
 }
 
 TEST_CASE("bucket_distance sums bucket exponent differences within one class", "[tuner][problem_key]") {

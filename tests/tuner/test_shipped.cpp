@@ -154,7 +154,7 @@ TEST_CASE("the embedded shipped data is valid for the GPUs it names", "[tuner][s
           CHECK(config.mask == choice.problem.mask);
         },
         choice.config);
-    CHECK(flashgen::is_backward(choice.config) == (choice.problem.family != "fwd"));
+    CHECK(flashgen::is_backward(choice.config) == (choice.problem.pass == flashgen::Pass::kBackward));
     CHECK(choice.median_ms > 0);
   }
 }

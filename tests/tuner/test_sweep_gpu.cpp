@@ -17,14 +17,10 @@ TEST_CASE("a small forward sweep names, stores and finds a winner", "[gpu][tuner
   flashgen::ScopedContext scope;
   const int arch = flashgen::device_sm(scope.device());
 
-  flashgen::ForwardSweepProblem problem;
-  problem.head_dim = 64;
-  problem.mask = FLASHGEN_MASK_CAUSAL;
-  problem.batch = 2;
-  problem.heads_q = 8;
-  problem.heads_kv = 2;
-  problem.seqlen_q = 777;
-  problem.seqlen_k = 1024;
+  const flashgen::AttentionShape shape{/*batch=*/2, /*seqlen_q=*/777, /*seqlen_k=*/1024, /*heads_q=*/8, /*heads_kv=*/2,
+                                      /*head_dim=*/64};
+  const flashgen::AttentionProblem problem =
+      flashgen::forward_problem(flashgen::DType::kFloat16, shape, FLASHGEN_MASK_CAUSAL);
 
   std::vector<flashgen::KernelConfig> candidates;
   for (auto [m, n, w, s] : {std::array{128, 64, 4, 3}, {128, 32, 4, 2}, {64, 64, 4, 2}, {128, 64, 8, 2}}) {
@@ -84,14 +80,10 @@ TEST_CASE("a small backward sweep names, stores and finds a winner, and the back
   flashgen::ScopedContext scope;
   const int arch = flashgen::device_sm(scope.device());
 
-  flashgen::BackwardSweepProblem problem;
-  problem.head_dim = 64;
-  problem.mask = FLASHGEN_MASK_CAUSAL;
-  problem.batch = 2;
-  problem.heads_q = 8;
-  problem.heads_kv = 2;
-  problem.seqlen_q = 777;
-  problem.seqlen_k = 1024;
+  const flashgen::AttentionShape shape{/*batch=*/2, /*seqlen_q=*/777, /*seqlen_k=*/1024, /*heads_q=*/8, /*heads_kv=*/2,
+                                      /*head_dim=*/64};
+  const flashgen::AttentionProblem problem =
+      flashgen::backward_problem(flashgen::DType::kFloat16, shape, FLASHGEN_MASK_CAUSAL, false);
   const flashgen::BackwardSpaceReport space =
       flashgen::backward_space(flashgen::DType::kFloat16, 64, flashgen::MaskKind::kCausal, false, arch);
   const flashgen::BwdConfig builtin =

@@ -14,6 +14,7 @@
 #include "tuner/sweep.hpp"
 #include "tuner/tune.hpp"
 
+using flashgen::AttentionProblem;
 using flashgen::BwdConfig;
 using flashgen::CandidateResult;
 using flashgen::DType;
@@ -22,22 +23,19 @@ using flashgen::SweepOptions;
 using flashgen::SweepResult;
 using flashgen::TunedConfig;
 using flashgen::TuneOptions;
-using flashgen::TuneProblem;
 using flashgen::TuneResult;
 
 namespace {
 
 // A small atomic backward problem of a class whose built-in choice the CPU tests already compile for sm_80.
-TuneProblem backward_problem() {
-  flashgen::BackwardSweepProblem p;
-  p.head_dim = 64;
-  p.batch = 2, p.heads_q = 8, p.heads_kv = 2;
-  p.seqlen_q = 1024, p.seqlen_k = 1024;
-  return flashgen::backward_tune_problem(p);
+AttentionProblem backward_problem() {
+  const flashgen::AttentionShape shape{/*batch=*/2, /*seqlen_q=*/1024, /*seqlen_k=*/1024, /*heads_q=*/8,
+                                      /*heads_kv=*/2, /*head_dim=*/64};
+  return flashgen::backward_problem(flashgen::DType::kFloat16, shape, FLASHGEN_MASK_NONE, /*deterministic=*/false);
 }
 
-BwdConfig builtin_of(const TuneProblem& p) {
-  return flashgen::heuristic_backward_choice(p.dtype, p.head_dim, MaskKind::kNone, p.deterministic, 80).config;
+BwdConfig builtin_of(const AttentionProblem& p) {
+  return flashgen::heuristic_backward_choice(p.dtype, p.head_dim(), MaskKind::kNone, p.deterministic(), 80).config;
 }
 
 // A sweep that runs nothing: every candidate passes, the later in the list the faster, so the last one wins.
@@ -47,11 +45,11 @@ struct FakeSweep {
   std::vector<std::string> always_retime;
 
   flashgen::SweepRunner runner() {
-    return [this](const TuneProblem& problem, const std::vector<TunedConfig>& candidates, const SweepOptions& options) {
+    return [this](const AttentionProblem& problem, const std::vector<TunedConfig>& candidates, const SweepOptions& options) {
       calls.push_back(candidates);
       always_retime = options.always_retime;
       SweepResult result;
-      result.problem = flashgen::tune_problem_key(problem);
+      result.problem = flashgen::problem_key(problem);
       for (size_t i = 0; i < candidates.size(); ++i) {
         CandidateResult row;
         row.config = candidates[i];
@@ -69,29 +67,11 @@ struct FakeSweep {
 
 }  // namespace
 
-TEST_CASE("tune problems and keys of both passes", "[tuner][tune]") {
-  flashgen::ForwardSweepProblem forward;
-  forward.heads_q = 32;
-  forward.heads_kv = 8;
-  const TuneProblem f = flashgen::forward_tune_problem(forward);
-  CHECK_FALSE(f.backward);
-  CHECK(flashgen::tune_problem_key(f) == flashgen::sweep_problem_key(forward));
-  CHECK(flashgen::tune_problem_key(f).family == "fwd");
-
-  flashgen::BackwardSweepProblem backward;
-  backward.mask = FLASHGEN_MASK_CAUSAL_TOP_LEFT;
-  backward.deterministic = true;
-  const TuneProblem b = flashgen::backward_tune_problem(backward);
-  CHECK(b.backward);
-  CHECK(flashgen::tune_problem_key(b) == flashgen::sweep_problem_key(backward));
-  CHECK(flashgen::tune_problem_key(b).id().rfind("bwd_det|fp16|d128|causal|", 0) == 0);
-}
-
 TEST_CASE("tune sweeps a bucket the store lacks, records it, then finds it there", "[tuner][tune][nvrtc]") {
   const flashgen::testing::TempDir dir("flashgen-tune-test");
   flashgen::TuningStore store(dir.path() / "tuning.sqlite");
   const flashgen::DeviceFingerprint device = flashgen::fingerprint_for_arch(80);
-  const TuneProblem problem = backward_problem();
+  const AttentionProblem problem = backward_problem();
   const BwdConfig builtin = builtin_of(problem);
 
   FakeSweep sweep;
@@ -111,7 +91,7 @@ TEST_CASE("tune sweeps a bucket the store lacks, records it, then finds it there
   CHECK(plans[0].builtin == builtin);
   CHECK(plans[0].candidates == sweep.calls[0]);
   CHECK(sweep.always_retime == std::vector<std::string>{builtin.name()});
-  CHECK(swept.key == flashgen::tune_problem_key(problem));
+  CHECK(swept.key == flashgen::problem_key(problem));
   CHECK(swept.winner == sweep.calls[0].back());
   CHECK(swept.winner_ms == 0.25);
   CHECK(swept.decision == "fastest (fake)");
@@ -148,19 +128,19 @@ TEST_CASE("a tune whose sweep fails stores nothing", "[tuner][tune][nvrtc]") {
   const flashgen::testing::TempDir dir("flashgen-tune-test");
   flashgen::TuningStore store(dir.path() / "tuning.sqlite");
   const flashgen::DeviceFingerprint device = flashgen::fingerprint_for_arch(80);
-  const TuneProblem problem = backward_problem();
+  const AttentionProblem problem = backward_problem();
   TuneOptions options;
   options.max_candidates = 2;
-  options.run_sweep = [](const TuneProblem&, const std::vector<TunedConfig>&, const SweepOptions&) -> SweepResult {
+  options.run_sweep = [](const AttentionProblem&, const std::vector<TunedConfig>&, const SweepOptions&) -> SweepResult {
     flashgen::fail(flashgen::Status::kInvalidArgument, "no candidate compiled, ran and matched the reference");
   };
   CHECK_THROWS_WITH(flashgen::tune(problem, store, device, 80, options), Catch::Contains("no candidate compiled"));
-  CHECK_FALSE(store.has(device, flashgen::tune_problem_key(problem)));
+  CHECK_FALSE(store.has(device, flashgen::problem_key(problem)));
 }
 
 TEST_CASE("named candidates are swept as given, and must be configs of the problem", "[tuner][tune][nvrtc]") {
-  const TuneProblem problem = backward_problem();
-  const flashgen::ProblemKey key = flashgen::tune_problem_key(problem);
+  const AttentionProblem problem = backward_problem();
+  const flashgen::ProblemKey key = flashgen::problem_key(problem);
   const BwdConfig builtin = builtin_of(problem);
   const flashgen::BackwardSpaceReport space =
       flashgen::backward_space(DType::kFloat16, 64, MaskKind::kNone, false, 80);
@@ -192,10 +172,10 @@ TEST_CASE("named candidates are swept as given, and must be configs of the probl
   deterministic.deterministic = true;
   CHECK_THROWS_WITH(flashgen::configs_of_problem({deterministic.name()}, key),
                     Contains("is not a config of the problem bwd|fp16|d64|none"));
-  CHECK_THROWS_WITH(flashgen::configs_of_problem({"xyz"}, flashgen::tune_problem_key(flashgen::forward_tune_problem({}))),
+  CHECK_THROWS_WITH(flashgen::configs_of_problem({"xyz"}, flashgen::problem_key(flashgen::AttentionProblem{})),
                     Contains("config name 'xyz'"));
   CHECK_THROWS_WITH(flashgen::configs_of_problem({builtin.name()},
-                                                 flashgen::tune_problem_key(flashgen::forward_tune_problem({}))),
+                                                 flashgen::problem_key(flashgen::AttentionProblem{})),
                     Contains("is a backward config; this problem tunes the forward"));
   // A parsed config of another problem is refused by the plan too.
   options.named = {TunedConfig(deterministic)};
@@ -203,7 +183,7 @@ TEST_CASE("named candidates are swept as given, and must be configs of the probl
 }
 
 TEST_CASE("a plan caps the space around the built-in choice, as a dry run lists it", "[tuner][tune][nvrtc]") {
-  const TuneProblem problem = backward_problem();
+  const AttentionProblem problem = backward_problem();
   TuneOptions options;
   options.max_candidates = 3;
   const flashgen::TunePlan plan = flashgen::plan_tune(problem, 80, options);
@@ -216,7 +196,7 @@ TEST_CASE("a plan caps the space around the built-in choice, as a dry run lists 
   CHECK(plan.space.pruned == space.pruned);
   CHECK(plan.space.valid == space.valid.size());
   CHECK(plan.space.pruned_by_reason == space.pruned_by_reason);
-  CHECK(plan.key == flashgen::tune_problem_key(problem));
+  CHECK(plan.key == flashgen::problem_key(problem));
 }
 
 TEST_CASE("sweep progress reaches a callback as events or as lines", "[tuner][tune]") {

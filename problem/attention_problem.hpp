@@ -1,0 +1,64 @@
+// The one description of an attention problem: its pass, element type, sizes, mask and (backward) dQ
+// strategy. A call carries it from the C ABI through dispatch, tuning and the store (whose ProblemKey
+// buckets it); the references and the CLI take it too. Tensors are not part of it: launch/ binds them.
+#pragma once
+
+#include <cstdint>
+
+#include "flashgen/flashgen.h"
+#include "templates/fwd_traits.cuh"
+
+namespace flashgen {
+
+// The element type of q, k, v and the outputs. Host code and the generated kernels name one enum: the
+// device-side ElemType of templates/fwd_traits.cuh.
+using DType = ElemType;
+
+const char* dtype_name(DType dtype);  // "fp16", "bf16"
+
+enum class Pass { kForward, kBackward };
+
+// How the backward sums each query's dQ over key blocks. kAtomic: fp32 atomics from the dK/dV kernel, then
+// a conversion. kDeterministic: a kernel of its own owns each dQ element, so repeated runs give identical
+// bits. Each strategy has its own kernels, so its own tuning data.
+enum class DqStrategy { kAtomic, kDeterministic };
+
+// The sizes of a dense problem: q is [batch, seqlen_q, heads_q, head_dim], k and v [batch, seqlen_k,
+// heads_kv, head_dim].
+struct AttentionShape {
+  int64_t batch = 1;
+  int64_t seqlen_q = 1;
+  int64_t seqlen_k = 1;
+  int64_t heads_q = 1;
+  int64_t heads_kv = 1;
+  int64_t head_dim = 64;
+
+  // Query heads per key/value head (GQA/MQA; 1 for multi-head attention).
+  int64_t group_size() const { return heads_q / heads_kv; }
+  // The key/value head query head head_q reads: head_q / group_size().
+  int64_t kv_head(int64_t head_q) const { return head_q / group_size(); }
+  // Multiply-adds of one reference pass (QKᵀ and PV each cost this much): bounds the CPU time.
+  double reference_cost() const {
+    return static_cast<double>(batch) * heads_q * seqlen_q * seqlen_k * head_dim;
+  }
+};
+
+struct AttentionProblem {
+  Pass pass = Pass::kForward;
+  DType dtype = DType::kFloat16;
+  AttentionShape shape;
+  flashgen_mask mask = FLASHGEN_MASK_NONE;  // the caller's, causal alignment included
+  DqStrategy dq = DqStrategy::kAtomic;     // the backward's; the forward ignores it
+
+  // The kernels' mask kind: both causal alignments run the causal kernels (the offset is a parameter).
+  MaskKind mask_kind() const { return mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal; }
+  bool backward() const { return pass == Pass::kBackward; }
+  bool deterministic() const { return backward() && dq == DqStrategy::kDeterministic; }
+  int head_dim() const { return static_cast<int>(shape.head_dim); }
+};
+
+// A problem of the given pass over shape; the backward's dQ strategy from deterministic.
+AttentionProblem forward_problem(DType dtype, const AttentionShape& shape, flashgen_mask mask);
+AttentionProblem backward_problem(DType dtype, const AttentionShape& shape, flashgen_mask mask, bool deterministic);
+
+}  // namespace flashgen
