@@ -64,8 +64,8 @@ std::unique_ptr<TuningStore> open_read_only(const fs::path& path, const std::str
 }
 
 Json candidate_json(const CandidateResult& c) {
-  return {{"config", flashgen::config_name(c.config)}, {"status", c.status},   {"median_ms", c.median_ms},
-          {"spread", c.spread},        {"samples", c.samples}, {"detail", c.detail}};
+  return {{"config", flashgen::config_name(c.config)}, {"status", candidate_status_name(c.status)},
+          {"median_ms", c.median_ms}, {"spread", c.spread}, {"samples", c.samples}, {"detail", c.detail}};
 }
 
 void print_winners(const std::vector<StoredChoice>& winners, std::ostream& os) {
@@ -134,10 +134,12 @@ int command_db(const Args& args) {
                 << "problem: " << w.problem.id() << '\n'
                 << format("winner:  %s, %.4f ms\n", flashgen::config_name(w.config).c_str(), w.median_ms);
       Table table({"config", "status", "median ms", "spread", "samples", "detail"});
-      for (const CandidateResult& c : rows)
-        table.add({flashgen::config_name(c.config), c.status, c.status == "ok" ? format("%.4f", c.median_ms) : "-",
-                   c.status == "ok" ? format("%.1f%%", c.spread * 100) : "-", std::to_string(c.samples),
-                   first_line(c.detail)});
+      for (const CandidateResult& c : rows) {
+        const bool timed = c.status == CandidateStatus::kOk;
+        table.add({flashgen::config_name(c.config), candidate_status_name(c.status),
+                   timed ? format("%.4f", c.median_ms) : "-", timed ? format("%.1f%%", c.spread * 100) : "-",
+                   std::to_string(c.samples), first_line(c.detail)});
+      }
       table.print(std::cout);
     }
     if (json) print_json(array);

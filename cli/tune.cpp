@@ -314,7 +314,7 @@ Json tune_one(const AttentionProblem& problem, TuningStore& store, const fs::pat
       timing_start = Clock::now();
       compile_s = ms_since(start) / 1000;
       std::cerr << "compiled " << event.count << " candidates for sm_" << arch << '\n';
-    } else if (event.phase == SweepPhase::kTimed && event.status == "ok") {
+    } else if (event.phase == SweepPhase::kTimed && event.status == CandidateStatus::kOk) {
       const double done = static_cast<double>(event.index + 1);  // the candidate's position in the list
       const double eta_s = ms_since(timing_start) / 1000 / done * (static_cast<double>(event.count) - done);
       std::cerr << progress_line(event) << format("  (eta %.0f s)", eta_s) << '\n';
@@ -343,9 +343,10 @@ Json tune_one(const AttentionProblem& problem, TuningStore& store, const fs::pat
   std::cerr << "winner " << winner << ": " << std::to_string(result.winner_ms) << " ms (" << result.decision << ")\n";
   const std::string heuristic = flashgen::config_name(result.plan.builtin);
   const CandidateResult* builtin = result.builtin_row();
-  const bool builtin_timed = builtin && builtin->status == "ok";
+  const bool builtin_timed = builtin && builtin->status == CandidateStatus::kOk;
+  const char* builtin_status = builtin ? candidate_status_name(builtin->status) : "not swept";
   size_t passed = 0;
-  for (const CandidateResult& c : result.candidates) passed += c.status == "ok";
+  for (const CandidateResult& c : result.candidates) passed += c.status == CandidateStatus::kOk;
 
   if (!json) {
     std::cout << format("swept:     %zu candidates, %zu passed, in %.1f s (compile %.1f s, check and timing %.1f s)\n",
@@ -355,7 +356,7 @@ Json tune_one(const AttentionProblem& problem, TuningStore& store, const fs::pat
       std::cout << format("built-in:  %s, %.4f ms (the winner is %.2fx as fast)\n", heuristic.c_str(),
                           builtin->median_ms, builtin->median_ms / result.winner_ms);
     else
-      std::cout << "built-in:  " << heuristic << ": " << (builtin ? builtin->status : "not swept") << '\n';
+      std::cout << "built-in:  " << heuristic << ": " << builtin_status << '\n';
     std::cout << "decision:  " << result.decision << '\n'
               << "stored:    " << result.key.id() << " for " << device.id() << " in " << db_path.string() << '\n';
   }
@@ -370,7 +371,7 @@ Json tune_one(const AttentionProblem& problem, TuningStore& store, const fs::pat
           {"winner_ms", result.winner_ms},
           {"heuristic", heuristic},
           {"heuristic_ms", builtin_timed ? Json(builtin->median_ms) : Json(nullptr)},
-          {"heuristic_status", builtin ? builtin->status : "not swept"},
+          {"heuristic_status", builtin_status},
           {"decision", result.decision},
           {"sweep_s", sweep_s},
           {"compile_s", compile_s},

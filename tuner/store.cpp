@@ -83,7 +83,7 @@ void upsert_problem(sqlite3* db, const std::string& id, const ProblemKey& p) {
 void upsert_candidate(Statement& statement, const std::string& device_id, const std::string& problem_id,
                       const CandidateResult& c, int64_t updated_at) {
   statement.bind_text(1, device_id).bind_text(2, problem_id).bind_text(3, config_name(c.config));
-  statement.bind_text(4, json(c.config).dump()).bind_text(5, c.status).bind_real(6, c.median_ms);
+  statement.bind_text(4, json(c.config).dump()).bind_text(5, candidate_status_name(c.status)).bind_real(6, c.median_ms);
   statement.bind_real(7, c.spread).bind_int(8, c.samples).bind_text(9, c.detail).bind_int(10, updated_at);
   statement.run();
 }
@@ -156,7 +156,7 @@ StoredChoice read_winner(const Statement& s, const fs::path& source) {
 CandidateResult read_candidate(const Statement& s, int first) {
   CandidateResult c;
   c.config = parse_config(s.text(first));
-  c.status = s.text(first + 1);
+  c.status = parse_candidate_status(s.text(first + 1));
   c.median_ms = s.real(first + 2);
   c.spread = s.real(first + 3);
   c.samples = static_cast<int>(s.integer(first + 4));
@@ -330,8 +330,9 @@ std::vector<CandidateResult> TuningStore::candidates(const DeviceFingerprint& de
   Statement statement(connection(db_), R"sql(
     SELECT config_json, status, median_ms, spread, samples, detail FROM candidates
     WHERE device_id = ?1 AND problem_id = ?2
-    ORDER BY status != 'ok', median_ms, config_name)sql");
+    ORDER BY status != ?3, median_ms, config_name)sql");
   statement.bind_text(1, device.id()).bind_text(2, problem.id());
+  statement.bind_text(3, candidate_status_name(CandidateStatus::kOk));
   while (statement.step()) result.push_back(read_candidate(statement, 0));
   return result;
 }

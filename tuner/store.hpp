@@ -15,11 +15,28 @@
 
 namespace flashgen {
 
+// How a candidate's sweep ended.
+enum class CandidateStatus {
+  kOk,            // compiled, matched the reference and was timed
+  kCompileError,  // NVRTC or ptxas failed
+  kLaunchError,   // a launch failed while checking or timing
+  kWrongResult,   // its output did not match the float64 reference
+  kCrashed,       // it crashed a worker process before (flashgen tune --devices) and was not run again
+  kSkipped,       // refused by the validity rules before compiling
+};
+
+// Its text in the database's status column, the export document and the CLI's output: "ok",
+// "compile_error", "launch_error", "wrong_result", "crashed", "skipped". Files hold it, so it never changes.
+const char* candidate_status_name(CandidateStatus status);
+// candidate_status_name's text back (a database row, an import); Error(kInvalidArgument) naming the text
+// otherwise.
+CandidateStatus parse_candidate_status(const std::string& text);
+
 // Outcome of one candidate in a sweep.
 struct CandidateResult {
   TunedConfig config;
-  std::string status = "ok";  // "ok", "compile_error", "launch_error", "wrong_result", "crashed", "skipped"
-  double median_ms = 0;       // meaningful when status == "ok"
+  CandidateStatus status = CandidateStatus::kOk;
+  double median_ms = 0;       // meaningful when status is kOk
   double spread = 0;          // (p90 - p10) / median
   int samples = 0;
   std::string detail;         // error text or note

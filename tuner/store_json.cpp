@@ -113,6 +113,26 @@ MaskKind parse_mask(const std::string& text) {
   fail(Status::kInvalidArgument, "tuning data: unknown mask '" + text + "'");
 }
 
+const char* candidate_status_name(CandidateStatus status) {
+  switch (status) {
+    case CandidateStatus::kOk: return "ok";
+    case CandidateStatus::kCompileError: return "compile_error";
+    case CandidateStatus::kLaunchError: return "launch_error";
+    case CandidateStatus::kWrongResult: return "wrong_result";
+    case CandidateStatus::kCrashed: return "crashed";
+    case CandidateStatus::kSkipped: return "skipped";
+  }
+  fail(Status::kInternal, "candidate status " + std::to_string(static_cast<int>(status)) + " has no name");
+}
+
+CandidateStatus parse_candidate_status(const std::string& text) {
+  for (CandidateStatus status : {CandidateStatus::kOk, CandidateStatus::kCompileError, CandidateStatus::kLaunchError,
+                                 CandidateStatus::kWrongResult, CandidateStatus::kCrashed, CandidateStatus::kSkipped}) {
+    if (text == candidate_status_name(status)) return status;
+  }
+  fail(Status::kInvalidArgument, "tuning data: unknown candidate status '" + text + "'");
+}
+
 TunedConfig parse_config(const std::string& text) {
   const json parsed = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded()) fail(Status::kInvalidArgument, "tuning data: config_json is not JSON: " + text);
@@ -163,7 +183,7 @@ json candidate_json(const std::string& device_id, const std::string& problem_id,
           {"problem_id", problem_id},
           {"config_name", config_name},
           {"config", c.config},
-          {"status", c.status},
+          {"status", candidate_status_name(c.status)},
           {"median_ms", c.median_ms},
           {"spread", c.spread},
           {"samples", c.samples},
@@ -227,8 +247,9 @@ ImportedRows parse_import(const json& data) {
       c.problem_id = resolve(problem_ids, row, "problem_id");
       c.result.config = row.at("config").get<TunedConfig>();
       require_config_matches(c.result.config, rows.problems.at(c.problem_id));
-      c.result.status = row.at("status").get<std::string>();
-      c.result.median_ms = c.result.status == "ok" ? median_from_json(row) : real_field(row, "median_ms", 0);
+      c.result.status = parse_candidate_status(row.at("status").get<std::string>());
+      c.result.median_ms =
+          c.result.status == CandidateStatus::kOk ? median_from_json(row) : real_field(row, "median_ms", 0);
       c.result.spread = real_field(row, "spread", 0);
       c.result.samples = int_field(row, "samples", 0, std::numeric_limits<int>::max());
       c.result.detail = row.at("detail").get<std::string>();

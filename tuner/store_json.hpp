@@ -17,6 +17,7 @@
 namespace flashgen {
 
 // ---- Text forms of the database's columns and the document's fields ----------------------------
+// (candidate_status_name and parse_candidate_status, declared in store.hpp, are defined with these.)
 
 const char* mask_text(MaskKind mask);  // "none" or "causal"
 // dtype_name's and mask_text's spellings back; Error(kInvalidArgument) naming the text otherwise.

@@ -94,7 +94,7 @@ void run_sweep(const std::vector<Config>& candidates, int arch, CUstream stream,
       for (size_t i = next++; i < candidates.size(); i = next++) {
         CandidateResult& c = result.candidates[i];
         if (auto why = candidates[i].invalid_reason(arch)) {
-          c.status = "skipped";
+          c.status = CandidateStatus::kSkipped;
           c.detail = *why;
           continue;
         }
@@ -102,7 +102,7 @@ void run_sweep(const std::vector<Config>& candidates, int arch, CUstream stream,
           const int spilled = KernelRegistry::instance().spilled_bytes(candidates[i], arch);
           if (spilled > 0) c.detail = "spills " + std::to_string(spilled) + " bytes";
         } catch (const Error& e) {
-          c.status = "compile_error";
+          c.status = CandidateStatus::kCompileError;
           c.detail = e.what();
         }
       }
@@ -118,9 +118,9 @@ void run_sweep(const std::vector<Config>& candidates, int arch, CUstream stream,
     CandidateResult& c = result.candidates[i];
     const Config& config = candidates[i];
     const std::string name = config.name();
-    if (c.status != "ok") continue;
+    if (c.status != CandidateStatus::kOk) continue;
     if (auto crashed = options.known_crashes.find(name); crashed != options.known_crashes.end()) {
-      c.status = "crashed";
+      c.status = CandidateStatus::kCrashed;
       c.detail = crashed->second;
       report(SweepPhase::kChecked, i);
       continue;
@@ -130,7 +130,7 @@ void run_sweep(const std::vector<Config>& candidates, int arch, CUstream stream,
     try {
       const std::string wrong = hooks.check(config);
       if (!wrong.empty()) {
-        c.status = "wrong_result";
+        c.status = CandidateStatus::kWrongResult;
         c.detail = wrong;
         report(phase, i);
         if (options.on_launch) options.on_launch("");
@@ -146,7 +146,7 @@ void run_sweep(const std::vector<Config>& candidates, int arch, CUstream stream,
       timed.push_back(i);
       report(phase, i);
     } catch (const Error& e) {
-      c.status = "launch_error";
+      c.status = CandidateStatus::kLaunchError;
       c.detail = e.what();
       report(phase, i);
       // A sticky CUDA error (an illegal address, say) leaves the context unusable for every later
@@ -209,8 +209,8 @@ int input_sets(CUdevice device, int64_t set_bytes) {
 std::string progress_line(const SweepProgress& event) {
   std::ostringstream line;
   line << "[" << event.index + 1 << "/" << event.count << "] " << event.config << ": ";
-  if (event.status != "ok") {
-    line << event.status;
+  if (event.status != CandidateStatus::kOk) {
+    line << candidate_status_name(event.status);
     if (!event.detail.empty()) line << " (" << event.detail.substr(0, event.detail.find('\n')) << ")";
   } else if (event.phase == SweepPhase::kCompiled) {
     line << "compiled" << (event.detail.empty() ? "" : " (" + event.detail + ")");

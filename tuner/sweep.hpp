@@ -21,8 +21,8 @@
 namespace flashgen {
 
 // What a sweep reports of a candidate as it goes. Compiled: every candidate once compiling ends (status
-// "ok", "skipped" or "compile_error"); checked: after its reference check ("ok", "wrong_result", "crashed",
-// "launch_error"); timed: after its first timing ("ok" with median_ms, or "launch_error"); re-timed: after
+// kOk, kSkipped or kCompileError); checked: after its reference check (kOk, kWrongResult, kCrashed,
+// kLaunchError); timed: after its first timing (kOk with median_ms, or kLaunchError); re-timed: after
 // the interleaved re-timing of the fastest few. Called on the thread that runs the sweep, in that order.
 enum class SweepPhase { kCompiled, kChecked, kTimed, kRetimed };
 
@@ -31,7 +31,7 @@ struct SweepProgress {
   size_t index = 0;        // the candidate's position in the list, from 0
   size_t count = 0;        // candidates in the list
   std::string config;      // its name
-  std::string status;      // its CandidateResult::status after this phase
+  CandidateStatus status = CandidateStatus::kOk;  // its CandidateResult::status after this phase
   double median_ms = 0;    // timed and re-timed: its median
   std::string detail;      // why it failed, or a note ("spills 8 bytes")
 };
@@ -71,7 +71,7 @@ struct SweepOptions {
   uint64_t seed = 0;
   SweepProgressCallback progress;  // one event per candidate and phase; may be empty
   // Crash isolation (flashgen tune's worker processes): candidates known to have crashed a process,
-  // recorded with status "crashed" and their detail and never launched; and a hook called with a
+  // recorded with status kCrashed and their detail and never launched; and a hook called with a
   // candidate's name right before its first launch and with "" once it is done, so a supervisor can
   // pin a crash on it.
   std::map<std::string, std::string> known_crashes;

@@ -47,7 +47,7 @@ fs::path make_store(const TempDir& dir) {
     if (key == fp16_key()) {
       CandidateResult failed;
       failed.config = heuristic_forward_configs(key.dtype, key.head_dim, key.mask, 90).back();
-      failed.status = "compile_error";
+      failed.status = CandidateStatus::kCompileError;
       failed.detail = "ptxas: too many resources requested";
       if (flashgen::config_name(failed.config) != flashgen::config_name(best.config)) rows.push_back(failed);
     }

@@ -282,7 +282,8 @@ TEST_CASE("cli: a worker that crashes is restarted without its candidate", "[gpu
   CHECK(flashgen::config_name(winners[0].config) != victim);
   bool recorded = false;
   for (const flashgen::CandidateResult& c : store.candidates(winners[0].device, winners[0].problem))
-    if (flashgen::config_name(c.config) == victim) recorded = c.status == "crashed" && c.detail.find("signal 6") != std::string::npos;
+    if (flashgen::config_name(c.config) == victim)
+      recorded = c.status == flashgen::CandidateStatus::kCrashed && c.detail.find("signal 6") != std::string::npos;
   CHECK(recorded);
 }
 

@@ -26,6 +26,7 @@
 #include "tuner/store.hpp"
 
 using flashgen::CandidateResult;
+using flashgen::CandidateStatus;
 using flashgen::DeviceFingerprint;
 using flashgen::DType;
 using flashgen::KernelConfig;
@@ -67,23 +68,24 @@ KernelConfig config(int block_m, int block_n, int warps = 4, int stages = 2, DTy
   return c;
 }
 
-CandidateResult candidate(const KernelConfig& c, double median_ms, const std::string& status = "ok") {
+CandidateResult candidate(const KernelConfig& c, double median_ms, CandidateStatus status = CandidateStatus::kOk) {
+  const bool timed = status == CandidateStatus::kOk;
   CandidateResult r;
   r.config = c;
   r.status = status;
-  r.median_ms = status == "ok" ? median_ms : 0;
-  r.spread = status == "ok" ? 0.015 : 0;
-  r.samples = status == "ok" ? 25 : 0;
-  r.detail = status == "ok" ? "" : "ptxas: too many resources requested";
+  r.median_ms = timed ? median_ms : 0;
+  r.spread = timed ? 0.015 : 0;
+  r.samples = timed ? 25 : 0;
+  r.detail = timed ? "" : "ptxas: too many resources requested";
   return r;
 }
 
 // Records a small sweep whose winner is the first (fastest) candidate.
 void record_sweep(TuningStore& store, const DeviceFingerprint& d, const ProblemKey& p, double best_ms,
                   const KernelConfig& best = config(128, 64)) {
-  std::vector<CandidateResult> results = {candidate(best, best_ms),
-                                          candidate(config(64, 64, 4, 2, best.dtype), best_ms * 1.3),
-                                          candidate(config(128, 128, 8, 3, best.dtype), 0, "compile_error")};
+  std::vector<CandidateResult> results = {
+      candidate(best, best_ms), candidate(config(64, 64, 4, 2, best.dtype), best_ms * 1.3),
+      candidate(config(128, 128, 8, 3, best.dtype), 0, CandidateStatus::kCompileError)};
   store.record(d, p, results, best, best_ms);
 }
 
@@ -184,7 +186,7 @@ TEST_CASE("record then lookup_exact returns the winner and every candidate", "[t
   REQUIRE(rows.size() == 3);
   CHECK(rows[0].config == best);  // fastest working first, failures last
   CHECK(rows[1].config == config(64, 64));
-  CHECK(rows[2].status == "compile_error");
+  CHECK(rows[2].status == CandidateStatus::kCompileError);
   CHECK(rows[2].detail == "ptxas: too many resources requested");
   CHECK(rows[0].samples == 25);
   CHECK(rows[0].spread == 0.015);
@@ -439,10 +441,57 @@ TEST_CASE("import rejects documents that are not flashgen tuning exports", "[tun
   refused("candidate", [](nlohmann::json& d) { d["candidates"][0]["config"]["head_dim"] = 64; }, "is not one of problem");
   refused("winner", [](nlohmann::json& d) { d["winners"][0]["config"]["block_m"] = 7; }, "is not a valid config");
   refused("twice", [](nlohmann::json& d) { d["winners"].push_back(d["winners"][0]); }, "a second winner of problem");
+  refused("status", [](nlohmann::json& d) { d["candidates"][0]["status"] = "timed_out"; },
+          "candidates[0]: tuning data: unknown candidate status 'timed_out'");
 
   // Nothing of the rejected documents was written.
   CHECK(store.winners().empty());
   CHECK(store.export_json()["candidates"].empty());
+}
+
+TEST_CASE("candidate statuses are stored and exported as their text and read back", "[tuner][store]") {
+  // The texts existing databases and export files hold: they must not change.
+  const std::vector<std::pair<CandidateStatus, std::string>> texts = {
+      {CandidateStatus::kOk, "ok"},
+      {CandidateStatus::kCompileError, "compile_error"},
+      {CandidateStatus::kLaunchError, "launch_error"},
+      {CandidateStatus::kWrongResult, "wrong_result"},
+      {CandidateStatus::kCrashed, "crashed"},
+      {CandidateStatus::kSkipped, "skipped"}};
+  std::vector<CandidateResult> rows;
+  int warps = 1;
+  for (const auto& [status, text] : texts) {
+    CHECK(flashgen::candidate_status_name(status) == text);
+    CHECK(flashgen::parse_candidate_status(text) == status);
+    rows.push_back(candidate(config(64, 64, warps++), 0.5, status));
+  }
+  try {
+    flashgen::parse_candidate_status("OK");
+    FAIL("an unknown status text was accepted");
+  } catch (const flashgen::Error& e) {
+    CHECK(e.status() == flashgen::Status::kInvalidArgument);
+    CHECK(std::string(e.what()).find("'OK'") != std::string::npos);
+  }
+
+  TempDir dir("flashgen-store");
+  const fs::path path = dir.path() / "tuning.sqlite";
+  TuningStore store(path);
+  store.record(device(), problem(64, 64), rows, rows[0].config, 0.5);
+  std::vector<std::string> expected;  // in config name order (warps 1 to 6), as both lists come
+  for (const auto& entry : texts) expected.push_back(entry.second);
+  CHECK(RawSqlite(path).column("SELECT status FROM candidates ORDER BY config_name") == expected);
+  const nlohmann::json document = store.export_json();
+  std::vector<std::string> exported;
+  for (const nlohmann::json& row : document["candidates"]) exported.push_back(row.at("status").get<std::string>());
+  CHECK(exported == expected);
+  const std::vector<CandidateResult> read = store.candidates(device(), problem(64, 64));
+  REQUIRE(read.size() == texts.size());
+  CHECK(read[0].status == CandidateStatus::kOk);  // the timed row first, then the failed ones by name
+  for (size_t i = 1; i < read.size(); ++i) CHECK(read[i].status == texts[i].first);
+
+  // A row whose status this flashgen does not know is refused, naming the text, not read as some status.
+  RawSqlite(path).exec("UPDATE candidates SET status = 'timed_out' WHERE status = 'crashed'");
+  CHECK_THROWS_WITH(store.candidates(device(), problem(64, 64)), Catch::Contains("unknown candidate status 'timed_out'"));
 }
 
 TEST_CASE("record replaces the pair's candidate rows and refuses what import would", "[tuner][store]") {

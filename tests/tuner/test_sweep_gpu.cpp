@@ -43,8 +43,8 @@ TEST_CASE("a small forward sweep names, stores and finds a winner", "[gpu][tuner
   REQUIRE(result.candidates.size() == candidates.size());
   bool winner_listed = false;
   for (const auto& c : result.candidates) {
-    INFO(flashgen::config_name(c.config) << ": " << c.status << " " << c.detail);
-    CHECK(c.status == "ok");
+    INFO(flashgen::config_name(c.config) << ": " << flashgen::candidate_status_name(c.status) << " " << c.detail);
+    CHECK(c.status == flashgen::CandidateStatus::kOk);
     CHECK(c.median_ms > 0);
     CHECK(c.samples >= 5);
     winner_listed |= c.config == result.winner;
@@ -98,8 +98,8 @@ TEST_CASE("a small backward sweep names, stores and finds a winner, and the back
   const flashgen::SweepResult result = flashgen::sweep_backward(problem, candidates, nullptr, options);
   REQUIRE(result.candidates.size() == candidates.size());
   for (const auto& c : result.candidates) {
-    INFO(flashgen::config_name(c.config) << ": " << c.status << " " << c.detail);
-    CHECK(c.status == "ok");
+    INFO(flashgen::config_name(c.config) << ": " << flashgen::candidate_status_name(c.status) << " " << c.detail);
+    CHECK(c.status == flashgen::CandidateStatus::kOk);
     CHECK(c.median_ms > 0);
   }
   REQUIRE(std::holds_alternative<flashgen::BwdConfig>(result.winner));

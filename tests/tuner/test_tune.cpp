@@ -205,12 +205,12 @@ TEST_CASE("sweep progress reaches a callback as events or as lines", "[tuner][tu
   timed.index = 1;
   timed.count = 5;
   timed.config = "fwd_sm80_fp16_d64_m128_n64_w4_s2";
-  timed.status = "ok";
+  timed.status = flashgen::CandidateStatus::kOk;
   timed.median_ms = 0.0412;
   CHECK(flashgen::progress_line(timed) == "[2/5] fwd_sm80_fp16_d64_m128_n64_w4_s2: 0.0412 ms");
   flashgen::SweepProgress wrong = timed;
   wrong.phase = flashgen::SweepPhase::kChecked;
-  wrong.status = "wrong_result";
+  wrong.status = flashgen::CandidateStatus::kWrongResult;
   wrong.detail = "max abs error 0.5 on sampled rows\nsecond line";
   CHECK(flashgen::progress_line(wrong) ==
         "[2/5] fwd_sm80_fp16_d64_m128_n64_w4_s2: wrong_result (max abs error 0.5 on sampled rows)");
