@@ -112,9 +112,16 @@ std::string arch_flag(int arch) {
 
 std::vector<std::string> nvrtc_options(int arch) {
   // No --use_fast_math: numerics stay IEEE except where a template asks for a PTX approximation itself.
-  // No -lineinfo: it grows every cached cubin and the profiler can use the dumped source instead.
+  // No -lineinfo by default: it grows every cached cubin; FLASHGEN_NVRTC_LINEINFO=1 adds it, so that
+  // compute-sanitizer and nvdisasm -g name source lines (it leaves the SASS as it is). The options are part
+  // of the kernel cache key, so such cubins never mix with the plain ones.
   // No include paths: templates include only each other (in-memory headers), never toolkit headers.
-  return {arch_flag(arch), "--std=c++17", "-default-device", "--ptxas-options=-v", "-DFLASHGEN_NVRTC=1"};
+  std::vector<std::string> options{arch_flag(arch), "--std=c++17", "-default-device", "--ptxas-options=-v",
+                                   "-DFLASHGEN_NVRTC=1"};
+  if (const char* lineinfo = std::getenv("FLASHGEN_NVRTC_LINEINFO");
+      lineinfo != nullptr && *lineinfo != '\0' && std::string(lineinfo) != "0")
+    options.push_back("-lineinfo");
+  return options;
 }
 
 std::string nvrtc_version() {

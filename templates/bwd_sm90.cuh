@@ -169,6 +169,9 @@ struct BwdDkdvSm90 {
       }
       const long long flat = (static_cast<long long>(w.batch) * p.heads_q + head) * w.rows_pad + m_start;
       const u32 stats = smem + kRowStatsOffset + s * kRowStatsBytes;
+      // Consumers read LSE and D with ordinary loads; their arrivals on empty(s) order those loads of the
+      // stage's previous use before these copies (see the arrivals in consume()). compute-sanitizer racecheck
+      // does not follow that order to a raw cp.async.bulk and reports these copies against those loads.
       sm90::bulk_load(stats, p.lse_log2 + flat, kBlockM * 4, bars.full(s));
       sm90::bulk_load(stats + kBlockM * 4, p.dsum + flat, kBlockM * 4, bars.full(s));
     }
@@ -355,7 +358,9 @@ struct BwdDkdvSm90 {
         sm90::pin_registers(acc_dk);
 #pragma unroll
         for (int r = 0; r < kDqRowTiles; ++r) sm90::pin_registers(acc_dq[r]);
-        if (lane == 0) sm90::mbarrier_arrive(bars.empty(s));  // this warp is done with the stage
+        // This warp is done with the stage. The bar.sync above ordered every consumer thread's loads of its
+        // LSE and D before this one lane's arrival, which the producer's wait on empty(s) acquires.
+        if (lane == 0) sm90::mbarrier_arrive(bars.empty(s));
 
         // Rows past seqlen_q exist in the padded accumulator and receive zeros.
         const long long flat = (static_cast<long long>(w.batch) * p.heads_q + head) * w.rows_pad + m_start;
@@ -371,7 +376,11 @@ struct BwdDkdvSm90 {
         sm90::wgmma_wait<0>();
         sm90::pin_registers(acc_dv);
         sm90::pin_registers(acc_dk);
-        if (lane == 0) sm90::mbarrier_arrive(bars.empty(s));  // this warp is done with the stage
+        // This warp is done with the stage. One lane arrives for all 32, and no barrier among the consumers
+        // runs in this strategy's loop: the warp syncs first, which orders the other lanes' loads of LSE and D
+        // before the arrival.
+        __syncwarp();
+        if (lane == 0) sm90::mbarrier_arrive(bars.empty(s));
       }
     }
 

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "catch.hpp"
 #include "flashgen/error.hpp"
@@ -124,6 +125,26 @@ TEST_CASE("arch_flag and nvrtc_options", "[nvrtc]") {
   CHECK(flashgen::nvrtc_options(80) == flashgen::nvrtc_options(80));
   const std::string version = flashgen::nvrtc_version();
   CHECK(version.find('.') != std::string::npos);
+}
+
+TEST_CASE("FLASHGEN_NVRTC_LINEINFO adds -lineinfo to the options", "[nvrtc]") {
+  std::optional<std::string> previous;
+  if (const char* old = std::getenv("FLASHGEN_NVRTC_LINEINFO")) previous = old;
+  auto has_lineinfo = [] {
+    const std::vector<std::string> options = flashgen::nvrtc_options(90);
+    return std::find(options.begin(), options.end(), "-lineinfo") != options.end();
+  };
+  ::unsetenv("FLASHGEN_NVRTC_LINEINFO");
+  CHECK_FALSE(has_lineinfo());
+  ::setenv("FLASHGEN_NVRTC_LINEINFO", "0", 1);
+  CHECK_FALSE(has_lineinfo());
+  ::setenv("FLASHGEN_NVRTC_LINEINFO", "1", 1);
+  CHECK(has_lineinfo());  // the options are part of the kernel cache key (kernel_cache_key)
+  if (previous) {
+    ::setenv("FLASHGEN_NVRTC_LINEINFO", previous->c_str(), 1);
+  } else {
+    ::unsetenv("FLASHGEN_NVRTC_LINEINFO");
+  }
 }
 
 TEST_CASE("compile_nvrtc builds a cubin with an in-memory header", "[nvrtc]") {
