@@ -129,7 +129,7 @@ struct BwdDkdvSm90 {
       sm90::mbarrier_init(bars.kv_full(), 1);
       for (int s = 0; s < kStages; ++s) {
         sm90::mbarrier_init(bars.full(s), 1);
-        sm90::mbarrier_init(bars.empty(s), kConsumers * 4);  // one arrival per consumer warp
+        sm90::mbarrier_init(bars.empty(s), kConsumers * 128);  // one arrival per consumer thread
       }
       sm90::fence_mbarrier_init();
     }
@@ -169,9 +169,8 @@ struct BwdDkdvSm90 {
       }
       const long long flat = (static_cast<long long>(w.batch) * p.heads_q + head) * w.rows_pad + m_start;
       const u32 stats = smem + kRowStatsOffset + s * kRowStatsBytes;
-      // Consumers read LSE and D with ordinary loads; their arrivals on empty(s) order those loads of the
-      // stage's previous use before these copies (see the arrivals in consume()). compute-sanitizer racecheck
-      // does not follow that order to a raw cp.async.bulk and reports these copies against those loads.
+      // Consumers read LSE and D with ordinary loads; each consumer thread's own arrival on empty(s) orders
+      // its loads of the stage's previous use before these copies (see the arrivals in consume()).
       sm90::bulk_load(stats, p.lse_log2 + flat, kBlockM * 4, bars.full(s));
       sm90::bulk_load(stats + kBlockM * 4, p.dsum + flat, kBlockM * 4, bars.full(s));
     }
@@ -358,9 +357,11 @@ struct BwdDkdvSm90 {
         sm90::pin_registers(acc_dk);
 #pragma unroll
         for (int r = 0; r < kDqRowTiles; ++r) sm90::pin_registers(acc_dq[r]);
-        // This warp is done with the stage. The bar.sync above ordered every consumer thread's loads of its
-        // LSE and D before this one lane's arrival, which the producer's wait on empty(s) acquires.
-        if (lane == 0) sm90::mbarrier_arrive(bars.empty(s));
+        // This thread is done with the stage. Every consumer thread arrives for its own loads of LSE and D
+        // (one lane arriving for its warp after the bar.sync is as correct, but compute-sanitizer's racecheck
+        // follows an mbarrier's order only from the threads that arrive, and reports the producer's bulk
+        // copies of the stage's next use against the other lanes' loads).
+        sm90::mbarrier_arrive(bars.empty(s));
 
         // Rows past seqlen_q exist in the padded accumulator and receive zeros.
         const long long flat = (static_cast<long long>(w.batch) * p.heads_q + head) * w.rows_pad + m_start;
@@ -376,11 +377,7 @@ struct BwdDkdvSm90 {
         sm90::wgmma_wait<0>();
         sm90::pin_registers(acc_dv);
         sm90::pin_registers(acc_dk);
-        // This warp is done with the stage. One lane arrives for all 32, and no barrier among the consumers
-        // runs in this strategy's loop: the warp syncs first, which orders the other lanes' loads of LSE and D
-        // before the arrival.
-        __syncwarp();
-        if (lane == 0) sm90::mbarrier_arrive(bars.empty(s));
+        sm90::mbarrier_arrive(bars.empty(s));  // this thread is done with the stage
       }
     }
 

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# compute-sanitizer memcheck, racecheck and synccheck on one small problem per kernel family and pass, on a
+# GPU (sm_90 for the Hopper families): each run is `flashgen run` of an explicit config with its output
+# checked against the float64 reference. Sequences are long enough that every shared-memory ring wraps.
+# Usage, from the checkout's root, with the CLI built:
+#   scripts/sanitize.sh [OUT_DIR]      (default $OUT, else ./sanitize_out; FLASHGEN_BUILD_DIR, default build)
+# Writes summary.txt (one line per run) and sanitize.txt (every log) to OUT_DIR; exits 1 if any run
+# reports an error or fails its check.
+set -u
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${FLASHGEN_BUILD_DIR:-$root/build}
+out=${1:-${OUT:-$root/sanitize_out}}
+cuda=${CUDA_HOME:-/usr/local/cuda}
+cs=$(command -v compute-sanitizer || echo "$cuda/bin/compute-sanitizer")
+mkdir -p "$out"
+[ -x "$build/flashgen" ] || { echo "no $build/flashgen: build the CLI first" >&2; exit 2; }
+export LD_LIBRARY_PATH=$build:$cuda/lib64:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
+work=$(mktemp -d)
+export FLASHGEN_CACHE_DIR=$work/cache FLASHGEN_TUNING_DB=$work/empty.sqlite
+export FLASHGEN_NVRTC_LINEINFO=1  # source lines in the reports; the SASS is the same as without
+summary=$out/summary.txt logs=$out/sanitize.txt
+: > "$logs"
+
+# config | head_dim | mask | extra flags (the pass and dQ strategy follow from the config)
+problems=(
+  "fwd_sm80_fp16_d64_m128_n64_w4_s2_causal|64|bottom-right|"
+  "fwd_sm90_fp16_d128_m128_n128_s2_causal_pst|128|bottom-right|"
+  "fwd_sm90_fp16_d128_m128_n128_s2_ovl_pp|128|none|"
+  "bwd_sm80_fp16_d64_m64_n64_w4_s2_x1_causal|64|bottom-right|--backward"
+  "bwd_sm80_fp16_d64_m64_n64_w4_s2_x1_causal_det_qm64_qn32_qw4_qs2|64|bottom-right|--backward --deterministic"
+  "bwd_sm90_fp16_d128_m64_n128_s2_causal|128|bottom-right|--backward"
+  "bwd_sm90_fp16_d128_m64_n128_s2_causal_det_qm64_qn64_qw4_qs2|128|bottom-right|--backward --deterministic"
+)
+{
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  "$cs" --version | tail -1
+  printf '%-66s %-10s %-4s %s\n' config tool rc "sanitizer summary | output check"
+} > "$summary"
+failed=0
+for spec in "${problems[@]}"; do
+  IFS='|' read -r cfg hd mask extra <<< "$spec"
+  for tool in memcheck racecheck synccheck; do
+    log=$work/$cfg.$tool.log
+    # shellcheck disable=SC2086
+    timeout 240 "$cs" --tool "$tool" --error-exitcode 9 "$build/flashgen" run --config "$cfg" $extra --batch 1 \
+      --heads-q 2 --heads-kv 2 --seqlen-q 512 --seqlen-k 512 --head-dim "$hd" --dtype fp16 --causal "$mask" \
+      --iters 1 --warmup 0 --check-rows 8 > "$log" 2>&1
+    rc=$?
+    { echo "######## $cfg: $tool (rc $rc)"; head -n 200 "$log"; } >> "$logs"
+    sanitizer=$(grep -Eo '(RACECHECK|ERROR) SUMMARY: [^(]*' "$log" | tail -1)
+    check=$(grep -Eo 'check:.*(PASS|FAIL)' "$log" | grep -Eo 'PASS|FAIL' | tail -1)
+    printf '%-66s %-10s %-4s %s | %s\n' "$cfg" "$tool" "$rc" "${sanitizer:-no summary}" "${check:-no check}" >> "$summary"
+    [ "$rc" = 0 ] && [ "${check:-}" = PASS ] || failed=1
+  done
+done
+cat "$summary"
+rm -rf "$work"
+exit $failed
