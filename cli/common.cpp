@@ -1,5 +1,5 @@
 // The helpers that several commands of the flashgen tool share (declared and described in cli/common.hpp):
-// JSON output, files, --arch, config names and the tuning database's --db.
+// JSON output, files, --arch, mask and pass names, config names and the tuning database's --db.
 #include "cli/common.hpp"
 
 #include <algorithm>
@@ -170,6 +170,19 @@ std::vector<int> parse_archs(const Args& args, const std::vector<int>& fallback)
     }
   }
   return archs.empty() ? fallback : archs;
+}
+
+std::string causal_text(flashgen_mask mask) {
+  return mask == FLASHGEN_MASK_CAUSAL ? "bottom-right" : mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT ? "top-left" : "none";
+}
+
+flashgen_mask mask_from_text(const std::string& text) {
+  return text == "bottom-right" ? FLASHGEN_MASK_CAUSAL : text == "top-left" ? FLASHGEN_MASK_CAUSAL_TOP_LEFT
+                                                                           : FLASHGEN_MASK_NONE;
+}
+
+const char* pass_text(const AttentionProblem& problem) {
+  return !problem.backward() ? "forward" : problem.deterministic() ? "backward (deterministic)" : "backward";
 }
 
 std::variant<KernelConfig, BwdConfig> config_from_name(const std::string& name) {

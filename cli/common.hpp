@@ -1,5 +1,5 @@
 // What several commands of the flashgen tool share: JSON output, input and output files, --arch parsing,
-// config names, the tuning database's --db, and a CUDA stream.
+// mask and pass names, config names, the tuning database's --db, and a CUDA stream.
 #pragma once
 
 #include <chrono>
@@ -13,8 +13,10 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/args.hpp"
+#include "flashgen/flashgen.h"
 #include "generator/bwd_config.hpp"
 #include "generator/kernel_config.hpp"
+#include "problem/attention_problem.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "tuner/store.hpp"
 
@@ -68,6 +70,13 @@ std::string arch_help();
 
 // --arch values (repeatable, or comma-separated: --arch 80,90), each one NVRTC targets.
 std::vector<int> parse_archs(const Args& args, const std::vector<int>& fallback);
+
+// The spellings of the masks in --causal, specs and reports: "none", "bottom-right", "top-left".
+std::string causal_text(flashgen_mask mask);
+flashgen_mask mask_from_text(const std::string& text);  // one of causal_text's spellings
+
+// "forward", "backward" or "backward (deterministic)".
+const char* pass_text(const AttentionProblem& problem);
 
 // A config name of either pass: bwd_... names are backward modules.
 std::variant<KernelConfig, BwdConfig> config_from_name(const std::string& name);

@@ -61,35 +61,28 @@ namespace {
 RunOptions parse_run_options(const Args& args) {
   constexpr long long kSizeMax = 1ll << 30;  // the library's limit on every size
   RunOptions o;
-  o.batch = args.int_or("batch", o.batch, 1, kSizeMax);
-  o.seqlen_q = args.int_or("seqlen-q", o.seqlen_q, 1, kSizeMax);
-  o.seqlen_k = args.int_or("seqlen-k", o.seqlen_k, 1, kSizeMax);
-  o.heads_q = args.int_or("heads-q", o.heads_q, 1, kSizeMax);
-  o.heads_kv = args.int_or("heads-kv", o.heads_kv, 1, kSizeMax);
-  o.head_dim = args.int_or("head-dim", o.head_dim, 1, 4096);
-  o.dtype = args.choice_or("dtype", "fp16", {"fp16", "bf16"}) == "fp16" ? DType::kFloat16 : DType::kBFloat16;
-  o.causal = args.choice_or("causal", o.causal, {"none", "bottom-right", "top-left"});
+  AttentionProblem& p = o.problem;
+  AttentionShape& s = p.shape;
+  s.batch = args.int_or("batch", s.batch, 1, kSizeMax);
+  s.seqlen_q = args.int_or("seqlen-q", s.seqlen_q, 1, kSizeMax);
+  s.seqlen_k = args.int_or("seqlen-k", s.seqlen_k, 1, kSizeMax);
+  s.heads_q = args.int_or("heads-q", s.heads_q, 1, kSizeMax);
+  s.heads_kv = args.int_or("heads-kv", s.heads_kv, 1, kSizeMax);
+  s.head_dim = args.int_or("head-dim", s.head_dim, 1, 4096);
+  p.dtype = args.choice_or("dtype", "fp16", {"fp16", "bf16"}) == "fp16" ? DType::kFloat16 : DType::kBFloat16;
+  p.mask = mask_from_text(args.choice_or("causal", causal_text(p.mask), {"none", "bottom-right", "top-left"}));
   o.scale = static_cast<float>(args.double_or("scale", o.scale));
   o.layout = args.choice_or("layout", o.layout, {"bshd", "bhsd"});
   if (args.has("config")) o.config_name = args.string_or("config", "");
-  o.backward = args.has("backward");
-  o.deterministic = args.has("deterministic");
-  if (o.deterministic && !o.backward) fail(Status::kInvalidArgument, "--deterministic needs --backward");
+  p.pass = args.has("backward") ? Pass::kBackward : Pass::kForward;
+  p.dq = args.has("deterministic") ? DqStrategy::kDeterministic : DqStrategy::kAtomic;
+  if (p.dq == DqStrategy::kDeterministic && !p.backward())
+    fail(Status::kInvalidArgument, "--deterministic needs --backward");
   o.iters = static_cast<int>(args.int_or("iters", o.iters, 1, 1000000));
   o.warmup = static_cast<int>(args.int_or("warmup", o.warmup, 0, 1000000));
   o.check_rows = static_cast<int>(args.int_or("check-rows", o.check_rows, 0, 1000000));
   o.seed = static_cast<uint32_t>(args.int_or("seed", o.seed, 0, std::numeric_limits<uint32_t>::max()));
   return o;
-}
-
-flashgen_mask mask_of(const RunOptions& o) {
-  if (o.causal == "bottom-right") return FLASHGEN_MASK_CAUSAL;
-  if (o.causal == "top-left") return FLASHGEN_MASK_CAUSAL_TOP_LEFT;
-  return FLASHGEN_MASK_NONE;
-}
-
-AttentionShape shape_of(const RunOptions& o) {
-  return AttentionShape{o.batch, o.seqlen_q, o.seqlen_k, o.heads_q, o.heads_kv, o.head_dim};
 }
 
 flashgen_dtype abi_dtype(DType dtype) { return dtype == DType::kFloat16 ? FLASHGEN_FLOAT16 : FLASHGEN_BFLOAT16; }
@@ -186,11 +179,13 @@ CheckResult check_sampled_rows(const AttentionShape& shape, const HostTensor& q,
 }
 
 std::string problem_text(const RunOptions& o, double scale) {
+  const AttentionShape& s = o.problem.shape;
   return format("batch %lld, seqlen_q %lld, seqlen_k %lld, heads %lld/%lld, head_dim %lld, %s, mask %s, scale %.6g, "
                 "layout %s",
-                static_cast<long long>(o.batch), static_cast<long long>(o.seqlen_q), static_cast<long long>(o.seqlen_k),
-                static_cast<long long>(o.heads_q), static_cast<long long>(o.heads_kv),
-                static_cast<long long>(o.head_dim), dtype_name(o.dtype), o.causal.c_str(), scale, o.layout.c_str());
+                static_cast<long long>(s.batch), static_cast<long long>(s.seqlen_q), static_cast<long long>(s.seqlen_k),
+                static_cast<long long>(s.heads_q), static_cast<long long>(s.heads_kv),
+                static_cast<long long>(s.head_dim), dtype_name(o.problem.dtype), causal_text(o.problem.mask).c_str(),
+                scale, o.layout.c_str());
 }
 
 // Largest problem whose backward `run --backward` checks against the whole float64 reference
@@ -219,16 +214,17 @@ std::vector<double> time_launches(const std::function<void()>& fn, int warmup, i
 
 // The backward half of `run --backward`: random dout, one checked backward (against the whole float64
 // reference when the problem is small enough), then timing with a workspace allocated once.
-void run_backward(const RunOptions& o, const AttentionShape& shape, const HostTensor& q, const HostTensor& k,
-                  const HostTensor& v, const flashgen_tensor& q_view,
-                  const flashgen_tensor& k_view, const flashgen_tensor& v_view, const flashgen_tensor& out_view,
-                  const float* lse, const flashgen_attention_options& options, CUstream stream, std::mt19937& rng,
-                  RunReport& report) {
+void run_backward(const RunOptions& o, const HostTensor& q, const HostTensor& k, const HostTensor& v,
+                  const flashgen_tensor& q_view, const flashgen_tensor& k_view, const flashgen_tensor& v_view,
+                  const flashgen_tensor& out_view, const float* lse, const flashgen_attention_options& options,
+                  CUstream stream, std::mt19937& rng, RunReport& report) {
+  const AttentionProblem& p = o.problem;
+  const AttentionShape& shape = p.shape;
   const bool bhsd = o.layout == "bhsd";
-  HostTensor dout = make_host_tensor(o.dtype, o.batch, o.seqlen_q, o.heads_q, o.head_dim, bhsd);
-  HostTensor dq = make_host_tensor(o.dtype, o.batch, o.seqlen_q, o.heads_q, o.head_dim, bhsd);
-  HostTensor dk = make_host_tensor(o.dtype, o.batch, o.seqlen_k, o.heads_kv, o.head_dim, bhsd);
-  HostTensor dv = make_host_tensor(o.dtype, o.batch, o.seqlen_k, o.heads_kv, o.head_dim, bhsd);
+  HostTensor dout = make_host_tensor(p.dtype, shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim, bhsd);
+  HostTensor dq = make_host_tensor(p.dtype, shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim, bhsd);
+  HostTensor dk = make_host_tensor(p.dtype, shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim, bhsd);
+  HostTensor dv = make_host_tensor(p.dtype, shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim, bhsd);
   fill_normal(dout, rng);
   DeviceBuffer dout_dev(dout.bytes()), dq_dev(dq.bytes()), dk_dev(dk.bytes()), dv_dev(dv.bytes());
   dout_dev.upload(dout.bits);
@@ -241,7 +237,7 @@ void run_backward(const RunOptions& o, const AttentionShape& shape, const HostTe
   BwdConfig config;
   if (o.config_name) {
     config = BwdConfig::from_name(*o.config_name);
-    FLASHGEN_REQUIRE(config.deterministic == o.deterministic,
+    FLASHGEN_REQUIRE(config.deterministic == p.deterministic(),
                      "config " + config.name() + (config.deterministic ? " is" : " is not") +
                          " deterministic; pass --deterministic to match");
     report.reason = "requested with --config";
@@ -288,12 +284,12 @@ void run_backward(const RunOptions& o, const AttentionShape& shape, const HostTe
       const double magnitude = max_magnitude(g.want);
       const CheckReport check =
           check_elements(g.name, {view.shape[0], view.shape[1], view.shape[2], view.shape[3]}, values, g.want,
-                         gradient_tolerance(abi_dtype(o.dtype), magnitude));
+                         gradient_tolerance(abi_dtype(p.dtype), magnitude));
       report.check.max_error_out =
           std::max(report.check.max_error_out, check.max_error / std::max(magnitude, kGradientMagnitudeFloor));
       add_mismatches(check, report.check);
     }
-    report.check.rows = static_cast<size_t>(o.batch * o.heads_q * o.seqlen_q);
+    report.check.rows = static_cast<size_t>(shape.batch * shape.heads_q * shape.seqlen_q);
   }
   report.times_ms = time_launches(launch, o.warmup, o.iters, stream);
   report.flops = backward_flops(shape, options.mask);
@@ -310,15 +306,17 @@ RunReport run_problem(const RunOptions& o) {
   report.device_name = name;
   report.device_sm = device_sm(context.device());
 
+  const AttentionProblem& p = o.problem;
+  const AttentionShape& shape = p.shape;
   std::optional<KernelConfig> config;
-  if (o.config_name && !o.backward) config = KernelConfig::from_name(*o.config_name);
+  if (o.config_name && !p.backward()) config = KernelConfig::from_name(*o.config_name);
 
   const bool bhsd = o.layout == "bhsd";
-  HostTensor q = make_host_tensor(o.dtype, o.batch, o.seqlen_q, o.heads_q, o.head_dim, bhsd);
-  HostTensor k = make_host_tensor(o.dtype, o.batch, o.seqlen_k, o.heads_kv, o.head_dim, bhsd);
-  HostTensor v = make_host_tensor(o.dtype, o.batch, o.seqlen_k, o.heads_kv, o.head_dim, bhsd);
-  HostTensor out = make_host_tensor(o.dtype, o.batch, o.seqlen_q, o.heads_q, o.head_dim, bhsd);
-  std::vector<float> lse(static_cast<size_t>(o.batch * o.heads_q * o.seqlen_q));
+  HostTensor q = make_host_tensor(p.dtype, shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim, bhsd);
+  HostTensor k = make_host_tensor(p.dtype, shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim, bhsd);
+  HostTensor v = make_host_tensor(p.dtype, shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim, bhsd);
+  HostTensor out = make_host_tensor(p.dtype, shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim, bhsd);
+  std::vector<float> lse(static_cast<size_t>(shape.batch * shape.heads_q * shape.seqlen_q));
 
   DeviceBuffer q_dev(q.bytes()), k_dev(k.bytes()), v_dev(v.bytes()), out_dev(out.bytes());
   DeviceBuffer lse_dev(lse.size() * sizeof(float));
@@ -327,7 +325,7 @@ RunReport run_problem(const RunOptions& o) {
   float* lse_ptr = static_cast<float*>(lse_dev.data());
   flashgen_attention_options options{};
   options.softmax_scale = o.scale;
-  options.mask = mask_of(o);
+  options.mask = p.mask;
   options.deterministic = 0;
   // Validate before the slow part (host data): a bad shape fails here with the library's own message.
   const ForwardCall problem = make_forward_call(&q_view, &k_view, &v_view, &out_view, lse_ptr, &options);
@@ -360,13 +358,12 @@ RunReport run_problem(const RunOptions& o) {
 
   out_dev.download(out.bits.data(), out.bytes());
   lse_dev.download(lse.data(), lse_dev.bytes());
-  const AttentionShape shape = shape_of(o);
   report.check = check_sampled_rows(shape, q, k, v, out, lse,
-                                    sample_rows(o.batch, o.heads_q, o.seqlen_q, o.check_rows), report.scale,
-                                    options.mask);
-  if (o.backward) {
-    options.deterministic = o.deterministic ? 1 : 0;
-    run_backward(o, shape, q, k, v, q_view, k_view, v_view, out_view, lse_ptr, options, stream.get(), rng, report);
+                                    sample_rows(shape.batch, shape.heads_q, shape.seqlen_q, o.check_rows),
+                                    report.scale, options.mask);
+  if (p.backward()) {
+    options.deterministic = p.deterministic() ? 1 : 0;
+    run_backward(o, q, k, v, q_view, k_view, v_view, out_view, lse_ptr, options, stream.get(), rng, report);
     return report;
   }
 
@@ -378,15 +375,15 @@ RunReport run_problem(const RunOptions& o) {
 std::string tflops_text(double tflops) { return format(tflops >= 1 ? "%.1f TFLOP/s" : "%.3g TFLOP/s", tflops); }
 
 void print_run_report(const RunReport& r, std::ostream& os) {
-  const DtypeTolerances& tol = tolerances(abi_dtype(r.options.dtype));
+  const AttentionProblem& p = r.options.problem;
+  const DtypeTolerances& tol = tolerances(abi_dtype(p.dtype));
   os << "device:   " << r.device_name << " (sm_" << r.device_sm << ")\n"
      << "problem:  " << problem_text(r.options, r.scale) << '\n'
-     << "pass:     " << (r.options.backward ? (r.options.deterministic ? "backward (deterministic)" : "backward")
-                                                   : "forward") << '\n'
+     << "pass:     " << pass_text(p) << '\n'
      << "config:   " << r.config_name << " for " << arch_label(r.arch) << '\n'
      << "why:      " << r.reason << '\n'
      << format("first:    %.1f ms (first launch, includes compiling or loading the kernel)\n", r.first_launch_ms);
-  if (!r.options.backward) {
+  if (!p.backward()) {
     os << format("check:    %zu rows, max abs error out %.3g (tol %.0e + %.0e*|ref|), lse %.3g (tol %.0e): %s\n",
                  r.check.rows, r.check.max_error_out, tol.out.abs, tol.out.rel, r.check.max_error_lse, tol.lse.abs,
                  r.check.pass() ? "PASS" : "FAIL");
@@ -409,14 +406,16 @@ namespace {
 
 Json run_report_json(const RunReport& r) {
   const RunOptions& o = r.options;
+  const AttentionProblem& p = o.problem;
+  const AttentionShape& s = p.shape;
   return {
       {"device", {{"name", r.device_name}, {"sm", r.device_sm}}},
       {"problem",
-       {{"batch", o.batch}, {"seqlen_q", o.seqlen_q}, {"seqlen_k", o.seqlen_k}, {"heads_q", o.heads_q},
-        {"heads_kv", o.heads_kv}, {"head_dim", o.head_dim}, {"dtype", dtype_name(o.dtype)}, {"causal", o.causal},
-        {"scale", r.scale}, {"layout", o.layout}, {"seed", o.seed}}},
-      {"pass", o.backward ? "backward" : "forward"},
-      {"deterministic", o.deterministic},
+       {{"batch", s.batch}, {"seqlen_q", s.seqlen_q}, {"seqlen_k", s.seqlen_k}, {"heads_q", s.heads_q},
+        {"heads_kv", s.heads_kv}, {"head_dim", s.head_dim}, {"dtype", dtype_name(p.dtype)},
+        {"causal", causal_text(p.mask)}, {"scale", r.scale}, {"layout", o.layout}, {"seed", o.seed}}},
+      {"pass", p.backward() ? "backward" : "forward"},
+      {"deterministic", p.deterministic()},
       {"config", r.config_name},
       {"arch", r.arch},
       {"reason", r.reason},
@@ -426,8 +425,8 @@ Json run_report_json(const RunReport& r) {
         {"max_abs_error_lse", r.check.max_error_lse}, {"mismatches", r.check.mismatches},
         {"first_mismatches", r.check.first_mismatches},
         // A backward too large for the float64 reference is not checked: pass is null unless the forward failed.
-        {"skipped", o.backward && r.check.rows == 0},
-        {"pass", o.backward && r.check.rows == 0 && r.check.pass() ? Json(nullptr) : Json(r.check.pass())}}},
+        {"skipped", p.backward() && r.check.rows == 0},
+        {"pass", p.backward() && r.check.rows == 0 && r.check.pass() ? Json(nullptr) : Json(r.check.pass())}}},
       {"timing",
        {{"iters", r.times_ms.size()}, {"warmup", o.warmup}, {"median_ms", r.median_ms()},
         {"min_ms", r.times_ms.front()}, {"max_ms", r.times_ms.back()}, {"flops", r.flops}, {"tflops", r.tflops()}}},
@@ -438,9 +437,11 @@ Json run_report_json(const RunReport& r) {
 // allocated before the library sees the problem: refuse what this machine cannot hold instead of being
 // killed for it.
 void check_host_memory(const RunOptions& o) {
-  const double q_elements = double(o.batch) * o.seqlen_q * o.heads_q * o.head_dim;
-  const double kv_elements = double(o.batch) * o.seqlen_k * o.heads_kv * o.head_dim;
-  const double host_bytes = 2 * (o.backward ? 4 : 2) * (q_elements + kv_elements) + 4.0 * o.batch * o.heads_q * o.seqlen_q;
+  const AttentionShape& s = o.problem.shape;
+  const double q_elements = double(s.batch) * s.seqlen_q * s.heads_q * s.head_dim;
+  const double kv_elements = double(s.batch) * s.seqlen_k * s.heads_kv * s.head_dim;
+  const double host_bytes =
+      2 * (o.problem.backward() ? 4 : 2) * (q_elements + kv_elements) + 4.0 * s.batch * s.heads_q * s.seqlen_q;
   const double memory_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
   if (memory_bytes > 0 && host_bytes > 0.8 * memory_bytes) {
     char text[160];
@@ -453,16 +454,18 @@ void check_host_memory(const RunOptions& o) {
 }  // namespace
 
 void check_run_problem(const RunOptions& o) {
-  const flashgen_dtype dtype = abi_dtype(o.dtype);
+  const AttentionProblem& p = o.problem;
+  const AttentionShape& s = p.shape;
+  const flashgen_dtype dtype = abi_dtype(p.dtype);
   auto placeholder = [&](int n, int64_t seqlen, int64_t heads) {
-    return bshd_tensor(reinterpret_cast<void*>(uintptr_t{1} << (20 + n)), dtype, o.batch, seqlen, heads, o.head_dim);
+    return bshd_tensor(reinterpret_cast<void*>(uintptr_t{1} << (20 + n)), dtype, s.batch, seqlen, heads, s.head_dim);
   };
-  const flashgen_tensor q = placeholder(0, o.seqlen_q, o.heads_q), k = placeholder(1, o.seqlen_k, o.heads_kv),
-                        v = placeholder(2, o.seqlen_k, o.heads_kv), out = placeholder(3, o.seqlen_q, o.heads_q);
-  flashgen_attention_options options{o.scale, mask_of(o), o.deterministic ? 1 : 0};
-  if (o.backward) {
-    const flashgen_tensor dout = placeholder(4, o.seqlen_q, o.heads_q), dq = placeholder(5, o.seqlen_q, o.heads_q),
-                          dk = placeholder(6, o.seqlen_k, o.heads_kv), dv = placeholder(7, o.seqlen_k, o.heads_kv);
+  const flashgen_tensor q = placeholder(0, s.seqlen_q, s.heads_q), k = placeholder(1, s.seqlen_k, s.heads_kv),
+                        v = placeholder(2, s.seqlen_k, s.heads_kv), out = placeholder(3, s.seqlen_q, s.heads_q);
+  flashgen_attention_options options{o.scale, p.mask, p.deterministic() ? 1 : 0};
+  if (p.backward()) {
+    const flashgen_tensor dout = placeholder(4, s.seqlen_q, s.heads_q), dq = placeholder(5, s.seqlen_q, s.heads_q),
+                          dk = placeholder(6, s.seqlen_k, s.heads_kv), dv = placeholder(7, s.seqlen_k, s.heads_kv);
     const float* lse = reinterpret_cast<const float*>(uintptr_t{1} << 28);
     const BackwardCall call = make_backward_call(&q, &k, &v, &out, &dout, lse, &dq, &dk, &dv, &options);
     if (o.config_name) check_requested_config(BwdConfig::from_name(*o.config_name), call.problem, 90);

@@ -9,25 +9,19 @@
 #include <string>
 #include <vector>
 
-#include "generator/kernel_config.hpp"
+#include "flashgen/flashgen.h"
+#include "problem/attention_problem.hpp"
 
 namespace flashgen::cli {
 
 // One problem of `run` and how it is checked and timed: its flags, each with its default.
 struct RunOptions {
-  int64_t batch = 4;
-  int64_t seqlen_q = 4096;
-  int64_t seqlen_k = 4096;
-  int64_t heads_q = 16;
-  int64_t heads_kv = 16;
-  int64_t head_dim = 128;
-  DType dtype = DType::kFloat16;
-  std::string causal = "none";  // none | bottom-right | top-left
+  // batch 4, seqlen 4096/4096, heads 16/16, head_dim 128, fp16, no mask, forward
+  AttentionProblem problem = forward_problem(DType::kFloat16, AttentionShape{4, 4096, 4096, 16, 16, 128},
+                                             FLASHGEN_MASK_NONE);
   float scale = 0;              // <= 0: 1/sqrt(head_dim)
   std::string layout = "bshd";  // bshd | bhsd
   std::optional<std::string> config_name;
-  bool backward = false;
-  bool deterministic = false;
   int iters = 20;
   int warmup = 3;
   int check_rows = 64;

@@ -85,19 +85,6 @@ std::string space_text(const SpaceCounts& space) {
          format(", %zu valid", space.valid);
 }
 
-std::string causal_text(flashgen_mask mask) {
-  return mask == FLASHGEN_MASK_CAUSAL ? "bottom-right" : mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT ? "top-left" : "none";
-}
-
-flashgen_mask mask_from_text(const std::string& text) {
-  return text == "bottom-right" ? FLASHGEN_MASK_CAUSAL : text == "top-left" ? FLASHGEN_MASK_CAUSAL_TOP_LEFT
-                                                                           : FLASHGEN_MASK_NONE;
-}
-
-const char* pass_text(const AttentionProblem& p) {
-  return !p.backward() ? "forward" : p.deterministic() ? "backward (deterministic)" : "backward";
-}
-
 // Whether a problem asks for the deterministic dQ strategy of a forward pass (which has none).
 bool deterministic_forward(const AttentionProblem& p) {
   return p.pass == Pass::kForward && p.dq == DqStrategy::kDeterministic;
@@ -107,11 +94,8 @@ bool deterministic_forward(const AttentionProblem& p) {
 // head_dim (checked against the sm80 family, which every supported GPU runs), or nullopt: a sweep would
 // stop at such a problem, so the dry run says it too.
 std::optional<std::string> untunable(const AttentionProblem& p) {
-  const AttentionShape& s = p.shape;
   RunOptions as_run;
-  as_run.batch = s.batch, as_run.seqlen_q = s.seqlen_q, as_run.seqlen_k = s.seqlen_k;
-  as_run.heads_q = s.heads_q, as_run.heads_kv = s.heads_kv, as_run.head_dim = s.head_dim, as_run.dtype = p.dtype;
-  as_run.causal = causal_text(p.mask), as_run.backward = p.backward(), as_run.deterministic = p.deterministic();
+  as_run.problem = p;
   try {
     if (p.backward()) {
       heuristic_backward_configs(p.dtype, p.head_dim(), p.mask_kind(), p.deterministic(), 80);
