@@ -147,7 +147,7 @@ BackwardProblem make_backward_problem(const flashgen_tensor* q, const flashgen_t
 size_t backward_workspace_bytes(const BackwardProblem& problem, const BwdConfig& config) {
   const AttnBwdParams& p = problem.params;
   size_t bytes = row_array_bytes(p, config);                                       // D
-  if (config.family == KernelFamily::kSm90) bytes += row_array_bytes(p, config);  // LSE in base 2
+  if (config.family() == KernelFamily::kSm90) bytes += row_array_bytes(p, config);  // LSE in base 2
   if (!config.deterministic) {
     bytes += align_up(sizeof(float) * size_t(p.batch) * size_t(p.heads_q) * workspace_rows(p, config) *
                       size_t(problem.head_dim));
@@ -156,7 +156,7 @@ size_t backward_workspace_bytes(const BackwardProblem& problem, const BwdConfig&
 }
 
 Implementability can_implement(const BackwardProblem& problem, const BwdConfig& config, const DeviceTraits&) {
-  if (config.family == KernelFamily::kSm90) {
+  if (config.family() == KernelFamily::kSm90) {
     if (auto why = BackwardTmaTensors(problem, config).unsupported_reason()) return {Shortfall::kTmaLayout, *why};
   }
   return {};
@@ -186,7 +186,7 @@ PreparedBackward prepare_backward(const BackwardProblem& problem, CUstream strea
   PreparedBackward prepared;
   prepared.config = c;
   prepared.arch = arch;
-  if (c.family == KernelFamily::kSm90) {
+  if (c.family() == KernelFamily::kSm90) {
     prepared.uses_tma = true;
     BackwardTmaTensors(problem, c).encode(prepared.sm90_params);
   }
@@ -201,7 +201,9 @@ PreparedBackward prepare_backward(const BackwardProblem& problem, CUstream strea
   prepared.preprocess_grid[2] = static_cast<unsigned>(p.batch);
   prepared.dkdv_grid[0] = ceil_div(p.seqlen_k, c.block_n);
   prepared.dkdv_grid[1] = static_cast<unsigned>(p.heads_kv);
-  prepared.dkdv_grid[2] = static_cast<unsigned>(c.family == KernelFamily::kSm90 ? p.batch : p.batch * c.d_split);
+  // The sm80 family's head_dim slices take blocks of their own; the sm90 family keeps the whole head_dim.
+  const BwdSm80Knobs* sm80 = c.sm80();
+  prepared.dkdv_grid[2] = static_cast<unsigned>(sm80 ? p.batch * sm80->d_split : p.batch);
   prepared.dkdv_threads = static_cast<unsigned>(c.dkdv_threads());
   prepared.dkdv_smem = static_cast<unsigned>(c.smem_bytes(BwdKernel::kDkdv));
   if (c.deterministic) {
@@ -242,7 +244,7 @@ void PreparedBackward::bind_workspace(CUdeviceptr workspace) {
   params.dsum = reinterpret_cast<float*>(workspace);
   CUdeviceptr next = workspace + row_bytes;
   params.lse_log2 = nullptr;
-  if (config.family == KernelFamily::kSm90) {
+  if (config.family() == KernelFamily::kSm90) {
     params.lse_log2 = reinterpret_cast<float*>(next);
     next += row_bytes;
   }
