@@ -195,7 +195,7 @@ int command_compile(const Args& args) {
   for (const std::string& name : args.positionals) {
     const auto config = config_from_name(name);  // a bad name stops here, before any work
     // Without --arch a Hopper-family config is compiled for sm_90a only, the one target it has.
-    const bool sm90_only = std::visit([](const auto& c) { return c.family == KernelFamily::kSm90; }, config);
+    const bool sm90_only = std::visit([](const auto& c) { return c.family() == KernelFamily::kSm90; }, config);
     for (int arch : archs)
       if (args.has("arch") || !sm90_only || arch == 90) add(config, arch);
   }

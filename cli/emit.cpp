@@ -27,8 +27,9 @@ Command emit_command() {
                  "backward module's, e.g. bwd_sm90_bf16_d128_m64_n128_s2_causal\n" + arch_help())
       .option("config-json", "FILE",
               "read a forward config as JSON from FILE ('-' for stdin) instead of a name; fields: family (fwd_sm80 or "
-              "fwd_sm90), dtype, head_dim, mask (none or causal), block_m, block_n, warps, stages, q_in_regs, "
-              "overlap, pingpong, persistent, p_smem, cluster, groups, tensor_sum; omitted ones take the defaults")
+              "fwd_sm90), dtype, head_dim, mask (none or causal), block_m, block_n, stages, the sm80 family's warps "
+              "and q_in_regs, the sm90 family's overlap, pingpong, persistent, p_smem, cluster, groups, tensor_sum; "
+              "omitted ones take the defaults, the other family's may appear at their defaults only")
       .option("arch", "SM", "check the config is valid for sm_<SM> (default 90)")
       .option("output", "FILE", "write to FILE (replaced whole) instead of stdout; - is stdout", false, 'o');
 }

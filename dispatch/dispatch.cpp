@@ -31,10 +31,14 @@ BackwardChoice sm80_fallback(const BackwardCall& call, int arch) {
 }
 
 // The kTileCount fallback: the same tiles, one block each instead of a persistent walk (groups walk a
-// persistent list too). The backward has no persistent kernels.
+// persistent list too). Only the sm90 family has persistent kernels; the backward has none.
 void without_persistence(KernelConfig& config) {
-  config.persistent = false;
-  config.groups = 1;
+  Sm90Knobs* k = config.sm90();
+  if (k == nullptr) {
+    fail(Status::kInternal, "config " + config.name() + " reported too many tiles for a persistent walk");
+  }
+  k->persistent = false;
+  k->groups = 1;
 }
 
 void without_persistence(BwdConfig& config) {

@@ -22,13 +22,14 @@ std::string BwdConfig::name() const {
   // Built on every launch (it keys the loaded kernels): appends, no stream.
   using std::to_string;
   std::string name;
-  if (family == KernelFamily::kSm90) {
+  if (sm90()) {
     name = std::string("bwd_sm90_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_m" + to_string(block_m) +
            "_n" + to_string(block_n) + "_s" + to_string(stages);
   } else {
+    const BwdSm80Knobs& k = std::get<BwdSm80Knobs>(knobs);
     name = std::string("bwd_sm80_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_m" + to_string(block_m) +
-           "_n" + to_string(block_n) + "_w" + to_string(warps) + "_s" + to_string(stages) + "_x" +
-           to_string(d_split);
+           "_n" + to_string(block_n) + "_w" + to_string(k.warps) + "_s" + to_string(stages) + "_x" +
+           to_string(k.d_split);
   }
   if (mask == MaskKind::kCausal) name += "_causal";
   if (deterministic) {
@@ -51,15 +52,16 @@ BwdConfig BwdConfig::from_name(const std::string& name) {
                        "_x<d_split>[_causal][_det_qm<m>_qn<n>_qw<warps>_qs<stages>] or "
                        "bwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_det_...]");
   BwdConfig c;
-  if (sm90) c.family = KernelFamily::kSm90;
+  if (sm90) c.knobs = BwdSm90Knobs{};
+  BwdSm80Knobs* k80 = c.sm80();
   c.dtype = parse_dtype_field(fields[2], name);
   c.head_dim = parse_name_field(fields[3], "d", name);
   c.block_m = parse_name_field(fields[4], "m", name);
   c.block_n = parse_name_field(fields[5], "n", name);
   size_t i = 6;
-  if (!sm90) c.warps = parse_name_field(fields[i++], "w", name);
+  if (k80) k80->warps = parse_name_field(fields[i++], "w", name);
   c.stages = parse_name_field(fields[i++], "s", name);
-  if (!sm90) c.d_split = parse_name_field(fields[i++], "x", name);
+  if (k80) k80->d_split = parse_name_field(fields[i++], "x", name);
   if (i < fields.size() && fields[i] == "causal") {
     c.mask = MaskKind::kCausal;
     ++i;
@@ -80,7 +82,9 @@ BwdConfig BwdConfig::from_name(const std::string& name) {
 }
 
 BwdDkdvTraits BwdConfig::dkdv_traits() const {
-  return bwd_dkdv_traits(head_dim, block_m, block_n, warps, stages, d_split, !deterministic);
+  const BwdSm80Knobs* k = sm80();
+  if (k == nullptr) fail(Status::kInternal, "config " + name() + " has no sm80-family dkdv traits");
+  return bwd_dkdv_traits(head_dim, block_m, block_n, k->warps, stages, k->d_split, !deterministic);
 }
 
 BwdDqTraits BwdConfig::dq_traits() const {
@@ -88,25 +92,22 @@ BwdDqTraits BwdConfig::dq_traits() const {
 }
 
 BwdSm90Traits BwdConfig::sm90_traits() const {
+  if (sm90() == nullptr) fail(Status::kInternal, "config " + name() + " has no sm90-family traits");
   return bwd_sm90_traits(head_dim, block_m, block_n, stages, !deterministic);
 }
 
-int BwdConfig::dkdv_threads() const {
-  return family == KernelFamily::kSm90 ? sm90_traits().threads : dkdv_traits().threads;
-}
+int BwdConfig::dkdv_threads() const { return sm90() ? sm90_traits().threads : dkdv_traits().threads; }
 
-int BwdConfig::pad_rows() const { return family == KernelFamily::kSm90 ? kBwdSm90PadRows : 1; }
+int BwdConfig::pad_rows() const { return sm90() ? kBwdSm90PadRows : 1; }
 
 int BwdConfig::smem_bytes(BwdKernel kernel) const {
-  if (kernel == BwdKernel::kDkdv) {
-    return family == KernelFamily::kSm90 ? sm90_traits().smem_bytes : dkdv_traits().smem_bytes;
-  }
+  if (kernel == BwdKernel::kDkdv) return sm90() ? sm90_traits().smem_bytes : dkdv_traits().smem_bytes;
   if (kernel == BwdKernel::kDq) return dq_traits().smem_bytes;
   return 0;
 }
 
 std::optional<std::string> BwdConfig::invalid_reason(int arch) const {
-  if (family == KernelFamily::kSm90) {
+  if (sm90()) {
     if (arch != 90) return "the sm90 kernel family needs sm_90 (wgmma, TMA and setmaxnreg are sm_90a instructions)";
     const BwdSm90Traits t = sm90_traits();
     if (t.error != nullptr) return std::string(t.error);
@@ -132,7 +133,7 @@ std::optional<std::string> BwdConfig::invalid_reason(int arch) const {
 }
 
 void to_json(nlohmann::json& j, const BwdConfig& c) {
-  if (c.family == KernelFamily::kSm90) {
+  if (c.sm90()) {
     j = nlohmann::json{{"family", "bwd_sm90"},
                        {"dtype", dtype_name(c.dtype)},
                        {"head_dim", c.head_dim},
@@ -142,15 +143,16 @@ void to_json(nlohmann::json& j, const BwdConfig& c) {
                        {"stages", c.stages},
                        {"deterministic", c.deterministic}};
   } else {
+    const BwdSm80Knobs& k = std::get<BwdSm80Knobs>(c.knobs);
     j = nlohmann::json{{"family", "bwd_sm80"},
                        {"dtype", dtype_name(c.dtype)},
                        {"head_dim", c.head_dim},
                        {"mask", c.mask == MaskKind::kCausal ? "causal" : "none"},
                        {"block_m", c.block_m},
                        {"block_n", c.block_n},
-                       {"warps", c.warps},
+                       {"warps", k.warps},
                        {"stages", c.stages},
-                       {"d_split", c.d_split},
+                       {"d_split", k.d_split},
                        {"deterministic", c.deterministic}};
   }
   if (c.deterministic) {
@@ -164,10 +166,11 @@ void to_json(nlohmann::json& j, const BwdConfig& c) {
 void from_json(const nlohmann::json& j, BwdConfig& c) {
   FLASHGEN_REQUIRE(j.is_object(), "backward config JSON must be an object");
   BwdConfig config;
+  bool sm90 = false;
   if (j.contains("family")) {
     FLASHGEN_REQUIRE(j["family"] == "bwd_sm80" || j["family"] == "bwd_sm90",
                      "backward config JSON: unknown family " + j["family"].dump() + " (bwd_sm80 or bwd_sm90)");
-    if (j["family"] == "bwd_sm90") config.family = KernelFamily::kSm90;
+    sm90 = j["family"] == "bwd_sm90";
   }
   if (j.contains("dtype")) {
     FLASHGEN_REQUIRE(j["dtype"] == "fp16" || j["dtype"] == "bf16", "backward config JSON: dtype must be \"fp16\" or \"bf16\"");
@@ -186,9 +189,17 @@ void from_json(const nlohmann::json& j, BwdConfig& c) {
   get_int("head_dim", config.head_dim);
   get_int("block_m", config.block_m);
   get_int("block_n", config.block_n);
-  get_int("warps", config.warps);
   get_int("stages", config.stages);
-  get_int("d_split", config.d_split);
+  BwdSm80Knobs sm80_knobs;
+  get_int("warps", sm80_knobs.warps);
+  get_int("d_split", sm80_knobs.d_split);
+  // The sm80 family's knobs may be present at their defaults in an sm90 config, which has no room for others.
+  if (sm90) {
+    FLASHGEN_REQUIRE(sm80_knobs == BwdSm80Knobs{}, "backward config JSON: warps and d_split are sm80-family knobs");
+    config.knobs = BwdSm90Knobs{};
+  } else {
+    config.knobs = sm80_knobs;
+  }
   get_int("dq_block_m", config.dq_block_m);
   get_int("dq_block_n", config.dq_block_n);
   get_int("dq_warps", config.dq_warps);

@@ -1,12 +1,13 @@
 // BwdConfig: the compile-time choices of one generated backward module (dtype, head_dim, mask, the
-// dQ strategy and the tiles of each of its kernels), with validation, JSON round-trip and one
-// canonical name. Validity itself lives in templates/bwd_traits.cuh, shared with the kernels.
+// dQ strategy, the tiles of each of its kernels and the knobs of its family), with validation, JSON
+// round-trip and one canonical name. Validity itself lives in templates/bwd_traits.cuh, shared with the kernels.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include <optional>
 #include <string>
+#include <variant>
 
 #include "generator/kernel_config.hpp"
 #include "templates/bwd_traits.cuh"
@@ -18,28 +19,51 @@ enum class BwdKernel { kPreprocess, kDkdv, kDq, kConvert };
 
 const char* bwd_kernel_suffix(BwdKernel kernel);  // "preprocess", "dkdv", "dq", "convert"
 
+// The sm80 backward family's own knobs (templates/bwd_sm80.cuh: mma.sync; both dQ strategies).
+struct BwdSm80Knobs {
+  int warps = 4;    // dkdv kernel: block_n = 16 * key tiles per warp * warps
+  int d_split = 1;  // head_dim slices of dK/dV (and dQ) accumulated by separate blocks
+
+  bool operator==(const BwdSm80Knobs& o) const { return warps == o.warps && d_split == o.d_split; }
+  bool operator!=(const BwdSm80Knobs& o) const { return !(*this == o); }
+};
+
+// The sm90 backward family (templates/bwd_sm90.cuh: wgmma and TMA, sm_90a) has no knobs of its own: its
+// dkdv kernel has block_n / 64 consumer warpgroups and a producer, and keeps the whole head_dim.
+struct BwdSm90Knobs {
+  bool operator==(const BwdSm90Knobs&) const { return true; }
+  bool operator!=(const BwdSm90Knobs&) const { return false; }
+};
+
+// The fields both families share, then the knobs of one of them.
 struct BwdConfig {
-  // kSm80: templates/bwd_sm80.cuh (mma.sync; both dQ strategies). kSm90: templates/bwd_sm90.cuh (wgmma
-  // and TMA, sm_90a; atomic dQ only): its dkdv kernel has block_n / 64 consumer warpgroups and a
-  // producer, so warps, d_split and the dq fields do not apply.
-  KernelFamily family = KernelFamily::kSm80;
   DType dtype = DType::kFloat16;
   int head_dim = 128;
   MaskKind mask = MaskKind::kNone;
-  // dkdv kernel: block_n keys per block (16 * key tiles per warp * warps), block_m queries per step.
+  // dkdv kernel: block_n keys per block, block_m queries per step.
   int block_m = 64;
   int block_n = 64;
-  int warps = 4;
   int stages = 2;
-  int d_split = 1;  // head_dim slices of dK/dV (and dQ) accumulated by separate blocks
   // false: dQ added into an fp32 accumulator with atomics by the dkdv kernel, then converted.
-  // true: a separate dq kernel owns each dQ element; repeated runs give identical bits.
+  // true: a separate dq kernel (the sm80 family's, for both families) owns each dQ element; repeated
+  // runs give identical bits.
   bool deterministic = false;
   // dq kernel (deterministic only; not part of the name otherwise).
   int dq_block_m = 64;
   int dq_block_n = 32;
   int dq_warps = 4;
   int dq_stages = 2;
+  // The dkdv kernel's knobs of one family, and so the family.
+  std::variant<BwdSm80Knobs, BwdSm90Knobs> knobs;
+
+  KernelFamily family() const {
+    return std::holds_alternative<BwdSm90Knobs>(knobs) ? KernelFamily::kSm90 : KernelFamily::kSm80;
+  }
+  // The family's knobs, or nullptr when the config is of the other family.
+  const BwdSm80Knobs* sm80() const { return std::get_if<BwdSm80Knobs>(&knobs); }
+  BwdSm80Knobs* sm80() { return std::get_if<BwdSm80Knobs>(&knobs); }
+  const BwdSm90Knobs* sm90() const { return std::get_if<BwdSm90Knobs>(&knobs); }
+  BwdSm90Knobs* sm90() { return std::get_if<BwdSm90Knobs>(&knobs); }
 
   // e.g. bwd_sm80_bf16_d128_m64_n64_w4_s2_x1_causal, or ..._det_qm64_qn32_qw4_qs2 when deterministic;
   // bwd_sm90_fp16_d128_m64_n128_s2[_causal].
@@ -49,6 +73,8 @@ struct BwdConfig {
   // Symbol of one kernel of the module: name() + "_" + bwd_kernel_suffix(kernel).
   std::string symbol(BwdKernel kernel) const;
 
+  // The sm80 family's dkdv sizes, the dq kernel's, and the sm90 family's dkdv sizes; a family's own
+  // throw Error(kInternal) for a config of the other family.
   BwdDkdvTraits dkdv_traits() const;
   BwdDqTraits dq_traits() const;
   BwdSm90Traits sm90_traits() const;

@@ -18,24 +18,25 @@ static const char* mask_name(MaskKind mask) { return mask == MaskKind::kCausal ?
 std::string KernelConfig::name() const {
   // Built on every launch (it keys the loaded kernels): appends, no stream.
   using std::to_string;
-  if (family == KernelFamily::kSm90) {
+  if (const Sm90Knobs* k = sm90()) {
     std::string name = std::string("fwd_sm90_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_m" +
                        to_string(block_m) + "_n" + to_string(block_n) + "_s" + to_string(stages);
     if (mask == MaskKind::kCausal) name += "_causal";
-    if (overlap) name += "_ovl";
-    if (pingpong) name += "_pp";
-    if (persistent) name += "_pst";
-    if (p_smem) name += "_psm";
-    if (cluster != 1) name += "_c" + to_string(cluster);
-    if (groups != 1) name += "_g" + to_string(groups);
-    if (tensor_sum) name += "_tsum";
+    if (k->overlap) name += "_ovl";
+    if (k->pingpong) name += "_pp";
+    if (k->persistent) name += "_pst";
+    if (k->p_smem) name += "_psm";
+    if (k->cluster != 1) name += "_c" + to_string(k->cluster);
+    if (k->groups != 1) name += "_g" + to_string(k->groups);
+    if (k->tensor_sum) name += "_tsum";
     return name;
   }
+  const Sm80Knobs& k = std::get<Sm80Knobs>(knobs);
   std::string name = std::string("fwd_sm80_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_m" +
-                     to_string(block_m) + "_n" + to_string(block_n) + "_w" + to_string(warps) + "_s" +
+                     to_string(block_m) + "_n" + to_string(block_n) + "_w" + to_string(k.warps) + "_s" +
                      to_string(stages);
   if (mask == MaskKind::kCausal) name += "_causal";
-  if (q_in_regs) name += "_qreg";
+  if (k.q_in_regs) name += "_qreg";
   return name;
 }
 
@@ -67,33 +68,35 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
                        "': expected fwd_sm80_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_w<warps>_s<stages>"
                        "[_causal][_qreg] or fwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_ovl][_pp][_pst][_psm][_c2][_g2][_tsum]");
   KernelConfig config;
-  if (sm90) config.family = KernelFamily::kSm90;
+  if (sm90) config.knobs = Sm90Knobs{};
+  Sm80Knobs* k80 = config.sm80();  // exactly one of the two is set
+  Sm90Knobs* k90 = config.sm90();
   config.dtype = parse_dtype_field(fields[2], name);
   config.head_dim = parse_name_field(fields[3], "d", name);
   config.block_m = parse_name_field(fields[4], "m", name);
   config.block_n = parse_name_field(fields[5], "n", name);
   size_t next = 6;
-  if (!sm90) config.warps = parse_name_field(fields[next++], "w", name);
+  if (k80) k80->warps = parse_name_field(fields[next++], "w", name);
   config.stages = parse_name_field(fields[next++], "s", name);
   for (size_t i = next; i < fields.size(); ++i) {
     if (fields[i] == "causal" && config.mask == MaskKind::kNone) {
       config.mask = MaskKind::kCausal;
-    } else if (fields[i] == "qreg" && !sm90 && !config.q_in_regs) {
-      config.q_in_regs = true;
-    } else if (fields[i] == "ovl" && sm90 && !config.overlap) {
-      config.overlap = true;
-    } else if (fields[i] == "pp" && sm90 && !config.pingpong) {
-      config.pingpong = true;
-    } else if (fields[i] == "pst" && sm90 && !config.persistent) {
-      config.persistent = true;
-    } else if (fields[i] == "psm" && sm90 && !config.p_smem) {
-      config.p_smem = true;
-    } else if (fields[i].size() > 1 && fields[i][0] == 'c' && sm90 && config.cluster == 1) {
-      config.cluster = parse_name_field(fields[i], "c", name);
-    } else if (fields[i].size() > 1 && fields[i][0] == 'g' && sm90 && config.groups == 1) {
-      config.groups = parse_name_field(fields[i], "g", name);
-    } else if (fields[i] == "tsum" && sm90 && !config.tensor_sum) {
-      config.tensor_sum = true;
+    } else if (fields[i] == "qreg" && k80 && !k80->q_in_regs) {
+      k80->q_in_regs = true;
+    } else if (fields[i] == "ovl" && k90 && !k90->overlap) {
+      k90->overlap = true;
+    } else if (fields[i] == "pp" && k90 && !k90->pingpong) {
+      k90->pingpong = true;
+    } else if (fields[i] == "pst" && k90 && !k90->persistent) {
+      k90->persistent = true;
+    } else if (fields[i] == "psm" && k90 && !k90->p_smem) {
+      k90->p_smem = true;
+    } else if (fields[i].size() > 1 && fields[i][0] == 'c' && k90 && k90->cluster == 1) {
+      k90->cluster = parse_name_field(fields[i], "c", name);
+    } else if (fields[i].size() > 1 && fields[i][0] == 'g' && k90 && k90->groups == 1) {
+      k90->groups = parse_name_field(fields[i], "g", name);
+    } else if (fields[i] == "tsum" && k90 && !k90->tensor_sum) {
+      k90->tensor_sum = true;
     } else {
       fail(Status::kInvalidArgument, "config name '" + name + "': unknown suffix '" + fields[i] + "'");
     }
@@ -105,32 +108,27 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
 }
 
 FwdTraits KernelConfig::traits() const {
-  return fwd_traits(head_dim, block_m, block_n, warps, stages, q_in_regs);
+  const Sm80Knobs* k = sm80();
+  if (k == nullptr) fail(Status::kInternal, "config " + name() + " has no sm80-family traits");
+  return fwd_traits(head_dim, block_m, block_n, k->warps, stages, k->q_in_regs);
 }
 
 FwdSm90Traits KernelConfig::sm90_traits() const {
-  return fwd_sm90_traits(head_dim, block_m, block_n, stages, pingpong, persistent, p_smem, cluster, mask, groups,
-                         tensor_sum, dtype);
+  const Sm90Knobs* k = sm90();
+  if (k == nullptr) fail(Status::kInternal, "config " + name() + " has no sm90-family traits");
+  return fwd_sm90_traits(head_dim, block_m, block_n, stages, k->pingpong, k->persistent, k->p_smem, k->cluster, mask,
+                         k->groups, k->tensor_sum, dtype);
 }
 
-int KernelConfig::threads() const {
-  return family == KernelFamily::kSm90 ? sm90_traits().threads : traits().threads;
-}
+int KernelConfig::threads() const { return sm90() ? sm90_traits().threads : traits().threads; }
 
-int KernelConfig::smem_bytes() const {
-  return family == KernelFamily::kSm90 ? sm90_traits().smem_bytes : traits().smem_bytes;
-}
+int KernelConfig::smem_bytes() const { return sm90() ? sm90_traits().smem_bytes : traits().smem_bytes; }
 
-const char* KernelConfig::shape_error() const {
-  return family == KernelFamily::kSm90 ? sm90_traits().error : traits().error;
-}
+const char* KernelConfig::shape_error() const { return sm90() ? sm90_traits().error : traits().error; }
 
 std::optional<std::string> KernelConfig::invalid_reason(int arch) const {
-  if (family == KernelFamily::kSm90) {
+  if (sm90()) {
     if (arch != 90) return "the sm90 kernel family needs sm_90a (wgmma, TMA, setmaxnreg)";
-    if (q_in_regs) return "q_in_regs is an sm80-family knob";
-  } else if (overlap || pingpong || persistent || p_smem || cluster != 1 || groups != 1 || tensor_sum) {
-    return "overlap, pingpong, persistent, p_smem, cluster, groups and tensor_sum are sm90-family knobs";
   } else if (arch < 80) {
     return "the sm80 kernel family needs sm_80 or newer (mma.sync m16n8k16 bf16, cp.async)";
   }
@@ -143,28 +141,24 @@ std::optional<std::string> KernelConfig::invalid_reason(int arch) const {
 }
 
 bool KernelConfig::operator==(const KernelConfig& o) const {
-  // Each family compares its own knobs: configs that share a name are equal.
-  const bool sm80 = family == KernelFamily::kSm80;
-  return family == o.family && dtype == o.dtype && head_dim == o.head_dim && mask == o.mask &&
-         block_m == o.block_m && block_n == o.block_n && stages == o.stages &&
-         (sm80 ? warps == o.warps && q_in_regs == o.q_in_regs
-              : overlap == o.overlap && pingpong == o.pingpong && persistent == o.persistent &&
-                    p_smem == o.p_smem && cluster == o.cluster && groups == o.groups &&
-                    tensor_sum == o.tensor_sum);
+  // Configs that share a name are equal: the same family, and the same knobs of it.
+  return dtype == o.dtype && head_dim == o.head_dim && mask == o.mask && block_m == o.block_m &&
+         block_n == o.block_n && stages == o.stages && knobs == o.knobs;
 }
 
 void to_json(nlohmann::json& j, const KernelConfig& c) {
-  if (c.family == KernelFamily::kSm90) {
+  if (const Sm90Knobs* k = c.sm90()) {
     j = nlohmann::json{{"family", "fwd_sm90"},       {"dtype", dtype_name(c.dtype)}, {"head_dim", c.head_dim},
                        {"mask", mask_name(c.mask)}, {"block_m", c.block_m},      {"block_n", c.block_n},
-                       {"stages", c.stages},          {"overlap", c.overlap},      {"pingpong", c.pingpong},
-                       {"persistent", c.persistent}, {"p_smem", c.p_smem},      {"cluster", c.cluster},
-                       {"groups", c.groups},          {"tensor_sum", c.tensor_sum}};
+                       {"stages", c.stages},          {"overlap", k->overlap},     {"pingpong", k->pingpong},
+                       {"persistent", k->persistent}, {"p_smem", k->p_smem},     {"cluster", k->cluster},
+                       {"groups", k->groups},         {"tensor_sum", k->tensor_sum}};
     return;
   }
+  const Sm80Knobs& k = std::get<Sm80Knobs>(c.knobs);
   j = nlohmann::json{{"family", "fwd_sm80"},    {"dtype", dtype_name(c.dtype)}, {"head_dim", c.head_dim},
                      {"mask", mask_name(c.mask)}, {"block_m", c.block_m},      {"block_n", c.block_n},
-                     {"warps", c.warps},          {"stages", c.stages},        {"q_in_regs", c.q_in_regs}};
+                     {"warps", k.warps},          {"stages", c.stages},        {"q_in_regs", k.q_in_regs}};
 }
 
 bool is_int_field(const nlohmann::json& value) {
@@ -195,10 +189,11 @@ void from_json(const nlohmann::json& j, KernelConfig& c) {
     out = j[key].get<bool>();
   };
   KernelConfig config;
+  bool sm90 = false;  // older JSON, from before the sm90 family, has no "family"
   if (j.contains("family")) {
     FLASHGEN_REQUIRE(j["family"] == "fwd_sm80" || j["family"] == "fwd_sm90",
                      "kernel config JSON: unknown family " + j["family"].dump());
-    if (j["family"] == "fwd_sm90") config.family = KernelFamily::kSm90;
+    sm90 = j["family"] == "fwd_sm90";
   }
   if (j.contains("dtype")) {
     const auto& d = j["dtype"];
@@ -213,16 +208,28 @@ void from_json(const nlohmann::json& j, KernelConfig& c) {
   get_int("head_dim", config.head_dim);
   get_int("block_m", config.block_m);
   get_int("block_n", config.block_n);
-  get_int("warps", config.warps);
   get_int("stages", config.stages);
-  get_int("cluster", config.cluster);
-  get_int("groups", config.groups);
-  get_bool("tensor_sum", config.tensor_sum);
-  get_bool("overlap", config.overlap);
-  get_bool("pingpong", config.pingpong);
-  get_bool("persistent", config.persistent);
-  get_bool("p_smem", config.p_smem);
-  get_bool("q_in_regs", config.q_in_regs);
+  Sm80Knobs sm80_knobs;
+  get_int("warps", sm80_knobs.warps);
+  get_bool("q_in_regs", sm80_knobs.q_in_regs);
+  Sm90Knobs sm90_knobs;
+  get_int("cluster", sm90_knobs.cluster);
+  get_int("groups", sm90_knobs.groups);
+  get_bool("tensor_sum", sm90_knobs.tensor_sum);
+  get_bool("overlap", sm90_knobs.overlap);
+  get_bool("pingpong", sm90_knobs.pingpong);
+  get_bool("persistent", sm90_knobs.persistent);
+  get_bool("p_smem", sm90_knobs.p_smem);
+  // The other family's knobs may be present at their defaults (off); a config has no room for others.
+  if (sm90) {
+    FLASHGEN_REQUIRE(sm80_knobs == Sm80Knobs{}, "kernel config JSON: warps and q_in_regs are sm80-family knobs");
+    config.knobs = sm90_knobs;
+  } else {
+    FLASHGEN_REQUIRE(sm90_knobs == Sm90Knobs{},
+                     "kernel config JSON: overlap, pingpong, persistent, p_smem, cluster, groups and tensor_sum are "
+                     "sm90-family knobs");
+    config.knobs = sm80_knobs;
+  }
   c = config;
 }
 

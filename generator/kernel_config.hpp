@@ -1,11 +1,12 @@
-// KernelConfig: the compile-time choices of one generated forward kernel (family, dtype, head_dim, mask,
-// tile sizes, warps, stages, ...), with validation, JSON round-trip and one canonical name.
+// KernelConfig: the compile-time choices of one generated forward kernel (dtype, head_dim, mask, tile
+// sizes, stages, and the knobs of its family), with validation, JSON round-trip and one canonical name.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include <optional>
 #include <string>
+#include <variant>
 
 #include "problem/attention_problem.hpp"
 #include "templates/fwd_traits.cuh"
@@ -16,23 +17,52 @@ namespace flashgen {
 // templates/fwd_sm90.cuh (wgmma, TMA, warp-specialized; sm_90a only).
 enum class KernelFamily { kSm80 = 0, kSm90 = 1 };
 
+// The sm80 family's own knobs (templates/fwd_sm80.cuh).
+struct Sm80Knobs {
+  int warps = 4;           // each owns block_m / warps query rows, whole 16-row mma tiles
+  bool q_in_regs = false;  // keep Q's mma fragments in registers instead of re-reading shared memory
+
+  bool operator==(const Sm80Knobs& o) const { return warps == o.warps && q_in_regs == o.q_in_regs; }
+  bool operator!=(const Sm80Knobs& o) const { return !(*this == o); }
+};
+
+// The sm90 family's own knobs (templates/fwd_sm90.cuh). Its warps follow from block_m: block_m / 64
+// consumer warpgroups (per group) and one producer. The defaults are the plain kernel, all knobs off.
+struct Sm90Knobs {
+  bool overlap = false;     // softmax of block j runs while the tensor cores compute P V of block j - 1
+  bool pingpong = false;    // two consumers: they take turns at issuing their products
+  bool persistent = false;  // one block per SM walks the tiles (grid = min(tiles, SMs)), or its groups
+  bool p_smem = false;      // P V reads P from shared memory instead of registers
+  int cluster = 1;          // 2: two blocks of a cluster share each K/V tile by TMA multicast
+  int groups = 1;           // 2: two groups of consumers in one persistent block, each on tiles of its own
+  bool tensor_sum = false;  // the rows' sums of P from the tensor cores (P times ones) instead of adds
+
+  bool operator==(const Sm90Knobs& o) const {
+    return overlap == o.overlap && pingpong == o.pingpong && persistent == o.persistent && p_smem == o.p_smem &&
+           cluster == o.cluster && groups == o.groups && tensor_sum == o.tensor_sum;
+  }
+  bool operator!=(const Sm90Knobs& o) const { return !(*this == o); }
+};
+
+// The fields both families share, then the knobs of one of them.
 struct KernelConfig {
   DType dtype = DType::kFloat16;
   int head_dim = 128;
   MaskKind mask = MaskKind::kNone;
   int block_m = 128;
   int block_n = 32;
-  int warps = 4;            // sm80 only: the sm90 family has block_m / 64 consumer warpgroups + 1 producer
   int stages = 3;
-  bool q_in_regs = false;  // sm80 only: keep Q's mma fragments in registers instead of re-reading shared memory
-  KernelFamily family = KernelFamily::kSm80;  // last, so aggregate initialisers of the sm80 fields still read
-  bool overlap = false;   // sm90 only: softmax of block j runs while the tensor cores compute P V of block j - 1
-  bool pingpong = false;  // sm90 only, two consumers: they take turns at issuing their products
-  bool persistent = false;  // sm90 only: one block per SM walks the tiles (grid = min(tiles, SMs)), or its groups
-  bool p_smem = false;      // sm90 only: P V reads P from shared memory instead of registers
-  int cluster = 1;          // sm90 only: 2 blocks of a cluster share each K/V tile by TMA multicast
-  int groups = 1;           // sm90 only: 2 groups of consumers in one persistent block, each on tiles of its own
-  bool tensor_sum = false;  // sm90 only: the rows' sums of P from the tensor cores (P times ones) instead of adds
+  // The knobs of one family, and so the family: a config cannot hold the other family's knobs.
+  std::variant<Sm80Knobs, Sm90Knobs> knobs;
+
+  KernelFamily family() const {
+    return std::holds_alternative<Sm90Knobs>(knobs) ? KernelFamily::kSm90 : KernelFamily::kSm80;
+  }
+  // The family's knobs, or nullptr when the config is of the other family.
+  const Sm80Knobs* sm80() const { return std::get_if<Sm80Knobs>(&knobs); }
+  Sm80Knobs* sm80() { return std::get_if<Sm80Knobs>(&knobs); }
+  const Sm90Knobs* sm90() const { return std::get_if<Sm90Knobs>(&knobs); }
+  Sm90Knobs* sm90() { return std::get_if<Sm90Knobs>(&knobs); }
 
   // Canonical name, e.g. fwd_sm80_bf16_d128_m128_n32_w4_s3_causal (suffix _qreg when q_in_regs) or
   // fwd_sm90_fp16_d128_m128_n128_s2_causal (suffixes _ovl, _pp, _pst, _psm, _c2, _g2, _tsum for overlap,
@@ -42,8 +72,9 @@ struct KernelConfig {
   // Inverse of name(); throws Error(kInvalidArgument) naming what it could not read.
   static KernelConfig from_name(const std::string& name);
 
-  FwdTraits traits() const;          // the sm80 family's sizes
-  FwdSm90Traits sm90_traits() const; // the sm90 family's sizes
+  // The family's sizes; each throws Error(kInternal) for a config of the other family.
+  FwdTraits traits() const;
+  FwdSm90Traits sm90_traits() const;
   // The family's block size, dynamic shared memory, and shape error (nullptr when valid somewhere).
   int threads() const;
   int smem_bytes() const;

@@ -139,6 +139,18 @@ int max_active_clusters(const PreparedForward& prepared, const DeviceTraits& dev
   return clusters;
 }
 
+// Blocks per cluster, and whether the kernel walks a persistent tile list: sm90-family knobs; an sm80
+// kernel has one block per query block and no clusters.
+int cluster_size(const KernelConfig& config) {
+  const Sm90Knobs* k = config.sm90();
+  return k != nullptr ? k->cluster : 1;
+}
+
+bool is_persistent(const KernelConfig& config) {
+  const Sm90Knobs* k = config.sm90();
+  return k != nullptr && k->persistent;
+}
+
 // Query blocks of the call under config, and the tiles (cluster-wide query blocks of every head and
 // batch) a persistent kernel walks.
 int64_t query_blocks(const ForwardCall& call, const KernelConfig& config) {
@@ -147,7 +159,8 @@ int64_t query_blocks(const ForwardCall& call, const KernelConfig& config) {
 
 int64_t persistent_tiles(const ForwardCall& call, const KernelConfig& config) {
   const AttnFwdParams& p = call.params;
-  return (query_blocks(call, config) + config.cluster - 1) / config.cluster * p.heads_q * p.batch;
+  const int cluster = cluster_size(config);
+  return (query_blocks(call, config) + cluster - 1) / cluster * p.heads_q * p.batch;
 }
 
 void check_device_pointers(const AttnFwdParams& p, int device) {
@@ -161,12 +174,12 @@ void check_device_pointers(const AttnFwdParams& p, int device) {
 }  // namespace
 
 Implementability can_implement(const ForwardCall& call, const KernelConfig& config, const DeviceTraits& device) {
-  if (config.family == KernelFamily::kSm90) {
+  if (config.family() == KernelFamily::kSm90) {
     if (auto why = ForwardTmaTensors(call, config).unsupported_reason()) return {Shortfall::kTmaLayout, *why};
   }
   // The kernel walks the tile list with int indices, up to a walker count past its end.
   const int64_t tiles = persistent_tiles(call, config);
-  if (config.persistent && tiles > INT32_MAX - 2 * int64_t(device.multiprocessors)) {
+  if (is_persistent(config) && tiles > INT32_MAX - 2 * int64_t(device.multiprocessors)) {
     return {Shortfall::kTileCount, std::to_string(tiles) + " tiles are more than a persistent kernel indexes"};
   }
   return {};
@@ -190,7 +203,7 @@ PreparedForward prepare_forward(const ForwardCall& call, CUstream stream, const 
   prepared.config = config;
   prepared.arch = arch;
   prepared.params = p;
-  if (config.family == KernelFamily::kSm90) {
+  if (config.family() == KernelFamily::kSm90) {
     prepared.uses_tma = true;
     prepared.sm90_params.base = p;
     ForwardTmaTensors(call, config).encode(prepared.sm90_params);
@@ -200,9 +213,9 @@ PreparedForward prepare_forward(const ForwardCall& call, CUstream stream, const 
   prepared.smem_bytes = static_cast<unsigned>(config.smem_bytes());
   // A cluster of two takes pairs of query blocks: the grid's x is a multiple of 2, its last block
   // possibly past the end.
-  const int cluster = config.cluster;
+  const int cluster = cluster_size(config);
   const int64_t m_blocks = query_blocks(call, config);
-  if (config.persistent) {  // one block per SM (one cluster per SM pair) walks the tiles
+  if (is_persistent(config)) {  // one block per SM (one cluster per SM pair) walks the tiles
     const int64_t resident = cluster > 1 ? max_active_clusters(prepared, device) : device.multiprocessors;
     prepared.grid[0] = static_cast<unsigned>(std::min<int64_t>(persistent_tiles(call, config), resident) * cluster);
   } else {
@@ -212,10 +225,10 @@ PreparedForward prepare_forward(const ForwardCall& call, CUstream stream, const 
   }
   // Only the persistent causal kernels walk a sectioned tile list; the others never read l2_section.
   // Walkers of a persistent kernel's tile list: its blocks, or their groups of consumers.
-  prepared.uses_tile_counter = prepared.uses_tma && config.persistent && call.problem.mask_kind() == MaskKind::kCausal;
+  prepared.uses_tile_counter = is_persistent(config) && call.problem.mask_kind() == MaskKind::kCausal;
   if (prepared.uses_tile_counter) {
     prepared.sm90_params.l2_section =
-        l2_section(p, call.problem.head_dim(), m_blocks, int64_t(prepared.grid[0]) * config.groups, device);
+        l2_section(p, call.problem.head_dim(), m_blocks, int64_t(prepared.grid[0]) * config.sm90()->groups, device);
   }
   return prepared;
 }

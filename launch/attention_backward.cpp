@@ -143,7 +143,7 @@ BackwardCall make_backward_call(const flashgen_tensor* q, const flashgen_tensor*
 size_t backward_workspace_bytes(const BackwardCall& call, const BwdConfig& config) {
   const AttnBwdParams& p = call.params;
   size_t bytes = row_array_bytes(p, config);                                       // D
-  if (config.family == KernelFamily::kSm90) bytes += row_array_bytes(p, config);  // LSE in base 2
+  if (config.family() == KernelFamily::kSm90) bytes += row_array_bytes(p, config);  // LSE in base 2
   if (!config.deterministic) {
     bytes += align_up(sizeof(float) * size_t(p.batch) * size_t(p.heads_q) * workspace_rows(p, config) *
                       size_t(call.problem.head_dim()));
@@ -152,7 +152,7 @@ size_t backward_workspace_bytes(const BackwardCall& call, const BwdConfig& confi
 }
 
 Implementability can_implement(const BackwardCall& call, const BwdConfig& config, const DeviceTraits&) {
-  if (config.family == KernelFamily::kSm90) {
+  if (config.family() == KernelFamily::kSm90) {
     if (auto why = BackwardTmaTensors(call, config).unsupported_reason()) return {Shortfall::kTmaLayout, *why};
   }
   return {};
@@ -182,7 +182,7 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
   PreparedBackward prepared;
   prepared.config = c;
   prepared.arch = arch;
-  if (c.family == KernelFamily::kSm90) {
+  if (c.family() == KernelFamily::kSm90) {
     prepared.uses_tma = true;
     BackwardTmaTensors(call, c).encode(prepared.sm90_params);
   }
@@ -197,7 +197,9 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
   prepared.preprocess_grid[2] = static_cast<unsigned>(p.batch);
   prepared.dkdv_grid[0] = ceil_div(p.seqlen_k, c.block_n);
   prepared.dkdv_grid[1] = static_cast<unsigned>(p.heads_kv);
-  prepared.dkdv_grid[2] = static_cast<unsigned>(c.family == KernelFamily::kSm90 ? p.batch : p.batch * c.d_split);
+  // The sm80 family's head_dim slices take blocks of their own; the sm90 family keeps the whole head_dim.
+  const BwdSm80Knobs* sm80 = c.sm80();
+  prepared.dkdv_grid[2] = static_cast<unsigned>(sm80 ? p.batch * sm80->d_split : p.batch);
   prepared.dkdv_threads = static_cast<unsigned>(c.dkdv_threads());
   prepared.dkdv_smem = static_cast<unsigned>(c.smem_bytes(BwdKernel::kDkdv));
   if (c.deterministic) {
@@ -238,7 +240,7 @@ void PreparedBackward::bind_workspace(CUdeviceptr workspace) {
   params.dsum = reinterpret_cast<float*>(workspace);
   CUdeviceptr next = workspace + row_bytes;
   params.lse_log2 = nullptr;
-  if (config.family == KernelFamily::kSm90) {
+  if (config.family() == KernelFamily::kSm90) {
     params.lse_log2 = reinterpret_cast<float*>(next);
     next += row_bytes;
   }

@@ -21,7 +21,7 @@ namespace {
 template <class Config>
 void keep_sm80_family(std::vector<Config>& configs) {
   configs.erase(std::remove_if(configs.begin(), configs.end(),
-                               [](const Config& c) { return c.family != KernelFamily::kSm80; }),
+                               [](const Config& c) { return c.family() != KernelFamily::kSm80; }),
                 configs.end());
 }
 

@@ -34,9 +34,8 @@ KernelConfig with_tile(DType dtype, int head_dim, MaskKind mask, const Tile& til
   c.mask = mask;
   c.block_m = tile.block_m;
   c.block_n = tile.block_n;
-  c.warps = tile.warps;
   c.stages = tile.stages;
-  c.q_in_regs = tile.q_in_regs;
+  c.knobs = Sm80Knobs{tile.warps, tile.q_in_regs};
   return c;
 }
 
@@ -78,15 +77,15 @@ std::vector<KernelConfig> heuristic_forward_configs(DType dtype, int head_dim, M
   if (arch == 90) {
     for (const Sm90Tile& tile : sm90_preferences(head_dim, mask)) {
       KernelConfig c;
-      c.family = KernelFamily::kSm90;
       c.dtype = dtype, c.head_dim = head_dim, c.mask = mask;
       c.block_m = tile.block_m, c.block_n = tile.block_n, c.stages = tile.stages;
-      c.overlap = tile.overlap, c.pingpong = tile.pingpong, c.groups = tile.groups;
-      c.tensor_sum = head_dim == 64 && dtype == DType::kFloat16;
+      Sm90Knobs& k = c.knobs.emplace<Sm90Knobs>();
+      k.overlap = tile.overlap, k.pingpong = tile.pingpong, k.groups = tile.groups;
+      k.tensor_sum = head_dim == 64 && dtype == DType::kFloat16;
       // Persistent blocks win without a mask (+3-15%, most at 1k tokens and d128 16k), and under a causal
       // mask since its tiles are claimed longest first from L2-sized sections (d128 +3-12% at 1k-16k,
       // d256 +0-6% at 1k-4k; bench/notes_fwd_sm90.md, v5-v6 and v14).
-      c.persistent = true;
+      k.persistent = true;
       if (!c.invalid_reason(arch)) configs.push_back(c);
     }
   }
@@ -121,7 +120,7 @@ std::vector<KernelConfig> default_forward_candidates(int arch) {
         // The first choice of each family: on sm_90 the sm80 one is the fallback for what TMA cannot take.
         bool sm80_added = false, sm90_added = false;
         for (const KernelConfig& c : heuristic_forward_configs(dtype, d, mask, arch)) {
-          bool& added = c.family == KernelFamily::kSm90 ? sm90_added : sm80_added;
+          bool& added = c.family() == KernelFamily::kSm90 ? sm90_added : sm80_added;
           if (!added) add(c);
           added = true;
         }
@@ -130,9 +129,7 @@ std::vector<KernelConfig> default_forward_candidates(int arch) {
   const Tile variants[] = {{128, 64, 8, 2}, {128, 128, 8, 2}, {64, 64, 4, 3}, {128, 32, 4, 2}, {128, 32, 4, 4}};
   for (int d : {64, 128}) {
     for (const Tile& tile : variants) add(with_tile(DType::kFloat16, d, MaskKind::kNone, tile));
-    KernelConfig qreg = with_tile(DType::kFloat16, d, MaskKind::kNone, {128, 64, 8, 2});
-    qreg.q_in_regs = true;
-    add(qreg);
+    add(with_tile(DType::kFloat16, d, MaskKind::kNone, {128, 64, 8, 2, /*q_in_regs=*/true}));
   }
   return out;
 }
@@ -182,7 +179,7 @@ std::vector<BwdConfig> heuristic_backward_configs(DType dtype, int head_dim, Mas
   if (arch == 90) {
     const BwdTile dq = backward_preferences(head_dim, deterministic).front();
     BwdConfig c;
-    c.family = KernelFamily::kSm90;
+    c.knobs = BwdSm90Knobs{};
     c.dtype = dtype;
     c.head_dim = head_dim;
     c.mask = mask;
@@ -200,8 +197,8 @@ std::vector<BwdConfig> heuristic_backward_configs(DType dtype, int head_dim, Mas
     c.head_dim = head_dim;
     c.mask = mask;
     c.deterministic = deterministic;
-    c.block_m = tile.block_m, c.block_n = tile.block_n, c.warps = tile.warps, c.stages = tile.stages;
-    c.d_split = tile.d_split;
+    c.block_m = tile.block_m, c.block_n = tile.block_n, c.stages = tile.stages;
+    c.knobs = BwdSm80Knobs{tile.warps, tile.d_split};
     c.dq_block_m = tile.dq_block_m, c.dq_block_n = tile.dq_block_n, c.dq_warps = tile.dq_warps;
     c.dq_stages = tile.dq_stages;
     if (auto why = c.invalid_reason(arch)) {

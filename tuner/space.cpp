@@ -13,8 +13,8 @@ SpaceReport forward_space(DType dtype, int head_dim, MaskKind mask, int arch, co
   c.dtype = dtype;
   c.head_dim = head_dim;
   c.mask = mask;
-  // Fixed nesting (block_m outermost, q_in_regs innermost) so the valid list, and every sweep that walks
-  // it, comes out in the same order on every run.
+  // Each family's own product, in a fixed nesting (block_m outermost, its last knob innermost) so the
+  // valid list, and every sweep that walks it, comes out in the same order on every run.
   for (int block_m : knobs.block_m)
     for (int block_n : knobs.block_n)
       for (int warps : knobs.warps)
@@ -22,16 +22,12 @@ SpaceReport forward_space(DType dtype, int head_dim, MaskKind mask, int arch, co
           for (bool q_in_regs : knobs.q_in_regs) {
             c.block_m = block_m;
             c.block_n = block_n;
-            c.warps = warps;
             c.stages = stages;
-            c.q_in_regs = q_in_regs;
+            c.knobs = Sm80Knobs{warps, q_in_regs};
             report.add(c, arch);
           }
   if (arch == 90) {
-    KernelConfig h = c;
-    h.family = KernelFamily::kSm90;
-    h.warps = KernelConfig{}.warps;
-    h.q_in_regs = false;
+    Sm90Knobs sm90;
     for (int block_m : knobs.sm90_block_m)
       for (int block_n : knobs.sm90_block_n)
         for (int stages : knobs.sm90_stages)
@@ -42,17 +38,18 @@ SpaceReport forward_space(DType dtype, int head_dim, MaskKind mask, int arch, co
                   for (int cluster : knobs.sm90_cluster)
                     for (int groups : knobs.sm90_groups)
                       for (bool tensor_sum : knobs.sm90_tensor_sum) {
-                        h.block_m = block_m;
-                        h.block_n = block_n;
-                        h.stages = stages;
-                        h.overlap = overlap;
-                        h.pingpong = pingpong;
-                        h.persistent = persistent;
-                        h.p_smem = p_smem;
-                        h.cluster = cluster;
-                        h.groups = groups;
-                        h.tensor_sum = tensor_sum;
-                        report.add(h, arch);
+                        c.block_m = block_m;
+                        c.block_n = block_n;
+                        c.stages = stages;
+                        sm90.overlap = overlap;
+                        sm90.pingpong = pingpong;
+                        sm90.persistent = persistent;
+                        sm90.p_smem = p_smem;
+                        sm90.cluster = cluster;
+                        sm90.groups = groups;
+                        sm90.tensor_sum = tensor_sum;
+                        c.knobs = sm90;
+                        report.add(c, arch);
                       }
   }
   return report;
@@ -62,21 +59,24 @@ namespace {
 
 // Knobs in which a and b differ; configs of different families are never neighbours.
 int knob_differences(const KernelConfig& a, const KernelConfig& b) {
-  if (a.family != b.family) return 100;
+  if (a.family() != b.family()) return 100;
   const int shared = (a.block_m != b.block_m) + (a.block_n != b.block_n) + (a.stages != b.stages);
-  if (a.family == KernelFamily::kSm90) {
-    return shared + (a.overlap != b.overlap) + (a.pingpong != b.pingpong) + (a.persistent != b.persistent) +
-           (a.p_smem != b.p_smem) + (a.cluster != b.cluster) + (a.groups != b.groups) +
-           (a.tensor_sum != b.tensor_sum);
+  if (const Sm90Knobs* x = a.sm90()) {
+    const Sm90Knobs& y = *b.sm90();
+    return shared + (x->overlap != y.overlap) + (x->pingpong != y.pingpong) + (x->persistent != y.persistent) +
+           (x->p_smem != y.p_smem) + (x->cluster != y.cluster) + (x->groups != y.groups) +
+           (x->tensor_sum != y.tensor_sum);
   }
-  return shared + (a.warps != b.warps) + (a.q_in_regs != b.q_in_regs);
+  const Sm80Knobs& x = *a.sm80();
+  const Sm80Knobs& y = *b.sm80();
+  return shared + (x.warps != y.warps) + (x.q_in_regs != y.q_in_regs);
 }
 
 // Knobs in which two backward configs differ; configs of different families are never neighbours.
 int knob_differences(const BwdConfig& a, const BwdConfig& b) {
-  if (a.family != b.family) return 100;
+  if (a.family() != b.family()) return 100;
   int d = (a.block_m != b.block_m) + (a.block_n != b.block_n) + (a.stages != b.stages);
-  if (a.family == KernelFamily::kSm80) d += (a.warps != b.warps) + (a.d_split != b.d_split);
+  if (const BwdSm80Knobs* x = a.sm80()) d += (x->warps != b.sm80()->warps) + (x->d_split != b.sm80()->d_split);
   if (a.deterministic) {
     d += (a.dq_block_m != b.dq_block_m) + (a.dq_block_n != b.dq_block_n) + (a.dq_warps != b.dq_warps) +
          (a.dq_stages != b.dq_stages);
@@ -140,25 +140,24 @@ BackwardSpaceReport backward_space(DType dtype, int head_dim, MaskKind mask, boo
       report.add(config, arch);
     }
   };
-  // Fixed nesting, as in forward_space, so every sweep walks the list in the same order.
+  // Each family's own product in a fixed nesting, as in forward_space, so every sweep walks the list in
+  // the same order.
   for (int block_m : knobs.block_m)
     for (int block_n : knobs.block_n)
       for (int warps : knobs.warps)
         for (int stages : knobs.stages)
           for (int d_split : knobs.d_split) {
-            c.block_m = block_m, c.block_n = block_n, c.warps = warps, c.stages = stages, c.d_split = d_split;
+            c.block_m = block_m, c.block_n = block_n, c.stages = stages;
+            c.knobs = BwdSm80Knobs{warps, d_split};
             add_with_dq(c);
           }
   if (arch == 90) {
-    BwdConfig h = c;
-    h.family = KernelFamily::kSm90;
-    h.warps = BwdConfig{}.warps;
-    h.d_split = 1;
+    c.knobs = BwdSm90Knobs{};  // the family has no knobs of its own
     for (int block_m : knobs.sm90_block_m)
       for (int block_n : knobs.sm90_block_n)
         for (int stages : knobs.sm90_stages) {
-          h.block_m = block_m, h.block_n = block_n, h.stages = stages;
-          add_with_dq(h);
+          c.block_m = block_m, c.block_n = block_n, c.stages = stages;
+          add_with_dq(c);
         }
   }
   return report;

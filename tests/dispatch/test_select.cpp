@@ -41,7 +41,7 @@ TEST_CASE("stored winners come first: exact bucket, then nearest, then the heuri
   stored.head_dim = 64;
   stored.block_m = 64;
   stored.block_n = 64;
-  stored.warps = 4;
+  stored.sm80()->warps = 4;
   stored.stages = 2;
   REQUIRE(stored != flashgen::heuristic_forward_config(DType::kFloat16, 64, MaskKind::kNone, 90));
   flashgen::CandidateResult row;
@@ -82,7 +82,7 @@ TEST_CASE("backward choice: stored winners of its own pass and strategy, then th
   CHECK(det_key.class_id() == "bwd_det|fp16|d128|causal|g1");
 
   flashgen::BwdConfig stored;
-  stored.family = flashgen::KernelFamily::kSm90;
+  stored.knobs = flashgen::BwdSm90Knobs{};
   stored.mask = MaskKind::kCausal;
   stored.block_m = 64;
   stored.block_n = 128;
@@ -131,7 +131,7 @@ TEST_CASE("a stored winner that cannot run on this arch is passed over", "[tuner
   hopper_only.mask = MaskKind::kCausal;
   hopper_only.block_m = 128;
   hopper_only.block_n = 64;
-  hopper_only.warps = 8;
+  hopper_only.sm80()->warps = 8;
   hopper_only.stages = 2;
   REQUIRE(hopper_only.invalid_reason(80).has_value());
   flashgen::CandidateResult row;

@@ -39,7 +39,7 @@ TEST_CASE("backward config names round-trip and are canonical", "[generator][bac
   c.dtype = flashgen::DType::kBFloat16;
   c.mask = flashgen::MaskKind::kCausal;
   c.deterministic = true;
-  c.d_split = 2;
+  c.sm80()->d_split = 2;
   c.dq_block_n = 16;
   CHECK(c.name() == "bwd_sm80_bf16_d128_m64_n64_w4_s2_x2_causal_det_qm64_qn16_qw4_qs2");
   const BwdConfig back = BwdConfig::from_name(c.name());
@@ -57,7 +57,7 @@ TEST_CASE("backward config names round-trip and are canonical", "[generator][bac
 
 TEST_CASE("sm90 backward config names round-trip", "[generator][backward][sm90]") {
   BwdConfig c;
-  c.family = flashgen::KernelFamily::kSm90;
+  c.knobs = flashgen::BwdSm90Knobs{};
   c.dtype = flashgen::DType::kBFloat16;
   c.block_m = 64;
   c.block_n = 128;
@@ -67,7 +67,7 @@ TEST_CASE("sm90 backward config names round-trip", "[generator][backward][sm90]"
   CHECK(c.name() == "bwd_sm90_bf16_d128_m64_n128_s3_causal");
   const BwdConfig back = BwdConfig::from_name(c.name());
   CHECK(back == c);
-  CHECK(back.family == flashgen::KernelFamily::kSm90);
+  CHECK(back.family() == flashgen::KernelFamily::kSm90);
   CHECK(back.stages == 3);
   CHECK(back.mask == flashgen::MaskKind::kCausal);
   c.deterministic = true;
@@ -86,7 +86,7 @@ TEST_CASE("sm90 backward config names round-trip", "[generator][backward][sm90]"
 
 TEST_CASE("sm90 backward validity follows bwd_sm90_traits", "[generator][backward][sm90]") {
   BwdConfig c;
-  c.family = flashgen::KernelFamily::kSm90;
+  c.knobs = flashgen::BwdSm90Knobs{};
   c.block_m = 64;
   c.block_n = 128;
   CHECK_FALSE(c.invalid_reason(90).has_value());
@@ -146,10 +146,10 @@ TEST_CASE("backward config validity follows the shared traits", "[generator][bac
   bad = c;
   bad.head_dim = 256;  // dK + dV of a 256-wide slice do not fit in registers
   CHECK(bad.invalid_reason(90)->find("registers") != std::string::npos);
-  bad.d_split = 2;
+  bad.sm80()->d_split = 2;
   bad.block_m = 32;
   CHECK_FALSE(bad.invalid_reason(90).has_value());
-  bad.d_split = 17;
+  bad.sm80()->d_split = 17;
   CHECK(bad.invalid_reason(90)->find("d_split") != std::string::npos);
   bad = c;
   bad.deterministic = true;
@@ -159,7 +159,7 @@ TEST_CASE("backward config validity follows the shared traits", "[generator][bac
   bad.stages = 3;
   bad.block_m = 128;
   bad.block_n = 128;
-  bad.warps = 8;
+  bad.sm80()->warps = 8;
   bad.head_dim = 64;
   CHECK(bad.invalid_reason(86)->find("shared memory") != std::string::npos);
   // Traits' sizes: dkdv holds K and V plus a ring of Q, dO, LSE and D, and two dS tiles when atomic.
@@ -179,6 +179,10 @@ TEST_CASE("backward config JSON round-trips", "[generator][backward]") {
   CHECK(j.get<BwdConfig>() == c);
   CHECK_THROWS_AS(nlohmann::json({{"family", "fwd_sm80"}}).get<BwdConfig>(), flashgen::Error);
   CHECK_THROWS_AS(nlohmann::json({{"block_m", "64"}}).get<BwdConfig>(), flashgen::Error);
+  // An sm90 config has no warps or head_dim slices: JSON may name them at their defaults alone.
+  const nlohmann::json sm90 = {{"family", "bwd_sm90"}, {"block_n", 128}, {"warps", 4}, {"d_split", 1}};
+  CHECK(sm90.get<BwdConfig>().family() == flashgen::KernelFamily::kSm90);
+  CHECK_THROWS_AS(nlohmann::json({{"family", "bwd_sm90"}, {"d_split", 2}}).get<BwdConfig>(), flashgen::Error);
 }
 
 TEST_CASE("backward module holds every kernel of its strategy", "[generator][backward]") {
@@ -200,13 +204,13 @@ TEST_CASE("backward module holds every kernel of its strategy", "[generator][bac
   CHECK(d.headers.front().contents.find("kAtomicDq = false") != std::string::npos);
 
   BwdConfig invalid;
-  invalid.warps = 0;
+  invalid.sm80()->warps = 0;
   CHECK_THROWS_AS(flashgen::generate(invalid), flashgen::Error);
 }
 
 TEST_CASE("sm90 backward module: the Hopper dkdv kernel between the shared row kernels", "[generator][backward][sm90]") {
   BwdConfig c;
-  c.family = flashgen::KernelFamily::kSm90;
+  c.knobs = flashgen::BwdSm90Knobs{};
   c.mask = flashgen::MaskKind::kCausal;
   c.block_n = 128;
   const flashgen::GeneratedSource s = flashgen::generate(c);

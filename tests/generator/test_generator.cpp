@@ -46,15 +46,14 @@ TEST_CASE("generated sources match the golden files", "[generator]") {
 
   flashgen::KernelConfig d64;
   d64.head_dim = 64;
-  d64.q_in_regs = true;
+  d64.sm80()->q_in_regs = true;
   const auto source64 = flashgen::generate(d64);
   check_golden(d64.name() + "_config.cuh", source64.headers.front().contents);
 
   flashgen::KernelConfig hopper;  // the sm90 family: its own template, parameters and knobs
-  hopper.family = flashgen::KernelFamily::kSm90;
   hopper.block_n = 128;
   hopper.stages = 2;
-  hopper.overlap = true;
+  hopper.knobs.emplace<flashgen::Sm90Knobs>().overlap = true;
   const auto source90 = flashgen::generate(hopper);
   CHECK(source90.kernel_name == "fwd_sm90_fp16_d128_m128_n128_s2_ovl");
   check_golden(hopper.name() + ".cu", source90.translation_unit);
@@ -62,8 +61,8 @@ TEST_CASE("generated sources match the golden files", "[generator]") {
 
   // A cluster of two is compiled into the kernel: a plain launch then forms the clusters.
   flashgen::KernelConfig clustered = hopper;
-  clustered.cluster = 2;
-  clustered.p_smem = true;
+  clustered.sm90()->cluster = 2;
+  clustered.sm90()->p_smem = true;
   const auto source_c2 = flashgen::generate(clustered);
   CHECK(source_c2.kernel_name == "fwd_sm90_fp16_d128_m128_n128_s2_ovl_psm_c2");
   check_golden(clustered.name() + ".cu", source_c2.translation_unit);
@@ -78,7 +77,7 @@ TEST_CASE("a generated unit carries only the templates it includes", "[generator
   };
   flashgen::KernelConfig sm80;
   flashgen::KernelConfig sm90 = sm80;
-  sm90.family = flashgen::KernelFamily::kSm90;
+  sm90.knobs = flashgen::Sm90Knobs{};
   sm90.block_n = 128;
   const std::vector<std::string> sm80_headers = names(flashgen::generate(sm80));
   const std::vector<std::string> sm90_headers = names(flashgen::generate(sm90));
@@ -113,7 +112,7 @@ TEST_CASE("the config header names the variant policy of the mask", "[generator]
   auto config_header = [](const flashgen::GeneratedSource& source) { return source.headers.front().contents; };
   for (flashgen::KernelFamily family : {flashgen::KernelFamily::kSm80, flashgen::KernelFamily::kSm90}) {
     flashgen::KernelConfig c;
-    c.family = family;
+    if (family == flashgen::KernelFamily::kSm90) c.knobs = flashgen::Sm90Knobs{};
     c.block_n = family == flashgen::KernelFamily::kSm90 ? 128 : 32;
     c.stages = 2;
     INFO(c.name());

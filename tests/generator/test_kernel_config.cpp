@@ -15,12 +15,12 @@ TEST_CASE("config names are canonical and parse back", "[generator][config]") {
   c.mask = MaskKind::kCausal;
   c.block_m = 128;
   c.block_n = 64;
-  c.warps = 4;
+  c.sm80()->warps = 4;
   c.stages = 2;
   CHECK(c.name() == "fwd_sm80_bf16_d128_m128_n64_w4_s2_causal");
   CHECK(KernelConfig::from_name(c.name()) == c);
 
-  c.q_in_regs = true;
+  c.sm80()->q_in_regs = true;
   c.mask = MaskKind::kNone;
   CHECK(c.name() == "fwd_sm80_bf16_d128_m128_n64_w4_s2_qreg");
   CHECK(KernelConfig::from_name(c.name()) == c);
@@ -63,7 +63,7 @@ TEST_CASE("validity follows the shared traits", "[generator][config]") {
   c = KernelConfig{};
   c.head_dim = 256;
   c.block_n = 64;
-  c.warps = 8;
+  c.sm80()->warps = 8;
   c.stages = 2;
   // 128x264 Q + 2 x 2 x 64x264 K/V = 202752 bytes: fits Hopper's 227 KB, not A100's 163 KB.
   CHECK(c.traits().smem_bytes == 202752);
@@ -95,9 +95,9 @@ TEST_CASE("config JSON round-trips and rejects bad fields", "[generator][config]
   c.mask = MaskKind::kCausal;
   c.block_m = 64;
   c.block_n = 32;
-  c.warps = 4;
+  c.sm80()->warps = 4;
   c.stages = 3;
-  c.q_in_regs = true;
+  c.sm80()->q_in_regs = true;
   const nlohmann::json j = c;
   CHECK(j.at("dtype") == "bf16");
   CHECK(j.at("mask") == "causal");
@@ -112,15 +112,15 @@ TEST_CASE("config JSON round-trips and rejects bad fields", "[generator][config]
 
 TEST_CASE("sm90 configs: every knob in the name, the JSON and the validity rules", "[generator][config]") {
   KernelConfig c;
-  c.family = flashgen::KernelFamily::kSm90;
   c.head_dim = 128;
   c.block_m = 128;
   c.block_n = 128;
   c.stages = 2;
-  c.overlap = true;
-  c.persistent = true;
-  c.p_smem = true;
-  c.cluster = 2;
+  flashgen::Sm90Knobs& k = c.knobs.emplace<flashgen::Sm90Knobs>();
+  k.overlap = true;
+  k.persistent = true;
+  k.p_smem = true;
+  k.cluster = 2;
   CHECK(c.name() == "fwd_sm90_fp16_d128_m128_n128_s2_ovl_pst_psm_c2");
   CHECK(KernelConfig::from_name(c.name()) == c);
   const nlohmann::json j = c;
@@ -147,7 +147,7 @@ TEST_CASE("sm90 configs: every knob in the name, the JSON and the validity rules
   // pairs give way to 24 for the stores' addressing.
   const flashgen::FwdSm90Traits in_regs = [&] {
     KernelConfig r = c;
-    r.p_smem = false;
+    r.sm90()->p_smem = false;
     return r.sm90_traits();
   }();
   const flashgen::FwdSm90Traits in_smem = c.sm90_traits();
@@ -158,36 +158,50 @@ TEST_CASE("sm90 configs: every knob in the name, the JSON and the validity rules
   c.head_dim = 64;
   c.block_m = 192;
   c.block_n = 144;
-  c.p_smem = false;
-  c.persistent = false;
+  k.p_smem = false;
+  k.persistent = false;
   REQUIRE(c.invalid_reason(90).has_value());
   CHECK(c.invalid_reason(90)->find("registers") != std::string::npos);
-  c.p_smem = true;
+  k.p_smem = true;
   CHECK_FALSE(c.invalid_reason(90).has_value());
 
-  c.cluster = 3;
+  k.cluster = 3;
   REQUIRE(c.invalid_reason(90).has_value());
   CHECK(c.invalid_reason(90)->find("cluster") != std::string::npos);
-  c.cluster = 2;
+  k.cluster = 2;
   c.mask = MaskKind::kCausal;
   REQUIRE(c.invalid_reason(90).has_value());
   CHECK(c.invalid_reason(90)->find("causal") != std::string::npos);
 
-  KernelConfig sm80;
-  sm80.p_smem = true;
-  REQUIRE(sm80.invalid_reason(80).has_value());
-  CHECK(sm80.invalid_reason(80)->find("sm90-family") != std::string::npos);
+  // A config holds its own family's knobs only: JSON may name the other family's at their defaults alone.
+  CHECK(nlohmann::json({{"family", "fwd_sm80"}, {"p_smem", false}, {"cluster", 1}}).get<KernelConfig>() ==
+        KernelConfig{});
+  auto message_of = [](const nlohmann::json& json) {
+    try {
+      json.get<KernelConfig>();
+    } catch (const flashgen::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(message_of({{"family", "fwd_sm80"}, {"p_smem", true}}).find("sm90-family") != std::string::npos);
+  CHECK(message_of({{"q_in_regs", false}, {"groups", 2}}).find("sm90-family") != std::string::npos);
+  CHECK(message_of({{"family", "fwd_sm90"}, {"q_in_regs", true}}).find("sm80-family") != std::string::npos);
+  CHECK(message_of({{"family", "fwd_sm90"}, {"warps", 8}}).find("sm80-family") != std::string::npos);
+  CHECK(nlohmann::json({{"family", "fwd_sm90"}, {"warps", 4}}).get<KernelConfig>().family() ==
+        flashgen::KernelFamily::kSm90);
 }
 
 TEST_CASE("sm90 configs: two groups of consumers per persistent block", "[generator][config]") {
   KernelConfig c = KernelConfig::from_name("fwd_sm90_fp16_d64_m128_n64_s3_causal_ovl_pst_g2");
-  CHECK(c.groups == 2);
+  REQUIRE(c.sm90() != nullptr);
+  CHECK(c.sm90()->groups == 2);
   CHECK(c.block_m == 128);
   const nlohmann::json j = c;
   CHECK(j.at("groups") == 2);
   CHECK(j.get<KernelConfig>() == c);
   KernelConfig one_group = c;
-  one_group.groups = 1;
+  one_group.sm90()->groups = 1;
   CHECK(one_group != c);
   CHECK(one_group.name() == "fwd_sm90_fp16_d64_m128_n64_s3_causal_ovl_pst");
   CHECK_THROWS_AS(KernelConfig::from_name("fwd_sm90_fp16_d64_m128_n64_s3_pst_g1"), flashgen::Error);  // not canonical
@@ -210,7 +224,7 @@ TEST_CASE("sm90 configs: two groups of consumers per persistent block", "[genera
 
   // Each group walks the persistent tile list, at most four consumers in all, no clusters.
   KernelConfig bad = c;
-  bad.persistent = false;
+  bad.sm90()->persistent = false;
   REQUIRE(bad.invalid_reason(90).has_value());
   CHECK(bad.invalid_reason(90)->find("persistent") != std::string::npos);
   bad = c;
@@ -218,17 +232,19 @@ TEST_CASE("sm90 configs: two groups of consumers per persistent block", "[genera
   REQUIRE(bad.invalid_reason(90).has_value());
   CHECK(bad.invalid_reason(90)->find("at most 4") != std::string::npos);
   bad = c;
-  bad.groups = 3;
+  bad.sm90()->groups = 3;
   REQUIRE(bad.invalid_reason(90).has_value());
   CHECK(bad.invalid_reason(90)->find("groups must be 1 or 2") != std::string::npos);
   bad = c;
   bad.mask = MaskKind::kNone;
-  bad.cluster = 2;
+  bad.sm90()->cluster = 2;
   REQUIRE(bad.invalid_reason(90).has_value());
   CHECK(bad.invalid_reason(90)->find("clusters") != std::string::npos);
 
-  KernelConfig sm80;
-  sm80.groups = 2;
-  REQUIRE(sm80.invalid_reason(80).has_value());
-  CHECK(sm80.invalid_reason(80)->find("sm90-family") != std::string::npos);
+  // The sm80 family holds none of these knobs, and its traits are its own.
+  const KernelConfig sm80;
+  CHECK(sm80.sm90() == nullptr);
+  CHECK(sm80.family() == flashgen::KernelFamily::kSm80);
+  CHECK_THROWS_AS(sm80.sm90_traits(), flashgen::Error);
+  CHECK_THROWS_AS(c.traits(), flashgen::Error);
 }

@@ -315,7 +315,7 @@ std::vector<flashgen::BwdConfig> sm90_backward_configs(const Problem& p) {
     for (int block_n : {64, 128})
       for (int stages : {2, 3}) {
         flashgen::BwdConfig c;
-        c.family = flashgen::KernelFamily::kSm90;
+        c.knobs = flashgen::BwdSm90Knobs{};
         c.dtype = p.dtype == FLASHGEN_BFLOAT16 ? flashgen::DType::kBFloat16 : flashgen::DType::kFloat16;
         c.head_dim = static_cast<int>(p.shape.head_dim);
         c.mask = p.mask == FLASHGEN_MASK_NONE ? flashgen::MaskKind::kNone : flashgen::MaskKind::kCausal;

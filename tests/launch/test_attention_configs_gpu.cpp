@@ -71,7 +71,7 @@ std::vector<KernelConfig> configs_under_test(int arch) {
     base.mask = sweep.mask;
     base.block_m = sweep.block_m;
     base.block_n = sweep.block_n;
-    base.warps = sweep.warps;
+    base.sm80()->warps = sweep.warps;
     base.stages = sweep.stages;
     for (int stages : {2, 3, 4}) {
       KernelConfig c = base;
@@ -85,15 +85,15 @@ std::vector<KernelConfig> configs_under_test(int arch) {
     }
     for (int warps : {4, 8}) {  // 32 or 16 rows per warp
       KernelConfig c = base;
-      c.warps = warps;
+      c.sm80()->warps = warps;
       add(c);
     }
     KernelConfig half_rows = base;  // 16 rows per warp in a 4-warp block
     half_rows.block_m = 64;
-    half_rows.warps = 4;
+    half_rows.sm80()->warps = 4;
     add(half_rows);
     KernelConfig q_in_regs = base;
-    q_in_regs.q_in_regs = !base.q_in_regs;
+    q_in_regs.sm80()->q_in_regs = !base.sm80()->q_in_regs;
     add(q_in_regs);
   }
   return configs;
@@ -226,11 +226,12 @@ TEST_CASE("config sweep holds every default candidate and each tile axis value",
       CHECK_FALSE(c.invalid_reason(arch).has_value());
       CHECK(names.insert(c.name()).second);
       dtype_masks.insert(static_cast<int>(c.dtype) * 2 + static_cast<int>(c.mask));
-      if (c.family != flashgen::KernelFamily::kSm80) continue;  // the axes below are the sm80 family's
+      const flashgen::Sm80Knobs* k = c.sm80();
+      if (k == nullptr) continue;  // the axes below are the sm80 family's
       stages.insert(c.stages);
       block_ns.insert(c.block_n);
-      warps.insert(c.warps);
-      q_in_regs.insert(c.q_in_regs ? 1 : 0);
+      warps.insert(k->warps);
+      q_in_regs.insert(k->q_in_regs ? 1 : 0);
     }
     for (const KernelConfig& c : flashgen::default_forward_candidates(arch)) CHECK(names.count(c.name()) == 1);
     CHECK(stages == std::set<int>{2, 3, 4});

@@ -382,14 +382,14 @@ std::vector<flashgen::KernelConfig> sm90_configs(const Problem& p) {
   bool extras_done = false;
   for (const flashgen::KernelConfig& c :
        flashgen::heuristic_forward_configs(dtype, static_cast<int>(p.shape.head_dim), mask, 90)) {
-    if (c.family != flashgen::KernelFamily::kSm90) continue;
+    if (c.family() != flashgen::KernelFamily::kSm90) continue;
     for (bool overlap : {false, true})
       for (bool pingpong : {false, true})
         for (bool persistent : {false, true}) {
           flashgen::KernelConfig variant = c;
-          variant.overlap = overlap;
-          variant.pingpong = pingpong;
-          variant.persistent = persistent;
+          variant.sm90()->overlap = overlap;
+          variant.sm90()->pingpong = pingpong;
+          variant.sm90()->persistent = persistent;
           if (!variant.invalid_reason(90)) configs.push_back(variant);
         }
     for (bool overlap : {false, true})
@@ -398,16 +398,16 @@ std::vector<flashgen::KernelConfig> sm90_configs(const Problem& p) {
           flashgen::KernelConfig variant = c;
           variant.block_m = std::min(c.block_m, block_m);
           if (block_m == 64) variant.block_n = 64;
-          variant.groups = 2;
-          variant.persistent = true;
-          variant.overlap = overlap;
-          variant.pingpong = pingpong;
+          variant.sm90()->groups = 2;
+          variant.sm90()->persistent = true;
+          variant.sm90()->overlap = overlap;
+          variant.sm90()->pingpong = pingpong;
           if (!variant.invalid_reason(90) && grouped.insert(variant.name()).second) configs.push_back(variant);
         }
     for (bool p_smem : {false, true}) {  // the rows' sums the other way, P in registers or not
       flashgen::KernelConfig variant = c;
-      variant.tensor_sum = !c.tensor_sum;
-      variant.p_smem = p_smem;
+      variant.sm90()->tensor_sum = !c.sm90()->tensor_sum;
+      variant.sm90()->p_smem = p_smem;
       if (!variant.invalid_reason(90)) configs.push_back(variant);
     }
     if (extras_done) continue;
@@ -415,9 +415,9 @@ std::vector<flashgen::KernelConfig> sm90_configs(const Problem& p) {
     for (auto [p_smem, cluster] : {std::pair{true, 1}, std::pair{false, 2}, std::pair{true, 2}})
       for (bool on : {false, true}) {
         flashgen::KernelConfig variant = c;
-        variant.p_smem = p_smem;
-        variant.cluster = cluster;
-        variant.overlap = variant.persistent = on;
+        variant.sm90()->p_smem = p_smem;
+        variant.sm90()->cluster = cluster;
+        variant.sm90()->overlap = variant.sm90()->persistent = on;
         if (!variant.invalid_reason(90)) configs.push_back(variant);
       }
   }
@@ -1014,7 +1014,7 @@ TEST_CASE("attention forward, sm90 family: persistent launches on two streams at
 
   int checked = 0;
   for (const flashgen::KernelConfig& config : sm90_configs(problems[0])) {
-    if (!config.persistent || config.cluster != 1) continue;
+    if (!config.sm90()->persistent || config.sm90()->cluster != 1) continue;
     INFO("config " << config.name());
     FLASHGEN_CU_CHECK(cuCtxSynchronize());
     for (int round = 0; round < 2; ++round)
@@ -1069,7 +1069,7 @@ TEST_CASE("attention forward, sm90 family: causal tile lists in L2 sections of a
 
   int checked = 0;
   for (const flashgen::KernelConfig& config : sm90_configs(p)) {
-    if (!config.persistent || config.cluster != 1) continue;
+    if (!config.sm90()->persistent || config.sm90()->cluster != 1) continue;
     for (int section : {1, 2, 3, 7, 100}) {
       INFO("config " << config.name() << ", sections of " << section << " pairs");
       flashgen::PreparedForward prepared = flashgen::prepare_forward(problem, nullptr, config);
@@ -1127,7 +1127,7 @@ TEST_CASE("attention forward, sm90 family: inputs TMA cannot describe run on the
       make_tensor(v_buffer, 0, kv_view, dtype), make_tensor(out, 0, out_view, dtype), static_cast<float*>(lse.data()),
       options, nullptr);
   INFO(launch.config.name() << ": " << launch.reason);
-  CHECK(launch.config.family == flashgen::KernelFamily::kSm80);
+  CHECK(launch.config.family() == flashgen::KernelFamily::kSm80);
   CHECK(launch.reason.find("TMA cannot describe q") != std::string::npos);
   FLASHGEN_CU_CHECK(cuCtxSynchronize());
 

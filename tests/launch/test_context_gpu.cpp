@@ -254,7 +254,7 @@ TEST_CASE("KernelRegistry loads afresh into a context created after another was 
     REQUIRE(function != nullptr);
     int max_threads = 0;
     FLASHGEN_CU_CHECK(cuFuncGetAttribute(&max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, function));
-    CHECK(max_threads >= launch.config.traits().threads);
+    CHECK(max_threads >= launch.config.threads());
     // Remembered for this context: the same handle again.
     CHECK(registry.function(launch.config, context.get(), launch.arch) == function);
 

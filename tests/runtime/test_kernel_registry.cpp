@@ -40,7 +40,7 @@ KernelConfig small_config(flashgen::MaskKind mask = flashgen::MaskKind::kNone) {
   config.mask = mask;
   config.block_m = 64;
   config.block_n = 32;
-  config.warps = 4;
+  config.sm80()->warps = 4;
   config.stages = 2;
   return config;
 }

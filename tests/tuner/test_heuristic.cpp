@@ -24,12 +24,12 @@ using flashgen::testing::TempDir;
 std::vector<flashgen::KernelConfig> sm90_candidates_and_variants() {
   std::vector<flashgen::KernelConfig> configs;
   for (const auto& c : flashgen::default_forward_candidates(90)) {
-    if (c.family != flashgen::KernelFamily::kSm90) continue;
+    if (c.family() != flashgen::KernelFamily::kSm90) continue;
     configs.push_back(c);
     for (auto [p_smem, cluster] : {std::pair{true, 1}, std::pair{false, 2}, std::pair{true, 2}}) {
       flashgen::KernelConfig variant = c;
-      variant.p_smem = p_smem;
-      variant.cluster = cluster;
+      variant.sm90()->p_smem = p_smem;
+      variant.sm90()->cluster = cluster;
       if (!variant.invalid_reason(90)) configs.push_back(variant);
     }
   }
@@ -70,7 +70,7 @@ TEST_CASE("every default candidate compiles for sm_80 and sm_90a with zero spill
       CHECK(compiled->usage.spill_store_bytes == 0);
       CHECK(compiled->usage.spill_load_bytes == 0);
       CHECK(compiled->usage.stack_bytes == 0);
-      if (c.family == flashgen::KernelFamily::kSm90) {
+      if (c.family() == flashgen::KernelFamily::kSm90) {
         ++sm90_candidates;
         // ptxas warns when it serializes wgmma (accumulators touched while in flight) or ignores
         // setmaxnreg; either would leave the kernel on a slower path than the one it was written for.
@@ -92,7 +92,8 @@ TEST_CASE("the sm90 family's P-in-shared-memory and cluster variants compile wit
   flashgen::KernelRegistry registry(cache_dir.path());
   int variants = 0;
   for (const auto& variant : sm90_candidates_and_variants()) {
-    if ((!variant.p_smem && variant.cluster == 1) || variant.dtype != flashgen::DType::kFloat16) continue;
+    const flashgen::Sm90Knobs& k = *variant.sm90();
+    if ((!k.p_smem && k.cluster == 1) || variant.dtype != flashgen::DType::kFloat16) continue;
     ++variants;
     INFO(variant.name());
     const auto compiled = registry.compiled(variant, 90);
@@ -173,8 +174,8 @@ TEST_CASE("the run-time backward choice compiles for sm_80 and sm_90a with zero 
     }
     // The Hopper family is the choice on sm_90 where it applies, and compiles without serialized wgmma.
     const bool sm90_applies = k.arch == 90 && (k.head_dim == 64 || k.head_dim == 128);
-    CHECK((c.family == flashgen::KernelFamily::kSm90) == sm90_applies);
-    if (c.family == flashgen::KernelFamily::kSm90) {
+    CHECK((c.family() == flashgen::KernelFamily::kSm90) == sm90_applies);
+    if (c.family() == flashgen::KernelFamily::kSm90) {
       INFO(compiled->log);
       CHECK(compiled->log.find("warning") == std::string::npos);
       CHECK(compiled->log.find("Performance Loss") == std::string::npos);

@@ -35,7 +35,7 @@ flashgen::DeviceFingerprint h200(int driver_version) {
 flashgen::KernelConfig tile(int head_dim, int block_m, int block_n, int warps, int stages) {
   flashgen::KernelConfig c;
   c.head_dim = head_dim;
-  c.block_m = block_m, c.block_n = block_n, c.warps = warps, c.stages = stages;
+  c.block_m = block_m, c.block_n = block_n, c.sm80()->warps = warps, c.stages = stages;
   return c;
 }
 

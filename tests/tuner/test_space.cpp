@@ -26,7 +26,8 @@ std::vector<KernelConfig> product(DType dtype, int head_dim, MaskKind mask, cons
     for (int n : knobs.block_n)
       for (int w : knobs.warps)
         for (int s : knobs.stages)
-          for (bool q : knobs.q_in_regs) out.push_back(KernelConfig{dtype, head_dim, mask, m, n, w, s, q});
+          for (bool q : knobs.q_in_regs)
+            out.push_back(KernelConfig{dtype, head_dim, mask, m, n, s, flashgen::Sm80Knobs{w, q}});
   if (arch != 90) return out;
   for (int m : knobs.sm90_block_m)
     for (int n : knobs.sm90_block_n)
@@ -38,16 +39,15 @@ std::vector<KernelConfig> product(DType dtype, int head_dim, MaskKind mask, cons
                 for (int cluster : knobs.sm90_cluster)
                   for (int groups : knobs.sm90_groups)
                     for (bool tensor_sum : knobs.sm90_tensor_sum) {
-                      KernelConfig c{dtype, head_dim, mask, m, n, 4, s, false};
-                      c.family = flashgen::KernelFamily::kSm90;
-                      c.overlap = overlap;
-                      c.pingpong = pingpong;
-                      c.persistent = persistent;
-                      c.p_smem = p_smem;
-                      c.cluster = cluster;
-                      c.groups = groups;
-                      c.tensor_sum = tensor_sum;
-                      out.push_back(c);
+                      flashgen::Sm90Knobs k;
+                      k.overlap = overlap;
+                      k.pingpong = pingpong;
+                      k.persistent = persistent;
+                      k.p_smem = p_smem;
+                      k.cluster = cluster;
+                      k.groups = groups;
+                      k.tensor_sum = tensor_sum;
+                      out.push_back(KernelConfig{dtype, head_dim, mask, m, n, s, k});
                     }
   return out;
 }
@@ -166,7 +166,7 @@ TEST_CASE("sm_86's 99 KB of shared memory leaves a strict subset of sm_90's spac
     CHECK(std::includes(names90.begin(), names90.end(), names86.begin(), names86.end()));
     // What sm_90 keeps and sm_86 drops, it drops for shared memory alone (the sm80 family).
     for (const KernelConfig& c : sm90.valid) {
-      if (names86.count(c.name()) || c.family == flashgen::KernelFamily::kSm90) continue;
+      if (names86.count(c.name()) || c.family() == flashgen::KernelFamily::kSm90) continue;
       const auto why = c.invalid_reason(86);
       INFO(c.name());
       REQUIRE(why.has_value());
@@ -207,7 +207,7 @@ TEST_CASE("custom knobs span only their own product", "[tuner][space]") {
   CHECK(pruned.total == 1);
   CHECK(pruned.valid.empty());
   CHECK(pruned.pruned == 1);
-  const KernelConfig bad{DType::kFloat16, 128, MaskKind::kCausal, 64, 32, 8, 3, false};
+  const KernelConfig bad{DType::kFloat16, 128, MaskKind::kCausal, 64, 32, 3, flashgen::Sm80Knobs{8, false}};
   REQUIRE(bad.invalid_reason(80).has_value());
   CHECK(pruned.pruned_by_reason == std::map<std::string, int>{{*bad.invalid_reason(80), 1}});
 
@@ -232,13 +232,15 @@ TEST_CASE("capped candidates: the built-in choice, its one-knob neighbours, then
   const flashgen::SpaceReport space = flashgen::forward_space(DType::kFloat16, 128, MaskKind::kNone, 90);
   const flashgen::KernelConfig builtin =
       flashgen::heuristic_forward_config(DType::kFloat16, 128, MaskKind::kNone, 90);
-  REQUIRE(builtin.family == flashgen::KernelFamily::kSm90);
+  REQUIRE(builtin.family() == flashgen::KernelFamily::kSm90);
   auto knobs_differing = [&](const flashgen::KernelConfig& c) {  // the sm90 family's knobs
-    if (c.family != builtin.family) return 100;
+    if (c.family() != builtin.family()) return 100;
+    const flashgen::Sm90Knobs& a = *c.sm90();
+    const flashgen::Sm90Knobs& b = *builtin.sm90();
     return (c.block_m != builtin.block_m) + (c.block_n != builtin.block_n) + (c.stages != builtin.stages) +
-           (c.overlap != builtin.overlap) + (c.pingpong != builtin.pingpong) + (c.persistent != builtin.persistent) +
-           (c.p_smem != builtin.p_smem) + (c.cluster != builtin.cluster) + (c.groups != builtin.groups) +
-           (c.tensor_sum != builtin.tensor_sum);
+           (a.overlap != b.overlap) + (a.pingpong != b.pingpong) + (a.persistent != b.persistent) +
+           (a.p_smem != b.p_smem) + (a.cluster != b.cluster) + (a.groups != b.groups) +
+           (a.tensor_sum != b.tensor_sum);
   };
   size_t neighbours = 0;
   for (const auto& c : space.valid) neighbours += knobs_differing(c) == 1;
@@ -282,7 +284,7 @@ TEST_CASE("backward space: both families on sm_90, the sm80 one elsewhere, dq ti
     CHECK(c.head_dim == 128);
     CHECK(c.mask == MaskKind::kCausal);
     CHECK_FALSE(c.deterministic);
-    sm90_valid += c.family == flashgen::KernelFamily::kSm90;
+    sm90_valid += c.family() == flashgen::KernelFamily::kSm90;
   }
   CHECK(sm90_valid == 2);  // d128: m64 n128 with 2 or 3 stages
   const flashgen::BwdConfig builtin = flashgen::heuristic_backward_config(DType::kFloat16, 128, MaskKind::kCausal, false, 90);
@@ -290,7 +292,7 @@ TEST_CASE("backward space: both families on sm_90, the sm80 one elsewhere, dq ti
 
   const auto atomic80 = flashgen::backward_space(DType::kFloat16, 128, MaskKind::kCausal, false, 80);
   CHECK(size_t(atomic80.total) == sm80_product);
-  for (const flashgen::BwdConfig& c : atomic80.valid) CHECK(c.family == flashgen::KernelFamily::kSm80);
+  for (const flashgen::BwdConfig& c : atomic80.valid) CHECK(c.family() == flashgen::KernelFamily::kSm80);
 
   const auto det90 = flashgen::backward_space(DType::kBFloat16, 64, MaskKind::kNone, true, 90);
   CHECK(size_t(det90.total) == (sm80_product + sm90_product) * dq_tiles);
@@ -300,7 +302,7 @@ TEST_CASE("backward space: both families on sm_90, the sm80 one elsewhere, dq ti
   const std::vector<flashgen::BwdConfig> capped = flashgen::capped_candidates(atomic90, builtin, 6);
   REQUIRE(capped.size() == 6);
   CHECK(capped.front() == builtin);
-  CHECK(capped[1].family == flashgen::KernelFamily::kSm90);  // its only neighbour: 3 stages
+  CHECK(capped[1].family() == flashgen::KernelFamily::kSm90);  // its only neighbour: 3 stages
   CHECK(capped[1].stages == 3);
   CHECK(capped == flashgen::capped_candidates(atomic90, builtin, 6));
 }

@@ -63,7 +63,7 @@ KernelConfig config(int block_m, int block_n, int warps = 4, int stages = 2, DTy
   c.head_dim = 128;
   c.block_m = block_m;
   c.block_n = block_n;
-  c.warps = warps;
+  c.sm80()->warps = warps;
   c.stages = stages;
   return c;
 }
@@ -169,7 +169,7 @@ TEST_CASE("record then lookup_exact returns the winner and every candidate", "[t
   CHECK_FALSE(store.lookup_exact(h200, p).has_value());
 
   KernelConfig best = config(128, 64, 4, 3);
-  best.q_in_regs = true;
+  best.sm80()->q_in_regs = true;
   record_sweep(store, h200, p, 0.8125, best);
 
   const auto found = store.lookup_exact(h200, p);

@@ -27,7 +27,7 @@ TEST_CASE("a small forward sweep names, stores and finds a winner", "[gpu][tuner
     flashgen::KernelConfig c;
     c.head_dim = 64;
     c.mask = flashgen::MaskKind::kCausal;
-    c.block_m = m, c.block_n = n, c.warps = w, c.stages = s;
+    c.block_m = m, c.block_n = n, c.sm80()->warps = w, c.stages = s;
     candidates.push_back(c);
   }
   flashgen::SweepOptions options;
