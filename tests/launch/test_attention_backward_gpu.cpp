@@ -23,6 +23,7 @@
 #include "support/attention_reference.hpp"
 #include "support/backward_reference.hpp"
 #include "support/first_use_scope.hpp"
+#include "support/strided_tensors.hpp"
 #include "support/temp_dir.hpp"
 #include "tuner/heuristic.hpp"
 #include "tuner/problem_key.hpp"
@@ -35,6 +36,7 @@ using flashgen::AttentionShape;
 using flashgen::DeviceBuffer;
 using flashgen::HostInput;
 using flashgen::StridedView;
+using flashgen::test::kGuardElements;
 using flashgen::test::Rng;
 
 enum class Layout { kBSHD, kBHSD, kPadded };
@@ -44,18 +46,10 @@ const char* layout_label(Layout layout) {
 }
 
 StridedView make_view(Layout layout, int64_t batch, int64_t seqlen, int64_t heads, int64_t head_dim) {
-  StridedView view = StridedView::contiguous(batch, seqlen, heads, head_dim);
-  if (layout == Layout::kBHSD) {
-    view.stride[0] = heads * seqlen * head_dim;
-    view.stride[1] = head_dim;
-    view.stride[2] = seqlen * head_dim;
-  } else if (layout == Layout::kPadded) {
-    // Gaps (NaN in inputs, poison in outputs) after every head, row and batch; strides stay multiples of 8.
-    view.stride[2] = head_dim + 8;
-    view.stride[1] = heads * view.stride[2] + 16;
-    view.stride[0] = seqlen * view.stride[1] + 32;
-  }
-  return view;
+  if (layout == Layout::kBHSD) return flashgen::test::bhsd_view(batch, seqlen, heads, head_dim);
+  // Gaps (NaN in inputs, poison in outputs) after every head, row and batch; strides stay multiples of 8.
+  if (layout == Layout::kPadded) return flashgen::test::padded_view(batch, seqlen, heads, head_dim);
+  return StridedView::contiguous(batch, seqlen, heads, head_dim);
 }
 
 struct Problem {
@@ -77,21 +71,13 @@ struct Problem {
   }
 };
 
-constexpr int64_t kGuardElements = 64;
-
 // One tensor on the device: its buffer (span + guard, 16-bit) and view.
 struct DeviceTensor {
   StridedView view;
   DeviceBuffer buffer;
 
   DeviceTensor(const StridedView& v) : view(v), buffer(static_cast<size_t>(v.span() + kGuardElements) * 2) {}
-  flashgen_tensor tensor(flashgen_dtype dtype) const {
-    flashgen_tensor t{};
-    t.data = buffer.data();
-    t.dtype = dtype;
-    for (int i = 0; i < 4; ++i) t.shape[i] = view.shape[i], t.stride[i] = view.stride[i];
-    return t;
-  }
+  flashgen_tensor tensor(flashgen_dtype dtype) const { return flashgen::test::make_tensor(buffer, 0, view, dtype); }
   void upload(const std::vector<double>& values, flashgen_dtype dtype) {
     std::vector<uint16_t> storage(static_cast<size_t>(view.span() + kGuardElements), flashgen::test::kPoison16);
     flashgen::test::store_values(values, view, 0, dtype, storage);
@@ -333,7 +319,7 @@ TEST_CASE("backward, sm90 family: every config of both strategies over the matri
   FLASHGEN_REQUIRE_GPU();
   {
     flashgen::ScopedContext context;
-    if (flashgen::device_sm(context.device()) != 90) FLASHGEN_SKIP_TEST("the sm90 family needs sm_90");
+    FLASHGEN_REQUIRE_SM90(context);
   }
   std::vector<Problem> problems;
   for (const Problem& p : backward_matrix()) {

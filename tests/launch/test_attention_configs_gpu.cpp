@@ -22,6 +22,7 @@
 #include "runtime/device_buffer.hpp"
 #include "support/attention_reference.hpp"
 #include "support/check_reports.hpp"
+#include "support/strided_tensors.hpp"
 #include "tuner/heuristic.hpp"
 
 namespace {
@@ -34,6 +35,8 @@ using flashgen::MaskKind;
 using flashgen::StridedView;
 using flashgen::test::ForwardCheck;
 using flashgen::test::check_reports;
+using flashgen::test::kGuardElements;
+using flashgen::test::make_tensor;
 
 // One base config per sweep; the sweep varies one axis at a time around it and keeps what is valid on
 // the arch. Three sweeps keep the whole list near 60 configs (~0.5 s of NVRTC each); sm_90 adds the
@@ -117,8 +120,6 @@ const ConfigProblem kProblems[] = {
      FLASHGEN_MASK_CAUSAL, 0.2f},
 };
 
-constexpr int64_t kGuardElements = 64;  // poison after out and lse: writes past the end show up
-
 // One problem at one (dtype, head_dim, mask): contiguous [b, s, h, d] 16-bit inputs and the references.
 struct PreparedProblem {
   std::string description;
@@ -163,17 +164,6 @@ PreparedProblem prepare(const ConfigProblem& problem, uint32_t problem_index, co
   return prepared;
 }
 
-flashgen_tensor contiguous_tensor(const DeviceBuffer& buffer, const StridedView& view, flashgen_dtype dtype) {
-  flashgen_tensor tensor{};
-  tensor.data = buffer.data();
-  tensor.dtype = dtype;
-  for (int i = 0; i < 4; ++i) {
-    tensor.shape[i] = view.shape[i];
-    tensor.stride[i] = view.stride[i];
-  }
-  return tensor;
-}
-
 // Launches config on the prepared problem on the legacy default stream with poisoned out and lse, then
 // checks both. The caller holds a ScopedContext.
 void run_config(const KernelConfig& config, const PreparedProblem& prepared) {
@@ -191,10 +181,10 @@ void run_config(const KernelConfig& config, const PreparedProblem& prepared) {
   DeviceBuffer lse(static_cast<size_t>(s.batch * s.heads_q * s.seqlen_q + kGuardElements) * sizeof(float));
   lse.fill_bytes(0xFF);
 
-  const flashgen_tensor q_tensor = contiguous_tensor(q, q_view, prepared.dtype);
-  const flashgen_tensor k_tensor = contiguous_tensor(k, kv_view, prepared.dtype);
-  const flashgen_tensor v_tensor = contiguous_tensor(v, kv_view, prepared.dtype);
-  const flashgen_tensor out_tensor = contiguous_tensor(out, q_view, prepared.dtype);
+  const flashgen_tensor q_tensor = make_tensor(q, 0, q_view, prepared.dtype);
+  const flashgen_tensor k_tensor = make_tensor(k, 0, kv_view, prepared.dtype);
+  const flashgen_tensor v_tensor = make_tensor(v, 0, kv_view, prepared.dtype);
+  const flashgen_tensor out_tensor = make_tensor(out, 0, q_view, prepared.dtype);
   flashgen_attention_options options{};
   options.softmax_scale = prepared.softmax_scale;
   options.mask = prepared.mask;
