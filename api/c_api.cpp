@@ -97,6 +97,19 @@ extern "C" int flashgen_attention_forward(const flashgen_tensor* q, const flashg
   });
 }
 
+extern "C" int flashgen_attention_varlen_forward(const flashgen_varlen_forward_args* args, void* cuda_stream) {
+  return guarded([&] {
+    const flashgen_varlen_forward_args& checked = required(args, "args");
+    FLASHGEN_REQUIRE(checked.size >= sizeof(flashgen_varlen_forward_args),
+                     "args.size is " + std::to_string(checked.size) + "; this flashgen's flashgen_varlen_forward_args " +
+                         "has " + std::to_string(sizeof(flashgen_varlen_forward_args)) + " bytes (set size to sizeof)");
+    FLASHGEN_REQUIRE(checked.size == sizeof(flashgen_varlen_forward_args),
+                     "args.size is " + std::to_string(checked.size) + ": a flashgen.h newer than this library (" +
+                         std::to_string(sizeof(flashgen_varlen_forward_args)) + " bytes)");
+    flashgen::attention_forward(checked, static_cast<CUstream>(cuda_stream));
+  });
+}
+
 extern "C" int flashgen_attention_backward(const flashgen_tensor* q, const flashgen_tensor* k,
                                            const flashgen_tensor* v, const flashgen_tensor* out,
                                            const flashgen_tensor* dout, const float* lse, const flashgen_tensor* dq,

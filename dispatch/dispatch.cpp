@@ -22,7 +22,7 @@ namespace {
 // The sm80 family's built-in choice, for problems the chosen family cannot implement.
 ForwardChoice sm80_fallback(const ForwardCall& call, int arch) {
   const AttentionProblem& p = call.problem;
-  return heuristic_choice(p.dtype, p.head_dim(), p.mask_kind(), arch, /*sm80_only=*/true);
+  return heuristic_choice(p.dtype, p.head_dim(), p.mask_kind(), arch, /*sm80_only=*/true, p.varlen);
 }
 
 BackwardChoice sm80_fallback(const BackwardCall& call, int arch) {
@@ -125,7 +125,8 @@ struct ClassKey {
   }
 };
 
-// The values of the key: the sizes and options of the params, then each tensor's three strides.
+// The values of the key: the problem's sizes and options, then each tensor's three strides (and for the forward
+// whether a packed batch has seqused_k).
 template <class Params>
 ClassKey class_key(const ScopedContext& scope, const AttentionProblem& problem, const Params& p,
                    std::initializer_list<int64_t> strides) {
@@ -135,7 +136,8 @@ ClassKey class_key(const ScopedContext& scope, const AttentionProblem& problem, 
   std::memcpy(&scale_bits, &p.scale, sizeof scale_bits);
   const AttentionShape& s = problem.shape;
   const int64_t head[] = {static_cast<int64_t>(problem.dtype), s.head_dim, problem.mask, problem.deterministic(),
-                          s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, scale_bits};
+                          s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, scale_bits, problem.varlen,
+                          problem.total_q, problem.total_k};
   size_t i = 0;
   for (int64_t v : head) key.values[i++] = v;
   for (int64_t v : strides) key.values[i++] = v;
@@ -147,7 +149,7 @@ ClassKey class_key(const ForwardCall& call, const ScopedContext& scope) {
   return class_key(scope, call.problem, p,
                    {p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride, p.k_row_stride,
                     p.k_head_stride, p.v_batch_stride, p.v_row_stride, p.v_head_stride, p.o_batch_stride,
-                    p.o_row_stride, p.o_head_stride});
+                    p.o_row_stride, p.o_head_stride, p.seqused_k != nullptr});
 }
 
 ClassKey class_key(const BackwardCall& call, const ScopedContext& scope) {
@@ -262,6 +264,10 @@ ForwardLaunch attention_forward(const flashgen_tensor& q, const flashgen_tensor&
                                 const flashgen_tensor& out, float* lse, const flashgen_attention_options& opts,
                                 CUstream stream) {
   return attention_forward(make_forward_call(&q, &k, &v, &out, lse, &opts), stream);
+}
+
+ForwardLaunch attention_forward(const flashgen_varlen_forward_args& args, CUstream stream) {
+  return attention_forward(make_varlen_forward_call(args), stream);
 }
 
 BackwardPlan plan_backward(const BackwardCall& call, CUstream stream) {

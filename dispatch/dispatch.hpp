@@ -52,6 +52,9 @@ ForwardLaunch attention_forward(const flashgen_tensor& q, const flashgen_tensor&
                                 const flashgen_tensor& out, float* lse, const flashgen_attention_options& opts,
                                 CUstream stream);
 
+// make_varlen_forward_call + attention_forward: the entry point behind flashgen_attention_varlen_forward.
+ForwardLaunch attention_forward(const flashgen_varlen_forward_args& args, CUstream stream);
+
 // What a backward call runs and why, with the workspace it needs.
 struct BackwardLaunch {
   BwdConfig config;

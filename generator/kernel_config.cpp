@@ -29,6 +29,7 @@ std::string KernelConfig::name() const {
     if (k->cluster != 1) name += "_c" + to_string(k->cluster);
     if (k->groups != 1) name += "_g" + to_string(k->groups);
     if (k->tensor_sum) name += "_tsum";
+    if (varlen) name += "_varlen";
     return name;
   }
   const Sm80Knobs& k = std::get<Sm80Knobs>(knobs);
@@ -37,6 +38,7 @@ std::string KernelConfig::name() const {
                      to_string(stages);
   if (mask == MaskKind::kCausal) name += "_causal";
   if (k.q_in_regs) name += "_qreg";
+  if (varlen) name += "_varlen";
   return name;
 }
 
@@ -66,7 +68,7 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
   FLASHGEN_REQUIRE(sm90 || (fields.size() >= 8 && fields[0] == "fwd" && fields[1] == "sm80"),
                    "config name '" + name +
                        "': expected fwd_sm80_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_w<warps>_s<stages>"
-                       "[_causal][_qreg] or fwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_ovl][_pp][_pst][_psm][_c2][_g2][_tsum]");
+                       "[_causal][_qreg][_varlen] or fwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_ovl][_pp][_pst][_psm][_c2][_g2][_tsum]");
   KernelConfig config;
   if (sm90) config.knobs = Sm90Knobs{};
   Sm80Knobs* k80 = config.sm80();  // exactly one of the two is set
@@ -97,6 +99,8 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
       k90->groups = parse_name_field(fields[i], "g", name);
     } else if (fields[i] == "tsum" && k90 && !k90->tensor_sum) {
       k90->tensor_sum = true;
+    } else if (fields[i] == "varlen" && !config.varlen) {
+      config.varlen = true;
     } else {
       fail(Status::kInvalidArgument, "config name '" + name + "': unknown suffix '" + fields[i] + "'");
     }
@@ -129,6 +133,7 @@ const char* KernelConfig::shape_error() const { return sm90() ? sm90_traits().er
 std::optional<std::string> KernelConfig::invalid_reason(int arch) const {
   if (sm90()) {
     if (arch != 90) return "the sm90 kernel family needs sm_90a (wgmma, TMA, setmaxnreg)";
+    if (varlen) return "the sm90 kernel family does not read packed variable-length batches yet";
   } else if (arch < 80) {
     return "the sm80 kernel family needs sm_80 or newer (mma.sync m16n8k16 bf16, cp.async)";
   }
@@ -143,7 +148,7 @@ std::optional<std::string> KernelConfig::invalid_reason(int arch) const {
 bool KernelConfig::operator==(const KernelConfig& o) const {
   // Configs that share a name are equal: the same family, and the same knobs of it.
   return dtype == o.dtype && head_dim == o.head_dim && mask == o.mask && block_m == o.block_m &&
-         block_n == o.block_n && stages == o.stages && knobs == o.knobs;
+         block_n == o.block_n && stages == o.stages && knobs == o.knobs && varlen == o.varlen;
 }
 
 void to_json(nlohmann::json& j, const KernelConfig& c) {
@@ -153,12 +158,14 @@ void to_json(nlohmann::json& j, const KernelConfig& c) {
                        {"stages", c.stages},          {"overlap", k->overlap},     {"pingpong", k->pingpong},
                        {"persistent", k->persistent}, {"p_smem", k->p_smem},     {"cluster", k->cluster},
                        {"groups", k->groups},         {"tensor_sum", k->tensor_sum}};
+    if (c.varlen) j["varlen"] = true;  // absent: a dense kernel, as every config before it had
     return;
   }
   const Sm80Knobs& k = std::get<Sm80Knobs>(c.knobs);
   j = nlohmann::json{{"family", "fwd_sm80"},    {"dtype", dtype_name(c.dtype)}, {"head_dim", c.head_dim},
                      {"mask", mask_name(c.mask)}, {"block_m", c.block_m},      {"block_n", c.block_n},
                      {"warps", k.warps},          {"stages", c.stages},        {"q_in_regs", k.q_in_regs}};
+  if (c.varlen) j["varlen"] = true;
 }
 
 bool is_int_field(const nlohmann::json& value) {
@@ -172,7 +179,7 @@ void from_json(const nlohmann::json& j, KernelConfig& c) {
   // A misspelt key would otherwise leave its knob at the default without a word.
   static const char* const kKeys[] = {"family", "dtype",      "head_dim",  "mask",       "block_m", "block_n",
                                       "warps",  "stages",     "q_in_regs", "overlap",    "pingpong", "persistent",
-                                      "p_smem", "cluster",    "groups",    "tensor_sum"};
+                                      "p_smem", "cluster",    "groups",    "tensor_sum", "varlen"};
   for (const auto& item : j.items()) {
     FLASHGEN_REQUIRE(std::find(std::begin(kKeys), std::end(kKeys), item.key()) != std::end(kKeys),
                      "kernel config JSON: unknown field \"" + item.key() + "\"");
@@ -220,6 +227,7 @@ void from_json(const nlohmann::json& j, KernelConfig& c) {
   get_bool("pingpong", sm90_knobs.pingpong);
   get_bool("persistent", sm90_knobs.persistent);
   get_bool("p_smem", sm90_knobs.p_smem);
+  get_bool("varlen", config.varlen);
   // The other family's knobs may be present at their defaults (off); a config has no room for others.
   if (sm90) {
     FLASHGEN_REQUIRE(sm80_knobs == Sm80Knobs{}, "kernel config JSON: warps and q_in_regs are sm80-family knobs");

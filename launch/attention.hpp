@@ -39,6 +39,12 @@ ForwardCall make_forward_call(const flashgen_tensor* q, const flashgen_tensor* k
                                     const flashgen_tensor* v, const flashgen_tensor* out, float* lse,
                                     const flashgen_attention_options* opts);
 
+// make_forward_call for a packed variable-length batch (flashgen.h's flashgen_varlen_forward_args): the
+// tensors checked as the dense call checks them, then what the host can see of the packing (one batch
+// entry, offsets given and aligned, the sequence count and longest lengths in range), each error naming
+// the argument. The call's problem is varlen: shape.batch sequences of at most max_seqlen_q and max_seqlen_k.
+ForwardCall make_varlen_forward_call(const flashgen_varlen_forward_args& args);
+
 // Why a kernel family cannot run a config on a call, as dispatch needs it to pick a fallback.
 enum class Shortfall {
   kNone,

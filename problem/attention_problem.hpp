@@ -49,6 +49,11 @@ struct AttentionProblem {
   AttentionShape shape;
   flashgen_mask mask = FLASHGEN_MASK_NONE;  // the caller's, causal alignment included
   DqStrategy dq = DqStrategy::kAtomic;     // the backward's; the forward ignores it
+  // A packed batch of sequences of different lengths: shape.batch sequences of at most shape.seqlen_q
+  // queries and shape.seqlen_k keys (the longest ones'), total_q and total_k rows in all.
+  bool varlen = false;
+  int64_t total_q = 0;
+  int64_t total_k = 0;
 
   // The kernels' mask kind: both causal alignments run the causal kernels (the offset is a parameter).
   MaskKind mask_kind() const { return mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal; }

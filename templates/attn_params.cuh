@@ -30,6 +30,20 @@ struct AttnFwdParams {
 
   float scale;        // softmax scale applied to q·k
   float scale_log2;   // scale * log2(e): the kernels exponentiate in base 2
+
+  // Packed variable-length batches (configs with kVarlen; null and 0 otherwise). q, k, v and o hold one
+  // batch entry of total_q (q, o) and total_k (k, v) rows; sequence b of the batch owns query rows
+  // [cu_seqlens_q[b], cu_seqlens_q[b + 1]) and key rows [cu_seqlens_k[b], cu_seqlens_k[b + 1]), or the first
+  // seqused_k[b] of those key rows when seqused_k is not null. batch counts sequences, seqlen_q and
+  // seqlen_k are the longest ones' (max_seqlen_q, max_seqlen_k: the grid's reach), lse is (heads_q,
+  // total_q). The kernels clamp every offset into [0, total_q] and [0, total_k]: garbage offsets give
+  // garbage rows, never an access outside the tensors.
+  const int* cu_seqlens_q;  // (batch + 1)
+  const int* cu_seqlens_k;  // (batch + 1)
+  const int* seqused_k;     // (batch) or null
+  int total_q;
+  int total_k;
+  int causal_bottom_right;  // per sequence, causal_offset = seqlen_k - seqlen_q (1) or 0 (0: top-left)
 };
 
 // A CUtensorMap (cuda.h) by another name, so NVRTC needs no toolkit header: 128 opaque bytes that the

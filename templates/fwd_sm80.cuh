@@ -8,6 +8,7 @@
 
 #include "attn_params.cuh"
 #include "block_range.cuh"
+#include "sequence.cuh"
 #include "fwd_traits.cuh"
 #include "sm80_primitives.cuh"
 #include "softmax.cuh"
@@ -28,6 +29,7 @@ struct FwdSm80 {
   static constexpr ElemType kElem = Cfg::kElem;
   using Variant = typename Cfg::Variant;
   static constexpr bool kQInRegs = Cfg::kQInRegs;
+  static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;  // packed sequences (sequence.cuh)
   static constexpr int kThreads = kTraits.threads;
   static constexpr int kBlockM = Cfg::kBlockM;
   static constexpr int kBlockN = Cfg::kBlockN;
@@ -57,7 +59,18 @@ struct FwdSm80 {
     sm80::ldmatrix_x4(a, q_lane + (mt * 16 * kRow + kk * 16) * 2);
   }
 
-  static __device__ void run(const AttnFwdParams& p) {
+  // blockIdx: (query block, highest first; query head; batch entry, or sequence of a packed batch).
+  static __device__ void run(const AttnFwdParams& params) {
+    if constexpr (kVarlen) {
+      AttnFwdParams p = params;
+      if (!bind_sequence(p, blockIdx.z, (gridDim.x - 1 - blockIdx.x) * kBlockM)) return;
+      run_block(p);
+    } else {
+      run_block(params);
+    }
+  }
+
+  static __device__ void run_block(const AttnFwdParams& p) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     // Shared memory is addressed with 32-bit byte offsets so ptxas folds the constant parts of every
     // ldmatrix address into the instruction.
@@ -262,7 +275,7 @@ struct FwdSm80 {
         softmax::scale_row(acc_o[mt], h, softmax::inverse_sum(sum));
         const int row = warp_row0 + mt * 16 + g + h * 8;
         if (p.lse != nullptr && t == 0 && row < p.seqlen_q) {
-          p.lse[(static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q + row] =
+          p.lse[lse_index<kVarlen>(p, batch, head, row)] =
               softmax::lse(row_max[mt][h], sum);
         }
       }

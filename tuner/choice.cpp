@@ -61,11 +61,11 @@ const char* choice_source_name(ChoiceSource source) {
   return "heuristic";
 }
 
-ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arch, bool sm80_only) {
-  using Key = std::tuple<int, int, int, int, bool>;
+ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arch, bool sm80_only, bool varlen) {
+  using Key = std::tuple<int, int, int, int, bool, bool>;
   static std::mutex mutex;
   static std::map<Key, ForwardChoice> chosen;
-  const Key key{static_cast<int>(dtype), head_dim, static_cast<int>(mask), arch, sm80_only};
+  const Key key{static_cast<int>(dtype), head_dim, static_cast<int>(mask), arch, sm80_only, varlen};
   {
     std::lock_guard<std::mutex> lock(mutex);
     if (auto found = chosen.find(key); found != chosen.end()) return found->second;
@@ -73,7 +73,8 @@ ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arc
 
   // Compiled outside the lock: two threads may both compile a first choice, the registry keeps one.
   std::vector<KernelConfig> configs = heuristic_forward_configs(dtype, head_dim, mask, arch);
-  if (sm80_only) keep_sm80_family(configs);
+  if (sm80_only || varlen) keep_sm80_family(configs);  // packed batches: the sm80 family only, so far
+  for (KernelConfig& c : configs) c.varlen = varlen;
   auto [config, reason] = first_spill_free(configs, arch);
   std::lock_guard<std::mutex> lock(mutex);
   return chosen.emplace(key, ForwardChoice{std::move(config), std::move(reason)}).first->second;
@@ -171,7 +172,7 @@ ForwardChoice choose_forward_config(const DeviceFingerprint& device, const Probl
   if (auto stored = stored_choice<KernelConfig>(device, problem, arch, user_db, shipped, passed_over)) {
     return {stored->config, stored->reason, stored->source, stored->exact_bucket};
   }
-  ForwardChoice choice = heuristic_choice(problem.dtype, problem.head_dim, problem.mask, arch);
+  ForwardChoice choice = heuristic_choice(problem.dtype, problem.head_dim, problem.mask, arch, false, problem.varlen);
   choice.reason += passed_over;
   return choice;
 }

@@ -37,9 +37,10 @@ struct BackwardChoice {
 
 // The first heuristic config whose compiled kernel does not spill (compiling through the kernel
 // registry's caches); the first one when all of them spill, saying so in the reason. With sm80_only,
-// only the sm80 family is considered (dispatch's fallback when TMA cannot describe a problem).
-// Memoized.
-ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arch, bool sm80_only = false);
+// only the sm80 family is considered (dispatch's fallback when TMA cannot describe a problem); with
+// varlen, the configs are the packed-batch kernels of the sm80 family. Memoized.
+ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arch, bool sm80_only = false,
+                               bool varlen = false);
 
 // The first built-in backward config for the problem class whose kernels (dkdv, and dq when
 // deterministic) compile without spills; the first one when all spill, saying so. Memoized.

@@ -67,17 +67,17 @@ int64_t size_bucket(int64_t n) {
 }
 
 const char* ProblemKey::pass_id() const {
-  if (pass == Pass::kForward) return "fwd";
+  if (pass == Pass::kForward) return varlen ? "fwd_varlen" : "fwd";
   return dq == DqStrategy::kDeterministic ? "bwd_det" : "bwd";
 }
 
 void read_pass_id(const std::string& text, ProblemKey& key) {
-  if (text == "fwd") {
-    key.pass = Pass::kForward, key.dq = DqStrategy::kAtomic;
+  if (text == "fwd" || text == "fwd_varlen") {
+    key.pass = Pass::kForward, key.dq = DqStrategy::kAtomic, key.varlen = text == "fwd_varlen";
   } else if (text == "bwd" || text == "bwd_det") {
     key.pass = Pass::kBackward, key.dq = text == "bwd" ? DqStrategy::kAtomic : DqStrategy::kDeterministic;
   } else {
-    fail(Status::kInvalidArgument, "problem pass must be fwd, bwd or bwd_det, got '" + text + "'");
+    fail(Status::kInvalidArgument, "problem pass must be fwd, fwd_varlen, bwd or bwd_det, got '" + text + "'");
   }
 }
 
@@ -120,8 +120,10 @@ ProblemKey problem_key(const AttentionProblem& problem) {
     return backward_problem_key(problem.dtype, problem.head_dim(), problem.mask_kind(), problem.deterministic(),
                                 group_size, s.seqlen_q, s.seqlen_k, s.batch * s.heads_q);
   }
-  return forward_problem_key(problem.dtype, problem.head_dim(), problem.mask_kind(), group_size, s.seqlen_q,
-                             s.seqlen_k, s.batch * s.heads_q);
+  ProblemKey key = forward_problem_key(problem.dtype, problem.head_dim(), problem.mask_kind(), group_size, s.seqlen_q,
+                                       s.seqlen_k, s.batch * s.heads_q);
+  key.varlen = problem.varlen;
+  return key;
 }
 
 int bucket_distance(const ProblemKey& a, const ProblemKey& b) {

@@ -40,6 +40,7 @@ int64_t size_bucket(int64_t n);
 struct ProblemKey {
   Pass pass = Pass::kForward;
   DqStrategy dq = DqStrategy::kAtomic;  // backward keys: each strategy has its own kernels and tuning data
+  bool varlen = false;                  // packed batches run kernels of their own, so have data of their own
   DType dtype = DType::kFloat16;
   int head_dim = 128;
   MaskKind mask = MaskKind::kNone;
@@ -48,7 +49,8 @@ struct ProblemKey {
   int64_t seqlen_k_bucket = 1;      // size_bucket(seqlen_k)
   int64_t batch_heads_bucket = 1;   // size_bucket(batch * heads_q)
 
-  // The pass in ids and the store's rows: "fwd", "bwd" or "bwd_det" (the deterministic dQ strategy).
+  // The pass in ids and the store's rows: "fwd", "bwd" or "bwd_det" (the deterministic dQ strategy), and
+  // "fwd_varlen" for packed batches (their sizes bucketed by the longest sequence and the sequence count).
   const char* pass_id() const;
   // Exact problem class without the size buckets, e.g. "fwd|bf16|d128|causal|g4".
   std::string class_id() const;
@@ -57,7 +59,7 @@ struct ProblemKey {
   bool operator==(const ProblemKey& other) const { return id() == other.id(); }
 };
 
-// Sets key's pass and dQ strategy from their text in ids ("fwd", "bwd", "bwd_det"); throws
+// Sets key's pass, dQ strategy and varlen from their text in ids (pass_id()); throws
 // Error(kInvalidArgument) naming any other text.
 void read_pass_id(const std::string& text, ProblemKey& key);
 

@@ -9,7 +9,9 @@ std::string config_name(const TunedConfig& config) {
 
 bool is_backward(const TunedConfig& config) { return std::holds_alternative<BwdConfig>(config); }
 
-bool same_pass(const KernelConfig&, const ProblemKey& problem) { return problem.pass == Pass::kForward; }
+bool same_pass(const KernelConfig& config, const ProblemKey& problem) {
+  return problem.pass == Pass::kForward && config.varlen == problem.varlen;
+}
 bool same_pass(const BwdConfig& config, const ProblemKey& problem) {
   return problem.pass == Pass::kBackward && config.deterministic == (problem.dq == DqStrategy::kDeterministic);
 }

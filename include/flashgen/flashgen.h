@@ -126,6 +126,32 @@ int flashgen_explain_backward(const flashgen_tensor* q, const flashgen_tensor* k
                               const flashgen_attention_options* opts, void* cuda_stream, char* json,
                               size_t json_capacity, size_t* json_length);
 
+/* Arguments of flashgen_attention_varlen_forward: a packed batch of `batch` sequences of different lengths.
+ * size is sizeof(flashgen_varlen_forward_args) as the caller compiled it, so that later versions can add
+ * fields at the end. */
+typedef struct {
+  size_t size;
+  flashgen_tensor q, k, v, out;  /* q, out: [1, total_q, heads_q, head_dim]; k, v: [1, total_k, heads_kv, head_dim];
+                                    strides as for the dense call */
+  float* lse;                    /* fp32 [heads_q, total_q] contiguous (natural log), or NULL */
+  const int32_t* cu_seqlens_q;   /* device, batch + 1: sequence b's queries are rows [cu_seqlens_q[b],
+                                    cu_seqlens_q[b + 1]) of q and out; 0 first, non-decreasing, total_q last */
+  const int32_t* cu_seqlens_k;   /* device, batch + 1: its keys are rows [cu_seqlens_k[b], cu_seqlens_k[b + 1]) */
+  const int32_t* seqused_k;      /* device, batch: sequence b uses the first seqused_k[b] keys from
+                                    cu_seqlens_k[b] (a KV cache's filled part), or NULL */
+  int64_t batch;                 /* sequences, 1 to 65535; empty sequences are allowed */
+  int64_t max_seqlen_q;          /* at least every sequence's query count (rows past it are not computed) */
+  int64_t max_seqlen_k;          /* at least every sequence's key count */
+  flashgen_attention_options options; /* the mask's alignment applies per sequence */
+} flashgen_varlen_forward_args;
+
+/* The forward of each packed sequence as its own problem (flashgen_attention_forward's semantics per
+ * sequence: its causal alignment, GQA, a row that sees no key gets 0 and lse -inf). The offsets live on the
+ * device and are not read by the host: the kernels clamp them into [0, total_q] and [0, total_k], so bad
+ * offsets give wrong rows but never an access outside the tensors. Stream, context and error semantics as
+ * for flashgen_attention_forward. */
+int flashgen_attention_varlen_forward(const flashgen_varlen_forward_args* args, void* cuda_stream);
+
 /* A forward problem by its sizes, for tuning. */
 typedef struct {
   flashgen_dtype dtype;

@@ -248,3 +248,28 @@ TEST_CASE("sm90 configs: two groups of consumers per persistent block", "[genera
   CHECK_THROWS_AS(sm80.sm90_traits(), flashgen::Error);
   CHECK_THROWS_AS(c.traits(), flashgen::Error);
 }
+
+TEST_CASE("varlen configs: a suffix of the name, a JSON field when set, the sm80 family only", "[generator][config]") {
+  KernelConfig c = KernelConfig::from_name("fwd_sm80_fp16_d64_m128_n64_w4_s2_causal_qreg_varlen");
+  CHECK(c.varlen);
+  CHECK(c.sm80()->q_in_regs);
+  CHECK(c.name() == "fwd_sm80_fp16_d64_m128_n64_w4_s2_causal_qreg_varlen");
+  CHECK_FALSE(c.invalid_reason(80).has_value());
+  KernelConfig dense = c;
+  dense.varlen = false;
+  CHECK_FALSE(dense == c);  // a kernel of its own
+
+  const nlohmann::json j = c;
+  CHECK(j.at("varlen") == true);
+  CHECK(j.get<KernelConfig>() == c);
+  CHECK_FALSE(nlohmann::json(dense).contains("varlen"));  // dense configs' JSON stays as it always was
+  CHECK_THROWS_AS(nlohmann::json({{"varlen", 1}}).get<KernelConfig>(), flashgen::Error);
+
+  // Spelled in canonical order only, once.
+  CHECK_THROWS_AS(KernelConfig::from_name("fwd_sm80_fp16_d64_m128_n64_w4_s2_varlen_causal"), flashgen::Error);
+  CHECK_THROWS_AS(KernelConfig::from_name("fwd_sm80_fp16_d64_m128_n64_w4_s2_varlen_varlen"), flashgen::Error);
+
+  const KernelConfig sm90 = KernelConfig::from_name("fwd_sm90_fp16_d128_m128_n128_s2_varlen");
+  REQUIRE(sm90.invalid_reason(90).has_value());
+  CHECK(sm90.invalid_reason(90)->find("packed variable-length") != std::string::npos);
+}

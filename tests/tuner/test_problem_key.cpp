@@ -98,16 +98,21 @@ TEST_CASE("a problem's key: its pass and dQ strategy, its mask kind, its group r
   CHECK(flashgen::problem_key(det).class_id() == "bwd_det|fp16|d96|none|g4");
   CHECK(flashgen::problem_key(det) ==
         flashgen::backward_problem_key(DType::kFloat16, 96, MaskKind::kNone, true, 4, 1000, 3000, 96));
+
+  // A packed batch: its own class, bucketed by the longest sequences and the sequence count.
+  flashgen::AttentionProblem packed = forward;
+  packed.varlen = true;
+  CHECK(flashgen::problem_key(packed).id() == "fwd_varlen|bf16|d96|causal|g4|q1024|k4096|bh128");
 }
 
 TEST_CASE("pass ids read back into the key's pass and dQ strategy", "[tuner][problem_key]") {
-  for (const char* text : {"fwd", "bwd", "bwd_det"}) {
+  for (const char* text : {"fwd", "fwd_varlen", "bwd", "bwd_det"}) {
     flashgen::ProblemKey key;
     flashgen::read_pass_id(text, key);
     CHECK(std::string(key.pass_id()) == text);
   }
   flashgen::ProblemKey key;
-  CHECK_THROWS_WITH(flashgen::read_pass_id("bwd-det", key), Catch::Matchers::Contains("fwd, bwd or bwd_det, got 'bwd-det'"));
+  CHECK_THROWS_WITH(flashgen::read_pass_id("bwd-det", key), Catch::Matchers::Contains("fwd, fwd_varlen, bwd or bwd_det, got 'bwd-det'"));
 }
 
 TEST_CASE("bucket_distance sums bucket exponent differences within one class", "[tuner][problem_key]") {

@@ -1,0 +1,88 @@
+// Tests for flashgen_attention_varlen_forward's argument checks: each bad argument refused with a message
+// naming it, before anything touches a GPU.
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "catch.hpp"
+#include "flashgen/flashgen.h"
+#include "gpu.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "support/fake_pointer.hpp"
+
+namespace {
+
+using flashgen::test::fake_pointer;
+
+flashgen_tensor packed(void* data, int64_t total, int64_t heads, int64_t head_dim) {
+  return flashgen_tensor{data, FLASHGEN_FLOAT16, {1, total, heads, head_dim},
+                         {total * heads * head_dim, heads * head_dim, head_dim, 1}};
+}
+
+// Three sequences packed into 300 query rows and 500 key rows, 8 query heads over 2 key/value heads.
+flashgen_varlen_forward_args valid_args() {
+  flashgen_varlen_forward_args args{};
+  args.size = sizeof(args);
+  args.q = packed(fake_pointer(1), 300, 8, 64);
+  args.k = packed(fake_pointer(2), 500, 2, 64);
+  args.v = packed(fake_pointer(3), 500, 2, 64);
+  args.out = packed(fake_pointer(4), 300, 8, 64);
+  args.lse = static_cast<float*>(fake_pointer(5));
+  args.cu_seqlens_q = static_cast<const int32_t*>(fake_pointer(6));
+  args.cu_seqlens_k = static_cast<const int32_t*>(fake_pointer(7));
+  args.batch = 3;
+  args.max_seqlen_q = 200;
+  args.max_seqlen_k = 300;
+  args.options.mask = FLASHGEN_MASK_CAUSAL;
+  return args;
+}
+
+void check_rejected(const std::function<void(flashgen_varlen_forward_args&)>& edit, int status,
+                    const std::string& message) {
+  flashgen_varlen_forward_args args = valid_args();
+  edit(args);
+  INFO("expected: " << message);
+  CHECK(flashgen_attention_varlen_forward(&args, nullptr) == status);
+  const std::string error = flashgen_last_error();
+  INFO("got: " << error);
+  CHECK(error.find(message) != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("varlen forward rejects each bad argument with a message naming it", "[c_api][varlen]") {
+  const int kInvalid = FLASHGEN_ERROR_INVALID_ARGUMENT;
+  CHECK(flashgen_attention_varlen_forward(nullptr, nullptr) == kInvalid);
+  CHECK(std::string(flashgen_last_error()).find("args: null pointer") != std::string::npos);
+  check_rejected([](auto& a) { a.size = 0; }, kInvalid, "args.size is 0; this flashgen's flashgen_varlen_forward_args");
+  check_rejected([](auto& a) { a.size += 8; }, kInvalid, "a flashgen.h newer than this library");
+  // The dense call's checks of the tensors and options apply.
+  check_rejected([](auto& a) { a.k.shape[3] = 32; }, kInvalid, "k.shape[3] (head_dim) is 32 but q.shape[3]");
+  check_rejected([](auto& a) { a.v.shape[1] = 499; }, kInvalid, "v.shape[1] (seqlen) is 499 but k.shape[1]");
+  check_rejected([](auto& a) { a.options.mask = static_cast<flashgen_mask>(5); }, kInvalid, "opts.mask: unknown value 5");
+  // The packing.
+  check_rejected(
+      [](auto& a) {
+        for (flashgen_tensor* t : {&a.q, &a.out}) t->shape[0] = 2;
+        for (flashgen_tensor* t : {&a.k, &a.v}) t->shape[0] = 2;
+      },
+      kInvalid, "q.shape[0] is 2: a packed batch is one entry [1, total, heads, head_dim]");
+  check_rejected([](auto& a) { a.cu_seqlens_q = nullptr; }, kInvalid, "cu_seqlens_q: null pointer");
+  check_rejected([](auto& a) { a.cu_seqlens_k = nullptr; }, kInvalid, "cu_seqlens_k: null pointer");
+  check_rejected(
+      [](auto& a) { a.cu_seqlens_k = reinterpret_cast<const int32_t*>(reinterpret_cast<uintptr_t>(a.cu_seqlens_k) + 2); },
+      kInvalid, "cu_seqlens_k: pointer must be 4-byte aligned");
+  check_rejected([](auto& a) { a.seqused_k = reinterpret_cast<const int32_t*>(reinterpret_cast<uintptr_t>(a.lse) + 2); },
+                 kInvalid, "seqused_k: pointer must be 4-byte aligned");
+  check_rejected([](auto& a) { a.batch = 0; }, kInvalid, "batch must be in [1, 65535] (sequences; grid limit), got 0");
+  check_rejected([](auto& a) { a.batch = 65536; }, kInvalid, "batch must be in [1, 65535]");
+  check_rejected([](auto& a) { a.max_seqlen_q = 0; }, kInvalid, "max_seqlen_q must be in [1, total_q = 300], got 0");
+  check_rejected([](auto& a) { a.max_seqlen_q = 301; }, kInvalid, "max_seqlen_q must be in [1, total_q = 300], got 301");
+  check_rejected([](auto& a) { a.max_seqlen_k = 501; }, kInvalid, "max_seqlen_k must be in [1, total_k = 500], got 501");
+}
+
+TEST_CASE("varlen forward with valid arguments gets as far as the GPU", "[c_api][varlen]") {
+  if (flashgen::driver_available()) FLASHGEN_SKIP_TEST("a driver is present: the [gpu] varlen cases launch");
+  flashgen_varlen_forward_args args = valid_args();
+  CHECK(flashgen_attention_varlen_forward(&args, nullptr) == FLASHGEN_ERROR_NO_DEVICE);
+}
