@@ -67,6 +67,25 @@ class ForwardProblem(ctypes.Structure):
     ]
 
 
+class VarlenForwardArgs(ctypes.Structure):
+    """flashgen_varlen_forward_args: a packed batch of sequences, for flashgen_attention_varlen_forward."""
+    _fields_ = [
+        ("size", ctypes.c_size_t),          # ctypes.sizeof(VarlenForwardArgs)
+        ("q", Tensor),                      # [1, total_q, heads_q, head_dim]
+        ("k", Tensor),                      # [1, total_k, heads_kv, head_dim]
+        ("v", Tensor),
+        ("out", Tensor),
+        ("lse", ctypes.c_void_p),           # fp32 [heads_q, total_q] or NULL
+        ("cu_seqlens_q", ctypes.c_void_p),  # device int32 [batch + 1]
+        ("cu_seqlens_k", ctypes.c_void_p),
+        ("seqused_k", ctypes.c_void_p),     # device int32 [batch] or NULL
+        ("batch", ctypes.c_int64),
+        ("max_seqlen_q", ctypes.c_int64),
+        ("max_seqlen_k", ctypes.c_int64),
+        ("options", AttentionOptions),
+    ]
+
+
 class FlashgenError(RuntimeError):
     """A flashgen call failed. str(error) is the library's message; .status is its status code (STATUS_NAMES)."""
 
@@ -94,6 +113,7 @@ _json_out = [ctypes.c_char_p, ctypes.c_size_t, _size_p]  # json, json_capacity, 
 # name: (restype, argtypes), as flashgen.h declares them.
 _SIGNATURES = {
     "flashgen_attention_forward": (ctypes.c_int, [_tensor_p] * 4 + [_void_p, _options_p, _void_p]),
+    "flashgen_attention_varlen_forward": (ctypes.c_int, [ctypes.POINTER(VarlenForwardArgs), _void_p]),
     "flashgen_attention_backward": (ctypes.c_int, [_tensor_p] * 5 + [_void_p] + [_tensor_p] * 3 + [_options_p, _void_p]),
     "flashgen_attention_backward_workspace_size": (
         ctypes.c_int, [_tensor_p] * 5 + [_void_p] + [_tensor_p] * 3 + [_options_p, _void_p, _size_p]),

@@ -17,6 +17,7 @@ captured in a CUDA graph.
 """
 
 import ctypes
+from typing import Optional
 
 import torch
 
@@ -31,7 +32,7 @@ except ImportError:
 if not (hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_autograd")):
     raise ImportError(f"flashgen.torch needs torch >= 2.4 (torch.library.custom_op); this is torch {torch.__version__}")
 
-__all__ = ["attention", "explain", "tune", "FlashgenError", "FlashgenArgumentError"]
+__all__ = ["attention", "varlen_attention", "explain", "tune", "FlashgenError", "FlashgenArgumentError"]
 
 _DTYPE_CODES = {torch.float16: _lib.FLOAT16, torch.bfloat16: _lib.BFLOAT16}
 _MASK_CODES = {"none": _lib.MASK_NONE, "bottom_right": _lib.MASK_CAUSAL, "top_left": _lib.MASK_CAUSAL_TOP_LEFT}
@@ -430,3 +431,121 @@ def tune(q, k, v, *, causal=False, causal_align="bottom_right", layout="bshd"):
                                   heads_kv, head_dim)
     with torch.cuda.device(q.device):
         return _lib.call_json("flashgen_tune_forward", ctypes.byref(problem), _stream(q.device))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Packed variable-length batches: FlashAttention's flash_attn_varlen_func arguments, the forward.
+
+def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k):
+    """Raises FlashgenArgumentError naming the argument for what the library cannot see (types, devices, ranks,
+    dtypes, the offsets' length); sizes, strides and the packing's ranges are the library's to check."""
+    def bad(message):
+        raise FlashgenArgumentError(message, _lib.ERROR_INVALID_ARGUMENT)
+
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            bad(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            bad(f"{name}: expected a 3-d packed tensor [total, heads, head_dim], got shape {tuple(t.shape)}")
+        if t.dtype not in (torch.float16, torch.bfloat16):
+            bad(f"{name}.dtype is {t.dtype}; flashgen runs torch.float16 and torch.bfloat16")
+        if t.device.type not in ("cuda", "meta"):
+            bad(f"{name} is on {t.device}; flashgen runs on CUDA devices")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            bad(f"{name}.dtype is {t.dtype} but q.dtype is {q.dtype}")
+        if t.device != q.device:
+            bad(f"{name} is on {t.device} but q is on {q.device}")
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k)):
+        if t is None and name == "seqused_k":
+            continue
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1 or t.device != q.device:
+            bad(f"{name}: expected a 1-d torch.int32 tensor on {q.device}, got "
+                f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}"
+                f"{' ' + str(list(t.shape)) + ' on ' + str(t.device) if isinstance(t, torch.Tensor) else ''}")
+    if cu_seqlens_q.shape[0] < 2 or cu_seqlens_k.shape[0] != cu_seqlens_q.shape[0]:
+        bad(f"cu_seqlens_q and cu_seqlens_k must both hold batch + 1 >= 2 offsets, got {cu_seqlens_q.shape[0]} and "
+            f"{cu_seqlens_k.shape[0]}")
+    if seqused_k is not None and seqused_k.shape[0] != cu_seqlens_q.shape[0] - 1:
+        bad(f"seqused_k must hold batch = {cu_seqlens_q.shape[0] - 1} lengths, got {seqused_k.shape[0]}")
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            bad(f"{name}: expected an int, got {type(value).__name__}")
+
+
+def _packed_view(t):
+    """flashgen_tensor over a packed [total, heads, head_dim] tensor, as the one batch entry [1, total, heads, d]."""
+    total = t.shape[0]
+    return _lib.Tensor(t.data_ptr(), _DTYPE_CODES[t.dtype], (1, *t.shape), (t.stride(0) * total, *t.stride()))
+
+
+def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask):
+    with torch.cuda.device(q.device):
+        q, k, v = (_readable(t) for t in (q, k, v))
+        cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+        seqused_k = seqused_k.contiguous() if seqused_k is not None else None
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+        args = _lib.VarlenForwardArgs()
+        args.size = ctypes.sizeof(args)
+        args.q, args.k, args.v, args.out = (_packed_view(t) for t in (q, k, v, out))
+        args.lse = lse.data_ptr()
+        args.cu_seqlens_q, args.cu_seqlens_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
+        args.seqused_k = seqused_k.data_ptr() if seqused_k is not None else None
+        args.batch = cu_seqlens_q.shape[0] - 1
+        args.max_seqlen_q, args.max_seqlen_k = max_seqlen_q, max_seqlen_k
+        args.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 0)
+        _lib.check(_lib.function("flashgen_attention_varlen_forward")(ctypes.byref(args), _stream(q.device)),
+                   "flashgen_attention_varlen_forward")
+    return out, lse
+
+
+@torch.library.custom_op("flashgen::varlen_attention_forward", mutates_args=())
+def _varlen_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                              cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor], max_seqlen_q: int,
+                              max_seqlen_k: int, scale: float, mask: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of a packed batch; lse is fp32 [heads_q, total_q]."""
+    return _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask)
+
+
+@_varlen_attention_forward.register_fake
+def _varlen_attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale,
+                                   mask):
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                     softmax_scale=None, causal=False, *, causal_align="bottom_right", seqused_k=None,
+                     return_attn_probs=False):
+    """Attention over a packed batch of sequences of different lengths, with FlashAttention's
+    flash_attn_varlen_func arguments: q [total_q, heads_q, head_dim], k and v [total_k, heads_kv, head_dim] (CUDA
+    float16 or bfloat16); cu_seqlens_q and cu_seqlens_k int32 [batch + 1] offsets on q's device (sequence b owns
+    rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q and the output, cu_seqlens_k[b]:cu_seqlens_k[b + 1] of k and v);
+    max_seqlen_q and max_seqlen_k at least every sequence's lengths (ints, as FlashAttention takes them: no
+    device-to-host copy here). Each sequence is its own problem: causal masks within it, aligned
+    "bottom_right" (FlashAttention's) or "top_left"; heads_q a multiple of heads_kv (GQA); a row that sees no key
+    gets output 0 and lse -inf; empty sequences are allowed. seqused_k: int32 [batch], the keys each sequence
+    uses from its offset (a KV cache's filled part), or None. dropout_p must be 0.
+
+    Returns out [total_q, heads_q, head_dim] (a new tensor), or (out, lse, None) with return_attn_probs, lse being
+    fp32 [heads_q, total_q] (natural log) as FlashAttention returns softmax_lse. Forward only so far: a call whose
+    inputs require gradients raises NotImplementedError rather than dropping them. Runs on the current CUDA stream
+    of q's device; under torch.compile and in CUDA graphs through the custom op flashgen::varlen_attention_forward.
+    Offsets are read on the device only and clamped into the tensors: wrong offsets give wrong rows, never an
+    access outside the tensors.
+    """
+    if dropout_p != 0.0:
+        raise FlashgenArgumentError(f"dropout_p must be 0.0 (flashgen has no dropout), got {dropout_p}",
+                                    _lib.ERROR_INVALID_ARGUMENT)
+    mask = _mask(causal, causal_align)
+    scale = _check_scale(softmax_scale)
+    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise NotImplementedError("flashgen.torch.varlen_attention: the backward of packed batches is not "
+                                  "implemented yet; call it under torch.no_grad() or on inputs without gradients")
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask)
+    if _eager_call(q, k, v):
+        out, lse = _varlen_forward(*args)
+    else:
+        out, lse = torch.ops.flashgen.varlen_attention_forward(*args)
+    return (out, lse, None) if return_attn_probs else out

@@ -75,6 +75,10 @@ def test_struct_layouts_mirror_flashgen_h():
     assert ctypes.sizeof(_lib.AttentionOptions) == 12
     assert ctypes.sizeof(_lib.ForwardProblem) == 56
     assert _lib.ForwardProblem.batch.offset == 8
+    # flashgen_varlen_forward_args: size_t, four tensors, four pointers, three int64, the options.
+    assert ctypes.sizeof(_lib.VarlenForwardArgs) == 400
+    assert _lib.VarlenForwardArgs.lse.offset == 328
+    assert _lib.VarlenForwardArgs.options.offset == 384
 
 
 def test_search_order():
