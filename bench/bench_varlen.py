@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Packed variable-length prefill: flashgen.torch.varlen_attention on a batch of mixed lengths against flashgen's
+own dense forward on the same number of tokens, and against SDPA (FlashAttention-2 and cuDNN backends) run
+sequence by sequence and on the batch padded to its longest sequence, in one process, on the same random
+tensors. Reports TFLOP/s over the visible (query, key) pairs of the real sequences (4 * pairs * head_dim * heads;
+the padded SDPA run is charged only for those too). Writes a CSV with device, date and versions.
+
+    python3 bench/bench_varlen.py [--sequences 64] [--min-len 128] [--max-len 8192] [--out FILE]
+"""
+import argparse
+import datetime
+import random
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import flashgen
+import flashgen.torch as fg
+
+
+def timed_ms(fn, samples, flush):
+    """Mean milliseconds per call of fn over `samples` calls queued back to back between two CUDA events, after
+    an L2 flush. The calls here take milliseconds each, so the host stays ahead of the GPU."""
+    for _ in range(3):
+        fn()
+    flush.zero_()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(samples):
+        fn()
+    stop.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(stop) / samples
+
+
+def visible_pairs(sq, sk, causal):
+    if not causal:
+        return sq * sk
+    # bottom-right: query i sees min(sk, i + sk - sq + 1) keys, at least 0
+    return sum(max(0, min(sk, i + sk - sq + 1)) for i in range(sq))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sequences", type=int, default=64)
+    parser.add_argument("--min-len", type=int, default=128)
+    parser.add_argument("--max-len", type=int, default=8192)
+    parser.add_argument("--hidden", type=int, default=2048, help="heads * head_dim")
+    parser.add_argument("--samples", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+
+    rng = random.Random(args.seed)
+    lens = [rng.randint(args.min_len, args.max_len) for _ in range(args.sequences)]
+    total = sum(lens)
+    cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32, device="cuda")
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    device = torch.cuda.get_device_name()
+    rows = []
+    print(f"{args.sequences} sequences of {args.min_len}..{args.max_len} tokens, {total} in all")
+    for dtype in (torch.bfloat16,):
+        for head_dim in (64, 128):
+            heads = args.hidden // head_dim
+            for causal in (False, True):
+                torch.manual_seed(args.seed)
+                q, k, v = (torch.randn(total, heads, head_dim, device="cuda", dtype=dtype) for _ in range(3))
+                pairs = sum(visible_pairs(n, n, causal) for n in lens)
+                flops = 4.0 * pairs * head_dim * heads
+                results = {}
+                with torch.no_grad():
+                    results["flashgen varlen"] = timed_ms(
+                        lambda: fg.varlen_attention(q, k, v, cu, cu, max(lens), max(lens), causal=causal),
+                        args.samples, flush)
+                    # The same tokens as one dense batch of sequences of the mean length.
+                    mean = total // args.sequences
+                    dq, dk, dv = (t[: mean * args.sequences].view(args.sequences, mean, heads, head_dim)
+                                  for t in (q, k, v))
+                    dense_flops = 4.0 * args.sequences * visible_pairs(mean, mean, causal) * head_dim * heads
+                    dense_ms = timed_ms(lambda: fg.attention(dq, dk, dv, causal=causal), args.samples, flush)
+                    # SDPA sequence by sequence (its kernels take no offsets), and padded to the longest.
+                    starts = cu.tolist()
+                    slices = [tuple(t[s:e].transpose(0, 1)[None] for t in (q, k, v))
+                              for s, e in zip(starts, starts[1:])]
+                    padded = [torch.zeros(args.sequences, heads, max(lens), head_dim, device="cuda", dtype=dtype)
+                              for _ in range(3)]
+                    for i, (s, e) in enumerate(zip(starts, starts[1:])):
+                        for p, t in zip(padded, (q, k, v)):
+                            p[i, :, : e - s] = t[s:e].transpose(0, 1)
+                    for name, backend in (("SDPA FA2", SDPBackend.FLASH_ATTENTION),
+                                          ("SDPA cuDNN", SDPBackend.CUDNN_ATTENTION)):
+                        with sdpa_kernel([backend]):
+                            try:
+                                results[name + " per sequence"] = timed_ms(
+                                    lambda: [F.scaled_dot_product_attention(*s, is_causal=causal) for s in slices],
+                                    args.samples, flush)
+                                results[name + " padded"] = timed_ms(
+                                    lambda: F.scaled_dot_product_attention(*padded, is_causal=causal),
+                                    args.samples, flush)
+                            except RuntimeError as error:
+                                print(f"{name}: {error}".splitlines()[0])
+                dense_tflops = dense_flops / dense_ms / 1e9
+                for name, ms in results.items():
+                    tflops = flops / ms / 1e9
+                    rows.append((device, datetime.date.today().isoformat(), torch.__version__, flashgen.version(),
+                                 str(dtype).split(".")[-1], head_dim, int(causal), args.sequences, total, name,
+                                 f"{ms:.4f}", f"{tflops:.1f}", f"{tflops / dense_tflops:.3f}"))
+                    print(f"d{head_dim} causal={int(causal)} {name:28} {ms:8.3f} ms {tflops:7.1f} TFLOP/s "
+                          f"{tflops / dense_tflops:.2f}x flashgen dense ({dense_tflops:.1f} TFLOP/s)")
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("device,date,torch,flashgen,dtype,head_dim,causal,sequences,tokens,call,mean_ms,tflops,"
+                    "vs_flashgen_dense\n")
+            for row in rows:
+                f.write(",".join(str(x) for x in row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
