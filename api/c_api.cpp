@@ -55,6 +55,16 @@ const T& required(const T* argument, const char* name) {
   return *argument;
 }
 
+// A size-prefixed argument struct's size against this library's struct of `expected` bytes: smaller is a
+// caller that did not set it, larger a caller built against a newer flashgen.h.
+void check_args_size(size_t size, size_t expected) {
+  FLASHGEN_REQUIRE(size >= expected, "args.size is " + std::to_string(size) + "; this flashgen's argument struct has " +
+                                         std::to_string(expected) + " bytes (set size to sizeof)");
+  FLASHGEN_REQUIRE(size == expected, "args.size is " + std::to_string(size) +
+                                         ": a flashgen.h newer than this library (" + std::to_string(expected) +
+                                         " bytes)");
+}
+
 // The problem of a flashgen_forward_problem, checked like the calls check their tensors.
 flashgen::AttentionProblem forward_problem_of(const flashgen_forward_problem* problem) {
   FLASHGEN_REQUIRE(problem != nullptr, "problem: null pointer");
@@ -100,13 +110,16 @@ extern "C" int flashgen_attention_forward(const flashgen_tensor* q, const flashg
 extern "C" int flashgen_attention_varlen_forward(const flashgen_varlen_forward_args* args, void* cuda_stream) {
   return guarded([&] {
     const flashgen_varlen_forward_args& checked = required(args, "args");
-    FLASHGEN_REQUIRE(checked.size >= sizeof(flashgen_varlen_forward_args),
-                     "args.size is " + std::to_string(checked.size) + "; this flashgen's flashgen_varlen_forward_args " +
-                         "has " + std::to_string(sizeof(flashgen_varlen_forward_args)) + " bytes (set size to sizeof)");
-    FLASHGEN_REQUIRE(checked.size == sizeof(flashgen_varlen_forward_args),
-                     "args.size is " + std::to_string(checked.size) + ": a flashgen.h newer than this library (" +
-                         std::to_string(sizeof(flashgen_varlen_forward_args)) + " bytes)");
+    check_args_size(checked.size, sizeof(flashgen_varlen_forward_args));
     flashgen::attention_forward(checked, static_cast<CUstream>(cuda_stream));
+  });
+}
+
+extern "C" int flashgen_attention_varlen_backward(const flashgen_varlen_backward_args* args, void* cuda_stream) {
+  return guarded([&] {
+    const flashgen_varlen_backward_args& checked = required(args, "args");
+    check_args_size(checked.size, sizeof(flashgen_varlen_backward_args));
+    flashgen::attention_backward(checked, static_cast<CUstream>(cuda_stream));
   });
 }
 

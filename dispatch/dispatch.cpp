@@ -27,7 +27,8 @@ ForwardChoice sm80_fallback(const ForwardCall& call, int arch) {
 
 BackwardChoice sm80_fallback(const BackwardCall& call, int arch) {
   const AttentionProblem& p = call.problem;
-  return heuristic_backward_choice(p.dtype, p.head_dim(), p.mask_kind(), p.deterministic(), arch, /*sm80_only=*/true);
+  return heuristic_backward_choice(p.dtype, p.head_dim(), p.mask_kind(), p.deterministic(), arch, /*sm80_only=*/true,
+                                   p.varlen);
 }
 
 // The kTileCount fallback: the same tiles, one block each instead of a persistent walk (groups walk a
@@ -295,6 +296,10 @@ BackwardLaunch attention_backward(const flashgen_tensor& q, const flashgen_tenso
                                   size_t workspace_bytes) {
   return attention_backward(make_backward_call(&q, &k, &v, &out, &dout, lse, &dq, &dk, &dv, &opts), stream, workspace,
                             workspace_bytes);
+}
+
+BackwardLaunch attention_backward(const flashgen_varlen_backward_args& args, CUstream stream) {
+  return attention_backward(make_varlen_backward_call(args), stream);
 }
 
 }  // namespace flashgen

@@ -76,6 +76,10 @@ BackwardPlan plan_backward(const BackwardCall& call, CUstream stream);
 BackwardLaunch attention_backward(const BackwardCall& call, CUstream stream, CUdeviceptr workspace = 0,
                                   size_t workspace_bytes = 0);
 
+// make_varlen_backward_call + attention_backward (a workspace from the stream's pool): the entry point behind
+// flashgen_attention_varlen_backward.
+BackwardLaunch attention_backward(const flashgen_varlen_backward_args& args, CUstream stream);
+
 // make_backward_call + attention_backward: the entry point behind flashgen_attention_backward and
 // flashgen_attention_backward_with_workspace.
 BackwardLaunch attention_backward(const flashgen_tensor& q, const flashgen_tensor& k, const flashgen_tensor& v,

@@ -32,6 +32,7 @@ std::string BwdConfig::name() const {
            to_string(k.d_split);
   }
   if (mask == MaskKind::kCausal) name += "_causal";
+  if (varlen) name += "_varlen";
   if (deterministic) {
     name += "_det_qm" + to_string(dq_block_m) + "_qn" + to_string(dq_block_n) + "_qw" + to_string(dq_warps) +
             "_qs" + to_string(dq_stages);
@@ -49,7 +50,7 @@ BwdConfig BwdConfig::from_name(const std::string& name) {
   FLASHGEN_REQUIRE(sm90 || (fields.size() >= 9 && fields[0] == "bwd" && fields[1] == "sm80"),
                    "config name '" + name +
                        "': expected bwd_sm80_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_w<warps>_s<stages>"
-                       "_x<d_split>[_causal][_det_qm<m>_qn<n>_qw<warps>_qs<stages>] or "
+                       "_x<d_split>[_causal][_varlen][_det_qm<m>_qn<n>_qw<warps>_qs<stages>] or "
                        "bwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_det_...]");
   BwdConfig c;
   if (sm90) c.knobs = BwdSm90Knobs{};
@@ -64,6 +65,10 @@ BwdConfig BwdConfig::from_name(const std::string& name) {
   if (k80) k80->d_split = parse_name_field(fields[i++], "x", name);
   if (i < fields.size() && fields[i] == "causal") {
     c.mask = MaskKind::kCausal;
+    ++i;
+  }
+  if (i < fields.size() && fields[i] == "varlen") {
+    c.varlen = true;
     ++i;
   }
   if (i < fields.size() && fields[i] == "det") {
@@ -109,6 +114,7 @@ int BwdConfig::smem_bytes(BwdKernel kernel) const {
 std::optional<std::string> BwdConfig::invalid_reason(int arch) const {
   if (sm90()) {
     if (arch != 90) return "the sm90 kernel family needs sm_90 (wgmma, TMA and setmaxnreg are sm_90a instructions)";
+    if (varlen) return "the sm90 kernel family does not read packed variable-length batches yet";
     const BwdSm90Traits t = sm90_traits();
     if (t.error != nullptr) return std::string(t.error);
   } else {
@@ -155,6 +161,7 @@ void to_json(nlohmann::json& j, const BwdConfig& c) {
                        {"d_split", k.d_split},
                        {"deterministic", c.deterministic}};
   }
+  if (c.varlen) j["varlen"] = true;  // absent: dense kernels, as every config before it had
   if (c.deterministic) {
     j["dq_block_m"] = c.dq_block_m;
     j["dq_block_n"] = c.dq_block_n;
@@ -207,6 +214,10 @@ void from_json(const nlohmann::json& j, BwdConfig& c) {
   if (j.contains("deterministic")) {
     FLASHGEN_REQUIRE(j["deterministic"].is_boolean(), "backward config JSON: 'deterministic' must be true or false");
     config.deterministic = j["deterministic"].get<bool>();
+  }
+  if (j.contains("varlen")) {
+    FLASHGEN_REQUIRE(j["varlen"].is_boolean(), "backward config JSON: 'varlen' must be true or false");
+    config.varlen = j["varlen"].get<bool>();
   }
   c = config;
 }

@@ -55,6 +55,9 @@ struct BwdConfig {
   int dq_stages = 2;
   // The dkdv kernel's knobs of one family, and so the family.
   std::variant<BwdSm80Knobs, BwdSm90Knobs> knobs;
+  // Packed batches of sequences of different lengths (templates/sequence.cuh): kernels of their own,
+  // suffix _varlen after _causal. The sm80 family only, so far.
+  bool varlen = false;
 
   KernelFamily family() const {
     return std::holds_alternative<BwdSm90Knobs>(knobs) ? KernelFamily::kSm90 : KernelFamily::kSm80;
@@ -66,7 +69,7 @@ struct BwdConfig {
   BwdSm90Knobs* sm90() { return std::get_if<BwdSm90Knobs>(&knobs); }
 
   // e.g. bwd_sm80_bf16_d128_m64_n64_w4_s2_x1_causal, or ..._det_qm64_qn32_qw4_qs2 when deterministic;
-  // bwd_sm90_fp16_d128_m64_n128_s2[_causal].
+  // bwd_sm90_fp16_d128_m64_n128_s2[_causal]; _varlen before _det for packed batches.
   std::string name() const;
   static BwdConfig from_name(const std::string& name);  // throws Error(kInvalidArgument)
 

@@ -132,6 +132,7 @@ std::string render_config_header(const BwdConfig& c) {
   out << "  static constexpr int kStages = " << c.stages << ";\n";
   if (sm80) out << "  static constexpr int kDSplit = " << sm80->d_split << ";\n";
   out << "  static constexpr bool kAtomicDq = " << (c.deterministic ? "false" : "true") << ";\n";
+  if (c.varlen) out << "  static constexpr bool kVarlen = true;\n";  // dense headers leave it out (sequence.cuh)
   if (sm80 || c.deterministic) {
     out << "  static constexpr int kDqBlockM = " << c.dq_block_m << ";\n"
         << "  static constexpr int kDqBlockN = " << c.dq_block_n << ";\n"

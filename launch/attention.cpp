@@ -75,45 +75,12 @@ ForwardCall make_forward_call(const flashgen_tensor* q, const flashgen_tensor* k
 
 ForwardCall make_varlen_forward_call(const flashgen_varlen_forward_args& args) {
   ForwardCall call = make_forward_call(&args.q, &args.k, &args.v, &args.out, args.lse, &args.options);
-  for (const auto& [t, name] : {std::pair{&args.q, "q"}, std::pair{&args.k, "k"}}) {
-    FLASHGEN_REQUIRE(t->shape[0] == 1, std::string(name) + ".shape[0] is " + std::to_string(t->shape[0]) +
-                                           ": a packed batch is one entry [1, total, heads, head_dim]");
-  }
-  const struct {
-    const int32_t* pointer;
-    const char* name;
-    bool optional;
-  } offsets[] = {{args.cu_seqlens_q, "cu_seqlens_q", false},
-                 {args.cu_seqlens_k, "cu_seqlens_k", false},
-                 {args.seqused_k, "seqused_k", true}};
-  for (const auto& [pointer, name, optional] : offsets) {
-    FLASHGEN_REQUIRE(pointer != nullptr || optional, std::string(name) + ": null pointer");
-    FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(pointer) % alignof(int32_t) == 0,
-                     std::string(name) + ": pointer must be 4-byte aligned");
-  }
-  const int64_t total_q = args.q.shape[1], total_k = args.k.shape[1];
-  FLASHGEN_REQUIRE(args.batch >= 1 && args.batch <= 65535,
-                   "batch must be in [1, 65535] (sequences; grid limit), got " + std::to_string(args.batch));
-  FLASHGEN_REQUIRE(args.max_seqlen_q >= 1 && args.max_seqlen_q <= total_q,
-                   "max_seqlen_q must be in [1, total_q = " + std::to_string(total_q) + "], got " +
-                       std::to_string(args.max_seqlen_q));
-  FLASHGEN_REQUIRE(args.max_seqlen_k >= 1 && args.max_seqlen_k <= total_k,
-                   "max_seqlen_k must be in [1, total_k = " + std::to_string(total_k) + "], got " +
-                       std::to_string(args.max_seqlen_k));
-
-  AttentionProblem& problem = call.problem;
-  problem.varlen = true;
-  problem.total_q = total_q, problem.total_k = total_k;
-  problem.shape.batch = args.batch;
-  problem.shape.seqlen_q = args.max_seqlen_q, problem.shape.seqlen_k = args.max_seqlen_k;
+  const Packing packing{args.cu_seqlens_q, args.cu_seqlens_k, args.seqused_k,
+                        args.batch,        args.max_seqlen_q, args.max_seqlen_k};
+  check_packing(args.q, args.k, packing);
   AttnFwdParams& p = call.params;
-  p.batch = static_cast<int>(args.batch);
-  p.seqlen_q = static_cast<int>(args.max_seqlen_q), p.seqlen_k = static_cast<int>(args.max_seqlen_k);
   p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = 0;  // every sequence in entry 0
-  p.cu_seqlens_q = args.cu_seqlens_q, p.cu_seqlens_k = args.cu_seqlens_k, p.seqused_k = args.seqused_k;
-  p.total_q = static_cast<int>(total_q), p.total_k = static_cast<int>(total_k);
-  p.causal_offset = 0;  // each sequence's own, set in the kernel
-  p.causal_bottom_right = args.options.mask == FLASHGEN_MASK_CAUSAL ? 1 : 0;
+  bind_packing(packing, args.q, args.k, args.options, call.problem, p);
   return call;
 }
 

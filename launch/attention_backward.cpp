@@ -29,9 +29,16 @@ size_t workspace_rows(const AttnBwdParams& p, const BwdConfig& config) {
   return (static_cast<size_t>(p.seqlen_q) + pad - 1) / pad * pad;
 }
 
+// Workspace rows over every (batch, head): batch · heads_q · workspace_rows for a dense batch, heads_q ·
+// total_q for a packed one (its configs are of the sm80 family, whose rows are not padded).
+size_t all_workspace_rows(const AttnBwdParams& p, const BwdConfig& config) {
+  if (p.cu_seqlens_q != nullptr) return size_t(p.heads_q) * size_t(p.total_q);
+  return size_t(p.batch) * size_t(p.heads_q) * workspace_rows(p, config);
+}
+
 // One fp32 value per workspace row: D, and the base-2 LSE of the sm90 family.
 size_t row_array_bytes(const AttnBwdParams& p, const BwdConfig& config) {
-  return align_up(sizeof(float) * size_t(p.batch) * size_t(p.heads_q) * workspace_rows(p, config));
+  return align_up(sizeof(float) * all_workspace_rows(p, config));
 }
 
 // The tensors of a backward call as TMA sees them, with the box rows of the sm90 dkdv kernel's copies.
@@ -140,13 +147,25 @@ BackwardCall make_backward_call(const flashgen_tensor* q, const flashgen_tensor*
   return call;
 }
 
+BackwardCall make_varlen_backward_call(const flashgen_varlen_backward_args& args) {
+  BackwardCall call = make_backward_call(&args.q, &args.k, &args.v, &args.out, &args.dout, args.lse, &args.dq, &args.dk,
+                                         &args.dv, &args.options);
+  const Packing packing{args.cu_seqlens_q, args.cu_seqlens_k, nullptr,
+                        args.batch,        args.max_seqlen_q, args.max_seqlen_k};
+  check_packing(args.q, args.k, packing);
+  AttnBwdParams& p = call.params;
+  p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = 0;  // every sequence in entry 0
+  p.do_batch_stride = p.dq_batch_stride = p.dk_batch_stride = p.dv_batch_stride = 0;
+  bind_packing(packing, args.q, args.k, args.options, call.problem, p);
+  return call;
+}
+
 size_t backward_workspace_bytes(const BackwardCall& call, const BwdConfig& config) {
   const AttnBwdParams& p = call.params;
   size_t bytes = row_array_bytes(p, config);                                       // D
   if (config.family() == KernelFamily::kSm90) bytes += row_array_bytes(p, config);  // LSE in base 2
   if (!config.deterministic) {
-    bytes += align_up(sizeof(float) * size_t(p.batch) * size_t(p.heads_q) * workspace_rows(p, config) *
-                      size_t(call.problem.head_dim()));
+    bytes += align_up(sizeof(float) * all_workspace_rows(p, config) * size_t(call.problem.head_dim()));
   }
   return bytes;
 }
@@ -165,6 +184,10 @@ void check_device_pointers(const AttnBwdParams& p, int device) {
       {p.q, "q.data"},       {p.k, "k.data"},     {p.v, "v.data"},   {p.o, "out.data"}, {p.dout, "dout.data"},
       {p.lse, "lse"},        {p.dq, "dq.data"},   {p.dk, "dk.data"}, {p.dv, "dv.data"}};
   for (const auto& [ptr, name] : pointers) check_device_pointer(ptr, name, device);
+  if (p.cu_seqlens_q != nullptr) {
+    check_device_pointer(p.cu_seqlens_q, "cu_seqlens_q", device);
+    check_device_pointer(p.cu_seqlens_k, "cu_seqlens_k", device);
+  }
 }
 
 }  // namespace

@@ -30,6 +30,10 @@ BackwardCall make_backward_call(const flashgen_tensor* q, const flashgen_tensor*
                                       const flashgen_tensor* dq, const flashgen_tensor* dk, const flashgen_tensor* dv,
                                       const flashgen_attention_options* opts);
 
+// make_backward_call for a packed variable-length batch (flashgen.h's flashgen_varlen_backward_args): the
+// tensors checked as the dense backward checks them, then the packing as make_varlen_forward_call checks it.
+BackwardCall make_varlen_backward_call(const flashgen_varlen_backward_args& args);
+
 // Device workspace a config needs for a call, in bytes: D = rowsum(dO ∘ O) in fp32 for every
 // (batch, head, query), the LSE in base 2 likewise for the sm90 family, plus the fp32 dQ accumulator
 // (batch · heads_q · rows · head_dim floats) for the atomic strategy. rows is seqlen_q for the sm80

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <utility>
 
 #include "flashgen/error.hpp"
 #include "runtime/cuda_driver.hpp"
@@ -96,6 +97,34 @@ void require_same_dim(const flashgen_tensor* a, const char* a_name, const flashg
 }
 
 DType to_dtype(flashgen_dtype d) { return d == FLASHGEN_BFLOAT16 ? DType::kBFloat16 : DType::kFloat16; }
+
+void check_packing(const flashgen_tensor& q, const flashgen_tensor& k, const Packing& packing) {
+  for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}}) {
+    FLASHGEN_REQUIRE(t->shape[0] == 1, std::string(name) + ".shape[0] is " + std::to_string(t->shape[0]) +
+                                           ": a packed batch is one entry [1, total, heads, head_dim]");
+  }
+  const struct {
+    const int32_t* pointer;
+    const char* name;
+    bool optional;
+  } offsets[] = {{packing.cu_seqlens_q, "cu_seqlens_q", false},
+                 {packing.cu_seqlens_k, "cu_seqlens_k", false},
+                 {packing.seqused_k, "seqused_k", true}};
+  for (const auto& [pointer, name, optional] : offsets) {
+    FLASHGEN_REQUIRE(pointer != nullptr || optional, std::string(name) + ": null pointer");
+    FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(pointer) % alignof(int32_t) == 0,
+                     std::string(name) + ": pointer must be 4-byte aligned");
+  }
+  const int64_t total_q = q.shape[1], total_k = k.shape[1];
+  FLASHGEN_REQUIRE(packing.batch >= 1 && packing.batch <= 65535,
+                   "batch must be in [1, 65535] (sequences; grid limit), got " + std::to_string(packing.batch));
+  FLASHGEN_REQUIRE(packing.max_seqlen_q >= 1 && packing.max_seqlen_q <= total_q,
+                   "max_seqlen_q must be in [1, total_q = " + std::to_string(total_q) + "], got " +
+                       std::to_string(packing.max_seqlen_q));
+  FLASHGEN_REQUIRE(packing.max_seqlen_k >= 1 && packing.max_seqlen_k <= total_k,
+                   "max_seqlen_k must be in [1, total_k = " + std::to_string(total_k) + "], got " +
+                       std::to_string(packing.max_seqlen_k));
+}
 
 AttentionShape shape_of(const flashgen_tensor* q, const flashgen_tensor* k) {
   return AttentionShape{q->shape[0], q->shape[1], k->shape[1], q->shape[2], k->shape[2], q->shape[3]};

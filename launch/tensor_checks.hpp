@@ -49,6 +49,40 @@ void require_same_dim(const flashgen_tensor* a, const char* a_name, const flashg
 
 DType to_dtype(flashgen_dtype d);
 
+// The packing of a variable-length batch (flashgen.h's varlen arguments): device offsets of its sequences'
+// rows, and the sizes the host is told.
+struct Packing {
+  const int32_t* cu_seqlens_q;
+  const int32_t* cu_seqlens_k;
+  const int32_t* seqused_k;  // may be null
+  int64_t batch;
+  int64_t max_seqlen_q;
+  int64_t max_seqlen_k;
+};
+
+// What the host can see of a packing over checked tensors q and k: one batch entry each, offsets given and
+// 4-byte aligned, batch in [1, 65535], the longest lengths in [1, total]. Error(kInvalidArgument) naming the
+// argument otherwise.
+void check_packing(const flashgen_tensor& q, const flashgen_tensor& k, const Packing& packing);
+
+// A checked packing into a call's problem (varlen, its totals, batch and longest lengths) and params (the
+// offsets, totals, sizes and the causal alignment the kernels apply per sequence). The caller zeroes the
+// tensors' batch strides: every sequence lives in batch entry 0.
+template <class Params>
+void bind_packing(const Packing& packing, const flashgen_tensor& q, const flashgen_tensor& k,
+                  const flashgen_attention_options& options, AttentionProblem& problem, Params& p) {
+  problem.varlen = true;
+  problem.total_q = q.shape[1], problem.total_k = k.shape[1];
+  problem.shape.batch = packing.batch;
+  problem.shape.seqlen_q = packing.max_seqlen_q, problem.shape.seqlen_k = packing.max_seqlen_k;
+  p.batch = static_cast<int>(packing.batch);
+  p.seqlen_q = static_cast<int>(packing.max_seqlen_q), p.seqlen_k = static_cast<int>(packing.max_seqlen_k);
+  p.cu_seqlens_q = packing.cu_seqlens_q, p.cu_seqlens_k = packing.cu_seqlens_k, p.seqused_k = packing.seqused_k;
+  p.total_q = static_cast<int>(q.shape[1]), p.total_k = static_cast<int>(k.shape[1]);
+  p.causal_offset = 0;  // each sequence's own, set in the kernels
+  p.causal_bottom_right = options.mask == FLASHGEN_MASK_CAUSAL ? 1 : 0;
+}
+
 // The sizes of checked tensors q [batch, seqlen_q, heads_q, head_dim] and k [batch, seqlen_k, heads_kv, head_dim].
 AttentionShape shape_of(const flashgen_tensor* q, const flashgen_tensor* k);
 

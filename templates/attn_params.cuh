@@ -102,6 +102,15 @@ struct AttnBwdParams {
   int causal_offset;  // as in AttnFwdParams
   float scale;
   float scale_log2;
+
+  // Packed variable-length batches, as in AttnFwdParams (seqused_k unused: null). lse, the workspace's D and
+  // the dQ accumulator are (heads_q, total_q[, head_dim]) rows.
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
+  const int* seqused_k;
+  int total_q;
+  int total_k;
+  int causal_bottom_right;
 };
 
 // The Hopper backward family (bwd_sm90.cuh) takes TMA descriptors besides the plain parameters, each

@@ -7,6 +7,7 @@
 
 #include "attn_params.cuh"
 #include "bwd_traits.cuh"
+#include "sequence.cuh"
 #include "sm80_primitives.cuh"
 #include "softmax.cuh"
 
@@ -38,17 +39,29 @@ struct BwdPreprocess {
   static constexpr int kRowsPerBlock = kThreads / 32;
   static constexpr int kHeadDim = Cfg::kHeadDim;
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row, at most 32
+  static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;
 
-  static __device__ void run(const AttnBwdParams& p) {
+  static __device__ void run(const AttnBwdParams& params) {
+    if constexpr (kVarlen) {  // a packed sequence's rows: the workspace has no padding rows (kPadRows 1)
+      AttnBwdParams p = params;
+      bind_sequence(p, blockIdx.z, kHeadDim);
+      if (static_cast<int>(blockIdx.x * kRowsPerBlock) >= p.seqlen_q) return;
+      run_rows(p);
+    } else {
+      run_rows(params);
+    }
+  }
+
+  static __device__ void run_rows(const AttnBwdParams& p) {
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int row = blockIdx.x * kRowsPerBlock + warp;
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
-    const int rows = bwd::padded_rows<Cfg>(p);
+    const int rows = kVarlen ? p.seqlen_q : bwd::padded_rows<Cfg>(p);
     if (row >= rows) return;
-    const long long head_row0 = static_cast<long long>(batch) * p.heads_q + head;
-    const long long flat_row = head_row0 * rows + row;
+    const long long head_row0 = row_base<kVarlen>(p, batch, head, rows);  // the head's first row
+    const long long flat_row = head_row0 + row;
     const bool valid = row < p.seqlen_q;
 
     float sum = 0.f;
@@ -74,7 +87,8 @@ struct BwdPreprocess {
     if (lane == 0) {
       p.dsum[flat_row] = sum;
       if (p.lse_log2 != nullptr) {
-        p.lse_log2[flat_row] = valid ? bwd::lse_to_log2(p.lse[head_row0 * p.seqlen_q + row]) : pos_inf();
+        p.lse_log2[flat_row] = valid ? bwd::lse_to_log2(p.lse[row_base<kVarlen>(p, batch, head, p.seqlen_q) + row])
+                                     : pos_inf();
       }
     }
 
@@ -95,16 +109,26 @@ struct BwdConvertDq {
   static constexpr int kThreads = kBwdRowKernelThreads;
   static constexpr int kHeadDim = Cfg::kHeadDim;
   static constexpr int kChunks = kHeadDim / 8;
+  static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;
 
-  static __device__ void run(const AttnBwdParams& p) {
+  static __device__ void run(const AttnBwdParams& params) {
+    if constexpr (kVarlen) {
+      AttnBwdParams p = params;
+      bind_sequence(p, blockIdx.z, kHeadDim);
+      run_rows(p);
+    } else {
+      run_rows(params);
+    }
+  }
+
+  static __device__ void run_rows(const AttnBwdParams& p) {
     const int i = blockIdx.x * kThreads + threadIdx.x;
     const int row = i / kChunks;
     const int chunk = i % kChunks;
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
     if (row >= p.seqlen_q) return;
-    const long long flat_row =
-        (static_cast<long long>(batch) * p.heads_q + head) * bwd::padded_rows<Cfg>(p) + row;
+    const long long flat_row = row_base<kVarlen>(p, batch, head, bwd::padded_rows<Cfg>(p)) + row;
     const float4* src = reinterpret_cast<const float4*>(p.dq_accum + flat_row * kHeadDim + chunk * 8);
     const float4 a = src[0];
     const float4 b = src[1];

@@ -60,6 +60,7 @@ struct BwdDkdvSm80 {
                                                            Cfg::kStages, Cfg::kDSplit, kAtomicDq);
   static_assert(kTraits.error == nullptr, "invalid backward config: see bwd_dkdv_traits() in bwd_traits.cuh");
   static_assert(Cfg::kPadRows == 1, "the sm80 family indexes LSE and D by seqlen_q: its workspace is unpadded");
+  static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;  // packed sequences (sequence.cuh)
 
   static constexpr ElemType kElem = Cfg::kElem;
   using Variant = typename Cfg::Variant;
@@ -91,7 +92,19 @@ struct BwdDkdvSm80 {
   // Whether 16-column tile `tile` of the head exists: slices round up, so the last one may run short.
   static __device__ __forceinline__ bool tile_exists(int tile) { return kDSplit == 1 || tile < kTiles16; }
 
-  static __device__ void run(const AttnBwdParams& p) {
+  // blockIdx: (key block; key/value head; batch entry or packed sequence, times the head_dim slices).
+  static __device__ void run(const AttnBwdParams& params) {
+    if constexpr (kVarlen) {
+      AttnBwdParams p = params;
+      bind_sequence(p, blockIdx.z / kDSplit, Cfg::kHeadDim);
+      if (static_cast<int>(blockIdx.x) * kBlockN >= p.seqlen_k) return;  // past the sequence's keys
+      run_block(p);
+    } else {
+      run_block(params);
+    }
+  }
+
+  static __device__ void run_block(const AttnBwdParams& p) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     // K (kBlockN, kRow) | V (kBlockN, kRow) | kStages x [Q (kBlockM, kRow) | dO | LSE (kBlockM) | D (kBlockM)]
     // | 2 x dSᵀ (kBlockN, kDsRow), keys x queries, atomic strategy only.
@@ -138,7 +151,7 @@ struct BwdDkdvSm80 {
       Copy::template load<kBlockM>(st, q + m_start * p.q_row_stride, p.q_row_stride, rows_valid, q, tid);
       Copy::template load<kBlockM>(st + kQTileBytes, dout + m_start * p.do_row_stride, p.do_row_stride, rows_valid,
                                    dout, tid);
-      const long long flat = (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q;
+      const long long flat = row_base<kVarlen>(p, batch, head, p.seqlen_q);
       for (int i = tid; i < kBlockM; i += kThreads) {
         const bool valid = i < rows_valid;
         const long long row = valid ? flat + m_start + i : flat;
@@ -223,7 +236,7 @@ struct BwdDkdvSm80 {
     // barrier) or after the loop: the dSᵀ tiles alternate, so no barrier of its own is needed.
     auto dq_update = [&](int it, int head, int m_start) {
       const u32 sds_step = sds_addr + (it % 2) * kBlockN * kDsRow * 2;
-      const long long flat = (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q;
+      const long long flat = row_base<kVarlen>(p, batch, head, p.seqlen_q);
 #pragma unroll
       for (int item_i = 0; item_i < kDqItems; ++item_i) {
         const int item = warp + item_i * kWarps;
@@ -416,8 +429,21 @@ struct BwdDqSm80 {
   static constexpr u32 kKvTileBytes = kBlockN * kRow * 2;
   using Copy = sm80::TileCopy<kThreads, kRow, kHeadDimPad / 8, kHeadDim / 8>;
   using L = bwd::Lanes<kRow>;
+  static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;  // packed sequences (sequence.cuh)
 
-  static __device__ void run(const AttnBwdParams& p) {
+  // blockIdx: (query block, highest first; query head; batch entry or packed sequence).
+  static __device__ void run(const AttnBwdParams& params) {
+    if constexpr (kVarlen) {
+      AttnBwdParams p = params;
+      bind_sequence(p, blockIdx.z, kHeadDim);
+      if (static_cast<int>(gridDim.x - 1 - blockIdx.x) * kBlockM >= p.seqlen_q) return;  // past its queries
+      run_block(p);
+    } else {
+      run_block(params);
+    }
+  }
+
+  static __device__ void run_block(const AttnBwdParams& p) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     // Q (kBlockM, kRow) | dO (kBlockM, kRow) | LSE (kBlockM) | D (kBlockM) | kStages x [K | V (kBlockN, kRow)]
     const u32 sq_addr = sm80::smem_addr(smem_raw);
@@ -441,9 +467,8 @@ struct BwdDqSm80 {
     const u16* dout = static_cast<const u16*>(p.dout) + batch * p.do_batch_stride + head * p.do_head_stride;
     const u16* k = static_cast<const u16*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
     const u16* v = static_cast<const u16*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
-    const long long head_row0 = static_cast<long long>(batch) * p.heads_q + head;
-    const long long flat = head_row0 * p.seqlen_q;                          // the forward's LSE
-    const long long dsum_flat = head_row0 * bwd::padded_rows<Cfg>(p);       // the workspace's D
+    const long long flat = row_base<kVarlen>(p, batch, head, p.seqlen_q);                      // the forward's LSE
+    const long long dsum_flat = row_base<kVarlen>(p, batch, head, bwd::padded_rows<Cfg>(p));  // the workspace's D
 
     const int rows_q = min(kBlockM, p.seqlen_q - m_start);
     const KeyBlocks<Variant, kBlockN> blocks(p, batch, m_start, rows_q);  // block_range.cuh

@@ -18,36 +18,72 @@ struct ConfigVarlen<Cfg, decltype(void(Cfg::kVarlen))> {
 
 __device__ inline int clamp_offset(int offset, int low, int high) { return min(max(offset, low), high); }
 
-// Points p (a block's own copy of the kernel's params) at packed sequence `sequence`: q, k, v, o and lse
-// at its first rows, seqlen_q and seqlen_k its lengths, causal_offset its alignment's. Offsets are clamped
-// into the tensors. Returns false when the block's first query row, m_start, lies past the sequence's end:
-// the block has nothing to do.
-__device__ inline bool bind_sequence(AttnFwdParams& p, int sequence, int m_start) {
+// The rows of packed sequence `sequence` in q's rows [q_begin, q_begin + seqlen_q) and k's [k_begin,
+// k_begin + seqlen_k), offsets clamped into the tensors; the grid reaches max_seqlen_q (p.seqlen_q) rows, so
+// a longer sequence's rows past it are not computed.
+struct SequenceRows {
+  int q_begin, seqlen_q, k_begin, seqlen_k;
+};
+
+template <class Params>
+__device__ inline SequenceRows sequence_rows(const Params& p, int sequence) {
   const int q_begin = clamp_offset(p.cu_seqlens_q[sequence], 0, p.total_q);
   const int q_end = clamp_offset(p.cu_seqlens_q[sequence + 1], q_begin, p.total_q);
   const int k_begin = clamp_offset(p.cu_seqlens_k[sequence], 0, p.total_k);
   const int k_end = p.seqused_k != nullptr ? clamp_offset(k_begin + max(p.seqused_k[sequence], 0), k_begin, p.total_k)
                                            : clamp_offset(p.cu_seqlens_k[sequence + 1], k_begin, p.total_k);
-  // The grid reaches seqlen_q (max_seqlen_q) rows: a longer sequence's rows past it are not computed.
-  p.seqlen_q = min(q_end - q_begin, p.seqlen_q);
-  p.seqlen_k = k_end - k_begin;
+  return {q_begin, min(q_end - q_begin, p.seqlen_q), k_begin, k_end - k_begin};
+}
+
+// Points p (a block's own copy of the kernel's params) at packed sequence `sequence`: q, k, v, o and lse
+// at its first rows, seqlen_q and seqlen_k its lengths, causal_offset its alignment's. Returns false when
+// the block's first query row, m_start, lies past the sequence's end: the block has nothing to do.
+__device__ inline bool bind_sequence(AttnFwdParams& p, int sequence, int m_start) {
+  const SequenceRows s = sequence_rows(p, sequence);
+  p.seqlen_q = s.seqlen_q, p.seqlen_k = s.seqlen_k;
   if (m_start >= p.seqlen_q) return false;
   p.causal_offset = p.causal_bottom_right ? p.seqlen_k - p.seqlen_q : 0;
   using u16 = unsigned short;
-  p.q = static_cast<const u16*>(p.q) + q_begin * p.q_row_stride;
-  p.o = static_cast<u16*>(p.o) + q_begin * p.o_row_stride;
-  p.k = static_cast<const u16*>(p.k) + k_begin * p.k_row_stride;
-  p.v = static_cast<const u16*>(p.v) + k_begin * p.v_row_stride;
-  if (p.lse != nullptr) p.lse += q_begin;
+  p.q = static_cast<const u16*>(p.q) + s.q_begin * p.q_row_stride;
+  p.o = static_cast<u16*>(p.o) + s.q_begin * p.o_row_stride;
+  p.k = static_cast<const u16*>(p.k) + s.k_begin * p.k_row_stride;
+  p.v = static_cast<const u16*>(p.v) + s.k_begin * p.v_row_stride;
+  if (p.lse != nullptr) p.lse += s.q_begin;
   return true;
 }
 
-// Index of (batch, head, row)'s LSE: (batch, heads_q, seqlen_q) for a dense batch; (heads_q, total_q) for a
-// packed one, whose lse bind_sequence pointed at the sequence's first row.
+// The same for the backward's kernels: every tensor and per-row array at the sequence's first rows. The
+// caller decides from p.seqlen_q and p.seqlen_k whether its block has work.
+__device__ inline void bind_sequence(AttnBwdParams& p, int sequence, int head_dim) {
+  const SequenceRows s = sequence_rows(p, sequence);
+  p.seqlen_q = s.seqlen_q, p.seqlen_k = s.seqlen_k;
+  p.causal_offset = p.causal_bottom_right ? p.seqlen_k - p.seqlen_q : 0;
+  using u16 = unsigned short;
+  p.q = static_cast<const u16*>(p.q) + s.q_begin * p.q_row_stride;
+  p.o = static_cast<const u16*>(p.o) + s.q_begin * p.o_row_stride;
+  p.dout = static_cast<const u16*>(p.dout) + s.q_begin * p.do_row_stride;
+  p.dq = static_cast<u16*>(p.dq) + s.q_begin * p.dq_row_stride;
+  p.k = static_cast<const u16*>(p.k) + s.k_begin * p.k_row_stride;
+  p.v = static_cast<const u16*>(p.v) + s.k_begin * p.v_row_stride;
+  p.dk = static_cast<u16*>(p.dk) + s.k_begin * p.dk_row_stride;
+  p.dv = static_cast<u16*>(p.dv) + s.k_begin * p.dv_row_stride;
+  p.lse += s.q_begin;
+  p.dsum += s.q_begin;
+  if (p.dq_accum != nullptr) p.dq_accum += static_cast<long long>(s.q_begin) * head_dim;
+}
+
+// Index of (batch, head)'s first row in the per-row arrays (the forward's LSE, the backward's D and dQ
+// accumulator rows): (batch, heads_q, rows) for a dense batch; (heads_q, total_q) for a packed one, whose
+// arrays bind_sequence pointed at the sequence's first row.
+template <bool kVarlen, class Params>
+__device__ inline long long row_base(const Params& p, int batch, int head, int rows) {
+  if constexpr (kVarlen) return static_cast<long long>(head) * p.total_q;
+  return (static_cast<long long>(batch) * p.heads_q + head) * rows;
+}
+
 template <bool kVarlen>
 __device__ inline long long lse_index(const AttnFwdParams& p, int batch, int head, int row) {
-  if constexpr (kVarlen) return static_cast<long long>(head) * p.total_q + row;
-  return (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q + row;
+  return row_base<kVarlen>(p, batch, head, p.seqlen_q) + row;
 }
 
 }  // namespace flashgen

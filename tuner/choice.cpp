@@ -81,18 +81,19 @@ ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arc
 }
 
 BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch,
-                                         bool sm80_only) {
-  using Key = std::tuple<int, int, int, bool, int, bool>;
+                                         bool sm80_only, bool varlen) {
+  using Key = std::tuple<int, int, int, bool, int, bool, bool>;
   static std::mutex mutex;
   static std::map<Key, BackwardChoice> chosen;
-  const Key key{static_cast<int>(dtype), head_dim, static_cast<int>(mask), deterministic, arch, sm80_only};
+  const Key key{static_cast<int>(dtype), head_dim, static_cast<int>(mask), deterministic, arch, sm80_only, varlen};
   {
     std::lock_guard<std::mutex> lock(mutex);
     if (auto found = chosen.find(key); found != chosen.end()) return found->second;
   }
 
   std::vector<BwdConfig> configs = heuristic_backward_configs(dtype, head_dim, mask, deterministic, arch);
-  if (sm80_only) keep_sm80_family(configs);
+  if (sm80_only || varlen) keep_sm80_family(configs);  // packed batches: the sm80 family only, so far
+  for (BwdConfig& c : configs) c.varlen = varlen;
   auto [config, reason] = first_spill_free(configs, arch);
   std::lock_guard<std::mutex> lock(mutex);
   return chosen.emplace(key, BackwardChoice{std::move(config), std::move(reason)}).first->second;
@@ -184,7 +185,8 @@ BackwardChoice choose_backward_config(const DeviceFingerprint& device, const Pro
     return {stored->config, stored->reason, stored->source, stored->exact_bucket};
   }
   BackwardChoice choice =
-      heuristic_backward_choice(problem.dtype, problem.head_dim, problem.mask, problem.dq == DqStrategy::kDeterministic, arch);
+      heuristic_backward_choice(problem.dtype, problem.head_dim, problem.mask, problem.dq == DqStrategy::kDeterministic,
+                                arch, false, problem.varlen);
   choice.reason += passed_over;
   return choice;
 }

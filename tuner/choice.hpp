@@ -46,7 +46,7 @@ ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arc
 // deterministic) compile without spills; the first one when all spill, saying so. Memoized.
 // With sm80_only, only the sm80 family's configs are considered (when TMA cannot describe the tensors).
 BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch,
-                                         bool sm80_only = false);
+                                         bool sm80_only = false, bool varlen = false);
 
 // The choice from explicit data sources (either may be null): user_db exact bucket, user_db nearest
 // bucket, the shipped defaults (exact, then nearest bucket, for a GPU of the same kind), then

@@ -68,16 +68,20 @@ int64_t size_bucket(int64_t n) {
 
 const char* ProblemKey::pass_id() const {
   if (pass == Pass::kForward) return varlen ? "fwd_varlen" : "fwd";
-  return dq == DqStrategy::kDeterministic ? "bwd_det" : "bwd";
+  if (dq == DqStrategy::kDeterministic) return varlen ? "bwd_det_varlen" : "bwd_det";
+  return varlen ? "bwd_varlen" : "bwd";
 }
 
 void read_pass_id(const std::string& text, ProblemKey& key) {
   if (text == "fwd" || text == "fwd_varlen") {
     key.pass = Pass::kForward, key.dq = DqStrategy::kAtomic, key.varlen = text == "fwd_varlen";
-  } else if (text == "bwd" || text == "bwd_det") {
-    key.pass = Pass::kBackward, key.dq = text == "bwd" ? DqStrategy::kAtomic : DqStrategy::kDeterministic;
+  } else if (text == "bwd" || text == "bwd_det" || text == "bwd_varlen" || text == "bwd_det_varlen") {
+    key.pass = Pass::kBackward;
+    key.dq = text.rfind("bwd_det", 0) == 0 ? DqStrategy::kDeterministic : DqStrategy::kAtomic;
+    key.varlen = text.size() > 7 && text.compare(text.size() - 7, 7, "_varlen") == 0;
   } else {
-    fail(Status::kInvalidArgument, "problem pass must be fwd, fwd_varlen, bwd or bwd_det, got '" + text + "'");
+    fail(Status::kInvalidArgument,
+         "problem pass must be fwd, fwd_varlen, bwd, bwd_det, bwd_varlen or bwd_det_varlen, got '" + text + "'");
   }
 }
 
@@ -117,8 +121,11 @@ ProblemKey problem_key(const AttentionProblem& problem) {
   const AttentionShape& s = problem.shape;
   const int group_size = static_cast<int>(s.group_size());
   if (problem.backward()) {
-    return backward_problem_key(problem.dtype, problem.head_dim(), problem.mask_kind(), problem.deterministic(),
-                                group_size, s.seqlen_q, s.seqlen_k, s.batch * s.heads_q);
+    ProblemKey key = backward_problem_key(problem.dtype, problem.head_dim(), problem.mask_kind(),
+                                          problem.deterministic(), group_size, s.seqlen_q, s.seqlen_k,
+                                          s.batch * s.heads_q);
+    key.varlen = problem.varlen;
+    return key;
   }
   ProblemKey key = forward_problem_key(problem.dtype, problem.head_dim(), problem.mask_kind(), group_size, s.seqlen_q,
                                        s.seqlen_k, s.batch * s.heads_q);

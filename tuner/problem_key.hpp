@@ -50,7 +50,8 @@ struct ProblemKey {
   int64_t batch_heads_bucket = 1;   // size_bucket(batch * heads_q)
 
   // The pass in ids and the store's rows: "fwd", "bwd" or "bwd_det" (the deterministic dQ strategy), and
-  // "fwd_varlen" for packed batches (their sizes bucketed by the longest sequence and the sequence count).
+  // "fwd_varlen", "bwd_varlen", "bwd_det_varlen" for packed batches (their sizes bucketed by the longest
+  // sequence and the sequence count).
   const char* pass_id() const;
   // Exact problem class without the size buckets, e.g. "fwd|bf16|d128|causal|g4".
   std::string class_id() const;

@@ -13,7 +13,8 @@ bool same_pass(const KernelConfig& config, const ProblemKey& problem) {
   return problem.pass == Pass::kForward && config.varlen == problem.varlen;
 }
 bool same_pass(const BwdConfig& config, const ProblemKey& problem) {
-  return problem.pass == Pass::kBackward && config.deterministic == (problem.dq == DqStrategy::kDeterministic);
+  return problem.pass == Pass::kBackward && config.deterministic == (problem.dq == DqStrategy::kDeterministic) &&
+         config.varlen == problem.varlen;
 }
 
 bool of_problem(const TunedConfig& config, const ProblemKey& problem) {

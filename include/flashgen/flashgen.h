@@ -152,6 +152,27 @@ typedef struct {
  * for flashgen_attention_forward. */
 int flashgen_attention_varlen_forward(const flashgen_varlen_forward_args* args, void* cuda_stream);
 
+/* Arguments of flashgen_attention_varlen_backward: the varlen forward's packed batch, its out and lse, dout,
+ * and the gradients to write (dq and dout like q, dk and dv like k). size as in flashgen_varlen_forward_args. */
+typedef struct {
+  size_t size;
+  flashgen_tensor q, k, v, out, dout, dq, dk, dv;
+  const float* lse;              /* fp32 [heads_q, total_q], as flashgen_attention_varlen_forward wrote it */
+  const int32_t* cu_seqlens_q;   /* device, batch + 1, as for the forward */
+  const int32_t* cu_seqlens_k;
+  int64_t batch;
+  int64_t max_seqlen_q;
+  int64_t max_seqlen_k;
+  flashgen_attention_options options; /* deterministic: dq without atomics, bitwise repeatable */
+} flashgen_varlen_backward_args;
+
+/* Gradients of flashgen_attention_varlen_forward, each sequence's as flashgen_attention_backward computes
+ * them (keys no query of their sequence sees get zero dk and dv). The workspace (4 * heads_q * total_q bytes,
+ * plus 4 * heads_q * total_q * head_dim without deterministic) comes from the device's stream-ordered memory
+ * pool on cuda_stream, as for flashgen_attention_backward. Offsets as for the forward (clamped on the
+ * device). */
+int flashgen_attention_varlen_backward(const flashgen_varlen_backward_args* args, void* cuda_stream);
+
 /* A forward problem by its sizes, for tuning. */
 typedef struct {
   flashgen_dtype dtype;

@@ -86,6 +86,22 @@ class VarlenForwardArgs(ctypes.Structure):
     ]
 
 
+class VarlenBackwardArgs(ctypes.Structure):
+    """flashgen_varlen_backward_args: the varlen forward's batch, its out and lse, dout and the gradients."""
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("q", Tensor), ("k", Tensor), ("v", Tensor), ("out", Tensor), ("dout", Tensor),
+        ("dq", Tensor), ("dk", Tensor), ("dv", Tensor),
+        ("lse", ctypes.c_void_p),           # fp32 [heads_q, total_q]
+        ("cu_seqlens_q", ctypes.c_void_p),
+        ("cu_seqlens_k", ctypes.c_void_p),
+        ("batch", ctypes.c_int64),
+        ("max_seqlen_q", ctypes.c_int64),
+        ("max_seqlen_k", ctypes.c_int64),
+        ("options", AttentionOptions),
+    ]
+
+
 class FlashgenError(RuntimeError):
     """A flashgen call failed. str(error) is the library's message; .status is its status code (STATUS_NAMES)."""
 
@@ -114,6 +130,7 @@ _json_out = [ctypes.c_char_p, ctypes.c_size_t, _size_p]  # json, json_capacity, 
 _SIGNATURES = {
     "flashgen_attention_forward": (ctypes.c_int, [_tensor_p] * 4 + [_void_p, _options_p, _void_p]),
     "flashgen_attention_varlen_forward": (ctypes.c_int, [ctypes.POINTER(VarlenForwardArgs), _void_p]),
+    "flashgen_attention_varlen_backward": (ctypes.c_int, [ctypes.POINTER(VarlenBackwardArgs), _void_p]),
     "flashgen_attention_backward": (ctypes.c_int, [_tensor_p] * 5 + [_void_p] + [_tensor_p] * 3 + [_options_p, _void_p]),
     "flashgen_attention_backward_workspace_size": (
         ctypes.c_int, [_tensor_p] * 5 + [_void_p] + [_tensor_p] * 3 + [_options_p, _void_p, _size_p]),

@@ -503,20 +503,85 @@ def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q
 @torch.library.custom_op("flashgen::varlen_attention_forward", mutates_args=())
 def _varlen_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                               cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor], max_seqlen_q: int,
-                              max_seqlen_k: int, scale: float, mask: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of a packed batch; lse is fp32 [heads_q, total_q]."""
+                              max_seqlen_k: int, scale: float, mask: str,
+                              deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of a packed batch; lse is fp32 [heads_q, total_q]. deterministic is the backward's (autograd hands
+    it on)."""
     return _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask)
 
 
 @_varlen_attention_forward.register_fake
 def _varlen_attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale,
-                                   mask):
+                                   mask, deterministic):
     return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+def _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, mask,
+                     deterministic):
+    with torch.cuda.device(q.device):
+        dout, q, k, v, out = (_readable(t) for t in (dout, q, k, v, out))
+        dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+        args = _lib.VarlenBackwardArgs()
+        args.size = ctypes.sizeof(args)
+        args.q, args.k, args.v, args.out, args.dout, args.dq, args.dk, args.dv = (
+            _packed_view(t) for t in (q, k, v, out, dout, dq, dk, dv))
+        args.lse = lse.contiguous().data_ptr()
+        args.cu_seqlens_q, args.cu_seqlens_k = cu_seqlens_q.contiguous().data_ptr(), cu_seqlens_k.contiguous().data_ptr()
+        args.batch = cu_seqlens_q.shape[0] - 1
+        args.max_seqlen_q, args.max_seqlen_k = max_seqlen_q, max_seqlen_k
+        args.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 1 if deterministic else 0)
+        _lib.check(_lib.function("flashgen_attention_varlen_backward")(ctypes.byref(args), _stream(q.device)),
+                   "flashgen_attention_varlen_backward")
+    return dq, dk, dv
+
+
+@torch.library.custom_op("flashgen::varlen_attention_backward", mutates_args=())
+def _varlen_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                               cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, scale: float,
+                               mask: str, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of a packed batch given dout and the forward's out and lse. The kernels' workspace comes from
+    the stream's memory pool, outside the caching allocator."""
+    return _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
+                            mask, deterministic)
+
+
+@_varlen_attention_backward.register_fake
+def _varlen_attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    scale, mask, deterministic):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask, deterministic = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.sizes = (max_seqlen_q, max_seqlen_k, scale, mask)
+    ctx.has_seqused_k = seqused_k is not None
+    ctx.deterministic = deterministic
+    ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)
+
+
+def _varlen_backward_formula(ctx, dout, dlse):
+    if dout is None:
+        return (None,) * 11
+    if ctx.has_seqused_k:
+        raise NotImplementedError("flashgen.torch.varlen_attention: no backward with seqused_k")
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    max_seqlen_q, max_seqlen_k, scale, mask = ctx.sizes
+    dq, dk, dv = torch.ops.flashgen.varlen_attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                                              max_seqlen_q, max_seqlen_k, scale, mask,
+                                                              ctx.deterministic)
+    return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
+_varlen_attention_forward.register_autograd(_varlen_backward_formula, setup_context=_varlen_setup_context)
 
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                      softmax_scale=None, causal=False, *, causal_align="bottom_right", seqused_k=None,
-                     return_attn_probs=False):
+                     deterministic=False, return_attn_probs=False):
     """Attention over a packed batch of sequences of different lengths, with FlashAttention's
     flash_attn_varlen_func arguments: q [total_q, heads_q, head_dim], k and v [total_k, heads_kv, head_dim] (CUDA
     float16 or bfloat16); cu_seqlens_q and cu_seqlens_k int32 [batch + 1] offsets on q's device (sequence b owns
@@ -528,9 +593,12 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     uses from its offset (a KV cache's filled part), or None. dropout_p must be 0.
 
     Returns out [total_q, heads_q, head_dim] (a new tensor), or (out, lse, None) with return_attn_probs, lse being
-    fp32 [heads_q, total_q] (natural log) as FlashAttention returns softmax_lse. Forward only so far: a call whose
-    inputs require gradients raises NotImplementedError rather than dropping them. Runs on the current CUDA stream
-    of q's device; under torch.compile and in CUDA graphs through the custom op flashgen::varlen_attention_forward.
+    fp32 [heads_q, total_q] (natural log) as FlashAttention returns softmax_lse. Differentiable in q, k and v (each
+    sequence's gradients; keys no query of their sequence sees get zero dk and dv; not with seqused_k);
+    deterministic: the backward's dq without atomics, bitwise repeatable (also on under
+    torch.use_deterministic_algorithms(True)). Runs on the current CUDA stream of q's device; the custom ops
+    flashgen::varlen_attention_forward and flashgen::varlen_attention_backward serve torch.compile and CUDA graphs
+    (the backward's workspace comes from the stream's memory pool).
     Offsets are read on the device only and clamped into the tensors: wrong offsets give wrong rows, never an
     access outside the tensors.
     """
@@ -540,12 +608,14 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     mask = _mask(causal, causal_align)
     scale = _check_scale(softmax_scale)
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        raise NotImplementedError("flashgen.torch.varlen_attention: the backward of packed batches is not "
-                                  "implemented yet; call it under torch.no_grad() or on inputs without gradients")
-    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask)
-    if _eager_call(q, k, v):
-        out, lse = _varlen_forward(*args)
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if needs_grad and seqused_k is not None:
+        raise NotImplementedError("flashgen.torch.varlen_attention: no backward with seqused_k; call it under "
+                                  "torch.no_grad() or on inputs without gradients")
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask,
+            _deterministic(deterministic))
+    if _eager_call(q, k, v) and not needs_grad:
+        out, lse = _varlen_forward(*args[:-1])
     else:
         out, lse = torch.ops.flashgen.varlen_attention_forward(*args)
     return (out, lse, None) if return_attn_probs else out

@@ -79,6 +79,9 @@ def test_struct_layouts_mirror_flashgen_h():
     assert ctypes.sizeof(_lib.VarlenForwardArgs) == 400
     assert _lib.VarlenForwardArgs.lse.offset == 328
     assert _lib.VarlenForwardArgs.options.offset == 384
+    # flashgen_varlen_backward_args: size_t, eight tensors, three pointers, three int64, the options.
+    assert ctypes.sizeof(_lib.VarlenBackwardArgs) == 712
+    assert _lib.VarlenBackwardArgs.lse.offset == 648
 
 
 def test_search_order():

@@ -1,6 +1,6 @@
-"""flashgen.torch.varlen_attention on the GPU: each packed sequence against its float64 reference (SDPA's MATH
-backend), seqused_k, the custom op under torch.library.opcheck, torch.compile and CUDA-graph capture, and the
-arguments it refuses.
+"""flashgen.torch.varlen_attention on the GPU: each packed sequence's output, lse and gradients against its float64
+reference (SDPA's MATH backend), seqused_k, deterministic gradients, the custom ops under torch.library.opcheck,
+torch.compile and CUDA-graph capture, and the arguments it refuses.
 """
 
 import pytest
@@ -83,8 +83,9 @@ def _small_batch():
 
 def test_opcheck_compile_and_cuda_graph_agree_with_eager():
     q, k, v, cu_q, cu_k, max_q, max_k = _small_batch()
+    grads = [t.clone().requires_grad_() for t in (q, k, v)]
     torch.library.opcheck(torch.ops.flashgen.varlen_attention_forward.default,
-                          (q, k, v, cu_q, cu_k, None, max_q, max_k, 0.0, "bottom_right"))
+                          (*grads, cu_q, cu_k, None, max_q, max_k, 0.0, "bottom_right", True))
     eager = fgt.varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
 
     compiled = torch.compile(lambda *a: fgt.varlen_attention(*a, causal=True), fullgraph=True)
@@ -112,5 +113,43 @@ def test_refused_arguments_name_themselves():
         fgt.varlen_attention(q, k, v, cu_q, cu_k, q.shape[0] + 1, max_k)
     with pytest.raises(fgt.FlashgenArgumentError, match="dropout_p must be 0.0"):
         fgt.varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.1)
-    with pytest.raises(NotImplementedError, match="backward of packed batches"):
-        fgt.varlen_attention(q.clone().requires_grad_(), k, v, cu_q, cu_k, max_q, max_k)
+    with pytest.raises(NotImplementedError, match="no backward with seqused_k"):
+        fgt.varlen_attention(q.clone().requires_grad_(), k, v, cu_q, cu_k, max_q, max_k,
+                             seqused_k=torch.tensor([1, 2, 3], dtype=torch.int32, device="cuda"))
+
+
+@pytest.mark.parametrize("dtype,mask", [(torch.float16, "bottom_right"), (torch.bfloat16, "top_left")])
+def test_gradients_of_each_sequence_match_its_reference(dtype, mask):
+    q_lens, k_lens = [3, 0, 130, 64, 9], [5, 20, 200, 40, 0]
+    q, k, v = (_packed(lens, heads, 64, dtype, seed).requires_grad_()
+               for lens, heads, seed in ((q_lens, 4, 11), (k_lens, 2, 12), (k_lens, 2, 13)))
+    dout = _packed(q_lens, 4, 64, dtype, 14)
+    out = fgt.varlen_attention(q, k, v, _offsets(q_lens), _offsets(k_lens), max(q_lens), max(k_lens), causal=True,
+                               causal_align=mask)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    q0 = k0 = 0
+    eps = testsupport.EPSILON[str(dtype).replace("torch.", "")]
+    for sq, sk in zip(q_lens, k_lens):
+        got = (dq[q0:q0 + sq], dk[k0:k0 + sk], dv[k0:k0 + sk])
+        if sq == 0 or sk == 0:  # no pair of the sequence sees the other side: zero gradients
+            assert all(torch.equal(g, torch.zeros_like(g)) for g in got)
+        else:
+            bshd = [t[s0:s0 + n, None].transpose(0, 1).detach()
+                    for t, s0, n in ((q, q0, sq), (k, k0, sk), (v, k0, sk), (dout, q0, sq))]
+            want = testsupport.reference_attention(*bshd, mask, None, "bshd")[2:5]  # dq, dk, dv
+            for name, g, w in zip(("dq", "dk", "dv"), got, want):
+                w = w[0]
+                allowed = 8 * eps * w.abs().max().item() + 1e-3
+                assert testsupport.max_error(g, w) <= allowed, testsupport.mismatch_report(name, g, w, allowed)
+        q0, k0 = q0 + sq, k0 + sk
+
+
+def test_deterministic_gradients_repeat_bitwise():
+    q, k, v, cu_q, cu_k, max_q, max_k = _small_batch()
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    dout = torch.randn_like(q)
+    runs = []
+    for _ in range(2):
+        out = fgt.varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, causal=True, deterministic=True)
+        runs.append(torch.autograd.grad(out, (q, k, v), dout))
+    assert all(torch.equal(a, b) for a, b in zip(*runs))

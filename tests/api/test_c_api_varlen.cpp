@@ -1,5 +1,5 @@
-// Tests for flashgen_attention_varlen_forward's argument checks: each bad argument refused with a message
-// naming it, before anything touches a GPU.
+// Tests for the varlen calls' argument checks (flashgen_attention_varlen_forward and _backward): each bad
+// argument refused with a message naming it, before anything touches a GPU.
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -54,7 +54,7 @@ TEST_CASE("varlen forward rejects each bad argument with a message naming it", "
   const int kInvalid = FLASHGEN_ERROR_INVALID_ARGUMENT;
   CHECK(flashgen_attention_varlen_forward(nullptr, nullptr) == kInvalid);
   CHECK(std::string(flashgen_last_error()).find("args: null pointer") != std::string::npos);
-  check_rejected([](auto& a) { a.size = 0; }, kInvalid, "args.size is 0; this flashgen's flashgen_varlen_forward_args");
+  check_rejected([](auto& a) { a.size = 0; }, kInvalid, "args.size is 0; this flashgen's argument struct");
   check_rejected([](auto& a) { a.size += 8; }, kInvalid, "a flashgen.h newer than this library");
   // The dense call's checks of the tensors and options apply.
   check_rejected([](auto& a) { a.k.shape[3] = 32; }, kInvalid, "k.shape[3] (head_dim) is 32 but q.shape[3]");
@@ -85,4 +85,36 @@ TEST_CASE("varlen forward with valid arguments gets as far as the GPU", "[c_api]
   if (flashgen::driver_available()) FLASHGEN_SKIP_TEST("a driver is present: the [gpu] varlen cases launch");
   flashgen_varlen_forward_args args = valid_args();
   CHECK(flashgen_attention_varlen_forward(&args, nullptr) == FLASHGEN_ERROR_NO_DEVICE);
+}
+
+TEST_CASE("varlen backward rejects bad arguments with a message naming them", "[c_api][varlen]") {
+  const flashgen_varlen_forward_args f = valid_args();
+  flashgen_varlen_backward_args args{};
+  args.size = sizeof(args);
+  args.q = f.q, args.k = f.k, args.v = f.v, args.out = f.out;
+  args.dout = packed(fake_pointer(8), 300, 8, 64);
+  args.dq = packed(fake_pointer(9), 300, 8, 64);
+  args.dk = packed(fake_pointer(10), 500, 2, 64);
+  args.dv = packed(fake_pointer(11), 500, 2, 64);
+  args.lse = f.lse;
+  args.cu_seqlens_q = f.cu_seqlens_q, args.cu_seqlens_k = f.cu_seqlens_k;
+  args.batch = f.batch, args.max_seqlen_q = f.max_seqlen_q, args.max_seqlen_k = f.max_seqlen_k;
+  args.options = f.options;
+  auto rejected = [&](const std::function<void(flashgen_varlen_backward_args&)>& edit, const std::string& message) {
+    flashgen_varlen_backward_args bad = args;
+    edit(bad);
+    INFO("expected: " << message);
+    CHECK(flashgen_attention_varlen_backward(&bad, nullptr) == FLASHGEN_ERROR_INVALID_ARGUMENT);
+    const std::string error = flashgen_last_error();
+    INFO("got: " << error);
+    CHECK(error.find(message) != std::string::npos);
+  };
+  rejected([](auto& a) { a.size = 16; }, "args.size is 16");
+  rejected([](auto& a) { a.lse = nullptr; }, "lse: null pointer");
+  rejected([](auto& a) { a.dk.shape[1] = 499; }, "dk.shape[1]");
+  rejected([](auto& a) { a.cu_seqlens_k = nullptr; }, "cu_seqlens_k: null pointer");
+  rejected([](auto& a) { a.max_seqlen_k = 0; }, "max_seqlen_k must be in [1, total_k = 500], got 0");
+  if (!flashgen::driver_available()) {
+    CHECK(flashgen_attention_varlen_backward(&args, nullptr) == FLASHGEN_ERROR_NO_DEVICE);
+  }
 }

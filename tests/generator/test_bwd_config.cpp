@@ -234,3 +234,24 @@ TEST_CASE("sm90 backward module: the Hopper dkdv kernel between the shared row k
   det.dq_warps = 0;
   CHECK_THROWS_AS(flashgen::generate(det), flashgen::Error);
 }
+
+TEST_CASE("varlen backward configs: _varlen before _det, a JSON field when set, the sm80 family only",
+          "[generator][backward]") {
+  const BwdConfig c = BwdConfig::from_name("bwd_sm80_fp16_d64_m64_n64_w4_s2_x1_causal_varlen_det_qm64_qn32_qw4_qs2");
+  CHECK(c.varlen);
+  CHECK(c.deterministic);
+  CHECK_FALSE(c.invalid_reason(80).has_value());
+  BwdConfig dense = c;
+  dense.varlen = false;
+  CHECK_FALSE(dense == c);
+  const nlohmann::json j = c;
+  CHECK(j.at("varlen") == true);
+  CHECK(j.get<BwdConfig>() == c);
+  CHECK_FALSE(nlohmann::json(dense).contains("varlen"));
+  CHECK(flashgen::generate(c).headers.front().contents.find("kVarlen = true") != std::string::npos);
+  CHECK(flashgen::generate(dense).headers.front().contents.find("kVarlen") == std::string::npos);
+  CHECK_THROWS_AS(BwdConfig::from_name("bwd_sm80_fp16_d64_m64_n64_w4_s2_x1_varlen_causal"), flashgen::Error);
+  const BwdConfig sm90 = BwdConfig::from_name("bwd_sm90_fp16_d128_m64_n128_s2_varlen");
+  REQUIRE(sm90.invalid_reason(90).has_value());
+  CHECK(sm90.invalid_reason(90)->find("packed variable-length") != std::string::npos);
+}

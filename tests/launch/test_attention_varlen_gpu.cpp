@@ -53,39 +53,55 @@ std::vector<uint16_t> random_bits(size_t count, flashgen_dtype dtype, std::mt199
   return bits;
 }
 
+// A case's packed inputs on the host and the device, out and lse poisoned (NaN: a row the kernels leave
+// unwritten fails the checks), and the forward's arguments over them.
+struct PackedBatch {
+  std::vector<int32_t> cu_q, cu_k;
+  int64_t total_q = 0, total_k = 0;
+  std::vector<uint16_t> q, k, v;
+  DeviceBuffer dq, dk, dv, dout, dlse, dcu_q, dcu_k, dused;
+  flashgen_varlen_forward_args args{};
+
+  PackedBatch(const VarlenCase& c, uint64_t seed)
+      : cu_q(offsets(c.q_lens)), cu_k(offsets(c.k_lens)), total_q(cu_q.back()), total_k(cu_k.back()) {
+    const int64_t hq = c.heads_q, hkv = c.heads_kv, d = c.head_dim;
+    std::mt19937_64 rng(seed + total_q * 31 + total_k);
+    q = random_bits(size_t(total_q * hq * d), c.dtype, rng);
+    k = random_bits(size_t(total_k * hkv * d), c.dtype, rng);
+    v = random_bits(size_t(total_k * hkv * d), c.dtype, rng);
+    dq = DeviceBuffer(q.size() * 2), dk = DeviceBuffer(k.size() * 2), dv = DeviceBuffer(v.size() * 2);
+    dout = DeviceBuffer(q.size() * 2), dlse = DeviceBuffer(size_t(hq * total_q) * sizeof(float));
+    dq.upload(q), dk.upload(k), dv.upload(v);
+    dout.fill_bytes(0xff), dlse.fill_bytes(0xff);
+    dcu_q = upload_ints(cu_q), dcu_k = upload_ints(cu_k);
+    dused = upload_ints(c.used_k.empty() ? std::vector<int32_t>{0} : c.used_k);
+    args.size = sizeof(args);
+    args.q = packed(c, dq, total_q, hq), args.k = packed(c, dk, total_k, hkv), args.v = packed(c, dv, total_k, hkv);
+    args.out = packed(c, dout, total_q, hq);
+    args.lse = static_cast<float*>(dlse.data());
+    args.cu_seqlens_q = static_cast<const int32_t*>(dcu_q.data());
+    args.cu_seqlens_k = static_cast<const int32_t*>(dcu_k.data());
+    args.seqused_k = c.used_k.empty() ? nullptr : static_cast<const int32_t*>(dused.data());
+    args.batch = static_cast<int64_t>(c.q_lens.size());
+    args.max_seqlen_q = *std::max_element(c.q_lens.begin(), c.q_lens.end());
+    args.max_seqlen_k = *std::max_element(c.k_lens.begin(), c.k_lens.end());
+    args.options.mask = c.mask;
+  }
+
+  // [1, total, heads, head_dim] over buffer b.
+  static flashgen_tensor packed(const VarlenCase& c, const DeviceBuffer& b, int64_t total, int64_t heads) {
+    const int64_t d = c.head_dim;
+    return flashgen_tensor{b.data(), c.dtype, {1, total, heads, d}, {total * heads * d, heads * d, d, 1}};
+  }
+};
+
 // Runs c through the C ABI (config empty) or launch_forward (an explicit config), outputs poisoned first,
 // and checks every sequence's rows against its float64 reference.
 void run_and_check(const VarlenCase& c, const std::string& config) {
-  const int64_t batch = static_cast<int64_t>(c.q_lens.size());
-  const std::vector<int32_t> cu_q = offsets(c.q_lens), cu_k = offsets(c.k_lens);
-  const int64_t total_q = cu_q.back(), total_k = cu_k.back();
+  PackedBatch packed(c, 0x5eed);
+  const flashgen_varlen_forward_args& args = packed.args;
+  const int64_t batch = args.batch, total_q = packed.total_q;
   const int64_t hq = c.heads_q, hkv = c.heads_kv, d = c.head_dim;
-  std::mt19937_64 rng(0x5eed + total_q * 31 + total_k);
-  const std::vector<uint16_t> q = random_bits(size_t(total_q * hq * d), c.dtype, rng);
-  const std::vector<uint16_t> k = random_bits(size_t(total_k * hkv * d), c.dtype, rng);
-  const std::vector<uint16_t> v = random_bits(size_t(total_k * hkv * d), c.dtype, rng);
-  DeviceBuffer dq(q.size() * 2), dk(k.size() * 2), dv(v.size() * 2), dout(q.size() * 2);
-  DeviceBuffer dlse(size_t(hq * total_q) * sizeof(float));
-  dq.upload(q), dk.upload(k), dv.upload(v);
-  dout.fill_bytes(0xff), dlse.fill_bytes(0xff);  // NaN: a row the kernel leaves unwritten fails the check
-  DeviceBuffer dcu_q = upload_ints(cu_q), dcu_k = upload_ints(cu_k);
-  DeviceBuffer dused = upload_ints(c.used_k.empty() ? std::vector<int32_t>{0} : c.used_k);
-
-  auto packed = [&](const DeviceBuffer& b, int64_t total, int64_t heads) {
-    return flashgen_tensor{b.data(), c.dtype, {1, total, heads, d}, {total * heads * d, heads * d, d, 1}};
-  };
-  flashgen_varlen_forward_args args{};
-  args.size = sizeof(args);
-  args.q = packed(dq, total_q, hq), args.k = packed(dk, total_k, hkv), args.v = packed(dv, total_k, hkv);
-  args.out = packed(dout, total_q, hq);
-  args.lse = static_cast<float*>(dlse.data());
-  args.cu_seqlens_q = static_cast<const int32_t*>(dcu_q.data());
-  args.cu_seqlens_k = static_cast<const int32_t*>(dcu_k.data());
-  args.seqused_k = c.used_k.empty() ? nullptr : static_cast<const int32_t*>(dused.data());
-  args.batch = batch;
-  args.max_seqlen_q = *std::max_element(c.q_lens.begin(), c.q_lens.end());
-  args.max_seqlen_k = *std::max_element(c.k_lens.begin(), c.k_lens.end());
-  args.options.mask = c.mask;
   if (config.empty()) {
     REQUIRE(flashgen_attention_varlen_forward(&args, nullptr) == FLASHGEN_SUCCESS);
   } else {
@@ -93,8 +109,8 @@ void run_and_check(const VarlenCase& c, const std::string& config) {
                              flashgen::KernelConfig::from_name(config));
   }
   FLASHGEN_CU_CHECK(cuCtxSynchronize());
-  const std::vector<uint16_t> out = dout.download_all<uint16_t>();
-  const std::vector<float> lse = dlse.download_all<float>();
+  const std::vector<uint16_t> out = packed.dout.download_all<uint16_t>();
+  const std::vector<float> lse = packed.dlse.download_all<float>();
 
   const double scale = flashgen::effective_softmax_scale(0.f, d);
   const flashgen::DtypeTolerances& tol = flashgen::tolerances(c.dtype);
@@ -109,17 +125,17 @@ void run_and_check(const VarlenCase& c, const std::string& config) {
       const auto q_view = flashgen::StridedView::contiguous(1, sq, hq, d);
       const auto kv_view = flashgen::StridedView::contiguous(1, sk, hkv, d);
       const flashgen::AttentionResult ref = flashgen::attention_reference_f64(
-          shape, flashgen::HostInput::bits16(q.data() + cu_q[b] * hq * d, c.dtype, q_view),
-          flashgen::HostInput::bits16(k.data() + cu_k[b] * hkv * d, c.dtype, kv_view),
-          flashgen::HostInput::bits16(v.data() + cu_k[b] * hkv * d, c.dtype, kv_view), scale, c.mask);
+          shape, flashgen::HostInput::bits16(packed.q.data() + packed.cu_q[b] * hq * d, c.dtype, q_view),
+          flashgen::HostInput::bits16(packed.k.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view),
+          flashgen::HostInput::bits16(packed.v.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view), scale, c.mask);
       want_out = ref.out, want_lse = ref.lse;
     }
     std::vector<double> got_out(want_out.size()), got_lse(want_lse.size());
     for (size_t i = 0; i < got_out.size(); ++i) {
-      got_out[i] = flashgen::dtype_bits_to_float(out[size_t(cu_q[b] * hq * d) + i], c.dtype);
+      got_out[i] = flashgen::dtype_bits_to_float(out[size_t(packed.cu_q[b] * hq * d) + i], c.dtype);
     }
     for (int64_t h = 0; h < hq; ++h)
-      for (int64_t r = 0; r < sq; ++r) got_lse[size_t(h * sq + r)] = lse[size_t(h * total_q + cu_q[b] + r)];
+      for (int64_t r = 0; r < sq; ++r) got_lse[size_t(h * sq + r)] = lse[size_t(h * total_q + packed.cu_q[b] + r)];
     const flashgen::CheckReport out_check = flashgen::check_elements("out", {sq, hq, d}, got_out, want_out, tol.out);
     const flashgen::CheckReport lse_check = flashgen::check_elements("lse", {hq, sq}, got_lse, want_lse, tol.lse);
     INFO(out_check.text << "\n" << lse_check.text);
@@ -168,4 +184,96 @@ TEST_CASE("a packed batch runs its own kernels, chosen for packed batches", "[gp
   CHECK(plan.launch.config.varlen);
   CHECK(plan.launch.config.family() == flashgen::KernelFamily::kSm80);
   CHECK(plan.launch.config.name().find("_varlen") != std::string::npos);
+}
+
+namespace {
+
+// The varlen forward then backward of c (seqused_k aside), gradients poisoned first; every sequence's dq, dk
+// and dv against its float64 gradients.
+void run_and_check_backward(const VarlenCase& c, bool deterministic) {
+  PackedBatch packed(c, 0xbac0);
+  const flashgen_varlen_forward_args& fwd = packed.args;
+  const int64_t batch = fwd.batch, total_q = packed.total_q, total_k = packed.total_k;
+  const int64_t hq = c.heads_q, hkv = c.heads_kv, d = c.head_dim;
+  std::mt19937_64 rng(0xd0 + total_q);
+  const std::vector<uint16_t> dout = random_bits(packed.q.size(), c.dtype, rng);
+  DeviceBuffer ddout(dout.size() * 2), dq(packed.q.size() * 2), dk(packed.k.size() * 2), dv(packed.v.size() * 2);
+  ddout.upload(dout);
+  dq.fill_bytes(0xff), dk.fill_bytes(0xff), dv.fill_bytes(0xff);  // NaN: what the kernels leave unwritten fails
+  REQUIRE(flashgen_attention_varlen_forward(&fwd, nullptr) == FLASHGEN_SUCCESS);
+
+  flashgen_varlen_backward_args bwd{};
+  bwd.size = sizeof(bwd);
+  bwd.q = fwd.q, bwd.k = fwd.k, bwd.v = fwd.v, bwd.out = fwd.out;
+  bwd.dout = PackedBatch::packed(c, ddout, total_q, hq);
+  bwd.dq = PackedBatch::packed(c, dq, total_q, hq), bwd.dk = PackedBatch::packed(c, dk, total_k, hkv);
+  bwd.dv = PackedBatch::packed(c, dv, total_k, hkv);
+  bwd.lse = fwd.lse;
+  bwd.cu_seqlens_q = fwd.cu_seqlens_q, bwd.cu_seqlens_k = fwd.cu_seqlens_k;
+  bwd.batch = batch, bwd.max_seqlen_q = fwd.max_seqlen_q, bwd.max_seqlen_k = fwd.max_seqlen_k;
+  bwd.options = fwd.options;
+  bwd.options.deterministic = deterministic ? 1 : 0;
+  REQUIRE(flashgen_attention_varlen_backward(&bwd, nullptr) == FLASHGEN_SUCCESS);
+  FLASHGEN_CU_CHECK(cuCtxSynchronize());
+  const std::vector<uint16_t> got_dq = dq.download_all<uint16_t>(), got_dk = dk.download_all<uint16_t>(),
+                              got_dv = dv.download_all<uint16_t>();
+
+  const double scale = flashgen::effective_softmax_scale(0.f, d);
+  auto to_double = [&](const std::vector<uint16_t>& bits, int64_t first, int64_t count) {
+    std::vector<double> values(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) values[size_t(i)] = flashgen::dtype_bits_to_float(bits[size_t(first + i)], c.dtype);
+    return values;
+  };
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t sq = c.q_lens[b], sk = c.k_lens[b];
+    INFO(c.name << (deterministic ? " deterministic" : " atomic") << ": sequence " << b << " of " << sq
+                << " queries, " << sk << " keys");
+    flashgen::AttentionGradients want;
+    want.dq.assign(size_t(sq * hq * d), 0.0);
+    want.dk.assign(size_t(sk * hkv * d), 0.0);
+    want.dv.assign(size_t(sk * hkv * d), 0.0);
+    if (sq > 0 && sk > 0) {  // otherwise every gradient of the sequence is 0
+      const flashgen::AttentionShape shape{1, sq, sk, hq, hkv, d};
+      const auto q_view = flashgen::StridedView::contiguous(1, sq, hq, d);
+      const auto kv_view = flashgen::StridedView::contiguous(1, sk, hkv, d);
+      want = flashgen::attention_backward_reference_f64(
+          shape, flashgen::HostInput::bits16(packed.q.data() + packed.cu_q[b] * hq * d, c.dtype, q_view),
+          flashgen::HostInput::bits16(packed.k.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view),
+          flashgen::HostInput::bits16(packed.v.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view),
+          flashgen::HostInput::bits16(dout.data() + packed.cu_q[b] * hq * d, c.dtype, q_view), scale, c.mask);
+    }
+    const struct {
+      const char* name;
+      std::vector<double> got;
+      const std::vector<double>& want;
+      std::vector<int64_t> dims;
+    } grads[] = {{"dq", to_double(got_dq, packed.cu_q[b] * hq * d, sq * hq * d), want.dq, {sq, hq, d}},
+                 {"dk", to_double(got_dk, packed.cu_k[b] * hkv * d, sk * hkv * d), want.dk, {sk, hkv, d}},
+                 {"dv", to_double(got_dv, packed.cu_k[b] * hkv * d, sk * hkv * d), want.dv, {sk, hkv, d}}};
+    for (const auto& g : grads) {
+      const flashgen::CheckReport check = flashgen::check_elements(
+          g.name, g.dims, g.got, g.want, flashgen::gradient_tolerance(c.dtype, flashgen::max_magnitude(g.want)));
+      INFO(check.text);
+      CHECK(check.ok);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("packed variable-length backward matches each sequence's float64 gradients", "[gpu][varlen]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext scope;
+  const std::vector<VarlenCase> cases = {
+      // an empty sequence (its keys get zero dk, dv), keys fewer than queries, none at all, one long sequence
+      {"fp16 d64 bottom-right GQA 2", FLASHGEN_FLOAT16, 64, 4, 2, FLASHGEN_MASK_CAUSAL, {1, 0, 77, 130, 5, 400},
+       {1, 30, 77, 64, 0, 400}, {}, {}},
+      {"bf16 d128 top-left", FLASHGEN_BFLOAT16, 128, 2, 2, FLASHGEN_MASK_CAUSAL_TOP_LEFT, {257, 1, 64}, {300, 40, 64},
+       {}, {}},
+      {"fp16 d40 no mask MQA", FLASHGEN_FLOAT16, 40, 3, 1, FLASHGEN_MASK_NONE, {33, 129}, {17, 200}, {}, {}},
+  };
+  for (const VarlenCase& c : cases) {
+    run_and_check_backward(c, /*deterministic=*/false);
+    run_and_check_backward(c, /*deterministic=*/true);
+  }
 }
