@@ -3,9 +3,11 @@
 own dense forward on the same number of tokens, and against SDPA (FlashAttention-2 and cuDNN backends) run
 sequence by sequence and on the batch padded to its longest sequence, in one process, on the same random
 tensors. Reports TFLOP/s over the visible (query, key) pairs of the real sequences (4 * pairs * head_dim * heads;
-the padded SDPA run is charged only for those too). Writes a CSV with device, date and versions.
+the padded SDPA run is charged only for those too). --backward times the backward instead (2.5 times the
+forward's FLOPs: five products instead of two), each implementation's gradients of its own forward's outputs.
+Writes a CSV with device, date and versions.
 
-    python3 bench/bench_varlen.py [--sequences 64] [--min-len 128] [--max-len 8192] [--out FILE]
+    python3 bench/bench_varlen.py [--backward] [--sequences 64] [--min-len 128] [--max-len 8192] [--out FILE]
 """
 import argparse
 import datetime
@@ -35,6 +37,20 @@ def timed_ms(fn, samples, flush):
     return start.elapsed_time(stop) / samples
 
 
+def sdpa_ms(calls, causal, args, flush):
+    """SDPA over each (q, k, v) of calls, one after the other: the forward, or with args.backward the gradients
+    of the outputs of one forward (kept for every timed call)."""
+    if not args.backward:
+        with torch.no_grad():
+            return timed_ms(lambda: [F.scaled_dot_product_attention(*c, is_causal=causal) for c in calls],
+                            args.samples, flush)
+    inputs = [tuple(t.detach().requires_grad_() for t in c) for c in calls]
+    outs = [F.scaled_dot_product_attention(*c, is_causal=causal) for c in inputs]
+    douts = [torch.randn_like(o) for o in outs]
+    flat = [t for c in inputs for t in c]
+    return timed_ms(lambda: torch.autograd.grad(outs, flat, douts, retain_graph=True), args.samples, flush)
+
+
 def visible_pairs(sq, sk, causal):
     if not causal:
         return sq * sk
@@ -50,6 +66,7 @@ def main():
     parser.add_argument("--hidden", type=int, default=2048, help="heads * head_dim")
     parser.add_argument("--samples", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backward", action="store_true", help="time the backward pass")
     parser.add_argument("--out")
     args = parser.parse_args()
 
@@ -68,18 +85,35 @@ def main():
                 torch.manual_seed(args.seed)
                 q, k, v = (torch.randn(total, heads, head_dim, device="cuda", dtype=dtype) for _ in range(3))
                 pairs = sum(visible_pairs(n, n, causal) for n in lens)
-                flops = 4.0 * pairs * head_dim * heads
+                factor = 2.5 if args.backward else 1.0
+                flops = 4.0 * factor * pairs * head_dim * heads
+                mask = "bottom_right" if causal else "none"
                 results = {}
                 with torch.no_grad():
-                    results["flashgen varlen"] = timed_ms(
-                        lambda: fg.varlen_attention(q, k, v, cu, cu, max(lens), max(lens), causal=causal),
-                        args.samples, flush)
+                    if args.backward:
+                        out, lse = torch.ops.flashgen.varlen_attention_forward(q, k, v, cu, cu, None, max(lens),
+                                                                               max(lens), 0.0, mask, False)
+                        dout = torch.randn_like(out)
+                        results["flashgen varlen"] = timed_ms(
+                            lambda: torch.ops.flashgen.varlen_attention_backward(
+                                dout, q, k, v, out, lse, cu, cu, max(lens), max(lens), 0.0, mask, False),
+                            args.samples, flush)
+                    else:
+                        results["flashgen varlen"] = timed_ms(
+                            lambda: fg.varlen_attention(q, k, v, cu, cu, max(lens), max(lens), causal=causal),
+                            args.samples, flush)
                     # The same tokens as one dense batch of sequences of the mean length.
                     mean = total // args.sequences
                     dq, dk, dv = (t[: mean * args.sequences].view(args.sequences, mean, heads, head_dim)
                                   for t in (q, k, v))
-                    dense_flops = 4.0 * args.sequences * visible_pairs(mean, mean, causal) * head_dim * heads
-                    dense_ms = timed_ms(lambda: fg.attention(dq, dk, dv, causal=causal), args.samples, flush)
+                    dense_flops = 4.0 * factor * args.sequences * visible_pairs(mean, mean, causal) * head_dim * heads
+                    if args.backward:
+                        dense_out, dense_lse = torch.ops.flashgen.attention_forward(dq, dk, dv, 0.0, mask, "bshd", False)
+                        dense_dout = torch.randn_like(dense_out)
+                        dense_ms = timed_ms(lambda: torch.ops.flashgen.attention_backward(
+                            dense_dout, dq, dk, dv, dense_out, dense_lse, 0.0, mask, "bshd", False), args.samples, flush)
+                    else:
+                        dense_ms = timed_ms(lambda: fg.attention(dq, dk, dv, causal=causal), args.samples, flush)
                     # SDPA sequence by sequence (its kernels take no offsets), and padded to the longest.
                     starts = cu.tolist()
                     slices = [tuple(t[s:e].transpose(0, 1)[None] for t in (q, k, v))
@@ -89,29 +123,25 @@ def main():
                     for i, (s, e) in enumerate(zip(starts, starts[1:])):
                         for p, t in zip(padded, (q, k, v)):
                             p[i, :, : e - s] = t[s:e].transpose(0, 1)
-                    for name, backend in (("SDPA FA2", SDPBackend.FLASH_ATTENTION),
-                                          ("SDPA cuDNN", SDPBackend.CUDNN_ATTENTION)):
-                        with sdpa_kernel([backend]):
-                            try:
-                                results[name + " per sequence"] = timed_ms(
-                                    lambda: [F.scaled_dot_product_attention(*s, is_causal=causal) for s in slices],
-                                    args.samples, flush)
-                                results[name + " padded"] = timed_ms(
-                                    lambda: F.scaled_dot_product_attention(*padded, is_causal=causal),
-                                    args.samples, flush)
-                            except RuntimeError as error:
-                                print(f"{name}: {error}".splitlines()[0])
+                for name, backend in (("SDPA FA2", SDPBackend.FLASH_ATTENTION),
+                                      ("SDPA cuDNN", SDPBackend.CUDNN_ATTENTION)):
+                    with sdpa_kernel([backend]):
+                        try:
+                            results[name + " per sequence"] = sdpa_ms(slices, causal, args, flush)
+                            results[name + " padded"] = sdpa_ms([padded], causal, args, flush)
+                        except RuntimeError as error:
+                            print(f"{name}: {error}".splitlines()[0])
                 dense_tflops = dense_flops / dense_ms / 1e9
                 for name, ms in results.items():
                     tflops = flops / ms / 1e9
                     rows.append((device, datetime.date.today().isoformat(), torch.__version__, flashgen.version(),
-                                 str(dtype).split(".")[-1], head_dim, int(causal), args.sequences, total, name,
+                                 "backward" if args.backward else "forward", str(dtype).split(".")[-1], head_dim, int(causal), args.sequences, total, name,
                                  f"{ms:.4f}", f"{tflops:.1f}", f"{tflops / dense_tflops:.3f}"))
                     print(f"d{head_dim} causal={int(causal)} {name:28} {ms:8.3f} ms {tflops:7.1f} TFLOP/s "
                           f"{tflops / dense_tflops:.2f}x flashgen dense ({dense_tflops:.1f} TFLOP/s)")
     if args.out:
         with open(args.out, "w") as f:
-            f.write("device,date,torch,flashgen,dtype,head_dim,causal,sequences,tokens,call,mean_ms,tflops,"
+            f.write("device,date,torch,flashgen,pass,dtype,head_dim,causal,sequences,tokens,call,mean_ms,tflops,"
                     "vs_flashgen_dense\n")
             for row in rows:
                 f.write(",".join(str(x) for x in row) + "\n")
