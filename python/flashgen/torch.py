@@ -57,30 +57,37 @@ def _bshd_shape(t, layout):
     return tuple(t.shape[i] for i in _BSHD_DIMS[layout])
 
 
+def _bad(message):
+    raise FlashgenArgumentError(message, _lib.ERROR_INVALID_ARGUMENT)
+
+
+def _check_qkv(q, k, v, rank, expected):
+    """q, k and v: torch tensors of `rank` dims (`expected` describes them in the message), float16 or bfloat16, on
+    one CUDA (or meta) device, of one dtype; FlashgenArgumentError naming the argument otherwise."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            _bad(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != rank:
+            _bad(f"{name}: expected a {expected}, got shape {tuple(t.shape)}")
+        if t.dtype not in (torch.float16, torch.bfloat16):
+            _bad(f"{name}.dtype is {t.dtype}; flashgen runs torch.float16 and torch.bfloat16")
+        if t.device.type not in ("cuda", "meta"):  # meta: shapes only, through the fake kernels
+            _bad(f"{name} is on {t.device}; flashgen runs on CUDA devices")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            _bad(f"{name}.dtype is {t.dtype} but q.dtype is {q.dtype}")
+        if t.device != q.device:
+            _bad(f"{name} is on {t.device} but q is on {q.device}")
+
+
 def _check_inputs(q, k, v, layout):
     """Raises FlashgenArgumentError naming the argument for what the library cannot see (types, devices, ranks,
     dtypes)."""
-    def bad(message):
-        raise FlashgenArgumentError(message, _lib.ERROR_INVALID_ARGUMENT)
-
     if layout not in ("bshd", "bhsd"):
-        bad(f"layout must be 'bshd' ([batch, seqlen, heads, head_dim]) or 'bhsd' ([batch, heads, seqlen, "
+        _bad(f"layout must be 'bshd' ([batch, seqlen, heads, head_dim]) or 'bhsd' ([batch, heads, seqlen, "
             f"head_dim]), got {layout!r}")
     order = "[batch, seqlen, heads, head_dim]" if layout == "bshd" else "[batch, heads, seqlen, head_dim]"
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            bad(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            bad(f"{name}: expected a 4-d tensor {order} (layout {layout!r}), got shape {tuple(t.shape)}")
-        if t.dtype not in (torch.float16, torch.bfloat16):
-            bad(f"{name}.dtype is {t.dtype}; flashgen runs torch.float16 and torch.bfloat16")
-        if t.device.type not in ("cuda", "meta"):  # meta: shapes only, through the fake kernels
-            bad(f"{name} is on {t.device}; flashgen runs on CUDA devices")
-    for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype:
-            bad(f"{name}.dtype is {t.dtype} but q.dtype is {q.dtype}")
-        if t.device != q.device:
-            bad(f"{name} is on {t.device} but q is on {q.device}")
+    _check_qkv(q, k, v, 4, f"4-d tensor {order} (layout {layout!r})")
     roles = ("batch", "seqlen", "heads", "head_dim")
 
     def dim(name, i):
@@ -89,9 +96,9 @@ def _check_inputs(q, k, v, layout):
     shapes = {name: _bshd_shape(t, layout) for name, t in (("q", q), ("k", k), ("v", v))}
     for name, other, i in (("k", "q", 0), ("k", "q", 3), ("v", "q", 0), ("v", "q", 3), ("v", "k", 1), ("v", "k", 2)):
         if shapes[name][i] != shapes[other][i]:
-            bad(f"{dim(name, i)} is {shapes[name][i]} but {dim(other, i)} is {shapes[other][i]}")
+            _bad(f"{dim(name, i)} is {shapes[name][i]} but {dim(other, i)} is {shapes[other][i]}")
     if shapes["k"][2] > 0 and shapes["q"][2] % shapes["k"][2] != 0:
-        bad(f"{dim('q', 2)} = {shapes['q'][2]} must be a multiple of {dim('k', 2)} = {shapes['k'][2]}")
+        _bad(f"{dim('q', 2)} = {shapes['q'][2]} must be a multiple of {dim('k', 2)} = {shapes['k'][2]}")
 
 
 def _check_mask(mask):
@@ -439,38 +446,22 @@ def tune(q, k, v, *, causal=False, causal_align="bottom_right", layout="bshd"):
 def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k):
     """Raises FlashgenArgumentError naming the argument for what the library cannot see (types, devices, ranks,
     dtypes, the offsets' length); sizes, strides and the packing's ranges are the library's to check."""
-    def bad(message):
-        raise FlashgenArgumentError(message, _lib.ERROR_INVALID_ARGUMENT)
-
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            bad(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 3:
-            bad(f"{name}: expected a 3-d packed tensor [total, heads, head_dim], got shape {tuple(t.shape)}")
-        if t.dtype not in (torch.float16, torch.bfloat16):
-            bad(f"{name}.dtype is {t.dtype}; flashgen runs torch.float16 and torch.bfloat16")
-        if t.device.type not in ("cuda", "meta"):
-            bad(f"{name} is on {t.device}; flashgen runs on CUDA devices")
-    for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype:
-            bad(f"{name}.dtype is {t.dtype} but q.dtype is {q.dtype}")
-        if t.device != q.device:
-            bad(f"{name} is on {t.device} but q is on {q.device}")
+    _check_qkv(q, k, v, 3, "3-d packed tensor [total, heads, head_dim]")
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k)):
         if t is None and name == "seqused_k":
             continue
         if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1 or t.device != q.device:
-            bad(f"{name}: expected a 1-d torch.int32 tensor on {q.device}, got "
+            _bad(f"{name}: expected a 1-d torch.int32 tensor on {q.device}, got "
                 f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}"
                 f"{' ' + str(list(t.shape)) + ' on ' + str(t.device) if isinstance(t, torch.Tensor) else ''}")
     if cu_seqlens_q.shape[0] < 2 or cu_seqlens_k.shape[0] != cu_seqlens_q.shape[0]:
-        bad(f"cu_seqlens_q and cu_seqlens_k must both hold batch + 1 >= 2 offsets, got {cu_seqlens_q.shape[0]} and "
+        _bad(f"cu_seqlens_q and cu_seqlens_k must both hold batch + 1 >= 2 offsets, got {cu_seqlens_q.shape[0]} and "
             f"{cu_seqlens_k.shape[0]}")
     if seqused_k is not None and seqused_k.shape[0] != cu_seqlens_q.shape[0] - 1:
-        bad(f"seqused_k must hold batch = {cu_seqlens_q.shape[0] - 1} lengths, got {seqused_k.shape[0]}")
+        _bad(f"seqused_k must hold batch = {cu_seqlens_q.shape[0] - 1} lengths, got {seqused_k.shape[0]}")
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if not isinstance(value, int) or isinstance(value, bool):
-            bad(f"{name}: expected an int, got {type(value).__name__}")
+            _bad(f"{name}: expected an int, got {type(value).__name__}")
 
 
 def _packed_view(t):
