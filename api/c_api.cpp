@@ -123,6 +123,25 @@ extern "C" int flashgen_attention_varlen_backward(const flashgen_varlen_backward
   });
 }
 
+extern "C" int flashgen_attention_kvcache(const flashgen_kvcache_args* args, void* cuda_stream) {
+  return guarded([&] {
+    const flashgen_kvcache_args& checked = required(args, "args");
+    check_args_size(checked.size, sizeof(flashgen_kvcache_args));
+    flashgen::attention_kvcache(checked, static_cast<CUstream>(cuda_stream));
+  });
+}
+
+extern "C" int flashgen_attention_kvcache_workspace_size(const flashgen_kvcache_args* args, void* cuda_stream,
+                                                         size_t* workspace_bytes) {
+  return guarded([&] {
+    const flashgen_kvcache_args& checked = required(args, "args");
+    check_args_size(checked.size, sizeof(flashgen_kvcache_args));
+    FLASHGEN_REQUIRE(workspace_bytes != nullptr, "workspace_bytes: null pointer");
+    const flashgen::KvCacheCall call = flashgen::make_kvcache_call(checked);
+    *workspace_bytes = flashgen::plan_kvcache(call, static_cast<CUstream>(cuda_stream)).launch.workspace_bytes;
+  });
+}
+
 extern "C" int flashgen_attention_backward(const flashgen_tensor* q, const flashgen_tensor* k,
                                            const flashgen_tensor* v, const flashgen_tensor* out,
                                            const flashgen_tensor* dout, const float* lse, const flashgen_tensor* dq,

@@ -19,7 +19,9 @@
 #include "flashgen/flashgen.h"
 #include "launch/attention.hpp"
 #include "launch/attention_backward.hpp"
+#include "launch/attention_kvcache.hpp"
 #include "tuner/choice.hpp"
+#include "tuner/decode_choice.hpp"
 
 namespace flashgen {
 
@@ -87,5 +89,27 @@ BackwardLaunch attention_backward(const flashgen_tensor& q, const flashgen_tenso
                                   const flashgen_tensor& dq, const flashgen_tensor& dk, const flashgen_tensor& dv,
                                   const flashgen_attention_options& opts, CUstream stream, CUdeviceptr workspace = 0,
                                   size_t workspace_bytes = 0);
+
+// What a KV-cache call runs and why: its config, key ranges per sequence and workspace.
+struct KvCacheLaunch {
+  DecodeConfig config;
+  int splits = 1;
+  int arch = 0;
+  std::string reason;
+  ChoiceSource source = ChoiceSource::kHeuristic;
+  size_t workspace_bytes = 0;
+};
+
+// The choice for a KV-cache call on stream's device (the built-in heuristic; a split count the call asks for
+// replaces the chosen one) and its prepared launch; launches nothing.
+struct KvCachePlan {
+  KvCacheLaunch launch;
+  PreparedKvCache prepared;
+};
+KvCachePlan plan_kvcache(const KvCacheCall& call, CUstream stream);
+
+// make_kvcache_call + plan_kvcache + the launch (the caller's workspace, or one from the stream's pool): the
+// entry point behind flashgen_attention_kvcache.
+KvCacheLaunch attention_kvcache(const flashgen_kvcache_args& args, CUstream stream);
 
 }  // namespace flashgen

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "generator/bwd_config.hpp"
+#include "generator/decode_config.hpp"
 #include "generator/kernel_config.hpp"
 
 namespace flashgen {
@@ -34,6 +35,8 @@ GeneratedSource generate(const KernelConfig& config);
 // One module holding every kernel of a backward config; kernel_name is config.name() and each kernel's
 // symbol is config.symbol(kernel).
 GeneratedSource generate(const BwdConfig& config);
+// One module holding the KV-cache kernels of a decode config; each kernel's symbol is config.symbol(kernel).
+GeneratedSource generate(const DecodeConfig& config);
 
 // The templates as embedded in the library at build time, or read from $FLASHGEN_TEMPLATE_DIR when set
 // (for editing templates without rebuilding).

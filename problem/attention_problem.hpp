@@ -54,6 +54,11 @@ struct AttentionProblem {
   bool varlen = false;
   int64_t total_q = 0;
   int64_t total_k = 0;
+  // New query tokens against a KV cache (decoding): shape.seqlen_q new tokens per sequence over a cache of
+  // shape.seqlen_k rows (its capacity; each sequence's filled length lives on the device), read through a
+  // block table of pages when paged.
+  bool kv_cache = false;
+  bool paged = false;
 
   // The kernels' mask kind: both causal alignments run the causal kernels (the offset is a parameter).
   MaskKind mask_kind() const { return mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal; }

@@ -45,6 +45,7 @@ namespace flashgen {
   X(cuFuncSetAttribute)              \
   X(cuFuncGetAttribute)              \
   X(cuLaunchKernel)                  \
+  X(cuLaunchKernelEx)                \
   X(cuOccupancyMaxActiveClusters)    \
   X(cuMemAlloc)                      \
   X(cuMemFree)                       \

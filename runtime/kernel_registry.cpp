@@ -148,6 +148,10 @@ std::shared_ptr<const CompiledKernel> KernelRegistry::compiled(const BwdConfig& 
   return compiled_module(ModuleId{config.name(), arch}, [&] { return generate(config); });
 }
 
+std::shared_ptr<const CompiledKernel> KernelRegistry::compiled(const DecodeConfig& config, int arch) {
+  return compiled_module(ModuleId{config.name(), arch}, [&] { return generate(config); });
+}
+
 int KernelRegistry::spilled_bytes(const KernelConfig& config, int arch) {
   const ResourceUsage usage = compiled(config, arch)->usage;
   return usage.spill_store_bytes + usage.spill_load_bytes;
@@ -213,6 +217,13 @@ CUfunction KernelRegistry::function(const BwdConfig& config, BwdKernel kernel, C
   std::string name = config.name();
   std::string symbol = name + "_" + bwd_kernel_suffix(kernel);
   return load(ModuleId{std::move(name), arch}, symbol, config.smem_bytes(kernel), ctx, [&] { return generate(config); });
+}
+
+CUfunction KernelRegistry::function(const DecodeConfig& config, DecodeKernel kernel, CUcontext ctx, int arch) {
+  std::string name = config.name();
+  std::string symbol = config.symbol(kernel);
+  return load(ModuleId{std::move(name), arch}, symbol, config.smem_bytes(kernel), ctx,
+              [&] { return generate(config); });
 }
 
 CUfunction KernelRegistry::load(const ModuleId& id, const std::string& symbol, int smem_bytes, CUcontext ctx,

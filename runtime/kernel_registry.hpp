@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "generator/bwd_config.hpp"
+#include "generator/decode_config.hpp"
 #include "generator/kernel_config.hpp"
 #include "runtime/kernel_cache.hpp"
 #include "runtime/nvrtc_compiler.hpp"
@@ -33,6 +34,7 @@ class KernelRegistry {
   // Compiled module for (config, arch): memory, then disk cache, then NVRTC. Thread-safe.
   std::shared_ptr<const CompiledKernel> compiled(const KernelConfig& config, int arch);
   std::shared_ptr<const CompiledKernel> compiled(const BwdConfig& config, int arch);
+  std::shared_ptr<const CompiledKernel> compiled(const DecodeConfig& config, int arch);
 
   // Local-memory bytes (spill stores + loads) ptxas reported for the kernels a config launches,
   // compiling them first if needed: the backward's dkdv kernel, plus its dq kernel when deterministic.
@@ -45,6 +47,7 @@ class KernelRegistry {
   // loaded, a call costs one cuCtxGetId and a hash lookup.
   CUfunction function(const KernelConfig& config, CUcontext ctx, int arch);
   CUfunction function(const BwdConfig& config, BwdKernel kernel, CUcontext ctx, int arch);
+  CUfunction function(const DecodeConfig& config, DecodeKernel kernel, CUcontext ctx, int arch);
 
   const KernelCache& disk_cache() const { return cache_; }
 

@@ -46,6 +46,50 @@ struct AttnFwdParams {
   int causal_bottom_right;  // per sequence, causal_offset = seqlen_k - seqlen_q (1) or 0 (0: top-left)
 };
 
+// Attention against a KV cache (decode_sm80.cuh): a few new query tokens per sequence over the keys of its
+// cache, contiguous or paged, optionally after appending the new tokens' keys and values to it. Sequence b
+// holds n_keys = cache_seqlens[b] + seqlen_new keys (cache_seqlens clamped into [0, capacity - seqlen_new]);
+// key j lives in row j of its cache, or with a block table in row j % page_size of page block_table[b, j /
+// page_size] (clamped into [0, num_pages)). Blocks split each sequence's keys evenly into `splits` ranges;
+// with more than one, each writes its range's normalised output and LSE to the fp32 workspace, and the
+// combine kernel merges them by LSE.
+struct AttnDecodeParams {
+  const void* q;        // (batch, seqlen_q, heads_q, head_dim)
+  const void* k_cache;  // (batch, capacity, heads_kv, head_dim), or paged (num_pages, page_size, heads_kv, head_dim)
+  const void* v_cache;  // like k_cache
+  const void* k_new;    // (batch, seqlen_new, heads_kv, head_dim), appended before attention; null with seqlen_new 0
+  const void* v_new;
+  void* o;              // (batch, seqlen_q, heads_q, head_dim)
+  float* lse;           // (batch, heads_q, seqlen_q) contiguous, natural log; may be null
+  const int* cache_seqlens;  // (batch): keys in the cache before this call's new ones; null: every row, capacity
+  const int* block_table;    // (batch, block_table_stride) page indices, or null for a contiguous cache
+  float* o_partial;     // workspace (splits, batch, heads_q, seqlen_q, head_dim) when splits > 1
+  float* lse_partial;   // workspace (splits, batch, heads_q, seqlen_q) when splits > 1
+
+  long long q_batch_stride, q_row_stride, q_head_stride;
+  long long k_batch_stride, k_row_stride, k_head_stride;  // batch stride: one page's when paged
+  long long v_batch_stride, v_row_stride, v_head_stride;
+  long long kn_batch_stride, kn_row_stride, kn_head_stride;
+  long long vn_batch_stride, vn_row_stride, vn_head_stride;
+  long long o_batch_stride, o_row_stride, o_head_stride;
+  long long block_table_stride;
+
+  int batch;
+  int heads_q;
+  int heads_kv;
+  int group_size;     // heads_q / heads_kv: the query heads a block packs with each new token
+  int seqlen_q;       // new query tokens per sequence
+  int seqlen_new;     // appended tokens per sequence (0: none)
+  int capacity;       // key rows a sequence's cache can hold: its rows, or pages per sequence * page_size
+  int page_size;      // rows per page (paged only)
+  int num_pages;      // pages in the cache (paged only)
+  int row_blocks;     // blocks over one kv head's packed rows (group_size * seqlen_q)
+  int splits;         // key ranges per sequence (gridDim.x of the attention kernel)
+  int causal_bottom_right;  // causal configs: 1 aligns the queries with the last keys, 0 with the first
+  float scale;
+  float scale_log2;
+};
+
 // A CUtensorMap (cuda.h) by another name, so NVRTC needs no toolkit header: 128 opaque bytes that the
 // driver's cuTensorMapEncodeTiled fills and TMA instructions read from kernel parameter space.
 struct alignas(64) TmaDescriptor {

@@ -76,19 +76,26 @@ struct QueryBlocks {
   }
 };
 
+// Where the two rows of a thread's 16-row tile lie: query head and query row of rows g (h 0) and g + 8 (h 1).
+struct TileRow {
+  int head;
+  int row;
+};
+
 // The variant's scores on the first kWidth 8-key groups of a 16-row tile of S = Q Kᵀ (forward layout):
-// this thread holds rows row (h 0) and row + 8 (h 1), keys key0 + 8i + 2t + e of group i (key0: the
-// block's first key; t: lane % 4). In a partial block (kMasked) the scores the variant hides, or whose key
-// lies past seqlen_k, become -inf; every other score becomes the variant's score of it. Nothing is left of
-// it in a full block of a variant that transforms no score.
-template <class Variant, int kWidth, bool kMasked, class Params, int kGroups>
-__device__ __forceinline__ void variant_scores(const Params& p, float (&acc)[kGroups][4], int batch, int head,
-                                               int row, int key0, int t) {
+// this thread holds rows at(0) (h 0) and at(1) (h 1), keys key0 + 8i + 2t + e of group i (key0: the block's
+// first key; t: lane % 4). In a partial block (kMasked) the scores the variant hides, or whose key lies past
+// seqlen_k, become -inf; every other score becomes the variant's score of it. Nothing is left of it in a full
+// block of a variant that transforms no score.
+template <class Variant, int kWidth, bool kMasked, class Params, int kGroups, class RowAt>
+__device__ __forceinline__ void variant_scores_at(const Params& p, float (&acc)[kGroups][4], int batch, RowAt&& at_row,
+                                                  int key0, int t) {
   if constexpr (kMasked) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       // Key key0 + 2t + o of this row is hidden iff keys.hidden(o).
-      const auto keys = Variant::row_keys(p, batch, head, row + 8 * h, p.seqlen_k - 1, key0 + 2 * t);
+      const TileRow r = at_row(h);
+      const auto keys = Variant::row_keys(p, batch, r.head, r.row, p.seqlen_k - 1, key0 + 2 * t);
 #pragma unroll
       for (int i = 0; i < kWidth; ++i)
 #pragma unroll
@@ -101,9 +108,18 @@ __device__ __forceinline__ void variant_scores(const Params& p, float (&acc)[kGr
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const float s = acc[i][r];
-      const ScoreAt at{batch, head, row + 8 * (r / 2), key0 + 2 * t + 8 * i + r % 2};
+      const TileRow tr = at_row(r / 2);
+      const ScoreAt at{batch, tr.head, tr.row, key0 + 2 * t + 8 * i + r % 2};
       acc[i][r] = kMasked && s == neg_inf() ? s : Variant::score(p, at, s);  // q·k itself is finite
     }
+}
+
+// The same for a tile of one query head whose rows are consecutive queries: row (h 0) and row + 8 (h 1).
+template <class Variant, int kWidth, bool kMasked, class Params, int kGroups>
+__device__ __forceinline__ void variant_scores(const Params& p, float (&acc)[kGroups][4], int batch, int head,
+                                               int row, int key0, int t) {
+  variant_scores_at<Variant, kWidth, kMasked>(p, acc, batch, [&](int h) { return TileRow{head, row + 8 * h}; }, key0,
+                                              t);
 }
 
 }  // namespace flashgen

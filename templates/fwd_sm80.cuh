@@ -10,6 +10,7 @@
 #include "block_range.cuh"
 #include "sequence.cuh"
 #include "fwd_traits.cuh"
+#include "sm80_attend.cuh"
 #include "sm80_primitives.cuh"
 #include "softmax.cuh"
 #include "tile_copy.cuh"
@@ -165,38 +166,17 @@ struct FwdSm80 {
       const u32 sk = skv_addr + (n_block % kStages) * 2 * kTileBytes;  // (kBlockN, kRow) K tile
       const u32 sv = sk + kTileBytes;                                   // (kBlockN, kRow) V tile
 
-      // S = Q Kᵀ for this warp: (kWarpRows, kBlockN) fp32.
+      // S = Q Kᵀ for this warp, with Q's fragments from registers or shared memory.
       float acc_s[kMTiles][kNTiles][4];  // (kWarpRows, kBlockN) in (16, 8) accumulator tiles
+      auto load_a = [&](int mt, int kk, u32(&a)[4]) {
+        if constexpr (kQInRegs) {
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
-
-#pragma unroll
-      for (int kk = 0; kk < kKSteps; ++kk) {
-        u32 a[kMTiles][4];  // (kMTiles) A fragments of Q for k-step kk, 16x16 each
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-          if constexpr (kQInRegs) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) a[mt][e] = q_frag[mt][kk][e];
-          } else {
-            load_q_frag(a[mt], q_lane, mt, kk);
-          }
+          for (int e = 0; e < 4; ++e) a[e] = q_frag[mt][kk][e];
+        } else {
+          load_q_frag(a, q_lane, mt, kk);
         }
-#pragma unroll
-        for (int np = 0; np < kNTiles / 2; ++np) {
-          u32 b[4];  // B fragments of key tiles 2np and 2np+1, 16x8 each
-          sm80::ldmatrix_x4(b, sk + k_lane + (np * 16 * kRow + kk * 16) * 2);
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) {
-            sm80::mma_16816<kElem>(acc_s[mt][2 * np], a[mt], b[0], b[1]);
-            sm80::mma_16816<kElem>(acc_s[mt][2 * np + 1], a[mt], b[2], b[3]);
-          }
-        }
-      }
+      };
+      sm80::qk_product<kElem, kKSteps, kRow>(acc_s, load_a, sk + k_lane);
 
       // Refill the slot tile n_block - 1 used. Issued after the S product, not right after the barrier,
       // so the first ldmatrix goes sooner (+3% at 1k tokens on H200); past the last block every copy
@@ -210,52 +190,10 @@ struct FwdSm80 {
       for (int mt = 0; mt < kMTiles; ++mt)
         variant_scores<Variant, kNTiles, kMasked>(p, acc_s[mt], batch, head, warp_row0 + mt * 16 + g, n_start, t);
 
-      // Online softmax (softmax.cuh): every row's block max first, then one vote of the warp on rescaling.
-      float block_max[kMTiles][2];  // this block's max (log2 units) of rows g and g + 8 of each tile
-      bool any_rescale = false;
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          block_max[mt][h] = softmax::block_max<kNTiles>(acc_s[mt], h, p.scale_log2);
-          any_rescale |= softmax::max_moves(block_max[mt][h], row_max[mt][h]);
-        }
-      if (__any_sync(0xffffffffu, any_rescale)) {
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const bool moves = softmax::max_moves(block_max[mt][h], row_max[mt][h]);
-            const float correction = softmax::move_max(moves, block_max[mt][h], row_max[mt][h]);
-            row_sum[mt][h] *= correction;
-            softmax::scale_row(acc_o[mt], h, correction);
-          }
-      }
-
-      // P = exp2(s * scale_log2 - m), rounded to the 16-bit type as the A operand of P V.
+      // Online softmax (sm80_attend.cuh), then O += P V with the V tile read transposed.
       u32 p_frag[kMTiles][kNTiles / 2][4];  // (kMTiles, kBlockN / 16) A fragments of P, 16x16 each
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          row_sum[mt][h] += softmax::exponentiate<kNTiles, true>(acc_s[mt], h, row_max[mt][h], p.scale_log2);
-        sm80::pack_a_steps<kElem, kNTiles / 2>(p_frag[mt], acc_s[mt]);
-      }
-
-      // O += P V: keys are the k dimension; V tiles are read transposed.
-#pragma unroll
-      for (int j = 0; j < kNTiles / 2; ++j) {
-#pragma unroll
-        for (int dp = 0; dp < kDTiles / 2; ++dp) {
-          u32 b[4];  // B fragments of V for d tiles 2dp and 2dp+1, 16x8 each
-          sm80::ldmatrix_x4_trans(b, sv + v_lane + (j * 16 * kRow + dp * 16) * 2);
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) {
-            sm80::mma_16816<kElem>(acc_o[mt][2 * dp], p_frag[mt][j], b[0], b[1]);
-            sm80::mma_16816<kElem>(acc_o[mt][2 * dp + 1], p_frag[mt][j], b[2], b[3]);
-          }
-        }
-      }
+      sm80::softmax_update<kElem>(acc_s, row_max, row_sum, acc_o, p_frag, p.scale_log2);
+      sm80::pv_product<kElem, kRow>(acc_o, p_frag, sv + v_lane);
     };
 
     // Blocks below full_end need no mask for any row of this block (block_range.cuh).

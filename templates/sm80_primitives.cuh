@@ -34,10 +34,31 @@ __device__ __forceinline__ void cp_async_16(u32 dst, const void* src, bool valid
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
 
+// cp_async_16 with a hint that L2 fetch the whole 256-byte block around src from memory: for streams that read
+// every byte of long rows once (a KV cache), so the DRAM reads come in fewer, longer bursts.
+__device__ __forceinline__ void cp_async_16_stream(u32 dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+
 // 4-byte global -> shared copy through L1 (for per-row floats such as LSE); zeros when !valid.
 __device__ __forceinline__ void cp_async_4(u32 dst, const void* src, bool valid) {
   const int src_bytes = valid ? 4 : 0;
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+
+// Programmatic dependent launch (sm_90; nothing before): a kernel launched after this one with programmatic
+// stream serialization may start once every block of this one has called launch_dependents (or exited), and
+// waits in wait_for_primary until this one's memory is visible. Both are no-ops without such a launch.
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_primary() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }

@@ -173,6 +173,55 @@ typedef struct {
  * device). */
 int flashgen_attention_varlen_backward(const flashgen_varlen_backward_args* args, void* cuda_stream);
 
+/* Arguments of flashgen_attention_kvcache: a few new query tokens of each of `batch` sequences attending to
+ * its KV cache (decoding), contiguous or paged, optionally after appending the new tokens' keys and values
+ * to the cache in the same call. size as in flashgen_varlen_forward_args. */
+typedef struct {
+  size_t size;
+  flashgen_tensor q;         /* [batch, seqlen_q, heads_q, head_dim]: the new queries */
+  flashgen_tensor k_cache;   /* contiguous: [batch, capacity, heads_kv, head_dim];
+                                paged (block_table given): [num_pages, page_size, heads_kv, head_dim],
+                                page_size a multiple of 16 */
+  flashgen_tensor v_cache;   /* shaped like k_cache, with its own strides */
+  flashgen_tensor k_new;     /* [batch, seqlen_new, heads_kv, head_dim] appended to the cache before attending, or
+                                data NULL (and the rest ignored) to append nothing */
+  flashgen_tensor v_new;     /* like k_new; given exactly when k_new is */
+  flashgen_tensor out;       /* like q */
+  float* lse;                /* fp32 [batch, heads_q, seqlen_q] contiguous (natural log), or NULL */
+  const int32_t* cache_seqlens; /* device, batch: keys in sequence b's cache before this call's new ones (the
+                                   new tokens go to rows cache_seqlens[b] ...); NULL: every cache holds capacity
+                                   keys (then nothing can be appended) */
+  const int32_t* block_table;   /* device, [batch, max_pages] row-major: sequence b's key j lives in row
+                                   j % page_size of page block_table[b * max_pages + j / page_size]; NULL for a
+                                   contiguous cache */
+  int64_t max_pages;         /* block_table's pages per sequence (its row length); capacity = max_pages * page_size */
+  int64_t num_splits;        /* key ranges per sequence: 0 lets flashgen choose for the GPU and problem; n >= 1 uses
+                                exactly n (capped at the key blocks of the capacity); 1 gives batch-invariant results */
+  void* workspace;           /* device memory for the ranges' partial results (splits > 1), 256-byte aligned, at least
+                                flashgen_attention_kvcache_workspace_size() bytes; NULL: taken from the stream's pool */
+  size_t workspace_bytes;
+  flashgen_attention_options options; /* FLASHGEN_MASK_CAUSAL aligns each sequence's queries with its last keys:
+                                         new query i of n sees cache_seqlens[b] + seqlen_new - n + i + 1 keys */
+} flashgen_kvcache_args;
+
+/* out = attention of each sequence's new queries over its cache (the first cache_seqlens[b] + seqlen_new
+ * keys), with GQA/MQA as for flashgen_attention_forward; a row that sees no key gets 0 and lse -inf. With
+ * k_new/v_new, their rows are first written to the cache (through the block table when paged) at rows
+ * [cache_seqlens[b], cache_seqlens[b] + seqlen_new); cache_seqlens itself is not updated. cache_seqlens and
+ * block_table live on the device and are not read by the host: the kernels clamp cache_seqlens[b] into
+ * [0, capacity - seqlen_new] and page indices into [0, num_pages), so bad values give wrong rows but never
+ * an access outside the tensors. With more than one key range per sequence the ranges' fp32 partial outputs
+ * go to the workspace and a second kernel merges them. Allocates nothing and never synchronizes when the
+ * workspace is given (or one range is used), so it can be captured into a CUDA graph once its kernels are
+ * loaded. Stream, context and error semantics as for flashgen_attention_forward. */
+int flashgen_attention_kvcache(const flashgen_kvcache_args* args, void* cuda_stream);
+
+/* Device workspace flashgen_attention_kvcache needs for exactly these arguments, in bytes (0 with one key
+ * range): 4 * splits * batch * heads_q * seqlen_q * (head_dim + 1) plus alignment. Picks the configuration
+ * and split count for the stream's device as the call would, and launches nothing. */
+int flashgen_attention_kvcache_workspace_size(const flashgen_kvcache_args* args, void* cuda_stream,
+                                              size_t* workspace_bytes);
+
 /* A forward problem by its sizes, for tuning. */
 typedef struct {
   flashgen_dtype dtype;

@@ -102,6 +102,27 @@ class VarlenBackwardArgs(ctypes.Structure):
     ]
 
 
+class KvCacheArgs(ctypes.Structure):
+    """flashgen_kvcache_args: new queries against a KV cache (contiguous or paged), for flashgen_attention_kvcache."""
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("q", Tensor),                       # [batch, seqlen_q, heads_q, head_dim]
+        ("k_cache", Tensor),                 # [batch, capacity, heads_kv, head_dim] or [num_pages, page_size, ...]
+        ("v_cache", Tensor),
+        ("k_new", Tensor),                   # [batch, seqlen_new, heads_kv, head_dim], data NULL for none
+        ("v_new", Tensor),
+        ("out", Tensor),
+        ("lse", ctypes.c_void_p),            # fp32 [batch, heads_q, seqlen_q] or NULL
+        ("cache_seqlens", ctypes.c_void_p),  # device int32 [batch] or NULL
+        ("block_table", ctypes.c_void_p),    # device int32 [batch, max_pages] or NULL
+        ("max_pages", ctypes.c_int64),
+        ("num_splits", ctypes.c_int64),      # 0: chosen
+        ("workspace", ctypes.c_void_p),      # NULL: the stream's pool
+        ("workspace_bytes", ctypes.c_size_t),
+        ("options", AttentionOptions),
+    ]
+
+
 class FlashgenError(RuntimeError):
     """A flashgen call failed. str(error) is the library's message; .status is its status code (STATUS_NAMES)."""
 
@@ -131,6 +152,8 @@ _SIGNATURES = {
     "flashgen_attention_forward": (ctypes.c_int, [_tensor_p] * 4 + [_void_p, _options_p, _void_p]),
     "flashgen_attention_varlen_forward": (ctypes.c_int, [ctypes.POINTER(VarlenForwardArgs), _void_p]),
     "flashgen_attention_varlen_backward": (ctypes.c_int, [ctypes.POINTER(VarlenBackwardArgs), _void_p]),
+    "flashgen_attention_kvcache": (ctypes.c_int, [ctypes.POINTER(KvCacheArgs), _void_p]),
+    "flashgen_attention_kvcache_workspace_size": (ctypes.c_int, [ctypes.POINTER(KvCacheArgs), _void_p, _size_p]),
     "flashgen_attention_backward": (ctypes.c_int, [_tensor_p] * 5 + [_void_p] + [_tensor_p] * 3 + [_options_p, _void_p]),
     "flashgen_attention_backward_workspace_size": (
         ctypes.c_int, [_tensor_p] * 5 + [_void_p] + [_tensor_p] * 3 + [_options_p, _void_p, _size_p]),

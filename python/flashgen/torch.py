@@ -32,7 +32,7 @@ except ImportError:
 if not (hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_autograd")):
     raise ImportError(f"flashgen.torch needs torch >= 2.4 (torch.library.custom_op); this is torch {torch.__version__}")
 
-__all__ = ["attention", "varlen_attention", "explain", "tune", "FlashgenError", "FlashgenArgumentError"]
+__all__ = ["attention", "varlen_attention", "attention_with_kvcache", "explain", "tune", "FlashgenError", "FlashgenArgumentError"]
 
 _DTYPE_CODES = {torch.float16: _lib.FLOAT16, torch.bfloat16: _lib.BFLOAT16}
 _MASK_CODES = {"none": _lib.MASK_NONE, "bottom_right": _lib.MASK_CAUSAL, "top_left": _lib.MASK_CAUSAL_TOP_LEFT}
@@ -610,3 +610,127 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     else:
         out, lse = torch.ops.flashgen.varlen_attention_forward(*args)
     return (out, lse, None) if return_attn_probs else out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Decoding against a KV cache: FlashAttention's flash_attn_with_kvcache arguments.
+
+def _check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table):
+    """Raises FlashgenArgumentError naming the argument for what the library cannot see (types, devices, ranks,
+    dtypes of the int32 tensors); sizes, strides and the cache's shape are the library's to check."""
+    _check_qkv(q, k_cache, v_cache, 4, "4-d tensor (q: [batch, seqlen_q, heads_q, head_dim]; k_cache, v_cache: "
+               "[batch, capacity, heads_kv, head_dim] or [num_pages, page_size, heads_kv, head_dim])")
+    if (k is None) != (v is None):
+        _bad("k and v: give both (the new tokens to append) or neither")
+    if k is not None:
+        _check_qkv(q, k, v, 4, "4-d tensor [batch, seqlen_new, heads_kv, head_dim]")
+    for name, t, rank in (("cache_seqlens", cache_seqlens, 1), ("block_table", block_table, 2)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != rank or t.device != q.device:
+            _bad(f"{name}: expected a {rank}-d torch.int32 tensor on {q.device}, got "
+                f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}"
+                f"{' ' + str(list(t.shape)) + ' on ' + str(t.device) if isinstance(t, torch.Tensor) else ''}")
+        if t.shape[0] != q.shape[0]:
+            _bad(f"{name}.shape[0] is {t.shape[0]} but q.shape[0] (batch) is {q.shape[0]}")
+
+
+def _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, scale, mask, num_splits):
+    """flashgen_kvcache_args over the tensors (each readable in place: the caches are written in place when k and
+    v are given, so they are never copied)."""
+    args = _lib.KvCacheArgs()
+    args.size = ctypes.sizeof(args)
+    args.q, args.k_cache, args.v_cache, args.out = (_view(t, "bshd") for t in (q, k_cache, v_cache, out))
+    if k is not None:
+        args.k_new, args.v_new = _view(k, "bshd"), _view(v, "bshd")
+    args.lse = lse.data_ptr()
+    args.cache_seqlens = cache_seqlens.data_ptr() if cache_seqlens is not None else None
+    if block_table is not None:
+        args.block_table, args.max_pages = block_table.data_ptr(), block_table.shape[1]
+    args.num_splits = num_splits
+    args.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 0)
+    return args
+
+
+def _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits):
+    with torch.cuda.device(q.device):
+        q = _readable(q)
+        if k is not None:
+            k, v = _readable(k), _readable(v)
+        block_table = block_table.contiguous() if block_table is not None else None
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
+        args = _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, scale, mask, num_splits)
+        stream = _stream(q.device)
+        # The split workspace from torch's allocator: captured with the call into a CUDA graph's pool.
+        needed = ctypes.c_size_t(0)
+        _lib.check(_lib.function("flashgen_attention_kvcache_workspace_size")(ctypes.byref(args), stream,
+                                                                            ctypes.byref(needed)),
+                   "flashgen_attention_kvcache_workspace_size")
+        workspace = None
+        if needed.value > 0:
+            workspace = torch.empty(needed.value, dtype=torch.uint8, device=q.device)
+            args.workspace, args.workspace_bytes = workspace.data_ptr(), needed.value
+        _lib.check(_lib.function("flashgen_attention_kvcache")(ctypes.byref(args), stream), "flashgen_attention_kvcache")
+    return out, lse
+
+
+@torch.library.custom_op("flashgen::attention_kvcache", mutates_args=("k_cache", "v_cache"))
+def _attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Optional[torch.Tensor],
+                       v: Optional[torch.Tensor], cache_seqlens: Optional[torch.Tensor],
+                       block_table: Optional[torch.Tensor], scale: float, mask: str,
+                       num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of new queries against a KV cache; lse is fp32 [batch, heads_q, seqlen_q]. With k and v, their rows
+    are first written into k_cache and v_cache."""
+    return _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits)
+
+
+@_attention_kvcache.register_fake
+def _attention_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits):
+    return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+
+
+def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
+                           cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None,
+                           causal=False, window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
+                           alibi_slopes=None, num_splits=0, return_softmax_lse=False, *, causal_align="bottom_right"):
+    """Attention of a few new query tokens per sequence against its KV cache (decoding), with FlashAttention's
+    flash_attn_with_kvcache arguments: q [batch, seqlen_q, heads_q, head_dim]; k_cache and v_cache [batch,
+    capacity, heads_kv, head_dim], or with block_table (int32 [batch, max_pages]) paged caches [num_pages,
+    page_size, heads_kv, head_dim] (page_size a multiple of 16), sequence b's key j living in row j % page_size of
+    page block_table[b, j // page_size]; cache_seqlens: int32 [batch] (or an int for every sequence) keys in each
+    cache, None for full caches. k and v [batch, seqlen_new, heads_kv, head_dim] (optional): the new tokens' keys and
+    values, written into the caches in place at rows cache_seqlens[b]... before attending (cache_seqlens itself is
+    not updated). Each sequence attends to its first cache_seqlens[b] + seqlen_new keys; causal=True aligns its
+    queries with its last keys ("bottom_right", FlashAttention's) or, with causal_align="top_left", its first.
+    GQA/MQA as for attention(). num_splits: key ranges per sequence merged by LSE, 0 lets flashgen choose for the
+    GPU and problem, 1 gives batch-invariant results. rotary embeddings, cache_batch_idx, cache_leftpad,
+    window_size, softcap and alibi_slopes are not supported yet (a value other than the default is refused).
+
+    Returns out [batch, seqlen_q, heads_q, head_dim] (a new tensor), or (out, lse) with return_softmax_lse, lse
+    being fp32 [batch, heads_q, seqlen_q]. Not differentiable. Runs on the current CUDA stream of q's device as the
+    custom op flashgen::attention_kvcache (torch.compile keeps it; its split workspace comes from torch's
+    allocator, so a CUDA graph captures it). cache_seqlens and block_table are read on the device only and clamped
+    into the caches: wrong values give wrong rows, never an access outside them.
+    """
+    unsupported = {"rotary_cos": rotary_cos is not None, "rotary_sin": rotary_sin is not None,
+                   "cache_batch_idx": cache_batch_idx is not None, "cache_leftpad": cache_leftpad is not None,
+                   "window_size": tuple(window_size) != (-1, -1), "softcap": softcap != 0.0,
+                   "alibi_slopes": alibi_slopes is not None}
+    for name, given in unsupported.items():
+        if given:
+            raise FlashgenArgumentError(f"{name}: not supported by flashgen.torch.attention_with_kvcache yet",
+                                        _lib.ERROR_UNSUPPORTED)
+    mask = _mask(causal, causal_align)
+    scale = _check_scale(softmax_scale)
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int):
+        _bad(f"num_splits: expected an int, got {type(num_splits).__name__}")
+    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
+    _check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table)
+    args = (q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits)
+    if _eager_call(q, k_cache, v_cache):
+        out, lse = _kvcache(*args)
+    else:
+        out, lse = torch.ops.flashgen.attention_kvcache(*args)
+    return (out, lse) if return_softmax_lse else out

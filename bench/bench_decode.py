@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""Decoding against a KV cache: flashgen.torch.attention_with_kvcache (contiguous and paged caches) against SDPA's
+FLASH_ATTENTION and CUDNN_ATTENTION backends on the same tensors, in one process. One new query token per
+sequence over full caches of `keys` keys. Each implementation's calls are captured in a CUDA graph (as inference
+servers run decoding) and replayed; every call reads another copy of the inputs, so the copies a graph walks
+exceed the L2 cache several times and every K and V byte comes from HBM. Reports microseconds per call, the GB/s
+of K and V read (each byte once: the bytes the problem holds, whatever a peer reads more) and its fraction of the
+HBM bandwidth. The paged runs scatter each sequence's pages over the cache in a shuffled order. Every variant's
+tensors are fresh allocations (a cache in reused blocks can lose the GPU's large TLB pages). Writes a CSV with
+device, date and versions.
+
+    python3 bench/bench_decode.py [--batch 1 8 32 64] [--keys 512 2048 8192 32768 131072] [--heads-kv 8]
+                                  [--head-dim 128] [--pages 0 16 256] [--out FILE]
+"""
+import argparse
+import datetime
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import flashgen
+import flashgen.torch as fg
+
+HBM_BYTES_PER_S = {"H100": 3.35e12, "H200": 4.8e12}
+L2_WALK_BYTES = 400 << 20  # bytes the copies of one graph span at least
+
+
+def hbm_peak(device):
+    for name, peak in HBM_BYTES_PER_S.items():
+        if name in device:
+            return peak
+    return float("nan")
+
+
+def graph_us(calls, replays=5):
+    """Mean microseconds per call of the functions in calls, captured in one CUDA graph in order and replayed."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for call in calls[:2]:  # warm-up outside the capture: compiles, loads, picks kernels
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    stop.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(stop) * 1000.0 / (replays * len(calls))
+
+
+def sdpa_call(backend, q, k, v, group):
+    """SDPA on one copy ([batch, heads, seq, head_dim] views of the bshd tensors), with its grouped heads if the
+    backend takes them (enable_gqa), else on K and V expanded to every query head (read once per query head)."""
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    if group > 1:
+        try:
+            with sdpa_kernel(backend):
+                F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+            return (lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)), "gqa"
+        except RuntimeError:
+            kt, vt = (t.repeat_interleave(group, dim=1) for t in (kt, vt))
+            return (lambda: F.scaled_dot_product_attention(qt, kt, vt)), "expanded"
+    return (lambda: F.scaled_dot_product_attention(qt, kt, vt)), "mha"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--keys", type=int, nargs="+", default=[512, 2048, 8192, 32768, 131072])
+    parser.add_argument("--heads-q", type=int, default=32)
+    parser.add_argument("--heads-kv", type=int, nargs="+", default=[8])
+    parser.add_argument("--head-dim", type=int, nargs="+", default=[128])
+    parser.add_argument("--pages", type=int, nargs="+", default=[0, 16, 256], help="0: contiguous cache")
+    parser.add_argument("--max-tokens", type=int, default=1 << 21, help="skip batch * keys above this")
+    parser.add_argument("--peers", default="flash,cudnn")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+
+    device = torch.cuda.get_device_name()
+    peak = hbm_peak(device)
+    dtype = torch.bfloat16
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+    peers = [p for p in args.peers.split(",") if p]
+    rows = []
+    print(f"{device}; HBM {peak / 1e12:.2f} TB/s; torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
+    for d in args.head_dim:
+        for hkv in args.heads_kv:
+            group = args.heads_q // hkv
+            for batch in args.batch:
+                for keys in args.keys:
+                    if batch * keys > args.max_tokens:
+                        continue
+                    kv_bytes = 2 * batch * keys * hkv * d * 2
+                    copies = max(1, min(16, math.ceil(L2_WALK_BYTES / kv_bytes)))
+                    gen = torch.Generator(device="cuda").manual_seed(batch * 131 + keys)
+                    qs = [torch.randn(batch, 1, args.heads_q, d, device="cuda", dtype=dtype, generator=gen)
+                          for _ in range(copies)]
+                    ks = [torch.randn(batch, keys, hkv, d, device="cuda", dtype=dtype, generator=gen)
+                          for _ in range(copies)]
+                    vs = [torch.randn(batch, keys, hkv, d, device="cuda", dtype=dtype, generator=gen)
+                          for _ in range(copies)]
+                    lens = torch.full((batch,), keys, dtype=torch.int32, device="cuda")
+                    point = {"device": device, "batch": batch, "keys": keys, "heads_q": args.heads_q, "heads_kv": hkv,
+                             "head_dim": d, "kv_bytes": kv_bytes}
+                    times = {}
+                    for page in args.pages:
+                        if page and keys % page:
+                            continue
+                        if page:
+                            # Each copy's cache as pages of `page` keys scattered in a shuffled order.
+                            pages_per_seq = keys // page
+                            order = torch.randperm(batch * pages_per_seq, device="cuda", generator=gen)
+                            table = order.view(batch, pages_per_seq).to(torch.int32)
+                            caches = []
+                            for k, v in zip(ks, vs):
+                                kp, vp = (torch.empty(batch * pages_per_seq, page, hkv, d, device="cuda", dtype=dtype)
+                                          for _ in range(2))
+                                kp[order] = k.reshape(batch * pages_per_seq, page, hkv, d)
+                                vp[order] = v.reshape(batch * pages_per_seq, page, hkv, d)
+                                caches.append((kp, vp))
+                            calls = [lambda q=q, c=c: fg.attention_with_kvcache(q, c[0], c[1], cache_seqlens=lens,
+                                                                                 block_table=table, causal=True)
+                                     for q, c in zip(qs, caches)]
+                            name = f"flashgen_paged{page}"
+                        else:
+                            calls = [lambda q=q, k=k, v=v: fg.attention_with_kvcache(q, k, v, cache_seqlens=lens,
+                                                                                     causal=True)
+                                     for q, k, v in zip(qs, ks, vs)]
+                            name = "flashgen"
+                        with torch.no_grad():
+                            times[name] = (graph_us(calls), "")
+                        if page:
+                            del caches
+                        # Each variant's tensors in fresh allocations: a cache that reuses freed blocks of the
+                        # one before can lose the GPU's large TLB pages and read up to 10% slower.
+                        torch.cuda.empty_cache()
+                    for peer in peers:
+                        try:
+                            with sdpa_kernel(backends[peer]), torch.no_grad():
+                                made = [sdpa_call(backends[peer], q, k, v, group) for q, k, v in zip(qs, ks, vs)]
+                                times[f"sdpa_{peer}"] = (graph_us([m[0] for m in made]), made[0][1])
+                        except RuntimeError as error:
+                            print(f"  sdpa_{peer} failed: {str(error).splitlines()[0]}")
+                    best_peer = min((t for n, (t, _) in times.items() if n.startswith("sdpa")), default=float("nan"))
+                    line = [f"b{batch:<3} k{keys:<6} gqa{group} d{d}:"]
+                    for name, (us, how) in times.items():
+                        gbs = kv_bytes / (us * 1e-6) / 1e9
+                        rows.append({**point, "impl": name, "peer_heads": how, "us": f"{us:.2f}", "GBps": f"{gbs:.0f}",
+                                     "hbm_fraction": f"{gbs * 1e9 / peak:.3f}",
+                                     "vs_best_peer": f"{best_peer / us:.2f}" if name.startswith("flashgen") else ""})
+                        line.append(f"{name} {us:.1f}us {gbs:.0f}GB/s")
+                    print("  ".join(line), flush=True)
+                    del qs, ks, vs
+                    torch.cuda.empty_cache()
+
+    date = datetime.date.today().isoformat()
+    out = args.out or f"bench/results/decode_{device.lower().replace(' ', '-')}_{date}.csv"
+    with open(out, "w") as f:
+        f.write(f"# {device}, {date}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "
+                f"flashgen {flashgen._lib.version()}\n")
+        keys = list(rows[0].keys())
+        f.write(",".join(keys) + "\n")
+        for row in rows:
+            f.write(",".join(str(row[k]) for k in keys) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+// DecodeConfig naming, validation and JSON round-trip. Validity itself lives in templates/decode_traits.cuh,
+// shared with the kernel's static_asserts.
+#include "generator/decode_config.hpp"
+
+#include <algorithm>
+#include <iterator>
+#include <sstream>
+#include <vector>
+
+#include "flashgen/error.hpp"
+#include "generator/kernel_config.hpp"
+
+namespace flashgen {
+
+const char* decode_kernel_suffix(DecodeKernel kernel) {
+  switch (kernel) {
+    case DecodeKernel::kAppend:
+      return "append";
+    case DecodeKernel::kAttend:
+      return "attend";
+    case DecodeKernel::kCombine:
+      return "combine";
+  }
+  return "?";
+}
+
+std::string DecodeConfig::name() const {
+  using std::to_string;
+  std::string name = std::string("dec_sm80_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_r" +
+                     to_string(rows) + "_n" + to_string(block_n) + "_w" + to_string(warps) + "_s" + to_string(stages);
+  if (mask == MaskKind::kCausal) name += "_causal";
+  if (paged) name += "_paged";
+  return name;
+}
+
+DecodeConfig DecodeConfig::from_name(const std::string& name) {
+  std::vector<std::string> fields;
+  std::istringstream in(name);
+  for (std::string field; std::getline(in, field, '_');) fields.push_back(field);
+  FLASHGEN_REQUIRE(fields.size() >= 8 && fields[0] == "dec" && fields[1] == "sm80",
+                   "config name '" + name +
+                       "': expected dec_sm80_<fp16|bf16>_d<head_dim>_r<rows>_n<block_n>_w<warps>_s<stages>"
+                       "[_causal][_paged]");
+  DecodeConfig config;
+  config.dtype = parse_dtype_field(fields[2], name);
+  config.head_dim = parse_name_field(fields[3], "d", name);
+  config.rows = parse_name_field(fields[4], "r", name);
+  config.block_n = parse_name_field(fields[5], "n", name);
+  config.warps = parse_name_field(fields[6], "w", name);
+  config.stages = parse_name_field(fields[7], "s", name);
+  for (size_t i = 8; i < fields.size(); ++i) {
+    if (fields[i] == "causal" && config.mask == MaskKind::kNone) {
+      config.mask = MaskKind::kCausal;
+    } else if (fields[i] == "paged" && !config.paged) {
+      config.paged = true;
+    } else {
+      fail(Status::kInvalidArgument, "config name '" + name + "': unknown suffix '" + fields[i] + "'");
+    }
+  }
+  FLASHGEN_REQUIRE(config.name() == name,
+                   "config name '" + name + "' is not canonical; did you mean '" + config.name() + "'?");
+  return config;
+}
+
+std::string DecodeConfig::symbol(DecodeKernel kernel) const { return name() + "_" + decode_kernel_suffix(kernel); }
+
+DecodeTraits DecodeConfig::traits() const { return decode_traits(head_dim, rows, block_n, warps, stages, paged); }
+
+int DecodeConfig::threads(DecodeKernel kernel) const {
+  return kernel == DecodeKernel::kAttend ? traits().threads : kDecodeRowKernelThreads;
+}
+
+int DecodeConfig::smem_bytes(DecodeKernel kernel) const {
+  return kernel == DecodeKernel::kAttend ? traits().smem_bytes : 0;
+}
+
+std::optional<std::string> DecodeConfig::invalid_reason(int arch) const {
+  if (arch < 80) return "the decode kernels need sm_80 or newer (mma.sync m16n8k16 bf16, cp.async)";
+  if (const char* error = traits().error) return std::string(error);
+  const int smem = smem_bytes(DecodeKernel::kAttend);
+  if (smem > max_smem_per_block(arch)) {
+    return "needs " + std::to_string(smem) + " bytes of shared memory; sm_" + std::to_string(arch) + " allows " +
+           std::to_string(max_smem_per_block(arch)) + " per block";
+  }
+  return std::nullopt;
+}
+
+void to_json(nlohmann::json& j, const DecodeConfig& c) {
+  j = nlohmann::json{{"family", "dec_sm80"},  {"dtype", dtype_name(c.dtype)},
+                     {"head_dim", c.head_dim}, {"mask", c.mask == MaskKind::kCausal ? "causal" : "none"},
+                     {"rows", c.rows},         {"block_n", c.block_n},
+                     {"warps", c.warps},       {"stages", c.stages},
+                     {"paged", c.paged}};
+}
+
+void from_json(const nlohmann::json& j, DecodeConfig& c) {
+  FLASHGEN_REQUIRE(j.is_object(), "decode config JSON must be an object");
+  static const char* const kKeys[] = {"family", "dtype", "head_dim", "mask", "rows",
+                                      "block_n", "warps", "stages",  "paged"};
+  for (const auto& item : j.items()) {
+    FLASHGEN_REQUIRE(std::find(std::begin(kKeys), std::end(kKeys), item.key()) != std::end(kKeys),
+                     "decode config JSON: unknown field \"" + item.key() + "\"");
+  }
+  FLASHGEN_REQUIRE(!j.contains("family") || j["family"] == "dec_sm80",
+                   "decode config JSON: unknown family " + (j.contains("family") ? j["family"].dump() : ""));
+  DecodeConfig config;
+  if (j.contains("dtype")) {
+    const auto& d = j["dtype"];
+    FLASHGEN_REQUIRE(d == "fp16" || d == "bf16", "decode config JSON: dtype must be \"fp16\" or \"bf16\"");
+    config.dtype = d == "bf16" ? DType::kBFloat16 : DType::kFloat16;
+  }
+  if (j.contains("mask")) {
+    const auto& m = j["mask"];
+    FLASHGEN_REQUIRE(m == "none" || m == "causal", "decode config JSON: mask must be \"none\" or \"causal\"");
+    config.mask = m == "causal" ? MaskKind::kCausal : MaskKind::kNone;
+  }
+  for (const auto& [key, field] : {std::pair{"head_dim", &config.head_dim}, std::pair{"rows", &config.rows},
+                                   std::pair{"block_n", &config.block_n}, std::pair{"warps", &config.warps},
+                                   std::pair{"stages", &config.stages}}) {
+    if (!j.contains(key)) continue;
+    FLASHGEN_REQUIRE(is_int_field(j[key]),
+                     std::string("decode config JSON: '") + key + "' must be an integer, got " + j[key].dump());
+    *field = j[key].get<int>();
+  }
+  if (j.contains("paged")) {
+    FLASHGEN_REQUIRE(j["paged"].is_boolean(), "decode config JSON: 'paged' must be true or false");
+    config.paged = j["paged"].get<bool>();
+  }
+  c = config;
+}
+
+}  // namespace flashgen

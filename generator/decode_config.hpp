@@ -1,0 +1,52 @@
+// DecodeConfig: the compile-time choices of one generated KV-cache attention module (templates/decode_sm80.cuh:
+// dtype, head_dim, mask, packed query rows per block, key tile, warps, stages, paged or contiguous cache), with
+// validation, JSON round-trip and one canonical name. How many key ranges split a sequence is a run-time
+// argument (AttnDecodeParams::splits), not part of the config. Validity lives in templates/decode_traits.cuh.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+
+#include "problem/attention_problem.hpp"
+#include "templates/decode_traits.cuh"
+
+namespace flashgen {
+
+// The kernels of one KV-cache module, in launch order: append (when new tokens are given), attend, combine
+// (when the keys are split into more than one range).
+enum class DecodeKernel { kAppend, kAttend, kCombine };
+
+const char* decode_kernel_suffix(DecodeKernel kernel);  // "append", "attend", "combine"
+
+struct DecodeConfig {
+  DType dtype = DType::kFloat16;
+  int head_dim = 128;
+  MaskKind mask = MaskKind::kNone;
+  int rows = 16;     // packed query rows (query heads of a kv head x new tokens) per block: 16, 32 or 64
+  int block_n = 64;  // keys per K/V tile, block_n / warps for each warp
+  int warps = 4;
+  int stages = 4;    // K/V tiles in flight
+  bool paged = false;  // the cache is read through a block table
+
+  // e.g. dec_sm80_bf16_d128_r16_n64_w4_s4[_causal][_paged]: the module's name, its file name in dumps and
+  // part of its cache key; each kernel's symbol is name() + "_" + decode_kernel_suffix(kernel).
+  std::string name() const;
+  static DecodeConfig from_name(const std::string& name);  // throws Error(kInvalidArgument)
+  std::string symbol(DecodeKernel kernel) const;
+
+  DecodeTraits traits() const;
+  int threads(DecodeKernel kernel) const;
+  int smem_bytes(DecodeKernel kernel) const;  // 0 for the append and combine kernels
+  // Why this config cannot run on sm_<arch>, or nullopt when it can.
+  std::optional<std::string> invalid_reason(int arch) const;
+
+  bool operator==(const DecodeConfig& other) const { return name() == other.name(); }
+  bool operator!=(const DecodeConfig& other) const { return !(*this == other); }
+};
+
+void to_json(nlohmann::json& j, const DecodeConfig& config);
+void from_json(const nlohmann::json& j, DecodeConfig& config);  // throws Error on bad fields
+
+}  // namespace flashgen

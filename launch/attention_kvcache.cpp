@@ -1,0 +1,307 @@
+// KV-cache launcher: validates flashgen_kvcache_args into AttnDecodeParams (no GPU needed); for a config and
+// split count it is given, checks the pointers against the launch context, computes the grids and queues the
+// append, attention and combine kernels on the caller's stream. Bad input is reported before anything runs.
+#include "launch/attention_kvcache.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "flashgen/error.hpp"
+#include "launch/tensor_checks.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "runtime/kernel_registry.hpp"
+
+namespace flashgen {
+
+namespace {
+
+constexpr size_t kWorkspaceAlignment = 256;
+
+size_t align_up(size_t bytes) { return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment; }
+
+long long ceil_div(long long a, long long b) { return (a + b - 1) / b; }
+
+void require_same_dtype(const flashgen_tensor& t, const char* name, const flashgen_tensor& q) {
+  FLASHGEN_REQUIRE(t.dtype == q.dtype, std::string(name) + ".dtype is " + dtype_name(to_dtype(t.dtype)) +
+                                           " but q.dtype is " + dtype_name(to_dtype(q.dtype)));
+}
+
+// Output rows of one (split, row) of the workspace: its o_partial floats, then one lse_partial float.
+size_t partial_rows(const AttnDecodeParams& p) { return size_t(p.batch) * p.heads_q * p.seqlen_q; }
+
+}  // namespace
+
+KvCacheCall make_kvcache_call(const flashgen_kvcache_args& args) {
+  const flashgen_tensor& q = args.q;
+  const flashgen_tensor& kc = args.k_cache;
+  const flashgen_tensor& vc = args.v_cache;
+  check_tensor(&q, "q");
+  check_tensor(&kc, "k_cache");
+  check_tensor(&vc, "v_cache");
+  check_tensor(&args.out, "out");
+  check_options(&args.options);
+  require_same_dtype(kc, "k_cache", q);
+  require_same_dtype(vc, "v_cache", q);
+  require_same_dtype(args.out, "out", q);
+  for (int i = 0; i < 4; ++i) {
+    require_same_dim(&args.out, "out", &q, "q", i);
+    require_same_dim(&vc, "v_cache", &kc, "k_cache", i);
+  }
+  require_same_dim(&kc, "k_cache", &q, "q", 3);
+  check_head_dim_and_groups(&q, &kc);
+  for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&kc, "k_cache"}, std::pair{&vc, "v_cache"},
+                                std::pair{&args.out, "out"}}) {
+    check_layout(t, name);
+  }
+  check_output_strides(&args.out, "out");
+  FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(args.lse) % alignof(float) == 0,
+                   "lse: pointer must be 4-byte aligned");
+  const int64_t batch = q.shape[0];
+  FLASHGEN_REQUIRE(batch <= 65535, "q.shape[0] (batch) must be at most 65535 (grid limits), got " +
+                                       std::to_string(batch));
+
+  const bool paged = args.block_table != nullptr;
+  int64_t capacity = kc.shape[1];
+  if (paged) {
+    FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(args.block_table) % alignof(int32_t) == 0,
+                     "block_table: pointer must be 4-byte aligned");
+    FLASHGEN_REQUIRE(kc.shape[1] % 16 == 0, "k_cache.shape[1] (page_size) must be a multiple of 16 for a paged cache, "
+                                            "got " + std::to_string(kc.shape[1]));
+    FLASHGEN_REQUIRE(kc.shape[0] <= INT_MAX, "k_cache.shape[0] (num_pages) must be at most 2^31 - 1");
+    FLASHGEN_REQUIRE(args.max_pages >= 1 && args.max_pages <= kMaxExtent,
+                     "max_pages must be in [1, 2^30] with a block_table, got " + std::to_string(args.max_pages));
+    capacity = args.max_pages * kc.shape[1];
+    FLASHGEN_REQUIRE(capacity <= kMaxExtent, "max_pages * page_size (the keys a sequence can hold) must be at most "
+                                             "2^30, got " + std::to_string(capacity));
+    // Pages written by the append must not share memory.
+    if (args.k_new.data != nullptr) {
+      check_output_strides(&kc, "k_cache");
+      check_output_strides(&vc, "v_cache");
+    }
+  } else {
+    FLASHGEN_REQUIRE(kc.shape[0] == batch, "k_cache.shape[0] (batch) is " + std::to_string(kc.shape[0]) +
+                                               " but q.shape[0] (batch) is " + std::to_string(batch) +
+                                               " (a contiguous cache holds one row of keys per sequence)");
+  }
+
+  int64_t seqlen_new = 0;
+  const bool appends = args.k_new.data != nullptr;
+  FLASHGEN_REQUIRE(appends == (args.v_new.data != nullptr),
+                   appends ? "v_new.data: null pointer, but k_new is given (append both or neither)"
+                           : "k_new.data: null pointer, but v_new is given (append both or neither)");
+  if (appends) {
+    check_tensor(&args.k_new, "k_new");
+    check_tensor(&args.v_new, "v_new");
+    require_same_dtype(args.k_new, "k_new", q);
+    require_same_dtype(args.v_new, "v_new", q);
+    require_same_dim(&args.k_new, "k_new", &q, "q", 0);
+    require_same_dim(&args.k_new, "k_new", &kc, "k_cache", 2);
+    require_same_dim(&args.k_new, "k_new", &kc, "k_cache", 3);
+    for (int i = 0; i < 4; ++i) require_same_dim(&args.v_new, "v_new", &args.k_new, "k_new", i);
+    check_layout(&args.k_new, "k_new");
+    check_layout(&args.v_new, "v_new");
+    if (!paged) {
+      check_output_strides(&kc, "k_cache");
+      check_output_strides(&vc, "v_cache");
+    }
+    seqlen_new = args.k_new.shape[1];
+    FLASHGEN_REQUIRE(args.cache_seqlens != nullptr,
+                     "cache_seqlens: null pointer, but k_new is given (the new keys go after each cache's filled rows)");
+    FLASHGEN_REQUIRE(seqlen_new <= capacity, "k_new.shape[1] (seqlen_new) is " + std::to_string(seqlen_new) +
+                                                 ", more than a sequence's cache holds (" + std::to_string(capacity) +
+                                                 " keys)");
+  }
+  FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(args.cache_seqlens) % alignof(int32_t) == 0,
+                   "cache_seqlens: pointer must be 4-byte aligned");
+  FLASHGEN_REQUIRE(args.num_splits >= 0 && args.num_splits <= kMaxDecodeSplits,
+                   "num_splits must be in [0, " + std::to_string(kMaxDecodeSplits) + "] (0: chosen), got " +
+                       std::to_string(args.num_splits));
+  FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(args.workspace) % kWorkspaceAlignment == 0,
+                   "workspace: pointer must be " + std::to_string(kWorkspaceAlignment) + "-byte aligned");
+
+  KvCacheCall call;
+  AttentionShape shape;
+  shape.batch = batch, shape.seqlen_q = q.shape[1], shape.seqlen_k = capacity;
+  shape.heads_q = q.shape[2], shape.heads_kv = kc.shape[2], shape.head_dim = q.shape[3];
+  call.problem = forward_problem(to_dtype(q.dtype), shape, args.options.mask);
+  call.problem.kv_cache = true;
+  call.problem.paged = paged;
+  call.num_splits = static_cast<int>(args.num_splits);
+  call.workspace = reinterpret_cast<CUdeviceptr>(args.workspace);
+  call.workspace_bytes = args.workspace == nullptr ? 0 : args.workspace_bytes;
+
+  AttnDecodeParams& p = call.params;
+  p.q = q.data;
+  p.k_cache = kc.data;
+  p.v_cache = vc.data;
+  p.o = args.out.data;
+  p.lse = args.lse;
+  p.cache_seqlens = args.cache_seqlens;
+  p.block_table = args.block_table;
+  p.q_batch_stride = q.stride[0], p.q_row_stride = q.stride[1], p.q_head_stride = q.stride[2];
+  p.k_batch_stride = kc.stride[0], p.k_row_stride = kc.stride[1], p.k_head_stride = kc.stride[2];
+  p.v_batch_stride = vc.stride[0], p.v_row_stride = vc.stride[1], p.v_head_stride = vc.stride[2];
+  p.o_batch_stride = args.out.stride[0], p.o_row_stride = args.out.stride[1], p.o_head_stride = args.out.stride[2];
+  if (appends) {
+    const flashgen_tensor& kn = args.k_new;
+    const flashgen_tensor& vn = args.v_new;
+    p.k_new = kn.data;
+    p.v_new = vn.data;
+    p.kn_batch_stride = kn.stride[0], p.kn_row_stride = kn.stride[1], p.kn_head_stride = kn.stride[2];
+    p.vn_batch_stride = vn.stride[0], p.vn_row_stride = vn.stride[1], p.vn_head_stride = vn.stride[2];
+  }
+  p.block_table_stride = paged ? args.max_pages : 0;
+  p.batch = static_cast<int>(batch);
+  p.heads_q = static_cast<int>(q.shape[2]);
+  p.heads_kv = static_cast<int>(kc.shape[2]);
+  p.group_size = p.heads_q / p.heads_kv;
+  p.seqlen_q = static_cast<int>(q.shape[1]);
+  p.seqlen_new = static_cast<int>(seqlen_new);
+  p.capacity = static_cast<int>(capacity);
+  p.page_size = paged ? static_cast<int>(kc.shape[1]) : 0;
+  p.num_pages = paged ? static_cast<int>(kc.shape[0]) : 0;
+  p.causal_bottom_right = args.options.mask == FLASHGEN_MASK_CAUSAL ? 1 : 0;
+  p.scale = softmax_scale(args.options, call.problem.head_dim());
+  p.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
+  FLASHGEN_REQUIRE(int64_t(p.group_size) * p.seqlen_q <= kMaxExtent,
+                   "q: heads_q / heads_kv * seqlen_q query rows per kv head must be at most 2^30");
+  return call;
+}
+
+int clamp_splits(const KvCacheCall& call, const DecodeConfig& config, int splits) {
+  const long long key_blocks = std::max<long long>(1, ceil_div(call.params.capacity, config.block_n));
+  return static_cast<int>(std::clamp<long long>(splits, 1, std::min<long long>(kMaxDecodeSplits, key_blocks)));
+}
+
+size_t kvcache_workspace_bytes(const KvCacheCall& call, int splits) {
+  if (splits <= 1) return 0;
+  const size_t rows = size_t(splits) * partial_rows(call.params);
+  return align_up(sizeof(float) * rows * size_t(call.problem.head_dim())) + align_up(sizeof(float) * rows);
+}
+
+PreparedKvCache prepare_kvcache(const KvCacheCall& call, CUstream stream, const DecodeConfig& config, int splits) {
+  const AttnDecodeParams& p = call.params;
+  const ScopedContext scope(stream, p.q);
+  const int device = scope.device();
+  check_device_pointer(p.q, "q.data", device);
+  check_device_pointer(p.k_cache, "k_cache.data", device);
+  check_device_pointer(p.v_cache, "v_cache.data", device);
+  check_device_pointer(p.o, "out.data", device);
+  if (p.lse != nullptr) check_device_pointer(p.lse, "lse", device);
+  if (p.cache_seqlens != nullptr) check_device_pointer(p.cache_seqlens, "cache_seqlens", device);
+  if (p.block_table != nullptr) check_device_pointer(p.block_table, "block_table", device);
+  if (p.k_new != nullptr) {
+    check_device_pointer(p.k_new, "k_new.data", device);
+    check_device_pointer(p.v_new, "v_new.data", device);
+  }
+  const int arch = launch_arch(device);
+  check_requested_config(config, call.problem, arch);
+  FLASHGEN_REQUIRE(config.paged == call.problem.paged,
+                   "config " + config.name() + (config.paged ? " reads a paged cache, but no block_table is given"
+                                                             : " reads a contiguous cache, but a block_table is given"));
+
+  PreparedKvCache prepared;
+  prepared.config = config;
+  prepared.arch = arch;
+  prepared.splits = clamp_splits(call, config, splits);
+  prepared.params = p;
+  prepared.params.splits = prepared.splits;
+  const long long packed_rows = static_cast<long long>(p.group_size) * p.seqlen_q;
+  prepared.params.row_blocks = static_cast<int>(ceil_div(packed_rows, config.rows));
+  FLASHGEN_REQUIRE(static_cast<long long>(prepared.params.row_blocks) * p.heads_kv <= 65535,
+                   "q: heads_kv * ceil(heads_q / heads_kv * seqlen_q / " + std::to_string(config.rows) +
+                       ") blocks must be at most 65535 (grid limits)");
+  prepared.workspace_bytes = kvcache_workspace_bytes(call, prepared.splits);
+
+  KernelRegistry& registry = KernelRegistry::instance();
+  const CUcontext ctx = scope.context();
+  prepared.attend = registry.function(config, DecodeKernel::kAttend, ctx, arch);
+  prepared.attend_grid[0] = static_cast<unsigned>(prepared.splits);
+  prepared.attend_grid[1] = static_cast<unsigned>(prepared.params.row_blocks * p.heads_kv);
+  prepared.attend_grid[2] = static_cast<unsigned>(p.batch);
+  prepared.attend_threads = static_cast<unsigned>(config.threads(DecodeKernel::kAttend));
+  prepared.attend_smem_bytes = static_cast<unsigned>(config.smem_bytes(DecodeKernel::kAttend));
+  if (p.seqlen_new > 0) {
+    prepared.append = registry.function(config, DecodeKernel::kAppend, ctx, arch);
+    const long long items = static_cast<long long>(p.seqlen_new) * p.heads_kv * (config.head_dim / 8);
+    prepared.append_grid[0] = static_cast<unsigned>(ceil_div(items, kDecodeRowKernelThreads));
+    prepared.append_grid[1] = static_cast<unsigned>(p.batch);
+  }
+  if (prepared.splits > 1) {
+    prepared.combine = registry.function(config, DecodeKernel::kCombine, ctx, arch);
+    prepared.combine_grid =
+        static_cast<unsigned>(ceil_div(static_cast<long long>(partial_rows(p)), kDecodeRowKernelThreads / 32));
+  }
+  return prepared;
+}
+
+namespace {
+
+// cuLaunchKernel, or with programmatic stream serialization (sm_90): the kernel may start while the one before it
+// in the stream finishes, and waits for that one's memory in the kernel (sm80::wait_for_primary).
+void launch(CUfunction function, const unsigned (&grid)[3], unsigned threads, unsigned smem_bytes, CUstream stream,
+            void** args, bool overlap_previous) {
+  if (!overlap_previous) {
+    FLASHGEN_CU_CHECK(
+        cuLaunchKernel(function, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes, stream, args, nullptr));
+    return;
+  }
+  CUlaunchAttribute attribute{};
+  attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  attribute.value.programmaticStreamSerializationAllowed = 1;
+  CUlaunchConfig config{};
+  config.gridDimX = grid[0], config.gridDimY = grid[1], config.gridDimZ = grid[2];
+  config.blockDimX = threads, config.blockDimY = config.blockDimZ = 1;
+  config.sharedMemBytes = smem_bytes;
+  config.hStream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  FLASHGEN_CU_CHECK(cuLaunchKernelEx(&config, function, args, nullptr));
+}
+
+}  // namespace
+
+void PreparedKvCache::operator()(CUstream stream, CUdeviceptr workspace) const {
+  AttnDecodeParams bound = params;
+  if (splits > 1) {
+    const size_t rows = size_t(splits) * partial_rows(params);
+    bound.o_partial = reinterpret_cast<float*>(workspace);
+    bound.lse_partial = reinterpret_cast<float*>(workspace + align_up(sizeof(float) * rows * size_t(config.head_dim)));
+  }
+  void* args[] = {&bound};
+  const unsigned row_threads = kDecodeRowKernelThreads;
+  // On sm_90 each kernel after the first starts while the one before it drains (its launch and prologue hidden).
+  const bool dependent_launch = arch >= 90;
+  if (append != nullptr) launch(append, {append_grid[0], append_grid[1], 1}, row_threads, 0, stream, args, false);
+  launch(attend, attend_grid, attend_threads, attend_smem_bytes, stream, args, dependent_launch && append != nullptr);
+  if (combine != nullptr) launch(combine, {combine_grid, 1, 1}, row_threads, 0, stream, args, dependent_launch);
+}
+
+void launch_prepared_kvcache(const PreparedKvCache& prepared, const KvCacheCall& call, CUstream stream, int device) {
+  if (prepared.workspace_bytes == 0) {
+    prepared(stream, 0);
+    return;
+  }
+  if (call.workspace != 0) {
+    check_device_pointer(reinterpret_cast<const void*>(call.workspace), "workspace", device);
+    FLASHGEN_REQUIRE(call.workspace_bytes >= prepared.workspace_bytes,
+                     "workspace: " + std::to_string(call.workspace_bytes) + " bytes given, " +
+                         std::to_string(prepared.workspace_bytes) + " needed for " + std::to_string(prepared.splits) +
+                         " key ranges (flashgen_attention_kvcache_workspace_size)");
+    prepared(stream, call.workspace);
+    return;
+  }
+  CUdeviceptr owned = 0;
+  FLASHGEN_CU_CHECK(cuMemAllocAsync(&owned, prepared.workspace_bytes, stream));
+  try {
+    prepared(stream, owned);
+  } catch (...) {
+    driver().cuMemFreeAsync(owned, stream);
+    throw;
+  }
+  FLASHGEN_CU_CHECK(cuMemFreeAsync(owned, stream));
+}
+
+}  // namespace flashgen

@@ -1,0 +1,117 @@
+"""flashgen.torch.attention_with_kvcache on the GPU: each sequence's output and lse against its float64 reference
+(SDPA's MATH backend) over contiguous and paged caches with appended tokens, fixed and chosen split counts, the
+custom op under torch.library.opcheck and CUDA-graph capture, and the arguments it refuses.
+"""
+
+import pytest
+
+import testsupport
+
+_missing = testsupport.gpu_missing()
+if _missing:
+    pytest.skip(f"GPU tests skipped: {_missing}", allow_module_level=True)
+
+import torch  # noqa: E402
+
+import flashgen.torch as fgt  # noqa: E402
+from flashgen.torch import FlashgenArgumentError  # noqa: E402
+
+
+def _randn(*shape, dtype=torch.bfloat16, seed=0):
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(*shape, device="cuda", generator=generator).to(dtype)
+
+
+def _check(out, lse, q, keys, values, lens, dtype):
+    """Sequence b's out and lse against attention of its new queries over keys[b][:lens[b]] (bottom-right causal)."""
+    for b, n in enumerate(lens):
+        qs, ks, vs = q[b:b + 1], keys[b:b + 1, :n], values[b:b + 1, :n]
+        group = qs.shape[2] // ks.shape[2]
+        ks, vs = (t.repeat_interleave(group, dim=2) for t in (ks, vs))
+        want, want_lse, *_ = testsupport.reference_attention(qs, ks, vs, torch.zeros_like(qs), "bottom_right", None,
+                                                             "bshd")
+        allowed = 2 * testsupport.EPSILON[str(dtype).replace("torch.", "")] * want.abs().max().item() + 1e-3
+        assert testsupport.max_error(out[b:b + 1], want) <= allowed, testsupport.mismatch_report(
+            "out", out[b:b + 1], want, allowed)
+        assert testsupport.max_error(lse[b:b + 1], want_lse) <= 1e-3
+
+
+@pytest.mark.parametrize("page_size", [0, 16, 64])
+@pytest.mark.parametrize("num_splits", [0, 1, 3])
+def test_decode_matches_reference_with_append(page_size, num_splits):
+    batch, capacity, hq, hkv, d, new = 3, 256, 8, 2, 128, 2
+    lens = [100, 0, 254 - new]
+    k_logical, v_logical = _randn(batch, capacity, hkv, d, seed=1), _randn(batch, capacity, hkv, d, seed=2)
+    k_new, v_new = _randn(batch, new, hkv, d, seed=3), _randn(batch, new, hkv, d, seed=4)
+    q = _randn(batch, new, hq, d, seed=5)
+    cache_seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    if page_size:
+        pages = capacity // page_size
+        order = torch.randperm(batch * pages, device="cuda")
+        table = order.view(batch, pages).to(torch.int32)
+        k_cache, v_cache = (torch.empty(batch * pages, page_size, hkv, d, device="cuda", dtype=torch.bfloat16)
+                            for _ in range(2))
+        k_cache[order] = k_logical.reshape(batch * pages, page_size, hkv, d)
+        v_cache[order] = v_logical.reshape(batch * pages, page_size, hkv, d)
+    else:
+        table, k_cache, v_cache = None, k_logical.clone(), v_logical.clone()
+    out, lse = fgt.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=cache_seqlens,
+                                          block_table=table, causal=True, num_splits=num_splits,
+                                          return_softmax_lse=True)
+    assert out.shape == q.shape and lse.shape == (batch, hq, new) and lse.dtype == torch.float32
+    for b, n in enumerate(lens):
+        k_logical[b, n:n + new], v_logical[b, n:n + new] = k_new[b], v_new[b]
+    _check(out, lse, q, k_logical, v_logical, [n + new for n in lens], torch.bfloat16)
+    if page_size:  # the appended rows landed in the right pages
+        pages = capacity // page_size
+        assert torch.equal(k_cache[order].reshape(batch, capacity, hkv, d), k_logical)
+    else:
+        assert torch.equal(k_cache, k_logical) and torch.equal(v_cache, v_logical)
+
+
+def test_an_int_cache_length_and_full_caches():
+    q, k, v = _randn(2, 1, 4, 64, dtype=torch.float16, seed=6), *(_randn(2, 80, 4, 64, dtype=torch.float16, seed=s)
+                                                                    for s in (7, 8))
+    out = fgt.attention_with_kvcache(q, k, v, cache_seqlens=50)
+    _, lse = fgt.attention_with_kvcache(q, k, v, return_softmax_lse=True)
+    want, want_lse, *_ = testsupport.reference_attention(q, k[:, :50], v[:, :50], torch.zeros_like(q), "none", None,
+                                                         "bshd")
+    assert testsupport.max_error(out, want) <= 2e-3
+    _, full_lse, *_ = testsupport.reference_attention(q, k, v, torch.zeros_like(q), "none", None, "bshd")
+    assert testsupport.max_error(lse, full_lse) <= 1e-3
+
+
+def test_the_op_passes_opcheck_and_a_cuda_graph_captures_it():
+    q, k, v = _randn(2, 1, 8, 64, seed=9), _randn(2, 512, 2, 64, seed=10), _randn(2, 512, 2, 64, seed=11)
+    lens = torch.tensor([500, 17], dtype=torch.int32, device="cuda")
+    torch.library.opcheck(torch.ops.flashgen.attention_kvcache.default, (q, k, v, None, None, lens, None, 0.0,
+                                                                         "bottom_right", 4))
+    want = fgt.attention_with_kvcache(q, k, v, cache_seqlens=lens, causal=True, num_splits=4)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fgt.attention_with_kvcache(q, k, v, cache_seqlens=lens, causal=True, num_splits=4)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = fgt.attention_with_kvcache(q, k, v, cache_seqlens=lens, causal=True, num_splits=4)
+    got.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
+
+
+def test_bad_arguments_are_named():
+    q, k = _randn(2, 1, 8, 64, seed=12), _randn(2, 64, 2, 64, seed=13)
+    with pytest.raises(FlashgenArgumentError, match="cache_seqlens: expected a 1-d torch.int32"):
+        fgt.attention_with_kvcache(q, k, k, cache_seqlens=torch.zeros(2, device="cuda"))
+    with pytest.raises(FlashgenArgumentError, match="k and v: give both"):
+        fgt.attention_with_kvcache(q, k, k, k=k[:, :1])
+    with pytest.raises(FlashgenArgumentError, match="block_table.shape\\[0\\] is 3"):
+        fgt.attention_with_kvcache(q, k, k, block_table=torch.zeros(3, 4, dtype=torch.int32, device="cuda"))
+    with pytest.raises(FlashgenArgumentError, match="softcap: not supported"):
+        fgt.attention_with_kvcache(q, k, k, softcap=30.0)
+    with pytest.raises(FlashgenArgumentError, match="page_size\\) must be a multiple of 16"):
+        fgt.attention_with_kvcache(q, k[:, :40], k[:, :40], block_table=torch.zeros(2, 4, dtype=torch.int32,
+                                                                                    device="cuda"))
+    with pytest.raises(FlashgenArgumentError, match="num_splits must be in \\[0, 128\\]"):
+        fgt.attention_with_kvcache(q, k, k, num_splits=500)

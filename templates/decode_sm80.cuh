@@ -1,0 +1,435 @@
+// Attention against a KV cache (decoding) on tensor cores for sm_80 and newer (mma.sync m16n8k16, ldmatrix,
+// cp.async): a few new query tokens per sequence over a long cache, contiguous or paged (AttnDecodeParams).
+// Generic over a config type (the generated DecodeConfig, generator/decode_config.cpp). Three kernels:
+//   DecodeAppend   writes the new tokens' keys and values into the cache (before the attention, in stream order);
+//   DecodeSm80     one block per (key range, kv head, sequence): its query rows are every query head of the kv
+//                  head times every new token, packed into 16-row mma tiles, so each K/V tile is read once for
+//                  the whole group. The warps split each tile's keys, each with its own online softmax
+//                  (softmax.cuh), and merge their rows through shared memory at the end. A sequence's keys are
+//                  split evenly into gridDim.x ranges, so a short batch still fills the GPU;
+//   DecodeCombine  with more than one range, merges the ranges' normalised outputs by their LSE.
+// Masking and scores go through the config's Variant (variant.cuh, block_range.cuh).
+#pragma once
+
+#include "attn_params.cuh"
+#include "block_range.cuh"
+#include "decode_traits.cuh"
+#include "sm80_attend.cuh"
+#include "sm80_primitives.cuh"
+#include "softmax.cuh"
+#include "variant.cuh"
+
+namespace flashgen {
+
+// One sequence as the variant policies see it (variant.cuh): its new queries, its keys (the cache's and the
+// new tokens'), the causal offset of its alignment, and the softmax scale.
+struct DecodeSequence {
+  int seqlen_q;
+  int seqlen_k;
+  int causal_offset;
+  float scale;
+};
+
+// Keys in sequence batch's cache before the new tokens: cache_seqlens[batch] clamped so that the new tokens
+// still fit (garbage lengths give wrong rows, never an access outside the cache).
+__device__ __forceinline__ int decode_cache_len(const AttnDecodeParams& p, int batch) {
+  const int room = p.capacity - p.seqlen_new;
+  if (p.cache_seqlens == nullptr) return room;
+  return min(max(p.cache_seqlens[batch], 0), room);
+}
+
+// Where key `key` of a sequence lives: batch entry (contiguous) or page (paged, index clamped into the cache),
+// and the row in it.
+struct CacheRow {
+  long long page;
+  int row;
+};
+
+template <bool kPaged>
+__device__ __forceinline__ CacheRow cache_row(const AttnDecodeParams& p, const int* pages, int batch, int key) {
+  if constexpr (kPaged) {
+    const int page = min(max(pages[key / p.page_size], 0), p.num_pages - 1);
+    return {page, key % p.page_size};
+  } else {
+    return {batch, key};
+  }
+}
+
+template <class Cfg>
+struct DecodeSm80 {
+  using u16 = sm80::u16;
+  using u32 = sm80::u32;
+
+  static constexpr DecodeTraits kTraits =
+      decode_traits(Cfg::kHeadDim, Cfg::kRows, Cfg::kBlockN, Cfg::kWarps, Cfg::kStages, Cfg::kPaged);
+  static_assert(kTraits.error == nullptr, "invalid decode config: see decode_traits() in decode_traits.cuh");
+
+  static constexpr ElemType kElem = Cfg::kElem;
+  using Variant = typename Cfg::Variant;
+  static constexpr bool kPaged = Cfg::kPaged;
+  static constexpr int kThreads = kTraits.threads;
+  static constexpr int kWarps = Cfg::kWarps;
+  static constexpr int kRows = Cfg::kRows;              // packed query rows of the block
+  static constexpr int kBlockN = Cfg::kBlockN;
+  static constexpr int kStages = Cfg::kStages;
+  static constexpr int kHeadDim = Cfg::kHeadDim;
+  static constexpr int kHeadDimPad = kTraits.head_dim_pad;
+  static constexpr int kRow = kTraits.smem_row_elems;
+  static constexpr int kMTiles = kTraits.m_tiles;
+  static constexpr int kWarpKeys = kTraits.warp_keys;  // each warp's keys of a tile
+  static constexpr int kNTiles = kWarpKeys / 8;         // 8-key column tiles of a warp's S
+  static constexpr int kDTiles = kHeadDimPad / 8;
+  static constexpr int kKSteps = kHeadDimPad / 16;
+  static constexpr int kChunks = kHeadDimPad / 8;       // 16-byte chunks per smem row
+  static constexpr int kValidChunks = kHeadDim / 8;
+  static constexpr int kTileBytes = kBlockN * kRow * 2;
+  static constexpr int kPitch = kTraits.reduce_pitch;
+
+  // blockIdx: (key range, kv head * row_blocks + block of its packed rows, sequence).
+  static __device__ void run(const AttnDecodeParams& p) {
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    const u32 sq_addr = sm80::smem_addr(smem_raw);                     // (kRows, kRow) Q tile
+    // (2, 2, kBlockN) element offsets of the K and V rows of the next tiles to copy (paged caches)
+    long long* s_rows = reinterpret_cast<long long*>(smem_raw + kTraits.smem_q_bytes);
+    constexpr int kRingOffset = kTraits.smem_q_bytes + kTraits.smem_rows_bytes;
+    const u32 skv_addr = sq_addr + kRingOffset;                              // kStages x [K, V (kBlockN, kRow)]
+    float* red = reinterpret_cast<float*>(smem_raw + kRingOffset);          // the warps' rows, over the idle ring
+
+    const int tid = threadIdx.x;
+    const int warp = tid / 32;
+    const int lane = tid % 32;
+    const int split = blockIdx.x;
+    const int kv_head = blockIdx.y / p.row_blocks;
+    const int row0 = blockIdx.y % p.row_blocks * kRows;  // first packed row: token row / group, head row % group
+    const int batch = blockIdx.z;
+    const int packed_rows = p.group_size * p.seqlen_q;
+
+    // The combine kernel may be scheduled now (it waits for this grid's memory); the cache is read only once the
+    // append kernel before this one is done.
+    sm80::launch_dependents();
+    sm80::wait_for_primary();
+    const int n_keys = decode_cache_len(p, batch) + p.seqlen_new;
+    const DecodeSequence seq{p.seqlen_q, n_keys, p.causal_bottom_right ? n_keys - p.seqlen_q : 0, p.scale};
+    const int q_first = row0 / p.group_size;
+    const int q_last = (min(row0 + kRows, packed_rows) - 1) / p.group_size;
+    const KeyBlocks<Variant, kBlockN> blocks(seq, batch, q_first, q_last - q_first + 1);
+    // This block's even share of the sequence's key blocks; [n_begin, full_end) need no mask.
+    const int per_split = (blocks.end + p.splits - 1) / p.splits;
+    const int n_begin = min(split * per_split, blocks.end);
+    const int n_end = min(n_begin + per_split, blocks.end);
+    const int full_end = min(max(blocks.full_end(seq, batch, q_first), n_begin), n_end);
+
+    // Q: packed row r is token (row0 + r) / group of query head kv_head * group + (row0 + r) % group.
+    const u16* q = static_cast<const u16*>(p.q) + batch * p.q_batch_stride;
+    constexpr int kQTotal = kRows * kChunks;
+#pragma unroll
+    for (int i0 = 0; i0 < kQTotal; i0 += kThreads) {
+      const int i = i0 + tid;
+      if (kQTotal % kThreads == 0 || i < kQTotal) {
+        const int r = i / kChunks;
+        const int chunk = i % kChunks;
+        const int packed = row0 + r;
+        const bool valid = packed < packed_rows && chunk < kValidChunks;
+        const u16* src = q;
+        if (valid) {
+          const int head = kv_head * p.group_size + packed % p.group_size;
+          src = q + (packed / p.group_size) * p.q_row_stride + head * p.q_head_stride + chunk * 8;
+        }
+        sm80::cp_async_16(sq_addr + (r * kRow + chunk * 8) * 2, src, valid);
+      }
+    }
+    sm80::cp_async_commit();
+
+    // K and V tiles: every thread copies whole 16-byte chunks of rows; keys past key_end, and blocks outside
+    // this range, are zero-filled rather than read. In a paged cache each row lies in a page of its own: the
+    // rows of a tile are located one tile early (stage_rows: one thread per row reads the block table and
+    // stores the row's K and V offsets in s_rows), so neither the table's latency nor the division by
+    // page_size is paid per copy. The prologue's tiles locate their rows directly.
+    const int* pages = kPaged ? p.block_table + batch * p.block_table_stride : nullptr;
+    const u16* k = static_cast<const u16*>(p.k_cache) + kv_head * p.k_head_stride;
+    const u16* v = static_cast<const u16*>(p.v_cache) + kv_head * p.v_head_stride;
+    auto stage_rows = [&](int n_block) {
+      if constexpr (kPaged) {
+        long long* rows = s_rows + (n_block % 2) * 2 * kBlockN;
+        for (int r = tid; r < kBlockN; r += kThreads) {
+          const int key = n_block * kBlockN + r;
+          if (key < blocks.key_end) {
+            const CacheRow at = cache_row<true>(p, pages, batch, key);
+            rows[r] = at.page * p.k_batch_stride + at.row * p.k_row_stride;
+            rows[kBlockN + r] = at.page * p.v_batch_stride + at.row * p.v_row_stride;
+          }
+        }
+      }
+    };
+    auto load_kv = [&](int n_block, bool staged) {
+      const u32 sk = skv_addr + (n_block % kStages) * 2 * kTileBytes;
+      const int n_start = n_block * kBlockN;
+      const int rows_valid = n_block < n_end ? min(kBlockN, blocks.key_end - n_start) : 0;
+      const long long* rows = s_rows + (n_block % 2) * 2 * kBlockN;
+      constexpr int kTotal = kBlockN * kChunks;
+      // Partly unrolled: every copy of a pass holds two 64-bit addresses, and head_dim 256 fully unrolled
+      // (16 passes) spills.
+#pragma unroll 8
+      for (int i0 = 0; i0 < kTotal; i0 += kThreads) {
+        const int i = i0 + tid;
+        if (kTotal % kThreads == 0 || i < kTotal) {
+          const int row = i / kChunks;
+          const int chunk = i % kChunks;
+          const bool valid = row < rows_valid && chunk < kValidChunks;
+          const u16* k_src = k;
+          const u16* v_src = v;
+          if (valid) {
+            if (kPaged && staged) {
+              k_src = k + rows[row] + chunk * 8;
+              v_src = v + rows[kBlockN + row] + chunk * 8;
+            } else {
+              const CacheRow at = cache_row<kPaged>(p, pages, batch, n_start + row);
+              k_src = k + at.page * p.k_batch_stride + at.row * p.k_row_stride + chunk * 8;
+              v_src = v + at.page * p.v_batch_stride + at.row * p.v_row_stride + chunk * 8;
+            }
+          }
+          const u32 dst = sk + (row * kRow + chunk * 8) * 2;
+          sm80::cp_async_16_stream(dst, k_src, valid);
+          sm80::cp_async_16_stream(dst + kTileBytes, v_src, valid);
+        }
+      }
+    };
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      load_kv(n_begin + s, false);
+      sm80::cp_async_commit();
+    }
+    stage_rows(n_begin + kStages - 1);  // read by every thread after the loop's first barrier
+
+    // ldmatrix lane offsets as in fwd_sm80.cuh; every warp reads all Q rows and its own kWarpKeys keys.
+    const u32 q_lane = sq_addr + ((lane & 15) * kRow + (lane >> 4) * 8) * 2;
+    const u32 k_lane = ((warp * kWarpKeys + (lane & 7) + ((lane >> 4) << 3)) * kRow) * 2 + ((lane >> 3) & 1) * 16;
+    const u32 v_lane = ((warp * kWarpKeys + (lane & 7) + ((lane >> 3) & 1) * 8) * kRow) * 2 + (lane >> 4) * 16;
+
+    float acc_o[kMTiles][kDTiles][4];  // (kRows, kHeadDimPad) fp32 partial output of this warp's keys
+    float row_max[kMTiles][2];         // running max (log2 units) of rows g and g + 8 of each tile
+    float row_sum[kMTiles][2];         // running sum of exp2, this thread's columns only
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] = 0.f;
+      row_max[mt][0] = row_max[mt][1] = neg_inf();
+      row_sum[mt][0] = row_sum[mt][1] = 0.f;
+    }
+
+    const int g = lane / 4;
+    const int t = lane % 4;
+    // The token and query head of rows g + 8h of each tile, as the variant asks about them.
+    int token[kMTiles][2];
+    int head[kMTiles][2];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int packed = row0 + mt * 16 + g + 8 * h;
+        token[mt][h] = packed / p.group_size;
+        head[mt][h] = kv_head * p.group_size + packed % p.group_size;
+      }
+
+    auto attend = [&](int n_block, auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
+      sm80::cp_async_wait<kStages - 2>();  // Q and tile n_block have landed
+      __syncthreads();                     // ... for every thread, and tile n_block - 1 is no longer read
+      const u32 sk = skv_addr + (n_block % kStages) * 2 * kTileBytes;
+      const u32 sv = sk + kTileBytes;
+
+      float acc_s[kMTiles][kNTiles][4];  // (kRows, kWarpKeys): S of this warp's keys
+      auto load_a = [&](int mt, int kk, u32(&a)[4]) { sm80::ldmatrix_x4(a, q_lane + (mt * 16 * kRow + kk * 16) * 2); };
+      sm80::qk_product<kElem, kKSteps, kRow>(acc_s, load_a, sk + k_lane);
+
+      // Refill the slot tile n_block - 1 used (every warp passed the barrier above after reading it), with the
+      // rows staged before that barrier; stage the next tile's over the ones read an iteration ago.
+      load_kv(n_block + kStages - 1, true);
+      sm80::cp_async_commit();
+      stage_rows(n_block + kStages);
+
+      const int key0 = n_block * kBlockN + warp * kWarpKeys;
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+        variant_scores_at<Variant, kNTiles, kMasked>(
+            seq, acc_s[mt], batch, [&](int h) { return TileRow{head[mt][h], token[mt][h]}; }, key0, t);
+
+      u32 p_frag[kMTiles][kNTiles / 2][4];  // A fragments of P, 16x16 each
+      sm80::softmax_update<kElem>(acc_s, row_max, row_sum, acc_o, p_frag, p.scale_log2);
+      sm80::pv_product<kElem, kRow>(acc_o, p_frag, sv + v_lane);
+    };
+    for (int n = n_begin; n < full_end; ++n) attend(n, sm80::BoolConstant<false>{});
+    for (int n = full_end; n < n_end; ++n) attend(n, sm80::BoolConstant<true>{});
+
+    // The ring is idle once every copy has landed and every warp is past its last tile.
+    sm80::cp_async_wait<0>();
+    __syncthreads();
+
+    float* red_o = red;                                  // (kWarps, kRows, kPitch) each warp's unnormalised O
+    float* red_max = red + kWarps * kRows * kPitch;      // (kWarps, kRows) its rows' maxima (log2 units)
+    float* red_sum = red_max + kWarps * kRows;           // (kWarps, kRows) its rows' sums
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = mt * 16 + g + 8 * h;
+        const float sum = sm80::quad_sum(row_sum[mt][h]);
+        if (t == 0) {
+          red_max[warp * kRows + r] = row_max[mt][h];
+          red_sum[warp * kRows + r] = sum;
+        }
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          *reinterpret_cast<float2*>(red_o + (warp * kRows + r) * kPitch + dt * 8 + 2 * t) =
+              make_float2(acc_o[mt][dt][2 * h], acc_o[mt][dt][2 * h + 1]);
+        }
+      }
+    __syncthreads();
+
+    // Merge the warps' rows, four columns per thread and step; write this range's output and LSE: the final
+    // ones with one range, else fp32 parts for the combine kernel.
+    constexpr int kQuads = kHeadDim / 4;
+    for (int i = tid; i < kRows * kQuads; i += kThreads) {
+      const int r = i / kQuads;
+      const int c = i % kQuads * 4;
+      const int packed = row0 + r;
+      if (packed >= packed_rows) break;  // i grows with r: every later row is padding too
+      float m = neg_inf();
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) m = fmaxf(m, red_max[w * kRows + r]);
+      float sum = 0.f;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float m_w = red_max[w * kRows + r];
+        const float f = m_w == neg_inf() ? 0.f : sm80::exp2_approx(m_w - m);
+        sum += f * red_sum[w * kRows + r];
+        const float4 o_w = *reinterpret_cast<const float4*>(red_o + (w * kRows + r) * kPitch + c);
+        acc.x += f * o_w.x, acc.y += f * o_w.y, acc.z += f * o_w.z, acc.w += f * o_w.w;
+      }
+      const float inv = softmax::inverse_sum(sum);
+      acc.x *= inv, acc.y *= inv, acc.z *= inv, acc.w *= inv;
+      const float lse = softmax::lse(m, sum);
+      const int tok = packed / p.group_size;
+      const int hq = kv_head * p.group_size + packed % p.group_size;
+      const long long row = (static_cast<long long>(batch) * p.heads_q + hq) * p.seqlen_q + tok;
+      if (p.splits > 1) {
+        const long long part = static_cast<long long>(split) * p.batch * p.heads_q * p.seqlen_q + row;
+        *reinterpret_cast<float4*>(p.o_partial + part * kHeadDim + c) = acc;
+        if (c == 0) p.lse_partial[part] = lse;
+      } else {
+        u16* o = static_cast<u16*>(p.o) + batch * p.o_batch_stride + tok * p.o_row_stride + hq * p.o_head_stride + c;
+        *reinterpret_cast<uint2*>(o) = make_uint2(sm80::pack2<kElem>(acc.x, acc.y), sm80::pack2<kElem>(acc.z, acc.w));
+        if (c == 0 && p.lse != nullptr) p.lse[row] = lse;
+      }
+    }
+  }
+};
+
+// Merges the ranges' parts of every output row (one warp per row): weights exp(lse_s - lse) over the ranges
+// that saw a key; a row no range saw a key of gets 0 and lse -inf.
+template <class Cfg>
+struct DecodeCombine {
+  using u16 = sm80::u16;
+  static constexpr int kHeadDim = Cfg::kHeadDim;
+  static constexpr ElemType kElem = Cfg::kElem;
+
+  static __device__ void run(const AttnDecodeParams& p) {
+    const int lane = threadIdx.x % 32;
+    sm80::wait_for_primary();  // the attention kernel's parts are written
+    const long long rows = static_cast<long long>(p.batch) * p.heads_q * p.seqlen_q;
+    const long long row = static_cast<long long>(blockIdx.x) * (kDecodeRowKernelThreads / 32) + threadIdx.x / 32;
+    if (row >= rows) return;
+    float m = neg_inf();
+    for (int s = lane; s < p.splits; s += 32) m = fmaxf(m, p.lse_partial[s * rows + row]);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+    float sum = 0.f;
+    for (int s = lane; s < p.splits; s += 32) {
+      const float lse_s = p.lse_partial[s * rows + row];
+      sum += lse_s == neg_inf() ? 0.f : __expf(lse_s - m);
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    const float lse = sum > 0.f ? m + __logf(sum) : neg_inf();
+
+    const int tok = static_cast<int>(row % p.seqlen_q);
+    const int hq = static_cast<int>(row / p.seqlen_q % p.heads_q);
+    const int batch = static_cast<int>(row / (static_cast<long long>(p.seqlen_q) * p.heads_q));
+    u16* o = static_cast<u16*>(p.o) + batch * p.o_batch_stride + tok * p.o_row_stride + hq * p.o_head_stride;
+    for (int c = lane * 4; c < kHeadDim; c += 128) {
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int s = 0; s < p.splits; ++s) {
+        const float lse_s = p.lse_partial[s * rows + row];
+        if (lse_s == neg_inf()) continue;
+        const float w = __expf(lse_s - lse);
+        const float4 o_s = *reinterpret_cast<const float4*>(p.o_partial + (s * rows + row) * kHeadDim + c);
+        acc.x += w * o_s.x, acc.y += w * o_s.y, acc.z += w * o_s.z, acc.w += w * o_s.w;
+      }
+      *reinterpret_cast<uint2*>(o + c) = make_uint2(sm80::pack2<kElem>(acc.x, acc.y), sm80::pack2<kElem>(acc.z, acc.w));
+    }
+    if (lane == 0 && p.lse != nullptr) p.lse[row] = lse;
+  }
+};
+
+// Appends the new tokens' keys and values at rows [cache_len, cache_len + seqlen_new) of their sequences'
+// caches, one 16-byte chunk per thread. blockIdx: (chunk block, sequence).
+template <class Cfg>
+struct DecodeAppend {
+  using u16 = sm80::u16;
+  static constexpr int kChunks = Cfg::kHeadDim / 8;
+
+  static __device__ void run(const AttnDecodeParams& p) {
+    const int batch = blockIdx.y;
+    const int items = p.seqlen_new * p.heads_kv * kChunks;
+    const int i = blockIdx.x * kDecodeRowKernelThreads + threadIdx.x;
+    if (i >= items) return;
+    const int chunk = i % kChunks;
+    const int head = i / kChunks % p.heads_kv;
+    const int token = i / (kChunks * p.heads_kv);
+    const int* pages = Cfg::kPaged ? p.block_table + batch * p.block_table_stride : nullptr;
+    const CacheRow at = cache_row<Cfg::kPaged>(p, pages, batch, decode_cache_len(p, batch) + token);
+    const u16* k_src = static_cast<const u16*>(p.k_new) + batch * p.kn_batch_stride + token * p.kn_row_stride +
+                       head * p.kn_head_stride + chunk * 8;
+    const u16* v_src = static_cast<const u16*>(p.v_new) + batch * p.vn_batch_stride + token * p.vn_row_stride +
+                       head * p.vn_head_stride + chunk * 8;
+    u16* k_dst = static_cast<u16*>(const_cast<void*>(p.k_cache)) + at.page * p.k_batch_stride +
+                 at.row * p.k_row_stride + head * p.k_head_stride + chunk * 8;
+    u16* v_dst = static_cast<u16*>(const_cast<void*>(p.v_cache)) + at.page * p.v_batch_stride +
+                 at.row * p.v_row_stride + head * p.v_head_stride + chunk * 8;
+    *reinterpret_cast<uint4*>(k_dst) = *reinterpret_cast<const uint4*>(k_src);
+    *reinterpret_cast<uint4*>(v_dst) = *reinterpret_cast<const uint4*>(v_src);
+  }
+};
+
+}  // namespace flashgen
+
+#ifdef FLASHGEN_STANDALONE
+// Lets `nvcc -DFLASHGEN_STANDALONE -c` compile this template on its own for a default config.
+struct FlashgenDefaultDecodeConfig {
+  static constexpr flashgen::ElemType kElem = flashgen::ElemType::kBFloat16;
+  static constexpr int kHeadDim = 128;
+  static constexpr flashgen::MaskKind kMask = flashgen::MaskKind::kCausal;
+  using Variant = flashgen::CausalMask;
+  static constexpr int kRows = 16;
+  static constexpr int kBlockN = 64;
+  static constexpr int kWarps = 4;
+  static constexpr int kStages = 4;
+  static constexpr bool kPaged = true;
+};
+
+extern "C" __global__ void __launch_bounds__(flashgen::DecodeSm80<FlashgenDefaultDecodeConfig>::kThreads, 1)
+    decode_sm80_standalone_attend(const __grid_constant__ flashgen::AttnDecodeParams params) {
+  flashgen::DecodeSm80<FlashgenDefaultDecodeConfig>::run(params);
+}
+extern "C" __global__ void __launch_bounds__(flashgen::kDecodeRowKernelThreads, 1)
+    decode_sm80_standalone_combine(const __grid_constant__ flashgen::AttnDecodeParams params) {
+  flashgen::DecodeCombine<FlashgenDefaultDecodeConfig>::run(params);
+}
+extern "C" __global__ void __launch_bounds__(flashgen::kDecodeRowKernelThreads, 1)
+    decode_sm80_standalone_append(const __grid_constant__ flashgen::AttnDecodeParams params) {
+  flashgen::DecodeAppend<FlashgenDefaultDecodeConfig>::run(params);
+}
+#endif

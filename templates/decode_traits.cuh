@@ -1,0 +1,65 @@
+// The one place that decides whether a KV-cache (decode) config is valid and derives its sizes. Plain
+// constexpr C++ read by the host (generator, launcher) and by decode_sm80.cuh's static_asserts.
+#pragma once
+
+#include "fwd_traits.cuh"
+
+namespace flashgen {
+
+struct DecodeTraits {
+  int threads;              // warps * 32
+  int head_dim_pad;         // head_dim rounded up to the mma k-step (16)
+  int smem_row_elems;       // shared-memory row pitch of Q, K and V: head_dim_pad + 8 (conflict-free ldmatrix)
+  int m_tiles;              // 16-row mma tiles of the block's query rows: rows / 16
+  int warp_keys;            // keys of each K/V tile one warp attends to: block_n / warps
+  int smem_q_bytes;         // (rows, smem_row_elems) Q tile
+  int smem_rows_bytes;      // paged caches: two tiles' K and V row offsets (int64 each), staged one tile ahead
+  int smem_kv_stage_bytes;  // (block_n, smem_row_elems) K tile + V tile
+  int reduce_pitch;         // fp32 row pitch of the warps' partial outputs: head_dim_pad + 8 (conflict-free)
+  int smem_reduce_bytes;    // the warps' partial outputs, maxima and sums, over the K/V ring once it is idle
+  int smem_bytes;           // whole dynamic shared memory of one block
+  int accum_regs;           // registers per thread for O, S and P fragments
+  const char* error;        // nullptr when the shape is valid on some GPU
+};
+
+// rows: query rows of one block, the query heads of a kv head times the new tokens, packed (16, 32 or 64).
+// block_n: keys per K/V tile, split evenly among the warps, each taking whole 16-key mma steps. paged: the cache
+// is read through a block table.
+constexpr DecodeTraits decode_traits(int head_dim, int rows, int block_n, int warps, int stages, bool paged) {
+  DecodeTraits t{};
+  t.threads = warps * 32;
+  t.head_dim_pad = (head_dim + 15) / 16 * 16;
+  t.smem_row_elems = t.head_dim_pad + 8;
+  t.m_tiles = rows / 16;
+  t.warp_keys = warps > 0 ? block_n / warps : 0;
+  t.smem_q_bytes = rows * t.smem_row_elems * 2;
+  t.smem_rows_bytes = paged ? 2 * block_n * 2 * 8 : 0;
+  t.smem_kv_stage_bytes = 2 * block_n * t.smem_row_elems * 2;
+  t.reduce_pitch = t.head_dim_pad + 8;
+  t.smem_reduce_bytes = warps * rows * (t.reduce_pitch + 2) * 4;
+  const int ring = stages * t.smem_kv_stage_bytes;
+  t.smem_bytes = t.smem_q_bytes + t.smem_rows_bytes + (ring > t.smem_reduce_bytes ? ring : t.smem_reduce_bytes);
+  t.accum_regs = t.m_tiles * (t.head_dim_pad / 8) * 4     // O, fp32
+                 + t.m_tiles * (t.warp_keys / 8) * 4       // S, fp32
+                 + t.m_tiles * (t.warp_keys / 16) * 4;     // P, packed 16-bit pairs
+  t.error = nullptr;
+  if (head_dim < 8 || head_dim > 256 || head_dim % 8 != 0) {
+    t.error = "head_dim must be a multiple of 8 in [8, 256]";
+  } else if (rows != 16 && rows != 32 && rows != 64) {
+    t.error = "rows must be 16, 32 or 64";
+  } else if (warps < 1 || warps > 8) {
+    t.error = "warps must be in [1, 8]";
+  } else if (block_n % (16 * warps) != 0 || block_n > 256) {
+    t.error = "block_n must be a multiple of 16 * warps up to 256 (each warp takes whole 16-key steps)";
+  } else if (stages < 2 || stages > 8) {
+    t.error = "stages must be in [2, 8]";
+  } else if (t.accum_regs > kMaxAccumRegs) {
+    t.error = "accumulators need more registers than a thread has: lower rows or block_n per warp";
+  }
+  return t;
+}
+
+// Threads of the combine and append kernels (decode_sm80.cuh): four warps, one row each per step.
+constexpr int kDecodeRowKernelThreads = 128;
+
+}  // namespace flashgen

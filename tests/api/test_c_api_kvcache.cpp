@@ -1,0 +1,121 @@
+// Tests for flashgen_attention_kvcache's argument checks: each bad argument refused with a message naming it,
+// before anything touches a GPU; a valid call's problem and parameters as the kernels read them.
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "catch.hpp"
+#include "flashgen/flashgen.h"
+#include "launch/attention_kvcache.hpp"
+#include "support/fake_pointer.hpp"
+
+namespace {
+
+using flashgen::test::fake_pointer;
+
+flashgen_tensor bshd(void* data, int64_t n0, int64_t n1, int64_t heads, int64_t head_dim) {
+  return flashgen_tensor{data, FLASHGEN_BFLOAT16, {n0, n1, heads, head_dim},
+                         {n1 * heads * head_dim, heads * head_dim, head_dim, 1}};
+}
+
+// Four sequences, one new token each, 32 query heads over 8 kv heads, a paged cache of 100 pages of 64 keys
+// with 16 pages per sequence, and one appended token.
+flashgen_kvcache_args valid_args() {
+  flashgen_kvcache_args args{};
+  args.size = sizeof(args);
+  args.q = bshd(fake_pointer(1), 4, 1, 32, 128);
+  args.k_cache = bshd(fake_pointer(2), 100, 64, 8, 128);
+  args.v_cache = bshd(fake_pointer(3), 100, 64, 8, 128);
+  args.k_new = bshd(fake_pointer(4), 4, 1, 8, 128);
+  args.v_new = bshd(fake_pointer(5), 4, 1, 8, 128);
+  args.out = bshd(fake_pointer(6), 4, 1, 32, 128);
+  args.lse = static_cast<float*>(fake_pointer(7));
+  args.cache_seqlens = static_cast<const int32_t*>(fake_pointer(8));
+  args.block_table = static_cast<const int32_t*>(fake_pointer(9));
+  args.max_pages = 16;
+  args.options.mask = FLASHGEN_MASK_CAUSAL;
+  return args;
+}
+
+void check_rejected(const std::function<void(flashgen_kvcache_args&)>& edit, int status, const std::string& message) {
+  flashgen_kvcache_args args = valid_args();
+  edit(args);
+  INFO("expected: " << message);
+  CHECK(flashgen_attention_kvcache(&args, nullptr) == status);
+  const std::string error = flashgen_last_error();
+  INFO("got: " << error);
+  CHECK(error.find(message) != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("KV-cache attention rejects each bad argument with a message naming it", "[c_api][kvcache]") {
+  const int kInvalid = FLASHGEN_ERROR_INVALID_ARGUMENT;
+  CHECK(flashgen_attention_kvcache(nullptr, nullptr) == kInvalid);
+  CHECK(std::string(flashgen_last_error()).find("args: null pointer") != std::string::npos);
+  check_rejected([](auto& a) { a.size = 0; }, kInvalid, "args.size is 0; this flashgen's argument struct");
+  check_rejected([](auto& a) { a.q.data = nullptr; }, kInvalid, "q.data: null pointer");
+  check_rejected([](auto& a) { a.v_cache.dtype = FLASHGEN_FLOAT16; }, kInvalid, "v_cache.dtype is fp16 but q.dtype");
+  check_rejected([](auto& a) { a.k_cache.shape[3] = 64; }, kInvalid, "k_cache.shape[3] (head_dim) is 64");
+  check_rejected([](auto& a) { a.v_cache.shape[0] = 99; }, kInvalid, "v_cache.shape[0]");
+  check_rejected([](auto& a) { a.q.shape[2] = 12; a.out.shape[2] = 12; }, kInvalid, "multiple");
+  check_rejected([](auto& a) { a.out.shape[1] = 2; }, kInvalid, "out.shape[1]");
+  check_rejected([](auto& a) { a.k_cache.shape[1] = 40; a.v_cache.shape[1] = 40; }, kInvalid,
+                 "k_cache.shape[1] (page_size) must be a multiple of 16");
+  check_rejected([](auto& a) { a.max_pages = 0; }, kInvalid, "max_pages must be in [1, 2^30]");
+  check_rejected([](auto& a) { a.block_table = reinterpret_cast<const int32_t*>(0x100002); }, kInvalid,
+                 "block_table: pointer must be 4-byte aligned");
+  check_rejected([](auto& a) { a.block_table = nullptr; }, kInvalid,
+                 "k_cache.shape[0] (batch) is 100 but q.shape[0] (batch) is 4");
+  check_rejected([](auto& a) { a.v_new.data = nullptr; }, kInvalid, "v_new.data: null pointer, but k_new is given");
+  check_rejected([](auto& a) { a.k_new.data = nullptr; }, kInvalid, "k_new.data: null pointer, but v_new is given");
+  check_rejected([](auto& a) { a.k_new.shape[2] = 4; a.v_new.shape[2] = 4; }, kInvalid, "k_new.shape[2]");
+  check_rejected([](auto& a) { a.v_new.shape[1] = 2; }, kInvalid, "v_new.shape[1]");
+  check_rejected([](auto& a) { a.cache_seqlens = nullptr; }, kInvalid, "cache_seqlens: null pointer, but k_new");
+  check_rejected([](auto& a) { a.k_new.shape[1] = a.v_new.shape[1] = 1025; }, kInvalid,
+                 "k_new.shape[1] (seqlen_new) is 1025, more than a sequence's cache holds (1024 keys)");
+  check_rejected([](auto& a) { a.num_splits = -1; }, kInvalid, "num_splits must be in [0, 128]");
+  check_rejected([](auto& a) { a.num_splits = 129; }, kInvalid, "num_splits must be in [0, 128]");
+  check_rejected([](auto& a) { a.workspace = reinterpret_cast<void*>(0x100010); }, kInvalid,
+                 "workspace: pointer must be 256-byte aligned");
+  check_rejected([](auto& a) { a.options.mask = static_cast<flashgen_mask>(7); }, kInvalid, "mask");
+  check_rejected([](auto& a) { a.q.stride[2] = 12; }, kInvalid, "q.stride[2]");
+  check_rejected([](auto& a) { a.k_cache.stride[2] = 4; }, kInvalid, "k_cache.stride[2]");
+  size_t bytes = 0;
+  flashgen_kvcache_args args = valid_args();
+  args.max_pages = -3;
+  CHECK(flashgen_attention_kvcache_workspace_size(&args, nullptr, &bytes) == kInvalid);
+  args = valid_args();
+  CHECK(flashgen_attention_kvcache_workspace_size(&args, nullptr, nullptr) == kInvalid);
+  CHECK(std::string(flashgen_last_error()).find("workspace_bytes: null pointer") != std::string::npos);
+}
+
+TEST_CASE("a KV-cache call binds its cache, pages and new tokens as the kernels read them", "[kvcache]") {
+  const flashgen::KvCacheCall call = flashgen::make_kvcache_call(valid_args());
+  const flashgen::AttnDecodeParams& p = call.params;
+  CHECK(call.problem.kv_cache);
+  CHECK(call.problem.paged);
+  CHECK(call.problem.shape.seqlen_k == 16 * 64);
+  CHECK(p.capacity == 1024);
+  CHECK(p.page_size == 64);
+  CHECK(p.num_pages == 100);
+  CHECK(p.block_table_stride == 16);
+  CHECK(p.group_size == 4);
+  CHECK(p.seqlen_new == 1);
+  CHECK(p.k_batch_stride == 64 * 8 * 128);
+  CHECK(p.causal_bottom_right == 1);
+  CHECK(flashgen::kvcache_workspace_bytes(call, 1) == 0);
+  // 3 ranges x 4 sequences x 32 heads x 1 token: 384 rows of 128 floats and 384 LSEs, each part 256-aligned.
+  CHECK(flashgen::kvcache_workspace_bytes(call, 3) == 384 * 128 * 4 + 1536);
+
+  flashgen_kvcache_args contiguous = valid_args();
+  contiguous.block_table = nullptr;
+  contiguous.k_cache = contiguous.v_cache = bshd(fake_pointer(2), 4, 300, 8, 128);
+  contiguous.k_new.data = contiguous.v_new.data = nullptr;
+  contiguous.cache_seqlens = nullptr;
+  const flashgen::KvCacheCall dense = flashgen::make_kvcache_call(contiguous);
+  CHECK_FALSE(dense.problem.paged);
+  CHECK(dense.params.capacity == 300);
+  CHECK(dense.params.seqlen_new == 0);
+  CHECK(dense.params.k_new == nullptr);
+}

@@ -1,0 +1,269 @@
+// [gpu] tests of attention against a KV cache (decoding): every sequence's out and lse against its own
+// float64 reference over its cache rows plus the appended tokens, contiguous and paged caches (several page
+// sizes, a shuffled block table), 1-4 new tokens with and without append, GQA/MQA, causal alignments, head
+// dims 64, 96, 128, 256 and 40, every split count the chooser may pick, and batch invariance at a fixed split.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "catch.hpp"
+#include "check/output_check.hpp"
+#include "check/reference.hpp"
+#include "dispatch/dispatch.hpp"
+#include "flashgen/flashgen.h"
+#include "gpu.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "runtime/device_buffer.hpp"
+
+namespace {
+
+using flashgen::DeviceBuffer;
+
+struct KvCase {
+  std::string name;
+  flashgen_dtype dtype = FLASHGEN_BFLOAT16;
+  int64_t head_dim = 128;
+  int64_t heads_q = 8, heads_kv = 2;
+  flashgen_mask mask = FLASHGEN_MASK_CAUSAL;
+  int64_t seqlen_q = 1;
+  std::vector<int32_t> cache_lens;  // per sequence, before the new tokens
+  int64_t capacity = 0;             // keys a sequence's cache holds
+  int64_t page_size = 0;            // 0: a contiguous cache
+  int64_t seqlen_new = 0;           // appended tokens (0: none)
+  std::vector<int> splits = {0, 1, 3};
+};
+
+std::vector<uint16_t> random_bits(size_t count, flashgen_dtype dtype, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<uint16_t> bits(count);
+  for (uint16_t& b : bits) b = flashgen::float_to_dtype_bits(normal(rng), dtype);
+  return bits;
+}
+
+flashgen_tensor bshd(const DeviceBuffer& b, flashgen_dtype dtype, int64_t n0, int64_t n1, int64_t h, int64_t d) {
+  return flashgen_tensor{b.data(), dtype, {n0, n1, h, d}, {n1 * h * d, h * d, d, 1}};
+}
+
+// A case's inputs: each sequence's logical cache rows (capacity of them) on the host, laid out on the device
+// contiguously or in shuffled pages (with spare pages no sequence owns), the new tokens, and out and lse
+// poisoned with NaN.
+struct KvBatch {
+  int64_t batch, pages_per_seq = 0, num_pages = 0;
+  std::vector<uint16_t> q, k_logical, v_logical, k_new, v_new;  // k_logical: [batch, capacity, heads_kv, d]
+  std::vector<int32_t> table;
+  DeviceBuffer dq, dk, dv, dkn, dvn, dout, dlse, dlens, dtable;
+  flashgen_kvcache_args args{};
+
+  KvBatch(const KvCase& c, uint64_t seed) : batch(static_cast<int64_t>(c.cache_lens.size())) {
+    const int64_t hq = c.heads_q, hkv = c.heads_kv, d = c.head_dim, row = hkv * d;
+    std::mt19937_64 rng(seed);
+    q = random_bits(size_t(batch * c.seqlen_q * hq * d), c.dtype, rng);
+    k_logical = random_bits(size_t(batch * c.capacity * row), c.dtype, rng);
+    v_logical = random_bits(size_t(batch * c.capacity * row), c.dtype, rng);
+    k_new = random_bits(size_t(batch * std::max<int64_t>(c.seqlen_new, 1) * row), c.dtype, rng);
+    v_new = random_bits(k_new.size(), c.dtype, rng);
+    std::vector<uint16_t> k_phys = k_logical, v_phys = v_logical;
+    if (c.page_size > 0) {
+      pages_per_seq = c.capacity / c.page_size;
+      num_pages = batch * pages_per_seq + 3;
+      std::vector<int32_t> order(static_cast<size_t>(num_pages));
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), rng);
+      table.assign(order.begin(), order.begin() + batch * pages_per_seq);
+      k_phys = random_bits(size_t(num_pages * c.page_size * row), c.dtype, rng);  // spare pages hold noise
+      v_phys = random_bits(k_phys.size(), c.dtype, rng);
+      for (int64_t b = 0; b < batch; ++b)
+        for (int64_t j = 0; j < c.capacity; ++j) {
+          const int64_t page = table[size_t(b * pages_per_seq + j / c.page_size)];
+          const size_t src = size_t((b * c.capacity + j) * row), dst = size_t((page * c.page_size + j % c.page_size) * row);
+          std::copy_n(k_logical.begin() + src, row, k_phys.begin() + dst);
+          std::copy_n(v_logical.begin() + src, row, v_phys.begin() + dst);
+        }
+    }
+    auto upload = [](const auto& host) {
+      DeviceBuffer buffer(host.size() * sizeof(host[0]));
+      buffer.upload(host);
+      return buffer;
+    };
+    dq = upload(q), dk = upload(k_phys), dv = upload(v_phys), dkn = upload(k_new), dvn = upload(v_new);
+    dlens = upload(c.cache_lens);
+    dtable = upload(table.empty() ? std::vector<int32_t>{0} : table);
+    dout = DeviceBuffer(q.size() * 2), dlse = DeviceBuffer(size_t(batch * hq * c.seqlen_q) * sizeof(float));
+
+    args.size = sizeof(args);
+    args.q = bshd(dq, c.dtype, batch, c.seqlen_q, hq, d);
+    args.out = bshd(dout, c.dtype, batch, c.seqlen_q, hq, d);
+    if (c.page_size > 0) {
+      args.k_cache = bshd(dk, c.dtype, num_pages, c.page_size, hkv, d);
+      args.v_cache = bshd(dv, c.dtype, num_pages, c.page_size, hkv, d);
+      args.block_table = static_cast<const int32_t*>(dtable.data());
+      args.max_pages = pages_per_seq;
+    } else {
+      args.k_cache = bshd(dk, c.dtype, batch, c.capacity, hkv, d);
+      args.v_cache = bshd(dv, c.dtype, batch, c.capacity, hkv, d);
+    }
+    if (c.seqlen_new > 0) {
+      args.k_new = bshd(dkn, c.dtype, batch, c.seqlen_new, hkv, d);
+      args.v_new = bshd(dvn, c.dtype, batch, c.seqlen_new, hkv, d);
+    }
+    args.lse = static_cast<float*>(dlse.data());
+    args.cache_seqlens = static_cast<const int32_t*>(dlens.data());
+    args.options.mask = c.mask;
+  }
+
+  void poison() {
+    dout.fill_bytes(0xff);
+    dlse.fill_bytes(0xff);
+  }
+
+  // Sequence b's keys (or values) as the call sees them: its cache rows, then its new tokens.
+  std::vector<uint16_t> keys(const KvCase& c, int64_t b, bool values) const {
+    const int64_t row = c.heads_kv * c.head_dim, len = c.cache_lens[size_t(b)];
+    const std::vector<uint16_t>& cache = values ? v_logical : k_logical;
+    const std::vector<uint16_t>& fresh = values ? v_new : k_new;
+    std::vector<uint16_t> out(cache.begin() + b * c.capacity * row, cache.begin() + (b * c.capacity + len) * row);
+    out.insert(out.end(), fresh.begin() + b * c.seqlen_new * row, fresh.begin() + (b + 1) * c.seqlen_new * row);
+    return out;
+  }
+};
+
+// Every sequence's out and lse, as the last call wrote them, against its float64 reference.
+void check_outputs(const KvCase& c, const KvBatch& kv, const std::string& label) {
+  const int64_t hq = c.heads_q, hkv = c.heads_kv, d = c.head_dim, sq = c.seqlen_q;
+  const std::vector<uint16_t> out = kv.dout.download_all<uint16_t>();
+  const std::vector<float> lse = kv.dlse.download_all<float>();
+  const double scale = flashgen::effective_softmax_scale(0.f, d);
+  const flashgen::DtypeTolerances& tol = flashgen::tolerances(c.dtype);
+  for (int64_t b = 0; b < kv.batch; ++b) {
+    const int64_t sk = c.cache_lens[size_t(b)] + c.seqlen_new;
+    INFO(c.name << " " << label << ": sequence " << b << " of " << sk << " keys");
+    std::vector<double> want_out(size_t(sq * hq * d), 0.0), want_lse(size_t(hq * sq), -INFINITY);
+    if (sk > 0) {
+      const std::vector<uint16_t> k = kv.keys(c, b, false), v = kv.keys(c, b, true);
+      const flashgen::AttentionShape shape{1, sq, sk, hq, hkv, d};
+      const auto q_view = flashgen::StridedView::contiguous(1, sq, hq, d);
+      const auto kv_view = flashgen::StridedView::contiguous(1, sk, hkv, d);
+      const flashgen::AttentionResult ref = flashgen::attention_reference_f64(
+          shape, flashgen::HostInput::bits16(kv.q.data() + b * sq * hq * d, c.dtype, q_view),
+          flashgen::HostInput::bits16(k.data(), c.dtype, kv_view), flashgen::HostInput::bits16(v.data(), c.dtype, kv_view),
+          scale, c.mask);
+      want_out = ref.out, want_lse = ref.lse;
+    }
+    std::vector<double> got_out(want_out.size()), got_lse(want_lse.size());
+    for (size_t i = 0; i < got_out.size(); ++i) {
+      got_out[i] = flashgen::dtype_bits_to_float(out[size_t(b * sq * hq * d) + i], c.dtype);
+    }
+    for (size_t i = 0; i < got_lse.size(); ++i) got_lse[i] = lse[size_t(b * hq * sq) + i];
+    const flashgen::CheckReport out_check = flashgen::check_elements("out", {sq, hq, d}, got_out, want_out, tol.out);
+    const flashgen::CheckReport lse_check = flashgen::check_elements("lse", {hq, sq}, got_lse, want_lse, tol.lse);
+    INFO(out_check.text << "\n" << lse_check.text);
+    CHECK(out_check.ok);
+    CHECK(lse_check.ok);
+  }
+}
+
+// The appended rows of every sequence's cache hold its new tokens, and no other row changed.
+void check_cache(const KvCase& c, const KvBatch& kv) {
+  const int64_t row = c.heads_kv * c.head_dim;
+  for (bool values : {false, true}) {
+    const std::vector<uint16_t> phys = (values ? kv.dv : kv.dk).download_all<uint16_t>();
+    for (int64_t b = 0; b < kv.batch; ++b) {
+      const std::vector<uint16_t> want = kv.keys(c, b, values);
+      const std::vector<uint16_t>& logical = values ? kv.v_logical : kv.k_logical;
+      for (int64_t j = 0; j < c.capacity; ++j) {
+        int64_t at = b * c.capacity + j;
+        if (c.page_size > 0) {
+          at = int64_t(kv.table[size_t(b * kv.pages_per_seq + j / c.page_size)]) * c.page_size + j % c.page_size;
+        }
+        const bool appended = j >= c.cache_lens[size_t(b)] && j < c.cache_lens[size_t(b)] + c.seqlen_new;
+        const uint16_t* expect = appended ? want.data() + j * row : logical.data() + (b * c.capacity + j) * row;
+        INFO(c.name << ": " << (values ? "v" : "k") << "_cache row " << j << " of sequence " << b);
+        REQUIRE(std::equal(expect, expect + row, phys.begin() + at * row));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("KV-cache attention matches each sequence's float64 reference", "[gpu][kvcache]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext scope;
+  const std::vector<KvCase> cases = {
+      {"bf16 d128 GQA 4 contiguous, one token", FLASHGEN_BFLOAT16, 128, 8, 2, FLASHGEN_MASK_CAUSAL, 1,
+       {0, 1, 77, 1000, 513}, 1024, 0, 0, {0, 1, 2, 3, 7, 16}},
+      {"fp16 d64 MQA paged 16, append 3", FLASHGEN_FLOAT16, 64, 8, 1, FLASHGEN_MASK_CAUSAL, 3, {5, 0, 300, 61}, 320, 16,
+       3, {0, 1, 4}},
+      {"bf16 d128 GQA 8 paged 256, append 1", FLASHGEN_BFLOAT16, 128, 32, 4, FLASHGEN_MASK_CAUSAL, 1,
+       {700, 1, 255, 0}, 768, 256, 1, {0, 1, 5}},
+      {"bf16 d96 MHA paged 48, 4 tokens append 4 top-left", FLASHGEN_BFLOAT16, 96, 2, 2,
+       FLASHGEN_MASK_CAUSAL_TOP_LEFT, 4, {100, 3, 40}, 144, 48, 4, {0, 2}},
+      {"fp16 d256 GQA 2 contiguous, 2 tokens no mask", FLASHGEN_FLOAT16, 256, 4, 2, FLASHGEN_MASK_NONE, 2,
+       {129, 2, 64}, 200, 0, 0, {0, 1, 3}},
+      {"bf16 d40 GQA 3 contiguous append 2", FLASHGEN_BFLOAT16, 40, 6, 2, FLASHGEN_MASK_CAUSAL, 2, {31, 0, 90}, 96,
+       0, 2, {0, 1, 2}},
+  };
+  for (const KvCase& c : cases) {
+    KvBatch kv(c, 0xdec0de + c.head_dim);
+    for (int splits : c.splits) {
+      kv.poison();
+      kv.args.num_splits = splits;
+      INFO(c.name << ", num_splits " << splits);
+      REQUIRE(flashgen_attention_kvcache(&kv.args, nullptr) == FLASHGEN_SUCCESS);
+      FLASHGEN_CU_CHECK(cuCtxSynchronize());
+      check_outputs(c, kv, "num_splits " + std::to_string(splits));
+    }
+    if (c.seqlen_new > 0) check_cache(c, kv);
+  }
+}
+
+TEST_CASE("KV-cache attention: a request's output is bitwise the same alone and in a batch at fixed splits",
+          "[gpu][kvcache]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext scope;
+  KvCase c{"bf16 d128 GQA 4 paged 64", FLASHGEN_BFLOAT16, 128, 8, 2, FLASHGEN_MASK_CAUSAL, 1, {900, 17, 400, 1023},
+           1024, 64, 0, {}};
+  KvBatch kv(c, 0x1a7e);
+  for (int splits : {1, 4}) {
+    kv.args.num_splits = splits;
+    kv.poison();
+    REQUIRE(flashgen_attention_kvcache(&kv.args, nullptr) == FLASHGEN_SUCCESS);
+    FLASHGEN_CU_CHECK(cuCtxSynchronize());
+    const std::vector<uint16_t> batched = kv.dout.download_all<uint16_t>();
+    // The same first request alone: batch 1 over the same pages.
+    flashgen_kvcache_args alone = kv.args;
+    alone.q.shape[0] = alone.out.shape[0] = 1;
+    kv.poison();
+    REQUIRE(flashgen_attention_kvcache(&alone, nullptr) == FLASHGEN_SUCCESS);
+    FLASHGEN_CU_CHECK(cuCtxSynchronize());
+    const std::vector<uint16_t> single = kv.dout.download_all<uint16_t>();
+    const size_t row = size_t(c.heads_q * c.head_dim);
+    INFO("num_splits " << splits);
+    CHECK(std::equal(single.begin(), single.begin() + row, batched.begin()));
+  }
+}
+
+TEST_CASE("KV-cache attention uses the caller's workspace and reports what it needs", "[gpu][kvcache]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext scope;
+  KvCase c{"fp16 d64 contiguous", FLASHGEN_FLOAT16, 64, 4, 4, FLASHGEN_MASK_CAUSAL, 1, {500, 20}, 512, 0, 0, {}};
+  KvBatch kv(c, 0x3a3a);
+  kv.args.num_splits = 5;
+  size_t bytes = 0;
+  REQUIRE(flashgen_attention_kvcache_workspace_size(&kv.args, nullptr, &bytes) == FLASHGEN_SUCCESS);
+  CHECK(bytes >= size_t(5 * 2 * 4 * 1 * (64 + 1) * 4));
+  DeviceBuffer workspace(bytes);
+  kv.args.workspace = workspace.data();
+  kv.args.workspace_bytes = bytes - 1;
+  CHECK(flashgen_attention_kvcache(&kv.args, nullptr) == FLASHGEN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(flashgen_last_error()).find("workspace") != std::string::npos);
+  kv.args.workspace_bytes = bytes;
+  kv.poison();
+  REQUIRE(flashgen_attention_kvcache(&kv.args, nullptr) == FLASHGEN_SUCCESS);
+  FLASHGEN_CU_CHECK(cuCtxSynchronize());
+  check_outputs(c, kv, "caller's workspace");
+}

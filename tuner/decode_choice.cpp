@@ -1,0 +1,77 @@
+// The built-in decode choice: config from the problem class, split count from the sizes and the GPU.
+#include "tuner/decode_choice.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace flashgen {
+
+namespace {
+
+long long ceil_div(long long a, long long b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+int heuristic_decode_splits(const AttentionProblem& problem, const DecodeConfig& config, int arch, int multiprocessors) {
+  const AttentionShape& s = problem.shape;
+  const long long row_blocks = ceil_div(s.group_size() * s.seqlen_q, config.rows);
+  const long long base = s.batch * s.heads_kv * row_blocks;
+  // One block per SM for a contiguous cache: a second one on the same SM adds no bandwidth (each already keeps
+  // stages - 1 tiles in flight), while each range's prologue, epilogue and merge cost more (H100: 16 ranges of
+  // 2k keys per kv head beat 29 of 1.1k by 9%). Two for a paged cache where they fit: its rows' scattered pages
+  // take longer to reach, and a second block hides that (H100, pages of 16: +8% at 8 x 32k keys).
+  const int smem = config.smem_bytes(DecodeKernel::kAttend) + 1024;  // the driver reserves 1 KB per block
+  const int per_sm = problem.paged && 2 * smem <= max_smem_per_block(arch) + 1024 ? 2 : 1;
+  const long long slots = static_cast<long long>(multiprocessors) * per_sm;
+  const long long key_blocks = std::max<long long>(1, ceil_div(s.seqlen_k, config.block_n));
+  const int most = static_cast<int>(std::min<long long>(128, key_blocks));
+  if (base >= slots || most == 1) return 1;
+  auto efficiency = [&](int splits) {
+    const double waves = static_cast<double>(base * splits) / static_cast<double>(slots);
+    return waves / std::ceil(waves);
+  };
+  double best = 0.0;
+  for (int splits = 1; splits <= most; ++splits) best = std::max(best, efficiency(splits));
+  for (int splits = 1; splits <= most; ++splits) {
+    if (efficiency(splits) >= 0.85 * best) return splits;
+  }
+  return most;
+}
+
+DecodeChoice heuristic_decode_choice(const AttentionProblem& problem, int arch, int multiprocessors) {
+  DecodeChoice choice;
+  DecodeConfig& c = choice.config;
+  c.dtype = problem.dtype;
+  c.head_dim = problem.head_dim();
+  c.mask = problem.mask_kind();
+  c.paged = problem.paged;
+  c.block_n = 64;
+  c.warps = 4;
+  // The fewest 16-row tiles that hold a kv head's packed rows, as far as the registers allow.
+  const long long packed = problem.shape.group_size() * problem.shape.seqlen_q;
+  c.rows = 16;
+  for (int rows : {32, 64}) {
+    if (packed <= rows / 2) break;
+    DecodeConfig wider = c;
+    wider.rows = rows;
+    if (wider.traits().error != nullptr) break;
+    c.rows = rows;
+  }
+  // As many stages as leave room for two blocks per SM (at least two stages, at most eight).
+  const int budget = max_smem_per_block(arch) / 2 - 1024;
+  c.stages = 2;
+  for (int stages = 3; stages <= 8; ++stages) {
+    DecodeConfig deeper = c;
+    deeper.stages = stages;
+    if (deeper.smem_bytes(DecodeKernel::kAttend) > budget) break;
+    c.stages = stages;
+  }
+  if (c.invalid_reason(arch)) c.stages = 2;
+  choice.splits = heuristic_decode_splits(problem, c, arch, multiprocessors);
+  choice.reason = "built-in heuristic: " + std::to_string(c.rows) + " packed query rows per block, " +
+                  std::to_string(c.stages) + " stages; " + std::to_string(choice.splits) + " key range" +
+                  (choice.splits == 1 ? "" : "s") + " per sequence for " + std::to_string(multiprocessors) + " SMs";
+  return choice;
+}
+
+}  // namespace flashgen

@@ -1,0 +1,28 @@
+// The built-in choice for KV-cache (decode) calls: a DecodeConfig for the problem class and a split count for
+// the problem's sizes on a GPU. A decode kernel streams K and V once, so the choice is about keeping enough
+// bytes in flight on every SM: the packed query rows of a kv head in as few 16-row tiles as fit, as many
+// pipeline stages as leave room for two blocks per SM, and enough key ranges per sequence to fill the GPU.
+#pragma once
+
+#include <string>
+
+#include "generator/decode_config.hpp"
+#include "problem/attention_problem.hpp"
+
+namespace flashgen {
+
+struct DecodeChoice {
+  DecodeConfig config;
+  int splits = 1;
+  std::string reason;
+};
+
+// The heuristic config for a KV-cache problem (problem.kv_cache) on sm_<arch>, and the split count that
+// fills `multiprocessors` SMs best: the fewest ranges whose waves of blocks come within 85% of the fullest
+// last wave any count reaches, one range when the sequences and heads alone fill the GPU.
+DecodeChoice heuristic_decode_choice(const AttentionProblem& problem, int arch, int multiprocessors);
+
+// The split count heuristic_decode_choice takes for config: exported for callers that force a config.
+int heuristic_decode_splits(const AttentionProblem& problem, const DecodeConfig& config, int arch, int multiprocessors);
+
+}  // namespace flashgen
