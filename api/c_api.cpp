@@ -1,6 +1,8 @@
 // The C ABI of include/flashgen/flashgen.h: exceptions become status codes plus a thread-local message
 // that keeps the text of the last failure until the next one; JSON answers go into caller buffers.
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <utility>
@@ -107,12 +109,22 @@ extern "C" int flashgen_attention_forward(const flashgen_tensor* q, const flashg
   });
 }
 
+// The varlen forward's arguments as this library reads them: a caller compiled against a flashgen.h from before
+// the paged cache passes the struct without block_table and max_pages, which then read as NULL and 0.
+flashgen_varlen_forward_args varlen_forward_args(const flashgen_varlen_forward_args* given) {
+  constexpr size_t kBeforePages = offsetof(flashgen_varlen_forward_args, block_table);
+  const size_t size = required(given, "args").size;
+  flashgen_varlen_forward_args args{};
+  if (size == kBeforePages) {
+    std::memcpy(&args, given, kBeforePages);
+    return args;
+  }
+  check_args_size(size, sizeof(flashgen_varlen_forward_args));
+  return *given;
+}
+
 extern "C" int flashgen_attention_varlen_forward(const flashgen_varlen_forward_args* args, void* cuda_stream) {
-  return guarded([&] {
-    const flashgen_varlen_forward_args& checked = required(args, "args");
-    check_args_size(checked.size, sizeof(flashgen_varlen_forward_args));
-    flashgen::attention_forward(checked, static_cast<CUstream>(cuda_stream));
-  });
+  return guarded([&] { flashgen::attention_forward(varlen_forward_args(args), static_cast<CUstream>(cuda_stream)); });
 }
 
 extern "C" int flashgen_attention_varlen_backward(const flashgen_varlen_backward_args* args, void* cuda_stream) {

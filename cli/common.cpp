@@ -185,8 +185,9 @@ const char* pass_text(const AttentionProblem& problem) {
   return !problem.backward() ? "forward" : problem.deterministic() ? "backward (deterministic)" : "backward";
 }
 
-std::variant<KernelConfig, BwdConfig> config_from_name(const std::string& name) {
+AnyConfig config_from_name(const std::string& name) {
   if (name.rfind("bwd_", 0) == 0) return BwdConfig::from_name(name);
+  if (name.rfind("dec_", 0) == 0) return DecodeConfig::from_name(name);
   return KernelConfig::from_name(name);
 }
 

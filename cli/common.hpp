@@ -15,6 +15,7 @@
 #include "cli/args.hpp"
 #include "flashgen/flashgen.h"
 #include "generator/bwd_config.hpp"
+#include "generator/decode_config.hpp"
 #include "generator/kernel_config.hpp"
 #include "problem/attention_problem.hpp"
 #include "runtime/cuda_driver.hpp"
@@ -78,8 +79,11 @@ flashgen_mask mask_from_text(const std::string& text);  // one of causal_text's 
 // "forward", "backward" or "backward (deterministic)".
 const char* pass_text(const AttentionProblem& problem);
 
-// A config name of either pass: bwd_... names are backward modules.
-std::variant<KernelConfig, BwdConfig> config_from_name(const std::string& name);
+// A kernel config or module of any kind, as emit and compile take them by name.
+using AnyConfig = std::variant<KernelConfig, BwdConfig, DecodeConfig>;
+
+// A config name of any kind: bwd_... names are backward modules, dec_... KV-cache (decode) modules.
+AnyConfig config_from_name(const std::string& name);
 
 // --db, else the default database; a directory (or a path ending in '/') is refused.
 fs::path db_path_of(const Args& args);

@@ -10,6 +10,7 @@
 #include <set>
 #include <system_error>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
 #include "cli/args.hpp"
@@ -33,7 +34,8 @@ Command compile_command() {
                  "       [--cubin-dir DIR] [--sass]",
                  -1,
                  "<config-name>: canonical config names, e.g. fwd_sm80_fp16_d128_m128_n32_w4_s3, or backward modules\n"
-                 "               such as bwd_sm90_fp16_d128_m64_n128_s2 (reported by their dkdv kernel)\n" +
+                 "               such as bwd_sm90_fp16_d128_m64_n128_s2 (reported by their dkdv kernel), or KV-cache\n"
+                 "               modules such as dec_sm80_bf16_d128_r16_n64_w4_s3_causal (their attention kernel)\n" +
                      arch_help())
       .option("arch", "SM", "target sm_<SM> (default 80 and 90; 90 only for sm90-family configs)", true)
       .flag("all-defaults", "add the default candidates (default_forward_candidates) of each arch")
@@ -64,6 +66,9 @@ CompileOutcome compile_one(const CompileJob& job, bool use_cache) {
     if (const auto* bwd = std::get_if<BwdConfig>(&job.config)) {
       outcome.usage = kernel->usage_of(bwd->symbol(BwdKernel::kDkdv));
       outcome.dynamic_smem_bytes = bwd->smem_bytes(BwdKernel::kDkdv);
+    } else if (const auto* dec = std::get_if<DecodeConfig>(&job.config)) {
+      outcome.usage = kernel->usage_of(dec->symbol(DecodeKernel::kAttend));
+      outcome.dynamic_smem_bytes = dec->smem_bytes(DecodeKernel::kAttend);
     } else {
       outcome.usage = kernel->usage;
       outcome.dynamic_smem_bytes = std::get<KernelConfig>(job.config).smem_bytes();
@@ -188,14 +193,22 @@ int command_compile(const Args& args) {
 
   std::vector<CompileJob> jobs;
   std::set<std::pair<std::string, int>> seen;
-  auto add = [&](const std::variant<KernelConfig, BwdConfig>& config, int arch) {
+  auto add = [&](const AnyConfig& config, int arch) {
     CompileJob job{config, arch};
     if (seen.insert({job.name(), arch}).second) jobs.push_back(std::move(job));
   };
   for (const std::string& name : args.positionals) {
     const auto config = config_from_name(name);  // a bad name stops here, before any work
     // Without --arch a Hopper-family config is compiled for sm_90a only, the one target it has.
-    const bool sm90_only = std::visit([](const auto& c) { return c.family() == KernelFamily::kSm90; }, config);
+    const bool sm90_only = std::visit(
+        [](const auto& c) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(c)>, DecodeConfig>) {
+            return false;  // the decode kernels run from sm_80 up
+          } else {
+            return c.family() == KernelFamily::kSm90;
+          }
+        },
+        config);
     for (int arch : archs)
       if (args.has("arch") || !sm90_only || arch == 90) add(config, arch);
   }

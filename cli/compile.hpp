@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "generator/bwd_config.hpp"
+#include "generator/decode_config.hpp"
 #include "generator/kernel_config.hpp"
 #include "runtime/nvrtc_compiler.hpp"
 
@@ -18,9 +19,10 @@ namespace flashgen::cli {
 // The architectures `compile` and `demo` compile for by default.
 inline const std::vector<int> kDefaultArchs = {80, 90};
 
-// A forward kernel, or a backward module (reported by its dkdv kernel, the one that holds the tiles).
+// A forward kernel, a backward module (reported by its dkdv kernel, the one that holds the tiles) or a
+// KV-cache module (reported by its attention kernel).
 struct CompileJob {
-  std::variant<KernelConfig, BwdConfig> config;
+  std::variant<KernelConfig, BwdConfig, DecodeConfig> config;
   int arch = 0;
 
   std::string name() const {

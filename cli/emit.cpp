@@ -23,8 +23,9 @@ Command emit_command() {
                  "Prints the generated kernel as one self-contained CUDA translation unit; nvcc compiles it\n"
                  "unchanged: nvcc -gencode=arch=compute_90a,code=sm_90a -c <file>.cu",
                  "<config-name> [--arch SM] [-o FILE] | --config-json FILE|- [--arch SM] [-o FILE]", 1,
-                 "<config-name>: a canonical config name, e.g. fwd_sm80_fp16_d128_m128_n32_w4_s3, or a\n"
-                 "backward module's, e.g. bwd_sm90_bf16_d128_m64_n128_s2_causal\n" + arch_help())
+                 "<config-name>: a canonical config name, e.g. fwd_sm80_fp16_d128_m128_n32_w4_s3, a backward\n"
+                 "module's, e.g. bwd_sm90_bf16_d128_m64_n128_s2_causal, or a KV-cache (decode) module's, e.g.\n"
+                 "dec_sm80_bf16_d128_r16_n64_w4_s3_causal_paged\n" + arch_help())
       .option("config-json", "FILE",
               "read a forward config as JSON from FILE ('-' for stdin) instead of a name; fields: family (fwd_sm80 or "
               "fwd_sm90), dtype, head_dim, mask (none or causal), block_m, block_n, stages, the sm80 family's warps "
@@ -57,9 +58,8 @@ int command_emit(const Args& args) {
   const bool from_json = args.has("config-json");
   if (from_json == !args.positionals.empty())
     throw UsageError("emit takes either a config name or --config-json, exactly one of them", args.usage());
-  const std::variant<KernelConfig, BwdConfig> config =
-      from_json ? std::variant<KernelConfig, BwdConfig>(read_config_json(args.string_or("config-json", "-")))
-                : config_from_name(args.positionals[0]);
+  const AnyConfig config =
+      from_json ? AnyConfig(read_config_json(args.string_or("config-json", "-"))) : config_from_name(args.positionals[0]);
   const std::vector<int> archs = parse_archs(args, {90});
   if (archs.size() != 1) throw UsageError("emit writes the source of one --arch", args.usage());
   const int arch = archs.front();

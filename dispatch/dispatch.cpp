@@ -72,6 +72,16 @@ void apply_fallbacks(const Call& call, Choice& choice, int arch, const DeviceTra
   fail(Status::kInternal, "no fallback lets a kernel family implement the problem with " + choice.config.name());
 }
 
+// A packed batch over a paged cache runs its class's choice (the varlen kernels' tiles) reading keys and
+// values through the block table. The backward has no paged kernels.
+void read_through_pages(const ForwardCall& call, ForwardChoice& choice) {
+  if (!call.problem.paged) return;
+  choice.config.paged = true;
+  choice.reason += "; keys and values read through the block table (paged)";
+}
+
+void read_through_pages(const BackwardCall&, BackwardChoice&) {}
+
 std::optional<ForwardChoice> tune_on_first_use_of(const ForwardCall& call, int device, int arch,
                                                   std::string* failure) {
   return tune_forward_on_first_use(call.problem, device, arch, failure);
@@ -112,6 +122,7 @@ auto plan_in_scope(const Call& call, const ScopedContext& scope, CUstream stream
     });
   }
   apply_fallbacks(call, plan.choice, arch, device_traits(scope.device()));
+  read_through_pages(call, plan.choice);
   return plan;
 }
 
@@ -127,7 +138,7 @@ struct ClassKey {
 };
 
 // The values of the key: the problem's sizes and options, then each tensor's three strides (and for the forward
-// whether a packed batch has seqused_k).
+// whether a packed batch has seqused_k, and its paged cache's shape).
 template <class Params>
 ClassKey class_key(const ScopedContext& scope, const AttentionProblem& problem, const Params& p,
                    std::initializer_list<int64_t> strides) {
@@ -150,7 +161,8 @@ ClassKey class_key(const ForwardCall& call, const ScopedContext& scope) {
   return class_key(scope, call.problem, p,
                    {p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride, p.k_row_stride,
                     p.k_head_stride, p.v_batch_stride, p.v_row_stride, p.v_head_stride, p.o_batch_stride,
-                    p.o_row_stride, p.o_head_stride, p.seqused_k != nullptr});
+                    p.o_row_stride, p.o_head_stride, p.seqused_k != nullptr, p.block_table != nullptr,
+                    p.block_table_stride, p.k_page_stride, p.v_page_stride, p.page_size, p.num_pages});
 }
 
 ClassKey class_key(const BackwardCall& call, const ScopedContext& scope) {

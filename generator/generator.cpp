@@ -78,6 +78,7 @@ std::string render_config_header(const KernelConfig& c) {
   if (sm80) out << "  static constexpr int kWarps = " << sm80->warps << ";\n";
   out << "  static constexpr int kStages = " << c.stages << ";\n";
   if (c.varlen) out << "  static constexpr bool kVarlen = true;\n";  // dense headers leave it out (sequence.cuh)
+  if (c.paged) out << "  static constexpr bool kPaged = true;\n";
   if (sm80) {
     out << "  static constexpr bool kQInRegs = " << (sm80->q_in_regs ? "true" : "false") << ";\n";
   } else {

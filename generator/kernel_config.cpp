@@ -30,6 +30,7 @@ std::string KernelConfig::name() const {
     if (k->groups != 1) name += "_g" + to_string(k->groups);
     if (k->tensor_sum) name += "_tsum";
     if (varlen) name += "_varlen";
+    if (paged) name += "_paged";
     return name;
   }
   const Sm80Knobs& k = std::get<Sm80Knobs>(knobs);
@@ -39,6 +40,7 @@ std::string KernelConfig::name() const {
   if (mask == MaskKind::kCausal) name += "_causal";
   if (k.q_in_regs) name += "_qreg";
   if (varlen) name += "_varlen";
+  if (paged) name += "_paged";
   return name;
 }
 
@@ -68,7 +70,7 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
   FLASHGEN_REQUIRE(sm90 || (fields.size() >= 8 && fields[0] == "fwd" && fields[1] == "sm80"),
                    "config name '" + name +
                        "': expected fwd_sm80_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_w<warps>_s<stages>"
-                       "[_causal][_qreg][_varlen] or fwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_ovl][_pp][_pst][_psm][_c2][_g2][_tsum]");
+                       "[_causal][_qreg][_varlen[_paged]] or fwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_ovl][_pp][_pst][_psm][_c2][_g2][_tsum]");
   KernelConfig config;
   if (sm90) config.knobs = Sm90Knobs{};
   Sm80Knobs* k80 = config.sm80();  // exactly one of the two is set
@@ -101,6 +103,8 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
       k90->tensor_sum = true;
     } else if (fields[i] == "varlen" && !config.varlen) {
       config.varlen = true;
+    } else if (fields[i] == "paged" && config.varlen && !config.paged) {
+      config.paged = true;
     } else {
       fail(Status::kInvalidArgument, "config name '" + name + "': unknown suffix '" + fields[i] + "'");
     }
@@ -137,6 +141,7 @@ std::optional<std::string> KernelConfig::invalid_reason(int arch) const {
   } else if (arch < 80) {
     return "the sm80 kernel family needs sm_80 or newer (mma.sync m16n8k16 bf16, cp.async)";
   }
+  if (paged && !varlen) return "paged keys and values come with packed variable-length batches (varlen)";
   if (const char* error = shape_error()) return std::string(error);
   if (smem_bytes() > max_smem_per_block(arch)) {
     return "needs " + std::to_string(smem_bytes()) + " bytes of shared memory; sm_" + std::to_string(arch) +
@@ -148,7 +153,7 @@ std::optional<std::string> KernelConfig::invalid_reason(int arch) const {
 bool KernelConfig::operator==(const KernelConfig& o) const {
   // Configs that share a name are equal: the same family, and the same knobs of it.
   return dtype == o.dtype && head_dim == o.head_dim && mask == o.mask && block_m == o.block_m &&
-         block_n == o.block_n && stages == o.stages && knobs == o.knobs && varlen == o.varlen;
+         block_n == o.block_n && stages == o.stages && knobs == o.knobs && varlen == o.varlen && paged == o.paged;
 }
 
 void to_json(nlohmann::json& j, const KernelConfig& c) {
@@ -166,6 +171,7 @@ void to_json(nlohmann::json& j, const KernelConfig& c) {
                      {"mask", mask_name(c.mask)}, {"block_m", c.block_m},      {"block_n", c.block_n},
                      {"warps", k.warps},          {"stages", c.stages},        {"q_in_regs", k.q_in_regs}};
   if (c.varlen) j["varlen"] = true;
+  if (c.paged) j["paged"] = true;
 }
 
 bool is_int_field(const nlohmann::json& value) {
@@ -179,7 +185,7 @@ void from_json(const nlohmann::json& j, KernelConfig& c) {
   // A misspelt key would otherwise leave its knob at the default without a word.
   static const char* const kKeys[] = {"family", "dtype",      "head_dim",  "mask",       "block_m", "block_n",
                                       "warps",  "stages",     "q_in_regs", "overlap",    "pingpong", "persistent",
-                                      "p_smem", "cluster",    "groups",    "tensor_sum", "varlen"};
+                                      "p_smem", "cluster",    "groups",    "tensor_sum", "varlen", "paged"};
   for (const auto& item : j.items()) {
     FLASHGEN_REQUIRE(std::find(std::begin(kKeys), std::end(kKeys), item.key()) != std::end(kKeys),
                      "kernel config JSON: unknown field \"" + item.key() + "\"");
@@ -228,6 +234,7 @@ void from_json(const nlohmann::json& j, KernelConfig& c) {
   get_bool("persistent", sm90_knobs.persistent);
   get_bool("p_smem", sm90_knobs.p_smem);
   get_bool("varlen", config.varlen);
+  get_bool("paged", config.paged);
   // The other family's knobs may be present at their defaults (off); a config has no room for others.
   if (sm90) {
     FLASHGEN_REQUIRE(sm80_knobs == Sm80Knobs{}, "kernel config JSON: warps and q_in_regs are sm80-family knobs");

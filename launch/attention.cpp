@@ -4,6 +4,7 @@
 #include "launch/attention.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -73,14 +74,61 @@ ForwardCall make_forward_call(const flashgen_tensor* q, const flashgen_tensor* k
   return call;
 }
 
+namespace {
+
+// A paged cache's k or v [num_pages, page_size, heads_kv, head_dim] checked as a tensor of its own, and seen as
+// one batch entry of num_pages * page_size rows (the view the dense checks and the packing's take; the pages'
+// own stride goes to the params).
+flashgen_tensor paged_as_one_entry(const flashgen_tensor& t, const char* name) {
+  check_tensor(&t, name);
+  check_layout(&t, name);
+  FLASHGEN_REQUIRE(t.shape[1] % 16 == 0, std::string(name) + ".shape[1] (page_size) must be a multiple of 16 with a "
+                                         "block_table, got " + std::to_string(t.shape[1]));
+  FLASHGEN_REQUIRE(t.shape[0] <= INT32_MAX, std::string(name) + ".shape[0] (num_pages) must be at most 2^31 - 1");
+  flashgen_tensor one = t;
+  one.shape[0] = 1;
+  one.shape[1] = std::min<int64_t>(t.shape[0] * t.shape[1], kMaxExtent);
+  one.stride[0] = 0;
+  return one;
+}
+
+}  // namespace
+
 ForwardCall make_varlen_forward_call(const flashgen_varlen_forward_args& args) {
-  ForwardCall call = make_forward_call(&args.q, &args.k, &args.v, &args.out, args.lse, &args.options);
+  const bool paged = args.block_table != nullptr;
+  flashgen_tensor k = args.k, v = args.v;
+  if (paged) {
+    k = paged_as_one_entry(args.k, "k");
+    v = paged_as_one_entry(args.v, "v");
+    require_same_dim(&args.v, "v", &args.k, "k", 0);
+    require_same_dim(&args.v, "v", &args.k, "k", 1);
+    FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(args.block_table) % alignof(int32_t) == 0,
+                     "block_table: pointer must be 4-byte aligned");
+    FLASHGEN_REQUIRE(args.max_pages >= 1 && args.max_pages * args.k.shape[1] <= kMaxExtent,
+                     "max_pages must be at least 1, and max_pages * page_size at most 2^30, got " +
+                         std::to_string(args.max_pages));
+  }
+  ForwardCall call = make_forward_call(&args.q, &k, &v, &args.out, args.lse, &args.options);
   const Packing packing{args.cu_seqlens_q, args.cu_seqlens_k, args.seqused_k,
                         args.batch,        args.max_seqlen_q, args.max_seqlen_k};
-  check_packing(args.q, args.k, packing);
+  check_packing(args.q, k, packing);
   AttnFwdParams& p = call.params;
   p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = 0;  // every sequence in entry 0
-  bind_packing(packing, args.q, args.k, args.options, call.problem, p);
+  bind_packing(packing, args.q, k, args.options, call.problem, p);
+  if (paged) {
+    const int64_t capacity = args.max_pages * args.k.shape[1];
+    FLASHGEN_REQUIRE(args.max_seqlen_k <= capacity, "max_seqlen_k must be at most max_pages * page_size = " +
+                                                        std::to_string(capacity) + ", got " +
+                                                        std::to_string(args.max_seqlen_k));
+    call.problem.paged = true;
+    call.problem.total_k = capacity;
+    p.total_k = static_cast<int>(capacity);  // each sequence's key count is clamped to its pages
+    p.block_table = args.block_table;
+    p.block_table_stride = args.max_pages;
+    p.k_page_stride = args.k.stride[0], p.v_page_stride = args.v.stride[0];
+    p.page_size = static_cast<int>(args.k.shape[1]);
+    p.num_pages = static_cast<int>(args.k.shape[0]);
+  }
   return call;
 }
 
@@ -185,6 +233,7 @@ void check_device_pointers(const AttnFwdParams& p, int device) {
     check_device_pointer(p.cu_seqlens_k, "cu_seqlens_k", device);
   }
   if (p.seqused_k != nullptr) check_device_pointer(p.seqused_k, "seqused_k", device);
+  if (p.block_table != nullptr) check_device_pointer(p.block_table, "block_table", device);
 }
 
 }  // namespace
@@ -207,6 +256,13 @@ PreparedForward prepare_forward(const ForwardCall& call, CUstream stream, const 
   check_device_pointers(p, scope.device());
   const int arch = launch_arch(scope.device());
   check_requested_config(config, call.problem, arch);
+  FLASHGEN_REQUIRE(config.varlen == call.problem.varlen && config.paged == call.problem.paged,
+                   "config " + config.name() + " is for " +
+                       (config.varlen ? (config.paged ? "packed batches over a paged cache" : "packed batches")
+                                      : "dense batches") +
+                       ", not for this call's " +
+                       (call.problem.varlen ? (call.problem.paged ? "packed batch over a paged cache" : "packed batch")
+                                            : "dense batch"));
   const DeviceTraits& device = device_traits(scope.device());
   if (const Implementability answer = can_implement(call, config, device); !answer) {
     if (answer.shortfall == Shortfall::kTmaLayout) {

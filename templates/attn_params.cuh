@@ -44,6 +44,17 @@ struct AttnFwdParams {
   int total_q;
   int total_k;
   int causal_bottom_right;  // per sequence, causal_offset = seqlen_k - seqlen_q (1) or 0 (0: top-left)
+
+  // A packed batch whose keys and values live in a paged cache (configs with kPaged; null otherwise): k and v
+  // are (num_pages, page_size, heads_kv, head_dim) with pages k_page_stride and v_page_stride elements apart;
+  // sequence b's key j lies in row j % page_size of page block_table[b * block_table_stride + j / page_size]
+  // (clamped into [0, num_pages)). Its key count is seqused_k[b], or cu_seqlens_k[b + 1] - cu_seqlens_k[b],
+  // clamped into [0, total_k], total_k being a sequence's capacity (block_table_stride * page_size).
+  const int* block_table;
+  long long block_table_stride;
+  long long k_page_stride, v_page_stride;
+  int page_size;
+  int num_pages;
 };
 
 // Attention against a KV cache (decode_sm80.cuh): a few new query tokens per sequence over the keys of its

@@ -31,6 +31,8 @@ struct FwdSm80 {
   using Variant = typename Cfg::Variant;
   static constexpr bool kQInRegs = Cfg::kQInRegs;
   static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;  // packed sequences (sequence.cuh)
+  static constexpr bool kPaged = ConfigPaged<Cfg>::value;    // ... whose keys and values are in a paged cache
+  static_assert(!kPaged || kVarlen, "paged keys come with packed sequences");
   static constexpr int kThreads = kTraits.threads;
   static constexpr int kBlockM = Cfg::kBlockM;
   static constexpr int kBlockN = Cfg::kBlockN;
@@ -107,8 +109,16 @@ struct FwdSm80 {
       const u32 sk = skv_addr + (n_block % kStages) * 2 * kTileBytes;
       const int n_start = n_block * kBlockN;
       const int rows_valid = min(kBlockN, n_end - n_start);
-      load_tile<kBlockN>(sk, k + n_start * p.k_row_stride, p.k_row_stride, rows_valid, k, tid);
-      load_tile<kBlockN>(sk + kTileBytes, v + n_start * p.v_row_stride, p.v_row_stride, rows_valid, v, tid);
+      if constexpr (kPaged) {
+        using Copy = sm80::TileCopy<kThreads, kRow, kChunks, kValidChunks>;
+        Copy::template load_paged<kBlockN>(sk, k, p.k_page_stride, p.k_row_stride, p.block_table, p.page_size,
+                                           p.num_pages, n_start, rows_valid, tid);
+        Copy::template load_paged<kBlockN>(sk + kTileBytes, v, p.v_page_stride, p.v_row_stride, p.block_table,
+                                           p.page_size, p.num_pages, n_start, rows_valid, tid);
+      } else {
+        load_tile<kBlockN>(sk, k + n_start * p.k_row_stride, p.k_row_stride, rows_valid, k, tid);
+        load_tile<kBlockN>(sk + kTileBytes, v + n_start * p.v_row_stride, p.v_row_stride, rows_valid, v, tid);
+      }
     };
 
     // Prologue: Q, then the first kStages - 1 K/V tiles, one commit group each (empty groups keep the

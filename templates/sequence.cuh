@@ -1,5 +1,6 @@
-// Packed variable-length batches in the kernels: which configs serve them (kVarlen), and how a block
-// finds its own sequence's rows, lengths and causal offset in the packed tensors (attn_params.cuh).
+// Packed variable-length batches in the kernels: which configs serve them (kVarlen, and kPaged over a paged
+// cache), and how a block finds its own sequence's rows, lengths and causal offset in the packed tensors
+// (attn_params.cuh).
 #pragma once
 
 #include "attn_params.cuh"
@@ -16,6 +17,16 @@ struct ConfigVarlen<Cfg, decltype(void(Cfg::kVarlen))> {
   static constexpr bool value = Cfg::kVarlen;
 };
 
+// Cfg::kPaged where the generated config header names it (packed batches over a paged cache), else false.
+template <class Cfg, class = void>
+struct ConfigPaged {
+  static constexpr bool value = false;
+};
+template <class Cfg>
+struct ConfigPaged<Cfg, decltype(void(Cfg::kPaged))> {
+  static constexpr bool value = Cfg::kPaged;
+};
+
 __device__ inline int clamp_offset(int offset, int low, int high) { return min(max(offset, low), high); }
 
 // The rows of packed sequence `sequence` in q's rows [q_begin, q_begin + seqlen_q) and k's [k_begin,
@@ -25,10 +36,17 @@ struct SequenceRows {
   int q_begin, seqlen_q, k_begin, seqlen_k;
 };
 
+// With paged keys (paged: a block table holds each sequence's own pages) every sequence's keys start at its
+// key 0, and only their count comes from the offsets (or seqused_k), clamped into [0, total_k].
 template <class Params>
-__device__ inline SequenceRows sequence_rows(const Params& p, int sequence) {
+__device__ inline SequenceRows sequence_rows(const Params& p, int sequence, bool paged = false) {
   const int q_begin = clamp_offset(p.cu_seqlens_q[sequence], 0, p.total_q);
   const int q_end = clamp_offset(p.cu_seqlens_q[sequence + 1], q_begin, p.total_q);
+  if (paged) {
+    const int keys = p.seqused_k != nullptr ? p.seqused_k[sequence]
+                                            : p.cu_seqlens_k[sequence + 1] - p.cu_seqlens_k[sequence];
+    return {q_begin, min(q_end - q_begin, p.seqlen_q), 0, clamp_offset(keys, 0, p.total_k)};
+  }
   const int k_begin = clamp_offset(p.cu_seqlens_k[sequence], 0, p.total_k);
   const int k_end = p.seqused_k != nullptr ? clamp_offset(k_begin + max(p.seqused_k[sequence], 0), k_begin, p.total_k)
                                            : clamp_offset(p.cu_seqlens_k[sequence + 1], k_begin, p.total_k);
@@ -39,15 +57,16 @@ __device__ inline SequenceRows sequence_rows(const Params& p, int sequence) {
 // at its first rows, seqlen_q and seqlen_k its lengths, causal_offset its alignment's. Returns false when
 // the block's first query row, m_start, lies past the sequence's end: the block has nothing to do.
 __device__ inline bool bind_sequence(AttnFwdParams& p, int sequence, int m_start) {
-  const SequenceRows s = sequence_rows(p, sequence);
+  const SequenceRows s = sequence_rows(p, sequence, p.block_table != nullptr);
   p.seqlen_q = s.seqlen_q, p.seqlen_k = s.seqlen_k;
   if (m_start >= p.seqlen_q) return false;
   p.causal_offset = p.causal_bottom_right ? p.seqlen_k - p.seqlen_q : 0;
   using u16 = unsigned short;
   p.q = static_cast<const u16*>(p.q) + s.q_begin * p.q_row_stride;
   p.o = static_cast<u16*>(p.o) + s.q_begin * p.o_row_stride;
-  p.k = static_cast<const u16*>(p.k) + s.k_begin * p.k_row_stride;
+  p.k = static_cast<const u16*>(p.k) + s.k_begin * p.k_row_stride;  // k_begin is 0 with paged keys
   p.v = static_cast<const u16*>(p.v) + s.k_begin * p.v_row_stride;
+  if (p.block_table != nullptr) p.block_table += sequence * p.block_table_stride;
   if (p.lse != nullptr) p.lse += s.q_begin;
   return true;
 }

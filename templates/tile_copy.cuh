@@ -53,6 +53,31 @@ struct TileCopy {
     }
   }
 
+  // load() for the K or V rows of a paged cache: row r of the tile is key key0 + r of its sequence, in row
+  // (key0 + r) % page_size of page pages[(key0 + r) / page_size] (clamped into [0, num_pages)), pages being
+  // page_stride elements apart from base, rows row_stride. Rows past rows_valid are zero-filled.
+  template <int kRows>
+  static __device__ __forceinline__ void load_paged(u32 smem_tile, const u16* base, long long page_stride,
+                                                    long long row_stride, const int* pages, int page_size,
+                                                    int num_pages, int key0, int rows_valid, int tid) {
+    constexpr int kTotal = kRows * kChunks;
+#pragma unroll 8
+    for (int i0 = 0; i0 < kTotal; i0 += kThreads) {
+      const int i = i0 + tid;
+      if (kTotal % kThreads == 0 || i < kTotal) {
+        const int row = i / kChunks;
+        const int chunk = i % kChunks;
+        const bool valid = row < rows_valid && chunk < kValidChunks;
+        const u16* src = base;
+        if (valid) {
+          const int key = key0 + row;
+          const int page = min(max(pages[key / page_size], 0), num_pages - 1);
+          src = base + page * page_stride + (key % page_size) * row_stride + chunk * 8;
+        }
+        sm80::cp_async_16(smem_tile + (row * kRow + chunk * 8) * 2, src, valid);
+      }
+    }
+  }
 };
 
 }  // namespace sm80

@@ -128,7 +128,8 @@ int flashgen_explain_backward(const flashgen_tensor* q, const flashgen_tensor* k
 
 /* Arguments of flashgen_attention_varlen_forward: a packed batch of `batch` sequences of different lengths.
  * size is sizeof(flashgen_varlen_forward_args) as the caller compiled it, so that later versions can add
- * fields at the end. */
+ * fields at the end (a caller compiled before block_table existed passes offsetof(..., block_table) and gets
+ * packed k and v). */
 typedef struct {
   size_t size;
   flashgen_tensor q, k, v, out;  /* q, out: [1, total_q, heads_q, head_dim]; k, v: [1, total_k, heads_kv, head_dim];
@@ -143,6 +144,12 @@ typedef struct {
   int64_t max_seqlen_q;          /* at least every sequence's query count (rows past it are not computed) */
   int64_t max_seqlen_k;          /* at least every sequence's key count */
   flashgen_attention_options options; /* the mask's alignment applies per sequence */
+  /* Keys and values in a paged cache (prefill against a KV cache), or block_table NULL for packed k and v. With a
+     block table, k and v are [num_pages, page_size, heads_kv, head_dim] (page_size a multiple of 16), sequence
+     b's key j lies in row j % page_size of page block_table[b * max_pages + j / page_size], and its key count
+     is seqused_k[b], else cu_seqlens_k[b + 1] - cu_seqlens_k[b] (the offsets then only give the counts). */
+  const int32_t* block_table;    /* device int32 [batch, max_pages], or NULL */
+  int64_t max_pages;             /* pages per sequence: block_table's row length */
 } flashgen_varlen_forward_args;
 
 /* The forward of each packed sequence as its own problem (flashgen_attention_forward's semantics per

@@ -83,6 +83,8 @@ class VarlenForwardArgs(ctypes.Structure):
         ("max_seqlen_q", ctypes.c_int64),
         ("max_seqlen_k", ctypes.c_int64),
         ("options", AttentionOptions),
+        ("block_table", ctypes.c_void_p),   # device int32 [batch, max_pages] (k, v paged) or NULL
+        ("max_pages", ctypes.c_int64),
     ]
 
 

@@ -61,14 +61,16 @@ def _bad(message):
     raise FlashgenArgumentError(message, _lib.ERROR_INVALID_ARGUMENT)
 
 
-def _check_qkv(q, k, v, rank, expected):
-    """q, k and v: torch tensors of `rank` dims (`expected` describes them in the message), float16 or bfloat16, on
-    one CUDA (or meta) device, of one dtype; FlashgenArgumentError naming the argument otherwise."""
+def _check_qkv(q, k, v, rank, expected, kv_rank=None, kv_expected=None):
+    """q, k and v: torch tensors of `rank` dims (`expected` describes them in the message; k and v kv_rank dims,
+    kv_expected, where those are given), float16 or bfloat16, on one CUDA (or meta) device, of one dtype;
+    FlashgenArgumentError naming the argument otherwise."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             _bad(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != rank:
-            _bad(f"{name}: expected a {expected}, got shape {tuple(t.shape)}")
+        want, text = (rank, expected) if name == "q" or kv_rank is None else (kv_rank, kv_expected)
+        if t.dim() != want:
+            _bad(f"{name}: expected a {text}, got shape {tuple(t.shape)}")
         if t.dtype not in (torch.float16, torch.bfloat16):
             _bad(f"{name}.dtype is {t.dtype}; flashgen runs torch.float16 and torch.bfloat16")
         if t.device.type not in ("cuda", "meta"):  # meta: shapes only, through the fake kernels
@@ -443,10 +445,20 @@ def tune(q, k, v, *, causal=False, causal_align="bottom_right", layout="bshd"):
 # ---------------------------------------------------------------------------------------------------------
 # Packed variable-length batches: FlashAttention's flash_attn_varlen_func arguments, the forward.
 
-def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k):
+def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                         block_table=None):
     """Raises FlashgenArgumentError naming the argument for what the library cannot see (types, devices, ranks,
     dtypes, the offsets' length); sizes, strides and the packing's ranges are the library's to check."""
-    _check_qkv(q, k, v, 3, "3-d packed tensor [total, heads, head_dim]")
+    if block_table is None:
+        _check_qkv(q, k, v, 3, "3-d packed tensor [total, heads, head_dim]")
+    else:
+        _check_qkv(q, k, v, 3, "3-d packed tensor [total, heads, head_dim]", 4,
+                   "4-d paged cache [num_pages, page_size, heads_kv, head_dim] (with a block_table)")
+        if (not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2
+                or block_table.device != q.device):
+            _bad(f"block_table: expected a 2-d torch.int32 tensor [batch, max_pages] on {q.device}")
+        if block_table.shape[0] != cu_seqlens_q.shape[0] - 1:
+            _bad(f"block_table.shape[0] is {block_table.shape[0]} but there are {cu_seqlens_q.shape[0] - 1} sequences")
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k)):
         if t is None and name == "seqused_k":
             continue
@@ -470,16 +482,23 @@ def _packed_view(t):
     return _lib.Tensor(t.data_ptr(), _DTYPE_CODES[t.dtype], (1, *t.shape), (t.stride(0) * total, *t.stride()))
 
 
-def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask):
+def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask,
+                    block_table=None):
     with torch.cuda.device(q.device):
         q, k, v = (_readable(t) for t in (q, k, v))
+        block_table = block_table.contiguous() if block_table is not None else None
         cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
         seqused_k = seqused_k.contiguous() if seqused_k is not None else None
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
         args = _lib.VarlenForwardArgs()
         args.size = ctypes.sizeof(args)
-        args.q, args.k, args.v, args.out = (_packed_view(t) for t in (q, k, v, out))
+        args.q, args.out = _packed_view(q), _packed_view(out)
+        if block_table is None:
+            args.k, args.v = _packed_view(k), _packed_view(v)
+        else:  # paged caches [num_pages, page_size, heads_kv, head_dim], read as they are
+            args.k, args.v = _view(k, "bshd"), _view(v, "bshd")
+            args.block_table, args.max_pages = block_table.data_ptr(), block_table.shape[1]
         args.lse = lse.data_ptr()
         args.cu_seqlens_q, args.cu_seqlens_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
         args.seqused_k = seqused_k.data_ptr() if seqused_k is not None else None
@@ -494,16 +513,17 @@ def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q
 @torch.library.custom_op("flashgen::varlen_attention_forward", mutates_args=())
 def _varlen_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                               cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor], max_seqlen_q: int,
-                              max_seqlen_k: int, scale: float, mask: str,
-                              deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                              max_seqlen_k: int, scale: float, mask: str, deterministic: bool,
+                              block_table: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of a packed batch; lse is fp32 [heads_q, total_q]. deterministic is the backward's (autograd hands
-    it on)."""
-    return _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask)
+    it on). With block_table, k and v are paged caches."""
+    return _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask,
+                           block_table)
 
 
 @_varlen_attention_forward.register_fake
 def _varlen_attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale,
-                                   mask, deterministic):
+                                   mask, deterministic, block_table=None):
     return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
@@ -544,11 +564,11 @@ def _varlen_attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_se
 
 
 def _varlen_setup_context(ctx, inputs, output):
-    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask, deterministic = inputs
+    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask, deterministic = inputs[:11]
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
     ctx.sizes = (max_seqlen_q, max_seqlen_k, scale, mask)
-    ctx.has_seqused_k = seqused_k is not None
+    ctx.has_seqused_k = seqused_k is not None or (len(inputs) > 11 and inputs[11] is not None)
     ctx.deterministic = deterministic
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)
@@ -556,15 +576,15 @@ def _varlen_setup_context(ctx, inputs, output):
 
 def _varlen_backward_formula(ctx, dout, dlse):
     if dout is None:
-        return (None,) * 11
+        return (None,) * 12
     if ctx.has_seqused_k:
-        raise NotImplementedError("flashgen.torch.varlen_attention: no backward with seqused_k")
+        raise NotImplementedError("flashgen.torch.varlen_attention: no backward with seqused_k or a block_table")
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     max_seqlen_q, max_seqlen_k, scale, mask = ctx.sizes
     dq, dk, dv = torch.ops.flashgen.varlen_attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                                               max_seqlen_q, max_seqlen_k, scale, mask,
                                                               ctx.deterministic)
-    return dq, dk, dv, None, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 _varlen_attention_forward.register_autograd(_varlen_backward_formula, setup_context=_varlen_setup_context)
@@ -572,7 +592,7 @@ _varlen_attention_forward.register_autograd(_varlen_backward_formula, setup_cont
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                      softmax_scale=None, causal=False, *, causal_align="bottom_right", seqused_k=None,
-                     deterministic=False, return_attn_probs=False):
+                     block_table=None, deterministic=False, return_attn_probs=False):
     """Attention over a packed batch of sequences of different lengths, with FlashAttention's
     flash_attn_varlen_func arguments: q [total_q, heads_q, head_dim], k and v [total_k, heads_kv, head_dim] (CUDA
     float16 or bfloat16); cu_seqlens_q and cu_seqlens_k int32 [batch + 1] offsets on q's device (sequence b owns
@@ -582,6 +602,10 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     "bottom_right" (FlashAttention's) or "top_left"; heads_q a multiple of heads_kv (GQA); a row that sees no key
     gets output 0 and lse -inf; empty sequences are allowed. seqused_k: int32 [batch], the keys each sequence
     uses from its offset (a KV cache's filled part), or None. dropout_p must be 0.
+    block_table: int32 [batch, max_pages] for prefill against a paged KV cache: k and v are then [num_pages,
+    page_size, heads_kv, head_dim] (page_size a multiple of 16), sequence b's key j lies in row j % page_size of
+    page block_table[b, j // page_size], and its key count is seqused_k[b], else cu_seqlens_k[b + 1] -
+    cu_seqlens_k[b] (forward only).
 
     Returns out [total_q, heads_q, head_dim] (a new tensor), or (out, lse, None) with return_attn_probs, lse being
     fp32 [heads_q, total_q] (natural log) as FlashAttention returns softmax_lse. Differentiable in q, k and v (each
@@ -598,17 +622,16 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                                     _lib.ERROR_INVALID_ARGUMENT)
     mask = _mask(causal, causal_align)
     scale = _check_scale(softmax_scale)
-    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k)
+    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, block_table)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    if needs_grad and seqused_k is not None:
-        raise NotImplementedError("flashgen.torch.varlen_attention: no backward with seqused_k; call it under "
-                                  "torch.no_grad() or on inputs without gradients")
-    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask,
-            _deterministic(deterministic))
+    if needs_grad and (seqused_k is not None or block_table is not None):
+        raise NotImplementedError("flashgen.torch.varlen_attention: no backward with seqused_k or a block_table; "
+                                  "call it under torch.no_grad() or on inputs without gradients")
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask)
     if _eager_call(q, k, v) and not needs_grad:
-        out, lse = _varlen_forward(*args[:-1])
+        out, lse = _varlen_forward(*args, block_table)
     else:
-        out, lse = torch.ops.flashgen.varlen_attention_forward(*args)
+        out, lse = torch.ops.flashgen.varlen_attention_forward(*args, _deterministic(deterministic), block_table)
     return (out, lse, None) if return_attn_probs else out
 
 

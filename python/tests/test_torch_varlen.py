@@ -153,3 +153,31 @@ def test_deterministic_gradients_repeat_bitwise():
         out = fgt.varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, causal=True, deterministic=True)
         runs.append(torch.autograd.grad(out, (q, k, v), dout))
     assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def test_prefill_over_a_paged_cache_matches_the_packed_keys():
+    """The same batch with its keys and values in shuffled pages of 16 rows (block_table): every sequence's output
+    against its reference, and bitwise the packed call's (the same tiles, read through the pages)."""
+    q_lens, k_lens = [3, 0, 130, 64, 1], [5, 2, 200, 40, 0]
+    q, k, v = (_packed(lens, heads, 64, torch.bfloat16, seed)
+               for lens, heads, seed in ((q_lens, 8, 21), (k_lens, 2, 22), (k_lens, 2, 23)))
+    page, max_pages = 16, 14
+    order = torch.randperm(len(k_lens) * max_pages + 3, device="cuda")
+    table = order[:len(k_lens) * max_pages].view(len(k_lens), max_pages).to(torch.int32)
+    k_cache, v_cache = (torch.randn(order.numel(), page, 2, 64, device="cuda").to(torch.bfloat16) for _ in range(2))
+    start = 0
+    for b, n in enumerate(k_lens):
+        for j in range(n):
+            k_cache[table[b, j // page], j % page] = k[start + j]
+            v_cache[table[b, j // page], j % page] = v[start + j]
+        start += n
+    cu_q, cu_k = _offsets(q_lens), _offsets(k_lens)
+    packed, packed_lse, _ = fgt.varlen_attention(q, k, v, cu_q, cu_k, max(q_lens), max(k_lens), causal=True,
+                                                 return_attn_probs=True)
+    out, lse, _ = fgt.varlen_attention(q, k_cache, v_cache, cu_q, cu_k, max(q_lens), max(k_lens), causal=True,
+                                       block_table=table, return_attn_probs=True)
+    _check_sequences(out, lse, q, k, v, q_lens, k_lens, k_lens, "bottom_right", torch.bfloat16)
+    assert torch.equal(out, packed) and torch.equal(lse, packed_lse)
+    with pytest.raises(NotImplementedError, match="block_table"):
+        fgt.varlen_attention(q.requires_grad_(), k_cache, v_cache, cu_q, cu_k, max(q_lens), max(k_lens),
+                             block_table=table)

@@ -1,5 +1,6 @@
 // Tests for the varlen calls' argument checks (flashgen_attention_varlen_forward and _backward): each bad
 // argument refused with a message naming it, before anything touches a GPU.
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -81,10 +82,38 @@ TEST_CASE("varlen forward rejects each bad argument with a message naming it", "
   check_rejected([](auto& a) { a.max_seqlen_k = 501; }, kInvalid, "max_seqlen_k must be in [1, total_k = 500], got 501");
 }
 
+TEST_CASE("varlen forward over a paged cache rejects bad pages with a message naming them", "[c_api][varlen]") {
+  const int kInvalid = FLASHGEN_ERROR_INVALID_ARGUMENT;
+  // 40 pages of 32 keys, 8 pages per sequence.
+  auto paged = [](flashgen_varlen_forward_args& a) {
+    a.k = flashgen_tensor{fake_pointer(2), FLASHGEN_FLOAT16, {40, 32, 2, 64}, {32 * 2 * 64, 2 * 64, 64, 1}};
+    a.v = a.k;
+    a.v.data = fake_pointer(3);
+    a.block_table = static_cast<const int32_t*>(fake_pointer(12));
+    a.max_pages = 8;
+    a.max_seqlen_k = 200;
+  };
+  check_rejected([&](auto& a) { paged(a), a.k.shape[1] = a.v.shape[1] = 24; }, kInvalid,
+                 "k.shape[1] (page_size) must be a multiple of 16 with a block_table, got 24");
+  check_rejected([&](auto& a) { paged(a), a.v.shape[0] = 39; }, kInvalid, "v.shape[0]");
+  check_rejected([&](auto& a) { paged(a), a.max_pages = 0; }, kInvalid, "max_pages must be at least 1");
+  check_rejected(
+      [&](auto& a) { paged(a), a.block_table = reinterpret_cast<const int32_t*>(reinterpret_cast<uintptr_t>(a.lse) + 2); },
+      kInvalid, "block_table: pointer must be 4-byte aligned");
+  check_rejected([&](auto& a) { paged(a), a.max_seqlen_k = 257; }, kInvalid,
+                 "max_seqlen_k must be at most max_pages * page_size = 256, got 257");
+  check_rejected([&](auto& a) { paged(a), a.k.stride[1] = 36; }, kInvalid, "k.stride[1]");
+}
+
 TEST_CASE("varlen forward with valid arguments gets as far as the GPU", "[c_api][varlen]") {
   if (flashgen::driver_available()) FLASHGEN_SKIP_TEST("a driver is present: the [gpu] varlen cases launch");
   flashgen_varlen_forward_args args = valid_args();
   CHECK(flashgen_attention_varlen_forward(&args, nullptr) == FLASHGEN_ERROR_NO_DEVICE);
+  // A caller compiled before the paged cache passes the struct without its last two fields.
+  args.size = offsetof(flashgen_varlen_forward_args, block_table);
+  CHECK(flashgen_attention_varlen_forward(&args, nullptr) == FLASHGEN_ERROR_NO_DEVICE);
+  args.size = offsetof(flashgen_varlen_forward_args, block_table) + 8;
+  CHECK(flashgen_attention_varlen_forward(&args, nullptr) == FLASHGEN_ERROR_INVALID_ARGUMENT);
 }
 
 TEST_CASE("varlen backward rejects bad arguments with a message naming them", "[c_api][varlen]") {

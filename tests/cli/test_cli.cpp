@@ -139,6 +139,17 @@ TEST_CASE("cli: emit prints a backward module's source too", "[cli]") {
   CHECK(result.out.find("BwdDkdvSm90") != std::string::npos);
 }
 
+TEST_CASE("cli: emit prints a KV-cache module's source, its three kernels", "[cli]") {
+  const TempDir dir{"flashgen-cli-test"};
+  const std::string name = "dec_sm80_bf16_d128_r16_n64_w4_s3_causal_paged";
+  const CliResult result = run_cli({"emit", name, "--arch", "80"}, dir);
+  CHECK(result.exit_code == 0);
+  for (const char* kernel : {"_append(", "_attend(", "_combine("}) CHECK(result.out.find(name + kernel) != std::string::npos);
+  const CliResult bad = run_cli({"emit", "dec_sm80_bf16_d128_r48_n64_w4_s3"}, dir);
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.err.find("rows must be 16, 32 or 64") != std::string::npos);
+}
+
 TEST_CASE("cli: compile without --arch takes a Hopper-family config to sm_90a only", "[cli][nvrtc]") {
   const TempDir dir{"flashgen-cli-test"};
   const CliResult result = run_cli({"compile", "fwd_sm90_fp16_d64_m128_n64_s2_ovl", "--json"}, dir);

@@ -2,6 +2,7 @@
 #include "catch.hpp"
 
 #include "flashgen/error.hpp"
+#include "generator/generator.hpp"
 #include "generator/kernel_config.hpp"
 
 using flashgen::DType;
@@ -272,4 +273,24 @@ TEST_CASE("varlen configs: a suffix of the name, a JSON field when set, the sm80
   const KernelConfig sm90 = KernelConfig::from_name("fwd_sm90_fp16_d128_m128_n128_s2_varlen");
   REQUIRE(sm90.invalid_reason(90).has_value());
   CHECK(sm90.invalid_reason(90)->find("packed variable-length") != std::string::npos);
+}
+
+TEST_CASE("paged varlen configs: _paged after _varlen, a JSON field when set, kPaged in the header",
+          "[generator][config]") {
+  const KernelConfig c = KernelConfig::from_name("fwd_sm80_bf16_d128_m64_n64_w4_s2_causal_varlen_paged");
+  CHECK(c.varlen);
+  CHECK(c.paged);
+  CHECK_FALSE(c.invalid_reason(80));
+  const nlohmann::json j = c;
+  CHECK(j.at("paged") == true);
+  CHECK(j.get<KernelConfig>() == c);
+  CHECK_FALSE(nlohmann::json(KernelConfig::from_name("fwd_sm80_bf16_d128_m64_n64_w4_s2_varlen")).contains("paged"));
+  CHECK(flashgen::generate(c).headers.front().contents.find("static constexpr bool kPaged = true;") != std::string::npos);
+  // Paged keys come with packed batches only, and the suffix follows _varlen.
+  CHECK_THROWS_AS(KernelConfig::from_name("fwd_sm80_bf16_d128_m64_n64_w4_s2_paged"), flashgen::Error);
+  CHECK_THROWS_AS(KernelConfig::from_name("fwd_sm80_bf16_d128_m64_n64_w4_s2_paged_varlen"), flashgen::Error);
+  KernelConfig dense = c;
+  dense.varlen = false;
+  REQUIRE(dense.invalid_reason(90).has_value());
+  CHECK(dense.invalid_reason(90)->find("come with packed variable-length batches") != std::string::npos);
 }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -32,6 +33,7 @@ struct VarlenCase {
   std::vector<int32_t> q_lens, k_lens;  // per sequence; k_lens are the rows of k and v each sequence owns
   std::vector<int32_t> used_k;          // seqused_k when not empty (each at most its k_lens entry)
   std::vector<std::string> configs;     // explicit configs run through launch_forward, besides the choice
+  int64_t page_size = 0;                // > 0: the keys and values read from a paged cache of such pages
 };
 
 std::vector<int32_t> offsets(const std::vector<int32_t>& lens) {
@@ -95,10 +97,46 @@ struct PackedBatch {
   }
 };
 
+// A packed batch's keys and values moved into a paged cache: each sequence's rows in pages of c.page_size
+// rows, the pages of all sequences shuffled among spare ones that hold noise; args read them through the
+// block table (the offsets then only give each sequence's key count).
+struct PagedCache {
+  DeviceBuffer dk, dv, dtable;
+
+  PagedCache(const VarlenCase& c, PackedBatch& packed) {
+    const int64_t page = c.page_size, row = c.heads_kv * c.head_dim, batch = packed.args.batch;
+    const int64_t max_pages = (*std::max_element(c.k_lens.begin(), c.k_lens.end()) + page - 1) / page + 1;
+    const int64_t num_pages = batch * max_pages + 3;
+    std::mt19937_64 rng(0x9a6e);
+    std::vector<int32_t> order(static_cast<size_t>(num_pages));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<uint16_t> k = random_bits(size_t(num_pages * page * row), c.dtype, rng);
+    std::vector<uint16_t> v = random_bits(k.size(), c.dtype, rng);
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t j = 0; j < c.k_lens[size_t(b)]; ++j) {
+        const int64_t at = order[size_t(b * max_pages + j / page)] * page + j % page;
+        std::copy_n(packed.k.begin() + (packed.cu_k[size_t(b)] + j) * row, row, k.begin() + at * row);
+        std::copy_n(packed.v.begin() + (packed.cu_k[size_t(b)] + j) * row, row, v.begin() + at * row);
+      }
+    dk = DeviceBuffer(k.size() * 2), dv = DeviceBuffer(v.size() * 2);
+    dk.upload(k), dv.upload(v);
+    dtable = upload_ints(std::vector<int32_t>(order.begin(), order.begin() + batch * max_pages));
+    flashgen_varlen_forward_args& args = packed.args;
+    args.k = flashgen_tensor{dk.data(), c.dtype, {num_pages, page, c.heads_kv, c.head_dim}, {page * row, row, c.head_dim, 1}};
+    args.v = args.k;
+    args.v.data = dv.data();
+    args.block_table = static_cast<const int32_t*>(dtable.data());
+    args.max_pages = max_pages;
+  }
+};
+
 // Runs c through the C ABI (config empty) or launch_forward (an explicit config), outputs poisoned first,
 // and checks every sequence's rows against its float64 reference.
 void run_and_check(const VarlenCase& c, const std::string& config) {
   PackedBatch packed(c, 0x5eed);
+  std::optional<PagedCache> paged;
+  if (c.page_size > 0) paged.emplace(c, packed);
   const flashgen_varlen_forward_args& args = packed.args;
   const int64_t batch = args.batch, total_q = packed.total_q;
   const int64_t hq = c.heads_q, hkv = c.heads_kv, d = c.head_dim;
@@ -162,6 +200,11 @@ TEST_CASE("packed variable-length batches match each sequence's float64 referenc
        {}, {}},
       {"bf16 d96 bottom-right seqused_k", FLASHGEN_BFLOAT16, 96, 4, 2, FLASHGEN_MASK_CAUSAL, {1, 4, 100, 0},
        {300, 64, 256, 10}, {217, 64, 100, 0}, {}},
+      // Prefill against a paged KV cache: pages of 16 and 48 rows, a shuffled block table, seqused_k.
+      {"bf16 d128 bottom-right GQA 4 paged 16", FLASHGEN_BFLOAT16, 128, 8, 2, FLASHGEN_MASK_CAUSAL,
+       {1, 0, 77, 300, 5}, {1, 3, 77, 513, 0}, {}, {"fwd_sm80_bf16_d128_m64_n64_w4_s2_causal_varlen_paged"}, 16},
+      {"fp16 d64 top-left paged 48 seqused_k", FLASHGEN_FLOAT16, 64, 4, 4, FLASHGEN_MASK_CAUSAL_TOP_LEFT,
+       {64, 3, 200}, {100, 50, 250}, {90, 50, 0}, {}, 48},
   };
   for (const VarlenCase& c : cases) {
     run_and_check(c, "");
