@@ -74,13 +74,19 @@ void apply_fallbacks(const Call& call, Choice& choice, int arch, const DeviceTra
 
 // A packed batch over a paged cache runs its class's choice (the varlen kernels' tiles) reading keys and
 // values through the block table. The backward has no paged kernels.
-void read_through_pages(const ForwardCall& call, ForwardChoice& choice) {
+void read_through_pages(const ForwardCall& call, ForwardChoice& choice, int arch) {
   if (!call.problem.paged) return;
+  if (choice.config.family() == KernelFamily::kSm90) {  // its TMA loads take whole tiles of contiguous rows
+    ForwardChoice fallback = sm80_fallback(call, arch);
+    choice.reason += "; paged, so the sm80 family's " + fallback.reason;
+    choice.config = std::move(fallback.config);
+    choice.source = fallback.source;
+  }
   choice.config.paged = true;
   choice.reason += "; keys and values read through the block table (paged)";
 }
 
-void read_through_pages(const BackwardCall&, BackwardChoice&) {}
+void read_through_pages(const BackwardCall&, BackwardChoice&, int) {}
 
 std::optional<ForwardChoice> tune_on_first_use_of(const ForwardCall& call, int device, int arch,
                                                   std::string* failure) {
@@ -116,13 +122,13 @@ auto plan_in_scope(const Call& call, const ScopedContext& scope, CUstream stream
   Plan<decltype(process_choice(call, device, arch))> plan{process_choice(call, device, arch), arch};
   if (tune_on_first_use() && stream_capturing(stream)) {
     plan.final = false;
-  } else {
+  } else if (!call.problem.varlen) {  // packed batches are not tuned yet (tune.hpp): the built-in choice
     apply_tune_on_first_use(plan.choice, [&](std::string* failure) {
       return tune_on_first_use_of(call, device, arch, failure);
     });
   }
   apply_fallbacks(call, plan.choice, arch, device_traits(scope.device()));
-  read_through_pages(call, plan.choice);
+  read_through_pages(call, plan.choice, arch);
   return plan;
 }
 

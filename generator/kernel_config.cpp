@@ -137,7 +137,10 @@ const char* KernelConfig::shape_error() const { return sm90() ? sm90_traits().er
 std::optional<std::string> KernelConfig::invalid_reason(int arch) const {
   if (sm90()) {
     if (arch != 90) return "the sm90 kernel family needs sm_90a (wgmma, TMA, setmaxnreg)";
-    if (varlen) return "the sm90 kernel family does not read packed variable-length batches yet";
+    if (varlen && (sm90()->persistent || sm90()->cluster != 1 || sm90()->groups != 1)) {
+      return "the sm90 kernel family reads packed variable-length batches one block per tile: no persistent walk, "
+             "clusters or groups";
+    }
   } else if (arch < 80) {
     return "the sm80 kernel family needs sm_80 or newer (mma.sync m16n8k16 bf16, cp.async)";
   }

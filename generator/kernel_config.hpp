@@ -55,7 +55,7 @@ struct KernelConfig {
   // The knobs of one family, and so the family: a config cannot hold the other family's knobs.
   std::variant<Sm80Knobs, Sm90Knobs> knobs;
   // Packed batches of sequences of different lengths (cu_seqlens; templates/sequence.cuh): a kernel of its
-  // own, suffix _varlen. The sm80 family only, so far.
+  // own, suffix _varlen. The sm90 family's without persistence, clusters or groups.
   bool varlen = false;
   // Packed batches whose keys and values are read from a paged cache through a block table: suffix _paged
   // after _varlen. Varlen sm80 configs only.

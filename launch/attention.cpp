@@ -142,13 +142,17 @@ struct ForwardTmaTensors {
 
   ForwardTmaTensors(const ForwardCall& call, const KernelConfig& config) {
     const AttnFwdParams& p = call.params;
+    // A packed batch is one entry of total_q query and total_k key rows; the kernels find each sequence's.
+    const bool packed = call.problem.varlen;
+    const int64_t batch = packed ? 1 : p.batch;
+    const int rows_q = packed ? p.total_q : p.seqlen_q, rows_k = packed ? p.total_k : p.seqlen_k;
     auto tensor = [&](const void* data, int seqlen, int heads, long long bs, long long rs, long long hs) {
-      return TmaTensor{data, call.problem.dtype, p.batch, seqlen, heads, call.problem.head_dim(), bs, rs, hs};
+      return TmaTensor{data, call.problem.dtype, batch, seqlen, heads, call.problem.head_dim(), bs, rs, hs};
     };
-    q = tensor(p.q, p.seqlen_q, p.heads_q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
-    k = tensor(p.k, p.seqlen_k, p.heads_kv, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
-    v = tensor(p.v, p.seqlen_k, p.heads_kv, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
-    o = tensor(p.o, p.seqlen_q, p.heads_q, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
+    q = tensor(p.q, rows_q, p.heads_q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+    k = tensor(p.k, rows_k, p.heads_kv, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+    v = tensor(p.v, rows_k, p.heads_kv, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+    o = tensor(p.o, rows_q, p.heads_q, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
     q_rows = config.block_m;
     kv_rows = config.block_n;
   }

@@ -60,7 +60,20 @@ struct FwdSm90 : FwdSm90Layout<Cfg> {
   using L::ring_slot;
   using L::turn_barrier;
 
+  // A packed batch's block first binds its sequence (sequence.cuh): its own lengths, causal offset, o and lse,
+  // and the rows where the TMA maps hold it; a block past its sequence's last query row has nothing to do.
   static __device__ void run(const AttnFwdSm90Params& params) {
+    if constexpr (L::kVarlen) {
+      AttnFwdParams p = params.base;
+      const SequenceRows rows = sequence_rows(p, blockIdx.z);
+      if (!bind_sequence(p, blockIdx.z, (gridDim.x - 1 - blockIdx.x) * L::kBlockM)) return;
+      run_tiles(params, p, rows);
+    } else {
+      run_tiles(params, params.base, SequenceRows{});
+    }
+  }
+
+  static __device__ void run_tiles(const AttnFwdSm90Params& params, const AttnFwdParams& p, const SequenceRows& rows) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 smem_base = (sm90::smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
 
@@ -101,7 +114,7 @@ struct FwdSm90 : FwdSm90Layout<Cfg> {
         const u32 smem = smem_base + group * kGroupStride;
         const Barriers bars{smem + kBarrierOffset};
         int blocks = 0;
-        Scheduler::produce_tiles(params, group, bars, [&](const Tile& tile, int k, int first_block) {
+        Scheduler::produce_tiles(params, p, rows, group, bars, [&](const Tile& tile, int k, int first_block) {
           Producer::produce(params, tile, k, first_block, smem, bars);
           blocks = first_block + tile.n_blocks;
         });
@@ -126,8 +139,8 @@ struct FwdSm90 : FwdSm90Layout<Cfg> {
       if constexpr (kPingPong) {
         if (consumer == 1) sm90::named_barrier_arrive(turn_barrier(group, 0), 256);
       }
-      Scheduler::consume_tiles(params, group, bars, [&](const Tile& tile, int k, int first_block) {
-        Consumer::consume(params, tile, k, first_block, smem, bars);
+      Scheduler::consume_tiles(params, p, rows, group, bars, [&](const Tile& tile, int k, int first_block) {
+        Consumer::consume(params, p, tile, k, first_block, smem, bars);
       });
       // Balance the turn barriers: consumer 1's last hand-over (its opening one, when the walk saw no key
       // block) is taken here.

@@ -64,9 +64,9 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
   // every key only a ragged last block could be narrowed, and the kernel keeps a single path.
   static constexpr int kHalfN = Variant::kHidesKeys && kBlockN % 32 == 0 ? kBlockN / 2 : 0;
 
-  static __device__ void consume(const AttnFwdSm90Params& params, const Tile& tile, int k, int first_block, u32 smem,
-                                 const Barriers& bars) {
-    const AttnFwdParams& p = params.base;
+  // p: params.base, or with a packed batch the tile's sequence's own (sequence.cuh's bind_sequence).
+  static __device__ void consume(const AttnFwdSm90Params& params, const AttnFwdParams& p, const Tile& tile, int k,
+                                 int first_block, u32 smem, const Barriers& bars) {
     const int warpgroup = sm90::warpgroup_index() - 1;  // among the block's consumers
     const int consumer = kGroups == 1 ? warpgroup : warpgroup % kConsumers;  // within this group
     const int group = kGroups == 1 ? 0 : warpgroup / kConsumers;
@@ -345,7 +345,7 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
         pv_alone(tile.n_blocks - 1, Whole{});
       }
     }
-    Epilogue::store(params, tile, smem, bars, warpgroup, consumer, row0, acc_o, row_max, row_sum, acc_l);
+    Epilogue::store(params, p, tile, smem, bars, warpgroup, consumer, row0, acc_o, row_max, row_sum, acc_l);
   }
 };
 

@@ -20,6 +20,7 @@ struct FwdSm90Epilogue : FwdSm90Layout<Cfg> {
   using typename L::u32;
   using L::kBlockM;
   using L::kChunks;
+  using L::kElem;
   using L::kOGroups;
   using L::kOOffset;
   using L::kOwnO;
@@ -30,10 +31,11 @@ struct FwdSm90Epilogue : FwdSm90Layout<Cfg> {
   // Consumer `consumer` of the group (warpgroup among the block's consumers) holds, per thread, rows row0
   // and row0 + 8 of the tile: acc_o (64, kHeadDim) fp32 unnormalised, row_max (log2 units) and row_sum
   // (this thread's columns), or with kTensorSum the rows' sums in every column of acc_l (64, 8).
-  static __device__ void store(const AttnFwdSm90Params& params, const Tile& tile, u32 smem, const Barriers& bars,
-                               int warpgroup, int consumer, int row0, float (&acc_o)[kOGroups][4],
-                               const float (&row_max)[2], const float (&row_sum)[2], const float (&acc_l)[1][4]) {
-    const AttnFwdParams& p = params.base;
+  // p: params.base, or with a packed batch the tile's sequence's own (its o and lse at the sequence's rows).
+  static __device__ void store(const AttnFwdSm90Params& params, const AttnFwdParams& p, const Tile& tile, u32 smem,
+                               const Barriers& bars, int warpgroup, int consumer, int row0,
+                               float (&acc_o)[kOGroups][4], const float (&row_max)[2], const float (&row_sum)[2],
+                               const float (&acc_l)[1][4]) {
     const int t = threadIdx.x % 32 % 4;  // accumulator column pair
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -41,8 +43,31 @@ struct FwdSm90Epilogue : FwdSm90Layout<Cfg> {
       softmax::scale_row(acc_o, h, softmax::inverse_sum(sum));
       const int row = row0 + 8 * h;
       if (p.lse != nullptr && t == 0 && row < p.seqlen_q) {
-        p.lse[(static_cast<long long>(tile.batch) * p.heads_q + tile.head) * p.seqlen_q + row] =
-            softmax::lse(row_max[h], sum);
+        p.lse[lse_index<L::kVarlen>(p, tile.batch, tile.head, row)] = softmax::lse(row_max[h], sum);
+      }
+    }
+
+    // A packed sequence's last rows: TMA would store the whole 64-row box, into the next sequence's rows, so
+    // this consumer writes the rows of its sequence from registers instead (the accumulator layout: rows row0
+    // and row0 + 8, columns 8i + 2t and + 1 of group i).
+    if constexpr (L::kVarlen) {
+      if (tile.m_start + consumer * 64 + 64 > p.seqlen_q) {
+        using u16 = sm80::u16;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = row0 + 8 * h;
+          if (row >= p.seqlen_q) continue;
+          u16* o = static_cast<u16*>(p.o) + row * p.o_row_stride + tile.head * p.o_head_stride + 2 * t;
+#pragma unroll
+          for (int i = 0; i < kOGroups; ++i) {
+            *reinterpret_cast<u32*>(o + 8 * i) = sm80::pack2<kElem>(acc_o[i][2 * h], acc_o[i][2 * h + 1]);
+          }
+        }
+        if constexpr (!kOwnO) {  // the Q rows may take the next tile's Q (there is none: one tile per block)
+          sm90::named_barrier_sync(1 + warpgroup, 128);
+          if (threadIdx.x % 128 == 0) sm90::mbarrier_arrive(bars.q_empty());
+        }
+        return;
       }
     }
 
@@ -61,8 +86,8 @@ struct FwdSm90Epilogue : FwdSm90Layout<Cfg> {
     if (threadIdx.x % 128 == 0) {
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
-        sm90::tma_store_4d(&params.o_map, so_rows + c * kBlockM * kRowBytes, c * 64, tile.m_start + consumer * 64,
-                           tile.head, tile.batch);
+        sm90::tma_store_4d(&params.o_map, so_rows + c * kBlockM * kRowBytes, c * 64, tile.q_row + consumer * 64,
+                           tile.head, tile.tma_batch);
       }
       sm90::tma_store_commit();
       if constexpr (!kOwnO) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "attn_params.cuh"
+#include "sequence.cuh"
 #include "fwd_traits.cuh"
 #include "sm80_primitives.cuh"
 #include "sm90_primitives.cuh"
@@ -36,6 +37,9 @@ struct FwdSm90Layout {
   static constexpr int kCluster = Cfg::kCluster;
   static constexpr int kGroups = Cfg::kGroups;
   static constexpr bool kTensorSum = Cfg::kTensorSum;
+  static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;  // packed sequences (sequence.cuh)
+  static_assert(!kVarlen || (!kPersistent && kCluster == 1 && kGroups == 1),
+                "packed batches run one block per tile: no persistent walk, cluster or groups");
   static constexpr int kConsumers = kTraits.consumers;  // per group
   static constexpr int kThreads = kTraits.threads;
 

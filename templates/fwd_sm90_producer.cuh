@@ -36,10 +36,10 @@ struct FwdSm90Producer : FwdSm90Layout<Cfg> {
     for (int c = 0; c < kChunks; ++c) {
       const u32 chunk = dst + c * kBlockN * kRowBytes;
       if constexpr (kCluster > 1) {
-        sm90::tma_load_4d_multicast(chunk, map, full_barrier, c * 64, key0, tile.kv_head, tile.batch,
-                                    static_cast<sm90::u16>((1u << kCluster) - 1));
+        sm90::tma_load_4d_multicast(chunk, map, full_barrier, c * 64, tile.k_row + key0, tile.kv_head,
+                                    tile.tma_batch, static_cast<sm90::u16>((1u << kCluster) - 1));
       } else {
-        sm90::tma_load_4d(chunk, map, full_barrier, c * 64, key0, tile.kv_head, tile.batch);
+        sm90::tma_load_4d(chunk, map, full_barrier, c * 64, tile.k_row + key0, tile.kv_head, tile.tma_batch);
       }
     }
   }
@@ -57,8 +57,8 @@ struct FwdSm90Producer : FwdSm90Layout<Cfg> {
       sm90::mbarrier_arrive_expect_tx(bars.q_full(), kQBytes);
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
-        sm90::tma_load_4d(smem + c * kBlockM * kRowBytes, &params.q_map, bars.q_full(), c * 64, tile.m_start,
-                          tile.head, tile.batch);
+        sm90::tma_load_4d(smem + c * kBlockM * kRowBytes, &params.q_map, bars.q_full(), c * 64, tile.q_row,
+                          tile.head, tile.tma_batch);
       }
     };
     if (tile.n_blocks == 0) load_q();  // a tile that sees no key still takes its turn at the Q rows

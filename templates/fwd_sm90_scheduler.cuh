@@ -5,6 +5,7 @@
 
 #include "attn_params.cuh"
 #include "block_range.cuh"
+#include "sequence.cuh"
 #include "fwd_sm90_layout.cuh"
 #include "sm90_primitives.cuh"
 #include "variant.cuh"
@@ -23,9 +24,12 @@ struct FwdSm90Scheduler : FwdSm90Layout<Cfg> {
   using L::kPersistent;
 
   // One tile: which query rows, which head, and how many key blocks any of its rows sees; index is its
-  // place in the tile list.
+  // place in the tile list. q_row, k_row and tma_batch place it in the TMA maps: its first query row and its
+  // sequence's first key row, and the batch coordinate (a packed sequence's rows lie in batch entry 0 from
+  // its offsets on).
   struct Tile {
     int index, m_start, head, batch, kv_head, n_blocks, n_interior;
+    int q_row, k_row, tma_batch;
   };
 
   static __device__ Tile tile_of(const AttnFwdParams& p, int m_block, int head, int batch) {
@@ -40,6 +44,22 @@ struct FwdSm90Scheduler : FwdSm90Layout<Cfg> {
     tile.n_blocks = blocks.end;
     // Blocks below n_interior need no mask for any row of the tile.
     tile.n_interior = blocks.full_end(p, batch, tile.m_start);
+    tile.q_row = tile.m_start;
+    tile.k_row = 0;
+    tile.tma_batch = batch;
+    return tile;
+  }
+
+  // The tile of a block that is not persistent: query block gridDim.x - 1 - blockIdx.x (the highest first) of
+  // head blockIdx.y of batch entry (or packed sequence, whose rows start at rows) blockIdx.z. p is the
+  // sequence's own params with a packed batch (sequence.cuh's bind_sequence).
+  static __device__ Tile block_tile(const AttnFwdParams& p, const SequenceRows& rows) {
+    Tile tile = tile_of(p, gridDim.x - 1 - blockIdx.x, blockIdx.y, blockIdx.z);
+    if constexpr (L::kVarlen) {
+      tile.q_row += rows.q_begin;
+      tile.k_row = rows.k_begin;
+      tile.tma_batch = 0;
+    }
     return tile;
   }
 
@@ -101,11 +121,12 @@ struct FwdSm90Scheduler : FwdSm90Layout<Cfg> {
 
   // The producer's walk: calls fn(tile, k, first_block) for each tile of this group in order, k counting
   // the group's tiles and first_block its key blocks before this tile (the K/V rings run on across tiles).
+  // Without kPersistent p and rows are block_tile's.
   template <class Fn>
-  static __device__ void produce_tiles(const AttnFwdSm90Params& params, int group, const Barriers& bars, Fn&& fn) {
-    const AttnFwdParams& p = params.base;
+  static __device__ void produce_tiles(const AttnFwdSm90Params& params, const AttnFwdParams& p,
+                                       const SequenceRows& rows, int group, const Barriers& bars, Fn&& fn) {
     if constexpr (!kPersistent) {
-      fn(tile_of(p, gridDim.x - 1 - blockIdx.x, blockIdx.y, blockIdx.z), 0, 0);
+      fn(block_tile(p, rows), 0, 0);
       return;
     }
     const int tiles = tile_count(p);
@@ -139,11 +160,11 @@ struct FwdSm90Scheduler : FwdSm90Layout<Cfg> {
 
   // The consumers' walk: like produce_tiles, but each tile's Q rows have arrived (q_full) when fn runs.
   template <class Fn>
-  static __device__ void consume_tiles(const AttnFwdSm90Params& params, int group, const Barriers& bars, Fn&& fn) {
-    const AttnFwdParams& p = params.base;
+  static __device__ void consume_tiles(const AttnFwdSm90Params& params, const AttnFwdParams& p,
+                                       const SequenceRows& rows, int group, const Barriers& bars, Fn&& fn) {
     if constexpr (!kPersistent) {
       sm90::mbarrier_wait(bars.q_full(), 0);
-      fn(tile_of(p, gridDim.x - 1 - blockIdx.x, blockIdx.y, blockIdx.z), 0, 0);
+      fn(block_tile(p, rows), 0, 0);
       return;
     }
     const int tiles = tile_count(p);

@@ -79,6 +79,7 @@ TunePlan plan_tune(const AttentionProblem& problem, int arch, const TuneOptions&
   TunePlan plan;
   plan.key = problem_key(problem);
   const ProblemKey& key = plan.key;
+  FLASHGEN_REQUIRE(!problem.varlen, "packed variable-length batches are not tuned yet: they run the built-in choice");
   for (const TunedConfig& c : options.named) {
     FLASHGEN_REQUIRE(of_problem(c, key), config_name(c) + " is not a config of the problem " + key.id());
   }

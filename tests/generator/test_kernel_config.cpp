@@ -270,9 +270,11 @@ TEST_CASE("varlen configs: a suffix of the name, a JSON field when set, the sm80
   CHECK_THROWS_AS(KernelConfig::from_name("fwd_sm80_fp16_d64_m128_n64_w4_s2_varlen_causal"), flashgen::Error);
   CHECK_THROWS_AS(KernelConfig::from_name("fwd_sm80_fp16_d64_m128_n64_w4_s2_varlen_varlen"), flashgen::Error);
 
-  const KernelConfig sm90 = KernelConfig::from_name("fwd_sm90_fp16_d128_m128_n128_s2_varlen");
+  // The sm90 family's packed batches run one block per tile.
+  CHECK_FALSE(KernelConfig::from_name("fwd_sm90_fp16_d128_m128_n128_s2_varlen").invalid_reason(90));
+  const KernelConfig sm90 = KernelConfig::from_name("fwd_sm90_fp16_d128_m128_n128_s2_pst_varlen");
   REQUIRE(sm90.invalid_reason(90).has_value());
-  CHECK(sm90.invalid_reason(90)->find("packed variable-length") != std::string::npos);
+  CHECK(sm90.invalid_reason(90)->find("one block per tile") != std::string::npos);
 }
 
 TEST_CASE("paged varlen configs: _paged after _varlen, a JSON field when set, kPaged in the header",
