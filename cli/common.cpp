@@ -182,6 +182,7 @@ flashgen_mask mask_from_text(const std::string& text) {
 }
 
 const char* pass_text(const AttentionProblem& problem) {
+  if (problem.kv_cache) return problem.paged ? "forward against a paged KV cache" : "forward against a KV cache";
   return !problem.backward() ? "forward" : problem.deterministic() ? "backward (deterministic)" : "backward";
 }
 

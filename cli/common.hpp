@@ -76,7 +76,7 @@ std::vector<int> parse_archs(const Args& args, const std::vector<int>& fallback)
 std::string causal_text(flashgen_mask mask);
 flashgen_mask mask_from_text(const std::string& text);  // one of causal_text's spellings
 
-// "forward", "backward" or "backward (deterministic)".
+// "forward", "backward", "backward (deterministic)", or "forward against a [paged] KV cache".
 const char* pass_text(const AttentionProblem& problem);
 
 // A kernel config or module of any kind, as emit and compile take them by name.

@@ -7,6 +7,8 @@
 #include <functional>
 #include <iostream>
 #include <limits>
+#include <optional>
+#include <numeric>
 #include <random>
 #include <set>
 
@@ -24,9 +26,11 @@
 #include "generator/bwd_config.hpp"
 #include "launch/attention.hpp"
 #include "launch/attention_backward.hpp"
+#include "launch/attention_kvcache.hpp"
 #include "launch/tensor_checks.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/device_buffer.hpp"
+#include "tuner/decode_choice.hpp"
 #include "tuner/tuned_config.hpp"
 
 namespace flashgen::cli {
@@ -48,6 +52,10 @@ Command run_command() {
       .option("layout", "L", "memory order of q/k/v/out: bshd or bhsd (default bshd)")
       .option("config", "NAME", "run this config (a fwd_... name, or bwd_... with --backward) instead of the choice")
       .flag("backward", "time the backward pass (dq, dk, dv for a random dout) after one forward")
+      .flag("kv-cache", "decoding: seqlen-q new tokens (default 1) per sequence against full KV caches of seqlen-k "
+                        "keys (flashgen_attention_kvcache); --config takes a dec_... module")
+      .option("page-size", "N", "with --kv-cache: a paged cache of N-key pages in a shuffled order (default 0: contiguous)")
+      .option("splits", "N", "with --kv-cache: key ranges per sequence (default 0: chosen for the GPU)")
       .flag("deterministic", "with --backward: the deterministic dQ strategy (bitwise repeatable)")
       .option("iters", "N", "timed launches (default 20)")
       .option("warmup", "N", "untimed launches before timing (default 3)")
@@ -64,7 +72,8 @@ RunOptions parse_run_options(const Args& args) {
   AttentionProblem& p = o.problem;
   AttentionShape& s = p.shape;
   s.batch = args.int_or("batch", s.batch, 1, kSizeMax);
-  s.seqlen_q = args.int_or("seqlen-q", s.seqlen_q, 1, kSizeMax);
+  p.kv_cache = args.has("kv-cache");
+  s.seqlen_q = args.int_or("seqlen-q", p.kv_cache ? 1 : s.seqlen_q, 1, kSizeMax);
   s.seqlen_k = args.int_or("seqlen-k", s.seqlen_k, 1, kSizeMax);
   s.heads_q = args.int_or("heads-q", s.heads_q, 1, kSizeMax);
   s.heads_kv = args.int_or("heads-kv", s.heads_kv, 1, kSizeMax);
@@ -82,6 +91,14 @@ RunOptions parse_run_options(const Args& args) {
   o.warmup = static_cast<int>(args.int_or("warmup", o.warmup, 0, 1000000));
   o.check_rows = static_cast<int>(args.int_or("check-rows", o.check_rows, 0, 1000000));
   o.seed = static_cast<uint32_t>(args.int_or("seed", o.seed, 0, std::numeric_limits<uint32_t>::max()));
+  for (const char* name : {"page-size", "splits"}) {
+    if (args.has(name) && !p.kv_cache) fail(Status::kInvalidArgument, std::string("--") + name + " needs --kv-cache");
+  }
+  if (p.kv_cache && (p.backward() || o.layout != "bshd"))
+    fail(Status::kInvalidArgument, "--kv-cache runs the forward on bshd tensors: no --backward or --layout bhsd");
+  o.page_size = args.int_or("page-size", 0, 0, kSizeMax);
+  o.splits = static_cast<int>(args.int_or("splits", 0, 0, 1 << 20));
+  p.paged = o.page_size > 0;
   return o;
 }
 
@@ -295,6 +312,122 @@ void run_backward(const RunOptions& o, const HostTensor& q, const HostTensor& k,
   report.flops = backward_flops(shape, options.mask);
 }
 
+// A --kv-cache run's cache: pages of o.page_size keys per sequence (ceil(seqlen_k / page_size) of them) in a
+// shuffled order, or 0 for a contiguous cache.
+int64_t pages_per_sequence(const RunOptions& o) {
+  return o.page_size > 0 ? (o.problem.shape.seqlen_k + o.page_size - 1) / o.page_size : 0;
+}
+
+// flashgen_kvcache_args of a --kv-cache run: q and out, the caches (paged through table, else contiguous), every
+// sequence's cache holding lens[b] = seqlen_k keys.
+flashgen_kvcache_args kvcache_args(const RunOptions& o, const flashgen_tensor& q, const flashgen_tensor& k_cache,
+                                   const flashgen_tensor& v_cache, const flashgen_tensor& out, float* lse,
+                                   const int32_t* lens, const int32_t* table) {
+  flashgen_kvcache_args args{};
+  args.size = sizeof(args);
+  args.q = q, args.k_cache = k_cache, args.v_cache = v_cache, args.out = out;
+  args.lse = lse;
+  args.cache_seqlens = lens;
+  args.block_table = o.page_size > 0 ? table : nullptr;
+  args.max_pages = pages_per_sequence(o);
+  args.num_splits = o.splits;
+  args.options.softmax_scale = o.scale;
+  args.options.mask = o.problem.mask;
+  return args;
+}
+
+// The shape of a --kv-cache run's k_cache or v_cache: [batch * pages, page_size, ...] paged, else [batch, seqlen_k, ...].
+flashgen_tensor cache_tensor(const RunOptions& o, void* data) {
+  const AttentionShape& s = o.problem.shape;
+  const int64_t pages = pages_per_sequence(o);
+  return o.page_size > 0 ? bshd_tensor(data, abi_dtype(o.problem.dtype), s.batch * pages, o.page_size, s.heads_kv,
+                                       s.head_dim)
+                         : bshd_tensor(data, abi_dtype(o.problem.dtype), s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
+}
+
+// `run --kv-cache`: random q and caches (k and v as the reference sees them, scattered into shuffled pages
+// when paged), one checked call, then timing.
+RunReport run_kvcache(const RunOptions& o, RunReport report) {
+  const AttentionProblem& p = o.problem;
+  const AttentionShape& s = p.shape;
+  HostTensor q = make_host_tensor(p.dtype, s.batch, s.seqlen_q, s.heads_q, s.head_dim, false);
+  HostTensor k = make_host_tensor(p.dtype, s.batch, s.seqlen_k, s.heads_kv, s.head_dim, false);
+  HostTensor v = make_host_tensor(p.dtype, s.batch, s.seqlen_k, s.heads_kv, s.head_dim, false);
+  HostTensor out = make_host_tensor(p.dtype, s.batch, s.seqlen_q, s.heads_q, s.head_dim, false);
+  std::vector<float> lse(static_cast<size_t>(s.batch * s.heads_q * s.seqlen_q));
+  std::mt19937 rng(o.seed);
+  fill_normal(q, rng);
+  fill_normal(k, rng);
+  fill_normal(v, rng);
+
+  // The caches as the kernels read them: sequence b's key j in row j % page_size of page table[b][j / page_size].
+  const int64_t pages = pages_per_sequence(o), row = s.heads_kv * s.head_dim;
+  std::vector<int32_t> table(static_cast<size_t>(std::max<int64_t>(1, s.batch * pages)));
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), rng);
+  const int64_t cache_rows = o.page_size > 0 ? s.batch * pages * o.page_size : s.batch * s.seqlen_k;
+  std::vector<uint16_t> k_cache(static_cast<size_t>(cache_rows * row)), v_cache(k_cache.size());
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t j = 0; j < s.seqlen_k; ++j) {
+      const int64_t at = o.page_size > 0 ? table[size_t(b * pages + j / o.page_size)] * o.page_size + j % o.page_size
+                                         : b * s.seqlen_k + j;
+      std::copy_n(k.bits.begin() + (b * s.seqlen_k + j) * row, row, k_cache.begin() + at * row);
+      std::copy_n(v.bits.begin() + (b * s.seqlen_k + j) * row, row, v_cache.begin() + at * row);
+    }
+
+  DeviceBuffer q_dev(q.bytes()), out_dev(out.bytes()), lse_dev(lse.size() * sizeof(float));
+  DeviceBuffer k_dev(k_cache.size() * 2), v_dev(v_cache.size() * 2), table_dev(table.size() * 4);
+  DeviceBuffer lens_dev(static_cast<size_t>(s.batch) * 4);
+  q_dev.upload(q.bits), k_dev.upload(k_cache), v_dev.upload(v_cache), table_dev.upload(table);
+  lens_dev.upload(std::vector<int32_t>(static_cast<size_t>(s.batch), static_cast<int32_t>(s.seqlen_k)));
+  out_dev.fill_bytes(0xFF);
+  lse_dev.fill_bytes(0xFF);
+  const flashgen_kvcache_args args =
+      kvcache_args(o, tensor_view(q, q_dev), cache_tensor(o, k_dev.data()), cache_tensor(o, v_dev.data()),
+                   tensor_view(out, out_dev), static_cast<float*>(lse_dev.data()),
+                   static_cast<const int32_t*>(lens_dev.data()), static_cast<const int32_t*>(table_dev.data()));
+  const KvCacheCall call = make_kvcache_call(args);
+
+  Stream stream;
+  std::optional<PreparedKvCache> requested;
+  if (o.config_name) {
+    const DecodeConfig config = DecodeConfig::from_name(*o.config_name);
+    const int splits = o.splits > 0 ? o.splits
+                                    : heuristic_decode_splits(p, config, report.device_sm,
+                                                              device_traits(ScopedContext().device()).multiprocessors);
+    requested = prepare_kvcache(call, stream.get(), config, splits);
+    report.config_name = config.name() + ", " + std::to_string(requested->splits) + " key ranges";
+    report.reason = "requested with --config";
+    report.arch = requested->arch;
+  }
+  const int device = static_cast<int>(ScopedContext(stream.get()).device());
+  auto launch = [&] {
+    if (requested) {
+      launch_prepared_kvcache(*requested, call, stream.get(), device);
+      return KvCacheLaunch{};
+    }
+    return attention_kvcache(args, stream.get());
+  };
+  const Clock::time_point first = Clock::now();
+  const KvCacheLaunch chosen = launch();
+  FLASHGEN_CU_CHECK(cuStreamSynchronize(stream.get()));
+  report.first_launch_ms = ms_since(first);
+  if (!requested) {
+    report.config_name = chosen.config.name() + ", " + std::to_string(chosen.splits) + " key ranges";
+    report.reason = chosen.reason;
+    report.arch = chosen.arch;
+  }
+  report.scale = call.params.scale;
+  out_dev.download(out.bits.data(), out.bytes());
+  lse_dev.download(lse.data(), lse_dev.bytes());
+  report.check = check_sampled_rows(s, q, k, v, out, lse, sample_rows(s.batch, s.heads_q, s.seqlen_q, o.check_rows),
+                                    report.scale, p.mask);
+  report.times_ms = time_launches([&] { launch(); }, o.warmup, o.iters, stream.get());
+  report.flops = forward_flops(s, p.mask);
+  report.kv_bytes = 2.0 * s.batch * s.seqlen_k * s.heads_kv * s.head_dim * 2;
+  return report;
+}
+
 }  // namespace
 
 RunReport run_problem(const RunOptions& o) {
@@ -305,6 +438,7 @@ RunReport run_problem(const RunOptions& o) {
   FLASHGEN_CU_CHECK(cuDeviceGetName(name, sizeof name, context.device()));
   report.device_name = name;
   report.device_sm = device_sm(context.device());
+  if (o.problem.kv_cache) return run_kvcache(o, report);
 
   const AttentionProblem& p = o.problem;
   const AttentionShape& shape = p.shape;
@@ -400,6 +534,10 @@ void print_run_report(const RunReport& r, std::ostream& os) {
   os << format("time:     median %.4f ms (min %.4f, max %.4f) over %zu launches after %d warm-up\n", r.median_ms(),
                r.times_ms.front(), r.times_ms.back(), r.times_ms.size(), r.options.warmup)
      << "speed:    " << tflops_text(r.tflops()) << format(" (%.4g GFLOP per launch)\n", r.flops / 1e9);
+  if (r.kv_bytes > 0) {
+    os << format("reads:    %.0f GB/s of K and V (%.4g MB per launch)\n", r.kv_bytes / (r.median_ms() * 1e-3) / 1e9,
+                 r.kv_bytes / 1e6);
+  }
 }
 
 namespace {
@@ -415,6 +553,8 @@ Json run_report_json(const RunReport& r) {
         {"heads_kv", s.heads_kv}, {"head_dim", s.head_dim}, {"dtype", dtype_name(p.dtype)},
         {"causal", causal_text(p.mask)}, {"scale", r.scale}, {"layout", o.layout}, {"seed", o.seed}}},
       {"pass", p.backward() ? "backward" : "forward"},
+      {"kv_cache", p.kv_cache ? Json{{"page_size", o.page_size}, {"splits", o.splits}, {"kv_bytes", r.kv_bytes}}
+                              : Json(nullptr)},
       {"deterministic", p.deterministic()},
       {"config", r.config_name},
       {"arch", r.arch},
@@ -463,6 +603,21 @@ void check_run_problem(const RunOptions& o) {
   const flashgen_tensor q = placeholder(0, s.seqlen_q, s.heads_q), k = placeholder(1, s.seqlen_k, s.heads_kv),
                         v = placeholder(2, s.seqlen_k, s.heads_kv), out = placeholder(3, s.seqlen_q, s.heads_q);
   flashgen_attention_options options{o.scale, p.mask, p.deterministic() ? 1 : 0};
+  if (p.kv_cache) {
+    auto address = [](int n) { return reinterpret_cast<void*>(uintptr_t{1} << (20 + n)); };
+    const flashgen_kvcache_args args =
+        kvcache_args(o, q, cache_tensor(o, address(1)), cache_tensor(o, address(2)), out, nullptr,
+                     static_cast<const int32_t*>(address(4)), static_cast<const int32_t*>(address(5)));
+    const KvCacheCall call = make_kvcache_call(args);
+    if (o.config_name) {
+      const DecodeConfig config = DecodeConfig::from_name(*o.config_name);
+      check_requested_config(config, call.problem, 90);
+      FLASHGEN_REQUIRE(config.paged == call.problem.paged,
+                       "config " + config.name() + (config.paged ? " reads a paged cache: pass --page-size"
+                                                                 : " reads a contiguous cache: drop --page-size"));
+    }
+    return;
+  }
   if (p.backward()) {
     const flashgen_tensor dout = placeholder(4, s.seqlen_q, s.heads_q), dq = placeholder(5, s.seqlen_q, s.heads_q),
                           dk = placeholder(6, s.seqlen_k, s.heads_kv), dv = placeholder(7, s.seqlen_k, s.heads_kv);

@@ -26,6 +26,11 @@ struct RunOptions {
   int warmup = 3;
   int check_rows = 64;
   uint32_t seed = 0;
+  // --kv-cache (problem.kv_cache): seqlen_q new tokens per sequence against full caches of seqlen_k keys, read
+  // through a shuffled block table of page_size-key pages (0: a contiguous cache), split into `splits` key
+  // ranges (0: chosen).
+  int64_t page_size = 0;
+  int splits = 0;
 };
 
 struct CheckResult {
@@ -50,6 +55,7 @@ struct RunReport {
   CheckResult check;           // forward: sampled rows; backward: whole gradients (see run_backward)
   std::vector<double> times_ms;  // one per timed launch, sorted
   double flops = 0;
+  double kv_bytes = 0;  // --kv-cache: bytes of K and V one launch reads (each once)
 
   double median_ms() const { return times_ms[times_ms.size() / 2]; }
   double tflops() const { return flops / (median_ms() * 1e-3) / 1e12; }

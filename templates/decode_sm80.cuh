@@ -242,7 +242,7 @@ struct DecodeSm80 {
 
       float acc_s[kMTiles][kNTiles][4];  // (kRows, kWarpKeys): S of this warp's keys
       auto load_a = [&](int mt, int kk, u32(&a)[4]) { sm80::ldmatrix_x4(a, q_lane + (mt * 16 * kRow + kk * 16) * 2); };
-      sm80::qk_product<kElem, kKSteps, kRow>(acc_s, load_a, sk + k_lane);
+      sm80::qk_product<kElem, kKSteps, kRow>(acc_s, load_a, sk, k_lane);
 
       // Refill the slot tile n_block - 1 used (every warp passed the barrier above after reading it), with the
       // rows staged before that barrier; stage the next tile's over the ones read an iteration ago.
@@ -258,7 +258,7 @@ struct DecodeSm80 {
 
       u32 p_frag[kMTiles][kNTiles / 2][4];  // A fragments of P, 16x16 each
       sm80::softmax_update<kElem>(acc_s, row_max, row_sum, acc_o, p_frag, p.scale_log2);
-      sm80::pv_product<kElem, kRow>(acc_o, p_frag, sv + v_lane);
+      sm80::pv_product<kElem, kRow>(acc_o, p_frag, sv, v_lane);
     };
     for (int n = n_begin; n < full_end; ++n) attend(n, sm80::BoolConstant<false>{});
     for (int n = full_end; n < n_end; ++n) attend(n, sm80::BoolConstant<true>{});

@@ -186,7 +186,7 @@ struct FwdSm80 {
           load_q_frag(a, q_lane, mt, kk);
         }
       };
-      sm80::qk_product<kElem, kKSteps, kRow>(acc_s, load_a, sk + k_lane);
+      sm80::qk_product<kElem, kKSteps, kRow>(acc_s, load_a, sk, k_lane);
 
       // Refill the slot tile n_block - 1 used. Issued after the S product, not right after the barrier,
       // so the first ldmatrix goes sooner (+3% at 1k tokens on H200); past the last block every copy
@@ -203,7 +203,7 @@ struct FwdSm80 {
       // Online softmax (sm80_attend.cuh), then O += P V with the V tile read transposed.
       u32 p_frag[kMTiles][kNTiles / 2][4];  // (kMTiles, kBlockN / 16) A fragments of P, 16x16 each
       sm80::softmax_update<kElem>(acc_s, row_max, row_sum, acc_o, p_frag, p.scale_log2);
-      sm80::pv_product<kElem, kRow>(acc_o, p_frag, sv + v_lane);
+      sm80::pv_product<kElem, kRow>(acc_o, p_frag, sv, v_lane);
     };
 
     // Blocks below full_end need no mask for any row of this block (block_range.cuh).

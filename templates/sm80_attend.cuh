@@ -11,10 +11,12 @@ namespace flashgen {
 namespace sm80 {
 
 // S = Q Kᵀ over kKSteps k-steps of 16: load_a(mt, kk, a) gives the A fragment of query tile mt at k-step kk
-// (from registers or shared memory); k_tile is the lane's ldmatrix address of key 0 of the warp's keys in a
-// (keys, kRow) K tile (the lane pattern of fwd_sm80.cuh's k_lane).
+// (from registers or shared memory); k_tile + k_lane is the lane's ldmatrix address of key 0 of the warp's keys
+// in a (keys, kRow) K tile (k_lane: the lane pattern of fwd_sm80.cuh's). Tile and lane stay apart so that the
+// addresses are summed as the kernels summed them before this step was shared (the same PTX).
 template <ElemType kElem, int kKSteps, int kRow, int kMTiles, int kNTiles, class LoadA>
-__device__ __forceinline__ void qk_product(float (&acc_s)[kMTiles][kNTiles][4], LoadA&& load_a, u32 k_tile) {
+__device__ __forceinline__ void qk_product(float (&acc_s)[kMTiles][kNTiles][4], LoadA&& load_a, u32 k_tile,
+                                           u32 k_lane) {
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -29,7 +31,7 @@ __device__ __forceinline__ void qk_product(float (&acc_s)[kMTiles][kNTiles][4], 
 #pragma unroll
     for (int np = 0; np < kNTiles / 2; ++np) {
       u32 b[4];  // B fragments of key tiles 2np and 2np+1, 16x8 each
-      ldmatrix_x4(b, k_tile + (np * 16 * kRow + kk * 16) * 2);
+      ldmatrix_x4(b, k_tile + k_lane + (np * 16 * kRow + kk * 16) * 2);
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
         mma_16816<kElem>(acc_s[mt][2 * np], a[mt], b[0], b[1]);
@@ -75,17 +77,17 @@ __device__ __forceinline__ void softmax_update(float (&acc_s)[kMTiles][kNTiles][
   }
 }
 
-// O += P V: the keys are the k dimension; v_tile is the lane's ldmatrix address of key 0 of the warp's keys in
-// a (keys, kRow) V tile read transposed (the lane pattern of fwd_sm80.cuh's v_lane).
+// O += P V: the keys are the k dimension; v_tile + v_lane is the lane's ldmatrix address of key 0 of the warp's
+// keys in a (keys, kRow) V tile read transposed (v_lane: the lane pattern of fwd_sm80.cuh's).
 template <ElemType kElem, int kRow, int kMTiles, int kPSteps, int kDTiles>
 __device__ __forceinline__ void pv_product(float (&acc_o)[kMTiles][kDTiles][4], const u32 (&p_frag)[kMTiles][kPSteps][4],
-                                           u32 v_tile) {
+                                           u32 v_tile, u32 v_lane) {
 #pragma unroll
   for (int j = 0; j < kPSteps; ++j)
 #pragma unroll
     for (int dp = 0; dp < kDTiles / 2; ++dp) {
       u32 b[4];  // B fragments of V for d tiles 2dp and 2dp+1, 16x8 each
-      ldmatrix_x4_trans(b, v_tile + (j * 16 * kRow + dp * 16) * 2);
+      ldmatrix_x4_trans(b, v_tile + v_lane + (j * 16 * kRow + dp * 16) * 2);
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
         mma_16816<kElem>(acc_o[mt][2 * dp], p_frag[mt][j], b[0], b[1]);
@@ -105,9 +107,9 @@ __global__ void flashgen_sm80_attend_check(float* out) {
   float acc_s[1][2][4], acc_o[1][8][4] = {}, row_max[1][2] = {{-1e30f, -1e30f}}, row_sum[1][2] = {};
   flashgen::sm80::u32 p_frag[1][1][4];
   auto load_a = [&](int, int kk, flashgen::sm80::u32 (&a)[4]) { flashgen::sm80::ldmatrix_x4(a, base + kk * 32); };
-  flashgen::sm80::qk_product<flashgen::ElemType::kFloat16, 4, 72>(acc_s, load_a, base);
+  flashgen::sm80::qk_product<flashgen::ElemType::kFloat16, 4, 72>(acc_s, load_a, base, 0u);
   flashgen::sm80::softmax_update<flashgen::ElemType::kFloat16>(acc_s, row_max, row_sum, acc_o, p_frag, 1.f);
-  flashgen::sm80::pv_product<flashgen::ElemType::kFloat16, 72>(acc_o, p_frag, base);
+  flashgen::sm80::pv_product<flashgen::ElemType::kFloat16, 72>(acc_o, p_frag, base, 0u);
   out[threadIdx.x] = acc_o[0][0][0] + row_sum[0][0];
 }
 #endif

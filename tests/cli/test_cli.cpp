@@ -248,7 +248,12 @@ TEST_CASE("cli: failures under --json print one JSON error object", "[cli]") {
           {"run", "--config", "fwd_sm80_fp16_d64_m128_n64_w8_s2"},
           {"run", "--backward", "--config", "bwd_sm80_fp16_d128_m64_n64_w4_s2_x1_causal"},
           // a config no GPU can run (more shared memory than sm_90 has)
-          {"run", "--config", "fwd_sm90_fp16_d128_m128_n192_s4"}}) {
+          {"run", "--config", "fwd_sm90_fp16_d128_m128_n192_s4"},
+          // KV-cache runs: options of their own, the library's checks of the cache, decode configs
+          {"run", "--page-size", "16"}, {"run", "--kv-cache", "--page-size", "40"},
+          {"run", "--kv-cache", "--backward"}, {"run", "--kv-cache", "--config", "fwd_sm80_fp16_d128_m128_n64_w4_s2"},
+          {"run", "--kv-cache", "--page-size", "16", "--config", "dec_sm80_fp16_d128_r16_n64_w4_s3"},
+          {"run", "--kv-cache", "--splits", "500"}}) {
       const CliResult result = run_cli(words, dir);
       INFO(words.back() << ": " << result.err);
       CHECK(result.exit_code == 2);
