@@ -149,8 +149,7 @@ extern "C" int flashgen_attention_kvcache_workspace_size(const flashgen_kvcache_
     const flashgen_kvcache_args& checked = required(args, "args");
     check_args_size(checked.size, sizeof(flashgen_kvcache_args));
     FLASHGEN_REQUIRE(workspace_bytes != nullptr, "workspace_bytes: null pointer");
-    const flashgen::KvCacheCall call = flashgen::make_kvcache_call(checked);
-    *workspace_bytes = flashgen::plan_kvcache(call, static_cast<CUstream>(cuda_stream)).launch.workspace_bytes;
+    *workspace_bytes = flashgen::kvcache_workspace_size(checked, static_cast<CUstream>(cuda_stream));
   });
 }
 

@@ -1,5 +1,5 @@
-// Dispatch of both passes: the run-time choice, tune-on-first-use, the fallbacks in one order, and the
-// per-process store of prepared launches that keeps a warm call to a few driver calls.
+// Dispatch of both passes and of KV-cache calls: the run-time choice, tune-on-first-use, the fallbacks in one
+// order, and the per-process store of prepared launches that keeps a warm call to a few driver calls.
 #include "dispatch/dispatch.hpp"
 
 #include <array>
@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <tuple>
 #include <utility>
 
@@ -136,7 +137,7 @@ auto plan_in_scope(const Call& call, const ScopedContext& scope, CUstream stream
 // make the same choice, the same checks pass for both, and they launch the same kernel on the same grid.
 struct ClassKey {
   unsigned long long context_id = 0;
-  std::array<int64_t, 40> values{};
+  std::array<int64_t, 48> values{};
 
   bool operator<(const ClassKey& other) const {
     return std::tie(context_id, values) < std::tie(other.context_id, other.values);
@@ -214,6 +215,18 @@ class KeptLaunches {
 
 using KeptForward = Kept<PreparedForward, ForwardLaunch>;
 using KeptBackward = Kept<PreparedBackward, BackwardLaunch>;
+using KeptKvCache = Kept<PreparedKvCache, KvCacheLaunch>;
+
+ClassKey class_key(const KvCacheCall& call, const ScopedContext& scope) {
+  const AttnDecodeParams& p = call.params;
+  return class_key(scope, call.problem, p,
+                   {p.q_batch_stride,  p.q_row_stride,  p.q_head_stride,  p.k_batch_stride,  p.k_row_stride,
+                    p.k_head_stride,   p.v_batch_stride,  p.v_row_stride,  p.v_head_stride,  p.o_batch_stride,
+                    p.o_row_stride,    p.o_head_stride,   p.kn_batch_stride, p.kn_row_stride, p.kn_head_stride,
+                    p.vn_batch_stride, p.vn_row_stride,   p.vn_head_stride,  p.block_table_stride, p.page_size,
+                    p.num_pages,       p.seqlen_new,      call.problem.paged, p.cache_seqlens != nullptr,
+                    call.num_splits,   p.causal_bottom_right});
+}
 
 template <class Entry>
 KeptLaunches<Entry>& kept_launches() {
@@ -318,6 +331,63 @@ BackwardLaunch attention_backward(const flashgen_tensor& q, const flashgen_tenso
 
 BackwardLaunch attention_backward(const flashgen_varlen_backward_args& args, CUstream stream) {
   return attention_backward(make_varlen_backward_call(args), stream);
+}
+
+KvCachePlan plan_kvcache(const KvCacheCall& call, CUstream stream) {
+  const ScopedContext scope(stream, call.params.q);
+  const int arch = launch_arch(scope.device());
+  const DeviceTraits& device = device_traits(scope.device());
+  DecodeChoice choice = heuristic_decode_choice(call.problem, arch, device.multiprocessors);
+  KvCachePlan plan;
+  plan.launch.config = choice.config;
+  plan.launch.arch = arch;
+  plan.launch.reason = choice.reason;
+  int splits = choice.splits;
+  if (call.num_splits > 0) {
+    splits = call.num_splits;
+    plan.launch.reason += "; " + std::to_string(splits) + " key range" + (splits == 1 ? "" : "s") + " as requested";
+  }
+  plan.prepared = prepare_kvcache(call, stream, choice.config, splits);
+  plan.launch.splits = plan.prepared.splits;
+  plan.launch.workspace_bytes = plan.prepared.workspace_bytes;
+  return plan;
+}
+
+namespace {
+
+// The kept launch of a KV-cache call's problem class, planned (and kept) now when there is none.
+std::shared_ptr<const KeptKvCache> kept_kvcache(const KvCacheCall& call, const ScopedContext& scope, CUstream stream) {
+  KeptLaunches<KeptKvCache>& kept = kept_launches<KeptKvCache>();
+  const ClassKey key = class_key(call, scope);
+  if (auto found = kept.find(key)) return found;
+  const uint64_t generation = choice_generation();
+  KvCachePlan plan = plan_kvcache(call, stream);
+  auto entry = std::make_shared<KeptKvCache>();
+  entry->prepared = std::move(plan.prepared);
+  entry->launch = std::move(plan.launch);
+  entry->generation = generation;
+  kept.keep(key, entry);
+  return entry;
+}
+
+}  // namespace
+
+size_t kvcache_workspace_size(const flashgen_kvcache_args& args, CUstream stream) {
+  const KvCacheCall call = make_kvcache_call(args);
+  const ScopedContext scope(stream, call.params.q);
+  return kept_kvcache(call, scope, stream)->launch.workspace_bytes;
+}
+
+KvCacheLaunch attention_kvcache(const flashgen_kvcache_args& args, CUstream stream) {
+  const KvCacheCall call = make_kvcache_call(args);
+  const ScopedContext scope(stream, call.params.q);
+  const int device = static_cast<int>(scope.device());
+  // A warm call of a kept problem class only checks its pointers and launches.
+  const std::shared_ptr<const KeptKvCache> entry = kept_kvcache(call, scope, stream);
+  PreparedKvCache prepared = entry->prepared;
+  prepared.rebind(call, device);
+  launch_prepared_kvcache(prepared, call, stream, device);
+  return entry->launch;
 }
 
 }  // namespace flashgen

@@ -109,7 +109,11 @@ struct KvCachePlan {
 KvCachePlan plan_kvcache(const KvCacheCall& call, CUstream stream);
 
 // make_kvcache_call + plan_kvcache + the launch (the caller's workspace, or one from the stream's pool): the
-// entry point behind flashgen_attention_kvcache.
+// entry point behind flashgen_attention_kvcache. A warm call re-uses the prepared launch of its problem class.
 KvCacheLaunch attention_kvcache(const flashgen_kvcache_args& args, CUstream stream);
+
+// The workspace attention_kvcache needs for args (its kept launch's, planned now when there is none): the entry
+// point behind flashgen_attention_kvcache_workspace_size.
+size_t kvcache_workspace_size(const flashgen_kvcache_args& args, CUstream stream);
 
 }  // namespace flashgen

@@ -181,10 +181,9 @@ size_t kvcache_workspace_bytes(const KvCacheCall& call, int splits) {
   return align_up(sizeof(float) * rows * size_t(call.problem.head_dim())) + align_up(sizeof(float) * rows);
 }
 
-PreparedKvCache prepare_kvcache(const KvCacheCall& call, CUstream stream, const DecodeConfig& config, int splits) {
-  const AttnDecodeParams& p = call.params;
-  const ScopedContext scope(stream, p.q);
-  const int device = scope.device();
+namespace {
+
+void check_device_pointers(const AttnDecodeParams& p, int device) {
   check_device_pointer(p.q, "q.data", device);
   check_device_pointer(p.k_cache, "k_cache.data", device);
   check_device_pointer(p.v_cache, "v_cache.data", device);
@@ -196,6 +195,15 @@ PreparedKvCache prepare_kvcache(const KvCacheCall& call, CUstream stream, const 
     check_device_pointer(p.k_new, "k_new.data", device);
     check_device_pointer(p.v_new, "v_new.data", device);
   }
+}
+
+}  // namespace
+
+PreparedKvCache prepare_kvcache(const KvCacheCall& call, CUstream stream, const DecodeConfig& config, int splits) {
+  const AttnDecodeParams& p = call.params;
+  const ScopedContext scope(stream, p.q);
+  const int device = scope.device();
+  check_device_pointers(p, device);
   const int arch = launch_arch(device);
   check_requested_config(config, call.problem, arch);
   FLASHGEN_REQUIRE(config.paged == call.problem.paged,
@@ -235,6 +243,13 @@ PreparedKvCache prepare_kvcache(const KvCacheCall& call, CUstream stream, const 
         static_cast<unsigned>(ceil_div(static_cast<long long>(partial_rows(p)), kDecodeRowKernelThreads / 32));
   }
   return prepared;
+}
+
+void PreparedKvCache::rebind(const KvCacheCall& call, int device) {
+  check_device_pointers(call.params, device);
+  const int kept_splits = params.splits, kept_row_blocks = params.row_blocks;
+  params = call.params;
+  params.splits = kept_splits, params.row_blocks = kept_row_blocks;
 }
 
 namespace {

@@ -56,6 +56,10 @@ struct PreparedKvCache {
   AttnDecodeParams params{};
   size_t workspace_bytes = 0;
 
+  // Points the launch at call's tensors after checking they are memory of device (the launch context's): call
+  // must differ from the prepared one in its data pointers only.
+  void rebind(const KvCacheCall& call, int device);
+
   // Queues the kernels on stream with workspace (at least workspace_bytes; unused with one range).
   void operator()(CUstream stream, CUdeviceptr workspace) const;
 };

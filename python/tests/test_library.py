@@ -75,10 +75,17 @@ def test_struct_layouts_mirror_flashgen_h():
     assert ctypes.sizeof(_lib.AttentionOptions) == 12
     assert ctypes.sizeof(_lib.ForwardProblem) == 56
     assert _lib.ForwardProblem.batch.offset == 8
-    # flashgen_varlen_forward_args: size_t, four tensors, four pointers, three int64, the options.
-    assert ctypes.sizeof(_lib.VarlenForwardArgs) == 400
+    # flashgen_varlen_forward_args: size_t, four tensors, four pointers, three int64, the options (+4 padding),
+    # the block table's pointer and row length.
+    assert ctypes.sizeof(_lib.VarlenForwardArgs) == 416
     assert _lib.VarlenForwardArgs.lse.offset == 328
     assert _lib.VarlenForwardArgs.options.offset == 384
+    assert _lib.VarlenForwardArgs.block_table.offset == 400
+    # flashgen_kvcache_args: size_t, six tensors, three pointers, two int64, the workspace and its size, the options.
+    assert ctypes.sizeof(_lib.KvCacheArgs) == 560
+    assert _lib.KvCacheArgs.lse.offset == 488
+    assert _lib.KvCacheArgs.max_pages.offset == 512
+    assert _lib.KvCacheArgs.options.offset == 544
     # flashgen_varlen_backward_args: size_t, eight tensors, three pointers, three int64, the options.
     assert ctypes.sizeof(_lib.VarlenBackwardArgs) == 712
     assert _lib.VarlenBackwardArgs.lse.offset == 648

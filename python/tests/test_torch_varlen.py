@@ -157,7 +157,7 @@ def test_deterministic_gradients_repeat_bitwise():
 
 def test_prefill_over_a_paged_cache_matches_the_packed_keys():
     """The same batch with its keys and values in shuffled pages of 16 rows (block_table): every sequence's output
-    against its reference, and bitwise the packed call's (the same tiles, read through the pages)."""
+    and lse against its reference, and close to the packed call's (on sm_90 another kernel family runs that)."""
     q_lens, k_lens = [3, 0, 130, 64, 1], [5, 2, 200, 40, 0]
     q, k, v = (_packed(lens, heads, 64, torch.bfloat16, seed)
                for lens, heads, seed in ((q_lens, 8, 21), (k_lens, 2, 22), (k_lens, 2, 23)))
@@ -177,7 +177,9 @@ def test_prefill_over_a_paged_cache_matches_the_packed_keys():
     out, lse, _ = fgt.varlen_attention(q, k_cache, v_cache, cu_q, cu_k, max(q_lens), max(k_lens), causal=True,
                                        block_table=table, return_attn_probs=True)
     _check_sequences(out, lse, q, k, v, q_lens, k_lens, k_lens, "bottom_right", torch.bfloat16)
-    assert torch.equal(out, packed) and torch.equal(lse, packed_lse)
+    live = torch.isfinite(packed_lse)
+    assert torch.equal(torch.isfinite(lse), live)
+    assert testsupport.max_error(out, packed) <= 2e-2 and testsupport.max_error(lse[live], packed_lse[live]) <= 1e-3
     with pytest.raises(NotImplementedError, match="block_table"):
         fgt.varlen_attention(q.requires_grad_(), k_cache, v_cache, cu_q, cu_k, max(q_lens), max(k_lens),
                              block_table=table)

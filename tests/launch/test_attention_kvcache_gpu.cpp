@@ -266,4 +266,14 @@ TEST_CASE("KV-cache attention uses the caller's workspace and reports what it ne
   REQUIRE(flashgen_attention_kvcache(&kv.args, nullptr) == FLASHGEN_SUCCESS);
   FLASHGEN_CU_CHECK(cuCtxSynchronize());
   check_outputs(c, kv, "caller's workspace");
+
+  // Another call of the same problem class on other tensors: the kept launch, pointed at them.
+  KvBatch other(c, 0x4b4b);
+  other.args.num_splits = 5;
+  other.args.workspace = workspace.data();
+  other.args.workspace_bytes = bytes;
+  other.poison();
+  REQUIRE(flashgen_attention_kvcache(&other.args, nullptr) == FLASHGEN_SUCCESS);
+  FLASHGEN_CU_CHECK(cuCtxSynchronize());
+  check_outputs(c, other, "a warm call on other tensors");
 }
