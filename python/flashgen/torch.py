@@ -675,6 +675,17 @@ def _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, ls
     return args
 
 
+# Split workspace bytes the library asked for, per problem class (everything of a call but its data): a warm call
+# asks the library once, not twice. Cleared when it grows past 4096 classes.
+_KVCACHE_WORKSPACE = {}
+
+
+def _kvcache_class(q, k_cache, v_cache, k, cache_seqlens, block_table, scale, mask, num_splits):
+    return (q.device, q.dtype, tuple(q.shape), q.stride(), tuple(k_cache.shape), k_cache.stride(), v_cache.stride(),
+            None if k is None else (tuple(k.shape), k.stride()),
+            None if block_table is None else tuple(block_table.shape), cache_seqlens is None, scale, mask, num_splits)
+
+
 def _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits):
     with torch.cuda.device(q.device):
         q = _readable(q)
@@ -685,16 +696,25 @@ def _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask,
         lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
         args = _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, scale, mask, num_splits)
         stream = _stream(q.device)
+        key = _kvcache_class(q, k_cache, v_cache, k, cache_seqlens, block_table, scale, mask, num_splits)
+        needed = _KVCACHE_WORKSPACE.get(key)
+        if needed is None:
+            size = ctypes.c_size_t(0)
+            _lib.check(_lib.function("flashgen_attention_kvcache_workspace_size")(ctypes.byref(args), stream,
+                                                                                ctypes.byref(size)),
+                       "flashgen_attention_kvcache_workspace_size")
+            if len(_KVCACHE_WORKSPACE) >= 4096:
+                _KVCACHE_WORKSPACE.clear()
+            needed = _KVCACHE_WORKSPACE[key] = size.value
         # The split workspace from torch's allocator: captured with the call into a CUDA graph's pool.
-        needed = ctypes.c_size_t(0)
-        _lib.check(_lib.function("flashgen_attention_kvcache_workspace_size")(ctypes.byref(args), stream,
-                                                                            ctypes.byref(needed)),
-                   "flashgen_attention_kvcache_workspace_size")
         workspace = None
-        if needed.value > 0:
-            workspace = torch.empty(needed.value, dtype=torch.uint8, device=q.device)
-            args.workspace, args.workspace_bytes = workspace.data_ptr(), needed.value
-        _lib.check(_lib.function("flashgen_attention_kvcache")(ctypes.byref(args), stream), "flashgen_attention_kvcache")
+        if needed > 0:
+            workspace = torch.empty(needed, dtype=torch.uint8, device=q.device)
+            args.workspace, args.workspace_bytes = workspace.data_ptr(), needed
+        status = _lib.function("flashgen_attention_kvcache")(ctypes.byref(args), stream)
+        if status != _lib.SUCCESS:
+            _KVCACHE_WORKSPACE.pop(key, None)  # a choice made since may want another workspace: ask again next time
+        _lib.check(status, "flashgen_attention_kvcache")
     return out, lse
 
 
