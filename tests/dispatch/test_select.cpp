@@ -166,3 +166,26 @@ TEST_CASE("a stored row the database cannot read back is passed over, not thrown
   CHECK(choice.reason.find("passed over") != std::string::npos);
   CHECK(choice.reason.find("mask") != std::string::npos);
 }
+
+TEST_CASE("packed batches choose their own kernels: on sm_90a the Hopper family, one block per tile",
+          "[tuner][select][nvrtc][varlen]") {
+  auto& registry = flashgen::KernelRegistry::instance();
+  for (MaskKind mask : {MaskKind::kNone, MaskKind::kCausal})
+    for (int d : {64, 128, 256}) {
+      const flashgen::ForwardChoice choice =
+          flashgen::heuristic_choice(DType::kBFloat16, d, mask, 90, /*sm80_only=*/false, /*varlen=*/true);
+      INFO(flashgen::config_name(choice.config) << ": " << choice.reason);
+      CHECK(choice.config.varlen);
+      CHECK_FALSE(choice.config.invalid_reason(90).has_value());
+      if (const flashgen::Sm90Knobs* k = choice.config.sm90()) {
+        CHECK_FALSE(k->persistent);
+        CHECK(k->groups == 1);
+        CHECK(k->cluster == 1);
+      }
+      const auto usage = registry.compiled(choice.config, 90)->usage;
+      CHECK(usage.spill_store_bytes + usage.spill_load_bytes == 0);
+    }
+  // head_dim 128 has a Hopper-family choice for packed batches.
+  CHECK(flashgen::heuristic_choice(DType::kBFloat16, 128, MaskKind::kCausal, 90, false, true).config.family() ==
+        flashgen::KernelFamily::kSm90);
+}

@@ -7,6 +7,7 @@
 #include "flashgen/error.hpp"
 #include "generator/decode_config.hpp"
 #include "generator/generator.hpp"
+#include "runtime/kernel_registry.hpp"
 #include "tuner/decode_choice.hpp"
 
 using flashgen::DecodeConfig;
@@ -82,4 +83,24 @@ TEST_CASE("the decode heuristic packs a kv head's rows and splits short batches 
   choice = flashgen::heuristic_decode_choice(problem, 90, 132);
   CHECK(choice.config.rows == 32);
   CHECK(choice.splits <= 8);  // 512 keys hold 8 tiles of 64
+}
+
+TEST_CASE("the decode heuristic's configs compile without spills", "[tuner][decode][nvrtc]") {
+  auto& registry = flashgen::KernelRegistry::instance();
+  flashgen::AttentionProblem problem;
+  problem.kv_cache = true;
+  problem.dtype = flashgen::DType::kBFloat16;
+  problem.mask = FLASHGEN_MASK_CAUSAL;
+  for (int arch : {80, 90})
+    for (int d : {64, 128, 256})
+      for (bool paged : {false, true}) {
+        problem.paged = paged;
+        problem.shape = {4, 1, 8192, 32, 8, d};
+        const flashgen::DecodeChoice choice = flashgen::heuristic_decode_choice(problem, arch, 132);
+        INFO("sm_" << arch << " " << choice.config.name());
+        REQUIRE_FALSE(choice.config.invalid_reason(arch).has_value());
+        const auto kernel = registry.compiled(choice.config, arch);
+        const auto usage = kernel->usage_of(choice.config.symbol(DecodeKernel::kAttend));
+        CHECK(usage.spill_store_bytes + usage.spill_load_bytes == 0);
+      }
 }
