@@ -347,7 +347,7 @@ flashgen_tensor cache_tensor(const RunOptions& o, void* data) {
 
 // `run --kv-cache`: random q and caches (k and v as the reference sees them, scattered into shuffled pages
 // when paged), one checked call, then timing.
-RunReport run_kvcache(const RunOptions& o, RunReport report) {
+RunReport run_kvcache(const RunOptions& o, const ScopedContext& context, RunReport report) {
   const AttentionProblem& p = o.problem;
   const AttentionShape& s = p.shape;
   HostTensor q = make_host_tensor(p.dtype, s.batch, s.seqlen_q, s.heads_q, s.head_dim, false);
@@ -394,13 +394,13 @@ RunReport run_kvcache(const RunOptions& o, RunReport report) {
     const DecodeConfig config = DecodeConfig::from_name(*o.config_name);
     const int splits = o.splits > 0 ? o.splits
                                     : heuristic_decode_splits(p, config, report.device_sm,
-                                                              device_traits(ScopedContext().device()).multiprocessors);
+                                                              device_traits(context.device()).multiprocessors);
     requested = prepare_kvcache(call, stream.get(), config, splits);
     report.config_name = config.name() + ", " + std::to_string(requested->splits) + " key ranges";
     report.reason = "requested with --config";
     report.arch = requested->arch;
   }
-  const int device = static_cast<int>(ScopedContext(stream.get()).device());
+  const int device = static_cast<int>(context.device());
   auto launch = [&] {
     if (requested) {
       launch_prepared_kvcache(*requested, call, stream.get(), device);
@@ -438,7 +438,7 @@ RunReport run_problem(const RunOptions& o) {
   FLASHGEN_CU_CHECK(cuDeviceGetName(name, sizeof name, context.device()));
   report.device_name = name;
   report.device_sm = device_sm(context.device());
-  if (o.problem.kv_cache) return run_kvcache(o, report);
+  if (o.problem.kv_cache) return run_kvcache(o, context, report);
 
   const AttentionProblem& p = o.problem;
   const AttentionShape& shape = p.shape;

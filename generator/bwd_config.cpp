@@ -179,14 +179,7 @@ void from_json(const nlohmann::json& j, BwdConfig& c) {
                      "backward config JSON: unknown family " + j["family"].dump() + " (bwd_sm80 or bwd_sm90)");
     sm90 = j["family"] == "bwd_sm90";
   }
-  if (j.contains("dtype")) {
-    FLASHGEN_REQUIRE(j["dtype"] == "fp16" || j["dtype"] == "bf16", "backward config JSON: dtype must be \"fp16\" or \"bf16\"");
-    config.dtype = j["dtype"] == "bf16" ? DType::kBFloat16 : DType::kFloat16;
-  }
-  if (j.contains("mask")) {
-    FLASHGEN_REQUIRE(j["mask"] == "none" || j["mask"] == "causal", "backward config JSON: mask must be \"none\" or \"causal\"");
-    config.mask = j["mask"] == "causal" ? MaskKind::kCausal : MaskKind::kNone;
-  }
+  read_dtype_and_mask(j, "backward config JSON", config.dtype, config.mask);
   auto get_int = [&](const char* key, int& out) {
     if (!j.contains(key)) return;
     FLASHGEN_REQUIRE(is_int_field(j[key]), std::string("backward config JSON: '") + key + "' must be an integer, got " +

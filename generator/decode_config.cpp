@@ -104,16 +104,7 @@ void from_json(const nlohmann::json& j, DecodeConfig& c) {
   FLASHGEN_REQUIRE(!j.contains("family") || j["family"] == "dec_sm80",
                    "decode config JSON: unknown family " + (j.contains("family") ? j["family"].dump() : ""));
   DecodeConfig config;
-  if (j.contains("dtype")) {
-    const auto& d = j["dtype"];
-    FLASHGEN_REQUIRE(d == "fp16" || d == "bf16", "decode config JSON: dtype must be \"fp16\" or \"bf16\"");
-    config.dtype = d == "bf16" ? DType::kBFloat16 : DType::kFloat16;
-  }
-  if (j.contains("mask")) {
-    const auto& m = j["mask"];
-    FLASHGEN_REQUIRE(m == "none" || m == "causal", "decode config JSON: mask must be \"none\" or \"causal\"");
-    config.mask = m == "causal" ? MaskKind::kCausal : MaskKind::kNone;
-  }
+  read_dtype_and_mask(j, "decode config JSON", config.dtype, config.mask);
   for (const auto& [key, field] : {std::pair{"head_dim", &config.head_dim}, std::pair{"rows", &config.rows},
                                    std::pair{"block_n", &config.block_n}, std::pair{"warps", &config.warps},
                                    std::pair{"stages", &config.stages}}) {

@@ -183,6 +183,19 @@ bool is_int_field(const nlohmann::json& value) {
   return value.is_number_integer() && value.get<int64_t>() >= kMin && value.get<int64_t>() <= kMax;
 }
 
+void read_dtype_and_mask(const nlohmann::json& j, const char* what, DType& dtype, MaskKind& mask) {
+  if (j.contains("dtype")) {
+    const auto& d = j["dtype"];
+    FLASHGEN_REQUIRE(d == "fp16" || d == "bf16", std::string(what) + ": dtype must be \"fp16\" or \"bf16\"");
+    dtype = d == "bf16" ? DType::kBFloat16 : DType::kFloat16;
+  }
+  if (j.contains("mask")) {
+    const auto& m = j["mask"];
+    FLASHGEN_REQUIRE(m == "none" || m == "causal", std::string(what) + ": mask must be \"none\" or \"causal\"");
+    mask = m == "causal" ? MaskKind::kCausal : MaskKind::kNone;
+  }
+}
+
 void from_json(const nlohmann::json& j, KernelConfig& c) {
   FLASHGEN_REQUIRE(j.is_object(), "kernel config JSON must be an object");
   // A misspelt key would otherwise leave its knob at the default without a word.
@@ -211,16 +224,7 @@ void from_json(const nlohmann::json& j, KernelConfig& c) {
                      "kernel config JSON: unknown family " + j["family"].dump());
     sm90 = j["family"] == "fwd_sm90";
   }
-  if (j.contains("dtype")) {
-    const auto& d = j["dtype"];
-    FLASHGEN_REQUIRE(d == "fp16" || d == "bf16", "kernel config JSON: dtype must be \"fp16\" or \"bf16\"");
-    config.dtype = d == "bf16" ? DType::kBFloat16 : DType::kFloat16;
-  }
-  if (j.contains("mask")) {
-    const auto& m = j["mask"];
-    FLASHGEN_REQUIRE(m == "none" || m == "causal", "kernel config JSON: mask must be \"none\" or \"causal\"");
-    config.mask = m == "causal" ? MaskKind::kCausal : MaskKind::kNone;
-  }
+  read_dtype_and_mask(j, "kernel config JSON", config.dtype, config.mask);
   get_int("head_dim", config.head_dim);
   get_int("block_m", config.block_m);
   get_int("block_n", config.block_n);

@@ -105,4 +105,8 @@ void from_json(const nlohmann::json& j, KernelConfig& config);  // throws Error 
 // Whether a config JSON field is an integer within int's range (a plain get<int>() would wrap larger ones).
 bool is_int_field(const nlohmann::json& value);
 
+// The "dtype" and "mask" fields of a config family's JSON, when present, into dtype and mask; Error
+// naming the field (after what, e.g. "kernel config JSON") otherwise.
+void read_dtype_and_mask(const nlohmann::json& j, const char* what, DType& dtype, MaskKind& mask);
+
 }  // namespace flashgen

@@ -66,7 +66,7 @@ struct FwdSm90 : FwdSm90Layout<Cfg> {
     if constexpr (L::kVarlen) {
       AttnFwdParams p = params.base;
       const SequenceRows rows = sequence_rows(p, blockIdx.z);
-      if (!bind_sequence(p, blockIdx.z, (gridDim.x - 1 - blockIdx.x) * L::kBlockM)) return;
+      if (!bind_sequence(p, blockIdx.z, rows, (gridDim.x - 1 - blockIdx.x) * L::kBlockM)) return;
       run_tiles(params, p, rows);
     } else {
       run_tiles(params, params.base, SequenceRows{});

@@ -53,11 +53,10 @@ __device__ inline SequenceRows sequence_rows(const Params& p, int sequence, bool
   return {q_begin, min(q_end - q_begin, p.seqlen_q), k_begin, k_end - k_begin};
 }
 
-// Points p (a block's own copy of the kernel's params) at packed sequence `sequence`: q, k, v, o and lse
-// at its first rows, seqlen_q and seqlen_k its lengths, causal_offset its alignment's. Returns false when
-// the block's first query row, m_start, lies past the sequence's end: the block has nothing to do.
-__device__ inline bool bind_sequence(AttnFwdParams& p, int sequence, int m_start) {
-  const SequenceRows s = sequence_rows(p, sequence, p.block_table != nullptr);
+// Points p (a block's own copy of the kernel's params) at packed sequence `sequence`, whose rows are s: q, k,
+// v, o and lse at its first rows, seqlen_q and seqlen_k its lengths, causal_offset its alignment's. Returns
+// false when the block's first query row, m_start, lies past the sequence's end: the block has nothing to do.
+__device__ inline bool bind_sequence(AttnFwdParams& p, int sequence, const SequenceRows& s, int m_start) {
   p.seqlen_q = s.seqlen_q, p.seqlen_k = s.seqlen_k;
   if (m_start >= p.seqlen_q) return false;
   p.causal_offset = p.causal_bottom_right ? p.seqlen_k - p.seqlen_q : 0;
@@ -69,6 +68,11 @@ __device__ inline bool bind_sequence(AttnFwdParams& p, int sequence, int m_start
   if (p.block_table != nullptr) p.block_table += sequence * p.block_table_stride;
   if (p.lse != nullptr) p.lse += s.q_begin;
   return true;
+}
+
+// The same, reading the sequence's rows first.
+__device__ inline bool bind_sequence(AttnFwdParams& p, int sequence, int m_start) {
+  return bind_sequence(p, sequence, sequence_rows(p, sequence, p.block_table != nullptr), m_start);
 }
 
 // The same for the backward's kernels: every tensor and per-row array at the sequence's first rows. The

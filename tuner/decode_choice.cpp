@@ -66,7 +66,6 @@ DecodeChoice heuristic_decode_choice(const AttentionProblem& problem, int arch, 
     if (deeper.smem_bytes(DecodeKernel::kAttend) > budget) break;
     c.stages = stages;
   }
-  if (c.invalid_reason(arch)) c.stages = 2;
   choice.splits = heuristic_decode_splits(problem, c, arch, multiprocessors);
   choice.reason = "built-in heuristic: " + std::to_string(c.rows) + " packed query rows per block, " +
                   std::to_string(c.stages) + " stages; " + std::to_string(choice.splits) + " key range" +

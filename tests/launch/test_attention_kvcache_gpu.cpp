@@ -18,6 +18,7 @@
 #include "gpu.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/device_buffer.hpp"
+#include "support/device_inputs.hpp"
 
 namespace {
 
@@ -37,12 +38,7 @@ struct KvCase {
   std::vector<int> splits = {0, 1, 3};
 };
 
-std::vector<uint16_t> random_bits(size_t count, flashgen_dtype dtype, std::mt19937_64& rng) {
-  std::normal_distribution<float> normal(0.f, 1.f);
-  std::vector<uint16_t> bits(count);
-  for (uint16_t& b : bits) b = flashgen::float_to_dtype_bits(normal(rng), dtype);
-  return bits;
-}
+using flashgen::test::random_bits;
 
 flashgen_tensor bshd(const DeviceBuffer& b, flashgen_dtype dtype, int64_t n0, int64_t n1, int64_t h, int64_t d) {
   return flashgen_tensor{b.data(), dtype, {n0, n1, h, d}, {n1 * h * d, h * d, d, 1}};
@@ -84,11 +80,7 @@ struct KvBatch {
           std::copy_n(v_logical.begin() + src, row, v_phys.begin() + dst);
         }
     }
-    auto upload = [](const auto& host) {
-      DeviceBuffer buffer(host.size() * sizeof(host[0]));
-      buffer.upload(host);
-      return buffer;
-    };
+    using flashgen::test::upload;
     dq = upload(q), dk = upload(k_phys), dv = upload(v_phys), dkn = upload(k_new), dvn = upload(v_new);
     dlens = upload(c.cache_lens);
     dtable = upload(table.empty() ? std::vector<int32_t>{0} : table);

@@ -19,6 +19,7 @@
 #include "launch/attention.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/device_buffer.hpp"
+#include "support/device_inputs.hpp"
 
 namespace {
 
@@ -42,18 +43,8 @@ std::vector<int32_t> offsets(const std::vector<int32_t>& lens) {
   return cu;
 }
 
-DeviceBuffer upload_ints(const std::vector<int32_t>& values) {
-  DeviceBuffer buffer(values.size() * sizeof(int32_t));
-  buffer.upload(values);
-  return buffer;
-}
-
-std::vector<uint16_t> random_bits(size_t count, flashgen_dtype dtype, std::mt19937_64& rng) {
-  std::normal_distribution<float> normal(0.f, 1.f);
-  std::vector<uint16_t> bits(count);
-  for (uint16_t& b : bits) b = flashgen::float_to_dtype_bits(normal(rng), dtype);
-  return bits;
-}
+using flashgen::test::random_bits;
+using flashgen::test::upload;
 
 // A case's packed inputs on the host and the device, out and lse poisoned (NaN: a row the kernels leave
 // unwritten fails the checks), and the forward's arguments over them.
@@ -75,8 +66,8 @@ struct PackedBatch {
     dout = DeviceBuffer(q.size() * 2), dlse = DeviceBuffer(size_t(hq * total_q) * sizeof(float));
     dq.upload(q), dk.upload(k), dv.upload(v);
     dout.fill_bytes(0xff), dlse.fill_bytes(0xff);
-    dcu_q = upload_ints(cu_q), dcu_k = upload_ints(cu_k);
-    dused = upload_ints(c.used_k.empty() ? std::vector<int32_t>{0} : c.used_k);
+    dcu_q = upload(cu_q), dcu_k = upload(cu_k);
+    dused = upload(c.used_k.empty() ? std::vector<int32_t>{0} : c.used_k);
     args.size = sizeof(args);
     args.q = packed(c, dq, total_q, hq), args.k = packed(c, dk, total_k, hkv), args.v = packed(c, dv, total_k, hkv);
     args.out = packed(c, dout, total_q, hq);
@@ -121,7 +112,7 @@ struct PagedCache {
       }
     dk = DeviceBuffer(k.size() * 2), dv = DeviceBuffer(v.size() * 2);
     dk.upload(k), dv.upload(v);
-    dtable = upload_ints(std::vector<int32_t>(order.begin(), order.begin() + batch * max_pages));
+    dtable = upload(std::vector<int32_t>(order.begin(), order.begin() + batch * max_pages));
     flashgen_varlen_forward_args& args = packed.args;
     args.k = flashgen_tensor{dk.data(), c.dtype, {num_pages, page, c.heads_kv, c.head_dim}, {page * row, row, c.head_dim, 1}};
     args.v = args.k;
