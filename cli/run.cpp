@@ -96,9 +96,9 @@ RunOptions parse_run_options(const Args& args) {
   }
   if (p.kv_cache && (p.backward() || o.layout != "bshd"))
     fail(Status::kInvalidArgument, "--kv-cache runs the forward on bshd tensors: no --backward or --layout bhsd");
-  o.page_size = args.int_or("page-size", 0, 0, kSizeMax);
+  p.page_size = static_cast<int>(args.int_or("page-size", 0, 0, kSizeMax));
   o.splits = static_cast<int>(args.int_or("splits", 0, 0, 1 << 20));
-  p.paged = o.page_size > 0;
+  p.paged = p.page_size > 0;
   return o;
 }
 
@@ -312,10 +312,11 @@ void run_backward(const RunOptions& o, const HostTensor& q, const HostTensor& k,
   report.flops = backward_flops(shape, options.mask);
 }
 
-// A --kv-cache run's cache: pages of o.page_size keys per sequence (ceil(seqlen_k / page_size) of them) in a
+// A --kv-cache run's cache: pages of page_size keys per sequence (ceil(seqlen_k / page_size) of them) in a
 // shuffled order, or 0 for a contiguous cache.
 int64_t pages_per_sequence(const RunOptions& o) {
-  return o.page_size > 0 ? (o.problem.shape.seqlen_k + o.page_size - 1) / o.page_size : 0;
+  const int64_t page_size = o.problem.page_size;
+  return o.problem.paged ? (o.problem.shape.seqlen_k + page_size - 1) / page_size : 0;
 }
 
 // flashgen_kvcache_args of a --kv-cache run: q and out, the caches (paged through table, else contiguous), every
@@ -328,7 +329,7 @@ flashgen_kvcache_args kvcache_args(const RunOptions& o, const flashgen_tensor& q
   args.q = q, args.k_cache = k_cache, args.v_cache = v_cache, args.out = out;
   args.lse = lse;
   args.cache_seqlens = lens;
-  args.block_table = o.page_size > 0 ? table : nullptr;
+  args.block_table = o.problem.paged ? table : nullptr;
   args.max_pages = pages_per_sequence(o);
   args.num_splits = o.splits;
   args.options.softmax_scale = o.scale;
@@ -340,7 +341,7 @@ flashgen_kvcache_args kvcache_args(const RunOptions& o, const flashgen_tensor& q
 flashgen_tensor cache_tensor(const RunOptions& o, void* data) {
   const AttentionShape& s = o.problem.shape;
   const int64_t pages = pages_per_sequence(o);
-  return o.page_size > 0 ? bshd_tensor(data, abi_dtype(o.problem.dtype), s.batch * pages, o.page_size, s.heads_kv,
+  return o.problem.paged ? bshd_tensor(data, abi_dtype(o.problem.dtype), s.batch * pages, o.problem.page_size, s.heads_kv,
                                        s.head_dim)
                          : bshd_tensor(data, abi_dtype(o.problem.dtype), s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
 }
@@ -365,12 +366,13 @@ RunReport run_kvcache(const RunOptions& o, const ScopedContext& context, RunRepo
   std::vector<int32_t> table(static_cast<size_t>(std::max<int64_t>(1, s.batch * pages)));
   std::iota(table.begin(), table.end(), 0);
   std::shuffle(table.begin(), table.end(), rng);
-  const int64_t cache_rows = o.page_size > 0 ? s.batch * pages * o.page_size : s.batch * s.seqlen_k;
+  const int64_t page_size = p.page_size;
+  const int64_t cache_rows = p.paged ? s.batch * pages * page_size : s.batch * s.seqlen_k;
   std::vector<uint16_t> k_cache(static_cast<size_t>(cache_rows * row)), v_cache(k_cache.size());
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t j = 0; j < s.seqlen_k; ++j) {
-      const int64_t at = o.page_size > 0 ? table[size_t(b * pages + j / o.page_size)] * o.page_size + j % o.page_size
-                                         : b * s.seqlen_k + j;
+      const int64_t at =
+          p.paged ? table[size_t(b * pages + j / page_size)] * page_size + j % page_size : b * s.seqlen_k + j;
       std::copy_n(k.bits.begin() + (b * s.seqlen_k + j) * row, row, k_cache.begin() + at * row);
       std::copy_n(v.bits.begin() + (b * s.seqlen_k + j) * row, row, v_cache.begin() + at * row);
     }
@@ -553,7 +555,7 @@ Json run_report_json(const RunReport& r) {
         {"heads_kv", s.heads_kv}, {"head_dim", s.head_dim}, {"dtype", dtype_name(p.dtype)},
         {"causal", causal_text(p.mask)}, {"scale", r.scale}, {"layout", o.layout}, {"seed", o.seed}}},
       {"pass", p.backward() ? "backward" : "forward"},
-      {"kv_cache", p.kv_cache ? Json{{"page_size", o.page_size}, {"splits", o.splits}, {"kv_bytes", r.kv_bytes}}
+      {"kv_cache", p.kv_cache ? Json{{"page_size", p.page_size}, {"splits", o.splits}, {"kv_bytes", r.kv_bytes}}
                               : Json(nullptr)},
       {"deterministic", p.deterministic()},
       {"config", r.config_name},

@@ -27,9 +27,8 @@ struct RunOptions {
   int check_rows = 64;
   uint32_t seed = 0;
   // --kv-cache (problem.kv_cache): seqlen_q new tokens per sequence against full caches of seqlen_k keys, read
-  // through a shuffled block table of page_size-key pages (0: a contiguous cache), split into `splits` key
+  // through a shuffled block table of problem.page_size-key pages when problem.paged, split into `splits` key
   // ranges (0: chosen).
-  int64_t page_size = 0;
   int splits = 0;
 };
 

@@ -29,7 +29,8 @@ namespace flashgen::cli {
 
 Command tune_command() {
   return Command("tune",
-                 "Tunes the forward kernel (with --backward the backward's kernels) on the GPU for one\n"
+                 "Tunes the forward kernel (with --backward the backward's kernels, with --kv-cache the decode\n"
+                 "kernels and their split count) on the GPU for one\n"
                  "problem (given by flags) or for every problem of a JSON spec: enumerates and prunes the search space, compiles the candidates, checks\n"
                  "each against a float64 reference, times them and stores every row and the winner in the\n"
                  "tuning database. A problem whose bucket the database already holds for this GPU is skipped\n"
@@ -42,7 +43,8 @@ Command tune_command() {
                  "Spec: {\"max_candidates\": 32, \"problems\": [{\"pass\": \"backward\", \"deterministic\": false,\n"
                  "\"dtype\": \"bf16\", \"head_dim\": 128,\n"
                  "\"causal\": \"bottom-right\", \"batch\": 4, \"heads_q\": 32, \"heads_kv\": 8, \"seqlen_q\": 4096,\n"
-                 "\"seqlen_k\": 4096}, ...]}; omitted fields take the flag defaults below.",
+                 "\"seqlen_k\": 4096}, {\"kv_cache\": true, \"page_size\": 16, \"batch\": 8, \"seqlen_q\": 1, \"seqlen_k\": 32768},\n"
+                 "...]}; omitted fields take the flag defaults below.",
                  "[options]")
       .flag("backward", "tune the backward pass (dq, dk, dv) instead of the forward")
       .flag("deterministic", "with --backward: the deterministic dQ strategy (bitwise repeatable)")
@@ -52,8 +54,13 @@ Command tune_command() {
       .option("batch", "B", "batch size (default 4)")
       .option("heads-q", "H", "query heads (default 16)")
       .option("heads-kv", "H", "key/value heads; heads-q must be a multiple (default 16)")
-      .option("seqlen-q", "N", "query length (default 4096)")
-      .option("seqlen-k", "N", "key/value length (default 4096)")
+      .option("seqlen-q", "N", "query length; with --kv-cache the new tokens per sequence (default 4096, 1 with "
+                               "--kv-cache)")
+      .option("seqlen-k", "N", "key/value length; with --kv-cache the cache's capacity, every cache full (default 4096)")
+      .flag("kv-cache", "tune decoding against a KV cache (flashgen_attention_kvcache): the decode modules and "
+                        "the key ranges per sequence, timed with CUDA events on full caches")
+      .option("page-size", "N", "with --kv-cache: a paged cache of N-key pages, a multiple of 16, in a shuffled "
+                                "order (default 0: contiguous)")
       .option("spec", "FILE", "tune every problem of this JSON spec instead of the one the flags describe")
       .option("shard", "I/N", "tune only problems I, I+N, ... of the spec, into their own database file")
       .option("devices", "LIST", "all, or GPU ordinals like 0,1: one worker process per GPU, each tuning its share; a "
@@ -68,6 +75,8 @@ Command tune_command() {
       .flag("force", "tune even when the database already holds this problem's bucket for this GPU")
       .flag("dry-run", "print the problems this shard would tune and its database, then stop (no GPU needed)")
       .option("arch", "SM", "with --dry-run --json: list each problem's candidates for sm_SM (default 90)")
+      .option("sms", "N", "with --dry-run --json: the SMs KV-cache problems' split counts are planned for "
+                          "(default 132, an H100 or H200)")
       .flag("worker", "internal: run as one worker of --devices")
       .option("journal", "FILE", "internal (--worker): names the candidate being launched, for crash isolation")
       .option("crashed", "NAME:WHY", "internal (--worker): a candidate that crashed a worker, recorded and skipped",
@@ -97,7 +106,9 @@ std::optional<std::string> untunable(const AttentionProblem& p) {
   RunOptions as_run;
   as_run.problem = p;
   try {
-    if (p.backward()) {
+    if (p.kv_cache) {
+      // check_run_problem checks the KV-cache call's arguments, page_size among them.
+    } else if (p.backward()) {
       heuristic_backward_configs(p.dtype, p.head_dim(), p.mask_kind(), p.deterministic(), 80);
     } else {
       heuristic_forward_configs(p.dtype, p.head_dim(), p.mask_kind(), 80);
@@ -123,9 +134,14 @@ AttentionProblem problem_from_flags(const Args& args) {
   s.batch = args.int_or("batch", 4, 1, kIntMax);
   s.heads_q = args.int_or("heads-q", 16, 1, kIntMax);
   s.heads_kv = args.int_or("heads-kv", 16, 1, kIntMax);
-  s.seqlen_q = args.int_or("seqlen-q", 4096, 1, kIntMax);
+  problem.kv_cache = args.has("kv-cache");
+  s.seqlen_q = args.int_or("seqlen-q", problem.kv_cache ? 1 : 4096, 1, kIntMax);
   s.seqlen_k = args.int_or("seqlen-k", 4096, 1, kIntMax);
   if (s.heads_q % s.heads_kv != 0) fail(Status::kInvalidArgument, "--heads-q must be a multiple of --heads-kv");
+  if (args.has("page-size") && !problem.kv_cache) fail(Status::kInvalidArgument, "--page-size needs --kv-cache");
+  if (problem.kv_cache && problem.backward()) fail(Status::kInvalidArgument, "--kv-cache tunes a forward: no --backward");
+  problem.page_size = static_cast<int>(args.int_or("page-size", 0, 0, 1 << 30));
+  problem.paged = problem.page_size > 0;
   if (auto why = untunable(problem)) fail(Status::kInvalidArgument, *why);
   return problem;
 }
@@ -186,12 +202,23 @@ TuneSpec read_tune_spec(const std::string& path, const AttentionProblem& default
         positive(p.shape.seqlen_q);
       } else if (key == "seqlen_k") {
         positive(p.shape.seqlen_k);
+      } else if (key == "kv_cache") {
+        if (!value.is_boolean()) bad(where + ".kv_cache must be true or false");
+        p.kv_cache = value.get<bool>();
+      } else if (key == "page_size") {
+        if (!value.is_number_integer() || value.get<long long>() < 0 || value.get<long long>() > (1 << 30))
+          bad(where + ".page_size must be an integer in [0, 2^30] (0: a contiguous cache)");
+        p.page_size = value.get<int>();
       } else {
         bad(where + ": unknown field \"" + key + "\"");
       }
     }
     if (p.shape.heads_q % p.shape.heads_kv != 0) bad(where + ": heads_q must be a multiple of heads_kv");
     if (deterministic_forward(p)) bad(where + ": deterministic needs \"pass\": \"backward\"");
+    if (p.kv_cache && p.backward()) bad(where + ": kv_cache tunes a forward, not \"pass\": \"backward\"");
+    if (p.page_size > 0 && !p.kv_cache) bad(where + ": page_size needs \"kv_cache\": true");
+    p.paged = p.kv_cache && p.page_size > 0;
+    if (!entry.contains("seqlen_q") && p.kv_cache && !defaults.kv_cache) p.shape.seqlen_q = 1;
     if (auto why = untunable(p)) bad(where + ": " + *why);
     spec.problems.push_back(p);
   }
@@ -370,7 +397,8 @@ std::string problem_line(const AttentionProblem& p) {
   const AttentionShape& s = p.shape;
   return format("%s %s d%d causal=%s batch %lld heads %lld/%lld seqlen %lld/%lld", pass_text(p), dtype_name(p.dtype),
                 p.head_dim(), causal_text(p.mask).c_str(), (long long)s.batch, (long long)s.heads_q,
-                (long long)s.heads_kv, (long long)s.seqlen_q, (long long)s.seqlen_k);
+                (long long)s.heads_kv, (long long)s.seqlen_q, (long long)s.seqlen_k) +
+         (p.paged ? format(" pages of %d", p.page_size) : std::string());
 }
 
 Json problem_json(const AttentionProblem& p) {
@@ -378,7 +406,7 @@ Json problem_json(const AttentionProblem& p) {
   return {{"pass", p.backward() ? "backward" : "forward"}, {"deterministic", p.deterministic()},
           {"dtype", dtype_name(p.dtype)}, {"head_dim", s.head_dim}, {"causal", causal_text(p.mask)},
           {"batch", s.batch}, {"heads_q", s.heads_q}, {"heads_kv", s.heads_kv},
-          {"seqlen_q", s.seqlen_q}, {"seqlen_k", s.seqlen_k}};
+          {"seqlen_q", s.seqlen_q}, {"seqlen_k", s.seqlen_k}, {"kv_cache", p.kv_cache}, {"page_size", p.page_size}};
 }
 
 Json dry_run_entries(const Args& args, const std::vector<AttentionProblem>& problems, const std::vector<std::string>& named,
@@ -389,6 +417,7 @@ Json dry_run_entries(const Args& args, const std::vector<AttentionProblem>& prob
   Json entries = Json::array();
   TuneOptions options;
   options.max_candidates = max_candidates;
+  options.multiprocessors = static_cast<int>(args.int_or("sms", 132, 1, 1 << 16));
   for (const AttentionProblem& p : problems) {
     Json names = Json::array();
     if (!named.empty()) {
@@ -405,8 +434,11 @@ Json dry_run_entries(const Args& args, const std::vector<AttentionProblem>& prob
 
 int command_tune(const Args& args) {
   constexpr long long kIntMax = std::numeric_limits<int>::max();
-  if (args.has("arch") && !(args.has("dry-run") && args.has("json")))
-    throw UsageError("--arch applies to --dry-run --json (a sweep runs on the GPU it finds)", args.usage());
+  for (const char* dry_only : {"arch", "sms"}) {
+    if (args.has(dry_only) && !(args.has("dry-run") && args.has("json")))
+      throw UsageError(std::string("--") + dry_only + " applies to --dry-run --json (a sweep runs on the GPU it finds)",
+                       args.usage());
+  }
   const AttentionProblem flags = problem_from_flags(args);
   TuneSpec spec;
   if (args.has("spec")) {

@@ -337,11 +337,13 @@ KvCachePlan plan_kvcache(const KvCacheCall& call, CUstream stream) {
   const ScopedContext scope(stream, call.params.q);
   const int arch = launch_arch(scope.device());
   const DeviceTraits& device = device_traits(scope.device());
-  DecodeChoice choice = heuristic_decode_choice(call.problem, arch, device.multiprocessors);
+  DecodeChoice choice = choose_decode_config(static_cast<int>(scope.device()), call.problem, arch,
+                                             device.multiprocessors);
   KvCachePlan plan;
   plan.launch.config = choice.config;
   plan.launch.arch = arch;
   plan.launch.reason = choice.reason;
+  plan.launch.source = choice.source;
   int splits = choice.splits;
   if (call.num_splits > 0) {
     splits = call.num_splits;

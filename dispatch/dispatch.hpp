@@ -100,8 +100,9 @@ struct KvCacheLaunch {
   size_t workspace_bytes = 0;
 };
 
-// The choice for a KV-cache call on stream's device (the built-in heuristic; a split count the call asks for
-// replaces the chosen one) and its prepared launch; launches nothing.
+// The choice for a KV-cache call on stream's device (select.hpp's choose_decode_config: the user's database, the
+// shipped defaults, the built-in heuristic; a split count the call asks for replaces the chosen one) and its
+// prepared launch; launches nothing.
 struct KvCachePlan {
   KvCacheLaunch launch;
   PreparedKvCache prepared;

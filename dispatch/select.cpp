@@ -219,4 +219,13 @@ BackwardChoice choose_backward_config(int device, const ProblemKey& problem, int
       });
 }
 
+DecodeChoice choose_decode_config(int device, const AttentionProblem& problem, int arch, int multiprocessors) {
+  const TuningStore* store = user_store();
+  std::lock_guard<std::mutex> lock(store_mutex());
+  const ShippedDefaults& shipped = ShippedDefaults::instance();
+  const bool any_data = store != nullptr || !shipped.winners().empty();
+  return choose_decode_config(any_data ? fingerprint_of(device) : DeviceFingerprint{}, problem, arch, multiprocessors,
+                              store, &shipped);
+}
+
 }  // namespace flashgen

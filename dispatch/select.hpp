@@ -71,4 +71,10 @@ BackwardChoice choose_backward_config(int device, const ProblemKey& problem, int
 std::optional<BackwardChoice> tune_backward_on_first_use(const AttentionProblem& problem, int device, int arch,
                                                          std::string* failure = nullptr);
 
+// Process-wide KV-cache choice for device (a CUDA device ordinal) of `multiprocessors` SMs, in the forward's
+// order of sources (tuner/choice.hpp's choose_decode_config). Not memoized: its split count depends on the
+// problem's exact sizes, and dispatch keeps the launch of each problem class anyway. No tune-on-first-use:
+// KV-cache problems are tuned with `flashgen tune --kv-cache`.
+DecodeChoice choose_decode_config(int device, const AttentionProblem& problem, int arch, int multiprocessors);
+
 }  // namespace flashgen

@@ -20,6 +20,9 @@ enum class DecodeKernel { kAppend, kAttend, kCombine };
 
 const char* decode_kernel_suffix(DecodeKernel kernel);  // "append", "attend", "combine"
 
+// Most key ranges one sequence is split into (a call's split workspace grows with it).
+constexpr int kMaxDecodeSplits = 128;
+
 struct DecodeConfig {
   DType dtype = DType::kFloat16;
   int head_dim = 128;

@@ -128,6 +128,7 @@ KvCacheCall make_kvcache_call(const flashgen_kvcache_args& args) {
   call.problem = forward_problem(to_dtype(q.dtype), shape, args.options.mask);
   call.problem.kv_cache = true;
   call.problem.paged = paged;
+  call.problem.page_size = paged ? static_cast<int>(kc.shape[1]) : 0;
   call.num_splits = static_cast<int>(args.num_splits);
   call.workspace = reinterpret_cast<CUdeviceptr>(args.workspace);
   call.workspace_bytes = args.workspace == nullptr ? 0 : args.workspace_bytes;

@@ -25,9 +25,6 @@ struct KvCacheCall {
   size_t workspace_bytes = 0;
 };
 
-// Largest number of key ranges one sequence is split into.
-constexpr int kMaxDecodeSplits = 128;
-
 // Validates every argument (sizes, dtypes, layouts, the cache's and block table's shapes, the new tokens, the
 // split count and workspace) and throws Error(kInvalidArgument / kUnsupported) naming the argument. Touches
 // no GPU.

@@ -1,6 +1,13 @@
 // Names and constructors of the one problem type.
 #include "problem/attention_problem.hpp"
 
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+
+#include "flashgen/error.hpp"
+
 namespace flashgen {
 
 const char* dtype_name(DType dtype) { return dtype == DType::kBFloat16 ? "bf16" : "fp16"; }
@@ -18,6 +25,40 @@ AttentionProblem backward_problem(DType dtype, const AttentionShape& shape, flas
   problem.pass = Pass::kBackward;
   problem.dq = deterministic ? DqStrategy::kDeterministic : DqStrategy::kAtomic;
   return problem;
+}
+
+std::vector<int64_t> packed_lengths(int64_t count, int64_t longest, int64_t total) {
+  FLASHGEN_REQUIRE(count >= 1 && longest >= 0 && longest <= total && total <= count * longest,
+                   "packed_lengths: need 1 <= count, 0 <= longest <= total <= count * longest; got count " +
+                       std::to_string(count) + ", longest " + std::to_string(longest) + ", total " + std::to_string(total));
+  // A straight ramp from longest down to `last` over `ramp` sequences sums to ramp * (longest + last) / 2: the
+  // shortest that reaches total, the rest of the batch empty when even a ramp to 0 over all of it is too much.
+  const double mean = static_cast<double>(total) / static_cast<double>(count);
+  int64_t ramp = count;
+  double last = 2 * mean - static_cast<double>(longest);
+  if (last < 0) {
+    ramp = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(2.0 * static_cast<double>(total) / std::max<int64_t>(1, longest))));
+    ramp = std::min(ramp, count);
+    last = ramp == 1 ? static_cast<double>(longest) : 0.0;
+  }
+  std::vector<int64_t> lengths(static_cast<size_t>(count), 0);
+  int64_t sum = 0;
+  for (int64_t i = 0; i < ramp; ++i) {
+    const double t = ramp == 1 ? 0.0 : static_cast<double>(i) / static_cast<double>(ramp - 1);
+    lengths[size_t(i)] = std::clamp<int64_t>(std::llround(static_cast<double>(longest) + t * (last - longest)), 0, longest);
+    sum += lengths[size_t(i)];
+  }
+  // Rounding (and a ramp that had to end at 0) leaves a few tokens over or under: take them from, or give them to,
+  // the sequences after the first (which stays the longest), one token each in turn.
+  for (size_t i = 1; sum != total; i = i + 1 < lengths.size() ? i + 1 : 1) {
+    if (lengths.size() == 1) break;
+    if (sum < total && lengths[i] < longest) ++lengths[i], ++sum;
+    else if (sum > total && lengths[i] > 0) --lengths[i], --sum;
+  }
+  // Fisher-Yates over mt19937_64's specified sequence (std::shuffle's draws differ between standard libraries).
+  std::mt19937_64 rng(0x5eed);
+  for (size_t i = lengths.size(); i > 1; --i) std::swap(lengths[i - 1], lengths[size_t(rng() % i)]);
+  return lengths;
 }
 
 }  // namespace flashgen

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "flashgen/flashgen.h"
 #include "templates/fwd_traits.cuh"
@@ -56,9 +57,10 @@ struct AttentionProblem {
   int64_t total_k = 0;
   // New query tokens against a KV cache (decoding): shape.seqlen_q new tokens per sequence over a cache of
   // shape.seqlen_k rows (its capacity; each sequence's filled length lives on the device), read through a
-  // block table of pages when paged.
+  // block table of pages of page_size keys when paged.
   bool kv_cache = false;
   bool paged = false;
+  int page_size = 0;
 
   // The kernels' mask kind: both causal alignments run the causal kernels (the offset is a parameter).
   MaskKind mask_kind() const { return mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal; }
@@ -70,5 +72,12 @@ struct AttentionProblem {
 // A problem of the given pass over shape; the backward's dQ strategy from deterministic.
 AttentionProblem forward_problem(DType dtype, const AttentionShape& shape, flashgen_mask mask);
 AttentionProblem backward_problem(DType dtype, const AttentionShape& shape, flashgen_mask mask, bool deterministic);
+
+// The sequence lengths a packed batch is run with where only its sizes are known (a tuning sweep of a varlen
+// problem, `flashgen run --varlen`): `count` lengths spread evenly from `longest` down to what makes `total` in
+// all (down to empty sequences when total is less than half of count * longest), in a fixed shuffled order, as a
+// real batch's lengths come in no order. The same arguments give the same list on every machine. Throws
+// Error(kInvalidArgument) unless 1 <= count, 0 <= longest and longest <= total <= count * longest.
+std::vector<int64_t> packed_lengths(int64_t count, int64_t longest, int64_t total);
 
 }  // namespace flashgen

@@ -53,6 +53,7 @@ namespace flashgen {
   X(cuMemFreeAsync)                  \
   X(cuMemcpyHtoD)                    \
   X(cuMemcpyDtoH)                    \
+  X(cuMemcpyDtoD)                    \
   X(cuMemsetD8)                      \
   X(cuMemsetD32)                     \
   X(cuMemsetD8Async)                 \

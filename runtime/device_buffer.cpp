@@ -74,6 +74,14 @@ void DeviceBuffer::download(void* host, size_t bytes, size_t byte_offset) const 
   FLASHGEN_CU_CHECK(cuMemcpyDtoH(host, ptr_ + byte_offset, bytes));
 }
 
+void DeviceBuffer::copy_from(const DeviceBuffer& from, size_t bytes, size_t byte_offset, size_t from_offset) {
+  FLASHGEN_REQUIRE(byte_offset <= bytes_ && bytes <= bytes_ - byte_offset, "DeviceBuffer::copy_from past the end");
+  FLASHGEN_REQUIRE(from_offset <= from.bytes_ && bytes <= from.bytes_ - from_offset,
+                   "DeviceBuffer::copy_from past the end of the source");
+  if (bytes == 0) return;
+  FLASHGEN_CU_CHECK(cuMemcpyDtoD(ptr_ + byte_offset, from.ptr_ + from_offset, bytes));
+}
+
 void DeviceBuffer::fill_bytes(unsigned char value, CUstream stream) {
   if (bytes_ == 0) return;
   FLASHGEN_CU_CHECK(cuMemsetD8Async(ptr_, value, bytes_, stream));

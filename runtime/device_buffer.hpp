@@ -29,6 +29,8 @@ class DeviceBuffer {
   // Synchronous copies on the legacy default stream (cuMemcpyHtoD / DtoH), byte_offset into the buffer.
   void upload(const void* host, size_t bytes, size_t byte_offset = 0);
   void download(void* host, size_t bytes, size_t byte_offset = 0) const;
+  // bytes from `from` at from_offset to this buffer at byte_offset, synchronously, device to device.
+  void copy_from(const DeviceBuffer& from, size_t bytes, size_t byte_offset = 0, size_t from_offset = 0);
   // Sets every byte, ordered on stream (the legacy default stream when null).
   void fill_bytes(unsigned char value, CUstream stream = nullptr);
 

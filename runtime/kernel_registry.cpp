@@ -168,6 +168,11 @@ int KernelRegistry::spilled_bytes(const BwdConfig& config, int arch) {
   return spilled;
 }
 
+int KernelRegistry::spilled_bytes(const DecodeConfig& config, int arch) {
+  const ResourceUsage usage = compiled(config, arch)->usage_of(config.symbol(DecodeKernel::kAttend));
+  return usage.spill_store_bytes + usage.spill_load_bytes;
+}
+
 std::shared_ptr<const CompiledKernel> KernelRegistry::compiled_module(const ModuleId& id,
                                                                       const Generate& generate_source) {
   {

@@ -40,6 +40,7 @@ class KernelRegistry {
   // compiling them first if needed: the backward's dkdv kernel, plus its dq kernel when deterministic.
   int spilled_bytes(const KernelConfig& config, int arch);
   int spilled_bytes(const BwdConfig& config, int arch);
+  int spilled_bytes(const DecodeConfig& config, int arch);  // its attention kernel (append and combine are tiny)
 
   // The kernel loaded into ctx (current on this thread) with its dynamic shared-memory limit raised.
   // Modules and functions are remembered per context by the driver's unique context id (cuCtxGetId),

@@ -9,6 +9,7 @@
 
 #include "flashgen/error.hpp"
 #include "runtime/kernel_registry.hpp"
+#include "tuner/decode_choice.hpp"
 #include "tuner/heuristic.hpp"
 #include "tuner/shipped.hpp"
 #include "tuner/store.hpp"
@@ -112,6 +113,7 @@ struct StoredUse {
   std::string reason;
   ChoiceSource source;
   bool exact_bucket = false;  // the user's database holds this very bucket
+  bool same_bucket = false;   // the winner was timed in the problem's own bucket (the user's or the shipped data)
 };
 
 // The user's database (exact bucket, then nearest), then the shipped defaults, for a config of type
@@ -128,9 +130,7 @@ std::optional<StoredUse<Config>> stored_choice(const DeviceFingerprint& device, 
       why = "a config of another pass or dQ strategy";
     } else {
       why = c->invalid_reason(arch);
-      if (!why && (c->dtype != problem.dtype || c->head_dim != problem.head_dim || c->mask != problem.mask)) {
-        why = "does not match the problem";
-      }
+      if (!why && !of_problem(stored->config, problem)) why = "does not match the problem";
     }
     if (why) passed_over += "; stored " + config_name(stored->config) + " passed over: " + *why;
     return why ? nullptr : c;
@@ -142,7 +142,7 @@ std::optional<StoredUse<Config>> stored_choice(const DeviceFingerprint& device, 
       const std::optional<StoredChoice> exact = user_db->lookup_exact(device, problem);
       if (const Config* c = usable(exact)) {
         return StoredUse<Config>{*c, "tuning database " + user_db->path().string() + ", exact bucket " + problem.id(),
-                                 ChoiceSource::kTuningDatabase, true};
+                                 ChoiceSource::kTuningDatabase, true, true};
       }
       const std::optional<StoredChoice> nearest = user_db->lookup_nearest(device, problem);
       if (const Config* c = usable(nearest)) {
@@ -163,7 +163,7 @@ std::optional<StoredUse<Config>> stored_choice(const DeviceFingerprint& device, 
                                stored->source + (exact ? ", exact bucket " + problem.id()
                                                        : ", nearest bucket " + stored->problem.id() + " for " +
                                                              problem.id()),
-                               ChoiceSource::kShippedDefaults};
+                               ChoiceSource::kShippedDefaults, false, exact};
     }
   }
   return std::nullopt;
@@ -191,6 +191,26 @@ BackwardChoice choose_backward_config(const DeviceFingerprint& device, const Pro
   BackwardChoice choice =
       heuristic_backward_choice(problem.dtype, problem.head_dim, problem.mask, problem.dq == DqStrategy::kDeterministic,
                                 arch, false, problem.varlen);
+  choice.reason += passed_over;
+  return choice;
+}
+
+DecodeChoice choose_decode_config(const DeviceFingerprint& device, const AttentionProblem& problem, int arch,
+                                  int multiprocessors, const TuningStore* user_db, const ShippedDefaults* shipped) {
+  FLASHGEN_REQUIRE(problem.kv_cache, "choose_decode_config: the problem is not a KV-cache one");
+  const ProblemKey key = problem_key(problem);
+  std::string passed_over;
+  if (auto stored = stored_choice<DecodeSplitConfig>(device, key, arch, user_db, shipped, passed_over)) {
+    DecodeChoice choice{stored->config.config, stored->config.splits, stored->reason, stored->source,
+                        stored->exact_bucket};
+    if (!stored->same_bucket) {
+      choice.splits = heuristic_decode_splits(problem, choice.config, arch, multiprocessors);
+      choice.reason += "; " + std::to_string(choice.splits) + " key range" + (choice.splits == 1 ? "" : "s") +
+                       " per sequence for " + std::to_string(multiprocessors) + " SMs at the problem's sizes";
+    }
+    return choice;
+  }
+  DecodeChoice choice = heuristic_decode_choice(problem, arch, multiprocessors);
   choice.reason += passed_over;
   return choice;
 }

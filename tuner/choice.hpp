@@ -7,6 +7,7 @@
 #include <string>
 
 #include "generator/bwd_config.hpp"
+#include "generator/decode_config.hpp"
 #include "generator/kernel_config.hpp"
 #include "tuner/problem_key.hpp"
 
@@ -30,6 +31,15 @@ struct ForwardChoice {
 
 struct BackwardChoice {
   BwdConfig config;
+  std::string reason;
+  ChoiceSource source = ChoiceSource::kHeuristic;
+  bool exact_bucket = false;  // as ForwardChoice's
+};
+
+// A KV-cache call's choice: its decode module and the key ranges per sequence at the call's sizes.
+struct DecodeChoice {
+  DecodeConfig config;
+  int splits = 1;
   std::string reason;
   ChoiceSource source = ChoiceSource::kHeuristic;
   bool exact_bucket = false;  // as ForwardChoice's
@@ -59,5 +69,14 @@ ForwardChoice choose_forward_config(const DeviceFingerprint& device, const Probl
 // backward key (backward_problem_key: family "bwd" or "bwd_det").
 BackwardChoice choose_backward_config(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
                                       const TuningStore* user_db, const ShippedDefaults* shipped = nullptr);
+
+// The KV-cache choice for problem (problem.kv_cache) on a GPU of `multiprocessors` SMs, in choose_forward_config's
+// order. A stored winner's split count serves the problem's own bucket (the user's database or the shipped
+// defaults); a winner of a neighbouring bucket lends its module, with the split count heuristic_decode_splits
+// takes for that module at the problem's sizes (a count timed at other sizes fills the GPU differently).
+// Without data, heuristic_decode_choice.
+DecodeChoice choose_decode_config(const DeviceFingerprint& device, const AttentionProblem& problem, int arch,
+                                  int multiprocessors, const TuningStore* user_db,
+                                  const ShippedDefaults* shipped = nullptr);
 
 }  // namespace flashgen

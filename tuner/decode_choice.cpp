@@ -10,12 +10,22 @@ namespace {
 
 long long ceil_div(long long a, long long b) { return (a + b - 1) / b; }
 
+// Blocks of one key range each: (sequence, kv head, packed row block).
+long long base_blocks(const AttentionProblem& problem, const DecodeConfig& config) {
+  const AttentionShape& s = problem.shape;
+  return s.batch * s.heads_kv * ceil_div(s.group_size() * s.seqlen_q, config.rows);
+}
+
+// The most ranges a sequence's keys split into: one key block each at least.
+int most_splits(const AttentionProblem& problem, const DecodeConfig& config) {
+  const long long key_blocks = std::max<long long>(1, ceil_div(problem.shape.seqlen_k, config.block_n));
+  return static_cast<int>(std::min<long long>(kMaxDecodeSplits, key_blocks));
+}
+
 }  // namespace
 
 int heuristic_decode_splits(const AttentionProblem& problem, const DecodeConfig& config, int arch, int multiprocessors) {
-  const AttentionShape& s = problem.shape;
-  const long long row_blocks = ceil_div(s.group_size() * s.seqlen_q, config.rows);
-  const long long base = s.batch * s.heads_kv * row_blocks;
+  const long long base = base_blocks(problem, config);
   // One block per SM for a contiguous cache: a second one on the same SM adds no bandwidth (each already keeps
   // stages - 1 tiles in flight), while each range's prologue, epilogue and merge cost more (H100: 16 ranges of
   // 2k keys per kv head beat 29 of 1.1k by 9%). Two for a paged cache where they fit: its rows' scattered pages
@@ -23,8 +33,7 @@ int heuristic_decode_splits(const AttentionProblem& problem, const DecodeConfig&
   const int smem = config.smem_bytes(DecodeKernel::kAttend) + 1024;  // the driver reserves 1 KB per block
   const int per_sm = problem.paged && 2 * smem <= max_smem_per_block(arch) + 1024 ? 2 : 1;
   const long long slots = static_cast<long long>(multiprocessors) * per_sm;
-  const long long key_blocks = std::max<long long>(1, ceil_div(s.seqlen_k, config.block_n));
-  const int most = static_cast<int>(std::min<long long>(128, key_blocks));
+  const int most = most_splits(problem, config);
   if (base >= slots || most == 1) return 1;
   auto efficiency = [&](int splits) {
     const double waves = static_cast<double>(base * splits) / static_cast<double>(slots);
@@ -36,6 +45,19 @@ int heuristic_decode_splits(const AttentionProblem& problem, const DecodeConfig&
     if (efficiency(splits) >= 0.85 * best) return splits;
   }
   return most;
+}
+
+std::vector<int> decode_split_counts(const AttentionProblem& problem, const DecodeConfig& config, int arch,
+                                     int multiprocessors) {
+  const long long base = base_blocks(problem, config);
+  const int most = most_splits(problem, config);
+  std::vector<int> counts{1, heuristic_decode_splits(problem, config, arch, multiprocessors)};
+  for (long long per_sm = 1; per_sm <= 4; ++per_sm) {
+    counts.push_back(static_cast<int>(std::min<long long>(most, ceil_div(per_sm * multiprocessors, base))));
+  }
+  std::sort(counts.begin(), counts.end());
+  counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
+  return counts;
 }
 
 DecodeChoice heuristic_decode_choice(const AttentionProblem& problem, int arch, int multiprocessors) {

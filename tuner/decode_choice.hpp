@@ -4,18 +4,13 @@
 // pipeline stages as leave room for two blocks per SM, and enough key ranges per sequence to fill the GPU.
 #pragma once
 
-#include <string>
+#include <vector>
 
 #include "generator/decode_config.hpp"
 #include "problem/attention_problem.hpp"
+#include "tuner/choice.hpp"
 
 namespace flashgen {
-
-struct DecodeChoice {
-  DecodeConfig config;
-  int splits = 1;
-  std::string reason;
-};
 
 // The heuristic config for a KV-cache problem (problem.kv_cache) on sm_<arch>, and the split count that
 // fills `multiprocessors` SMs best: the fewest ranges whose waves of blocks come within 85% of the fullest
@@ -24,5 +19,11 @@ DecodeChoice heuristic_decode_choice(const AttentionProblem& problem, int arch, 
 
 // The split count heuristic_decode_choice takes for config: exported for callers that force a config.
 int heuristic_decode_splits(const AttentionProblem& problem, const DecodeConfig& config, int arch, int multiprocessors);
+
+// The split counts worth timing for config at the problem's sizes: one range, heuristic_decode_splits's count,
+// and the fewest ranges that give every SM one, two, three and four blocks; ascending, each at most the
+// capacity's key blocks and kMaxDecodeSplits.
+std::vector<int> decode_split_counts(const AttentionProblem& problem, const DecodeConfig& config, int arch,
+                                     int multiprocessors);
 
 }  // namespace flashgen

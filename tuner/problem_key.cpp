@@ -67,21 +67,27 @@ int64_t size_bucket(int64_t n) {
 }
 
 const char* ProblemKey::pass_id() const {
+  if (kv_cache) return paged ? "dec_paged" : "dec";
   if (pass == Pass::kForward) return varlen ? "fwd_varlen" : "fwd";
   if (dq == DqStrategy::kDeterministic) return varlen ? "bwd_det_varlen" : "bwd_det";
   return varlen ? "bwd_varlen" : "bwd";
 }
 
 void read_pass_id(const std::string& text, ProblemKey& key) {
+  key.kv_cache = false, key.paged = false;
   if (text == "fwd" || text == "fwd_varlen") {
     key.pass = Pass::kForward, key.dq = DqStrategy::kAtomic, key.varlen = text == "fwd_varlen";
+  } else if (text == "dec" || text == "dec_paged") {
+    key.pass = Pass::kForward, key.dq = DqStrategy::kAtomic, key.varlen = false;
+    key.kv_cache = true, key.paged = text == "dec_paged";
   } else if (text == "bwd" || text == "bwd_det" || text == "bwd_varlen" || text == "bwd_det_varlen") {
     key.pass = Pass::kBackward;
     key.dq = text.rfind("bwd_det", 0) == 0 ? DqStrategy::kDeterministic : DqStrategy::kAtomic;
     key.varlen = text.size() > 7 && text.compare(text.size() - 7, 7, "_varlen") == 0;
   } else {
     fail(Status::kInvalidArgument,
-         "problem pass must be fwd, fwd_varlen, bwd, bwd_det, bwd_varlen or bwd_det_varlen, got '" + text + "'");
+         "problem pass must be fwd, fwd_varlen, bwd, bwd_det, bwd_varlen, bwd_det_varlen, dec or dec_paged, got '" +
+             text + "'");
   }
 }
 
@@ -130,6 +136,8 @@ ProblemKey problem_key(const AttentionProblem& problem) {
   ProblemKey key = forward_problem_key(problem.dtype, problem.head_dim(), problem.mask_kind(), group_size, s.seqlen_q,
                                        s.seqlen_k, s.batch * s.heads_q);
   key.varlen = problem.varlen;
+  key.kv_cache = problem.kv_cache;  // seqlen_q: the new tokens per sequence; seqlen_k: the cache's capacity
+  key.paged = problem.kv_cache && problem.paged;
   return key;
 }
 

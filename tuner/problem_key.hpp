@@ -41,6 +41,8 @@ struct ProblemKey {
   Pass pass = Pass::kForward;
   DqStrategy dq = DqStrategy::kAtomic;  // backward keys: each strategy has its own kernels and tuning data
   bool varlen = false;                  // packed batches run kernels of their own, so have data of their own
+  bool kv_cache = false;                // decoding against a KV cache (the decode family, with its split count)
+  bool paged = false;                   // kv_cache: the cache is read through a block table
   DType dtype = DType::kFloat16;
   int head_dim = 128;
   MaskKind mask = MaskKind::kNone;
@@ -49,9 +51,10 @@ struct ProblemKey {
   int64_t seqlen_k_bucket = 1;      // size_bucket(seqlen_k)
   int64_t batch_heads_bucket = 1;   // size_bucket(batch * heads_q)
 
-  // The pass in ids and the store's rows: "fwd", "bwd" or "bwd_det" (the deterministic dQ strategy), and
+  // The pass in ids and the store's rows: "fwd", "bwd" or "bwd_det" (the deterministic dQ strategy),
   // "fwd_varlen", "bwd_varlen", "bwd_det_varlen" for packed batches (their sizes bucketed by the longest
-  // sequence and the sequence count).
+  // sequence and the sequence count), and "dec" or "dec_paged" for KV-cache calls (bucketed by the new tokens
+  // per sequence, the cache's capacity and batch * heads_q).
   const char* pass_id() const;
   // Exact problem class without the size buckets, e.g. "fwd|bf16|d128|causal|g4".
   std::string class_id() const;
@@ -60,7 +63,7 @@ struct ProblemKey {
   bool operator==(const ProblemKey& other) const { return id() == other.id(); }
 };
 
-// Sets key's pass, dQ strategy and varlen from their text in ids (pass_id()); throws
+// Sets key's pass, dQ strategy, varlen, kv_cache and paged from their text in ids (pass_id()); throws
 // Error(kInvalidArgument) naming any other text.
 void read_pass_id(const std::string& text, ProblemKey& key);
 

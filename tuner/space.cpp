@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include "tuner/decode_choice.hpp"
+
 namespace flashgen {
 
 SpaceReport forward_space(DType dtype, int head_dim, MaskKind mask, int arch, const ForwardKnobs& knobs) {
@@ -84,6 +86,13 @@ int knob_differences(const BwdConfig& a, const BwdConfig& b) {
   return d;
 }
 
+// Knobs in which two decode choices differ (the module's and the split count).
+int knob_differences(const DecodeSplitConfig& a, const DecodeSplitConfig& b) {
+  const DecodeConfig &x = a.config, &y = b.config;
+  return (x.rows != y.rows) + (x.block_n != y.block_n) + (x.warps != y.warps) + (x.stages != y.stages) +
+         (a.splits != b.splits);
+}
+
 // The built-in choice, then its one-knob neighbours, then configs spread evenly over the rest.
 template <class Config>
 std::vector<Config> capped(const BasicSpaceReport<Config>& space, const Config& builtin, size_t max_count) {
@@ -113,6 +122,37 @@ std::vector<KernelConfig> capped_candidates(const SpaceReport& space, const Kern
 std::vector<BwdConfig> capped_candidates(const BackwardSpaceReport& space, const BwdConfig& builtin,
                                          size_t max_count) {
   return capped(space, builtin, max_count);
+}
+
+std::vector<DecodeSplitConfig> capped_candidates(const DecodeSpaceReport& space, const DecodeSplitConfig& builtin,
+                                                 size_t max_count) {
+  return capped(space, builtin, max_count);
+}
+
+DecodeSpaceReport decode_space(const AttentionProblem& problem, int arch, int multiprocessors,
+                               const DecodeKnobs& knobs) {
+  DecodeSpaceReport report;
+  DecodeSplitConfig c;
+  c.config.dtype = problem.dtype;
+  c.config.head_dim = problem.head_dim();
+  c.config.mask = problem.mask_kind();
+  c.config.paged = problem.paged;
+  for (int rows : knobs.rows)
+    for (int block_n : knobs.block_n)
+      for (int warps : knobs.warps)
+        for (int stages : knobs.stages) {
+          c.config.rows = rows, c.config.block_n = block_n, c.config.warps = warps, c.config.stages = stages;
+          if (c.config.invalid_reason(arch)) {
+            c.splits = 1;
+            report.add(c, arch);
+            continue;
+          }
+          for (int splits : decode_split_counts(problem, c.config, arch, multiprocessors)) {
+            c.splits = splits;
+            report.add(c, arch);
+          }
+        }
+  return report;
 }
 
 BackwardSpaceReport backward_space(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch,

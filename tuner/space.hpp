@@ -8,6 +8,7 @@
 
 #include "generator/bwd_config.hpp"
 #include "generator/kernel_config.hpp"
+#include "tuner/tuned_config.hpp"
 
 namespace flashgen {
 
@@ -50,6 +51,15 @@ struct BackwardKnobs {
   std::vector<int> sm90_stages{2, 3};
 };
 
+// Values each decode (KV-cache) knob ranges over; the split counts come from the problem's sizes
+// (decode_split_counts).
+struct DecodeKnobs {
+  std::vector<int> rows{16, 32, 64};
+  std::vector<int> block_n{32, 64, 128};
+  std::vector<int> warps{1, 2, 4, 8};
+  std::vector<int> stages{2, 3, 4, 6, 8};
+};
+
 template <class Config>
 struct BasicSpaceReport {
   std::vector<Config> valid;                   // in a fixed, deterministic order
@@ -69,6 +79,7 @@ struct BasicSpaceReport {
 };
 using SpaceReport = BasicSpaceReport<KernelConfig>;
 using BackwardSpaceReport = BasicSpaceReport<BwdConfig>;
+using DecodeSpaceReport = BasicSpaceReport<DecodeSplitConfig>;
 
 // Every forward config for (dtype, head_dim, mask) over knobs, split into valid-on-sm_<arch> and
 // pruned (with reasons): the sm80 family's product, then on sm_90 the sm90 family's. Compiles nothing.
@@ -85,5 +96,15 @@ BackwardSpaceReport backward_space(DType dtype, int head_dim, MaskKind mask, boo
                                    const BackwardKnobs& knobs = {});
 std::vector<BwdConfig> capped_candidates(const BackwardSpaceReport& space, const BwdConfig& builtin,
                                          size_t max_count);
+
+// Every decode module of a KV-cache problem's class over knobs, each valid one with every split count
+// decode_split_counts gives it at the problem's sizes on a GPU of `multiprocessors` SMs (an invalid module is
+// counted once). Compiles nothing.
+DecodeSpaceReport decode_space(const AttentionProblem& problem, int arch, int multiprocessors,
+                               const DecodeKnobs& knobs = {});
+// As for the forward: the built-in choice, then the configs one knob away (the split count is a knob), then
+// the rest spread evenly.
+std::vector<DecodeSplitConfig> capped_candidates(const DecodeSpaceReport& space, const DecodeSplitConfig& builtin,
+                                                 size_t max_count);
 
 }  // namespace flashgen

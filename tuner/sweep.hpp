@@ -17,6 +17,7 @@
 #include "tuner/problem_key.hpp"
 #include "tuner/store.hpp"
 #include "tuner/timing.hpp"
+#include "tuner/tuned_config.hpp"
 
 namespace flashgen {
 
@@ -81,7 +82,8 @@ struct SweepOptions {
 struct SweepResult {
   ProblemKey problem;
   std::vector<CandidateResult> candidates;  // every candidate, in the order given, with its status
-  TunedConfig winner;  // a KernelConfig from sweep_forward, a BwdConfig from sweep_backward
+  TunedConfig winner;  // a KernelConfig from sweep_forward, a BwdConfig from sweep_backward, a
+                       // DecodeSplitConfig from sweep_decode
   double winner_ms = 0;
   std::string decision;  // how the winner was named (ties included)
 };
@@ -97,5 +99,12 @@ SweepResult sweep_forward(const AttentionProblem& problem, const std::vector<Ker
 // the problem's sizes.
 SweepResult sweep_backward(const AttentionProblem& problem, const std::vector<BwdConfig>& candidates,
                            CUstream stream, const SweepOptions& options);
+
+// The same for KV-cache candidates (all of the problem's class: dtype, head_dim, mask and cache layout, with
+// page_size keys per page when paged). Each is checked against the float64 reference at the problem's sizes on
+// at most two sequences (a split count divides each sequence's keys alike), then timed at the problem's sizes
+// with every sequence's cache full and nothing appended, its split workspace allocated ahead.
+SweepResult sweep_decode(const AttentionProblem& problem, const std::vector<DecodeSplitConfig>& candidates,
+                         CUstream stream, const SweepOptions& options);
 
 }  // namespace flashgen

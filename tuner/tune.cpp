@@ -7,6 +7,7 @@
 #include "flashgen/error.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "tuner/choice.hpp"
+#include "tuner/decode_choice.hpp"
 #include "tuner/space.hpp"
 
 namespace flashgen {
@@ -44,6 +45,7 @@ SweepResult sweep_on_own_stream(const AttentionProblem& problem, const std::vect
     OwnStream() { FLASHGEN_CU_CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING)); }
     ~OwnStream() { driver().cuStreamDestroy(stream); }
   } own;
+  if (problem.kv_cache) return sweep_decode(problem, configs_as<DecodeSplitConfig>(candidates), own.stream, options);
   if (problem.backward()) return sweep_backward(problem, configs_as<BwdConfig>(candidates), own.stream, options);
   return sweep_forward(problem, configs_as<KernelConfig>(candidates), own.stream, options);
 }
@@ -51,16 +53,23 @@ SweepResult sweep_on_own_stream(const AttentionProblem& problem, const std::vect
 }  // namespace
 
 std::vector<TunedConfig> configs_of_problem(const std::vector<std::string>& names, const ProblemKey& key) {
-  const bool backward = key.pass == Pass::kBackward;
+  // The pass a name's prefix says, "" for no known prefix (the problem's parser then says what is wrong).
+  const auto pass_of = [](const std::string& name) -> std::string {
+    if (name.rfind("fwd_", 0) == 0) return "forward";
+    if (name.rfind("bwd_", 0) == 0) return "backward";
+    if (name.rfind("dec_", 0) == 0) return "KV-cache";
+    return "";
+  };
+  const std::string pass = key.kv_cache ? "KV-cache" : key.pass == Pass::kBackward ? "backward" : "forward";
   std::vector<TunedConfig> configs;
   for (const std::string& name : names) {
-    const bool forward_name = name.rfind("fwd_", 0) == 0, backward_name = name.rfind("bwd_", 0) == 0;
-    if ((backward && forward_name) || (!backward && backward_name)) {
-      fail(Status::kInvalidArgument, name + " is a " + (backward ? "forward" : "backward") +
-                                         " config; this problem tunes the " + (backward ? "backward" : "forward"));
+    const std::string named = pass_of(name);
+    if (!named.empty() && named != pass) {
+      fail(Status::kInvalidArgument, name + " is a " + named + " config; this problem tunes the " + pass + " kernels");
     }
-    const TunedConfig config =
-        backward ? TunedConfig(BwdConfig::from_name(name)) : TunedConfig(KernelConfig::from_name(name));
+    const TunedConfig config = key.kv_cache                  ? TunedConfig(DecodeSplitConfig::from_name(name))
+                               : key.pass == Pass::kBackward ? TunedConfig(BwdConfig::from_name(name))
+                                                             : TunedConfig(KernelConfig::from_name(name));
     if (!of_problem(config, key)) fail(Status::kInvalidArgument, name + " is not a config of the problem " + key.id());
     configs.push_back(config);
   }
@@ -83,7 +92,18 @@ TunePlan plan_tune(const AttentionProblem& problem, int arch, const TuneOptions&
   for (const TunedConfig& c : options.named) {
     FLASHGEN_REQUIRE(of_problem(c, key), config_name(c) + " is not a config of the problem " + key.id());
   }
-  if (problem.backward()) {
+  if (problem.kv_cache) {
+    plan.multiprocessors = options.multiprocessors > 0 ? options.multiprocessors : [] {
+      const ScopedContext scope;
+      return device_traits(scope.device()).multiprocessors;
+    }();
+    const DecodeChoice choice = heuristic_decode_choice(problem, arch, plan.multiprocessors);
+    const DecodeSplitConfig builtin{choice.config, choice.splits};
+    const DecodeSpaceReport space = decode_space(problem, arch, plan.multiprocessors);
+    plan.builtin = builtin;
+    plan.space = counts_of(space);
+    plan.candidates = pass_candidates(space, builtin, options);
+  } else if (problem.backward()) {
     const BackwardSpaceReport space = backward_space(key.dtype, key.head_dim, key.mask, problem.deterministic(), arch);
     const BwdConfig builtin =
         heuristic_backward_choice(key.dtype, key.head_dim, key.mask, problem.deterministic(), arch).config;

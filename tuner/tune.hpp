@@ -33,13 +33,15 @@ struct SpaceCounts {
 // What a sweep of the problem would time on sm_<arch>.
 struct TunePlan {
   ProblemKey key;
-  TunedConfig builtin;                  // heuristic_choice / heuristic_backward_choice: what runs untuned
+  TunedConfig builtin;                  // heuristic_choice / heuristic_backward_choice / heuristic_decode_choice
   SpaceCounts space;                    // the pass's whole space on sm_<arch>
+  int multiprocessors = 0;              // KV-cache problems: the SMs the split counts are planned for
   std::vector<TunedConfig> candidates;  // the named configs, else capped_candidates (the built-in first)
 };
 
 // Runs one sweep of candidates (all of problem's pass) and returns its result. tune's default sweeps on the
-// current context's device with sweep_forward or sweep_backward, on a stream of its own; tests pass a fake.
+// current context's device with sweep_forward, sweep_backward or sweep_decode, on a stream of its own; tests
+// pass a fake.
 using SweepRunner =
     std::function<SweepResult(const AttentionProblem&, const std::vector<TunedConfig>&, const SweepOptions&)>;
 
@@ -49,6 +51,8 @@ struct TuneOptions {
   // neighbours, then others spread evenly).
   size_t max_candidates = std::numeric_limits<size_t>::max();
   std::vector<TunedConfig> named;  // swept instead of the space when not empty (configs_of_problem)
+  // KV-cache problems: the SMs their split counts are planned for; 0 for the current context's device.
+  int multiprocessors = 0;
   // Timing, re-timing, crash isolation and the per-candidate progress callback. tune adds the built-in
   // choice to always_retime, so its time rests on the same interleaved timings as the winner's.
   SweepOptions sweep;
@@ -73,7 +77,8 @@ struct TuneResult {
 };
 
 // The candidate list a tune of problem would sweep on sm_<arch> (compiles the built-in choices through the
-// kernel registry's caches to see which spill; needs no GPU). Uses options.max_candidates and options.named.
+// kernel registry's caches to see which spill; needs no GPU, except for a KV-cache problem with
+// options.multiprocessors 0). Uses options.max_candidates, options.named and options.multiprocessors.
 TunePlan plan_tune(const AttentionProblem& problem, int arch, const TuneOptions& options);
 
 // Looks problem's exact bucket up in store for device unless options.force; otherwise plans on sm_<arch>,

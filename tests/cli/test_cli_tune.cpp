@@ -12,6 +12,7 @@
 #include "runtime/cuda_driver.hpp"
 #include "support/cli_runner.hpp"
 #include "support/temp_dir.hpp"
+#include "tuner/decode_choice.hpp"
 #include "tuner/heuristic.hpp"
 #include "tuner/store.hpp"
 
@@ -154,6 +155,53 @@ TEST_CASE("cli: tune --backward lists backward candidates of its strategy", "[cl
   const auto refused = run_cli({"tune", "--deterministic", "--dry-run"}, dir);
   CHECK(refused.exit_code == 2);
   CHECK(refused.err.find("--deterministic needs --backward") != std::string::npos);
+}
+
+TEST_CASE("cli: tune --kv-cache lists decode modules with their split counts", "[cli][tune][decode]") {
+  const NoSchedulerEnv no_scheduler;
+  const TempDir dir("flashgen-cli-tune");
+  const nlohmann::json plan = parse_json(run_cli({"tune", "--kv-cache", "--page-size", "32", "--dtype", "bf16",
+                                                  "--heads-q", "32", "--heads-kv", "8", "--batch", "2", "--seqlen-k",
+                                                  "8192", "--max-candidates", "6", "--dry-run", "--json", "--sms", "66"},
+                                                 dir));
+  REQUIRE(plan["problems"].size() == 1);
+  const nlohmann::json& p = plan["problems"][0];
+  CHECK(p["kv_cache"] == true);
+  CHECK(p["page_size"] == 32);
+  CHECK(p["seqlen_q"] == 1);  // one new token unless --seqlen-q says otherwise
+  REQUIRE(p["candidates"].size() == 6);
+  // The built-in choice first, planned for the 66 SMs asked for.
+  flashgen::AttentionProblem problem = flashgen::forward_problem(
+      flashgen::DType::kBFloat16, flashgen::AttentionShape{2, 1, 8192, 32, 8, 128}, FLASHGEN_MASK_NONE);
+  problem.kv_cache = problem.paged = true;
+  problem.page_size = 32;
+  const flashgen::DecodeChoice builtin = flashgen::heuristic_decode_choice(problem, 90, 66);
+  CHECK(p["candidates"][0] == flashgen::DecodeSplitConfig{builtin.config, builtin.splits}.name());
+  for (const auto& name : p["candidates"]) {
+    CHECK(name.get<std::string>().rfind("dec_sm80_bf16_d128_", 0) == 0);
+    CHECK(name.get<std::string>().find("_paged_split") != std::string::npos);
+  }
+
+  // A spec's KV-cache problem; and what is refused, named.
+  const std::string spec = write_spec(dir, R"({"problems": [{"kv_cache": true, "seqlen_k": 2048}, {}]})");
+  const nlohmann::json mixed =
+      parse_json(run_cli({"tune", "--spec", spec, "--max-candidates", "2", "--dry-run", "--json", "--arch", "80"}, dir));
+  REQUIRE(mixed["problems"].size() == 2);
+  CHECK(mixed["problems"][0]["seqlen_q"] == 1);
+  CHECK(mixed["problems"][0]["candidates"][0].get<std::string>().rfind("dec_sm80_fp16_d128_", 0) == 0);
+  CHECK(mixed["problems"][1]["candidates"][0].get<std::string>().rfind("fwd_sm80_", 0) == 0);
+  auto error_of = [&](std::vector<std::string> command) {
+    command.push_back("--dry-run");
+    const auto r = run_cli(command, dir);
+    CHECK(r.exit_code == 2);
+    return r.err;
+  };
+  CHECK_THAT(error_of({"tune", "--page-size", "16"}), Catch::Contains("--page-size needs --kv-cache"));
+  CHECK_THAT(error_of({"tune", "--kv-cache", "--backward"}), Catch::Contains("--kv-cache tunes a forward"));
+  CHECK_THAT(error_of({"tune", "--kv-cache", "--page-size", "24"}), Catch::Contains("page_size) must be a multiple of 16"));
+  CHECK_THAT(error_of({"tune", "--sms", "8"}), Catch::Contains("--sms applies to --dry-run --json"));
+  CHECK_THAT(error_of({"tune", "--spec", write_spec(dir, R"({"problems": [{"page_size": 16}]})")}),
+             Catch::Contains("problems[0]: page_size needs \"kv_cache\": true"));
 }
 
 TEST_CASE("cli: tune --candidates times exactly the named configs of the problem", "[cli][tune]") {
@@ -308,4 +356,29 @@ TEST_CASE("cli: tune --backward stores a winner that run --backward then uses", 
   const nlohmann::json ran = parse_json(run_cli(run, dir));
   CHECK(ran["config"] == winner);
   CHECK(ran["reason"].get<std::string>().find("tuning database") != std::string::npos);
+}
+
+TEST_CASE("cli: tune --kv-cache stores a module and split count that run --kv-cache then uses",
+          "[gpu][cli][tune][decode]") {
+  FLASHGEN_REQUIRE_GPU();
+  const NoSchedulerEnv no_scheduler;
+  const TempDir dir("flashgen-cli-tune-decode");
+  const std::vector<std::string> problem = {"--kv-cache", "--page-size", "64", "--head-dim", "128", "--causal",
+                                            "bottom-right", "--batch", "2", "--heads-q", "16", "--heads-kv", "4",
+                                            "--seqlen-k", "4000"};
+  std::vector<std::string> tune = {"tune", "--max-candidates", "4", "--json"};
+  tune.insert(tune.end(), problem.begin(), problem.end());
+  const nlohmann::json tuned = parse_json(run_cli(tune, dir));
+  REQUIRE(tuned.is_object());
+  CHECK(tuned["problem"] == "dec_paged|fp16|d128|causal|g4|q1|k4096|bh32");
+  CHECK(tuned["passed"] == 4);
+  const std::string winner = tuned["winner"].get<std::string>();
+  const flashgen::DecodeSplitConfig config = flashgen::DecodeSplitConfig::from_name(winner);
+
+  std::vector<std::string> run = {"run", "--json", "--iters", "2", "--warmup", "1"};
+  run.insert(run.end(), problem.begin(), problem.end());
+  const nlohmann::json ran = parse_json(run_cli(run, dir));
+  CHECK(ran["config"] == config.config.name() + ", " + std::to_string(config.splits) + " key ranges");
+  CHECK(ran["reason"].get<std::string>().find("tuning database") != std::string::npos);
+  CHECK(ran["check"]["pass"] == true);
 }

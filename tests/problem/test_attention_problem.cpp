@@ -1,5 +1,9 @@
 // Tests for problem/attention_problem: the problem type's constructors, its kernel mask kind, dQ strategy
-// and group arithmetic.
+// and group arithmetic, and the lengths a packed batch is run with from its sizes.
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
 #include "catch.hpp"
 #include "problem/attention_problem.hpp"
 
@@ -45,4 +49,33 @@ TEST_CASE("a shape's query heads map onto their key/value heads in groups", "[pr
   CHECK(mha.reference_cost() == 2.0 * 3 * 5 * 7 * 64);
   CHECK(flashgen::dtype_name(DType::kFloat16) == std::string("fp16"));
   CHECK(flashgen::dtype_name(DType::kBFloat16) == std::string("bf16"));
+}
+
+TEST_CASE("packed_lengths spreads a packed batch's lengths from the longest down to its total", "[problem]") {
+  auto check = [](int64_t count, int64_t longest, int64_t total) {
+    INFO(count << " sequences, longest " << longest << ", " << total << " tokens");
+    const std::vector<int64_t> lengths = flashgen::packed_lengths(count, longest, total);
+    REQUIRE(lengths.size() == static_cast<size_t>(count));
+    CHECK(std::accumulate(lengths.begin(), lengths.end(), int64_t{0}) == total);
+    CHECK(*std::max_element(lengths.begin(), lengths.end()) == longest);
+    CHECK(*std::min_element(lengths.begin(), lengths.end()) >= 0);
+    CHECK(flashgen::packed_lengths(count, longest, total) == lengths);  // deterministic
+    return lengths;
+  };
+  CHECK(check(1, 300, 300) == std::vector<int64_t>{300});
+  CHECK(check(4, 100, 400) == std::vector<int64_t>(4, 100));
+  // 64 sequences between 128 and 8k: an even ramp, shuffled (not sorted either way).
+  const std::vector<int64_t> ramp = check(64, 8192, 64 * (8192 + 128) / 2);
+  CHECK(*std::min_element(ramp.begin(), ramp.end()) >= 120);
+  CHECK_FALSE(std::is_sorted(ramp.begin(), ramp.end()));
+  CHECK_FALSE(std::is_sorted(ramp.rbegin(), ramp.rend()));
+  // Fewer tokens than a ramp to 0 holds: some sequences are empty.
+  const std::vector<int64_t> sparse = check(10, 1000, 1500);
+  CHECK(std::count(sparse.begin(), sparse.end(), 0) >= 5);
+  check(7, 0, 0);
+  check(3, 17, 50);
+  using Catch::Matchers::Contains;
+  CHECK_THROWS_WITH(flashgen::packed_lengths(0, 10, 10), Contains("1 <= count"));
+  CHECK_THROWS_WITH(flashgen::packed_lengths(2, 10, 21), Contains("total 21"));
+  CHECK_THROWS_WITH(flashgen::packed_lengths(2, 10, 9), Contains("longest <= total"));
 }

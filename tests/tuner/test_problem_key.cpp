@@ -103,16 +103,32 @@ TEST_CASE("a problem's key: its pass and dQ strategy, its mask kind, its group r
   flashgen::AttentionProblem packed = forward;
   packed.varlen = true;
   CHECK(flashgen::problem_key(packed).id() == "fwd_varlen|bf16|d96|causal|g4|q1024|k4096|bh128");
+
+  // A KV-cache call: bucketed by the new tokens, the cache's capacity and batch * heads_q; paged is its own class.
+  flashgen::AttentionProblem decode = forward;
+  decode.kv_cache = true;
+  decode.shape.seqlen_q = 3;
+  CHECK(flashgen::problem_key(decode).id() == "dec|bf16|d96|causal|g4|q4|k4096|bh128");
+  decode.paged = true;
+  decode.page_size = 64;
+  CHECK(flashgen::problem_key(decode).id() == "dec_paged|bf16|d96|causal|g4|q4|k4096|bh128");
 }
 
 TEST_CASE("pass ids read back into the key's pass and dQ strategy", "[tuner][problem_key]") {
-  for (const char* text : {"fwd", "fwd_varlen", "bwd", "bwd_det", "bwd_varlen", "bwd_det_varlen"}) {
+  for (const char* text :
+       {"fwd", "fwd_varlen", "bwd", "bwd_det", "bwd_varlen", "bwd_det_varlen", "dec", "dec_paged"}) {
     flashgen::ProblemKey key;
     flashgen::read_pass_id(text, key);
     CHECK(std::string(key.pass_id()) == text);
   }
   flashgen::ProblemKey key;
-  CHECK_THROWS_WITH(flashgen::read_pass_id("bwd-det", key), Catch::Matchers::Contains("bwd_varlen or bwd_det_varlen, got 'bwd-det'"));
+  CHECK_THROWS_WITH(flashgen::read_pass_id("bwd-det", key),
+                    Catch::Matchers::Contains("bwd_det_varlen, dec or dec_paged, got 'bwd-det'"));
+  // A key read as a KV-cache one and then as a forward one is a forward one.
+  flashgen::read_pass_id("dec_paged", key);
+  CHECK((key.kv_cache && key.paged && key.pass == flashgen::Pass::kForward));
+  flashgen::read_pass_id("fwd", key);
+  CHECK_FALSE((key.kv_cache || key.paged));
 }
 
 TEST_CASE("bucket_distance sums bucket exponent differences within one class", "[tuner][problem_key]") {

@@ -149,11 +149,12 @@ TEST_CASE("the embedded shipped data is valid for the GPUs it names", "[tuner][s
     std::visit(
         [&](const auto& config) {
           CHECK_FALSE(config.invalid_reason(choice.device.sm).has_value());
-          CHECK(config.dtype == choice.problem.dtype);
-          CHECK(config.head_dim == choice.problem.head_dim);
-          CHECK(config.mask == choice.problem.mask);
+          CHECK(flashgen::kernel_config_of(config).dtype == choice.problem.dtype);
+          CHECK(flashgen::kernel_config_of(config).head_dim == choice.problem.head_dim);
+          CHECK(flashgen::kernel_config_of(config).mask == choice.problem.mask);
         },
         choice.config);
+    CHECK(flashgen::of_problem(choice.config, choice.problem));
     CHECK(flashgen::is_backward(choice.config) == (choice.problem.pass == flashgen::Pass::kBackward));
     CHECK(choice.median_ms > 0);
   }
@@ -174,7 +175,8 @@ TEST_CASE("every embedded shipped winner compiles without spills or ptxas warnin
       jobs.emplace_back(choice.config, choice.device.sm);
   REQUIRE_FALSE(jobs.empty());
   auto compile = [&](const std::pair<flashgen::TunedConfig, int>& job) {
-    return std::visit([&](const auto& config) { return registry.compiled(config, job.second); }, job.first);
+    return std::visit([&](const auto& config) { return registry.compiled(flashgen::kernel_config_of(config), job.second); },
+                      job.first);
   };
   flashgen::testing::parallel_for(jobs.size(), [&](size_t i) { compile(jobs[i]); });
 
@@ -187,6 +189,11 @@ TEST_CASE("every embedded shipped winner compiles without spills or ptxas warnin
       usages.push_back(compiled->usage_of(bwd->symbol(flashgen::BwdKernel::kPreprocess)));
       usages.push_back(compiled->usage_of(bwd->symbol(flashgen::BwdKernel::kDkdv)));
       if (!bwd->deterministic) usages.push_back(compiled->usage_of(bwd->symbol(flashgen::BwdKernel::kConvert)));
+    } else if (const auto* dec = std::get_if<flashgen::DecodeSplitConfig>(&job.first)) {
+      for (flashgen::DecodeKernel kernel :
+           {flashgen::DecodeKernel::kAppend, flashgen::DecodeKernel::kAttend, flashgen::DecodeKernel::kCombine}) {
+        usages.push_back(compiled->usage_of(dec->config.symbol(kernel)));
+      }
     } else {
       usages.push_back(compiled->usage);
     }

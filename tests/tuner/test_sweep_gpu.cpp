@@ -1,5 +1,5 @@
-// [gpu] Small forward and backward sweeps: every candidate is checked and timed, a winner is named, stored in a
-// TuningStore and found again.
+// [gpu] Small forward, backward and KV-cache sweeps: every candidate is checked and timed, a winner is named,
+// stored in a TuningStore and found again.
 #include <string>
 
 #include "catch.hpp"
@@ -7,6 +7,7 @@
 #include "gpu.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "support/temp_dir.hpp"
+#include "tuner/decode_choice.hpp"
 #include "tuner/heuristic.hpp"
 #include "tuner/space.hpp"
 #include "tuner/store.hpp"
@@ -117,4 +118,55 @@ TEST_CASE("a small backward sweep names, stores and finds a winner, and the back
   flashgen::BwdConfig wrong = builtin;
   wrong.deterministic = true;
   CHECK_THROWS_AS(flashgen::sweep_backward(problem, {wrong}, nullptr, options), flashgen::Error);
+}
+
+TEST_CASE("a small KV-cache sweep checks every split count, and the decode choice takes its winner",
+          "[gpu][tuner][sweep][decode]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext scope;
+  const int arch = flashgen::device_sm(scope.device());
+  const int sms = flashgen::device_traits(scope.device()).multiprocessors;
+
+  // Two new tokens of three sequences against paged caches of 1000 keys (pages of 16, the last one part
+  // full), GQA 4, causal: the float64 check runs two of the sequences.
+  const flashgen::AttentionShape shape{/*batch=*/3, /*seqlen_q=*/2, /*seqlen_k=*/1000, /*heads_q=*/8, /*heads_kv=*/2,
+                                      /*head_dim=*/64};
+  flashgen::AttentionProblem problem = flashgen::forward_problem(flashgen::DType::kBFloat16, shape, FLASHGEN_MASK_CAUSAL);
+  problem.kv_cache = problem.paged = true;
+  problem.page_size = 16;
+  const flashgen::DecodeChoice builtin = flashgen::heuristic_decode_choice(problem, arch, sms);
+  std::vector<flashgen::DecodeSplitConfig> candidates;
+  for (int splits : {1, 3, 16}) candidates.push_back({builtin.config, splits});
+  flashgen::DecodeConfig wide = builtin.config;
+  wide.block_n = 128;
+  candidates.push_back({wide, 5});
+
+  flashgen::SweepOptions options;
+  options.timing.min_samples = 5;
+  options.timing.max_samples = 20;
+  options.retime_rounds = 5;
+  const flashgen::SweepResult result = flashgen::sweep_decode(problem, candidates, nullptr, options);
+  REQUIRE(result.candidates.size() == candidates.size());
+  for (const auto& c : result.candidates) {
+    INFO(flashgen::config_name(c.config) << ": " << flashgen::candidate_status_name(c.status) << " " << c.detail);
+    CHECK(c.status == flashgen::CandidateStatus::kOk);
+    CHECK(c.median_ms > 0);
+  }
+  REQUIRE(std::holds_alternative<flashgen::DecodeSplitConfig>(result.winner));
+  CHECK(result.problem.id() == "dec_paged|bf16|d64|causal|g4|q2|k1024|bh32");
+
+  flashgen::testing::TempDir dir("flashgen-sweep-decode-test");
+  flashgen::TuningStore store(dir.path() / "tuning.sqlite");
+  const flashgen::DeviceFingerprint device = flashgen::current_device_fingerprint(scope.device());
+  store.record(device, result.problem, result.candidates, result.winner, result.winner_ms);
+  const flashgen::DecodeChoice choice = flashgen::choose_decode_config(device, problem, arch, sms, &store);
+  const auto& winner = std::get<flashgen::DecodeSplitConfig>(result.winner);
+  CHECK(choice.config == winner.config);
+  CHECK(choice.splits == winner.splits);
+  CHECK(choice.source == flashgen::ChoiceSource::kTuningDatabase);
+
+  // A contiguous-cache candidate in a paged sweep is refused before anything runs.
+  flashgen::DecodeSplitConfig contiguous = candidates[0];
+  contiguous.config.paged = false;
+  CHECK_THROWS_AS(flashgen::sweep_decode(problem, {contiguous}, nullptr, options), flashgen::Error);
 }

@@ -1,12 +1,13 @@
 // Tests for tuner/tune: the store look-up before any sweep, the plan around the one built-in choice, the
 // record of a sweep's rows and winner, named candidates, and progress as events or lines. A fake sweep
-// stands in for the GPU; the built-in choice compiles for sm_80 through the kernel cache (no device).
+// (support/fake_sweep.hpp) stands in for the GPU; the built-in choice compiles for sm_80 through the kernel cache (no device).
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "catch.hpp"
 #include "flashgen/error.hpp"
+#include "support/fake_sweep.hpp"
 #include "support/temp_dir.hpp"
 #include "tuner/choice.hpp"
 #include "tuner/space.hpp"
@@ -24,6 +25,7 @@ using flashgen::SweepResult;
 using flashgen::TunedConfig;
 using flashgen::TuneOptions;
 using flashgen::TuneResult;
+using flashgen::testing::FakeSweep;
 
 namespace {
 
@@ -37,33 +39,6 @@ AttentionProblem backward_problem() {
 BwdConfig builtin_of(const AttentionProblem& p) {
   return flashgen::heuristic_backward_choice(p.dtype, p.head_dim(), MaskKind::kNone, p.deterministic(), 80).config;
 }
-
-// A sweep that runs nothing: every candidate passes, the later in the list the faster, so the last one wins.
-// It keeps what each call was given.
-struct FakeSweep {
-  std::vector<std::vector<TunedConfig>> calls;
-  std::vector<std::string> always_retime;
-
-  flashgen::SweepRunner runner() {
-    return [this](const AttentionProblem& problem, const std::vector<TunedConfig>& candidates, const SweepOptions& options) {
-      calls.push_back(candidates);
-      always_retime = options.always_retime;
-      SweepResult result;
-      result.problem = flashgen::problem_key(problem);
-      for (size_t i = 0; i < candidates.size(); ++i) {
-        CandidateResult row;
-        row.config = candidates[i];
-        row.median_ms = 1.0 / static_cast<double>(i + 1);
-        row.samples = 10;
-        result.candidates.push_back(row);
-      }
-      result.winner = candidates.back();
-      result.winner_ms = result.candidates.back().median_ms;
-      result.decision = "fastest (fake)";
-      return result;
-    };
-  }
-};
 
 }  // namespace
 
