@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -183,7 +184,32 @@ flashgen_mask mask_from_text(const std::string& text) {
 
 const char* pass_text(const AttentionProblem& problem) {
   if (problem.kv_cache) return problem.paged ? "forward against a paged KV cache" : "forward against a KV cache";
+  if (problem.varlen) {
+    return !problem.backward()         ? "forward of a packed batch"
+           : problem.deterministic() ? "backward (deterministic) of a packed batch"
+                                     : "backward of a packed batch";
+  }
   return !problem.backward() ? "forward" : problem.deterministic() ? "backward (deterministic)" : "backward";
+}
+
+void make_packed(AttentionProblem& problem, std::optional<int64_t> total_q, std::optional<int64_t> total_k,
+                 const std::string& what_q, const std::string& what_k) {
+  const AttentionShape& s = problem.shape;
+  auto total_of = [&](std::optional<int64_t> given, int64_t longest, const std::string& what) {
+    const int64_t most = s.batch * longest;
+    if (!given) return std::clamp<int64_t>(s.batch * (longest + std::max<int64_t>(1, longest / 64)) / 2, longest, most);
+    if (*given < longest || *given > most) {
+      fail(Status::kInvalidArgument, what + " must be between the longest sequence (" + std::to_string(longest) +
+                                         ") and batch * that (" + std::to_string(most) + "), got " +
+                                         std::to_string(*given));
+    }
+    return *given;
+  };
+  problem.varlen = true;
+  problem.total_q = total_of(total_q, s.seqlen_q, what_q);
+  problem.total_k = total_of(total_k, s.seqlen_k, what_k);
+  FLASHGEN_REQUIRE(problem.total_q <= INT32_MAX && problem.total_k <= INT32_MAX,
+                   "a packed batch holds at most 2^31 - 1 rows (int32 offsets)");
 }
 
 AnyConfig config_from_name(const std::string& name) {

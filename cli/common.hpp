@@ -76,8 +76,15 @@ std::vector<int> parse_archs(const Args& args, const std::vector<int>& fallback)
 std::string causal_text(flashgen_mask mask);
 flashgen_mask mask_from_text(const std::string& text);  // one of causal_text's spellings
 
-// "forward", "backward", "backward (deterministic)", or "forward against a [paged] KV cache".
+// "forward", "backward", "backward (deterministic)", "forward against a [paged] KV cache"; a packed batch's
+// pass says "of a packed batch", e.g. "backward of a packed batch".
 const char* pass_text(const AttentionProblem& problem);
+
+// Makes problem a packed (varlen) one of its shape's batch sequences: total_q and total_k tokens, each by
+// default what spreads the lengths evenly from the longest (seqlen_q, seqlen_k) down to 1/64 of it
+// (packed_lengths). Errors name the flag or spec field: what_q and what_k ("--total-q", "problems[0].total_q").
+void make_packed(AttentionProblem& problem, std::optional<int64_t> total_q, std::optional<int64_t> total_k,
+                 const std::string& what_q, const std::string& what_k);
 
 // A kernel config or module of any kind, as emit and compile take them by name.
 using AnyConfig = std::variant<KernelConfig, BwdConfig, DecodeConfig>;

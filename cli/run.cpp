@@ -19,6 +19,7 @@
 #include "cli/args.hpp"
 #include "cli/commands.hpp"
 #include "cli/common.hpp"
+#include "cli/run_support.hpp"
 #include "cli/table.hpp"
 #include "dispatch/dispatch.hpp"
 #include "flashgen/error.hpp"
@@ -52,6 +53,11 @@ Command run_command() {
       .option("layout", "L", "memory order of q/k/v/out: bshd or bhsd (default bshd)")
       .option("config", "NAME", "run this config (a fwd_... name, or bwd_... with --backward) instead of the choice")
       .flag("backward", "time the backward pass (dq, dk, dv for a random dout) after one forward")
+      .flag("varlen", "a packed batch of --batch sequences (flashgen_attention_varlen_forward, and _backward with "
+                      "--backward): lengths spread evenly from --seqlen-q (--seqlen-k) down to what makes --total-q "
+                      "(--total-k) tokens, in a fixed shuffled order; --config takes a ..._varlen config")
+      .option("total-q", "N", "with --varlen: query tokens in all (default: lengths down to 1/64 of the longest)")
+      .option("total-k", "N", "with --varlen: key tokens in all (default as --total-q)")
       .flag("kv-cache", "decoding: seqlen-q new tokens (default 1) per sequence against full KV caches of seqlen-k "
                         "keys (flashgen_attention_kvcache); --config takes a dec_... module")
       .option("page-size", "N", "with --kv-cache: a paged cache of N-key pages in a shuffled order (default 0: contiguous)")
@@ -96,137 +102,35 @@ RunOptions parse_run_options(const Args& args) {
   }
   if (p.kv_cache && (p.backward() || o.layout != "bshd"))
     fail(Status::kInvalidArgument, "--kv-cache runs the forward on bshd tensors: no --backward or --layout bhsd");
+  for (const char* name : {"total-q", "total-k"}) {
+    if (args.has(name) && !args.has("varlen")) fail(Status::kInvalidArgument, std::string("--") + name + " needs --varlen");
+  }
+  if (args.has("varlen")) {
+    if (p.kv_cache) fail(Status::kInvalidArgument, "--varlen and --kv-cache are different problems: pick one");
+    if (o.layout != "bshd") fail(Status::kInvalidArgument, "--varlen packs bshd rows: no --layout bhsd");
+    auto total = [&](const char* name) {
+      return args.has(name) ? std::optional<int64_t>(args.int_or(name, 1, 1, kSizeMax)) : std::nullopt;
+    };
+    make_packed(p, total("total-q"), total("total-k"), "--total-q", "--total-k");
+  }
   p.page_size = static_cast<int>(args.int_or("page-size", 0, 0, kSizeMax));
   o.splits = static_cast<int>(args.int_or("splits", 0, 0, 1 << 20));
   p.paged = p.page_size > 0;
   return o;
 }
 
-flashgen_dtype abi_dtype(DType dtype) { return dtype == DType::kFloat16 ? FLASHGEN_FLOAT16 : FLASHGEN_BFLOAT16; }
-
-// Host copy of one 16-bit tensor: the raw elements in memory order plus the view the library is given
-// (shape [batch, seqlen, heads, head_dim], strides in elements).
-struct HostTensor {
-  DType dtype = DType::kFloat16;
-  StridedView view;
-  std::vector<uint16_t> bits;
-
-  HostInput input() const { return HostInput::bits16(bits.data(), abi_dtype(dtype), view); }
-  size_t bytes() const { return bits.size() * sizeof(uint16_t); }
-};
-
-// A host tensor of shape [batch, seqlen, heads, head_dim] laid out as bshd, or as [batch, heads, seqlen,
-// head_dim] in memory for bhsd (the view's strides say so; its shape stays bshd).
-HostTensor make_host_tensor(DType dtype, int64_t batch, int64_t seqlen, int64_t heads, int64_t head_dim,
-                            bool bhsd) {
-  HostTensor t;
-  t.dtype = dtype;
-  t.view = StridedView::contiguous(batch, seqlen, heads, head_dim);
-  if (bhsd) {
-    t.view.stride[0] = heads * seqlen * head_dim;
-    t.view.stride[1] = head_dim;
-    t.view.stride[2] = seqlen * head_dim;
-  }
-  t.bits.resize(static_cast<size_t>(batch * seqlen * heads * head_dim));
-  return t;
-}
-
-// Random normal values rounded to the tensor's type, in memory order.
-void fill_normal(HostTensor& t, std::mt19937& rng) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (uint16_t& bits : t.bits) bits = float_to_dtype_bits(normal(rng), abi_dtype(t.dtype));
-}
-
-class Event {
- public:
-  Event() { FLASHGEN_CU_CHECK(cuEventCreate(&event_, CU_EVENT_DEFAULT)); }
-  ~Event() { driver().cuEventDestroy(event_); }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  CUevent get() const { return event_; }
-
- private:
-  CUevent event_ = nullptr;
-};
-
-flashgen_tensor tensor_view(const HostTensor& host, const DeviceBuffer& device) {
-  flashgen_tensor view{};
-  view.data = device.data();
-  view.dtype = abi_dtype(host.dtype);
-  for (int i = 0; i < 4; ++i) {
-    view.shape[i] = host.view.shape[i];
-    view.stride[i] = host.view.stride[i];
-  }
-  return view;
-}
-
-// `count` rows spread evenly over all (batch, head, query) rows, plus the very last query row.
-std::vector<RowSample> sample_rows(int64_t batch, int64_t heads, int64_t seqlen_q, int64_t count) {
-  std::set<int64_t> flat;  // (batch * heads + head) * seqlen_q + row: sorted and without repeats
-  const int64_t total = batch * heads * seqlen_q;
-  for (int64_t r = 0; r < count; ++r) flat.insert(count == 1 ? 0 : r * (total - 1) / (count - 1));
-  flat.insert(total - 1);
-  std::vector<RowSample> rows;
-  for (int64_t t : flat) rows.push_back({t / (heads * seqlen_q), t / seqlen_q % heads, t % seqlen_q});
-  return rows;
-}
-
-// Adds a check's mismatches to result, which lists the first kShownMismatches of all its checks.
-void add_mismatches(const CheckReport& report, CheckResult& result) {
-  result.mismatches += report.mismatches;
-  for (const std::string& line : report.first_mismatches) {
-    if (result.first_mismatches.size() < kShownMismatches) result.first_mismatches.push_back(line);
-  }
-}
-
-CheckResult check_sampled_rows(const AttentionShape& shape, const HostTensor& q, const HostTensor& k,
-                               const HostTensor& v, const HostTensor& out, const std::vector<float>& lse,
-                               const std::vector<RowSample>& rows, double scale, flashgen_mask mask) {
-  // The float64 reference is the slow part for long sequences: rows are independent, so use every core.
-  const std::vector<ReferenceRow> reference =
-      attention_reference_rows(shape, q.input(), k.input(), v.input(), scale, mask, rows, default_jobs());
-  const RowsCheck check = check_rows(shape, rows, reference, out.input(), lse.data(), abi_dtype(q.dtype));
-  CheckResult result;
-  result.rows = rows.size();
-  result.max_error_out = check.out.max_error;
-  result.max_error_lse = check.lse.max_error;
-  add_mismatches(check.out, result);
-  add_mismatches(check.lse, result);
-  return result;
-}
-
 std::string problem_text(const RunOptions& o, double scale) {
   const AttentionShape& s = o.problem.shape;
-  return format("batch %lld, seqlen_q %lld, seqlen_k %lld, heads %lld/%lld, head_dim %lld, %s, mask %s, scale %.6g, "
+  const std::string packed =
+      o.problem.varlen ? format("packed: %lld/%lld query/key tokens in all, ", static_cast<long long>(o.problem.total_q),
+                                static_cast<long long>(o.problem.total_k))
+                       : std::string();
+  return packed + format("batch %lld, seqlen_q %lld, seqlen_k %lld, heads %lld/%lld, head_dim %lld, %s, mask %s, scale %.6g, "
                 "layout %s",
                 static_cast<long long>(s.batch), static_cast<long long>(s.seqlen_q), static_cast<long long>(s.seqlen_k),
                 static_cast<long long>(s.heads_q), static_cast<long long>(s.heads_kv),
                 static_cast<long long>(s.head_dim), dtype_name(o.problem.dtype), causal_text(o.problem.mask).c_str(),
                 scale, o.layout.c_str());
-}
-
-// Largest problem whose backward `run --backward` checks against the whole float64 reference
-// (batch * heads * seqlen_q * seqlen_k * head_dim multiply-adds, about a minute on one core).
-constexpr double kMaxBackwardCheckCost = 4e9;
-
-// Events around every launch of fn on stream; sorted milliseconds.
-std::vector<double> time_launches(const std::function<void()>& fn, int warmup, int iters, CUstream stream) {
-  for (int i = 0; i < warmup; ++i) fn();
-  std::vector<Event> starts(static_cast<size_t>(iters)), stops(static_cast<size_t>(iters));
-  for (int i = 0; i < iters; ++i) {
-    FLASHGEN_CU_CHECK(cuEventRecord(starts[i].get(), stream));
-    fn();
-    FLASHGEN_CU_CHECK(cuEventRecord(stops[i].get(), stream));
-  }
-  FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
-  std::vector<double> times;
-  for (int i = 0; i < iters; ++i) {
-    float ms = 0;
-    FLASHGEN_CU_CHECK(cuEventElapsedTime(&ms, starts[i].get(), stops[i].get()));
-    times.push_back(ms);
-  }
-  std::sort(times.begin(), times.end());
-  return times;
 }
 
 // The backward half of `run --backward`: random dout, one checked backward (against the whole float64
@@ -284,150 +188,14 @@ void run_backward(const RunOptions& o, const HostTensor& q, const HostTensor& k,
     dv_dev.download(dv.bits.data(), dv.bytes());
     const AttentionGradients ref = attention_backward_reference_f64(shape, q.input(), k.input(), v.input(),
                                                                     dout.input(), report.scale, options.mask);
-    const struct {
-      const char* name;
-      const HostTensor& got;
-      const std::vector<double>& want;
-    } grads[] = {{"dq", dq, ref.dq}, {"dk", dk, ref.dk}, {"dv", dv, ref.dv}};
-    for (const auto& g : grads) {
-      const HostInput got = g.got.input();
-      const StridedView& view = g.got.view;
-      std::vector<double> values;  // contiguous [b, s, h, d], as the reference
-      values.reserve(g.want.size());
-      for (int64_t b = 0; b < view.shape[0]; ++b)
-        for (int64_t s = 0; s < view.shape[1]; ++s)
-          for (int64_t h = 0; h < view.shape[2]; ++h)
-            for (int64_t d = 0; d < view.shape[3]; ++d) values.push_back(got.at(b, s, h, d));
-      const double magnitude = max_magnitude(g.want);
-      const CheckReport check =
-          check_elements(g.name, {view.shape[0], view.shape[1], view.shape[2], view.shape[3]}, values, g.want,
-                         gradient_tolerance(abi_dtype(p.dtype), magnitude));
-      report.check.max_error_out =
-          std::max(report.check.max_error_out, check.max_error / std::max(magnitude, kGradientMagnitudeFloor));
-      add_mismatches(check, report.check);
+    for (const auto& [name, got, want] : {std::tuple{"dq", &dq, &ref.dq}, std::tuple{"dk", &dk, &ref.dk},
+                                           std::tuple{"dv", &dv, &ref.dv}}) {
+      check_gradient(name, got->input(), *want, abi_dtype(p.dtype), report.check);
     }
     report.check.rows = static_cast<size_t>(shape.batch * shape.heads_q * shape.seqlen_q);
   }
   report.times_ms = time_launches(launch, o.warmup, o.iters, stream);
   report.flops = backward_flops(shape, options.mask);
-}
-
-// A --kv-cache run's cache: pages of page_size keys per sequence (ceil(seqlen_k / page_size) of them) in a
-// shuffled order, or 0 for a contiguous cache.
-int64_t pages_per_sequence(const RunOptions& o) {
-  const int64_t page_size = o.problem.page_size;
-  return o.problem.paged ? (o.problem.shape.seqlen_k + page_size - 1) / page_size : 0;
-}
-
-// flashgen_kvcache_args of a --kv-cache run: q and out, the caches (paged through table, else contiguous), every
-// sequence's cache holding lens[b] = seqlen_k keys.
-flashgen_kvcache_args kvcache_args(const RunOptions& o, const flashgen_tensor& q, const flashgen_tensor& k_cache,
-                                   const flashgen_tensor& v_cache, const flashgen_tensor& out, float* lse,
-                                   const int32_t* lens, const int32_t* table) {
-  flashgen_kvcache_args args{};
-  args.size = sizeof(args);
-  args.q = q, args.k_cache = k_cache, args.v_cache = v_cache, args.out = out;
-  args.lse = lse;
-  args.cache_seqlens = lens;
-  args.block_table = o.problem.paged ? table : nullptr;
-  args.max_pages = pages_per_sequence(o);
-  args.num_splits = o.splits;
-  args.options.softmax_scale = o.scale;
-  args.options.mask = o.problem.mask;
-  return args;
-}
-
-// The shape of a --kv-cache run's k_cache or v_cache: [batch * pages, page_size, ...] paged, else [batch, seqlen_k, ...].
-flashgen_tensor cache_tensor(const RunOptions& o, void* data) {
-  const AttentionShape& s = o.problem.shape;
-  const int64_t pages = pages_per_sequence(o);
-  return o.problem.paged ? bshd_tensor(data, abi_dtype(o.problem.dtype), s.batch * pages, o.problem.page_size, s.heads_kv,
-                                       s.head_dim)
-                         : bshd_tensor(data, abi_dtype(o.problem.dtype), s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
-}
-
-// `run --kv-cache`: random q and caches (k and v as the reference sees them, scattered into shuffled pages
-// when paged), one checked call, then timing.
-RunReport run_kvcache(const RunOptions& o, const ScopedContext& context, RunReport report) {
-  const AttentionProblem& p = o.problem;
-  const AttentionShape& s = p.shape;
-  HostTensor q = make_host_tensor(p.dtype, s.batch, s.seqlen_q, s.heads_q, s.head_dim, false);
-  HostTensor k = make_host_tensor(p.dtype, s.batch, s.seqlen_k, s.heads_kv, s.head_dim, false);
-  HostTensor v = make_host_tensor(p.dtype, s.batch, s.seqlen_k, s.heads_kv, s.head_dim, false);
-  HostTensor out = make_host_tensor(p.dtype, s.batch, s.seqlen_q, s.heads_q, s.head_dim, false);
-  std::vector<float> lse(static_cast<size_t>(s.batch * s.heads_q * s.seqlen_q));
-  std::mt19937 rng(o.seed);
-  fill_normal(q, rng);
-  fill_normal(k, rng);
-  fill_normal(v, rng);
-
-  // The caches as the kernels read them: sequence b's key j in row j % page_size of page table[b][j / page_size].
-  const int64_t pages = pages_per_sequence(o), row = s.heads_kv * s.head_dim;
-  std::vector<int32_t> table(static_cast<size_t>(std::max<int64_t>(1, s.batch * pages)));
-  std::iota(table.begin(), table.end(), 0);
-  std::shuffle(table.begin(), table.end(), rng);
-  const int64_t page_size = p.page_size;
-  const int64_t cache_rows = p.paged ? s.batch * pages * page_size : s.batch * s.seqlen_k;
-  std::vector<uint16_t> k_cache(static_cast<size_t>(cache_rows * row)), v_cache(k_cache.size());
-  for (int64_t b = 0; b < s.batch; ++b)
-    for (int64_t j = 0; j < s.seqlen_k; ++j) {
-      const int64_t at =
-          p.paged ? table[size_t(b * pages + j / page_size)] * page_size + j % page_size : b * s.seqlen_k + j;
-      std::copy_n(k.bits.begin() + (b * s.seqlen_k + j) * row, row, k_cache.begin() + at * row);
-      std::copy_n(v.bits.begin() + (b * s.seqlen_k + j) * row, row, v_cache.begin() + at * row);
-    }
-
-  DeviceBuffer q_dev(q.bytes()), out_dev(out.bytes()), lse_dev(lse.size() * sizeof(float));
-  DeviceBuffer k_dev(k_cache.size() * 2), v_dev(v_cache.size() * 2), table_dev(table.size() * 4);
-  DeviceBuffer lens_dev(static_cast<size_t>(s.batch) * 4);
-  q_dev.upload(q.bits), k_dev.upload(k_cache), v_dev.upload(v_cache), table_dev.upload(table);
-  lens_dev.upload(std::vector<int32_t>(static_cast<size_t>(s.batch), static_cast<int32_t>(s.seqlen_k)));
-  out_dev.fill_bytes(0xFF);
-  lse_dev.fill_bytes(0xFF);
-  const flashgen_kvcache_args args =
-      kvcache_args(o, tensor_view(q, q_dev), cache_tensor(o, k_dev.data()), cache_tensor(o, v_dev.data()),
-                   tensor_view(out, out_dev), static_cast<float*>(lse_dev.data()),
-                   static_cast<const int32_t*>(lens_dev.data()), static_cast<const int32_t*>(table_dev.data()));
-  const KvCacheCall call = make_kvcache_call(args);
-
-  Stream stream;
-  std::optional<PreparedKvCache> requested;
-  if (o.config_name) {
-    const DecodeConfig config = DecodeConfig::from_name(*o.config_name);
-    const int splits = o.splits > 0 ? o.splits
-                                    : heuristic_decode_splits(p, config, report.device_sm,
-                                                              device_traits(context.device()).multiprocessors);
-    requested = prepare_kvcache(call, stream.get(), config, splits);
-    report.config_name = config.name() + ", " + std::to_string(requested->splits) + " key ranges";
-    report.reason = "requested with --config";
-    report.arch = requested->arch;
-  }
-  const int device = static_cast<int>(context.device());
-  auto launch = [&] {
-    if (requested) {
-      launch_prepared_kvcache(*requested, call, stream.get(), device);
-      return KvCacheLaunch{};
-    }
-    return attention_kvcache(args, stream.get());
-  };
-  const Clock::time_point first = Clock::now();
-  const KvCacheLaunch chosen = launch();
-  FLASHGEN_CU_CHECK(cuStreamSynchronize(stream.get()));
-  report.first_launch_ms = ms_since(first);
-  if (!requested) {
-    report.config_name = chosen.config.name() + ", " + std::to_string(chosen.splits) + " key ranges";
-    report.reason = chosen.reason;
-    report.arch = chosen.arch;
-  }
-  report.scale = call.params.scale;
-  out_dev.download(out.bits.data(), out.bytes());
-  lse_dev.download(lse.data(), lse_dev.bytes());
-  report.check = check_sampled_rows(s, q, k, v, out, lse, sample_rows(s.batch, s.heads_q, s.seqlen_q, o.check_rows),
-                                    report.scale, p.mask);
-  report.times_ms = time_launches([&] { launch(); }, o.warmup, o.iters, stream.get());
-  report.flops = forward_flops(s, p.mask);
-  report.kv_bytes = 2.0 * s.batch * s.seqlen_k * s.heads_kv * s.head_dim * 2;
-  return report;
 }
 
 }  // namespace
@@ -441,6 +209,7 @@ RunReport run_problem(const RunOptions& o) {
   report.device_name = name;
   report.device_sm = device_sm(context.device());
   if (o.problem.kv_cache) return run_kvcache(o, context, report);
+  if (o.problem.varlen) return run_varlen(o, context, report);
 
   const AttentionProblem& p = o.problem;
   const AttentionShape& shape = p.shape;
@@ -494,7 +263,8 @@ RunReport run_problem(const RunOptions& o) {
 
   out_dev.download(out.bits.data(), out.bytes());
   lse_dev.download(lse.data(), lse_dev.bytes());
-  report.check = check_sampled_rows(shape, q, k, v, out, lse,
+  report.check = check_sampled_rows(shape, q.input(), k.input(), v.input(), out.input(), lse.data(),
+                                    abi_dtype(p.dtype),
                                     sample_rows(shape.batch, shape.heads_q, shape.seqlen_q, o.check_rows),
                                     report.scale, options.mask);
   if (p.backward()) {
@@ -557,6 +327,9 @@ Json run_report_json(const RunReport& r) {
       {"pass", p.backward() ? "backward" : "forward"},
       {"kv_cache", p.kv_cache ? Json{{"page_size", p.page_size}, {"splits", o.splits}, {"kv_bytes", r.kv_bytes}}
                               : Json(nullptr)},
+      {"varlen", p.varlen ? Json{{"total_q", p.total_q}, {"total_k", p.total_k}, {"seqlens_q", packed_batch(p).len_q},
+                                 {"seqlens_k", packed_batch(p).len_k}}
+                          : Json(nullptr)},
       {"deterministic", p.deterministic()},
       {"config", r.config_name},
       {"arch", r.arch},
@@ -595,6 +368,17 @@ void check_host_memory(const RunOptions& o) {
 
 }  // namespace
 
+namespace {
+
+// A --config for a dense run: one of the problem's, not a packed-batch kernel.
+template <class Config>
+void check_dense_config(const Config& config, const AttentionProblem& problem) {
+  check_requested_config(config, problem, 90);
+  FLASHGEN_REQUIRE(!config.varlen, "config " + config.name() + " runs packed batches: pass --varlen");
+}
+
+}  // namespace
+
 void check_run_problem(const RunOptions& o) {
   const AttentionProblem& p = o.problem;
   const AttentionShape& s = p.shape;
@@ -605,30 +389,17 @@ void check_run_problem(const RunOptions& o) {
   const flashgen_tensor q = placeholder(0, s.seqlen_q, s.heads_q), k = placeholder(1, s.seqlen_k, s.heads_kv),
                         v = placeholder(2, s.seqlen_k, s.heads_kv), out = placeholder(3, s.seqlen_q, s.heads_q);
   flashgen_attention_options options{o.scale, p.mask, p.deterministic() ? 1 : 0};
-  if (p.kv_cache) {
-    auto address = [](int n) { return reinterpret_cast<void*>(uintptr_t{1} << (20 + n)); };
-    const flashgen_kvcache_args args =
-        kvcache_args(o, q, cache_tensor(o, address(1)), cache_tensor(o, address(2)), out, nullptr,
-                     static_cast<const int32_t*>(address(4)), static_cast<const int32_t*>(address(5)));
-    const KvCacheCall call = make_kvcache_call(args);
-    if (o.config_name) {
-      const DecodeConfig config = DecodeConfig::from_name(*o.config_name);
-      check_requested_config(config, call.problem, 90);
-      FLASHGEN_REQUIRE(config.paged == call.problem.paged,
-                       "config " + config.name() + (config.paged ? " reads a paged cache: pass --page-size"
-                                                                 : " reads a contiguous cache: drop --page-size"));
-    }
-    return;
-  }
+  if (p.kv_cache) return check_kvcache_problem(o);
+  if (p.varlen) return check_varlen_problem(o);
   if (p.backward()) {
     const flashgen_tensor dout = placeholder(4, s.seqlen_q, s.heads_q), dq = placeholder(5, s.seqlen_q, s.heads_q),
                           dk = placeholder(6, s.seqlen_k, s.heads_kv), dv = placeholder(7, s.seqlen_k, s.heads_kv);
     const float* lse = reinterpret_cast<const float*>(uintptr_t{1} << 28);
     const BackwardCall call = make_backward_call(&q, &k, &v, &out, &dout, lse, &dq, &dk, &dv, &options);
-    if (o.config_name) check_requested_config(BwdConfig::from_name(*o.config_name), call.problem, 90);
+    if (o.config_name) check_dense_config(BwdConfig::from_name(*o.config_name), call.problem);
   } else {
     const ForwardCall call = make_forward_call(&q, &k, &v, &out, nullptr, &options);
-    if (o.config_name) check_requested_config(KernelConfig::from_name(*o.config_name), call.problem, 90);
+    if (o.config_name) check_dense_config(KernelConfig::from_name(*o.config_name), call.problem);
   }
 }
 

@@ -44,7 +44,8 @@ Command tune_command() {
                  "\"dtype\": \"bf16\", \"head_dim\": 128,\n"
                  "\"causal\": \"bottom-right\", \"batch\": 4, \"heads_q\": 32, \"heads_kv\": 8, \"seqlen_q\": 4096,\n"
                  "\"seqlen_k\": 4096}, {\"kv_cache\": true, \"page_size\": 16, \"batch\": 8, \"seqlen_q\": 1, \"seqlen_k\": 32768},\n"
-                 "...]}; omitted fields take the flag defaults below.",
+                 "{\"varlen\": true, \"batch\": 64, \"seqlen_q\": 8192, \"seqlen_k\": 8192, \"total_q\": 266240}, ...]}; omitted fields\n"
+                 "take the flag defaults below (a packed problem's totals: its own, else the default spread).",
                  "[options]")
       .flag("backward", "tune the backward pass (dq, dk, dv) instead of the forward")
       .flag("deterministic", "with --backward: the deterministic dQ strategy (bitwise repeatable)")
@@ -57,6 +58,11 @@ Command tune_command() {
       .option("seqlen-q", "N", "query length; with --kv-cache the new tokens per sequence (default 4096, 1 with "
                                "--kv-cache)")
       .option("seqlen-k", "N", "key/value length; with --kv-cache the cache's capacity, every cache full (default 4096)")
+      .flag("varlen", "tune a packed batch of --batch sequences (flashgen_attention_varlen_forward/backward): "
+                      "lengths spread evenly from --seqlen-q (--seqlen-k) down to what makes --total-q (--total-k) "
+                      "tokens")
+      .option("total-q", "N", "with --varlen: query tokens in all (default: lengths down to 1/64 of the longest)")
+      .option("total-k", "N", "with --varlen: key tokens in all (default as --total-q)")
       .flag("kv-cache", "tune decoding against a KV cache (flashgen_attention_kvcache): the decode modules and "
                         "the key ranges per sequence, timed with CUDA events on full caches")
       .option("page-size", "N", "with --kv-cache: a paged cache of N-key pages, a multiple of 16, in a shuffled "
@@ -139,6 +145,16 @@ AttentionProblem problem_from_flags(const Args& args) {
   s.seqlen_k = args.int_or("seqlen-k", 4096, 1, kIntMax);
   if (s.heads_q % s.heads_kv != 0) fail(Status::kInvalidArgument, "--heads-q must be a multiple of --heads-kv");
   if (args.has("page-size") && !problem.kv_cache) fail(Status::kInvalidArgument, "--page-size needs --kv-cache");
+  for (const char* name : {"total-q", "total-k"}) {
+    if (args.has(name) && !args.has("varlen")) fail(Status::kInvalidArgument, std::string("--") + name + " needs --varlen");
+  }
+  if (args.has("varlen")) {
+    if (problem.kv_cache) fail(Status::kInvalidArgument, "--varlen and --kv-cache are different problems: pick one");
+    auto total = [&](const char* name) {
+      return args.has(name) ? std::optional<int64_t>(args.int_or(name, 1, 1, kIntMax)) : std::nullopt;
+    };
+    make_packed(problem, total("total-q"), total("total-k"), "--total-q", "--total-k");
+  }
   if (problem.kv_cache && problem.backward()) fail(Status::kInvalidArgument, "--kv-cache tunes a forward: no --backward");
   problem.page_size = static_cast<int>(args.int_or("page-size", 0, 0, 1 << 30));
   problem.paged = problem.page_size > 0;
@@ -171,6 +187,7 @@ TuneSpec read_tune_spec(const std::string& path, const AttentionProblem& default
     const std::string where = "problems[" + std::to_string(i) + "]";
     if (!entry.is_object()) bad(where + " must be an object");
     AttentionProblem p = defaults;
+    std::optional<int64_t> total_q, total_k;  // a packed problem's own; else the default spread of its sizes
     for (const auto& [key, value] : entry.items()) {
       auto positive = [&](int64_t& field) {
         if (!value.is_number_integer() || value.get<long long>() < 1 || value.get<long long>() > std::numeric_limits<int>::max())
@@ -202,6 +219,13 @@ TuneSpec read_tune_spec(const std::string& path, const AttentionProblem& default
         positive(p.shape.seqlen_q);
       } else if (key == "seqlen_k") {
         positive(p.shape.seqlen_k);
+      } else if (key == "varlen") {
+        if (!value.is_boolean()) bad(where + ".varlen must be true or false");
+        p.varlen = value.get<bool>();
+      } else if (key == "total_q" || key == "total_k") {
+        int64_t total = 0;
+        positive(total);
+        (key == "total_q" ? total_q : total_k) = total;
       } else if (key == "kv_cache") {
         if (!value.is_boolean()) bad(where + ".kv_cache must be true or false");
         p.kv_cache = value.get<bool>();
@@ -217,6 +241,16 @@ TuneSpec read_tune_spec(const std::string& path, const AttentionProblem& default
     if (deterministic_forward(p)) bad(where + ": deterministic needs \"pass\": \"backward\"");
     if (p.kv_cache && p.backward()) bad(where + ": kv_cache tunes a forward, not \"pass\": \"backward\"");
     if (p.page_size > 0 && !p.kv_cache) bad(where + ": page_size needs \"kv_cache\": true");
+    if ((entry.contains("total_q") || entry.contains("total_k")) && !p.varlen)
+      bad(where + ": total_q and total_k need \"varlen\": true");
+    if (p.varlen && p.kv_cache) bad(where + ": varlen and kv_cache are different problems: pick one");
+    if (p.varlen) {
+      try {
+        make_packed(p, total_q, total_k, where + ".total_q", where + ".total_k");
+      } catch (const Error& e) {
+        bad(e.what());
+      }
+    }
     p.paged = p.kv_cache && p.page_size > 0;
     if (!entry.contains("seqlen_q") && p.kv_cache && !defaults.kv_cache) p.shape.seqlen_q = 1;
     if (auto why = untunable(p)) bad(where + ": " + *why);
@@ -398,15 +432,19 @@ std::string problem_line(const AttentionProblem& p) {
   return format("%s %s d%d causal=%s batch %lld heads %lld/%lld seqlen %lld/%lld", pass_text(p), dtype_name(p.dtype),
                 p.head_dim(), causal_text(p.mask).c_str(), (long long)s.batch, (long long)s.heads_q,
                 (long long)s.heads_kv, (long long)s.seqlen_q, (long long)s.seqlen_k) +
-         (p.paged ? format(" pages of %d", p.page_size) : std::string());
+         (p.paged ? format(" pages of %d", p.page_size) : std::string()) +
+         (p.varlen ? format(" tokens %lld/%lld", (long long)p.total_q, (long long)p.total_k) : std::string());
 }
 
 Json problem_json(const AttentionProblem& p) {
   const AttentionShape& s = p.shape;
-  return {{"pass", p.backward() ? "backward" : "forward"}, {"deterministic", p.deterministic()},
-          {"dtype", dtype_name(p.dtype)}, {"head_dim", s.head_dim}, {"causal", causal_text(p.mask)},
-          {"batch", s.batch}, {"heads_q", s.heads_q}, {"heads_kv", s.heads_kv},
-          {"seqlen_q", s.seqlen_q}, {"seqlen_k", s.seqlen_k}, {"kv_cache", p.kv_cache}, {"page_size", p.page_size}};
+  Json j = {{"pass", p.backward() ? "backward" : "forward"}, {"deterministic", p.deterministic()},
+            {"dtype", dtype_name(p.dtype)}, {"head_dim", s.head_dim}, {"causal", causal_text(p.mask)},
+            {"batch", s.batch}, {"heads_q", s.heads_q}, {"heads_kv", s.heads_kv},
+            {"seqlen_q", s.seqlen_q}, {"seqlen_k", s.seqlen_k}, {"kv_cache", p.kv_cache}, {"page_size", p.page_size},
+            {"varlen", p.varlen}};
+  if (p.varlen) j["total_q"] = p.total_q, j["total_k"] = p.total_k;  // a spec entry as read_tune_spec takes it
+  return j;
 }
 
 Json dry_run_entries(const Args& args, const std::vector<AttentionProblem>& problems, const std::vector<std::string>& named,

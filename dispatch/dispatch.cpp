@@ -123,7 +123,7 @@ auto plan_in_scope(const Call& call, const ScopedContext& scope, CUstream stream
   Plan<decltype(process_choice(call, device, arch))> plan{process_choice(call, device, arch), arch};
   if (tune_on_first_use() && stream_capturing(stream)) {
     plan.final = false;
-  } else if (!call.problem.varlen) {  // packed batches are not tuned yet (tune.hpp): the built-in choice
+  } else {
     apply_tune_on_first_use(plan.choice, [&](std::string* failure) {
       return tune_on_first_use_of(call, device, arch, failure);
     });

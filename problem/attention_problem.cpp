@@ -2,7 +2,9 @@
 #include "problem/attention_problem.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <utility>
 #include <random>
 #include <string>
 
@@ -59,6 +61,45 @@ std::vector<int64_t> packed_lengths(int64_t count, int64_t longest, int64_t tota
   std::mt19937_64 rng(0x5eed);
   for (size_t i = lengths.size(); i > 1; --i) std::swap(lengths[i - 1], lengths[size_t(rng() % i)]);
   return lengths;
+}
+
+AttentionShape PackedBatch::sequence(size_t b) const {
+  AttentionShape one = shape;
+  one.batch = 1, one.seqlen_q = len_q.at(b), one.seqlen_k = len_k.at(b);
+  return one;
+}
+
+std::vector<size_t> PackedBatch::sampled_sequences() const {
+  std::vector<size_t> nonempty;
+  for (size_t b = 0; b < len_q.size(); ++b)
+    if (len_q[b] > 0 && len_k[b] > 0) nonempty.push_back(b);
+  if (nonempty.empty()) return {};
+  auto by_length = [&](size_t a, size_t b) { return len_q[a] < len_q[b]; };
+  std::vector<size_t> picked = {*std::max_element(nonempty.begin(), nonempty.end(), by_length),
+                                *std::min_element(nonempty.begin(), nonempty.end(), by_length), nonempty.front(),
+                                nonempty.back()};
+  std::sort(picked.begin(), picked.end());
+  picked.erase(std::unique(picked.begin(), picked.end()), picked.end());
+  return picked;
+}
+
+PackedBatch packed_batch(const AttentionProblem& problem) {
+  FLASHGEN_REQUIRE(problem.varlen, "packed_batch: the problem is not a packed (varlen) one");
+  const AttentionShape& s = problem.shape;
+  PackedBatch batch;
+  batch.shape = s;
+  batch.len_q = packed_lengths(s.batch, s.seqlen_q, problem.total_q);
+  batch.len_k = s.seqlen_k == s.seqlen_q && problem.total_k == problem.total_q
+                    ? batch.len_q
+                    : packed_lengths(s.batch, s.seqlen_k, problem.total_k);
+  for (const auto& [lengths, cu] : {std::pair{&batch.len_q, &batch.cu_q}, std::pair{&batch.len_k, &batch.cu_k}}) {
+    cu->push_back(0);
+    for (int64_t n : *lengths) {
+      FLASHGEN_REQUIRE(cu->back() + n <= INT32_MAX, "packed_batch: more than 2^31 - 1 rows");
+      cu->push_back(static_cast<int32_t>(cu->back() + n));
+    }
+  }
+  return batch;
 }
 
 }  // namespace flashgen

@@ -80,4 +80,22 @@ AttentionProblem backward_problem(DType dtype, const AttentionShape& shape, flas
 // Error(kInvalidArgument) unless 1 <= count, 0 <= longest and longest <= total <= count * longest.
 std::vector<int64_t> packed_lengths(int64_t count, int64_t longest, int64_t total);
 
+// The sequences of a packed problem run from its sizes: packed_lengths of its queries, and of its keys in the
+// same order so long queries meet long keys (the queries' lengths themselves when seqlen_k == seqlen_q and
+// total_k == total_q: self-attention over packed documents).
+struct PackedBatch {
+  AttentionShape shape;               // the problem's: batch sequences of at most seqlen_q and seqlen_k
+  std::vector<int64_t> len_q, len_k;  // per sequence
+  std::vector<int32_t> cu_q, cu_k;    // batch + 1 offsets: sequence b's rows are [cu[b], cu[b + 1])
+
+  int64_t total_q() const { return cu_q.back(); }
+  int64_t total_k() const { return cu_k.back(); }
+  // Sequence b as a problem of its own: batch 1, its lengths.
+  AttentionShape sequence(size_t b) const;
+  // The sequences a sampled check looks at: the longest, the shortest and the first and last of those with
+  // queries and keys (each once, ascending).
+  std::vector<size_t> sampled_sequences() const;
+};
+PackedBatch packed_batch(const AttentionProblem& problem);  // problem.varlen; throws as packed_lengths does
+
 }  // namespace flashgen

@@ -124,6 +124,28 @@ std::vector<BwdConfig> capped_candidates(const BackwardSpaceReport& space, const
   return capped(space, builtin, max_count);
 }
 
+namespace {
+
+// The packed (varlen) form of a dense space.
+template <class Config>
+BasicSpaceReport<Config> packed(const BasicSpaceReport<Config>& dense, int arch) {
+  BasicSpaceReport<Config> report;
+  report.total = dense.total - static_cast<int>(dense.valid.size());
+  report.pruned = dense.pruned;
+  report.pruned_by_reason = dense.pruned_by_reason;
+  for (Config c : dense.valid) {
+    c.varlen = true;
+    report.add(c, arch);
+  }
+  return report;
+}
+
+}  // namespace
+
+SpaceReport packed_space(const SpaceReport& dense, int arch) { return packed(dense, arch); }
+
+BackwardSpaceReport packed_space(const BackwardSpaceReport& dense, int arch) { return packed(dense, arch); }
+
 std::vector<DecodeSplitConfig> capped_candidates(const DecodeSpaceReport& space, const DecodeSplitConfig& builtin,
                                                  size_t max_count) {
   return capped(space, builtin, max_count);

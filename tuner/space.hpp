@@ -97,6 +97,12 @@ BackwardSpaceReport backward_space(DType dtype, int head_dim, MaskKind mask, boo
 std::vector<BwdConfig> capped_candidates(const BackwardSpaceReport& space, const BwdConfig& builtin,
                                          size_t max_count);
 
+// A space's configs as packed-batch (varlen) kernels: each valid one with varlen set and checked again (the
+// sm90 forward's packed kernels take one block per tile: no persistence, clusters or groups; the backward's
+// are the sm80 family's), the dense space's prunes kept in the counts.
+SpaceReport packed_space(const SpaceReport& dense, int arch);
+BackwardSpaceReport packed_space(const BackwardSpaceReport& dense, int arch);
+
 // Every decode module of a KV-cache problem's class over knobs, each valid one with every split count
 // decode_split_counts gives it at the problem's sizes on a GPU of `multiprocessors` SMs (an invalid module is
 // counted once). Compiles nothing.

@@ -90,7 +90,9 @@ struct SweepResult {
 
 // Sweeps candidates (all for problem's dtype, head_dim and mask kind) on stream's device, and keys the
 // result by problem_key(problem). Throws Error(kInvalidArgument) when no candidate passes; individual
-// failures are recorded, not thrown.
+// failures are recorded, not thrown. A packed problem (problem.varlen, its total_q and total_k set) runs
+// its varlen candidates on a batch of sequences of packed_lengths(batch, seqlen, total) and checks a few of
+// them, each against its own float64 reference.
 SweepResult sweep_forward(const AttentionProblem& problem, const std::vector<KernelConfig>& candidates,
                           CUstream stream, const SweepOptions& options);
 

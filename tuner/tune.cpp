@@ -88,7 +88,8 @@ TunePlan plan_tune(const AttentionProblem& problem, int arch, const TuneOptions&
   TunePlan plan;
   plan.key = problem_key(problem);
   const ProblemKey& key = plan.key;
-  FLASHGEN_REQUIRE(!problem.varlen, "packed variable-length batches are not tuned yet: they run the built-in choice");
+  FLASHGEN_REQUIRE(!problem.varlen || (problem.total_q >= problem.shape.seqlen_q && problem.total_k >= problem.shape.seqlen_k),
+                   "a packed problem's total_q and total_k must hold its longest sequences (seqlen_q, seqlen_k)");
   for (const TunedConfig& c : options.named) {
     FLASHGEN_REQUIRE(of_problem(c, key), config_name(c) + " is not a config of the problem " + key.id());
   }
@@ -104,15 +105,18 @@ TunePlan plan_tune(const AttentionProblem& problem, int arch, const TuneOptions&
     plan.space = counts_of(space);
     plan.candidates = pass_candidates(space, builtin, options);
   } else if (problem.backward()) {
-    const BackwardSpaceReport space = backward_space(key.dtype, key.head_dim, key.mask, problem.deterministic(), arch);
+    BackwardSpaceReport space = backward_space(key.dtype, key.head_dim, key.mask, problem.deterministic(), arch);
+    if (key.varlen) space = packed_space(space, arch);
     const BwdConfig builtin =
-        heuristic_backward_choice(key.dtype, key.head_dim, key.mask, problem.deterministic(), arch).config;
+        heuristic_backward_choice(key.dtype, key.head_dim, key.mask, problem.deterministic(), arch, false, key.varlen)
+            .config;
     plan.builtin = builtin;
     plan.space = counts_of(space);
     plan.candidates = pass_candidates(space, builtin, options);
   } else {
-    const SpaceReport space = forward_space(key.dtype, key.head_dim, key.mask, arch);
-    const KernelConfig builtin = heuristic_choice(key.dtype, key.head_dim, key.mask, arch).config;
+    SpaceReport space = forward_space(key.dtype, key.head_dim, key.mask, arch);
+    if (key.varlen) space = packed_space(space, arch);
+    const KernelConfig builtin = heuristic_choice(key.dtype, key.head_dim, key.mask, arch, false, key.varlen).config;
     plan.builtin = builtin;
     plan.space = counts_of(space);
     plan.candidates = pass_candidates(space, builtin, options);

@@ -253,7 +253,13 @@ TEST_CASE("cli: failures under --json print one JSON error object", "[cli]") {
           {"run", "--page-size", "16"}, {"run", "--kv-cache", "--page-size", "40"},
           {"run", "--kv-cache", "--backward"}, {"run", "--kv-cache", "--config", "fwd_sm80_fp16_d128_m128_n64_w4_s2"},
           {"run", "--kv-cache", "--page-size", "16", "--config", "dec_sm80_fp16_d128_r16_n64_w4_s3"},
-          {"run", "--kv-cache", "--splits", "500"}}) {
+          {"run", "--kv-cache", "--splits", "500"},
+          // packed runs: their totals, and configs of the packed kernels only
+          {"run", "--total-q", "100"}, {"run", "--varlen", "--kv-cache"}, {"run", "--varlen", "--layout", "bhsd"},
+          {"run", "--varlen", "--batch", "2", "--seqlen-q", "100", "--total-q", "201"},
+          {"run", "--varlen", "--config", "fwd_sm80_fp16_d128_m128_n64_w4_s2"},
+          {"run", "--varlen", "--backward", "--config", "bwd_sm80_fp16_d128_m64_n64_w4_s2_x1"},
+          {"run", "--config", "fwd_sm80_fp16_d128_m128_n64_w4_s2_varlen"}}) {
       const CliResult result = run_cli(words, dir);
       INFO(words.back() << ": " << result.err);
       CHECK(result.exit_code == 2);

@@ -204,6 +204,52 @@ TEST_CASE("cli: tune --kv-cache lists decode modules with their split counts", "
              Catch::Contains("problems[0]: page_size needs \"kv_cache\": true"));
 }
 
+TEST_CASE("cli: tune --varlen lists packed-batch configs for a batch of the given sizes", "[cli][tune][varlen]") {
+  const NoSchedulerEnv no_scheduler;
+  const TempDir dir("flashgen-cli-tune");
+  const nlohmann::json plan =
+      parse_json(run_cli({"tune", "--varlen", "--batch", "64", "--seqlen-q", "8192", "--seqlen-k", "8192",
+                          "--max-candidates", "4", "--dry-run", "--json", "--arch", "90"},
+                         dir));
+  REQUIRE(plan["problems"].size() == 1);
+  const nlohmann::json& p = plan["problems"][0];
+  CHECK(p["varlen"] == true);
+  CHECK(p["total_q"] == 64 * (8192 + 128) / 2);  // lengths spread from 8192 down to 1/64 of it
+  CHECK(p["total_k"] == p["total_q"]);
+  REQUIRE(p["candidates"].size() == 4);
+  for (const auto& name : p["candidates"]) {
+    const flashgen::KernelConfig c = flashgen::KernelConfig::from_name(name.get<std::string>());
+    CHECK(c.varlen);
+    CHECK_FALSE(c.invalid_reason(90).has_value());
+  }
+  // The backward's packed kernels; a spec's packed problem with its own totals.
+  const nlohmann::json backward = parse_json(run_cli(
+      {"tune", "--varlen", "--backward", "--total-q", "3000", "--batch", "4", "--seqlen-q", "1000", "--seqlen-k", "1000",
+       "--max-candidates", "2", "--dry-run", "--json", "--arch", "90"},
+      dir));
+  CHECK(backward["problems"][0]["total_q"] == 3000);
+  for (const auto& name : backward["problems"][0]["candidates"])
+    CHECK(name.get<std::string>().find("_varlen") != std::string::npos);
+  const std::string spec = write_spec(
+      dir, R"({"problems": [{"varlen": true, "batch": 8, "seqlen_q": 512, "seqlen_k": 512, "total_q": 3000, "total_k": 3000}]})");
+  const nlohmann::json from_spec = parse_json(run_cli({"tune", "--spec", spec, "--dry-run", "--json"}, dir));
+  CHECK(from_spec["problems"][0]["total_q"] == 3000);
+  auto error_of = [&](std::vector<std::string> command) {
+    command.push_back("--dry-run");
+    const auto r = run_cli(command, dir);
+    CHECK(r.exit_code == 2);
+    return r.err;
+  };
+  CHECK_THAT(error_of({"tune", "--total-q", "10"}), Catch::Contains("--total-q needs --varlen"));
+  CHECK_THAT(error_of({"tune", "--varlen", "--kv-cache"}), Catch::Contains("different problems"));
+  CHECK_THAT(error_of({"tune", "--varlen", "--batch", "2", "--seqlen-q", "10", "--total-q", "21"}),
+             Catch::Contains("--total-q must be between the longest sequence (10) and batch * that (20), got 21"));
+  CHECK_THAT(error_of({"tune", "--spec", write_spec(dir, R"({"problems": [{"total_q": 16}]})")}),
+             Catch::Contains("problems[0]: total_q and total_k need \"varlen\": true"));
+  CHECK_THAT(error_of({"tune", "--spec", write_spec(dir, R"({"problems": [{"varlen": true, "total_k": 5}]})")}),
+             Catch::Contains("problems[0].total_k must be between"));
+}
+
 TEST_CASE("cli: tune --candidates times exactly the named configs of the problem", "[cli][tune]") {
   const NoSchedulerEnv no_scheduler;
   const TempDir dir("flashgen-cli-tune");
@@ -381,4 +427,58 @@ TEST_CASE("cli: tune --kv-cache stores a module and split count that run --kv-ca
   CHECK(ran["config"] == config.config.name() + ", " + std::to_string(config.splits) + " key ranges");
   CHECK(ran["reason"].get<std::string>().find("tuning database") != std::string::npos);
   CHECK(ran["check"]["pass"] == true);
+}
+
+TEST_CASE("cli: tune --varlen stores a winner that run --varlen then uses, forward and backward",
+          "[gpu][cli][tune][varlen]") {
+  FLASHGEN_REQUIRE_GPU();
+  const NoSchedulerEnv no_scheduler;
+  const TempDir dir("flashgen-cli-tune-varlen");
+  for (const bool backward : {false, true}) {
+    std::vector<std::string> problem = {"--varlen", "--head-dim", "64", "--causal", "bottom-right", "--batch", "5",
+                                        "--heads-q", "4", "--heads-kv", "2", "--seqlen-q", "700", "--seqlen-k", "700",
+                                        "--total-q", "1777"};
+    if (backward) problem.push_back("--backward");
+    std::vector<std::string> tune = {"tune", "--max-candidates", "3", "--json"};
+    tune.insert(tune.end(), problem.begin(), problem.end());
+    const nlohmann::json tuned = parse_json(run_cli(tune, dir));
+    REQUIRE(tuned.is_object());
+    CHECK(tuned["problem"].get<std::string>().rfind(backward ? "bwd_varlen|fp16|d64|causal|g2|" : "fwd_varlen|fp16|d64|causal|g2|", 0) == 0);
+    CHECK(tuned["passed"] == 3);
+    const std::string winner = tuned["winner"].get<std::string>();
+    CHECK(winner.find("_varlen") != std::string::npos);
+
+    std::vector<std::string> run = {"run", "--json", "--iters", "2", "--warmup", "1"};
+    run.insert(run.end(), problem.begin(), problem.end());
+    const nlohmann::json ran = parse_json(run_cli(run, dir));
+    INFO(ran.dump());
+    CHECK(ran["config"] == winner);
+    CHECK(ran["reason"].get<std::string>().find("tuning database") != std::string::npos);
+    CHECK(ran["check"]["pass"] == true);
+    CHECK(ran["check"]["rows"].get<int>() > 0);
+    CHECK(ran["varlen"]["total_q"] == 1777);
+    CHECK(ran["varlen"]["seqlens_q"].size() == 5);
+  }
+}
+
+TEST_CASE("cli: a dry run's problem entries read back as a spec, as --devices workers read theirs", "[cli][tune]") {
+  const NoSchedulerEnv no_scheduler;
+  const TempDir dir("flashgen-cli-tune");
+  const std::string spec = write_spec(dir, R"({"problems": [{}, {"backward": true, "deterministic": true},
+    {"varlen": true, "batch": 8, "seqlen_q": 512, "seqlen_k": 640, "total_q": 3000},
+    {"kv_cache": true, "page_size": 32, "seqlen_k": 4096}]})");
+  // "backward" is not a spec field: the entry above is refused, the rest are what the workers get.
+  CHECK(run_cli({"tune", "--spec", spec, "--dry-run"}, dir).exit_code == 2);
+  const std::string good = write_spec(dir, R"({"problems": [{}, {"pass": "backward", "deterministic": true},
+    {"varlen": true, "batch": 8, "seqlen_q": 512, "seqlen_k": 640, "total_q": 3000},
+    {"kv_cache": true, "page_size": 32, "seqlen_k": 4096}]})");
+  const nlohmann::json first = parse_json(run_cli({"tune", "--spec", good, "--dry-run", "--json", "--max-candidates", "1"}, dir));
+  nlohmann::json entries = first["problems"];
+  REQUIRE(entries.size() == 4);
+  for (auto& entry : entries) entry.erase("candidates");
+  const std::string again = write_spec(dir, nlohmann::json{{"problems", entries}}.dump());
+  const nlohmann::json second = parse_json(run_cli({"tune", "--spec", again, "--dry-run", "--json", "--max-candidates", "1"}, dir));
+  CHECK(second["problems"] == first["problems"]);
+  CHECK(first["problems"][2]["total_k"] == 8 * (640 + 10) / 2);
+  CHECK(first["problems"][3]["page_size"] == 32);
 }

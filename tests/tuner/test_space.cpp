@@ -306,3 +306,31 @@ TEST_CASE("backward space: both families on sm_90, the sm80 one elsewhere, dq ti
   CHECK(capped[1].stages == 3);
   CHECK(capped == flashgen::capped_candidates(atomic90, builtin, 6));
 }
+
+TEST_CASE("a packed space: every valid config as a varlen kernel, the dense prunes counted", "[tuner][space][varlen]") {
+  for (int arch : {80, 90}) {
+    const flashgen::SpaceReport dense = flashgen::forward_space(DType::kBFloat16, 128, MaskKind::kCausal, arch);
+    const flashgen::SpaceReport packed = flashgen::packed_space(dense, arch);
+    CHECK(packed.total == dense.total);
+    CHECK(packed.pruned == packed.total - static_cast<int>(packed.valid.size()));
+    size_t sm90 = 0;
+    for (const flashgen::KernelConfig& c : packed.valid) {
+      CHECK(c.varlen);
+      if (const flashgen::Sm90Knobs* k = c.sm90()) {
+        ++sm90;
+        CHECK_FALSE((k->persistent || k->cluster != 1 || k->groups != 1));
+      }
+    }
+    CHECK((arch == 90) == (sm90 > 0));
+    // On sm_90 the persistent, clustered and grouped configs have no packed form.
+    if (arch == 90) CHECK(packed.valid.size() < dense.valid.size());
+    CHECK(packed.valid.size() <= dense.valid.size());
+    const flashgen::BackwardSpaceReport backward =
+        flashgen::packed_space(flashgen::backward_space(DType::kBFloat16, 128, MaskKind::kCausal, false, arch), arch);
+    REQUIRE_FALSE(backward.valid.empty());
+    for (const flashgen::BwdConfig& c : backward.valid) {
+      CHECK(c.varlen);
+      CHECK(c.family() == flashgen::KernelFamily::kSm80);  // the Hopper backward reads no packed batches yet
+    }
+  }
+}

@@ -170,3 +170,56 @@ TEST_CASE("a small KV-cache sweep checks every split count, and the decode choic
   contiguous.config.paged = false;
   CHECK_THROWS_AS(flashgen::sweep_decode(problem, {contiguous}, nullptr, options), flashgen::Error);
 }
+
+TEST_CASE("small packed-batch sweeps check sequences of every length and name a varlen winner",
+          "[gpu][tuner][sweep][varlen]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext scope;
+  const int arch = flashgen::device_sm(scope.device());
+  // Nine sequences of at most 600 queries and keys, 2,000 tokens in all (some of them empty), GQA 2, causal.
+  const flashgen::AttentionShape shape{/*batch=*/9, /*seqlen_q=*/600, /*seqlen_k=*/600, /*heads_q=*/4, /*heads_kv=*/2,
+                                      /*head_dim=*/64};
+  flashgen::AttentionProblem forward = flashgen::forward_problem(flashgen::DType::kFloat16, shape, FLASHGEN_MASK_CAUSAL);
+  forward.varlen = true;
+  forward.total_q = forward.total_k = 2000;
+  flashgen::SweepOptions options;
+  options.timing.min_samples = 5;
+  options.timing.max_samples = 20;
+  options.retime_rounds = 5;
+
+  const flashgen::SpaceReport space = flashgen::packed_space(
+      flashgen::forward_space(flashgen::DType::kFloat16, 64, flashgen::MaskKind::kCausal, arch), arch);
+  const flashgen::KernelConfig builtin =
+      flashgen::heuristic_choice(flashgen::DType::kFloat16, 64, flashgen::MaskKind::kCausal, arch, false, true).config;
+  const std::vector<flashgen::KernelConfig> candidates = flashgen::capped_candidates(space, builtin, 3);
+  const flashgen::SweepResult result = flashgen::sweep_forward(forward, candidates, nullptr, options);
+  for (const auto& c : result.candidates) {
+    INFO(flashgen::config_name(c.config) << ": " << flashgen::candidate_status_name(c.status) << " " << c.detail);
+    CHECK(c.status == flashgen::CandidateStatus::kOk);
+  }
+  CHECK(std::get<flashgen::KernelConfig>(result.winner).varlen);
+  CHECK(result.problem.id() == "fwd_varlen|fp16|d64|causal|g2|q1024|k1024|bh64");
+  // A dense config is refused before anything runs.
+  CHECK_THROWS_AS(flashgen::sweep_forward(forward, {flashgen::heuristic_choice(flashgen::DType::kFloat16, 64,
+                                                                                 flashgen::MaskKind::kCausal, arch)
+                                                        .config},
+                                          nullptr, options),
+                  flashgen::Error);
+
+  flashgen::AttentionProblem backward = forward;
+  backward.pass = flashgen::Pass::kBackward;
+  backward.dq = flashgen::DqStrategy::kDeterministic;
+  const flashgen::BackwardSpaceReport bwd_space = flashgen::packed_space(
+      flashgen::backward_space(flashgen::DType::kFloat16, 64, flashgen::MaskKind::kCausal, true, arch), arch);
+  const flashgen::BwdConfig bwd_builtin =
+      flashgen::heuristic_backward_choice(flashgen::DType::kFloat16, 64, flashgen::MaskKind::kCausal, true, arch, false,
+                                          true)
+          .config;
+  const flashgen::SweepResult bwd = flashgen::sweep_backward(
+      backward, flashgen::capped_candidates(bwd_space, bwd_builtin, 3), nullptr, options);
+  for (const auto& c : bwd.candidates) {
+    INFO(flashgen::config_name(c.config) << ": " << flashgen::candidate_status_name(c.status) << " " << c.detail);
+    CHECK(c.status == flashgen::CandidateStatus::kOk);
+  }
+  CHECK(bwd.problem.id() == "bwd_det_varlen|fp16|d64|causal|g2|q1024|k1024|bh64");
+}

@@ -201,3 +201,20 @@ TEST_CASE("sweep progress reaches a callback as events or as lines", "[tuner][tu
   CHECK(phases == std::vector<flashgen::SweepPhase>{flashgen::SweepPhase::kTimed});
   CHECK(lines == std::vector<std::string>{flashgen::progress_line(wrong)});
 }
+
+TEST_CASE("a packed problem plans its varlen kernels around the built-in packed choice", "[tuner][tune][varlen][nvrtc]") {
+  AttentionProblem problem = backward_problem();
+  problem.varlen = true;
+  problem.total_q = problem.total_k = 1500;
+  TuneOptions options;
+  options.max_candidates = 3;
+  const flashgen::TunePlan plan = flashgen::plan_tune(problem, 80, options);
+  CHECK(plan.key.id().rfind("bwd_varlen|", 0) == 0);
+  CHECK(plan.builtin ==
+        flashgen::heuristic_backward_choice(DType::kFloat16, 64, MaskKind::kNone, false, 80, false, true).config);
+  REQUIRE(plan.candidates.size() == 3);
+  for (const TunedConfig& c : plan.candidates) CHECK(std::get<BwdConfig>(c).varlen);
+
+  problem.total_q = 100;  // less than its longest sequence
+  CHECK_THROWS_WITH(flashgen::plan_tune(problem, 80, options), Catch::Contains("must hold its longest sequences"));
+}

@@ -1,0 +1,160 @@
+// `flashgen run --kv-cache`: decoding against a contiguous or paged KV cache, checked and timed.
+#include <algorithm>
+#include <numeric>
+#include <optional>
+
+#include "cli/common.hpp"
+#include "cli/run_support.hpp"
+#include "dispatch/dispatch.hpp"
+#include "flashgen/error.hpp"
+#include "launch/attention.hpp"
+#include "launch/attention_kvcache.hpp"
+#include "launch/tensor_checks.hpp"
+#include "tuner/decode_choice.hpp"
+
+namespace flashgen::cli {
+
+namespace {
+
+// A --kv-cache run's cache: pages of page_size keys per sequence (ceil(seqlen_k / page_size) of them) in a
+// shuffled order, or 0 for a contiguous cache.
+int64_t pages_per_sequence(const RunOptions& o) {
+  const int64_t page_size = o.problem.page_size;
+  return o.problem.paged ? (o.problem.shape.seqlen_k + page_size - 1) / page_size : 0;
+}
+
+// flashgen_kvcache_args of a --kv-cache run: q and out, the caches (paged through table, else contiguous), every
+// sequence's cache holding lens[b] = seqlen_k keys.
+flashgen_kvcache_args kvcache_args(const RunOptions& o, const flashgen_tensor& q, const flashgen_tensor& k_cache,
+                                   const flashgen_tensor& v_cache, const flashgen_tensor& out, float* lse,
+                                   const int32_t* lens, const int32_t* table) {
+  flashgen_kvcache_args args{};
+  args.size = sizeof(args);
+  args.q = q, args.k_cache = k_cache, args.v_cache = v_cache, args.out = out;
+  args.lse = lse;
+  args.cache_seqlens = lens;
+  args.block_table = o.problem.paged ? table : nullptr;
+  args.max_pages = pages_per_sequence(o);
+  args.num_splits = o.splits;
+  args.options.softmax_scale = o.scale;
+  args.options.mask = o.problem.mask;
+  return args;
+}
+
+// The shape of a --kv-cache run's k_cache or v_cache: [batch * pages, page_size, ...] paged, else [batch, seqlen_k, ...].
+flashgen_tensor cache_tensor(const RunOptions& o, void* data) {
+  const AttentionShape& s = o.problem.shape;
+  const int64_t pages = pages_per_sequence(o);
+  return o.problem.paged ? bshd_tensor(data, abi_dtype(o.problem.dtype), s.batch * pages, o.problem.page_size, s.heads_kv,
+                                       s.head_dim)
+                         : bshd_tensor(data, abi_dtype(o.problem.dtype), s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
+}
+
+}  // namespace
+
+// `run --kv-cache`: random q and caches (k and v as the reference sees them, scattered into shuffled pages
+// when paged), one checked call, then timing.
+RunReport run_kvcache(const RunOptions& o, const ScopedContext& context, RunReport report) {
+  const AttentionProblem& p = o.problem;
+  const AttentionShape& s = p.shape;
+  HostTensor q = make_host_tensor(p.dtype, s.batch, s.seqlen_q, s.heads_q, s.head_dim, false);
+  HostTensor k = make_host_tensor(p.dtype, s.batch, s.seqlen_k, s.heads_kv, s.head_dim, false);
+  HostTensor v = make_host_tensor(p.dtype, s.batch, s.seqlen_k, s.heads_kv, s.head_dim, false);
+  HostTensor out = make_host_tensor(p.dtype, s.batch, s.seqlen_q, s.heads_q, s.head_dim, false);
+  std::vector<float> lse(static_cast<size_t>(s.batch * s.heads_q * s.seqlen_q));
+  std::mt19937 rng(o.seed);
+  fill_normal(q, rng);
+  fill_normal(k, rng);
+  fill_normal(v, rng);
+
+  // The caches as the kernels read them: sequence b's key j in row j % page_size of page table[b][j / page_size].
+  const int64_t pages = pages_per_sequence(o), row = s.heads_kv * s.head_dim;
+  std::vector<int32_t> table(static_cast<size_t>(std::max<int64_t>(1, s.batch * pages)));
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), rng);
+  const int64_t page_size = p.page_size;
+  const int64_t cache_rows = p.paged ? s.batch * pages * page_size : s.batch * s.seqlen_k;
+  std::vector<uint16_t> k_cache(static_cast<size_t>(cache_rows * row)), v_cache(k_cache.size());
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t j = 0; j < s.seqlen_k; ++j) {
+      const int64_t at =
+          p.paged ? table[size_t(b * pages + j / page_size)] * page_size + j % page_size : b * s.seqlen_k + j;
+      std::copy_n(k.bits.begin() + (b * s.seqlen_k + j) * row, row, k_cache.begin() + at * row);
+      std::copy_n(v.bits.begin() + (b * s.seqlen_k + j) * row, row, v_cache.begin() + at * row);
+    }
+
+  DeviceBuffer q_dev(q.bytes()), out_dev(out.bytes()), lse_dev(lse.size() * sizeof(float));
+  DeviceBuffer k_dev(k_cache.size() * 2), v_dev(v_cache.size() * 2), table_dev(table.size() * 4);
+  DeviceBuffer lens_dev(static_cast<size_t>(s.batch) * 4);
+  q_dev.upload(q.bits), k_dev.upload(k_cache), v_dev.upload(v_cache), table_dev.upload(table);
+  lens_dev.upload(std::vector<int32_t>(static_cast<size_t>(s.batch), static_cast<int32_t>(s.seqlen_k)));
+  out_dev.fill_bytes(0xFF);
+  lse_dev.fill_bytes(0xFF);
+  const flashgen_kvcache_args args =
+      kvcache_args(o, tensor_view(q, q_dev), cache_tensor(o, k_dev.data()), cache_tensor(o, v_dev.data()),
+                   tensor_view(out, out_dev), static_cast<float*>(lse_dev.data()),
+                   static_cast<const int32_t*>(lens_dev.data()), static_cast<const int32_t*>(table_dev.data()));
+  const KvCacheCall call = make_kvcache_call(args);
+
+  Stream stream;
+  std::optional<PreparedKvCache> requested;
+  if (o.config_name) {
+    const DecodeConfig config = DecodeConfig::from_name(*o.config_name);
+    const int splits = o.splits > 0 ? o.splits
+                                    : heuristic_decode_splits(p, config, report.device_sm,
+                                                              device_traits(context.device()).multiprocessors);
+    requested = prepare_kvcache(call, stream.get(), config, splits);
+    report.config_name = config.name() + ", " + std::to_string(requested->splits) + " key ranges";
+    report.reason = "requested with --config";
+    report.arch = requested->arch;
+  }
+  const int device = static_cast<int>(context.device());
+  auto launch = [&] {
+    if (requested) {
+      launch_prepared_kvcache(*requested, call, stream.get(), device);
+      return KvCacheLaunch{};
+    }
+    return attention_kvcache(args, stream.get());
+  };
+  const Clock::time_point first = Clock::now();
+  const KvCacheLaunch chosen = launch();
+  FLASHGEN_CU_CHECK(cuStreamSynchronize(stream.get()));
+  report.first_launch_ms = ms_since(first);
+  if (!requested) {
+    report.config_name = chosen.config.name() + ", " + std::to_string(chosen.splits) + " key ranges";
+    report.reason = chosen.reason;
+    report.arch = chosen.arch;
+  }
+  report.scale = call.params.scale;
+  out_dev.download(out.bits.data(), out.bytes());
+  lse_dev.download(lse.data(), lse_dev.bytes());
+  report.check = check_sampled_rows(s, q.input(), k.input(), v.input(), out.input(), lse.data(), abi_dtype(p.dtype),
+                                    sample_rows(s.batch, s.heads_q, s.seqlen_q, o.check_rows),
+                                    report.scale, p.mask);
+  report.times_ms = time_launches([&] { launch(); }, o.warmup, o.iters, stream.get());
+  report.flops = forward_flops(s, p.mask);
+  report.kv_bytes = 2.0 * s.batch * s.seqlen_k * s.heads_kv * s.head_dim * 2;
+  return report;
+}
+
+void check_kvcache_problem(const RunOptions& o) {
+  const AttentionProblem& p = o.problem;
+  const AttentionShape& s = p.shape;
+  auto address = [](int n) { return reinterpret_cast<void*>(uintptr_t{1} << (20 + n)); };
+  const flashgen_dtype dtype = abi_dtype(p.dtype);
+  const flashgen_tensor q = bshd_tensor(address(0), dtype, s.batch, s.seqlen_q, s.heads_q, s.head_dim);
+  const flashgen_tensor out = bshd_tensor(address(3), dtype, s.batch, s.seqlen_q, s.heads_q, s.head_dim);
+  const flashgen_kvcache_args args =
+      kvcache_args(o, q, cache_tensor(o, address(1)), cache_tensor(o, address(2)), out, nullptr,
+                   static_cast<const int32_t*>(address(4)), static_cast<const int32_t*>(address(5)));
+  const KvCacheCall call = make_kvcache_call(args);
+  if (o.config_name) {
+    const DecodeConfig config = DecodeConfig::from_name(*o.config_name);
+    check_requested_config(config, call.problem, 90);
+    FLASHGEN_REQUIRE(config.paged == call.problem.paged,
+                     "config " + config.name() + (config.paged ? " reads a paged cache: pass --page-size"
+                                                               : " reads a contiguous cache: drop --page-size"));
+  }
+}
+
+}  // namespace flashgen::cli

@@ -1,0 +1,82 @@
+// What the run command's problems share (dense, packed, KV-cache): host tensors and their views, random inputs,
+// sampled rows and whole gradients checked against float64, CUDA-event timing; and the runs and argument checks
+// of the packed and KV-cache problems (run_varlen.cpp, run_kvcache.cpp), which run.cpp dispatches to.
+#pragma once
+
+#include <cuda.h>
+
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "check/output_check.hpp"
+#include "check/reference.hpp"
+#include "cli/run.hpp"
+#include "flashgen/flashgen.h"
+#include "runtime/cuda_driver.hpp"
+#include "runtime/device_buffer.hpp"
+
+namespace flashgen::cli {
+
+inline flashgen_dtype abi_dtype(DType dtype) { return dtype == DType::kFloat16 ? FLASHGEN_FLOAT16 : FLASHGEN_BFLOAT16; }
+
+// Host copy of one 16-bit tensor: the raw elements in memory order plus the view the library is given
+// (shape [batch, seqlen, heads, head_dim], strides in elements).
+struct HostTensor {
+  DType dtype = DType::kFloat16;
+  StridedView view;
+  std::vector<uint16_t> bits;
+
+  HostInput input() const { return HostInput::bits16(bits.data(), abi_dtype(dtype), view); }
+  size_t bytes() const { return bits.size() * sizeof(uint16_t); }
+};
+
+// A host tensor of shape [batch, seqlen, heads, head_dim] laid out as bshd, or as [batch, heads, seqlen,
+// head_dim] in memory for bhsd (the view's strides say so; its shape stays bshd).
+HostTensor make_host_tensor(DType dtype, int64_t batch, int64_t seqlen, int64_t heads, int64_t head_dim, bool bhsd);
+
+// Random normal values rounded to the tensor's type, in memory order.
+void fill_normal(HostTensor& t, std::mt19937& rng);
+
+// The library's view of host's layout over device's memory.
+flashgen_tensor tensor_view(const HostTensor& host, const DeviceBuffer& device);
+
+// `count` rows spread evenly over all (batch, head, query) rows, plus the very last query row.
+std::vector<RowSample> sample_rows(int64_t batch, int64_t heads, int64_t seqlen_q, int64_t count);
+
+// Adds a check's mismatches to result, which lists the first kShownMismatches of all its checks.
+void add_mismatches(const CheckReport& report, CheckResult& result);
+
+// The kernel's out and lse ([batch, heads_q, seqlen_q] floats) at rows against the float64 reference.
+CheckResult check_sampled_rows(const AttentionShape& shape, const HostInput& q, const HostInput& k, const HostInput& v,
+                               const HostInput& out, const float* lse, flashgen_dtype dtype,
+                               const std::vector<RowSample>& rows, double scale, flashgen_mask mask);
+
+// Adds part (a sequence's, say) to result: rows, the larger errors, mismatches.
+void add_check(const CheckResult& part, CheckResult& result);
+
+// One gradient, every element, against its float64 reference (contiguous [b, s, h, d]); the error relative to
+// the reference's magnitude goes to result.max_error_out.
+void check_gradient(const char* name, const HostInput& got, const std::vector<double>& want, flashgen_dtype dtype,
+                    CheckResult& result);
+
+// Largest problem whose backward `run --backward` checks against the whole float64 reference
+// (batch * heads * seqlen_q * seqlen_k * head_dim multiply-adds, about a minute on one core).
+constexpr double kMaxBackwardCheckCost = 4e9;
+
+// Events around every launch of fn on stream; sorted milliseconds.
+std::vector<double> time_launches(const std::function<void()>& fn, int warmup, int iters, CUstream stream);
+
+// `run --kv-cache` (run_kvcache.cpp): random q and full caches (scattered into shuffled pages when paged), one
+// checked call, then timing. report holds the device fields.
+RunReport run_kvcache(const RunOptions& o, const ScopedContext& context, RunReport report);
+// check_run_problem's part for --kv-cache: the library's own checks on placeholder addresses.
+void check_kvcache_problem(const RunOptions& o);
+
+// `run --varlen` (run_varlen.cpp): a packed batch of packed_batch(problem)'s sequences, its forward (and with
+// --backward its backward) checked sequence by sequence, then timing.
+RunReport run_varlen(const RunOptions& o, const ScopedContext& context, RunReport report);
+void check_varlen_problem(const RunOptions& o);
+
+}  // namespace flashgen::cli

@@ -1,0 +1,61 @@
+// The sweep driver's non-template helpers: random inputs, sampled rows, failure text, L2-busting input sets.
+#include "tuner/sweep_driver.hpp"
+
+#include <memory>
+
+#include "runtime/device_buffer.hpp"
+
+namespace flashgen::sweep_driver {
+
+std::vector<uint16_t> random_bits(size_t count, flashgen_dtype dtype, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<uint16_t> bits(count);
+  for (auto& b : bits) b = float_to_dtype_bits(normal(rng), dtype);
+  return bits;
+}
+
+// Rows checked against the reference: spread over (batch, head, position), always the last row.
+std::vector<RowSample> sample_rows(const AttentionShape& p, int count) {
+  std::vector<RowSample> rows;
+  for (int i = 0; i < count; ++i) {
+    rows.push_back({i % p.batch, (i * 7) % p.heads_q, (static_cast<int64_t>(i) * 2654435761u) % p.seqlen_q});
+  }
+  rows.push_back({p.batch - 1, p.heads_q - 1, p.seqlen_q - 1});
+  return rows;
+}
+
+// "" when every report is ok, else the texts of those that are not (summary first, then the first mismatches).
+std::string failures(const std::vector<const CheckReport*>& reports) {
+  std::string text;
+  for (const CheckReport* report : reports) {
+    if (!report->ok) text += (text.empty() ? "" : "\n") + report->text;
+  }
+  return text;
+}
+
+
+int input_sets(CUdevice device, int64_t set_bytes) {
+  int l2_bytes = 0;
+  FLASHGEN_CU_CHECK(cuDeviceGetAttribute(&l2_bytes, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, device));
+  return set_bytes >= 2 * int64_t(l2_bytes)
+             ? 1
+             : static_cast<int>(std::min<int64_t>(8, (4 * int64_t(l2_bytes) + set_bytes - 1) / set_bytes));
+}
+
+std::function<void(int)> backward_launches(const std::vector<const BackwardCall*>& calls, const BwdConfig& config,
+                                           CUstream stream) {
+  struct Prepared {
+    PreparedBackward launch;
+    DeviceBuffer workspace;
+  };
+  auto prepared = std::make_shared<std::vector<Prepared>>();
+  for (const BackwardCall* call : calls) {
+    Prepared p{prepare_backward(*call, stream, config), DeviceBuffer()};
+    p.workspace = DeviceBuffer(p.launch.workspace_bytes);
+    p.launch.bind_workspace(reinterpret_cast<CUdeviceptr>(p.workspace.data()));
+    prepared->push_back(std::move(p));
+  }
+  return [prepared, stream](int sample) { (*prepared)[size_t(sample) % prepared->size()].launch(stream); };
+}
+
+}  // namespace flashgen::sweep_driver
