@@ -73,13 +73,8 @@ ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arc
   }
 
   // Compiled outside the lock: two threads may both compile a first choice, the registry keeps one.
-  std::vector<KernelConfig> configs = heuristic_forward_configs(dtype, head_dim, mask, arch);
+  std::vector<KernelConfig> configs = heuristic_forward_configs(dtype, head_dim, mask, arch, varlen);
   if (sm80_only) keep_sm80_family(configs);
-  for (KernelConfig& c : configs) {
-    c.varlen = varlen;
-    // Packed batches: one block per tile (sequence.cuh binds a block to its sequence).
-    if (Sm90Knobs* k = c.sm90(); k != nullptr && varlen) k->persistent = false, k->groups = 1, k->cluster = 1;
-  }
   auto [config, reason] = first_spill_free(configs, arch);
   std::lock_guard<std::mutex> lock(mutex);
   return chosen.emplace(key, ForwardChoice{std::move(config), std::move(reason)}).first->second;

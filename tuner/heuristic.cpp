@@ -54,12 +54,16 @@ struct Sm90Tile {
 // block shrinks as O grows so O, S and P fit a consumer's registers. Under a causal mask d64 takes two
 // groups of 128-row tiles in one block instead (+3-11% at 1k-4k: less masked work per tile with the same
 // four consumers), and in fp16 the rows' sums from the tensor cores (+5-8% at every d64 length; they lose
-// 1-3% at d128 and d256, whose tensor cores are the busier; v19 and v20).
-std::vector<Sm90Tile> sm90_preferences(int head_dim, MaskKind mask) {
+// 1-3% at d128 and d256, whose tensor cores are the busier; v19 and v20). Packed batches have no groups: under
+// a causal mask their d64 tiles take 128 keys (tuning sweep of 64 sequences of 128-8k tokens, H100: +17% bf16,
+// +32% fp16 over 64 keys; bench/results/tune_varlen_nvidia-h100-80gb-hbm3_2026-11-24.csv).
+std::vector<Sm90Tile> sm90_preferences(int head_dim, MaskKind mask, bool varlen) {
   if (head_dim == 64) {
     const Sm90Tile m256{256, 64, 3, true, false};
     const Sm90Tile grouped{128, 64, 3, true, false, 2};
     const Sm90Tile m192{192, 128, 2, true, false};
+    const Sm90Tile wide{128, 128, 3, true, false};
+    if (mask == MaskKind::kCausal && varlen) return {wide, m256, m192, {128, 64, 2, false, false}};
     if (mask == MaskKind::kCausal) return {grouped, m256, m192, {128, 64, 2, false, false}};
     return {m256, m192, {128, 128, 2, true, true}, {128, 64, 2, false, false}};
   }
@@ -71,11 +75,12 @@ std::vector<Sm90Tile> sm90_preferences(int head_dim, MaskKind mask) {
 
 }  // namespace
 
-std::vector<KernelConfig> heuristic_forward_configs(DType dtype, int head_dim, MaskKind mask, int arch) {
+std::vector<KernelConfig> heuristic_forward_configs(DType dtype, int head_dim, MaskKind mask, int arch,
+                                                    bool varlen) {
   std::vector<KernelConfig> configs;
   std::string last_reason = "no candidate";
   if (arch == 90) {
-    for (const Sm90Tile& tile : sm90_preferences(head_dim, mask)) {
+    for (const Sm90Tile& tile : sm90_preferences(head_dim, mask, varlen)) {
       KernelConfig c;
       c.dtype = dtype, c.head_dim = head_dim, c.mask = mask;
       c.block_m = tile.block_m, c.block_n = tile.block_n, c.stages = tile.stages;
@@ -86,11 +91,14 @@ std::vector<KernelConfig> heuristic_forward_configs(DType dtype, int head_dim, M
       // mask since its tiles are claimed longest first from L2-sized sections (d128 +3-12% at 1k-16k,
       // d256 +0-6% at 1k-4k; bench/notes_fwd_sm90.md, v5-v6 and v14).
       k.persistent = true;
+      // Packed batches: one block per tile (sequence.cuh binds a block to its sequence).
+      if (varlen) c.varlen = true, k.persistent = false, k.groups = 1, k.cluster = 1;
       if (!c.invalid_reason(arch)) configs.push_back(c);
     }
   }
   for (const Tile& tile : preferences(head_dim)) {
     KernelConfig c = with_tile(dtype, head_dim, mask, tile);
+    c.varlen = varlen;
     if (auto why = c.invalid_reason(arch)) {
       last_reason = *why;
     } else {
