@@ -192,6 +192,18 @@ const char* pass_text(const AttentionProblem& problem) {
   return !problem.backward() ? "forward" : problem.deterministic() ? "backward (deterministic)" : "backward";
 }
 
+void packed_from_flags(const Args& args, AttentionProblem& problem) {
+  for (const char* name : {"total-q", "total-k"}) {
+    if (args.has(name) && !args.has("varlen")) fail(Status::kInvalidArgument, std::string("--") + name + " needs --varlen");
+  }
+  if (!args.has("varlen")) return;
+  if (problem.kv_cache) fail(Status::kInvalidArgument, "--varlen and --kv-cache are different problems: pick one");
+  auto total = [&](const char* name) {
+    return args.has(name) ? std::optional<int64_t>(args.int_or(name, 1, 1, INT32_MAX)) : std::nullopt;
+  };
+  make_packed(problem, total("total-q"), total("total-k"), "--total-q", "--total-k");
+}
+
 void make_packed(AttentionProblem& problem, std::optional<int64_t> total_q, std::optional<int64_t> total_k,
                  const std::string& what_q, const std::string& what_k) {
   const AttentionShape& s = problem.shape;

@@ -86,6 +86,11 @@ const char* pass_text(const AttentionProblem& problem);
 void make_packed(AttentionProblem& problem, std::optional<int64_t> total_q, std::optional<int64_t> total_k,
                  const std::string& what_q, const std::string& what_k);
 
+// --varlen, --total-q and --total-k of a command (run, tune) onto problem, whose shape and kv_cache the other
+// flags have set: make_packed with the flags' totals; --total-q/-k without --varlen, or --varlen with a KV-cache
+// problem, are refused.
+void packed_from_flags(const Args& args, AttentionProblem& problem);
+
 // A kernel config or module of any kind, as emit and compile take them by name.
 using AnyConfig = std::variant<KernelConfig, BwdConfig, DecodeConfig>;
 

@@ -102,17 +102,8 @@ RunOptions parse_run_options(const Args& args) {
   }
   if (p.kv_cache && (p.backward() || o.layout != "bshd"))
     fail(Status::kInvalidArgument, "--kv-cache runs the forward on bshd tensors: no --backward or --layout bhsd");
-  for (const char* name : {"total-q", "total-k"}) {
-    if (args.has(name) && !args.has("varlen")) fail(Status::kInvalidArgument, std::string("--") + name + " needs --varlen");
-  }
-  if (args.has("varlen")) {
-    if (p.kv_cache) fail(Status::kInvalidArgument, "--varlen and --kv-cache are different problems: pick one");
-    if (o.layout != "bshd") fail(Status::kInvalidArgument, "--varlen packs bshd rows: no --layout bhsd");
-    auto total = [&](const char* name) {
-      return args.has(name) ? std::optional<int64_t>(args.int_or(name, 1, 1, kSizeMax)) : std::nullopt;
-    };
-    make_packed(p, total("total-q"), total("total-k"), "--total-q", "--total-k");
-  }
+  packed_from_flags(args, p);
+  if (p.varlen && o.layout != "bshd") fail(Status::kInvalidArgument, "--varlen packs bshd rows: no --layout bhsd");
   p.page_size = static_cast<int>(args.int_or("page-size", 0, 0, kSizeMax));
   o.splits = static_cast<int>(args.int_or("splits", 0, 0, 1 << 20));
   p.paged = p.page_size > 0;
@@ -318,6 +309,11 @@ Json run_report_json(const RunReport& r) {
   const RunOptions& o = r.options;
   const AttentionProblem& p = o.problem;
   const AttentionShape& s = p.shape;
+  Json varlen = nullptr;
+  if (p.varlen) {
+    const PackedBatch batch = packed_batch(p);
+    varlen = {{"total_q", p.total_q}, {"total_k", p.total_k}, {"seqlens_q", batch.len_q}, {"seqlens_k", batch.len_k}};
+  }
   return {
       {"device", {{"name", r.device_name}, {"sm", r.device_sm}}},
       {"problem",
@@ -327,9 +323,7 @@ Json run_report_json(const RunReport& r) {
       {"pass", p.backward() ? "backward" : "forward"},
       {"kv_cache", p.kv_cache ? Json{{"page_size", p.page_size}, {"splits", o.splits}, {"kv_bytes", r.kv_bytes}}
                               : Json(nullptr)},
-      {"varlen", p.varlen ? Json{{"total_q", p.total_q}, {"total_k", p.total_k}, {"seqlens_q", packed_batch(p).len_q},
-                                 {"seqlens_k", packed_batch(p).len_k}}
-                          : Json(nullptr)},
+      {"varlen", varlen},
       {"deterministic", p.deterministic()},
       {"config", r.config_name},
       {"arch", r.arch},

@@ -145,16 +145,7 @@ AttentionProblem problem_from_flags(const Args& args) {
   s.seqlen_k = args.int_or("seqlen-k", 4096, 1, kIntMax);
   if (s.heads_q % s.heads_kv != 0) fail(Status::kInvalidArgument, "--heads-q must be a multiple of --heads-kv");
   if (args.has("page-size") && !problem.kv_cache) fail(Status::kInvalidArgument, "--page-size needs --kv-cache");
-  for (const char* name : {"total-q", "total-k"}) {
-    if (args.has(name) && !args.has("varlen")) fail(Status::kInvalidArgument, std::string("--") + name + " needs --varlen");
-  }
-  if (args.has("varlen")) {
-    if (problem.kv_cache) fail(Status::kInvalidArgument, "--varlen and --kv-cache are different problems: pick one");
-    auto total = [&](const char* name) {
-      return args.has(name) ? std::optional<int64_t>(args.int_or(name, 1, 1, kIntMax)) : std::nullopt;
-    };
-    make_packed(problem, total("total-q"), total("total-k"), "--total-q", "--total-k");
-  }
+  packed_from_flags(args, problem);
   if (problem.kv_cache && problem.backward()) fail(Status::kInvalidArgument, "--kv-cache tunes a forward: no --backward");
   problem.page_size = static_cast<int>(args.int_or("page-size", 0, 0, 1 << 30));
   problem.paged = problem.page_size > 0;

@@ -24,6 +24,7 @@ struct DecodeSet {
   int page_size = 0;                 // 0: contiguous
   int64_t pages = 0;                 // pages per sequence
   std::vector<uint16_t> q, k, v;     // host bits of a random set, k and v as [batch, seqlen_k, heads_kv, head_dim]
+  std::vector<int32_t> table;        // paged: key j of sequence b in page table[b * pages + j / page_size]
   DeviceBuffer dq, dk, dv, dout, dlse, dlens, dtable;
   KvCacheCall call;
 
@@ -35,14 +36,9 @@ struct DecodeSet {
     const int64_t row = s.heads_kv * s.head_dim, q_elems = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
     pages = page_size > 0 ? (s.seqlen_k + page_size - 1) / page_size : 0;
     const int64_t cache_rows = page_size > 0 ? s.batch * pages * page_size : s.batch * s.seqlen_k;
-    // Sequence b's key j in row j % page_size of page table[b * pages + j / page_size]: a shuffled table.
-    std::vector<int32_t> table(static_cast<size_t>(std::max<int64_t>(1, s.batch * pages)));
+    table = std::vector<int32_t>(static_cast<size_t>(std::max<int64_t>(1, s.batch * pages)));
     std::iota(table.begin(), table.end(), 0);
     std::shuffle(table.begin(), table.end(), rng);
-    auto cache_row = [&](int64_t b, int64_t j) {
-      return page_size > 0 ? table[size_t(b * pages + j / page_size)] * int64_t(page_size) + j % page_size
-                           : b * s.seqlen_k + j;
-    };
     dq = DeviceBuffer(size_t(q_elems) * 2);
     dk = DeviceBuffer(size_t(cache_rows * row) * 2), dv = DeviceBuffer(size_t(cache_rows * row) * 2);
     if (fill_from == nullptr) {
@@ -53,8 +49,8 @@ struct DecodeSet {
       std::vector<uint16_t> k_cache(size_t(cache_rows * row)), v_cache(k_cache.size());
       for (int64_t b = 0; b < s.batch; ++b)
         for (int64_t j = 0; j < s.seqlen_k; ++j) {
-          std::copy_n(k.begin() + (b * s.seqlen_k + j) * row, row, k_cache.begin() + cache_row(b, j) * row);
-          std::copy_n(v.begin() + (b * s.seqlen_k + j) * row, row, v_cache.begin() + cache_row(b, j) * row);
+          std::copy_n(k.begin() + (b * s.seqlen_k + j) * row, row, k_cache.begin() + cache_row_of(b, j) * row);
+          std::copy_n(v.begin() + (b * s.seqlen_k + j) * row, row, v_cache.begin() + cache_row_of(b, j) * row);
         }
       dk.upload(k_cache), dv.upload(v_cache);
     } else {
@@ -65,7 +61,7 @@ struct DecodeSet {
         const int64_t source = b % from.shape.batch;
         for (int64_t j = 0; j < s.seqlen_k; j += run) {
           const size_t bytes = size_t(std::min(run, s.seqlen_k - j) * row) * 2;
-          const size_t to = size_t(cache_row(b, j) * row) * 2, at = size_t(from.cache_row_of(source, j) * row) * 2;
+          const size_t to = size_t(cache_row_of(b, j) * row) * 2, at = size_t(from.cache_row_of(source, j) * row) * 2;
           dk.copy_from(from.dk, bytes, to, at);
           dv.copy_from(from.dv, bytes, to, at);
         }
@@ -75,7 +71,6 @@ struct DecodeSet {
         dq.copy_from(from.dq, std::min(from.dq.bytes(), q_bytes - at), at);
       }
     }
-    table_ = table;
     dout = DeviceBuffer(size_t(q_elems) * 2);
     dlse = DeviceBuffer(sizeof(float) * size_t(s.batch * s.heads_q * s.seqlen_q));
     dlens = DeviceBuffer(size_t(s.batch) * 4);
@@ -101,12 +96,9 @@ struct DecodeSet {
 
   // The cache row holding sequence b's key j.
   int64_t cache_row_of(int64_t b, int64_t j) const {
-    return page_size > 0 ? table_[size_t(b * pages + j / page_size)] * int64_t(page_size) + j % page_size
+    return page_size > 0 ? table[size_t(b * pages + j / page_size)] * int64_t(page_size) + j % page_size
                          : b * shape.seqlen_k + j;
   }
-
- private:
-  std::vector<int32_t> table_;
 };
 
 }  // namespace
