@@ -108,7 +108,7 @@ nlohmann::json explain_backward(const BackwardCall& call, CUstream stream) {
       {"kernels",
        {kernel(BwdKernel::kPreprocess, prepared.preprocess_grid, kBwdRowKernelThreads, 0),
         kernel(BwdKernel::kDkdv, prepared.dkdv_grid, prepared.dkdv_threads, prepared.dkdv_smem),
-        kernel(config.deterministic ? BwdKernel::kDq : BwdKernel::kConvert, prepared.finish_grid,
+        kernel(config.has_dq_kernel() ? BwdKernel::kDq : BwdKernel::kConvert, prepared.finish_grid,
                prepared.finish_threads, prepared.finish_smem)}}};
   add_source_path(j, generate(config));
   return j;

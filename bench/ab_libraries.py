@@ -5,6 +5,7 @@ forward and backward, and timed interleaved (A, B, A, B, ...) with CUDA events a
 times A against itself, the run-to-run noise the A/B difference is read against. Writes a CSV.
 
     python3 bench/ab_libraries.py --a old/libflashgen.so --b new/libflashgen.so [--quick] [--out FILE]
+        [--passes forward,backward] [--head-dims 64,128,256] [--dtypes fp16,bf16] [--deterministic]
 """
 
 import argparse
@@ -46,16 +47,24 @@ def main():
     parser.add_argument("--b", required=True, help="libflashgen.so of the build after")
     parser.add_argument("--quick", action="store_true", help="seqlen 1k and 4k only")
     parser.add_argument("--samples", type=int, default=30)
+    parser.add_argument("--passes", default="forward,backward", help="comma-separated (default: %(default)s)")
+    parser.add_argument("--head-dims", default="64,128,256", help="comma-separated (default: %(default)s)")
+    parser.add_argument("--dtypes", default="fp16,bf16", help="comma-separated (default: %(default)s)")
+    parser.add_argument("--deterministic", action="store_true", help="the backward's deterministic dQ strategy")
     parser.add_argument("--out")
     args = parser.parse_args()
+    passes = args.passes.split(",")
+    head_dims = [int(d) for d in args.head_dims.split(",")]
+    known = {"fp16": (torch.float16, 0), "bf16": (torch.bfloat16, 1)}
+    dtypes = [known[name] for name in args.dtypes.split(",")]
     a, b = Library(args.a), Library(args.b)
     seqlens = [1024, 4096] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
     rows = []
     torch.manual_seed(0)
-    for dtype, code in ((torch.float16, 0), (torch.bfloat16, 1)):
-        for head_dim in (64, 128, 256):
+    for dtype, code in dtypes:
+        for head_dim in head_dims:
             for causal in (False, True):
                 for seqlen in seqlens:
                     batch, heads = 16384 // seqlen, 2048 // head_dim
@@ -66,7 +75,7 @@ def main():
                     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
                     views = [view(t, code) for t in (q, k, v, out)]
                     grads = [view(t, code) for t in (dout, dq, dk, dv)]
-                    opts = Options(0.0, 1 if causal else 0, 0)
+                    opts = Options(0.0, 1 if causal else 0, 1 if args.deterministic else 0)
 
                     def forward(lib):
                         lib.check(lib.lib.flashgen_attention_forward(
@@ -80,6 +89,8 @@ def main():
                             ctypes.byref(opts), stream), "backward")
 
                     for name, call in (("forward", forward), ("backward", backward)):
+                        if name not in passes:
+                            continue
                         for lib in (a, b):
                             forward(lib)
                             call(lib)  # compile or load, choose
@@ -102,8 +113,9 @@ def main():
                               f"a2/a {rows[-1][9]:.3f}", flush=True)
     device = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
-    header = "device,date,torch,pass,dtype,head_dim,causal,seqlen,a_ms,b_ms,a_again_ms,b_over_a,a_again_over_a"
-    lines = [header] + [f"{device},{date},{torch.__version__},{r[0]},{r[1]},{r[2]},{int(r[3])},{r[4]},{r[5]:.4f},"
+    header = ("device,date,torch,pass,deterministic,dtype,head_dim,causal,seqlen,a_ms,b_ms,a_again_ms,b_over_a,"
+              "a_again_over_a")
+    lines = [header] + [f"{device},{date},{torch.__version__},{r[0]},{int(args.deterministic)},{r[1]},{r[2]},{int(r[3])},{r[4]},{r[5]:.4f},"
                         f"{r[6]:.4f},{r[7]:.4f},{r[8]:.4f},{r[9]:.4f}" for r in rows]
     if args.out:
         open(args.out, "w").write("\n".join(lines) + "\n")

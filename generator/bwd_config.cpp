@@ -33,9 +33,10 @@ std::string BwdConfig::name() const {
   }
   if (mask == MaskKind::kCausal) name += "_causal";
   if (varlen) name += "_varlen";
-  if (deterministic) {
-    name += "_det_qm" + to_string(dq_block_m) + "_qn" + to_string(dq_block_n) + "_qw" + to_string(dq_warps) +
-            "_qs" + to_string(dq_stages);
+  if (deterministic) name += "_det";
+  if (has_dq_kernel()) {
+    name += "_qm" + to_string(dq_block_m) + "_qn" + to_string(dq_block_n) + "_qw" + to_string(dq_warps) + "_qs" +
+            to_string(dq_stages);
   }
   return name;
 }
@@ -51,7 +52,7 @@ BwdConfig BwdConfig::from_name(const std::string& name) {
                    "config name '" + name +
                        "': expected bwd_sm80_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_w<warps>_s<stages>"
                        "_x<d_split>[_causal][_varlen][_det_qm<m>_qn<n>_qw<warps>_qs<stages>] or "
-                       "bwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_det_...]");
+                       "bwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_det]");
   BwdConfig c;
   if (sm90) c.knobs = BwdSm90Knobs{};
   BwdSm80Knobs* k80 = c.sm80();
@@ -72,13 +73,21 @@ BwdConfig BwdConfig::from_name(const std::string& name) {
     ++i;
   }
   if (i < fields.size() && fields[i] == "det") {
-    FLASHGEN_REQUIRE(i + 5 == fields.size(), "config name '" + name + "': _det takes _qm<m>_qn<n>_qw<warps>_qs<stages>");
     c.deterministic = true;
-    c.dq_block_m = parse_name_field(fields[i + 1], "qm", name);
-    c.dq_block_n = parse_name_field(fields[i + 2], "qn", name);
-    c.dq_warps = parse_name_field(fields[i + 3], "qw", name);
-    c.dq_stages = parse_name_field(fields[i + 4], "qs", name);
-    i += 5;
+    ++i;
+    if (c.has_dq_kernel()) {
+      FLASHGEN_REQUIRE(i + 4 == fields.size(),
+                       "config name '" + name + "': the sm80 family's _det takes _qm<m>_qn<n>_qw<warps>_qs<stages>");
+      c.dq_block_m = parse_name_field(fields[i], "qm", name);
+      c.dq_block_n = parse_name_field(fields[i + 1], "qn", name);
+      c.dq_warps = parse_name_field(fields[i + 2], "qw", name);
+      c.dq_stages = parse_name_field(fields[i + 3], "qs", name);
+      i += 4;
+    } else {
+      FLASHGEN_REQUIRE(i == fields.size(), "config name '" + name +
+                                               "': the sm90 family's deterministic strategy has no dq kernel: "
+                                               "end the name at _det");
+    }
   }
   FLASHGEN_REQUIRE(i == fields.size(), "config name '" + name + "': unknown suffix '" +
                                            (i < fields.size() ? fields[i] : std::string()) + "'");
@@ -98,7 +107,12 @@ BwdDqTraits BwdConfig::dq_traits() const {
 
 BwdSm90Traits BwdConfig::sm90_traits() const {
   if (sm90() == nullptr) fail(Status::kInternal, "config " + name() + " has no sm90-family traits");
-  return bwd_sm90_traits(head_dim, block_m, block_n, stages, !deterministic);
+  return bwd_sm90_traits(head_dim, block_m, block_n, stages);
+}
+
+DqAccum BwdConfig::dq_accum() const {
+  if (sm90()) return DqAccum::kTiles;
+  return deterministic ? DqAccum::kNone : DqAccum::kRows;
 }
 
 int BwdConfig::dkdv_threads() const { return sm90() ? sm90_traits().threads : dkdv_traits().threads; }
@@ -127,7 +141,7 @@ std::optional<std::string> BwdConfig::invalid_reason(int arch) const {
     return "dkdv kernel needs " + std::to_string(smem_bytes(BwdKernel::kDkdv)) + " bytes of shared memory; sm_" +
            std::to_string(arch) + " allows " + std::to_string(limit) + " per block";
   }
-  if (deterministic) {
+  if (has_dq_kernel()) {
     const BwdDqTraits dq = dq_traits();
     if (dq.error != nullptr) return std::string(dq.error);
     if (dq.smem_bytes > limit) {
@@ -162,7 +176,7 @@ void to_json(nlohmann::json& j, const BwdConfig& c) {
                        {"deterministic", c.deterministic}};
   }
   if (c.varlen) j["varlen"] = true;  // absent: dense kernels, as every config before it had
-  if (c.deterministic) {
+  if (c.has_dq_kernel()) {
     j["dq_block_m"] = c.dq_block_m;
     j["dq_block_n"] = c.dq_block_n;
     j["dq_warps"] = c.dq_warps;
@@ -211,6 +225,11 @@ void from_json(const nlohmann::json& j, BwdConfig& c) {
   if (j.contains("varlen")) {
     FLASHGEN_REQUIRE(j["varlen"].is_boolean(), "backward config JSON: 'varlen' must be true or false");
     config.varlen = j["varlen"].get<bool>();
+  }
+  if (!config.has_dq_kernel()) {  // dq tiles of a module without a dq kernel (an older sm90 record) mean nothing
+    const BwdConfig defaults;
+    config.dq_block_m = defaults.dq_block_m, config.dq_block_n = defaults.dq_block_n;
+    config.dq_warps = defaults.dq_warps, config.dq_stages = defaults.dq_stages;
   }
   c = config;
 }

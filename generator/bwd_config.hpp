@@ -45,10 +45,10 @@ struct BwdConfig {
   int block_n = 64;
   int stages = 2;
   // false: dQ added into an fp32 accumulator with atomics by the dkdv kernel, then converted.
-  // true: a separate dq kernel (the sm80 family's, for both families) owns each dQ element; repeated
-  // runs give identical bits.
+  // true: repeated runs give identical bits. The sm80 family runs a separate dq kernel that owns each dQ
+  // element; the sm90 family's dkdv kernel adds dQ in a fixed order of key blocks (bwd_sm90.cuh).
   bool deterministic = false;
-  // dq kernel (deterministic only; not part of the name otherwise).
+  // The sm80 family's dq kernel (deterministic only; not part of the name otherwise).
   int dq_block_m = 64;
   int dq_block_n = 32;
   int dq_warps = 4;
@@ -69,7 +69,7 @@ struct BwdConfig {
   BwdSm90Knobs* sm90() { return std::get_if<BwdSm90Knobs>(&knobs); }
 
   // e.g. bwd_sm80_bf16_d128_m64_n64_w4_s2_x1_causal, or ..._det_qm64_qn32_qw4_qs2 when deterministic;
-  // bwd_sm90_fp16_d128_m64_n128_s2[_causal]; _varlen before _det for packed batches.
+  // bwd_sm90_fp16_d128_m64_n128_s2[_causal][_det]; _varlen before _det for packed batches.
   std::string name() const;
   static BwdConfig from_name(const std::string& name);  // throws Error(kInvalidArgument)
 
@@ -81,6 +81,10 @@ struct BwdConfig {
   BwdDkdvTraits dkdv_traits() const;
   BwdDqTraits dq_traits() const;
   BwdSm90Traits sm90_traits() const;
+  // Whether the module has the dq kernel (the sm80 family's deterministic strategy), else a convert kernel.
+  bool has_dq_kernel() const { return deterministic && family() == KernelFamily::kSm80; }
+  // Where the module accumulates dQ in fp32 (bwd_traits.cuh).
+  DqAccum dq_accum() const;
   // Block size of the dkdv kernel.
   int dkdv_threads() const;
   // Workspace rows per (batch, head) are seqlen_q rounded up to this (bwd_rows.cuh).

@@ -55,6 +55,15 @@ const char* mask_enum(MaskKind mask) {
   return mask == MaskKind::kCausal ? "flashgen::MaskKind::kCausal" : "flashgen::MaskKind::kNone";
 }
 
+const char* dq_accum_enum(DqAccum accum) {
+  switch (accum) {
+    case DqAccum::kNone: return "flashgen::DqAccum::kNone";
+    case DqAccum::kRows: return "flashgen::DqAccum::kRows";
+    case DqAccum::kTiles: return "flashgen::DqAccum::kTiles";
+  }
+  return "flashgen::DqAccum::kNone";
+}
+
 // The variant policy (templates/variant.cuh) every kernel family asks about masking and scores.
 const char* variant_policy(MaskKind mask) {
   return mask == MaskKind::kCausal ? "flashgen::CausalMask" : "flashgen::NoMask";
@@ -133,9 +142,10 @@ std::string render_config_header(const BwdConfig& c) {
   if (sm80) out << "  static constexpr int kWarps = " << sm80->warps << ";\n";
   out << "  static constexpr int kStages = " << c.stages << ";\n";
   if (sm80) out << "  static constexpr int kDSplit = " << sm80->d_split << ";\n";
-  out << "  static constexpr bool kAtomicDq = " << (c.deterministic ? "false" : "true") << ";\n";
+  out << "  static constexpr bool kAtomicDq = " << (c.deterministic ? "false" : "true") << ";\n"
+      << "  static constexpr flashgen::DqAccum kDqAccum = " << dq_accum_enum(c.dq_accum()) << ";\n";
   if (c.varlen) out << "  static constexpr bool kVarlen = true;\n";  // dense headers leave it out (sequence.cuh)
-  if (sm80 || c.deterministic) {
+  if (sm80) {  // the dq kernel's tiles (read when the module has one)
     out << "  static constexpr int kDqBlockM = " << c.dq_block_m << ";\n"
         << "  static constexpr int kDqBlockN = " << c.dq_block_n << ";\n"
         << "  static constexpr int kDqWarps = " << c.dq_warps << ";\n"
@@ -155,7 +165,7 @@ std::string render_translation_unit(const BwdConfig& c) {
       << " for " << c.name() << ". Do not edit.\n"
       << "#include \"" << kConfigHeaderName << "\"\n"
       << "#include \"" << template_name << "\"\n";
-  if (sm90 && c.deterministic) out << "#include \"" << kBwdTemplateName << "\"  // the dq kernel\n";
+
   auto entry = [&](BwdKernel kernel, const std::string& type, const std::string& threads,
                    const char* params = "AttnBwdParams") {
     out << "\nextern \"C\" __global__ void __launch_bounds__(" << threads << ", 1)\n"
@@ -170,7 +180,7 @@ std::string render_translation_unit(const BwdConfig& c) {
   } else {
     entry(BwdKernel::kDkdv, "BwdDkdvSm80", "flashgen::BwdDkdvSm80<flashgen_generated::BwdConfig>::kThreads");
   }
-  if (c.deterministic) {
+  if (c.has_dq_kernel()) {
     entry(BwdKernel::kDq, "BwdDqSm80", "flashgen::BwdDqSm80<flashgen_generated::BwdConfig>::kThreads");
   } else {
     entry(BwdKernel::kConvert, "BwdConvertDq", "flashgen::kBwdRowKernelThreads");

@@ -160,14 +160,36 @@ BackwardCall make_varlen_backward_call(const flashgen_varlen_backward_args& args
   return call;
 }
 
-size_t backward_workspace_bytes(const BackwardCall& call, const BwdConfig& config) {
-  const AttnBwdParams& p = call.params;
-  size_t bytes = row_array_bytes(p, config);                                       // D
-  if (config.family() == KernelFamily::kSm90) bytes += row_array_bytes(p, config);  // LSE in base 2
-  if (!config.deterministic) {
-    bytes += align_up(sizeof(float) * all_workspace_rows(p, config) * size_t(call.problem.head_dim()));
+namespace {
+
+// The workspace in order: D, the sm90 family's LSE in base 2, the fp32 dQ accumulator, the sm90
+// deterministic strategy's semaphores (one per 64-row tile); absent parts take no bytes.
+struct WorkspaceLayout {
+  static constexpr size_t kAbsent = SIZE_MAX;
+  size_t lse_log2 = kAbsent, dq_accum = kAbsent, dq_semaphore = kAbsent, bytes = 0;
+
+  WorkspaceLayout(const AttnBwdParams& p, const BwdConfig& config, int head_dim) {
+    const size_t rows = all_workspace_rows(p, config);
+    bytes = row_array_bytes(p, config);
+    if (config.family() == KernelFamily::kSm90) {
+      lse_log2 = bytes;
+      bytes += row_array_bytes(p, config);
+    }
+    if (config.dq_accum() != DqAccum::kNone) {
+      dq_accum = bytes;
+      bytes += align_up(sizeof(float) * rows * size_t(head_dim));
+    }
+    if (config.dq_accum() == DqAccum::kTiles && config.deterministic) {
+      dq_semaphore = bytes;
+      bytes += align_up(sizeof(int) * (rows / kBwdSm90SemaphoreRows));
+    }
   }
-  return bytes;
+};
+
+}  // namespace
+
+size_t backward_workspace_bytes(const BackwardCall& call, const BwdConfig& config) {
+  return WorkspaceLayout(call.params, config, call.problem.head_dim()).bytes;
 }
 
 Implementability can_implement(const BackwardCall& call, const BwdConfig& config, const DeviceTraits&) {
@@ -212,7 +234,7 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
   KernelRegistry& registry = KernelRegistry::instance();
   prepared.preprocess = registry.function(c, BwdKernel::kPreprocess, scope.context(), arch);
   prepared.dkdv = registry.function(c, BwdKernel::kDkdv, scope.context(), arch);
-  prepared.finish = registry.function(c, c.deterministic ? BwdKernel::kDq : BwdKernel::kConvert, scope.context(), arch);
+  prepared.finish = registry.function(c, c.has_dq_kernel() ? BwdKernel::kDq : BwdKernel::kConvert, scope.context(), arch);
 
   constexpr int kRowsPerBlock = kBwdRowKernelThreads / 32;
   prepared.preprocess_grid[0] = ceil_div(static_cast<long long>(workspace_rows(p, c)), kRowsPerBlock);
@@ -225,11 +247,14 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
   prepared.dkdv_grid[2] = static_cast<unsigned>(sm80 ? p.batch * sm80->d_split : p.batch);
   prepared.dkdv_threads = static_cast<unsigned>(c.dkdv_threads());
   prepared.dkdv_smem = static_cast<unsigned>(c.smem_bytes(BwdKernel::kDkdv));
-  if (c.deterministic) {
+  if (c.has_dq_kernel()) {
     const BwdDqTraits dq = c.dq_traits();
     prepared.finish_grid[0] = ceil_div(p.seqlen_q, c.dq_block_m);
     prepared.finish_threads = static_cast<unsigned>(dq.threads);
     prepared.finish_smem = static_cast<unsigned>(dq.smem_bytes);
+  } else if (c.dq_accum() == DqAccum::kTiles) {  // a block per 64 x 64 chunk of each 64-row tile (bwd_rows.cuh)
+    prepared.finish_grid[0] = ceil_div(p.seqlen_q, 64) * static_cast<unsigned>(call.problem.head_dim() / 64);
+    prepared.finish_threads = kBwdRowKernelThreads;
   } else {
     prepared.finish_grid[0] = ceil_div(static_cast<long long>(p.seqlen_q) * (call.problem.head_dim() / 8), kBwdRowKernelThreads);
     prepared.finish_threads = kBwdRowKernelThreads;
@@ -237,6 +262,7 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
   prepared.finish_grid[1] = static_cast<unsigned>(p.heads_q);
   prepared.finish_grid[2] = static_cast<unsigned>(p.batch);
   prepared.workspace_bytes = backward_workspace_bytes(call, c);
+  prepared.head_dim = call.problem.head_dim();
   prepared.params = p;
   return prepared;
 }
@@ -259,15 +285,12 @@ void PreparedBackward::rebind(const BackwardCall& call, int device) {
 }
 
 void PreparedBackward::bind_workspace(CUdeviceptr workspace) {
-  const size_t row_bytes = row_array_bytes(params, config);
+  const WorkspaceLayout layout(params, config, head_dim);
+  auto part = [&](size_t offset) { return offset == WorkspaceLayout::kAbsent ? 0 : workspace + offset; };
   params.dsum = reinterpret_cast<float*>(workspace);
-  CUdeviceptr next = workspace + row_bytes;
-  params.lse_log2 = nullptr;
-  if (config.family() == KernelFamily::kSm90) {
-    params.lse_log2 = reinterpret_cast<float*>(next);
-    next += row_bytes;
-  }
-  params.dq_accum = config.deterministic ? nullptr : reinterpret_cast<float*>(next);
+  params.lse_log2 = reinterpret_cast<float*>(part(layout.lse_log2));
+  params.dq_accum = reinterpret_cast<float*>(part(layout.dq_accum));
+  params.dq_semaphore = reinterpret_cast<int*>(part(layout.dq_semaphore));
   sm90_params.base = params;
 }
 

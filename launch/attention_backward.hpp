@@ -53,7 +53,7 @@ struct PreparedBackward {
   int arch = 0;
   CUfunction preprocess = nullptr;
   CUfunction dkdv = nullptr;
-  CUfunction finish = nullptr;  // dq kernel (deterministic) or convert kernel (atomic)
+  CUfunction finish = nullptr;  // dq kernel (the sm80 family's deterministic strategy) or convert kernel
   unsigned preprocess_grid[3] = {1, 1, 1};
   unsigned dkdv_grid[3] = {1, 1, 1};
   unsigned finish_grid[3] = {1, 1, 1};
@@ -62,6 +62,7 @@ struct PreparedBackward {
   unsigned dkdv_smem = 0;
   unsigned finish_smem = 0;
   size_t workspace_bytes = 0;
+  int head_dim = 0;                      // the workspace's layout needs it
   AttnBwdParams params{};
   bool uses_tma = false;                 // the sm90 family: its dkdv kernel takes sm90_params
   AttnBwdSm90Params sm90_params{};       // params plus TMA descriptors; base follows params at bind time

@@ -136,8 +136,10 @@ struct AttnBwdParams {
   void* dv;          // like v
   // Workspace rows per (batch, head) are seqlen_q rounded up to the config's kPadRows (bwd_rows.cuh).
   float* dsum;       // workspace (batch, heads_q, rows): D = rowsum(dO ∘ O)
-  float* dq_accum;   // workspace (batch, heads_q, rows, head_dim) fp32, atomic strategy only
+  float* dq_accum;   // workspace (batch, heads_q, rows, head_dim) fp32 in DqAccum's layout (null without one)
   float* lse_log2;   // workspace (batch, heads_q, rows): LSE in base 2, Hopper family only (else null)
+  int* dq_semaphore; // workspace (batch, heads_q, rows / 64): whose turn it is to add a query block's dQ,
+                     // the Hopper family's deterministic strategy only (else null)
 
   long long q_batch_stride, q_row_stride, q_head_stride;
   long long k_batch_stride, k_row_stride, k_head_stride;

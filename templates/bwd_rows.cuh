@@ -1,6 +1,6 @@
 // The backward's row kernels, shared by both families (bwd_sm80.cuh, bwd_sm90.cuh): the preprocess
 // (D = rowsum(dO ∘ O), zeroing the fp32 dQ accumulator) and the conversion of that accumulator to dQ.
-// Generic over a config type with kElem, kHeadDim, kAtomicDq and kPadRows: the workspace holds
+// Generic over a config type with kElem, kHeadDim, kAtomicDq, kDqAccum and kPadRows: the workspace holds
 // round_up(seqlen_q, kPadRows) rows per (batch, head); rows past seqlen_q get D = 0, LSE2 = +inf (so P
 // is 0 there) and a zero dQ accumulator, which lets the Hopper family read and add whole query blocks.
 #pragma once
@@ -29,8 +29,9 @@ __device__ __forceinline__ int padded_rows(const AttnBwdParams& p) {
 }  // namespace bwd
 
 // D = rowsum(dO ∘ O) for every (batch, head, query) row of the padded workspace, one warp per row;
-// zeroes the row of the fp32 dQ accumulator when the atomic strategy will add into it, and writes the
-// LSE in base 2 when the config's dkdv kernel reads it from the workspace (p.lse_log2 set).
+// zeroes the row's share of the fp32 dQ accumulator when the dkdv kernel adds into one (and the
+// semaphore of each 64-row tile when its adds take turns), and writes the LSE in base 2 when the
+// config's dkdv kernel reads it from the workspace (p.lse_log2 set).
 template <class Cfg>
 struct BwdPreprocess {
   using u16 = sm80::u16;
@@ -92,16 +93,23 @@ struct BwdPreprocess {
       }
     }
 
-    if constexpr (Cfg::kAtomicDq) {
+    // Either layout of the accumulator gives each (batch, head) rows · head_dim values, so zeroing the
+    // row's span zeroes a 64-row tile's values once its 64 rows have run.
+    if constexpr (Cfg::kDqAccum != DqAccum::kNone) {
       float4 zero;
       zero.x = zero.y = zero.z = zero.w = 0.f;
       float4* acc = reinterpret_cast<float4*>(p.dq_accum + flat_row * kHeadDim);
       for (int i = lane; i < kHeadDim / 4; i += 32) acc[i] = zero;
     }
+    if constexpr (Cfg::kDqAccum == DqAccum::kTiles && !Cfg::kAtomicDq) {
+      if (lane == 0 && flat_row % kBwdSm90SemaphoreRows == 0) p.dq_semaphore[flat_row / kBwdSm90SemaphoreRows] = 0;
+    }
   }
 };
 
-// dQ = scale * accumulator, rounded to the 16-bit type: one thread per 8 elements.
+// dQ = scale * accumulator, rounded to the 16-bit type. Row-major accumulator (DqAccum::kRows): one
+// thread per 8 elements of a row, a block per kThreads / kChunks rows. Tiled (kTiles): a block per 64 x 64
+// chunk of a tile, one thread per 8 columns of two rows (g and g + 8 of a 16-row group).
 template <class Cfg>
 struct BwdConvertDq {
   using u16 = sm80::u16;
@@ -110,9 +118,13 @@ struct BwdConvertDq {
   static constexpr int kHeadDim = Cfg::kHeadDim;
   static constexpr int kChunks = kHeadDim / 8;
   static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;
+  static_assert(Cfg::kDqAccum != DqAccum::kNone, "nothing to convert without a dQ accumulator");
 
   static __device__ void run(const AttnBwdParams& params) {
-    if constexpr (kVarlen) {
+    if constexpr (Cfg::kDqAccum == DqAccum::kTiles) {
+      static_assert(!kVarlen && kThreads == 256, "tiles of dense batches, 256 threads per 64 x 64 chunk");
+      run_tiles(params);
+    } else if constexpr (kVarlen) {
       AttnBwdParams p = params;
       bind_sequence(p, blockIdx.z, kHeadDim);
       run_rows(p);
@@ -141,6 +153,44 @@ struct BwdConvertDq {
     u16* dq = static_cast<u16*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride +
               row * p.dq_row_stride + chunk * 8;
     *reinterpret_cast<uint4*>(dq) = out;
+  }
+
+  // Block x: chunk x % (kHeadDim / 64) of 64-row tile x / (kHeadDim / 64). Thread (w, g, i): 8-column group
+  // i of rows 16w + g and 16w + g + 8. In the chunk, the warpgroup thread 32w + 4g + t holds the values of
+  // group i at float 4 * (128 * i + 32w + 4g + t): (row 16w + g, columns 8i + 2t, +1), then the same of
+  // row + 8; the four threads t of one (w, g) are 64 contiguous bytes.
+  static __device__ void run_tiles(const AttnBwdParams& p) {
+    constexpr int kTileChunks = kHeadDim / 64;
+    const int tile = blockIdx.x / kTileChunks;
+    const int chunk = blockIdx.x % kTileChunks;
+    const int i = threadIdx.x % 8;
+    const int g = threadIdx.x / 8 % 8;
+    const int w = threadIdx.x / 64;
+    const int head = blockIdx.y;
+    const int batch = blockIdx.z;
+    const int row = tile * 64 + w * 16 + g;
+    if (row >= p.seqlen_q) return;
+    const long long tile_row = row_base<false>(p, batch, head, bwd::padded_rows<Cfg>(p)) + tile * 64;
+    const float4* src = reinterpret_cast<const float4*>(p.dq_accum + tile_row * kHeadDim + chunk * 64 * 64) +
+                        128 * i + 32 * w + 4 * g;
+    float4 v[4];  // thread t's values
+#pragma unroll
+    for (int t = 0; t < 4; ++t) v[t] = src[t];
+    const float s = p.scale;
+    u16* dq = static_cast<u16*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride + row * p.dq_row_stride +
+              chunk * 64 + 8 * i;
+    uint4 out;
+    out.x = sm80::pack2<Cfg::kElem>(v[0].x * s, v[0].y * s);
+    out.y = sm80::pack2<Cfg::kElem>(v[1].x * s, v[1].y * s);
+    out.z = sm80::pack2<Cfg::kElem>(v[2].x * s, v[2].y * s);
+    out.w = sm80::pack2<Cfg::kElem>(v[3].x * s, v[3].y * s);
+    *reinterpret_cast<uint4*>(dq) = out;
+    if (row + 8 >= p.seqlen_q) return;
+    out.x = sm80::pack2<Cfg::kElem>(v[0].z * s, v[0].w * s);
+    out.y = sm80::pack2<Cfg::kElem>(v[1].z * s, v[1].w * s);
+    out.z = sm80::pack2<Cfg::kElem>(v[2].z * s, v[2].w * s);
+    out.w = sm80::pack2<Cfg::kElem>(v[3].z * s, v[3].w * s);
+    *reinterpret_cast<uint4*>(dq + 8 * p.dq_row_stride) = out;
   }
 };
 

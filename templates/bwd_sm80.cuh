@@ -644,6 +644,7 @@ struct FlashgenDefaultBwdConfig {
   static constexpr int kStages = 2;
   static constexpr int kDSplit = 1;
   static constexpr bool kAtomicDq = true;
+  static constexpr flashgen::DqAccum kDqAccum = flashgen::DqAccum::kRows;
   static constexpr int kDqBlockM = 64;
   static constexpr int kDqBlockN = 64;
   static constexpr int kDqWarps = 4;

@@ -1,20 +1,24 @@
 // Backward attention for Hopper (sm_90a): the dkdv kernel as a warp-specialized block on TMA and wgmma.
-// The row kernels (bwd_rows.cuh) run before it; after it the conversion of the fp32 dQ accumulator
-// (atomic strategy) or, for the deterministic strategy, the sm80 family's dq kernel (BwdDqSm80), in which
-// case this kernel computes dK and dV only.
+// The row kernels (bwd_rows.cuh) run around it: the preprocess before, the conversion of the fp32 dQ
+// accumulator after. Both dQ strategies run this kernel; the deterministic one orders its dQ adds.
 // Notation as in bwd_sm80.cuh: S = Q Kᵀ, P recomputed from the saved LSE, dP = dO Vᵀ, dS = P ∘ (dP − D),
 // dV = Pᵀ dO, dK = scale · dSᵀ Q, dQ = scale · dS K.
 //
 // One block per (key block, kv head, batch). Warpgroup 0 is the producer: one thread loads the block's
 // K and V once, then streams the Q and dO tiles of every query block of every query head of the group
 // through a kStages-deep ring, with the LSE (base 2) and D of their rows (bulk copies from the padded
-// workspace). Warpgroups 1..kConsumers own 64 keys each. Per query block a consumer computes
-// Sᵀ = K Qᵀ and dPᵀ = V dOᵀ with both operands in shared memory, turns them into Pᵀ and dSᵀ in
-// registers, adds dV += Pᵀ dO and dK += dSᵀ Q with those as register A operands, and stages dSᵀ in
-// shared memory; once every consumer has, each computes its share of dQ = dS K (dSᵀ and K read
-// MN-major) and adds it into the fp32 accumulator with vector reductions (atomic strategy only). dK and dV leave through the
-// K and V tiles and TMA stores. Validity rules in bwd_sm90_traits() (bwd_traits.cuh). Masking and scores go
-// through the config's Variant (variant.cuh, block_range.cuh).
+// workspace); one warp of it, the dQ writer, adds each query block's dQ to the fp32 accumulator.
+// Warpgroups 1..kConsumers own 64 keys each. Per query block a consumer computes Sᵀ = K Qᵀ and
+// dPᵀ = V dOᵀ with both operands in shared memory, turns them into Pᵀ and dSᵀ in registers, adds
+// dV += Pᵀ dO and dK += dSᵀ Q with those as register A operands, and stages dSᵀ in shared memory; once
+// every consumer has, each computes its share of dQ = dS K (dSᵀ and K read MN-major) and stores it to the
+// dQ tile in shared memory, in the accumulator's own order (DqAccum::kTiles, bwd_traits.cuh). The writer
+// adds the whole tile with one bulk reduce-add and hands the buffer back; the consumers never wait on a
+// global reduction. The deterministic strategy makes those adds take turns: key block n adds a query
+// block's dQ once key blocks 0 .. n-1 have (a semaphore per query block), so repeated runs sum in the
+// same order. dK and dV leave through the K and V tiles and TMA stores. Validity rules in
+// bwd_sm90_traits() (bwd_traits.cuh). Masking and scores go through the config's Variant (variant.cuh,
+// block_range.cuh).
 #pragma once
 
 #include "attn_params.cuh"
@@ -34,11 +38,15 @@ struct BwdDkdvSm90 {
   using u32 = sm90::u32;
   using u64 = sm90::u64;
 
-  static constexpr bool kAtomicDq = Cfg::kAtomicDq;
-  static constexpr BwdSm90Traits kTraits =
-      bwd_sm90_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, kAtomicDq);
+  static constexpr bool kDeterministic = !Cfg::kAtomicDq;
+  static constexpr BwdSm90Traits kTraits = bwd_sm90_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages);
   static_assert(kTraits.error == nullptr, "invalid sm90 backward config: see bwd_sm90_traits() in bwd_traits.cuh");
   static_assert(Cfg::kPadRows == kBwdSm90PadRows, "the sm90 family reads whole query blocks of the workspace");
+  static_assert(Cfg::kDqAccum == DqAccum::kTiles, "the sm90 family adds dQ tiles in accumulator order");
+  // The deterministic order takes key block n to be the n-th to add a query block's dQ: true while the
+  // query blocks a key block visits start no earlier than the previous key block's, as for every policy
+  // whose rows see a prefix of the keys (variant.cuh). A policy that skips leading keys (a window) must
+  // give write_dq the first key block that visits a query block.
 
   static constexpr ElemType kElem = Cfg::kElem;
   using Variant = typename Cfg::Variant;
@@ -54,21 +62,25 @@ struct BwdDkdvSm90 {
   // fwd_sm90.cuh. dSᵀ is stored keys x queries: its chunks are 64 queries wide.
   static constexpr u32 kRowBytes = 128;
   static constexpr int kChunks = kHeadDim / 64;
-  // Layout: K | V | kStages x [Q | dO] | 2 x dSᵀ | kStages x [LSE | D] | barriers. Every tile starts on a
-  // 1024-byte boundary (all tile sizes are multiples of 1024): TMA, wgmma and the swizzled stores below
-  // all derive the swizzle from address bits, relative to the atom.
+  // Layout: K | V | kStages x [Q | dO] | 2 x dSᵀ | dQ | kStages x [LSE | D] | barriers. Every tile starts
+  // on a 1024-byte boundary (all tile sizes are multiples of 1024): TMA, wgmma and the swizzled stores
+  // below all derive the swizzle from address bits, relative to the atom.
   static constexpr u32 kKvTileBytes = kBlockN * kHeadDim * 2;  // K or V
   static constexpr u32 kQTileBytes = kBlockM * kHeadDim * 2;   // Q or dO
   static constexpr u32 kStageBytes = 2 * kQTileBytes;
-  static constexpr u32 kDsTileBytes = kAtomicDq ? kBlockN * kBlockM * 2 : 0;  // none without the dQ product
+  static constexpr u32 kDsTileBytes = kBlockN * kBlockM * 2;
+  static constexpr u32 kDqTileBytes = kBlockM * kHeadDim * 4;  // fp32, (kBlockM / 64, kChunks) 64 x 64 chunks
+  static constexpr u32 kDqChunkBytes = 64 * 64 * 4;
   static constexpr u32 kRowStatsBytes = 2 * kBlockM * 4;      // LSE and D of one stage
   static constexpr u32 kVOffset = kKvTileBytes;
   static constexpr u32 kStageOffset = 2 * kKvTileBytes;
   static constexpr u32 kDsOffset = kStageOffset + kStages * kStageBytes;
-  static constexpr u32 kRowStatsOffset = kDsOffset + 2 * kDsTileBytes;
+  static constexpr u32 kDqOffset = kDsOffset + 2 * kDsTileBytes;
+  static constexpr u32 kRowStatsOffset = kDqOffset + kDqTileBytes;
   static constexpr u32 kBarrierOffset = kRowStatsOffset + kStages * kRowStatsBytes;
   static_assert(kKvTileBytes % 1024 == 0 && kQTileBytes % 1024 == 0 && kDsTileBytes % 1024 == 0,
                 "tiles must keep 1024-byte alignment");
+  static_assert(kDqTileBytes == kTraits.smem_dq_bytes, "dQ tile and traits disagree");
   static_assert(kBarrierOffset + (1 + 2 * kStages) * 8 + 1024 == kTraits.smem_bytes, "layout and traits disagree");
 
   static constexpr int kSGroups = kBlockM / 8;   // accumulator groups of Sᵀ, dPᵀ: (16 keys, 8 queries) per warp
@@ -81,8 +93,13 @@ struct BwdDkdvSm90 {
   static constexpr int kDqGroups = kDqCols / 8;
   static constexpr int kDqColParts = kHeadDim / kDqCols;  // consumers sharing one 64-row tile of dQ
 
-  // Hardware barriers: 0 is __syncthreads, 1 all consumers (dSᵀ staged; K and V free), 2 + c consumer c.
+  // Hardware barriers: 0 is __syncthreads, 1 all consumers (dSᵀ staged; K and V free), 2 + c consumer c,
+  // and per consumer c with the dQ writer warp: 4 + c its share of the dQ tile stored, 6 + c the tile free.
   static constexpr unsigned kConsumersBarrier = 1;
+  static constexpr unsigned kDqWriterThreads = 128 + 32;
+  static __device__ unsigned dq_full_barrier(int consumer) { return 4 + consumer; }
+  static __device__ unsigned dq_empty_barrier(int consumer) { return 6 + consumer; }
+  static constexpr int kDqWriterWarp = 1;  // of the producer warpgroup; thread 0 of warp 0 loads tiles
 
   struct Barriers {
     u32 base;  // kv_full, then full[kStages], empty[kStages]
@@ -94,13 +111,16 @@ struct BwdDkdvSm90 {
   // The query blocks that see some key of this block, per query head: m_first .. m_blocks - 1; from
   // m_interior on they see every key (no mask code; block_range.cuh).
   struct Work {
-    int n_start, kv_head, batch, rows_pad;
+    int n_block, n_start, kv_head, batch, rows_pad;
     int m_blocks, m_first, m_interior, per_head, iterations;
   };
 
   static __device__ Work work_of(const AttnBwdParams& p) {
     Work w;
-    w.n_start = blockIdx.x * kBlockN;
+    // The deterministic strategy takes key blocks last first (see write_dq): a block then waits only on
+    // blocks launched before it.
+    w.n_block = kDeterministic ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
+    w.n_start = w.n_block * kBlockN;
     w.kv_head = blockIdx.y;
     w.batch = blockIdx.z;
     w.rows_pad = bwd::padded_rows<Cfg>(p);
@@ -137,7 +157,11 @@ struct BwdDkdvSm90 {
 
     if (threadIdx.x < 128) {
       sm90::setmaxnreg_dec<kTraits.producer_regs>();
-      if (threadIdx.x == 0) produce(params, w, smem, bars);
+      if (threadIdx.x == 0) {
+        produce(params, w, smem, bars);
+      } else if (threadIdx.x / 32 == kDqWriterWarp) {
+        write_dq(params.base, w, smem);
+      }
     } else {
       sm90::setmaxnreg_inc<kTraits.consumer_regs>();
       consume(params, w, smem, bars);
@@ -176,6 +200,47 @@ struct BwdDkdvSm90 {
     }
   }
 
+  // Adds each query block's dQ tile, once its consumers have stored their shares, to the accumulator
+  // with one bulk reduce-add: the tile in shared memory is laid out as its rows of the accumulator are
+  // (DqAccum::kTiles), so it is one contiguous range. The deterministic strategy first waits for the
+  // query block's semaphore to count this block's turn, and passes the turn on once its adds are done.
+  // Turns go from the query block's last key block down to key block 0: the order in which the key
+  // blocks reach a query block when each walks its query blocks upward from its diagonal (causal), and
+  // for blocks that all start at query block 0, an order that costs one add per block of lag. A key
+  // block visits a query block exactly when the query block's key range (KeyBlocks over its kBlockM
+  // rows, as QueryBlocks counts them) holds it.
+  static __device__ void write_dq(const AttnBwdParams& p, const Work& w, u32 smem) {
+    const bool leader = threadIdx.x % 32 == 0;
+    for (int it = 0; it < w.iterations; ++it) {
+      const int m_start = m_block_of(w, it) * kBlockM;
+      const long long row0 = (static_cast<long long>(w.batch) * p.heads_q + head_of(p, w, it)) * w.rows_pad + m_start;
+      int* semaphore = kDeterministic ? p.dq_semaphore + row0 / kBwdSm90SemaphoreRows : nullptr;
+      const int turn = kDeterministic ? KeyBlocks<Variant, kBlockN>(p, w.batch, m_start, kBlockM).end - 1 - w.n_block : 0;
+#pragma unroll
+      for (int c = 0; c < kConsumers; ++c) sm90::named_barrier_sync(dq_full_barrier(c), kDqWriterThreads);
+      if (leader) {
+        if constexpr (kDeterministic) {
+          while (sm90::ld_acquire_gpu(semaphore) != turn) {
+          }
+          sm90::fence_proxy_async_global();  // the adds below follow the previous turn's
+        }
+        sm90::bulk_reduce_add_f32(p.dq_accum + row0 * kHeadDim, smem + kDqOffset, kDqTileBytes);
+        sm90::tma_store_commit();
+        sm90::tma_store_wait_read();  // the consumers may write the tile again
+      }
+      __syncwarp();
+      if (it + 1 < w.iterations) {
+#pragma unroll
+        for (int c = 0; c < kConsumers; ++c) sm90::named_barrier_arrive(dq_empty_barrier(c), kDqWriterThreads);
+      }
+      if (kDeterministic && leader) {  // the turn passes on once every add is done, while the consumers go on
+        sm90::tma_store_wait_all();
+        sm90::fence_proxy_async_global();
+        sm90::st_release_gpu(semaphore, turn + 1);
+      }
+    }
+  }
+
   // Byte offset of 16-bit element (row, col) in a swizzled tile of `rows` rows per 64-column chunk.
   static __device__ __forceinline__ u32 swizzled(int rows, int row, int col) {
     return (col / 64) * rows * kRowBytes + row * kRowBytes + ((((col % 64) / 8) ^ (row % 8)) * 16) + (col % 8) * 2;
@@ -193,6 +258,7 @@ struct BwdDkdvSm90 {
     const u32 sv = smem + kVOffset;
     const u32 sk_rows = sk + consumer * 64 * kRowBytes;  // this consumer's 64 keys in chunk 0
     const u32 sv_rows = sv + consumer * 64 * kRowBytes;
+    const u32 sdq = smem + kDqOffset;
 
     // This consumer's share of dQ: 64-row tiles of the query block and a range of columns.
     constexpr bool kSplitRows = kDqColParts == 1;
@@ -307,16 +373,14 @@ struct BwdDkdvSm90 {
         sm80::pack_a<kElem>(p_frag[j], acc_s[2 * j], acc_s[2 * j + 1]);
         sm80::pack_a<kElem>(ds_frag[j], acc_dp[2 * j], acc_dp[2 * j + 1]);
       }
-      if constexpr (kAtomicDq) {
 #pragma unroll
-        for (int i = 0; i < kSGroups; ++i)
+      for (int i = 0; i < kSGroups; ++i)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const u32 word = (i % 2 == 0) ? ds_frag[i / 2][h] : ds_frag[i / 2][2 + h];
-            sm90::st_shared_u32(sds + swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t), word);
-          }
-        sm90::fence_proxy_async_smem();
-      }
+        for (int h = 0; h < 2; ++h) {
+          const u32 word = (i % 2 == 0) ? ds_frag[i / 2][h] : ds_frag[i / 2][2 + h];
+          sm90::st_shared_u32(sds + swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t), word);
+        }
+      sm90::fence_proxy_async_smem();
 
       // dV += Pᵀ dO and dK += dSᵀ Q: queries are the k dimension; dO and Q are read MN-major.
       const u64 desc_do_mn = sm90::smem_desc_sw128(sdo, kBlockM * kRowBytes, 1024);
@@ -334,51 +398,50 @@ struct BwdDkdvSm90 {
       }
       sm90::wgmma_commit();
 
-      if constexpr (kAtomicDq) {
-        // dQ = dS K once every consumer's dSᵀ is staged: A = dSᵀ and B = K, both read MN-major; keys are
-        // the k dimension. The dSᵀ tiles alternate, so the next step's stores need no barrier of their own.
-        sm90::named_barrier_sync(kConsumersBarrier, kConsumers * 128);
-        float acc_dq[kDqRowTiles][kDqGroups][4];
-        const u64 desc_ds_mn = sm90::smem_desc_sw128(sds, kBlockN * kRowBytes, 1024);
-        const u64 desc_k_mn = sm90::smem_desc_sw128(sk, kBlockN * kRowBytes, 1024);
+      // dQ = dS K once every consumer's dSᵀ is staged: A = dSᵀ and B = K, both read MN-major; keys are
+      // the k dimension. The dSᵀ tiles alternate, so the next step's stores need no barrier of their own.
+      sm90::named_barrier_sync(kConsumersBarrier, kConsumers * 128);
+      float acc_dq[kDqRowTiles][kDqGroups][4];  // (kDqRowTiles x 64, kDqCols) of the query block
+      const u64 desc_ds_mn = sm90::smem_desc_sw128(sds, kBlockN * kRowBytes, 1024);
+      const u64 desc_k_mn = sm90::smem_desc_sw128(sk, kBlockN * kRowBytes, 1024);
 #pragma unroll
-        for (int r = 0; r < kDqRowTiles; ++r) {
+      for (int r = 0; r < kDqRowTiles; ++r) {
 #pragma unroll
-          for (int j = 0; j < kNSteps; ++j) {
-            const u32 step = j * 16 * kRowBytes;
-            const u64 desc_ds = sm90::smem_desc_advance(desc_ds_mn, (dq_tile0 + r) * kBlockN * kRowBytes + step);
-            const u64 desc_k = sm90::smem_desc_advance(desc_k_mn, (dq_col0 / 64) * kBlockN * kRowBytes + step);
-            sm90::WgmmaSSMN<kDqCols>::template run<kElem>(acc_dq[r], desc_ds, desc_k, j > 0 ? 1 : 0);
-          }
+        for (int j = 0; j < kNSteps; ++j) {
+          const u32 step = j * 16 * kRowBytes;
+          const u64 desc_ds = sm90::smem_desc_advance(desc_ds_mn, (dq_tile0 + r) * kBlockN * kRowBytes + step);
+          const u64 desc_k = sm90::smem_desc_advance(desc_k_mn, (dq_col0 / 64) * kBlockN * kRowBytes + step);
+          sm90::WgmmaSSMN<kDqCols>::template run<kElem>(acc_dq[r], desc_ds, desc_k, j > 0 ? 1 : 0);
         }
-        sm90::wgmma_commit();
-        sm90::wgmma_wait<0>();
-        sm90::pin_registers(acc_dv);
-        sm90::pin_registers(acc_dk);
-#pragma unroll
-        for (int r = 0; r < kDqRowTiles; ++r) sm90::pin_registers(acc_dq[r]);
-        // This thread is done with the stage. Every consumer thread arrives for its own loads of LSE and D
-        // (one lane arriving for its warp after the bar.sync is as correct, but compute-sanitizer's racecheck
-        // follows an mbarrier's order only from the threads that arrive, and reports the producer's bulk
-        // copies of the stage's next use against the other lanes' loads).
-        sm90::mbarrier_arrive(bars.empty(s));
-
-        // Rows past seqlen_q exist in the padded accumulator and receive zeros.
-        const long long flat = (static_cast<long long>(w.batch) * p.heads_q + head) * w.rows_pad + m_start;
-#pragma unroll
-        for (int r = 0; r < kDqRowTiles; ++r)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            float* dst = p.dq_accum + (flat + (dq_tile0 + r) * 64 + warp * 16 + g + 8 * h) * kHeadDim + dq_col0 + 2 * t;
-#pragma unroll
-            for (int i = 0; i < kDqGroups; ++i) sm80::atomic_add_f32x2(dst + 8 * i, acc_dq[r][i][2 * h], acc_dq[r][i][2 * h + 1]);
-          }
-      } else {
-        sm90::wgmma_wait<0>();
-        sm90::pin_registers(acc_dv);
-        sm90::pin_registers(acc_dk);
-        sm90::mbarrier_arrive(bars.empty(s));  // this thread is done with the stage
       }
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      sm90::pin_registers(acc_dv);
+      sm90::pin_registers(acc_dk);
+#pragma unroll
+      for (int r = 0; r < kDqRowTiles; ++r) sm90::pin_registers(acc_dq[r]);
+      // This thread is done with the stage. Every consumer thread arrives for its own loads of LSE and D
+      // (one lane arriving for its warp after the bar.sync is as correct, but compute-sanitizer's racecheck
+      // follows an mbarrier's order only from the threads that arrive, and reports the producer's bulk
+      // copies of the stage's next use against the other lanes' loads).
+      sm90::mbarrier_arrive(bars.empty(s));
+
+      // This consumer's share into the dQ tile, in accumulator order: each 64 x 64 chunk holds this
+      // thread's four values of 8-column group i at 16 * (128 * i + its index in the warpgroup), so a
+      // warp's stores are 512 consecutive bytes. Rows past seqlen_q exist in the padded accumulator and
+      // receive zeros. The writer has added the previous step's tile once it hands the buffer back.
+      if (it > 0) sm90::named_barrier_sync(dq_empty_barrier(consumer), kDqWriterThreads);
+      const u32 thread_in_group = threadIdx.x % 128;
+#pragma unroll
+      for (int r = 0; r < kDqRowTiles; ++r)
+#pragma unroll
+        for (int i = 0; i < kDqGroups; ++i) {
+          const int chunk = (dq_tile0 + r) * kChunks + dq_col0 / 64 + i / 8;
+          const u32 offset = chunk * kDqChunkBytes + ((i % 8) * 128 + thread_in_group) * 16;
+          sm90::st_shared_f32x4(sdq + offset, acc_dq[r][i][0], acc_dq[r][i][1], acc_dq[r][i][2], acc_dq[r][i][3]);
+        }
+      sm90::fence_proxy_async_smem();  // the writer's bulk reduce-add reads through the async proxy
+      sm90::named_barrier_arrive(dq_full_barrier(consumer), kDqWriterThreads);
     }
 
     // Epilogue: every consumer is done with K and V (dQ read all keys); stage dK = scale · acc_dk and dV
@@ -421,11 +484,20 @@ struct FlashgenDefaultBwdSm90Config {
   static constexpr int kBlockN = 128;
   static constexpr int kStages = 2;
   static constexpr bool kAtomicDq = true;
+  static constexpr flashgen::DqAccum kDqAccum = flashgen::DqAccum::kTiles;
   static constexpr int kPadRows = flashgen::kBwdSm90PadRows;
 };
 
+extern "C" __global__ void __launch_bounds__(flashgen::kBwdRowKernelThreads)
+    bwd_sm90_standalone_preprocess(const __grid_constant__ flashgen::AttnBwdParams params) {
+  flashgen::BwdPreprocess<FlashgenDefaultBwdSm90Config>::run(params);
+}
 extern "C" __global__ void __launch_bounds__(flashgen::BwdDkdvSm90<FlashgenDefaultBwdSm90Config>::kThreads, 1)
     bwd_sm90_standalone_dkdv(const __grid_constant__ flashgen::AttnBwdSm90Params params) {
   flashgen::BwdDkdvSm90<FlashgenDefaultBwdSm90Config>::run(params);
+}
+extern "C" __global__ void __launch_bounds__(flashgen::kBwdRowKernelThreads)
+    bwd_sm90_standalone_convert(const __grid_constant__ flashgen::AttnBwdParams params) {
+  flashgen::BwdConvertDq<FlashgenDefaultBwdSm90Config>::run(params);
 }
 #endif

@@ -1,14 +1,15 @@
 // The one place that decides whether a backward config is valid and derives its sizes: plain constexpr
 // C++ read by the host (generator, tuner, launcher) and by the kernel templates' static_asserts.
 //
-// The backward runs as up to four kernels of one generated module:
-//   preprocess  D = rowsum(dO ∘ O) in fp32 (and zeroes the fp32 dQ accumulator of the atomic strategy);
+// The backward runs as three kernels of one generated module:
+//   preprocess  D = rowsum(dO ∘ O) in fp32 (and zeroes the fp32 dQ accumulator, see DqAccum);
 //   dkdv        one block per (key block, kv head, batch[, head_dim slice]): recomputes P from Q, K and
 //               the saved LSE for every query block of every query head of its group and accumulates
-//               dK, dV in registers; the atomic strategy also adds dQ = dS K into fp32 with atomics;
-//   dq          deterministic strategy only: one block per (query block, head, batch) recomputes P and
-//               dP and accumulates dQ in registers, so no two blocks write the same element;
-//   convert     atomic strategy only: dQ = scale * accumulator, rounded to the 16-bit type.
+//               dK, dV in registers; it also adds dQ = dS K into the fp32 accumulator, except in the sm80
+//               family's deterministic strategy;
+//   dq          that strategy only: one block per (query block, head, batch) recomputes P and dP and
+//               accumulates dQ in registers, so no two blocks write the same element;
+//   convert     otherwise: dQ = scale * accumulator, rounded to the 16-bit type.
 #pragma once
 
 #include "fwd_traits.cuh"
@@ -122,13 +123,29 @@ constexpr BwdDqTraits bwd_dq_traits(int head_dim, int block_m, int block_n, int 
 // Rows of (batch, head, query) the preprocess and convert kernels give one block.
 constexpr int kBwdRowKernelThreads = 256;
 
+// Where dQ is accumulated in fp32 before the convert kernel rounds it (or none: the sm80 family's
+// deterministic strategy, whose dq kernel writes dQ itself).
+//   kRows   row-major (batch, head, row, head_dim), red.global adds by the sm80 family's dkdv kernel;
+//   kTiles  the sm90 family: per (batch, head), 64-row tiles of head_dim / 64 chunks of 64 x 64 values
+//           each, a chunk in the order a wgmma accumulator holds it (value e of 8-column group i of the
+//           thread at index x of its warpgroup at float 4 * (128 * i + x) + e, see bwd_sm90.cuh), so the
+//           dkdv kernel stages a tile in shared memory without bank conflicts and adds it with one bulk
+//           reduce-add, and the convert kernel reads 64 contiguous bytes per two rows.
+enum class DqAccum { kNone, kRows, kTiles };
+
 // The Hopper family (bwd_sm90.cuh) replaces the dkdv kernel with a warp-specialized one: a producer
 // warpgroup loads K and V once and streams Q, dO, LSE and D through a ring with TMA; block_n / 64
 // consumer warpgroups own 64 keys each and run every product on wgmma (Sᵀ and dPᵀ from shared memory,
-// dV and dK with Pᵀ and dSᵀ from registers, dQ = dS K from dSᵀ staged in shared memory). Its workspace
-// rows (LSE in base 2, D, the dQ accumulator) are padded to a multiple of kBwdSm90PadRows per head so
-// every query block's LSE and D are one aligned bulk copy and no dQ row needs a bounds check.
+// dV and dK with Pᵀ and dSᵀ from registers, dQ = dS K from dSᵀ staged in shared memory). The consumers
+// stage dQ in shared memory and a warp of the producer warpgroup adds it to the fp32 accumulator (kTiles)
+// with a bulk reduce-add; the deterministic strategy orders those adds by key block with a semaphore per
+// query block. Its workspace rows (LSE in base 2, D, the dQ accumulator) are padded to a multiple of
+// kBwdSm90PadRows per head so every query block's LSE and D are one aligned bulk copy and no dQ row
+// needs a bounds check.
 constexpr int kBwdSm90PadRows = 128;
+// Query rows per semaphore of the deterministic strategy (one per 64-row tile of the accumulator; a
+// block_m of 128 uses the first of its two).
+constexpr int kBwdSm90SemaphoreRows = 64;
 
 struct BwdSm90Traits {
   int consumers;        // block_n / 64
@@ -139,16 +156,15 @@ struct BwdSm90Traits {
   int dq_cols;          // dQ columns per consumer (wgmma N): head_dim split across consumers sharing a row tile
   int smem_kv_bytes;    // K and V: (head_dim / 64 chunks, block_n, 64) each
   int smem_stage_bytes; // one ring stage: Q, dO (head_dim / 64 chunks, block_m, 64), LSE and D
-  int smem_ds_bytes;    // two dSᵀ tiles (block_m / 64 chunks, block_n, 64), alternating per step (atomic only)
+  int smem_ds_bytes;    // two dSᵀ tiles (block_m / 64 chunks, block_n, 64), alternating per step
+  int smem_dq_bytes;    // the query block's dQ in fp32, laid out as its tiles of the accumulator (kTiles)
                         // (bwd_sm90.cuh lays the stages' LSE and D out after the tiles: 1024-byte alignment)
   int smem_bytes;
   int accum_regs;       // most fp32 fragments a consumer thread holds at once
   const char* error;
 };
 
-// atomic_dq: the dkdv kernel also computes dQ (atomic strategy); without it the deterministic strategy's
-// dq kernel (BwdDqSm80, bwd_dq_traits) follows, and neither the dSᵀ tiles nor the dQ registers exist.
-constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, int stages, bool atomic_dq) {
+constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, int stages) {
   BwdSm90Traits t{};
   t.consumers = block_n / 64;
   t.threads = 128 * (t.consumers + 1);
@@ -160,12 +176,14 @@ constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, 
   t.dq_cols = head_dim / col_parts;
   t.smem_kv_bytes = 2 * block_n * head_dim * 2;
   t.smem_stage_bytes = 2 * block_m * head_dim * 2 + 2 * block_m * 4;
-  t.smem_ds_bytes = atomic_dq ? 2 * block_n * block_m * 2 : 0;
-  t.smem_bytes = t.smem_kv_bytes + stages * t.smem_stage_bytes + t.smem_ds_bytes + (1 + 2 * stages) * 8 + 1024;
+  t.smem_ds_bytes = 2 * block_n * block_m * 2;
+  t.smem_dq_bytes = block_m * head_dim * 4;
+  t.smem_bytes =
+      t.smem_kv_bytes + stages * t.smem_stage_bytes + t.smem_ds_bytes + t.smem_dq_bytes + (1 + 2 * stages) * 8 + 1024;
   // dK and dV (head_dim / 2 each), then either Sᵀ and dPᵀ (block_m / 2 each) or their 16-bit fragments
   // (block_m / 4 each) with the dQ tile.
   const int with_s = head_dim + block_m;
-  const int with_dq = head_dim + block_m / 4 + (atomic_dq ? t.dq_row_tiles * t.dq_cols / 2 : 0);
+  const int with_dq = head_dim + block_m / 4 + t.dq_row_tiles * t.dq_cols / 2;
   t.accum_regs = with_s > with_dq ? with_s : with_dq;
   t.error = nullptr;
   if (head_dim != 64 && head_dim != 128) {
@@ -176,7 +194,7 @@ constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, 
     t.error = "block_m must be 64 or 128 (wgmma N of Sᵀ; 64-row tiles of dQ)";
   } else if (stages < 2 || stages > 3) {
     t.error = "stages must be 2 or 3";
-  } else if (atomic_dq && t.dq_cols % 64 != 0) {
+  } else if (t.dq_cols % 64 != 0) {
     t.error = "dQ columns per consumer must be whole 64-column chunks: raise block_m or lower block_n";
   } else if (t.accum_regs + 40 > t.consumer_regs) {
     // 40: addresses, LSE and D, loop state; at 32 ptxas serializes the wgmma of head_dim 128, block_n 64.

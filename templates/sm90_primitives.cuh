@@ -66,6 +66,11 @@ __device__ __forceinline__ void st_shared_u32(u32 addr, u32 value) {
   asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(value) : "memory");
 }
 
+// Stores four floats to 16 aligned bytes of shared memory.
+__device__ __forceinline__ void st_shared_f32x4(u32 addr, float a, float b, float c, float d) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
+
 __device__ __forceinline__ u32 ld_shared_u32(u32 addr) {
   u32 value;
   asm volatile("ld.shared.u32 %0, [%1];" : "=r"(value) : "r"(addr) : "memory");
@@ -117,6 +122,15 @@ __device__ __forceinline__ void tma_store_4d(const void* tensor_map, u32 src, in
                : "memory");
 }
 
+// Adds `bytes` (a multiple of 16; both addresses 16-byte aligned) of fp32 values at src in shared memory
+// into global memory at dst, element by element, each add atomic: a bulk operation of this thread's bulk
+// group, like a TMA store (the commit and wait below cover both).
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, u32 src, u32 bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst), "r"(src),
+               "r"(bytes)
+               : "memory");
+}
+
 __device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 
 // Waits until this thread's committed stores have finished reading their shared-memory source.
@@ -130,6 +144,20 @@ __device__ __forceinline__ void tma_store_wait_all() { asm volatile("cp.async.bu
 // Orders this thread's ordinary shared-memory writes before later async-proxy (TMA, wgmma) reads.
 __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// Orders this thread's async-proxy global accesses (bulk copies it has waited for) with its ordinary ones.
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+
+// A flag in global memory read with acquire and written with release semantics at GPU scope: what the
+// writer did before the release is visible to a reader after an acquire that sees the value.
+__device__ __forceinline__ int ld_acquire_gpu(const int* flag) {
+  int value;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(value) : "l"(flag) : "memory");
+  return value;
+}
+__device__ __forceinline__ void st_release_gpu(int* flag, int value) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(flag), "r"(value) : "memory");
 }
 
 // ---- warpgroup matrix multiply ----

@@ -183,9 +183,8 @@ std::vector<BwdConfig> heuristic_backward_configs(DType dtype, int head_dim, Mas
   std::string last_reason = "no candidate";
   // On sm_90 the Hopper family comes first where it applies (head_dim 64 or 128): 128 keys in two
   // consumer warpgroups, with 64-query steps at head_dim 128 (dK, dV and Sᵀ fill the registers) and
-  // 128-query steps at 64; the deterministic strategy's dq kernel takes the sm80 family's first tiles.
+  // 128-query steps at 64; both dQ strategies run on its one dkdv kernel.
   if (arch == 90) {
-    const BwdTile dq = backward_preferences(head_dim, deterministic).front();
     BwdConfig c;
     c.knobs = BwdSm90Knobs{};
     c.dtype = dtype;
@@ -195,8 +194,6 @@ std::vector<BwdConfig> heuristic_backward_configs(DType dtype, int head_dim, Mas
     c.block_m = head_dim <= 64 ? 128 : 64;
     c.block_n = 128;
     c.stages = 2;
-    c.dq_block_m = dq.dq_block_m, c.dq_block_n = dq.dq_block_n, c.dq_warps = dq.dq_warps;
-    c.dq_stages = dq.dq_stages;
     if (!c.invalid_reason(arch)) configs.push_back(c);
   }
   for (const BwdTile& tile : backward_preferences(head_dim, deterministic)) {

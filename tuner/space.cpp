@@ -79,7 +79,7 @@ int knob_differences(const BwdConfig& a, const BwdConfig& b) {
   if (a.family() != b.family()) return 100;
   int d = (a.block_m != b.block_m) + (a.block_n != b.block_n) + (a.stages != b.stages);
   if (const BwdSm80Knobs* x = a.sm80()) d += (x->warps != b.sm80()->warps) + (x->d_split != b.sm80()->d_split);
-  if (a.deterministic) {
+  if (a.has_dq_kernel()) {
     d += (a.dq_block_m != b.dq_block_m) + (a.dq_block_n != b.dq_block_n) + (a.dq_warps != b.dq_warps) +
          (a.dq_stages != b.dq_stages);
   }
@@ -185,7 +185,8 @@ BackwardSpaceReport backward_space(DType dtype, int head_dim, MaskKind mask, boo
   c.head_dim = head_dim;
   c.mask = mask;
   c.deterministic = deterministic;
-  // The deterministic strategy's dq tiles multiply each dkdv config; the atomic one has none.
+  // The sm80 family's deterministic strategy: its dq tiles multiply each dkdv config; the atomic strategy
+  // and the sm90 family have no dq kernel.
   struct DqTile {
     int block_m, block_n, warps;
   };
@@ -197,6 +198,10 @@ BackwardSpaceReport backward_space(DType dtype, int head_dim, MaskKind mask, boo
         for (int w : knobs.dq_warps) dq_tiles.push_back({m, n, w});
   }
   auto add_with_dq = [&](BwdConfig config) {
+    if (!config.has_dq_kernel()) {
+      report.add(config, arch);
+      return;
+    }
     for (const DqTile& t : dq_tiles) {
       config.dq_block_m = t.block_m, config.dq_block_n = t.block_n, config.dq_warps = t.warps;
       report.add(config, arch);

@@ -610,7 +610,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     Returns out [total_q, heads_q, head_dim] (a new tensor), or (out, lse, None) with return_attn_probs, lse being
     fp32 [heads_q, total_q] (natural log) as FlashAttention returns softmax_lse. Differentiable in q, k and v (each
     sequence's gradients; keys no query of their sequence sees get zero dk and dv; not with seqused_k);
-    deterministic: the backward's dq without atomics, bitwise repeatable (also on under
+    deterministic: the backward's dQ summed in a fixed order, bitwise repeatable (also on under
     torch.use_deterministic_algorithms(True)). Runs on the current CUDA stream of q's device; the custom ops
     flashgen::varlen_attention_forward and flashgen::varlen_attention_backward serve torch.compile and CUDA graphs
     (the backward's workspace comes from the stream's memory pool).

@@ -235,12 +235,18 @@ TEST_CASE("A caller workspace gives the bits of the pool workspace", "[gpu][c_ap
   size_t bytes = 0;
   a.workspace_size = &bytes;
   REQUIRE(workspace_size(a) == FLASHGEN_SUCCESS);
-  // D rows, 256-byte aligned; no dQ accumulator for the deterministic strategy. On sm_90 (the Hopper
-  // family at head_dim 64) the rows are padded to 128 per head and the LSE in base 2 comes too.
+  // D rows, 256-byte aligned; on sm_80 no dQ accumulator for the deterministic strategy (its dq kernel
+  // writes dQ). On sm_90 (the Hopper family at head_dim 64) the rows are padded to 128 per head, and the
+  // LSE in base 2, the fp32 dQ accumulator and one semaphore per 64 rows come too.
   const bool sm90 = flashgen::device_sm(context.device()) == 90;
   const size_t rows_per_head = sm90 ? 128 : size_t(DeviceProblem::kSeqlenQ);
   const size_t rows = size_t(DeviceProblem::kBatch * DeviceProblem::kHeadsQ) * rows_per_head;
-  CHECK(bytes == (sm90 ? 2 : 1) * ((rows * sizeof(float) + 255) / 256 * 256));
+  auto aligned = [](size_t n) { return (n + 255) / 256 * 256; };
+  const size_t expected = sm90 ? 2 * aligned(rows * sizeof(float)) +
+                                     aligned(rows * DeviceProblem::kHeadDim * sizeof(float)) +
+                                     aligned(rows / 64 * sizeof(int))
+                               : aligned(rows * sizeof(float));
+  CHECK(bytes == expected);
 
   problem.poison_gradients();
   REQUIRE(flashgen_attention_backward(&a.q, &a.k, &a.v, &a.out, &a.dout, a.lse, &a.dq, &a.dk, &a.dv, &a.opts,

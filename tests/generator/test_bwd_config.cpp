@@ -70,14 +70,26 @@ TEST_CASE("sm90 backward config names round-trip", "[generator][backward][sm90]"
   CHECK(back.family() == flashgen::KernelFamily::kSm90);
   CHECK(back.stages == 3);
   CHECK(back.mask == flashgen::MaskKind::kCausal);
-  c.deterministic = true;
-  c.dq_block_n = 32;
-  CHECK(c.name() == "bwd_sm90_bf16_d128_m64_n128_s3_causal_det_qm64_qn32_qw4_qs2");
+  c.deterministic = true;  // the same dkdv kernel, its dQ adds in a fixed order: no dq kernel to name
+  CHECK(c.name() == "bwd_sm90_bf16_d128_m64_n128_s3_causal_det");
+  CHECK_FALSE(c.has_dq_kernel());
   CHECK(BwdConfig::from_name(c.name()) == c);
   CHECK(BwdConfig::from_name(c.name()).deterministic);
+  // A record of the first generation (dkdv then the sm80 family's dq kernel) names dq tiles: the JSON
+  // form still reads, as the same module; the name is refused with the reason.
+  nlohmann::json old = c;
+  old["dq_block_m"] = 128;
+  old["dq_warps"] = 2;
+  CHECK(old.get<BwdConfig>() == c);
+  CHECK(old.get<BwdConfig>().dq_block_m == BwdConfig().dq_block_m);
+  try {
+    BwdConfig::from_name("bwd_sm90_bf16_d128_m64_n128_s3_causal_det_qm64_qn32_qw4_qs2");
+    FAIL("a first-generation sm90 deterministic name was accepted");
+  } catch (const flashgen::Error& e) {
+    CHECK(std::string(e.what()).find("no dq kernel") != std::string::npos);
+  }
   c.deterministic = false;
   CHECK_THROWS_AS(BwdConfig::from_name("bwd_sm90_fp16_d128_m64_n128"), flashgen::Error);
-  CHECK_THROWS_AS(BwdConfig::from_name("bwd_sm90_fp16_d128_m64_n128_s2_det"), flashgen::Error);
   CHECK_THROWS_AS(BwdConfig::from_name("bwd_sm90_fp16_d128_m64_n128_w8_s2"), flashgen::Error);
   const nlohmann::json j = c;
   CHECK(j["family"] == "bwd_sm90");
@@ -93,12 +105,12 @@ TEST_CASE("sm90 backward validity follows bwd_sm90_traits", "[generator][backwar
   CHECK(c.invalid_reason(80)->find("sm_90") != std::string::npos);
   CHECK(c.invalid_reason(100)->find("sm_90") != std::string::npos);
   BwdConfig det = c;
-  det.deterministic = true;  // the dkdv kernel without dQ, then the sm80 family's dq kernel
+  det.deterministic = true;  // the same kernel: dQ adds in a fixed order
   CHECK_FALSE(det.invalid_reason(90).has_value());
-  CHECK(det.sm90_traits().smem_ds_bytes == 0);
-  CHECK(det.smem_bytes(BwdKernel::kDkdv) == c.smem_bytes(BwdKernel::kDkdv) - 2 * 128 * 64 * 2);
-  det.dq_block_m = 48;
-  CHECK(det.invalid_reason(90)->find("dq block_m") != std::string::npos);
+  CHECK(det.smem_bytes(BwdKernel::kDkdv) == c.smem_bytes(BwdKernel::kDkdv));
+  CHECK(det.dq_accum() == flashgen::DqAccum::kTiles);
+  det.dq_block_m = 48;  // the sm80 family's dq tiles: no dq kernel here
+  CHECK_FALSE(det.invalid_reason(90).has_value());
   BwdConfig bad = c;
   bad.head_dim = 256;
   CHECK(bad.invalid_reason(90)->find("head_dim") != std::string::npos);
@@ -114,22 +126,27 @@ TEST_CASE("sm90 backward validity follows bwd_sm90_traits", "[generator][backwar
   bad = c;
   bad.head_dim = 64;  // two consumers split 64 dQ columns into halves narrower than a chunk
   CHECK(bad.invalid_reason(90)->find("dQ columns") != std::string::npos);
-  bad.deterministic = true;  // no dQ product in the dkdv kernel
-  CHECK_FALSE(bad.invalid_reason(90).has_value());
+  bad.deterministic = true;  // either strategy computes dQ
+  CHECK(bad.invalid_reason(90)->find("dQ columns") != std::string::npos);
   bad.deterministic = false;
   bad.block_m = 128;
   CHECK_FALSE(bad.invalid_reason(90).has_value());
+  bad.stages = 3;  // three stages of 128 queries next to 128 x 128 dSᵀ tiles and the dQ tile
+  CHECK(bad.invalid_reason(90)->find("shared memory") != std::string::npos);
   bad = c;
   bad.stages = 4;
   CHECK(bad.invalid_reason(90)->find("stages") != std::string::npos);
 
-  // K and V, a ring of Q, dO, LSE and D, two dSᵀ tiles, the barriers and the 1024-byte alignment slack.
+  // K and V, a ring of Q, dO, LSE and D, two dSᵀ tiles, the fp32 dQ tile, the barriers and the 1024-byte
+  // alignment slack.
   const flashgen::BwdSm90Traits t = c.sm90_traits();
   CHECK(t.consumers == 2);
   CHECK(t.threads == 384);
   CHECK(t.dq_cols == 64);
   CHECK(t.dq_row_tiles == 1);
-  CHECK(t.smem_bytes == 2 * 128 * 128 * 2 + 2 * (2 * 64 * 128 * 2 + 2 * 64 * 4) + 2 * 128 * 64 * 2 + 5 * 8 + 1024);
+  CHECK(t.smem_dq_bytes == 64 * 128 * 4);
+  CHECK(t.smem_bytes ==
+        2 * 128 * 128 * 2 + 2 * (2 * 64 * 128 * 2 + 2 * 64 * 4) + 2 * 128 * 64 * 2 + 64 * 128 * 4 + 5 * 8 + 1024);
   CHECK(c.smem_bytes(BwdKernel::kDkdv) == t.smem_bytes);
   CHECK(c.dkdv_threads() == 384);
   CHECK(c.pad_rows() == flashgen::kBwdSm90PadRows);
@@ -224,15 +241,16 @@ TEST_CASE("sm90 backward module: the Hopper dkdv kernel between the shared row k
   check_golden(c.name() + ".cu", s.translation_unit);
   check_golden(c.name() + "_config.cuh", s.headers.front().contents);
 
+  CHECK(s.headers.front().contents.find("kDqAccum = flashgen::DqAccum::kTiles") != std::string::npos);
+
   BwdConfig det = c;
-  det.deterministic = true;
+  det.deterministic = true;  // the same kernels; the dkdv kernel orders its dQ adds
   const flashgen::GeneratedSource d = flashgen::generate(det);
-  for (BwdKernel k : {BwdKernel::kPreprocess, BwdKernel::kDkdv, BwdKernel::kDq})
+  for (BwdKernel k : {BwdKernel::kPreprocess, BwdKernel::kDkdv, BwdKernel::kConvert})
     CHECK(d.translation_unit.find(det.symbol(k) + "(") != std::string::npos);
-  CHECK(d.translation_unit.find("BwdDqSm80") != std::string::npos);  // the sm80 family's dq kernel
+  CHECK(d.translation_unit.find("BwdDqSm80") == std::string::npos);
   CHECK(d.headers.front().contents.find("kAtomicDq = false") != std::string::npos);
-  det.dq_warps = 0;
-  CHECK_THROWS_AS(flashgen::generate(det), flashgen::Error);
+  CHECK(d.headers.front().contents.find("kDqBlockM") == std::string::npos);
 }
 
 TEST_CASE("varlen backward configs: _varlen before _det, a JSON field when set, the sm80 family only",

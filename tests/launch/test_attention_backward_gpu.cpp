@@ -289,14 +289,9 @@ TEST_CASE("backward: masking edge cases and longer sequences", "[gpu][backward]"
 }
 
 // Every valid config of the sm90 family for a problem's dtype, head_dim, mask and dQ strategy (empty
-// when the family does not take the head_dim); the deterministic ones with the built-in dq kernel tiles.
+// when the family does not take the head_dim).
 std::vector<flashgen::BwdConfig> sm90_backward_configs(const Problem& p) {
   std::vector<flashgen::BwdConfig> configs;
-  const flashgen::BwdConfig builtin = flashgen::heuristic_backward_configs(
-      p.dtype == FLASHGEN_BFLOAT16 ? flashgen::DType::kBFloat16 : flashgen::DType::kFloat16,
-      static_cast<int>(p.shape.head_dim),
-      p.mask == FLASHGEN_MASK_NONE ? flashgen::MaskKind::kNone : flashgen::MaskKind::kCausal, p.deterministic, 90)
-                                        .front();
   for (int block_m : {64, 128})
     for (int block_n : {64, 128})
       for (int stages : {2, 3}) {
@@ -307,8 +302,6 @@ std::vector<flashgen::BwdConfig> sm90_backward_configs(const Problem& p) {
         c.mask = p.mask == FLASHGEN_MASK_NONE ? flashgen::MaskKind::kNone : flashgen::MaskKind::kCausal;
         c.block_m = block_m, c.block_n = block_n, c.stages = stages;
         c.deterministic = p.deterministic;
-        c.dq_block_m = builtin.dq_block_m, c.dq_block_n = builtin.dq_block_n, c.dq_warps = builtin.dq_warps;
-        c.dq_stages = builtin.dq_stages;
         if (!c.invalid_reason(90)) configs.push_back(c);
       }
   return configs;

@@ -164,7 +164,7 @@ TEST_CASE("the run-time backward choice compiles for sm_80 and sm_90a with zero 
     CHECK(choice.reason.find("every candidate spills") == std::string::npos);
     const auto compiled = registry.compiled(c, k.arch);
     for (flashgen::BwdKernel kernel : {flashgen::BwdKernel::kPreprocess, flashgen::BwdKernel::kDkdv,
-                                       c.deterministic ? flashgen::BwdKernel::kDq : flashgen::BwdKernel::kConvert}) {
+                                       c.has_dq_kernel() ? flashgen::BwdKernel::kDq : flashgen::BwdKernel::kConvert}) {
       const flashgen::ResourceUsage usage = compiled->usage_of(c.symbol(kernel));
       INFO(c.symbol(kernel));
       CHECK(usage.registers > 0);

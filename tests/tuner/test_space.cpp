@@ -294,9 +294,17 @@ TEST_CASE("backward space: both families on sm_90, the sm80 one elsewhere, dq ti
   CHECK(size_t(atomic80.total) == sm80_product);
   for (const flashgen::BwdConfig& c : atomic80.valid) CHECK(c.family() == flashgen::KernelFamily::kSm80);
 
+  // The sm80 family's dq tiles multiply its dkdv configs; the sm90 family's deterministic strategy has
+  // no dq kernel, so each of its configs appears once.
   const auto det90 = flashgen::backward_space(DType::kBFloat16, 64, MaskKind::kNone, true, 90);
-  CHECK(size_t(det90.total) == (sm80_product + sm90_product) * dq_tiles);
-  for (const flashgen::BwdConfig& c : det90.valid) CHECK(c.deterministic);
+  CHECK(size_t(det90.total) == sm80_product * dq_tiles + sm90_product);
+  size_t det_sm90_valid = 0;
+  for (const flashgen::BwdConfig& c : det90.valid) {
+    CHECK(c.deterministic);
+    CHECK(c.has_dq_kernel() == (c.family() == flashgen::KernelFamily::kSm80));
+    det_sm90_valid += c.family() == flashgen::KernelFamily::kSm90;
+  }
+  CHECK(det_sm90_valid == 5);  // d64: m64 n64, m128 n64 with 2 or 3 stages; m128 n128 with 2
 
   // Capped: the built-in choice first, then its one-knob neighbours; deterministic order.
   const std::vector<flashgen::BwdConfig> capped = flashgen::capped_candidates(atomic90, builtin, 6);

@@ -16,6 +16,7 @@ struct BwdConfig {
   static constexpr int kStages = 2;
   static constexpr int kDSplit = 1;
   static constexpr bool kAtomicDq = true;
+  static constexpr flashgen::DqAccum kDqAccum = flashgen::DqAccum::kRows;
   static constexpr int kDqBlockM = 64;
   static constexpr int kDqBlockN = 32;
   static constexpr int kDqWarps = 4;

@@ -14,6 +14,7 @@ struct BwdConfig {
   static constexpr int kBlockN = 128;
   static constexpr int kStages = 2;
   static constexpr bool kAtomicDq = true;
+  static constexpr flashgen::DqAccum kDqAccum = flashgen::DqAccum::kTiles;
   static constexpr int kPadRows = 128;
 };
 
