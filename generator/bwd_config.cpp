@@ -128,7 +128,6 @@ int BwdConfig::smem_bytes(BwdKernel kernel) const {
 std::optional<std::string> BwdConfig::invalid_reason(int arch) const {
   if (sm90()) {
     if (arch != 90) return "the sm90 kernel family needs sm_90 (wgmma, TMA and setmaxnreg are sm_90a instructions)";
-    if (varlen) return "the sm90 kernel family does not read packed variable-length batches yet";
     const BwdSm90Traits t = sm90_traits();
     if (t.error != nullptr) return std::string(t.error);
   } else {

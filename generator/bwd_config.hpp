@@ -56,7 +56,7 @@ struct BwdConfig {
   // The dkdv kernel's knobs of one family, and so the family.
   std::variant<BwdSm80Knobs, BwdSm90Knobs> knobs;
   // Packed batches of sequences of different lengths (templates/sequence.cuh): kernels of their own,
-  // suffix _varlen after _causal. The sm80 family only, so far.
+  // suffix _varlen after _causal.
   bool varlen = false;
 
   KernelFamily family() const {

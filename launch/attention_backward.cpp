@@ -29,10 +29,13 @@ size_t workspace_rows(const AttnBwdParams& p, const BwdConfig& config) {
   return (static_cast<size_t>(p.seqlen_q) + pad - 1) / pad * pad;
 }
 
-// Workspace rows over every (batch, head): batch · heads_q · workspace_rows for a dense batch, heads_q ·
-// total_q for a packed one (its configs are of the sm80 family, whose rows are not padded).
+// Workspace rows over every (batch, head): batch · heads_q · workspace_rows for a dense batch; for a packed
+// one heads_q times the rows bwd_traits.cuh's packed_workspace_rows gives a head (total_q, or with padded
+// rows room for each sequence's padding).
 size_t all_workspace_rows(const AttnBwdParams& p, const BwdConfig& config) {
-  if (p.cu_seqlens_q != nullptr) return size_t(p.heads_q) * size_t(p.total_q);
+  if (p.cu_seqlens_q != nullptr) {
+    return size_t(p.heads_q) * size_t(packed_workspace_rows(p.total_q, p.batch, config.pad_rows()));
+  }
   return size_t(p.batch) * size_t(p.heads_q) * workspace_rows(p, config);
 }
 
@@ -49,15 +52,19 @@ struct BackwardTmaTensors {
 
   BackwardTmaTensors(const BackwardCall& call, const BwdConfig& config) {
     const AttnBwdParams& p = call.params;
+    // A packed batch is one entry of total_q query and total_k key rows; the kernels find each sequence's.
+    const bool packed = call.problem.varlen;
+    const int64_t batch = packed ? 1 : p.batch;
+    const int rows_q = packed ? p.total_q : p.seqlen_q, rows_k = packed ? p.total_k : p.seqlen_k;
     auto tensor = [&](const void* data, int seqlen, int heads, long long bs, long long rs, long long hs) {
-      return TmaTensor{data, call.problem.dtype, p.batch, seqlen, heads, call.problem.head_dim(), bs, rs, hs};
+      return TmaTensor{data, call.problem.dtype, batch, seqlen, heads, call.problem.head_dim(), bs, rs, hs};
     };
-    q = tensor(p.q, p.seqlen_q, p.heads_q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
-    dout = tensor(p.dout, p.seqlen_q, p.heads_q, p.do_batch_stride, p.do_row_stride, p.do_head_stride);
-    k = tensor(p.k, p.seqlen_k, p.heads_kv, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
-    v = tensor(p.v, p.seqlen_k, p.heads_kv, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
-    dk = tensor(p.dk, p.seqlen_k, p.heads_kv, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
-    dv = tensor(p.dv, p.seqlen_k, p.heads_kv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+    q = tensor(p.q, rows_q, p.heads_q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+    dout = tensor(p.dout, rows_q, p.heads_q, p.do_batch_stride, p.do_row_stride, p.do_head_stride);
+    k = tensor(p.k, rows_k, p.heads_kv, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+    v = tensor(p.v, rows_k, p.heads_kv, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+    dk = tensor(p.dk, rows_k, p.heads_kv, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+    dv = tensor(p.dv, rows_k, p.heads_kv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
     q_rows = config.block_m;
     kv_rows = config.block_n;
   }

@@ -20,10 +20,22 @@ __device__ __forceinline__ float lse_to_log2(float lse) {
   return lse == neg_inf() ? pos_inf() : lse * 1.4426950408889634f;
 }
 
-// Rows per (batch, head) of the workspace arrays.
+// Rows per (batch, head) of the workspace arrays (a packed sequence's: its own, bound by bind_sequence).
 template <class Cfg>
 __device__ __forceinline__ int padded_rows(const AttnBwdParams& p) {
   return (p.seqlen_q + Cfg::kPadRows - 1) / Cfg::kPadRows * Cfg::kPadRows;
+}
+
+// Index of (batch, head)'s first row in the workspace arrays: (batch, heads_q, padded rows) for a dense
+// batch; for a packed one, whose arrays bind_sequence pointed at the sequence's first workspace row,
+// head · rows per head (sequence.cuh's packed_workspace_rows).
+template <class Cfg>
+__device__ __forceinline__ long long workspace_row0(const AttnBwdParams& p, int batch, int head) {
+  if constexpr (ConfigVarlen<Cfg>::value) {
+    return head * packed_workspace_rows(p.total_q, p.batch, Cfg::kPadRows);
+  } else {
+    return (static_cast<long long>(batch) * p.heads_q + head) * padded_rows<Cfg>(p);
+  }
 }
 
 }  // namespace bwd
@@ -43,10 +55,10 @@ struct BwdPreprocess {
   static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;
 
   static __device__ void run(const AttnBwdParams& params) {
-    if constexpr (kVarlen) {  // a packed sequence's rows: the workspace has no padding rows (kPadRows 1)
+    if constexpr (kVarlen) {  // a packed sequence's rows, padded as the config's workspace is
       AttnBwdParams p = params;
-      bind_sequence(p, blockIdx.z, kHeadDim);
-      if (static_cast<int>(blockIdx.x * kRowsPerBlock) >= p.seqlen_q) return;
+      bind_sequence(p, blockIdx.z, kHeadDim, Cfg::kPadRows);
+      if (static_cast<int>(blockIdx.x * kRowsPerBlock) >= bwd::padded_rows<Cfg>(p)) return;
       run_rows(p);
     } else {
       run_rows(params);
@@ -59,10 +71,8 @@ struct BwdPreprocess {
     const int row = blockIdx.x * kRowsPerBlock + warp;
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
-    const int rows = kVarlen ? p.seqlen_q : bwd::padded_rows<Cfg>(p);
-    if (row >= rows) return;
-    const long long head_row0 = row_base<kVarlen>(p, batch, head, rows);  // the head's first row
-    const long long flat_row = head_row0 + row;
+    if (row >= bwd::padded_rows<Cfg>(p)) return;
+    const long long flat_row = bwd::workspace_row0<Cfg>(p, batch, head) + row;
     const bool valid = row < p.seqlen_q;
 
     float sum = 0.f;
@@ -121,15 +131,21 @@ struct BwdConvertDq {
   static_assert(Cfg::kDqAccum != DqAccum::kNone, "nothing to convert without a dQ accumulator");
 
   static __device__ void run(const AttnBwdParams& params) {
-    if constexpr (Cfg::kDqAccum == DqAccum::kTiles) {
-      static_assert(!kVarlen && kThreads == 256, "tiles of dense batches, 256 threads per 64 x 64 chunk");
-      run_tiles(params);
-    } else if constexpr (kVarlen) {
+    if constexpr (kVarlen) {
       AttnBwdParams p = params;
-      bind_sequence(p, blockIdx.z, kHeadDim);
-      run_rows(p);
+      bind_sequence(p, blockIdx.z, kHeadDim, Cfg::kPadRows);
+      convert(p);
     } else {
-      run_rows(params);
+      convert(params);
+    }
+  }
+
+  static __device__ void convert(const AttnBwdParams& p) {
+    if constexpr (Cfg::kDqAccum == DqAccum::kTiles) {
+      static_assert(kThreads == 256, "256 threads per 64 x 64 chunk");
+      run_tiles(p);
+    } else {
+      run_rows(p);
     }
   }
 
@@ -140,7 +156,7 @@ struct BwdConvertDq {
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
     if (row >= p.seqlen_q) return;
-    const long long flat_row = row_base<kVarlen>(p, batch, head, bwd::padded_rows<Cfg>(p)) + row;
+    const long long flat_row = bwd::workspace_row0<Cfg>(p, batch, head) + row;
     const float4* src = reinterpret_cast<const float4*>(p.dq_accum + flat_row * kHeadDim + chunk * 8);
     const float4 a = src[0];
     const float4 b = src[1];
@@ -170,7 +186,7 @@ struct BwdConvertDq {
     const int batch = blockIdx.z;
     const int row = tile * 64 + w * 16 + g;
     if (row >= p.seqlen_q) return;
-    const long long tile_row = row_base<false>(p, batch, head, bwd::padded_rows<Cfg>(p)) + tile * 64;
+    const long long tile_row = bwd::workspace_row0<Cfg>(p, batch, head) + tile * 64;
     const float4* src = reinterpret_cast<const float4*>(p.dq_accum + tile_row * kHeadDim + chunk * 64 * 64) +
                         128 * i + 32 * w + 4 * g;
     float4 v[4];  // thread t's values

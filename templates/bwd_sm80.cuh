@@ -96,7 +96,7 @@ struct BwdDkdvSm80 {
   static __device__ void run(const AttnBwdParams& params) {
     if constexpr (kVarlen) {
       AttnBwdParams p = params;
-      bind_sequence(p, blockIdx.z / kDSplit, Cfg::kHeadDim);
+      bind_sequence(p, blockIdx.z / kDSplit, Cfg::kHeadDim, Cfg::kPadRows);
       if (static_cast<int>(blockIdx.x) * kBlockN >= p.seqlen_k) return;  // past the sequence's keys
       run_block(p);
     } else {
@@ -435,7 +435,7 @@ struct BwdDqSm80 {
   static __device__ void run(const AttnBwdParams& params) {
     if constexpr (kVarlen) {
       AttnBwdParams p = params;
-      bind_sequence(p, blockIdx.z, kHeadDim);
+      bind_sequence(p, blockIdx.z, kHeadDim, Cfg::kPadRows);
       if (static_cast<int>(gridDim.x - 1 - blockIdx.x) * kBlockM >= p.seqlen_q) return;  // past its queries
       run_block(p);
     } else {

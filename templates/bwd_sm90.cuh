@@ -27,6 +27,7 @@
 #include "bwd_traits.cuh"
 #include "sm80_primitives.cuh"
 #include "sm90_primitives.cuh"
+#include "sequence.cuh"
 #include "sm90_wgmma.cuh"
 #include "softmax.cuh"
 #include "variant.cuh"
@@ -49,6 +50,7 @@ struct BwdDkdvSm90 {
   // give write_dq the first key block that visits a query block.
 
   static constexpr ElemType kElem = Cfg::kElem;
+  static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;  // packed sequences (sequence.cuh)
   using Variant = typename Cfg::Variant;
   static constexpr int kHeadDim = Cfg::kHeadDim;
   static constexpr int kBlockM = Cfg::kBlockM;
@@ -108,22 +110,32 @@ struct BwdDkdvSm90 {
     __device__ u32 empty(int s) const { return base + 8 * (1 + kStages + s); }
   };
 
-  // The query blocks that see some key of this block, per query head: m_first .. m_blocks - 1; from
-  // m_interior on they see every key (no mask code; block_range.cuh).
+  // This block's key block n_block of batch entry (or packed sequence) `batch` and kv head; where the TMA
+  // maps hold its rows (a packed batch is one entry of total rows: its sequence starts at q_row0, k_row0);
+  // the query blocks that see some key of it, per query head: m_first .. m_blocks - 1, from m_interior on
+  // seeing every key (no mask code; block_range.cuh).
   struct Work {
-    int n_block, n_start, kv_head, batch, rows_pad;
+    int n_block, n_start, kv_head, batch;
+    int q_row0, k_row0, tma_batch;
     int m_blocks, m_first, m_interior, per_head, iterations;
   };
 
-  static __device__ Work work_of(const AttnBwdParams& p) {
+  // The deterministic strategy takes key blocks last first (see write_dq): a block then waits only on
+  // blocks launched before it.
+  static __device__ int n_block_of_this_block() {
+    return kDeterministic ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
+  }
+
+  // p: params.base, or with a packed batch the sequence's own (bind_sequence), whose rows are `rows`.
+  static __device__ Work work_of(const AttnBwdParams& p, const SequenceRows& rows) {
     Work w;
-    // The deterministic strategy takes key blocks last first (see write_dq): a block then waits only on
-    // blocks launched before it.
-    w.n_block = kDeterministic ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
+    w.n_block = n_block_of_this_block();
     w.n_start = w.n_block * kBlockN;
     w.kv_head = blockIdx.y;
     w.batch = blockIdx.z;
-    w.rows_pad = bwd::padded_rows<Cfg>(p);
+    w.q_row0 = kVarlen ? rows.q_begin : 0;
+    w.k_row0 = kVarlen ? rows.k_begin : 0;
+    w.tma_batch = kVarlen ? 0 : w.batch;
     const QueryBlocks<Variant, kBlockM, kBlockN> queries(p, w.batch, w.n_start, [&] { return p.seqlen_k - w.n_start; });
     w.m_blocks = queries.end;
     w.m_first = queries.begin;
@@ -139,11 +151,30 @@ struct BwdDkdvSm90 {
   static __device__ int m_block_of(const Work& w, int it) { return w.m_first + it % w.per_head; }
   static __device__ u32 ring_phase(int it) { return static_cast<u32>((it / kStages) & 1); }
 
+  // The first row of a query block of `head` in the workspace arrays (padded: whole blocks are read and added).
+  static __device__ long long workspace_row(const AttnBwdParams& p, const Work& w, int head, int m_start) {
+    return bwd::workspace_row0<Cfg>(p, w.batch, head) + m_start;
+  }
+
+  // A packed batch's block first binds its sequence (sequence.cuh): lengths, causal offset, the tensors'
+  // and the workspace's rows; a block past the sequence's last key has nothing to do.
   static __device__ void run(const AttnBwdSm90Params& params) {
+    if constexpr (kVarlen) {
+      AttnBwdParams p = params.base;
+      const SequenceRows rows = sequence_rows(p, blockIdx.z);
+      bind_sequence(p, blockIdx.z, rows, kHeadDim, Cfg::kPadRows);
+      if (n_block_of_this_block() * kBlockN >= p.seqlen_k) return;
+      run_block(params, p, rows);
+    } else {
+      run_block(params, params.base, SequenceRows{});
+    }
+  }
+
+  static __device__ void run_block(const AttnBwdSm90Params& params, const AttnBwdParams& p, const SequenceRows& rows) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 smem = (sm90::smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
     const Barriers bars{smem + kBarrierOffset};
-    const Work w = work_of(params.base);
+    const Work w = work_of(p, rows);
 
     if (threadIdx.x == 0) {
       sm90::mbarrier_init(bars.kv_full(), 1);
@@ -158,25 +189,28 @@ struct BwdDkdvSm90 {
     if (threadIdx.x < 128) {
       sm90::setmaxnreg_dec<kTraits.producer_regs>();
       if (threadIdx.x == 0) {
-        produce(params, w, smem, bars);
+        produce(params, p, w, smem, bars);
       } else if (threadIdx.x / 32 == kDqWriterWarp) {
-        write_dq(params.base, w, smem);
+        write_dq(p, w, smem);
       }
     } else {
       sm90::setmaxnreg_inc<kTraits.consumer_regs>();
-      consume(params, w, smem, bars);
+      consume(params, p, w, smem, bars);
     }
   }
 
-  static __device__ void produce(const AttnBwdSm90Params& params, const Work& w, u32 smem, const Barriers& bars) {
-    const AttnBwdParams& p = params.base;
+  // A packed sequence's tiles run on into the next sequence's rows (or past the tensor, zero-filled): its
+  // keys past seqlen_k are masked, and its queries past seqlen_q have LSE2 = +inf in the padded workspace.
+  static __device__ void produce(const AttnBwdSm90Params& params, const AttnBwdParams& p, const Work& w, u32 smem,
+                                 const Barriers& bars) {
     sm90::mbarrier_arrive_expect_tx(bars.kv_full(), 2 * kKvTileBytes);
+    const int k_row = w.k_row0 + w.n_start;
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
-      sm90::tma_load_4d(smem + c * kBlockN * kRowBytes, &params.k_map, bars.kv_full(), c * 64, w.n_start, w.kv_head,
-                        w.batch);
-      sm90::tma_load_4d(smem + kVOffset + c * kBlockN * kRowBytes, &params.v_map, bars.kv_full(), c * 64, w.n_start,
-                        w.kv_head, w.batch);
+      sm90::tma_load_4d(smem + c * kBlockN * kRowBytes, &params.k_map, bars.kv_full(), c * 64, k_row, w.kv_head,
+                        w.tma_batch);
+      sm90::tma_load_4d(smem + kVOffset + c * kBlockN * kRowBytes, &params.v_map, bars.kv_full(), c * 64, k_row,
+                        w.kv_head, w.tma_batch);
     }
     for (int it = 0; it < w.iterations; ++it) {
       const int head = head_of(p, w, it);
@@ -187,11 +221,12 @@ struct BwdDkdvSm90 {
       sm90::mbarrier_arrive_expect_tx(bars.full(s), kStageBytes + kRowStatsBytes);
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
-        sm90::tma_load_4d(st + c * kBlockM * kRowBytes, &params.q_map, bars.full(s), c * 64, m_start, head, w.batch);
-        sm90::tma_load_4d(st + kQTileBytes + c * kBlockM * kRowBytes, &params.do_map, bars.full(s), c * 64, m_start,
-                          head, w.batch);
+        sm90::tma_load_4d(st + c * kBlockM * kRowBytes, &params.q_map, bars.full(s), c * 64, w.q_row0 + m_start, head,
+                          w.tma_batch);
+        sm90::tma_load_4d(st + kQTileBytes + c * kBlockM * kRowBytes, &params.do_map, bars.full(s), c * 64,
+                          w.q_row0 + m_start, head, w.tma_batch);
       }
-      const long long flat = (static_cast<long long>(w.batch) * p.heads_q + head) * w.rows_pad + m_start;
+      const long long flat = workspace_row(p, w, head, m_start);
       const u32 stats = smem + kRowStatsOffset + s * kRowStatsBytes;
       // Consumers read LSE and D with ordinary loads; each consumer thread's own arrival on empty(s) orders
       // its loads of the stage's previous use before these copies (see the arrivals in consume()).
@@ -213,7 +248,7 @@ struct BwdDkdvSm90 {
     const bool leader = threadIdx.x % 32 == 0;
     for (int it = 0; it < w.iterations; ++it) {
       const int m_start = m_block_of(w, it) * kBlockM;
-      const long long row0 = (static_cast<long long>(w.batch) * p.heads_q + head_of(p, w, it)) * w.rows_pad + m_start;
+      const long long row0 = workspace_row(p, w, head_of(p, w, it), m_start);
       int* semaphore = kDeterministic ? p.dq_semaphore + row0 / kBwdSm90SemaphoreRows : nullptr;
       const int turn = kDeterministic ? KeyBlocks<Variant, kBlockN>(p, w.batch, m_start, kBlockM).end - 1 - w.n_block : 0;
 #pragma unroll
@@ -246,8 +281,8 @@ struct BwdDkdvSm90 {
     return (col / 64) * rows * kRowBytes + row * kRowBytes + ((((col % 64) / 8) ^ (row % 8)) * 16) + (col % 8) * 2;
   }
 
-  static __device__ void consume(const AttnBwdSm90Params& params, const Work& w, u32 smem, const Barriers& bars) {
-    const AttnBwdParams& p = params.base;
+  static __device__ void consume(const AttnBwdSm90Params& params, const AttnBwdParams& p, const Work& w, u32 smem,
+                                 const Barriers& bars) {
     const int consumer = threadIdx.x / 128 - 1;
     const int warp = (threadIdx.x / 32) % 4;
     const int lane = threadIdx.x % 32;
@@ -447,6 +482,27 @@ struct BwdDkdvSm90 {
     // Epilogue: every consumer is done with K and V (dQ read all keys); stage dK = scale · acc_dk and dV
     // in this consumer's rows of the K and V tiles, then TMA-store them (rows past seqlen_k are clipped).
     sm90::named_barrier_sync(kConsumersBarrier, kConsumers * 128);
+    if constexpr (kVarlen) {
+      // A packed sequence's last keys: a 64-row box would run into the next sequence's rows, so this
+      // consumer writes the keys of its sequence from registers (rows key_row0 and + 8, columns 8i + 2t, + 1).
+      if (w.n_start + consumer * 64 + 64 > p.seqlen_k) {
+        using u16 = sm80::u16;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int key = w.n_start + key_row0 + 8 * h;
+          if (key >= p.seqlen_k) continue;
+          u16* dk = static_cast<u16*>(p.dk) + key * p.dk_row_stride + w.kv_head * p.dk_head_stride + 2 * t;
+          u16* dv = static_cast<u16*>(p.dv) + key * p.dv_row_stride + w.kv_head * p.dv_head_stride + 2 * t;
+#pragma unroll
+          for (int i = 0; i < kDGroups; ++i) {
+            *reinterpret_cast<u32*>(dk + 8 * i) =
+                sm80::pack2<kElem>(acc_dk[i][2 * h] * p.scale, acc_dk[i][2 * h + 1] * p.scale);
+            *reinterpret_cast<u32*>(dv + 8 * i) = sm80::pack2<kElem>(acc_dv[i][2 * h], acc_dv[i][2 * h + 1]);
+          }
+        }
+        return;
+      }
+    }
 #pragma unroll
     for (int i = 0; i < kDGroups; ++i)
 #pragma unroll
@@ -462,8 +518,9 @@ struct BwdDkdvSm90 {
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
         const u32 rows = c * kBlockN * kRowBytes + consumer * 64 * kRowBytes;
-        sm90::tma_store_4d(&params.dk_map, sk + rows, c * 64, w.n_start + consumer * 64, w.kv_head, w.batch);
-        sm90::tma_store_4d(&params.dv_map, sv + rows, c * 64, w.n_start + consumer * 64, w.kv_head, w.batch);
+        const int k_row = w.k_row0 + w.n_start + consumer * 64;
+        sm90::tma_store_4d(&params.dk_map, sk + rows, c * 64, k_row, w.kv_head, w.tma_batch);
+        sm90::tma_store_4d(&params.dv_map, sv + rows, c * 64, k_row, w.kv_head, w.tma_batch);
       }
       sm90::tma_store_commit();
       sm90::tma_store_wait_all();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "attn_params.cuh"
+#include "bwd_traits.cuh"
 
 namespace flashgen {
 
@@ -75,10 +76,10 @@ __device__ inline bool bind_sequence(AttnFwdParams& p, int sequence, int m_start
   return bind_sequence(p, sequence, sequence_rows(p, sequence, p.block_table != nullptr), m_start);
 }
 
-// The same for the backward's kernels: every tensor and per-row array at the sequence's first rows. The
-// caller decides from p.seqlen_q and p.seqlen_k whether its block has work.
-__device__ inline void bind_sequence(AttnBwdParams& p, int sequence, int head_dim) {
-  const SequenceRows s = sequence_rows(p, sequence);
+// The same for the backward's kernels: every tensor at the sequence's first rows, the workspace arrays at
+// its first workspace row (pad: the config's kPadRows; bwd_traits.cuh's packed_workspace_first_row). The caller decides from p.seqlen_q and
+// p.seqlen_k whether its block has work.
+__device__ inline void bind_sequence(AttnBwdParams& p, int sequence, const SequenceRows& s, int head_dim, int pad) {
   p.seqlen_q = s.seqlen_q, p.seqlen_k = s.seqlen_k;
   p.causal_offset = p.causal_bottom_right ? p.seqlen_k - p.seqlen_q : 0;
   using u16 = unsigned short;
@@ -91,8 +92,16 @@ __device__ inline void bind_sequence(AttnBwdParams& p, int sequence, int head_di
   p.dk = static_cast<u16*>(p.dk) + s.k_begin * p.dk_row_stride;
   p.dv = static_cast<u16*>(p.dv) + s.k_begin * p.dv_row_stride;
   p.lse += s.q_begin;
-  p.dsum += s.q_begin;
-  if (p.dq_accum != nullptr) p.dq_accum += static_cast<long long>(s.q_begin) * head_dim;
+  const long long row0 = packed_workspace_first_row(s.q_begin, sequence, pad);
+  p.dsum += row0;
+  if (p.lse_log2 != nullptr) p.lse_log2 += row0;
+  if (p.dq_accum != nullptr) p.dq_accum += row0 * head_dim;
+  if (p.dq_semaphore != nullptr) p.dq_semaphore += row0 / kBwdSm90SemaphoreRows;  // row0: a multiple of 128
+}
+
+// The same, reading the sequence's rows first.
+__device__ inline void bind_sequence(AttnBwdParams& p, int sequence, int head_dim, int pad) {
+  bind_sequence(p, sequence, sequence_rows(p, sequence), head_dim, pad);
 }
 
 // Index of (batch, head)'s first row in the per-row arrays (the forward's LSE, the backward's D and dQ

@@ -92,7 +92,7 @@ BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mas
   }
 
   std::vector<BwdConfig> configs = heuristic_backward_configs(dtype, head_dim, mask, deterministic, arch);
-  if (sm80_only || varlen) keep_sm80_family(configs);  // packed batches: the sm80 family only, so far
+  if (sm80_only) keep_sm80_family(configs);
   for (BwdConfig& c : configs) c.varlen = varlen;
   auto [config, reason] = first_spill_free(configs, arch);
   std::lock_guard<std::mutex> lock(mutex);

@@ -253,7 +253,7 @@ TEST_CASE("sm90 backward module: the Hopper dkdv kernel between the shared row k
   CHECK(d.headers.front().contents.find("kDqBlockM") == std::string::npos);
 }
 
-TEST_CASE("varlen backward configs: _varlen before _det, a JSON field when set, the sm80 family only",
+TEST_CASE("varlen backward configs: _varlen before _det, a JSON field when set, both families",
           "[generator][backward]") {
   const BwdConfig c = BwdConfig::from_name("bwd_sm80_fp16_d64_m64_n64_w4_s2_x1_causal_varlen_det_qm64_qn32_qw4_qs2");
   CHECK(c.varlen);
@@ -269,7 +269,25 @@ TEST_CASE("varlen backward configs: _varlen before _det, a JSON field when set, 
   CHECK(flashgen::generate(c).headers.front().contents.find("kVarlen = true") != std::string::npos);
   CHECK(flashgen::generate(dense).headers.front().contents.find("kVarlen") == std::string::npos);
   CHECK_THROWS_AS(BwdConfig::from_name("bwd_sm80_fp16_d64_m64_n64_w4_s2_x1_varlen_causal"), flashgen::Error);
-  const BwdConfig sm90 = BwdConfig::from_name("bwd_sm90_fp16_d128_m64_n128_s2_varlen");
-  REQUIRE(sm90.invalid_reason(90).has_value());
-  CHECK(sm90.invalid_reason(90)->find("packed variable-length") != std::string::npos);
+  // The Hopper family's packed kernels pad each sequence's workspace rows to whole query blocks.
+  const BwdConfig sm90 = BwdConfig::from_name("bwd_sm90_fp16_d128_m64_n128_s2_varlen_det");
+  CHECK_FALSE(sm90.invalid_reason(90).has_value());
+  CHECK(sm90.varlen);
+  CHECK(sm90.deterministic);
+  const std::string header = flashgen::generate(sm90).headers.front().contents;
+  CHECK(header.find("kVarlen = true") != std::string::npos);
+  CHECK(header.find("kPadRows = 128") != std::string::npos);
+  // Rows per head: each sequence starts on a multiple of 128 with room for its padding.
+  CHECK(flashgen::packed_workspace_rows(1000, 3, 1) == 1000);
+  CHECK(flashgen::packed_workspace_rows(1000, 3, 128) == 1408);
+  const int begins[] = {0, 130, 131, 900, 1000};  // lengths 130, 1, 769, 100
+  for (int i = 0; i + 1 < 5; ++i) {
+    const long long first = flashgen::packed_workspace_first_row(begins[i], i, 128);
+    const long long next = flashgen::packed_workspace_first_row(begins[i + 1], i + 1, 128);
+    const long long padded = (begins[i + 1] - begins[i] + 127) / 128 * 128;
+    INFO("sequence " << i);
+    CHECK(first % 128 == 0);
+    CHECK(first + padded <= next);
+    CHECK(first + padded <= flashgen::packed_workspace_rows(1000, 4, 128));
+  }
 }

@@ -17,6 +17,7 @@
 #include "flashgen/flashgen.h"
 #include "gpu.hpp"
 #include "launch/attention.hpp"
+#include "launch/attention_backward.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/device_buffer.hpp"
 #include "support/device_inputs.hpp"
@@ -232,8 +233,10 @@ TEST_CASE("a packed batch runs its own kernels, chosen for packed batches", "[gp
 namespace {
 
 // The varlen forward then backward of c (seqused_k aside), gradients poisoned first; every sequence's dq, dk
-// and dv against its float64 gradients.
-void run_and_check_backward(const VarlenCase& c, bool deterministic) {
+// and dv against its float64 gradients. With a config, the backward runs that config (its strategy), twice
+// when deterministic: the second run's gradients must be the first's bits.
+void run_and_check_backward(const VarlenCase& c, bool deterministic,
+                            const std::optional<flashgen::BwdConfig>& config = std::nullopt) {
   PackedBatch packed(c, 0xbac0);
   const flashgen_varlen_forward_args& fwd = packed.args;
   const int64_t batch = fwd.batch, total_q = packed.total_q, total_k = packed.total_k;
@@ -256,10 +259,23 @@ void run_and_check_backward(const VarlenCase& c, bool deterministic) {
   bwd.batch = batch, bwd.max_seqlen_q = fwd.max_seqlen_q, bwd.max_seqlen_k = fwd.max_seqlen_k;
   bwd.options = fwd.options;
   bwd.options.deterministic = deterministic ? 1 : 0;
-  REQUIRE(flashgen_attention_varlen_backward(&bwd, nullptr) == FLASHGEN_SUCCESS);
+  if (config) {
+    flashgen::launch_backward(flashgen::make_varlen_backward_call(bwd), nullptr, *config, 0, 0);
+  } else {
+    REQUIRE(flashgen_attention_varlen_backward(&bwd, nullptr) == FLASHGEN_SUCCESS);
+  }
   FLASHGEN_CU_CHECK(cuCtxSynchronize());
   const std::vector<uint16_t> got_dq = dq.download_all<uint16_t>(), got_dk = dk.download_all<uint16_t>(),
                               got_dv = dv.download_all<uint16_t>();
+  if (config && deterministic) {
+    dq.fill_bytes(0xff), dk.fill_bytes(0xff), dv.fill_bytes(0xff);
+    flashgen::launch_backward(flashgen::make_varlen_backward_call(bwd), nullptr, *config, 0, 0);
+    FLASHGEN_CU_CHECK(cuCtxSynchronize());
+    INFO(config->name() << ": a second run");
+    CHECK(dq.download_all<uint16_t>() == got_dq);
+    CHECK(dk.download_all<uint16_t>() == got_dk);
+    CHECK(dv.download_all<uint16_t>() == got_dv);
+  }
 
   const double scale = flashgen::effective_softmax_scale(0.f, d);
   auto to_double = [&](const std::vector<uint16_t>& bits, int64_t first, int64_t count) {
@@ -269,8 +285,8 @@ void run_and_check_backward(const VarlenCase& c, bool deterministic) {
   };
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t sq = c.q_lens[b], sk = c.k_lens[b];
-    INFO(c.name << (deterministic ? " deterministic" : " atomic") << ": sequence " << b << " of " << sq
-                << " queries, " << sk << " keys");
+    INFO(c.name << (deterministic ? " deterministic" : " atomic") << (config ? " " + config->name() : std::string())
+                << ": sequence " << b << " of " << sq << " queries, " << sk << " keys");
     flashgen::AttentionGradients want;
     want.dq.assign(size_t(sq * hq * d), 0.0);
     want.dk.assign(size_t(sk * hkv * d), 0.0);
@@ -319,4 +335,39 @@ TEST_CASE("packed variable-length backward matches each sequence's float64 gradi
     run_and_check_backward(c, /*deterministic=*/false);
     run_and_check_backward(c, /*deterministic=*/true);
   }
+}
+
+TEST_CASE("packed variable-length backward, sm90 family: every config of both strategies", "[gpu][varlen][sm90]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext scope;
+  FLASHGEN_REQUIRE_SM90(scope);
+  // Sequences ending inside a key block and inside a query block, an empty one, one whose keys no query
+  // sees (top-left), one longer than a block both ways; GQA.
+  const std::vector<VarlenCase> cases = {
+      {"fp16 d64 bottom-right GQA 2", FLASHGEN_FLOAT16, 64, 4, 2, FLASHGEN_MASK_CAUSAL, {1, 0, 77, 130, 5, 400},
+       {1, 30, 77, 64, 0, 400}, {}, {}},
+      {"bf16 d128 top-left", FLASHGEN_BFLOAT16, 128, 2, 2, FLASHGEN_MASK_CAUSAL_TOP_LEFT, {257, 1, 64, 3},
+       {300, 40, 64, 200}, {}, {}},
+      {"fp16 d128 no mask MQA", FLASHGEN_FLOAT16, 128, 3, 1, FLASHGEN_MASK_NONE, {33, 129, 190}, {17, 200, 129}, {}, {}},
+  };
+  int ran = 0;
+  for (const VarlenCase& c : cases) {
+    for (bool deterministic : {false, true})
+      for (int block_m : {64, 128})
+        for (int block_n : {64, 128})
+          for (int stages : {2, 3}) {
+            flashgen::BwdConfig config;
+            config.knobs = flashgen::BwdSm90Knobs{};
+            config.dtype = c.dtype == FLASHGEN_BFLOAT16 ? flashgen::DType::kBFloat16 : flashgen::DType::kFloat16;
+            config.head_dim = static_cast<int>(c.head_dim);
+            config.mask = c.mask == FLASHGEN_MASK_NONE ? flashgen::MaskKind::kNone : flashgen::MaskKind::kCausal;
+            config.block_m = block_m, config.block_n = block_n, config.stages = stages;
+            config.deterministic = deterministic;
+            config.varlen = true;
+            if (config.invalid_reason(90)) continue;
+            run_and_check_backward(c, deterministic, config);
+            ++ran;
+          }
+  }
+  CHECK(ran >= 16);  // d64: 5 configs, d128: 2, each with both strategies
 }

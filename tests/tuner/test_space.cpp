@@ -336,9 +336,11 @@ TEST_CASE("a packed space: every valid config as a varlen kernel, the dense prun
     const flashgen::BackwardSpaceReport backward =
         flashgen::packed_space(flashgen::backward_space(DType::kBFloat16, 128, MaskKind::kCausal, false, arch), arch);
     REQUIRE_FALSE(backward.valid.empty());
+    size_t backward_sm90 = 0;
     for (const flashgen::BwdConfig& c : backward.valid) {
       CHECK(c.varlen);
-      CHECK(c.family() == flashgen::KernelFamily::kSm80);  // the Hopper backward reads no packed batches yet
+      backward_sm90 += c.family() == flashgen::KernelFamily::kSm90;
     }
+    CHECK(backward_sm90 == (arch == 90 ? 2u : 0u));  // d128: m64 n128 with 2 or 3 stages
   }
 }
