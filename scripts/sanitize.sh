@@ -22,16 +22,17 @@ export FLASHGEN_NVRTC_LINEINFO=1  # source lines in the reports; the SASS is the
 summary=$out/summary.txt logs=$out/sanitize.txt
 : > "$logs"
 
-# config | head_dim | mask | extra flags (the pass and dQ strategy follow from the config)
+# config | head_dim | mask | extra flags, the batch included (the pass and dQ strategy follow from the config)
 problems=(
-  "fwd_sm80_fp16_d64_m128_n64_w4_s2_causal|64|bottom-right|"
-  "fwd_sm90_fp16_d128_m128_n128_s2_causal_pst|128|bottom-right|"
-  "fwd_sm90_fp16_d128_m128_n128_s2_ovl_pp|128|none|"
-  "bwd_sm80_fp16_d64_m64_n64_w4_s2_x1_causal|64|bottom-right|--backward"
-  "bwd_sm80_fp16_d64_m64_n64_w4_s2_x1_causal_det_qm64_qn32_qw4_qs2|64|bottom-right|--backward --deterministic"
-  "bwd_sm90_fp16_d128_m64_n128_s2_causal|128|bottom-right|--backward"
-  "bwd_sm90_fp16_d128_m64_n128_s2_causal_det|128|bottom-right|--backward --deterministic"
-  "bwd_sm90_fp16_d64_m128_n128_s2_det|64|none|--backward --deterministic"
+  "fwd_sm80_fp16_d64_m128_n64_w4_s2_causal|64|bottom-right|--batch 1"
+  "fwd_sm90_fp16_d128_m128_n128_s2_causal_pst|128|bottom-right|--batch 1"
+  "fwd_sm90_fp16_d128_m128_n128_s2_ovl_pp|128|none|--batch 1"
+  "bwd_sm80_fp16_d64_m64_n64_w4_s2_x1_causal|64|bottom-right|--batch 1 --backward"
+  "bwd_sm80_fp16_d64_m64_n64_w4_s2_x1_causal_det_qm64_qn32_qw4_qs2|64|bottom-right|--batch 1 --backward --deterministic"
+  "bwd_sm90_fp16_d128_m64_n128_s2_causal|128|bottom-right|--batch 1 --backward"
+  "bwd_sm90_fp16_d128_m64_n128_s2_causal_det|128|bottom-right|--batch 1 --backward --deterministic"
+  "bwd_sm90_fp16_d64_m128_n128_s2_det|64|none|--batch 1 --backward --deterministic"
+  "bwd_sm90_fp16_d128_m64_n128_s2_causal_varlen_det|128|bottom-right|--backward --deterministic --varlen --batch 3"
 )
 {
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -45,7 +46,7 @@ for spec in "${problems[@]}"; do
   for tool in memcheck racecheck synccheck; do
     log=$work/$cfg.$tool.log
     # shellcheck disable=SC2086
-    timeout 240 "$cs" --tool "$tool" --error-exitcode 9 "$build/flashgen" run --config "$cfg" $extra --batch 1 \
+    timeout 240 "$cs" --tool "$tool" --error-exitcode 9 "$build/flashgen" run --config "$cfg" $extra \
       --heads-q 2 --heads-kv 2 --seqlen-q 512 --seqlen-k 512 --head-dim "$hd" --dtype fp16 --causal "$mask" \
       --iters 1 --warmup 0 --check-rows 8 > "$log" 2>&1
     rc=$?

@@ -184,8 +184,14 @@ def test_explain_names_the_configs_and_writes_their_sources():
         assert answer["config"] in source and 'extern "C"' in source
 
     deterministic = fgt.explain(q, k, v, causal=True, layout="bhsd", deterministic=True)["backward"]
-    assert "_det_" in deterministic["config"]
-    assert deterministic["workspace_bytes"] < backward["workspace_bytes"]  # no dQ accumulator
+    assert "_det" in deterministic["config"]
+    if deterministic["config"].startswith("bwd_sm90_"):
+        # The same kernels: their dQ adds take turns, counted per 64 rows; the accumulator stays.
+        assert [kernel["symbol"].rsplit("_", 1)[1] for kernel in deterministic["kernels"]] == [
+            "preprocess", "dkdv", "convert"]
+        assert backward["workspace_bytes"] < deterministic["workspace_bytes"] <= backward["workspace_bytes"] + 256
+    else:
+        assert deterministic["workspace_bytes"] < backward["workspace_bytes"]  # the dq kernel: no accumulator
     assert fgt.explain(q, k, v, layout="bhsd", backward=False).keys() == {"library", "version", "forward"}
 
 
@@ -249,11 +255,11 @@ def test_meta_tensors_give_the_outputs_shapes():
 
 def test_use_deterministic_algorithms_picks_the_deterministic_backward():
     q, k, v = (_randn(2, 300, 4, 64, seed=80 + i) for i in range(3))
-    assert "_det_" not in fgt.explain(q, k, v, causal=True)["backward"]["config"]
+    assert "_det" not in fgt.explain(q, k, v, causal=True)["backward"]["config"]
     before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        assert "_det_" in fgt.explain(q, k, v, causal=True)["backward"]["config"]
+        assert "_det" in fgt.explain(q, k, v, causal=True)["backward"]["config"]
     finally:
         torch.use_deterministic_algorithms(before)
 
