@@ -30,7 +30,7 @@ size_t workspace_rows(const AttnBwdParams& p, const BwdConfig& config) {
 }
 
 // Workspace rows over every (batch, head): batch · heads_q · workspace_rows for a dense batch; for a packed
-// one heads_q times the rows bwd_traits.cuh's packed_workspace_rows gives a head (total_q, or with padded
+// one heads_q times the rows attn_params.cuh's packed_workspace_rows gives a head (total_q, or with padded
 // rows room for each sequence's padding).
 size_t all_workspace_rows(const AttnBwdParams& p, const BwdConfig& config) {
   if (p.cu_seqlens_q != nullptr) {

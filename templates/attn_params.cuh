@@ -2,6 +2,13 @@
 // passed by value as a `const __grid_constant__` kernel parameter. Nothing here forces a recompile.
 #pragma once
 
+// Functions the host and the kernels both call (the workspace layout of packed batches, below).
+#if defined(__CUDACC__)
+#define FLASHGEN_HOST_DEVICE __host__ __device__
+#else
+#define FLASHGEN_HOST_DEVICE
+#endif
+
 namespace flashgen {
 
 // All strides are in elements; head_dim has unit stride. A row is one (batch, seq, head) vector.
@@ -122,6 +129,23 @@ struct AttnFwdSm90Params {
   // that one section's K and V fit in about half the L2 cache.
   int l2_section;
 };
+
+// Query rows per semaphore of the deterministic strategy (one per 64-row tile of the accumulator; a
+// block_m of 128 uses the first of its two).
+inline constexpr int kBwdSm90SemaphoreRows = 64;
+
+// The backward's per-row workspace arrays (D, the base-2 LSE, the dQ accumulator, the semaphores) of a packed
+// batch hold rows_per_head = packed_workspace_rows(total_q, batch, pad) rows per head. Unpadded (pad 1, the sm80
+// family) sequence i's rows start at its first query row. With pad rows (the Hopper family, 128) they start at
+// floor((q_begin + pad·i) / pad) · pad, a multiple of pad, with room to pad the sequence's rows to one: the
+// next sequence's start is at least pad · (floor(L / pad) + 1) ≥ round_up(L, pad) rows further (L its
+// length), and the last one's padded rows end by total_q + pad · batch.
+FLASHGEN_HOST_DEVICE constexpr long long packed_workspace_rows(long long total_q, int batch, int pad) {
+  return pad == 1 ? total_q : (total_q + static_cast<long long>(pad) * batch + pad - 1) / pad * pad;
+}
+FLASHGEN_HOST_DEVICE constexpr long long packed_workspace_first_row(int q_begin, int sequence, int pad) {
+  return pad == 1 ? q_begin : (q_begin + static_cast<long long>(pad) * sequence) / pad * pad;
+}
 
 // Backward pass: the forward's tensors, dO, the forward's LSE and the gradients, plus fp32 workspace.
 struct AttnBwdParams {

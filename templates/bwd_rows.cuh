@@ -28,7 +28,7 @@ __device__ __forceinline__ int padded_rows(const AttnBwdParams& p) {
 
 // Index of (batch, head)'s first row in the workspace arrays: (batch, heads_q, padded rows) for a dense
 // batch; for a packed one, whose arrays bind_sequence pointed at the sequence's first workspace row,
-// head · rows per head (sequence.cuh's packed_workspace_rows).
+// head · rows per head (attn_params.cuh's packed_workspace_rows).
 template <class Cfg>
 __device__ __forceinline__ long long workspace_row0(const AttnBwdParams& p, int batch, int head) {
   if constexpr (ConfigVarlen<Cfg>::value) {

@@ -16,8 +16,11 @@
 // adds the whole tile with one bulk reduce-add and hands the buffer back; the consumers never wait on a
 // global reduction. The deterministic strategy makes those adds take turns: key block n adds a query
 // block's dQ once key blocks 0 .. n-1 have (a semaphore per query block), so repeated runs sum in the
-// same order. dK and dV leave through the K and V tiles and TMA stores. Validity rules in
-// bwd_sm90_traits() (bwd_traits.cuh). Masking and scores go through the config's Variant (variant.cuh,
+// same order. dK and dV leave through the K and V tiles and TMA stores. head_dim 256 keeps 64 keys per
+// block and splits dK's and dV's columns over the two consumers instead (each recomputes Sᵀ and dPᵀ for
+// the block's keys; dK and dV of 256 columns would take 256 registers per thread), and, with no room
+// for the dQ tile, each consumer adds its dQ columns with vector reductions in the accumulator's order
+// (in turns, for the deterministic strategy). Validity rules in bwd_sm90_traits() (bwd_traits.cuh). Masking and scores go through the config's Variant (variant.cuh,
 // block_range.cuh).
 #pragma once
 
@@ -58,6 +61,11 @@ struct BwdDkdvSm90 {
   static constexpr int kStages = Cfg::kStages;
   static constexpr int kConsumers = kTraits.consumers;
   static constexpr int kThreads = kTraits.threads;
+  // head_dim 256 splits dK's and dV's columns over the two consumers, which both see the block's 64 keys
+  // (each recomputes Sᵀ and dPᵀ), and adds dQ from registers (no room for the staged tile).
+  static constexpr bool kColumnSplit = kTraits.column_split;
+  static constexpr bool kDqStaged = kTraits.dq_staged;
+  static constexpr int kDkvCols = kTraits.dkv_cols;
 
   // Tiles are stored as 64-column chunks of 128-byte rows, chunk after chunk, swizzled in 1024-byte
   // atoms of 8 rows (what TMA writes with 128-byte swizzling and wgmma descriptors read), as in
@@ -71,7 +79,7 @@ struct BwdDkdvSm90 {
   static constexpr u32 kQTileBytes = kBlockM * kHeadDim * 2;   // Q or dO
   static constexpr u32 kStageBytes = 2 * kQTileBytes;
   static constexpr u32 kDsTileBytes = kBlockN * kBlockM * 2;
-  static constexpr u32 kDqTileBytes = kBlockM * kHeadDim * 4;  // fp32, (kBlockM / 64, kChunks) 64 x 64 chunks
+  static constexpr u32 kDqTileBytes = kDqStaged ? kBlockM * kHeadDim * 4 : 0;  // fp32, (kBlockM / 64, kChunks) 64 x 64 chunks
   static constexpr u32 kDqChunkBytes = 64 * 64 * 4;
   static constexpr u32 kRowStatsBytes = 2 * kBlockM * 4;      // LSE and D of one stage
   static constexpr u32 kVOffset = kKvTileBytes;
@@ -86,14 +94,15 @@ struct BwdDkdvSm90 {
   static_assert(kBarrierOffset + (1 + 2 * kStages) * 8 + 1024 == kTraits.smem_bytes, "layout and traits disagree");
 
   static constexpr int kSGroups = kBlockM / 8;   // accumulator groups of Sᵀ, dPᵀ: (16 keys, 8 queries) per warp
-  static constexpr int kDGroups = kHeadDim / 8;  // accumulator groups of dK, dV
+  static constexpr int kDGroups = kDkvCols / 8;  // accumulator groups of this consumer's dK, dV
   static constexpr int kMSteps = kBlockM / 16;   // k-steps of dV += Pᵀ dO and dK += dSᵀ Q
   static constexpr int kDSteps = kHeadDim / 16;  // k-steps of Sᵀ and dPᵀ
   static constexpr int kNSteps = kBlockN / 16;   // k-steps of dQ = dS K
   static constexpr int kDqRowTiles = kTraits.dq_row_tiles;
   static constexpr int kDqCols = kTraits.dq_cols;
   static constexpr int kDqGroups = kDqCols / 8;
-  static constexpr int kDqColParts = kHeadDim / kDqCols;  // consumers sharing one 64-row tile of dQ
+  static constexpr int kDqPasses = kTraits.dq_passes;  // a consumer's dQ columns, kDqCols at a time
+  static constexpr int kDqColParts = kHeadDim / (kDqCols * kDqPasses);  // consumers sharing one 64-row tile of dQ
 
   // Hardware barriers: 0 is __syncthreads, 1 all consumers (dSᵀ staged; K and V free), 2 + c consumer c,
   // and per consumer c with the dQ writer warp: 4 + c its share of the dQ tile stored, 6 + c the tile free.
@@ -190,7 +199,7 @@ struct BwdDkdvSm90 {
       sm90::setmaxnreg_dec<kTraits.producer_regs>();
       if (threadIdx.x == 0) {
         produce(params, p, w, smem, bars);
-      } else if (threadIdx.x / 32 == kDqWriterWarp) {
+      } else if (kDqStaged && threadIdx.x / 32 == kDqWriterWarp) {
         write_dq(p, w, smem);
       }
     } else {
@@ -288,17 +297,19 @@ struct BwdDkdvSm90 {
     const int lane = threadIdx.x % 32;
     const int g = lane / 4;  // accumulator row within an 8-row group
     const int t = lane % 4;  // accumulator column pair
-    const int key_row0 = consumer * 64 + warp * 16 + g;  // this thread's keys: key_row0 and + 8, block-relative
+    const int key_consumer = kColumnSplit ? 0 : consumer;  // which 64 keys of the block are this consumer's
+    const int key_row0 = key_consumer * 64 + warp * 16 + g;  // this thread's keys: key_row0 and + 8, block-relative
+    const int dkv_col0 = kColumnSplit ? consumer * kDkvCols : 0;  // this consumer's first column of dK and dV
     const u32 sk = smem;
     const u32 sv = smem + kVOffset;
-    const u32 sk_rows = sk + consumer * 64 * kRowBytes;  // this consumer's 64 keys in chunk 0
-    const u32 sv_rows = sv + consumer * 64 * kRowBytes;
+    const u32 sk_rows = sk + key_consumer * 64 * kRowBytes;  // this consumer's 64 keys in chunk 0
+    const u32 sv_rows = sv + key_consumer * 64 * kRowBytes;
     const u32 sdq = smem + kDqOffset;
 
     // This consumer's share of dQ: 64-row tiles of the query block and a range of columns.
     constexpr bool kSplitRows = kDqColParts == 1;
     const int dq_tile0 = kSplitRows ? consumer * kDqRowTiles : consumer / kDqColParts;
-    const int dq_col0 = kSplitRows ? 0 : (consumer % kDqColParts) * kDqCols;
+    const int dq_col0 = kSplitRows ? 0 : (consumer % kDqColParts) * kDqCols * kDqPasses;
 
     float acc_dk[kDGroups][4];
     float acc_dv[kDGroups][4];
@@ -408,91 +419,138 @@ struct BwdDkdvSm90 {
         sm80::pack_a<kElem>(p_frag[j], acc_s[2 * j], acc_s[2 * j + 1]);
         sm80::pack_a<kElem>(ds_frag[j], acc_dp[2 * j], acc_dp[2 * j + 1]);
       }
+      if (!kColumnSplit || consumer == 0) {  // split columns: both consumers hold the same dSᵀ
 #pragma unroll
-      for (int i = 0; i < kSGroups; ++i)
+        for (int i = 0; i < kSGroups; ++i)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const u32 word = (i % 2 == 0) ? ds_frag[i / 2][h] : ds_frag[i / 2][2 + h];
-          sm90::st_shared_u32(sds + swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t), word);
-        }
-      sm90::fence_proxy_async_smem();
+          for (int h = 0; h < 2; ++h) {
+            const u32 word = (i % 2 == 0) ? ds_frag[i / 2][h] : ds_frag[i / 2][2 + h];
+            sm90::st_shared_u32(sds + swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t), word);
+          }
+        sm90::fence_proxy_async_smem();
+      }
 
-      // dV += Pᵀ dO and dK += dSᵀ Q: queries are the k dimension; dO and Q are read MN-major.
-      const u64 desc_do_mn = sm90::smem_desc_sw128(sdo, kBlockM * kRowBytes, 1024);
-      const u64 desc_q_mn = sm90::smem_desc_sw128(sq, kBlockM * kRowBytes, 1024);
+      // dV += Pᵀ dO and dK += dSᵀ Q over this consumer's columns: queries are the k dimension; dO and Q are
+      // read MN-major.
+      const u32 col_chunk = (dkv_col0 / 64) * kBlockM * kRowBytes;
+      const u64 desc_do_mn = sm90::smem_desc_sw128(sdo + col_chunk, kBlockM * kRowBytes, 1024);
+      const u64 desc_q_mn = sm90::smem_desc_sw128(sq + col_chunk, kBlockM * kRowBytes, 1024);
       sm90::wgmma_fence();
 #pragma unroll
       for (int j = 0; j < kMSteps; ++j) {
         const u64 desc_do_j = sm90::smem_desc_advance(desc_do_mn, j * 16 * kRowBytes);
-        sm90::WgmmaRS<kHeadDim>::template run<kElem>(acc_dv, p_frag[j], desc_do_j, 1);
+        sm90::WgmmaRS<kDkvCols>::template run<kElem>(acc_dv, p_frag[j], desc_do_j, 1);
       }
 #pragma unroll
       for (int j = 0; j < kMSteps; ++j) {
         const u64 desc_q_j = sm90::smem_desc_advance(desc_q_mn, j * 16 * kRowBytes);
-        sm90::WgmmaRS<kHeadDim>::template run<kElem>(acc_dk, ds_frag[j], desc_q_j, 1);
+        sm90::WgmmaRS<kDkvCols>::template run<kElem>(acc_dk, ds_frag[j], desc_q_j, 1);
       }
       sm90::wgmma_commit();
 
       // dQ = dS K once every consumer's dSᵀ is staged: A = dSᵀ and B = K, both read MN-major; keys are
       // the k dimension. The dSᵀ tiles alternate, so the next step's stores need no barrier of their own.
       sm90::named_barrier_sync(kConsumersBarrier, kConsumers * 128);
-      float acc_dq[kDqRowTiles][kDqGroups][4];  // (kDqRowTiles x 64, kDqCols) of the query block
       const u64 desc_ds_mn = sm90::smem_desc_sw128(sds, kBlockN * kRowBytes, 1024);
       const u64 desc_k_mn = sm90::smem_desc_sw128(sk, kBlockN * kRowBytes, 1024);
+      const u32 thread_in_group = threadIdx.x % 128;
+      const long long dq_row0 = workspace_row(p, w, head, m_start);  // the query block's first accumulator row
 #pragma unroll
-      for (int r = 0; r < kDqRowTiles; ++r) {
+      for (int pass = 0; pass < kDqPasses; ++pass) {
+        const int col0 = dq_col0 + pass * kDqCols;
+        float acc_dq[kDqRowTiles][kDqGroups][4];  // (kDqRowTiles x 64, kDqCols) of the query block
+        if (pass > 0) sm90::wgmma_fence();  // the previous pass's reductions read these registers
 #pragma unroll
-        for (int j = 0; j < kNSteps; ++j) {
-          const u32 step = j * 16 * kRowBytes;
-          const u64 desc_ds = sm90::smem_desc_advance(desc_ds_mn, (dq_tile0 + r) * kBlockN * kRowBytes + step);
-          const u64 desc_k = sm90::smem_desc_advance(desc_k_mn, (dq_col0 / 64) * kBlockN * kRowBytes + step);
-          sm90::WgmmaSSMN<kDqCols>::template run<kElem>(acc_dq[r], desc_ds, desc_k, j > 0 ? 1 : 0);
+        for (int r = 0; r < kDqRowTiles; ++r) {
+#pragma unroll
+          for (int j = 0; j < kNSteps; ++j) {
+            const u32 step = j * 16 * kRowBytes;
+            const u64 desc_ds = sm90::smem_desc_advance(desc_ds_mn, (dq_tile0 + r) * kBlockN * kRowBytes + step);
+            const u64 desc_k = sm90::smem_desc_advance(desc_k_mn, (col0 / 64) * kBlockN * kRowBytes + step);
+            sm90::WgmmaSSMN<kDqCols>::template run<kElem>(acc_dq[r], desc_ds, desc_k, j > 0 ? 1 : 0);
+          }
+        }
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
+        if (pass == 0) {
+          sm90::pin_registers(acc_dv);
+          sm90::pin_registers(acc_dk);
+        }
+#pragma unroll
+        for (int r = 0; r < kDqRowTiles; ++r) sm90::pin_registers(acc_dq[r]);
+        // This thread is done with the stage. Every consumer thread arrives for its own loads of LSE and D
+        // (one lane arriving for its warp after the bar.sync is as correct, but compute-sanitizer's
+        // racecheck follows an mbarrier's order only from the threads that arrive, and reports the
+        // producer's bulk copies of the stage's next use against the other lanes' loads).
+        if (pass == 0) sm90::mbarrier_arrive(bars.empty(s));
+
+        // This consumer's share of the query block's dQ in accumulator order: each 64 x 64 chunk holds this
+        // thread's four values of 8-column group i at 16 * (128 * i + its index in the warpgroup), so a
+        // warp's 16-byte accesses are 512 consecutive bytes. Rows past seqlen_q exist in the padded
+        // accumulator and receive zeros.
+        auto chunk_offset = [&](int r, int i) {  // in floats
+          const int chunk = (dq_tile0 + r) * kChunks + col0 / 64 + i / 8;
+          return chunk * (kDqChunkBytes / 4) + ((i % 8) * 128 + static_cast<int>(thread_in_group)) * 4;
+        };
+        if constexpr (kDqStaged) {
+          // Into the shared dQ tile, once the writer has added the previous step's and handed it back.
+          if (it > 0) sm90::named_barrier_sync(dq_empty_barrier(consumer), kDqWriterThreads);
+#pragma unroll
+          for (int r = 0; r < kDqRowTiles; ++r)
+#pragma unroll
+            for (int i = 0; i < kDqGroups; ++i) {
+              sm90::st_shared_f32x4(sdq + chunk_offset(r, i) * 4, acc_dq[r][i][0], acc_dq[r][i][1], acc_dq[r][i][2],
+                                    acc_dq[r][i][3]);
+            }
+          sm90::fence_proxy_async_smem();  // the writer's bulk reduce-add reads through the async proxy
+          sm90::named_barrier_arrive(dq_full_barrier(consumer), kDqWriterThreads);
+        } else {
+          // Straight into the accumulator with vector reductions; the deterministic strategy first waits for
+          // this block's turn (write_dq says which), which passes on after the last pass.
+          if (kDeterministic && pass == 0) {
+            if (consumer == 0 && thread_in_group == 0) {
+              const int turn = KeyBlocks<Variant, kBlockN>(p, w.batch, m_start, kBlockM).end - 1 - w.n_block;
+              while (sm90::ld_acquire_gpu(p.dq_semaphore + dq_row0 / kBwdSm90SemaphoreRows) != turn) {
+              }
+            }
+            sm90::named_barrier_sync(kConsumersBarrier, kConsumers * 128);
+          }
+          float* dq_tile = p.dq_accum + dq_row0 * kHeadDim;
+#pragma unroll
+          for (int r = 0; r < kDqRowTiles; ++r)
+#pragma unroll
+            for (int i = 0; i < kDqGroups; ++i) {
+              sm90::red_add_f32x4(dq_tile + chunk_offset(r, i), acc_dq[r][i][0], acc_dq[r][i][1], acc_dq[r][i][2],
+                                  acc_dq[r][i][3]);
+            }
         }
       }
-      sm90::wgmma_commit();
-      sm90::wgmma_wait<0>();
-      sm90::pin_registers(acc_dv);
-      sm90::pin_registers(acc_dk);
-#pragma unroll
-      for (int r = 0; r < kDqRowTiles; ++r) sm90::pin_registers(acc_dq[r]);
-      // This thread is done with the stage. Every consumer thread arrives for its own loads of LSE and D
-      // (one lane arriving for its warp after the bar.sync is as correct, but compute-sanitizer's racecheck
-      // follows an mbarrier's order only from the threads that arrive, and reports the producer's bulk
-      // copies of the stage's next use against the other lanes' loads).
-      sm90::mbarrier_arrive(bars.empty(s));
-
-      // This consumer's share into the dQ tile, in accumulator order: each 64 x 64 chunk holds this
-      // thread's four values of 8-column group i at 16 * (128 * i + its index in the warpgroup), so a
-      // warp's stores are 512 consecutive bytes. Rows past seqlen_q exist in the padded accumulator and
-      // receive zeros. The writer has added the previous step's tile once it hands the buffer back.
-      if (it > 0) sm90::named_barrier_sync(dq_empty_barrier(consumer), kDqWriterThreads);
-      const u32 thread_in_group = threadIdx.x % 128;
-#pragma unroll
-      for (int r = 0; r < kDqRowTiles; ++r)
-#pragma unroll
-        for (int i = 0; i < kDqGroups; ++i) {
-          const int chunk = (dq_tile0 + r) * kChunks + dq_col0 / 64 + i / 8;
-          const u32 offset = chunk * kDqChunkBytes + ((i % 8) * 128 + thread_in_group) * 16;
-          sm90::st_shared_f32x4(sdq + offset, acc_dq[r][i][0], acc_dq[r][i][1], acc_dq[r][i][2], acc_dq[r][i][3]);
+      if constexpr (!kDqStaged && kDeterministic) {
+        __threadfence();  // every thread's adds done before the turn passes on
+        sm90::named_barrier_sync(kConsumersBarrier, kConsumers * 128);
+        if (consumer == 0 && thread_in_group == 0) {
+          const int turn = KeyBlocks<Variant, kBlockN>(p, w.batch, m_start, kBlockM).end - 1 - w.n_block;
+          sm90::st_release_gpu(p.dq_semaphore + dq_row0 / kBwdSm90SemaphoreRows, turn + 1);
         }
-      sm90::fence_proxy_async_smem();  // the writer's bulk reduce-add reads through the async proxy
-      sm90::named_barrier_arrive(dq_full_barrier(consumer), kDqWriterThreads);
+      }
     }
 
     // Epilogue: every consumer is done with K and V (dQ read all keys); stage dK = scale · acc_dk and dV
-    // in this consumer's rows of the K and V tiles, then TMA-store them (rows past seqlen_k are clipped).
+    // in this consumer's rows (split columns: its columns) of the K and V tiles, then TMA-store them (rows
+    // past seqlen_k are clipped).
     sm90::named_barrier_sync(kConsumersBarrier, kConsumers * 128);
     if constexpr (kVarlen) {
       // A packed sequence's last keys: a 64-row box would run into the next sequence's rows, so this
-      // consumer writes the keys of its sequence from registers (rows key_row0 and + 8, columns 8i + 2t, + 1).
-      if (w.n_start + consumer * 64 + 64 > p.seqlen_k) {
+      // consumer writes the keys of its sequence from registers (rows key_row0 and + 8, columns
+      // dkv_col0 + 8i + 2t, + 1).
+      if (w.n_start + key_consumer * 64 + 64 > p.seqlen_k) {
         using u16 = sm80::u16;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int key = w.n_start + key_row0 + 8 * h;
           if (key >= p.seqlen_k) continue;
-          u16* dk = static_cast<u16*>(p.dk) + key * p.dk_row_stride + w.kv_head * p.dk_head_stride + 2 * t;
-          u16* dv = static_cast<u16*>(p.dv) + key * p.dv_row_stride + w.kv_head * p.dv_head_stride + 2 * t;
+          u16* dk = static_cast<u16*>(p.dk) + key * p.dk_row_stride + w.kv_head * p.dk_head_stride + dkv_col0 + 2 * t;
+          u16* dv = static_cast<u16*>(p.dv) + key * p.dv_row_stride + w.kv_head * p.dv_head_stride + dkv_col0 + 2 * t;
 #pragma unroll
           for (int i = 0; i < kDGroups; ++i) {
             *reinterpret_cast<u32*>(dk + 8 * i) =
@@ -507,7 +565,7 @@ struct BwdDkdvSm90 {
     for (int i = 0; i < kDGroups; ++i)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const u32 offset = swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t);
+        const u32 offset = swizzled(kBlockN, key_row0 + 8 * h, dkv_col0 + 8 * i + 2 * t);
         sm90::st_shared_u32(sk + offset,
                             sm80::pack2<kElem>(acc_dk[i][2 * h] * p.scale, acc_dk[i][2 * h + 1] * p.scale));
         sm90::st_shared_u32(sv + offset, sm80::pack2<kElem>(acc_dv[i][2 * h], acc_dv[i][2 * h + 1]));
@@ -516,9 +574,9 @@ struct BwdDkdvSm90 {
     sm90::named_barrier_sync(2 + consumer, 128);
     if (threadIdx.x % 128 == 0) {
 #pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        const u32 rows = c * kBlockN * kRowBytes + consumer * 64 * kRowBytes;
-        const int k_row = w.k_row0 + w.n_start + consumer * 64;
+      for (int c = dkv_col0 / 64; c < (dkv_col0 + kDkvCols) / 64; ++c) {
+        const u32 rows = c * kBlockN * kRowBytes + key_consumer * 64 * kRowBytes;
+        const int k_row = w.k_row0 + w.n_start + key_consumer * 64;
         sm90::tma_store_4d(&params.dk_map, sk + rows, c * 64, k_row, w.kv_head, w.tma_batch);
         sm90::tma_store_4d(&params.dv_map, sv + rows, c * 64, k_row, w.kv_head, w.tma_batch);
       }

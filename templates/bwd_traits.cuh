@@ -14,13 +14,6 @@
 
 #include "fwd_traits.cuh"
 
-// What the host and the kernels both call at run time (the rest of this file is read at compile time).
-#if defined(__CUDACC__)
-#define FLASHGEN_HOST_DEVICE __host__ __device__
-#else
-#define FLASHGEN_HOST_DEVICE
-#endif
-
 namespace flashgen {
 
 struct BwdDkdvTraits {
@@ -43,7 +36,7 @@ struct BwdDkdvTraits {
 
 // Registers the dkdv kernel may hold in fragments before it surely spills (measured with ptxas: the
 // final word is its report, and configs that spill are dropped by whoever compiles them).
-constexpr int kMaxBwdAccumRegs = 200;
+inline constexpr int kMaxBwdAccumRegs = 200;
 
 constexpr BwdDkdvTraits bwd_dkdv_traits(int head_dim, int block_m, int block_n, int warps, int stages, int d_split,
                                         bool atomic_dq) {
@@ -98,7 +91,7 @@ struct BwdDqTraits {
   const char* error;
 };
 
-constexpr int kMaxBwdDqAccumRegs = 200;
+inline constexpr int kMaxBwdDqAccumRegs = 200;
 
 constexpr BwdDqTraits bwd_dq_traits(int head_dim, int block_m, int block_n, int warps, int stages) {
   BwdDqTraits t{};
@@ -128,7 +121,7 @@ constexpr BwdDqTraits bwd_dq_traits(int head_dim, int block_m, int block_n, int 
 }
 
 // Rows of (batch, head, query) the preprocess and convert kernels give one block.
-constexpr int kBwdRowKernelThreads = 256;
+inline constexpr int kBwdRowKernelThreads = 256;
 
 // Where dQ is accumulated in fp32 before the convert kernel rounds it (or none: the sm80 family's
 // deterministic strategy, whose dq kernel writes dQ itself).
@@ -149,31 +142,22 @@ enum class DqAccum { kNone, kRows, kTiles };
 // query block. Its workspace rows (LSE in base 2, D, the dQ accumulator) are padded to a multiple of
 // kBwdSm90PadRows per head so every query block's LSE and D are one aligned bulk copy and no dQ row
 // needs a bounds check.
-constexpr int kBwdSm90PadRows = 128;
-// Query rows per semaphore of the deterministic strategy (one per 64-row tile of the accumulator; a
-// block_m of 128 uses the first of its two).
-constexpr int kBwdSm90SemaphoreRows = 64;
-
-// The backward's per-row workspace arrays (D, the base-2 LSE, the dQ accumulator, the semaphores) of a packed
-// batch hold rows_per_head = packed_workspace_rows(total_q, batch, pad) rows per head. Unpadded (pad 1, the sm80
-// family) sequence i's rows start at its first query row. With pad rows (the Hopper family, 128) they start at
-// floor((q_begin + pad·i) / pad) · pad, a multiple of pad, with room to pad the sequence's rows to one: the
-// next sequence's start is at least pad · (floor(L / pad) + 1) ≥ round_up(L, pad) rows further (L its
-// length), and the last one's padded rows end by total_q + pad · batch.
-FLASHGEN_HOST_DEVICE constexpr long long packed_workspace_rows(long long total_q, int batch, int pad) {
-  return pad == 1 ? total_q : (total_q + static_cast<long long>(pad) * batch + pad - 1) / pad * pad;
-}
-FLASHGEN_HOST_DEVICE constexpr long long packed_workspace_first_row(int q_begin, int sequence, int pad) {
-  return pad == 1 ? q_begin : (q_begin + static_cast<long long>(pad) * sequence) / pad * pad;
-}
+inline constexpr int kBwdSm90PadRows = 128;
 
 struct BwdSm90Traits {
-  int consumers;        // block_n / 64
+  int consumers;        // consumer warpgroups: block_n / 64, or 2 splitting head_dim 256's columns (below)
+  bool column_split;    // head_dim 256: both consumers see the block's 64 keys, each recomputing Sᵀ and dPᵀ,
+                        // and own half of dK's and dV's columns (256 fp32 registers per thread otherwise)
+  int key_consumers;    // consumers that split the keys: consumers, or 1 with the column split
+  int dkv_cols;         // dK and dV columns per consumer: head_dim, or head_dim / 2 with the column split
   int threads;          // 128 * (consumers + 1)
   int producer_regs;
   int consumer_regs;
   int dq_row_tiles;     // 64-row query tiles of dQ per consumer
-  int dq_cols;          // dQ columns per consumer (wgmma N): head_dim split across consumers sharing a row tile
+  int dq_cols;          // dQ columns per consumer and pass (wgmma N)
+  int dq_passes;        // dQ column passes per consumer: its columns dq_cols at a time (2 with the column split)
+  bool dq_staged;       // dQ stored to a shared fp32 tile and added by the writer warp; else each consumer
+                        // thread adds its values with vector reductions (the column split: no room for it)
   int smem_kv_bytes;    // K and V: (head_dim / 64 chunks, block_n, 64) each
   int smem_stage_bytes; // one ring stage: Q, dO (head_dim / 64 chunks, block_m, 64), LSE and D
   int smem_ds_bytes;    // two dSᵀ tiles (block_m / 64 chunks, block_n, 64), alternating per step
@@ -186,30 +170,37 @@ struct BwdSm90Traits {
 
 constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, int stages) {
   BwdSm90Traits t{};
-  t.consumers = block_n / 64;
+  t.column_split = head_dim == 256;
+  t.consumers = t.column_split ? 2 : block_n / 64;
+  t.key_consumers = t.column_split ? 1 : t.consumers;
+  t.dkv_cols = t.column_split ? head_dim / 2 : head_dim;
   t.threads = 128 * (t.consumers + 1);
   t.producer_regs = kSm90ProducerRegs;
   t.consumer_regs = sm90_consumer_regs(t.consumers);
   const int row_tiles = block_m / 64;
   t.dq_row_tiles = t.consumers > 0 && row_tiles > t.consumers ? row_tiles / t.consumers : 1;
   const int col_parts = row_tiles > 0 && t.consumers > row_tiles ? t.consumers / row_tiles : 1;
-  t.dq_cols = head_dim / col_parts;
+  t.dq_passes = t.column_split ? 2 : 1;
+  t.dq_cols = head_dim / col_parts / t.dq_passes;
+  t.dq_staged = !t.column_split;
   t.smem_kv_bytes = 2 * block_n * head_dim * 2;
   t.smem_stage_bytes = 2 * block_m * head_dim * 2 + 2 * block_m * 4;
   t.smem_ds_bytes = 2 * block_n * block_m * 2;
-  t.smem_dq_bytes = block_m * head_dim * 4;
+  t.smem_dq_bytes = t.dq_staged ? block_m * head_dim * 4 : 0;
   t.smem_bytes =
       t.smem_kv_bytes + stages * t.smem_stage_bytes + t.smem_ds_bytes + t.smem_dq_bytes + (1 + 2 * stages) * 8 + 1024;
-  // dK and dV (head_dim / 2 each), then either Sᵀ and dPᵀ (block_m / 2 each) or their 16-bit fragments
-  // (block_m / 4 each) with the dQ tile.
-  const int with_s = head_dim + block_m;
-  const int with_dq = head_dim + block_m / 4 + t.dq_row_tiles * t.dq_cols / 2;
+  // dK and dV (dkv_cols / 2 each), then either Sᵀ and dPᵀ (block_m / 2 each) or their 16-bit fragments
+  // (block_m / 4 each) with one pass of the dQ tile.
+  const int with_s = t.dkv_cols + block_m;
+  const int with_dq = t.dkv_cols + block_m / 4 + t.dq_row_tiles * t.dq_cols / 2;
   t.accum_regs = with_s > with_dq ? with_s : with_dq;
   t.error = nullptr;
-  if (head_dim != 64 && head_dim != 128) {
-    t.error = "head_dim must be 64 or 128 (whole 64-column swizzled chunks; dK and dV stay in registers)";
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256) {
+    t.error = "head_dim must be 64, 128 or 256 (whole 64-column swizzled chunks; dK and dV stay in registers)";
   } else if (block_n != 64 && block_n != 128) {
     t.error = "block_n must be 64 or 128 (64 keys per consumer warpgroup, at most 2)";
+  } else if (t.column_split && (block_n != 64 || block_m != 64)) {
+    t.error = "head_dim 256 takes 64 x 64 blocks (two consumers split the columns of 64 keys' dK and dV)";
   } else if (block_m != 64 && block_m != 128) {
     t.error = "block_m must be 64 or 128 (wgmma N of Sᵀ; 64-row tiles of dQ)";
   } else if (stages < 2 || stages > 3) {

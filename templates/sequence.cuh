@@ -4,7 +4,6 @@
 #pragma once
 
 #include "attn_params.cuh"
-#include "bwd_traits.cuh"
 
 namespace flashgen {
 
@@ -77,8 +76,8 @@ __device__ inline bool bind_sequence(AttnFwdParams& p, int sequence, int m_start
 }
 
 // The same for the backward's kernels: every tensor at the sequence's first rows, the workspace arrays at
-// its first workspace row (pad: the config's kPadRows; bwd_traits.cuh's packed_workspace_first_row). The caller decides from p.seqlen_q and
-// p.seqlen_k whether its block has work.
+// its first workspace row (pad: the config's kPadRows; attn_params.cuh's packed_workspace_first_row). The
+// caller decides from p.seqlen_q and p.seqlen_k whether its block has work.
 __device__ inline void bind_sequence(AttnBwdParams& p, int sequence, const SequenceRows& s, int head_dim, int pad) {
   p.seqlen_q = s.seqlen_q, p.seqlen_k = s.seqlen_k;
   p.causal_offset = p.causal_bottom_right ? p.seqlen_k - p.seqlen_q : 0;

@@ -181,9 +181,10 @@ std::vector<BwdConfig> heuristic_backward_configs(DType dtype, int head_dim, Mas
                                                   int arch) {
   std::vector<BwdConfig> configs;
   std::string last_reason = "no candidate";
-  // On sm_90 the Hopper family comes first where it applies (head_dim 64 or 128): 128 keys in two
+  // On sm_90 the Hopper family comes first where it applies (head_dim 64, 128 or 256): 128 keys in two
   // consumer warpgroups, with 64-query steps at head_dim 128 (dK, dV and Sᵀ fill the registers) and
-  // 128-query steps at 64; both dQ strategies run on its one dkdv kernel.
+  // 128-query steps at 64; at 256, 64 keys and 64 queries, the two consumers splitting dK's and dV's
+  // columns. Both dQ strategies run on its one dkdv kernel.
   if (arch == 90) {
     BwdConfig c;
     c.knobs = BwdSm90Knobs{};
@@ -192,7 +193,7 @@ std::vector<BwdConfig> heuristic_backward_configs(DType dtype, int head_dim, Mas
     c.mask = mask;
     c.deterministic = deterministic;
     c.block_m = head_dim <= 64 ? 128 : 64;
-    c.block_n = 128;
+    c.block_n = head_dim <= 128 ? 128 : 64;
     c.stages = 2;
     if (!c.invalid_reason(arch)) configs.push_back(c);
   }

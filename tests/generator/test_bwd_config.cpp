@@ -8,6 +8,7 @@
 #include "flashgen/error.hpp"
 #include "generator/bwd_config.hpp"
 #include "generator/generator.hpp"
+#include "templates/attn_params.cuh"
 
 using flashgen::BwdConfig;
 using flashgen::BwdKernel;
@@ -136,6 +137,28 @@ TEST_CASE("sm90 backward validity follows bwd_sm90_traits", "[generator][backwar
   bad = c;
   bad.stages = 4;
   CHECK(bad.invalid_reason(90)->find("stages") != std::string::npos);
+
+  // head_dim 256: 64 x 64 blocks, two consumers splitting dK's and dV's columns, dQ added from registers
+  // in two 64-column passes each (no shared dQ tile), 2 stages only.
+  BwdConfig wide = c;
+  wide.head_dim = 256;
+  CHECK(wide.invalid_reason(90)->find("64 x 64") != std::string::npos);
+  wide.block_n = 64;
+  CHECK_FALSE(wide.invalid_reason(90).has_value());
+  const flashgen::BwdSm90Traits w = wide.sm90_traits();
+  CHECK(w.column_split);
+  CHECK(w.consumers == 2);
+  CHECK(w.key_consumers == 1);
+  CHECK(w.dkv_cols == 128);
+  CHECK(w.dq_cols == 64);
+  CHECK(w.dq_passes == 2);
+  CHECK_FALSE(w.dq_staged);
+  CHECK(w.smem_dq_bytes == 0);
+  CHECK(w.smem_bytes == 2 * 64 * 256 * 2 + 2 * (2 * 64 * 256 * 2 + 2 * 64 * 4) + 2 * 64 * 64 * 2 + 5 * 8 + 1024);
+  wide.stages = 3;
+  CHECK(wide.invalid_reason(90)->find("shared memory") != std::string::npos);
+  CHECK_FALSE(c.sm90_traits().column_split);
+  CHECK(c.sm90_traits().dq_staged);
 
   // K and V, a ring of Q, dO, LSE and D, two dSᵀ tiles, the fp32 dQ tile, the barriers and the 1024-byte
   // alignment slack.

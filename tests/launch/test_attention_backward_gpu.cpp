@@ -316,10 +316,11 @@ TEST_CASE("backward, sm90 family: every config of both strategies over the matri
   }
   std::vector<Problem> problems;
   for (const Problem& p : backward_matrix()) {
-    if (p.shape.head_dim == 64 || p.shape.head_dim == 128) problems.push_back(p);  // both dQ strategies
+    const int64_t d = p.shape.head_dim;
+    if (d == 64 || d == 128 || d == 256) problems.push_back(p);  // both dQ strategies
   }
   for (flashgen_dtype dtype : {FLASHGEN_FLOAT16, FLASHGEN_BFLOAT16}) {
-    for (int64_t head_dim : {64, 128}) {
+    for (int64_t head_dim : {64, 128, 256}) {
       Problem p;
       p.dtype = dtype;
       p.shape.head_dim = head_dim;

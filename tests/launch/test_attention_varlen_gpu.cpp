@@ -349,6 +349,8 @@ TEST_CASE("packed variable-length backward, sm90 family: every config of both st
       {"bf16 d128 top-left", FLASHGEN_BFLOAT16, 128, 2, 2, FLASHGEN_MASK_CAUSAL_TOP_LEFT, {257, 1, 64, 3},
        {300, 40, 64, 200}, {}, {}},
       {"fp16 d128 no mask MQA", FLASHGEN_FLOAT16, 128, 3, 1, FLASHGEN_MASK_NONE, {33, 129, 190}, {17, 200, 129}, {}, {}},
+      {"bf16 d256 bottom-right GQA 2", FLASHGEN_BFLOAT16, 256, 2, 1, FLASHGEN_MASK_CAUSAL, {70, 1, 130}, {90, 5, 64},
+       {}, {}},
   };
   int ran = 0;
   for (const VarlenCase& c : cases) {
@@ -369,5 +371,5 @@ TEST_CASE("packed variable-length backward, sm90 family: every config of both st
             ++ran;
           }
   }
-  CHECK(ran >= 16);  // d64: 5 configs, d128: 2, each with both strategies
+  CHECK(ran >= 18);  // d64: 5 configs, d128: 2, d256: 1, each with both strategies
 }
