@@ -50,7 +50,7 @@ struct BwdDkdvSm90 {
   // The deterministic order takes key block n to be the n-th to add a query block's dQ: true while the
   // query blocks a key block visits start no earlier than the previous key block's, as for every policy
   // whose rows see a prefix of the keys (variant.cuh). A policy that skips leading keys (a window) must
-  // give write_dq the first key block that visits a query block.
+  // give the turns (write_dq, and consume's direct adds) the first key block that visits a query block.
 
   static constexpr ElemType kElem = Cfg::kElem;
   static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;  // packed sequences (sequence.cuh)
