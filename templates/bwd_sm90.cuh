@@ -494,7 +494,7 @@ struct BwdDkdvSm90 {
         };
         if constexpr (kDqStaged) {
           // Into the shared dQ tile, once the writer has added the previous step's and handed it back.
-          if (it > 0) sm90::named_barrier_sync(dq_empty_barrier(consumer), kDqWriterThreads);
+          if (it > 0 && pass == 0) sm90::named_barrier_sync(dq_empty_barrier(consumer), kDqWriterThreads);
 #pragma unroll
           for (int r = 0; r < kDqRowTiles; ++r)
 #pragma unroll
@@ -502,8 +502,10 @@ struct BwdDkdvSm90 {
               sm90::st_shared_f32x4(sdq + chunk_offset(r, i) * 4, acc_dq[r][i][0], acc_dq[r][i][1], acc_dq[r][i][2],
                                     acc_dq[r][i][3]);
             }
-          sm90::fence_proxy_async_smem();  // the writer's bulk reduce-add reads through the async proxy
-          sm90::named_barrier_arrive(dq_full_barrier(consumer), kDqWriterThreads);
+          if (pass + 1 == kDqPasses) {
+            sm90::fence_proxy_async_smem();  // the writer's bulk reduce-add reads through the async proxy
+            sm90::named_barrier_arrive(dq_full_barrier(consumer), kDqWriterThreads);
+          }
         } else {
           // Straight into the accumulator with vector reductions; the deterministic strategy first waits for
           // this block's turn (write_dq says which), which passes on after the last pass.

@@ -157,7 +157,8 @@ struct BwdSm90Traits {
   int dq_cols;          // dQ columns per consumer and pass (wgmma N)
   int dq_passes;        // dQ column passes per consumer: its columns dq_cols at a time (2 with the column split)
   bool dq_staged;       // dQ stored to a shared fp32 tile and added by the writer warp; else each consumer
-                        // thread adds its values with vector reductions (the column split: no room for it)
+                        // thread adds its values with vector reductions (the column split with 2 stages:
+                        // no room for the tile; with 1 stage there is)
   int smem_kv_bytes;    // K and V: (head_dim / 64 chunks, block_n, 64) each
   int smem_stage_bytes; // one ring stage: Q, dO (head_dim / 64 chunks, block_m, 64), LSE and D
   int smem_ds_bytes;    // two dSᵀ tiles (block_m / 64 chunks, block_n, 64), alternating per step
@@ -182,7 +183,7 @@ constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, 
   const int col_parts = row_tiles > 0 && t.consumers > row_tiles ? t.consumers / row_tiles : 1;
   t.dq_passes = t.column_split ? 2 : 1;
   t.dq_cols = head_dim / col_parts / t.dq_passes;
-  t.dq_staged = !t.column_split;
+  t.dq_staged = !t.column_split || stages == 1;
   t.smem_kv_bytes = 2 * block_n * head_dim * 2;
   t.smem_stage_bytes = 2 * block_m * head_dim * 2 + 2 * block_m * 4;
   t.smem_ds_bytes = 2 * block_n * block_m * 2;
@@ -203,8 +204,8 @@ constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, 
     t.error = "head_dim 256 takes 64 x 64 blocks (two consumers split the columns of 64 keys' dK and dV)";
   } else if (block_m != 64 && block_m != 128) {
     t.error = "block_m must be 64 or 128 (wgmma N of Sᵀ; 64-row tiles of dQ)";
-  } else if (stages < 2 || stages > 3) {
-    t.error = "stages must be 2 or 3";
+  } else if (stages < (t.column_split ? 1 : 2) || stages > 3) {
+    t.error = "stages must be 2 or 3 (1 too at head_dim 256)";
   } else if (t.dq_cols % 64 != 0) {
     t.error = "dQ columns per consumer must be whole 64-column chunks: raise block_m or lower block_n";
   } else if (t.accum_regs + 40 > t.consumer_regs) {

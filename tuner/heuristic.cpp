@@ -184,7 +184,9 @@ std::vector<BwdConfig> heuristic_backward_configs(DType dtype, int head_dim, Mas
   // On sm_90 the Hopper family comes first where it applies (head_dim 64, 128 or 256): 128 keys in two
   // consumer warpgroups, with 64-query steps at head_dim 128 (dK, dV and Sᵀ fill the registers) and
   // 128-query steps at 64; at 256, 64 keys and 64 queries, the two consumers splitting dK's and dV's
-  // columns. Both dQ strategies run on its one dkdv kernel.
+  // columns, with one stage, which leaves room for the staged dQ tile (H200, 4k tokens: +7-16% over two
+  // stages with dQ added from registers, +30-44% deterministic; bench/results/bwd_sm90_d256_stages_*).
+  // Both dQ strategies run on its one dkdv kernel.
   if (arch == 90) {
     BwdConfig c;
     c.knobs = BwdSm90Knobs{};
@@ -194,7 +196,7 @@ std::vector<BwdConfig> heuristic_backward_configs(DType dtype, int head_dim, Mas
     c.deterministic = deterministic;
     c.block_m = head_dim <= 64 ? 128 : 64;
     c.block_n = head_dim <= 128 ? 128 : 64;
-    c.stages = 2;
+    c.stages = head_dim <= 128 ? 2 : 1;
     if (!c.invalid_reason(arch)) configs.push_back(c);
   }
   for (const BwdTile& tile : backward_preferences(head_dim, deterministic)) {

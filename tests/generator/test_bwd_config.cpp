@@ -157,6 +157,13 @@ TEST_CASE("sm90 backward validity follows bwd_sm90_traits", "[generator][backwar
   CHECK(w.smem_bytes == 2 * 64 * 256 * 2 + 2 * (2 * 64 * 256 * 2 + 2 * 64 * 4) + 2 * 64 * 64 * 2 + 5 * 8 + 1024);
   wide.stages = 3;
   CHECK(wide.invalid_reason(90)->find("shared memory") != std::string::npos);
+  wide.stages = 1;  // one stage leaves room for the staged dQ tile: the writer warp adds it
+  CHECK_FALSE(wide.invalid_reason(90).has_value());
+  CHECK(wide.sm90_traits().dq_staged);
+  CHECK(wide.sm90_traits().smem_dq_bytes == 64 * 256 * 4);
+  BwdConfig one_stage = c;
+  one_stage.stages = 1;  // only head_dim 256 takes a single stage
+  CHECK(one_stage.invalid_reason(90)->find("stages") != std::string::npos);
   CHECK_FALSE(c.sm90_traits().column_split);
   CHECK(c.sm90_traits().dq_staged);
 

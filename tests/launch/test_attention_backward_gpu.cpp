@@ -294,7 +294,7 @@ std::vector<flashgen::BwdConfig> sm90_backward_configs(const Problem& p) {
   std::vector<flashgen::BwdConfig> configs;
   for (int block_m : {64, 128})
     for (int block_n : {64, 128})
-      for (int stages : {2, 3}) {
+      for (int stages : {1, 2, 3}) {
         flashgen::BwdConfig c;
         c.knobs = flashgen::BwdSm90Knobs{};
         c.dtype = p.dtype == FLASHGEN_BFLOAT16 ? flashgen::DType::kBFloat16 : flashgen::DType::kFloat16;
