@@ -241,7 +241,8 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
   KernelRegistry& registry = KernelRegistry::instance();
   prepared.preprocess = registry.function(c, BwdKernel::kPreprocess, scope.context(), arch);
   prepared.dkdv = registry.function(c, BwdKernel::kDkdv, scope.context(), arch);
-  prepared.finish = registry.function(c, c.has_dq_kernel() ? BwdKernel::kDq : BwdKernel::kConvert, scope.context(), arch);
+  const BwdKernel finish = c.has_dq_kernel() ? BwdKernel::kDq : BwdKernel::kConvert;
+  prepared.finish = registry.function(c, finish, scope.context(), arch);
 
   constexpr int kRowsPerBlock = kBwdRowKernelThreads / 32;
   prepared.preprocess_grid[0] = ceil_div(static_cast<long long>(workspace_rows(p, c)), kRowsPerBlock);

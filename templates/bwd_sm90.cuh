@@ -18,10 +18,11 @@
 // block's dQ once key blocks 0 .. n-1 have (a semaphore per query block), so repeated runs sum in the
 // same order. dK and dV leave through the K and V tiles and TMA stores. head_dim 256 keeps 64 keys per
 // block and splits dK's and dV's columns over the two consumers instead (each recomputes Sᵀ and dPᵀ for
-// the block's keys; dK and dV of 256 columns would take 256 registers per thread), and, with no room
-// for the dQ tile, each consumer adds its dQ columns with vector reductions in the accumulator's order
-// (in turns, for the deterministic strategy). Validity rules in bwd_sm90_traits() (bwd_traits.cuh). Masking and scores go through the config's Variant (variant.cuh,
-// block_range.cuh).
+// the block's keys; dK and dV of 256 columns would take 256 registers per thread). With one stage its dQ
+// tile is staged as above; with two there is no room for it, and each consumer adds its dQ columns with
+// vector reductions in the accumulator's order (in turns, for the deterministic strategy). Validity
+// rules in bwd_sm90_traits() (bwd_traits.cuh). Masking and scores go through the config's Variant
+// (variant.cuh, block_range.cuh).
 #pragma once
 
 #include "attn_params.cuh"
@@ -29,8 +30,8 @@
 #include "bwd_rows.cuh"
 #include "bwd_traits.cuh"
 #include "sm80_primitives.cuh"
-#include "sm90_primitives.cuh"
 #include "sequence.cuh"
+#include "sm90_primitives.cuh"
 #include "sm90_wgmma.cuh"
 #include "softmax.cuh"
 #include "variant.cuh"
@@ -62,7 +63,7 @@ struct BwdDkdvSm90 {
   static constexpr int kConsumers = kTraits.consumers;
   static constexpr int kThreads = kTraits.threads;
   // head_dim 256 splits dK's and dV's columns over the two consumers, which both see the block's 64 keys
-  // (each recomputes Sᵀ and dPᵀ), and adds dQ from registers (no room for the staged tile).
+  // (each recomputes Sᵀ and dPᵀ); with two stages it adds dQ from registers (no room for the staged tile).
   static constexpr bool kColumnSplit = kTraits.column_split;
   static constexpr bool kDqStaged = kTraits.dq_staged;
   static constexpr int kDkvCols = kTraits.dkv_cols;
@@ -79,7 +80,8 @@ struct BwdDkdvSm90 {
   static constexpr u32 kQTileBytes = kBlockM * kHeadDim * 2;   // Q or dO
   static constexpr u32 kStageBytes = 2 * kQTileBytes;
   static constexpr u32 kDsTileBytes = kBlockN * kBlockM * 2;
-  static constexpr u32 kDqTileBytes = kDqStaged ? kBlockM * kHeadDim * 4 : 0;  // fp32, (kBlockM / 64, kChunks) 64 x 64 chunks
+  // fp32, (kBlockM / 64, kChunks) chunks of 64 x 64
+  static constexpr u32 kDqTileBytes = kDqStaged ? kBlockM * kHeadDim * 4 : 0;
   static constexpr u32 kDqChunkBytes = 64 * 64 * 4;
   static constexpr u32 kRowStatsBytes = 2 * kBlockM * 4;      // LSE and D of one stage
   static constexpr u32 kVOffset = kKvTileBytes;
@@ -163,6 +165,15 @@ struct BwdDkdvSm90 {
   // The first row of a query block of `head` in the workspace arrays (padded: whole blocks are read and added).
   static __device__ long long workspace_row(const AttnBwdParams& p, const Work& w, int head, int m_start) {
     return bwd::workspace_row0<Cfg>(p, w.batch, head) + m_start;
+  }
+
+  // The deterministic strategy's turns (write_dq says in which order): the semaphore of the query block
+  // whose first workspace row is row0, and the count it holds when this key block may add to it.
+  static __device__ int* dq_semaphore(const AttnBwdParams& p, long long row0) {
+    return p.dq_semaphore + row0 / kBwdSm90SemaphoreRows;
+  }
+  static __device__ int dq_turn(const AttnBwdParams& p, const Work& w, int m_start) {
+    return KeyBlocks<Variant, kBlockN>(p, w.batch, m_start, kBlockM).end - 1 - w.n_block;
   }
 
   // A packed batch's block first binds its sequence (sequence.cuh): lengths, causal offset, the tensors'
@@ -258,8 +269,8 @@ struct BwdDkdvSm90 {
     for (int it = 0; it < w.iterations; ++it) {
       const int m_start = m_block_of(w, it) * kBlockM;
       const long long row0 = workspace_row(p, w, head_of(p, w, it), m_start);
-      int* semaphore = kDeterministic ? p.dq_semaphore + row0 / kBwdSm90SemaphoreRows : nullptr;
-      const int turn = kDeterministic ? KeyBlocks<Variant, kBlockN>(p, w.batch, m_start, kBlockM).end - 1 - w.n_block : 0;
+      int* semaphore = kDeterministic ? dq_semaphore(p, row0) : nullptr;
+      const int turn = kDeterministic ? dq_turn(p, w, m_start) : 0;
 #pragma unroll
       for (int c = 0; c < kConsumers; ++c) sm90::named_barrier_sync(dq_full_barrier(c), kDqWriterThreads);
       if (leader) {
@@ -511,8 +522,8 @@ struct BwdDkdvSm90 {
           // this block's turn (write_dq says which), which passes on after the last pass.
           if (kDeterministic && pass == 0) {
             if (consumer == 0 && thread_in_group == 0) {
-              const int turn = KeyBlocks<Variant, kBlockN>(p, w.batch, m_start, kBlockM).end - 1 - w.n_block;
-              while (sm90::ld_acquire_gpu(p.dq_semaphore + dq_row0 / kBwdSm90SemaphoreRows) != turn) {
+              const int turn = dq_turn(p, w, m_start);
+              while (sm90::ld_acquire_gpu(dq_semaphore(p, dq_row0)) != turn) {
               }
             }
             sm90::named_barrier_sync(kConsumersBarrier, kConsumers * 128);
@@ -531,8 +542,7 @@ struct BwdDkdvSm90 {
         __threadfence();  // every thread's adds done before the turn passes on
         sm90::named_barrier_sync(kConsumersBarrier, kConsumers * 128);
         if (consumer == 0 && thread_in_group == 0) {
-          const int turn = KeyBlocks<Variant, kBlockN>(p, w.batch, m_start, kBlockM).end - 1 - w.n_block;
-          sm90::st_release_gpu(p.dq_semaphore + dq_row0 / kBwdSm90SemaphoreRows, turn + 1);
+          sm90::st_release_gpu(dq_semaphore(p, dq_row0), dq_turn(p, w, m_start) + 1);
         }
       }
     }

@@ -27,6 +27,7 @@
 #include "support/temp_dir.hpp"
 #include "tuner/heuristic.hpp"
 #include "tuner/problem_key.hpp"
+#include "tuner/space.hpp"
 #include "tuner/store.hpp"
 
 namespace {
@@ -288,22 +289,17 @@ TEST_CASE("backward: masking edge cases and longer sequences", "[gpu][backward]"
   }
 }
 
-// Every valid config of the sm90 family for a problem's dtype, head_dim, mask and dQ strategy (empty
-// when the family does not take the head_dim).
+// Every valid config of the sm90 family for a problem's dtype, head_dim, mask and dQ strategy, as the
+// tuner's backward space enumerates them (empty when the family does not take the head_dim).
 std::vector<flashgen::BwdConfig> sm90_backward_configs(const Problem& p) {
   std::vector<flashgen::BwdConfig> configs;
-  for (int block_m : {64, 128})
-    for (int block_n : {64, 128})
-      for (int stages : {1, 2, 3}) {
-        flashgen::BwdConfig c;
-        c.knobs = flashgen::BwdSm90Knobs{};
-        c.dtype = p.dtype == FLASHGEN_BFLOAT16 ? flashgen::DType::kBFloat16 : flashgen::DType::kFloat16;
-        c.head_dim = static_cast<int>(p.shape.head_dim);
-        c.mask = p.mask == FLASHGEN_MASK_NONE ? flashgen::MaskKind::kNone : flashgen::MaskKind::kCausal;
-        c.block_m = block_m, c.block_n = block_n, c.stages = stages;
-        c.deterministic = p.deterministic;
-        if (!c.invalid_reason(90)) configs.push_back(c);
-      }
+  const flashgen::BackwardSpaceReport space = flashgen::backward_space(
+      p.dtype == FLASHGEN_BFLOAT16 ? flashgen::DType::kBFloat16 : flashgen::DType::kFloat16,
+      static_cast<int>(p.shape.head_dim),
+      p.mask == FLASHGEN_MASK_NONE ? flashgen::MaskKind::kNone : flashgen::MaskKind::kCausal, p.deterministic, 90);
+  for (const flashgen::BwdConfig& c : space.valid) {
+    if (c.family() == flashgen::KernelFamily::kSm90) configs.push_back(c);
+  }
   return configs;
 }
 

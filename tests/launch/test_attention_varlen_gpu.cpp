@@ -21,6 +21,7 @@
 #include "runtime/cuda_driver.hpp"
 #include "runtime/device_buffer.hpp"
 #include "support/device_inputs.hpp"
+#include "tuner/space.hpp"
 
 namespace {
 
@@ -348,28 +349,25 @@ TEST_CASE("packed variable-length backward, sm90 family: every config of both st
        {1, 30, 77, 64, 0, 400}, {}, {}},
       {"bf16 d128 top-left", FLASHGEN_BFLOAT16, 128, 2, 2, FLASHGEN_MASK_CAUSAL_TOP_LEFT, {257, 1, 64, 3},
        {300, 40, 64, 200}, {}, {}},
-      {"fp16 d128 no mask MQA", FLASHGEN_FLOAT16, 128, 3, 1, FLASHGEN_MASK_NONE, {33, 129, 190}, {17, 200, 129}, {}, {}},
+      {"fp16 d128 no mask MQA", FLASHGEN_FLOAT16, 128, 3, 1, FLASHGEN_MASK_NONE, {33, 129, 190}, {17, 200, 129},
+       {}, {}},
       {"bf16 d256 bottom-right GQA 2", FLASHGEN_BFLOAT16, 256, 2, 1, FLASHGEN_MASK_CAUSAL, {70, 1, 130}, {90, 5, 64},
        {}, {}},
   };
   int ran = 0;
   for (const VarlenCase& c : cases) {
-    for (bool deterministic : {false, true})
-      for (int block_m : {64, 128})
-        for (int block_n : {64, 128})
-          for (int stages : {1, 2, 3}) {
-            flashgen::BwdConfig config;
-            config.knobs = flashgen::BwdSm90Knobs{};
-            config.dtype = c.dtype == FLASHGEN_BFLOAT16 ? flashgen::DType::kBFloat16 : flashgen::DType::kFloat16;
-            config.head_dim = static_cast<int>(c.head_dim);
-            config.mask = c.mask == FLASHGEN_MASK_NONE ? flashgen::MaskKind::kNone : flashgen::MaskKind::kCausal;
-            config.block_m = block_m, config.block_n = block_n, config.stages = stages;
-            config.deterministic = deterministic;
-            config.varlen = true;
-            if (config.invalid_reason(90)) continue;
-            run_and_check_backward(c, deterministic, config);
-            ++ran;
-          }
+    for (bool deterministic : {false, true}) {
+      // Every packed sm90 config the tuner's space holds for the case.
+      const auto dtype = c.dtype == FLASHGEN_BFLOAT16 ? flashgen::DType::kBFloat16 : flashgen::DType::kFloat16;
+      const auto mask = c.mask == FLASHGEN_MASK_NONE ? flashgen::MaskKind::kNone : flashgen::MaskKind::kCausal;
+      const flashgen::BackwardSpaceReport space = flashgen::packed_space(
+          flashgen::backward_space(dtype, static_cast<int>(c.head_dim), mask, deterministic, 90), 90);
+      for (const flashgen::BwdConfig& config : space.valid) {
+        if (config.family() != flashgen::KernelFamily::kSm90) continue;
+        run_and_check_backward(c, deterministic, config);
+        ++ran;
+      }
+    }
   }
   CHECK(ran >= 20);  // d64: 5 configs, d128: 2, d256: 2, each with both strategies
 }
