@@ -36,6 +36,9 @@ problems=(
   "bwd_sm90_fp16_d256_m64_n64_s2_causal|256|bottom-right|--batch 1 --backward"
   "bwd_sm90_fp16_d256_m64_n64_s2_det|256|none|--batch 1 --backward --deterministic"
   "bwd_sm90_fp16_d256_m64_n64_s1_causal_det|256|bottom-right|--batch 1 --backward --deterministic"
+  "bwd_sm90_fp16_d192_m64_n64_s2_causal|192|bottom-right|--batch 1 --backward"
+  "bwd_sm90_fp16_d192_m64_n64_s3_det|192|none|--batch 1 --backward --deterministic"
+  "bwd_sm90_fp16_d192_m64_n64_s2_causal_varlen_det|192|bottom-right|--backward --deterministic --varlen --batch 3"
 )
 {
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

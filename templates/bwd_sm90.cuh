@@ -16,12 +16,13 @@
 // adds the whole tile with one bulk reduce-add and hands the buffer back; the consumers never wait on a
 // global reduction. The deterministic strategy makes those adds take turns: key block n adds a query
 // block's dQ once key blocks 0 .. n-1 have (a semaphore per query block), so repeated runs sum in the
-// same order. dK and dV leave through the K and V tiles and TMA stores. head_dim 256 keeps 64 keys per
-// block and splits dK's and dV's columns over the two consumers instead (each recomputes Sᵀ and dPᵀ for
-// the block's keys; dK and dV of 256 columns would take 256 registers per thread). With one stage its dQ
-// tile is staged as above; with two there is no room for it, and each consumer adds its dQ columns with
-// vector reductions in the accumulator's order (in turns, for the deterministic strategy). Validity
-// rules in bwd_sm90_traits() (bwd_traits.cuh). Masking and scores go through the config's Variant
+// same order. dK and dV leave through the K and V tiles and TMA stores. head_dim 192 and 256 keep 64 keys
+// per block and split dK's and dV's columns over the two consumers instead (each recomputes Sᵀ and dPᵀ
+// for the block's keys; dK and dV of 256 columns would take 256 registers per thread): consumer 0 holds
+// the first 128 columns, consumer 1 the rest, and dQ's chunks are shared the other way round (at 192:
+// one for consumer 0, two for consumer 1). Where the staged dQ tile does not fit (256 with two stages,
+// 192 with three) each consumer adds its dQ columns with vector reductions in the accumulator's order
+// (in turns, for the deterministic strategy). Validity rules in bwd_sm90_traits() (bwd_traits.cuh). Masking and scores go through the config's Variant
 // (variant.cuh, block_range.cuh).
 #pragma once
 
@@ -62,11 +63,12 @@ struct BwdDkdvSm90 {
   static constexpr int kStages = Cfg::kStages;
   static constexpr int kConsumers = kTraits.consumers;
   static constexpr int kThreads = kTraits.threads;
-  // head_dim 256 splits dK's and dV's columns over the two consumers, which both see the block's 64 keys
-  // (each recomputes Sᵀ and dPᵀ); with two stages it adds dQ from registers (no room for the staged tile).
+  // head_dim 192 and 256 split dK's and dV's columns over the two consumers, which both see the block's 64
+  // keys (each recomputes Sᵀ and dPᵀ); without room for the staged tile they add dQ from registers.
   static constexpr bool kColumnSplit = kTraits.column_split;
   static constexpr bool kDqStaged = kTraits.dq_staged;
-  static constexpr int kDkvCols = kTraits.dkv_cols;
+  static constexpr int kDkvCols = kTraits.dkv_cols;          // consumer 0's (and the most any holds)
+  static constexpr int kDkvColsLast = kTraits.dkv_cols_last;  // the last consumer's
 
   // Tiles are stored as 64-column chunks of 128-byte rows, chunk after chunk, swizzled in 1024-byte
   // atoms of 8 rows (what TMA writes with 128-byte swizzling and wgmma descriptors read), as in
@@ -96,15 +98,16 @@ struct BwdDkdvSm90 {
   static_assert(kBarrierOffset + (1 + 2 * kStages) * 8 + 1024 == kTraits.smem_bytes, "layout and traits disagree");
 
   static constexpr int kSGroups = kBlockM / 8;   // accumulator groups of Sᵀ, dPᵀ: (16 keys, 8 queries) per warp
-  static constexpr int kDGroups = kDkvCols / 8;  // accumulator groups of this consumer's dK, dV
   static constexpr int kMSteps = kBlockM / 16;   // k-steps of dV += Pᵀ dO and dK += dSᵀ Q
   static constexpr int kDSteps = kHeadDim / 16;  // k-steps of Sᵀ and dPᵀ
   static constexpr int kNSteps = kBlockN / 16;   // k-steps of dQ = dS K
   static constexpr int kDqRowTiles = kTraits.dq_row_tiles;
   static constexpr int kDqCols = kTraits.dq_cols;
   static constexpr int kDqGroups = kDqCols / 8;
-  static constexpr int kDqPasses = kTraits.dq_passes;  // a consumer's dQ columns, kDqCols at a time
-  static constexpr int kDqColParts = kHeadDim / (kDqCols * kDqPasses);  // consumers sharing one 64-row tile of dQ
+  static constexpr int kDqPasses = kTraits.dq_passes;  // a consumer's dQ columns, kDqCols at a time (the most)
+  // head_dim 192: the consumers' shares of dK, dV and dQ differ, so each runs its own code (run_block).
+  static constexpr bool kUnevenSplit = kDkvColsLast != kDkvCols || kTraits.dq_passes_first != kDqPasses;
+  static constexpr int kDqColParts = kColumnSplit ? 2 : kHeadDim / kDqCols;  // consumers sharing a 64-row tile of dQ
 
   // Hardware barriers: 0 is __syncthreads, 1 all consumers (dSᵀ staged; K and V free), 2 + c consumer c,
   // and per consumer c with the dQ writer warp: 4 + c its share of the dQ tile stored, 6 + c the tile free.
@@ -112,6 +115,14 @@ struct BwdDkdvSm90 {
   static constexpr unsigned kDqWriterThreads = 128 + 32;
   static __device__ unsigned dq_full_barrier(int consumer) { return 4 + consumer; }
   static __device__ unsigned dq_empty_barrier(int consumer) { return 6 + consumer; }
+  // Every consumer at barrier 1: from different instructions where the consumers run different code.
+  static __device__ void consumers_sync() {
+    if constexpr (kUnevenSplit) {
+      sm90::named_barrier_sync_unaligned(kConsumersBarrier, kConsumers * 128);
+    } else {
+      sm90::named_barrier_sync(kConsumersBarrier, kConsumers * 128);
+    }
+  }
   static constexpr int kDqWriterWarp = 1;  // of the producer warpgroup; thread 0 of warp 0 loads tiles
 
   struct Barriers {
@@ -215,7 +226,17 @@ struct BwdDkdvSm90 {
       }
     } else {
       sm90::setmaxnreg_inc<kTraits.consumer_regs>();
-      consume(params, p, w, smem, bars);
+      // head_dim 192's consumers differ in their wgmma widths and dQ passes, so each runs its own code (a
+      // width chosen per consumer inside one loop makes ptxas serialize the wgmma).
+      if constexpr (kUnevenSplit) {
+        if (threadIdx.x < 256) {
+          consume<kDkvCols, kTraits.dq_passes_first>(params, p, w, smem, bars);
+        } else {
+          consume<kDkvColsLast, kDqPasses>(params, p, w, smem, bars);
+        }
+      } else {
+        consume<kDkvCols, kDqPasses>(params, p, w, smem, bars);
+      }
     }
   }
 
@@ -301,6 +322,8 @@ struct BwdDkdvSm90 {
     return (col / 64) * rows * kRowBytes + row * kRowBytes + ((((col % 64) / 8) ^ (row % 8)) * 16) + (col % 8) * 2;
   }
 
+  // kCols: this consumer's columns of dK and dV; kPasses: its dQ passes (kDqCols columns each).
+  template <int kCols, int kPasses>
   static __device__ void consume(const AttnBwdSm90Params& params, const AttnBwdParams& p, const Work& w, u32 smem,
                                  const Barriers& bars) {
     const int consumer = threadIdx.x / 128 - 1;
@@ -310,17 +333,21 @@ struct BwdDkdvSm90 {
     const int t = lane % 4;  // accumulator column pair
     const int key_consumer = kColumnSplit ? 0 : consumer;  // which 64 keys of the block are this consumer's
     const int key_row0 = key_consumer * 64 + warp * 16 + g;  // this thread's keys: key_row0 and + 8, block-relative
-    const int dkv_col0 = kColumnSplit ? consumer * kDkvCols : 0;  // this consumer's first column of dK and dV
+    const int dkv_col0 = kColumnSplit ? consumer * kDkvCols : 0;  // this consumer's columns of dK and dV
+    constexpr int kDGroups = kCols / 8;  // accumulator groups of dK and dV
     const u32 sk = smem;
     const u32 sv = smem + kVOffset;
     const u32 sk_rows = sk + key_consumer * 64 * kRowBytes;  // this consumer's 64 keys in chunk 0
     const u32 sv_rows = sv + key_consumer * 64 * kRowBytes;
     const u32 sdq = smem + kDqOffset;
 
-    // This consumer's share of dQ: 64-row tiles of the query block and a range of columns.
+    // This consumer's share of dQ: 64-row tiles of the query block and a range of columns (split columns:
+    // the last consumer takes the last two chunks).
     constexpr bool kSplitRows = kDqColParts == 1;
     const int dq_tile0 = kSplitRows ? consumer * kDqRowTiles : consumer / kDqColParts;
-    const int dq_col0 = kSplitRows ? 0 : (consumer % kDqColParts) * kDqCols * kDqPasses;
+    const int dq_col0 = kSplitRows     ? 0
+                        : kColumnSplit ? (consumer % kDqColParts) * kTraits.dq_passes_first * kDqCols
+                                       : (consumer % kDqColParts) * kDqCols;
 
     float acc_dk[kDGroups][4];
     float acc_dv[kDGroups][4];
@@ -450,24 +477,24 @@ struct BwdDkdvSm90 {
 #pragma unroll
       for (int j = 0; j < kMSteps; ++j) {
         const u64 desc_do_j = sm90::smem_desc_advance(desc_do_mn, j * 16 * kRowBytes);
-        sm90::WgmmaRS<kDkvCols>::template run<kElem>(acc_dv, p_frag[j], desc_do_j, 1);
+        sm90::WgmmaRS<kCols>::template run<kElem>(acc_dv, p_frag[j], desc_do_j, 1);
       }
 #pragma unroll
       for (int j = 0; j < kMSteps; ++j) {
         const u64 desc_q_j = sm90::smem_desc_advance(desc_q_mn, j * 16 * kRowBytes);
-        sm90::WgmmaRS<kDkvCols>::template run<kElem>(acc_dk, ds_frag[j], desc_q_j, 1);
+        sm90::WgmmaRS<kCols>::template run<kElem>(acc_dk, ds_frag[j], desc_q_j, 1);
       }
       sm90::wgmma_commit();
 
       // dQ = dS K once every consumer's dSᵀ is staged: A = dSᵀ and B = K, both read MN-major; keys are
       // the k dimension. The dSᵀ tiles alternate, so the next step's stores need no barrier of their own.
-      sm90::named_barrier_sync(kConsumersBarrier, kConsumers * 128);
+      consumers_sync();
       const u64 desc_ds_mn = sm90::smem_desc_sw128(sds, kBlockN * kRowBytes, 1024);
       const u64 desc_k_mn = sm90::smem_desc_sw128(sk, kBlockN * kRowBytes, 1024);
       const u32 thread_in_group = threadIdx.x % 128;
       const long long dq_row0 = workspace_row(p, w, head, m_start);  // the query block's first accumulator row
 #pragma unroll
-      for (int pass = 0; pass < kDqPasses; ++pass) {
+      for (int pass = 0; pass < kPasses; ++pass) {
         const int col0 = dq_col0 + pass * kDqCols;
         float acc_dq[kDqRowTiles][kDqGroups][4];  // (kDqRowTiles x 64, kDqCols) of the query block
         if (pass > 0) sm90::wgmma_fence();  // the previous pass's reductions read these registers
@@ -513,7 +540,7 @@ struct BwdDkdvSm90 {
               sm90::st_shared_f32x4(sdq + chunk_offset(r, i) * 4, acc_dq[r][i][0], acc_dq[r][i][1], acc_dq[r][i][2],
                                     acc_dq[r][i][3]);
             }
-          if (pass + 1 == kDqPasses) {
+          if (pass + 1 == kPasses) {
             sm90::fence_proxy_async_smem();  // the writer's bulk reduce-add reads through the async proxy
             sm90::named_barrier_arrive(dq_full_barrier(consumer), kDqWriterThreads);
           }
@@ -526,7 +553,7 @@ struct BwdDkdvSm90 {
               while (sm90::ld_acquire_gpu(dq_semaphore(p, dq_row0)) != turn) {
               }
             }
-            sm90::named_barrier_sync(kConsumersBarrier, kConsumers * 128);
+            consumers_sync();
           }
           float* dq_tile = p.dq_accum + dq_row0 * kHeadDim;
 #pragma unroll
@@ -540,7 +567,7 @@ struct BwdDkdvSm90 {
       }
       if constexpr (!kDqStaged && kDeterministic) {
         __threadfence();  // every thread's adds done before the turn passes on
-        sm90::named_barrier_sync(kConsumersBarrier, kConsumers * 128);
+        consumers_sync();
         if (consumer == 0 && thread_in_group == 0) {
           sm90::st_release_gpu(dq_semaphore(p, dq_row0), dq_turn(p, w, m_start) + 1);
         }
@@ -550,7 +577,7 @@ struct BwdDkdvSm90 {
     // Epilogue: every consumer is done with K and V (dQ read all keys); stage dK = scale · acc_dk and dV
     // in this consumer's rows (split columns: its columns) of the K and V tiles, then TMA-store them (rows
     // past seqlen_k are clipped).
-    sm90::named_barrier_sync(kConsumersBarrier, kConsumers * 128);
+    consumers_sync();
     if constexpr (kVarlen) {
       // A packed sequence's last keys: a 64-row box would run into the next sequence's rows, so this
       // consumer writes the keys of its sequence from registers (rows key_row0 and + 8, columns
@@ -586,7 +613,7 @@ struct BwdDkdvSm90 {
     sm90::named_barrier_sync(2 + consumer, 128);
     if (threadIdx.x % 128 == 0) {
 #pragma unroll
-      for (int c = dkv_col0 / 64; c < (dkv_col0 + kDkvCols) / 64; ++c) {
+      for (int c = dkv_col0 / 64; c < (dkv_col0 + kCols) / 64; ++c) {
         const u32 rows = c * kBlockN * kRowBytes + key_consumer * 64 * kRowBytes;
         const int k_row = w.k_row0 + w.n_start + key_consumer * 64;
         sm90::tma_store_4d(&params.dk_map, sk + rows, c * 64, k_row, w.kv_head, w.tma_batch);

@@ -250,6 +250,12 @@ __device__ __forceinline__ void named_barrier_sync(u32 id, u32 threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// named_barrier_sync for threads that reach the barrier from different instructions (warpgroups running
+// different code): barrier.sync without .aligned, which bar.sync implies.
+__device__ __forceinline__ void named_barrier_sync_unaligned(u32 id, u32 threads) {
+  asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Counts this warp's threads at barrier `id` without waiting: pairs with named_barrier_sync elsewhere.
 __device__ __forceinline__ void named_barrier_arrive(u32 id, u32 threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");

@@ -181,11 +181,12 @@ std::vector<BwdConfig> heuristic_backward_configs(DType dtype, int head_dim, Mas
                                                   int arch) {
   std::vector<BwdConfig> configs;
   std::string last_reason = "no candidate";
-  // On sm_90 the Hopper family comes first where it applies (head_dim 64, 128 or 256): 128 keys in two
-  // consumer warpgroups, with 64-query steps at head_dim 128 (dK, dV and Sᵀ fill the registers) and
-  // 128-query steps at 64; at 256, 64 keys and 64 queries, the two consumers splitting dK's and dV's
-  // columns, with one stage, which leaves room for the staged dQ tile (H200, 4k tokens: +7-16% over two
-  // stages with dQ added from registers, +30-44% deterministic; bench/results/bwd_sm90_d256_stages_*).
+  // On sm_90 the Hopper family comes first where it applies (head_dim 64, 128, 192 or 256): 128 keys in
+  // two consumer warpgroups, with 64-query steps at head_dim 128 (dK, dV and Sᵀ fill the registers) and
+  // 128-query steps at 64; at 192 and 256, 64 keys and 64 queries, the two consumers splitting dK's and
+  // dV's columns, with the staged dQ tile: at 192 beside two stages, at 256 beside one (H200, 4k tokens:
+  // +7-16% over two stages with dQ added from registers, +30-44% deterministic;
+  // bench/results/bwd_sm90_d256_stages_*).
   // Both dQ strategies run on its one dkdv kernel.
   if (arch == 90) {
     BwdConfig c;
@@ -196,7 +197,7 @@ std::vector<BwdConfig> heuristic_backward_configs(DType dtype, int head_dim, Mas
     c.deterministic = deterministic;
     c.block_m = head_dim <= 64 ? 128 : 64;
     c.block_n = head_dim <= 128 ? 128 : 64;
-    c.stages = head_dim <= 128 ? 2 : 1;
+    c.stages = head_dim == 256 ? 1 : 2;
     if (!c.invalid_reason(arch)) configs.push_back(c);
   }
   for (const BwdTile& tile : backward_preferences(head_dim, deterministic)) {

@@ -161,8 +161,39 @@ TEST_CASE("sm90 backward validity follows bwd_sm90_traits", "[generator][backwar
   CHECK_FALSE(wide.invalid_reason(90).has_value());
   CHECK(wide.sm90_traits().dq_staged);
   CHECK(wide.sm90_traits().smem_dq_bytes == 64 * 256 * 4);
+  CHECK(wide.sm90_traits().dkv_cols_last == 128);
+  CHECK(wide.sm90_traits().dq_passes_first == 2);
+
+  // head_dim 192: the same column split, uneven: consumer 0 holds dK's and dV's first 128 columns and one
+  // chunk of dQ, consumer 1 the last 64 columns and two chunks. The staged dQ tile fits up to 2 stages.
+  BwdConfig d192 = wide;
+  d192.head_dim = 192;
+  d192.stages = 2;
+  CHECK_FALSE(d192.invalid_reason(90).has_value());
+  const flashgen::BwdSm90Traits t192 = d192.sm90_traits();
+  CHECK(t192.column_split);
+  CHECK(t192.consumers == 2);
+  CHECK(t192.dkv_cols == 128);
+  CHECK(t192.dkv_cols_last == 64);
+  CHECK(t192.dq_cols == 64);
+  CHECK(t192.dq_passes == 2);
+  CHECK(t192.dq_passes_first == 1);
+  CHECK(t192.dq_staged);
+  CHECK(t192.smem_bytes == 2 * 64 * 192 * 2 + 2 * (2 * 64 * 192 * 2 + 2 * 64 * 4) + 2 * 64 * 64 * 2 + 64 * 192 * 4 +
+                               5 * 8 + 1024);
+  d192.stages = 3;  // three stages leave no room for the tile: dQ added from registers
+  CHECK_FALSE(d192.invalid_reason(90).has_value());
+  CHECK_FALSE(d192.sm90_traits().dq_staged);
+  d192.stages = 1;
+  CHECK_FALSE(d192.invalid_reason(90).has_value());
+  d192.block_n = 128;
+  CHECK(d192.invalid_reason(90)->find("64 x 64") != std::string::npos);
+  BwdConfig d96 = wide;
+  d96.head_dim = 96;  // not whole 64-column chunks
+  CHECK(d96.invalid_reason(90)->find("head_dim") != std::string::npos);
+
   BwdConfig one_stage = c;
-  one_stage.stages = 1;  // only head_dim 256 takes a single stage
+  one_stage.stages = 1;  // only the column split (head_dim 192, 256) takes a single stage
   CHECK(one_stage.invalid_reason(90)->find("stages") != std::string::npos);
   CHECK_FALSE(c.sm90_traits().column_split);
   CHECK(c.sm90_traits().dq_staged);

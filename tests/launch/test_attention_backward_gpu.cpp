@@ -313,10 +313,10 @@ TEST_CASE("backward, sm90 family: every config of both strategies over the matri
   std::vector<Problem> problems;
   for (const Problem& p : backward_matrix()) {
     const int64_t d = p.shape.head_dim;
-    if (d == 64 || d == 128 || d == 256) problems.push_back(p);  // both dQ strategies
+    if (d % 64 == 0) problems.push_back(p);  // 64, 128, 192, 256; both dQ strategies
   }
   for (flashgen_dtype dtype : {FLASHGEN_FLOAT16, FLASHGEN_BFLOAT16}) {
-    for (int64_t head_dim : {64, 128, 256}) {
+    for (int64_t head_dim : {64, 128, 192, 256}) {
       Problem p;
       p.dtype = dtype;
       p.shape.head_dim = head_dim;
@@ -354,7 +354,7 @@ TEST_CASE("backward, sm90 family: every config of both strategies over the matri
 
 TEST_CASE("backward: deterministic mode gives identical bits on repeated runs", "[gpu][backward]") {
   FLASHGEN_REQUIRE_GPU();
-  for (int64_t head_dim : {64, 128, 256}) {
+  for (int64_t head_dim : {64, 128, 192, 256}) {
     Problem p;
     p.deterministic = true;
     p.dtype = FLASHGEN_BFLOAT16;

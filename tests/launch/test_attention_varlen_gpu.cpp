@@ -351,6 +351,8 @@ TEST_CASE("packed variable-length backward, sm90 family: every config of both st
        {300, 40, 64, 200}, {}, {}},
       {"fp16 d128 no mask MQA", FLASHGEN_FLOAT16, 128, 3, 1, FLASHGEN_MASK_NONE, {33, 129, 190}, {17, 200, 129},
        {}, {}},
+      {"fp16 d192 top-left MQA", FLASHGEN_FLOAT16, 192, 3, 1, FLASHGEN_MASK_CAUSAL_TOP_LEFT, {65, 0, 129},
+       {70, 3, 200}, {}, {}},
       {"bf16 d256 bottom-right GQA 2", FLASHGEN_BFLOAT16, 256, 2, 1, FLASHGEN_MASK_CAUSAL, {70, 1, 130}, {90, 5, 64},
        {}, {}},
   };
@@ -369,5 +371,5 @@ TEST_CASE("packed variable-length backward, sm90 family: every config of both st
       }
     }
   }
-  CHECK(ran >= 20);  // d64: 5 configs, d128: 2, d256: 2, each with both strategies
+  CHECK(ran >= 26);  // d64: 5 configs, d128: 2, d192: 3, d256: 2, each with both strategies
 }
