@@ -17,12 +17,13 @@
 // global reduction. The deterministic strategy makes those adds take turns: key block n adds a query
 // block's dQ once key blocks 0 .. n-1 have (a semaphore per query block), so repeated runs sum in the
 // same order. dK and dV leave through the K and V tiles and TMA stores. head_dim 192 and 256 keep 64 keys
-// per block and split dK's and dV's columns over the two consumers instead (each recomputes Sᵀ and dPᵀ
-// for the block's keys; dK and dV of 256 columns would take 256 registers per thread): consumer 0 holds
-// the first 128 columns, consumer 1 the rest, and dQ's chunks are shared the other way round (at 192:
-// one for consumer 0, two for consumer 1). Where the staged dQ tile does not fit (256 with two stages,
-// 192 with three) each consumer adds its dQ columns with vector reductions in the accumulator's order
-// (in turns, for the deterministic strategy). Validity rules in bwd_sm90_traits() (bwd_traits.cuh). Masking and scores go through the config's Variant
+// per block and give its dK to consumer 0 and its dV to consumer 1 instead (dK and dV of 256 columns
+// would take 256 registers per thread): consumer 1 computes dPᵀ and passes it to consumer 0 through an
+// exchange tile; consumer 0 computes Sᵀ, Pᵀ and dSᵀ, adds dK += dSᵀ Q and passes Pᵀ's fragments back for
+// dV += Pᵀ dO; dQ's chunks are shared (at 192: two for consumer 0, one for consumer 1; the other way round
+// ptxas spills). Where the staged dQ tile does not fit (256 with two stages, 192 with three) each consumer
+// adds its dQ columns with vector reductions in the accumulator's order (in turns, for the deterministic
+// strategy). Validity rules in bwd_sm90_traits() (bwd_traits.cuh). Masking and scores go through the config's Variant
 // (variant.cuh, block_range.cuh).
 #pragma once
 
@@ -63,19 +64,17 @@ struct BwdDkdvSm90 {
   static constexpr int kStages = Cfg::kStages;
   static constexpr int kConsumers = kTraits.consumers;
   static constexpr int kThreads = kTraits.threads;
-  // head_dim 192 and 256 split dK's and dV's columns over the two consumers, which both see the block's 64
-  // keys (each recomputes Sᵀ and dPᵀ); without room for the staged tile they add dQ from registers.
-  static constexpr bool kColumnSplit = kTraits.column_split;
+  // head_dim 192 and 256: both consumers see the block's 64 keys, consumer 0 computes Sᵀ and dK, consumer 1
+  // dPᵀ and dV (Part); without room for the staged tile they add dQ from registers.
+  static constexpr bool kDkdvSplit = kTraits.dkdv_split;
   static constexpr bool kDqStaged = kTraits.dq_staged;
-  static constexpr int kDkvCols = kTraits.dkv_cols;          // consumer 0's (and the most any holds)
-  static constexpr int kDkvColsLast = kTraits.dkv_cols_last;  // the last consumer's
 
   // Tiles are stored as 64-column chunks of 128-byte rows, chunk after chunk, swizzled in 1024-byte
   // atoms of 8 rows (what TMA writes with 128-byte swizzling and wgmma descriptors read), as in
   // fwd_sm90.cuh. dSᵀ is stored keys x queries: its chunks are 64 queries wide.
   static constexpr u32 kRowBytes = 128;
   static constexpr int kChunks = kHeadDim / 64;
-  // Layout: K | V | kStages x [Q | dO] | 2 x dSᵀ | dQ | kStages x [LSE | D] | barriers. Every tile starts
+  // Layout: K | V | kStages x [Q | dO] | 2 x dSᵀ | dQ | exchange | kStages x [LSE | D] | barriers. Every tile starts
   // on a 1024-byte boundary (all tile sizes are multiples of 1024): TMA, wgmma and the swizzled stores
   // below all derive the swizzle from address bits, relative to the atom.
   static constexpr u32 kKvTileBytes = kBlockN * kHeadDim * 2;  // K or V
@@ -85,12 +84,16 @@ struct BwdDkdvSm90 {
   // fp32, (kBlockM / 64, kChunks) chunks of 64 x 64
   static constexpr u32 kDqTileBytes = kDqStaged ? kBlockM * kHeadDim * 4 : 0;
   static constexpr u32 kDqChunkBytes = 64 * 64 * 4;
+  // The dK/dV split's exchange tile: (64 keys, kBlockM) fp32 values, a thread's accumulator group i at
+  // 16 * (128 * i + its index in the warpgroup), so each warp's 16-byte accesses are 512 consecutive bytes.
+  static constexpr u32 kExchangeBytes = kTraits.smem_exchange_bytes;
   static constexpr u32 kRowStatsBytes = 2 * kBlockM * 4;      // LSE and D of one stage
   static constexpr u32 kVOffset = kKvTileBytes;
   static constexpr u32 kStageOffset = 2 * kKvTileBytes;
   static constexpr u32 kDsOffset = kStageOffset + kStages * kStageBytes;
   static constexpr u32 kDqOffset = kDsOffset + 2 * kDsTileBytes;
-  static constexpr u32 kRowStatsOffset = kDqOffset + kDqTileBytes;
+  static constexpr u32 kExchangeOffset = kDqOffset + kDqTileBytes;
+  static constexpr u32 kRowStatsOffset = kExchangeOffset + kExchangeBytes;
   static constexpr u32 kBarrierOffset = kRowStatsOffset + kStages * kRowStatsBytes;
   static_assert(kKvTileBytes % 1024 == 0 && kQTileBytes % 1024 == 0 && kDsTileBytes % 1024 == 0,
                 "tiles must keep 1024-byte alignment");
@@ -105,19 +108,23 @@ struct BwdDkdvSm90 {
   static constexpr int kDqCols = kTraits.dq_cols;
   static constexpr int kDqGroups = kDqCols / 8;
   static constexpr int kDqPasses = kTraits.dq_passes;  // a consumer's dQ columns, kDqCols at a time (the most)
-  // head_dim 192: the consumers' shares of dK, dV and dQ differ, so each runs its own code (run_block).
-  static constexpr bool kUnevenSplit = kDkvColsLast != kDkvCols || kTraits.dq_passes_first != kDqPasses;
-  static constexpr int kDqColParts = kColumnSplit ? 2 : kHeadDim / kDqCols;  // consumers sharing a 64-row tile of dQ
+  static constexpr int kDqColParts = kDkdvSplit ? 2 : kHeadDim / kDqCols;  // consumers sharing a 64-row tile of dQ
 
   // Hardware barriers: 0 is __syncthreads, 1 all consumers (dSᵀ staged; K and V free), 2 + c consumer c,
   // and per consumer c with the dQ writer warp: 4 + c its share of the dQ tile stored, 6 + c the tile free.
+  // The dK/dV split's consumers also meet at 1 when dPᵀ is in the exchange tile and when Pᵀ's fragments
+  // are (both sides wait, which costs little as the other side is there or nearly; with a bar.arrive on
+  // one side compute-sanitizer's racecheck reported the exchange tile's accesses as racing).
   static constexpr unsigned kConsumersBarrier = 1;
+  // What a consumer computes: everything for 64 keys of its own, or with the dK/dV split Sᵀ, dSᵀ and dK
+  // (kScores) or dPᵀ and dV (kGrads) for the block's 64 keys.
+  enum class Part { kBoth, kScores, kGrads };
   static constexpr unsigned kDqWriterThreads = 128 + 32;
   static __device__ unsigned dq_full_barrier(int consumer) { return 4 + consumer; }
   static __device__ unsigned dq_empty_barrier(int consumer) { return 6 + consumer; }
   // Every consumer at barrier 1: from different instructions where the consumers run different code.
   static __device__ void consumers_sync() {
-    if constexpr (kUnevenSplit) {
+    if constexpr (kDkdvSplit) {
       sm90::named_barrier_sync_unaligned(kConsumersBarrier, kConsumers * 128);
     } else {
       sm90::named_barrier_sync(kConsumersBarrier, kConsumers * 128);
@@ -226,16 +233,16 @@ struct BwdDkdvSm90 {
       }
     } else {
       sm90::setmaxnreg_inc<kTraits.consumer_regs>();
-      // head_dim 192's consumers differ in their wgmma widths and dQ passes, so each runs its own code (a
-      // width chosen per consumer inside one loop makes ptxas serialize the wgmma).
-      if constexpr (kUnevenSplit) {
+      // With the dK/dV split each consumer runs its own part's code (wgmma chosen per consumer inside one
+      // loop would be serialized by ptxas).
+      if constexpr (kDkdvSplit) {
         if (threadIdx.x < 256) {
-          consume<kDkvCols, kTraits.dq_passes_first>(params, p, w, smem, bars);
+          consume<kDqPasses, Part::kScores>(params, p, w, smem, bars);
         } else {
-          consume<kDkvColsLast, kDqPasses>(params, p, w, smem, bars);
+          consume<kTraits.dq_passes_last, Part::kGrads>(params, p, w, smem, bars);
         }
       } else {
-        consume<kDkvCols, kDqPasses>(params, p, w, smem, bars);
+        consume<kDqPasses, Part::kBoth>(params, p, w, smem, bars);
       }
     }
   }
@@ -322,8 +329,8 @@ struct BwdDkdvSm90 {
     return (col / 64) * rows * kRowBytes + row * kRowBytes + ((((col % 64) / 8) ^ (row % 8)) * 16) + (col % 8) * 2;
   }
 
-  // kCols: this consumer's columns of dK and dV; kPasses: its dQ passes (kDqCols columns each).
-  template <int kCols, int kPasses>
+  // kPasses: this consumer's dQ passes (kDqCols columns each); kPart: what else it computes.
+  template <int kPasses, Part kPart>
   static __device__ void consume(const AttnBwdSm90Params& params, const AttnBwdParams& p, const Work& w, u32 smem,
                                  const Barriers& bars) {
     const int consumer = threadIdx.x / 128 - 1;
@@ -331,22 +338,23 @@ struct BwdDkdvSm90 {
     const int lane = threadIdx.x % 32;
     const int g = lane / 4;  // accumulator row within an 8-row group
     const int t = lane % 4;  // accumulator column pair
-    const int key_consumer = kColumnSplit ? 0 : consumer;  // which 64 keys of the block are this consumer's
+    const int key_consumer = kDkdvSplit ? 0 : consumer;  // which 64 keys of the block are this consumer's
     const int key_row0 = key_consumer * 64 + warp * 16 + g;  // this thread's keys: key_row0 and + 8, block-relative
-    const int dkv_col0 = kColumnSplit ? consumer * kDkvCols : 0;  // this consumer's columns of dK and dV
-    constexpr int kDGroups = kCols / 8;  // accumulator groups of dK and dV
+    constexpr bool kHasDk = kPart != Part::kGrads;
+    constexpr bool kHasDv = kPart != Part::kScores;
+    constexpr int kDGroups = kHeadDim / 8;  // accumulator groups of dK and dV
     const u32 sk = smem;
     const u32 sv = smem + kVOffset;
     const u32 sk_rows = sk + key_consumer * 64 * kRowBytes;  // this consumer's 64 keys in chunk 0
     const u32 sv_rows = sv + key_consumer * 64 * kRowBytes;
     const u32 sdq = smem + kDqOffset;
 
-    // This consumer's share of dQ: 64-row tiles of the query block and a range of columns (split columns:
-    // the last consumer takes the last two chunks).
+    // This consumer's share of dQ: 64-row tiles of the query block and a range of columns (the dK/dV split:
+    // consumer 0 takes the first two chunks).
     constexpr bool kSplitRows = kDqColParts == 1;
     const int dq_tile0 = kSplitRows ? consumer * kDqRowTiles : consumer / kDqColParts;
     const int dq_col0 = kSplitRows     ? 0
-                        : kColumnSplit ? (consumer % kDqColParts) * kTraits.dq_passes_first * kDqCols
+                        : kDkdvSplit   ? (consumer % kDqColParts) * kDqPasses * kDqCols
                                        : (consumer % kDqColParts) * kDqCols;
 
     float acc_dk[kDGroups][4];
@@ -401,88 +409,121 @@ struct BwdDkdvSm90 {
       const u64 desc_q = sm90::smem_desc_sw128(sq, 16, 1024);
       const u64 desc_do = sm90::smem_desc_sw128(sdo, 16, 1024);
 
-      // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for this consumer's keys: (64, kBlockM), k-steps along head_dim.
+      // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for this consumer's keys: (64, kBlockM), k-steps along head_dim. With the
+      // dK/dV split consumer 0 computes Sᵀ and consumer 1 dPᵀ.
       float acc_s[kSGroups][4];
       float acc_dp[kSGroups][4];
-      sm90::wgmma_fence();
+      // acc = A Bᵀ over head_dim: A the consumer's 64 rows of K or V, B the stage's Q or dO.
+      auto transposed_product = [&](float(&acc)[kSGroups][4], u64 desc_a, u64 desc_b) {
 #pragma unroll
-      for (int kk = 0; kk < kDSteps; ++kk) {
-        const u32 offset = (kk / 4) * kBlockN * kRowBytes + (kk % 4) * 32;
-        const u32 q_offset = (kk / 4) * kBlockM * kRowBytes + (kk % 4) * 32;
-        sm90::WgmmaSS<kBlockM>::template run<kElem>(acc_s, sm90::smem_desc_advance(desc_k_rows, offset),
-                                                    sm90::smem_desc_advance(desc_q, q_offset), kk > 0 ? 1 : 0);
-      }
-      sm90::wgmma_commit();
-#pragma unroll
-      for (int kk = 0; kk < kDSteps; ++kk) {
-        const u32 offset = (kk / 4) * kBlockN * kRowBytes + (kk % 4) * 32;
-        const u32 q_offset = (kk / 4) * kBlockM * kRowBytes + (kk % 4) * 32;
-        sm90::WgmmaSS<kBlockM>::template run<kElem>(acc_dp, sm90::smem_desc_advance(desc_v_rows, offset),
-                                                    sm90::smem_desc_advance(desc_do, q_offset), kk > 0 ? 1 : 0);
-      }
-      sm90::wgmma_commit();
-
-      sm90::wgmma_wait<1>();
-      sm90::pin_registers(acc_s);
-      float qk[kSGroups][4];  // Sᵀ as q·k, for the variant's score_grad (nothing left of it when unused)
-#pragma unroll
-      for (int i = 0; i < kSGroups; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) qk[i][e] = acc_s[i][e];
-      if (m_block < w.m_interior) {
-        probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<true>{});
-      } else {
-        probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<false>{});
-      }
-      sm90::wgmma_wait<0>();
-      sm90::pin_registers(acc_dp);
-      // dSᵀ = Pᵀ ∘ (dPᵀ - D), with respect to q·k.
-#pragma unroll
-      for (int i = 0; i < kSGroups; ++i) {
-        float dsum[2];
-        sm90::ld_shared_f32x2(s_dsum + (8 * i + 2 * t) * 4, dsum[0], dsum[1]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float ds = acc_s[i][e] * (acc_dp[i][e] - dsum[e % 2]);
-          acc_dp[i][e] = Variant::score_grad(p, score_at(head, m_start, i, e / 2, e % 2), qk[i][e], ds);
+        for (int kk = 0; kk < kDSteps; ++kk) {
+          const u32 offset = (kk / 4) * kBlockN * kRowBytes + (kk % 4) * 32;
+          const u32 q_offset = (kk / 4) * kBlockM * kRowBytes + (kk % 4) * 32;
+          sm90::WgmmaSS<kBlockM>::template run<kElem>(acc, sm90::smem_desc_advance(desc_a, offset),
+                                                      sm90::smem_desc_advance(desc_b, q_offset), kk > 0 ? 1 : 0);
         }
-      }
+        sm90::wgmma_commit();
+      };
+      sm90::wgmma_fence();
+      if constexpr (kPart != Part::kGrads) transposed_product(acc_s, desc_k_rows, desc_q);
+      if constexpr (kPart != Part::kScores) transposed_product(acc_dp, desc_v_rows, desc_do);
 
-      // Pᵀ and dSᵀ as 16-bit A fragments (groups 2j, 2j+1 are k-step j's A fragment), and dSᵀ into shared
-      // memory for the dQ product.
+      // Pᵀ and dSᵀ as 16-bit A fragments (groups 2j, 2j+1 are k-step j's A fragment).
       u32 p_frag[kMSteps][4];
       u32 ds_frag[kMSteps][4];
+      // The exchange tile's slot of this thread's accumulator group (or fragment) i.
+      const u32 exchange = smem + kExchangeOffset + (threadIdx.x % 128) * 16;
+      auto exchange_slot = [&](int i) { return exchange + static_cast<u32>(i) * 128 * 16; };
+      if constexpr (kPart == Part::kGrads) {
+        // dPᵀ to consumer 0; back come Pᵀ's fragments (written over this thread's own slots, whose dPᵀ
+        // consumer 0's same thread has read).
+        sm90::wgmma_wait<0>();
+        sm90::pin_registers(acc_dp);
 #pragma unroll
-      for (int j = 0; j < kMSteps; ++j) {
-        sm80::pack_a<kElem>(p_frag[j], acc_s[2 * j], acc_s[2 * j + 1]);
-        sm80::pack_a<kElem>(ds_frag[j], acc_dp[2 * j], acc_dp[2 * j + 1]);
-      }
-      if (!kColumnSplit || consumer == 0) {  // split columns: both consumers hold the same dSᵀ
+        for (int i = 0; i < kSGroups; ++i) {
+          sm90::st_shared_f32x4(exchange_slot(i), acc_dp[i][0], acc_dp[i][1], acc_dp[i][2], acc_dp[i][3]);
+        }
+        consumers_sync();  // dPᵀ stored
+        consumers_sync();  // Pᵀ's fragments stored
+#pragma unroll
+        for (int j = 0; j < kMSteps; ++j) sm90::ld_shared_u32x4(exchange_slot(j), p_frag[j]);
+      } else {
+        sm90::wgmma_wait<kPart == Part::kBoth ? 1 : 0>();
+        sm90::pin_registers(acc_s);
+        float qk[kSGroups][4];  // Sᵀ as q·k, for the variant's score_grad (nothing left of it when unused)
+#pragma unroll
+        for (int i = 0; i < kSGroups; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) qk[i][e] = acc_s[i][e];
+        if (m_block < w.m_interior) {
+          probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<true>{});
+        } else {
+          probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<false>{});
+        }
+        if constexpr (kPart == Part::kBoth) {
+          sm90::wgmma_wait<0>();
+          sm90::pin_registers(acc_dp);
+        } else {
+          consumers_sync();  // dPᵀ stored
+        }
+        // dSᵀ = Pᵀ ∘ (dPᵀ - D), with respect to q·k (consumer 0 of the dK/dV split reads dPᵀ group by group).
+#pragma unroll
+        for (int i = 0; i < kSGroups; ++i) {
+          if constexpr (kPart == Part::kScores) {
+            sm90::ld_shared_f32x4(exchange_slot(i), acc_dp[i][0], acc_dp[i][1], acc_dp[i][2], acc_dp[i][3]);
+          }
+          float dsum[2];
+          sm90::ld_shared_f32x2(s_dsum + (8 * i + 2 * t) * 4, dsum[0], dsum[1]);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float ds = acc_s[i][e] * (acc_dp[i][e] - dsum[e % 2]);
+            acc_dp[i][e] = Variant::score_grad(p, score_at(head, m_start, i, e / 2, e % 2), qk[i][e], ds);
+          }
+          if (kPart == Part::kScores && i % 2 == 1) {  // fragments as soon as their groups are done
+            sm80::pack_a<kElem>(p_frag[i / 2], acc_s[i - 1], acc_s[i]);
+            sm80::pack_a<kElem>(ds_frag[i / 2], acc_dp[i - 1], acc_dp[i]);
+          }
+        }
+        if constexpr (kPart == Part::kBoth) {
+#pragma unroll
+          for (int j = 0; j < kMSteps; ++j) {
+            sm80::pack_a<kElem>(p_frag[j], acc_s[2 * j], acc_s[2 * j + 1]);
+            sm80::pack_a<kElem>(ds_frag[j], acc_dp[2 * j], acc_dp[2 * j + 1]);
+          }
+        }
+        // dSᵀ into shared memory for the dQ product; Pᵀ's fragments to consumer 1.
 #pragma unroll
         for (int i = 0; i < kSGroups; ++i)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const u32 word = (i % 2 == 0) ? ds_frag[i / 2][h] : ds_frag[i / 2][2 + h];
-            sm90::st_shared_u32(sds + swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t), word);
+            sm90::st_shared_u32(sds + swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t), ds_frag[i / 2][2 * (i % 2) + h]);
           }
         sm90::fence_proxy_async_smem();
+        if constexpr (kPart == Part::kScores) {
+#pragma unroll
+          for (int j = 0; j < kMSteps; ++j) sm90::st_shared_u32x4(exchange_slot(j), p_frag[j]);
+          consumers_sync();  // Pᵀ's fragments stored
+        }
       }
 
-      // dV += Pᵀ dO and dK += dSᵀ Q over this consumer's columns: queries are the k dimension; dO and Q are
-      // read MN-major.
-      const u32 col_chunk = (dkv_col0 / 64) * kBlockM * kRowBytes;
-      const u64 desc_do_mn = sm90::smem_desc_sw128(sdo + col_chunk, kBlockM * kRowBytes, 1024);
-      const u64 desc_q_mn = sm90::smem_desc_sw128(sq + col_chunk, kBlockM * kRowBytes, 1024);
+      // dV += Pᵀ dO and dK += dSᵀ Q (the dK/dV split: the consumer's one of them): queries are the k
+      // dimension; dO and Q are read MN-major.
+      const u64 desc_do_mn = sm90::smem_desc_sw128(sdo, kBlockM * kRowBytes, 1024);
+      const u64 desc_q_mn = sm90::smem_desc_sw128(sq, kBlockM * kRowBytes, 1024);
       sm90::wgmma_fence();
+      if constexpr (kHasDv) {
 #pragma unroll
-      for (int j = 0; j < kMSteps; ++j) {
-        const u64 desc_do_j = sm90::smem_desc_advance(desc_do_mn, j * 16 * kRowBytes);
-        sm90::WgmmaRS<kCols>::template run<kElem>(acc_dv, p_frag[j], desc_do_j, 1);
+        for (int j = 0; j < kMSteps; ++j) {
+          const u64 desc_do_j = sm90::smem_desc_advance(desc_do_mn, j * 16 * kRowBytes);
+          sm90::WgmmaRS<kHeadDim>::template run<kElem>(acc_dv, p_frag[j], desc_do_j, 1);
+        }
       }
+      if constexpr (kHasDk) {
 #pragma unroll
-      for (int j = 0; j < kMSteps; ++j) {
-        const u64 desc_q_j = sm90::smem_desc_advance(desc_q_mn, j * 16 * kRowBytes);
-        sm90::WgmmaRS<kCols>::template run<kElem>(acc_dk, ds_frag[j], desc_q_j, 1);
+        for (int j = 0; j < kMSteps; ++j) {
+          const u64 desc_q_j = sm90::smem_desc_advance(desc_q_mn, j * 16 * kRowBytes);
+          sm90::WgmmaRS<kHeadDim>::template run<kElem>(acc_dk, ds_frag[j], desc_q_j, 1);
+        }
       }
       sm90::wgmma_commit();
 
@@ -511,8 +552,8 @@ struct BwdDkdvSm90 {
         sm90::wgmma_commit();
         sm90::wgmma_wait<0>();
         if (pass == 0) {
-          sm90::pin_registers(acc_dv);
-          sm90::pin_registers(acc_dk);
+          if constexpr (kHasDv) sm90::pin_registers(acc_dv);
+          if constexpr (kHasDk) sm90::pin_registers(acc_dk);
         }
 #pragma unroll
         for (int r = 0; r < kDqRowTiles; ++r) sm90::pin_registers(acc_dq[r]);
@@ -575,26 +616,29 @@ struct BwdDkdvSm90 {
     }
 
     // Epilogue: every consumer is done with K and V (dQ read all keys); stage dK = scale · acc_dk and dV
-    // in this consumer's rows (split columns: its columns) of the K and V tiles, then TMA-store them (rows
-    // past seqlen_k are clipped).
+    // in this consumer's rows of the K and V tiles (the dK/dV split: its one of them, all 64 rows), then
+    // TMA-store them (rows past seqlen_k are clipped).
     consumers_sync();
     if constexpr (kVarlen) {
       // A packed sequence's last keys: a 64-row box would run into the next sequence's rows, so this
-      // consumer writes the keys of its sequence from registers (rows key_row0 and + 8, columns
-      // dkv_col0 + 8i + 2t, + 1).
+      // consumer writes the keys of its sequence from registers (rows key_row0 and + 8, columns 8i + 2t, + 1).
       if (w.n_start + key_consumer * 64 + 64 > p.seqlen_k) {
         using u16 = sm80::u16;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int key = w.n_start + key_row0 + 8 * h;
           if (key >= p.seqlen_k) continue;
-          u16* dk = static_cast<u16*>(p.dk) + key * p.dk_row_stride + w.kv_head * p.dk_head_stride + dkv_col0 + 2 * t;
-          u16* dv = static_cast<u16*>(p.dv) + key * p.dv_row_stride + w.kv_head * p.dv_head_stride + dkv_col0 + 2 * t;
+          u16* dk = static_cast<u16*>(p.dk) + key * p.dk_row_stride + w.kv_head * p.dk_head_stride + 2 * t;
+          u16* dv = static_cast<u16*>(p.dv) + key * p.dv_row_stride + w.kv_head * p.dv_head_stride + 2 * t;
 #pragma unroll
           for (int i = 0; i < kDGroups; ++i) {
-            *reinterpret_cast<u32*>(dk + 8 * i) =
-                sm80::pack2<kElem>(acc_dk[i][2 * h] * p.scale, acc_dk[i][2 * h + 1] * p.scale);
-            *reinterpret_cast<u32*>(dv + 8 * i) = sm80::pack2<kElem>(acc_dv[i][2 * h], acc_dv[i][2 * h + 1]);
+            if constexpr (kHasDk) {
+              *reinterpret_cast<u32*>(dk + 8 * i) =
+                  sm80::pack2<kElem>(acc_dk[i][2 * h] * p.scale, acc_dk[i][2 * h + 1] * p.scale);
+            }
+            if constexpr (kHasDv) {
+              *reinterpret_cast<u32*>(dv + 8 * i) = sm80::pack2<kElem>(acc_dv[i][2 * h], acc_dv[i][2 * h + 1]);
+            }
           }
         }
         return;
@@ -604,20 +648,22 @@ struct BwdDkdvSm90 {
     for (int i = 0; i < kDGroups; ++i)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const u32 offset = swizzled(kBlockN, key_row0 + 8 * h, dkv_col0 + 8 * i + 2 * t);
-        sm90::st_shared_u32(sk + offset,
-                            sm80::pack2<kElem>(acc_dk[i][2 * h] * p.scale, acc_dk[i][2 * h + 1] * p.scale));
-        sm90::st_shared_u32(sv + offset, sm80::pack2<kElem>(acc_dv[i][2 * h], acc_dv[i][2 * h + 1]));
+        const u32 offset = swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t);
+        if constexpr (kHasDk) {
+          sm90::st_shared_u32(sk + offset,
+                              sm80::pack2<kElem>(acc_dk[i][2 * h] * p.scale, acc_dk[i][2 * h + 1] * p.scale));
+        }
+        if constexpr (kHasDv) sm90::st_shared_u32(sv + offset, sm80::pack2<kElem>(acc_dv[i][2 * h], acc_dv[i][2 * h + 1]));
       }
     sm90::fence_proxy_async_smem();
     sm90::named_barrier_sync(2 + consumer, 128);
     if (threadIdx.x % 128 == 0) {
 #pragma unroll
-      for (int c = dkv_col0 / 64; c < (dkv_col0 + kCols) / 64; ++c) {
+      for (int c = 0; c < kChunks; ++c) {
         const u32 rows = c * kBlockN * kRowBytes + key_consumer * 64 * kRowBytes;
         const int k_row = w.k_row0 + w.n_start + key_consumer * 64;
-        sm90::tma_store_4d(&params.dk_map, sk + rows, c * 64, k_row, w.kv_head, w.tma_batch);
-        sm90::tma_store_4d(&params.dv_map, sv + rows, c * 64, k_row, w.kv_head, w.tma_batch);
+        if constexpr (kHasDk) sm90::tma_store_4d(&params.dk_map, sk + rows, c * 64, k_row, w.kv_head, w.tma_batch);
+        if constexpr (kHasDv) sm90::tma_store_4d(&params.dv_map, sv + rows, c * 64, k_row, w.kv_head, w.tma_batch);
       }
       sm90::tma_store_commit();
       sm90::tma_store_wait_all();

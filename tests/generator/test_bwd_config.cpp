@@ -138,49 +138,50 @@ TEST_CASE("sm90 backward validity follows bwd_sm90_traits", "[generator][backwar
   bad.stages = 4;
   CHECK(bad.invalid_reason(90)->find("stages") != std::string::npos);
 
-  // head_dim 256: 64 x 64 blocks, two consumers splitting dK's and dV's columns, dQ added from registers
-  // in two 64-column passes each (no shared dQ tile), 2 stages only.
+  // head_dim 256: 64 x 64 blocks, consumer 0 holding dK and consumer 1 dV (they trade dPᵀ and Pᵀ through a
+  // 16 KB exchange tile); with 2 stages dQ is added from registers in two 64-column passes each (no shared
+  // dQ tile).
   BwdConfig wide = c;
   wide.head_dim = 256;
   CHECK(wide.invalid_reason(90)->find("64 x 64") != std::string::npos);
   wide.block_n = 64;
   CHECK_FALSE(wide.invalid_reason(90).has_value());
   const flashgen::BwdSm90Traits w = wide.sm90_traits();
-  CHECK(w.column_split);
+  CHECK(w.dkdv_split);
   CHECK(w.consumers == 2);
   CHECK(w.key_consumers == 1);
-  CHECK(w.dkv_cols == 128);
+  CHECK(w.dkv_regs == 128);
   CHECK(w.dq_cols == 64);
   CHECK(w.dq_passes == 2);
+  CHECK(w.dq_passes_last == 2);
   CHECK_FALSE(w.dq_staged);
   CHECK(w.smem_dq_bytes == 0);
-  CHECK(w.smem_bytes == 2 * 64 * 256 * 2 + 2 * (2 * 64 * 256 * 2 + 2 * 64 * 4) + 2 * 64 * 64 * 2 + 5 * 8 + 1024);
+  CHECK(w.smem_exchange_bytes == 64 * 64 * 4);
+  CHECK(w.smem_bytes ==
+        2 * 64 * 256 * 2 + 2 * (2 * 64 * 256 * 2 + 2 * 64 * 4) + 2 * 64 * 64 * 2 + 64 * 64 * 4 + 5 * 8 + 1024);
   wide.stages = 3;
   CHECK(wide.invalid_reason(90)->find("shared memory") != std::string::npos);
   wide.stages = 1;  // one stage leaves room for the staged dQ tile: the writer warp adds it
   CHECK_FALSE(wide.invalid_reason(90).has_value());
   CHECK(wide.sm90_traits().dq_staged);
   CHECK(wide.sm90_traits().smem_dq_bytes == 64 * 256 * 4);
-  CHECK(wide.sm90_traits().dkv_cols_last == 128);
-  CHECK(wide.sm90_traits().dq_passes_first == 2);
 
-  // head_dim 192: the same column split, uneven: consumer 0 holds dK's and dV's first 128 columns and one
-  // chunk of dQ, consumer 1 the last 64 columns and two chunks. The staged dQ tile fits up to 2 stages.
+  // head_dim 192: the same split; consumer 0 adds two chunks of dQ and consumer 1 one. The staged dQ tile
+  // fits up to 2 stages.
   BwdConfig d192 = wide;
   d192.head_dim = 192;
   d192.stages = 2;
   CHECK_FALSE(d192.invalid_reason(90).has_value());
   const flashgen::BwdSm90Traits t192 = d192.sm90_traits();
-  CHECK(t192.column_split);
+  CHECK(t192.dkdv_split);
   CHECK(t192.consumers == 2);
-  CHECK(t192.dkv_cols == 128);
-  CHECK(t192.dkv_cols_last == 64);
+  CHECK(t192.dkv_regs == 96);
   CHECK(t192.dq_cols == 64);
   CHECK(t192.dq_passes == 2);
-  CHECK(t192.dq_passes_first == 1);
+  CHECK(t192.dq_passes_last == 1);
   CHECK(t192.dq_staged);
   CHECK(t192.smem_bytes == 2 * 64 * 192 * 2 + 2 * (2 * 64 * 192 * 2 + 2 * 64 * 4) + 2 * 64 * 64 * 2 + 64 * 192 * 4 +
-                               5 * 8 + 1024);
+                               64 * 64 * 4 + 5 * 8 + 1024);
   d192.stages = 3;  // three stages leave no room for the tile: dQ added from registers
   CHECK_FALSE(d192.invalid_reason(90).has_value());
   CHECK_FALSE(d192.sm90_traits().dq_staged);
@@ -193,9 +194,10 @@ TEST_CASE("sm90 backward validity follows bwd_sm90_traits", "[generator][backwar
   CHECK(d96.invalid_reason(90)->find("head_dim") != std::string::npos);
 
   BwdConfig one_stage = c;
-  one_stage.stages = 1;  // only the column split (head_dim 192, 256) takes a single stage
+  one_stage.stages = 1;  // only the dK/dV split (head_dim 192, 256) takes a single stage
   CHECK(one_stage.invalid_reason(90)->find("stages") != std::string::npos);
-  CHECK_FALSE(c.sm90_traits().column_split);
+  CHECK_FALSE(c.sm90_traits().dkdv_split);
+  CHECK(c.sm90_traits().smem_exchange_bytes == 0);
   CHECK(c.sm90_traits().dq_staged);
 
   // K and V, a ring of Q, dO, LSE and D, two dSᵀ tiles, the fp32 dQ tile, the barriers and the 1024-byte
