@@ -557,8 +557,9 @@ struct BwdDkdvSm90 {
         }
 #pragma unroll
         for (int r = 0; r < kDqRowTiles; ++r) sm90::pin_registers(acc_dq[r]);
-        // This thread is done with the stage. Every consumer thread arrives for its own loads of LSE and D
-        // (one lane arriving for its warp after the bar.sync is as correct, but compute-sanitizer's
+        // This thread is done with the stage (its wgmma have read Q and dO). Every consumer thread arrives,
+        // for its own loads of LSE and D where it has any (one lane arriving for its warp after the bar.sync
+        // is as correct, but compute-sanitizer's
         // racecheck follows an mbarrier's order only from the threads that arrive, and reports the
         // producer's bulk copies of the stage's next use against the other lanes' loads).
         if (pass == 0) sm90::mbarrier_arrive(bars.empty(s));

@@ -198,8 +198,8 @@ constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, 
   t.dq_staged = !t.dkdv_split || smem_rest + block_m * head_dim * 4 <= max_smem_per_block(90);
   t.smem_dq_bytes = t.dq_staged ? block_m * head_dim * 4 : 0;
   t.smem_bytes = smem_rest + t.smem_dq_bytes;
-  // dK and dV, then either Sᵀ and dPᵀ (block_m / 2 each) or their 16-bit fragments (block_m / 4 each) with
-  // one pass of the dQ tile.
+  // dK and dV, then either Sᵀ and dPᵀ (block_m / 2 each) or their 16-bit fragments (block_m / 4 each,
+  // counted once: an estimate; the tests check the compiled choices for spills) with one pass of the dQ tile.
   const int with_s = t.dkv_regs + block_m;
   const int with_dq = t.dkv_regs + block_m / 4 + t.dq_row_tiles * t.dq_cols / 2;
   t.accum_regs = with_s > with_dq ? with_s : with_dq;
