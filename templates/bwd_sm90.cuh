@@ -23,8 +23,8 @@
 // dV += Pᵀ dO; dQ's chunks are shared (at 192: two for consumer 0, one for consumer 1; the other way round
 // ptxas spills). Where the staged dQ tile does not fit (256 with two stages, 192 with three) each consumer
 // adds its dQ columns with vector reductions in the accumulator's order (in turns, for the deterministic
-// strategy). Validity rules in bwd_sm90_traits() (bwd_traits.cuh). Masking and scores go through the config's Variant
-// (variant.cuh, block_range.cuh).
+// strategy). Validity rules in bwd_sm90_traits() (bwd_traits.cuh). Masking and scores go through the
+// config's Variant (variant.cuh, block_range.cuh).
 #pragma once
 
 #include "attn_params.cuh"
@@ -74,9 +74,9 @@ struct BwdDkdvSm90 {
   // fwd_sm90.cuh. dSᵀ is stored keys x queries: its chunks are 64 queries wide.
   static constexpr u32 kRowBytes = 128;
   static constexpr int kChunks = kHeadDim / 64;
-  // Layout: K | V | kStages x [Q | dO] | 2 x dSᵀ | dQ | exchange | kStages x [LSE | D] | barriers. Every tile starts
-  // on a 1024-byte boundary (all tile sizes are multiples of 1024): TMA, wgmma and the swizzled stores
-  // below all derive the swizzle from address bits, relative to the atom.
+  // Layout: K | V | kStages x [Q | dO] | 2 x dSᵀ | dQ | exchange | kStages x [LSE | D] | barriers. Every
+  // tile starts on a 1024-byte boundary (all tile sizes are multiples of 1024): TMA, wgmma and the swizzled
+  // stores below all derive the swizzle from address bits, relative to the atom.
   static constexpr u32 kKvTileBytes = kBlockN * kHeadDim * 2;  // K or V
   static constexpr u32 kQTileBytes = kBlockM * kHeadDim * 2;   // Q or dO
   static constexpr u32 kStageBytes = 2 * kQTileBytes;
@@ -466,7 +466,7 @@ struct BwdDkdvSm90 {
         } else {
           consumers_sync();  // dPᵀ stored
         }
-        // dSᵀ = Pᵀ ∘ (dPᵀ - D), with respect to q·k (consumer 0 of the dK/dV split reads dPᵀ group by group).
+        // dSᵀ = Pᵀ ∘ (dPᵀ - D), with respect to q·k (the dK/dV split's consumer 0 reads dPᵀ group by group).
 #pragma unroll
         for (int i = 0; i < kSGroups; ++i) {
           if constexpr (kPart == Part::kScores) {
@@ -479,24 +479,19 @@ struct BwdDkdvSm90 {
             const float ds = acc_s[i][e] * (acc_dp[i][e] - dsum[e % 2]);
             acc_dp[i][e] = Variant::score_grad(p, score_at(head, m_start, i, e / 2, e % 2), qk[i][e], ds);
           }
-          if (kPart == Part::kScores && i % 2 == 1) {  // fragments as soon as their groups are done
-            sm80::pack_a<kElem>(p_frag[i / 2], acc_s[i - 1], acc_s[i]);
-            sm80::pack_a<kElem>(ds_frag[i / 2], acc_dp[i - 1], acc_dp[i]);
-          }
         }
-        if constexpr (kPart == Part::kBoth) {
 #pragma unroll
-          for (int j = 0; j < kMSteps; ++j) {
-            sm80::pack_a<kElem>(p_frag[j], acc_s[2 * j], acc_s[2 * j + 1]);
-            sm80::pack_a<kElem>(ds_frag[j], acc_dp[2 * j], acc_dp[2 * j + 1]);
-          }
+        for (int j = 0; j < kMSteps; ++j) {
+          sm80::pack_a<kElem>(p_frag[j], acc_s[2 * j], acc_s[2 * j + 1]);
+          sm80::pack_a<kElem>(ds_frag[j], acc_dp[2 * j], acc_dp[2 * j + 1]);
         }
         // dSᵀ into shared memory for the dQ product; Pᵀ's fragments to consumer 1.
 #pragma unroll
         for (int i = 0; i < kSGroups; ++i)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            sm90::st_shared_u32(sds + swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t), ds_frag[i / 2][2 * (i % 2) + h]);
+            const u32 word = ds_frag[i / 2][2 * (i % 2) + h];
+            sm90::st_shared_u32(sds + swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t), word);
           }
         sm90::fence_proxy_async_smem();
         if constexpr (kPart == Part::kScores) {
@@ -559,9 +554,9 @@ struct BwdDkdvSm90 {
         for (int r = 0; r < kDqRowTiles; ++r) sm90::pin_registers(acc_dq[r]);
         // This thread is done with the stage (its wgmma have read Q and dO). Every consumer thread arrives,
         // for its own loads of LSE and D where it has any (one lane arriving for its warp after the bar.sync
-        // is as correct, but compute-sanitizer's
-        // racecheck follows an mbarrier's order only from the threads that arrive, and reports the
-        // producer's bulk copies of the stage's next use against the other lanes' loads).
+        // is as correct, but compute-sanitizer's racecheck follows an mbarrier's order only from the threads
+        // that arrive, and reports the producer's bulk copies of the stage's next use against the other
+        // lanes' loads).
         if (pass == 0) sm90::mbarrier_arrive(bars.empty(s));
 
         // This consumer's share of the query block's dQ in accumulator order: each 64 x 64 chunk holds this
@@ -654,7 +649,9 @@ struct BwdDkdvSm90 {
           sm90::st_shared_u32(sk + offset,
                               sm80::pack2<kElem>(acc_dk[i][2 * h] * p.scale, acc_dk[i][2 * h + 1] * p.scale));
         }
-        if constexpr (kHasDv) sm90::st_shared_u32(sv + offset, sm80::pack2<kElem>(acc_dv[i][2 * h], acc_dv[i][2 * h + 1]));
+        if constexpr (kHasDv) {
+          sm90::st_shared_u32(sv + offset, sm80::pack2<kElem>(acc_dv[i][2 * h], acc_dv[i][2 * h + 1]));
+        }
       }
     sm90::fence_proxy_async_smem();
     sm90::named_barrier_sync(2 + consumer, 128);
