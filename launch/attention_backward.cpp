@@ -184,7 +184,7 @@ struct WorkspaceLayout {
     }
     if (config.dq_accum() != DqAccum::kNone) {
       dq_accum = bytes;
-      bytes += align_up(sizeof(float) * rows * size_t(head_dim));
+      bytes += align_up(sizeof(float) * rows * size_t(dq_accum_cols(config.dq_accum(), head_dim)));
     }
     if (config.dq_accum() == DqAccum::kTiles && config.deterministic) {
       dq_semaphore = bytes;
@@ -261,7 +261,8 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
     prepared.finish_threads = static_cast<unsigned>(dq.threads);
     prepared.finish_smem = static_cast<unsigned>(dq.smem_bytes);
   } else if (c.dq_accum() == DqAccum::kTiles) {  // a block per 64 x 64 chunk of each 64-row tile (bwd_rows.cuh)
-    prepared.finish_grid[0] = ceil_div(p.seqlen_q, 64) * static_cast<unsigned>(call.problem.head_dim() / 64);
+    const int chunks = dq_accum_cols(DqAccum::kTiles, call.problem.head_dim()) / 64;
+    prepared.finish_grid[0] = ceil_div(p.seqlen_q, 64) * static_cast<unsigned>(chunks);
     prepared.finish_threads = kBwdRowKernelThreads;
   } else {
     prepared.finish_grid[0] = ceil_div(static_cast<long long>(p.seqlen_q) * (call.problem.head_dim() / 8), kBwdRowKernelThreads);

@@ -23,7 +23,8 @@ struct TmaTensor {
 // launcher uses the sm90 family; otherwise it falls back to the sm80 one). Needs no GPU.
 std::optional<std::string> tma_unsupported_reason(const TmaTensor& t, int box_rows);
 
-// Fills *map for boxes of (64 columns, box_rows rows). Throws Error(kCuda) when the driver refuses a
+// Fills *map for boxes of (64 columns, box_rows rows); a box reaching past head_dim (the tiles' padding,
+// sm90_tile_dim) is zero-filled on load and clipped on store. Throws Error(kCuda) when the driver refuses a
 // tensor that tma_unsupported_reason accepted.
 void encode_tma_map(TmaDescriptor* map, const TmaTensor& t, int box_rows);
 

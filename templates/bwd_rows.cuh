@@ -52,12 +52,13 @@ struct BwdPreprocess {
   static constexpr int kRowsPerBlock = kThreads / 32;
   static constexpr int kHeadDim = Cfg::kHeadDim;
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row, at most 32
+  static constexpr int kAccumCols = dq_accum_cols(Cfg::kDqAccum, kHeadDim);
   static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;
 
   static __device__ void run(const AttnBwdParams& params) {
     if constexpr (kVarlen) {  // a packed sequence's rows, padded as the config's workspace is
       AttnBwdParams p = params;
-      bind_sequence(p, blockIdx.z, kHeadDim, Cfg::kPadRows);
+      bind_sequence(p, blockIdx.z, kAccumCols, Cfg::kPadRows);
       if (static_cast<int>(blockIdx.x * kRowsPerBlock) >= bwd::padded_rows<Cfg>(p)) return;
       run_rows(p);
     } else {
@@ -103,13 +104,13 @@ struct BwdPreprocess {
       }
     }
 
-    // Either layout of the accumulator gives each (batch, head) rows · head_dim values, so zeroing the
+    // Either layout of the accumulator gives each (batch, head) rows · kAccumCols values, so zeroing the
     // row's span zeroes a 64-row tile's values once its 64 rows have run.
     if constexpr (Cfg::kDqAccum != DqAccum::kNone) {
       float4 zero;
       zero.x = zero.y = zero.z = zero.w = 0.f;
-      float4* acc = reinterpret_cast<float4*>(p.dq_accum + flat_row * kHeadDim);
-      for (int i = lane; i < kHeadDim / 4; i += 32) acc[i] = zero;
+      float4* acc = reinterpret_cast<float4*>(p.dq_accum + flat_row * kAccumCols);
+      for (int i = lane; i < kAccumCols / 4; i += 32) acc[i] = zero;
     }
     if constexpr (Cfg::kDqAccum == DqAccum::kTiles && !Cfg::kAtomicDq) {
       if (lane == 0 && flat_row % kBwdSm90SemaphoreRows == 0) p.dq_semaphore[flat_row / kBwdSm90SemaphoreRows] = 0;
@@ -127,13 +128,14 @@ struct BwdConvertDq {
   static constexpr int kThreads = kBwdRowKernelThreads;
   static constexpr int kHeadDim = Cfg::kHeadDim;
   static constexpr int kChunks = kHeadDim / 8;
+  static constexpr int kAccumCols = dq_accum_cols(Cfg::kDqAccum, kHeadDim);
   static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;
   static_assert(Cfg::kDqAccum != DqAccum::kNone, "nothing to convert without a dQ accumulator");
 
   static __device__ void run(const AttnBwdParams& params) {
     if constexpr (kVarlen) {
       AttnBwdParams p = params;
-      bind_sequence(p, blockIdx.z, kHeadDim, Cfg::kPadRows);
+      bind_sequence(p, blockIdx.z, kAccumCols, Cfg::kPadRows);
       convert(p);
     } else {
       convert(params);
@@ -171,12 +173,13 @@ struct BwdConvertDq {
     *reinterpret_cast<uint4*>(dq) = out;
   }
 
-  // Block x: chunk x % (kHeadDim / 64) of 64-row tile x / (kHeadDim / 64). Thread (w, g, i): 8-column group
-  // i of rows 16w + g and 16w + g + 8. In the chunk, the warpgroup thread 32w + 4g + t holds the values of
+  // Block x: chunk x % kTileChunks of 64-row tile x / kTileChunks. Thread (w, g, i): 8-column group i of
+  // rows 16w + g and 16w + g + 8. In the chunk, the warpgroup thread 32w + 4g + t holds the values of
   // group i at float 4 * (128 * i + 32w + 4g + t): (row 16w + g, columns 8i + 2t, +1), then the same of
-  // row + 8; the four threads t of one (w, g) are 64 contiguous bytes.
+  // row + 8; the four threads t of one (w, g) are 64 contiguous bytes. Groups past head_dim (the last
+  // chunk's padding) have nothing to convert.
   static __device__ void run_tiles(const AttnBwdParams& p) {
-    constexpr int kTileChunks = kHeadDim / 64;
+    constexpr int kTileChunks = kAccumCols / 64;
     const int tile = blockIdx.x / kTileChunks;
     const int chunk = blockIdx.x % kTileChunks;
     const int i = threadIdx.x % 8;
@@ -186,8 +189,9 @@ struct BwdConvertDq {
     const int batch = blockIdx.z;
     const int row = tile * 64 + w * 16 + g;
     if (row >= p.seqlen_q) return;
+    if (kAccumCols != kHeadDim && chunk * 64 + 8 * i >= kHeadDim) return;  // the last chunk's padding
     const long long tile_row = bwd::workspace_row0<Cfg>(p, batch, head) + tile * 64;
-    const float4* src = reinterpret_cast<const float4*>(p.dq_accum + tile_row * kHeadDim + chunk * 64 * 64) +
+    const float4* src = reinterpret_cast<const float4*>(p.dq_accum + tile_row * kAccumCols + chunk * 64 * 64) +
                         128 * i + 32 * w + 4 * g;
     float4 v[4];  // thread t's values
 #pragma unroll

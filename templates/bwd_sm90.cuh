@@ -16,9 +16,11 @@
 // adds the whole tile with one bulk reduce-add and hands the buffer back; the consumers never wait on a
 // global reduction. The deterministic strategy makes those adds take turns: key block n adds a query
 // block's dQ once key blocks 0 .. n-1 have (a semaphore per query block), so repeated runs sum in the
-// same order. dK and dV leave through the K and V tiles and TMA stores. head_dim 192 and 256 keep 64 keys
-// per block and give its dK to consumer 0 and its dV to consumer 1 instead (dK and dV of 256 columns
-// would take 256 registers per thread): consumer 1 computes dPᵀ and passes it to consumer 0 through an
+// same order. dK and dV leave through the K and V tiles and TMA stores. Tiles hold head_dim rounded up to
+// whole 64-column chunks (sm90_tile_dim, fwd_traits.cuh): TMA zero-fills the columns past it on load and
+// clips them on store, and the dQ accumulator's rows are as wide as the tiles'. Tiles of 192 and 256
+// columns keep 64 keys per block and give its dK to consumer 0 and its dV to consumer 1 instead (dK and
+// dV of 256 columns would take 256 registers per thread): consumer 1 computes dPᵀ and passes it to consumer 0 through an
 // exchange tile; consumer 0 computes Sᵀ, Pᵀ and dSᵀ, adds dK += dSᵀ Q and passes Pᵀ's fragments back for
 // dV += Pᵀ dO; dQ's chunks are shared (at 192: two for consumer 0, one for consumer 1; the other way round
 // ptxas spills). Where the staged dQ tile does not fit (256 with two stages, 192 with three) each consumer
@@ -58,14 +60,15 @@ struct BwdDkdvSm90 {
   static constexpr ElemType kElem = Cfg::kElem;
   static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;  // packed sequences (sequence.cuh)
   using Variant = typename Cfg::Variant;
-  static constexpr int kHeadDim = Cfg::kHeadDim;
+  static constexpr int kHeadDim = Cfg::kHeadDim;      // the problem's: columns past it are never stored
+  static constexpr int kTileDim = kTraits.tile_dim;  // the tiles' and the dQ accumulator's (whole 64-column chunks)
   static constexpr int kBlockM = Cfg::kBlockM;
   static constexpr int kBlockN = Cfg::kBlockN;
   static constexpr int kStages = Cfg::kStages;
   static constexpr int kConsumers = kTraits.consumers;
   static constexpr int kThreads = kTraits.threads;
-  // head_dim 192 and 256: both consumers see the block's 64 keys, consumer 0 computes Sᵀ and dK, consumer 1
-  // dPᵀ and dV (Part); without room for the staged tile they add dQ from registers.
+  // Tiles of 192 and 256 columns: both consumers see the block's 64 keys, consumer 0 computes Sᵀ and dK,
+  // consumer 1 dPᵀ and dV (Part); without room for the staged tile they add dQ from registers.
   static constexpr bool kDkdvSplit = kTraits.dkdv_split;
   static constexpr bool kDqStaged = kTraits.dq_staged;
 
@@ -73,16 +76,16 @@ struct BwdDkdvSm90 {
   // atoms of 8 rows (what TMA writes with 128-byte swizzling and wgmma descriptors read), as in
   // fwd_sm90.cuh. dSᵀ is stored keys x queries: its chunks are 64 queries wide.
   static constexpr u32 kRowBytes = 128;
-  static constexpr int kChunks = kHeadDim / 64;
+  static constexpr int kChunks = kTileDim / 64;
   // Layout: K | V | kStages x [Q | dO] | 2 x dSᵀ | dQ | exchange | kStages x [LSE | D] | barriers. Every
   // tile starts on a 1024-byte boundary (all tile sizes are multiples of 1024): TMA, wgmma and the swizzled
   // stores below all derive the swizzle from address bits, relative to the atom.
-  static constexpr u32 kKvTileBytes = kBlockN * kHeadDim * 2;  // K or V
-  static constexpr u32 kQTileBytes = kBlockM * kHeadDim * 2;   // Q or dO
+  static constexpr u32 kKvTileBytes = kBlockN * kTileDim * 2;  // K or V
+  static constexpr u32 kQTileBytes = kBlockM * kTileDim * 2;   // Q or dO
   static constexpr u32 kStageBytes = 2 * kQTileBytes;
   static constexpr u32 kDsTileBytes = kBlockN * kBlockM * 2;
   // fp32, (kBlockM / 64, kChunks) chunks of 64 x 64
-  static constexpr u32 kDqTileBytes = kDqStaged ? kBlockM * kHeadDim * 4 : 0;
+  static constexpr u32 kDqTileBytes = kDqStaged ? kBlockM * kTileDim * 4 : 0;
   static constexpr u32 kDqChunkBytes = 64 * 64 * 4;
   // The dK/dV split's exchange tile: (64 keys, kBlockM) fp32 values, a thread's accumulator group i at
   // 16 * (128 * i + its index in the warpgroup), so each warp's 16-byte accesses are 512 consecutive bytes.
@@ -102,13 +105,13 @@ struct BwdDkdvSm90 {
 
   static constexpr int kSGroups = kBlockM / 8;   // accumulator groups of Sᵀ, dPᵀ: (16 keys, 8 queries) per warp
   static constexpr int kMSteps = kBlockM / 16;   // k-steps of dV += Pᵀ dO and dK += dSᵀ Q
-  static constexpr int kDSteps = kHeadDim / 16;  // k-steps of Sᵀ and dPᵀ
+  static constexpr int kDSteps = kTileDim / 16;  // k-steps of Sᵀ and dPᵀ
   static constexpr int kNSteps = kBlockN / 16;   // k-steps of dQ = dS K
   static constexpr int kDqRowTiles = kTraits.dq_row_tiles;
   static constexpr int kDqCols = kTraits.dq_cols;
   static constexpr int kDqGroups = kDqCols / 8;
   static constexpr int kDqPasses = kTraits.dq_passes;  // a consumer's dQ columns, kDqCols at a time (the most)
-  static constexpr int kDqColParts = kDkdvSplit ? 2 : kHeadDim / kDqCols;  // consumers sharing a 64-row tile of dQ
+  static constexpr int kDqColParts = kDkdvSplit ? 2 : kTileDim / kDqCols;  // consumers sharing a 64-row tile of dQ
 
   // Hardware barriers: 0 is __syncthreads, 1 all consumers (dSᵀ staged; K and V free), 2 + c consumer c,
   // and per consumer c with the dQ writer warp: 4 + c its share of the dQ tile stored, 6 + c the tile free.
@@ -200,7 +203,7 @@ struct BwdDkdvSm90 {
     if constexpr (kVarlen) {
       AttnBwdParams p = params.base;
       const SequenceRows rows = sequence_rows(p, blockIdx.z);
-      bind_sequence(p, blockIdx.z, rows, kHeadDim, Cfg::kPadRows);
+      bind_sequence(p, blockIdx.z, rows, kTileDim, Cfg::kPadRows);
       if (n_block_of_this_block() * kBlockN >= p.seqlen_k) return;
       run_block(params, p, rows);
     } else {
@@ -307,7 +310,7 @@ struct BwdDkdvSm90 {
           }
           sm90::fence_proxy_async_global();  // the adds below follow the previous turn's
         }
-        sm90::bulk_reduce_add_f32(p.dq_accum + row0 * kHeadDim, smem + kDqOffset, kDqTileBytes);
+        sm90::bulk_reduce_add_f32(p.dq_accum + row0 * kTileDim, smem + kDqOffset, kDqTileBytes);
         sm90::tma_store_commit();
         sm90::tma_store_wait_read();  // the consumers may write the tile again
       }
@@ -342,7 +345,7 @@ struct BwdDkdvSm90 {
     const int key_row0 = key_consumer * 64 + warp * 16 + g;  // this thread's keys: key_row0 and + 8, block-relative
     constexpr bool kHasDk = kPart != Part::kGrads;
     constexpr bool kHasDv = kPart != Part::kScores;
-    constexpr int kDGroups = kHeadDim / 8;  // accumulator groups of dK and dV
+    constexpr int kDGroups = kTileDim / 8;  // accumulator groups of dK and dV
     const u32 sk = smem;
     const u32 sv = smem + kVOffset;
     const u32 sk_rows = sk + key_consumer * 64 * kRowBytes;  // this consumer's 64 keys in chunk 0
@@ -510,14 +513,14 @@ struct BwdDkdvSm90 {
 #pragma unroll
         for (int j = 0; j < kMSteps; ++j) {
           const u64 desc_do_j = sm90::smem_desc_advance(desc_do_mn, j * 16 * kRowBytes);
-          sm90::WgmmaRS<kHeadDim>::template run<kElem>(acc_dv, p_frag[j], desc_do_j, 1);
+          sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dv, p_frag[j], desc_do_j, 1);
         }
       }
       if constexpr (kHasDk) {
 #pragma unroll
         for (int j = 0; j < kMSteps; ++j) {
           const u64 desc_q_j = sm90::smem_desc_advance(desc_q_mn, j * 16 * kRowBytes);
-          sm90::WgmmaRS<kHeadDim>::template run<kElem>(acc_dk, ds_frag[j], desc_q_j, 1);
+          sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dk, ds_frag[j], desc_q_j, 1);
         }
       }
       sm90::wgmma_commit();
@@ -592,7 +595,7 @@ struct BwdDkdvSm90 {
             }
             consumers_sync();
           }
-          float* dq_tile = p.dq_accum + dq_row0 * kHeadDim;
+          float* dq_tile = p.dq_accum + dq_row0 * kTileDim;
 #pragma unroll
           for (int r = 0; r < kDqRowTiles; ++r)
 #pragma unroll
@@ -617,7 +620,8 @@ struct BwdDkdvSm90 {
     consumers_sync();
     if constexpr (kVarlen) {
       // A packed sequence's last keys: a 64-row box would run into the next sequence's rows, so this
-      // consumer writes the keys of its sequence from registers (rows key_row0 and + 8, columns 8i + 2t, + 1).
+      // consumer writes the keys of its sequence from registers (rows key_row0 and + 8, columns 8i + 2t, + 1;
+      // the groups past head_dim are the tiles' zero padding).
       if (w.n_start + key_consumer * 64 + 64 > p.seqlen_k) {
         using u16 = sm80::u16;
 #pragma unroll
@@ -627,7 +631,7 @@ struct BwdDkdvSm90 {
           u16* dk = static_cast<u16*>(p.dk) + key * p.dk_row_stride + w.kv_head * p.dk_head_stride + 2 * t;
           u16* dv = static_cast<u16*>(p.dv) + key * p.dv_row_stride + w.kv_head * p.dv_head_stride + 2 * t;
 #pragma unroll
-          for (int i = 0; i < kDGroups; ++i) {
+          for (int i = 0; i < kHeadDim / 8; ++i) {
             if constexpr (kHasDk) {
               *reinterpret_cast<u32*>(dk + 8 * i) =
                   sm80::pack2<kElem>(acc_dk[i][2 * h] * p.scale, acc_dk[i][2 * h + 1] * p.scale);

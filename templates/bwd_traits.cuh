@@ -133,6 +133,12 @@ inline constexpr int kBwdRowKernelThreads = 256;
 //           reduce-add, and the convert kernel reads 64 contiguous bytes per two rows.
 enum class DqAccum { kNone, kRows, kTiles };
 
+// Columns of one accumulator row: head_dim, or with kTiles whole 64-column chunks (sm90_tile_dim; the
+// columns past head_dim take the zeros of the padded tiles and are never converted).
+constexpr int dq_accum_cols(DqAccum accum, int head_dim) {
+  return accum == DqAccum::kTiles ? sm90_tile_dim(head_dim) : head_dim;
+}
+
 // The Hopper family (bwd_sm90.cuh) replaces the dkdv kernel with a warp-specialized one: a producer
 // warpgroup loads K and V once and streams Q, dO, LSE and D through a ring with TMA; block_n / 64
 // consumer warpgroups own 64 keys each and run every product on wgmma (Sᵀ and dPᵀ from shared memory,
@@ -145,26 +151,27 @@ enum class DqAccum { kNone, kRows, kTiles };
 inline constexpr int kBwdSm90PadRows = 128;
 
 struct BwdSm90Traits {
-  int consumers;        // consumer warpgroups: block_n / 64, or 2 splitting dK and dV at head_dim 192, 256
-  bool dkdv_split;      // head_dim 192 and 256: both consumers see the block's 64 keys; consumer 0 computes Sᵀ,
+  int tile_dim;         // sm90_tile_dim(head_dim): the tiles' columns (fwd_traits.cuh)
+  int consumers;        // consumer warpgroups: block_n / 64, or 2 splitting dK and dV above tile_dim 128
+  bool dkdv_split;      // tile_dim 192 and 256: both consumers see the block's 64 keys; consumer 0 computes Sᵀ,
                         // Pᵀ, dSᵀ and holds dK, consumer 1 computes dPᵀ and holds dV (dK and dV together would
-                        // take head_dim fp32 registers per thread); they trade dPᵀ and Pᵀ through an
+                        // take tile_dim fp32 registers per thread); they trade dPᵀ and Pᵀ through an
                         // exchange tile
   int key_consumers;    // consumers that split the keys: consumers, or 1 with the dK/dV split
-  int dkv_regs;         // fp32 registers of a consumer's dK and dV: head_dim, or head_dim / 2 with the split
+  int dkv_regs;         // fp32 registers of a consumer's dK and dV: tile_dim, or tile_dim / 2 with the split
   int threads;          // 128 * (consumers + 1)
   int producer_regs;
   int consumer_regs;
   int dq_row_tiles;     // 64-row query tiles of dQ per consumer
   int dq_cols;          // dQ columns per consumer and pass (wgmma N)
   int dq_passes;        // most dQ column passes of a consumer: its columns dq_cols at a time
-  int dq_passes_last;   // the last consumer's: dq_passes, or with the split head_dim / 64 - 2 (consumer 0 adds
+  int dq_passes_last;   // the last consumer's: dq_passes, or with the split tile_dim / 64 - 2 (consumer 0 adds
                         // the first two chunks of dQ, consumer 1 the rest)
   bool dq_staged;       // dQ stored to a shared fp32 tile and added by the writer warp; else each consumer
                         // thread adds its values with vector reductions (the dK/dV split where the tile
-                        // does not fit: head_dim 256 with 2 stages, 192 with 3)
-  int smem_kv_bytes;    // K and V: (head_dim / 64 chunks, block_n, 64) each
-  int smem_stage_bytes; // one ring stage: Q, dO (head_dim / 64 chunks, block_m, 64), LSE and D
+                        // does not fit: tile_dim 256 with 2 stages, 192 with 3)
+  int smem_kv_bytes;    // K and V: (tile_dim / 64 chunks, block_n, 64) each
+  int smem_stage_bytes; // one ring stage: Q, dO (tile_dim / 64 chunks, block_m, 64), LSE and D
   int smem_ds_bytes;    // two dSᵀ tiles (block_m / 64 chunks, block_n, 64), alternating per step
   int smem_exchange_bytes;  // the dK/dV split: dPᵀ in fp32 from consumer 1, then Pᵀ's fragments from consumer 0
   int smem_dq_bytes;    // the query block's dQ in fp32, laid out as its tiles of the accumulator (kTiles)
@@ -176,10 +183,11 @@ struct BwdSm90Traits {
 
 constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, int stages) {
   BwdSm90Traits t{};
-  t.dkdv_split = head_dim > 128;
+  t.tile_dim = sm90_tile_dim(head_dim);
+  t.dkdv_split = t.tile_dim > 128;
   t.consumers = t.dkdv_split ? 2 : block_n / 64;
   t.key_consumers = t.dkdv_split ? 1 : t.consumers;
-  t.dkv_regs = t.dkdv_split ? head_dim / 2 : head_dim;
+  t.dkv_regs = t.dkdv_split ? t.tile_dim / 2 : t.tile_dim;
   t.threads = 128 * (t.consumers + 1);
   t.producer_regs = kSm90ProducerRegs;
   t.consumer_regs = sm90_consumer_regs(t.consumers);
@@ -187,16 +195,16 @@ constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, 
   t.dq_row_tiles = t.consumers > 0 && row_tiles > t.consumers ? row_tiles / t.consumers : 1;
   const int col_parts = row_tiles > 0 && t.consumers > row_tiles ? t.consumers / row_tiles : 1;
   t.dq_passes = t.dkdv_split ? 2 : 1;
-  t.dq_passes_last = t.dkdv_split ? head_dim / 64 - 2 : 1;
-  t.dq_cols = t.dkdv_split ? 64 : head_dim / col_parts;
-  t.smem_kv_bytes = 2 * block_n * head_dim * 2;
-  t.smem_stage_bytes = 2 * block_m * head_dim * 2 + 2 * block_m * 4;
+  t.dq_passes_last = t.dkdv_split ? t.tile_dim / 64 - 2 : 1;
+  t.dq_cols = t.dkdv_split ? 64 : t.tile_dim / col_parts;
+  t.smem_kv_bytes = 2 * block_n * t.tile_dim * 2;
+  t.smem_stage_bytes = 2 * block_m * t.tile_dim * 2 + 2 * block_m * 4;
   t.smem_ds_bytes = 2 * block_n * block_m * 2;
   t.smem_exchange_bytes = t.dkdv_split ? block_n * block_m * 4 : 0;
   const int smem_rest = t.smem_kv_bytes + stages * t.smem_stage_bytes + t.smem_ds_bytes + t.smem_exchange_bytes +
                         (1 + 2 * stages) * 8 + 1024;
-  t.dq_staged = !t.dkdv_split || smem_rest + block_m * head_dim * 4 <= max_smem_per_block(90);
-  t.smem_dq_bytes = t.dq_staged ? block_m * head_dim * 4 : 0;
+  t.dq_staged = !t.dkdv_split || smem_rest + block_m * t.tile_dim * 4 <= max_smem_per_block(90);
+  t.smem_dq_bytes = t.dq_staged ? block_m * t.tile_dim * 4 : 0;
   t.smem_bytes = smem_rest + t.smem_dq_bytes;
   // dK and dV, then either Sᵀ and dPᵀ (block_m / 2 each) or their 16-bit fragments (block_m / 4 each,
   // counted once: an estimate; the tests check the compiled choices for spills) with one pass of the dQ tile.
@@ -204,16 +212,16 @@ constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, 
   const int with_dq = t.dkv_regs + block_m / 4 + t.dq_row_tiles * t.dq_cols / 2;
   t.accum_regs = with_s > with_dq ? with_s : with_dq;
   t.error = nullptr;
-  if (head_dim != 64 && head_dim != 128 && head_dim != 192 && head_dim != 256) {
-    t.error = "head_dim must be 64, 128, 192 or 256 (whole 64-column swizzled chunks; dK and dV stay in registers)";
+  if (head_dim < 8 || head_dim > 256 || head_dim % 8 != 0) {
+    t.error = "head_dim must be a multiple of 8 in [8, 256] (16-byte rows for TMA; dK and dV stay in registers)";
   } else if (block_n != 64 && block_n != 128) {
     t.error = "block_n must be 64 or 128 (64 keys per consumer warpgroup, at most 2)";
   } else if (t.dkdv_split && (block_n != 64 || block_m != 64)) {
-    t.error = "head_dim 192 and 256 take 64 x 64 blocks (two consumers split 64 keys' dK and dV)";
+    t.error = "head_dim above 128 takes 64 x 64 blocks (two consumers split 64 keys' dK and dV)";
   } else if (block_m != 64 && block_m != 128) {
     t.error = "block_m must be 64 or 128 (wgmma N of Sᵀ; 64-row tiles of dQ)";
   } else if (stages < (t.dkdv_split ? 1 : 2) || stages > 3) {
-    t.error = "stages must be 2 or 3 (1 too at head_dim 192 and 256)";
+    t.error = "stages must be 2 or 3 (1 too at head_dim above 128)";
   } else if (t.dq_cols % 64 != 0) {
     t.error = "dQ columns per consumer must be whole 64-column chunks: raise block_m or lower block_n";
   } else if (t.accum_regs + 40 > t.consumer_regs) {

@@ -35,7 +35,6 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
   using L::kConsumers;
   using L::kElem;
   using L::kGroups;
-  using L::kHeadDim;
   using L::kKOffset;
   using L::kOGroups;
   using L::kOnesOffset;
@@ -51,6 +50,7 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
   using L::kSGroups;
   using L::kTensorSum;
   using L::kTileBytes;
+  using L::kTileDim;
   using L::kVOffset;
   using L::ring_phase;
   using L::ring_slot;
@@ -78,7 +78,7 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
     const u64 desc_q0 = sm90::smem_desc_sw128(sq_rows, 16, 1024);
     const int row0 = tile.m_start + consumer * 64 + warp * 16 + g;  // query rows row0 and row0 + 8
 
-    float acc_o[kOGroups][4];  // (64, kHeadDim) fp32 per warpgroup: this thread's (2 rows, 2 cols) groups
+    float acc_o[kOGroups][4];  // (64, kTileDim) fp32 per warpgroup: this thread's (2 rows, 2 cols) groups
     float row_max[2] = {neg_inf(), neg_inf()};  // running max (log2 units) of rows row0, row0 + 8
     float row_sum[2] = {0.f, 0.f};              // running sum of exp2, this thread's columns only
     // kTensorSum: (64, 8) fp32 per warpgroup, P times ones: every column holds its row's running sum.
@@ -168,9 +168,9 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
         const u64 desc_v = sm90::smem_desc_advance(desc_v0, j * 16 * kRowBytes);
         if constexpr (kPSmem) {
           const u64 desc_p = sm90::smem_desc_advance(desc_p0, (j / 4) * 64 * kRowBytes + (j % 4) * 32);
-          sm90::WgmmaSSKMN<kHeadDim>::template run<kElem>(acc_o, desc_p, desc_v, 1);
+          sm90::WgmmaSSKMN<kTileDim>::template run<kElem>(acc_o, desc_p, desc_v, 1);
         } else {
-          sm90::WgmmaRS<kHeadDim>::template run<kElem>(acc_o, p_frag[j], desc_v, 1);
+          sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_o, p_frag[j], desc_v, 1);
         }
       }
       if constexpr (kTensorSum) {

@@ -26,7 +26,8 @@ struct FwdSm90Layout {
 
   using Variant = typename Cfg::Variant;
   static constexpr ElemType kElem = Cfg::kElem;
-  static constexpr int kHeadDim = Cfg::kHeadDim;
+  static constexpr int kHeadDim = Cfg::kHeadDim;      // the problem's: columns past it are never stored
+  static constexpr int kTileDim = kTraits.tile_dim;  // the tiles': whole 64-column chunks (fwd_traits.cuh)
   static constexpr int kBlockM = Cfg::kBlockM;
   static constexpr int kBlockN = Cfg::kBlockN;
   static constexpr int kStages = Cfg::kStages;
@@ -46,10 +47,10 @@ struct FwdSm90Layout {
   // Every tile is stored as kChunks column chunks of 64 elements (128-byte rows), chunk after chunk,
   // each swizzled in 1024-byte atoms of 8 rows: the layout TMA writes with 128-byte swizzling and the
   // one wgmma descriptors read.
-  static constexpr int kChunks = kHeadDim / 64;
+  static constexpr int kChunks = kTileDim / 64;
   static constexpr u32 kRowBytes = 128;
-  static constexpr u32 kQBytes = kBlockM * kHeadDim * 2;     // (kChunks, kBlockM, 64)
-  static constexpr u32 kTileBytes = kBlockN * kHeadDim * 2;  // one K or V tile: (kChunks, kBlockN, 64)
+  static constexpr u32 kQBytes = kBlockM * kTileDim * 2;     // (kChunks, kBlockM, 64)
+  static constexpr u32 kTileBytes = kBlockN * kTileDim * 2;  // one K or V tile: (kChunks, kBlockN, 64)
   static constexpr u32 kKOffset = kQBytes;
   static constexpr u32 kVOffset = kKOffset + kStages * kTileBytes;
   // kPSmem: consumer c's P, (kPChunks, 64, 64), at kPOffset + c * kPBytes.
@@ -70,9 +71,9 @@ struct FwdSm90Layout {
                 "layout and traits disagree");
 
   static constexpr int kSGroups = kBlockN / 8;   // accumulator groups of S: (16 rows, 8 keys) per warp
-  static constexpr int kOGroups = kHeadDim / 8;  // accumulator groups of O
+  static constexpr int kOGroups = kTileDim / 8;  // accumulator groups of O
   static constexpr int kPSteps = kBlockN / 16;   // k-steps of O += P V
-  static constexpr int kQkSteps = kHeadDim / 16; // k-steps of S = Q Kᵀ
+  static constexpr int kQkSteps = kTileDim / 16; // k-steps of S = Q Kᵀ
 
   // Hardware barriers: 0 is __syncthreads, 1 + w consumer warpgroup w's own (P staging, epilogue; w counts
   // the block's consumers), kTurnBarrier + 2 * g + c the ping-pong turn of consumer c of group g.

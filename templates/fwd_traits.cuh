@@ -66,18 +66,23 @@ constexpr int max_smem_per_block(int sm) {
   return 0;
 }
 
+// The Hopper families' tiles are 64-column chunks with 128-byte swizzling: head_dim rounded up to whole
+// chunks. TMA fills the columns past head_dim with zeros when it loads a tile and clips them when it stores
+// one, so they add nothing to any product (at 96 a quarter of the tensor-core work is spent on them).
+constexpr int sm90_tile_dim(int head_dim) { return (head_dim + 63) / 64 * 64; }
+
 // The Hopper family (fwd_sm90.cuh): one producer warpgroup issuing TMA loads and block_m / 64 consumer
-// warpgroups issuing wgmma, each owning 64 query rows. Tiles are stored as 64-column chunks with
-// 128-byte swizzling, so head_dim is a multiple of 64.
+// warpgroups issuing wgmma, each owning 64 query rows.
 struct FwdSm90Traits {
+  int tile_dim;             // sm90_tile_dim(head_dim): the tiles' columns
   int consumers;            // consumer warpgroups of a group: block_m / 64
   int threads;              // 128 * (groups * consumers + 1)
   int producer_regs;        // setmaxnreg targets: the producer gives registers to the consumers
   int consumer_regs;
-  int smem_q_bytes;         // (block_m, head_dim) Q tile
-  int smem_kv_stage_bytes;  // (block_n, head_dim) K tile + V tile
+  int smem_q_bytes;         // (block_m, tile_dim) Q tile
+  int smem_kv_stage_bytes;  // (block_n, tile_dim) K tile + V tile
   int smem_p_bytes;         // p_smem: P of each consumer, (64, block_n) in 64-column chunks; else 0
-  int smem_o_bytes;         // (block_m, head_dim) output staging, or 0: the output is staged in the Q rows
+  int smem_o_bytes;         // (block_m, tile_dim) output staging, or 0: the output is staged in the Q rows
   int smem_ones_bytes;      // tensor_sum: a block of ones, whose product with P is the rows' sums; else 0
   int smem_group_bytes;     // one group's tiles, mbarriers and two tile indices
   int smem_group_stride;    // from one group's tiles to the next's: smem_group_bytes rounded up to 1024
@@ -118,12 +123,13 @@ constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, 
                                         bool persistent, bool p_smem, int cluster, MaskKind mask, int groups = 1,
                                         bool tensor_sum = false, ElemType elem = ElemType::kFloat16) {
   FwdSm90Traits t{};
+  t.tile_dim = sm90_tile_dim(head_dim);
   t.consumers = block_m / 64;
   t.threads = 128 * (groups * t.consumers + 1);
   t.producer_regs = cluster > 1 || groups > 1 ? kSm90WideProducerRegs : kSm90ProducerRegs;
   t.consumer_regs = sm90_consumer_regs(groups * t.consumers, t.producer_regs);
-  t.smem_q_bytes = block_m * head_dim * 2;
-  t.smem_kv_stage_bytes = 2 * block_n * head_dim * 2;
+  t.smem_q_bytes = block_m * t.tile_dim * 2;
+  t.smem_kv_stage_bytes = 2 * block_n * t.tile_dim * 2;
   t.smem_p_bytes = p_smem ? t.consumers * ((block_n + 63) / 64) * 64 * 128 : 0;
   t.smem_ones_bytes = tensor_sum ? 1024 : 0;
   t.smem_group_bytes =
@@ -140,10 +146,10 @@ constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, 
   // ptxas needed to keep three consumers' persistent kernels free of spills.
   // (tensor_sum's four accumulators of the sums take the place of the two running sums and the adds'
   // temporaries.)
-  t.accum_regs = head_dim / 2 + block_n / 2 + (p_smem ? 24 : block_n / 4);
+  t.accum_regs = t.tile_dim / 2 + block_n / 2 + (p_smem ? 24 : block_n / 4);
   t.error = nullptr;
-  if (head_dim != 64 && head_dim != 128 && head_dim != 192 && head_dim != 256) {
-    t.error = "head_dim must be 64, 128, 192 or 256 (whole 64-column swizzled chunks; wgmma N of O)";
+  if (head_dim < 8 || head_dim > 256 || head_dim % 8 != 0) {
+    t.error = "head_dim must be a multiple of 8 in [8, 256] (16-byte rows for TMA; O in registers)";
   } else if (block_m != 64 && block_m != 128 && block_m != 192 && block_m != 256) {
     t.error = "block_m must be 64, 128, 192 or 256 (64 rows per consumer warpgroup, at most 4)";
   } else if (block_n < 64 || block_n > 192 || block_n % 16 != 0) {

@@ -45,7 +45,9 @@ struct Sm90Tile {
   int groups = 1;
 };
 
-// The Hopper family where it applies (head_dim a multiple of 64), ahead of the sm80 family. Measured on
+// The Hopper family ahead of the sm80 family, by tile width (sm90_tile_dim: head_dim rounded up to whole
+// 64-column chunks; on padded tiles it runs 1.05-2.5x the sm80 family's speed from head_dim 32 to 160,
+// H100, bench/results/padded_head_dims_sm90_vs_sm80_*). Measured on
 // H200 (bench/notes_fwd_sm90.md, fp16, 1k-16k tokens per sequence): overlap wins everywhere (+5-20%),
 // ping-pong on top of it for two consumers (+2-5% at d128); d64 keeps three consumers (192 rows), whose
 // registers leave no room for ping-pong, or better four (256 rows) with 64-key blocks: more warps per
@@ -57,8 +59,8 @@ struct Sm90Tile {
 // 1-3% at d128 and d256, whose tensor cores are the busier; v19 and v20). Packed batches have no groups: under
 // a causal mask their d64 tiles take 128 keys (tuning sweep of 64 sequences of 128-8k tokens, H100: +17% bf16,
 // +32% fp16 over 64 keys; bench/results/tune_varlen_nvidia-h100-80gb-hbm3_2026-11-24.csv).
-std::vector<Sm90Tile> sm90_preferences(int head_dim, MaskKind mask, bool varlen) {
-  if (head_dim == 64) {
+std::vector<Sm90Tile> sm90_preferences(int tile_dim, MaskKind mask, bool varlen) {
+  if (tile_dim == 64) {
     const Sm90Tile m256{256, 64, 3, true, false};
     const Sm90Tile grouped{128, 64, 3, true, false, 2};
     const Sm90Tile m192{192, 128, 2, true, false};
@@ -67,9 +69,9 @@ std::vector<Sm90Tile> sm90_preferences(int head_dim, MaskKind mask, bool varlen)
     if (mask == MaskKind::kCausal) return {grouped, m256, m192, {128, 64, 2, false, false}};
     return {m256, m192, {128, 128, 2, true, true}, {128, 64, 2, false, false}};
   }
-  if (head_dim == 128) return {{128, 128, 2, true, true}, {128, 96, 2, true, true}, {128, 64, 2, false, false}};
-  if (head_dim == 192) return {{128, 112, 2, true, true}, {128, 96, 2, true, true}, {128, 64, 2, false, false}};
-  if (head_dim == 256) return {{128, 64, 2, true, true}, {128, 80, 2, true, true}, {64, 64, 2, false, false}};
+  if (tile_dim == 128) return {{128, 128, 2, true, true}, {128, 96, 2, true, true}, {128, 64, 2, false, false}};
+  if (tile_dim == 192) return {{128, 112, 2, true, true}, {128, 96, 2, true, true}, {128, 64, 2, false, false}};
+  if (tile_dim == 256) return {{128, 64, 2, true, true}, {128, 80, 2, true, true}, {64, 64, 2, false, false}};
   return {};
 }
 
@@ -80,13 +82,14 @@ std::vector<KernelConfig> heuristic_forward_configs(DType dtype, int head_dim, M
   std::vector<KernelConfig> configs;
   std::string last_reason = "no candidate";
   if (arch == 90) {
-    for (const Sm90Tile& tile : sm90_preferences(head_dim, mask, varlen)) {
+    const int tile_dim = sm90_tile_dim(head_dim);
+    for (const Sm90Tile& tile : sm90_preferences(tile_dim, mask, varlen)) {
       KernelConfig c;
       c.dtype = dtype, c.head_dim = head_dim, c.mask = mask;
       c.block_m = tile.block_m, c.block_n = tile.block_n, c.stages = tile.stages;
       Sm90Knobs& k = c.knobs.emplace<Sm90Knobs>();
       k.overlap = tile.overlap, k.pingpong = tile.pingpong, k.groups = tile.groups;
-      k.tensor_sum = head_dim == 64 && dtype == DType::kFloat16;
+      k.tensor_sum = tile_dim == 64 && dtype == DType::kFloat16;
       // Persistent blocks win without a mask (+3-15%, most at 1k tokens and d128 16k), and under a causal
       // mask since its tiles are claimed longest first from L2-sized sections (d128 +3-12% at 1k-16k,
       // d256 +0-6% at 1k-4k; bench/notes_fwd_sm90.md, v5-v6 and v14).
@@ -181,12 +184,13 @@ std::vector<BwdConfig> heuristic_backward_configs(DType dtype, int head_dim, Mas
                                                   int arch) {
   std::vector<BwdConfig> configs;
   std::string last_reason = "no candidate";
-  // On sm_90 the Hopper family comes first where it applies (head_dim 64, 128, 192 or 256): 128 keys in
-  // two consumer warpgroups, with 64-query steps at head_dim 128 (dK, dV and Sᵀ fill the registers) and
-  // 128-query steps at 64; at 192 and 256, 64 keys and 64 queries, the two consumers splitting dK's and
-  // dV's columns, with the staged dQ tile: at 192 beside two stages, at 256 beside one (H200, 4k tokens:
-  // +7-16% over two stages with dQ added from registers, +30-44% deterministic;
-  // bench/results/bwd_sm90_d256_stages_*).
+  // On sm_90 the Hopper family comes first, by tile width (head_dim rounded up to whole 64-column chunks:
+  // on padded tiles it runs 1.3-2.2x the sm80 family's speed from head_dim 32 to 160, H100, 4k tokens,
+  // bench/results/padded_head_dims_sm90_vs_sm80_*): 128 keys in two consumer warpgroups, with 64-query
+  // steps on 128-column tiles (dK, dV and Sᵀ fill the registers) and 128-query steps on 64; on 192 and
+  // 256, 64 keys and 64 queries, the two consumers splitting the work between dK and dV, with the staged
+  // dQ tile: on 192 beside two stages, on 256 beside one (H200, 4k tokens: +7-16% over two stages with dQ
+  // added from registers, +30-44% deterministic; bench/results/bwd_sm90_d256_stages_*).
   // Both dQ strategies run on its one dkdv kernel.
   if (arch == 90) {
     BwdConfig c;
@@ -195,9 +199,10 @@ std::vector<BwdConfig> heuristic_backward_configs(DType dtype, int head_dim, Mas
     c.head_dim = head_dim;
     c.mask = mask;
     c.deterministic = deterministic;
-    c.block_m = head_dim <= 64 ? 128 : 64;
-    c.block_n = head_dim <= 128 ? 128 : 64;
-    c.stages = head_dim == 256 ? 1 : 2;
+    const int tile_dim = sm90_tile_dim(head_dim);
+    c.block_m = tile_dim == 64 ? 128 : 64;
+    c.block_n = tile_dim <= 128 ? 128 : 64;
+    c.stages = tile_dim == 256 ? 1 : 2;
     if (!c.invalid_reason(arch)) configs.push_back(c);
   }
   for (const BwdTile& tile : backward_preferences(head_dim, deterministic)) {

@@ -189,9 +189,27 @@ TEST_CASE("sm90 backward validity follows bwd_sm90_traits", "[generator][backwar
   CHECK_FALSE(d192.invalid_reason(90).has_value());
   d192.block_n = 128;
   CHECK(d192.invalid_reason(90)->find("64 x 64") != std::string::npos);
-  BwdConfig d96 = wide;
-  d96.head_dim = 96;  // not whole 64-column chunks
-  CHECK(d96.invalid_reason(90)->find("head_dim") != std::string::npos);
+  // head_dim 96 and 160: tiles of 128 and 192 columns, zero-padded past head_dim; the same sizes as there.
+  BwdConfig d96 = c;
+  d96.head_dim = 96;
+  BwdConfig d128 = c;
+  d128.head_dim = 128;
+  CHECK_FALSE(d96.invalid_reason(90).has_value());
+  CHECK(d96.sm90_traits().tile_dim == 128);
+  CHECK(d96.sm90_traits().smem_bytes == d128.sm90_traits().smem_bytes);
+  CHECK(d96.sm90_traits().consumers == 2);
+  CHECK_FALSE(d96.sm90_traits().dkdv_split);
+  BwdConfig d160 = d192;
+  d160.head_dim = 160;
+  d160.block_n = 64;
+  d160.stages = 2;
+  CHECK_FALSE(d160.invalid_reason(90).has_value());
+  CHECK(d160.sm90_traits().tile_dim == 192);
+  CHECK(d160.sm90_traits().dkdv_split);
+  CHECK(d160.sm90_traits().smem_bytes == t192.smem_bytes);
+  BwdConfig d100 = c;
+  d100.head_dim = 100;  // rows of 200 bytes: not whole 16-byte units for TMA
+  CHECK(d100.invalid_reason(90)->find("multiple of 8") != std::string::npos);
 
   BwdConfig one_stage = c;
   one_stage.stages = 1;  // only the dK/dV split (head_dim 192, 256) takes a single stage

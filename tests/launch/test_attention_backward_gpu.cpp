@@ -23,6 +23,7 @@
 #include "support/attention_reference.hpp"
 #include "support/backward_reference.hpp"
 #include "support/first_use_scope.hpp"
+#include "support/parallel.hpp"
 #include "support/strided_tensors.hpp"
 #include "support/temp_dir.hpp"
 #include "tuner/heuristic.hpp"
@@ -310,13 +311,11 @@ TEST_CASE("backward, sm90 family: every config of both strategies over the matri
     flashgen::ScopedContext context;
     FLASHGEN_REQUIRE_SM90(context);
   }
-  std::vector<Problem> problems;
-  for (const Problem& p : backward_matrix()) {
-    const int64_t d = p.shape.head_dim;
-    if (d % 64 == 0) problems.push_back(p);  // 64, 128, 192, 256; both dQ strategies
-  }
+  // Every head_dim of the matrix (32 to 256; tiles of 64 to 256 columns, zero-padded past head_dim), both dQ
+  // strategies.
+  std::vector<Problem> problems = backward_matrix();
   for (flashgen_dtype dtype : {FLASHGEN_FLOAT16, FLASHGEN_BFLOAT16}) {
-    for (int64_t head_dim : {64, 128, 192, 256}) {
+    for (int64_t head_dim : {64, 96, 128, 160, 192, 256}) {
       Problem p;
       p.dtype = dtype;
       p.shape.head_dim = head_dim;
@@ -339,6 +338,7 @@ TEST_CASE("backward, sm90 family: every config of both strategies over the matri
       problems.push_back(p);
     }
   }
+  flashgen::testing::compile_all(problems, sm90_backward_configs, 90);  // on every core at once
   int ran = 0;
   int deterministic = 0;
   for (const Problem& p : problems) {
@@ -354,7 +354,7 @@ TEST_CASE("backward, sm90 family: every config of both strategies over the matri
 
 TEST_CASE("backward: deterministic mode gives identical bits on repeated runs", "[gpu][backward]") {
   FLASHGEN_REQUIRE_GPU();
-  for (int64_t head_dim : {64, 128, 192, 256}) {
+  for (int64_t head_dim : {64, 96, 128, 192, 256}) {
     Problem p;
     p.deterministic = true;
     p.dtype = FLASHGEN_BFLOAT16;

@@ -89,15 +89,10 @@ std::vector<flashgen::KernelConfig> sm90_configs(const Problem& p) {
   return configs;
 }
 
-// Every sm90 built-in config over the given problems whose head_dim the family takes (64, 128, 192, 256).
+// Every sm90 built-in config over the given problems (every head_dim: tiles of whole 64-column chunks).
 // The configs are compiled first, on every core at once.
 void run_sm90_family(const std::vector<Problem>& problems) {
-  std::vector<flashgen::KernelConfig> all;
-  std::set<std::string> names;
-  for (const Problem& p : problems)
-    for (const flashgen::KernelConfig& c : sm90_configs(p))
-      if (names.insert(c.name()).second) all.push_back(c);
-  flashgen::testing::parallel_for(all.size(), [&](size_t i) { flashgen::KernelRegistry::instance().compiled(all[i], 90); });
+  flashgen::testing::compile_all(problems, sm90_configs, 90);
   int ran = 0;
   for (const Problem& p : problems) {
     const std::vector<flashgen::KernelConfig> configs = sm90_configs(p);

@@ -355,6 +355,10 @@ TEST_CASE("packed variable-length backward, sm90 family: every config of both st
        {70, 3, 200}, {}, {}},
       {"bf16 d256 bottom-right GQA 2", FLASHGEN_BFLOAT16, 256, 2, 1, FLASHGEN_MASK_CAUSAL, {70, 1, 130}, {90, 5, 64},
        {}, {}},
+      // Tiles wider than head_dim (zero-padded columns): 128 columns for 96, 64 for 40.
+      {"bf16 d96 bottom-right GQA 2", FLASHGEN_BFLOAT16, 96, 4, 2, FLASHGEN_MASK_CAUSAL, {100, 1, 64}, {130, 0, 70},
+       {}, {}},
+      {"fp16 d40 no mask MQA", FLASHGEN_FLOAT16, 40, 3, 1, FLASHGEN_MASK_NONE, {33, 129, 2}, {17, 200, 255}, {}, {}},
   };
   int ran = 0;
   for (const VarlenCase& c : cases) {
@@ -371,5 +375,5 @@ TEST_CASE("packed variable-length backward, sm90 family: every config of both st
       }
     }
   }
-  CHECK(ran >= 26);  // d64: 5 configs, d128: 2, d192: 3, d256: 2, each with both strategies
+  CHECK(ran >= 40);  // d64 and d40: 5 configs, d128 and d96: 2, d192: 3, d256: 2, each with both strategies
 }
