@@ -16,12 +16,13 @@
 // adds the whole tile with one bulk reduce-add and hands the buffer back; the consumers never wait on a
 // global reduction. The deterministic strategy makes those adds take turns: key block n adds a query
 // block's dQ once key blocks 0 .. n-1 have (a semaphore per query block), so repeated runs sum in the
-// same order. dK and dV leave through the K and V tiles and TMA stores. Tiles hold head_dim rounded up to
-// whole 64-column chunks (sm90_tile_dim, fwd_traits.cuh): TMA zero-fills the columns past it on load and
-// clips them on store, and the dQ accumulator's rows are as wide as the tiles'. Tiles of 192 and 256
-// columns keep 64 keys per block and give its dK to consumer 0 and its dV to consumer 1 instead (dK and
-// dV of 256 columns would take 256 registers per thread): consumer 1 computes dPᵀ and passes it to consumer 0 through an
-// exchange tile; consumer 0 computes Sᵀ, Pᵀ and dSᵀ, adds dK += dSᵀ Q and passes Pᵀ's fragments back for
+// same order. dK and dV leave through the K and V tiles and TMA stores. On 64-column tiles a step adds
+// the previous step's dQ, so the consumers meet at no barrier of a step (defer_dq). Tiles hold head_dim
+// rounded up to whole 64-column chunks (sm90_tile_dim, fwd_traits.cuh): TMA zero-fills the columns past it
+// on load and clips them on store, and the dQ accumulator's rows are as wide as the tiles'. Tiles of 192
+// and 256 columns keep 64 keys per block and give its dK to consumer 0 and its dV to consumer 1 instead
+// (dK and dV of 256 columns would take 256 registers per thread): consumer 1 computes dPᵀ and passes it
+// to consumer 0 through an exchange tile; consumer 0 computes Sᵀ, Pᵀ and dSᵀ, adds dK += dSᵀ Q and passes Pᵀ's fragments back for
 // dV += Pᵀ dO; dQ's chunks are shared (at 192: two for consumer 0, one for consumer 1; the other way round
 // ptxas spills). Where the staged dQ tile does not fit (256 with two stages, 192 with three) each consumer
 // adds its dQ columns with vector reductions in the accumulator's order (in turns, for the deterministic
@@ -71,6 +72,8 @@ struct BwdDkdvSm90 {
   // consumer 1 dPᵀ and dV (Part); without room for the staged tile they add dQ from registers.
   static constexpr bool kDkdvSplit = kTraits.dkdv_split;
   static constexpr bool kDqStaged = kTraits.dq_staged;
+  // 64-column tiles: each step adds the previous step's dQ (see consume).
+  static constexpr bool kDeferDq = kTraits.defer_dq;
 
   // Tiles are stored as 64-column chunks of 128-byte rows, chunk after chunk, swizzled in 1024-byte
   // atoms of 8 rows (what TMA writes with 128-byte swizzling and wgmma descriptors read), as in
@@ -101,7 +104,7 @@ struct BwdDkdvSm90 {
   static_assert(kKvTileBytes % 1024 == 0 && kQTileBytes % 1024 == 0 && kDsTileBytes % 1024 == 0,
                 "tiles must keep 1024-byte alignment");
   static_assert(kDqTileBytes == kTraits.smem_dq_bytes, "dQ tile and traits disagree");
-  static_assert(kBarrierOffset + (1 + 2 * kStages) * 8 + 1024 == kTraits.smem_bytes, "layout and traits disagree");
+  static_assert(kBarrierOffset + kTraits.mbarriers * 8 + 1024 == kTraits.smem_bytes, "layout and traits disagree");
 
   static constexpr int kSGroups = kBlockM / 8;   // accumulator groups of Sᵀ, dPᵀ: (16 keys, 8 queries) per warp
   static constexpr int kMSteps = kBlockM / 16;   // k-steps of dV += Pᵀ dO and dK += dSᵀ Q
@@ -136,10 +139,13 @@ struct BwdDkdvSm90 {
   static constexpr int kDqWriterWarp = 1;  // of the producer warpgroup; thread 0 of warp 0 loads tiles
 
   struct Barriers {
-    u32 base;  // kv_full, then full[kStages], empty[kStages]
+    u32 base;  // kv_full, then full[kStages], empty[kStages], then with kDeferDq ds_full[2], ds_empty[2]
     __device__ u32 kv_full() const { return base; }
     __device__ u32 full(int s) const { return base + 8 * (1 + s); }
     __device__ u32 empty(int s) const { return base + 8 * (1 + kStages + s); }
+    // dSᵀ tile b holds every consumer's dSᵀ of a step / has been read by every consumer's dQ product.
+    __device__ u32 ds_full(int b) const { return base + 8 * (1 + 2 * kStages + b); }
+    __device__ u32 ds_empty(int b) const { return base + 8 * (3 + 2 * kStages + b); }
   };
 
   // This block's key block n_block of batch entry (or packed sequence) `batch` and kv head; where the TMA
@@ -222,6 +228,12 @@ struct BwdDkdvSm90 {
       for (int s = 0; s < kStages; ++s) {
         sm90::mbarrier_init(bars.full(s), 1);
         sm90::mbarrier_init(bars.empty(s), kConsumers * 128);  // one arrival per consumer thread
+      }
+      if constexpr (kDeferDq) {
+        for (int b = 0; b < 2; ++b) {
+          sm90::mbarrier_init(bars.ds_full(b), kConsumers * 128);
+          sm90::mbarrier_init(bars.ds_empty(b), kConsumers * 128);
+        }
       }
       sm90::fence_mbarrier_init();
     }
@@ -396,7 +408,11 @@ struct BwdDkdvSm90 {
       }
     };
 
-    for (int it = 0; it < w.iterations; ++it) {
+    // With kDeferDq a step adds the previous step's dQ (after issuing its own dV and dK), and one more
+    // iteration adds the last step's: the consumers meet at no barrier of a step, each waiting only for the
+    // other's dSᵀ of the step before (staged a step ago) and, before storing dSᵀ into a tile, for the other's
+    // dQ product that read it two steps ago.
+    for (int it = 0; it < w.iterations + (kDeferDq ? 1 : 0); ++it) {
       const int head = head_of(p, w, it);
       const int m_block = m_block_of(w, it);
       const int m_start = m_block * kBlockM;
@@ -406,132 +422,155 @@ struct BwdDkdvSm90 {
       const u32 s_lse = smem + kRowStatsOffset + s * kRowStatsBytes;
       const u32 s_dsum = s_lse + kBlockM * 4;
       const u32 sds = smem + kDsOffset + (it % 2) * kDsTileBytes;
-      sm90::mbarrier_wait(bars.full(s), ring_phase(it));
-      const u64 desc_k_rows = sm90::smem_desc_sw128(sk_rows, 16, 1024);
-      const u64 desc_v_rows = sm90::smem_desc_sw128(sv_rows, 16, 1024);
-      const u64 desc_q = sm90::smem_desc_sw128(sq, 16, 1024);
-      const u64 desc_do = sm90::smem_desc_sw128(sdo, 16, 1024);
+      if (!kDeferDq || it < w.iterations) {  // with kDeferDq the last iteration only adds dQ
+        sm90::mbarrier_wait(bars.full(s), ring_phase(it));
+        const u64 desc_k_rows = sm90::smem_desc_sw128(sk_rows, 16, 1024);
+        const u64 desc_v_rows = sm90::smem_desc_sw128(sv_rows, 16, 1024);
+        const u64 desc_q = sm90::smem_desc_sw128(sq, 16, 1024);
+        const u64 desc_do = sm90::smem_desc_sw128(sdo, 16, 1024);
 
-      // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for this consumer's keys: (64, kBlockM), k-steps along head_dim. With the
-      // dK/dV split consumer 0 computes Sᵀ and consumer 1 dPᵀ.
-      float acc_s[kSGroups][4];
-      float acc_dp[kSGroups][4];
-      // acc = A Bᵀ over head_dim: A the consumer's 64 rows of K or V, B the stage's Q or dO.
-      auto transposed_product = [&](float(&acc)[kSGroups][4], u64 desc_a, u64 desc_b) {
+        // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for this consumer's keys: (64, kBlockM), k-steps along head_dim. With the
+        // dK/dV split consumer 0 computes Sᵀ and consumer 1 dPᵀ.
+        float acc_s[kSGroups][4];
+        float acc_dp[kSGroups][4];
+        // acc = A Bᵀ over head_dim: A the consumer's 64 rows of K or V, B the stage's Q or dO.
+        auto transposed_product = [&](float(&acc)[kSGroups][4], u64 desc_a, u64 desc_b) {
 #pragma unroll
-        for (int kk = 0; kk < kDSteps; ++kk) {
-          const u32 offset = (kk / 4) * kBlockN * kRowBytes + (kk % 4) * 32;
-          const u32 q_offset = (kk / 4) * kBlockM * kRowBytes + (kk % 4) * 32;
-          sm90::WgmmaSS<kBlockM>::template run<kElem>(acc, sm90::smem_desc_advance(desc_a, offset),
-                                                      sm90::smem_desc_advance(desc_b, q_offset), kk > 0 ? 1 : 0);
-        }
-        sm90::wgmma_commit();
-      };
-      sm90::wgmma_fence();
-      if constexpr (kPart != Part::kGrads) transposed_product(acc_s, desc_k_rows, desc_q);
-      if constexpr (kPart != Part::kScores) transposed_product(acc_dp, desc_v_rows, desc_do);
+          for (int kk = 0; kk < kDSteps; ++kk) {
+            const u32 offset = (kk / 4) * kBlockN * kRowBytes + (kk % 4) * 32;
+            const u32 q_offset = (kk / 4) * kBlockM * kRowBytes + (kk % 4) * 32;
+            sm90::WgmmaSS<kBlockM>::template run<kElem>(acc, sm90::smem_desc_advance(desc_a, offset),
+                                                        sm90::smem_desc_advance(desc_b, q_offset), kk > 0 ? 1 : 0);
+          }
+          sm90::wgmma_commit();
+        };
+        sm90::wgmma_fence();
+        if constexpr (kPart != Part::kGrads) transposed_product(acc_s, desc_k_rows, desc_q);
+        if constexpr (kPart != Part::kScores) transposed_product(acc_dp, desc_v_rows, desc_do);
 
-      // Pᵀ and dSᵀ as 16-bit A fragments (groups 2j, 2j+1 are k-step j's A fragment).
-      u32 p_frag[kMSteps][4];
-      u32 ds_frag[kMSteps][4];
-      // The exchange tile's slot of this thread's accumulator group (or fragment) i.
-      const u32 exchange = smem + kExchangeOffset + (threadIdx.x % 128) * 16;
-      auto exchange_slot = [&](int i) { return exchange + static_cast<u32>(i) * 128 * 16; };
-      if constexpr (kPart == Part::kGrads) {
-        // dPᵀ to consumer 0; back come Pᵀ's fragments (written over this thread's own slots, whose dPᵀ
-        // consumer 0's same thread has read).
-        sm90::wgmma_wait<0>();
-        sm90::pin_registers(acc_dp);
-#pragma unroll
-        for (int i = 0; i < kSGroups; ++i) {
-          sm90::st_shared_f32x4(exchange_slot(i), acc_dp[i][0], acc_dp[i][1], acc_dp[i][2], acc_dp[i][3]);
-        }
-        consumers_sync();  // dPᵀ stored
-        consumers_sync();  // Pᵀ's fragments stored
-#pragma unroll
-        for (int j = 0; j < kMSteps; ++j) sm90::ld_shared_u32x4(exchange_slot(j), p_frag[j]);
-      } else {
-        sm90::wgmma_wait<kPart == Part::kBoth ? 1 : 0>();
-        sm90::pin_registers(acc_s);
-        float qk[kSGroups][4];  // Sᵀ as q·k, for the variant's score_grad (nothing left of it when unused)
-#pragma unroll
-        for (int i = 0; i < kSGroups; ++i)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) qk[i][e] = acc_s[i][e];
-        if (m_block < w.m_interior) {
-          probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<true>{});
-        } else {
-          probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<false>{});
-        }
-        if constexpr (kPart == Part::kBoth) {
+        // Pᵀ and dSᵀ as 16-bit A fragments (groups 2j, 2j+1 are k-step j's A fragment).
+        u32 p_frag[kMSteps][4];
+        u32 ds_frag[kMSteps][4];
+        // The exchange tile's slot of this thread's accumulator group (or fragment) i.
+        const u32 exchange = smem + kExchangeOffset + (threadIdx.x % 128) * 16;
+        auto exchange_slot = [&](int i) { return exchange + static_cast<u32>(i) * 128 * 16; };
+        if constexpr (kPart == Part::kGrads) {
+          // dPᵀ to consumer 0; back come Pᵀ's fragments (written over this thread's own slots, whose dPᵀ
+          // consumer 0's same thread has read).
           sm90::wgmma_wait<0>();
           sm90::pin_registers(acc_dp);
-        } else {
+#pragma unroll
+          for (int i = 0; i < kSGroups; ++i) {
+            sm90::st_shared_f32x4(exchange_slot(i), acc_dp[i][0], acc_dp[i][1], acc_dp[i][2], acc_dp[i][3]);
+          }
           consumers_sync();  // dPᵀ stored
-        }
-        // dSᵀ = Pᵀ ∘ (dPᵀ - D), with respect to q·k (the dK/dV split's consumer 0 reads dPᵀ group by group).
-#pragma unroll
-        for (int i = 0; i < kSGroups; ++i) {
-          if constexpr (kPart == Part::kScores) {
-            sm90::ld_shared_f32x4(exchange_slot(i), acc_dp[i][0], acc_dp[i][1], acc_dp[i][2], acc_dp[i][3]);
-          }
-          float dsum[2];
-          sm90::ld_shared_f32x2(s_dsum + (8 * i + 2 * t) * 4, dsum[0], dsum[1]);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float ds = acc_s[i][e] * (acc_dp[i][e] - dsum[e % 2]);
-            acc_dp[i][e] = Variant::score_grad(p, score_at(head, m_start, i, e / 2, e % 2), qk[i][e], ds);
-          }
-        }
-#pragma unroll
-        for (int j = 0; j < kMSteps; ++j) {
-          sm80::pack_a<kElem>(p_frag[j], acc_s[2 * j], acc_s[2 * j + 1]);
-          sm80::pack_a<kElem>(ds_frag[j], acc_dp[2 * j], acc_dp[2 * j + 1]);
-        }
-        // dSᵀ into shared memory for the dQ product; Pᵀ's fragments to consumer 1.
-#pragma unroll
-        for (int i = 0; i < kSGroups; ++i)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const u32 word = ds_frag[i / 2][2 * (i % 2) + h];
-            sm90::st_shared_u32(sds + swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t), word);
-          }
-        sm90::fence_proxy_async_smem();
-        if constexpr (kPart == Part::kScores) {
-#pragma unroll
-          for (int j = 0; j < kMSteps; ++j) sm90::st_shared_u32x4(exchange_slot(j), p_frag[j]);
           consumers_sync();  // Pᵀ's fragments stored
+#pragma unroll
+          for (int j = 0; j < kMSteps; ++j) sm90::ld_shared_u32x4(exchange_slot(j), p_frag[j]);
+        } else {
+          sm90::wgmma_wait<kPart == Part::kBoth ? 1 : 0>();
+          sm90::pin_registers(acc_s);
+          float qk[kSGroups][4];  // Sᵀ as q·k, for the variant's score_grad (nothing left of it when unused)
+#pragma unroll
+          for (int i = 0; i < kSGroups; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) qk[i][e] = acc_s[i][e];
+          if (m_block < w.m_interior) {
+            probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<true>{});
+          } else {
+            probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<false>{});
+          }
+          if constexpr (kPart == Part::kBoth) {
+            sm90::wgmma_wait<0>();
+            sm90::pin_registers(acc_dp);
+          } else {
+            consumers_sync();  // dPᵀ stored
+          }
+          // dSᵀ = Pᵀ ∘ (dPᵀ - D), with respect to q·k (the dK/dV split's consumer 0 reads dPᵀ group by group).
+#pragma unroll
+          for (int i = 0; i < kSGroups; ++i) {
+            if constexpr (kPart == Part::kScores) {
+              sm90::ld_shared_f32x4(exchange_slot(i), acc_dp[i][0], acc_dp[i][1], acc_dp[i][2], acc_dp[i][3]);
+            }
+            float dsum[2];
+            sm90::ld_shared_f32x2(s_dsum + (8 * i + 2 * t) * 4, dsum[0], dsum[1]);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float ds = acc_s[i][e] * (acc_dp[i][e] - dsum[e % 2]);
+              acc_dp[i][e] = Variant::score_grad(p, score_at(head, m_start, i, e / 2, e % 2), qk[i][e], ds);
+            }
+          }
+#pragma unroll
+          for (int j = 0; j < kMSteps; ++j) {
+            sm80::pack_a<kElem>(p_frag[j], acc_s[2 * j], acc_s[2 * j + 1]);
+            sm80::pack_a<kElem>(ds_frag[j], acc_dp[2 * j], acc_dp[2 * j + 1]);
+          }
+          // dSᵀ into shared memory for the dQ product (kDeferDq: once every consumer's dQ product of two steps
+          // ago has read the tile); Pᵀ's fragments to consumer 1.
+          if constexpr (kDeferDq) {
+            if (it >= 2) sm90::mbarrier_wait(bars.ds_empty(it % 2), ((it / 2) & 1) ^ 1);
+          }
+#pragma unroll
+          for (int i = 0; i < kSGroups; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const u32 word = ds_frag[i / 2][2 * (i % 2) + h];
+              sm90::st_shared_u32(sds + swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t), word);
+            }
+          sm90::fence_proxy_async_smem();
+          if constexpr (kDeferDq) sm90::mbarrier_arrive(bars.ds_full(it % 2));
+          if constexpr (kPart == Part::kScores) {
+#pragma unroll
+            for (int j = 0; j < kMSteps; ++j) sm90::st_shared_u32x4(exchange_slot(j), p_frag[j]);
+            consumers_sync();  // Pᵀ's fragments stored
+          }
         }
+
+        // dV += Pᵀ dO and dK += dSᵀ Q (the dK/dV split: the consumer's one of them): queries are the k
+        // dimension; dO and Q are read MN-major.
+        const u64 desc_do_mn = sm90::smem_desc_sw128(sdo, kBlockM * kRowBytes, 1024);
+        const u64 desc_q_mn = sm90::smem_desc_sw128(sq, kBlockM * kRowBytes, 1024);
+        sm90::wgmma_fence();
+        if constexpr (kHasDv) {
+#pragma unroll
+          for (int j = 0; j < kMSteps; ++j) {
+            const u64 desc_do_j = sm90::smem_desc_advance(desc_do_mn, j * 16 * kRowBytes);
+            sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dv, p_frag[j], desc_do_j, 1);
+          }
+        }
+        if constexpr (kHasDk) {
+#pragma unroll
+          for (int j = 0; j < kMSteps; ++j) {
+            const u64 desc_q_j = sm90::smem_desc_advance(desc_q_mn, j * 16 * kRowBytes);
+            sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dk, ds_frag[j], desc_q_j, 1);
+          }
+        }
+        sm90::wgmma_commit();
       }
 
-      // dV += Pᵀ dO and dK += dSᵀ Q (the dK/dV split: the consumer's one of them): queries are the k
-      // dimension; dO and Q are read MN-major.
-      const u64 desc_do_mn = sm90::smem_desc_sw128(sdo, kBlockM * kRowBytes, 1024);
-      const u64 desc_q_mn = sm90::smem_desc_sw128(sq, kBlockM * kRowBytes, 1024);
-      sm90::wgmma_fence();
-      if constexpr (kHasDv) {
-#pragma unroll
-        for (int j = 0; j < kMSteps; ++j) {
-          const u64 desc_do_j = sm90::smem_desc_advance(desc_do_mn, j * 16 * kRowBytes);
-          sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dv, p_frag[j], desc_do_j, 1);
-        }
+      // dQ = dS K of step dq_it (this step's, or with kDeferDq the previous one's) once every consumer's dSᵀ
+      // of it is staged: A = dSᵀ and B = K, both read MN-major; keys are the k dimension. The dSᵀ tiles
+      // alternate, so without kDeferDq the next step's stores need no barrier of their own.
+      const int dq_it = kDeferDq ? it - 1 : it;
+      if (kDeferDq && dq_it < 0) {  // no dQ yet: done with the stage once dV and dK are
+        sm90::wgmma_wait<0>();
+        sm90::pin_registers(acc_dv);
+        sm90::pin_registers(acc_dk);
+        sm90::mbarrier_arrive(bars.empty(s));
+        continue;
       }
-      if constexpr (kHasDk) {
-#pragma unroll
-        for (int j = 0; j < kMSteps; ++j) {
-          const u64 desc_q_j = sm90::smem_desc_advance(desc_q_mn, j * 16 * kRowBytes);
-          sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dk, ds_frag[j], desc_q_j, 1);
-        }
+      if constexpr (kDeferDq) {
+        sm90::mbarrier_wait(bars.ds_full(dq_it % 2), (dq_it / 2) & 1);
+      } else {
+        consumers_sync();
       }
-      sm90::wgmma_commit();
-
-      // dQ = dS K once every consumer's dSᵀ is staged: A = dSᵀ and B = K, both read MN-major; keys are
-      // the k dimension. The dSᵀ tiles alternate, so the next step's stores need no barrier of their own.
-      consumers_sync();
-      const u64 desc_ds_mn = sm90::smem_desc_sw128(sds, kBlockN * kRowBytes, 1024);
+      const int dq_head = kDeferDq ? head_of(p, w, dq_it) : head;
+      const int dq_m_start = kDeferDq ? m_block_of(w, dq_it) * kBlockM : m_start;
+      const u32 dq_sds = kDeferDq ? smem + kDsOffset + (dq_it % 2) * kDsTileBytes : sds;
+      const u64 desc_ds_mn = sm90::smem_desc_sw128(dq_sds, kBlockN * kRowBytes, 1024);
       const u64 desc_k_mn = sm90::smem_desc_sw128(sk, kBlockN * kRowBytes, 1024);
       const u32 thread_in_group = threadIdx.x % 128;
-      const long long dq_row0 = workspace_row(p, w, head, m_start);  // the query block's first accumulator row
+      const long long dq_row0 = workspace_row(p, w, dq_head, dq_m_start);  // the query block's first accumulator row
 #pragma unroll
       for (int pass = 0; pass < kPasses; ++pass) {
         const int col0 = dq_col0 + pass * kDqCols;
@@ -560,7 +599,10 @@ struct BwdDkdvSm90 {
         // is as correct, but compute-sanitizer's racecheck follows an mbarrier's order only from the threads
         // that arrive, and reports the producer's bulk copies of the stage's next use against the other
         // lanes' loads).
-        if (pass == 0) sm90::mbarrier_arrive(bars.empty(s));
+        if (pass == 0 && (!kDeferDq || it < w.iterations)) sm90::mbarrier_arrive(bars.empty(s));
+        if constexpr (kDeferDq) {
+          if (pass + 1 == kPasses) sm90::mbarrier_arrive(bars.ds_empty(dq_it % 2));  // this dSᵀ tile read
+        }
 
         // This consumer's share of the query block's dQ in accumulator order: each 64 x 64 chunk holds this
         // thread's four values of 8-column group i at 16 * (128 * i + its index in the warpgroup), so a
@@ -572,7 +614,7 @@ struct BwdDkdvSm90 {
         };
         if constexpr (kDqStaged) {
           // Into the shared dQ tile, once the writer has added the previous step's and handed it back.
-          if (it > 0 && pass == 0) sm90::named_barrier_sync(dq_empty_barrier(consumer), kDqWriterThreads);
+          if (dq_it > 0 && pass == 0) sm90::named_barrier_sync(dq_empty_barrier(consumer), kDqWriterThreads);
 #pragma unroll
           for (int r = 0; r < kDqRowTiles; ++r)
 #pragma unroll
@@ -589,7 +631,7 @@ struct BwdDkdvSm90 {
           // this block's turn (write_dq says which), which passes on after the last pass.
           if (kDeterministic && pass == 0) {
             if (consumer == 0 && thread_in_group == 0) {
-              const int turn = dq_turn(p, w, m_start);
+              const int turn = dq_turn(p, w, dq_m_start);
               while (sm90::ld_acquire_gpu(dq_semaphore(p, dq_row0)) != turn) {
               }
             }
@@ -609,7 +651,7 @@ struct BwdDkdvSm90 {
         __threadfence();  // every thread's adds done before the turn passes on
         consumers_sync();
         if (consumer == 0 && thread_in_group == 0) {
-          sm90::st_release_gpu(dq_semaphore(p, dq_row0), dq_turn(p, w, m_start) + 1);
+          sm90::st_release_gpu(dq_semaphore(p, dq_row0), dq_turn(p, w, dq_m_start) + 1);
         }
       }
     }

@@ -174,6 +174,10 @@ struct BwdSm90Traits {
   int smem_stage_bytes; // one ring stage: Q, dO (tile_dim / 64 chunks, block_m, 64), LSE and D
   int smem_ds_bytes;    // two dSᵀ tiles (block_m / 64 chunks, block_n, 64), alternating per step
   int smem_exchange_bytes;  // the dK/dV split: dPᵀ in fp32 from consumer 1, then Pᵀ's fragments from consumer 0
+  bool defer_dq;        // a step adds the previous step's dQ, so the consumers meet at no barrier of a step
+                        // (bwd_sm90.cuh): 64-column tiles (H100 A/B: 0.92-0.96x the time from 2k tokens);
+                        // with 128 columns it measured no gain, and the dK/dV split trades within a step
+  int mbarriers;        // K/V full, the ring's full and empty, and with defer_dq dSᵀ's full and empty (2 each)
   int smem_dq_bytes;    // the query block's dQ in fp32, laid out as its tiles of the accumulator (kTiles)
                         // (bwd_sm90.cuh lays the stages' LSE and D out after the tiles: 1024-byte alignment)
   int smem_bytes;
@@ -201,8 +205,10 @@ constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, 
   t.smem_stage_bytes = 2 * block_m * t.tile_dim * 2 + 2 * block_m * 4;
   t.smem_ds_bytes = 2 * block_n * block_m * 2;
   t.smem_exchange_bytes = t.dkdv_split ? block_n * block_m * 4 : 0;
+  t.defer_dq = t.tile_dim == 64;
+  t.mbarriers = 1 + 2 * stages + (t.defer_dq ? 4 : 0);
   const int smem_rest = t.smem_kv_bytes + stages * t.smem_stage_bytes + t.smem_ds_bytes + t.smem_exchange_bytes +
-                        (1 + 2 * stages) * 8 + 1024;
+                        t.mbarriers * 8 + 1024;
   t.dq_staged = !t.dkdv_split || smem_rest + block_m * t.tile_dim * 4 <= max_smem_per_block(90);
   t.smem_dq_bytes = t.dq_staged ? block_m * t.tile_dim * 4 : 0;
   t.smem_bytes = smem_rest + t.smem_dq_bytes;
