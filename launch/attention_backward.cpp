@@ -244,8 +244,8 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
   const BwdKernel finish = c.has_dq_kernel() ? BwdKernel::kDq : BwdKernel::kConvert;
   prepared.finish = registry.function(c, finish, scope.context(), arch);
 
-  constexpr int kRowsPerBlock = kBwdRowKernelThreads / 32;
-  prepared.preprocess_grid[0] = ceil_div(static_cast<long long>(workspace_rows(p, c)), kRowsPerBlock);
+  const int rows_per_block = bwd_preprocess_rows_per_block(call.problem.head_dim());
+  prepared.preprocess_grid[0] = ceil_div(static_cast<long long>(workspace_rows(p, c)), rows_per_block);
   prepared.preprocess_grid[1] = static_cast<unsigned>(p.heads_q);
   prepared.preprocess_grid[2] = static_cast<unsigned>(p.batch);
   prepared.dkdv_grid[0] = ceil_div(p.seqlen_k, c.block_n);

@@ -40,7 +40,8 @@ __device__ __forceinline__ long long workspace_row0(const AttnBwdParams& p, int 
 
 }  // namespace bwd
 
-// D = rowsum(dO ∘ O) for every (batch, head, query) row of the padded workspace, one warp per row;
+// D = rowsum(dO ∘ O) for every (batch, head, query) row of the padded workspace, kRowLanes lanes per row
+// (bwd_preprocess_row_lanes: one per 16-byte chunk, so a warp reads several short rows at once);
 // zeroes the row's share of the fp32 dQ accumulator when the dkdv kernel adds into one (and the
 // semaphore of each 64-row tile when its adds take turns), and writes the LSE in base 2 when the
 // config's dkdv kernel reads it from the workspace (p.lse_log2 set).
@@ -49,9 +50,10 @@ struct BwdPreprocess {
   using u16 = sm80::u16;
   using u32 = sm80::u32;
   static constexpr int kThreads = kBwdRowKernelThreads;
-  static constexpr int kRowsPerBlock = kThreads / 32;
   static constexpr int kHeadDim = Cfg::kHeadDim;
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row, at most 32
+  static constexpr int kRowLanes = bwd_preprocess_row_lanes(kHeadDim);
+  static constexpr int kRowsPerBlock = bwd_preprocess_rows_per_block(kHeadDim);
   static constexpr int kAccumCols = dq_accum_cols(Cfg::kDqAccum, kHeadDim);
   static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;
 
@@ -66,13 +68,13 @@ struct BwdPreprocess {
     }
   }
 
+  // Every lane runs the shuffles; lanes past the padded rows store nothing.
   static __device__ void run_rows(const AttnBwdParams& p) {
-    const int warp = threadIdx.x / 32;
-    const int lane = threadIdx.x % 32;
-    const int row = blockIdx.x * kRowsPerBlock + warp;
+    const int lane = threadIdx.x % kRowLanes;  // this lane's 16-byte chunk of its row
+    const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kRowLanes;
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
-    if (row >= bwd::padded_rows<Cfg>(p)) return;
+    const bool padded_row = row < bwd::padded_rows<Cfg>(p);
     const long long flat_row = bwd::workspace_row0<Cfg>(p, batch, head) + row;
     const bool valid = row < p.seqlen_q;
 
@@ -95,7 +97,8 @@ struct BwdPreprocess {
       }
     }
 #pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    for (int offset = kRowLanes / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (!padded_row) return;
     if (lane == 0) {
       p.dsum[flat_row] = sum;
       if (p.lse_log2 != nullptr) {
@@ -110,7 +113,7 @@ struct BwdPreprocess {
       float4 zero;
       zero.x = zero.y = zero.z = zero.w = 0.f;
       float4* acc = reinterpret_cast<float4*>(p.dq_accum + flat_row * kAccumCols);
-      for (int i = lane; i < kAccumCols / 4; i += 32) acc[i] = zero;
+      for (int i = lane; i < kAccumCols / 4; i += kRowLanes) acc[i] = zero;
     }
     if constexpr (Cfg::kDqAccum == DqAccum::kTiles && !Cfg::kAtomicDq) {
       if (lane == 0 && flat_row % kBwdSm90SemaphoreRows == 0) p.dq_semaphore[flat_row / kBwdSm90SemaphoreRows] = 0;

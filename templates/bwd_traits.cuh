@@ -123,6 +123,18 @@ constexpr BwdDqTraits bwd_dq_traits(int head_dim, int block_m, int block_n, int 
 // Rows of (batch, head, query) the preprocess and convert kernels give one block.
 inline constexpr int kBwdRowKernelThreads = 256;
 
+// The preprocess gives each row a group of lanes, one per 16-byte chunk of it, rounded up to a power of two
+// (so a row's sum stays within its lanes' shuffles): head_dim 64 takes 8 lanes and 4 rows per warp, 128 two
+// rows per warp, 256 one.
+constexpr int bwd_preprocess_row_lanes(int head_dim) {
+  int lanes = 1;
+  while (lanes < head_dim / 8) lanes *= 2;
+  return lanes;
+}
+constexpr int bwd_preprocess_rows_per_block(int head_dim) {
+  return kBwdRowKernelThreads / bwd_preprocess_row_lanes(head_dim);
+}
+
 // Where dQ is accumulated in fp32 before the convert kernel rounds it (or none: the sm80 family's
 // deterministic strategy, whose dq kernel writes dQ itself).
 //   kRows   row-major (batch, head, row, head_dim), red.global adds by the sm80 family's dkdv kernel;
