@@ -48,7 +48,7 @@ struct BackwardKnobs {
 
   std::vector<int> sm90_block_m{64, 128};
   std::vector<int> sm90_block_n{64, 128};
-  std::vector<int> sm90_stages{1, 2, 3};  // 1: head_dim 192 and 256 only
+  std::vector<int> sm90_stages{1, 2, 3};  // 1: head_dim above 128 only (tiles of 192 and 256 columns)
 };
 
 // Values each decode (KV-cache) knob ranges over; the split counts come from the problem's sizes
