@@ -170,7 +170,8 @@ BackwardCall make_varlen_backward_call(const flashgen_varlen_backward_args& args
 namespace {
 
 // The workspace in order: D, the sm90 family's LSE in base 2, the fp32 dQ accumulator, the sm90
-// deterministic strategy's semaphores (one per 64-row tile); absent parts take no bytes.
+// family's semaphores (one per 64-row tile, counting a query block's dQ adds: attn_params.cuh); absent parts
+// take no bytes.
 struct WorkspaceLayout {
   static constexpr size_t kAbsent = SIZE_MAX;
   size_t lse_log2 = kAbsent, dq_accum = kAbsent, dq_semaphore = kAbsent, bytes = 0;
@@ -186,9 +187,9 @@ struct WorkspaceLayout {
       dq_accum = bytes;
       bytes += align_up(sizeof(float) * rows * size_t(dq_accum_cols(config.dq_accum(), head_dim)));
     }
-    if (config.dq_accum() == DqAccum::kTiles && config.deterministic) {
+    if (config.dq_accum() == DqAccum::kTiles) {
       dq_semaphore = bytes;
-      bytes += align_up(sizeof(int) * (rows / kBwdSm90SemaphoreRows));
+      bytes += align_up(sizeof(int) * kBwdSm90SemaphoreInts * (rows / kBwdSm90SemaphoreRows));
     }
   }
 };
@@ -264,6 +265,7 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
     const int chunks = dq_accum_cols(DqAccum::kTiles, call.problem.head_dim()) / 64;
     prepared.finish_grid[0] = ceil_div(p.seqlen_q, 64) * static_cast<unsigned>(chunks);
     prepared.finish_threads = kBwdRowKernelThreads;
+    prepared.finish_overlaps_dkdv = dq_first_add_stores(DqAccum::kTiles, c.head_dim, c.block_m, c.block_n, c.stages);
   } else {
     prepared.finish_grid[0] = ceil_div(static_cast<long long>(p.seqlen_q) * (call.problem.head_dim() / 8), kBwdRowKernelThreads);
     prepared.finish_threads = kBwdRowKernelThreads;
@@ -307,12 +309,11 @@ void PreparedBackward::operator()(CUstream stream) const {
   void* args[] = {const_cast<AttnBwdParams*>(&params)};
   void* dkdv_args[] = {uses_tma ? static_cast<void*>(const_cast<AttnBwdSm90Params*>(&sm90_params))
                                 : static_cast<void*>(const_cast<AttnBwdParams*>(&params))};
-  FLASHGEN_CU_CHECK(cuLaunchKernel(preprocess, preprocess_grid[0], preprocess_grid[1], preprocess_grid[2],
-                                   kBwdRowKernelThreads, 1, 1, 0, stream, args, nullptr));
-  FLASHGEN_CU_CHECK(cuLaunchKernel(dkdv, dkdv_grid[0], dkdv_grid[1], dkdv_grid[2], dkdv_threads, 1, 1, dkdv_smem,
-                                   stream, dkdv_args, nullptr));
-  FLASHGEN_CU_CHECK(cuLaunchKernel(finish, finish_grid[0], finish_grid[1], finish_grid[2], finish_threads, 1, 1,
-                                   finish_smem, stream, args, nullptr));
+  launch_kernel(preprocess, preprocess_grid, kBwdRowKernelThreads, 0, stream, args);
+  launch_kernel(dkdv, dkdv_grid, dkdv_threads, dkdv_smem, stream, dkdv_args);
+  // Where the dkdv kernel counts each query block's dQ adds, the convert kernel runs on the SMs its last
+  // blocks leave, waiting for each query block's adds (bwd_rows.cuh).
+  launch_kernel(finish, finish_grid, finish_threads, finish_smem, stream, args, finish_overlaps_dkdv);
 }
 
 void check_workspace_alignment(CUdeviceptr workspace) {

@@ -253,32 +253,6 @@ void PreparedKvCache::rebind(const KvCacheCall& call, int device) {
   params.splits = kept_splits, params.row_blocks = kept_row_blocks;
 }
 
-namespace {
-
-// cuLaunchKernel, or with programmatic stream serialization (sm_90): the kernel may start while the one before it
-// in the stream finishes, and waits for that one's memory in the kernel (sm80::wait_for_primary).
-void launch(CUfunction function, const unsigned (&grid)[3], unsigned threads, unsigned smem_bytes, CUstream stream,
-            void** args, bool overlap_previous) {
-  if (!overlap_previous) {
-    FLASHGEN_CU_CHECK(
-        cuLaunchKernel(function, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes, stream, args, nullptr));
-    return;
-  }
-  CUlaunchAttribute attribute{};
-  attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-  attribute.value.programmaticStreamSerializationAllowed = 1;
-  CUlaunchConfig config{};
-  config.gridDimX = grid[0], config.gridDimY = grid[1], config.gridDimZ = grid[2];
-  config.blockDimX = threads, config.blockDimY = config.blockDimZ = 1;
-  config.sharedMemBytes = smem_bytes;
-  config.hStream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  FLASHGEN_CU_CHECK(cuLaunchKernelEx(&config, function, args, nullptr));
-}
-
-}  // namespace
-
 void PreparedKvCache::operator()(CUstream stream, CUdeviceptr workspace) const {
   AttnDecodeParams bound = params;
   if (splits > 1) {
@@ -290,9 +264,12 @@ void PreparedKvCache::operator()(CUstream stream, CUdeviceptr workspace) const {
   const unsigned row_threads = kDecodeRowKernelThreads;
   // On sm_90 each kernel after the first starts while the one before it drains (its launch and prologue hidden).
   const bool dependent_launch = arch >= 90;
-  if (append != nullptr) launch(append, {append_grid[0], append_grid[1], 1}, row_threads, 0, stream, args, false);
-  launch(attend, attend_grid, attend_threads, attend_smem_bytes, stream, args, dependent_launch && append != nullptr);
-  if (combine != nullptr) launch(combine, {combine_grid, 1, 1}, row_threads, 0, stream, args, dependent_launch);
+  if (append != nullptr) launch_kernel(append, {append_grid[0], append_grid[1], 1}, row_threads, 0, stream, args);
+  launch_kernel(attend, attend_grid, attend_threads, attend_smem_bytes, stream, args,
+                dependent_launch && append != nullptr);
+  if (combine != nullptr) {
+    launch_kernel(combine, {combine_grid, 1, 1}, row_threads, 0, stream, args, dependent_launch);
+  }
 }
 
 void launch_prepared_kvcache(const PreparedKvCache& prepared, const KvCacheCall& call, CUstream stream, int device) {

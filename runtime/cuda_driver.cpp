@@ -238,6 +238,26 @@ bool stream_capturing(CUstream stream) {
   return status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+void launch_kernel(CUfunction function, const unsigned (&grid)[3], unsigned threads, unsigned smem_bytes,
+                   CUstream stream, void** args, bool overlap_previous) {
+  if (!overlap_previous) {
+    FLASHGEN_CU_CHECK(
+        cuLaunchKernel(function, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes, stream, args, nullptr));
+    return;
+  }
+  CUlaunchAttribute attribute{};
+  attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  attribute.value.programmaticStreamSerializationAllowed = 1;
+  CUlaunchConfig config{};
+  config.gridDimX = grid[0], config.gridDimY = grid[1], config.gridDimZ = grid[2];
+  config.blockDimX = threads, config.blockDimY = config.blockDimZ = 1;
+  config.sharedMemBytes = smem_bytes;
+  config.hStream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  FLASHGEN_CU_CHECK(cuLaunchKernelEx(&config, function, args, nullptr));
+}
+
 int device_sm(CUdevice device) {
   int major = 0;
   int minor = 0;

@@ -134,6 +134,12 @@ const DeviceTraits& device_traits(CUdevice device);
 // Whether stream is capturing a CUDA graph (nothing but the captured work may run into it).
 bool stream_capturing(CUstream stream);
 
+// cuLaunchKernel, or with overlap_previous by cuLaunchKernelEx with programmatic stream serialization
+// (sm_90 on): the kernel may start once every block of the one before it in the stream has called
+// launch_dependents or ended, and orders itself after that one's memory in the kernel (sm80_primitives.cuh).
+void launch_kernel(CUfunction function, const unsigned (&grid)[3], unsigned threads, unsigned smem_bytes,
+                   CUstream stream, void** args, bool overlap_previous = false);
+
 }  // namespace flashgen
 
 // Calls a driver entry point through driver() and throws Error(kCuda) with file:line, the call and

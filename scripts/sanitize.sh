@@ -31,6 +31,7 @@ problems=(
   "bwd_sm80_fp16_d64_m64_n64_w4_s2_x1_causal_det_qm64_qn32_qw4_qs2|64|bottom-right|--batch 1 --backward --deterministic"
   "bwd_sm90_fp16_d128_m64_n128_s2_causal|128|bottom-right|--batch 1 --backward"
   "bwd_sm90_fp16_d128_m64_n128_s2_causal_det|128|bottom-right|--batch 1 --backward --deterministic"
+  "bwd_sm90_fp16_d128_m64_n128_s2|128|none|--batch 1 --backward"
   "bwd_sm90_fp16_d64_m128_n128_s2_det|64|none|--batch 1 --backward --deterministic"
   "bwd_sm90_fp16_d64_m128_n128_s2_causal|64|bottom-right|--batch 1 --backward"
   "bwd_sm90_fp16_d64_m128_n128_s2_causal_varlen_det|64|bottom-right|--backward --deterministic --varlen --batch 3"

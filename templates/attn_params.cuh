@@ -130,9 +130,13 @@ struct AttnFwdSm90Params {
   int l2_section;
 };
 
-// Query rows per semaphore of the deterministic strategy (one per 64-row tile of the accumulator; a
-// block_m of 128 uses the first of its two).
+// Query rows per semaphore of the Hopper family's dQ adds (one per 64-row tile of the accumulator; a
+// block_m of 128 uses the first of its two). A semaphore is two counters: the adds begun (the
+// deterministic strategy's turns, each done before the next begins; the atomic strategy's tickets, with
+// kBwdSm90DqStored added once the first add, a store, is done) and the atomic strategy's adds done.
 inline constexpr int kBwdSm90SemaphoreRows = 64;
+inline constexpr int kBwdSm90SemaphoreInts = 2;
+inline constexpr int kBwdSm90DqStored = 1 << 30;
 
 // The backward's per-row workspace arrays (D, the base-2 LSE, the dQ accumulator, the semaphores) of a packed
 // batch hold rows_per_head = packed_workspace_rows(total_q, batch, pad) rows per head. Unpadded (pad 1, the sm80
@@ -162,8 +166,8 @@ struct AttnBwdParams {
   float* dsum;       // workspace (batch, heads_q, rows): D = rowsum(dO ∘ O)
   float* dq_accum;   // workspace (batch, heads_q, rows, head_dim) fp32 in DqAccum's layout (null without one)
   float* lse_log2;   // workspace (batch, heads_q, rows): LSE in base 2, Hopper family only (else null)
-  int* dq_semaphore; // workspace (batch, heads_q, rows / 64): whose turn it is to add a query block's dQ,
-                     // the Hopper family's deterministic strategy only (else null)
+  int* dq_semaphore; // workspace (batch, heads_q, rows / 64, 2), the Hopper family only (else null): the adds
+                     // a query block's dQ has begun and (atomic strategy) done
 
   long long q_batch_stride, q_row_stride, q_head_stride;
   long long k_batch_stride, k_row_stride, k_head_stride;

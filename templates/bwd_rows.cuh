@@ -1,14 +1,17 @@
 // The backward's row kernels, shared by both families (bwd_sm80.cuh, bwd_sm90.cuh): the preprocess
-// (D = rowsum(dO ∘ O), zeroing the fp32 dQ accumulator) and the conversion of that accumulator to dQ.
-// Generic over a config type with kElem, kHeadDim, kAtomicDq, kDqAccum and kPadRows: the workspace holds
-// round_up(seqlen_q, kPadRows) rows per (batch, head); rows past seqlen_q get D = 0, LSE2 = +inf (so P
-// is 0 there) and a zero dQ accumulator, which lets the Hopper family read and add whole query blocks.
+// (D = rowsum(dO ∘ O), zeroing the fp32 dQ accumulator where the dkdv kernel only adds to it) and the
+// conversion of that accumulator to dQ. Generic over a config type with kElem, kHeadDim, kBlockM,
+// kBlockN, kStages, kAtomicDq, kDqAccum and kPadRows: the workspace holds round_up(seqlen_q, kPadRows)
+// rows per (batch, head); rows past seqlen_q get D = 0 and LSE2 = +inf, so P and their dQ are 0, which
+// lets the Hopper family read and add whole query blocks.
 #pragma once
 
 #include "attn_params.cuh"
+#include "block_range.cuh"
 #include "bwd_traits.cuh"
 #include "sequence.cuh"
 #include "sm80_primitives.cuh"
+#include "sm90_primitives.cuh"
 #include "softmax.cuh"
 
 namespace flashgen {
@@ -38,13 +41,19 @@ __device__ __forceinline__ long long workspace_row0(const AttnBwdParams& p, int 
   }
 }
 
+// The semaphore of the query block whose first workspace row is row0 (attn_params.cuh): its adds begun,
+// then (the atomic strategy's) its adds done.
+__device__ __forceinline__ int* dq_semaphore(const AttnBwdParams& p, long long row0) {
+  return p.dq_semaphore + row0 / kBwdSm90SemaphoreRows * kBwdSm90SemaphoreInts;
+}
+
 }  // namespace bwd
 
 // D = rowsum(dO ∘ O) for every (batch, head, query) row of the padded workspace, kRowLanes lanes per row
 // (bwd_preprocess_row_lanes: one per 16-byte chunk, so a warp reads several short rows at once);
-// zeroes the row's share of the fp32 dQ accumulator when the dkdv kernel adds into one (and the
-// semaphore of each 64-row tile when its adds take turns), and writes the LSE in base 2 when the
-// config's dkdv kernel reads it from the workspace (p.lse_log2 set).
+// zeroes the row's share of the fp32 dQ accumulator when the dkdv kernel adds into one without writing
+// it first (dq_first_add_stores), and the semaphore of each 64-row tile when the adds count on one; writes
+// the LSE in base 2 when the config's dkdv kernel reads it from the workspace (p.lse_log2 set).
 template <class Cfg>
 struct BwdPreprocess {
   using u16 = sm80::u16;
@@ -56,6 +65,9 @@ struct BwdPreprocess {
   static constexpr int kRowsPerBlock = bwd_preprocess_rows_per_block(kHeadDim);
   static constexpr int kAccumCols = dq_accum_cols(Cfg::kDqAccum, kHeadDim);
   static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;
+  static constexpr bool kZeroAccum =
+      Cfg::kDqAccum != DqAccum::kNone &&
+      !dq_first_add_stores(Cfg::kDqAccum, kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages);
 
   static __device__ void run(const AttnBwdParams& params) {
     if constexpr (kVarlen) {  // a packed sequence's rows, padded as the config's workspace is
@@ -109,21 +121,28 @@ struct BwdPreprocess {
 
     // Either layout of the accumulator gives each (batch, head) rows · kAccumCols values, so zeroing the
     // row's span zeroes a 64-row tile's values once its 64 rows have run.
-    if constexpr (Cfg::kDqAccum != DqAccum::kNone) {
+    if constexpr (kZeroAccum) {
       float4 zero;
       zero.x = zero.y = zero.z = zero.w = 0.f;
       float4* acc = reinterpret_cast<float4*>(p.dq_accum + flat_row * kAccumCols);
       for (int i = lane; i < kAccumCols / 4; i += kRowLanes) acc[i] = zero;
     }
-    if constexpr (Cfg::kDqAccum == DqAccum::kTiles && !Cfg::kAtomicDq) {
-      if (lane == 0 && flat_row % kBwdSm90SemaphoreRows == 0) p.dq_semaphore[flat_row / kBwdSm90SemaphoreRows] = 0;
+    if constexpr (Cfg::kDqAccum == DqAccum::kTiles) {
+      if (lane == 0 && flat_row % kBwdSm90SemaphoreRows == 0) {
+        int* semaphore = bwd::dq_semaphore(p, flat_row);
+        for (int i = 0; i < kBwdSm90SemaphoreInts; ++i) semaphore[i] = 0;
+      }
     }
   }
 };
 
 // dQ = scale * accumulator, rounded to the 16-bit type. Row-major accumulator (DqAccum::kRows): one
 // thread per 8 elements of a row, a block per kThreads / kChunks rows. Tiled (kTiles): a block per 64 x 64
-// chunk of a tile, one thread per 8 columns of two rows (g and g + 8 of a 16-row group).
+// chunk of a tile, one thread per 8 columns of two rows (g and g + 8 of a 16-row group). Where the dkdv
+// kernel's first add stores (dq_first_add_stores), this kernel starts while the dkdv kernel's last blocks
+// run (PreparedBackward launches it so): a block waits until the semaphore of its query block counts every
+// key block that sees it (none: the accumulator is unwritten and dQ = 0), and the last block waits for
+// the dkdv kernel to end, so that nothing after this kernel in the stream starts before both have.
 template <class Cfg>
 struct BwdConvertDq {
   using u16 = sm80::u16;
@@ -133,6 +152,8 @@ struct BwdConvertDq {
   static constexpr int kChunks = kHeadDim / 8;
   static constexpr int kAccumCols = dq_accum_cols(Cfg::kDqAccum, kHeadDim);
   static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;
+  static constexpr bool kFirstAddStores =
+      dq_first_add_stores(Cfg::kDqAccum, kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages);
   static_assert(Cfg::kDqAccum != DqAccum::kNone, "nothing to convert without a dQ accumulator");
 
   static __device__ void run(const AttnBwdParams& params) {
@@ -143,6 +164,25 @@ struct BwdConvertDq {
     } else {
       convert(params);
     }
+    if constexpr (kFirstAddStores) {
+      if (blockIdx.x + 1 == gridDim.x && blockIdx.y + 1 == gridDim.y && blockIdx.z + 1 == gridDim.z) {
+        sm80::wait_for_primary();
+      }
+    }
+  }
+
+  // Waits until every key block that sees the query block holding workspace row tile_row (query row
+  // `row` of `batch`) has added its dQ, and says whether any has (KeyBlocks counts them as the dkdv
+  // kernel's turns do).
+  static __device__ bool wait_for_adds(const AttnBwdParams& p, int batch, long long tile_row, int row) {
+    const int m_start = row - row % Cfg::kBlockM;
+    const int adds = KeyBlocks<typename Cfg::Variant, Cfg::kBlockN>(p, batch, m_start, Cfg::kBlockM).end;
+    const int* done = bwd::dq_semaphore(p, tile_row - tile_row % Cfg::kBlockM) + (Cfg::kAtomicDq ? 1 : 0);
+    if (threadIdx.x == 0) {
+      while (sm90::ld_acquire_gpu(done) != adds) __nanosleep(1000);  // light on the L2 the dkdv kernel works in
+    }
+    __syncthreads();
+    return adds > 0;
   }
 
   static __device__ void convert(const AttnBwdParams& p) {
@@ -190,15 +230,18 @@ struct BwdConvertDq {
     const int w = threadIdx.x / 64;
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
+    if (tile * 64 >= p.seqlen_q) return;
+    const long long tile_row = bwd::workspace_row0<Cfg>(p, batch, head) + tile * 64;
+    bool written = true;
+    if constexpr (kFirstAddStores) written = wait_for_adds(p, batch, tile_row, tile * 64);
     const int row = tile * 64 + w * 16 + g;
     if (row >= p.seqlen_q) return;
     if (kAccumCols != kHeadDim && chunk * 64 + 8 * i >= kHeadDim) return;  // the last chunk's padding
-    const long long tile_row = bwd::workspace_row0<Cfg>(p, batch, head) + tile * 64;
     const float4* src = reinterpret_cast<const float4*>(p.dq_accum + tile_row * kAccumCols + chunk * 64 * 64) +
                         128 * i + 32 * w + 4 * g;
     float4 v[4];  // thread t's values
 #pragma unroll
-    for (int t = 0; t < 4; ++t) v[t] = src[t];
+    for (int t = 0; t < 4; ++t) v[t] = written ? src[t] : make_float4(0.f, 0.f, 0.f, 0.f);
     const float s = p.scale;
     u16* dq = static_cast<u16*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride + row * p.dq_row_stride +
               chunk * 64 + 8 * i;

@@ -151,11 +151,11 @@ struct BwdDkdvSm90 {
   // This block's key block n_block of batch entry (or packed sequence) `batch` and kv head; where the TMA
   // maps hold its rows (a packed batch is one entry of total rows: its sequence starts at q_row0, k_row0);
   // the query blocks that see some key of it, per query head: m_first .. m_blocks - 1, from m_interior on
-  // seeing every key (no mask code; block_range.cuh).
+  // seeing every key (no mask code; block_range.cuh), walked from m_first + rotation, wrapping.
   struct Work {
     int n_block, n_start, kv_head, batch;
     int q_row0, k_row0, tma_batch;
-    int m_blocks, m_first, m_interior, per_head, iterations;
+    int m_blocks, m_first, m_interior, per_head, iterations, rotation;
   };
 
   // The deterministic strategy takes key blocks last first (see write_dq): a block then waits only on
@@ -180,13 +180,18 @@ struct BwdDkdvSm90 {
     w.m_interior = queries.full_begin;
     w.per_head = w.m_blocks - w.m_first;
     w.iterations = w.per_head * p.group_size;
+    // Key blocks that see every query block would reach each at the same step, where the atomic
+    // strategy's first add stores and the others wait for it (write_dq): each starts at a query block of
+    // its own instead. Causal key blocks reach a query block one or two steps apart from the diagonal on,
+    // and the deterministic turns follow that order.
+    w.rotation = !kDeterministic && kDqStaged && w.m_first == 0 && w.per_head > 0 ? w.n_block % w.per_head : 0;
     return w;
   }
 
   static __device__ int head_of(const AttnBwdParams& p, const Work& w, int it) {
     return w.kv_head * p.group_size + it / w.per_head;
   }
-  static __device__ int m_block_of(const Work& w, int it) { return w.m_first + it % w.per_head; }
+  static __device__ int m_block_of(const Work& w, int it) { return w.m_first + (it + w.rotation) % w.per_head; }
   static __device__ u32 ring_phase(int it) { return static_cast<u32>((it / kStages) & 1); }
 
   // The first row of a query block of `head` in the workspace arrays (padded: whole blocks are read and added).
@@ -195,10 +200,9 @@ struct BwdDkdvSm90 {
   }
 
   // The deterministic strategy's turns (write_dq says in which order): the semaphore of the query block
-  // whose first workspace row is row0, and the count it holds when this key block may add to it.
-  static __device__ int* dq_semaphore(const AttnBwdParams& p, long long row0) {
-    return p.dq_semaphore + row0 / kBwdSm90SemaphoreRows;
-  }
+  // whose first workspace row is row0 (bwd::dq_semaphore), and the count it holds when this key block may
+  // add to it.
+  static __device__ int* dq_semaphore(const AttnBwdParams& p, long long row0) { return bwd::dq_semaphore(p, row0); }
   static __device__ int dq_turn(const AttnBwdParams& p, const Work& w, int m_start) {
     return KeyBlocks<Variant, kBlockN>(p, w.batch, m_start, kBlockM).end - 1 - w.n_block;
   }
@@ -206,6 +210,8 @@ struct BwdDkdvSm90 {
   // A packed batch's block first binds its sequence (sequence.cuh): lengths, causal offset, the tensors'
   // and the workspace's rows; a block past the sequence's last key has nothing to do.
   static __device__ void run(const AttnBwdSm90Params& params) {
+    // The convert kernel may start once every block has (bwd_rows.cuh): it waits for each query block's adds.
+    if constexpr (kDqStaged) sm80::launch_dependents();
     if constexpr (kVarlen) {
       AttnBwdParams p = params.base;
       const SequenceRows rows = sequence_rows(p, blockIdx.z);
@@ -300,29 +306,51 @@ struct BwdDkdvSm90 {
 
   // Adds each query block's dQ tile, once its consumers have stored their shares, to the accumulator
   // with one bulk reduce-add: the tile in shared memory is laid out as its rows of the accumulator are
-  // (DqAccum::kTiles), so it is one contiguous range. The deterministic strategy first waits for the
-  // query block's semaphore to count this block's turn, and passes the turn on once its adds are done.
-  // Turns go from the query block's last key block down to key block 0: the order in which the key
-  // blocks reach a query block when each walks its query blocks upward from its diagonal (causal), and
-  // for blocks that all start at query block 0, an order that costs one add per block of lag. A key
-  // block visits a query block exactly when the query block's key range (KeyBlocks over its kBlockM
-  // rows, as QueryBlocks counts them) holds it.
+  // (DqAccum::kTiles), so it is one contiguous range. Nothing zeroes the accumulator: a query block's
+  // first add is a bulk store, which the others wait for (dq_first_add_stores, bwd_traits.cuh).
+  // The deterministic strategy waits for the query block's semaphore to count this block's turn (the
+  // first turn stores), and passes the turn on once its adds are done. Turns go from the query block's
+  // last key block down to key block 0: the order in which the key blocks reach a query block when each
+  // walks its query blocks upward from its diagonal (causal), and for blocks that all start at query
+  // block 0, an order that costs one add per block of lag. A key block visits a query block exactly when
+  // the query block's key range (KeyBlocks over its kBlockM rows, as QueryBlocks counts them) holds it.
+  // The atomic strategy takes a ticket from the semaphore's first counter: the first stores and adds
+  // kBwdSm90DqStored to it once the store is done; the others add once they see that (key blocks reach a
+  // query block at different steps: work_of). A block counts its adds done in the second counter, for
+  // the convert kernel (bwd_rows.cuh), once all of them are (waiting on each would hold the next).
   static __device__ void write_dq(const AttnBwdParams& p, const Work& w, u32 smem) {
     const bool leader = threadIdx.x % 32 == 0;
     for (int it = 0; it < w.iterations; ++it) {
       const int m_start = m_block_of(w, it) * kBlockM;
       const long long row0 = workspace_row(p, w, head_of(p, w, it), m_start);
-      int* semaphore = kDeterministic ? dq_semaphore(p, row0) : nullptr;
+      int* semaphore = dq_semaphore(p, row0);
       const int turn = kDeterministic ? dq_turn(p, w, m_start) : 0;
+      // The ticket, or a first look at the turn, before the tile is ready: the round trip runs while the
+      // consumers finish the step.
+      bool first = false, ready = false;
+      if (leader) {
+        if constexpr (kDeterministic) {
+          first = turn == 0;
+          ready = sm90::ld_acquire_gpu(semaphore) == turn;
+        } else {
+          const int ticket = sm90::atom_add_acquire_gpu(semaphore, 1);
+          first = (ticket & ~kBwdSm90DqStored) == 0;
+          ready = first || (ticket & kBwdSm90DqStored) != 0;
+        }
+      }
 #pragma unroll
       for (int c = 0; c < kConsumers; ++c) sm90::named_barrier_sync(dq_full_barrier(c), kDqWriterThreads);
       if (leader) {
-        if constexpr (kDeterministic) {
-          while (sm90::ld_acquire_gpu(semaphore) != turn) {
-          }
-          sm90::fence_proxy_async_global();  // the adds below follow the previous turn's
+        while (!ready) {
+          const int count = sm90::ld_acquire_gpu(semaphore);
+          ready = kDeterministic ? count == turn : (count & kBwdSm90DqStored) != 0;
         }
-        sm90::bulk_reduce_add_f32(p.dq_accum + row0 * kTileDim, smem + kDqOffset, kDqTileBytes);
+        if (first) {
+          sm90::bulk_store(p.dq_accum + row0 * kTileDim, smem + kDqOffset, kDqTileBytes);
+        } else {
+          sm90::fence_proxy_async_global();  // the adds below follow the store and the previous turns' adds
+          sm90::bulk_reduce_add_f32(p.dq_accum + row0 * kTileDim, smem + kDqOffset, kDqTileBytes);
+        }
         sm90::tma_store_commit();
         sm90::tma_store_wait_read();  // the consumers may write the tile again
       }
@@ -331,10 +359,24 @@ struct BwdDkdvSm90 {
 #pragma unroll
         for (int c = 0; c < kConsumers; ++c) sm90::named_barrier_arrive(dq_empty_barrier(c), kDqWriterThreads);
       }
-      if (kDeterministic && leader) {  // the turn passes on once every add is done, while the consumers go on
+      // The turn passes on, or the store is announced, once the writes are done, while the consumers go on.
+      if (leader && (kDeterministic || first)) {
         sm90::tma_store_wait_all();
         sm90::fence_proxy_async_global();
-        sm90::st_release_gpu(semaphore, turn + 1);
+        if constexpr (kDeterministic) {
+          sm90::st_release_gpu(semaphore, turn + 1);
+        } else {
+          sm90::red_add_release_gpu(semaphore, kBwdSm90DqStored);
+        }
+      }
+    }
+    if (!kDeterministic && leader) {  // one fence releases every add to the counts that follow it
+      sm90::tma_store_wait_all();
+      sm90::fence_proxy_async_global();
+      sm90::fence_acq_rel_gpu();
+      for (int it = 0; it < w.iterations; ++it) {
+        const long long row0 = workspace_row(p, w, head_of(p, w, it), m_block_of(w, it) * kBlockM);
+        sm90::red_add_relaxed_gpu(dq_semaphore(p, row0) + 1, 1);
       }
     }
   }

@@ -249,4 +249,13 @@ constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, 
   return t;
 }
 
+// Whether the dkdv kernel writes the dQ accumulator before adding to it, so that nothing need zero it:
+// the Hopper family's staged dQ, whose first add of each query block (the deterministic strategy's
+// first turn, the atomic strategy's first ticket) stores the tile instead (bwd_sm90.cuh, write_dq). A
+// query block's semaphore counts its adds, so the convert kernel writes zeros where it holds 0 (no key
+// block visited the query block) rather than reading the unwritten accumulator.
+constexpr bool dq_first_add_stores(DqAccum accum, int head_dim, int block_m, int block_n, int stages) {
+  return accum == DqAccum::kTiles && bwd_sm90_traits(head_dim, block_m, block_n, stages).dq_staged;
+}
+
 }  // namespace flashgen

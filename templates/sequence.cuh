@@ -95,7 +95,9 @@ __device__ inline void bind_sequence(AttnBwdParams& p, int sequence, const Seque
   p.dsum += row0;
   if (p.lse_log2 != nullptr) p.lse_log2 += row0;
   if (p.dq_accum != nullptr) p.dq_accum += row0 * head_dim;
-  if (p.dq_semaphore != nullptr) p.dq_semaphore += row0 / kBwdSm90SemaphoreRows;  // row0: a multiple of 128
+  if (p.dq_semaphore != nullptr) {  // row0: a multiple of 128
+    p.dq_semaphore += row0 / kBwdSm90SemaphoreRows * kBwdSm90SemaphoreInts;
+  }
 }
 
 // The same, reading the sequence's rows first.

@@ -145,6 +145,13 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, u32 src, u32 byt
                : "memory");
 }
 
+// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from shared memory at src to global
+// memory at dst: a bulk operation of this thread's bulk group, like a TMA store.
+__device__ __forceinline__ void bulk_store(void* dst, u32 src, u32 bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src), "r"(bytes)
+               : "memory");
+}
+
 __device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 
 // Waits until this thread's committed stores have finished reading their shared-memory source.
@@ -178,6 +185,22 @@ __device__ __forceinline__ int ld_acquire_gpu(const int* flag) {
 __device__ __forceinline__ void st_release_gpu(int* flag, int value) {
   asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(flag), "r"(value) : "memory");
 }
+// Adds to a counter in global memory and returns its previous value with acquire semantics (what a
+// release whose sum it sees made visible is visible to this thread after it); adds with release
+// semantics, returning nothing; and adds with no ordering (after a fence_acq_rel_gpu, a release of what
+// came before the fence: one fence for many counters).
+__device__ __forceinline__ int atom_add_acquire_gpu(int* counter, int value) {
+  int old;
+  asm volatile("atom.acquire.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(counter), "r"(value) : "memory");
+  return old;
+}
+__device__ __forceinline__ void red_add_release_gpu(int* counter, int value) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(counter), "r"(value) : "memory");
+}
+__device__ __forceinline__ void red_add_relaxed_gpu(int* counter, int value) {
+  asm volatile("red.relaxed.gpu.global.add.s32 [%0], %1;" ::"l"(counter), "r"(value) : "memory");
+}
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
 // ---- warpgroup matrix multiply ----
 

@@ -237,14 +237,14 @@ TEST_CASE("A caller workspace gives the bits of the pool workspace", "[gpu][c_ap
   REQUIRE(workspace_size(a) == FLASHGEN_SUCCESS);
   // D rows, 256-byte aligned; on sm_80 no dQ accumulator for the deterministic strategy (its dq kernel
   // writes dQ). On sm_90 (the Hopper family at head_dim 64) the rows are padded to 128 per head, and the
-  // LSE in base 2, the fp32 dQ accumulator and one semaphore per 64 rows come too.
+  // LSE in base 2, the fp32 dQ accumulator and one semaphore (two counters) per 64 rows come too.
   const bool sm90 = flashgen::device_sm(context.device()) == 90;
   const size_t rows_per_head = sm90 ? 128 : size_t(DeviceProblem::kSeqlenQ);
   const size_t rows = size_t(DeviceProblem::kBatch * DeviceProblem::kHeadsQ) * rows_per_head;
   auto aligned = [](size_t n) { return (n + 255) / 256 * 256; };
   const size_t expected = sm90 ? 2 * aligned(rows * sizeof(float)) +
                                      aligned(rows * DeviceProblem::kHeadDim * sizeof(float)) +
-                                     aligned(rows / 64 * sizeof(int))
+                                     aligned(rows / 64 * 2 * sizeof(int))
                                : aligned(rows * sizeof(float));
   CHECK(bytes == expected);
 

@@ -260,8 +260,15 @@ void run_and_check_backward(const VarlenCase& c, bool deterministic,
   bwd.batch = batch, bwd.max_seqlen_q = fwd.max_seqlen_q, bwd.max_seqlen_k = fwd.max_seqlen_k;
   bwd.options = fwd.options;
   bwd.options.deterministic = deterministic ? 1 : 0;
+  // With a config, a poisoned workspace: the kernels must write what they read of it.
+  DeviceBuffer workspace;
   if (config) {
-    flashgen::launch_backward(flashgen::make_varlen_backward_call(bwd), nullptr, *config, 0, 0);
+    workspace = DeviceBuffer(flashgen::backward_workspace_bytes(flashgen::make_varlen_backward_call(bwd), *config));
+    workspace.fill_bytes(0xff);
+  }
+  if (config) {
+    flashgen::launch_backward(flashgen::make_varlen_backward_call(bwd), nullptr, *config, workspace.ptr(),
+                              workspace.bytes());
   } else {
     REQUIRE(flashgen_attention_varlen_backward(&bwd, nullptr) == FLASHGEN_SUCCESS);
   }
@@ -269,8 +276,9 @@ void run_and_check_backward(const VarlenCase& c, bool deterministic,
   const std::vector<uint16_t> got_dq = dq.download_all<uint16_t>(), got_dk = dk.download_all<uint16_t>(),
                               got_dv = dv.download_all<uint16_t>();
   if (config && deterministic) {
-    dq.fill_bytes(0xff), dk.fill_bytes(0xff), dv.fill_bytes(0xff);
-    flashgen::launch_backward(flashgen::make_varlen_backward_call(bwd), nullptr, *config, 0, 0);
+    dq.fill_bytes(0xff), dk.fill_bytes(0xff), dv.fill_bytes(0xff), workspace.fill_bytes(0xff);
+    flashgen::launch_backward(flashgen::make_varlen_backward_call(bwd), nullptr, *config, workspace.ptr(),
+                              workspace.bytes());
     FLASHGEN_CU_CHECK(cuCtxSynchronize());
     INFO(config->name() << ": a second run");
     CHECK(dq.download_all<uint16_t>() == got_dq);
