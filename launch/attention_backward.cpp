@@ -265,7 +265,7 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
     const int chunks = dq_accum_cols(DqAccum::kTiles, call.problem.head_dim()) / 64;
     prepared.finish_grid[0] = ceil_div(p.seqlen_q, 64) * static_cast<unsigned>(chunks);
     prepared.finish_threads = kBwdRowKernelThreads;
-    prepared.finish_overlaps_dkdv = dq_first_add_stores(DqAccum::kTiles, c.head_dim, c.block_m, c.block_n, c.stages);
+    prepared.finish_overlaps_dkdv = dq_adds_counted(DqAccum::kTiles, c.head_dim, c.block_m, c.block_n, c.stages);
   } else {
     prepared.finish_grid[0] = ceil_div(static_cast<long long>(p.seqlen_q) * (call.problem.head_dim() / 8), kBwdRowKernelThreads);
     prepared.finish_threads = kBwdRowKernelThreads;

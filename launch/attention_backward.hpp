@@ -65,7 +65,7 @@ struct PreparedBackward {
   int head_dim = 0;                      // the workspace's layout needs it
   AttnBwdParams params{};
   bool uses_tma = false;                 // the sm90 family: its dkdv kernel takes sm90_params
-  bool finish_overlaps_dkdv = false;     // dq_first_add_stores: the convert kernel may start before dkdv ends
+  bool finish_overlaps_dkdv = false;     // dq_adds_counted: the convert kernel may start before dkdv ends
   AttnBwdSm90Params sm90_params{};       // params plus TMA descriptors; base follows params at bind time
 
   // Points the launch at call's tensors after checking they are memory of device (the launch

@@ -66,8 +66,8 @@ struct BwdPreprocess {
   static constexpr int kAccumCols = dq_accum_cols(Cfg::kDqAccum, kHeadDim);
   static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;
   static constexpr bool kZeroAccum =
-      Cfg::kDqAccum != DqAccum::kNone &&
-      !dq_first_add_stores(Cfg::kDqAccum, kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages);
+      Cfg::kDqAccum != DqAccum::kNone && !dq_first_add_stores(Cfg::kDqAccum, kHeadDim, Cfg::kBlockM, Cfg::kBlockN,
+                                                              Cfg::kStages, !Cfg::kAtomicDq, Cfg::Variant::kHidesKeys);
 
   static __device__ void run(const AttnBwdParams& params) {
     if constexpr (kVarlen) {  // a packed sequence's rows, padded as the config's workspace is
@@ -139,10 +139,11 @@ struct BwdPreprocess {
 // dQ = scale * accumulator, rounded to the 16-bit type. Row-major accumulator (DqAccum::kRows): one
 // thread per 8 elements of a row, a block per kThreads / kChunks rows. Tiled (kTiles): a block per 64 x 64
 // chunk of a tile, one thread per 8 columns of two rows (g and g + 8 of a 16-row group). Where the dkdv
-// kernel's first add stores (dq_first_add_stores), this kernel starts while the dkdv kernel's last blocks
-// run (PreparedBackward launches it so): a block waits until the semaphore of its query block counts every
-// key block that sees it (none: the accumulator is unwritten and dQ = 0), and the last block waits for
-// the dkdv kernel to end, so that nothing after this kernel in the stream starts before both have.
+// kernel counts its adds (dq_adds_counted), this kernel starts while the dkdv kernel's last blocks run
+// (PreparedBackward launches it so): a block waits until the semaphore of its query block counts every key
+// block that sees it (none: dQ = 0, the accumulator perhaps unwritten: dq_first_add_stores), and the last
+// block waits for the dkdv kernel to end, so that nothing after this kernel in the stream starts before
+// both have.
 template <class Cfg>
 struct BwdConvertDq {
   using u16 = sm80::u16;
@@ -152,8 +153,7 @@ struct BwdConvertDq {
   static constexpr int kChunks = kHeadDim / 8;
   static constexpr int kAccumCols = dq_accum_cols(Cfg::kDqAccum, kHeadDim);
   static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;
-  static constexpr bool kFirstAddStores =
-      dq_first_add_stores(Cfg::kDqAccum, kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages);
+  static constexpr bool kCounted = dq_adds_counted(Cfg::kDqAccum, kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages);
   static_assert(Cfg::kDqAccum != DqAccum::kNone, "nothing to convert without a dQ accumulator");
 
   static __device__ void run(const AttnBwdParams& params) {
@@ -164,7 +164,7 @@ struct BwdConvertDq {
     } else {
       convert(params);
     }
-    if constexpr (kFirstAddStores) {
+    if constexpr (kCounted) {
       if (blockIdx.x + 1 == gridDim.x && blockIdx.y + 1 == gridDim.y && blockIdx.z + 1 == gridDim.z) {
         sm80::wait_for_primary();
       }
@@ -233,7 +233,7 @@ struct BwdConvertDq {
     if (tile * 64 >= p.seqlen_q) return;
     const long long tile_row = bwd::workspace_row0<Cfg>(p, batch, head) + tile * 64;
     bool written = true;
-    if constexpr (kFirstAddStores) written = wait_for_adds(p, batch, tile_row, tile * 64);
+    if constexpr (kCounted) written = wait_for_adds(p, batch, tile_row, tile * 64);
     const int row = tile * 64 + w * 16 + g;
     if (row >= p.seqlen_q) return;
     if (kAccumCols != kHeadDim && chunk * 64 + 8 * i >= kHeadDim) return;  // the last chunk's padding

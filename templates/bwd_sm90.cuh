@@ -74,6 +74,9 @@ struct BwdDkdvSm90 {
   static constexpr bool kDqStaged = kTraits.dq_staged;
   // 64-column tiles: each step adds the previous step's dQ (see consume).
   static constexpr bool kDeferDq = kTraits.defer_dq;
+  // Nothing zeroes the dQ accumulator: a query block's first add stores (write_dq).
+  static constexpr bool kFirstAddStores = dq_first_add_stores(DqAccum::kTiles, Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN,
+                                                              Cfg::kStages, kDeterministic, Variant::kHidesKeys);
 
   // Tiles are stored as 64-column chunks of 128-byte rows, chunk after chunk, swizzled in 1024-byte
   // atoms of 8 rows (what TMA writes with 128-byte swizzling and wgmma descriptors read), as in
@@ -184,7 +187,7 @@ struct BwdDkdvSm90 {
     // strategy's first add stores and the others wait for it (write_dq): each starts at a query block of
     // its own instead. Causal key blocks reach a query block one or two steps apart from the diagonal on,
     // and the deterministic turns follow that order.
-    w.rotation = !kDeterministic && kDqStaged && w.m_first == 0 && w.per_head > 0 ? w.n_block % w.per_head : 0;
+    w.rotation = !kDeterministic && kFirstAddStores && w.m_first == 0 && w.per_head > 0 ? w.n_block % w.per_head : 0;
     return w;
   }
 
@@ -212,6 +215,8 @@ struct BwdDkdvSm90 {
   static __device__ void run(const AttnBwdSm90Params& params) {
     // The convert kernel may start once every block has (bwd_rows.cuh): it waits for each query block's adds.
     if constexpr (kDqStaged) sm80::launch_dependents();
+    static_assert(kDqStaged == dq_adds_counted(DqAccum::kTiles, Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages),
+                  "the convert kernel waits for counts the writer warp keeps");
     if constexpr (kVarlen) {
       AttnBwdParams p = params.base;
       const SequenceRows rows = sequence_rows(p, blockIdx.z);
@@ -306,18 +311,19 @@ struct BwdDkdvSm90 {
 
   // Adds each query block's dQ tile, once its consumers have stored their shares, to the accumulator
   // with one bulk reduce-add: the tile in shared memory is laid out as its rows of the accumulator are
-  // (DqAccum::kTiles), so it is one contiguous range. Nothing zeroes the accumulator: a query block's
-  // first add is a bulk store, which the others wait for (dq_first_add_stores, bwd_traits.cuh).
+  // (DqAccum::kTiles), so it is one contiguous range. Where nothing zeroes the accumulator
+  // (kFirstAddStores), a query block's first add is a bulk store, which the others wait for.
   // The deterministic strategy waits for the query block's semaphore to count this block's turn (the
   // first turn stores), and passes the turn on once its adds are done. Turns go from the query block's
   // last key block down to key block 0: the order in which the key blocks reach a query block when each
   // walks its query blocks upward from its diagonal (causal), and for blocks that all start at query
   // block 0, an order that costs one add per block of lag. A key block visits a query block exactly when
   // the query block's key range (KeyBlocks over its kBlockM rows, as QueryBlocks counts them) holds it.
-  // The atomic strategy takes a ticket from the semaphore's first counter: the first stores and adds
-  // kBwdSm90DqStored to it once the store is done; the others add once they see that (key blocks reach a
-  // query block at different steps: work_of). A block counts its adds done in the second counter, for
-  // the convert kernel (bwd_rows.cuh), once all of them are (waiting on each would hold the next).
+  // Under a mask, the atomic strategy takes a ticket from the semaphore's first counter: the first stores
+  // and adds kBwdSm90DqStored to it once the store is done; the others add once they see that (key blocks
+  // reach a query block at different steps: work_of). Without one it adds into the zeroed accumulator.
+  // Either way a block counts its adds done in the second counter, for the convert kernel (bwd_rows.cuh),
+  // once all of them are (waiting on each would hold the next).
   static __device__ void write_dq(const AttnBwdParams& p, const Work& w, u32 smem) {
     const bool leader = threadIdx.x % 32 == 0;
     for (int it = 0; it < w.iterations; ++it) {
@@ -332,10 +338,12 @@ struct BwdDkdvSm90 {
         if constexpr (kDeterministic) {
           first = turn == 0;
           ready = sm90::ld_acquire_gpu(semaphore) == turn;
-        } else {
+        } else if constexpr (kFirstAddStores) {
           const int ticket = sm90::atom_add_acquire_gpu(semaphore, 1);
           first = (ticket & ~kBwdSm90DqStored) == 0;
           ready = first || (ticket & kBwdSm90DqStored) != 0;
+        } else {
+          ready = true;
         }
       }
 #pragma unroll

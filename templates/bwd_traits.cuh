@@ -249,13 +249,22 @@ constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, 
   return t;
 }
 
-// Whether the dkdv kernel writes the dQ accumulator before adding to it, so that nothing need zero it:
-// the Hopper family's staged dQ, whose first add of each query block (the deterministic strategy's
-// first turn, the atomic strategy's first ticket) stores the tile instead (bwd_sm90.cuh, write_dq). A
-// query block's semaphore counts its adds, so the convert kernel writes zeros where it holds 0 (no key
-// block visited the query block) rather than reading the unwritten accumulator.
-constexpr bool dq_first_add_stores(DqAccum accum, int head_dim, int block_m, int block_n, int stages) {
+// Whether the Hopper family's dkdv kernel counts each query block's dQ adds on its semaphore (staged dQ,
+// added by the writer warp), so that the convert kernel can start while the dkdv kernel's last blocks run
+// and wait for each query block's adds instead (bwd_rows.cuh, bwd_sm90.cuh's write_dq).
+constexpr bool dq_adds_counted(DqAccum accum, int head_dim, int block_m, int block_n, int stages) {
   return accum == DqAccum::kTiles && bwd_sm90_traits(head_dim, block_m, block_n, stages).dq_staged;
+}
+
+// Whether the dkdv kernel writes the dQ accumulator before adding to it, so that nothing need zero it: a
+// query block's first add (the deterministic strategy's first turn, or under a mask that hides keys the
+// atomic strategy's first ticket) stores the tile instead. The atomic strategy without a mask zeroes and
+// adds: its tickets cost more than the zeroing saved (bench/notes_bwd_sm90.md, v13). Where the first add
+// stores, a query block whose semaphore counts no add has an unwritten accumulator, and the convert kernel
+// writes zeros for it.
+constexpr bool dq_first_add_stores(DqAccum accum, int head_dim, int block_m, int block_n, int stages,
+                                   bool deterministic, bool hides_keys) {
+  return dq_adds_counted(accum, head_dim, block_m, block_n, stages) && (deterministic || hides_keys);
 }
 
 }  // namespace flashgen

@@ -147,8 +147,8 @@ std::vector<Outputs> run_problem(const Problem& p, const Inputs& in, int repeats
     dk.buffer.fill_bytes(0xFF);
     dv.buffer.fill_bytes(0xFF);
     if (config != nullptr) {
-      // A poisoned workspace: the kernels must write what they read of it (the dQ accumulator need not
-      // be zeroed by anyone: dq_first_add_stores).
+      // A poisoned workspace: the kernels must write what they read of it (the dQ accumulator is zeroed
+      // by no one where the first add stores: dq_first_add_stores).
       const flashgen::BackwardCall problem =
           flashgen::make_backward_call(&tq, &tk, &tv, &tout, &tdout, lse_ptr, &tdq, &tdk, &tdv, &opts);
       DeviceBuffer workspace(flashgen::backward_workspace_bytes(problem, *config));
