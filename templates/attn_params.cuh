@@ -132,8 +132,9 @@ struct AttnFwdSm90Params {
 
 // Query rows per semaphore of the Hopper family's dQ adds (one per 64-row tile of the accumulator; a
 // block_m of 128 uses the first of its two). A semaphore is two counters: the adds begun (the
-// deterministic strategy's turns, each done before the next begins; the atomic strategy's tickets, with
-// kBwdSm90DqStored added once the first add, a store, is done) and the atomic strategy's adds done.
+// deterministic strategy's turns, each done before the next begins; under a mask the atomic strategy's
+// tickets, with kBwdSm90DqStored added once the first add, a store, is done) and the atomic strategy's adds
+// done.
 inline constexpr int kBwdSm90SemaphoreRows = 64;
 inline constexpr int kBwdSm90SemaphoreInts = 2;
 inline constexpr int kBwdSm90DqStored = 1 << 30;

@@ -52,8 +52,9 @@ __device__ __forceinline__ int* dq_semaphore(const AttnBwdParams& p, long long r
 // D = rowsum(dO ∘ O) for every (batch, head, query) row of the padded workspace, kRowLanes lanes per row
 // (bwd_preprocess_row_lanes: one per 16-byte chunk, so a warp reads several short rows at once);
 // zeroes the row's share of the fp32 dQ accumulator when the dkdv kernel adds into one without writing
-// it first (dq_first_add_stores), and the semaphore of each 64-row tile when the adds count on one; writes
-// the LSE in base 2 when the config's dkdv kernel reads it from the workspace (p.lse_log2 set).
+// it first (dq_first_add_stores), and the semaphore of each 64-row tile with the Hopper family's (tiled)
+// accumulator; writes the LSE in base 2 when the config's dkdv kernel reads it from the workspace
+// (p.lse_log2 set).
 template <class Cfg>
 struct BwdPreprocess {
   using u16 = sm80::u16;

@@ -13,10 +13,11 @@
 // dV += Pᵀ dO and dK += dSᵀ Q with those as register A operands, and stages dSᵀ in shared memory; once
 // every consumer has, each computes its share of dQ = dS K (dSᵀ and K read MN-major) and stores it to the
 // dQ tile in shared memory, in the accumulator's own order (DqAccum::kTiles, bwd_traits.cuh). The writer
-// adds the whole tile with one bulk reduce-add and hands the buffer back; the consumers never wait on a
-// global reduction. The deterministic strategy makes those adds take turns: key block n adds a query
-// block's dQ once key blocks 0 .. n-1 have (a semaphore per query block), so repeated runs sum in the
-// same order. dK and dV leave through the K and V tiles and TMA stores. On 64-column tiles a step adds
+// adds the whole tile with one bulk reduce-add (a query block's first add a bulk store where nothing zeroes
+// the accumulator: dq_first_add_stores) and hands the buffer back; the consumers never wait on a global
+// reduction. The deterministic strategy makes those adds take turns in a fixed order of key blocks (a
+// semaphore per query block), so repeated runs sum in the same order; the atomic one counts them there, so
+// the convert kernel can run beside this one's last blocks. dK and dV leave through the K and V tiles and TMA stores. On 64-column tiles a step adds
 // the previous step's dQ, so the consumers meet at no barrier of a step (defer_dq). Tiles hold head_dim
 // rounded up to whole 64-column chunks (sm90_tile_dim, fwd_traits.cuh): TMA zero-fills the columns past it
 // on load and clips them on store, and the dQ accumulator's rows are as wide as the tiles'. Tiles of 192
@@ -202,9 +203,9 @@ struct BwdDkdvSm90 {
     return bwd::workspace_row0<Cfg>(p, w.batch, head) + m_start;
   }
 
-  // The deterministic strategy's turns (write_dq says in which order): the semaphore of the query block
-  // whose first workspace row is row0 (bwd::dq_semaphore), and the count it holds when this key block may
-  // add to it.
+  // The semaphore of the query block whose first workspace row is row0 (bwd::dq_semaphore), and the count
+  // it holds when this key block may add to it under the deterministic strategy (write_dq says in which
+  // order).
   static __device__ int* dq_semaphore(const AttnBwdParams& p, long long row0) { return bwd::dq_semaphore(p, row0); }
   static __device__ int dq_turn(const AttnBwdParams& p, const Work& w, int m_start) {
     return KeyBlocks<Variant, kBlockN>(p, w.batch, m_start, kBlockM).end - 1 - w.n_block;
@@ -215,8 +216,6 @@ struct BwdDkdvSm90 {
   static __device__ void run(const AttnBwdSm90Params& params) {
     // The convert kernel may start once every block has (bwd_rows.cuh): it waits for each query block's adds.
     if constexpr (kDqStaged) sm80::launch_dependents();
-    static_assert(kDqStaged == dq_adds_counted(DqAccum::kTiles, Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages),
-                  "the convert kernel waits for counts the writer warp keeps");
     if constexpr (kVarlen) {
       AttnBwdParams p = params.base;
       const SequenceRows rows = sequence_rows(p, blockIdx.z);

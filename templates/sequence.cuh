@@ -31,7 +31,9 @@ __device__ inline int clamp_offset(int offset, int low, int high) { return min(m
 
 // The rows of packed sequence `sequence` in q's rows [q_begin, q_begin + seqlen_q) and k's [k_begin,
 // k_begin + seqlen_k), offsets clamped into the tensors; the grid reaches max_seqlen_q (p.seqlen_q) rows, so
-// a longer sequence's rows past it are not computed.
+// a longer sequence's rows past it are not computed, and a packed sequence's keys past max_seqlen_k
+// (p.seqlen_k, the backward grid's reach) are not seen: offsets that break the arguments' contract give
+// wrong values, never a wait for key blocks that do not run.
 struct SequenceRows {
   int q_begin, seqlen_q, k_begin, seqlen_k;
 };
@@ -50,7 +52,7 @@ __device__ inline SequenceRows sequence_rows(const Params& p, int sequence, bool
   const int k_begin = clamp_offset(p.cu_seqlens_k[sequence], 0, p.total_k);
   const int k_end = p.seqused_k != nullptr ? clamp_offset(k_begin + max(p.seqused_k[sequence], 0), k_begin, p.total_k)
                                            : clamp_offset(p.cu_seqlens_k[sequence + 1], k_begin, p.total_k);
-  return {q_begin, min(q_end - q_begin, p.seqlen_q), k_begin, k_end - k_begin};
+  return {q_begin, min(q_end - q_begin, p.seqlen_q), k_begin, min(k_end - k_begin, p.seqlen_k)};
 }
 
 // Points p (a block's own copy of the kernel's params) at packed sequence `sequence`, whose rows are s: q, k,
