@@ -234,6 +234,32 @@ TEST_CASE("sm90 backward validity follows bwd_sm90_traits", "[generator][backwar
   CHECK(BwdConfig().pad_rows() == 1);
 }
 
+TEST_CASE("sm90 backward: which configs count their dQ adds and which leave the accumulator unzeroed",
+          "[generator][backward][sm90]") {
+  using flashgen::dq_adds_counted;
+  using flashgen::dq_first_add_stores;
+  using flashgen::DqAccum;
+  // Staged dQ (the writer warp's bulk adds) is counted, so the convert kernel may overlap the dkdv kernel.
+  CHECK(dq_adds_counted(DqAccum::kTiles, 128, 64, 128, 2));
+  CHECK(dq_adds_counted(DqAccum::kTiles, 64, 128, 128, 2));
+  CHECK(dq_adds_counted(DqAccum::kTiles, 96, 64, 128, 2));
+  CHECK(dq_adds_counted(DqAccum::kTiles, 256, 64, 64, 1));
+  CHECK(dq_adds_counted(DqAccum::kTiles, 192, 64, 64, 2));
+  // Direct adds from the consumers (no room for the staged tile) are not; nor is the sm80 family's accumulator.
+  CHECK_FALSE(dq_adds_counted(DqAccum::kTiles, 256, 64, 64, 2));
+  CHECK_FALSE(dq_adds_counted(DqAccum::kTiles, 192, 64, 64, 3));
+  CHECK_FALSE(dq_adds_counted(DqAccum::kRows, 128, 64, 128, 2));
+  // The first add stores for the deterministic turns and under a mask; the atomic strategy without one
+  // adds into a zeroed accumulator; never where the adds are not counted.
+  for (bool hides_keys : {false, true}) {
+    CHECK(dq_first_add_stores(DqAccum::kTiles, 128, 64, 128, 2, /*deterministic=*/true, hides_keys));
+    CHECK_FALSE(dq_first_add_stores(DqAccum::kTiles, 256, 64, 64, 2, true, hides_keys));
+    CHECK_FALSE(dq_first_add_stores(DqAccum::kRows, 128, 64, 128, 2, true, hides_keys));
+  }
+  CHECK(dq_first_add_stores(DqAccum::kTiles, 64, 128, 128, 2, /*deterministic=*/false, /*hides_keys=*/true));
+  CHECK_FALSE(dq_first_add_stores(DqAccum::kTiles, 64, 128, 128, 2, /*deterministic=*/false, /*hides_keys=*/false));
+}
+
 TEST_CASE("backward config validity follows the shared traits", "[generator][backward]") {
   BwdConfig c;
   CHECK_FALSE(c.invalid_reason(80).has_value());
