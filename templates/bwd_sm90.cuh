@@ -355,7 +355,8 @@ struct BwdDkdvSm90 {
         if (first) {
           sm90::bulk_store(p.dq_accum + row0 * kTileDim, smem + kDqOffset, kDqTileBytes);
         } else {
-          sm90::fence_proxy_async_global();  // the adds below follow the store and the previous turns' adds
+          // The adds below follow the store and the previous turns' adds (into a zeroed accumulator, nothing).
+          if constexpr (kDeterministic || kFirstAddStores) sm90::fence_proxy_async_global();
           sm90::bulk_reduce_add_f32(p.dq_accum + row0 * kTileDim, smem + kDqOffset, kDqTileBytes);
         }
         sm90::tma_store_commit();
