@@ -23,6 +23,7 @@ summary=$out/summary.txt logs=$out/sanitize.txt
 : > "$logs"
 
 # config | head_dim | mask | extra flags, the batch included (the pass and dQ strategy follow from the config)
+# [| sizes, in place of the default heads and lengths below]
 problems=(
   "fwd_sm80_fp16_d64_m128_n64_w4_s2_causal|64|bottom-right|--batch 1"
   "fwd_sm90_fp16_d128_m128_n128_s2_causal_pst|128|bottom-right|--batch 1"
@@ -44,6 +45,9 @@ problems=(
   "bwd_sm90_fp16_d192_m64_n64_s2_causal|192|bottom-right|--batch 1 --backward"
   "bwd_sm90_fp16_d192_m64_n64_s3_det|192|none|--batch 1 --backward --deterministic"
   "bwd_sm90_fp16_d192_m64_n64_s2_causal_varlen_det|192|bottom-right|--backward --deterministic --varlen --batch 3"
+  # KV-cache decoding: 3 ranges of 6 key blocks over 1040 keys, so a range ends in a partial tile
+  "dec_sm80_fp16_d40_r16_n64_w4_s3|40|none|--kv-cache --splits 2 --batch 2|--heads-q 4 --heads-kv 2 --seqlen-q 1 --seqlen-k 1000"
+  "dec_sm80_fp16_d128_r16_n64_w4_s3_causal_paged|128|bottom-right|--kv-cache --page-size 16 --splits 3 --batch 2|--heads-q 8 --heads-kv 2 --seqlen-q 2 --seqlen-k 1040"
 )
 {
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -52,14 +56,14 @@ problems=(
 } > "$summary"
 failed=0
 for spec in "${problems[@]}"; do
-  IFS='|' read -r cfg hd mask extra <<< "$spec"
+  IFS='|' read -r cfg hd mask extra sizes <<< "$spec"
+  sizes=${sizes:---heads-q 2 --heads-kv 2 --seqlen-q 512 --seqlen-k 512}
   [[ -n "${SANITIZE_ONLY:-}" && ! $cfg =~ $SANITIZE_ONLY ]] && continue
   for tool in memcheck racecheck synccheck; do
     log=$work/$cfg.$tool.log
     # shellcheck disable=SC2086
-    timeout 240 "$cs" --tool "$tool" --error-exitcode 9 "$build/flashgen" run --config "$cfg" $extra \
-      --heads-q 2 --heads-kv 2 --seqlen-q 512 --seqlen-k 512 --head-dim "$hd" --dtype fp16 --causal "$mask" \
-      --iters 1 --warmup 0 --check-rows 8 > "$log" 2>&1
+    timeout 240 "$cs" --tool "$tool" --error-exitcode 9 "$build/flashgen" run --config "$cfg" $extra $sizes \
+      --head-dim "$hd" --dtype fp16 --causal "$mask" --iters 1 --warmup 0 --check-rows 8 > "$log" 2>&1
     rc=$?
     { echo "######## $cfg: $tool (rc $rc)"; head -n 200 "$log"; } >> "$logs"
     sanitizer=$(grep -Eo '(RACECHECK|ERROR) SUMMARY: [^(]*' "$log" | tail -1)

@@ -1,19 +1,23 @@
 // [gpu] tests of attention against a KV cache (decoding): every sequence's out and lse against its own
 // float64 reference over its cache rows plus the appended tokens, contiguous and paged caches (several page
 // sizes, a shuffled block table), 1-4 new tokens with and without append, GQA/MQA, causal alignments, head
-// dims 64, 96, 128, 256 and 40, every split count the chooser may pick, and batch invariance at a fixed split.
+// dims 64, 96, 128, 256 and 40, every split count the chooser may pick, a spread of tiles, warps and stages
+// besides the built-in module, and batch invariance at a fixed split.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "catch.hpp"
 #include "check/output_check.hpp"
 #include "check/reference.hpp"
 #include "dispatch/dispatch.hpp"
+#include "launch/attention_kvcache.hpp"
+#include "tuner/decode_choice.hpp"
 #include "flashgen/flashgen.h"
 #include "gpu.hpp"
 #include "runtime/cuda_driver.hpp"
@@ -180,12 +184,10 @@ void check_cache(const KvCase& c, const KvBatch& kv) {
   }
 }
 
-}  // namespace
-
-TEST_CASE("KV-cache attention matches each sequence's float64 reference", "[gpu][kvcache]") {
-  FLASHGEN_REQUIRE_GPU();
-  flashgen::ScopedContext scope;
-  const std::vector<KvCase> cases = {
+// Contiguous and paged caches (page sizes 16, 48, 256), 1-4 new tokens with and without append, GQA/MQA/MHA,
+// both causal alignments and no mask, head dims 40, 64, 96, 128 and 256.
+std::vector<KvCase> kv_cases() {
+  return {
       {"bf16 d128 GQA 4 contiguous, one token", FLASHGEN_BFLOAT16, 128, 8, 2, FLASHGEN_MASK_CAUSAL, 1,
        {0, 1, 77, 1000, 513}, 1024, 0, 0, {0, 1, 2, 3, 7, 16}},
       {"fp16 d64 MQA paged 16, append 3", FLASHGEN_FLOAT16, 64, 8, 1, FLASHGEN_MASK_CAUSAL, 3, {5, 0, 300, 61}, 320, 16,
@@ -199,6 +201,14 @@ TEST_CASE("KV-cache attention matches each sequence's float64 reference", "[gpu]
       {"bf16 d40 GQA 3 contiguous append 2", FLASHGEN_BFLOAT16, 40, 6, 2, FLASHGEN_MASK_CAUSAL, 2, {31, 0, 90}, 96,
        0, 2, {0, 1, 2}},
   };
+}
+
+}  // namespace
+
+TEST_CASE("KV-cache attention matches each sequence's float64 reference", "[gpu][kvcache]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext scope;
+  const std::vector<KvCase> cases = kv_cases();
   for (const KvCase& c : cases) {
     KvBatch kv(c, 0xdec0de + c.head_dim);
     for (int splits : c.splits) {
@@ -210,6 +220,38 @@ TEST_CASE("KV-cache attention matches each sequence's float64 reference", "[gpu]
       check_outputs(c, kv, "num_splits " + std::to_string(splits));
     }
     if (c.seqlen_new > 0) check_cache(c, kv);
+  }
+}
+
+TEST_CASE("KV-cache attention on a spread of modules besides the built-in one", "[gpu][kvcache]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext scope;
+  const int arch = flashgen::device_sm(scope.device());
+  using flashgen::DecodeConfig;
+  for (const KvCase& c : kv_cases()) {
+    KvBatch kv(c, 0xfa3117 + c.head_dim);
+    const flashgen::KvCacheCall call = flashgen::make_kvcache_call(kv.args);
+    // The tuner may pick any module of its space: wider, narrower and deeper tiles than the built-in's, with
+    // one to eight warps splitting them.
+    const DecodeConfig builtin = flashgen::heuristic_decode_choice(call.problem, arch, 132).config;
+    for (auto [block_n, warps, stages] : {std::tuple{128, 8, 3}, std::tuple{32, 2, 2}, std::tuple{16, 1, 8}}) {
+      DecodeConfig config = builtin;
+      config.block_n = block_n, config.warps = warps, config.stages = stages;
+      if (const auto why = config.invalid_reason(arch)) {
+        // Only the widest tiles at the largest head_dim outgrow shared memory.
+        INFO(config.name() << ": " << *why);
+        CHECK((c.head_dim == 256 && block_n == 128));
+        continue;
+      }
+      for (int splits : {1, 3}) {
+        kv.poison();
+        INFO(c.name << ", " << config.name() << ", " << splits << " ranges");
+        const flashgen::PreparedKvCache prepared = flashgen::prepare_kvcache(call, nullptr, config, splits);
+        flashgen::launch_prepared_kvcache(prepared, call, nullptr, static_cast<int>(scope.device()));
+        FLASHGEN_CU_CHECK(cuCtxSynchronize());
+        check_outputs(c, kv, config.name() + " x" + std::to_string(splits));
+      }
+    }
   }
 }
 
