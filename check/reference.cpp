@@ -40,11 +40,14 @@ struct RowScratch {
         acc(static_cast<size_t>(shape.head_dim)) {}
 };
 
+// A score s = q·k · scale as the softmax takes it: capped to softcap · tanh(s / softcap) when softcap > 0.
+double capped_score(double s, double softcap) { return softcap > 0 ? softcap * std::tanh(s / softcap) : s; }
+
 // Query row i of (batch b, head h) in float64 into out_row (head_dim values) and *lse. A fully masked row
 // leaves both as the caller set them (0 and -inf).
 void reference_row_f64(const AttentionShape& shape, const HostInput& q, const HostInput& k, const HostInput& v,
-                       double scale, flashgen_mask mask, int64_t b, int64_t h, int64_t i, RowScratch& scratch,
-                       double* out_row, double* lse) {
+                       double scale, flashgen_mask mask, double softcap, int64_t b, int64_t h, int64_t i,
+                       RowScratch& scratch, double* out_row, double* lse) {
   const int64_t d_count = shape.head_dim;
   const int64_t hk = shape.kv_head(h);
   const int64_t visible = visible_key_count(mask, i, shape.seqlen_q, shape.seqlen_k);
@@ -58,7 +61,7 @@ void reference_row_f64(const AttentionShape& shape, const HostInput& q, const Ho
     const double* k_row = k.row(b, j, hk, scratch.kv_row.data());
     double dot = 0.0;
     for (int64_t d = 0; d < d_count; ++d) dot += q_row[d] * k_row[d];
-    scores[j] = dot * scale;
+    scores[j] = capped_score(dot * scale, softcap);
     row_max = std::max(row_max, scores[j]);
   }
   double row_sum = 0.0;
@@ -241,7 +244,7 @@ void require_reference_inputs(const AttentionShape& shape, const HostInput& q, c
 }
 
 AttentionResult attention_reference_f64(const AttentionShape& shape, const HostInput& q, const HostInput& k,
-                                        const HostInput& v, double scale, flashgen_mask mask) {
+                                        const HostInput& v, double scale, flashgen_mask mask, double softcap) {
   require_reference_inputs(shape, q, k, v);
   const int64_t d_count = shape.head_dim;
   AttentionResult result;
@@ -254,7 +257,7 @@ AttentionResult attention_reference_f64(const AttentionShape& shape, const HostI
       for (int64_t i = 0; i < shape.seqlen_q; ++i) {
         double* out_row = result.out.data() + ((b * shape.seqlen_q + i) * shape.heads_q + h) * d_count;
         double* lse = result.lse.data() + (b * shape.heads_q + h) * shape.seqlen_q + i;
-        reference_row_f64(shape, q, k, v, scale, mask, b, h, i, scratch, out_row, lse);
+        reference_row_f64(shape, q, k, v, scale, mask, softcap, b, h, i, scratch, out_row, lse);
       }
     }
   }
@@ -263,7 +266,7 @@ AttentionResult attention_reference_f64(const AttentionShape& shape, const HostI
 
 ReferenceRow attention_reference_row(const AttentionShape& shape, const HostInput& q, const HostInput& k,
                                      const HostInput& v, double scale, flashgen_mask mask, int64_t batch,
-                                     int64_t head, int64_t row) {
+                                     int64_t head, int64_t row, double softcap) {
   require_reference_inputs(shape, q, k, v);
   FLASHGEN_REQUIRE(batch >= 0 && batch < shape.batch && head >= 0 && head < shape.heads_q && row >= 0 &&
                        row < shape.seqlen_q,
@@ -272,14 +275,15 @@ ReferenceRow attention_reference_row(const AttentionShape& shape, const HostInpu
   result.out.assign(static_cast<size_t>(shape.head_dim), 0.0);
   result.lse = -std::numeric_limits<double>::infinity();
   RowScratch scratch(shape);
-  reference_row_f64(shape, q, k, v, scale, mask, batch, head, row, scratch, result.out.data(), &result.lse);
+  reference_row_f64(shape, q, k, v, scale, mask, softcap, batch, head, row, scratch, result.out.data(),
+                    &result.lse);
   return result;
 }
 
 std::vector<ReferenceRow> attention_reference_rows(const AttentionShape& shape, const HostInput& q,
                                                    const HostInput& k, const HostInput& v, double scale,
                                                    flashgen_mask mask, const std::vector<RowSample>& rows,
-                                                   int threads) {
+                                                   int threads, double softcap) {
   // Checked here, so that no worker thread throws.
   require_reference_inputs(shape, q, k, v);
   for (const RowSample& r : rows) {
@@ -291,7 +295,8 @@ std::vector<ReferenceRow> attention_reference_rows(const AttentionShape& shape, 
   std::atomic<size_t> next{0};
   auto worker = [&] {
     for (size_t i = next++; i < rows.size(); i = next++)
-      reference[i] = attention_reference_row(shape, q, k, v, scale, mask, rows[i].batch, rows[i].head, rows[i].row);
+      reference[i] =
+          attention_reference_row(shape, q, k, v, scale, mask, rows[i].batch, rows[i].head, rows[i].row, softcap);
   };
   std::vector<std::thread> pool;
   for (int t = 1; t < threads && static_cast<size_t>(t) < rows.size(); ++t) pool.emplace_back(worker);
@@ -302,7 +307,7 @@ std::vector<ReferenceRow> attention_reference_rows(const AttentionShape& shape, 
 
 AttentionGradients attention_backward_reference_f64(const AttentionShape& shape, const HostInput& q,
                                                     const HostInput& k, const HostInput& v, const HostInput& dout,
-                                                    double scale, flashgen_mask mask) {
+                                                    double scale, flashgen_mask mask, double softcap) {
   require_reference_inputs(shape, q, k, v);
   FLASHGEN_REQUIRE(dout.view.shape[0] == shape.batch && dout.view.shape[1] == shape.seqlen_q &&
                        dout.view.shape[2] == shape.heads_q && dout.view.shape[3] == shape.head_dim,
@@ -315,7 +320,7 @@ AttentionGradients attention_backward_reference_f64(const AttentionShape& shape,
   const StridedView q_out = StridedView::contiguous(shape.batch, shape.seqlen_q, shape.heads_q, d);
   const StridedView kv_out = StridedView::contiguous(shape.batch, shape.seqlen_k, shape.heads_kv, d);
 
-  std::vector<double> q_scratch(d), k_scratch(d), v_scratch(d), do_scratch(d), out(d), p;
+  std::vector<double> q_scratch(d), k_scratch(d), v_scratch(d), do_scratch(d), out(d), p, cap_slope;
   for (int64_t b = 0; b < shape.batch; ++b)
     for (int64_t h = 0; h < shape.heads_q; ++h) {
       const int64_t hk = shape.kv_head(h);
@@ -326,12 +331,14 @@ AttentionGradients attention_backward_reference_f64(const AttentionShape& shape,
         const double* doi = dout.row(b, i, h, do_scratch.data());
         // P of row i, exactly as the forward reference forms it.
         p.assign(static_cast<size_t>(visible), 0.0);
+        cap_slope.assign(static_cast<size_t>(visible), 1.0);  // d capped_score / d s
         double row_max = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < visible; ++j) {
           const double* kj = k.row(b, j, hk, k_scratch.data());
           double s = 0;
           for (int64_t x = 0; x < d; ++x) s += qi[x] * kj[x];
-          p[j] = s * scale;
+          p[j] = capped_score(s * scale, softcap);
+          if (softcap > 0) cap_slope[j] = 1 - (p[j] / softcap) * (p[j] / softcap);
           row_max = std::max(row_max, p[j]);
         }
         double sum = 0;
@@ -350,7 +357,7 @@ AttentionGradients attention_backward_reference_f64(const AttentionShape& shape,
           const double* vj = v.row(b, j, hk, v_scratch.data());
           double dp = 0;
           for (int64_t x = 0; x < d; ++x) dp += doi[x] * vj[x];
-          const double ds = p[j] * (dp - dsum);
+          const double ds = p[j] * (dp - dsum) * cap_slope[j];
           double* dkj = &grads.dk[static_cast<size_t>(kv_out.offset(b, j, hk, 0))];
           double* dvj = &grads.dv[static_cast<size_t>(kv_out.offset(b, j, hk, 0))];
           for (int64_t x = 0; x < d; ++x) {

@@ -104,9 +104,10 @@ struct AttentionResult {
 };
 
 // softmax(q kᵀ · scale, masked) v in float64. Query head h reads key/value head shape.kv_head(h). A fully
-// masked row gives out 0 and lse -inf, as flashgen.h specifies.
+// masked row gives out 0 and lse -inf, as flashgen.h specifies. softcap > 0 caps each score s = q·k · scale
+// to softcap · tanh(s / softcap) before the softmax (flashgen_attention_options::softcap).
 AttentionResult attention_reference_f64(const AttentionShape& shape, const HostInput& q, const HostInput& k,
-                                        const HostInput& v, double scale, flashgen_mask mask);
+                                        const HostInput& v, double scale, flashgen_mask mask, double softcap = 0.0);
 
 struct ReferenceRow {
   std::vector<double> out;  // (head_dim)
@@ -117,7 +118,7 @@ struct ReferenceRow {
 // compute whole. Rows are independent, so callers may compute several on different threads.
 ReferenceRow attention_reference_row(const AttentionShape& shape, const HostInput& q, const HostInput& k,
                                      const HostInput& v, double scale, flashgen_mask mask, int64_t batch,
-                                     int64_t head, int64_t row);
+                                     int64_t head, int64_t row, double softcap = 0.0);
 
 // A query row of a problem: what the sampled checks of large problems compute and compare.
 struct RowSample {
@@ -130,7 +131,7 @@ struct RowSample {
 std::vector<ReferenceRow> attention_reference_rows(const AttentionShape& shape, const HostInput& q,
                                                    const HostInput& k, const HostInput& v, double scale,
                                                    flashgen_mask mask, const std::vector<RowSample>& rows,
-                                                   int threads);
+                                                   int threads, double softcap = 0.0);
 
 // ---------------------------------------------------------------------------------------------------
 // Backward.
@@ -144,10 +145,11 @@ struct AttentionGradients {
 // Exact float64 gradients of attention_reference_f64's out for the upstream gradient dout ([b, sq, hq, d]):
 // P = softmax(scale · q kᵀ, masked), dV = Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP − rowsum(dO ∘ O)), dQ = scale · dS K,
 // dK = scale · dSᵀ Q, with dK and dV summed over the query heads sharing a key/value head. Fully masked
-// rows contribute nothing.
+// rows contribute nothing. With softcap > 0 the scores are capped as in the forward and dS is multiplied by the
+// cap's derivative, 1 − tanh²(s / softcap).
 AttentionGradients attention_backward_reference_f64(const AttentionShape& shape, const HostInput& q,
                                                     const HostInput& k, const HostInput& v, const HostInput& dout,
-                                                    double scale, flashgen_mask mask);
+                                                    double scale, flashgen_mask mask, double softcap = 0.0);
 
 // FLOPs of one backward pass: 2.5x the forward's (five products of the forward's size, QKᵀ recomputed),
 // the count FlashAttention's benchmarks report.

@@ -50,6 +50,7 @@ Command run_command() {
       .option("dtype", "T", "fp16 or bf16 (default fp16)")
       .option("causal", "MODE", "none, bottom-right or top-left (default none)")
       .option("scale", "S", "softmax scale; <= 0 means 1/sqrt(head_dim) (default 0)")
+      .option("softcap", "C", "soft cap: scores s become C * tanh(s / C) before the softmax (default 0: none)")
       .option("layout", "L", "memory order of q/k/v/out: bshd or bhsd (default bshd)")
       .option("config", "NAME", "run this config (a fwd_... name, or bwd_... with --backward) instead of the choice")
       .flag("backward", "time the backward pass (dq, dk, dv for a random dout) after one forward")
@@ -87,6 +88,7 @@ RunOptions parse_run_options(const Args& args) {
   p.dtype = args.choice_or("dtype", "fp16", {"fp16", "bf16"}) == "fp16" ? DType::kFloat16 : DType::kBFloat16;
   p.mask = mask_from_text(args.choice_or("causal", causal_text(p.mask), {"none", "bottom-right", "top-left"}));
   o.scale = static_cast<float>(args.double_or("scale", o.scale));
+  p.softcap = static_cast<float>(args.double_or("softcap", 0.0));
   o.layout = args.choice_or("layout", o.layout, {"bshd", "bhsd"});
   if (args.has("config")) o.config_name = args.string_or("config", "");
   p.pass = args.has("backward") ? Pass::kBackward : Pass::kForward;
@@ -116,12 +118,13 @@ std::string problem_text(const RunOptions& o, double scale) {
       o.problem.varlen ? format("packed: %lld/%lld query/key tokens in all, ", static_cast<long long>(o.problem.total_q),
                                 static_cast<long long>(o.problem.total_k))
                        : std::string();
-  return packed + format("batch %lld, seqlen_q %lld, seqlen_k %lld, heads %lld/%lld, head_dim %lld, %s, mask %s, scale %.6g, "
+  const std::string cap = o.problem.softcapped() ? format(", softcap %.6g", o.problem.softcap) : std::string();
+  return packed + format("batch %lld, seqlen_q %lld, seqlen_k %lld, heads %lld/%lld, head_dim %lld, %s, mask %s, scale %.6g%s, "
                 "layout %s",
                 static_cast<long long>(s.batch), static_cast<long long>(s.seqlen_q), static_cast<long long>(s.seqlen_k),
                 static_cast<long long>(s.heads_q), static_cast<long long>(s.heads_kv),
                 static_cast<long long>(s.head_dim), dtype_name(o.problem.dtype), causal_text(o.problem.mask).c_str(),
-                scale, o.layout.c_str());
+                scale, cap.c_str(), o.layout.c_str());
 }
 
 // The backward half of `run --backward`: random dout, one checked backward (against the whole float64
@@ -178,7 +181,8 @@ void run_backward(const RunOptions& o, const HostTensor& q, const HostTensor& k,
     dk_dev.download(dk.bits.data(), dk.bytes());
     dv_dev.download(dv.bits.data(), dv.bytes());
     const AttentionGradients ref = attention_backward_reference_f64(shape, q.input(), k.input(), v.input(),
-                                                                    dout.input(), report.scale, options.mask);
+                                                                    dout.input(), report.scale, options.mask,
+                                                                    p.softcap);
     for (const auto& [name, got, want] : {std::tuple{"dq", &dq, &ref.dq}, std::tuple{"dk", &dk, &ref.dk},
                                            std::tuple{"dv", &dv, &ref.dv}}) {
       check_gradient(name, got->input(), *want, abi_dtype(p.dtype), report.check);
@@ -223,6 +227,7 @@ RunReport run_problem(const RunOptions& o) {
   options.softmax_scale = o.scale;
   options.mask = p.mask;
   options.deterministic = 0;
+  options.softcap = p.softcap;
   // Validate before the slow part (host data): a bad shape fails here with the library's own message.
   const ForwardCall problem = make_forward_call(&q_view, &k_view, &v_view, &out_view, lse_ptr, &options);
   report.scale = problem.params.scale;
@@ -257,7 +262,7 @@ RunReport run_problem(const RunOptions& o) {
   report.check = check_sampled_rows(shape, q.input(), k.input(), v.input(), out.input(), lse.data(),
                                     abi_dtype(p.dtype),
                                     sample_rows(shape.batch, shape.heads_q, shape.seqlen_q, o.check_rows),
-                                    report.scale, options.mask);
+                                    report.scale, options.mask, p.softcap);
   if (p.backward()) {
     options.deterministic = p.deterministic() ? 1 : 0;
     run_backward(o, q, k, v, q_view, k_view, v_view, out_view, lse_ptr, options, stream.get(), rng, report);
@@ -319,7 +324,8 @@ Json run_report_json(const RunReport& r) {
       {"problem",
        {{"batch", s.batch}, {"seqlen_q", s.seqlen_q}, {"seqlen_k", s.seqlen_k}, {"heads_q", s.heads_q},
         {"heads_kv", s.heads_kv}, {"head_dim", s.head_dim}, {"dtype", dtype_name(p.dtype)},
-        {"causal", causal_text(p.mask)}, {"scale", r.scale}, {"layout", o.layout}, {"seed", o.seed}}},
+        {"causal", causal_text(p.mask)}, {"scale", r.scale}, {"softcap", p.softcap}, {"layout", o.layout},
+        {"seed", o.seed}}},
       {"pass", p.backward() ? "backward" : "forward"},
       {"kv_cache", p.kv_cache ? Json{{"page_size", p.page_size}, {"splits", o.splits}, {"kv_bytes", r.kv_bytes}}
                               : Json(nullptr)},
@@ -382,7 +388,7 @@ void check_run_problem(const RunOptions& o) {
   };
   const flashgen_tensor q = placeholder(0, s.seqlen_q, s.heads_q), k = placeholder(1, s.seqlen_k, s.heads_kv),
                         v = placeholder(2, s.seqlen_k, s.heads_kv), out = placeholder(3, s.seqlen_q, s.heads_q);
-  flashgen_attention_options options{o.scale, p.mask, p.deterministic() ? 1 : 0};
+  flashgen_attention_options options{o.scale, p.mask, p.deterministic() ? 1 : 0, p.softcap};
   if (p.kv_cache) return check_kvcache_problem(o);
   if (p.varlen) return check_varlen_problem(o);
   if (p.backward()) {

@@ -38,6 +38,7 @@ flashgen_kvcache_args kvcache_args(const RunOptions& o, const flashgen_tensor& q
   args.num_splits = o.splits;
   args.options.softmax_scale = o.scale;
   args.options.mask = o.problem.mask;
+  args.options.softcap = o.problem.softcap;  // refused by the library, with its reason
   return args;
 }
 

@@ -37,6 +37,7 @@ flashgen_varlen_forward_args forward_args(const RunOptions& o, const PackedTenso
   args.options.softmax_scale = o.scale;
   args.options.mask = o.problem.mask;
   args.options.deterministic = o.problem.deterministic() ? 1 : 0;
+  args.options.softcap = o.problem.softcap;
   return args;
 }
 
@@ -123,7 +124,8 @@ RunReport run_varlen(const RunOptions& o, const ScopedContext& context, RunRepor
     const int64_t rows = std::max<int64_t>(1, o.check_rows / static_cast<int64_t>(sequences.size()));
     add_check(check_sampled_rows(one, sequence_rows(q, batch.cu_q, b), sequence_rows(k, batch.cu_k, b),
                                  sequence_rows(v, batch.cu_k, b), sequence_rows(out, batch.cu_q, b), one_lse.data(),
-                                 dtype, sample_rows(1, one.heads_q, one.seqlen_q, rows), report.scale, p.mask),
+                                 dtype, sample_rows(1, one.heads_q, one.seqlen_q, rows), report.scale, p.mask,
+                                 p.softcap),
               report.check);
   }
 
@@ -183,7 +185,7 @@ RunReport run_varlen(const RunOptions& o, const ScopedContext& context, RunRepor
       if (batch.len_q[b] == 0 && batch.len_k[b] == 0) continue;
       const AttentionGradients ref = attention_backward_reference_f64(
           batch.sequence(b), sequence_rows(q, batch.cu_q, b), sequence_rows(k, batch.cu_k, b),
-          sequence_rows(v, batch.cu_k, b), sequence_rows(dout, batch.cu_q, b), report.scale, p.mask);
+          sequence_rows(v, batch.cu_k, b), sequence_rows(dout, batch.cu_q, b), report.scale, p.mask, p.softcap);
       for (const auto& [name, got, cu, want] :
            {std::tuple{"dq", &dq, &batch.cu_q, &ref.dq}, std::tuple{"dk", &dk, &batch.cu_k, &ref.dk},
             std::tuple{"dv", &dv, &batch.cu_k, &ref.dv}}) {

@@ -32,6 +32,7 @@ std::string BwdConfig::name() const {
            to_string(k.d_split);
   }
   if (mask == MaskKind::kCausal) name += "_causal";
+  if (softcap) name += "_softcap";
   if (varlen) name += "_varlen";
   if (deterministic) name += "_det";
   if (has_dq_kernel()) {
@@ -51,8 +52,9 @@ BwdConfig BwdConfig::from_name(const std::string& name) {
   FLASHGEN_REQUIRE(sm90 || (fields.size() >= 9 && fields[0] == "bwd" && fields[1] == "sm80"),
                    "config name '" + name +
                        "': expected bwd_sm80_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_w<warps>_s<stages>"
-                       "_x<d_split>[_causal][_varlen][_det_qm<m>_qn<n>_qw<warps>_qs<stages>] or "
-                       "bwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_det]");
+                       "_x<d_split>[_causal][_softcap][_varlen][_det_qm<m>_qn<n>_qw<warps>_qs<stages>] or "
+                       "bwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_softcap][_varlen]"
+                       "[_det]");
   BwdConfig c;
   if (sm90) c.knobs = BwdSm90Knobs{};
   BwdSm80Knobs* k80 = c.sm80();
@@ -66,6 +68,10 @@ BwdConfig BwdConfig::from_name(const std::string& name) {
   if (k80) k80->d_split = parse_name_field(fields[i++], "x", name);
   if (i < fields.size() && fields[i] == "causal") {
     c.mask = MaskKind::kCausal;
+    ++i;
+  }
+  if (i < fields.size() && fields[i] == "softcap") {
+    c.softcap = true;
     ++i;
   }
   if (i < fields.size() && fields[i] == "varlen") {
@@ -175,6 +181,7 @@ void to_json(nlohmann::json& j, const BwdConfig& c) {
                        {"deterministic", c.deterministic}};
   }
   if (c.varlen) j["varlen"] = true;  // absent: dense kernels, as every config before it had
+  if (c.softcap) j["softcap"] = true;
   if (c.has_dq_kernel()) {
     j["dq_block_m"] = c.dq_block_m;
     j["dq_block_n"] = c.dq_block_n;
@@ -221,9 +228,10 @@ void from_json(const nlohmann::json& j, BwdConfig& c) {
     FLASHGEN_REQUIRE(j["deterministic"].is_boolean(), "backward config JSON: 'deterministic' must be true or false");
     config.deterministic = j["deterministic"].get<bool>();
   }
-  if (j.contains("varlen")) {
-    FLASHGEN_REQUIRE(j["varlen"].is_boolean(), "backward config JSON: 'varlen' must be true or false");
-    config.varlen = j["varlen"].get<bool>();
+  for (const auto& [key, flag] : {std::pair{"varlen", &config.varlen}, std::pair{"softcap", &config.softcap}}) {
+    if (!j.contains(key)) continue;
+    FLASHGEN_REQUIRE(j[key].is_boolean(), std::string("backward config JSON: '") + key + "' must be true or false");
+    *flag = j[key].get<bool>();
   }
   if (!config.has_dq_kernel()) {  // dq tiles of a module without a dq kernel (an older sm90 record) mean nothing
     const BwdConfig defaults;

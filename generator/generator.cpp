@@ -65,8 +65,10 @@ const char* dq_accum_enum(DqAccum accum) {
 }
 
 // The variant policy (templates/variant.cuh) every kernel family asks about masking and scores.
-const char* variant_policy(MaskKind mask) {
-  return mask == MaskKind::kCausal ? "flashgen::CausalMask" : "flashgen::NoMask";
+// The variant policy (templates/variant.cuh) of a mask, soft-capped or not.
+std::string variant_policy(MaskKind mask, bool softcap = false) {
+  const std::string policy = mask == MaskKind::kCausal ? "flashgen::CausalMask" : "flashgen::NoMask";
+  return softcap ? "flashgen::SoftCap<" + policy + ">" : policy;
 }
 
 std::string render_config_header(const KernelConfig& c) {
@@ -80,7 +82,7 @@ std::string render_config_header(const KernelConfig& c) {
       << "  static constexpr flashgen::ElemType kElem = " << elem_enum(c.dtype) << ";\n"
       << "  static constexpr int kHeadDim = " << c.head_dim << ";\n"
       << "  static constexpr flashgen::MaskKind kMask = " << mask_enum(c.mask) << ";\n"
-      << "  using Variant = " << variant_policy(c.mask) << ";\n"
+      << "  using Variant = " << variant_policy(c.mask, c.softcap) << ";\n"
       << "  static constexpr int kBlockM = " << c.block_m << ";\n"
       << "  static constexpr int kBlockN = " << c.block_n << ";\n";
   const Sm80Knobs* sm80 = c.sm80();
@@ -135,7 +137,7 @@ std::string render_config_header(const BwdConfig& c) {
       << "  static constexpr flashgen::ElemType kElem = " << elem_enum(c.dtype) << ";\n"
       << "  static constexpr int kHeadDim = " << c.head_dim << ";\n"
       << "  static constexpr flashgen::MaskKind kMask = " << mask_enum(c.mask) << ";\n"
-      << "  using Variant = " << variant_policy(c.mask) << ";\n"
+      << "  using Variant = " << variant_policy(c.mask, c.softcap) << ";\n"
       << "  static constexpr int kBlockM = " << c.block_m << ";\n"
       << "  static constexpr int kBlockN = " << c.block_n << ";\n";
   const BwdSm80Knobs* sm80 = c.sm80();

@@ -22,6 +22,7 @@ std::string KernelConfig::name() const {
     std::string name = std::string("fwd_sm90_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_m" +
                        to_string(block_m) + "_n" + to_string(block_n) + "_s" + to_string(stages);
     if (mask == MaskKind::kCausal) name += "_causal";
+    if (softcap) name += "_softcap";
     if (k->overlap) name += "_ovl";
     if (k->pingpong) name += "_pp";
     if (k->persistent) name += "_pst";
@@ -38,6 +39,7 @@ std::string KernelConfig::name() const {
                      to_string(block_m) + "_n" + to_string(block_n) + "_w" + to_string(k.warps) + "_s" +
                      to_string(stages);
   if (mask == MaskKind::kCausal) name += "_causal";
+  if (softcap) name += "_softcap";
   if (k.q_in_regs) name += "_qreg";
   if (varlen) name += "_varlen";
   if (paged) name += "_paged";
@@ -70,7 +72,7 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
   FLASHGEN_REQUIRE(sm90 || (fields.size() >= 8 && fields[0] == "fwd" && fields[1] == "sm80"),
                    "config name '" + name +
                        "': expected fwd_sm80_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_w<warps>_s<stages>"
-                       "[_causal][_qreg][_varlen[_paged]] or fwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_ovl][_pp][_pst][_psm][_c2][_g2][_tsum]");
+                       "[_causal][_softcap][_qreg][_varlen[_paged]] or fwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_softcap][_ovl][_pp][_pst][_psm][_c2][_g2][_tsum]");
   KernelConfig config;
   if (sm90) config.knobs = Sm90Knobs{};
   Sm80Knobs* k80 = config.sm80();  // exactly one of the two is set
@@ -85,6 +87,8 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
   for (size_t i = next; i < fields.size(); ++i) {
     if (fields[i] == "causal" && config.mask == MaskKind::kNone) {
       config.mask = MaskKind::kCausal;
+    } else if (fields[i] == "softcap" && !config.softcap) {
+      config.softcap = true;
     } else if (fields[i] == "qreg" && k80 && !k80->q_in_regs) {
       k80->q_in_regs = true;
     } else if (fields[i] == "ovl" && k90 && !k90->overlap) {
@@ -156,7 +160,8 @@ std::optional<std::string> KernelConfig::invalid_reason(int arch) const {
 bool KernelConfig::operator==(const KernelConfig& o) const {
   // Configs that share a name are equal: the same family, and the same knobs of it.
   return dtype == o.dtype && head_dim == o.head_dim && mask == o.mask && block_m == o.block_m &&
-         block_n == o.block_n && stages == o.stages && knobs == o.knobs && varlen == o.varlen && paged == o.paged;
+         block_n == o.block_n && stages == o.stages && knobs == o.knobs && varlen == o.varlen && paged == o.paged &&
+         softcap == o.softcap;
 }
 
 void to_json(nlohmann::json& j, const KernelConfig& c) {
@@ -167,6 +172,7 @@ void to_json(nlohmann::json& j, const KernelConfig& c) {
                        {"persistent", k->persistent}, {"p_smem", k->p_smem},     {"cluster", k->cluster},
                        {"groups", k->groups},         {"tensor_sum", k->tensor_sum}};
     if (c.varlen) j["varlen"] = true;  // absent: a dense kernel, as every config before it had
+    if (c.softcap) j["softcap"] = true;
     return;
   }
   const Sm80Knobs& k = std::get<Sm80Knobs>(c.knobs);
@@ -175,6 +181,7 @@ void to_json(nlohmann::json& j, const KernelConfig& c) {
                      {"warps", k.warps},          {"stages", c.stages},        {"q_in_regs", k.q_in_regs}};
   if (c.varlen) j["varlen"] = true;
   if (c.paged) j["paged"] = true;
+  if (c.softcap) j["softcap"] = true;
 }
 
 bool is_int_field(const nlohmann::json& value) {
@@ -201,7 +208,8 @@ void from_json(const nlohmann::json& j, KernelConfig& c) {
   // A misspelt key would otherwise leave its knob at the default without a word.
   static const char* const kKeys[] = {"family", "dtype",      "head_dim",  "mask",       "block_m", "block_n",
                                       "warps",  "stages",     "q_in_regs", "overlap",    "pingpong", "persistent",
-                                      "p_smem", "cluster",    "groups",    "tensor_sum", "varlen", "paged"};
+                                      "p_smem", "cluster",    "groups",    "tensor_sum", "varlen", "paged",
+                                      "softcap"};
   for (const auto& item : j.items()) {
     FLASHGEN_REQUIRE(std::find(std::begin(kKeys), std::end(kKeys), item.key()) != std::end(kKeys),
                      "kernel config JSON: unknown field \"" + item.key() + "\"");
@@ -242,6 +250,7 @@ void from_json(const nlohmann::json& j, KernelConfig& c) {
   get_bool("p_smem", sm90_knobs.p_smem);
   get_bool("varlen", config.varlen);
   get_bool("paged", config.paged);
+  get_bool("softcap", config.softcap);
   // The other family's knobs may be present at their defaults (off); a config has no room for others.
   if (sm90) {
     FLASHGEN_REQUIRE(sm80_knobs == Sm80Knobs{}, "kernel config JSON: warps and q_in_regs are sm80-family knobs");

@@ -60,6 +60,9 @@ struct KernelConfig {
   // Packed batches whose keys and values are read from a paged cache through a block table: suffix _paged
   // after _varlen. Varlen sm80 configs only.
   bool paged = false;
+  // The scores are soft-capped (templates/variant.cuh's SoftCap around the mask; the cap is a run-time
+  // parameter): suffix _softcap after the mask's.
+  bool softcap = false;
 
   KernelFamily family() const {
     return std::holds_alternative<Sm90Knobs>(knobs) ? KernelFamily::kSm90 : KernelFamily::kSm80;
@@ -70,8 +73,8 @@ struct KernelConfig {
   const Sm90Knobs* sm90() const { return std::get_if<Sm90Knobs>(&knobs); }
   Sm90Knobs* sm90() { return std::get_if<Sm90Knobs>(&knobs); }
 
-  // Canonical name, e.g. fwd_sm80_bf16_d128_m128_n32_w4_s3_causal (suffix _qreg when q_in_regs, _varlen for
-  // packed batches, then _paged for their paged caches) or
+  // Canonical name, e.g. fwd_sm80_bf16_d128_m128_n32_w4_s3_causal (then _softcap; suffix _qreg when q_in_regs,
+  // _varlen for packed batches, then _paged for their paged caches) or
   // fwd_sm90_fp16_d128_m128_n128_s2_causal (suffixes _ovl, _pp, _pst, _psm, _c2, _g2, _tsum for overlap,
   // pingpong, persistent, p_smem, cluster 2, groups 2, tensor_sum). It is the kernel's symbol, its file name in dumps and part of its
   // cache key.

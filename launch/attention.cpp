@@ -51,6 +51,7 @@ ForwardCall make_forward_call(const flashgen_tensor* q, const flashgen_tensor* k
 
   ForwardCall call;
   call.problem = forward_problem(to_dtype(q->dtype), shape_of(q, k), opts->mask);
+  call.problem.softcap = opts->softcap;
 
   AttnFwdParams& p = call.params;
   p.q = q->data;
@@ -71,6 +72,7 @@ ForwardCall make_forward_call(const flashgen_tensor* q, const flashgen_tensor* k
   p.causal_offset = causal_offset(*opts, p.seqlen_q, p.seqlen_k);
   p.scale = softmax_scale(*opts, call.problem.head_dim());
   p.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
+  set_softcap(p, opts->softcap);
   return call;
 }
 

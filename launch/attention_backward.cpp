@@ -127,6 +127,7 @@ BackwardCall make_backward_call(const flashgen_tensor* q, const flashgen_tensor*
 
   BackwardCall call;
   call.problem = backward_problem(to_dtype(q->dtype), shape_of(q, k), opts->mask, opts->deterministic != 0);
+  call.problem.softcap = opts->softcap;
 
   AttnBwdParams& p = call.params;
   p.q = q->data, p.k = k->data, p.v = v->data, p.o = out->data, p.dout = dout->data, p.lse = lse;
@@ -151,6 +152,7 @@ BackwardCall make_backward_call(const flashgen_tensor* q, const flashgen_tensor*
   p.causal_offset = causal_offset(*opts, p.seqlen_q, p.seqlen_k);
   p.scale = softmax_scale(*opts, call.problem.head_dim());
   p.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
+  set_softcap(p, opts->softcap);
   return call;
 }
 

@@ -42,6 +42,9 @@ KvCacheCall make_kvcache_call(const flashgen_kvcache_args& args) {
   check_tensor(&vc, "v_cache");
   check_tensor(&args.out, "out");
   check_options(&args.options);
+  if (args.options.softcap != 0.f) {
+    fail(Status::kUnsupported, "options.softcap: KV-cache calls take no soft cap yet (dense and packed calls do)");
+  }
   require_same_dtype(kc, "k_cache", q);
   require_same_dtype(vc, "v_cache", q);
   require_same_dtype(args.out, "out", q);

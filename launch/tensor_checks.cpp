@@ -149,6 +149,16 @@ void check_options(const flashgen_attention_options* opts) {
   // The kernels scale by softmax_scale * log2(e): that product must be finite too.
   FLASHGEN_REQUIRE(std::isfinite(opts->softmax_scale) && std::isfinite(opts->softmax_scale * 1.4426950408889634f),
                    "opts.softmax_scale must be finite and below 2.3e38, got " + std::to_string(opts->softmax_scale));
+  // The kernels multiply by scale / softcap and by softcap / scale: both must be finite and nonzero.
+  const float cap = opts->softcap;
+  FLASHGEN_REQUIRE(cap == 0.f || (std::isfinite(cap) && cap > 0.f),
+                   "opts.softcap must be 0 (none) or a positive finite cap, got " + std::to_string(cap));
+  if (cap > 0.f) {
+    const double ratio = double(cap) / (opts->softmax_scale > 0 ? double(opts->softmax_scale) : 1.0 / 16);
+    FLASHGEN_REQUIRE(ratio > 1e-30 && ratio < 1e30,
+                     "opts.softcap = " + std::to_string(cap) + " is too far from the softmax scale (their ratio must "
+                     "lie within 1e-30 and 1e30)");
+  }
 }
 
 float softmax_scale(const flashgen_attention_options& opts, int64_t head_dim) {

@@ -11,8 +11,11 @@
 
 #include "flashgen/error.hpp"
 #include "flashgen/flashgen.h"
+#include "generator/bwd_config.hpp"
+#include "generator/decode_config.hpp"
 #include "generator/kernel_config.hpp"
 #include "problem/attention_problem.hpp"
+#include "templates/attn_params.cuh"
 
 namespace flashgen {
 
@@ -92,6 +95,14 @@ void check_head_dim_and_groups(const flashgen_tensor* q, const flashgen_tensor* 
 // opts.mask one of flashgen_mask's values and opts.softmax_scale finite.
 void check_options(const flashgen_attention_options* opts);
 
+// The soft cap's two factors in p (AttnFwdParams or AttnBwdParams), from p.scale already set: 0 without a cap.
+template <class Params>
+void set_softcap(Params& p, float cap) {
+  p.softcap_in = cap > 0.f ? p.scale / cap : 0.f;
+  p.softcap_out = cap > 0.f ? cap / p.scale : 0.f;
+  p.softcap_grad = cap > 0.f ? static_cast<float>(1.0 / (double(cap) * 1.4426950408889634)) : 0.f;
+}
+
 // The scale the kernels apply: opts.softmax_scale when > 0, else 1/sqrt(head_dim).
 float softmax_scale(const flashgen_attention_options& opts, int64_t head_dim);
 
@@ -101,12 +112,17 @@ int causal_offset(const flashgen_attention_options& opts, int seqlen_q, int seql
 // The sm number of the launch's device; kUnsupported below sm_80.
 int launch_arch(CUdevice device);
 
+// Whether a config's kernels soft-cap the scores (the decode family's never do).
+inline bool config_softcap(const KernelConfig& config) { return config.softcap; }
+inline bool config_softcap(const BwdConfig& config) { return config.softcap; }
+inline bool config_softcap(const DecodeConfig&) { return false; }
+
 // A config the caller asked for: it must match the problem and be able to run on sm_<arch>.
 template <class Config>
 void check_requested_config(const Config& config, const AttentionProblem& problem, int arch) {
   FLASHGEN_REQUIRE(config.dtype == problem.dtype && config.head_dim == problem.head_dim() &&
-                       config.mask == problem.mask_kind(),
-                   "config " + config.name() + " does not match the problem (dtype, head_dim, mask)");
+                       config.mask == problem.mask_kind() && config_softcap(config) == problem.softcapped(),
+                   "config " + config.name() + " does not match the problem (dtype, head_dim, mask, softcap)");
   if (auto why = config.invalid_reason(arch)) {
     fail(Status::kInvalidArgument, "config " + config.name() + " cannot run here: " + *why);
   }

@@ -61,11 +61,14 @@ struct AttentionProblem {
   bool kv_cache = false;
   bool paged = false;
   int page_size = 0;
+  // Scores soft-capped to cap · tanh(score / cap) before the softmax (options.softcap); 0: none.
+  float softcap = 0.f;
 
   // The kernels' mask kind: both causal alignments run the causal kernels (the offset is a parameter).
   MaskKind mask_kind() const { return mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal; }
   bool backward() const { return pass == Pass::kBackward; }
   bool deterministic() const { return backward() && dq == DqStrategy::kDeterministic; }
+  bool softcapped() const { return softcap > 0.f; }
   int head_dim() const { return static_cast<int>(shape.head_dim); }
 };
 

@@ -37,6 +37,12 @@ struct AttnFwdParams {
 
   float scale;        // softmax scale applied to q·k
   float scale_log2;   // scale * log2(e): the kernels exponentiate in base 2
+  // Soft-capped configs (variant.cuh's SoftCap): a score becomes cap · tanh(q·k · scale / cap); softcap_in is
+  // scale / cap, softcap_out cap / scale (the score in q·k units, as the kernels scale it), softcap_grad
+  // 1 / (cap · log2(e)) (the backward's tanh from a score in log2 units). 0 otherwise.
+  float softcap_in;
+  float softcap_out;
+  float softcap_grad;
 
   // Packed variable-length batches (configs with kVarlen; null and 0 otherwise). q, k, v and o hold one
   // batch entry of total_q (q, o) and total_k (k, v) rows; sequence b of the batch owns query rows
@@ -188,6 +194,9 @@ struct AttnBwdParams {
   int causal_offset;  // as in AttnFwdParams
   float scale;
   float scale_log2;
+  float softcap_in;   // as in AttnFwdParams
+  float softcap_out;
+  float softcap_grad;
 
   // Packed variable-length batches, as in AttnFwdParams (seqused_k unused: null). lse, the workspace's D and
   // the dQ accumulator are (heads_q, total_q[, head_dim]) rows.

@@ -322,7 +322,8 @@ struct BwdDkdvSm80 {
               const float scale_log2 = p.scale_log2;
               const int key = n_start + warp_key0 + kt * 16 + g + h * 8;
               const ScoreAt at{batch, head, m_start + col, key};
-              float s = Variant::score(p, at, qk) * scale_log2;
+              const float x = Variant::score(p, at, qk) * scale_log2;
+              float s = x;
               if constexpr (kMasked) {
                 bool hidden = key >= p.seqlen_k;
                 if constexpr (Variant::kHidesKeys) hidden |= !Variant::visible(p, at);
@@ -330,7 +331,8 @@ struct BwdDkdvSm80 {
               }
               const float pr = sm80::exp2_approx(s - lse2);
               acc_s[kt][qt][2 * h + e] = pr;
-              acc_dp[kt][qt][2 * h + e] = Variant::score_grad(p, at, qk, pr * (acc_dp[kt][qt][2 * h + e] - dsum));
+              acc_dp[kt][qt][2 * h + e] =
+                  Variant::score_grad(p, at, x, pr * (acc_dp[kt][qt][2 * h + e] - dsum));
             }
         }
 
@@ -582,12 +584,12 @@ struct BwdDqSm80 {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const ScoreAt at{batch, head, row, n_start + 2 * t + nt * 8 + e};
-              const float qk = acc_s[mt][nt][2 * h + e];
-              float s = Variant::score(p, at, qk) * p.scale_log2;
+              const float x = Variant::score(p, at, acc_s[mt][nt][2 * h + e]) * p.scale_log2;
+              float s = x;
               if (kMasked && keys.hidden(nt * 8 + e)) s = neg_inf();
               const float pr = sm80::exp2_approx(s - lse2[mt][h]);
               const float ds = pr * (acc_dp[mt][nt][2 * h + e] - dsum[mt][h]);
-              acc_dp[mt][nt][2 * h + e] = Variant::score_grad(p, at, qk, ds);
+              acc_dp[mt][nt][2 * h + e] = Variant::score_grad(p, at, x, ds);
             }
         }
         sm80::pack_a_steps<kElem, kNTiles / 2>(ds_frag[mt], acc_dp[mt]);

@@ -520,11 +520,6 @@ struct BwdDkdvSm90 {
         } else {
           sm90::wgmma_wait<kPart == Part::kBoth ? 1 : 0>();
           sm90::pin_registers(acc_s);
-          float qk[kSGroups][4];  // Sᵀ as q·k, for the variant's score_grad (nothing left of it when unused)
-#pragma unroll
-          for (int i = 0; i < kSGroups; ++i)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) qk[i][e] = acc_s[i][e];
           if (m_block < w.m_interior) {
             probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<true>{});
           } else {
@@ -544,10 +539,22 @@ struct BwdDkdvSm90 {
             }
             float dsum[2];
             sm90::ld_shared_f32x2(s_dsum + (8 * i + 2 * t) * 4, dsum[0], dsum[1]);
+            // A variant that transforms scores gets its score back from P and the row's LSE, x = log2 P + lse2
+            // (keeping Sᵀ for it would cost a second accumulator's registers); an entry of P = 0 has dS = 0
+            // whatever it gets, so it gets 0 rather than -inf.
+            float lse2[2] = {0.f, 0.f};
+            if constexpr (Variant::kChangesScores) {
+              sm90::ld_shared_f32x2(s_lse + (8 * i + 2 * t) * 4, lse2[0], lse2[1]);
+            }
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               const float ds = acc_s[i][e] * (acc_dp[i][e] - dsum[e % 2]);
-              acc_dp[i][e] = Variant::score_grad(p, score_at(head, m_start, i, e / 2, e % 2), qk[i][e], ds);
+              float x = 0.f;
+              if constexpr (Variant::kChangesScores) {
+                const float prob = acc_s[i][e];
+                x = prob > 0.f ? sm80::log2_approx(prob) + lse2[e % 2] : 0.f;
+              }
+              acc_dp[i][e] = Variant::score_grad(p, score_at(head, m_start, i, e / 2, e % 2), x, ds);
             }
           }
 #pragma unroll

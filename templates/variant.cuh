@@ -26,9 +26,13 @@
 //   first_query(p, batch, key) the first query that sees key.
 //   score(p, at, s)            the score of (at.q, at.k) from s = q·k (softmax scale not applied), in the
 //                              same units: the kernels scale it, take the max and exponentiate. Identity in
-//                              the policies below; a soft cap or ALiBi changes it.
-//   score_grad(p, at, s, ds)   the backward's counterpart: from ds, the gradient with respect to
-//                              score(p, at, s), the gradient with respect to s. Identity below.
+//                              the masks below; SoftCap<Mask> caps it (ALiBi would add a bias).
+//   score_grad(p, at, x, ds)   the backward's counterpart: from ds, the gradient with respect to score(p, at, s),
+//                              the gradient with respect to s, given x = score(p, at, s) · p.scale_log2 (the
+//                              transformed score in the units the kernels exponentiate, which a kernel may
+//                              rebuild from P and the row's LSE, x = log2 P + lse2, rather than keep s).
+//                              Identity in the masks. kChangesScores: whether score and score_grad are not
+//                              identities (kernels skip what only they would read).
 // The ranges take each row to see a prefix of the keys that grows with the row (block_range.cuh derives
 // the blocks from last_key, key_end and first_query); a policy whose rows also skip earlier keys (a
 // sliding window, chunked attention) will add a row's first key and a key's last query, and the kernels'
@@ -57,12 +61,14 @@ struct KeysUpTo {
 
 // The score hooks of a variant that leaves scores as they are: a base of the masks below.
 struct UnchangedScores {
+  static constexpr bool kChangesScores = false;
+
   template <class Params>
   static __host__ __device__ __forceinline__ float score(const Params&, const ScoreAt&, float s) {
     return s;
   }
   template <class Params>
-  static __host__ __device__ __forceinline__ float score_grad(const Params&, const ScoreAt&, float /*s*/, float ds) {
+  static __host__ __device__ __forceinline__ float score_grad(const Params&, const ScoreAt&, float /*x*/, float ds) {
     return ds;
   }
 };
@@ -108,6 +114,37 @@ struct CausalMask : UnchangedScores {
   template <class Params>
   static __host__ __device__ __forceinline__ int first_query(const Params& p, int /*batch*/, int key) {
     return key - p.causal_offset;
+  }
+};
+
+// tanh(x) for the score hooks: the tensor cores' neighbour MUFU.TANH on the device (max relative error about
+// 2^-11, as the peers' soft caps use), the C library's on the host (tests/templates/variant_check.cu).
+__host__ __device__ __forceinline__ float score_tanh(float x) {
+#ifdef __CUDA_ARCH__
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return tanhf(x);
+#endif
+}
+
+// A soft cap on Mask's scores: cap · tanh(score · scale / cap) before the softmax (Gemma 2, Grok), in q·k
+// units as the hooks speak: (cap / scale) · tanh(s · scale / cap) with p.softcap_in = scale / cap and
+// p.softcap_out = cap / scale. Its derivative with respect to s is 1 - tanh², tanh being x · p.softcap_grad
+// (x = cap · tanh · log2(e), p.softcap_grad = 1 / (cap · log2(e))). Mask decides visibility.
+template <class Mask>
+struct SoftCap : Mask {
+  static constexpr bool kChangesScores = true;
+
+  template <class Params>
+  static __host__ __device__ __forceinline__ float score(const Params& p, const ScoreAt&, float s) {
+    return p.softcap_out * score_tanh(s * p.softcap_in);
+  }
+  template <class Params>
+  static __host__ __device__ __forceinline__ float score_grad(const Params& p, const ScoreAt&, float x, float ds) {
+    const float t = x * p.softcap_grad;
+    return ds * (1.f - t * t);
   }
 };
 

@@ -204,6 +204,15 @@ std::vector<BwdConfig> heuristic_backward_configs(DType dtype, int head_dim, Mas
     c.block_n = tile_dim <= 128 ? 128 : 64;
     c.stages = tile_dim == 256 ? 1 : 2;
     if (!c.invalid_reason(arch)) configs.push_back(c);
+    // Then the same family with fewer registers, before falling back to the sm80 family where the first spills
+    // (a soft cap's derivative): 64 keys per step on 128-column tiles and narrower, two stages (dQ added from
+    // registers, no staged tile) on 256.
+    if (tile_dim <= 128) {
+      c.block_n = 64;
+    } else {
+      c.stages = 3 - c.stages;
+    }
+    if (!c.invalid_reason(arch)) configs.push_back(c);
   }
   for (const BwdTile& tile : backward_preferences(head_dim, deterministic)) {
     BwdConfig c;

@@ -13,8 +13,6 @@ namespace flashgen {
 
 namespace {
 
-const char* mask_text(MaskKind mask) { return mask == MaskKind::kCausal ? "causal" : "none"; }
-
 // Exponent of a power-of-two bucket; a key whose bucket is not one was not built by size_bucket.
 int bucket_exponent(int64_t bucket, const char* what) {
   FLASHGEN_REQUIRE(bucket >= 1 && (bucket & (bucket - 1)) == 0,
@@ -91,9 +89,23 @@ void read_pass_id(const std::string& text, ProblemKey& key) {
   }
 }
 
+std::string variant_text(MaskKind mask, bool softcap) {
+  return std::string(mask == MaskKind::kCausal ? "causal" : "none") + (softcap ? "_softcap" : "");
+}
+
+void read_variant_text(const std::string& text, ProblemKey& key) {
+  for (MaskKind mask : {MaskKind::kNone, MaskKind::kCausal})
+    for (bool softcap : {false, true})
+      if (text == variant_text(mask, softcap)) {
+        key.mask = mask, key.softcap = softcap;
+        return;
+      }
+  fail(Status::kInvalidArgument, "tuning data: unknown mask '" + text + "'");
+}
+
 std::string ProblemKey::class_id() const {
-  return std::string(pass_id()) + "|" + dtype_name(dtype) + "|d" + std::to_string(head_dim) + "|" + mask_text(mask) + "|g" +
-         std::to_string(gqa_ratio);
+  return std::string(pass_id()) + "|" + dtype_name(dtype) + "|d" + std::to_string(head_dim) + "|" +
+         variant_text(mask, softcap) + "|g" + std::to_string(gqa_ratio);
 }
 
 std::string ProblemKey::id() const {
@@ -131,11 +143,13 @@ ProblemKey problem_key(const AttentionProblem& problem) {
                                           problem.deterministic(), group_size, s.seqlen_q, s.seqlen_k,
                                           s.batch * s.heads_q);
     key.varlen = problem.varlen;
+    key.softcap = problem.softcapped();
     return key;
   }
   ProblemKey key = forward_problem_key(problem.dtype, problem.head_dim(), problem.mask_kind(), group_size, s.seqlen_q,
                                        s.seqlen_k, s.batch * s.heads_q);
   key.varlen = problem.varlen;
+  key.softcap = problem.softcapped();
   key.kv_cache = problem.kv_cache;  // seqlen_q: the new tokens per sequence; seqlen_k: the cache's capacity
   key.paged = problem.kv_cache && problem.paged;
   return key;

@@ -46,6 +46,7 @@ struct ProblemKey {
   DType dtype = DType::kFloat16;
   int head_dim = 128;
   MaskKind mask = MaskKind::kNone;
+  bool softcap = false;             // soft-capped scores: kernels of their own ("causal_softcap" in ids)
   int gqa_ratio = 1;                // heads_q / heads_kv
   int64_t seqlen_q_bucket = 1;      // size_bucket(seqlen_q)
   int64_t seqlen_k_bucket = 1;      // size_bucket(seqlen_k)
@@ -66,6 +67,11 @@ struct ProblemKey {
 // Sets key's pass, dQ strategy, varlen, kv_cache and paged from their text in ids (pass_id()); throws
 // Error(kInvalidArgument) naming any other text.
 void read_pass_id(const std::string& text, ProblemKey& key);
+// A key's mask and score variant as ids, the store's mask column and its JSON spell them: "none", "causal",
+// "none_softcap", "causal_softcap".
+std::string variant_text(MaskKind mask, bool softcap);
+// Sets key's mask and softcap from variant_text's spellings; throws Error(kInvalidArgument) naming any other.
+void read_variant_text(const std::string& text, ProblemKey& key);
 
 // The key a problem is tuned, stored and looked up under (both causal alignments run the causal kernels).
 ProblemKey problem_key(const AttentionProblem& problem);

@@ -59,7 +59,7 @@ ProblemKey problem_from_json(const json& j) {
   p.dtype = parse_dtype(j.at("dtype").get<std::string>());
   p.head_dim = int_field(j, "head_dim", 8, 256);
   FLASHGEN_REQUIRE(p.head_dim % 8 == 0, "problem head_dim must be a multiple of 8, got " + std::to_string(p.head_dim));
-  p.mask = parse_mask(j.at("mask").get<std::string>());
+  read_variant_text(j.at("mask").get<std::string>(), p);
   p.gqa_ratio = int_field(j, "gqa_ratio", 1, std::numeric_limits<int>::max());
   p.seqlen_q_bucket = j.at("seqlen_q_bucket").get<int64_t>();
   p.seqlen_k_bucket = j.at("seqlen_k_bucket").get<int64_t>();
@@ -99,18 +99,10 @@ const json& array_of(const json& data, const char* key) {
 
 // ---- Text forms ---------------------------------------------------------------------------------
 
-const char* mask_text(MaskKind mask) { return mask == MaskKind::kCausal ? "causal" : "none"; }
-
 DType parse_dtype(const std::string& text) {
   if (text == dtype_name(DType::kFloat16)) return DType::kFloat16;
   if (text == dtype_name(DType::kBFloat16)) return DType::kBFloat16;
   fail(Status::kInvalidArgument, "tuning data: unknown dtype '" + text + "'");
-}
-
-MaskKind parse_mask(const std::string& text) {
-  if (text == "none") return MaskKind::kNone;
-  if (text == "causal") return MaskKind::kCausal;
-  fail(Status::kInvalidArgument, "tuning data: unknown mask '" + text + "'");
 }
 
 const char* candidate_status_name(CandidateStatus status) {
@@ -170,7 +162,7 @@ json problem_json(const std::string& id, const ProblemKey& p) {
           {"family", p.pass_id()},
           {"dtype", dtype_name(p.dtype)},
           {"head_dim", p.head_dim},
-          {"mask", mask_text(p.mask)},
+          {"mask", variant_text(p.mask, p.softcap)},
           {"gqa_ratio", p.gqa_ratio},
           {"seqlen_q_bucket", p.seqlen_q_bucket},
           {"seqlen_k_bucket", p.seqlen_k_bucket},

@@ -19,10 +19,9 @@ namespace flashgen {
 // ---- Text forms of the database's columns and the document's fields ----------------------------
 // (candidate_status_name and parse_candidate_status, declared in store.hpp, are defined with these.)
 
-const char* mask_text(MaskKind mask);  // "none" or "causal"
-// dtype_name's and mask_text's spellings back; Error(kInvalidArgument) naming the text otherwise.
+// dtype_name's spellings back; Error(kInvalidArgument) naming the text otherwise. (The mask column's are
+// problem_key.hpp's variant_text.)
 DType parse_dtype(const std::string& text);
-MaskKind parse_mask(const std::string& text);
 // A config_json column; Error(kInvalidArgument) when it is not JSON or not a config.
 TunedConfig parse_config(const std::string& text);
 

@@ -81,6 +81,7 @@ SweepResult sweep_forward(const AttentionProblem& problem, const std::vector<Ker
   }
   flashgen_attention_options opts{};
   opts.mask = problem.mask;
+  opts.softcap = problem.softcap;
   auto make_call = [&](const InputSet& set) {
     const flashgen_tensor q =
         bshd_tensor(set.dq.data(), dtype, shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim);
@@ -104,7 +105,7 @@ SweepResult sweep_forward(const AttentionProblem& problem, const std::vector<Ker
   const double scale = effective_softmax_scale(0.f, shape.head_dim);
   const std::vector<RowSample> rows = sample_rows(shape, options.check_rows);
   const std::vector<ReferenceRow> reference =
-      attention_reference_rows(shape, hq, hk, hv, scale, problem.mask, rows, /*threads=*/1);
+      attention_reference_rows(shape, hq, hk, hv, scale, problem.mask, rows, /*threads=*/1, problem.softcap);
 
   PassHooks<KernelConfig> hooks;
   hooks.check = [&](const KernelConfig& c) -> std::string {
@@ -174,6 +175,7 @@ struct BackwardSet {
     flashgen_attention_options opts{};
     opts.mask = problem.mask;
     opts.deterministic = problem.deterministic() ? 1 : 0;
+    opts.softcap = problem.softcap;
     auto tensor = [&](DeviceBuffer& b, bool kv) {
       return bshd_tensor(b.data(), dtype, p.batch, kv ? p.seqlen_k : p.seqlen_q, kv ? p.heads_kv : p.heads_q,
                          p.head_dim);
@@ -248,7 +250,7 @@ SweepResult sweep_backward(const AttentionProblem& problem, const std::vector<Bw
   const AttentionGradients reference = attention_backward_reference_f64(
       cp, HostInput::bits16(check.q.data(), dtype, q_view), HostInput::bits16(check.k.data(), dtype, kv_view),
       HostInput::bits16(check.v.data(), dtype, kv_view), HostInput::bits16(check.dout.data(), dtype, q_view),
-      effective_softmax_scale(0.f, cp.head_dim), problem.mask);
+      effective_softmax_scale(0.f, cp.head_dim), problem.mask, problem.softcap);
 
   const AttentionShape& shape = problem.shape;
   const int64_t q_bytes = shape.batch * shape.seqlen_q * shape.heads_q * shape.head_dim * 2;

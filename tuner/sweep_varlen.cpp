@@ -60,6 +60,7 @@ struct PackedSet {
     args.max_seqlen_q = s.seqlen_q, args.max_seqlen_k = s.seqlen_k;
     args.options.mask = problem.mask;
     args.options.deterministic = problem.deterministic() ? 1 : 0;
+    args.options.softcap = problem.softcap;
     forward = make_varlen_forward_call(args);
     if (!problem.backward()) return;
 
@@ -157,7 +158,8 @@ SweepResult sweep_driver::sweep_forward_packed(const AttentionProblem& problem,
     std::vector<RowSample> rows = sample_rows(one, per_sequence);
     std::vector<ReferenceRow> reference =
         attention_reference_rows(one, checked.rows_of(checked.q, b, false), checked.rows_of(checked.k, b, true),
-                                 checked.rows_of(checked.v, b, true), scale, problem.mask, rows, /*threads=*/1);
+                                 checked.rows_of(checked.v, b, true), scale, problem.mask, rows, /*threads=*/1,
+                                 problem.softcap);
     sequences.push_back({b, std::move(rows), std::move(reference)});
   }
 
@@ -216,7 +218,7 @@ SweepResult sweep_driver::sweep_backward_packed(const AttentionProblem& problem,
   for (size_t b = 0; b < check.batch.len_q.size(); ++b) {
     reference.push_back(attention_backward_reference_f64(
         check.batch.sequence(b), check.rows_of(check.q, b, false), check.rows_of(check.k, b, true),
-        check.rows_of(check.v, b, true), check.rows_of(check.dout, b, false), scale, problem.mask));
+        check.rows_of(check.v, b, true), check.rows_of(check.dout, b, false), scale, problem.mask, problem.softcap));
   }
 
   const AttentionShape& s = problem.shape;

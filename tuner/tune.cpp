@@ -19,6 +19,12 @@ SpaceCounts counts_of(const BasicSpaceReport<Config>& space) {
   return {space.total, space.pruned, space.pruned_by_reason, space.valid.size()};
 }
 
+// A soft-capped problem's candidates: the space's tiles with the cap compiled in.
+template <class Config>
+void with_softcap(BasicSpaceReport<Config>& space, bool softcap) {
+  for (Config& c : space.valid) c.softcap = softcap;
+}
+
 // The candidates of a pass: the named configs, else the space capped around the built-in choice.
 template <class Config>
 std::vector<TunedConfig> pass_candidates(const BasicSpaceReport<Config>& space, const Config& builtin,
@@ -107,16 +113,19 @@ TunePlan plan_tune(const AttentionProblem& problem, int arch, const TuneOptions&
   } else if (problem.backward()) {
     BackwardSpaceReport space = backward_space(key.dtype, key.head_dim, key.mask, problem.deterministic(), arch);
     if (key.varlen) space = packed_space(space, arch);
-    const BwdConfig builtin =
-        heuristic_backward_choice(key.dtype, key.head_dim, key.mask, problem.deterministic(), arch, false, key.varlen)
-            .config;
+    with_softcap(space, key.softcap);
+    const BwdConfig builtin = heuristic_backward_choice(key.dtype, key.head_dim, key.mask, problem.deterministic(),
+                                                        arch, false, key.varlen, key.softcap)
+                                  .config;
     plan.builtin = builtin;
     plan.space = counts_of(space);
     plan.candidates = pass_candidates(space, builtin, options);
   } else {
     SpaceReport space = forward_space(key.dtype, key.head_dim, key.mask, arch);
     if (key.varlen) space = packed_space(space, arch);
-    const KernelConfig builtin = heuristic_choice(key.dtype, key.head_dim, key.mask, arch, false, key.varlen).config;
+    with_softcap(space, key.softcap);
+    const KernelConfig builtin =
+        heuristic_choice(key.dtype, key.head_dim, key.mask, arch, false, key.varlen, key.softcap).config;
     plan.builtin = builtin;
     plan.space = counts_of(space);
     plan.candidates = pass_candidates(space, builtin, options);

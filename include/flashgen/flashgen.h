@@ -29,6 +29,9 @@ typedef struct {
   float softmax_scale;    /* finite, scale * log2(e) too; <= 0: 1/sqrt(head_dim) */
   flashgen_mask mask;
   int deterministic;      /* backward: nonzero gives bitwise-identical gradients on repeated runs */
+  float softcap;          /* > 0: each score s = q·k · scale becomes softcap · tanh(s / softcap) before the
+                             softmax (Gemma 2's logit soft cap; its derivative in the backward); 0: none.
+                             Dense and packed calls; KV-cache calls refuse it for now */
 } flashgen_attention_options;
 
 /* Status codes. 0 is success; every failure also sets flashgen_last_error(). */

@@ -50,6 +50,7 @@ class AttentionOptions(ctypes.Structure):
         ("softmax_scale", ctypes.c_float),  # <= 0: 1/sqrt(head_dim)
         ("mask", ctypes.c_int),             # MASK_*
         ("deterministic", ctypes.c_int),    # backward: nonzero gives bitwise-identical gradients
+        ("softcap", ctypes.c_float),        # > 0: scores s become softcap * tanh(s / softcap); 0: none
     ]
 
 

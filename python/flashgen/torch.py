@@ -120,6 +120,15 @@ def _check_scale(scale):
     return scale
 
 
+def _check_softcap(softcap):
+    """The softcap argument as the ops take it: 0.0 for none."""
+    softcap = float(softcap) if softcap is not None else 0.0
+    if not 0.0 <= softcap < float("inf"):
+        raise FlashgenArgumentError(f"softcap must be 0.0 (none) or a positive finite cap, got {softcap}",
+                                    _lib.ERROR_INVALID_ARGUMENT)
+    return softcap
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The C calls. Tensors are passed by pointer and strides, never copied, unless the kernels cannot read them in
 # place (head_dim not unit-stride, other strides not multiples of 8 elements, data not 16-byte aligned).
@@ -154,12 +163,12 @@ class _ForwardCall:
     """The arguments of one flashgen_attention_forward call: readable q, k, v, a fresh out (q's shape, contiguous)
     and lse (fp32 [batch, heads_q, seqlen_q]), their views and the options. Build it under the device's guard."""
 
-    def __init__(self, q, k, v, scale, mask, layout):
+    def __init__(self, q, k, v, scale, mask, layout, softcap=0.0):
         self.q, self.k, self.v = (_readable(t) for t in (q, k, v))
         self.out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         self.lse = torch.empty(_lse_shape(q, layout), dtype=torch.float32, device=q.device)
         self.views = [_view(t, layout) for t in (self.q, self.k, self.v, self.out)]
-        self.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 0)
+        self.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 0, softcap)
 
     def arguments(self):
         return (*(ctypes.byref(view) for view in self.views), ctypes.c_void_p(self.lse.data_ptr()),
@@ -170,13 +179,13 @@ class _BackwardCall:
     """The arguments of one backward call: readable dout, q, k, v, out; lse; fresh dq, dk, dv (contiguous, shaped
     like q, k, v); views and options. Build it under the device's guard."""
 
-    def __init__(self, dout, q, k, v, out, lse, scale, mask, layout, deterministic):
+    def __init__(self, dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0):
         self.dout, self.q, self.k, self.v, self.out = (_readable(t) for t in (dout, q, k, v, out))
         self.lse = lse.contiguous()
         self.dq, self.dk, self.dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
         tensors = (self.q, self.k, self.v, self.out, self.dout, self.dq, self.dk, self.dv)
         self.views = [_view(t, layout) for t in tensors]
-        self.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 1 if deterministic else 0)
+        self.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 1 if deterministic else 0, softcap)
 
     def arguments(self):
         refs = [ctypes.byref(view) for view in self.views]
@@ -193,17 +202,17 @@ def _check_lse(lse, q, layout):
 
 # ---------------------------------------------------------------------------------------------------------
 # The custom ops. scale 0.0 means 1/sqrt(head_dim); mask is "none", "bottom_right" or "top_left"; layout is
-# "bshd" or "bhsd". Outputs are new contiguous tensors in the inputs' layout; lse is fp32 [batch, heads_q,
+# "bshd" or "bhsd"; softcap 0.0 means no soft cap. Outputs are new contiguous tensors in the inputs' layout; lse is fp32 [batch, heads_q,
 # seqlen_q] in either layout.
 
-def _forward(q, k, v, scale, mask, layout, checked=False):
+def _forward(q, k, v, scale, mask, layout, checked=False, softcap=0.0):
     """(out, lse): the forward op's implementation, also called directly by eager calls (checked: attention()
     has checked the arguments already)."""
     if not checked:
         _check_inputs(q, k, v, layout)
         _check_mask(mask)
     with torch.cuda.device(q.device):
-        call = _ForwardCall(q, k, v, scale, mask, layout)
+        call = _ForwardCall(q, k, v, scale, mask, layout, softcap)
         _lib.check(_lib.function("flashgen_attention_forward")(*call.arguments(), _stream(q.device)),
                    "flashgen_attention_forward")
     return call.out, call.lse
@@ -211,18 +220,18 @@ def _forward(q, k, v, scale, mask, layout, checked=False):
 
 @torch.library.custom_op("flashgen::attention_forward", mutates_args=())
 def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: str, layout: str,
-                       deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                       deterministic: bool, softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse). deterministic is not used by the forward; autograd hands it to the backward."""
-    return _forward(q, k, v, scale, mask, layout)
+    return _forward(q, k, v, scale, mask, layout, softcap=softcap)
 
 
 @_attention_forward.register_fake
-def _attention_forward_fake(q, k, v, scale, mask, layout, deterministic):
+def _attention_forward_fake(q, k, v, scale, mask, layout, deterministic, softcap=0.0):
     _check_inputs(q, k, v, layout)
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q, layout), dtype=torch.float32)
 
 
-def _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministic):
+def _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0):
     """(dq, dk, dv): the backward op's implementation, also called directly by eager calls (_EagerAttention). The
     kernels' workspace is a torch allocation, so nothing is allocated behind the caching allocator (or a CUDA
     graph's pool)."""
@@ -230,7 +239,7 @@ def _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministi
     _check_mask(mask)
     _check_lse(lse, q, layout)
     with torch.cuda.device(q.device):
-        call = _BackwardCall(dout, q, k, v, out, lse, scale, mask, layout, deterministic)
+        call = _BackwardCall(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap)
         stream = _stream(q.device)
         workspace_bytes = ctypes.c_size_t(0)
         _lib.check(_lib.function("flashgen_attention_backward_workspace_size")(
@@ -246,22 +255,23 @@ def _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministi
 @torch.library.custom_op("flashgen::attention_backward", mutates_args=())
 def _attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                         lse: torch.Tensor, scale: float, mask: str, layout: str,
-                        deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        deterministic: bool, softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) given dout and the forward's q, k, v, out and lse."""
-    return _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministic)
+    return _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap)
 
 
 @_attention_backward.register_fake
-def _attention_backward_fake(dout, q, k, v, out, lse, scale, mask, layout, deterministic):
+def _attention_backward_fake(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0):
     _check_inputs(q, k, v, layout)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, scale, mask, layout, deterministic = inputs
+    q, k, v, scale, mask, layout, deterministic = inputs[:7]
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.scale, ctx.mask, ctx.layout, ctx.deterministic = scale, mask, layout, deterministic
+    ctx.softcap = inputs[7] if len(inputs) > 7 else 0.0
     # The kernels compute no gradient through lse: it is returned for inspection and combining partial results.
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)
@@ -269,11 +279,11 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dout, dlse):
     if dout is None:  # out took no part in the loss
-        return None, None, None, None, None, None, None
+        return None, None, None, None, None, None, None, None
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.flashgen.attention_backward(dout, q, k, v, out, lse, ctx.scale, ctx.mask, ctx.layout,
-                                                       ctx.deterministic)
-    return dq, dk, dv, None, None, None, None
+                                                       ctx.deterministic, ctx.softcap)
+    return dq, dk, dv, None, None, None, None, None
 
 
 _attention_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -288,18 +298,19 @@ class _EagerAttention(torch.autograd.Function):
     its arguments through inspect.signature at every call."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, mask, layout, deterministic):
-        output = _forward(q, k, v, scale, mask, layout, checked=True)
-        _setup_context(ctx, (q, k, v, scale, mask, layout, deterministic), output)
+    def forward(ctx, q, k, v, scale, mask, layout, deterministic, softcap):
+        output = _forward(q, k, v, scale, mask, layout, checked=True, softcap=softcap)
+        _setup_context(ctx, (q, k, v, scale, mask, layout, deterministic, softcap), output)
         return output
 
     @staticmethod
     def backward(ctx, dout, dlse):
         if dout is None:  # out took no part in the loss
-            return None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None, None
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _backward_kernels(dout, q, k, v, out, lse, ctx.scale, ctx.mask, ctx.layout, ctx.deterministic)
-        return dq, dk, dv, None, None, None, None
+        dq, dk, dv = _backward_kernels(dout, q, k, v, out, lse, ctx.scale, ctx.mask, ctx.layout, ctx.deterministic,
+                                       ctx.softcap)
+        return dq, dk, dv, None, None, None, None, None
 
 
 def _eager_call(*tensors):
@@ -354,7 +365,7 @@ def _deterministic(deterministic):
 # Public API.
 
 def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, layout="bshd", deterministic=False,
-              return_lse=False):
+              return_lse=False, softcap=0.0):
     """softmax(q kᵀ · scale [causal mask]) v on CUDA float16 / bfloat16 tensors, differentiable in q, k and v.
 
     q: [batch, seqlen_q, heads_q, head_dim] ("bshd") or [batch, heads_q, seqlen_q, head_dim] ("bhsd", the layout
@@ -371,7 +382,9 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     atomics, giving bitwise-identical gradients on repeated runs (somewhat slower); also on while
     torch.use_deterministic_algorithms(True) is in effect. Empty inputs (a size 0) give empty or zero outputs,
     lse -inf and zero gradients. Under torch.autocast("cuda"), inputs of another floating dtype (float32) are
-    cast to autocast's float16 or bfloat16 first, as scaled_dot_product_attention's are.
+    cast to autocast's float16 or bfloat16 first, as scaled_dot_product_attention's are. softcap > 0 caps each
+    score s = q·k · scale to softcap · tanh(s / softcap) before the softmax (Gemma 2's attention logit soft cap,
+    FlashAttention's softcap), its derivative included in the backward; 0.0 (the default) leaves scores as they are.
 
     Returns out, shaped and laid out like q (a new contiguous tensor), or (out, lse) with return_lse, lse being
     the natural-log log-sum-exp of each row's scaled scores, float32 [batch, heads_q, seqlen_q]; lse carries no
@@ -382,21 +395,22 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     q, k, v = _autocast(q, k, v)
     _check_inputs(q, k, v, layout)
     scale = _check_scale(scale)
+    softcap = _check_softcap(softcap)
     if q.numel() == 0 or k.numel() == 0:
         out, lse = _Empty.apply(q, k, v, _lse_shape(q, layout))
     else:
-        args = (q, k, v, scale, mask, layout, _deterministic(deterministic))
+        args = (q, k, v, scale, mask, layout, _deterministic(deterministic), softcap)
         if not _eager_call(q, k, v):
             out, lse = torch.ops.flashgen.attention_forward(*args)
         elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
             out, lse = _EagerAttention.apply(*args)
         else:  # nothing to differentiate: no autograd node at all
-            out, lse = _forward(q, k, v, scale, mask, layout, checked=True)
+            out, lse = _forward(q, k, v, scale, mask, layout, checked=True, softcap=softcap)
     return (out, lse) if return_lse else out
 
 
 def explain(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, layout="bshd", deterministic=False,
-            backward=True):
+            backward=True, softcap=0.0):
     """Which kernels attention(q, k, v, ...) with these arguments runs, and why, as a dict:
     {"library": path, "version": ..., "forward": {...}, "backward": {...}}. Each pass has "config" (the kernel
     config's canonical name), "source" ("tuning database", "tuned on first use", "shipped defaults" or
@@ -410,15 +424,16 @@ def explain(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, l
     q, k, v = _autocast(q, k, v)
     _check_inputs(q, k, v, layout)
     scale = _check_scale(scale)
+    softcap = _check_softcap(softcap)
     deterministic = _deterministic(deterministic)
     answer = {"library": _lib.library_path(), "version": _lib.version()}
     with torch.no_grad(), torch.cuda.device(q.device):
         stream = _stream(q.device)
-        forward = _ForwardCall(q, k, v, scale, mask, layout)
+        forward = _ForwardCall(q, k, v, scale, mask, layout, softcap)
         answer["forward"] = _lib.call_json("flashgen_explain_forward", *forward.arguments(), stream)
         if backward:
             call = _BackwardCall(torch.empty_like(forward.out), q, k, v, forward.out, forward.lse, scale, mask,
-                                 layout, deterministic)
+                                 layout, deterministic, softcap)
             answer["backward"] = _lib.call_json("flashgen_explain_backward", *call.arguments(), stream)
     return answer
 
@@ -483,7 +498,7 @@ def _packed_view(t):
 
 
 def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask,
-                    block_table=None):
+                    block_table=None, softcap=0.0):
     with torch.cuda.device(q.device):
         q, k, v = (_readable(t) for t in (q, k, v))
         block_table = block_table.contiguous() if block_table is not None else None
@@ -504,7 +519,7 @@ def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q
         args.seqused_k = seqused_k.data_ptr() if seqused_k is not None else None
         args.batch = cu_seqlens_q.shape[0] - 1
         args.max_seqlen_q, args.max_seqlen_k = max_seqlen_q, max_seqlen_k
-        args.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 0)
+        args.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 0, softcap)
         _lib.check(_lib.function("flashgen_attention_varlen_forward")(ctypes.byref(args), _stream(q.device)),
                    "flashgen_attention_varlen_forward")
     return out, lse
@@ -514,21 +529,22 @@ def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q
 def _varlen_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                               cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor], max_seqlen_q: int,
                               max_seqlen_k: int, scale: float, mask: str, deterministic: bool,
-                              block_table: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                              block_table: Optional[torch.Tensor] = None,
+                              softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of a packed batch; lse is fp32 [heads_q, total_q]. deterministic is the backward's (autograd hands
     it on). With block_table, k and v are paged caches."""
     return _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask,
-                           block_table)
+                           block_table, softcap)
 
 
 @_varlen_attention_forward.register_fake
 def _varlen_attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale,
-                                   mask, deterministic, block_table=None):
+                                   mask, deterministic, block_table=None, softcap=0.0):
     return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
 def _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, mask,
-                     deterministic):
+                     deterministic, softcap=0.0):
     with torch.cuda.device(q.device):
         dout, q, k, v, out = (_readable(t) for t in (dout, q, k, v, out))
         dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
@@ -540,7 +556,7 @@ def _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_se
         args.cu_seqlens_q, args.cu_seqlens_k = cu_seqlens_q.contiguous().data_ptr(), cu_seqlens_k.contiguous().data_ptr()
         args.batch = cu_seqlens_q.shape[0] - 1
         args.max_seqlen_q, args.max_seqlen_k = max_seqlen_q, max_seqlen_k
-        args.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 1 if deterministic else 0)
+        args.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 1 if deterministic else 0, softcap)
         _lib.check(_lib.function("flashgen_attention_varlen_backward")(ctypes.byref(args), _stream(q.device)),
                    "flashgen_attention_varlen_backward")
     return dq, dk, dv
@@ -550,16 +566,17 @@ def _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_se
 def _varlen_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
                                cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, scale: float,
-                               mask: str, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                               mask: str, deterministic: bool,
+                               softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of a packed batch given dout and the forward's out and lse. The kernels' workspace comes from
     the stream's memory pool, outside the caching allocator."""
     return _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
-                            mask, deterministic)
+                            mask, deterministic, softcap)
 
 
 @_varlen_attention_backward.register_fake
 def _varlen_attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                    scale, mask, deterministic):
+                                    scale, mask, deterministic, softcap=0.0):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -570,21 +587,22 @@ def _varlen_setup_context(ctx, inputs, output):
     ctx.sizes = (max_seqlen_q, max_seqlen_k, scale, mask)
     ctx.has_seqused_k = seqused_k is not None or (len(inputs) > 11 and inputs[11] is not None)
     ctx.deterministic = deterministic
+    ctx.softcap = inputs[12] if len(inputs) > 12 else 0.0
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)
 
 
 def _varlen_backward_formula(ctx, dout, dlse):
     if dout is None:
-        return (None,) * 12
+        return (None,) * 13
     if ctx.has_seqused_k:
         raise NotImplementedError("flashgen.torch.varlen_attention: no backward with seqused_k or a block_table")
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     max_seqlen_q, max_seqlen_k, scale, mask = ctx.sizes
     dq, dk, dv = torch.ops.flashgen.varlen_attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                                               max_seqlen_q, max_seqlen_k, scale, mask,
-                                                              ctx.deterministic)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+                                                              ctx.deterministic, ctx.softcap)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
 _varlen_attention_forward.register_autograd(_varlen_backward_formula, setup_context=_varlen_setup_context)
@@ -592,7 +610,7 @@ _varlen_attention_forward.register_autograd(_varlen_backward_formula, setup_cont
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                      softmax_scale=None, causal=False, *, causal_align="bottom_right", seqused_k=None,
-                     block_table=None, deterministic=False, return_attn_probs=False):
+                     block_table=None, deterministic=False, return_attn_probs=False, softcap=0.0):
     """Attention over a packed batch of sequences of different lengths, with FlashAttention's
     flash_attn_varlen_func arguments: q [total_q, heads_q, head_dim], k and v [total_k, heads_kv, head_dim] (CUDA
     float16 or bfloat16); cu_seqlens_q and cu_seqlens_k int32 [batch + 1] offsets on q's device (sequence b owns
@@ -605,7 +623,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     block_table: int32 [batch, max_pages] for prefill against a paged KV cache: k and v are then [num_pages,
     page_size, heads_kv, head_dim] (page_size a multiple of 16), sequence b's key j lies in row j % page_size of
     page block_table[b, j // page_size], and its key count is seqused_k[b], else cu_seqlens_k[b + 1] -
-    cu_seqlens_k[b] (forward only).
+    cu_seqlens_k[b] (forward only). softcap > 0: each score s = q·k · scale becomes softcap · tanh(s / softcap)
+    before the softmax (FlashAttention's softcap), forward and backward; 0.0 for none.
 
     Returns out [total_q, heads_q, head_dim] (a new tensor), or (out, lse, None) with return_attn_probs, lse being
     fp32 [heads_q, total_q] (natural log) as FlashAttention returns softmax_lse. Differentiable in q, k and v (each
@@ -622,6 +641,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                                     _lib.ERROR_INVALID_ARGUMENT)
     mask = _mask(causal, causal_align)
     scale = _check_scale(softmax_scale)
+    softcap = _check_softcap(softcap)
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, block_table)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if needs_grad and (seqused_k is not None or block_table is not None):
@@ -629,9 +649,10 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                                   "call it under torch.no_grad() or on inputs without gradients")
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask)
     if _eager_call(q, k, v) and not needs_grad:
-        out, lse = _varlen_forward(*args, block_table)
+        out, lse = _varlen_forward(*args, block_table, softcap)
     else:
-        out, lse = torch.ops.flashgen.varlen_attention_forward(*args, _deterministic(deterministic), block_table)
+        out, lse = torch.ops.flashgen.varlen_attention_forward(*args, _deterministic(deterministic), block_table,
+                                                               softcap)
     return (out, lse, None) if return_attn_probs else out
 
 

@@ -68,15 +68,16 @@ def test_version_matches_the_package():
 
 
 def test_struct_layouts_mirror_flashgen_h():
-    # flashgen_tensor: void*, int (+4 padding), int64[4], int64[4]; options: float, int, int;
+    # flashgen_tensor: void*, int (+4 padding), int64[4], int64[4]; options: float, int, int, float;
     # flashgen_forward_problem: two ints, six int64.
     assert ctypes.sizeof(_lib.Tensor) == 80
     assert _lib.Tensor.shape.offset == 16
-    assert ctypes.sizeof(_lib.AttentionOptions) == 12
+    assert ctypes.sizeof(_lib.AttentionOptions) == 16
+    assert _lib.AttentionOptions.softcap.offset == 12
     assert ctypes.sizeof(_lib.ForwardProblem) == 56
     assert _lib.ForwardProblem.batch.offset == 8
-    # flashgen_varlen_forward_args: size_t, four tensors, four pointers, three int64, the options (+4 padding),
-    # the block table's pointer and row length.
+    # flashgen_varlen_forward_args: size_t, four tensors, four pointers, three int64, the options, the block
+    # table's pointer and row length.
     assert ctypes.sizeof(_lib.VarlenForwardArgs) == 416
     assert _lib.VarlenForwardArgs.lse.offset == 328
     assert _lib.VarlenForwardArgs.options.offset == 384

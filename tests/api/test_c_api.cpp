@@ -41,7 +41,7 @@ struct Call {
   flashgen_tensor v = bshd(fake_pointer(3), 2, 75, 4, 64);
   flashgen_tensor out = bshd(fake_pointer(4), 2, 100, 8, 64);
   float* lse = static_cast<float*>(fake_pointer(5));
-  flashgen_attention_options opts{0.f, FLASHGEN_MASK_CAUSAL, 0};
+  flashgen_attention_options opts{0.f, FLASHGEN_MASK_CAUSAL, 0, 0.f};
   const flashgen_tensor* qp = &q;
   const flashgen_tensor* kp = &k;
   const flashgen_tensor* vp = &v;
@@ -244,6 +244,13 @@ TEST_CASE("C ABI rejects each bad argument with a message naming it", "[c_api]")
                    "opts.softmax_scale must be finite");
     // Finite, but scale * log2(e), what the kernels multiply by, is not.
     check_rejected([](Call& c) { c.opts.softmax_scale = 3e38f; }, kInvalid, "opts.softmax_scale must be finite");
+    check_rejected([](Call& c) { c.opts.softcap = -1.f; }, kInvalid, "opts.softcap must be 0 (none) or a positive");
+    check_rejected([](Call& c) { c.opts.softcap = std::nanf(""); }, kInvalid, "opts.softcap must be 0");
+    check_rejected([](Call& c) { c.opts.softcap = std::numeric_limits<float>::infinity(); }, kInvalid,
+                   "opts.softcap must be 0");
+    // The kernels multiply by softcap / scale and scale / softcap.
+    check_rejected([](Call& c) { c.opts.softcap = 1e-38f, c.opts.softmax_scale = 1e30f; }, kInvalid,
+                   "opts.softcap = ");
   }
 }
 

@@ -55,6 +55,8 @@ TEST_CASE("KV-cache attention rejects each bad argument with a message naming it
   CHECK(std::string(flashgen_last_error()).find("args: null pointer") != std::string::npos);
   check_rejected([](auto& a) { a.size = 0; }, kInvalid, "args.size is 0; this flashgen's argument struct");
   check_rejected([](auto& a) { a.q.data = nullptr; }, kInvalid, "q.data: null pointer");
+  check_rejected([](auto& a) { a.options.softcap = 30.f; }, FLASHGEN_ERROR_UNSUPPORTED,
+                 "options.softcap: KV-cache calls take no soft cap yet");
   check_rejected([](auto& a) { a.v_cache.dtype = FLASHGEN_FLOAT16; }, kInvalid, "v_cache.dtype is fp16 but q.dtype");
   check_rejected([](auto& a) { a.k_cache.shape[3] = 64; }, kInvalid, "k_cache.shape[3] (head_dim) is 64");
   check_rejected([](auto& a) { a.v_cache.shape[0] = 99; }, kInvalid, "v_cache.shape[0]");

@@ -398,3 +398,22 @@ TEST_CASE("varlen backward configs: _varlen before _det, a JSON field when set, 
     CHECK(first + padded <= flashgen::packed_workspace_rows(1000, 4, 128));
   }
 }
+
+TEST_CASE("soft-capped backward configs: _softcap after the mask, both families", "[generator][backward]") {
+  for (bool sm90 : {false, true}) {
+    BwdConfig c;
+    if (sm90) c.knobs = flashgen::BwdSm90Knobs{}, c.block_n = 128;
+    c.mask = flashgen::MaskKind::kCausal;
+    c.softcap = true;
+    c.varlen = true;
+    c.deterministic = true;
+    INFO(c.name());
+    CHECK(c.name().find("_causal_softcap_varlen_det") != std::string::npos);
+    CHECK(BwdConfig::from_name(c.name()) == c);
+    const nlohmann::json j = c;
+    CHECK(j.at("softcap") == true);
+    CHECK(j.get<BwdConfig>() == c);
+    CHECK(flashgen::generate(c).headers.front().contents.find("flashgen::SoftCap<flashgen::CausalMask>") !=
+          std::string::npos);
+  }
+}

@@ -296,3 +296,31 @@ TEST_CASE("paged varlen configs: _paged after _varlen, a JSON field when set, kP
   REQUIRE(dense.invalid_reason(90).has_value());
   CHECK(dense.invalid_reason(90)->find("come with packed variable-length batches") != std::string::npos);
 }
+
+TEST_CASE("soft-capped configs: _softcap after the mask, a JSON field when set, SoftCap around the mask",
+          "[generator][config]") {
+  for (bool sm90 : {false, true}) {
+    KernelConfig c;
+    if (sm90) c.knobs = flashgen::Sm90Knobs{}, c.block_n = 128, c.stages = 2;
+    c.mask = MaskKind::kCausal;
+    c.softcap = true;
+    INFO(c.name());
+    CHECK(c.name().find("_causal_softcap") != std::string::npos);
+    CHECK(KernelConfig::from_name(c.name()) == c);
+    const nlohmann::json j = c;
+    CHECK(j.at("softcap") == true);
+    CHECK(j.get<KernelConfig>() == c);
+    KernelConfig plain = c;
+    plain.softcap = false;
+    CHECK(plain != c);
+    CHECK_FALSE(nlohmann::json(plain).contains("softcap"));  // absent: what every config before it meant
+    const flashgen::GeneratedSource source = flashgen::generate(c);
+    CHECK(source.headers.front().contents.find("using Variant = flashgen::SoftCap<flashgen::CausalMask>;") !=
+          std::string::npos);
+    CHECK(flashgen::generate(plain).headers.front().contents.find("SoftCap") == std::string::npos);
+  }
+  // The suffix belongs right after the mask's place.
+  CHECK_THROWS_WITH(KernelConfig::from_name("fwd_sm80_fp16_d64_m64_n64_w4_s2_qreg_softcap"),
+                    Catch::Matchers::Contains("not canonical"));
+  CHECK(KernelConfig::from_name("fwd_sm80_fp16_d64_m64_n64_w4_s2_softcap").mask == MaskKind::kNone);
+}

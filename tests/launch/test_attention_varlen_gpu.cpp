@@ -21,6 +21,7 @@
 #include "runtime/cuda_driver.hpp"
 #include "runtime/device_buffer.hpp"
 #include "support/device_inputs.hpp"
+#include "tuner/choice.hpp"
 #include "tuner/space.hpp"
 
 namespace {
@@ -37,6 +38,7 @@ struct VarlenCase {
   std::vector<int32_t> used_k;          // seqused_k when not empty (each at most its k_lens entry)
   std::vector<std::string> configs;     // explicit configs run through launch_forward, besides the choice
   int64_t page_size = 0;                // > 0: the keys and values read from a paged cache of such pages
+  float softcap = 0.f;                  // options.softcap
 };
 
 std::vector<int32_t> offsets(const std::vector<int32_t>& lens) {
@@ -81,6 +83,7 @@ struct PackedBatch {
     args.max_seqlen_q = *std::max_element(c.q_lens.begin(), c.q_lens.end());
     args.max_seqlen_k = *std::max_element(c.k_lens.begin(), c.k_lens.end());
     args.options.mask = c.mask;
+    args.options.softcap = c.softcap;
   }
 
   // [1, total, heads, head_dim] over buffer b.
@@ -158,7 +161,8 @@ void run_and_check(const VarlenCase& c, const std::string& config) {
       const flashgen::AttentionResult ref = flashgen::attention_reference_f64(
           shape, flashgen::HostInput::bits16(packed.q.data() + packed.cu_q[b] * hq * d, c.dtype, q_view),
           flashgen::HostInput::bits16(packed.k.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view),
-          flashgen::HostInput::bits16(packed.v.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view), scale, c.mask);
+          flashgen::HostInput::bits16(packed.v.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view), scale, c.mask,
+          c.softcap);
       want_out = ref.out, want_lse = ref.lse;
     }
     std::vector<double> got_out(want_out.size()), got_lse(want_lse.size());
@@ -201,6 +205,17 @@ TEST_CASE("packed variable-length batches match each sequence's float64 referenc
        {1, 0, 77, 300, 5}, {1, 3, 77, 513, 0}, {}, {"fwd_sm80_bf16_d128_m64_n64_w4_s2_causal_varlen_paged"}, 16},
       {"fp16 d64 top-left paged 48 seqused_k", FLASHGEN_FLOAT16, 64, 4, 4, FLASHGEN_MASK_CAUSAL_TOP_LEFT,
        {64, 3, 200}, {100, 50, 250}, {90, 50, 0}, {}, 48},
+      // Soft-capped scores (a cap of 1.5 bends most of them), both families, and a paged cache.
+      {"bf16 d128 bottom-right GQA 2 softcap 1.5", FLASHGEN_BFLOAT16, 128, 4, 2, FLASHGEN_MASK_CAUSAL,
+       {257, 1, 0, 190}, {300, 40, 7, 129}, {},
+       {"fwd_sm80_bf16_d128_m64_n64_w4_s2_causal_softcap_varlen",
+        "fwd_sm90_bf16_d128_m128_n128_s2_causal_softcap_ovl_pp_varlen",
+        "fwd_sm90_bf16_d128_m64_n128_s2_causal_softcap_varlen"},
+       0, 1.5f},
+      {"fp16 d40 no mask MQA softcap 4", FLASHGEN_FLOAT16, 40, 6, 1, FLASHGEN_MASK_NONE, {33, 129, 2}, {17, 200, 255},
+       {}, {"fwd_sm80_fp16_d40_m128_n64_w4_s2_softcap_varlen"}, 0, 4.f},
+      {"bf16 d64 bottom-right paged 16 softcap 2", FLASHGEN_BFLOAT16, 64, 4, 2, FLASHGEN_MASK_CAUSAL, {1, 77, 300},
+       {1, 77, 513}, {}, {}, 16, 2.f},
   };
   const bool sm90 = flashgen::device_sm(scope.device()) == 90;
   for (const VarlenCase& c : cases) {
@@ -306,7 +321,8 @@ void run_and_check_backward(const VarlenCase& c, bool deterministic,
           shape, flashgen::HostInput::bits16(packed.q.data() + packed.cu_q[b] * hq * d, c.dtype, q_view),
           flashgen::HostInput::bits16(packed.k.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view),
           flashgen::HostInput::bits16(packed.v.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view),
-          flashgen::HostInput::bits16(dout.data() + packed.cu_q[b] * hq * d, c.dtype, q_view), scale, c.mask);
+          flashgen::HostInput::bits16(dout.data() + packed.cu_q[b] * hq * d, c.dtype, q_view), scale, c.mask,
+          c.softcap);
     }
     const struct {
       const char* name;
@@ -337,10 +353,24 @@ TEST_CASE("packed variable-length backward matches each sequence's float64 gradi
       {"bf16 d128 top-left", FLASHGEN_BFLOAT16, 128, 2, 2, FLASHGEN_MASK_CAUSAL_TOP_LEFT, {257, 1, 64}, {300, 40, 64},
        {}, {}},
       {"fp16 d40 no mask MQA", FLASHGEN_FLOAT16, 40, 3, 1, FLASHGEN_MASK_NONE, {33, 129}, {17, 200}, {}, {}},
+      {"bf16 d128 bottom-right softcap 1.5", FLASHGEN_BFLOAT16, 128, 4, 2, FLASHGEN_MASK_CAUSAL, {130, 0, 77},
+       {200, 9, 77}, {}, {}, 0, 1.5f},
+      {"fp16 d64 no mask softcap 3", FLASHGEN_FLOAT16, 64, 2, 1, FLASHGEN_MASK_NONE, {65, 190}, {100, 129}, {}, {},
+       0, 3.f},
   };
   for (const VarlenCase& c : cases) {
     run_and_check_backward(c, /*deterministic=*/false);
     run_and_check_backward(c, /*deterministic=*/true);
+    if (c.softcap > 0.f) {  // and on the sm80 family (the choice is the sm90 one where the GPU has it)
+      const auto dtype = c.dtype == FLASHGEN_BFLOAT16 ? flashgen::DType::kBFloat16 : flashgen::DType::kFloat16;
+      const auto mask = c.mask == FLASHGEN_MASK_NONE ? flashgen::MaskKind::kNone : flashgen::MaskKind::kCausal;
+      for (bool deterministic : {false, true}) {
+        run_and_check_backward(c, deterministic,
+                               flashgen::heuristic_backward_choice(dtype, static_cast<int>(c.head_dim), mask,
+                                                                   deterministic, 80, true, true, true)
+                                   .config);
+      }
+    }
   }
 }
 

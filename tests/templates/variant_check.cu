@@ -2,6 +2,7 @@
 // the per-row forms the kernels test per score and the ranges they derive (block_range.cuh) must agree
 // with it for every row, key and block of small problems, both alignments and ragged lengths. A new
 // policy joins the list in main(). Built and run by standalone.cmake (nvcc, host code only).
+#include <cmath>
 #include <cstdio>
 
 #include "block_range.cuh"
@@ -12,6 +13,7 @@ namespace {
 // What the policies read of AttnFwdParams / AttnBwdParams.
 struct Params {
   int seqlen_q, seqlen_k, causal_offset;
+  float softcap_in = 0.f, softcap_out = 0.f, softcap_grad = 0.f, scale_log2 = 0.f;
 };
 
 int failures = 0;
@@ -123,9 +125,32 @@ void check(const char* name) {
       }
 }
 
+// SoftCap's score is cap · tanh(q·k · scale / cap) once the kernels scale it, and its score_grad, given that
+// score in log2 units, the derivative of score with respect to q·k (a central difference); visibility is its
+// mask's (above).
+void check_softcap() {
+  const float scale = 0.125f, cap = 5.f;
+  Params p{4, 4, 0};
+  p.softcap_in = scale / cap, p.softcap_out = cap / scale;
+  p.softcap_grad = float(1 / (cap * 1.4426950408889634)), p.scale_log2 = float(scale * 1.4426950408889634);
+  using Capped = flashgen::SoftCap<flashgen::CausalMask>;
+  for (float s = -400.f; s <= 400.f; s += 12.5f) {
+    const flashgen::ScoreAt at{0, 0, 1, 1};
+    const double want = cap * std::tanh(double(s) * scale / cap);
+    if (std::fabs(Capped::score(p, at, s) * scale - want) > 1e-4 * cap) fail("SoftCap", "score", p, int(s), 0);
+    const double h = 1e-2;
+    const double slope = (Capped::score(p, at, float(s + h)) - Capped::score(p, at, float(s - h))) / (2 * h);
+    const float x = Capped::score(p, at, s) * p.scale_log2;
+    if (std::fabs(Capped::score_grad(p, at, x, 1.f) - slope) > 1e-2) fail("SoftCap", "score_grad", p, int(s), 0);
+  }
+}
+
 }  // namespace
 
 int main() {
+  check<flashgen::SoftCap<flashgen::NoMask>>("SoftCap<NoMask>");
+  check<flashgen::SoftCap<flashgen::CausalMask>>("SoftCap<CausalMask>");
+  check_softcap();
   check<flashgen::NoMask>("NoMask");
   check<flashgen::CausalMask>("CausalMask");
   if (failures > 0) {

@@ -205,3 +205,54 @@ TEST_CASE("the SASS of every default sm90 candidate and its variants runs on HGM
     CHECK(flashgen::sass_opcode_count(sass, "STL") == 0);
   }
 }
+
+TEST_CASE("soft-capped run-time choices compile without spills or serialized wgmma", "[tuner][heuristic][nvrtc]") {
+  // The cap adds a tanh per score (and its derivative in the backward) to kernels near the register limit.
+  flashgen::KernelRegistry& registry = flashgen::KernelRegistry::instance();
+  struct Case {
+    int head_dim;
+    MaskKind mask;
+    bool backward;
+  };
+  std::vector<Case> cases;
+  for (int d : {64, 128, 256})
+    for (MaskKind mask : {MaskKind::kNone, MaskKind::kCausal})
+      for (bool backward : {false, true}) cases.push_back({d, mask, backward});
+  flashgen::testing::parallel_for(cases.size(), [&](size_t i) {
+    const Case& k = cases[i];
+    if (k.backward) {
+      flashgen::heuristic_backward_choice(DType::kBFloat16, k.head_dim, k.mask, false, 90, false, false, true);
+    } else {
+      flashgen::heuristic_choice(DType::kBFloat16, k.head_dim, k.mask, 90, false, false, true);
+    }
+  });
+  for (const Case& k : cases) {
+    std::string name, reason;
+    std::shared_ptr<const flashgen::CompiledKernel> compiled;
+    flashgen::ResourceUsage usage;
+    if (k.backward) {
+      const auto choice =
+          flashgen::heuristic_backward_choice(DType::kBFloat16, k.head_dim, k.mask, false, 90, false, false, true);
+      name = choice.config.name(), reason = choice.reason;
+      INFO(name << ": " << reason);
+      compiled = registry.compiled(choice.config, 90);
+      usage = compiled->usage_of(choice.config.symbol(flashgen::BwdKernel::kDkdv));
+      CHECK(choice.config.softcap);
+      // The Hopper family at 128 and 256 columns; its d64 tiles (128 queries per step) spill a few bytes with
+      // the cap's derivative, so the sm80 family serves d64 (bench/notes_variants.md).
+      CHECK((choice.config.family() == flashgen::KernelFamily::kSm90) == (k.head_dim != 64));
+    } else {
+      const auto choice = flashgen::heuristic_choice(DType::kBFloat16, k.head_dim, k.mask, 90, false, false, true);
+      name = choice.config.name(), reason = choice.reason;
+      compiled = registry.compiled(choice.config, 90);
+      usage = compiled->usage;
+      CHECK(choice.config.softcap);
+      CHECK(choice.config.family() == flashgen::KernelFamily::kSm90);
+    }
+    INFO(name << ": " << reason << "\n" << compiled->log);
+    CHECK(name.find("_softcap") != std::string::npos);
+    CHECK(usage.spill_store_bytes == 0);
+    CHECK(usage.spill_load_bytes == 0);
+    CHECK(compiled->log.find("warning") == std::string::npos);
+  }
+}

@@ -203,3 +203,23 @@ TEST_CASE("current_device_fingerprint needs a driver", "[tuner][problem_key]") {
     }
   }
 }
+
+TEST_CASE("a soft-capped problem is a class of its own; its mask text reads back", "[tuner][problem_key]") {
+  flashgen::AttentionProblem problem = flashgen::forward_problem(
+      flashgen::DType::kBFloat16, flashgen::AttentionShape{2, 1024, 1024, 16, 4, 128}, FLASHGEN_MASK_CAUSAL);
+  const flashgen::ProblemKey plain = flashgen::problem_key(problem);
+  problem.softcap = 30.f;
+  const flashgen::ProblemKey capped = flashgen::problem_key(problem);
+  CHECK(plain.class_id() == "fwd|bf16|d128|causal|g4");
+  CHECK(capped.class_id() == "fwd|bf16|d128|causal_softcap|g4");
+  CHECK(capped.softcap);
+  problem.pass = flashgen::Pass::kBackward;
+  CHECK(flashgen::problem_key(problem).class_id() == "bwd|bf16|d128|causal_softcap|g4");
+  for (const char* text : {"none", "causal", "none_softcap", "causal_softcap"}) {
+    flashgen::ProblemKey key;
+    flashgen::read_variant_text(text, key);
+    CHECK(flashgen::variant_text(key.mask, key.softcap) == text);
+  }
+  flashgen::ProblemKey key;
+  CHECK_THROWS_WITH(flashgen::read_variant_text("softcap_causal", key), Catch::Matchers::Contains("unknown mask"));
+}

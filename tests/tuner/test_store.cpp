@@ -714,3 +714,27 @@ TEST_CASE("several processes record into one new file without losing rows", "[tu
   CHECK(store.export_json()["candidates"].size() == 3 * kProcesses * kProblemsEach);
   CHECK(damaged_files(dir.path()).empty());
 }
+
+TEST_CASE("a soft-capped problem keeps its class through the database and its JSON", "[tuner][store]") {
+  TempDir dir("flashgen-store");
+  TuningStore store(dir.path() / "capped.sqlite");
+  ProblemKey capped = problem(1024, 1024);
+  capped.softcap = true;
+  KernelConfig c = config(128, 64);
+  c.softcap = true;
+  record_sweep(store, device(), capped, 0.5, c);
+  record_sweep(store, device(), problem(1024, 1024), 0.25, config(128, 64));
+  const auto winners = store.winners();
+  REQUIRE(winners.size() == 2);
+  CHECK(winners[0].problem.softcap != winners[1].problem.softcap);
+  const nlohmann::json exported = store.export_json();
+  std::set<std::string> masks;
+  for (const auto& p : exported["problems"]) masks.insert(p["mask"].get<std::string>());
+  CHECK(masks == std::set<std::string>{"none", "none_softcap"});
+  TuningStore copy(dir.path() / "copy.sqlite");
+  CHECK(copy.import_json(nlohmann::json::parse(exported.dump())) == 2);
+  CHECK(copy.export_json() == exported);
+  const auto found = copy.lookup_exact(device(), capped);
+  REQUIRE(found.has_value());
+  CHECK(found->config == c);
+}
