@@ -117,6 +117,7 @@ flashgen_varlen_forward_args varlen_forward_args(const flashgen_varlen_forward_a
   flashgen_varlen_forward_args args{};
   if (size == kBeforePages) {
     std::memcpy(&args, given, kBeforePages);
+    args.options.softcap = 0.f;  // that header's options ended before it: what was copied there is padding
     return args;
   }
   check_args_size(size, sizeof(flashgen_varlen_forward_args));

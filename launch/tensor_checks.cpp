@@ -155,9 +155,9 @@ void check_options(const flashgen_attention_options* opts) {
                    "opts.softcap must be 0 (none) or a positive finite cap, got " + std::to_string(cap));
   if (cap > 0.f) {
     const double ratio = double(cap) / (opts->softmax_scale > 0 ? double(opts->softmax_scale) : 1.0 / 16);
-    FLASHGEN_REQUIRE(ratio > 1e-30 && ratio < 1e30,
-                     "opts.softcap = " + std::to_string(cap) + " is too far from the softmax scale (their ratio must "
-                     "lie within 1e-30 and 1e30)");
+    FLASHGEN_REQUIRE(ratio > 1e-30 && ratio < 1e30 && cap > 1e-30f,
+                     "opts.softcap = " + std::to_string(cap) + " is too small or too far from the softmax scale (it "
+                     "must exceed 1e-30, and their ratio lie within 1e-30 and 1e30)");
   }
 }
 

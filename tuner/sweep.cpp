@@ -186,7 +186,9 @@ struct BackwardSet {
     float* lse_ptr = static_cast<float*>(lse.data());
     // The forward by its built-in config (not the run-time choice: no tune-on-first-use inside a sweep).
     const ForwardCall forward = make_forward_call(&tq, &tk, &tv, &tout, lse_ptr, &opts);
-    const KernelConfig fwd = heuristic_choice(problem.dtype, problem.head_dim(), problem.mask_kind(), arch).config;
+    const KernelConfig fwd = heuristic_choice(problem.dtype, problem.head_dim(), problem.mask_kind(), arch, false,
+                                              problem.varlen, problem.softcapped())
+                                 .config;
     launch_forward(forward, stream, fwd);
     call = make_backward_call(&tq, &tk, &tv, &tout, &tdout, lse_ptr, &tdq, &tdk, &tdv, &opts);
   }

@@ -70,7 +70,9 @@ struct PackedSet {
     dk = DeviceBuffer(std::max<size_t>(1, kv_elems * 2)), dv = DeviceBuffer(std::max<size_t>(1, kv_elems * 2));
     // The forward by its built-in config (not the run-time choice: no tune-on-first-use inside a sweep).
     const KernelConfig fwd =
-        heuristic_choice(problem.dtype, problem.head_dim(), problem.mask_kind(), arch, false, /*varlen=*/true).config;
+        heuristic_choice(problem.dtype, problem.head_dim(), problem.mask_kind(), arch, false, /*varlen=*/true,
+                         problem.softcapped())
+            .config;
     launch_forward(forward, stream, fwd);
     flashgen_varlen_backward_args b{};
     b.size = sizeof(b);

@@ -31,7 +31,9 @@ typedef struct {
   int deterministic;      /* backward: nonzero gives bitwise-identical gradients on repeated runs */
   float softcap;          /* > 0: each score s = q·k · scale becomes softcap · tanh(s / softcap) before the
                              softmax (Gemma 2's logit soft cap; its derivative in the backward); 0: none.
-                             Dense and packed calls; KV-cache calls refuse it for now */
+                             Dense and packed calls; KV-cache calls refuse it for now. It took the struct's
+                             tail padding: zero-initialize the options (and the argument structs embedding
+                             them), and rebuild callers compiled against an older flashgen.h */
 } flashgen_attention_options;
 
 /* Status codes. 0 is success; every failure also sets flashgen_last_error(). */

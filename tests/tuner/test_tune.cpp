@@ -218,3 +218,22 @@ TEST_CASE("a packed problem plans its varlen kernels around the built-in packed 
   problem.total_q = 100;  // less than its longest sequence
   CHECK_THROWS_WITH(flashgen::plan_tune(problem, 80, options), Catch::Contains("must hold its longest sequences"));
 }
+
+TEST_CASE("a soft-capped problem's plan sweeps soft-capped kernels around its own built-in choice",
+          "[tuner][tune][nvrtc]") {
+  for (bool backward : {false, true}) {
+    AttentionProblem problem = backward_problem();
+    if (!backward) problem.pass = flashgen::Pass::kForward;
+    problem.softcap = 30.f;
+    TuneOptions options;
+    options.max_candidates = 4;
+    const flashgen::TunePlan plan = flashgen::plan_tune(problem, 90, options);
+    CHECK(plan.key.softcap);
+    REQUIRE_FALSE(plan.candidates.empty());
+    for (const flashgen::TunedConfig& c : plan.candidates) {
+      INFO(flashgen::config_name(c));
+      CHECK(flashgen::config_name(c).find("_softcap") != std::string::npos);
+    }
+    CHECK(flashgen::config_name(plan.builtin).find("_softcap") != std::string::npos);
+  }
+}
