@@ -58,10 +58,13 @@ const T& required(const T* argument, const char* name) {
 }
 
 // A size-prefixed argument struct's size against this library's struct of `expected` bytes: smaller is a
-// caller that did not set it, larger a caller built against a newer flashgen.h.
+// caller that did not set it, or one built against an older flashgen.h (whose options were smaller), larger a
+// caller built against a newer flashgen.h.
 void check_args_size(size_t size, size_t expected) {
   FLASHGEN_REQUIRE(size >= expected, "args.size is " + std::to_string(size) + "; this flashgen's argument struct has " +
-                                         std::to_string(expected) + " bytes (set size to sizeof)");
+                                         std::to_string(expected) +
+                                         " bytes (set size to sizeof; rebuild a caller compiled against an older "
+                                         "flashgen.h)");
   FLASHGEN_REQUIRE(size == expected, "args.size is " + std::to_string(size) +
                                          ": a flashgen.h newer than this library (" + std::to_string(expected) +
                                          " bytes)");
@@ -90,6 +93,11 @@ flashgen::AttentionProblem forward_problem_of(const flashgen_forward_problem* pr
   FLASHGEN_REQUIRE(problem->batch <= 65535 && problem->heads_q <= 65535,
                    "problem: batch and heads_q must each be at most 65535 (grid limits)");
   const int mask = flashgen::raw_enum(problem->mask);
+  if (mask == FLASHGEN_MASK_SLIDING_WINDOW) {
+    flashgen::fail(flashgen::Status::kUnsupported,
+                   "problem.mask: flashgen_forward_problem carries no window; a windowed call is tuned on its "
+                   "first use (flashgen_set_tune_on_first_use)");
+  }
   FLASHGEN_REQUIRE(mask == FLASHGEN_MASK_NONE || mask == FLASHGEN_MASK_CAUSAL || mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT,
                    "problem.mask: unknown value " + std::to_string(mask));
 
@@ -109,15 +117,17 @@ extern "C" int flashgen_attention_forward(const flashgen_tensor* q, const flashg
   });
 }
 
-// The varlen forward's arguments as this library reads them: a caller compiled against a flashgen.h from before
-// the paged cache passes the struct without block_table and max_pages, which then read as NULL and 0.
+// The varlen forward's arguments as this library reads them: a caller that passes the struct up to block_table
+// (flashgen.h's form for packed k and v) leaves block_table and max_pages out, which then read as NULL and 0.
+// No other size is read: the window fields moved block_table, so the sizes a caller compiled against an older
+// flashgen.h passes (on LP64: 400 before block_table, 416 after) are neither this offset (408) nor sizeof (424)
+// and are refused (tests/api/test_c_api_varlen.cpp).
 flashgen_varlen_forward_args varlen_forward_args(const flashgen_varlen_forward_args* given) {
   constexpr size_t kBeforePages = offsetof(flashgen_varlen_forward_args, block_table);
   const size_t size = required(given, "args").size;
   flashgen_varlen_forward_args args{};
   if (size == kBeforePages) {
     std::memcpy(&args, given, kBeforePages);
-    args.options.softcap = 0.f;  // that header's options ended before it: what was copied there is padding
     return args;
   }
   check_args_size(size, sizeof(flashgen_varlen_forward_args));

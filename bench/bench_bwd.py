@@ -94,6 +94,22 @@ def retained_backward(torch, forward, q, k, v, dout):
     return call
 
 
+def time_calls(bench, torch, calls, q, k, v, dout, flops, result, label):
+    """Times each of calls (name -> forward(q, k, v)) forward and backward (alone, on a retained graph) into
+    result's <name>_fwd_ms, <name>_fwd_tflops and <name>_bwd_tflops (flops: the forward's; the backward's are
+    2.5x). A call that cannot run the shape is reported on stderr and recorded as NaN."""
+    for name, call in calls.items():
+        try:
+            fwd_ms = bench.time_ms(lambda: call(q, k, v))[0]
+            bwd_ms = bench.time_ms(retained_backward(torch, call, q, k, v, dout))[0]
+        except Exception as error:  # a peer that cannot run this shape: recorded, not fatal
+            print(f"{name} {label}: {error}", file=sys.stderr)
+            fwd_ms = bwd_ms = float("nan")
+        result[f"{name}_fwd_ms"] = round(fwd_ms, 4)
+        result[f"{name}_fwd_tflops"] = round(flops / fwd_ms / 1e9, 1)
+        result[f"{name}_bwd_tflops"] = round(2.5 * flops / bwd_ms / 1e9, 1)
+
+
 def main():
     args = parse_args()
     flashgen, flashgen_torch = import_flashgen_torch(args.lib)

@@ -46,18 +46,18 @@ double capped_score(double s, double softcap) { return softcap > 0 ? softcap * s
 // Query row i of (batch b, head h) in float64 into out_row (head_dim values) and *lse. A fully masked row
 // leaves both as the caller set them (0 and -inf).
 void reference_row_f64(const AttentionShape& shape, const HostInput& q, const HostInput& k, const HostInput& v,
-                       double scale, flashgen_mask mask, double softcap, int64_t b, int64_t h, int64_t i,
-                       RowScratch& scratch, double* out_row, double* lse) {
+                       double scale, flashgen_mask mask, double softcap, ReferenceWindow window, int64_t b, int64_t h,
+                       int64_t i, RowScratch& scratch, double* out_row, double* lse) {
   const int64_t d_count = shape.head_dim;
   const int64_t hk = shape.kv_head(h);
-  const int64_t visible = visible_key_count(mask, i, shape.seqlen_q, shape.seqlen_k);
-  if (visible == 0) return;
+  const KeyRange keys = visible_keys(mask, i, shape.seqlen_q, shape.seqlen_k, window);
+  if (keys.count() == 0) return;
   const double* q_row = q.row(b, i, h, scratch.q_row.data());
   double* scores = scratch.scores.data();
   double* acc = scratch.acc.data();
 
   double row_max = -std::numeric_limits<double>::infinity();
-  for (int64_t j = 0; j < visible; ++j) {
+  for (int64_t j = keys.first; j < keys.end; ++j) {
     const double* k_row = k.row(b, j, hk, scratch.kv_row.data());
     double dot = 0.0;
     for (int64_t d = 0; d < d_count; ++d) dot += q_row[d] * k_row[d];
@@ -66,7 +66,7 @@ void reference_row_f64(const AttentionShape& shape, const HostInput& q, const Ho
   }
   double row_sum = 0.0;
   std::fill(acc, acc + d_count, 0.0);
-  for (int64_t j = 0; j < visible; ++j) {
+  for (int64_t j = keys.first; j < keys.end; ++j) {
     const double p = std::exp(scores[j] - row_max);
     row_sum += p;
     const double* v_row = v.row(b, j, hk, scratch.kv_row.data());
@@ -172,22 +172,30 @@ double effective_softmax_scale(float softmax_scale, int64_t head_dim) {
                               : 1.0 / std::sqrt(static_cast<double>(head_dim));
 }
 
-int64_t visible_key_count(flashgen_mask mask, int64_t i, int64_t seqlen_q, int64_t seqlen_k) {
-  int64_t last = seqlen_k - 1;  // last visible key index
-  if (mask == FLASHGEN_MASK_CAUSAL) last = i + seqlen_k - seqlen_q;
+KeyRange visible_keys(flashgen_mask mask, int64_t i, int64_t seqlen_q, int64_t seqlen_k, ReferenceWindow window) {
+  const int64_t diagonal = i + seqlen_k - seqlen_q;  // the bottom-right alignment's
+  int64_t first = 0, last = seqlen_k - 1;            // the first and last visible keys
+  if (mask == FLASHGEN_MASK_CAUSAL) last = diagonal;
   if (mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT) last = i;
-  return std::clamp<int64_t>(last + 1, 0, seqlen_k);
+  if (mask == FLASHGEN_MASK_SLIDING_WINDOW) {
+    if (window.left >= 0) first = diagonal - window.left;
+    if (window.right >= 0) last = diagonal + window.right;
+  }
+  KeyRange keys;
+  keys.first = std::clamp<int64_t>(first, 0, seqlen_k);
+  keys.end = std::clamp<int64_t>(last + 1, keys.first, seqlen_k);
+  return keys;
 }
 
-int64_t visible_pairs(flashgen_mask mask, int64_t seqlen_q, int64_t seqlen_k) {
+int64_t visible_pairs(flashgen_mask mask, int64_t seqlen_q, int64_t seqlen_k, ReferenceWindow window) {
   int64_t pairs = 0;
-  for (int64_t i = 0; i < seqlen_q; ++i) pairs += visible_key_count(mask, i, seqlen_q, seqlen_k);
+  for (int64_t i = 0; i < seqlen_q; ++i) pairs += visible_key_count(mask, i, seqlen_q, seqlen_k, window);
   return pairs;
 }
 
-double forward_flops(const AttentionShape& shape, flashgen_mask mask) {
+double forward_flops(const AttentionShape& shape, flashgen_mask mask, ReferenceWindow window) {
   return 4.0 * static_cast<double>(shape.batch * shape.heads_q * shape.head_dim) *
-         static_cast<double>(visible_pairs(mask, shape.seqlen_q, shape.seqlen_k));
+         static_cast<double>(visible_pairs(mask, shape.seqlen_q, shape.seqlen_k, window));
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -244,7 +252,8 @@ void require_reference_inputs(const AttentionShape& shape, const HostInput& q, c
 }
 
 AttentionResult attention_reference_f64(const AttentionShape& shape, const HostInput& q, const HostInput& k,
-                                        const HostInput& v, double scale, flashgen_mask mask, double softcap) {
+                                        const HostInput& v, double scale, flashgen_mask mask, double softcap,
+                                        ReferenceWindow window) {
   require_reference_inputs(shape, q, k, v);
   const int64_t d_count = shape.head_dim;
   AttentionResult result;
@@ -257,7 +266,7 @@ AttentionResult attention_reference_f64(const AttentionShape& shape, const HostI
       for (int64_t i = 0; i < shape.seqlen_q; ++i) {
         double* out_row = result.out.data() + ((b * shape.seqlen_q + i) * shape.heads_q + h) * d_count;
         double* lse = result.lse.data() + (b * shape.heads_q + h) * shape.seqlen_q + i;
-        reference_row_f64(shape, q, k, v, scale, mask, softcap, b, h, i, scratch, out_row, lse);
+        reference_row_f64(shape, q, k, v, scale, mask, softcap, window, b, h, i, scratch, out_row, lse);
       }
     }
   }
@@ -266,7 +275,7 @@ AttentionResult attention_reference_f64(const AttentionShape& shape, const HostI
 
 ReferenceRow attention_reference_row(const AttentionShape& shape, const HostInput& q, const HostInput& k,
                                      const HostInput& v, double scale, flashgen_mask mask, int64_t batch,
-                                     int64_t head, int64_t row, double softcap) {
+                                     int64_t head, int64_t row, double softcap, ReferenceWindow window) {
   require_reference_inputs(shape, q, k, v);
   FLASHGEN_REQUIRE(batch >= 0 && batch < shape.batch && head >= 0 && head < shape.heads_q && row >= 0 &&
                        row < shape.seqlen_q,
@@ -275,7 +284,7 @@ ReferenceRow attention_reference_row(const AttentionShape& shape, const HostInpu
   result.out.assign(static_cast<size_t>(shape.head_dim), 0.0);
   result.lse = -std::numeric_limits<double>::infinity();
   RowScratch scratch(shape);
-  reference_row_f64(shape, q, k, v, scale, mask, softcap, batch, head, row, scratch, result.out.data(),
+  reference_row_f64(shape, q, k, v, scale, mask, softcap, window, batch, head, row, scratch, result.out.data(),
                     &result.lse);
   return result;
 }
@@ -283,7 +292,7 @@ ReferenceRow attention_reference_row(const AttentionShape& shape, const HostInpu
 std::vector<ReferenceRow> attention_reference_rows(const AttentionShape& shape, const HostInput& q,
                                                    const HostInput& k, const HostInput& v, double scale,
                                                    flashgen_mask mask, const std::vector<RowSample>& rows,
-                                                   int threads, double softcap) {
+                                                   int threads, double softcap, ReferenceWindow window) {
   // Checked here, so that no worker thread throws.
   require_reference_inputs(shape, q, k, v);
   for (const RowSample& r : rows) {
@@ -295,8 +304,8 @@ std::vector<ReferenceRow> attention_reference_rows(const AttentionShape& shape, 
   std::atomic<size_t> next{0};
   auto worker = [&] {
     for (size_t i = next++; i < rows.size(); i = next++)
-      reference[i] =
-          attention_reference_row(shape, q, k, v, scale, mask, rows[i].batch, rows[i].head, rows[i].row, softcap);
+      reference[i] = attention_reference_row(shape, q, k, v, scale, mask, rows[i].batch, rows[i].head, rows[i].row,
+                                             softcap, window);
   };
   std::vector<std::thread> pool;
   for (int t = 1; t < threads && static_cast<size_t>(t) < rows.size(); ++t) pool.emplace_back(worker);
@@ -307,7 +316,8 @@ std::vector<ReferenceRow> attention_reference_rows(const AttentionShape& shape, 
 
 AttentionGradients attention_backward_reference_f64(const AttentionShape& shape, const HostInput& q,
                                                     const HostInput& k, const HostInput& v, const HostInput& dout,
-                                                    double scale, flashgen_mask mask, double softcap) {
+                                                    double scale, flashgen_mask mask, double softcap,
+                                                    ReferenceWindow window) {
   require_reference_inputs(shape, q, k, v);
   FLASHGEN_REQUIRE(dout.view.shape[0] == shape.batch && dout.view.shape[1] == shape.seqlen_q &&
                        dout.view.shape[2] == shape.heads_q && dout.view.shape[3] == shape.head_dim,
@@ -325,45 +335,48 @@ AttentionGradients attention_backward_reference_f64(const AttentionShape& shape,
     for (int64_t h = 0; h < shape.heads_q; ++h) {
       const int64_t hk = shape.kv_head(h);
       for (int64_t i = 0; i < shape.seqlen_q; ++i) {
-        const int64_t visible = visible_key_count(mask, i, shape.seqlen_q, shape.seqlen_k);
-        if (visible == 0) continue;
+        const KeyRange keys = visible_keys(mask, i, shape.seqlen_q, shape.seqlen_k, window);
+        if (keys.count() == 0) continue;
         const double* qi = q.row(b, i, h, q_scratch.data());
         const double* doi = dout.row(b, i, h, do_scratch.data());
-        // P of row i, exactly as the forward reference forms it.
-        p.assign(static_cast<size_t>(visible), 0.0);
-        cap_slope.assign(static_cast<size_t>(visible), 1.0);  // d capped_score / d s
+        // P of row i, exactly as the forward reference forms it (key j's at j - keys.first).
+        p.assign(static_cast<size_t>(keys.count()), 0.0);
+        cap_slope.assign(static_cast<size_t>(keys.count()), 1.0);  // d capped_score / d s
         double row_max = -std::numeric_limits<double>::infinity();
-        for (int64_t j = 0; j < visible; ++j) {
+        for (int64_t j = keys.first; j < keys.end; ++j) {
+          const size_t at = static_cast<size_t>(j - keys.first);
           const double* kj = k.row(b, j, hk, k_scratch.data());
           double s = 0;
           for (int64_t x = 0; x < d; ++x) s += qi[x] * kj[x];
-          p[j] = capped_score(s * scale, softcap);
-          if (softcap > 0) cap_slope[j] = 1 - (p[j] / softcap) * (p[j] / softcap);
-          row_max = std::max(row_max, p[j]);
+          p[at] = capped_score(s * scale, softcap);
+          if (softcap > 0) cap_slope[at] = 1 - (p[at] / softcap) * (p[at] / softcap);
+          row_max = std::max(row_max, p[at]);
         }
         double sum = 0;
-        for (int64_t j = 0; j < visible; ++j) sum += (p[j] = std::exp(p[j] - row_max));
+        for (double& pj : p) sum += (pj = std::exp(pj - row_max));
         std::fill(out.begin(), out.end(), 0.0);
-        for (int64_t j = 0; j < visible; ++j) {
-          p[j] /= sum;
+        for (int64_t j = keys.first; j < keys.end; ++j) {
+          const size_t at = static_cast<size_t>(j - keys.first);
+          p[at] /= sum;
           const double* vj = v.row(b, j, hk, v_scratch.data());
-          for (int64_t x = 0; x < d; ++x) out[x] += p[j] * vj[x];
+          for (int64_t x = 0; x < d; ++x) out[x] += p[at] * vj[x];
         }
         double dsum = 0;  // D = rowsum(dO ∘ O)
         for (int64_t x = 0; x < d; ++x) dsum += doi[x] * out[x];
         double* dqi = &grads.dq[static_cast<size_t>(q_out.offset(b, i, h, 0))];
-        for (int64_t j = 0; j < visible; ++j) {
+        for (int64_t j = keys.first; j < keys.end; ++j) {
+          const size_t at = static_cast<size_t>(j - keys.first);
           const double* kj = k.row(b, j, hk, k_scratch.data());
           const double* vj = v.row(b, j, hk, v_scratch.data());
           double dp = 0;
           for (int64_t x = 0; x < d; ++x) dp += doi[x] * vj[x];
-          const double ds = p[j] * (dp - dsum) * cap_slope[j];
+          const double ds = p[at] * (dp - dsum) * cap_slope[at];
           double* dkj = &grads.dk[static_cast<size_t>(kv_out.offset(b, j, hk, 0))];
           double* dvj = &grads.dv[static_cast<size_t>(kv_out.offset(b, j, hk, 0))];
           for (int64_t x = 0; x < d; ++x) {
             dqi[x] += scale * ds * kj[x];
             dkj[x] += scale * ds * qi[x];
-            dvj[x] += p[j] * doi[x];
+            dvj[x] += p[at] * doi[x];
           }
         }
       }
@@ -371,6 +384,8 @@ AttentionGradients attention_backward_reference_f64(const AttentionShape& shape,
   return grads;
 }
 
-double backward_flops(const AttentionShape& shape, flashgen_mask mask) { return 2.5 * forward_flops(shape, mask); }
+double backward_flops(const AttentionShape& shape, flashgen_mask mask, ReferenceWindow window) {
+  return 2.5 * forward_flops(shape, mask, window);
+}
 
 }  // namespace flashgen

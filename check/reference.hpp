@@ -45,27 +45,46 @@ struct StridedView {
 // The scale the library applies: softmax_scale when > 0, else 1/sqrt(head_dim).
 double effective_softmax_scale(float softmax_scale, int64_t head_dim);
 
-// Whether key j is visible to query i (flashgen.h's mask definitions).
-inline bool key_visible(flashgen_mask mask, int64_t i, int64_t j, int64_t seqlen_q, int64_t seqlen_k) {
-  switch (mask) {
-    case FLASHGEN_MASK_CAUSAL:
-      return j <= i + seqlen_k - seqlen_q;
-    case FLASHGEN_MASK_CAUSAL_TOP_LEFT:
-      return j <= i;
-    default:
-      return true;
-  }
+// The sides of FLASHGEN_MASK_SLIDING_WINDOW (flashgen_attention_options' window_left and window_right): the keys
+// before and after the bottom-right diagonal a query sees, -1 for no bound. Read under that mask only.
+struct ReferenceWindow {
+  int64_t left = -1;
+  int64_t right = -1;
+};
+
+// A problem's window as the references take it.
+inline ReferenceWindow window_of(const AttentionProblem& problem) {
+  return {problem.window_left, problem.window_right};
 }
 
-// Keys visible to query i form a prefix [0, count) under every mask flashgen has; count in [0, seqlen_k].
-int64_t visible_key_count(flashgen_mask mask, int64_t i, int64_t seqlen_q, int64_t seqlen_k);
+// The keys query i sees, [first, end) with 0 <= first <= end <= seqlen_k: a prefix under the causal masks and
+// none, a range about the diagonal j = i + seqlen_k - seqlen_q under the window mask (flashgen.h's definitions).
+struct KeyRange {
+  int64_t first = 0;
+  int64_t end = 0;
+  int64_t count() const { return end - first; }
+};
+KeyRange visible_keys(flashgen_mask mask, int64_t i, int64_t seqlen_q, int64_t seqlen_k, ReferenceWindow window = {});
+
+// Whether key j is visible to query i.
+inline bool key_visible(flashgen_mask mask, int64_t i, int64_t j, int64_t seqlen_q, int64_t seqlen_k,
+                        ReferenceWindow window = {}) {
+  const KeyRange keys = visible_keys(mask, i, seqlen_q, seqlen_k, window);
+  return j >= keys.first && j < keys.end;
+}
+
+// How many keys query i sees, in [0, seqlen_k].
+inline int64_t visible_key_count(flashgen_mask mask, int64_t i, int64_t seqlen_q, int64_t seqlen_k,
+                                 ReferenceWindow window = {}) {
+  return visible_keys(mask, i, seqlen_q, seqlen_k, window).count();
+}
 
 // Visible (query, key) pairs of one head, counted exactly.
-int64_t visible_pairs(flashgen_mask mask, int64_t seqlen_q, int64_t seqlen_k);
+int64_t visible_pairs(flashgen_mask mask, int64_t seqlen_q, int64_t seqlen_k, ReferenceWindow window = {});
 
 // FLOPs of one forward pass: 2 * head_dim for QKᵀ and 2 * head_dim for PV per visible pair of every
 // (batch, query head), the count FlashAttention's benchmarks report (softmax not counted).
-double forward_flops(const AttentionShape& shape, flashgen_mask mask);
+double forward_flops(const AttentionShape& shape, flashgen_mask mask, ReferenceWindow window = {});
 
 // ---------------------------------------------------------------------------------------------------
 // References.
@@ -105,9 +124,11 @@ struct AttentionResult {
 
 // softmax(q kᵀ · scale, masked) v in float64. Query head h reads key/value head shape.kv_head(h). A fully
 // masked row gives out 0 and lse -inf, as flashgen.h specifies. softcap > 0 caps each score s = q·k · scale
-// to softcap · tanh(s / softcap) before the softmax (flashgen_attention_options::softcap).
+// to softcap · tanh(s / softcap) before the softmax (flashgen_attention_options::softcap). window: the sides of
+// FLASHGEN_MASK_SLIDING_WINDOW (unread under the other masks).
 AttentionResult attention_reference_f64(const AttentionShape& shape, const HostInput& q, const HostInput& k,
-                                        const HostInput& v, double scale, flashgen_mask mask, double softcap = 0.0);
+                                        const HostInput& v, double scale, flashgen_mask mask, double softcap = 0.0,
+                                        ReferenceWindow window = {});
 
 struct ReferenceRow {
   std::vector<double> out;  // (head_dim)
@@ -118,7 +139,7 @@ struct ReferenceRow {
 // compute whole. Rows are independent, so callers may compute several on different threads.
 ReferenceRow attention_reference_row(const AttentionShape& shape, const HostInput& q, const HostInput& k,
                                      const HostInput& v, double scale, flashgen_mask mask, int64_t batch,
-                                     int64_t head, int64_t row, double softcap = 0.0);
+                                     int64_t head, int64_t row, double softcap = 0.0, ReferenceWindow window = {});
 
 // A query row of a problem: what the sampled checks of large problems compute and compare.
 struct RowSample {
@@ -131,7 +152,7 @@ struct RowSample {
 std::vector<ReferenceRow> attention_reference_rows(const AttentionShape& shape, const HostInput& q,
                                                    const HostInput& k, const HostInput& v, double scale,
                                                    flashgen_mask mask, const std::vector<RowSample>& rows,
-                                                   int threads, double softcap = 0.0);
+                                                   int threads, double softcap = 0.0, ReferenceWindow window = {});
 
 // ---------------------------------------------------------------------------------------------------
 // Backward.
@@ -146,13 +167,14 @@ struct AttentionGradients {
 // P = softmax(scale · q kᵀ, masked), dV = Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP − rowsum(dO ∘ O)), dQ = scale · dS K,
 // dK = scale · dSᵀ Q, with dK and dV summed over the query heads sharing a key/value head. Fully masked
 // rows contribute nothing. With softcap > 0 the scores are capped as in the forward and dS is multiplied by the
-// cap's derivative, 1 − tanh²(s / softcap).
+// cap's derivative, 1 − tanh²(s / softcap). window as in the forward.
 AttentionGradients attention_backward_reference_f64(const AttentionShape& shape, const HostInput& q,
                                                     const HostInput& k, const HostInput& v, const HostInput& dout,
-                                                    double scale, flashgen_mask mask, double softcap = 0.0);
+                                                    double scale, flashgen_mask mask, double softcap = 0.0,
+                                                    ReferenceWindow window = {});
 
 // FLOPs of one backward pass: 2.5x the forward's (five products of the forward's size, QKᵀ recomputed),
 // the count FlashAttention's benchmarks report.
-double backward_flops(const AttentionShape& shape, flashgen_mask mask);
+double backward_flops(const AttentionShape& shape, flashgen_mask mask, ReferenceWindow window = {});
 
 }  // namespace flashgen

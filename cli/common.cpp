@@ -174,12 +174,45 @@ std::vector<int> parse_archs(const Args& args, const std::vector<int>& fallback)
 }
 
 std::string causal_text(flashgen_mask mask) {
-  return mask == FLASHGEN_MASK_CAUSAL ? "bottom-right" : mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT ? "top-left" : "none";
+  switch (mask) {
+    case FLASHGEN_MASK_CAUSAL: return "bottom-right";
+    case FLASHGEN_MASK_CAUSAL_TOP_LEFT: return "top-left";
+    case FLASHGEN_MASK_SLIDING_WINDOW: return "window";
+    default: return "none";
+  }
 }
 
 flashgen_mask mask_from_text(const std::string& text) {
   return text == "bottom-right" ? FLASHGEN_MASK_CAUSAL : text == "top-left" ? FLASHGEN_MASK_CAUSAL_TOP_LEFT
                                                                            : FLASHGEN_MASK_NONE;
+}
+
+std::string mask_description(const AttentionProblem& problem) {
+  if (!problem.windowed()) return causal_text(problem.mask);
+  return "window (" + std::to_string(problem.window_left) + ", " + std::to_string(problem.window_right) + ")";
+}
+
+void mask_from_flags(const Args& args, AttentionProblem& problem) {
+  const flashgen_mask causal = mask_from_text(args.choice_or("causal", "none", {"none", "bottom-right", "top-left"}));
+  if (!args.has("window")) {
+    problem.set_mask(causal);
+    return;
+  }
+  const std::string text = args.string_or("window", "");
+  const size_t comma = text.find(',');
+  if (comma == std::string::npos) {
+    throw UsageError("--window expects L,R (keys before and after the diagonal, -1: no bound), got '" + text + "'",
+                     args.usage());
+  }
+  const int left = static_cast<int>(args.parse_int("window", text.substr(0, comma), -1, INT32_MAX));
+  int right = static_cast<int>(args.parse_int("window", text.substr(comma + 1), -1, INT32_MAX));
+  if (causal == FLASHGEN_MASK_CAUSAL_TOP_LEFT) {
+    throw UsageError("--window is aligned bottom-right (FlashAttention's window_size): it takes --causal bottom-right "
+                     "or none, not top-left",
+                     args.usage());
+  }
+  if (causal == FLASHGEN_MASK_CAUSAL) right = 0;  // FlashAttention's causal window
+  problem.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, left, right);
 }
 
 const char* pass_text(const AttentionProblem& problem) {

@@ -72,9 +72,18 @@ std::string arch_help();
 // --arch values (repeatable, or comma-separated: --arch 80,90), each one NVRTC targets.
 std::vector<int> parse_archs(const Args& args, const std::vector<int>& fallback);
 
-// The spellings of the masks in --causal, specs and reports: "none", "bottom-right", "top-left".
+// The spellings of the masks in --causal, specs and reports: "none", "bottom-right", "top-left" (and "window" in
+// reports of a windowed problem).
 std::string causal_text(flashgen_mask mask);
-flashgen_mask mask_from_text(const std::string& text);  // one of causal_text's spellings
+flashgen_mask mask_from_text(const std::string& text);  // one of --causal's spellings
+
+// A problem's mask as reports print it: causal_text, with a window's sides: "window (128, 0)".
+std::string mask_description(const AttentionProblem& problem);
+
+// --causal and --window L,R (flashgen.h's window, FlashAttention's window_size: -1 for no bound on a side, and
+// with --causal bottom-right a right side of 0, a causal window) onto problem's mask (AttentionProblem::set_mask).
+// A window with --causal top-left, or a side below -1, is an error naming the flag.
+void mask_from_flags(const Args& args, AttentionProblem& problem);
 
 // "forward", "backward", "backward (deterministic)", "forward against a [paged] KV cache"; a packed batch's
 // pass says "of a packed batch", e.g. "backward of a packed batch".

@@ -51,6 +51,9 @@ Command run_command() {
       .option("causal", "MODE", "none, bottom-right or top-left (default none)")
       .option("scale", "S", "softmax scale; <= 0 means 1/sqrt(head_dim) (default 0)")
       .option("softcap", "C", "soft cap: scores s become C * tanh(s / C) before the softmax (default 0: none)")
+      .option("window", "L,R", "sliding window: query i sees keys i + seqlen_k - seqlen_q - L to ... + R (-1: no "
+                               "bound on that side; FlashAttention's window_size, so with --causal bottom-right R "
+                               "is 0)")
       .option("layout", "L", "memory order of q/k/v/out: bshd or bhsd (default bshd)")
       .option("config", "NAME", "run this config (a fwd_... name, or bwd_... with --backward) instead of the choice")
       .flag("backward", "time the backward pass (dq, dk, dv for a random dout) after one forward")
@@ -86,7 +89,7 @@ RunOptions parse_run_options(const Args& args) {
   s.heads_kv = args.int_or("heads-kv", s.heads_kv, 1, kSizeMax);
   s.head_dim = args.int_or("head-dim", s.head_dim, 1, 4096);
   p.dtype = args.choice_or("dtype", "fp16", {"fp16", "bf16"}) == "fp16" ? DType::kFloat16 : DType::kBFloat16;
-  p.mask = mask_from_text(args.choice_or("causal", causal_text(p.mask), {"none", "bottom-right", "top-left"}));
+  mask_from_flags(args, p);
   o.scale = static_cast<float>(args.double_or("scale", o.scale));
   p.softcap = static_cast<float>(args.double_or("softcap", 0.0));
   o.layout = args.choice_or("layout", o.layout, {"bshd", "bhsd"});
@@ -123,7 +126,7 @@ std::string problem_text(const RunOptions& o, double scale) {
                 "layout %s",
                 static_cast<long long>(s.batch), static_cast<long long>(s.seqlen_q), static_cast<long long>(s.seqlen_k),
                 static_cast<long long>(s.heads_q), static_cast<long long>(s.heads_kv),
-                static_cast<long long>(s.head_dim), dtype_name(o.problem.dtype), causal_text(o.problem.mask).c_str(),
+                static_cast<long long>(s.head_dim), dtype_name(o.problem.dtype), mask_description(o.problem).c_str(),
                 scale, cap.c_str(), o.layout.c_str());
 }
 
@@ -182,7 +185,7 @@ void run_backward(const RunOptions& o, const HostTensor& q, const HostTensor& k,
     dv_dev.download(dv.bits.data(), dv.bytes());
     const AttentionGradients ref = attention_backward_reference_f64(shape, q.input(), k.input(), v.input(),
                                                                     dout.input(), report.scale, options.mask,
-                                                                    p.softcap);
+                                                                    p.softcap, window_of(p));
     for (const auto& [name, got, want] : {std::tuple{"dq", &dq, &ref.dq}, std::tuple{"dk", &dk, &ref.dk},
                                            std::tuple{"dv", &dv, &ref.dv}}) {
       check_gradient(name, got->input(), *want, abi_dtype(p.dtype), report.check);
@@ -190,7 +193,7 @@ void run_backward(const RunOptions& o, const HostTensor& q, const HostTensor& k,
     report.check.rows = static_cast<size_t>(shape.batch * shape.heads_q * shape.seqlen_q);
   }
   report.times_ms = time_launches(launch, o.warmup, o.iters, stream);
-  report.flops = backward_flops(shape, options.mask);
+  report.flops = backward_flops(shape, options.mask, window_of(p));
 }
 
 }  // namespace
@@ -223,11 +226,8 @@ RunReport run_problem(const RunOptions& o) {
   const flashgen_tensor q_view = tensor_view(q, q_dev), k_view = tensor_view(k, k_dev), v_view = tensor_view(v, v_dev),
                         out_view = tensor_view(out, out_dev);
   float* lse_ptr = static_cast<float*>(lse_dev.data());
-  flashgen_attention_options options{};
-  options.softmax_scale = o.scale;
-  options.mask = p.mask;
-  options.deterministic = 0;
-  options.softcap = p.softcap;
+  flashgen_attention_options options = options_of(p, o.scale);
+  options.deterministic = 0;  // the backward's, set for it below
   // Validate before the slow part (host data): a bad shape fails here with the library's own message.
   const ForwardCall problem = make_forward_call(&q_view, &k_view, &v_view, &out_view, lse_ptr, &options);
   report.scale = problem.params.scale;
@@ -262,7 +262,7 @@ RunReport run_problem(const RunOptions& o) {
   report.check = check_sampled_rows(shape, q.input(), k.input(), v.input(), out.input(), lse.data(),
                                     abi_dtype(p.dtype),
                                     sample_rows(shape.batch, shape.heads_q, shape.seqlen_q, o.check_rows),
-                                    report.scale, options.mask, p.softcap);
+                                    report.scale, options.mask, p.softcap, window_of(p));
   if (p.backward()) {
     options.deterministic = p.deterministic() ? 1 : 0;
     run_backward(o, q, k, v, q_view, k_view, v_view, out_view, lse_ptr, options, stream.get(), rng, report);
@@ -270,7 +270,7 @@ RunReport run_problem(const RunOptions& o) {
   }
 
   report.times_ms = time_launches([&] { launch(); }, o.warmup, o.iters, stream.get());
-  report.flops = forward_flops(shape, options.mask);
+  report.flops = forward_flops(shape, options.mask, window_of(p));
   return report;
 }
 
@@ -324,8 +324,9 @@ Json run_report_json(const RunReport& r) {
       {"problem",
        {{"batch", s.batch}, {"seqlen_q", s.seqlen_q}, {"seqlen_k", s.seqlen_k}, {"heads_q", s.heads_q},
         {"heads_kv", s.heads_kv}, {"head_dim", s.head_dim}, {"dtype", dtype_name(p.dtype)},
-        {"causal", causal_text(p.mask)}, {"scale", r.scale}, {"softcap", p.softcap}, {"layout", o.layout},
-        {"seed", o.seed}}},
+        {"causal", causal_text(p.mask)},
+        {"window", p.windowed() ? Json::array({p.window_left, p.window_right}) : Json(nullptr)},
+        {"scale", r.scale}, {"softcap", p.softcap}, {"layout", o.layout}, {"seed", o.seed}}},
       {"pass", p.backward() ? "backward" : "forward"},
       {"kv_cache", p.kv_cache ? Json{{"page_size", p.page_size}, {"splits", o.splits}, {"kv_bytes", r.kv_bytes}}
                               : Json(nullptr)},
@@ -388,7 +389,7 @@ void check_run_problem(const RunOptions& o) {
   };
   const flashgen_tensor q = placeholder(0, s.seqlen_q, s.heads_q), k = placeholder(1, s.seqlen_k, s.heads_kv),
                         v = placeholder(2, s.seqlen_k, s.heads_kv), out = placeholder(3, s.seqlen_q, s.heads_q);
-  flashgen_attention_options options{o.scale, p.mask, p.deterministic() ? 1 : 0, p.softcap};
+  const flashgen_attention_options options = options_of(p, o.scale);
   if (p.kv_cache) return check_kvcache_problem(o);
   if (p.varlen) return check_varlen_problem(o);
   if (p.backward()) {

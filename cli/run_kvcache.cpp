@@ -36,9 +36,7 @@ flashgen_kvcache_args kvcache_args(const RunOptions& o, const flashgen_tensor& q
   args.block_table = o.problem.paged ? table : nullptr;
   args.max_pages = pages_per_sequence(o);
   args.num_splits = o.splits;
-  args.options.softmax_scale = o.scale;
-  args.options.mask = o.problem.mask;
-  args.options.softcap = o.problem.softcap;  // refused by the library, with its reason
+  args.options = options_of(o.problem, o.scale);  // a soft cap or a window is refused by the library, with its reason
   return args;
 }
 

@@ -79,10 +79,10 @@ void add_mismatches(const CheckReport& report, CheckResult& result) {
 CheckResult check_sampled_rows(const AttentionShape& shape, const HostInput& q, const HostInput& k, const HostInput& v,
                                const HostInput& out, const float* lse, flashgen_dtype dtype,
                                const std::vector<RowSample>& rows, double scale, flashgen_mask mask,
-                               double softcap) {
+                               double softcap, ReferenceWindow window) {
   // The float64 reference is the slow part for long sequences: rows are independent, so use every core.
   const std::vector<ReferenceRow> reference =
-      attention_reference_rows(shape, q, k, v, scale, mask, rows, default_jobs(), softcap);
+      attention_reference_rows(shape, q, k, v, scale, mask, rows, default_jobs(), softcap, window);
   const RowsCheck check = check_rows(shape, rows, reference, out, lse, dtype);
   CheckResult result;
   result.rows = rows.size();

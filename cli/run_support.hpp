@@ -52,7 +52,7 @@ void add_mismatches(const CheckReport& report, CheckResult& result);
 CheckResult check_sampled_rows(const AttentionShape& shape, const HostInput& q, const HostInput& k, const HostInput& v,
                                const HostInput& out, const float* lse, flashgen_dtype dtype,
                                const std::vector<RowSample>& rows, double scale, flashgen_mask mask,
-                               double softcap = 0.0);
+                               double softcap = 0.0, ReferenceWindow window = {});
 
 // Adds part (a sequence's, say) to result: rows, the larger errors, mismatches.
 void add_check(const CheckResult& part, CheckResult& result);

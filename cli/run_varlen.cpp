@@ -34,10 +34,7 @@ flashgen_varlen_forward_args forward_args(const RunOptions& o, const PackedTenso
   args.cu_seqlens_q = t.cu_q, args.cu_seqlens_k = t.cu_k;
   args.batch = s.batch;
   args.max_seqlen_q = s.seqlen_q, args.max_seqlen_k = s.seqlen_k;
-  args.options.softmax_scale = o.scale;
-  args.options.mask = o.problem.mask;
-  args.options.deterministic = o.problem.deterministic() ? 1 : 0;
-  args.options.softcap = o.problem.softcap;
+  args.options = options_of(o.problem, o.scale);
   return args;
 }
 
@@ -125,14 +122,14 @@ RunReport run_varlen(const RunOptions& o, const ScopedContext& context, RunRepor
     add_check(check_sampled_rows(one, sequence_rows(q, batch.cu_q, b), sequence_rows(k, batch.cu_k, b),
                                  sequence_rows(v, batch.cu_k, b), sequence_rows(out, batch.cu_q, b), one_lse.data(),
                                  dtype, sample_rows(1, one.heads_q, one.seqlen_q, rows), report.scale, p.mask,
-                                 p.softcap),
+                                 p.softcap, window_of(p)),
               report.check);
   }
 
   double forward_flops_total = 0, backward_flops_total = 0, reference_cost = 0;
   for (size_t b = 0; b < batch.len_q.size(); ++b) {
-    forward_flops_total += forward_flops(batch.sequence(b), p.mask);
-    backward_flops_total += backward_flops(batch.sequence(b), p.mask);
+    forward_flops_total += forward_flops(batch.sequence(b), p.mask, window_of(p));
+    backward_flops_total += backward_flops(batch.sequence(b), p.mask, window_of(p));
     reference_cost += batch.sequence(b).reference_cost();
   }
   if (!p.backward()) {
@@ -185,7 +182,8 @@ RunReport run_varlen(const RunOptions& o, const ScopedContext& context, RunRepor
       if (batch.len_q[b] == 0 && batch.len_k[b] == 0) continue;
       const AttentionGradients ref = attention_backward_reference_f64(
           batch.sequence(b), sequence_rows(q, batch.cu_q, b), sequence_rows(k, batch.cu_k, b),
-          sequence_rows(v, batch.cu_k, b), sequence_rows(dout, batch.cu_q, b), report.scale, p.mask, p.softcap);
+          sequence_rows(v, batch.cu_k, b), sequence_rows(dout, batch.cu_q, b), report.scale, p.mask, p.softcap,
+          window_of(p));
       for (const auto& [name, got, cu, want] :
            {std::tuple{"dq", &dq, &batch.cu_q, &ref.dq}, std::tuple{"dk", &dk, &batch.cu_k, &ref.dk},
             std::tuple{"dv", &dv, &batch.cu_k, &ref.dv}}) {

@@ -31,7 +31,7 @@ std::string BwdConfig::name() const {
            "_n" + to_string(block_n) + "_w" + to_string(k.warps) + "_s" + to_string(stages) + "_x" +
            to_string(k.d_split);
   }
-  if (mask == MaskKind::kCausal) name += "_causal";
+  name += mask_suffix(mask);
   if (softcap) name += "_softcap";
   if (varlen) name += "_varlen";
   if (deterministic) name += "_det";
@@ -52,9 +52,9 @@ BwdConfig BwdConfig::from_name(const std::string& name) {
   FLASHGEN_REQUIRE(sm90 || (fields.size() >= 9 && fields[0] == "bwd" && fields[1] == "sm80"),
                    "config name '" + name +
                        "': expected bwd_sm80_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_w<warps>_s<stages>"
-                       "_x<d_split>[_causal][_softcap][_varlen][_det_qm<m>_qn<n>_qw<warps>_qs<stages>] or "
-                       "bwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_softcap][_varlen]"
-                       "[_det]");
+                       "_x<d_split>[_causal|_window][_softcap][_varlen][_det_qm<m>_qn<n>_qw<warps>_qs<stages>] or "
+                       "bwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal|_window][_softcap]"
+                       "[_varlen][_det]");
   BwdConfig c;
   if (sm90) c.knobs = BwdSm90Knobs{};
   BwdSm80Knobs* k80 = c.sm80();
@@ -66,10 +66,7 @@ BwdConfig BwdConfig::from_name(const std::string& name) {
   if (k80) k80->warps = parse_name_field(fields[i++], "w", name);
   c.stages = parse_name_field(fields[i++], "s", name);
   if (k80) k80->d_split = parse_name_field(fields[i++], "x", name);
-  if (i < fields.size() && fields[i] == "causal") {
-    c.mask = MaskKind::kCausal;
-    ++i;
-  }
+  if (i < fields.size() && read_mask_suffix(fields[i], c.mask)) ++i;
   if (i < fields.size() && fields[i] == "softcap") {
     c.softcap = true;
     ++i;
@@ -162,7 +159,7 @@ void to_json(nlohmann::json& j, const BwdConfig& c) {
     j = nlohmann::json{{"family", "bwd_sm90"},
                        {"dtype", dtype_name(c.dtype)},
                        {"head_dim", c.head_dim},
-                       {"mask", c.mask == MaskKind::kCausal ? "causal" : "none"},
+                       {"mask", mask_name(c.mask)},
                        {"block_m", c.block_m},
                        {"block_n", c.block_n},
                        {"stages", c.stages},
@@ -172,7 +169,7 @@ void to_json(nlohmann::json& j, const BwdConfig& c) {
     j = nlohmann::json{{"family", "bwd_sm80"},
                        {"dtype", dtype_name(c.dtype)},
                        {"head_dim", c.head_dim},
-                       {"mask", c.mask == MaskKind::kCausal ? "causal" : "none"},
+                       {"mask", mask_name(c.mask)},
                        {"block_m", c.block_m},
                        {"block_n", c.block_n},
                        {"warps", k.warps},

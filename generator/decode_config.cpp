@@ -28,7 +28,7 @@ std::string DecodeConfig::name() const {
   using std::to_string;
   std::string name = std::string("dec_sm80_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_r" +
                      to_string(rows) + "_n" + to_string(block_n) + "_w" + to_string(warps) + "_s" + to_string(stages);
-  if (mask == MaskKind::kCausal) name += "_causal";
+  name += mask_suffix(mask);
   if (paged) name += "_paged";
   return name;
 }
@@ -49,8 +49,8 @@ DecodeConfig DecodeConfig::from_name(const std::string& name) {
   config.warps = parse_name_field(fields[6], "w", name);
   config.stages = parse_name_field(fields[7], "s", name);
   for (size_t i = 8; i < fields.size(); ++i) {
-    if (fields[i] == "causal" && config.mask == MaskKind::kNone) {
-      config.mask = MaskKind::kCausal;
+    if (read_mask_suffix(fields[i], config.mask)) {
+      continue;
     } else if (fields[i] == "paged" && !config.paged) {
       config.paged = true;
     } else {
@@ -76,6 +76,7 @@ int DecodeConfig::smem_bytes(DecodeKernel kernel) const {
 
 std::optional<std::string> DecodeConfig::invalid_reason(int arch) const {
   if (arch < 80) return "the decode kernels need sm_80 or newer (mma.sync m16n8k16 bf16, cp.async)";
+  if (mask == MaskKind::kWindow) return "the decode kernels take no sliding window yet";
   if (const char* error = traits().error) return std::string(error);
   const int smem = smem_bytes(DecodeKernel::kAttend);
   if (smem > max_smem_per_block(arch)) {
@@ -87,7 +88,7 @@ std::optional<std::string> DecodeConfig::invalid_reason(int arch) const {
 
 void to_json(nlohmann::json& j, const DecodeConfig& c) {
   j = nlohmann::json{{"family", "dec_sm80"},  {"dtype", dtype_name(c.dtype)},
-                     {"head_dim", c.head_dim}, {"mask", c.mask == MaskKind::kCausal ? "causal" : "none"},
+                     {"head_dim", c.head_dim}, {"mask", mask_name(c.mask)},
                      {"rows", c.rows},         {"block_n", c.block_n},
                      {"warps", c.warps},       {"stages", c.stages},
                      {"paged", c.paged}};

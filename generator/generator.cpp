@@ -52,7 +52,12 @@ const char* elem_enum(DType dtype) {
 }
 
 const char* mask_enum(MaskKind mask) {
-  return mask == MaskKind::kCausal ? "flashgen::MaskKind::kCausal" : "flashgen::MaskKind::kNone";
+  switch (mask) {
+    case MaskKind::kCausal: return "flashgen::MaskKind::kCausal";
+    case MaskKind::kWindow: return "flashgen::MaskKind::kWindow";
+    case MaskKind::kNone: break;
+  }
+  return "flashgen::MaskKind::kNone";
 }
 
 const char* dq_accum_enum(DqAccum accum) {
@@ -64,10 +69,12 @@ const char* dq_accum_enum(DqAccum accum) {
   return "flashgen::DqAccum::kNone";
 }
 
-// The variant policy (templates/variant.cuh) every kernel family asks about masking and scores.
-// The variant policy (templates/variant.cuh) of a mask, soft-capped or not.
+// The variant policy (templates/variant.cuh) every kernel family asks about masking and scores: the mask's,
+// soft-capped or not.
 std::string variant_policy(MaskKind mask, bool softcap = false) {
-  const std::string policy = mask == MaskKind::kCausal ? "flashgen::CausalMask" : "flashgen::NoMask";
+  const std::string policy = mask == MaskKind::kCausal   ? "flashgen::CausalMask"
+                             : mask == MaskKind::kWindow ? "flashgen::SlidingWindow"
+                                                         : "flashgen::NoMask";
   return softcap ? "flashgen::SoftCap<" + policy + ">" : policy;
 }
 

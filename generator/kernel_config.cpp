@@ -13,7 +13,27 @@
 
 namespace flashgen {
 
-static const char* mask_name(MaskKind mask) { return mask == MaskKind::kCausal ? "causal" : "none"; }
+const char* mask_name(MaskKind mask) {
+  switch (mask) {
+    case MaskKind::kCausal: return "causal";
+    case MaskKind::kWindow: return "window";
+    case MaskKind::kNone: break;
+  }
+  return "none";
+}
+
+std::string mask_suffix(MaskKind mask) { return mask == MaskKind::kNone ? "" : std::string("_") + mask_name(mask); }
+
+bool read_mask_suffix(const std::string& field, MaskKind& mask) {
+  if (mask != MaskKind::kNone) return false;
+  for (MaskKind kind : {MaskKind::kCausal, MaskKind::kWindow}) {
+    if (field == mask_name(kind)) {
+      mask = kind;
+      return true;
+    }
+  }
+  return false;
+}
 
 std::string KernelConfig::name() const {
   // Built on every launch (it keys the loaded kernels): appends, no stream.
@@ -21,7 +41,7 @@ std::string KernelConfig::name() const {
   if (const Sm90Knobs* k = sm90()) {
     std::string name = std::string("fwd_sm90_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_m" +
                        to_string(block_m) + "_n" + to_string(block_n) + "_s" + to_string(stages);
-    if (mask == MaskKind::kCausal) name += "_causal";
+    name += mask_suffix(mask);
     if (softcap) name += "_softcap";
     if (k->overlap) name += "_ovl";
     if (k->pingpong) name += "_pp";
@@ -38,7 +58,7 @@ std::string KernelConfig::name() const {
   std::string name = std::string("fwd_sm80_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_m" +
                      to_string(block_m) + "_n" + to_string(block_n) + "_w" + to_string(k.warps) + "_s" +
                      to_string(stages);
-  if (mask == MaskKind::kCausal) name += "_causal";
+  name += mask_suffix(mask);
   if (softcap) name += "_softcap";
   if (k.q_in_regs) name += "_qreg";
   if (varlen) name += "_varlen";
@@ -72,7 +92,9 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
   FLASHGEN_REQUIRE(sm90 || (fields.size() >= 8 && fields[0] == "fwd" && fields[1] == "sm80"),
                    "config name '" + name +
                        "': expected fwd_sm80_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_w<warps>_s<stages>"
-                       "[_causal][_softcap][_qreg][_varlen[_paged]] or fwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal][_softcap][_ovl][_pp][_pst][_psm][_c2][_g2][_tsum]");
+                       "[_causal|_window][_softcap][_qreg][_varlen[_paged]] or "
+                       "fwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal|_window][_softcap]"
+                       "[_ovl][_pp][_pst][_psm][_c2][_g2][_tsum]");
   KernelConfig config;
   if (sm90) config.knobs = Sm90Knobs{};
   Sm80Knobs* k80 = config.sm80();  // exactly one of the two is set
@@ -85,8 +107,8 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
   if (k80) k80->warps = parse_name_field(fields[next++], "w", name);
   config.stages = parse_name_field(fields[next++], "s", name);
   for (size_t i = next; i < fields.size(); ++i) {
-    if (fields[i] == "causal" && config.mask == MaskKind::kNone) {
-      config.mask = MaskKind::kCausal;
+    if (read_mask_suffix(fields[i], config.mask)) {
+      continue;
     } else if (fields[i] == "softcap" && !config.softcap) {
       config.softcap = true;
     } else if (fields[i] == "qreg" && k80 && !k80->q_in_regs) {
@@ -198,8 +220,13 @@ void read_dtype_and_mask(const nlohmann::json& j, const char* what, DType& dtype
   }
   if (j.contains("mask")) {
     const auto& m = j["mask"];
-    FLASHGEN_REQUIRE(m == "none" || m == "causal", std::string(what) + ": mask must be \"none\" or \"causal\"");
-    mask = m == "causal" ? MaskKind::kCausal : MaskKind::kNone;
+    for (MaskKind kind : {MaskKind::kNone, MaskKind::kCausal, MaskKind::kWindow}) {
+      if (m == mask_name(kind)) {
+        mask = kind;
+        return;
+      }
+    }
+    fail(Status::kInvalidArgument, std::string(what) + ": mask must be \"none\", \"causal\" or \"window\"");
   }
 }
 

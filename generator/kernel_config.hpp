@@ -61,7 +61,7 @@ struct KernelConfig {
   // after _varlen. Varlen sm80 configs only.
   bool paged = false;
   // The scores are soft-capped (templates/variant.cuh's SoftCap around the mask; the cap is a run-time
-  // parameter): suffix _softcap after the mask's.
+  // parameter): suffix _softcap after the mask's (_causal or _window; a window's sides are run-time parameters).
   bool softcap = false;
 
   KernelFamily family() const {
@@ -73,7 +73,8 @@ struct KernelConfig {
   const Sm90Knobs* sm90() const { return std::get_if<Sm90Knobs>(&knobs); }
   Sm90Knobs* sm90() { return std::get_if<Sm90Knobs>(&knobs); }
 
-  // Canonical name, e.g. fwd_sm80_bf16_d128_m128_n32_w4_s3_causal (then _softcap; suffix _qreg when q_in_regs,
+  // Canonical name, e.g. fwd_sm80_bf16_d128_m128_n32_w4_s3_causal (_window for a sliding window; then _softcap;
+  // suffix _qreg when q_in_regs,
   // _varlen for packed batches, then _paged for their paged caches) or
   // fwd_sm90_fp16_d128_m128_n128_s2_causal (suffixes _ovl, _pp, _pst, _psm, _c2, _g2, _tsum for overlap,
   // pingpong, persistent, p_smem, cluster 2, groups 2, tensor_sum). It is the kernel's symbol, its file name in dumps and part of its
@@ -111,5 +112,12 @@ bool is_int_field(const nlohmann::json& value);
 // The "dtype" and "mask" fields of a config family's JSON, when present, into dtype and mask; Error
 // naming the field (after what, e.g. "kernel config JSON") otherwise.
 void read_dtype_and_mask(const nlohmann::json& j, const char* what, DType& dtype, MaskKind& mask);
+
+// A mask kind as every config family spells it: "none", "causal" or "window" in JSON, and as a name's suffix
+// (none for kNone: "_causal", "_window").
+const char* mask_name(MaskKind mask);
+std::string mask_suffix(MaskKind mask);
+// Reads a name's field as a mask suffix into mask (still kNone: a name has at most one); false for any other field.
+bool read_mask_suffix(const std::string& field, MaskKind& mask);
 
 }  // namespace flashgen

@@ -50,7 +50,8 @@ ForwardCall make_forward_call(const flashgen_tensor* q, const flashgen_tensor* k
                    "q: batch and heads must each be at most 65535 (grid limits)");
 
   ForwardCall call;
-  call.problem = forward_problem(to_dtype(q->dtype), shape_of(q, k), opts->mask);
+  call.problem =
+      forward_problem(to_dtype(q->dtype), shape_of(q, k), opts->mask, opts->window_left, opts->window_right);
   call.problem.softcap = opts->softcap;
 
   AttnFwdParams& p = call.params;
@@ -69,10 +70,11 @@ ForwardCall make_forward_call(const flashgen_tensor* q, const flashgen_tensor* k
   p.seqlen_k = static_cast<int>(k->shape[1]);
   p.heads_kv = static_cast<int>(k->shape[2]);
   p.group_size = p.heads_q / p.heads_kv;
-  p.causal_offset = causal_offset(*opts, p.seqlen_q, p.seqlen_k);
+  p.causal_offset = causal_offset(call.problem, p.seqlen_q, p.seqlen_k);
   p.scale = softmax_scale(*opts, call.problem.head_dim());
   p.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
   set_softcap(p, opts->softcap);
+  set_window(p, call.problem);
   return call;
 }
 
@@ -116,7 +118,7 @@ ForwardCall make_varlen_forward_call(const flashgen_varlen_forward_args& args) {
   check_packing(args.q, k, packing);
   AttnFwdParams& p = call.params;
   p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = 0;  // every sequence in entry 0
-  bind_packing(packing, args.q, k, args.options, call.problem, p);
+  bind_packing(packing, args.q, k, call.problem, p);
   if (paged) {
     const int64_t capacity = args.max_pages * args.k.shape[1];
     FLASHGEN_REQUIRE(args.max_seqlen_k <= capacity, "max_seqlen_k must be at most max_pages * page_size = " +
@@ -175,10 +177,11 @@ struct ForwardTmaTensors {
   }
 };
 
-// (batch, head) pairs per section of a persistent causal kernel's tile list. As many as have their K and V
-// (shared by the query heads of a group) in half the L2 cache, but enough for two tiles per walker (block
-// or group of consumers), since the walkers running at once span about one section; then widened to even
-// out the sections, so the last is not a narrow one whose longest tiles would start when the others are done.
+// (batch, head) pairs per section of the tile list of a persistent kernel whose mask hides keys. As many as
+// have their K and V (shared by the query heads of a group) in half the L2 cache, but enough for two tiles per
+// walker (block or group of consumers), since the walkers running at once span about one section; then widened
+// to even out the sections, so the last is not a narrow one whose longest tiles would start when the others are
+// done.
 int l2_section(const AttnFwdParams& p, int head_dim, int64_t m_blocks, int64_t walkers, const DeviceTraits& device) {
   const int64_t kv_bytes_per_pair = std::max<int64_t>(int64_t(2) * p.seqlen_k * head_dim * 2 / p.group_size, 1);
   const int64_t pairs = int64_t(p.heads_q) * p.batch;
@@ -301,9 +304,10 @@ PreparedForward prepare_forward(const ForwardCall& call, CUstream stream, const 
     prepared.grid[1] = static_cast<unsigned>(p.heads_q);
     prepared.grid[2] = static_cast<unsigned>(p.batch);
   }
-  // Only the persistent causal kernels walk a sectioned tile list; the others never read l2_section.
+  // Only the persistent kernels of masks that hide keys (causal, window: tiles of unequal length) claim tiles
+  // from a counter and walk a sectioned tile list; the others never read l2_section.
   // Walkers of a persistent kernel's tile list: its blocks, or their groups of consumers.
-  prepared.uses_tile_counter = is_persistent(config) && call.problem.mask_kind() == MaskKind::kCausal;
+  prepared.uses_tile_counter = is_persistent(config) && call.problem.mask_kind() != MaskKind::kNone;
   if (prepared.uses_tile_counter) {
     prepared.sm90_params.l2_section =
         l2_section(p, call.problem.head_dim(), m_blocks, int64_t(prepared.grid[0]) * config.sm90()->groups, device);

@@ -76,7 +76,7 @@ struct PreparedForward {
   AttnFwdParams params{};
   bool uses_tma = false;           // the sm90 family: the kernel takes sm90_params (params plus TMA maps)
   AttnFwdSm90Params sm90_params{};
-  bool uses_tile_counter = false;  // a persistent causal sm90 kernel claims its tiles through a counter
+  bool uses_tile_counter = false;  // a persistent causal or windowed sm90 kernel claims its tiles through a counter
 
   // Points the launch at call's tensors after checking they are memory of device (the launch
   // context's): call must differ from the prepared one in its data pointers only.

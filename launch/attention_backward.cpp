@@ -126,7 +126,8 @@ BackwardCall make_backward_call(const flashgen_tensor* q, const flashgen_tensor*
                    "q: batch must be at most 32767 and heads at most 65535 (grid limits)");
 
   BackwardCall call;
-  call.problem = backward_problem(to_dtype(q->dtype), shape_of(q, k), opts->mask, opts->deterministic != 0);
+  call.problem = backward_problem(to_dtype(q->dtype), shape_of(q, k), opts->mask, opts->deterministic != 0,
+                                  opts->window_left, opts->window_right);
   call.problem.softcap = opts->softcap;
 
   AttnBwdParams& p = call.params;
@@ -149,10 +150,11 @@ BackwardCall make_backward_call(const flashgen_tensor* q, const flashgen_tensor*
   p.seqlen_k = static_cast<int>(k->shape[1]);
   p.heads_kv = static_cast<int>(k->shape[2]);
   p.group_size = p.heads_q / p.heads_kv;
-  p.causal_offset = causal_offset(*opts, p.seqlen_q, p.seqlen_k);
+  p.causal_offset = causal_offset(call.problem, p.seqlen_q, p.seqlen_k);
   p.scale = softmax_scale(*opts, call.problem.head_dim());
   p.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
   set_softcap(p, opts->softcap);
+  set_window(p, call.problem);
   return call;
 }
 
@@ -165,7 +167,7 @@ BackwardCall make_varlen_backward_call(const flashgen_varlen_backward_args& args
   AttnBwdParams& p = call.params;
   p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = 0;  // every sequence in entry 0
   p.do_batch_stride = p.dq_batch_stride = p.dk_batch_stride = p.dv_batch_stride = 0;
-  bind_packing(packing, args.q, args.k, args.options, call.problem, p);
+  bind_packing(packing, args.q, args.k, call.problem, p);
   return call;
 }
 

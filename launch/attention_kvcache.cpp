@@ -45,6 +45,10 @@ KvCacheCall make_kvcache_call(const flashgen_kvcache_args& args) {
   if (args.options.softcap != 0.f) {
     fail(Status::kUnsupported, "options.softcap: KV-cache calls take no soft cap yet (dense and packed calls do)");
   }
+  if (raw_enum(args.options.mask) == FLASHGEN_MASK_SLIDING_WINDOW) {
+    fail(Status::kUnsupported,
+         "options.mask: KV-cache calls take no sliding window yet (dense and packed calls do)");
+  }
   require_same_dtype(kc, "k_cache", q);
   require_same_dtype(vc, "v_cache", q);
   require_same_dtype(args.out, "out", q);

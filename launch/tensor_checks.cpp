@@ -144,8 +144,16 @@ void check_head_dim_and_groups(const flashgen_tensor* q, const flashgen_tensor* 
 
 void check_options(const flashgen_attention_options* opts) {
   const int mask = raw_enum(opts->mask);
-  FLASHGEN_REQUIRE(mask == FLASHGEN_MASK_NONE || mask == FLASHGEN_MASK_CAUSAL || mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT,
+  FLASHGEN_REQUIRE(mask == FLASHGEN_MASK_NONE || mask == FLASHGEN_MASK_CAUSAL ||
+                       mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT || mask == FLASHGEN_MASK_SLIDING_WINDOW,
                    "opts.mask: unknown value " + std::to_string(mask));
+  if (mask == FLASHGEN_MASK_SLIDING_WINDOW) {
+    for (const auto& [side, name] : {std::pair{opts->window_left, "opts.window_left"},
+                                     std::pair{opts->window_right, "opts.window_right"}}) {
+      FLASHGEN_REQUIRE(side >= -1, std::string(name) + " must be >= 0, or -1 for no bound on that side, got " +
+                                       std::to_string(side));
+    }
+  }
   // The kernels scale by softmax_scale * log2(e): that product must be finite too.
   FLASHGEN_REQUIRE(std::isfinite(opts->softmax_scale) && std::isfinite(opts->softmax_scale * 1.4426950408889634f),
                    "opts.softmax_scale must be finite and below 2.3e38, got " + std::to_string(opts->softmax_scale));
@@ -165,8 +173,8 @@ float softmax_scale(const flashgen_attention_options& opts, int64_t head_dim) {
   return opts.softmax_scale > 0 ? opts.softmax_scale : static_cast<float>(1.0 / std::sqrt(double(head_dim)));
 }
 
-int causal_offset(const flashgen_attention_options& opts, int seqlen_q, int seqlen_k) {
-  return opts.mask == FLASHGEN_MASK_CAUSAL ? seqlen_k - seqlen_q : 0;
+int causal_offset(const AttentionProblem& problem, int seqlen_q, int seqlen_k) {
+  return problem.mask == FLASHGEN_MASK_CAUSAL || problem.windowed() ? seqlen_k - seqlen_q : 0;
 }
 
 int launch_arch(CUdevice device) {

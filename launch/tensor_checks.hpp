@@ -5,6 +5,7 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -68,12 +69,26 @@ struct Packing {
 // argument otherwise.
 void check_packing(const flashgen_tensor& q, const flashgen_tensor& k, const Packing& packing);
 
+// A window problem's sides in p (AttnFwdParams or AttnBwdParams), p.seqlen_q and p.seqlen_k set (a packed
+// batch's longest sequences): an unbounded side becomes seqlen_q + seqlen_k, which reaches past every key of
+// every row (of every sequence of a packed batch), and so does any larger side, which is clamped to it. Both 0
+// for the other masks, whose kernels never read them.
+template <class Params>
+void set_window(Params& p, const AttentionProblem& problem) {
+  p.window_left = p.window_right = 0;
+  if (!problem.windowed()) return;
+  const int unbounded = static_cast<int>(std::min<int64_t>(int64_t(p.seqlen_q) + p.seqlen_k, INT32_MAX));
+  auto side = [&](int given) { return given < 0 || given > unbounded ? unbounded : given; };
+  p.window_left = side(problem.window_left);
+  p.window_right = side(problem.window_right);
+}
+
 // A checked packing into a call's problem (varlen, its totals, batch and longest lengths) and params (the
-// offsets, totals, sizes and the causal alignment the kernels apply per sequence). The caller zeroes the
-// tensors' batch strides: every sequence lives in batch entry 0.
+// offsets, totals, sizes, the causal alignment the kernels apply per sequence, and the window's sides for the
+// longest lengths). The caller zeroes the tensors' batch strides: every sequence lives in batch entry 0.
 template <class Params>
 void bind_packing(const Packing& packing, const flashgen_tensor& q, const flashgen_tensor& k,
-                  const flashgen_attention_options& options, AttentionProblem& problem, Params& p) {
+                  AttentionProblem& problem, Params& p) {
   problem.varlen = true;
   problem.total_q = q.shape[1], problem.total_k = k.shape[1];
   problem.shape.batch = packing.batch;
@@ -83,7 +98,9 @@ void bind_packing(const Packing& packing, const flashgen_tensor& q, const flashg
   p.cu_seqlens_q = packing.cu_seqlens_q, p.cu_seqlens_k = packing.cu_seqlens_k, p.seqused_k = packing.seqused_k;
   p.total_q = static_cast<int>(q.shape[1]), p.total_k = static_cast<int>(k.shape[1]);
   p.causal_offset = 0;  // each sequence's own, set in the kernels
-  p.causal_bottom_right = options.mask == FLASHGEN_MASK_CAUSAL ? 1 : 0;
+  // A window is aligned bottom-right, as the bottom-right causal mask is.
+  p.causal_bottom_right = problem.mask == FLASHGEN_MASK_CAUSAL || problem.windowed() ? 1 : 0;
+  set_window(p, problem);
 }
 
 // The sizes of checked tensors q [batch, seqlen_q, heads_q, head_dim] and k [batch, seqlen_k, heads_kv, head_dim].
@@ -92,7 +109,8 @@ AttentionShape shape_of(const flashgen_tensor* q, const flashgen_tensor* k);
 // q's head_dim a multiple of 8 up to 256 (kUnsupported otherwise), and q's heads a multiple of k's.
 void check_head_dim_and_groups(const flashgen_tensor* q, const flashgen_tensor* k);
 
-// opts.mask one of flashgen_mask's values and opts.softmax_scale finite.
+// opts.mask one of flashgen_mask's values, opts.softmax_scale finite, opts.softcap none or a usable cap, and
+// under the window mask each of opts.window_left and opts.window_right >= -1.
 void check_options(const flashgen_attention_options* opts);
 
 // The soft cap's two factors in p (AttnFwdParams or AttnBwdParams), from p.scale already set: 0 without a cap.
@@ -106,8 +124,10 @@ void set_softcap(Params& p, float cap) {
 // The scale the kernels apply: opts.softmax_scale when > 0, else 1/sqrt(head_dim).
 float softmax_scale(const flashgen_attention_options& opts, int64_t head_dim);
 
-// Key j is visible to query i iff j <= i + causal_offset (flashgen.h's mask alignments).
-int causal_offset(const flashgen_attention_options& opts, int seqlen_q, int seqlen_k);
+// A dense problem's diagonal: key j is visible to query i iff j <= i + causal_offset under a causal mask
+// (flashgen.h's alignments), and a window lies about j = i + causal_offset: seqlen_k - seqlen_q for the
+// bottom-right causal mask and windows, else 0.
+int causal_offset(const AttentionProblem& problem, int seqlen_q, int seqlen_k);
 
 // The sm number of the launch's device; kUnsupported below sm_80.
 int launch_arch(CUdevice device);

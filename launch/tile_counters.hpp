@@ -1,6 +1,6 @@
-// Tile counters of the persistent causal sm90 forward kernels, one per stream. Such a kernel hands its
-// tiles out through an int in device memory that must read 0 when it starts; the kernel's last claim
-// sets it back to 0, so launches in one stream can share one counter without a memset between them.
+// Tile counters of the persistent sm90 forward kernels of causal and windowed problems, one per stream. Such a
+// kernel hands its tiles out through an int in device memory that must read 0 when it starts; the kernel's last
+// claim sets it back to 0, so launches in one stream can share one counter without a memset between them.
 // Launches that may run at the same time (other streams) get other counters.
 #pragma once
 

@@ -14,16 +14,42 @@ namespace flashgen {
 
 const char* dtype_name(DType dtype) { return dtype == DType::kBFloat16 ? "bf16" : "fp16"; }
 
-AttentionProblem forward_problem(DType dtype, const AttentionShape& shape, flashgen_mask mask) {
+void AttentionProblem::set_mask(flashgen_mask caller_mask, int caller_window_left, int caller_window_right) {
+  mask = caller_mask;
+  window_left = window_right = -1;
+  if (caller_mask != FLASHGEN_MASK_SLIDING_WINDOW) return;
+  if (caller_window_left == -1 && caller_window_right == -1) {
+    mask = FLASHGEN_MASK_NONE;
+  } else if (caller_window_left == -1 && caller_window_right == 0) {
+    mask = FLASHGEN_MASK_CAUSAL;
+  } else {
+    window_left = caller_window_left, window_right = caller_window_right;
+  }
+}
+
+flashgen_attention_options options_of(const AttentionProblem& problem, float softmax_scale) {
+  flashgen_attention_options options{};
+  options.softmax_scale = softmax_scale;
+  options.mask = problem.mask;
+  options.deterministic = problem.deterministic() ? 1 : 0;
+  options.softcap = problem.softcap;
+  options.window_left = problem.window_left;
+  options.window_right = problem.window_right;
+  return options;
+}
+
+AttentionProblem forward_problem(DType dtype, const AttentionShape& shape, flashgen_mask mask, int window_left,
+                                 int window_right) {
   AttentionProblem problem;
   problem.dtype = dtype;
   problem.shape = shape;
-  problem.mask = mask;
+  problem.set_mask(mask, window_left, window_right);
   return problem;
 }
 
-AttentionProblem backward_problem(DType dtype, const AttentionShape& shape, flashgen_mask mask, bool deterministic) {
-  AttentionProblem problem = forward_problem(dtype, shape, mask);
+AttentionProblem backward_problem(DType dtype, const AttentionShape& shape, flashgen_mask mask, bool deterministic,
+                                  int window_left, int window_right) {
+  AttentionProblem problem = forward_problem(dtype, shape, mask, window_left, window_right);
   problem.pass = Pass::kBackward;
   problem.dq = deterministic ? DqStrategy::kDeterministic : DqStrategy::kAtomic;
   return problem;

@@ -48,7 +48,7 @@ struct AttentionProblem {
   Pass pass = Pass::kForward;
   DType dtype = DType::kFloat16;
   AttentionShape shape;
-  flashgen_mask mask = FLASHGEN_MASK_NONE;  // the caller's, causal alignment included
+  flashgen_mask mask = FLASHGEN_MASK_NONE;  // the caller's, causal alignment included (a window's: set_mask)
   DqStrategy dq = DqStrategy::kAtomic;     // the backward's; the forward ignores it
   // A packed batch of sequences of different lengths: shape.batch sequences of at most shape.seqlen_q
   // queries and shape.seqlen_k keys (the longest ones'), total_q and total_k rows in all.
@@ -63,18 +63,38 @@ struct AttentionProblem {
   int page_size = 0;
   // Scores soft-capped to cap · tanh(score / cap) before the softmax (options.softcap); 0: none.
   float softcap = 0.f;
+  // With mask FLASHGEN_MASK_SLIDING_WINDOW: the keys before and after the bottom-right diagonal a query sees
+  // (options.window_left / window_right), -1 for no bound on that side; -1 under the other masks.
+  int window_left = -1;
+  int window_right = -1;
+
+  // Sets mask and window from a caller's (flashgen.h), the one place a window is normalized: a window
+  // unbounded on both sides runs as no mask, and one unbounded on the left and 0 on the right as the
+  // bottom-right causal mask (whose kernels need no first key per row); any other window keeps its sides.
+  void set_mask(flashgen_mask caller_mask, int caller_window_left = -1, int caller_window_right = -1);
 
   // The kernels' mask kind: both causal alignments run the causal kernels (the offset is a parameter).
-  MaskKind mask_kind() const { return mask == FLASHGEN_MASK_NONE ? MaskKind::kNone : MaskKind::kCausal; }
+  MaskKind mask_kind() const {
+    if (mask == FLASHGEN_MASK_NONE) return MaskKind::kNone;
+    return windowed() ? MaskKind::kWindow : MaskKind::kCausal;
+  }
+  bool windowed() const { return mask == FLASHGEN_MASK_SLIDING_WINDOW; }
   bool backward() const { return pass == Pass::kBackward; }
   bool deterministic() const { return backward() && dq == DqStrategy::kDeterministic; }
   bool softcapped() const { return softcap > 0.f; }
   int head_dim() const { return static_cast<int>(shape.head_dim); }
 };
 
-// A problem of the given pass over shape; the backward's dQ strategy from deterministic.
-AttentionProblem forward_problem(DType dtype, const AttentionShape& shape, flashgen_mask mask);
-AttentionProblem backward_problem(DType dtype, const AttentionShape& shape, flashgen_mask mask, bool deterministic);
+// The options a call of problem passes (flashgen.h): its mask and window, soft cap and (backward) dQ strategy,
+// with softmax_scale (<= 0: 1/sqrt(head_dim)).
+flashgen_attention_options options_of(const AttentionProblem& problem, float softmax_scale = 0.f);
+
+// A problem of the given pass over shape, its mask and window set by set_mask; the backward's dQ strategy from
+// deterministic.
+AttentionProblem forward_problem(DType dtype, const AttentionShape& shape, flashgen_mask mask, int window_left = -1,
+                                 int window_right = -1);
+AttentionProblem backward_problem(DType dtype, const AttentionShape& shape, flashgen_mask mask, bool deterministic,
+                                  int window_left = -1, int window_right = -1);
 
 // The sequence lengths a packed batch is run with where only its sizes are known (a tuning sweep of a varlen
 // problem, `flashgen run --varlen`): `count` lengths spread evenly from `longest` down to what makes `total` in

@@ -43,6 +43,12 @@ struct AttnFwdParams {
   float softcap_in;
   float softcap_out;
   float softcap_grad;
+  // Windowed configs (variant.cuh's SlidingWindow): key j is visible to query i iff
+  // i + causal_offset - window_left <= j <= i + causal_offset + window_right, causal_offset being
+  // seqlen_k - seqlen_q (bottom-right, as FlashAttention's window_size). Both are >= 0: the launcher gives
+  // an unbounded side (-1) a bound no row reaches (seqlen_q + seqlen_k). 0 otherwise.
+  int window_left;
+  int window_right;
 
   // Packed variable-length batches (configs with kVarlen; null and 0 otherwise). q, k, v and o hold one
   // batch entry of total_q (q, o) and total_k (k, v) rows; sequence b of the batch owns query rows
@@ -197,6 +203,8 @@ struct AttnBwdParams {
   float softcap_in;   // as in AttnFwdParams
   float softcap_out;
   float softcap_grad;
+  int window_left;    // as in AttnFwdParams
+  int window_right;
 
   // Packed variable-length batches, as in AttnFwdParams (seqused_k unused: null). lse, the workspace's D and
   // the dQ accumulator are (heads_q, total_q[, head_dim]) rows.

@@ -2,9 +2,9 @@
 // the key blocks a query block visits (forward, and the backward's dq kernel), the query blocks a key
 // block visits (the backward's dkdv kernels), each split into blocks that need a per-element mask and
 // blocks that need none; and the variant's scores (its transform, and its mask in partial blocks) on one
-// 16-row tile of S in the forward accumulator layout (softmax.cuh). The ranges take each row to see a
-// prefix of the keys that grows with the row (none and causal; tests/templates/variant_check.cu checks
-// them against visible()); a variant whose rows also skip earlier keys (a window) adds a first block.
+// 16-row tile of S in the forward accumulator layout (softmax.cuh). The ranges take each row to see one
+// run of consecutive keys, a prefix or a sliding window (tests/templates/variant_check.cu checks them
+// against visible()).
 #pragma once
 
 #include "sm80_primitives.cuh"
@@ -14,12 +14,15 @@
 namespace flashgen {
 
 // The blocks of kBlockN keys that query rows [row_begin, row_begin + rows) of one (batch, head) visit:
-// blocks [0, end) hold a key some row sees (keys at or past key_end are hidden from every row, so the
-// kernels zero-fill them rather than read them). Blocks [0, full_end()) need no per-element mask: every
-// key is inside seqlen_k and visible to every row; the rest are partial.
+// blocks [begin, end) hold a key some row sees (keys at or past key_end are hidden from every row, so the
+// kernels zero-fill them rather than read them; keys before block begin are hidden from every row where
+// the variant hides early keys, else begin is 0). Blocks [full_begin(), full_end()) need no per-element
+// mask: every key is inside seqlen_k and visible to every row; the rest are partial (with a window, runs
+// at both ends; where the window is narrower than a block, every one).
 template <class Variant, int kBlockN>
 struct KeyBlocks {
   int key_end;
+  int begin;
   int end;
 
   template <class Params>
@@ -27,7 +30,13 @@ struct KeyBlocks {
     key_end = p.seqlen_k;
     if constexpr (Variant::kHidesKeys) key_end = min(key_end, Variant::key_end(p, batch, row_begin + rows));
     end = key_end > 0 ? (key_end + kBlockN - 1) / kBlockN : 0;
+    begin = 0;
+    // The first row sees the earliest keys.
+    if constexpr (Variant::kHidesEarlyKeys) begin = min(max(0, Variant::first_key(p, batch, row_begin)) / kBlockN, end);
   }
+
+  // How many blocks the rows visit.
+  __host__ __device__ __forceinline__ int count() const { return end - begin; }
 
   // Computed where a kernel first needs it (row_begin as above).
   template <class Params>
@@ -37,42 +46,70 @@ struct KeyBlocks {
     if constexpr (Variant::kHidesKeys) {
       full = min(full, max(0, (Variant::last_key(p, batch, row_begin) + 1) / kBlockN));
     }
-    return min(full, end);
+    return max(min(full, end), begin);
+  }
+  // The same for the start of the run, the last row being row_last (at most full_end: full_begin ==
+  // full_end where no block is full).
+  template <class Params>
+  __host__ __device__ __forceinline__ int full_begin(const Params& p, int batch, int row_last, int full_end) const {
+    if constexpr (Variant::kHidesEarlyKeys) {
+      // The last row sees the fewest early keys: the blocks from its first key on.
+      const int first = Variant::first_key(p, batch, row_last);
+      return min(max(first <= 0 ? 0 : (first + kBlockN - 1) / kBlockN, begin), full_end);
+    } else {
+      return begin;
+    }
   }
 };
 
-// Visits key blocks [0, end) in order, as the sm80 families walk them through their cp.async rings: the
-// first full_end with no per-element mask, visit(n, BoolConstant<false>), the rest with one.
+// Visits key blocks [begin, end) in order, as the sm80 families walk them through their cp.async rings:
+// [full_begin, full_end) with no per-element mask, visit(n, BoolConstant<false>), the rest with one
+// (begin <= full_begin <= full_end <= end).
 template <class Visit>
-__device__ __forceinline__ void visit_key_blocks(int full_end, int end, Visit&& visit) {
-  for (int n = 0; n < full_end; ++n) visit(n, sm80::BoolConstant<false>{});
+__device__ __forceinline__ void visit_key_blocks(int begin, int full_begin, int full_end, int end, Visit&& visit) {
+  for (int n = begin; n < full_begin; ++n) visit(n, sm80::BoolConstant<true>{});
+  for (int n = full_begin; n < full_end; ++n) visit(n, sm80::BoolConstant<false>{});
   for (int n = full_end; n < end; ++n) visit(n, sm80::BoolConstant<true>{});
 }
 
 // The blocks of kBlockM query rows that see keys [key_begin, key_begin + kBlockN) of one (batch, kv
 // head), the same for each query head of its group: blocks [begin, end) hold a row that sees one of the
-// keys; of those, [full_begin, end) see every key (no per-element mask) and [begin, full_begin) are
-// partial. keys() is how many of the block's keys lie inside seqlen_k (kBlockN or more when all do): a
-// block with fewer is partial for every query block. It is asked once, after the variant's range.
+// keys (block m is among them exactly when KeyBlocks over its kBlockM rows holds this key block: the
+// backward's dQ turns count on it); of those, [full_begin, full_end) see every key (no per-element mask)
+// and the rest are partial. keys() is how many of the block's keys lie inside seqlen_k (kBlockN or more
+// when all do): a block with fewer is partial for every query block. It is asked once, after the
+// variant's range.
 template <class Variant, int kBlockM, int kBlockN>
 struct QueryBlocks {
   int end;
   int begin;
   int full_begin;
+  int full_end;
 
   template <class Params, class KeyCount>
   __host__ __device__ __forceinline__ QueryBlocks(const Params& p, int batch, int key_begin, KeyCount keys) {
     end = (p.seqlen_q + kBlockM - 1) / kBlockM;
     begin = 0;
     full_begin = 0;
+    full_end = end;
     if constexpr (Variant::kHidesKeys) {
       const int first_row = Variant::first_query(p, batch, key_begin);               // first query seeing key_begin
       const int full_row = Variant::first_query(p, batch, key_begin + kBlockN - 1);  // first query seeing all keys
       begin = min(first_row <= 0 ? 0 : first_row / kBlockM, end);
       full_begin = full_row <= 0 ? 0 : (full_row + kBlockM - 1) / kBlockM;
     }
+    if constexpr (Variant::kHidesEarlyKeys) {
+      // The last query seeing the block's last key (past seqlen_k too, as KeyBlocks counts), and the last
+      // one seeing its first key, hence all of them.
+      const int last_row = Variant::last_query(p, batch, key_begin + kBlockN - 1);
+      const int full_last_row = Variant::last_query(p, batch, key_begin);
+      end = last_row < 0 ? 0 : min(end, last_row / kBlockM + 1);
+      begin = min(begin, end);
+      full_end = full_last_row < 0 ? 0 : (full_last_row + 1) / kBlockM;
+    }
     if (keys() < kBlockN) full_begin = end;  // keys past seqlen_k are masked in every block
     full_begin = min(max(full_begin, begin), end);
+    full_end = min(max(full_end, full_begin), end);
   }
 };
 

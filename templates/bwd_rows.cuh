@@ -177,7 +177,7 @@ struct BwdConvertDq {
   // kernel's turns do).
   static __device__ bool wait_for_adds(const AttnBwdParams& p, int batch, long long tile_row, int row) {
     const int m_start = row - row % Cfg::kBlockM;
-    const int adds = KeyBlocks<typename Cfg::Variant, Cfg::kBlockN>(p, batch, m_start, Cfg::kBlockM).end;
+    const int adds = KeyBlocks<typename Cfg::Variant, Cfg::kBlockN>(p, batch, m_start, Cfg::kBlockM).count();
     const int* done = bwd::dq_semaphore(p, tile_row - tile_row % Cfg::kBlockM) + (Cfg::kAtomicDq ? 1 : 0);
     if (threadIdx.x == 0) {
       while (sm90::ld_acquire_gpu(done) != adds) __nanosleep(1000);  // light on the L2 the dkdv kernel works in

@@ -130,12 +130,13 @@ struct BwdDkdvSm80 {
     const u16* do_batch = static_cast<const u16*>(p.dout) + batch * p.do_batch_stride;
     const int rows_k = min(kBlockN, p.seqlen_k - n_start);
 
-    // Query blocks that see some key of this block: from m_first on. Blocks from m_interior on see
-    // every key of it, so their loop carries no mask code (block_range.cuh).
+    // Query blocks that see some key of this block: [m_first, m_blocks). Blocks [m_interior, m_interior_end)
+    // see every key of it, so their loop carries no mask code (block_range.cuh).
     const QueryBlocks<Variant, kBlockM, kBlockN> queries(p, batch, n_start, [&] { return rows_k; });
     const int m_blocks = queries.end;
     const int m_first = queries.begin;
     const int m_interior = queries.full_begin;
+    const int m_interior_end = queries.full_end;
     const int per_head = m_blocks - m_first;
     const int iterations = per_head * p.group_size;
 
@@ -368,7 +369,10 @@ struct BwdDkdvSm80 {
     int it = 0;
     for (int head = kv_head * p.group_size; head < (kv_head + 1) * p.group_size; ++head) {
       for (int mb = m_first; mb < m_interior; ++mb, ++it) step(it, head, mb * kBlockM, sm80::BoolConstant<true>{});
-      for (int mb = m_interior; mb < m_blocks; ++mb, ++it) step(it, head, mb * kBlockM, sm80::BoolConstant<false>{});
+      for (int mb = m_interior; mb < m_interior_end; ++mb, ++it) {
+        step(it, head, mb * kBlockM, sm80::BoolConstant<false>{});
+      }
+      for (int mb = m_interior_end; mb < m_blocks; ++mb, ++it) step(it, head, mb * kBlockM, sm80::BoolConstant<true>{});
     }
     sm80::cp_async_wait<0>();
     if constexpr (kAtomicDq) {
@@ -475,6 +479,7 @@ struct BwdDqSm80 {
     const int rows_q = min(kBlockM, p.seqlen_q - m_start);
     const KeyBlocks<Variant, kBlockN> blocks(p, batch, m_start, rows_q);  // block_range.cuh
     const int n_end = blocks.key_end;
+    const int n_begin = blocks.begin;
     const int n_blocks = blocks.end;
 
     auto load_kv = [&](int n_block) {
@@ -497,7 +502,7 @@ struct BwdDqSm80 {
     sm80::cp_async_commit();
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      load_kv(s);
+      load_kv(n_begin + s);
       sm80::cp_async_commit();
     }
 
@@ -610,7 +615,8 @@ struct BwdDqSm80 {
         }
     };
 
-    visit_key_blocks(blocks.full_end(p, batch, m_start), n_blocks, step);
+    const int full_end = blocks.full_end(p, batch, m_start);
+    visit_key_blocks(n_begin, blocks.full_begin(p, batch, m_start + rows_q - 1, full_end), full_end, n_blocks, step);
     sm80::cp_async_wait<0>();
 
     u16* dq = static_cast<u16*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride;

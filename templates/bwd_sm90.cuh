@@ -154,12 +154,13 @@ struct BwdDkdvSm90 {
 
   // This block's key block n_block of batch entry (or packed sequence) `batch` and kv head; where the TMA
   // maps hold its rows (a packed batch is one entry of total rows: its sequence starts at q_row0, k_row0);
-  // the query blocks that see some key of it, per query head: m_first .. m_blocks - 1, from m_interior on
-  // seeing every key (no mask code; block_range.cuh), walked from m_first + rotation, wrapping.
+  // the query blocks that see some key of it, per query head: m_first .. m_blocks - 1, those in
+  // [m_interior, m_interior_end) seeing every key (no mask code; block_range.cuh), walked from
+  // m_first + rotation, wrapping.
   struct Work {
     int n_block, n_start, kv_head, batch;
     int q_row0, k_row0, tma_batch;
-    int m_blocks, m_first, m_interior, per_head, iterations, rotation;
+    int m_blocks, m_first, m_interior, m_interior_end, per_head, iterations, rotation;
   };
 
   // The deterministic strategy takes key blocks last first (see write_dq): a block then waits only on
@@ -182,6 +183,7 @@ struct BwdDkdvSm90 {
     w.m_blocks = queries.end;
     w.m_first = queries.begin;
     w.m_interior = queries.full_begin;
+    w.m_interior_end = queries.full_end;
     w.per_head = w.m_blocks - w.m_first;
     w.iterations = w.per_head * p.group_size;
     // Key blocks that see every query block would reach each at the same step, where the atomic
@@ -520,7 +522,7 @@ struct BwdDkdvSm90 {
         } else {
           sm90::wgmma_wait<kPart == Part::kBoth ? 1 : 0>();
           sm90::pin_registers(acc_s);
-          if (m_block < w.m_interior) {
+          if (m_block < w.m_interior || m_block >= w.m_interior_end) {
             probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<true>{});
           } else {
             probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<false>{});

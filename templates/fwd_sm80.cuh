@@ -102,6 +102,7 @@ struct FwdSm80 {
     const int rows_q = min(kBlockM, p.seqlen_q - m_start);
     const KeyBlocks<Variant, kBlockN> blocks(p, batch, m_start, rows_q);
     const int n_end = blocks.key_end;
+    const int n_begin = blocks.begin;
     const int n_blocks = blocks.end;
 
     // Keys at or past n_end are hidden from every row, so they are zero-filled rather than read.
@@ -127,7 +128,7 @@ struct FwdSm80 {
     sm80::cp_async_commit();
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      load_kv(s);  // blocks past n_blocks are zero-filled and never read
+      load_kv(n_begin + s);  // blocks past n_blocks are zero-filled and never read
       sm80::cp_async_commit();
     }
 
@@ -206,11 +207,12 @@ struct FwdSm80 {
       sm80::pv_product<kElem, kRow>(acc_o, p_frag, sv, v_lane);
     };
 
-    // Blocks below full_end need no mask for any row of this block (block_range.cuh).
-    visit_key_blocks(blocks.full_end(p, batch, m_start), n_blocks, attend);
+    // Blocks [full_begin, full_end) need no mask for any row of this block (block_range.cuh).
+    const int full_end = blocks.full_end(p, batch, m_start);
+    visit_key_blocks(n_begin, blocks.full_begin(p, batch, m_start + rows_q - 1, full_end), full_end, n_blocks, attend);
 
     // The output tile reuses the Q rows: every thread's Q copies must have landed, including when no
-    // key block was visible (n_blocks == 0) and the loop's barriers never ran.
+    // key block was visible (n_begin == n_blocks) and the loop's barriers never ran.
     sm80::cp_async_wait<0>();
     __syncthreads();
 

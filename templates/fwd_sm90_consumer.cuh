@@ -118,8 +118,9 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
     auto phase = [&](int it) { return ring_phase(first_block + it); };
 
     // Key blocks arrive last first: the masked ones (it < n_masked), then the interior ones, whose
-    // softmax carries no masking code.
-    const int n_masked = tile.n_blocks - tile.n_interior;
+    // softmax carries no masking code, then (a window's) masked ones again.
+    const int n_masked = tile.n_masked;
+    const int interior_end = n_masked + tile.n_interior;
     // How much of each key block this consumer computes (variants that hide keys only). Blocks it < first
     // hold only keys past the last one its rows see; it computes nothing of them. Block first may show its
     // rows no key from kHalfN on (half_first); every later block is computed whole. Widths count S groups
@@ -129,9 +130,9 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
     if constexpr (Variant::kHidesKeys) {
       // The last key any of its 64 rows sees: its last row's.
       const int last_key = min(p.seqlen_k - 1, Variant::last_key(p, tile.batch, tile.m_start + consumer * 64 + 63));
-      first = last_key < 0 ? tile.n_blocks : max(0, tile.n_blocks - 1 - last_key / kBlockN);
-      half_first =
-          kHalfN > 0 && first < tile.n_blocks && last_key + 1 - (tile.n_blocks - 1 - first) * kBlockN <= kHalfN;
+      const int n_last = tile.n_begin + tile.n_blocks - 1;  // the walk's first block
+      first = last_key < 0 ? tile.n_blocks : min(tile.n_blocks, max(0, n_last - last_key / kBlockN));
+      half_first = kHalfN > 0 && first < tile.n_blocks && last_key + 1 - (n_last - first) * kBlockN <= kHalfN;
     }
     using Whole = sm80::IntConstant<kSGroups>;
     using Half = sm80::IntConstant<(kHalfN > 0 ? kHalfN / 8 : kSGroups)>;  // never used when kHalfN == 0
@@ -195,7 +196,7 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
     auto online_softmax = [&](int it, float (&acc_s)[kSGroups][4], float (&correction)[2], bool& rescale, auto masked,
                        auto width) {
       constexpr int kWidth = decltype(width)::value;
-      const int key0 = (tile.n_blocks - 1 - it) * kBlockN;  // the block's first key
+      const int key0 = (tile.n_begin + tile.n_blocks - 1 - it) * kBlockN;  // the block's first key
       variant_scores<Variant, kWidth, decltype(masked)::value>(p, acc_s, tile.batch, tile.head, row0, key0, t);
       float block_max[2];
       bool moves[2];
@@ -221,7 +222,7 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
     auto softmax_of = [&](int it, float (&acc_s)[kSGroups][4], float (&correction)[2], bool& rescale, auto width) {
       constexpr bool kWhole = decltype(width)::value == kSGroups;  // a part block is always masked
       if constexpr (kWhole) {
-        if (it >= n_masked) {
+        if (it >= n_masked && (!Variant::kHidesEarlyKeys || it < interior_end)) {
           online_softmax(it, acc_s, correction, rescale, sm80::BoolConstant<false>{}, width);
           return;
         }

@@ -64,7 +64,7 @@ struct FwdSm90Producer : FwdSm90Layout<Cfg> {
     if (tile.n_blocks == 0) load_q();  // a tile that sees no key still takes its turn at the Q rows
     const u32 rank = kCluster > 1 ? sm90::cluster_rank() : 0;
     for (int it = 0; it < tile.n_blocks; ++it) {
-      const int key0 = (tile.n_blocks - 1 - it) * kBlockN;
+      const int key0 = (tile.n_begin + tile.n_blocks - 1 - it) * kBlockN;
       const int s = ring_slot(first_block + it);
       const u32 phase = ring_phase(first_block + it);
       const u32 sk = smem + kKOffset + s * kTileBytes;

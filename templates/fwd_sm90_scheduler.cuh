@@ -23,12 +23,14 @@ struct FwdSm90Scheduler : FwdSm90Layout<Cfg> {
   using L::kGroups;
   using L::kPersistent;
 
-  // One tile: which query rows, which head, and how many key blocks any of its rows sees; index is its
-  // place in the tile list. q_row, k_row and tma_batch place it in the TMA maps: its first query row and its
+  // One tile: which query rows, which head, and the key blocks any of its rows sees: n_blocks of them from
+  // block n_begin, walked last first, the first n_masked of that walk and the n_interior after them
+  // needing no mask (block_range.cuh; blocks after those are masked again where the variant hides early
+  // keys); index is its place in the tile list. q_row, k_row and tma_batch place it in the TMA maps: its first query row and its
   // sequence's first key row, and the batch coordinate (a packed sequence's rows lie in batch entry 0 from
   // its offsets on).
   struct Tile {
-    int index, m_start, head, batch, kv_head, n_blocks, n_interior;
+    int index, m_start, head, batch, kv_head, n_begin, n_blocks, n_masked, n_interior;
     int q_row, k_row, tma_batch;
   };
 
@@ -41,9 +43,11 @@ struct FwdSm90Scheduler : FwdSm90Layout<Cfg> {
     tile.kv_head = tile.head / p.group_size;
     const int rows_q = min(kBlockM, p.seqlen_q - tile.m_start);
     const KeyBlocks<Variant, kBlockN> blocks(p, batch, tile.m_start, rows_q);  // block_range.cuh
-    tile.n_blocks = blocks.end;
-    // Blocks below n_interior need no mask for any row of the tile.
-    tile.n_interior = blocks.full_end(p, batch, tile.m_start);
+    tile.n_begin = blocks.begin;
+    tile.n_blocks = blocks.count();
+    const int full_end = blocks.full_end(p, batch, tile.m_start);
+    tile.n_masked = blocks.end - full_end;
+    tile.n_interior = full_end - blocks.full_begin(p, batch, tile.m_start + rows_q - 1, full_end);
     tile.q_row = tile.m_start;
     tile.k_row = 0;
     tile.tma_batch = batch;

@@ -5,7 +5,9 @@
 namespace flashgen {
 
 enum class ElemType : int { kFloat16 = 0, kBFloat16 = 1 };
-enum class MaskKind : int { kNone = 0, kCausal = 1 };
+// kWindow: a sliding window about the diagonal (variant.cuh's SlidingWindow); a causal window is one whose
+// right side is 0.
+enum class MaskKind : int { kNone = 0, kCausal = 1, kWindow = 2 };
 
 struct FwdTraits {
   int threads;             // warps * 32

@@ -3,7 +3,7 @@
 // at the same places, mostly through block_range.cuh: which keys a row sees (and, in the backward, which
 // queries see a key), hence which key blocks a query block visits and which of them need a per-element
 // mask; whether one score is visible; each score's transform before the softmax max, and its derivative
-// on dS. A new variant (a soft cap, ALiBi, a window, a user's mask) is one more policy here.
+// on dS. A new variant (ALiBi, a user's mask) is one more policy here.
 //
 // A policy is a struct of static members. Params is AttnFwdParams or AttnBwdParams (attn_params.cuh),
 // which both carry seqlen_q, seqlen_k, causal_offset and scale; a variant's run-time arguments (a window,
@@ -24,6 +24,10 @@
 //   key_end(p, batch, row_end) one past the last key any row before row_end sees: key_end(r + 1) ==
 //                              last_key(r) + 1, both given in the form the kernels use them.
 //   first_query(p, batch, key) the first query that sees key.
+//   kHidesEarlyKeys            compile time: a row may also not see keys before some first one (a window).
+//                              When true two more questions are asked:
+//   first_key(p, batch, row)   the first key row sees (may lie outside [0, seqlen_k)).
+//   last_query(p, batch, key)  the last query that sees key.
 //   score(p, at, s)            the score of (at.q, at.k) from s = q·k (softmax scale not applied), in the
 //                              same units: the kernels scale it, take the max and exponentiate. Identity in
 //                              the masks below; SoftCap<Mask> caps it (ALiBi would add a bias).
@@ -33,12 +37,11 @@
 //                              rebuild from P and the row's LSE, x = log2 P + lse2, rather than keep s).
 //                              Identity in the masks. kChangesScores: whether score and score_grad are not
 //                              identities (kernels skip what only they would read).
-// The ranges take each row to see a prefix of the keys that grows with the row (block_range.cuh derives
-// the blocks from last_key, key_end and first_query); a policy whose rows also skip earlier keys (a
-// sliding window, chunked attention) will add a row's first key and a key's last query, and the kernels'
-// walks a partial run at the other end (forward: they start at key block 0; backward: they end at the
-// last query block). Ranges take the batch, not the head: the backward's dkdv kernels share one query
-// range among a kv head's query heads. A kernel asks all of these with values it already holds; a policy
+// The ranges take each row to see one run of consecutive keys whose ends grow with the row: a prefix
+// (none, causal; block_range.cuh derives the blocks from last_key, key_end and first_query) or, with
+// kHidesEarlyKeys, a window that slides (also from first_key and last_query), whose key blocks are then
+// partial at both ends of a row's run. Ranges take the batch, not the head: the backward's dkdv kernels
+// share one query range among a kv head's query heads. A kernel asks all of these with values it already holds; a policy
 // that hides no key, or transforms no score, leaves no instruction behind.
 #pragma once
 
@@ -59,6 +62,13 @@ struct KeysUpTo {
   __host__ __device__ __forceinline__ bool hidden(int offset) const { return offset > last; }
 };
 
+// The same for a run of keys that also starts past the base: key base + o is hidden iff o < first or o > last.
+struct KeysBetween {
+  int first;  // the first visible key, relative to the base
+  int last;
+  __host__ __device__ __forceinline__ bool hidden(int offset) const { return offset < first || offset > last; }
+};
+
 // The score hooks of a variant that leaves scores as they are: a base of the masks below.
 struct UnchangedScores {
   static constexpr bool kChangesScores = false;
@@ -76,6 +86,7 @@ struct UnchangedScores {
 // Every key inside seqlen_k is visible; scores unchanged.
 struct NoMask : UnchangedScores {
   static constexpr bool kHidesKeys = false;
+  static constexpr bool kHidesEarlyKeys = false;
 
   template <class Params>
   static __host__ __device__ __forceinline__ bool visible(const Params&, const ScoreAt&) {
@@ -92,6 +103,7 @@ struct NoMask : UnchangedScores {
 // sets the offset (seqlen_k - seqlen_q bottom-right, 0 top-left). Scores unchanged.
 struct CausalMask : UnchangedScores {
   static constexpr bool kHidesKeys = true;
+  static constexpr bool kHidesEarlyKeys = false;
 
   template <class Params>
   static __host__ __device__ __forceinline__ bool visible(const Params& p, const ScoreAt& at) {
@@ -114,6 +126,48 @@ struct CausalMask : UnchangedScores {
   template <class Params>
   static __host__ __device__ __forceinline__ int first_query(const Params& p, int /*batch*/, int key) {
     return key - p.causal_offset;
+  }
+};
+
+// A sliding window about the diagonal: key k is visible to query q iff
+// q + p.causal_offset - p.window_left <= k <= q + p.causal_offset + p.window_right, the offset being the
+// bottom-right alignment's (seqlen_k - seqlen_q; FlashAttention's window_size) and both sides >= 0 (the
+// launcher bounds an unbounded one by seqlen_q + seqlen_k, so no sum below overflows). A causal window has
+// window_right 0. Scores unchanged.
+struct SlidingWindow : UnchangedScores {
+  static constexpr bool kHidesKeys = true;
+  static constexpr bool kHidesEarlyKeys = true;
+
+  template <class Params>
+  static __host__ __device__ __forceinline__ bool visible(const Params& p, const ScoreAt& at) {
+    const int diagonal = at.q + p.causal_offset;
+    return at.k >= diagonal - p.window_left && at.k <= diagonal + p.window_right;
+  }
+  template <class Params>
+  static __host__ __device__ __forceinline__ KeysBetween row_keys(const Params& p, int /*batch*/, int /*head*/, int row,
+                                                                   int last_bound, int key_base) {
+    const int diagonal = row + p.causal_offset;
+    return {diagonal - p.window_left - key_base, min(last_bound, diagonal + p.window_right) - key_base};
+  }
+  template <class Params>
+  static __host__ __device__ __forceinline__ int last_key(const Params& p, int /*batch*/, int row) {
+    return row + p.causal_offset + p.window_right;
+  }
+  template <class Params>
+  static __host__ __device__ __forceinline__ int key_end(const Params& p, int /*batch*/, int row_end) {
+    return row_end + p.causal_offset + p.window_right;
+  }
+  template <class Params>
+  static __host__ __device__ __forceinline__ int first_query(const Params& p, int /*batch*/, int key) {
+    return key - p.causal_offset - p.window_right;
+  }
+  template <class Params>
+  static __host__ __device__ __forceinline__ int first_key(const Params& p, int /*batch*/, int row) {
+    return row + p.causal_offset - p.window_left;
+  }
+  template <class Params>
+  static __host__ __device__ __forceinline__ int last_query(const Params& p, int /*batch*/, int key) {
+    return key - p.causal_offset + p.window_left;
   }
 };
 

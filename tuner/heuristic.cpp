@@ -58,15 +58,18 @@ struct Sm90Tile {
 // four consumers), and in fp16 the rows' sums from the tensor cores (+5-8% at every d64 length; they lose
 // 1-3% at d128 and d256, whose tensor cores are the busier; v19 and v20). Packed batches have no groups: under
 // a causal mask their d64 tiles take 128 keys (tuning sweep of 64 sequences of 128-8k tokens, H100: +17% bf16,
-// +32% fp16 over 64 keys; bench/results/tune_varlen_nvidia-h100-80gb-hbm3_2026-11-24.csv).
+// +32% fp16 over 64 keys; bench/results/tune_varlen_nvidia-h100-80gb-hbm3_2026-11-24.csv). A sliding window
+// takes the causal mask's tiles: its query blocks too see key ranges of their own, with masked blocks at the
+// edges (not measured apart yet).
 std::vector<Sm90Tile> sm90_preferences(int tile_dim, MaskKind mask, bool varlen) {
   if (tile_dim == 64) {
     const Sm90Tile m256{256, 64, 3, true, false};
     const Sm90Tile grouped{128, 64, 3, true, false, 2};
     const Sm90Tile m192{192, 128, 2, true, false};
     const Sm90Tile wide{128, 128, 3, true, false};
-    if (mask == MaskKind::kCausal && varlen) return {wide, m256, m192, {128, 64, 2, false, false}};
-    if (mask == MaskKind::kCausal) return {grouped, m256, m192, {128, 64, 2, false, false}};
+    const bool hides_keys = mask != MaskKind::kNone;
+    if (hides_keys && varlen) return {wide, m256, m192, {128, 64, 2, false, false}};
+    if (hides_keys) return {grouped, m256, m192, {128, 64, 2, false, false}};
     return {m256, m192, {128, 128, 2, true, true}, {128, 64, 2, false, false}};
   }
   if (tile_dim == 128) return {{128, 128, 2, true, true}, {128, 96, 2, true, true}, {128, 64, 2, false, false}};
@@ -92,7 +95,7 @@ std::vector<KernelConfig> heuristic_forward_configs(DType dtype, int head_dim, M
       k.tensor_sum = tile_dim == 64 && dtype == DType::kFloat16;
       // Persistent blocks win without a mask (+3-15%, most at 1k tokens and d128 16k), and under a causal
       // mask since its tiles are claimed longest first from L2-sized sections (d128 +3-12% at 1k-16k,
-      // d256 +0-6% at 1k-4k; bench/notes_fwd_sm90.md, v5-v6 and v14).
+      // d256 +0-6% at 1k-4k; bench/notes_fwd_sm90.md, v5-v6 and v14); a window's tiles are claimed so too.
       k.persistent = true;
       // Packed batches: one block per tile (sequence.cuh binds a block to its sequence).
       if (varlen) c.varlen = true, k.persistent = false, k.groups = 1, k.cluster = 1;

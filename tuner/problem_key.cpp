@@ -2,7 +2,9 @@
 // buckets and the bucket distance the run-time lookup uses to find the nearest stored problem.
 #include "tuner/problem_key.hpp"
 
+#include <algorithm>
 #include <cstdlib>
+#include <string>
 
 #include "flashgen/error.hpp"
 #include "generator/generator.hpp"
@@ -21,6 +23,20 @@ int bucket_exponent(int64_t bucket, const char* what) {
   int exponent = 0;
   while ((int64_t{1} << exponent) < bucket) ++exponent;
   return exponent;
+}
+
+constexpr const char* kSoftcapSuffix = "_softcap";
+
+// A window key's bucket and shape as ids and the mask column spell them: "1024", "1024c" when causal-shaped.
+std::string window_text(const ProblemKey& key) {
+  return std::to_string(key.window_bucket) + (key.window_causal ? "c" : "");
+}
+
+// A window problem's bucket and shape in its key.
+void set_key_window(const AttentionProblem& problem, ProblemKey& key) {
+  if (!problem.windowed()) return;
+  key.window_bucket = size_bucket(window_span(problem));
+  key.window_causal = problem.window_right == 0;
 }
 
 }  // namespace
@@ -90,17 +106,38 @@ void read_pass_id(const std::string& text, ProblemKey& key) {
 }
 
 std::string variant_text(MaskKind mask, bool softcap) {
-  return std::string(mask == MaskKind::kCausal ? "causal" : "none") + (softcap ? "_softcap" : "");
+  return std::string(mask_name(mask)) + (softcap ? kSoftcapSuffix : "");
 }
 
-void read_variant_text(const std::string& text, ProblemKey& key) {
-  for (MaskKind mask : {MaskKind::kNone, MaskKind::kCausal})
-    for (bool softcap : {false, true})
-      if (text == variant_text(mask, softcap)) {
-        key.mask = mask, key.softcap = softcap;
-        return;
-      }
-  fail(Status::kInvalidArgument, "tuning data: unknown mask '" + text + "'");
+std::string mask_text(const ProblemKey& key) {
+  if (key.mask != MaskKind::kWindow) return variant_text(key.mask, key.softcap);
+  return mask_name(key.mask) + window_text(key) + (key.softcap ? kSoftcapSuffix : "");
+}
+
+void read_mask_text(const std::string& text, ProblemKey& key) {
+  auto unknown = [&] { fail(Status::kInvalidArgument, "tuning data: unknown mask '" + text + "'"); };
+  const size_t suffix = std::char_traits<char>::length(kSoftcapSuffix);
+  key.softcap = text.size() > suffix && text.compare(text.size() - suffix, suffix, kSoftcapSuffix) == 0;
+  std::string variant = key.softcap ? text.substr(0, text.size() - suffix) : text;
+  key.window_bucket = 0, key.window_causal = false;
+  for (MaskKind mask : {MaskKind::kNone, MaskKind::kCausal}) {
+    if (variant == mask_name(mask)) {
+      key.mask = mask;
+      return;
+    }
+  }
+  const std::string window = mask_name(MaskKind::kWindow);
+  if (variant.compare(0, window.size(), window) != 0) unknown();
+  key.mask = MaskKind::kWindow;
+  variant.erase(0, window.size());
+  key.window_causal = !variant.empty() && variant.back() == 'c';
+  if (key.window_causal) variant.pop_back();
+  if (variant.empty() || variant.size() > 18 || variant.find_first_not_of("0123456789") != std::string::npos) unknown();
+  key.window_bucket = std::stoll(variant);
+  // Only size_bucket's values, spelt as mask_text spells them ("window01024" would be another key).
+  if (key.window_bucket < 1 || size_bucket(key.window_bucket) != key.window_bucket || mask_text(key) != text) {
+    unknown();
+  }
 }
 
 std::string ProblemKey::class_id() const {
@@ -110,7 +147,13 @@ std::string ProblemKey::class_id() const {
 
 std::string ProblemKey::id() const {
   return class_id() + "|q" + std::to_string(seqlen_q_bucket) + "|k" + std::to_string(seqlen_k_bucket) + "|bh" +
-         std::to_string(batch_heads_bucket);
+         std::to_string(batch_heads_bucket) + (mask == MaskKind::kWindow ? "|w" + window_text(*this) : "");
+}
+
+int64_t window_span(const AttentionProblem& problem) {
+  const int64_t keys = problem.shape.seqlen_k;
+  auto side = [&](int given) { return given < 0 ? keys : std::min<int64_t>(given, keys); };
+  return std::min(side(problem.window_left) + side(problem.window_right) + 1, keys);
 }
 
 ProblemKey forward_problem_key(DType dtype, int head_dim, MaskKind mask, int gqa_ratio, int64_t seqlen_q,
@@ -144,12 +187,14 @@ ProblemKey problem_key(const AttentionProblem& problem) {
                                           s.batch * s.heads_q);
     key.varlen = problem.varlen;
     key.softcap = problem.softcapped();
+    set_key_window(problem, key);
     return key;
   }
   ProblemKey key = forward_problem_key(problem.dtype, problem.head_dim(), problem.mask_kind(), group_size, s.seqlen_q,
                                        s.seqlen_k, s.batch * s.heads_q);
   key.varlen = problem.varlen;
   key.softcap = problem.softcapped();
+  set_key_window(problem, key);
   key.kv_cache = problem.kv_cache;  // seqlen_q: the new tokens per sequence; seqlen_k: the cache's capacity
   key.paged = problem.kv_cache && problem.paged;
   return key;
@@ -158,10 +203,16 @@ ProblemKey problem_key(const AttentionProblem& problem) {
 int bucket_distance(const ProblemKey& a, const ProblemKey& b) {
   FLASHGEN_REQUIRE(a.class_id() == b.class_id(),
                    "bucket_distance: keys of different classes: " + a.class_id() + " vs " + b.class_id());
+  int window = 0;
+  if (a.mask == MaskKind::kWindow) {
+    window = std::abs(bucket_exponent(a.window_bucket, "window") - bucket_exponent(b.window_bucket, "window")) +
+             (a.window_causal != b.window_causal);
+  }
   return std::abs(bucket_exponent(a.seqlen_q_bucket, "seqlen_q") - bucket_exponent(b.seqlen_q_bucket, "seqlen_q")) +
          std::abs(bucket_exponent(a.seqlen_k_bucket, "seqlen_k") - bucket_exponent(b.seqlen_k_bucket, "seqlen_k")) +
          std::abs(bucket_exponent(a.batch_heads_bucket, "batch_heads") -
-                  bucket_exponent(b.batch_heads_bucket, "batch_heads"));
+                  bucket_exponent(b.batch_heads_bucket, "batch_heads")) +
+         window;
 }
 
 }  // namespace flashgen

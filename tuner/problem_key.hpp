@@ -51,6 +51,11 @@ struct ProblemKey {
   int64_t seqlen_q_bucket = 1;      // size_bucket(seqlen_q)
   int64_t seqlen_k_bucket = 1;      // size_bucket(seqlen_k)
   int64_t batch_heads_bucket = 1;   // size_bucket(batch * heads_q)
+  // Window keys (mask kWindow) only: size_bucket of the most keys a row sees (window_span), and whether the
+  // window's right side is 0 (causal-shaped: no key past the diagonal). The kernels are the same for every
+  // window; the time they take follows its span.
+  int64_t window_bucket = 0;
+  bool window_causal = false;
 
   // The pass in ids and the store's rows: "fwd", "bwd" or "bwd_det" (the deterministic dQ strategy),
   // "fwd_varlen", "bwd_varlen", "bwd_det_varlen" for packed batches (their sizes bucketed by the longest
@@ -59,7 +64,8 @@ struct ProblemKey {
   const char* pass_id() const;
   // Exact problem class without the size buckets, e.g. "fwd|bf16|d128|causal|g4".
   std::string class_id() const;
-  // class_id plus buckets, e.g. "fwd|bf16|d128|causal|g4|q4096|k4096|bh64".
+  // class_id plus buckets, e.g. "fwd|bf16|d128|causal|g4|q4096|k4096|bh64"; a window key's ends in its window
+  // bucket, "c" when causal-shaped: "fwd|bf16|d128|window|g4|q4096|k4096|bh64|w1024c".
   std::string id() const;
   bool operator==(const ProblemKey& other) const { return id() == other.id(); }
 };
@@ -67,11 +73,19 @@ struct ProblemKey {
 // Sets key's pass, dQ strategy, varlen, kv_cache and paged from their text in ids (pass_id()); throws
 // Error(kInvalidArgument) naming any other text.
 void read_pass_id(const std::string& text, ProblemKey& key);
-// A key's mask and score variant as ids, the store's mask column and its JSON spell them: "none", "causal",
-// "none_softcap", "causal_softcap".
+// A key's mask and score variant as class ids spell them: "none", "causal", "window", each with "_softcap" for
+// soft-capped scores.
 std::string variant_text(MaskKind mask, bool softcap);
-// Sets key's mask and softcap from variant_text's spellings; throws Error(kInvalidArgument) naming any other.
-void read_variant_text(const std::string& text, ProblemKey& key);
+// The same as the store's mask column and its JSON's "mask" spell it: variant_text, a window key's bucket and
+// shape after "window" ("window1024c_softcap"), so that a row rebuilds its key (and the rows of other masks read
+// as they always have).
+std::string mask_text(const ProblemKey& key);
+// Sets key's mask, softcap and window from mask_text's spellings; throws Error(kInvalidArgument) naming any other.
+void read_mask_text(const std::string& text, ProblemKey& key);
+
+// The most keys a row of a window problem sees: both sides and the diagonal's key, an unbounded side counted as
+// seqlen_k, at most seqlen_k.
+int64_t window_span(const AttentionProblem& problem);
 
 // The key a problem is tuned, stored and looked up under (both causal alignments run the causal kernels).
 ProblemKey problem_key(const AttentionProblem& problem);
@@ -84,8 +98,9 @@ ProblemKey forward_problem_key(DType dtype, int head_dim, MaskKind mask, int gqa
 ProblemKey backward_problem_key(DType dtype, int head_dim, MaskKind mask, bool deterministic, int gqa_ratio,
                                 int64_t seqlen_q, int64_t seqlen_k, int64_t batch_heads);
 
-// Distance between two keys of the same class: sum of |log2 bucket differences|; used to pick the
-// nearest stored bucket. Throws Error(kInvalidArgument) for keys of different classes.
+// Distance between two keys of the same class: sum of |log2 bucket differences| (window keys' window buckets
+// too, and 1 between a causal-shaped window and a two-sided one); used to pick the nearest stored bucket.
+// Throws Error(kInvalidArgument) for keys of different classes.
 int bucket_distance(const ProblemKey& a, const ProblemKey& b);
 
 }  // namespace flashgen

@@ -75,7 +75,7 @@ void upsert_problem(sqlite3* db, const std::string& id, const ProblemKey& p) {
       gqa_ratio = excluded.gqa_ratio, seqlen_q_bucket = excluded.seqlen_q_bucket,
       seqlen_k_bucket = excluded.seqlen_k_bucket, batch_heads_bucket = excluded.batch_heads_bucket)sql");
   statement.bind_text(1, id).bind_text(2, p.class_id()).bind_text(3, p.pass_id()).bind_text(4, dtype_name(p.dtype));
-  statement.bind_int(5, p.head_dim).bind_text(6, variant_text(p.mask, p.softcap)).bind_int(7, p.gqa_ratio);
+  statement.bind_int(5, p.head_dim).bind_text(6, mask_text(p)).bind_int(7, p.gqa_ratio);
   statement.bind_int(8, p.seqlen_q_bucket).bind_int(9, p.seqlen_k_bucket).bind_int(10, p.batch_heads_bucket);
   statement.run();
 }
@@ -134,7 +134,7 @@ ProblemKey read_problem(const Statement& s, int first) {
   read_pass_id(s.text(first), p);
   p.dtype = parse_dtype(s.text(first + 1));
   p.head_dim = static_cast<int>(s.integer(first + 2));
-  read_variant_text(s.text(first + 3), p);
+  read_mask_text(s.text(first + 3), p);
   p.gqa_ratio = static_cast<int>(s.integer(first + 4));
   p.seqlen_q_bucket = s.integer(first + 5);
   p.seqlen_k_bucket = s.integer(first + 6);

@@ -59,7 +59,7 @@ ProblemKey problem_from_json(const json& j) {
   p.dtype = parse_dtype(j.at("dtype").get<std::string>());
   p.head_dim = int_field(j, "head_dim", 8, 256);
   FLASHGEN_REQUIRE(p.head_dim % 8 == 0, "problem head_dim must be a multiple of 8, got " + std::to_string(p.head_dim));
-  read_variant_text(j.at("mask").get<std::string>(), p);
+  read_mask_text(j.at("mask").get<std::string>(), p);
   p.gqa_ratio = int_field(j, "gqa_ratio", 1, std::numeric_limits<int>::max());
   p.seqlen_q_bucket = j.at("seqlen_q_bucket").get<int64_t>();
   p.seqlen_k_bucket = j.at("seqlen_k_bucket").get<int64_t>();
@@ -162,7 +162,7 @@ json problem_json(const std::string& id, const ProblemKey& p) {
           {"family", p.pass_id()},
           {"dtype", dtype_name(p.dtype)},
           {"head_dim", p.head_dim},
-          {"mask", variant_text(p.mask, p.softcap)},
+          {"mask", mask_text(p)},
           {"gqa_ratio", p.gqa_ratio},
           {"seqlen_q_bucket", p.seqlen_q_bucket},
           {"seqlen_k_bucket", p.seqlen_k_bucket},

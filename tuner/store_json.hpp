@@ -20,7 +20,7 @@ namespace flashgen {
 // (candidate_status_name and parse_candidate_status, declared in store.hpp, are defined with these.)
 
 // dtype_name's spellings back; Error(kInvalidArgument) naming the text otherwise. (The mask column's are
-// problem_key.hpp's variant_text.)
+// problem_key.hpp's mask_text.)
 DType parse_dtype(const std::string& text);
 // A config_json column; Error(kInvalidArgument) when it is not JSON or not a config.
 TunedConfig parse_config(const std::string& text);

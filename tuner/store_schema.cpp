@@ -25,7 +25,8 @@ constexpr int kBusyTimeoutMs = 10000;
 // ---- Schema -------------------------------------------------------------------------------------
 
 // Version 1. Device and problem rows keep every field of their key so rows can be rebuilt; the text ids
-// are the keys the lookups use.
+// are the keys the lookups use. A window key's bucket and shape live in its mask text (problem_key.hpp's
+// mask_text: "window1024c"), so the schema needs no column for them and older rows read as they did.
 constexpr const char* kSchemaV1 = R"sql(
 CREATE TABLE devices (
   id TEXT PRIMARY KEY,

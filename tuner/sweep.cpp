@@ -79,9 +79,7 @@ SweepResult sweep_forward(const AttentionProblem& problem, const std::vector<Ker
     set.dk.upload(set.k);
     set.dv.upload(set.v);
   }
-  flashgen_attention_options opts{};
-  opts.mask = problem.mask;
-  opts.softcap = problem.softcap;
+  const flashgen_attention_options opts = options_of(problem);
   auto make_call = [&](const InputSet& set) {
     const flashgen_tensor q =
         bshd_tensor(set.dq.data(), dtype, shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim);
@@ -105,7 +103,8 @@ SweepResult sweep_forward(const AttentionProblem& problem, const std::vector<Ker
   const double scale = effective_softmax_scale(0.f, shape.head_dim);
   const std::vector<RowSample> rows = sample_rows(shape, options.check_rows);
   const std::vector<ReferenceRow> reference =
-      attention_reference_rows(shape, hq, hk, hv, scale, problem.mask, rows, /*threads=*/1, problem.softcap);
+      attention_reference_rows(shape, hq, hk, hv, scale, problem.mask, rows, /*threads=*/1, problem.softcap,
+                               window_of(problem));
 
   PassHooks<KernelConfig> hooks;
   hooks.check = [&](const KernelConfig& c) -> std::string {
@@ -172,10 +171,7 @@ struct BackwardSet {
     out = DeviceBuffer(q_elems * 2);
     lse = DeviceBuffer(sizeof(float) * size_t(p.batch * p.heads_q * p.seqlen_q));
     dq = DeviceBuffer(q_elems * 2), dk = DeviceBuffer(kv_elems * 2), dv = DeviceBuffer(kv_elems * 2);
-    flashgen_attention_options opts{};
-    opts.mask = problem.mask;
-    opts.deterministic = problem.deterministic() ? 1 : 0;
-    opts.softcap = problem.softcap;
+    const flashgen_attention_options opts = options_of(problem);
     auto tensor = [&](DeviceBuffer& b, bool kv) {
       return bshd_tensor(b.data(), dtype, p.batch, kv ? p.seqlen_k : p.seqlen_q, kv ? p.heads_kv : p.heads_q,
                          p.head_dim);
@@ -252,7 +248,7 @@ SweepResult sweep_backward(const AttentionProblem& problem, const std::vector<Bw
   const AttentionGradients reference = attention_backward_reference_f64(
       cp, HostInput::bits16(check.q.data(), dtype, q_view), HostInput::bits16(check.k.data(), dtype, kv_view),
       HostInput::bits16(check.v.data(), dtype, kv_view), HostInput::bits16(check.dout.data(), dtype, q_view),
-      effective_softmax_scale(0.f, cp.head_dim), problem.mask, problem.softcap);
+      effective_softmax_scale(0.f, cp.head_dim), problem.mask, problem.softcap, window_of(problem));
 
   const AttentionShape& shape = problem.shape;
   const int64_t q_bytes = shape.batch * shape.seqlen_q * shape.heads_q * shape.head_dim * 2;

@@ -58,9 +58,7 @@ struct PackedSet {
     args.cu_seqlens_k = static_cast<const int32_t*>(dcu_k.data());
     args.batch = s.batch;
     args.max_seqlen_q = s.seqlen_q, args.max_seqlen_k = s.seqlen_k;
-    args.options.mask = problem.mask;
-    args.options.deterministic = problem.deterministic() ? 1 : 0;
-    args.options.softcap = problem.softcap;
+    args.options = options_of(problem);
     forward = make_varlen_forward_call(args);
     if (!problem.backward()) return;
 
@@ -161,7 +159,7 @@ SweepResult sweep_driver::sweep_forward_packed(const AttentionProblem& problem,
     std::vector<ReferenceRow> reference =
         attention_reference_rows(one, checked.rows_of(checked.q, b, false), checked.rows_of(checked.k, b, true),
                                  checked.rows_of(checked.v, b, true), scale, problem.mask, rows, /*threads=*/1,
-                                 problem.softcap);
+                                 problem.softcap, window_of(problem));
     sequences.push_back({b, std::move(rows), std::move(reference)});
   }
 
@@ -220,7 +218,8 @@ SweepResult sweep_driver::sweep_backward_packed(const AttentionProblem& problem,
   for (size_t b = 0; b < check.batch.len_q.size(); ++b) {
     reference.push_back(attention_backward_reference_f64(
         check.batch.sequence(b), check.rows_of(check.q, b, false), check.rows_of(check.k, b, true),
-        check.rows_of(check.v, b, true), check.rows_of(check.dout, b, false), scale, problem.mask, problem.softcap));
+        check.rows_of(check.v, b, true), check.rows_of(check.dout, b, false), scale, problem.mask, problem.softcap,
+        window_of(problem)));
   }
 
   const AttentionShape& s = problem.shape;

@@ -15,7 +15,12 @@ typedef enum { FLASHGEN_FLOAT16 = 0, FLASHGEN_BFLOAT16 = 1 } flashgen_dtype;
 typedef enum {
   FLASHGEN_MASK_NONE = 0,
   FLASHGEN_MASK_CAUSAL = 1,          /* aligned bottom-right: key j visible to query i iff j <= i + seqlen_k - seqlen_q */
-  FLASHGEN_MASK_CAUSAL_TOP_LEFT = 2  /* aligned top-left: key j visible to query i iff j <= i */
+  FLASHGEN_MASK_CAUSAL_TOP_LEFT = 2, /* aligned top-left: key j visible to query i iff j <= i */
+  FLASHGEN_MASK_SLIDING_WINDOW = 3   /* a window about the bottom-right diagonal: query i sees keys j in
+                                        [i + seqlen_k - seqlen_q - window_left, i + seqlen_k - seqlen_q + window_right]
+                                        (options.window_left / window_right; FlashAttention's window_size), a side
+                                        of -1 unbounded. A causal window has window_right = 0; (-1, 0) is
+                                        FLASHGEN_MASK_CAUSAL and (-1, -1) FLASHGEN_MASK_NONE, and run as them */
 } flashgen_mask;
 
 typedef struct {
@@ -31,9 +36,13 @@ typedef struct {
   int deterministic;      /* backward: nonzero gives bitwise-identical gradients on repeated runs */
   float softcap;          /* > 0: each score s = q·k · scale becomes softcap · tanh(s / softcap) before the
                              softmax (Gemma 2's logit soft cap; its derivative in the backward); 0: none.
-                             Dense and packed calls; KV-cache calls refuse it for now. It took the struct's
-                             tail padding: zero-initialize the options (and the argument structs embedding
-                             them), and rebuild callers compiled against an older flashgen.h */
+                             Dense and packed calls; KV-cache calls refuse it for now */
+  int32_t window_left;    /* FLASHGEN_MASK_SLIDING_WINDOW only (ignored under the other masks): the keys before */
+  int32_t window_right;   /* and after the diagonal a query sees, each >= 0, or -1 for no bound on that side.
+                             Dense and packed calls; KV-cache calls refuse the window mask for now.
+                             The window fields grew the struct from 16 to 24 bytes, and with it the argument
+                             structs that embed it: callers compiled against an older flashgen.h must be
+                             rebuilt (their args.size is refused, not misread) */
 } flashgen_attention_options;
 
 /* Status codes. 0 is success; every failure also sets flashgen_last_error(). */
@@ -50,13 +59,13 @@ enum {
 /* out = softmax(q kᵀ · scale [masked]) v, and lse = log-sum-exp of each row (natural log, fp32,
  * [batch, heads_q, seqlen_q] contiguous) when lse is not NULL. heads_q must be a multiple of heads_kv
  * (query head h reads key/value head h / (heads_q / heads_kv)). A row that sees no key (bottom-right
- * causal with seqlen_q > seqlen_k) gets output 0 and lse -inf, never NaN.
+ * causal with seqlen_q > seqlen_k, a window that holds no key) gets output 0 and lse -inf, never NaN.
  * Runs on cuda_stream (a CUstream / cudaStream_t; NULL is the legacy default stream) in the stream's
  * context, else the caller's current CUDA context, else the primary context of the device q is on.
  * Asynchronous: the call returns once the kernel is queued (the first call for a problem class may first
  * compile or load its kernel). Nothing is allocated per call, except a 4-byte tile counter taken from the
- * stream's memory pool and given back (stream-ordered) by the persistent causal sm90 kernels on the
- * per-thread default stream, on a stream that is capturing a graph, or past 1024 streams in a context. */
+ * stream's memory pool and given back (stream-ordered) by the persistent causal and windowed sm90 kernels on
+ * the per-thread default stream, on a stream that is capturing a graph, or past 1024 streams in a context. */
 int flashgen_attention_forward(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
                                const flashgen_tensor* out, float* lse /* may be NULL */,
                                const flashgen_attention_options* opts, void* cuda_stream);
@@ -133,8 +142,8 @@ int flashgen_explain_backward(const flashgen_tensor* q, const flashgen_tensor* k
 
 /* Arguments of flashgen_attention_varlen_forward: a packed batch of `batch` sequences of different lengths.
  * size is sizeof(flashgen_varlen_forward_args) as the caller compiled it, so that later versions can add
- * fields at the end (a caller compiled before block_table existed passes offsetof(..., block_table) and gets
- * packed k and v). */
+ * fields at the end (a caller may pass offsetof(..., block_table) and leave the fields from block_table on
+ * unset: it gets packed k and v). */
 typedef struct {
   size_t size;
   flashgen_tensor q, k, v, out;  /* q, out: [1, total_q, heads_q, head_dim]; k, v: [1, total_k, heads_kv, head_dim];
@@ -237,7 +246,8 @@ int flashgen_attention_kvcache_workspace_size(const flashgen_kvcache_args* args,
 /* A forward problem by its sizes, for tuning. */
 typedef struct {
   flashgen_dtype dtype;
-  flashgen_mask mask;
+  flashgen_mask mask;    /* not FLASHGEN_MASK_SLIDING_WINDOW, which needs a window: a windowed call is tuned
+                            on its first use (flashgen_set_tune_on_first_use) */
   int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
 } flashgen_forward_problem;
 

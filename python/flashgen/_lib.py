@@ -14,6 +14,7 @@ BFLOAT16 = 1
 MASK_NONE = 0
 MASK_CAUSAL = 1           # bottom-right aligned: key j visible to query i iff j <= i + seqlen_k - seqlen_q
 MASK_CAUSAL_TOP_LEFT = 2  # top-left aligned: key j visible to query i iff j <= i
+MASK_SLIDING_WINDOW = 3   # query i sees keys i + seqlen_k - seqlen_q - window_left ... + window_right (-1: unbounded)
 
 # Status codes of every call.
 SUCCESS = 0
@@ -51,6 +52,8 @@ class AttentionOptions(ctypes.Structure):
         ("mask", ctypes.c_int),             # MASK_*
         ("deterministic", ctypes.c_int),    # backward: nonzero gives bitwise-identical gradients
         ("softcap", ctypes.c_float),        # > 0: scores s become softcap * tanh(s / softcap); 0: none
+        ("window_left", ctypes.c_int32),    # MASK_SLIDING_WINDOW: keys before the diagonal, -1: unbounded
+        ("window_right", ctypes.c_int32),   # and after it
     ]
 
 

@@ -17,6 +17,7 @@ captured in a CUDA graph.
 """
 
 import ctypes
+import operator
 from typing import Optional
 
 import torch
@@ -35,7 +36,9 @@ if not (hasattr(torch.library, "custom_op") and hasattr(torch.library, "register
 __all__ = ["attention", "varlen_attention", "attention_with_kvcache", "explain", "tune", "FlashgenError", "FlashgenArgumentError"]
 
 _DTYPE_CODES = {torch.float16: _lib.FLOAT16, torch.bfloat16: _lib.BFLOAT16}
-_MASK_CODES = {"none": _lib.MASK_NONE, "bottom_right": _lib.MASK_CAUSAL, "top_left": _lib.MASK_CAUSAL_TOP_LEFT}
+_MASK_CODES = {"none": _lib.MASK_NONE, "bottom_right": _lib.MASK_CAUSAL, "top_left": _lib.MASK_CAUSAL_TOP_LEFT,
+               "window": _lib.MASK_SLIDING_WINDOW}
+_NO_WINDOW = (-1, -1)
 # Position of [batch, seqlen, heads, head_dim] in a tensor of each layout.
 _BSHD_DIMS = {"bshd": (0, 1, 2, 3), "bhsd": (0, 2, 1, 3)}
 
@@ -120,6 +123,34 @@ def _check_scale(scale):
     return scale
 
 
+def _check_window(window_size):
+    """window_size as the ops take it: a (left, right) pair of ints, each >= 0 or -1 for no bound on that side (and
+    below 2^31: the C ABI's fields are int32)."""
+    try:
+        left, right = window_size
+        window = (operator.index(left), operator.index(right))
+    except (TypeError, ValueError):
+        window = None
+    if (window is None or isinstance(left, bool) or isinstance(right, bool) or min(window) < -1
+            or max(window) >= 2 ** 31):
+        _bad(f"window_size must be a (left, right) pair of ints, each >= 0 or -1 for no bound on that side, got "
+             f"{window_size!r}")
+    return window
+
+
+def _mask_and_window(causal, causal_align, window_size):
+    """(mask, window) as the ops take them, with FlashAttention's window_size semantics: (-1, -1) is no window, and
+    causal=True makes a window's right side 0 (the library runs the window (-1, 0) as the bottom-right causal
+    mask). A window is aligned bottom-right: it does not take causal_align="top_left"."""
+    mask = _mask(causal, causal_align)
+    window = _check_window(window_size)
+    if window == _NO_WINDOW:
+        return mask, window
+    if mask == "top_left":
+        _bad("window_size is aligned bottom-right, as FlashAttention's: it does not take causal_align='top_left'")
+    return "window", (window[0], 0) if causal else window
+
+
 def _check_softcap(softcap):
     """The softcap argument as the ops take it: 0.0 for none."""
     softcap = float(softcap) if softcap is not None else 0.0
@@ -163,12 +194,12 @@ class _ForwardCall:
     """The arguments of one flashgen_attention_forward call: readable q, k, v, a fresh out (q's shape, contiguous)
     and lse (fp32 [batch, heads_q, seqlen_q]), their views and the options. Build it under the device's guard."""
 
-    def __init__(self, q, k, v, scale, mask, layout, softcap=0.0):
+    def __init__(self, q, k, v, scale, mask, layout, softcap=0.0, window=_NO_WINDOW):
         self.q, self.k, self.v = (_readable(t) for t in (q, k, v))
         self.out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         self.lse = torch.empty(_lse_shape(q, layout), dtype=torch.float32, device=q.device)
         self.views = [_view(t, layout) for t in (self.q, self.k, self.v, self.out)]
-        self.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 0, softcap)
+        self.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 0, softcap, *window)
 
     def arguments(self):
         return (*(ctypes.byref(view) for view in self.views), ctypes.c_void_p(self.lse.data_ptr()),
@@ -179,13 +210,13 @@ class _BackwardCall:
     """The arguments of one backward call: readable dout, q, k, v, out; lse; fresh dq, dk, dv (contiguous, shaped
     like q, k, v); views and options. Build it under the device's guard."""
 
-    def __init__(self, dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0):
+    def __init__(self, dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0, window=_NO_WINDOW):
         self.dout, self.q, self.k, self.v, self.out = (_readable(t) for t in (dout, q, k, v, out))
         self.lse = lse.contiguous()
         self.dq, self.dk, self.dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
         tensors = (self.q, self.k, self.v, self.out, self.dout, self.dq, self.dk, self.dv)
         self.views = [_view(t, layout) for t in tensors]
-        self.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 1 if deterministic else 0, softcap)
+        self.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 1 if deterministic else 0, softcap, *window)
 
     def arguments(self):
         refs = [ctypes.byref(view) for view in self.views]
@@ -201,18 +232,19 @@ def _check_lse(lse, q, layout):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The custom ops. scale 0.0 means 1/sqrt(head_dim); mask is "none", "bottom_right" or "top_left"; layout is
-# "bshd" or "bhsd"; softcap 0.0 means no soft cap. Outputs are new contiguous tensors in the inputs' layout; lse is fp32 [batch, heads_q,
-# seqlen_q] in either layout.
+# The custom ops. scale 0.0 means 1/sqrt(head_dim); mask is "none", "bottom_right", "top_left" or "window"; layout
+# is "bshd" or "bhsd"; softcap 0.0 means no soft cap; window_left and window_right are the window's sides (mask
+# "window" only; -1 for no bound). Outputs are new contiguous tensors in the inputs' layout; lse is fp32 [batch,
+# heads_q, seqlen_q] in either layout. The Python side passes the window as a (left, right) pair.
 
-def _forward(q, k, v, scale, mask, layout, checked=False, softcap=0.0):
+def _forward(q, k, v, scale, mask, layout, checked=False, softcap=0.0, window=_NO_WINDOW):
     """(out, lse): the forward op's implementation, also called directly by eager calls (checked: attention()
     has checked the arguments already)."""
     if not checked:
         _check_inputs(q, k, v, layout)
         _check_mask(mask)
     with torch.cuda.device(q.device):
-        call = _ForwardCall(q, k, v, scale, mask, layout, softcap)
+        call = _ForwardCall(q, k, v, scale, mask, layout, softcap, window)
         _lib.check(_lib.function("flashgen_attention_forward")(*call.arguments(), _stream(q.device)),
                    "flashgen_attention_forward")
     return call.out, call.lse
@@ -220,18 +252,20 @@ def _forward(q, k, v, scale, mask, layout, checked=False, softcap=0.0):
 
 @torch.library.custom_op("flashgen::attention_forward", mutates_args=())
 def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: str, layout: str,
-                       deterministic: bool, softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                       deterministic: bool, softcap: float = 0.0, window_left: int = -1,
+                       window_right: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse). deterministic is not used by the forward; autograd hands it to the backward."""
-    return _forward(q, k, v, scale, mask, layout, softcap=softcap)
+    return _forward(q, k, v, scale, mask, layout, softcap=softcap, window=(window_left, window_right))
 
 
 @_attention_forward.register_fake
-def _attention_forward_fake(q, k, v, scale, mask, layout, deterministic, softcap=0.0):
+def _attention_forward_fake(q, k, v, scale, mask, layout, deterministic, softcap=0.0, window_left=-1,
+                            window_right=-1):
     _check_inputs(q, k, v, layout)
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q, layout), dtype=torch.float32)
 
 
-def _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0):
+def _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0, window=_NO_WINDOW):
     """(dq, dk, dv): the backward op's implementation, also called directly by eager calls (_EagerAttention). The
     kernels' workspace is a torch allocation, so nothing is allocated behind the caching allocator (or a CUDA
     graph's pool)."""
@@ -239,7 +273,7 @@ def _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministi
     _check_mask(mask)
     _check_lse(lse, q, layout)
     with torch.cuda.device(q.device):
-        call = _BackwardCall(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap)
+        call = _BackwardCall(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap, window)
         stream = _stream(q.device)
         workspace_bytes = ctypes.c_size_t(0)
         _lib.check(_lib.function("flashgen_attention_backward_workspace_size")(
@@ -254,14 +288,17 @@ def _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministi
 
 @torch.library.custom_op("flashgen::attention_backward", mutates_args=())
 def _attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                        lse: torch.Tensor, scale: float, mask: str, layout: str,
-                        deterministic: bool, softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        lse: torch.Tensor, scale: float, mask: str, layout: str, deterministic: bool,
+                        softcap: float = 0.0, window_left: int = -1,
+                        window_right: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) given dout and the forward's q, k, v, out and lse."""
-    return _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap)
+    return _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap,
+                             (window_left, window_right))
 
 
 @_attention_backward.register_fake
-def _attention_backward_fake(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0):
+def _attention_backward_fake(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0,
+                             window_left=-1, window_right=-1):
     _check_inputs(q, k, v, layout)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
@@ -272,6 +309,7 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.scale, ctx.mask, ctx.layout, ctx.deterministic = scale, mask, layout, deterministic
     ctx.softcap = inputs[7] if len(inputs) > 7 else 0.0
+    ctx.window = tuple(inputs[8:10]) if len(inputs) > 9 else _NO_WINDOW
     # The kernels compute no gradient through lse: it is returned for inspection and combining partial results.
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)
@@ -279,11 +317,11 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dout, dlse):
     if dout is None:  # out took no part in the loss
-        return None, None, None, None, None, None, None, None
+        return (None,) * 10
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.flashgen.attention_backward(dout, q, k, v, out, lse, ctx.scale, ctx.mask, ctx.layout,
-                                                       ctx.deterministic, ctx.softcap)
-    return dq, dk, dv, None, None, None, None, None
+                                                       ctx.deterministic, ctx.softcap, *ctx.window)
+    return (dq, dk, dv) + (None,) * 7
 
 
 _attention_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -298,19 +336,20 @@ class _EagerAttention(torch.autograd.Function):
     its arguments through inspect.signature at every call."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, mask, layout, deterministic, softcap):
-        output = _forward(q, k, v, scale, mask, layout, checked=True, softcap=softcap)
-        _setup_context(ctx, (q, k, v, scale, mask, layout, deterministic, softcap), output)
+    def forward(ctx, q, k, v, scale, mask, layout, deterministic, softcap, window_left, window_right):
+        output = _forward(q, k, v, scale, mask, layout, checked=True, softcap=softcap,
+                          window=(window_left, window_right))
+        _setup_context(ctx, (q, k, v, scale, mask, layout, deterministic, softcap, window_left, window_right), output)
         return output
 
     @staticmethod
     def backward(ctx, dout, dlse):
         if dout is None:  # out took no part in the loss
-            return None, None, None, None, None, None, None, None
+            return (None,) * 10
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _backward_kernels(dout, q, k, v, out, lse, ctx.scale, ctx.mask, ctx.layout, ctx.deterministic,
-                                       ctx.softcap)
-        return dq, dk, dv, None, None, None, None, None
+                                       ctx.softcap, ctx.window)
+        return (dq, dk, dv) + (None,) * 7
 
 
 def _eager_call(*tensors):
@@ -365,7 +404,7 @@ def _deterministic(deterministic):
 # Public API.
 
 def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, layout="bshd", deterministic=False,
-              return_lse=False, softcap=0.0):
+              return_lse=False, softcap=0.0, window_size=(-1, -1)):
     """softmax(q kᵀ · scale [causal mask]) v on CUDA float16 / bfloat16 tensors, differentiable in q, k and v.
 
     q: [batch, seqlen_q, heads_q, head_dim] ("bshd") or [batch, heads_q, seqlen_q, head_dim] ("bhsd", the layout
@@ -385,13 +424,17 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     cast to autocast's float16 or bfloat16 first, as scaled_dot_product_attention's are. softcap > 0 caps each
     score s = q·k · scale to softcap · tanh(s / softcap) before the softmax (Gemma 2's attention logit soft cap,
     FlashAttention's softcap), its derivative included in the backward; 0.0 (the default) leaves scores as they are.
+    window_size=(left, right): a sliding window, FlashAttention's: query i sees keys i + seqlen_k - seqlen_q - left
+    to i + seqlen_k - seqlen_q + right (aligned bottom-right), -1 for no bound on a side; with causal=True the right
+    side is 0 (a causal window, Mistral's); (-1, -1), the default, is no window. Rows whose window holds no key get
+    output 0, lse -inf and zero gradients. A window does not take causal_align="top_left".
 
     Returns out, shaped and laid out like q (a new contiguous tensor), or (out, lse) with return_lse, lse being
     the natural-log log-sum-exp of each row's scaled scores, float32 [batch, heads_q, seqlen_q]; lse carries no
     gradient. Runs on the current CUDA stream of q's device. Bad arguments raise FlashgenArgumentError (a
     ValueError), other failures FlashgenError (a RuntimeError), carrying the library's message.
     """
-    mask = _mask(causal, causal_align)
+    mask, window = _mask_and_window(causal, causal_align, window_size)
     q, k, v = _autocast(q, k, v)
     _check_inputs(q, k, v, layout)
     scale = _check_scale(scale)
@@ -399,18 +442,18 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     if q.numel() == 0 or k.numel() == 0:
         out, lse = _Empty.apply(q, k, v, _lse_shape(q, layout))
     else:
-        args = (q, k, v, scale, mask, layout, _deterministic(deterministic), softcap)
+        args = (q, k, v, scale, mask, layout, _deterministic(deterministic), softcap, *window)
         if not _eager_call(q, k, v):
             out, lse = torch.ops.flashgen.attention_forward(*args)
         elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
             out, lse = _EagerAttention.apply(*args)
         else:  # nothing to differentiate: no autograd node at all
-            out, lse = _forward(q, k, v, scale, mask, layout, checked=True, softcap=softcap)
+            out, lse = _forward(q, k, v, scale, mask, layout, checked=True, softcap=softcap, window=window)
     return (out, lse) if return_lse else out
 
 
 def explain(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, layout="bshd", deterministic=False,
-            backward=True, softcap=0.0):
+            backward=True, softcap=0.0, window_size=(-1, -1)):
     """Which kernels attention(q, k, v, ...) with these arguments runs, and why, as a dict:
     {"library": path, "version": ..., "forward": {...}, "backward": {...}}. Each pass has "config" (the kernel
     config's canonical name), "source" ("tuning database", "tuned on first use", "shipped defaults" or
@@ -420,7 +463,7 @@ def explain(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, l
     first call (and with tune-on-first-use on, tunes an untuned problem first) but runs nothing. Allocates what
     the call would (out, lse and, with backward, dout and the gradients) for as long as it runs.
     """
-    mask = _mask(causal, causal_align)
+    mask, window = _mask_and_window(causal, causal_align, window_size)
     q, k, v = _autocast(q, k, v)
     _check_inputs(q, k, v, layout)
     scale = _check_scale(scale)
@@ -429,11 +472,11 @@ def explain(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, l
     answer = {"library": _lib.library_path(), "version": _lib.version()}
     with torch.no_grad(), torch.cuda.device(q.device):
         stream = _stream(q.device)
-        forward = _ForwardCall(q, k, v, scale, mask, layout, softcap)
+        forward = _ForwardCall(q, k, v, scale, mask, layout, softcap, window)
         answer["forward"] = _lib.call_json("flashgen_explain_forward", *forward.arguments(), stream)
         if backward:
             call = _BackwardCall(torch.empty_like(forward.out), q, k, v, forward.out, forward.lse, scale, mask,
-                                 layout, deterministic, softcap)
+                                 layout, deterministic, softcap, window)
             answer["backward"] = _lib.call_json("flashgen_explain_backward", *call.arguments(), stream)
     return answer
 
@@ -498,7 +541,7 @@ def _packed_view(t):
 
 
 def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask,
-                    block_table=None, softcap=0.0):
+                    block_table=None, softcap=0.0, window=_NO_WINDOW):
     with torch.cuda.device(q.device):
         q, k, v = (_readable(t) for t in (q, k, v))
         block_table = block_table.contiguous() if block_table is not None else None
@@ -519,7 +562,7 @@ def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q
         args.seqused_k = seqused_k.data_ptr() if seqused_k is not None else None
         args.batch = cu_seqlens_q.shape[0] - 1
         args.max_seqlen_q, args.max_seqlen_k = max_seqlen_q, max_seqlen_k
-        args.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 0, softcap)
+        args.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 0, softcap, *window)
         _lib.check(_lib.function("flashgen_attention_varlen_forward")(ctypes.byref(args), _stream(q.device)),
                    "flashgen_attention_varlen_forward")
     return out, lse
@@ -529,22 +572,23 @@ def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q
 def _varlen_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                               cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor], max_seqlen_q: int,
                               max_seqlen_k: int, scale: float, mask: str, deterministic: bool,
-                              block_table: Optional[torch.Tensor] = None,
-                              softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                              block_table: Optional[torch.Tensor] = None, softcap: float = 0.0,
+                              window_left: int = -1, window_right: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of a packed batch; lse is fp32 [heads_q, total_q]. deterministic is the backward's (autograd hands
     it on). With block_table, k and v are paged caches."""
     return _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask,
-                           block_table, softcap)
+                           block_table, softcap, (window_left, window_right))
 
 
 @_varlen_attention_forward.register_fake
 def _varlen_attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale,
-                                   mask, deterministic, block_table=None, softcap=0.0):
+                                   mask, deterministic, block_table=None, softcap=0.0, window_left=-1,
+                                   window_right=-1):
     return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
 def _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, mask,
-                     deterministic, softcap=0.0):
+                     deterministic, softcap=0.0, window=_NO_WINDOW):
     with torch.cuda.device(q.device):
         dout, q, k, v, out = (_readable(t) for t in (dout, q, k, v, out))
         dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
@@ -556,7 +600,7 @@ def _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_se
         args.cu_seqlens_q, args.cu_seqlens_k = cu_seqlens_q.contiguous().data_ptr(), cu_seqlens_k.contiguous().data_ptr()
         args.batch = cu_seqlens_q.shape[0] - 1
         args.max_seqlen_q, args.max_seqlen_k = max_seqlen_q, max_seqlen_k
-        args.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 1 if deterministic else 0, softcap)
+        args.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 1 if deterministic else 0, softcap, *window)
         _lib.check(_lib.function("flashgen_attention_varlen_backward")(ctypes.byref(args), _stream(q.device)),
                    "flashgen_attention_varlen_backward")
     return dq, dk, dv
@@ -566,17 +610,17 @@ def _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_se
 def _varlen_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
                                cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, scale: float,
-                               mask: str, deterministic: bool,
-                               softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                               mask: str, deterministic: bool, softcap: float = 0.0, window_left: int = -1,
+                               window_right: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of a packed batch given dout and the forward's out and lse. The kernels' workspace comes from
     the stream's memory pool, outside the caching allocator."""
     return _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
-                            mask, deterministic, softcap)
+                            mask, deterministic, softcap, (window_left, window_right))
 
 
 @_varlen_attention_backward.register_fake
 def _varlen_attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                    scale, mask, deterministic, softcap=0.0):
+                                    scale, mask, deterministic, softcap=0.0, window_left=-1, window_right=-1):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -588,21 +632,22 @@ def _varlen_setup_context(ctx, inputs, output):
     ctx.has_seqused_k = seqused_k is not None or (len(inputs) > 11 and inputs[11] is not None)
     ctx.deterministic = deterministic
     ctx.softcap = inputs[12] if len(inputs) > 12 else 0.0
+    ctx.window = tuple(inputs[13:15]) if len(inputs) > 14 else _NO_WINDOW
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)
 
 
 def _varlen_backward_formula(ctx, dout, dlse):
     if dout is None:
-        return (None,) * 13
+        return (None,) * 15
     if ctx.has_seqused_k:
         raise NotImplementedError("flashgen.torch.varlen_attention: no backward with seqused_k or a block_table")
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     max_seqlen_q, max_seqlen_k, scale, mask = ctx.sizes
     dq, dk, dv = torch.ops.flashgen.varlen_attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                                               max_seqlen_q, max_seqlen_k, scale, mask,
-                                                              ctx.deterministic, ctx.softcap)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+                                                              ctx.deterministic, ctx.softcap, *ctx.window)
+    return (dq, dk, dv) + (None,) * 12
 
 
 _varlen_attention_forward.register_autograd(_varlen_backward_formula, setup_context=_varlen_setup_context)
@@ -610,7 +655,7 @@ _varlen_attention_forward.register_autograd(_varlen_backward_formula, setup_cont
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                      softmax_scale=None, causal=False, *, causal_align="bottom_right", seqused_k=None,
-                     block_table=None, deterministic=False, return_attn_probs=False, softcap=0.0):
+                     block_table=None, deterministic=False, return_attn_probs=False, softcap=0.0, window_size=(-1, -1)):
     """Attention over a packed batch of sequences of different lengths, with FlashAttention's
     flash_attn_varlen_func arguments: q [total_q, heads_q, head_dim], k and v [total_k, heads_kv, head_dim] (CUDA
     float16 or bfloat16); cu_seqlens_q and cu_seqlens_k int32 [batch + 1] offsets on q's device (sequence b owns
@@ -624,7 +669,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     page_size, heads_kv, head_dim] (page_size a multiple of 16), sequence b's key j lies in row j % page_size of
     page block_table[b, j // page_size], and its key count is seqused_k[b], else cu_seqlens_k[b + 1] -
     cu_seqlens_k[b] (forward only). softcap > 0: each score s = q·k · scale becomes softcap · tanh(s / softcap)
-    before the softmax (FlashAttention's softcap), forward and backward; 0.0 for none.
+    before the softmax (FlashAttention's softcap), forward and backward; 0.0 for none. window_size=(left, right):
+    FlashAttention's sliding window within each sequence, as attention() takes it (aligned bottom-right: with
+    causal=True the right side is 0; (-1, -1) for none).
 
     Returns out [total_q, heads_q, head_dim] (a new tensor), or (out, lse, None) with return_attn_probs, lse being
     fp32 [heads_q, total_q] (natural log) as FlashAttention returns softmax_lse. Differentiable in q, k and v (each
@@ -639,7 +686,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     if dropout_p != 0.0:
         raise FlashgenArgumentError(f"dropout_p must be 0.0 (flashgen has no dropout), got {dropout_p}",
                                     _lib.ERROR_INVALID_ARGUMENT)
-    mask = _mask(causal, causal_align)
+    mask, window = _mask_and_window(causal, causal_align, window_size)
     scale = _check_scale(softmax_scale)
     softcap = _check_softcap(softcap)
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, block_table)
@@ -649,10 +696,10 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                                   "call it under torch.no_grad() or on inputs without gradients")
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask)
     if _eager_call(q, k, v) and not needs_grad:
-        out, lse = _varlen_forward(*args, block_table, softcap)
+        out, lse = _varlen_forward(*args, block_table, softcap, window)
     else:
         out, lse = torch.ops.flashgen.varlen_attention_forward(*args, _deterministic(deterministic), block_table,
-                                                               softcap)
+                                                               softcap, *window)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -769,7 +816,8 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     queries with its last keys ("bottom_right", FlashAttention's) or, with causal_align="top_left", its first.
     GQA/MQA as for attention(). num_splits: key ranges per sequence merged by LSE, 0 lets flashgen choose for the
     GPU and problem, 1 gives batch-invariant results. rotary embeddings, cache_batch_idx, cache_leftpad,
-    window_size, softcap and alibi_slopes are not supported yet (a value other than the default is refused).
+    window_size, softcap and alibi_slopes are not supported yet (a value other than the default is refused; attention()
+    and varlen_attention() take window_size and softcap).
 
     Returns out [batch, seqlen_q, heads_q, head_dim] (a new tensor), or (out, lse) with return_softmax_lse, lse
     being fp32 [batch, heads_q, seqlen_q]. Not differentiable. Runs on the current CUDA stream of q's device as the
@@ -779,7 +827,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     """
     unsupported = {"rotary_cos": rotary_cos is not None, "rotary_sin": rotary_sin is not None,
                    "cache_batch_idx": cache_batch_idx is not None, "cache_leftpad": cache_leftpad is not None,
-                   "window_size": tuple(window_size) != (-1, -1), "softcap": softcap != 0.0,
+                   "window_size": _check_window(window_size) != _NO_WINDOW, "softcap": softcap != 0.0,
                    "alibi_slopes": alibi_slopes is not None}
     for name, given in unsupported.items():
         if given:

@@ -68,27 +68,29 @@ def test_version_matches_the_package():
 
 
 def test_struct_layouts_mirror_flashgen_h():
-    # flashgen_tensor: void*, int (+4 padding), int64[4], int64[4]; options: float, int, int, float;
+    # flashgen_tensor: void*, int (+4 padding), int64[4], int64[4]; options: float, int, int, float, two int32;
     # flashgen_forward_problem: two ints, six int64.
     assert ctypes.sizeof(_lib.Tensor) == 80
     assert _lib.Tensor.shape.offset == 16
-    assert ctypes.sizeof(_lib.AttentionOptions) == 16
+    assert ctypes.sizeof(_lib.AttentionOptions) == 24
     assert _lib.AttentionOptions.softcap.offset == 12
+    assert _lib.AttentionOptions.window_left.offset == 16
+    assert _lib.AttentionOptions.window_right.offset == 20
     assert ctypes.sizeof(_lib.ForwardProblem) == 56
     assert _lib.ForwardProblem.batch.offset == 8
     # flashgen_varlen_forward_args: size_t, four tensors, four pointers, three int64, the options, the block
     # table's pointer and row length.
-    assert ctypes.sizeof(_lib.VarlenForwardArgs) == 416
+    assert ctypes.sizeof(_lib.VarlenForwardArgs) == 424
     assert _lib.VarlenForwardArgs.lse.offset == 328
     assert _lib.VarlenForwardArgs.options.offset == 384
-    assert _lib.VarlenForwardArgs.block_table.offset == 400
+    assert _lib.VarlenForwardArgs.block_table.offset == 408
     # flashgen_kvcache_args: size_t, six tensors, three pointers, two int64, the workspace and its size, the options.
-    assert ctypes.sizeof(_lib.KvCacheArgs) == 560
+    assert ctypes.sizeof(_lib.KvCacheArgs) == 568
     assert _lib.KvCacheArgs.lse.offset == 488
     assert _lib.KvCacheArgs.max_pages.offset == 512
     assert _lib.KvCacheArgs.options.offset == 544
     # flashgen_varlen_backward_args: size_t, eight tensors, three pointers, three int64, the options.
-    assert ctypes.sizeof(_lib.VarlenBackwardArgs) == 712
+    assert ctypes.sizeof(_lib.VarlenBackwardArgs) == 720
     assert _lib.VarlenBackwardArgs.lse.offset == 648
 
 
@@ -184,7 +186,11 @@ def test_statuses_map_to_exception_types():
     (lambda c: setattr(c.options, "mask", 7), _lib.ERROR_INVALID_ARGUMENT, "opts.mask: unknown value 7"),
     (lambda c: [t.shape.__setitem__(3, 100) for t in (c.q, c.k, c.v, c.out)], _lib.ERROR_UNSUPPORTED,
      "q.shape[3] (head_dim) = 100 is unsupported"),
-], ids=["null-data", "batch", "stride", "mask", "head-dim"])
+    (lambda c: setattr(c, "options", _lib.AttentionOptions(0.0, _lib.MASK_SLIDING_WINDOW, 0, 0.0, -2, 0)),
+     _lib.ERROR_INVALID_ARGUMENT, "opts.window_left must be >= 0, or -1 for no bound on that side, got -2"),
+    (lambda c: setattr(c, "options", _lib.AttentionOptions(0.0, _lib.MASK_SLIDING_WINDOW, 0, 0.0, 16, -9)),
+     _lib.ERROR_INVALID_ARGUMENT, "opts.window_right must be >= 0, or -1 for no bound on that side, got -9"),
+], ids=["null-data", "batch", "stride", "mask", "head-dim", "window-left", "window-right"])
 def test_forward_errors_carry_the_library_message(mutate, status, message):
     call = _Call()
     mutate(call)

@@ -20,27 +20,12 @@ import flashgen.torch as fgt  # noqa: E402
 
 
 def _capped_reference(q, k, v, dout, softcap, causal, scale):
-    """out, lse and (dq, dk, dv) in float64 for bshd q, k, v (GQA by repeating k and v), bottom-right causal."""
-    q64, k64, v64 = (t.double().detach().requires_grad_(True) for t in (q, k, v))
-    group = q.shape[2] // k.shape[2]
-    kr, vr = (t.repeat_interleave(group, dim=2) for t in (k64, v64))
-    s = torch.einsum("bqhd,bkhd->bhqk", q64, kr) * scale
-    s = softcap * torch.tanh(s / softcap)
-    if causal:
-        sq, sk = q.shape[1], k.shape[1]
-        visible = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
-        s = s.masked_fill(~visible, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    out = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, dim=-1), vr)
-    out.backward(dout.double())
-    return out.detach(), lse.detach(), (q64.grad, k64.grad, v64.grad)
+    """out, lse and (dq, dk, dv) in float64 for bshd q, k, v, bottom-right causal or not."""
+    visible = testsupport.visible_keys(q.shape[1], k.shape[1], "bottom_right" if causal else "none", q.device)
+    return testsupport.float64_bshd_attention(q, k, v, dout, scale, visible, softcap)
 
 
-def _assert_close(name, got, want, dtype):
-    # bf16 holds 8 bits of mantissa, fp16 11: a few roundings of the output's scale.
-    allowed = (3e-2 if dtype == torch.bfloat16 else 4e-3) * max(want.abs().max().item(), 1.0)
-    error = testsupport.max_error(got, want)
-    assert error <= allowed, testsupport.mismatch_report(name, got, want, allowed)
+_assert_close = testsupport.assert_close_to_float64
 
 
 @pytest.mark.parametrize("dtype,head_dim,causal,softcap", [(torch.bfloat16, 128, True, 1.5),
@@ -64,23 +49,10 @@ def test_attention_softcap_matches_the_float64_reference(dtype, head_dim, causal
 
 
 def test_varlen_attention_softcap_matches_each_sequence():
-    generator = torch.Generator(device="cuda").manual_seed(7)
-    lens = [70, 1, 130]
-    cu = torch.tensor([0, 70, 71, 201], dtype=torch.int32, device="cuda")
-    q, k, v = (torch.randn(201, 2, 64, device="cuda", generator=generator).to(torch.bfloat16).requires_grad_(True)
-               for _ in range(3))
-    dout = torch.randn(201, 2, 64, device="cuda", generator=generator).to(torch.bfloat16)
-    out = fgt.varlen_attention(q, k, v, cu, cu, 130, 130, causal=True, softcap=2.0)
-    out.backward(dout)
-    start = 0
-    for n in lens:
-        rows = slice(start, start + n)
-        want, _, grads = _capped_reference(q[None, rows], k[None, rows], v[None, rows], dout[None, rows], 2.0, True,
-                                           1 / 8)
-        _assert_close("out", out[None, rows], want, torch.bfloat16)
-        for name, tensor, want_grad in zip(("dq", "dk", "dv"), (q, k, v), grads):
-            _assert_close(name, tensor.grad[None, rows], want_grad, torch.bfloat16)
-        start += n
+    testsupport.check_packed_bf16_self_attention(
+        7, [70, 1, 130],
+        lambda q, k, v, cu, longest: fgt.varlen_attention(q, k, v, cu, cu, longest, longest, causal=True, softcap=2.0),
+        lambda q, k, v, dout: _capped_reference(q, k, v, dout, 2.0, True, 1 / 8))
 
 
 @pytest.mark.parametrize("softcap", [-1.0, float("nan"), float("inf")])

@@ -80,6 +80,76 @@ def visible_keys(seqlen_q, seqlen_k, mask, device):
     return j <= i + offset
 
 
+def window_keys(seqlen_q, seqlen_k, window, device):
+    """[seqlen_q, seqlen_k] bool: key j visible to query i under flashgen.h's sliding window (left, right): j from
+    i + seqlen_k - seqlen_q - left to i + seqlen_k - seqlen_q + right, a side of -1 unbounded."""
+    import torch
+    left, right = window
+    diagonal = torch.arange(seqlen_q, device=device)[:, None] + seqlen_k - seqlen_q
+    j = torch.arange(seqlen_k, device=device)[None, :]
+    visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if left >= 0:
+        visible &= j >= diagonal - left
+    if right >= 0:
+        visible &= j <= diagonal + right
+    return visible
+
+
+def float64_bshd_attention(q, k, v, dout, scale, visible=None, softcap=0.0):
+    """out, lse and (dq, dk, dv) in float64 for bshd q, k, v (GQA by repeating k and v): the softmax of the scores,
+    each capped to softcap * tanh(s / softcap) when softcap > 0, over the keys `visible` shows ([seqlen_q, seqlen_k]
+    bool; every key when None). Rows that see no key give out 0, lse -inf and no gradient, as flashgen's do."""
+    import torch
+    q64, k64, v64 = (t.double().detach().requires_grad_(True) for t in (q, k, v))
+    group = q.shape[2] // k.shape[2]
+    kr, vr = (t.repeat_interleave(group, dim=2) for t in (k64, v64))
+    s = torch.einsum("bqhd,bkhd->bhqk", q64, kr) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    if visible is None:
+        visible = torch.ones(s.shape[-2:], dtype=torch.bool, device=q.device)
+    live = visible.any(dim=-1)[:, None]
+    # A row that sees no key takes finite scores, then weight 0: neither NaN nor a gradient reaches q or k.
+    s = torch.where(live, s.masked_fill(~visible, float("-inf")), torch.zeros_like(s))
+    lse = torch.logsumexp(s, dim=-1).masked_fill(~live[:, 0], float("-inf"))
+    out = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, dim=-1) * live, vr)
+    out.backward(dout.double())
+    return out.detach(), lse.detach(), (q64.grad, k64.grad, v64.grad)
+
+
+def assert_close_to_float64(name, got, want, dtype):
+    """|got - want| within a few roundings of the output's scale in dtype (bf16 holds 8 bits of mantissa, fp16 11),
+    with the first mismatches in the message."""
+    import torch
+    allowed = (3e-2 if dtype == torch.bfloat16 else 4e-3) * max(want.abs().max().item(), 1.0)
+    error = max_error(got, want)
+    assert error <= allowed, mismatch_report(name, got, want, allowed)
+
+
+def check_packed_bf16_self_attention(seed, lens, attend, reference):
+    """A packed bf16 self-attention batch of sequences of these lengths (2 heads of 64 columns, on the GPU): runs
+    attend(q, k, v, cu_seqlens, max_seqlen) and backpropagates a random dout through it, then checks each sequence's
+    rows of out and of the gradients against reference(q, k, v, dout) of that sequence alone ([1, n, 2, 64] views;
+    (out, lse, (dq, dk, dv)) as float64_bshd_attention returns them)."""
+    import torch
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    total = sum(lens)
+    cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32, device="cuda")
+    q, k, v = (torch.randn(total, 2, 64, device="cuda", generator=generator).to(torch.bfloat16).requires_grad_(True)
+               for _ in range(3))
+    dout = torch.randn(total, 2, 64, device="cuda", generator=generator).to(torch.bfloat16)
+    out = attend(q, k, v, cu, max(lens))
+    out.backward(dout)
+    start = 0
+    for n in lens:
+        rows = slice(start, start + n)
+        want, _, grads = reference(q[None, rows], k[None, rows], v[None, rows], dout[None, rows])
+        assert_close_to_float64("out", out[None, rows], want, torch.bfloat16)
+        for name, tensor, want_grad in zip(("dq", "dk", "dv"), (q, k, v), grads):
+            assert_close_to_float64(name, tensor.grad[None, rows], want_grad, torch.bfloat16)
+        start += n
+
+
 def to_bhsd(t, layout):
     return t if layout == "bhsd" else t.transpose(1, 2)
 

@@ -41,7 +41,7 @@ struct Call {
   flashgen_tensor v = bshd(fake_pointer(3), 2, 75, 4, 64);
   flashgen_tensor out = bshd(fake_pointer(4), 2, 100, 8, 64);
   float* lse = static_cast<float*>(fake_pointer(5));
-  flashgen_attention_options opts{0.f, FLASHGEN_MASK_CAUSAL, 0, 0.f};
+  flashgen_attention_options opts{0.f, FLASHGEN_MASK_CAUSAL, 0, 0.f, -1, -1};
   const flashgen_tensor* qp = &q;
   const flashgen_tensor* kp = &k;
   const flashgen_tensor* vp = &v;
@@ -238,7 +238,8 @@ TEST_CASE("C ABI rejects each bad argument with a message naming it", "[c_api]")
                    "lse: pointer must be 4-byte aligned");
   }
   SECTION("options") {
-    check_rejected([](Call& c) { c.opts.mask = static_cast<flashgen_mask>(3); }, kInvalid, "opts.mask: unknown value 3");
+    check_rejected([](Call& c) { c.opts.mask = static_cast<flashgen_mask>(4); }, kInvalid,
+                   "opts.mask: unknown value 4");
     check_rejected([](Call& c) { c.opts.softmax_scale = std::nanf(""); }, kInvalid, "opts.softmax_scale must be finite");
     check_rejected([](Call& c) { c.opts.softmax_scale = std::numeric_limits<float>::infinity(); }, kInvalid,
                    "opts.softmax_scale must be finite");
@@ -252,6 +253,52 @@ TEST_CASE("C ABI rejects each bad argument with a message naming it", "[c_api]")
     check_rejected([](Call& c) { c.opts.softcap = 1e-38f, c.opts.softmax_scale = 1e30f; }, kInvalid,
                    "opts.softcap = ");
   }
+  SECTION("window") {
+    auto window = [](Call& c, int left, int right) {
+      c.opts.mask = FLASHGEN_MASK_SLIDING_WINDOW, c.opts.window_left = left, c.opts.window_right = right;
+    };
+    check_rejected([&](Call& c) { window(c, -2, 0); }, kInvalid,
+                   "opts.window_left must be >= 0, or -1 for no bound on that side, got -2");
+    check_rejected([&](Call& c) { window(c, 16, -7); }, kInvalid,
+                   "opts.window_right must be >= 0, or -1 for no bound on that side, got -7");
+    check_rejected([&](Call& c) { window(c, INT32_MIN, 0); }, kInvalid, "opts.window_left must be >= 0");
+  }
+}
+
+TEST_CASE("C ABI reads the window fields under the window mask only, and normalizes the window",
+          "[c_api][window]") {
+  Call c;
+  auto problem_of = [&](flashgen_mask mask, int left, int right) {
+    c.opts.mask = mask, c.opts.window_left = left, c.opts.window_right = right;
+    return flashgen::make_forward_call(&c.q, &c.k, &c.v, &c.out, c.lse, &c.opts);
+  };
+  // Under the other masks the fields are not read: garbage there is no error and no window.
+  for (flashgen_mask mask : {FLASHGEN_MASK_NONE, FLASHGEN_MASK_CAUSAL, FLASHGEN_MASK_CAUSAL_TOP_LEFT}) {
+    const flashgen::ForwardCall call = problem_of(mask, -1000, 12345);
+    CHECK(call.problem.mask == mask);
+    CHECK_FALSE(call.problem.windowed());
+    CHECK(call.params.window_left == 0);
+    CHECK(call.params.window_right == 0);
+  }
+  // No bound on either side is no mask; none on the left and 0 on the right the bottom-right causal mask.
+  CHECK(problem_of(FLASHGEN_MASK_SLIDING_WINDOW, -1, -1).problem.mask == FLASHGEN_MASK_NONE);
+  const flashgen::ForwardCall causal = problem_of(FLASHGEN_MASK_SLIDING_WINDOW, -1, 0);
+  CHECK(causal.problem.mask == FLASHGEN_MASK_CAUSAL);
+  CHECK(causal.params.causal_offset == 75 - 100);
+  // A window keeps its sides: the kernels' diagonal is bottom-right, an unbounded side seqlen_q + seqlen_k, and a
+  // side past every key clamped to it.
+  const flashgen::ForwardCall window = problem_of(FLASHGEN_MASK_SLIDING_WINDOW, 8, -1);
+  CHECK(window.problem.mask_kind() == flashgen::MaskKind::kWindow);
+  CHECK(window.problem.window_left == 8);
+  CHECK(window.problem.window_right == -1);
+  CHECK(window.params.causal_offset == 75 - 100);
+  CHECK(window.params.window_left == 8);
+  CHECK(window.params.window_right == 175);
+  const flashgen::ForwardCall wide = problem_of(FLASHGEN_MASK_SLIDING_WINDOW, 0, 100000);
+  CHECK(wide.params.window_left == 0);
+  CHECK(wide.params.window_right == 175);
+  // A window that shows some rows no key at all is allowed (those rows give 0 and lse -inf).
+  CHECK(problem_of(FLASHGEN_MASK_SLIDING_WINDOW, 0, 0).problem.windowed());
 }
 
 TEST_CASE("C ABI accepts odd but valid layouts before touching the GPU", "[c_api]") {

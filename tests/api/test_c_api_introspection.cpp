@@ -44,7 +44,7 @@ struct Arguments {
   flashgen_tensor dk = bshd(fake_pointer(7), 2, 75, 4, 64);
   flashgen_tensor dv = bshd(fake_pointer(8), 2, 75, 4, 64);
   float* lse = static_cast<float*>(fake_pointer(9));
-  flashgen_attention_options opts{0.f, FLASHGEN_MASK_CAUSAL, 0, 0.f};
+  flashgen_attention_options opts{0.f, FLASHGEN_MASK_CAUSAL, 0, 0.f, -1, -1};
   void* workspace = fake_pointer(10);
   size_t workspace_bytes = size_t(1) << 20;
   size_t* workspace_size = &workspace_size_storage;
@@ -163,6 +163,9 @@ TEST_CASE("flashgen_tune_forward rejects each bad problem with a message naming 
                       "problem.dtype: unknown value 4");
   check_tune_rejected([](flashgen_forward_problem& p) { p.mask = static_cast<flashgen_mask>(-1); }, kInvalid,
                       "problem.mask: unknown value -1");
+  // The problem has no window fields: a windowed call is tuned on its first use.
+  check_tune_rejected([](flashgen_forward_problem& p) { p.mask = FLASHGEN_MASK_SLIDING_WINDOW; },
+                      FLASHGEN_ERROR_UNSUPPORTED, "problem.mask: flashgen_forward_problem carries no window");
   check_tune_rejected([](flashgen_forward_problem& p) { p.seqlen_k = 0; }, kInvalid,
                       "problem.seqlen_k must be in [1, 2^30], got 0");
   check_tune_rejected([](flashgen_forward_problem& p) { p.batch = -3; }, kInvalid,
@@ -185,7 +188,7 @@ struct DeviceProblem {
 
   explicit DeviceProblem(bool deterministic) {
     Arguments& a = arguments;
-    a.opts = {0.f, FLASHGEN_MASK_CAUSAL, deterministic ? 1 : 0, 0.f};
+    a.opts = {0.f, FLASHGEN_MASK_CAUSAL, deterministic ? 1 : 0, 0.f, -1, -1};
     flashgen::test::Rng rng(1301);
     const std::pair<flashgen_tensor*, flashgen::DeviceBuffer*> tensors[] = {
         {&a.q, &q}, {&a.out, &out}, {&a.dout, &dout}, {&a.dq, &dq},

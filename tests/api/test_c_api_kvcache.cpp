@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 
 #include "catch.hpp"
 #include "flashgen/flashgen.h"
@@ -57,6 +58,17 @@ TEST_CASE("KV-cache attention rejects each bad argument with a message naming it
   check_rejected([](auto& a) { a.q.data = nullptr; }, kInvalid, "q.data: null pointer");
   check_rejected([](auto& a) { a.options.softcap = 30.f; }, FLASHGEN_ERROR_UNSUPPORTED,
                  "options.softcap: KV-cache calls take no soft cap yet");
+  // Any window, even one that would run as a plain mask: the decode kernels have no window.
+  for (const auto& [left, right] : {std::pair{128, 0}, std::pair{-1, -1}}) {
+    check_rejected(
+        [&](auto& a) {
+          a.options.mask = FLASHGEN_MASK_SLIDING_WINDOW, a.options.window_left = left, a.options.window_right = right;
+        },
+        FLASHGEN_ERROR_UNSUPPORTED, "options.mask: KV-cache calls take no sliding window yet");
+  }
+  // A bad window is a bad argument first.
+  check_rejected([](auto& a) { a.options.mask = FLASHGEN_MASK_SLIDING_WINDOW, a.options.window_left = -3; }, kInvalid,
+                 "opts.window_left must be >= 0");
   check_rejected([](auto& a) { a.v_cache.dtype = FLASHGEN_FLOAT16; }, kInvalid, "v_cache.dtype is fp16 but q.dtype");
   check_rejected([](auto& a) { a.k_cache.shape[3] = 64; }, kInvalid, "k_cache.shape[3] (head_dim) is 64");
   check_rejected([](auto& a) { a.v_cache.shape[0] = 99; }, kInvalid, "v_cache.shape[0]");

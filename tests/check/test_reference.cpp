@@ -30,9 +30,9 @@ struct SmallProblem {
   HostInput in(const std::vector<double>& data, int64_t seqlen, int64_t heads) const {
     return HostInput::float64(data.data(), StridedView::contiguous(shape.batch, seqlen, heads, shape.head_dim));
   }
-  AttentionResult run(double scale, flashgen_mask mask) const {
+  AttentionResult run(double scale, flashgen_mask mask, ReferenceWindow window = {}) const {
     return attention_reference_f64(shape, in(q, shape.seqlen_q, shape.heads_q), in(k, shape.seqlen_k, shape.heads_kv),
-                                   in(v, shape.seqlen_k, shape.heads_kv), scale, mask);
+                                   in(v, shape.seqlen_k, shape.heads_kv), scale, mask, 0.0, window);
   }
 };
 
@@ -135,6 +135,46 @@ TEST_CASE("float64 reference aligns causal masks bottom-right and top-left", "[r
   CHECK(key_visible(FLASHGEN_MASK_NONE, 0, 6, 2, 7));
 }
 
+TEST_CASE("float64 reference applies a sliding window about the bottom-right diagonal", "[reference][window]") {
+  // Scores q·k = 0, 1, 2 for keys 0, 1, 2 of every row; the window (1, 0) shows row i keys i - 1 and i.
+  SmallProblem p;
+  p.shape = AttentionShape{1, 3, 3, 1, 1, 1};
+  p.q = {1.0, 1.0, 1.0};
+  p.k = {0.0, 1.0, 2.0};
+  p.v = {10.0, 20.0, 30.0};
+  const double e = std::exp(1.0);
+  const AttentionResult banded = p.run(1.0, FLASHGEN_MASK_SLIDING_WINDOW, {1, 0});
+  CHECK(near(banded.out[0], 10.0));
+  CHECK(near(banded.lse[0], 0.0));
+  CHECK(near(banded.out[1], (10.0 + 20.0 * e) / (1.0 + e)));
+  CHECK(near(banded.lse[1], std::log(1.0 + e)));
+  CHECK(near(banded.out[2], (20.0 + 30.0 * e) / (1.0 + e)));
+  CHECK(near(banded.lse[2], 1.0 + std::log(1.0 + e)));
+  // The window (0, 1): row i sees keys i and i + 1.
+  const AttentionResult ahead = p.run(1.0, FLASHGEN_MASK_SLIDING_WINDOW, {0, 1});
+  CHECK(near(ahead.out[0], (10.0 + 20.0 * e) / (1.0 + e)));
+  CHECK(near(ahead.out[2], 30.0));
+  // Unbounded sides: (-1, -1) is no mask, (-1, 0) the bottom-right causal one; the window is unread under the
+  // other masks.
+  CHECK(p.run(1.0, FLASHGEN_MASK_SLIDING_WINDOW, {-1, -1}).out == p.run(1.0, FLASHGEN_MASK_NONE).out);
+  CHECK(p.run(1.0, FLASHGEN_MASK_SLIDING_WINDOW, {-1, 0}).out == p.run(1.0, FLASHGEN_MASK_CAUSAL).out);
+  CHECK(p.run(1.0, FLASHGEN_MASK_CAUSAL, {0, 0}).out == p.run(1.0, FLASHGEN_MASK_CAUSAL).out);
+
+  // seqlen_q > seqlen_k: the diagonal is j = i - 1, so under the window (0, 0) row 0 sees no key (0 and -inf).
+  p.shape = AttentionShape{1, 3, 2, 1, 1, 1};
+  p.k = {0.0, 1.0};
+  p.v = {10.0, 20.0};
+  const AttentionResult diagonal = p.run(1.0, FLASHGEN_MASK_SLIDING_WINDOW, {0, 0});
+  CHECK(diagonal.out == std::vector<double>{0.0, 10.0, 20.0});
+  CHECK(diagonal.lse[0] == -std::numeric_limits<double>::infinity());
+  CHECK(near(diagonal.lse[2], 1.0));
+  // The row reference agrees with the whole one.
+  const ReferenceRow row =
+      attention_reference_row(p.shape, p.in(p.q, 3, 1), p.in(p.k, 2, 1), p.in(p.v, 2, 1), 1.0,
+                              FLASHGEN_MASK_SLIDING_WINDOW, 0, 0, 2, 0.0, {0, 0});
+  CHECK(row.out == std::vector<double>{20.0});
+}
+
 TEST_CASE("float64 reference maps query heads to their key/value group", "[reference]") {
   // heads_q = 4, heads_kv = 2: query heads 0, 1 read kv head 0 and heads 2, 3 read kv head 1.
   SmallProblem p;
@@ -170,6 +210,33 @@ TEST_CASE("visible pairs and FLOPs are counted exactly", "[reference]") {
   const AttentionShape shape{2, 3, 2, 4, 2, 64};
   CHECK(forward_flops(shape, FLASHGEN_MASK_NONE) == 4.0 * 2 * 4 * 64 * 6);
   CHECK(forward_flops(shape, FLASHGEN_MASK_CAUSAL) == 4.0 * 2 * 4 * 64 * 3);
+}
+
+TEST_CASE("a window's visible keys are a range about the diagonal, counted exactly", "[reference][window]") {
+  const ReferenceWindow windows[] = {{-1, -1}, {-1, 0}, {0, 0}, {1, 0}, {3, 2}, {0, -1}, {100, 100}, {2, 5}};
+  for (const ReferenceWindow& w : windows) {
+    for (const auto& [seqlen_q, seqlen_k] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {3, 2}, {2, 7}, {9, 9}}) {
+      INFO("window (" << w.left << ", " << w.right << "), " << seqlen_q << " x " << seqlen_k);
+      int64_t pairs = 0;
+      for (int64_t i = 0; i < seqlen_q; ++i) {
+        int64_t row = 0;
+        const int64_t diagonal = i + seqlen_k - seqlen_q;
+        for (int64_t j = 0; j < seqlen_k; ++j) {
+          // flashgen.h's definition, pair by pair.
+          const bool visible = (w.left < 0 || j >= diagonal - w.left) && (w.right < 0 || j <= diagonal + w.right);
+          CHECK(key_visible(FLASHGEN_MASK_SLIDING_WINDOW, i, j, seqlen_q, seqlen_k, w) == visible);
+          row += visible;
+        }
+        CHECK(visible_key_count(FLASHGEN_MASK_SLIDING_WINDOW, i, seqlen_q, seqlen_k, w) == row);
+        pairs += row;
+      }
+      CHECK(visible_pairs(FLASHGEN_MASK_SLIDING_WINDOW, seqlen_q, seqlen_k, w) == pairs);
+    }
+  }
+  // Row i of 4096 sees min(i, 127) + 1 keys under the causal window (127, 0).
+  CHECK(visible_pairs(FLASHGEN_MASK_SLIDING_WINDOW, 4096, 4096, {127, 0}) == 128 * 129 / 2 + (4096 - 128) * 128);
+  CHECK(forward_flops(AttentionShape{1, 3, 3, 2, 2, 8}, FLASHGEN_MASK_SLIDING_WINDOW, {1, 0}) == 4.0 * 2 * 8 * 5);
+  CHECK(backward_flops(AttentionShape{1, 3, 3, 2, 2, 8}, FLASHGEN_MASK_SLIDING_WINDOW, {1, 0}) == 2.5 * 4 * 2 * 8 * 5);
 }
 
 TEST_CASE("row reference and 16-bit inputs agree with the float64 reference bit for bit", "[reference]") {

@@ -1,7 +1,8 @@
 // The float64 backward reference is the gradient of the float64 forward: checked against central
-// differences on tiny problems (GQA, every mask, fully masked rows), and the naive 16-bit backward
+// differences on tiny problems (GQA, every mask and windows, fully masked rows), and the naive 16-bit backward
 // stays close to it.
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "catch.hpp"
@@ -14,10 +15,20 @@ using flashgen::HostInput;
 using flashgen::StridedView;
 
 TEST_CASE("backward reference matches central differences of the forward", "[reference][backward]") {
-  for (flashgen_mask mask : {FLASHGEN_MASK_NONE, FLASHGEN_MASK_CAUSAL, FLASHGEN_MASK_CAUSAL_TOP_LEFT}) {
+  // Every mask, and windows (their sides unread under the other masks): with seqlen_q > seqlen_k the diagonal is
+  // j = i - 2, so (0, 1) shows row 0 no key; (2, 0) is causal-shaped, (1, 2) two-sided.
+  using flashgen::ReferenceWindow;
+  const std::pair<flashgen_mask, ReferenceWindow> masks[] = {
+      {FLASHGEN_MASK_NONE, {}},
+      {FLASHGEN_MASK_CAUSAL, {}},
+      {FLASHGEN_MASK_CAUSAL_TOP_LEFT, {}},
+      {FLASHGEN_MASK_SLIDING_WINDOW, {0, 1}},
+      {FLASHGEN_MASK_SLIDING_WINDOW, {2, 0}},
+      {FLASHGEN_MASK_SLIDING_WINDOW, {1, 2}}};
+  for (const auto& [mask, window] : masks) {
     AttentionShape s;
     s.batch = 2, s.seqlen_q = 6, s.seqlen_k = 4, s.heads_q = 4, s.heads_kv = 2, s.head_dim = 8;
-    flashgen::test::Rng rng(31 + static_cast<int>(mask));
+    flashgen::test::Rng rng(31 + static_cast<int>(mask) + 5 * static_cast<int>(window.left));
     auto normals = [&](int64_t n) {
       std::vector<double> x(static_cast<size_t>(n));
       for (double& e : x) e = rng.normal();
@@ -30,11 +41,11 @@ TEST_CASE("backward reference matches central differences of the forward", "[ref
     const double scale = 0.4;
     const flashgen::AttentionGradients g = flashgen::attention_backward_reference_f64(
         s, HostInput::float64(q.data(), qv), HostInput::float64(k.data(), kv), HostInput::float64(v.data(), kv),
-        HostInput::float64(dout.data(), qv), scale, mask);
+        HostInput::float64(dout.data(), qv), scale, mask, 0.0, window);
     auto loss = [&]() {
       const flashgen::AttentionResult r =
           flashgen::attention_reference_f64(s, HostInput::float64(q.data(), qv), HostInput::float64(k.data(), kv),
-                                            HostInput::float64(v.data(), kv), scale, mask);
+                                            HostInput::float64(v.data(), kv), scale, mask, 0.0, window);
       double sum = 0;
       for (size_t i = 0; i < r.out.size(); ++i) sum += dout[i] * r.out[i];
       return sum;
@@ -51,16 +62,19 @@ TEST_CASE("backward reference matches central differences of the forward", "[ref
         x[i] = saved;
         worst = std::max(worst, std::fabs((up - down) / (2 * h) - grad[i]));
       }
-      INFO(name << " mask " << flashgen::test::mask_label(mask) << ": max |numeric - analytic| = " << worst);
+      INFO(name << " mask " << flashgen::test::mask_label(mask) << " window (" << window.left << ", " << window.right
+                << "): max |numeric - analytic| = " << worst);
       CHECK(worst < 1e-6);
     };
     check(q, g.dq, "dq");
     check(k, g.dk, "dk");
     check(v, g.dv, "dv");
-    // Bottom-right causal with seqlen_q > seqlen_k: query rows 0 and 1 see no key, so their dq is 0.
-    if (mask == FLASHGEN_MASK_CAUSAL) {
+    // Bottom-right causal with seqlen_q > seqlen_k: query rows 0 and 1 see no key, so their dq is 0; so does row 0
+    // under the window (0, 1).
+    if (mask == FLASHGEN_MASK_CAUSAL || (mask == FLASHGEN_MASK_SLIDING_WINDOW && window.left == 0)) {
       for (int64_t d = 0; d < s.head_dim; ++d) CHECK(g.dq[static_cast<size_t>(qv.offset(0, 0, 0, d))] == 0.0);
     }
+    if (mask == FLASHGEN_MASK_SLIDING_WINDOW) continue;  // the naive backward below takes no window
 
     // The naive fp16 backward lands within a few ulps of the gradients' magnitude.
     std::vector<double> q16 = q, k16 = k, v16 = v, do16 = dout;

@@ -266,6 +266,44 @@ TEST_CASE("cli: failures under --json print one JSON error object", "[cli]") {
       CHECK(result.err.find("needs a GPU") == std::string::npos);
     }
   }
+  SECTION("run reads --window as FlashAttention's window_size and checks it before looking for a GPU") {
+    const struct {
+      std::vector<std::string> words;
+      const char* message;
+    } refused[] = {
+        {{"run", "--window", "128"}, "--window expects L,R"},
+        {{"run", "--window", "-2,0"}, "--window must be in [-1, "},
+        {{"run", "--window", "4,x"}, "--window expects an integer, got 'x'"},
+        {{"run", "--window", "64,0", "--causal", "top-left"}, "--window is aligned bottom-right"},
+        {{"run", "--kv-cache", "--window", "64,0"}, "options.mask: KV-cache calls take no sliding window yet"},
+        // A window config for a problem that normalizes to the causal mask ((-1, 0)), and the converse.
+        {{"run", "--window", "-1,0", "--config", "fwd_sm80_fp16_d128_m128_n64_w4_s2_window"},
+         "does not match the problem"},
+        {{"run", "--window", "64,0", "--config", "fwd_sm80_fp16_d128_m128_n64_w4_s2_causal"},
+         "does not match the problem"},
+    };
+    for (const auto& [words, message] : refused) {
+      const CliResult result = run_cli(words, dir);
+      INFO(words[2] << ": " << result.err);
+      CHECK(result.exit_code == 2);
+      CHECK(result.err.find(message) != std::string::npos);
+    }
+    const CliResult help = run_cli({"run", "--help"}, dir);
+    CHECK(help.out.find("--window L,R") != std::string::npos);
+    // Valid windows pass every check and get as far as the GPU.
+    if (!flashgen::driver_available()) {
+      for (const std::vector<std::string>& words :
+           {std::vector<std::string>{"run", "--window", "64,16", "--config",
+                                     "fwd_sm80_fp16_d128_m128_n64_w4_s2_window"},
+            {"run", "--window", "64,-1", "--causal", "bottom-right", "--backward"},
+            {"run", "--window", "-1,-1", "--config", "fwd_sm80_fp16_d128_m128_n64_w4_s2"},
+            {"run", "--varlen", "--window", "100,0"}}) {
+        const CliResult result = run_cli(words, dir);
+        INFO(words[2] << ": " << result.err);
+        CHECK(result.exit_code == 3);
+      }
+    }
+  }
   SECTION("text that is not UTF-8 comes back replaced, inside valid JSON") {
     const CliResult result = run_cli({"run", "--json", "--config", "fwd\xff"}, dir);
     CHECK(result.exit_code == 2);

@@ -417,3 +417,31 @@ TEST_CASE("soft-capped backward configs: _softcap after the mask, both families"
           std::string::npos);
   }
 }
+
+TEST_CASE("window backward configs: _window in the mask's place, both families", "[generator][backward]") {
+  for (bool sm90 : {false, true}) {
+    BwdConfig c;
+    if (sm90) c.knobs = flashgen::BwdSm90Knobs{}, c.block_n = 128;
+    c.mask = flashgen::MaskKind::kWindow;
+    c.deterministic = true;
+    INFO(c.name());
+    CHECK(c.name().find("_window_det") != std::string::npos);
+    CHECK(BwdConfig::from_name(c.name()) == c);
+    nlohmann::json j = c;
+    CHECK(j.at("mask") == "window");
+    CHECK(j.get<BwdConfig>() == c);
+    CHECK(flashgen::generate(c).headers.front().contents.find("using Variant = flashgen::SlidingWindow;") !=
+          std::string::npos);
+    c.softcap = true;
+    c.varlen = true;
+    CHECK(c.name().find("_window_softcap_varlen_det") != std::string::npos);
+    CHECK(BwdConfig::from_name(c.name()) == c);
+    j = c;
+    CHECK(j.get<BwdConfig>() == c);
+    CHECK(flashgen::generate(c).headers.front().contents.find("flashgen::SoftCap<flashgen::SlidingWindow>") !=
+          std::string::npos);
+  }
+  CHECK(BwdConfig::from_name("bwd_sm90_bf16_d128_m64_n128_s2_window").mask == flashgen::MaskKind::kWindow);
+  CHECK_THROWS_WITH(BwdConfig::from_name("bwd_sm90_bf16_d128_m64_n128_s2_causal_window"),
+                    Catch::Matchers::Contains("unknown suffix 'window'"));
+}

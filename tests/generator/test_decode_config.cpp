@@ -51,6 +51,15 @@ TEST_CASE("decode configs are validated by the rules the kernels assert", "[gene
   CHECK_THROWS_WITH(flashgen::generate(c), Catch::Matchers::Contains("head_dim must be a multiple of 8"));
 }
 
+TEST_CASE("the decode family takes no sliding window", "[generator][decode]") {
+  DecodeConfig c;
+  c.mask = flashgen::MaskKind::kWindow;
+  CHECK(c.name() == "dec_sm80_fp16_d128_r16_n64_w4_s4_window");
+  CHECK(DecodeConfig::from_name(c.name()) == c);
+  CHECK(c.invalid_reason(90).value_or("") == "the decode kernels take no sliding window yet");
+  CHECK(nlohmann::json({{"mask", "window"}}).get<DecodeConfig>().invalid_reason(90).has_value());
+}
+
 TEST_CASE("a decode module instantiates its three kernels over the template", "[generator][decode]") {
   DecodeConfig c;
   c.paged = true;

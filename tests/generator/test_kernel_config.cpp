@@ -324,3 +324,52 @@ TEST_CASE("soft-capped configs: _softcap after the mask, a JSON field when set, 
                     Catch::Matchers::Contains("not canonical"));
   CHECK(KernelConfig::from_name("fwd_sm80_fp16_d64_m64_n64_w4_s2_softcap").mask == MaskKind::kNone);
 }
+
+TEST_CASE("window configs: _window in the mask's place, \"window\" in JSON, SlidingWindow as the variant",
+          "[generator][config]") {
+  for (bool sm90 : {false, true}) {
+    KernelConfig c;
+    if (sm90) c.knobs = flashgen::Sm90Knobs{}, c.block_n = 128, c.stages = 2;
+    c.dtype = DType::kBFloat16;
+    c.mask = MaskKind::kWindow;
+    c.block_m = 128;
+    c.block_n = 64;
+    INFO(c.name());
+    CHECK(c.name() == (sm90 ? "fwd_sm90_bf16_d128_m128_n64_s2_window" : "fwd_sm80_bf16_d128_m128_n64_w4_s3_window"));
+    CHECK(KernelConfig::from_name(c.name()) == c);
+    const nlohmann::json j = c;
+    CHECK(j.at("mask") == "window");
+    CHECK(j.get<KernelConfig>() == c);
+    const flashgen::GeneratedSource source = flashgen::generate(c);
+    CHECK(source.headers.front().contents.find("using Variant = flashgen::SlidingWindow;") != std::string::npos);
+    CHECK(source.headers.front().contents.find("kMask = flashgen::MaskKind::kWindow;") != std::string::npos);
+    // With a soft cap the cap wraps the window, its suffix after the mask's.
+    c.softcap = true;
+    CHECK(c.name().find("_window_softcap") != std::string::npos);
+    CHECK(KernelConfig::from_name(c.name()) == c);
+    CHECK(flashgen::generate(c).headers.front().contents.find(
+              "using Variant = flashgen::SoftCap<flashgen::SlidingWindow>;") != std::string::npos);
+    // Packed batches too.
+    c.varlen = true;
+    CHECK(KernelConfig::from_name(c.name()) == c);
+  }
+  CHECK(KernelConfig::from_name("fwd_sm80_fp16_d64_m64_n64_w4_s2_window_qreg_varlen").mask == MaskKind::kWindow);
+  // One mask per name, in its place.
+  CHECK_THROWS_WITH(KernelConfig::from_name("fwd_sm80_fp16_d64_m64_n64_w4_s2_causal_window"),
+                    Catch::Matchers::Contains("unknown suffix 'window'"));
+  CHECK_THROWS_WITH(KernelConfig::from_name("fwd_sm80_fp16_d64_m64_n64_w4_s2_softcap_window"),
+                    Catch::Matchers::Contains("not canonical"));
+  CHECK_THROWS_WITH(nlohmann::json({{"family", "fwd_sm80"}, {"mask", "sliding"}}).get<KernelConfig>(),
+                    Catch::Matchers::Contains("mask must be \"none\", \"causal\" or \"window\""));
+}
+
+TEST_CASE("window configs follow the causal mask's rules: no clusters", "[generator][config]") {
+  KernelConfig c = KernelConfig::from_name("fwd_sm90_fp16_d128_m128_n128_s2_ovl_pst_c2");
+  CHECK_FALSE(c.invalid_reason(90));
+  for (MaskKind mask : {MaskKind::kCausal, MaskKind::kWindow}) {
+    c.mask = mask;
+    INFO(c.name());
+    REQUIRE(c.invalid_reason(90).has_value());
+    CHECK(c.invalid_reason(90)->find("cluster 2 takes unmasked problems only") != std::string::npos);
+  }
+}

@@ -39,6 +39,9 @@ struct VarlenCase {
   std::vector<std::string> configs;     // explicit configs run through launch_forward, besides the choice
   int64_t page_size = 0;                // > 0: the keys and values read from a paged cache of such pages
   float softcap = 0.f;                  // options.softcap
+  int window_left = -1, window_right = -1;  // with mask FLASHGEN_MASK_SLIDING_WINDOW: options' window sides
+
+  flashgen::ReferenceWindow window() const { return {window_left, window_right}; }
 };
 
 std::vector<int32_t> offsets(const std::vector<int32_t>& lens) {
@@ -84,6 +87,7 @@ struct PackedBatch {
     args.max_seqlen_k = *std::max_element(c.k_lens.begin(), c.k_lens.end());
     args.options.mask = c.mask;
     args.options.softcap = c.softcap;
+    args.options.window_left = c.window_left, args.options.window_right = c.window_right;
   }
 
   // [1, total, heads, head_dim] over buffer b.
@@ -162,7 +166,7 @@ void run_and_check(const VarlenCase& c, const std::string& config) {
           shape, flashgen::HostInput::bits16(packed.q.data() + packed.cu_q[b] * hq * d, c.dtype, q_view),
           flashgen::HostInput::bits16(packed.k.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view),
           flashgen::HostInput::bits16(packed.v.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view), scale, c.mask,
-          c.softcap);
+          c.softcap, c.window());
       want_out = ref.out, want_lse = ref.lse;
     }
     std::vector<double> got_out(want_out.size()), got_lse(want_lse.size());
@@ -216,6 +220,15 @@ TEST_CASE("packed variable-length batches match each sequence's float64 referenc
        {}, {"fwd_sm80_fp16_d40_m128_n64_w4_s2_softcap_varlen"}, 0, 4.f},
       {"bf16 d64 bottom-right paged 16 softcap 2", FLASHGEN_BFLOAT16, 64, 4, 2, FLASHGEN_MASK_CAUSAL, {1, 77, 300},
        {1, 77, 513}, {}, {}, 16, 2.f},
+      // Sliding windows, each sequence's about its own bottom-right diagonal: a causal one over several blocks
+      // (rows that see no key where a sequence has fewer keys than queries), one bounded on both sides, paged.
+      {"bf16 d128 window (70, 0) GQA 2", FLASHGEN_BFLOAT16, 128, 4, 2, FLASHGEN_MASK_SLIDING_WINDOW,
+       {257, 1, 0, 300}, {300, 40, 7, 129}, {},
+       {"fwd_sm80_bf16_d128_m64_n64_w4_s2_window_varlen", "fwd_sm90_bf16_d128_m128_n128_s2_window_ovl_pp_varlen",
+        "fwd_sm90_bf16_d128_m64_n128_s2_window_varlen"},
+       0, 0.f, 70, 0},
+      {"fp16 d64 window (33, 20) paged 16", FLASHGEN_FLOAT16, 64, 4, 1, FLASHGEN_MASK_SLIDING_WINDOW, {1, 77, 300},
+       {1, 200, 513}, {}, {}, 16, 0.f, 33, 20},
   };
   const bool sm90 = flashgen::device_sm(scope.device()) == 90;
   for (const VarlenCase& c : cases) {
@@ -322,7 +335,7 @@ void run_and_check_backward(const VarlenCase& c, bool deterministic,
           flashgen::HostInput::bits16(packed.k.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view),
           flashgen::HostInput::bits16(packed.v.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view),
           flashgen::HostInput::bits16(dout.data() + packed.cu_q[b] * hq * d, c.dtype, q_view), scale, c.mask,
-          c.softcap);
+          c.softcap, c.window());
     }
     const struct {
       const char* name;
@@ -357,17 +370,24 @@ TEST_CASE("packed variable-length backward matches each sequence's float64 gradi
        {200, 9, 77}, {}, {}, 0, 1.5f},
       {"fp16 d64 no mask softcap 3", FLASHGEN_FLOAT16, 64, 2, 1, FLASHGEN_MASK_NONE, {65, 190}, {100, 129}, {}, {},
        0, 3.f},
+      {"bf16 d128 window (90, 0)", FLASHGEN_BFLOAT16, 128, 4, 2, FLASHGEN_MASK_SLIDING_WINDOW, {330, 0, 77, 200},
+       {300, 9, 77, 450}, {}, {}, 0, 0.f, 90, 0},
+      {"fp16 d64 window (40, 17) softcap 3", FLASHGEN_FLOAT16, 64, 2, 1, FLASHGEN_MASK_SLIDING_WINDOW, {65, 190},
+       {100, 129}, {}, {}, 0, 3.f, 40, 17},
   };
   for (const VarlenCase& c : cases) {
     run_and_check_backward(c, /*deterministic=*/false);
     run_and_check_backward(c, /*deterministic=*/true);
-    if (c.softcap > 0.f) {  // and on the sm80 family (the choice is the sm90 one where the GPU has it)
+    if (c.softcap > 0.f || c.mask == FLASHGEN_MASK_SLIDING_WINDOW) {  // and on the sm80 family (the choice is
+                                                                       // the sm90 one where the GPU has it)
       const auto dtype = c.dtype == FLASHGEN_BFLOAT16 ? flashgen::DType::kBFloat16 : flashgen::DType::kFloat16;
-      const auto mask = c.mask == FLASHGEN_MASK_NONE ? flashgen::MaskKind::kNone : flashgen::MaskKind::kCausal;
+      const auto mask = c.mask == FLASHGEN_MASK_NONE               ? flashgen::MaskKind::kNone
+                        : c.mask == FLASHGEN_MASK_SLIDING_WINDOW ? flashgen::MaskKind::kWindow
+                                                                 : flashgen::MaskKind::kCausal;
       for (bool deterministic : {false, true}) {
         run_and_check_backward(c, deterministic,
                                flashgen::heuristic_backward_choice(dtype, static_cast<int>(c.head_dim), mask,
-                                                                   deterministic, 80, true, true, true)
+                                                                   deterministic, 80, true, true, c.softcap > 0.f)
                                    .config);
       }
     }

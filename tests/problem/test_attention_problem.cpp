@@ -1,5 +1,6 @@
-// Tests for problem/attention_problem: the problem type's constructors, its kernel mask kind, dQ strategy
-// and group arithmetic, and the lengths a packed batch is run with from its sizes.
+// Tests for problem/attention_problem: the problem type's constructors, its kernel mask kind (a window's
+// normalization), dQ strategy, options and group arithmetic, and the lengths a packed batch is run with from its
+// sizes.
 #include <algorithm>
 #include <numeric>
 #include <vector>
@@ -34,6 +35,43 @@ TEST_CASE("forward and backward problems carry their pass, mask and dQ strategy"
   CHECK(det.deterministic());
   CHECK(det.dq == flashgen::DqStrategy::kDeterministic);
   CHECK_FALSE(flashgen::backward_problem(DType::kFloat16, shape, FLASHGEN_MASK_CAUSAL, false).deterministic());
+}
+
+TEST_CASE("a window is normalized in one place: unbounded windows run as the plain masks", "[problem][window]") {
+  const AttentionShape shape{1, 100, 300, 4, 4, 64};
+  auto masked = [&](flashgen_mask mask, int left, int right) {
+    return flashgen::backward_problem(DType::kFloat16, shape, mask, /*deterministic=*/true, left, right);
+  };
+  const AttentionProblem window = masked(FLASHGEN_MASK_SLIDING_WINDOW, 128, 0);
+  CHECK(window.windowed());
+  CHECK(window.mask_kind() == flashgen::MaskKind::kWindow);
+  CHECK((window.window_left == 128 && window.window_right == 0));
+  const AttentionProblem open_left = masked(FLASHGEN_MASK_SLIDING_WINDOW, -1, 5);
+  CHECK((open_left.windowed() && open_left.window_left == -1 && open_left.window_right == 5));
+  // No bound on either side: no mask; none on the left and nothing past the diagonal: the bottom-right causal mask.
+  const AttentionProblem none = masked(FLASHGEN_MASK_SLIDING_WINDOW, -1, -1);
+  CHECK(none.mask == FLASHGEN_MASK_NONE);
+  CHECK(none.mask_kind() == flashgen::MaskKind::kNone);
+  const AttentionProblem causal = masked(FLASHGEN_MASK_SLIDING_WINDOW, -1, 0);
+  CHECK(causal.mask == FLASHGEN_MASK_CAUSAL);
+  CHECK_FALSE(causal.windowed());
+  CHECK((causal.window_left == -1 && causal.window_right == -1));
+  // The other masks take no window; set_mask drops one the problem held.
+  AttentionProblem reused = window;
+  reused.set_mask(FLASHGEN_MASK_CAUSAL_TOP_LEFT, 7, 7);
+  CHECK((reused.mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT && reused.window_left == -1 && reused.window_right == -1));
+  // A call's options give the problem back.
+  AttentionProblem capped = window;
+  capped.softcap = 30.f;
+  const flashgen_attention_options options = flashgen::options_of(capped, 0.125f);
+  CHECK(options.softmax_scale == 0.125f);
+  CHECK(options.mask == FLASHGEN_MASK_SLIDING_WINDOW);
+  CHECK((options.window_left == 128 && options.window_right == 0));
+  CHECK(options.softcap == 30.f);
+  CHECK(options.deterministic == 1);
+  const AttentionProblem back = flashgen::backward_problem(DType::kFloat16, shape, options.mask, true,
+                                                           options.window_left, options.window_right);
+  CHECK((back.mask == window.mask && back.window_left == 128 && back.window_right == 0));
 }
 
 TEST_CASE("a shape's query heads map onto their key/value heads in groups", "[problem]") {

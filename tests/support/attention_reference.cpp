@@ -58,6 +58,8 @@ const char* mask_label(flashgen_mask mask) {
       return "causal";
     case FLASHGEN_MASK_CAUSAL_TOP_LEFT:
       return "causal_top_left";
+    case FLASHGEN_MASK_SLIDING_WINDOW:
+      return "window";
     default:
       return "none";
   }

@@ -16,7 +16,7 @@
 namespace flashgen::test {
 
 const char* dtype_label(flashgen_dtype dtype);  // "fp16", "bf16"
-const char* mask_label(flashgen_mask mask);     // "none", "causal", "causal_top_left"
+const char* mask_label(flashgen_mask mask);     // "none", "causal", "causal_top_left", "window"
 
 // Every byte 0xFF: a NaN in fp16, bf16 and fp32 alike; the poison written before a kernel runs.
 constexpr uint16_t kPoison16 = 0xFFFF;

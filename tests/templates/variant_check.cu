@@ -13,6 +13,7 @@ namespace {
 // What the policies read of AttnFwdParams / AttnBwdParams.
 struct Params {
   int seqlen_q, seqlen_k, causal_offset;
+  int window_left = 0, window_right = 0;
   float softcap_in = 0.f, softcap_out = 0.f, softcap_grad = 0.f, scale_log2 = 0.f;
 };
 
@@ -20,8 +21,8 @@ int failures = 0;
 
 void fail(const char* policy, const char* what, const Params& p, int a, int b) {
   if (++failures <= 20) {
-    std::printf("%s: %s (seqlen_q %d, seqlen_k %d, offset %d; %d, %d)\n", policy, what, p.seqlen_q, p.seqlen_k,
-                p.causal_offset, a, b);
+    std::printf("%s: %s (seqlen_q %d, seqlen_k %d, offset %d, window %d %d; %d, %d)\n", policy, what, p.seqlen_q,
+                p.seqlen_k, p.causal_offset, p.window_left, p.window_right, a, b);
   }
 }
 
@@ -37,11 +38,11 @@ bool visible(const Params& p, int q, int k) {
 }
 
 // The per-row forms: row_keys for every row and key base, and (variants that hide keys) last_key,
-// key_end and first_query.
+// key_end and first_query, and (variants that hide early keys) first_key and last_query.
 template <class Variant>
-void check_rows(const char* name, const Params& p) {
+void check_rows(const char* name, const Params& p, int base_step) {
   for (int q = 0; q < p.seqlen_q; ++q) {
-    for (int base = 0; base < p.seqlen_k; base += 3) {
+    for (int base = 0; base < p.seqlen_k; base += base_step) {
       const auto keys = Variant::row_keys(p, 0, 0, q, p.seqlen_k - 1, base);
       for (int k = base; k < p.seqlen_k + 8; ++k) {
         if (keys.hidden(k - base) == visible<Variant>(p, q, k)) fail(name, "row_keys disagrees", p, q, k);
@@ -69,10 +70,32 @@ void check_rows(const char* name, const Params& p) {
       }
     }
   }
+  if constexpr (Variant::kHidesEarlyKeys) {
+    for (int q = 0; q < p.seqlen_q; ++q) {
+      const int first = Variant::first_key(p, 0, q);
+      for (int k = 0; k < p.seqlen_k; ++k) {
+        if (visible<Variant>(p, q, k) && k < first) fail(name, "a key before first_key is visible", p, q, k);
+      }
+      if (first >= 0 && first < p.seqlen_k && !visible<Variant>(p, q, first)) {
+        fail(name, "first_key hidden", p, q, first);
+      }
+    }
+    for (int k = 0; k < p.seqlen_k; ++k) {
+      const int last = Variant::last_query(p, 0, k);
+      for (int q = 0; q < p.seqlen_q; ++q) {
+        if (visible<Variant>(p, q, k) && q > last) fail(name, "a query past last_query sees the key", p, q, k);
+      }
+      if (last >= 0 && last < p.seqlen_q && !visible<Variant>(p, last, k)) {
+        fail(name, "last_query does not see the key", p, last, k);
+      }
+    }
+  }
 }
 
-// The forward's key blocks of each query block: none visible at or past end (skipped), all visible below
-// full_end (no mask); and the backward's query blocks of each key block likewise.
+// The forward's key blocks of each query block: none visible outside [begin, end) (skipped), all visible
+// in [full_begin, full_end) (no mask); the backward's query blocks of each key block likewise; and the two
+// agree on which (query block, key block) pairs meet, counted over whole query blocks as the backward's
+// dQ turns count them.
 template <class Variant, int kBlockM, int kBlockN>
 void check_blocks(const char* name, const Params& p) {
   const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
@@ -82,14 +105,18 @@ void check_blocks(const char* name, const Params& p) {
     const int rows = p.seqlen_q - row_begin < kBlockM ? p.seqlen_q - row_begin : kBlockM;
     const flashgen::KeyBlocks<Variant, kBlockN> blocks(p, 0, row_begin, rows);
     const int full_end = blocks.full_end(p, 0, row_begin);
+    const int full_begin = blocks.full_begin(p, 0, row_begin + rows - 1, full_end);
+    if (!(0 <= blocks.begin && blocks.begin <= full_begin && full_begin <= full_end && full_end <= blocks.end)) {
+      fail(name, "key block bounds out of order", p, m, blocks.begin);
+    }
     for (int q = row_begin; q < row_begin + rows; ++q) {
       for (int k = 0; k < p.seqlen_k; ++k) {
         if (visible<Variant>(p, q, k) && k >= blocks.key_end) fail(name, "visible key past key_end", p, q, k);
-        if (visible<Variant>(p, q, k) && k / kBlockN >= blocks.end) {
+        if (visible<Variant>(p, q, k) && (k / kBlockN >= blocks.end || k / kBlockN < blocks.begin)) {
           fail(name, "visible key in a skipped block", p, q, k);
         }
       }
-      for (int k = 0; k < full_end * kBlockN; ++k) {
+      for (int k = full_begin * kBlockN; k < full_end * kBlockN; ++k) {
         if (!visible<Variant>(p, q, k)) fail(name, "hidden key in a full key block", p, q, k);
       }
     }
@@ -98,18 +125,36 @@ void check_blocks(const char* name, const Params& p) {
     const int key_begin = n * kBlockN;
     const flashgen::QueryBlocks<Variant, kBlockM, kBlockN> queries(p, 0, key_begin,
                                                                     KeyCount{p.seqlen_k - key_begin});
-    if (queries.end != m_blocks) fail(name, "query blocks end", p, n, queries.end);
+    if (!Variant::kHidesEarlyKeys && queries.end != m_blocks) fail(name, "query blocks end", p, n, queries.end);
+    if (!(0 <= queries.begin && queries.begin <= queries.full_begin && queries.full_begin <= queries.full_end &&
+          queries.full_end <= queries.end && queries.end <= m_blocks)) {
+      fail(name, "query block bounds out of order", p, n, queries.begin);
+    }
     for (int k = key_begin; k < key_begin + kBlockN; ++k) {
       for (int q = 0; q < p.seqlen_q; ++q) {
-        if (visible<Variant>(p, q, k) && q / kBlockM < queries.begin) {
+        if (visible<Variant>(p, q, k) && (q / kBlockM < queries.begin || q / kBlockM >= queries.end)) {
           fail(name, "visible key in a skipped query block", p, q, k);
         }
-        if (!visible<Variant>(p, q, k) && q / kBlockM >= queries.full_begin) {
+        if (!visible<Variant>(p, q, k) && q / kBlockM >= queries.full_begin && q / kBlockM < queries.full_end) {
           fail(name, "hidden key in a full query block", p, q, k);
         }
       }
     }
+    for (int m = 0; m < m_blocks; ++m) {
+      const flashgen::KeyBlocks<Variant, kBlockN> blocks(p, 0, m * kBlockM, kBlockM);
+      const bool by_keys = n >= blocks.begin && n < blocks.end;
+      const bool by_queries = m >= queries.begin && m < queries.end;
+      if (by_keys != by_queries) fail(name, "key and query ranges disagree on a pair of blocks", p, m, n);
+    }
   }
+}
+
+template <class Variant>
+void check_params(const char* name, const Params& p, int base_step) {
+  check_rows<Variant>(name, p, base_step);
+  check_blocks<Variant, 16, 16>(name, p);
+  check_blocks<Variant, 32, 8>(name, p);
+  check_blocks<Variant, 8, 32>(name, p);
 }
 
 template <class Variant>
@@ -117,12 +162,23 @@ void check(const char* name) {
   for (int seqlen_q : {1, 5, 16, 33, 70})
     for (int seqlen_k : {1, 7, 16, 40, 77})
       for (int offset = -20; offset <= 20 + seqlen_k; ++offset) {  // top-left 0, bottom-right seqlen_k - seqlen_q
-        const Params p{seqlen_q, seqlen_k, offset};
-        check_rows<Variant>(name, p);
-        check_blocks<Variant, 16, 16>(name, p);
-        check_blocks<Variant, 32, 8>(name, p);
-        check_blocks<Variant, 8, 32>(name, p);
+        check_params<Variant>(name, Params{seqlen_q, seqlen_k, offset}, 3);
       }
+}
+
+// A window's sides from a single key to past every key (the launcher's bound for an unbounded side is
+// seqlen_q + seqlen_k), over fewer sizes and offsets than check(): it has two more parameters.
+template <class Variant>
+void check_window(const char* name) {
+  for (int seqlen_q : {1, 5, 33, 70})
+    for (int seqlen_k : {1, 16, 77})
+      for (int left : {0, 1, 9, 40, 147})
+        for (int right : {0, 3, 20, 147})
+          for (int offset = -20; offset <= 20 + seqlen_k; offset += 7) {
+            Params p{seqlen_q, seqlen_k, offset};
+            p.window_left = left, p.window_right = right;
+            check_params<Variant>(name, p, 11);
+          }
 }
 
 // SoftCap's score is cap · tanh(q·k · scale / cap) once the kernels scale it, and its score_grad, given that
@@ -153,6 +209,8 @@ int main() {
   check_softcap();
   check<flashgen::NoMask>("NoMask");
   check<flashgen::CausalMask>("CausalMask");
+  check_window<flashgen::SlidingWindow>("SlidingWindow");
+  check_window<flashgen::SoftCap<flashgen::SlidingWindow>>("SoftCap<SlidingWindow>");
   if (failures > 0) {
     std::printf("%d failures\n", failures);
     return 1;

@@ -217,9 +217,87 @@ TEST_CASE("a soft-capped problem is a class of its own; its mask text reads back
   CHECK(flashgen::problem_key(problem).class_id() == "bwd|bf16|d128|causal_softcap|g4");
   for (const char* text : {"none", "causal", "none_softcap", "causal_softcap"}) {
     flashgen::ProblemKey key;
-    flashgen::read_variant_text(text, key);
+    flashgen::read_mask_text(text, key);
     CHECK(flashgen::variant_text(key.mask, key.softcap) == text);
+    CHECK(flashgen::mask_text(key) == text);
   }
   flashgen::ProblemKey key;
-  CHECK_THROWS_WITH(flashgen::read_variant_text("softcap_causal", key), Catch::Matchers::Contains("unknown mask"));
+  CHECK_THROWS_WITH(flashgen::read_mask_text("softcap_causal", key), Catch::Matchers::Contains("unknown mask"));
+}
+
+TEST_CASE("a windowed problem is a class of its own, bucketed by the keys a row sees", "[tuner][problem_key]") {
+  const flashgen::AttentionShape shape{2, 4096, 4096, 16, 4, 128};
+  auto key_of = [&](int left, int right, int64_t seqlen_k = 4096) {
+    flashgen::AttentionShape s = shape;
+    s.seqlen_k = seqlen_k;
+    return flashgen::problem_key(
+        flashgen::forward_problem(DType::kBFloat16, s, FLASHGEN_MASK_SLIDING_WINDOW, left, right));
+  };
+  // A causal window of 1024 keys (Mistral's 4096-token one would bucket 4096): 1023 + 0 + 1.
+  const flashgen::ProblemKey causal = key_of(1023, 0);
+  CHECK(causal.mask == MaskKind::kWindow);
+  CHECK(causal.class_id() == "fwd|bf16|d128|window|g4");
+  CHECK(causal.window_bucket == 1024);
+  CHECK(causal.window_causal);
+  CHECK(causal.id() == "fwd|bf16|d128|window|g4|q4096|k4096|bh32|w1024c");
+  CHECK(flashgen::mask_text(causal) == "window1024c");
+  // Two-sided: 256 + 255 + 1 = 512 keys, not causal-shaped.
+  const flashgen::ProblemKey two_sided = key_of(256, 255);
+  CHECK(two_sided.window_bucket == 512);
+  CHECK_FALSE(two_sided.window_causal);
+  CHECK(two_sided.id() == "fwd|bf16|d128|window|g4|q4096|k4096|bh32|w512");
+  // One unbounded side counts as seqlen_k; no row sees more than seqlen_k keys.
+  CHECK(key_of(-1, 16).window_bucket == 4096);
+  CHECK(key_of(100000, 0, 1000).window_bucket == 1024);
+  CHECK(key_of(0, 0).window_bucket == 1);
+  // The normalized windows are the plain masks' keys, and other masks' ids end as they always did.
+  CHECK(key_of(-1, 0).id() == "fwd|bf16|d128|causal|g4|q4096|k4096|bh32");
+  CHECK(key_of(-1, -1).id() == "fwd|bf16|d128|none|g4|q4096|k4096|bh32");
+  // Soft-capped, backward, packed: the same bucket after their own pass and variant.
+  flashgen::AttentionProblem problem =
+      flashgen::backward_problem(DType::kBFloat16, shape, FLASHGEN_MASK_SLIDING_WINDOW, true, 1023, 0);
+  problem.softcap = 30.f;
+  const flashgen::ProblemKey capped = flashgen::problem_key(problem);
+  CHECK(capped.id() == "bwd_det|bf16|d128|window_softcap|g4|q4096|k4096|bh32|w1024c");
+  CHECK(flashgen::mask_text(capped) == "window1024c_softcap");
+}
+
+TEST_CASE("a window key's mask text reads back, and only its canonical spellings", "[tuner][problem_key]") {
+  for (const char* text : {"window1c", "window1024", "window1024c", "window4096_softcap", "window64c_softcap"}) {
+    INFO(text);
+    flashgen::ProblemKey key;
+    flashgen::read_mask_text(text, key);
+    CHECK(key.mask == MaskKind::kWindow);
+    CHECK(flashgen::mask_text(key) == text);
+  }
+  flashgen::ProblemKey key;
+  flashgen::read_mask_text("window2048c_softcap", key);
+  CHECK(key.window_bucket == 2048);
+  CHECK(key.window_causal);
+  CHECK(key.softcap);
+  flashgen::read_mask_text("causal", key);  // a reused key drops the window it held
+  CHECK(key.window_bucket == 0);
+  CHECK_FALSE(key.window_causal);
+  for (const char* text : {"window", "window0", "window1000", "window01024", "window1024cc", "window-4", "windowc",
+                           "window1024_c", "window99999999999999999999"}) {
+    INFO(text);
+    CHECK_THROWS_WITH(flashgen::read_mask_text(text, key), Catch::Matchers::Contains("unknown mask"));
+  }
+}
+
+TEST_CASE("bucket_distance between window keys counts their window buckets and shapes", "[tuner][problem_key]") {
+  auto key = [](int64_t window_bucket, bool causal, int64_t seqlen = 4096) {
+    flashgen::ProblemKey k =
+        flashgen::forward_problem_key(DType::kFloat16, 64, MaskKind::kWindow, 1, seqlen, seqlen, 64);
+    k.window_bucket = window_bucket, k.window_causal = causal;
+    return k;
+  };
+  CHECK(flashgen::bucket_distance(key(1024, true), key(1024, true)) == 0);
+  CHECK(flashgen::bucket_distance(key(1024, true), key(256, true)) == 2);
+  CHECK(flashgen::bucket_distance(key(1024, true), key(1024, false)) == 1);
+  CHECK(flashgen::bucket_distance(key(1024, false, 1024), key(512, true)) == 2 + 2 + 1 + 1);
+  CHECK_THROWS_WITH(flashgen::bucket_distance(key(1024, true),
+                                              flashgen::forward_problem_key(DType::kFloat16, 64, MaskKind::kCausal, 1,
+                                                                            4096, 4096, 64)),
+                    Catch::Matchers::Contains("different classes"));
 }

@@ -83,9 +83,11 @@ CandidateResult candidate(const KernelConfig& c, double median_ms, CandidateStat
 // Records a small sweep whose winner is the first (fastest) candidate.
 void record_sweep(TuningStore& store, const DeviceFingerprint& d, const ProblemKey& p, double best_ms,
                   const KernelConfig& best = config(128, 64)) {
-  std::vector<CandidateResult> results = {
-      candidate(best, best_ms), candidate(config(64, 64, 4, 2, best.dtype), best_ms * 1.3),
-      candidate(config(128, 128, 8, 3, best.dtype), 0, CandidateStatus::kCompileError)};
+  // The other candidates are of the winner's problem class too (its mask and cap), as an import requires.
+  KernelConfig slower = config(64, 64, 4, 2, best.dtype), failed = config(128, 128, 8, 3, best.dtype);
+  for (KernelConfig* c : {&slower, &failed}) c->mask = best.mask, c->softcap = best.softcap;
+  std::vector<CandidateResult> results = {candidate(best, best_ms), candidate(slower, best_ms * 1.3),
+                                          candidate(failed, 0, CandidateStatus::kCompileError)};
   store.record(d, p, results, best, best_ms);
 }
 
@@ -737,4 +739,64 @@ TEST_CASE("a soft-capped problem keeps its class through the database and its JS
   const auto found = copy.lookup_exact(device(), capped);
   REQUIRE(found.has_value());
   CHECK(found->config == c);
+}
+
+TEST_CASE("a window key keeps its bucket and shape through the database and its JSON", "[tuner][store][window]") {
+  TempDir dir("flashgen-store");
+  TuningStore store(dir.path() / "window.sqlite");
+  auto window_key = [](int64_t window_bucket, bool causal) {
+    ProblemKey k = flashgen::forward_problem_key(DType::kFloat16, 128, MaskKind::kWindow, 1, 4096, 4096, 64);
+    k.window_bucket = window_bucket, k.window_causal = causal;
+    return k;
+  };
+  auto window_config = [](int block_n) {
+    KernelConfig c = config(128, block_n);
+    c.mask = MaskKind::kWindow;
+    return c;
+  };
+  ProblemKey capped = window_key(1024, true);
+  capped.softcap = true;
+  KernelConfig capped_config = window_config(64);
+  capped_config.softcap = true;
+  record_sweep(store, device(), window_key(1024, true), 0.5, window_config(64));
+  record_sweep(store, device(), window_key(256, false), 0.25, window_config(32));
+  record_sweep(store, device(), capped, 0.75, capped_config);
+  record_sweep(store, device(), problem(4096, 4096), 1.0, config(128, 64));
+  // The mask column holds the window's bucket and shape; the class id only the variant.
+  RawSqlite raw(dir.path() / "window.sqlite");
+  const std::vector<std::string> masks = raw.column("SELECT mask FROM problems ORDER BY mask");
+  CHECK(masks == std::vector<std::string>{"none", "window1024c", "window1024c_softcap", "window256"});
+  const std::vector<std::string> classes = raw.column("SELECT DISTINCT class_id FROM problems ORDER BY class_id");
+  CHECK(classes == std::vector<std::string>{"fwd|fp16|d128|none|g1", "fwd|fp16|d128|window_softcap|g1",
+                                            "fwd|fp16|d128|window|g1"});
+  // Each row rebuilds its key: exact lookups find each window, and only it.
+  for (const auto& [key, want] : {std::pair{window_key(1024, true), window_config(64)},
+                                  std::pair{window_key(256, false), window_config(32)},
+                                  std::pair{capped, capped_config}}) {
+    INFO(key.id());
+    const auto found = store.lookup_exact(device(), key);
+    REQUIRE(found.has_value());
+    CHECK(found->problem == key);
+    CHECK(found->config == flashgen::TunedConfig(want));
+  }
+  CHECK_FALSE(store.lookup_exact(device(), window_key(1024, false)).has_value());
+  // The nearest window: same class, the window bucket and shape counted.
+  const auto nearest = store.lookup_nearest(device(), window_key(512, true));
+  REQUIRE(nearest.has_value());
+  CHECK(nearest->problem == window_key(1024, true));  // distance 1, against 2 for (256, two-sided)
+  // Through JSON and back, unchanged.
+  const nlohmann::json exported = store.export_json();
+  std::set<std::string> json_masks;
+  for (const auto& p : exported["problems"]) json_masks.insert(p["mask"].get<std::string>());
+  CHECK(json_masks == std::set<std::string>{"none", "window1024c", "window1024c_softcap", "window256"});
+  TuningStore copy(dir.path() / "copy.sqlite");
+  CHECK(copy.import_json(nlohmann::json::parse(exported.dump())) == 4);
+  CHECK(copy.export_json() == exported);
+  CHECK(copy.lookup_exact(device(), window_key(256, false))->config == flashgen::TunedConfig(window_config(32)));
+  // A window mask text that is not one of mask_text's is refused on import.
+  nlohmann::json bad = exported;
+  for (auto& p : bad["problems"])
+    if (p["mask"] == "window256") p["mask"] = "window300";
+  TuningStore other(dir.path() / "other.sqlite");
+  CHECK_THROWS_WITH(other.import_json(bad), Catch::Matchers::Contains("unknown mask 'window300'"));
 }

@@ -3,6 +3,7 @@
 // (support/fake_sweep.hpp) stands in for the GPU; the built-in choice compiles for sm_80 through the kernel cache (no device).
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "catch.hpp"
@@ -236,4 +237,40 @@ TEST_CASE("a soft-capped problem's plan sweeps soft-capped kernels around its ow
     }
     CHECK(flashgen::config_name(plan.builtin).find("_softcap") != std::string::npos);
   }
+}
+
+TEST_CASE("a window problem is tuned per window bucket, its sweep running the problem's own window",
+          "[tuner][tune][nvrtc][window]") {
+  const flashgen::testing::TempDir dir("flashgen-tune-test");
+  flashgen::TuningStore store(dir.path() / "tuning.sqlite");
+  const flashgen::DeviceFingerprint device = flashgen::fingerprint_for_arch(80);
+  AttentionProblem problem = backward_problem();
+  problem.pass = flashgen::Pass::kForward;
+  problem.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, 255, 0);
+  std::vector<std::pair<int, int>> swept_windows;
+  TuneOptions options;
+  options.max_candidates = 3;
+  options.run_sweep = [&](const AttentionProblem& p, const std::vector<TunedConfig>& candidates,
+                          const SweepOptions& sweep) {
+    swept_windows.emplace_back(p.window_left, p.window_right);
+    FakeSweep fake;
+    return fake.runner()(p, candidates, sweep);
+  };
+  const TuneResult swept = flashgen::tune(problem, store, device, 80, options);
+  CHECK(swept.key.id() == "fwd|fp16|d64|window|g4|q1024|k1024|bh16|w256c");
+  CHECK(swept_windows == std::vector<std::pair<int, int>>{{255, 0}});
+  REQUIRE(swept.plan.candidates.size() == 3);
+  for (const TunedConfig& c : swept.plan.candidates) {
+    INFO(flashgen::config_name(c));
+    CHECK(std::get<flashgen::KernelConfig>(c).mask == MaskKind::kWindow);
+  }
+  CHECK(std::get<flashgen::KernelConfig>(swept.plan.builtin).mask == MaskKind::kWindow);
+  // Another window of the same bucket and shape is the stored one; a two-sided one is a bucket of its own.
+  problem.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, 200, 0);
+  CHECK(flashgen::tune(problem, store, device, 80, options).from_store());
+  problem.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, 127, 128);
+  const TuneResult two_sided = flashgen::tune(problem, store, device, 80, options);
+  CHECK_FALSE(two_sided.from_store());
+  CHECK(two_sided.key.id() == "fwd|fp16|d64|window|g4|q1024|k1024|bh16|w256");
+  CHECK(swept_windows.back() == std::pair<int, int>{127, 128});
 }

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Sliding-window attention (a causal window of W keys before the diagonal, FlashAttention's window_size=(W, 0)):
+flashgen.torch.attention(window_size=...) against flashgen's own plain causal call (per unmasked FLOP: the goal is
+the window within 5% of it) and FlexAttention (torch.compile'd flex_attention with the window as its block mask,
+the peer that expresses it; SDPA's backends do not), in one process, on the same random tensors, forward and
+backward (the backward timed alone on a retained graph). Each output is also checked on 64 rows against an fp32
+reference (max_abs_err). Grid: one sequence of 16384 tokens by default, heads * head_dim = 2048, bf16.
+Reports TFLOP/s over the unmasked score pairs (a window's, a causal row's) and the ratios; writes a CSV with
+device, date and versions.
+
+    python3 bench/bench_window.py [--lib build/libflashgen.so] [--seqlens 16384] [--windows 1024 4096]
+                                  [--head-dims 64 128] [--no-flex] [--out FILE]
+"""
+
+import argparse
+import datetime
+import os
+
+import bench_fwd  # the L2-flushed timing of the forward benchmark
+from bench_bwd import retained_backward, time_calls
+
+
+def visible_pairs(seqlen, window):
+    """Score pairs a causal window of `window` keys before the diagonal leaves (window < 0: plain causal)."""
+    if window < 0 or window + 1 >= seqlen:
+        return seqlen * (seqlen + 1) // 2
+    return (window + 1) * seqlen - window * (window + 1) // 2
+
+
+def reference_rows(torch, q, k, v, window, count=64):
+    """fp32 outputs of `count` query rows spread over the sequence (the last included) under the causal window,
+    and the rows, to check each implementation's output against."""
+    batch, seqlen, heads, head_dim = q.shape
+    rows = torch.linspace(0, seqlen - 1, count, device=q.device).long()
+    keys = torch.arange(seqlen, device=q.device)
+    visible = (keys[None, :] <= rows[:, None]) & (rows[:, None] - keys[None, :] <= window)
+    s = torch.einsum("brhd,bkhd->bhrk", q[:, rows].float(), k.float()) / head_dim ** 0.5
+    p = s.masked_fill(~visible, float("-inf")).softmax(-1)
+    return torch.einsum("bhrk,bkhd->brhd", p, v.float()), rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lib", default=None)
+    parser.add_argument("--seqlens", type=int, nargs="+", default=[16384])
+    parser.add_argument("--windows", type=int, nargs="+", default=[1024, 4096])
+    parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--samples", type=int, default=15)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--flush-mb", type=int, default=256)
+    parser.add_argument("--no-flex", action="store_true", help="leave FlexAttention out")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+
+    flashgen, fgt = bench_fwd.import_flashgen_torch(args.lib)
+    import torch
+    bench = bench_fwd.Bench(args, torch)
+    flex = None
+    if not args.no_flex:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        # Every window and shape is a new specialization: past dynamo's default limit of 8 it would run
+        # flex_attention eagerly (the unfused reference, which materializes the scores).
+        torch._dynamo.config.cache_size_limit = 256
+        flex = torch.compile(flex_attention, dynamic=False)
+
+    device = torch.cuda.get_device_name()
+    date = datetime.date.today().isoformat()
+    rows = []
+    for head_dim in args.head_dims:
+        heads = 2048 // head_dim
+        for seqlen in args.seqlens:
+            batch = max(1, 16384 // seqlen)
+            gen = torch.Generator(device="cuda").manual_seed(seqlen + head_dim)
+            q, k, v, dout = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", generator=gen,
+                                         dtype=torch.bfloat16) for _ in range(4))
+            causal_flops = 4.0 * batch * heads * head_dim * visible_pairs(seqlen, -1)
+            causal_fwd = bench.time_ms(lambda: fgt.attention(q, k, v, causal=True))[0]
+            causal_bwd = bench.time_ms(retained_backward(torch, lambda q, k, v: fgt.attention(q, k, v, causal=True),
+                                                         q, k, v, dout))[0]
+            for window in args.windows:
+                flops = 4.0 * batch * heads * head_dim * visible_pairs(seqlen, window)
+                calls = {"flashgen": lambda q, k, v: fgt.attention(q, k, v, causal=True, window_size=(window, -1))}
+                if flex is not None:
+                    def in_window(b, h, qi, ki, window=window):
+                        return (qi >= ki) & (qi - ki <= window)
+
+                    block_mask = create_block_mask(in_window, None, None, seqlen, seqlen)
+
+                    def flex_call(q, k, v, block_mask=block_mask):
+                        out = flex(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=block_mask)
+                        return out.transpose(1, 2)
+
+                    calls["flex"] = flex_call
+                result = {"device": device, "date": date, "torch": torch.__version__, "flashgen": flashgen.version(),
+                          "dtype": "bf16", "head_dim": head_dim, "batch": batch, "seqlen": seqlen, "heads": heads,
+                          "window": window,
+                          "causal_fwd_tflops": round(causal_flops / causal_fwd / 1e9, 1),
+                          "causal_bwd_tflops": round(2.5 * causal_flops / causal_bwd / 1e9, 1)}
+                time_calls(bench, torch, calls, q, k, v, dout, flops, result, f"d{head_dim} {seqlen} window {window}")
+                for p in ("fwd", "bwd"):
+                    mine = result[f"flashgen_{p}_tflops"]
+                    result[f"{p}_vs_causal_per_flop"] = round(mine / result[f"causal_{p}_tflops"], 3)
+                    if flex is not None:
+                        result[f"{p}_vs_flex"] = round(mine / result[f"flex_{p}_tflops"], 3)
+                want, rows_checked = reference_rows(torch, q, k, v, window)
+                for name, call in calls.items():
+                    got = call(q, k, v)[:, rows_checked].float()
+                    result[f"{name}_max_abs_err"] = round((got - want).abs().max().item(), 5)
+                rows.append(result)
+                print(result, flush=True)
+    out = args.out or os.path.join("bench", "results", f"window_{bench_fwd.slug(device)}_{date}.csv")
+    bench_fwd.write_csv(out, list(rows[0].keys()), rows)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
