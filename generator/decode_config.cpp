@@ -3,6 +3,7 @@
 #include "generator/decode_config.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <iterator>
 #include <sstream>
 #include <vector>
@@ -40,7 +41,7 @@ DecodeConfig DecodeConfig::from_name(const std::string& name) {
   FLASHGEN_REQUIRE(fields.size() >= 8 && fields[0] == "dec" && fields[1] == "sm80",
                    "config name '" + name +
                        "': expected dec_sm80_<fp16|bf16>_d<head_dim>_r<rows>_n<block_n>_w<warps>_s<stages>"
-                       "[_causal][_paged]");
+                       "[_causal|_window][_paged]");
   DecodeConfig config;
   config.dtype = parse_dtype_field(fields[2], name);
   config.head_dim = parse_name_field(fields[3], "d", name);
@@ -76,7 +77,6 @@ int DecodeConfig::smem_bytes(DecodeKernel kernel) const {
 
 std::optional<std::string> DecodeConfig::invalid_reason(int arch) const {
   if (arch < 80) return "the decode kernels need sm_80 or newer (mma.sync m16n8k16 bf16, cp.async)";
-  if (mask == MaskKind::kWindow) return "the decode kernels take no sliding window yet";
   if (const char* error = traits().error) return std::string(error);
   const int smem = smem_bytes(DecodeKernel::kAttend);
   if (smem > max_smem_per_block(arch)) {
@@ -84,6 +84,18 @@ std::optional<std::string> DecodeConfig::invalid_reason(int arch) const {
            std::to_string(max_smem_per_block(arch)) + " per block";
   }
   return std::nullopt;
+}
+
+int max_decode_splits(const AttentionProblem& problem, const DecodeConfig& config) {
+  auto blocks_of = [&](int64_t keys) { return (keys + config.block_n - 1) / config.block_n; };
+  const int64_t capacity = problem.shape.seqlen_k;
+  int64_t blocks = blocks_of(capacity);
+  if (problem.windowed() && problem.window_left >= 0) {
+    // `keys` consecutive keys touch at most blocks_of(keys - 1) + 1 blocks, wherever they start.
+    const int64_t keys = std::min<int64_t>(capacity, int64_t(problem.window_left) + problem.shape.seqlen_q);
+    blocks = std::min(blocks, blocks_of(keys - 1) + 1);
+  }
+  return static_cast<int>(std::clamp<int64_t>(blocks, 1, kMaxDecodeSplits));
 }
 
 void to_json(nlohmann::json& j, const DecodeConfig& c) {

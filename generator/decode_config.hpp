@@ -33,7 +33,7 @@ struct DecodeConfig {
   int stages = 4;    // K/V tiles in flight
   bool paged = false;  // the cache is read through a block table
 
-  // e.g. dec_sm80_bf16_d128_r16_n64_w4_s4[_causal][_paged]: the module's name, its file name in dumps and
+  // e.g. dec_sm80_bf16_d128_r16_n64_w4_s4[_causal|_window][_paged]: the module's name, its file name in dumps and
   // part of its cache key; each kernel's symbol is name() + "_" + decode_kernel_suffix(kernel).
   std::string name() const;
   static DecodeConfig from_name(const std::string& name);  // throws Error(kInvalidArgument)
@@ -48,6 +48,12 @@ struct DecodeConfig {
   bool operator==(const DecodeConfig& other) const { return name() == other.name(); }
   bool operator!=(const DecodeConfig& other) const { return !(*this == other); }
 };
+
+// The most key ranges worth splitting one sequence of a KV-cache problem into under config: one key block each at
+// least, at most kMaxDecodeSplits. The blocks counted are those the sequence's new rows can visit: the capacity's
+// (shape.seqlen_k), or under a window bounded on the left only those holding its left side and the new rows (the
+// kernels skip the rest; the new rows are the sequence's last keys, so its right side reaches no further key).
+int max_decode_splits(const AttentionProblem& problem, const DecodeConfig& config);
 
 void to_json(nlohmann::json& j, const DecodeConfig& config);
 void from_json(const nlohmann::json& j, DecodeConfig& config);  // throws Error on bad fields

@@ -45,10 +45,6 @@ KvCacheCall make_kvcache_call(const flashgen_kvcache_args& args) {
   if (args.options.softcap != 0.f) {
     fail(Status::kUnsupported, "options.softcap: KV-cache calls take no soft cap yet (dense and packed calls do)");
   }
-  if (raw_enum(args.options.mask) == FLASHGEN_MASK_SLIDING_WINDOW) {
-    fail(Status::kUnsupported,
-         "options.mask: KV-cache calls take no sliding window yet (dense and packed calls do)");
-  }
   require_same_dtype(kc, "k_cache", q);
   require_same_dtype(vc, "v_cache", q);
   require_same_dtype(args.out, "out", q);
@@ -132,7 +128,8 @@ KvCacheCall make_kvcache_call(const flashgen_kvcache_args& args) {
   AttentionShape shape;
   shape.batch = batch, shape.seqlen_q = q.shape[1], shape.seqlen_k = capacity;
   shape.heads_q = q.shape[2], shape.heads_kv = kc.shape[2], shape.head_dim = q.shape[3];
-  call.problem = forward_problem(to_dtype(q.dtype), shape, args.options.mask);
+  call.problem = forward_problem(to_dtype(q.dtype), shape, args.options.mask, args.options.window_left,
+                                 args.options.window_right);
   call.problem.kv_cache = true;
   call.problem.paged = paged;
   call.problem.page_size = paged ? static_cast<int>(kc.shape[1]) : 0;
@@ -170,7 +167,9 @@ KvCacheCall make_kvcache_call(const flashgen_kvcache_args& args) {
   p.capacity = static_cast<int>(capacity);
   p.page_size = paged ? static_cast<int>(kc.shape[1]) : 0;
   p.num_pages = paged ? static_cast<int>(kc.shape[0]) : 0;
-  p.causal_bottom_right = args.options.mask == FLASHGEN_MASK_CAUSAL ? 1 : 0;
+  // A window is aligned bottom-right, as the bottom-right causal mask is (and (-1, 0) runs as that mask).
+  p.causal_bottom_right = call.problem.mask == FLASHGEN_MASK_CAUSAL || call.problem.windowed() ? 1 : 0;
+  set_window(p, call.problem);
   p.scale = softmax_scale(args.options, call.problem.head_dim());
   p.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
   FLASHGEN_REQUIRE(int64_t(p.group_size) * p.seqlen_q <= kMaxExtent,
@@ -179,8 +178,7 @@ KvCacheCall make_kvcache_call(const flashgen_kvcache_args& args) {
 }
 
 int clamp_splits(const KvCacheCall& call, const DecodeConfig& config, int splits) {
-  const long long key_blocks = std::max<long long>(1, ceil_div(call.params.capacity, config.block_n));
-  return static_cast<int>(std::clamp<long long>(splits, 1, std::min<long long>(kMaxDecodeSplits, key_blocks)));
+  return std::clamp(splits, 1, max_decode_splits(call.problem, config));
 }
 
 size_t kvcache_workspace_bytes(const KvCacheCall& call, int splits) {

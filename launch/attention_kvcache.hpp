@@ -30,8 +30,8 @@ struct KvCacheCall {
 // no GPU.
 KvCacheCall make_kvcache_call(const flashgen_kvcache_args& args);
 
-// Key ranges a call with this config and a requested count uses: 1 to kMaxDecodeSplits, at most the key
-// blocks of the capacity.
+// Key ranges a call with this config and a requested count uses: 1 to max_decode_splits (the key blocks its
+// rows can visit: the capacity's, or a window's).
 int clamp_splits(const KvCacheCall& call, const DecodeConfig& config, int splits);
 
 // Device workspace of a call split into `splits` key ranges (0 for one range).

@@ -69,18 +69,30 @@ struct Packing {
 // argument otherwise.
 void check_packing(const flashgen_tensor& q, const flashgen_tensor& k, const Packing& packing);
 
-// A window problem's sides in p (AttnFwdParams or AttnBwdParams), p.seqlen_q and p.seqlen_k set (a packed
-// batch's longest sequences): an unbounded side becomes seqlen_q + seqlen_k, which reaches past every key of
-// every row (of every sequence of a packed batch), and so does any larger side, which is clamped to it. Both 0
-// for the other masks, whose kernels never read them.
+// A window problem's sides in p, given a bound that reaches past every key of every row: an unbounded side
+// becomes that bound, and so does any larger side, which is clamped to it. Both 0 for the other masks, whose
+// kernels never read them.
 template <class Params>
-void set_window(Params& p, const AttentionProblem& problem) {
+void set_window_sides(Params& p, const AttentionProblem& problem, int64_t unbounded_side) {
   p.window_left = p.window_right = 0;
   if (!problem.windowed()) return;
-  const int unbounded = static_cast<int>(std::min<int64_t>(int64_t(p.seqlen_q) + p.seqlen_k, INT32_MAX));
+  const int unbounded = static_cast<int>(std::min<int64_t>(unbounded_side, INT32_MAX));
   auto side = [&](int given) { return given < 0 || given > unbounded ? unbounded : given; };
   p.window_left = side(problem.window_left);
   p.window_right = side(problem.window_right);
+}
+
+// set_window_sides for AttnFwdParams or AttnBwdParams, p.seqlen_q and p.seqlen_k set (a packed batch's longest
+// sequences): seqlen_q + seqlen_k reaches past every key of every row (of every sequence of a packed batch).
+template <class Params>
+void set_window(Params& p, const AttentionProblem& problem) {
+  set_window_sides(p, problem, int64_t(p.seqlen_q) + p.seqlen_k);
+}
+
+// The same for AttnDecodeParams, p.seqlen_q and p.capacity set: no sequence holds more than capacity keys, so
+// capacity + seqlen_q reaches past them all from every new row.
+inline void set_window(AttnDecodeParams& p, const AttentionProblem& problem) {
+  set_window_sides(p, problem, int64_t(p.capacity) + p.seqlen_q);
 }
 
 // A checked packing into a call's problem (varlen, its totals, batch and longest lengths) and params (the

@@ -116,6 +116,10 @@ struct AttnDecodeParams {
   int row_blocks;     // blocks over one kv head's packed rows (group_size * seqlen_q)
   int splits;         // key ranges per sequence (gridDim.x of the attention kernel)
   int causal_bottom_right;  // causal configs: 1 aligns the queries with the last keys, 0 with the first
+  // Windowed configs: as in AttnFwdParams, about each sequence's bottom-right diagonal (causal_bottom_right 1),
+  // an unbounded side bounded by capacity + seqlen_q. 0 otherwise.
+  int window_left;
+  int window_right;
   float scale;
   float scale_log2;
 };

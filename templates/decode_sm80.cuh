@@ -22,11 +22,13 @@
 namespace flashgen {
 
 // One sequence as the variant policies see it (variant.cuh): its new queries, its keys (the cache's and the
-// new tokens'), the causal offset of its alignment, and the softmax scale.
+// new tokens'), the causal offset of its alignment, a window's sides, and the softmax scale.
 struct DecodeSequence {
   int seqlen_q;
   int seqlen_k;
   int causal_offset;
+  int window_left;
+  int window_right;
   float scale;
 };
 
@@ -109,15 +111,18 @@ struct DecodeSm80 {
     sm80::launch_dependents();
     sm80::wait_for_primary();
     const int n_keys = decode_cache_len(p, batch) + p.seqlen_new;
-    const DecodeSequence seq{p.seqlen_q, n_keys, p.causal_bottom_right ? n_keys - p.seqlen_q : 0, p.scale};
+    const DecodeSequence seq{p.seqlen_q,      n_keys,          p.causal_bottom_right ? n_keys - p.seqlen_q : 0,
+                             p.window_left, p.window_right, p.scale};
     const int q_first = row0 / p.group_size;
     const int q_last = (min(row0 + kRows, packed_rows) - 1) / p.group_size;
     const KeyBlocks<Variant, kBlockN> blocks(seq, batch, q_first, q_last - q_first + 1);
-    // This block's even share of the sequence's key blocks; [n_begin, full_end) need no mask.
-    const int per_split = (blocks.end + p.splits - 1) / p.splits;
-    const int n_begin = min(split * per_split, blocks.end);
+    // This block's even share of the key blocks the sequence's rows visit; [full_begin, full_end) need no mask.
+    const int per_split = (blocks.count() + p.splits - 1) / p.splits;
+    const int n_begin = min(blocks.begin + split * per_split, blocks.end);
     const int n_end = min(n_begin + per_split, blocks.end);
-    const int full_end = min(max(blocks.full_end(seq, batch, q_first), n_begin), n_end);
+    const int all_full_end = blocks.full_end(seq, batch, q_first);
+    const int full_end = min(max(all_full_end, n_begin), n_end);
+    const int full_begin = min(max(blocks.full_begin(seq, batch, q_last, all_full_end), n_begin), full_end);
 
     // Q: packed row r is token (row0 + r) / group of query head kv_head * group + (row0 + r) % group.
     const u16* q = static_cast<const u16*>(p.q) + batch * p.q_batch_stride;
@@ -260,7 +265,8 @@ struct DecodeSm80 {
       sm80::softmax_update<kElem>(acc_s, row_max, row_sum, acc_o, p_frag, p.scale_log2);
       sm80::pv_product<kElem, kRow>(acc_o, p_frag, sv, v_lane);
     };
-    for (int n = n_begin; n < full_end; ++n) attend(n, sm80::BoolConstant<false>{});
+    for (int n = n_begin; n < full_begin; ++n) attend(n, sm80::BoolConstant<true>{});
+    for (int n = full_begin; n < full_end; ++n) attend(n, sm80::BoolConstant<false>{});
     for (int n = full_end; n < n_end; ++n) attend(n, sm80::BoolConstant<true>{});
 
     // The ring is idle once every copy has landed and every warp is past its last tile.

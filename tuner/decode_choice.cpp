@@ -16,12 +16,6 @@ long long base_blocks(const AttentionProblem& problem, const DecodeConfig& confi
   return s.batch * s.heads_kv * ceil_div(s.group_size() * s.seqlen_q, config.rows);
 }
 
-// The most ranges a sequence's keys split into: one key block each at least.
-int most_splits(const AttentionProblem& problem, const DecodeConfig& config) {
-  const long long key_blocks = std::max<long long>(1, ceil_div(problem.shape.seqlen_k, config.block_n));
-  return static_cast<int>(std::min<long long>(kMaxDecodeSplits, key_blocks));
-}
-
 }  // namespace
 
 int heuristic_decode_splits(const AttentionProblem& problem, const DecodeConfig& config, int arch, int multiprocessors) {
@@ -33,7 +27,7 @@ int heuristic_decode_splits(const AttentionProblem& problem, const DecodeConfig&
   const int smem = config.smem_bytes(DecodeKernel::kAttend) + 1024;  // the driver reserves 1 KB per block
   const int per_sm = problem.paged && 2 * smem <= max_smem_per_block(arch) + 1024 ? 2 : 1;
   const long long slots = static_cast<long long>(multiprocessors) * per_sm;
-  const int most = most_splits(problem, config);
+  const int most = max_decode_splits(problem, config);
   if (base >= slots || most == 1) return 1;
   auto efficiency = [&](int splits) {
     const double waves = static_cast<double>(base * splits) / static_cast<double>(slots);
@@ -50,7 +44,7 @@ int heuristic_decode_splits(const AttentionProblem& problem, const DecodeConfig&
 std::vector<int> decode_split_counts(const AttentionProblem& problem, const DecodeConfig& config, int arch,
                                      int multiprocessors) {
   const long long base = base_blocks(problem, config);
-  const int most = most_splits(problem, config);
+  const int most = max_decode_splits(problem, config);
   std::vector<int> counts{1, heuristic_decode_splits(problem, config, arch, multiprocessors)};
   for (long long per_sm = 1; per_sm <= 4; ++per_sm) {
     counts.push_back(static_cast<int>(std::min<long long>(most, ceil_div(per_sm * multiprocessors, base))));
@@ -65,6 +59,8 @@ DecodeChoice heuristic_decode_choice(const AttentionProblem& problem, int arch, 
   DecodeConfig& c = choice.config;
   c.dtype = problem.dtype;
   c.head_dim = problem.head_dim();
+  // The mask picks the module's kernels, not its tiles: a window streams the blocks it visits as the causal
+  // mask does (the split count alone sees how few they are).
   c.mask = problem.mask_kind();
   c.paged = problem.paged;
   c.block_n = 64;

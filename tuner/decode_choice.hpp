@@ -21,8 +21,8 @@ DecodeChoice heuristic_decode_choice(const AttentionProblem& problem, int arch, 
 int heuristic_decode_splits(const AttentionProblem& problem, const DecodeConfig& config, int arch, int multiprocessors);
 
 // The split counts worth timing for config at the problem's sizes: one range, heuristic_decode_splits's count,
-// and the fewest ranges that give every SM one, two, three and four blocks; ascending, each at most the
-// capacity's key blocks and kMaxDecodeSplits.
+// and the fewest ranges that give every SM one, two, three and four blocks; ascending, each at most
+// max_decode_splits (the key blocks the rows can visit: a short window over a long cache has few to split).
 std::vector<int> decode_split_counts(const AttentionProblem& problem, const DecodeConfig& config, int arch,
                                      int multiprocessors);
 

@@ -90,7 +90,7 @@ struct DecodeSet {
     args.cache_seqlens = static_cast<const int32_t*>(dlens.data());
     args.block_table = page_size > 0 ? static_cast<const int32_t*>(dtable.data()) : nullptr;
     args.max_pages = pages;
-    args.options.mask = problem.mask;
+    args.options = options_of(problem);
     call = make_kvcache_call(args);
   }
 
@@ -120,7 +120,8 @@ SweepResult sweep_decode(const AttentionProblem& problem, const std::vector<Deco
   }
 
   // The float64 check runs the problem's sizes on at most two sequences (a split count means the same per
-  // sequence); the timed sets repeat its values over the whole batch.
+  // sequence); the timed sets repeat its values over the whole batch. Every cache is full, so the reference's
+  // bottom-right diagonal (seqlen_k - seqlen_q), which a causal mask and a window lie about, is the kernels'.
   std::mt19937_64 rng(options.seed);
   DecodeSet check(problem, std::min<int64_t>(problem.shape.batch, 2), rng, nullptr);
   const AttentionShape& cs = check.shape;
@@ -129,7 +130,8 @@ SweepResult sweep_decode(const AttentionProblem& problem, const std::vector<Deco
   const std::vector<RowSample> rows = sample_rows(cs, options.check_rows);
   const std::vector<ReferenceRow> reference = attention_reference_rows(
       cs, HostInput::bits16(check.q.data(), dtype, q_view), HostInput::bits16(check.k.data(), dtype, kv_view),
-      HostInput::bits16(check.v.data(), dtype, kv_view), check.call.params.scale, problem.mask, rows, /*threads=*/1);
+      HostInput::bits16(check.v.data(), dtype, kv_view), check.call.params.scale, problem.mask, rows, /*threads=*/1,
+      /*softcap=*/0.0, window_of(problem));
   const AttentionShape& shape = problem.shape;
   const int64_t kv_bytes = 2 * shape.batch * shape.seqlen_k * shape.heads_kv * shape.head_dim * 2;
   const int sets = input_sets(scope.device(), kv_bytes);

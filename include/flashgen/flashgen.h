@@ -39,7 +39,8 @@ typedef struct {
                              Dense and packed calls; KV-cache calls refuse it for now */
   int32_t window_left;    /* FLASHGEN_MASK_SLIDING_WINDOW only (ignored under the other masks): the keys before */
   int32_t window_right;   /* and after the diagonal a query sees, each >= 0, or -1 for no bound on that side.
-                             Dense and packed calls; KV-cache calls refuse the window mask for now.
+                             Dense, packed and KV-cache calls (a KV-cache call's diagonal is each sequence's own:
+                             its last new query's is its last key).
                              The window fields grew the struct from 16 to 24 bytes, and with it the argument
                              structs that embed it: callers compiled against an older flashgen.h must be
                              rebuilt (their args.size is refused, not misread) */
@@ -217,12 +218,16 @@ typedef struct {
                                    contiguous cache */
   int64_t max_pages;         /* block_table's pages per sequence (its row length); capacity = max_pages * page_size */
   int64_t num_splits;        /* key ranges per sequence: 0 lets flashgen choose for the GPU and problem; n >= 1 uses
-                                exactly n (capped at the key blocks of the capacity); 1 gives batch-invariant results */
+                                exactly n (capped at the key blocks a sequence's rows can visit: the capacity's, or
+                                under a window those of window_left + seqlen_q keys); 1 gives batch-invariant
+                                results */
   void* workspace;           /* device memory for the ranges' partial results (splits > 1), 256-byte aligned, at least
                                 flashgen_attention_kvcache_workspace_size() bytes; NULL: taken from the stream's pool */
   size_t workspace_bytes;
   flashgen_attention_options options; /* FLASHGEN_MASK_CAUSAL aligns each sequence's queries with its last keys:
-                                         new query i of n sees cache_seqlens[b] + seqlen_new - n + i + 1 keys */
+                                         new query i of n sees cache_seqlens[b] + seqlen_new - n + i + 1 keys; so
+                                         does FLASHGEN_MASK_SLIDING_WINDOW, seqlen_k being that sequence's
+                                         cache_seqlens[b] + seqlen_new */
 } flashgen_kvcache_args;
 
 /* out = attention of each sequence's new queries over its cache (the first cache_seqlens[b] + seqlen_new

@@ -726,7 +726,7 @@ def _check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table)
             _bad(f"{name}.shape[0] is {t.shape[0]} but q.shape[0] (batch) is {q.shape[0]}")
 
 
-def _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, scale, mask, num_splits):
+def _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, scale, mask, num_splits, window):
     """flashgen_kvcache_args over the tensors (each readable in place: the caches are written in place when k and
     v are given, so they are never copied)."""
     args = _lib.KvCacheArgs()
@@ -739,7 +739,7 @@ def _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, ls
     if block_table is not None:
         args.block_table, args.max_pages = block_table.data_ptr(), block_table.shape[1]
     args.num_splits = num_splits
-    args.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 0)
+    args.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 0, 0.0, *window)
     return args
 
 
@@ -748,13 +748,14 @@ def _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, ls
 _KVCACHE_WORKSPACE = {}
 
 
-def _kvcache_class(q, k_cache, v_cache, k, cache_seqlens, block_table, scale, mask, num_splits):
+def _kvcache_class(q, k_cache, v_cache, k, cache_seqlens, block_table, scale, mask, num_splits, window):
     return (q.device, q.dtype, tuple(q.shape), q.stride(), tuple(k_cache.shape), k_cache.stride(), v_cache.stride(),
             None if k is None else (tuple(k.shape), k.stride()),
-            None if block_table is None else tuple(block_table.shape), cache_seqlens is None, scale, mask, num_splits)
+            None if block_table is None else tuple(block_table.shape), cache_seqlens is None, scale, mask, num_splits,
+            window)
 
 
-def _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits):
+def _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits, window=_NO_WINDOW):
     with torch.cuda.device(q.device):
         q = _readable(q)
         if k is not None:
@@ -762,9 +763,10 @@ def _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask,
         block_table = block_table.contiguous() if block_table is not None else None
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
-        args = _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, scale, mask, num_splits)
+        args = _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, scale, mask, num_splits,
+                             window)
         stream = _stream(q.device)
-        key = _kvcache_class(q, k_cache, v_cache, k, cache_seqlens, block_table, scale, mask, num_splits)
+        key = _kvcache_class(q, k_cache, v_cache, k, cache_seqlens, block_table, scale, mask, num_splits, window)
         needed = _KVCACHE_WORKSPACE.get(key)
         if needed is None:
             size = ctypes.c_size_t(0)
@@ -789,15 +791,17 @@ def _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask,
 @torch.library.custom_op("flashgen::attention_kvcache", mutates_args=("k_cache", "v_cache"))
 def _attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Optional[torch.Tensor],
                        v: Optional[torch.Tensor], cache_seqlens: Optional[torch.Tensor],
-                       block_table: Optional[torch.Tensor], scale: float, mask: str,
-                       num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+                       block_table: Optional[torch.Tensor], scale: float, mask: str, num_splits: int,
+                       window_left: int = -1, window_right: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of new queries against a KV cache; lse is fp32 [batch, heads_q, seqlen_q]. With k and v, their rows
     are first written into k_cache and v_cache."""
-    return _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits)
+    return _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits,
+                    (window_left, window_right))
 
 
 @_attention_kvcache.register_fake
-def _attention_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits):
+def _attention_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits,
+                            window_left=-1, window_right=-1):
     return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
 
@@ -814,10 +818,13 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     values, written into the caches in place at rows cache_seqlens[b]... before attending (cache_seqlens itself is
     not updated). Each sequence attends to its first cache_seqlens[b] + seqlen_new keys; causal=True aligns its
     queries with its last keys ("bottom_right", FlashAttention's) or, with causal_align="top_left", its first.
-    GQA/MQA as for attention(). num_splits: key ranges per sequence merged by LSE, 0 lets flashgen choose for the
-    GPU and problem, 1 gives batch-invariant results. rotary embeddings, cache_batch_idx, cache_leftpad,
-    window_size, softcap and alibi_slopes are not supported yet (a value other than the default is refused; attention()
-    and varlen_attention() take window_size and softcap).
+    window_size=(left, right): FlashAttention's sliding window about the same bottom-right diagonal (new query i of
+    n sees keys cache_seqlens[b] + seqlen_new - n + i - left to ... + right; -1 for no bound on a side; with
+    causal=True the right side is 0; (-1, -1) for none). GQA/MQA as for attention(). num_splits: key ranges per
+    sequence merged by LSE, 0 lets flashgen choose for the GPU and problem (a short window over a long cache gets
+    few: only the blocks it visits are split), 1 gives batch-invariant results. rotary embeddings, cache_batch_idx,
+    cache_leftpad, softcap and alibi_slopes are not supported yet (a value other than the default is refused;
+    attention() and varlen_attention() take softcap).
 
     Returns out [batch, seqlen_q, heads_q, head_dim] (a new tensor), or (out, lse) with return_softmax_lse, lse
     being fp32 [batch, heads_q, seqlen_q]. Not differentiable. Runs on the current CUDA stream of q's device as the
@@ -827,13 +834,12 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     """
     unsupported = {"rotary_cos": rotary_cos is not None, "rotary_sin": rotary_sin is not None,
                    "cache_batch_idx": cache_batch_idx is not None, "cache_leftpad": cache_leftpad is not None,
-                   "window_size": _check_window(window_size) != _NO_WINDOW, "softcap": softcap != 0.0,
-                   "alibi_slopes": alibi_slopes is not None}
+                   "softcap": softcap != 0.0, "alibi_slopes": alibi_slopes is not None}
     for name, given in unsupported.items():
         if given:
             raise FlashgenArgumentError(f"{name}: not supported by flashgen.torch.attention_with_kvcache yet",
                                         _lib.ERROR_UNSUPPORTED)
-    mask = _mask(causal, causal_align)
+    mask, window = _mask_and_window(causal, causal_align, window_size)
     scale = _check_scale(softmax_scale)
     if isinstance(num_splits, bool) or not isinstance(num_splits, int):
         _bad(f"num_splits: expected an int, got {type(num_splits).__name__}")
@@ -842,7 +848,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     _check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table)
     args = (q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits)
     if _eager_call(q, k_cache, v_cache):
-        out, lse = _kvcache(*args)
+        out, lse = _kvcache(*args, window)
     else:
-        out, lse = torch.ops.flashgen.attention_kvcache(*args)
+        out, lse = torch.ops.flashgen.attention_kvcache(*args, *window)
     return (out, lse) if return_softmax_lse else out

@@ -1,6 +1,6 @@
 """flashgen.torch.attention_with_kvcache on the GPU: each sequence's output and lse against its float64 reference
-(SDPA's MATH backend) over contiguous and paged caches with appended tokens, fixed and chosen split counts, the
-custom op under torch.library.opcheck and CUDA-graph capture, and the arguments it refuses.
+(SDPA's MATH backend) over contiguous and paged caches with appended tokens, fixed and chosen split counts, sliding
+windows, the custom op under torch.library.opcheck and CUDA-graph capture, and the arguments it refuses.
 """
 
 import pytest
@@ -67,6 +67,41 @@ def test_decode_matches_reference_with_append(page_size, num_splits):
         assert torch.equal(k_cache[order].reshape(batch, capacity, hkv, d), k_logical)
     else:
         assert torch.equal(k_cache, k_logical) and torch.equal(v_cache, v_logical)
+
+
+@pytest.mark.parametrize("page_size", [0, 16])
+@pytest.mark.parametrize("window_size,causal,new", [((256, -1), True, 1), ((100, 20), False, 4)])
+def test_decode_within_a_window_matches_reference(page_size, window_size, causal, new):
+    """Caches shorter and much longer than the window; the window lies about each sequence's last key."""
+    batch, capacity, hq, hkv, d = 3, 2048, 8, 2, 64
+    lens = [5, 300, 2000 - new]
+    k_logical, v_logical = (_randn(batch, capacity, hkv, d, dtype=torch.float16, seed=s) for s in (20, 21))
+    k_new, v_new = (_randn(batch, new, hkv, d, dtype=torch.float16, seed=s) for s in (22, 23))
+    q = _randn(batch, new, hq, d, dtype=torch.float16, seed=24)
+    cache_seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    table, k_cache, v_cache = None, k_logical.clone(), v_logical.clone()
+    if page_size:  # the pages in reverse order
+        order = torch.arange(batch * capacity // page_size, device="cuda").flip(0)
+        table = order.view(batch, -1).to(torch.int32)
+        k_cache, v_cache = (torch.empty(len(order), page_size, hkv, d, device="cuda", dtype=torch.float16)
+                            for _ in range(2))
+        k_cache[order] = k_logical.reshape(-1, page_size, hkv, d)
+        v_cache[order] = v_logical.reshape(-1, page_size, hkv, d)
+    for num_splits in (0, 1, 4):
+        out, lse = fgt.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=cache_seqlens,
+                                              block_table=table, causal=causal, window_size=window_size,
+                                              num_splits=num_splits, return_softmax_lse=True)
+        window = (window_size[0], 0) if causal else window_size
+        for b, n in enumerate(lens):
+            keys, values = (torch.cat([t[b:b + 1, :n], fresh[b:b + 1]], dim=1)
+                            for t, fresh in ((k_logical, k_new), (v_logical, v_new)))
+            visible = testsupport.window_keys(new, n + new, window, q.device)
+            qs = q[b:b + 1]
+            want, want_lse, _ = testsupport.float64_bshd_attention(qs, keys, values, torch.zeros_like(qs), d ** -0.5,
+                                                                   visible)
+            testsupport.assert_close_to_float64(f"out of sequence {b}, num_splits {num_splits}", out[b:b + 1], want,
+                                                torch.float16)
+            assert testsupport.max_error(lse[b:b + 1], want_lse) <= 1e-3
 
 
 def test_an_int_cache_length_and_full_caches():

@@ -1,7 +1,8 @@
 """flashgen.torch's window_size argument (FlashAttention's sliding window): the values it refuses and how causal
 turns a window into a causal one, on any machine with torch (meta tensors go through the ops' fake kernels, so
-the ops' schemas take the window); on the GPU, attention() and varlen_attention() outputs and gradients against a
-float64 reference of the banded mask, and explain() naming the window's kernels.
+the ops' schemas take the window, attention_with_kvcache's too); on the GPU, attention() and varlen_attention()
+outputs and gradients against a float64 reference of the banded mask, and explain() naming the window's kernels
+(attention_with_kvcache's window on the GPU: test_torch_kvcache.py).
 """
 
 import math
@@ -64,10 +65,18 @@ def test_meta_tensors_take_a_window_through_the_ops():
                                 window_size=(64, 64)).shape == packed.shape
 
 
-def test_the_kvcache_call_refuses_a_window():
-    q = _meta(1, 1, 2, 64)
-    with pytest.raises(flashgen.FlashgenArgumentError, match="window_size: not supported") as caught:
-        fgt.attention_with_kvcache(q, q, q, window_size=(128, 0))
+def test_the_kvcache_call_takes_a_window_through_its_op():
+    q, cache = _meta(2, 4, 8, 64), _meta(2, 512, 2, 64)
+    for window_size, causal in (((128, 0), False), ((100, 20), False), ((100, 20), True), ((-1, 8), False)):
+        out, lse = fgt.attention_with_kvcache(q, cache, cache, window_size=window_size, causal=causal,
+                                              return_softmax_lse=True)
+        assert out.device.type == "meta" and out.shape == q.shape
+        assert lse.shape == (2, 8, 4)
+    # Aligned bottom-right as the dense calls' windows are; the soft cap is still refused.
+    with pytest.raises(flashgen.FlashgenArgumentError, match="causal_align='top_left'"):
+        fgt.attention_with_kvcache(q, cache, cache, causal=True, causal_align="top_left", window_size=(8, 0))
+    with pytest.raises(flashgen.FlashgenArgumentError, match="softcap: not supported") as caught:
+        fgt.attention_with_kvcache(q, cache, cache, window_size=(128, 0), softcap=30.0)
     assert caught.value.status == flashgen._lib.ERROR_UNSUPPORTED
 
 

@@ -8,6 +8,7 @@
 #include "catch.hpp"
 #include "flashgen/flashgen.h"
 #include "launch/attention_kvcache.hpp"
+#include "launch/tensor_checks.hpp"
 #include "support/fake_pointer.hpp"
 
 namespace {
@@ -58,17 +59,10 @@ TEST_CASE("KV-cache attention rejects each bad argument with a message naming it
   check_rejected([](auto& a) { a.q.data = nullptr; }, kInvalid, "q.data: null pointer");
   check_rejected([](auto& a) { a.options.softcap = 30.f; }, FLASHGEN_ERROR_UNSUPPORTED,
                  "options.softcap: KV-cache calls take no soft cap yet");
-  // Any window, even one that would run as a plain mask: the decode kernels have no window.
-  for (const auto& [left, right] : {std::pair{128, 0}, std::pair{-1, -1}}) {
-    check_rejected(
-        [&](auto& a) {
-          a.options.mask = FLASHGEN_MASK_SLIDING_WINDOW, a.options.window_left = left, a.options.window_right = right;
-        },
-        FLASHGEN_ERROR_UNSUPPORTED, "options.mask: KV-cache calls take no sliding window yet");
-  }
-  // A bad window is a bad argument first.
   check_rejected([](auto& a) { a.options.mask = FLASHGEN_MASK_SLIDING_WINDOW, a.options.window_left = -3; }, kInvalid,
                  "opts.window_left must be >= 0");
+  check_rejected([](auto& a) { a.options.mask = FLASHGEN_MASK_SLIDING_WINDOW, a.options.window_right = -2; }, kInvalid,
+                 "opts.window_right must be >= 0");
   check_rejected([](auto& a) { a.v_cache.dtype = FLASHGEN_FLOAT16; }, kInvalid, "v_cache.dtype is fp16 but q.dtype");
   check_rejected([](auto& a) { a.k_cache.shape[3] = 64; }, kInvalid, "k_cache.shape[3] (head_dim) is 64");
   check_rejected([](auto& a) { a.v_cache.shape[0] = 99; }, kInvalid, "v_cache.shape[0]");
@@ -132,4 +126,52 @@ TEST_CASE("a KV-cache call binds its cache, pages and new tokens as the kernels 
   CHECK(dense.params.capacity == 300);
   CHECK(dense.params.seqlen_new == 0);
   CHECK(dense.params.k_new == nullptr);
+  CHECK(dense.params.window_left == 0);
+  CHECK(dense.params.window_right == 0);
+}
+
+TEST_CASE("a KV-cache call takes a sliding window about each sequence's last key", "[kvcache][window]") {
+  auto call_with = [](int left, int right, flashgen_mask mask = FLASHGEN_MASK_SLIDING_WINDOW) {
+    flashgen_kvcache_args args = valid_args();
+    args.options.mask = mask, args.options.window_left = left, args.options.window_right = right;
+    return flashgen::make_kvcache_call(args);
+  };
+  // Aligned bottom-right, as the causal mask: the kernels read causal_bottom_right and both sides.
+  const flashgen::KvCacheCall window = call_with(256, 0);
+  CHECK(window.problem.mask_kind() == flashgen::MaskKind::kWindow);
+  CHECK(window.problem.kv_cache);
+  CHECK(window.params.causal_bottom_right == 1);
+  CHECK(window.params.window_left == 256);
+  CHECK(window.params.window_right == 0);
+  // An unbounded side, or one past every key, is capacity + seqlen_q (1024 + 1): no new row's window ends inside.
+  const flashgen::KvCacheCall open_right = call_with(16, -1);
+  CHECK(open_right.params.window_left == 16);
+  CHECK(open_right.params.window_right == 1025);
+  CHECK(call_with(1 << 30, 3).params.window_left == 1025);
+  // Normalized as dense calls are: (-1, 0) runs the bottom-right causal mask, (-1, -1) no mask.
+  const flashgen::KvCacheCall causal = call_with(-1, 0);
+  CHECK(causal.problem.mask_kind() == flashgen::MaskKind::kCausal);
+  CHECK(causal.params.causal_bottom_right == 1);
+  CHECK(causal.params.window_left == 0);
+  const flashgen::KvCacheCall none = call_with(-1, -1);
+  CHECK(none.problem.mask_kind() == flashgen::MaskKind::kNone);
+  CHECK(none.params.causal_bottom_right == 0);
+  // The window fields are read under the window mask only.
+  CHECK(call_with(-7, 5, FLASHGEN_MASK_CAUSAL).params.window_left == 0);
+  // A config must be of the window: the causal module is refused for it, and the window's for the causal mask.
+  flashgen::DecodeConfig config;
+  config.dtype = flashgen::DType::kBFloat16;
+  config.paged = true;
+  config.mask = flashgen::MaskKind::kWindow;
+  CHECK_NOTHROW(flashgen::check_requested_config(config, window.problem, 90));
+  CHECK_THROWS_WITH(flashgen::check_requested_config(config, causal.problem, 90),
+                    Catch::Matchers::Contains("does not match the problem"));
+
+  // 257 keys end at each sequence's last: at most 5 of the 16 blocks of 64 hold them, so at most 5 ranges,
+  // and the workspace is sized for those: 5 ranges x 4 sequences x 32 heads x 1 token, 640 rows of 128 floats
+  // and 640 LSEs (each part 256-aligned already).
+  CHECK(flashgen::clamp_splits(window, config, 64) == 5);
+  CHECK(flashgen::clamp_splits(causal, config, 64) == 16);
+  CHECK(flashgen::kvcache_workspace_bytes(window, flashgen::clamp_splits(window, config, 64)) ==
+        640 * 128 * 4 + 640 * 4);
 }

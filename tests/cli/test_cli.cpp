@@ -275,7 +275,8 @@ TEST_CASE("cli: failures under --json print one JSON error object", "[cli]") {
         {{"run", "--window", "-2,0"}, "--window must be in [-1, "},
         {{"run", "--window", "4,x"}, "--window expects an integer, got 'x'"},
         {{"run", "--window", "64,0", "--causal", "top-left"}, "--window is aligned bottom-right"},
-        {{"run", "--kv-cache", "--window", "64,0"}, "options.mask: KV-cache calls take no sliding window yet"},
+        {{"run", "--kv-cache", "--window", "64,0", "--config", "dec_sm80_fp16_d128_r16_n64_w4_s3_causal"},
+         "does not match the problem"},
         // A window config for a problem that normalizes to the causal mask ((-1, 0)), and the converse.
         {{"run", "--window", "-1,0", "--config", "fwd_sm80_fp16_d128_m128_n64_w4_s2_window"},
          "does not match the problem"},
@@ -297,7 +298,9 @@ TEST_CASE("cli: failures under --json print one JSON error object", "[cli]") {
                                      "fwd_sm80_fp16_d128_m128_n64_w4_s2_window"},
             {"run", "--window", "64,-1", "--causal", "bottom-right", "--backward"},
             {"run", "--window", "-1,-1", "--config", "fwd_sm80_fp16_d128_m128_n64_w4_s2"},
-            {"run", "--varlen", "--window", "100,0"}}) {
+            {"run", "--varlen", "--window", "100,0"}, {"run", "--kv-cache", "--window", "64,0"},
+            {"run", "--kv-cache", "--window", "64,8", "--page-size", "16", "--config",
+             "dec_sm80_fp16_d128_r16_n64_w4_s3_window_paged"}}) {
         const CliResult result = run_cli(words, dir);
         INFO(words[2] << ": " << result.err);
         CHECK(result.exit_code == 3);

@@ -2,6 +2,8 @@
 // the generated module (config header and its three kernels' entry points); the heuristic choice of config
 // and split count.
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "catch.hpp"
 #include "flashgen/error.hpp"
@@ -51,13 +53,25 @@ TEST_CASE("decode configs are validated by the rules the kernels assert", "[gene
   CHECK_THROWS_WITH(flashgen::generate(c), Catch::Matchers::Contains("head_dim must be a multiple of 8"));
 }
 
-TEST_CASE("the decode family takes no sliding window", "[generator][decode]") {
+TEST_CASE("a window decode module is named, read back and generated as the causal one is",
+          "[generator][decode][window]") {
   DecodeConfig c;
+  c.dtype = flashgen::DType::kBFloat16;
   c.mask = flashgen::MaskKind::kWindow;
-  CHECK(c.name() == "dec_sm80_fp16_d128_r16_n64_w4_s4_window");
+  c.paged = true;
+  CHECK(c.name() == "dec_sm80_bf16_d128_r16_n64_w4_s4_window_paged");
   CHECK(DecodeConfig::from_name(c.name()) == c);
-  CHECK(c.invalid_reason(90).value_or("") == "the decode kernels take no sliding window yet");
-  CHECK(nlohmann::json({{"mask", "window"}}).get<DecodeConfig>().invalid_reason(90).has_value());
+  CHECK_THROWS_WITH(DecodeConfig::from_name("dec_sm80_bf16_d128_r16_n64_w4_s4_causal_window"),
+                    Catch::Matchers::Contains("unknown suffix 'window'"));
+  CHECK_THROWS_WITH(DecodeConfig::from_name("dec_sm80_bf16_d128_r16_n64_w4_s4_paged_window"),
+                    Catch::Matchers::Contains("not canonical"));
+  CHECK_FALSE(c.invalid_reason(80).has_value());
+  const nlohmann::json j = c;
+  CHECK(j.at("mask") == "window");
+  CHECK(j.get<DecodeConfig>() == c);
+  const std::string header = flashgen::generate(c).headers.front().contents;
+  CHECK(header.find("using Variant = flashgen::SlidingWindow;") != std::string::npos);
+  CHECK(header.find("kMask = flashgen::MaskKind::kWindow;") != std::string::npos);
 }
 
 TEST_CASE("a decode module instantiates its three kernels over the template", "[generator][decode]") {
@@ -94,6 +108,45 @@ TEST_CASE("the decode heuristic packs a kv head's rows and splits short batches 
   CHECK(choice.splits <= 8);  // 512 keys hold 8 tiles of 64
 }
 
+TEST_CASE("a window's split count reasons about the key blocks it visits, not the capacity",
+          "[tuner][decode][window]") {
+  // One new token of 8 kv heads against caches of 32k keys: 8 blocks leave most of 132 SMs idle.
+  flashgen::AttentionProblem problem =
+      flashgen::forward_problem(flashgen::DType::kBFloat16, {1, 1, 32768, 32, 8, 128}, FLASHGEN_MASK_SLIDING_WINDOW,
+                                256, 0);
+  problem.kv_cache = true;
+  const flashgen::DecodeChoice choice = flashgen::heuristic_decode_choice(problem, 90, 132);
+  REQUIRE(choice.config.block_n == 64);
+  CHECK(choice.config.mask == flashgen::MaskKind::kWindow);
+  // 256 + 1 keys end at the sequence's last: at most 5 blocks of 64 (4 when they happen to align), not 512.
+  CHECK(flashgen::max_decode_splits(problem, choice.config) == 5);
+  CHECK(choice.splits == 5);  // each visited block a range of its own: 8 x 5 blocks still fill few SMs
+  const std::vector<int> counts = flashgen::decode_split_counts(problem, choice.config, 90, 132);
+  CHECK(counts.back() == 5);
+  // The causal problem of the same sizes splits its 512 blocks much more finely.
+  flashgen::AttentionProblem causal = problem;
+  causal.set_mask(FLASHGEN_MASK_CAUSAL);
+  CHECK(flashgen::heuristic_decode_choice(causal, 90, 132).splits * 8 >= 100);
+  // New tokens widen the window's reach (4 rows: 256 + 4 keys), the right side does not (no key lies past the
+  // last new token's diagonal), and a window longer than the cache is the capacity's.
+  problem.shape.seqlen_q = 4;
+  CHECK(flashgen::max_decode_splits(problem, choice.config) == 6);
+  problem.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, 256, 1000);
+  CHECK(flashgen::max_decode_splits(problem, choice.config) == 6);
+  problem.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, 0, 0);
+  problem.shape.seqlen_q = 1;
+  CHECK(flashgen::max_decode_splits(problem, choice.config) == 1);
+  problem.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, 1 << 20, 0);
+  CHECK(flashgen::max_decode_splits(problem, choice.config) == 128);  // kMaxDecodeSplits of the capacity's 512
+  problem.shape.seqlen_k = 300;
+  CHECK(flashgen::max_decode_splits(problem, choice.config) == 5);
+  // Unbounded on the left: every key of the cache may be visited.
+  problem.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, -1, 8);
+  CHECK(flashgen::max_decode_splits(problem, choice.config) == 5);
+  problem.shape.seqlen_k = 32768;
+  CHECK(flashgen::max_decode_splits(problem, choice.config) == 128);
+}
+
 TEST_CASE("the decode heuristic's configs compile without spills", "[tuner][decode][nvrtc]") {
   auto& registry = flashgen::KernelRegistry::instance();
   flashgen::AttentionProblem problem;
@@ -112,4 +165,22 @@ TEST_CASE("the decode heuristic's configs compile without spills", "[tuner][deco
         const auto usage = kernel->usage_of(choice.config.symbol(DecodeKernel::kAttend));
         CHECK(usage.spill_store_bytes + usage.spill_load_bytes == 0);
       }
+}
+
+TEST_CASE("the window's decode modules compile without spills", "[tuner][decode][nvrtc][window]") {
+  // The window's first key per row and its masked blocks at both ends of a range add to the causal kernel.
+  auto& registry = flashgen::KernelRegistry::instance();
+  flashgen::AttentionProblem problem = flashgen::forward_problem(
+      flashgen::DType::kBFloat16, {4, 1, 8192, 32, 8, 128}, FLASHGEN_MASK_SLIDING_WINDOW, 1024, 0);
+  problem.kv_cache = true;
+  for (auto [d, paged] : {std::pair{64, false}, std::pair{128, false}, std::pair{256, false}, std::pair{128, true}}) {
+    problem.shape.head_dim = d;
+    problem.paged = paged;
+    const flashgen::DecodeChoice choice = flashgen::heuristic_decode_choice(problem, 90, 132);
+    INFO(choice.config.name());
+    REQUIRE(choice.config.mask == flashgen::MaskKind::kWindow);
+    const auto kernel = registry.compiled(choice.config, 90);
+    const auto usage = kernel->usage_of(choice.config.symbol(DecodeKernel::kAttend));
+    CHECK(usage.spill_store_bytes + usage.spill_load_bytes == 0);
+  }
 }

@@ -2,7 +2,8 @@
 // float64 reference over its cache rows plus the appended tokens, contiguous and paged caches (several page
 // sizes, a shuffled block table), 1-4 new tokens with and without append, GQA/MQA, causal alignments, head
 // dims 64, 96, 128, 256 and 40, every split count the chooser may pick, a spread of tiles, warps and stages
-// besides the built-in module, and batch invariance at a fixed split.
+// besides the built-in module, batch invariance at a fixed split, and sliding windows about each sequence's
+// last key over caches shorter and much longer than the window.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -40,6 +41,7 @@ struct KvCase {
   int64_t page_size = 0;            // 0: a contiguous cache
   int64_t seqlen_new = 0;           // appended tokens (0: none)
   std::vector<int> splits = {0, 1, 3};
+  int window_left = -1, window_right = -1;  // read under FLASHGEN_MASK_SLIDING_WINDOW only
 };
 
 using flashgen::test::random_bits;
@@ -109,6 +111,7 @@ struct KvBatch {
     args.lse = static_cast<float*>(dlse.data());
     args.cache_seqlens = static_cast<const int32_t*>(dlens.data());
     args.options.mask = c.mask;
+    args.options.window_left = c.window_left, args.options.window_right = c.window_right;
   }
 
   void poison() {
@@ -146,7 +149,7 @@ void check_outputs(const KvCase& c, const KvBatch& kv, const std::string& label)
       const flashgen::AttentionResult ref = flashgen::attention_reference_f64(
           shape, flashgen::HostInput::bits16(kv.q.data() + b * sq * hq * d, c.dtype, q_view),
           flashgen::HostInput::bits16(k.data(), c.dtype, kv_view), flashgen::HostInput::bits16(v.data(), c.dtype, kv_view),
-          scale, c.mask);
+          scale, c.mask, /*softcap=*/0.0, flashgen::ReferenceWindow{c.window_left, c.window_right});
       want_out = ref.out, want_lse = ref.lse;
     }
     std::vector<double> got_out(want_out.size()), got_lse(want_lse.size());
@@ -203,14 +206,27 @@ std::vector<KvCase> kv_cases() {
   };
 }
 
-}  // namespace
+// Sliding windows about each sequence's last key: caches shorter than the window and much longer (5, 300 and
+// 2000 keys), causal-shaped and two-sided, a window that leaves the first new rows of a short cache no key, GQA 4,
+// contiguous and paged (16) caches, 1 and 4 new tokens, once appended.
+std::vector<KvCase> window_cases() {
+  KvCase causal{"bf16 d128 GQA 4 contiguous, one token, window (256, 0)", FLASHGEN_BFLOAT16, 128, 8, 2,
+                FLASHGEN_MASK_SLIDING_WINDOW, 1, {5, 300, 2000}, 2048, 0, 0, {0, 1, 4}};
+  causal.window_left = 256, causal.window_right = 0;
+  KvCase two_sided{"fp16 d64 GQA 4 paged 16, 4 tokens append 4, window (100, 20)", FLASHGEN_FLOAT16, 64, 8, 2,
+                   FLASHGEN_MASK_SLIDING_WINDOW, 4, {5, 300, 2000}, 2016, 16, 4, {0, 1, 4}};
+  two_sided.window_left = 100, two_sided.window_right = 20;
+  // 2 keys for 4 new rows: rows 0 and 1 sit before the first key, and a window (1, 0) shows them none.
+  KvCase empty_rows{"bf16 d128 GQA 4 contiguous, 4 tokens, window (1, 0)", FLASHGEN_BFLOAT16, 128, 8, 2,
+                    FLASHGEN_MASK_SLIDING_WINDOW, 4, {2, 0, 700}, 704, 0, 0, {0, 3}};
+  empty_rows.window_left = 1, empty_rows.window_right = 0;
+  return {causal, two_sided, empty_rows};
+}
 
-TEST_CASE("KV-cache attention matches each sequence's float64 reference", "[gpu][kvcache]") {
-  FLASHGEN_REQUIRE_GPU();
-  flashgen::ScopedContext scope;
-  const std::vector<KvCase> cases = kv_cases();
+// Each case's every split count: out and lse against each sequence's float64 reference, and the appended rows.
+void check_cases(const std::vector<KvCase>& cases, uint64_t seed) {
   for (const KvCase& c : cases) {
-    KvBatch kv(c, 0xdec0de + c.head_dim);
+    KvBatch kv(c, seed + c.head_dim);
     for (int splits : c.splits) {
       kv.poison();
       kv.args.num_splits = splits;
@@ -221,6 +237,39 @@ TEST_CASE("KV-cache attention matches each sequence's float64 reference", "[gpu]
     }
     if (c.seqlen_new > 0) check_cache(c, kv);
   }
+}
+
+}  // namespace
+
+TEST_CASE("KV-cache attention matches each sequence's float64 reference", "[gpu][kvcache]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext scope;
+  check_cases(kv_cases(), 0xdec0de);
+}
+
+TEST_CASE("KV-cache attention within a sliding window matches each sequence's float64 reference",
+          "[gpu][kvcache][window]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext scope;
+  check_cases(window_cases(), 0x3d0e);
+
+  // A window of 257 keys touches at most 5 blocks of the built-in module's 64: a request for 64 ranges is
+  // capped there, in the workspace the library asks for and in the call that uses it.
+  const KvCase c = window_cases().front();
+  KvBatch kv(c, 0x3d0f);
+  kv.args.num_splits = 64;
+  const flashgen::KvCacheCall call = flashgen::make_kvcache_call(kv.args);
+  REQUIRE(flashgen::heuristic_decode_choice(call.problem, 80, 132).config.block_n == 64);
+  size_t bytes = 0;
+  REQUIRE(flashgen_attention_kvcache_workspace_size(&kv.args, nullptr, &bytes) == FLASHGEN_SUCCESS);
+  CHECK(bytes == flashgen::kvcache_workspace_bytes(call, 5));
+  DeviceBuffer workspace(bytes);
+  kv.args.workspace = workspace.data();
+  kv.args.workspace_bytes = bytes;
+  kv.poison();
+  REQUIRE(flashgen_attention_kvcache(&kv.args, nullptr) == FLASHGEN_SUCCESS);
+  FLASHGEN_CU_CHECK(cuCtxSynchronize());
+  check_outputs(c, kv, "64 ranges asked for, 5 used");
 }
 
 TEST_CASE("KV-cache attention on a spread of modules besides the built-in one", "[gpu][kvcache]") {

@@ -262,6 +262,30 @@ TEST_CASE("a windowed problem is a class of its own, bucketed by the keys a row 
   CHECK(flashgen::mask_text(capped) == "window1024c_softcap");
 }
 
+TEST_CASE("a KV-cache window key is bucketed by its window as a forward one is", "[tuner][problem_key][window]") {
+  // One new token of 8 sequences against caches of 32k keys, a causal window of 4096 keys (4095 + 0 + 1).
+  flashgen::AttentionProblem decode = flashgen::forward_problem(DType::kBFloat16, {8, 1, 32768, 32, 8, 128},
+                                                                FLASHGEN_MASK_SLIDING_WINDOW, 4095, 0);
+  decode.kv_cache = true;
+  const flashgen::ProblemKey key = flashgen::problem_key(decode);
+  CHECK(key.id() == "dec|bf16|d128|window|g4|q1|k32768|bh256|w4096c");
+  CHECK(flashgen::mask_text(key) == "window4096c");
+  decode.paged = true, decode.page_size = 16;
+  decode.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, 100, 20);  // two-sided: 121 keys
+  CHECK(flashgen::problem_key(decode).id() == "dec_paged|bf16|d128|window|g4|q1|k32768|bh256|w128");
+  // A window longer than the cache is bucketed by the capacity; the normalized windows are the plain masks' keys.
+  decode.shape.seqlen_k = 1000;
+  decode.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, 5000, 0);
+  CHECK(flashgen::problem_key(decode).id() == "dec_paged|bf16|d128|window|g4|q1|k1024|bh256|w1024c");
+  decode.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, -1, 0);
+  CHECK(flashgen::problem_key(decode).id() == "dec_paged|bf16|d128|causal|g4|q1|k1024|bh256");
+  // Window keys of the decode class read back from a row's pass and mask text.
+  flashgen::ProblemKey read;
+  flashgen::read_pass_id("dec", read);
+  flashgen::read_mask_text("window4096c", read);
+  CHECK((read.kv_cache && read.mask == MaskKind::kWindow && read.window_bucket == 4096 && read.window_causal));
+}
+
 TEST_CASE("a window key's mask text reads back, and only its canonical spellings", "[tuner][problem_key]") {
   for (const char* text : {"window1c", "window1024", "window1024c", "window4096_softcap", "window64c_softcap"}) {
     INFO(text);

@@ -171,6 +171,32 @@ TEST_CASE("a small KV-cache sweep checks every split count, and the decode choic
   CHECK_THROWS_AS(flashgen::sweep_decode(problem, {contiguous}, nullptr, options), flashgen::Error);
 }
 
+TEST_CASE("a KV-cache sweep of a window problem checks its candidates against the window's reference",
+          "[gpu][tuner][sweep][decode][window]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext scope;
+  const int arch = flashgen::device_sm(scope.device());
+  const int sms = flashgen::device_traits(scope.device()).multiprocessors;
+  // Two new tokens of two sequences against contiguous caches of 1000 keys, each row seeing the 100 keys before
+  // its diagonal and up to 10 after: a reference of the whole cache would fail every candidate.
+  const flashgen::AttentionShape shape{/*batch=*/2, /*seqlen_q=*/2, /*seqlen_k=*/1000, /*heads_q=*/8, /*heads_kv=*/2,
+                                      /*head_dim=*/64};
+  flashgen::AttentionProblem problem =
+      flashgen::forward_problem(flashgen::DType::kBFloat16, shape, FLASHGEN_MASK_SLIDING_WINDOW, 100, 10);
+  problem.kv_cache = true;
+  const flashgen::DecodeConfig builtin = flashgen::heuristic_decode_choice(problem, arch, sms).config;
+  flashgen::SweepOptions options;
+  options.timing.min_samples = 5;
+  options.timing.max_samples = 20;
+  options.retime_rounds = 5;
+  const flashgen::SweepResult result = flashgen::sweep_decode(problem, {{builtin, 1}, {builtin, 3}}, nullptr, options);
+  for (const auto& c : result.candidates) {
+    INFO(flashgen::config_name(c.config) << ": " << flashgen::candidate_status_name(c.status) << " " << c.detail);
+    CHECK(c.status == flashgen::CandidateStatus::kOk);
+  }
+  CHECK(result.problem.id() == "dec|bf16|d64|window|g4|q2|k1024|bh16|w128");
+}
+
 TEST_CASE("small packed-batch sweeps check sequences of every length and name a varlen winner",
           "[gpu][tuner][sweep][varlen]") {
   FLASHGEN_REQUIRE_GPU();

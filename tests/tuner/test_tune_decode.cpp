@@ -1,8 +1,11 @@
 // Tests of the KV-cache tuning path without a GPU: DecodeSplitConfig's name and JSON, the decode space and its
 // split counts, a plan around the built-in choice, a tune with a fake sweep, and the run-time choice from a
-// store (the stored split count for the problem's own bucket, the heuristic's for a neighbour's module).
+// store (the stored split count for the problem's own bucket, the heuristic's for a neighbour's module); the
+// same for a sliding window, keyed by its window bucket.
 #include <algorithm>
 #include <string>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include "catch.hpp"
@@ -226,4 +229,58 @@ TEST_CASE("the KV-cache choice: a stored split count for its own bucket, the heu
   CHECK(from_shipped.source == flashgen::ChoiceSource::kShippedDefaults);
   CHECK(from_shipped.splits == 21);
   CHECK(flashgen::choose_decode_config(device, bigger, 90, 132, nullptr, &shipped).splits == nearest.splits);
+}
+
+TEST_CASE("a KV-cache window problem is tuned and chosen per window bucket, its splits capped by the window",
+          "[tuner][decode][window]") {
+  const flashgen::testing::TempDir dir("flashgen-decode-window-test");
+  flashgen::TuningStore store(dir.path() / "tuning.sqlite");
+  const flashgen::DeviceFingerprint device = flashgen::fingerprint_for_arch(90);
+  AttentionProblem problem = decode_problem(1, 32768, false);
+  problem.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, 1023, 0);
+  std::vector<std::pair<int, int>> swept_windows;
+  flashgen::testing::FakeSweep sweep;
+  flashgen::TuneOptions options;
+  options.max_candidates = 5;
+  options.multiprocessors = 132;
+  options.run_sweep = [&](const AttentionProblem& p, const std::vector<TunedConfig>& candidates,
+                          const flashgen::SweepOptions& sweep_options) {
+    swept_windows.emplace_back(p.window_left, p.window_right);
+    return sweep.runner()(p, candidates, sweep_options);
+  };
+  const flashgen::TuneResult result = flashgen::tune(problem, store, device, 90, options);
+  CHECK(swept_windows == std::vector<std::pair<int, int>>{{1023, 0}});
+  CHECK(result.key.id() == "dec|bf16|d128|window|g4|q1|k32768|bh32|w1024c");
+  // Every candidate is a window module split at most into the blocks 1024 keys touch (17 of 64, 9 of 128).
+  REQUIRE(sweep.calls.size() == 1);
+  for (const TunedConfig& c : sweep.calls[0]) {
+    const auto& decode = std::get<DecodeSplitConfig>(c);
+    INFO(decode.name());
+    CHECK(decode.config.mask == flashgen::MaskKind::kWindow);
+    CHECK(decode.splits <= flashgen::max_decode_splits(problem, decode.config));
+  }
+  const auto& winner = std::get<DecodeSplitConfig>(sweep.calls[0].back());
+
+  // The store keeps the window's bucket through its rows and their JSON; the run-time choice finds it.
+  const flashgen::DecodeChoice exact = flashgen::choose_decode_config(device, problem, 90, 132, &store);
+  CHECK(exact.config == winner.config);
+  CHECK(exact.splits == winner.splits);
+  CHECK(exact.exact_bucket);
+  flashgen::TuningStore copy(dir.path() / "copy.sqlite");
+  CHECK(copy.import_json(nlohmann::json::parse(store.export_json().dump())) == 1);
+  CHECK(copy.lookup_exact(device, result.key)->config == TunedConfig(winner));
+  // A window of another bucket: the nearest stored one's module, split as the heuristic splits it for this
+  // window (64 keys: fewer blocks to split); the causal mask is another class.
+  AttentionProblem shorter = problem;
+  shorter.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, 63, 0);
+  const flashgen::DecodeChoice nearest = flashgen::choose_decode_config(device, shorter, 90, 132, &store);
+  CHECK(nearest.config == winner.config);
+  CHECK_FALSE(nearest.exact_bucket);
+  CHECK(nearest.splits == flashgen::heuristic_decode_splits(shorter, winner.config, 90, 132));
+  CHECK(nearest.splits <= flashgen::max_decode_splits(shorter, winner.config));
+  CHECK(flashgen::max_decode_splits(shorter, winner.config) < flashgen::max_decode_splits(problem, winner.config));
+  AttentionProblem causal = problem;
+  causal.set_mask(FLASHGEN_MASK_CAUSAL);
+  CHECK(flashgen::choose_decode_config(device, causal, 90, 132, &store).source ==
+        flashgen::ChoiceSource::kHeuristic);
 }
