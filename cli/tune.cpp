@@ -4,6 +4,7 @@
 #include "cli/tune.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -44,14 +45,20 @@ Command tune_command() {
                  "\"dtype\": \"bf16\", \"head_dim\": 128,\n"
                  "\"causal\": \"bottom-right\", \"batch\": 4, \"heads_q\": 32, \"heads_kv\": 8, \"seqlen_q\": 4096,\n"
                  "\"seqlen_k\": 4096}, {\"kv_cache\": true, \"page_size\": 16, \"batch\": 8, \"seqlen_q\": 1, \"seqlen_k\": 32768},\n"
-                 "{\"varlen\": true, \"batch\": 64, \"seqlen_q\": 8192, \"seqlen_k\": 8192, \"total_q\": 266240}, ...]}; omitted fields\n"
-                 "take the flag defaults below (a packed problem's totals: its own, else the default spread).",
+                 "{\"varlen\": true, \"batch\": 64, \"seqlen_q\": 8192, \"seqlen_k\": 8192, \"total_q\": 266240},\n"
+                 "{\"causal\": \"bottom-right\", \"window\": [4096, -1], \"softcap\": 30, \"seqlen_q\": 16384, \"seqlen_k\": 16384}, ...]};\n"
+                 "omitted fields take the flag defaults below (a packed problem's totals: its own, else the default\n"
+                 "spread; \"window\" and \"softcap\" as --window and --softcap).",
                  "[options]")
       .flag("backward", "tune the backward pass (dq, dk, dv) instead of the forward")
       .flag("deterministic", "with --backward: the deterministic dQ strategy (bitwise repeatable)")
       .option("dtype", "T", "fp16 or bf16 (default fp16)")
       .option("head-dim", "D", "head dimension (default 128)")
       .option("causal", "MODE", "none, bottom-right or top-left (default none)")
+      .option("softcap", "C", "soft cap: scores s become C * tanh(s / C) before the softmax (default 0: none)")
+      .option("window", "L,R", "sliding window: query i sees keys i + seqlen_k - seqlen_q - L to ... + R (-1: no "
+                               "bound on that side; FlashAttention's window_size, so with --causal bottom-right R "
+                               "is 0); the problem is keyed by the window's span")
       .option("batch", "B", "batch size (default 4)")
       .option("heads-q", "H", "query heads (default 16)")
       .option("heads-kv", "H", "key/value heads; heads-q must be a multiple (default 16)")
@@ -134,7 +141,8 @@ AttentionProblem problem_from_flags(const Args& args) {
   problem.dq = args.has("deterministic") ? DqStrategy::kDeterministic : DqStrategy::kAtomic;
   if (deterministic_forward(problem)) fail(Status::kInvalidArgument, "--deterministic needs --backward");
   problem.dtype = args.choice_or("dtype", "fp16", {"fp16", "bf16"}) == "fp16" ? DType::kFloat16 : DType::kBFloat16;
-  problem.mask = mask_from_text(args.choice_or("causal", "none", {"none", "bottom-right", "top-left"}));
+  mask_from_flags(args, problem);
+  problem.softcap = static_cast<float>(args.double_or("softcap", 0.0));
   AttentionShape& s = problem.shape;
   s.head_dim = args.int_or("head-dim", 128, 1, 4096);
   s.batch = args.int_or("batch", 4, 1, kIntMax);
@@ -179,6 +187,12 @@ TuneSpec read_tune_spec(const std::string& path, const AttentionProblem& default
     if (!entry.is_object()) bad(where + " must be an object");
     AttentionProblem p = defaults;
     std::optional<int64_t> total_q, total_k;  // a packed problem's own; else the default spread of its sizes
+    // The entry's mask and window, applied once every field is read (the window's right side depends on
+    // "causal"): the defaults' unless the entry names them.
+    flashgen_mask causal = defaults.windowed() ? (defaults.window_right == 0 ? FLASHGEN_MASK_CAUSAL : FLASHGEN_MASK_NONE)
+                                               : defaults.mask;
+    std::optional<std::pair<int, int>> window;
+    if (defaults.windowed()) window = {defaults.window_left, defaults.window_right};
     for (const auto& [key, value] : entry.items()) {
       auto positive = [&](int64_t& field) {
         if (!value.is_number_integer() || value.get<long long>() < 1 || value.get<long long>() > std::numeric_limits<int>::max())
@@ -197,7 +211,16 @@ TuneSpec read_tune_spec(const std::string& path, const AttentionProblem& default
       } else if (key == "causal") {
         if (value != "none" && value != "bottom-right" && value != "top-left")
           bad(where + ".causal must be \"none\", \"bottom-right\" or \"top-left\"");
-        p.mask = mask_from_text(value.get<std::string>());
+        causal = mask_from_text(value.get<std::string>());
+      } else if (key == "window") {
+        auto side = [](const Json& v) { return v.is_number_integer() && v.get<long long>() >= -1 && v.get<long long>() <= INT32_MAX; };
+        if (!value.is_array() || value.size() != 2 || !side(value[0]) || !side(value[1]))
+          bad(where + ".window must be [left, right]: keys before and after the diagonal, each >= 0 or -1 for no bound");
+        window = {value[0].get<int>(), value[1].get<int>()};
+      } else if (key == "softcap") {
+        if (!value.is_number() || !(value.get<double>() >= 0.0) || !std::isfinite(value.get<double>()))
+          bad(where + ".softcap must be a number >= 0 (0: none)");
+        p.softcap = value.get<float>();
       } else if (key == "head_dim") {
         positive(p.shape.head_dim);
       } else if (key == "batch") {
@@ -227,6 +250,14 @@ TuneSpec read_tune_spec(const std::string& path, const AttentionProblem& default
       } else {
         bad(where + ": unknown field \"" + key + "\"");
       }
+    }
+    if (!window) {
+      p.set_mask(causal);
+    } else if (causal == FLASHGEN_MASK_CAUSAL_TOP_LEFT) {
+      bad(where + ".window is aligned bottom-right (FlashAttention's window_size): it takes \"causal\": "
+                  "\"bottom-right\" or \"none\", not \"top-left\"");
+    } else {  // FlashAttention's causal window: the right side 0
+      p.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, window->first, causal == FLASHGEN_MASK_CAUSAL ? 0 : window->second);
     }
     if (p.shape.heads_q % p.shape.heads_kv != 0) bad(where + ": heads_q must be a multiple of heads_kv");
     if (deterministic_forward(p)) bad(where + ": deterministic needs \"pass\": \"backward\"");
@@ -421,8 +452,9 @@ Json tune_one(const AttentionProblem& problem, TuningStore& store, const fs::pat
 std::string problem_line(const AttentionProblem& p) {
   const AttentionShape& s = p.shape;
   return format("%s %s d%d causal=%s batch %lld heads %lld/%lld seqlen %lld/%lld", pass_text(p), dtype_name(p.dtype),
-                p.head_dim(), causal_text(p.mask).c_str(), (long long)s.batch, (long long)s.heads_q,
+                p.head_dim(), mask_description(p).c_str(), (long long)s.batch, (long long)s.heads_q,
                 (long long)s.heads_kv, (long long)s.seqlen_q, (long long)s.seqlen_k) +
+         (p.softcapped() ? format(" softcap %g", p.softcap) : std::string()) +
          (p.paged ? format(" pages of %d", p.page_size) : std::string()) +
          (p.varlen ? format(" tokens %lld/%lld", (long long)p.total_q, (long long)p.total_k) : std::string());
 }
@@ -435,6 +467,8 @@ Json problem_json(const AttentionProblem& p) {
             {"seqlen_q", s.seqlen_q}, {"seqlen_k", s.seqlen_k}, {"kv_cache", p.kv_cache}, {"page_size", p.page_size},
             {"varlen", p.varlen}};
   if (p.varlen) j["total_q"] = p.total_q, j["total_k"] = p.total_k;  // a spec entry as read_tune_spec takes it
+  if (p.windowed()) j["causal"] = "none", j["window"] = Json::array({p.window_left, p.window_right});
+  if (p.softcapped()) j["softcap"] = p.softcap;
   return j;
 }
 

@@ -1,11 +1,12 @@
 // `flashgen tune` problem lists: a JSON spec, sharding by --shard or the Slurm / Open MPI rank, the
-// shard's own database file, --devices workers, and --dry-run (no GPU needed), plus spec errors naming
-// the field; --candidates and its refusals; on a GPU, a worker killed by a candidate is restarted
+// shard's own database file, --devices workers, and --dry-run (no GPU needed), windows and soft caps, plus
+// spec errors naming the field; --candidates and its refusals; on a GPU, a worker killed by a candidate is restarted
 // without it.
 #include <stdlib.h>
 
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "catch.hpp"
 #include "gpu.hpp"
@@ -68,6 +69,66 @@ TEST_CASE("cli: tune --spec --dry-run lists the problems and the database", "[cl
   const nlohmann::json capped =
       parse_json(run_cli({"tune", "--spec", spec, "--dry-run", "--json", "--max-candidates", "5"}, dir));
   CHECK(capped["max_candidates"] == 5);
+}
+
+TEST_CASE("cli: tune takes windows and soft caps from flags and specs", "[cli][tune][window][softcap]") {
+  const NoSchedulerEnv no_scheduler;
+  const TempDir dir("flashgen-cli-tune");
+  // Flags: FlashAttention's causal window (the right side 0 under --causal bottom-right) and a cap; the
+  // candidates are the window's soft-capped kernels.
+  const nlohmann::json flags = parse_json(run_cli({"tune", "--window", "1024,7", "--causal", "bottom-right", "--softcap",
+                                                   "30", "--dry-run", "--json", "--max-candidates", "4"},
+                                                  dir));
+  REQUIRE(flags["problems"].size() == 1);
+  const nlohmann::json& flagged = flags["problems"][0];
+  CHECK(flagged["window"] == nlohmann::json::array({1024, 0}));
+  CHECK(flagged["softcap"] == 30.0);
+  REQUIRE(!flagged["candidates"].empty());
+  for (const auto& name : flagged["candidates"]) {
+    CHECK(name.get<std::string>().find("_window") != std::string::npos);
+    CHECK(name.get<std::string>().find("_softcap") != std::string::npos);
+  }
+  // A spec: each entry's window about the diagonal its "causal" picks; (-1, 0) is the causal mask itself. The
+  // listed entries read back as the same problems.
+  const std::string spec = write_spec(dir, R"({"problems": [
+    {"window": [100, 20], "pass": "backward", "head_dim": 64},
+    {"causal": "bottom-right", "window": [256, 9], "softcap": 5},
+    {"causal": "bottom-right", "window": [-1, 3]}]})");
+  const nlohmann::json listed = parse_json(run_cli({"tune", "--spec", spec, "--dry-run", "--json"}, dir));
+  REQUIRE(listed["problems"].size() == 3);
+  CHECK(listed["problems"][0]["window"] == nlohmann::json::array({100, 20}));
+  CHECK(listed["problems"][0]["candidates"][0].get<std::string>().find("bwd_") == 0);
+  CHECK(listed["problems"][1]["window"] == nlohmann::json::array({256, 0}));
+  CHECK(listed["problems"][1]["softcap"] == 5.0);
+  CHECK(listed["problems"][2]["causal"] == "bottom-right");
+  CHECK_FALSE(listed["problems"][2].contains("window"));
+  nlohmann::json again = {{"problems", nlohmann::json::array()}};
+  for (nlohmann::json entry : listed["problems"]) {
+    entry.erase("candidates");
+    again["problems"].push_back(entry);
+  }
+  const nlohmann::json relisted =
+      parse_json(run_cli({"tune", "--spec", write_spec(dir, again.dump()), "--dry-run", "--json"}, dir));
+  CHECK(relisted["problems"] == listed["problems"]);
+  // Refusals name the field or the flag.
+  auto error_of = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), "tune");
+    args.push_back("--dry-run");
+    const auto r = run_cli(args, dir);
+    CHECK(r.exit_code == 2);
+    return r.err;
+  };
+  CHECK(error_of({"--window", "5"}).find("--window expects L,R") != std::string::npos);
+  CHECK(error_of({"--window", "5,0", "--causal", "top-left"}).find("--window is aligned bottom-right") !=
+        std::string::npos);
+  CHECK(error_of({"--spec", write_spec(dir, R"({"problems": [{"window": [5]}]})")})
+            .find("problems[0].window must be [left, right]") != std::string::npos);
+  CHECK(error_of({"--spec", write_spec(dir, R"({"problems": [{"window": [5, -2]}]})")})
+            .find("problems[0].window must be [left, right]") != std::string::npos);
+  CHECK(error_of({"--spec", write_spec(dir, R"({"problems": [{"window": [5, 0], "causal": "top-left"}]})")})
+            .find("problems[0].window is aligned bottom-right") != std::string::npos);
+  CHECK(error_of({"--spec", write_spec(dir, R"({"problems": [{"softcap": -1}]})")})
+            .find("problems[0].softcap must be a number >= 0") != std::string::npos);
 }
 
 TEST_CASE("cli: tune shards a spec by --shard and by the scheduler's rank", "[cli][tune]") {
