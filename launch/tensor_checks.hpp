@@ -69,30 +69,33 @@ struct Packing {
 // argument otherwise.
 void check_packing(const flashgen_tensor& q, const flashgen_tensor& k, const Packing& packing);
 
-// A window problem's sides in p, given a bound that reaches past every key of every row: an unbounded side
-// becomes that bound, and so does any larger side, which is clamped to it. Both 0 for the other masks, whose
-// kernels never read them.
+// A window problem's sides in p, given the bounds that reach past every key of every row on each side: an
+// unbounded side becomes its bound, and so does any larger side, which is clamped to it. The kernels add a
+// side to a row's diagonal, so the bounds are the least that reach (no sum passes seqlen_q + seqlen_k plus a
+// block). Both 0 for the other masks, whose kernels never read them.
 template <class Params>
-void set_window_sides(Params& p, const AttentionProblem& problem, int64_t unbounded_side) {
+void set_window_sides(Params& p, const AttentionProblem& problem, int64_t left_bound, int64_t right_bound) {
   p.window_left = p.window_right = 0;
   if (!problem.windowed()) return;
-  const int unbounded = static_cast<int>(std::min<int64_t>(unbounded_side, INT32_MAX));
-  auto side = [&](int given) { return given < 0 || given > unbounded ? unbounded : given; };
-  p.window_left = side(problem.window_left);
-  p.window_right = side(problem.window_right);
+  auto side = [](int given, int64_t bound) {
+    return static_cast<int>(given < 0 || given > bound ? std::min<int64_t>(bound, INT32_MAX) : given);
+  };
+  p.window_left = side(problem.window_left, left_bound);
+  p.window_right = side(problem.window_right, right_bound);
 }
 
 // set_window_sides for AttnFwdParams or AttnBwdParams, p.seqlen_q and p.seqlen_k set (a packed batch's longest
-// sequences): seqlen_q + seqlen_k reaches past every key of every row (of every sequence of a packed batch).
+// sequences). A row's diagonal is row + seqlen_k - seqlen_q, in [seqlen_k - seqlen_q, seqlen_k) (of its own
+// sequence in a packed batch): seqlen_k keys before it reach key 0 from every row, and seqlen_q keys after it
+// the last key.
 template <class Params>
 void set_window(Params& p, const AttentionProblem& problem) {
-  set_window_sides(p, problem, int64_t(p.seqlen_q) + p.seqlen_k);
+  set_window_sides(p, problem, p.seqlen_k, p.seqlen_q);
 }
 
-// The same for AttnDecodeParams, p.seqlen_q and p.capacity set: no sequence holds more than capacity keys, so
-// capacity + seqlen_q reaches past them all from every new row.
+// The same for AttnDecodeParams, p.seqlen_q and p.capacity set: no sequence holds more than capacity keys.
 inline void set_window(AttnDecodeParams& p, const AttentionProblem& problem) {
-  set_window_sides(p, problem, int64_t(p.capacity) + p.seqlen_q);
+  set_window_sides(p, problem, p.capacity, p.seqlen_q);
 }
 
 // A checked packing into a call's problem (varlen, its totals, batch and longest lengths) and params (the

@@ -46,7 +46,9 @@ struct AttnFwdParams {
   // Windowed configs (variant.cuh's SlidingWindow): key j is visible to query i iff
   // i + causal_offset - window_left <= j <= i + causal_offset + window_right, causal_offset being
   // seqlen_k - seqlen_q (bottom-right, as FlashAttention's window_size). Both are >= 0: the launcher gives
-  // an unbounded side (-1) a bound no row reaches (seqlen_q + seqlen_k). 0 otherwise.
+  // an unbounded side (-1) the least bound that reaches every key from every row (seqlen_k on the left,
+  // seqlen_q on the right), so no sum of a row, its offset and a side passes seqlen_q + seqlen_k plus a block.
+  // 0 otherwise.
   int window_left;
   int window_right;
 
@@ -117,7 +119,7 @@ struct AttnDecodeParams {
   int splits;         // key ranges per sequence (gridDim.x of the attention kernel)
   int causal_bottom_right;  // causal configs: 1 aligns the queries with the last keys, 0 with the first
   // Windowed configs: as in AttnFwdParams, about each sequence's bottom-right diagonal (causal_bottom_right 1),
-  // an unbounded side bounded by capacity + seqlen_q. 0 otherwise.
+  // an unbounded side bounded by capacity on the left and seqlen_q on the right. 0 otherwise.
   int window_left;
   int window_right;
   float scale;

@@ -54,10 +54,10 @@ struct BwdDkdvSm90 {
   static_assert(kTraits.error == nullptr, "invalid sm90 backward config: see bwd_sm90_traits() in bwd_traits.cuh");
   static_assert(Cfg::kPadRows == kBwdSm90PadRows, "the sm90 family reads whole query blocks of the workspace");
   static_assert(Cfg::kDqAccum == DqAccum::kTiles, "the sm90 family adds dQ tiles in accumulator order");
-  // The deterministic order takes key block n to be the n-th to add a query block's dQ: true while the
-  // query blocks a key block visits start no earlier than the previous key block's, as for every policy
-  // whose rows see a prefix of the keys (variant.cuh). A policy that skips leading keys (a window) must
-  // give the turns (write_dq, and consume's direct adds) the first key block that visits a query block.
+  // The deterministic order takes the key blocks that visit a query block, from its last down to its first
+  // (KeyBlocks' end - 1 down to begin, a window's first being past block 0), to add its dQ in turn: true while
+  // the query blocks a key block visits start no earlier than the previous key block's, as for every policy
+  // whose rows see one run of keys whose ends grow with the row (variant.cuh).
 
   static constexpr ElemType kElem = Cfg::kElem;
   static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;  // packed sequences (sequence.cuh)

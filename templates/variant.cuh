@@ -132,8 +132,8 @@ struct CausalMask : UnchangedScores {
 // A sliding window about the diagonal: key k is visible to query q iff
 // q + p.causal_offset - p.window_left <= k <= q + p.causal_offset + p.window_right, the offset being the
 // bottom-right alignment's (seqlen_k - seqlen_q; FlashAttention's window_size) and both sides >= 0 (the
-// launcher bounds an unbounded one by seqlen_q + seqlen_k, so no sum below overflows). A causal window has
-// window_right 0. Scores unchanged.
+// launcher bounds an unbounded left side by seqlen_k and right side by seqlen_q, so no sum below passes
+// seqlen_q + seqlen_k plus a block). A causal window has window_right 0. Scores unchanged.
 struct SlidingWindow : UnchangedScores {
   static constexpr bool kHidesKeys = true;
   static constexpr bool kHidesEarlyKeys = true;

@@ -239,6 +239,7 @@ SweepResult sweep_backward(const AttentionProblem& problem, const std::vector<Bw
   std::mt19937_64 rng(options.seed);
   AttentionProblem small = problem;
   small.shape = backward_check_shape(problem.shape);
+  small = with_check_window(small, problem);
   BackwardSet check(small, rng, stream, arch);
   FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
   const AttentionShape& cp = small.shape;
@@ -248,7 +249,7 @@ SweepResult sweep_backward(const AttentionProblem& problem, const std::vector<Bw
   const AttentionGradients reference = attention_backward_reference_f64(
       cp, HostInput::bits16(check.q.data(), dtype, q_view), HostInput::bits16(check.k.data(), dtype, kv_view),
       HostInput::bits16(check.v.data(), dtype, kv_view), HostInput::bits16(check.dout.data(), dtype, q_view),
-      effective_softmax_scale(0.f, cp.head_dim), problem.mask, problem.softcap, window_of(problem));
+      effective_softmax_scale(0.f, cp.head_dim), small.mask, small.softcap, window_of(small));
 
   const AttentionShape& shape = problem.shape;
   const int64_t q_bytes = shape.batch * shape.seqlen_q * shape.heads_q * shape.head_dim * 2;

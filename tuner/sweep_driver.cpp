@@ -52,6 +52,17 @@ int input_sets(CUdevice device, int64_t set_bytes) {
              : static_cast<int>(std::min<int64_t>(8, (4 * int64_t(l2_bytes) + set_bytes - 1) / set_bytes));
 }
 
+AttentionProblem with_check_window(AttentionProblem small, const AttentionProblem& problem) {
+  if (!problem.windowed()) return small;
+  auto scaled = [&](int side) {
+    if (side <= 0) return side;  // unbounded, or the diagonal itself
+    const double ratio = double(small.shape.seqlen_k) / double(problem.shape.seqlen_k);
+    return static_cast<int>(std::max<int64_t>(1, std::llround(side * std::min(1.0, ratio))));
+  };
+  small.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, scaled(problem.window_left), scaled(problem.window_right));
+  return small;
+}
+
 std::function<void(int)> backward_launches(const std::vector<const BackwardCall*>& calls, const BwdConfig& config,
                                            CUstream stream) {
   struct Prepared {

@@ -211,15 +211,16 @@ SweepResult sweep_driver::sweep_backward_packed(const AttentionProblem& problem,
 
   // The full float64 gradients of a small packed batch of the class, sequence by sequence.
   std::mt19937_64 rng(options.seed);
-  PackedSet check(packed_check_problem(problem), rng, stream, arch);
+  const AttentionProblem small = with_check_window(packed_check_problem(problem), problem);
+  PackedSet check(small, rng, stream, arch);
   FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
   const double scale = effective_softmax_scale(0.f, problem.shape.head_dim);
   std::vector<AttentionGradients> reference;
   for (size_t b = 0; b < check.batch.len_q.size(); ++b) {
     reference.push_back(attention_backward_reference_f64(
         check.batch.sequence(b), check.rows_of(check.q, b, false), check.rows_of(check.k, b, true),
-        check.rows_of(check.v, b, true), check.rows_of(check.dout, b, false), scale, problem.mask, problem.softcap,
-        window_of(problem)));
+        check.rows_of(check.v, b, true), check.rows_of(check.dout, b, false), scale, small.mask, small.softcap,
+        window_of(small)));
   }
 
   const AttentionShape& s = problem.shape;

@@ -225,9 +225,10 @@ typedef struct {
                                 flashgen_attention_kvcache_workspace_size() bytes; NULL: taken from the stream's pool */
   size_t workspace_bytes;
   flashgen_attention_options options; /* FLASHGEN_MASK_CAUSAL aligns each sequence's queries with its last keys:
-                                         new query i of n sees cache_seqlens[b] + seqlen_new - n + i + 1 keys; so
-                                         does FLASHGEN_MASK_SLIDING_WINDOW, seqlen_k being that sequence's
-                                         cache_seqlens[b] + seqlen_new */
+                                         new query i of n sees cache_seqlens[b] + seqlen_new - n + i + 1 keys.
+                                         FLASHGEN_MASK_SLIDING_WINDOW lies about the same diagonal, seqlen_k being
+                                         that sequence's cache_seqlens[b] + seqlen_new: new query i of n sees keys
+                                         cache_seqlens[b] + seqlen_new - n + i - window_left to ... + window_right */
 } flashgen_kvcache_args;
 
 /* out = attention of each sequence's new queries over its cache (the first cache_seqlens[b] + seqlen_new

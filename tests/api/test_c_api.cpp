@@ -285,18 +285,20 @@ TEST_CASE("C ABI reads the window fields under the window mask only, and normali
   const flashgen::ForwardCall causal = problem_of(FLASHGEN_MASK_SLIDING_WINDOW, -1, 0);
   CHECK(causal.problem.mask == FLASHGEN_MASK_CAUSAL);
   CHECK(causal.params.causal_offset == 75 - 100);
-  // A window keeps its sides: the kernels' diagonal is bottom-right, an unbounded side seqlen_q + seqlen_k, and a
-  // side past every key clamped to it.
+  // A window keeps its sides: the kernels' diagonal is bottom-right, an unbounded side the least that reaches
+  // every key from every row (seqlen_k = 75 on the left, seqlen_q = 100 on the right), and a side past every key
+  // clamped to it.
   const flashgen::ForwardCall window = problem_of(FLASHGEN_MASK_SLIDING_WINDOW, 8, -1);
   CHECK(window.problem.mask_kind() == flashgen::MaskKind::kWindow);
   CHECK(window.problem.window_left == 8);
   CHECK(window.problem.window_right == -1);
   CHECK(window.params.causal_offset == 75 - 100);
   CHECK(window.params.window_left == 8);
-  CHECK(window.params.window_right == 175);
+  CHECK(window.params.window_right == 100);
   const flashgen::ForwardCall wide = problem_of(FLASHGEN_MASK_SLIDING_WINDOW, 0, 100000);
   CHECK(wide.params.window_left == 0);
-  CHECK(wide.params.window_right == 175);
+  CHECK(wide.params.window_right == 100);
+  CHECK(problem_of(FLASHGEN_MASK_SLIDING_WINDOW, 100000, 3).params.window_left == 75);
   // A window that shows some rows no key at all is allowed (those rows give 0 and lse -inf).
   CHECK(problem_of(FLASHGEN_MASK_SLIDING_WINDOW, 0, 0).problem.windowed());
 }

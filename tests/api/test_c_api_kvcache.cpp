@@ -143,11 +143,12 @@ TEST_CASE("a KV-cache call takes a sliding window about each sequence's last key
   CHECK(window.params.causal_bottom_right == 1);
   CHECK(window.params.window_left == 256);
   CHECK(window.params.window_right == 0);
-  // An unbounded side, or one past every key, is capacity + seqlen_q (1024 + 1): no new row's window ends inside.
+  // An unbounded side, or one past every key, is the least that reaches every key from every new row: capacity
+  // (1024) on the left, seqlen_q (1) on the right.
   const flashgen::KvCacheCall open_right = call_with(16, -1);
   CHECK(open_right.params.window_left == 16);
-  CHECK(open_right.params.window_right == 1025);
-  CHECK(call_with(1 << 30, 3).params.window_left == 1025);
+  CHECK(open_right.params.window_right == 1);
+  CHECK(call_with(1 << 30, 3).params.window_left == 1024);
   // Normalized as dense calls are: (-1, 0) runs the bottom-right causal mask, (-1, -1) no mask.
   const flashgen::KvCacheCall causal = call_with(-1, 0);
   CHECK(causal.problem.mask_kind() == flashgen::MaskKind::kCausal);

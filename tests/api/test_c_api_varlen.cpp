@@ -162,7 +162,7 @@ TEST_CASE("a packed window problem aligns each sequence bottom-right, bounded by
   CHECK(forward.params.causal_bottom_right == 1);  // each sequence's own diagonal
   CHECK(forward.params.causal_offset == 0);
   CHECK(forward.params.window_left == 64);
-  CHECK(forward.params.window_right == 200 + 300);  // max_seqlen_q + max_seqlen_k, not the totals
+  CHECK(forward.params.window_right == 200);  // max_seqlen_q (on the left max_seqlen_k), not the totals
   // The backward binds the same.
   flashgen_varlen_backward_args b{};
   b.size = sizeof(b);
@@ -176,7 +176,7 @@ TEST_CASE("a packed window problem aligns each sequence bottom-right, bounded by
   const flashgen::BackwardCall backward = flashgen::make_varlen_backward_call(b);
   CHECK(backward.problem.windowed());
   CHECK(backward.params.causal_bottom_right == 1);
-  CHECK(backward.params.window_left == 500);  // a side past every key is clamped to the bound
+  CHECK(backward.params.window_left == 300);  // a side past every key is clamped to the bound, max_seqlen_k
   CHECK(backward.params.window_right == 0);
   // The causal window (-1, 0) is the bottom-right causal mask; the top-left one is not bottom-right.
   args.options.window_left = -1, args.options.window_right = 0;
