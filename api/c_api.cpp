@@ -117,25 +117,12 @@ extern "C" int flashgen_attention_forward(const flashgen_tensor* q, const flashg
   });
 }
 
-// The varlen forward's arguments as this library reads them: a caller that passes the struct up to block_table
-// (flashgen.h's form for packed k and v) leaves block_table and max_pages out, which then read as NULL and 0.
-// No other size is read: the window fields moved block_table, so the sizes a caller compiled against an older
-// flashgen.h passes (on LP64: 400 before block_table, 416 after) are neither this offset (408) nor sizeof (424)
-// and are refused (tests/api/test_c_api_varlen.cpp).
-flashgen_varlen_forward_args varlen_forward_args(const flashgen_varlen_forward_args* given) {
-  constexpr size_t kBeforePages = offsetof(flashgen_varlen_forward_args, block_table);
-  const size_t size = required(given, "args").size;
-  flashgen_varlen_forward_args args{};
-  if (size == kBeforePages) {
-    std::memcpy(&args, given, kBeforePages);
-    return args;
-  }
-  check_args_size(size, sizeof(flashgen_varlen_forward_args));
-  return *given;
-}
-
 extern "C" int flashgen_attention_varlen_forward(const flashgen_varlen_forward_args* args, void* cuda_stream) {
-  return guarded([&] { flashgen::attention_forward(varlen_forward_args(args), static_cast<CUstream>(cuda_stream)); });
+  return guarded([&] {
+    const flashgen_varlen_forward_args& checked = required(args, "args");
+    check_args_size(checked.size, sizeof(flashgen_varlen_forward_args));
+    flashgen::attention_forward(checked, static_cast<CUstream>(cuda_stream));
+  });
 }
 
 extern "C" int flashgen_attention_varlen_backward(const flashgen_varlen_backward_args* args, void* cuda_stream) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <thread>
@@ -43,14 +44,32 @@ struct RowScratch {
 // A score s = q·k · scale as the softmax takes it: capped to softcap · tanh(s / softcap) when softcap > 0.
 double capped_score(double s, double softcap) { return softcap > 0 ? softcap * std::tanh(s / softcap) : s; }
 
+// Throws Error(kInvalidArgument) unless ALiBi's slopes, when given, hold one per (batch, query head).
+void require_reference_variant(const AttentionShape& shape, const ReferenceVariant& variant) {
+  if (variant.alibi_slopes.empty()) return;
+  const int64_t needed = (shape.batch - 1) * variant.alibi_batch_stride + shape.heads_q;
+  FLASHGEN_REQUIRE(variant.alibi_batch_stride >= 0 && static_cast<int64_t>(variant.alibi_slopes.size()) >= needed,
+                   "reference: ALiBi slopes must hold one per batch entry and query head (" + std::to_string(needed) +
+                       "), got " + std::to_string(variant.alibi_slopes.size()));
+}
+
+// ALiBi's bias of (query i, key j) in (batch b, query head h): 0 without slopes.
+double alibi_bias(const ReferenceVariant& variant, flashgen_mask mask, const AttentionShape& shape, int64_t b,
+                  int64_t h, int64_t i, int64_t j) {
+  if (variant.alibi_slopes.empty()) return 0.0;
+  const int64_t diagonal = mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT ? i : i + shape.seqlen_k - shape.seqlen_q;
+  const double slope = variant.alibi_slopes.at(static_cast<size_t>(b * variant.alibi_batch_stride + h));
+  return -slope * static_cast<double>(std::llabs(diagonal - j));
+}
+
 // Query row i of (batch b, head h) in float64 into out_row (head_dim values) and *lse. A fully masked row
 // leaves both as the caller set them (0 and -inf).
 void reference_row_f64(const AttentionShape& shape, const HostInput& q, const HostInput& k, const HostInput& v,
-                       double scale, flashgen_mask mask, double softcap, ReferenceWindow window, int64_t b, int64_t h,
+                       double scale, flashgen_mask mask, const ReferenceVariant& variant, int64_t b, int64_t h,
                        int64_t i, RowScratch& scratch, double* out_row, double* lse) {
   const int64_t d_count = shape.head_dim;
   const int64_t hk = shape.kv_head(h);
-  const KeyRange keys = visible_keys(mask, i, shape.seqlen_q, shape.seqlen_k, window);
+  const KeyRange keys = visible_keys(mask, i, shape.seqlen_q, shape.seqlen_k, variant.window);
   if (keys.count() == 0) return;
   const double* q_row = q.row(b, i, h, scratch.q_row.data());
   double* scores = scratch.scores.data();
@@ -61,7 +80,7 @@ void reference_row_f64(const AttentionShape& shape, const HostInput& q, const Ho
     const double* k_row = k.row(b, j, hk, scratch.kv_row.data());
     double dot = 0.0;
     for (int64_t d = 0; d < d_count; ++d) dot += q_row[d] * k_row[d];
-    scores[j] = capped_score(dot * scale, softcap);
+    scores[j] = capped_score(dot * scale, variant.softcap) + alibi_bias(variant, mask, shape, b, h, i, j);
     row_max = std::max(row_max, scores[j]);
   }
   double row_sum = 0.0;
@@ -193,6 +212,20 @@ int64_t visible_pairs(flashgen_mask mask, int64_t seqlen_q, int64_t seqlen_k, Re
   return pairs;
 }
 
+std::vector<float> standard_alibi_slopes(int64_t heads_q) {
+  std::vector<float> slopes(static_cast<size_t>(std::max<int64_t>(heads_q, 0)));
+  for (size_t h = 0; h < slopes.size(); ++h) {
+    slopes[h] = static_cast<float>(std::exp2(-8.0 * static_cast<double>(h + 1) / static_cast<double>(heads_q)));
+  }
+  return slopes;
+}
+
+ReferenceVariant variant_of(const AttentionProblem& problem) {
+  ReferenceVariant variant{problem.softcap, window_of(problem), {}, 0};
+  if (problem.alibi) variant.alibi_slopes = standard_alibi_slopes(problem.shape.heads_q);
+  return variant;
+}
+
 double forward_flops(const AttentionShape& shape, flashgen_mask mask, ReferenceWindow window) {
   return 4.0 * static_cast<double>(shape.batch * shape.heads_q * shape.head_dim) *
          static_cast<double>(visible_pairs(mask, shape.seqlen_q, shape.seqlen_k, window));
@@ -252,9 +285,10 @@ void require_reference_inputs(const AttentionShape& shape, const HostInput& q, c
 }
 
 AttentionResult attention_reference_f64(const AttentionShape& shape, const HostInput& q, const HostInput& k,
-                                        const HostInput& v, double scale, flashgen_mask mask, double softcap,
-                                        ReferenceWindow window) {
+                                        const HostInput& v, double scale, flashgen_mask mask,
+                                        const ReferenceVariant& variant) {
   require_reference_inputs(shape, q, k, v);
+  require_reference_variant(shape, variant);
   const int64_t d_count = shape.head_dim;
   AttentionResult result;
   result.out.assign(static_cast<size_t>(shape.batch * shape.seqlen_q * shape.heads_q * d_count), 0.0);
@@ -266,7 +300,7 @@ AttentionResult attention_reference_f64(const AttentionShape& shape, const HostI
       for (int64_t i = 0; i < shape.seqlen_q; ++i) {
         double* out_row = result.out.data() + ((b * shape.seqlen_q + i) * shape.heads_q + h) * d_count;
         double* lse = result.lse.data() + (b * shape.heads_q + h) * shape.seqlen_q + i;
-        reference_row_f64(shape, q, k, v, scale, mask, softcap, window, b, h, i, scratch, out_row, lse);
+        reference_row_f64(shape, q, k, v, scale, mask, variant, b, h, i, scratch, out_row, lse);
       }
     }
   }
@@ -275,8 +309,9 @@ AttentionResult attention_reference_f64(const AttentionShape& shape, const HostI
 
 ReferenceRow attention_reference_row(const AttentionShape& shape, const HostInput& q, const HostInput& k,
                                      const HostInput& v, double scale, flashgen_mask mask, int64_t batch,
-                                     int64_t head, int64_t row, double softcap, ReferenceWindow window) {
+                                     int64_t head, int64_t row, const ReferenceVariant& variant) {
   require_reference_inputs(shape, q, k, v);
+  require_reference_variant(shape, variant);
   FLASHGEN_REQUIRE(batch >= 0 && batch < shape.batch && head >= 0 && head < shape.heads_q && row >= 0 &&
                        row < shape.seqlen_q,
                    "reference: (batch, head, row) outside the problem");
@@ -284,7 +319,7 @@ ReferenceRow attention_reference_row(const AttentionShape& shape, const HostInpu
   result.out.assign(static_cast<size_t>(shape.head_dim), 0.0);
   result.lse = -std::numeric_limits<double>::infinity();
   RowScratch scratch(shape);
-  reference_row_f64(shape, q, k, v, scale, mask, softcap, window, batch, head, row, scratch, result.out.data(),
+  reference_row_f64(shape, q, k, v, scale, mask, variant, batch, head, row, scratch, result.out.data(),
                     &result.lse);
   return result;
 }
@@ -292,9 +327,10 @@ ReferenceRow attention_reference_row(const AttentionShape& shape, const HostInpu
 std::vector<ReferenceRow> attention_reference_rows(const AttentionShape& shape, const HostInput& q,
                                                    const HostInput& k, const HostInput& v, double scale,
                                                    flashgen_mask mask, const std::vector<RowSample>& rows,
-                                                   int threads, double softcap, ReferenceWindow window) {
+                                                   int threads, const ReferenceVariant& variant) {
   // Checked here, so that no worker thread throws.
   require_reference_inputs(shape, q, k, v);
+  require_reference_variant(shape, variant);
   for (const RowSample& r : rows) {
     FLASHGEN_REQUIRE(r.batch >= 0 && r.batch < shape.batch && r.head >= 0 && r.head < shape.heads_q && r.row >= 0 &&
                          r.row < shape.seqlen_q,
@@ -305,7 +341,7 @@ std::vector<ReferenceRow> attention_reference_rows(const AttentionShape& shape, 
   auto worker = [&] {
     for (size_t i = next++; i < rows.size(); i = next++)
       reference[i] = attention_reference_row(shape, q, k, v, scale, mask, rows[i].batch, rows[i].head, rows[i].row,
-                                             softcap, window);
+                                             variant);
   };
   std::vector<std::thread> pool;
   for (int t = 1; t < threads && static_cast<size_t>(t) < rows.size(); ++t) pool.emplace_back(worker);
@@ -316,9 +352,10 @@ std::vector<ReferenceRow> attention_reference_rows(const AttentionShape& shape, 
 
 AttentionGradients attention_backward_reference_f64(const AttentionShape& shape, const HostInput& q,
                                                     const HostInput& k, const HostInput& v, const HostInput& dout,
-                                                    double scale, flashgen_mask mask, double softcap,
-                                                    ReferenceWindow window) {
+                                                    double scale, flashgen_mask mask,
+                                                    const ReferenceVariant& variant) {
   require_reference_inputs(shape, q, k, v);
+  require_reference_variant(shape, variant);
   FLASHGEN_REQUIRE(dout.view.shape[0] == shape.batch && dout.view.shape[1] == shape.seqlen_q &&
                        dout.view.shape[2] == shape.heads_q && dout.view.shape[3] == shape.head_dim,
                    "dout: shape must be [batch, seqlen_q, heads_q, head_dim]");
@@ -335,7 +372,7 @@ AttentionGradients attention_backward_reference_f64(const AttentionShape& shape,
     for (int64_t h = 0; h < shape.heads_q; ++h) {
       const int64_t hk = shape.kv_head(h);
       for (int64_t i = 0; i < shape.seqlen_q; ++i) {
-        const KeyRange keys = visible_keys(mask, i, shape.seqlen_q, shape.seqlen_k, window);
+        const KeyRange keys = visible_keys(mask, i, shape.seqlen_q, shape.seqlen_k, variant.window);
         if (keys.count() == 0) continue;
         const double* qi = q.row(b, i, h, q_scratch.data());
         const double* doi = dout.row(b, i, h, do_scratch.data());
@@ -348,8 +385,10 @@ AttentionGradients attention_backward_reference_f64(const AttentionShape& shape,
           const double* kj = k.row(b, j, hk, k_scratch.data());
           double s = 0;
           for (int64_t x = 0; x < d; ++x) s += qi[x] * kj[x];
-          p[at] = capped_score(s * scale, softcap);
-          if (softcap > 0) cap_slope[at] = 1 - (p[at] / softcap) * (p[at] / softcap);
+          const double cap = variant.softcap;
+          p[at] = capped_score(s * scale, cap);
+          if (cap > 0) cap_slope[at] = 1 - (p[at] / cap) * (p[at] / cap);
+          p[at] += alibi_bias(variant, mask, shape, b, h, i, j);
           row_max = std::max(row_max, p[at]);
         }
         double sum = 0;

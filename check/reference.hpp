@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "flashgen/flashgen.h"
@@ -56,6 +57,29 @@ struct ReferenceWindow {
 inline ReferenceWindow window_of(const AttentionProblem& problem) {
   return {problem.window_left, problem.window_right};
 }
+
+// What the references apply besides the mask (flashgen_attention_options' variant fields): a soft cap (> 0),
+// the window's sides (read under FLASHGEN_MASK_SLIDING_WINDOW only), and ALiBi's slopes, the slope of
+// (batch b, query head h) at b * alibi_batch_stride + h (empty: no ALiBi). A score s = q·k · scale becomes
+// softcap · tanh(s / softcap) - slope · |i + seqlen_k - seqlen_q - j| (about i - j under the top-left causal
+// mask), as flashgen.h defines them.
+struct ReferenceVariant {
+  double softcap = 0.0;
+  ReferenceWindow window;
+  std::vector<float> alibi_slopes;
+  int64_t alibi_batch_stride = 0;
+
+  ReferenceVariant(double cap = 0.0, ReferenceWindow sides = {}, std::vector<float> slopes = {},
+                   int64_t slopes_batch_stride = 0)
+      : softcap(cap), window(sides), alibi_slopes(std::move(slopes)), alibi_batch_stride(slopes_batch_stride) {}
+};
+
+// The ALiBi slopes flashgen's own runs of an ALiBi problem use (a sweep, `flashgen run --alibi`): the
+// geometric sequence of the ALiBi paper, 2^(-8 (h + 1) / heads_q) for query head h, one per head.
+std::vector<float> standard_alibi_slopes(int64_t heads_q);
+
+// A problem's variant as flashgen's own runs take it: its cap and window, and with ALiBi the standard slopes.
+ReferenceVariant variant_of(const AttentionProblem& problem);
 
 // The keys query i sees, [first, end) with 0 <= first <= end <= seqlen_k: a prefix under the causal masks and
 // none, a range about the diagonal j = i + seqlen_k - seqlen_q under the window mask (flashgen.h's definitions).
@@ -123,12 +147,11 @@ struct AttentionResult {
 };
 
 // softmax(q kᵀ · scale, masked) v in float64. Query head h reads key/value head shape.kv_head(h). A fully
-// masked row gives out 0 and lse -inf, as flashgen.h specifies. softcap > 0 caps each score s = q·k · scale
-// to softcap · tanh(s / softcap) before the softmax (flashgen_attention_options::softcap). window: the sides of
-// FLASHGEN_MASK_SLIDING_WINDOW (unread under the other masks).
+// masked row gives out 0 and lse -inf, as flashgen.h specifies. variant: a soft cap, a window's sides and ALiBi
+// slopes (ReferenceVariant).
 AttentionResult attention_reference_f64(const AttentionShape& shape, const HostInput& q, const HostInput& k,
-                                        const HostInput& v, double scale, flashgen_mask mask, double softcap = 0.0,
-                                        ReferenceWindow window = {});
+                                        const HostInput& v, double scale, flashgen_mask mask,
+                                        const ReferenceVariant& variant = {});
 
 struct ReferenceRow {
   std::vector<double> out;  // (head_dim)
@@ -139,7 +162,7 @@ struct ReferenceRow {
 // compute whole. Rows are independent, so callers may compute several on different threads.
 ReferenceRow attention_reference_row(const AttentionShape& shape, const HostInput& q, const HostInput& k,
                                      const HostInput& v, double scale, flashgen_mask mask, int64_t batch,
-                                     int64_t head, int64_t row, double softcap = 0.0, ReferenceWindow window = {});
+                                     int64_t head, int64_t row, const ReferenceVariant& variant = {});
 
 // A query row of a problem: what the sampled checks of large problems compute and compare.
 struct RowSample {
@@ -152,7 +175,7 @@ struct RowSample {
 std::vector<ReferenceRow> attention_reference_rows(const AttentionShape& shape, const HostInput& q,
                                                    const HostInput& k, const HostInput& v, double scale,
                                                    flashgen_mask mask, const std::vector<RowSample>& rows,
-                                                   int threads, double softcap = 0.0, ReferenceWindow window = {});
+                                                   int threads, const ReferenceVariant& variant = {});
 
 // ---------------------------------------------------------------------------------------------------
 // Backward.
@@ -166,12 +189,13 @@ struct AttentionGradients {
 // Exact float64 gradients of attention_reference_f64's out for the upstream gradient dout ([b, sq, hq, d]):
 // P = softmax(scale · q kᵀ, masked), dV = Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP − rowsum(dO ∘ O)), dQ = scale · dS K,
 // dK = scale · dSᵀ Q, with dK and dV summed over the query heads sharing a key/value head. Fully masked
-// rows contribute nothing. With softcap > 0 the scores are capped as in the forward and dS is multiplied by the
-// cap's derivative, 1 − tanh²(s / softcap). window as in the forward.
+// rows contribute nothing. With a soft cap the scores are capped as in the forward and dS is multiplied by the
+// cap's derivative, 1 − tanh²(s / softcap); ALiBi's bias, constant in s, leaves dS as it is. variant as in the
+// forward.
 AttentionGradients attention_backward_reference_f64(const AttentionShape& shape, const HostInput& q,
                                                     const HostInput& k, const HostInput& v, const HostInput& dout,
-                                                    double scale, flashgen_mask mask, double softcap = 0.0,
-                                                    ReferenceWindow window = {});
+                                                    double scale, flashgen_mask mask,
+                                                    const ReferenceVariant& variant = {});
 
 // FLOPs of one backward pass: 2.5x the forward's (five products of the forward's size, QKᵀ recomputed),
 // the count FlashAttention's benchmarks report.

@@ -51,6 +51,8 @@ Command run_command() {
       .option("causal", "MODE", "none, bottom-right or top-left (default none)")
       .option("scale", "S", "softmax scale; <= 0 means 1/sqrt(head_dim) (default 0)")
       .option("softcap", "C", "soft cap: scores s become C * tanh(s / C) before the softmax (default 0: none)")
+      .flag("alibi", "ALiBi with the standard slopes 2^(-8 (h + 1) / heads-q): query i's score of key j gains "
+                     "-slope * |i + seqlen_k - seqlen_q - j| (|i - j| with --causal top-left)")
       .option("window", "L,R", "sliding window: query i sees keys i + seqlen_k - seqlen_q - L to ... + R (-1: no "
                                "bound on that side; FlashAttention's window_size, so with --causal bottom-right R "
                                "is 0)")
@@ -92,6 +94,7 @@ RunOptions parse_run_options(const Args& args) {
   mask_from_flags(args, p);
   o.scale = static_cast<float>(args.double_or("scale", o.scale));
   p.softcap = static_cast<float>(args.double_or("softcap", 0.0));
+  p.alibi = args.has("alibi");
   o.layout = args.choice_or("layout", o.layout, {"bshd", "bhsd"});
   if (args.has("config")) o.config_name = args.string_or("config", "");
   p.pass = args.has("backward") ? Pass::kBackward : Pass::kForward;
@@ -121,7 +124,8 @@ std::string problem_text(const RunOptions& o, double scale) {
       o.problem.varlen ? format("packed: %lld/%lld query/key tokens in all, ", static_cast<long long>(o.problem.total_q),
                                 static_cast<long long>(o.problem.total_k))
                        : std::string();
-  const std::string cap = o.problem.softcapped() ? format(", softcap %.6g", o.problem.softcap) : std::string();
+  const std::string cap = (o.problem.softcapped() ? format(", softcap %.6g", o.problem.softcap) : std::string()) +
+                          (o.problem.alibi ? ", ALiBi" : "");
   return packed + format("batch %lld, seqlen_q %lld, seqlen_k %lld, heads %lld/%lld, head_dim %lld, %s, mask %s, scale %.6g%s, "
                 "layout %s",
                 static_cast<long long>(s.batch), static_cast<long long>(s.seqlen_q), static_cast<long long>(s.seqlen_k),
@@ -185,7 +189,7 @@ void run_backward(const RunOptions& o, const HostTensor& q, const HostTensor& k,
     dv_dev.download(dv.bits.data(), dv.bytes());
     const AttentionGradients ref = attention_backward_reference_f64(shape, q.input(), k.input(), v.input(),
                                                                     dout.input(), report.scale, options.mask,
-                                                                    p.softcap, window_of(p));
+                                                                    variant_of(p));
     for (const auto& [name, got, want] : {std::tuple{"dq", &dq, &ref.dq}, std::tuple{"dk", &dk, &ref.dk},
                                            std::tuple{"dv", &dv, &ref.dv}}) {
       check_gradient(name, got->input(), *want, abi_dtype(p.dtype), report.check);
@@ -228,6 +232,8 @@ RunReport run_problem(const RunOptions& o) {
   float* lse_ptr = static_cast<float*>(lse_dev.data());
   flashgen_attention_options options = options_of(p, o.scale);
   options.deterministic = 0;  // the backward's, set for it below
+  DeviceBuffer slopes_dev;
+  options.alibi_slopes = upload_alibi_slopes(p, slopes_dev);
   // Validate before the slow part (host data): a bad shape fails here with the library's own message.
   const ForwardCall problem = make_forward_call(&q_view, &k_view, &v_view, &out_view, lse_ptr, &options);
   report.scale = problem.params.scale;
@@ -262,7 +268,7 @@ RunReport run_problem(const RunOptions& o) {
   report.check = check_sampled_rows(shape, q.input(), k.input(), v.input(), out.input(), lse.data(),
                                     abi_dtype(p.dtype),
                                     sample_rows(shape.batch, shape.heads_q, shape.seqlen_q, o.check_rows),
-                                    report.scale, options.mask, p.softcap, window_of(p));
+                                    report.scale, options.mask, variant_of(p));
   if (p.backward()) {
     options.deterministic = p.deterministic() ? 1 : 0;
     run_backward(o, q, k, v, q_view, k_view, v_view, out_view, lse_ptr, options, stream.get(), rng, report);
@@ -326,7 +332,7 @@ Json run_report_json(const RunReport& r) {
         {"heads_kv", s.heads_kv}, {"head_dim", s.head_dim}, {"dtype", dtype_name(p.dtype)},
         {"causal", causal_text(p.mask)},
         {"window", p.windowed() ? Json::array({p.window_left, p.window_right}) : Json(nullptr)},
-        {"scale", r.scale}, {"softcap", p.softcap}, {"layout", o.layout}, {"seed", o.seed}}},
+        {"scale", r.scale}, {"softcap", p.softcap}, {"alibi", p.alibi}, {"layout", o.layout}, {"seed", o.seed}}},
       {"pass", p.backward() ? "backward" : "forward"},
       {"kv_cache", p.kv_cache ? Json{{"page_size", p.page_size}, {"splits", o.splits}, {"kv_bytes", r.kv_bytes}}
                               : Json(nullptr)},
@@ -389,7 +395,8 @@ void check_run_problem(const RunOptions& o) {
   };
   const flashgen_tensor q = placeholder(0, s.seqlen_q, s.heads_q), k = placeholder(1, s.seqlen_k, s.heads_kv),
                         v = placeholder(2, s.seqlen_k, s.heads_kv), out = placeholder(3, s.seqlen_q, s.heads_q);
-  const flashgen_attention_options options = options_of(p, o.scale);
+  flashgen_attention_options options = options_of(p, o.scale);
+  options.alibi_slopes = placeholder_alibi_slopes(p);
   if (p.kv_cache) return check_kvcache_problem(o);
   if (p.varlen) return check_varlen_problem(o);
   if (p.backward()) {

@@ -36,7 +36,8 @@ flashgen_kvcache_args kvcache_args(const RunOptions& o, const flashgen_tensor& q
   args.block_table = o.problem.paged ? table : nullptr;
   args.max_pages = pages_per_sequence(o);
   args.num_splits = o.splits;
-  args.options = options_of(o.problem, o.scale);  // a soft cap is refused by the library, with its reason
+  args.options = options_of(o.problem, o.scale);  // a soft cap or ALiBi is refused by the library, with its reason
+  args.options.alibi_slopes = placeholder_alibi_slopes(o.problem);
   return args;
 }
 
@@ -129,7 +130,7 @@ RunReport run_kvcache(const RunOptions& o, const ScopedContext& context, RunRepo
   lse_dev.download(lse.data(), lse_dev.bytes());
   report.check = check_sampled_rows(s, q.input(), k.input(), v.input(), out.input(), lse.data(), abi_dtype(p.dtype),
                                     sample_rows(s.batch, s.heads_q, s.seqlen_q, o.check_rows),
-                                    report.scale, p.mask, /*softcap=*/0.0, window_of(p));
+                                    report.scale, p.mask, ReferenceVariant{0.0, window_of(p), {}, 0});
   report.times_ms = time_launches([&] { launch(); }, o.warmup, o.iters, stream.get());
   report.flops = forward_flops(s, p.mask, window_of(p));
   report.kv_bytes = 2.0 * s.batch * s.seqlen_k * s.heads_kv * s.head_dim * 2;

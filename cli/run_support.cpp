@@ -68,6 +68,18 @@ std::vector<RowSample> sample_rows(int64_t batch, int64_t heads, int64_t seqlen_
   return rows;
 }
 
+const float* upload_alibi_slopes(const AttentionProblem& p, DeviceBuffer& slopes) {
+  if (!p.alibi) return nullptr;
+  const std::vector<float> host = variant_of(p).alibi_slopes;
+  slopes = DeviceBuffer(host.size() * sizeof(float));
+  slopes.upload(host);
+  return static_cast<const float*>(slopes.data());
+}
+
+const float* placeholder_alibi_slopes(const AttentionProblem& p) {
+  return p.alibi ? reinterpret_cast<const float*>(uintptr_t{1} << 32) : nullptr;
+}
+
 // Adds a check's mismatches to result, which lists the first kShownMismatches of all its checks.
 void add_mismatches(const CheckReport& report, CheckResult& result) {
   result.mismatches += report.mismatches;
@@ -79,10 +91,10 @@ void add_mismatches(const CheckReport& report, CheckResult& result) {
 CheckResult check_sampled_rows(const AttentionShape& shape, const HostInput& q, const HostInput& k, const HostInput& v,
                                const HostInput& out, const float* lse, flashgen_dtype dtype,
                                const std::vector<RowSample>& rows, double scale, flashgen_mask mask,
-                               double softcap, ReferenceWindow window) {
+                               const ReferenceVariant& variant) {
   // The float64 reference is the slow part for long sequences: rows are independent, so use every core.
   const std::vector<ReferenceRow> reference =
-      attention_reference_rows(shape, q, k, v, scale, mask, rows, default_jobs(), softcap, window);
+      attention_reference_rows(shape, q, k, v, scale, mask, rows, default_jobs(), variant);
   const RowsCheck check = check_rows(shape, rows, reference, out, lse, dtype);
   CheckResult result;
   result.rows = rows.size();

@@ -52,7 +52,12 @@ void add_mismatches(const CheckReport& report, CheckResult& result);
 CheckResult check_sampled_rows(const AttentionShape& shape, const HostInput& q, const HostInput& k, const HostInput& v,
                                const HostInput& out, const float* lse, flashgen_dtype dtype,
                                const std::vector<RowSample>& rows, double scale, flashgen_mask mask,
-                               double softcap = 0.0, ReferenceWindow window = {});
+                               const ReferenceVariant& variant = {});
+
+// Where a run's ALiBi slopes live: p's standard slopes (variant_of) uploaded into slopes; null without ALiBi.
+const float* upload_alibi_slopes(const AttentionProblem& p, DeviceBuffer& slopes);
+// A stand-in address for the slopes of a check that launches nothing; null without ALiBi.
+const float* placeholder_alibi_slopes(const AttentionProblem& p);
 
 // Adds part (a sequence's, say) to result: rows, the larger errors, mismatches.
 void add_check(const CheckResult& part, CheckResult& result);

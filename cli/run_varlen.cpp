@@ -23,6 +23,7 @@ struct PackedTensors {
   float* lse = nullptr;
   const int32_t* cu_q = nullptr;
   const int32_t* cu_k = nullptr;
+  const float* alibi_slopes = nullptr;
 };
 
 flashgen_varlen_forward_args forward_args(const RunOptions& o, const PackedTensors& t) {
@@ -35,6 +36,7 @@ flashgen_varlen_forward_args forward_args(const RunOptions& o, const PackedTenso
   args.batch = s.batch;
   args.max_seqlen_q = s.seqlen_q, args.max_seqlen_k = s.seqlen_k;
   args.options = options_of(o.problem, o.scale);
+  args.options.alibi_slopes = t.alibi_slopes;
   return args;
 }
 
@@ -79,6 +81,8 @@ RunReport run_varlen(const RunOptions& o, const ScopedContext& context, RunRepor
   t.q = tensor_view(q, q_dev), t.k = tensor_view(k, k_dev), t.v = tensor_view(v, v_dev), t.out = tensor_view(out, out_dev);
   t.lse = static_cast<float*>(lse_dev.data());
   t.cu_q = static_cast<const int32_t*>(cu_q_dev.data()), t.cu_k = static_cast<const int32_t*>(cu_k_dev.data());
+  DeviceBuffer slopes_dev;
+  t.alibi_slopes = upload_alibi_slopes(p, slopes_dev);
   const flashgen_varlen_forward_args args = forward_args(o, t);
   // Validate before the slow part (host data): a bad shape fails here with the library's own message.
   const ForwardCall call = make_varlen_forward_call(args);
@@ -122,7 +126,7 @@ RunReport run_varlen(const RunOptions& o, const ScopedContext& context, RunRepor
     add_check(check_sampled_rows(one, sequence_rows(q, batch.cu_q, b), sequence_rows(k, batch.cu_k, b),
                                  sequence_rows(v, batch.cu_k, b), sequence_rows(out, batch.cu_q, b), one_lse.data(),
                                  dtype, sample_rows(1, one.heads_q, one.seqlen_q, rows), report.scale, p.mask,
-                                 p.softcap, window_of(p)),
+                                 variant_of(p)),
               report.check);
   }
 
@@ -182,8 +186,7 @@ RunReport run_varlen(const RunOptions& o, const ScopedContext& context, RunRepor
       if (batch.len_q[b] == 0 && batch.len_k[b] == 0) continue;
       const AttentionGradients ref = attention_backward_reference_f64(
           batch.sequence(b), sequence_rows(q, batch.cu_q, b), sequence_rows(k, batch.cu_k, b),
-          sequence_rows(v, batch.cu_k, b), sequence_rows(dout, batch.cu_q, b), report.scale, p.mask, p.softcap,
-          window_of(p));
+          sequence_rows(v, batch.cu_k, b), sequence_rows(dout, batch.cu_q, b), report.scale, p.mask, variant_of(p));
       for (const auto& [name, got, cu, want] :
            {std::tuple{"dq", &dq, &batch.cu_q, &ref.dq}, std::tuple{"dk", &dk, &batch.cu_k, &ref.dk},
             std::tuple{"dv", &dv, &batch.cu_k, &ref.dv}}) {
@@ -213,6 +216,7 @@ void check_varlen_problem(const RunOptions& o) {
   t.dv = bshd_tensor(address(7), dtype, 1, p.total_k, s.heads_kv, s.head_dim);
   t.lse = static_cast<float*>(address(8));
   t.cu_q = static_cast<const int32_t*>(address(9)), t.cu_k = static_cast<const int32_t*>(address(10));
+  t.alibi_slopes = placeholder_alibi_slopes(p);
   auto check_config = [&](const auto& config, const AttentionProblem& problem) {
     check_requested_config(config, problem, 90);
     FLASHGEN_REQUIRE(config.varlen, "config " + config.name() + " runs dense batches; a packed batch takes a ..._varlen one");

@@ -46,9 +46,10 @@ Command tune_command() {
                  "\"causal\": \"bottom-right\", \"batch\": 4, \"heads_q\": 32, \"heads_kv\": 8, \"seqlen_q\": 4096,\n"
                  "\"seqlen_k\": 4096}, {\"kv_cache\": true, \"page_size\": 16, \"batch\": 8, \"seqlen_q\": 1, \"seqlen_k\": 32768},\n"
                  "{\"varlen\": true, \"batch\": 64, \"seqlen_q\": 8192, \"seqlen_k\": 8192, \"total_q\": 266240},\n"
-                 "{\"causal\": \"bottom-right\", \"window\": [4096, -1], \"softcap\": 30, \"seqlen_q\": 16384, \"seqlen_k\": 16384}, ...]};\n"
+                 "{\"causal\": \"bottom-right\", \"window\": [4096, -1], \"softcap\": 30, \"alibi\": true, \"seqlen_q\": 16384,\n"
+                 "\"seqlen_k\": 16384}, ...]};\n"
                  "omitted fields take the flag defaults below (a packed problem's totals: its own, else the default\n"
-                 "spread; \"window\" and \"softcap\" as --window and --softcap).",
+                 "spread; \"window\", \"softcap\" and \"alibi\" as --window, --softcap and --alibi).",
                  "[options]")
       .flag("backward", "tune the backward pass (dq, dk, dv) instead of the forward")
       .flag("deterministic", "with --backward: the deterministic dQ strategy (bitwise repeatable)")
@@ -56,6 +57,8 @@ Command tune_command() {
       .option("head-dim", "D", "head dimension (default 128)")
       .option("causal", "MODE", "none, bottom-right or top-left (default none)")
       .option("softcap", "C", "soft cap: scores s become C * tanh(s / C) before the softmax (default 0: none)")
+      .flag("alibi", "ALiBi (per-head slopes, a bias linear in the distance to the diagonal): its own kernels, "
+                     "swept with the standard slopes 2^(-8 (h + 1) / heads-q)")
       .option("window", "L,R", "sliding window: query i sees keys i + seqlen_k - seqlen_q - L to ... + R (-1: no "
                                "bound on that side; FlashAttention's window_size, so with --causal bottom-right R "
                                "is 0); the problem is keyed by the window's span")
@@ -143,6 +146,7 @@ AttentionProblem problem_from_flags(const Args& args) {
   problem.dtype = args.choice_or("dtype", "fp16", {"fp16", "bf16"}) == "fp16" ? DType::kFloat16 : DType::kBFloat16;
   mask_from_flags(args, problem);
   problem.softcap = static_cast<float>(args.double_or("softcap", 0.0));
+  problem.alibi = args.has("alibi");
   AttentionShape& s = problem.shape;
   s.head_dim = args.int_or("head-dim", 128, 1, 4096);
   s.batch = args.int_or("batch", 4, 1, kIntMax);
@@ -221,6 +225,9 @@ TuneSpec read_tune_spec(const std::string& path, const AttentionProblem& default
         if (!value.is_number() || !(value.get<double>() >= 0.0) || !std::isfinite(value.get<double>()))
           bad(where + ".softcap must be a number >= 0 (0: none)");
         p.softcap = value.get<float>();
+      } else if (key == "alibi") {
+        if (!value.is_boolean()) bad(where + ".alibi must be true or false");
+        p.alibi = value.get<bool>();
       } else if (key == "head_dim") {
         positive(p.shape.head_dim);
       } else if (key == "batch") {
@@ -454,7 +461,7 @@ std::string problem_line(const AttentionProblem& p) {
   return format("%s %s d%d causal=%s batch %lld heads %lld/%lld seqlen %lld/%lld", pass_text(p), dtype_name(p.dtype),
                 p.head_dim(), mask_description(p).c_str(), (long long)s.batch, (long long)s.heads_q,
                 (long long)s.heads_kv, (long long)s.seqlen_q, (long long)s.seqlen_k) +
-         (p.softcapped() ? format(" softcap %g", p.softcap) : std::string()) +
+         (p.softcapped() ? format(" softcap %g", p.softcap) : std::string()) + (p.alibi ? " ALiBi" : "") +
          (p.paged ? format(" pages of %d", p.page_size) : std::string()) +
          (p.varlen ? format(" tokens %lld/%lld", (long long)p.total_q, (long long)p.total_k) : std::string());
 }
@@ -469,6 +476,7 @@ Json problem_json(const AttentionProblem& p) {
   if (p.varlen) j["total_q"] = p.total_q, j["total_k"] = p.total_k;  // a spec entry as read_tune_spec takes it
   if (p.windowed()) j["causal"] = "none", j["window"] = Json::array({p.window_left, p.window_right});
   if (p.softcapped()) j["softcap"] = p.softcap;
+  if (p.alibi) j["alibi"] = true;
   return j;
 }
 

@@ -23,13 +23,13 @@ namespace {
 // The sm80 family's built-in choice, for problems the chosen family cannot implement.
 ForwardChoice sm80_fallback(const ForwardCall& call, int arch) {
   const AttentionProblem& p = call.problem;
-  return heuristic_choice(p.dtype, p.head_dim(), p.mask_kind(), arch, /*sm80_only=*/true, p.varlen, p.softcapped());
+  return heuristic_choice(p.dtype, p.head_dim(), p.mask_kind(), arch, /*sm80_only=*/true, p.varlen, p.score_mods());
 }
 
 BackwardChoice sm80_fallback(const BackwardCall& call, int arch) {
   const AttentionProblem& p = call.problem;
   return heuristic_backward_choice(p.dtype, p.head_dim(), p.mask_kind(), p.deterministic(), arch, /*sm80_only=*/true,
-                                   p.varlen, p.softcapped());
+                                   p.varlen, p.score_mods());
 }
 
 // The kTileCount fallback: the same tiles, one block each instead of a persistent walk (groups walk a
@@ -158,7 +158,8 @@ ClassKey class_key(const ScopedContext& scope, const AttentionProblem& problem, 
   const AttentionShape& s = problem.shape;
   const int64_t head[] = {static_cast<int64_t>(problem.dtype), s.head_dim, problem.mask, problem.deterministic(),
                           s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, scale_bits, problem.varlen,
-                          problem.total_q, problem.total_k, softcap_bits, problem.window_left, problem.window_right};
+                          problem.total_q, problem.total_k, softcap_bits, problem.window_left, problem.window_right,
+                          problem.alibi};
   size_t i = 0;
   for (int64_t v : head) key.values[i++] = v;
   for (int64_t v : strides) key.values[i++] = v;

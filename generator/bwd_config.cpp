@@ -31,8 +31,7 @@ std::string BwdConfig::name() const {
            "_n" + to_string(block_n) + "_w" + to_string(k.warps) + "_s" + to_string(stages) + "_x" +
            to_string(k.d_split);
   }
-  name += mask_suffix(mask);
-  if (softcap) name += "_softcap";
+  name += mask_suffix(mask) + score_mods_suffix(mods);
   if (varlen) name += "_varlen";
   if (deterministic) name += "_det";
   if (has_dq_kernel()) {
@@ -52,9 +51,9 @@ BwdConfig BwdConfig::from_name(const std::string& name) {
   FLASHGEN_REQUIRE(sm90 || (fields.size() >= 9 && fields[0] == "bwd" && fields[1] == "sm80"),
                    "config name '" + name +
                        "': expected bwd_sm80_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_w<warps>_s<stages>"
-                       "_x<d_split>[_causal|_window][_softcap][_varlen][_det_qm<m>_qn<n>_qw<warps>_qs<stages>] or "
-                       "bwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal|_window][_softcap]"
-                       "[_varlen][_det]");
+                       "_x<d_split>[_causal|_window][_softcap][_alibi][_varlen][_det_qm<m>_qn<n>_qw<warps>_qs<stages>] "
+                       "or bwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal|_window]"
+                       "[_softcap][_alibi][_varlen][_det]");
   BwdConfig c;
   if (sm90) c.knobs = BwdSm90Knobs{};
   BwdSm80Knobs* k80 = c.sm80();
@@ -67,10 +66,7 @@ BwdConfig BwdConfig::from_name(const std::string& name) {
   c.stages = parse_name_field(fields[i++], "s", name);
   if (k80) k80->d_split = parse_name_field(fields[i++], "x", name);
   if (i < fields.size() && read_mask_suffix(fields[i], c.mask)) ++i;
-  if (i < fields.size() && fields[i] == "softcap") {
-    c.softcap = true;
-    ++i;
-  }
+  while (i < fields.size() && read_score_mod_suffix(fields[i], c.mods)) ++i;
   if (i < fields.size() && fields[i] == "varlen") {
     c.varlen = true;
     ++i;
@@ -178,7 +174,7 @@ void to_json(nlohmann::json& j, const BwdConfig& c) {
                        {"deterministic", c.deterministic}};
   }
   if (c.varlen) j["varlen"] = true;  // absent: dense kernels, as every config before it had
-  if (c.softcap) j["softcap"] = true;
+  score_mods_to_json(j, c.mods);
   if (c.has_dq_kernel()) {
     j["dq_block_m"] = c.dq_block_m;
     j["dq_block_n"] = c.dq_block_n;
@@ -225,11 +221,11 @@ void from_json(const nlohmann::json& j, BwdConfig& c) {
     FLASHGEN_REQUIRE(j["deterministic"].is_boolean(), "backward config JSON: 'deterministic' must be true or false");
     config.deterministic = j["deterministic"].get<bool>();
   }
-  for (const auto& [key, flag] : {std::pair{"varlen", &config.varlen}, std::pair{"softcap", &config.softcap}}) {
-    if (!j.contains(key)) continue;
-    FLASHGEN_REQUIRE(j[key].is_boolean(), std::string("backward config JSON: '") + key + "' must be true or false");
-    *flag = j[key].get<bool>();
+  if (j.contains("varlen")) {
+    FLASHGEN_REQUIRE(j["varlen"].is_boolean(), "backward config JSON: 'varlen' must be true or false");
+    config.varlen = j["varlen"].get<bool>();
   }
+  read_score_mods(j, "backward config JSON", config.mods);
   if (!config.has_dq_kernel()) {  // dq tiles of a module without a dq kernel (an older sm90 record) mean nothing
     const BwdConfig defaults;
     config.dq_block_m = defaults.dq_block_m, config.dq_block_n = defaults.dq_block_n;

@@ -59,8 +59,8 @@ struct BwdConfig {
   // Packed batches of sequences of different lengths (templates/sequence.cuh): kernels of their own,
   // suffix _varlen after _causal.
   bool varlen = false;
-  // Soft-capped scores (KernelConfig::softcap), suffix _softcap after the mask's (_causal or _window).
-  bool softcap = false;
+  // The score modifiers (KernelConfig::mods), suffixes _softcap, _alibi after the mask's (_causal or _window).
+  ScoreMods mods = {};
 
   KernelFamily family() const {
     return std::holds_alternative<BwdSm90Knobs>(knobs) ? KernelFamily::kSm90 : KernelFamily::kSm80;
@@ -72,7 +72,7 @@ struct BwdConfig {
   BwdSm90Knobs* sm90() { return std::get_if<BwdSm90Knobs>(&knobs); }
 
   // e.g. bwd_sm80_bf16_d128_m64_n64_w4_s2_x1_causal, or ..._det_qm64_qn32_qw4_qs2 when deterministic;
-  // bwd_sm90_fp16_d128_m64_n128_s2[_causal|_window][_softcap][_det]; _varlen before _det for packed batches.
+  // bwd_sm90_fp16_d128_m64_n128_s2[_causal|_window][_softcap][_alibi][_det]; _varlen before _det for packed batches.
   std::string name() const;
   static BwdConfig from_name(const std::string& name);  // throws Error(kInvalidArgument)
 

@@ -70,12 +70,14 @@ const char* dq_accum_enum(DqAccum accum) {
 }
 
 // The variant policy (templates/variant.cuh) every kernel family asks about masking and scores: the mask's,
-// soft-capped or not.
-std::string variant_policy(MaskKind mask, bool softcap = false) {
-  const std::string policy = mask == MaskKind::kCausal   ? "flashgen::CausalMask"
-                             : mask == MaskKind::kWindow ? "flashgen::SlidingWindow"
-                                                         : "flashgen::NoMask";
-  return softcap ? "flashgen::SoftCap<" + policy + ">" : policy;
+// wrapped in its score modifiers (the cap nearest the mask, as the kernels apply it before ALiBi's bias).
+std::string variant_policy(MaskKind mask, const ScoreMods& mods = {}) {
+  std::string policy = mask == MaskKind::kCausal   ? "flashgen::CausalMask"
+                       : mask == MaskKind::kWindow ? "flashgen::SlidingWindow"
+                                                   : "flashgen::NoMask";
+  if (mods.softcap) policy = "flashgen::SoftCap<" + policy + ">";
+  if (mods.alibi) policy = "flashgen::Alibi<" + policy + ">";
+  return policy;
 }
 
 std::string render_config_header(const KernelConfig& c) {
@@ -89,7 +91,7 @@ std::string render_config_header(const KernelConfig& c) {
       << "  static constexpr flashgen::ElemType kElem = " << elem_enum(c.dtype) << ";\n"
       << "  static constexpr int kHeadDim = " << c.head_dim << ";\n"
       << "  static constexpr flashgen::MaskKind kMask = " << mask_enum(c.mask) << ";\n"
-      << "  using Variant = " << variant_policy(c.mask, c.softcap) << ";\n"
+      << "  using Variant = " << variant_policy(c.mask, c.mods) << ";\n"
       << "  static constexpr int kBlockM = " << c.block_m << ";\n"
       << "  static constexpr int kBlockN = " << c.block_n << ";\n";
   const Sm80Knobs* sm80 = c.sm80();
@@ -144,7 +146,7 @@ std::string render_config_header(const BwdConfig& c) {
       << "  static constexpr flashgen::ElemType kElem = " << elem_enum(c.dtype) << ";\n"
       << "  static constexpr int kHeadDim = " << c.head_dim << ";\n"
       << "  static constexpr flashgen::MaskKind kMask = " << mask_enum(c.mask) << ";\n"
-      << "  using Variant = " << variant_policy(c.mask, c.softcap) << ";\n"
+      << "  using Variant = " << variant_policy(c.mask, c.mods) << ";\n"
       << "  static constexpr int kBlockM = " << c.block_m << ";\n"
       << "  static constexpr int kBlockN = " << c.block_n << ";\n";
   const BwdSm80Knobs* sm80 = c.sm80();

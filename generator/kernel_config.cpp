@@ -35,14 +35,40 @@ bool read_mask_suffix(const std::string& field, MaskKind& mask) {
   return false;
 }
 
+std::string score_mods_suffix(const ScoreMods& mods) {
+  std::string suffix;
+  if (mods.softcap) suffix += "_softcap";
+  if (mods.alibi) suffix += "_alibi";
+  return suffix;
+}
+
+bool read_score_mod_suffix(const std::string& field, ScoreMods& mods) {
+  for (auto [name, flag] : {std::pair{"softcap", &mods.softcap}, std::pair{"alibi", &mods.alibi}}) {
+    if (field == name && !*flag) return *flag = true;
+  }
+  return false;
+}
+
+void score_mods_to_json(nlohmann::json& j, const ScoreMods& mods) {
+  if (mods.softcap) j["softcap"] = true;
+  if (mods.alibi) j["alibi"] = true;
+}
+
+void read_score_mods(const nlohmann::json& j, const char* what, ScoreMods& mods) {
+  for (auto [name, flag] : {std::pair{"softcap", &mods.softcap}, std::pair{"alibi", &mods.alibi}}) {
+    if (!j.contains(name)) continue;
+    FLASHGEN_REQUIRE(j[name].is_boolean(), std::string(what) + ": '" + name + "' must be true or false");
+    *flag = j[name].get<bool>();
+  }
+}
+
 std::string KernelConfig::name() const {
   // Built on every launch (it keys the loaded kernels): appends, no stream.
   using std::to_string;
   if (const Sm90Knobs* k = sm90()) {
     std::string name = std::string("fwd_sm90_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_m" +
                        to_string(block_m) + "_n" + to_string(block_n) + "_s" + to_string(stages);
-    name += mask_suffix(mask);
-    if (softcap) name += "_softcap";
+    name += mask_suffix(mask) + score_mods_suffix(mods);
     if (k->overlap) name += "_ovl";
     if (k->pingpong) name += "_pp";
     if (k->persistent) name += "_pst";
@@ -58,8 +84,7 @@ std::string KernelConfig::name() const {
   std::string name = std::string("fwd_sm80_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_m" +
                      to_string(block_m) + "_n" + to_string(block_n) + "_w" + to_string(k.warps) + "_s" +
                      to_string(stages);
-  name += mask_suffix(mask);
-  if (softcap) name += "_softcap";
+  name += mask_suffix(mask) + score_mods_suffix(mods);
   if (k.q_in_regs) name += "_qreg";
   if (varlen) name += "_varlen";
   if (paged) name += "_paged";
@@ -92,8 +117,9 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
   FLASHGEN_REQUIRE(sm90 || (fields.size() >= 8 && fields[0] == "fwd" && fields[1] == "sm80"),
                    "config name '" + name +
                        "': expected fwd_sm80_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_w<warps>_s<stages>"
-                       "[_causal|_window][_softcap][_qreg][_varlen[_paged]] or "
+                       "[_causal|_window][_softcap][_alibi][_qreg][_varlen[_paged]] or "
                        "fwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal|_window][_softcap]"
+                       "[_alibi]"
                        "[_ovl][_pp][_pst][_psm][_c2][_g2][_tsum]");
   KernelConfig config;
   if (sm90) config.knobs = Sm90Knobs{};
@@ -107,10 +133,8 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
   if (k80) k80->warps = parse_name_field(fields[next++], "w", name);
   config.stages = parse_name_field(fields[next++], "s", name);
   for (size_t i = next; i < fields.size(); ++i) {
-    if (read_mask_suffix(fields[i], config.mask)) {
+    if (read_mask_suffix(fields[i], config.mask) || read_score_mod_suffix(fields[i], config.mods)) {
       continue;
-    } else if (fields[i] == "softcap" && !config.softcap) {
-      config.softcap = true;
     } else if (fields[i] == "qreg" && k80 && !k80->q_in_regs) {
       k80->q_in_regs = true;
     } else if (fields[i] == "ovl" && k90 && !k90->overlap) {
@@ -183,7 +207,7 @@ bool KernelConfig::operator==(const KernelConfig& o) const {
   // Configs that share a name are equal: the same family, and the same knobs of it.
   return dtype == o.dtype && head_dim == o.head_dim && mask == o.mask && block_m == o.block_m &&
          block_n == o.block_n && stages == o.stages && knobs == o.knobs && varlen == o.varlen && paged == o.paged &&
-         softcap == o.softcap;
+         mods == o.mods;
 }
 
 void to_json(nlohmann::json& j, const KernelConfig& c) {
@@ -194,7 +218,7 @@ void to_json(nlohmann::json& j, const KernelConfig& c) {
                        {"persistent", k->persistent}, {"p_smem", k->p_smem},     {"cluster", k->cluster},
                        {"groups", k->groups},         {"tensor_sum", k->tensor_sum}};
     if (c.varlen) j["varlen"] = true;  // absent: a dense kernel, as every config before it had
-    if (c.softcap) j["softcap"] = true;
+    score_mods_to_json(j, c.mods);
     return;
   }
   const Sm80Knobs& k = std::get<Sm80Knobs>(c.knobs);
@@ -203,7 +227,7 @@ void to_json(nlohmann::json& j, const KernelConfig& c) {
                      {"warps", k.warps},          {"stages", c.stages},        {"q_in_regs", k.q_in_regs}};
   if (c.varlen) j["varlen"] = true;
   if (c.paged) j["paged"] = true;
-  if (c.softcap) j["softcap"] = true;
+  score_mods_to_json(j, c.mods);
 }
 
 bool is_int_field(const nlohmann::json& value) {
@@ -236,7 +260,7 @@ void from_json(const nlohmann::json& j, KernelConfig& c) {
   static const char* const kKeys[] = {"family", "dtype",      "head_dim",  "mask",       "block_m", "block_n",
                                       "warps",  "stages",     "q_in_regs", "overlap",    "pingpong", "persistent",
                                       "p_smem", "cluster",    "groups",    "tensor_sum", "varlen", "paged",
-                                      "softcap"};
+                                      "softcap", "alibi"};
   for (const auto& item : j.items()) {
     FLASHGEN_REQUIRE(std::find(std::begin(kKeys), std::end(kKeys), item.key()) != std::end(kKeys),
                      "kernel config JSON: unknown field \"" + item.key() + "\"");
@@ -277,7 +301,7 @@ void from_json(const nlohmann::json& j, KernelConfig& c) {
   get_bool("p_smem", sm90_knobs.p_smem);
   get_bool("varlen", config.varlen);
   get_bool("paged", config.paged);
-  get_bool("softcap", config.softcap);
+  read_score_mods(j, "kernel config JSON", config.mods);
   // The other family's knobs may be present at their defaults (off); a config has no room for others.
   if (sm90) {
     FLASHGEN_REQUIRE(sm80_knobs == Sm80Knobs{}, "kernel config JSON: warps and q_in_regs are sm80-family knobs");

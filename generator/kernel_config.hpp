@@ -60,9 +60,10 @@ struct KernelConfig {
   // Packed batches whose keys and values are read from a paged cache through a block table: suffix _paged
   // after _varlen. Varlen sm80 configs only.
   bool paged = false;
-  // The scores are soft-capped (templates/variant.cuh's SoftCap around the mask; the cap is a run-time
-  // parameter): suffix _softcap after the mask's (_causal or _window; a window's sides are run-time parameters).
-  bool softcap = false;
+  // The score modifiers compiled in around the mask (templates/variant.cuh's SoftCap, then Alibi; the cap and
+  // the slopes are run-time parameters): suffixes _softcap, _alibi after the mask's (_causal or _window; a
+  // window's sides are run-time parameters).
+  ScoreMods mods = {};
 
   KernelFamily family() const {
     return std::holds_alternative<Sm90Knobs>(knobs) ? KernelFamily::kSm90 : KernelFamily::kSm80;
@@ -73,7 +74,7 @@ struct KernelConfig {
   const Sm90Knobs* sm90() const { return std::get_if<Sm90Knobs>(&knobs); }
   Sm90Knobs* sm90() { return std::get_if<Sm90Knobs>(&knobs); }
 
-  // Canonical name, e.g. fwd_sm80_bf16_d128_m128_n32_w4_s3_causal (_window for a sliding window; then _softcap;
+  // Canonical name, e.g. fwd_sm80_bf16_d128_m128_n32_w4_s3_causal (_window for a sliding window; then _softcap, _alibi;
   // suffix _qreg when q_in_regs,
   // _varlen for packed batches, then _paged for their paged caches) or
   // fwd_sm90_fp16_d128_m128_n128_s2_causal (suffixes _ovl, _pp, _pst, _psm, _c2, _g2, _tsum for overlap,
@@ -119,5 +120,14 @@ const char* mask_name(MaskKind mask);
 std::string mask_suffix(MaskKind mask);
 // Reads a name's field as a mask suffix into mask (still kNone: a name has at most one); false for any other field.
 bool read_mask_suffix(const std::string& field, MaskKind& mask);
+
+// Score modifiers as every config family spells them: name suffixes after the mask's, "_softcap" then "_alibi",
+// and JSON flags "softcap" and "alibi" (true; absent when off, as in every config before them).
+std::string score_mods_suffix(const ScoreMods& mods);
+// Reads a name's field as a modifier's suffix not yet set into mods; false for any other field.
+bool read_score_mod_suffix(const std::string& field, ScoreMods& mods);
+void score_mods_to_json(nlohmann::json& j, const ScoreMods& mods);
+// The flags of j into mods; Error naming the field (after what, e.g. "kernel config JSON") when not a boolean.
+void read_score_mods(const nlohmann::json& j, const char* what, ScoreMods& mods);
 
 }  // namespace flashgen

@@ -45,7 +45,7 @@ ForwardCall make_forward_call(const flashgen_tensor* q, const flashgen_tensor* k
   check_output_strides(out, "out");
   FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(lse) % alignof(float) == 0,
                    "lse: pointer must be 4-byte aligned");
-  check_options(opts);
+  check_options(opts, q->shape[2]);
   FLASHGEN_REQUIRE(q->shape[0] <= 65535 && q->shape[2] <= 65535,
                    "q: batch and heads must each be at most 65535 (grid limits)");
 
@@ -53,6 +53,7 @@ ForwardCall make_forward_call(const flashgen_tensor* q, const flashgen_tensor* k
   call.problem =
       forward_problem(to_dtype(q->dtype), shape_of(q, k), opts->mask, opts->window_left, opts->window_right);
   call.problem.softcap = opts->softcap;
+  call.problem.alibi = opts->alibi_slopes != nullptr;
 
   AttnFwdParams& p = call.params;
   p.q = q->data;
@@ -74,6 +75,7 @@ ForwardCall make_forward_call(const flashgen_tensor* q, const flashgen_tensor* k
   p.scale = softmax_scale(*opts, call.problem.head_dim());
   p.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
   set_softcap(p, opts->softcap);
+  set_alibi(p, *opts);
   set_window(p, call.problem);
   return call;
 }
@@ -243,6 +245,7 @@ void check_device_pointers(const AttnFwdParams& p, int device) {
   }
   if (p.seqused_k != nullptr) check_device_pointer(p.seqused_k, "seqused_k", device);
   if (p.block_table != nullptr) check_device_pointer(p.block_table, "block_table", device);
+  if (p.alibi_slopes != nullptr) check_device_pointer(p.alibi_slopes, "opts.alibi_slopes", device);
 }
 
 }  // namespace

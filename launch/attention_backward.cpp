@@ -121,7 +121,7 @@ BackwardCall make_backward_call(const flashgen_tensor* q, const flashgen_tensor*
   check_output_strides(dk, "dk");
   check_output_strides(dv, "dv");
   FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(lse) % alignof(float) == 0, "lse: pointer must be 4-byte aligned");
-  check_options(opts);
+  check_options(opts, q->shape[2]);
   FLASHGEN_REQUIRE(q->shape[0] <= 32767 && q->shape[2] <= 65535,
                    "q: batch must be at most 32767 and heads at most 65535 (grid limits)");
 
@@ -129,6 +129,7 @@ BackwardCall make_backward_call(const flashgen_tensor* q, const flashgen_tensor*
   call.problem = backward_problem(to_dtype(q->dtype), shape_of(q, k), opts->mask, opts->deterministic != 0,
                                   opts->window_left, opts->window_right);
   call.problem.softcap = opts->softcap;
+  call.problem.alibi = opts->alibi_slopes != nullptr;
 
   AttnBwdParams& p = call.params;
   p.q = q->data, p.k = k->data, p.v = v->data, p.o = out->data, p.dout = dout->data, p.lse = lse;
@@ -154,6 +155,7 @@ BackwardCall make_backward_call(const flashgen_tensor* q, const flashgen_tensor*
   p.scale = softmax_scale(*opts, call.problem.head_dim());
   p.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
   set_softcap(p, opts->softcap);
+  set_alibi(p, *opts);
   set_window(p, call.problem);
   return call;
 }
@@ -222,6 +224,7 @@ void check_device_pointers(const AttnBwdParams& p, int device) {
     check_device_pointer(p.cu_seqlens_q, "cu_seqlens_q", device);
     check_device_pointer(p.cu_seqlens_k, "cu_seqlens_k", device);
   }
+  if (p.alibi_slopes != nullptr) check_device_pointer(p.alibi_slopes, "opts.alibi_slopes", device);
 }
 
 }  // namespace

@@ -41,9 +41,12 @@ KvCacheCall make_kvcache_call(const flashgen_kvcache_args& args) {
   check_tensor(&kc, "k_cache");
   check_tensor(&vc, "v_cache");
   check_tensor(&args.out, "out");
-  check_options(&args.options);
+  check_options(&args.options, q.shape[2]);
   if (args.options.softcap != 0.f) {
     fail(Status::kUnsupported, "options.softcap: KV-cache calls take no soft cap yet (dense and packed calls do)");
+  }
+  if (args.options.alibi_slopes != nullptr) {
+    fail(Status::kUnsupported, "options.alibi_slopes: KV-cache calls take no ALiBi yet (dense and packed calls do)");
   }
   require_same_dtype(kc, "k_cache", q);
   require_same_dtype(vc, "v_cache", q);
@@ -168,7 +171,7 @@ KvCacheCall make_kvcache_call(const flashgen_kvcache_args& args) {
   p.page_size = paged ? static_cast<int>(kc.shape[1]) : 0;
   p.num_pages = paged ? static_cast<int>(kc.shape[0]) : 0;
   // A window is aligned bottom-right, as the bottom-right causal mask is (and (-1, 0) runs as that mask).
-  p.causal_bottom_right = call.problem.mask == FLASHGEN_MASK_CAUSAL || call.problem.windowed() ? 1 : 0;
+  p.causal_bottom_right = aligned_bottom_right(call.problem) ? 1 : 0;
   set_window(p, call.problem);
   p.scale = softmax_scale(args.options, call.problem.head_dim());
   p.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);

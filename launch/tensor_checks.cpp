@@ -142,7 +142,7 @@ void check_head_dim_and_groups(const flashgen_tensor* q, const flashgen_tensor* 
                        " = " + std::to_string(k->shape[2]));
 }
 
-void check_options(const flashgen_attention_options* opts) {
+void check_options(const flashgen_attention_options* opts, int64_t heads_q) {
   const int mask = raw_enum(opts->mask);
   FLASHGEN_REQUIRE(mask == FLASHGEN_MASK_NONE || mask == FLASHGEN_MASK_CAUSAL ||
                        mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT || mask == FLASHGEN_MASK_SLIDING_WINDOW,
@@ -167,6 +167,18 @@ void check_options(const flashgen_attention_options* opts) {
                      "opts.softcap = " + std::to_string(cap) + " is too small or too far from the softmax scale (it "
                      "must exceed 1e-30, and their ratio lie within 1e-30 and 1e30)");
   }
+  if (opts->alibi_slopes != nullptr) {
+    FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(opts->alibi_slopes) % alignof(float) == 0,
+                     "opts.alibi_slopes: pointer must be 4-byte aligned (an fp32 array)");
+    FLASHGEN_REQUIRE(opts->alibi_batch_stride == 0 ||
+                         (opts->alibi_batch_stride >= heads_q && opts->alibi_batch_stride <= (int64_t{1} << 40)),
+                     "opts.alibi_batch_stride must be 0 (one slope per query head for every sequence) or at least "
+                     "heads_q = " + std::to_string(heads_q) + ", got " + std::to_string(opts->alibi_batch_stride));
+    // The kernels take the bias in q·k units, dividing by the scale.
+    FLASHGEN_REQUIRE(opts->softmax_scale <= 0 || opts->softmax_scale >= 1e-30f,
+                     "opts.softmax_scale = " + std::to_string(opts->softmax_scale) +
+                         " is too small for ALiBi (at least 1e-30)");
+  }
 }
 
 float softmax_scale(const flashgen_attention_options& opts, int64_t head_dim) {
@@ -174,7 +186,7 @@ float softmax_scale(const flashgen_attention_options& opts, int64_t head_dim) {
 }
 
 int causal_offset(const AttentionProblem& problem, int seqlen_q, int seqlen_k) {
-  return problem.mask == FLASHGEN_MASK_CAUSAL || problem.windowed() ? seqlen_k - seqlen_q : 0;
+  return aligned_bottom_right(problem) ? seqlen_k - seqlen_q : 0;
 }
 
 int launch_arch(CUdevice device) {

@@ -98,6 +98,12 @@ inline void set_window(AttnDecodeParams& p, const AttentionProblem& problem) {
   set_window_sides(p, problem, p.capacity, p.seqlen_q);
 }
 
+// Whether a problem's diagonal is aligned bottom-right (every mask but FLASHGEN_MASK_CAUSAL_TOP_LEFT): the
+// causal mask's, a window's and ALiBi's distances lie about it.
+inline bool aligned_bottom_right(const AttentionProblem& problem) {
+  return problem.mask != FLASHGEN_MASK_CAUSAL_TOP_LEFT;
+}
+
 // A checked packing into a call's problem (varlen, its totals, batch and longest lengths) and params (the
 // offsets, totals, sizes, the causal alignment the kernels apply per sequence, and the window's sides for the
 // longest lengths). The caller zeroes the tensors' batch strides: every sequence lives in batch entry 0.
@@ -113,8 +119,7 @@ void bind_packing(const Packing& packing, const flashgen_tensor& q, const flashg
   p.cu_seqlens_q = packing.cu_seqlens_q, p.cu_seqlens_k = packing.cu_seqlens_k, p.seqused_k = packing.seqused_k;
   p.total_q = static_cast<int>(q.shape[1]), p.total_k = static_cast<int>(k.shape[1]);
   p.causal_offset = 0;  // each sequence's own, set in the kernels
-  // A window is aligned bottom-right, as the bottom-right causal mask is.
-  p.causal_bottom_right = problem.mask == FLASHGEN_MASK_CAUSAL || problem.windowed() ? 1 : 0;
+  p.causal_bottom_right = aligned_bottom_right(problem) ? 1 : 0;
   set_window(p, problem);
 }
 
@@ -124,9 +129,18 @@ AttentionShape shape_of(const flashgen_tensor* q, const flashgen_tensor* k);
 // q's head_dim a multiple of 8 up to 256 (kUnsupported otherwise), and q's heads a multiple of k's.
 void check_head_dim_and_groups(const flashgen_tensor* q, const flashgen_tensor* k);
 
-// opts.mask one of flashgen_mask's values, opts.softmax_scale finite, opts.softcap none or a usable cap, and
-// under the window mask each of opts.window_left and opts.window_right >= -1.
-void check_options(const flashgen_attention_options* opts);
+// opts.mask one of flashgen_mask's values, opts.softmax_scale finite, opts.softcap none or a usable cap, under
+// the window mask each of opts.window_left and opts.window_right >= -1, and ALiBi slopes (when given) 4-byte
+// aligned with a batch stride of 0 or at least heads_q.
+void check_options(const flashgen_attention_options* opts, int64_t heads_q);
+
+// ALiBi's slopes in p (AttnFwdParams or AttnBwdParams), from p.scale already set: null without them.
+template <class Params>
+void set_alibi(Params& p, const flashgen_attention_options& opts) {
+  p.alibi_slopes = opts.alibi_slopes;
+  p.alibi_batch_stride = opts.alibi_slopes != nullptr ? opts.alibi_batch_stride : 0;
+  p.inv_scale = 1.f / p.scale;
+}
 
 // The soft cap's two factors in p (AttnFwdParams or AttnBwdParams), from p.scale already set: 0 without a cap.
 template <class Params>
@@ -140,24 +154,24 @@ void set_softcap(Params& p, float cap) {
 float softmax_scale(const flashgen_attention_options& opts, int64_t head_dim);
 
 // A dense problem's diagonal: key j is visible to query i iff j <= i + causal_offset under a causal mask
-// (flashgen.h's alignments), and a window lies about j = i + causal_offset: seqlen_k - seqlen_q for the
-// bottom-right causal mask and windows, else 0.
+// (flashgen.h's alignments), and a window and ALiBi's distances lie about j = i + causal_offset: seqlen_k -
+// seqlen_q aligned bottom-right, else 0.
 int causal_offset(const AttentionProblem& problem, int seqlen_q, int seqlen_k);
 
 // The sm number of the launch's device; kUnsupported below sm_80.
 int launch_arch(CUdevice device);
 
-// Whether a config's kernels soft-cap the scores (the decode family's never do).
-inline bool config_softcap(const KernelConfig& config) { return config.softcap; }
-inline bool config_softcap(const BwdConfig& config) { return config.softcap; }
-inline bool config_softcap(const DecodeConfig&) { return false; }
+// The score modifiers a config's kernels compile in (the decode family's none).
+inline ScoreMods config_mods(const KernelConfig& config) { return config.mods; }
+inline ScoreMods config_mods(const BwdConfig& config) { return config.mods; }
+inline ScoreMods config_mods(const DecodeConfig&) { return {}; }
 
 // A config the caller asked for: it must match the problem and be able to run on sm_<arch>.
 template <class Config>
 void check_requested_config(const Config& config, const AttentionProblem& problem, int arch) {
   FLASHGEN_REQUIRE(config.dtype == problem.dtype && config.head_dim == problem.head_dim() &&
-                       config.mask == problem.mask_kind() && config_softcap(config) == problem.softcapped(),
-                   "config " + config.name() + " does not match the problem (dtype, head_dim, mask, softcap)");
+                       config.mask == problem.mask_kind() && config_mods(config) == problem.score_mods(),
+                   "config " + config.name() + " does not match the problem (dtype, head_dim, mask, soft cap, ALiBi)");
   if (auto why = config.invalid_reason(arch)) {
     fail(Status::kInvalidArgument, "config " + config.name() + " cannot run here: " + *why);
   }

@@ -44,6 +44,17 @@ struct AttentionShape {
   }
 };
 
+// The score modifiers a kernel compiles in around its mask (templates/variant.cuh), each a policy whose
+// values are run-time parameters: config names, problem classes and tuning data keep them apart.
+struct ScoreMods {
+  bool softcap = false;  // SoftCap: cap · tanh(score / cap) before the softmax
+  bool alibi = false;    // Alibi: a per-head bias linear in the distance to the diagonal, after the cap
+
+  bool any() const { return softcap || alibi; }
+  bool operator==(const ScoreMods& o) const { return softcap == o.softcap && alibi == o.alibi; }
+  bool operator!=(const ScoreMods& o) const { return !(*this == o); }
+};
+
 struct AttentionProblem {
   Pass pass = Pass::kForward;
   DType dtype = DType::kFloat16;
@@ -63,6 +74,9 @@ struct AttentionProblem {
   int page_size = 0;
   // Scores soft-capped to cap · tanh(score / cap) before the softmax (options.softcap); 0: none.
   float softcap = 0.f;
+  // ALiBi slopes come with the call (options.alibi_slopes, a device array like the tensors): its scores gain
+  // -slope · |distance to the diagonal|.
+  bool alibi = false;
   // With mask FLASHGEN_MASK_SLIDING_WINDOW: the keys before and after the bottom-right diagonal a query sees
   // (options.window_left / window_right), -1 for no bound on that side; -1 under the other masks.
   int window_left = -1;
@@ -82,6 +96,7 @@ struct AttentionProblem {
   bool backward() const { return pass == Pass::kBackward; }
   bool deterministic() const { return backward() && dq == DqStrategy::kDeterministic; }
   bool softcapped() const { return softcap > 0.f; }
+  ScoreMods score_mods() const { return {softcapped(), alibi}; }
   int head_dim() const { return static_cast<int>(shape.head_dim); }
 };
 

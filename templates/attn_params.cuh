@@ -31,8 +31,9 @@ struct AttnFwdParams {
   int seqlen_q;
   int seqlen_k;
 
-  // Causal configs: key j is visible to query i iff j <= i + causal_offset.
-  // Bottom-right alignment uses seqlen_k - seqlen_q, top-left uses 0.
+  // Causal configs: key j is visible to query i iff j <= i + causal_offset. Bottom-right alignment (every
+  // mask but the top-left causal one, whose diagonal ALiBi's bias also follows) uses seqlen_k - seqlen_q,
+  // top-left uses 0.
   int causal_offset;
 
   float scale;        // softmax scale applied to q·k
@@ -51,6 +52,13 @@ struct AttnFwdParams {
   // 0 otherwise.
   int window_left;
   int window_right;
+  // ALiBi configs (variant.cuh's Alibi): the score of query i and key j gains -slope · |i + causal_offset - j|
+  // (in the softmax's units, q·k · scale), slope = alibi_slopes[b * alibi_batch_stride + head] for sequence b
+  // and query head head (fp32; stride 0: one slope per head for every sequence); inv_scale is 1 / scale, the
+  // bias in q·k units as the hooks speak. Null and 0 otherwise.
+  const float* alibi_slopes;
+  long long alibi_batch_stride;
+  float inv_scale;
 
   // Packed variable-length batches (configs with kVarlen; null and 0 otherwise). q, k, v and o hold one
   // batch entry of total_q (q, o) and total_k (k, v) rows; sequence b of the batch owns query rows
@@ -64,7 +72,7 @@ struct AttnFwdParams {
   const int* seqused_k;     // (batch) or null
   int total_q;
   int total_k;
-  int causal_bottom_right;  // per sequence, causal_offset = seqlen_k - seqlen_q (1) or 0 (0: top-left)
+  int causal_bottom_right;  // per sequence, causal_offset = seqlen_k - seqlen_q (1) or 0 (0: top-left causal)
 
   // A packed batch whose keys and values live in a paged cache (configs with kPaged; null otherwise): k and v
   // are (num_pages, page_size, heads_kv, head_dim) with pages k_page_stride and v_page_stride elements apart;
@@ -211,6 +219,9 @@ struct AttnBwdParams {
   float softcap_grad;
   int window_left;    // as in AttnFwdParams
   int window_right;
+  const float* alibi_slopes;  // as in AttnFwdParams
+  long long alibi_batch_stride;
+  float inv_scale;
 
   // Packed variable-length batches, as in AttnFwdParams (seqused_k unused: null). lse, the workspace's D and
   // the dQ accumulator are (heads_q, total_q[, head_dim]) rows.

@@ -541,18 +541,18 @@ struct BwdDkdvSm90 {
             }
             float dsum[2];
             sm90::ld_shared_f32x2(s_dsum + (8 * i + 2 * t) * 4, dsum[0], dsum[1]);
-            // A variant that transforms scores gets its score back from P and the row's LSE, x = log2 P + lse2
+            // A variant whose gradient reads its score gets it back from P and the row's LSE, x = log2 P + lse2
             // (keeping Sᵀ for it would cost a second accumulator's registers); an entry of P = 0 has dS = 0
             // whatever it gets, so it gets 0 rather than -inf.
             float lse2[2] = {0.f, 0.f};
-            if constexpr (Variant::kChangesScores) {
+            if constexpr (Variant::kGradReadsScore) {
               sm90::ld_shared_f32x2(s_lse + (8 * i + 2 * t) * 4, lse2[0], lse2[1]);
             }
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               const float ds = acc_s[i][e] * (acc_dp[i][e] - dsum[e % 2]);
               float x = 0.f;
-              if constexpr (Variant::kChangesScores) {
+              if constexpr (Variant::kGradReadsScore) {
                 const float prob = acc_s[i][e];
                 x = prob > 0.f ? sm80::log2_approx(prob) + lse2[e % 2] : 0.f;
               }

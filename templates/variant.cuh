@@ -3,7 +3,7 @@
 // at the same places, mostly through block_range.cuh: which keys a row sees (and, in the backward, which
 // queries see a key), hence which key blocks a query block visits and which of them need a per-element
 // mask; whether one score is visible; each score's transform before the softmax max, and its derivative
-// on dS. A new variant (ALiBi, a user's mask) is one more policy here.
+// on dS. A new variant (a user's mask) is one more policy here.
 //
 // A policy is a struct of static members. Params is AttnFwdParams or AttnBwdParams (attn_params.cuh),
 // which both carry seqlen_q, seqlen_k, causal_offset and scale; a variant's run-time arguments (a window,
@@ -30,13 +30,13 @@
 //   last_query(p, batch, key)  the last query that sees key.
 //   score(p, at, s)            the score of (at.q, at.k) from s = q·k (softmax scale not applied), in the
 //                              same units: the kernels scale it, take the max and exponentiate. Identity in
-//                              the masks below; SoftCap<Mask> caps it (ALiBi would add a bias).
+//                              the masks below; SoftCap<Mask> caps it, Alibi<Base> adds a bias.
 //   score_grad(p, at, x, ds)   the backward's counterpart: from ds, the gradient with respect to score(p, at, s),
 //                              the gradient with respect to s, given x = score(p, at, s) · p.scale_log2 (the
 //                              transformed score in the units the kernels exponentiate, which a kernel may
 //                              rebuild from P and the row's LSE, x = log2 P + lse2, rather than keep s).
-//                              Identity in the masks. kChangesScores: whether score and score_grad are not
-//                              identities (kernels skip what only they would read).
+//                              Identity in the masks. kGradReadsScore: whether score_grad reads x (a kernel
+//                              that would rebuild x skips that when not).
 // The ranges take each row to see one run of consecutive keys whose ends grow with the row: a prefix
 // (none, causal; block_range.cuh derives the blocks from last_key, key_end and first_query) or, with
 // kHidesEarlyKeys, a window that slides (also from first_key and last_query), whose key blocks are then
@@ -71,7 +71,7 @@ struct KeysBetween {
 
 // The score hooks of a variant that leaves scores as they are: a base of the masks below.
 struct UnchangedScores {
-  static constexpr bool kChangesScores = false;
+  static constexpr bool kGradReadsScore = false;
 
   template <class Params>
   static __host__ __device__ __forceinline__ float score(const Params&, const ScoreAt&, float s) {
@@ -189,7 +189,7 @@ __host__ __device__ __forceinline__ float score_tanh(float x) {
 // (x = cap · tanh · log2(e), p.softcap_grad = 1 / (cap · log2(e))). Mask decides visibility.
 template <class Mask>
 struct SoftCap : Mask {
-  static constexpr bool kChangesScores = true;
+  static constexpr bool kGradReadsScore = true;
 
   template <class Params>
   static __host__ __device__ __forceinline__ float score(const Params& p, const ScoreAt&, float s) {
@@ -199,6 +199,34 @@ struct SoftCap : Mask {
   static __host__ __device__ __forceinline__ float score_grad(const Params& p, const ScoreAt&, float x, float ds) {
     const float t = x * p.softcap_grad;
     return ds * (1.f - t * t);
+  }
+};
+
+// ALiBi on Base's scores (a mask, or a soft cap of one): score - slope · |q + causal_offset - k| / scale,
+// FlashAttention's bias -slope · |i + seqlen_k - seqlen_q - j| in the softmax's units (about the top-left
+// diagonal under the top-left causal mask), one slope per query head or per sequence and query head
+// (p.alibi_slopes, p.alibi_batch_stride), added after Base's transform as FlashAttention adds it after the
+// soft cap. The bias does not depend on s, so the gradient is Base's, given Base's own score in log2 units:
+// x less the bias. The slope is a load per score that a kernel's unrolled loop reads once per row (its
+// address depends on the row's head only); Base decides visibility.
+template <class Base>
+struct Alibi : Base {
+  static constexpr bool kGradReadsScore = Base::kGradReadsScore;
+
+  // The bias of (at.q, at.k) in q·k units.
+  template <class Params>
+  static __host__ __device__ __forceinline__ float bias(const Params& p, const ScoreAt& at) {
+    const float slope = p.alibi_slopes[at.batch * p.alibi_batch_stride + at.head];
+    return -slope * p.inv_scale * fabsf(static_cast<float>(at.q + p.causal_offset - at.k));
+  }
+  template <class Params>
+  static __host__ __device__ __forceinline__ float score(const Params& p, const ScoreAt& at, float s) {
+    return Base::score(p, at, s) + bias(p, at);
+  }
+  template <class Params>
+  static __host__ __device__ __forceinline__ float score_grad(const Params& p, const ScoreAt& at, float x, float ds) {
+    if constexpr (Base::kGradReadsScore) return Base::score_grad(p, at, x - bias(p, at) * p.scale_log2, ds);
+    return Base::score_grad(p, at, x, ds);
   }
 };
 

@@ -63,11 +63,12 @@ const char* choice_source_name(ChoiceSource source) {
 }
 
 ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arch, bool sm80_only, bool varlen,
-                               bool softcap) {
-  using Key = std::tuple<int, int, int, int, bool, bool, bool>;
+                               ScoreMods mods) {
+  using Key = std::tuple<int, int, int, int, bool, bool, bool, bool>;
   static std::mutex mutex;
   static std::map<Key, ForwardChoice> chosen;
-  const Key key{static_cast<int>(dtype), head_dim, static_cast<int>(mask), arch, sm80_only, varlen, softcap};
+  const Key key{static_cast<int>(dtype), head_dim, static_cast<int>(mask), arch, sm80_only, varlen, mods.softcap,
+                mods.alibi};
   {
     std::lock_guard<std::mutex> lock(mutex);
     if (auto found = chosen.find(key); found != chosen.end()) return found->second;
@@ -76,19 +77,19 @@ ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arc
   // Compiled outside the lock: two threads may both compile a first choice, the registry keeps one.
   std::vector<KernelConfig> configs = heuristic_forward_configs(dtype, head_dim, mask, arch, varlen);
   if (sm80_only) keep_sm80_family(configs);
-  for (KernelConfig& c : configs) c.softcap = softcap;
+  for (KernelConfig& c : configs) c.mods = mods;
   auto [config, reason] = first_spill_free(configs, arch);
   std::lock_guard<std::mutex> lock(mutex);
   return chosen.emplace(key, ForwardChoice{std::move(config), std::move(reason)}).first->second;
 }
 
 BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch,
-                                         bool sm80_only, bool varlen, bool softcap) {
-  using Key = std::tuple<int, int, int, bool, int, bool, bool, bool>;
+                                         bool sm80_only, bool varlen, ScoreMods mods) {
+  using Key = std::tuple<int, int, int, bool, int, bool, bool, bool, bool>;
   static std::mutex mutex;
   static std::map<Key, BackwardChoice> chosen;
   const Key key{static_cast<int>(dtype), head_dim, static_cast<int>(mask), deterministic, arch, sm80_only, varlen,
-                softcap};
+                mods.softcap, mods.alibi};
   {
     std::lock_guard<std::mutex> lock(mutex);
     if (auto found = chosen.find(key); found != chosen.end()) return found->second;
@@ -96,7 +97,7 @@ BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mas
 
   std::vector<BwdConfig> configs = heuristic_backward_configs(dtype, head_dim, mask, deterministic, arch);
   if (sm80_only) keep_sm80_family(configs);
-  for (BwdConfig& c : configs) c.varlen = varlen, c.softcap = softcap;
+  for (BwdConfig& c : configs) c.varlen = varlen, c.mods = mods;
   auto [config, reason] = first_spill_free(configs, arch);
   std::lock_guard<std::mutex> lock(mutex);
   return chosen.emplace(key, BackwardChoice{std::move(config), std::move(reason)}).first->second;
@@ -176,7 +177,7 @@ ForwardChoice choose_forward_config(const DeviceFingerprint& device, const Probl
     return {stored->config, stored->reason, stored->source, stored->exact_bucket};
   }
   ForwardChoice choice =
-      heuristic_choice(problem.dtype, problem.head_dim, problem.mask, arch, false, problem.varlen, problem.softcap);
+      heuristic_choice(problem.dtype, problem.head_dim, problem.mask, arch, false, problem.varlen, problem.mods);
   choice.reason += passed_over;
   return choice;
 }
@@ -189,7 +190,7 @@ BackwardChoice choose_backward_config(const DeviceFingerprint& device, const Pro
   }
   BackwardChoice choice =
       heuristic_backward_choice(problem.dtype, problem.head_dim, problem.mask, problem.dq == DqStrategy::kDeterministic,
-                                arch, false, problem.varlen, problem.softcap);
+                                arch, false, problem.varlen, problem.mods);
   choice.reason += passed_over;
   return choice;
 }

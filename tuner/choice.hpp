@@ -48,16 +48,16 @@ struct DecodeChoice {
 // The first heuristic config whose compiled kernel does not spill (compiling through the kernel
 // registry's caches); the first one when all of them spill, saying so in the reason. With sm80_only,
 // only the sm80 family is considered (dispatch's fallback when TMA cannot describe a problem); with
-// varlen, the configs are the packed-batch kernels of the sm80 family; with softcap, their soft-capped
-// kernels. Memoized.
+// varlen, the configs are the packed-batch kernels of the sm80 family; with score modifiers, their kernels with
+// those compiled in. Memoized.
 ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arch, bool sm80_only = false,
-                               bool varlen = false, bool softcap = false);
+                               bool varlen = false, ScoreMods mods = {});
 
 // The first built-in backward config for the problem class whose kernels (dkdv, and dq when
 // deterministic) compile without spills; the first one when all spill, saying so. Memoized.
 // With sm80_only, only the sm80 family's configs are considered (when TMA cannot describe the tensors).
 BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch,
-                                         bool sm80_only = false, bool varlen = false, bool softcap = false);
+                                         bool sm80_only = false, bool varlen = false, ScoreMods mods = {});
 
 // The choice from explicit data sources (either may be null): user_db exact bucket, user_db nearest
 // bucket, the shipped defaults (exact, then nearest bucket, for a GPU of the same kind), then

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <sstream>
 #include <string>
 
 #include "flashgen/error.hpp"
@@ -24,8 +25,6 @@ int bucket_exponent(int64_t bucket, const char* what) {
   while ((int64_t{1} << exponent) < bucket) ++exponent;
   return exponent;
 }
-
-constexpr const char* kSoftcapSuffix = "_softcap";
 
 // A window key's bucket and shape as ids and the mask column spell them: "1024", "1024c" when causal-shaped.
 std::string window_text(const ProblemKey& key) {
@@ -105,24 +104,32 @@ void read_pass_id(const std::string& text, ProblemKey& key) {
   }
 }
 
-std::string variant_text(MaskKind mask, bool softcap) {
-  return std::string(mask_name(mask)) + (softcap ? kSoftcapSuffix : "");
+std::string variant_text(MaskKind mask, const ScoreMods& mods) {
+  return std::string(mask_name(mask)) + score_mods_suffix(mods);
 }
 
 std::string mask_text(const ProblemKey& key) {
-  if (key.mask != MaskKind::kWindow) return variant_text(key.mask, key.softcap);
-  return mask_name(key.mask) + window_text(key) + (key.softcap ? kSoftcapSuffix : "");
+  if (key.mask != MaskKind::kWindow) return variant_text(key.mask, key.mods);
+  return mask_name(key.mask) + window_text(key) + score_mods_suffix(key.mods);
 }
 
 void read_mask_text(const std::string& text, ProblemKey& key) {
   auto unknown = [&] { fail(Status::kInvalidArgument, "tuning data: unknown mask '" + text + "'"); };
-  const size_t suffix = std::char_traits<char>::length(kSoftcapSuffix);
-  key.softcap = text.size() > suffix && text.compare(text.size() - suffix, suffix, kSoftcapSuffix) == 0;
-  std::string variant = key.softcap ? text.substr(0, text.size() - suffix) : text;
+  // The mask, then the modifiers' suffixes: "causal_softcap_alibi", "window1024c_alibi".
+  const size_t first_underscore = text.find('_');
+  std::string variant = text.substr(0, first_underscore);
+  key.mods = {};
+  if (first_underscore != std::string::npos) {
+    std::istringstream fields(text.substr(first_underscore + 1));
+    for (std::string field; std::getline(fields, field, '_');) {
+      if (!read_score_mod_suffix(field, key.mods)) unknown();
+    }
+  }
   key.window_bucket = 0, key.window_causal = false;
   for (MaskKind mask : {MaskKind::kNone, MaskKind::kCausal}) {
     if (variant == mask_name(mask)) {
       key.mask = mask;
+      if (mask_text(key) != text) unknown();  // the modifiers in their one order
       return;
     }
   }
@@ -142,7 +149,7 @@ void read_mask_text(const std::string& text, ProblemKey& key) {
 
 std::string ProblemKey::class_id() const {
   return std::string(pass_id()) + "|" + dtype_name(dtype) + "|d" + std::to_string(head_dim) + "|" +
-         variant_text(mask, softcap) + "|g" + std::to_string(gqa_ratio);
+         variant_text(mask, mods) + "|g" + std::to_string(gqa_ratio);
 }
 
 std::string ProblemKey::id() const {
@@ -186,14 +193,14 @@ ProblemKey problem_key(const AttentionProblem& problem) {
                                           problem.deterministic(), group_size, s.seqlen_q, s.seqlen_k,
                                           s.batch * s.heads_q);
     key.varlen = problem.varlen;
-    key.softcap = problem.softcapped();
+    key.mods = problem.score_mods();
     set_key_window(problem, key);
     return key;
   }
   ProblemKey key = forward_problem_key(problem.dtype, problem.head_dim(), problem.mask_kind(), group_size, s.seqlen_q,
                                        s.seqlen_k, s.batch * s.heads_q);
   key.varlen = problem.varlen;
-  key.softcap = problem.softcapped();
+  key.mods = problem.score_mods();
   set_key_window(problem, key);
   key.kv_cache = problem.kv_cache;  // seqlen_q: the new tokens per sequence; seqlen_k: the cache's capacity
   key.paged = problem.kv_cache && problem.paged;

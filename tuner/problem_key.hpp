@@ -46,7 +46,7 @@ struct ProblemKey {
   DType dtype = DType::kFloat16;
   int head_dim = 128;
   MaskKind mask = MaskKind::kNone;
-  bool softcap = false;             // soft-capped scores: kernels of their own ("causal_softcap" in ids)
+  ScoreMods mods = {};              // soft cap, ALiBi: kernels of their own ("causal_softcap_alibi" in ids)
   int gqa_ratio = 1;                // heads_q / heads_kv
   int64_t seqlen_q_bucket = 1;      // size_bucket(seqlen_q)
   int64_t seqlen_k_bucket = 1;      // size_bucket(seqlen_k)
@@ -73,14 +73,15 @@ struct ProblemKey {
 // Sets key's pass, dQ strategy, varlen, kv_cache and paged from their text in ids (pass_id()); throws
 // Error(kInvalidArgument) naming any other text.
 void read_pass_id(const std::string& text, ProblemKey& key);
-// A key's mask and score variant as class ids spell them: "none", "causal", "window", each with "_softcap" for
-// soft-capped scores.
-std::string variant_text(MaskKind mask, bool softcap);
+// A key's mask and score variant as class ids spell them: "none", "causal", "window", each with the score
+// modifiers' suffixes ("_softcap", "_alibi"; generator/kernel_config.hpp).
+std::string variant_text(MaskKind mask, const ScoreMods& mods);
 // The same as the store's mask column and its JSON's "mask" spell it: variant_text, a window key's bucket and
 // shape after "window" ("window1024c_softcap"), so that a row rebuilds its key (and the rows of other masks read
 // as they always have).
 std::string mask_text(const ProblemKey& key);
-// Sets key's mask, softcap and window from mask_text's spellings; throws Error(kInvalidArgument) naming any other.
+// Sets key's mask, score modifiers and window from mask_text's spellings; throws Error(kInvalidArgument) naming
+// any other.
 void read_mask_text(const std::string& text, ProblemKey& key);
 
 // The most keys a row of a window problem sees: both sides and the diagonal's key, an unbounded side counted as

@@ -79,7 +79,8 @@ SweepResult sweep_forward(const AttentionProblem& problem, const std::vector<Ker
     set.dk.upload(set.k);
     set.dv.upload(set.v);
   }
-  const flashgen_attention_options opts = options_of(problem);
+  DeviceBuffer slopes;
+  const flashgen_attention_options opts = sweep_options(problem, slopes);
   auto make_call = [&](const InputSet& set) {
     const flashgen_tensor q =
         bshd_tensor(set.dq.data(), dtype, shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim);
@@ -103,8 +104,7 @@ SweepResult sweep_forward(const AttentionProblem& problem, const std::vector<Ker
   const double scale = effective_softmax_scale(0.f, shape.head_dim);
   const std::vector<RowSample> rows = sample_rows(shape, options.check_rows);
   const std::vector<ReferenceRow> reference =
-      attention_reference_rows(shape, hq, hk, hv, scale, problem.mask, rows, /*threads=*/1, problem.softcap,
-                               window_of(problem));
+      attention_reference_rows(shape, hq, hk, hv, scale, problem.mask, rows, /*threads=*/1, variant_of(problem));
 
   PassHooks<KernelConfig> hooks;
   hooks.check = [&](const KernelConfig& c) -> std::string {
@@ -150,7 +150,7 @@ AttentionShape backward_check_shape(const AttentionShape& p) {
 struct BackwardSet {
   AttentionProblem problem;  // the sweep's, or the float64 check's smaller one of its class
   std::vector<uint16_t> q, k, v, dout;  // host bits
-  DeviceBuffer dq_in, dk_in, dv_in, out, ddout, lse, dq, dk, dv;
+  DeviceBuffer dq_in, dk_in, dv_in, out, ddout, lse, dq, dk, dv, slopes;
   BackwardCall call;
 
   BackwardSet(const AttentionProblem& of, std::mt19937_64& rng, CUstream stream, int arch) : problem(of) {
@@ -171,7 +171,7 @@ struct BackwardSet {
     out = DeviceBuffer(q_elems * 2);
     lse = DeviceBuffer(sizeof(float) * size_t(p.batch * p.heads_q * p.seqlen_q));
     dq = DeviceBuffer(q_elems * 2), dk = DeviceBuffer(kv_elems * 2), dv = DeviceBuffer(kv_elems * 2);
-    const flashgen_attention_options opts = options_of(problem);
+    const flashgen_attention_options opts = sweep_options(problem, slopes);
     auto tensor = [&](DeviceBuffer& b, bool kv) {
       return bshd_tensor(b.data(), dtype, p.batch, kv ? p.seqlen_k : p.seqlen_q, kv ? p.heads_kv : p.heads_q,
                          p.head_dim);
@@ -183,7 +183,7 @@ struct BackwardSet {
     // The forward by its built-in config (not the run-time choice: no tune-on-first-use inside a sweep).
     const ForwardCall forward = make_forward_call(&tq, &tk, &tv, &tout, lse_ptr, &opts);
     const KernelConfig fwd = heuristic_choice(problem.dtype, problem.head_dim(), problem.mask_kind(), arch, false,
-                                              problem.varlen, problem.softcapped())
+                                              problem.varlen, problem.score_mods())
                                  .config;
     launch_forward(forward, stream, fwd);
     call = make_backward_call(&tq, &tk, &tv, &tout, &tdout, lse_ptr, &tdq, &tdk, &tdv, &opts);
@@ -249,7 +249,7 @@ SweepResult sweep_backward(const AttentionProblem& problem, const std::vector<Bw
   const AttentionGradients reference = attention_backward_reference_f64(
       cp, HostInput::bits16(check.q.data(), dtype, q_view), HostInput::bits16(check.k.data(), dtype, kv_view),
       HostInput::bits16(check.v.data(), dtype, kv_view), HostInput::bits16(check.dout.data(), dtype, q_view),
-      effective_softmax_scale(0.f, cp.head_dim), small.mask, small.softcap, window_of(small));
+      effective_softmax_scale(0.f, cp.head_dim), small.mask, variant_of(small));
 
   const AttentionShape& shape = problem.shape;
   const int64_t q_bytes = shape.batch * shape.seqlen_q * shape.heads_q * shape.head_dim * 2;

@@ -109,6 +109,9 @@ SweepResult sweep_decode(const AttentionProblem& problem, const std::vector<Deco
   FLASHGEN_REQUIRE(!problem.paged || (problem.page_size > 0 && problem.page_size % 16 == 0),
                    "sweep_decode: a paged problem needs a page_size that is a multiple of 16, got " +
                        std::to_string(problem.page_size));
+  if (problem.score_mods().any()) {
+    fail(Status::kUnsupported, "sweep_decode: KV-cache calls take no soft cap or ALiBi yet (dense and packed calls do)");
+  }
   ScopedContext scope(stream);
   const int arch = device_sm(scope.device());
   const flashgen_dtype dtype = to_c_dtype(problem.dtype);
@@ -131,7 +134,7 @@ SweepResult sweep_decode(const AttentionProblem& problem, const std::vector<Deco
   const std::vector<ReferenceRow> reference = attention_reference_rows(
       cs, HostInput::bits16(check.q.data(), dtype, q_view), HostInput::bits16(check.k.data(), dtype, kv_view),
       HostInput::bits16(check.v.data(), dtype, kv_view), check.call.params.scale, problem.mask, rows, /*threads=*/1,
-      /*softcap=*/0.0, window_of(problem));
+      ReferenceVariant{0.0, window_of(problem), {}, 0});
   const AttentionShape& shape = problem.shape;
   const int64_t kv_bytes = 2 * shape.batch * shape.seqlen_k * shape.heads_kv * shape.head_dim * 2;
   const int sets = input_sets(scope.device(), kv_bytes);

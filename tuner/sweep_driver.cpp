@@ -63,6 +63,17 @@ AttentionProblem with_check_window(AttentionProblem small, const AttentionProble
   return small;
 }
 
+flashgen_attention_options sweep_options(const AttentionProblem& problem, DeviceBuffer& slopes) {
+  flashgen_attention_options options = options_of(problem);
+  if (problem.alibi) {
+    const std::vector<float> host = variant_of(problem).alibi_slopes;
+    slopes = DeviceBuffer(host.size() * sizeof(float));
+    slopes.upload(host);
+    options.alibi_slopes = static_cast<const float*>(slopes.data());
+  }
+  return options;
+}
+
 std::function<void(int)> backward_launches(const std::vector<const BackwardCall*>& calls, const BwdConfig& config,
                                            CUstream stream) {
   struct Prepared {

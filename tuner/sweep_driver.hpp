@@ -20,6 +20,7 @@
 #include "flashgen/error.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "launch/attention_backward.hpp"
+#include "runtime/device_buffer.hpp"
 #include "runtime/kernel_registry.hpp"
 #include "tuner/sweep.hpp"
 #include "tuner/timing.hpp"
@@ -44,6 +45,10 @@ int input_sets(CUdevice device, int64_t set_bytes);
 // their lengths: a window sized for the sweep's lengths would hide no key of the check's, which would then test
 // the window's kernels as if causal. A bounded side stays >= 1 when it was, so the check stays a window.
 AttentionProblem with_check_window(AttentionProblem small, const AttentionProblem& problem);
+
+// A sweep's call options for problem (options_of), an ALiBi problem's with its standard slopes (variant_of)
+// uploaded into slopes, which the calls read: it must outlive them.
+flashgen_attention_options sweep_options(const AttentionProblem& problem, DeviceBuffer& slopes);
 
 // Bytes a candidate's kernels spill, compiling them first (through the registry's caches).
 template <class Config>

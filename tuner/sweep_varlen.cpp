@@ -23,7 +23,7 @@ struct PackedSet {
   AttentionProblem problem;
   PackedBatch batch;  // its sequences
   std::vector<uint16_t> q, k, v, dout;
-  DeviceBuffer dq_in, dk_in, dv_in, ddout, out, lse, dcu_q, dcu_k, dq, dk, dv;
+  DeviceBuffer dq_in, dk_in, dv_in, ddout, out, lse, dcu_q, dcu_k, dq, dk, dv, slopes;
   ForwardCall forward;
   BackwardCall backward;
 
@@ -58,7 +58,7 @@ struct PackedSet {
     args.cu_seqlens_k = static_cast<const int32_t*>(dcu_k.data());
     args.batch = s.batch;
     args.max_seqlen_q = s.seqlen_q, args.max_seqlen_k = s.seqlen_k;
-    args.options = options_of(problem);
+    args.options = sweep_options(problem, slopes);
     forward = make_varlen_forward_call(args);
     if (!problem.backward()) return;
 
@@ -69,7 +69,7 @@ struct PackedSet {
     // The forward by its built-in config (not the run-time choice: no tune-on-first-use inside a sweep).
     const KernelConfig fwd =
         heuristic_choice(problem.dtype, problem.head_dim(), problem.mask_kind(), arch, false, /*varlen=*/true,
-                         problem.softcapped())
+                         problem.score_mods())
             .config;
     launch_forward(forward, stream, fwd);
     flashgen_varlen_backward_args b{};
@@ -159,7 +159,7 @@ SweepResult sweep_driver::sweep_forward_packed(const AttentionProblem& problem,
     std::vector<ReferenceRow> reference =
         attention_reference_rows(one, checked.rows_of(checked.q, b, false), checked.rows_of(checked.k, b, true),
                                  checked.rows_of(checked.v, b, true), scale, problem.mask, rows, /*threads=*/1,
-                                 problem.softcap, window_of(problem));
+                                 variant_of(problem));
     sequences.push_back({b, std::move(rows), std::move(reference)});
   }
 
@@ -219,8 +219,8 @@ SweepResult sweep_driver::sweep_backward_packed(const AttentionProblem& problem,
   for (size_t b = 0; b < check.batch.len_q.size(); ++b) {
     reference.push_back(attention_backward_reference_f64(
         check.batch.sequence(b), check.rows_of(check.q, b, false), check.rows_of(check.k, b, true),
-        check.rows_of(check.v, b, true), check.rows_of(check.dout, b, false), scale, small.mask, small.softcap,
-        window_of(small)));
+        check.rows_of(check.v, b, true), check.rows_of(check.dout, b, false), scale, small.mask,
+        variant_of(small)));
   }
 
   const AttentionShape& s = problem.shape;

@@ -19,10 +19,10 @@ SpaceCounts counts_of(const BasicSpaceReport<Config>& space) {
   return {space.total, space.pruned, space.pruned_by_reason, space.valid.size()};
 }
 
-// A soft-capped problem's candidates: the space's tiles with the cap compiled in.
+// The candidates of a problem with score modifiers: the space's tiles with them compiled in.
 template <class Config>
-void with_softcap(BasicSpaceReport<Config>& space, bool softcap) {
-  for (Config& c : space.valid) c.softcap = softcap;
+void with_score_mods(BasicSpaceReport<Config>& space, const ScoreMods& mods) {
+  for (Config& c : space.valid) c.mods = mods;
 }
 
 // The candidates of a pass: the named configs, else the space capped around the built-in choice.
@@ -113,9 +113,9 @@ TunePlan plan_tune(const AttentionProblem& problem, int arch, const TuneOptions&
   } else if (problem.backward()) {
     BackwardSpaceReport space = backward_space(key.dtype, key.head_dim, key.mask, problem.deterministic(), arch);
     if (key.varlen) space = packed_space(space, arch);
-    with_softcap(space, key.softcap);
+    with_score_mods(space, key.mods);
     const BwdConfig builtin = heuristic_backward_choice(key.dtype, key.head_dim, key.mask, problem.deterministic(),
-                                                        arch, false, key.varlen, key.softcap)
+                                                        arch, false, key.varlen, key.mods)
                                   .config;
     plan.builtin = builtin;
     plan.space = counts_of(space);
@@ -123,9 +123,9 @@ TunePlan plan_tune(const AttentionProblem& problem, int arch, const TuneOptions&
   } else {
     SpaceReport space = forward_space(key.dtype, key.head_dim, key.mask, arch);
     if (key.varlen) space = packed_space(space, arch);
-    with_softcap(space, key.softcap);
+    with_score_mods(space, key.mods);
     const KernelConfig builtin =
-        heuristic_choice(key.dtype, key.head_dim, key.mask, arch, false, key.varlen, key.softcap).config;
+        heuristic_choice(key.dtype, key.head_dim, key.mask, arch, false, key.varlen, key.mods).config;
     plan.builtin = builtin;
     plan.space = counts_of(space);
     plan.candidates = pass_candidates(space, builtin, options);

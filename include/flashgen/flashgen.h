@@ -40,10 +40,18 @@ typedef struct {
   int32_t window_left;    /* FLASHGEN_MASK_SLIDING_WINDOW only (ignored under the other masks): the keys before */
   int32_t window_right;   /* and after the diagonal a query sees, each >= 0, or -1 for no bound on that side.
                              Dense, packed and KV-cache calls (a KV-cache call's diagonal is each sequence's own:
-                             its last new query's is its last key).
-                             The window fields grew the struct from 16 to 24 bytes, and with it the argument
-                             structs that embed it: callers compiled against an older flashgen.h must be
-                             rebuilt (their args.size is refused, not misread) */
+                             its last new query's is its last key). */
+  const float* alibi_slopes;  /* NULL: none. Else ALiBi (BLOOM, MPT; FlashAttention's alibi_slopes): an fp32 device
+                                 array of one slope per query head ([heads_q]) or per sequence and query head
+                                 ([batch, heads_q], alibi_batch_stride apart), and the score of query i and key j
+                                 (scaled, after the soft cap) gains -slope · |i + seqlen_k - seqlen_q - j| (about
+                                 the top-left diagonal, -slope · |i - j|, under FLASHGEN_MASK_CAUSAL_TOP_LEFT).
+                                 Dense and packed calls; KV-cache calls refuse it for now */
+  int64_t alibi_batch_stride; /* elements between sequences' slopes, >= heads_q; 0: every sequence shares one
+                                 [heads_q] array */
+  /* The window fields grew the struct from 16 to 24 bytes and the ALiBi fields to 40, and with it the argument
+     structs that embed it: callers compiled against an older flashgen.h must be rebuilt (their args.size is
+     refused, not misread; for the dense calls, which take no size, nothing can tell). */
 } flashgen_attention_options;
 
 /* Status codes. 0 is success; every failure also sets flashgen_last_error(). */
@@ -142,9 +150,8 @@ int flashgen_explain_backward(const flashgen_tensor* q, const flashgen_tensor* k
                               size_t json_capacity, size_t* json_length);
 
 /* Arguments of flashgen_attention_varlen_forward: a packed batch of `batch` sequences of different lengths.
- * size is sizeof(flashgen_varlen_forward_args) as the caller compiled it, so that later versions can add
- * fields at the end (a caller may pass offsetof(..., block_table) and leave the fields from block_table on
- * unset: it gets packed k and v). */
+ * size is sizeof(flashgen_varlen_forward_args) as the caller compiled it, so that a library can tell a caller
+ * built against another flashgen.h and refuse it rather than misread its arguments. */
 typedef struct {
   size_t size;
   flashgen_tensor q, k, v, out;  /* q, out: [1, total_q, heads_q, head_dim]; k, v: [1, total_k, heads_kv, head_dim];

@@ -54,6 +54,8 @@ class AttentionOptions(ctypes.Structure):
         ("softcap", ctypes.c_float),        # > 0: scores s become softcap * tanh(s / softcap); 0: none
         ("window_left", ctypes.c_int32),    # MASK_SLIDING_WINDOW: keys before the diagonal, -1: unbounded
         ("window_right", ctypes.c_int32),   # and after it
+        ("alibi_slopes", ctypes.c_void_p),  # NULL, or fp32 device [heads_q] / [batch, heads_q] ALiBi slopes
+        ("alibi_batch_stride", ctypes.c_int64),  # elements between sequences' slopes; 0: one [heads_q] array
     ]
 
 

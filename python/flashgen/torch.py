@@ -151,6 +151,33 @@ def _mask_and_window(causal, causal_align, window_size):
     return "window", (window[0], 0) if causal else window
 
 
+def _check_alibi(alibi_slopes, device, batch, heads_q):
+    """alibi_slopes as the ops take them: None, or a CUDA float32 tensor [heads_q] or [batch, heads_q] on q's device
+    (FlashAttention's alibi_slopes), returned with its last dimension contiguous."""
+    if alibi_slopes is None:
+        return None
+    if not isinstance(alibi_slopes, torch.Tensor):
+        _bad(f"alibi_slopes must be a torch.Tensor or None, got {type(alibi_slopes).__name__}")
+    shapes = ((heads_q,), (batch, heads_q))
+    if alibi_slopes.dtype != torch.float32 or tuple(alibi_slopes.shape) not in shapes:
+        _bad(f"alibi_slopes must be float32 [heads_q] = [{heads_q}] or [batch, heads_q] = [{batch}, {heads_q}], got "
+             f"{alibi_slopes.dtype} {list(alibi_slopes.shape)}")
+    if alibi_slopes.device != device:
+        _bad(f"alibi_slopes must be on {device} (q's device), got {alibi_slopes.device}")
+    if alibi_slopes.stride(-1) != 1 or (alibi_slopes.dim() == 2 and alibi_slopes.stride(0) < heads_q):
+        alibi_slopes = alibi_slopes.contiguous()
+    return alibi_slopes
+
+
+def _options(scale, mask, deterministic, softcap, window, alibi_slopes):
+    """flashgen_attention_options of a call; alibi_slopes (checked) must stay alive until the call is queued."""
+    options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 1 if deterministic else 0, softcap, *window)
+    if alibi_slopes is not None:
+        options.alibi_slopes = alibi_slopes.data_ptr()
+        options.alibi_batch_stride = alibi_slopes.stride(0) if alibi_slopes.dim() == 2 else 0
+    return options
+
+
 def _check_softcap(softcap):
     """The softcap argument as the ops take it: 0.0 for none."""
     softcap = float(softcap) if softcap is not None else 0.0
@@ -194,12 +221,13 @@ class _ForwardCall:
     """The arguments of one flashgen_attention_forward call: readable q, k, v, a fresh out (q's shape, contiguous)
     and lse (fp32 [batch, heads_q, seqlen_q]), their views and the options. Build it under the device's guard."""
 
-    def __init__(self, q, k, v, scale, mask, layout, softcap=0.0, window=_NO_WINDOW):
+    def __init__(self, q, k, v, scale, mask, layout, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None):
         self.q, self.k, self.v = (_readable(t) for t in (q, k, v))
         self.out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         self.lse = torch.empty(_lse_shape(q, layout), dtype=torch.float32, device=q.device)
         self.views = [_view(t, layout) for t in (self.q, self.k, self.v, self.out)]
-        self.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 0, softcap, *window)
+        self.alibi_slopes = _check_alibi(alibi_slopes, q.device, *_lse_shape(q, layout)[:2])
+        self.options = _options(scale, mask, False, softcap, window, self.alibi_slopes)
 
     def arguments(self):
         return (*(ctypes.byref(view) for view in self.views), ctypes.c_void_p(self.lse.data_ptr()),
@@ -210,13 +238,15 @@ class _BackwardCall:
     """The arguments of one backward call: readable dout, q, k, v, out; lse; fresh dq, dk, dv (contiguous, shaped
     like q, k, v); views and options. Build it under the device's guard."""
 
-    def __init__(self, dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0, window=_NO_WINDOW):
+    def __init__(self, dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0, window=_NO_WINDOW,
+                 alibi_slopes=None):
         self.dout, self.q, self.k, self.v, self.out = (_readable(t) for t in (dout, q, k, v, out))
         self.lse = lse.contiguous()
         self.dq, self.dk, self.dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
         tensors = (self.q, self.k, self.v, self.out, self.dout, self.dq, self.dk, self.dv)
         self.views = [_view(t, layout) for t in tensors]
-        self.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 1 if deterministic else 0, softcap, *window)
+        self.alibi_slopes = _check_alibi(alibi_slopes, q.device, *_lse_shape(q, layout)[:2])
+        self.options = _options(scale, mask, deterministic, softcap, window, self.alibi_slopes)
 
     def arguments(self):
         refs = [ctypes.byref(view) for view in self.views]
@@ -234,17 +264,18 @@ def _check_lse(lse, q, layout):
 # ---------------------------------------------------------------------------------------------------------
 # The custom ops. scale 0.0 means 1/sqrt(head_dim); mask is "none", "bottom_right", "top_left" or "window"; layout
 # is "bshd" or "bhsd"; softcap 0.0 means no soft cap; window_left and window_right are the window's sides (mask
-# "window" only; -1 for no bound). Outputs are new contiguous tensors in the inputs' layout; lse is fp32 [batch,
-# heads_q, seqlen_q] in either layout. The Python side passes the window as a (left, right) pair.
+# "window" only; -1 for no bound); alibi_slopes None or the ALiBi slopes. Outputs are new contiguous tensors in the
+# inputs' layout; lse is fp32 [batch, heads_q, seqlen_q] in either layout. The Python side passes the window as a
+# (left, right) pair.
 
-def _forward(q, k, v, scale, mask, layout, checked=False, softcap=0.0, window=_NO_WINDOW):
+def _forward(q, k, v, scale, mask, layout, checked=False, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None):
     """(out, lse): the forward op's implementation, also called directly by eager calls (checked: attention()
     has checked the arguments already)."""
     if not checked:
         _check_inputs(q, k, v, layout)
         _check_mask(mask)
     with torch.cuda.device(q.device):
-        call = _ForwardCall(q, k, v, scale, mask, layout, softcap, window)
+        call = _ForwardCall(q, k, v, scale, mask, layout, softcap, window, alibi_slopes)
         _lib.check(_lib.function("flashgen_attention_forward")(*call.arguments(), _stream(q.device)),
                    "flashgen_attention_forward")
     return call.out, call.lse
@@ -253,19 +284,22 @@ def _forward(q, k, v, scale, mask, layout, checked=False, softcap=0.0, window=_N
 @torch.library.custom_op("flashgen::attention_forward", mutates_args=())
 def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: str, layout: str,
                        deterministic: bool, softcap: float = 0.0, window_left: int = -1,
-                       window_right: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+                       window_right: int = -1,
+                       alibi_slopes: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse). deterministic is not used by the forward; autograd hands it to the backward."""
-    return _forward(q, k, v, scale, mask, layout, softcap=softcap, window=(window_left, window_right))
+    return _forward(q, k, v, scale, mask, layout, softcap=softcap, window=(window_left, window_right),
+                    alibi_slopes=alibi_slopes)
 
 
 @_attention_forward.register_fake
 def _attention_forward_fake(q, k, v, scale, mask, layout, deterministic, softcap=0.0, window_left=-1,
-                            window_right=-1):
+                            window_right=-1, alibi_slopes=None):
     _check_inputs(q, k, v, layout)
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q, layout), dtype=torch.float32)
 
 
-def _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0, window=_NO_WINDOW):
+def _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0, window=_NO_WINDOW,
+                      alibi_slopes=None):
     """(dq, dk, dv): the backward op's implementation, also called directly by eager calls (_EagerAttention). The
     kernels' workspace is a torch allocation, so nothing is allocated behind the caching allocator (or a CUDA
     graph's pool)."""
@@ -273,7 +307,8 @@ def _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministi
     _check_mask(mask)
     _check_lse(lse, q, layout)
     with torch.cuda.device(q.device):
-        call = _BackwardCall(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap, window)
+        call = _BackwardCall(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap, window,
+                             alibi_slopes)
         stream = _stream(q.device)
         workspace_bytes = ctypes.c_size_t(0)
         _lib.check(_lib.function("flashgen_attention_backward_workspace_size")(
@@ -289,16 +324,16 @@ def _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministi
 @torch.library.custom_op("flashgen::attention_backward", mutates_args=())
 def _attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                         lse: torch.Tensor, scale: float, mask: str, layout: str, deterministic: bool,
-                        softcap: float = 0.0, window_left: int = -1,
-                        window_right: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        softcap: float = 0.0, window_left: int = -1, window_right: int = -1,
+                        alibi_slopes: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) given dout and the forward's q, k, v, out and lse."""
     return _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap,
-                             (window_left, window_right))
+                             (window_left, window_right), alibi_slopes)
 
 
 @_attention_backward.register_fake
 def _attention_backward_fake(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0,
-                             window_left=-1, window_right=-1):
+                             window_left=-1, window_right=-1, alibi_slopes=None):
     _check_inputs(q, k, v, layout)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
@@ -306,7 +341,7 @@ def _attention_backward_fake(dout, q, k, v, out, lse, scale, mask, layout, deter
 def _setup_context(ctx, inputs, output):
     q, k, v, scale, mask, layout, deterministic = inputs[:7]
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.save_for_backward(q, k, v, out, lse, inputs[10] if len(inputs) > 10 else None)  # with the ALiBi slopes
     ctx.scale, ctx.mask, ctx.layout, ctx.deterministic = scale, mask, layout, deterministic
     ctx.softcap = inputs[7] if len(inputs) > 7 else 0.0
     ctx.window = tuple(inputs[8:10]) if len(inputs) > 9 else _NO_WINDOW
@@ -317,11 +352,11 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dout, dlse):
     if dout is None:  # out took no part in the loss
-        return (None,) * 10
-    q, k, v, out, lse = ctx.saved_tensors
+        return (None,) * 11
+    q, k, v, out, lse, alibi_slopes = ctx.saved_tensors
     dq, dk, dv = torch.ops.flashgen.attention_backward(dout, q, k, v, out, lse, ctx.scale, ctx.mask, ctx.layout,
-                                                       ctx.deterministic, ctx.softcap, *ctx.window)
-    return (dq, dk, dv) + (None,) * 7
+                                                       ctx.deterministic, ctx.softcap, *ctx.window, alibi_slopes)
+    return (dq, dk, dv) + (None,) * 8  # none for the slopes: a fixed bias
 
 
 _attention_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -336,20 +371,21 @@ class _EagerAttention(torch.autograd.Function):
     its arguments through inspect.signature at every call."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, mask, layout, deterministic, softcap, window_left, window_right):
+    def forward(ctx, q, k, v, scale, mask, layout, deterministic, softcap, window_left, window_right, alibi_slopes):
         output = _forward(q, k, v, scale, mask, layout, checked=True, softcap=softcap,
-                          window=(window_left, window_right))
-        _setup_context(ctx, (q, k, v, scale, mask, layout, deterministic, softcap, window_left, window_right), output)
+                          window=(window_left, window_right), alibi_slopes=alibi_slopes)
+        _setup_context(ctx, (q, k, v, scale, mask, layout, deterministic, softcap, window_left, window_right,
+                             alibi_slopes), output)
         return output
 
     @staticmethod
     def backward(ctx, dout, dlse):
         if dout is None:  # out took no part in the loss
-            return (None,) * 10
-        q, k, v, out, lse = ctx.saved_tensors
+            return (None,) * 11
+        q, k, v, out, lse, alibi_slopes = ctx.saved_tensors
         dq, dk, dv = _backward_kernels(dout, q, k, v, out, lse, ctx.scale, ctx.mask, ctx.layout, ctx.deterministic,
-                                       ctx.softcap, ctx.window)
-        return (dq, dk, dv) + (None,) * 7
+                                       ctx.softcap, ctx.window, alibi_slopes)
+        return (dq, dk, dv) + (None,) * 8
 
 
 def _eager_call(*tensors):
@@ -404,7 +440,7 @@ def _deterministic(deterministic):
 # Public API.
 
 def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, layout="bshd", deterministic=False,
-              return_lse=False, softcap=0.0, window_size=(-1, -1)):
+              return_lse=False, softcap=0.0, window_size=(-1, -1), alibi_slopes=None):
     """softmax(q kᵀ · scale [causal mask]) v on CUDA float16 / bfloat16 tensors, differentiable in q, k and v.
 
     q: [batch, seqlen_q, heads_q, head_dim] ("bshd") or [batch, heads_q, seqlen_q, head_dim] ("bhsd", the layout
@@ -427,7 +463,10 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     window_size=(left, right): a sliding window, FlashAttention's: query i sees keys i + seqlen_k - seqlen_q - left
     to i + seqlen_k - seqlen_q + right (aligned bottom-right), -1 for no bound on a side; with causal=True the right
     side is 0 (a causal window, Mistral's); (-1, -1), the default, is no window. Rows whose window holds no key get
-    output 0, lse -inf and zero gradients. A window does not take causal_align="top_left".
+    output 0, lse -inf and zero gradients. A window does not take causal_align="top_left". alibi_slopes: ALiBi
+    (BLOOM, MPT), FlashAttention's: a float32 tensor [heads_q] or [batch, heads_q] on q's device, and the score of
+    query i and key j (after the soft cap) gains -slope · |i + seqlen_k - seqlen_q - j| (|i - j| under
+    causal_align="top_left"); no gradient flows to the slopes.
 
     Returns out, shaped and laid out like q (a new contiguous tensor), or (out, lse) with return_lse, lse being
     the natural-log log-sum-exp of each row's scaled scores, float32 [batch, heads_q, seqlen_q]; lse carries no
@@ -439,21 +478,23 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     _check_inputs(q, k, v, layout)
     scale = _check_scale(scale)
     softcap = _check_softcap(softcap)
+    alibi_slopes = _check_alibi(alibi_slopes, q.device, *_lse_shape(q, layout)[:2])
     if q.numel() == 0 or k.numel() == 0:
         out, lse = _Empty.apply(q, k, v, _lse_shape(q, layout))
     else:
-        args = (q, k, v, scale, mask, layout, _deterministic(deterministic), softcap, *window)
+        args = (q, k, v, scale, mask, layout, _deterministic(deterministic), softcap, *window, alibi_slopes)
         if not _eager_call(q, k, v):
             out, lse = torch.ops.flashgen.attention_forward(*args)
         elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
             out, lse = _EagerAttention.apply(*args)
         else:  # nothing to differentiate: no autograd node at all
-            out, lse = _forward(q, k, v, scale, mask, layout, checked=True, softcap=softcap, window=window)
+            out, lse = _forward(q, k, v, scale, mask, layout, checked=True, softcap=softcap, window=window,
+                                alibi_slopes=alibi_slopes)
     return (out, lse) if return_lse else out
 
 
 def explain(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, layout="bshd", deterministic=False,
-            backward=True, softcap=0.0, window_size=(-1, -1)):
+            backward=True, softcap=0.0, window_size=(-1, -1), alibi_slopes=None):
     """Which kernels attention(q, k, v, ...) with these arguments runs, and why, as a dict:
     {"library": path, "version": ..., "forward": {...}, "backward": {...}}. Each pass has "config" (the kernel
     config's canonical name), "source" ("tuning database", "tuned on first use", "shipped defaults" or
@@ -472,11 +513,11 @@ def explain(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, l
     answer = {"library": _lib.library_path(), "version": _lib.version()}
     with torch.no_grad(), torch.cuda.device(q.device):
         stream = _stream(q.device)
-        forward = _ForwardCall(q, k, v, scale, mask, layout, softcap, window)
+        forward = _ForwardCall(q, k, v, scale, mask, layout, softcap, window, alibi_slopes)
         answer["forward"] = _lib.call_json("flashgen_explain_forward", *forward.arguments(), stream)
         if backward:
             call = _BackwardCall(torch.empty_like(forward.out), q, k, v, forward.out, forward.lse, scale, mask,
-                                 layout, deterministic, softcap, window)
+                                 layout, deterministic, softcap, window, alibi_slopes)
             answer["backward"] = _lib.call_json("flashgen_explain_backward", *call.arguments(), stream)
     return answer
 
@@ -541,7 +582,7 @@ def _packed_view(t):
 
 
 def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask,
-                    block_table=None, softcap=0.0, window=_NO_WINDOW):
+                    block_table=None, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None):
     with torch.cuda.device(q.device):
         q, k, v = (_readable(t) for t in (q, k, v))
         block_table = block_table.contiguous() if block_table is not None else None
@@ -562,7 +603,8 @@ def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q
         args.seqused_k = seqused_k.data_ptr() if seqused_k is not None else None
         args.batch = cu_seqlens_q.shape[0] - 1
         args.max_seqlen_q, args.max_seqlen_k = max_seqlen_q, max_seqlen_k
-        args.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 0, softcap, *window)
+        alibi_slopes = _check_alibi(alibi_slopes, q.device, args.batch, q.shape[1])
+        args.options = _options(scale, mask, False, softcap, window, alibi_slopes)
         _lib.check(_lib.function("flashgen_attention_varlen_forward")(ctypes.byref(args), _stream(q.device)),
                    "flashgen_attention_varlen_forward")
     return out, lse
@@ -573,22 +615,23 @@ def _varlen_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor], max_seqlen_q: int,
                               max_seqlen_k: int, scale: float, mask: str, deterministic: bool,
                               block_table: Optional[torch.Tensor] = None, softcap: float = 0.0,
-                              window_left: int = -1, window_right: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+                              window_left: int = -1, window_right: int = -1,
+                              alibi_slopes: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of a packed batch; lse is fp32 [heads_q, total_q]. deterministic is the backward's (autograd hands
     it on). With block_table, k and v are paged caches."""
     return _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask,
-                           block_table, softcap, (window_left, window_right))
+                           block_table, softcap, (window_left, window_right), alibi_slopes)
 
 
 @_varlen_attention_forward.register_fake
 def _varlen_attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale,
                                    mask, deterministic, block_table=None, softcap=0.0, window_left=-1,
-                                   window_right=-1):
+                                   window_right=-1, alibi_slopes=None):
     return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
 def _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, mask,
-                     deterministic, softcap=0.0, window=_NO_WINDOW):
+                     deterministic, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None):
     with torch.cuda.device(q.device):
         dout, q, k, v, out = (_readable(t) for t in (dout, q, k, v, out))
         dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
@@ -600,7 +643,8 @@ def _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_se
         args.cu_seqlens_q, args.cu_seqlens_k = cu_seqlens_q.contiguous().data_ptr(), cu_seqlens_k.contiguous().data_ptr()
         args.batch = cu_seqlens_q.shape[0] - 1
         args.max_seqlen_q, args.max_seqlen_k = max_seqlen_q, max_seqlen_k
-        args.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 1 if deterministic else 0, softcap, *window)
+        alibi_slopes = _check_alibi(alibi_slopes, q.device, args.batch, q.shape[1])
+        args.options = _options(scale, mask, deterministic, softcap, window, alibi_slopes)
         _lib.check(_lib.function("flashgen_attention_varlen_backward")(ctypes.byref(args), _stream(q.device)),
                    "flashgen_attention_varlen_backward")
     return dq, dk, dv
@@ -611,23 +655,25 @@ def _varlen_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Ten
                                out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
                                cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, scale: float,
                                mask: str, deterministic: bool, softcap: float = 0.0, window_left: int = -1,
-                               window_right: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                               window_right: int = -1, alibi_slopes: Optional[torch.Tensor] = None
+                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of a packed batch given dout and the forward's out and lse. The kernels' workspace comes from
     the stream's memory pool, outside the caching allocator."""
     return _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
-                            mask, deterministic, softcap, (window_left, window_right))
+                            mask, deterministic, softcap, (window_left, window_right), alibi_slopes)
 
 
 @_varlen_attention_backward.register_fake
 def _varlen_attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                    scale, mask, deterministic, softcap=0.0, window_left=-1, window_right=-1):
+                                    scale, mask, deterministic, softcap=0.0, window_left=-1, window_right=-1,
+                                    alibi_slopes=None):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _varlen_setup_context(ctx, inputs, output):
     q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask, deterministic = inputs[:11]
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, inputs[15] if len(inputs) > 15 else None)
     ctx.sizes = (max_seqlen_q, max_seqlen_k, scale, mask)
     ctx.has_seqused_k = seqused_k is not None or (len(inputs) > 11 and inputs[11] is not None)
     ctx.deterministic = deterministic
@@ -639,15 +685,16 @@ def _varlen_setup_context(ctx, inputs, output):
 
 def _varlen_backward_formula(ctx, dout, dlse):
     if dout is None:
-        return (None,) * 15
+        return (None,) * 16
     if ctx.has_seqused_k:
         raise NotImplementedError("flashgen.torch.varlen_attention: no backward with seqused_k or a block_table")
-    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
     max_seqlen_q, max_seqlen_k, scale, mask = ctx.sizes
     dq, dk, dv = torch.ops.flashgen.varlen_attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                                               max_seqlen_q, max_seqlen_k, scale, mask,
-                                                              ctx.deterministic, ctx.softcap, *ctx.window)
-    return (dq, dk, dv) + (None,) * 12
+                                                              ctx.deterministic, ctx.softcap, *ctx.window,
+                                                              alibi_slopes)
+    return (dq, dk, dv) + (None,) * 13
 
 
 _varlen_attention_forward.register_autograd(_varlen_backward_formula, setup_context=_varlen_setup_context)
@@ -655,7 +702,8 @@ _varlen_attention_forward.register_autograd(_varlen_backward_formula, setup_cont
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                      softmax_scale=None, causal=False, *, causal_align="bottom_right", seqused_k=None,
-                     block_table=None, deterministic=False, return_attn_probs=False, softcap=0.0, window_size=(-1, -1)):
+                     block_table=None, deterministic=False, return_attn_probs=False, softcap=0.0, window_size=(-1, -1),
+                     alibi_slopes=None):
     """Attention over a packed batch of sequences of different lengths, with FlashAttention's
     flash_attn_varlen_func arguments: q [total_q, heads_q, head_dim], k and v [total_k, heads_kv, head_dim] (CUDA
     float16 or bfloat16); cu_seqlens_q and cu_seqlens_k int32 [batch + 1] offsets on q's device (sequence b owns
@@ -671,7 +719,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     cu_seqlens_k[b] (forward only). softcap > 0: each score s = q·k · scale becomes softcap · tanh(s / softcap)
     before the softmax (FlashAttention's softcap), forward and backward; 0.0 for none. window_size=(left, right):
     FlashAttention's sliding window within each sequence, as attention() takes it (aligned bottom-right: with
-    causal=True the right side is 0; (-1, -1) for none).
+    causal=True the right side is 0; (-1, -1) for none). alibi_slopes: float32 [heads_q] or [batch, heads_q] ALiBi
+    slopes (FlashAttention's), each sequence's bias about its own diagonal, as attention() takes them.
 
     Returns out [total_q, heads_q, head_dim] (a new tensor), or (out, lse, None) with return_attn_probs, lse being
     fp32 [heads_q, total_q] (natural log) as FlashAttention returns softmax_lse. Differentiable in q, k and v (each
@@ -690,16 +739,17 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     scale = _check_scale(softmax_scale)
     softcap = _check_softcap(softcap)
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, block_table)
+    alibi_slopes = _check_alibi(alibi_slopes, q.device, cu_seqlens_q.shape[0] - 1, q.shape[1])
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if needs_grad and (seqused_k is not None or block_table is not None):
         raise NotImplementedError("flashgen.torch.varlen_attention: no backward with seqused_k or a block_table; "
                                   "call it under torch.no_grad() or on inputs without gradients")
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask)
     if _eager_call(q, k, v) and not needs_grad:
-        out, lse = _varlen_forward(*args, block_table, softcap, window)
+        out, lse = _varlen_forward(*args, block_table, softcap, window, alibi_slopes)
     else:
         out, lse = torch.ops.flashgen.varlen_attention_forward(*args, _deterministic(deterministic), block_table,
-                                                               softcap, *window)
+                                                               softcap, *window, alibi_slopes)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -824,7 +874,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     sequence merged by LSE, 0 lets flashgen choose for the GPU and problem (a short window over a long cache gets
     few: only the blocks it visits are split), 1 gives batch-invariant results. rotary embeddings, cache_batch_idx,
     cache_leftpad, softcap and alibi_slopes are not supported yet (a value other than the default is refused;
-    attention() and varlen_attention() take softcap).
+    attention() and varlen_attention() take softcap and alibi_slopes).
 
     Returns out [batch, seqlen_q, heads_q, head_dim] (a new tensor), or (out, lse) with return_softmax_lse, lse
     being fp32 [batch, heads_q, seqlen_q]. Not differentiable. Runs on the current CUDA stream of q's device as the

@@ -95,10 +95,11 @@ def window_keys(seqlen_q, seqlen_k, window, device):
     return visible
 
 
-def float64_bshd_attention(q, k, v, dout, scale, visible=None, softcap=0.0):
+def float64_bshd_attention(q, k, v, dout, scale, visible=None, softcap=0.0, bias=None):
     """out, lse and (dq, dk, dv) in float64 for bshd q, k, v (GQA by repeating k and v): the softmax of the scores,
-    each capped to softcap * tanh(s / softcap) when softcap > 0, over the keys `visible` shows ([seqlen_q, seqlen_k]
-    bool; every key when None). Rows that see no key give out 0, lse -inf and no gradient, as flashgen's do."""
+    each capped to softcap * tanh(s / softcap) when softcap > 0 and then given bias ([batch or 1, heads_q, seqlen_q,
+    seqlen_k], when not None), over the keys `visible` shows ([seqlen_q, seqlen_k] bool; every key when None). Rows
+    that see no key give out 0, lse -inf and no gradient, as flashgen's do."""
     import torch
     q64, k64, v64 = (t.double().detach().requires_grad_(True) for t in (q, k, v))
     group = q.shape[2] // k.shape[2]
@@ -106,6 +107,8 @@ def float64_bshd_attention(q, k, v, dout, scale, visible=None, softcap=0.0):
     s = torch.einsum("bqhd,bkhd->bhqk", q64, kr) * scale
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
+    if bias is not None:
+        s = s + bias.double()
     if visible is None:
         visible = torch.ones(s.shape[-2:], dtype=torch.bool, device=q.device)
     live = visible.any(dim=-1)[:, None]
@@ -148,6 +151,16 @@ def check_packed_bf16_self_attention(seed, lens, attend, reference):
         for name, tensor, want_grad in zip(("dq", "dk", "dv"), (q, k, v), grads):
             assert_close_to_float64(name, tensor.grad[None, rows], want_grad, torch.bfloat16)
         start += n
+
+
+def alibi_bias(slopes, seqlen_q, seqlen_k, top_left=False):
+    """FlashAttention's ALiBi bias [batch or 1, heads_q, seqlen_q, seqlen_k] of slopes ([heads_q] or [batch,
+    heads_q]): -slope * |i + seqlen_k - seqlen_q - j|, about i - j when top_left."""
+    import torch
+    i = torch.arange(seqlen_q, device=slopes.device)[:, None] + (0 if top_left else seqlen_k - seqlen_q)
+    j = torch.arange(seqlen_k, device=slopes.device)[None, :]
+    per_batch = slopes.double() if slopes.dim() == 2 else slopes.double()[None]
+    return -per_batch[:, :, None, None] * (i - j).abs().double()
 
 
 def to_bhsd(t, layout):

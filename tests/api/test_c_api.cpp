@@ -23,6 +23,7 @@
 #include "runtime/device_buffer.hpp"
 #include "support/attention_reference.hpp"
 #include "support/fake_pointer.hpp"
+#include "tuner/problem_key.hpp"
 
 namespace {
 
@@ -41,7 +42,7 @@ struct Call {
   flashgen_tensor v = bshd(fake_pointer(3), 2, 75, 4, 64);
   flashgen_tensor out = bshd(fake_pointer(4), 2, 100, 8, 64);
   float* lse = static_cast<float*>(fake_pointer(5));
-  flashgen_attention_options opts{0.f, FLASHGEN_MASK_CAUSAL, 0, 0.f, -1, -1};
+  flashgen_attention_options opts{0.f, FLASHGEN_MASK_CAUSAL, 0, 0.f, -1, -1, nullptr, 0};
   const flashgen_tensor* qp = &q;
   const flashgen_tensor* kp = &k;
   const flashgen_tensor* vp = &v;
@@ -262,6 +263,41 @@ TEST_CASE("C ABI rejects each bad argument with a message naming it", "[c_api]")
     check_rejected([&](Call& c) { window(c, 16, -7); }, kInvalid,
                    "opts.window_right must be >= 0, or -1 for no bound on that side, got -7");
     check_rejected([&](Call& c) { window(c, INT32_MIN, 0); }, kInvalid, "opts.window_left must be >= 0");
+  }
+  SECTION("ALiBi") {
+    static const float slopes[8] = {};
+    check_rejected([](Call& c) { c.opts.alibi_slopes = reinterpret_cast<const float*>(
+                                     reinterpret_cast<uintptr_t>(slopes) + 2); },
+                   kInvalid, "opts.alibi_slopes: pointer must be 4-byte aligned");
+    // q has heads_q = 8: a batch stride below it would read another sequence's slopes.
+    check_rejected([](Call& c) { c.opts.alibi_slopes = slopes, c.opts.alibi_batch_stride = 3; }, kInvalid,
+                   "opts.alibi_batch_stride must be 0 (one slope per query head for every sequence) or at least "
+                   "heads_q = 8, got 3");
+    check_rejected([](Call& c) { c.opts.alibi_slopes = slopes, c.opts.alibi_batch_stride = -4; }, kInvalid,
+                   "opts.alibi_batch_stride must be 0");
+    check_rejected([](Call& c) { c.opts.alibi_slopes = slopes, c.opts.softmax_scale = 1e-35f; }, kInvalid,
+                   "is too small for ALiBi");
+  }
+}
+
+TEST_CASE("C ABI passes ALiBi's slopes to the kernels and keys the problem apart", "[c_api][alibi]") {
+  Call c;
+  static const float slopes[16] = {};
+  const flashgen::ForwardCall plain = flashgen::make_forward_call(&c.q, &c.k, &c.v, &c.out, c.lse, &c.opts);
+  CHECK_FALSE(plain.problem.alibi);
+  CHECK(plain.params.alibi_slopes == nullptr);
+  c.opts.alibi_slopes = slopes, c.opts.alibi_batch_stride = 0, c.opts.softmax_scale = 0.25f;
+  const flashgen::ForwardCall biased = flashgen::make_forward_call(&c.q, &c.k, &c.v, &c.out, c.lse, &c.opts);
+  CHECK(biased.problem.alibi);
+  CHECK(biased.problem.score_mods() == flashgen::ScoreMods{false, true});
+  CHECK(biased.params.alibi_slopes == slopes);
+  CHECK(biased.params.inv_scale == 4.f);
+  CHECK(flashgen::problem_key(biased.problem).class_id() != flashgen::problem_key(plain.problem).class_id());
+  // The bias lies about the causal mask's diagonal: bottom-right but under the top-left mask, and with no mask.
+  for (const auto& [mask, offset] : {std::pair{FLASHGEN_MASK_NONE, 75 - 100}, std::pair{FLASHGEN_MASK_CAUSAL, 75 - 100},
+                                     std::pair{FLASHGEN_MASK_CAUSAL_TOP_LEFT, 0}}) {
+    c.opts.mask = mask;
+    CHECK(flashgen::make_forward_call(&c.q, &c.k, &c.v, &c.out, c.lse, &c.opts).params.causal_offset == offset);
   }
 }
 

@@ -156,7 +156,7 @@ TEST_CASE("a KV-cache call takes a sliding window about each sequence's last key
   CHECK(causal.params.window_left == 0);
   const flashgen::KvCacheCall none = call_with(-1, -1);
   CHECK(none.problem.mask_kind() == flashgen::MaskKind::kNone);
-  CHECK(none.params.causal_bottom_right == 0);
+  CHECK(none.params.causal_bottom_right == 1);  // unread without a mask
   // The window fields are read under the window mask only.
   CHECK(call_with(-7, 5, FLASHGEN_MASK_CAUSAL).params.window_left == 0);
   // A config must be of the window: the causal module is refused for it, and the window's for the causal mask.

@@ -111,79 +111,46 @@ TEST_CASE("varlen forward with valid arguments gets as far as the GPU", "[c_api]
   if (flashgen::driver_available()) FLASHGEN_SKIP_TEST("a driver is present: the [gpu] varlen cases launch");
   flashgen_varlen_forward_args args = valid_args();
   CHECK(flashgen_attention_varlen_forward(&args, nullptr) == FLASHGEN_ERROR_NO_DEVICE);
-  // A caller may pass the struct without its last two fields (flashgen.h's form for packed k and v).
+  // Only sizeof: the struct without its last two fields is the size of an older flashgen.h's whole struct.
   args.size = offsetof(flashgen_varlen_forward_args, block_table);
-  CHECK(flashgen_attention_varlen_forward(&args, nullptr) == FLASHGEN_ERROR_NO_DEVICE);
-  args.size = offsetof(flashgen_varlen_forward_args, block_table) + 8;
   CHECK(flashgen_attention_varlen_forward(&args, nullptr) == FLASHGEN_ERROR_INVALID_ARGUMENT);
 }
 
-TEST_CASE("the window fields grew the argument structs: an older caller's size is refused, not misread",
-          "[c_api][varlen][window]") {
-  // LP64 layouts: the options 16 -> 24 bytes, and every struct that embeds them (flashgen.h).
-  CHECK(sizeof(flashgen_attention_options) == 24);
+TEST_CASE("the variants grew the argument structs: an older caller's size is refused, not misread",
+          "[c_api][varlen][window][alibi]") {
+  // LP64 layouts: the options 16 -> 24 bytes (the window) -> 40 (ALiBi), and every struct that embeds them.
+  CHECK(sizeof(flashgen_attention_options) == 40);
   CHECK(offsetof(flashgen_attention_options, window_left) == 16);
+  CHECK(offsetof(flashgen_attention_options, alibi_slopes) == 24);
   CHECK(offsetof(flashgen_varlen_forward_args, options) == 384);
-  CHECK(offsetof(flashgen_varlen_forward_args, block_table) == 408);
-  CHECK(sizeof(flashgen_varlen_forward_args) == 424);
-  CHECK(sizeof(flashgen_varlen_backward_args) == 720);
-  CHECK(sizeof(flashgen_kvcache_args) == 568);
-  // The sizes a caller compiled against the previous flashgen.h passes: the varlen forward's before block_table
-  // (400) and whole (416), the varlen backward's (712), the KV-cache call's (560). None of them is read.
-  for (const size_t old_size : {size_t{400}, size_t{416}}) {
+  CHECK(offsetof(flashgen_varlen_forward_args, block_table) == 424);
+  CHECK(sizeof(flashgen_varlen_forward_args) == 440);
+  CHECK(sizeof(flashgen_varlen_backward_args) == 736);
+  CHECK(sizeof(flashgen_kvcache_args) == 584);
+  // The sizes callers compiled against the earlier flashgen.h files pass: the varlen forward's before the window
+  // (400, and 416 whole) and after it (408 before block_table, 424 whole: this struct's offset of block_table,
+  // which is why no size but sizeof is read), the varlen backward's (712, 720), the KV-cache call's (560, 568).
+  for (const size_t old_size : {size_t{400}, size_t{408}, size_t{416}, size_t{424}}) {
     INFO(old_size);
     check_rejected([&](auto& a) { a.size = old_size; }, FLASHGEN_ERROR_INVALID_ARGUMENT,
                    "args.size is " + std::to_string(old_size) +
-                       "; this flashgen's argument struct has 424 bytes (set size to sizeof; rebuild a caller "
+                       "; this flashgen's argument struct has 440 bytes (set size to sizeof; rebuild a caller "
                        "compiled against an older flashgen.h)");
   }
-  flashgen_varlen_backward_args backward{};
-  backward.size = 712;
-  CHECK(flashgen_attention_varlen_backward(&backward, nullptr) == FLASHGEN_ERROR_INVALID_ARGUMENT);
-  CHECK(std::string(flashgen_last_error()).find("args.size is 712; this flashgen's argument struct has 720") !=
-        std::string::npos);
-  flashgen_kvcache_args kvcache{};
-  kvcache.size = 560;
-  CHECK(flashgen_attention_kvcache(&kvcache, nullptr) == FLASHGEN_ERROR_INVALID_ARGUMENT);
-  CHECK(std::string(flashgen_last_error()).find("args.size is 560; this flashgen's argument struct has 568") !=
-        std::string::npos);
-}
-
-TEST_CASE("a packed window problem aligns each sequence bottom-right, bounded by the longest lengths",
-          "[c_api][varlen][window]") {
-  flashgen_varlen_forward_args args = valid_args();
-  args.options.mask = FLASHGEN_MASK_SLIDING_WINDOW;
-  args.options.window_left = 64, args.options.window_right = -1;
-  check_rejected([](auto& a) { a.options.mask = FLASHGEN_MASK_SLIDING_WINDOW, a.options.window_right = -5; },
-                 FLASHGEN_ERROR_INVALID_ARGUMENT, "opts.window_right must be >= 0, or -1");
-  const flashgen::ForwardCall forward = flashgen::make_varlen_forward_call(args);
-  CHECK(forward.problem.varlen);
-  CHECK(forward.problem.mask_kind() == flashgen::MaskKind::kWindow);
-  CHECK(forward.params.causal_bottom_right == 1);  // each sequence's own diagonal
-  CHECK(forward.params.causal_offset == 0);
-  CHECK(forward.params.window_left == 64);
-  CHECK(forward.params.window_right == 200);  // max_seqlen_q (on the left max_seqlen_k), not the totals
-  // The backward binds the same.
-  flashgen_varlen_backward_args b{};
-  b.size = sizeof(b);
-  b.q = args.q, b.k = args.k, b.v = args.v, b.out = args.out;
-  b.dout = packed(fake_pointer(8), 300, 8, 64), b.dq = packed(fake_pointer(9), 300, 8, 64);
-  b.dk = packed(fake_pointer(10), 500, 2, 64), b.dv = packed(fake_pointer(11), 500, 2, 64);
-  b.lse = args.lse, b.cu_seqlens_q = args.cu_seqlens_q, b.cu_seqlens_k = args.cu_seqlens_k;
-  b.batch = args.batch, b.max_seqlen_q = args.max_seqlen_q, b.max_seqlen_k = args.max_seqlen_k;
-  b.options = args.options;
-  b.options.window_left = 1000, b.options.window_right = 0;
-  const flashgen::BackwardCall backward = flashgen::make_varlen_backward_call(b);
-  CHECK(backward.problem.windowed());
-  CHECK(backward.params.causal_bottom_right == 1);
-  CHECK(backward.params.window_left == 300);  // a side past every key is clamped to the bound, max_seqlen_k
-  CHECK(backward.params.window_right == 0);
-  // The causal window (-1, 0) is the bottom-right causal mask; the top-left one is not bottom-right.
-  args.options.window_left = -1, args.options.window_right = 0;
-  CHECK(flashgen::make_varlen_forward_call(args).problem.mask == FLASHGEN_MASK_CAUSAL);
-  CHECK(flashgen::make_varlen_forward_call(args).params.causal_bottom_right == 1);
-  args.options.mask = FLASHGEN_MASK_CAUSAL_TOP_LEFT;
-  CHECK(flashgen::make_varlen_forward_call(args).params.causal_bottom_right == 0);
+  for (const size_t old_size : {size_t{712}, size_t{720}}) {
+    flashgen_varlen_backward_args backward{};
+    backward.size = old_size;
+    CHECK(flashgen_attention_varlen_backward(&backward, nullptr) == FLASHGEN_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(flashgen_last_error()).find("args.size is " + std::to_string(old_size) +
+                                                  "; this flashgen's argument struct has 736") != std::string::npos);
+  }
+  for (const size_t old_size : {size_t{560}, size_t{568}}) {
+    flashgen_kvcache_args kvcache{};
+    kvcache.size = old_size;
+    CHECK(flashgen_attention_kvcache(&kvcache, nullptr) == FLASHGEN_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(flashgen_last_error()).find("args.size is " + std::to_string(old_size) +
+                                                  "; this flashgen's argument struct has 584") != std::string::npos);
+  }
 }
 
 TEST_CASE("varlen backward rejects bad arguments with a message naming them", "[c_api][varlen]") {

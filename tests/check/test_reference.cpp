@@ -32,7 +32,7 @@ struct SmallProblem {
   }
   AttentionResult run(double scale, flashgen_mask mask, ReferenceWindow window = {}) const {
     return attention_reference_f64(shape, in(q, shape.seqlen_q, shape.heads_q), in(k, shape.seqlen_k, shape.heads_kv),
-                                   in(v, shape.seqlen_k, shape.heads_kv), scale, mask, 0.0, window);
+                                   in(v, shape.seqlen_k, shape.heads_kv), scale, mask, {0.0, window});
   }
 };
 
@@ -171,7 +171,7 @@ TEST_CASE("float64 reference applies a sliding window about the bottom-right dia
   // The row reference agrees with the whole one.
   const ReferenceRow row =
       attention_reference_row(p.shape, p.in(p.q, 3, 1), p.in(p.k, 2, 1), p.in(p.v, 2, 1), 1.0,
-                              FLASHGEN_MASK_SLIDING_WINDOW, 0, 0, 2, 0.0, {0, 0});
+                              FLASHGEN_MASK_SLIDING_WINDOW, 0, 0, 2, {0.0, {0, 0}});
   CHECK(row.out == std::vector<double>{20.0});
 }
 

@@ -41,11 +41,11 @@ TEST_CASE("backward reference matches central differences of the forward", "[ref
     const double scale = 0.4;
     const flashgen::AttentionGradients g = flashgen::attention_backward_reference_f64(
         s, HostInput::float64(q.data(), qv), HostInput::float64(k.data(), kv), HostInput::float64(v.data(), kv),
-        HostInput::float64(dout.data(), qv), scale, mask, 0.0, window);
+        HostInput::float64(dout.data(), qv), scale, mask, {0.0, window});
     auto loss = [&]() {
       const flashgen::AttentionResult r =
           flashgen::attention_reference_f64(s, HostInput::float64(q.data(), qv), HostInput::float64(k.data(), kv),
-                                            HostInput::float64(v.data(), kv), scale, mask, 0.0, window);
+                                            HostInput::float64(v.data(), kv), scale, mask, {0.0, window});
       double sum = 0;
       for (size_t i = 0; i < r.out.size(); ++i) sum += dout[i] * r.out[i];
       return sum;

@@ -404,7 +404,7 @@ TEST_CASE("soft-capped backward configs: _softcap after the mask, both families"
     BwdConfig c;
     if (sm90) c.knobs = flashgen::BwdSm90Knobs{}, c.block_n = 128;
     c.mask = flashgen::MaskKind::kCausal;
-    c.softcap = true;
+    c.mods.softcap = true;
     c.varlen = true;
     c.deterministic = true;
     INFO(c.name());
@@ -415,6 +415,25 @@ TEST_CASE("soft-capped backward configs: _softcap after the mask, both families"
     CHECK(j.get<BwdConfig>() == c);
     CHECK(flashgen::generate(c).headers.front().contents.find("flashgen::SoftCap<flashgen::CausalMask>") !=
           std::string::npos);
+  }
+}
+
+TEST_CASE("ALiBi backward configs: _alibi after _softcap, both families", "[generator][backward]") {
+  for (bool sm90 : {false, true}) {
+    BwdConfig c;
+    if (sm90) c.knobs = flashgen::BwdSm90Knobs{}, c.block_n = 128;
+    c.mask = flashgen::MaskKind::kCausal;
+    c.mods = {true, true};
+    c.varlen = true;
+    c.deterministic = true;
+    INFO(c.name());
+    CHECK(c.name().find("_causal_softcap_alibi_varlen_det") != std::string::npos);
+    CHECK(BwdConfig::from_name(c.name()) == c);
+    const nlohmann::json j = c;
+    CHECK(j.at("alibi") == true);
+    CHECK(j.get<BwdConfig>() == c);
+    CHECK(flashgen::generate(c).headers.front().contents.find(
+              "flashgen::Alibi<flashgen::SoftCap<flashgen::CausalMask>>") != std::string::npos);
   }
 }
 
@@ -432,7 +451,7 @@ TEST_CASE("window backward configs: _window in the mask's place, both families",
     CHECK(j.get<BwdConfig>() == c);
     CHECK(flashgen::generate(c).headers.front().contents.find("using Variant = flashgen::SlidingWindow;") !=
           std::string::npos);
-    c.softcap = true;
+    c.mods.softcap = true;
     c.varlen = true;
     CHECK(c.name().find("_window_softcap_varlen_det") != std::string::npos);
     CHECK(BwdConfig::from_name(c.name()) == c);

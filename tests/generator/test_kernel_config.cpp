@@ -303,7 +303,7 @@ TEST_CASE("soft-capped configs: _softcap after the mask, a JSON field when set, 
     KernelConfig c;
     if (sm90) c.knobs = flashgen::Sm90Knobs{}, c.block_n = 128, c.stages = 2;
     c.mask = MaskKind::kCausal;
-    c.softcap = true;
+    c.mods.softcap = true;
     INFO(c.name());
     CHECK(c.name().find("_causal_softcap") != std::string::npos);
     CHECK(KernelConfig::from_name(c.name()) == c);
@@ -311,7 +311,7 @@ TEST_CASE("soft-capped configs: _softcap after the mask, a JSON field when set, 
     CHECK(j.at("softcap") == true);
     CHECK(j.get<KernelConfig>() == c);
     KernelConfig plain = c;
-    plain.softcap = false;
+    plain.mods.softcap = false;
     CHECK(plain != c);
     CHECK_FALSE(nlohmann::json(plain).contains("softcap"));  // absent: what every config before it meant
     const flashgen::GeneratedSource source = flashgen::generate(c);
@@ -323,6 +323,42 @@ TEST_CASE("soft-capped configs: _softcap after the mask, a JSON field when set, 
   CHECK_THROWS_WITH(KernelConfig::from_name("fwd_sm80_fp16_d64_m64_n64_w4_s2_qreg_softcap"),
                     Catch::Matchers::Contains("not canonical"));
   CHECK(KernelConfig::from_name("fwd_sm80_fp16_d64_m64_n64_w4_s2_softcap").mask == MaskKind::kNone);
+}
+
+TEST_CASE("ALiBi configs: _alibi after _softcap, a JSON field when set, Alibi outermost", "[generator][config]") {
+  for (bool sm90 : {false, true}) {
+    KernelConfig c;
+    if (sm90) c.knobs = flashgen::Sm90Knobs{}, c.block_n = 128, c.stages = 2;
+    c.mask = MaskKind::kWindow;
+    c.mods.alibi = true;
+    INFO(c.name());
+    CHECK(c.name().find("_window_alibi") != std::string::npos);
+    CHECK(KernelConfig::from_name(c.name()) == c);
+    CHECK(flashgen::generate(c).headers.front().contents.find(
+              "using Variant = flashgen::Alibi<flashgen::SlidingWindow>;") != std::string::npos);
+    c.mods.softcap = true;
+    CHECK(c.name().find("_window_softcap_alibi") != std::string::npos);
+    CHECK(KernelConfig::from_name(c.name()) == c);
+    const nlohmann::json j = c;
+    CHECK(j.at("alibi") == true);
+    CHECK(j.at("softcap") == true);
+    CHECK(j.get<KernelConfig>() == c);
+    // The bias is added after the cap: Alibi wraps SoftCap.
+    CHECK(flashgen::generate(c).headers.front().contents.find(
+              "using Variant = flashgen::Alibi<flashgen::SoftCap<flashgen::SlidingWindow>>;") != std::string::npos);
+    KernelConfig plain = c;
+    plain.mods.alibi = false;
+    CHECK(plain != c);
+    CHECK_FALSE(nlohmann::json(plain).contains("alibi"));
+  }
+  // One order, one spelling.
+  CHECK_THROWS_WITH(KernelConfig::from_name("fwd_sm80_fp16_d64_m64_n64_w4_s2_alibi_softcap"),
+                    Catch::Matchers::Contains("not canonical"));
+  CHECK_THROWS_WITH(KernelConfig::from_name("fwd_sm80_fp16_d64_m64_n64_w4_s2_alibi_alibi"),
+                    Catch::Matchers::Contains("unknown suffix 'alibi'"));
+  nlohmann::json bad = KernelConfig{};
+  bad["alibi"] = 1;
+  CHECK_THROWS_WITH(bad.get<KernelConfig>(), Catch::Matchers::Contains("'alibi' must be true or false"));
 }
 
 TEST_CASE("window configs: _window in the mask's place, \"window\" in JSON, SlidingWindow as the variant",
@@ -344,7 +380,7 @@ TEST_CASE("window configs: _window in the mask's place, \"window\" in JSON, Slid
     CHECK(source.headers.front().contents.find("using Variant = flashgen::SlidingWindow;") != std::string::npos);
     CHECK(source.headers.front().contents.find("kMask = flashgen::MaskKind::kWindow;") != std::string::npos);
     // With a soft cap the cap wraps the window, its suffix after the mask's.
-    c.softcap = true;
+    c.mods.softcap = true;
     CHECK(c.name().find("_window_softcap") != std::string::npos);
     CHECK(KernelConfig::from_name(c.name()) == c);
     CHECK(flashgen::generate(c).headers.front().contents.find(

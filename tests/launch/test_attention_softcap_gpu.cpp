@@ -58,17 +58,17 @@ TEST_CASE("soft-capped attention matches the float64 reference, forward and back
     p.run_choice();
     const flashgen::ForwardCall fwd = p.forward_call();
     const flashgen::KernelConfig sm80 = flashgen::heuristic_choice(fwd.problem.dtype, fwd.problem.head_dim(),
-                                                                   fwd.problem.mask_kind(), arch, true, false, true)
+                                                                   fwd.problem.mask_kind(), arch, true, false, {true, false})
                                             .config;
-    REQUIRE(sm80.softcap);
+    REQUIRE(sm80.mods.softcap);
     p.run_forward(sm80);
     for (bool deterministic : {false, true}) {
       const flashgen::BackwardCall bwd = p.backward_call(deterministic);
       const flashgen::BwdConfig config =
           flashgen::heuristic_backward_choice(bwd.problem.dtype, bwd.problem.head_dim(), bwd.problem.mask_kind(),
-                                              deterministic, arch, true, false, true)
+                                              deterministic, arch, true, false, {true, false})
               .config;
-      REQUIRE(config.softcap);
+      REQUIRE(config.mods.softcap);
       p.run_backward(config);
     }
   }
@@ -82,5 +82,5 @@ TEST_CASE("a config must match the problem's soft cap", "[gpu][softcap]") {
   const flashgen::ForwardCall capped = p.forward_call();
   flashgen::KernelConfig plain = flashgen::KernelConfig::from_name("fwd_sm80_fp16_d64_m64_n64_w4_s2");
   CHECK_THROWS_WITH(flashgen::launch_forward(capped, nullptr, plain),
-                    Catch::Matchers::Contains("does not match the problem (dtype, head_dim, mask, softcap)"));
+                    Catch::Matchers::Contains("does not match the problem (dtype, head_dim, mask, soft cap, ALiBi)"));
 }

@@ -40,8 +40,22 @@ struct VarlenCase {
   int64_t page_size = 0;                // > 0: the keys and values read from a paged cache of such pages
   float softcap = 0.f;                  // options.softcap
   int window_left = -1, window_right = -1;  // with mask FLASHGEN_MASK_SLIDING_WINDOW: options' window sides
+  bool alibi = false;                       // ALiBi with a slope per sequence and query head (alibi_slopes())
 
-  flashgen::ReferenceWindow window() const { return {window_left, window_right}; }
+  // ALiBi's slopes, [sequence, heads_q] (options.alibi_batch_stride = heads_q): steep enough to reorder the
+  // softmax of unit-variance scores over a few keys, and different per sequence.
+  std::vector<float> alibi_slopes() const {
+    std::vector<float> slopes;
+    for (size_t b = 0; alibi && b < q_lens.size(); ++b)
+      for (int64_t h = 0; h < heads_q; ++h) slopes.push_back(0.03f * float(h + 1) + 0.2f * float(b % 3));
+    return slopes;
+  }
+  // The float64 reference's variant of sequence b.
+  flashgen::ReferenceVariant variant(int64_t b) const {
+    std::vector<float> slopes = alibi_slopes();
+    if (alibi) slopes = std::vector<float>(slopes.begin() + b * heads_q, slopes.begin() + (b + 1) * heads_q);
+    return flashgen::ReferenceVariant(softcap, {window_left, window_right}, std::move(slopes));
+  }
 };
 
 std::vector<int32_t> offsets(const std::vector<int32_t>& lens) {
@@ -59,7 +73,7 @@ struct PackedBatch {
   std::vector<int32_t> cu_q, cu_k;
   int64_t total_q = 0, total_k = 0;
   std::vector<uint16_t> q, k, v;
-  DeviceBuffer dq, dk, dv, dout, dlse, dcu_q, dcu_k, dused;
+  DeviceBuffer dq, dk, dv, dout, dlse, dcu_q, dcu_k, dused, dslopes;
   flashgen_varlen_forward_args args{};
 
   PackedBatch(const VarlenCase& c, uint64_t seed)
@@ -88,6 +102,11 @@ struct PackedBatch {
     args.options.mask = c.mask;
     args.options.softcap = c.softcap;
     args.options.window_left = c.window_left, args.options.window_right = c.window_right;
+    if (c.alibi) {
+      dslopes = upload(c.alibi_slopes());
+      args.options.alibi_slopes = static_cast<const float*>(dslopes.data());
+      args.options.alibi_batch_stride = hq;
+    }
   }
 
   // [1, total, heads, head_dim] over buffer b.
@@ -166,7 +185,7 @@ void run_and_check(const VarlenCase& c, const std::string& config) {
           shape, flashgen::HostInput::bits16(packed.q.data() + packed.cu_q[b] * hq * d, c.dtype, q_view),
           flashgen::HostInput::bits16(packed.k.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view),
           flashgen::HostInput::bits16(packed.v.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view), scale, c.mask,
-          c.softcap, c.window());
+          c.variant(b));
       want_out = ref.out, want_lse = ref.lse;
     }
     std::vector<double> got_out(want_out.size()), got_lse(want_lse.size());
@@ -229,6 +248,17 @@ TEST_CASE("packed variable-length batches match each sequence's float64 referenc
        0, 0.f, 70, 0},
       {"fp16 d64 window (33, 20) paged 16", FLASHGEN_FLOAT16, 64, 4, 1, FLASHGEN_MASK_SLIDING_WINDOW, {1, 77, 300},
        {1, 200, 513}, {}, {}, 16, 0.f, 33, 20},
+      // ALiBi with slopes per sequence and head, each sequence's bias about its own diagonal: both families, a
+      // soft cap under it, a paged cache.
+      {"bf16 d128 bottom-right GQA 2 ALiBi", FLASHGEN_BFLOAT16, 128, 4, 2, FLASHGEN_MASK_CAUSAL, {257, 1, 0, 190},
+       {300, 40, 7, 129}, {},
+       {"fwd_sm80_bf16_d128_m64_n64_w4_s2_causal_alibi_varlen",
+        "fwd_sm90_bf16_d128_m128_n128_s2_causal_alibi_ovl_pp_varlen"},
+       0, 0.f, -1, -1, true},
+      {"fp16 d64 no mask ALiBi softcap 3", FLASHGEN_FLOAT16, 64, 4, 1, FLASHGEN_MASK_NONE, {33, 129, 2},
+       {17, 200, 255}, {}, {"fwd_sm80_fp16_d64_m128_n64_w4_s2_softcap_alibi_varlen"}, 0, 3.f, -1, -1, true},
+      {"bf16 d64 window (33, 20) paged 16 ALiBi", FLASHGEN_BFLOAT16, 64, 4, 2, FLASHGEN_MASK_SLIDING_WINDOW,
+       {1, 77, 300}, {1, 200, 513}, {}, {}, 16, 0.f, 33, 20, true},
   };
   const bool sm90 = flashgen::device_sm(scope.device()) == 90;
   for (const VarlenCase& c : cases) {
@@ -335,7 +365,7 @@ void run_and_check_backward(const VarlenCase& c, bool deterministic,
           flashgen::HostInput::bits16(packed.k.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view),
           flashgen::HostInput::bits16(packed.v.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view),
           flashgen::HostInput::bits16(dout.data() + packed.cu_q[b] * hq * d, c.dtype, q_view), scale, c.mask,
-          c.softcap, c.window());
+          c.variant(b));
     }
     const struct {
       const char* name;
@@ -374,11 +404,15 @@ TEST_CASE("packed variable-length backward matches each sequence's float64 gradi
        {300, 9, 77, 450}, {}, {}, 0, 0.f, 90, 0},
       {"fp16 d64 window (40, 17) softcap 3", FLASHGEN_FLOAT16, 64, 2, 1, FLASHGEN_MASK_SLIDING_WINDOW, {65, 190},
        {100, 129}, {}, {}, 0, 3.f, 40, 17},
+      {"bf16 d128 bottom-right ALiBi", FLASHGEN_BFLOAT16, 128, 4, 2, FLASHGEN_MASK_CAUSAL, {130, 0, 77},
+       {200, 9, 77}, {}, {}, 0, 0.f, -1, -1, true},
+      {"fp16 d64 top-left ALiBi softcap 3", FLASHGEN_FLOAT16, 64, 2, 1, FLASHGEN_MASK_CAUSAL_TOP_LEFT, {65, 190},
+       {100, 129}, {}, {}, 0, 3.f, -1, -1, true},
   };
   for (const VarlenCase& c : cases) {
     run_and_check_backward(c, /*deterministic=*/false);
     run_and_check_backward(c, /*deterministic=*/true);
-    if (c.softcap > 0.f || c.mask == FLASHGEN_MASK_SLIDING_WINDOW) {  // and on the sm80 family (the choice is
+    if (c.softcap > 0.f || c.alibi || c.mask == FLASHGEN_MASK_SLIDING_WINDOW) {  // and on the sm80 family (the choice is
                                                                        // the sm90 one where the GPU has it)
       const auto dtype = c.dtype == FLASHGEN_BFLOAT16 ? flashgen::DType::kBFloat16 : flashgen::DType::kFloat16;
       const auto mask = c.mask == FLASHGEN_MASK_NONE               ? flashgen::MaskKind::kNone
@@ -387,7 +421,8 @@ TEST_CASE("packed variable-length backward matches each sequence's float64 gradi
       for (bool deterministic : {false, true}) {
         run_and_check_backward(c, deterministic,
                                flashgen::heuristic_backward_choice(dtype, static_cast<int>(c.head_dim), mask,
-                                                                   deterministic, 80, true, true, c.softcap > 0.f)
+                                                                   deterministic, 80, true, true,
+                                                                   {c.softcap > 0.f, c.alibi})
                                    .config);
       }
     }

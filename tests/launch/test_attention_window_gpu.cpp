@@ -82,11 +82,11 @@ TEST_CASE("windowed attention matches the float64 reference, forward and backwar
     std::vector<flashgen::BwdConfig> backward;
     for (bool sm80_only : {true, false}) {
       forward.push_back(
-          flashgen::heuristic_choice(dtype, head_dim, flashgen::MaskKind::kWindow, arch, sm80_only, false, capped)
+          flashgen::heuristic_choice(dtype, head_dim, flashgen::MaskKind::kWindow, arch, sm80_only, false, {capped, false})
               .config);
       for (bool deterministic : {false, true}) {
         backward.push_back(flashgen::heuristic_backward_choice(dtype, head_dim, flashgen::MaskKind::kWindow,
-                                                               deterministic, arch, sm80_only, false, capped)
+                                                               deterministic, arch, sm80_only, false, {capped, false})
                                .config);
       }
     }

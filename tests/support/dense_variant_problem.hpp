@@ -1,6 +1,7 @@
-// A dense [gpu] test problem of the attention variants (soft cap, sliding window): random inputs on the host
-// and the device, outputs and gradients poisoned (NaN) before each run, the float64 references of the options'
-// mask, cap and window, and the checks of out, lse and the three gradients against them.
+// A dense [gpu] test problem of the attention variants (soft cap, sliding window, ALiBi): random inputs on the
+// host and the device, outputs and gradients poisoned (NaN) before each run, the float64 references of the
+// options' mask, cap and window and the given ALiBi slopes, and the checks of out, lse and the three gradients
+// against them.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +26,7 @@ struct DenseVariantProblem {
   flashgen_dtype dtype;
   AttentionShape s;
   std::vector<uint16_t> q, k, v, dout;
-  DeviceBuffer dq_in, dk_in, dv_in, ddout, dout_buf, dlse, dq, dk, dv;
+  DeviceBuffer dq_in, dk_in, dv_in, ddout, dout_buf, dlse, dq, dk, dv, dslopes;
   flashgen_tensor tq{}, tk{}, tv{}, tout{}, tdout{}, tdq{}, tdk{}, tdv{};
   flashgen_attention_options opts;
   AttentionResult ref;
@@ -36,11 +37,19 @@ struct DenseVariantProblem {
     return flashgen_tensor{b.data(), dt, {n, sl, h, d}, {sl * h * d, h * d, d, 1}};
   }
 
-  // Inputs of shape (random normal from seed), run with options (deterministic cleared).
+  // Inputs of shape (random normal from seed), run with options (deterministic cleared) and, when slopes are
+  // given, ALiBi with them (slopes_batch_stride apart; options.alibi_slopes is set to their device copy).
   DenseVariantProblem(std::string problem_name, flashgen_dtype problem_dtype, const AttentionShape& shape,
-                      const flashgen_attention_options& options, uint64_t seed)
+                      const flashgen_attention_options& options, uint64_t seed, std::vector<float> slopes = {},
+                      int64_t slopes_batch_stride = 0)
       : name(std::move(problem_name)), dtype(problem_dtype), s(shape), opts(options) {
     opts.deterministic = 0;
+    if (!slopes.empty()) {
+      dslopes = DeviceBuffer(slopes.size() * sizeof(float));
+      dslopes.upload(slopes);
+      opts.alibi_slopes = static_cast<const float*>(dslopes.data());
+      opts.alibi_batch_stride = slopes_batch_stride;
+    }
     std::mt19937_64 rng(seed);
     const size_t nq = size_t(s.batch * s.seqlen_q * s.heads_q * s.head_dim);
     const size_t nk = size_t(s.batch * s.seqlen_k * s.heads_kv * s.head_dim);
@@ -60,15 +69,16 @@ struct DenseVariantProblem {
     const double scale = effective_softmax_scale(opts.softmax_scale, s.head_dim);
     const auto q_view = StridedView::contiguous(s.batch, s.seqlen_q, s.heads_q, s.head_dim);
     const auto kv_view = StridedView::contiguous(s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
-    const ReferenceWindow window{opts.window_left, opts.window_right};
+    const ReferenceVariant variant(opts.softcap, {opts.window_left, opts.window_right}, std::move(slopes),
+                                   slopes_batch_stride);
     ref = attention_reference_f64(s, HostInput::bits16(q.data(), dtype, q_view),
                                   HostInput::bits16(k.data(), dtype, kv_view),
-                                  HostInput::bits16(v.data(), dtype, kv_view), scale, opts.mask, opts.softcap, window);
+                                  HostInput::bits16(v.data(), dtype, kv_view), scale, opts.mask, variant);
     grads = attention_backward_reference_f64(s, HostInput::bits16(q.data(), dtype, q_view),
                                              HostInput::bits16(k.data(), dtype, kv_view),
                                              HostInput::bits16(v.data(), dtype, kv_view),
                                              HostInput::bits16(dout.data(), dtype, q_view), scale, opts.mask,
-                                             opts.softcap, window);
+                                             variant);
   }
 
   std::vector<double> values(const DeviceBuffer& b) const {

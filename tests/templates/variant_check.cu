@@ -15,6 +15,10 @@ struct Params {
   int seqlen_q, seqlen_k, causal_offset;
   int window_left = 0, window_right = 0;
   float softcap_in = 0.f, softcap_out = 0.f, softcap_grad = 0.f, scale_log2 = 0.f;
+  const float* alibi_slopes = kSlopes;
+  long long alibi_batch_stride = 2;
+  float inv_scale = 8.f;
+  static constexpr float kSlopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f};  // (batch 2, heads 2)
 };
 
 int failures = 0;
@@ -201,12 +205,48 @@ void check_softcap() {
   }
 }
 
+// Alibi's score is Base's minus slope · |q + offset - k| / scale, slope per (batch, head), and its score_grad,
+// given that score in log2 units, Base's derivative with respect to q·k (a central difference): checked over a
+// soft cap, whose derivative reads the score, and visibility is Base's (above).
+void check_alibi() {
+  const float scale = 0.125f, cap = 5.f;
+  Params p{9, 13, 4};
+  p.inv_scale = 1 / scale;
+  p.softcap_in = scale / cap, p.softcap_out = cap / scale;
+  p.softcap_grad = float(1 / (cap * 1.4426950408889634)), p.scale_log2 = float(scale * 1.4426950408889634);
+  using Biased = flashgen::Alibi<flashgen::CausalMask>;
+  using CappedBiased = flashgen::Alibi<flashgen::SoftCap<flashgen::CausalMask>>;
+  for (int batch = 0; batch < 2; ++batch)
+    for (int head = 0; head < 2; ++head)
+      for (int q = 0; q < p.seqlen_q; ++q)
+        for (int k = 0; k < p.seqlen_k; ++k) {
+          const flashgen::ScoreAt at{batch, head, q, k};
+          const double slope = Params::kSlopes[batch * 2 + head], s = 3.0 * q - 2.0 * k;
+          const double bias = -slope * std::abs(q + p.causal_offset - k);
+          if (std::fabs(Biased::score(p, at, float(s)) * scale - (s * scale + bias)) > 1e-5) {
+            fail("Alibi", "score", p, q, k);
+          }
+          if (Biased::score_grad(p, at, 1.f, 0.75f) != 0.75f) fail("Alibi", "score_grad", p, q, k);
+          const double want = cap * std::tanh(s * scale / cap) + bias;
+          if (std::fabs(CappedBiased::score(p, at, float(s)) * scale - want) > 1e-4 * cap) {
+            fail("Alibi<SoftCap>", "score", p, q, k);
+          }
+          const double h = 1e-2;
+          const double d = (CappedBiased::score(p, at, float(s + h)) - CappedBiased::score(p, at, float(s - h))) / (2 * h);
+          const float x = CappedBiased::score(p, at, float(s)) * p.scale_log2;
+          if (std::fabs(CappedBiased::score_grad(p, at, x, 1.f) - d) > 1e-2) fail("Alibi<SoftCap>", "score_grad", p, q, k);
+        }
+}
+
 }  // namespace
 
 int main() {
   check<flashgen::SoftCap<flashgen::NoMask>>("SoftCap<NoMask>");
   check<flashgen::SoftCap<flashgen::CausalMask>>("SoftCap<CausalMask>");
   check_softcap();
+  check<flashgen::Alibi<flashgen::CausalMask>>("Alibi<CausalMask>");
+  check_window<flashgen::Alibi<flashgen::SoftCap<flashgen::SlidingWindow>>>("Alibi<SoftCap<SlidingWindow>>");
+  check_alibi();
   check<flashgen::NoMask>("NoMask");
   check<flashgen::CausalMask>("CausalMask");
   check_window<flashgen::SlidingWindow>("SlidingWindow");

@@ -54,21 +54,21 @@ struct CompiledChoice {
   flashgen::ResourceUsage usage;
 };
 
-// The sm_90 run-time choices of cases (soft-capped or not), one each: compiled first on every core (the choice
-// compiles its heuristic configs through the kernel registry's caches), then read back one by one, so that a
-// failure is the test's and not a worker thread's.
-std::vector<CompiledChoice> compiled_choices(const std::vector<ChoiceCase>& cases, bool softcap) {
+// The sm_90 run-time choices of cases (with score modifiers mods), one each: compiled first on every core (the
+// choice compiles its heuristic configs through the kernel registry's caches), then read back one by one, so that
+// a failure is the test's and not a worker thread's.
+std::vector<CompiledChoice> compiled_choices(const std::vector<ChoiceCase>& cases, flashgen::ScoreMods mods) {
   auto choose = [&](const ChoiceCase& k, CompiledChoice* into) {
     flashgen::KernelRegistry& registry = flashgen::KernelRegistry::instance();
     if (k.backward) {
       const auto choice =
-          flashgen::heuristic_backward_choice(DType::kBFloat16, k.head_dim, k.mask, false, 90, false, false, softcap);
+          flashgen::heuristic_backward_choice(DType::kBFloat16, k.head_dim, k.mask, false, 90, false, false, mods);
       if (into == nullptr) return;
       into->name = choice.config.name(), into->reason = choice.reason, into->family = choice.config.family();
       into->compiled = registry.compiled(choice.config, 90);
       into->usage = into->compiled->usage_of(choice.config.symbol(flashgen::BwdKernel::kDkdv));
     } else {
-      const auto choice = flashgen::heuristic_choice(DType::kBFloat16, k.head_dim, k.mask, 90, false, false, softcap);
+      const auto choice = flashgen::heuristic_choice(DType::kBFloat16, k.head_dim, k.mask, 90, false, false, mods);
       if (into == nullptr) return;
       into->name = choice.config.name(), into->reason = choice.reason, into->family = choice.config.family();
       into->compiled = registry.compiled(choice.config, 90);
@@ -256,7 +256,7 @@ TEST_CASE("soft-capped run-time choices compile without spills or serialized wgm
   for (int d : {64, 128, 256})
     for (MaskKind mask : {MaskKind::kNone, MaskKind::kCausal})
       for (bool backward : {false, true}) cases.push_back({d, mask, backward});
-  const std::vector<CompiledChoice> choices = compiled_choices(cases, /*softcap=*/true);
+  const std::vector<CompiledChoice> choices = compiled_choices(cases, {/*softcap=*/true, /*alibi=*/false});
   for (size_t i = 0; i < cases.size(); ++i) {
     const ChoiceCase& k = cases[i];
     const CompiledChoice& c = choices[i];
@@ -315,12 +315,32 @@ TEST_CASE("the window's run-time choices compile without spills", "[tuner][heuri
   std::vector<ChoiceCase> cases;
   for (int d : {64, 128})
     for (bool backward : {false, true}) cases.push_back({d, MaskKind::kWindow, backward});
-  const std::vector<CompiledChoice> choices = compiled_choices(cases, /*softcap=*/false);
+  const std::vector<CompiledChoice> choices = compiled_choices(cases, {});
   for (const CompiledChoice& c : choices) {
     INFO(c.name << ": " << c.reason << "\n" << c.compiled->log);
     CHECK(c.name.find("_window") != std::string::npos);
     CHECK(c.family == flashgen::KernelFamily::kSm90);  // the Hopper family, as for the causal mask
     CHECK(c.usage.spill_store_bytes == 0);
     CHECK(c.usage.spill_load_bytes == 0);
+  }
+}
+
+TEST_CASE("ALiBi run-time choices compile on the Hopper family without spills or serialized wgmma",
+          "[tuner][heuristic][nvrtc][alibi]") {
+  // The bias adds a slope load per row and a few integer and float ops per score; the backward's gradient is
+  // the mask's (no score rebuilt), so the Hopper tiles keep their registers. With a soft cap under the bias the
+  // d64 backward is the soft cap's case (above).
+  std::vector<ChoiceCase> cases;
+  for (int d : {64, 128, 256})
+    for (MaskKind mask : {MaskKind::kNone, MaskKind::kCausal, MaskKind::kWindow})
+      for (bool backward : {false, true}) cases.push_back({d, mask, backward});
+  const std::vector<CompiledChoice> choices = compiled_choices(cases, {/*softcap=*/false, /*alibi=*/true});
+  for (const CompiledChoice& c : choices) {
+    INFO(c.name << ": " << c.reason << "\n" << c.compiled->log);
+    CHECK(c.family == flashgen::KernelFamily::kSm90);
+    CHECK(c.name.find("_alibi") != std::string::npos);
+    CHECK(c.usage.spill_store_bytes == 0);
+    CHECK(c.usage.spill_load_bytes == 0);
+    CHECK(c.compiled->log.find("warning") == std::string::npos);
   }
 }

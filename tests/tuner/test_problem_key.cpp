@@ -212,17 +212,27 @@ TEST_CASE("a soft-capped problem is a class of its own; its mask text reads back
   const flashgen::ProblemKey capped = flashgen::problem_key(problem);
   CHECK(plain.class_id() == "fwd|bf16|d128|causal|g4");
   CHECK(capped.class_id() == "fwd|bf16|d128|causal_softcap|g4");
-  CHECK(capped.softcap);
+  CHECK(capped.mods.softcap);
   problem.pass = flashgen::Pass::kBackward;
   CHECK(flashgen::problem_key(problem).class_id() == "bwd|bf16|d128|causal_softcap|g4");
   for (const char* text : {"none", "causal", "none_softcap", "causal_softcap"}) {
     flashgen::ProblemKey key;
     flashgen::read_mask_text(text, key);
-    CHECK(flashgen::variant_text(key.mask, key.softcap) == text);
+    CHECK(flashgen::variant_text(key.mask, key.mods) == text);
     CHECK(flashgen::mask_text(key) == text);
   }
   flashgen::ProblemKey key;
   CHECK_THROWS_WITH(flashgen::read_mask_text("softcap_causal", key), Catch::Matchers::Contains("unknown mask"));
+  // ALiBi after the cap, in the one order names and ids spell them.
+  for (const char* text : {"none_alibi", "causal_softcap_alibi", "window512_alibi", "window64c_softcap_alibi"}) {
+    INFO(text);
+    flashgen::read_mask_text(text, key);
+    CHECK(key.mods.alibi);
+    CHECK(flashgen::mask_text(key) == text);
+  }
+  for (const char* text : {"causal_alibi_softcap", "causal_alibi_alibi", "causal_bias"}) {
+    CHECK_THROWS_WITH(flashgen::read_mask_text(text, key), Catch::Matchers::Contains("unknown mask"));
+  }
 }
 
 TEST_CASE("a windowed problem is a class of its own, bucketed by the keys a row sees", "[tuner][problem_key]") {
@@ -298,7 +308,7 @@ TEST_CASE("a window key's mask text reads back, and only its canonical spellings
   flashgen::read_mask_text("window2048c_softcap", key);
   CHECK(key.window_bucket == 2048);
   CHECK(key.window_causal);
-  CHECK(key.softcap);
+  CHECK(key.mods.softcap);
   flashgen::read_mask_text("causal", key);  // a reused key drops the window it held
   CHECK(key.window_bucket == 0);
   CHECK_FALSE(key.window_causal);

@@ -85,7 +85,7 @@ void record_sweep(TuningStore& store, const DeviceFingerprint& d, const ProblemK
                   const KernelConfig& best = config(128, 64)) {
   // The other candidates are of the winner's problem class too (its mask and cap), as an import requires.
   KernelConfig slower = config(64, 64, 4, 2, best.dtype), failed = config(128, 128, 8, 3, best.dtype);
-  for (KernelConfig* c : {&slower, &failed}) c->mask = best.mask, c->softcap = best.softcap;
+  for (KernelConfig* c : {&slower, &failed}) c->mask = best.mask, c->mods = best.mods;
   std::vector<CandidateResult> results = {candidate(best, best_ms), candidate(slower, best_ms * 1.3),
                                           candidate(failed, 0, CandidateStatus::kCompileError)};
   store.record(d, p, results, best, best_ms);
@@ -721,14 +721,14 @@ TEST_CASE("a soft-capped problem keeps its class through the database and its JS
   TempDir dir("flashgen-store");
   TuningStore store(dir.path() / "capped.sqlite");
   ProblemKey capped = problem(1024, 1024);
-  capped.softcap = true;
+  capped.mods.softcap = true;
   KernelConfig c = config(128, 64);
-  c.softcap = true;
+  c.mods.softcap = true;
   record_sweep(store, device(), capped, 0.5, c);
   record_sweep(store, device(), problem(1024, 1024), 0.25, config(128, 64));
   const auto winners = store.winners();
   REQUIRE(winners.size() == 2);
-  CHECK(winners[0].problem.softcap != winners[1].problem.softcap);
+  CHECK(winners[0].problem.mods != winners[1].problem.mods);
   const nlohmann::json exported = store.export_json();
   std::set<std::string> masks;
   for (const auto& p : exported["problems"]) masks.insert(p["mask"].get<std::string>());
@@ -755,9 +755,9 @@ TEST_CASE("a window key keeps its bucket and shape through the database and its 
     return c;
   };
   ProblemKey capped = window_key(1024, true);
-  capped.softcap = true;
+  capped.mods.softcap = true;
   KernelConfig capped_config = window_config(64);
-  capped_config.softcap = true;
+  capped_config.mods.softcap = true;
   record_sweep(store, device(), window_key(1024, true), 0.5, window_config(64));
   record_sweep(store, device(), window_key(256, false), 0.25, window_config(32));
   record_sweep(store, device(), capped, 0.75, capped_config);

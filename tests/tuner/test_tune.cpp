@@ -229,7 +229,7 @@ TEST_CASE("a soft-capped problem's plan sweeps soft-capped kernels around its ow
     TuneOptions options;
     options.max_candidates = 4;
     const flashgen::TunePlan plan = flashgen::plan_tune(problem, 90, options);
-    CHECK(plan.key.softcap);
+    CHECK(plan.key.mods.softcap);
     REQUIRE_FALSE(plan.candidates.empty());
     for (const flashgen::TunedConfig& c : plan.candidates) {
       INFO(flashgen::config_name(c));
