@@ -141,14 +141,18 @@ __device__ __forceinline__ void variant_scores_at(const Params& p, float (&acc)[
     }
   }
 #pragma unroll
-  for (int i = 0; i < kWidth; ++i)
+  for (int h = 0; h < 2; ++h) {
+    // Key key0 + 2t + o of this row scores .score(s, o).
+    const TileRow tr = at_row(h);
+    const auto row = Variant::row_scores(p, ScoreAt{batch, tr.head, tr.row, key0 + 2 * t});
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const float s = acc[i][r];
-      const TileRow tr = at_row(r / 2);
-      const ScoreAt at{batch, tr.head, tr.row, key0 + 2 * t + 8 * i + r % 2};
-      acc[i][r] = kMasked && s == neg_inf() ? s : Variant::score(p, at, s);  // q·k itself is finite
-    }
+    for (int i = 0; i < kWidth; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float s = acc[i][2 * h + e];
+        acc[i][2 * h + e] = kMasked && s == neg_inf() ? s : row.score(s, 8 * i + e);  // q·k itself is finite
+      }
+  }
 }
 
 // The same for a tile of one query head whose rows are consecutive queries: row (h 0) and row + 8 (h 1).

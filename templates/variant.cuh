@@ -37,6 +37,9 @@
 //                              rebuild from P and the row's LSE, x = log2 P + lse2, rather than keep s).
 //                              Identity in the masks. kGradReadsScore: whether score_grad reads x (a kernel
 //                              that would rebuild x skips that when not).
+//   row_scores(p, at)          score for one row and consecutive keys, in the form a kernel applies once per
+//                              score: the score of key at.k + o is .score(s, o) (o a fragment's constant column
+//                              offset after unrolling), what score() gives, with the row's share computed once.
 // The ranges take each row to see one run of consecutive keys whose ends grow with the row: a prefix
 // (none, causal; block_range.cuh derives the blocks from last_key, key_end and first_query) or, with
 // kHidesEarlyKeys, a window that slides (also from first_key and last_query), whose key blocks are then
@@ -72,6 +75,14 @@ struct KeysBetween {
 // The score hooks of a variant that leaves scores as they are: a base of the masks below.
 struct UnchangedScores {
   static constexpr bool kGradReadsScore = false;
+
+  struct Row {
+    __host__ __device__ __forceinline__ float score(float s, int /*offset*/) const { return s; }
+  };
+  template <class Params>
+  static __host__ __device__ __forceinline__ Row row_scores(const Params&, const ScoreAt&) {
+    return {};
+  }
 
   template <class Params>
   static __host__ __device__ __forceinline__ float score(const Params&, const ScoreAt&, float s) {
@@ -200,6 +211,15 @@ struct SoftCap : Mask {
     const float t = x * p.softcap_grad;
     return ds * (1.f - t * t);
   }
+
+  struct Row {
+    float in, out;  // p.softcap_in, p.softcap_out
+    __host__ __device__ __forceinline__ float score(float s, int /*offset*/) const { return out * score_tanh(s * in); }
+  };
+  template <class Params>
+  static __host__ __device__ __forceinline__ Row row_scores(const Params& p, const ScoreAt&) {
+    return {p.softcap_in, p.softcap_out};
+  }
 };
 
 // ALiBi on Base's scores (a mask, or a soft cap of one): score - slope · |q + causal_offset - k| / scale,
@@ -227,6 +247,25 @@ struct Alibi : Base {
   static __host__ __device__ __forceinline__ float score_grad(const Params& p, const ScoreAt& at, float x, float ds) {
     if constexpr (Base::kGradReadsScore) return Base::score_grad(p, at, x - bias(p, at) * p.scale_log2, ds);
     return Base::score_grad(p, at, x, ds);
+  }
+
+  // One row's scores: the slope (in q·k units) and the row's distance to key at.k as floats once per row, so a
+  // score's bias is a float add of a constant and a multiply-add (no integer distance converted per score).
+  // Distances below 2^24 are exact in float.
+  template <class BaseRow>
+  struct Row {
+    BaseRow base;
+    float slope;     // slope / scale
+    float distance;  // q + causal_offset - at.k
+    __host__ __device__ __forceinline__ float score(float s, int offset) const {
+      return base.score(s, offset) - slope * fabsf(distance - static_cast<float>(offset));
+    }
+  };
+  template <class Params>
+  static __host__ __device__ __forceinline__ auto row_scores(const Params& p, const ScoreAt& at) {
+    using BaseRow = decltype(Base::row_scores(p, at));
+    const float slope = p.alibi_slopes[at.batch * p.alibi_batch_stride + at.head] * p.inv_scale;
+    return Row<BaseRow>{Base::row_scores(p, at), slope, static_cast<float>(at.q + p.causal_offset - at.k)};
   }
 };
 

@@ -202,6 +202,7 @@ void check_softcap() {
     const double slope = (Capped::score(p, at, float(s + h)) - Capped::score(p, at, float(s - h))) / (2 * h);
     const float x = Capped::score(p, at, s) * p.scale_log2;
     if (std::fabs(Capped::score_grad(p, at, x, 1.f) - slope) > 1e-2) fail("SoftCap", "score_grad", p, int(s), 0);
+    if (Capped::row_scores(p, at).score(s, 3) != Capped::score(p, at, s)) fail("SoftCap", "row_scores", p, int(s), 0);
   }
 }
 
@@ -227,6 +228,14 @@ void check_alibi() {
             fail("Alibi", "score", p, q, k);
           }
           if (Biased::score_grad(p, at, 1.f, 0.75f) != 0.75f) fail("Alibi", "score_grad", p, q, k);
+          // The row form the forward kernels apply, from a key base before k.
+          for (int base : {0, k / 2, k}) {
+            const flashgen::ScoreAt from{batch, head, q, base};
+            if (std::fabs(CappedBiased::row_scores(p, from).score(float(s), k - base) -
+                          CappedBiased::score(p, at, float(s))) > 1e-4f) {
+              fail("Alibi<SoftCap>", "row_scores", p, q, k);
+            }
+          }
           const double want = cap * std::tanh(s * scale / cap) + bias;
           if (std::fabs(CappedBiased::score(p, at, float(s)) * scale - want) > 1e-4 * cap) {
             fail("Alibi<SoftCap>", "score", p, q, k);
