@@ -74,8 +74,8 @@ struct ReferenceVariant {
       : softcap(cap), window(sides), alibi_slopes(std::move(slopes)), alibi_batch_stride(slopes_batch_stride) {}
 };
 
-// The ALiBi slopes flashgen's own runs of an ALiBi problem use (a sweep, `flashgen run --alibi`): the
-// geometric sequence of the ALiBi paper, 2^(-8 (h + 1) / heads_q) for query head h, one per head.
+// The ALiBi slopes flashgen's own runs of an ALiBi problem use (a sweep, `flashgen run --alibi`): 2^(-8 (h + 1) /
+// heads_q) for query head h, one per head (the ALiBi paper's geometric sequence for a power-of-two head count).
 std::vector<float> standard_alibi_slopes(int64_t heads_q);
 
 // A problem's variant as flashgen's own runs take it: its cap and window, and with ALiBi the standard slopes.

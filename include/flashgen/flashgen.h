@@ -46,8 +46,9 @@ typedef struct {
                                  ([batch, heads_q], alibi_batch_stride apart), and the score of query i and key j
                                  (scaled, after the soft cap) gains -slope · |i + seqlen_k - seqlen_q - j| (about
                                  the top-left diagonal, -slope · |i - j|, under FLASHGEN_MASK_CAUSAL_TOP_LEFT).
-                                 Dense and packed calls; KV-cache calls refuse it for now */
-  int64_t alibi_batch_stride; /* elements between sequences' slopes, >= heads_q; 0: every sequence shares one
+                                 Dense and packed calls; KV-cache calls refuse it for now. With slopes, a given
+                                 softmax_scale must be at least 1e-30 (the kernels divide by it) */
+  int64_t alibi_batch_stride; /* elements between sequences' slopes, heads_q to 2^40; 0: every sequence shares one
                                  [heads_q] array */
   /* The window fields grew the struct from 16 to 24 bytes and the ALiBi fields to 40, and with it the argument
      structs that embed it: callers compiled against an older flashgen.h must be rebuilt (their args.size is

@@ -529,7 +529,8 @@ def tune(q, k, v, *, causal=False, causal_align="bottom_right", layout="bshd"):
     ~/.local/share/flashgen/tuning.sqlite) and makes the winner this process's choice; later processes read it
     from the database. Only the tensors' shapes, dtype and device matter. Returns {"problem": bucket id, "config":
     winner, "reason": ..., "db": path}. The backward is tuned by set_tune_on_first_use(True) on its first call, or
-    ahead of time with `flashgen tune --backward`.
+    ahead of time with `flashgen tune --backward`. The problem is the plain one (no window, soft cap or ALiBi):
+    a variant's problem class is tuned by `flashgen tune --window/--softcap/--alibi` or on its first call.
     """
     mask = _mask(causal, causal_align)
     _check_inputs(q, k, v, layout)

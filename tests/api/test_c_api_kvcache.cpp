@@ -59,6 +59,9 @@ TEST_CASE("KV-cache attention rejects each bad argument with a message naming it
   check_rejected([](auto& a) { a.q.data = nullptr; }, kInvalid, "q.data: null pointer");
   check_rejected([](auto& a) { a.options.softcap = 30.f; }, FLASHGEN_ERROR_UNSUPPORTED,
                  "options.softcap: KV-cache calls take no soft cap yet");
+  static const float slopes[8] = {};
+  check_rejected([](auto& a) { a.options.alibi_slopes = slopes; }, FLASHGEN_ERROR_UNSUPPORTED,
+                 "options.alibi_slopes: KV-cache calls take no ALiBi yet");
   check_rejected([](auto& a) { a.options.mask = FLASHGEN_MASK_SLIDING_WINDOW, a.options.window_left = -3; }, kInvalid,
                  "opts.window_left must be >= 0");
   check_rejected([](auto& a) { a.options.mask = FLASHGEN_MASK_SLIDING_WINDOW, a.options.window_right = -2; }, kInvalid,

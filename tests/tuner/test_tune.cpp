@@ -148,6 +148,15 @@ TEST_CASE("named candidates are swept as given, and must be configs of the probl
   deterministic.deterministic = true;
   CHECK_THROWS_WITH(flashgen::configs_of_problem({deterministic.name()}, key),
                     Contains("is not a config of the problem bwd|fp16|d64|none"));
+  // A config without the problem's score modifiers is not one of its configs either (nor one with them of a
+  // plain problem).
+  flashgen::ProblemKey biased = key;
+  biased.mods.alibi = true;
+  CHECK_THROWS_WITH(flashgen::configs_of_problem({builtin.name()}, biased), Contains("is not a config of the problem"));
+  BwdConfig with_alibi = builtin;
+  with_alibi.mods.alibi = true;
+  CHECK(flashgen::configs_of_problem({with_alibi.name()}, biased).size() == 1);
+  CHECK_THROWS_WITH(flashgen::configs_of_problem({with_alibi.name()}, key), Contains("is not a config of the problem"));
   CHECK_THROWS_WITH(flashgen::configs_of_problem({"xyz"}, flashgen::problem_key(flashgen::AttentionProblem{})),
                     Contains("config name 'xyz'"));
   CHECK_THROWS_WITH(flashgen::configs_of_problem({builtin.name()},
