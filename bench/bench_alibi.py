@@ -18,7 +18,7 @@ import datetime
 import os
 
 import bench_fwd  # the L2-flushed timing of the forward benchmark
-from bench_bwd import time_calls
+from bench_bwd import Flex, time_calls
 
 
 def main():
@@ -39,11 +39,7 @@ def main():
     import torch
     import torch.nn.functional as F
     bench = bench_fwd.Bench(args, torch)
-    flex = None
-    if args.flex:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-        torch._dynamo.config.cache_size_limit = 256  # each shape and mask is a specialization of its own
-        flex = torch.compile(flex_attention, dynamic=False)
+    flex = Flex(torch) if args.flex else None
 
     device = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
@@ -63,19 +59,11 @@ def main():
                     "flashgen_plain": lambda q, k, v: fgt.attention(q, k, v, causal=causal),
                 }
                 if flex is not None:
-                    block_mask = None
-                    if causal:
-                        block_mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, seqlen, seqlen)
-
                     def biased(score, b, h, qi, ki):
                         return score - slopes[h] * (qi - ki).abs()
 
-                    def flex_call(q, k, v, block_mask=block_mask):
-                        out = flex(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), score_mod=biased,
-                                   block_mask=block_mask)
-                        return out.transpose(1, 2)
-
-                    calls["flex"] = flex_call
+                    block_mask = flex.block_mask(lambda b, h, qi, ki: qi >= ki, seqlen) if causal else None
+                    calls["flex"] = flex.call(score_mod=biased, block_mask=block_mask)
                 if args.sdpa and seqlen <= args.sdpa_max_seqlen:
                     i = torch.arange(seqlen, device="cuda")
                     bias = -slopes[:, None, None] * (i[:, None] - i[None, :]).abs()

@@ -94,6 +94,30 @@ def retained_backward(torch, forward, q, k, v, dout):
     return call
 
 
+class Flex:
+    """FlexAttention as the variant benchmarks run it: flex_attention compiled once for their whole grid. Each shape
+    and mask is a new specialization, and past dynamo's default limit of 8 it would run eagerly (the unfused
+    reference, which materializes the scores), so the limit is raised."""
+
+    def __init__(self, torch):
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        torch._dynamo.config.cache_size_limit = 256
+        self.compiled = torch.compile(flex_attention, dynamic=False)
+        self.create_block_mask = create_block_mask
+
+    def block_mask(self, visible, seqlen):
+        """The block mask of visible(b, h, q_idx, kv_idx) over seqlen queries and keys, for every batch and head."""
+        return self.create_block_mask(visible, None, None, seqlen, seqlen)
+
+    def call(self, score_mod=None, block_mask=None):
+        """A forward(q, k, v) on bshd tensors, as the flashgen calls beside it take them."""
+        def forward(q, k, v):
+            out = self.compiled(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), score_mod=score_mod,
+                                block_mask=block_mask)
+            return out.transpose(1, 2)
+        return forward
+
+
 def time_calls(bench, torch, calls, q, k, v, dout, flops, result, label):
     """Times each of calls (name -> forward(q, k, v)) forward and backward (alone, on a retained graph) into
     result's <name>_fwd_ms, <name>_fwd_tflops and <name>_bwd_tflops (flops: the forward's; the backward's are

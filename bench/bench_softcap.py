@@ -16,7 +16,7 @@ import datetime
 import os
 
 import bench_fwd  # the L2-flushed timing of the forward benchmark
-from bench_bwd import time_calls
+from bench_bwd import Flex, time_calls
 
 
 def main():
@@ -35,13 +35,7 @@ def main():
     flashgen, fgt = bench_fwd.import_flashgen_torch(args.lib)
     import torch
     bench = bench_fwd.Bench(args, torch)
-    flex = None
-    if args.flex:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-        # Every shape and mask is a new specialization: past dynamo's default limit of 8 it would run
-        # flex_attention eagerly (the unfused reference, which materializes the scores).
-        torch._dynamo.config.cache_size_limit = 256
-        flex = torch.compile(flex_attention, dynamic=False)
+    flex = Flex(torch) if args.flex else None
 
     device = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
@@ -61,19 +55,11 @@ def main():
                     "flashgen_uncapped": lambda q, k, v: fgt.attention(q, k, v, causal=causal),
                 }
                 if flex is not None:
-                    block_mask = None
-                    if causal:
-                        block_mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, seqlen, seqlen)
-
                     def capped(score, b, h, qi, ki):
                         return cap * torch.tanh(score / cap)
 
-                    def flex_call(q, k, v, block_mask=block_mask):
-                        out = flex(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), score_mod=capped,
-                                   block_mask=block_mask)
-                        return out.transpose(1, 2)
-
-                    calls["flex"] = flex_call
+                    block_mask = flex.block_mask(lambda b, h, qi, ki: qi >= ki, seqlen) if causal else None
+                    calls["flex"] = flex.call(score_mod=capped, block_mask=block_mask)
                 result = {"device": device, "date": date, "torch": torch.__version__, "flashgen": flashgen.version(),
                           "dtype": "bf16", "head_dim": head_dim, "batch": batch, "seqlen": seqlen, "heads": heads,
                           "causal": int(causal), "softcap": cap}

@@ -17,7 +17,7 @@ import datetime
 import os
 
 import bench_fwd  # the L2-flushed timing of the forward benchmark
-from bench_bwd import retained_backward, time_calls
+from bench_bwd import Flex, retained_backward, time_calls
 
 
 def visible_pairs(seqlen, window):
@@ -55,13 +55,7 @@ def main():
     flashgen, fgt = bench_fwd.import_flashgen_torch(args.lib)
     import torch
     bench = bench_fwd.Bench(args, torch)
-    flex = None
-    if not args.no_flex:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-        # Every window and shape is a new specialization: past dynamo's default limit of 8 it would run
-        # flex_attention eagerly (the unfused reference, which materializes the scores).
-        torch._dynamo.config.cache_size_limit = 256
-        flex = torch.compile(flex_attention, dynamic=False)
+    flex = None if args.no_flex else Flex(torch)
 
     device = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
@@ -84,13 +78,7 @@ def main():
                     def in_window(b, h, qi, ki, window=window):
                         return (qi >= ki) & (qi - ki <= window)
 
-                    block_mask = create_block_mask(in_window, None, None, seqlen, seqlen)
-
-                    def flex_call(q, k, v, block_mask=block_mask):
-                        out = flex(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=block_mask)
-                        return out.transpose(1, 2)
-
-                    calls["flex"] = flex_call
+                    calls["flex"] = flex.call(block_mask=flex.block_mask(in_window, seqlen))
                 result = {"device": device, "date": date, "torch": torch.__version__, "flashgen": flashgen.version(),
                           "dtype": "bf16", "head_dim": head_dim, "batch": batch, "seqlen": seqlen, "heads": heads,
                           "window": window,

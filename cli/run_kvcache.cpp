@@ -130,7 +130,7 @@ RunReport run_kvcache(const RunOptions& o, const ScopedContext& context, RunRepo
   lse_dev.download(lse.data(), lse_dev.bytes());
   report.check = check_sampled_rows(s, q.input(), k.input(), v.input(), out.input(), lse.data(), abi_dtype(p.dtype),
                                     sample_rows(s.batch, s.heads_q, s.seqlen_q, o.check_rows),
-                                    report.scale, p.mask, ReferenceVariant{0.0, window_of(p), {}, 0});
+                                    report.scale, p.mask, variant_of(p));
   report.times_ms = time_launches([&] { launch(); }, o.warmup, o.iters, stream.get());
   report.flops = forward_flops(s, p.mask, window_of(p));
   report.kv_bytes = 2.0 * s.batch * s.seqlen_k * s.heads_kv * s.head_dim * 2;

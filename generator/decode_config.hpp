@@ -32,6 +32,9 @@ struct DecodeConfig {
   int warps = 4;
   int stages = 4;    // K/V tiles in flight
   bool paged = false;  // the cache is read through a block table
+  // The score modifiers compiled in, as the other families' configs name them: none (KV-cache calls refuse a soft
+  // cap and ALiBi for now).
+  static constexpr ScoreMods mods = {};
 
   // e.g. dec_sm80_bf16_d128_r16_n64_w4_s4[_causal|_window][_paged]: the module's name, its file name in dumps and
   // part of its cache key; each kernel's symbol is name() + "_" + decode_kernel_suffix(kernel).

@@ -161,16 +161,11 @@ int causal_offset(const AttentionProblem& problem, int seqlen_q, int seqlen_k);
 // The sm number of the launch's device; kUnsupported below sm_80.
 int launch_arch(CUdevice device);
 
-// The score modifiers a config's kernels compile in (the decode family's none).
-inline ScoreMods config_mods(const KernelConfig& config) { return config.mods; }
-inline ScoreMods config_mods(const BwdConfig& config) { return config.mods; }
-inline ScoreMods config_mods(const DecodeConfig&) { return {}; }
-
 // A config the caller asked for: it must match the problem and be able to run on sm_<arch>.
 template <class Config>
 void check_requested_config(const Config& config, const AttentionProblem& problem, int arch) {
   FLASHGEN_REQUIRE(config.dtype == problem.dtype && config.head_dim == problem.head_dim() &&
-                       config.mask == problem.mask_kind() && config_mods(config) == problem.score_mods(),
+                       config.mask == problem.mask_kind() && config.mods == problem.score_mods(),
                    "config " + config.name() + " does not match the problem (dtype, head_dim, mask, soft cap, ALiBi)");
   if (auto why = config.invalid_reason(arch)) {
     fail(Status::kInvalidArgument, "config " + config.name() + " cannot run here: " + *why);

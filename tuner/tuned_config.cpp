@@ -66,17 +66,12 @@ bool same_pass(const DecodeSplitConfig& config, const ProblemKey& problem) {
   return problem.kv_cache && config.config.paged == problem.paged;
 }
 
-// The score modifiers a module compiles in (the decode family's none).
-ScoreMods mods_of(const KernelConfig& config) { return config.mods; }
-ScoreMods mods_of(const BwdConfig& config) { return config.mods; }
-ScoreMods mods_of(const DecodeConfig&) { return {}; }
-
 bool of_problem(const TunedConfig& config, const ProblemKey& problem) {
   return std::visit(
       [&](const auto& c) {
         const auto& module = kernel_config_of(c);
         return same_pass(c, problem) && module.dtype == problem.dtype && module.head_dim == problem.head_dim &&
-               module.mask == problem.mask && mods_of(module) == problem.mods;
+               module.mask == problem.mask && module.mods == problem.mods;
       },
       config);
 }
