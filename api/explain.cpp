@@ -98,6 +98,14 @@ nlohmann::json explain_backward(const BackwardCall& call, CUstream stream) {
     k["smem_bytes"] = smem_bytes;
     return k;
   };
+  nlohmann::json kernels = {
+      kernel(BwdKernel::kPreprocess, prepared.preprocess_grid, kBwdRowKernelThreads, 0),
+      kernel(BwdKernel::kDkdv, prepared.dkdv_grid, prepared.dkdv_threads, prepared.dkdv_smem),
+      kernel(config.has_dq_kernel() ? BwdKernel::kDq : BwdKernel::kConvert, prepared.finish_grid,
+             prepared.finish_threads, prepared.finish_smem)};
+  if (call.params.dsinks != nullptr) {  // the call's own: a cached plan of its class may be another call's
+    kernels.push_back(kernel(BwdKernel::kSinkGrad, prepared.sink_grad_grid, kBwdRowKernelThreads, 0));
+  }
   nlohmann::json j = {
       {"pass", "backward"},
       {"config", config.name()},
@@ -105,11 +113,7 @@ nlohmann::json explain_backward(const BackwardCall& call, CUstream stream) {
       {"source", choice_source_name(launch.source)},
       {"reason", launch.reason},
       {"workspace_bytes", prepared.workspace_bytes},
-      {"kernels",
-       {kernel(BwdKernel::kPreprocess, prepared.preprocess_grid, kBwdRowKernelThreads, 0),
-        kernel(BwdKernel::kDkdv, prepared.dkdv_grid, prepared.dkdv_threads, prepared.dkdv_smem),
-        kernel(config.has_dq_kernel() ? BwdKernel::kDq : BwdKernel::kConvert, prepared.finish_grid,
-               prepared.finish_threads, prepared.finish_smem)}}};
+      {"kernels", kernels}};
   add_source_path(j, generate(config));
   return j;
 }

@@ -103,6 +103,7 @@ class Flex:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
         torch._dynamo.config.cache_size_limit = 256
         self.compiled = torch.compile(flex_attention, dynamic=False)
+        self.flex_attention = flex_attention  # for a caller that compiles it inside a larger function
         self.create_block_mask = create_block_mask
 
     def block_mask(self, visible, seqlen):

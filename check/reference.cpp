@@ -44,8 +44,12 @@ struct RowScratch {
 // A score s = q·k · scale as the softmax takes it: capped to softcap · tanh(s / softcap) when softcap > 0.
 double capped_score(double s, double softcap) { return softcap > 0 ? softcap * std::tanh(s / softcap) : s; }
 
-// Throws Error(kInvalidArgument) unless ALiBi's slopes, when given, hold one per (batch, query head).
+// Throws Error(kInvalidArgument) unless ALiBi's slopes, when given, hold one per (batch, query head), and the
+// sinks, when given, one per query head.
 void require_reference_variant(const AttentionShape& shape, const ReferenceVariant& variant) {
+  FLASHGEN_REQUIRE(variant.sinks.empty() || static_cast<int64_t>(variant.sinks.size()) == shape.heads_q,
+                   "reference: sinks must hold one logit per query head (" + std::to_string(shape.heads_q) +
+                       "), got " + std::to_string(variant.sinks.size()));
   if (variant.alibi_slopes.empty()) return;
   const int64_t needed = (shape.batch - 1) * variant.alibi_batch_stride + shape.heads_q;
   FLASHGEN_REQUIRE(variant.alibi_batch_stride >= 0 && static_cast<int64_t>(variant.alibi_slopes.size()) >= needed,
@@ -62,15 +66,25 @@ double alibi_bias(const ReferenceVariant& variant, flashgen_mask mask, const Att
   return -slope * static_cast<double>(std::llabs(diagonal - j));
 }
 
+// Head h's sink logit, -inf without sinks (a sink of -inf is none).
+double sink_of(const ReferenceVariant& variant, int64_t h) {
+  return variant.sinks.empty() ? -std::numeric_limits<double>::infinity()
+                               : static_cast<double>(variant.sinks.at(static_cast<size_t>(h)));
+}
+
 // Query row i of (batch b, head h) in float64 into out_row (head_dim values) and *lse. A fully masked row
-// leaves both as the caller set them (0 and -inf).
+// leaves out_row as the caller set it (0), and *lse too (-inf) unless the head has a sink (lse = the sink).
 void reference_row_f64(const AttentionShape& shape, const HostInput& q, const HostInput& k, const HostInput& v,
                        double scale, flashgen_mask mask, const ReferenceVariant& variant, int64_t b, int64_t h,
                        int64_t i, RowScratch& scratch, double* out_row, double* lse) {
   const int64_t d_count = shape.head_dim;
   const int64_t hk = shape.kv_head(h);
   const KeyRange keys = visible_keys(mask, i, shape.seqlen_q, shape.seqlen_k, variant.window);
-  if (keys.count() == 0) return;
+  const double sink = sink_of(variant, h);
+  if (keys.count() == 0) {
+    if (sink > -std::numeric_limits<double>::infinity()) *lse = sink;
+    return;
+  }
   const double* q_row = q.row(b, i, h, scratch.q_row.data());
   double* scores = scratch.scores.data();
   double* acc = scratch.acc.data();
@@ -83,7 +97,8 @@ void reference_row_f64(const AttentionShape& shape, const HostInput& q, const Ho
     scores[j] = capped_score(dot * scale, variant.softcap) + alibi_bias(variant, mask, shape, b, h, i, j);
     row_max = std::max(row_max, scores[j]);
   }
-  double row_sum = 0.0;
+  row_max = std::max(row_max, sink);
+  double row_sum = std::exp(sink - row_max);  // 0 without a sink
   std::fill(acc, acc + d_count, 0.0);
   for (int64_t j = keys.first; j < keys.end; ++j) {
     const double p = std::exp(scores[j] - row_max);
@@ -364,6 +379,7 @@ AttentionGradients attention_backward_reference_f64(const AttentionShape& shape,
   grads.dq.assign(static_cast<size_t>(shape.batch * shape.seqlen_q * shape.heads_q * d), 0.0);
   grads.dk.assign(static_cast<size_t>(shape.batch * shape.seqlen_k * shape.heads_kv * d), 0.0);
   grads.dv.assign(grads.dk.size(), 0.0);
+  if (!variant.sinks.empty()) grads.dsinks.assign(static_cast<size_t>(shape.heads_q), 0.0);
   const StridedView q_out = StridedView::contiguous(shape.batch, shape.seqlen_q, shape.heads_q, d);
   const StridedView kv_out = StridedView::contiguous(shape.batch, shape.seqlen_k, shape.heads_kv, d);
 
@@ -391,7 +407,9 @@ AttentionGradients attention_backward_reference_f64(const AttentionShape& shape,
           p[at] += alibi_bias(variant, mask, shape, b, h, i, j);
           row_max = std::max(row_max, p[at]);
         }
-        double sum = 0;
+        const double sink = sink_of(variant, h);
+        row_max = std::max(row_max, sink);
+        double sum = std::exp(sink - row_max);  // 0 without a sink
         for (double& pj : p) sum += (pj = std::exp(pj - row_max));
         std::fill(out.begin(), out.end(), 0.0);
         for (int64_t j = keys.first; j < keys.end; ++j) {
@@ -402,6 +420,7 @@ AttentionGradients attention_backward_reference_f64(const AttentionShape& shape,
         }
         double dsum = 0;  // D = rowsum(dO ∘ O)
         for (int64_t x = 0; x < d; ++x) dsum += doi[x] * out[x];
+        if (!grads.dsinks.empty()) grads.dsinks[static_cast<size_t>(h)] -= std::exp(sink - row_max) / sum * dsum;
         double* dqi = &grads.dq[static_cast<size_t>(q_out.offset(b, i, h, 0))];
         for (int64_t j = keys.first; j < keys.end; ++j) {
           const size_t at = static_cast<size_t>(j - keys.first);

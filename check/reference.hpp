@@ -59,15 +59,17 @@ inline ReferenceWindow window_of(const AttentionProblem& problem) {
 }
 
 // What the references apply besides the mask (flashgen_attention_options' variant fields): a soft cap (> 0),
-// the window's sides (read under FLASHGEN_MASK_SLIDING_WINDOW only), and ALiBi's slopes, the slope of
-// (batch b, query head h) at b * alibi_batch_stride + h (empty: no ALiBi). A score s = q·k · scale becomes
-// softcap · tanh(s / softcap) - slope · |i + seqlen_k - seqlen_q - j| (about i - j under the top-left causal
-// mask), as flashgen.h defines them.
+// the window's sides (read under FLASHGEN_MASK_SLIDING_WINDOW only), ALiBi's slopes, the slope of (batch b,
+// query head h) at b * alibi_batch_stride + h (empty: no ALiBi), and the sinks, one logit per query head (empty:
+// none). A score s = q·k · scale becomes softcap · tanh(s / softcap) - slope · |i + seqlen_k - seqlen_q - j|
+// (about i - j under the top-left causal mask), and head h's sink joins each row's softmax with no value, as
+// flashgen.h defines them.
 struct ReferenceVariant {
   double softcap = 0.0;
   ReferenceWindow window;
   std::vector<float> alibi_slopes;
   int64_t alibi_batch_stride = 0;
+  std::vector<float> sinks;
 
   ReferenceVariant(double cap = 0.0, ReferenceWindow sides = {}, std::vector<float> slopes = {},
                    int64_t slopes_batch_stride = 0)
@@ -181,17 +183,19 @@ std::vector<ReferenceRow> attention_reference_rows(const AttentionShape& shape, 
 // Backward.
 
 struct AttentionGradients {
-  std::vector<double> dq;  // [batch, seqlen_q, heads_q, head_dim] contiguous
-  std::vector<double> dk;  // [batch, seqlen_k, heads_kv, head_dim] contiguous
-  std::vector<double> dv;  // like dk
+  std::vector<double> dq;      // [batch, seqlen_q, heads_q, head_dim] contiguous
+  std::vector<double> dk;      // [batch, seqlen_k, heads_kv, head_dim] contiguous
+  std::vector<double> dv;      // like dk
+  std::vector<double> dsinks;  // [heads_q] with sinks, else empty
 };
 
 // Exact float64 gradients of attention_reference_f64's out for the upstream gradient dout ([b, sq, hq, d]):
 // P = softmax(scale · q kᵀ, masked), dV = Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP − rowsum(dO ∘ O)), dQ = scale · dS K,
 // dK = scale · dSᵀ Q, with dK and dV summed over the query heads sharing a key/value head. Fully masked
 // rows contribute nothing. With a soft cap the scores are capped as in the forward and dS is multiplied by the
-// cap's derivative, 1 − tanh²(s / softcap); ALiBi's bias, constant in s, leaves dS as it is. variant as in the
-// forward.
+// cap's derivative, 1 − tanh²(s / softcap); ALiBi's bias, constant in s, leaves dS as it is. A sink joins P
+// (P_sink = e^(sink − LSE)) with no value, and its gradient is −Σ P_sink · rowsum(dO ∘ O) over the head's rows.
+// variant as in the forward.
 AttentionGradients attention_backward_reference_f64(const AttentionShape& shape, const HostInput& q,
                                                     const HostInput& k, const HostInput& v, const HostInput& dout,
                                                     double scale, flashgen_mask mask,

@@ -56,6 +56,8 @@ Command run_command() {
       .option("window", "L,R", "sliding window: query i sees keys i + seqlen_k - seqlen_q - L to ... + R (-1: no "
                                "bound on that side; FlashAttention's window_size, so with --causal bottom-right R "
                                "is 0)")
+      .option("sink", "S", "attention sinks (gpt-oss): every query head's softmax gains a logit S with no value, "
+                           "in the units of the scaled scores (with --backward, the sinks' gradient is checked too)")
       .option("layout", "L", "memory order of q/k/v/out: bshd or bhsd (default bshd)")
       .option("config", "NAME", "run this config (a fwd_... name, or bwd_... with --backward) instead of the choice")
       .flag("backward", "time the backward pass (dq, dk, dv for a random dout) after one forward")
@@ -95,6 +97,7 @@ RunOptions parse_run_options(const Args& args) {
   o.scale = static_cast<float>(args.double_or("scale", o.scale));
   p.softcap = static_cast<float>(args.double_or("softcap", 0.0));
   p.alibi = args.has("alibi");
+  if (args.has("sink")) o.sink = static_cast<float>(args.double_or("sink", 0.0));
   o.layout = args.choice_or("layout", o.layout, {"bshd", "bhsd"});
   if (args.has("config")) o.config_name = args.string_or("config", "");
   p.pass = args.has("backward") ? Pass::kBackward : Pass::kForward;
@@ -125,7 +128,7 @@ std::string problem_text(const RunOptions& o, double scale) {
                                 static_cast<long long>(o.problem.total_k))
                        : std::string();
   const std::string cap = (o.problem.softcapped() ? format(", softcap %.6g", o.problem.softcap) : std::string()) +
-                          (o.problem.alibi ? ", ALiBi" : "");
+                          (o.problem.alibi ? ", ALiBi" : "") + (o.sink ? format(", sink %.6g", *o.sink) : std::string());
   return packed + format("batch %lld, seqlen_q %lld, seqlen_k %lld, heads %lld/%lld, head_dim %lld, %s, mask %s, scale %.6g%s, "
                 "layout %s",
                 static_cast<long long>(s.batch), static_cast<long long>(s.seqlen_q), static_cast<long long>(s.seqlen_k),
@@ -151,11 +154,18 @@ void run_backward(const RunOptions& o, const HostTensor& q, const HostTensor& k,
   DeviceBuffer dout_dev(dout.bytes()), dq_dev(dq.bytes()), dk_dev(dk.bytes()), dv_dev(dv.bytes());
   dout_dev.upload(dout.bits);
   for (DeviceBuffer* b : {&dq_dev, &dk_dev, &dv_dev}) b->fill_bytes(0xFF, stream);
+  flashgen_attention_options backward_options = options;
+  DeviceBuffer dsinks_dev;
+  if (backward_options.sinks != nullptr) {  // the sinks' gradient, poisoned as the others
+    dsinks_dev = DeviceBuffer(static_cast<size_t>(shape.heads_q) * sizeof(float));
+    dsinks_dev.fill_bytes(0xFF, stream);
+    backward_options.dsinks = static_cast<float*>(dsinks_dev.data());
+  }
   const flashgen_tensor dout_view = tensor_view(dout, dout_dev), dq_view = tensor_view(dq, dq_dev),
                         dk_view = tensor_view(dk, dk_dev), dv_view = tensor_view(dv, dv_dev);
   const BackwardCall problem =
       make_backward_call(&q_view, &k_view, &v_view, &out_view, &dout_view, lse, &dq_view, &dk_view, &dv_view,
-                            &options);
+                            &backward_options);
   BwdConfig config;
   if (o.config_name) {
     config = BwdConfig::from_name(*o.config_name);
@@ -189,10 +199,16 @@ void run_backward(const RunOptions& o, const HostTensor& q, const HostTensor& k,
     dv_dev.download(dv.bits.data(), dv.bytes());
     const AttentionGradients ref = attention_backward_reference_f64(shape, q.input(), k.input(), v.input(),
                                                                     dout.input(), report.scale, options.mask,
-                                                                    variant_of(p));
+                                                                    run_variant(o));
     for (const auto& [name, got, want] : {std::tuple{"dq", &dq, &ref.dq}, std::tuple{"dk", &dk, &ref.dk},
                                            std::tuple{"dv", &dv, &ref.dv}}) {
       check_gradient(name, got->input(), *want, abi_dtype(p.dtype), report.check);
+    }
+    if (backward_options.dsinks != nullptr) {  // fp32 [heads_q], as a [1, 1, heads_q, 1] tensor of floats
+      const std::vector<float> got_f = dsinks_dev.download_all<float>();
+      const std::vector<double> got(got_f.begin(), got_f.end());
+      check_gradient("dsinks", HostInput::float64(got.data(), StridedView::contiguous(1, 1, shape.heads_q, 1)),
+                     ref.dsinks, abi_dtype(p.dtype), report.check);
     }
     report.check.rows = static_cast<size_t>(shape.batch * shape.heads_q * shape.seqlen_q);
   }
@@ -234,6 +250,8 @@ RunReport run_problem(const RunOptions& o) {
   options.deterministic = 0;  // the backward's, set for it below
   DeviceBuffer slopes_dev;
   options.alibi_slopes = upload_alibi_slopes(p, slopes_dev);
+  DeviceBuffer sinks_dev;
+  options.sinks = upload_sinks(o, sinks_dev);
   // Validate before the slow part (host data): a bad shape fails here with the library's own message.
   const ForwardCall problem = make_forward_call(&q_view, &k_view, &v_view, &out_view, lse_ptr, &options);
   report.scale = problem.params.scale;
@@ -268,7 +286,7 @@ RunReport run_problem(const RunOptions& o) {
   report.check = check_sampled_rows(shape, q.input(), k.input(), v.input(), out.input(), lse.data(),
                                     abi_dtype(p.dtype),
                                     sample_rows(shape.batch, shape.heads_q, shape.seqlen_q, o.check_rows),
-                                    report.scale, options.mask, variant_of(p));
+                                    report.scale, options.mask, run_variant(o));
   if (p.backward()) {
     options.deterministic = p.deterministic() ? 1 : 0;
     run_backward(o, q, k, v, q_view, k_view, v_view, out_view, lse_ptr, options, stream.get(), rng, report);
@@ -332,7 +350,8 @@ Json run_report_json(const RunReport& r) {
         {"heads_kv", s.heads_kv}, {"head_dim", s.head_dim}, {"dtype", dtype_name(p.dtype)},
         {"causal", causal_text(p.mask)},
         {"window", p.windowed() ? Json::array({p.window_left, p.window_right}) : Json(nullptr)},
-        {"scale", r.scale}, {"softcap", p.softcap}, {"alibi", p.alibi}, {"layout", o.layout}, {"seed", o.seed}}},
+        {"scale", r.scale}, {"softcap", p.softcap}, {"alibi", p.alibi},
+        {"sink", o.sink ? Json(*o.sink) : Json(nullptr)}, {"layout", o.layout}, {"seed", o.seed}}},
       {"pass", p.backward() ? "backward" : "forward"},
       {"kv_cache", p.kv_cache ? Json{{"page_size", p.page_size}, {"splits", o.splits}, {"kv_bytes", r.kv_bytes}}
                               : Json(nullptr)},
@@ -397,6 +416,7 @@ void check_run_problem(const RunOptions& o) {
                         v = placeholder(2, s.seqlen_k, s.heads_kv), out = placeholder(3, s.seqlen_q, s.heads_q);
   flashgen_attention_options options = options_of(p, o.scale);
   options.alibi_slopes = placeholder_alibi_slopes(p);
+  if (o.sink) options.sinks = reinterpret_cast<const float*>(uintptr_t{1} << 33);  // a stand-in: nothing launches
   if (p.kv_cache) return check_kvcache_problem(o);
   if (p.varlen) return check_varlen_problem(o);
   if (p.backward()) {

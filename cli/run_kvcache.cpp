@@ -90,10 +90,12 @@ RunReport run_kvcache(const RunOptions& o, const ScopedContext& context, RunRepo
   lens_dev.upload(std::vector<int32_t>(static_cast<size_t>(s.batch), static_cast<int32_t>(s.seqlen_k)));
   out_dev.fill_bytes(0xFF);
   lse_dev.fill_bytes(0xFF);
-  const flashgen_kvcache_args args =
+  flashgen_kvcache_args args =
       kvcache_args(o, tensor_view(q, q_dev), cache_tensor(o, k_dev.data()), cache_tensor(o, v_dev.data()),
                    tensor_view(out, out_dev), static_cast<float*>(lse_dev.data()),
                    static_cast<const int32_t*>(lens_dev.data()), static_cast<const int32_t*>(table_dev.data()));
+  DeviceBuffer sinks_dev;
+  args.options.sinks = upload_sinks(o, sinks_dev);
   const KvCacheCall call = make_kvcache_call(args);
 
   Stream stream;
@@ -130,7 +132,7 @@ RunReport run_kvcache(const RunOptions& o, const ScopedContext& context, RunRepo
   lse_dev.download(lse.data(), lse_dev.bytes());
   report.check = check_sampled_rows(s, q.input(), k.input(), v.input(), out.input(), lse.data(), abi_dtype(p.dtype),
                                     sample_rows(s.batch, s.heads_q, s.seqlen_q, o.check_rows),
-                                    report.scale, p.mask, variant_of(p));
+                                    report.scale, p.mask, run_variant(o));
   report.times_ms = time_launches([&] { launch(); }, o.warmup, o.iters, stream.get());
   report.flops = forward_flops(s, p.mask, window_of(p));
   report.kv_bytes = 2.0 * s.batch * s.seqlen_k * s.heads_kv * s.head_dim * 2;

@@ -80,6 +80,20 @@ const float* placeholder_alibi_slopes(const AttentionProblem& p) {
   return p.alibi ? reinterpret_cast<const float*>(uintptr_t{1} << 32) : nullptr;
 }
 
+ReferenceVariant run_variant(const RunOptions& o) {
+  ReferenceVariant variant = variant_of(o.problem);
+  if (o.sink) variant.sinks.assign(static_cast<size_t>(o.problem.shape.heads_q), *o.sink);
+  return variant;
+}
+
+const float* upload_sinks(const RunOptions& o, DeviceBuffer& sinks) {
+  if (!o.sink) return nullptr;
+  const std::vector<float> host = run_variant(o).sinks;
+  sinks = DeviceBuffer(host.size() * sizeof(float));
+  sinks.upload(host);
+  return static_cast<const float*>(sinks.data());
+}
+
 // Adds a check's mismatches to result, which lists the first kShownMismatches of all its checks.
 void add_mismatches(const CheckReport& report, CheckResult& result) {
   result.mismatches += report.mismatches;

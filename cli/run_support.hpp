@@ -59,6 +59,11 @@ const float* upload_alibi_slopes(const AttentionProblem& p, DeviceBuffer& slopes
 // A stand-in address for the slopes of a check that launches nothing; null without ALiBi.
 const float* placeholder_alibi_slopes(const AttentionProblem& p);
 
+// The float64 references' variant of a run: its problem's (variant_of) and --sink's logit for every query head.
+ReferenceVariant run_variant(const RunOptions& o);
+// Where a run's sinks live: --sink's logit for every query head uploaded into sinks; null without --sink.
+const float* upload_sinks(const RunOptions& o, DeviceBuffer& sinks);
+
 // Adds part (a sequence's, say) to result: rows, the larger errors, mismatches.
 void add_check(const CheckResult& part, CheckResult& result);
 

@@ -24,6 +24,7 @@ struct PackedTensors {
   const int32_t* cu_q = nullptr;
   const int32_t* cu_k = nullptr;
   const float* alibi_slopes = nullptr;
+  const float* sinks = nullptr;
 };
 
 flashgen_varlen_forward_args forward_args(const RunOptions& o, const PackedTensors& t) {
@@ -37,6 +38,7 @@ flashgen_varlen_forward_args forward_args(const RunOptions& o, const PackedTenso
   args.max_seqlen_q = s.seqlen_q, args.max_seqlen_k = s.seqlen_k;
   args.options = options_of(o.problem, o.scale);
   args.options.alibi_slopes = t.alibi_slopes;
+  args.options.sinks = t.sinks;
   return args;
 }
 
@@ -83,6 +85,8 @@ RunReport run_varlen(const RunOptions& o, const ScopedContext& context, RunRepor
   t.cu_q = static_cast<const int32_t*>(cu_q_dev.data()), t.cu_k = static_cast<const int32_t*>(cu_k_dev.data());
   DeviceBuffer slopes_dev;
   t.alibi_slopes = upload_alibi_slopes(p, slopes_dev);
+  DeviceBuffer sinks_dev;
+  t.sinks = upload_sinks(o, sinks_dev);
   const flashgen_varlen_forward_args args = forward_args(o, t);
   // Validate before the slow part (host data): a bad shape fails here with the library's own message.
   const ForwardCall call = make_varlen_forward_call(args);
@@ -126,7 +130,7 @@ RunReport run_varlen(const RunOptions& o, const ScopedContext& context, RunRepor
     add_check(check_sampled_rows(one, sequence_rows(q, batch.cu_q, b), sequence_rows(k, batch.cu_k, b),
                                  sequence_rows(v, batch.cu_k, b), sequence_rows(out, batch.cu_q, b), one_lse.data(),
                                  dtype, sample_rows(1, one.heads_q, one.seqlen_q, rows), report.scale, p.mask,
-                                 variant_of(p)),
+                                 run_variant(o)),
               report.check);
   }
 
@@ -186,7 +190,7 @@ RunReport run_varlen(const RunOptions& o, const ScopedContext& context, RunRepor
       if (batch.len_q[b] == 0 && batch.len_k[b] == 0) continue;
       const AttentionGradients ref = attention_backward_reference_f64(
           batch.sequence(b), sequence_rows(q, batch.cu_q, b), sequence_rows(k, batch.cu_k, b),
-          sequence_rows(v, batch.cu_k, b), sequence_rows(dout, batch.cu_q, b), report.scale, p.mask, variant_of(p));
+          sequence_rows(v, batch.cu_k, b), sequence_rows(dout, batch.cu_q, b), report.scale, p.mask, run_variant(o));
       for (const auto& [name, got, cu, want] :
            {std::tuple{"dq", &dq, &batch.cu_q, &ref.dq}, std::tuple{"dk", &dk, &batch.cu_k, &ref.dk},
             std::tuple{"dv", &dv, &batch.cu_k, &ref.dv}}) {

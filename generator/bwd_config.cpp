@@ -14,6 +14,7 @@ const char* bwd_kernel_suffix(BwdKernel kernel) {
     case BwdKernel::kDkdv: return "dkdv";
     case BwdKernel::kDq: return "dq";
     case BwdKernel::kConvert: return "convert";
+    case BwdKernel::kSinkGrad: return "sink_grad";
   }
   return "unknown";
 }

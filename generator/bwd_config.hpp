@@ -14,10 +14,10 @@
 
 namespace flashgen {
 
-// The kernels of one backward module, in launch order.
-enum class BwdKernel { kPreprocess, kDkdv, kDq, kConvert };
+// The kernels of one backward module, in launch order (the sinks' gradient only for a call with sinks).
+enum class BwdKernel { kPreprocess, kDkdv, kDq, kConvert, kSinkGrad };
 
-const char* bwd_kernel_suffix(BwdKernel kernel);  // "preprocess", "dkdv", "dq", "convert"
+const char* bwd_kernel_suffix(BwdKernel kernel);  // "preprocess", "dkdv", "dq", "convert", "sink_grad"
 
 // The sm80 backward family's own knobs (templates/bwd_sm80.cuh: mma.sync; both dQ strategies).
 struct BwdSm80Knobs {

@@ -196,6 +196,7 @@ std::string render_translation_unit(const BwdConfig& c) {
   } else {
     entry(BwdKernel::kConvert, "BwdConvertDq", "flashgen::kBwdRowKernelThreads");
   }
+  entry(BwdKernel::kSinkGrad, "BwdSinkGrad", "flashgen::kBwdRowKernelThreads");
   return out.str();
 }
 

@@ -77,6 +77,7 @@ ForwardCall make_forward_call(const flashgen_tensor* q, const flashgen_tensor* k
   set_softcap(p, opts->softcap);
   set_alibi(p, *opts);
   set_window(p, call.problem);
+  p.sinks = opts->sinks;
   return call;
 }
 
@@ -246,6 +247,7 @@ void check_device_pointers(const AttnFwdParams& p, int device) {
   if (p.seqused_k != nullptr) check_device_pointer(p.seqused_k, "seqused_k", device);
   if (p.block_table != nullptr) check_device_pointer(p.block_table, "block_table", device);
   if (p.alibi_slopes != nullptr) check_device_pointer(p.alibi_slopes, "opts.alibi_slopes", device);
+  if (p.sinks != nullptr) check_device_pointer(p.sinks, "opts.sinks", device);
 }
 
 }  // namespace

@@ -157,6 +157,10 @@ BackwardCall make_backward_call(const flashgen_tensor* q, const flashgen_tensor*
   set_softcap(p, opts->softcap);
   set_alibi(p, *opts);
   set_window(p, call.problem);
+  FLASHGEN_REQUIRE(opts->dsinks == nullptr || opts->sinks != nullptr,
+                   "opts.dsinks: given without opts.sinks (there is no sink to take a gradient)");
+  p.sinks = opts->sinks;
+  p.dsinks = opts->dsinks;
   return call;
 }
 
@@ -225,6 +229,8 @@ void check_device_pointers(const AttnBwdParams& p, int device) {
     check_device_pointer(p.cu_seqlens_k, "cu_seqlens_k", device);
   }
   if (p.alibi_slopes != nullptr) check_device_pointer(p.alibi_slopes, "opts.alibi_slopes", device);
+  if (p.sinks != nullptr) check_device_pointer(p.sinks, "opts.sinks", device);
+  if (p.dsinks != nullptr) check_device_pointer(p.dsinks, "opts.dsinks", device);
 }
 
 }  // namespace
@@ -251,6 +257,7 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
   prepared.dkdv = registry.function(c, BwdKernel::kDkdv, scope.context(), arch);
   const BwdKernel finish = c.has_dq_kernel() ? BwdKernel::kDq : BwdKernel::kConvert;
   prepared.finish = registry.function(c, finish, scope.context(), arch);
+  prepared.sink_grad = registry.function(c, BwdKernel::kSinkGrad, scope.context(), arch);
 
   const int rows_per_block = bwd_preprocess_rows_per_block(call.problem.head_dim());
   prepared.preprocess_grid[0] = ceil_div(static_cast<long long>(workspace_rows(p, c)), rows_per_block);
@@ -277,6 +284,7 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
     prepared.finish_grid[0] = ceil_div(static_cast<long long>(p.seqlen_q) * (call.problem.head_dim() / 8), kBwdRowKernelThreads);
     prepared.finish_threads = kBwdRowKernelThreads;
   }
+  prepared.sink_grad_grid[0] = static_cast<unsigned>(p.heads_q);  // a block per query head (bwd_rows.cuh)
   prepared.finish_grid[1] = static_cast<unsigned>(p.heads_q);
   prepared.finish_grid[2] = static_cast<unsigned>(p.batch);
   prepared.workspace_bytes = backward_workspace_bytes(call, c);
@@ -321,6 +329,7 @@ void PreparedBackward::operator()(CUstream stream) const {
   // Where the dkdv kernel counts each query block's dQ adds, the convert kernel runs on the SMs its last
   // blocks leave, waiting for each query block's adds (bwd_rows.cuh).
   launch_kernel(finish, finish_grid, finish_threads, finish_smem, stream, args, finish_overlaps_dkdv);
+  if (params.dsinks != nullptr) launch_kernel(sink_grad, sink_grad_grid, kBwdRowKernelThreads, 0, stream, args);
 }
 
 void check_workspace_alignment(CUdeviceptr workspace) {

@@ -1,6 +1,7 @@
 // Launcher stage for the backward pass: checks a call given as flashgen_tensor views into AttnBwdParams,
 // answers whether a kernel family can implement it, and launches the kernels of a config it is given
-// (preprocess, dkdv, then dq or convert) on the caller's stream.
+// (preprocess, dkdv, then dq or convert, and with the sinks' gradient wanted its kernel) on the caller's
+// stream.
 #pragma once
 
 #include <cuda.h>
@@ -54,9 +55,11 @@ struct PreparedBackward {
   CUfunction preprocess = nullptr;
   CUfunction dkdv = nullptr;
   CUfunction finish = nullptr;  // dq kernel (the sm80 family's deterministic strategy) or convert kernel
+  CUfunction sink_grad = nullptr;  // the sinks' gradient, launched when params.dsinks is set
   unsigned preprocess_grid[3] = {1, 1, 1};
   unsigned dkdv_grid[3] = {1, 1, 1};
   unsigned finish_grid[3] = {1, 1, 1};
+  unsigned sink_grad_grid[3] = {1, 1, 1};
   unsigned dkdv_threads = 0;
   unsigned finish_threads = 0;
   unsigned dkdv_smem = 0;

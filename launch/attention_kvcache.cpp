@@ -175,6 +175,7 @@ KvCacheCall make_kvcache_call(const flashgen_kvcache_args& args) {
   set_window(p, call.problem);
   p.scale = softmax_scale(args.options, call.problem.head_dim());
   p.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
+  p.sinks = args.options.sinks;
   FLASHGEN_REQUIRE(int64_t(p.group_size) * p.seqlen_q <= kMaxExtent,
                    "q: heads_q / heads_kv * seqlen_q query rows per kv head must be at most 2^30");
   return call;
@@ -200,6 +201,7 @@ void check_device_pointers(const AttnDecodeParams& p, int device) {
   if (p.lse != nullptr) check_device_pointer(p.lse, "lse", device);
   if (p.cache_seqlens != nullptr) check_device_pointer(p.cache_seqlens, "cache_seqlens", device);
   if (p.block_table != nullptr) check_device_pointer(p.block_table, "block_table", device);
+  if (p.sinks != nullptr) check_device_pointer(p.sinks, "options.sinks", device);
   if (p.k_new != nullptr) {
     check_device_pointer(p.k_new, "k_new.data", device);
     check_device_pointer(p.v_new, "v_new.data", device);

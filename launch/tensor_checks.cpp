@@ -179,6 +179,11 @@ void check_options(const flashgen_attention_options* opts, int64_t heads_q) {
                      "opts.softmax_scale = " + std::to_string(opts->softmax_scale) +
                          " is too small for ALiBi (at least 1e-30)");
   }
+  for (const auto& [pointer, name] : {std::pair<const void*, const char*>{opts->sinks, "opts.sinks"},
+                                      std::pair<const void*, const char*>{opts->dsinks, "opts.dsinks"}}) {
+    FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(pointer) % alignof(float) == 0,
+                     std::string(name) + ": pointer must be 4-byte aligned (an fp32 array)");
+  }
 }
 
 float softmax_scale(const flashgen_attention_options& opts, int64_t head_dim) {

@@ -130,8 +130,8 @@ AttentionShape shape_of(const flashgen_tensor* q, const flashgen_tensor* k);
 void check_head_dim_and_groups(const flashgen_tensor* q, const flashgen_tensor* k);
 
 // opts.mask one of flashgen_mask's values, opts.softmax_scale finite, opts.softcap none or a usable cap, under
-// the window mask each of opts.window_left and opts.window_right >= -1, and ALiBi slopes (when given) 4-byte
-// aligned with a batch stride of 0 or at least heads_q.
+// the window mask each of opts.window_left and opts.window_right >= -1, ALiBi slopes (when given) 4-byte
+// aligned with a batch stride of 0 or at least heads_q, and the sinks and their gradient 4-byte aligned.
 void check_options(const flashgen_attention_options* opts, int64_t heads_q);
 
 // ALiBi's slopes in p (AttnFwdParams or AttnBwdParams), from p.scale already set: null without them.

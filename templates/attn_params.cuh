@@ -59,6 +59,9 @@ struct AttnFwdParams {
   const float* alibi_slopes;
   long long alibi_batch_stride;
   float inv_scale;
+  // Attention sinks (gpt-oss), any config: one fp32 logit per query head, in the softmax's units (compared with
+  // q·k · scale), that joins each row's softmax denominator with no value; the LSE includes it. Null: none.
+  const float* sinks;
 
   // Packed variable-length batches (configs with kVarlen; null and 0 otherwise). q, k, v and o hold one
   // batch entry of total_q (q, o) and total_k (k, v) rows; sequence b of the batch owns query rows
@@ -132,6 +135,7 @@ struct AttnDecodeParams {
   int window_right;
   float scale;
   float scale_log2;
+  const float* sinks;  // as in AttnFwdParams: applied where a row's ranges meet (the combine kernel with splits)
 };
 
 // A CUtensorMap (cuda.h) by another name, so NVRTC needs no toolkit header: 128 opaque bytes that the
@@ -222,6 +226,11 @@ struct AttnBwdParams {
   const float* alibi_slopes;  // as in AttnFwdParams
   long long alibi_batch_stride;
   float inv_scale;
+  // Attention sinks: the forward's (AttnFwdParams), which its LSE already includes, so only their gradient needs
+  // them: dsinks (heads_q, fp32) receives it from BwdSinkGrad (bwd_rows.cuh). Both null without sinks; dsinks
+  // may be null with them (no gradient wanted).
+  const float* sinks;
+  float* dsinks;
 
   // Packed variable-length batches, as in AttnFwdParams (seqused_k unused: null). lse, the workspace's D and
   // the dQ accumulator are (heads_q, total_q[, head_dim]) rows.

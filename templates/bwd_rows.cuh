@@ -1,8 +1,8 @@
 // The backward's row kernels, shared by both families (bwd_sm80.cuh, bwd_sm90.cuh): the preprocess
-// (D = rowsum(dO ∘ O), zeroing the fp32 dQ accumulator where the dkdv kernel only adds to it) and the
-// conversion of that accumulator to dQ. Generic over a config type with kElem, kHeadDim, kBlockM,
-// kBlockN, kStages, kAtomicDq, kDqAccum and kPadRows: the workspace holds round_up(seqlen_q, kPadRows)
-// rows per (batch, head); rows past seqlen_q get D = 0 and LSE2 = +inf, so P and their dQ are 0, which
+// (D = rowsum(dO ∘ O), zeroing the fp32 dQ accumulator where the dkdv kernel only adds to it), the
+// conversion of that accumulator to dQ, and the sinks' gradient. Generic over a config type with kElem,
+// kHeadDim, kBlockM, kBlockN, kStages, kAtomicDq, kDqAccum and kPadRows: the workspace holds
+// round_up(seqlen_q, kPadRows) rows per (batch, head); rows past seqlen_q get D = 0 and LSE2 = +inf, so P and their dQ are 0, which
 // lets the Hopper family read and add whole query blocks.
 #pragma once
 
@@ -258,6 +258,53 @@ struct BwdConvertDq {
     out.z = sm80::pack2<Cfg::kElem>(v[2].z * s, v[2].w * s);
     out.w = sm80::pack2<Cfg::kElem>(v[3].z * s, v[3].w * s);
     *reinterpret_cast<uint4*>(dq + 8 * p.dq_row_stride) = out;
+  }
+};
+
+// The sinks' gradient (p.dsinks; attn_params.cuh), after the preprocess: a sink has no value, so its score's
+// gradient in row i is P_sink · (0 - D_i), P_sink = exp(sink - LSE_i) its share of the row's softmax (the
+// forward's LSE includes it) and D_i = rowsum(dO ∘ O) from the workspace; dsink of head h sums that over every
+// row of head h in every sequence. One block per query head sums its rows in a fixed order: the same bits on
+// every run, without atomics.
+template <class Cfg>
+struct BwdSinkGrad {
+  static constexpr int kThreads = kBwdRowKernelThreads;
+  static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;
+
+  static __device__ void run(const AttnBwdParams& p) {
+    const int head = blockIdx.x;
+    const float sink = p.sinks[head];
+    float sum = 0.f;
+    for (int batch = 0; batch < p.batch; ++batch) {
+      // The sequence's rows in the forward's LSE and in the workspace (bind_sequence's, without a params copy).
+      long long lse_row0, workspace_row0;
+      int rows;
+      if constexpr (kVarlen) {
+        const SequenceRows s = sequence_rows(p, batch);
+        rows = s.seqlen_q;
+        lse_row0 = static_cast<long long>(head) * p.total_q + s.q_begin;
+        workspace_row0 = head * packed_workspace_rows(p.total_q, p.batch, Cfg::kPadRows) +
+                         packed_workspace_first_row(s.q_begin, batch, Cfg::kPadRows);
+      } else {
+        rows = p.seqlen_q;
+        lse_row0 = row_base<false>(p, batch, head, p.seqlen_q);
+        workspace_row0 = bwd::workspace_row0<Cfg>(p, batch, head);
+      }
+      for (int row = threadIdx.x; row < rows; row += kThreads) {
+        const float lse = p.lse[lse_row0 + row];  // -inf only without a sink (a -inf one) in a row of no key
+        if (lse != neg_inf()) sum += expf(sink - lse) * p.dsum[workspace_row0 + row];
+      }
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    __shared__ float warp_sums[kThreads / 32];
+    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float total = 0.f;
+      for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
+      p.dsinks[head] = -total;
+    }
   }
 };
 

@@ -676,4 +676,8 @@ extern "C" __global__ void __launch_bounds__(flashgen::kBwdRowKernelThreads)
     bwd_sm80_standalone_convert(const __grid_constant__ flashgen::AttnBwdParams params) {
   flashgen::BwdConvertDq<FlashgenDefaultBwdConfig>::run(params);
 }
+extern "C" __global__ void __launch_bounds__(flashgen::kBwdRowKernelThreads)
+    bwd_sm80_standalone_sink_grad(const __grid_constant__ flashgen::AttnBwdParams params) {
+  flashgen::BwdSinkGrad<FlashgenDefaultBwdConfig>::run(params);
+}
 #endif

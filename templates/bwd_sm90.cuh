@@ -803,4 +803,8 @@ extern "C" __global__ void __launch_bounds__(flashgen::kBwdRowKernelThreads)
     bwd_sm90_standalone_convert(const __grid_constant__ flashgen::AttnBwdParams params) {
   flashgen::BwdConvertDq<FlashgenDefaultBwdSm90Config>::run(params);
 }
+extern "C" __global__ void __launch_bounds__(flashgen::kBwdRowKernelThreads)
+    bwd_sm90_standalone_sink_grad(const __grid_constant__ flashgen::AttnBwdParams params) {
+  flashgen::BwdSinkGrad<FlashgenDefaultBwdSm90Config>::run(params);
+}
 #endif

@@ -315,11 +315,12 @@ struct DecodeSm80 {
         const float4 o_w = *reinterpret_cast<const float4*>(red_o + (w * kRows + r) * kPitch + c);
         acc.x += f * o_w.x, acc.y += f * o_w.y, acc.z += f * o_w.z, acc.w += f * o_w.w;
       }
-      const float inv = softmax::inverse_sum(sum);
-      acc.x *= inv, acc.y *= inv, acc.z *= inv, acc.w *= inv;
-      const float lse = softmax::lse(m, sum);
       const int tok = packed / p.group_size;
       const int hq = kv_head * p.group_size + packed % p.group_size;
+      // The sink joins the row once: here with one range, else where the combine kernel merges the ranges.
+      const float inv = softmax::row_end_factor(p.splits > 1 ? nullptr : p.sinks, hq, m, sum);
+      acc.x *= inv, acc.y *= inv, acc.z *= inv, acc.w *= inv;
+      const float lse = softmax::lse(m, sum);
       const long long row = (static_cast<long long>(batch) * p.heads_q + hq) * p.seqlen_q + tok;
       if (p.splits > 1) {
         const long long part = static_cast<long long>(split) * p.batch * p.heads_q * p.seqlen_q + row;
@@ -335,7 +336,8 @@ struct DecodeSm80 {
 };
 
 // Merges the ranges' parts of every output row (one warp per row): weights exp(lse_s - lse) over the ranges
-// that saw a key; a row no range saw a key of gets 0 and lse -inf.
+// that saw a key, lse including the head's sink when the call has sinks; a row no range saw a key of gets 0
+// and lse -inf (the sink, with one).
 template <class Cfg>
 struct DecodeCombine {
   using u16 = sm80::u16;
@@ -359,10 +361,15 @@ struct DecodeCombine {
     }
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    const float lse = sum > 0.f ? m + __logf(sum) : neg_inf();
+    float lse = sum > 0.f ? m + __logf(sum) : neg_inf();
 
     const int tok = static_cast<int>(row % p.seqlen_q);
     const int hq = static_cast<int>(row / p.seqlen_q % p.heads_q);
+    if (p.sinks != nullptr && p.sinks[hq] != neg_inf()) {  // lse = log(exp(lse) + exp(sink))
+      const float sink = p.sinks[hq];
+      const float high = lse > sink ? lse : sink, low = lse > sink ? sink : lse;  // a NaN sink gives NaN
+      lse = high + log1pf(__expf(low - high));
+    }
     const int batch = static_cast<int>(row / (static_cast<long long>(p.seqlen_q) * p.heads_q));
     u16* o = static_cast<u16*>(p.o) + batch * p.o_batch_stride + tok * p.o_row_stride + hq * p.o_head_stride;
     for (int c = lane * 4; c < kHeadDim; c += 128) {

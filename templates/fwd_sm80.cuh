@@ -216,13 +216,14 @@ struct FwdSm80 {
     sm80::cp_async_wait<0>();
     __syncthreads();
 
-    // Epilogue: normalise once, write LSE, stage this warp's rows in its own Q rows, store 16-byte chunks.
+    // Epilogue: normalise once (with the head's sink), write LSE, stage this warp's rows in its own Q rows,
+    // store 16-byte chunks.
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float sum = sm80::quad_sum(row_sum[mt][h]);
-        softmax::scale_row(acc_o[mt], h, softmax::inverse_sum(sum));
+        float sum = sm80::quad_sum(row_sum[mt][h]);
+        softmax::scale_row(acc_o[mt], h, softmax::row_end_factor(p.sinks, head, row_max[mt][h], sum));
         const int row = warp_row0 + mt * 16 + g + h * 8;
         if (p.lse != nullptr && t == 0 && row < p.seqlen_q) {
           p.lse[lse_index<kVarlen>(p, batch, head, row)] =

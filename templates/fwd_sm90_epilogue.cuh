@@ -1,6 +1,7 @@
-// The Hopper forward's epilogue (fwd_sm90.cuh): one consumer warpgroup normalises its 64 rows of O,
-// writes their LSE (softmax.cuh), stages O as 16-bit pairs in its output rows (its Q rows unless kOwnO;
-// the tiles' swizzled layout) and stores them with TMA; without kOwnO it then frees the Q rows.
+// The Hopper forward's epilogue (fwd_sm90.cuh): one consumer warpgroup normalises its 64 rows of O (with
+// the head's sink, when the call has sinks), writes their LSE (softmax.cuh), stages O as 16-bit pairs in
+// its output rows (its Q rows unless kOwnO; the tiles' swizzled layout) and stores them with TMA; without
+// kOwnO it then frees the Q rows.
 #pragma once
 
 #include "attn_params.cuh"
@@ -40,11 +41,12 @@ struct FwdSm90Epilogue : FwdSm90Layout<Cfg> {
     const int t = threadIdx.x % 32 % 4;  // accumulator column pair
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float sum = kTensorSum ? acc_l[0][2 * h] : sm80::quad_sum(row_sum[h]);
-      softmax::scale_row(acc_o, h, softmax::inverse_sum(sum));
+      float sum = kTensorSum ? acc_l[0][2 * h] : sm80::quad_sum(row_sum[h]);
+      float m = row_max[h];
+      softmax::scale_row(acc_o, h, softmax::row_end_factor(p.sinks, tile.head, m, sum));
       const int row = row0 + 8 * h;
       if (p.lse != nullptr && t == 0 && row < p.seqlen_q) {
-        p.lse[lse_index<L::kVarlen>(p, tile.batch, tile.head, row)] = softmax::lse(row_max[h], sum);
+        p.lse[lse_index<L::kVarlen>(p, tile.batch, tile.head, row)] = softmax::lse(m, sum);
       }
     }
 

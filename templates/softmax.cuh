@@ -89,6 +89,28 @@ __device__ __forceinline__ void scale_rows(float (&acc)[kGroups][4], const float
 // The end of a row: 1 / sum, or 0 for a fully masked row (sum 0), whose output is 0.
 __device__ __forceinline__ float inverse_sum(float sum) { return sum > 0.f ? 1.f / sum : 0.f; }
 
+// An attention sink (gpt-oss): a logit that joins a row's softmax denominator with no value. sink is in the
+// row's units (log2, scale folded in: the scaled sink times log2(e)). Moves the row's frame to hold it: row_max
+// becomes max(row_max, sink), sum is rescaled and gains the sink's share; returns the factor the row's
+// unnormalised O takes with that rescaling (0 for a row that saw no key: its softmax is the sink's alone, O 0
+// and the LSE the sink). A sink of -inf changes nothing; a NaN one gives NaN.
+__device__ __forceinline__ float add_sink(const float& sink, float& row_max, float& sum) {
+  if (sink == neg_inf()) return 1.f;
+  const float m = fmaxf(row_max, sink);
+  const float correction = sm80::exp2_approx(row_max - m);  // row_max -inf: 0
+  sum = sum * correction + sm80::exp2_approx(sink - m);
+  row_max = m;
+  return correction;
+}
+
+// The factor a row's unnormalised O is scaled by at its end: 1 / sum, after the query head's sink when sinks
+// (fp32 logits per query head, attn_params.cuh) is not null, which leaves row_max and sum as the LSE takes them.
+__device__ __forceinline__ float row_end_factor(const float* sinks, int head, float& row_max, float& sum) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float correction = sinks != nullptr ? add_sink(sinks[head] * kLog2e, row_max, sum) : 1.f;
+  return correction * inverse_sum(sum);
+}
+
 // The row's log-sum-exp in natural log from its max (log2 units) and sum; -inf for a fully masked row.
 __device__ __forceinline__ float lse(float row_max, float sum) {
   constexpr float kLn2 = 0.6931471805599453f;

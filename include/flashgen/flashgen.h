@@ -50,9 +50,19 @@ typedef struct {
                                  softmax_scale must be at least 1e-30 (the kernels divide by it) */
   int64_t alibi_batch_stride; /* elements between sequences' slopes, heads_q to 2^40; 0: every sequence shares one
                                  [heads_q] array */
-  /* The window fields grew the struct from 16 to 24 bytes and the ALiBi fields to 40, and with it the argument
-     structs that embed it: callers compiled against an older flashgen.h must be rebuilt (their args.size is
-     refused, not misread; for the dense calls, which take no size, nothing can tell). */
+  const float* sinks;     /* NULL: none. Else attention sinks (gpt-oss): an fp32 device array of one logit per query
+                             head ([heads_q]), in the units of the scaled scores, that joins each row's softmax
+                             denominator with no value: out_i = sum_j e^(s_ij) v_j / (e^sink + sum_j e^(s_ij)), and
+                             lse includes it, log(e^sink + sum_j e^(s_ij)) (a row that sees no key gets out 0 and
+                             lse = sink). -inf for a head: no sink there. Any mask and variant; dense, packed and
+                             KV-cache calls */
+  float* dsinks;          /* backward calls with sinks: an fp32 device array [heads_q] that receives the sinks'
+                             gradient (written, not accumulated: the sum over every sequence and row, the same bits
+                             on every run), or NULL when none is wanted. Must be NULL without sinks; forward calls
+                             ignore it */
+  /* The window fields grew the struct from 16 to 24 bytes, the ALiBi fields to 40 and the sinks to 56, and with
+     it the argument structs that embed it: callers compiled against an older flashgen.h must be rebuilt (their
+     args.size is refused, not misread; for the dense calls, which take no size, nothing can tell). */
 } flashgen_attention_options;
 
 /* Status codes. 0 is success; every failure also sets flashgen_last_error(). */

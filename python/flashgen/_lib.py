@@ -56,6 +56,8 @@ class AttentionOptions(ctypes.Structure):
         ("window_right", ctypes.c_int32),   # and after it
         ("alibi_slopes", ctypes.c_void_p),  # NULL, or fp32 device [heads_q] / [batch, heads_q] ALiBi slopes
         ("alibi_batch_stride", ctypes.c_int64),  # elements between sequences' slopes; 0: one [heads_q] array
+        ("sinks", ctypes.c_void_p),         # NULL, or fp32 device [heads_q] attention-sink logits
+        ("dsinks", ctypes.c_void_p),        # backward: NULL, or fp32 device [heads_q] for the sinks' gradient
     ]
 
 

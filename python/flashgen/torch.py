@@ -169,12 +169,33 @@ def _check_alibi(alibi_slopes, device, batch, heads_q):
     return alibi_slopes
 
 
-def _options(scale, mask, deterministic, softcap, window, alibi_slopes):
-    """flashgen_attention_options of a call; alibi_slopes (checked) must stay alive until the call is queued."""
+def _check_sinks(sinks, device, heads_q):
+    """sinks as the ops take them: None, or a CUDA float32 tensor [heads_q] on q's device (gpt-oss's attention sinks,
+    one logit per query head), contiguous. gpt-oss keeps them in the model's dtype: bfloat16 and float16 sinks are
+    converted by .float(), through which autograd takes their gradient back to the caller's dtype."""
+    if sinks is None:
+        return None
+    if not isinstance(sinks, torch.Tensor):
+        _bad(f"sinks must be a torch.Tensor or None, got {type(sinks).__name__}")
+    if sinks.dtype not in (torch.float32, torch.bfloat16, torch.float16) or tuple(sinks.shape) != (heads_q,):
+        _bad(f"sinks must be float32 (or bfloat16, float16: converted) [heads_q] = [{heads_q}], got {sinks.dtype} "
+             f"{list(sinks.shape)}")
+    if sinks.device != device:
+        _bad(f"sinks must be on {device} (q's device), got {sinks.device}")
+    return sinks.float().contiguous()
+
+
+def _options(scale, mask, deterministic, softcap, window, alibi_slopes, sinks=None, dsinks=None):
+    """flashgen_attention_options of a call; alibi_slopes, sinks and dsinks (checked) must stay alive until the call
+    is queued."""
     options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 1 if deterministic else 0, softcap, *window)
     if alibi_slopes is not None:
         options.alibi_slopes = alibi_slopes.data_ptr()
         options.alibi_batch_stride = alibi_slopes.stride(0) if alibi_slopes.dim() == 2 else 0
+    if sinks is not None:
+        options.sinks = sinks.data_ptr()
+    if dsinks is not None:
+        options.dsinks = dsinks.data_ptr()
     return options
 
 
@@ -221,13 +242,15 @@ class _ForwardCall:
     """The arguments of one flashgen_attention_forward call: readable q, k, v, a fresh out (q's shape, contiguous)
     and lse (fp32 [batch, heads_q, seqlen_q]), their views and the options. Build it under the device's guard."""
 
-    def __init__(self, q, k, v, scale, mask, layout, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None):
+    def __init__(self, q, k, v, scale, mask, layout, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None, sinks=None):
         self.q, self.k, self.v = (_readable(t) for t in (q, k, v))
         self.out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         self.lse = torch.empty(_lse_shape(q, layout), dtype=torch.float32, device=q.device)
         self.views = [_view(t, layout) for t in (self.q, self.k, self.v, self.out)]
-        self.alibi_slopes = _check_alibi(alibi_slopes, q.device, *_lse_shape(q, layout)[:2])
-        self.options = _options(scale, mask, False, softcap, window, self.alibi_slopes)
+        batch, heads_q, _ = _lse_shape(q, layout)
+        self.alibi_slopes = _check_alibi(alibi_slopes, q.device, batch, heads_q)
+        self.sinks = _check_sinks(sinks, q.device, heads_q)
+        self.options = _options(scale, mask, False, softcap, window, self.alibi_slopes, self.sinks)
 
     def arguments(self):
         return (*(ctypes.byref(view) for view in self.views), ctypes.c_void_p(self.lse.data_ptr()),
@@ -236,21 +259,31 @@ class _ForwardCall:
 
 class _BackwardCall:
     """The arguments of one backward call: readable dout, q, k, v, out; lse; fresh dq, dk, dv (contiguous, shaped
-    like q, k, v); views and options. Build it under the device's guard."""
+    like q, k, v) and dsinks (_dsinks); views and options. Build it under the device's guard."""
 
     def __init__(self, dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0, window=_NO_WINDOW,
-                 alibi_slopes=None):
+                 alibi_slopes=None, sinks=None):
         self.dout, self.q, self.k, self.v, self.out = (_readable(t) for t in (dout, q, k, v, out))
         self.lse = lse.contiguous()
         self.dq, self.dk, self.dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
         tensors = (self.q, self.k, self.v, self.out, self.dout, self.dq, self.dk, self.dv)
         self.views = [_view(t, layout) for t in tensors]
-        self.alibi_slopes = _check_alibi(alibi_slopes, q.device, *_lse_shape(q, layout)[:2])
-        self.options = _options(scale, mask, deterministic, softcap, window, self.alibi_slopes)
+        batch, heads_q, _ = _lse_shape(q, layout)
+        self.alibi_slopes = _check_alibi(alibi_slopes, q.device, batch, heads_q)
+        self.sinks = _check_sinks(sinks, q.device, heads_q)
+        self.dsinks = _dsinks(q, heads_q, self.sinks)
+        self.options = _options(scale, mask, deterministic, softcap, window, self.alibi_slopes, self.sinks,
+                                self.dsinks if self.sinks is not None else None)
 
     def arguments(self):
         refs = [ctypes.byref(view) for view in self.views]
         return (*refs[:5], ctypes.c_void_p(self.lse.data_ptr()), *refs[5:], ctypes.byref(self.options))
+
+
+def _dsinks(q, heads_q, sinks):
+    """The backward ops' fourth output: a fresh fp32 [heads_q] for the sinks' gradient (the library writes every
+    element) when the call has sinks, else an empty [0] (a custom op returns tensors, never None)."""
+    return q.new_empty((heads_q if sinks is not None else 0,), dtype=torch.float32)
 
 
 def _check_lse(lse, q, layout):
@@ -264,18 +297,20 @@ def _check_lse(lse, q, layout):
 # ---------------------------------------------------------------------------------------------------------
 # The custom ops. scale 0.0 means 1/sqrt(head_dim); mask is "none", "bottom_right", "top_left" or "window"; layout
 # is "bshd" or "bhsd"; softcap 0.0 means no soft cap; window_left and window_right are the window's sides (mask
-# "window" only; -1 for no bound); alibi_slopes None or the ALiBi slopes. Outputs are new contiguous tensors in the
-# inputs' layout; lse is fp32 [batch, heads_q, seqlen_q] in either layout. The Python side passes the window as a
-# (left, right) pair.
+# "window" only; -1 for no bound); alibi_slopes None or the ALiBi slopes; sinks None or the attention sinks (fp32
+# [heads_q], added last so that older positional calls still bind). Outputs are new contiguous tensors in the inputs'
+# layout; lse is fp32 [batch, heads_q, seqlen_q] in either layout; the backward ops' fourth output is dsinks
+# (_dsinks). The Python side passes the window as a (left, right) pair.
 
-def _forward(q, k, v, scale, mask, layout, checked=False, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None):
+def _forward(q, k, v, scale, mask, layout, checked=False, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None,
+             sinks=None):
     """(out, lse): the forward op's implementation, also called directly by eager calls (checked: attention()
     has checked the arguments already)."""
     if not checked:
         _check_inputs(q, k, v, layout)
         _check_mask(mask)
     with torch.cuda.device(q.device):
-        call = _ForwardCall(q, k, v, scale, mask, layout, softcap, window, alibi_slopes)
+        call = _ForwardCall(q, k, v, scale, mask, layout, softcap, window, alibi_slopes, sinks)
         _lib.check(_lib.function("flashgen_attention_forward")(*call.arguments(), _stream(q.device)),
                    "flashgen_attention_forward")
     return call.out, call.lse
@@ -284,31 +319,31 @@ def _forward(q, k, v, scale, mask, layout, checked=False, softcap=0.0, window=_N
 @torch.library.custom_op("flashgen::attention_forward", mutates_args=())
 def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: str, layout: str,
                        deterministic: bool, softcap: float = 0.0, window_left: int = -1,
-                       window_right: int = -1,
-                       alibi_slopes: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       window_right: int = -1, alibi_slopes: Optional[torch.Tensor] = None,
+                       sinks: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse). deterministic is not used by the forward; autograd hands it to the backward."""
     return _forward(q, k, v, scale, mask, layout, softcap=softcap, window=(window_left, window_right),
-                    alibi_slopes=alibi_slopes)
+                    alibi_slopes=alibi_slopes, sinks=sinks)
 
 
 @_attention_forward.register_fake
 def _attention_forward_fake(q, k, v, scale, mask, layout, deterministic, softcap=0.0, window_left=-1,
-                            window_right=-1, alibi_slopes=None):
+                            window_right=-1, alibi_slopes=None, sinks=None):
     _check_inputs(q, k, v, layout)
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q, layout), dtype=torch.float32)
 
 
 def _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0, window=_NO_WINDOW,
-                      alibi_slopes=None):
-    """(dq, dk, dv): the backward op's implementation, also called directly by eager calls (_EagerAttention). The
-    kernels' workspace is a torch allocation, so nothing is allocated behind the caching allocator (or a CUDA
-    graph's pool)."""
+                      alibi_slopes=None, sinks=None):
+    """(dq, dk, dv, dsinks): the backward op's implementation, also called directly by eager calls
+    (_EagerAttention). The kernels' workspace is a torch allocation, so nothing is allocated behind the caching
+    allocator (or a CUDA graph's pool)."""
     _check_inputs(q, k, v, layout)
     _check_mask(mask)
     _check_lse(lse, q, layout)
     with torch.cuda.device(q.device):
         call = _BackwardCall(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap, window,
-                             alibi_slopes)
+                             alibi_slopes, sinks)
         stream = _stream(q.device)
         workspace_bytes = ctypes.c_size_t(0)
         _lib.check(_lib.function("flashgen_attention_backward_workspace_size")(
@@ -318,30 +353,34 @@ def _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministi
         _lib.check(_lib.function("flashgen_attention_backward_with_workspace")(
             *call.arguments(), ctypes.c_void_p(workspace.data_ptr()), workspace_bytes.value, stream),
             "flashgen_attention_backward_with_workspace")
-    return call.dq, call.dk, call.dv
+    return call.dq, call.dk, call.dv, call.dsinks
 
 
 @torch.library.custom_op("flashgen::attention_backward", mutates_args=())
 def _attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                         lse: torch.Tensor, scale: float, mask: str, layout: str, deterministic: bool,
                         softcap: float = 0.0, window_left: int = -1, window_right: int = -1,
-                        alibi_slopes: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) given dout and the forward's q, k, v, out and lse."""
+                        alibi_slopes: Optional[torch.Tensor] = None, sinks: Optional[torch.Tensor] = None
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dsinks) given dout and the forward's q, k, v, out and lse; dsinks is fp32 [heads_q] with sinks,
+    else empty [0]."""
     return _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap,
-                             (window_left, window_right), alibi_slopes)
+                             (window_left, window_right), alibi_slopes, sinks)
 
 
 @_attention_backward.register_fake
 def _attention_backward_fake(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0,
-                             window_left=-1, window_right=-1, alibi_slopes=None):
+                             window_left=-1, window_right=-1, alibi_slopes=None, sinks=None):
     _check_inputs(q, k, v, layout)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            _dsinks(q, _lse_shape(q, layout)[1], sinks))
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, scale, mask, layout, deterministic = inputs[:7]
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, inputs[10] if len(inputs) > 10 else None)  # with the ALiBi slopes
+    # With the ALiBi slopes and the sinks (the backward reads both).
+    ctx.save_for_backward(q, k, v, out, lse, *(inputs[i] if len(inputs) > i else None for i in (10, 11)))
     ctx.scale, ctx.mask, ctx.layout, ctx.deterministic = scale, mask, layout, deterministic
     ctx.softcap = inputs[7] if len(inputs) > 7 else 0.0
     ctx.window = tuple(inputs[8:10]) if len(inputs) > 9 else _NO_WINDOW
@@ -352,11 +391,13 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dout, dlse):
     if dout is None:  # out took no part in the loss
-        return (None,) * 11
-    q, k, v, out, lse, alibi_slopes = ctx.saved_tensors
-    dq, dk, dv = torch.ops.flashgen.attention_backward(dout, q, k, v, out, lse, ctx.scale, ctx.mask, ctx.layout,
-                                                       ctx.deterministic, ctx.softcap, *ctx.window, alibi_slopes)
-    return (dq, dk, dv) + (None,) * 8  # none for the slopes: a fixed bias
+        return (None,) * 12
+    q, k, v, out, lse, alibi_slopes, sinks = ctx.saved_tensors
+    dq, dk, dv, dsinks = torch.ops.flashgen.attention_backward(dout, q, k, v, out, lse, ctx.scale, ctx.mask,
+                                                               ctx.layout, ctx.deterministic, ctx.softcap,
+                                                               *ctx.window, alibi_slopes, sinks)
+    # None for the slopes (a fixed bias); the sinks' gradient when there are sinks.
+    return (dq, dk, dv) + (None,) * 8 + (dsinks if sinks is not None else None,)
 
 
 _attention_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -371,21 +412,22 @@ class _EagerAttention(torch.autograd.Function):
     its arguments through inspect.signature at every call."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, mask, layout, deterministic, softcap, window_left, window_right, alibi_slopes):
+    def forward(ctx, q, k, v, scale, mask, layout, deterministic, softcap, window_left, window_right, alibi_slopes,
+                sinks):
         output = _forward(q, k, v, scale, mask, layout, checked=True, softcap=softcap,
-                          window=(window_left, window_right), alibi_slopes=alibi_slopes)
+                          window=(window_left, window_right), alibi_slopes=alibi_slopes, sinks=sinks)
         _setup_context(ctx, (q, k, v, scale, mask, layout, deterministic, softcap, window_left, window_right,
-                             alibi_slopes), output)
+                             alibi_slopes, sinks), output)
         return output
 
     @staticmethod
     def backward(ctx, dout, dlse):
         if dout is None:  # out took no part in the loss
-            return (None,) * 11
-        q, k, v, out, lse, alibi_slopes = ctx.saved_tensors
-        dq, dk, dv = _backward_kernels(dout, q, k, v, out, lse, ctx.scale, ctx.mask, ctx.layout, ctx.deterministic,
-                                       ctx.softcap, ctx.window, alibi_slopes)
-        return (dq, dk, dv) + (None,) * 8
+            return (None,) * 12
+        q, k, v, out, lse, alibi_slopes, sinks = ctx.saved_tensors
+        dq, dk, dv, dsinks = _backward_kernels(dout, q, k, v, out, lse, ctx.scale, ctx.mask, ctx.layout,
+                                               ctx.deterministic, ctx.softcap, ctx.window, alibi_slopes, sinks)
+        return (dq, dk, dv) + (None,) * 8 + (dsinks if sinks is not None else None,)
 
 
 def _eager_call(*tensors):
@@ -404,18 +446,24 @@ def _current_dispatch_mode():
 
 class _Empty(torch.autograd.Function):
     """attention() where q or k has no elements, without a kernel (the library takes sizes of at least 1): out 0
-    (there is no row, or no row sees a key), lse -inf and zero gradients."""
+    (there is no row, or no row sees a key), lse -inf (each head's sink, with sinks) and zero gradients (the sinks'
+    too: out does not depend on them)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, lse_shape):
-        ctx.like = [(t.shape, t.dtype, t.device) for t in (q, k, v)]
-        lse = torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=q.device)
+    def forward(ctx, q, k, v, lse_shape, sinks=None):
+        ctx.like = [(t.shape, t.dtype, t.device) for t in (q, k, v) + ((sinks,) if sinks is not None else ())]
+        lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+        if sinks is None:
+            lse.fill_(float("-inf"))
+        else:  # [heads_q] broadcast over batch and rows
+            lse.copy_(sinks[None, :, None])
         ctx.mark_non_differentiable(lse)
         return torch.zeros(q.shape, dtype=q.dtype, device=q.device), lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        return (*(torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in ctx.like), None)
+        dq, dk, dv, *dsinks = (torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in ctx.like)
+        return dq, dk, dv, None, dsinks[0] if dsinks else None
 
 
 def _autocast(q, k, v):
@@ -440,8 +488,9 @@ def _deterministic(deterministic):
 # Public API.
 
 def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, layout="bshd", deterministic=False,
-              return_lse=False, softcap=0.0, window_size=(-1, -1), alibi_slopes=None):
-    """softmax(q kᵀ · scale [causal mask]) v on CUDA float16 / bfloat16 tensors, differentiable in q, k and v.
+              return_lse=False, softcap=0.0, window_size=(-1, -1), alibi_slopes=None, sinks=None):
+    """softmax(q kᵀ · scale [causal mask]) v on CUDA float16 / bfloat16 tensors, differentiable in q, k and v (and
+    the attention sinks).
 
     q: [batch, seqlen_q, heads_q, head_dim] ("bshd") or [batch, heads_q, seqlen_q, head_dim] ("bhsd", the layout
     of torch's scaled_dot_product_attention). k, v: the same with seqlen_k and heads_kv; heads_q must be a
@@ -452,7 +501,8 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     causal: mask future keys. causal_align: "bottom_right" (key j visible to query i iff j <= i + seqlen_k -
     seqlen_q; the last query sees every key, as in decoding with a KV cache) or "top_left" (iff j <= i, what
     scaled_dot_product_attention's is_causal means). They differ only when seqlen_q != seqlen_k. A query row
-    that sees no key (bottom_right with seqlen_q > seqlen_k) gets output 0, lse -inf and zero gradients.
+    that sees no key (bottom_right with seqlen_q > seqlen_k) gets output 0, lse -inf (its head's sink, with sinks)
+    and zero gradients.
     scale: the softmax scale, default 1/sqrt(head_dim). deterministic: the backward computes dq without
     atomics, giving bitwise-identical gradients on repeated runs (somewhat slower); also on while
     torch.use_deterministic_algorithms(True) is in effect. Empty inputs (a size 0) give empty or zero outputs,
@@ -466,11 +516,16 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     output 0, lse -inf and zero gradients. A window does not take causal_align="top_left". alibi_slopes: ALiBi
     (BLOOM, MPT), FlashAttention's: a float32 tensor [heads_q] or [batch, heads_q] on q's device, and the score of
     query i and key j (after the soft cap) gains -slope · |i + seqlen_k - seqlen_q - j| (|i - j| under
-    causal_align="top_left"); no gradient flows to the slopes.
+    causal_align="top_left"); no gradient flows to the slopes. sinks: attention sinks (gpt-oss), a tensor [heads_q]
+    on q's device, float32 (bfloat16 and float16 ones, gpt-oss's parameter, are converted and their gradient flows
+    back in their dtype): one logit per query head, in the units of the scaled scores, that joins every row's
+    softmax denominator with no value, out_i = Σ_j e^(s_ij) v_j / (e^sink + Σ_j e^(s_ij)); lse includes it, a row
+    that sees no key gets out 0 and lse = sink, and -inf for a head is no sink there. Sinks that require grad get
+    their gradient, summed over the batch and every row.
 
     Returns out, shaped and laid out like q (a new contiguous tensor), or (out, lse) with return_lse, lse being
-    the natural-log log-sum-exp of each row's scaled scores, float32 [batch, heads_q, seqlen_q]; lse carries no
-    gradient. Runs on the current CUDA stream of q's device. Bad arguments raise FlashgenArgumentError (a
+    the natural-log log-sum-exp of each row's scaled scores (and its sink), float32 [batch, heads_q, seqlen_q]; lse
+    carries no gradient. Runs on the current CUDA stream of q's device. Bad arguments raise FlashgenArgumentError (a
     ValueError), other failures FlashgenError (a RuntimeError), carrying the library's message.
     """
     mask, window = _mask_and_window(causal, causal_align, window_size)
@@ -478,23 +533,25 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     _check_inputs(q, k, v, layout)
     scale = _check_scale(scale)
     softcap = _check_softcap(softcap)
-    alibi_slopes = _check_alibi(alibi_slopes, q.device, *_lse_shape(q, layout)[:2])
+    batch, heads_q, _ = _lse_shape(q, layout)
+    alibi_slopes = _check_alibi(alibi_slopes, q.device, batch, heads_q)
+    sinks = _check_sinks(sinks, q.device, heads_q)  # float32 here, so autograd converts the gradient back
     if q.numel() == 0 or k.numel() == 0:
-        out, lse = _Empty.apply(q, k, v, _lse_shape(q, layout))
+        out, lse = _Empty.apply(q, k, v, _lse_shape(q, layout), sinks)
     else:
-        args = (q, k, v, scale, mask, layout, _deterministic(deterministic), softcap, *window, alibi_slopes)
+        args = (q, k, v, scale, mask, layout, _deterministic(deterministic), softcap, *window, alibi_slopes, sinks)
         if not _eager_call(q, k, v):
             out, lse = torch.ops.flashgen.attention_forward(*args)
-        elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks)):
             out, lse = _EagerAttention.apply(*args)
         else:  # nothing to differentiate: no autograd node at all
             out, lse = _forward(q, k, v, scale, mask, layout, checked=True, softcap=softcap, window=window,
-                                alibi_slopes=alibi_slopes)
+                                alibi_slopes=alibi_slopes, sinks=sinks)
     return (out, lse) if return_lse else out
 
 
 def explain(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, layout="bshd", deterministic=False,
-            backward=True, softcap=0.0, window_size=(-1, -1), alibi_slopes=None):
+            backward=True, softcap=0.0, window_size=(-1, -1), alibi_slopes=None, sinks=None):
     """Which kernels attention(q, k, v, ...) with these arguments runs, and why, as a dict:
     {"library": path, "version": ..., "forward": {...}, "backward": {...}}. Each pass has "config" (the kernel
     config's canonical name), "source" ("tuning database", "tuned on first use", "shipped defaults" or
@@ -502,7 +559,8 @@ def explain(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, l
     written into the kernel cache; compile it with nvcc as is), the launch grid, threads, shared memory and each
     kernel's registers and spills; the backward also has "workspace_bytes". Compiles or loads the kernels like a
     first call (and with tune-on-first-use on, tunes an untuned problem first) but runs nothing. Allocates what
-    the call would (out, lse and, with backward, dout and the gradients) for as long as it runs.
+    the call would (out, lse and, with backward, dout and the gradients) for as long as it runs. With sinks (as
+    attention() takes them) the backward lists the kernel of the sinks' gradient too.
     """
     mask, window = _mask_and_window(causal, causal_align, window_size)
     q, k, v = _autocast(q, k, v)
@@ -513,11 +571,11 @@ def explain(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, l
     answer = {"library": _lib.library_path(), "version": _lib.version()}
     with torch.no_grad(), torch.cuda.device(q.device):
         stream = _stream(q.device)
-        forward = _ForwardCall(q, k, v, scale, mask, layout, softcap, window, alibi_slopes)
+        forward = _ForwardCall(q, k, v, scale, mask, layout, softcap, window, alibi_slopes, sinks)
         answer["forward"] = _lib.call_json("flashgen_explain_forward", *forward.arguments(), stream)
         if backward:
             call = _BackwardCall(torch.empty_like(forward.out), q, k, v, forward.out, forward.lse, scale, mask,
-                                 layout, deterministic, softcap, window, alibi_slopes)
+                                 layout, deterministic, softcap, window, alibi_slopes, forward.sinks)
             answer["backward"] = _lib.call_json("flashgen_explain_backward", *call.arguments(), stream)
     return answer
 
@@ -583,7 +641,7 @@ def _packed_view(t):
 
 
 def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask,
-                    block_table=None, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None):
+                    block_table=None, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None, sinks=None):
     with torch.cuda.device(q.device):
         q, k, v = (_readable(t) for t in (q, k, v))
         block_table = block_table.contiguous() if block_table is not None else None
@@ -605,7 +663,8 @@ def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q
         args.batch = cu_seqlens_q.shape[0] - 1
         args.max_seqlen_q, args.max_seqlen_k = max_seqlen_q, max_seqlen_k
         alibi_slopes = _check_alibi(alibi_slopes, q.device, args.batch, q.shape[1])
-        args.options = _options(scale, mask, False, softcap, window, alibi_slopes)
+        sinks = _check_sinks(sinks, q.device, q.shape[1])
+        args.options = _options(scale, mask, False, softcap, window, alibi_slopes, sinks)
         _lib.check(_lib.function("flashgen_attention_varlen_forward")(ctypes.byref(args), _stream(q.device)),
                    "flashgen_attention_varlen_forward")
     return out, lse
@@ -617,22 +676,23 @@ def _varlen_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               max_seqlen_k: int, scale: float, mask: str, deterministic: bool,
                               block_table: Optional[torch.Tensor] = None, softcap: float = 0.0,
                               window_left: int = -1, window_right: int = -1,
-                              alibi_slopes: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                              alibi_slopes: Optional[torch.Tensor] = None,
+                              sinks: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of a packed batch; lse is fp32 [heads_q, total_q]. deterministic is the backward's (autograd hands
     it on). With block_table, k and v are paged caches."""
     return _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask,
-                           block_table, softcap, (window_left, window_right), alibi_slopes)
+                           block_table, softcap, (window_left, window_right), alibi_slopes, sinks)
 
 
 @_varlen_attention_forward.register_fake
 def _varlen_attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale,
                                    mask, deterministic, block_table=None, softcap=0.0, window_left=-1,
-                                   window_right=-1, alibi_slopes=None):
+                                   window_right=-1, alibi_slopes=None, sinks=None):
     return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
 def _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, mask,
-                     deterministic, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None):
+                     deterministic, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None, sinks=None):
     with torch.cuda.device(q.device):
         dout, q, k, v, out = (_readable(t) for t in (dout, q, k, v, out))
         dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
@@ -645,10 +705,13 @@ def _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_se
         args.batch = cu_seqlens_q.shape[0] - 1
         args.max_seqlen_q, args.max_seqlen_k = max_seqlen_q, max_seqlen_k
         alibi_slopes = _check_alibi(alibi_slopes, q.device, args.batch, q.shape[1])
-        args.options = _options(scale, mask, deterministic, softcap, window, alibi_slopes)
+        sinks = _check_sinks(sinks, q.device, q.shape[1])
+        dsinks = _dsinks(q, q.shape[1], sinks)
+        args.options = _options(scale, mask, deterministic, softcap, window, alibi_slopes, sinks,
+                                dsinks if sinks is not None else None)
         _lib.check(_lib.function("flashgen_attention_varlen_backward")(ctypes.byref(args), _stream(q.device)),
                    "flashgen_attention_varlen_backward")
-    return dq, dk, dv
+    return dq, dk, dv, dsinks
 
 
 @torch.library.custom_op("flashgen::varlen_attention_backward", mutates_args=())
@@ -656,25 +719,29 @@ def _varlen_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Ten
                                out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
                                cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, scale: float,
                                mask: str, deterministic: bool, softcap: float = 0.0, window_left: int = -1,
-                               window_right: int = -1, alibi_slopes: Optional[torch.Tensor] = None
-                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of a packed batch given dout and the forward's out and lse. The kernels' workspace comes from
-    the stream's memory pool, outside the caching allocator."""
+                               window_right: int = -1, alibi_slopes: Optional[torch.Tensor] = None,
+                               sinks: Optional[torch.Tensor] = None
+                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dsinks) of a packed batch given dout and the forward's out and lse; dsinks is fp32 [heads_q]
+    with sinks (summed over every sequence), else empty [0]. The kernels' workspace comes from the stream's memory
+    pool, outside the caching allocator."""
     return _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
-                            mask, deterministic, softcap, (window_left, window_right), alibi_slopes)
+                            mask, deterministic, softcap, (window_left, window_right), alibi_slopes, sinks)
 
 
 @_varlen_attention_backward.register_fake
 def _varlen_attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     scale, mask, deterministic, softcap=0.0, window_left=-1, window_right=-1,
-                                    alibi_slopes=None):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+                                    alibi_slopes=None, sinks=None):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), _dsinks(q, q.shape[1], sinks)
 
 
 def _varlen_setup_context(ctx, inputs, output):
     q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask, deterministic = inputs[:11]
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, inputs[15] if len(inputs) > 15 else None)
+    # With the ALiBi slopes and the sinks (the backward reads both).
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                          *(inputs[i] if len(inputs) > i else None for i in (15, 16)))
     ctx.sizes = (max_seqlen_q, max_seqlen_k, scale, mask)
     ctx.has_seqused_k = seqused_k is not None or (len(inputs) > 11 and inputs[11] is not None)
     ctx.deterministic = deterministic
@@ -686,16 +753,15 @@ def _varlen_setup_context(ctx, inputs, output):
 
 def _varlen_backward_formula(ctx, dout, dlse):
     if dout is None:
-        return (None,) * 16
+        return (None,) * 17
     if ctx.has_seqused_k:
         raise NotImplementedError("flashgen.torch.varlen_attention: no backward with seqused_k or a block_table")
-    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks = ctx.saved_tensors
     max_seqlen_q, max_seqlen_k, scale, mask = ctx.sizes
-    dq, dk, dv = torch.ops.flashgen.varlen_attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                                                              max_seqlen_q, max_seqlen_k, scale, mask,
-                                                              ctx.deterministic, ctx.softcap, *ctx.window,
-                                                              alibi_slopes)
-    return (dq, dk, dv) + (None,) * 13
+    dq, dk, dv, dsinks = torch.ops.flashgen.varlen_attention_backward(
+        dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, mask,
+        ctx.deterministic, ctx.softcap, *ctx.window, alibi_slopes, sinks)
+    return (dq, dk, dv) + (None,) * 13 + (dsinks if sinks is not None else None,)
 
 
 _varlen_attention_forward.register_autograd(_varlen_backward_formula, setup_context=_varlen_setup_context)
@@ -704,7 +770,7 @@ _varlen_attention_forward.register_autograd(_varlen_backward_formula, setup_cont
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                      softmax_scale=None, causal=False, *, causal_align="bottom_right", seqused_k=None,
                      block_table=None, deterministic=False, return_attn_probs=False, softcap=0.0, window_size=(-1, -1),
-                     alibi_slopes=None):
+                     alibi_slopes=None, sinks=None):
     """Attention over a packed batch of sequences of different lengths, with FlashAttention's
     flash_attn_varlen_func arguments: q [total_q, heads_q, head_dim], k and v [total_k, heads_kv, head_dim] (CUDA
     float16 or bfloat16); cu_seqlens_q and cu_seqlens_k int32 [batch + 1] offsets on q's device (sequence b owns
@@ -712,8 +778,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     max_seqlen_q and max_seqlen_k at least every sequence's lengths (ints, as FlashAttention takes them: no
     device-to-host copy here). Each sequence is its own problem: causal masks within it, aligned
     "bottom_right" (FlashAttention's) or "top_left"; heads_q a multiple of heads_kv (GQA); a row that sees no key
-    gets output 0 and lse -inf; empty sequences are allowed. seqused_k: int32 [batch], the keys each sequence
-    uses from its offset (a KV cache's filled part), or None. dropout_p must be 0.
+    gets output 0 and lse -inf (its head's sink, with sinks); empty sequences are allowed. seqused_k: int32
+    [batch], the keys each sequence uses from its offset (a KV cache's filled part), or None. dropout_p must be 0.
     block_table: int32 [batch, max_pages] for prefill against a paged KV cache: k and v are then [num_pages,
     page_size, heads_kv, head_dim] (page_size a multiple of 16), sequence b's key j lies in row j % page_size of
     page block_table[b, j // page_size], and its key count is seqused_k[b], else cu_seqlens_k[b + 1] -
@@ -721,15 +787,18 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     before the softmax (FlashAttention's softcap), forward and backward; 0.0 for none. window_size=(left, right):
     FlashAttention's sliding window within each sequence, as attention() takes it (aligned bottom-right: with
     causal=True the right side is 0; (-1, -1) for none). alibi_slopes: float32 [heads_q] or [batch, heads_q] ALiBi
-    slopes (FlashAttention's), each sequence's bias about its own diagonal, as attention() takes them.
+    slopes (FlashAttention's), each sequence's bias about its own diagonal, as attention() takes them. sinks:
+    attention sinks (gpt-oss), [heads_q] on q's device, as attention() takes them: one logit per query head that
+    joins every row's softmax denominator with no value, out_i = Σ_j e^(s_ij) v_j / (e^sink + Σ_j e^(s_ij)), lse
+    including it (a row that sees no key gets out 0 and lse = sink; -inf for a head is no sink there).
 
     Returns out [total_q, heads_q, head_dim] (a new tensor), or (out, lse, None) with return_attn_probs, lse being
     fp32 [heads_q, total_q] (natural log) as FlashAttention returns softmax_lse. Differentiable in q, k and v (each
-    sequence's gradients; keys no query of their sequence sees get zero dk and dv; not with seqused_k);
-    deterministic: the backward's dQ summed in a fixed order, bitwise repeatable (also on under
-    torch.use_deterministic_algorithms(True)). Runs on the current CUDA stream of q's device; the custom ops
-    flashgen::varlen_attention_forward and flashgen::varlen_attention_backward serve torch.compile and CUDA graphs
-    (the backward's workspace comes from the stream's memory pool).
+    sequence's gradients; keys no query of their sequence sees get zero dk and dv; not with seqused_k) and in sinks
+    (summed over every sequence and row); deterministic: the backward's dQ summed in a fixed order, bitwise
+    repeatable (also on under torch.use_deterministic_algorithms(True)). Runs on the current CUDA stream of q's
+    device; the custom ops flashgen::varlen_attention_forward and flashgen::varlen_attention_backward serve
+    torch.compile and CUDA graphs (the backward's workspace comes from the stream's memory pool).
     Offsets are read on the device only and clamped into the tensors: wrong offsets give wrong rows, never an
     access outside the tensors.
     """
@@ -741,16 +810,17 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     softcap = _check_softcap(softcap)
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, block_table)
     alibi_slopes = _check_alibi(alibi_slopes, q.device, cu_seqlens_q.shape[0] - 1, q.shape[1])
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    sinks = _check_sinks(sinks, q.device, q.shape[1])
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks))
     if needs_grad and (seqused_k is not None or block_table is not None):
         raise NotImplementedError("flashgen.torch.varlen_attention: no backward with seqused_k or a block_table; "
                                   "call it under torch.no_grad() or on inputs without gradients")
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask)
     if _eager_call(q, k, v) and not needs_grad:
-        out, lse = _varlen_forward(*args, block_table, softcap, window, alibi_slopes)
+        out, lse = _varlen_forward(*args, block_table, softcap, window, alibi_slopes, sinks)
     else:
         out, lse = torch.ops.flashgen.varlen_attention_forward(*args, _deterministic(deterministic), block_table,
-                                                               softcap, *window, alibi_slopes)
+                                                               softcap, *window, alibi_slopes, sinks)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -777,9 +847,10 @@ def _check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table)
             _bad(f"{name}.shape[0] is {t.shape[0]} but q.shape[0] (batch) is {q.shape[0]}")
 
 
-def _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, scale, mask, num_splits, window):
+def _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, scale, mask, num_splits, window,
+                  sinks):
     """flashgen_kvcache_args over the tensors (each readable in place: the caches are written in place when k and
-    v are given, so they are never copied)."""
+    v are given, so they are never copied); sinks checked."""
     args = _lib.KvCacheArgs()
     args.size = ctypes.sizeof(args)
     args.q, args.k_cache, args.v_cache, args.out = (_view(t, "bshd") for t in (q, k_cache, v_cache, out))
@@ -790,7 +861,7 @@ def _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, ls
     if block_table is not None:
         args.block_table, args.max_pages = block_table.data_ptr(), block_table.shape[1]
     args.num_splits = num_splits
-    args.options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 0, 0.0, *window)
+    args.options = _options(scale, mask, False, 0.0, window, None, sinks)
     return args
 
 
@@ -799,15 +870,17 @@ def _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, ls
 _KVCACHE_WORKSPACE = {}
 
 
-def _kvcache_class(q, k_cache, v_cache, k, cache_seqlens, block_table, scale, mask, num_splits, window):
+def _kvcache_class(q, k_cache, v_cache, k, cache_seqlens, block_table, scale, mask, num_splits, window, sinks):
     return (q.device, q.dtype, tuple(q.shape), q.stride(), tuple(k_cache.shape), k_cache.stride(), v_cache.stride(),
             None if k is None else (tuple(k.shape), k.stride()),
             None if block_table is None else tuple(block_table.shape), cache_seqlens is None, scale, mask, num_splits,
-            window)
+            window, sinks is None)
 
 
-def _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits, window=_NO_WINDOW):
+def _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits, window=_NO_WINDOW,
+             sinks=None):
     with torch.cuda.device(q.device):
+        sinks = _check_sinks(sinks, q.device, q.shape[2])
         q = _readable(q)
         if k is not None:
             k, v = _readable(k), _readable(v)
@@ -815,9 +888,10 @@ def _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask,
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
         args = _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, scale, mask, num_splits,
-                             window)
+                             window, sinks)
         stream = _stream(q.device)
-        key = _kvcache_class(q, k_cache, v_cache, k, cache_seqlens, block_table, scale, mask, num_splits, window)
+        key = _kvcache_class(q, k_cache, v_cache, k, cache_seqlens, block_table, scale, mask, num_splits, window,
+                             sinks)
         needed = _KVCACHE_WORKSPACE.get(key)
         if needed is None:
             size = ctypes.c_size_t(0)
@@ -843,23 +917,25 @@ def _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask,
 def _attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Optional[torch.Tensor],
                        v: Optional[torch.Tensor], cache_seqlens: Optional[torch.Tensor],
                        block_table: Optional[torch.Tensor], scale: float, mask: str, num_splits: int,
-                       window_left: int = -1, window_right: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+                       window_left: int = -1, window_right: int = -1,
+                       sinks: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of new queries against a KV cache; lse is fp32 [batch, heads_q, seqlen_q]. With k and v, their rows
-    are first written into k_cache and v_cache."""
+    are first written into k_cache and v_cache. sinks: None or fp32 [heads_q] attention sinks."""
     return _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits,
-                    (window_left, window_right))
+                    (window_left, window_right), sinks)
 
 
 @_attention_kvcache.register_fake
 def _attention_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits,
-                            window_left=-1, window_right=-1):
+                            window_left=-1, window_right=-1, sinks=None):
     return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
 
 def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
                            cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None,
                            causal=False, window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
-                           alibi_slopes=None, num_splits=0, return_softmax_lse=False, *, causal_align="bottom_right"):
+                           alibi_slopes=None, num_splits=0, return_softmax_lse=False, *, causal_align="bottom_right",
+                           sinks=None):
     """Attention of a few new query tokens per sequence against its KV cache (decoding), with FlashAttention's
     flash_attn_with_kvcache arguments: q [batch, seqlen_q, heads_q, head_dim]; k_cache and v_cache [batch,
     capacity, heads_kv, head_dim], or with block_table (int32 [batch, max_pages]) paged caches [num_pages,
@@ -873,12 +949,17 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     n sees keys cache_seqlens[b] + seqlen_new - n + i - left to ... + right; -1 for no bound on a side; with
     causal=True the right side is 0; (-1, -1) for none). GQA/MQA as for attention(). num_splits: key ranges per
     sequence merged by LSE, 0 lets flashgen choose for the GPU and problem (a short window over a long cache gets
-    few: only the blocks it visits are split), 1 gives batch-invariant results. rotary embeddings, cache_batch_idx,
-    cache_leftpad, softcap and alibi_slopes are not supported yet (a value other than the default is refused;
-    attention() and varlen_attention() take softcap and alibi_slopes).
+    few: only the blocks it visits are split), 1 gives batch-invariant results. sinks: attention sinks (gpt-oss),
+    [heads_q] on q's device, as attention() takes them: one logit per query head that joins every row's softmax
+    denominator with no value, out_i = Σ_j e^(s_ij) v_j / (e^sink + Σ_j e^(s_ij)), lse including it (a row that
+    sees no key gets out 0 and lse = sink; -inf for a head is no sink there); with splits it joins once, where the
+    ranges are merged. rotary embeddings, cache_batch_idx, cache_leftpad, softcap and alibi_slopes are not
+    supported yet (a value other than the default is refused; attention() and varlen_attention() take softcap and
+    alibi_slopes).
 
     Returns out [batch, seqlen_q, heads_q, head_dim] (a new tensor), or (out, lse) with return_softmax_lse, lse
-    being fp32 [batch, heads_q, seqlen_q]. Not differentiable. Runs on the current CUDA stream of q's device as the
+    being fp32 [batch, heads_q, seqlen_q]. Not differentiable (a sinks parameter that requires grad is read
+    detached). Runs on the current CUDA stream of q's device as the
     custom op flashgen::attention_kvcache (torch.compile keeps it; its split workspace comes from torch's
     allocator, so a CUDA graph captures it). cache_seqlens and block_table are read on the device only and clamped
     into the caches: wrong values give wrong rows, never an access outside them.
@@ -897,9 +978,12 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
     _check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table)
+    sinks = _check_sinks(sinks, q.device, q.shape[2])
+    if sinks is not None:  # no autograd node for a model's sinks parameter: the op has no backward
+        sinks = sinks.detach()
     args = (q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits)
     if _eager_call(q, k_cache, v_cache):
-        out, lse = _kvcache(*args, window)
+        out, lse = _kvcache(*args, window, sinks)
     else:
-        out, lse = torch.ops.flashgen.attention_kvcache(*args, *window)
+        out, lse = torch.ops.flashgen.attention_kvcache(*args, *window, sinks)
     return (out, lse) if return_softmax_lse else out

@@ -69,30 +69,32 @@ def test_version_matches_the_package():
 
 def test_struct_layouts_mirror_flashgen_h():
     # flashgen_tensor: void*, int (+4 padding), int64[4], int64[4]; options: float, int, int, float, two int32,
-    # const float*, int64; flashgen_forward_problem: two ints, six int64.
+    # const float*, int64, const float*, float*; flashgen_forward_problem: two ints, six int64.
     assert ctypes.sizeof(_lib.Tensor) == 80
     assert _lib.Tensor.shape.offset == 16
-    assert ctypes.sizeof(_lib.AttentionOptions) == 40
+    assert ctypes.sizeof(_lib.AttentionOptions) == 56
     assert _lib.AttentionOptions.softcap.offset == 12
     assert _lib.AttentionOptions.window_left.offset == 16
     assert _lib.AttentionOptions.window_right.offset == 20
     assert _lib.AttentionOptions.alibi_slopes.offset == 24
     assert _lib.AttentionOptions.alibi_batch_stride.offset == 32
+    assert _lib.AttentionOptions.sinks.offset == 40
+    assert _lib.AttentionOptions.dsinks.offset == 48
     assert ctypes.sizeof(_lib.ForwardProblem) == 56
     assert _lib.ForwardProblem.batch.offset == 8
     # flashgen_varlen_forward_args: size_t, four tensors, four pointers, three int64, the options, the block
     # table's pointer and row length.
-    assert ctypes.sizeof(_lib.VarlenForwardArgs) == 440
+    assert ctypes.sizeof(_lib.VarlenForwardArgs) == 456
     assert _lib.VarlenForwardArgs.lse.offset == 328
     assert _lib.VarlenForwardArgs.options.offset == 384
-    assert _lib.VarlenForwardArgs.block_table.offset == 424
+    assert _lib.VarlenForwardArgs.block_table.offset == 440
     # flashgen_kvcache_args: size_t, six tensors, three pointers, two int64, the workspace and its size, the options.
-    assert ctypes.sizeof(_lib.KvCacheArgs) == 584
+    assert ctypes.sizeof(_lib.KvCacheArgs) == 600
     assert _lib.KvCacheArgs.lse.offset == 488
     assert _lib.KvCacheArgs.max_pages.offset == 512
     assert _lib.KvCacheArgs.options.offset == 544
     # flashgen_varlen_backward_args: size_t, eight tensors, three pointers, three int64, the options.
-    assert ctypes.sizeof(_lib.VarlenBackwardArgs) == 736
+    assert ctypes.sizeof(_lib.VarlenBackwardArgs) == 752
     assert _lib.VarlenBackwardArgs.lse.offset == 648
 
 

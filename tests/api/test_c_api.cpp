@@ -42,7 +42,7 @@ struct Call {
   flashgen_tensor v = bshd(fake_pointer(3), 2, 75, 4, 64);
   flashgen_tensor out = bshd(fake_pointer(4), 2, 100, 8, 64);
   float* lse = static_cast<float*>(fake_pointer(5));
-  flashgen_attention_options opts{0.f, FLASHGEN_MASK_CAUSAL, 0, 0.f, -1, -1, nullptr, 0};
+  flashgen_attention_options opts{0.f, FLASHGEN_MASK_CAUSAL, 0, 0.f, -1, -1, nullptr, 0, nullptr, nullptr};
   const flashgen_tensor* qp = &q;
   const flashgen_tensor* kp = &k;
   const flashgen_tensor* vp = &v;
@@ -278,6 +278,25 @@ TEST_CASE("C ABI rejects each bad argument with a message naming it", "[c_api]")
     check_rejected([](Call& c) { c.opts.alibi_slopes = slopes, c.opts.softmax_scale = 1e-35f; }, kInvalid,
                    "is too small for ALiBi");
   }
+  SECTION("sinks") {
+    static const float sinks[8] = {};
+    check_rejected([](Call& c) { c.opts.sinks = reinterpret_cast<const float*>(reinterpret_cast<uintptr_t>(sinks) + 2); },
+                   kInvalid, "opts.sinks: pointer must be 4-byte aligned (an fp32 array)");
+  }
+}
+
+TEST_CASE("C ABI passes the sinks to the kernels as a run-time argument of any config", "[c_api][sinks]") {
+  Call c;
+  static const float sinks[8] = {};
+  static float sink_grads[8];
+  const flashgen::ForwardCall plain = flashgen::make_forward_call(&c.q, &c.k, &c.v, &c.out, c.lse, &c.opts);
+  CHECK(plain.params.sinks == nullptr);
+  c.opts.sinks = sinks;
+  c.opts.dsinks = sink_grads;  // a forward call ignores it
+  const flashgen::ForwardCall with_sinks = flashgen::make_forward_call(&c.q, &c.k, &c.v, &c.out, c.lse, &c.opts);
+  CHECK(with_sinks.params.sinks == sinks);
+  // The sinks change no kernel: the problem class, and with it the tuned and chosen config, is the plain one's.
+  CHECK(flashgen::problem_key(with_sinks.problem).class_id() == flashgen::problem_key(plain.problem).class_id());
 }
 
 TEST_CASE("C ABI passes ALiBi's slopes to the kernels and keys the problem apart", "[c_api][alibi]") {

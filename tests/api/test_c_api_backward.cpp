@@ -30,7 +30,7 @@ struct BackwardCall {
   flashgen_tensor dk = bshd(fake_pointer(7), 2, 75, 4, 64);
   flashgen_tensor dv = bshd(fake_pointer(8), 2, 75, 4, 64);
   const float* lse = static_cast<const float*>(fake_pointer(9));
-  flashgen_attention_options opts{0.f, FLASHGEN_MASK_CAUSAL, 1, 0.f, -1, -1, nullptr, 0};
+  flashgen_attention_options opts{0.f, FLASHGEN_MASK_CAUSAL, 1, 0.f, -1, -1, nullptr, 0, nullptr, nullptr};
   const flashgen_tensor* doutp = &dout;
   const flashgen_tensor* dqp = &dq;
   const flashgen_tensor* dkp = &dk;
@@ -81,6 +81,13 @@ TEST_CASE("C ABI backward rejects each bad argument with a message naming it", "
         for (flashgen_tensor* t : {&c.k, &c.v, &c.dk, &c.dv}) *t = bshd(t->data, 2, 75, 4, 100);
       },
       FLASHGEN_ERROR_UNSUPPORTED, "q.shape[3] (head_dim) = 100 is unsupported");
+  static float sink_grads[8];
+  check_rejected([](BackwardCall& c) { c.opts.dsinks = sink_grads; }, kInvalid,
+                 "opts.dsinks: given without opts.sinks");
+  check_rejected([](BackwardCall& c) {
+    c.opts.sinks = sink_grads;
+    c.opts.dsinks = reinterpret_cast<float*>(reinterpret_cast<uintptr_t>(sink_grads) + 1);
+  }, kInvalid, "opts.dsinks: pointer must be 4-byte aligned");
 }
 
 TEST_CASE("C ABI backward with valid arguments reaches the GPU check", "[c_api][backward]") {

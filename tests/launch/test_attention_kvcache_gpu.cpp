@@ -42,6 +42,7 @@ struct KvCase {
   int64_t seqlen_new = 0;           // appended tokens (0: none)
   std::vector<int> splits = {0, 1, 3};
   int window_left = -1, window_right = -1;  // read under FLASHGEN_MASK_SLIDING_WINDOW only
+  std::vector<float> sinks = {};            // options.sinks, one per query head; empty: none
 };
 
 using flashgen::test::random_bits;
@@ -57,7 +58,7 @@ struct KvBatch {
   int64_t batch, pages_per_seq = 0, num_pages = 0;
   std::vector<uint16_t> q, k_logical, v_logical, k_new, v_new;  // k_logical: [batch, capacity, heads_kv, d]
   std::vector<int32_t> table;
-  DeviceBuffer dq, dk, dv, dkn, dvn, dout, dlse, dlens, dtable;
+  DeviceBuffer dq, dk, dv, dkn, dvn, dout, dlse, dlens, dtable, dsinks;
   flashgen_kvcache_args args{};
 
   KvBatch(const KvCase& c, uint64_t seed) : batch(static_cast<int64_t>(c.cache_lens.size())) {
@@ -112,6 +113,10 @@ struct KvBatch {
     args.cache_seqlens = static_cast<const int32_t*>(dlens.data());
     args.options.mask = c.mask;
     args.options.window_left = c.window_left, args.options.window_right = c.window_right;
+    if (!c.sinks.empty()) {
+      dsinks = upload(c.sinks);
+      args.options.sinks = static_cast<const float*>(dsinks.data());
+    }
   }
 
   void poison() {
@@ -141,15 +146,20 @@ void check_outputs(const KvCase& c, const KvBatch& kv, const std::string& label)
     const int64_t sk = c.cache_lens[size_t(b)] + c.seqlen_new;
     INFO(c.name << " " << label << ": sequence " << b << " of " << sk << " keys");
     std::vector<double> want_out(size_t(sq * hq * d), 0.0), want_lse(size_t(hq * sq), -INFINITY);
+    if (sk == 0 && !c.sinks.empty()) {  // no key: the softmax is the sink's alone
+      for (int64_t h = 0; h < hq; ++h) std::fill_n(want_lse.begin() + h * sq, sq, double(c.sinks[size_t(h)]));
+    }
     if (sk > 0) {
       const std::vector<uint16_t> k = kv.keys(c, b, false), v = kv.keys(c, b, true);
       const flashgen::AttentionShape shape{1, sq, sk, hq, hkv, d};
       const auto q_view = flashgen::StridedView::contiguous(1, sq, hq, d);
       const auto kv_view = flashgen::StridedView::contiguous(1, sk, hkv, d);
+      flashgen::ReferenceVariant variant(0.0, flashgen::ReferenceWindow{c.window_left, c.window_right});
+      variant.sinks = c.sinks;
       const flashgen::AttentionResult ref = flashgen::attention_reference_f64(
           shape, flashgen::HostInput::bits16(kv.q.data() + b * sq * hq * d, c.dtype, q_view),
           flashgen::HostInput::bits16(k.data(), c.dtype, kv_view), flashgen::HostInput::bits16(v.data(), c.dtype, kv_view),
-          scale, c.mask, {0.0, flashgen::ReferenceWindow{c.window_left, c.window_right}});
+          scale, c.mask, variant);
       want_out = ref.out, want_lse = ref.lse;
     }
     std::vector<double> got_out(want_out.size()), got_lse(want_lse.size());
@@ -245,6 +255,23 @@ TEST_CASE("KV-cache attention matches each sequence's float64 reference", "[gpu]
   FLASHGEN_REQUIRE_GPU();
   flashgen::ScopedContext scope;
   check_cases(kv_cases(), 0xdec0de);
+}
+
+TEST_CASE("KV-cache attention with sinks matches each sequence's float64 reference, at every split count",
+          "[gpu][kvcache][sinks]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext scope;
+  // Sinks below, about and above the rows' LSE (near 7 over a thousand keys), a head without one (-inf): the
+  // decode kernel adds them with one range, the combine kernel with several; an empty cache (lse = the sink) and,
+  // under a window, rows of no key.
+  const float none = -INFINITY;
+  KvCase decode = kv_cases().front();
+  decode.name += ", sinks";
+  decode.sinks = {7.f, none, 2.f, 10.f, 6.f, 7.5f, 4.f, 8.f};
+  KvCase windowed = window_cases().back();
+  windowed.name += ", sinks";
+  windowed.sinks = {3.f, 1.f, none, 6.f, 2.5f, 0.f, 4.f, 5.f};
+  check_cases({decode, windowed}, 0x51d);
 }
 
 TEST_CASE("KV-cache attention within a sliding window matches each sequence's float64 reference",

@@ -41,6 +41,15 @@ struct VarlenCase {
   float softcap = 0.f;                  // options.softcap
   int window_left = -1, window_right = -1;  // with mask FLASHGEN_MASK_SLIDING_WINDOW: options' window sides
   bool alibi = false;                       // ALiBi with a slope per sequence and query head (alibi_slopes())
+  bool sinks = false;                       // options.sinks: sink_logits(), one per query head
+
+  // Sinks below, about and above the rows' LSE (near 5 over a few hundred keys), head 1 none (-inf).
+  std::vector<float> sink_logits() const {
+    const float values[] = {4.f, -INFINITY, 1.5f, 7.f};
+    std::vector<float> logits;
+    for (int64_t h = 0; sinks && h < heads_q; ++h) logits.push_back(values[h % 4] + 0.5f * float(h / 4));
+    return logits;
+  }
 
   // ALiBi's slopes, [sequence, heads_q] (options.alibi_batch_stride = heads_q): steep enough to reorder the
   // softmax of unit-variance scores over a few keys, and different per sequence.
@@ -54,7 +63,9 @@ struct VarlenCase {
   flashgen::ReferenceVariant variant(int64_t b) const {
     std::vector<float> slopes = alibi_slopes();
     if (alibi) slopes = std::vector<float>(slopes.begin() + b * heads_q, slopes.begin() + (b + 1) * heads_q);
-    return flashgen::ReferenceVariant(softcap, {window_left, window_right}, std::move(slopes));
+    flashgen::ReferenceVariant variant(softcap, {window_left, window_right}, std::move(slopes));
+    variant.sinks = sink_logits();
+    return variant;
   }
 };
 
@@ -73,7 +84,7 @@ struct PackedBatch {
   std::vector<int32_t> cu_q, cu_k;
   int64_t total_q = 0, total_k = 0;
   std::vector<uint16_t> q, k, v;
-  DeviceBuffer dq, dk, dv, dout, dlse, dcu_q, dcu_k, dused, dslopes;
+  DeviceBuffer dq, dk, dv, dout, dlse, dcu_q, dcu_k, dused, dslopes, dsink_logits;
   flashgen_varlen_forward_args args{};
 
   PackedBatch(const VarlenCase& c, uint64_t seed)
@@ -106,6 +117,10 @@ struct PackedBatch {
       dslopes = upload(c.alibi_slopes());
       args.options.alibi_slopes = static_cast<const float*>(dslopes.data());
       args.options.alibi_batch_stride = hq;
+    }
+    if (c.sinks) {
+      dsink_logits = upload(c.sink_logits());
+      args.options.sinks = static_cast<const float*>(dsink_logits.data());
     }
   }
 
@@ -187,6 +202,8 @@ void run_and_check(const VarlenCase& c, const std::string& config) {
           flashgen::HostInput::bits16(packed.v.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view), scale, c.mask,
           c.variant(b));
       want_out = ref.out, want_lse = ref.lse;
+    } else if (c.sinks) {  // no key: the softmax is the sink's alone
+      for (int64_t h = 0; h < hq; ++h) std::fill_n(want_lse.begin() + h * sq, sq, double(c.sink_logits()[size_t(h)]));
     }
     std::vector<double> got_out(want_out.size()), got_lse(want_lse.size());
     for (size_t i = 0; i < got_out.size(); ++i) {
@@ -259,6 +276,13 @@ TEST_CASE("packed variable-length batches match each sequence's float64 referenc
        {17, 200, 255}, {}, {"fwd_sm80_fp16_d64_m128_n64_w4_s2_softcap_alibi_varlen"}, 0, 3.f, -1, -1, true},
       {"bf16 d64 window (33, 20) paged 16 ALiBi", FLASHGEN_BFLOAT16, 64, 4, 2, FLASHGEN_MASK_SLIDING_WINDOW,
        {1, 77, 300}, {1, 200, 513}, {}, {}, 16, 0.f, 33, 20, true},
+      // Sinks, one per query head (rows of no key: lse = the sink), both families, a window and a paged cache.
+      {"bf16 d128 bottom-right GQA 2 sinks", FLASHGEN_BFLOAT16, 128, 4, 2, FLASHGEN_MASK_CAUSAL, {257, 1, 0, 190},
+       {300, 40, 7, 129}, {},
+       {"fwd_sm80_bf16_d128_m64_n64_w4_s2_causal_varlen", "fwd_sm90_bf16_d128_m128_n128_s2_causal_ovl_pp_varlen"},
+       0, 0.f, -1, -1, false, true},
+      {"fp16 d64 window (33, 20) paged 16 sinks ALiBi", FLASHGEN_FLOAT16, 64, 4, 1, FLASHGEN_MASK_SLIDING_WINDOW,
+       {1, 77, 300}, {1, 200, 513}, {}, {}, 16, 0.f, 33, 20, true, true},
   };
   const bool sm90 = flashgen::device_sm(scope.device()) == 90;
   for (const VarlenCase& c : cases) {
@@ -303,8 +327,10 @@ void run_and_check_backward(const VarlenCase& c, bool deterministic,
   std::mt19937_64 rng(0xd0 + total_q);
   const std::vector<uint16_t> dout = random_bits(packed.q.size(), c.dtype, rng);
   DeviceBuffer ddout(dout.size() * 2), dq(packed.q.size() * 2), dk(packed.k.size() * 2), dv(packed.v.size() * 2);
+  DeviceBuffer dsinks(size_t(hq) * sizeof(float));
   ddout.upload(dout);
   dq.fill_bytes(0xff), dk.fill_bytes(0xff), dv.fill_bytes(0xff);  // NaN: what the kernels leave unwritten fails
+  dsinks.fill_bytes(0xff);
   REQUIRE(flashgen_attention_varlen_forward(&fwd, nullptr) == FLASHGEN_SUCCESS);
 
   flashgen_varlen_backward_args bwd{};
@@ -318,6 +344,7 @@ void run_and_check_backward(const VarlenCase& c, bool deterministic,
   bwd.batch = batch, bwd.max_seqlen_q = fwd.max_seqlen_q, bwd.max_seqlen_k = fwd.max_seqlen_k;
   bwd.options = fwd.options;
   bwd.options.deterministic = deterministic ? 1 : 0;
+  if (c.sinks) bwd.options.dsinks = static_cast<float*>(dsinks.data());
   // With a config, a poisoned workspace: the kernels must write what they read of it.
   DeviceBuffer workspace;
   if (config) {
@@ -331,8 +358,10 @@ void run_and_check_backward(const VarlenCase& c, bool deterministic,
   FLASHGEN_CU_CHECK(cuCtxSynchronize());
   const std::vector<uint16_t> got_dq = dq.download_all<uint16_t>(), got_dk = dk.download_all<uint16_t>(),
                               got_dv = dv.download_all<uint16_t>();
+  const std::vector<float> got_dsinks = dsinks.download_all<float>();
   if (config && deterministic) {
     dq.fill_bytes(0xff), dk.fill_bytes(0xff), dv.fill_bytes(0xff), workspace.fill_bytes(0xff);
+    dsinks.fill_bytes(0xff);
     flashgen::launch_backward(flashgen::make_varlen_backward_call(bwd), nullptr, *config, workspace.ptr(),
                               workspace.bytes());
     FLASHGEN_CU_CHECK(cuCtxSynchronize());
@@ -340,6 +369,7 @@ void run_and_check_backward(const VarlenCase& c, bool deterministic,
     CHECK(dq.download_all<uint16_t>() == got_dq);
     CHECK(dk.download_all<uint16_t>() == got_dk);
     CHECK(dv.download_all<uint16_t>() == got_dv);
+    if (c.sinks) CHECK(dsinks.download_all<float>() == got_dsinks);
   }
 
   const double scale = flashgen::effective_softmax_scale(0.f, d);
@@ -348,6 +378,7 @@ void run_and_check_backward(const VarlenCase& c, bool deterministic,
     for (int64_t i = 0; i < count; ++i) values[size_t(i)] = flashgen::dtype_bits_to_float(bits[size_t(first + i)], c.dtype);
     return values;
   };
+  std::vector<double> want_dsinks(size_t(hq), 0.0);  // summed over the sequences
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t sq = c.q_lens[b], sk = c.k_lens[b];
     INFO(c.name << (deterministic ? " deterministic" : " atomic") << (config ? " " + config->name() : std::string())
@@ -366,6 +397,7 @@ void run_and_check_backward(const VarlenCase& c, bool deterministic,
           flashgen::HostInput::bits16(packed.v.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view),
           flashgen::HostInput::bits16(dout.data() + packed.cu_q[b] * hq * d, c.dtype, q_view), scale, c.mask,
           c.variant(b));
+      for (size_t h = 0; h < want.dsinks.size(); ++h) want_dsinks[h] += want.dsinks[h];
     }
     const struct {
       const char* name;
@@ -381,6 +413,14 @@ void run_and_check_backward(const VarlenCase& c, bool deterministic,
       INFO(check.text);
       CHECK(check.ok);
     }
+  }
+  if (c.sinks) {
+    INFO(c.name << (deterministic ? " deterministic" : " atomic") << (config ? " " + config->name() : std::string()));
+    const flashgen::CheckReport check =
+        flashgen::check_elements("dsinks", {hq}, std::vector<double>(got_dsinks.begin(), got_dsinks.end()), want_dsinks,
+                                 flashgen::gradient_tolerance(c.dtype, flashgen::max_magnitude(want_dsinks)));
+    INFO(check.text);
+    CHECK(check.ok);
   }
 }
 
@@ -408,11 +448,13 @@ TEST_CASE("packed variable-length backward matches each sequence's float64 gradi
        {200, 9, 77}, {}, {}, 0, 0.f, -1, -1, true},
       {"fp16 d64 top-left ALiBi softcap 3", FLASHGEN_FLOAT16, 64, 2, 1, FLASHGEN_MASK_CAUSAL_TOP_LEFT, {65, 190},
        {100, 129}, {}, {}, 0, 3.f, -1, -1, true},
+      {"bf16 d128 window (90, 0) sinks", FLASHGEN_BFLOAT16, 128, 4, 2, FLASHGEN_MASK_SLIDING_WINDOW, {330, 0, 77, 200},
+       {300, 9, 77, 450}, {}, {}, 0, 0.f, 90, 0, false, true},
   };
   for (const VarlenCase& c : cases) {
     run_and_check_backward(c, /*deterministic=*/false);
     run_and_check_backward(c, /*deterministic=*/true);
-    if (c.softcap > 0.f || c.alibi || c.mask == FLASHGEN_MASK_SLIDING_WINDOW) {  // and on the sm80 family (the choice is
+    if (c.softcap > 0.f || c.alibi || c.sinks || c.mask == FLASHGEN_MASK_SLIDING_WINDOW) {  // and on the sm80 family (the choice is
                                                                        // the sm90 one where the GPU has it)
       const auto dtype = c.dtype == FLASHGEN_BFLOAT16 ? flashgen::DType::kBFloat16 : flashgen::DType::kFloat16;
       const auto mask = c.mask == FLASHGEN_MASK_NONE               ? flashgen::MaskKind::kNone

@@ -1,7 +1,7 @@
-// A dense [gpu] test problem of the attention variants (soft cap, sliding window, ALiBi): random inputs on the
-// host and the device, outputs and gradients poisoned (NaN) before each run, the float64 references of the
-// options' mask, cap and window and the given ALiBi slopes, and the checks of out, lse and the three gradients
-// against them.
+// A dense [gpu] test problem of the attention variants (soft cap, sliding window, ALiBi, sinks): random inputs on
+// the host and the device, outputs and gradients poisoned (NaN) before each run, the float64 references of the
+// options' mask, cap and window and the given ALiBi slopes and sinks, and the checks of out, lse, the three
+// gradients and the sinks' gradient against them.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +26,7 @@ struct DenseVariantProblem {
   flashgen_dtype dtype;
   AttentionShape s;
   std::vector<uint16_t> q, k, v, dout;
-  DeviceBuffer dq_in, dk_in, dv_in, ddout, dout_buf, dlse, dq, dk, dv, dslopes;
+  DeviceBuffer dq_in, dk_in, dv_in, ddout, dout_buf, dlse, dq, dk, dv, dslopes, dsink_logits, dsinks;
   flashgen_tensor tq{}, tk{}, tv{}, tout{}, tdout{}, tdq{}, tdk{}, tdv{};
   flashgen_attention_options opts;
   AttentionResult ref;
@@ -37,11 +37,12 @@ struct DenseVariantProblem {
     return flashgen_tensor{b.data(), dt, {n, sl, h, d}, {sl * h * d, h * d, d, 1}};
   }
 
-  // Inputs of shape (random normal from seed), run with options (deterministic cleared) and, when slopes are
-  // given, ALiBi with them (slopes_batch_stride apart; options.alibi_slopes is set to their device copy).
+  // Inputs of shape (random normal from seed), run with options (deterministic cleared), when slopes are given
+  // ALiBi with them (slopes_batch_stride apart; options.alibi_slopes is set to their device copy), and when sinks
+  // are given those sinks (options.sinks) and their gradient (options.dsinks).
   DenseVariantProblem(std::string problem_name, flashgen_dtype problem_dtype, const AttentionShape& shape,
                       const flashgen_attention_options& options, uint64_t seed, std::vector<float> slopes = {},
-                      int64_t slopes_batch_stride = 0)
+                      int64_t slopes_batch_stride = 0, std::vector<float> sinks = {})
       : name(std::move(problem_name)), dtype(problem_dtype), s(shape), opts(options) {
     opts.deterministic = 0;
     if (!slopes.empty()) {
@@ -49,6 +50,13 @@ struct DenseVariantProblem {
       dslopes.upload(slopes);
       opts.alibi_slopes = static_cast<const float*>(dslopes.data());
       opts.alibi_batch_stride = slopes_batch_stride;
+    }
+    if (!sinks.empty()) {
+      dsink_logits = DeviceBuffer(sinks.size() * sizeof(float));
+      dsink_logits.upload(sinks);
+      dsinks = DeviceBuffer(sinks.size() * sizeof(float));
+      opts.sinks = static_cast<const float*>(dsink_logits.data());
+      opts.dsinks = static_cast<float*>(dsinks.data());
     }
     std::mt19937_64 rng(seed);
     const size_t nq = size_t(s.batch * s.seqlen_q * s.heads_q * s.head_dim);
@@ -69,8 +77,9 @@ struct DenseVariantProblem {
     const double scale = effective_softmax_scale(opts.softmax_scale, s.head_dim);
     const auto q_view = StridedView::contiguous(s.batch, s.seqlen_q, s.heads_q, s.head_dim);
     const auto kv_view = StridedView::contiguous(s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
-    const ReferenceVariant variant(opts.softcap, {opts.window_left, opts.window_right}, std::move(slopes),
-                                   slopes_batch_stride);
+    ReferenceVariant variant(opts.softcap, {opts.window_left, opts.window_right}, std::move(slopes),
+                             slopes_batch_stride);
+    variant.sinks = std::move(sinks);
     ref = attention_reference_f64(s, HostInput::bits16(q.data(), dtype, q_view),
                                   HostInput::bits16(k.data(), dtype, kv_view),
                                   HostInput::bits16(v.data(), dtype, kv_view), scale, opts.mask, variant);
@@ -117,10 +126,20 @@ struct DenseVariantProblem {
       INFO(report.text);
       CHECK(report.ok);
     }
+    if (opts.dsinks != nullptr) {  // fp32 sums over every row of a head: the dtype's gradient tolerance
+      const std::vector<float> got_f = dsinks.download_all<float>();
+      const auto report = check_elements("dsinks", {s.heads_q}, std::vector<double>(got_f.begin(), got_f.end()),
+                                         grads.dsinks, gradient_tolerance(dtype, max_magnitude(grads.dsinks)));
+      INFO(report.text);
+      CHECK(report.ok);
+    }
   }
 
   void poison_forward() { dout_buf.fill_bytes(0xff), dlse.fill_bytes(0xff); }
-  void poison_backward() { dq.fill_bytes(0xff), dk.fill_bytes(0xff), dv.fill_bytes(0xff); }
+  void poison_backward() {
+    dq.fill_bytes(0xff), dk.fill_bytes(0xff), dv.fill_bytes(0xff);
+    if (opts.dsinks != nullptr) dsinks.fill_bytes(0xff);
+  }
 
   ForwardCall forward_call() { return make_forward_call(&tq, &tk, &tv, &tout, static_cast<float*>(dlse.data()), &opts); }
   BackwardCall backward_call(bool deterministic) {

@@ -16,3 +16,8 @@ extern "C" __global__ void __launch_bounds__(flashgen::kBwdRowKernelThreads, 1)
 bwd_sm80_bf16_d128_m64_n64_w4_s2_x1_causal_convert(const __grid_constant__ flashgen::AttnBwdParams params) {
   flashgen::BwdConvertDq<flashgen_generated::BwdConfig>::run(params);
 }
+
+extern "C" __global__ void __launch_bounds__(flashgen::kBwdRowKernelThreads, 1)
+bwd_sm80_bf16_d128_m64_n64_w4_s2_x1_causal_sink_grad(const __grid_constant__ flashgen::AttnBwdParams params) {
+  flashgen::BwdSinkGrad<flashgen_generated::BwdConfig>::run(params);
+}
