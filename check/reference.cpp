@@ -215,6 +215,11 @@ KeyRange visible_keys(flashgen_mask mask, int64_t i, int64_t seqlen_q, int64_t s
     if (window.left >= 0) first = diagonal - window.left;
     if (window.right >= 0) last = diagonal + window.right;
   }
+  if (window.chunk > 0 && mask != FLASHGEN_MASK_CAUSAL_TOP_LEFT) {
+    const int64_t chunk_first = (diagonal >= 0 ? diagonal : diagonal - window.chunk + 1) / window.chunk * window.chunk;
+    first = std::max(first, chunk_first);
+    last = std::min(last, chunk_first + window.chunk - 1);
+  }
   KeyRange keys;
   keys.first = std::clamp<int64_t>(first, 0, seqlen_k);
   keys.end = std::clamp<int64_t>(last + 1, keys.first, seqlen_k);

@@ -47,15 +47,18 @@ struct StridedView {
 double effective_softmax_scale(float softmax_scale, int64_t head_dim);
 
 // The sides of FLASHGEN_MASK_SLIDING_WINDOW (flashgen_attention_options' window_left and window_right): the keys
-// before and after the bottom-right diagonal a query sees, -1 for no bound. Read under that mask only.
+// before and after the bottom-right diagonal a query sees, -1 for no bound. Read under that mask only. And the
+// chunk (options.attention_chunk), read under every mask but the top-left causal one: > 0 keeps only the keys j
+// of the row's own chunk, floor(j / chunk) == floor((i + seqlen_k - seqlen_q) / chunk); 0 none.
 struct ReferenceWindow {
   int64_t left = -1;
   int64_t right = -1;
+  int64_t chunk = 0;
 };
 
-// A problem's window as the references take it.
+// A problem's window and chunk as the references take them.
 inline ReferenceWindow window_of(const AttentionProblem& problem) {
-  return {problem.window_left, problem.window_right};
+  return {problem.window_left, problem.window_right, problem.attention_chunk};
 }
 
 // What the references apply besides the mask (flashgen_attention_options' variant fields): a soft cap (> 0),
@@ -84,7 +87,8 @@ std::vector<float> standard_alibi_slopes(int64_t heads_q);
 ReferenceVariant variant_of(const AttentionProblem& problem);
 
 // The keys query i sees, [first, end) with 0 <= first <= end <= seqlen_k: a prefix under the causal masks and
-// none, a range about the diagonal j = i + seqlen_k - seqlen_q under the window mask (flashgen.h's definitions).
+// none, a range about the diagonal j = i + seqlen_k - seqlen_q under the window mask, either cut to the
+// diagonal's chunk with one (flashgen.h's definitions).
 struct KeyRange {
   int64_t first = 0;
   int64_t end = 0;

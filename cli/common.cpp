@@ -189,13 +189,20 @@ flashgen_mask mask_from_text(const std::string& text) {
 
 std::string mask_description(const AttentionProblem& problem) {
   if (!problem.windowed()) return causal_text(problem.mask);
-  return "window (" + std::to_string(problem.window_left) + ", " + std::to_string(problem.window_right) + ")";
+  return "window (" + std::to_string(problem.window_left) + ", " + std::to_string(problem.window_right) + ")" +
+         (problem.attention_chunk > 0 ? " in chunks of " + std::to_string(problem.attention_chunk) : "");
 }
 
 void mask_from_flags(const Args& args, AttentionProblem& problem) {
   const flashgen_mask causal = mask_from_text(args.choice_or("causal", "none", {"none", "bottom-right", "top-left"}));
+  const int chunk = static_cast<int>(args.int_or("chunk", 0, 1, INT32_MAX));
+  if (chunk > 0 && causal == FLASHGEN_MASK_CAUSAL_TOP_LEFT) {
+    throw UsageError("--chunk is aligned bottom-right (Llama 4's attention_chunk): it takes --causal bottom-right or "
+                     "none, not top-left",
+                     args.usage());
+  }
   if (!args.has("window")) {
-    problem.set_mask(causal);
+    problem.set_mask(causal, -1, -1, chunk);
     return;
   }
   const std::string text = args.string_or("window", "");
@@ -212,7 +219,7 @@ void mask_from_flags(const Args& args, AttentionProblem& problem) {
                      args.usage());
   }
   if (causal == FLASHGEN_MASK_CAUSAL) right = 0;  // FlashAttention's causal window
-  problem.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, left, right);
+  problem.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, left, right, chunk);
 }
 
 const char* pass_text(const AttentionProblem& problem) {

@@ -56,6 +56,9 @@ Command run_command() {
       .option("window", "L,R", "sliding window: query i sees keys i + seqlen_k - seqlen_q - L to ... + R (-1: no "
                                "bound on that side; FlashAttention's window_size, so with --causal bottom-right R "
                                "is 0)")
+      .option("chunk", "C", "chunked attention (Llama 4's attention_chunk): query i sees only keys j with j / C == "
+                            "(i + seqlen_k - seqlen_q) / C, with --causal bottom-right (chunked causal) or none or "
+                            "a window")
       .option("sink", "S", "attention sinks (gpt-oss): every query head's softmax gains a logit S with no value, "
                            "in the units of the scaled scores (with --backward, the sinks' gradient is checked too)")
       .option("layout", "L", "memory order of q/k/v/out: bshd or bhsd (default bshd)")
@@ -128,7 +131,8 @@ std::string problem_text(const RunOptions& o, double scale) {
                                 static_cast<long long>(o.problem.total_k))
                        : std::string();
   const std::string cap = (o.problem.softcapped() ? format(", softcap %.6g", o.problem.softcap) : std::string()) +
-                          (o.problem.alibi ? ", ALiBi" : "") + (o.sink ? format(", sink %.6g", *o.sink) : std::string());
+                          (o.problem.alibi ? ", ALiBi" : "") +
+                          (o.sink ? format(", sink %.6g", *o.sink) : std::string());
   return packed + format("batch %lld, seqlen_q %lld, seqlen_k %lld, heads %lld/%lld, head_dim %lld, %s, mask %s, scale %.6g%s, "
                 "layout %s",
                 static_cast<long long>(s.batch), static_cast<long long>(s.seqlen_q), static_cast<long long>(s.seqlen_k),
@@ -316,9 +320,9 @@ void print_run_report(const RunReport& r, std::ostream& os) {
   } else if (r.check.rows == 0) {
     os << "check:    skipped: the float64 reference of this problem is too large (shrink it to check)\n";
   } else {
-    os << format("check:    dq, dk, dv against the float64 reference, max |got - ref| / max |ref| %.3g (tol %.0e): "
-                 "%s\n",
-                 r.check.max_error_out, tol.gradient, r.check.pass() ? "PASS" : "FAIL");
+    os << format("check:    %s against the float64 reference, max |got - ref| / max |ref| %.3g (tol %.0e): %s\n",
+                 r.options.sink && !p.varlen ? "dq, dk, dv, dsinks" : "dq, dk, dv", r.check.max_error_out, tol.gradient,
+                 r.check.pass() ? "PASS" : "FAIL");
   }
   for (const std::string& line : r.check.first_mismatches) os << "          mismatch: " << line << '\n';
   if (r.check.mismatches > static_cast<int64_t>(r.check.first_mismatches.size()))

@@ -49,7 +49,7 @@ Command tune_command() {
                  "{\"causal\": \"bottom-right\", \"window\": [4096, -1], \"softcap\": 30, \"alibi\": true, \"seqlen_q\": 16384,\n"
                  "\"seqlen_k\": 16384}, ...]};\n"
                  "omitted fields take the flag defaults below (a packed problem's totals: its own, else the default\n"
-                 "spread; \"window\", \"softcap\" and \"alibi\" as --window, --softcap and --alibi).",
+                 "spread; \"window\", \"chunk\", \"softcap\" and \"alibi\" as --window, --chunk, --softcap and --alibi).",
                  "[options]")
       .flag("backward", "tune the backward pass (dq, dk, dv) instead of the forward")
       .flag("deterministic", "with --backward: the deterministic dQ strategy (bitwise repeatable)")
@@ -62,6 +62,9 @@ Command tune_command() {
       .option("window", "L,R", "sliding window: query i sees keys i + seqlen_k - seqlen_q - L to ... + R (-1: no "
                                "bound on that side; FlashAttention's window_size, so with --causal bottom-right R "
                                "is 0); the problem is keyed by the window's span")
+      .option("chunk", "C", "chunked attention (Llama 4's attention_chunk): a query sees only keys of its own chunk "
+                            "of C positions, with --causal bottom-right or none or a window; keyed as a window no "
+                            "wider than C")
       .option("batch", "B", "batch size (default 4)")
       .option("heads-q", "H", "query heads (default 16)")
       .option("heads-kv", "H", "key/value heads; heads-q must be a multiple (default 16)")
@@ -196,7 +199,10 @@ TuneSpec read_tune_spec(const std::string& path, const AttentionProblem& default
     flashgen_mask causal = defaults.windowed() ? (defaults.window_right == 0 ? FLASHGEN_MASK_CAUSAL : FLASHGEN_MASK_NONE)
                                                : defaults.mask;
     std::optional<std::pair<int, int>> window;
-    if (defaults.windowed()) window = {defaults.window_left, defaults.window_right};
+    if (defaults.windowed() && !(defaults.attention_chunk > 0 && defaults.window_left == -1 && defaults.window_right <= 0)) {
+      window = {defaults.window_left, defaults.window_right};  // a window of its own, not a chunk's mask
+    }
+    int chunk = defaults.attention_chunk;
     for (const auto& [key, value] : entry.items()) {
       auto positive = [&](int64_t& field) {
         if (!value.is_number_integer() || value.get<long long>() < 1 || value.get<long long>() > std::numeric_limits<int>::max())
@@ -221,6 +227,10 @@ TuneSpec read_tune_spec(const std::string& path, const AttentionProblem& default
         if (!value.is_array() || value.size() != 2 || !side(value[0]) || !side(value[1]))
           bad(where + ".window must be [left, right]: keys before and after the diagonal, each >= 0 or -1 for no bound");
         window = {value[0].get<int>(), value[1].get<int>()};
+      } else if (key == "chunk") {
+        if (!value.is_number_integer() || value.get<long long>() < 0 || value.get<long long>() > INT32_MAX)
+          bad(where + ".chunk must be an integer >= 0: keys per chunk (Llama 4's attention_chunk; 0: none)");
+        chunk = value.get<int>();
       } else if (key == "softcap") {
         if (!value.is_number() || !(value.get<double>() >= 0.0) || !std::isfinite(value.get<double>()))
           bad(where + ".softcap must be a number >= 0 (0: none)");
@@ -258,13 +268,14 @@ TuneSpec read_tune_spec(const std::string& path, const AttentionProblem& default
         bad(where + ": unknown field \"" + key + "\"");
       }
     }
-    if (!window) {
-      p.set_mask(causal);
-    } else if (causal == FLASHGEN_MASK_CAUSAL_TOP_LEFT) {
-      bad(where + ".window is aligned bottom-right (FlashAttention's window_size): it takes \"causal\": "
-                  "\"bottom-right\" or \"none\", not \"top-left\"");
+    if ((window || chunk > 0) && causal == FLASHGEN_MASK_CAUSAL_TOP_LEFT) {
+      bad(where + (window ? ".window" : ".chunk") + " is aligned bottom-right (FlashAttention's window_size, Llama 4's "
+                  "attention_chunk): it takes \"causal\": \"bottom-right\" or \"none\", not \"top-left\"");
+    } else if (!window) {
+      p.set_mask(causal, -1, -1, chunk);
     } else {  // FlashAttention's causal window: the right side 0
-      p.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, window->first, causal == FLASHGEN_MASK_CAUSAL ? 0 : window->second);
+      p.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, window->first, causal == FLASHGEN_MASK_CAUSAL ? 0 : window->second,
+                 chunk);
     }
     if (p.shape.heads_q % p.shape.heads_kv != 0) bad(where + ": heads_q must be a multiple of heads_kv");
     if (deterministic_forward(p)) bad(where + ": deterministic needs \"pass\": \"backward\"");
@@ -475,6 +486,7 @@ Json problem_json(const AttentionProblem& p) {
             {"varlen", p.varlen}};
   if (p.varlen) j["total_q"] = p.total_q, j["total_k"] = p.total_k;  // a spec entry as read_tune_spec takes it
   if (p.windowed()) j["causal"] = "none", j["window"] = Json::array({p.window_left, p.window_right});
+  if (p.attention_chunk > 0) j["chunk"] = p.attention_chunk;
   if (p.softcapped()) j["softcap"] = p.softcap;
   if (p.alibi) j["alibi"] = true;
   return j;

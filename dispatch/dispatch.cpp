@@ -145,8 +145,9 @@ struct ClassKey {
 };
 
 // The values of the key: the problem's sizes and options, then each tensor's three strides (and for the forward
-// whether a packed batch has seqused_k, and its paged cache's shape). A window's sides are among the options: the
-// kept launch's params are rebuilt from each call, but its config was chosen for the window's bucket.
+// whether a packed batch has seqused_k, and its paged cache's shape). A window's sides and chunk are among the
+// options: the kept launch's params are rebuilt from each call, but its config was chosen for the window's
+// bucket.
 template <class Params>
 ClassKey class_key(const ScopedContext& scope, const AttentionProblem& problem, const Params& p,
                    std::initializer_list<int64_t> strides) {
@@ -159,7 +160,7 @@ ClassKey class_key(const ScopedContext& scope, const AttentionProblem& problem, 
   const int64_t head[] = {static_cast<int64_t>(problem.dtype), s.head_dim, problem.mask, problem.deterministic(),
                           s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, scale_bits, problem.varlen,
                           problem.total_q, problem.total_k, softcap_bits, problem.window_left, problem.window_right,
-                          problem.alibi};
+                          problem.attention_chunk, problem.alibi};
   size_t i = 0;
   for (int64_t v : head) key.values[i++] = v;
   for (int64_t v : strides) key.values[i++] = v;

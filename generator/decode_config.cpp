@@ -90,9 +90,14 @@ int max_decode_splits(const AttentionProblem& problem, const DecodeConfig& confi
   auto blocks_of = [&](int64_t keys) { return (keys + config.block_n - 1) / config.block_n; };
   const int64_t capacity = problem.shape.seqlen_k;
   int64_t blocks = blocks_of(capacity);
-  if (problem.windowed() && problem.window_left >= 0) {
-    // `keys` consecutive keys touch at most blocks_of(keys - 1) + 1 blocks, wherever they start.
-    const int64_t keys = std::min<int64_t>(capacity, int64_t(problem.window_left) + problem.shape.seqlen_q);
+  if (problem.windowed() && (problem.window_left >= 0 || problem.attention_chunk > 0)) {
+    // The new rows' keys: a window's left side and the rows, and no more than the chunks those rows lie in (at
+    // most two, as far apart as seqlen_q). `keys` consecutive keys touch at most blocks_of(keys - 1) + 1 blocks,
+    // wherever they start.
+    int64_t keys = capacity;
+    const int64_t rows = problem.shape.seqlen_q;
+    if (problem.window_left >= 0) keys = std::min<int64_t>(keys, problem.window_left + rows);
+    if (problem.attention_chunk > 0) keys = std::min<int64_t>(keys, problem.attention_chunk + rows);
     blocks = std::min(blocks, blocks_of(keys - 1) + 1);
   }
   return static_cast<int>(std::clamp<int64_t>(blocks, 1, kMaxDecodeSplits));

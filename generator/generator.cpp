@@ -55,6 +55,7 @@ const char* mask_enum(MaskKind mask) {
   switch (mask) {
     case MaskKind::kCausal: return "flashgen::MaskKind::kCausal";
     case MaskKind::kWindow: return "flashgen::MaskKind::kWindow";
+    case MaskKind::kChunk: return "flashgen::MaskKind::kChunk";
     case MaskKind::kNone: break;
   }
   return "flashgen::MaskKind::kNone";
@@ -74,6 +75,7 @@ const char* dq_accum_enum(DqAccum accum) {
 std::string variant_policy(MaskKind mask, const ScoreMods& mods = {}) {
   std::string policy = mask == MaskKind::kCausal   ? "flashgen::CausalMask"
                        : mask == MaskKind::kWindow ? "flashgen::SlidingWindow"
+                       : mask == MaskKind::kChunk  ? "flashgen::ChunkedWindow"
                                                    : "flashgen::NoMask";
   if (mods.softcap) policy = "flashgen::SoftCap<" + policy + ">";
   if (mods.alibi) policy = "flashgen::Alibi<" + policy + ">";

@@ -17,6 +17,7 @@ const char* mask_name(MaskKind mask) {
   switch (mask) {
     case MaskKind::kCausal: return "causal";
     case MaskKind::kWindow: return "window";
+    case MaskKind::kChunk: return "chunk";
     case MaskKind::kNone: break;
   }
   return "none";
@@ -26,7 +27,7 @@ std::string mask_suffix(MaskKind mask) { return mask == MaskKind::kNone ? "" : s
 
 bool read_mask_suffix(const std::string& field, MaskKind& mask) {
   if (mask != MaskKind::kNone) return false;
-  for (MaskKind kind : {MaskKind::kCausal, MaskKind::kWindow}) {
+  for (MaskKind kind : {MaskKind::kCausal, MaskKind::kWindow, MaskKind::kChunk}) {
     if (field == mask_name(kind)) {
       mask = kind;
       return true;
@@ -244,13 +245,14 @@ void read_dtype_and_mask(const nlohmann::json& j, const char* what, DType& dtype
   }
   if (j.contains("mask")) {
     const auto& m = j["mask"];
-    for (MaskKind kind : {MaskKind::kNone, MaskKind::kCausal, MaskKind::kWindow}) {
+    for (MaskKind kind : {MaskKind::kNone, MaskKind::kCausal, MaskKind::kWindow, MaskKind::kChunk}) {
       if (m == mask_name(kind)) {
         mask = kind;
         return;
       }
     }
-    fail(Status::kInvalidArgument, std::string(what) + ": mask must be \"none\", \"causal\" or \"window\"");
+    fail(Status::kInvalidArgument,
+         std::string(what) + ": mask must be \"none\", \"causal\", \"window\" or \"chunk\"");
   }
 }
 

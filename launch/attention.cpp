@@ -51,7 +51,8 @@ ForwardCall make_forward_call(const flashgen_tensor* q, const flashgen_tensor* k
 
   ForwardCall call;
   call.problem =
-      forward_problem(to_dtype(q->dtype), shape_of(q, k), opts->mask, opts->window_left, opts->window_right);
+      forward_problem(to_dtype(q->dtype), shape_of(q, k), opts->mask, opts->window_left, opts->window_right,
+                      opts->attention_chunk);
   call.problem.softcap = opts->softcap;
   call.problem.alibi = opts->alibi_slopes != nullptr;
 

@@ -127,7 +127,7 @@ BackwardCall make_backward_call(const flashgen_tensor* q, const flashgen_tensor*
 
   BackwardCall call;
   call.problem = backward_problem(to_dtype(q->dtype), shape_of(q, k), opts->mask, opts->deterministic != 0,
-                                  opts->window_left, opts->window_right);
+                                  opts->window_left, opts->window_right, opts->attention_chunk);
   call.problem.softcap = opts->softcap;
   call.problem.alibi = opts->alibi_slopes != nullptr;
 

@@ -154,6 +154,11 @@ void check_options(const flashgen_attention_options* opts, int64_t heads_q) {
                                        std::to_string(side));
     }
   }
+  FLASHGEN_REQUIRE(opts->attention_chunk >= 0,
+                   "opts.attention_chunk must be >= 0 (0: none), got " + std::to_string(opts->attention_chunk));
+  FLASHGEN_REQUIRE(opts->attention_chunk == 0 || mask != FLASHGEN_MASK_CAUSAL_TOP_LEFT,
+                   "opts.attention_chunk: chunks lie about the bottom-right diagonal; not with "
+                   "FLASHGEN_MASK_CAUSAL_TOP_LEFT (use FLASHGEN_MASK_CAUSAL)");
   // The kernels scale by softmax_scale * log2(e): that product must be finite too.
   FLASHGEN_REQUIRE(std::isfinite(opts->softmax_scale) && std::isfinite(opts->softmax_scale * 1.4426950408889634f),
                    "opts.softmax_scale must be finite and below 2.3e38, got " + std::to_string(opts->softmax_scale));

@@ -72,16 +72,19 @@ void check_packing(const flashgen_tensor& q, const flashgen_tensor& k, const Pac
 // A window problem's sides in p, given the bounds that reach past every key of every row on each side: an
 // unbounded side becomes its bound, and so does any larger side, which is clamped to it. The kernels add a
 // side to a row's diagonal, so the bounds are the least that reach (no sum passes seqlen_q + seqlen_k plus a
-// block). Both 0 for the other masks, whose kernels never read them.
+// block). The chunk (0: none) is bounded by left_bound: one such chunk already holds every key. All three 0 for
+// the other masks, whose kernels never read them.
 template <class Params>
 void set_window_sides(Params& p, const AttentionProblem& problem, int64_t left_bound, int64_t right_bound) {
-  p.window_left = p.window_right = 0;
+  p.window_left = p.window_right = p.attention_chunk = 0;
   if (!problem.windowed()) return;
   auto side = [](int given, int64_t bound) {
     return static_cast<int>(given < 0 || given > bound ? std::min<int64_t>(bound, INT32_MAX) : given);
   };
   p.window_left = side(problem.window_left, left_bound);
   p.window_right = side(problem.window_right, right_bound);
+  // A chunk of at least left_bound keys holds every key from position 0: its bound keeps chunk ends in range.
+  if (problem.attention_chunk > 0) p.attention_chunk = side(problem.attention_chunk, std::max<int64_t>(left_bound, 1));
 }
 
 // set_window_sides for AttnFwdParams or AttnBwdParams, p.seqlen_q and p.seqlen_k set (a packed batch's longest

@@ -14,9 +14,21 @@ namespace flashgen {
 
 const char* dtype_name(DType dtype) { return dtype == DType::kBFloat16 ? "bf16" : "fp16"; }
 
-void AttentionProblem::set_mask(flashgen_mask caller_mask, int caller_window_left, int caller_window_right) {
+void AttentionProblem::set_mask(flashgen_mask caller_mask, int caller_window_left, int caller_window_right,
+                                int caller_attention_chunk) {
   mask = caller_mask;
   window_left = window_right = -1;
+  attention_chunk = 0;
+  if (caller_attention_chunk > 0 && caller_mask != FLASHGEN_MASK_CAUSAL_TOP_LEFT) {
+    mask = FLASHGEN_MASK_SLIDING_WINDOW;
+    attention_chunk = caller_attention_chunk;
+    if (caller_mask == FLASHGEN_MASK_SLIDING_WINDOW) {
+      window_left = caller_window_left, window_right = caller_window_right;
+    } else {
+      window_right = caller_mask == FLASHGEN_MASK_CAUSAL ? 0 : -1;
+    }
+    return;
+  }
   if (caller_mask != FLASHGEN_MASK_SLIDING_WINDOW) return;
   if (caller_window_left == -1 && caller_window_right == -1) {
     mask = FLASHGEN_MASK_NONE;
@@ -35,21 +47,22 @@ flashgen_attention_options options_of(const AttentionProblem& problem, float sof
   options.softcap = problem.softcap;
   options.window_left = problem.window_left;
   options.window_right = problem.window_right;
+  options.attention_chunk = problem.attention_chunk;
   return options;
 }
 
 AttentionProblem forward_problem(DType dtype, const AttentionShape& shape, flashgen_mask mask, int window_left,
-                                 int window_right) {
+                                 int window_right, int attention_chunk) {
   AttentionProblem problem;
   problem.dtype = dtype;
   problem.shape = shape;
-  problem.set_mask(mask, window_left, window_right);
+  problem.set_mask(mask, window_left, window_right, attention_chunk);
   return problem;
 }
 
 AttentionProblem backward_problem(DType dtype, const AttentionShape& shape, flashgen_mask mask, bool deterministic,
-                                  int window_left, int window_right) {
-  AttentionProblem problem = forward_problem(dtype, shape, mask, window_left, window_right);
+                                  int window_left, int window_right, int attention_chunk) {
+  AttentionProblem problem = forward_problem(dtype, shape, mask, window_left, window_right, attention_chunk);
   problem.pass = Pass::kBackward;
   problem.dq = deterministic ? DqStrategy::kDeterministic : DqStrategy::kAtomic;
   return problem;

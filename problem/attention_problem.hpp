@@ -81,16 +81,25 @@ struct AttentionProblem {
   // (options.window_left / window_right), -1 for no bound on that side; -1 under the other masks.
   int window_left = -1;
   int window_right = -1;
+  // Chunked attention (options.attention_chunk, Llama 4): > 0 hides every key outside the chunk of that many
+  // positions that holds a row's bottom-right diagonal. Only with mask FLASHGEN_MASK_SLIDING_WINDOW (the
+  // chunked window's kernels, MaskKind::kChunk): set_mask turns a chunked call of no mask or the causal mask into
+  // the window of those.
+  int attention_chunk = 0;
 
-  // Sets mask and window from a caller's (flashgen.h), the one place a window is normalized: a window
-  // unbounded on both sides runs as no mask, and one unbounded on the left and 0 on the right as the
-  // bottom-right causal mask (whose kernels need no first key per row); any other window keeps its sides.
-  void set_mask(flashgen_mask caller_mask, int caller_window_left = -1, int caller_window_right = -1);
+  // Sets mask, window and chunk from a caller's (flashgen.h), the one place a window is normalized: without a
+  // chunk a window unbounded on both sides runs as no mask, and one unbounded on the left and 0 on the right as
+  // the bottom-right causal mask (whose kernels need no first key per row); any other window keeps its sides.
+  // With a chunk (> 0) no mask and the causal mask become the windows (-1, -1) and (-1, 0) and keep it; the
+  // top-left causal mask takes none (the launchers refuse it first).
+  void set_mask(flashgen_mask caller_mask, int caller_window_left = -1, int caller_window_right = -1,
+                int caller_attention_chunk = 0);
 
   // The kernels' mask kind: both causal alignments run the causal kernels (the offset is a parameter).
   MaskKind mask_kind() const {
     if (mask == FLASHGEN_MASK_NONE) return MaskKind::kNone;
-    return windowed() ? MaskKind::kWindow : MaskKind::kCausal;
+    if (!windowed()) return MaskKind::kCausal;
+    return attention_chunk > 0 ? MaskKind::kChunk : MaskKind::kWindow;
   }
   bool windowed() const { return mask == FLASHGEN_MASK_SLIDING_WINDOW; }
   bool backward() const { return pass == Pass::kBackward; }
@@ -104,12 +113,12 @@ struct AttentionProblem {
 // with softmax_scale (<= 0: 1/sqrt(head_dim)).
 flashgen_attention_options options_of(const AttentionProblem& problem, float softmax_scale = 0.f);
 
-// A problem of the given pass over shape, its mask and window set by set_mask; the backward's dQ strategy from
+// A problem of the given pass over shape, its mask, window and chunk set by set_mask; the backward's dQ strategy from
 // deterministic.
 AttentionProblem forward_problem(DType dtype, const AttentionShape& shape, flashgen_mask mask, int window_left = -1,
-                                 int window_right = -1);
+                                 int window_right = -1, int attention_chunk = 0);
 AttentionProblem backward_problem(DType dtype, const AttentionShape& shape, flashgen_mask mask, bool deterministic,
-                                  int window_left = -1, int window_right = -1);
+                                  int window_left = -1, int window_right = -1, int attention_chunk = 0);
 
 // The sequence lengths a packed batch is run with where only its sizes are known (a tuning sweep of a varlen
 // problem, `flashgen run --varlen`): `count` lengths spread evenly from `longest` down to what makes `total` in

@@ -49,9 +49,12 @@ struct AttnFwdParams {
   // seqlen_k - seqlen_q (bottom-right, as FlashAttention's window_size). Both are >= 0: the launcher gives
   // an unbounded side (-1) the least bound that reaches every key from every row (seqlen_k on the left,
   // seqlen_q on the right), so no sum of a row, its offset and a side passes seqlen_q + seqlen_k plus a block.
-  // 0 otherwise.
+  // attention_chunk > 0 (Llama 4's chunked attention) also hides every key outside the row's chunk of that many
+  // positions: j / attention_chunk == (i + causal_offset) / attention_chunk, floor division; the launcher
+  // bounds it by seqlen_k (one chunk then holds every key). 0 otherwise, and without a chunk.
   int window_left;
   int window_right;
+  int attention_chunk;
   // ALiBi configs (variant.cuh's Alibi): the score of query i and key j gains -slope · |i + causal_offset - j|
   // (in the softmax's units, q·k · scale), slope = alibi_slopes[b * alibi_batch_stride + head] for sequence b
   // and query head head (fp32; stride 0: one slope per head for every sequence); inv_scale is 1 / scale, the
@@ -130,9 +133,11 @@ struct AttnDecodeParams {
   int splits;         // key ranges per sequence (gridDim.x of the attention kernel)
   int causal_bottom_right;  // causal configs: 1 aligns the queries with the last keys, 0 with the first
   // Windowed configs: as in AttnFwdParams, about each sequence's bottom-right diagonal (causal_bottom_right 1),
-  // an unbounded side bounded by capacity on the left and seqlen_q on the right. 0 otherwise.
+  // an unbounded side bounded by capacity on the left and seqlen_q on the right, the chunk by capacity. 0
+  // otherwise.
   int window_left;
   int window_right;
+  int attention_chunk;
   float scale;
   float scale_log2;
   const float* sinks;  // as in AttnFwdParams: applied where a row's ranges meet (the combine kernel with splits)
@@ -223,6 +228,7 @@ struct AttnBwdParams {
   float softcap_grad;
   int window_left;    // as in AttnFwdParams
   int window_right;
+  int attention_chunk;
   const float* alibi_slopes;  // as in AttnFwdParams
   long long alibi_batch_stride;
   float inv_scale;

@@ -22,13 +22,14 @@
 namespace flashgen {
 
 // One sequence as the variant policies see it (variant.cuh): its new queries, its keys (the cache's and the
-// new tokens'), the causal offset of its alignment, a window's sides, and the softmax scale.
+// new tokens'), the causal offset of its alignment, a window's sides and chunk, and the softmax scale.
 struct DecodeSequence {
   int seqlen_q;
   int seqlen_k;
   int causal_offset;
   int window_left;
   int window_right;
+  int attention_chunk;
   float scale;
 };
 
@@ -112,7 +113,7 @@ struct DecodeSm80 {
     sm80::wait_for_primary();
     const int n_keys = decode_cache_len(p, batch) + p.seqlen_new;
     const DecodeSequence seq{p.seqlen_q,      n_keys,          p.causal_bottom_right ? n_keys - p.seqlen_q : 0,
-                             p.window_left, p.window_right, p.scale};
+                             p.window_left, p.window_right, p.attention_chunk, p.scale};
     const int q_first = row0 / p.group_size;
     const int q_last = (min(row0 + kRows, packed_rows) - 1) / p.group_size;
     const KeyBlocks<Variant, kBlockN> blocks(seq, batch, q_first, q_last - q_first + 1);

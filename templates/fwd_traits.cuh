@@ -6,8 +6,9 @@ namespace flashgen {
 
 enum class ElemType : int { kFloat16 = 0, kBFloat16 = 1 };
 // kWindow: a sliding window about the diagonal (variant.cuh's SlidingWindow); a causal window is one whose
-// right side is 0.
-enum class MaskKind : int { kNone = 0, kCausal = 1, kWindow = 2 };
+// right side is 0. kChunk: a window whose rows also see only their own chunk of keys (ChunkedWindow; Llama 4's
+// chunked attention, chunked causal being the window (seqlen_k, 0) in chunks).
+enum class MaskKind : int { kNone = 0, kCausal = 1, kWindow = 2, kChunk = 3 };
 
 struct FwdTraits {
   int threads;             // warps * 32

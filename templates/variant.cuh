@@ -140,47 +140,90 @@ struct CausalMask : UnchangedScores {
   }
 };
 
+// floor(x / d) for d > 0 and x of either sign (C++ division truncates towards zero).
+__host__ __device__ __forceinline__ int floor_div(int x, int d) { return (x >= 0 ? x : x - d + 1) / d; }
+
 // A sliding window about the diagonal: key k is visible to query q iff
 // q + p.causal_offset - p.window_left <= k <= q + p.causal_offset + p.window_right, the offset being the
 // bottom-right alignment's (seqlen_k - seqlen_q; FlashAttention's window_size) and both sides >= 0 (the
 // launcher bounds an unbounded left side by seqlen_k and right side by seqlen_q, so no sum below passes
-// seqlen_q + seqlen_k plus a block). A causal window has window_right 0. Scores unchanged.
-struct SlidingWindow : UnchangedScores {
+// seqlen_q + seqlen_k plus a block). A causal window has window_right 0. kChunked (ChunkedWindow, Llama 4's
+// chunked attention): k must also lie in the chunk of p.attention_chunk = C > 0 positions that holds the row's
+// diagonal (the launcher bounds C by seqlen_k); each end of a row's run is clamped to its chunk, so both still
+// grow with the row (chunked causal attention is the window (seqlen_k, 0) with a chunk). A policy of its own:
+// the chunk's division per row costs the plain window's register-bound tiles a spill. Scores unchanged.
+template <bool kChunked>
+struct WindowMask : UnchangedScores {
   static constexpr bool kHidesKeys = true;
   static constexpr bool kHidesEarlyKeys = true;
+
+  // The first and last positions of the chunk that holds position x (chunked only).
+  template <class Params>
+  static __host__ __device__ __forceinline__ int chunk_first(const Params& p, int x) {
+    return floor_div(x, p.attention_chunk) * p.attention_chunk;
+  }
+  template <class Params>
+  static __host__ __device__ __forceinline__ int chunk_last(const Params& p, int x) {
+    return chunk_first(p, x) + p.attention_chunk - 1;
+  }
 
   template <class Params>
   static __host__ __device__ __forceinline__ bool visible(const Params& p, const ScoreAt& at) {
     const int diagonal = at.q + p.causal_offset;
-    return at.k >= diagonal - p.window_left && at.k <= diagonal + p.window_right;
+    const bool in_window = at.k >= diagonal - p.window_left && at.k <= diagonal + p.window_right;
+    if constexpr (kChunked) {
+      // The diagonal in the key's chunk: one unsigned division (keys are never negative), by the key, which a
+      // kernel testing a key's scores across its tile shares.
+      const int first = static_cast<int>(static_cast<unsigned>(at.k) / static_cast<unsigned>(p.attention_chunk)) *
+                        p.attention_chunk;
+      return in_window && diagonal >= first && diagonal - first < p.attention_chunk;
+    } else {
+      return in_window;
+    }
   }
   template <class Params>
-  static __host__ __device__ __forceinline__ KeysBetween row_keys(const Params& p, int /*batch*/, int /*head*/, int row,
+  static __host__ __device__ __forceinline__ KeysBetween row_keys(const Params& p, int batch, int /*head*/, int row,
                                                                    int last_bound, int key_base) {
-    const int diagonal = row + p.causal_offset;
-    return {diagonal - p.window_left - key_base, min(last_bound, diagonal + p.window_right) - key_base};
+    if constexpr (kChunked) {
+      return {first_key(p, batch, row) - key_base, min(last_bound, last_key(p, batch, row)) - key_base};
+    } else {
+      const int diagonal = row + p.causal_offset;
+      return {diagonal - p.window_left - key_base, min(last_bound, diagonal + p.window_right) - key_base};
+    }
   }
   template <class Params>
   static __host__ __device__ __forceinline__ int last_key(const Params& p, int /*batch*/, int row) {
-    return row + p.causal_offset + p.window_right;
+    const int diagonal = row + p.causal_offset;
+    if constexpr (kChunked) return min(diagonal + p.window_right, chunk_last(p, diagonal));
+    return diagonal + p.window_right;
   }
   template <class Params>
-  static __host__ __device__ __forceinline__ int key_end(const Params& p, int /*batch*/, int row_end) {
+  static __host__ __device__ __forceinline__ int key_end(const Params& p, int batch, int row_end) {
+    if constexpr (kChunked) return last_key(p, batch, row_end - 1) + 1;
     return row_end + p.causal_offset + p.window_right;
   }
   template <class Params>
   static __host__ __device__ __forceinline__ int first_query(const Params& p, int /*batch*/, int key) {
-    return key - p.causal_offset - p.window_right;
+    const int first = key - p.causal_offset - p.window_right;
+    if constexpr (kChunked) return max(first, chunk_first(p, key) - p.causal_offset);
+    return first;
   }
   template <class Params>
   static __host__ __device__ __forceinline__ int first_key(const Params& p, int /*batch*/, int row) {
-    return row + p.causal_offset - p.window_left;
+    const int diagonal = row + p.causal_offset;
+    if constexpr (kChunked) return max(diagonal - p.window_left, chunk_first(p, diagonal));
+    return diagonal - p.window_left;
   }
   template <class Params>
   static __host__ __device__ __forceinline__ int last_query(const Params& p, int /*batch*/, int key) {
-    return key - p.causal_offset + p.window_left;
+    const int last = key - p.causal_offset + p.window_left;
+    if constexpr (kChunked) return min(last, chunk_last(p, key) - p.causal_offset);
+    return last;
   }
 };
+
+using SlidingWindow = WindowMask<false>;
+using ChunkedWindow = WindowMask<true>;
 
 // tanh(x) for the score hooks: the tensor cores' neighbour MUFU.TANH on the device (max relative error about
 // 2^-11, as the peers' soft caps use), the C library's on the host (tests/templates/variant_check.cu).

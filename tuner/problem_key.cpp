@@ -38,6 +38,9 @@ void set_key_window(const AttentionProblem& problem, ProblemKey& key) {
   key.window_causal = problem.window_right == 0;
 }
 
+// Whether keys of mask carry a window bucket: a window's, a chunked window's.
+bool keyed_by_window(MaskKind mask) { return mask == MaskKind::kWindow || mask == MaskKind::kChunk; }
+
 }  // namespace
 
 std::string DeviceFingerprint::id() const {
@@ -109,13 +112,13 @@ std::string variant_text(MaskKind mask, const ScoreMods& mods) {
 }
 
 std::string mask_text(const ProblemKey& key) {
-  if (key.mask != MaskKind::kWindow) return variant_text(key.mask, key.mods);
+  if (!keyed_by_window(key.mask)) return variant_text(key.mask, key.mods);
   return mask_name(key.mask) + window_text(key) + score_mods_suffix(key.mods);
 }
 
 void read_mask_text(const std::string& text, ProblemKey& key) {
   auto unknown = [&] { fail(Status::kInvalidArgument, "tuning data: unknown mask '" + text + "'"); };
-  // The mask, then the modifiers' suffixes: "causal_softcap_alibi", "window1024c_alibi".
+  // The mask, then the modifiers' suffixes: "causal_softcap_alibi", "window1024c_alibi", "chunk8192c".
   const size_t first_underscore = text.find('_');
   std::string variant = text.substr(0, first_underscore);
   key.mods = {};
@@ -133,10 +136,16 @@ void read_mask_text(const std::string& text, ProblemKey& key) {
       return;
     }
   }
-  const std::string window = mask_name(MaskKind::kWindow);
-  if (variant.compare(0, window.size(), window) != 0) unknown();
-  key.mask = MaskKind::kWindow;
-  variant.erase(0, window.size());
+  const std::string window = mask_name(MaskKind::kWindow), chunk = mask_name(MaskKind::kChunk);
+  if (variant.compare(0, window.size(), window) == 0) {
+    key.mask = MaskKind::kWindow;
+    variant.erase(0, window.size());
+  } else if (variant.compare(0, chunk.size(), chunk) == 0) {
+    key.mask = MaskKind::kChunk;
+    variant.erase(0, chunk.size());
+  } else {
+    unknown();
+  }
   key.window_causal = !variant.empty() && variant.back() == 'c';
   if (key.window_causal) variant.pop_back();
   if (variant.empty() || variant.size() > 18 || variant.find_first_not_of("0123456789") != std::string::npos) unknown();
@@ -154,13 +163,14 @@ std::string ProblemKey::class_id() const {
 
 std::string ProblemKey::id() const {
   return class_id() + "|q" + std::to_string(seqlen_q_bucket) + "|k" + std::to_string(seqlen_k_bucket) + "|bh" +
-         std::to_string(batch_heads_bucket) + (mask == MaskKind::kWindow ? "|w" + window_text(*this) : "");
+         std::to_string(batch_heads_bucket) + (keyed_by_window(mask) ? "|w" + window_text(*this) : "");
 }
 
 int64_t window_span(const AttentionProblem& problem) {
   const int64_t keys = problem.shape.seqlen_k;
   auto side = [&](int given) { return given < 0 ? keys : std::min<int64_t>(given, keys); };
-  return std::min(side(problem.window_left) + side(problem.window_right) + 1, keys);
+  const int64_t span = std::min(side(problem.window_left) + side(problem.window_right) + 1, keys);
+  return problem.attention_chunk > 0 ? std::min<int64_t>(span, problem.attention_chunk) : span;
 }
 
 ProblemKey forward_problem_key(DType dtype, int head_dim, MaskKind mask, int gqa_ratio, int64_t seqlen_q,
@@ -211,7 +221,7 @@ int bucket_distance(const ProblemKey& a, const ProblemKey& b) {
   FLASHGEN_REQUIRE(a.class_id() == b.class_id(),
                    "bucket_distance: keys of different classes: " + a.class_id() + " vs " + b.class_id());
   int window = 0;
-  if (a.mask == MaskKind::kWindow) {
+  if (keyed_by_window(a.mask)) {
     window = std::abs(bucket_exponent(a.window_bucket, "window") - bucket_exponent(b.window_bucket, "window")) +
              (a.window_causal != b.window_causal);
   }

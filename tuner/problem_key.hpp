@@ -51,9 +51,9 @@ struct ProblemKey {
   int64_t seqlen_q_bucket = 1;      // size_bucket(seqlen_q)
   int64_t seqlen_k_bucket = 1;      // size_bucket(seqlen_k)
   int64_t batch_heads_bucket = 1;   // size_bucket(batch * heads_q)
-  // Window keys (mask kWindow) only: size_bucket of the most keys a row sees (window_span), and whether the
-  // window's right side is 0 (causal-shaped: no key past the diagonal). The kernels are the same for every
-  // window; the time they take follows its span.
+  // Window keys (mask kWindow, and kChunk: a chunked window) only: size_bucket of the most keys a row sees
+  // (window_span), and whether the window's right side is 0 (causal-shaped: no key past the diagonal). The
+  // kernels are the same for every window; the time they take follows its span.
   int64_t window_bucket = 0;
   bool window_causal = false;
 
@@ -85,7 +85,7 @@ std::string mask_text(const ProblemKey& key);
 void read_mask_text(const std::string& text, ProblemKey& key);
 
 // The most keys a row of a window problem sees: both sides and the diagonal's key, an unbounded side counted as
-// seqlen_k, at most seqlen_k.
+// seqlen_k, at most seqlen_k, and at most the chunk of a chunked one.
 int64_t window_span(const AttentionProblem& problem);
 
 // The key a problem is tuned, stored and looked up under (both causal alignments run the causal kernels).

@@ -41,7 +41,7 @@ std::string failures(const std::vector<const CheckReport*>& reports);
 // Input sets for timing: several when one fits in L2, so timed launches do not reuse cached inputs.
 int input_sets(CUdevice device, int64_t set_bytes);
 
-// A shrunk check problem of a windowed sweep (small: problem with smaller lengths) with the window scaled by
+// A shrunk check problem of a windowed sweep (small: problem with smaller lengths) with the window and chunk scaled by
 // their lengths: a window sized for the sweep's lengths would hide no key of the check's, which would then test
 // the window's kernels as if causal. A bounded side stays >= 1 when it was, so the check stays a window.
 AttentionProblem with_check_window(AttentionProblem small, const AttentionProblem& problem);

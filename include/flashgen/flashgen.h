@@ -60,9 +60,15 @@ typedef struct {
                              gradient (written, not accumulated: the sum over every sequence and row, the same bits
                              on every run), or NULL when none is wanted. Must be NULL without sinks; forward calls
                              ignore it */
-  /* The window fields grew the struct from 16 to 24 bytes, the ALiBi fields to 40 and the sinks to 56, and with
-     it the argument structs that embed it: callers compiled against an older flashgen.h must be rebuilt (their
-     args.size is refused, not misread; for the dense calls, which take no size, nothing can tell). */
+  int32_t attention_chunk; /* > 0: chunked attention (Llama 4's attention_chunk): query i sees only keys j of its own
+                              chunk of that many positions, floor(j / C) == floor((i + seqlen_k - seqlen_q) / C),
+                              on top of the mask: FLASHGEN_MASK_CAUSAL (chunked causal), FLASHGEN_MASK_NONE
+                              (bidirectional within chunks) or a window; not FLASHGEN_MASK_CAUSAL_TOP_LEFT. Kernels
+                              of its own (_chunk). 0: none. Dense, packed and KV-cache calls */
+  /* The window fields grew the struct from 16 to 24 bytes, the ALiBi fields to 40 and the sinks and the chunk to
+     64, and with it the argument structs that embed it: callers compiled against an older flashgen.h must be
+     rebuilt (their args.size is refused, not misread; for the dense calls, which take no size, nothing can
+     tell). */
 } flashgen_attention_options;
 
 /* Status codes. 0 is success; every failure also sets flashgen_last_error(). */

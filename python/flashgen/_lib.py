@@ -58,6 +58,7 @@ class AttentionOptions(ctypes.Structure):
         ("alibi_batch_stride", ctypes.c_int64),  # elements between sequences' slopes; 0: one [heads_q] array
         ("sinks", ctypes.c_void_p),         # NULL, or fp32 device [heads_q] attention-sink logits
         ("dsinks", ctypes.c_void_p),        # backward: NULL, or fp32 device [heads_q] for the sinks' gradient
+        ("attention_chunk", ctypes.c_int32),  # > 0: keys of the row's own chunk of that many positions only
     ]
 
 

@@ -151,6 +151,22 @@ def _mask_and_window(causal, causal_align, window_size):
     return "window", (window[0], 0) if causal else window
 
 
+def _check_chunk(attention_chunk, mask):
+    """attention_chunk as the ops take it: an int >= 0 (0: none; below 2^31: the C ABI's field is int32). Chunks lie
+    about the bottom-right diagonal, as Llama 4's and FlashAttention's: a chunk does not take the top-left causal
+    mask."""
+    try:
+        chunk = operator.index(attention_chunk)
+    except TypeError:
+        chunk = None
+    if chunk is None or isinstance(attention_chunk, bool) or not 0 <= chunk < 2 ** 31:
+        _bad(f"attention_chunk must be an int >= 0 (keys per chunk; 0 for none), got {attention_chunk!r}")
+    if chunk > 0 and mask == "top_left":
+        _bad("attention_chunk: chunks are aligned bottom-right, as Llama 4's and FlashAttention's: they do not take "
+             "causal_align='top_left'")
+    return chunk
+
+
 def _check_alibi(alibi_slopes, device, batch, heads_q):
     """alibi_slopes as the ops take them: None, or a CUDA float32 tensor [heads_q] or [batch, heads_q] on q's device
     (FlashAttention's alibi_slopes), returned with its last dimension contiguous."""
@@ -185,10 +201,11 @@ def _check_sinks(sinks, device, heads_q):
     return sinks.float().contiguous()
 
 
-def _options(scale, mask, deterministic, softcap, window, alibi_slopes, sinks=None, dsinks=None):
+def _options(scale, mask, deterministic, softcap, window, alibi_slopes, sinks=None, dsinks=None, attention_chunk=0):
     """flashgen_attention_options of a call; alibi_slopes, sinks and dsinks (checked) must stay alive until the call
     is queued."""
     options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 1 if deterministic else 0, softcap, *window)
+    options.attention_chunk = attention_chunk
     if alibi_slopes is not None:
         options.alibi_slopes = alibi_slopes.data_ptr()
         options.alibi_batch_stride = alibi_slopes.stride(0) if alibi_slopes.dim() == 2 else 0
@@ -242,7 +259,8 @@ class _ForwardCall:
     """The arguments of one flashgen_attention_forward call: readable q, k, v, a fresh out (q's shape, contiguous)
     and lse (fp32 [batch, heads_q, seqlen_q]), their views and the options. Build it under the device's guard."""
 
-    def __init__(self, q, k, v, scale, mask, layout, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None, sinks=None):
+    def __init__(self, q, k, v, scale, mask, layout, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None, sinks=None,
+                 attention_chunk=0):
         self.q, self.k, self.v = (_readable(t) for t in (q, k, v))
         self.out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         self.lse = torch.empty(_lse_shape(q, layout), dtype=torch.float32, device=q.device)
@@ -250,7 +268,8 @@ class _ForwardCall:
         batch, heads_q, _ = _lse_shape(q, layout)
         self.alibi_slopes = _check_alibi(alibi_slopes, q.device, batch, heads_q)
         self.sinks = _check_sinks(sinks, q.device, heads_q)
-        self.options = _options(scale, mask, False, softcap, window, self.alibi_slopes, self.sinks)
+        self.options = _options(scale, mask, False, softcap, window, self.alibi_slopes, self.sinks,
+                                attention_chunk=attention_chunk)
 
     def arguments(self):
         return (*(ctypes.byref(view) for view in self.views), ctypes.c_void_p(self.lse.data_ptr()),
@@ -262,7 +281,7 @@ class _BackwardCall:
     like q, k, v) and dsinks (_dsinks); views and options. Build it under the device's guard."""
 
     def __init__(self, dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0, window=_NO_WINDOW,
-                 alibi_slopes=None, sinks=None):
+                 alibi_slopes=None, sinks=None, attention_chunk=0):
         self.dout, self.q, self.k, self.v, self.out = (_readable(t) for t in (dout, q, k, v, out))
         self.lse = lse.contiguous()
         self.dq, self.dk, self.dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
@@ -273,7 +292,7 @@ class _BackwardCall:
         self.sinks = _check_sinks(sinks, q.device, heads_q)
         self.dsinks = _dsinks(q, heads_q, self.sinks)
         self.options = _options(scale, mask, deterministic, softcap, window, self.alibi_slopes, self.sinks,
-                                self.dsinks if self.sinks is not None else None)
+                                self.dsinks if self.sinks is not None else None, attention_chunk)
 
     def arguments(self):
         refs = [ctypes.byref(view) for view in self.views]
@@ -298,19 +317,20 @@ def _check_lse(lse, q, layout):
 # The custom ops. scale 0.0 means 1/sqrt(head_dim); mask is "none", "bottom_right", "top_left" or "window"; layout
 # is "bshd" or "bhsd"; softcap 0.0 means no soft cap; window_left and window_right are the window's sides (mask
 # "window" only; -1 for no bound); alibi_slopes None or the ALiBi slopes; sinks None or the attention sinks (fp32
-# [heads_q], added last so that older positional calls still bind). Outputs are new contiguous tensors in the inputs'
-# layout; lse is fp32 [batch, heads_q, seqlen_q] in either layout; the backward ops' fourth output is dsinks
-# (_dsinks). The Python side passes the window as a (left, right) pair.
+# [heads_q]); attention_chunk 0 or the chunk's length (any mask but "top_left"). Each newer argument was added last,
+# so that older positional calls still bind. Outputs are new contiguous tensors in the inputs' layout; lse is fp32
+# [batch, heads_q, seqlen_q] in either layout; the backward ops' fourth output is dsinks (_dsinks). The Python side
+# passes the window as a (left, right) pair.
 
 def _forward(q, k, v, scale, mask, layout, checked=False, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None,
-             sinks=None):
+             sinks=None, attention_chunk=0):
     """(out, lse): the forward op's implementation, also called directly by eager calls (checked: attention()
     has checked the arguments already)."""
     if not checked:
         _check_inputs(q, k, v, layout)
         _check_mask(mask)
     with torch.cuda.device(q.device):
-        call = _ForwardCall(q, k, v, scale, mask, layout, softcap, window, alibi_slopes, sinks)
+        call = _ForwardCall(q, k, v, scale, mask, layout, softcap, window, alibi_slopes, sinks, attention_chunk)
         _lib.check(_lib.function("flashgen_attention_forward")(*call.arguments(), _stream(q.device)),
                    "flashgen_attention_forward")
     return call.out, call.lse
@@ -320,21 +340,22 @@ def _forward(q, k, v, scale, mask, layout, checked=False, softcap=0.0, window=_N
 def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: str, layout: str,
                        deterministic: bool, softcap: float = 0.0, window_left: int = -1,
                        window_right: int = -1, alibi_slopes: Optional[torch.Tensor] = None,
-                       sinks: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       sinks: Optional[torch.Tensor] = None,
+                       attention_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse). deterministic is not used by the forward; autograd hands it to the backward."""
     return _forward(q, k, v, scale, mask, layout, softcap=softcap, window=(window_left, window_right),
-                    alibi_slopes=alibi_slopes, sinks=sinks)
+                    alibi_slopes=alibi_slopes, sinks=sinks, attention_chunk=attention_chunk)
 
 
 @_attention_forward.register_fake
 def _attention_forward_fake(q, k, v, scale, mask, layout, deterministic, softcap=0.0, window_left=-1,
-                            window_right=-1, alibi_slopes=None, sinks=None):
+                            window_right=-1, alibi_slopes=None, sinks=None, attention_chunk=0):
     _check_inputs(q, k, v, layout)
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q, layout), dtype=torch.float32)
 
 
 def _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0, window=_NO_WINDOW,
-                      alibi_slopes=None, sinks=None):
+                      alibi_slopes=None, sinks=None, attention_chunk=0):
     """(dq, dk, dv, dsinks): the backward op's implementation, also called directly by eager calls
     (_EagerAttention). The kernels' workspace is a torch allocation, so nothing is allocated behind the caching
     allocator (or a CUDA graph's pool)."""
@@ -343,7 +364,7 @@ def _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministi
     _check_lse(lse, q, layout)
     with torch.cuda.device(q.device):
         call = _BackwardCall(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap, window,
-                             alibi_slopes, sinks)
+                             alibi_slopes, sinks, attention_chunk)
         stream = _stream(q.device)
         workspace_bytes = ctypes.c_size_t(0)
         _lib.check(_lib.function("flashgen_attention_backward_workspace_size")(
@@ -360,17 +381,18 @@ def _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministi
 def _attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                         lse: torch.Tensor, scale: float, mask: str, layout: str, deterministic: bool,
                         softcap: float = 0.0, window_left: int = -1, window_right: int = -1,
-                        alibi_slopes: Optional[torch.Tensor] = None, sinks: Optional[torch.Tensor] = None
+                        alibi_slopes: Optional[torch.Tensor] = None, sinks: Optional[torch.Tensor] = None,
+                        attention_chunk: int = 0
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dsinks) given dout and the forward's q, k, v, out and lse; dsinks is fp32 [heads_q] with sinks,
     else empty [0]."""
     return _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap,
-                             (window_left, window_right), alibi_slopes, sinks)
+                             (window_left, window_right), alibi_slopes, sinks, attention_chunk)
 
 
 @_attention_backward.register_fake
 def _attention_backward_fake(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0,
-                             window_left=-1, window_right=-1, alibi_slopes=None, sinks=None):
+                             window_left=-1, window_right=-1, alibi_slopes=None, sinks=None, attention_chunk=0):
     _check_inputs(q, k, v, layout)
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
             _dsinks(q, _lse_shape(q, layout)[1], sinks))
@@ -384,6 +406,7 @@ def _setup_context(ctx, inputs, output):
     ctx.scale, ctx.mask, ctx.layout, ctx.deterministic = scale, mask, layout, deterministic
     ctx.softcap = inputs[7] if len(inputs) > 7 else 0.0
     ctx.window = tuple(inputs[8:10]) if len(inputs) > 9 else _NO_WINDOW
+    ctx.attention_chunk = inputs[12] if len(inputs) > 12 else 0
     # The kernels compute no gradient through lse: it is returned for inspection and combining partial results.
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)
@@ -391,13 +414,13 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dout, dlse):
     if dout is None:  # out took no part in the loss
-        return (None,) * 12
+        return (None,) * 13
     q, k, v, out, lse, alibi_slopes, sinks = ctx.saved_tensors
     dq, dk, dv, dsinks = torch.ops.flashgen.attention_backward(dout, q, k, v, out, lse, ctx.scale, ctx.mask,
                                                                ctx.layout, ctx.deterministic, ctx.softcap,
-                                                               *ctx.window, alibi_slopes, sinks)
-    # None for the slopes (a fixed bias); the sinks' gradient when there are sinks.
-    return (dq, dk, dv) + (None,) * 8 + (dsinks if sinks is not None else None,)
+                                                               *ctx.window, alibi_slopes, sinks, ctx.attention_chunk)
+    # None for the slopes (a fixed bias); the sinks' gradient when there are sinks; None for the chunk.
+    return (dq, dk, dv) + (None,) * 8 + (dsinks if sinks is not None else None, None)
 
 
 _attention_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -413,21 +436,23 @@ class _EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, scale, mask, layout, deterministic, softcap, window_left, window_right, alibi_slopes,
-                sinks):
+                sinks, attention_chunk):
         output = _forward(q, k, v, scale, mask, layout, checked=True, softcap=softcap,
-                          window=(window_left, window_right), alibi_slopes=alibi_slopes, sinks=sinks)
+                          window=(window_left, window_right), alibi_slopes=alibi_slopes, sinks=sinks,
+                          attention_chunk=attention_chunk)
         _setup_context(ctx, (q, k, v, scale, mask, layout, deterministic, softcap, window_left, window_right,
-                             alibi_slopes, sinks), output)
+                             alibi_slopes, sinks, attention_chunk), output)
         return output
 
     @staticmethod
     def backward(ctx, dout, dlse):
         if dout is None:  # out took no part in the loss
-            return (None,) * 12
+            return (None,) * 13
         q, k, v, out, lse, alibi_slopes, sinks = ctx.saved_tensors
         dq, dk, dv, dsinks = _backward_kernels(dout, q, k, v, out, lse, ctx.scale, ctx.mask, ctx.layout,
-                                               ctx.deterministic, ctx.softcap, ctx.window, alibi_slopes, sinks)
-        return (dq, dk, dv) + (None,) * 8 + (dsinks if sinks is not None else None,)
+                                               ctx.deterministic, ctx.softcap, ctx.window, alibi_slopes, sinks,
+                                               ctx.attention_chunk)
+        return (dq, dk, dv) + (None,) * 8 + (dsinks if sinks is not None else None, None)
 
 
 def _eager_call(*tensors):
@@ -488,7 +513,7 @@ def _deterministic(deterministic):
 # Public API.
 
 def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, layout="bshd", deterministic=False,
-              return_lse=False, softcap=0.0, window_size=(-1, -1), alibi_slopes=None, sinks=None):
+              return_lse=False, softcap=0.0, window_size=(-1, -1), attention_chunk=0, alibi_slopes=None, sinks=None):
     """softmax(q kᵀ · scale [causal mask]) v on CUDA float16 / bfloat16 tensors, differentiable in q, k and v (and
     the attention sinks).
 
@@ -513,15 +538,19 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     window_size=(left, right): a sliding window, FlashAttention's: query i sees keys i + seqlen_k - seqlen_q - left
     to i + seqlen_k - seqlen_q + right (aligned bottom-right), -1 for no bound on a side; with causal=True the right
     side is 0 (a causal window, Mistral's); (-1, -1), the default, is no window. Rows whose window holds no key get
-    output 0, lse -inf and zero gradients. A window does not take causal_align="top_left". alibi_slopes: ALiBi
-    (BLOOM, MPT), FlashAttention's: a float32 tensor [heads_q] or [batch, heads_q] on q's device, and the score of
-    query i and key j (after the soft cap) gains -slope · |i + seqlen_k - seqlen_q - j| (|i - j| under
-    causal_align="top_left"); no gradient flows to the slopes. sinks: attention sinks (gpt-oss), a tensor [heads_q]
-    on q's device, float32 (bfloat16 and float16 ones, gpt-oss's parameter, are converted and their gradient flows
-    back in their dtype): one logit per query head, in the units of the scaled scores, that joins every row's
-    softmax denominator with no value, out_i = Σ_j e^(s_ij) v_j / (e^sink + Σ_j e^(s_ij)); lse includes it, a row
-    that sees no key gets out 0 and lse = sink, and -inf for a head is no sink there. Sinks that require grad get
-    their gradient, summed over the batch and every row.
+    output 0, lse -inf and zero gradients. A window does not take causal_align="top_left". attention_chunk=C > 0:
+    chunked attention (Llama 4's attention_chunk, FlashAttention-3's): query i sees only the keys j of its own chunk
+    of C positions, j // C == (i + seqlen_k - seqlen_q) // C (floor division, aligned bottom-right: the rows
+    i < seqlen_q - seqlen_k see no key), on top of the mask: with causal=True chunked causal attention (Llama 4's),
+    without it bidirectional attention within each chunk, or a window_size window within it; 0, the default, is
+    none. A chunk does not take causal_align="top_left". alibi_slopes: ALiBi (BLOOM, MPT), FlashAttention's: a
+    float32 tensor [heads_q] or [batch, heads_q] on q's device, and the score of query i and key j (after the soft
+    cap) gains -slope · |i + seqlen_k - seqlen_q - j| (|i - j| under causal_align="top_left"); no gradient flows to
+    the slopes. sinks: attention sinks (gpt-oss), a tensor [heads_q] on q's device, float32 (bfloat16 and float16 ones,
+    gpt-oss's parameter, are converted and their gradient flows back in their dtype): one logit per query head, in the
+    units of the scaled scores, that joins every row's softmax denominator with no value, out_i = Σ_j e^(s_ij) v_j /
+    (e^sink + Σ_j e^(s_ij)); lse includes it, a row that sees no key gets out 0 and lse = sink, and -inf for a head is
+    no sink there. Sinks that require grad get their gradient, summed over the batch and every row.
 
     Returns out, shaped and laid out like q (a new contiguous tensor), or (out, lse) with return_lse, lse being
     the natural-log log-sum-exp of each row's scaled scores (and its sink), float32 [batch, heads_q, seqlen_q]; lse
@@ -529,6 +558,7 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     ValueError), other failures FlashgenError (a RuntimeError), carrying the library's message.
     """
     mask, window = _mask_and_window(causal, causal_align, window_size)
+    chunk = _check_chunk(attention_chunk, mask)
     q, k, v = _autocast(q, k, v)
     _check_inputs(q, k, v, layout)
     scale = _check_scale(scale)
@@ -539,19 +569,20 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     if q.numel() == 0 or k.numel() == 0:
         out, lse = _Empty.apply(q, k, v, _lse_shape(q, layout), sinks)
     else:
-        args = (q, k, v, scale, mask, layout, _deterministic(deterministic), softcap, *window, alibi_slopes, sinks)
+        args = (q, k, v, scale, mask, layout, _deterministic(deterministic), softcap, *window, alibi_slopes, sinks,
+                chunk)
         if not _eager_call(q, k, v):
             out, lse = torch.ops.flashgen.attention_forward(*args)
         elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks)):
             out, lse = _EagerAttention.apply(*args)
         else:  # nothing to differentiate: no autograd node at all
             out, lse = _forward(q, k, v, scale, mask, layout, checked=True, softcap=softcap, window=window,
-                                alibi_slopes=alibi_slopes, sinks=sinks)
+                                alibi_slopes=alibi_slopes, sinks=sinks, attention_chunk=chunk)
     return (out, lse) if return_lse else out
 
 
 def explain(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, layout="bshd", deterministic=False,
-            backward=True, softcap=0.0, window_size=(-1, -1), alibi_slopes=None, sinks=None):
+            backward=True, softcap=0.0, window_size=(-1, -1), attention_chunk=0, alibi_slopes=None, sinks=None):
     """Which kernels attention(q, k, v, ...) with these arguments runs, and why, as a dict:
     {"library": path, "version": ..., "forward": {...}, "backward": {...}}. Each pass has "config" (the kernel
     config's canonical name), "source" ("tuning database", "tuned on first use", "shipped defaults" or
@@ -560,9 +591,11 @@ def explain(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, l
     kernel's registers and spills; the backward also has "workspace_bytes". Compiles or loads the kernels like a
     first call (and with tune-on-first-use on, tunes an untuned problem first) but runs nothing. Allocates what
     the call would (out, lse and, with backward, dout and the gradients) for as long as it runs. With sinks (as
-    attention() takes them) the backward lists the kernel of the sinks' gradient too.
+    attention() takes them) the backward lists the kernel of the sinks' gradient too. With attention_chunk (as
+    attention() takes it) both passes run the chunked kernels (configs named ..._chunk).
     """
     mask, window = _mask_and_window(causal, causal_align, window_size)
+    chunk = _check_chunk(attention_chunk, mask)
     q, k, v = _autocast(q, k, v)
     _check_inputs(q, k, v, layout)
     scale = _check_scale(scale)
@@ -571,11 +604,11 @@ def explain(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, l
     answer = {"library": _lib.library_path(), "version": _lib.version()}
     with torch.no_grad(), torch.cuda.device(q.device):
         stream = _stream(q.device)
-        forward = _ForwardCall(q, k, v, scale, mask, layout, softcap, window, alibi_slopes, sinks)
+        forward = _ForwardCall(q, k, v, scale, mask, layout, softcap, window, alibi_slopes, sinks, chunk)
         answer["forward"] = _lib.call_json("flashgen_explain_forward", *forward.arguments(), stream)
         if backward:
             call = _BackwardCall(torch.empty_like(forward.out), q, k, v, forward.out, forward.lse, scale, mask,
-                                 layout, deterministic, softcap, window, alibi_slopes, forward.sinks)
+                                 layout, deterministic, softcap, window, alibi_slopes, forward.sinks, chunk)
             answer["backward"] = _lib.call_json("flashgen_explain_backward", *call.arguments(), stream)
     return answer
 
@@ -587,8 +620,9 @@ def tune(q, k, v, *, causal=False, causal_align="bottom_right", layout="bshd"):
     ~/.local/share/flashgen/tuning.sqlite) and makes the winner this process's choice; later processes read it
     from the database. Only the tensors' shapes, dtype and device matter. Returns {"problem": bucket id, "config":
     winner, "reason": ..., "db": path}. The backward is tuned by set_tune_on_first_use(True) on its first call, or
-    ahead of time with `flashgen tune --backward`. The problem is the plain one (no window, soft cap or ALiBi):
-    a variant's problem class is tuned by `flashgen tune --window/--softcap/--alibi` or on its first call.
+    ahead of time with `flashgen tune --backward`. The problem is the plain one (no window, chunk, soft cap or
+    ALiBi): a variant's problem class is tuned by `flashgen tune --window/--chunk/--softcap/--alibi` or on its first
+    call.
     """
     mask = _mask(causal, causal_align)
     _check_inputs(q, k, v, layout)
@@ -641,7 +675,7 @@ def _packed_view(t):
 
 
 def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask,
-                    block_table=None, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None, sinks=None):
+                    block_table=None, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None, sinks=None, attention_chunk=0):
     with torch.cuda.device(q.device):
         q, k, v = (_readable(t) for t in (q, k, v))
         block_table = block_table.contiguous() if block_table is not None else None
@@ -664,7 +698,8 @@ def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q
         args.max_seqlen_q, args.max_seqlen_k = max_seqlen_q, max_seqlen_k
         alibi_slopes = _check_alibi(alibi_slopes, q.device, args.batch, q.shape[1])
         sinks = _check_sinks(sinks, q.device, q.shape[1])
-        args.options = _options(scale, mask, False, softcap, window, alibi_slopes, sinks)
+        args.options = _options(scale, mask, False, softcap, window, alibi_slopes, sinks,
+                                attention_chunk=attention_chunk)
         _lib.check(_lib.function("flashgen_attention_varlen_forward")(ctypes.byref(args), _stream(q.device)),
                    "flashgen_attention_varlen_forward")
     return out, lse
@@ -677,22 +712,23 @@ def _varlen_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               block_table: Optional[torch.Tensor] = None, softcap: float = 0.0,
                               window_left: int = -1, window_right: int = -1,
                               alibi_slopes: Optional[torch.Tensor] = None,
-                              sinks: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                              sinks: Optional[torch.Tensor] = None,
+                              attention_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of a packed batch; lse is fp32 [heads_q, total_q]. deterministic is the backward's (autograd hands
     it on). With block_table, k and v are paged caches."""
     return _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask,
-                           block_table, softcap, (window_left, window_right), alibi_slopes, sinks)
+                           block_table, softcap, (window_left, window_right), alibi_slopes, sinks, attention_chunk)
 
 
 @_varlen_attention_forward.register_fake
 def _varlen_attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale,
                                    mask, deterministic, block_table=None, softcap=0.0, window_left=-1,
-                                   window_right=-1, alibi_slopes=None, sinks=None):
+                                   window_right=-1, alibi_slopes=None, sinks=None, attention_chunk=0):
     return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
 def _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, mask,
-                     deterministic, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None, sinks=None):
+                     deterministic, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None, sinks=None, attention_chunk=0):
     with torch.cuda.device(q.device):
         dout, q, k, v, out = (_readable(t) for t in (dout, q, k, v, out))
         dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
@@ -708,7 +744,7 @@ def _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_se
         sinks = _check_sinks(sinks, q.device, q.shape[1])
         dsinks = _dsinks(q, q.shape[1], sinks)
         args.options = _options(scale, mask, deterministic, softcap, window, alibi_slopes, sinks,
-                                dsinks if sinks is not None else None)
+                                dsinks if sinks is not None else None, attention_chunk)
         _lib.check(_lib.function("flashgen_attention_varlen_backward")(ctypes.byref(args), _stream(q.device)),
                    "flashgen_attention_varlen_backward")
     return dq, dk, dv, dsinks
@@ -720,19 +756,20 @@ def _varlen_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Ten
                                cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, scale: float,
                                mask: str, deterministic: bool, softcap: float = 0.0, window_left: int = -1,
                                window_right: int = -1, alibi_slopes: Optional[torch.Tensor] = None,
-                               sinks: Optional[torch.Tensor] = None
+                               sinks: Optional[torch.Tensor] = None, attention_chunk: int = 0
                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dsinks) of a packed batch given dout and the forward's out and lse; dsinks is fp32 [heads_q]
     with sinks (summed over every sequence), else empty [0]. The kernels' workspace comes from the stream's memory
     pool, outside the caching allocator."""
     return _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
-                            mask, deterministic, softcap, (window_left, window_right), alibi_slopes, sinks)
+                            mask, deterministic, softcap, (window_left, window_right), alibi_slopes, sinks,
+                            attention_chunk)
 
 
 @_varlen_attention_backward.register_fake
 def _varlen_attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     scale, mask, deterministic, softcap=0.0, window_left=-1, window_right=-1,
-                                    alibi_slopes=None, sinks=None):
+                                    alibi_slopes=None, sinks=None, attention_chunk=0):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), _dsinks(q, q.shape[1], sinks)
 
 
@@ -747,21 +784,23 @@ def _varlen_setup_context(ctx, inputs, output):
     ctx.deterministic = deterministic
     ctx.softcap = inputs[12] if len(inputs) > 12 else 0.0
     ctx.window = tuple(inputs[13:15]) if len(inputs) > 14 else _NO_WINDOW
+    ctx.attention_chunk = inputs[17] if len(inputs) > 17 else 0
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)
 
 
 def _varlen_backward_formula(ctx, dout, dlse):
     if dout is None:
-        return (None,) * 17
+        return (None,) * 18
     if ctx.has_seqused_k:
         raise NotImplementedError("flashgen.torch.varlen_attention: no backward with seqused_k or a block_table")
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks = ctx.saved_tensors
     max_seqlen_q, max_seqlen_k, scale, mask = ctx.sizes
     dq, dk, dv, dsinks = torch.ops.flashgen.varlen_attention_backward(
         dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, mask,
-        ctx.deterministic, ctx.softcap, *ctx.window, alibi_slopes, sinks)
-    return (dq, dk, dv) + (None,) * 13 + (dsinks if sinks is not None else None,)
+        ctx.deterministic, ctx.softcap, *ctx.window, alibi_slopes, sinks, ctx.attention_chunk)
+    # None for the offsets, sizes, flags and slopes; the sinks' gradient when there are sinks; None for the chunk.
+    return (dq, dk, dv) + (None,) * 13 + (dsinks if sinks is not None else None, None)
 
 
 _varlen_attention_forward.register_autograd(_varlen_backward_formula, setup_context=_varlen_setup_context)
@@ -770,7 +809,7 @@ _varlen_attention_forward.register_autograd(_varlen_backward_formula, setup_cont
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                      softmax_scale=None, causal=False, *, causal_align="bottom_right", seqused_k=None,
                      block_table=None, deterministic=False, return_attn_probs=False, softcap=0.0, window_size=(-1, -1),
-                     alibi_slopes=None, sinks=None):
+                     attention_chunk=0, alibi_slopes=None, sinks=None):
     """Attention over a packed batch of sequences of different lengths, with FlashAttention's
     flash_attn_varlen_func arguments: q [total_q, heads_q, head_dim], k and v [total_k, heads_kv, head_dim] (CUDA
     float16 or bfloat16); cu_seqlens_q and cu_seqlens_k int32 [batch + 1] offsets on q's device (sequence b owns
@@ -786,11 +825,14 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     cu_seqlens_k[b] (forward only). softcap > 0: each score s = q·k · scale becomes softcap · tanh(s / softcap)
     before the softmax (FlashAttention's softcap), forward and backward; 0.0 for none. window_size=(left, right):
     FlashAttention's sliding window within each sequence, as attention() takes it (aligned bottom-right: with
-    causal=True the right side is 0; (-1, -1) for none). alibi_slopes: float32 [heads_q] or [batch, heads_q] ALiBi
-    slopes (FlashAttention's), each sequence's bias about its own diagonal, as attention() takes them. sinks:
-    attention sinks (gpt-oss), [heads_q] on q's device, as attention() takes them: one logit per query head that
-    joins every row's softmax denominator with no value, out_i = Σ_j e^(s_ij) v_j / (e^sink + Σ_j e^(s_ij)), lse
-    including it (a row that sees no key gets out 0 and lse = sink; -inf for a head is no sink there).
+    causal=True the right side is 0; (-1, -1) for none). attention_chunk=C > 0: chunked attention (Llama 4's) within
+    each sequence, as attention() takes it: query i of a sequence sees only its keys j with j // C == (i + seqlen_k -
+    seqlen_q) // C, its own lengths aligned bottom-right, on top of the mask or window; 0 for none. alibi_slopes:
+    float32 [heads_q] or [batch, heads_q] ALiBi slopes (FlashAttention's), each sequence's bias about its own
+    diagonal, as attention() takes them. sinks: attention sinks (gpt-oss), [heads_q] on q's device, as attention() takes
+    them: one logit per query head that joins every row's softmax denominator with no value, out_i = Σ_j e^(s_ij) v_j /
+    (e^sink + Σ_j e^(s_ij)), lse including it (a row that sees no key gets out 0 and lse = sink; -inf for a head is no
+    sink there).
 
     Returns out [total_q, heads_q, head_dim] (a new tensor), or (out, lse, None) with return_attn_probs, lse being
     fp32 [heads_q, total_q] (natural log) as FlashAttention returns softmax_lse. Differentiable in q, k and v (each
@@ -806,6 +848,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         raise FlashgenArgumentError(f"dropout_p must be 0.0 (flashgen has no dropout), got {dropout_p}",
                                     _lib.ERROR_INVALID_ARGUMENT)
     mask, window = _mask_and_window(causal, causal_align, window_size)
+    chunk = _check_chunk(attention_chunk, mask)
     scale = _check_scale(softmax_scale)
     softcap = _check_softcap(softcap)
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, block_table)
@@ -817,10 +860,10 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                                   "call it under torch.no_grad() or on inputs without gradients")
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask)
     if _eager_call(q, k, v) and not needs_grad:
-        out, lse = _varlen_forward(*args, block_table, softcap, window, alibi_slopes, sinks)
+        out, lse = _varlen_forward(*args, block_table, softcap, window, alibi_slopes, sinks, chunk)
     else:
         out, lse = torch.ops.flashgen.varlen_attention_forward(*args, _deterministic(deterministic), block_table,
-                                                               softcap, *window, alibi_slopes, sinks)
+                                                               softcap, *window, alibi_slopes, sinks, chunk)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -848,7 +891,7 @@ def _check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table)
 
 
 def _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, scale, mask, num_splits, window,
-                  sinks):
+                  sinks, attention_chunk=0):
     """flashgen_kvcache_args over the tensors (each readable in place: the caches are written in place when k and
     v are given, so they are never copied); sinks checked."""
     args = _lib.KvCacheArgs()
@@ -861,7 +904,7 @@ def _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, ls
     if block_table is not None:
         args.block_table, args.max_pages = block_table.data_ptr(), block_table.shape[1]
     args.num_splits = num_splits
-    args.options = _options(scale, mask, False, 0.0, window, None, sinks)
+    args.options = _options(scale, mask, False, 0.0, window, None, sinks, attention_chunk=attention_chunk)
     return args
 
 
@@ -870,15 +913,16 @@ def _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, ls
 _KVCACHE_WORKSPACE = {}
 
 
-def _kvcache_class(q, k_cache, v_cache, k, cache_seqlens, block_table, scale, mask, num_splits, window, sinks):
+def _kvcache_class(q, k_cache, v_cache, k, cache_seqlens, block_table, scale, mask, num_splits, window, sinks,
+                   attention_chunk=0):
     return (q.device, q.dtype, tuple(q.shape), q.stride(), tuple(k_cache.shape), k_cache.stride(), v_cache.stride(),
             None if k is None else (tuple(k.shape), k.stride()),
             None if block_table is None else tuple(block_table.shape), cache_seqlens is None, scale, mask, num_splits,
-            window, sinks is None)
+            window, sinks is None, attention_chunk)
 
 
 def _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits, window=_NO_WINDOW,
-             sinks=None):
+             sinks=None, attention_chunk=0):
     with torch.cuda.device(q.device):
         sinks = _check_sinks(sinks, q.device, q.shape[2])
         q = _readable(q)
@@ -888,10 +932,10 @@ def _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask,
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
         args = _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, scale, mask, num_splits,
-                             window, sinks)
+                             window, sinks, attention_chunk)
         stream = _stream(q.device)
         key = _kvcache_class(q, k_cache, v_cache, k, cache_seqlens, block_table, scale, mask, num_splits, window,
-                             sinks)
+                             sinks, attention_chunk)
         needed = _KVCACHE_WORKSPACE.get(key)
         if needed is None:
             size = ctypes.c_size_t(0)
@@ -917,17 +961,18 @@ def _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask,
 def _attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Optional[torch.Tensor],
                        v: Optional[torch.Tensor], cache_seqlens: Optional[torch.Tensor],
                        block_table: Optional[torch.Tensor], scale: float, mask: str, num_splits: int,
-                       window_left: int = -1, window_right: int = -1,
-                       sinks: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       window_left: int = -1, window_right: int = -1, sinks: Optional[torch.Tensor] = None,
+                       attention_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of new queries against a KV cache; lse is fp32 [batch, heads_q, seqlen_q]. With k and v, their rows
-    are first written into k_cache and v_cache. sinks: None or fp32 [heads_q] attention sinks."""
+    are first written into k_cache and v_cache. sinks: None or fp32 [heads_q] attention sinks; attention_chunk: 0 or
+    the chunk's length."""
     return _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits,
-                    (window_left, window_right), sinks)
+                    (window_left, window_right), sinks, attention_chunk)
 
 
 @_attention_kvcache.register_fake
 def _attention_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits,
-                            window_left=-1, window_right=-1, sinks=None):
+                            window_left=-1, window_right=-1, sinks=None, attention_chunk=0):
     return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
 
@@ -935,7 +980,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
                            cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None,
                            causal=False, window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
                            alibi_slopes=None, num_splits=0, return_softmax_lse=False, *, causal_align="bottom_right",
-                           sinks=None):
+                           sinks=None, attention_chunk=0):
     """Attention of a few new query tokens per sequence against its KV cache (decoding), with FlashAttention's
     flash_attn_with_kvcache arguments: q [batch, seqlen_q, heads_q, head_dim]; k_cache and v_cache [batch,
     capacity, heads_kv, head_dim], or with block_table (int32 [batch, max_pages]) paged caches [num_pages,
@@ -947,7 +992,10 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     queries with its last keys ("bottom_right", FlashAttention's) or, with causal_align="top_left", its first.
     window_size=(left, right): FlashAttention's sliding window about the same bottom-right diagonal (new query i of
     n sees keys cache_seqlens[b] + seqlen_new - n + i - left to ... + right; -1 for no bound on a side; with
-    causal=True the right side is 0; (-1, -1) for none). GQA/MQA as for attention(). num_splits: key ranges per
+    causal=True the right side is 0; (-1, -1) for none). attention_chunk=C > 0 (keyword only): chunked attention
+    (Llama 4's) about the same diagonal, as attention() takes it: new query i sees only the keys j of its own chunk,
+    j // C == (cache_seqlens[b] + seqlen_new - n + i) // C, on top of the mask or window (a decode step past a chunk
+    boundary sees only the new chunk's keys); 0 for none. GQA/MQA as for attention(). num_splits: key ranges per
     sequence merged by LSE, 0 lets flashgen choose for the GPU and problem (a short window over a long cache gets
     few: only the blocks it visits are split), 1 gives batch-invariant results. sinks: attention sinks (gpt-oss),
     [heads_q] on q's device, as attention() takes them: one logit per query head that joins every row's softmax
@@ -972,6 +1020,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
             raise FlashgenArgumentError(f"{name}: not supported by flashgen.torch.attention_with_kvcache yet",
                                         _lib.ERROR_UNSUPPORTED)
     mask, window = _mask_and_window(causal, causal_align, window_size)
+    chunk = _check_chunk(attention_chunk, mask)
     scale = _check_scale(softmax_scale)
     if isinstance(num_splits, bool) or not isinstance(num_splits, int):
         _bad(f"num_splits: expected an int, got {type(num_splits).__name__}")
@@ -983,7 +1032,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
         sinks = sinks.detach()
     args = (q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits)
     if _eager_call(q, k_cache, v_cache):
-        out, lse = _kvcache(*args, window, sinks)
+        out, lse = _kvcache(*args, window, sinks, chunk)
     else:
-        out, lse = torch.ops.flashgen.attention_kvcache(*args, *window, sinks)
+        out, lse = torch.ops.flashgen.attention_kvcache(*args, *window, sinks, chunk)
     return (out, lse) if return_softmax_lse else out

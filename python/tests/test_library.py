@@ -69,10 +69,10 @@ def test_version_matches_the_package():
 
 def test_struct_layouts_mirror_flashgen_h():
     # flashgen_tensor: void*, int (+4 padding), int64[4], int64[4]; options: float, int, int, float, two int32,
-    # const float*, int64, const float*, float*; flashgen_forward_problem: two ints, six int64.
+    # const float*, int64, const float*, float*, int32 (+4 padding); flashgen_forward_problem: two ints, six int64.
     assert ctypes.sizeof(_lib.Tensor) == 80
     assert _lib.Tensor.shape.offset == 16
-    assert ctypes.sizeof(_lib.AttentionOptions) == 56
+    assert ctypes.sizeof(_lib.AttentionOptions) == 64
     assert _lib.AttentionOptions.softcap.offset == 12
     assert _lib.AttentionOptions.window_left.offset == 16
     assert _lib.AttentionOptions.window_right.offset == 20
@@ -80,21 +80,22 @@ def test_struct_layouts_mirror_flashgen_h():
     assert _lib.AttentionOptions.alibi_batch_stride.offset == 32
     assert _lib.AttentionOptions.sinks.offset == 40
     assert _lib.AttentionOptions.dsinks.offset == 48
+    assert _lib.AttentionOptions.attention_chunk.offset == 56
     assert ctypes.sizeof(_lib.ForwardProblem) == 56
     assert _lib.ForwardProblem.batch.offset == 8
     # flashgen_varlen_forward_args: size_t, four tensors, four pointers, three int64, the options, the block
     # table's pointer and row length.
-    assert ctypes.sizeof(_lib.VarlenForwardArgs) == 456
+    assert ctypes.sizeof(_lib.VarlenForwardArgs) == 464
     assert _lib.VarlenForwardArgs.lse.offset == 328
     assert _lib.VarlenForwardArgs.options.offset == 384
-    assert _lib.VarlenForwardArgs.block_table.offset == 440
+    assert _lib.VarlenForwardArgs.block_table.offset == 448
     # flashgen_kvcache_args: size_t, six tensors, three pointers, two int64, the workspace and its size, the options.
-    assert ctypes.sizeof(_lib.KvCacheArgs) == 600
+    assert ctypes.sizeof(_lib.KvCacheArgs) == 608
     assert _lib.KvCacheArgs.lse.offset == 488
     assert _lib.KvCacheArgs.max_pages.offset == 512
     assert _lib.KvCacheArgs.options.offset == 544
     # flashgen_varlen_backward_args: size_t, eight tensors, three pointers, three int64, the options.
-    assert ctypes.sizeof(_lib.VarlenBackwardArgs) == 752
+    assert ctypes.sizeof(_lib.VarlenBackwardArgs) == 760
     assert _lib.VarlenBackwardArgs.lse.offset == 648
 
 
@@ -194,7 +195,11 @@ def test_statuses_map_to_exception_types():
      _lib.ERROR_INVALID_ARGUMENT, "opts.window_left must be >= 0, or -1 for no bound on that side, got -2"),
     (lambda c: setattr(c, "options", _lib.AttentionOptions(0.0, _lib.MASK_SLIDING_WINDOW, 0, 0.0, 16, -9)),
      _lib.ERROR_INVALID_ARGUMENT, "opts.window_right must be >= 0, or -1 for no bound on that side, got -9"),
-], ids=["null-data", "batch", "stride", "mask", "head-dim", "window-left", "window-right"])
+    (lambda c: setattr(c.options, "attention_chunk", -3), _lib.ERROR_INVALID_ARGUMENT,
+     "opts.attention_chunk must be >= 0 (0: none), got -3"),
+    (lambda c: [setattr(c.options, "mask", _lib.MASK_CAUSAL_TOP_LEFT), setattr(c.options, "attention_chunk", 64)],
+     _lib.ERROR_INVALID_ARGUMENT, "opts.attention_chunk: chunks lie about the bottom-right diagonal"),
+], ids=["null-data", "batch", "stride", "mask", "head-dim", "window-left", "window-right", "chunk", "chunk-top-left"])
 def test_forward_errors_carry_the_library_message(mutate, status, message):
     call = _Call()
     mutate(call)

@@ -81,12 +81,7 @@ def test_decode_within_a_window_matches_reference(page_size, window_size, causal
     cache_seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     table, k_cache, v_cache = None, k_logical.clone(), v_logical.clone()
     if page_size:  # the pages in reverse order
-        order = torch.arange(batch * capacity // page_size, device="cuda").flip(0)
-        table = order.view(batch, -1).to(torch.int32)
-        k_cache, v_cache = (torch.empty(len(order), page_size, hkv, d, device="cuda", dtype=torch.float16)
-                            for _ in range(2))
-        k_cache[order] = k_logical.reshape(-1, page_size, hkv, d)
-        v_cache[order] = v_logical.reshape(-1, page_size, hkv, d)
+        table, k_cache, v_cache = testsupport.reversed_pages(k_logical, v_logical, page_size)
     for num_splits in (0, 1, 4):
         out, lse = fgt.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=cache_seqlens,
                                               block_table=table, causal=causal, window_size=window_size,

@@ -95,6 +95,33 @@ def window_keys(seqlen_q, seqlen_k, window, device):
     return visible
 
 
+def chunk_keys(seqlen_q, seqlen_k, chunk, device):
+    """[seqlen_q, seqlen_k] bool: key j visible to query i under flashgen.h's attention_chunk C > 0 (Llama 4's chunked
+    attention): j lies in the chunk of C positions that holds the row's bottom-right diagonal, floor(j / C) ==
+    floor((i + seqlen_k - seqlen_q) / C), so a row whose diagonal is negative sees no key; every key when chunk is 0."""
+    import torch
+    if chunk == 0:
+        return torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    diagonal = torch.arange(seqlen_q, device=device)[:, None] + seqlen_k - seqlen_q
+    j = torch.arange(seqlen_k, device=device)[None, :]
+    return torch.div(j, chunk, rounding_mode="floor") == torch.div(diagonal, chunk, rounding_mode="floor")
+
+
+def reversed_pages(k_logical, v_logical, page_size):
+    """(block_table, k_cache, v_cache): caches [batch, capacity, heads_kv, head_dim] moved into pages of page_size
+    rows laid out in reverse order ([num_pages, page_size, heads_kv, head_dim]), and the int32 [batch, pages] table
+    that finds them."""
+    import torch
+    batch, capacity, heads_kv, head_dim = k_logical.shape
+    order = torch.arange(batch * capacity // page_size, device=k_logical.device).flip(0)
+    caches = []
+    for logical in (k_logical, v_logical):
+        cache = torch.empty(len(order), page_size, heads_kv, head_dim, device=logical.device, dtype=logical.dtype)
+        cache[order] = logical.reshape(-1, page_size, heads_kv, head_dim)
+        caches.append(cache)
+    return order.view(batch, -1).to(torch.int32), caches[0], caches[1]
+
+
 def float64_bshd_attention(q, k, v, dout, scale, visible=None, softcap=0.0, bias=None):
     """out, lse and (dq, dk, dv) in float64 for bshd q, k, v (GQA by repeating k and v): the softmax of the scores,
     each capped to softcap * tanh(s / softcap) when softcap > 0 and then given bias ([batch or 1, heads_q, seqlen_q,

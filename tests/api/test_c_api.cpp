@@ -42,7 +42,7 @@ struct Call {
   flashgen_tensor v = bshd(fake_pointer(3), 2, 75, 4, 64);
   flashgen_tensor out = bshd(fake_pointer(4), 2, 100, 8, 64);
   float* lse = static_cast<float*>(fake_pointer(5));
-  flashgen_attention_options opts{0.f, FLASHGEN_MASK_CAUSAL, 0, 0.f, -1, -1, nullptr, 0, nullptr, nullptr};
+  flashgen_attention_options opts{0.f, FLASHGEN_MASK_CAUSAL, 0, 0.f, -1, -1, nullptr, 0, nullptr, nullptr, 0};
   const flashgen_tensor* qp = &q;
   const flashgen_tensor* kp = &k;
   const flashgen_tensor* vp = &v;
@@ -283,6 +283,50 @@ TEST_CASE("C ABI rejects each bad argument with a message naming it", "[c_api]")
     check_rejected([](Call& c) { c.opts.sinks = reinterpret_cast<const float*>(reinterpret_cast<uintptr_t>(sinks) + 2); },
                    kInvalid, "opts.sinks: pointer must be 4-byte aligned (an fp32 array)");
   }
+  SECTION("attention_chunk") {
+    check_rejected([](Call& c) { c.opts.attention_chunk = -3; }, kInvalid,
+                   "opts.attention_chunk must be >= 0 (0: none), got -3");
+    check_rejected([](Call& c) { c.opts.attention_chunk = 64, c.opts.mask = FLASHGEN_MASK_CAUSAL_TOP_LEFT; }, kInvalid,
+                   "opts.attention_chunk: chunks lie about the bottom-right diagonal; not with "
+                   "FLASHGEN_MASK_CAUSAL_TOP_LEFT");
+  }
+}
+
+TEST_CASE("C ABI runs a chunked call on the chunked window's kernels, the chunk bounded by seqlen_k",
+          "[c_api][chunk]") {
+  Call c;  // q [2, 100, 8, 64], k and v [2, 75, 4, 64]
+  const flashgen::ForwardCall causal = flashgen::make_forward_call(&c.q, &c.k, &c.v, &c.out, c.lse, &c.opts);
+  CHECK(causal.problem.mask_kind() == flashgen::MaskKind::kCausal);
+  CHECK(causal.params.attention_chunk == 0);
+  // Chunked causal: the window (-1, 0) with the chunk, the left side bounded by seqlen_k as a window's.
+  c.opts.attention_chunk = 32;
+  const flashgen::ForwardCall chunked = flashgen::make_forward_call(&c.q, &c.k, &c.v, &c.out, c.lse, &c.opts);
+  CHECK(chunked.problem.mask_kind() == flashgen::MaskKind::kChunk);
+  CHECK(chunked.problem.attention_chunk == 32);
+  CHECK(chunked.params.window_left == 75);
+  CHECK(chunked.params.window_right == 0);
+  CHECK(chunked.params.attention_chunk == 32);
+  // Keyed by the chunk's width as a window by its span, causal-shaped.
+  const flashgen::ProblemKey key = flashgen::problem_key(chunked.problem);
+  CHECK(key.mask == flashgen::MaskKind::kChunk);
+  CHECK(key.window_bucket == 32);
+  CHECK(key.window_causal);
+  CHECK(key.id() == "fwd|fp16|d64|chunk|g2|q128|k128|bh16|w32c");
+  // No mask: both sides unbounded, within chunks; a chunk past every key is bounded by seqlen_k.
+  c.opts.mask = FLASHGEN_MASK_NONE, c.opts.attention_chunk = 1 << 30;
+  const flashgen::ForwardCall bidirectional = flashgen::make_forward_call(&c.q, &c.k, &c.v, &c.out, c.lse, &c.opts);
+  CHECK(bidirectional.problem.mask_kind() == flashgen::MaskKind::kChunk);
+  CHECK(bidirectional.params.window_left == 75);
+  CHECK(bidirectional.params.window_right == 100);
+  CHECK(bidirectional.params.attention_chunk == 75);
+  // A window keeps its own sides under a chunk.
+  c.opts.mask = FLASHGEN_MASK_SLIDING_WINDOW, c.opts.window_left = 20, c.opts.window_right = 3;
+  c.opts.attention_chunk = 16;
+  const flashgen::ForwardCall windowed = flashgen::make_forward_call(&c.q, &c.k, &c.v, &c.out, c.lse, &c.opts);
+  CHECK(windowed.params.window_left == 20);
+  CHECK(windowed.params.window_right == 3);
+  CHECK(windowed.params.attention_chunk == 16);
+  CHECK(flashgen::problem_key(windowed.problem).window_bucket == 16);
 }
 
 TEST_CASE("C ABI passes the sinks to the kernels as a run-time argument of any config", "[c_api][sinks]") {

@@ -239,6 +239,38 @@ TEST_CASE("a window's visible keys are a range about the diagonal, counted exact
   CHECK(backward_flops(AttentionShape{1, 3, 3, 2, 2, 8}, FLASHGEN_MASK_SLIDING_WINDOW, {1, 0}) == 2.5 * 4 * 2 * 8 * 5);
 }
 
+TEST_CASE("a chunk keeps the keys of the diagonal's chunk under no mask, the causal mask and a window",
+          "[reference][chunk]") {
+  // Floor division by the chunk, negative diagonals included (sq > sk: those rows see nothing).
+  auto chunk_of = [](int64_t x, int64_t c) { return (x >= 0 ? x : x - c + 1) / c; };
+  for (const flashgen_mask mask : {FLASHGEN_MASK_NONE, FLASHGEN_MASK_CAUSAL, FLASHGEN_MASK_SLIDING_WINDOW}) {
+    for (const int64_t chunk : {1, 3, 4, 64}) {
+      for (const auto& [seqlen_q, seqlen_k] : std::vector<std::pair<int64_t, int64_t>>{{9, 9}, {12, 5}, {3, 10}}) {
+        const ReferenceWindow w{mask == FLASHGEN_MASK_SLIDING_WINDOW ? 2 : -1,
+                                mask == FLASHGEN_MASK_SLIDING_WINDOW ? 1 : -1, chunk};
+        INFO("mask " << mask << ", chunk " << chunk << ", " << seqlen_q << " x " << seqlen_k);
+        int64_t pairs = 0;
+        for (int64_t i = 0; i < seqlen_q; ++i) {
+          const int64_t diagonal = i + seqlen_k - seqlen_q;
+          for (int64_t j = 0; j < seqlen_k; ++j) {
+            const bool masked = mask == FLASHGEN_MASK_CAUSAL               ? j > diagonal
+                                : mask == FLASHGEN_MASK_SLIDING_WINDOW ? j < diagonal - 2 || j > diagonal + 1
+                                                                       : false;
+            const bool visible = !masked && chunk_of(j, chunk) == chunk_of(diagonal, chunk);
+            CHECK(key_visible(mask, i, j, seqlen_q, seqlen_k, w) == visible);
+            pairs += visible;
+          }
+        }
+        CHECK(visible_pairs(mask, seqlen_q, seqlen_k, w) == pairs);
+      }
+    }
+  }
+  // Chunked causal over 4096 keys in chunks of 1024: each chunk a causal triangle.
+  CHECK(visible_pairs(FLASHGEN_MASK_CAUSAL, 4096, 4096, {-1, -1, 1024}) == 4 * (1024 * 1025 / 2));
+  // The top-left causal mask takes no chunk.
+  CHECK(visible_pairs(FLASHGEN_MASK_CAUSAL_TOP_LEFT, 9, 9, {-1, -1, 2}) == 45);
+}
+
 TEST_CASE("row reference and 16-bit inputs agree with the float64 reference bit for bit", "[reference]") {
   // seqlen_q > seqlen_k so bottom-right causal leaves fully masked rows; GQA with two query heads a group.
   const AttentionShape shape{2, 11, 6, 4, 2, 24};

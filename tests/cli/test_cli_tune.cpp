@@ -44,6 +44,26 @@ std::string write_spec(const TempDir& dir, const std::string& text) {
   return path;
 }
 
+// The problems a dry run lists, each listed entry (its candidates dropped) written back as a spec and listed
+// again: a spec's entries must read back as the same problems.
+nlohmann::json relist(const TempDir& dir, const nlohmann::json& listed) {
+  nlohmann::json again = {{"problems", nlohmann::json::array()}};
+  for (nlohmann::json entry : listed["problems"]) {
+    entry.erase("candidates");
+    again["problems"].push_back(entry);
+  }
+  return parse_json(run_cli({"tune", "--spec", write_spec(dir, again.dump()), "--dry-run", "--json"}, dir));
+}
+
+// What `tune ARGS --dry-run` prints on stderr, having refused the arguments (exit 2).
+std::string refused_tune(const TempDir& dir, std::vector<std::string> args) {
+  args.insert(args.begin(), "tune");
+  args.push_back("--dry-run");
+  const auto r = run_cli(args, dir);
+  CHECK(r.exit_code == 2);
+  return r.err;
+}
+
 const char* kSpec = R"({"max_candidates": 12, "problems": [
   {"dtype": "bf16", "head_dim": 128, "causal": "bottom-right", "seqlen_q": 8192, "seqlen_k": 8192, "batch": 2},
   {"head_dim": 64}, {"head_dim": 256, "heads_q": 8, "heads_kv": 8}, {"head_dim": 96}, {"head_dim": 32}]})";
@@ -102,22 +122,9 @@ TEST_CASE("cli: tune takes windows and soft caps from flags and specs", "[cli][t
   CHECK(listed["problems"][1]["softcap"] == 5.0);
   CHECK(listed["problems"][2]["causal"] == "bottom-right");
   CHECK_FALSE(listed["problems"][2].contains("window"));
-  nlohmann::json again = {{"problems", nlohmann::json::array()}};
-  for (nlohmann::json entry : listed["problems"]) {
-    entry.erase("candidates");
-    again["problems"].push_back(entry);
-  }
-  const nlohmann::json relisted =
-      parse_json(run_cli({"tune", "--spec", write_spec(dir, again.dump()), "--dry-run", "--json"}, dir));
-  CHECK(relisted["problems"] == listed["problems"]);
+  CHECK(relist(dir, listed)["problems"] == listed["problems"]);
   // Refusals name the field or the flag.
-  auto error_of = [&](std::vector<std::string> args) {
-    args.insert(args.begin(), "tune");
-    args.push_back("--dry-run");
-    const auto r = run_cli(args, dir);
-    CHECK(r.exit_code == 2);
-    return r.err;
-  };
+  auto error_of = [&](const std::vector<std::string>& args) { return refused_tune(dir, args); };
   CHECK(error_of({"--window", "5"}).find("--window expects L,R") != std::string::npos);
   CHECK(error_of({"--window", "5,0", "--causal", "top-left"}).find("--window is aligned bottom-right") !=
         std::string::npos);
@@ -129,6 +136,40 @@ TEST_CASE("cli: tune takes windows and soft caps from flags and specs", "[cli][t
             .find("problems[0].window is aligned bottom-right") != std::string::npos);
   CHECK(error_of({"--spec", write_spec(dir, R"({"problems": [{"softcap": -1}]})")})
             .find("problems[0].softcap must be a number >= 0") != std::string::npos);
+}
+
+TEST_CASE("cli: tune takes chunks from flags and specs, on the chunked window's kernels", "[cli][tune][chunk]") {
+  const NoSchedulerEnv no_scheduler;
+  const TempDir dir("flashgen-cli-tune");
+  // Chunked causal attention (Llama 4's): the window (-1, 0) with its chunk, swept on the chunked window's kernels.
+  const nlohmann::json flags = parse_json(
+      run_cli({"tune", "--chunk", "8192", "--causal", "bottom-right", "--dry-run", "--json", "--max-candidates", "3"},
+              dir));
+  REQUIRE(flags["problems"].size() == 1);
+  const nlohmann::json& flagged = flags["problems"][0];
+  CHECK(flagged["chunk"] == 8192);
+  CHECK(flagged["window"] == nlohmann::json::array({-1, 0}));
+  REQUIRE(!flagged["candidates"].empty());
+  for (const auto& name : flagged["candidates"]) CHECK(name.get<std::string>().find("_chunk") != std::string::npos);
+  // A spec's chunks: over no mask and inside a window; the listed entries read back as the same problems.
+  const std::string spec = write_spec(dir, R"({"problems": [
+    {"chunk": 1024},
+    {"causal": "bottom-right", "window": [256, 0], "chunk": 4096, "pass": "backward"}]})");
+  const nlohmann::json listed = parse_json(run_cli({"tune", "--spec", spec, "--dry-run", "--json"}, dir));
+  REQUIRE(listed["problems"].size() == 2);
+  CHECK(listed["problems"][0]["chunk"] == 1024);
+  CHECK(listed["problems"][0]["window"] == nlohmann::json::array({-1, -1}));
+  CHECK(listed["problems"][1]["chunk"] == 4096);
+  CHECK(listed["problems"][1]["window"] == nlohmann::json::array({256, 0}));
+  CHECK(relist(dir, listed)["problems"] == listed["problems"]);
+  auto error_of = [&](const std::vector<std::string>& args) { return refused_tune(dir, args); };
+  CHECK(error_of({"--chunk", "64", "--causal", "top-left"}).find("--chunk is aligned bottom-right") !=
+        std::string::npos);
+  CHECK(error_of({"--chunk", "0"}).find("--chunk") != std::string::npos);
+  CHECK(error_of({"--spec", write_spec(dir, R"({"problems": [{"chunk": -2}]})")})
+            .find("problems[0].chunk must be an integer >= 0") != std::string::npos);
+  CHECK(error_of({"--spec", write_spec(dir, R"({"problems": [{"chunk": 64, "causal": "top-left"}]})")})
+            .find("problems[0].chunk is aligned bottom-right") != std::string::npos);
 }
 
 TEST_CASE("cli: tune shards a spec by --shard and by the scheduler's rank", "[cli][tune]") {

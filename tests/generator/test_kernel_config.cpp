@@ -396,7 +396,29 @@ TEST_CASE("window configs: _window in the mask's place, \"window\" in JSON, Slid
   CHECK_THROWS_WITH(KernelConfig::from_name("fwd_sm80_fp16_d64_m64_n64_w4_s2_softcap_window"),
                     Catch::Matchers::Contains("not canonical"));
   CHECK_THROWS_WITH(nlohmann::json({{"family", "fwd_sm80"}, {"mask", "sliding"}}).get<KernelConfig>(),
-                    Catch::Matchers::Contains("mask must be \"none\", \"causal\" or \"window\""));
+                    Catch::Matchers::Contains("mask must be \"none\", \"causal\", \"window\" or \"chunk\""));
+}
+
+TEST_CASE("chunked window configs name their mask, read back and instantiate ChunkedWindow", "[generator][config]") {
+  for (const char* name : {"fwd_sm90_bf16_d128_m128_n128_s2_chunk_ovl_pp", "fwd_sm80_fp16_d64_m64_n64_w4_s2_chunk_varlen"}) {
+    INFO(name);
+    const KernelConfig c = KernelConfig::from_name(name);
+    CHECK(c.mask == MaskKind::kChunk);
+    CHECK(c.name() == name);
+    const nlohmann::json j = c;
+    CHECK(j.at("mask") == "chunk");
+    CHECK(j.get<KernelConfig>() == c);
+    const std::string header = flashgen::generate(c).headers.front().contents;
+    CHECK(header.find("using Variant = flashgen::ChunkedWindow;") != std::string::npos);
+    CHECK(header.find("kMask = flashgen::MaskKind::kChunk;") != std::string::npos);
+  }
+  CHECK_THROWS_WITH(KernelConfig::from_name("fwd_sm80_fp16_d64_m64_n64_w4_s2_window_chunk"),
+                    Catch::Matchers::Contains("unknown suffix 'chunk'"));
+  // No clusters: its query blocks see key ranges of their own, as a window's.
+  KernelConfig clustered = KernelConfig::from_name("fwd_sm90_fp16_d128_m128_n128_s2_ovl_pst_c2");
+  clustered.mask = MaskKind::kChunk;
+  REQUIRE(clustered.invalid_reason(90).has_value());
+  CHECK(clustered.invalid_reason(90)->find("cluster 2 takes unmasked problems only") != std::string::npos);
 }
 
 TEST_CASE("window configs follow the causal mask's rules: no clusters", "[generator][config]") {

@@ -43,6 +43,7 @@ struct KvCase {
   std::vector<int> splits = {0, 1, 3};
   int window_left = -1, window_right = -1;  // read under FLASHGEN_MASK_SLIDING_WINDOW only
   std::vector<float> sinks = {};            // options.sinks, one per query head; empty: none
+  int chunk = 0;                            // options.attention_chunk (0: none)
 };
 
 using flashgen::test::random_bits;
@@ -113,6 +114,7 @@ struct KvBatch {
     args.cache_seqlens = static_cast<const int32_t*>(dlens.data());
     args.options.mask = c.mask;
     args.options.window_left = c.window_left, args.options.window_right = c.window_right;
+    args.options.attention_chunk = c.chunk;
     if (!c.sinks.empty()) {
       dsinks = upload(c.sinks);
       args.options.sinks = static_cast<const float*>(dsinks.data());
@@ -154,7 +156,7 @@ void check_outputs(const KvCase& c, const KvBatch& kv, const std::string& label)
       const flashgen::AttentionShape shape{1, sq, sk, hq, hkv, d};
       const auto q_view = flashgen::StridedView::contiguous(1, sq, hq, d);
       const auto kv_view = flashgen::StridedView::contiguous(1, sk, hkv, d);
-      flashgen::ReferenceVariant variant(0.0, flashgen::ReferenceWindow{c.window_left, c.window_right});
+      flashgen::ReferenceVariant variant(0.0, flashgen::ReferenceWindow{c.window_left, c.window_right, c.chunk});
       variant.sinks = c.sinks;
       const flashgen::AttentionResult ref = flashgen::attention_reference_f64(
           shape, flashgen::HostInput::bits16(kv.q.data() + b * sq * hq * d, c.dtype, q_view),
@@ -272,6 +274,21 @@ TEST_CASE("KV-cache attention with sinks matches each sequence's float64 referen
   windowed.name += ", sinks";
   windowed.sinks = {3.f, 1.f, none, 6.f, 2.5f, 0.f, 4.f, 5.f};
   check_cases({decode, windowed}, 0x51d);
+}
+
+TEST_CASE("chunked KV-cache attention matches each sequence's float64 reference, at every split count",
+          "[gpu][kvcache][chunk]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext scope;
+  // Llama 4's chunked causal decode: the new rows see the keys of their own chunk only. Caches ending just inside
+  // a chunk, across one (4 new rows: the first in one chunk, the last in the next) and empty.
+  KvCase decode{"bf16 d128 GQA 4 contiguous, one token, chunks of 512", FLASHGEN_BFLOAT16, 128, 8, 2,
+                FLASHGEN_MASK_CAUSAL, 1, {5, 512, 1500, 0}, 2048, 0, 0, {0, 1, 4}};
+  decode.chunk = 512;
+  KvCase across{"fp16 d64 GQA 4 paged 16, 4 tokens append 4, chunks of 100", FLASHGEN_FLOAT16, 64, 8, 2,
+                FLASHGEN_MASK_CAUSAL, 4, {98, 300, 2000}, 2016, 16, 4, {0, 1, 3}};
+  across.chunk = 100;
+  check_cases({decode, across}, 0xc4a);
 }
 
 TEST_CASE("KV-cache attention within a sliding window matches each sequence's float64 reference",

@@ -42,6 +42,7 @@ struct VarlenCase {
   int window_left = -1, window_right = -1;  // with mask FLASHGEN_MASK_SLIDING_WINDOW: options' window sides
   bool alibi = false;                       // ALiBi with a slope per sequence and query head (alibi_slopes())
   bool sinks = false;                       // options.sinks: sink_logits(), one per query head
+  int chunk = 0;                            // options.attention_chunk (0: none)
 
   // Sinks below, about and above the rows' LSE (near 5 over a few hundred keys), head 1 none (-inf).
   std::vector<float> sink_logits() const {
@@ -63,7 +64,7 @@ struct VarlenCase {
   flashgen::ReferenceVariant variant(int64_t b) const {
     std::vector<float> slopes = alibi_slopes();
     if (alibi) slopes = std::vector<float>(slopes.begin() + b * heads_q, slopes.begin() + (b + 1) * heads_q);
-    flashgen::ReferenceVariant variant(softcap, {window_left, window_right}, std::move(slopes));
+    flashgen::ReferenceVariant variant(softcap, {window_left, window_right, chunk}, std::move(slopes));
     variant.sinks = sink_logits();
     return variant;
   }
@@ -113,6 +114,7 @@ struct PackedBatch {
     args.options.mask = c.mask;
     args.options.softcap = c.softcap;
     args.options.window_left = c.window_left, args.options.window_right = c.window_right;
+    args.options.attention_chunk = c.chunk;
     if (c.alibi) {
       dslopes = upload(c.alibi_slopes());
       args.options.alibi_slopes = static_cast<const float*>(dslopes.data());
@@ -283,6 +285,14 @@ TEST_CASE("packed variable-length batches match each sequence's float64 referenc
        0, 0.f, -1, -1, false, true},
       {"fp16 d64 window (33, 20) paged 16 sinks ALiBi", FLASHGEN_FLOAT16, 64, 4, 1, FLASHGEN_MASK_SLIDING_WINDOW,
        {1, 77, 300}, {1, 200, 513}, {}, {}, 16, 0.f, 33, 20, true, true},
+      // Chunks about each sequence's own diagonal: chunked causal on both families, and bidirectional chunks over a
+      // paged cache.
+      {"bf16 d128 bottom-right chunks of 80, GQA 2", FLASHGEN_BFLOAT16, 128, 4, 2, FLASHGEN_MASK_CAUSAL,
+       {257, 1, 0, 190}, {300, 40, 7, 129}, {},
+       {"fwd_sm80_bf16_d128_m64_n64_w4_s2_chunk_varlen", "fwd_sm90_bf16_d128_m128_n128_s2_chunk_ovl_pp_varlen"},
+       0, 0.f, -1, -1, false, false, 80},
+      {"fp16 d64 no mask chunks of 37 paged 16", FLASHGEN_FLOAT16, 64, 4, 1, FLASHGEN_MASK_NONE, {1, 77, 300},
+       {1, 200, 513}, {}, {}, 16, 0.f, -1, -1, false, false, 37},
   };
   const bool sm90 = flashgen::device_sm(scope.device()) == 90;
   for (const VarlenCase& c : cases) {
@@ -450,16 +460,20 @@ TEST_CASE("packed variable-length backward matches each sequence's float64 gradi
        {100, 129}, {}, {}, 0, 3.f, -1, -1, true},
       {"bf16 d128 window (90, 0) sinks", FLASHGEN_BFLOAT16, 128, 4, 2, FLASHGEN_MASK_SLIDING_WINDOW, {330, 0, 77, 200},
        {300, 9, 77, 450}, {}, {}, 0, 0.f, 90, 0, false, true},
+      {"fp16 d64 bottom-right chunks of 50", FLASHGEN_FLOAT16, 64, 2, 1, FLASHGEN_MASK_CAUSAL, {330, 0, 77, 200},
+       {300, 9, 77, 450}, {}, {}, 0, 0.f, -1, -1, false, false, 50},
   };
   for (const VarlenCase& c : cases) {
     run_and_check_backward(c, /*deterministic=*/false);
     run_and_check_backward(c, /*deterministic=*/true);
-    if (c.softcap > 0.f || c.alibi || c.sinks || c.mask == FLASHGEN_MASK_SLIDING_WINDOW) {  // and on the sm80 family (the choice is
-                                                                       // the sm90 one where the GPU has it)
+    // And on the sm80 family (the choice is the sm90 one where the GPU has it).
+    const bool windowed = c.mask == FLASHGEN_MASK_SLIDING_WINDOW || c.chunk > 0;
+    if (c.softcap > 0.f || c.alibi || c.sinks || windowed) {
       const auto dtype = c.dtype == FLASHGEN_BFLOAT16 ? flashgen::DType::kBFloat16 : flashgen::DType::kFloat16;
-      const auto mask = c.mask == FLASHGEN_MASK_NONE               ? flashgen::MaskKind::kNone
-                        : c.mask == FLASHGEN_MASK_SLIDING_WINDOW ? flashgen::MaskKind::kWindow
-                                                                 : flashgen::MaskKind::kCausal;
+      const auto mask = c.chunk > 0                     ? flashgen::MaskKind::kChunk
+                        : windowed                      ? flashgen::MaskKind::kWindow
+                        : c.mask == FLASHGEN_MASK_NONE ? flashgen::MaskKind::kNone
+                                                       : flashgen::MaskKind::kCausal;
       for (bool deterministic : {false, true}) {
         run_and_check_backward(c, deterministic,
                                flashgen::heuristic_backward_choice(dtype, static_cast<int>(c.head_dim), mask,

@@ -77,8 +77,8 @@ struct DenseVariantProblem {
     const double scale = effective_softmax_scale(opts.softmax_scale, s.head_dim);
     const auto q_view = StridedView::contiguous(s.batch, s.seqlen_q, s.heads_q, s.head_dim);
     const auto kv_view = StridedView::contiguous(s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
-    ReferenceVariant variant(opts.softcap, {opts.window_left, opts.window_right}, std::move(slopes),
-                             slopes_batch_stride);
+    ReferenceVariant variant(opts.softcap, {opts.window_left, opts.window_right, opts.attention_chunk},
+                             std::move(slopes), slopes_batch_stride);
     variant.sinks = std::move(sinks);
     ref = attention_reference_f64(s, HostInput::bits16(q.data(), dtype, q_view),
                                   HostInput::bits16(k.data(), dtype, kv_view),

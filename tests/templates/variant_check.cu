@@ -4,6 +4,7 @@
 // policy joins the list in main(). Built and run by standalone.cmake (nvcc, host code only).
 #include <cmath>
 #include <cstdio>
+#include <utility>
 
 #include "block_range.cuh"
 #include "variant.cuh"
@@ -13,7 +14,7 @@ namespace {
 // What the policies read of AttnFwdParams / AttnBwdParams.
 struct Params {
   int seqlen_q, seqlen_k, causal_offset;
-  int window_left = 0, window_right = 0;
+  int window_left = 0, window_right = 0, attention_chunk = 0;
   float softcap_in = 0.f, softcap_out = 0.f, softcap_grad = 0.f, scale_log2 = 0.f;
   const float* alibi_slopes = kSlopes;
   long long alibi_batch_stride = 2;
@@ -25,8 +26,8 @@ int failures = 0;
 
 void fail(const char* policy, const char* what, const Params& p, int a, int b) {
   if (++failures <= 20) {
-    std::printf("%s: %s (seqlen_q %d, seqlen_k %d, offset %d, window %d %d; %d, %d)\n", policy, what, p.seqlen_q,
-                p.seqlen_k, p.causal_offset, p.window_left, p.window_right, a, b);
+    std::printf("%s: %s (seqlen_q %d, seqlen_k %d, offset %d, window %d %d, chunk %d; %d, %d)\n", policy, what,
+                p.seqlen_q, p.seqlen_k, p.causal_offset, p.window_left, p.window_right, p.attention_chunk, a, b);
   }
 }
 
@@ -185,6 +186,23 @@ void check_window(const char* name) {
           }
 }
 
+// A chunk (Llama 4's attention_chunk; ChunkedWindow) over the window shapes that carry one: chunked causal (the left side
+// bounded as the launcher bounds it, the right 0), bidirectional chunks (both sides unbounded), and a window
+// narrower or wider than the chunk; chunks of one key, shorter and longer than the blocks, and than every key.
+template <class Variant>
+void check_chunk(const char* name) {
+  for (int seqlen_q : {1, 5, 33, 70})
+    for (int seqlen_k : {1, 16, 77})
+      for (const auto [left, right] : {std::pair{seqlen_k, 0}, std::pair{seqlen_k, seqlen_q}, std::pair{9, 0},
+                                       std::pair{40, 3}})
+        for (int chunk : {1, 3, 16, 40, 77})
+          for (int offset = -20; offset <= 20 + seqlen_k; offset += 5) {
+            Params p{seqlen_q, seqlen_k, offset};
+            p.window_left = left, p.window_right = right, p.attention_chunk = chunk < seqlen_k ? chunk : seqlen_k;
+            check_params<Variant>(name, p, 11);
+          }
+}
+
 // SoftCap's score is cap · tanh(q·k · scale / cap) once the kernels scale it, and its score_grad, given that
 // score in log2 units, the derivative of score with respect to q·k (a central difference); visibility is its
 // mask's (above).
@@ -259,6 +277,8 @@ int main() {
   check<flashgen::NoMask>("NoMask");
   check<flashgen::CausalMask>("CausalMask");
   check_window<flashgen::SlidingWindow>("SlidingWindow");
+  check_chunk<flashgen::ChunkedWindow>("ChunkedWindow");
+  check_chunk<flashgen::Alibi<flashgen::SoftCap<flashgen::ChunkedWindow>>>("Alibi<SoftCap<ChunkedWindow>>");
   check_window<flashgen::SoftCap<flashgen::SlidingWindow>>("SoftCap<SlidingWindow>");
   if (failures > 0) {
     std::printf("%d failures\n", failures);
