@@ -7,8 +7,9 @@ backward (the backward timed alone on a retained graph). Each output is also che
 reference (max_abs_err). Grid: one sequence of 16384 tokens by default, heads * head_dim = 2048, bf16.
 With --chunks, chunked causal attention too (Llama 4's attention_chunk: each query sees the keys of its own chunk
 up to itself; flashgen.torch.attention(causal=True, attention_chunk=C), FlexAttention with the chunk as its block
-mask). Reports TFLOP/s over the unmasked score pairs (a window's, a chunk's, a causal row's) and the ratios; writes
-a CSV with device, date and versions.
+mask), and flashgen's causal call on the chunks as a batch of their own (the same unmasked pairs: what the chunk's
+kernels would ideally match). Reports TFLOP/s over the unmasked score pairs (a window's, a chunk's, a causal
+row's) and the ratios; writes a CSV with device, date and versions.
 
     python3 bench/bench_window.py [--lib build/libflashgen.so] [--seqlens 16384] [--windows 1024 4096]
                                   [--chunks 4096 8192] [--head-dims 64 128] [--no-flex] [--out FILE]
@@ -104,12 +105,21 @@ def main():
                           "causal_fwd_tflops": round(causal_flops / causal_fwd / 1e9, 1),
                           "causal_bwd_tflops": round(2.5 * causal_flops / causal_bwd / 1e9, 1)}
                 label = f"d{head_dim} {seqlen} " + (f"chunk {chunk}" if chunk > 0 else f"window {window}")
+                if chunk > 0 and seqlen % chunk == 0:  # the chunks as sequences of a batch: the same pairs
+                    def as_batch(t, chunk=chunk):
+                        return t.reshape(batch * seqlen // chunk, chunk, heads, head_dim)
+
+                    calls["flashgen_chunks_as_batch"] = lambda q, k, v: fgt.attention(
+                        as_batch(q), as_batch(k), as_batch(v), causal=True).reshape(q.shape)
                 time_calls(bench, torch, calls, q, k, v, dout, flops, result, label)
                 for p in ("fwd", "bwd"):
                     mine = result[f"flashgen_{p}_tflops"]
                     result[f"{p}_vs_causal_per_flop"] = round(mine / result[f"causal_{p}_tflops"], 3)
                     if flex is not None:
                         result[f"{p}_vs_flex"] = round(mine / result[f"flex_{p}_tflops"], 3)
+                    if f"flashgen_chunks_as_batch_{p}_tflops" in result:
+                        result[f"{p}_vs_chunks_as_batch"] = round(mine / result[f"flashgen_chunks_as_batch_{p}_tflops"],
+                                                                  3)
                 want, rows_checked = reference_rows(torch, q, k, v, window, chunk=chunk)
                 for name, call in calls.items():
                     got = call(q, k, v)[:, rows_checked].float()

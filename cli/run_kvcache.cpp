@@ -36,8 +36,8 @@ flashgen_kvcache_args kvcache_args(const RunOptions& o, const flashgen_tensor& q
   args.block_table = o.problem.paged ? table : nullptr;
   args.max_pages = pages_per_sequence(o);
   args.num_splits = o.splits;
-  args.options = options_of(o.problem, o.scale);  // a soft cap or ALiBi is refused by the library, with its reason
-  args.options.alibi_slopes = placeholder_alibi_slopes(o.problem);
+  args.options = options_of(o.problem, o.scale);
+  args.options.alibi_slopes = placeholder_alibi_slopes(o.problem);  // the run's own are uploaded before it launches
   return args;
 }
 
@@ -94,8 +94,9 @@ RunReport run_kvcache(const RunOptions& o, const ScopedContext& context, RunRepo
       kvcache_args(o, tensor_view(q, q_dev), cache_tensor(o, k_dev.data()), cache_tensor(o, v_dev.data()),
                    tensor_view(out, out_dev), static_cast<float*>(lse_dev.data()),
                    static_cast<const int32_t*>(lens_dev.data()), static_cast<const int32_t*>(table_dev.data()));
-  DeviceBuffer sinks_dev;
+  DeviceBuffer sinks_dev, slopes_dev;
   args.options.sinks = upload_sinks(o, sinks_dev);
+  args.options.alibi_slopes = upload_alibi_slopes(p, slopes_dev);
   const KvCacheCall call = make_kvcache_call(args);
 
   Stream stream;

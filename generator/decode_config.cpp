@@ -29,7 +29,7 @@ std::string DecodeConfig::name() const {
   using std::to_string;
   std::string name = std::string("dec_sm80_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_r" +
                      to_string(rows) + "_n" + to_string(block_n) + "_w" + to_string(warps) + "_s" + to_string(stages);
-  name += mask_suffix(mask);
+  name += mask_suffix(mask) + score_mods_suffix(mods);
   if (paged) name += "_paged";
   return name;
 }
@@ -41,7 +41,7 @@ DecodeConfig DecodeConfig::from_name(const std::string& name) {
   FLASHGEN_REQUIRE(fields.size() >= 8 && fields[0] == "dec" && fields[1] == "sm80",
                    "config name '" + name +
                        "': expected dec_sm80_<fp16|bf16>_d<head_dim>_r<rows>_n<block_n>_w<warps>_s<stages>"
-                       "[_causal|_window][_paged]");
+                       "[_causal|_window|_chunk][_softcap][_alibi][_paged]");
   DecodeConfig config;
   config.dtype = parse_dtype_field(fields[2], name);
   config.head_dim = parse_name_field(fields[3], "d", name);
@@ -50,7 +50,7 @@ DecodeConfig DecodeConfig::from_name(const std::string& name) {
   config.warps = parse_name_field(fields[6], "w", name);
   config.stages = parse_name_field(fields[7], "s", name);
   for (size_t i = 8; i < fields.size(); ++i) {
-    if (read_mask_suffix(fields[i], config.mask)) {
+    if (read_mask_suffix(fields[i], config.mask) || read_score_mod_suffix(fields[i], config.mods)) {
       continue;
     } else if (fields[i] == "paged" && !config.paged) {
       config.paged = true;
@@ -109,12 +109,13 @@ void to_json(nlohmann::json& j, const DecodeConfig& c) {
                      {"rows", c.rows},         {"block_n", c.block_n},
                      {"warps", c.warps},       {"stages", c.stages},
                      {"paged", c.paged}};
+  score_mods_to_json(j, c.mods);
 }
 
 void from_json(const nlohmann::json& j, DecodeConfig& c) {
   FLASHGEN_REQUIRE(j.is_object(), "decode config JSON must be an object");
-  static const char* const kKeys[] = {"family", "dtype", "head_dim", "mask", "rows",
-                                      "block_n", "warps", "stages",  "paged"};
+  static const char* const kKeys[] = {"family", "dtype", "head_dim", "mask",    "rows",   "block_n",
+                                      "warps",  "stages", "paged",   "softcap", "alibi"};
   for (const auto& item : j.items()) {
     FLASHGEN_REQUIRE(std::find(std::begin(kKeys), std::end(kKeys), item.key()) != std::end(kKeys),
                      "decode config JSON: unknown field \"" + item.key() + "\"");
@@ -123,6 +124,7 @@ void from_json(const nlohmann::json& j, DecodeConfig& c) {
                    "decode config JSON: unknown family " + (j.contains("family") ? j["family"].dump() : ""));
   DecodeConfig config;
   read_dtype_and_mask(j, "decode config JSON", config.dtype, config.mask);
+  read_score_mods(j, "decode config JSON", config.mods);
   for (const auto& [key, field] : {std::pair{"head_dim", &config.head_dim}, std::pair{"rows", &config.rows},
                                    std::pair{"block_n", &config.block_n}, std::pair{"warps", &config.warps},
                                    std::pair{"stages", &config.stages}}) {

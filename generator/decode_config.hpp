@@ -1,5 +1,6 @@
 // DecodeConfig: the compile-time choices of one generated KV-cache attention module (templates/decode_sm80.cuh:
-// dtype, head_dim, mask, packed query rows per block, key tile, warps, stages, paged or contiguous cache), with
+// dtype, head_dim, mask, score modifiers, packed query rows per block, key tile, warps, stages, paged or
+// contiguous cache), with
 // validation, JSON round-trip and one canonical name. How many key ranges split a sequence is a run-time
 // argument (AttnDecodeParams::splits), not part of the config. Validity lives in templates/decode_traits.cuh.
 #pragma once
@@ -32,12 +33,12 @@ struct DecodeConfig {
   int warps = 4;
   int stages = 4;    // K/V tiles in flight
   bool paged = false;  // the cache is read through a block table
-  // The score modifiers compiled in, as the other families' configs name them: none (KV-cache calls refuse a soft
-  // cap and ALiBi for now).
-  static constexpr ScoreMods mods = {};
+  // The score modifiers compiled in (soft cap, ALiBi), named after the mask as the other families' configs name
+  // them.
+  ScoreMods mods = {};
 
-  // e.g. dec_sm80_bf16_d128_r16_n64_w4_s4[_causal|_window][_paged]: the module's name, its file name in dumps and
-  // part of its cache key; each kernel's symbol is name() + "_" + decode_kernel_suffix(kernel).
+  // e.g. dec_sm80_bf16_d128_r16_n64_w4_s4[_causal|_window|_chunk][_softcap][_alibi][_paged]: the module's name, its
+  // file name in dumps and part of its cache key; each kernel's symbol is name() + "_" + decode_kernel_suffix(kernel).
   std::string name() const;
   static DecodeConfig from_name(const std::string& name);  // throws Error(kInvalidArgument)
   std::string symbol(DecodeKernel kernel) const;

@@ -213,7 +213,7 @@ std::string render_config_header(const DecodeConfig& c) {
       << "  static constexpr flashgen::ElemType kElem = " << elem_enum(c.dtype) << ";\n"
       << "  static constexpr int kHeadDim = " << c.head_dim << ";\n"
       << "  static constexpr flashgen::MaskKind kMask = " << mask_enum(c.mask) << ";\n"
-      << "  using Variant = " << variant_policy(c.mask) << ";\n"
+      << "  using Variant = " << variant_policy(c.mask, c.mods) << ";\n"
       << "  static constexpr int kRows = " << c.rows << ";\n"
       << "  static constexpr int kBlockN = " << c.block_n << ";\n"
       << "  static constexpr int kWarps = " << c.warps << ";\n"

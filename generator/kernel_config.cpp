@@ -118,8 +118,8 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
   FLASHGEN_REQUIRE(sm90 || (fields.size() >= 8 && fields[0] == "fwd" && fields[1] == "sm80"),
                    "config name '" + name +
                        "': expected fwd_sm80_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_w<warps>_s<stages>"
-                       "[_causal|_window][_softcap][_alibi][_qreg][_varlen[_paged]] or "
-                       "fwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal|_window][_softcap]"
+                       "[_causal|_window|_chunk][_softcap][_alibi][_qreg][_varlen[_paged]] or "
+                       "fwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal|_window|_chunk][_softcap]"
                        "[_alibi]"
                        "[_ovl][_pp][_pst][_psm][_c2][_g2][_tsum]");
   KernelConfig config;

@@ -42,12 +42,6 @@ KvCacheCall make_kvcache_call(const flashgen_kvcache_args& args) {
   check_tensor(&vc, "v_cache");
   check_tensor(&args.out, "out");
   check_options(&args.options, q.shape[2]);
-  if (args.options.softcap != 0.f) {
-    fail(Status::kUnsupported, "options.softcap: KV-cache calls take no soft cap yet (dense and packed calls do)");
-  }
-  if (args.options.alibi_slopes != nullptr) {
-    fail(Status::kUnsupported, "options.alibi_slopes: KV-cache calls take no ALiBi yet (dense and packed calls do)");
-  }
   require_same_dtype(kc, "k_cache", q);
   require_same_dtype(vc, "v_cache", q);
   require_same_dtype(args.out, "out", q);
@@ -135,6 +129,8 @@ KvCacheCall make_kvcache_call(const flashgen_kvcache_args& args) {
                                  args.options.window_right, args.options.attention_chunk);
   call.problem.kv_cache = true;
   call.problem.paged = paged;
+  call.problem.softcap = args.options.softcap;
+  call.problem.alibi = args.options.alibi_slopes != nullptr;
   call.problem.page_size = paged ? static_cast<int>(kc.shape[1]) : 0;
   call.num_splits = static_cast<int>(args.num_splits);
   call.workspace = reinterpret_cast<CUdeviceptr>(args.workspace);
@@ -175,6 +171,8 @@ KvCacheCall make_kvcache_call(const flashgen_kvcache_args& args) {
   set_window(p, call.problem);
   p.scale = softmax_scale(args.options, call.problem.head_dim());
   p.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
+  set_softcap(p, args.options.softcap);
+  set_alibi(p, args.options);
   p.sinks = args.options.sinks;
   FLASHGEN_REQUIRE(int64_t(p.group_size) * p.seqlen_q <= kMaxExtent,
                    "q: heads_q / heads_kv * seqlen_q query rows per kv head must be at most 2^30");
@@ -202,6 +200,7 @@ void check_device_pointers(const AttnDecodeParams& p, int device) {
   if (p.cache_seqlens != nullptr) check_device_pointer(p.cache_seqlens, "cache_seqlens", device);
   if (p.block_table != nullptr) check_device_pointer(p.block_table, "block_table", device);
   if (p.sinks != nullptr) check_device_pointer(p.sinks, "options.sinks", device);
+  if (p.alibi_slopes != nullptr) check_device_pointer(p.alibi_slopes, "options.alibi_slopes", device);
   if (p.k_new != nullptr) {
     check_device_pointer(p.k_new, "k_new.data", device);
     check_device_pointer(p.v_new, "v_new.data", device);

@@ -140,6 +140,12 @@ struct AttnDecodeParams {
   int attention_chunk;
   float scale;
   float scale_log2;
+  float softcap_in;   // soft-capped configs: as in AttnFwdParams (softcap_grad unread: no backward)
+  float softcap_out;
+  float softcap_grad;
+  const float* alibi_slopes;  // ALiBi configs: as in AttnFwdParams, about each sequence's own diagonal
+  long long alibi_batch_stride;
+  float inv_scale;
   const float* sinks;  // as in AttnFwdParams: applied where a row's ranges meet (the combine kernel with splits)
 };
 

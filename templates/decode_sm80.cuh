@@ -22,7 +22,8 @@
 namespace flashgen {
 
 // One sequence as the variant policies see it (variant.cuh): its new queries, its keys (the cache's and the
-// new tokens'), the causal offset of its alignment, a window's sides and chunk, and the softmax scale.
+// new tokens'), the causal offset of its alignment, a window's sides and chunk, the softmax scale, and the score
+// modifiers' arguments (AttnDecodeParams').
 struct DecodeSequence {
   int seqlen_q;
   int seqlen_k;
@@ -31,6 +32,11 @@ struct DecodeSequence {
   int window_right;
   int attention_chunk;
   float scale;
+  float softcap_in;
+  float softcap_out;
+  const float* alibi_slopes;
+  long long alibi_batch_stride;
+  float inv_scale;
 };
 
 // Keys in sequence batch's cache before the new tokens: cache_seqlens[batch] clamped so that the new tokens
@@ -112,8 +118,10 @@ struct DecodeSm80 {
     sm80::launch_dependents();
     sm80::wait_for_primary();
     const int n_keys = decode_cache_len(p, batch) + p.seqlen_new;
-    const DecodeSequence seq{p.seqlen_q,      n_keys,          p.causal_bottom_right ? n_keys - p.seqlen_q : 0,
-                             p.window_left, p.window_right, p.attention_chunk, p.scale};
+    const DecodeSequence seq{p.seqlen_q,     n_keys,          p.causal_bottom_right ? n_keys - p.seqlen_q : 0,
+                             p.window_left, p.window_right, p.attention_chunk,
+                             p.scale,       p.softcap_in,   p.softcap_out,
+                             p.alibi_slopes, p.alibi_batch_stride, p.inv_scale};
     const int q_first = row0 / p.group_size;
     const int q_last = (min(row0 + kRows, packed_rows) - 1) / p.group_size;
     const KeyBlocks<Variant, kBlockN> blocks(seq, batch, q_first, q_last - q_first + 1);

@@ -62,6 +62,7 @@ DecodeChoice heuristic_decode_choice(const AttentionProblem& problem, int arch, 
   // The mask picks the module's kernels, not its tiles: a window streams the blocks it visits as the causal
   // mask does (the split count alone sees how few they are).
   c.mask = problem.mask_kind();
+  c.mods = problem.score_mods();
   c.paged = problem.paged;
   c.block_n = 64;
   c.warps = 4;

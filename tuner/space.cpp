@@ -158,6 +158,7 @@ DecodeSpaceReport decode_space(const AttentionProblem& problem, int arch, int mu
   c.config.dtype = problem.dtype;
   c.config.head_dim = problem.head_dim();
   c.config.mask = problem.mask_kind();
+  c.config.mods = problem.score_mods();
   c.config.paged = problem.paged;
   for (int rows : knobs.rows)
     for (int block_n : knobs.block_n)

@@ -36,7 +36,7 @@ typedef struct {
   int deterministic;      /* backward: nonzero gives bitwise-identical gradients on repeated runs */
   float softcap;          /* > 0: each score s = q·k · scale becomes softcap · tanh(s / softcap) before the
                              softmax (Gemma 2's logit soft cap; its derivative in the backward); 0: none.
-                             Dense and packed calls; KV-cache calls refuse it for now */
+                             Dense, packed and KV-cache calls (forward only there) */
   int32_t window_left;    /* FLASHGEN_MASK_SLIDING_WINDOW only (ignored under the other masks): the keys before */
   int32_t window_right;   /* and after the diagonal a query sees, each >= 0, or -1 for no bound on that side.
                              Dense, packed and KV-cache calls (a KV-cache call's diagonal is each sequence's own:
@@ -46,8 +46,9 @@ typedef struct {
                                  ([batch, heads_q], alibi_batch_stride apart), and the score of query i and key j
                                  (scaled, after the soft cap) gains -slope · |i + seqlen_k - seqlen_q - j| (about
                                  the top-left diagonal, -slope · |i - j|, under FLASHGEN_MASK_CAUSAL_TOP_LEFT).
-                                 Dense and packed calls; KV-cache calls refuse it for now. With slopes, a given
-                                 softmax_scale must be at least 1e-30 (the kernels divide by it) */
+                                 Dense, packed and KV-cache calls (each sequence about its own diagonal, a KV-cache
+                                 call's ending at its last key). With slopes, a given softmax_scale must be at least
+                                 1e-30 (the kernels divide by it) */
   int64_t alibi_batch_stride; /* elements between sequences' slopes, heads_q to 2^40; 0: every sequence shares one
                                  [heads_q] array */
   const float* sinks;     /* NULL: none. Else attention sinks (gpt-oss): an fp32 device array of one logit per query

@@ -891,9 +891,9 @@ def _check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table)
 
 
 def _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, scale, mask, num_splits, window,
-                  sinks, attention_chunk=0):
+                  sinks, attention_chunk=0, softcap=0.0, alibi_slopes=None):
     """flashgen_kvcache_args over the tensors (each readable in place: the caches are written in place when k and
-    v are given, so they are never copied); sinks checked."""
+    v are given, so they are never copied); sinks and alibi_slopes checked."""
     args = _lib.KvCacheArgs()
     args.size = ctypes.sizeof(args)
     args.q, args.k_cache, args.v_cache, args.out = (_view(t, "bshd") for t in (q, k_cache, v_cache, out))
@@ -904,7 +904,8 @@ def _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, ls
     if block_table is not None:
         args.block_table, args.max_pages = block_table.data_ptr(), block_table.shape[1]
     args.num_splits = num_splits
-    args.options = _options(scale, mask, False, 0.0, window, None, sinks, attention_chunk=attention_chunk)
+    args.options = _options(scale, mask, False, softcap, window, alibi_slopes, sinks,
+                            attention_chunk=attention_chunk)
     return args
 
 
@@ -914,17 +915,18 @@ _KVCACHE_WORKSPACE = {}
 
 
 def _kvcache_class(q, k_cache, v_cache, k, cache_seqlens, block_table, scale, mask, num_splits, window, sinks,
-                   attention_chunk=0):
+                   attention_chunk=0, softcap=0.0, alibi_slopes=None):
     return (q.device, q.dtype, tuple(q.shape), q.stride(), tuple(k_cache.shape), k_cache.stride(), v_cache.stride(),
             None if k is None else (tuple(k.shape), k.stride()),
             None if block_table is None else tuple(block_table.shape), cache_seqlens is None, scale, mask, num_splits,
-            window, sinks is None, attention_chunk)
+            window, sinks is None, attention_chunk, softcap, alibi_slopes is None)
 
 
 def _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits, window=_NO_WINDOW,
-             sinks=None, attention_chunk=0):
+             sinks=None, attention_chunk=0, softcap=0.0, alibi_slopes=None):
     with torch.cuda.device(q.device):
         sinks = _check_sinks(sinks, q.device, q.shape[2])
+        alibi_slopes = _check_alibi(alibi_slopes, q.device, q.shape[0], q.shape[2])
         q = _readable(q)
         if k is not None:
             k, v = _readable(k), _readable(v)
@@ -932,10 +934,10 @@ def _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask,
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
         args = _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, scale, mask, num_splits,
-                             window, sinks, attention_chunk)
+                             window, sinks, attention_chunk, softcap, alibi_slopes)
         stream = _stream(q.device)
         key = _kvcache_class(q, k_cache, v_cache, k, cache_seqlens, block_table, scale, mask, num_splits, window,
-                             sinks, attention_chunk)
+                             sinks, attention_chunk, softcap, alibi_slopes)
         needed = _KVCACHE_WORKSPACE.get(key)
         if needed is None:
             size = ctypes.c_size_t(0)
@@ -962,17 +964,19 @@ def _attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
                        v: Optional[torch.Tensor], cache_seqlens: Optional[torch.Tensor],
                        block_table: Optional[torch.Tensor], scale: float, mask: str, num_splits: int,
                        window_left: int = -1, window_right: int = -1, sinks: Optional[torch.Tensor] = None,
-                       attention_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                       attention_chunk: int = 0, softcap: float = 0.0,
+                       alibi_slopes: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of new queries against a KV cache; lse is fp32 [batch, heads_q, seqlen_q]. With k and v, their rows
     are first written into k_cache and v_cache. sinks: None or fp32 [heads_q] attention sinks; attention_chunk: 0 or
-    the chunk's length."""
+    the chunk's length; softcap: 0.0 or the cap; alibi_slopes: None or the ALiBi slopes."""
     return _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits,
-                    (window_left, window_right), sinks, attention_chunk)
+                    (window_left, window_right), sinks, attention_chunk, softcap, alibi_slopes)
 
 
 @_attention_kvcache.register_fake
 def _attention_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits,
-                            window_left=-1, window_right=-1, sinks=None, attention_chunk=0):
+                            window_left=-1, window_right=-1, sinks=None, attention_chunk=0, softcap=0.0,
+                            alibi_slopes=None):
     return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
 
@@ -1001,9 +1005,9 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     [heads_q] on q's device, as attention() takes them: one logit per query head that joins every row's softmax
     denominator with no value, out_i = Σ_j e^(s_ij) v_j / (e^sink + Σ_j e^(s_ij)), lse including it (a row that
     sees no key gets out 0 and lse = sink; -inf for a head is no sink there); with splits it joins once, where the
-    ranges are merged. rotary embeddings, cache_batch_idx, cache_leftpad, softcap and alibi_slopes are not
-    supported yet (a value other than the default is refused; attention() and varlen_attention() take softcap and
-    alibi_slopes).
+    ranges are merged. softcap and alibi_slopes as attention() takes them (slopes [heads_q] or [batch, heads_q], the
+    bias about each sequence's last key). rotary embeddings, cache_batch_idx and cache_leftpad are not supported yet
+    (a value other than the default is refused).
 
     Returns out [batch, seqlen_q, heads_q, head_dim] (a new tensor), or (out, lse) with return_softmax_lse, lse
     being fp32 [batch, heads_q, seqlen_q]. Not differentiable (a sinks parameter that requires grad is read
@@ -1013,8 +1017,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     into the caches: wrong values give wrong rows, never an access outside them.
     """
     unsupported = {"rotary_cos": rotary_cos is not None, "rotary_sin": rotary_sin is not None,
-                   "cache_batch_idx": cache_batch_idx is not None, "cache_leftpad": cache_leftpad is not None,
-                   "softcap": softcap != 0.0, "alibi_slopes": alibi_slopes is not None}
+                   "cache_batch_idx": cache_batch_idx is not None, "cache_leftpad": cache_leftpad is not None}
     for name, given in unsupported.items():
         if given:
             raise FlashgenArgumentError(f"{name}: not supported by flashgen.torch.attention_with_kvcache yet",
@@ -1030,9 +1033,11 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     sinks = _check_sinks(sinks, q.device, q.shape[2])
     if sinks is not None:  # no autograd node for a model's sinks parameter: the op has no backward
         sinks = sinks.detach()
+    softcap = _check_softcap(softcap)
+    alibi_slopes = _check_alibi(alibi_slopes, q.device, q.shape[0], q.shape[2])
     args = (q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits)
     if _eager_call(q, k_cache, v_cache):
-        out, lse = _kvcache(*args, window, sinks, chunk)
+        out, lse = _kvcache(*args, window, sinks, chunk, softcap, alibi_slopes)
     else:
-        out, lse = torch.ops.flashgen.attention_kvcache(*args, *window, sinks, chunk)
+        out, lse = torch.ops.flashgen.attention_kvcache(*args, *window, sinks, chunk, softcap, alibi_slopes)
     return (out, lse) if return_softmax_lse else out

@@ -96,12 +96,13 @@ def test_meta_tensors_take_a_chunk_through_the_ops_and_their_autograd():
 
 @pytest.mark.parametrize("op", ["attention_forward", "attention_backward", "varlen_attention_forward",
                                 "varlen_attention_backward", "attention_kvcache"])
-def test_each_op_takes_the_chunk_as_its_last_argument(op):
-    last = getattr(torch.ops.flashgen, op).default._schema.arguments[-1]
-    assert last.name == "attention_chunk" and str(last.type) == "int" and last.default_value == 0
+def test_each_op_takes_the_chunk_as_a_defaulted_argument(op):
+    arguments = {a.name: a for a in getattr(torch.ops.flashgen, op).default._schema.arguments}
+    chunk = arguments["attention_chunk"]
+    assert str(chunk.type) == "int" and chunk.default_value == 0
 
 
-def test_the_ops_keep_their_old_positional_calls_and_take_the_chunk_last():
+def test_the_ops_keep_their_old_positional_calls_and_take_the_chunk_after_them():
     q, k = _meta(1, 64, 4, 64), _meta(1, 80, 2, 64)
     out, lse = torch.ops.flashgen.attention_forward(q, k, k, 0.0, "bottom_right", "bshd", True, 0.0, -1, -1, None,
                                                     None)

@@ -99,6 +99,38 @@ def test_decode_within_a_window_matches_reference(page_size, window_size, causal
             assert testsupport.max_error(lse[b:b + 1], want_lse) <= 1e-3
 
 
+@pytest.mark.parametrize("page_size", [0, 16])
+def test_decode_with_a_soft_cap_and_alibi_matches_reference(page_size):
+    """Gemma 2's soft cap and BLOOM's ALiBi (slopes per sequence, about each sequence's last key) on a decode step
+    with appended tokens, every split count."""
+    batch, capacity, hq, hkv, d, new = 3, 512, 8, 2, 64, 2
+    lens = [5, 0, 500 - new]
+    k_logical, v_logical = (_randn(batch, capacity, hkv, d, dtype=torch.float16, seed=s) for s in (30, 31))
+    k_new, v_new = (_randn(batch, new, hkv, d, dtype=torch.float16, seed=s) for s in (32, 33))
+    q = _randn(batch, new, hq, d, dtype=torch.float16, seed=34)
+    slopes = torch.tensor([[2.0 ** (-8.0 * (h + 1) / hq) * (1 + b) for h in range(hq)] for b in range(batch)],
+                          device="cuda")
+    cache_seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    table, k_cache, v_cache = None, k_logical.clone(), v_logical.clone()
+    if page_size:
+        table, k_cache, v_cache = testsupport.reversed_pages(k_logical, v_logical, page_size)
+    for num_splits in (0, 1, 4):
+        out, lse = fgt.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=cache_seqlens,
+                                              block_table=table, causal=True, softcap=3.0, alibi_slopes=slopes,
+                                              num_splits=num_splits, return_softmax_lse=True)
+        for b, n in enumerate(lens):
+            keys, values = (torch.cat([t[b:b + 1, :n], fresh[b:b + 1]], dim=1)
+                            for t, fresh in ((k_logical, k_new), (v_logical, v_new)))
+            visible = testsupport.visible_keys(new, n + new, "bottom_right", q.device)
+            bias = testsupport.alibi_bias(slopes[b], new, n + new)
+            qs = q[b:b + 1]
+            want, want_lse, _ = testsupport.float64_bshd_attention(qs, keys, values, torch.zeros_like(qs), d ** -0.5,
+                                                                   visible, softcap=3.0, bias=bias)
+            testsupport.assert_close_to_float64(f"out of sequence {b}, num_splits {num_splits}", out[b:b + 1], want,
+                                                torch.float16)
+            assert testsupport.max_error(lse[b:b + 1], want_lse) <= 1e-3
+
+
 def test_an_int_cache_length_and_full_caches():
     q, k, v = _randn(2, 1, 4, 64, dtype=torch.float16, seed=6), *(_randn(2, 80, 4, 64, dtype=torch.float16, seed=s)
                                                                     for s in (7, 8))
@@ -138,8 +170,12 @@ def test_bad_arguments_are_named():
         fgt.attention_with_kvcache(q, k, k, k=k[:, :1])
     with pytest.raises(FlashgenArgumentError, match="block_table.shape\\[0\\] is 3"):
         fgt.attention_with_kvcache(q, k, k, block_table=torch.zeros(3, 4, dtype=torch.int32, device="cuda"))
-    with pytest.raises(FlashgenArgumentError, match="softcap: not supported"):
-        fgt.attention_with_kvcache(q, k, k, softcap=30.0)
+    with pytest.raises(FlashgenArgumentError, match="cache_leftpad: not supported"):
+        fgt.attention_with_kvcache(q, k, k, cache_leftpad=torch.zeros(2, dtype=torch.int32, device="cuda"))
+    with pytest.raises(FlashgenArgumentError, match="softcap must be 0.0 \\(none\\) or a positive finite cap"):
+        fgt.attention_with_kvcache(q, k, k, softcap=-1.0)
+    with pytest.raises(FlashgenArgumentError, match="alibi_slopes must be float32"):
+        fgt.attention_with_kvcache(q, k, k, alibi_slopes=torch.ones(3, device="cuda"))
     with pytest.raises(FlashgenArgumentError, match="page_size\\) must be a multiple of 16"):
         fgt.attention_with_kvcache(q, k[:, :40], k[:, :40], block_table=torch.zeros(2, 4, dtype=torch.int32,
                                                                                     device="cuda"))

@@ -10,6 +10,8 @@
 #include "launch/attention_kvcache.hpp"
 #include "launch/tensor_checks.hpp"
 #include "support/fake_pointer.hpp"
+#include "tuner/decode_choice.hpp"
+#include "tuner/problem_key.hpp"
 
 namespace {
 
@@ -57,11 +59,10 @@ TEST_CASE("KV-cache attention rejects each bad argument with a message naming it
   CHECK(std::string(flashgen_last_error()).find("args: null pointer") != std::string::npos);
   check_rejected([](auto& a) { a.size = 0; }, kInvalid, "args.size is 0; this flashgen's argument struct");
   check_rejected([](auto& a) { a.q.data = nullptr; }, kInvalid, "q.data: null pointer");
-  check_rejected([](auto& a) { a.options.softcap = 30.f; }, FLASHGEN_ERROR_UNSUPPORTED,
-                 "options.softcap: KV-cache calls take no soft cap yet");
+  check_rejected([](auto& a) { a.options.softcap = -1.f; }, kInvalid, "opts.softcap must be 0 (none) or a positive");
   static const float slopes[8] = {};
-  check_rejected([](auto& a) { a.options.alibi_slopes = slopes; }, FLASHGEN_ERROR_UNSUPPORTED,
-                 "options.alibi_slopes: KV-cache calls take no ALiBi yet");
+  check_rejected([](auto& a) { a.options.alibi_slopes = slopes, a.options.alibi_batch_stride = 3; }, kInvalid,
+                 "opts.alibi_batch_stride must be 0");
   check_rejected([](auto& a) { a.options.mask = FLASHGEN_MASK_SLIDING_WINDOW, a.options.window_left = -3; }, kInvalid,
                  "opts.window_left must be >= 0");
   check_rejected([](auto& a) { a.options.mask = FLASHGEN_MASK_SLIDING_WINDOW, a.options.window_right = -2; }, kInvalid,
@@ -131,6 +132,35 @@ TEST_CASE("a KV-cache call binds its cache, pages and new tokens as the kernels 
   CHECK(dense.params.k_new == nullptr);
   CHECK(dense.params.window_left == 0);
   CHECK(dense.params.window_right == 0);
+}
+
+TEST_CASE("a KV-cache call takes a soft cap and ALiBi into its module and its problem class",
+          "[kvcache][softcap][alibi]") {
+  flashgen_kvcache_args args = valid_args();
+  const flashgen::KvCacheCall plain = flashgen::make_kvcache_call(args);
+  static const float slopes[8] = {};
+  args.options.softcap = 30.f;
+  args.options.alibi_slopes = slopes;
+  const flashgen::KvCacheCall modified = flashgen::make_kvcache_call(args);
+  CHECK(modified.problem.score_mods() == flashgen::ScoreMods{true, true});
+  CHECK(modified.params.softcap_in == modified.params.scale / 30.f);
+  CHECK(modified.params.softcap_out == 30.f / modified.params.scale);
+  CHECK(modified.params.alibi_slopes == slopes);
+  CHECK(modified.params.inv_scale == 1.f / modified.params.scale);
+  CHECK(plain.params.alibi_slopes == nullptr);
+  CHECK(plain.params.softcap_in == 0.f);
+  // Keyed apart from the plain problem, and served by modules that compile the modifiers in.
+  CHECK(flashgen::problem_key(modified.problem).class_id() != flashgen::problem_key(plain.problem).class_id());
+  const flashgen::DecodeChoice choice = flashgen::heuristic_decode_choice(modified.problem, 90, 132);
+  CHECK(choice.config.mods == flashgen::ScoreMods{true, true});
+  CHECK(choice.config.name().find("_softcap_alibi") != std::string::npos);
+  CHECK(flashgen::DecodeConfig::from_name(choice.config.name()) == choice.config);
+  const nlohmann::json j = choice.config;
+  CHECK(j.get<flashgen::DecodeConfig>() == choice.config);
+  flashgen::DecodeConfig plain_module = choice.config;
+  plain_module.mods = {};
+  CHECK_THROWS_WITH(flashgen::check_requested_config(plain_module, modified.problem, 90),
+                    Catch::Matchers::Contains("does not match the problem"));
 }
 
 TEST_CASE("a KV-cache call takes a sliding window about each sequence's last key", "[kvcache][window]") {

@@ -44,6 +44,17 @@ struct KvCase {
   int window_left = -1, window_right = -1;  // read under FLASHGEN_MASK_SLIDING_WINDOW only
   std::vector<float> sinks = {};            // options.sinks, one per query head; empty: none
   int chunk = 0;                            // options.attention_chunk (0: none)
+  float softcap = 0.f;                      // options.softcap
+  bool alibi = false;                       // ALiBi, slopes per sequence and query head (alibi_slopes())
+
+  // [batch, heads_q] slopes: the standard ones, steeper for each later sequence.
+  std::vector<float> alibi_slopes() const {
+    std::vector<float> slopes;
+    const std::vector<float> standard = flashgen::standard_alibi_slopes(heads_q);
+    for (size_t b = 0; alibi && b < cache_lens.size(); ++b)
+      for (float slope : standard) slopes.push_back(slope * (1.f + 0.5f * float(b)));
+    return slopes;
+  }
 };
 
 using flashgen::test::random_bits;
@@ -59,7 +70,7 @@ struct KvBatch {
   int64_t batch, pages_per_seq = 0, num_pages = 0;
   std::vector<uint16_t> q, k_logical, v_logical, k_new, v_new;  // k_logical: [batch, capacity, heads_kv, d]
   std::vector<int32_t> table;
-  DeviceBuffer dq, dk, dv, dkn, dvn, dout, dlse, dlens, dtable, dsinks;
+  DeviceBuffer dq, dk, dv, dkn, dvn, dout, dlse, dlens, dtable, dsinks, dslopes;
   flashgen_kvcache_args args{};
 
   KvBatch(const KvCase& c, uint64_t seed) : batch(static_cast<int64_t>(c.cache_lens.size())) {
@@ -115,6 +126,12 @@ struct KvBatch {
     args.options.mask = c.mask;
     args.options.window_left = c.window_left, args.options.window_right = c.window_right;
     args.options.attention_chunk = c.chunk;
+    args.options.softcap = c.softcap;
+    if (c.alibi) {
+      dslopes = upload(c.alibi_slopes());
+      args.options.alibi_slopes = static_cast<const float*>(dslopes.data());
+      args.options.alibi_batch_stride = c.heads_q;
+    }
     if (!c.sinks.empty()) {
       dsinks = upload(c.sinks);
       args.options.sinks = static_cast<const float*>(dsinks.data());
@@ -156,7 +173,10 @@ void check_outputs(const KvCase& c, const KvBatch& kv, const std::string& label)
       const flashgen::AttentionShape shape{1, sq, sk, hq, hkv, d};
       const auto q_view = flashgen::StridedView::contiguous(1, sq, hq, d);
       const auto kv_view = flashgen::StridedView::contiguous(1, sk, hkv, d);
-      flashgen::ReferenceVariant variant(0.0, flashgen::ReferenceWindow{c.window_left, c.window_right, c.chunk});
+      std::vector<float> slopes = c.alibi_slopes();  // this sequence's row
+      if (c.alibi) slopes = std::vector<float>(slopes.begin() + b * hq, slopes.begin() + (b + 1) * hq);
+      flashgen::ReferenceVariant variant(c.softcap, flashgen::ReferenceWindow{c.window_left, c.window_right, c.chunk},
+                                         std::move(slopes));
       variant.sinks = c.sinks;
       const flashgen::AttentionResult ref = flashgen::attention_reference_f64(
           shape, flashgen::HostInput::bits16(kv.q.data() + b * sq * hq * d, c.dtype, q_view),
@@ -274,6 +294,27 @@ TEST_CASE("KV-cache attention with sinks matches each sequence's float64 referen
   windowed.name += ", sinks";
   windowed.sinks = {3.f, 1.f, none, 6.f, 2.5f, 0.f, 4.f, 5.f};
   check_cases({decode, windowed}, 0x51d);
+}
+
+TEST_CASE("KV-cache attention with a soft cap and ALiBi matches each sequence's float64 reference",
+          "[gpu][kvcache][softcap][alibi]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext scope;
+  // Gemma 2's decode (a soft cap under the causal mask, a window on top), BLOOM's (ALiBi per sequence about each
+  // sequence's last key), both with the cap under the bias; every split count the tuner may pick, paged and not.
+  KvCase capped{"bf16 d128 GQA 4 contiguous, one token, softcap 5", FLASHGEN_BFLOAT16, 128, 8, 2,
+                FLASHGEN_MASK_CAUSAL, 1, {0, 1, 77, 1000, 513}, 1024, 0, 0, {0, 1, 3, 7}};
+  capped.softcap = 5.f;
+  KvCase windowed{"fp16 d64 GQA 4 paged 16, 4 tokens append 4, window (100, 0), softcap 2", FLASHGEN_FLOAT16, 64, 8,
+                  2, FLASHGEN_MASK_SLIDING_WINDOW, 4, {5, 300, 2000}, 2016, 16, 4, {0, 1, 4}};
+  windowed.window_left = 100, windowed.window_right = 0, windowed.softcap = 2.f;
+  KvCase biased{"bf16 d128 MQA paged 64, 2 tokens append 2, ALiBi", FLASHGEN_BFLOAT16, 128, 8, 1, FLASHGEN_MASK_CAUSAL,
+                2, {62, 0, 700}, 768, 64, 2, {0, 1, 5}};
+  biased.alibi = true;
+  KvCase both{"fp16 d96 MHA contiguous, 3 tokens, no mask, ALiBi and softcap 3", FLASHGEN_FLOAT16, 96, 4, 4,
+              FLASHGEN_MASK_NONE, 3, {129, 2, 64}, 200, 0, 0, {0, 1, 3}};
+  both.alibi = true, both.softcap = 3.f;
+  check_cases({capped, windowed, biased, both}, 0x5ca1);
 }
 
 TEST_CASE("chunked KV-cache attention matches each sequence's float64 reference, at every split count",
