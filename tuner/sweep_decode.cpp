@@ -25,7 +25,7 @@ struct DecodeSet {
   int64_t pages = 0;                 // pages per sequence
   std::vector<uint16_t> q, k, v;     // host bits of a random set, k and v as [batch, seqlen_k, heads_kv, head_dim]
   std::vector<int32_t> table;        // paged: key j of sequence b in page table[b * pages + j / page_size]
-  DeviceBuffer dq, dk, dv, dout, dlse, dlens, dtable;
+  DeviceBuffer dq, dk, dv, dout, dlse, dlens, dtable, slopes;  // slopes: ALiBi's standard ones, with ALiBi
   KvCacheCall call;
 
   DecodeSet(const AttentionProblem& problem, int64_t batch, std::mt19937_64& rng, const DecodeSet* fill_from)
@@ -90,7 +90,7 @@ struct DecodeSet {
     args.cache_seqlens = static_cast<const int32_t*>(dlens.data());
     args.block_table = page_size > 0 ? static_cast<const int32_t*>(dtable.data()) : nullptr;
     args.max_pages = pages;
-    args.options = options_of(problem);
+    args.options = sweep_options(problem, slopes);
     call = make_kvcache_call(args);
   }
 
@@ -109,9 +109,6 @@ SweepResult sweep_decode(const AttentionProblem& problem, const std::vector<Deco
   FLASHGEN_REQUIRE(!problem.paged || (problem.page_size > 0 && problem.page_size % 16 == 0),
                    "sweep_decode: a paged problem needs a page_size that is a multiple of 16, got " +
                        std::to_string(problem.page_size));
-  if (problem.score_mods().any()) {
-    fail(Status::kUnsupported, "sweep_decode: KV-cache calls take no soft cap or ALiBi yet (dense and packed calls do)");
-  }
   ScopedContext scope(stream);
   const int arch = device_sm(scope.device());
   const flashgen_dtype dtype = to_c_dtype(problem.dtype);
