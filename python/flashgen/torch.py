@@ -736,8 +736,11 @@ def _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_se
         args.size = ctypes.sizeof(args)
         args.q, args.k, args.v, args.out, args.dout, args.dq, args.dk, args.dv = (
             _packed_view(t) for t in (q, k, v, out, dout, dq, dk, dv))
-        args.lse = lse.contiguous().data_ptr()
-        args.cu_seqlens_q, args.cu_seqlens_k = cu_seqlens_q.contiguous().data_ptr(), cu_seqlens_k.contiguous().data_ptr()
+        # Contiguous copies held until the call is queued: a copy freed once its pointer is taken could be handed to
+        # the sinks' conversion or their gradient below and overwritten before the kernels read it.
+        lse, cu_seqlens_q, cu_seqlens_k = lse.contiguous(), cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+        args.lse = lse.data_ptr()
+        args.cu_seqlens_q, args.cu_seqlens_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
         args.batch = cu_seqlens_q.shape[0] - 1
         args.max_seqlen_q, args.max_seqlen_k = max_seqlen_q, max_seqlen_k
         alibi_slopes = _check_alibi(alibi_slopes, q.device, args.batch, q.shape[1])
