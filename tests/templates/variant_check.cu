@@ -199,6 +199,16 @@ void check_chunk(const char* name) {
           for (int offset = -20; offset <= 20 + seqlen_k; offset += 5) {
             Params p{seqlen_q, seqlen_k, offset};
             p.window_left = left, p.window_right = right, p.attention_chunk = chunk < seqlen_k ? chunk : seqlen_k;
+            // visible() against the chunk's own definition: in the window, and in the diagonal's chunk.
+            const auto chunk_of = [&](int x) {  // floor(x / C), x of either sign
+              return x >= 0 ? x / p.attention_chunk : -((-x - 1) / p.attention_chunk) - 1;
+            };
+            for (int q = 0; q < seqlen_q; ++q)
+              for (int k = 0; k < seqlen_k; ++k) {
+                const int diagonal = q + offset;
+                const bool want = k >= diagonal - left && k <= diagonal + right && chunk_of(k) == chunk_of(diagonal);
+                if (visible<Variant>(p, q, k) != want) fail(name, "visible() is not the chunk's definition", p, q, k);
+              }
             check_params<Variant>(name, p, 11);
           }
 }
