@@ -22,6 +22,13 @@ class Event {
   CUevent event_ = nullptr;
 };
 
+// host's values in buffer (reallocated to their size), as the device array a call reads.
+const float* upload_floats(const std::vector<float>& host, DeviceBuffer& buffer) {
+  buffer = DeviceBuffer(host.size() * sizeof(float));
+  buffer.upload(host);
+  return static_cast<const float*>(buffer.data());
+}
+
 }  // namespace
 
 // A host tensor of shape [batch, seqlen, heads, head_dim] laid out as bshd, or as [batch, heads, seqlen,
@@ -69,11 +76,7 @@ std::vector<RowSample> sample_rows(int64_t batch, int64_t heads, int64_t seqlen_
 }
 
 const float* upload_alibi_slopes(const AttentionProblem& p, DeviceBuffer& slopes) {
-  if (!p.alibi) return nullptr;
-  const std::vector<float> host = variant_of(p).alibi_slopes;
-  slopes = DeviceBuffer(host.size() * sizeof(float));
-  slopes.upload(host);
-  return static_cast<const float*>(slopes.data());
+  return p.alibi ? upload_floats(variant_of(p).alibi_slopes, slopes) : nullptr;
 }
 
 const float* placeholder_alibi_slopes(const AttentionProblem& p) {
@@ -87,11 +90,7 @@ ReferenceVariant run_variant(const RunOptions& o) {
 }
 
 const float* upload_sinks(const RunOptions& o, DeviceBuffer& sinks) {
-  if (!o.sink) return nullptr;
-  const std::vector<float> host = run_variant(o).sinks;
-  sinks = DeviceBuffer(host.size() * sizeof(float));
-  sinks.upload(host);
-  return static_cast<const float*>(sinks.data());
+  return o.sink ? upload_floats(run_variant(o).sinks, sinks) : nullptr;
 }
 
 // Adds a check's mismatches to result, which lists the first kShownMismatches of all its checks.
