@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what is missing and builds (scripts/setup.sh), runs the whole test suite, the Python package's tests
+# Installs what is missing and builds (scripts/setup.sh), runs the whole test suite (the Catch2 cases, the
+# templates on their own, the installed tree, the Debian package and the wheel), the Python package's tests
 # (python/tests with pytest, installed with apt when missing; the torch and GPU parts skip without them), then
 # builds again with AddressSanitizer + UndefinedBehaviorSanitizer (Debug) and runs the CPU tests under them.
 #   FLASHGEN_BUILD_DIR       Release build folder (default: build)
@@ -16,23 +17,28 @@ read -r -a extra_cmake_args <<< "${FLASHGEN_CMAKE_ARGS:-}"
 
 scripts/setup.sh
 
+# What only the tests need: pytest (the default python3's if it has one, else Debian's, for /usr/bin/python3),
+# pkg-config (the install test) and Debian's setuptools, wheel, venv and pip (the wheel test).
+python=python3
+python3 -c 'import pytest' 2> /dev/null || python=/usr/bin/python3
+test_packages=()
+"$python" -c 'import pytest' 2> /dev/null || test_packages+=(python3-pytest)
+command -v pkg-config > /dev/null || test_packages+=(pkg-config)
+/usr/bin/python3 -c 'import setuptools, wheel, venv, pip, ensurepip' 2> /dev/null ||
+  test_packages+=(python3-setuptools python3-wheel python3-venv python3-pip)
+if ((${#test_packages[@]} > 0)); then
+  if [[ $(id -u) -eq 0 ]]; then as_root=(); elif command -v sudo > /dev/null; then as_root=(sudo); else
+    printf 'test.sh: error: %s missing and there is neither root nor sudo to install them\n' "${test_packages[*]}" >&2
+    exit 1
+  fi
+  say "installing what the tests need: ${test_packages[*]}"
+  "${as_root[@]}" apt-get update
+  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${test_packages[@]}"
+fi
+
 say "tests: ctest --test-dir $build_dir ([gpu] cases skip when there is no GPU)"
 ctest --test-dir "$build_dir" --output-on-failure
 
-# pytest: the default python3's if it has one, else Debian's (python3-pytest, for /usr/bin/python3).
-python=python3
-if ! python3 -c 'import pytest' 2> /dev/null; then
-  python=/usr/bin/python3
-  if ! "$python" -c 'import pytest' 2> /dev/null; then
-    if [[ $(id -u) -eq 0 ]]; then as_root=(); elif command -v sudo > /dev/null; then as_root=(sudo); else
-      printf 'test.sh: error: pytest is missing and there is neither root nor sudo to install python3-pytest\n' >&2
-      exit 1
-    fi
-    say "installing python3-pytest"
-    "${as_root[@]}" apt-get update
-    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-pytest
-  fi
-fi
 say "Python tests: $python -m pytest python/tests (libflashgen from $build_dir; torch and GPU parts skip without them)"
 FLASHGEN_LIBRARY="$(cd "$build_dir" && pwd)/libflashgen.so" FLASHGEN_CACHE_DIR="$(cd "$build_dir" && pwd)/test-cache" \
   "$python" -m pytest python/tests -rs -p no:cacheprovider

@@ -192,7 +192,8 @@ def library_candidates():
         # Absolute: a bare file name would otherwise go to the system loader's search, which skips the
         # current directory, and a relative path would be wrong after a chdir.
         return [("FLASHGEN_LIBRARY", os.path.abspath(explicit))]
-    candidates = [("bundled with the package", str(_PACKAGE_DIR / LIBRARY_NAME))]
+    bundled = sorted((_PACKAGE_DIR / "lib").glob(LIBRARY_NAME + ".*"))  # the wheel's, under its SONAME
+    candidates = [("bundled with the package", str(bundled[0] if bundled else _PACKAGE_DIR / "lib" / LIBRARY_NAME))]
     checkout = _PACKAGE_DIR.parent.parent
     if (checkout / "include" / "flashgen" / "flashgen.h").is_file():
         candidates.append(("the source tree's build", str(checkout / "build" / LIBRARY_NAME)))

@@ -6,6 +6,7 @@ import ctypes
 import ctypes.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -63,7 +64,10 @@ def _raised(status, call):
 
 
 def test_version_matches_the_package():
+    # One version everywhere: the library (and with it the CLI), the Python package and its wheel, CMake's project.
     assert flashgen.version() == flashgen.__version__
+    cmake_project = re.search(r"project\(flashgen VERSION ([0-9.]+)", (testsupport.REPO_ROOT / "CMakeLists.txt").read_text())
+    assert cmake_project and cmake_project.group(1) == flashgen.__version__
     assert os.path.exists(flashgen.library_path())
 
 
@@ -105,7 +109,8 @@ def test_search_order():
         candidates = _lib.library_candidates()
         assert [description for description, _ in candidates] == [
             "bundled with the package", "the source tree's build", "the system loader (LD_LIBRARY_PATH, ldconfig)"]
-        assert candidates[0][1] == os.path.join(os.path.dirname(_lib.__file__), "libflashgen.so")
+        # No wheel build here: the bundled place is named by the plain name (the wheel's copy is lib/libflashgen.so.X.Y).
+        assert candidates[0][1] == os.path.join(os.path.dirname(_lib.__file__), "lib", "libflashgen.so")
         assert candidates[1][1] == str(testsupport.REPO_ROOT / "build" / "libflashgen.so")
         os.environ["FLASHGEN_LIBRARY"] = "/opt/x/libflashgen.so"
         assert _lib.library_candidates() == [("FLASHGEN_LIBRARY", "/opt/x/libflashgen.so")]
@@ -136,7 +141,7 @@ def test_not_found_error_lists_every_place_tried():
         code, output = _version_in_fresh_process(folder, {})
         assert code != 0
         assert "libflashgen.so not found" in output
-        assert os.path.join(folder, "flashgen", "libflashgen.so") + " (bundled with the package): no such file" in output
+        assert os.path.join(folder, "flashgen", "lib", "libflashgen.so") + " (bundled with the package): no such file" in output
         assert "through the system loader" in output
         assert "FLASHGEN_LIBRARY" in output
 
