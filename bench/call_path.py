@@ -1,6 +1,7 @@
 """Host cost of a warm call through the PyTorch op against SDPA's FlashAttention-2 and cuDNN backends in the
 same process: the median time from calling to return (the kernel queued) over many calls of a tiny problem,
-the stream drained every 256 calls outside the timed region. Also the raw C ABI call through ctypes.
+the stream drained every 256 calls outside the timed region. Also the raw C ABI call through ctypes, and the
+unchanged SDPA call served by flashgen (flashgen.torch.enable()).
     FLASHGEN_LIBRARY=build/libflashgen.so python bench/call_path.py [--calls N] [--csv FILE] [--first-call]
 --first-call: in this fresh process, the time of torch's first CUDA work, then of flashgen's first call."""
 import argparse
@@ -92,6 +93,18 @@ def main():
         fn()
         median, p10, p90 = per_call_us(fn, args.calls)
         rows.append((name, median, p10, p90))
+    # The same SDPA call, unchanged, once flashgen.torch.enable() serves it (backends as SDPA chooses them).
+    sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                 SDPBackend.MATH]).__enter__()
+    with fg.enable():
+        fg.reset_sdpa_stats()
+        call = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)  # noqa: E731
+        call()
+        median, p10, p90 = per_call_us(call, args.calls)
+        served = fg.sdpa_stats()["forward"]
+        if served != {"flashgen": args.calls + 1}:
+            raise SystemExit(f"the SDPA calls were not all served by flashgen: {served}")
+        rows.append(("SDPA served by flashgen (enable())", median, p10, p90))
     device = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
     lines = ["device,date,torch,flashgen,calls,call,median_us,p10_us,p90_us"]

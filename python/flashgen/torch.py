@@ -5,9 +5,10 @@ the layout is [batch, seqlen, heads, head_dim] (pass layout="bhsd" for SDPA's [b
 and causal=True aligns the mask bottom-right (pass causal_align="top_left" for SDPA's is_causal when seqlen_q !=
 seqlen_k). Both passes are torch.library custom ops (flashgen::attention_forward, flashgen::attention_backward)
 with fake implementations, so torch.compile keeps them in its graphs; eager calls on CUDA tensors do the ops'
-work without the dispatcher's round trip (an autograd.Function: tens of microseconds less per call). Once their
-kernels are loaded a call neither allocates outside torch's caching allocator nor synchronizes, so it can be
-captured in a CUDA graph.
+work without the dispatcher's round trip (an autograd.Function: tens of microseconds less per call), and a warm
+call of a signature seen before reuses its ctypes arguments (_ForwardPlan). Once their kernels are loaded a call
+neither allocates outside torch's caching allocator nor synchronizes, so it can be captured in a CUDA graph.
+`enable()` makes unchanged torch.nn.functional.scaled_dot_product_attention calls run flashgen (_sdpa.py).
 
     import torch, flashgen.torch
     q, k, v = (torch.randn(2, 1024, 8, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -18,6 +19,7 @@ captured in a CUDA graph.
 
 import ctypes
 import operator
+import threading
 from typing import Optional
 
 import torch
@@ -33,7 +35,8 @@ except ImportError:
 if not (hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_autograd")):
     raise ImportError(f"flashgen.torch needs torch >= 2.4 (torch.library.custom_op); this is torch {torch.__version__}")
 
-__all__ = ["attention", "varlen_attention", "attention_with_kvcache", "explain", "tune", "FlashgenError", "FlashgenArgumentError"]
+__all__ = ["attention", "varlen_attention", "attention_with_kvcache", "explain", "tune", "enable", "disable", "sdpa_stats",
+           "reset_sdpa_stats", "FlashgenError", "FlashgenArgumentError"]
 
 _DTYPE_CODES = {torch.float16: _lib.FLOAT16, torch.bfloat16: _lib.BFLOAT16}
 _MASK_CODES = {"none": _lib.MASK_NONE, "bottom_right": _lib.MASK_CAUSAL, "top_left": _lib.MASK_CAUSAL_TOP_LEFT,
@@ -229,10 +232,14 @@ def _check_softcap(softcap):
 # The C calls. Tensors are passed by pointer and strides, never copied, unless the kernels cannot read them in
 # place (head_dim not unit-stride, other strides not multiples of 8 elements, data not 16-byte aligned).
 
+def _strides_readable(t):
+    """Whether the kernels can read t through its strides: head_dim contiguous, the other strides multiples of 8."""
+    return t.stride(-1) == 1 and all(size == 1 or stride % 8 == 0 for size, stride in zip(t.shape[:-1], t.stride()[:-1]))
+
+
 def _readable(t):
     """t when the kernels can read it in place, else a fresh contiguous copy in the same layout."""
-    aligned = t.data_ptr() % 16 == 0 and t.stride(-1) == 1
-    if aligned and all(size == 1 or stride % 8 == 0 for size, stride in zip(t.shape[:-1], t.stride()[:-1])):
+    if t.data_ptr() % 16 == 0 and _strides_readable(t):
         return t
     return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
 
@@ -255,14 +262,29 @@ def _stream(device):
     return ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
 
 
+try:  # the current stream's handle as an int without building a torch.cuda.Stream (what Inductor's code calls)
+    _raw_stream = torch._C._cuda_getCurrentRawStream
+except AttributeError:
+    _raw_stream = None
+
+
+_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+
+
+def _stream_handle(device):
+    """_stream(device) as an int, the cheap way where torch has one (a tensor's device always has its index)."""
+    return _raw_stream(device.index) if _raw_stream is not None else torch.cuda.current_stream(device).cuda_stream
+
+
 class _ForwardCall:
     """The arguments of one flashgen_attention_forward call: readable q, k, v, a fresh out (q's shape, contiguous)
     and lse (fp32 [batch, heads_q, seqlen_q]), their views and the options. Build it under the device's guard."""
 
     def __init__(self, q, k, v, scale, mask, layout, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None, sinks=None,
-                 attention_chunk=0):
+                 attention_chunk=0, out_like_q=False):
         self.q, self.k, self.v = (_readable(t) for t in (q, k, v))
-        self.out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        # out_like_q: out takes q's strides (torch.empty_like), as aten's flash-attention ops promise their callers.
+        self.out = torch.empty_like(q) if out_like_q else torch.empty(q.shape, dtype=q.dtype, device=q.device)
         self.lse = torch.empty(_lse_shape(q, layout), dtype=torch.float32, device=q.device)
         self.views = [_view(t, layout) for t in (self.q, self.k, self.v, self.out)]
         batch, heads_q, _ = _lse_shape(q, layout)
@@ -276,15 +298,91 @@ class _ForwardCall:
                 ctypes.byref(self.options))
 
 
+class _ForwardPlan:
+    """The ctypes arguments of flashgen_attention_forward for one call signature (sizes, strides, dtype, device,
+    options; no ALiBi slopes or sinks), built once and re-pointed at each call's tensors: a model calls attention
+    with the same signature again and again, and building the views and options is most of a call's Python cost."""
+
+    __slots__ = ("views", "tensor_refs", "options", "options_ref", "lse_shape", "function", "out_like_q")
+
+    def __init__(self, q, k, v, out, scale, mask, layout, softcap, window, attention_chunk):
+        self.views = [_view(t, layout) for t in (q, k, v, out)]
+        # out is q's shape, contiguous (or like q, for aten's ops): empty_like(q) allocates it the cheapest way
+        # wherever that gives the same strides.
+        self.out_like_q = out.stride() == q.stride()
+        self.tensor_refs = tuple(ctypes.byref(view) for view in self.views)
+        self.options = _options(scale, mask, False, softcap, window, None, attention_chunk=attention_chunk)
+        self.options_ref = ctypes.byref(self.options)
+        self.lse_shape = _lse_shape(q, layout)
+        self.function = _lib.function("flashgen_attention_forward")
+
+
+class _Plans(threading.local):
+    """Each thread's _ForwardPlans by signature (per thread: a call stores its pointers into the plan's views, and
+    ctypes releases the GIL while the library reads them). Bounded: a process that keeps making new signatures
+    starts over."""
+
+    limit = 256
+
+    def __init__(self):
+        self.forward = {}
+
+
+_plans = _Plans()
+
+
+def _planned_forward(q, k, v, scale, mask, layout, softcap, window, attention_chunk, out_like_q, create=True,
+                     want_lse=True):
+    """(out, lse) of a forward call without ALiBi slopes or sinks through its signature's _ForwardPlan, or None where
+    the call must take the full path (_ForwardCall): inputs the kernels cannot read in place, or (create=False) a
+    signature without a plan yet. A plan exists only for a signature whose arguments passed the checks. Without
+    want_lse the kernels write no lse (the C ABI's lse NULL) and lse is None."""
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device, scale, mask, layout,
+           softcap, window, attention_chunk, out_like_q)
+    pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr())
+    if (pointers[0] | pointers[1] | pointers[2]) & 15:
+        return None
+    device = q.device
+    stream = _stream_handle(device)
+    # The library takes the CUDA context from the stream; on the legacy default stream (0) from the current device.
+    if stream == 0 and device.index != _current_device():
+        return None
+    plans = _plans.forward
+    plan = plans.get(key)
+    if plan is None and not create:
+        return None
+    if plan is None:
+        if not all(_strides_readable(t) for t in (q, k, v)):
+            return None
+        out = torch.empty_like(q) if out_like_q else torch.empty(q.shape, dtype=q.dtype, device=device)
+        if len(plans) >= _Plans.limit:
+            plans.clear()
+        plan = plans[key] = _ForwardPlan(q, k, v, out, scale, mask, layout, softcap, window, attention_chunk)
+    elif plan.out_like_q:
+        out = torch.empty_like(q)
+    else:
+        out = torch.empty(q.shape, dtype=q.dtype, device=device)
+    lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=device) if want_lse else None
+    views = plan.views
+    views[0].data, views[1].data, views[2].data = pointers
+    views[3].data = out.data_ptr()
+    status = plan.function(*plan.tensor_refs, lse.data_ptr() if want_lse else None, plan.options_ref, stream)
+    if status != _lib.SUCCESS:
+        _lib.check(status, "flashgen_attention_forward")
+    return out, lse
+
+
 class _BackwardCall:
     """The arguments of one backward call: readable dout, q, k, v, out; lse; fresh dq, dk, dv (contiguous, shaped
     like q, k, v) and dsinks (_dsinks); views and options. Build it under the device's guard."""
 
     def __init__(self, dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0, window=_NO_WINDOW,
-                 alibi_slopes=None, sinks=None, attention_chunk=0):
+                 alibi_slopes=None, sinks=None, attention_chunk=0, grads_like_inputs=False):
         self.dout, self.q, self.k, self.v, self.out = (_readable(t) for t in (dout, q, k, v, out))
         self.lse = lse.contiguous()
-        self.dq, self.dk, self.dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+        # grads_like_inputs: dq, dk, dv take q's, k's and v's strides (torch.empty_like), as aten's backward ops do.
+        self.dq, self.dk, self.dv = (torch.empty_like(t) if grads_like_inputs else
+                                     torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
         tensors = (self.q, self.k, self.v, self.out, self.dout, self.dq, self.dk, self.dv)
         self.views = [_view(t, layout) for t in tensors]
         batch, heads_q, _ = _lse_shape(q, layout)
@@ -329,6 +427,10 @@ def _forward(q, k, v, scale, mask, layout, checked=False, softcap=0.0, window=_N
     if not checked:
         _check_inputs(q, k, v, layout)
         _check_mask(mask)
+    if alibi_slopes is None and sinks is None:
+        planned = _planned_forward(q, k, v, scale, mask, layout, softcap, window, attention_chunk, False)
+        if planned is not None:
+            return planned
     with torch.cuda.device(q.device):
         call = _ForwardCall(q, k, v, scale, mask, layout, softcap, window, alibi_slopes, sinks, attention_chunk)
         _lib.check(_lib.function("flashgen_attention_forward")(*call.arguments(), _stream(q.device)),
@@ -560,9 +662,16 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     mask, window = _mask_and_window(causal, causal_align, window_size)
     chunk = _check_chunk(attention_chunk, mask)
     q, k, v = _autocast(q, k, v)
-    _check_inputs(q, k, v, layout)
     scale = _check_scale(scale)
     softcap = _check_softcap(softcap)
+    if (alibi_slopes is None and sinks is None and _eager_call(q, k, v)
+            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
+        # The warm call of a signature seen before: its plan's key holds all that _check_inputs looks at.
+        planned = _planned_forward(q, k, v, scale, mask, layout, softcap, window, chunk, False, create=False,
+                                   want_lse=return_lse)
+        if planned is not None:
+            return planned if return_lse else planned[0]
+    _check_inputs(q, k, v, layout)
     batch, heads_q, _ = _lse_shape(q, layout)
     alibi_slopes = _check_alibi(alibi_slopes, q.device, batch, heads_q)
     sinks = _check_sinks(sinks, q.device, heads_q)  # float32 here, so autograd converts the gradient back
@@ -1044,3 +1153,51 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     else:
         out, lse = torch.ops.flashgen.attention_kvcache(*args, *window, sinks, chunk, softcap, alibi_slopes)
     return (out, lse) if return_softmax_lse else out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# scaled_dot_product_attention served by flashgen (flashgen/_sdpa.py), for programs that are not edited.
+
+def enable():
+    """Makes torch.nn.functional.scaled_dot_product_attention run flashgen's kernels, forward and backward, for every
+    call that reaches its flash-attention backend and that flashgen can serve; the others run torch's own kernels
+    (sdpa_stats() counts both, with the reasons). Works in eager mode, under torch.compile and in CUDA graphs
+    (captured after a warm-up call, as any kernel that compiles on first use).
+
+    Which calls: SDPA picks a backend per call; while flashgen is on, the flash backend comes first in SDPA's
+    priority order, so every call the flash backend takes comes here: CUDA fp16/bf16 inputs without attn_mask,
+    head_dim up to 256, with or without is_causal (aligned top-left, as SDPA's), grouped-query (enable_gqa) or not.
+    Of these flashgen falls back for dropout_p > 0 and for errors of the library (the last message is in
+    sdpa_stats()["last_error"]). Calls with an attn_mask never reach the flash backend and run as before.
+
+    Through torch.nn.attention's registry under the name "flashgen" where torch has one (>= 2.10:
+    torch.nn.attention.activate_flash_attention_impl("flashgen") is then the same), else by overriding the aten
+    ops' CUDA kernels; needs torch >= 2.9. Returns a handle that is also a context manager:
+
+        flashgen.torch.enable()                  # on for the rest of the process (disable() turns it off)
+        with flashgen.torch.enable():            # on inside the block only
+            model(batch)
+    """
+    from . import _sdpa
+    return _sdpa.enable()
+
+
+def disable():
+    """Undoes enable(): scaled_dot_product_attention runs torch's kernels and SDPA's backend order is as before."""
+    from . import _sdpa
+    _sdpa.disable()
+
+
+def sdpa_stats():
+    """What scaled_dot_product_attention's flash-attention calls ran since the process started (or
+    reset_sdpa_stats()): {"enabled": bool, "forward": {"flashgen": n, "fallback: <reason>": n, ...}, "backward": {...},
+    "last_error": the library's message of the last call that fell back on an error, or None}. A CUDA graph's
+    replays are not calls: only its capture counts."""
+    from . import _sdpa
+    return _sdpa.sdpa_stats()
+
+
+def reset_sdpa_stats():
+    """Sets sdpa_stats()'s counts to zero."""
+    from . import _sdpa
+    _sdpa.reset_sdpa_stats()

@@ -99,8 +99,9 @@ def test_bad_slopes_are_refused_naming_them(slopes, match):
         fgt.attention(q, q, q, alibi_slopes=slopes())
 
 
-def test_kvcache_refuses_alibi():
+def test_kvcache_checks_its_slopes():
+    # KV-cache calls take ALiBi (test_torch_kvcache.py checks their numbers); slopes of the wrong shape are named.
     q = torch.randn(1, 1, 2, 64, device="cuda", dtype=torch.float16)
     cache = torch.randn(1, 32, 2, 64, device="cuda", dtype=torch.float16)
-    with pytest.raises(flashgen.FlashgenArgumentError, match="alibi_slopes"):
-        fgt.attention_with_kvcache(q, cache, cache, alibi_slopes=torch.ones(2, device="cuda"))
+    with pytest.raises(flashgen.FlashgenArgumentError, match=r"alibi_slopes must be float32 \[heads_q\] = \[2\]"):
+        fgt.attention_with_kvcache(q, cache, cache, alibi_slopes=torch.ones(3, device="cuda"))

@@ -1,0 +1,285 @@
+"""flashgen behind torch.nn.functional.scaled_dot_product_attention, for programs that are not edited: enable()
+replaces the CUDA kernels of the two aten ops SDPA's flash-attention backend calls
+(aten::_scaled_dot_product_flash_attention and its backward) with flashgen's, through torch.nn.attention's
+registry of flash-attention implementations where this torch has one (torch >= 2.10), else through
+torch.library directly. A call flashgen cannot serve (dropout, a debug mask, a dtype, GPU or shape it does not
+take, or an error of the library) runs torch's own kernel, captured before the override; sdpa_stats() counts
+both. Only SDPA calls that choose the flash backend reach these ops: enable() puts that backend first in SDPA's
+priority order while it is on (torch 2.11 prefers cuDNN on Hopper), and calls with an attn_mask go to other
+backends as before. Used through flashgen.torch (enable, disable, sdpa_stats, reset_sdpa_stats).
+"""
+
+import collections
+import ctypes
+import threading
+
+import torch
+
+from . import _lib
+from . import torch as _flashgen_torch
+
+IMPLEMENTATION_NAME = "flashgen"  # the name in torch.nn.attention's registry
+
+_FORWARD_OP = "_scaled_dot_product_flash_attention"
+_BACKWARD_OP = "_scaled_dot_product_flash_attention_backward"
+
+
+class _State:
+    lock = threading.Lock()
+    library = None      # the torch.library.Library holding the overrides while they are registered
+    originals = None    # {op name: torch's own CUDA kernel (torch._C._SafeKernelFunction)}
+    cuda_keys = None    # the dispatch key set the originals are called with
+    through_registry = False
+    saved_priority = None  # SDPA's backend priority order before enable(), restored by disable()
+    counts = {"forward": collections.Counter(), "backward": collections.Counter()}
+    last_error = None   # the library's message of the last call that fell back on an error
+
+
+def _count(direction, outcome):
+    with _State.lock:
+        _State.counts[direction][outcome] += 1
+
+
+def _unservable(q, k, v, dropout_p):
+    """Why flashgen cannot take this call (a short reason, the key of sdpa_stats()), or None."""
+    if dropout_p != 0.0:
+        return "dropout"
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return "not 4-d (nested tensors)"
+    if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        return "dtype"
+    head_dim = q.shape[-1]
+    if head_dim % 8 != 0 or head_dim > 256 or k.shape[-1] != head_dim or v.shape[-1] != head_dim:
+        return "head_dim"
+    if q.shape[1] % k.shape[1] != 0 or k.shape[1] != v.shape[1]:
+        return "heads"
+    if q.numel() == 0 or k.numel() == 0:
+        return "empty"
+    if q.device.index not in _SM80_OR_NEWER:
+        _SM80_OR_NEWER[q.device.index] = torch.cuda.get_device_capability(q.device) >= (8, 0)
+    if not _SM80_OR_NEWER[q.device.index]:
+        return "GPU older than sm_80"
+    return None
+
+
+_SM80_OR_NEWER = {}  # device index -> whether flashgen runs there (asked once per device)
+
+
+def _library_call(function_name, arguments):
+    """Runs one C call; None on success, else the library's message (the caller falls back)."""
+    status = _lib.function(function_name)(*arguments)
+    if status == _lib.SUCCESS:
+        return None
+    return f"{function_name}: {_lib.STATUS_NAMES.get(status, status)}: {_lib.last_error()}"
+
+
+def _fall_back(direction, reason, op, *args, **kwargs):
+    _count(direction, "fallback: " + reason)
+    return _State.originals[op].call_boxed(_State.cuda_keys, *args, **kwargs)
+
+
+def _forward_kernel(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
+    """aten::_scaled_dot_product_flash_attention on CUDA: q, k, v [batch, heads, seqlen, head_dim]; returns (out like
+    query, lse fp32 [batch, heads_q, seqlen_q], cum_seq_q, cum_seq_k, max_q, max_k, philox seed, philox offset,
+    debug mask) as torch's kernel does. is_causal is SDPA's: aligned top-left."""
+    mask = "top_left" if is_causal else "none"
+    scale_value = 0.0 if scale is None else float(scale)
+    planned, error = None, None
+    if dropout_p == 0.0 and not return_debug_mask:  # a signature served before has its plan: no checks needed
+        try:
+            planned = _flashgen_torch._planned_forward(query, key, value, scale_value, mask, "bhsd", 0.0,
+                                                       _flashgen_torch._NO_WINDOW, 0, True, create=False)
+        except _lib.FlashgenError as failure:
+            error = str(failure)
+    if planned is None and error is None:
+        reason = "debug mask" if return_debug_mask else _unservable(query, key, value, dropout_p)
+        if reason is not None:
+            return _fall_back("forward", reason, _FORWARD_OP, query, key, value, dropout_p, is_causal,
+                              return_debug_mask, scale=scale)
+        try:
+            planned = _flashgen_torch._planned_forward(query, key, value, scale_value, mask, "bhsd", 0.0,
+                                                       _flashgen_torch._NO_WINDOW, 0, True)
+        except _lib.FlashgenError as failure:
+            error = str(failure)
+    if planned is None and error is None:  # inputs the kernels cannot read in place: the full path copies them
+        with torch.cuda.device(query.device):
+            call = _flashgen_torch._ForwardCall(query, key, value, scale_value, mask, "bhsd", out_like_q=True)
+            error = _library_call("flashgen_attention_forward",
+                                  (*call.arguments(), _flashgen_torch._stream(query.device)))
+            planned = call.out, call.lse
+    if error is not None:
+        _State.last_error = error
+        return _fall_back("forward", "library error", _FORWARD_OP, query, key, value, dropout_p, is_causal,
+                          return_debug_mask, scale=scale)
+    _count("forward", "flashgen")
+    out, lse = planned
+    device = query.device
+    # With no dropout the philox state is never read; these are the shapes and dtypes torch's meta kernel promises.
+    seed = torch.empty((2,), dtype=torch.uint64, device=device)
+    offset = torch.empty((), dtype=torch.uint64, device=device)
+    debug_mask = torch.empty((0,), dtype=query.dtype, device=device)
+    return out, lse, None, None, query.shape[2], key.shape[2], seed, offset, debug_mask
+
+
+def _backward_kernel(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                     is_causal, philox_seed, philox_offset, *, scale=None):
+    """aten::_scaled_dot_product_flash_attention_backward on CUDA: (dq, dk, dv) like query, key and value, from the
+    forward's out and logsumexp (flashgen's or torch's: both are the natural-log LSE [batch, heads_q, seqlen_q])."""
+    reason = _unservable(query, key, value, dropout_p)
+    if reason is None and (logsumexp.dtype != torch.float32 or tuple(logsumexp.shape) != tuple(query.shape[:3])):
+        reason = "logsumexp"
+    arguments = (grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                 is_causal, philox_seed, philox_offset)
+    if reason is not None:
+        return _fall_back("backward", reason, _BACKWARD_OP, *arguments, scale=scale)
+    mask = "top_left" if is_causal else "none"
+    device = query.device
+    with torch.cuda.device(device):
+        call = _flashgen_torch._BackwardCall(grad_out, query, key, value, out, logsumexp,
+                                             0.0 if scale is None else float(scale), mask, "bhsd",
+                                             torch.are_deterministic_algorithms_enabled(), grads_like_inputs=True)
+        stream = _flashgen_torch._stream(device)
+        workspace_bytes = ctypes.c_size_t(0)
+        error = _library_call("flashgen_attention_backward_workspace_size",
+                              (*call.arguments(), stream, ctypes.byref(workspace_bytes)))
+        if error is None:
+            workspace = torch.empty(workspace_bytes.value, dtype=torch.uint8, device=device)
+            error = _library_call("flashgen_attention_backward_with_workspace",
+                                  (*call.arguments(), ctypes.c_void_p(workspace.data_ptr()), workspace_bytes.value,
+                                   stream))
+    if error is not None:
+        _State.last_error = error
+        return _fall_back("backward", "library error", _BACKWARD_OP, *arguments, scale=scale)
+    _count("backward", "flashgen")
+    return call.dq, call.dk, call.dv
+
+
+class _Registration:
+    """The overrides while they are registered; remove() unregisters them (torch.nn.attention's handle protocol)."""
+
+    def __init__(self):
+        library = torch.library.Library("aten", "IMPL")  # noqa: TOR901 (an override of aten's CUDA kernels)
+        library.impl(_FORWARD_OP, _forward_kernel, "CUDA")
+        library.impl(_BACKWARD_OP, _backward_kernel, "CUDA")
+        self.library = library
+
+    def remove(self):
+        if self.library is not None:
+            self.library._destroy()
+            self.library = None
+
+
+def _capture_originals():
+    """torch's own CUDA kernels of the two ops, taken before any override (torch.library.get_kernel, torch >= 2.9),
+    so that a fallback runs them rather than the dispatcher's current kernel (flashgen's: endless recursion)."""
+    if _State.originals is not None:
+        return
+    if not hasattr(torch.library, "get_kernel"):
+        raise _lib.FlashgenError(
+            f"flashgen.torch.enable() needs torch >= 2.9 (torch.library.get_kernel, to fall back to torch's own "
+            f"kernels); this is torch {torch.__version__}. flashgen.torch.attention works without it.",
+            _lib.ERROR_UNSUPPORTED)
+    _State.originals = {op: torch.library.get_kernel(f"aten::{op}", "CUDA") for op in (_FORWARD_OP, _BACKWARD_OP)}
+    _State.cuda_keys = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+
+
+def _registry():
+    """torch.nn.attention's flash-attention registry (register/activate/restore/current), or None (torch < 2.10)."""
+    attention = torch.nn.attention
+    names = ("register_flash_attention_impl", "activate_flash_attention_impl", "restore_flash_attention_impl",
+             "current_flash_attention_impl", "list_flash_attention_impls")
+    if not all(hasattr(attention, name) for name in names):
+        return None
+    return attention
+
+
+def _flash_first():
+    """Puts SDPA's flash backend first in its priority order, keeping the order before (None where this torch has
+    no priority order). torch sets its default order at its first backend choice (cuDNN first on Hopper and
+    Blackwell with a recent cuDNN), overwriting an order set before: one choice on a tiny probe (no kernel runs)
+    makes that happen first."""
+    get_order = getattr(torch._C, "_get_sdp_priority_order", None)
+    set_order = getattr(torch._C, "_set_sdp_priority_order", None)
+    if get_order is None or set_order is None:
+        return None
+    if torch.cuda.is_available() and hasattr(torch, "_fused_sdp_choice"):
+        probe = torch.empty((1, 1, 8, 64), dtype=torch.float16, device="cuda")
+        torch._fused_sdp_choice(probe, probe, probe)
+    before = [int(backend) for backend in get_order()]
+    flash = int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
+    set_order([flash] + [backend for backend in before if backend != flash])
+    return before
+
+
+def is_enabled():
+    """Whether SDPA's flash-attention ops run flashgen now."""
+    if _State.through_registry:
+        registry = _registry()
+        return registry is not None and registry.current_flash_attention_impl() == IMPLEMENTATION_NAME
+    return _State.library is not None
+
+
+class _Enabled:
+    """What enable() returns: also a context manager that turns flashgen off again on exit if this enable() turned
+    it on."""
+
+    def __init__(self, turned_on):
+        self.turned_on = turned_on
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.turned_on:
+            disable()
+        return False
+
+
+def enable():
+    with _State.lock:
+        if is_enabled():
+            return _Enabled(False)
+        _capture_originals()
+        registry = _registry()
+        if registry is not None:
+            if IMPLEMENTATION_NAME not in registry.list_flash_attention_impls():
+                registry.register_flash_attention_impl(IMPLEMENTATION_NAME, register_fn=_Registration)
+            registry.activate_flash_attention_impl(IMPLEMENTATION_NAME)
+            _State.through_registry = True
+        else:
+            _State.library = _Registration()
+            _State.through_registry = False
+        _State.saved_priority = _flash_first()
+        return _Enabled(True)
+
+
+def disable():
+    with _State.lock:
+        if _State.through_registry:
+            registry = _registry()
+            if registry.current_flash_attention_impl() == IMPLEMENTATION_NAME:
+                registry.restore_flash_attention_impl()
+            _State.through_registry = False
+        elif _State.library is not None:
+            _State.library.remove()
+            _State.library = None
+        if _State.saved_priority is not None:
+            torch._C._set_sdp_priority_order(_State.saved_priority)
+            _State.saved_priority = None
+
+
+def sdpa_stats():
+    with _State.lock:
+        return {
+            "enabled": is_enabled(),
+            "forward": dict(_State.counts["forward"]),
+            "backward": dict(_State.counts["backward"]),
+            "last_error": _State.last_error,
+        }
+
+
+def reset_sdpa_stats():
+    with _State.lock:
+        for counter in _State.counts.values():
+            counter.clear()
+        _State.last_error = None
