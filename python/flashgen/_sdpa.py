@@ -1,6 +1,7 @@
 """flashgen behind torch.nn.functional.scaled_dot_product_attention, for programs that are not edited: enable()
 replaces the CUDA kernels of the two aten ops SDPA's flash-attention backend calls
-(aten::_scaled_dot_product_flash_attention and its backward) with flashgen's, through torch.nn.attention's
+(aten::_scaled_dot_product_flash_attention and its backward), and of the FlashAttention-2 pair below them
+(aten::_flash_attention_forward/backward: torch's varlen_attn, nested tensors), with flashgen's, through torch.nn.attention's
 registry of flash-attention implementations where this torch has one (torch >= 2.10), else through
 torch.library directly. A call flashgen cannot serve (dropout, a debug mask, a dtype, GPU or shape it does not
 take, or an error of the library) runs torch's own kernel, captured before the override; sdpa_stats() counts
@@ -22,6 +23,9 @@ IMPLEMENTATION_NAME = "flashgen"  # the name in torch.nn.attention's registry
 
 _FORWARD_OP = "_scaled_dot_product_flash_attention"
 _BACKWARD_OP = "_scaled_dot_product_flash_attention_backward"
+# Every op whose CUDA kernel enable() replaces: SDPA's pair, and the FlashAttention-2 pair below them that
+# torch's varlen_attn and nested-tensor SDPA call (dense [batch, seqlen, heads, head_dim] or packed with offsets).
+_OPS = (_FORWARD_OP, _BACKWARD_OP, "_flash_attention_forward", "_flash_attention_backward")
 
 
 class _State:
@@ -73,9 +77,25 @@ def _library_call(function_name, arguments):
     return f"{function_name}: {_lib.STATUS_NAMES.get(status, status)}: {_lib.last_error()}"
 
 
+_falling_back = threading.local()  # .active: this thread runs one of torch's kernels for a call that fell back
+
+
 def _fall_back(direction, reason, op, *args, **kwargs):
+    """Runs torch's own kernel of op, counting the call under reason. Torch's SDPA kernel calls the
+    FlashAttention-2 op below it, which flashgen also overrides: inside a fallback that runs torch's kernel too,
+    uncounted (one call, one count)."""
+    if getattr(_falling_back, "active", False):
+        return _State.originals[op].call_boxed(_State.cuda_keys, *args, **kwargs)
     _count(direction, "fallback: " + reason)
-    return _State.originals[op].call_boxed(_State.cuda_keys, *args, **kwargs)
+    _falling_back.active = True
+    try:
+        return _State.originals[op].call_boxed(_State.cuda_keys, *args, **kwargs)
+    finally:
+        _falling_back.active = False
+
+
+def _inside_fallback():
+    return getattr(_falling_back, "active", False)
 
 
 def _forward_kernel(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
@@ -154,6 +174,101 @@ def _backward_kernel(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum
     return call.dq, call.dk, call.dv
 
 
+def _flash_mask(is_causal, window_size_left, window_size_right):
+    """(mask, window) of aten::_flash_attention_forward's arguments (FlashAttention-2's: causal aligned bottom-right,
+    a window (left, right) with None or -1 for no bound on a side, causal making the right side 0)."""
+    window = (-1 if window_size_left is None else int(window_size_left),
+              -1 if window_size_right is None else int(window_size_right))
+    return _flashgen_torch._mask_and_window(bool(is_causal), "bottom_right", window)
+
+
+def _flash_unservable(query, key, value, cum_seq_q, dropout_p, lse=None):
+    """_unservable for aten::_flash_attention_forward/backward: [batch, seqlen, heads, head_dim] tensors, or packed
+    [total, heads, head_dim] ones with int32 offsets cum_seq_q; lse (the backward's) [batch, heads, seqlen_q] or
+    [heads, total_q]."""
+    if dropout_p != 0.0:
+        return "dropout"
+    packed = cum_seq_q is not None
+    if query.dim() != (3 if packed else 4) or key.dim() != query.dim() or value.dim() != query.dim():
+        return "layout"
+    if packed and cum_seq_q.dtype != torch.int32:
+        return "offsets"
+    as_bhsd = [t.unsqueeze(0).transpose(1, 2) if packed else t.transpose(1, 2) for t in (query, key, value)]
+    reason = _unservable(*as_bhsd, 0.0)
+    if reason is None and lse is not None:
+        expected = (query.shape[1], query.shape[0]) if packed else (query.shape[0], query.shape[2], query.shape[1])
+        if lse.dtype != torch.float32 or tuple(lse.shape) != expected:
+            reason = "logsumexp"
+    return reason
+
+
+def _flash_forward_kernel(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+                          return_debug_mask, *, scale=None, window_size_left=None, window_size_right=None,
+                          seqused_k=None, alibi_slopes=None):
+    """aten::_flash_attention_forward on CUDA (torch's varlen_attn and nested-tensor SDPA call it): q, k, v
+    [batch, seqlen, heads, head_dim], or packed [total, heads, head_dim] with cum_seq_q/k; returns (out like query,
+    lse [batch, heads_q, seqlen_q] or [heads_q, total_q], rng state, unused, debug mask) as torch's kernel does."""
+    arguments = (query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask)
+    keywords = dict(scale=scale, window_size_left=window_size_left, window_size_right=window_size_right,
+                    seqused_k=seqused_k, alibi_slopes=alibi_slopes)
+    if _inside_fallback():
+        return _fall_back("forward", "", "_flash_attention_forward", *arguments, **keywords)
+    reason = ("debug mask" if return_debug_mask else "alibi" if alibi_slopes is not None  # the backward gets none
+              else "seqused_k" if seqused_k is not None else _flash_unservable(query, key, value, cum_seq_q, dropout_p))
+    if reason is not None:
+        return _fall_back("forward", reason, "_flash_attention_forward", *arguments, **keywords)
+    mask, window = _flash_mask(is_causal, window_size_left, window_size_right)
+    scale_value = 0.0 if scale is None else float(scale)
+    try:
+        if cum_seq_q is not None:
+            out, lse = _flashgen_torch._varlen_forward(query, key, value, cum_seq_q, cum_seq_k, None, int(max_q),
+                                                       int(max_k), scale_value, mask, window=window)
+        else:
+            out, lse = _flashgen_torch._forward(query, key, value, scale_value, mask, "bshd", checked=True,
+                                                window=window)
+    except _lib.FlashgenError as failure:
+        _State.last_error = str(failure)
+        return _fall_back("forward", "library error", "_flash_attention_forward", *arguments, **keywords)
+    if out.stride() != query.stride():  # torch's kernel returns out laid out as query (empty_like)
+        out = torch.empty_like(query).copy_(out)
+    _count("forward", "flashgen")
+    device = query.device
+    return (out, lse, torch.empty((2,), dtype=torch.uint64, device=device),
+            torch.empty((), dtype=torch.uint64, device=device), torch.empty((0,), dtype=query.dtype, device=device))
+
+
+def _flash_backward_kernel(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                           is_causal, rng_state, unused, *, scale=None, window_size_left=None, window_size_right=None):
+    """aten::_flash_attention_backward on CUDA: (dq, dk, dv) like query, key and value."""
+    arguments = (grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+                 rng_state, unused)
+    keywords = dict(scale=scale, window_size_left=window_size_left, window_size_right=window_size_right)
+    if _inside_fallback():
+        return _fall_back("backward", "", "_flash_attention_backward", *arguments, **keywords)
+    reason = _flash_unservable(query, key, value, cum_seq_q, dropout_p, logsumexp)
+    if reason is not None:
+        return _fall_back("backward", reason, "_flash_attention_backward", *arguments, **keywords)
+    mask, window = _flash_mask(is_causal, window_size_left, window_size_right)
+    scale_value = 0.0 if scale is None else float(scale)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    try:
+        if cum_seq_q is not None:
+            dq, dk, dv, _ = _flashgen_torch._varlen_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q,
+                                                             cum_seq_k, int(max_q), int(max_k), scale_value, mask,
+                                                             deterministic, window=window)
+        else:
+            dq, dk, dv, _ = _flashgen_torch._backward_kernels(grad_out, query, key, value, out, logsumexp, scale_value,
+                                                              mask, "bshd", deterministic, window=window)
+    except _lib.FlashgenError as failure:
+        _State.last_error = str(failure)
+        return _fall_back("backward", "library error", "_flash_attention_backward", *arguments, **keywords)
+    _count("backward", "flashgen")
+    grads = []
+    for grad, like in ((dq, query), (dk, key), (dv, value)):
+        grads.append(grad if grad.stride() == like.stride() else torch.empty_like(like).copy_(grad))
+    return tuple(grads)
+
+
 class _Registration:
     """The overrides while they are registered; remove() unregisters them (torch.nn.attention's handle protocol)."""
 
@@ -161,6 +276,8 @@ class _Registration:
         library = torch.library.Library("aten", "IMPL")  # noqa: TOR901 (an override of aten's CUDA kernels)
         library.impl(_FORWARD_OP, _forward_kernel, "CUDA")
         library.impl(_BACKWARD_OP, _backward_kernel, "CUDA")
+        library.impl("_flash_attention_forward", _flash_forward_kernel, "CUDA")
+        library.impl("_flash_attention_backward", _flash_backward_kernel, "CUDA")
         self.library = library
 
     def remove(self):
@@ -179,7 +296,7 @@ def _capture_originals():
             f"flashgen.torch.enable() needs torch >= 2.9 (torch.library.get_kernel, to fall back to torch's own "
             f"kernels); this is torch {torch.__version__}. flashgen.torch.attention works without it.",
             _lib.ERROR_UNSUPPORTED)
-    _State.originals = {op: torch.library.get_kernel(f"aten::{op}", "CUDA") for op in (_FORWARD_OP, _BACKWARD_OP)}
+    _State.originals = {op: torch.library.get_kernel(f"aten::{op}", "CUDA") for op in _OPS}
     _State.cuda_keys = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
 
 

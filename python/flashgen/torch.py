@@ -1170,6 +1170,10 @@ def enable():
     Of these flashgen falls back for dropout_p > 0 and for errors of the library (the last message is in
     sdpa_stats()["last_error"]). Calls with an attn_mask never reach the flash backend and run as before.
 
+    The FlashAttention-2 ops below SDPA's (aten::_flash_attention_forward/backward: torch's varlen_attn, nested
+    tensors) run flashgen too, dense or packed, causal (bottom-right) or windowed; with ALiBi or seqused_k they
+    fall back (their backward op takes neither).
+
     Through torch.nn.attention's registry under the name "flashgen" where torch has one (>= 2.10:
     torch.nn.attention.activate_flash_attention_impl("flashgen") is then the same), else by overriding the aten
     ops' CUDA kernels; needs torch >= 2.9. Returns a handle that is also a context manager:

@@ -146,3 +146,29 @@ def test_cuda_graph_capture_runs_flashgen():
     fgt.disable()
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     testsupport.assert_close_to_float64("replayed out", out, want.double(), torch.float16)
+
+
+def test_the_flashattention2_ops_below_sdpa_run_flashgen():
+    # aten::_flash_attention_forward/backward (torch's varlen_attn, nested tensors): packed sequences (odd lengths,
+    # a single row) through autograd, then a dense call with a window.
+    fgt.enable()
+
+    def attend(q, k, v, cu, longest):
+        return torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, longest, longest, 0.0, True, False)[0]
+
+    def reference(q, k, v, dout):
+        n = q.shape[1]
+        return testsupport.float64_bshd_attention(q, k, v, dout, 64 ** -0.5,
+                                                  testsupport.visible_keys(n, n, "bottom_right", "cuda"))
+
+    testsupport.check_packed_bf16_self_attention(7, [33, 100, 1], attend, reference)
+    assert _served("forward") == 1 and _served("backward") == 1, fgt.sdpa_stats()
+
+    generator = torch.Generator(device="cuda").manual_seed(8)
+    q, k, v = (torch.randn(2, 150, 4, 64, device="cuda", generator=generator).half() for _ in range(3))
+    out = torch.ops.aten._flash_attention_forward(q, k, v, None, None, 150, 150, 0.0, True, False,
+                                                  window_size_left=32, window_size_right=0)[0]
+    assert _served("forward") == 2 and out.stride() == q.stride()
+    visible = testsupport.window_keys(150, 150, (32, 0), "cuda")
+    want, _, _ = testsupport.float64_bshd_attention(q, k, v, torch.zeros_like(q), 64 ** -0.5, visible)
+    testsupport.assert_close_to_float64("windowed out", out, want, torch.float16)

@@ -1,7 +1,8 @@
 """flashgen.transformers.register(): small randomly initialised transformers models (no download) with
 attn_implementation="fg_attention" against the same weights on transformers' SDPA path: logits of a left-padded
 batch (unpadded into a packed call), of packed sequences (position_ids restarting at 0) and of a sliding-window
-model; greedy generation with the KV cache; a training step's gradients. Skips without transformers or a GPU.
+model; greedy generation with the KV cache; a training step's gradients. Also an unchanged SDPA model running
+flashgen under flashgen.torch.enable(). Skips without transformers or a GPU.
 """
 
 import copy
@@ -108,6 +109,21 @@ def test_sliding_window_logits_match_sdpa():
         unwindowed = fg_model(input_ids=ids).logits
     _assert_close("logits", got, want, 2e-2)
     assert (unwindowed.float() - want.float()).abs().max().item() > 0.1
+
+
+def test_an_unchanged_sdpa_model_runs_flashgen_once_enabled():
+    import flashgen.torch as fgt
+    _, sdpa_model = _llama_pair()
+    generator = torch.Generator(device="cuda").manual_seed(6)
+    ids = torch.randint(0, 512, (2, 64), device="cuda", generator=generator)
+    with torch.no_grad():
+        want = sdpa_model(input_ids=ids).logits
+        with fgt.enable():
+            fgt.reset_sdpa_stats()
+            got = sdpa_model(input_ids=ids).logits
+            stats = fgt.sdpa_stats()
+    assert stats["forward"] == {"flashgen": 2}, stats  # both layers' SDPA calls (causal, grouped heads)
+    _assert_close("logits", got, want, 2e-2)
 
 
 def test_greedy_generation_with_the_kv_cache_matches_sdpa():
