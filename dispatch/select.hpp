@@ -72,9 +72,10 @@ std::optional<BackwardChoice> tune_backward_on_first_use(const AttentionProblem&
                                                          std::string* failure = nullptr);
 
 // Process-wide KV-cache choice for device (a CUDA device ordinal) of `multiprocessors` SMs, in the forward's
-// order of sources (tuner/choice.hpp's choose_decode_config). Not memoized: its split count depends on the
-// problem's exact sizes, and dispatch keeps the launch of each problem class anyway. No tune-on-first-use:
-// KV-cache problems are tuned with `flashgen tune --kv-cache`.
+// order of sources (tuner/choice.hpp's choose_decode_config). What the sources hold is memoized per problem
+// bucket; the split count is taken at the problem's exact sizes on every call (a cache that grows by a token per
+// step is a new problem class at every step, and a lookup in the shipped defaults costs tens of microseconds). No
+// tune-on-first-use: KV-cache problems are tuned with `flashgen tune --kv-cache`.
 DecodeChoice choose_decode_config(int device, const AttentionProblem& problem, int arch, int multiprocessors);
 
 }  // namespace flashgen

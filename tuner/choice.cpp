@@ -195,15 +195,24 @@ BackwardChoice choose_backward_config(const DeviceFingerprint& device, const Pro
   return choice;
 }
 
-DecodeChoice choose_decode_config(const DeviceFingerprint& device, const AttentionProblem& problem, int arch,
-                                  int multiprocessors, const TuningStore* user_db, const ShippedDefaults* shipped) {
+DecodeStoredAnswer decode_stored_answer(const DeviceFingerprint& device, const AttentionProblem& problem, int arch,
+                                        const TuningStore* user_db, const ShippedDefaults* shipped) {
   FLASHGEN_REQUIRE(problem.kv_cache, "choose_decode_config: the problem is not a KV-cache one");
   const ProblemKey key = problem_key(problem);
-  std::string passed_over;
-  if (auto stored = stored_choice<DecodeSplitConfig>(device, key, arch, user_db, shipped, passed_over)) {
-    DecodeChoice choice{stored->config.config, stored->config.splits, stored->reason, stored->source,
-                        stored->exact_bucket};
-    if (!stored->same_bucket) {
+  DecodeStoredAnswer answer;
+  if (auto stored = stored_choice<DecodeSplitConfig>(device, key, arch, user_db, shipped, answer.passed_over)) {
+    answer.stored = DecodeChoice{stored->config.config, stored->config.splits, stored->reason, stored->source,
+                                 stored->exact_bucket};
+    answer.same_bucket = stored->same_bucket;
+  }
+  return answer;
+}
+
+DecodeChoice complete_decode_choice(const DecodeStoredAnswer& answer, const AttentionProblem& problem, int arch,
+                                    int multiprocessors) {
+  if (answer.stored) {
+    DecodeChoice choice = *answer.stored;
+    if (!answer.same_bucket) {
       choice.splits = heuristic_decode_splits(problem, choice.config, arch, multiprocessors);
       choice.reason += "; " + std::to_string(choice.splits) + " key range" + (choice.splits == 1 ? "" : "s") +
                        " per sequence for " + std::to_string(multiprocessors) + " SMs at the problem's sizes";
@@ -211,8 +220,14 @@ DecodeChoice choose_decode_config(const DeviceFingerprint& device, const Attenti
     return choice;
   }
   DecodeChoice choice = heuristic_decode_choice(problem, arch, multiprocessors);
-  choice.reason += passed_over;
+  choice.reason += answer.passed_over;
   return choice;
+}
+
+DecodeChoice choose_decode_config(const DeviceFingerprint& device, const AttentionProblem& problem, int arch,
+                                  int multiprocessors, const TuningStore* user_db, const ShippedDefaults* shipped) {
+  return complete_decode_choice(decode_stored_answer(device, problem, arch, user_db, shipped), problem, arch,
+                                multiprocessors);
 }
 
 }  // namespace flashgen

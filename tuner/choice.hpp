@@ -80,4 +80,18 @@ DecodeChoice choose_decode_config(const DeviceFingerprint& device, const Attenti
                                   int multiprocessors, const TuningStore* user_db,
                                   const ShippedDefaults* shipped = nullptr);
 
+// choose_decode_config in its two halves, for a caller that memoizes the first per problem bucket: what the data
+// sources hold for the problem's bucket (the costly half: database and shipped lookups; the same for every
+// problem of the bucket), then the choice at the problem's exact sizes (cheap: a neighbouring bucket's or the
+// heuristic's split count depends on them).
+struct DecodeStoredAnswer {
+  std::optional<DecodeChoice> stored;  // with the bucket's split count when same_bucket
+  bool same_bucket = false;
+  std::string passed_over;             // what the sources held but could not be used, for the reason
+};
+DecodeStoredAnswer decode_stored_answer(const DeviceFingerprint& device, const AttentionProblem& problem, int arch,
+                                        const TuningStore* user_db, const ShippedDefaults* shipped = nullptr);
+DecodeChoice complete_decode_choice(const DecodeStoredAnswer& answer, const AttentionProblem& problem, int arch,
+                                    int multiprocessors);
+
 }  // namespace flashgen

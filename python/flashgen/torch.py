@@ -326,6 +326,7 @@ class _Plans(threading.local):
 
     def __init__(self):
         self.forward = {}
+        self.kvcache = {}
 
 
 _plans = _Plans()
@@ -1034,8 +1035,90 @@ def _kvcache_class(q, k_cache, v_cache, k, cache_seqlens, block_table, scale, ma
             window, sinks is None, attention_chunk, softcap, alibi_slopes is None)
 
 
+class _KvCachePlan:
+    """The KvCacheArgs of one KV-cache call signature without appended tokens, a block table, sinks or ALiBi slopes,
+    built once and re-pointed at each call's tensors (as _ForwardPlan). The caches' capacity and strides are not
+    part of the signature: transformers' cache grows by a token per generated token, so they change at every
+    step; the plan rewrites them, and asks the library for the split workspace again when they change."""
+
+    __slots__ = ("args", "args_ref", "lse_shape", "workspace_for", "workspace_bytes")
+
+    def __init__(self, q, k_cache, v_cache, out, lse, cache_seqlens, scale, mask, num_splits, window, attention_chunk,
+                 softcap):
+        self.args = _kvcache_args(q, k_cache, v_cache, None, None, cache_seqlens, None, out, lse, scale, mask,
+                                  num_splits, window, None, attention_chunk, softcap, None)
+        self.args_ref = ctypes.byref(self.args)
+        self.lse_shape = tuple(lse.shape)
+        self.workspace_for = None  # the (capacity, strides) workspace_bytes was asked for
+        self.workspace_bytes = 0
+
+
+def _kvcache_plan_key(q, k_cache, v_cache, cache_seqlens, scale, mask, num_splits, window, attention_chunk, softcap):
+    return (q.shape, q.stride(), q.dtype, q.device, k_cache.shape[0], k_cache.shape[2:], k_cache.dtype,
+            k_cache.device, v_cache.shape[0], v_cache.shape[2:], v_cache.dtype, v_cache.device,
+            None if cache_seqlens is None else (cache_seqlens.shape, cache_seqlens.dtype, cache_seqlens.device), scale,
+            mask, num_splits, window, attention_chunk, softcap)
+
+
+def _planned_kvcache(q, k_cache, v_cache, cache_seqlens, scale, mask, num_splits, window, attention_chunk, softcap,
+                     create):
+    """(out, lse) of a KV-cache call through its signature's _KvCachePlan (see there for which calls), or None where
+    the call takes the full path: q not readable in place, a legacy default stream on another device, or
+    (create=False) no plan yet. A plan exists only for a signature whose arguments passed the checks."""
+    key = _kvcache_plan_key(q, k_cache, v_cache, cache_seqlens, scale, mask, num_splits, window, attention_chunk,
+                            softcap)
+    plans = _plans.kvcache
+    plan = plans.get(key)
+    if plan is None and not create:
+        return None
+    device = q.device
+    stream = _stream_handle(device)
+    if (q.data_ptr() & 15) or (stream == 0 and device.index != _current_device()):
+        return None
+    out = torch.empty(q.shape, dtype=q.dtype, device=device)
+    if plan is None:
+        if not _strides_readable(q):
+            return None
+        lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=device)
+        if len(plans) >= _Plans.limit:
+            plans.clear()
+        plan = plans[key] = _KvCachePlan(q, k_cache, v_cache, out, lse, cache_seqlens, scale, mask, num_splits,
+                                         window, attention_chunk, softcap)
+    else:
+        lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=device)
+    args = plan.args
+    args.q.data, args.out.data, args.lse = q.data_ptr(), out.data_ptr(), lse.data_ptr()
+    for view, cache in ((args.k_cache, k_cache), (args.v_cache, v_cache)):
+        view.data = cache.data_ptr()
+        view.shape[1] = cache.shape[1]
+        view.stride[0], view.stride[1], view.stride[2] = cache.stride()[:3]
+    if cache_seqlens is not None:
+        args.cache_seqlens = cache_seqlens.data_ptr()
+    layout = (k_cache.shape[1], k_cache.stride(), v_cache.stride())
+    if plan.workspace_for != layout:
+        size = ctypes.c_size_t(0)
+        args.workspace, args.workspace_bytes = None, 0
+        _lib.check(_lib.function("flashgen_attention_kvcache_workspace_size")(plan.args_ref, stream, ctypes.byref(size)),
+                   "flashgen_attention_kvcache_workspace_size")
+        plan.workspace_for, plan.workspace_bytes = layout, size.value
+    workspace = None
+    if plan.workspace_bytes > 0:  # from torch's allocator: captured with the call into a CUDA graph's pool
+        workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=device)
+        args.workspace, args.workspace_bytes = workspace.data_ptr(), plan.workspace_bytes
+    status = _lib.function("flashgen_attention_kvcache")(plan.args_ref, stream)
+    if status != _lib.SUCCESS:
+        plan.workspace_for = None  # a choice made since may want another workspace: ask again next time
+        _lib.check(status, "flashgen_attention_kvcache")
+    return out, lse
+
+
 def _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits, window=_NO_WINDOW,
              sinks=None, attention_chunk=0, softcap=0.0, alibi_slopes=None):
+    if k is None and block_table is None and sinks is None and alibi_slopes is None:
+        planned = _planned_kvcache(q, k_cache, v_cache, cache_seqlens, scale, mask, num_splits, window,
+                                   attention_chunk, softcap, create=True)
+        if planned is not None:
+            return planned
     with torch.cuda.device(q.device):
         sinks = _check_sinks(sinks, q.device, q.shape[2])
         alibi_slopes = _check_alibi(alibi_slopes, q.device, q.shape[0], q.shape[2])
@@ -1141,11 +1224,18 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
         _bad(f"num_splits: expected an int, got {type(num_splits).__name__}")
     if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
+    softcap = _check_softcap(softcap)
+    if (k is None and block_table is None and sinks is None and alibi_slopes is None
+            and _eager_call(q, k_cache, v_cache)):
+        # The warm call of a signature seen before: its plan's key holds all that the checks below look at.
+        planned = _planned_kvcache(q, k_cache, v_cache, cache_seqlens, scale, mask, num_splits, window, chunk, softcap,
+                                   create=False)
+        if planned is not None:
+            return planned if return_softmax_lse else planned[0]
     _check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table)
     sinks = _check_sinks(sinks, q.device, q.shape[2])
     if sinks is not None:  # no autograd node for a model's sinks parameter: the op has no backward
         sinks = sinks.detach()
-    softcap = _check_softcap(softcap)
     alibi_slopes = _check_alibi(alibi_slopes, q.device, q.shape[0], q.shape[2])
     args = (q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits)
     if _eager_call(q, k_cache, v_cache):

@@ -10,8 +10,9 @@ FlashAttention package or a Hub kernel to import, and refuses one it cannot impo
 
 What each call becomes: a padded batch (the 2-d padding mask that the registered mask function passes through)
 is unpadded into a packed variable-length call and padded back; packed sequences (one row whose position_ids
-restart at 0, or transformers' cu_seq_lens_q/k arguments) are a variable-length call; anything else is a dense
-call. Causal masks are aligned bottom-right, so generation with a KV cache (queries after the cached keys)
+restart at 0, or transformers' cu_seq_lens_q/k arguments) are a variable-length call; generation's steps without
+padding (up to 16 new queries against a longer cache, no gradient) run the KV-cache decode kernels on the cache as
+transformers keeps it; anything else is a dense call. Causal masks are aligned bottom-right, so generation with a KV cache (queries after the cached keys)
 needs nothing else; sliding windows (Mistral, Gemma), logit soft caps (Gemma 2) and attention sinks (gpt-oss,
 s_aux) are passed on. Training works through flashgen.torch's autograd. Dropout is refused (flashgen has none:
 set the config's attention_dropout to 0). stats() counts the calls of each kind.
@@ -27,6 +28,10 @@ from ._lib import ERROR_INVALID_ARGUMENT, FlashgenArgumentError
 
 NAME = "fg_attention"
 
+# Calls with at most this many queries against a longer cache (generation's steps, speculative tokens) and no
+# gradient run the KV-cache decode kernels.
+_DECODE_MAX_QUERIES = 16
+
 _counts = collections.Counter()
 _counts_lock = threading.Lock()
 
@@ -37,7 +42,8 @@ def _count(kind):
 
 
 def stats():
-    """{"dense": n, "padded": n, "packed": n}: the calls of each kind since the process started (or reset_stats())."""
+    """{"dense": n, "padded": n, "packed": n, "decode": n}: the calls of each kind since the process started (or
+    reset_stats())."""
     with _counts_lock:
         return dict(_counts)
 
@@ -133,6 +139,17 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         _count("packed")
         out = _varlen(q[0], k[0], v[0], *packed, common)
         return out.unsqueeze(0), None
+
+    if q_len <= _DECODE_MAX_QUERIES and kv_len > q_len and not (
+            torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)):
+        # Generation's steps: a few new queries against the cache. The decode kernels split each sequence's keys
+        # across SMs (the dense kernels would give a 128-row tile to each head's few rows); transformers' cache is
+        # [batch, heads, seqlen, head_dim], read in place through the transposed views.
+        _count("decode")
+        out = _flashgen_torch.attention_with_kvcache(q, k, v, softmax_scale=scaling, causal=common["causal"],
+                                                     window_size=common["window_size"], softcap=common["softcap"],
+                                                     sinks=common["sinks"])
+        return out, None
 
     _count("dense")
     out = _flashgen_torch.attention(q, k, v, causal=common["causal"], scale=scaling, softcap=common["softcap"],

@@ -137,7 +137,14 @@ def test_greedy_generation_with_the_kv_cache_matches_sdpa():
     with torch.no_grad():
         got = fg_model.generate(input_ids=ids, attention_mask=mask, **settings)
         want = sdpa_model.generate(input_ids=ids, attention_mask=mask, **settings)
-    assert torch.equal(got, want), f"flashgen generated {got[:, 40:].tolist()}, SDPA {want[:, 40:].tolist()}"
+        assert torch.equal(got, want), f"flashgen generated {got[:, 40:].tolist()}, SDPA {want[:, 40:].tolist()}"
+        # Without padding the steps after the prefill run the decode kernels.
+        fg_transformers.reset_stats()
+        ids = ids.clamp(min=1)  # no pad token (0) left for generate to take for padding
+        got = fg_model.generate(input_ids=ids, **settings)
+        want = sdpa_model.generate(input_ids=ids, **settings)
+        assert torch.equal(got, want), f"flashgen generated {got[:, 40:].tolist()}, SDPA {want[:, 40:].tolist()}"
+    assert fg_transformers.stats() == {"dense": 2, "decode": 2 * 11}
 
 
 def test_training_step_gradients_match_sdpa():
