@@ -220,27 +220,12 @@ BackwardChoice choose_backward_config(int device, const ProblemKey& problem, int
 }
 
 DecodeChoice choose_decode_config(int device, const AttentionProblem& problem, int arch, int multiprocessors) {
-  // The memo of what the sources hold, by (device, arch and problem bucket).
-  static std::mutex memo_mutex;
-  static std::map<std::pair<int, std::string>, DecodeStoredAnswer> answers;
-  const std::pair<int, std::string> key{device, std::to_string(arch) + "|" + problem_key(problem).id()};
-  {
-    std::lock_guard<std::mutex> lock(memo_mutex);
-    if (auto found = answers.find(key); found != answers.end()) {
-      return complete_decode_choice(found->second, problem, arch, multiprocessors);
-    }
-  }
-  DecodeStoredAnswer answer;
-  {
-    const TuningStore* store = user_store();
-    std::lock_guard<std::mutex> lock(store_mutex());
-    const ShippedDefaults& shipped = ShippedDefaults::instance();
-    const bool any_data = store != nullptr || !shipped.winners().empty();
-    answer = decode_stored_answer(any_data ? fingerprint_of(device) : DeviceFingerprint{}, problem, arch, store,
-                                  &shipped);
-  }
-  std::lock_guard<std::mutex> lock(memo_mutex);
-  return complete_decode_choice(answers.emplace(key, std::move(answer)).first->second, problem, arch, multiprocessors);
+  const DecodeStoredAnswer answer = memoized_choice<DecodeStoredAnswer>(
+      device, problem_key(problem), [&](const DeviceFingerprint& fingerprint, const TuningStore* store,
+                                        const ShippedDefaults* shipped) {
+        return decode_stored_answer(fingerprint, problem, arch, store, shipped);
+      });
+  return complete_decode_choice(answer, problem, arch, multiprocessors);
 }
 
 }  // namespace flashgen

@@ -1,13 +1,13 @@
 """flashgen behind torch.nn.functional.scaled_dot_product_attention, for programs that are not edited: enable()
 replaces the CUDA kernels of the two aten ops SDPA's flash-attention backend calls
 (aten::_scaled_dot_product_flash_attention and its backward), and of the FlashAttention-2 pair below them
-(aten::_flash_attention_forward/backward: torch's varlen_attn, nested tensors), with flashgen's, through torch.nn.attention's
-registry of flash-attention implementations where this torch has one (torch >= 2.10), else through
-torch.library directly. A call flashgen cannot serve (dropout, a debug mask, a dtype, GPU or shape it does not
-take, or an error of the library) runs torch's own kernel, captured before the override; sdpa_stats() counts
-both. Only SDPA calls that choose the flash backend reach these ops: enable() puts that backend first in SDPA's
-priority order while it is on (torch 2.11 prefers cuDNN on Hopper), and calls with an attn_mask go to other
-backends as before. Used through flashgen.torch (enable, disable, sdpa_stats, reset_sdpa_stats).
+(aten::_flash_attention_forward/backward: torch's varlen_attn, nested tensors), with flashgen's, through
+torch.nn.attention's registry of flash-attention implementations where this torch has one (torch >= 2.10), else
+through torch.library directly. A call flashgen cannot serve (dropout, a debug mask, a dtype, GPU or shape it
+does not take, or an error of the library) runs torch's own kernel, captured before the override; sdpa_stats()
+counts both. Only SDPA calls that choose the flash backend reach these ops: enable() puts that backend first in
+SDPA's priority order while it is on (torch 2.11 prefers cuDNN on Hopper), and calls with an attn_mask go to
+other backends as before. Used through flashgen.torch (enable, disable, sdpa_stats, reset_sdpa_stats).
 """
 
 import collections
@@ -17,7 +17,7 @@ import threading
 import torch
 
 from . import _lib
-from . import torch as _flashgen_torch
+from . import _calls
 
 IMPLEMENTATION_NAME = "flashgen"  # the name in torch.nn.attention's registry
 
@@ -107,8 +107,8 @@ def _forward_kernel(query, key, value, dropout_p=0.0, is_causal=False, return_de
     planned, error = None, None
     if dropout_p == 0.0 and not return_debug_mask:  # a signature served before has its plan: no checks needed
         try:
-            planned = _flashgen_torch._planned_forward(query, key, value, scale_value, mask, "bhsd", 0.0,
-                                                       _flashgen_torch._NO_WINDOW, 0, True, create=False)
+            planned = _calls._planned_forward(query, key, value, scale_value, mask, "bhsd", 0.0,
+                                              _calls._NO_WINDOW, 0, True, create=False)
         except _lib.FlashgenError as failure:
             error = str(failure)
     if planned is None and error is None:
@@ -117,15 +117,15 @@ def _forward_kernel(query, key, value, dropout_p=0.0, is_causal=False, return_de
             return _fall_back("forward", reason, _FORWARD_OP, query, key, value, dropout_p, is_causal,
                               return_debug_mask, scale=scale)
         try:
-            planned = _flashgen_torch._planned_forward(query, key, value, scale_value, mask, "bhsd", 0.0,
-                                                       _flashgen_torch._NO_WINDOW, 0, True)
+            planned = _calls._planned_forward(query, key, value, scale_value, mask, "bhsd", 0.0,
+                                              _calls._NO_WINDOW, 0, True)
         except _lib.FlashgenError as failure:
             error = str(failure)
     if planned is None and error is None:  # inputs the kernels cannot read in place: the full path copies them
         with torch.cuda.device(query.device):
-            call = _flashgen_torch._ForwardCall(query, key, value, scale_value, mask, "bhsd", out_like_q=True)
+            call = _calls._ForwardCall(query, key, value, scale_value, mask, "bhsd", out_like_q=True)
             error = _library_call("flashgen_attention_forward",
-                                  (*call.arguments(), _flashgen_torch._stream(query.device)))
+                                  (*call.arguments(), _calls._stream(query.device)))
             planned = call.out, call.lse
     if error is not None:
         _State.last_error = error
@@ -133,12 +133,15 @@ def _forward_kernel(query, key, value, dropout_p=0.0, is_causal=False, return_de
                           return_debug_mask, scale=scale)
     _count("forward", "flashgen")
     out, lse = planned
+    return (out, lse, None, None, query.shape[2], key.shape[2], *_unused_outputs(query))
+
+
+def _unused_outputs(query):
+    """The forward ops' last three outputs (philox seed, philox offset, debug mask): with no dropout never read,
+    allocated in the shapes and dtypes torch's meta kernels promise."""
     device = query.device
-    # With no dropout the philox state is never read; these are the shapes and dtypes torch's meta kernel promises.
-    seed = torch.empty((2,), dtype=torch.uint64, device=device)
-    offset = torch.empty((), dtype=torch.uint64, device=device)
-    debug_mask = torch.empty((0,), dtype=query.dtype, device=device)
-    return out, lse, None, None, query.shape[2], key.shape[2], seed, offset, debug_mask
+    return (torch.empty((2,), dtype=torch.uint64, device=device), torch.empty((), dtype=torch.uint64, device=device),
+            torch.empty((0,), dtype=query.dtype, device=device))
 
 
 def _backward_kernel(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
@@ -155,10 +158,10 @@ def _backward_kernel(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum
     mask = "top_left" if is_causal else "none"
     device = query.device
     with torch.cuda.device(device):
-        call = _flashgen_torch._BackwardCall(grad_out, query, key, value, out, logsumexp,
-                                             0.0 if scale is None else float(scale), mask, "bhsd",
-                                             torch.are_deterministic_algorithms_enabled(), grads_like_inputs=True)
-        stream = _flashgen_torch._stream(device)
+        call = _calls._BackwardCall(grad_out, query, key, value, out, logsumexp,
+                                    0.0 if scale is None else float(scale), mask, "bhsd",
+                                    torch.are_deterministic_algorithms_enabled(), grads_like_inputs=True)
+        stream = _calls._stream(device)
         workspace_bytes = ctypes.c_size_t(0)
         error = _library_call("flashgen_attention_backward_workspace_size",
                               (*call.arguments(), stream, ctypes.byref(workspace_bytes)))
@@ -179,7 +182,7 @@ def _flash_mask(is_causal, window_size_left, window_size_right):
     a window (left, right) with None or -1 for no bound on a side, causal making the right side 0)."""
     window = (-1 if window_size_left is None else int(window_size_left),
               -1 if window_size_right is None else int(window_size_right))
-    return _flashgen_torch._mask_and_window(bool(is_causal), "bottom_right", window)
+    return _calls._mask_and_window(bool(is_causal), "bottom_right", window)
 
 
 def _flash_unservable(query, key, value, cum_seq_q, dropout_p, lse=None):
@@ -221,20 +224,18 @@ def _flash_forward_kernel(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
     scale_value = 0.0 if scale is None else float(scale)
     try:
         if cum_seq_q is not None:
-            out, lse = _flashgen_torch._varlen_forward(query, key, value, cum_seq_q, cum_seq_k, None, int(max_q),
-                                                       int(max_k), scale_value, mask, window=window)
+            out, lse = _calls._varlen_forward(query, key, value, cum_seq_q, cum_seq_k, None, int(max_q),
+                                              int(max_k), scale_value, mask, window=window)
         else:
-            out, lse = _flashgen_torch._forward(query, key, value, scale_value, mask, "bshd", checked=True,
-                                                window=window)
+            out, lse = _calls._forward(query, key, value, scale_value, mask, "bshd", checked=True,
+                                       window=window)
     except _lib.FlashgenError as failure:
         _State.last_error = str(failure)
         return _fall_back("forward", "library error", "_flash_attention_forward", *arguments, **keywords)
     if out.stride() != query.stride():  # torch's kernel returns out laid out as query (empty_like)
         out = torch.empty_like(query).copy_(out)
     _count("forward", "flashgen")
-    device = query.device
-    return (out, lse, torch.empty((2,), dtype=torch.uint64, device=device),
-            torch.empty((), dtype=torch.uint64, device=device), torch.empty((0,), dtype=query.dtype, device=device))
+    return (out, lse, *_unused_outputs(query))
 
 
 def _flash_backward_kernel(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
@@ -253,12 +254,12 @@ def _flash_backward_kernel(grad_out, query, key, value, out, logsumexp, cum_seq_
     deterministic = torch.are_deterministic_algorithms_enabled()
     try:
         if cum_seq_q is not None:
-            dq, dk, dv, _ = _flashgen_torch._varlen_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q,
-                                                             cum_seq_k, int(max_q), int(max_k), scale_value, mask,
-                                                             deterministic, window=window)
+            dq, dk, dv, _ = _calls._varlen_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q,
+                                                    cum_seq_k, int(max_q), int(max_k), scale_value, mask,
+                                                    deterministic, window=window)
         else:
-            dq, dk, dv, _ = _flashgen_torch._backward_kernels(grad_out, query, key, value, out, logsumexp, scale_value,
-                                                              mask, "bshd", deterministic, window=window)
+            dq, dk, dv, _ = _calls._backward_kernels(grad_out, query, key, value, out, logsumexp, scale_value,
+                                                     mask, "bshd", deterministic, window=window)
     except _lib.FlashgenError as failure:
         _State.last_error = str(failure)
         return _fall_back("backward", "library error", "_flash_attention_backward", *arguments, **keywords)

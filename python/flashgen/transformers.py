@@ -8,14 +8,14 @@ AttentionInterface and AttentionMaskInterface under the name "fg_attention", the
 The name holds no "flash": transformers (5.x) takes any implementation name containing "flash" for a
 FlashAttention package or a Hub kernel to import, and refuses one it cannot import.
 
-What each call becomes: a padded batch (the 2-d padding mask that the registered mask function passes through)
-is unpadded into a packed variable-length call and padded back; packed sequences (one row whose position_ids
-restart at 0, or transformers' cu_seq_lens_q/k arguments) are a variable-length call; generation's steps without
-padding (up to 16 new queries against a longer cache, no gradient) run the KV-cache decode kernels on the cache as
-transformers keeps it; anything else is a dense call. Causal masks are aligned bottom-right, so generation with a KV cache (queries after the cached keys)
-needs nothing else; sliding windows (Mistral, Gemma), logit soft caps (Gemma 2) and attention sinks (gpt-oss,
-s_aux) are passed on. Training works through flashgen.torch's autograd. Dropout is refused (flashgen has none:
-set the config's attention_dropout to 0). stats() counts the calls of each kind.
+What each call becomes: a padded batch (the 2-d padding mask that the registered mask function passes through) is
+unpadded into a packed variable-length call and padded back; packed sequences (one row whose position_ids restart at
+0, or transformers' cu_seq_lens_q/k arguments) are a variable-length call; generation's steps without padding (up to
+16 new queries against a longer cache, no gradient) run the KV-cache decode kernels on the cache as transformers
+keeps it; anything else is a dense call. Causal masks are aligned bottom-right, so generation with a KV cache
+(queries after the cached keys) needs nothing else; sliding windows (Mistral, Gemma), logit soft caps (Gemma 2) and
+attention sinks (gpt-oss, s_aux) are passed on. Training works through flashgen.torch's autograd. Dropout is refused
+(flashgen has none: set the config's attention_dropout to 0). stats() counts the calls of each kind.
 """
 
 import collections
@@ -81,11 +81,6 @@ def _packed_offsets(position_ids):
     return _offsets((ends - starts).to(torch.int32))
 
 
-def _varlen(query, key, value, cu_q, cu_k, max_q, max_k, common):
-    """Packed call on [total, heads, head_dim] views."""
-    return _flashgen_torch.varlen_attention(query, key, value, cu_q, cu_k, max_q, max_k, **common)
-
-
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
                       softcap=None, **kwargs):
     """transformers' attention function: query [batch, heads_q, q_len, head_dim], key and value [batch, heads_kv,
@@ -119,7 +114,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         rows_q = torch.nonzero(keep_q.flatten()).flatten()
         k_packed, v_packed = (t.reshape(batch * kv_len, -1, head_dim).index_select(0, rows_k) for t in (k, v))
         q_packed = q.reshape(batch * q_len, heads_q, head_dim).index_select(0, rows_q)
-        out_packed = _varlen(q_packed, k_packed, v_packed, cu_q, cu_k, max_q, max_k, common)
+        out_packed = _flashgen_torch.varlen_attention(q_packed, k_packed, v_packed, cu_q, cu_k, max_q, max_k,
+                                                      **common)
         out = out_packed.new_zeros(batch * q_len, heads_q, head_dim).index_copy(0, rows_q, out_packed)
         return out.view(batch, q_len, heads_q, head_dim), None
 
@@ -137,7 +133,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
             packed = (packed[0], packed[0], packed[1], packed[1])
     if packed is not None:
         _count("packed")
-        out = _varlen(q[0], k[0], v[0], *packed, common)
+        out = _flashgen_torch.varlen_attention(q[0], k[0], v[0], *packed, **common)
         return out.unsqueeze(0), None
 
     if q_len <= _DECODE_MAX_QUERIES and kv_len > q_len and not (

@@ -197,12 +197,7 @@ def test_varlen_attention_chunk_applies_within_each_sequence_empty_ones_included
     chunk = 48
     # An empty sequence, one with keys and no query (zero dk, dv), and one whose rows 0..4 see no key.
     q_lens, k_lens = [70, 0, 0, 130, 9], [70, 0, 30, 200, 4]
-    generator = torch.Generator(device="cuda").manual_seed(71)
-    q, k, v = (torch.randn(sum(lens), heads, 64, device="cuda", generator=generator).to(torch.bfloat16)
-               .requires_grad_(True) for lens, heads in ((q_lens, 4), (k_lens, 2), (k_lens, 2)))
-    dout = torch.randn(sum(q_lens), 4, 64, device="cuda", generator=generator).to(torch.bfloat16)
-    cu_q, cu_k = (torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
-                  for lens in (q_lens, k_lens))
+    q, k, v, dout, cu_q, cu_k = testsupport.packed_gqa_batch(q_lens, k_lens, 71)
     out, lse, _ = fgt.varlen_attention(q, k, v, cu_q, cu_k, max(q_lens), max(k_lens), causal=causal,
                                        attention_chunk=chunk, return_attn_probs=True)
     out.backward(dout)

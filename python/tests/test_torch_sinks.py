@@ -196,13 +196,8 @@ def test_strided_sinks_are_read_as_their_values():
 def test_varlen_attention_sinks_match_each_sequence_empty_ones_included():
     _gpu()
     q_lens, k_lens = [3, 0, 130, 64, 9], [5, 20, 200, 40, 0]  # no query; rows 0..23 and all 9 rows see no key
-    generator = torch.Generator(device="cuda").manual_seed(31)
-    q, k, v = (torch.randn(sum(lens), heads, 64, device="cuda", generator=generator).to(torch.bfloat16)
-               .requires_grad_(True) for lens, heads in ((q_lens, 4), (k_lens, 2), (k_lens, 2)))
-    dout = torch.randn(sum(q_lens), 4, 64, device="cuda", generator=generator).to(torch.bfloat16)
+    q, k, v, dout, cu_q, cu_k = testsupport.packed_gqa_batch(q_lens, k_lens, 31)
     sinks = torch.tensor(_SINKS, device="cuda", requires_grad=True)
-    cu_q, cu_k = (torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
-                  for lens in (q_lens, k_lens))
     out, lse, _ = fgt.varlen_attention(q, k, v, cu_q, cu_k, max(q_lens), max(k_lens), causal=True, sinks=sinks,
                                        return_attn_probs=True)
     out.backward(dout)

@@ -21,8 +21,7 @@ def _packed(lens, heads, head_dim, dtype, seed):
     return torch.randn(sum(lens), heads, head_dim, device="cuda", generator=generator).to(dtype)
 
 
-def _offsets(lens):
-    return torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+_offsets = testsupport.packed_offsets
 
 
 def _check_sequences(out, lse, q, k, v, q_lens, k_lens, used, mask, dtype):

@@ -156,6 +156,23 @@ def assert_close_to_float64(name, got, want, dtype):
     assert error <= allowed, mismatch_report(name, got, want, allowed)
 
 
+def packed_offsets(lens):
+    """int32 [len(lens) + 1] offsets on the GPU of packed sequences of these lengths (cu_seqlens)."""
+    import torch
+    return torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+
+
+def packed_gqa_batch(q_lens, k_lens, seed):
+    """A packed bf16 batch on the GPU, 4 query heads over 2 kv heads of 64 columns: q, k, v (requiring grad), dout,
+    cu_seqlens_q and cu_seqlens_k for sequences of q_lens queries and k_lens keys."""
+    import torch
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(sum(lens), heads, 64, device="cuda", generator=generator).to(torch.bfloat16)
+               .requires_grad_(True) for lens, heads in ((q_lens, 4), (k_lens, 2), (k_lens, 2)))
+    dout = torch.randn(sum(q_lens), 4, 64, device="cuda", generator=generator).to(torch.bfloat16)
+    return q, k, v, dout, packed_offsets(q_lens), packed_offsets(k_lens)
+
+
 def check_packed_bf16_self_attention(seed, lens, attend, reference):
     """A packed bf16 self-attention batch of sequences of these lengths (2 heads of 64 columns, on the GPU): runs
     attend(q, k, v, cu_seqlens, max_seqlen) and backpropagates a random dout through it, then checks each sequence's
