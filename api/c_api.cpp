@@ -3,7 +3,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -12,7 +15,10 @@
 #include "dispatch/select.hpp"
 #include "flashgen/error.hpp"
 #include "flashgen/flashgen.h"
+#include "generator/generator.hpp"
 #include "launch/tensor_checks.hpp"
+#include "problem/user_variant.hpp"
+#include "runtime/nvrtc_compiler.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "tuner/store.hpp"
 
@@ -68,6 +74,25 @@ void check_args_size(size_t size, size_t expected) {
   FLASHGEN_REQUIRE(size == expected, "args.size is " + std::to_string(size) +
                                          ": a flashgen.h newer than this library (" + std::to_string(expected) +
                                          " bytes)");
+}
+
+// A user variant's functions compiled once on their own (for sm_80: any GPU's compiler checks the same C++), so
+// that the caller's errors come back from flashgen_variant_create with NVRTC's log; each tag once per process.
+void check_user_functions_compile(const flashgen::UserVariant& user) {
+  static std::mutex mutex;
+  static std::set<std::string> compiled;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (compiled.count(user.tag) != 0) return;
+  }
+  try {
+    flashgen::compile_nvrtc(flashgen::generate_user_probe(user), 80);
+  } catch (const flashgen::Error& e) {
+    if (e.status() != flashgen::Status::kCompile) throw;
+    flashgen::fail(flashgen::Status::kCompile, "desc: the variant's functions do not compile; " + std::string(e.what()));
+  }
+  const std::lock_guard<std::mutex> lock(mutex);
+  compiled.insert(user.tag);
 }
 
 // The problem of a flashgen_forward_problem, checked like the calls check their tensors.
@@ -229,6 +254,22 @@ extern "C" int flashgen_tune_forward(const flashgen_forward_problem* problem, vo
                {"db", flashgen::TuningStore::default_path().string()}},
               json, json_capacity, json_length);
   });
+}
+
+extern "C" int flashgen_variant_create(const flashgen_variant_desc* desc, flashgen_variant** variant) {
+  return guarded([&] {
+    FLASHGEN_REQUIRE(variant != nullptr, "variant: null pointer");
+    *variant = nullptr;
+    std::shared_ptr<const flashgen::UserVariant> user = flashgen::make_user_variant(required(desc, "desc"));
+    check_user_functions_compile(*user);
+    *variant = new flashgen_variant{std::move(user)};
+  });
+}
+
+extern "C" void flashgen_variant_destroy(flashgen_variant* variant) { delete variant; }
+
+extern "C" const char* flashgen_variant_tag(const flashgen_variant* variant) {
+  return variant != nullptr ? variant->user->tag.c_str() : "";
 }
 
 extern "C" void flashgen_set_tune_on_first_use(int enabled) { flashgen::set_tune_on_first_use(enabled != 0); }

@@ -91,13 +91,19 @@ void reference_row_f64(const AttentionShape& shape, const HostInput& q, const Ho
 
   double row_max = -std::numeric_limits<double>::infinity();
   for (int64_t j = keys.first; j < keys.end; ++j) {
+    if (variant.user_mask && !variant.user_mask(b, h, i, j)) {
+      scores[j] = -std::numeric_limits<double>::infinity();
+      continue;
+    }
     const double* k_row = k.row(b, j, hk, scratch.kv_row.data());
     double dot = 0.0;
     for (int64_t d = 0; d < d_count; ++d) dot += q_row[d] * k_row[d];
     scores[j] = capped_score(dot * scale, variant.softcap) + alibi_bias(variant, mask, shape, b, h, i, j);
+    if (variant.user_score) scores[j] = variant.user_score(scores[j], b, h, i, j);
     row_max = std::max(row_max, scores[j]);
   }
   row_max = std::max(row_max, sink);
+  if (row_max == -std::numeric_limits<double>::infinity()) return;  // a user mask hid every key, and no sink
   double row_sum = std::exp(sink - row_max);  // 0 without a sink
   std::fill(acc, acc + d_count, 0.0);
   for (int64_t j = keys.first; j < keys.end; ++j) {
@@ -403,6 +409,10 @@ AttentionGradients attention_backward_reference_f64(const AttentionShape& shape,
         double row_max = -std::numeric_limits<double>::infinity();
         for (int64_t j = keys.first; j < keys.end; ++j) {
           const size_t at = static_cast<size_t>(j - keys.first);
+          if (variant.user_mask && !variant.user_mask(b, h, i, j)) {
+            p[at] = -std::numeric_limits<double>::infinity();
+            continue;
+          }
           const double* kj = k.row(b, j, hk, k_scratch.data());
           double s = 0;
           for (int64_t x = 0; x < d; ++x) s += qi[x] * kj[x];
@@ -410,10 +420,15 @@ AttentionGradients attention_backward_reference_f64(const AttentionShape& shape,
           p[at] = capped_score(s * scale, cap);
           if (cap > 0) cap_slope[at] = 1 - (p[at] / cap) * (p[at] / cap);
           p[at] += alibi_bias(variant, mask, shape, b, h, i, j);
+          if (variant.user_score) {
+            p[at] = variant.user_score(p[at], b, h, i, j);
+            if (variant.user_score_grad) cap_slope[at] *= variant.user_score_grad(p[at], b, h, i, j);
+          }
           row_max = std::max(row_max, p[at]);
         }
         const double sink = sink_of(variant, h);
         row_max = std::max(row_max, sink);
+        if (row_max == -std::numeric_limits<double>::infinity()) continue;  // every key hidden, no sink
         double sum = std::exp(sink - row_max);  // 0 without a sink
         for (double& pj : p) sum += (pj = std::exp(pj - row_max));
         std::fill(out.begin(), out.end(), 0.0);

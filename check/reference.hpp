@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -73,6 +74,12 @@ struct ReferenceVariant {
   std::vector<float> alibi_slopes;
   int64_t alibi_batch_stride = 0;
   std::vector<float> sinks;
+  // A user variant's functions as the reference applies them (flashgen_variant_desc): user_mask(b, h, i, j) false
+  // hides key j from query i on top of the mask; user_score(s, b, h, i, j) maps the scaled score s (after the cap
+  // and ALiBi), user_score_grad(modified, b, h, i, j) is its derivative given its value. Empty: none.
+  std::function<bool(int64_t, int64_t, int64_t, int64_t)> user_mask;
+  std::function<double(double, int64_t, int64_t, int64_t, int64_t)> user_score;
+  std::function<double(double, int64_t, int64_t, int64_t, int64_t)> user_score_grad;
 
   ReferenceVariant(double cap = 0.0, ReferenceWindow sides = {}, std::vector<float> slopes = {},
                    int64_t slopes_batch_stride = 0)

@@ -3,12 +3,14 @@
 #include "dispatch/dispatch.hpp"
 
 #include <array>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "dispatch/select.hpp"
@@ -89,6 +91,23 @@ void read_through_pages(const ForwardCall& call, ForwardChoice& choice, int arch
 
 void read_through_pages(const BackwardCall&, BackwardChoice&, int) {}
 
+// A user variant's functions join the tiles chosen for its base class (the built-in mask and modifiers under
+// it). The sm90 family's clusters share each key block between two tiles, which a user's mask may hide from one
+// of them: with a user mask the choice takes none.
+template <class Choice>
+void with_user_variant(const AttentionProblem& problem, Choice& choice) {
+  if (!problem.user) return;
+  if constexpr (std::is_same_v<Choice, ForwardChoice>) {
+    Sm90Knobs* k = choice.config.sm90();
+    if (k != nullptr && k->cluster != 1 && problem.user->masks()) {
+      k->cluster = 1;
+      choice.reason += "; no cluster: a user mask hides keys";
+    }
+  }
+  choice.config.user = problem.user;
+  choice.reason += "; with the user variant " + problem.user->tag + " compiled in";
+}
+
 std::optional<ForwardChoice> tune_on_first_use_of(const ForwardCall& call, int device, int arch,
                                                   std::string* failure) {
   return tune_forward_on_first_use(call.problem, device, arch, failure);
@@ -121,7 +140,9 @@ auto plan_in_scope(const Call& call, const ScopedContext& scope, CUstream stream
   const int device = static_cast<int>(scope.device());
   const int arch = launch_arch(scope.device());
   Plan<decltype(process_choice(call, device, arch))> plan{process_choice(call, device, arch), arch};
-  if (tune_on_first_use() && stream_capturing(stream)) {
+  if (call.problem.user) {
+    // Its base class's choice: a sweep would time and store the base class, not the user's functions.
+  } else if (tune_on_first_use() && stream_capturing(stream)) {
     plan.final = false;
   } else {
     apply_tune_on_first_use(plan.choice, [&](std::string* failure) {
@@ -130,6 +151,7 @@ auto plan_in_scope(const Call& call, const ScopedContext& scope, CUstream stream
   }
   apply_fallbacks(call, plan.choice, arch, device_traits(scope.device()));
   read_through_pages(call, plan.choice, arch);
+  with_user_variant(call.problem, plan.choice);
   return plan;
 }
 
@@ -160,7 +182,8 @@ ClassKey class_key(const ScopedContext& scope, const AttentionProblem& problem, 
   const int64_t head[] = {static_cast<int64_t>(problem.dtype), s.head_dim, problem.mask, problem.deterministic(),
                           s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, scale_bits, problem.varlen,
                           problem.total_q, problem.total_k, softcap_bits, problem.window_left, problem.window_right,
-                          problem.attention_chunk, problem.alibi};
+                          problem.attention_chunk, problem.alibi,
+                          static_cast<int64_t>(reinterpret_cast<std::intptr_t>(problem.user.get()))};
   size_t i = 0;
   for (int64_t v : head) key.values[i++] = v;
   for (int64_t v : strides) key.values[i++] = v;

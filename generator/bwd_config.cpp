@@ -39,7 +39,7 @@ std::string BwdConfig::name() const {
     name += "_qm" + to_string(dq_block_m) + "_qn" + to_string(dq_block_n) + "_qw" + to_string(dq_warps) + "_qs" +
             to_string(dq_stages);
   }
-  return name;
+  return name + user_variant_suffix(user);
 }
 
 std::string BwdConfig::symbol(BwdKernel kernel) const { return name() + "_" + bwd_kernel_suffix(kernel); }

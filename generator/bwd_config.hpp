@@ -61,6 +61,9 @@ struct BwdConfig {
   bool varlen = false;
   // The score modifiers (KernelConfig::mods), suffixes _softcap, _alibi after the mask's (_causal or _window).
   ScoreMods mods = {};
+  // A user-defined variant (KernelConfig::user): suffix _u<hash> at the end of the name, before a kernel's symbol
+  // suffix.
+  std::shared_ptr<const UserVariant> user = nullptr;
 
   KernelFamily family() const {
     return std::holds_alternative<BwdSm90Knobs>(knobs) ? KernelFamily::kSm90 : KernelFamily::kSm80;

@@ -71,15 +71,23 @@ const char* dq_accum_enum(DqAccum accum) {
 }
 
 // The variant policy (templates/variant.cuh) every kernel family asks about masking and scores: the mask's,
-// wrapped in its score modifiers (the cap nearest the mask, as the kernels apply it before ALiBi's bias).
-std::string variant_policy(MaskKind mask, const ScoreMods& mods = {}) {
+// wrapped in its score modifiers (the cap nearest the mask, as the kernels apply it before ALiBi's bias), and in a
+// user variant's functions (render_user_functions) outermost.
+std::string variant_policy(MaskKind mask, const ScoreMods& mods = {},
+                           const std::shared_ptr<const UserVariant>& user = nullptr) {
   std::string policy = mask == MaskKind::kCausal   ? "flashgen::CausalMask"
                        : mask == MaskKind::kWindow ? "flashgen::SlidingWindow"
                        : mask == MaskKind::kChunk  ? "flashgen::ChunkedWindow"
                                                    : "flashgen::NoMask";
   if (mods.softcap) policy = "flashgen::SoftCap<" + policy + ">";
   if (mods.alibi) policy = "flashgen::Alibi<" + policy + ">";
+  if (user) policy = "flashgen::UserVariant<" + policy + ", flashgen_user::Functions>";
   return policy;
+}
+
+// The config header's part for a user variant: nothing without one.
+std::string user_part(const std::shared_ptr<const UserVariant>& user) {
+  return user ? render_user_functions(*user) + "\n" : std::string();
 }
 
 std::string render_config_header(const KernelConfig& c) {
@@ -88,12 +96,13 @@ std::string render_config_header(const KernelConfig& c) {
       << "#pragma once\n"
       << "#include \"fwd_traits.cuh\"\n"
       << "#include \"variant.cuh\"\n\n"
+      << user_part(c.user)
       << "namespace flashgen_generated {\n\n"
       << "struct Config {\n"
       << "  static constexpr flashgen::ElemType kElem = " << elem_enum(c.dtype) << ";\n"
       << "  static constexpr int kHeadDim = " << c.head_dim << ";\n"
       << "  static constexpr flashgen::MaskKind kMask = " << mask_enum(c.mask) << ";\n"
-      << "  using Variant = " << variant_policy(c.mask, c.mods) << ";\n"
+      << "  using Variant = " << variant_policy(c.mask, c.mods, c.user) << ";\n"
       << "  static constexpr int kBlockM = " << c.block_m << ";\n"
       << "  static constexpr int kBlockN = " << c.block_n << ";\n";
   const Sm80Knobs* sm80 = c.sm80();
@@ -143,12 +152,13 @@ std::string render_config_header(const BwdConfig& c) {
       << "#pragma once\n"
       << "#include \"bwd_traits.cuh\"\n"
       << "#include \"variant.cuh\"\n\n"
+      << user_part(c.user)
       << "namespace flashgen_generated {\n\n"
       << "struct BwdConfig {\n"
       << "  static constexpr flashgen::ElemType kElem = " << elem_enum(c.dtype) << ";\n"
       << "  static constexpr int kHeadDim = " << c.head_dim << ";\n"
       << "  static constexpr flashgen::MaskKind kMask = " << mask_enum(c.mask) << ";\n"
-      << "  using Variant = " << variant_policy(c.mask, c.mods) << ";\n"
+      << "  using Variant = " << variant_policy(c.mask, c.mods, c.user) << ";\n"
       << "  static constexpr int kBlockM = " << c.block_m << ";\n"
       << "  static constexpr int kBlockN = " << c.block_n << ";\n";
   const BwdSm80Knobs* sm80 = c.sm80();

@@ -38,6 +38,13 @@ GeneratedSource generate(const BwdConfig& config);
 // One module holding the KV-cache kernels of a decode config; each kernel's symbol is config.symbol(kernel).
 GeneratedSource generate(const DecodeConfig& config);
 
+// A user variant's functions as the struct templates/variant.cuh's UserVariant calls (flashgen_user::Functions),
+// each caller's body under #line directives naming its function, for the config headers of its kernels.
+std::string render_user_functions(const UserVariant& user);
+// A module that calls each of the variant's functions once: compiled by flashgen_variant_create to report the
+// caller's errors before any kernel is built.
+GeneratedSource generate_user_probe(const UserVariant& user);
+
 // The templates as embedded in the library at build time, or read from $FLASHGEN_TEMPLATE_DIR when set
 // (for editing templates without rebuilding).
 const std::vector<SourceFile>& template_files();

@@ -36,6 +36,14 @@ bool read_mask_suffix(const std::string& field, MaskKind& mask) {
   return false;
 }
 
+std::string user_variant_suffix(const std::shared_ptr<const UserVariant>& user) {
+  return user ? "_" + user->tag : std::string();
+}
+
+bool same_user_variant(const std::shared_ptr<const UserVariant>& a, const std::shared_ptr<const UserVariant>& b) {
+  return a == b || (a && b && a->tag == b->tag);
+}
+
 std::string score_mods_suffix(const ScoreMods& mods) {
   std::string suffix;
   if (mods.softcap) suffix += "_softcap";
@@ -79,7 +87,7 @@ std::string KernelConfig::name() const {
     if (k->tensor_sum) name += "_tsum";
     if (varlen) name += "_varlen";
     if (paged) name += "_paged";
-    return name;
+    return name + user_variant_suffix(user);
   }
   const Sm80Knobs& k = std::get<Sm80Knobs>(knobs);
   std::string name = std::string("fwd_sm80_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_m" +
@@ -89,7 +97,7 @@ std::string KernelConfig::name() const {
   if (k.q_in_regs) name += "_qreg";
   if (varlen) name += "_varlen";
   if (paged) name += "_paged";
-  return name;
+  return name + user_variant_suffix(user);
 }
 
 DType parse_dtype_field(const std::string& field, const std::string& name) {
@@ -188,6 +196,9 @@ const char* KernelConfig::shape_error() const { return sm90() ? sm90_traits().er
 std::optional<std::string> KernelConfig::invalid_reason(int arch) const {
   if (sm90()) {
     if (arch != 90) return "the sm90 kernel family needs sm_90a (wgmma, TMA, setmaxnreg)";
+    if (user && user->masks() && sm90()->cluster != 1) {
+      return "a user mask hides keys, and the sm90 family's clusters share every key block between their tiles";
+    }
     if (varlen && (sm90()->persistent || sm90()->cluster != 1 || sm90()->groups != 1)) {
       return "the sm90 kernel family reads packed variable-length batches one block per tile: no persistent walk, "
              "clusters or groups";
@@ -208,7 +219,7 @@ bool KernelConfig::operator==(const KernelConfig& o) const {
   // Configs that share a name are equal: the same family, and the same knobs of it.
   return dtype == o.dtype && head_dim == o.head_dim && mask == o.mask && block_m == o.block_m &&
          block_n == o.block_n && stages == o.stages && knobs == o.knobs && varlen == o.varlen && paged == o.paged &&
-         mods == o.mods;
+         mods == o.mods && same_user_variant(user, o.user);
 }
 
 void to_json(nlohmann::json& j, const KernelConfig& c) {

@@ -64,6 +64,9 @@ struct KernelConfig {
   // the slopes are run-time parameters): suffixes _softcap, _alibi after the mask's (_causal or _window; a
   // window's sides are run-time parameters).
   ScoreMods mods = {};
+  // A user-defined variant compiled in around the mask (templates/variant.cuh's UserVariant): suffix _u<hash> at
+  // the end of the name. Set by dispatch on the choice for the base class; no tuning data or JSON holds one.
+  std::shared_ptr<const UserVariant> user = nullptr;
 
   KernelFamily family() const {
     return std::holds_alternative<Sm90Knobs>(knobs) ? KernelFamily::kSm90 : KernelFamily::kSm80;
@@ -120,6 +123,11 @@ const char* mask_name(MaskKind mask);
 std::string mask_suffix(MaskKind mask);
 // Reads a name's field as a mask suffix into mask (still kNone: a name has at most one); false for any other field.
 bool read_mask_suffix(const std::string& field, MaskKind& mask);
+
+// A user variant's name suffix: "_" and its tag, or nothing without one.
+std::string user_variant_suffix(const std::shared_ptr<const UserVariant>& user);
+// Whether two configs' user variants are the same functions (both none, or the same tag).
+bool same_user_variant(const std::shared_ptr<const UserVariant>& a, const std::shared_ptr<const UserVariant>& b);
 
 // Score modifiers as every config family spells them: name suffixes after the mask's, "_softcap" then "_alibi",
 // and JSON flags "softcap" and "alibi" (true; absent when off, as in every config before them).

@@ -78,6 +78,7 @@ ForwardCall make_forward_call(const flashgen_tensor* q, const flashgen_tensor* k
   set_softcap(p, opts->softcap);
   set_alibi(p, *opts);
   set_window(p, call.problem);
+  set_user_variant(call.problem, p, *opts);
   p.sinks = opts->sinks;
   return call;
 }
@@ -249,6 +250,7 @@ void check_device_pointers(const AttnFwdParams& p, int device) {
   if (p.block_table != nullptr) check_device_pointer(p.block_table, "block_table", device);
   if (p.alibi_slopes != nullptr) check_device_pointer(p.alibi_slopes, "opts.alibi_slopes", device);
   if (p.sinks != nullptr) check_device_pointer(p.sinks, "opts.sinks", device);
+  check_user_buffers(p, device);
 }
 
 }  // namespace
@@ -310,10 +312,11 @@ PreparedForward prepare_forward(const ForwardCall& call, CUstream stream, const 
     prepared.grid[1] = static_cast<unsigned>(p.heads_q);
     prepared.grid[2] = static_cast<unsigned>(p.batch);
   }
-  // Only the persistent kernels of masks that hide keys (causal, window: tiles of unequal length) claim tiles
-  // from a counter and walk a sectioned tile list; the others never read l2_section.
+  // Only the persistent kernels of masks that hide keys (causal, window, a user's mask: tiles of unequal length)
+  // claim tiles from a counter and walk a sectioned tile list; the others never read l2_section.
   // Walkers of a persistent kernel's tile list: its blocks, or their groups of consumers.
-  prepared.uses_tile_counter = is_persistent(config) && call.problem.mask_kind() != MaskKind::kNone;
+  const bool hides_keys = call.problem.mask_kind() != MaskKind::kNone || (config.user && config.user->masks());
+  prepared.uses_tile_counter = is_persistent(config) && hides_keys;
   if (prepared.uses_tile_counter) {
     prepared.sm90_params.l2_section =
         l2_section(p, call.problem.head_dim(), m_blocks, int64_t(prepared.grid[0]) * config.sm90()->groups, device);

@@ -157,6 +157,7 @@ BackwardCall make_backward_call(const flashgen_tensor* q, const flashgen_tensor*
   set_softcap(p, opts->softcap);
   set_alibi(p, *opts);
   set_window(p, call.problem);
+  set_user_variant(call.problem, p, *opts);
   FLASHGEN_REQUIRE(opts->dsinks == nullptr || opts->sinks != nullptr,
                    "opts.dsinks: given without opts.sinks (there is no sink to take a gradient)");
   p.sinks = opts->sinks;
@@ -230,6 +231,7 @@ void check_device_pointers(const AttnBwdParams& p, int device) {
   }
   if (p.alibi_slopes != nullptr) check_device_pointer(p.alibi_slopes, "opts.alibi_slopes", device);
   if (p.sinks != nullptr) check_device_pointer(p.sinks, "opts.sinks", device);
+  check_user_buffers(p, device);
   if (p.dsinks != nullptr) check_device_pointer(p.dsinks, "opts.dsinks", device);
 }
 

@@ -42,6 +42,8 @@ KvCacheCall make_kvcache_call(const flashgen_kvcache_args& args) {
   check_tensor(&vc, "v_cache");
   check_tensor(&args.out, "out");
   check_options(&args.options, q.shape[2]);
+  FLASHGEN_REQUIRE(args.options.variant == nullptr,
+                   "options.variant: KV-cache calls take no user variant yet (dense and packed calls do)");
   require_same_dtype(kc, "k_cache", q);
   require_same_dtype(vc, "v_cache", q);
   require_same_dtype(args.out, "out", q);

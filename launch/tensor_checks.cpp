@@ -142,6 +142,25 @@ void check_head_dim_and_groups(const flashgen_tensor* q, const flashgen_tensor* 
                        " = " + std::to_string(k->shape[2]));
 }
 
+void check_user_variant(const flashgen_attention_options& opts, const AttentionProblem& problem) {
+  const UserVariant& user = *problem.user;
+  FLASHGEN_REQUIRE(!user.modifies_scores() || (opts.softcap == 0.f && opts.alibi_slopes == nullptr),
+                   "opts.variant " + user.tag + " modifies scores (score_mod or score_bias), which takes the place of "
+                   "opts.softcap and opts.alibi_slopes: write the cap or the bias into it");
+  FLASHGEN_REQUIRE(!problem.backward() || user.has_gradient(),
+                   "opts.variant " + user.tag + " has a score_mod but no score_grad: its backward needs the derivative");
+  FLASHGEN_REQUIRE(user.buffers.empty() || opts.variant_buffers != nullptr,
+                   "opts.variant_buffers is NULL but the variant declares " + std::to_string(user.buffers.size()) +
+                       " buffer(s)");
+  for (size_t i = 0; i < user.buffers.size(); ++i) {
+    FLASHGEN_REQUIRE(opts.variant_buffers[i] != nullptr, "opts.variant_buffers[" + std::to_string(i) + "] (" +
+                                                             user.buffers[i].name + ") is NULL");
+  }
+  FLASHGEN_REQUIRE(user.scalars.empty() || opts.variant_scalars != nullptr,
+                   "opts.variant_scalars is NULL but the variant declares " + std::to_string(user.scalars.size()) +
+                       " scalar(s)");
+}
+
 void check_options(const flashgen_attention_options* opts, int64_t heads_q) {
   const int mask = raw_enum(opts->mask);
   FLASHGEN_REQUIRE(mask == FLASHGEN_MASK_NONE || mask == FLASHGEN_MASK_CAUSAL ||

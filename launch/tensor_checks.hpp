@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "flashgen/error.hpp"
 #include "flashgen/flashgen.h"
@@ -47,6 +48,14 @@ void check_output_strides(const flashgen_tensor* out, const char* name);
 
 // Device memory of the context's device, or an error naming the argument.
 void check_device_pointer(const void* ptr, const char* name, int device);
+
+// A user variant's buffers in p (AttnFwdParams or AttnBwdParams), each on device (null entries: none declared).
+template <class Params>
+void check_user_buffers(const Params& p, int device) {
+  for (int i = 0; i < kMaxUserBuffers && p.user_buffers[i] != nullptr; ++i) {
+    check_device_pointer(p.user_buffers[i], ("opts.variant_buffers[" + std::to_string(i) + "]").c_str(), device);
+  }
+}
 
 void require_same_dim(const flashgen_tensor* a, const char* a_name, const flashgen_tensor* b, const char* b_name,
                       int i);
@@ -145,6 +154,22 @@ void set_alibi(Params& p, const flashgen_attention_options& opts) {
   p.inv_scale = 1.f / p.scale;
 }
 
+// A user variant of opts into problem.user, and its buffers and scalars into p (AttnFwdParams or AttnBwdParams):
+// each declared buffer a non-null device pointer, each scalar's 32 bits. Refuses a score function beside a soft
+// cap or ALiBi (it takes their place), and in a backward call one without the derivative it needs.
+void check_user_variant(const flashgen_attention_options& opts, const AttentionProblem& problem);
+template <class Params>
+void set_user_variant(AttentionProblem& problem, Params& p, const flashgen_attention_options& opts) {
+  if (opts.variant == nullptr) return;
+  problem.user = opts.variant->user;
+  check_user_variant(opts, problem);
+  const UserVariant& user = *problem.user;
+  for (size_t i = 0; i < user.buffers.size(); ++i) p.user_buffers[i] = opts.variant_buffers[i];
+  for (size_t i = 0; i < user.scalars.size(); ++i) {
+    std::memcpy(&p.user_scalars[i], static_cast<const char*>(opts.variant_scalars) + 4 * i, 4);
+  }
+}
+
 // The soft cap's two factors in p (AttnFwdParams or AttnBwdParams), from p.scale already set: 0 without a cap.
 template <class Params>
 void set_softcap(Params& p, float cap) {
@@ -170,6 +195,11 @@ void check_requested_config(const Config& config, const AttentionProblem& proble
   FLASHGEN_REQUIRE(config.dtype == problem.dtype && config.head_dim == problem.head_dim() &&
                        config.mask == problem.mask_kind() && config.mods == problem.score_mods(),
                    "config " + config.name() + " does not match the problem (dtype, head_dim, mask, soft cap, ALiBi)");
+  if constexpr (!std::is_same_v<Config, DecodeConfig>) {  // KV-cache calls take no user variant
+    FLASHGEN_REQUIRE(same_user_variant(config.user, problem.user),
+                     "config " + config.name() + " does not carry the problem's user variant (" +
+                         (problem.user ? problem.user->tag : std::string("none")) + ")");
+  }
   if (auto why = config.invalid_reason(arch)) {
     fail(Status::kInvalidArgument, "config " + config.name() + " cannot run here: " + *why);
   }

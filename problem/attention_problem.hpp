@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "flashgen/flashgen.h"
+#include "problem/user_variant.hpp"
 #include "templates/fwd_traits.cuh"
 
 namespace flashgen {
@@ -86,6 +87,9 @@ struct AttentionProblem {
   // chunked window's kernels, MaskKind::kChunk): set_mask turns a chunked call of no mask or the causal mask into
   // the window of those.
   int attention_chunk = 0;
+  // A user-defined variant (options.variant), its buffers and scalars coming with the call: its kernels are the
+  // base mask's (and score modifiers') with the user's functions compiled in. Null: none.
+  std::shared_ptr<const UserVariant> user;
 
   // Sets mask, window and chunk from a caller's (flashgen.h), the one place a window is normalized: without a
   // chunk a window unbounded on both sides runs as no mask, and one unbounded on the left and 0 on the right as

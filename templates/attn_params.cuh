@@ -11,6 +11,10 @@
 
 namespace flashgen {
 
+// The buffers and scalars a user-defined variant's functions may read (flashgen_variant_desc).
+inline constexpr int kMaxUserBuffers = 8;
+inline constexpr int kMaxUserScalars = 8;
+
 // All strides are in elements; head_dim has unit stride. A row is one (batch, seq, head) vector.
 struct AttnFwdParams {
   const void* q;   // (batch, seqlen_q, heads_q, head_dim)
@@ -65,6 +69,11 @@ struct AttnFwdParams {
   // Attention sinks (gpt-oss), any config: one fp32 logit per query head, in the softmax's units (compared with
   // q·k · scale), that joins each row's softmax denominator with no value; the LSE includes it. Null: none.
   const float* sinks;
+  // User-defined variants (variant.cuh's UserVariant): the device buffers and the scalars' 32-bit patterns its
+  // functions read, in the order the variant declares them (the generated flashgen_user::Functions::of reads
+  // them); inv_scale is set with them. Null and 0 otherwise.
+  const void* user_buffers[kMaxUserBuffers];
+  unsigned user_scalars[kMaxUserScalars];
 
   // Packed variable-length batches (configs with kVarlen; null and 0 otherwise). q, k, v and o hold one
   // batch entry of total_q (q, o) and total_k (k, v) rows; sequence b of the batch owns query rows
@@ -243,6 +252,8 @@ struct AttnBwdParams {
   // may be null with them (no gradient wanted).
   const float* sinks;
   float* dsinks;
+  const void* user_buffers[kMaxUserBuffers];  // as in AttnFwdParams
+  unsigned user_scalars[kMaxUserScalars];
 
   // Packed variable-length batches, as in AttnFwdParams (seqused_k unused: null). lse, the workspace's D and
   // the dQ accumulator are (heads_q, total_q[, head_dim]) rows.

@@ -41,6 +41,7 @@ struct KeyBlocks {
   // Computed where a kernel first needs it (row_begin as above).
   template <class Params>
   __host__ __device__ __forceinline__ int full_end(const Params& p, int batch, int row_begin) const {
+    if constexpr (Variant::kEveryBlockPartial) return begin;
     int full = p.seqlen_k / kBlockN;
     // The first row sees the fewest keys: the blocks before its last key + 1.
     if constexpr (Variant::kHidesKeys) {
@@ -107,7 +108,7 @@ struct QueryBlocks {
       begin = min(begin, end);
       full_end = full_last_row < 0 ? 0 : (full_last_row + 1) / kBlockM;
     }
-    if (keys() < kBlockN) full_begin = end;  // keys past seqlen_k are masked in every block
+    if (keys() < kBlockN || Variant::kEveryBlockPartial) full_begin = end;  // keys past seqlen_k are masked in every block
     full_begin = min(max(full_begin, begin), end);
     full_end = min(max(full_end, full_begin), end);
   }

@@ -40,6 +40,8 @@
 //   row_scores(p, at)          score for one row and consecutive keys, in the form a kernel applies once per
 //                              score: the score of key at.k + o is .score(s, o) (o a fragment's constant column
 //                              offset after unrolling), what score() gives, with the row's share computed once.
+//   kEveryBlockPartial         compile time: no key block is known to need no per-element mask (a user's mask):
+//                              every block a walk visits is partial.
 // The ranges take each row to see one run of consecutive keys whose ends grow with the row: a prefix
 // (none, causal; block_range.cuh derives the blocks from last_key, key_end and first_query) or, with
 // kHidesEarlyKeys, a window that slides (also from first_key and last_query), whose key blocks are then
@@ -75,6 +77,9 @@ struct KeysBetween {
 // The score hooks of a variant that leaves scores as they are: a base of the masks below.
 struct UnchangedScores {
   static constexpr bool kGradReadsScore = false;
+  // Whether no key block can be known to need no per-element mask (a user's mask, whose hidden keys no formula
+  // places): block_range.cuh then makes every block of a walk partial.
+  static constexpr bool kEveryBlockPartial = false;
 
   struct Row {
     __host__ __device__ __forceinline__ float score(float s, int /*offset*/) const { return s; }
@@ -309,6 +314,117 @@ struct Alibi : Base {
     using BaseRow = decltype(Base::row_scores(p, at));
     const float slope = p.alibi_slopes[at.batch * p.alibi_batch_stride + at.head] * p.inv_scale;
     return Row<BaseRow>{Base::row_scores(p, at), slope, static_cast<float>(at.q + p.causal_offset - at.k)};
+  }
+};
+
+// A user-defined variant (flashgen_variant_create) around Base, a built-in mask (and its soft cap or ALiBi when
+// User modifies no score). User is the generated flashgen_user::Functions: the caller's mask_mod, score_mod,
+// score_grad and score_bias as const member functions of an object that holds the buffers and scalars they read
+// (User::of(p) loads them from p.user_buffers and p.user_scalars), with compile-time flags kMasks and kScore.
+// A key is visible when Base's mask and the user's both show it. The user's functions speak in the softmax's
+// units (scores times the scale), the hooks in q·k units: score_mod(s · scale) / scale. Base's ranges still
+// bound every walk (a user mask only hides more), but no block is known to be full: kEveryBlockPartial.
+// score_grad's derivative is given in terms of the modified score, x · ln 2 in the softmax's units (x the
+// hooks' log2 units); a bias's is 1.
+enum class UserScore { kNone, kMod, kBias };
+
+template <class Base, class User>
+struct UserVariant : Base {
+  static_assert(User::kScore == UserScore::kNone || !Base::kGradReadsScore,
+                "a user's score function takes the place of the soft cap and ALiBi");
+  static constexpr bool kHidesKeys = Base::kHidesKeys || User::kMasks;
+  static constexpr bool kEveryBlockPartial = User::kMasks;
+  static constexpr bool kGradReadsScore = User::kScore == UserScore::kMod || Base::kGradReadsScore;
+
+  template <class Params>
+  static __device__ __forceinline__ bool visible(const Params& p, const ScoreAt& at) {
+    if constexpr (User::kMasks) {
+      if (!User::of(p).mask_mod(at.batch, at.head, at.q, at.k)) return false;
+    }
+    return Base::visible(p, at);
+  }
+
+  // One row's keys: Base's, and the user's mask per key.
+  template <class BaseKeys>
+  struct Keys {
+    BaseKeys base;
+    User user;
+    int batch, head, row, key_base;
+    __device__ __forceinline__ bool hidden(int offset) const {
+      if constexpr (User::kMasks) return base.hidden(offset) || !user.mask_mod(batch, head, row, key_base + offset);
+      return base.hidden(offset);
+    }
+  };
+  template <class Params>
+  static __device__ __forceinline__ auto row_keys(const Params& p, int batch, int head, int row, int last_bound,
+                                                  int key_base) {
+    using BaseKeys = decltype(Base::row_keys(p, batch, head, row, last_bound, key_base));
+    return Keys<BaseKeys>{Base::row_keys(p, batch, head, row, last_bound, key_base), User::of(p), batch, head, row,
+                          key_base};
+  }
+
+  // The range questions: Base's where it hides keys, else every key of every row (its own mask bounds nothing).
+  template <class Params>
+  static __host__ __device__ __forceinline__ int last_key(const Params& p, int batch, int row) {
+    if constexpr (Base::kHidesKeys) return Base::last_key(p, batch, row);
+    return p.seqlen_k - 1;
+  }
+  template <class Params>
+  static __host__ __device__ __forceinline__ int key_end(const Params& p, int batch, int row_end) {
+    if constexpr (Base::kHidesKeys) return Base::key_end(p, batch, row_end);
+    return p.seqlen_k;
+  }
+  template <class Params>
+  static __host__ __device__ __forceinline__ int first_query(const Params& p, int batch, int key) {
+    if constexpr (Base::kHidesKeys) return Base::first_query(p, batch, key);
+    return 0;
+  }
+
+  template <class Params>
+  static __device__ __forceinline__ float score(const Params& p, const ScoreAt& at, float s) {
+    const float base = Base::score(p, at, s);
+    if constexpr (User::kScore == UserScore::kMod) {
+      return User::of(p).score_mod(base * p.scale, at.batch, at.head, at.q, at.k) * p.inv_scale;
+    } else if constexpr (User::kScore == UserScore::kBias) {
+      return base + User::of(p).score_bias(at.batch, at.head, at.q, at.k) * p.inv_scale;
+    } else {
+      return base;
+    }
+  }
+  template <class Params>
+  static __device__ __forceinline__ float score_grad(const Params& p, const ScoreAt& at, float x, float ds) {
+    if constexpr (User::kScore == UserScore::kMod) {
+      constexpr float kLn2 = 0.693147180559945309f;
+      return ds * User::of(p).score_grad(x * kLn2, at.batch, at.head, at.q, at.k);
+    } else if constexpr (User::kScore == UserScore::kBias) {
+      return ds;
+    } else {
+      return Base::score_grad(p, at, x, ds);
+    }
+  }
+
+  // One row's scores: Base's, then the user's function of each key.
+  template <class BaseRow>
+  struct Row {
+    BaseRow base;
+    User user;
+    int batch, head, q, key_base;
+    float scale, inv_scale;
+    __device__ __forceinline__ float score(float s, int offset) const {
+      const float b = base.score(s, offset);
+      if constexpr (User::kScore == UserScore::kMod) {
+        return user.score_mod(b * scale, batch, head, q, key_base + offset) * inv_scale;
+      } else if constexpr (User::kScore == UserScore::kBias) {
+        return b + user.score_bias(batch, head, q, key_base + offset) * inv_scale;
+      } else {
+        return b;
+      }
+    }
+  };
+  template <class Params>
+  static __device__ __forceinline__ auto row_scores(const Params& p, const ScoreAt& at) {
+    using BaseRow = decltype(Base::row_scores(p, at));
+    return Row<BaseRow>{Base::row_scores(p, at), User::of(p), at.batch, at.head, at.q, at.k, p.scale, p.inv_scale};
   }
 };
 

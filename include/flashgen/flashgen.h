@@ -30,6 +30,10 @@ typedef struct {
   int64_t stride[4];      /* elements; stride[3] must be 1, the others non-negative multiples of 8 */
 } flashgen_tensor;
 
+/* A user-defined variant (flashgen_variant_create): the caller's own mask and score functions in C++ device code,
+ * compiled into the kernels by NVRTC. Opaque; one handle serves any number of calls, on any thread and device. */
+typedef struct flashgen_variant flashgen_variant;
+
 typedef struct {
   float softmax_scale;    /* finite, scale * log2(e) too; <= 0: 1/sqrt(head_dim) */
   flashgen_mask mask;
@@ -66,10 +70,19 @@ typedef struct {
                               on top of the mask: FLASHGEN_MASK_CAUSAL (chunked causal), FLASHGEN_MASK_NONE
                               (bidirectional within chunks) or a window; not FLASHGEN_MASK_CAUSAL_TOP_LEFT. Kernels
                               of its own (_chunk). 0: none. Dense, packed and KV-cache calls */
-  /* The window fields grew the struct from 16 to 24 bytes, the ALiBi fields to 40 and the sinks and the chunk to
-     64, and with it the argument structs that embed it: callers compiled against an older flashgen.h must be
-     rebuilt (their args.size is refused, not misread; for the dense calls, which take no size, nothing can
-     tell). */
+  const flashgen_variant* variant; /* NULL: none. Else a user-defined variant (flashgen_variant_create): its mask hides
+                                      keys on top of the mask above (and any window or chunk), its score function
+                                      or bias applies to the scaled scores (not with softcap or alibi_slopes).
+                                      Dense and packed calls, forward and backward (a score function needs its
+                                      score_grad there); not KV-cache calls */
+  const void* const* variant_buffers; /* with a variant declaring buffers: host array of its num_buffers device
+                                         pointers, in its order (each read-only, as long as its functions index it) */
+  const void* variant_scalars;   /* with a variant declaring scalars: host array of its num_scalars 4-byte values
+                                    (float or int32, as declared), in its order */
+  /* The window fields grew the struct from 16 to 24 bytes, the ALiBi fields to 40, the sinks and the chunk to 64
+     and the variant to 88, and with it the argument structs that embed it: callers compiled against an older
+     flashgen.h must be rebuilt (their args.size is refused, not misread; for the dense calls, which take no
+     size, nothing can tell). */
 } flashgen_attention_options;
 
 /* Status codes. 0 is success; every failure also sets flashgen_last_error(). */
@@ -273,6 +286,58 @@ int flashgen_attention_kvcache(const flashgen_kvcache_args* args, void* cuda_str
  * and split count for the stream's device as the call would, and launches nothing. */
 int flashgen_attention_kvcache_workspace_size(const flashgen_kvcache_args* args, void* cuda_stream,
                                               size_t* workspace_bytes);
+
+/* The type of a user variant's buffer (a device array its functions read as `const T* name`) or scalar (a value
+ * they read as `T name`; FLASHGEN_ARG_FLOAT32 and FLASHGEN_ARG_INT32 only). */
+typedef enum {
+  FLASHGEN_ARG_FLOAT32 = 0, /* float */
+  FLASHGEN_ARG_INT32 = 1,   /* int */
+  FLASHGEN_ARG_INT64 = 2,   /* long long (buffers only) */
+  FLASHGEN_ARG_UINT8 = 3    /* unsigned char, e.g. a bool mask table (buffers only) */
+} flashgen_arg_type;
+
+typedef struct {
+  const char* name;       /* a C++ identifier, unique in the variant, not one of the functions' parameters */
+  flashgen_arg_type type;
+} flashgen_variant_arg;
+
+/* A user-defined variant, FlexAttention's mask_mod and score_mod as C++ device code. Each function is given as
+ * its body (statements ending in a return), compiled as a __device__ member function that sees the declared
+ * buffers and scalars by name, and anything `helpers` defines (device functions, constants, at namespace
+ * scope). Positions are sequence indices: q_idx of the query in [0, seqlen_q), kv_idx of the key in
+ * [0, seqlen_k), batch the batch entry (a packed call's sequence), head the query head. At least one of
+ * mask_mod, score_mod and score_bias must be given; score_mod and score_bias not both. size is
+ * sizeof(flashgen_variant_desc) as the caller compiled it. */
+typedef struct {
+  size_t size;
+  const char* mask_mod;   /* NULL or the body of  bool mask_mod(int batch, int head, int q_idx, int kv_idx):
+                             false hides key kv_idx from query q_idx. A row that sees no key gets out 0, lse -inf */
+  const char* score_mod;  /* NULL or the body of  float score_mod(float score, int batch, int head, int q_idx,
+                             int kv_idx): the score (q·k · softmax_scale) as the softmax takes it */
+  const char* score_grad; /* with score_mod, for the backward: the body of  float score_grad(float modified, int batch,
+                             int head, int q_idx, int kv_idx) returning d score_mod / d score where score_mod gave
+                             `modified` (the kernels keep the modified score, not the input, so the derivative is
+                             given in terms of it: a scale, a bias, a cap, any invertible function). NULL: the
+                             backward refuses the variant */
+  const char* score_bias; /* NULL or the body of  float score_bias(int batch, int head, int q_idx, int kv_idx): added
+                             to the score (a relative-position bias, a bias table); its gradient is derived (1) */
+  const char* helpers;    /* NULL or device code at namespace scope the bodies may call */
+  const flashgen_variant_arg* buffers; /* num_buffers entries (at most 8), or NULL */
+  int32_t num_buffers;
+  const flashgen_variant_arg* scalars; /* num_scalars entries (at most 8), or NULL */
+  int32_t num_scalars;
+} flashgen_variant_desc;
+
+/* Checks desc, compiles its functions once with NVRTC (for any GPU: no device is needed) and returns a handle in
+ * *variant. The functions' text becomes part of every kernel that uses it: its hash is in the kernels' names
+ * (`_u<12 hex digits>`) and cache keys, so equal descriptions share compiled kernels. A function that does not
+ * compile gives FLASHGEN_ERROR_COMPILE, flashgen_last_error() holding NVRTC's messages with the function's name
+ * and its own line numbers ("mask_mod(2): error: ..."). */
+int flashgen_variant_create(const flashgen_variant_desc* desc, flashgen_variant** variant);
+/* Releases a handle (NULL is ignored). Calls already queued need it no more. */
+void flashgen_variant_destroy(flashgen_variant* variant);
+/* "u" and the hash's 12 hex digits, as kernel names carry it; valid while the handle lives. */
+const char* flashgen_variant_tag(const flashgen_variant* variant);
 
 /* A forward problem by its sizes, for tuning. */
 typedef struct {

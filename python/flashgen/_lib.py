@@ -59,6 +59,34 @@ class AttentionOptions(ctypes.Structure):
         ("sinks", ctypes.c_void_p),         # NULL, or fp32 device [heads_q] attention-sink logits
         ("dsinks", ctypes.c_void_p),        # backward: NULL, or fp32 device [heads_q] for the sinks' gradient
         ("attention_chunk", ctypes.c_int32),  # > 0: keys of the row's own chunk of that many positions only
+        ("variant", ctypes.c_void_p),       # NULL, or a flashgen_variant* (flashgen_variant_create)
+        ("variant_buffers", ctypes.c_void_p),  # host array of the variant's buffers' device pointers
+        ("variant_scalars", ctypes.c_void_p),  # host array of its scalars' 4-byte values
+    ]
+
+
+# flashgen_arg_type: the type of a user variant's buffer or scalar.
+ARG_FLOAT32, ARG_INT32, ARG_INT64, ARG_UINT8 = 0, 1, 2, 3
+
+
+class VariantArg(ctypes.Structure):
+    """flashgen_variant_arg: a user variant's buffer or scalar, by name and type."""
+    _fields_ = [("name", ctypes.c_char_p), ("type", ctypes.c_int)]
+
+
+class VariantDesc(ctypes.Structure):
+    """flashgen_variant_desc: a user variant's function bodies and the buffers and scalars they read."""
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("mask_mod", ctypes.c_char_p),
+        ("score_mod", ctypes.c_char_p),
+        ("score_grad", ctypes.c_char_p),
+        ("score_bias", ctypes.c_char_p),
+        ("helpers", ctypes.c_char_p),
+        ("buffers", ctypes.POINTER(VariantArg)),
+        ("num_buffers", ctypes.c_int32),
+        ("scalars", ctypes.POINTER(VariantArg)),
+        ("num_scalars", ctypes.c_int32),
     ]
 
 
@@ -175,6 +203,9 @@ _SIGNATURES = {
         ctypes.c_int, [_tensor_p] * 5 + [_void_p] + [_tensor_p] * 3 + [_options_p, _void_p] + _json_out),
     "flashgen_tune_forward": (ctypes.c_int, [ctypes.POINTER(ForwardProblem), _void_p] + _json_out),
     "flashgen_set_tune_on_first_use": (None, [ctypes.c_int]),
+    "flashgen_variant_create": (ctypes.c_int, [ctypes.POINTER(VariantDesc), ctypes.POINTER(ctypes.c_void_p)]),
+    "flashgen_variant_destroy": (None, [_void_p]),
+    "flashgen_variant_tag": (ctypes.c_char_p, [_void_p]),
     "flashgen_last_error": (ctypes.c_char_p, []),
     "flashgen_version": (ctypes.c_char_p, []),
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -39,10 +40,12 @@ struct DenseVariantProblem {
 
   // Inputs of shape (random normal from seed), run with options (deterministic cleared), when slopes are given
   // ALiBi with them (slopes_batch_stride apart; options.alibi_slopes is set to their device copy), and when sinks
-  // are given those sinks (options.sinks) and their gradient (options.dsinks).
+  // are given those sinks (options.sinks) and their gradient (options.dsinks); user_reference gives the references
+  // the functions of a user variant in options.variant.
   DenseVariantProblem(std::string problem_name, flashgen_dtype problem_dtype, const AttentionShape& shape,
                       const flashgen_attention_options& options, uint64_t seed, std::vector<float> slopes = {},
-                      int64_t slopes_batch_stride = 0, std::vector<float> sinks = {})
+                      int64_t slopes_batch_stride = 0, std::vector<float> sinks = {},
+                      const std::function<void(ReferenceVariant&)>& user_reference = {})
       : name(std::move(problem_name)), dtype(problem_dtype), s(shape), opts(options) {
     opts.deterministic = 0;
     if (!slopes.empty()) {
@@ -80,6 +83,7 @@ struct DenseVariantProblem {
     ReferenceVariant variant(opts.softcap, {opts.window_left, opts.window_right, opts.attention_chunk},
                              std::move(slopes), slopes_batch_stride);
     variant.sinks = std::move(sinks);
+    if (user_reference) user_reference(variant);  // a user variant's functions (options.variant)
     ref = attention_reference_f64(s, HostInput::bits16(q.data(), dtype, q_view),
                                   HostInput::bits16(k.data(), dtype, kv_view),
                                   HostInput::bits16(v.data(), dtype, kv_view), scale, opts.mask, variant);

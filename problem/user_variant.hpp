@@ -1,0 +1,46 @@
+// A user-defined variant (flashgen.h's flashgen_variant_desc) as the library holds it: the caller's function
+// bodies and the buffers and scalars they read, checked once, and the tag of their hash that kernel names carry.
+// A problem and the configs chosen for it share one immutable copy; the generator renders it into the kernels
+// (templates/variant.cuh's UserVariant).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "flashgen/flashgen.h"
+
+namespace flashgen {
+
+enum class UserArgType { kFloat32, kInt32, kInt64, kUint8 };
+
+// The C++ type a kernel reads an argument of type as: "float", "int", "long long", "unsigned char".
+const char* user_arg_ctype(UserArgType type);
+
+struct UserArg {
+  std::string name;
+  UserArgType type = UserArgType::kFloat32;
+};
+
+struct UserVariant {
+  std::string mask_mod, score_mod, score_grad, score_bias, helpers;  // bodies as given; empty: none
+  std::vector<UserArg> buffers, scalars;
+  std::string tag;  // "u" + 12 hex digits of the hash of everything above
+
+  bool masks() const { return !mask_mod.empty(); }
+  bool modifies_scores() const { return !score_mod.empty() || !score_bias.empty(); }
+  // Whether the backward can take it: a score function needs its derivative.
+  bool has_gradient() const { return score_mod.empty() || !score_grad.empty(); }
+};
+
+// desc checked and copied; throws Error(kInvalidArgument) naming the field at fault (desc.size, a function given
+// empty, score_mod with score_bias, score_grad without score_mod, too many buffers or scalars, a name that is not
+// an identifier, is used twice or shadows a function's parameter, a type a scalar cannot have).
+std::shared_ptr<const UserVariant> make_user_variant(const flashgen_variant_desc& desc);
+
+}  // namespace flashgen
+
+// The C ABI's handle (flashgen.h's opaque flashgen_variant): one shared copy of the checked variant.
+struct flashgen_variant {
+  std::shared_ptr<const flashgen::UserVariant> user;
+};

@@ -1,0 +1,78 @@
+// A user variant in the generated source: its functions rendered into the config header under #line directives,
+// the policy wrapping the base mask, the tag ending the kernels' names; and its kernels compiling with NVRTC on
+// both families and both passes.
+#include <string>
+
+#include "catch.hpp"
+#include "flashgen/flashgen.h"
+#include "generator/generator.hpp"
+#include "problem/user_variant.hpp"
+#include "runtime/nvrtc_compiler.hpp"
+
+namespace {
+
+// A prefix-LM mask (the first `prefix` keys seen by every query, causal after them) and a per-head bias table.
+std::shared_ptr<const flashgen::UserVariant> prefix_lm_with_bias() {
+  static const flashgen_variant_arg buffers[] = {{"head_bias", FLASHGEN_ARG_FLOAT32}};
+  static const flashgen_variant_arg scalars[] = {{"prefix", FLASHGEN_ARG_INT32}};
+  flashgen_variant_desc desc{};
+  desc.size = sizeof desc;
+  desc.mask_mod = "return kv_idx < prefix || kv_idx <= q_idx;";
+  desc.score_bias = "return head_bias[head];";
+  desc.buffers = buffers, desc.num_buffers = 1;
+  desc.scalars = scalars, desc.num_scalars = 1;
+  return flashgen::make_user_variant(desc);
+}
+
+const std::string& config_header(const flashgen::GeneratedSource& source) { return source.headers.front().contents; }
+
+}  // namespace
+
+TEST_CASE("a user variant's functions are rendered into the config header around the base mask",
+          "[generator][user_variant]") {
+  const auto user = prefix_lm_with_bias();
+  flashgen::KernelConfig c;
+  c.block_n = 32;
+  c.stages = 2;
+  c.user = user;
+  CHECK(c.name() == "fwd_sm80_fp16_d128_m128_n32_w4_s2_" + user->tag);
+  const std::string header = config_header(flashgen::generate(c));
+  CHECK(header.find("  using Variant = flashgen::UserVariant<flashgen::NoMask, flashgen_user::Functions>;\n") !=
+        std::string::npos);
+  CHECK(header.find("#line 1 \"mask_mod\"\nreturn kv_idx < prefix || kv_idx <= q_idx;\n") != std::string::npos);
+  CHECK(header.find("  const float* __restrict__ head_bias;\n") != std::string::npos);
+  CHECK(header.find("f.prefix = static_cast<int>(p.user_scalars[0]);") != std::string::npos);
+  CHECK(header.find("kScore = flashgen::UserScore::kBias;") != std::string::npos);
+  flashgen::KernelConfig plain = c;
+  plain.user = nullptr;
+  CHECK(plain != c);
+  CHECK(config_header(flashgen::generate(plain)).find("flashgen_user") == std::string::npos);
+  flashgen::BwdConfig b;
+  b.mask = flashgen::MaskKind::kCausal;
+  b.user = user;
+  CHECK(b.name() == "bwd_sm80_fp16_d128_m64_n64_w4_s2_x1_causal_" + user->tag);
+  CHECK(b.symbol(flashgen::BwdKernel::kDkdv).rfind(b.name() + "_", 0) == 0);
+  CHECK(config_header(flashgen::generate(b)).find("flashgen::UserVariant<flashgen::CausalMask, flashgen_user::Functions>") !=
+        std::string::npos);
+}
+
+// The Hopper families' tiles keep their registers with a user mask and bias; the sm80 forward's 128-row tile spills
+// (the mask's per-score calls beside its accumulators), which only its timing pays.
+TEST_CASE("a user variant's kernels compile on both families, both passes, the Hopper ones without spills",
+          "[generator][user_variant][nvrtc]") {
+  const auto user = prefix_lm_with_bias();
+  flashgen::KernelConfig sm80 = flashgen::KernelConfig::from_name("fwd_sm80_bf16_d128_m128_n64_w4_s2_causal");
+  flashgen::KernelConfig sm90 = flashgen::KernelConfig::from_name("fwd_sm90_bf16_d128_m128_n128_s2_causal_ovl_pp_pst");
+  flashgen::BwdConfig bwd90 = flashgen::BwdConfig::from_name("bwd_sm90_bf16_d128_m64_n128_s2_causal");
+  for (flashgen::KernelConfig* c : {&sm80, &sm90}) {
+    c->user = user;
+    INFO(c->name());
+    const flashgen::CompiledKernel k = flashgen::compile_nvrtc(flashgen::generate(*c), c->sm90() ? 90 : 80);
+    CHECK(k.usage.registers > 0);
+    if (c->sm90()) CHECK(k.usage.spill_store_bytes == 0);
+  }
+  bwd90.user = user;
+  const flashgen::CompiledKernel k = flashgen::compile_nvrtc(flashgen::generate(bwd90), 90);
+  INFO(k.log);
+  CHECK(k.usage_of(bwd90.symbol(flashgen::BwdKernel::kDkdv)).spill_store_bytes == 0);
+}

@@ -1,0 +1,173 @@
+// [gpu] User-defined variants (flashgen_variant_create, options.variant) on dense batches: out, lse and the three
+// gradients against the float64 reference with the same functions written in C++, through the C ABI (the run-time
+// choice: the sm90 families on sm_90) and on the sm80 families' built-in choices, both dQ strategies. A document
+// mask over the causal mask (document ids in a buffer), a prefix-LM mask whose some rows see no key (a scalar), a
+// relative-position bias table under a window (score_bias), and a soft cap written as a score function with its
+// derivative; odd lengths, sq != sk, GQA.
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "catch.hpp"
+#include "flashgen/flashgen.h"
+#include "gpu.hpp"
+#include "launch/attention.hpp"
+#include "launch/attention_backward.hpp"
+#include "support/dense_variant_problem.hpp"
+#include "tuner/choice.hpp"
+
+namespace {
+
+struct Handle {
+  flashgen_variant* variant = nullptr;
+  explicit Handle(const flashgen_variant_desc& desc) {
+    const int status = flashgen_variant_create(&desc, &variant);
+    INFO(flashgen_last_error());
+    REQUIRE(status == FLASHGEN_SUCCESS);
+  }
+  ~Handle() { flashgen_variant_destroy(variant); }
+};
+
+// Runs problem p through the C ABI's choice, then on the sm80 families' built-in choices with its variant.
+void run_everywhere(flashgen::test::DenseVariantProblem& p, const flashgen::ScopedContext& scope) {
+  const int arch = flashgen::device_sm(scope.device());
+  p.run_choice();
+  const flashgen::ForwardCall fwd = p.forward_call();
+  REQUIRE(fwd.problem.user);
+  flashgen::KernelConfig sm80 = flashgen::heuristic_choice(fwd.problem.dtype, fwd.problem.head_dim(),
+                                                           fwd.problem.mask_kind(), arch, true, false,
+                                                           fwd.problem.score_mods())
+                                    .config;
+  sm80.user = fwd.problem.user;
+  p.run_forward(sm80);
+  for (bool deterministic : {false, true}) {
+    const flashgen::BackwardCall bwd = p.backward_call(deterministic);
+    flashgen::BwdConfig config =
+        flashgen::heuristic_backward_choice(bwd.problem.dtype, bwd.problem.head_dim(), bwd.problem.mask_kind(),
+                                            deterministic, arch, true, false, bwd.problem.score_mods())
+            .config;
+    config.user = bwd.problem.user;
+    p.run_backward(config);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a user's document mask matches the float64 reference, forward and backward", "[gpu][user_variant]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext scope;
+  const flashgen::AttentionShape shape{2, 301, 301, 4, 2, 128};
+  // Documents of random lengths per batch entry, their ids in one int32 buffer [batch, seqlen].
+  std::mt19937 rng(7);
+  std::vector<int32_t> doc(size_t(shape.batch * shape.seqlen_q));
+  for (int64_t b = 0; b < shape.batch; ++b) {
+    int32_t id = 0;
+    for (int64_t i = 0; i < shape.seqlen_q; ++i) {
+      if (i > 0 && rng() % 40 == 0) ++id;
+      doc[size_t(b * shape.seqlen_q + i)] = id;
+    }
+  }
+  flashgen::DeviceBuffer ddoc(doc.size() * sizeof(int32_t));
+  ddoc.upload(doc);
+  const flashgen_variant_arg buffers[] = {{"doc", FLASHGEN_ARG_INT32}};
+  const flashgen_variant_arg scalars[] = {{"n", FLASHGEN_ARG_INT32}};
+  flashgen_variant_desc desc{};
+  desc.size = sizeof desc;
+  desc.mask_mod = "return doc[batch * n + q_idx] == doc[batch * n + kv_idx];";
+  desc.buffers = buffers, desc.num_buffers = 1;
+  desc.scalars = scalars, desc.num_scalars = 1;
+  const Handle handle(desc);
+  const void* pointers[] = {ddoc.data()};
+  const int32_t n = int32_t(shape.seqlen_q);
+  flashgen_attention_options opts{};
+  opts.mask = FLASHGEN_MASK_CAUSAL;
+  opts.variant = handle.variant, opts.variant_buffers = pointers, opts.variant_scalars = &n;
+  flashgen::test::DenseVariantProblem p(
+      "bf16 d128 causal documents, GQA 2", FLASHGEN_BFLOAT16, shape, opts, 0xd0c, {}, 0, {},
+      [&](flashgen::ReferenceVariant& v) {
+        v.user_mask = [&](int64_t b, int64_t, int64_t i, int64_t j) {
+          return doc[size_t(b * shape.seqlen_q + i)] == doc[size_t(b * shape.seqlen_q + j)];
+        };
+      });
+  run_everywhere(p, scope);
+}
+
+TEST_CASE("a user's prefix-LM mask with rows that see no key matches the float64 reference", "[gpu][user_variant]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext scope;
+  const flashgen::AttentionShape shape{1, 200, 333, 2, 1, 64};
+  const flashgen_variant_arg scalars[] = {{"prefix", FLASHGEN_ARG_INT32}, {"offset", FLASHGEN_ARG_INT32}};
+  flashgen_variant_desc desc{};
+  desc.size = sizeof desc;
+  desc.mask_mod = "if (q_idx % 7 == 3) return false;  // rows that see nothing\n"
+                  "return kv_idx < prefix || kv_idx <= q_idx + offset;";
+  desc.scalars = scalars, desc.num_scalars = 2;
+  const Handle handle(desc);
+  const int32_t values[] = {70, int32_t(shape.seqlen_k - shape.seqlen_q)};
+  flashgen_attention_options opts{};
+  opts.mask = FLASHGEN_MASK_NONE;
+  opts.variant = handle.variant, opts.variant_scalars = values;
+  flashgen::test::DenseVariantProblem p(
+      "fp16 d64 prefix-LM, MQA, sq < sk", FLASHGEN_FLOAT16, shape, opts, 0x9f1, {}, 0, {},
+      [&](flashgen::ReferenceVariant& v) {
+        v.user_mask = [&](int64_t, int64_t, int64_t i, int64_t j) {
+          return i % 7 != 3 && (j < values[0] || j <= i + values[1]);
+        };
+      });
+  run_everywhere(p, scope);
+}
+
+TEST_CASE("a user's bias table and score function match the float64 reference", "[gpu][user_variant]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext scope;
+  SECTION("a relative-position bias per head under a window (score_bias)") {
+    const flashgen::AttentionShape shape{2, 257, 190, 2, 2, 96};
+    const int64_t span = 2 * 512 + 1;  // distances -512 .. 512
+    std::vector<float> table(size_t(shape.heads_q * span));
+    for (size_t i = 0; i < table.size(); ++i) table[i] = 0.6f * std::sin(0.37f * float(i));
+    flashgen::DeviceBuffer dtable(table.size() * sizeof(float));
+    dtable.upload(table);
+    const flashgen_variant_arg buffers[] = {{"rel", FLASHGEN_ARG_FLOAT32}};
+    flashgen_variant_desc desc{};
+    desc.size = sizeof desc;
+    desc.helpers = "constexpr int kMaxDistance = 512;";
+    desc.score_bias = "return rel[head * (2 * kMaxDistance + 1) + kv_idx - q_idx + kMaxDistance];";
+    desc.buffers = buffers, desc.num_buffers = 1;
+    const Handle handle(desc);
+    const void* pointers[] = {dtable.data()};
+    flashgen_attention_options opts{};
+    opts.mask = FLASHGEN_MASK_SLIDING_WINDOW;
+    opts.window_left = 50, opts.window_right = 9;
+    opts.variant = handle.variant, opts.variant_buffers = pointers;
+    flashgen::test::DenseVariantProblem p(
+        "fp16 d96 relative bias, window (50, 9), sq > sk", FLASHGEN_FLOAT16, shape, opts, 0xb1a5, {}, 0, {},
+        [&](flashgen::ReferenceVariant& v) {
+          v.user_score = [&](double s, int64_t, int64_t h, int64_t i, int64_t j) {
+            return s + double(table[size_t(h * span + j - i + 512)]);
+          };
+        });
+    run_everywhere(p, scope);
+  }
+  SECTION("a soft cap written as a score function, with its derivative") {
+    const flashgen::AttentionShape shape{1, 150, 150, 4, 2, 128};
+    const flashgen_variant_arg scalars[] = {{"cap", FLASHGEN_ARG_FLOAT32}};
+    flashgen_variant_desc desc{};
+    desc.size = sizeof desc;
+    desc.score_mod = "return cap * tanhf(score / cap);";
+    desc.score_grad = "const float t = modified / cap;\nreturn 1.f - t * t;";
+    desc.scalars = scalars, desc.num_scalars = 1;
+    const Handle handle(desc);
+    const float cap = 2.f;
+    flashgen_attention_options opts{};
+    opts.mask = FLASHGEN_MASK_CAUSAL_TOP_LEFT;
+    opts.variant = handle.variant, opts.variant_scalars = &cap;
+    flashgen::test::DenseVariantProblem p(
+        "bf16 d128 top-left causal, a user's cap 2", FLASHGEN_BFLOAT16, shape, opts, 0xca9, {}, 0, {},
+        [&](flashgen::ReferenceVariant& v) {
+          v.user_score = [&](double s, int64_t, int64_t, int64_t, int64_t) { return cap * std::tanh(s / cap); };
+          v.user_score_grad = [&](double m, int64_t, int64_t, int64_t, int64_t) { return 1 - (m / cap) * (m / cap); };
+        });
+    run_everywhere(p, scope);
+  }
+}
