@@ -180,9 +180,10 @@ def _check_sinks(sinks, device, heads_q):
     return sinks.float().contiguous()
 
 
-def _options(scale, mask, deterministic, softcap, window, alibi_slopes, sinks=None, dsinks=None, attention_chunk=0):
-    """flashgen_attention_options of a call; alibi_slopes, sinks and dsinks (checked) must stay alive until the call
-    is queued."""
+def _options(scale, mask, deterministic, softcap, window, alibi_slopes, sinks=None, dsinks=None, attention_chunk=0,
+             user=None):
+    """flashgen_attention_options of a call; alibi_slopes, sinks, dsinks (checked) and user (a _variants.UserVariant)
+    must stay alive until the call is queued."""
     options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 1 if deterministic else 0, softcap, *window)
     options.attention_chunk = attention_chunk
     if alibi_slopes is not None:
@@ -192,6 +193,8 @@ def _options(scale, mask, deterministic, softcap, window, alibi_slopes, sinks=No
         options.sinks = sinks.data_ptr()
     if dsinks is not None:
         options.dsinks = dsinks.data_ptr()
+    if user is not None:
+        user.apply(options)
     return options
 
 
@@ -257,7 +260,7 @@ class _ForwardCall:
     and lse (fp32 [batch, heads_q, seqlen_q]), their views and the options. Build it under the device's guard."""
 
     def __init__(self, q, k, v, scale, mask, layout, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None, sinks=None,
-                 attention_chunk=0, out_like_q=False):
+                 attention_chunk=0, out_like_q=False, user=None):
         self.q, self.k, self.v = (_readable(t) for t in (q, k, v))
         # out_like_q: out takes q's strides (torch.empty_like), as aten's flash-attention ops promise their callers.
         self.out = torch.empty_like(q) if out_like_q else torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -266,8 +269,9 @@ class _ForwardCall:
         batch, heads_q, _ = _lse_shape(q, layout)
         self.alibi_slopes = _check_alibi(alibi_slopes, q.device, batch, heads_q)
         self.sinks = _check_sinks(sinks, q.device, heads_q)
+        self.user = user
         self.options = _options(scale, mask, False, softcap, window, self.alibi_slopes, self.sinks,
-                                attention_chunk=attention_chunk)
+                                attention_chunk=attention_chunk, user=user)
 
     def arguments(self):
         return (*(ctypes.byref(view) for view in self.views), ctypes.c_void_p(self.lse.data_ptr()),
@@ -354,7 +358,7 @@ class _BackwardCall:
     like q, k, v) and dsinks (_dsinks); views and options. Build it under the device's guard."""
 
     def __init__(self, dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0, window=_NO_WINDOW,
-                 alibi_slopes=None, sinks=None, attention_chunk=0, grads_like_inputs=False):
+                 alibi_slopes=None, sinks=None, attention_chunk=0, grads_like_inputs=False, user=None):
         self.dout, self.q, self.k, self.v, self.out = (_readable(t) for t in (dout, q, k, v, out))
         self.lse = lse.contiguous()
         # grads_like_inputs: dq, dk, dv take q's, k's and v's strides (torch.empty_like), as aten's backward ops do.
@@ -366,8 +370,9 @@ class _BackwardCall:
         self.alibi_slopes = _check_alibi(alibi_slopes, q.device, batch, heads_q)
         self.sinks = _check_sinks(sinks, q.device, heads_q)
         self.dsinks = _dsinks(q, heads_q, self.sinks)
+        self.user = user
         self.options = _options(scale, mask, deterministic, softcap, window, self.alibi_slopes, self.sinks,
-                                self.dsinks if self.sinks is not None else None, attention_chunk)
+                                self.dsinks if self.sinks is not None else None, attention_chunk, user)
 
     def arguments(self):
         refs = [ctypes.byref(view) for view in self.views]
@@ -389,25 +394,26 @@ def _check_lse(lse, q, layout):
 
 
 def _forward(q, k, v, scale, mask, layout, checked=False, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None,
-             sinks=None, attention_chunk=0):
+             sinks=None, attention_chunk=0, user=None):
     """(out, lse): the forward op's implementation, also called directly by eager calls (checked: attention()
     has checked the arguments already)."""
     if not checked:
         _check_inputs(q, k, v, layout)
         _check_mask(mask)
-    if alibi_slopes is None and sinks is None:
+    if alibi_slopes is None and sinks is None and user is None:
         planned = _planned_forward(q, k, v, scale, mask, layout, softcap, window, attention_chunk, False)
         if planned is not None:
             return planned
     with torch.cuda.device(q.device):
-        call = _ForwardCall(q, k, v, scale, mask, layout, softcap, window, alibi_slopes, sinks, attention_chunk)
+        call = _ForwardCall(q, k, v, scale, mask, layout, softcap, window, alibi_slopes, sinks, attention_chunk,
+                            user=user)
         _lib.check(_lib.function("flashgen_attention_forward")(*call.arguments(), _stream(q.device)),
                    "flashgen_attention_forward")
     return call.out, call.lse
 
 
 def _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0, window=_NO_WINDOW,
-                      alibi_slopes=None, sinks=None, attention_chunk=0):
+                      alibi_slopes=None, sinks=None, attention_chunk=0, user=None):
     """(dq, dk, dv, dsinks): the backward op's implementation, also called directly by eager calls
     (_EagerAttention). The kernels' workspace is a torch allocation, so nothing is allocated behind the caching
     allocator (or a CUDA graph's pool)."""
@@ -416,7 +422,7 @@ def _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministi
     _check_lse(lse, q, layout)
     with torch.cuda.device(q.device):
         call = _BackwardCall(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap, window,
-                             alibi_slopes, sinks, attention_chunk)
+                             alibi_slopes, sinks, attention_chunk, user=user)
         stream = _stream(q.device)
         workspace_bytes = ctypes.c_size_t(0)
         _lib.check(_lib.function("flashgen_attention_backward_workspace_size")(
@@ -436,7 +442,8 @@ def _packed_view(t):
 
 
 def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask,
-                    block_table=None, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None, sinks=None, attention_chunk=0):
+                    block_table=None, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None, sinks=None, attention_chunk=0,
+                    user=None):
     with torch.cuda.device(q.device):
         q, k, v = (_readable(t) for t in (q, k, v))
         block_table = block_table.contiguous() if block_table is not None else None
@@ -460,14 +467,15 @@ def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q
         alibi_slopes = _check_alibi(alibi_slopes, q.device, args.batch, q.shape[1])
         sinks = _check_sinks(sinks, q.device, q.shape[1])
         args.options = _options(scale, mask, False, softcap, window, alibi_slopes, sinks,
-                                attention_chunk=attention_chunk)
+                                attention_chunk=attention_chunk, user=user)
         _lib.check(_lib.function("flashgen_attention_varlen_forward")(ctypes.byref(args), _stream(q.device)),
                    "flashgen_attention_varlen_forward")
     return out, lse
 
 
 def _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, mask,
-                     deterministic, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None, sinks=None, attention_chunk=0):
+                     deterministic, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None, sinks=None, attention_chunk=0,
+                     user=None):
     with torch.cuda.device(q.device):
         dout, q, k, v, out = (_readable(t) for t in (dout, q, k, v, out))
         dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
@@ -486,7 +494,7 @@ def _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_se
         sinks = _check_sinks(sinks, q.device, q.shape[1])
         dsinks = _dsinks(q, q.shape[1], sinks)
         args.options = _options(scale, mask, deterministic, softcap, window, alibi_slopes, sinks,
-                                dsinks if sinks is not None else None, attention_chunk)
+                                dsinks if sinks is not None else None, attention_chunk, user)
         _lib.check(_lib.function("flashgen_attention_varlen_backward")(ctypes.byref(args), _stream(q.device)),
                    "flashgen_attention_varlen_backward")
     return dq, dk, dv, dsinks

@@ -29,6 +29,7 @@ from ._calls import (_DTYPE_CODES, _MASK_CODES, _NO_WINDOW, _BackwardCall, _Forw
                      _mask_and_window, _options, _planned_forward, _plans, _readable, _stream, _stream_handle,
                      _strides_readable, _varlen_backward, _varlen_forward, _view)
 from ._lib import FlashgenArgumentError, FlashgenError
+from ._variants import user_variant
 
 try:  # read once here, not at every call
     from torch.utils._python_dispatch import _get_current_dispatch_mode
@@ -201,6 +202,37 @@ def _autocast(q, k, v):
                  and t.dtype != dtype else t for t in (q, k, v))
 
 
+class _UserVariantAttention(torch.autograd.Function):
+    """A call with a user variant (_variants.py): run_forward(q, k, v, sinks) gives (out, lse), run_backward(dout, q, k,
+    v, out, lse, sinks) the gradients (dq, dk, dv, dsinks), each a closure over the call's other arguments and its
+    variant (whose buffers it keeps alive). Eager only: torch.compile leaves these calls out of its graphs."""
+
+    @staticmethod
+    def forward(ctx, run_forward, run_backward, q, k, v, sinks):
+        out, lse = run_forward(q, k, v, sinks)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
+        ctx.run_backward = run_backward
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        if dout is None:
+            return (None,) * 6
+        q, k, v, out, lse, sinks = ctx.saved_tensors
+        dq, dk, dv, dsinks = ctx.run_backward(dout, q, k, v, out, lse, sinks)
+        return None, None, dq, dk, dv, dsinks if sinks is not None else None
+
+
+@torch.compiler.disable
+def _user_variant_call(run_forward, run_backward, q, k, v, sinks):
+    """(out, lse) of a call with a user variant, through autograd when a gradient is wanted."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks)):
+        return _UserVariantAttention.apply(run_forward, run_backward, q, k, v, sinks)
+    return run_forward(q, k, v, sinks)
+
+
 def _deterministic(deterministic):
     """The backward's strategy: deterministic when asked for, or while torch.use_deterministic_algorithms(True)."""
     return bool(deterministic) or torch.are_deterministic_algorithms_enabled()
@@ -210,7 +242,9 @@ def _deterministic(deterministic):
 # Public API.
 
 def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, layout="bshd", deterministic=False,
-              return_lse=False, softcap=0.0, window_size=(-1, -1), attention_chunk=0, alibi_slopes=None, sinks=None):
+              return_lse=False, softcap=0.0, window_size=(-1, -1), attention_chunk=0, alibi_slopes=None, sinks=None,
+              mask_mod=None, score_mod=None, score_grad=None, score_bias=None, variant_helpers=None,
+              variant_args=None):
     """softmax(q kᵀ · scale [causal mask]) v on CUDA float16 / bfloat16 tensors, differentiable in q, k and v (and
     the attention sinks).
 
@@ -249,6 +283,26 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     (e^sink + Σ_j e^(s_ij)); lse includes it, a row that sees no key gets out 0 and lse = sink, and -inf for a head is
     no sink there. Sinks that require grad get their gradient, summed over the batch and every row.
 
+    A user-defined variant, FlexAttention's mask_mod and score_mod as C++ device code compiled into the kernels
+    (flashgen.h's flashgen_variant_desc): each a string holding a function body that ends in a return, seeing
+    batch, head (the query head), q_idx, kv_idx (positions in the sequence), and the names of variant_args.
+    mask_mod: `bool mask_mod(batch, head, q_idx, kv_idx)`, false hides the key, on top of causal, window_size and
+    attention_chunk (a row that sees no key gets out 0, lse -inf). score_mod: `float score_mod(float score, batch,
+    head, q_idx, kv_idx)` on the scaled score; its backward needs score_grad, `float score_grad(float modified, batch,
+    head, q_idx, kv_idx)`, d score_mod / d score in terms of score_mod's value. score_bias: `float score_bias(batch,
+    head, q_idx, kv_idx)` added to the score (its gradient derived). Not score_mod with score_bias, nor either with
+    softcap or alibi_slopes (write those into it). variant_helpers: C++ at namespace scope the bodies may call.
+    variant_args: {name: value}, a tensor on q's device (float32, int32, int64, uint8 or bool: `const float* name`,
+    `const int*`, `const long long*`, `const unsigned char*`) or a Python int (int32) or float (float32). Each
+    distinct set of bodies and argument names and types compiles once per process (a C++ error raises FlashgenError
+    with NVRTC's messages at the body's own lines); the tensors and numbers may change from call to call. Such
+    calls run eagerly (torch.compile leaves them out of its graphs), and every key block of the mask's walk is
+    evaluated with the user's mask (no block is skipped for it yet).
+
+        doc = torch.tensor(document_ids, dtype=torch.int32, device="cuda")
+        out = flashgen.torch.attention(q, k, v, causal=True, mask_mod="return doc[q_idx] == doc[kv_idx];",
+                                       variant_args={"doc": doc})
+
     Returns out, shaped and laid out like q (a new contiguous tensor), or (out, lse) with return_lse, lse being
     the natural-log log-sum-exp of each row's scaled scores (and its sink), float32 [batch, heads_q, seqlen_q]; lse
     carries no gradient. Runs on the current CUDA stream of q's device. Bad arguments raise FlashgenArgumentError (a
@@ -259,7 +313,8 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     q, k, v = _autocast(q, k, v)
     scale = _check_scale(scale)
     softcap = _check_softcap(softcap)
-    if (alibi_slopes is None and sinks is None and _eager_call(q, k, v)
+    if (alibi_slopes is None and sinks is None and mask_mod is None and score_mod is None and score_bias is None
+            and _eager_call(q, k, v)
             and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
         # The warm call of a signature seen before: its plan's key holds all that _check_inputs looks at.
         planned = _planned_forward(q, k, v, scale, mask, layout, softcap, window, chunk, False, create=False,
@@ -270,6 +325,18 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     batch, heads_q, _ = _lse_shape(q, layout)
     alibi_slopes = _check_alibi(alibi_slopes, q.device, batch, heads_q)
     sinks = _check_sinks(sinks, q.device, heads_q)  # float32 here, so autograd converts the gradient back
+    user = user_variant(q.device, mask_mod, score_mod, score_grad, score_bias, variant_helpers, variant_args)
+    if user is not None and q.numel() != 0 and k.numel() != 0:
+        deterministic = _deterministic(deterministic)
+        out, lse = _user_variant_call(
+            lambda q, k, v, sinks: _forward(q, k, v, scale, mask, layout, checked=True, softcap=softcap,
+                                            window=window, alibi_slopes=alibi_slopes, sinks=sinks,
+                                            attention_chunk=chunk, user=user),
+            lambda dout, q, k, v, out, lse, sinks: _backward_kernels(
+                dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap, window, alibi_slopes, sinks,
+                chunk, user=user),
+            q, k, v, sinks)
+        return (out, lse) if return_lse else out
     if q.numel() == 0 or k.numel() == 0:
         out, lse = _Empty.apply(q, k, v, _lse_shape(q, layout), sinks)
     else:
@@ -459,7 +526,8 @@ _varlen_attention_forward.register_autograd(_varlen_backward_formula, setup_cont
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                      softmax_scale=None, causal=False, *, causal_align="bottom_right", seqused_k=None,
                      block_table=None, deterministic=False, return_attn_probs=False, softcap=0.0, window_size=(-1, -1),
-                     attention_chunk=0, alibi_slopes=None, sinks=None):
+                     attention_chunk=0, alibi_slopes=None, sinks=None, mask_mod=None, score_mod=None, score_grad=None,
+                     score_bias=None, variant_helpers=None, variant_args=None):
     """Attention over a packed batch of sequences of different lengths, with FlashAttention's
     flash_attn_varlen_func arguments: q [total_q, heads_q, head_dim], k and v [total_k, heads_kv, head_dim] (CUDA
     float16 or bfloat16); cu_seqlens_q and cu_seqlens_k int32 [batch + 1] offsets on q's device (sequence b owns
@@ -482,7 +550,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     diagonal, as attention() takes them. sinks: attention sinks (gpt-oss), [heads_q] on q's device, as attention() takes
     them: one logit per query head that joins every row's softmax denominator with no value, out_i = Σ_j e^(s_ij) v_j /
     (e^sink + Σ_j e^(s_ij)), lse including it (a row that sees no key gets out 0 and lse = sink; -inf for a head is no
-    sink there).
+    sink there). mask_mod, score_mod, score_grad, score_bias, variant_helpers, variant_args: a user-defined variant as
+    attention() takes it, batch being the sequence's index and q_idx, kv_idx positions within it (eager calls only).
 
     Returns out [total_q, heads_q, head_dim] (a new tensor), or (out, lse, None) with return_attn_probs, lse being
     fp32 [heads_q, total_q] (natural log) as FlashAttention returns softmax_lse. Differentiable in q, k and v (each
@@ -509,6 +578,17 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         raise NotImplementedError("flashgen.torch.varlen_attention: no backward with seqused_k or a block_table; "
                                   "call it under torch.no_grad() or on inputs without gradients")
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask)
+    user = user_variant(q.device, mask_mod, score_mod, score_grad, score_bias, variant_helpers, variant_args)
+    if user is not None:
+        deterministic = _deterministic(deterministic)
+        out, lse = _user_variant_call(
+            lambda q, k, v, sinks: _varlen_forward(q, k, v, *args[3:], block_table, softcap, window, alibi_slopes,
+                                                   sinks, chunk, user=user),
+            lambda dout, q, k, v, out, lse, sinks: _varlen_backward(
+                dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, mask,
+                deterministic, softcap, window, alibi_slopes, sinks, chunk, user=user),
+            q, k, v, sinks)
+        return (out, lse, None) if return_attn_probs else out
     if _eager_call(q, k, v) and not needs_grad:
         out, lse = _varlen_forward(*args, block_table, softcap, window, alibi_slopes, sinks, chunk)
     else:

@@ -1,0 +1,116 @@
+"""User-defined variants for flashgen.torch: the caller's mask_mod, score_mod (and score_grad) or score_bias as C++
+function bodies, compiled into the kernels (flashgen_variant_create), with the tensors and numbers they read.
+
+A call names the bodies and a dict of arguments; each distinct description is created once per process (its handle
+kept for the process's life, as compiled kernels are) and each call passes its tensors' pointers and its numbers'
+bits in the options."""
+
+import ctypes
+import struct
+import threading
+
+import torch
+
+from . import _lib
+from ._lib import FlashgenArgumentError
+
+# A buffer's element type from its tensor's dtype; a scalar's from its Python type.
+_BUFFER_TYPES = {torch.float32: _lib.ARG_FLOAT32, torch.int32: _lib.ARG_INT32, torch.int64: _lib.ARG_INT64,
+                 torch.uint8: _lib.ARG_UINT8, torch.bool: _lib.ARG_UINT8}
+
+
+def _bad(message):
+    raise FlashgenArgumentError(message, _lib.ERROR_INVALID_ARGUMENT)
+
+
+class _Handles:
+    lock = threading.Lock()
+    by_description = {}
+
+
+def _handle(description):
+    """The flashgen_variant* of a description (bodies, then the buffers' and scalars' (name, type) pairs)."""
+    with _Handles.lock:
+        handle = _Handles.by_description.get(description)
+        if handle is not None:
+            return handle
+        mask_mod, score_mod, score_grad, score_bias, helpers, buffers, scalars = description
+        desc = _lib.VariantDesc()
+        desc.size = ctypes.sizeof(desc)
+        for field, body in (("mask_mod", mask_mod), ("score_mod", score_mod), ("score_grad", score_grad),
+                            ("score_bias", score_bias), ("helpers", helpers)):
+            setattr(desc, field, body.encode() if body is not None else None)
+        arrays = []  # alive until the call returns
+        for field, items in (("buffers", buffers), ("scalars", scalars)):
+            array = (_lib.VariantArg * max(len(items), 1))(*((name.encode(), kind) for name, kind in items))
+            arrays.append(array)
+            setattr(desc, field, array if items else None)
+            setattr(desc, "num_" + field, len(items))
+        out = ctypes.c_void_p()
+        _lib.check(_lib.function("flashgen_variant_create")(ctypes.byref(desc), ctypes.byref(out)),
+                   "flashgen_variant_create")
+        _Handles.by_description[description] = out.value
+        return out.value
+
+
+class UserVariant:
+    """One call's user variant: its handle, its buffers (tensors kept alive until the call is queued) and the host
+    arrays the options point at."""
+
+    __slots__ = ("handle", "buffers", "buffer_array", "scalar_array")
+
+    def __init__(self, handle, buffers, scalar_bits):
+        self.handle = handle
+        self.buffers = buffers
+        self.buffer_array = (ctypes.c_void_p * max(len(buffers), 1))(*(t.data_ptr() for t in buffers))
+        self.scalar_array = (ctypes.c_uint32 * max(len(scalar_bits), 1))(*scalar_bits)
+
+    def apply(self, options):
+        """Points a flashgen_attention_options at this variant and its arguments."""
+        options.variant = self.handle
+        options.variant_buffers = ctypes.cast(self.buffer_array, ctypes.c_void_p)
+        options.variant_scalars = ctypes.cast(self.scalar_array, ctypes.c_void_p)
+
+
+def user_variant(device, mask_mod=None, score_mod=None, score_grad=None, score_bias=None, helpers=None,
+                 variant_args=None):
+    """The UserVariant of a call's arguments, or None when it names no function. variant_args: a dict from the names
+    the bodies use to tensors on device (buffers: float32, int32, int64, uint8 or bool, read as const float*, int*,
+    long long*, unsigned char*) or Python numbers (scalars: int as int32, float as float32)."""
+    if mask_mod is None and score_mod is None and score_bias is None:
+        if score_grad is not None or helpers is not None or variant_args:
+            _bad("score_grad, helpers and variant_args come with a mask_mod, score_mod or score_bias")
+        return None
+    for name, body in (("mask_mod", mask_mod), ("score_mod", score_mod), ("score_grad", score_grad),
+                       ("score_bias", score_bias), ("helpers", helpers)):
+        if body is not None and not isinstance(body, str):
+            _bad(f"{name} must be a string of C++ (a function body), got {type(body).__name__}")
+    buffers, buffer_types, scalar_bits, scalar_types = [], [], [], []
+    for name, value in (variant_args or {}).items():
+        if isinstance(value, torch.Tensor):
+            if value.dtype not in _BUFFER_TYPES:
+                _bad(f"variant_args[{name!r}] must be float32, int32, int64, uint8 or bool, got {value.dtype}")
+            if value.device != device:
+                _bad(f"variant_args[{name!r}] must be on {device} (q's device), got {value.device}")
+            value = value.contiguous()
+            if value.dtype == torch.bool:
+                value = value.view(torch.uint8)
+            buffers.append(value)
+            buffer_types.append((name, _BUFFER_TYPES[value.dtype]))
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            _bad(f"variant_args[{name!r}] must be a tensor, an int or a float, got {type(value).__name__}")
+        elif isinstance(value, int):
+            if not -2**31 <= value < 2**31:
+                _bad(f"variant_args[{name!r}] = {value} does not fit an int32 scalar")
+            scalar_bits.append(value & 0xffffffff)
+            scalar_types.append((name, _lib.ARG_INT32))
+        else:
+            scalar_bits.append(struct.unpack("<I", struct.pack("<f", value))[0])
+            scalar_types.append((name, _lib.ARG_FLOAT32))
+    description = (mask_mod, score_mod, score_grad, score_bias, helpers, tuple(buffer_types), tuple(scalar_types))
+    return UserVariant(_handle(description), buffers, scalar_bits)
+
+
+def variant_tag(variant):
+    """The tag kernel names carry ("u" and 12 hex digits)."""
+    return _lib.function("flashgen_variant_tag")(variant.handle).decode()
