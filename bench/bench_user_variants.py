@@ -58,7 +58,7 @@ def main():
                 calls = {
                     "flashgen": lambda q, k, v: fgt.attention(
                         q, k, v, causal=True, mask_mod="return doc[batch * n + q_idx] == doc[batch * n + kv_idx];",
-                        variant_args={"doc": flat, "n": n}),
+                        variant_args={"doc": flat, "n": n}, mask_same_for_heads=True),
                     "flashgen_builtin": lambda q, k, v: fgt.varlen_attention(
                         q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu, cu, max(lens), max(lens),
                         causal=True).view(q.shape),

@@ -143,6 +143,17 @@ std::string render_translation_unit(const KernelConfig& c) {
   out << c.name() << "(const __grid_constant__ " << params << " params) {\n"
       << "  " << kernel << "::run(params);\n"
       << "}\n";
+  if (has_user_block_classes(c)) {  // the user mask's block classes, launched before the attention kernel
+    out << "\n#include \"user_blocks.cuh\"\n\n"
+        << "extern \"C\" __global__ void __launch_bounds__(flashgen::kUserBlockThreads)\n"
+        << user_blocks_symbol(c) << "(const __grid_constant__ flashgen::AttnFwdParams params) {\n"
+        << "  flashgen::UserBlockTiles<flashgen_generated::Config>::run(params);\n"
+        << "}\n\n"
+        << "extern \"C\" __global__ void __launch_bounds__(32)\n"
+        << user_blocks_symbol(c) << "_ranges(const __grid_constant__ flashgen::AttnFwdParams params) {\n"
+        << "  flashgen::UserBlockRanges::run(params);\n"
+        << "}\n";
+  }
   return out.str();
 }
 

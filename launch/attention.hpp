@@ -77,6 +77,12 @@ struct PreparedForward {
   bool uses_tma = false;           // the sm90 family: the kernel takes sm90_params (params plus TMA maps)
   AttnFwdSm90Params sm90_params{};
   bool uses_tile_counter = false;  // a persistent causal or windowed sm90 kernel claims its tiles through a counter
+  // A user mask's block classes (templates/user_blocks.cuh), computed before each launch into stream-ordered memory:
+  // their kernel, its grid (query blocks, heads or 1, batch) and the classes' bytes. Null for other configs.
+  CUfunction user_blocks = nullptr;         // each tile's class
+  CUfunction user_block_ranges = nullptr;   // each query block's walk
+  unsigned user_blocks_grid[3] = {1, 1, 1};  // query blocks, heads or 1, batch
+  int user_block_cols = 0;                  // key blocks
 
   // Points the launch at call's tensors after checking they are memory of device (the launch
   // context's): call must differ from the prepared one in its data pointers only.
@@ -85,6 +91,10 @@ struct PreparedForward {
   // cuLaunchKernel; with uses_tile_counter, with the stream's tile counter (tile_counters.hpp) or, where
   // it has none, one taken from the stream's pool, zeroed before and given back after the launch.
   void operator()(CUstream stream) const;
+
+ private:
+  // The attention kernel itself, on params (or sm90, its TMA form), with its tile counter.
+  void launch_attention(CUstream stream, const AttnFwdParams& params, const AttnFwdSm90Params& sm90) const;
 };
 
 // Everything a launch does before cuLaunchKernel, for a config the caller chose: checks that the pointers

@@ -82,6 +82,7 @@ std::string tag_of(const UserVariant& v) {
     hash = fnv1a(field, hash);
   };
   for (const std::string* body : {&v.mask_mod, &v.score_mod, &v.score_grad, &v.score_bias, &v.helpers}) add(*body);
+  add(v.mask_same_for_heads ? "shared" : "per head");
   for (const auto* list : {&v.buffers, &v.scalars}) {
     add(std::to_string(list->size()));
     for (const UserArg& a : *list) add(a.name + " " + user_arg_ctype(a.type));
@@ -122,6 +123,7 @@ std::shared_ptr<const UserVariant> make_user_variant(const flashgen_variant_desc
   std::set<std::string> seen;
   v->buffers = args_of(desc.buffers, desc.num_buffers, "buffers", false, seen);
   v->scalars = args_of(desc.scalars, desc.num_scalars, "scalars", true, seen);
+  v->mask_same_for_heads = desc.mask_same_for_heads != 0;
   v->tag = tag_of(*v);
   return v;
 }

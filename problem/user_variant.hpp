@@ -25,6 +25,7 @@ struct UserArg {
 struct UserVariant {
   std::string mask_mod, score_mod, score_grad, score_bias, helpers;  // bodies as given; empty: none
   std::vector<UserArg> buffers, scalars;
+  bool mask_same_for_heads = false;  // the forward's block classes once per batch entry, not per head
   std::string tag;  // "u" + 12 hex digits of the hash of everything above
 
   bool masks() const { return !mask_mod.empty(); }

@@ -218,6 +218,11 @@ CUfunction KernelRegistry::function(const KernelConfig& config, CUcontext ctx, i
   return load(ModuleId{name, arch}, name, config.smem_bytes(), ctx, [&] { return generate(config); });
 }
 
+CUfunction KernelRegistry::user_blocks_function(const KernelConfig& config, bool ranges, CUcontext ctx, int arch) {
+  return load(ModuleId{config.name(), arch}, user_blocks_symbol(config) + (ranges ? "_ranges" : ""), 0, ctx,
+              [&] { return generate(config); });
+}
+
 CUfunction KernelRegistry::function(const BwdConfig& config, BwdKernel kernel, CUcontext ctx, int arch) {
   std::string name = config.name();
   std::string symbol = name + "_" + bwd_kernel_suffix(kernel);

@@ -47,6 +47,9 @@ class KernelRegistry {
   // so a context created at a destroyed one's address, or a reset primary context, loads afresh. Once
   // loaded, a call costs one cuCtxGetId and a hash lookup.
   CUfunction function(const KernelConfig& config, CUcontext ctx, int arch);
+  // A kernel of a forward config's user mask's block classes (generator.hpp's has_user_block_classes): the tiles'
+  // classes, or with ranges each query block's walk.
+  CUfunction user_blocks_function(const KernelConfig& config, bool ranges, CUcontext ctx, int arch);
   CUfunction function(const BwdConfig& config, BwdKernel kernel, CUcontext ctx, int arch);
   CUfunction function(const DecodeConfig& config, DecodeKernel kernel, CUcontext ctx, int arch);
 

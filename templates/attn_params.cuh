@@ -14,6 +14,8 @@ namespace flashgen {
 // The buffers and scalars a user-defined variant's functions may read (flashgen_variant_desc).
 inline constexpr int kMaxUserBuffers = 8;
 inline constexpr int kMaxUserScalars = 8;
+// Threads of the kernel that classifies a user mask's blocks (user_blocks.cuh).
+inline constexpr int kUserBlockThreads = 128;
 
 // All strides are in elements; head_dim has unit stride. A row is one (batch, seq, head) vector.
 struct AttnFwdParams {
@@ -74,6 +76,17 @@ struct AttnFwdParams {
   // them); inv_scale is set with them. Null and 0 otherwise.
   const void* user_buffers[kMaxUserBuffers];
   unsigned user_scalars[kMaxUserScalars];
+  // A user mask's block classes (user_blocks.cuh writes them, block_range.cuh's KeyBlocks reads them): for query
+  // block m of user_block_m rows of (batch b, head h), four ints at ((b * user_block_heads + h') * user_block_rows +
+  // m) * 4 (h' = h, or 0 with user_block_heads 1): the key blocks [first, end) that hold a visible key, and a run
+  // [full_first, full_end) of blocks every key of which every row sees. user_block_tiles holds each tile's class
+  // on the way, user_block_cols (key blocks) bytes per query block. Dense forward calls only; null otherwise.
+  int* user_blocks;
+  unsigned char* user_block_tiles;
+  int user_block_m;
+  int user_block_rows;
+  int user_block_cols;
+  int user_block_heads;
 
   // Packed variable-length batches (configs with kVarlen; null and 0 otherwise). q, k, v and o hold one
   // batch entry of total_q (q, o) and total_k (k, v) rows; sequence b of the batch owns query rows

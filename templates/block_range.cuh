@@ -7,6 +7,7 @@
 // against visible()).
 #pragma once
 
+#include "attn_params.cuh"
 #include "sm80_primitives.cuh"
 #include "softmax.cuh"
 #include "variant.cuh"
@@ -19,47 +20,77 @@ namespace flashgen {
 // the variant hides early keys, else begin is 0). Blocks [full_begin(), full_end()) need no per-element
 // mask: every key is inside seqlen_k and visible to every row; the rest are partial (with a window, runs
 // at both ends; where the window is narrower than a block, every one).
+// A user mask's block classes of the query block holding row (attn_params.cuh's user_blocks: first, end, full_first,
+// full_end), or null where none were computed: every call but a dense forward one with a user mask.
+template <class Params>
+__host__ __device__ __forceinline__ const int* user_block_classes(const Params&, int, int, int) {
+  return nullptr;
+}
+__host__ __device__ __forceinline__ const int* user_block_classes(const AttnFwdParams& p, int batch, int head, int row) {
+  if (p.user_blocks == nullptr) return nullptr;
+  const long long entry =
+      (static_cast<long long>(batch) * p.user_block_heads + (p.user_block_heads == 1 ? 0 : head)) * p.user_block_rows +
+      row / p.user_block_m;
+  return p.user_blocks + entry * 4;
+}
+
 template <class Variant, int kBlockN>
 struct KeyBlocks {
   int key_end;
   int begin;
   int end;
 
+  // head: the query head, read only for a user mask's block classes.
   template <class Params>
-  __host__ __device__ __forceinline__ KeyBlocks(const Params& p, int batch, int row_begin, int rows) {
+  __host__ __device__ __forceinline__ KeyBlocks(const Params& p, int batch, int row_begin, int rows, int head = 0) {
     key_end = p.seqlen_k;
     if constexpr (Variant::kHidesKeys) key_end = min(key_end, Variant::key_end(p, batch, row_begin + rows));
     end = key_end > 0 ? (key_end + kBlockN - 1) / kBlockN : 0;
     begin = 0;
     // The first row sees the earliest keys.
     if constexpr (Variant::kHidesEarlyKeys) begin = min(max(0, Variant::first_key(p, batch, row_begin)) / kBlockN, end);
+    if constexpr (Variant::kEveryBlockPartial) {
+      // A user mask's classes narrow the walk to the blocks that hold a visible key (user_blocks.cuh).
+      if (const int* classes = user_block_classes(p, batch, head, row_begin)) {
+        begin = max(begin, classes[0]);
+        end = max(min(end, classes[1]), begin);
+      }
+    }
   }
 
   // How many blocks the rows visit.
   __host__ __device__ __forceinline__ int count() const { return end - begin; }
 
-  // Computed where a kernel first needs it (row_begin as above).
+  // Computed where a kernel first needs it (row_begin and head as above).
   template <class Params>
-  __host__ __device__ __forceinline__ int full_end(const Params& p, int batch, int row_begin) const {
-    if constexpr (Variant::kEveryBlockPartial) return begin;
+  __host__ __device__ __forceinline__ int full_end(const Params& p, int batch, int row_begin, int head = 0) const {
     int full = p.seqlen_k / kBlockN;
     // The first row sees the fewest keys: the blocks before its last key + 1.
     if constexpr (Variant::kHidesKeys) {
       full = min(full, max(0, (Variant::last_key(p, batch, row_begin) + 1) / kBlockN));
+    }
+    if constexpr (Variant::kEveryBlockPartial) {  // full where the user's classes say so too, else nowhere
+      const int* classes = user_block_classes(p, batch, head, row_begin);
+      if (classes == nullptr) return begin;
+      full = min(full, classes[3]);
     }
     return max(min(full, end), begin);
   }
   // The same for the start of the run, the last row being row_last (at most full_end: full_begin ==
   // full_end where no block is full).
   template <class Params>
-  __host__ __device__ __forceinline__ int full_begin(const Params& p, int batch, int row_last, int full_end) const {
+  __host__ __device__ __forceinline__ int full_begin(const Params& p, int batch, int row_last, int full_end,
+                                                     int head = 0) const {
+    int first_full = begin;
     if constexpr (Variant::kHidesEarlyKeys) {
       // The last row sees the fewest early keys: the blocks from its first key on.
       const int first = Variant::first_key(p, batch, row_last);
-      return min(max(first <= 0 ? 0 : (first + kBlockN - 1) / kBlockN, begin), full_end);
-    } else {
-      return begin;
+      first_full = first <= 0 ? 0 : (first + kBlockN - 1) / kBlockN;
     }
+    if constexpr (Variant::kEveryBlockPartial) {
+      if (const int* classes = user_block_classes(p, batch, head, row_last)) first_full = max(first_full, classes[2]);
+    }
+    return min(max(first_full, begin), full_end);
   }
 };
 

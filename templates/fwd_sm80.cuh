@@ -100,7 +100,7 @@ struct FwdSm80 {
              m_start * p.o_row_stride;
 
     const int rows_q = min(kBlockM, p.seqlen_q - m_start);
-    const KeyBlocks<Variant, kBlockN> blocks(p, batch, m_start, rows_q);
+    const KeyBlocks<Variant, kBlockN> blocks(p, batch, m_start, rows_q, head);
     const int n_end = blocks.key_end;
     const int n_begin = blocks.begin;
     const int n_blocks = blocks.end;
@@ -208,8 +208,9 @@ struct FwdSm80 {
     };
 
     // Blocks [full_begin, full_end) need no mask for any row of this block (block_range.cuh).
-    const int full_end = blocks.full_end(p, batch, m_start);
-    visit_key_blocks(n_begin, blocks.full_begin(p, batch, m_start + rows_q - 1, full_end), full_end, n_blocks, attend);
+    const int full_end = blocks.full_end(p, batch, m_start, head);
+    visit_key_blocks(n_begin, blocks.full_begin(p, batch, m_start + rows_q - 1, full_end, head), full_end, n_blocks,
+                     attend);
 
     // The output tile reuses the Q rows: every thread's Q copies must have landed, including when no
     // key block was visible (n_begin == n_blocks) and the loop's barriers never ran.

@@ -42,12 +42,12 @@ struct FwdSm90Scheduler : FwdSm90Layout<Cfg> {
     tile.batch = batch;
     tile.kv_head = tile.head / p.group_size;
     const int rows_q = min(kBlockM, p.seqlen_q - tile.m_start);
-    const KeyBlocks<Variant, kBlockN> blocks(p, batch, tile.m_start, rows_q);  // block_range.cuh
+    const KeyBlocks<Variant, kBlockN> blocks(p, batch, tile.m_start, rows_q, head);  // block_range.cuh
     tile.n_begin = blocks.begin;
     tile.n_blocks = blocks.count();
-    const int full_end = blocks.full_end(p, batch, tile.m_start);
+    const int full_end = blocks.full_end(p, batch, tile.m_start, head);
     tile.n_masked = blocks.end - full_end;
-    tile.n_interior = full_end - blocks.full_begin(p, batch, tile.m_start + rows_q - 1, full_end);
+    tile.n_interior = full_end - blocks.full_begin(p, batch, tile.m_start + rows_q - 1, full_end, head);
     tile.q_row = tile.m_start;
     tile.k_row = 0;
     tile.tma_batch = batch;

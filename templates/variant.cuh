@@ -332,7 +332,11 @@ template <class Base, class User>
 struct UserVariant : Base {
   static_assert(User::kScore == UserScore::kNone || !Base::kGradReadsScore,
                 "a user's score function takes the place of the soft cap and ALiBi");
+  using BaseVariant = Base;
   static constexpr bool kHidesKeys = Base::kHidesKeys || User::kMasks;
+  // A user mask may hide keys before a row's first visible one: the forward's block classes start its walks past
+  // them (block_range.cuh), and every walk is masked at both ends.
+  static constexpr bool kHidesEarlyKeys = Base::kHidesEarlyKeys || User::kMasks;
   static constexpr bool kEveryBlockPartial = User::kMasks;
   static constexpr bool kGradReadsScore = User::kScore == UserScore::kMod || Base::kGradReadsScore;
 
@@ -378,6 +382,16 @@ struct UserVariant : Base {
   static __host__ __device__ __forceinline__ int first_query(const Params& p, int batch, int key) {
     if constexpr (Base::kHidesKeys) return Base::first_query(p, batch, key);
     return 0;
+  }
+  template <class Params>
+  static __host__ __device__ __forceinline__ int first_key(const Params& p, int batch, int row) {
+    if constexpr (Base::kHidesEarlyKeys) return Base::first_key(p, batch, row);
+    return 0;
+  }
+  template <class Params>
+  static __host__ __device__ __forceinline__ int last_query(const Params& p, int batch, int key) {
+    if constexpr (Base::kHidesEarlyKeys) return Base::last_query(p, batch, key);
+    return p.seqlen_q - 1;
   }
 
   template <class Params>

@@ -326,7 +326,17 @@ typedef struct {
   int32_t num_buffers;
   const flashgen_variant_arg* scalars; /* num_scalars entries (at most 8), or NULL */
   int32_t num_scalars;
+  int32_t mask_same_for_heads; /* nonzero: mask_mod gives every head the same answer (it ignores head), so the
+                                  forward classifies each key block once per batch entry, with head 0, rather than
+                                  per head (see below). A mask that does depend on head must leave it 0 */
 } flashgen_variant_desc;
+
+/* Block sparsity: a dense forward call with a mask_mod first runs a small generated kernel that classifies each
+ * (query block, key block) tile of the chosen kernel's tiles as empty, partial or full under the mask (per head, or
+ * once per batch entry with mask_same_for_heads); the attention kernel then skips the empty blocks before and after
+ * each query block's visible run and evaluates the mask only on partial ones. The classes live in stream-ordered
+ * memory taken and given back around the call. Packed calls and the backward visit every block of the base mask's
+ * walk, each with the user's mask. */
 
 /* Checks desc, compiles its functions once with NVRTC (for any GPU: no device is needed) and returns a handle in
  * *variant. The functions' text becomes part of every kernel that uses it: its hash is in the kernels' names

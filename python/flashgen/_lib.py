@@ -87,6 +87,7 @@ class VariantDesc(ctypes.Structure):
         ("num_buffers", ctypes.c_int32),
         ("scalars", ctypes.POINTER(VariantArg)),
         ("num_scalars", ctypes.c_int32),
+        ("mask_same_for_heads", ctypes.c_int32),
     ]
 
 

@@ -34,7 +34,7 @@ def _handle(description):
         handle = _Handles.by_description.get(description)
         if handle is not None:
             return handle
-        mask_mod, score_mod, score_grad, score_bias, helpers, buffers, scalars = description
+        mask_mod, score_mod, score_grad, score_bias, helpers, buffers, scalars, same_for_heads = description
         desc = _lib.VariantDesc()
         desc.size = ctypes.sizeof(desc)
         for field, body in (("mask_mod", mask_mod), ("score_mod", score_mod), ("score_grad", score_grad),
@@ -46,6 +46,7 @@ def _handle(description):
             arrays.append(array)
             setattr(desc, field, array if items else None)
             setattr(desc, "num_" + field, len(items))
+        desc.mask_same_for_heads = 1 if same_for_heads else 0
         out = ctypes.c_void_p()
         _lib.check(_lib.function("flashgen_variant_create")(ctypes.byref(desc), ctypes.byref(out)),
                    "flashgen_variant_create")
@@ -73,10 +74,11 @@ class UserVariant:
 
 
 def user_variant(device, mask_mod=None, score_mod=None, score_grad=None, score_bias=None, helpers=None,
-                 variant_args=None):
+                 variant_args=None, mask_same_for_heads=False):
     """The UserVariant of a call's arguments, or None when it names no function. variant_args: a dict from the names
     the bodies use to tensors on device (buffers: float32, int32, int64, uint8 or bool, read as const float*, int*,
-    long long*, unsigned char*) or Python numbers (scalars: int as int32, float as float32)."""
+    long long*, unsigned char*) or Python numbers (scalars: int as int32, float as float32). mask_same_for_heads: the
+    mask ignores head, so the forward classifies its blocks once per batch entry."""
     if mask_mod is None and score_mod is None and score_bias is None:
         if score_grad is not None or helpers is not None or variant_args:
             _bad("score_grad, helpers and variant_args come with a mask_mod, score_mod or score_bias")
@@ -107,7 +109,8 @@ def user_variant(device, mask_mod=None, score_mod=None, score_grad=None, score_b
         else:
             scalar_bits.append(struct.unpack("<I", struct.pack("<f", value))[0])
             scalar_types.append((name, _lib.ARG_FLOAT32))
-    description = (mask_mod, score_mod, score_grad, score_bias, helpers, tuple(buffer_types), tuple(scalar_types))
+    description = (mask_mod, score_mod, score_grad, score_bias, helpers, tuple(buffer_types), tuple(scalar_types),
+                   bool(mask_same_for_heads))
     return UserVariant(_handle(description), buffers, scalar_bits)
 
 

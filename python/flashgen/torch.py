@@ -244,7 +244,7 @@ def _deterministic(deterministic):
 def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, layout="bshd", deterministic=False,
               return_lse=False, softcap=0.0, window_size=(-1, -1), attention_chunk=0, alibi_slopes=None, sinks=None,
               mask_mod=None, score_mod=None, score_grad=None, score_bias=None, variant_helpers=None,
-              variant_args=None):
+              variant_args=None, mask_same_for_heads=False):
     """softmax(q kᵀ · scale [causal mask]) v on CUDA float16 / bfloat16 tensors, differentiable in q, k and v (and
     the attention sinks).
 
@@ -296,8 +296,10 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     `const int*`, `const long long*`, `const unsigned char*`) or a Python int (int32) or float (float32). Each
     distinct set of bodies and argument names and types compiles once per process (a C++ error raises FlashgenError
     with NVRTC's messages at the body's own lines); the tensors and numbers may change from call to call. Such
-    calls run eagerly (torch.compile leaves them out of its graphs), and every key block of the mask's walk is
-    evaluated with the user's mask (no block is skipped for it yet).
+    calls run eagerly (torch.compile leaves them out of its graphs). The forward classifies the mask's blocks first
+    (a small kernel per call) and skips those with no visible key: per query head, or once per batch entry with
+    mask_same_for_heads=True, which a mask_mod that ignores head may set. The backward evaluates the mask on every
+    block of the base mask's walk.
 
         doc = torch.tensor(document_ids, dtype=torch.int32, device="cuda")
         out = flashgen.torch.attention(q, k, v, causal=True, mask_mod="return doc[q_idx] == doc[kv_idx];",
@@ -325,7 +327,8 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     batch, heads_q, _ = _lse_shape(q, layout)
     alibi_slopes = _check_alibi(alibi_slopes, q.device, batch, heads_q)
     sinks = _check_sinks(sinks, q.device, heads_q)  # float32 here, so autograd converts the gradient back
-    user = user_variant(q.device, mask_mod, score_mod, score_grad, score_bias, variant_helpers, variant_args)
+    user = user_variant(q.device, mask_mod, score_mod, score_grad, score_bias, variant_helpers, variant_args,
+                        mask_same_for_heads)
     if user is not None and q.numel() != 0 and k.numel() != 0:
         deterministic = _deterministic(deterministic)
         out, lse = _user_variant_call(
@@ -527,7 +530,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                      softmax_scale=None, causal=False, *, causal_align="bottom_right", seqused_k=None,
                      block_table=None, deterministic=False, return_attn_probs=False, softcap=0.0, window_size=(-1, -1),
                      attention_chunk=0, alibi_slopes=None, sinks=None, mask_mod=None, score_mod=None, score_grad=None,
-                     score_bias=None, variant_helpers=None, variant_args=None):
+                     score_bias=None, variant_helpers=None, variant_args=None, mask_same_for_heads=False):
     """Attention over a packed batch of sequences of different lengths, with FlashAttention's
     flash_attn_varlen_func arguments: q [total_q, heads_q, head_dim], k and v [total_k, heads_kv, head_dim] (CUDA
     float16 or bfloat16); cu_seqlens_q and cu_seqlens_k int32 [batch + 1] offsets on q's device (sequence b owns
@@ -578,7 +581,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         raise NotImplementedError("flashgen.torch.varlen_attention: no backward with seqused_k or a block_table; "
                                   "call it under torch.no_grad() or on inputs without gradients")
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask)
-    user = user_variant(q.device, mask_mod, score_mod, score_grad, score_bias, variant_helpers, variant_args)
+    user = user_variant(q.device, mask_mod, score_mod, score_grad, score_bias, variant_helpers, variant_args,
+                        mask_same_for_heads)
     if user is not None:
         deterministic = _deterministic(deterministic)
         out, lse = _user_variant_call(

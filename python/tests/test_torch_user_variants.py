@@ -41,8 +41,10 @@ def test_document_mask_matches_float64(deterministic):
     q, k, v, dout = _inputs(1, 517, 517, 4, 2, 128, torch.bfloat16, 11)
     doc = (torch.rand(517, device="cuda", generator=torch.Generator(device="cuda").manual_seed(3)) < 0.02)
     doc = doc.cumsum(0).to(torch.int32)
+    # Block classes per head, and (deterministic) once for every head.
     got = fgt.attention(q, k, v, causal=True, deterministic=deterministic,
-                        mask_mod="return doc[q_idx] == doc[kv_idx];", variant_args={"doc": doc})
+                        mask_mod="return doc[q_idx] == doc[kv_idx];", variant_args={"doc": doc},
+                        mask_same_for_heads=deterministic)
     visible = (doc[:, None] == doc[None, :]) & torch.ones(517, 517, dtype=torch.bool, device="cuda").tril()
     _check(q, k, v, dout, got, testsupport.float64_bshd_attention(q, k, v, dout, 128 ** -0.5, visible))
 
