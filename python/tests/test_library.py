@@ -92,6 +92,7 @@ def test_struct_layouts_mirror_flashgen_h():
     assert ctypes.sizeof(_lib.VariantDesc) == 80
     assert _lib.VariantDesc.buffers.offset == 48
     assert _lib.VariantDesc.num_scalars.offset == 72
+    assert _lib.VariantDesc.mask_same_for_heads.offset == 76
     assert ctypes.sizeof(_lib.ForwardProblem) == 56
     assert _lib.ForwardProblem.batch.offset == 8
     # flashgen_varlen_forward_args: size_t, four tensors, four pointers, three int64, the options, the block
