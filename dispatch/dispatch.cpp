@@ -140,14 +140,15 @@ auto plan_in_scope(const Call& call, const ScopedContext& scope, CUstream stream
   const int device = static_cast<int>(scope.device());
   const int arch = launch_arch(scope.device());
   Plan<decltype(process_choice(call, device, arch))> plan{process_choice(call, device, arch), arch};
-  if (call.problem.user) {
-    // Its base class's choice: a sweep would time and store the base class, not the user's functions.
-  } else if (tune_on_first_use() && stream_capturing(stream)) {
-    plan.final = false;
-  } else {
-    apply_tune_on_first_use(plan.choice, [&](std::string* failure) {
-      return tune_on_first_use_of(call, device, arch, failure);
-    });
+  // A user variant runs its base class's choice: a sweep would time and store the base class, not its functions.
+  if (call.problem.user == nullptr) {
+    if (tune_on_first_use() && stream_capturing(stream)) {
+      plan.final = false;
+    } else {
+      apply_tune_on_first_use(plan.choice, [&](std::string* failure) {
+        return tune_on_first_use_of(call, device, arch, failure);
+      });
+    }
   }
   apply_fallbacks(call, plan.choice, arch, device_traits(scope.device()));
   read_through_pages(call, plan.choice, arch);
