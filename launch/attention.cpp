@@ -323,14 +323,13 @@ PreparedForward prepare_forward(const ForwardCall& call, CUstream stream, const 
         l2_section(p, call.problem.head_dim(), m_blocks, int64_t(prepared.grid[0]) * config.sm90()->groups, device);
   }
   // A user mask's block classes, where their grids fit (else every block is walked with the mask, as without them).
-  const int64_t class_groups = int64_t{config.user && config.user->mask_same_for_heads ? 1 : p.heads_q} * p.batch;
-  if (has_user_block_classes(config) && m_blocks <= 65535 && class_groups <= 65535) {
+  const int class_heads = config.user && config.user->mask_same_for_heads ? 1 : p.heads_q;
+  if (has_user_block_classes(config) && m_blocks <= 65535 && int64_t{class_heads} * p.batch <= 65535) {
     prepared.user_blocks = KernelRegistry::instance().user_blocks_function(config, false, scope.context(), arch);
     prepared.user_block_ranges = KernelRegistry::instance().user_blocks_function(config, true, scope.context(), arch);
     prepared.user_block_cols = (p.seqlen_k + config.block_n - 1) / config.block_n;
-    const int heads = config.user->mask_same_for_heads ? 1 : p.heads_q;
     prepared.user_blocks_grid[0] = static_cast<unsigned>(m_blocks);
-    prepared.user_blocks_grid[1] = static_cast<unsigned>(heads);
+    prepared.user_blocks_grid[1] = static_cast<unsigned>(class_heads);
     prepared.user_blocks_grid[2] = static_cast<unsigned>(p.batch);
   }
   return prepared;
@@ -385,18 +384,18 @@ void PreparedForward::operator()(CUstream stream) const {
   FLASHGEN_CU_CHECK(cuMemFreeAsync(classes, stream));
 }
 
-void PreparedForward::launch_attention(CUstream stream, const AttnFwdParams& params,
-                                       const AttnFwdSm90Params& sm90_params) const {
+void PreparedForward::launch_attention(CUstream stream, const AttnFwdParams& plain,
+                                       const AttnFwdSm90Params& sm90) const {
   auto launch = [&](const void* kernel_params) {
     void* args[] = {const_cast<void*>(kernel_params)};
     FLASHGEN_CU_CHECK(cuLaunchKernel(function, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes, stream, args,
                                      nullptr));
   };
   if (!uses_tile_counter) {
-    launch(uses_tma ? static_cast<const void*>(&sm90_params) : static_cast<const void*>(&params));
+    launch(uses_tma ? static_cast<const void*>(&sm90) : static_cast<const void*>(&plain));
     return;
   }
-  AttnFwdSm90Params with_counter = sm90_params;
+  AttnFwdSm90Params with_counter = sm90;
   if (const CUdeviceptr shared = stream_tile_counter(stream)) {
     with_counter.tile_counter = reinterpret_cast<int*>(shared);
     launch(&with_counter);

@@ -93,8 +93,8 @@ struct PreparedForward {
   void operator()(CUstream stream) const;
 
  private:
-  // The attention kernel itself, on params (or sm90, its TMA form), with its tile counter.
-  void launch_attention(CUstream stream, const AttnFwdParams& params, const AttnFwdSm90Params& sm90) const;
+  // The attention kernel itself, on plain (or sm90, its TMA form), with its tile counter.
+  void launch_attention(CUstream stream, const AttnFwdParams& plain, const AttnFwdSm90Params& sm90) const;
 };
 
 // Everything a launch does before cuLaunchKernel, for a config the caller chose: checks that the pointers
