@@ -20,8 +20,12 @@ check_cli() {
   local printed
   printed=$(env -u LD_LIBRARY_PATH "$cli" --version) || fail "$cli --version did not run"
   [[ $printed == "flashgen $version" ]] || fail "$cli --version printed '$printed', expected 'flashgen $version'"
-  ldd "$cli" | grep -q "libflashgen.so.* => $(dirname "$(dirname "$cli")")" ||
-    fail "$cli does not load the libflashgen beside it: $(ldd "$cli" | grep flashgen)"
+  # ldd's output is read whole before matching: with pipefail, `ldd | grep -q` fails whenever grep exits at its
+  # match before ldd has written the rest (SIGPIPE).
+  local linked
+  linked=$(ldd "$cli" | grep libflashgen.so || true)
+  [[ $linked == *" => $(dirname "$(dirname "$cli")")/"* ]] ||
+    fail "$cli does not load the libflashgen beside it: ${linked:-ldd lists no libflashgen}"
 }
 
 # Builds and runs the consumer against the flashgen installed under $1 (the C program must print the version).
