@@ -106,6 +106,11 @@ nlohmann::json explain_backward(const BackwardCall& call, CUstream stream) {
   if (call.params.dsinks != nullptr) {  // the call's own: a cached plan of its class may be another call's
     kernels.push_back(kernel(BwdKernel::kSinkGrad, prepared.sink_grad_grid, kBwdRowKernelThreads, 0));
   }
+  if (const UserBlockLaunch& classes = prepared.user_blocks) {  // launched first
+    kernels.insert(kernels.begin(), {kernel(BwdKernel::kUserBlockTiles, classes.tiles_grid, kUserBlockThreads, 0),
+                                     kernel(BwdKernel::kUserBlockRanges, classes.ranges_grid, 32, 0),
+                                     kernel(BwdKernel::kUserBlockBands, classes.bands_grid, kUserBlockThreads, 0)});
+  }
   nlohmann::json j = {
       {"pass", "backward"},
       {"config", config.name()},

@@ -15,6 +15,9 @@ const char* bwd_kernel_suffix(BwdKernel kernel) {
     case BwdKernel::kDq: return "dq";
     case BwdKernel::kConvert: return "convert";
     case BwdKernel::kSinkGrad: return "sink_grad";
+    case BwdKernel::kUserBlockTiles: return "user_tiles";
+    case BwdKernel::kUserBlockRanges: return "user_ranges";
+    case BwdKernel::kUserBlockBands: return "user_bands";
   }
   return "unknown";
 }

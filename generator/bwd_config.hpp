@@ -14,10 +14,12 @@
 
 namespace flashgen {
 
-// The kernels of one backward module, in launch order (the sinks' gradient only for a call with sinks).
-enum class BwdKernel { kPreprocess, kDkdv, kDq, kConvert, kSinkGrad };
+// The kernels of one backward module, in launch order (the sinks' gradient only for a call with sinks), after the
+// three of a user mask's block classes (generator.hpp's has_user_block_classes; templates/user_blocks.cuh).
+enum class BwdKernel { kPreprocess, kDkdv, kDq, kConvert, kSinkGrad, kUserBlockTiles, kUserBlockRanges, kUserBlockBands };
 
-const char* bwd_kernel_suffix(BwdKernel kernel);  // "preprocess", "dkdv", "dq", "convert", "sink_grad"
+// "preprocess", "dkdv", "dq", "convert", "sink_grad", "user_tiles", "user_ranges", "user_bands"
+const char* bwd_kernel_suffix(BwdKernel kernel);
 
 // The sm80 backward family's own knobs (templates/bwd_sm80.cuh: mma.sync; both dQ strategies).
 struct BwdSm80Knobs {

@@ -220,6 +220,18 @@ std::string render_translation_unit(const BwdConfig& c) {
     entry(BwdKernel::kConvert, "BwdConvertDq", "flashgen::kBwdRowKernelThreads");
   }
   entry(BwdKernel::kSinkGrad, "BwdSinkGrad", "flashgen::kBwdRowKernelThreads");
+  if (has_user_block_classes(c)) {  // the user mask's block classes, launched before the preprocess
+    out << "\n#include \"user_blocks.cuh\"\n";
+    entry(BwdKernel::kUserBlockTiles, "UserBlockTiles", "flashgen::kUserBlockThreads");
+    out << "\nextern \"C\" __global__ void __launch_bounds__(32, 1)\n"
+        << c.symbol(BwdKernel::kUserBlockRanges) << "(const __grid_constant__ flashgen::AttnBwdParams params) {\n"
+        << "  flashgen::UserBlockRanges::run(params);\n"
+        << "}\n";
+    out << "\nextern \"C\" __global__ void __launch_bounds__(flashgen::kUserBlockThreads, 1)\n"
+        << c.symbol(BwdKernel::kUserBlockBands) << "(const __grid_constant__ flashgen::AttnBwdParams params) {\n"
+        << "  flashgen::UserBlockBands::run(params);\n"
+        << "}\n";
+  }
   return out.str();
 }
 

@@ -38,12 +38,14 @@ GeneratedSource generate(const BwdConfig& config);
 // One module holding the KV-cache kernels of a decode config; each kernel's symbol is config.symbol(kernel).
 GeneratedSource generate(const DecodeConfig& config);
 
-// Whether a forward config's module holds the kernel that classifies a user mask's blocks (templates/user_blocks.cuh):
-// a dense config with a user mask. Its two kernels' symbols are user_blocks_symbol(config) (each tile's class) and
-// that + "_ranges" (each query block's walk).
+// Whether a config's module holds the kernels that classify a user mask's blocks (templates/user_blocks.cuh): a config
+// with a user mask, but for a paged cache's. A forward module's two are user_blocks_symbol(config) (each tile's class) and that +
+// "_ranges" (each query block's walk); a backward module's three are its symbols of BwdKernel::kUserBlockTiles,
+// kUserBlockRanges and kUserBlockBands.
 inline bool has_user_block_classes(const KernelConfig& config) {
-  return config.user && config.user->masks() && !config.varlen;
+  return config.user && config.user->masks() && !config.paged;
 }
+inline bool has_user_block_classes(const BwdConfig& config) { return config.user && config.user->masks(); }
 inline std::string user_blocks_symbol(const KernelConfig& config) { return config.name() + "_blocks"; }
 
 // A user variant's functions as the struct templates/variant.cuh's UserVariant calls (flashgen_user::Functions),

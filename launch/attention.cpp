@@ -323,14 +323,15 @@ PreparedForward prepare_forward(const ForwardCall& call, CUstream stream, const 
         l2_section(p, call.problem.head_dim(), m_blocks, int64_t(prepared.grid[0]) * config.sm90()->groups, device);
   }
   // A user mask's block classes, where their grids fit (else every block is walked with the mask, as without them).
-  const int class_heads = config.user && config.user->mask_same_for_heads ? 1 : p.heads_q;
-  if (has_user_block_classes(config) && m_blocks <= 65535 && int64_t{class_heads} * p.batch <= 65535) {
-    prepared.user_blocks = KernelRegistry::instance().user_blocks_function(config, false, scope.context(), arch);
-    prepared.user_block_ranges = KernelRegistry::instance().user_blocks_function(config, true, scope.context(), arch);
-    prepared.user_block_cols = (p.seqlen_k + config.block_n - 1) / config.block_n;
-    prepared.user_blocks_grid[0] = static_cast<unsigned>(m_blocks);
-    prepared.user_blocks_grid[1] = static_cast<unsigned>(class_heads);
-    prepared.user_blocks_grid[2] = static_cast<unsigned>(p.batch);
+  if (has_user_block_classes(config)) {
+    const int class_heads = config.user->mask_same_for_heads ? 1 : p.heads_q;
+    prepared.user_blocks =
+        UserBlockLaunch::plan(config.block_m, config.block_n, static_cast<int>(std::min<int64_t>(m_blocks, INT32_MAX)),
+                              (p.seqlen_k + config.block_n - 1) / config.block_n, class_heads, 1, p.batch, false);
+    if (prepared.user_blocks) {
+      prepared.user_blocks.tiles = KernelRegistry::instance().user_blocks_function(config, false, scope.context(), arch);
+      prepared.user_blocks.ranges = KernelRegistry::instance().user_blocks_function(config, true, scope.context(), arch);
+    }
   }
   return prepared;
 }
@@ -352,28 +353,18 @@ void PreparedForward::rebind(const ForwardCall& call, int device) {
 }
 
 void PreparedForward::operator()(CUstream stream) const {
-  if (user_blocks == nullptr) {
+  if (!user_blocks) {
     launch_attention(stream, params, sm90_params);
     return;
   }
-  // The user mask's classes in stream order: 16 bytes per query block of each head (or batch entry), then a byte
-  // per tile.
-  const unsigned* g = user_blocks_grid;
-  const size_t groups = size_t{g[0]} * g[1] * g[2];
+  // The user mask's classes in stream order.
   CUdeviceptr classes = 0;
-  FLASHGEN_CU_CHECK(cuMemAllocAsync(&classes, groups * (16 + size_t(user_block_cols)), stream));
+  FLASHGEN_CU_CHECK(cuMemAllocAsync(&classes, user_blocks.bytes(), stream));
   try {
     AttnFwdParams with_classes = params;
-    with_classes.user_blocks = reinterpret_cast<int*>(classes);
-    with_classes.user_block_tiles = reinterpret_cast<unsigned char*>(classes + 16 * groups);
-    with_classes.user_block_m = config.block_m;
-    with_classes.user_block_rows = static_cast<int>(g[0]);
-    with_classes.user_block_cols = user_block_cols;
-    with_classes.user_block_heads = static_cast<int>(g[1]);
+    with_classes.user_classes = user_blocks.at(classes);
     void* args[] = {&with_classes};
-    FLASHGEN_CU_CHECK(cuLaunchKernel(user_blocks, static_cast<unsigned>(user_block_cols), g[0], g[1] * g[2],
-                                     kUserBlockThreads, 1, 1, 0, stream, args, nullptr));
-    FLASHGEN_CU_CHECK(cuLaunchKernel(user_block_ranges, g[0], g[1], g[2], 32, 1, 1, 0, stream, args, nullptr));
+    user_blocks.launch(stream, args);
     AttnFwdSm90Params sm90 = sm90_params;
     sm90.base = with_classes;
     launch_attention(stream, with_classes, sm90);

@@ -9,6 +9,7 @@
 
 #include "flashgen/flashgen.h"
 #include "generator/kernel_config.hpp"
+#include "launch/user_block_classes.hpp"
 #include "problem/attention_problem.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "templates/attn_params.cuh"
@@ -77,12 +78,9 @@ struct PreparedForward {
   bool uses_tma = false;           // the sm90 family: the kernel takes sm90_params (params plus TMA maps)
   AttnFwdSm90Params sm90_params{};
   bool uses_tile_counter = false;  // a persistent causal or windowed sm90 kernel claims its tiles through a counter
-  // A user mask's block classes (templates/user_blocks.cuh), computed before each launch into stream-ordered memory:
-  // their kernel, its grid (query blocks, heads or 1, batch) and the classes' bytes. Null for other configs.
-  CUfunction user_blocks = nullptr;         // each tile's class
-  CUfunction user_block_ranges = nullptr;   // each query block's walk
-  unsigned user_blocks_grid[3] = {1, 1, 1};  // query blocks, heads or 1, batch
-  int user_block_cols = 0;                  // key blocks
+  // A user mask's block classes (templates/user_blocks.cuh), computed before each launch into stream-ordered memory;
+  // empty for other configs.
+  UserBlockLaunch user_blocks;
 
   // Points the launch at call's tensors after checking they are memory of device (the launch
   // context's): call must differ from the prepared one in its data pointers only.

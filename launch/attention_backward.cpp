@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "flashgen/error.hpp"
+#include "generator/generator.hpp"
 #include "launch/tensor_checks.hpp"
 #include "launch/tma.hpp"
 #include "runtime/cuda_driver.hpp"
@@ -18,10 +19,6 @@
 namespace flashgen {
 
 namespace {
-
-constexpr size_t kWorkspaceAlign = 256;
-
-size_t align_up(size_t bytes) { return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
 
 // Workspace rows of one (batch, head): seqlen_q rounded up to the config's padding (bwd_rows.cuh).
 size_t workspace_rows(const AttnBwdParams& p, const BwdConfig& config) {
@@ -41,7 +38,7 @@ size_t all_workspace_rows(const AttnBwdParams& p, const BwdConfig& config) {
 
 // One fp32 value per workspace row: D, and the base-2 LSE of the sm90 family.
 size_t row_array_bytes(const AttnBwdParams& p, const BwdConfig& config) {
-  return align_up(sizeof(float) * all_workspace_rows(p, config));
+  return align_workspace_part(sizeof(float) * all_workspace_rows(p, config));
 }
 
 // The tensors of a backward call as TMA sees them, with the box rows of the sm90 dkdv kernel's copies.
@@ -180,12 +177,22 @@ BackwardCall make_varlen_backward_call(const flashgen_varlen_backward_args& args
 
 namespace {
 
+// A user mask's block classes of a dense call at the dkdv kernel's tiles, per kv head (or once per batch entry when
+// every head shares the mask), without their kernels; empty for other calls.
+UserBlockLaunch plan_user_blocks(const AttnBwdParams& p, const BwdConfig& config) {
+  if (!has_user_block_classes(config)) return {};
+  return UserBlockLaunch::plan(config.block_m, config.block_n, (p.seqlen_q + config.block_m - 1) / config.block_m,
+                               (p.seqlen_k + config.block_n - 1) / config.block_n,
+                               config.user->mask_same_for_heads ? 1 : p.heads_kv,
+                               config.user->mask_same_for_heads ? 1 : p.group_size, p.batch, true);
+}
+
 // The workspace in order: D, the sm90 family's LSE in base 2, the fp32 dQ accumulator, the sm90
-// family's semaphores (one per 64-row tile, counting a query block's dQ adds: attn_params.cuh); absent parts
-// take no bytes.
+// family's semaphores (one per 64-row tile, counting a query block's dQ adds: attn_params.cuh), a user mask's block
+// classes; absent parts take no bytes.
 struct WorkspaceLayout {
   static constexpr size_t kAbsent = SIZE_MAX;
-  size_t lse_log2 = kAbsent, dq_accum = kAbsent, dq_semaphore = kAbsent, bytes = 0;
+  size_t lse_log2 = kAbsent, dq_accum = kAbsent, dq_semaphore = kAbsent, user_classes = kAbsent, bytes = 0;
 
   WorkspaceLayout(const AttnBwdParams& p, const BwdConfig& config, int head_dim) {
     const size_t rows = all_workspace_rows(p, config);
@@ -196,11 +203,15 @@ struct WorkspaceLayout {
     }
     if (config.dq_accum() != DqAccum::kNone) {
       dq_accum = bytes;
-      bytes += align_up(sizeof(float) * rows * size_t(dq_accum_cols(config.dq_accum(), head_dim)));
+      bytes += align_workspace_part(sizeof(float) * rows * size_t(dq_accum_cols(config.dq_accum(), head_dim)));
     }
     if (config.dq_accum() == DqAccum::kTiles) {
       dq_semaphore = bytes;
-      bytes += align_up(sizeof(int) * kBwdSm90SemaphoreInts * (rows / kBwdSm90SemaphoreRows));
+      bytes += align_workspace_part(sizeof(int) * kBwdSm90SemaphoreInts * (rows / kBwdSm90SemaphoreRows));
+    }
+    if (const UserBlockLaunch classes = plan_user_blocks(p, config)) {
+      user_classes = bytes;
+      bytes += classes.bytes();
     }
   }
 };
@@ -289,6 +300,11 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
   prepared.sink_grad_grid[0] = static_cast<unsigned>(p.heads_q);  // a block per query head (bwd_rows.cuh)
   prepared.finish_grid[1] = static_cast<unsigned>(p.heads_q);
   prepared.finish_grid[2] = static_cast<unsigned>(p.batch);
+  if ((prepared.user_blocks = plan_user_blocks(p, c))) {
+    prepared.user_blocks.tiles = registry.function(c, BwdKernel::kUserBlockTiles, scope.context(), arch);
+    prepared.user_blocks.ranges = registry.function(c, BwdKernel::kUserBlockRanges, scope.context(), arch);
+    prepared.user_blocks.bands = registry.function(c, BwdKernel::kUserBlockBands, scope.context(), arch);
+  }
   prepared.workspace_bytes = backward_workspace_bytes(call, c);
   prepared.head_dim = call.problem.head_dim();
   prepared.params = p;
@@ -319,6 +335,7 @@ void PreparedBackward::bind_workspace(CUdeviceptr workspace) {
   params.lse_log2 = reinterpret_cast<float*>(part(layout.lse_log2));
   params.dq_accum = reinterpret_cast<float*>(part(layout.dq_accum));
   params.dq_semaphore = reinterpret_cast<int*>(part(layout.dq_semaphore));
+  if (user_blocks) params.user_classes = user_blocks.at(workspace + layout.user_classes);
   sm90_params.base = params;
 }
 
@@ -326,6 +343,7 @@ void PreparedBackward::operator()(CUstream stream) const {
   void* args[] = {const_cast<AttnBwdParams*>(&params)};
   void* dkdv_args[] = {uses_tma ? static_cast<void*>(const_cast<AttnBwdSm90Params*>(&sm90_params))
                                 : static_cast<void*>(const_cast<AttnBwdParams*>(&params))};
+  if (user_blocks) user_blocks.launch(stream, args);  // read by the dkdv and convert kernels
   launch_kernel(preprocess, preprocess_grid, kBwdRowKernelThreads, 0, stream, args);
   launch_kernel(dkdv, dkdv_grid, dkdv_threads, dkdv_smem, stream, dkdv_args);
   // Where the dkdv kernel counts each query block's dQ adds, the convert kernel runs on the SMs its last

@@ -12,6 +12,7 @@
 #include "flashgen/flashgen.h"
 #include "generator/bwd_config.hpp"
 #include "launch/attention.hpp"
+#include "launch/user_block_classes.hpp"
 #include "templates/attn_params.cuh"
 
 namespace flashgen {
@@ -70,6 +71,7 @@ struct PreparedBackward {
   bool uses_tma = false;                 // the sm90 family: its dkdv kernel takes sm90_params
   bool finish_overlaps_dkdv = false;     // dq_adds_counted: the convert kernel may start before dkdv ends
   AttnBwdSm90Params sm90_params{};       // params plus TMA descriptors; base follows params at bind time
+  UserBlockLaunch user_blocks;           // a user mask's block classes, in the workspace; empty for other configs
 
   // Points the launch at call's tensors after checking they are memory of device (the launch
   // context's): call must differ from the prepared one in its data pointers only.

@@ -17,10 +17,6 @@ namespace flashgen {
 
 namespace {
 
-constexpr size_t kWorkspaceAlignment = 256;
-
-size_t align_up(size_t bytes) { return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment; }
-
 long long ceil_div(long long a, long long b) { return (a + b - 1) / b; }
 
 void require_same_dtype(const flashgen_tensor& t, const char* name, const flashgen_tensor& q) {
@@ -120,8 +116,8 @@ KvCacheCall make_kvcache_call(const flashgen_kvcache_args& args) {
   FLASHGEN_REQUIRE(args.num_splits >= 0 && args.num_splits <= kMaxDecodeSplits,
                    "num_splits must be in [0, " + std::to_string(kMaxDecodeSplits) + "] (0: chosen), got " +
                        std::to_string(args.num_splits));
-  FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(args.workspace) % kWorkspaceAlignment == 0,
-                   "workspace: pointer must be " + std::to_string(kWorkspaceAlignment) + "-byte aligned");
+  FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(args.workspace) % kWorkspacePartAlignment == 0,
+                   "workspace: pointer must be " + std::to_string(kWorkspacePartAlignment) + "-byte aligned");
 
   KvCacheCall call;
   AttentionShape shape;
@@ -188,7 +184,7 @@ int clamp_splits(const KvCacheCall& call, const DecodeConfig& config, int splits
 size_t kvcache_workspace_bytes(const KvCacheCall& call, int splits) {
   if (splits <= 1) return 0;
   const size_t rows = size_t(splits) * partial_rows(call.params);
-  return align_up(sizeof(float) * rows * size_t(call.problem.head_dim())) + align_up(sizeof(float) * rows);
+  return align_workspace_part(sizeof(float) * rows * size_t(call.problem.head_dim())) + align_workspace_part(sizeof(float) * rows);
 }
 
 namespace {
@@ -269,7 +265,7 @@ void PreparedKvCache::operator()(CUstream stream, CUdeviceptr workspace) const {
   if (splits > 1) {
     const size_t rows = size_t(splits) * partial_rows(params);
     bound.o_partial = reinterpret_cast<float*>(workspace);
-    bound.lse_partial = reinterpret_cast<float*>(workspace + align_up(sizeof(float) * rows * size_t(config.head_dim)));
+    bound.lse_partial = reinterpret_cast<float*>(workspace + align_workspace_part(sizeof(float) * rows * size_t(config.head_dim)));
   }
   void* args[] = {&bound};
   const unsigned row_threads = kDecodeRowKernelThreads;

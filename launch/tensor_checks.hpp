@@ -6,6 +6,7 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -188,6 +189,13 @@ int causal_offset(const AttentionProblem& problem, int seqlen_q, int seqlen_k);
 
 // The sm number of the launch's device; kUnsupported below sm_80.
 int launch_arch(CUdevice device);
+
+// The parts of a launch's workspace start a multiple of 256 bytes apart (as cuMemAlloc and the pools align memory),
+// which the kernels' vector accesses rely on: a part's bytes rounded up to that.
+inline constexpr size_t kWorkspacePartAlignment = 256;
+inline constexpr size_t align_workspace_part(size_t bytes) {
+  return (bytes + kWorkspacePartAlignment - 1) / kWorkspacePartAlignment * kWorkspacePartAlignment;
+}
 
 // A config the caller asked for: it must match the problem and be able to run on sm_<arch>.
 template <class Config>

@@ -17,6 +17,29 @@ inline constexpr int kMaxUserScalars = 8;
 // Threads of the kernel that classifies a user mask's blocks (user_blocks.cuh).
 inline constexpr int kUserBlockThreads = 128;
 
+// A user mask's block classes (user_blocks.cuh writes them; block_range.cuh's KeyBlocks and QueryBlocks read them)
+// for tiles of block_m query rows and block_n keys, in groups of one batch entry and `heads` class heads: class head
+// h' serves the query heads [h' * head_group, (h' + 1) * head_group), and where the mask is the same for every head,
+// head 0 stands for all of them (heads 1, head_group 1). Per group:
+//   rows   four ints per query block: the key blocks [first, end) it visits (the backward's widened to a band:
+//          UserBlockBands) and a run [full_first, full_end) of blocks every key of which every row sees;
+//   cols   the backward's only (null in the forward): four ints per key block, the query blocks [first, end) that
+//          visit it (exactly those whose rows' range holds it) and a run of full ones; heads is 1 or heads_kv;
+//   tiles  a byte per (query block, key block) tile on the way (0 no visible key, 1 partial, 2 full).
+// A packed batch has classes per sequence, over its longest one's blocks (row_blocks of max_seqlen_q rows). Calls
+// over a paged cache, and calls whose grids would not fit, have none: rows is null.
+struct UserBlockClasses {
+  int* rows;
+  int* cols;
+  unsigned char* tiles;
+  int block_m;
+  int block_n;
+  int row_blocks;
+  int col_blocks;
+  int heads;
+  int head_group;
+};
+
 // All strides are in elements; head_dim has unit stride. A row is one (batch, seq, head) vector.
 struct AttnFwdParams {
   const void* q;   // (batch, seqlen_q, heads_q, head_dim)
@@ -76,17 +99,8 @@ struct AttnFwdParams {
   // them); inv_scale is set with them. Null and 0 otherwise.
   const void* user_buffers[kMaxUserBuffers];
   unsigned user_scalars[kMaxUserScalars];
-  // A user mask's block classes (user_blocks.cuh writes them, block_range.cuh's KeyBlocks reads them): for query
-  // block m of user_block_m rows of (batch b, head h), four ints at ((b * user_block_heads + h') * user_block_rows +
-  // m) * 4 (h' = h, or 0 with user_block_heads 1): the key blocks [first, end) that hold a visible key, and a run
-  // [full_first, full_end) of blocks every key of which every row sees. user_block_tiles holds each tile's class
-  // on the way, user_block_cols (key blocks) bytes per query block. Dense forward calls only; null otherwise.
-  int* user_blocks;
-  unsigned char* user_block_tiles;
-  int user_block_m;
-  int user_block_rows;
-  int user_block_cols;
-  int user_block_heads;
+  // A user mask's block classes at the config's tiles (rows null without them).
+  UserBlockClasses user_classes;
 
   // Packed variable-length batches (configs with kVarlen; null and 0 otherwise). q, k, v and o hold one
   // batch entry of total_q (q, o) and total_k (k, v) rows; sequence b of the batch owns query rows
@@ -267,6 +281,7 @@ struct AttnBwdParams {
   float* dsinks;
   const void* user_buffers[kMaxUserBuffers];  // as in AttnFwdParams
   unsigned user_scalars[kMaxUserScalars];
+  UserBlockClasses user_classes;  // as in AttnFwdParams, classes per kv head (head_group = group_size) with cols
 
   // Packed variable-length batches, as in AttnFwdParams (seqused_k unused: null). lse, the workspace's D and
   // the dQ accumulator are (heads_q, total_q[, head_dim]) rows.

@@ -20,18 +20,42 @@ namespace flashgen {
 // the variant hides early keys, else begin is 0). Blocks [full_begin(), full_end()) need no per-element
 // mask: every key is inside seqlen_k and visible to every row; the rest are partial (with a window, runs
 // at both ends; where the window is narrower than a block, every one).
-// A user mask's block classes of the query block holding row (attn_params.cuh's user_blocks: first, end, full_first,
-// full_end), or null where none were computed: every call but a dense forward one with a user mask.
+// A user mask's block classes (attn_params.cuh's UserBlockClasses) where the call has them: dense forward and
+// backward calls of a config with a user mask. Null for every other params type and call.
 template <class Params>
-__host__ __device__ __forceinline__ const int* user_block_classes(const Params&, int, int, int) {
+__host__ __device__ __forceinline__ const UserBlockClasses* user_classes_of(const Params&) {
   return nullptr;
 }
-__host__ __device__ __forceinline__ const int* user_block_classes(const AttnFwdParams& p, int batch, int head, int row) {
-  if (p.user_blocks == nullptr) return nullptr;
-  const long long entry =
-      (static_cast<long long>(batch) * p.user_block_heads + (p.user_block_heads == 1 ? 0 : head)) * p.user_block_rows +
-      row / p.user_block_m;
-  return p.user_blocks + entry * 4;
+__host__ __device__ __forceinline__ const UserBlockClasses* user_classes_of(const AttnFwdParams& p) {
+  return p.user_classes.rows != nullptr ? &p.user_classes : nullptr;
+}
+__host__ __device__ __forceinline__ const UserBlockClasses* user_classes_of(const AttnBwdParams& p) {
+  return p.user_classes.rows != nullptr ? &p.user_classes : nullptr;
+}
+
+// The classes' four ints (first, end, full_first, full_end) of the query block holding rows [row_begin, row_begin +
+// rows) of query head `head`, or null where there are none, or they were taken at other tiles (another kernel of the
+// module: the sm80 backward's dq kernel), or the rows span two of their blocks.
+template <int kBlockN, class Params>
+__host__ __device__ __forceinline__ const int* query_block_classes(const Params& p, int batch, int head, int row_begin,
+                                                                   int rows) {
+  const UserBlockClasses* c = user_classes_of(p);
+  if (c == nullptr || c->block_n != kBlockN) return nullptr;
+  const int m = row_begin / c->block_m;
+  if ((row_begin + rows - 1) / c->block_m != m) return nullptr;
+  const int group = batch * c->heads + (c->heads == 1 ? 0 : head / c->head_group);
+  return c->rows + (static_cast<long long>(group) * c->row_blocks + m) * 4;
+}
+
+// The same of the key block starting at key_begin of kv head kv_head (the backward's: first, end, full_first and
+// full_end of the query blocks that visit it).
+template <int kBlockM, int kBlockN, class Params>
+__host__ __device__ __forceinline__ const int* key_block_classes(const Params& p, int batch, int kv_head,
+                                                                 int key_begin) {
+  const UserBlockClasses* c = user_classes_of(p);
+  if (c == nullptr || c->cols == nullptr || c->block_m != kBlockM || c->block_n != kBlockN) return nullptr;
+  const int group = batch * c->heads + (c->heads == 1 ? 0 : kv_head);
+  return c->cols + (static_cast<long long>(group) * c->col_blocks + key_begin / kBlockN) * 4;
 }
 
 template <class Variant, int kBlockN>
@@ -39,6 +63,8 @@ struct KeyBlocks {
   int key_end;
   int begin;
   int end;
+  // A user mask's classes of these rows (query_block_classes), or null: read again by full_end and full_begin.
+  const int* classes = nullptr;
 
   // head: the query head, read only for a user mask's block classes.
   template <class Params>
@@ -51,7 +77,8 @@ struct KeyBlocks {
     if constexpr (Variant::kHidesEarlyKeys) begin = min(max(0, Variant::first_key(p, batch, row_begin)) / kBlockN, end);
     if constexpr (Variant::kEveryBlockPartial) {
       // A user mask's classes narrow the walk to the blocks that hold a visible key (user_blocks.cuh).
-      if (const int* classes = user_block_classes(p, batch, head, row_begin)) {
+      classes = query_block_classes<kBlockN>(p, batch, head, row_begin, rows);
+      if (classes != nullptr) {
         begin = max(begin, classes[0]);
         end = max(min(end, classes[1]), begin);
       }
@@ -61,16 +88,15 @@ struct KeyBlocks {
   // How many blocks the rows visit.
   __host__ __device__ __forceinline__ int count() const { return end - begin; }
 
-  // Computed where a kernel first needs it (row_begin and head as above).
+  // Computed where a kernel first needs it (row_begin as above).
   template <class Params>
-  __host__ __device__ __forceinline__ int full_end(const Params& p, int batch, int row_begin, int head = 0) const {
+  __host__ __device__ __forceinline__ int full_end(const Params& p, int batch, int row_begin) const {
     int full = p.seqlen_k / kBlockN;
     // The first row sees the fewest keys: the blocks before its last key + 1.
     if constexpr (Variant::kHidesKeys) {
       full = min(full, max(0, (Variant::last_key(p, batch, row_begin) + 1) / kBlockN));
     }
     if constexpr (Variant::kEveryBlockPartial) {  // full where the user's classes say so too, else nowhere
-      const int* classes = user_block_classes(p, batch, head, row_begin);
       if (classes == nullptr) return begin;
       full = min(full, classes[3]);
     }
@@ -79,8 +105,7 @@ struct KeyBlocks {
   // The same for the start of the run, the last row being row_last (at most full_end: full_begin ==
   // full_end where no block is full).
   template <class Params>
-  __host__ __device__ __forceinline__ int full_begin(const Params& p, int batch, int row_last, int full_end,
-                                                     int head = 0) const {
+  __host__ __device__ __forceinline__ int full_begin(const Params& p, int batch, int row_last, int full_end) const {
     int first_full = begin;
     if constexpr (Variant::kHidesEarlyKeys) {
       // The last row sees the fewest early keys: the blocks from its first key on.
@@ -88,7 +113,7 @@ struct KeyBlocks {
       first_full = first <= 0 ? 0 : (first + kBlockN - 1) / kBlockN;
     }
     if constexpr (Variant::kEveryBlockPartial) {
-      if (const int* classes = user_block_classes(p, batch, head, row_last)) first_full = max(first_full, classes[2]);
+      if (classes != nullptr) first_full = max(first_full, classes[2]);
     }
     return min(max(first_full, begin), full_end);
   }
@@ -118,8 +143,10 @@ struct QueryBlocks {
   int full_begin;
   int full_end;
 
+  // kv_head: read only for a user mask's block classes.
   template <class Params, class KeyCount>
-  __host__ __device__ __forceinline__ QueryBlocks(const Params& p, int batch, int key_begin, KeyCount keys) {
+  __host__ __device__ __forceinline__ QueryBlocks(const Params& p, int batch, int key_begin, KeyCount keys,
+                                                  int kv_head = 0) {
     end = (p.seqlen_q + kBlockM - 1) / kBlockM;
     begin = 0;
     full_begin = 0;
@@ -139,7 +166,19 @@ struct QueryBlocks {
       begin = min(begin, end);
       full_end = full_last_row < 0 ? 0 : (full_last_row + 1) / kBlockM;
     }
-    if (keys() < kBlockN || Variant::kEveryBlockPartial) full_begin = end;  // keys past seqlen_k are masked in every block
+    if constexpr (Variant::kEveryBlockPartial) {
+      // A user mask's classes (the backward's) narrow the walk to the query blocks whose band holds this key block,
+      // and name its full ones; without them every block is partial.
+      const int* classes = key_block_classes<kBlockM, kBlockN>(p, batch, kv_head, key_begin);
+      full_begin = end;
+      if (classes != nullptr) {
+        begin = max(begin, classes[0]);
+        end = max(min(end, classes[1]), begin);
+        full_begin = classes[2];
+        full_end = classes[3];
+      }
+    }
+    if (keys() < kBlockN) full_begin = end;  // keys past seqlen_k are masked in every block
     full_begin = min(max(full_begin, begin), end);
     full_end = min(max(full_end, full_begin), end);
   }

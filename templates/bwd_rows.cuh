@@ -173,11 +173,11 @@ struct BwdConvertDq {
   }
 
   // Waits until every key block that sees the query block holding workspace row tile_row (query row
-  // `row` of `batch`) has added its dQ, and says whether any has (KeyBlocks counts them as the dkdv
+  // `row` of `batch` and `head`) has added its dQ, and says whether any has (KeyBlocks counts them as the dkdv
   // kernel's turns do).
-  static __device__ bool wait_for_adds(const AttnBwdParams& p, int batch, long long tile_row, int row) {
+  static __device__ bool wait_for_adds(const AttnBwdParams& p, int batch, int head, long long tile_row, int row) {
     const int m_start = row - row % Cfg::kBlockM;
-    const int adds = KeyBlocks<typename Cfg::Variant, Cfg::kBlockN>(p, batch, m_start, Cfg::kBlockM).count();
+    const int adds = KeyBlocks<typename Cfg::Variant, Cfg::kBlockN>(p, batch, m_start, Cfg::kBlockM, head).count();
     const int* done = bwd::dq_semaphore(p, tile_row - tile_row % Cfg::kBlockM) + (Cfg::kAtomicDq ? 1 : 0);
     if (threadIdx.x == 0) {
       while (sm90::ld_acquire_gpu(done) != adds) __nanosleep(1000);  // light on the L2 the dkdv kernel works in
@@ -234,7 +234,7 @@ struct BwdConvertDq {
     if (tile * 64 >= p.seqlen_q) return;
     const long long tile_row = bwd::workspace_row0<Cfg>(p, batch, head) + tile * 64;
     bool written = true;
-    if constexpr (kCounted) written = wait_for_adds(p, batch, tile_row, tile * 64);
+    if constexpr (kCounted) written = wait_for_adds(p, batch, head, tile_row, tile * 64);
     const int row = tile * 64 + w * 16 + g;
     if (row >= p.seqlen_q) return;
     if (kAccumCols != kHeadDim && chunk * 64 + 8 * i >= kHeadDim) return;  // the last chunk's padding

@@ -132,7 +132,7 @@ struct BwdDkdvSm80 {
 
     // Query blocks that see some key of this block: [m_first, m_blocks). Blocks [m_interior, m_interior_end)
     // see every key of it, so their loop carries no mask code (block_range.cuh).
-    const QueryBlocks<Variant, kBlockM, kBlockN> queries(p, batch, n_start, [&] { return rows_k; });
+    const QueryBlocks<Variant, kBlockM, kBlockN> queries(p, batch, n_start, [&] { return rows_k; }, kv_head);
     const int m_blocks = queries.end;
     const int m_first = queries.begin;
     const int m_interior = queries.full_begin;
@@ -477,7 +477,7 @@ struct BwdDqSm80 {
     const long long dsum_flat = row_base<kVarlen>(p, batch, head, bwd::padded_rows<Cfg>(p));  // the workspace's D
 
     const int rows_q = min(kBlockM, p.seqlen_q - m_start);
-    const KeyBlocks<Variant, kBlockN> blocks(p, batch, m_start, rows_q);  // block_range.cuh
+    const KeyBlocks<Variant, kBlockN> blocks(p, batch, m_start, rows_q, head);  // block_range.cuh
     const int n_end = blocks.key_end;
     const int n_begin = blocks.begin;
     const int n_blocks = blocks.end;

@@ -179,7 +179,8 @@ struct BwdDkdvSm90 {
     w.q_row0 = kVarlen ? rows.q_begin : 0;
     w.k_row0 = kVarlen ? rows.k_begin : 0;
     w.tma_batch = kVarlen ? 0 : w.batch;
-    const QueryBlocks<Variant, kBlockM, kBlockN> queries(p, w.batch, w.n_start, [&] { return p.seqlen_k - w.n_start; });
+    const QueryBlocks<Variant, kBlockM, kBlockN> queries(p, w.batch, w.n_start, [&] { return p.seqlen_k - w.n_start; },
+                                                         w.kv_head);
     w.m_blocks = queries.end;
     w.m_first = queries.begin;
     w.m_interior = queries.full_begin;
@@ -210,7 +211,8 @@ struct BwdDkdvSm90 {
   // order).
   static __device__ int* dq_semaphore(const AttnBwdParams& p, long long row0) { return bwd::dq_semaphore(p, row0); }
   static __device__ int dq_turn(const AttnBwdParams& p, const Work& w, int m_start) {
-    return KeyBlocks<Variant, kBlockN>(p, w.batch, m_start, kBlockM).end - 1 - w.n_block;
+    // (A user mask's classes are per kv head: any query head of the group reads them.)
+    return KeyBlocks<Variant, kBlockN>(p, w.batch, m_start, kBlockM, w.kv_head * p.group_size).end - 1 - w.n_block;
   }
 
   // A packed batch's block first binds its sequence (sequence.cuh): lengths, causal offset, the tensors'

@@ -208,8 +208,8 @@ struct FwdSm80 {
     };
 
     // Blocks [full_begin, full_end) need no mask for any row of this block (block_range.cuh).
-    const int full_end = blocks.full_end(p, batch, m_start, head);
-    visit_key_blocks(n_begin, blocks.full_begin(p, batch, m_start + rows_q - 1, full_end, head), full_end, n_blocks,
+    const int full_end = blocks.full_end(p, batch, m_start);
+    visit_key_blocks(n_begin, blocks.full_begin(p, batch, m_start + rows_q - 1, full_end), full_end, n_blocks,
                      attend);
 
     // The output tile reuses the Q rows: every thread's Q copies must have landed, including when no

@@ -45,9 +45,9 @@ struct FwdSm90Scheduler : FwdSm90Layout<Cfg> {
     const KeyBlocks<Variant, kBlockN> blocks(p, batch, tile.m_start, rows_q, head);  // block_range.cuh
     tile.n_begin = blocks.begin;
     tile.n_blocks = blocks.count();
-    const int full_end = blocks.full_end(p, batch, tile.m_start, head);
+    const int full_end = blocks.full_end(p, batch, tile.m_start);
     tile.n_masked = blocks.end - full_end;
-    tile.n_interior = full_end - blocks.full_begin(p, batch, tile.m_start + rows_q - 1, full_end, head);
+    tile.n_interior = full_end - blocks.full_begin(p, batch, tile.m_start + rows_q - 1, full_end);
     tile.q_row = tile.m_start;
     tile.k_row = 0;
     tile.tma_batch = batch;

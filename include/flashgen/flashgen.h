@@ -133,7 +133,9 @@ int flashgen_attention_backward(const flashgen_tensor* q, const flashgen_tensor*
  * (the same checks as the backward; it picks the config for the stream's device, compiling or loading its
  * kernels if this process has not yet, and launches none of them; with tune-on-first-use on, an untuned
  * problem is swept first, as the call would, which takes seconds once per bucket). At most
- * 4 * batch * heads_q * rows * (head_dim + 2) bytes plus alignment, rows = seqlen_q rounded up to 128. */
+ * 4 * batch * heads_q * rows * (head_dim + 2) bytes plus alignment, rows = seqlen_q rounded up to 128; with a
+ * user variant's mask_mod, plus its block classes: per batch entry and kv head (once per batch entry with
+ * mask_same_for_heads), 16 bytes per query block and per key block and a byte per (query, key) block pair. */
 int flashgen_attention_backward_workspace_size(const flashgen_tensor* q, const flashgen_tensor* k,
                                                const flashgen_tensor* v, const flashgen_tensor* out,
                                                const flashgen_tensor* dout, const float* lse,
@@ -327,16 +329,18 @@ typedef struct {
   const flashgen_variant_arg* scalars; /* num_scalars entries (at most 8), or NULL */
   int32_t num_scalars;
   int32_t mask_same_for_heads; /* nonzero: mask_mod gives every head the same answer (it ignores head), so the
-                                  forward classifies each key block once per batch entry, with head 0, rather than
-                                  per head (see below). A mask that does depend on head must leave it 0 */
+                                  kernels classify each block once per batch entry, with head 0, rather than per
+                                  head (see below). A mask that does depend on head must leave it 0 */
 } flashgen_variant_desc;
 
-/* Block sparsity: a dense forward call with a mask_mod first runs a small generated kernel that classifies each
- * (query block, key block) tile of the chosen kernel's tiles as empty, partial or full under the mask (per head, or
- * once per batch entry with mask_same_for_heads); the attention kernel then skips the empty blocks before and after
- * each query block's visible run and evaluates the mask only on partial ones. The classes live in stream-ordered
- * memory taken and given back around the call. Packed calls and the backward visit every block of the base mask's
- * walk, each with the user's mask. */
+/* Block sparsity: a call with a mask_mod first runs small generated kernels that classify each (query block, key
+ * block) tile of the chosen kernel's tiles as empty, partial or full under the mask (per query head in the forward,
+ * per kv head in the backward, or once per batch entry with mask_same_for_heads; a packed batch's per sequence); the
+ * attention kernels then skip the empty blocks before and after each query block's visible run and evaluate the mask
+ * only on partial ones. The backward widens each query block's run so that both its ends grow with the query block
+ * (masks whose runs already do, such as documents, prefixes and windows, lose nothing). A forward call's classes
+ * live in stream-ordered memory taken and given back around the call; the backward's in its workspace
+ * (flashgen_attention_backward_workspace_size counts them). Calls over a paged cache have none. */
 
 /* Checks desc, compiles its functions once with NVRTC (for any GPU: no device is needed) and returns a handle in
  * *variant. The functions' text becomes part of every kernel that uses it: its hash is in the kernels' names

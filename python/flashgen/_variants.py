@@ -78,7 +78,7 @@ def user_variant(device, mask_mod=None, score_mod=None, score_grad=None, score_b
     """The UserVariant of a call's arguments, or None when it names no function. variant_args: a dict from the names
     the bodies use to tensors on device (buffers: float32, int32, int64, uint8 or bool, read as const float*, int*,
     long long*, unsigned char*) or Python numbers (scalars: int as int32, float as float32). mask_same_for_heads: the
-    mask ignores head, so the forward classifies its blocks once per batch entry."""
+    mask ignores head, so the kernels classify its blocks once per batch entry."""
     if mask_mod is None and score_mod is None and score_bias is None:
         if score_grad is not None or helpers is not None or variant_args:
             _bad("score_grad, helpers and variant_args come with a mask_mod, score_mod or score_bias")

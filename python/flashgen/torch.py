@@ -296,10 +296,10 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     `const int*`, `const long long*`, `const unsigned char*`) or a Python int (int32) or float (float32). Each
     distinct set of bodies and argument names and types compiles once per process (a C++ error raises FlashgenError
     with NVRTC's messages at the body's own lines); the tensors and numbers may change from call to call. Such
-    calls run eagerly (torch.compile leaves them out of its graphs). The forward classifies the mask's blocks first
-    (a small kernel per call) and skips those with no visible key: per query head, or once per batch entry with
-    mask_same_for_heads=True, which a mask_mod that ignores head may set. The backward evaluates the mask on every
-    block of the base mask's walk.
+    calls run eagerly (torch.compile leaves them out of its graphs). Each pass classifies the mask's blocks first
+    (small kernels per call) and skips those with no visible key: per head, or once per batch entry with
+    mask_same_for_heads=True, which a mask_mod that ignores head may set (the backward skips fewer for a mask whose
+    visible blocks do not grow with the row).
 
         doc = torch.tensor(document_ids, dtype=torch.int32, device="cuda")
         out = flashgen.torch.attention(q, k, v, causal=True, mask_mod="return doc[q_idx] == doc[kv_idx];",

@@ -81,12 +81,14 @@ def test_relative_bias_table_and_user_soft_cap_match_float64():
            testsupport.float64_bshd_attention(q, k, v, dout, 128 ** -0.5, visible, softcap=2.0))
 
 
-def test_packed_documents_take_each_sequence_s_own_positions():
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_packed_documents_take_each_sequence_s_own_positions(deterministic):
+    # Per sequence block classes: query rows 128 .. 256 of the 257-row sequence skip its first key block.
     lens = [130, 1, 257, 64]
 
     def attend(q, k, v, cu, max_seqlen):
         # Within each packed sequence, keys of the same half of the sequence (positions are the sequence's own).
-        return fgt.varlen_attention(q, k, v, cu, cu, max_seqlen, max_seqlen, causal=True,
+        return fgt.varlen_attention(q, k, v, cu, cu, max_seqlen, max_seqlen, causal=True, deterministic=deterministic,
                                     mask_mod="return (q_idx >= half[batch]) == (kv_idx >= half[batch]);",
                                     variant_args={"half": torch.tensor([n // 2 for n in lens], dtype=torch.int32,
                                                                        device="cuda")})

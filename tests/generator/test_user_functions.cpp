@@ -74,7 +74,21 @@ TEST_CASE("a user variant's kernels compile on both families, both passes, the H
     CHECK(k.usage_of(flashgen::user_blocks_symbol(*c)).registers > 0);  // the block classes' kernel
   }
   bwd90.user = user;
+  REQUIRE(flashgen::has_user_block_classes(bwd90));
   const flashgen::CompiledKernel k = flashgen::compile_nvrtc(flashgen::generate(bwd90), 90);
   INFO(k.log);
   CHECK(k.usage_of(bwd90.symbol(flashgen::BwdKernel::kDkdv)).spill_store_bytes == 0);
+  for (flashgen::BwdKernel classes : {flashgen::BwdKernel::kUserBlockTiles, flashgen::BwdKernel::kUserBlockRanges,
+                                      flashgen::BwdKernel::kUserBlockBands}) {
+    INFO(bwd90.symbol(classes));
+    CHECK(k.usage_of(bwd90.symbol(classes)).registers > 0);
+  }
+  flashgen::BwdConfig packed = bwd90;  // a packed batch's classes are per sequence
+  packed.varlen = true;
+  CHECK(flashgen::has_user_block_classes(packed));
+  const flashgen::CompiledKernel kp = flashgen::compile_nvrtc(flashgen::generate(packed), 90);
+  CHECK(kp.usage_of(packed.symbol(flashgen::BwdKernel::kUserBlockTiles)).registers > 0);
+  flashgen::KernelConfig paged = sm90;  // over a paged cache there are none: its walk masks every block
+  paged.varlen = paged.paged = true;
+  CHECK_FALSE(flashgen::has_user_block_classes(paged));
 }

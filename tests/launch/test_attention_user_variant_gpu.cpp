@@ -2,6 +2,7 @@
 // gradients against the float64 reference with the same functions written in C++, through the C ABI (the run-time
 // choice: the sm90 families on sm_90) and on the sm80 families' built-in choices, both dQ strategies. A document
 // mask over the causal mask (document ids in a buffer), a prefix-LM mask whose some rows see no key (a scalar), a
+// mask whose visible blocks do not grow with the row (the backward's block classes widen them to bands), a
 // relative-position bias table under a window (score_bias), and a soft cap written as a score function with its
 // derivative; odd lengths, sq != sk, GQA.
 #include <cmath>
@@ -116,6 +117,39 @@ TEST_CASE("a user's prefix-LM mask with rows that see no key matches the float64
       [&](flashgen::ReferenceVariant& v) {
         v.user_mask = [&](int64_t, int64_t, int64_t i, int64_t j) {
           return i % 7 != 3 && (j < values[0] || j <= i + values[1]);
+        };
+      });
+  run_everywhere(p, scope);
+}
+
+// The backward's block classes widen each query block's blocks to a band whose ends grow with the row: a mask whose
+// early rows see late keys and late rows early ones (per head, the boundary differing between the two query heads of
+// a kv head, whose classes are one), with a run of rows that see no key, must still give the right gradients, with
+// the dkdv kernels' walks and the dQ adds' counts naming the same tiles under both strategies.
+TEST_CASE("a user's mask whose visible blocks do not grow with the row matches the float64 reference",
+          "[gpu][user_variant]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext scope;
+  const flashgen::AttentionShape shape{2, 500, 640, 4, 2, 64};
+  const flashgen_variant_arg scalars[] = {{"sq", FLASHGEN_ARG_INT32}, {"sk", FLASHGEN_ARG_INT32}};
+  flashgen_variant_desc desc{};
+  desc.size = sizeof desc;
+  desc.mask_mod = "if (q_idx / 128 == 2) return false;  // query rows 256 .. 383 see no key\n"
+                  "const bool early_row = 2 * q_idx < sq;\n"
+                  "const bool early_key = (head % 2 == 0 ? 2 : 3) * kv_idx < sk;\n"
+                  "return early_row != early_key;";
+  desc.scalars = scalars, desc.num_scalars = 2;
+  const Handle handle(desc);
+  const int32_t values[] = {int32_t(shape.seqlen_q), int32_t(shape.seqlen_k)};
+  flashgen_attention_options opts{};
+  opts.mask = FLASHGEN_MASK_NONE;
+  opts.variant = handle.variant, opts.variant_scalars = values;
+  flashgen::test::DenseVariantProblem p(
+      "fp16 d64 halves swapped per head, GQA 2", FLASHGEN_FLOAT16, shape, opts, 0x5a9, {}, 0, {},
+      [&](flashgen::ReferenceVariant& v) {
+        v.user_mask = [&](int64_t, int64_t h, int64_t i, int64_t j) {
+          if (i / 128 == 2) return false;
+          return (2 * i < values[0]) != ((h % 2 == 0 ? 2 : 3) * j < values[1]);
         };
       });
   run_everywhere(p, scope);
