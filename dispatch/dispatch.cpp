@@ -367,6 +367,10 @@ KvCachePlan plan_kvcache(const KvCacheCall& call, CUstream stream) {
   const DeviceTraits& device = device_traits(scope.device());
   DecodeChoice choice = choose_decode_config(static_cast<int>(scope.device()), call.problem, arch,
                                              device.multiprocessors);
+  if (call.problem.user) {  // the base class's choice, with the user's functions compiled in
+    choice.config.user = call.problem.user;
+    choice.reason += "; with the user variant " + call.problem.user->tag + " compiled in";
+  }
   KvCachePlan plan;
   plan.launch.config = choice.config;
   plan.launch.arch = arch;

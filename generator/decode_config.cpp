@@ -31,7 +31,7 @@ std::string DecodeConfig::name() const {
                      to_string(rows) + "_n" + to_string(block_n) + "_w" + to_string(warps) + "_s" + to_string(stages);
   name += mask_suffix(mask) + score_mods_suffix(mods);
   if (paged) name += "_paged";
-  return name;
+  return name + user_variant_suffix(user);
 }
 
 DecodeConfig DecodeConfig::from_name(const std::string& name) {

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -36,9 +37,13 @@ struct DecodeConfig {
   // The score modifiers compiled in (soft cap, ALiBi), named after the mask as the other families' configs name
   // them.
   ScoreMods mods = {};
+  // A user-defined variant compiled in around the mask (KernelConfig::user): suffix _u<hash> at the end of the name.
+  // Set by dispatch on the choice for the base class; no tuning data or JSON holds one.
+  std::shared_ptr<const UserVariant> user = nullptr;
 
-  // e.g. dec_sm80_bf16_d128_r16_n64_w4_s4[_causal|_window|_chunk][_softcap][_alibi][_paged]: the module's name, its
-  // file name in dumps and part of its cache key; each kernel's symbol is name() + "_" + decode_kernel_suffix(kernel).
+  // e.g. dec_sm80_bf16_d128_r16_n64_w4_s4[_causal|_window|_chunk][_softcap][_alibi][_paged][_u<hash>]: the module's
+  // name, its file name in dumps and part of its cache key; each kernel's symbol is name() + "_" +
+  // decode_kernel_suffix(kernel).
   std::string name() const;
   static DecodeConfig from_name(const std::string& name);  // throws Error(kInvalidArgument)
   std::string symbol(DecodeKernel kernel) const;

@@ -38,8 +38,6 @@ KvCacheCall make_kvcache_call(const flashgen_kvcache_args& args) {
   check_tensor(&vc, "v_cache");
   check_tensor(&args.out, "out");
   check_options(&args.options, q.shape[2]);
-  FLASHGEN_REQUIRE(args.options.variant == nullptr,
-                   "options.variant: KV-cache calls take no user variant yet (dense and packed calls do)");
   require_same_dtype(kc, "k_cache", q);
   require_same_dtype(vc, "v_cache", q);
   require_same_dtype(args.out, "out", q);
@@ -172,6 +170,7 @@ KvCacheCall make_kvcache_call(const flashgen_kvcache_args& args) {
   set_softcap(p, args.options.softcap);
   set_alibi(p, args.options);
   p.sinks = args.options.sinks;
+  set_user_variant(call.problem, p, args.options);
   FLASHGEN_REQUIRE(int64_t(p.group_size) * p.seqlen_q <= kMaxExtent,
                    "q: heads_q / heads_kv * seqlen_q query rows per kv head must be at most 2^30");
   return call;
@@ -199,6 +198,7 @@ void check_device_pointers(const AttnDecodeParams& p, int device) {
   if (p.block_table != nullptr) check_device_pointer(p.block_table, "block_table", device);
   if (p.sinks != nullptr) check_device_pointer(p.sinks, "options.sinks", device);
   if (p.alibi_slopes != nullptr) check_device_pointer(p.alibi_slopes, "options.alibi_slopes", device);
+  check_user_buffers(p, device);
   if (p.k_new != nullptr) {
     check_device_pointer(p.k_new, "k_new.data", device);
     check_device_pointer(p.v_new, "v_new.data", device);

@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
-#include <type_traits>
 
 #include "flashgen/error.hpp"
 #include "flashgen/flashgen.h"
@@ -50,7 +49,8 @@ void check_output_strides(const flashgen_tensor* out, const char* name);
 // Device memory of the context's device, or an error naming the argument.
 void check_device_pointer(const void* ptr, const char* name, int device);
 
-// A user variant's buffers in p (AttnFwdParams or AttnBwdParams), each on device (null entries: none declared).
+// A user variant's buffers in p (AttnFwdParams, AttnBwdParams or AttnDecodeParams), each on device (null entries:
+// none declared).
 template <class Params>
 void check_user_buffers(const Params& p, int device) {
   for (int i = 0; i < kMaxUserBuffers && p.user_buffers[i] != nullptr; ++i) {
@@ -155,9 +155,9 @@ void set_alibi(Params& p, const flashgen_attention_options& opts) {
   p.inv_scale = 1.f / p.scale;
 }
 
-// A user variant of opts into problem.user, and its buffers and scalars into p (AttnFwdParams or AttnBwdParams):
-// each declared buffer a non-null device pointer, each scalar's 32 bits. Refuses a score function beside a soft
-// cap or ALiBi (it takes their place), and in a backward call one without the derivative it needs.
+// A user variant of opts into problem.user, and its buffers and scalars into p (AttnFwdParams, AttnBwdParams or
+// AttnDecodeParams): each declared buffer a non-null device pointer, each scalar's 32 bits. Refuses a score function
+// beside a soft cap or ALiBi (it takes their place), and in a backward call one without the derivative it needs.
 void check_user_variant(const flashgen_attention_options& opts, const AttentionProblem& problem);
 template <class Params>
 void set_user_variant(AttentionProblem& problem, Params& p, const flashgen_attention_options& opts) {
@@ -203,11 +203,9 @@ void check_requested_config(const Config& config, const AttentionProblem& proble
   FLASHGEN_REQUIRE(config.dtype == problem.dtype && config.head_dim == problem.head_dim() &&
                        config.mask == problem.mask_kind() && config.mods == problem.score_mods(),
                    "config " + config.name() + " does not match the problem (dtype, head_dim, mask, soft cap, ALiBi)");
-  if constexpr (!std::is_same_v<Config, DecodeConfig>) {  // KV-cache calls take no user variant
-    FLASHGEN_REQUIRE(same_user_variant(config.user, problem.user),
-                     "config " + config.name() + " does not carry the problem's user variant (" +
-                         (problem.user ? problem.user->tag : std::string("none")) + ")");
-  }
+  FLASHGEN_REQUIRE(same_user_variant(config.user, problem.user),
+                   "config " + config.name() + " does not carry the problem's user variant (" +
+                       (problem.user ? problem.user->tag : std::string("none")) + ")");
   if (auto why = config.invalid_reason(arch)) {
     fail(Status::kInvalidArgument, "config " + config.name() + " cannot run here: " + *why);
   }

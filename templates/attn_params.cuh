@@ -183,6 +183,10 @@ struct AttnDecodeParams {
   long long alibi_batch_stride;
   float inv_scale;
   const float* sinks;  // as in AttnFwdParams: applied where a row's ranges meet (the combine kernel with splits)
+  // A user-defined variant's buffers and scalars, as in AttnFwdParams: its functions see the new tokens as query
+  // rows 0 .. seqlen_q - 1 and the cache's keys by their position, as a dense call with fewer queries than keys.
+  const void* user_buffers[kMaxUserBuffers];
+  unsigned user_scalars[kMaxUserScalars];
 };
 
 // A CUtensorMap (cuda.h) by another name, so NVRTC needs no toolkit header: 128 opaque bytes that the

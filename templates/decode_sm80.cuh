@@ -23,7 +23,7 @@ namespace flashgen {
 
 // One sequence as the variant policies see it (variant.cuh): its new queries, its keys (the cache's and the
 // new tokens'), the causal offset of its alignment, a window's sides and chunk, the softmax scale, and the score
-// modifiers' arguments (AttnDecodeParams').
+// modifiers' and a user variant's arguments (AttnDecodeParams', the user's read in the kernel's parameters).
 struct DecodeSequence {
   int seqlen_q;
   int seqlen_k;
@@ -37,6 +37,8 @@ struct DecodeSequence {
   const float* alibi_slopes;
   long long alibi_batch_stride;
   float inv_scale;
+  const void* const* user_buffers;
+  const unsigned* user_scalars;
 };
 
 // Keys in sequence batch's cache before the new tokens: cache_seqlens[batch] clamped so that the new tokens
@@ -121,7 +123,8 @@ struct DecodeSm80 {
     const DecodeSequence seq{p.seqlen_q,     n_keys,          p.causal_bottom_right ? n_keys - p.seqlen_q : 0,
                              p.window_left, p.window_right, p.attention_chunk,
                              p.scale,       p.softcap_in,   p.softcap_out,
-                             p.alibi_slopes, p.alibi_batch_stride, p.inv_scale};
+                             p.alibi_slopes, p.alibi_batch_stride, p.inv_scale,
+                             p.user_buffers,  p.user_scalars};
     const int q_first = row0 / p.group_size;
     const int q_last = (min(row0 + kRows, packed_rows) - 1) / p.group_size;
     const KeyBlocks<Variant, kBlockN> blocks(seq, batch, q_first, q_last - q_first + 1);

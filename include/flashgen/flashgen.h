@@ -73,8 +73,9 @@ typedef struct {
   const flashgen_variant* variant; /* NULL: none. Else a user-defined variant (flashgen_variant_create): its mask hides
                                       keys on top of the mask above (and any window or chunk), its score function
                                       or bias applies to the scaled scores (not with softcap or alibi_slopes).
-                                      Dense and packed calls, forward and backward (a score function needs its
-                                      score_grad there); not KV-cache calls */
+                                      Dense, packed and KV-cache calls (there the new tokens are queries 0 ..
+                                      seqlen_q - 1, each key at its position), forward and backward (a score
+                                      function needs its score_grad there) */
   const void* const* variant_buffers; /* with a variant declaring buffers: host array of its num_buffers device
                                          pointers, in its order (each read-only, as long as its functions index it) */
   const void* variant_scalars;   /* with a variant declaring scalars: host array of its num_scalars 4-byte values

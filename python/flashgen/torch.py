@@ -625,9 +625,9 @@ def _check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table)
 
 
 def _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, scale, mask, num_splits, window,
-                  sinks, attention_chunk=0, softcap=0.0, alibi_slopes=None):
+                  sinks, attention_chunk=0, softcap=0.0, alibi_slopes=None, user=None):
     """flashgen_kvcache_args over the tensors (each readable in place: the caches are written in place when k and
-    v are given, so they are never copied); sinks and alibi_slopes checked."""
+    v are given, so they are never copied); sinks and alibi_slopes checked; user: a _variants.UserVariant or None."""
     args = _lib.KvCacheArgs()
     args.size = ctypes.sizeof(args)
     args.q, args.k_cache, args.v_cache, args.out = (_view(t, "bshd") for t in (q, k_cache, v_cache, out))
@@ -639,7 +639,7 @@ def _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, ls
         args.block_table, args.max_pages = block_table.data_ptr(), block_table.shape[1]
     args.num_splits = num_splits
     args.options = _options(scale, mask, False, softcap, window, alibi_slopes, sinks,
-                            attention_chunk=attention_chunk)
+                            attention_chunk=attention_chunk, user=user)
     return args
 
 
@@ -649,11 +649,11 @@ _KVCACHE_WORKSPACE = {}
 
 
 def _kvcache_class(q, k_cache, v_cache, k, cache_seqlens, block_table, scale, mask, num_splits, window, sinks,
-                   attention_chunk=0, softcap=0.0, alibi_slopes=None):
+                   attention_chunk=0, softcap=0.0, alibi_slopes=None, user=None):
     return (q.device, q.dtype, tuple(q.shape), q.stride(), tuple(k_cache.shape), k_cache.stride(), v_cache.stride(),
             None if k is None else (tuple(k.shape), k.stride()),
             None if block_table is None else tuple(block_table.shape), cache_seqlens is None, scale, mask, num_splits,
-            window, sinks is None, attention_chunk, softcap, alibi_slopes is None)
+            window, sinks is None, attention_chunk, softcap, alibi_slopes is None, None if user is None else user.handle)
 
 
 class _KvCachePlan:
@@ -734,8 +734,8 @@ def _planned_kvcache(q, k_cache, v_cache, cache_seqlens, scale, mask, num_splits
 
 
 def _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits, window=_NO_WINDOW,
-             sinks=None, attention_chunk=0, softcap=0.0, alibi_slopes=None):
-    if k is None and block_table is None and sinks is None and alibi_slopes is None:
+             sinks=None, attention_chunk=0, softcap=0.0, alibi_slopes=None, user=None):
+    if k is None and block_table is None and sinks is None and alibi_slopes is None and user is None:
         planned = _planned_kvcache(q, k_cache, v_cache, cache_seqlens, scale, mask, num_splits, window,
                                    attention_chunk, softcap, create=True)
         if planned is not None:
@@ -750,10 +750,10 @@ def _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask,
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
         args = _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, scale, mask, num_splits,
-                             window, sinks, attention_chunk, softcap, alibi_slopes)
+                             window, sinks, attention_chunk, softcap, alibi_slopes, user)
         stream = _stream(q.device)
         key = _kvcache_class(q, k_cache, v_cache, k, cache_seqlens, block_table, scale, mask, num_splits, window,
-                             sinks, attention_chunk, softcap, alibi_slopes)
+                             sinks, attention_chunk, softcap, alibi_slopes, user)
         needed = _KVCACHE_WORKSPACE.get(key)
         if needed is None:
             size = ctypes.c_size_t(0)
@@ -773,6 +773,12 @@ def _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask,
             _KVCACHE_WORKSPACE.pop(key, None)  # a choice made since may want another workspace: ask again next time
         _lib.check(status, "flashgen_attention_kvcache")
     return out, lse
+
+
+@torch.compiler.disable
+def _kvcache_with_user(*args, user):
+    """_kvcache of a call with a user variant, run eagerly (its functions and tensors are no op's arguments)."""
+    return _kvcache(*args, user=user)
 
 
 @torch.library.custom_op("flashgen::attention_kvcache", mutates_args=("k_cache", "v_cache"))
@@ -800,7 +806,8 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
                            cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None,
                            causal=False, window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
                            alibi_slopes=None, num_splits=0, return_softmax_lse=False, *, causal_align="bottom_right",
-                           sinks=None, attention_chunk=0):
+                           sinks=None, attention_chunk=0, mask_mod=None, score_mod=None, score_grad=None,
+                           score_bias=None, variant_helpers=None, variant_args=None, mask_same_for_heads=False):
     """Attention of a few new query tokens per sequence against its KV cache (decoding), with FlashAttention's
     flash_attn_with_kvcache arguments: q [batch, seqlen_q, heads_q, head_dim]; k_cache and v_cache [batch,
     capacity, heads_kv, head_dim], or with block_table (int32 [batch, max_pages]) paged caches [num_pages,
@@ -822,8 +829,14 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     denominator with no value, out_i = Σ_j e^(s_ij) v_j / (e^sink + Σ_j e^(s_ij)), lse including it (a row that
     sees no key gets out 0 and lse = sink; -inf for a head is no sink there); with splits it joins once, where the
     ranges are merged. softcap and alibi_slopes as attention() takes them (slopes [heads_q] or [batch, heads_q], the
-    bias about each sequence's last key). rotary embeddings, cache_batch_idx and cache_leftpad are not supported yet
-    (a value other than the default is refused).
+    bias about each sequence's last key). mask_mod, score_mod, score_bias, variant_helpers and variant_args (keyword
+    only): a user-defined variant as attention() takes it, compiled into the KV-cache kernels; its functions see the
+    new tokens as q_idx 0 .. seqlen_q - 1 and the keys by their position in the sequence (the new tokens' keys
+    last), as a call with fewer queries than keys does: pass cache_seqlens among variant_args to find the new tokens'
+    keys. Every key block is evaluated with the mask (decoding reads each key once, so there are no block classes to
+    skip with; score_grad and mask_same_for_heads are accepted and unused). Such calls run eagerly (torch.compile
+    leaves them out of its graphs). rotary embeddings, cache_batch_idx and cache_leftpad are not supported yet (a
+    value other than the default is refused).
 
     Returns out [batch, seqlen_q, heads_q, head_dim] (a new tensor), or (out, lse) with return_softmax_lse, lse
     being fp32 [batch, heads_q, seqlen_q]. Not differentiable (a sinks parameter that requires grad is read
@@ -846,8 +859,8 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
     softcap = _check_softcap(softcap)
-    if (k is None and block_table is None and sinks is None and alibi_slopes is None
-            and _eager_call(q, k_cache, v_cache)):
+    if (k is None and block_table is None and sinks is None and alibi_slopes is None and mask_mod is None
+            and score_mod is None and score_bias is None and _eager_call(q, k_cache, v_cache)):
         # The warm call of a signature seen before: its plan's key holds all that the checks below look at.
         planned = _planned_kvcache(q, k_cache, v_cache, cache_seqlens, scale, mask, num_splits, window, chunk, softcap,
                                    create=False)
@@ -858,8 +871,12 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     if sinks is not None:  # no autograd node for a model's sinks parameter: the op has no backward
         sinks = sinks.detach()
     alibi_slopes = _check_alibi(alibi_slopes, q.device, q.shape[0], q.shape[2])
+    user = user_variant(q.device, mask_mod, score_mod, score_grad, score_bias, variant_helpers, variant_args,
+                        mask_same_for_heads)
     args = (q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits)
-    if _eager_call(q, k_cache, v_cache):
+    if user is not None:
+        out, lse = _kvcache_with_user(*args, window, sinks, chunk, softcap, alibi_slopes, user=user)
+    elif _eager_call(q, k_cache, v_cache):
         out, lse = _kvcache(*args, window, sinks, chunk, softcap, alibi_slopes)
     else:
         out, lse = torch.ops.flashgen.attention_kvcache(*args, *window, sinks, chunk, softcap, alibi_slopes)

@@ -181,3 +181,42 @@ def test_bad_arguments_are_named():
                                                                                     device="cuda"))
     with pytest.raises(FlashgenArgumentError, match="num_splits must be in \\[0, 128\\]"):
         fgt.attention_with_kvcache(q, k, k, num_splits=500)
+
+
+@pytest.mark.parametrize("page_size", [0, 16])
+def test_decode_with_a_user_tree_mask_and_bias_matches_reference(page_size):
+    """Speculative decoding's draft tree as a user's mask_mod (4 appended drafts: draft 2 branches off draft 0, so it
+    does not see draft 1), cache_seqlens passed among variant_args to find the drafts' keys, and a per-head score_bias;
+    every split count."""
+    batch, capacity, hq, hkv, d, new = 3, 320, 8, 2, 64, 4
+    lens = [5, 0, 300]
+    k_logical, v_logical = (_randn(batch, capacity, hkv, d, dtype=torch.float16, seed=s) for s in (40, 41))
+    k_new, v_new = (_randn(batch, new, hkv, d, dtype=torch.float16, seed=s) for s in (42, 43))
+    q = _randn(batch, new, hq, d, dtype=torch.float16, seed=44)
+    cache_seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool, device="cuda")
+    head_bias = torch.linspace(-0.5, 0.5, hq, device="cuda")
+    table, k_cache, v_cache = None, k_logical.clone(), v_logical.clone()
+    if page_size:
+        table, k_cache, v_cache = testsupport.reversed_pages(k_logical, v_logical, page_size)
+    for num_splits in (0, 1, 4):
+        k_now, v_now = k_cache.clone(), v_cache.clone()  # each call appends the drafts again
+        out, lse = fgt.attention_with_kvcache(
+            q, k_now, v_now, k_new, v_new, cache_seqlens=cache_seqlens, block_table=table, causal=True,
+            num_splits=num_splits, return_softmax_lse=True,
+            mask_mod="const int draft = kv_idx - lens[batch];\nreturn draft < 0 || (draft < 4 && tree[4 * q_idx + draft]);",
+            score_bias="return head_bias[head] * float(kv_idx % 5);",
+            variant_args={"lens": cache_seqlens, "tree": tree, "head_bias": head_bias})
+        for b, n in enumerate(lens):
+            keys, values = (torch.cat([t[b:b + 1, :n], fresh[b:b + 1]], dim=1)
+                            for t, fresh in ((k_logical, k_new), (v_logical, v_new)))
+            visible = testsupport.visible_keys(new, n + new, "bottom_right", q.device)
+            visible[:, n:] &= tree
+            positions = torch.arange(n + new, device="cuda") % 5
+            bias = (head_bias[:, None, None] * positions[None, None, :]).expand(hq, new, n + new)[None]
+            qs = q[b:b + 1]
+            want, want_lse, _ = testsupport.float64_bshd_attention(qs, keys, values, torch.zeros_like(qs), d ** -0.5,
+                                                                   visible, bias=bias)
+            testsupport.assert_close_to_float64(f"out of sequence {b}, num_splits {num_splits}", out[b:b + 1], want,
+                                                torch.float16)
+            assert testsupport.max_error(lse[b:b + 1], want_lse) <= 1e-3

@@ -209,3 +209,35 @@ TEST_CASE("a KV-cache call takes a sliding window about each sequence's last key
   CHECK(flashgen::kvcache_workspace_bytes(window, flashgen::clamp_splits(window, config, 64)) ==
         640 * 128 * 4 + 640 * 4);
 }
+
+TEST_CASE("a KV-cache call takes a user variant, its buffers and scalars bound as the kernels read them",
+          "[kvcache][user_variant]") {
+  // A tree mask of speculative decoding: each new token sees the cache before `prefix` and the new tokens its row of
+  // the tree's bits allows.
+  const flashgen_variant_arg buffers[] = {{"tree", FLASHGEN_ARG_UINT8}};
+  const flashgen_variant_arg scalars[] = {{"prefix", FLASHGEN_ARG_INT32}};
+  flashgen_variant_desc desc{};
+  desc.size = sizeof desc;
+  desc.mask_mod = "return kv_idx < prefix || tree[q_idx * 8 + kv_idx - prefix] != 0;";
+  desc.buffers = buffers, desc.num_buffers = 1;
+  desc.scalars = scalars, desc.num_scalars = 1;
+  flashgen_variant* variant = nullptr;
+  REQUIRE(flashgen_variant_create(&desc, &variant) == FLASHGEN_SUCCESS);
+  flashgen_kvcache_args args = valid_args();
+  args.options.variant = variant;
+  CHECK(flashgen_attention_kvcache(&args, nullptr) == FLASHGEN_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(std::string(flashgen_last_error()), Catch::Matchers::Contains("opts.variant_buffers is NULL"));
+  const void* pointers[] = {fake_pointer(10)};
+  const int32_t prefix = 5;
+  args.options.variant_buffers = pointers, args.options.variant_scalars = &prefix;
+  const flashgen::KvCacheCall call = flashgen::make_kvcache_call(args);
+  REQUIRE(call.problem.user != nullptr);
+  CHECK(call.problem.user->tag == flashgen_variant_tag(variant));
+  CHECK(call.params.user_buffers[0] == pointers[0]);
+  CHECK(call.params.user_buffers[1] == nullptr);
+  CHECK(call.params.user_scalars[0] == 5u);
+  // The base class's problem key: a user variant runs the tiles chosen (and tuned) for the mask under it.
+  flashgen_kvcache_args plain = valid_args();
+  CHECK(flashgen::problem_key(call.problem) == flashgen::problem_key(flashgen::make_kvcache_call(plain).problem));
+  flashgen_variant_destroy(variant);
+}

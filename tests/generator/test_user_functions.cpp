@@ -92,3 +92,19 @@ TEST_CASE("a user variant's kernels compile on both families, both passes, the H
   paged.varlen = paged.paged = true;
   CHECK_FALSE(flashgen::has_user_block_classes(paged));
 }
+
+TEST_CASE("a user variant's KV-cache module names it and compiles", "[generator][user_variant][nvrtc]") {
+  const auto user = prefix_lm_with_bias();
+  flashgen::DecodeConfig c = flashgen::DecodeConfig::from_name("dec_sm80_bf16_d128_r16_n64_w4_s3_causal_paged");
+  c.user = user;
+  CHECK(c.name() == "dec_sm80_bf16_d128_r16_n64_w4_s3_causal_paged_" + user->tag);
+  CHECK(c.symbol(flashgen::DecodeKernel::kAttend).rfind(c.name() + "_", 0) == 0);
+  const flashgen::GeneratedSource source = flashgen::generate(c);
+  CHECK(config_header(source).find("flashgen::UserVariant<flashgen::CausalMask, flashgen_user::Functions>") !=
+        std::string::npos);
+  const flashgen::CompiledKernel k = flashgen::compile_nvrtc(source, 90);
+  INFO(k.log);
+  const flashgen::ResourceUsage attend = k.usage_of(c.symbol(flashgen::DecodeKernel::kAttend));
+  CHECK(attend.registers > 0);
+  CHECK(attend.spill_store_bytes == 0);
+}

@@ -3,10 +3,11 @@
 // sizes, a shuffled block table), 1-4 new tokens with and without append, GQA/MQA, causal alignments, head
 // dims 64, 96, 128, 256 and 40, every split count the chooser may pick, a spread of tiles, warps and stages
 // besides the built-in module, batch invariance at a fixed split, and sliding windows about each sequence's
-// last key over caches shorter and much longer than the window.
+// last key over caches shorter and much longer than the window, and a user's tree mask with a bias.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -46,6 +47,13 @@ struct KvCase {
   int chunk = 0;                            // options.attention_chunk (0: none)
   float softcap = 0.f;                      // options.softcap
   bool alibi = false;                       // ALiBi, slopes per sequence and query head (alibi_slopes())
+  // A user variant (options.variant) with its scalars; its buffers are the sequences' cache lengths (KvBatch's
+  // dlens) and then variant_floats on the device. user_reference(variant, b) sets the reference's functions for
+  // sequence b.
+  const flashgen_variant* variant = nullptr;
+  std::vector<float> variant_floats = {};
+  std::vector<uint32_t> variant_scalars = {};
+  std::function<void(flashgen::ReferenceVariant&, int64_t)> user_reference = {};
 
   // [batch, heads_q] slopes: the standard ones, steeper for each later sequence.
   std::vector<float> alibi_slopes() const {
@@ -70,7 +78,8 @@ struct KvBatch {
   int64_t batch, pages_per_seq = 0, num_pages = 0;
   std::vector<uint16_t> q, k_logical, v_logical, k_new, v_new;  // k_logical: [batch, capacity, heads_kv, d]
   std::vector<int32_t> table;
-  DeviceBuffer dq, dk, dv, dkn, dvn, dout, dlse, dlens, dtable, dsinks, dslopes;
+  DeviceBuffer dq, dk, dv, dkn, dvn, dout, dlse, dlens, dtable, dsinks, dslopes, dfloats;
+  const void* variant_buffers[2] = {};
   flashgen_kvcache_args args{};
 
   KvBatch(const KvCase& c, uint64_t seed) : batch(static_cast<int64_t>(c.cache_lens.size())) {
@@ -136,6 +145,13 @@ struct KvBatch {
       dsinks = upload(c.sinks);
       args.options.sinks = static_cast<const float*>(dsinks.data());
     }
+    if (c.variant != nullptr) {
+      dfloats = upload(c.variant_floats.empty() ? std::vector<float>{0.f} : c.variant_floats);
+      variant_buffers[0] = dlens.data(), variant_buffers[1] = dfloats.data();
+      args.options.variant = c.variant;
+      args.options.variant_buffers = variant_buffers;
+      args.options.variant_scalars = c.variant_scalars.data();
+    }
   }
 
   void poison() {
@@ -178,6 +194,7 @@ void check_outputs(const KvCase& c, const KvBatch& kv, const std::string& label)
       flashgen::ReferenceVariant variant(c.softcap, flashgen::ReferenceWindow{c.window_left, c.window_right, c.chunk},
                                          std::move(slopes));
       variant.sinks = c.sinks;
+      if (c.user_reference) c.user_reference(variant, b);
       const flashgen::AttentionResult ref = flashgen::attention_reference_f64(
           shape, flashgen::HostInput::bits16(kv.q.data() + b * sq * hq * d, c.dtype, q_view),
           flashgen::HostInput::bits16(k.data(), c.dtype, kv_view), flashgen::HostInput::bits16(v.data(), c.dtype, kv_view),
@@ -294,6 +311,53 @@ TEST_CASE("KV-cache attention with sinks matches each sequence's float64 referen
   windowed.name += ", sinks";
   windowed.sinks = {3.f, 1.f, none, 6.f, 2.5f, 0.f, 4.f, 5.f};
   check_cases({decode, windowed}, 0x51d);
+}
+
+// Speculative decoding's tree of draft tokens as a user's mask: 4 new tokens (appended to the cache) where token 2
+// follows token 0 on another branch than token 1, so it does not see token 1; its bitmask a scalar, each sequence's
+// cache length a buffer (the new tokens' first position). A per-head bias scaled by a key's position as a score_bias
+// (GQA packs several query heads in one tile: each row's own head).
+TEST_CASE("KV-cache attention with a user's tree mask and bias matches each sequence's float64 reference",
+          "[gpu][kvcache][user_variant]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext scope;
+  const flashgen_variant_arg buffers[] = {{"lens", FLASHGEN_ARG_INT32}, {"bias", FLASHGEN_ARG_FLOAT32}};
+  const flashgen_variant_arg scalars[] = {{"tree", FLASHGEN_ARG_INT32}};
+  flashgen_variant_desc desc{};
+  desc.size = sizeof desc;
+  desc.mask_mod = "const int draft = kv_idx - lens[batch];  // which new token the key is, if any\n"
+                  "return draft < 0 || (draft < 4 && ((tree >> (4 * q_idx + draft)) & 1));";
+  desc.score_bias = "return bias[head] * float(kv_idx % 5);";
+  desc.buffers = buffers, desc.num_buffers = 2;
+  desc.scalars = scalars, desc.num_scalars = 1;
+  flashgen_variant* variant = nullptr;
+  REQUIRE(flashgen_variant_create(&desc, &variant) == FLASHGEN_SUCCESS);
+  // Row q's bits over the 4 drafts: 0 sees 0; 1 sees 0, 1; 2 sees 0, 2; 3 sees 0, 1, 3.
+  const uint32_t tree = 0x1u | (0x3u << 4) | (0x5u << 8) | (0xbu << 12);
+  auto with_tree = [&](KvCase c) {
+    c.name += ", a user's tree mask and bias";
+    c.variant = variant;
+    c.variant_floats = {0.3f, -0.2f, 0.1f, 0.5f, -0.4f, 0.25f, 0.f, 0.15f};
+    c.variant_scalars = {tree};
+    const std::vector<int32_t> lens = c.cache_lens;
+    const std::vector<float> bias = c.variant_floats;
+    c.user_reference = [lens, bias, tree](flashgen::ReferenceVariant& v, int64_t b) {
+      const int64_t first = lens[size_t(b)];
+      v.user_mask = [first, tree](int64_t, int64_t, int64_t i, int64_t j) {
+        return j < first || ((tree >> (4 * i + (j - first))) & 1u) != 0;
+      };
+      v.user_score = [bias](double s, int64_t, int64_t h, int64_t, int64_t j) {
+        return s + double(bias[size_t(h)]) * double(j % 5);
+      };
+    };
+    return c;
+  };
+  KvCase contiguous{"bf16 d128 GQA 4 contiguous, 4 tokens append 4", FLASHGEN_BFLOAT16, 128, 8, 2,
+                    FLASHGEN_MASK_CAUSAL, 4, {0, 37, 700}, 768, 0, 4, {0, 1, 3}};
+  KvCase paged{"fp16 d64 GQA 4 paged 16, 4 tokens append 4", FLASHGEN_FLOAT16, 64, 8, 2, FLASHGEN_MASK_CAUSAL, 4,
+               {300, 5, 0}, 320, 16, 4, {0, 1, 4}};
+  check_cases({with_tree(contiguous), with_tree(paged)}, 0x7ee);
+  flashgen_variant_destroy(variant);
 }
 
 TEST_CASE("KV-cache attention with a soft cap and ALiBi matches each sequence's float64 reference",
