@@ -17,6 +17,7 @@
 #include "flashgen/flashgen.h"
 #include "generator/generator.hpp"
 #include "launch/tensor_checks.hpp"
+#include "launch/user_block_classes.hpp"
 #include "problem/user_variant.hpp"
 #include "runtime/nvrtc_compiler.hpp"
 #include "runtime/cuda_driver.hpp"
@@ -271,6 +272,15 @@ extern "C" void flashgen_variant_destroy(flashgen_variant* variant) { delete var
 extern "C" const char* flashgen_variant_tag(const flashgen_variant* variant) {
   return variant != nullptr ? variant->user->tag.c_str() : "";
 }
+
+extern "C" int flashgen_block_mask_create(flashgen_block_mask** mask) {
+  return guarded([&] {
+    FLASHGEN_REQUIRE(mask != nullptr, "mask: null pointer");
+    *mask = new flashgen_block_mask;
+  });
+}
+
+extern "C" void flashgen_block_mask_destroy(flashgen_block_mask* mask) { delete mask; }
 
 extern "C" void flashgen_set_tune_on_first_use(int enabled) { flashgen::set_tune_on_first_use(enabled != 0); }
 

@@ -80,6 +80,7 @@ ForwardCall make_forward_call(const flashgen_tensor* q, const flashgen_tensor* k
   set_alibi(p, *opts);
   set_window(p, call.problem);
   set_user_variant(call.problem, p, *opts);
+  call.block_mask = user_block_mask(*opts, call.problem);
   p.sinks = opts->sinks;
   return call;
 }
@@ -293,6 +294,7 @@ PreparedForward prepare_forward(const ForwardCall& call, CUstream stream, const 
   prepared.config = config;
   prepared.arch = arch;
   prepared.params = p;
+  prepared.block_mask = call.block_mask;
   if (config.family() == KernelFamily::kSm90) {
     prepared.uses_tma = true;
     prepared.sm90_params.base = p;
@@ -340,6 +342,7 @@ void PreparedForward::rebind(const ForwardCall& call, int device) {
   const AttnFwdParams& p = call.params;
   check_device_pointers(p, device);
   params = p;
+  block_mask = call.block_mask;
   if (!uses_tma) return;
   sm90_params.base = p;
   if (!tma_maps_retargetable()) {
@@ -355,6 +358,16 @@ void PreparedForward::rebind(const ForwardCall& call, int device) {
 void PreparedForward::operator()(CUstream stream) const {
   if (!user_blocks) {
     launch_attention(stream, params, sm90_params);
+    return;
+  }
+  if (block_mask != nullptr) {  // kept across calls: computed by the first
+    AttnFwdParams with_classes = params;
+    void* args[] = {&with_classes};
+    user_blocks.launch_kept(*block_mask, block_mask_key(config.name(), params), with_classes.user_classes, stream,
+                            args);
+    AttnFwdSm90Params sm90 = sm90_params;
+    sm90.base = with_classes;
+    launch_attention(stream, with_classes, sm90);
     return;
   }
   // The user mask's classes in stream order.

@@ -31,6 +31,7 @@ inline flashgen_tensor bshd_tensor(void* data, flashgen_dtype dtype, int64_t bat
 struct ForwardCall {
   AttentionProblem problem;
   AttnFwdParams params{};
+  flashgen_block_mask* block_mask = nullptr;  // opts.block_mask (a user mask's classes kept across calls), or null
 };
 
 // Validates every argument (null pointers, shapes, dtypes, head_dim, heads_q % heads_kv, alignment of
@@ -81,6 +82,7 @@ struct PreparedForward {
   // A user mask's block classes (templates/user_blocks.cuh), computed before each launch into stream-ordered memory;
   // empty for other configs.
   UserBlockLaunch user_blocks;
+  flashgen_block_mask* block_mask = nullptr;  // the call's: where the classes are kept, or null (per call)
 
   // Points the launch at call's tensors after checking they are memory of device (the launch
   // context's): call must differ from the prepared one in its data pointers only.

@@ -155,6 +155,7 @@ BackwardCall make_backward_call(const flashgen_tensor* q, const flashgen_tensor*
   set_alibi(p, *opts);
   set_window(p, call.problem);
   set_user_variant(call.problem, p, *opts);
+  call.block_mask = user_block_mask(*opts, call.problem);
   FLASHGEN_REQUIRE(opts->dsinks == nullptr || opts->sinks != nullptr,
                    "opts.dsinks: given without opts.sinks (there is no sink to take a gradient)");
   p.sinks = opts->sinks;
@@ -189,12 +190,12 @@ UserBlockLaunch plan_user_blocks(const AttnBwdParams& p, const BwdConfig& config
 
 // The workspace in order: D, the sm90 family's LSE in base 2, the fp32 dQ accumulator, the sm90
 // family's semaphores (one per 64-row tile, counting a query block's dQ adds: attn_params.cuh), a user mask's block
-// classes; absent parts take no bytes.
+// classes unless a block mask keeps them; absent parts take no bytes.
 struct WorkspaceLayout {
   static constexpr size_t kAbsent = SIZE_MAX;
   size_t lse_log2 = kAbsent, dq_accum = kAbsent, dq_semaphore = kAbsent, user_classes = kAbsent, bytes = 0;
 
-  WorkspaceLayout(const AttnBwdParams& p, const BwdConfig& config, int head_dim) {
+  WorkspaceLayout(const AttnBwdParams& p, const BwdConfig& config, int head_dim, bool block_mask) {
     const size_t rows = all_workspace_rows(p, config);
     bytes = row_array_bytes(p, config);
     if (config.family() == KernelFamily::kSm90) {
@@ -209,7 +210,7 @@ struct WorkspaceLayout {
       dq_semaphore = bytes;
       bytes += align_workspace_part(sizeof(int) * kBwdSm90SemaphoreInts * (rows / kBwdSm90SemaphoreRows));
     }
-    if (const UserBlockLaunch classes = plan_user_blocks(p, config)) {
+    if (const UserBlockLaunch classes = plan_user_blocks(p, config); classes && !block_mask) {
       user_classes = bytes;
       bytes += classes.bytes();
     }
@@ -219,7 +220,7 @@ struct WorkspaceLayout {
 }  // namespace
 
 size_t backward_workspace_bytes(const BackwardCall& call, const BwdConfig& config) {
-  return WorkspaceLayout(call.params, config, call.problem.head_dim()).bytes;
+  return WorkspaceLayout(call.params, config, call.problem.head_dim(), call.block_mask != nullptr).bytes;
 }
 
 Implementability can_implement(const BackwardCall& call, const BwdConfig& config, const DeviceTraits&) {
@@ -308,12 +309,14 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
   prepared.workspace_bytes = backward_workspace_bytes(call, c);
   prepared.head_dim = call.problem.head_dim();
   prepared.params = p;
+  prepared.block_mask = call.block_mask;
   return prepared;
 }
 
 void PreparedBackward::rebind(const BackwardCall& call, int device) {
   check_device_pointers(call.params, device);
   params = call.params;  // the workspace pointers are bound at launch
+  block_mask = call.block_mask;
   if (!uses_tma) return;
   if (!tma_maps_retargetable()) {
     BackwardTmaTensors(call, config).encode(sm90_params);
@@ -329,17 +332,28 @@ void PreparedBackward::rebind(const BackwardCall& call, int device) {
 }
 
 void PreparedBackward::bind_workspace(CUdeviceptr workspace) {
-  const WorkspaceLayout layout(params, config, head_dim);
+  const WorkspaceLayout layout(params, config, head_dim, block_mask != nullptr);
   auto part = [&](size_t offset) { return offset == WorkspaceLayout::kAbsent ? 0 : workspace + offset; };
   params.dsum = reinterpret_cast<float*>(workspace);
   params.lse_log2 = reinterpret_cast<float*>(part(layout.lse_log2));
   params.dq_accum = reinterpret_cast<float*>(part(layout.dq_accum));
   params.dq_semaphore = reinterpret_cast<int*>(part(layout.dq_semaphore));
-  if (user_blocks) params.user_classes = user_blocks.at(workspace + layout.user_classes);
+  if (user_blocks && block_mask == nullptr) params.user_classes = user_blocks.at(workspace + layout.user_classes);
   sm90_params.base = params;
 }
 
 void PreparedBackward::operator()(CUstream stream) const {
+  if (user_blocks && block_mask != nullptr) {  // the classes kept across calls: computed by the first
+    PreparedBackward with_classes = *this;
+    with_classes.block_mask = nullptr;
+    void* args[] = {&with_classes.params};
+    user_blocks.launch_kept(*block_mask, block_mask_key(config.name(), params), with_classes.params.user_classes,
+                            stream, args);
+    with_classes.sm90_params.base = with_classes.params;
+    with_classes.user_blocks = {};  // computed or kept: the copy launches the attention's kernels alone
+    with_classes(stream);
+    return;
+  }
   void* args[] = {const_cast<AttnBwdParams*>(&params)};
   void* dkdv_args[] = {uses_tma ? static_cast<void*>(const_cast<AttnBwdSm90Params*>(&sm90_params))
                                 : static_cast<void*>(const_cast<AttnBwdParams*>(&params))};

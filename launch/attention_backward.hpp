@@ -22,6 +22,7 @@ namespace flashgen {
 struct BackwardCall {
   AttentionProblem problem;
   AttnBwdParams params{};  // workspace pointers (dsum, dq_accum) are filled in at launch
+  flashgen_block_mask* block_mask = nullptr;  // opts.block_mask (a user mask's classes kept across calls), or null
 };
 
 // Validates every argument as make_forward_call does, for the forward's tensors plus dout, lse and
@@ -72,6 +73,7 @@ struct PreparedBackward {
   bool finish_overlaps_dkdv = false;     // dq_adds_counted: the convert kernel may start before dkdv ends
   AttnBwdSm90Params sm90_params{};       // params plus TMA descriptors; base follows params at bind time
   UserBlockLaunch user_blocks;           // a user mask's block classes, in the workspace; empty for other configs
+  flashgen_block_mask* block_mask = nullptr;  // the call's: the classes kept there rather than in the workspace
 
   // Points the launch at call's tensors after checking they are memory of device (the launch
   // context's): call must differ from the prepared one in its data pointers only.

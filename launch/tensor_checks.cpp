@@ -161,6 +161,15 @@ void check_user_variant(const flashgen_attention_options& opts, const AttentionP
                        " scalar(s)");
 }
 
+flashgen_block_mask* user_block_mask(const flashgen_attention_options& opts, const AttentionProblem& problem) {
+  if (opts.block_mask == nullptr) return nullptr;
+  FLASHGEN_REQUIRE(problem.user && problem.user->masks(),
+                   "opts.block_mask: given without a variant that has a mask_mod (there are no block classes to keep)");
+  FLASHGEN_REQUIRE(!problem.kv_cache && !problem.paged,
+                   "opts.block_mask: KV-cache calls keep no block classes (decoding reads every key block once)");
+  return opts.block_mask;
+}
+
 void check_options(const flashgen_attention_options* opts, int64_t heads_q) {
   const int mask = raw_enum(opts->mask);
   FLASHGEN_REQUIRE(mask == FLASHGEN_MASK_NONE || mask == FLASHGEN_MASK_CAUSAL ||

@@ -171,6 +171,10 @@ void set_user_variant(AttentionProblem& problem, Params& p, const flashgen_atten
   }
 }
 
+// opts.block_mask, where a call can keep its classes there: with a variant that has a mask_mod, not over a KV cache
+// (dense or paged: decoding keeps no classes). Error naming it otherwise.
+flashgen_block_mask* user_block_mask(const flashgen_attention_options& opts, const AttentionProblem& problem);
+
 // The soft cap's two factors in p (AttnFwdParams or AttnBwdParams), from p.scale already set: 0 without a cap.
 template <class Params>
 void set_softcap(Params& p, float cap) {

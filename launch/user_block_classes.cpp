@@ -5,6 +5,16 @@
 #include "launch/tensor_checks.hpp"
 #include "runtime/cuda_driver.hpp"
 
+flashgen_block_mask::~flashgen_block_mask() {
+  // Each in its own context, which may be gone by now (then its memory went with it).
+  for (const auto& [key, classes] : kept) {
+    if (flashgen::driver().cuCtxPushCurrent(classes.context) != CUDA_SUCCESS) continue;
+    flashgen::driver().cuMemFree(classes.memory);
+    CUcontext popped = nullptr;
+    flashgen::driver().cuCtxPopCurrent(&popped);
+  }
+}
+
 namespace flashgen {
 
 namespace {
@@ -60,6 +70,26 @@ void UserBlockLaunch::launch(CUstream stream, void** args) const {
   launch_kernel(tiles, tiles_grid, kUserBlockThreads, 0, stream, args);
   launch_kernel(ranges, ranges_grid, 32, 0, stream, args);
   if (backward) launch_kernel(bands, bands_grid, kUserBlockThreads, 0, stream, args);
+}
+
+void UserBlockLaunch::launch_kept(flashgen_block_mask& mask, const std::string& key, UserBlockClasses& classes,
+                                  CUstream stream, void** args) const {
+  const std::lock_guard<std::mutex> lock(mask.mutex);
+  if (auto found = mask.kept.find(key); found != mask.kept.end()) {
+    classes = at(found->second.memory);
+    return;
+  }
+  flashgen_block_mask::Classes kept;
+  FLASHGEN_CU_CHECK(cuCtxGetCurrent(&kept.context));
+  FLASHGEN_CU_CHECK(cuMemAlloc(&kept.memory, bytes()));
+  try {
+    classes = at(kept.memory);
+    launch(stream, args);
+  } catch (...) {
+    driver().cuMemFree(kept.memory);
+    throw;
+  }
+  mask.kept.emplace(key, kept);
 }
 
 }  // namespace flashgen

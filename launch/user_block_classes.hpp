@@ -1,15 +1,57 @@
-// A user mask's block classes for one dense launch (templates/user_blocks.cuh): the kernels that compute them before
-// the attention kernels, their grids, and the memory they take. The forward takes the memory from the stream's pool
-// for the call; the backward holds it in its workspace.
+// A user mask's block classes for one launch (templates/user_blocks.cuh): the kernels that compute them before the
+// attention kernels, their grids, and the memory they take. The forward takes the memory from the stream's pool for
+// the call, the backward holds it in its workspace, and a caller's block mask (flashgen.h's flashgen_block_mask)
+// keeps it across calls.
 #pragma once
 
 #include <cuda.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
 
+#include "flashgen/flashgen.h"
 #include "templates/attn_params.cuh"
 
+// flashgen_block_mask: classes kept across calls, per launch key (block_mask_key), each in device memory of its own
+// (cuMemAlloc in the context of the call that computed them), freed with the mask.
+struct flashgen_block_mask {
+  struct Classes {
+    CUdeviceptr memory = 0;
+    CUcontext context = nullptr;
+  };
+  std::mutex mutex;
+  std::map<std::string, Classes> kept;
+
+  flashgen_block_mask() = default;
+  flashgen_block_mask(const flashgen_block_mask&) = delete;
+  flashgen_block_mask& operator=(const flashgen_block_mask&) = delete;
+  ~flashgen_block_mask();
+};
+
 namespace flashgen {
+
+// What decides a launch's classes besides the variant's buffers' contents (the caller's promise): the config (tiles,
+// masks, the variant's functions), the shapes and the base mask's arguments, a packed batch's offsets, the buffers'
+// pointers and the scalars.
+template <class Params>
+std::string block_mask_key(const std::string& config, const Params& p) {
+  std::string key = config;
+  auto add = [&](long long value) { key += ' ' + std::to_string(value); };
+  for (long long value : {(long long)p.batch, (long long)p.heads_q, (long long)p.heads_kv, (long long)p.seqlen_q,
+                          (long long)p.seqlen_k, (long long)p.causal_offset, (long long)p.window_left,
+                          (long long)p.window_right, (long long)p.attention_chunk, (long long)p.total_q,
+                          (long long)p.total_k}) {
+    add(value);
+  }
+  add(static_cast<long long>(reinterpret_cast<std::uintptr_t>(p.cu_seqlens_q)));
+  add(static_cast<long long>(reinterpret_cast<std::uintptr_t>(p.cu_seqlens_k)));
+  for (const void* buffer : p.user_buffers) add(static_cast<long long>(reinterpret_cast<std::uintptr_t>(buffer)));
+  for (unsigned scalar : p.user_scalars) add(scalar);
+  return key;
+}
 
 struct UserBlockLaunch {
   UserBlockClasses shape{};     // everything but the pointers; row_blocks 0: the launch has no classes
@@ -36,6 +78,12 @@ struct UserBlockLaunch {
   UserBlockClasses at(CUdeviceptr memory) const;
   // The kernels in stream order; args: the launch's params (holding at()'s classes) as cuLaunchKernel takes them.
   void launch(CUstream stream, void** args) const;
+
+  // The classes of the launch whose params are *p, in mask: where they are kept, p's classes point there; where not,
+  // memory is allocated and kept for them and the kernels launched to fill it (args: p as cuLaunchKernel takes it).
+  // key: block_mask_key of the launch.
+  void launch_kept(flashgen_block_mask& mask, const std::string& key, UserBlockClasses& classes, CUstream stream,
+                   void** args) const;
 };
 
 }  // namespace flashgen

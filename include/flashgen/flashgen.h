@@ -34,6 +34,10 @@ typedef struct {
  * compiled into the kernels by NVRTC. Opaque; one handle serves any number of calls, on any thread and device. */
 typedef struct flashgen_variant flashgen_variant;
 
+/* A user mask's block classes kept by the caller across calls, as FlexAttention's block mask is (see
+ * flashgen_block_mask_create). Opaque. */
+typedef struct flashgen_block_mask flashgen_block_mask;
+
 typedef struct {
   float softmax_scale;    /* finite, scale * log2(e) too; <= 0: 1/sqrt(head_dim) */
   flashgen_mask mask;
@@ -80,10 +84,13 @@ typedef struct {
                                          pointers, in its order (each read-only, as long as its functions index it) */
   const void* variant_scalars;   /* with a variant declaring scalars: host array of its num_scalars 4-byte values
                                     (float or int32, as declared), in its order */
-  /* The window fields grew the struct from 16 to 24 bytes, the ALiBi fields to 40, the sinks and the chunk to 64
-     and the variant to 88, and with it the argument structs that embed it: callers compiled against an older
-     flashgen.h must be rebuilt (their args.size is refused, not misread; for the dense calls, which take no
-     size, nothing can tell). */
+  flashgen_block_mask* block_mask; /* NULL: a call with a variant's mask_mod classifies its blocks itself. Else the
+                                      classes kept across calls (flashgen_block_mask_create): computed by the first
+                                      call of a config, shapes and variant arguments, reused by the later ones */
+  /* The window fields grew the struct from 16 to 24 bytes, the ALiBi fields to 40, the sinks and the chunk to 64,
+     the variant to 88 and the block mask to 96, and with it the argument structs that embed it: callers compiled
+     against an older flashgen.h must be rebuilt (their args.size is refused, not misread; for the dense calls,
+     which take no size, nothing can tell). */
 } flashgen_attention_options;
 
 /* Status codes. 0 is success; every failure also sets flashgen_last_error(). */
@@ -341,7 +348,8 @@ typedef struct {
  * only on partial ones. The backward widens each query block's run so that both its ends grow with the query block
  * (masks whose runs already do, such as documents, prefixes and windows, lose nothing). A forward call's classes
  * live in stream-ordered memory taken and given back around the call; the backward's in its workspace
- * (flashgen_attention_backward_workspace_size counts them). Calls over a paged cache have none. */
+ * (flashgen_attention_backward_workspace_size counts them); with options.block_mask, in the block mask, computed
+ * once and reused. Calls over a paged cache have none. */
 
 /* Checks desc, compiles its functions once with NVRTC (for any GPU: no device is needed) and returns a handle in
  * *variant. The functions' text becomes part of every kernel that uses it: its hash is in the kernels' names
@@ -353,6 +361,18 @@ int flashgen_variant_create(const flashgen_variant_desc* desc, flashgen_variant*
 void flashgen_variant_destroy(flashgen_variant* variant);
 /* "u" and the hash's 12 hex digits, as kernel names carry it; valid while the handle lives. */
 const char* flashgen_variant_tag(const flashgen_variant* variant);
+
+/* An empty block mask in *mask. A call whose options name it and a variant with a mask_mod keeps the classes of its
+ * kernel's tiles there, in device memory the mask owns (allocated by the first call of each config, shapes, variant
+ * and buffer pointers and scalars, which computes them: not inside a CUDA graph capture), and a later call of the
+ * same reuses them instead of classifying again: a model's layers share one per batch, as they share
+ * FlexAttention's block mask. A forward and a backward call keep their own (their tiles differ). The caller
+ * promises that the variant's buffers hold what they held when the classes were computed: when their contents
+ * change, use another mask. Calls reusing classes must follow the call that computed them in stream order (the
+ * same stream, or after it synchronizes). Thread-safe. */
+int flashgen_block_mask_create(flashgen_block_mask** mask);
+/* Frees the mask and its device memory (NULL is ignored), once every call using it has completed. */
+void flashgen_block_mask_destroy(flashgen_block_mask* mask);
 
 /* A forward problem by its sizes, for tuning. */
 typedef struct {

@@ -62,6 +62,7 @@ class AttentionOptions(ctypes.Structure):
         ("variant", ctypes.c_void_p),       # NULL, or a flashgen_variant* (flashgen_variant_create)
         ("variant_buffers", ctypes.c_void_p),  # host array of the variant's buffers' device pointers
         ("variant_scalars", ctypes.c_void_p),  # host array of its scalars' 4-byte values
+        ("block_mask", ctypes.c_void_p),    # NULL, or a flashgen_block_mask* (flashgen_block_mask_create)
     ]
 
 
@@ -207,6 +208,8 @@ _SIGNATURES = {
     "flashgen_variant_create": (ctypes.c_int, [ctypes.POINTER(VariantDesc), ctypes.POINTER(ctypes.c_void_p)]),
     "flashgen_variant_destroy": (None, [_void_p]),
     "flashgen_variant_tag": (ctypes.c_char_p, [_void_p]),
+    "flashgen_block_mask_create": (ctypes.c_int, [ctypes.POINTER(ctypes.c_void_p)]),
+    "flashgen_block_mask_destroy": (None, [_void_p]),
     "flashgen_last_error": (ctypes.c_char_p, []),
     "flashgen_version": (ctypes.c_char_p, []),
 }

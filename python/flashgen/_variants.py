@@ -54,31 +54,59 @@ def _handle(description):
         return out.value
 
 
+class BlockMask:
+    """A user mask's block classes kept across calls (flashgen_block_mask), as FlexAttention's block mask is: calls
+    that pass the same BlockMask with the same mask_mod and variant_args (a model's layers within one step) classify
+    the mask's blocks once per shape and pass, the first call computing them into memory this object owns, the later
+    ones reusing them. The tensors in variant_args must keep their contents while it is in use: make a new one when
+    they change (a new batch). Its memory is freed with it (cuMemFree, which waits for the work using it)."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self):
+        handle = ctypes.c_void_p()
+        _lib.check(_lib.function("flashgen_block_mask_create")(ctypes.byref(handle)), "flashgen_block_mask_create")
+        self.handle = handle.value
+
+    def __del__(self):
+        handle, self.handle = getattr(self, "handle", None), None
+        if handle and _lib is not None:  # (modules may be gone at interpreter exit)
+            _lib.function("flashgen_block_mask_destroy")(handle)
+
+
 class UserVariant:
     """One call's user variant: its handle, its buffers (tensors kept alive until the call is queued) and the host
     arrays the options point at."""
 
-    __slots__ = ("handle", "buffers", "buffer_array", "scalar_array")
+    __slots__ = ("handle", "buffers", "buffer_array", "scalar_array", "block_mask")
 
-    def __init__(self, handle, buffers, scalar_bits):
+    def __init__(self, handle, buffers, scalar_bits, block_mask=None):
         self.handle = handle
         self.buffers = buffers
         self.buffer_array = (ctypes.c_void_p * max(len(buffers), 1))(*(t.data_ptr() for t in buffers))
         self.scalar_array = (ctypes.c_uint32 * max(len(scalar_bits), 1))(*scalar_bits)
+        self.block_mask = block_mask  # a BlockMask, kept alive by the call
 
     def apply(self, options):
-        """Points a flashgen_attention_options at this variant and its arguments."""
+        """Points a flashgen_attention_options at this variant, its arguments and its block mask."""
         options.variant = self.handle
         options.variant_buffers = ctypes.cast(self.buffer_array, ctypes.c_void_p)
         options.variant_scalars = ctypes.cast(self.scalar_array, ctypes.c_void_p)
+        options.block_mask = self.block_mask.handle if self.block_mask is not None else None
 
 
 def user_variant(device, mask_mod=None, score_mod=None, score_grad=None, score_bias=None, helpers=None,
-                 variant_args=None, mask_same_for_heads=False):
+                 variant_args=None, mask_same_for_heads=False, block_mask=None):
     """The UserVariant of a call's arguments, or None when it names no function. variant_args: a dict from the names
     the bodies use to tensors on device (buffers: float32, int32, int64, uint8 or bool, read as const float*, int*,
     long long*, unsigned char*) or Python numbers (scalars: int as int32, float as float32). mask_same_for_heads: the
-    mask ignores head, so the kernels classify its blocks once per batch entry."""
+    mask ignores head, so the kernels classify its blocks once per batch entry. block_mask: a BlockMask keeping the
+    classes across calls, or None."""
+    if block_mask is not None:
+        if not isinstance(block_mask, BlockMask):
+            _bad(f"block_mask must be a flashgen.torch.BlockMask, got {type(block_mask).__name__}")
+        if mask_mod is None:
+            _bad("block_mask comes with a mask_mod (it keeps the mask's block classes)")
     if mask_mod is None and score_mod is None and score_bias is None:
         if score_grad is not None or helpers is not None or variant_args:
             _bad("score_grad, helpers and variant_args come with a mask_mod, score_mod or score_bias")
@@ -111,7 +139,7 @@ def user_variant(device, mask_mod=None, score_mod=None, score_grad=None, score_b
             scalar_types.append((name, _lib.ARG_FLOAT32))
     description = (mask_mod, score_mod, score_grad, score_bias, helpers, tuple(buffer_types), tuple(scalar_types),
                    bool(mask_same_for_heads))
-    return UserVariant(_handle(description), buffers, scalar_bits)
+    return UserVariant(_handle(description), buffers, scalar_bits, block_mask)
 
 
 def variant_tag(variant):

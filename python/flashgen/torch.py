@@ -29,7 +29,7 @@ from ._calls import (_DTYPE_CODES, _MASK_CODES, _NO_WINDOW, _BackwardCall, _Forw
                      _mask_and_window, _options, _planned_forward, _plans, _readable, _stream, _stream_handle,
                      _strides_readable, _varlen_backward, _varlen_forward, _view)
 from ._lib import FlashgenArgumentError, FlashgenError
-from ._variants import user_variant
+from ._variants import BlockMask, user_variant
 
 try:  # read once here, not at every call
     from torch.utils._python_dispatch import _get_current_dispatch_mode
@@ -40,7 +40,7 @@ if not (hasattr(torch.library, "custom_op") and hasattr(torch.library, "register
     raise ImportError(f"flashgen.torch needs torch >= 2.4 (torch.library.custom_op); this is torch {torch.__version__}")
 
 __all__ = ["attention", "varlen_attention", "attention_with_kvcache", "explain", "tune", "enable", "disable",
-           "sdpa_stats", "reset_sdpa_stats", "FlashgenError", "FlashgenArgumentError"]
+           "sdpa_stats", "reset_sdpa_stats", "BlockMask", "FlashgenError", "FlashgenArgumentError"]
 
 
 
@@ -244,7 +244,7 @@ def _deterministic(deterministic):
 def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, layout="bshd", deterministic=False,
               return_lse=False, softcap=0.0, window_size=(-1, -1), attention_chunk=0, alibi_slopes=None, sinks=None,
               mask_mod=None, score_mod=None, score_grad=None, score_bias=None, variant_helpers=None,
-              variant_args=None, mask_same_for_heads=False):
+              variant_args=None, mask_same_for_heads=False, block_mask=None):
     """softmax(q kᵀ · scale [causal mask]) v on CUDA float16 / bfloat16 tensors, differentiable in q, k and v (and
     the attention sinks).
 
@@ -299,7 +299,9 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     calls run eagerly (torch.compile leaves them out of its graphs). Each pass classifies the mask's blocks first
     (small kernels per call) and skips those with no visible key: per head, or once per batch entry with
     mask_same_for_heads=True, which a mask_mod that ignores head may set (the backward skips fewer for a mask whose
-    visible blocks do not grow with the row).
+    visible blocks do not grow with the row). block_mask=flashgen.torch.BlockMask(): classes kept across calls, as
+    FlexAttention's block mask: the calls of one step that share it (a model's layers, with the same mask_mod and
+    variant_args) classify once per shape and pass; make a new one when variant_args' tensors change contents.
 
         doc = torch.tensor(document_ids, dtype=torch.int32, device="cuda")
         out = flashgen.torch.attention(q, k, v, causal=True, mask_mod="return doc[q_idx] == doc[kv_idx];",
@@ -328,7 +330,7 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     alibi_slopes = _check_alibi(alibi_slopes, q.device, batch, heads_q)
     sinks = _check_sinks(sinks, q.device, heads_q)  # float32 here, so autograd converts the gradient back
     user = user_variant(q.device, mask_mod, score_mod, score_grad, score_bias, variant_helpers, variant_args,
-                        mask_same_for_heads)
+                        mask_same_for_heads, block_mask)
     if user is not None and q.numel() != 0 and k.numel() != 0:
         deterministic = _deterministic(deterministic)
         out, lse = _user_variant_call(
@@ -530,7 +532,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                      softmax_scale=None, causal=False, *, causal_align="bottom_right", seqused_k=None,
                      block_table=None, deterministic=False, return_attn_probs=False, softcap=0.0, window_size=(-1, -1),
                      attention_chunk=0, alibi_slopes=None, sinks=None, mask_mod=None, score_mod=None, score_grad=None,
-                     score_bias=None, variant_helpers=None, variant_args=None, mask_same_for_heads=False):
+                     score_bias=None, variant_helpers=None, variant_args=None, mask_same_for_heads=False,
+                     block_mask=None):
     """Attention over a packed batch of sequences of different lengths, with FlashAttention's
     flash_attn_varlen_func arguments: q [total_q, heads_q, head_dim], k and v [total_k, heads_kv, head_dim] (CUDA
     float16 or bfloat16); cu_seqlens_q and cu_seqlens_k int32 [batch + 1] offsets on q's device (sequence b owns
@@ -582,7 +585,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                                   "call it under torch.no_grad() or on inputs without gradients")
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask)
     user = user_variant(q.device, mask_mod, score_mod, score_grad, score_bias, variant_helpers, variant_args,
-                        mask_same_for_heads)
+                        mask_same_for_heads, block_mask)
     if user is not None:
         deterministic = _deterministic(deterministic)
         out, lse = _user_variant_call(

@@ -73,12 +73,13 @@ def test_version_matches_the_package():
 
 def test_struct_layouts_mirror_flashgen_h():
     # flashgen_tensor: void*, int (+4 padding), int64[4], int64[4]; options: float, int, int, float, two int32,
-    # const float*, int64, const float*, float*, int32 (+4 padding), three pointers (the user variant);
+    # const float*, int64, const float*, float*, int32 (+4 padding), three pointers (the user variant), one (the block
+    # mask);
     # flashgen_forward_problem: two ints, six int64; flashgen_variant_desc: size_t, five strings, a pointer and an int32
     # (+4) twice.
     assert ctypes.sizeof(_lib.Tensor) == 80
     assert _lib.Tensor.shape.offset == 16
-    assert ctypes.sizeof(_lib.AttentionOptions) == 88
+    assert ctypes.sizeof(_lib.AttentionOptions) == 96
     assert _lib.AttentionOptions.softcap.offset == 12
     assert _lib.AttentionOptions.window_left.offset == 16
     assert _lib.AttentionOptions.window_right.offset == 20
@@ -89,6 +90,7 @@ def test_struct_layouts_mirror_flashgen_h():
     assert _lib.AttentionOptions.attention_chunk.offset == 56
     assert _lib.AttentionOptions.variant.offset == 64
     assert _lib.AttentionOptions.variant_scalars.offset == 80
+    assert _lib.AttentionOptions.block_mask.offset == 88
     assert ctypes.sizeof(_lib.VariantDesc) == 80
     assert _lib.VariantDesc.buffers.offset == 48
     assert _lib.VariantDesc.num_scalars.offset == 72
@@ -97,17 +99,17 @@ def test_struct_layouts_mirror_flashgen_h():
     assert _lib.ForwardProblem.batch.offset == 8
     # flashgen_varlen_forward_args: size_t, four tensors, four pointers, three int64, the options, the block
     # table's pointer and row length.
-    assert ctypes.sizeof(_lib.VarlenForwardArgs) == 488
+    assert ctypes.sizeof(_lib.VarlenForwardArgs) == 496
     assert _lib.VarlenForwardArgs.lse.offset == 328
     assert _lib.VarlenForwardArgs.options.offset == 384
-    assert _lib.VarlenForwardArgs.block_table.offset == 472
+    assert _lib.VarlenForwardArgs.block_table.offset == 480
     # flashgen_kvcache_args: size_t, six tensors, three pointers, two int64, the workspace and its size, the options.
-    assert ctypes.sizeof(_lib.KvCacheArgs) == 632
+    assert ctypes.sizeof(_lib.KvCacheArgs) == 640
     assert _lib.KvCacheArgs.lse.offset == 488
     assert _lib.KvCacheArgs.max_pages.offset == 512
     assert _lib.KvCacheArgs.options.offset == 544
     # flashgen_varlen_backward_args: size_t, eight tensors, three pointers, three int64, the options.
-    assert ctypes.sizeof(_lib.VarlenBackwardArgs) == 784
+    assert ctypes.sizeof(_lib.VarlenBackwardArgs) == 792
     assert _lib.VarlenBackwardArgs.lse.offset == 648
 
 

@@ -1,8 +1,9 @@
 """flashgen.torch's user-defined variants (mask_mod, score_mod with score_grad, score_bias, variant_args): on any
 machine with torch and the library, bad variant_args refused by name; on the GPU, attention() and varlen_attention()
 outputs and gradients against a float64 reference of the same functions written with torch (a document mask, a
-prefix-LM mask with rows that see no key, a relative-position bias table, a soft cap as a score function), a C++
-error coming back with NVRTC's message at the body's line, and a score_mod without score_grad refusing its backward.
+prefix-LM mask with rows that see no key, a relative-position bias table, a soft cap as a score function), a
+BlockMask's kept classes giving the same bits as classes per call, a C++ error coming back with NVRTC's message at
+the body's line, and a score_mod without score_grad refusing its backward.
 """
 
 import pytest
@@ -47,6 +48,32 @@ def test_document_mask_matches_float64(deterministic):
                         mask_same_for_heads=deterministic)
     visible = (doc[:, None] == doc[None, :]) & torch.ones(517, 517, dtype=torch.bool, device="cuda").tril()
     _check(q, k, v, dout, got, testsupport.float64_bshd_attention(q, k, v, dout, 128 ** -0.5, visible))
+
+
+def test_a_block_mask_keeps_the_classes_across_calls():
+    """Layers of one step sharing a BlockMask: the first call of each pass classifies, the later ones reuse the classes
+    and give the same bits as calls that classify for themselves (deterministic backward)."""
+    q, k, v, dout = _inputs(2, 700, 700, 4, 2, 64, torch.bfloat16, 21)
+    doc = (torch.rand(2, 700, device="cuda", generator=torch.Generator(device="cuda").manual_seed(5)) < 0.01)
+    doc = doc.cumsum(1).to(torch.int32).flatten()
+    kw = dict(causal=True, deterministic=True, mask_mod="return doc[batch * 700 + q_idx] == doc[batch * 700 + kv_idx];",
+              variant_args={"doc": doc}, mask_same_for_heads=True)
+
+    def step(**extra):
+        q.grad = k.grad = v.grad = None
+        out = fgt.attention(q, k, v, **kw, **extra)
+        out.backward(dout)
+        return out.detach().clone(), q.grad.clone(), k.grad.clone(), v.grad.clone()
+
+    alone = step()
+    kept = fgt.BlockMask()
+    for _ in range(3):  # the first computes, the others reuse
+        for name, got, want in zip(("out", "dq", "dk", "dv"), step(block_mask=kept), alone):
+            assert torch.equal(got, want), name
+    with pytest.raises(flashgen.FlashgenArgumentError, match="block_mask must be a flashgen.torch.BlockMask"):
+        fgt.attention(q, k, v, **kw, block_mask="kept")
+    with pytest.raises(flashgen.FlashgenArgumentError, match="block_mask comes with a mask_mod"):
+        fgt.attention(q, k, v, score_bias="return 0.f;", block_mask=kept)
 
 
 def test_prefix_lm_mask_with_empty_rows_matches_float64():

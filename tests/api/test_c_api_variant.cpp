@@ -156,6 +156,21 @@ TEST_CASE("calls refuse a user variant they cannot take, naming the argument", "
     CHECK(flashgen_attention_forward(&t, &t, &t, &t, nullptr, &opts, nullptr) == FLASHGEN_ERROR_INVALID_ARGUMENT);
     CHECK_THAT(std::string(flashgen_last_error()), Catch::Matchers::Contains(c.message));
   }
+  // A block mask keeps a mask's classes: refused without a variant that has a mask_mod, and by KV-cache calls.
+  flashgen_block_mask* kept = nullptr;
+  CHECK(flashgen_block_mask_create(nullptr) == FLASHGEN_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(std::string(flashgen_last_error()), Catch::Matchers::Contains("mask: null pointer"));
+  REQUIRE(flashgen_block_mask_create(&kept) == FLASHGEN_SUCCESS);
+  const flashgen_variant* without_mask[] = {nullptr, bias.variant};
+  for (const flashgen_variant* variant : without_mask) {
+    flashgen_attention_options opts{};
+    opts.variant = variant, opts.variant_scalars = &slope;
+    opts.block_mask = kept;
+    CHECK(flashgen_attention_forward(&t, &t, &t, &t, nullptr, &opts, nullptr) == FLASHGEN_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(std::string(flashgen_last_error()), Catch::Matchers::Contains("opts.block_mask: given without a variant"));
+  }
+  flashgen_block_mask_destroy(kept);
+  flashgen_block_mask_destroy(nullptr);
   flashgen_variant_desc no_grad = relative_bias();
   no_grad.score_grad = nullptr;
   const Created forward_only = create(no_grad);

@@ -119,8 +119,8 @@ TEST_CASE("varlen forward with valid arguments gets as far as the GPU", "[c_api]
 TEST_CASE("the variants grew the argument structs: an older caller's size is refused, not misread",
           "[c_api][varlen][window][alibi][sinks][chunk][user_variant]") {
   // LP64 layouts: the options 16 -> 24 bytes (the window) -> 40 (ALiBi) -> 64 (the sinks and the chunk) -> 88 (a
-  // user variant), and every struct that embeds them.
-  CHECK(sizeof(flashgen_attention_options) == 88);
+  // user variant) -> 96 (a block mask), and every struct that embeds them.
+  CHECK(sizeof(flashgen_attention_options) == 96);
   CHECK(offsetof(flashgen_attention_options, window_left) == 16);
   CHECK(offsetof(flashgen_attention_options, alibi_slopes) == 24);
   CHECK(offsetof(flashgen_attention_options, sinks) == 40);
@@ -128,36 +128,38 @@ TEST_CASE("the variants grew the argument structs: an older caller's size is ref
   CHECK(offsetof(flashgen_attention_options, attention_chunk) == 56);
   CHECK(offsetof(flashgen_attention_options, variant) == 64);
   CHECK(offsetof(flashgen_attention_options, variant_scalars) == 80);
+  CHECK(offsetof(flashgen_attention_options, block_mask) == 88);
   CHECK(offsetof(flashgen_varlen_forward_args, options) == 384);
-  CHECK(offsetof(flashgen_varlen_forward_args, block_table) == 472);
-  CHECK(sizeof(flashgen_varlen_forward_args) == 488);
-  CHECK(sizeof(flashgen_varlen_backward_args) == 784);
-  CHECK(sizeof(flashgen_kvcache_args) == 632);
+  CHECK(offsetof(flashgen_varlen_forward_args, block_table) == 480);
+  CHECK(sizeof(flashgen_varlen_forward_args) == 496);
+  CHECK(sizeof(flashgen_varlen_backward_args) == 792);
+  CHECK(sizeof(flashgen_kvcache_args) == 640);
   // The sizes callers compiled against the earlier flashgen.h files pass: the varlen forward's before the window
   // (400, and 416 whole), after it (408 before block_table, 424 whole) and after ALiBi (424 before block_table,
-  // 440 whole) and after the sinks and the chunk (448 before block_table, 464 whole), the varlen backward's (712, 720,
-  // 736, 760), the KV-cache call's (560, 568, 584, 608). None is this struct's offset of block_table (472), but no
-  // size other than sizeof is read anyway.
-  for (const size_t old_size : {size_t{400}, size_t{408}, size_t{416}, size_t{424}, size_t{440}, size_t{464}}) {
+  // 440 whole), after the sinks and the chunk (448 before block_table, 464 whole) and after the variant (472, 488),
+  // the varlen backward's (712, 720, 736, 760, 784), the KV-cache call's (560, 568, 584, 608, 632). None is this
+  // struct's offset of block_table (480), but no size other than sizeof is read anyway.
+  for (const size_t old_size :
+       {size_t{400}, size_t{408}, size_t{416}, size_t{424}, size_t{440}, size_t{464}, size_t{472}, size_t{488}}) {
     INFO(old_size);
     check_rejected([&](auto& a) { a.size = old_size; }, FLASHGEN_ERROR_INVALID_ARGUMENT,
                    "args.size is " + std::to_string(old_size) +
-                       "; this flashgen's argument struct has 488 bytes (set size to sizeof; rebuild a caller "
+                       "; this flashgen's argument struct has 496 bytes (set size to sizeof; rebuild a caller "
                        "compiled against an older flashgen.h)");
   }
-  for (const size_t old_size : {size_t{712}, size_t{720}, size_t{736}, size_t{760}}) {
+  for (const size_t old_size : {size_t{712}, size_t{720}, size_t{736}, size_t{760}, size_t{784}}) {
     flashgen_varlen_backward_args backward{};
     backward.size = old_size;
     CHECK(flashgen_attention_varlen_backward(&backward, nullptr) == FLASHGEN_ERROR_INVALID_ARGUMENT);
     CHECK(std::string(flashgen_last_error()).find("args.size is " + std::to_string(old_size) +
-                                                  "; this flashgen's argument struct has 784") != std::string::npos);
+                                                  "; this flashgen's argument struct has 792") != std::string::npos);
   }
-  for (const size_t old_size : {size_t{560}, size_t{568}, size_t{584}, size_t{608}}) {
+  for (const size_t old_size : {size_t{560}, size_t{568}, size_t{584}, size_t{608}, size_t{632}}) {
     flashgen_kvcache_args kvcache{};
     kvcache.size = old_size;
     CHECK(flashgen_attention_kvcache(&kvcache, nullptr) == FLASHGEN_ERROR_INVALID_ARGUMENT);
     CHECK(std::string(flashgen_last_error()).find("args.size is " + std::to_string(old_size) +
-                                                  "; this flashgen's argument struct has 632") != std::string::npos);
+                                                  "; this flashgen's argument struct has 640") != std::string::npos);
   }
 }
 

@@ -15,6 +15,7 @@
 #include "gpu.hpp"
 #include "launch/attention.hpp"
 #include "launch/attention_backward.hpp"
+#include "launch/user_block_classes.hpp"
 #include "support/dense_variant_problem.hpp"
 #include "tuner/choice.hpp"
 
@@ -95,6 +96,16 @@ TEST_CASE("a user's document mask matches the float64 reference, forward and bac
         };
       });
   run_everywhere(p, scope);
+  // Kept across calls: the first call of each pass and strategy computes its classes into the block mask, the
+  // second round reuses them (three kept, still three after it).
+  flashgen_block_mask* kept = nullptr;
+  REQUIRE(flashgen_block_mask_create(&kept) == FLASHGEN_SUCCESS);
+  p.opts.block_mask = kept;
+  p.run_choice();
+  CHECK(kept->kept.size() == 3);
+  p.run_choice();
+  CHECK(kept->kept.size() == 3);
+  flashgen_block_mask_destroy(kept);
 }
 
 TEST_CASE("a user's prefix-LM mask with rows that see no key matches the float64 reference", "[gpu][user_variant]") {
