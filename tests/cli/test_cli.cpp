@@ -88,6 +88,34 @@ TEST_CASE("cli: emit writes to -o - as to stdout and refuses directories as file
   CHECK(fs::status(real).permissions() == (fs::perms::owner_all | fs::perms::group_read));
 }
 
+TEST_CASE("cli: emit compiles a user variant's functions in, named by its tag", "[cli][user_variant]") {
+  const TempDir dir{"flashgen-cli-test"};
+  const fs::path variant = dir.path() / "documents.json";
+  std::ofstream(variant) << R"({"mask_mod": "return doc[q_idx] == doc[kv_idx];",
+                                "buffers": [{"name": "doc", "type": "int32"}], "mask_same_for_heads": true})";
+  const std::string module = "bwd_sm90_bf16_d128_m64_n128_s2_causal";
+  const CliResult result = run_cli({"emit", module, "--variant", variant.string()}, dir);
+  INFO("stderr: " << result.err);
+  REQUIRE(result.exit_code == 0);
+  CHECK(result.out.find("return doc[q_idx] == doc[kv_idx];") != std::string::npos);
+  const size_t tag_at = result.out.find(module + "_u");
+  REQUIRE(tag_at != std::string::npos);
+  const std::string tagged = result.out.substr(tag_at, module.size() + 14);
+  CHECK(result.out.find(tagged + "_user_bands(") != std::string::npos);  // the backward's block classes
+  // The tagged name with its description gives the same source; with another description, or none, it is refused.
+  CHECK(run_cli({"emit", tagged, "--variant", variant.string()}, dir).out == result.out);
+  const CliResult other = run_cli({"emit", module + "_u0123456789ab", "--variant", variant.string()}, dir);
+  CHECK(other.exit_code == 2);
+  CHECK(other.err.find("names the user variant u0123456789ab, but --variant describes") != std::string::npos);
+  const CliResult untold = run_cli({"emit", tagged}, dir);
+  CHECK(untold.exit_code == 2);
+  CHECK(untold.err.find("give its description with --variant FILE") != std::string::npos);
+  std::ofstream(variant) << R"({"mask_mod": "return true;", "buffers": [{"name": "doc", "type": "half"}]})";
+  const CliResult bad = run_cli({"emit", module, "--variant", variant.string()}, dir);
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.err.find("'buffers' type 'half' is not float32, int32, int64 or uint8") != std::string::npos);
+}
+
 TEST_CASE("cli: emit of an invalid config exits 2 with the reason", "[cli]") {
   const TempDir dir{"flashgen-cli-test"};
   const CliResult result = run_cli({"emit", "fwd_sm80_fp16_d128_m128_n24_w4_s3"}, dir);
