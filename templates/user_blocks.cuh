@@ -27,7 +27,7 @@
 namespace flashgen {
 
 // Tile (m, n) of class group g (batch * heads + class head): its class's byte.
-__device__ __forceinline__ unsigned char* user_block_tile(const UserBlockClasses& c, long long group, int m, int n) {
+__host__ __device__ inline unsigned char* user_block_tile(const UserBlockClasses& c, long long group, int m, int n) {
   return c.tiles + (group * c.row_blocks + m) * c.col_blocks + n;
 }
 
@@ -96,89 +96,100 @@ struct UserBlockTiles {
   }
 };
 
+// The walks, one query or key block at a time (the kernels below run them; host code may too).
+// Query block m's row of classes: the key blocks [first, end) that hold a visible key (0, 0 for none) and the longest
+// run of full ones.
+__host__ __device__ inline void user_query_block_walk(const UserBlockClasses& c, long long group, int m) {
+  const unsigned char* tiles = user_block_tile(c, group, m, 0);
+  int first = -1, last = -1, run_begin = 0, best_begin = 0, best_end = 0;
+  for (int n = 0; n < c.col_blocks; ++n) {
+    const int tile = tiles[n];
+    if (tile != 0) {
+      if (first < 0) first = n;
+      last = n;
+    }
+    if (tile != 2) {
+      run_begin = n + 1;
+    } else if (n + 1 - run_begin > best_end - best_begin) {
+      best_begin = run_begin, best_end = n + 1;
+    }
+  }
+  int* out = c.rows + (group * c.row_blocks + m) * 4;
+  out[0] = first < 0 ? 0 : first;
+  out[1] = first < 0 ? 0 : last + 1;
+  out[2] = best_begin;
+  out[3] = best_end;
+}
+
+// Key block n's query blocks (the backward's), from the query blocks' walks: n lies in the band of the query blocks
+// from the first that visits a later key block (its end passes n) to the last that visits an earlier or equal one
+// (its first reaches n), counting only blocks that visit any (first < end); and its longest run of full tiles. Both
+// ends ascend with n.
+__host__ __device__ inline void user_key_block_walk(const UserBlockClasses& c, long long group, int n) {
+  const int* rows = c.rows + group * c.row_blocks * 4;
+  int begin = c.row_blocks, last = -1;
+  int run_begin = 0, best_begin = 0, best_end = 0;
+  for (int m = 0; m < c.row_blocks; ++m) {
+    const int first = rows[4 * m], end = rows[4 * m + 1];
+    if (first < end) {
+      if (end > n) begin = begin < m ? begin : m;
+      if (first <= n) last = m;
+    }
+    if (*user_block_tile(c, group, m, n) != 2) {
+      run_begin = m + 1;
+    } else if (m + 1 - run_begin > best_end - best_begin) {
+      best_begin = run_begin, best_end = m + 1;
+    }
+  }
+  int* out = c.cols + (group * c.col_blocks + n) * 4;
+  out[0] = begin;
+  out[1] = last + 1 > begin ? last + 1 : begin;
+  out[2] = best_begin;
+  out[3] = best_end;
+}
+
+// The first of count ascending values values[4 * i] greater than bound (count if none).
+__host__ __device__ inline int user_first_above(const int* values, int count, int bound) {
+  int low = 0, high = count;
+  while (low < high) {
+    const int mid = (low + high) / 2;
+    if (values[4 * mid] > bound) {
+      high = mid;
+    } else {
+      low = mid + 1;
+    }
+  }
+  return low;
+}
+
+// Query block m's band (the backward's), read back from every key block's query blocks: the key blocks whose query
+// blocks end past m and begin at or before it, so that m visits n exactly when n's query blocks hold m.
+__host__ __device__ inline void user_query_block_band(const UserBlockClasses& c, long long group, int m) {
+  const int* cols = c.cols + group * c.col_blocks * 4;
+  int* row = c.rows + (group * c.row_blocks + m) * 4;
+  row[0] = user_first_above(cols + 1, c.col_blocks, m);
+  row[1] = user_first_above(cols, c.col_blocks, m);
+}
+
 struct UserBlockRanges {
   // Grid (query blocks, heads, batch), one warp: lane 0 walks the row of classes.
   template <class Params>
   static __device__ void run(const Params& p) {
     if (threadIdx.x != 0) return;
-    const UserBlockClasses& c = p.user_classes;
-    const int m = blockIdx.x;
-    const long long group = static_cast<long long>(blockIdx.z) * c.heads + blockIdx.y;
-    const unsigned char* tiles = user_block_tile(c, group, m, 0);
-    int first = -1, last = -1, run_begin = 0, best_begin = 0, best_end = 0;
-    for (int n = 0; n < c.col_blocks; ++n) {
-      const int tile = tiles[n];
-      if (tile != 0) {
-        if (first < 0) first = n;
-        last = n;
-      }
-      if (tile != 2) {
-        run_begin = n + 1;
-      } else if (n + 1 - run_begin > best_end - best_begin) {
-        best_begin = run_begin, best_end = n + 1;
-      }
-    }
-    int* out = c.rows + (group * c.row_blocks + m) * 4;
-    out[0] = first < 0 ? 0 : first;
-    out[1] = first < 0 ? 0 : last + 1;
-    out[2] = best_begin;
-    out[3] = best_end;
+    user_query_block_walk(p.user_classes, static_cast<long long>(blockIdx.z) * p.user_classes.heads + blockIdx.y,
+                          blockIdx.x);
   }
 };
 
 struct UserBlockBands {
-  // The first of count ascending values values[4 * i] greater than bound (count if none).
-  static __device__ int first_above(const int* values, int count, int bound) {
-    int low = 0, high = count;
-    while (low < high) {
-      const int mid = (low + high) / 2;
-      if (values[4 * mid] > bound) {
-        high = mid;
-      } else {
-        low = mid + 1;
-      }
-    }
-    return low;
-  }
-
   // Grid (heads, batch), kUserBlockThreads threads; after UserBlockRanges. The band of query block m runs from the
   // least first of m and the later blocks that visit any key block to the greatest end of m and the earlier ones.
   static __device__ void run(const AttnBwdParams& p) {
     const UserBlockClasses& c = p.user_classes;
     const long long group = static_cast<long long>(blockIdx.y) * c.heads + blockIdx.x;
-    int* rows = c.rows + group * c.row_blocks * 4;
-    int* cols = c.cols + group * c.col_blocks * 4;
-    // Key block n lies in the band of the query blocks from the first that visits a later key block (its end passes
-    // n) to the last that visits an earlier or equal one (its first reaches n), counting only blocks that visit any
-    // (first < end); and its longest run of full tiles. Both ends ascend with n.
-    for (int n = threadIdx.x; n < c.col_blocks; n += kUserBlockThreads) {
-      int begin = c.row_blocks, last = -1;
-      int run_begin = 0, best_begin = 0, best_end = 0;
-      for (int m = 0; m < c.row_blocks; ++m) {
-        const int first = rows[4 * m], end = rows[4 * m + 1];
-        if (first < end) {
-          if (end > n) begin = min(begin, m);
-          if (first <= n) last = m;
-        }
-        if (*user_block_tile(c, group, m, n) != 2) {
-          run_begin = m + 1;
-        } else if (m + 1 - run_begin > best_end - best_begin) {
-          best_begin = run_begin, best_end = m + 1;
-        }
-      }
-      int* out = cols + 4 * n;
-      out[0] = begin;
-      out[1] = max(last + 1, begin);
-      out[2] = best_begin;
-      out[3] = best_end;
-    }
+    for (int n = threadIdx.x; n < c.col_blocks; n += kUserBlockThreads) user_key_block_walk(c, group, n);
     __syncthreads();  // every key block's query blocks written (and the rows read) before the rows change
-    // Query block m's band, read back from the key blocks: those whose query blocks end past m and begin at or
-    // before it, so m visits n exactly when n's query blocks hold m.
-    for (int m = threadIdx.x; m < c.row_blocks; m += kUserBlockThreads) {
-      rows[4 * m] = first_above(cols + 1, c.col_blocks, m);
-      rows[4 * m + 1] = first_above(cols, c.col_blocks, m);
-    }
+    for (int m = threadIdx.x; m < c.row_blocks; m += kUserBlockThreads) user_query_block_band(c, group, m);
   }
 };
 

@@ -6,7 +6,12 @@
 #include <cstdio>
 #include <utility>
 
+#include <random>
+#include <string>
+#include <vector>
+
 #include "block_range.cuh"
+#include "user_blocks.cuh"
 #include "variant.cuh"
 
 namespace {
@@ -275,9 +280,85 @@ void check_alibi() {
         }
 }
 
+// A user mask's classes through the walks the class kernels run (user_blocks.cuh), on tiles of several shapes: query
+// block m visits key block n exactly when n's query blocks hold m (the backward's dQ counts and dkdv walks agree),
+// every tile with a visible key lies in its query block's band, each key block's query blocks start and end no
+// earlier than the previous one's, every full run holds full tiles only, and a mask whose runs already grow with the
+// row (documents under causal) keeps its runs as they were.
+void check_user_bands() {
+  std::mt19937 rng(25);
+  struct Shape {
+    const char* name;
+    int rows, cols;
+  };
+  for (const Shape& shape : {Shape{"square", 9, 9}, Shape{"wide", 5, 17}, Shape{"tall", 23, 4}, Shape{"one", 1, 1}}) {
+    for (int kind = 0; kind < 4; ++kind) {  // random; documents under causal; rows reversed; with empty rows
+      const int groups = 2, rows = shape.rows, cols = shape.cols;
+      std::vector<unsigned char> tiles(size_t(groups) * rows * cols);
+      std::vector<int> row_ints(size_t(groups) * rows * 4), col_ints(size_t(groups) * cols * 4);
+      std::vector<int> doc_start(static_cast<size_t>(rows));
+      for (int m = 0, start = 0; m < rows; ++m) {
+        if (rng() % 3 == 0) start = m;
+        doc_start[size_t(m)] = start;
+      }
+      for (int g = 0; g < groups; ++g)
+        for (int m = 0; m < rows; ++m)
+          for (int n = 0; n < cols; ++n) {
+            int tile = static_cast<int>(rng() % 3);
+            const int row = kind == 2 ? rows - 1 - m : m;
+            if (kind == 1 || kind == 2) {  // a document of whole blocks: full before the diagonal, partial on it
+              const int diagonal = row * cols / rows;
+              tile = n < doc_start[size_t(row)] * cols / rows || n > diagonal ? 0 : n == diagonal ? 1 : 2;
+            }
+            if (kind == 3 && m % 3 == 1) tile = 0;
+            tiles[(size_t(g) * rows + m) * cols + n] = static_cast<unsigned char>(tile);
+          }
+      flashgen::UserBlockClasses c{};
+      c.rows = row_ints.data(), c.cols = col_ints.data(), c.tiles = tiles.data();
+      c.row_blocks = rows, c.col_blocks = cols, c.heads = groups, c.head_group = 1;
+      for (int g = 0; g < groups; ++g)
+        for (int m = 0; m < rows; ++m) flashgen::user_query_block_walk(c, g, m);
+      const std::vector<int> runs = row_ints;  // before the bands
+      for (int g = 0; g < groups; ++g) {
+        for (int n = 0; n < cols; ++n) flashgen::user_key_block_walk(c, g, n);
+        for (int m = 0; m < rows; ++m) flashgen::user_query_block_band(c, g, m);
+      }
+      const std::string label = std::string("user bands, ") + shape.name + " tiles, kind " + std::to_string(kind);
+      const char* name = label.c_str();
+      const Params p{rows, cols, 0};  // for fail()'s report: the shape
+      for (int g = 0; g < groups; ++g) {
+        const int* row = row_ints.data() + size_t(g) * rows * 4;
+        const int* col = col_ints.data() + size_t(g) * cols * 4;
+        for (int m = 0; m < rows; ++m) {
+          for (int n = 0; n < cols; ++n) {
+            const bool in_row = row[4 * m] <= n && n < row[4 * m + 1];
+            const bool in_col = col[4 * n] <= m && m < col[4 * n + 1];
+            if (in_row != in_col) fail(name, "band: query and key blocks disagree", p, m, n);
+            const int tile = tiles[(size_t(g) * rows + m) * cols + n];
+            if (tile != 0 && !in_row) fail(name, "band: a visible tile is left out", p, m, n);
+            const bool row_full = runs[(size_t(g) * rows + m) * 4 + 2] <= n && n < runs[(size_t(g) * rows + m) * 4 + 3];
+            const bool col_full = col[4 * n + 2] <= m && m < col[4 * n + 3];
+            if ((row_full || col_full) && tile != 2) fail(name, "band: a full run holds a partial tile", p, m, n);
+          }
+          if (kind == 1 && (row[4 * m] != runs[(size_t(g) * rows + m) * 4] ||
+                            row[4 * m + 1] != runs[(size_t(g) * rows + m) * 4 + 1])) {
+            fail(name, "band: a run that grows with the row was widened", p, m, row[4 * m]);
+          }
+        }
+        for (int n = 1; n < cols; ++n) {
+          if (col[4 * n] < col[4 * (n - 1)] || col[4 * n + 1] < col[4 * (n - 1) + 1]) {
+            fail(name, "band: a key block's query blocks start or end before the previous one's", p, n, kind);
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
+  check_user_bands();
   check<flashgen::SoftCap<flashgen::NoMask>>("SoftCap<NoMask>");
   check<flashgen::SoftCap<flashgen::CausalMask>>("SoftCap<CausalMask>");
   check_softcap();
