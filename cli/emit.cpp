@@ -148,11 +148,19 @@ int command_emit(const Args& args) {
   const bool from_json = args.has("config-json");
   if (from_json == !args.positionals.empty())
     throw UsageError("emit takes either a config name or --config-json, exactly one of them", args.usage());
+  if (from_json && args.has("variant") && args.string_or("config-json", "-") == "-" &&
+      args.string_or("variant", "-") == "-") {
+    throw UsageError("--config-json and --variant cannot both read standard input", args.usage());
+  }
   std::string given = from_json ? std::string() : args.positionals[0];
   const std::optional<std::string> tag = cut_variant_tag(given);
   AnyConfig config = from_json ? AnyConfig(read_config_json(args.string_or("config-json", "-"))) : config_from_name(given);
   if (args.has("variant")) {
     std::shared_ptr<const UserVariant> user = read_variant_json(args.string_or("variant", "-"));
+    if (std::holds_alternative<BwdConfig>(config) && !user->has_gradient()) {
+      fail(Status::kInvalidArgument, "--variant " + user->tag + " has a score_mod but no score_grad: a backward module "
+                                     "needs the derivative");
+    }
     if (tag && *tag != user->tag) {
       fail(Status::kInvalidArgument, "config " + args.positionals[0] + " names the user variant " + *tag +
                                          ", but --variant describes " + user->tag);

@@ -207,7 +207,9 @@ ClassKey class_key(const BackwardCall& call, const ScopedContext& scope) {
                     p.k_head_stride,   p.v_batch_stride,  p.v_row_stride,  p.v_head_stride,  p.o_batch_stride,
                     p.o_row_stride,    p.o_head_stride,   p.do_batch_stride, p.do_row_stride, p.do_head_stride,
                     p.dq_batch_stride, p.dq_row_stride,   p.dq_head_stride,  p.dk_batch_stride, p.dk_row_stride,
-                    p.dk_head_stride,  p.dv_batch_stride, p.dv_row_stride,   p.dv_head_stride});
+                    p.dk_head_stride,  p.dv_batch_stride, p.dv_row_stride,   p.dv_head_stride,
+                    // a block mask keeps the user mask's classes out of the workspace, whose size the plan holds
+                    call.block_mask != nullptr});
 }
 
 // A prepared launch kept for its problem class, with what the call reports.

@@ -139,6 +139,7 @@ ForwardCall make_varlen_forward_call(const flashgen_varlen_forward_args& args) {
     p.k_page_stride = args.k.stride[0], p.v_page_stride = args.v.stride[0];
     p.page_size = static_cast<int>(args.k.shape[1]);
     p.num_pages = static_cast<int>(args.k.shape[0]);
+    call.block_mask = user_block_mask(args.options, call.problem);  // refused over a paged cache
   }
   return call;
 }

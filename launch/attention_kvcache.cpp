@@ -171,6 +171,7 @@ KvCacheCall make_kvcache_call(const flashgen_kvcache_args& args) {
   set_alibi(p, args.options);
   p.sinks = args.options.sinks;
   set_user_variant(call.problem, p, args.options);
+  user_block_mask(args.options, call.problem);  // refused: decoding keeps no classes
   FLASHGEN_REQUIRE(int64_t(p.group_size) * p.seqlen_q <= kMaxExtent,
                    "q: heads_q / heads_kv * seqlen_q query rows per kv head must be at most 2^30");
   return call;

@@ -1,7 +1,9 @@
 #include "launch/user_block_classes.hpp"
 
 #include <cstdint>
+#include <string>
 
+#include "flashgen/error.hpp"
 #include "launch/tensor_checks.hpp"
 #include "runtime/cuda_driver.hpp"
 
@@ -9,6 +11,7 @@ flashgen_block_mask::~flashgen_block_mask() {
   // Each in its own context, which may be gone by now (then its memory went with it).
   for (const auto& [key, classes] : kept) {
     if (flashgen::driver().cuCtxPushCurrent(classes.context) != CUDA_SUCCESS) continue;
+    flashgen::driver().cuEventDestroy(classes.ready);
     flashgen::driver().cuMemFree(classes.memory);
     CUcontext popped = nullptr;
     flashgen::driver().cuCtxPopCurrent(&popped);
@@ -72,20 +75,33 @@ void UserBlockLaunch::launch(CUstream stream, void** args) const {
   if (backward) launch_kernel(bands, bands_grid, kUserBlockThreads, 0, stream, args);
 }
 
-void UserBlockLaunch::launch_kept(flashgen_block_mask& mask, const std::string& key, UserBlockClasses& classes,
+void UserBlockLaunch::launch_kept(flashgen_block_mask& mask, const std::string& launch_key, UserBlockClasses& classes,
                                   CUstream stream, void** args) const {
+  flashgen_block_mask::Classes kept;
+  FLASHGEN_CU_CHECK(cuCtxGetCurrent(&kept.context));
+  unsigned long long context_id = 0;
+  FLASHGEN_CU_CHECK(cuCtxGetId(kept.context, &context_id));
+  const std::string key = launch_key + " context " + std::to_string(context_id);
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  FLASHGEN_CU_CHECK(cuStreamIsCapturing(stream, &capture));
   const std::lock_guard<std::mutex> lock(mask.mutex);
   if (auto found = mask.kept.find(key); found != mask.kept.end()) {
     classes = at(found->second.memory);
+    // After the kernels that filled them, on whichever stream they ran (a graph being captured was made after them).
+    if (capture == CU_STREAM_CAPTURE_STATUS_NONE) FLASHGEN_CU_CHECK(cuStreamWaitEvent(stream, found->second.ready, 0));
     return;
   }
-  flashgen_block_mask::Classes kept;
-  FLASHGEN_CU_CHECK(cuCtxGetCurrent(&kept.context));
+  FLASHGEN_REQUIRE(capture == CU_STREAM_CAPTURE_STATUS_NONE,
+                   "opts.block_mask: the first call of a shape computes its classes into memory it allocates, which "
+                   "a CUDA graph capture cannot hold: make that call once before capturing");
   FLASHGEN_CU_CHECK(cuMemAlloc(&kept.memory, bytes()));
   try {
+    FLASHGEN_CU_CHECK(cuEventCreate(&kept.ready, CU_EVENT_DISABLE_TIMING));
     classes = at(kept.memory);
     launch(stream, args);
+    FLASHGEN_CU_CHECK(cuEventRecord(kept.ready, stream));
   } catch (...) {
+    if (kept.ready != nullptr) driver().cuEventDestroy(kept.ready);
     driver().cuMemFree(kept.memory);
     throw;
   }

@@ -21,6 +21,7 @@ struct flashgen_block_mask {
   struct Classes {
     CUdeviceptr memory = 0;
     CUcontext context = nullptr;
+    CUevent ready = nullptr;  // recorded after the kernels that fill memory: other streams wait for it
   };
   std::mutex mutex;
   std::map<std::string, Classes> kept;
@@ -34,8 +35,8 @@ struct flashgen_block_mask {
 namespace flashgen {
 
 // What decides a launch's classes besides the variant's buffers' contents (the caller's promise): the config (tiles,
-// masks, the variant's functions), the shapes and the base mask's arguments, a packed batch's offsets, the buffers'
-// pointers and the scalars.
+// masks, the variant's functions), the shapes and the base mask's arguments and alignment, a packed batch's offsets
+// and used keys, the buffers' pointers and the scalars (launch_kept adds the context).
 template <class Params>
 std::string block_mask_key(const std::string& config, const Params& p) {
   std::string key = config;
@@ -43,11 +44,12 @@ std::string block_mask_key(const std::string& config, const Params& p) {
   for (long long value : {(long long)p.batch, (long long)p.heads_q, (long long)p.heads_kv, (long long)p.seqlen_q,
                           (long long)p.seqlen_k, (long long)p.causal_offset, (long long)p.window_left,
                           (long long)p.window_right, (long long)p.attention_chunk, (long long)p.total_q,
-                          (long long)p.total_k}) {
+                          (long long)p.total_k, (long long)p.causal_bottom_right}) {
     add(value);
   }
-  add(static_cast<long long>(reinterpret_cast<std::uintptr_t>(p.cu_seqlens_q)));
-  add(static_cast<long long>(reinterpret_cast<std::uintptr_t>(p.cu_seqlens_k)));
+  for (const int* offsets : {p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k}) {
+    add(static_cast<long long>(reinterpret_cast<std::uintptr_t>(offsets)));
+  }
   for (const void* buffer : p.user_buffers) add(static_cast<long long>(reinterpret_cast<std::uintptr_t>(buffer)));
   for (unsigned scalar : p.user_scalars) add(scalar);
   return key;
@@ -79,11 +81,12 @@ struct UserBlockLaunch {
   // The kernels in stream order; args: the launch's params (holding at()'s classes) as cuLaunchKernel takes them.
   void launch(CUstream stream, void** args) const;
 
-  // The classes of the launch whose params are *p, in mask: where they are kept, p's classes point there; where not,
-  // memory is allocated and kept for them and the kernels launched to fill it (args: p as cuLaunchKernel takes it).
-  // key: block_mask_key of the launch.
-  void launch_kept(flashgen_block_mask& mask, const std::string& key, UserBlockClasses& classes, CUstream stream,
-                   void** args) const;
+  // The classes of the launch whose params are *p, in mask: where they are kept, p's classes point there and stream
+  // waits for the kernels that filled them; where not, memory is allocated and kept for them and the kernels launched
+  // to fill it (args: p as cuLaunchKernel takes it), which a stream capturing a CUDA graph cannot do (Error naming
+  // opts.block_mask). key: block_mask_key of the launch, in the current context.
+  void launch_kept(flashgen_block_mask& mask, const std::string& launch_key, UserBlockClasses& classes,
+                   CUstream stream, void** args) const;
 };
 
 }  // namespace flashgen

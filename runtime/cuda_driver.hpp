@@ -38,6 +38,7 @@ namespace flashgen {
   X(cuStreamDestroy)                 \
   X(cuStreamSynchronize)             \
   X(cuStreamIsCapturing)             \
+  X(cuStreamWaitEvent)               \
   X(cuStreamGetId)                   \
   X(cuModuleLoadData)                \
   X(cuModuleUnload)                  \

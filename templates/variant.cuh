@@ -340,10 +340,17 @@ struct UserVariant : Base {
   static constexpr bool kEveryBlockPartial = User::kMasks;
   static constexpr bool kGradReadsScore = User::kScore == UserScore::kMod || Base::kGradReadsScore;
 
+  // The user's functions see query rows inside the problem: a tile's rows past seqlen_q (padding, whose results no
+  // one keeps) ask as its last row, so that a buffer of seqlen_q entries is never read past its end.
+  template <class Params>
+  static __device__ __forceinline__ int user_row(const Params& p, int row) {
+    return min(row, p.seqlen_q - 1);
+  }
+
   template <class Params>
   static __device__ __forceinline__ bool visible(const Params& p, const ScoreAt& at) {
     if constexpr (User::kMasks) {
-      if (!User::of(p).mask_mod(at.batch, at.head, at.q, at.k)) return false;
+      if (!User::of(p).mask_mod(at.batch, at.head, user_row(p, at.q), at.k)) return false;
     }
     return Base::visible(p, at);
   }
@@ -363,8 +370,8 @@ struct UserVariant : Base {
   static __device__ __forceinline__ auto row_keys(const Params& p, int batch, int head, int row, int last_bound,
                                                   int key_base) {
     using BaseKeys = decltype(Base::row_keys(p, batch, head, row, last_bound, key_base));
-    return Keys<BaseKeys>{Base::row_keys(p, batch, head, row, last_bound, key_base), User::of(p), batch, head, row,
-                          key_base};
+    return Keys<BaseKeys>{Base::row_keys(p, batch, head, row, last_bound, key_base), User::of(p), batch, head,
+                          user_row(p, row), key_base};
   }
 
   // The range questions: Base's where it hides keys, else every key of every row (its own mask bounds nothing).
@@ -398,9 +405,9 @@ struct UserVariant : Base {
   static __device__ __forceinline__ float score(const Params& p, const ScoreAt& at, float s) {
     const float base = Base::score(p, at, s);
     if constexpr (User::kScore == UserScore::kMod) {
-      return User::of(p).score_mod(base * p.scale, at.batch, at.head, at.q, at.k) * p.inv_scale;
+      return User::of(p).score_mod(base * p.scale, at.batch, at.head, user_row(p, at.q), at.k) * p.inv_scale;
     } else if constexpr (User::kScore == UserScore::kBias) {
-      return base + User::of(p).score_bias(at.batch, at.head, at.q, at.k) * p.inv_scale;
+      return base + User::of(p).score_bias(at.batch, at.head, user_row(p, at.q), at.k) * p.inv_scale;
     } else {
       return base;
     }
@@ -409,7 +416,7 @@ struct UserVariant : Base {
   static __device__ __forceinline__ float score_grad(const Params& p, const ScoreAt& at, float x, float ds) {
     if constexpr (User::kScore == UserScore::kMod) {
       constexpr float kLn2 = 0.693147180559945309f;
-      return ds * User::of(p).score_grad(x * kLn2, at.batch, at.head, at.q, at.k);
+      return ds * User::of(p).score_grad(x * kLn2, at.batch, at.head, user_row(p, at.q), at.k);
     } else if constexpr (User::kScore == UserScore::kBias) {
       return ds;
     } else {
@@ -438,7 +445,8 @@ struct UserVariant : Base {
   template <class Params>
   static __device__ __forceinline__ auto row_scores(const Params& p, const ScoreAt& at) {
     using BaseRow = decltype(Base::row_scores(p, at));
-    return Row<BaseRow>{Base::row_scores(p, at), User::of(p), at.batch, at.head, at.q, at.k, p.scale, p.inv_scale};
+    return Row<BaseRow>{Base::row_scores(p, at), User::of(p), at.batch, at.head, user_row(p, at.q), at.k, p.scale,
+                        p.inv_scale};
   }
 };
 

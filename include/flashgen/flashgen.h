@@ -368,8 +368,8 @@ const char* flashgen_variant_tag(const flashgen_variant* variant);
  * same reuses them instead of classifying again: a model's layers share one per batch, as they share
  * FlexAttention's block mask. A forward and a backward call keep their own (their tiles differ). The caller
  * promises that the variant's buffers hold what they held when the classes were computed: when their contents
- * change, use another mask. Calls reusing classes must follow the call that computed them in stream order (the
- * same stream, or after it synchronizes). Thread-safe. */
+ * change, use another mask. A call on another stream waits for the kernels that computed them (an event); the first
+ * call of a shape cannot be captured into a CUDA graph (it allocates), later ones can. Thread-safe. */
 int flashgen_block_mask_create(flashgen_block_mask** mask);
 /* Frees the mask and its device memory (NULL is ignored), once every call using it has completed. */
 void flashgen_block_mask_destroy(flashgen_block_mask* mask);

@@ -59,7 +59,8 @@ class BlockMask:
     that pass the same BlockMask with the same mask_mod and variant_args (a model's layers within one step) classify
     the mask's blocks once per shape and pass, the first call computing them into memory this object owns, the later
     ones reusing them. The tensors in variant_args must keep their contents while it is in use: make a new one when
-    they change (a new batch). Its memory is freed with it (cuMemFree, which waits for the work using it)."""
+    they change (a new batch). The first call of each shape allocates (make it before capturing a CUDA graph); its
+    memory is freed with the object (cuMemFree, which waits for the work using it)."""
 
     __slots__ = ("handle",)
 

@@ -236,6 +236,15 @@ TEST_CASE("a KV-cache call takes a user variant, its buffers and scalars bound a
   CHECK(call.params.user_buffers[0] == pointers[0]);
   CHECK(call.params.user_buffers[1] == nullptr);
   CHECK(call.params.user_scalars[0] == 5u);
+  // Decoding keeps no block classes, so a block mask is refused by name.
+  flashgen_block_mask* kept = nullptr;
+  REQUIRE(flashgen_block_mask_create(&kept) == FLASHGEN_SUCCESS);
+  args.options.block_mask = kept;
+  CHECK(flashgen_attention_kvcache(&args, nullptr) == FLASHGEN_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(std::string(flashgen_last_error()),
+             Catch::Matchers::Contains("opts.block_mask: KV-cache calls keep no block classes"));
+  flashgen_block_mask_destroy(kept);
+  args.options.block_mask = nullptr;
   // The base class's problem key: a user variant runs the tiles chosen (and tuned) for the mask under it.
   flashgen_kvcache_args plain = valid_args();
   CHECK(flashgen::problem_key(call.problem) == flashgen::problem_key(flashgen::make_kvcache_call(plain).problem));

@@ -114,6 +114,14 @@ TEST_CASE("cli: emit compiles a user variant's functions in, named by its tag", 
   const CliResult bad = run_cli({"emit", module, "--variant", variant.string()}, dir);
   CHECK(bad.exit_code == 2);
   CHECK(bad.err.find("'buffers' type 'half' is not float32, int32, int64 or uint8") != std::string::npos);
+  std::ofstream(variant) << R"({"score_mod": "return score * 0.5f;"})";  // no score_grad: forward modules only
+  CHECK(run_cli({"emit", "fwd_sm80_fp16_d128_m128_n64_w4_s2_causal", "--variant", variant.string()}, dir).exit_code == 0);
+  const CliResult no_grad = run_cli({"emit", module, "--variant", variant.string()}, dir);
+  CHECK(no_grad.exit_code == 2);
+  CHECK(no_grad.err.find("has a score_mod but no score_grad") != std::string::npos);
+  const CliResult two_stdin = run_cli({"emit", "--config-json", "-", "--variant", "-"}, dir);
+  CHECK(two_stdin.exit_code == 2);
+  CHECK(two_stdin.err.find("cannot both read standard input") != std::string::npos);
 }
 
 TEST_CASE("cli: emit of an invalid config exits 2 with the reason", "[cli]") {
