@@ -20,8 +20,8 @@ namespace flashgen {
 // the variant hides early keys, else begin is 0). Blocks [full_begin(), full_end()) need no per-element
 // mask: every key is inside seqlen_k and visible to every row; the rest are partial (with a window, runs
 // at both ends; where the window is narrower than a block, every one).
-// A user mask's block classes (attn_params.cuh's UserBlockClasses) where the call has them: dense forward and
-// backward calls of a config with a user mask. Null for every other params type and call.
+// A user mask's block classes (attn_params.cuh's UserBlockClasses) where the call has them: forward and backward calls
+// of a config with a user mask, dense or packed, not over a paged cache. Null for every other params type and call.
 template <class Params>
 __host__ __device__ __forceinline__ const UserBlockClasses* user_classes_of(const Params&) {
   return nullptr;

@@ -334,8 +334,8 @@ struct UserVariant : Base {
                 "a user's score function takes the place of the soft cap and ALiBi");
   using BaseVariant = Base;
   static constexpr bool kHidesKeys = Base::kHidesKeys || User::kMasks;
-  // A user mask may hide keys before a row's first visible one: the forward's block classes start its walks past
-  // them (block_range.cuh), and every walk is masked at both ends.
+  // A user mask may hide keys before a row's first visible one: its block classes start the walks past them
+  // (block_range.cuh), and every walk is masked at both ends.
   static constexpr bool kHidesEarlyKeys = Base::kHidesEarlyKeys || User::kMasks;
   static constexpr bool kEveryBlockPartial = User::kMasks;
   static constexpr bool kGradReadsScore = User::kScore == UserScore::kMod || Base::kGradReadsScore;
