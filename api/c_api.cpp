@@ -2,11 +2,8 @@
 // that keeps the text of the last failure until the next one; JSON answers go into caller buffers.
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <set>
 #include <string>
 #include <utility>
 
@@ -15,11 +12,10 @@
 #include "dispatch/select.hpp"
 #include "flashgen/error.hpp"
 #include "flashgen/flashgen.h"
-#include "generator/generator.hpp"
 #include "launch/tensor_checks.hpp"
 #include "launch/user_block_classes.hpp"
 #include "problem/user_variant.hpp"
-#include "runtime/nvrtc_compiler.hpp"
+#include "runtime/kernel_registry.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "tuner/store.hpp"
 
@@ -64,36 +60,53 @@ const T& required(const T* argument, const char* name) {
   return *argument;
 }
 
-// A size-prefixed argument struct's size against this library's struct of `expected` bytes: smaller is a
-// caller that did not set it, or one built against an older flashgen.h (whose options were smaller), larger a
-// caller built against a newer flashgen.h.
-void check_args_size(size_t size, size_t expected) {
-  FLASHGEN_REQUIRE(size >= expected, "args.size is " + std::to_string(size) + "; this flashgen's argument struct has " +
+// A size-prefixed struct's size (`field`, e.g. "args.size") against this library's struct of `expected` bytes
+// (`what`, e.g. "argument struct"): smaller is a caller that did not set it, or one built against an older
+// flashgen.h (whose structs were smaller); larger one built against `larger_from` (a newer flashgen.h, or, for the
+// options, one older than their size field, whose first bytes, softmax_scale and mask, read as a large size).
+void check_struct_size(size_t size, size_t expected, const std::string& field, const std::string& what,
+                       const std::string& larger_from = "a newer one") {
+  FLASHGEN_REQUIRE(size >= expected, field + " is " + std::to_string(size) + "; this flashgen's " + what + " has " +
                                          std::to_string(expected) +
                                          " bytes (set size to sizeof; rebuild a caller compiled against an older "
                                          "flashgen.h)");
-  FLASHGEN_REQUIRE(size == expected, "args.size is " + std::to_string(size) +
-                                         ": a flashgen.h newer than this library (" + std::to_string(expected) +
-                                         " bytes)");
+  FLASHGEN_REQUIRE(size == expected, field + " is " + std::to_string(size) + ", not this flashgen's " +
+                                         std::to_string(expected) +
+                                         " bytes: rebuild the caller against this library's flashgen.h (it was "
+                                         "compiled against " + larger_from + ")");
 }
 
-// A user variant's functions compiled once on their own (for sm_80: any GPU's compiler checks the same C++), so
-// that the caller's errors come back from flashgen_variant_create with NVRTC's log; each tag once per process.
-void check_user_functions_compile(const flashgen::UserVariant& user) {
-  static std::mutex mutex;
-  static std::set<std::string> compiled;
-  {
-    const std::lock_guard<std::mutex> lock(mutex);
-    if (compiled.count(user.tag) != 0) return;
-  }
+// flashgen_attention_options' size, wherever they are passed.
+void check_options_size(const flashgen_attention_options& options, const std::string& field) {
+  check_struct_size(options.size, sizeof(flashgen_attention_options), field, "options struct",
+                    "a newer one, or one whose options had no size");
+}
+
+// The options of a dense call: given, and of this library's size (checked before the tensors, so that a caller
+// built against another flashgen.h hears of that first).
+const flashgen_attention_options& checked_options(const flashgen_attention_options* opts) {
+  const flashgen_attention_options& checked = required(opts, "opts");
+  check_options_size(checked, "opts.size");
+  return checked;
+}
+
+// A size-prefixed argument struct: given, of this library's size, and so are the options it holds.
+template <class Args>
+const Args& checked_args(const Args* args) {
+  const Args& checked = required(args, "args");
+  check_struct_size(checked.size, sizeof(Args), "args.size", "argument struct");
+  check_options_size(checked.options, "args.options.size");
+  return checked;
+}
+
+// The variant's functions compiled on their own, their errors named as the description's.
+void check_desc_compiles(const flashgen::UserVariant& user) {
   try {
-    flashgen::compile_nvrtc(flashgen::generate_user_probe(user), 80);
+    flashgen::check_user_functions_compile(user);
   } catch (const flashgen::Error& e) {
     if (e.status() != flashgen::Status::kCompile) throw;
     flashgen::fail(flashgen::Status::kCompile, "desc: the variant's functions do not compile; " + std::string(e.what()));
   }
-  const std::lock_guard<std::mutex> lock(mutex);
-  compiled.insert(user.tag);
 }
 
 // The problem of a flashgen_forward_problem, checked like the calls check their tensors.
@@ -138,31 +151,29 @@ extern "C" int flashgen_attention_forward(const flashgen_tensor* q, const flashg
                                           const flashgen_tensor* v, const flashgen_tensor* out, float* lse,
                                           const flashgen_attention_options* opts, void* cuda_stream) {
   return guarded([&] {
+    const flashgen_attention_options& options = checked_options(opts);
     flashgen::attention_forward(required(q, "q"), required(k, "k"), required(v, "v"), required(out, "out"), lse,
-                                required(opts, "opts"), static_cast<CUstream>(cuda_stream));
+                                options, static_cast<CUstream>(cuda_stream));
   });
 }
 
 extern "C" int flashgen_attention_varlen_forward(const flashgen_varlen_forward_args* args, void* cuda_stream) {
   return guarded([&] {
-    const flashgen_varlen_forward_args& checked = required(args, "args");
-    check_args_size(checked.size, sizeof(flashgen_varlen_forward_args));
+    const flashgen_varlen_forward_args& checked = checked_args(args);
     flashgen::attention_forward(checked, static_cast<CUstream>(cuda_stream));
   });
 }
 
 extern "C" int flashgen_attention_varlen_backward(const flashgen_varlen_backward_args* args, void* cuda_stream) {
   return guarded([&] {
-    const flashgen_varlen_backward_args& checked = required(args, "args");
-    check_args_size(checked.size, sizeof(flashgen_varlen_backward_args));
+    const flashgen_varlen_backward_args& checked = checked_args(args);
     flashgen::attention_backward(checked, static_cast<CUstream>(cuda_stream));
   });
 }
 
 extern "C" int flashgen_attention_kvcache(const flashgen_kvcache_args* args, void* cuda_stream) {
   return guarded([&] {
-    const flashgen_kvcache_args& checked = required(args, "args");
-    check_args_size(checked.size, sizeof(flashgen_kvcache_args));
+    const flashgen_kvcache_args& checked = checked_args(args);
     flashgen::attention_kvcache(checked, static_cast<CUstream>(cuda_stream));
   });
 }
@@ -170,8 +181,7 @@ extern "C" int flashgen_attention_kvcache(const flashgen_kvcache_args* args, voi
 extern "C" int flashgen_attention_kvcache_workspace_size(const flashgen_kvcache_args* args, void* cuda_stream,
                                                          size_t* workspace_bytes) {
   return guarded([&] {
-    const flashgen_kvcache_args& checked = required(args, "args");
-    check_args_size(checked.size, sizeof(flashgen_kvcache_args));
+    const flashgen_kvcache_args& checked = checked_args(args);
     FLASHGEN_REQUIRE(workspace_bytes != nullptr, "workspace_bytes: null pointer");
     *workspace_bytes = flashgen::kvcache_workspace_size(checked, static_cast<CUstream>(cuda_stream));
   });
@@ -183,9 +193,10 @@ extern "C" int flashgen_attention_backward(const flashgen_tensor* q, const flash
                                            const flashgen_tensor* dk, const flashgen_tensor* dv,
                                            const flashgen_attention_options* opts, void* cuda_stream) {
   return guarded([&] {
+    const flashgen_attention_options& options = checked_options(opts);
     flashgen::attention_backward(required(q, "q"), required(k, "k"), required(v, "v"), required(out, "out"),
                                  required(dout, "dout"), lse, required(dq, "dq"), required(dk, "dk"),
-                                 required(dv, "dv"), required(opts, "opts"), static_cast<CUstream>(cuda_stream));
+                                 required(dv, "dv"), options, static_cast<CUstream>(cuda_stream));
   });
 }
 
@@ -195,7 +206,8 @@ extern "C" int flashgen_attention_backward_workspace_size(
     const flashgen_tensor* dv, const flashgen_attention_options* opts, void* cuda_stream, size_t* workspace_bytes) {
   return guarded([&] {
     FLASHGEN_REQUIRE(workspace_bytes != nullptr, "workspace_bytes: null pointer");
-    const flashgen::BackwardCall call = flashgen::make_backward_call(q, k, v, out, dout, lse, dq, dk, dv, opts);
+    const flashgen::BackwardCall call =
+        flashgen::make_backward_call(q, k, v, out, dout, lse, dq, dk, dv, &checked_options(opts));
     *workspace_bytes = flashgen::plan_backward(call, static_cast<CUstream>(cuda_stream)).launch.workspace_bytes;
   });
 }
@@ -206,11 +218,12 @@ extern "C" int flashgen_attention_backward_with_workspace(
     const flashgen_tensor* dv, const flashgen_attention_options* opts, void* workspace, size_t workspace_bytes,
     void* cuda_stream) {
   return guarded([&] {
+    const flashgen_attention_options& options = checked_options(opts);
     FLASHGEN_REQUIRE(workspace != nullptr,
                      "workspace: null pointer (flashgen_attention_backward takes its workspace from the stream's pool)");
     flashgen::attention_backward(required(q, "q"), required(k, "k"), required(v, "v"), required(out, "out"),
                                  required(dout, "dout"), lse, required(dq, "dq"), required(dk, "dk"),
-                                 required(dv, "dv"), required(opts, "opts"), static_cast<CUstream>(cuda_stream),
+                                 required(dv, "dv"), options, static_cast<CUstream>(cuda_stream),
                                  reinterpret_cast<CUdeviceptr>(workspace), workspace_bytes);
   });
 }
@@ -219,7 +232,7 @@ extern "C" int flashgen_explain_forward(const flashgen_tensor* q, const flashgen
                                         const flashgen_tensor* out, float* lse, const flashgen_attention_options* opts,
                                         void* cuda_stream, char* json, size_t json_capacity, size_t* json_length) {
   return guarded([&] {
-    const flashgen::ForwardCall call = flashgen::make_forward_call(q, k, v, out, lse, opts);
+    const flashgen::ForwardCall call = flashgen::make_forward_call(q, k, v, out, lse, &checked_options(opts));
     copy_json(flashgen::explain_forward(call, static_cast<CUstream>(cuda_stream)), json, json_capacity,
               json_length);
   });
@@ -231,7 +244,8 @@ extern "C" int flashgen_explain_backward(const flashgen_tensor* q, const flashge
                                          const flashgen_attention_options* opts, void* cuda_stream, char* json,
                                          size_t json_capacity, size_t* json_length) {
   return guarded([&] {
-    const flashgen::BackwardCall call = flashgen::make_backward_call(q, k, v, out, dout, lse, dq, dk, dv, opts);
+    const flashgen::BackwardCall call =
+        flashgen::make_backward_call(q, k, v, out, dout, lse, dq, dk, dv, &checked_options(opts));
     copy_json(flashgen::explain_backward(call, static_cast<CUstream>(cuda_stream)), json, json_capacity,
               json_length);
   });
@@ -262,7 +276,7 @@ extern "C" int flashgen_variant_create(const flashgen_variant_desc* desc, flashg
     FLASHGEN_REQUIRE(variant != nullptr, "variant: null pointer");
     *variant = nullptr;
     std::shared_ptr<const flashgen::UserVariant> user = flashgen::make_user_variant(required(desc, "desc"));
-    check_user_functions_compile(*user);
+    check_desc_compiles(*user);
     *variant = new flashgen_variant{std::move(user)};
   });
 }

@@ -22,8 +22,17 @@ class Tensor(ctypes.Structure):
                 ("stride", ctypes.c_int64 * 4)]
 
 
-class Options(ctypes.Structure):
-    _fields_ = [("softmax_scale", ctypes.c_float), ("mask", ctypes.c_int), ("deterministic", ctypes.c_int)]
+# flashgen_attention_options' leading fields in the two layouts a build may have: since the options carry their size,
+# (size_t size, float softmax_scale, int mask, int deterministic); before, the same without size. Either build reads
+# the rest (up to 104 bytes) as zeros: no window, soft cap, ALiBi, sinks, chunk or variant.
+class SizedOptions(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("softmax_scale", ctypes.c_float), ("mask", ctypes.c_int),
+                ("deterministic", ctypes.c_int), ("rest", ctypes.c_byte * 84)]
+
+
+class LegacyOptions(ctypes.Structure):
+    _fields_ = [("softmax_scale", ctypes.c_float), ("mask", ctypes.c_int), ("deterministic", ctypes.c_int),
+                ("rest", ctypes.c_byte * 92)]
 
 
 def view(t, code):
@@ -35,6 +44,15 @@ class Library:
         self.lib = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
         self.lib.flashgen_last_error.restype = ctypes.c_char_p
         self.path = path
+        # A build whose options carry their size refuses a size of 0 by name, before looking at the tensors.
+        probe = SizedOptions()
+        self.lib.flashgen_attention_forward(None, None, None, None, None, ctypes.byref(probe), None)
+        self.sized = self.lib.flashgen_last_error().decode().startswith("opts.size")
+
+    def options(self, causal, deterministic):
+        if self.sized:
+            return SizedOptions(ctypes.sizeof(SizedOptions), 0.0, 1 if causal else 0, 1 if deterministic else 0)
+        return LegacyOptions(0.0, 1 if causal else 0, 1 if deterministic else 0)
 
     def check(self, status, what):
         if status != 0:
@@ -75,18 +93,18 @@ def main():
                     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
                     views = [view(t, code) for t in (q, k, v, out)]
                     grads = [view(t, code) for t in (dout, dq, dk, dv)]
-                    opts = Options(0.0, 1 if causal else 0, 1 if args.deterministic else 0)
+                    opts = {lib: lib.options(causal, args.deterministic) for lib in (a, b)}
 
                     def forward(lib):
                         lib.check(lib.lib.flashgen_attention_forward(
-                            *(ctypes.byref(x) for x in views), ctypes.c_void_p(lse.data_ptr()), ctypes.byref(opts),
+                            *(ctypes.byref(x) for x in views), ctypes.c_void_p(lse.data_ptr()), ctypes.byref(opts[lib]),
                             stream), "forward")
 
                     def backward(lib):
                         refs = [ctypes.byref(x) for x in views] + [ctypes.byref(grads[0])]
                         lib.check(lib.lib.flashgen_attention_backward(
                             *refs, ctypes.c_void_p(lse.data_ptr()), *(ctypes.byref(x) for x in grads[1:]),
-                            ctypes.byref(opts), stream), "backward")
+                            ctypes.byref(opts[lib]), stream), "backward")
 
                     for name, call in (("forward", forward), ("backward", backward)):
                         if name not in passes:

@@ -39,9 +39,9 @@ BackwardCall make_varlen_backward_call(const flashgen_varlen_backward_args& args
 
 // Device workspace a config needs for a call, in bytes: D = rowsum(dO ∘ O) in fp32 for every
 // (batch, head, query), the LSE in base 2 likewise for the sm90 family, plus the fp32 dQ accumulator
-// (batch · heads_q · rows · head_dim floats) for the atomic strategy. rows is seqlen_q for the sm80
-// family and seqlen_q rounded up to 128 for the sm90 one: at most 4 · batch · heads_q · rows ·
-// (head_dim + 2) bytes plus alignment.
+// (batch · heads_q · rows · head_dim floats) for the atomic strategy, the sm90 family's dQ counters, and a user
+// mask's block classes. rows is seqlen_q for the sm80 family and seqlen_q rounded up to 128 for the sm90 one: at most
+// 4 · batch · heads_q · rows · (head_dim + 2.2) bytes plus alignment and the classes.
 size_t backward_workspace_bytes(const BackwardCall& call, const BwdConfig& config);
 
 // Whether config's kernel family can run the call (attention.hpp's Implementability; the backward's only

@@ -165,8 +165,11 @@ flashgen_block_mask* user_block_mask(const flashgen_attention_options& opts, con
   if (opts.block_mask == nullptr) return nullptr;
   FLASHGEN_REQUIRE(problem.user && problem.user->masks(),
                    "opts.block_mask: given without a variant that has a mask_mod (there are no block classes to keep)");
-  FLASHGEN_REQUIRE(!problem.kv_cache && !problem.paged,
+  FLASHGEN_REQUIRE(!problem.kv_cache,
                    "opts.block_mask: KV-cache calls keep no block classes (decoding reads every key block once)");
+  FLASHGEN_REQUIRE(!problem.paged,
+                   "opts.block_mask: a packed call over a paged cache has no block classes (its kernels walk every "
+                   "key block of the base mask)");
   return opts.block_mask;
 }
 

@@ -8,13 +8,21 @@
 #include "runtime/cuda_driver.hpp"
 
 flashgen_block_mask::~flashgen_block_mask() {
-  // Each in its own context, which may be gone by now (then its memory went with it).
+  // Each in its own context, which may be gone by now (then its memory went with it; a handle that now names another
+  // context has another id). Calls still queued may read the classes (Python frees a mask when it is collected), so
+  // the context's work finishes first; where it cannot be waited for, the memory is left rather than freed under it.
+  if (kept.empty()) return;  // (nothing was computed: perhaps no driver at all, which driver() would throw for)
+  const flashgen::DriverApi& cu = flashgen::driver();
   for (const auto& [key, classes] : kept) {
-    if (flashgen::driver().cuCtxPushCurrent(classes.context) != CUDA_SUCCESS) continue;
-    flashgen::driver().cuEventDestroy(classes.ready);
-    flashgen::driver().cuMemFree(classes.memory);
+    if (cu.cuCtxPushCurrent(classes.context) != CUDA_SUCCESS) continue;
+    unsigned long long id = 0;
+    if (cu.cuCtxGetId(classes.context, &id) == CUDA_SUCCESS && id == classes.context_id &&
+        cu.cuCtxSynchronize() == CUDA_SUCCESS) {
+      cu.cuEventDestroy(classes.ready);
+      cu.cuMemFree(classes.memory);
+    }
     CUcontext popped = nullptr;
-    flashgen::driver().cuCtxPopCurrent(&popped);
+    cu.cuCtxPopCurrent(&popped);
   }
 }
 
@@ -79,9 +87,8 @@ void UserBlockLaunch::launch_kept(flashgen_block_mask& mask, const std::string& 
                                   CUstream stream, void** args) const {
   flashgen_block_mask::Classes kept;
   FLASHGEN_CU_CHECK(cuCtxGetCurrent(&kept.context));
-  unsigned long long context_id = 0;
-  FLASHGEN_CU_CHECK(cuCtxGetId(kept.context, &context_id));
-  const std::string key = launch_key + " context " + std::to_string(context_id);
+  FLASHGEN_CU_CHECK(cuCtxGetId(kept.context, &kept.context_id));
+  const std::string key = launch_key + " context " + std::to_string(kept.context_id);
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
   FLASHGEN_CU_CHECK(cuStreamIsCapturing(stream, &capture));
   const std::lock_guard<std::mutex> lock(mask.mutex);
@@ -101,8 +108,9 @@ void UserBlockLaunch::launch_kept(flashgen_block_mask& mask, const std::string& 
     launch(stream, args);
     FLASHGEN_CU_CHECK(cuEventRecord(kept.ready, stream));
   } catch (...) {
+    // The kernels queued before the failure may still write the memory.
+    if (driver().cuStreamSynchronize(stream) == CUDA_SUCCESS) driver().cuMemFree(kept.memory);
     if (kept.ready != nullptr) driver().cuEventDestroy(kept.ready);
-    driver().cuMemFree(kept.memory);
     throw;
   }
   mask.kept.emplace(key, kept);

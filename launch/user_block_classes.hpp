@@ -21,6 +21,7 @@ struct flashgen_block_mask {
   struct Classes {
     CUdeviceptr memory = 0;
     CUcontext context = nullptr;
+    unsigned long long context_id = 0;  // cuCtxGetId: tells the context from a later one given the same handle
     CUevent ready = nullptr;  // recorded after the kernels that fill memory: other streams wait for it
   };
   std::mutex mutex;

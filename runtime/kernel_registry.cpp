@@ -6,7 +6,9 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -107,6 +109,18 @@ class ModuleGuard {
 
 }  // namespace
 
+void check_user_functions_compile(const UserVariant& user) {
+  static std::mutex mutex;
+  static std::set<std::string> compiled;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (compiled.count(user.tag) != 0) return;
+  }
+  compile_nvrtc(generate_user_probe(user), 80);
+  const std::lock_guard<std::mutex> lock(mutex);
+  compiled.insert(user.tag);
+}
+
 std::string kernel_cache_key(const GeneratedSource& source, int arch) {
   std::string blob;
   append_piece(source.translation_unit, &blob);
@@ -153,7 +167,8 @@ std::shared_ptr<const CompiledKernel> KernelRegistry::compiled(const DecodeConfi
 }
 
 int KernelRegistry::spilled_bytes(const KernelConfig& config, int arch) {
-  const ResourceUsage usage = compiled(config, arch)->usage;
+  // By name: a user mask's module holds its block classes' kernels too.
+  const ResourceUsage usage = compiled(config, arch)->usage_of(config.name());
   return usage.spill_store_bytes + usage.spill_load_bytes;
 }
 

@@ -24,6 +24,11 @@ namespace flashgen {
 // generator version, e.g. "fwd_sm80_fp16_d128_m128_n32_w4_s3-sm90-3f2a...".
 std::string kernel_cache_key(const GeneratedSource& source, int arch);
 
+// A user variant's functions compiled once on their own (for sm_80: any GPU's compiler checks the same C++), so that
+// a caller's mistakes come back before any kernel is built, as Error(kCompile) with NVRTC's messages at the
+// functions' own lines ("mask_mod(2): error: ..."); each tag once per process. Needs no GPU.
+void check_user_functions_compile(const UserVariant& user);
+
 class KernelRegistry {
  public:
   // Process-wide registry using KernelCache::default_dir().

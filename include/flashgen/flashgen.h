@@ -38,7 +38,16 @@ typedef struct flashgen_variant flashgen_variant;
  * flashgen_block_mask_create). Opaque. */
 typedef struct flashgen_block_mask flashgen_block_mask;
 
-typedef struct {
+/* Options of every attention call. size is sizeof(flashgen_attention_options) as the caller compiled it, so that a
+ * library can tell a caller built against another flashgen.h and refuse it rather than misread its options. In C,
+ * start from FLASHGEN_ATTENTION_OPTIONS_INIT (size set, everything else 0: no mask, no variant); in C++ size
+ * defaults to it, so `flashgen_attention_options opts{};` is ready to fill in. */
+typedef struct flashgen_attention_options {
+#ifdef __cplusplus
+  size_t size = sizeof(flashgen_attention_options);
+#else
+  size_t size;
+#endif
   float softmax_scale;    /* finite, scale * log2(e) too; <= 0: 1/sqrt(head_dim) */
   flashgen_mask mask;
   int deterministic;      /* backward: nonzero gives bitwise-identical gradients on repeated runs */
@@ -88,10 +97,17 @@ typedef struct {
                                       classes kept across calls (flashgen_block_mask_create): computed by the first
                                       call of a config, shapes and variant arguments, reused by the later ones */
   /* The window fields grew the struct from 16 to 24 bytes, the ALiBi fields to 40, the sinks and the chunk to 64,
-     the variant to 88 and the block mask to 96, and with it the argument structs that embed it: callers compiled
-     against an older flashgen.h must be rebuilt (their args.size is refused, not misread; for the dense calls,
-     which take no size, nothing can tell). */
+     the variant to 88, the block mask to 96 and size to 104. Every call refuses options whose size is not this
+     library's, naming the argument: callers compiled against an older flashgen.h, whose options began with
+     softmax_scale and mask, are refused too (those eight bytes read as 104 only for a denormal scale). */
 } flashgen_attention_options;
+
+/* Options with size set and every other field 0 (designated in C, so that -Wextra sees no missing field). */
+#ifdef __cplusplus
+#define FLASHGEN_ATTENTION_OPTIONS_INIT flashgen_attention_options{}
+#else
+#define FLASHGEN_ATTENTION_OPTIONS_INIT {.size = sizeof(flashgen_attention_options)}
+#endif
 
 /* Status codes. 0 is success; every failure also sets flashgen_last_error(). */
 enum {
@@ -141,7 +157,7 @@ int flashgen_attention_backward(const flashgen_tensor* q, const flashgen_tensor*
  * (the same checks as the backward; it picks the config for the stream's device, compiling or loading its
  * kernels if this process has not yet, and launches none of them; with tune-on-first-use on, an untuned
  * problem is swept first, as the call would, which takes seconds once per bucket). At most
- * 4 * batch * heads_q * rows * (head_dim + 2) bytes plus alignment, rows = seqlen_q rounded up to 128; with a
+ * 4 * batch * heads_q * rows * (head_dim + 2.2) bytes plus alignment, rows = seqlen_q rounded up to 128; with a
  * user variant's mask_mod, plus its block classes: per batch entry and kv head (once per batch entry with
  * mask_same_for_heads), 16 bytes per query block and per key block and a byte per (query, key) block pair. */
 int flashgen_attention_backward_workspace_size(const flashgen_tensor* q, const flashgen_tensor* k,
@@ -366,12 +382,16 @@ const char* flashgen_variant_tag(const flashgen_variant* variant);
  * kernel's tiles there, in device memory the mask owns (allocated by the first call of each config, shapes, variant
  * and buffer pointers and scalars, which computes them: not inside a CUDA graph capture), and a later call of the
  * same reuses them instead of classifying again: a model's layers share one per batch, as they share
- * FlexAttention's block mask. A forward and a backward call keep their own (their tiles differ). The caller
- * promises that the variant's buffers hold what they held when the classes were computed: when their contents
- * change, use another mask. A call on another stream waits for the kernels that computed them (an event); the first
- * call of a shape cannot be captured into a CUDA graph (it allocates), later ones can. Thread-safe. */
+ * FlexAttention's block mask. A forward and a backward call keep their own (their tiles differ). Calls are matched
+ * by pointers and sizes, not contents: the caller promises that the variant's buffers, and a packed call's
+ * cu_seqlens_q, cu_seqlens_k and seqused_k, hold what they held when the classes were computed; when they change
+ * (a new batch, even at the same addresses), use another mask. Each distinct call keeps its classes until the mask
+ * is destroyed. A call on another stream waits for the kernels that computed them (an event); the first call of a
+ * shape cannot be captured into a CUDA graph (it allocates), later ones can, once that first call has completed
+ * (a capture records no wait on it). Thread-safe. */
 int flashgen_block_mask_create(flashgen_block_mask** mask);
-/* Frees the mask and its device memory (NULL is ignored), once every call using it has completed. */
+/* Frees the mask and its device memory (NULL is ignored), after the work queued in each of its contexts has
+ * completed (it synchronizes them). Not while a CUDA graph that used it may still run. */
 void flashgen_block_mask_destroy(flashgen_block_mask* mask);
 
 /* A forward problem by its sizes, for tuning. */

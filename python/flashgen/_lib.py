@@ -46,8 +46,9 @@ class Tensor(ctypes.Structure):
 
 
 class AttentionOptions(ctypes.Structure):
-    """flashgen_attention_options."""
+    """flashgen_attention_options; size is set to this struct's size (positional arguments start at softmax_scale)."""
     _fields_ = [
+        ("size", ctypes.c_size_t),          # sizeof(flashgen_attention_options): the library refuses another
         ("softmax_scale", ctypes.c_float),  # <= 0: 1/sqrt(head_dim)
         ("mask", ctypes.c_int),             # MASK_*
         ("deterministic", ctypes.c_int),    # backward: nonzero gives bitwise-identical gradients
@@ -64,6 +65,9 @@ class AttentionOptions(ctypes.Structure):
         ("variant_scalars", ctypes.c_void_p),  # host array of its scalars' 4-byte values
         ("block_mask", ctypes.c_void_p),    # NULL, or a flashgen_block_mask* (flashgen_block_mask_create)
     ]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(ctypes.sizeof(AttentionOptions), *args, **kwargs)
 
 
 # flashgen_arg_type: the type of a user variant's buffer or scalar.

@@ -58,9 +58,11 @@ class BlockMask:
     """A user mask's block classes kept across calls (flashgen_block_mask), as FlexAttention's block mask is: calls
     that pass the same BlockMask with the same mask_mod and variant_args (a model's layers within one step) classify
     the mask's blocks once per shape and pass, the first call computing them into memory this object owns, the later
-    ones reusing them. The tensors in variant_args must keep their contents while it is in use: make a new one when
-    they change (a new batch). The first call of each shape allocates (make it before capturing a CUDA graph); its
-    memory is freed with the object (cuMemFree, which waits for the work using it)."""
+    ones reusing them. Calls are matched by shapes, tensor addresses and numbers, not by contents: the tensors in
+    variant_args, and a packed call's cu_seqlens and seqused_k, must keep their contents while it is in use. Make a
+    new one for each batch (a new tensor may reuse a freed one's address). Each distinct call keeps its own classes
+    until the object is freed. The first call of each shape allocates (make it, and let it finish, before capturing
+    a CUDA graph); its memory is freed with the object, after the device's queued work is done."""
 
     __slots__ = ("handle",)
 

@@ -71,46 +71,43 @@ def test_version_matches_the_package():
     assert os.path.exists(flashgen.library_path())
 
 
-def test_struct_layouts_mirror_flashgen_h():
-    # flashgen_tensor: void*, int (+4 padding), int64[4], int64[4]; options: float, int, int, float, two int32,
-    # const float*, int64, const float*, float*, int32 (+4 padding), three pointers (the user variant), one (the block
-    # mask);
-    # flashgen_forward_problem: two ints, six int64; flashgen_variant_desc: size_t, five strings, a pointer and an int32
-    # (+4) twice.
-    assert ctypes.sizeof(_lib.Tensor) == 80
-    assert _lib.Tensor.shape.offset == 16
-    assert ctypes.sizeof(_lib.AttentionOptions) == 96
-    assert _lib.AttentionOptions.softcap.offset == 12
-    assert _lib.AttentionOptions.window_left.offset == 16
-    assert _lib.AttentionOptions.window_right.offset == 20
-    assert _lib.AttentionOptions.alibi_slopes.offset == 24
-    assert _lib.AttentionOptions.alibi_batch_stride.offset == 32
-    assert _lib.AttentionOptions.sinks.offset == 40
-    assert _lib.AttentionOptions.dsinks.offset == 48
-    assert _lib.AttentionOptions.attention_chunk.offset == 56
-    assert _lib.AttentionOptions.variant.offset == 64
-    assert _lib.AttentionOptions.variant_scalars.offset == 80
-    assert _lib.AttentionOptions.block_mask.offset == 88
-    assert ctypes.sizeof(_lib.VariantDesc) == 80
-    assert _lib.VariantDesc.buffers.offset == 48
-    assert _lib.VariantDesc.num_scalars.offset == 72
-    assert _lib.VariantDesc.mask_same_for_heads.offset == 76
-    assert ctypes.sizeof(_lib.ForwardProblem) == 56
-    assert _lib.ForwardProblem.batch.offset == 8
-    # flashgen_varlen_forward_args: size_t, four tensors, four pointers, three int64, the options, the block
-    # table's pointer and row length.
-    assert ctypes.sizeof(_lib.VarlenForwardArgs) == 496
-    assert _lib.VarlenForwardArgs.lse.offset == 328
-    assert _lib.VarlenForwardArgs.options.offset == 384
-    assert _lib.VarlenForwardArgs.block_table.offset == 480
-    # flashgen_kvcache_args: size_t, six tensors, three pointers, two int64, the workspace and its size, the options.
-    assert ctypes.sizeof(_lib.KvCacheArgs) == 640
-    assert _lib.KvCacheArgs.lse.offset == 488
-    assert _lib.KvCacheArgs.max_pages.offset == 512
-    assert _lib.KvCacheArgs.options.offset == 544
-    # flashgen_varlen_backward_args: size_t, eight tensors, three pointers, three int64, the options.
-    assert ctypes.sizeof(_lib.VarlenBackwardArgs) == 792
-    assert _lib.VarlenBackwardArgs.lse.offset == 648
+_MIRRORS = {"flashgen_tensor": _lib.Tensor, "flashgen_attention_options": _lib.AttentionOptions,
+            "flashgen_variant_arg": _lib.VariantArg, "flashgen_variant_desc": _lib.VariantDesc,
+            "flashgen_forward_problem": _lib.ForwardProblem, "flashgen_varlen_forward_args": _lib.VarlenForwardArgs,
+            "flashgen_varlen_backward_args": _lib.VarlenBackwardArgs, "flashgen_kvcache_args": _lib.KvCacheArgs}
+
+
+def test_struct_layouts_mirror_flashgen_h(tmp_path):
+    # The C compiler's layout of each struct of flashgen.h, every field's offset and the struct's size, against the
+    # ctypes mirror's: a field added, moved or retyped on one side only shows here.
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to read flashgen.h's layouts with")
+    include = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "include")
+    lines = ["#include <stddef.h>", "#include <stdio.h>", "#include <flashgen/flashgen.h>", "int main(void) {"]
+    for struct, mirror in _MIRRORS.items():
+        lines.append(f'  printf("{struct} sizeof %zu\\n", sizeof({struct}));')
+        lines += [f'  printf("{struct} {name} %zu\\n", offsetof({struct}, {name}));' for name, _ in mirror._fields_]
+    lines += ["  return 0;", "}"]
+    (tmp_path / "layouts.c").write_text("\n".join(lines) + "\n")
+    subprocess.run([compiler, "-std=c99", "-I", include, str(tmp_path / "layouts.c"), "-o", str(tmp_path / "layouts")],
+                   check=True)
+    printed = subprocess.run([str(tmp_path / "layouts")], check=True, capture_output=True, text=True).stdout
+    c_layout = {(struct, field): int(value) for struct, field, value in (line.split() for line in printed.splitlines())}
+    ctypes_layout = {}
+    for struct, mirror in _MIRRORS.items():
+        ctypes_layout[(struct, "sizeof")] = ctypes.sizeof(mirror)
+        ctypes_layout.update({(struct, name): getattr(mirror, name).offset for name, _ in mirror._fields_})
+    assert ctypes_layout == c_layout
+    # The options grew to 104 bytes with their size; the structs that embed them with it.
+    assert c_layout[("flashgen_attention_options", "sizeof")] == 104
+    assert c_layout[("flashgen_varlen_forward_args", "sizeof")] == 504
+
+
+def test_attention_options_carry_their_size():
+    assert _lib.AttentionOptions().size == ctypes.sizeof(_lib.AttentionOptions)
+    options = _lib.AttentionOptions(0.5, _lib.MASK_CAUSAL, 1)
+    assert (options.size, options.softmax_scale, options.mask, options.deterministic) == (104, 0.5, 1, 1)
 
 
 def test_search_order():
@@ -214,7 +211,10 @@ def test_statuses_map_to_exception_types():
      "opts.attention_chunk must be >= 0 (0: none), got -3"),
     (lambda c: [setattr(c.options, "mask", _lib.MASK_CAUSAL_TOP_LEFT), setattr(c.options, "attention_chunk", 64)],
      _lib.ERROR_INVALID_ARGUMENT, "opts.attention_chunk: chunks lie about the bottom-right diagonal"),
-], ids=["null-data", "batch", "stride", "mask", "head-dim", "window-left", "window-right", "chunk", "chunk-top-left"])
+    (lambda c: setattr(c.options, "size", 96), _lib.ERROR_INVALID_ARGUMENT,
+     "opts.size is 96; this flashgen's options struct has 104 bytes"),
+], ids=["null-data", "batch", "stride", "mask", "head-dim", "window-left", "window-right", "chunk", "chunk-top-left",
+        "options-size"])
 def test_forward_errors_carry_the_library_message(mutate, status, message):
     call = _Call()
     mutate(call)

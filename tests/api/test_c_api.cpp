@@ -9,9 +9,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "catch.hpp"
@@ -23,6 +25,7 @@
 #include "runtime/device_buffer.hpp"
 #include "support/attention_reference.hpp"
 #include "support/fake_pointer.hpp"
+#include "support/mask_options.hpp"
 #include "tuner/problem_key.hpp"
 
 namespace {
@@ -42,7 +45,7 @@ struct Call {
   flashgen_tensor v = bshd(fake_pointer(3), 2, 75, 4, 64);
   flashgen_tensor out = bshd(fake_pointer(4), 2, 100, 8, 64);
   float* lse = static_cast<float*>(fake_pointer(5));
-  flashgen_attention_options opts{0.f, FLASHGEN_MASK_CAUSAL, 0, 0.f, -1, -1, nullptr, 0, nullptr, nullptr, 0, nullptr, nullptr, nullptr, nullptr};
+  flashgen_attention_options opts = flashgen::test::mask_options(FLASHGEN_MASK_CAUSAL);
   const flashgen_tensor* qp = &q;
   const flashgen_tensor* kp = &k;
   const flashgen_tensor* vp = &v;
@@ -289,6 +292,63 @@ TEST_CASE("C ABI rejects each bad argument with a message naming it", "[c_api]")
     check_rejected([](Call& c) { c.opts.attention_chunk = 64, c.opts.mask = FLASHGEN_MASK_CAUSAL_TOP_LEFT; }, kInvalid,
                    "opts.attention_chunk: chunks lie about the bottom-right diagonal; not with "
                    "FLASHGEN_MASK_CAUSAL_TOP_LEFT");
+  }
+}
+
+TEST_CASE("C ABI refuses options that do not carry this library's size, on every dense call", "[c_api]") {
+  Call call;
+  flashgen_attention_options unsized = call.opts;
+  unsized.size = 0;
+  // A caller compiled against a flashgen.h whose options began with softmax_scale (0: the default) and mask
+  // (causal): those eight bytes are what the library reads as size.
+  flashgen_attention_options legacy{};
+  const float legacy_scale = 0.f;
+  const int32_t legacy_mask = FLASHGEN_MASK_CAUSAL;
+  std::memcpy(reinterpret_cast<char*>(&legacy), &legacy_scale, sizeof(float));
+  std::memcpy(reinterpret_cast<char*>(&legacy) + sizeof(float), &legacy_mask, sizeof(int32_t));
+  flashgen_attention_options newer = call.opts;
+  newer.size += 8;
+  const std::pair<const flashgen_attention_options*, std::string> cases[] = {
+      {&unsized, "opts.size is 0; this flashgen's options struct has 104 bytes (set size to sizeof"},
+      {&legacy, "opts.size is 4294967296, not this flashgen's 104 bytes: rebuild the caller against this library's "
+                "flashgen.h (it was compiled against a newer one, or one whose options had no size)"},
+      {&newer, "opts.size is 112, not this flashgen's 104 bytes"}};
+  char json[64];
+  size_t bytes = 0;
+  for (const auto& [opts, message] : cases) {
+    // The options are checked first: the calls without tensors are refused for them, not for q.
+    const std::function<int()> calls[] = {
+        [&, opts = opts] {
+          return flashgen_attention_forward(&call.q, &call.k, &call.v, &call.out, call.lse, opts, nullptr);
+        },
+        [&, opts = opts] {
+          return flashgen_attention_backward(&call.q, &call.k, &call.v, &call.out, &call.out, call.lse, &call.q,
+                                             &call.k, &call.v, opts, nullptr);
+        },
+        [&, opts = opts] {
+          return flashgen_attention_backward_workspace_size(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                                            nullptr, nullptr, nullptr, opts, nullptr, &bytes);
+        },
+        [&, opts = opts] {
+          return flashgen_attention_backward_with_workspace(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                                            nullptr, nullptr, nullptr, opts, fake_pointer(6), 1 << 20,
+                                                            nullptr);
+        },
+        [&, opts = opts] {
+          return flashgen_explain_forward(nullptr, nullptr, nullptr, nullptr, nullptr, opts, nullptr, json,
+                                          sizeof(json), nullptr);
+        },
+        [&, opts = opts] {
+          return flashgen_explain_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                           nullptr, opts, nullptr, json, sizeof(json), nullptr);
+        }};
+    for (size_t i = 0; i < std::size(calls); ++i) {
+      INFO("call " << i << ", expected: " << message);
+      CHECK(calls[i]() == FLASHGEN_ERROR_INVALID_ARGUMENT);
+      const std::string error = flashgen_last_error();
+      INFO("got: " << error);
+      CHECK(error.find(message) != std::string::npos);
+    }
   }
 }
 

@@ -11,6 +11,7 @@
 #include "launch/attention.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "support/fake_pointer.hpp"
+#include "support/mask_options.hpp"
 
 namespace {
 
@@ -30,7 +31,7 @@ struct BackwardCall {
   flashgen_tensor dk = bshd(fake_pointer(7), 2, 75, 4, 64);
   flashgen_tensor dv = bshd(fake_pointer(8), 2, 75, 4, 64);
   const float* lse = static_cast<const float*>(fake_pointer(9));
-  flashgen_attention_options opts{0.f, FLASHGEN_MASK_CAUSAL, 1, 0.f, -1, -1, nullptr, 0, nullptr, nullptr, 0, nullptr, nullptr, nullptr, nullptr};
+  flashgen_attention_options opts = flashgen::test::mask_options(FLASHGEN_MASK_CAUSAL, true);
   const flashgen_tensor* doutp = &dout;
   const flashgen_tensor* dqp = &dq;
   const flashgen_tensor* dkp = &dk;

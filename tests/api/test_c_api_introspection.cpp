@@ -24,6 +24,7 @@
 #include "runtime/device_buffer.hpp"
 #include "support/attention_reference.hpp"
 #include "support/fake_pointer.hpp"
+#include "support/mask_options.hpp"
 
 namespace {
 
@@ -44,7 +45,7 @@ struct Arguments {
   flashgen_tensor dk = bshd(fake_pointer(7), 2, 75, 4, 64);
   flashgen_tensor dv = bshd(fake_pointer(8), 2, 75, 4, 64);
   float* lse = static_cast<float*>(fake_pointer(9));
-  flashgen_attention_options opts{0.f, FLASHGEN_MASK_CAUSAL, 0, 0.f, -1, -1, nullptr, 0, nullptr, nullptr, 0, nullptr, nullptr, nullptr, nullptr};
+  flashgen_attention_options opts = flashgen::test::mask_options(FLASHGEN_MASK_CAUSAL);
   void* workspace = fake_pointer(10);
   size_t workspace_bytes = size_t(1) << 20;
   size_t* workspace_size = &workspace_size_storage;
@@ -188,7 +189,7 @@ struct DeviceProblem {
 
   explicit DeviceProblem(bool deterministic) {
     Arguments& a = arguments;
-    a.opts = {0.f, FLASHGEN_MASK_CAUSAL, deterministic ? 1 : 0, 0.f, -1, -1, nullptr, 0, nullptr, nullptr, 0, nullptr, nullptr, nullptr, nullptr};
+    a.opts = flashgen::test::mask_options(FLASHGEN_MASK_CAUSAL, deterministic);
     flashgen::test::Rng rng(1301);
     const std::pair<flashgen_tensor*, flashgen::DeviceBuffer*> tensors[] = {
         {&a.q, &q}, {&a.out, &out}, {&a.dout, &dout}, {&a.dq, &dq},

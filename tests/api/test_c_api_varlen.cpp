@@ -58,7 +58,7 @@ TEST_CASE("varlen forward rejects each bad argument with a message naming it", "
   CHECK(flashgen_attention_varlen_forward(nullptr, nullptr) == kInvalid);
   CHECK(std::string(flashgen_last_error()).find("args: null pointer") != std::string::npos);
   check_rejected([](auto& a) { a.size = 0; }, kInvalid, "args.size is 0; this flashgen's argument struct");
-  check_rejected([](auto& a) { a.size += 8; }, kInvalid, "a flashgen.h newer than this library");
+  check_rejected([](auto& a) { a.size += 8; }, kInvalid, "args.size is 512, not this flashgen's 504 bytes");
   // The dense call's checks of the tensors and options apply.
   check_rejected([](auto& a) { a.k.shape[3] = 32; }, kInvalid, "k.shape[3] (head_dim) is 32 but q.shape[3]");
   check_rejected([](auto& a) { a.v.shape[1] = 499; }, kInvalid, "v.shape[1] (seqlen) is 499 but k.shape[1]");
@@ -105,6 +105,18 @@ TEST_CASE("varlen forward over a paged cache rejects bad pages with a message na
   check_rejected([&](auto& a) { paged(a), a.max_seqlen_k = 257; }, kInvalid,
                  "max_seqlen_k must be at most max_pages * page_size = 256, got 257");
   check_rejected([&](auto& a) { paged(a), a.k.stride[1] = 36; }, kInvalid, "k.stride[1]");
+  // A user mask over a paged cache walks every key block of the base mask: a block mask is refused by name.
+  flashgen_variant_desc desc{};
+  desc.size = sizeof desc;
+  desc.mask_mod = "return (q_idx & 1) == (kv_idx & 1);";
+  flashgen_variant* variant = nullptr;
+  REQUIRE(flashgen_variant_create(&desc, &variant) == FLASHGEN_SUCCESS);
+  flashgen_block_mask* kept = nullptr;
+  REQUIRE(flashgen_block_mask_create(&kept) == FLASHGEN_SUCCESS);
+  check_rejected([&](auto& a) { paged(a), a.options.variant = variant, a.options.block_mask = kept; }, kInvalid,
+                 "opts.block_mask: a packed call over a paged cache has no block classes");
+  flashgen_block_mask_destroy(kept);
+  flashgen_variant_destroy(variant);
 }
 
 TEST_CASE("varlen forward with valid arguments gets as far as the GPU", "[c_api][varlen]") {
@@ -119,48 +131,53 @@ TEST_CASE("varlen forward with valid arguments gets as far as the GPU", "[c_api]
 TEST_CASE("the variants grew the argument structs: an older caller's size is refused, not misread",
           "[c_api][varlen][window][alibi][sinks][chunk][user_variant]") {
   // LP64 layouts: the options 16 -> 24 bytes (the window) -> 40 (ALiBi) -> 64 (the sinks and the chunk) -> 88 (a
-  // user variant) -> 96 (a block mask), and every struct that embeds them.
-  CHECK(sizeof(flashgen_attention_options) == 96);
-  CHECK(offsetof(flashgen_attention_options, window_left) == 16);
-  CHECK(offsetof(flashgen_attention_options, alibi_slopes) == 24);
-  CHECK(offsetof(flashgen_attention_options, sinks) == 40);
-  CHECK(offsetof(flashgen_attention_options, dsinks) == 48);
-  CHECK(offsetof(flashgen_attention_options, attention_chunk) == 56);
-  CHECK(offsetof(flashgen_attention_options, variant) == 64);
-  CHECK(offsetof(flashgen_attention_options, variant_scalars) == 80);
-  CHECK(offsetof(flashgen_attention_options, block_mask) == 88);
+  // user variant) -> 96 (a block mask) -> 104 (their own size, first), and every struct that embeds them.
+  CHECK(sizeof(flashgen_attention_options) == 104);
+  CHECK(offsetof(flashgen_attention_options, softmax_scale) == 8);
+  CHECK(offsetof(flashgen_attention_options, window_left) == 24);
+  CHECK(offsetof(flashgen_attention_options, alibi_slopes) == 32);
+  CHECK(offsetof(flashgen_attention_options, sinks) == 48);
+  CHECK(offsetof(flashgen_attention_options, dsinks) == 56);
+  CHECK(offsetof(flashgen_attention_options, attention_chunk) == 64);
+  CHECK(offsetof(flashgen_attention_options, variant) == 72);
+  CHECK(offsetof(flashgen_attention_options, variant_scalars) == 88);
+  CHECK(offsetof(flashgen_attention_options, block_mask) == 96);
   CHECK(offsetof(flashgen_varlen_forward_args, options) == 384);
-  CHECK(offsetof(flashgen_varlen_forward_args, block_table) == 480);
-  CHECK(sizeof(flashgen_varlen_forward_args) == 496);
-  CHECK(sizeof(flashgen_varlen_backward_args) == 792);
-  CHECK(sizeof(flashgen_kvcache_args) == 640);
+  CHECK(offsetof(flashgen_varlen_forward_args, block_table) == 488);
+  CHECK(sizeof(flashgen_varlen_forward_args) == 504);
+  CHECK(sizeof(flashgen_varlen_backward_args) == 800);
+  CHECK(sizeof(flashgen_kvcache_args) == 648);
   // The sizes callers compiled against the earlier flashgen.h files pass: the varlen forward's before the window
   // (400, and 416 whole), after it (408 before block_table, 424 whole) and after ALiBi (424 before block_table,
-  // 440 whole), after the sinks and the chunk (448 before block_table, 464 whole) and after the variant (472, 488),
-  // the varlen backward's (712, 720, 736, 760, 784), the KV-cache call's (560, 568, 584, 608, 632). None is this
-  // struct's offset of block_table (480), but no size other than sizeof is read anyway.
-  for (const size_t old_size :
-       {size_t{400}, size_t{408}, size_t{416}, size_t{424}, size_t{440}, size_t{464}, size_t{472}, size_t{488}}) {
+  // 440 whole), after the sinks and the chunk (448 before block_table, 464 whole), after the variant (472, 488) and
+  // after the block mask (480, 496), the varlen backward's (712, 720, 736, 760, 784, 792), the KV-cache call's (560,
+  // 568, 584, 608, 632, 640). None is this struct's offset of block_table (488), but no size other than sizeof is read
+  // anyway.
+  for (const size_t old_size : {size_t{400}, size_t{408}, size_t{416}, size_t{424}, size_t{440}, size_t{464},
+                                size_t{472}, size_t{480}, size_t{488}, size_t{496}}) {
     INFO(old_size);
     check_rejected([&](auto& a) { a.size = old_size; }, FLASHGEN_ERROR_INVALID_ARGUMENT,
                    "args.size is " + std::to_string(old_size) +
-                       "; this flashgen's argument struct has 496 bytes (set size to sizeof; rebuild a caller "
+                       "; this flashgen's argument struct has 504 bytes (set size to sizeof; rebuild a caller "
                        "compiled against an older flashgen.h)");
   }
-  for (const size_t old_size : {size_t{712}, size_t{720}, size_t{736}, size_t{760}, size_t{784}}) {
+  for (const size_t old_size : {size_t{712}, size_t{720}, size_t{736}, size_t{760}, size_t{784}, size_t{792}}) {
     flashgen_varlen_backward_args backward{};
     backward.size = old_size;
     CHECK(flashgen_attention_varlen_backward(&backward, nullptr) == FLASHGEN_ERROR_INVALID_ARGUMENT);
     CHECK(std::string(flashgen_last_error()).find("args.size is " + std::to_string(old_size) +
-                                                  "; this flashgen's argument struct has 792") != std::string::npos);
+                                                  "; this flashgen's argument struct has 800") != std::string::npos);
   }
-  for (const size_t old_size : {size_t{560}, size_t{568}, size_t{584}, size_t{608}, size_t{632}}) {
+  for (const size_t old_size : {size_t{560}, size_t{568}, size_t{584}, size_t{608}, size_t{632}, size_t{640}}) {
     flashgen_kvcache_args kvcache{};
     kvcache.size = old_size;
     CHECK(flashgen_attention_kvcache(&kvcache, nullptr) == FLASHGEN_ERROR_INVALID_ARGUMENT);
     CHECK(std::string(flashgen_last_error()).find("args.size is " + std::to_string(old_size) +
-                                                  "; this flashgen's argument struct has 640") != std::string::npos);
+                                                  "; this flashgen's argument struct has 648") != std::string::npos);
   }
+  // The options inside an argument struct carry their own size too.
+  check_rejected([](auto& a) { a.options.size = 0; }, FLASHGEN_ERROR_INVALID_ARGUMENT,
+                 "args.options.size is 0; this flashgen's options struct has 104 bytes");
 }
 
 TEST_CASE("varlen backward rejects bad arguments with a message naming them", "[c_api][varlen]") {

@@ -19,6 +19,7 @@
 #include "support/attention_reference.hpp"
 #include "support/check_reports.hpp"
 #include "support/first_use_scope.hpp"
+#include "support/mask_options.hpp"
 #include "support/temp_dir.hpp"
 #include "tuner/heuristic.hpp"
 #include "tuner/problem_key.hpp"
@@ -77,7 +78,7 @@ TEST_CASE("tune-on-first-use sweeps a new problem, stores it and runs the winner
   const auto kv = flashgen::StridedView::contiguous(1, 777, 1, 40);
   flashgen::DeviceBuffer qd = upload(q, qv), kd = upload(k, kv), vd = upload(v, kv);
   flashgen::DeviceBuffer out(static_cast<size_t>(qv.span()) * 2);
-  flashgen_attention_options opts{0.f, FLASHGEN_MASK_CAUSAL_TOP_LEFT, 0, 0.f, -1, -1, nullptr, 0, nullptr, nullptr, 0, nullptr, nullptr, nullptr, nullptr};
+  flashgen_attention_options opts = flashgen::test::mask_options(FLASHGEN_MASK_CAUSAL_TOP_LEFT);
   const flashgen_tensor tq = flashgen::bshd_tensor(qd.data(), FLASHGEN_FLOAT16, 1, 777, 2, 40);
   const flashgen_tensor tk = flashgen::bshd_tensor(kd.data(), FLASHGEN_FLOAT16, 1, 777, 1, 40);
   const flashgen_tensor tv = flashgen::bshd_tensor(vd.data(), FLASHGEN_FLOAT16, 1, 777, 1, 40);
@@ -112,7 +113,7 @@ TEST_CASE("a first-use sweep that cannot store its winner says why, at every cal
   const int64_t seqlen = 333, heads = 3, head_dim = 24;  // a bucket nothing else in the suite uses
   flashgen::DeviceBuffer q(size_t(seqlen * heads * head_dim) * 2), k(q.bytes()), v(q.bytes()), out(q.bytes());
   for (flashgen::DeviceBuffer* b : {&q, &k, &v}) b->fill_bytes(0x3C);  // fp16 ~1.06: values, not zeros
-  flashgen_attention_options opts{0.f, FLASHGEN_MASK_NONE, 0, 0.f, -1, -1, nullptr, 0, nullptr, nullptr, 0, nullptr, nullptr, nullptr, nullptr};
+  flashgen_attention_options opts = flashgen::test::mask_options(FLASHGEN_MASK_NONE);
   const flashgen_tensor tq = flashgen::bshd_tensor(q.data(), FLASHGEN_FLOAT16, 1, seqlen, heads, head_dim);
   const flashgen_tensor tk = flashgen::bshd_tensor(k.data(), FLASHGEN_FLOAT16, 1, seqlen, heads, head_dim);
   const flashgen_tensor tv = flashgen::bshd_tensor(v.data(), FLASHGEN_FLOAT16, 1, seqlen, heads, head_dim);
@@ -167,7 +168,7 @@ TEST_CASE("tune-on-first-use sweeps a bucket whose neighbour alone is stored", "
   const flashgen::testing::FirstUseScope first_use(db);
   flashgen::DeviceBuffer q(size_t(seqlen * heads * head_dim) * 2), k(q.bytes()), v(q.bytes()), out(q.bytes());
   for (flashgen::DeviceBuffer* b : {&q, &k, &v}) b->fill_bytes(0x3C);  // fp16 ~1.06: values, not zeros
-  flashgen_attention_options opts{0.f, FLASHGEN_MASK_NONE, 0, 0.f, -1, -1, nullptr, 0, nullptr, nullptr, 0, nullptr, nullptr, nullptr, nullptr};
+  flashgen_attention_options opts = flashgen::test::mask_options(FLASHGEN_MASK_NONE);
   auto view = [&](flashgen::DeviceBuffer& b) {
     return flashgen::bshd_tensor(b.data(), FLASHGEN_FLOAT16, 1, seqlen, heads, head_dim);
   };
