@@ -80,7 +80,7 @@ nlohmann::json explain_forward(const ForwardCall& call, CUstream stream) {
                       {"grid", grid_json(prepared.grid)},
                       {"threads", prepared.threads},
                       {"smem_bytes", prepared.smem_bytes},
-                      {"kernels", {kernel_json(launch.config.name(), compiled->usage)}}};
+                      {"kernels", {kernel_json(launch.config.name(), compiled->usage_of(launch.config.name()))}}};
   add_source_path(j, generate(launch.config));
   return j;
 }

@@ -32,6 +32,7 @@ struct OptionSpec {
   std::string value_name;  // e.g. "N"; empty for a flag that takes no value
   std::string help;
   bool repeatable = false;
+  bool internal = false;   // parsed, but left out of the help (what one flashgen process passes another)
 };
 
 // The parsed command line of one subcommand: option values by long name, then the positionals.
@@ -89,9 +90,9 @@ class Args {
     errno = 0;
     char* end = nullptr;
     long long value = std::strtoll(text.c_str(), &end, 10);
-    if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE)
+    if (text.empty() || end != text.c_str() + text.size())
       throw UsageError("--" + name + " expects an integer, got '" + text + "'", usage_);
-    if (value < lo || value > hi)
+    if (errno == ERANGE || value < lo || value > hi)
       throw UsageError("--" + name + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
                            text,
                        usage_);
@@ -129,6 +130,12 @@ class Command {
     return *this;
   }
 
+  // The last option added is internal: parsed as any other, left out of --help.
+  Command& internal() {
+    options_.back().internal = true;
+    return *this;
+  }
+
   const std::string& name() const { return name_; }
   const std::string& summary() const { return summary_; }
 
@@ -138,6 +145,7 @@ class Command {
     if (!positional_help_.empty()) text += "\n" + positional_help_ + "\n";
     std::vector<std::pair<std::string, std::string>> rows;
     for (const OptionSpec& spec : options_) {
+      if (spec.internal) continue;
       std::string left = spec.short_name ? std::string("-") + spec.short_name + ", " : "";
       left += "--" + spec.name + (spec.value_name.empty() ? "" : " " + spec.value_name);
       rows.emplace_back(left, spec.help + (spec.repeatable ? " (repeatable)" : ""));

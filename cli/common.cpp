@@ -78,9 +78,13 @@ void write_file(const std::string& path, const std::string& bytes) {
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   out.close();
   if (!out) {
-    const std::string reason = std::strerror(errno);
+    // A path that cannot be written (no such folder, no permission) is a bad argument; a write that fails on the
+    // way (a full disk, an I/O error) is a failure of the command.
+    const int cause = errno;
+    const bool bad_path = cause == ENOENT || cause == ENOTDIR || cause == EACCES || cause == EPERM ||
+                          cause == EROFS || cause == EISDIR || cause == ENAMETOOLONG;
     if (!in_place) fs::remove(target, error);
-    fail(Status::kInvalidArgument, "cannot write '" + path + "': " + reason);
+    fail(bad_path ? Status::kInvalidArgument : Status::kInternal, "cannot write '" + path + "': " + std::strerror(cause));
   }
   if (in_place) return;
   if (fs::exists(status)) fs::permissions(target, status.permissions(), error);  // the replaced file's mode
@@ -92,13 +96,13 @@ void write_file(const std::string& path, const std::string& bytes) {
   }
 }
 
-Json read_json_file(const std::string& path) {
+Json read_json_file(const std::string& path, const std::string& what) {
   try {
     if (path == "-") return Json::parse(std::cin);
-    std::ifstream in = open_input(path, "file");
+    std::ifstream in = open_input(path, what);
     return Json::parse(in);
   } catch (const Json::exception& error) {
-    fail(Status::kInvalidArgument, "'" + path + "' is not JSON: " + error.what());
+    fail(Status::kInvalidArgument, what + " '" + path + "' is not JSON: " + error.what());
   }
 }
 
@@ -272,11 +276,17 @@ AnyConfig config_from_name(const std::string& name) {
 
 fs::path db_path_of(const Args& args) {
   std::string path = TuningStore::default_path().string();
+  // What named the path, for the messages: the flag, the environment or the default.
+  std::string source = env("FLASHGEN_TUNING_DB") ? "FLASHGEN_TUNING_DB" : "the default database";
   if (args.has("db")) {
     path = args.string_or("db", "");
+    source = "--db";
     if (path.empty() || path.back() == '/') throw UsageError("--db needs a file path, got '" + path + "'", args.usage());
   }
-  reject_directory(path, "--db");
+  reject_directory(path, source);
+  std::error_code error;
+  if (fs::exists(path, error) && !fs::is_regular_file(path, error))
+    fail(Status::kInvalidArgument, source + " '" + path + "' is not a regular file (a database is one SQLite file)");
   return path;
 }
 

@@ -48,8 +48,8 @@ std::ifstream open_input(const std::string& path, const std::string& what);
 // other targets (/dev/stdout, a pipe) are written in place. A symbolic link's target is what gets replaced.
 void write_file(const std::string& path, const std::string& bytes);
 
-// A JSON file ("-": stdin), parsed; an invalid-argument error when it is not JSON.
-Json read_json_file(const std::string& path);
+// A JSON file ("-": stdin), parsed; an invalid-argument error when it cannot be read or is not JSON (what names it).
+Json read_json_file(const std::string& path, const std::string& what = "file");
 
 std::string first_line(const std::string& text);
 

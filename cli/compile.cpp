@@ -17,6 +17,7 @@
 #include "cli/commands.hpp"
 #include "cli/common.hpp"
 #include "cli/table.hpp"
+#include "cli/user_variant.hpp"
 #include "flashgen/error.hpp"
 #include "generator/generator.hpp"
 #include "runtime/kernel_registry.hpp"
@@ -30,15 +31,17 @@ Command compile_command() {
                  "Compiles kernels with NVRTC (through the on-disk cache unless --no-cache) and prints\n"
                  "registers, shared memory, spills, stack and compile time. Needs no GPU. With --cubin-dir it\n"
                  "also writes each kernel's cubin; with --sass it prints each kernel's SASS (cuobjdump).",
-                 "[<config-name>...] [--all-defaults] [--arch SM]... [--json] [--no-cache] [--jobs N]\n"
-                 "       [--cubin-dir DIR] [--sass]",
+                 "[<config-name>...] [--all-defaults] [--variant FILE] [--arch SM]... [--json] [--no-cache]\n"
+                 "       [--jobs N] [--cubin-dir DIR] [--sass]",
                  -1,
                  "<config-name>: canonical config names, e.g. fwd_sm80_fp16_d128_m128_n32_w4_s3, or backward modules\n"
                  "               such as bwd_sm90_fp16_d128_m64_n128_s2 (reported by their dkdv kernel), or KV-cache\n"
                  "               modules such as dec_sm80_bf16_d128_r16_n64_w4_s3_causal (their attention kernel)\n" +
                      arch_help())
       .option("arch", "SM", "target sm_<SM> (default 80 and 90; 90 only for sm90-family configs)", true)
-      .flag("all-defaults", "add the default candidates (default_forward_candidates) of each arch")
+      .flag("all-defaults", "add the heuristic's first forward choices of each arch (a few dozen kernels per arch; "
+                            "`flashgen tune --dry-run --json --arch SM` lists every candidate of a problem)")
+      .option("variant", "FILE", kVariantHelp)
       .flag("no-cache", "compile with NVRTC directly, bypassing the memory and disk caches")
       .option("jobs", "N", "compile N kernels at a time (default: the number of cores)", false, 'j')
       .option("cubin-dir", "DIR", "write each kernel's cubin to DIR/<config>.<target>.cubin (DIR is created)")
@@ -70,8 +73,9 @@ CompileOutcome compile_one(const CompileJob& job, bool use_cache) {
       outcome.usage = kernel->usage_of(dec->symbol(DecodeKernel::kAttend));
       outcome.dynamic_smem_bytes = dec->smem_bytes(DecodeKernel::kAttend);
     } else {
-      outcome.usage = kernel->usage;
-      outcome.dynamic_smem_bytes = std::get<KernelConfig>(job.config).smem_bytes();
+      const KernelConfig& forward = std::get<KernelConfig>(job.config);
+      outcome.usage = kernel->usage_of(forward.name());  // a user mask's module holds its classes' kernels too
+      outcome.dynamic_smem_bytes = forward.smem_bytes();
     }
     outcome.compile_ms = kernel->compile_ms;
     outcome.cached = kernel->from_cache;
@@ -197,8 +201,9 @@ int command_compile(const Args& args) {
     CompileJob job{config, arch};
     if (seen.insert({job.name(), arch}).second) jobs.push_back(std::move(job));
   };
+  const std::shared_ptr<const UserVariant> user = variant_of(args);
   for (const std::string& name : args.positionals) {
-    const auto config = config_from_name(name);  // a bad name stops here, before any work
+    const AnyConfig config = config_from_name(name, user);  // a bad name stops here, before any work
     // Without --arch a Hopper-family config is compiled for sm_90a only, the one target it has.
     const bool sm90_only = std::visit(
         [](const auto& c) {
@@ -212,8 +217,20 @@ int command_compile(const Args& args) {
     for (int arch : archs)
       if (args.has("arch") || !sm90_only || arch == 90) add(config, arch);
   }
-  if (args.has("all-defaults"))
-    for (const CompileJob& job : default_jobs_for(archs)) add(job.config, job.arch);
+  if (args.has("all-defaults")) {
+    for (const CompileJob& job : default_jobs_for(archs)) {
+      AnyConfig config = job.config;
+      attach_variant(config, "", user);
+      add(config, job.arch);
+    }
+  }
+  // A named config that cannot run on a named arch is a bad request, not a failed compile: refused before any work.
+  for (const CompileJob& job : jobs) {
+    if (const std::optional<std::string> why = std::visit([&](const auto& c) { return c.invalid_reason(job.arch); },
+                                                          job.config)) {
+      fail(Status::kInvalidArgument, "config " + job.name() + " is invalid for " + arch_label(job.arch) + ": " + *why);
+    }
+  }
 
   const bool sass = args.has("sass");
   if (sass) require_cuobjdump();  // before any work

@@ -95,7 +95,12 @@ int command_db(const Args& args) {
     if (operands.size() < lo || operands.size() > hi)
       throw UsageError("'db " + action + "' takes " + what, args.usage());
   };
-  auto readable = [&] { return open_read_only(db_path, "tuning database " + db_path.string()); };
+  auto readable = [&] {
+    // A --db that names no file is a mistyped path, not an empty database (the default one may not exist yet).
+    if (args.has("db") && !fs::exists(db_path))
+      fail(Status::kInvalidArgument, "no database file '" + db_path.string() + "'");
+    return open_read_only(db_path, "tuning database " + db_path.string());
+  };
 
   if (action == "list") {
     allow({});
@@ -218,6 +223,14 @@ int command_db(const Args& args) {
     else
       std::cout << "removed " << removed << " rows (" << winners_removed << " winners) from " << db_path.string()
                 << '\n';
+    // A whole problem id (as `db list` prints them) matches no class: say what the class of it would be.
+    size_t fifth_bar = 0;
+    for (int bars = 0; bars < 5 && fifth_bar != std::string::npos; ++bars)
+      fifth_bar = problem_class.find('|', bars == 0 ? 0 : fifth_bar + 1);
+    if (removed == 0 && fifth_bar != std::string::npos) {
+      std::cerr << "note: --problem-class takes a class, a problem id's first five fields ('"
+                << problem_class.substr(0, fifth_bar) << "'), not a whole problem id\n";
+    }
     return 0;
   }
   throw UsageError("unknown db action '" + action + "'", args.usage());

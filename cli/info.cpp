@@ -144,6 +144,8 @@ int command_info(const Args& args) {
   if (cache.exists)
     std::cout << " (" << cache.entries << (cache.entries == 1 ? " kernel, " : " kernels, ") << format_bytes(cache.bytes)
               << ")\n";
+  else if (std::error_code error; fs::exists(cache.dir, error))
+    std::cout << " (not a folder: nothing is cached; point FLASHGEN_CACHE_DIR at a folder)\n";
   else
     std::cout << " (not created yet)\n";
   std::cout << "FLASHGEN_TEMPLATE_DIR: "

@@ -3,6 +3,7 @@
 #include "cli/run.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <iostream>
@@ -11,6 +12,8 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <string>
+#include <utility>
 
 #include <unistd.h>
 
@@ -100,7 +103,12 @@ RunOptions parse_run_options(const Args& args) {
   o.scale = static_cast<float>(args.double_or("scale", o.scale));
   p.softcap = static_cast<float>(args.double_or("softcap", 0.0));
   p.alibi = args.has("alibi");
-  if (args.has("sink")) o.sink = static_cast<float>(args.double_or("sink", 0.0));
+  if (args.has("sink")) {
+    o.sink = static_cast<float>(args.double_or("sink", 0.0));
+    // -inf is no sink at all; NaN and +inf would make every output NaN or zero.
+    if (std::isnan(*o.sink) || *o.sink == std::numeric_limits<float>::infinity())
+      throw UsageError("--sink must be a finite logit or -inf, got " + args.string_or("sink", ""), args.usage());
+  }
   o.layout = args.choice_or("layout", o.layout, {"bshd", "bhsd"});
   if (args.has("config")) o.config_name = args.string_or("config", "");
   p.pass = args.has("backward") ? Pass::kBackward : Pass::kForward;
@@ -435,9 +443,35 @@ void check_run_problem(const RunOptions& o) {
   }
 }
 
+namespace {
+
+// A refusal of the library's checks, which name the C ABI's arguments, led by the flag that set the first one it
+// names: "--head-dim: q.shape[3] (head_dim) = 100 is unsupported ...".
+std::string with_flag(const std::string& message) {
+  static const std::pair<const char*, const char*> kFlags[] = {
+      {"q.shape[0]", "--batch"},          {"q.shape[1]", "--seqlen-q"},       {"k.shape[1]", "--seqlen-k"},
+      {"q.shape[2]", "--heads-q"},        {"k.shape[2]", "--heads-kv"},       {"q.shape[3]", "--head-dim"},
+      {"k_cache.shape[1]", "--page-size"}, {"opts.softmax_scale", "--scale"}, {"opts.softcap", "--softcap"},
+      {"opts.window_", "--window"},       {"opts.attention_chunk", "--chunk"}, {"num_splits", "--splits"},
+      {"total_q", "--total-q"},           {"total_k", "--total-k"}};
+  size_t first = std::string::npos;
+  const char* flag = nullptr;
+  for (const auto& [argument, name] : kFlags) {
+    const size_t at = message.find(argument);
+    if (at < first) first = at, flag = name;
+  }
+  return flag != nullptr ? std::string(flag) + ": " + message : message;
+}
+
+}  // namespace
+
 int command_run(const Args& args) {
   const RunOptions options = parse_run_options(args);
-  check_run_problem(options);
+  try {
+    check_run_problem(options);
+  } catch (const Error& error) {
+    throw Error(error.status(), with_flag(error.what()));
+  }
   check_host_memory(options);
   std::string why;
   if (!driver_available(&why)) fail(Status::kNoDevice, "run needs a GPU: " + why);

@@ -96,10 +96,12 @@ Command tune_command() {
       .option("arch", "SM", "with --dry-run --json: list each problem's candidates for sm_SM (default 90)")
       .option("sms", "N", "with --dry-run --json: the SMs KV-cache problems' split counts are planned for "
                           "(default 132, an H100 or H200)")
-      .flag("worker", "internal: run as one worker of --devices")
-      .option("journal", "FILE", "internal (--worker): names the candidate being launched, for crash isolation")
-      .option("crashed", "NAME:WHY", "internal (--worker): a candidate that crashed a worker, recorded and skipped",
-              true)
+      .flag("worker", "run as one worker of --devices")
+      .internal()
+      .option("journal", "FILE", "(--worker) names the candidate being launched, for crash isolation")
+      .internal()
+      .option("crashed", "NAME:WHY", "(--worker) a candidate that crashed a worker, recorded and skipped", true)
+      .internal()
       .flag("json", "print JSON: the result (an array with --spec), the plan (--dry-run) or the summary (--devices)");
 }
 
@@ -543,7 +545,7 @@ int command_tune(const Args& args) {
   }
   if (args.has("candidates")) {
     if (named.empty()) throw UsageError("--candidates needs at least one config name", args.usage());
-    if (!args.has("db") && !args.has("dry-run")) {
+    if (!args.has("db")) {  // a dry run too: it checks what the run would
       throw UsageError("--candidates needs --db: its winner replaces the bucket's stored one, so it goes to a "
                        "database of its own",
                        args.usage());

@@ -212,10 +212,11 @@ ImportedRows parse_import(const json& data) {
   auto resolve = [&](const std::map<std::string, std::string>& ids, const json& row, const char* key) {
     const std::string id = row.at(key).get<std::string>();
     const auto found = ids.find(id);
-    FLASHGEN_REQUIRE(found != ids.end(), std::string("tuning import: ") + section + "[" + std::to_string(index) +
-                                             "] names " + key + " '" + id + "' that the file does not define");
+    // (the catch below says which row)
+    FLASHGEN_REQUIRE(found != ids.end(), std::string("it names ") + key + " '" + id + "', which the file does not define");
     return found->second;
   };
+  for (const char* key : {"devices", "problems", "candidates", "winners"}) array_of(data, key);  // each an array
   try {
     for (index = 0; index < array_of(data, "devices").size(); ++index) {
       const json& row = data["devices"][index];

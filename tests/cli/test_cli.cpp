@@ -44,6 +44,22 @@ TEST_CASE("cli: --help lists the commands and exits 0", "[cli]") {
   }
 }
 
+TEST_CASE("cli: a usage error names the mistake and the command's synopsis, not every option", "[cli]") {
+  const TempDir dir{"flashgen-cli-test"};
+  const CliResult result = run_cli({"tune", "--max-candidates", "0"}, dir);
+  INFO("stderr: " << result.err);
+  CHECK(result.exit_code == 2);
+  CHECK(result.err.rfind("flashgen: error: --max-candidates", 0) == 0);
+  CHECK(result.err.find("usage: flashgen tune ") != std::string::npos);
+  CHECK(result.err.find("(flashgen tune --help lists every option)") != std::string::npos);
+  CHECK(result.err.find("options:") == std::string::npos);
+  // The help lists what a user may pass; what one flashgen process passes another (a --devices worker) it leaves out.
+  const CliResult help = run_cli({"tune", "--help"}, dir);
+  CHECK(help.out.find("--dry-run") != std::string::npos);
+  CHECK(help.out.find("--worker") == std::string::npos);
+  CHECK(help.out.find("--journal") == std::string::npos);
+}
+
 TEST_CASE("cli: an unknown command exits 2", "[cli]") {
   const TempDir dir{"flashgen-cli-test"};
   const CliResult result = run_cli({"frobnicate"}, dir);
@@ -122,6 +138,35 @@ TEST_CASE("cli: emit compiles a user variant's functions in, named by its tag", 
   const CliResult two_stdin = run_cli({"emit", "--config-json", "-", "--variant", "-"}, dir);
   CHECK(two_stdin.exit_code == 2);
   CHECK(two_stdin.err.find("cannot both read standard input") != std::string::npos);
+  // Functions that do not compile are reported now, with NVRTC's messages at their own lines, not by a later nvcc.
+  std::ofstream(variant) << R"({"mask_mod": "return doc[q_idx] == ;", "buffers": [{"name": "doc", "type": "int32"}]})";
+  const fs::path out = dir.path() / "out.cu";
+  const CliResult broken = run_cli({"emit", module, "--variant", variant.string(), "-o", out.string()}, dir);
+  CHECK(broken.exit_code == 1);
+  CHECK(broken.err.find("mask_mod(1): error") != std::string::npos);
+  CHECK(!fs::exists(out));
+}
+
+TEST_CASE("cli: compile --variant reports the registers of a user variant's kernel", "[cli][nvrtc][user_variant]") {
+  const TempDir dir{"flashgen-cli-test"};
+  const fs::path variant = dir.path() / "bias.json";
+  std::ofstream(variant) << R"({"score_bias": "return slope * (kv_idx - q_idx);",
+                                "scalars": [{"name": "slope", "type": "float32"}]})";
+  const CliResult result = run_cli({"compile", kConfigName, "--arch", "80", "--variant", variant.string(), "--json"},
+                                   dir);
+  INFO("stderr: " << result.err);
+  REQUIRE(result.exit_code == 0);
+  const Json j = parse_json(result);
+  REQUIRE(j.size() == 1);
+  CHECK(j[0]["config"].get<std::string>().rfind(kConfigName + "_u", 0) == 0);
+  CHECK(j[0]["registers"].get<int>() > 0);
+  // Without the description a tagged name is refused; a config that cannot run on a named arch is a bad request.
+  const CliResult untold = run_cli({"compile", j[0]["config"].get<std::string>()}, dir);
+  CHECK(untold.exit_code == 2);
+  CHECK(untold.err.find("give its description with --variant FILE") != std::string::npos);
+  const CliResult wrong_arch = run_cli({"compile", "fwd_sm90_fp16_d64_m128_n64_s2_ovl", "--arch", "80"}, dir);
+  CHECK(wrong_arch.exit_code == 2);
+  CHECK(wrong_arch.err.find("is invalid for sm_80") != std::string::npos);
 }
 
 TEST_CASE("cli: emit of an invalid config exits 2 with the reason", "[cli]") {
@@ -241,6 +286,14 @@ TEST_CASE("cli: output that cannot be written fails the command", "[cli]") {
   const int status = std::system(command.c_str());
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 1);
+  // So does -o naming it: a write that fails on the way is a failure (1), a path that cannot be written a bad
+  // argument (2).
+  const TempDir dir{"flashgen-cli-test"};
+  const CliResult full = run_cli({"emit", kConfigName, "-o", "/dev/full"}, dir);
+  CHECK(full.exit_code == 1);
+  CHECK(full.err.find("cannot write '/dev/full'") != std::string::npos);
+  const CliResult nowhere = run_cli({"emit", kConfigName, "-o", (dir.path() / "no" / "such.cu").string()}, dir);
+  CHECK(nowhere.exit_code == 2);
 }
 
 TEST_CASE("cli: failures under --json print one JSON error object", "[cli]") {
@@ -300,6 +353,17 @@ TEST_CASE("cli: failures under --json print one JSON error object", "[cli]") {
       INFO(words.back() << ": " << result.err);
       CHECK(result.exit_code == 2);
       CHECK(result.err.find("needs a GPU") == std::string::npos);
+    }
+    // The library's checks name its arguments; the refusal leads with the flag that set the first of them.
+    for (const auto& [words, message] :
+         {std::pair<std::vector<std::string>, std::string>{{"run", "--head-dim", "100"},
+                                                           "--head-dim: q.shape[3] (head_dim) = 100 is unsupported"},
+          {{"run", "--heads-q", "3", "--heads-kv", "2"}, "--heads-q: q.shape[2] (heads) = 3 must be a multiple of"},
+          {{"run", "--softcap", "-5"}, "--softcap: opts.softcap must be"}}) {
+      const CliResult result = run_cli(words, dir);
+      INFO(result.err);
+      CHECK(result.exit_code == 2);
+      CHECK(result.err.find(message) != std::string::npos);
     }
   }
   SECTION("run reads --window as FlashAttention's window_size and checks it before looking for a GPU") {

@@ -81,6 +81,21 @@ TEST_CASE("cli db: list --json prints one entry per winner", "[cli]") {
   CHECK(text.out.find(bf16_key().id()) != std::string::npos);
 }
 
+TEST_CASE("cli db: a --db that names no regular file is refused by name", "[cli]") {
+  const TempDir dir{"flashgen-cli-db"};
+  const std::string missing = (dir.path() / "typo.sqlite").string();
+  for (const char* action : {"list", "export"}) {
+    const CliResult result = run_cli({"db", action, "--db", missing}, dir);
+    INFO(action << ": " << result.err);
+    CHECK(result.exit_code == 2);
+    CHECK(result.err.find("no database file '" + missing + "'") != std::string::npos);
+    CHECK(!fs::exists(missing));
+  }
+  const CliResult device = run_cli({"db", "list", "--db", "/dev/null"}, dir);
+  CHECK(device.exit_code == 2);
+  CHECK(device.err.find("--db '/dev/null' is not a regular file") != std::string::npos);
+}
+
 TEST_CASE("cli db: export then import into a new file keeps the winners", "[cli]") {
   const TempDir dir{"flashgen-cli-db"};
   const fs::path db = make_store(dir);
@@ -226,6 +241,11 @@ TEST_CASE("cli db: prune needs a filter or --all", "[cli]") {
   CHECK(parse_json(refused).at("status") == "invalid_argument");
   CHECK(parse_json(run_cli({"db", "list", "--db", db.string(), "--json"}, dir)).size() == 2);
 
+  // A whole problem id where a class is meant prunes nothing, and the note names the class it holds.
+  const CliResult by_id = run_cli({"db", "prune", "--db", db.string(), "--problem-class", bf16_key().id()}, dir);
+  CHECK(by_id.exit_code == 0);
+  CHECK(by_id.out.find("removed 0 rows") != std::string::npos);
+  CHECK(by_id.err.find("a problem id's first five fields ('" + bf16_key().class_id() + "')") != std::string::npos);
   const CliResult pruned =
       run_cli({"db", "prune", "--db", db.string(), "--problem-class", bf16_key().class_id(), "--json"}, dir);
   CHECK(pruned.exit_code == 0);

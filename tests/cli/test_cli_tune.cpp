@@ -356,14 +356,16 @@ TEST_CASE("cli: tune --candidates times exactly the named configs of the problem
   const NoSchedulerEnv no_scheduler;
   const TempDir dir("flashgen-cli-tune");
   const std::string a = "fwd_sm80_bf16_d64_m128_n64_w4_s2_causal", b = "fwd_sm90_bf16_d64_m192_n128_s2_causal_ovl";
+  const std::string db = (dir.path() / "candidates.sqlite").string();
   const nlohmann::json plan = parse_json(run_cli({"tune", "--dtype", "bf16", "--head-dim", "64", "--causal", "top-left",
-                                                  "--candidates", a + ", " + b + " ," + a, "--dry-run", "--json"},
+                                                  "--candidates", a + ", " + b + " ," + a, "--db", db, "--dry-run",
+                                                  "--json"},
                                                  dir));
   REQUIRE(plan["problems"].size() == 1);
   CHECK(plan["problems"][0]["candidates"] == nlohmann::json::array({a, b}));  // trimmed, each once
 
   auto refused = [&](const std::vector<std::string>& args, const std::string& why) {
-    std::vector<std::string> command = {"tune", "--dry-run"};
+    std::vector<std::string> command = {"tune", "--dry-run", "--db", db};
     command.insert(command.end(), args.begin(), args.end());
     const auto r = run_cli(command, dir);
     INFO(r.err);
@@ -385,10 +387,15 @@ TEST_CASE("cli: tune --candidates times exactly the named configs of the problem
   refused({"--backward", "--candidates", "xyz"}, "--candidates: config name 'xyz'");
   refused({"--candidates", ","}, "--candidates needs at least one config name");
   refused({"--spec", write_spec(dir, R"({"problems": [{}]})"), "--candidates", a}, "does not go with --spec");
-  // Outside --dry-run it needs a database of its own: its winner replaces the bucket's stored one.
-  const auto no_db = run_cli({"tune", "--dtype", "bf16", "--head-dim", "64", "--causal", "top-left", "--candidates", a}, dir);
-  CHECK(no_db.exit_code == 2);
-  CHECK(no_db.err.find("--candidates needs --db") != std::string::npos);
+  // It needs a database of its own (its winner replaces the bucket's stored one), and a dry run says so too.
+  for (const bool dry_run : {false, true}) {
+    std::vector<std::string> command = {"tune", "--dtype", "bf16", "--head-dim", "64", "--causal", "top-left",
+                                        "--candidates", a};
+    if (dry_run) command.push_back("--dry-run");
+    const auto no_db = run_cli(command, dir);
+    CHECK(no_db.exit_code == 2);
+    CHECK(no_db.err.find("--candidates needs --db") != std::string::npos);
+  }
 }
 
 TEST_CASE("cli: tune refuses bad shards and specs, naming the field", "[cli][tune]") {

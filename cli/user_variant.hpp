@@ -1,0 +1,28 @@
+// A user-defined variant on the command line (`emit --variant FILE`, `compile --variant FILE`): its description read
+// from JSON and checked as flashgen_variant_create checks it, and config names that end with its tag.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "cli/args.hpp"
+#include "cli/common.hpp"
+#include "problem/user_variant.hpp"
+
+namespace flashgen::cli {
+
+// The help text of --variant.
+extern const char* const kVariantHelp;
+
+// The variant --variant FILE describes ('-': stdin), its functions compiled once on their own so that their errors
+// come back now, with NVRTC's messages at the functions' lines; nullptr without --variant.
+std::shared_ptr<const UserVariant> variant_of(const Args& args);
+
+// Compiles user (when given) into config. `name` is the name config was read from ("" for a config read from JSON):
+// one ending with a variant's tag (_u and 12 hex digits) must come with that variant's description.
+void attach_variant(AnyConfig& config, const std::string& name, std::shared_ptr<const UserVariant> user);
+
+// The config a name gives, with user compiled in: the name may end with user's tag.
+AnyConfig config_from_name(const std::string& name, std::shared_ptr<const UserVariant> user);
+
+}  // namespace flashgen::cli
