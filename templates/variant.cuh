@@ -167,6 +167,12 @@ struct WindowMask : UnchangedScores {
   static __host__ __device__ __forceinline__ int chunk_first(const Params& p, int x) {
     return floor_div(x, p.attention_chunk) * p.attention_chunk;
   }
+  // The first position of a key's chunk: keys are never negative, so one unsigned division (visible() asks it per
+  // score, the backward's walks per key block; floor_div's signed form there cost the d64 Hopper backward a spill).
+  template <class Params>
+  static __host__ __device__ __forceinline__ int key_chunk_first(const Params& p, int key) {
+    return static_cast<int>(static_cast<unsigned>(key) / static_cast<unsigned>(p.attention_chunk)) * p.attention_chunk;
+  }
   template <class Params>
   static __host__ __device__ __forceinline__ int chunk_last(const Params& p, int x) {
     return chunk_first(p, x) + p.attention_chunk - 1;
@@ -177,10 +183,9 @@ struct WindowMask : UnchangedScores {
     const int diagonal = at.q + p.causal_offset;
     const bool in_window = at.k >= diagonal - p.window_left && at.k <= diagonal + p.window_right;
     if constexpr (kChunked) {
-      // The diagonal in the key's chunk: one unsigned division (keys are never negative), by the key, which a
-      // kernel testing a key's scores across its tile shares.
-      const int first = static_cast<int>(static_cast<unsigned>(at.k) / static_cast<unsigned>(p.attention_chunk)) *
-                        p.attention_chunk;
+      // The diagonal in the key's chunk: one division, by the key, which a kernel testing a key's scores across its
+      // tile shares.
+      const int first = key_chunk_first(p, at.k);
       return in_window && diagonal >= first && diagonal - first < p.attention_chunk;
     } else {
       return in_window;
@@ -210,7 +215,7 @@ struct WindowMask : UnchangedScores {
   template <class Params>
   static __host__ __device__ __forceinline__ int first_query(const Params& p, int /*batch*/, int key) {
     const int first = key - p.causal_offset - p.window_right;
-    if constexpr (kChunked) return max(first, chunk_first(p, key) - p.causal_offset);
+    if constexpr (kChunked) return max(first, key_chunk_first(p, key) - p.causal_offset);
     return first;
   }
   template <class Params>
@@ -222,7 +227,7 @@ struct WindowMask : UnchangedScores {
   template <class Params>
   static __host__ __device__ __forceinline__ int last_query(const Params& p, int /*batch*/, int key) {
     const int last = key - p.causal_offset + p.window_left;
-    if constexpr (kChunked) return min(last, chunk_last(p, key) - p.causal_offset);
+    if constexpr (kChunked) return min(last, key_chunk_first(p, key) + p.attention_chunk - 1 - p.causal_offset);
     return last;
   }
 };
