@@ -15,7 +15,7 @@
 
 namespace flashgen::cli {
 
-// A mistake on the command line: main prints the message and the command's usage, and exits 2.
+// A mistake on the command line: main prints the message and the usage reminder it carries, and exits 2.
 class UsageError : public std::runtime_error {
  public:
   UsageError(const std::string& message, std::string usage)
@@ -40,7 +40,7 @@ class Args {
  public:
   bool has(const std::string& name) const { return values_.count(name) != 0; }
 
-  // The command's usage text, for UsageErrors raised while reading values.
+  // The command's usage reminder (Command::reminder), for UsageErrors raised while reading values.
   const std::string& usage() const { return usage_; }
 
   // Every value given for a repeatable option, in order (empty when absent).
@@ -137,11 +137,15 @@ class Command {
   }
 
   const std::string& name() const { return name_; }
+  std::string synopsis_line() const { return "usage: flashgen " + name_ + (synopsis_.empty() ? "" : " " + synopsis_); }
   const std::string& summary() const { return summary_; }
 
+  // What a usage error prints after its message: the synopsis and where the options are, rather than every option,
+  // which would scroll the message itself away.
+  std::string reminder() const { return synopsis_line() + "\n(flashgen " + name_ + " --help lists every option)\n"; }
+
   std::string usage() const {
-    std::string text = "usage: flashgen " + name_ + (synopsis_.empty() ? "" : " " + synopsis_) + "\n\n" + summary_ +
-                       "\n";
+    std::string text = synopsis_line() + "\n\n" + summary_ + "\n";
     if (!positional_help_.empty()) text += "\n" + positional_help_ + "\n";
     std::vector<std::pair<std::string, std::string>> rows;
     for (const OptionSpec& spec : options_) {
@@ -162,7 +166,7 @@ class Command {
   // "--" to end options, and "-" as a positional. Returns nullopt when help was asked for.
   std::optional<Args> parse(const std::vector<std::string>& argv) const {
     Args args;
-    args.usage_ = usage();
+    args.usage_ = reminder();
     bool options_done = false;
     for (size_t i = 0; i < argv.size(); ++i) {
       const std::string& word = argv[i];

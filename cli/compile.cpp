@@ -220,7 +220,7 @@ int command_compile(const Args& args) {
   if (args.has("all-defaults")) {
     for (const CompileJob& job : default_jobs_for(archs)) {
       AnyConfig config = job.config;
-      attach_variant(config, "", user);
+      attach_variant(config, user);
       add(config, job.arch);
     }
   }

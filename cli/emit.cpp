@@ -65,7 +65,7 @@ int command_emit(const Args& args) {
   std::shared_ptr<const UserVariant> user = variant_of(args);
   AnyConfig config = from_json ? AnyConfig(read_config_json(args.string_or("config-json", "-")))
                                : config_from_name(args.positionals[0], user);
-  if (from_json) attach_variant(config, "", std::move(user));
+  if (from_json) attach_variant(config, std::move(user));
   const std::vector<int> archs = parse_archs(args, {90});
   if (archs.size() != 1) throw UsageError("emit writes the source of one --arch", args.usage());
   const int arch = archs.front();

@@ -3,7 +3,6 @@
 #include <functional>
 #include <iostream>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -123,23 +122,12 @@ bool wants_json(const std::vector<std::string>& words) {
   return false;
 }
 
-// A usage error's reminder: the command's synopsis (its usage text up to the first blank line) and where the rest is,
-// rather than every option, which would scroll the message itself away.
-std::string usage_reminder(const std::string& usage) {
-  // "usage: flashgen <name> ...": a command's name; "<command>" for flashgen's own usage, short enough to print whole.
-  std::istringstream words(usage);
-  std::string usage_word, program, name;
-  words >> usage_word >> program >> name;
-  if (name.empty() || name[0] == '<') return usage;
-  return usage.substr(0, usage.find("\n\n")) + "\n(flashgen " + name + " --help lists every option)\n";
-}
-
 // Reports a failure that reached main and returns the exit code. The message goes to stderr, followed
-// by a reminder of the command's usage for a usage error; with --json, stdout also gets one object
-// {"error": message, "status": status_name} for scripts, whatever the command.
+// by a usage error's reminder (a command's synopsis, or flashgen's whole short usage); with --json, stdout also gets
+// one object {"error": message, "status": status_name} for scripts, whatever the command.
 int report_failure(bool json, Status status, const std::string& message, const std::string& usage = "") {
   std::cerr << "flashgen: error: " << message << '\n';
-  if (!usage.empty()) std::cerr << '\n' << usage_reminder(usage);
+  if (!usage.empty()) std::cerr << '\n' << usage;
   if (json) print_json({{"error", message}, {"status", status_name(status)}});
   return exit_code_for(status);
 }

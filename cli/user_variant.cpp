@@ -94,15 +94,10 @@ std::optional<std::string> cut_variant_tag(std::string& name) {
 }
 
 
-}  // namespace
-
-std::shared_ptr<const UserVariant> variant_of(const Args& args) {
-  return args.has("variant") ? read_variant_json(args.string_or("variant", "-")) : nullptr;
-}
-
-void attach_variant(AnyConfig& config, const std::string& name, std::shared_ptr<const UserVariant> user) {
-  std::string untagged = name;
-  const std::optional<std::string> tag = cut_variant_tag(untagged);
+// Compiles user (when given) into config, read from `name` (empty for a config without one), whose tag (cut from it)
+// must then be user's.
+void attach(AnyConfig& config, const std::string& name, const std::optional<std::string>& tag,
+            std::shared_ptr<const UserVariant> user) {
   if (user == nullptr) {
     if (tag) {
       fail(Status::kInvalidArgument,
@@ -121,11 +116,21 @@ void attach_variant(AnyConfig& config, const std::string& name, std::shared_ptr<
   std::visit([&](auto& c) { c.user = std::move(user); }, config);
 }
 
+}  // namespace
+
+std::shared_ptr<const UserVariant> variant_of(const Args& args) {
+  return args.has("variant") ? read_variant_json(args.string_or("variant", "-")) : nullptr;
+}
+
+void attach_variant(AnyConfig& config, std::shared_ptr<const UserVariant> user) {
+  attach(config, "", std::nullopt, std::move(user));
+}
+
 AnyConfig config_from_name(const std::string& name, std::shared_ptr<const UserVariant> user) {
   std::string untagged = name;
-  cut_variant_tag(untagged);
+  const std::optional<std::string> tag = cut_variant_tag(untagged);
   AnyConfig config = config_from_name(untagged);
-  attach_variant(config, name, std::move(user));
+  attach(config, name, tag, std::move(user));
   return config;
 }
 

@@ -18,11 +18,11 @@ extern const char* const kVariantHelp;
 // come back now, with NVRTC's messages at the functions' lines; nullptr without --variant.
 std::shared_ptr<const UserVariant> variant_of(const Args& args);
 
-// Compiles user (when given) into config. `name` is the name config was read from ("" for a config read from JSON):
-// one ending with a variant's tag (_u and 12 hex digits) must come with that variant's description.
-void attach_variant(AnyConfig& config, const std::string& name, std::shared_ptr<const UserVariant> user);
+// Compiles user (when given) into a config that came without a name (from JSON, or the built-in defaults).
+void attach_variant(AnyConfig& config, std::shared_ptr<const UserVariant> user);
 
-// The config a name gives, with user compiled in: the name may end with user's tag.
+// The config a name gives, with user (when given) compiled in: a name ending with a variant's tag (_u and 12 hex
+// digits) must come with that variant's description.
 AnyConfig config_from_name(const std::string& name, std::shared_ptr<const UserVariant> user);
 
 }  // namespace flashgen::cli
