@@ -12,6 +12,7 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <regex>
 #include <sstream>
 #include <utility>
 
@@ -83,7 +84,8 @@ Command tune_command() {
       .option("spec", "FILE", "tune every problem of this JSON spec instead of the one the flags describe")
       .option("shard", "I/N", "tune only problems I, I+N, ... of the spec, into their own database file")
       .option("devices", "LIST", "all, or GPU ordinals like 0,1: one worker process per GPU, each tuning its share; a "
-                                 "worker that crashes is restarted without the candidate it was running")
+                                 "worker that crashes is restarted without the candidate it was running (a worker "
+                                 "killed before it ran one is restarted as it was)")
       .option("max-candidates", "N", "time N candidates, not the whole valid space: the built-in choice, its "
                                      "one-knob neighbours, then others spread evenly")
       .option("candidates", "NAMES", "time exactly these configs (comma-separated names of the problem's pass, "
@@ -108,8 +110,13 @@ Command tune_command() {
 namespace {
 
 std::string space_text(const SpaceCounts& space) {
-  std::string reasons;
+  // A shared-memory reason names each config's own size; the line counts them as one reason (JSON keeps each).
+  static const std::regex smem("needs [0-9]+ bytes of shared memory; (sm_[0-9]+) allows ([0-9]+) per block");
+  std::map<std::string, int> grouped;
   for (const auto& [reason, count] : space.pruned_by_reason)
+    grouped[std::regex_replace(reason, smem, "needs more shared memory than $1 allows per block ($2 bytes)")] += count;
+  std::string reasons;
+  for (const auto& [reason, count] : grouped)
     reasons += (reasons.empty() ? "" : "; ") + reason + ": " + std::to_string(count);
   return format("%d configs, %d pruned", space.total, space.pruned) + (reasons.empty() ? "" : " (" + reasons + ")") +
          format(", %zu valid", space.valid);

@@ -176,12 +176,22 @@ int supervise_workers(const Args& args, const std::vector<AttentionProblem>& pro
     std::ifstream journal(w.journal);
     std::string culprit;
     std::getline(journal, culprit);
-    if (!culprit.empty() && w.restarts < kMaxWorkerRestarts) {
-      const std::string why = "crashed its worker process (" + how + ") on GPU " + std::to_string(w.device);
-      std::cerr << "flashgen: worker on GPU " << w.device << " ended with " << how << " while running " << culprit
-                << "; restarting it without that candidate\n";
-      crashes.push_back({{"device", w.device}, {"config", culprit}, {"how", how}});
-      w.crashed.push_back(culprit + ":" + why);
+    // A worker killed by a signal before it launched anything (while compiling, or by the OOM killer or a
+    // user) has no candidate to blame; it starts again where its database left off. An exit status without a
+    // candidate is the worker's own reported error, which a restart would only repeat.
+    const bool killed_idle = culprit.empty() && WIFSIGNALED(status);
+    if ((!culprit.empty() || killed_idle) && w.restarts < kMaxWorkerRestarts) {
+      if (killed_idle) {
+        std::cerr << "flashgen: worker on GPU " << w.device << " ended with " << how
+                  << " before launching a candidate; restarting it\n";
+        crashes.push_back({{"device", w.device}, {"config", nullptr}, {"how", how}});
+      } else {
+        const std::string why = "crashed its worker process (" + how + ") on GPU " + std::to_string(w.device);
+        std::cerr << "flashgen: worker on GPU " << w.device << " ended with " << how << " while running " << culprit
+                  << "; restarting it without that candidate\n";
+        crashes.push_back({{"device", w.device}, {"config", culprit}, {"how", how}});
+        w.crashed.push_back(culprit + ":" + why);
+      }
       ++w.restarts;
       start(w);
       continue;
@@ -211,7 +221,7 @@ int supervise_workers(const Args& args, const std::vector<AttentionProblem>& pro
     print_json({{"db", db.string()}, {"devices", devices}, {"problems", problems.size()},
                 {"winners_merged", merged}, {"crashes", crashes}, {"failed_workers", failed}});
   } else {
-    std::cout << format("%zu problems on %zu GPUs: %d winners merged into %s; %zu candidate crashes isolated%s\n",
+    std::cout << format("%zu problems on %zu GPUs: %d winners merged into %s; %zu worker crashes recovered%s\n",
                         problems.size(), m, merged, db.string().c_str(), crashes.size(),
                         failed.empty() ? "" : format("; %zu workers failed (files kept in %s)", failed.size(),
                                                      work.string().c_str()).c_str());

@@ -1,8 +1,8 @@
 """flashgen.torch inside PyTorch's machinery, on the GPU: the custom ops pass torch.library.opcheck; eager calls skip
 the dispatcher and match the ops bitwise; torch.compile
 keeps attention in one graph (forward and backward, static then dynamic shapes) with eager's results; forward and
-backward captured in a CUDA graph replay on new inputs with eager's results; calls run on the caller's current
-stream; explain names the configs and writes their sources; tune sweeps and the process then runs the winner;
+backward captured in a CUDA graph replay on new inputs with eager's results, both also with the tensors on a second GPU
+while the first is current; calls run on the caller's current stream of the tensors' device; explain names the configs and writes their sources; tune sweeps and the process then runs the winner;
 shape errors name the caller's dims; empty inputs, meta tensors, torch.use_deterministic_algorithms and
 torch.autocast.
 """
@@ -23,10 +23,16 @@ import flashgen  # noqa: E402
 import flashgen.torch as fgt  # noqa: E402
 
 
-def _randn(*shape, dtype=torch.bfloat16, seed=0, requires_grad=False):
+def _randn(*shape, dtype=torch.bfloat16, seed=0, requires_grad=False, device="cuda"):
     generator = torch.Generator(device="cuda").manual_seed(seed)
-    t = torch.randn(*shape, device="cuda", generator=generator).to(dtype)
+    t = torch.randn(*shape, device="cuda", generator=generator).to(dtype).to(device)
     return t.requires_grad_() if requires_grad else t
+
+
+# The device the tensors live on, with device 0 current throughout: "cuda:1" runs only where a second GPU is.
+_DEVICES = [pytest.param("cuda:0", id="gpu0"),
+            pytest.param("cuda:1", id="gpu1-while-gpu0-current", marks=pytest.mark.skipif(
+                torch.cuda.device_count() < 2, reason="one GPU: no second device to put the tensors on"))]
 
 
 def _close(got, want, dtype):
@@ -64,8 +70,10 @@ def test_eager_calls_skip_the_dispatcher_and_match_the_ops_bitwise():
     assert not fgt._eager_call(q.to("meta"), k, v)
 
 
-def test_torch_compile_keeps_attention_in_the_graph():
+@pytest.mark.parametrize("device", _DEVICES)
+def test_torch_compile_keeps_attention_in_the_graph(device):
     torch._dynamo.reset()
+    torch.cuda.set_device(0)
 
     def loss_of(q, k, v):
         out = fgt.attention(q, k, v, causal=True, deterministic=True)
@@ -73,10 +81,11 @@ def test_torch_compile_keeps_attention_in_the_graph():
 
     compiled = torch.compile(loss_of, fullgraph=True)  # fullgraph: any graph break is an error
     for seqlen in (128, 200):  # the second length recompiles with dynamic shapes (the fake ops see SymInts)
-        q = _randn(2, seqlen, 4, 64, seed=seqlen, requires_grad=True)
-        k = _randn(2, seqlen, 2, 64, seed=seqlen + 1, requires_grad=True)
-        v = _randn(2, seqlen, 2, 64, seed=seqlen + 2, requires_grad=True)
+        q = _randn(2, seqlen, 4, 64, seed=seqlen, requires_grad=True, device=device)
+        k = _randn(2, seqlen, 2, 64, seed=seqlen + 1, requires_grad=True, device=device)
+        v = _randn(2, seqlen, 2, 64, seed=seqlen + 2, requires_grad=True, device=device)
         loss = compiled(q, k, v)
+        assert loss.device == torch.device(device) and torch.cuda.current_device() == 0
         grads = torch.autograd.grad(loss, (q, k, v))
         eager_loss = loss_of(q, k, v)
         eager_grads = torch.autograd.grad(eager_loss, (q, k, v))
@@ -86,36 +95,41 @@ def test_torch_compile_keeps_attention_in_the_graph():
             assert torch.equal(got, want), f"seqlen {seqlen}: compiled {name} differs from eager"
 
 
+@pytest.mark.parametrize("device", _DEVICES)
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic-dq", "deterministic"])
-def test_cuda_graph_capture_and_replay(deterministic):
-    q = _randn(2, 160, 4, 64, seed=10, requires_grad=True)
-    k = _randn(2, 200, 2, 64, seed=11, requires_grad=True)
-    v = _randn(2, 200, 2, 64, seed=12, requires_grad=True)
-    dout = _randn(2, 160, 4, 64, seed=13)
+def test_cuda_graph_capture_and_replay(deterministic, device):
+    torch.cuda.set_device(0)
+    q = _randn(2, 160, 4, 64, seed=10, requires_grad=True, device=device)
+    k = _randn(2, 200, 2, 64, seed=11, requires_grad=True, device=device)
+    v = _randn(2, 200, 2, 64, seed=12, requires_grad=True, device=device)
+    dout = _randn(2, 160, 4, 64, seed=13, device=device)
 
     def step():
         out = fgt.attention(q, k, v, causal=True, deterministic=deterministic)
         return (out, *torch.autograd.grad(out, (q, k, v), dout))
 
-    # Warm-up on a side stream, as torch.cuda.graph asks: compiles or loads the kernels before capture.
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
+    # Warm-up on a side stream, as torch.cuda.graph asks: compiles or loads the kernels before capture. A graph is
+    # captured on its device's streams; the eager calls after it run with device 0 current again.
+    with torch.cuda.device(device):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
 
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+        # A capture stream of this device: torch.cuda.graph's default one is made once, on the first device used.
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
+            captured = step()
 
     for seed in (20, 30):
         with torch.no_grad():
             for i, t in enumerate((q, k, v, dout)):
-                t.copy_(_randn(*t.shape, seed=seed + i))
+                t.copy_(_randn(*t.shape, seed=seed + i, device=device))
         graph.replay()
         expected = step()
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
         for name, got, want in zip(("out", "dq", "dk", "dv"), captured, expected):
             exact = deterministic or name == "out"
             assert torch.equal(got, want) if exact else _close(got, want, torch.bfloat16), \
@@ -145,6 +159,28 @@ def test_other_device_than_the_current_one():
     expected = fgt.attention(q, k, v)
     with torch.cuda.device(0):
         out = fgt.attention(*(t.to("cuda:1") for t in (q, k, v)))
+    assert out.device == torch.device("cuda:1")
+    assert torch.equal(out.cpu(), expected.cpu())
+
+
+def test_other_device_runs_on_that_devices_current_stream():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("one GPU: no other device to put the tensors on")
+    q, k, v = (_randn(1, 256, 4, 64, seed=55 + i) for i in range(3))
+    expected = fgt.attention(q, k, v, causal=True)
+    q1, k1, v1 = (t.to("cuda:1") for t in (q, k, v))
+    q_late = torch.zeros_like(q1)
+    side = torch.cuda.Stream(device="cuda:1")
+    side.wait_stream(torch.cuda.current_stream("cuda:1"))
+    with torch.cuda.stream(side):  # device 1's current stream, and device 1 current
+        # q_late is written only after ~50 ms of GPU time on device 1's side stream: a call queued on any other
+        # stream, of either device, would read the zeros.
+        torch.cuda._sleep(100_000_000)
+        q_late.copy_(q1)
+        with torch.cuda.device(0):
+            assert torch.cuda.current_stream("cuda:1") == side
+            out = fgt.attention(q_late, k1, v1, causal=True)
+    torch.cuda.current_stream("cuda:1").wait_stream(side)
     assert out.device == torch.device("cuda:1")
     assert torch.equal(out.cpu(), expected.cpu())
 

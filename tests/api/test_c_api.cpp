@@ -1,7 +1,8 @@
 // C ABI argument checking: every bad input returns a nonzero status and a message naming the argument,
 // before any GPU work (on a machine without a driver these still report the argument, not the GPU). The
 // [gpu] cases run an odd but valid layout for real and check that pointers to host memory or to another
-// device's memory are refused before anything is launched.
+// device's memory are refused before anything is launched; with two devices, that a call runs on its stream's
+// device whichever context is current, and that a stream of another device than the tensors' is refused.
 #include <cuda.h>
 
 #include <cmath>
@@ -144,6 +145,13 @@ bool out_untouched(const DeviceCall& device_call) {
   for (uint16_t bits : device_call.out_storage())
     if (bits != flashgen::test::kPoison16) return false;
   return true;
+}
+
+// The devices the driver lists.
+int device_count() {
+  int count = 0;
+  FLASHGEN_CU_CHECK(cuDeviceGetCount(&count));
+  return count;
 }
 
 // Retains a device's primary context for the scope (released at exit).
@@ -523,11 +531,9 @@ TEST_CASE("C ABI refuses host memory before launching", "[gpu][c_api]") {
 
 TEST_CASE("C ABI refuses memory of another device before launching", "[gpu][c_api]") {
   FLASHGEN_REQUIRE_GPU();
-  int device_count = 0;
-  FLASHGEN_CU_CHECK(cuDeviceGetCount(&device_count));
-  if (device_count < 2) FLASHGEN_SKIP_TEST("one device: there is no other device's memory to pass");
+  if (device_count() < 2) FLASHGEN_SKIP_TEST("one device: there is no other device's memory to pass");
   flashgen::ScopedContext context;  // the launch runs here, on context.device()
-  const int other_device = (static_cast<int>(context.device()) + 1) % device_count;  // device 1 in practice
+  const int other_device = (static_cast<int>(context.device()) + 1) % device_count();  // device 1 in practice
   const PrimaryContext other_context(other_device);
   Call call = small_call();
   const DeviceCall device_call(call, 1203);
@@ -545,6 +551,76 @@ TEST_CASE("C ABI refuses memory of another device before launching", "[gpu][c_ap
   CHECK(status == FLASHGEN_ERROR_INVALID_ARGUMENT);
   CHECK(message.find("v.data") != std::string::npos);
   CHECK(message.find("device " + std::to_string(other_device)) != std::string::npos);
+  CHECK(out_untouched(device_call));
+}
+
+TEST_CASE("C ABI runs on the stream's device while another device's context is current", "[gpu][c_api]") {
+  FLASHGEN_REQUIRE_GPU();
+  if (device_count() < 2) FLASHGEN_SKIP_TEST("one device: there is no second device to run on");
+  const PrimaryContext first(0);
+  const PrimaryContext second(1);
+  // The same call on each device in turn, with device 0's context current throughout: the kernels are loaded
+  // into each context, and the stream, not the current context, decides where the call runs.
+  for (const int device : {0, 1}) {
+    const CUcontext home = device == 0 ? first.get() : second.get();
+    const PushedContext current(first.get());
+    Call call = small_call();
+    call.opts = flashgen::test::mask_options(FLASHGEN_MASK_CAUSAL_TOP_LEFT);
+    std::unique_ptr<DeviceCall> device_call;
+    CUstream stream = nullptr;
+    {
+      const PushedContext pushed(home);
+      device_call = std::make_unique<DeviceCall>(call, 1204 + static_cast<uint32_t>(device));
+      FLASHGEN_CU_CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    }
+    const int status =
+        flashgen_attention_forward(call.qp, call.kp, call.vp, call.outp, call.lse, call.optsp, stream);
+    INFO("tensors and stream on device " << device << ", device 0 current; message: " << flashgen_last_error());
+    CHECK(status == FLASHGEN_SUCCESS);
+    const PushedContext pushed(home);
+    FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
+    FLASHGEN_CU_CHECK(cuStreamDestroy(stream));
+    if (status == FLASHGEN_SUCCESS) {
+      const flashgen::AttentionShape shape{call.q.shape[0], call.q.shape[1], call.k.shape[1],
+                                           call.q.shape[2], call.k.shape[2], call.q.shape[3]};
+      const flashgen::test::ForwardReference reference = flashgen::test::forward_reference(
+          shape, device_call->input(0), device_call->input(1), device_call->input(2),
+          flashgen::effective_softmax_scale(call.opts.softmax_scale, shape.head_dim), call.opts.mask,
+          call.q.dtype);
+      const std::vector<float> lse = device_call->lse_storage();
+      const flashgen::test::ForwardCheck check =
+          flashgen::test::check_forward(reference, device_call->out_storage(), view_of(call.out), &lse);
+      INFO(check.out.text << '\n' << check.out_touched_text << '\n' << check.lse.text << '\n'
+                          << check.lse_touched_text);
+      CHECK(check.ok());
+    }
+    device_call.reset();  // freed in its own context
+  }
+}
+
+TEST_CASE("C ABI refuses a stream of another device than the tensors'", "[gpu][c_api]") {
+  FLASHGEN_REQUIRE_GPU();
+  if (device_count() < 2) FLASHGEN_SKIP_TEST("one device: there is no other device's stream to pass");
+  const PrimaryContext first(0);
+  const PrimaryContext second(1);
+  const PushedContext current(second.get());  // the tensors' device is current; the stream is device 0's
+  Call call = small_call();
+  const DeviceCall device_call(call, 1206);
+  CUstream stream = nullptr;
+  {
+    const PushedContext pushed(first.get());
+    FLASHGEN_CU_CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  }
+  const int status = flashgen_attention_forward(call.qp, call.kp, call.vp, call.outp, call.lse, call.optsp, stream);
+  const std::string message = flashgen_last_error();
+  {
+    const PushedContext pushed(first.get());
+    FLASHGEN_CU_CHECK(cuStreamDestroy(stream));
+  }
+  INFO("tensors on device 1, stream of device 0; message: " << message);
+  CHECK(status == FLASHGEN_ERROR_INVALID_ARGUMENT);
+  CHECK(message.find("q.data") != std::string::npos);
+  CHECK(message.find("device 1") != std::string::npos);
   CHECK(out_untouched(device_call));
 }
 
