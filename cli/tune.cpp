@@ -20,6 +20,7 @@
 #include "cli/common.hpp"
 #include "cli/run.hpp"
 #include "cli/table.hpp"
+#include "cli/user_variant.hpp"
 #include "flashgen/error.hpp"
 #include "flashgen/flashgen.h"
 #include "runtime/cuda_driver.hpp"
@@ -81,6 +82,7 @@ Command tune_command() {
                         "the key ranges per sequence, timed with CUDA events on full caches")
       .option("page-size", "N", "with --kv-cache: a paged cache of N-key pages, a multiple of 16, in a shuffled "
                                 "order (default 0: contiguous)")
+      .option("variant", "FILE", kTuneVariantHelp)
       .option("spec", "FILE", "tune every problem of this JSON spec instead of the one the flags describe")
       .option("shard", "I/N", "tune only problems I, I+N, ... of the spec, into their own database file")
       .option("devices", "LIST", "all, or GPU ordinals like 0,1: one worker process per GPU, each tuning its share; a "
@@ -377,7 +379,7 @@ std::vector<TunedConfig> named_candidates(const std::vector<std::string>& names,
 // Tunes one problem into store; prints (or returns as JSON) what happened.
 Json tune_one(const AttentionProblem& problem, TuningStore& store, const fs::path& db_path, size_t max_candidates,
               bool force, bool json, const ScopedContext& context, const WorkerState& worker,
-              const std::vector<std::string>& named) {
+              const std::vector<std::string>& named, const UserVariantArgs& user_args) {
   const int arch = device_sm(context.device());
   const DeviceFingerprint device = current_device_fingerprint(static_cast<int>(context.device()));
   TuneOptions options;
@@ -385,6 +387,7 @@ Json tune_one(const AttentionProblem& problem, TuningStore& store, const fs::pat
   options.max_candidates = max_candidates;
   options.named = named_candidates(named, problem);
   options.sweep.known_crashes = worker.known_crashes;
+  options.sweep.user_args = user_args;
   if (worker.journal) {
     // FLASHGEN_TEST_CRASH_CONFIG (testing only): the worker dies at that candidate as at a kernel fault.
     const std::optional<std::string> crash_at = env("FLASHGEN_TEST_CRASH_CONFIG");
@@ -483,7 +486,8 @@ std::string problem_line(const AttentionProblem& p) {
                 (long long)s.heads_kv, (long long)s.seqlen_q, (long long)s.seqlen_k) +
          (p.softcapped() ? format(" softcap %g", p.softcap) : std::string()) + (p.alibi ? " ALiBi" : "") +
          (p.paged ? format(" pages of %d", p.page_size) : std::string()) +
-         (p.varlen ? format(" tokens %lld/%lld", (long long)p.total_q, (long long)p.total_k) : std::string());
+         (p.varlen ? format(" tokens %lld/%lld", (long long)p.total_q, (long long)p.total_k) : std::string()) +
+         (p.user ? " user variant " + p.user->tag : std::string());
 }
 
 Json problem_json(const AttentionProblem& p) {
@@ -564,6 +568,21 @@ int command_tune(const Args& args) {
     }
     named_candidates(named, flags);  // a bad name stops here, before any GPU work
   }
+  // --variant: every problem's user variant, dense problems only (packed and KV-cache sweeps take none).
+  const std::shared_ptr<const UserVariant> user = variant_of(args);
+  if (user) {
+    if (args.has("devices")) throw UsageError("--variant does not go with --devices", args.usage());
+    for (AttentionProblem& p : spec.problems) {
+      if (p.varlen || p.kv_cache) {
+        throw UsageError("--variant tunes dense problems, not the " + problem_line(p), args.usage());
+      }
+      if (p.backward() && !user->has_gradient()) {
+        throw UsageError("--variant " + user->tag + " has a score_mod but no score_grad: its backward cannot be tuned",
+                         args.usage());
+      }
+      p.user = user;
+    }
+  }
   const Shard shard = shard_of(args);
   std::vector<AttentionProblem> mine;
   for (size_t i = static_cast<size_t>(shard.index); i < spec.problems.size(); i += static_cast<size_t>(shard.count))
@@ -604,12 +623,13 @@ int command_tune(const Args& args) {
   }
   if (args.has("journal")) worker.journal = fs::path(args.string_or("journal", ""));
   ScopedContext context;  // the current context, else device 0's primary context
+  const VariantValues values = user ? variant_values_of(args, *user) : VariantValues{};
   TuningStore store(db_path);
   Json results = Json::array();
   for (size_t i = 0; i < mine.size(); ++i) {
     if (mine.size() > 1) std::cerr << format("problem %zu/%zu: %s\n", i + 1, mine.size(), problem_line(mine[i]).c_str());
     results.push_back(tune_one(mine[i], store, db_path, max_candidates, args.has("force") || !named.empty(), json,
-                                context, worker, named));
+                                context, worker, named, values.args));
   }
   if (worker.journal) std::ofstream(*worker.journal, std::ios::trunc);
   if (json) print_json(args.has("spec") || results.empty() ? results : results.front());

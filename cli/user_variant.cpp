@@ -2,6 +2,9 @@
 #include "cli/user_variant.hpp"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <map>
 #include <deque>
 #include <iterator>
 #include <optional>
@@ -21,13 +24,27 @@ const char* const kVariantHelp =
     "their own first, so their errors come back with NVRTC's messages; a config name may end with the variant's tag "
     "(_u<12 hex digits>), which must then be this description's";
 
+const char* const kTuneVariantHelp =
+    "tune a user-defined variant of the problem (dense calls; as emit --variant takes it): its base class's tiles "
+    "with its functions compiled in, checked against them, stored under its tag; each buffer needs \"values\" (a "
+    "list of numbers of its type, covering every index the functions read at the problem's sizes) and each scalar "
+    "\"value\" in the JSON, which the sweep calls the functions with";
+
 namespace {
+
+// The --variant file's JSON, read once (it may be stdin).
+const Json& variant_json(const std::string& path) {
+  static std::map<std::string, Json> read;
+  auto found = read.find(path);
+  if (found == read.end()) found = read.emplace(path, read_json_file(path, "variant JSON")).first;
+  return found->second;
+}
 
 // A user variant from its description as JSON (flashgen_variant_desc's fields by name), checked as
 // flashgen_variant_create checks it.
 std::shared_ptr<const UserVariant> read_variant_json(const std::string& path) {
   const std::string where = "variant JSON '" + path + "'";
-  const Json j = read_json_file(path, "variant JSON");
+  const Json& j = variant_json(path);
   FLASHGEN_REQUIRE(j.is_object(), where + ": expected an object");
   static const char* const kBodies[] = {"mask_mod", "score_mod", "score_grad", "score_bias", "helpers"};
   static const std::pair<const char*, flashgen_arg_type> kTypes[] = {{"float32", FLASHGEN_ARG_FLOAT32},
@@ -117,6 +134,53 @@ void attach(AnyConfig& config, const std::string& name, const std::optional<std:
 }
 
 }  // namespace
+
+VariantValues variant_values_of(const Args& args, const UserVariant& user) {
+  const std::string path = args.string_or("variant", "-");
+  const std::string where = "variant JSON '" + path + "'";
+  const Json& j = variant_json(path);
+  VariantValues values;
+  values.buffers.reserve(user.buffers.size());
+  for (size_t i = 0; i < user.buffers.size(); ++i) {
+    const UserArg& arg = user.buffers[i];
+    const Json& entry = j.at("buffers").at(i);
+    FLASHGEN_REQUIRE(entry.contains("values") && entry["values"].is_array() && !entry["values"].empty(),
+                     where + ": buffer '" + arg.name + "' needs \"values\", a list of numbers, to be tuned with");
+    std::vector<unsigned char> bytes;
+    for (const Json& v : entry["values"]) {
+      FLASHGEN_REQUIRE(v.is_number(), where + ": buffer '" + arg.name + "' values must be numbers");
+      auto append = [&](auto value) {
+        const auto* raw = reinterpret_cast<const unsigned char*>(&value);
+        bytes.insert(bytes.end(), raw, raw + sizeof value);
+      };
+      switch (arg.type) {
+        case UserArgType::kFloat32: append(v.get<float>()); break;
+        case UserArgType::kInt32: append(v.get<int32_t>()); break;
+        case UserArgType::kInt64: append(v.get<int64_t>()); break;
+        case UserArgType::kUint8: append(v.get<uint8_t>()); break;
+      }
+    }
+    values.buffers.emplace_back(bytes.size());
+    values.buffers.back().upload(bytes.data(), bytes.size());
+    values.args.buffers.push_back(values.buffers.back().data());
+  }
+  for (size_t i = 0; i < user.scalars.size(); ++i) {
+    const UserArg& arg = user.scalars[i];
+    const Json& entry = j.at("scalars").at(i);
+    FLASHGEN_REQUIRE(entry.contains("value") && entry["value"].is_number(),
+                     where + ": scalar '" + arg.name + "' needs \"value\", a number, to be tuned with");
+    uint32_t bits = 0;
+    if (arg.type == UserArgType::kFloat32) {
+      const float value = entry["value"].get<float>();
+      std::memcpy(&bits, &value, sizeof bits);
+    } else {
+      const int32_t value = entry["value"].get<int32_t>();
+      std::memcpy(&bits, &value, sizeof bits);
+    }
+    values.args.scalars.push_back(bits);
+  }
+  return values;
+}
 
 std::shared_ptr<const UserVariant> variant_of(const Args& args) {
   return args.has("variant") ? read_variant_json(args.string_or("variant", "-")) : nullptr;

@@ -4,10 +4,12 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cli/args.hpp"
 #include "cli/common.hpp"
 #include "problem/user_variant.hpp"
+#include "runtime/device_buffer.hpp"
 
 namespace flashgen::cli {
 
@@ -17,6 +19,17 @@ extern const char* const kVariantHelp;
 // The variant --variant FILE describes ('-': stdin), its functions compiled once on their own so that their errors
 // come back now, with NVRTC's messages at the functions' lines; nullptr without --variant.
 std::shared_ptr<const UserVariant> variant_of(const Args& args);
+
+// The values `flashgen tune --variant FILE` calls the functions with: each buffer's "values" (a list of numbers of
+// its type) uploaded to the current context's device, each scalar's "value"; an error naming the one missing.
+struct VariantValues {
+  std::vector<DeviceBuffer> buffers;
+  UserVariantArgs args;  // pointers into buffers
+};
+VariantValues variant_values_of(const Args& args, const UserVariant& user);
+
+// The help text of tune's --variant.
+extern const char* const kTuneVariantHelp;
 
 // Compiles user (when given) into a config that came without a name (from JSON, or the built-in defaults).
 void attach_variant(AnyConfig& config, std::shared_ptr<const UserVariant> user);

@@ -91,39 +91,64 @@ void read_through_pages(const ForwardCall& call, ForwardChoice& choice, int arch
 
 void read_through_pages(const BackwardCall&, BackwardChoice&, int) {}
 
-// A user variant's functions join the tiles chosen for its base class (the built-in mask and modifiers under
-// it). The sm90 family's clusters share each key block between two tiles, which a user's mask may hide from one
-// of them: with a user mask the choice takes none.
-template <class Choice>
-void with_user_variant(const AttentionProblem& problem, Choice& choice) {
-  if (!problem.user) return;
-  if constexpr (std::is_same_v<Choice, ForwardChoice>) {
-    Sm90Knobs* k = choice.config.sm90();
-    if (k != nullptr && k->cluster != 1 && problem.user->masks()) {
-      k->cluster = 1;
-      choice.reason += "; no cluster: a user mask hides keys";
-    }
-  }
-  choice.config.user = problem.user;
-  choice.reason += "; with the user variant " + problem.user->tag + " compiled in";
+// The call's arguments of its user variant, from its params (the variant's counts of them).
+template <class Params>
+UserVariantArgs user_args_of(const AttentionProblem& problem, const Params& p) {
+  UserVariantArgs args;
+  args.buffers.assign(p.user_buffers, p.user_buffers + problem.user->buffers.size());
+  args.scalars.assign(p.user_scalars, p.user_scalars + problem.user->scalars.size());
+  return args;
 }
 
 std::optional<ForwardChoice> tune_on_first_use_of(const ForwardCall& call, int device, int arch,
                                                   std::string* failure) {
-  return tune_forward_on_first_use(call.problem, device, arch, failure);
+  const UserVariantArgs args = call.problem.user ? user_args_of(call.problem, call.params) : UserVariantArgs{};
+  return tune_forward_on_first_use(call.problem, device, arch, failure, false, &args);
 }
 
 std::optional<BackwardChoice> tune_on_first_use_of(const BackwardCall& call, int device, int arch,
                                                    std::string* failure) {
-  return tune_backward_on_first_use(call.problem, device, arch, failure);
+  const UserVariantArgs args = call.problem.user ? user_args_of(call.problem, call.params) : UserVariantArgs{};
+  return tune_backward_on_first_use(call.problem, device, arch, failure, &args);
 }
 
-ForwardChoice process_choice(const ForwardCall& call, int device, int arch) {
-  return choose_forward_config(device, problem_key(call.problem), arch);
+// The process's choice for a key of the call's pass.
+ForwardChoice choice_for_key(int device, const ProblemKey& key, int arch, const ForwardCall*) {
+  return choose_forward_config(device, key, arch);
 }
 
-BackwardChoice process_choice(const BackwardCall& call, int device, int arch) {
-  return choose_backward_config(device, problem_key(call.problem), arch);
+BackwardChoice choice_for_key(int device, const ProblemKey& key, int arch, const BackwardCall*) {
+  return choose_backward_config(device, key, arch);
+}
+
+bool tuned(ChoiceSource source) {
+  return source == ChoiceSource::kTuningDatabase || source == ChoiceSource::kTunedOnFirstUse;
+}
+
+// The process's choice for a call. A dense call with a user variant takes the variant's own tuning data (its key
+// carries the variant's tag; *variant_data is set), else its base class's choice, which is not the variant's own
+// bucket (so tune-on-first-use still tunes the variant).
+template <class Call>
+auto process_choice(const Call& call, int device, int arch, bool* variant_data) {
+  ProblemKey key = problem_key(call.problem);
+  auto choice = choice_for_key(device, key, arch, &call);
+  *variant_data = !key.user_tag.empty() && tuned(choice.source);
+  if (key.user_tag.empty() || *variant_data) return choice;
+  key.user_tag.clear();
+  choice = choice_for_key(device, key, arch, &call);
+  choice.exact_bucket = false;
+  return choice;
+}
+
+// A user variant's functions join the tiles chosen for it: as they are where they were timed with them (the
+// variant's own data), else through attach_user_variant (the base class's tiles, or others of the base class
+// where those spill with the functions).
+template <class Choice>
+void with_user_variant(const AttentionProblem& problem, Choice& choice, int arch, bool variant_data) {
+  if (!problem.user) return;
+  if (!variant_data) return attach_user_variant(choice, problem.user, arch);
+  choice.config.user = problem.user;
+  choice.reason += "; with the user variant " + problem.user->tag + " compiled in";
 }
 
 // Steps (1) to (3) for a problem in scope's context. final is false when tune-on-first-use had to be skipped
@@ -139,20 +164,24 @@ template <class Call>
 auto plan_in_scope(const Call& call, const ScopedContext& scope, CUstream stream) {
   const int device = static_cast<int>(scope.device());
   const int arch = launch_arch(scope.device());
-  Plan<decltype(process_choice(call, device, arch))> plan{process_choice(call, device, arch), arch};
-  // A user variant runs its base class's choice: a sweep would time and store the base class, not its functions.
-  if (call.problem.user == nullptr) {
+  bool variant_data = false;
+  Plan<decltype(process_choice(call, device, arch, &variant_data))> plan{
+      process_choice(call, device, arch, &variant_data), arch};
+  // A packed or KV-cache call with a user variant runs its base class's choice: their sweeps do not take one.
+  if (call.problem.user == nullptr || !user_key_tag(call.problem).empty()) {
     if (tune_on_first_use() && stream_capturing(stream)) {
       plan.final = false;
     } else {
       apply_tune_on_first_use(plan.choice, [&](std::string* failure) {
-        return tune_on_first_use_of(call, device, arch, failure);
+        auto swept = tune_on_first_use_of(call, device, arch, failure);
+        variant_data = variant_data || (swept && call.problem.user != nullptr);
+        return swept;
       });
     }
   }
   apply_fallbacks(call, plan.choice, arch, device_traits(scope.device()));
   read_through_pages(call, plan.choice, arch);
-  with_user_variant(call.problem, plan.choice);
+  with_user_variant(call.problem, plan.choice, plan.arch, variant_data);
   return plan;
 }
 

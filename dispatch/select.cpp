@@ -114,7 +114,7 @@ std::mutex& first_use_mutex() {
 // problem's key. explicit_request (flashgen_tune_forward) sweeps even a bucket the database holds.
 template <class Choice>
 std::optional<Choice> first_use_tune(const AttentionProblem& problem, int device, int arch, std::string* failure,
-                                     bool explicit_request) {
+                                     bool explicit_request, const UserVariantArgs* user_args) {
   using Config = decltype(Choice::config);
   constexpr bool kBackward = std::is_same_v<Config, BwdConfig>;
   FLASHGEN_REQUIRE(problem.backward() == kBackward, "tuning on first use: the problem is not of the pass asked for");
@@ -143,6 +143,10 @@ std::optional<Choice> first_use_tune(const AttentionProblem& problem, int device
     // Another process may have stored the bucket since this one read the database: then its winner serves.
     options.force = explicit_request;
     options.max_candidates = kFirstUseCandidates;
+    if (problem.user) {
+      FLASHGEN_REQUIRE(user_args != nullptr, "tuning a user variant needs the call's buffers and scalars of it");
+      options.sweep.user_args = *user_args;
+    }
     options.on_plan = [&](const TunePlan& plan) {
       std::fprintf(stderr, "flashgen: tuning %s %s(%zu candidates)\n", key.id().c_str(),
                    explicit_request ? "" : "on first use, FLASHGEN_TUNE=1 ", plan.candidates.size());
@@ -202,13 +206,14 @@ void set_tune_on_first_use(bool enabled) {
 uint64_t choice_generation() { return generation().load(std::memory_order_acquire); }
 
 std::optional<ForwardChoice> tune_forward_on_first_use(const AttentionProblem& problem, int device, int arch,
-                                                       std::string* failure, bool explicit_request) {
-  return first_use_tune<ForwardChoice>(problem, device, arch, failure, explicit_request);
+                                                       std::string* failure, bool explicit_request,
+                                                       const UserVariantArgs* user_args) {
+  return first_use_tune<ForwardChoice>(problem, device, arch, failure, explicit_request, user_args);
 }
 
 std::optional<BackwardChoice> tune_backward_on_first_use(const AttentionProblem& problem, int device, int arch,
-                                                         std::string* failure) {
-  return first_use_tune<BackwardChoice>(problem, device, arch, failure, false);
+                                                         std::string* failure, const UserVariantArgs* user_args) {
+  return first_use_tune<BackwardChoice>(problem, device, arch, failure, false, user_args);
 }
 
 BackwardChoice choose_backward_config(int device, const ProblemKey& problem, int arch) {

@@ -59,8 +59,12 @@ constexpr int kFirstUseCandidates = 16;
 // choice it had, and the process does not sweep that bucket again. *failure (when given) then gets the
 // cause, this time and at every later call for the bucket. An explicit_request (flashgen_tune_forward)
 // sweeps a bucket whose sweep failed before, and a failure throws Error with its cause's status instead.
+// A dense problem with a user variant is swept with the variant compiled into its base class's candidates, checked
+// against its functions evaluated on the GPU with user_args (the call's own buffers and scalars), and stored under
+// the variant's tag.
 std::optional<ForwardChoice> tune_forward_on_first_use(const AttentionProblem& problem, int device, int arch,
-                                                       std::string* failure = nullptr, bool explicit_request = false);
+                                                       std::string* failure = nullptr, bool explicit_request = false,
+                                                       const UserVariantArgs* user_args = nullptr);
 
 // Process-wide backward choice for device (a CUDA device ordinal), as the forward's: the user's
 // database, then the shipped defaults, then the heuristic; memoized per (device, problem key).
@@ -69,7 +73,8 @@ BackwardChoice choose_backward_config(int device, const ProblemKey& problem, int
 // tune_forward_on_first_use for a backward problem (its dQ strategy's candidates; checked in full
 // against float64 on a small problem of the same class, then timed at the problem's sizes).
 std::optional<BackwardChoice> tune_backward_on_first_use(const AttentionProblem& problem, int device, int arch,
-                                                         std::string* failure = nullptr);
+                                                         std::string* failure = nullptr,
+                                                         const UserVariantArgs* user_args = nullptr);
 
 // Process-wide KV-cache choice for device (a CUDA device ordinal) of `multiprocessors` SMs, in the forward's
 // order of sources (tuner/choice.hpp's choose_decode_config). What the sources hold is memoized per problem

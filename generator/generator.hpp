@@ -54,6 +54,22 @@ std::string render_user_functions(const UserVariant& user);
 // A module that calls each of the variant's functions once: compiled by flashgen_variant_create to report the
 // caller's errors before any kernel is built.
 GeneratedSource generate_user_probe(const UserVariant& user);
+// A module whose one kernel evaluates the variant's functions at a list of points (UserTableParams below): the
+// mask, the modified score or bias, the score's derivative. The tuner's float64 reference reads them
+// (tuner/user_reference.hpp), so a sweep checks a user variant's candidates against the functions themselves.
+GeneratedSource generate_user_table(const UserVariant& user);
+
+// The parameters of generate_user_table's kernel, as its source declares them.
+struct UserTableParams {
+  const void* user_buffers[8];
+  unsigned user_scalars[8];
+  const int* points;        // count points of (batch, head, q_idx, kv_idx)
+  const float* scores;      // the score each point's score_mod is asked at (softmax units); null without one
+  long long count;
+  unsigned char* visible;   // mask_mod's answer, 1 without one
+  float* modified;          // score_mod(score) or score_bias, 0 without either
+  float* gradient;          // score_grad(modified), 1 without it
+};
 
 // The templates as embedded in the library at build time, or read from $FLASHGEN_TEMPLATE_DIR when set
 // (for editing templates without rebuilding).

@@ -4,6 +4,7 @@
 // (templates/variant.cuh's UserVariant).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +33,13 @@ struct UserVariant {
   bool modifies_scores() const { return !score_mod.empty() || !score_bias.empty(); }
   // Whether the backward can take it: a score function needs its derivative.
   bool has_gradient() const { return score_mod.empty() || !score_grad.empty(); }
+};
+
+// A call's arguments of a user variant (flashgen_attention_options' variant_buffers and variant_scalars): its
+// buffers' device pointers and its scalars' 4-byte values, in the variant's order.
+struct UserVariantArgs {
+  std::vector<const void*> buffers;
+  std::vector<uint32_t> scalars;
 };
 
 // desc checked and copied; throws Error(kInvalidArgument) naming the field at fault (desc.size, a function given

@@ -105,6 +105,66 @@ BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mas
 
 namespace {
 
+// The local-memory bytes (spill stores + loads) up to which a user variant keeps its tiles. Measured on an H200
+// (bench/notes_variants.md, "Tuning user variants"): the sm80 family's d128 backward tile spilling 12 bytes with a
+// document mask and a bias ran 1.72x faster than the first spill-free tile of the list; the forward's 128x64 tile
+// spilling 436 bytes ran 1.04x slower than the spill-free 64x32 one.
+constexpr int kUserVariantSpillBytes = 64;
+
+// Compiles user into choice's config, or into the first of `list` (the base class's heuristic configs, already
+// carrying the config's modifiers and layout) that spills at most kUserVariantSpillBytes with it where the chosen one
+// spills more.
+template <class Choice, class Config>
+void attach_spill_free(Choice& choice, const std::shared_ptr<const UserVariant>& user, int arch,
+                       std::vector<Config> list) {
+  choice.config.user = user;
+  choice.reason += "; with the user variant " + user->tag + " compiled in";
+  const int spilled = KernelRegistry::instance().spilled_bytes(choice.config, arch);
+  if (spilled <= kUserVariantSpillBytes) return;
+  std::string passed_over = choice.config.name() + " spills " + std::to_string(spilled) + " bytes";
+  for (Config& c : list) {
+    c.user = user;
+    if (c.family() != choice.config.family() || c == choice.config) continue;
+    const int bytes = KernelRegistry::instance().spilled_bytes(c, arch);
+    if (bytes <= kUserVariantSpillBytes) {
+      choice.config = std::move(c);
+      choice.reason += "; with it " + passed_over + ", so the heuristic's " + choice.config.name();
+      return;
+    }
+    passed_over += ", " + c.name() + " " + std::to_string(bytes);
+  }
+  choice.reason += "; with it every heuristic config spills (" + passed_over + "), using the chosen one";
+}
+
+}  // namespace
+
+void attach_user_variant(ForwardChoice& choice, const std::shared_ptr<const UserVariant>& user, int arch) {
+  KernelConfig& chosen = choice.config;
+  Sm90Knobs* k = chosen.sm90();
+  if (k != nullptr && k->cluster != 1 && user->masks()) {
+    k->cluster = 1;
+    choice.reason += "; no cluster: a user mask hides keys";
+  }
+  std::vector<KernelConfig> list =
+      heuristic_forward_configs(chosen.dtype, chosen.head_dim, chosen.mask, arch, chosen.varlen);
+  for (KernelConfig& c : list) {
+    c.paged = chosen.paged;
+    c.mods = chosen.mods;
+    if (Sm90Knobs* knobs = c.sm90(); knobs != nullptr && user->masks()) knobs->cluster = 1;
+  }
+  attach_spill_free(choice, user, arch, std::move(list));
+}
+
+void attach_user_variant(BackwardChoice& choice, const std::shared_ptr<const UserVariant>& user, int arch) {
+  const BwdConfig& chosen = choice.config;
+  std::vector<BwdConfig> list =
+      heuristic_backward_configs(chosen.dtype, chosen.head_dim, chosen.mask, chosen.deterministic, arch);
+  for (BwdConfig& c : list) c.varlen = chosen.varlen, c.mods = chosen.mods;
+  attach_spill_free(choice, user, arch, std::move(list));
+}
+
+namespace {
+
 // A stored winner the run-time choice may use, and why.
 template <class Config>
 struct StoredUse {

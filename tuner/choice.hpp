@@ -4,6 +4,7 @@
 // choice never fails for lack of tuning data. dispatch/ memoizes it per process and adds tune-on-first-use.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "generator/bwd_config.hpp"
@@ -58,6 +59,15 @@ ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arc
 // With sm80_only, only the sm80 family's configs are considered (when TMA cannot describe the tensors).
 BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch,
                                          bool sm80_only = false, bool varlen = false, ScoreMods mods = {});
+
+// A user variant compiled into the choice for its base class (the built-in mask and modifiers under it). The
+// choice keeps its tiles when they compile for sm_<arch> with the variant's functions spilling at most 64 bytes (a
+// small spill costs less than a smaller tile, as measured); otherwise it takes the first of the heuristic's list for
+// the base class, in the chosen config's family, that does (the reason names what spilled); when none does, the
+// chosen tiles. A user mask takes no cluster: the sm90 family's
+// clusters share each key block between two tiles, which the mask may hide from one of them.
+void attach_user_variant(ForwardChoice& choice, const std::shared_ptr<const UserVariant>& user, int arch);
+void attach_user_variant(BackwardChoice& choice, const std::shared_ptr<const UserVariant>& user, int arch);
 
 // The choice from explicit data sources (either may be null): user_db exact bucket, user_db nearest
 // bucket, the shipped defaults (exact, then nearest bucket, for a GPU of the same kind), then

@@ -107,14 +107,24 @@ void read_pass_id(const std::string& text, ProblemKey& key) {
   }
 }
 
-std::string variant_text(MaskKind mask, const ScoreMods& mods) {
-  return std::string(mask_name(mask)) + score_mods_suffix(mods);
+std::string variant_text(MaskKind mask, const ScoreMods& mods, const std::string& user_tag) {
+  return std::string(mask_name(mask)) + score_mods_suffix(mods) + (user_tag.empty() ? "" : "_" + user_tag);
 }
 
 std::string mask_text(const ProblemKey& key) {
-  if (!keyed_by_window(key.mask)) return variant_text(key.mask, key.mods);
-  return mask_name(key.mask) + window_text(key) + score_mods_suffix(key.mods);
+  if (!keyed_by_window(key.mask)) return variant_text(key.mask, key.mods, key.user_tag);
+  return mask_name(key.mask) + window_text(key) + score_mods_suffix(key.mods) +
+         (key.user_tag.empty() ? "" : "_" + key.user_tag);
 }
+
+namespace {
+
+// A user variant's tag as names and ids spell it: "u" and 12 lowercase hex digits.
+bool is_user_tag(const std::string& field) {
+  return field.size() == 13 && field[0] == 'u' && field.find_first_not_of("0123456789abcdef", 1) == std::string::npos;
+}
+
+}  // namespace
 
 void read_mask_text(const std::string& text, ProblemKey& key) {
   auto unknown = [&] { fail(Status::kInvalidArgument, "tuning data: unknown mask '" + text + "'"); };
@@ -122,10 +132,15 @@ void read_mask_text(const std::string& text, ProblemKey& key) {
   const size_t first_underscore = text.find('_');
   std::string variant = text.substr(0, first_underscore);
   key.mods = {};
+  key.user_tag.clear();
   if (first_underscore != std::string::npos) {
     std::istringstream fields(text.substr(first_underscore + 1));
     for (std::string field; std::getline(fields, field, '_');) {
-      if (!read_score_mod_suffix(field, key.mods)) unknown();
+      if (is_user_tag(field) && key.user_tag.empty()) {
+        key.user_tag = field;
+      } else if (!key.user_tag.empty() || !read_score_mod_suffix(field, key.mods)) {
+        unknown();  // the tag comes last
+      }
     }
   }
   key.window_bucket = 0, key.window_causal = false;
@@ -158,7 +173,7 @@ void read_mask_text(const std::string& text, ProblemKey& key) {
 
 std::string ProblemKey::class_id() const {
   return std::string(pass_id()) + "|" + dtype_name(dtype) + "|d" + std::to_string(head_dim) + "|" +
-         variant_text(mask, mods) + "|g" + std::to_string(gqa_ratio);
+         variant_text(mask, mods, user_tag) + "|g" + std::to_string(gqa_ratio);
 }
 
 std::string ProblemKey::id() const {
@@ -195,6 +210,10 @@ ProblemKey backward_problem_key(DType dtype, int head_dim, MaskKind mask, bool d
   return key;
 }
 
+std::string user_key_tag(const AttentionProblem& problem) {
+  return problem.user && !problem.varlen && !problem.kv_cache ? problem.user->tag : "";
+}
+
 ProblemKey problem_key(const AttentionProblem& problem) {
   const AttentionShape& s = problem.shape;
   const int group_size = static_cast<int>(s.group_size());
@@ -205,6 +224,7 @@ ProblemKey problem_key(const AttentionProblem& problem) {
     key.varlen = problem.varlen;
     key.mods = problem.score_mods();
     set_key_window(problem, key);
+    key.user_tag = user_key_tag(problem);
     return key;
   }
   ProblemKey key = forward_problem_key(problem.dtype, problem.head_dim(), problem.mask_kind(), group_size, s.seqlen_q,
@@ -214,6 +234,7 @@ ProblemKey problem_key(const AttentionProblem& problem) {
   set_key_window(problem, key);
   key.kv_cache = problem.kv_cache;  // seqlen_q: the new tokens per sequence; seqlen_k: the cache's capacity
   key.paged = problem.kv_cache && problem.paged;
+  key.user_tag = user_key_tag(problem);
   return key;
 }
 

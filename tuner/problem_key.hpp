@@ -56,6 +56,10 @@ struct ProblemKey {
   // kernels are the same for every window; the time they take follows its span.
   int64_t window_bucket = 0;
   bool window_causal = false;
+  // A user variant's tag ("u" and 12 hex digits of its functions' hash), empty for none: its problems are tuned and
+  // stored apart from the base class's ("causal_u250e3288aa69" in ids), their winners the base class's configs,
+  // to which the variant is attached at run time.
+  std::string user_tag;
 
   // The pass in ids and the store's rows: "fwd", "bwd" or "bwd_det" (the deterministic dQ strategy),
   // "fwd_varlen", "bwd_varlen", "bwd_det_varlen" for packed batches (their sizes bucketed by the longest
@@ -74,8 +78,8 @@ struct ProblemKey {
 // Error(kInvalidArgument) naming any other text.
 void read_pass_id(const std::string& text, ProblemKey& key);
 // A key's mask and score variant as class ids spell them: "none", "causal", "window", each with the score
-// modifiers' suffixes ("_softcap", "_alibi"; generator/kernel_config.hpp).
-std::string variant_text(MaskKind mask, const ScoreMods& mods);
+// modifiers' suffixes ("_softcap", "_alibi"; generator/kernel_config.hpp), then a user variant's tag ("_u...").
+std::string variant_text(MaskKind mask, const ScoreMods& mods, const std::string& user_tag = "");
 // The same as the store's mask column and its JSON's "mask" spell it: variant_text, a window key's bucket and
 // shape after "window" ("window1024c_softcap"), so that a row rebuilds its key (and the rows of other masks read
 // as they always have).
@@ -90,6 +94,10 @@ int64_t window_span(const AttentionProblem& problem);
 
 // The key a problem is tuned, stored and looked up under (both causal alignments run the causal kernels).
 ProblemKey problem_key(const AttentionProblem& problem);
+
+// The user variant's tag a problem's key carries: dense calls' (their sweeps compile the variant in and check it
+// against its functions evaluated on the GPU); packed and KV-cache calls run their base class's data, untagged.
+std::string user_key_tag(const AttentionProblem& problem);
 
 // Key of a forward problem of the given sizes.
 ProblemKey forward_problem_key(DType dtype, int head_dim, MaskKind mask, int gqa_ratio, int64_t seqlen_q,

@@ -12,6 +12,7 @@
 #include "runtime/device_buffer.hpp"
 #include "tuner/choice.hpp"
 #include "tuner/sweep_driver.hpp"
+#include "tuner/user_reference.hpp"
 
 namespace flashgen {
 
@@ -24,6 +25,14 @@ struct InputSet {
   std::vector<uint16_t> q, k, v;  // host bits, kept for the reference
   DeviceBuffer dq, dk, dv, dout, dlse;
 };
+
+// Runs reference with problem's variant (variant_of), a user variant's functions evaluated on the GPU with the
+// sweep's arguments of it (with_user_functions).
+void with_variant_of(const AttentionProblem& problem, const SweepOptions& options, CUstream stream,
+                     const std::function<void(const ReferenceVariant&)>& reference) {
+  if (!problem.user) return reference(variant_of(problem));
+  with_user_functions(*problem.user, options.user_args, problem.shape, variant_of(problem), stream, reference);
+}
 
 }  // namespace
 
@@ -80,7 +89,8 @@ SweepResult sweep_forward(const AttentionProblem& problem, const std::vector<Ker
     set.dv.upload(set.v);
   }
   DeviceBuffer slopes;
-  const flashgen_attention_options opts = sweep_options(problem, slopes);
+  flashgen_variant handle;
+  const flashgen_attention_options opts = sweep_options(problem, slopes, &handle, &options.user_args);
   auto make_call = [&](const InputSet& set) {
     const flashgen_tensor q =
         bshd_tensor(set.dq.data(), dtype, shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim);
@@ -103,8 +113,10 @@ SweepResult sweep_forward(const AttentionProblem& problem, const std::vector<Ker
   const HostInput hv = HostInput::bits16(inputs[0].v.data(), dtype, kv_view);
   const double scale = effective_softmax_scale(0.f, shape.head_dim);
   const std::vector<RowSample> rows = sample_rows(shape, options.check_rows);
-  const std::vector<ReferenceRow> reference =
-      attention_reference_rows(shape, hq, hk, hv, scale, problem.mask, rows, /*threads=*/1, variant_of(problem));
+  std::vector<ReferenceRow> reference;
+  with_variant_of(problem, options, stream, [&](const ReferenceVariant& variant) {
+    reference = attention_reference_rows(shape, hq, hk, hv, scale, problem.mask, rows, /*threads=*/1, variant);
+  });
 
   PassHooks<KernelConfig> hooks;
   hooks.check = [&](const KernelConfig& c) -> std::string {
@@ -125,7 +137,8 @@ SweepResult sweep_forward(const AttentionProblem& problem, const std::vector<Ker
     for (const ForwardCall& call : calls) prepared->push_back(prepare_forward(call, stream, c));
     return [prepared, stream](int sample) { (*prepared)[size_t(sample) % prepared->size()](stream); };
   };
-  run_sweep(candidates, arch, stream, options, hooks, result);
+  run_sweep(with_problem_user(candidates, problem), arch, stream, options, hooks, result);
+  without_user(result);
   return result;
 }
 
@@ -153,7 +166,9 @@ struct BackwardSet {
   DeviceBuffer dq_in, dk_in, dv_in, out, ddout, lse, dq, dk, dv, slopes;
   BackwardCall call;
 
-  BackwardSet(const AttentionProblem& of, std::mt19937_64& rng, CUstream stream, int arch) : problem(of) {
+  BackwardSet(const AttentionProblem& of, const UserVariantArgs& user_args, std::mt19937_64& rng, CUstream stream,
+              int arch)
+      : problem(of) {
     const AttentionShape& p = problem.shape;
     const flashgen_dtype dtype = to_c_dtype(problem.dtype);
     const size_t q_elems = size_t(p.batch * p.seqlen_q * p.heads_q * p.head_dim);
@@ -171,7 +186,8 @@ struct BackwardSet {
     out = DeviceBuffer(q_elems * 2);
     lse = DeviceBuffer(sizeof(float) * size_t(p.batch * p.heads_q * p.seqlen_q));
     dq = DeviceBuffer(q_elems * 2), dk = DeviceBuffer(kv_elems * 2), dv = DeviceBuffer(kv_elems * 2);
-    const flashgen_attention_options opts = sweep_options(problem, slopes);
+    flashgen_variant handle;
+    const flashgen_attention_options opts = sweep_options(problem, slopes, &handle, &user_args);
     auto tensor = [&](DeviceBuffer& b, bool kv) {
       return bshd_tensor(b.data(), dtype, p.batch, kv ? p.seqlen_k : p.seqlen_q, kv ? p.heads_kv : p.heads_q,
                          p.head_dim);
@@ -182,10 +198,10 @@ struct BackwardSet {
     float* lse_ptr = static_cast<float*>(lse.data());
     // The forward by its built-in config (not the run-time choice: no tune-on-first-use inside a sweep).
     const ForwardCall forward = make_forward_call(&tq, &tk, &tv, &tout, lse_ptr, &opts);
-    const KernelConfig fwd = heuristic_choice(problem.dtype, problem.head_dim(), problem.mask_kind(), arch, false,
-                                              problem.varlen, problem.score_mods())
-                                 .config;
-    launch_forward(forward, stream, fwd);
+    ForwardChoice fwd = heuristic_choice(problem.dtype, problem.head_dim(), problem.mask_kind(), arch, false,
+                                         problem.varlen, problem.score_mods());
+    if (problem.user) attach_user_variant(fwd, problem.user, arch);
+    launch_forward(forward, stream, fwd.config);
     call = make_backward_call(&tq, &tk, &tv, &tout, &tdout, lse_ptr, &tdq, &tdk, &tdv, &opts);
   }
 
@@ -240,16 +256,19 @@ SweepResult sweep_backward(const AttentionProblem& problem, const std::vector<Bw
   AttentionProblem small = problem;
   small.shape = backward_check_shape(problem.shape);
   small = with_check_window(small, problem);
-  BackwardSet check(small, rng, stream, arch);
+  BackwardSet check(small, options.user_args, rng, stream, arch);
   FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
   const AttentionShape& cp = small.shape;
   const flashgen_dtype dtype = to_c_dtype(problem.dtype);
   const StridedView q_view = StridedView::contiguous(cp.batch, cp.seqlen_q, cp.heads_q, cp.head_dim);
   const StridedView kv_view = StridedView::contiguous(cp.batch, cp.seqlen_k, cp.heads_kv, cp.head_dim);
-  const AttentionGradients reference = attention_backward_reference_f64(
-      cp, HostInput::bits16(check.q.data(), dtype, q_view), HostInput::bits16(check.k.data(), dtype, kv_view),
-      HostInput::bits16(check.v.data(), dtype, kv_view), HostInput::bits16(check.dout.data(), dtype, q_view),
-      effective_softmax_scale(0.f, cp.head_dim), small.mask, variant_of(small));
+  AttentionGradients reference;
+  with_variant_of(small, options, stream, [&](const ReferenceVariant& variant) {
+    reference = attention_backward_reference_f64(
+        cp, HostInput::bits16(check.q.data(), dtype, q_view), HostInput::bits16(check.k.data(), dtype, kv_view),
+        HostInput::bits16(check.v.data(), dtype, kv_view), HostInput::bits16(check.dout.data(), dtype, q_view),
+        effective_softmax_scale(0.f, cp.head_dim), small.mask, variant);
+  });
 
   const AttentionShape& shape = problem.shape;
   const int64_t q_bytes = shape.batch * shape.seqlen_q * shape.heads_q * shape.head_dim * 2;
@@ -257,7 +276,7 @@ SweepResult sweep_backward(const AttentionProblem& problem, const std::vector<Bw
   const int sets = input_sets(scope.device(), 4 * q_bytes + 4 * kv_bytes);
   std::vector<std::unique_ptr<BackwardSet>> timed_sets;
   for (int i = 0; i < sets; ++i) {
-    timed_sets.push_back(std::make_unique<BackwardSet>(problem, rng, stream, arch));
+    timed_sets.push_back(std::make_unique<BackwardSet>(problem, options.user_args, rng, stream, arch));
   }
   FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
 
@@ -266,7 +285,8 @@ SweepResult sweep_backward(const AttentionProblem& problem, const std::vector<Bw
   std::vector<const BackwardCall*> calls;
   for (const auto& set : timed_sets) calls.push_back(&set->call);
   hooks.prepare = [&](const BwdConfig& c) { return backward_launches(calls, c, stream); };
-  run_sweep(candidates, arch, stream, options, hooks, result);
+  run_sweep(with_problem_user(candidates, problem), arch, stream, options, hooks, result);
+  without_user(result);
   return result;
 }
 

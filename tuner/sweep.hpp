@@ -77,6 +77,9 @@ struct SweepOptions {
   // pin a crash on it.
   std::map<std::string, std::string> known_crashes;
   std::function<void(const std::string&)> on_launch;
+  // A problem with a user variant: the buffers and scalars its calls pass (a tune on first use passes the call's
+  // own, so the sweep's inputs, of the call's sizes, index them as the call does).
+  UserVariantArgs user_args;
 };
 
 struct SweepResult {

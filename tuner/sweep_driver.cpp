@@ -2,6 +2,8 @@
 #include "tuner/sweep_driver.hpp"
 
 #include <memory>
+#include <string>
+#include <variant>
 
 #include "runtime/device_buffer.hpp"
 
@@ -64,7 +66,8 @@ AttentionProblem with_check_window(AttentionProblem small, const AttentionProble
   return small;
 }
 
-flashgen_attention_options sweep_options(const AttentionProblem& problem, DeviceBuffer& slopes) {
+flashgen_attention_options sweep_options(const AttentionProblem& problem, DeviceBuffer& slopes,
+                                         flashgen_variant* handle, const UserVariantArgs* user_args) {
   flashgen_attention_options options = options_of(problem);
   if (problem.alibi) {
     const std::vector<float> host = variant_of(problem).alibi_slopes;
@@ -72,7 +75,31 @@ flashgen_attention_options sweep_options(const AttentionProblem& problem, Device
     slopes.upload(host);
     options.alibi_slopes = static_cast<const float*>(slopes.data());
   }
+  if (problem.user) {
+    FLASHGEN_REQUIRE(handle != nullptr && user_args != nullptr,
+                     "a sweep of a user variant needs the call's buffers and scalars of it");
+    FLASHGEN_REQUIRE(user_args->buffers.size() == problem.user->buffers.size() &&
+                         user_args->scalars.size() == problem.user->scalars.size(),
+                     "a sweep of the user variant " + problem.user->tag + " was given " +
+                         std::to_string(user_args->buffers.size()) + " buffers and " +
+                         std::to_string(user_args->scalars.size()) + " scalars; it declares " +
+                         std::to_string(problem.user->buffers.size()) + " and " +
+                         std::to_string(problem.user->scalars.size()));
+    handle->user = problem.user;
+    options.variant = handle;
+    options.variant_buffers = user_args->buffers.empty() ? nullptr : user_args->buffers.data();
+    options.variant_scalars = user_args->scalars.empty() ? nullptr : user_args->scalars.data();
+  }
   return options;
+}
+
+void without_user(SweepResult& result) {
+  auto strip = [](TunedConfig& config) {
+    if (auto* forward = std::get_if<KernelConfig>(&config)) forward->user = nullptr;
+    if (auto* backward = std::get_if<BwdConfig>(&config)) backward->user = nullptr;
+  };
+  for (CandidateResult& c : result.candidates) strip(c.config);
+  strip(result.winner);
 }
 
 std::function<void(int)> backward_launches(const std::vector<const BackwardCall*>& calls, const BwdConfig& config,

@@ -47,8 +47,20 @@ int input_sets(CUdevice device, int64_t set_bytes);
 AttentionProblem with_check_window(AttentionProblem small, const AttentionProblem& problem);
 
 // A sweep's call options for problem (options_of), an ALiBi problem's with its standard slopes (variant_of)
-// uploaded into slopes, which the calls read: it must outlive them.
-flashgen_attention_options sweep_options(const AttentionProblem& problem, DeviceBuffer& slopes);
+// uploaded into slopes, which the calls read: it must outlive them. A problem with a user variant takes it through
+// handle, with the call's arguments of it (both must outlive the calls made with the options).
+flashgen_attention_options sweep_options(const AttentionProblem& problem, DeviceBuffer& slopes,
+                                         flashgen_variant* handle = nullptr, const UserVariantArgs* user_args = nullptr);
+
+// A dense sweep's candidates with the problem's user variant compiled in (as given without one), and the result's
+// rows and winner without it again: a user variant's tuning data holds its base class's configs, keyed by the
+// variant's tag (problem_key), and the run-time choice attaches the variant to them.
+template <class Config>
+std::vector<Config> with_problem_user(std::vector<Config> candidates, const AttentionProblem& problem) {
+  for (Config& c : candidates) c.user = problem.user;
+  return candidates;
+}
+void without_user(SweepResult& result);
 
 // Bytes a candidate's kernels spill, compiling them first (through the registry's caches).
 template <class Config>

@@ -2,6 +2,7 @@
 // either pass and the record of its rows and winner.
 #include "tuner/tune.hpp"
 
+#include <algorithm>
 #include <utility>
 
 #include "flashgen/error.hpp"
@@ -23,6 +24,25 @@ SpaceCounts counts_of(const BasicSpaceReport<Config>& space) {
 template <class Config>
 void with_score_mods(BasicSpaceReport<Config>& space, const ScoreMods& mods) {
   for (Config& c : space.valid) c.mods = mods;
+}
+
+// A user mask's candidates: the sm90 family's clusters share each key block between two tiles, which the mask may
+// hide from one of them (attach_user_variant takes none either).
+void without_clusters(SpaceReport& space) {
+  space.valid.erase(std::remove_if(space.valid.begin(), space.valid.end(),
+                                   [](const KernelConfig& c) { return c.sm90() != nullptr && c.sm90()->cluster != 1; }),
+                    space.valid.end());
+}
+
+// The built-in choice of a problem with a user variant: what the run-time choice runs without tuning data
+// (attach_user_variant: other tiles where the chosen ones spill with the functions), held without the variant as
+// the variant's tuning data holds it.
+template <class Choice>
+Choice& as_user_choice(Choice& choice, const AttentionProblem& problem, int arch) {
+  if (!problem.user) return choice;
+  attach_user_variant(choice, problem.user, arch);
+  choice.config.user = nullptr;
+  return choice;
 }
 
 // The candidates of a pass: the named configs, else the space capped around the built-in choice.
@@ -114,9 +134,9 @@ TunePlan plan_tune(const AttentionProblem& problem, int arch, const TuneOptions&
     BackwardSpaceReport space = backward_space(key.dtype, key.head_dim, key.mask, problem.deterministic(), arch);
     if (key.varlen) space = packed_space(space, arch);
     with_score_mods(space, key.mods);
-    const BwdConfig builtin = heuristic_backward_choice(key.dtype, key.head_dim, key.mask, problem.deterministic(),
-                                                        arch, false, key.varlen, key.mods)
-                                  .config;
+    BackwardChoice choice = heuristic_backward_choice(key.dtype, key.head_dim, key.mask, problem.deterministic(),
+                                                      arch, false, key.varlen, key.mods);
+    const BwdConfig builtin = as_user_choice(choice, problem, arch).config;
     plan.builtin = builtin;
     plan.space = counts_of(space);
     plan.candidates = pass_candidates(space, builtin, options);
@@ -124,8 +144,9 @@ TunePlan plan_tune(const AttentionProblem& problem, int arch, const TuneOptions&
     SpaceReport space = forward_space(key.dtype, key.head_dim, key.mask, arch);
     if (key.varlen) space = packed_space(space, arch);
     with_score_mods(space, key.mods);
-    const KernelConfig builtin =
-        heuristic_choice(key.dtype, key.head_dim, key.mask, arch, false, key.varlen, key.mods).config;
+    if (problem.user && problem.user->masks()) without_clusters(space);
+    ForwardChoice choice = heuristic_choice(key.dtype, key.head_dim, key.mask, arch, false, key.varlen, key.mods);
+    const KernelConfig builtin = as_user_choice(choice, problem, arch).config;
     plan.builtin = builtin;
     plan.space = counts_of(space);
     plan.candidates = pass_candidates(space, builtin, options);

@@ -1,7 +1,7 @@
 // `flashgen tune` problem lists: a JSON spec, sharding by --shard or the Slurm / Open MPI rank, the
 // shard's own database file, --devices workers, and --dry-run (no GPU needed), windows and soft caps, plus
 // spec errors naming the field; --candidates and its refusals; on a GPU, a worker killed by a candidate is restarted
-// without it.
+// without it; --variant's user variants, listed on their base class's tiles and tuned under their own key.
 #include <stdlib.h>
 
 #include <fstream>
@@ -62,6 +62,17 @@ std::string refused_tune(const TempDir& dir, std::vector<std::string> args) {
   const auto r = run_cli(args, dir);
   CHECK(r.exit_code == 2);
   return r.err;
+}
+
+// A prefix-LM mask over no base mask with a per-head bias from a buffer; values to tune with when `values` is set.
+std::string write_variant(const TempDir& dir, bool values) {
+  const std::string path = (dir.path() / "variant.json").string();
+  std::ofstream(path) << R"({"mask_mod": "return kv_idx < prefix || kv_idx <= q_idx;",
+    "score_bias": "return head_bias[head];",
+    "buffers": [{"name": "head_bias", "type": "float32")"
+                      << (values ? R"(, "values": [0.5, -0.25, 0.125, 0.0])" : "") << R"(}],
+    "scalars": [{"name": "prefix", "type": "int32")" << (values ? R"(, "value": 40)" : "") << "}]}";
+  return path;
 }
 
 const char* kSpec = R"({"max_candidates": 12, "problems": [
@@ -590,4 +601,60 @@ TEST_CASE("cli: a dry run's problem entries read back as a spec, as --devices wo
   CHECK(second["problems"] == first["problems"]);
   CHECK(first["problems"][2]["total_k"] == 8 * (640 + 10) / 2);
   CHECK(first["problems"][3]["page_size"] == 32);
+}
+
+TEST_CASE("cli: tune --variant lists its base class's tiles, no clusters under its mask, and refuses what it cannot "
+          "tune",
+          "[cli][tune][user_variant]") {
+  const NoSchedulerEnv no_scheduler;
+  const TempDir dir("flashgen-cli-tune-variant");
+  const std::string variant = write_variant(dir, false);
+  const nlohmann::json listed =
+      parse_json(run_cli({"tune", "--variant", variant, "--head-dim", "64", "--heads-q", "4", "--heads-kv", "4",
+                          "--max-candidates", "60", "--dry-run", "--json", "--arch", "90"},
+                         dir));
+  const nlohmann::json& candidates = listed["problems"].at(0)["candidates"];
+  CHECK(candidates.size() >= 20);
+  for (const auto& name : candidates) {
+    INFO(name);
+    CHECK(name.get<std::string>().find("_c2") == std::string::npos);   // a user mask takes no cluster
+    CHECK(name.get<std::string>().find("_u") == std::string::npos);    // stored as the base class's tiles
+  }
+  CHECK(refused_tune(dir, {"--variant", variant, "--varlen"}).find("--variant tunes dense problems") !=
+        std::string::npos);
+  CHECK(refused_tune(dir, {"--variant", variant, "--devices", "0,1"}).find("--devices") != std::string::npos);
+  const std::string no_grad = (dir.path() / "no_grad.json").string();
+  std::ofstream(no_grad) << R"({"score_mod": "return score * 0.5f;"})";
+  CHECK(refused_tune(dir, {"--variant", no_grad, "--backward"}).find("no score_grad") != std::string::npos);
+}
+
+TEST_CASE("cli: tune --variant stores its winner under the variant's key, called with the JSON's values",
+          "[gpu][cli][tune][user_variant]") {
+  FLASHGEN_REQUIRE_GPU();
+  const NoSchedulerEnv no_scheduler;
+  const TempDir dir("flashgen-cli-tune-variant");
+  const std::vector<std::string> problem = {"--dtype", "bf16", "--head-dim", "64", "--batch", "1", "--heads-q", "4",
+                                            "--heads-kv", "2", "--seqlen-q", "300", "--seqlen-k", "300"};
+  const std::string db = (dir.path() / "variant.sqlite").string();
+  std::vector<std::string> tune = {"tune", "--variant", write_variant(dir, true), "--max-candidates", "3", "--json",
+                                   "--db", db};
+  tune.insert(tune.end(), problem.begin(), problem.end());
+  const nlohmann::json tuned = parse_json(run_cli(tune, dir));
+  REQUIRE(tuned.is_object());
+  const std::string id = tuned["problem"].get<std::string>();
+  INFO(id);
+  CHECK(id.rfind("fwd|bf16|d64|none_u", 0) == 0);
+  CHECK(tuned["passed"] == 3);
+  CHECK(tuned["winner"].get<std::string>().find("_u") == std::string::npos);
+  const flashgen::TuningStore store(db, /*read_only=*/true);
+  REQUIRE(store.winners().size() == 1);
+  CHECK(store.winners()[0].problem.id() == id);
+
+  // Without the values the functions read, nothing is swept.
+  std::vector<std::string> bare = {"tune", "--variant", write_variant(dir, false), "--db", db, "--force"};
+  bare.insert(bare.end(), problem.begin(), problem.end());
+  const auto r = run_cli(bare, dir);
+  INFO(r.err);
+  CHECK(r.exit_code != 0);
+  CHECK(r.err.find("buffer 'head_bias' needs \"values\"") != std::string::npos);
 }

@@ -1,15 +1,39 @@
 // Run-time config choice: for every head_dim, dtype and mask, the chosen forward kernel compiles for
-// sm_80 and sm_90a without spills (the heuristic's first choice is passed over when ptxas says it spills).
+// sm_80 and sm_90a without spills (the heuristic's first choice is passed over when ptxas says it spills), and a
+// user variant's tiles are passed over the same way when its functions make them spill.
+#include <memory>
+#include <string>
+
 #include "catch.hpp"
 #include "dispatch/select.hpp"
+#include "problem/user_variant.hpp"
 #include "runtime/kernel_registry.hpp"
 #include "support/raw_sqlite.hpp"
 #include "support/temp_dir.hpp"
+#include "tuner/choice.hpp"
 #include "tuner/heuristic.hpp"
 #include "tuner/store.hpp"
 
 using flashgen::DType;
 using flashgen::MaskKind;
+
+namespace {
+
+// A document mask (ids per position in a buffer) with a relative-position bias per head (a table of 129 distances):
+// two buffer loads per score beside the tile's accumulators.
+std::shared_ptr<const flashgen::UserVariant> documents_with_relative_bias() {
+  static const flashgen_variant_arg buffers[] = {{"doc", FLASHGEN_ARG_INT32}, {"rel", FLASHGEN_ARG_FLOAT32}};
+  static const flashgen_variant_arg scalars[] = {{"seqlen", FLASHGEN_ARG_INT32}};
+  flashgen_variant_desc desc{};
+  desc.size = sizeof desc;
+  desc.mask_mod = "return doc[batch * seqlen + q_idx] == doc[batch * seqlen + kv_idx];";
+  desc.score_bias = "return rel[head * 129 + min(max(kv_idx - q_idx, -64), 64) + 64];";
+  desc.buffers = buffers, desc.num_buffers = 2;
+  desc.scalars = scalars, desc.num_scalars = 1;
+  return flashgen::make_user_variant(desc);
+}
+
+}  // namespace
 
 TEST_CASE("the chosen forward config never spills, for every head_dim", "[tuner][select][nvrtc]") {
   auto& registry = flashgen::KernelRegistry::instance();
@@ -195,4 +219,34 @@ TEST_CASE("packed batches choose their own kernels: on sm_90a the Hopper family,
   // head_dim 128 has a Hopper-family choice for packed batches.
   CHECK(flashgen::heuristic_choice(DType::kBFloat16, 128, MaskKind::kCausal, 90, false, true).config.family() ==
         flashgen::KernelFamily::kSm90);
+}
+
+TEST_CASE("a user variant takes the base class's next tiles where the chosen ones spill much with its functions",
+          "[tuner][select][user_variant][nvrtc]") {
+  auto& registry = flashgen::KernelRegistry::instance();
+  const auto user = documents_with_relative_bias();
+  // The sm80 family's 128x64 tile spills hundreds of bytes with a mask and a bias beside its accumulators.
+  flashgen::ForwardChoice choice{flashgen::KernelConfig::from_name("fwd_sm80_bf16_d128_m128_n64_w4_s2_causal"),
+                                 "stored", flashgen::ChoiceSource::kTuningDatabase};
+  flashgen::KernelConfig spilling = choice.config;
+  spilling.user = user;
+  REQUIRE(registry.spilled_bytes(spilling, 80) > 64);
+  flashgen::attach_user_variant(choice, user, 80);
+  INFO(choice.reason);
+  CHECK(choice.config.user == user);
+  CHECK(choice.config.family() == spilling.family());
+  CHECK(choice.config.mask == MaskKind::kCausal);
+  CHECK(choice.config != spilling);
+  CHECK(registry.spilled_bytes(choice.config, 80) <= 64);
+  CHECK(choice.reason.find(spilling.name() + " spills") != std::string::npos);
+
+  // The heuristic's own 128x32 tile spills a few bytes with them, which costs less than a smaller tile: kept.
+  flashgen::ForwardChoice heuristic = flashgen::heuristic_choice(DType::kBFloat16, 128, MaskKind::kCausal, 80);
+  flashgen::KernelConfig expected = heuristic.config;
+  expected.user = user;
+  REQUIRE(registry.spilled_bytes(expected, 80) > 0);
+  flashgen::attach_user_variant(heuristic, user, 80);
+  INFO(heuristic.reason);
+  CHECK(heuristic.config == expected);
+  CHECK(heuristic.reason.find("spills") == std::string::npos);
 }

@@ -4,20 +4,27 @@
 // mask over the causal mask (document ids in a buffer), a prefix-LM mask whose some rows see no key (a scalar), a
 // mask whose visible blocks do not grow with the row (the backward's block classes widen them to bands), a
 // relative-position bias table under a window (score_bias), and a soft cap written as a score function with its
-// derivative; odd lengths, sq != sk, GQA.
+// derivative; odd lengths, sq != sk, GQA. And a user variant tuned on first use, stored under its own key.
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "catch.hpp"
+#include "dispatch/dispatch.hpp"
 #include "flashgen/flashgen.h"
 #include "gpu.hpp"
 #include "launch/attention.hpp"
 #include "launch/attention_backward.hpp"
 #include "launch/user_block_classes.hpp"
 #include "support/dense_variant_problem.hpp"
+#include "support/first_use_scope.hpp"
+#include "support/temp_dir.hpp"
 #include "tuner/choice.hpp"
+#include "tuner/problem_key.hpp"
+#include "tuner/store.hpp"
 
 namespace {
 
@@ -220,5 +227,67 @@ TEST_CASE("a user's bias table and score function match the float64 reference", 
           v.user_score_grad = [&](double m, int64_t, int64_t, int64_t, int64_t) { return 1 - (m / cap) * (m / cap); };
         });
     run_everywhere(p, scope);
+  }
+}
+
+// Tune-on-first-use of a user variant: each pass's first call sweeps its base class's tiles with the variant
+// compiled in, checked against the variant's functions evaluated on the GPU with the call's scalars, stores the
+// rows under the variant's tag and runs the winner (checked here against the C++ reference of the functions).
+TEST_CASE("a user variant is tuned on first use under its own key and runs its winner, forward and backward",
+          "[gpu][user_variant][first_use]") {
+  FLASHGEN_REQUIRE_GPU();
+  const flashgen::testing::TempDir dir("flashgen-user-first-use");
+  const std::string db = (dir.path() / "tuning.sqlite").string();
+  flashgen::ScopedContext scope;
+  const flashgen::AttentionShape shape{1, 555, 555, 4, 2, 64};  // a bucket no other case tunes
+  const flashgen_variant_arg scalars[] = {{"prefix", FLASHGEN_ARG_INT32}, {"cap", FLASHGEN_ARG_FLOAT32}};
+  flashgen_variant_desc desc{};
+  desc.size = sizeof desc;
+  desc.mask_mod = "return kv_idx < prefix || kv_idx <= q_idx;";
+  desc.score_mod = "return cap * tanhf(score / cap);";
+  desc.score_grad = "const float t = modified / cap;\nreturn 1.f - t * t;";
+  desc.scalars = scalars, desc.num_scalars = 2;
+  const Handle handle(desc);
+  const int32_t prefix = 100;
+  const float cap = 3.f;
+  uint32_t values[2];
+  std::memcpy(&values[0], &prefix, 4);
+  std::memcpy(&values[1], &cap, 4);
+  flashgen_attention_options opts{};
+  opts.mask = FLASHGEN_MASK_NONE;
+  opts.variant = handle.variant, opts.variant_scalars = values;
+  flashgen::test::DenseVariantProblem p(
+      "bf16 d64 prefix-LM with a user's cap 3", FLASHGEN_BFLOAT16, shape, opts, 0x7e5, {}, 0, {},
+      [&](flashgen::ReferenceVariant& v) {
+        v.user_mask = [&](int64_t, int64_t, int64_t i, int64_t j) { return j < prefix || j <= i; };
+        v.user_score = [&](double s, int64_t, int64_t, int64_t, int64_t) { return cap * std::tanh(s / cap); };
+        v.user_score_grad = [&](double m, int64_t, int64_t, int64_t, int64_t) { return 1 - (m / cap) * (m / cap); };
+      });
+  {
+    const flashgen::testing::FirstUseScope first_use(db);
+    p.run_choice();  // the forward, then the backward of each dQ strategy: each tuned on its first call
+    const flashgen::ForwardLaunch launch = flashgen::attention_forward(p.forward_call(), nullptr);
+    INFO(launch.reason);
+    CHECK(launch.reason.rfind("tuned on first use", 0) == 0);
+    CHECK(launch.reason.find("with the user variant " + std::string(flashgen_variant_tag(handle.variant))) !=
+          std::string::npos);
+    CHECK(launch.config.user == handle.variant->user);
+  }
+  const flashgen::TuningStore store(db, /*read_only=*/true);
+  const flashgen::DeviceFingerprint device = flashgen::current_device_fingerprint(static_cast<int>(scope.device()));
+  for (const flashgen::AttentionProblem& problem :
+       {p.forward_call().problem, p.backward_call(false).problem, p.backward_call(true).problem}) {
+    const flashgen::ProblemKey key = flashgen::problem_key(problem);
+    INFO(key.id());
+    CHECK(key.user_tag == flashgen_variant_tag(handle.variant));
+    const auto stored = store.lookup_exact(device, key);
+    REQUIRE(stored.has_value());
+    CHECK(flashgen::config_name(stored->config).find(key.user_tag) == std::string::npos);  // the base class's tiles
+    const auto rows = store.candidates(device, key);
+    CHECK(rows.size() >= 2);
+    for (const flashgen::CandidateResult& row : rows) {
+      INFO(flashgen::config_name(row.config) << ": " << row.detail);
+      CHECK(row.status == flashgen::CandidateStatus::kOk);
+    }
   }
 }

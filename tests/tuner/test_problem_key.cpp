@@ -1,5 +1,6 @@
 // Tests for tuner/problem_key: power-of-two buckets, the stable text ids the store keys rows by, bucket
-// distance within one problem class, and device fingerprints with and without a driver.
+// distance within one problem class (a user variant's tag among the class's fields), and device fingerprints with
+// and without a driver.
 #include <string>
 
 #include "catch.hpp"
@@ -7,6 +8,7 @@
 #include "generator/generator.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/nvrtc_compiler.hpp"
+#include "problem/user_variant.hpp"
 #include "tuner/problem_key.hpp"
 
 using flashgen::DType;
@@ -334,4 +336,41 @@ TEST_CASE("bucket_distance between window keys counts their window buckets and s
                                               flashgen::forward_problem_key(DType::kFloat16, 64, MaskKind::kCausal, 1,
                                                                             4096, 4096, 64)),
                     Catch::Matchers::Contains("different classes"));
+}
+
+TEST_CASE("a user variant's dense problems are a class of their own, keyed by its tag; packed and KV-cache ones are not",
+          "[tuner][problem_key][user_variant]") {
+  flashgen_variant_desc desc{};
+  desc.size = sizeof desc;
+  desc.mask_mod = "return kv_idx <= q_idx + 7;";
+  const auto user = flashgen::make_user_variant(desc);
+  const flashgen::AttentionShape shape{2, 1000, 1000, 16, 4, 128};
+  flashgen::AttentionProblem forward = flashgen::forward_problem(DType::kFloat16, shape, FLASHGEN_MASK_CAUSAL);
+  forward.softcap = 30.f;
+  const flashgen::ProblemKey base = flashgen::problem_key(forward);
+  forward.user = user;
+  const flashgen::ProblemKey key = flashgen::problem_key(forward);
+  CHECK(flashgen::user_key_tag(forward) == user->tag);
+  CHECK(key.user_tag == user->tag);
+  CHECK(key.id() == "fwd|fp16|d128|causal_softcap_" + user->tag + "|g4|q1024|k1024|bh32");
+  CHECK(key.class_id() != base.class_id());
+  // The store's mask column reads back with the tag, and only with it last.
+  flashgen::ProblemKey read = base;
+  flashgen::read_mask_text(flashgen::mask_text(key), read);
+  CHECK(read == key);
+  for (const std::string& bad : {"causal_" + user->tag + "_softcap", "causal_" + user->tag + "_" + user->tag,
+                                std::string("causal_u12345"), "causal_U" + user->tag.substr(1)}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(flashgen::read_mask_text(bad, read), Catch::Matchers::Contains("unknown mask"));
+  }
+  flashgen::AttentionProblem backward = flashgen::backward_problem(DType::kFloat16, shape, FLASHGEN_MASK_NONE, true);
+  backward.user = user;
+  CHECK(flashgen::problem_key(backward).class_id() == "bwd_det|fp16|d128|none_" + user->tag + "|g4");
+  // Packed and KV-cache calls run their base class's data (their sweeps take no user variant).
+  flashgen::AttentionProblem packed = forward;
+  packed.varlen = true;
+  CHECK(flashgen::problem_key(packed).user_tag.empty());
+  flashgen::AttentionProblem decode = forward;
+  decode.kv_cache = true;
+  CHECK(flashgen::problem_key(decode).user_tag.empty());
 }

@@ -800,3 +800,29 @@ TEST_CASE("a window key keeps its bucket and shape through the database and its 
   TuningStore other(dir.path() / "other.sqlite");
   CHECK_THROWS_WITH(other.import_json(bad), Catch::Matchers::Contains("unknown mask 'window300'"));
 }
+
+TEST_CASE("a user variant's rows are stored apart from its base class's and read back under its tag",
+          "[tuner][store][user_variant]") {
+  TempDir dir("flashgen-store");
+  TuningStore store(dir.path() / "tuning.sqlite");
+  const DeviceFingerprint h200 = device();
+  const ProblemKey base = problem(4096, 4096);
+  ProblemKey tagged = base;
+  tagged.user_tag = "u0123456789ab";
+  record_sweep(store, h200, tagged, 0.9, config(64, 32));
+  CHECK_FALSE(store.lookup_exact(h200, base).has_value());
+  const auto found = store.lookup_exact(h200, tagged);
+  REQUIRE(found.has_value());
+  CHECK(found->problem == tagged);
+  CHECK(found->config == flashgen::TunedConfig(config(64, 32)));
+  CHECK(store.candidates(h200, tagged).size() == 3);
+  // A neighbouring bucket of the same variant finds it; the base class's does not.
+  ProblemKey longer = tagged;
+  longer.seqlen_q_bucket = longer.seqlen_k_bucket = 8192;
+  const auto nearest = store.lookup_nearest(h200, longer);
+  REQUIRE(nearest.has_value());
+  CHECK(nearest->problem == tagged);
+  ProblemKey base_longer = base;
+  base_longer.seqlen_q_bucket = base_longer.seqlen_k_bucket = 8192;
+  CHECK_FALSE(store.lookup_nearest(h200, base_longer).has_value());
+}
