@@ -417,7 +417,10 @@ int flashgen_tune_forward(const flashgen_forward_problem* problem, void* cuda_st
 /* Tune-on-first-use, off by default (also switched on by FLASHGEN_TUNE=1 in the environment): a forward
  * or backward call whose problem size bucket the user's tuning database does not hold for this GPU first
  * sweeps 16 candidate configs (compiling, checking and timing them; seconds, synchronously, never while
- * the stream is capturing a CUDA graph), stores the results in the database and runs the winner. */
+ * the stream is capturing a CUDA graph), stores the results in the database and runs the winner. A dense
+ * call with a user variant is tuned as a problem of its own (keyed by the variant's tag): its base class's
+ * tiles with the functions compiled in, checked against the functions evaluated with the call's own
+ * variant_buffers and variant_scalars, which must stay valid for the call as they always must. */
 void flashgen_set_tune_on_first_use(int enabled);
 
 /* Thread-local text of the last failure on this thread ("" if none). */
