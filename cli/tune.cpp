@@ -576,6 +576,11 @@ int command_tune(const Args& args) {
       if (p.varlen || p.kv_cache) {
         throw UsageError("--variant tunes dense problems, not the " + problem_line(p), args.usage());
       }
+      if (user->modifies_scores() && (p.softcapped() || p.alibi)) {
+        throw UsageError("--variant " + user->tag + " modifies the scores: its function takes the place of --softcap "
+                         "and --alibi (write them into it)",
+                         args.usage());
+      }
       if (p.backward() && !user->has_gradient()) {
         throw UsageError("--variant " + user->tag + " has a score_mod but no score_grad: its backward cannot be tuned",
                          args.usage());

@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <map>
 #include <deque>
 #include <iterator>
+#include <map>
 #include <optional>
 #include <utility>
 #include <variant>
@@ -31,6 +31,17 @@ const char* const kTuneVariantHelp =
     "\"value\" in the JSON, which the sweep calls the functions with";
 
 namespace {
+
+// A JSON value that must be a whole number in [low, high]; an error naming `what` otherwise.
+int64_t integer_in(const Json& v, int64_t low, int64_t high, const std::string& what) {
+  FLASHGEN_REQUIRE(v.is_number_integer(), what + " must be a whole number, got " + v.dump());
+  FLASHGEN_REQUIRE(!v.is_number_unsigned() || v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX),
+                   what + " is out of range: " + v.dump());
+  const int64_t value = v.get<int64_t>();
+  FLASHGEN_REQUIRE(value >= low && value <= high, what + " must be in [" + std::to_string(low) + ", " +
+                                                      std::to_string(high) + "], got " + v.dump());
+  return value;
+}
 
 // The --variant file's JSON, read once (it may be stdin).
 const Json& variant_json(const std::string& path) {
@@ -147,17 +158,27 @@ VariantValues variant_values_of(const Args& args, const UserVariant& user) {
     FLASHGEN_REQUIRE(entry.contains("values") && entry["values"].is_array() && !entry["values"].empty(),
                      where + ": buffer '" + arg.name + "' needs \"values\", a list of numbers, to be tuned with");
     std::vector<unsigned char> bytes;
-    for (const Json& v : entry["values"]) {
-      FLASHGEN_REQUIRE(v.is_number(), where + ": buffer '" + arg.name + "' values must be numbers");
+    for (size_t k = 0; k < entry["values"].size(); ++k) {
+      const Json& v = entry["values"][k];
+      const std::string at = where + ": buffer '" + arg.name + "' value " + std::to_string(k);
       auto append = [&](auto value) {
         const auto* raw = reinterpret_cast<const unsigned char*>(&value);
         bytes.insert(bytes.end(), raw, raw + sizeof value);
       };
       switch (arg.type) {
-        case UserArgType::kFloat32: append(v.get<float>()); break;
-        case UserArgType::kInt32: append(v.get<int32_t>()); break;
-        case UserArgType::kInt64: append(v.get<int64_t>()); break;
-        case UserArgType::kUint8: append(v.get<uint8_t>()); break;
+        case UserArgType::kFloat32:
+          FLASHGEN_REQUIRE(v.is_number(), at + " must be a number");
+          append(v.get<float>());
+          break;
+        case UserArgType::kInt32:
+          append(static_cast<int32_t>(integer_in(v, INT32_MIN, INT32_MAX, at)));
+          break;
+        case UserArgType::kInt64:
+          append(integer_in(v, INT64_MIN, INT64_MAX, at));
+          break;
+        case UserArgType::kUint8:
+          append(static_cast<uint8_t>(integer_in(v, 0, 255, at)));
+          break;
       }
     }
     values.buffers.emplace_back(bytes.size());
@@ -174,7 +195,8 @@ VariantValues variant_values_of(const Args& args, const UserVariant& user) {
       const float value = entry["value"].get<float>();
       std::memcpy(&bits, &value, sizeof bits);
     } else {
-      const int32_t value = entry["value"].get<int32_t>();
+      const auto value = static_cast<int32_t>(
+          integer_in(entry["value"], INT32_MIN, INT32_MAX, where + ": scalar '" + arg.name + "' value"));
       std::memcpy(&bits, &value, sizeof bits);
     }
     values.args.scalars.push_back(bits);

@@ -100,15 +100,24 @@ UserVariantArgs user_args_of(const AttentionProblem& problem, const Params& p) {
   return args;
 }
 
-std::optional<ForwardChoice> tune_on_first_use_of(const ForwardCall& call, int device, int arch,
+// The arguments a first-use sweep of a user variant calls its functions with: the call's own, once the work queued on
+// its stream (which may still be writing them) is done; the sweep runs on a stream of its own.
+template <class Call>
+UserVariantArgs first_use_args(const Call& call, CUstream stream) {
+  if (!call.problem.user) return {};
+  FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
+  return user_args_of(call.problem, call.params);
+}
+
+std::optional<ForwardChoice> tune_on_first_use_of(const ForwardCall& call, CUstream stream, int device, int arch,
                                                   std::string* failure) {
-  const UserVariantArgs args = call.problem.user ? user_args_of(call.problem, call.params) : UserVariantArgs{};
+  const UserVariantArgs args = first_use_args(call, stream);
   return tune_forward_on_first_use(call.problem, device, arch, failure, false, &args);
 }
 
-std::optional<BackwardChoice> tune_on_first_use_of(const BackwardCall& call, int device, int arch,
+std::optional<BackwardChoice> tune_on_first_use_of(const BackwardCall& call, CUstream stream, int device, int arch,
                                                    std::string* failure) {
-  const UserVariantArgs args = call.problem.user ? user_args_of(call.problem, call.params) : UserVariantArgs{};
+  const UserVariantArgs args = first_use_args(call, stream);
   return tune_backward_on_first_use(call.problem, device, arch, failure, &args);
 }
 
@@ -136,7 +145,10 @@ auto process_choice(const Call& call, int device, int arch, bool* variant_data) 
   if (key.user_tag.empty() || *variant_data) return choice;
   key.user_tag.clear();
   choice = choice_for_key(device, key, arch, &call);
+  // Not the variant's own data, whatever the base class's was: tune-on-first-use still tunes the variant.
   choice.exact_bucket = false;
+  if (choice.source == ChoiceSource::kTunedOnFirstUse) choice.source = ChoiceSource::kTuningDatabase;
+  choice.reason = "its base class's choice: " + choice.reason;
   return choice;
 }
 
@@ -173,7 +185,7 @@ auto plan_in_scope(const Call& call, const ScopedContext& scope, CUstream stream
       plan.final = false;
     } else {
       apply_tune_on_first_use(plan.choice, [&](std::string* failure) {
-        auto swept = tune_on_first_use_of(call, device, arch, failure);
+        auto swept = tune_on_first_use_of(call, stream, device, arch, failure);
         variant_data = variant_data || (swept && call.problem.user != nullptr);
         return swept;
       });
@@ -182,6 +194,12 @@ auto plan_in_scope(const Call& call, const ScopedContext& scope, CUstream stream
   apply_fallbacks(call, plan.choice, arch, device_traits(scope.device()));
   read_through_pages(call, plan.choice, arch);
   with_user_variant(call.problem, plan.choice, plan.arch, variant_data);
+  if (call.problem.user) {
+    // Tiles taken for the variant's spills come from the heuristic's list: what the fallbacks removed (a persistent
+    // walk past the tile counters) is removed from them again, in place, the variant kept.
+    apply_fallbacks(call, plan.choice, arch, device_traits(scope.device()));
+    plan.choice.config.user = call.problem.user;
+  }
   return plan;
 }
 

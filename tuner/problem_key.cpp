@@ -136,7 +136,7 @@ void read_mask_text(const std::string& text, ProblemKey& key) {
   if (first_underscore != std::string::npos) {
     std::istringstream fields(text.substr(first_underscore + 1));
     for (std::string field; std::getline(fields, field, '_');) {
-      if (is_user_tag(field) && key.user_tag.empty()) {
+      if (is_user_tag(field) && key.user_tag.empty() && !key.varlen && !key.kv_cache) {  // dense keys only
         key.user_tag = field;
       } else if (!key.user_tag.empty() || !read_score_mod_suffix(field, key.mods)) {
         unknown();  // the tag comes last

@@ -84,8 +84,8 @@ std::string variant_text(MaskKind mask, const ScoreMods& mods, const std::string
 // shape after "window" ("window1024c_softcap"), so that a row rebuilds its key (and the rows of other masks read
 // as they always have).
 std::string mask_text(const ProblemKey& key);
-// Sets key's mask, score modifiers and window from mask_text's spellings; throws Error(kInvalidArgument) naming
-// any other.
+// Sets key's mask, score modifiers, window and user variant's tag from mask_text's spellings (a tag on a dense key
+// only: read the pass first); throws Error(kInvalidArgument) naming any other.
 void read_mask_text(const std::string& text, ProblemKey& key);
 
 // The most keys a row of a window problem sees: both sides and the diagonal's key, an unbounded side counted as

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <variant>
 
 #include "flashgen/error.hpp"
 #include "runtime/cuda_driver.hpp"
@@ -43,6 +44,15 @@ Choice& as_user_choice(Choice& choice, const AttentionProblem& problem, int arch
   attach_user_variant(choice, problem.user, arch);
   choice.config.user = nullptr;
   return choice;
+}
+
+// A candidate's name as its sweep runs it: with the problem's user variant compiled in (with_problem_user).
+std::string swept_name(TunedConfig config, const AttentionProblem& problem) {
+  if (problem.user && !user_key_tag(problem).empty()) {
+    if (auto* forward = std::get_if<KernelConfig>(&config)) forward->user = problem.user;
+    if (auto* backward = std::get_if<BwdConfig>(&config)) backward->user = problem.user;
+  }
+  return config_name(config);
 }
 
 // The candidates of a pass: the named configs, else the space capped around the built-in choice.
@@ -170,7 +180,7 @@ TuneResult tune(const AttentionProblem& problem, TuningStore& store, const Devic
   result.plan = plan_tune(problem, arch, options);
   if (options.on_plan) options.on_plan(result.plan);
   SweepOptions sweep = options.sweep;
-  sweep.always_retime.push_back(config_name(result.plan.builtin));
+  sweep.always_retime.push_back(swept_name(result.plan.builtin, problem));
   SweepResult swept = options.run_sweep ? options.run_sweep(problem, result.plan.candidates, sweep)
                                         : sweep_on_own_stream(problem, result.plan.candidates, sweep);
   store.record(device, result.key, swept.candidates, swept.winner, swept.winner_ms);

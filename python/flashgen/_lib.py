@@ -354,6 +354,6 @@ def version():
 def set_tune_on_first_use(enabled):
     """Tune-on-first-use for this process (FLASHGEN_TUNE=1 turns it on from the environment): a forward or
     backward call whose problem size bucket the user's tuning database lacks for this GPU first sweeps 16 candidates (seconds,
-    never while a CUDA graph is being captured), stores the winner and runs it. A dense call with mask_mod= or
-    score_mod= is tuned as a problem of its own, its functions checked with the call's own variant tensors."""
+    never while a CUDA graph is being captured), stores the winner and runs it. A dense call with mask_mod=,
+    score_mod= or score_bias= is tuned as a problem of its own, its functions checked with the call's own variant tensors."""
     function("flashgen_set_tune_on_first_use")(1 if enabled else 0)

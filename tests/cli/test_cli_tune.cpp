@@ -623,6 +623,8 @@ TEST_CASE("cli: tune --variant lists its base class's tiles, no clusters under i
   CHECK(refused_tune(dir, {"--variant", variant, "--varlen"}).find("--variant tunes dense problems") !=
         std::string::npos);
   CHECK(refused_tune(dir, {"--variant", variant, "--devices", "0,1"}).find("--devices") != std::string::npos);
+  CHECK(refused_tune(dir, {"--variant", variant, "--softcap", "30"}).find("takes the place of --softcap") !=
+        std::string::npos);
   const std::string no_grad = (dir.path() / "no_grad.json").string();
   std::ofstream(no_grad) << R"({"score_mod": "return score * 0.5f;"})";
   CHECK(refused_tune(dir, {"--variant", no_grad, "--backward"}).find("no score_grad") != std::string::npos);
@@ -657,4 +659,14 @@ TEST_CASE("cli: tune --variant stores its winner under the variant's key, called
   INFO(r.err);
   CHECK(r.exit_code != 0);
   CHECK(r.err.find("buffer 'head_bias' needs \"values\"") != std::string::npos);
+
+  // A value its type cannot hold is refused, naming it.
+  const std::string fractional = (dir.path() / "fractional.json").string();
+  std::ofstream(fractional) << R"({"mask_mod": "return kv_idx < prefix || kv_idx <= q_idx;",
+    "scalars": [{"name": "prefix", "type": "int32", "value": 40.5}]})";
+  bare[2] = fractional;
+  const auto f = run_cli(bare, dir);
+  INFO(f.err);
+  CHECK(f.exit_code != 0);
+  CHECK(f.err.find("scalar 'prefix' value must be a whole number, got 40.5") != std::string::npos);
 }

@@ -21,6 +21,7 @@
 #include "launch/user_block_classes.hpp"
 #include "support/dense_variant_problem.hpp"
 #include "support/first_use_scope.hpp"
+#include "support/raw_sqlite.hpp"
 #include "support/temp_dir.hpp"
 #include "tuner/choice.hpp"
 #include "tuner/problem_key.hpp"
@@ -265,6 +266,11 @@ TEST_CASE("a user variant is tuned on first use under its own key and runs its w
       });
   {
     const flashgen::testing::FirstUseScope first_use(db);
+    // The base class's bucket tuned first, by a call without the variant: the variant is still tuned on its own.
+    flashgen_attention_options plain = opts;
+    plain.variant = nullptr, plain.variant_scalars = nullptr;
+    REQUIRE(flashgen_attention_forward(&p.tq, &p.tk, &p.tv, &p.tout, static_cast<float*>(p.dlse.data()), &plain,
+                                       nullptr) == FLASHGEN_SUCCESS);
     p.run_choice();  // the forward, then the backward of each dQ strategy: each tuned on its first call
     const flashgen::ForwardLaunch launch = flashgen::attention_forward(p.forward_call(), nullptr);
     INFO(launch.reason);
@@ -282,12 +288,21 @@ TEST_CASE("a user variant is tuned on first use under its own key and runs its w
     CHECK(key.user_tag == flashgen_variant_tag(handle.variant));
     const auto stored = store.lookup_exact(device, key);
     REQUIRE(stored.has_value());
-    CHECK(flashgen::config_name(stored->config).find(key.user_tag) == std::string::npos);  // the base class's tiles
     const auto rows = store.candidates(device, key);
     CHECK(rows.size() >= 2);
     for (const flashgen::CandidateResult& row : rows) {
       INFO(flashgen::config_name(row.config) << ": " << row.detail);
       CHECK(row.status == flashgen::CandidateStatus::kOk);
     }
+  }
+  // The base class's forward rows are there too, apart; every row's name is a base class's config, no tag in it.
+  CHECK(store.lookup_exact(device, flashgen::forward_problem_key(flashgen::DType::kBFloat16, 64, flashgen::MaskKind::kNone,
+                                                                 2, 555, 555, 4)));
+  flashgen::testing::RawSqlite raw(db);
+  const std::vector<std::string> names = raw.column("SELECT config_name FROM candidates");
+  CHECK(names.size() >= 8);
+  for (const std::string& name : names) {
+    INFO(name);
+    CHECK(name.find("_u") == std::string::npos);
   }
 }

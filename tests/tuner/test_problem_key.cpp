@@ -363,6 +363,10 @@ TEST_CASE("a user variant's dense problems are a class of their own, keyed by it
     INFO(bad);
     CHECK_THROWS_WITH(flashgen::read_mask_text(bad, read), Catch::Matchers::Contains("unknown mask"));
   }
+  flashgen::ProblemKey packed_key = base;
+  packed_key.varlen = true;
+  CHECK_THROWS_WITH(flashgen::read_mask_text(flashgen::mask_text(key), packed_key),
+                    Catch::Matchers::Contains("unknown mask"));  // no packed or KV-cache key carries a tag
   flashgen::AttentionProblem backward = flashgen::backward_problem(DType::kFloat16, shape, FLASHGEN_MASK_NONE, true);
   backward.user = user;
   CHECK(flashgen::problem_key(backward).class_id() == "bwd_det|fp16|d128|none_" + user->tag + "|g4");
