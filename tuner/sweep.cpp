@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <memory>
 #include <sstream>
+#include <variant>
 
 #include "launch/attention.hpp"
 #include "launch/attention_backward.hpp"
@@ -35,6 +36,11 @@ void with_variant_of(const AttentionProblem& problem, const SweepOptions& option
 }
 
 }  // namespace
+
+void set_user(TunedConfig& config, const std::shared_ptr<const UserVariant>& user) {
+  if (auto* forward = std::get_if<KernelConfig>(&config)) forward->user = user;
+  if (auto* backward = std::get_if<BwdConfig>(&config)) backward->user = user;
+}
 
 std::string progress_line(const SweepProgress& event) {
   std::ostringstream line;

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -81,6 +82,9 @@ struct SweepOptions {
   // own, so the sweep's inputs, of the call's sizes, index them as the call does).
   UserVariantArgs user_args;
 };
+
+// Compiles user (null: none) into a forward or backward config; a KV-cache config takes none and is left as it is.
+void set_user(TunedConfig& config, const std::shared_ptr<const UserVariant>& user);
 
 struct SweepResult {
   ProblemKey problem;

@@ -3,7 +3,6 @@
 
 #include <memory>
 #include <string>
-#include <variant>
 
 #include "runtime/device_buffer.hpp"
 
@@ -94,12 +93,8 @@ flashgen_attention_options sweep_options(const AttentionProblem& problem, Device
 }
 
 void without_user(SweepResult& result) {
-  auto strip = [](TunedConfig& config) {
-    if (auto* forward = std::get_if<KernelConfig>(&config)) forward->user = nullptr;
-    if (auto* backward = std::get_if<BwdConfig>(&config)) backward->user = nullptr;
-  };
-  for (CandidateResult& c : result.candidates) strip(c.config);
-  strip(result.winner);
+  for (CandidateResult& c : result.candidates) set_user(c.config, nullptr);
+  set_user(result.winner, nullptr);
 }
 
 std::function<void(int)> backward_launches(const std::vector<const BackwardCall*>& calls, const BwdConfig& config,

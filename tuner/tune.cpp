@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <utility>
-#include <variant>
 
 #include "flashgen/error.hpp"
 #include "runtime/cuda_driver.hpp"
@@ -48,10 +47,7 @@ Choice& as_user_choice(Choice& choice, const AttentionProblem& problem, int arch
 
 // A candidate's name as its sweep runs it: with the problem's user variant compiled in (with_problem_user).
 std::string swept_name(TunedConfig config, const AttentionProblem& problem) {
-  if (problem.user && !user_key_tag(problem).empty()) {
-    if (auto* forward = std::get_if<KernelConfig>(&config)) forward->user = problem.user;
-    if (auto* backward = std::get_if<BwdConfig>(&config)) backward->user = problem.user;
-  }
+  if (!user_key_tag(problem).empty()) set_user(config, problem.user);
   return config_name(config);
 }
 
