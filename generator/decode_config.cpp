@@ -86,7 +86,7 @@ std::optional<std::string> DecodeConfig::invalid_reason(int arch) const {
   return std::nullopt;
 }
 
-int max_decode_splits(const AttentionProblem& problem, const DecodeConfig& config) {
+int64_t max_decode_blocks(const AttentionProblem& problem, const DecodeConfig& config) {
   auto blocks_of = [&](int64_t keys) { return (keys + config.block_n - 1) / config.block_n; };
   const int64_t capacity = problem.shape.seqlen_k;
   int64_t blocks = blocks_of(capacity);
@@ -100,7 +100,11 @@ int max_decode_splits(const AttentionProblem& problem, const DecodeConfig& confi
     if (problem.attention_chunk > 0) keys = std::min<int64_t>(keys, problem.attention_chunk + rows);
     blocks = std::min(blocks, blocks_of(keys - 1) + 1);
   }
-  return static_cast<int>(std::clamp<int64_t>(blocks, 1, kMaxDecodeSplits));
+  return blocks;
+}
+
+int max_decode_splits(const AttentionProblem& problem, const DecodeConfig& config) {
+  return static_cast<int>(std::clamp<int64_t>(max_decode_blocks(problem, config), 1, kMaxDecodeSplits));
 }
 
 void to_json(nlohmann::json& j, const DecodeConfig& c) {

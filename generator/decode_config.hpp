@@ -58,11 +58,13 @@ struct DecodeConfig {
   bool operator!=(const DecodeConfig& other) const { return !(*this == other); }
 };
 
-// The most key ranges worth splitting one sequence of a KV-cache problem into under config: one key block each at
-// least, at most kMaxDecodeSplits. The blocks counted are those the sequence's new rows can visit: the capacity's
-// (shape.seqlen_k), or under a window bounded on the left (or a chunk) only those holding its left side (or the
-// rows' chunks) and the new rows (the kernels skip the rest; the new rows are the sequence's last keys, so its
-// right side reaches no further key).
+// The key blocks of config one sequence of a KV-cache problem can visit: the capacity's (shape.seqlen_k), or under a
+// window bounded on the left (or a chunk) only those holding its left side (or the rows' chunks) and the new rows
+// (the kernels skip the rest; the new rows are the sequence's last keys, so its right side reaches no further key).
+int64_t max_decode_blocks(const AttentionProblem& problem, const DecodeConfig& config);
+
+// The most key ranges worth splitting one sequence into: one of those blocks each at least, at most
+// kMaxDecodeSplits.
 int max_decode_splits(const AttentionProblem& problem, const DecodeConfig& config);
 
 void to_json(nlohmann::json& j, const DecodeConfig& config);

@@ -349,12 +349,27 @@ struct DecodeSm80 {
 
 // Merges the ranges' parts of every output row (one warp per row): weights exp(lse_s - lse) over the ranges
 // that saw a key, lse including the head's sink when the call has sinks; a row no range saw a key of gets 0
-// and lse -inf (the sink, with one).
+// and lse -inf (the sink, with one). The ranges are taken 32 at a time, lane s holding range s0 + s's LSE and
+// weight, and every range's part of the row is loaded before any is added (kUnroll loads in flight), so a row
+// costs a few memory round trips rather than one per range and pass.
 template <class Cfg>
 struct DecodeCombine {
   using u16 = sm80::u16;
   static constexpr int kHeadDim = Cfg::kHeadDim;
   static constexpr ElemType kElem = Cfg::kElem;
+  static constexpr int kPasses = (kHeadDim + 127) / 128;  // 4 columns per lane and pass
+  static constexpr int kUnroll = 8;
+
+  static __device__ float warp_max(float x) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+    return x;
+  }
+  static __device__ float warp_sum(float x) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+    return x;
+  }
 
   static __device__ void run(const AttnDecodeParams& p) {
     const int lane = threadIdx.x % 32;
@@ -362,38 +377,75 @@ struct DecodeCombine {
     const long long rows = static_cast<long long>(p.batch) * p.heads_q * p.seqlen_q;
     const long long row = static_cast<long long>(blockIdx.x) * (kDecodeRowKernelThreads / 32) + threadIdx.x / 32;
     if (row >= rows) return;
-    float m = neg_inf();
-    for (int s = lane; s < p.splits; s += 32) m = fmaxf(m, p.lse_partial[s * rows + row]);
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-    float sum = 0.f;
-    for (int s = lane; s < p.splits; s += 32) {
-      const float lse_s = p.lse_partial[s * rows + row];
-      sum += lse_s == neg_inf() ? 0.f : __expf(lse_s - m);
-    }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    float lse = sum > 0.f ? m + __logf(sum) : neg_inf();
-
     const int tok = static_cast<int>(row % p.seqlen_q);
     const int hq = static_cast<int>(row / p.seqlen_q % p.heads_q);
-    if (p.sinks != nullptr && p.sinks[hq] != neg_inf()) {  // lse = log(exp(lse) + exp(sink))
-      const float sink = p.sinks[hq];
+    const float sink = p.sinks != nullptr ? p.sinks[hq] : neg_inf();  // loaded beside the ranges' LSE
+    const float* lse_part = p.lse_partial + row;  // range s at s * rows
+    auto lse_of = [&](int s) { return s < p.splits ? lse_part[s * rows] : neg_inf(); };
+
+    // The ranges' LSE, first 32 kept in lane order (the common case reads them once).
+    const float lse_first = lse_of(lane);
+    float m = lse_first;
+    for (int s = 32 + lane; s < p.splits; s += 32) m = fmaxf(m, lse_of(s));
+    m = warp_max(m);
+    float sum = lse_first == neg_inf() ? 0.f : __expf(lse_first - m);
+    for (int s = 32 + lane; s < p.splits; s += 32) {
+      const float lse_s = lse_of(s);
+      sum += lse_s == neg_inf() ? 0.f : __expf(lse_s - m);
+    }
+    sum = warp_sum(sum);
+    float lse = sum > 0.f ? m + __logf(sum) : neg_inf();
+
+    if (sink != neg_inf()) {  // lse = log(exp(lse) + exp(sink))
       const float high = lse > sink ? lse : sink, low = lse > sink ? sink : lse;  // a NaN sink gives NaN
       lse = high + log1pf(__expf(low - high));
     }
+
+    // O = sum over ranges of w_s * O_s, in range order. A range that saw no key (lse -inf) has weight 0 and a part
+    // that is not a number: it is selected away, not multiplied.
+    float4 acc[kPasses];
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    const float* o_part = p.o_partial + row * kHeadDim + lane * 4;  // range s at s * rows * kHeadDim
+    for (int s0 = 0; s0 < p.splits; s0 += 32) {
+      const float lse_s = s0 == 0 ? lse_first : lse_of(s0 + lane);
+      const float weight = lse_s == neg_inf() ? 0.f : __expf(lse_s - lse);
+      const int n = min(32, p.splits - s0);
+      for (int j0 = 0; j0 < n; j0 += kUnroll) {
+        float4 part[kUnroll][kPasses];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+          for (int i = 0; i < kPasses; ++i) {
+            if (j0 + u < n && lane * 4 + 128 * i < kHeadDim) {
+              part[u][i] = *reinterpret_cast<const float4*>(o_part + (s0 + j0 + u) * rows * kHeadDim + 128 * i);
+            }
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const float w = __shfl_sync(0xffffffffu, weight, (j0 + u) % 32);
+          if (j0 + u < n && w != 0.f) {
+#pragma unroll
+            for (int i = 0; i < kPasses; ++i) {
+              if (lane * 4 + 128 * i < kHeadDim) {
+                acc[i].x += w * part[u][i].x, acc[i].y += w * part[u][i].y;
+                acc[i].z += w * part[u][i].z, acc[i].w += w * part[u][i].w;
+              }
+            }
+          }
+        }
+      }
+    }
     const int batch = static_cast<int>(row / (static_cast<long long>(p.seqlen_q) * p.heads_q));
     u16* o = static_cast<u16*>(p.o) + batch * p.o_batch_stride + tok * p.o_row_stride + hq * p.o_head_stride;
-    for (int c = lane * 4; c < kHeadDim; c += 128) {
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int s = 0; s < p.splits; ++s) {
-        const float lse_s = p.lse_partial[s * rows + row];
-        if (lse_s == neg_inf()) continue;
-        const float w = __expf(lse_s - lse);
-        const float4 o_s = *reinterpret_cast<const float4*>(p.o_partial + (s * rows + row) * kHeadDim + c);
-        acc.x += w * o_s.x, acc.y += w * o_s.y, acc.z += w * o_s.z, acc.w += w * o_s.w;
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const int c = lane * 4 + 128 * i;
+      if (c < kHeadDim) {
+        *reinterpret_cast<uint2*>(o + c) =
+            make_uint2(sm80::pack2<kElem>(acc[i].x, acc[i].y), sm80::pack2<kElem>(acc[i].z, acc[i].w));
       }
-      *reinterpret_cast<uint2*>(o + c) = make_uint2(sm80::pack2<kElem>(acc.x, acc.y), sm80::pack2<kElem>(acc.z, acc.w));
     }
     if (lane == 0 && p.lse != nullptr) p.lse[row] = lse;
   }

@@ -1,6 +1,7 @@
 // Tests for DecodeConfig: canonical names and their inverse, JSON round-trip, the shared validity rules, and
 // the generated module (config header and its three kernels' entry points); the heuristic choice of config
 // and split count.
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -97,9 +98,19 @@ TEST_CASE("the decode heuristic packs a kv head's rows and splits short batches 
   flashgen::DecodeChoice choice = flashgen::heuristic_decode_choice(problem, 90, 132);
   CHECK(choice.config.rows == 16);
   CHECK_FALSE(choice.config.invalid_reason(90));
-  // 8 kv heads alone fill few of 132 SMs: enough ranges for most of a wave.
-  CHECK(choice.splits * 8 >= 100);
-  CHECK(choice.splits <= 128);
+  // 8 kv heads alone fill few of 132 SMs: enough ranges for most of a wave. Of those that fit one wave (at most 16),
+  // the fewest that give the fewest of the 512 key blocks to the longest range: 16 ranges of 32 (15 would leave
+  // ranges of 35).
+  CHECK(choice.splits == 16);
+  // 4 kv heads: 32 ranges of 16 blocks each (33 give no range fewer).
+  problem.shape = {1, 1, 32768, 32, 4, 128};
+  CHECK(flashgen::heuristic_decode_choice(problem, 90, 132).splits == 32);
+  // The tuner measures the counts that fill each of 1-4 waves and the most that stay within them: 16 and 17 here.
+  problem.shape = {1, 1, 32768, 32, 8, 128};
+  const std::vector<int> counts = flashgen::decode_split_counts(problem, choice.config, 90, 132);
+  CHECK(std::count(counts.begin(), counts.end(), 16) == 1);
+  CHECK(std::count(counts.begin(), counts.end(), 17) == 1);
+  CHECK(std::is_sorted(counts.begin(), counts.end()));
   problem.shape = {64, 1, 32768, 32, 8, 128};  // 512 blocks already fill the GPU
   CHECK(flashgen::heuristic_decode_choice(problem, 90, 132).splits == 1);
   problem.shape = {1, 4, 512, 32, 4, 128};  // 8 heads x 4 tokens: 32 rows

@@ -252,6 +252,9 @@ std::vector<KvCase> kv_cases() {
        {129, 2, 64}, 200, 0, 0, {0, 1, 3}},
       {"bf16 d40 GQA 3 contiguous append 2", FLASHGEN_BFLOAT16, 40, 6, 2, FLASHGEN_MASK_CAUSAL, 2, {31, 0, 90}, 96,
        0, 2, {0, 1, 2}},
+      // More key ranges than a warp has lanes (the combine kernel takes them 32 at a time), some of them empty.
+      {"bf16 d64 GQA 4 paged 16, 33 and 48 ranges", FLASHGEN_BFLOAT16, 64, 8, 2, FLASHGEN_MASK_CAUSAL, 1,
+       {3000, 0, 1500, 3071}, 3072, 16, 0, {33, 48}},
   };
 }
 

@@ -91,16 +91,18 @@ TEST_CASE("a tuned decode config is its module and split count, by name and in J
 
 TEST_CASE("split counts worth timing: one range, the heuristic's, and one to four blocks per SM", "[tuner][decode]") {
   const DecodeConfig c = some_decode(false, 1).config;
-  // Batch 1: 8 kv heads x 1 row block = 8 blocks; 132 SMs take 17, 33, 50, 66 ranges for 1-4 blocks each.
+  // Batch 1: 8 kv heads x 1 row block = 8 blocks; 132 SMs take 17, 33, 50, 66 ranges to fill 1-4 blocks each, and
+  // hold 16, 33, 49, 66 within those waves.
   const AttentionProblem one = decode_problem(1, 32768, false);
   const int heuristic = flashgen::heuristic_decode_splits(one, c, 90, 132);
-  std::vector<int> want{1, heuristic, 17, 33, 50, 66};
+  std::vector<int> want{1, heuristic, 16, 17, 33, 49, 50, 66};
   std::sort(want.begin(), want.end());
   want.erase(std::unique(want.begin(), want.end()), want.end());
   CHECK(flashgen::decode_split_counts(one, c, 90, 132) == want);
-  // A short cache caps them at its key blocks (1024 / 128 = 8; the heuristic takes 7, 56 of 132 SMs being
-  // within 85% of 64).
-  CHECK(flashgen::decode_split_counts(decode_problem(1, 1024, false), c, 90, 132) == std::vector<int>{1, 7, 8});
+  // A short cache caps them at its key blocks (1024 / 128 = 8): the heuristic's count, first 7 (56 of 132 SMs
+  // being within 85% of 64), becomes 8, one block per range where 7 ranges would leave one of them two.
+  CHECK(flashgen::heuristic_decode_splits(decode_problem(1, 1024, false), c, 90, 132) == 8);
+  CHECK(flashgen::decode_split_counts(decode_problem(1, 1024, false), c, 90, 132) == std::vector<int>{1, 8});
   // 512 blocks fill 132 SMs alone: one range, or two for four blocks per SM.
   CHECK(flashgen::decode_split_counts(decode_problem(64, 32768, false), c, 90, 132) == std::vector<int>{1, 2});
 }
