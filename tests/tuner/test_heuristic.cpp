@@ -261,13 +261,18 @@ TEST_CASE("soft-capped run-time choices compile without spills or serialized wgm
     const ChoiceCase& k = cases[i];
     const CompiledChoice& c = choices[i];
     INFO(c.name << ": " << c.reason << "\n" << c.compiled->log);
-    // The Hopper family, but for the backward at 64 columns: its d64 tiles (128 queries per step) sit at the
-    // register bound, and where the cap's derivative makes one spill (no mask, 8 bytes) the heuristic falls back
-    // to the sm80 family (bench/notes_variants.md); either way the choice compiles clean.
-    if (!k.backward || k.head_dim != 64) CHECK(c.family == flashgen::KernelFamily::kSm90);
+    // The Hopper family everywhere. Its d64 backward tiles (128 queries per step) sit at the register bound: without
+    // a mask the cap's derivative makes the first spill 32 bytes, which cost less than the sm80 family's spill-free
+    // tile (H100: 1.43-1.53x faster, bench/notes_variants.md), so the heuristic keeps it and says so.
+    CHECK(c.family == flashgen::KernelFamily::kSm90);
     CHECK(c.name.find("_softcap") != std::string::npos);
-    CHECK(c.usage.spill_store_bytes == 0);
-    CHECK(c.usage.spill_load_bytes == 0);
+    const int spilled = c.usage.spill_store_bytes + c.usage.spill_load_bytes;
+    if (k.backward && k.head_dim == 64 && k.mask == MaskKind::kNone) {
+      CHECK(spilled <= 64);
+      CHECK((spilled == 0 || c.reason.find("bytes, within the 64") != std::string::npos));
+    } else {
+      CHECK(spilled == 0);
+    }
     CHECK(c.compiled->log.find("warning") == std::string::npos);
   }
 }
