@@ -280,18 +280,21 @@ class _ForwardCall:
 
 class _ForwardPlan:
     """The ctypes arguments of flashgen_attention_forward for one call signature (sizes, strides, dtype, device,
-    options; no ALiBi slopes or sinks), built once and re-pointed at each call's tensors: a model calls attention
-    with the same signature again and again, and building the views and options is most of a call's Python cost."""
+    options, and the layout of the ALiBi slopes and sinks where the call has them), built once and re-pointed at each
+    call's tensors: a model calls attention with the same signature again and again, and building the views and
+    options is most of a call's Python cost."""
 
     __slots__ = ("views", "tensor_refs", "options", "options_ref", "lse_shape", "function", "out_like_q")
 
-    def __init__(self, q, k, v, out, scale, mask, layout, softcap, window, attention_chunk):
+    def __init__(self, q, k, v, out, scale, mask, layout, softcap, window, attention_chunk, alibi_slopes=None,
+                 sinks=None):
         self.views = [_view(t, layout) for t in (q, k, v, out)]
         # out is q's shape, contiguous (or like q, for aten's ops): empty_like(q) allocates it the cheapest way
         # wherever that gives the same strides.
         self.out_like_q = out.stride() == q.stride()
         self.tensor_refs = tuple(ctypes.byref(view) for view in self.views)
-        self.options = _options(scale, mask, False, softcap, window, None, attention_chunk=attention_chunk)
+        self.options = _options(scale, mask, False, softcap, window, alibi_slopes, sinks,
+                                attention_chunk=attention_chunk)
         self.options_ref = ctypes.byref(self.options)
         self.lse_shape = _lse_shape(q, layout)
         self.function = _lib.function("flashgen_attention_forward")
@@ -312,14 +315,19 @@ class _Plans(threading.local):
 _plans = _Plans()
 
 
+def _layout_key(t):
+    """What a plan fixes of an optional tensor argument: None, or its shape, strides, dtype and device."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
 def _planned_forward(q, k, v, scale, mask, layout, softcap, window, attention_chunk, out_like_q, create=True,
-                     want_lse=True):
-    """(out, lse) of a forward call without ALiBi slopes or sinks through its signature's _ForwardPlan, or None where
-    the call must take the full path (_ForwardCall): inputs the kernels cannot read in place, or (create=False) a
-    signature without a plan yet. A plan exists only for a signature whose arguments passed the checks. Without
-    want_lse the kernels write no lse (the C ABI's lse NULL) and lse is None."""
+                     want_lse=True, alibi_slopes=None, sinks=None):
+    """(out, lse) of a forward call through its signature's _ForwardPlan, or None where the call must take the full
+    path (_ForwardCall): inputs the kernels cannot read in place, slopes or sinks the full path would convert, or
+    (create=False) a signature without a plan yet. A plan exists only for a signature whose arguments passed the
+    checks. Without want_lse the kernels write no lse (the C ABI's lse NULL) and lse is None."""
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device, scale, mask, layout,
-           softcap, window, attention_chunk, out_like_q)
+           softcap, window, attention_chunk, out_like_q, _layout_key(alibi_slopes), _layout_key(sinks))
     pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr())
     if (pointers[0] | pointers[1] | pointers[2]) & 15:
         return None
@@ -335,14 +343,25 @@ def _planned_forward(q, k, v, scale, mask, layout, softcap, window, attention_ch
     if plan is None:
         if not all(_strides_readable(t) for t in (q, k, v)):
             return None
+        if sinks is not None and (sinks.dtype != torch.float32 or not sinks.is_contiguous()):
+            return None
+        if alibi_slopes is not None:
+            batch, heads_q, _ = _lse_shape(q, layout)
+            if _check_alibi(alibi_slopes, device, batch, heads_q) is not alibi_slopes:
+                return None  # the full path passes a contiguous copy
         out = torch.empty_like(q) if out_like_q else torch.empty(q.shape, dtype=q.dtype, device=device)
         if len(plans) >= _Plans.limit:
             plans.clear()
-        plan = plans[key] = _ForwardPlan(q, k, v, out, scale, mask, layout, softcap, window, attention_chunk)
+        plan = plans[key] = _ForwardPlan(q, k, v, out, scale, mask, layout, softcap, window, attention_chunk,
+                                         alibi_slopes, sinks)
     elif plan.out_like_q:
         out = torch.empty_like(q)
     else:
         out = torch.empty(q.shape, dtype=q.dtype, device=device)
+    if alibi_slopes is not None:
+        plan.options.alibi_slopes = alibi_slopes.data_ptr()
+    if sinks is not None:
+        plan.options.sinks = sinks.data_ptr()
     lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=device) if want_lse else None
     views = plan.views
     views[0].data, views[1].data, views[2].data = pointers
@@ -400,8 +419,9 @@ def _forward(q, k, v, scale, mask, layout, checked=False, softcap=0.0, window=_N
     if not checked:
         _check_inputs(q, k, v, layout)
         _check_mask(mask)
-    if alibi_slopes is None and sinks is None and user is None:
-        planned = _planned_forward(q, k, v, scale, mask, layout, softcap, window, attention_chunk, False)
+    if user is None:
+        planned = _planned_forward(q, k, v, scale, mask, layout, softcap, window, attention_chunk, False,
+                                   alibi_slopes=alibi_slopes, sinks=sinks)
         if planned is not None:
             return planned
     with torch.cuda.device(q.device):

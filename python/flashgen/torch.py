@@ -25,7 +25,7 @@ import torch
 from . import _lib
 from ._calls import (_DTYPE_CODES, _MASK_CODES, _NO_WINDOW, _BackwardCall, _ForwardCall, _Plans, _backward_kernels,
                      _bad, _bshd_shape, _check_alibi, _check_chunk, _check_inputs, _check_qkv, _check_scale,
-                     _check_sinks, _check_softcap, _current_device, _dsinks, _forward, _lse_shape, _mask,
+                     _check_sinks, _check_softcap, _current_device, _dsinks, _forward, _layout_key, _lse_shape, _mask,
                      _mask_and_window, _options, _planned_forward, _plans, _readable, _stream, _stream_handle,
                      _strides_readable, _varlen_backward, _varlen_forward, _view)
 from ._lib import FlashgenArgumentError, FlashgenError
@@ -317,12 +317,15 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     q, k, v = _autocast(q, k, v)
     scale = _check_scale(scale)
     softcap = _check_softcap(softcap)
-    if (alibi_slopes is None and sinks is None and mask_mod is None and score_mod is None and score_bias is None
-            and _eager_call(q, k, v)
-            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
-        # The warm call of a signature seen before: its plan's key holds all that _check_inputs looks at.
+    if (mask_mod is None and score_mod is None and score_bias is None and _eager_call(q, k, v)
+            and all(t is None or isinstance(t, torch.Tensor) for t in (alibi_slopes, sinks))
+            and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks)))):
+        # The warm call of a signature seen before: its plan's key holds all that _check_inputs looks at (and the
+        # slopes' and sinks' layout; sinks in the model's dtype are converted as _check_sinks would).
+        if sinks is not None and sinks.dtype in (torch.bfloat16, torch.float16):
+            sinks = sinks.float()
         planned = _planned_forward(q, k, v, scale, mask, layout, softcap, window, chunk, False, create=False,
-                                   want_lse=return_lse)
+                                   want_lse=return_lse, alibi_slopes=alibi_slopes, sinks=sinks)
         if planned is not None:
             return planned if return_lse else planned[0]
     _check_inputs(q, k, v, layout)
@@ -660,54 +663,65 @@ def _kvcache_class(q, k_cache, v_cache, k, cache_seqlens, block_table, scale, ma
 
 
 class _KvCachePlan:
-    """The KvCacheArgs of one KV-cache call signature without appended tokens, a block table, sinks or ALiBi slopes,
-    built once and re-pointed at each call's tensors (as _ForwardPlan). The caches' capacity and strides are not
-    part of the signature: transformers' cache grows by a token per generated token, so they change at every
-    step; the plan rewrites them, and asks the library for the split workspace again when they change."""
+    """The KvCacheArgs of one KV-cache call signature without a user variant, built once and re-pointed at each
+    call's tensors (as _ForwardPlan): q, out, lse, the caches, and where the call has them the appended tokens, the
+    block table, the sinks and the ALiBi slopes. The caches' capacity and strides are not part of the signature:
+    transformers' cache grows by a token per generated token, so they change at every step; the plan rewrites them,
+    and asks the library for the split workspace again when they change."""
 
     __slots__ = ("args", "args_ref", "lse_shape", "workspace_for", "workspace_bytes")
 
-    def __init__(self, q, k_cache, v_cache, out, lse, cache_seqlens, scale, mask, num_splits, window, attention_chunk,
-                 softcap):
-        self.args = _kvcache_args(q, k_cache, v_cache, None, None, cache_seqlens, None, out, lse, scale, mask,
-                                  num_splits, window, None, attention_chunk, softcap, None)
+    def __init__(self, q, k_cache, v_cache, k, v, out, lse, cache_seqlens, block_table, scale, mask, num_splits,
+                 window, sinks, attention_chunk, softcap, alibi_slopes):
+        self.args = _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, scale, mask,
+                                  num_splits, window, sinks, attention_chunk, softcap, alibi_slopes)
         self.args_ref = ctypes.byref(self.args)
         self.lse_shape = tuple(lse.shape)
         self.workspace_for = None  # the (capacity, strides) workspace_bytes was asked for
         self.workspace_bytes = 0
 
 
-def _kvcache_plan_key(q, k_cache, v_cache, cache_seqlens, scale, mask, num_splits, window, attention_chunk, softcap):
+def _kvcache_plan_key(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits, window, sinks,
+                      attention_chunk, softcap, alibi_slopes):
     return (q.shape, q.stride(), q.dtype, q.device, k_cache.shape[0], k_cache.shape[2:], k_cache.dtype,
             k_cache.device, v_cache.shape[0], v_cache.shape[2:], v_cache.dtype, v_cache.device,
             None if cache_seqlens is None else (cache_seqlens.shape, cache_seqlens.dtype, cache_seqlens.device), scale,
-            mask, num_splits, window, attention_chunk, softcap)
+            mask, num_splits, window, attention_chunk, softcap, _layout_key(k), _layout_key(v),
+            _layout_key(block_table), _layout_key(sinks), _layout_key(alibi_slopes))
 
 
-def _planned_kvcache(q, k_cache, v_cache, cache_seqlens, scale, mask, num_splits, window, attention_chunk, softcap,
-                     create):
+def _planned_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits, window, sinks,
+                     attention_chunk, softcap, alibi_slopes, create):
     """(out, lse) of a KV-cache call through its signature's _KvCachePlan (see there for which calls), or None where
-    the call takes the full path: q not readable in place, a legacy default stream on another device, or
-    (create=False) no plan yet. A plan exists only for a signature whose arguments passed the checks."""
-    key = _kvcache_plan_key(q, k_cache, v_cache, cache_seqlens, scale, mask, num_splits, window, attention_chunk,
-                            softcap)
+    the call takes the full path: q, k or v not readable in place, a block table that is not contiguous, sinks that
+    are not float32, a legacy default stream on another device, or (create=False) no plan yet. A plan exists only
+    for a signature whose arguments passed the checks; the optional tensors must be tensors (or None)."""
+    key = _kvcache_plan_key(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits, window,
+                            sinks, attention_chunk, softcap, alibi_slopes)
     plans = _plans.kvcache
     plan = plans.get(key)
     if plan is None and not create:
         return None
     device = q.device
     stream = _stream_handle(device)
-    if (q.data_ptr() & 15) or (stream == 0 and device.index != _current_device()):
+    aligned = q.data_ptr() | (0 if k is None else k.data_ptr() | v.data_ptr())
+    if (aligned & 15) or (stream == 0 and device.index != _current_device()):
         return None
     out = torch.empty(q.shape, dtype=q.dtype, device=device)
     if plan is None:
-        if not _strides_readable(q):
+        if not all(_strides_readable(t) for t in (q, k, v) if t is not None):
             return None
+        if block_table is not None and not block_table.is_contiguous():
+            return None
+        if sinks is not None and (sinks.dtype != torch.float32 or not sinks.is_contiguous()):
+            return None
+        if alibi_slopes is not None and _check_alibi(alibi_slopes, device, q.shape[0], q.shape[2]) is not alibi_slopes:
+            return None  # the full path passes a contiguous copy
         lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=device)
         if len(plans) >= _Plans.limit:
             plans.clear()
-        plan = plans[key] = _KvCachePlan(q, k_cache, v_cache, out, lse, cache_seqlens, scale, mask, num_splits,
-                                         window, attention_chunk, softcap)
+        plan = plans[key] = _KvCachePlan(q, k_cache, v_cache, k, v, out, lse, cache_seqlens, block_table, scale, mask,
+                                         num_splits, window, sinks, attention_chunk, softcap, alibi_slopes)
     else:
         lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=device)
     args = plan.args
@@ -718,6 +732,14 @@ def _planned_kvcache(q, k_cache, v_cache, cache_seqlens, scale, mask, num_splits
         view.stride[0], view.stride[1], view.stride[2] = cache.stride()[:3]
     if cache_seqlens is not None:
         args.cache_seqlens = cache_seqlens.data_ptr()
+    if k is not None:
+        args.k_new.data, args.v_new.data = k.data_ptr(), v.data_ptr()
+    if block_table is not None:
+        args.block_table = block_table.data_ptr()
+    if sinks is not None:
+        args.options.sinks = sinks.data_ptr()
+    if alibi_slopes is not None:
+        args.options.alibi_slopes = alibi_slopes.data_ptr()
     layout = (k_cache.shape[1], k_cache.stride(), v_cache.stride())
     if plan.workspace_for != layout:
         size = ctypes.c_size_t(0)
@@ -738,9 +760,9 @@ def _planned_kvcache(q, k_cache, v_cache, cache_seqlens, scale, mask, num_splits
 
 def _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits, window=_NO_WINDOW,
              sinks=None, attention_chunk=0, softcap=0.0, alibi_slopes=None, user=None):
-    if k is None and block_table is None and sinks is None and alibi_slopes is None and user is None:
-        planned = _planned_kvcache(q, k_cache, v_cache, cache_seqlens, scale, mask, num_splits, window,
-                                   attention_chunk, softcap, create=True)
+    if user is None:
+        planned = _planned_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits,
+                                   window, sinks, attention_chunk, softcap, alibi_slopes, create=True)
         if planned is not None:
             return planned
     with torch.cuda.device(q.device):
@@ -862,11 +884,15 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
     softcap = _check_softcap(softcap)
-    if (k is None and block_table is None and sinks is None and alibi_slopes is None and mask_mod is None
-            and score_mod is None and score_bias is None and _eager_call(q, k_cache, v_cache)):
-        # The warm call of a signature seen before: its plan's key holds all that the checks below look at.
-        planned = _planned_kvcache(q, k_cache, v_cache, cache_seqlens, scale, mask, num_splits, window, chunk, softcap,
-                                   create=False)
+    if (mask_mod is None and score_mod is None and score_bias is None and _eager_call(q, k_cache, v_cache)
+            and all(t is None or isinstance(t, torch.Tensor) for t in (k, v, cache_seqlens, block_table, sinks,
+                                                                        alibi_slopes))):
+        # The warm call of a signature seen before: its plan's key holds all that the checks below look at. Sinks
+        # in the model's dtype (gpt-oss keeps them in bf16) are converted as the checks below would.
+        if sinks is not None and sinks.dtype in (torch.bfloat16, torch.float16):
+            sinks = sinks.detach().float()
+        planned = _planned_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits,
+                                   window, sinks, chunk, softcap, alibi_slopes, create=False)
         if planned is not None:
             return planned if return_softmax_lse else planned[0]
     _check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table)

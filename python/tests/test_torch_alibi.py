@@ -76,6 +76,28 @@ def test_attention_alibi_under_torch_compile():
         assert testsupport.max_error(got, want) <= 4e-3 * max(want.abs().max().item(), 1.0)
 
 
+def test_a_warm_call_reads_its_own_slopes_and_sinks(monkeypatch):
+    """A second inference call of a signature with ALiBi slopes and bf16 sinks skips the argument checks through its
+    plan and reads the call's own slopes and sinks: its output and lse are bitwise those of the same call made
+    cold."""
+    generator = torch.Generator(device="cuda").manual_seed(41)
+    q, k, v = (torch.randn(1, 100, 4, 64, device="cuda", generator=generator).to(torch.bfloat16) for _ in range(3))
+    calls = [(_slopes(1, 4, False) * (i + 1), torch.randn(4, device="cuda", generator=generator).to(torch.bfloat16))
+             for i in range(2)]
+    checked = []
+    real_check = fgt._check_inputs
+    monkeypatch.setattr(fgt, "_check_inputs", lambda *a: checked.append(1) or real_check(*a))
+    with torch.no_grad():
+        fgt.attention(q, k, v, causal=True, alibi_slopes=calls[0][0], sinks=calls[0][1])
+        checked.clear()
+        warm = fgt.attention(q, k, v, causal=True, alibi_slopes=calls[1][0], sinks=calls[1][1], return_lse=True)
+        assert not checked, "the warm call took the checked path, not its plan"
+        fgt._plans.forward.clear()
+        cold = fgt.attention(q, k, v, causal=True, alibi_slopes=calls[1][0], sinks=calls[1][1], return_lse=True)
+        assert checked
+    assert torch.equal(warm[0], cold[0]) and torch.equal(warm[1], cold[1])
+
+
 def test_varlen_attention_alibi_matches_each_sequence():
     slopes = _slopes(1, 2, False)
     testsupport.check_packed_bf16_self_attention(

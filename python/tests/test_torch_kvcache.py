@@ -131,6 +131,44 @@ def test_decode_with_a_soft_cap_and_alibi_matches_reference(page_size):
             assert testsupport.max_error(lse[b:b + 1], want_lse) <= 1e-3
 
 
+def test_a_warm_call_repoints_every_tensor_of_its_plan(monkeypatch):
+    """A second call of a signature (paged cache, appended tokens, bf16 sinks, ALiBi slopes) skips the argument
+    checks through its plan and reads each of its own tensors: its output is bitwise that of the same call made
+    cold."""
+    batch, capacity, hq, hkv, d, new, page = 2, 96, 4, 2, 64, 1, 16
+
+    def inputs(seed):
+        k_logical, v_logical = (_randn(batch, capacity, hkv, d, seed=seed + s) for s in (0, 1))
+        table, k_cache, v_cache = testsupport.reversed_pages(k_logical, v_logical, page)
+        table = table[torch.randperm(batch, generator=torch.Generator().manual_seed(seed))].contiguous()
+        return {"q": _randn(batch, new, hq, d, seed=seed + 2), "k_cache": k_cache, "v_cache": v_cache,
+                "k": _randn(batch, new, hkv, d, seed=seed + 3), "v": _randn(batch, new, hkv, d, seed=seed + 4),
+                "cache_seqlens": torch.tensor([seed % 50 + 1, capacity - new - seed % 7], dtype=torch.int32,
+                                              device="cuda"),
+                "block_table": table, "sinks": _randn(hq, seed=seed + 5) + 2.0,
+                "alibi_slopes": torch.rand(hq, device="cuda", generator=torch.Generator("cuda").manual_seed(seed))}
+
+    def call(t):
+        return fgt.attention_with_kvcache(t["q"], t["k_cache"], t["v_cache"], t["k"], t["v"],
+                                          cache_seqlens=t["cache_seqlens"], block_table=t["block_table"], causal=True,
+                                          sinks=t["sinks"], alibi_slopes=t["alibi_slopes"], num_splits=3,
+                                          return_softmax_lse=True)
+
+    first, second = inputs(10), inputs(20)
+    call(first)
+    cold = {name: t.clone() for name, t in second.items()}
+    checked = []
+    real_check = fgt._check_kvcache_inputs
+    monkeypatch.setattr(fgt, "_check_kvcache_inputs", lambda *a: checked.append(1) or real_check(*a))
+    warm_out, warm_lse = call(second)
+    assert not checked, "the warm call took the checked path, not its plan"
+    fgt._plans.kvcache.clear()
+    cold_out, cold_lse = call(cold)
+    assert checked
+    assert torch.equal(warm_out, cold_out) and torch.equal(warm_lse, cold_lse)
+    assert torch.equal(second["k_cache"], cold["k_cache"]) and torch.equal(second["v_cache"], cold["v_cache"])
+
+
 def test_an_int_cache_length_and_full_caches():
     q, k, v = _randn(2, 1, 4, 64, dtype=torch.float16, seed=6), *(_randn(2, 80, 4, 64, dtype=torch.float16, seed=s)
                                                                     for s in (7, 8))
