@@ -45,11 +45,11 @@ int heuristic_decode_splits(const AttentionProblem& problem, const DecodeConfig&
   // A range's time follows its key blocks, and the longest range sets the call's: within the chosen count's waves,
   // the fewest ranges that give the fewest blocks per range (H100, one sequence of 32k keys over 8 kv heads: 16
   // ranges of 32 blocks 1-2% ahead of 15 of up to 35; over 4 kv heads 32 ranges of 16 blocks 3-4% ahead of 33).
-  const long long keys = max_decode_blocks(problem, config);
+  const long long blocks = max_decode_blocks(problem, config);
   const auto waves = [&](int splits) { return ceil_div(base * splits, slots); };
   int fewest = chosen;
   for (int splits = chosen + 1; splits <= most && waves(splits) == waves(chosen); ++splits) {
-    if (ceil_div(keys, splits) < ceil_div(keys, fewest)) fewest = splits;
+    if (ceil_div(blocks, splits) < ceil_div(blocks, fewest)) fewest = splits;
   }
   return fewest;
 }
