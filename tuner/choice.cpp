@@ -39,7 +39,8 @@ constexpr int kCheapSpillBytes = 64;
 // reason "built-in heuristic ..." naming what was passed over and what it spills; the first config when all of
 // them spill more.
 template <class Config>
-std::pair<Config, std::string> first_spill_free(const std::vector<Config>& configs, int arch, int cheap_bytes = 0) {
+std::pair<Config, std::string> first_spilling_at_most(const std::vector<Config>& configs, int arch,
+                                                      int cheap_bytes = 0) {
   std::pair<Config, std::string> choice{configs.front(), "built-in heuristic (no tuning data)"};
   std::string spilling;
   bool clean = false;
@@ -92,7 +93,7 @@ ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arc
   std::vector<KernelConfig> configs = heuristic_forward_configs(dtype, head_dim, mask, arch, varlen);
   if (sm80_only) keep_sm80_family(configs);
   for (KernelConfig& c : configs) c.mods = mods;
-  auto [config, reason] = first_spill_free(configs, arch);
+  auto [config, reason] = first_spilling_at_most(configs, arch);
   std::lock_guard<std::mutex> lock(mutex);
   return chosen.emplace(key, ForwardChoice{std::move(config), std::move(reason)}).first->second;
 }
@@ -114,7 +115,7 @@ BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mas
   for (BwdConfig& c : configs) c.varlen = varlen, c.mods = mods;
   // On sm_90 the Hopper family's tiles come first, and a few bytes of spill there (a soft cap's derivative at 64
   // columns) cost less than the sm80 family's tiles after them.
-  auto [config, reason] = first_spill_free(configs, arch, arch == 90 ? kCheapSpillBytes : 0);
+  auto [config, reason] = first_spilling_at_most(configs, arch, arch == 90 ? kCheapSpillBytes : 0);
   std::lock_guard<std::mutex> lock(mutex);
   return chosen.emplace(key, BackwardChoice{std::move(config), std::move(reason)}).first->second;
 }

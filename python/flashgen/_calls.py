@@ -320,6 +320,22 @@ def _layout_key(t):
     return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
 
 
+def _plannable_extras(alibi_slopes, sinks, device, batch, heads_q):
+    """Whether a plan may hold the call's (checked) slopes and sinks as they are: sinks float32 and contiguous, slopes
+    that _check_alibi passes unchanged. The full path passes converted copies of any others."""
+    if sinks is not None and (sinks.dtype != torch.float32 or not sinks.is_contiguous()):
+        return False
+    return alibi_slopes is None or _check_alibi(alibi_slopes, device, batch, heads_q) is alibi_slopes
+
+
+def _warm_sinks(sinks):
+    """sinks as a warm call's plan key sees them: in the model's dtype (gpt-oss keeps them in bf16) converted to
+    float32, as _check_sinks converts them on the full path."""
+    if sinks is not None and sinks.dtype in (torch.bfloat16, torch.float16):
+        return sinks.detach().float()
+    return sinks
+
+
 def _planned_forward(q, k, v, scale, mask, layout, softcap, window, attention_chunk, out_like_q, create=True,
                      want_lse=True, alibi_slopes=None, sinks=None):
     """(out, lse) of a forward call through its signature's _ForwardPlan, or None where the call must take the full
@@ -343,12 +359,8 @@ def _planned_forward(q, k, v, scale, mask, layout, softcap, window, attention_ch
     if plan is None:
         if not all(_strides_readable(t) for t in (q, k, v)):
             return None
-        if sinks is not None and (sinks.dtype != torch.float32 or not sinks.is_contiguous()):
+        if not _plannable_extras(alibi_slopes, sinks, device, *_lse_shape(q, layout)[:2]):
             return None
-        if alibi_slopes is not None:
-            batch, heads_q, _ = _lse_shape(q, layout)
-            if _check_alibi(alibi_slopes, device, batch, heads_q) is not alibi_slopes:
-                return None  # the full path passes a contiguous copy
         out = torch.empty_like(q) if out_like_q else torch.empty(q.shape, dtype=q.dtype, device=device)
         if len(plans) >= _Plans.limit:
             plans.clear()

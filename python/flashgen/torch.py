@@ -26,8 +26,8 @@ from . import _lib
 from ._calls import (_DTYPE_CODES, _MASK_CODES, _NO_WINDOW, _BackwardCall, _ForwardCall, _Plans, _backward_kernels,
                      _bad, _bshd_shape, _check_alibi, _check_chunk, _check_inputs, _check_qkv, _check_scale,
                      _check_sinks, _check_softcap, _current_device, _dsinks, _forward, _layout_key, _lse_shape, _mask,
-                     _mask_and_window, _options, _planned_forward, _plans, _readable, _stream, _stream_handle,
-                     _strides_readable, _varlen_backward, _varlen_forward, _view)
+                     _mask_and_window, _options, _plannable_extras, _planned_forward, _plans, _readable, _stream,
+                     _stream_handle, _strides_readable, _varlen_backward, _varlen_forward, _view, _warm_sinks)
 from ._lib import FlashgenArgumentError, FlashgenError
 from ._variants import BlockMask, user_variant
 
@@ -321,11 +321,9 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
             and all(t is None or isinstance(t, torch.Tensor) for t in (alibi_slopes, sinks))
             and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks)))):
         # The warm call of a signature seen before: its plan's key holds all that _check_inputs looks at (and the
-        # slopes' and sinks' layout; sinks in the model's dtype are converted as _check_sinks would).
-        if sinks is not None and sinks.dtype in (torch.bfloat16, torch.float16):
-            sinks = sinks.float()
+        # slopes' and sinks' layout).
         planned = _planned_forward(q, k, v, scale, mask, layout, softcap, window, chunk, False, create=False,
-                                   want_lse=return_lse, alibi_slopes=alibi_slopes, sinks=sinks)
+                                   want_lse=return_lse, alibi_slopes=alibi_slopes, sinks=_warm_sinks(sinks))
         if planned is not None:
             return planned if return_lse else planned[0]
     _check_inputs(q, k, v, layout)
@@ -713,10 +711,8 @@ def _planned_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scal
             return None
         if block_table is not None and not block_table.is_contiguous():
             return None
-        if sinks is not None and (sinks.dtype != torch.float32 or not sinks.is_contiguous()):
+        if not _plannable_extras(alibi_slopes, sinks, device, q.shape[0], q.shape[2]):
             return None
-        if alibi_slopes is not None and _check_alibi(alibi_slopes, device, q.shape[0], q.shape[2]) is not alibi_slopes:
-            return None  # the full path passes a contiguous copy
         lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=device)
         if len(plans) >= _Plans.limit:
             plans.clear()
@@ -887,12 +883,9 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     if (mask_mod is None and score_mod is None and score_bias is None and _eager_call(q, k_cache, v_cache)
             and all(t is None or isinstance(t, torch.Tensor) for t in (k, v, cache_seqlens, block_table, sinks,
                                                                         alibi_slopes))):
-        # The warm call of a signature seen before: its plan's key holds all that the checks below look at. Sinks
-        # in the model's dtype (gpt-oss keeps them in bf16) are converted as the checks below would.
-        if sinks is not None and sinks.dtype in (torch.bfloat16, torch.float16):
-            sinks = sinks.detach().float()
+        # The warm call of a signature seen before: its plan's key holds all that the checks below look at.
         planned = _planned_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits,
-                                   window, sinks, chunk, softcap, alibi_slopes, create=False)
+                                   window, _warm_sinks(sinks), chunk, softcap, alibi_slopes, create=False)
         if planned is not None:
             return planned if return_softmax_lse else planned[0]
     _check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table)
