@@ -32,7 +32,8 @@ struct BwdSm80Knobs {
 
 // The sm90 backward family (templates/bwd_sm90.cuh: wgmma and TMA, sm_90a) has no knobs of its own: its
 // dkdv kernel has block_n / 64 consumer warpgroups and a producer, and keeps the whole head_dim (at 192 and
-// 256 one consumer holds dK and the other dV of 64 keys; bwd_sm90_traits decides).
+// 256 one consumer holds dK and the other dV of 64 keys; at 128 with 64 keys two consumers take turns over
+// the query blocks; bwd_sm90_traits decides).
 struct BwdSm90Knobs {
   bool operator==(const BwdSm90Knobs&) const { return true; }
   bool operator!=(const BwdSm90Knobs&) const { return false; }

@@ -27,8 +27,11 @@
 // dV += Pᵀ dO; dQ's chunks are shared (at 192: two for consumer 0, one for consumer 1; the other way round
 // ptxas spills). Where the staged dQ tile does not fit (256 with two stages, 192 with three) each consumer
 // adds its dQ columns with vector reductions in the accumulator's order (in turns, for the deterministic
-// strategy). Validity rules in bwd_sm90_traits() (bwd_traits.cuh). Masking and scores go through the
-// config's Variant (variant.cuh, block_range.cuh).
+// strategy). Tiles of 128 columns on 64-key blocks split the steps instead (the query split): both consumers
+// see the block's 64 keys, consumer c computes steps c, c + 2, ... whole into a dQ tile of its own, with no
+// barrier between the consumers, and at the end consumer 0 sums and stores dK and consumer 1 dV.
+// Validity rules in bwd_sm90_traits() (bwd_traits.cuh). Masking and scores go through the config's
+// Variant (variant.cuh, block_range.cuh).
 #pragma once
 
 #include "attn_params.cuh"
@@ -72,6 +75,11 @@ struct BwdDkdvSm90 {
   // Tiles of 192 and 256 columns: both consumers see the block's 64 keys, consumer 0 computes Sᵀ and dK,
   // consumer 1 dPᵀ and dV (Part); without room for the staged tile they add dQ from registers.
   static constexpr bool kDkdvSplit = kTraits.dkdv_split;
+  // Tiles of 128 columns on 64-key blocks: both consumers see the block's 64 keys and take turns over the
+  // steps (consumer c computes steps c, c + 2, ... whole, into a dQ tile of its own), meeting at no barrier
+  // until the end, where consumer 0 sums and stores dK and consumer 1 dV.
+  static constexpr bool kQuerySplit = kTraits.query_split;
+  static constexpr int kStepConsumers = kQuerySplit ? 2 : 1;  // consumers taking turns over the steps
   static constexpr bool kDqStaged = kTraits.dq_staged;
   // 64-column tiles: each step adds the previous step's dQ (see consume).
   static constexpr bool kDeferDq = kTraits.defer_dq;
@@ -92,7 +100,8 @@ struct BwdDkdvSm90 {
   static constexpr u32 kStageBytes = 2 * kQTileBytes;
   static constexpr u32 kDsTileBytes = kBlockN * kBlockM * 2;
   // fp32, (kBlockM / 64, kChunks) chunks of 64 x 64
-  static constexpr u32 kDqTileBytes = kDqStaged ? kBlockM * kTileDim * 4 : 0;
+  static constexpr u32 kDqTileBytes = kDqStaged ? kBlockM * kTileDim * 4 : 0;  // one query block's
+  static constexpr int kDqTiles = kTraits.dq_tiles;  // one per consumer with the query split
   static constexpr u32 kDqChunkBytes = 64 * 64 * 4;
   // The dK/dV split's exchange tile: (64 keys, kBlockM) fp32 values, a thread's accumulator group i at
   // 16 * (128 * i + its index in the warpgroup), so each warp's 16-byte accesses are 512 consecutive bytes.
@@ -102,12 +111,13 @@ struct BwdDkdvSm90 {
   static constexpr u32 kStageOffset = 2 * kKvTileBytes;
   static constexpr u32 kDsOffset = kStageOffset + kStages * kStageBytes;
   static constexpr u32 kDqOffset = kDsOffset + 2 * kDsTileBytes;
-  static constexpr u32 kExchangeOffset = kDqOffset + kDqTileBytes;
+  static constexpr u32 kExchangeOffset = kDqOffset + kDqTiles * kDqTileBytes;
   static constexpr u32 kRowStatsOffset = kExchangeOffset + kExchangeBytes;
   static constexpr u32 kBarrierOffset = kRowStatsOffset + kStages * kRowStatsBytes;
   static_assert(kKvTileBytes % 1024 == 0 && kQTileBytes % 1024 == 0 && kDsTileBytes % 1024 == 0,
                 "tiles must keep 1024-byte alignment");
-  static_assert(kDqTileBytes == kTraits.smem_dq_bytes, "dQ tile and traits disagree");
+  static_assert(kDqTiles * kDqTileBytes == kTraits.smem_dq_bytes, "dQ tile and traits disagree");
+  static_assert(!kQuerySplit || (kDqStaged && !kDkdvSplit && kStages >= 2), "the query split stages dQ");
   static_assert(kBarrierOffset + kTraits.mbarriers * 8 + 1024 == kTraits.smem_bytes, "layout and traits disagree");
 
   static constexpr int kSGroups = kBlockM / 8;   // accumulator groups of Sᵀ, dPᵀ: (16 keys, 8 queries) per warp
@@ -267,7 +277,8 @@ struct BwdDkdvSm90 {
       sm90::mbarrier_init(bars.kv_full(), 1);
       for (int s = 0; s < kStages; ++s) {
         sm90::mbarrier_init(bars.full(s), 1);
-        sm90::mbarrier_init(bars.empty(s), kConsumers * 128);  // one arrival per consumer thread
+        // One arrival per thread of the consumers that read the stage (with the query split, one consumer).
+        sm90::mbarrier_init(bars.empty(s), (kQuerySplit ? 1 : kConsumers) * 128);
       }
       if constexpr (kDeferDq) {
         for (int b = 0; b < 2; ++b) {
@@ -360,6 +371,8 @@ struct BwdDkdvSm90 {
       const long long row0 = workspace_row(p, w, head_of(p, w, it), m_start);
       int* semaphore = dq_semaphore(p, row0);
       const int turn = kDeterministic ? dq_turn(p, w, m_start) : 0;
+      const int tile = kQuerySplit ? it % 2 : 0;  // with the query split, the tile of the step's consumer
+      const u32 sdq = smem + kDqOffset + tile * kDqTileBytes;
       // The ticket, or a first look at the turn, before the tile is ready: the round trip runs while the
       // consumers finish the step.
       bool first = false, ready = false;
@@ -375,27 +388,35 @@ struct BwdDkdvSm90 {
           ready = true;
         }
       }
+      if constexpr (kQuerySplit) {
+        sm90::named_barrier_sync(dq_full_barrier(tile), kDqWriterThreads);
+      } else {
 #pragma unroll
-      for (int c = 0; c < kConsumers; ++c) sm90::named_barrier_sync(dq_full_barrier(c), kDqWriterThreads);
+        for (int c = 0; c < kConsumers; ++c) sm90::named_barrier_sync(dq_full_barrier(c), kDqWriterThreads);
+      }
       if (leader) {
         while (!ready) {
           const int count = sm90::ld_acquire_gpu(semaphore);
           ready = kDeterministic ? count == turn : (count & kBwdSm90DqStored) != 0;
         }
         if (first) {
-          sm90::bulk_store(p.dq_accum + row0 * kTileDim, smem + kDqOffset, kDqTileBytes);
+          sm90::bulk_store(p.dq_accum + row0 * kTileDim, sdq, kDqTileBytes);
         } else {
           // The adds below follow the store and the previous turns' adds (into a zeroed accumulator, nothing).
           if constexpr (kDeterministic || kFirstAddStores) sm90::fence_proxy_async_global();
-          sm90::bulk_reduce_add_f32(p.dq_accum + row0 * kTileDim, smem + kDqOffset, kDqTileBytes);
+          sm90::bulk_reduce_add_f32(p.dq_accum + row0 * kTileDim, sdq, kDqTileBytes);
         }
         sm90::tma_store_commit();
         sm90::tma_store_wait_read();  // the consumers may write the tile again
       }
       __syncwarp();
-      if (it + 1 < w.iterations) {
+      if (it + kStepConsumers < w.iterations) {  // the tile's consumer has another step
+        if constexpr (kQuerySplit) {
+          sm90::named_barrier_arrive(dq_empty_barrier(tile), kDqWriterThreads);
+        } else {
 #pragma unroll
-        for (int c = 0; c < kConsumers; ++c) sm90::named_barrier_arrive(dq_empty_barrier(c), kDqWriterThreads);
+          for (int c = 0; c < kConsumers; ++c) sm90::named_barrier_arrive(dq_empty_barrier(c), kDqWriterThreads);
+        }
       }
       // The turn passes on, or the store is announced, once the writes are done, while the consumers go on.
       if (leader && (kDeterministic || first)) {
@@ -433,7 +454,7 @@ struct BwdDkdvSm90 {
     const int lane = threadIdx.x % 32;
     const int g = lane / 4;  // accumulator row within an 8-row group
     const int t = lane % 4;  // accumulator column pair
-    const int key_consumer = kDkdvSplit ? 0 : consumer;  // which 64 keys of the block are this consumer's
+    const int key_consumer = kTraits.key_consumers == 1 ? 0 : consumer;  // which 64 keys of the block are its
     const int key_row0 = key_consumer * 64 + warp * 16 + g;  // this thread's keys: key_row0 and + 8, block-relative
     constexpr bool kHasDk = kPart != Part::kGrads;
     constexpr bool kHasDv = kPart != Part::kScores;
@@ -442,15 +463,16 @@ struct BwdDkdvSm90 {
     const u32 sv = smem + kVOffset;
     const u32 sk_rows = sk + key_consumer * 64 * kRowBytes;  // this consumer's 64 keys in chunk 0
     const u32 sv_rows = sv + key_consumer * 64 * kRowBytes;
-    const u32 sdq = smem + kDqOffset;
+    const u32 sdq = smem + kDqOffset + (kQuerySplit ? consumer : 0) * kDqTileBytes;
 
     // This consumer's share of dQ: 64-row tiles of the query block and a range of columns (the dK/dV split:
     // consumer 0 takes the first two chunks).
+    // With the query split, all of its own query block's dQ.
     constexpr bool kSplitRows = kDqColParts == 1;
-    const int dq_tile0 = kSplitRows ? consumer * kDqRowTiles : consumer / kDqColParts;
-    const int dq_col0 = kSplitRows     ? 0
-                        : kDkdvSplit   ? (consumer % kDqColParts) * kDqPasses * kDqCols
-                                       : (consumer % kDqColParts) * kDqCols;
+    const int dq_tile0 = kQuerySplit ? 0 : kSplitRows ? consumer * kDqRowTiles : consumer / kDqColParts;
+    const int dq_col0 = kQuerySplit || kSplitRows ? 0
+                        : kDkdvSplit              ? (consumer % kDqColParts) * kDqPasses * kDqCols
+                                                  : (consumer % kDqColParts) * kDqCols;
 
     float acc_dk[kDGroups][4];
     float acc_dv[kDGroups][4];
@@ -492,7 +514,7 @@ struct BwdDkdvSm90 {
     // iteration adds the last step's: the consumers meet at no barrier of a step, each waiting only for the
     // other's dSᵀ of the step before (staged a step ago) and, before storing dSᵀ into a tile, for the other's
     // dQ product that read it two steps ago.
-    for (int it = 0; it < w.iterations + (kDeferDq ? 1 : 0); ++it) {
+    for (int it = kQuerySplit ? consumer : 0; it < w.iterations + (kDeferDq ? 1 : 0); it += kStepConsumers) {
       const int head = head_of(p, w, it);
       const int m_block = m_block_of(w, it);
       const int m_start = m_block * kBlockM;
@@ -648,6 +670,8 @@ struct BwdDkdvSm90 {
       }
       if constexpr (kDeferDq) {
         sm90::mbarrier_wait(bars.ds_full(dq_it % 2), (dq_it / 2) & 1);
+      } else if constexpr (kQuerySplit) {
+        sm90::named_barrier_sync(2 + consumer, 128);  // its own dSᵀ, in its own tile (it % 2 == consumer)
       } else {
         consumers_sync();
       }
@@ -701,7 +725,9 @@ struct BwdDkdvSm90 {
         };
         if constexpr (kDqStaged) {
           // Into the shared dQ tile, once the writer has added the previous step's and handed it back.
-          if (dq_it > 0 && pass == 0) sm90::named_barrier_sync(dq_empty_barrier(consumer), kDqWriterThreads);
+          if (dq_it >= kStepConsumers && pass == 0) {
+            sm90::named_barrier_sync(dq_empty_barrier(consumer), kDqWriterThreads);
+          }
 #pragma unroll
           for (int r = 0; r < kDqRowTiles; ++r)
 #pragma unroll
@@ -745,8 +771,44 @@ struct BwdDkdvSm90 {
 
     // Epilogue: every consumer is done with K and V (dQ read all keys); stage dK = scale · acc_dk and dV
     // in this consumer's rows of the K and V tiles (the dK/dV split: its one of them, all 64 rows), then
-    // TMA-store them (rows past seqlen_k are clipped).
+    // TMA-store them (rows past seqlen_k are clipped). With the query split, consumer 0 first adds consumer
+    // 1's dK to its own and stores dK, consumer 1 dV, the partial sums passing through the ring's stages
+    // (both consumers are done with them, and the producer loads nothing more), in accumulator order.
     consumers_sync();
+    const bool stores_dk = kHasDk && (!kQuerySplit || consumer == 0);
+    const bool stores_dv = kHasDv && (!kQuerySplit || consumer == 1);
+    if constexpr (kQuerySplit) {
+      static_assert(2 * kDGroups * 128 * 16 <= kStages * kStageBytes, "the partial dK and dV fit the stages");
+      const u32 partial = smem + kStageOffset + (threadIdx.x % 128) * 16;
+      auto slot = [&](int tensor, int i) {  // tensor 0: dK, 1: dV
+        return partial + static_cast<u32>(tensor * kDGroups + i) * 128 * 16;
+      };
+      // (Branches rather than a reference chosen at run time, which would put the accumulators in local memory.)
+      auto give = [&](int tensor, const float(&acc)[kDGroups][4]) {
+#pragma unroll
+        for (int i = 0; i < kDGroups; ++i) sm90::st_shared_f32x4(slot(tensor, i), acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+      };
+      auto take = [&](int tensor, float(&acc)[kDGroups][4]) {
+#pragma unroll
+        for (int i = 0; i < kDGroups; ++i) {
+          float other[4];
+          sm90::ld_shared_f32x4(slot(tensor, i), other[0], other[1], other[2], other[3]);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[i][e] += other[e];
+        }
+      };
+      if (consumer == 0) {
+        give(1, acc_dv);
+      } else {
+        give(0, acc_dk);
+      }
+      consumers_sync();
+      if (consumer == 0) {
+        take(0, acc_dk);
+      } else {
+        take(1, acc_dv);
+      }
+    }
     if constexpr (kVarlen) {
       // A packed sequence's last keys: a 64-row box would run into the next sequence's rows, so this
       // consumer writes the keys of its sequence from registers (rows key_row0 and + 8, columns 8i + 2t, + 1;
@@ -761,11 +823,11 @@ struct BwdDkdvSm90 {
           u16* dv = static_cast<u16*>(p.dv) + key * p.dv_row_stride + w.kv_head * p.dv_head_stride + 2 * t;
 #pragma unroll
           for (int i = 0; i < kHeadDim / 8; ++i) {
-            if constexpr (kHasDk) {
+            if (stores_dk) {
               *reinterpret_cast<u32*>(dk + 8 * i) =
                   sm80::pack2<kElem>(acc_dk[i][2 * h] * p.scale, acc_dk[i][2 * h + 1] * p.scale);
             }
-            if constexpr (kHasDv) {
+            if (stores_dv) {
               *reinterpret_cast<u32*>(dv + 8 * i) = sm80::pack2<kElem>(acc_dv[i][2 * h], acc_dv[i][2 * h + 1]);
             }
           }
@@ -778,11 +840,11 @@ struct BwdDkdvSm90 {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const u32 offset = swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t);
-        if constexpr (kHasDk) {
+        if (stores_dk) {
           sm90::st_shared_u32(sk + offset,
                               sm80::pack2<kElem>(acc_dk[i][2 * h] * p.scale, acc_dk[i][2 * h + 1] * p.scale));
         }
-        if constexpr (kHasDv) {
+        if (stores_dv) {
           sm90::st_shared_u32(sv + offset, sm80::pack2<kElem>(acc_dv[i][2 * h], acc_dv[i][2 * h + 1]));
         }
       }
@@ -793,8 +855,8 @@ struct BwdDkdvSm90 {
       for (int c = 0; c < kChunks; ++c) {
         const u32 rows = c * kBlockN * kRowBytes + key_consumer * 64 * kRowBytes;
         const int k_row = w.k_row0 + w.n_start + key_consumer * 64;
-        if constexpr (kHasDk) sm90::tma_store_4d(&params.dk_map, sk + rows, c * 64, k_row, w.kv_head, w.tma_batch);
-        if constexpr (kHasDv) sm90::tma_store_4d(&params.dv_map, sv + rows, c * 64, k_row, w.kv_head, w.tma_batch);
+        if (stores_dk) sm90::tma_store_4d(&params.dk_map, sk + rows, c * 64, k_row, w.kv_head, w.tma_batch);
+        if (stores_dv) sm90::tma_store_4d(&params.dv_map, sv + rows, c * 64, k_row, w.kv_head, w.tma_batch);
       }
       sm90::tma_store_commit();
       sm90::tma_store_wait_all();

@@ -169,13 +169,18 @@ struct BwdSm90Traits {
                         // Pᵀ, dSᵀ and holds dK, consumer 1 computes dPᵀ and holds dV (dK and dV together would
                         // take tile_dim fp32 registers per thread); they trade dPᵀ and Pᵀ through an
                         // exchange tile
-  int key_consumers;    // consumers that split the keys: consumers, or 1 with the dK/dV split
+  bool query_split;     // tile_dim 128 with 64-key blocks: both consumers see the block's 64 keys and take
+                        // turns over its steps (consumer c the steps c, c + 2, ...), each computing whole
+                        // steps with no barrier between them and its own query block's dQ tile (a staged tile
+                        // each); their dK and dV are summed once at the end
+  int key_consumers;    // consumers that split the keys: consumers, or 1 with the dK/dV or query split
   int dkv_regs;         // fp32 registers of a consumer's dK and dV: tile_dim, or tile_dim / 2 with the split
   int threads;          // 128 * (consumers + 1)
   int producer_regs;
   int consumer_regs;
   int dq_row_tiles;     // 64-row query tiles of dQ per consumer
   int dq_cols;          // dQ columns per consumer and pass (wgmma N)
+  int dq_tiles;         // staged dQ tiles: one per consumer with the query split, else one
   int dq_passes;        // most dQ column passes of a consumer: its columns dq_cols at a time
   int dq_passes_last;   // the last consumer's: dq_passes, or with the split tile_dim / 64 - 2 (consumer 0 adds
                         // the first two chunks of dQ, consumer 1 the rest)
@@ -201,8 +206,10 @@ constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, 
   BwdSm90Traits t{};
   t.tile_dim = sm90_tile_dim(head_dim);
   t.dkdv_split = t.tile_dim > 128;
-  t.consumers = t.dkdv_split ? 2 : block_n / 64;
-  t.key_consumers = t.dkdv_split ? 1 : t.consumers;
+  t.query_split = t.tile_dim == 128 && block_n == 64;
+  const bool shared_keys = t.dkdv_split || t.query_split;
+  t.consumers = shared_keys ? 2 : block_n / 64;
+  t.key_consumers = shared_keys ? 1 : t.consumers;
   t.dkv_regs = t.dkdv_split ? t.tile_dim / 2 : t.tile_dim;
   t.threads = 128 * (t.consumers + 1);
   t.producer_regs = kSm90ProducerRegs;
@@ -210,9 +217,10 @@ constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, 
   const int row_tiles = block_m / 64;
   t.dq_row_tiles = t.consumers > 0 && row_tiles > t.consumers ? row_tiles / t.consumers : 1;
   const int col_parts = row_tiles > 0 && t.consumers > row_tiles ? t.consumers / row_tiles : 1;
-  t.dq_passes = t.dkdv_split ? 2 : 1;
-  t.dq_passes_last = t.dkdv_split ? t.tile_dim / 64 - 2 : 1;
-  t.dq_cols = t.dkdv_split ? 64 : t.tile_dim / col_parts;
+  t.dq_passes = shared_keys ? 2 : 1;
+  t.dq_passes_last = t.dkdv_split ? t.tile_dim / 64 - 2 : t.dq_passes;
+  t.dq_cols = shared_keys ? 64 : t.tile_dim / col_parts;
+  t.dq_tiles = t.query_split ? 2 : 1;
   t.smem_kv_bytes = 2 * block_n * t.tile_dim * 2;
   t.smem_stage_bytes = 2 * block_m * t.tile_dim * 2 + 2 * block_m * 4;
   t.smem_ds_bytes = 2 * block_n * block_m * 2;
@@ -222,7 +230,7 @@ constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, 
   const int smem_rest = t.smem_kv_bytes + stages * t.smem_stage_bytes + t.smem_ds_bytes + t.smem_exchange_bytes +
                         t.mbarriers * 8 + 1024;
   t.dq_staged = !t.dkdv_split || smem_rest + block_m * t.tile_dim * 4 <= max_smem_per_block(90);
-  t.smem_dq_bytes = t.dq_staged ? block_m * t.tile_dim * 4 : 0;
+  t.smem_dq_bytes = t.dq_staged ? t.dq_tiles * block_m * t.tile_dim * 4 : 0;
   t.smem_bytes = smem_rest + t.smem_dq_bytes;
   // dK and dV, then either Sᵀ and dPᵀ (block_m / 2 each) or their 16-bit fragments (block_m / 4 each,
   // counted once: an estimate; the tests check the compiled choices for spills) with one pass of the dQ tile.
@@ -236,6 +244,8 @@ constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, 
     t.error = "block_n must be 64 or 128 (64 keys per consumer warpgroup, at most 2)";
   } else if (t.dkdv_split && (block_n != 64 || block_m != 64)) {
     t.error = "head_dim above 128 takes 64 x 64 blocks (two consumers split 64 keys' dK and dV)";
+  } else if (t.query_split && block_m != 64) {
+    t.error = "head_dim 128 with 64-key blocks takes 64-query blocks (two consumers take turns over them)";
   } else if (block_m != 64 && block_m != 128) {
     t.error = "block_m must be 64 or 128 (wgmma N of Sᵀ; 64-row tiles of dQ)";
   } else if (stages < (t.dkdv_split ? 1 : 2) || stages > 3) {

@@ -121,9 +121,28 @@ TEST_CASE("sm90 backward validity follows bwd_sm90_traits", "[generator][backwar
   bad = c;
   bad.block_m = 128;  // Sᵀ and dPᵀ of 128 queries next to dK and dV of 128 columns
   CHECK(bad.invalid_reason(90)->find("registers") != std::string::npos);
-  bad = c;
-  bad.block_n = 64;  // one consumer: dQ of all 128 columns next to dK and dV
-  CHECK(bad.invalid_reason(90)->find("registers") != std::string::npos);
+  // 64 keys at head_dim 128: the query split, both consumers on the block's 64 keys taking turns over the
+  // steps, each with its own 64-row dQ tile (two 64-column passes) and dSᵀ tile.
+  BwdConfig split = c;
+  split.block_n = 64;
+  CHECK_FALSE(split.invalid_reason(90).has_value());
+  const flashgen::BwdSm90Traits q = split.sm90_traits();
+  CHECK(q.query_split);
+  CHECK_FALSE(q.dkdv_split);
+  CHECK(q.consumers == 2);
+  CHECK(q.key_consumers == 1);
+  CHECK(q.dkv_regs == 128);
+  CHECK(q.dq_cols == 64);
+  CHECK(q.dq_passes == 2);
+  CHECK(q.dq_tiles == 2);
+  CHECK(q.dq_staged);
+  CHECK(q.smem_dq_bytes == 2 * 64 * 128 * 4);
+  CHECK(q.smem_ds_bytes == 2 * 64 * 64 * 2);
+  split.stages = 3;
+  CHECK_FALSE(split.invalid_reason(90).has_value());
+  split.block_m = 128;
+  CHECK(split.invalid_reason(90)->find("64-query blocks") != std::string::npos);
+  CHECK_FALSE(c.sm90_traits().query_split);
   bad = c;
   bad.head_dim = 64;  // two consumers split 64 dQ columns into halves narrower than a chunk
   CHECK(bad.invalid_reason(90)->find("dQ columns") != std::string::npos);

@@ -286,7 +286,7 @@ TEST_CASE("backward space: both families on sm_90, the sm80 one elsewhere, dq ti
     CHECK_FALSE(c.deterministic);
     sm90_valid += c.family() == flashgen::KernelFamily::kSm90;
   }
-  CHECK(sm90_valid == 2);  // d128: m64 n128 with 2 or 3 stages
+  CHECK(sm90_valid == 4);  // d128: m64 n128 and m64 n64 (the query split) with 2 or 3 stages
   const flashgen::BwdConfig builtin = flashgen::heuristic_backward_config(DType::kFloat16, 128, MaskKind::kCausal, false, 90);
   CHECK(std::find(atomic90.valid.begin(), atomic90.valid.end(), builtin) != atomic90.valid.end());
 
@@ -310,8 +310,11 @@ TEST_CASE("backward space: both families on sm_90, the sm80 one elsewhere, dq ti
   const std::vector<flashgen::BwdConfig> capped = flashgen::capped_candidates(atomic90, builtin, 6);
   REQUIRE(capped.size() == 6);
   CHECK(capped.front() == builtin);
-  CHECK(capped[1].family() == flashgen::KernelFamily::kSm90);  // its only neighbour: 3 stages
-  CHECK(capped[1].stages == 3);
+  // Its two neighbours: 3 stages, and 64 keys (the query split).
+  REQUIRE(capped[1].family() == flashgen::KernelFamily::kSm90);
+  REQUIRE(capped[2].family() == flashgen::KernelFamily::kSm90);
+  CHECK(capped[1].block_n + capped[2].block_n == 128 + 64);
+  CHECK(capped[1].stages + capped[2].stages == 3 + 2);
   CHECK(capped == flashgen::capped_candidates(atomic90, builtin, 6));
 }
 
@@ -341,6 +344,6 @@ TEST_CASE("a packed space: every valid config as a varlen kernel, the dense prun
       CHECK(c.varlen);
       backward_sm90 += c.family() == flashgen::KernelFamily::kSm90;
     }
-    CHECK(backward_sm90 == (arch == 90 ? 2u : 0u));  // d128: m64 n128 with 2 or 3 stages
+    CHECK(backward_sm90 == (arch == 90 ? 4u : 0u));  // d128: m64 n128 and m64 n64 with 2 or 3 stages
   }
 }
