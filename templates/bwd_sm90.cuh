@@ -371,7 +371,9 @@ struct BwdDkdvSm90 {
       const long long row0 = workspace_row(p, w, head_of(p, w, it), m_start);
       int* semaphore = dq_semaphore(p, row0);
       const int turn = kDeterministic ? dq_turn(p, w, m_start) : 0;
-      const int tile = kQuerySplit ? it % 2 : 0;  // with the query split, the tile of the step's consumer
+      // The tile and the consumers that fill it: every consumer, or with the query split the step's own.
+      const int tile = kQuerySplit ? it % 2 : 0;
+      const int fillers_end = tile + kConsumers / kStepConsumers;
       const u32 sdq = smem + kDqOffset + tile * kDqTileBytes;
       // The ticket, or a first look at the turn, before the tile is ready: the round trip runs while the
       // consumers finish the step.
@@ -388,12 +390,8 @@ struct BwdDkdvSm90 {
           ready = true;
         }
       }
-      if constexpr (kQuerySplit) {
-        sm90::named_barrier_sync(dq_full_barrier(tile), kDqWriterThreads);
-      } else {
 #pragma unroll
-        for (int c = 0; c < kConsumers; ++c) sm90::named_barrier_sync(dq_full_barrier(c), kDqWriterThreads);
-      }
+      for (int c = tile; c < fillers_end; ++c) sm90::named_barrier_sync(dq_full_barrier(c), kDqWriterThreads);
       if (leader) {
         while (!ready) {
           const int count = sm90::ld_acquire_gpu(semaphore);
@@ -410,13 +408,9 @@ struct BwdDkdvSm90 {
         sm90::tma_store_wait_read();  // the consumers may write the tile again
       }
       __syncwarp();
-      if (it + kStepConsumers < w.iterations) {  // the tile's consumer has another step
-        if constexpr (kQuerySplit) {
-          sm90::named_barrier_arrive(dq_empty_barrier(tile), kDqWriterThreads);
-        } else {
+      if (it + kStepConsumers < w.iterations) {  // the tile's consumers have another step
 #pragma unroll
-          for (int c = 0; c < kConsumers; ++c) sm90::named_barrier_arrive(dq_empty_barrier(c), kDqWriterThreads);
-        }
+        for (int c = tile; c < fillers_end; ++c) sm90::named_barrier_arrive(dq_empty_barrier(c), kDqWriterThreads);
       }
       // The turn passes on, or the store is announced, once the writes are done, while the consumers go on.
       if (leader && (kDeterministic || first)) {
