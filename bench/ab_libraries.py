@@ -5,7 +5,7 @@ forward and backward, and timed interleaved (A, B, A, B, ...) with CUDA events a
 times A against itself, the run-to-run noise the A/B difference is read against. Writes a CSV.
 
     python3 bench/ab_libraries.py --a old/libflashgen.so --b new/libflashgen.so [--quick] [--out FILE]
-        [--passes forward,backward] [--head-dims 64,128,256] [--dtypes fp16,bf16] [--deterministic]
+        [--passes forward,backward] [--head-dims 64,128,256] [--dtypes fp16,bf16] [--deterministic] [--softcap C]
 """
 
 import argparse
@@ -23,11 +23,11 @@ class Tensor(ctypes.Structure):
 
 
 # flashgen_attention_options' leading fields in the two layouts a build may have: since the options carry their size,
-# (size_t size, float softmax_scale, int mask, int deterministic); before, the same without size. Either build reads
-# the rest (up to 104 bytes) as zeros: no window, soft cap, ALiBi, sinks, chunk or variant.
+# (size_t size, float softmax_scale, int mask, int deterministic, float softcap); before, the same without size.
+# Either build reads the rest (up to 104 bytes) as zeros: no window, ALiBi, sinks, chunk or variant.
 class SizedOptions(ctypes.Structure):
     _fields_ = [("size", ctypes.c_size_t), ("softmax_scale", ctypes.c_float), ("mask", ctypes.c_int),
-                ("deterministic", ctypes.c_int), ("rest", ctypes.c_byte * 84)]
+                ("deterministic", ctypes.c_int), ("softcap", ctypes.c_float), ("rest", ctypes.c_byte * 80)]
 
 
 class LegacyOptions(ctypes.Structure):
@@ -49,9 +49,12 @@ class Library:
         self.lib.flashgen_attention_forward(None, None, None, None, None, ctypes.byref(probe), None)
         self.sized = self.lib.flashgen_last_error().decode().startswith("opts.size")
 
-    def options(self, causal, deterministic):
+    def options(self, causal, deterministic, softcap):
         if self.sized:
-            return SizedOptions(ctypes.sizeof(SizedOptions), 0.0, 1 if causal else 0, 1 if deterministic else 0)
+            return SizedOptions(ctypes.sizeof(SizedOptions), 0.0, 1 if causal else 0, 1 if deterministic else 0,
+                                softcap)
+        if softcap > 0:
+            raise RuntimeError(f"{self.path}: a build whose options carry no size takes no --softcap here")
         return LegacyOptions(0.0, 1 if causal else 0, 1 if deterministic else 0)
 
     def check(self, status, what):
@@ -69,6 +72,7 @@ def main():
     parser.add_argument("--head-dims", default="64,128,256", help="comma-separated (default: %(default)s)")
     parser.add_argument("--dtypes", default="fp16,bf16", help="comma-separated (default: %(default)s)")
     parser.add_argument("--deterministic", action="store_true", help="the backward's deterministic dQ strategy")
+    parser.add_argument("--softcap", type=float, default=0.0, help="> 0: soft-capped scores (options.softcap)")
     parser.add_argument("--out")
     args = parser.parse_args()
     passes = args.passes.split(",")
@@ -93,7 +97,7 @@ def main():
                     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
                     views = [view(t, code) for t in (q, k, v, out)]
                     grads = [view(t, code) for t in (dout, dq, dk, dv)]
-                    opts = {lib: lib.options(causal, args.deterministic) for lib in (a, b)}
+                    opts = {lib: lib.options(causal, args.deterministic, args.softcap) for lib in (a, b)}
 
                     def forward(lib):
                         lib.check(lib.lib.flashgen_attention_forward(
@@ -131,9 +135,9 @@ def main():
                               f"a2/a {rows[-1][9]:.3f}", flush=True)
     device = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
-    header = ("device,date,torch,pass,deterministic,dtype,head_dim,causal,seqlen,a_ms,b_ms,a_again_ms,b_over_a,"
-              "a_again_over_a")
-    lines = [header] + [f"{device},{date},{torch.__version__},{r[0]},{int(args.deterministic)},{r[1]},{r[2]},{int(r[3])},{r[4]},{r[5]:.4f},"
+    header = ("device,date,torch,pass,deterministic,softcap,dtype,head_dim,causal,seqlen,a_ms,b_ms,a_again_ms,"
+              "b_over_a,a_again_over_a")
+    lines = [header] + [f"{device},{date},{torch.__version__},{r[0]},{int(args.deterministic)},{args.softcap:g},{r[1]},{r[2]},{int(r[3])},{r[4]},{r[5]:.4f},"
                         f"{r[6]:.4f},{r[7]:.4f},{r[8]:.4f},{r[9]:.4f}" for r in rows]
     if args.out:
         open(args.out, "w").write("\n".join(lines) + "\n")

@@ -193,8 +193,9 @@ struct TileRow {
 // The variant's scores on the first kWidth 8-key groups of a 16-row tile of S = Q Kᵀ (forward layout):
 // this thread holds rows at(0) (h 0) and at(1) (h 1), keys key0 + 8i + 2t + e of group i (key0: the block's
 // first key; t: lane % 4). In a partial block (kMasked) the scores the variant hides, or whose key lies past
-// seqlen_k, become -inf; every other score becomes the variant's score of it. Nothing is left of it in a full
-// block of a variant that transforms no score.
+// seqlen_k, become -inf; every other score becomes the variant's row score of it, in units of score_unit (which
+// the caller's softmax scale takes: row_scale_log2 below). Nothing is left of it in a full block of a variant that
+// transforms no score.
 template <class Variant, int kWidth, bool kMasked, class Params, int kGroups, class RowAt>
 __device__ __forceinline__ void variant_scores_at(const Params& p, float (&acc)[kGroups][4], int batch, RowAt&& at_row,
                                                   int key0, int t) {
@@ -223,6 +224,19 @@ __device__ __forceinline__ void variant_scores_at(const Params& p, float (&acc)[
         const float s = acc[i][2 * h + e];
         acc[i][2 * h + e] = kMasked && s == neg_inf() ? s : row.score(s, 8 * i + e);  // q·k itself is finite
       }
+  }
+}
+
+// The softmax scale (log2 units) of the scores variant_scores_at leaves: scale_log2 itself when the variant's row
+// scores are in q·k units, else scale_log2 · score_unit(p), written to folded (the soft cap's multiply per score,
+// folded into the scale once).
+template <class Variant, class Params>
+__device__ __forceinline__ const float& row_scale_log2(const float& scale_log2, const Params& p, float& folded) {
+  if constexpr (Variant::kScaledRows) {
+    folded = scale_log2 * Variant::score_unit(p);
+    return folded;
+  } else {
+    return scale_log2;
   }
 }
 

@@ -125,6 +125,9 @@ struct DecodeSm80 {
                              p.scale,       p.softcap_in,   p.softcap_out,
                              p.alibi_slopes, p.alibi_batch_stride, p.inv_scale,
                              p.user_buffers,  p.user_scalars};
+    // The softmax's scale for the variant's row scores (block_range.cuh).
+    float folded_scale;
+    const float& scale_log2 = row_scale_log2<Variant>(p.scale_log2, seq, folded_scale);
     const int q_first = row0 / p.group_size;
     const int q_last = (min(row0 + kRows, packed_rows) - 1) / p.group_size;
     const KeyBlocks<Variant, kBlockN> blocks(seq, batch, q_first, q_last - q_first + 1);
@@ -274,7 +277,7 @@ struct DecodeSm80 {
             seq, acc_s[mt], batch, [&](int h) { return TileRow{head[mt][h], token[mt][h]}; }, key0, t);
 
       u32 p_frag[kMTiles][kNTiles / 2][4];  // A fragments of P, 16x16 each
-      sm80::softmax_update<kElem>(acc_s, row_max, row_sum, acc_o, p_frag, p.scale_log2);
+      sm80::softmax_update<kElem>(acc_s, row_max, row_sum, acc_o, p_frag, scale_log2);
       sm80::pv_product<kElem, kRow>(acc_o, p_frag, sv, v_lane);
     };
     for (int n = n_begin; n < full_begin; ++n) attend(n, sm80::BoolConstant<true>{});

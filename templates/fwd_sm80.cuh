@@ -167,6 +167,10 @@ struct FwdSm80 {
     // First query row of this warp's tile mt is warp_row0 + mt * 16 (relative to the sequence).
     const int warp_row0 = m_start + warp * kWarpRows;
 
+    // The softmax's scale for the variant's row scores (block_range.cuh).
+    float folded_scale;
+    const float& scale_log2 = row_scale_log2<Variant>(p.scale_log2, p, folded_scale);
+
     // One key block: S = Q Kᵀ, (masking,) online softmax, O += P V. Instantiated twice so the loop over
     // interior blocks carries no masking code and no branch for it.
     auto attend = [&](int n_block, auto masked) {
@@ -203,7 +207,7 @@ struct FwdSm80 {
 
       // Online softmax (sm80_attend.cuh), then O += P V with the V tile read transposed.
       u32 p_frag[kMTiles][kNTiles / 2][4];  // (kMTiles, kBlockN / 16) A fragments of P, 16x16 each
-      sm80::softmax_update<kElem>(acc_s, row_max, row_sum, acc_o, p_frag, p.scale_log2);
+      sm80::softmax_update<kElem>(acc_s, row_max, row_sum, acc_o, p_frag, scale_log2);
       sm80::pv_product<kElem, kRow>(acc_o, p_frag, sv, v_lane);
     };
 

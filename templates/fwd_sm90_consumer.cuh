@@ -188,6 +188,9 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
       sm90::wgmma_commit();
     };
 
+    // The softmax's scale for the variant's row scores (block_range.cuh).
+    float folded_scale;
+    const float& scale_log2 = row_scale_log2<Variant>(p.scale_log2, p, folded_scale);
     // The variant's scores of block it (its transform, and when masked its mask), then the online softmax over
     // the first width groups of acc_s (softmax.cuh): moves the running max and sums, and turns S into
     // P = exp2(s * scale_log2 - m) in place (fp32). correction[h] is the factor O's rows must be scaled by
@@ -202,7 +205,7 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
       bool moves[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        block_max[h] = softmax::block_max<kWidth>(acc_s, h, p.scale_log2);
+        block_max[h] = softmax::block_max<kWidth>(acc_s, h, scale_log2);
         moves[h] = softmax::max_moves(block_max[h], row_max[h]);
       }
       rescale = __any_sync(0xffffffffu, moves[0] || moves[1]);
@@ -214,7 +217,7 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
           if constexpr (!kTensorSum) row_sum[h] *= correction[h];
         }
         // With kTensorSum the tensor cores add P up (issue_pv).
-        const float sum = softmax::exponentiate<kWidth, !kTensorSum>(acc_s, h, row_max[h], p.scale_log2);
+        const float sum = softmax::exponentiate<kWidth, !kTensorSum>(acc_s, h, row_max[h], scale_log2);
         if constexpr (!kTensorSum) row_sum[h] += sum;
       }
     };

@@ -38,8 +38,13 @@
 //                              Identity in the masks. kGradReadsScore: whether score_grad reads x (a kernel
 //                              that would rebuild x skips that when not).
 //   row_scores(p, at)          score for one row and consecutive keys, in the form a kernel applies once per
-//                              score: the score of key at.k + o is .score(s, o) (o a fragment's constant column
-//                              offset after unrolling), what score() gives, with the row's share computed once.
+//                              score: the score of key at.k + o is .score(s, o) · score_unit(p) (o a fragment's
+//                              constant column offset after unrolling), what score() gives, with the row's share
+//                              computed once. A forward kernel folds score_unit(p) into its softmax scale, so a
+//                              transform whose last step is a multiply by a constant (the soft cap's) leaves it
+//                              out of the row form: one multiply per score fewer.
+//   score_unit(p)              the units of the row form's scores, in q·k units (> 0); kScaledRows: whether it
+//                              may differ from 1 (a soft cap), else a kernel reads its scale as it is.
 //   kEveryBlockPartial         compile time: no key block is known to need no per-element mask (a user's mask):
 //                              every block a walk visits is partial.
 // The ranges take each row to see one run of consecutive keys whose ends grow with the row: a prefix
@@ -77,6 +82,7 @@ struct KeysBetween {
 // The score hooks of a variant that leaves scores as they are: a base of the masks below.
 struct UnchangedScores {
   static constexpr bool kGradReadsScore = false;
+  static constexpr bool kScaledRows = false;
   // Whether no key block can be known to need no per-element mask (a user's mask, whose hidden keys no formula
   // places): block_range.cuh then makes every block of a walk partial.
   static constexpr bool kEveryBlockPartial = false;
@@ -87,6 +93,10 @@ struct UnchangedScores {
   template <class Params>
   static __host__ __device__ __forceinline__ Row row_scores(const Params&, const ScoreAt&) {
     return {};
+  }
+  template <class Params>
+  static __host__ __device__ __forceinline__ float score_unit(const Params&) {
+    return 1.f;
   }
 
   template <class Params>
@@ -250,10 +260,12 @@ __host__ __device__ __forceinline__ float score_tanh(float x) {
 // A soft cap on Mask's scores: cap · tanh(score · scale / cap) before the softmax (Gemma 2, Grok), in q·k
 // units as the hooks speak: (cap / scale) · tanh(s · scale / cap) with p.softcap_in = scale / cap and
 // p.softcap_out = cap / scale. Its derivative with respect to s is 1 - tanh², tanh being x · p.softcap_grad
-// (x = cap · tanh · log2(e), p.softcap_grad = 1 / (cap · log2(e))). Mask decides visibility.
+// (x = cap · tanh · log2(e), p.softcap_grad = 1 / (cap · log2(e))). The row form gives tanh alone, in units of
+// p.softcap_out. Mask decides visibility.
 template <class Mask>
 struct SoftCap : Mask {
   static constexpr bool kGradReadsScore = true;
+  static constexpr bool kScaledRows = true;
 
   template <class Params>
   static __host__ __device__ __forceinline__ float score(const Params& p, const ScoreAt&, float s) {
@@ -266,12 +278,16 @@ struct SoftCap : Mask {
   }
 
   struct Row {
-    float in, out;  // p.softcap_in, p.softcap_out
-    __host__ __device__ __forceinline__ float score(float s, int /*offset*/) const { return out * score_tanh(s * in); }
+    float in;  // p.softcap_in
+    __host__ __device__ __forceinline__ float score(float s, int /*offset*/) const { return score_tanh(s * in); }
   };
   template <class Params>
   static __host__ __device__ __forceinline__ Row row_scores(const Params& p, const ScoreAt&) {
-    return {p.softcap_in, p.softcap_out};
+    return {p.softcap_in};
+  }
+  template <class Params>
+  static __host__ __device__ __forceinline__ float score_unit(const Params& p) {
+    return p.softcap_out;
   }
 };
 
@@ -302,13 +318,13 @@ struct Alibi : Base {
     return Base::score_grad(p, at, x, ds);
   }
 
-  // One row's scores: the slope (in q·k units) and the row's distance to key at.k as floats once per row, so a
-  // score's bias is a float add of a constant and a multiply-add (no integer distance converted per score).
+  // One row's scores: the slope (in Base's row units) and the row's distance to key at.k as floats once per row, so
+  // a score's bias is a float add of a constant and a multiply-add (no integer distance converted per score).
   // Distances below 2^24 are exact in float.
   template <class BaseRow>
   struct Row {
     BaseRow base;
-    float slope;     // slope / scale
+    float slope;     // slope / (scale · Base::score_unit(p))
     float distance;  // q + causal_offset - at.k
     __host__ __device__ __forceinline__ float score(float s, int offset) const {
       return base.score(s, offset) - slope * fabsf(distance - static_cast<float>(offset));
@@ -317,7 +333,7 @@ struct Alibi : Base {
   template <class Params>
   static __host__ __device__ __forceinline__ auto row_scores(const Params& p, const ScoreAt& at) {
     using BaseRow = decltype(Base::row_scores(p, at));
-    const float slope = p.alibi_slopes[at.batch * p.alibi_batch_stride + at.head] * p.inv_scale;
+    const float slope = p.alibi_slopes[at.batch * p.alibi_batch_stride + at.head] * (p.inv_scale / Base::score_unit(p));
     return Row<BaseRow>{Base::row_scores(p, at), slope, static_cast<float>(at.q + p.causal_offset - at.k)};
   }
 };
@@ -344,6 +360,7 @@ struct UserVariant : Base {
   static constexpr bool kHidesEarlyKeys = Base::kHidesEarlyKeys || User::kMasks;
   static constexpr bool kEveryBlockPartial = User::kMasks;
   static constexpr bool kGradReadsScore = User::kScore == UserScore::kMod || Base::kGradReadsScore;
+  static constexpr bool kScaledRows = User::kScore == UserScore::kNone && Base::kScaledRows;
 
   // The user's functions see query rows inside the problem: a tile's rows past seqlen_q (padding, whose results no
   // one keeps) ask as its last row, so that a buffer of seqlen_q entries is never read past its end.
@@ -427,6 +444,14 @@ struct UserVariant : Base {
     } else {
       return Base::score_grad(p, at, x, ds);
     }
+  }
+
+  // The user's score functions take Base's scores in q·k units (Base then transforms none: the assertion above), and
+  // give them in q·k units; a user's mask alone keeps Base's units.
+  template <class Params>
+  static __host__ __device__ __forceinline__ float score_unit(const Params& p) {
+    if constexpr (kScaledRows) return Base::score_unit(p);
+    return 1.f;
   }
 
   // One row's scores: Base's, then the user's function of each key.

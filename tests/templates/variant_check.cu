@@ -235,7 +235,10 @@ void check_softcap() {
     const double slope = (Capped::score(p, at, float(s + h)) - Capped::score(p, at, float(s - h))) / (2 * h);
     const float x = Capped::score(p, at, s) * p.scale_log2;
     if (std::fabs(Capped::score_grad(p, at, x, 1.f) - slope) > 1e-2) fail("SoftCap", "score_grad", p, int(s), 0);
-    if (Capped::row_scores(p, at).score(s, 3) != Capped::score(p, at, s)) fail("SoftCap", "row_scores", p, int(s), 0);
+    // The row form, in units of score_unit (the forward kernels fold the unit into their softmax scale).
+    if (Capped::row_scores(p, at).score(s, 3) * Capped::score_unit(p) != Capped::score(p, at, s)) {
+      fail("SoftCap", "row_scores", p, int(s), 0);
+    }
   }
 }
 
@@ -264,7 +267,7 @@ void check_alibi() {
           // The row form the forward kernels apply, from a key base before k.
           for (int base : {0, k / 2, k}) {
             const flashgen::ScoreAt from{batch, head, q, base};
-            if (std::fabs(CappedBiased::row_scores(p, from).score(float(s), k - base) -
+            if (std::fabs(CappedBiased::row_scores(p, from).score(float(s), k - base) * CappedBiased::score_unit(p) -
                           CappedBiased::score(p, at, float(s))) > 1e-4f) {
               fail("Alibi<SoftCap>", "row_scores", p, q, k);
             }
