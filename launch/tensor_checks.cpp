@@ -193,10 +193,11 @@ void check_options(const flashgen_attention_options* opts, int64_t heads_q) {
   // The kernels scale by softmax_scale * log2(e): that product must be finite too.
   FLASHGEN_REQUIRE(std::isfinite(opts->softmax_scale) && std::isfinite(opts->softmax_scale * 1.4426950408889634f),
                    "opts.softmax_scale must be finite and below 2.3e38, got " + std::to_string(opts->softmax_scale));
-  // The kernels multiply by scale / softcap and by softcap / scale: both must be finite and nonzero.
+  // The kernels multiply by scale / softcap and by softcap / scale: both must be finite and nonzero; the forward's
+  // softmax scale of capped scores is softcap * log2(e), which must be finite too.
   const float cap = opts->softcap;
-  FLASHGEN_REQUIRE(cap == 0.f || (std::isfinite(cap) && cap > 0.f),
-                   "opts.softcap must be 0 (none) or a positive finite cap, got " + std::to_string(cap));
+  FLASHGEN_REQUIRE(cap == 0.f || (std::isfinite(cap * 1.4426950408889634f) && cap > 0.f),
+                   "opts.softcap must be 0 (none) or a positive finite cap below 2.3e38, got " + std::to_string(cap));
   if (cap > 0.f) {
     const double ratio = double(cap) / (opts->softmax_scale > 0 ? double(opts->softmax_scale) : 1.0 / 16);
     FLASHGEN_REQUIRE(ratio > 1e-30 && ratio < 1e30 && cap > 1e-30f,

@@ -353,6 +353,8 @@ template <class Base, class User>
 struct UserVariant : Base {
   static_assert(User::kScore == UserScore::kNone || !Base::kGradReadsScore,
                 "a user's score function takes the place of the soft cap and ALiBi");
+  static_assert(User::kScore == UserScore::kNone || !Base::kScaledRows,
+                "a user's score function takes Base's scores in q·k units (score_unit 1)");
   using BaseVariant = Base;
   static constexpr bool kHidesKeys = Base::kHidesKeys || User::kMasks;
   // A user mask may hide keys before a row's first visible one: its block classes start the walks past them
@@ -446,8 +448,8 @@ struct UserVariant : Base {
     }
   }
 
-  // The user's score functions take Base's scores in q·k units (Base then transforms none: the assertion above), and
-  // give them in q·k units; a user's mask alone keeps Base's units.
+  // The user's score functions take Base's scores in q·k units (Base's row form is then in them: the second
+  // assertion above), and give them in q·k units; a user's mask alone keeps Base's units.
   template <class Params>
   static __host__ __device__ __forceinline__ float score_unit(const Params& p) {
     if constexpr (kScaledRows) return Base::score_unit(p);

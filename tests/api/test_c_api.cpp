@@ -261,6 +261,9 @@ TEST_CASE("C ABI rejects each bad argument with a message naming it", "[c_api]")
     check_rejected([](Call& c) { c.opts.softcap = std::nanf(""); }, kInvalid, "opts.softcap must be 0");
     check_rejected([](Call& c) { c.opts.softcap = std::numeric_limits<float>::infinity(); }, kInvalid,
                    "opts.softcap must be 0");
+    // Finite, and within 1e30 of the scale, but softcap * log2(e), the forward's scale of capped scores, is not.
+    check_rejected([](Call& c) { c.opts.softcap = 3e38f, c.opts.softmax_scale = 1e9f; }, kInvalid,
+                   "opts.softcap must be 0 (none) or a positive finite cap below 2.3e38");
     // The kernels multiply by softcap / scale and scale / softcap.
     check_rejected([](Call& c) { c.opts.softcap = 1e-38f, c.opts.softmax_scale = 1e30f; }, kInvalid,
                    "opts.softcap = ");

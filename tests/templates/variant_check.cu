@@ -264,9 +264,14 @@ void check_alibi() {
             fail("Alibi", "score", p, q, k);
           }
           if (Biased::score_grad(p, at, 1.f, 0.75f) != 0.75f) fail("Alibi", "score_grad", p, q, k);
-          // The row form the forward kernels apply, from a key base before k.
+          // The row form the forward kernels apply, from a key base before k, alone (in q·k units) and over a cap.
           for (int base : {0, k / 2, k}) {
             const flashgen::ScoreAt from{batch, head, q, base};
+            if (Biased::score_unit(p) != 1.f ||
+                std::fabs(Biased::row_scores(p, from).score(float(s), k - base) - Biased::score(p, at, float(s))) >
+                    1e-4f) {
+              fail("Alibi", "row_scores", p, q, k);
+            }
             if (std::fabs(CappedBiased::row_scores(p, from).score(float(s), k - base) * CappedBiased::score_unit(p) -
                           CappedBiased::score(p, at, float(s))) > 1e-4f) {
               fail("Alibi<SoftCap>", "row_scores", p, q, k);
