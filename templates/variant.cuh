@@ -353,6 +353,8 @@ template <class Base, class User>
 struct UserVariant : Base {
   static_assert(User::kScore == UserScore::kNone || !Base::kGradReadsScore,
                 "a user's score function takes the place of the soft cap and ALiBi");
+  // A user's score functions take Base's scores in q·k units and give them so; its mask alone keeps Base's row
+  // units (kScaledRows and score_unit are Base's).
   static_assert(User::kScore == UserScore::kNone || !Base::kScaledRows,
                 "a user's score function takes Base's scores in q·k units (score_unit 1)");
   using BaseVariant = Base;
@@ -362,7 +364,6 @@ struct UserVariant : Base {
   static constexpr bool kHidesEarlyKeys = Base::kHidesEarlyKeys || User::kMasks;
   static constexpr bool kEveryBlockPartial = User::kMasks;
   static constexpr bool kGradReadsScore = User::kScore == UserScore::kMod || Base::kGradReadsScore;
-  static constexpr bool kScaledRows = User::kScore == UserScore::kNone && Base::kScaledRows;
 
   // The user's functions see query rows inside the problem: a tile's rows past seqlen_q (padding, whose results no
   // one keeps) ask as its last row, so that a buffer of seqlen_q entries is never read past its end.
@@ -446,14 +447,6 @@ struct UserVariant : Base {
     } else {
       return Base::score_grad(p, at, x, ds);
     }
-  }
-
-  // The user's score functions take Base's scores in q·k units (Base's row form is then in them: the second
-  // assertion above), and give them in q·k units; a user's mask alone keeps Base's units.
-  template <class Params>
-  static __host__ __device__ __forceinline__ float score_unit(const Params& p) {
-    if constexpr (kScaledRows) return Base::score_unit(p);
-    return 1.f;
   }
 
   // One row's scores: Base's, then the user's function of each key.
