@@ -5,9 +5,12 @@ sequence by sequence and on the batch padded to its longest sequence, in one pro
 tensors. Reports TFLOP/s over the visible (query, key) pairs of the real sequences (4 * pairs * head_dim * heads;
 the padded SDPA run is charged only for those too). --backward times the backward instead (2.5 times the
 forward's FLOPs: five products instead of two), each implementation's gradients of its own forward's outputs.
+--page-sizes adds the forward over the same keys and values moved into a paged cache of each page size (prefill
+against a KV cache: the pages shuffled, read through a block table), checked against the contiguous call's output.
 Writes a CSV with device, date and versions.
 
-    python3 bench/bench_varlen.py [--backward] [--sequences 64] [--min-len 128] [--max-len 8192] [--out FILE]
+    python3 bench/bench_varlen.py [--backward] [--sequences 64] [--min-len 128] [--max-len 8192]
+        [--page-sizes 16,64,256] [--out FILE]
 """
 import argparse
 import datetime
@@ -58,6 +61,25 @@ def visible_pairs(sq, sk, causal):
     return sum(max(0, min(sk, i + sk - sq + 1)) for i in range(sq))
 
 
+def paged_cache(k, v, lens, page_size, generator):
+    """k and v ([total, heads, head_dim], sequences packed by lens) moved into shuffled pages of page_size rows, and
+    the block table [sequences, max_pages] that finds them."""
+    max_pages = (max(lens) + page_size - 1) // page_size
+    num_pages = len(lens) * max_pages
+    order = torch.randperm(num_pages, generator=generator).to(torch.int32).cuda()
+    table = order.view(len(lens), max_pages)
+    caches = []
+    for t in (k, v):
+        cache = torch.zeros(num_pages * page_size, *t.shape[1:], device=t.device, dtype=t.dtype)
+        start = 0
+        for b, n in enumerate(lens):
+            rows = torch.arange(n, device=t.device)
+            cache[table[b, rows // page_size].long() * page_size + rows % page_size] = t[start:start + n]
+            start += n
+        caches.append(cache.view(num_pages, page_size, *t.shape[1:]))
+    return caches[0], caches[1], table
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sequences", type=int, default=64)
@@ -67,6 +89,8 @@ def main():
     parser.add_argument("--samples", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backward", action="store_true", help="time the backward pass")
+    parser.add_argument("--page-sizes", default="", help="comma-separated page sizes: the forward over paged caches")
+    parser.add_argument("--no-sdpa", action="store_true", help="time flashgen's calls only")
     parser.add_argument("--out")
     args = parser.parse_args()
 
@@ -102,6 +126,17 @@ def main():
                         results["flashgen varlen"] = timed_ms(
                             lambda: fg.varlen_attention(q, k, v, cu, cu, max(lens), max(lens), causal=causal),
                             args.samples, flush)
+                        want = fg.varlen_attention(q, k, v, cu, cu, max(lens), max(lens), causal=causal)
+                        for page_size in [int(x) for x in args.page_sizes.split(",") if x]:
+                            kc, vc, table = paged_cache(k, v, lens, page_size,
+                                                        torch.Generator().manual_seed(args.seed))
+                            call = lambda: fg.varlen_attention(q, kc, vc, cu, cu, max(lens), max(lens), causal=causal,
+                                                               block_table=table)
+                            error = (call().float() - want.float()).abs().max().item()
+                            if error > 0.0:  # the same kernel tiles over the same keys: the same bits
+                                print(f"paged {page_size}: differs from the contiguous call by up to {error}")
+                            results[f"flashgen paged {page_size}"] = timed_ms(call, args.samples, flush)
+                            del kc, vc
                     # The same tokens as one dense batch of sequences of the mean length.
                     mean = total // args.sequences
                     dq, dk, dv = (t[: mean * args.sequences].view(args.sequences, mean, heads, head_dim)
@@ -123,8 +158,9 @@ def main():
                     for i, (s, e) in enumerate(zip(starts, starts[1:])):
                         for p, t in zip(padded, (q, k, v)):
                             p[i, :, : e - s] = t[s:e].transpose(0, 1)
-                for name, backend in (("SDPA FA2", SDPBackend.FLASH_ATTENTION),
-                                      ("SDPA cuDNN", SDPBackend.CUDNN_ATTENTION)):
+                peers = () if args.no_sdpa else (("SDPA FA2", SDPBackend.FLASH_ATTENTION),
+                                                  ("SDPA cuDNN", SDPBackend.CUDNN_ATTENTION))
+                for name, backend in peers:
                     with sdpa_kernel([backend]):
                         try:
                             results[name + " per sequence"] = sdpa_ms(slices, causal, args, flush)

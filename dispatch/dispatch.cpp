@@ -76,16 +76,26 @@ void apply_fallbacks(const Call& call, Choice& choice, int arch, const DeviceTra
 }
 
 // A packed batch over a paged cache runs its class's choice (the varlen kernels' tiles) reading keys and
-// values through the block table. The backward has no paged kernels.
+// values through the block table: the sm90 family's TMA copies page by page where TMA can describe the cache
+// (apply_fallbacks checked it). Its producer then keeps more registers, which leaves the widest tiles'
+// consumers too few: those take the built-in Hopper tile, else the sm80 family's. The backward has no paged
+// kernels.
 void read_through_pages(const ForwardCall& call, ForwardChoice& choice, int arch) {
   if (!call.problem.paged) return;
-  if (choice.config.family() == KernelFamily::kSm90) {  // its TMA loads take whole tiles of contiguous rows
-    ForwardChoice fallback = sm80_fallback(call, arch);
-    choice.reason += "; paged, so the sm80 family's " + fallback.reason;
-    choice.config = std::move(fallback.config);
-    choice.source = fallback.source;
-  }
   choice.config.paged = true;
+  if (const auto why = choice.config.invalid_reason(arch)) {
+    const AttentionProblem& p = call.problem;
+    ForwardChoice builtin =
+        heuristic_choice(p.dtype, p.head_dim(), p.mask_kind(), arch, /*sm80_only=*/false, p.varlen, p.score_mods());
+    builtin.config.paged = true;
+    if (builtin.config.invalid_reason(arch)) {
+      builtin = sm80_fallback(call, arch);
+      builtin.config.paged = true;
+    }
+    choice.reason += "; paged, " + *why + ", so " + builtin.reason;
+    choice.config = std::move(builtin.config);
+    choice.source = builtin.source;
+  }
   choice.reason += "; keys and values read through the block table (paged)";
 }
 

@@ -184,7 +184,7 @@ FwdSm90Traits KernelConfig::sm90_traits() const {
   const Sm90Knobs* k = sm90();
   if (k == nullptr) fail(Status::kInternal, "config " + name() + " has no sm90-family traits");
   return fwd_sm90_traits(head_dim, block_m, block_n, stages, k->pingpong, k->persistent, k->p_smem, k->cluster, mask,
-                         k->groups, k->tensor_sum, dtype);
+                         k->groups, k->tensor_sum, dtype, paged);
 }
 
 int KernelConfig::threads() const { return sm90() ? sm90_traits().threads : traits().threads; }

@@ -146,11 +146,15 @@ ForwardCall make_varlen_forward_call(const flashgen_varlen_forward_args& args) {
 
 namespace {
 
-// The four tensors of a forward call as TMA sees them, with the box rows of the sm90 kernel's copies.
+// The four tensors of a forward call as TMA sees them, with the box rows of the sm90 kernel's copies. Over a
+// paged cache, k and v are (num_pages, page_size, heads_kv, head_dim), copied in boxes that lie in one page, and
+// v also in boxes of 16 rows (the fine map: the rows about a sequence's last key).
 struct ForwardTmaTensors {
   TmaTensor q, k, v, o;
   int q_rows = 0, kv_rows = 0;
+  bool paged = false;
   static constexpr int kORows = 64;  // each consumer warpgroup stores its own 64 rows
+  static constexpr int kFineRows = 16;
 
   ForwardTmaTensors(const ForwardCall& call, const KernelConfig& config) {
     const AttnFwdParams& p = call.params;
@@ -167,6 +171,16 @@ struct ForwardTmaTensors {
     o = tensor(p.o, rows_q, p.heads_q, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
     q_rows = config.block_m;
     kv_rows = config.block_n;
+    paged = call.problem.paged;
+    if (paged) {
+      auto pages = [&](const void* data, long long page_stride, long long rs, long long hs) {
+        return TmaTensor{data, call.problem.dtype, p.num_pages, p.page_size, p.heads_kv, call.problem.head_dim(),
+                         page_stride, rs, hs};
+      };
+      k = pages(p.k, p.k_page_stride, p.k_row_stride, p.k_head_stride);
+      v = pages(p.v, p.v_page_stride, p.v_row_stride, p.v_head_stride);
+      kv_rows = paged_box_rows(p.page_size, config.block_n);
+    }
   }
 
   std::optional<std::string> unsupported_reason() const {
@@ -182,6 +196,7 @@ struct ForwardTmaTensors {
     encode_tma_map(&params.k_map, k, kv_rows);
     encode_tma_map(&params.v_map, v, kv_rows);
     encode_tma_map(&params.o_map, o, kORows);
+    if (paged) encode_tma_map(&params.v_fine_map, v, kFineRows);
   }
 };
 
@@ -354,6 +369,7 @@ void PreparedForward::rebind(const ForwardCall& call, int device) {
   retarget_tma_map(&sm90_params.k_map, p.k);
   retarget_tma_map(&sm90_params.v_map, p.v);
   retarget_tma_map(&sm90_params.o_map, p.o);
+  if (call.problem.paged) retarget_tma_map(&sm90_params.v_fine_map, p.v);
 }
 
 void PreparedForward::operator()(CUstream stream) const {

@@ -128,6 +128,17 @@ struct AttnFwdParams {
   int num_pages;
 };
 
+// The rows of each TMA copy of a paged cache's K or V tile (the Hopper forward): the largest count dividing both
+// page_size and the tile's block_n (multiples of 16), so that each copy lies in one page.
+FLASHGEN_HOST_DEVICE constexpr int paged_box_rows(int page_size, int block_n) {
+  while (block_n != 0) {
+    const int rest = page_size % block_n;
+    page_size = block_n;
+    block_n = rest;
+  }
+  return page_size;
+}
+
 // Attention against a KV cache (decode_sm80.cuh): a few new query tokens per sequence over the keys of its
 // cache, contiguous or paged, optionally after appending the new tokens' keys and values to it. Sequence b
 // holds n_keys = cache_seqlens[b] + seqlen_new keys (cache_seqlens clamped into [0, capacity - seqlen_new]);
@@ -200,7 +211,7 @@ struct alignas(64) TmaDescriptor {
 struct AttnFwdSm90Params {
   AttnFwdParams base;
   TmaDescriptor q_map;  // box (64, block_m, 1, 1): the whole Q tile, one 64-column chunk per copy
-  TmaDescriptor k_map;  // box (64, block_n, 1, 1)
+  TmaDescriptor k_map;  // box (64, block_n, 1, 1); over a paged cache see v_fine_map
   TmaDescriptor v_map;  // box (64, block_n, 1, 1)
   TmaDescriptor o_map;  // box (64, 64, 1, 1): one consumer warpgroup's rows
   // Persistent kernels under a causal mask: the tiles claimed so far past the first gridDim.x; 0 when
@@ -209,6 +220,9 @@ struct AttnFwdSm90Params {
   // Persistent kernels under a causal mask: (batch, head) pairs per section of the tile list, so many
   // that one section's K and V fit in about half the L2 cache.
   int l2_section;
+  // Packed batches over a paged cache (kPaged): k_map and v_map see the cache as (64, page_size, heads_kv,
+  // num_pages) in boxes of paged_box_rows(page_size, block_n) rows; v_fine_map the same in boxes of 16 rows.
+  TmaDescriptor v_fine_map;
 };
 
 // Query rows per semaphore of the Hopper family's dQ adds (one per 64-row tile of the accumulator; a

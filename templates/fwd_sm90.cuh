@@ -65,7 +65,7 @@ struct FwdSm90 : FwdSm90Layout<Cfg> {
   static __device__ void run(const AttnFwdSm90Params& params) {
     if constexpr (L::kVarlen) {
       AttnFwdParams p = params.base;
-      const SequenceRows rows = sequence_rows(p, blockIdx.z);
+      const SequenceRows rows = sequence_rows(p, blockIdx.z, L::kPaged);
       if (!bind_sequence(p, blockIdx.z, rows, (gridDim.x - 1 - blockIdx.x) * L::kBlockM)) return;
       run_tiles(params, p, rows);
     } else {
@@ -108,14 +108,14 @@ struct FwdSm90 : FwdSm90Layout<Cfg> {
 
     if (threadIdx.x < 128) {
       sm90::setmaxnreg_dec<kTraits.producer_regs>();
-      // Lane 0 of warp g produces group g's tiles.
+      // Lane 0 of warp g produces group g's tiles (with kPaged, the whole warpgroup takes part).
       const int group = kGroups == 1 ? 0 : static_cast<int>(threadIdx.x) / 32;
-      if (threadIdx.x % 32 == 0 && (kGroups == 1 ? threadIdx.x == 0 : group < kGroups)) {
+      if (L::kPaged || (threadIdx.x % 32 == 0 && (kGroups == 1 ? threadIdx.x == 0 : group < kGroups))) {
         const u32 smem = smem_base + group * kGroupStride;
         const Barriers bars{smem + kBarrierOffset};
         int blocks = 0;
         Scheduler::produce_tiles(params, p, rows, group, bars, [&](const Tile& tile, int k, int first_block) {
-          Producer::produce(params, tile, k, first_block, smem, bars);
+          Producer::produce(params, p, tile, k, first_block, smem, bars);
           blocks = first_block + tile.n_blocks;
         });
         // In a cluster the peer's consumers arrive on this block's barriers: it leaves only once every

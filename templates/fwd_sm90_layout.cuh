@@ -19,7 +19,8 @@ struct FwdSm90Layout {
 
   static constexpr FwdSm90Traits kTraits =
       fwd_sm90_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kPingPong, Cfg::kPersistent,
-                      Cfg::kPSmem, Cfg::kCluster, Cfg::kMask, Cfg::kGroups, Cfg::kTensorSum, Cfg::kElem);
+                      Cfg::kPSmem, Cfg::kCluster, Cfg::kMask, Cfg::kGroups, Cfg::kTensorSum, Cfg::kElem,
+                      ConfigPaged<Cfg>::value);
   static_assert(kTraits.error == nullptr, "invalid sm90 forward config: see fwd_sm90_traits() in fwd_traits.cuh");
   // The two blocks of a cluster load each K and V tile once for both: they must visit the same key blocks.
   static_assert(Cfg::kCluster == 1 || !Cfg::Variant::kHidesKeys, "clusters take variants that hide no key");
@@ -41,6 +42,8 @@ struct FwdSm90Layout {
   static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;  // packed sequences (sequence.cuh)
   static_assert(!kVarlen || (!kPersistent && kCluster == 1 && kGroups == 1),
                 "packed batches run one block per tile: no persistent walk, cluster or groups");
+  static constexpr bool kPaged = ConfigPaged<Cfg>::value;  // their keys and values in a paged cache
+  static_assert(!kPaged || kVarlen, "a paged cache holds the keys of packed batches");
   static constexpr int kConsumers = kTraits.consumers;  // per group
   static constexpr int kThreads = kTraits.threads;
 

@@ -109,11 +109,12 @@ struct FwdSm90Traits {
 // V tile (each loads half and multicasts it to both); under a causal mask the two would see different
 // key ranges, so clusters take unmasked problems only.
 // Registers of a warp-specialized sm90 block (forward and backward): the producer warpgroup keeps
-// producer_regs (kSm90ProducerRegs unless it walks cluster tiles or one of two groups' lists), the
-// consumers share the rest of what the block was launched with (the SM's 65536 split evenly over its
-// threads, in steps of 8, at most 255 each) in steps of 8, at most 240 each.
+// producer_regs (kSm90ProducerRegs unless it walks cluster tiles or one of two groups' lists, or copies from a
+// paged cache), the consumers share the rest of what the block was launched with (the SM's 65536 split evenly
+// over its threads, in steps of 8, at most 255 each) in steps of 8, at most 240 each.
 constexpr int kSm90ProducerRegs = 24;
-constexpr int kSm90WideProducerRegs = 32;  // the pair walk of a cluster, or a group's own walk, needs a few more
+// The pair walk of a cluster, a group's own walk, or the copies of a paged cache's boxes need a few more.
+constexpr int kSm90WideProducerRegs = 32;
 constexpr int sm90_consumer_regs(int consumers, int producer_regs = kSm90ProducerRegs) {
   if (consumers <= 0) return 0;
   const int threads = 128 * (consumers + 1);
@@ -124,12 +125,13 @@ constexpr int sm90_consumer_regs(int consumers, int producer_regs = kSm90Produce
 
 constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, int stages, bool pingpong,
                                         bool persistent, bool p_smem, int cluster, MaskKind mask, int groups = 1,
-                                        bool tensor_sum = false, ElemType elem = ElemType::kFloat16) {
+                                        bool tensor_sum = false, ElemType elem = ElemType::kFloat16,
+                                        bool paged = false) {
   FwdSm90Traits t{};
   t.tile_dim = sm90_tile_dim(head_dim);
   t.consumers = block_m / 64;
   t.threads = 128 * (groups * t.consumers + 1);
-  t.producer_regs = cluster > 1 || groups > 1 ? kSm90WideProducerRegs : kSm90ProducerRegs;
+  t.producer_regs = cluster > 1 || groups > 1 || paged ? kSm90WideProducerRegs : kSm90ProducerRegs;
   t.consumer_regs = sm90_consumer_regs(groups * t.consumers, t.producer_regs);
   t.smem_q_bytes = block_m * t.tile_dim * 2;
   t.smem_kv_stage_bytes = 2 * block_n * t.tile_dim * 2;

@@ -4,6 +4,7 @@
 #include "flashgen/error.hpp"
 #include "generator/generator.hpp"
 #include "generator/kernel_config.hpp"
+#include "templates/attn_params.cuh"
 
 using flashgen::DType;
 using flashgen::KernelConfig;
@@ -295,6 +296,37 @@ TEST_CASE("paged varlen configs: _paged after _varlen, a JSON field when set, kP
   dense.varlen = false;
   REQUIRE(dense.invalid_reason(90).has_value());
   CHECK(dense.invalid_reason(90)->find("come with packed variable-length batches") != std::string::npos);
+}
+
+TEST_CASE("sm90 paged configs: a wider producer, so the widest tiles' consumers lack registers",
+          "[generator][config]") {
+  const KernelConfig packed = KernelConfig::from_name("fwd_sm90_bf16_d128_m128_n128_s2_causal_ovl_pp_varlen");
+  KernelConfig paged = packed;
+  paged.paged = true;
+  REQUIRE_FALSE(paged.invalid_reason(90));
+  CHECK(paged.name() == "fwd_sm90_bf16_d128_m128_n128_s2_causal_ovl_pp_varlen_paged");
+  CHECK(packed.sm90_traits().producer_regs == flashgen::kSm90ProducerRegs);
+  CHECK(paged.sm90_traits().producer_regs == flashgen::kSm90WideProducerRegs);
+  CHECK(paged.sm90_traits().consumer_regs < packed.sm90_traits().consumer_regs);
+  CHECK(flashgen::generate(paged).headers.front().contents.find("static constexpr bool kPaged = true;") !=
+        std::string::npos);
+  // 192 keys of S and P fit 240 registers, not 232.
+  const KernelConfig wide = KernelConfig::from_name("fwd_sm90_bf16_d128_m128_n192_s2_ovl_pp_varlen");
+  CHECK_FALSE(wide.invalid_reason(90));
+  KernelConfig wide_paged = wide;
+  wide_paged.paged = true;
+  REQUIRE(wide_paged.invalid_reason(90).has_value());
+  CHECK(wide_paged.invalid_reason(90)->find("registers") != std::string::npos);
+}
+
+TEST_CASE("a paged cache's TMA boxes lie in one page: gcd(page_size, block_n) rows", "[generator][config]") {
+  CHECK(flashgen::paged_box_rows(16, 128) == 16);
+  CHECK(flashgen::paged_box_rows(48, 128) == 16);
+  CHECK(flashgen::paged_box_rows(64, 128) == 64);
+  CHECK(flashgen::paged_box_rows(256, 128) == 128);
+  CHECK(flashgen::paged_box_rows(256, 160) == 32);
+  CHECK(flashgen::paged_box_rows(144, 176) == 16);
+  static_assert(flashgen::paged_box_rows(512, 64) == 64);
 }
 
 TEST_CASE("soft-capped configs: _softcap after the mask, a JSON field when set, SoftCap around the mask",

@@ -134,7 +134,8 @@ struct PackedBatch {
 };
 
 // A packed batch's keys and values moved into a paged cache: each sequence's rows in pages of c.page_size
-// rows, the pages of all sequences shuffled among spare ones that hold noise; args read them through the
+// rows, the pages of all sequences shuffled among spare ones; every row no sequence owns (the spare pages, a
+// last page's rows past its sequence's keys) holds NaN, which must reach no result. args read them through the
 // block table (the offsets then only give each sequence's key count).
 struct PagedCache {
   DeviceBuffer dk, dv, dtable;
@@ -147,8 +148,8 @@ struct PagedCache {
     std::vector<int32_t> order(static_cast<size_t>(num_pages));
     std::iota(order.begin(), order.end(), 0);
     std::shuffle(order.begin(), order.end(), rng);
-    std::vector<uint16_t> k = random_bits(size_t(num_pages * page * row), c.dtype, rng);
-    std::vector<uint16_t> v = random_bits(k.size(), c.dtype, rng);
+    constexpr uint16_t kNaN = 0x7fff;  // in fp16 and bf16 alike
+    std::vector<uint16_t> k(size_t(num_pages * page * row), kNaN), v(k.size(), kNaN);
     for (int64_t b = 0; b < batch; ++b)
       for (int64_t j = 0; j < c.k_lens[size_t(b)]; ++j) {
         const int64_t at = order[size_t(b * max_pages + j / page)] * page + j % page;
@@ -243,10 +244,21 @@ TEST_CASE("packed variable-length batches match each sequence's float64 referenc
       {"bf16 d96 bottom-right seqused_k", FLASHGEN_BFLOAT16, 96, 4, 2, FLASHGEN_MASK_CAUSAL, {1, 4, 100, 0},
        {300, 64, 256, 10}, {217, 64, 100, 0}, {}},
       // Prefill against a paged KV cache: pages of 16 and 48 rows, a shuffled block table, seqused_k.
+      // The Hopper family copies boxes of gcd(page_size, block_n) rows (16, 48 against 128: 16; 64: 64; 256: 128,
+      // and 32 against 160), a sequence's last rows in 16-row boxes and by hand.
       {"bf16 d128 bottom-right GQA 4 paged 16", FLASHGEN_BFLOAT16, 128, 8, 2, FLASHGEN_MASK_CAUSAL,
-       {1, 0, 77, 300, 5}, {1, 3, 77, 513, 0}, {}, {"fwd_sm80_bf16_d128_m64_n64_w4_s2_causal_varlen_paged"}, 16},
+       {1, 0, 77, 300, 5}, {1, 3, 77, 513, 0}, {},
+       {"fwd_sm80_bf16_d128_m64_n64_w4_s2_causal_varlen_paged",
+        "fwd_sm90_bf16_d128_m128_n128_s2_causal_ovl_pp_varlen_paged"},
+       16},
       {"fp16 d64 top-left paged 48 seqused_k", FLASHGEN_FLOAT16, 64, 4, 4, FLASHGEN_MASK_CAUSAL_TOP_LEFT,
-       {64, 3, 200}, {100, 50, 250}, {90, 50, 0}, {}, 48},
+       {64, 3, 200}, {100, 50, 250}, {90, 50, 0}, {"fwd_sm90_fp16_d64_m192_n128_s2_causal_varlen_paged"}, 48},
+      {"bf16 d96 bottom-right GQA 2 paged 64", FLASHGEN_BFLOAT16, 96, 4, 2, FLASHGEN_MASK_CAUSAL, {100, 1, 64, 300},
+       {64, 129, 1, 700}, {}, {"fwd_sm90_bf16_d96_m128_n128_s2_causal_ovl_pp_varlen_paged"}, 64},
+      {"fp16 d128 no mask paged 256 seqused_k", FLASHGEN_FLOAT16, 128, 4, 1, FLASHGEN_MASK_NONE, {300, 7, 129, 1, 64},
+       {700, 256, 129, 512, 64}, {613, 200, 129, 512, 64},
+       {"fwd_sm90_fp16_d128_m128_n128_s2_ovl_pp_varlen_paged", "fwd_sm90_fp16_d128_m128_n160_s2_ovl_pp_varlen_paged"},
+       256},
       // Soft-capped scores (a cap of 1.5 bends most of them), both families, and a paged cache.
       {"bf16 d128 bottom-right GQA 2 softcap 1.5", FLASHGEN_BFLOAT16, 128, 4, 2, FLASHGEN_MASK_CAUSAL,
        {257, 1, 0, 190}, {300, 40, 7, 129}, {},
@@ -321,6 +333,17 @@ TEST_CASE("a packed batch runs its own kernels, chosen for packed batches", "[gp
   CHECK(plan.launch.config.family() == (sm90 ? flashgen::KernelFamily::kSm90 : flashgen::KernelFamily::kSm80));
   if (const flashgen::Sm90Knobs* k = plan.launch.config.sm90()) CHECK_FALSE(k->persistent);
   CHECK(plan.launch.config.name().find("_varlen") != std::string::npos);
+
+  // Over a paged cache (the same buffer as 4 pages of 16 rows), the same family reads the pages.
+  DeviceBuffer table(2 * 3 * sizeof(int32_t));
+  table.upload(std::vector<int32_t>{3, 1, 0, 2, 1, 0});
+  args.k = args.v = flashgen_tensor{buffer.data(), FLASHGEN_FLOAT16, {4, 16, 2, 64}, {16 * 2 * 64, 2 * 64, 64, 1}};
+  args.block_table = static_cast<const int32_t*>(table.data());
+  args.max_pages = 3;
+  const flashgen::ForwardPlan paged = flashgen::plan_forward(flashgen::make_varlen_forward_call(args), nullptr);
+  CHECK(paged.launch.config.paged);
+  CHECK(paged.launch.config.family() == plan.launch.config.family());
+  CHECK(paged.launch.config.name().find("_varlen_paged") != std::string::npos);
 }
 
 namespace {
