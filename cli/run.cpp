@@ -74,7 +74,9 @@ Command run_command() {
       .option("total-k", "N", "with --varlen: key tokens in all (default as --total-q)")
       .flag("kv-cache", "decoding: seqlen-q new tokens (default 1) per sequence against full KV caches of seqlen-k "
                         "keys (flashgen_attention_kvcache); --config takes a dec_... module")
-      .option("page-size", "N", "with --kv-cache: a paged cache of N-key pages in a shuffled order (default 0: contiguous)")
+      .option("page-size", "N",
+              "with --kv-cache, or --varlen without --backward (prefill against a paged cache): the keys and values in "
+              "a paged cache of N-key pages in a shuffled order, read through a block table (default 0: contiguous)")
       .option("splits", "N", "with --kv-cache: key ranges per sequence (default 0: chosen for the GPU)")
       .flag("deterministic", "with --backward: the deterministic dQ strategy (bitwise repeatable)")
       .option("iters", "N", "timed launches (default 20)")
@@ -119,16 +121,21 @@ RunOptions parse_run_options(const Args& args) {
   o.warmup = static_cast<int>(args.int_or("warmup", o.warmup, 0, 1000000));
   o.check_rows = static_cast<int>(args.int_or("check-rows", o.check_rows, 0, 1000000));
   o.seed = static_cast<uint32_t>(args.int_or("seed", o.seed, 0, std::numeric_limits<uint32_t>::max()));
-  for (const char* name : {"page-size", "splits"}) {
-    if (args.has(name) && !p.kv_cache) fail(Status::kInvalidArgument, std::string("--") + name + " needs --kv-cache");
-  }
+  if (args.has("splits") && !p.kv_cache) fail(Status::kInvalidArgument, "--splits needs --kv-cache");
   if (p.kv_cache && (p.backward() || o.layout != "bshd"))
     fail(Status::kInvalidArgument, "--kv-cache runs the forward on bshd tensors: no --backward or --layout bhsd");
   packed_from_flags(args, p);
+  if (args.has("page-size") && !p.kv_cache && !(p.varlen && !p.backward()))
+    fail(Status::kInvalidArgument, "--page-size needs --kv-cache, or --varlen without --backward");
   if (p.varlen && o.layout != "bshd") fail(Status::kInvalidArgument, "--varlen packs bshd rows: no --layout bhsd");
-  p.page_size = static_cast<int>(args.int_or("page-size", 0, 0, kSizeMax));
+  const int page_size = static_cast<int>(args.int_or("page-size", 0, 0, kSizeMax));
   o.splits = static_cast<int>(args.int_or("splits", 0, 0, 1 << 20));
-  p.paged = p.page_size > 0;
+  if (p.kv_cache) {
+    p.page_size = page_size;
+    p.paged = page_size > 0;
+  } else {
+    o.prefill_page_size = page_size;  // the packed call's block table (the problem itself is the packed one)
+  }
   return o;
 }
 
@@ -449,7 +456,8 @@ namespace {
 // names: "--head-dim: q.shape[3] (head_dim) = 100 is unsupported ...".
 std::string with_flag(const std::string& message) {
   static const std::pair<const char*, const char*> kFlags[] = {
-      {"q.shape[0]", "--batch"},          {"q.shape[1]", "--seqlen-q"},       {"k.shape[1]", "--seqlen-k"},
+      {"q.shape[0]", "--batch"},          {"q.shape[1]", "--seqlen-q"},       {"k.shape[1] (page_size)", "--page-size"},
+      {"k.shape[1]", "--seqlen-k"},
       {"q.shape[2]", "--heads-q"},        {"k.shape[2]", "--heads-kv"},       {"q.shape[3]", "--head-dim"},
       {"k_cache.shape[1]", "--page-size"}, {"opts.softmax_scale", "--scale"}, {"opts.softcap", "--softcap"},
       {"opts.window_", "--window"},       {"opts.attention_chunk", "--chunk"}, {"num_splits", "--splits"},

@@ -30,6 +30,9 @@ struct RunOptions {
   // through a shuffled block table of problem.page_size-key pages when problem.paged, split into `splits` key
   // ranges (0: chosen).
   int splits = 0;
+  // --varlen --page-size (forward): the packed batch's keys and values read from a paged cache of such pages,
+  // shuffled, through a block table (flashgen_varlen_forward_args.block_table); 0: contiguous.
+  int prefill_page_size = 0;
   // --sink: every query head's attention-sink logit (options.sinks; no change of kernel, so not part of the
   // problem class); with --backward the dense call also takes the sinks' gradient and checks it.
   std::optional<float> sink;

@@ -2,6 +2,8 @@
 // through flashgen_attention_varlen_forward and, with --backward, flashgen_attention_varlen_backward; each checked
 // sequence against its own float64 reference, then timed.
 #include <algorithm>
+#include <numeric>
+#include <random>
 #include <optional>
 #include <tuple>
 
@@ -25,6 +27,39 @@ struct PackedTensors {
   const int32_t* cu_k = nullptr;
   const float* alibi_slopes = nullptr;
   const float* sinks = nullptr;
+  // --page-size: k and v as paged caches [num_pages, page_size, heads_kv, head_dim] read through table
+  // [batch, max_pages] (null: contiguous).
+  flashgen_tensor k_cache, v_cache;
+  const int32_t* table = nullptr;
+  int64_t max_pages = 0;
+};
+
+// --page-size: sequence b's key j in row j % page_size of page table[b * max_pages + j / page_size], the pages of
+// all sequences in a shuffled order; every row no sequence owns holds NaN, which no result may read.
+struct PagedPrefill {
+  int64_t page_size = 0, max_pages = 0, num_pages = 0;
+  std::vector<int32_t> table;
+
+  PagedPrefill(const PackedBatch& batch, int64_t page_size, std::mt19937& rng) : page_size(page_size) {
+    const int64_t longest = *std::max_element(batch.len_k.begin(), batch.len_k.end());
+    max_pages = std::max<int64_t>(1, (longest + page_size - 1) / page_size);
+    num_pages = int64_t(batch.len_k.size()) * max_pages;
+    table.resize(static_cast<size_t>(num_pages));
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), rng);
+  }
+
+  // The packed rows of t ([1, total_k, heads, head_dim]) moved into the pages.
+  std::vector<uint16_t> cache_of(const HostTensor& t, const PackedBatch& batch) const {
+    const int64_t row = t.view.shape[2] * t.view.shape[3];
+    std::vector<uint16_t> cache(static_cast<size_t>(num_pages * page_size * row), 0x7fff);  // NaN in fp16 and bf16
+    for (size_t b = 0; b < batch.len_k.size(); ++b)
+      for (int64_t j = 0; j < batch.len_k[b]; ++j) {
+        const int64_t at = table[size_t(int64_t(b) * max_pages + j / page_size)] * page_size + j % page_size;
+        std::copy_n(t.bits.begin() + (batch.cu_k[b] + j) * row, row, cache.begin() + at * row);
+      }
+    return cache;
+  }
 };
 
 flashgen_varlen_forward_args forward_args(const RunOptions& o, const PackedTensors& t) {
@@ -39,6 +74,11 @@ flashgen_varlen_forward_args forward_args(const RunOptions& o, const PackedTenso
   args.options = options_of(o.problem, o.scale);
   args.options.alibi_slopes = t.alibi_slopes;
   args.options.sinks = t.sinks;
+  if (o.prefill_page_size > 0) {
+    args.k = t.k_cache, args.v = t.v_cache;
+    args.block_table = t.table;
+    args.max_pages = t.max_pages;
+  }
   return args;
 }
 
@@ -87,16 +127,31 @@ RunReport run_varlen(const RunOptions& o, const ScopedContext& context, RunRepor
   t.alibi_slopes = upload_alibi_slopes(p, slopes_dev);
   DeviceBuffer sinks_dev;
   t.sinks = upload_sinks(o, sinks_dev);
+  std::mt19937 rng(o.seed);
+  std::optional<PagedPrefill> pages;
+  DeviceBuffer k_cache_dev, v_cache_dev, table_dev;
+  if (o.prefill_page_size > 0) {
+    pages.emplace(batch, o.prefill_page_size, rng);
+    const size_t cache_bytes = size_t(pages->num_pages * o.prefill_page_size * s.heads_kv * s.head_dim) * 2;
+    k_cache_dev = buffer(cache_bytes), v_cache_dev = buffer(cache_bytes), table_dev = buffer(pages->table.size() * 4);
+    t.k_cache = bshd_tensor(k_cache_dev.data(), dtype, pages->num_pages, o.prefill_page_size, s.heads_kv, s.head_dim);
+    t.v_cache = bshd_tensor(v_cache_dev.data(), dtype, pages->num_pages, o.prefill_page_size, s.heads_kv, s.head_dim);
+    t.table = static_cast<const int32_t*>(table_dev.data());
+    t.max_pages = pages->max_pages;
+  }
   const flashgen_varlen_forward_args args = forward_args(o, t);
   // Validate before the slow part (host data): a bad shape fails here with the library's own message.
   const ForwardCall call = make_varlen_forward_call(args);
   report.scale = call.params.scale;
 
-  std::mt19937 rng(o.seed);
   fill_normal(q, rng);
   fill_normal(k, rng);
   fill_normal(v, rng);
   q_dev.upload(q.bits), k_dev.upload(k.bits), v_dev.upload(v.bits);
+  if (pages) {
+    k_cache_dev.upload(pages->cache_of(k, batch)), v_cache_dev.upload(pages->cache_of(v, batch));
+    table_dev.upload(pages->table);
+  }
   cu_q_dev.upload(batch.cu_q), cu_k_dev.upload(batch.cu_k);
   out_dev.fill_bytes(0xFF);  // NaN: anything the kernel fails to write shows up in the check
   lse_dev.fill_bytes(0xFF);
@@ -221,6 +276,13 @@ void check_varlen_problem(const RunOptions& o) {
   t.lse = static_cast<float*>(address(8));
   t.cu_q = static_cast<const int32_t*>(address(9)), t.cu_k = static_cast<const int32_t*>(address(10));
   t.alibi_slopes = placeholder_alibi_slopes(p);
+  if (o.prefill_page_size > 0) {  // a cache of as many pages as the packed keys fill, one sequence's worth per entry
+    const int64_t pages_per_sequence = (s.seqlen_k + o.prefill_page_size - 1) / o.prefill_page_size;
+    t.k_cache = bshd_tensor(address(11), dtype, s.batch * pages_per_sequence, o.prefill_page_size, s.heads_kv, s.head_dim);
+    t.v_cache = bshd_tensor(address(12), dtype, s.batch * pages_per_sequence, o.prefill_page_size, s.heads_kv, s.head_dim);
+    t.table = static_cast<const int32_t*>(address(13));
+    t.max_pages = pages_per_sequence;
+  }
   auto check_config = [&](const auto& config, const AttentionProblem& problem) {
     check_requested_config(config, problem, 90);
     FLASHGEN_REQUIRE(config.varlen, "config " + config.name() + " runs dense batches; a packed batch takes a ..._varlen one");
@@ -230,7 +292,14 @@ void check_varlen_problem(const RunOptions& o) {
     if (o.config_name) check_config(BwdConfig::from_name(*o.config_name), call.problem);
   } else {
     const ForwardCall call = make_varlen_forward_call(forward_args(o, t));
-    if (o.config_name) check_config(KernelConfig::from_name(*o.config_name), call.problem);
+    if (o.config_name) {
+      const KernelConfig config = KernelConfig::from_name(*o.config_name);
+      check_config(config, call.problem);
+      FLASHGEN_REQUIRE(config.paged == call.problem.paged,
+                       "config " + config.name() + (config.paged ? " reads a paged cache; without --page-size"
+                                                                  : " reads contiguous keys; with --page-size") +
+                           " the packed batch takes a ..._varlen" + (config.paged ? "" : "_paged") + " one");
+    }
   }
 }
 

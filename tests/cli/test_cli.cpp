@@ -348,7 +348,11 @@ TEST_CASE("cli: failures under --json print one JSON error object", "[cli]") {
           {"run", "--varlen", "--batch", "2", "--seqlen-q", "100", "--total-q", "201"},
           {"run", "--varlen", "--config", "fwd_sm80_fp16_d128_m128_n64_w4_s2"},
           {"run", "--varlen", "--backward", "--config", "bwd_sm80_fp16_d128_m64_n64_w4_s2_x1"},
-          {"run", "--config", "fwd_sm80_fp16_d128_m128_n64_w4_s2_varlen"}}) {
+          {"run", "--config", "fwd_sm80_fp16_d128_m128_n64_w4_s2_varlen"},
+          // prefill against a paged cache: the forward only, pages of 16-key multiples, paged packed configs
+          {"run", "--varlen", "--page-size", "16", "--backward"}, {"run", "--varlen", "--page-size", "24"},
+          {"run", "--varlen", "--page-size", "16", "--config", "fwd_sm90_fp16_d128_m128_n128_s2_varlen"},
+          {"run", "--varlen", "--config", "fwd_sm90_fp16_d128_m128_n128_s2_varlen_paged"}}) {
       const CliResult result = run_cli(words, dir);
       INFO(words.back() << ": " << result.err);
       CHECK(result.exit_code == 2);
@@ -359,7 +363,10 @@ TEST_CASE("cli: failures under --json print one JSON error object", "[cli]") {
          {std::pair<std::vector<std::string>, std::string>{{"run", "--head-dim", "100"},
                                                            "--head-dim: q.shape[3] (head_dim) = 100 is unsupported"},
           {{"run", "--heads-q", "3", "--heads-kv", "2"}, "--heads-q: q.shape[2] (heads) = 3 must be a multiple of"},
-          {{"run", "--softcap", "-5"}, "--softcap: opts.softcap must be"}}) {
+          {{"run", "--softcap", "-5"}, "--softcap: opts.softcap must be"},
+          {{"run", "--varlen", "--page-size", "40"}, "--page-size: k.shape[1] (page_size) must be a multiple of 16"},
+          {{"run", "--varlen", "--page-size", "16", "--config", "fwd_sm90_fp16_d128_m128_n128_s2_varlen"},
+           "with --page-size the packed batch takes a ..._varlen_paged one"}}) {
       const CliResult result = run_cli(words, dir);
       INFO(result.err);
       CHECK(result.exit_code == 2);
