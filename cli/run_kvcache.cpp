@@ -1,6 +1,5 @@
 // `flashgen run --kv-cache`: decoding against a contiguous or paged KV cache, checked and timed.
 #include <algorithm>
-#include <numeric>
 #include <optional>
 
 #include "cli/common.hpp"
@@ -68,20 +67,15 @@ RunReport run_kvcache(const RunOptions& o, const ScopedContext& context, RunRepo
   fill_normal(v, rng);
 
   // The caches as the kernels read them: sequence b's key j in row j % page_size of page table[b][j / page_size].
+  // Every page is full, so no row holds the fill.
   const int64_t pages = pages_per_sequence(o), row = s.heads_kv * s.head_dim;
-  std::vector<int32_t> table(static_cast<size_t>(std::max<int64_t>(1, s.batch * pages)));
-  std::iota(table.begin(), table.end(), 0);
-  std::shuffle(table.begin(), table.end(), rng);
-  const int64_t page_size = p.page_size;
-  const int64_t cache_rows = p.paged ? s.batch * pages * page_size : s.batch * s.seqlen_k;
-  std::vector<uint16_t> k_cache(static_cast<size_t>(cache_rows * row)), v_cache(k_cache.size());
-  for (int64_t b = 0; b < s.batch; ++b)
-    for (int64_t j = 0; j < s.seqlen_k; ++j) {
-      const int64_t at =
-          p.paged ? table[size_t(b * pages + j / page_size)] * page_size + j % page_size : b * s.seqlen_k + j;
-      std::copy_n(k.bits.begin() + (b * s.seqlen_k + j) * row, row, k_cache.begin() + at * row);
-      std::copy_n(v.bits.begin() + (b * s.seqlen_k + j) * row, row, v_cache.begin() + at * row);
-    }
+  const std::vector<int32_t> table = shuffled_pages(std::max<int64_t>(1, s.batch * pages), rng);
+  std::vector<int64_t> starts(static_cast<size_t>(s.batch)), keys(starts.size(), s.seqlen_k);
+  for (int64_t b = 0; b < s.batch; ++b) starts[size_t(b)] = b * s.seqlen_k;
+  const std::vector<uint16_t> k_cache = p.paged ? into_pages(k.bits, row, starts, keys, table, pages, p.page_size, 0)
+                                                : k.bits;
+  const std::vector<uint16_t> v_cache = p.paged ? into_pages(v.bits, row, starts, keys, table, pages, p.page_size, 0)
+                                                : v.bits;
 
   DeviceBuffer q_dev(q.bytes()), out_dev(out.bytes()), lse_dev(lse.size() * sizeof(float));
   DeviceBuffer k_dev(k_cache.size() * 2), v_dev(v_cache.size() * 2), table_dev(table.size() * 4);

@@ -2,7 +2,6 @@
 // through flashgen_attention_varlen_forward and, with --backward, flashgen_attention_varlen_backward; each checked
 // sequence against its own float64 reference, then timed.
 #include <algorithm>
-#include <numeric>
 #include <random>
 #include <optional>
 #include <tuple>
@@ -44,21 +43,14 @@ struct PagedPrefill {
     const int64_t longest = *std::max_element(batch.len_k.begin(), batch.len_k.end());
     max_pages = std::max<int64_t>(1, (longest + page_size - 1) / page_size);
     num_pages = int64_t(batch.len_k.size()) * max_pages;
-    table.resize(static_cast<size_t>(num_pages));
-    std::iota(table.begin(), table.end(), 0);
-    std::shuffle(table.begin(), table.end(), rng);
+    table = shuffled_pages(num_pages, rng);
   }
 
   // The packed rows of t ([1, total_k, heads, head_dim]) moved into the pages.
   std::vector<uint16_t> cache_of(const HostTensor& t, const PackedBatch& batch) const {
-    const int64_t row = t.view.shape[2] * t.view.shape[3];
-    std::vector<uint16_t> cache(static_cast<size_t>(num_pages * page_size * row), 0x7fff);  // NaN in fp16 and bf16
-    for (size_t b = 0; b < batch.len_k.size(); ++b)
-      for (int64_t j = 0; j < batch.len_k[b]; ++j) {
-        const int64_t at = table[size_t(int64_t(b) * max_pages + j / page_size)] * page_size + j % page_size;
-        std::copy_n(t.bits.begin() + (batch.cu_k[b] + j) * row, row, cache.begin() + at * row);
-      }
-    return cache;
+    const std::vector<int64_t> first(batch.cu_k.begin(), batch.cu_k.end() - 1);
+    constexpr uint16_t kNaN = 0x7fff;  // in fp16 and bf16 alike
+    return into_pages(t.bits, t.view.shape[2] * t.view.shape[3], first, batch.len_k, table, max_pages, page_size, kNaN);
   }
 };
 
