@@ -69,7 +69,7 @@ RunReport run_kvcache(const RunOptions& o, const ScopedContext& context, RunRepo
   // The caches as the kernels read them: sequence b's key j in row j % page_size of page table[b][j / page_size].
   // Every page is full, so no row holds the fill.
   const int64_t pages = pages_per_sequence(o), row = s.heads_kv * s.head_dim;
-  const std::vector<int32_t> table = shuffled_pages(std::max<int64_t>(1, s.batch * pages), rng);
+  const std::vector<int32_t> table = shuffled_pages(std::max<int64_t>(1, s.batch * pages), rng());
   std::vector<int64_t> starts(static_cast<size_t>(s.batch)), keys(starts.size(), s.seqlen_k);
   for (int64_t b = 0; b < s.batch; ++b) starts[size_t(b)] = b * s.seqlen_k;
   const std::vector<uint16_t> k_cache = p.paged ? into_pages(k.bits, row, starts, keys, table, pages, p.page_size, 0)

@@ -14,6 +14,7 @@
 #include "check/reference.hpp"
 #include "cli/run.hpp"
 #include "flashgen/flashgen.h"
+#include "problem/paged_cache.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/device_buffer.hpp"
 
@@ -78,15 +79,6 @@ constexpr double kMaxBackwardCheckCost = 4e9;
 
 // Events around every launch of fn on stream; sorted milliseconds.
 std::vector<double> time_launches(const std::function<void()>& fn, int warmup, int iters, CUstream stream);
-
-// A paged cache of `rows` (row-major, `row` elements each): sequence b's rows [first[b], first[b] + count[b]) as
-// its keys, key j in row j % page_size of page table[b * max_pages + j / page_size] of table.size() * page_size
-// rows; every row no sequence owns holds `fill`. `run --kv-cache` and `run --varlen --page-size` build theirs so.
-std::vector<uint16_t> into_pages(const std::vector<uint16_t>& rows, int64_t row, const std::vector<int64_t>& first,
-                                 const std::vector<int64_t>& count, const std::vector<int32_t>& table,
-                                 int64_t max_pages, int64_t page_size, uint16_t fill);
-// A block table of `pages` page indices in a shuffled order.
-std::vector<int32_t> shuffled_pages(int64_t pages, std::mt19937& rng);
 
 // `run --kv-cache` (run_kvcache.cpp): random q and full caches (scattered into shuffled pages when paged), one
 // checked call, then timing. report holds the device fields.

@@ -43,7 +43,7 @@ struct PagedPrefill {
     const int64_t longest = *std::max_element(batch.len_k.begin(), batch.len_k.end());
     max_pages = std::max<int64_t>(1, (longest + page_size - 1) / page_size);
     num_pages = int64_t(batch.len_k.size()) * max_pages;
-    table = shuffled_pages(num_pages, rng);
+    table = shuffled_pages(num_pages, rng());
   }
 
   // The packed rows of t ([1, total_k, heads, head_dim]) moved into the pages.

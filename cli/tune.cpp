@@ -47,7 +47,8 @@ Command tune_command() {
                  "\"dtype\": \"bf16\", \"head_dim\": 128,\n"
                  "\"causal\": \"bottom-right\", \"batch\": 4, \"heads_q\": 32, \"heads_kv\": 8, \"seqlen_q\": 4096,\n"
                  "\"seqlen_k\": 4096}, {\"kv_cache\": true, \"page_size\": 16, \"batch\": 8, \"seqlen_q\": 1, \"seqlen_k\": 32768},\n"
-                 "{\"varlen\": true, \"batch\": 64, \"seqlen_q\": 8192, \"seqlen_k\": 8192, \"total_q\": 266240},\n"
+                 "{\"varlen\": true, \"batch\": 64, \"seqlen_q\": 8192, \"seqlen_k\": 8192, \"total_q\": 266240,\n"
+                 "\"page_size\": 256},\n"
                  "{\"causal\": \"bottom-right\", \"window\": [4096, -1], \"softcap\": 30, \"alibi\": true, \"seqlen_q\": 16384,\n"
                  "\"seqlen_k\": 16384}, ...]};\n"
                  "omitted fields take the flag defaults below (a packed problem's totals: its own, else the default\n"
@@ -80,8 +81,9 @@ Command tune_command() {
       .option("total-k", "N", "with --varlen: key tokens in all (default as --total-q)")
       .flag("kv-cache", "tune decoding against a KV cache (flashgen_attention_kvcache): the decode modules and "
                         "the key ranges per sequence, timed with CUDA events on full caches")
-      .option("page-size", "N", "with --kv-cache: a paged cache of N-key pages, a multiple of 16, in a shuffled "
-                                "order (default 0: contiguous)")
+      .option("page-size", "N", "with --kv-cache, or --varlen without --backward: a paged cache of N-key pages, a "
+                                "multiple of 16, in a shuffled order (default 0: contiguous); a packed forward over "
+                                "pages tunes the paged kernels, keyed by N (fwd_varlen_paged<N>)")
       .option("variant", "FILE", kTuneVariantHelp)
       .option("spec", "FILE", "tune every problem of this JSON spec instead of the one the flags describe")
       .option("shard", "I/N", "tune only problems I, I+N, ... of the spec, into their own database file")
@@ -135,6 +137,7 @@ bool deterministic_forward(const AttentionProblem& p) {
 std::optional<std::string> untunable(const AttentionProblem& p) {
   RunOptions as_run;
   as_run.problem = p;
+  if (p.varlen && p.paged) as_run.prefill_page_size = p.page_size;  // run's packed call over a block table
   try {
     if (p.kv_cache) {
       // check_run_problem checks the KV-cache call's arguments, page_size among them.
@@ -170,8 +173,11 @@ AttentionProblem problem_from_flags(const Args& args) {
   s.seqlen_q = args.int_or("seqlen-q", problem.kv_cache ? 1 : 4096, 1, kIntMax);
   s.seqlen_k = args.int_or("seqlen-k", 4096, 1, kIntMax);
   if (s.heads_q % s.heads_kv != 0) fail(Status::kInvalidArgument, "--heads-q must be a multiple of --heads-kv");
-  if (args.has("page-size") && !problem.kv_cache) fail(Status::kInvalidArgument, "--page-size needs --kv-cache");
   packed_from_flags(args, problem);
+  if (args.has("page-size") && !problem.kv_cache && !(problem.varlen && !problem.backward())) {
+    fail(Status::kInvalidArgument, "--page-size needs --kv-cache, or --varlen without --backward (a packed backward "
+                                   "has no paged kernels)");
+  }
   if (problem.kv_cache && problem.backward()) fail(Status::kInvalidArgument, "--kv-cache tunes a forward: no --backward");
   problem.page_size = static_cast<int>(args.int_or("page-size", 0, 0, 1 << 30));
   problem.paged = problem.page_size > 0;
@@ -291,7 +297,8 @@ TuneSpec read_tune_spec(const std::string& path, const AttentionProblem& default
     if (p.shape.heads_q % p.shape.heads_kv != 0) bad(where + ": heads_q must be a multiple of heads_kv");
     if (deterministic_forward(p)) bad(where + ": deterministic needs \"pass\": \"backward\"");
     if (p.kv_cache && p.backward()) bad(where + ": kv_cache tunes a forward, not \"pass\": \"backward\"");
-    if (p.page_size > 0 && !p.kv_cache) bad(where + ": page_size needs \"kv_cache\": true");
+    if (p.page_size > 0 && !p.kv_cache && !(p.varlen && !p.backward()))
+      bad(where + ": page_size needs \"kv_cache\": true, or \"varlen\": true with the forward pass");
     if ((entry.contains("total_q") || entry.contains("total_k")) && !p.varlen)
       bad(where + ": total_q and total_k need \"varlen\": true");
     if (p.varlen && p.kv_cache) bad(where + ": varlen and kv_cache are different problems: pick one");
@@ -302,7 +309,7 @@ TuneSpec read_tune_spec(const std::string& path, const AttentionProblem& default
         bad(e.what());
       }
     }
-    p.paged = p.kv_cache && p.page_size > 0;
+    p.paged = p.page_size > 0;
     if (!entry.contains("seqlen_q") && p.kv_cache && !defaults.kv_cache) p.shape.seqlen_q = 1;
     if (auto why = untunable(p)) bad(where + ": " + *why);
     spec.problems.push_back(p);

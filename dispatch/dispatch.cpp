@@ -75,28 +75,11 @@ void apply_fallbacks(const Call& call, Choice& choice, int arch, const DeviceTra
   fail(Status::kInternal, "no fallback lets a kernel family implement the problem with " + choice.config.name());
 }
 
-// A packed batch over a paged cache runs its class's choice (the varlen kernels' tiles) reading keys and
-// values through the block table: the sm90 family's TMA copies page by page where TMA can describe the cache
-// (apply_fallbacks checked it). Its producer then keeps more registers, which leaves the widest tiles'
-// consumers too few: those take the built-in Hopper tile, else the sm80 family's. The backward has no paged
-// kernels.
+// A packed batch over a paged cache reads keys and values through the block table: its paged class's tuned
+// config as it is, or the contiguous class's (or a fallback's) made paged, where it can be (tuner/choice.hpp's
+// read_through_pages). The backward has no paged kernels.
 void read_through_pages(const ForwardCall& call, ForwardChoice& choice, int arch) {
-  if (!call.problem.paged) return;
-  choice.config.paged = true;
-  if (const auto why = choice.config.invalid_reason(arch)) {
-    const AttentionProblem& p = call.problem;
-    ForwardChoice builtin =
-        heuristic_choice(p.dtype, p.head_dim(), p.mask_kind(), arch, /*sm80_only=*/false, p.varlen, p.score_mods());
-    builtin.config.paged = true;
-    if (builtin.config.invalid_reason(arch)) {
-      builtin = sm80_fallback(call, arch);
-      builtin.config.paged = true;
-    }
-    choice.reason += "; paged, " + *why + ", so " + builtin.reason;
-    choice.config = std::move(builtin.config);
-    choice.source = builtin.source;
-  }
-  choice.reason += "; keys and values read through the block table (paged)";
+  if (call.problem.paged) choice = flashgen::read_through_pages(std::move(choice), arch);
 }
 
 void read_through_pages(const BackwardCall&, BackwardChoice&, int) {}

@@ -230,6 +230,7 @@ void to_json(nlohmann::json& j, const KernelConfig& c) {
                        {"persistent", k->persistent}, {"p_smem", k->p_smem},     {"cluster", k->cluster},
                        {"groups", k->groups},         {"tensor_sum", k->tensor_sum}};
     if (c.varlen) j["varlen"] = true;  // absent: a dense kernel, as every config before it had
+    if (c.paged) j["paged"] = true;
     score_mods_to_json(j, c.mods);
     return;
   }

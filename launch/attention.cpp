@@ -132,6 +132,7 @@ ForwardCall make_varlen_forward_call(const flashgen_varlen_forward_args& args) {
                                                         std::to_string(capacity) + ", got " +
                                                         std::to_string(args.max_seqlen_k));
     call.problem.paged = true;
+    call.problem.page_size = static_cast<int>(args.k.shape[1]);
     call.problem.total_k = capacity;
     p.total_k = static_cast<int>(capacity);  // each sequence's key count is clamped to its pages
     p.block_table = args.block_table;

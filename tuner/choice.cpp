@@ -241,11 +241,40 @@ std::optional<StoredUse<Config>> stored_choice(const DeviceFingerprint& device, 
 
 }  // namespace
 
+ForwardChoice read_through_pages(ForwardChoice choice, int arch) {
+  KernelConfig& chosen = choice.config;
+  if (chosen.paged) return choice;
+  chosen.paged = true;
+  if (const auto why = chosen.invalid_reason(arch)) {
+    ForwardChoice builtin = heuristic_choice(chosen.dtype, chosen.head_dim, chosen.mask, arch, /*sm80_only=*/false,
+                                             /*varlen=*/true, chosen.mods);
+    builtin.config.paged = true;
+    if (builtin.config.invalid_reason(arch)) {
+      builtin = heuristic_choice(chosen.dtype, chosen.head_dim, chosen.mask, arch, /*sm80_only=*/true,
+                                 /*varlen=*/true, chosen.mods);
+      builtin.config.paged = true;
+    }
+    choice.reason += "; paged, " + *why + ", so " + builtin.reason;
+    choice.config = std::move(builtin.config);
+    choice.source = builtin.source;
+  }
+  choice.reason += "; keys and values read through the block table (paged)";
+  return choice;
+}
+
 ForwardChoice choose_forward_config(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
                                     const TuningStore* user_db, const ShippedDefaults* shipped) {
   std::string passed_over;
   if (auto stored = stored_choice<KernelConfig>(device, problem, arch, user_db, shipped, passed_over)) {
     return {stored->config, stored->reason, stored->source, stored->exact_bucket};
+  }
+  if (problem.page_size > 0) {
+    ProblemKey contiguous = problem;
+    contiguous.paged = false, contiguous.page_size = 0;
+    ForwardChoice choice = choose_forward_config(device, contiguous, arch, user_db, shipped);
+    choice.exact_bucket = false;  // not the paged class's own data: tune-on-first-use still tunes it
+    choice.reason = "no data for " + problem.class_id() + passed_over + ", so its contiguous class's " + choice.reason;
+    return read_through_pages(std::move(choice), arch);
   }
   ForwardChoice choice =
       heuristic_choice(problem.dtype, problem.head_dim, problem.mask, arch, false, problem.varlen, problem.mods);

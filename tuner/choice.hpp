@@ -69,9 +69,16 @@ BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mas
 void attach_user_variant(ForwardChoice& choice, const std::shared_ptr<const UserVariant>& user, int arch);
 void attach_user_variant(BackwardChoice& choice, const std::shared_ptr<const UserVariant>& user, int arch);
 
+// A packed forward's choice reading keys and values through a block table: its config with paged set, where that
+// is valid on sm_<arch>; otherwise (the sm90 family's widest tiles, whose consumers the paged producer leaves too
+// few registers) the built-in Hopper tile, else the sm80 family's. A paged config is kept as it is.
+ForwardChoice read_through_pages(ForwardChoice choice, int arch);
+
 // The choice from explicit data sources (either may be null): user_db exact bucket, user_db nearest
 // bucket, the shipped defaults (exact, then nearest bucket, for a GPU of the same kind), then
 // heuristic_choice. A stored config that cannot run on sm_<arch> is passed over, and the reason says so.
+// A paged packed forward's class (its page size) without data of its own takes its contiguous class's
+// choice, through read_through_pages.
 // Not memoized: dispatch/select.hpp's process-wide form is.
 ForwardChoice choose_forward_config(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
                                     const TuningStore* user_db, const ShippedDefaults* shipped = nullptr);

@@ -58,7 +58,9 @@ struct Sm90Tile {
 // four consumers), and in fp16 the rows' sums from the tensor cores (+5-8% at every d64 length; they lose
 // 1-3% at d128 and d256, whose tensor cores are the busier; v19 and v20). Packed batches have no groups: under
 // a causal mask their d64 tiles take 128 keys (tuning sweep of 64 sequences of 128-8k tokens, H100: +17% bf16,
-// +32% fp16 over 64 keys; bench/results/tune_varlen_nvidia-h100-80gb-hbm3_2026-11-24.csv). A sliding window
+// +32% fp16 over 64 keys; bench/results/tune_varlen_nvidia-h100-80gb-hbm3_2026-11-24.csv) and three consumers
+// (192 rows, two stages: +10-19% over 128 rows on the same batch, H100,
+// bench/results/tune_varlen_d64_causal_m192_nvidia-h100-80gb-hbm3_2026-11-26.csv). A sliding window
 // takes the causal mask's tiles: its query blocks too see key ranges of their own, with masked blocks at the
 // edges (not measured apart yet).
 std::vector<Sm90Tile> sm90_preferences(int tile_dim, MaskKind mask, bool varlen) {
@@ -68,7 +70,7 @@ std::vector<Sm90Tile> sm90_preferences(int tile_dim, MaskKind mask, bool varlen)
     const Sm90Tile m192{192, 128, 2, true, false};
     const Sm90Tile wide{128, 128, 3, true, false};
     const bool hides_keys = mask != MaskKind::kNone;
-    if (hides_keys && varlen) return {wide, m256, m192, {128, 64, 2, false, false}};
+    if (hides_keys && varlen) return {m192, wide, m256, {128, 64, 2, false, false}};
     if (hides_keys) return {grouped, m256, m192, {128, 64, 2, false, false}};
     return {m256, m192, {128, 128, 2, true, true}, {128, 64, 2, false, false}};
   }

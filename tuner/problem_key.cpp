@@ -16,6 +16,9 @@ namespace flashgen {
 
 namespace {
 
+// A paged packed forward's pass id before its page size.
+constexpr const char* kPagedPrefillPass = "fwd_varlen_paged";
+
 // Exponent of a power-of-two bucket; a key whose bucket is not one was not built by size_bucket.
 int bucket_exponent(int64_t bucket, const char* what) {
   FLASHGEN_REQUIRE(bucket >= 1 && (bucket & (bucket - 1)) == 0,
@@ -82,17 +85,33 @@ int64_t size_bucket(int64_t n) {
   return bucket;
 }
 
-const char* ProblemKey::pass_id() const {
+std::string ProblemKey::pass_id() const {
   if (kv_cache) return paged ? "dec_paged" : "dec";
-  if (pass == Pass::kForward) return varlen ? "fwd_varlen" : "fwd";
+  if (pass == Pass::kForward) {
+    if (page_size > 0) return std::string(kPagedPrefillPass) + std::to_string(page_size);
+    return varlen ? "fwd_varlen" : "fwd";
+  }
   if (dq == DqStrategy::kDeterministic) return varlen ? "bwd_det_varlen" : "bwd_det";
   return varlen ? "bwd_varlen" : "bwd";
 }
 
 void read_pass_id(const std::string& text, ProblemKey& key) {
-  key.kv_cache = false, key.paged = false;
+  key.kv_cache = false, key.paged = false, key.page_size = 0;
+  const std::string paged_prefill = kPagedPrefillPass;
   if (text == "fwd" || text == "fwd_varlen") {
     key.pass = Pass::kForward, key.dq = DqStrategy::kAtomic, key.varlen = text == "fwd_varlen";
+  } else if (text.compare(0, paged_prefill.size(), paged_prefill) == 0) {
+    // The page size as pass_id spells it: a positive multiple of 16, no leading zero.
+    const std::string digits = text.substr(paged_prefill.size());
+    const bool spelt = !digits.empty() && digits.size() <= 9 && digits[0] != '0' &&
+                       digits.find_first_not_of("0123456789") == std::string::npos;
+    const int page_size = spelt ? std::stoi(digits) : 0;
+    if (page_size <= 0 || page_size % 16 != 0) {
+      fail(Status::kInvalidArgument, "problem pass '" + text + "': a paged packed forward's page size (" +
+                                         paged_prefill + "N) must be a positive multiple of 16");
+    }
+    key.pass = Pass::kForward, key.dq = DqStrategy::kAtomic, key.varlen = true;
+    key.paged = true, key.page_size = page_size;
   } else if (text == "dec" || text == "dec_paged") {
     key.pass = Pass::kForward, key.dq = DqStrategy::kAtomic, key.varlen = false;
     key.kv_cache = true, key.paged = text == "dec_paged";
@@ -102,8 +121,8 @@ void read_pass_id(const std::string& text, ProblemKey& key) {
     key.varlen = text.size() > 7 && text.compare(text.size() - 7, 7, "_varlen") == 0;
   } else {
     fail(Status::kInvalidArgument,
-         "problem pass must be fwd, fwd_varlen, bwd, bwd_det, bwd_varlen, bwd_det_varlen, dec or dec_paged, got '" +
-             text + "'");
+         "problem pass must be fwd, fwd_varlen, fwd_varlen_paged<page size>, bwd, bwd_det, bwd_varlen, bwd_det_varlen, "
+         "dec or dec_paged, got '" + text + "'");
   }
 }
 
@@ -172,7 +191,7 @@ void read_mask_text(const std::string& text, ProblemKey& key) {
 }
 
 std::string ProblemKey::class_id() const {
-  return std::string(pass_id()) + "|" + dtype_name(dtype) + "|d" + std::to_string(head_dim) + "|" +
+  return pass_id() + "|" + dtype_name(dtype) + "|d" + std::to_string(head_dim) + "|" +
          variant_text(mask, mods, user_tag) + "|g" + std::to_string(gqa_ratio);
 }
 
@@ -233,7 +252,8 @@ ProblemKey problem_key(const AttentionProblem& problem) {
   key.mods = problem.score_mods();
   set_key_window(problem, key);
   key.kv_cache = problem.kv_cache;  // seqlen_q: the new tokens per sequence; seqlen_k: the cache's capacity
-  key.paged = problem.kv_cache && problem.paged;
+  key.paged = (problem.kv_cache || problem.varlen) && problem.paged;
+  key.page_size = problem.varlen && problem.paged ? problem.page_size : 0;
   key.user_tag = user_key_tag(problem);
   return key;
 }

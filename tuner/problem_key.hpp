@@ -42,7 +42,10 @@ struct ProblemKey {
   DqStrategy dq = DqStrategy::kAtomic;  // backward keys: each strategy has its own kernels and tuning data
   bool varlen = false;                  // packed batches run kernels of their own, so have data of their own
   bool kv_cache = false;                // decoding against a KV cache (the decode family, with its split count)
-  bool paged = false;                   // kv_cache: the cache is read through a block table
+  bool paged = false;                   // keys and values read through a block table (KV-cache or packed forward)
+  // A packed forward over a paged cache: its pages' keys, part of the class ("fwd_varlen_paged256"). Its TMA boxes
+  // hold gcd(page_size, block_n) rows, so the fastest tile follows the page size. 0 for every other key.
+  int page_size = 0;
   DType dtype = DType::kFloat16;
   int head_dim = 128;
   MaskKind mask = MaskKind::kNone;
@@ -63,9 +66,10 @@ struct ProblemKey {
 
   // The pass in ids and the store's rows: "fwd", "bwd" or "bwd_det" (the deterministic dQ strategy),
   // "fwd_varlen", "bwd_varlen", "bwd_det_varlen" for packed batches (their sizes bucketed by the longest
-  // sequence and the sequence count), and "dec" or "dec_paged" for KV-cache calls (bucketed by the new tokens
-  // per sequence, the cache's capacity and batch * heads_q).
-  const char* pass_id() const;
+  // sequence and the sequence count), "fwd_varlen_paged" and the page size ("fwd_varlen_paged16") for a packed
+  // forward over a paged cache, and "dec" or "dec_paged" for KV-cache calls (bucketed by the new tokens per
+  // sequence, the cache's capacity and batch * heads_q).
+  std::string pass_id() const;
   // Exact problem class without the size buckets, e.g. "fwd|bf16|d128|causal|g4".
   std::string class_id() const;
   // class_id plus buckets, e.g. "fwd|bf16|d128|causal|g4|q4096|k4096|bh64"; a window key's ends in its window
@@ -74,7 +78,7 @@ struct ProblemKey {
   bool operator==(const ProblemKey& other) const { return id() == other.id(); }
 };
 
-// Sets key's pass, dQ strategy, varlen, kv_cache and paged from their text in ids (pass_id()); throws
+// Sets key's pass, dQ strategy, varlen, kv_cache, paged and page_size from their text in ids (pass_id()); throws
 // Error(kInvalidArgument) naming any other text.
 void read_pass_id(const std::string& text, ProblemKey& key);
 // A key's mask and score variant as class ids spell them: "none", "causal", "window", each with the score

@@ -126,18 +126,23 @@ std::vector<BwdConfig> capped_candidates(const BackwardSpaceReport& space, const
 
 namespace {
 
-// The packed (varlen) form of a dense space.
-template <class Config>
-BasicSpaceReport<Config> packed(const BasicSpaceReport<Config>& dense, int arch) {
+// A space's valid configs changed by change and checked again, the space's prunes kept in the counts.
+template <class Config, class Change>
+BasicSpaceReport<Config> changed(const BasicSpaceReport<Config>& space, int arch, Change change) {
   BasicSpaceReport<Config> report;
-  report.total = dense.total - static_cast<int>(dense.valid.size());
-  report.pruned = dense.pruned;
-  report.pruned_by_reason = dense.pruned_by_reason;
-  for (Config c : dense.valid) {
-    c.varlen = true;
+  report.total = space.total - static_cast<int>(space.valid.size());
+  report.pruned = space.pruned;
+  report.pruned_by_reason = space.pruned_by_reason;
+  for (Config c : space.valid) {
+    change(c);
     report.add(c, arch);
   }
   return report;
+}
+
+template <class Config>
+BasicSpaceReport<Config> packed(const BasicSpaceReport<Config>& dense, int arch) {
+  return changed(dense, arch, [](Config& c) { c.varlen = true; });
 }
 
 }  // namespace
@@ -145,6 +150,10 @@ BasicSpaceReport<Config> packed(const BasicSpaceReport<Config>& dense, int arch)
 SpaceReport packed_space(const SpaceReport& dense, int arch) { return packed(dense, arch); }
 
 BackwardSpaceReport packed_space(const BackwardSpaceReport& dense, int arch) { return packed(dense, arch); }
+
+SpaceReport paged_space(const SpaceReport& packed, int arch) {
+  return changed(packed, arch, [](KernelConfig& c) { c.paged = true; });
+}
 
 std::vector<DecodeSplitConfig> capped_candidates(const DecodeSpaceReport& space, const DecodeSplitConfig& builtin,
                                                  size_t max_count) {

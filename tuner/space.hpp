@@ -102,6 +102,9 @@ std::vector<BwdConfig> capped_candidates(const BackwardSpaceReport& space, const
 // are the sm80 family's), the dense space's prunes kept in the counts.
 SpaceReport packed_space(const SpaceReport& dense, int arch);
 BackwardSpaceReport packed_space(const BackwardSpaceReport& dense, int arch);
+// A packed forward space's configs reading keys and values through a block table (paged), checked again: the sm90
+// family's paged producer keeps more registers, which leaves the widest tiles' consumers too few.
+SpaceReport paged_space(const SpaceReport& packed, int arch);
 
 // Every decode module of a KV-cache problem's class over knobs, each valid one with every split count
 // decode_split_counts gives it at the problem's sizes on a GPU of `multiprocessors` SMs (an invalid module is

@@ -6,6 +6,7 @@
 
 #include "launch/attention.hpp"
 #include "launch/attention_backward.hpp"
+#include "problem/paged_cache.hpp"
 #include "runtime/device_buffer.hpp"
 #include "tuner/choice.hpp"
 #include "tuner/sweep_driver.hpp"
@@ -18,12 +19,13 @@ namespace {
 
 // One packed batch's device tensors, bound to a forward call (and, for a backward problem, to the backward
 // call after the varlen forward's built-in config has filled out and lse). q, k, v and dout are random; their
-// host bits are kept for the float64 reference.
+// host bits are kept for the float64 reference. Over a paged cache (a paged forward problem) k and v lie in
+// shuffled pages of problem.page_size keys, every row no sequence owns NaN, which no result may read.
 struct PackedSet {
   AttentionProblem problem;
   PackedBatch batch;  // its sequences
   std::vector<uint16_t> q, k, v, dout;
-  DeviceBuffer dq_in, dk_in, dv_in, ddout, out, lse, dcu_q, dcu_k, dq, dk, dv, slopes;
+  DeviceBuffer dq_in, dk_in, dv_in, ddout, out, lse, dcu_q, dcu_k, dq, dk, dv, slopes, dtable;
   ForwardCall forward;
   BackwardCall backward;
 
@@ -41,7 +43,7 @@ struct PackedSet {
       buffer.upload(host);
       return buffer;
     };
-    dq_in = device_copy(q), dk_in = device_copy(k), dv_in = device_copy(v);
+    dq_in = device_copy(q);
     dcu_q = device_copy(batch.cu_q), dcu_k = device_copy(batch.cu_k);
     out = DeviceBuffer(std::max<size_t>(1, q_elems * 2));
     lse = DeviceBuffer(sizeof(float) * std::max<size_t>(1, size_t(s.heads_q * problem.total_q)));
@@ -51,7 +53,26 @@ struct PackedSet {
     };
     flashgen_varlen_forward_args args{};
     args.size = sizeof(args);
-    args.q = tensor(dq_in, false), args.k = tensor(dk_in, true), args.v = tensor(dv_in, true);
+    args.q = tensor(dq_in, false);
+    if (problem.paged) {
+      const int64_t page_size = problem.page_size;
+      args.max_pages = std::max<int64_t>(1, (s.seqlen_k + page_size - 1) / page_size);
+      const int64_t pages = s.batch * args.max_pages;
+      const std::vector<int32_t> table = shuffled_pages(pages, rng());
+      const std::vector<int64_t> first(batch.cu_k.begin(), batch.cu_k.end() - 1);
+      constexpr uint16_t kNaN = 0x7fff;  // in fp16 and bf16 alike
+      auto cache = [&](const std::vector<uint16_t>& rows, DeviceBuffer& into) {
+        into = device_copy(into_pages(rows, s.heads_kv * s.head_dim, first, batch.len_k, table, args.max_pages,
+                                      page_size, kNaN));
+        return bshd_tensor(into.data(), dtype, pages, page_size, s.heads_kv, s.head_dim);
+      };
+      args.k = cache(k, dk_in), args.v = cache(v, dv_in);
+      dtable = device_copy(table);
+      args.block_table = static_cast<const int32_t*>(dtable.data());
+    } else {
+      dk_in = device_copy(k), dv_in = device_copy(v);
+      args.k = tensor(dk_in, true), args.v = tensor(dv_in, true);
+    }
     args.out = tensor(out, false);
     args.lse = static_cast<float*>(lse.data());
     args.cu_seqlens_q = static_cast<const int32_t*>(dcu_q.data());
@@ -61,6 +82,7 @@ struct PackedSet {
     args.options = sweep_options(problem, slopes);
     forward = make_varlen_forward_call(args);
     if (!problem.backward()) return;
+    FLASHGEN_REQUIRE(!problem.paged, "a packed backward has no paged kernels: its keys and values are contiguous");
 
     dout = random_bits(q_elems, dtype, rng);
     ddout = device_copy(dout);

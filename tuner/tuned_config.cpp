@@ -56,7 +56,8 @@ std::optional<std::string> invalid_reason(const TunedConfig& config, int arch) {
 }
 
 bool same_pass(const KernelConfig& config, const ProblemKey& problem) {
-  return problem.pass == Pass::kForward && !problem.kv_cache && config.varlen == problem.varlen;
+  return problem.pass == Pass::kForward && !problem.kv_cache && config.varlen == problem.varlen &&
+         config.paged == problem.paged;
 }
 bool same_pass(const BwdConfig& config, const ProblemKey& problem) {
   return problem.pass == Pass::kBackward && config.deterministic == (problem.dq == DqStrategy::kDeterministic) &&

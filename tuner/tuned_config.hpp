@@ -70,8 +70,8 @@ inline const DecodeConfig& kernel_config_of(const DecodeSplitConfig& tuned) { re
 // Why a config cannot run on sm_<arch>, or nullopt.
 std::optional<std::string> invalid_reason(const TunedConfig& config, int arch);
 
-// Whether a config is of the pass a problem key names (the backward with its dQ strategy; a KV-cache
-// key's decode module with its cache layout).
+// Whether a config is of the pass a problem key names (the backward with its dQ strategy; a packed forward's or a
+// KV-cache key's kernels with its cache layout).
 bool same_pass(const KernelConfig& config, const ProblemKey& problem);
 bool same_pass(const BwdConfig& config, const ProblemKey& problem);
 bool same_pass(const DecodeSplitConfig& config, const ProblemKey& problem);

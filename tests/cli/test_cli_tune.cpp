@@ -309,12 +309,12 @@ TEST_CASE("cli: tune --kv-cache lists decode modules with their split counts", "
     CHECK(r.exit_code == 2);
     return r.err;
   };
-  CHECK_THAT(error_of({"tune", "--page-size", "16"}), Catch::Contains("--page-size needs --kv-cache"));
+  CHECK_THAT(error_of({"tune", "--page-size", "16"}), Catch::Contains("--page-size needs --kv-cache, or --varlen"));
   CHECK_THAT(error_of({"tune", "--kv-cache", "--backward"}), Catch::Contains("--kv-cache tunes a forward"));
   CHECK_THAT(error_of({"tune", "--kv-cache", "--page-size", "24"}), Catch::Contains("page_size) must be a multiple of 16"));
   CHECK_THAT(error_of({"tune", "--sms", "8"}), Catch::Contains("--sms applies to --dry-run --json"));
   CHECK_THAT(error_of({"tune", "--spec", write_spec(dir, R"({"problems": [{"page_size": 16}]})")}),
-             Catch::Contains("problems[0]: page_size needs \"kv_cache\": true"));
+             Catch::Contains("problems[0]: page_size needs \"kv_cache\": true, or \"varlen\": true with the forward"));
 }
 
 TEST_CASE("cli: tune --varlen lists packed-batch configs for a batch of the given sizes", "[cli][tune][varlen]") {
@@ -354,6 +354,29 @@ TEST_CASE("cli: tune --varlen lists packed-batch configs for a batch of the give
     return r.err;
   };
   CHECK_THAT(error_of({"tune", "--total-q", "10"}), Catch::Contains("--total-q needs --varlen"));
+  // Over pages: the paged kernels, keyed by the page size; the backward has none.
+  const nlohmann::json paged = parse_json(run_cli({"tune", "--varlen", "--page-size", "256", "--dtype", "bf16", "--batch",
+                                                   "8", "--max-candidates", "4", "--dry-run", "--json", "--arch", "90"},
+                                                  dir));
+  CHECK(paged["problems"][0]["page_size"] == 256);
+  REQUIRE(paged["problems"][0]["candidates"].size() == 4);
+  for (const auto& name : paged["problems"][0]["candidates"]) {
+    const flashgen::KernelConfig c = flashgen::KernelConfig::from_name(name.get<std::string>());
+    CHECK((c.varlen && c.paged));
+    CHECK_FALSE(c.invalid_reason(90).has_value());
+  }
+  const std::string paged_spec =
+      write_spec(dir, R"({"problems": [{"varlen": true, "page_size": 64, "batch": 8, "seqlen_q": 512, "seqlen_k": 512}]})");
+  const nlohmann::json paged_from_spec =
+      parse_json(run_cli({"tune", "--spec", paged_spec, "--max-candidates", "2", "--dry-run", "--json", "--arch", "90"}, dir));
+  CHECK(paged_from_spec["problems"][0]["page_size"] == 64);
+  CHECK(paged_from_spec["problems"][0]["candidates"][0].get<std::string>().find("_varlen_paged") != std::string::npos);
+  CHECK_THAT(error_of({"tune", "--varlen", "--backward", "--page-size", "16"}),
+             Catch::Contains("a packed backward has no paged kernels"));
+  CHECK_THAT(error_of({"tune", "--varlen", "--page-size", "40"}), Catch::Contains("must be a multiple of 16"));
+  CHECK_THAT(error_of({"tune", "--spec", write_spec(dir, R"({"problems": [{"varlen": true, "pass": "backward",
+             "page_size": 16}]})")}),
+             Catch::Contains("page_size needs \"kv_cache\": true, or \"varlen\": true with the forward pass"));
   CHECK_THAT(error_of({"tune", "--varlen", "--kv-cache"}), Catch::Contains("different problems"));
   CHECK_THAT(error_of({"tune", "--varlen", "--batch", "2", "--seqlen-q", "10", "--total-q", "21"}),
              Catch::Contains("--total-q must be between the longest sequence (10) and batch * that (20), got 21"));

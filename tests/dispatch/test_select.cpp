@@ -221,6 +221,61 @@ TEST_CASE("packed batches choose their own kernels: on sm_90a the Hopper family,
         flashgen::KernelFamily::kSm90);
 }
 
+TEST_CASE("a packed forward over pages takes its page size's winner, else its contiguous class's read through pages",
+          "[tuner][select][store][varlen]") {
+  flashgen::testing::TempDir dir("flashgen-select-paged-test");
+  flashgen::TuningStore store(dir.path() / "tuning.sqlite");
+  const flashgen::DeviceFingerprint device = flashgen::fingerprint_for_arch(90);
+  flashgen::ProblemKey contiguous =
+      flashgen::forward_problem_key(DType::kBFloat16, 128, MaskKind::kNone, 1, 8192, 8192, 1024);
+  contiguous.varlen = true;
+  flashgen::ProblemKey pages256 = contiguous;
+  pages256.paged = true, pages256.page_size = 256;
+  flashgen::ProblemKey pages64 = pages256;
+  pages64.page_size = 64;
+
+  // The contiguous class's winner: a tile whose consumers a paged producer leaves too few registers.
+  const auto wide = flashgen::KernelConfig::from_name("fwd_sm90_bf16_d128_m128_n192_s2_ovl_pp_varlen");
+  flashgen::KernelConfig wide_paged = wide;
+  wide_paged.paged = true;
+  REQUIRE_FALSE(wide.invalid_reason(90));
+  REQUIRE(wide_paged.invalid_reason(90));
+  auto record = [&](const flashgen::ProblemKey& key, const flashgen::KernelConfig& config) {
+    flashgen::CandidateResult row;
+    row.config = config;
+    row.median_ms = 2.0;
+    row.samples = 10;
+    store.record(device, key, {row}, config, 2.0);
+  };
+  record(contiguous, wide);
+
+  // No data of its own: the contiguous class's winner, made paged where it can be, else the built-in paged tile.
+  const auto borrowed = flashgen::choose_forward_config(device, pages256, 90, &store);
+  INFO(borrowed.reason);
+  CHECK(borrowed.reason.find("no data for fwd_varlen_paged256|bf16|d128|none|g1") != std::string::npos);
+  CHECK(borrowed.reason.find("paged, ") != std::string::npos);
+  CHECK_FALSE(borrowed.exact_bucket);  // tune-on-first-use still tunes the paged class
+  CHECK((borrowed.config.varlen && borrowed.config.paged));
+  CHECK_FALSE(borrowed.config.invalid_reason(90));
+  flashgen::KernelConfig builtin =
+      flashgen::heuristic_choice(DType::kBFloat16, 128, MaskKind::kNone, 90, false, /*varlen=*/true).config;
+  builtin.paged = true;
+  CHECK(borrowed.config == builtin);
+
+  // Its page size's own winner; another page size's is not its data.
+  const auto narrow = flashgen::KernelConfig::from_name("fwd_sm90_bf16_d128_m128_n128_s2_ovl_pp_varlen_paged");
+  record(pages256, narrow);
+  const auto own = flashgen::choose_forward_config(device, pages256, 90, &store);
+  INFO(own.reason);
+  CHECK(own.config == narrow);
+  CHECK(own.exact_bucket);
+  const auto other = flashgen::choose_forward_config(device, pages64, 90, &store);
+  CHECK(other.reason.find("no data for fwd_varlen_paged64") != std::string::npos);
+  CHECK(other.config == builtin);
+  // The contiguous class never takes a paged winner.
+  CHECK(flashgen::choose_forward_config(device, contiguous, 90, &store).config == wide);
+}
+
 TEST_CASE("a user variant takes the base class's next tiles where the chosen ones spill much with its functions",
           "[tuner][select][user_variant][nvrtc]") {
   auto& registry = flashgen::KernelRegistry::instance();

@@ -305,6 +305,10 @@ TEST_CASE("sm90 paged configs: a wider producer, so the widest tiles' consumers 
   paged.paged = true;
   REQUIRE_FALSE(paged.invalid_reason(90));
   CHECK(paged.name() == "fwd_sm90_bf16_d128_m128_n128_s2_causal_ovl_pp_varlen_paged");
+  const nlohmann::json j = paged;  // the tuning data keeps it paged
+  CHECK(j.at("paged") == true);
+  CHECK(j.get<KernelConfig>() == paged);
+  CHECK_FALSE(nlohmann::json(packed).contains("paged"));
   CHECK(packed.sm90_traits().producer_regs == flashgen::kSm90ProducerRegs);
   CHECK(paged.sm90_traits().producer_regs == flashgen::kSm90WideProducerRegs);
   CHECK(paged.sm90_traits().consumer_regs < packed.sm90_traits().consumer_regs);

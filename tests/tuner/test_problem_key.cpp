@@ -105,6 +105,12 @@ TEST_CASE("a problem's key: its pass and dQ strategy, its mask kind, its group r
   flashgen::AttentionProblem packed = forward;
   packed.varlen = true;
   CHECK(flashgen::problem_key(packed).id() == "fwd_varlen|bf16|d96|causal|g4|q1024|k4096|bh128");
+  // Over a paged cache: a class per page size (the TMA boxes follow it); the backward has no paged kernels.
+  packed.paged = true;
+  packed.page_size = 256;
+  CHECK(flashgen::problem_key(packed).id() == "fwd_varlen_paged256|bf16|d96|causal|g4|q1024|k4096|bh128");
+  packed.page_size = 16;
+  CHECK(flashgen::problem_key(packed).class_id() == "fwd_varlen_paged16|bf16|d96|causal|g4");
 
   // A KV-cache call: bucketed by the new tokens, the cache's capacity and batch * heads_q; paged is its own class.
   flashgen::AttentionProblem decode = forward;
@@ -117,20 +123,28 @@ TEST_CASE("a problem's key: its pass and dQ strategy, its mask kind, its group r
 }
 
 TEST_CASE("pass ids read back into the key's pass and dQ strategy", "[tuner][problem_key]") {
-  for (const char* text :
-       {"fwd", "fwd_varlen", "bwd", "bwd_det", "bwd_varlen", "bwd_det_varlen", "dec", "dec_paged"}) {
+  for (const char* text : {"fwd", "fwd_varlen", "fwd_varlen_paged16", "fwd_varlen_paged256", "bwd", "bwd_det",
+                           "bwd_varlen", "bwd_det_varlen", "dec", "dec_paged"}) {
     flashgen::ProblemKey key;
     flashgen::read_pass_id(text, key);
-    CHECK(std::string(key.pass_id()) == text);
+    CHECK(key.pass_id() == text);
   }
   flashgen::ProblemKey key;
   CHECK_THROWS_WITH(flashgen::read_pass_id("bwd-det", key),
                     Catch::Matchers::Contains("bwd_det_varlen, dec or dec_paged, got 'bwd-det'"));
+  flashgen::read_pass_id("fwd_varlen_paged48", key);
+  CHECK((key.varlen && key.paged && key.page_size == 48 && !key.kv_cache && key.pass == flashgen::Pass::kForward));
+  // Only pass_id's spelling of a positive multiple of 16.
+  for (const char* text : {"fwd_varlen_paged", "fwd_varlen_paged0", "fwd_varlen_paged24", "fwd_varlen_paged064",
+                           "fwd_varlen_paged16x", "fwd_varlen_paged-16"}) {
+    INFO(text);
+    CHECK_THROWS_WITH(flashgen::read_pass_id(text, key), Catch::Matchers::Contains("must be a positive multiple of 16"));
+  }
   // A key read as a KV-cache one and then as a forward one is a forward one.
   flashgen::read_pass_id("dec_paged", key);
   CHECK((key.kv_cache && key.paged && key.pass == flashgen::Pass::kForward));
   flashgen::read_pass_id("fwd", key);
-  CHECK_FALSE((key.kv_cache || key.paged));
+  CHECK_FALSE((key.kv_cache || key.paged || key.page_size != 0));
 }
 
 TEST_CASE("bucket_distance sums bucket exponent differences within one class", "[tuner][problem_key]") {

@@ -232,6 +232,23 @@ TEST_CASE("small packed-batch sweeps check sequences of every length and name a 
                                           nullptr, options),
                   flashgen::Error);
 
+  // Over a paged cache: the paged kernels, checked on pages whose rows no sequence owns hold NaN.
+  flashgen::AttentionProblem paged = forward;
+  paged.paged = true;
+  paged.page_size = 48;
+  flashgen::KernelConfig paged_builtin = builtin;
+  paged_builtin.paged = true;
+  const flashgen::SweepResult paged_result = flashgen::sweep_forward(
+      paged, flashgen::capped_candidates(flashgen::paged_space(space, arch), paged_builtin, 3), nullptr, options);
+  for (const auto& c : paged_result.candidates) {
+    INFO(flashgen::config_name(c.config) << ": " << flashgen::candidate_status_name(c.status) << " " << c.detail);
+    CHECK(c.status == flashgen::CandidateStatus::kOk);
+  }
+  CHECK(std::get<flashgen::KernelConfig>(paged_result.winner).paged);
+  CHECK(paged_result.problem.id() == "fwd_varlen_paged48|fp16|d64|causal|g2|q1024|k1024|bh64");
+  // A contiguous packed config is refused before anything runs.
+  CHECK_THROWS_AS(flashgen::sweep_forward(paged, {builtin}, nullptr, options), flashgen::Error);
+
   flashgen::AttentionProblem backward = forward;
   backward.pass = flashgen::Pass::kBackward;
   backward.dq = flashgen::DqStrategy::kDeterministic;

@@ -20,6 +20,7 @@ using flashgen::AttentionProblem;
 using flashgen::BwdConfig;
 using flashgen::CandidateResult;
 using flashgen::DType;
+using flashgen::KernelConfig;
 using flashgen::MaskKind;
 using flashgen::SweepOptions;
 using flashgen::SweepResult;
@@ -227,6 +228,48 @@ TEST_CASE("a packed problem plans its varlen kernels around the built-in packed 
 
   problem.total_q = 100;  // less than its longest sequence
   CHECK_THROWS_WITH(flashgen::plan_tune(problem, 80, options), Catch::Contains("must hold its longest sequences"));
+}
+
+TEST_CASE("a packed forward over pages plans the paged kernels its page size keys", "[tuner][tune][varlen][nvrtc]") {
+  AttentionProblem problem = backward_problem();
+  problem.pass = flashgen::Pass::kForward;
+  problem.shape.head_dim = 128;
+  problem.varlen = true;
+  problem.total_q = problem.total_k = 1500;
+  problem.paged = true;
+  problem.page_size = 64;
+  const flashgen::TunePlan plan = flashgen::plan_tune(problem, 90, TuneOptions{});
+  CHECK(plan.key.id().rfind("fwd_varlen_paged64|fp16|d128|none|", 0) == 0);
+  const KernelConfig& builtin = std::get<KernelConfig>(plan.builtin);
+  CHECK((builtin.varlen && builtin.paged));
+  CHECK_FALSE(builtin.invalid_reason(90));
+  // The whole packed space read through pages, less the tiles whose consumers the paged producer leaves too few
+  // registers (d128 with 192 keys).
+  TuneOptions contiguous_options;
+  AttentionProblem contiguous = problem;
+  contiguous.paged = false, contiguous.page_size = 0;
+  const flashgen::TunePlan contiguous_plan = flashgen::plan_tune(contiguous, 90, contiguous_options);
+  size_t paged_valid = 0, wide = 0;
+  for (const TunedConfig& c : contiguous_plan.candidates) {
+    KernelConfig paged = std::get<KernelConfig>(c);
+    paged.paged = true;
+    if (paged.invalid_reason(90)) {
+      wide += paged.block_n == 192;
+    } else {
+      ++paged_valid;
+    }
+  }
+  CHECK(wide > 0);
+  CHECK(plan.candidates.size() == paged_valid);
+  for (const TunedConfig& c : plan.candidates) {
+    const KernelConfig& config = std::get<KernelConfig>(c);
+    INFO(config.name());
+    CHECK((config.varlen && config.paged));
+    CHECK_FALSE(config.invalid_reason(90));
+    CHECK(flashgen::of_problem(c, plan.key));
+  }
+  // A contiguous packed config is not one of the paged class's.
+  CHECK_FALSE(flashgen::of_problem(contiguous_plan.builtin, plan.key));
 }
 
 TEST_CASE("a soft-capped problem's plan sweeps soft-capped kernels around its own built-in choice",
