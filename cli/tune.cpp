@@ -181,6 +181,10 @@ AttentionProblem problem_from_flags(const Args& args) {
   if (problem.kv_cache && problem.backward()) fail(Status::kInvalidArgument, "--kv-cache tunes a forward: no --backward");
   problem.page_size = static_cast<int>(args.int_or("page-size", 0, 0, 1 << 30));
   problem.paged = problem.page_size > 0;
+  if (problem.varlen && problem.page_size % 16 != 0) {
+    fail(Status::kInvalidArgument, "--page-size must be a multiple of 16 (pages are copied in 16-row boxes), got " +
+                                       std::to_string(problem.page_size));
+  }
   if (auto why = untunable(problem)) fail(Status::kInvalidArgument, *why);
   return problem;
 }
@@ -310,6 +314,9 @@ TuneSpec read_tune_spec(const std::string& path, const AttentionProblem& default
       }
     }
     p.paged = p.page_size > 0;
+    if (p.varlen && p.page_size % 16 != 0)
+      bad(where + ".page_size must be a multiple of 16 (pages are copied in 16-row boxes), got " +
+          std::to_string(p.page_size));
     if (!entry.contains("seqlen_q") && p.kv_cache && !defaults.kv_cache) p.shape.seqlen_q = 1;
     if (auto why = untunable(p)) bad(where + ": " + *why);
     spec.problems.push_back(p);

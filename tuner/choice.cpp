@@ -243,6 +243,7 @@ std::optional<StoredUse<Config>> stored_choice(const DeviceFingerprint& device, 
 
 ForwardChoice read_through_pages(ForwardChoice choice, int arch) {
   KernelConfig& chosen = choice.config;
+  FLASHGEN_REQUIRE(chosen.varlen, "read_through_pages: " + chosen.name() + " is not a packed-batch (varlen) config");
   if (chosen.paged) return choice;
   chosen.paged = true;
   if (const auto why = chosen.invalid_reason(arch)) {

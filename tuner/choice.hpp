@@ -71,7 +71,8 @@ void attach_user_variant(BackwardChoice& choice, const std::shared_ptr<const Use
 
 // A packed forward's choice reading keys and values through a block table: its config with paged set, where that
 // is valid on sm_<arch>; otherwise (the sm90 family's widest tiles, whose consumers the paged producer leaves too
-// few registers) the built-in Hopper tile, else the sm80 family's. A paged config is kept as it is.
+// few registers) the built-in Hopper tile, else the sm80 family's. A paged config is kept as it is; a dense one
+// throws Error(kInvalidArgument).
 ForwardChoice read_through_pages(ForwardChoice choice, int arch);
 
 // The choice from explicit data sources (either may be null): user_db exact bucket, user_db nearest

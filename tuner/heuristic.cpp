@@ -59,10 +59,10 @@ struct Sm90Tile {
 // 1-3% at d128 and d256, whose tensor cores are the busier; v19 and v20). Packed batches have no groups: under
 // a causal mask their d64 tiles take 128 keys (tuning sweep of 64 sequences of 128-8k tokens, H100: +17% bf16,
 // +32% fp16 over 64 keys; bench/results/tune_varlen_nvidia-h100-80gb-hbm3_2026-11-24.csv) and three consumers
-// (192 rows, two stages: +10-19% over 128 rows on the same batch, H100,
-// bench/results/tune_varlen_d64_causal_m192_nvidia-h100-80gb-hbm3_2026-11-26.csv). A sliding window
-// takes the causal mask's tiles: its query blocks too see key ranges of their own, with masked blocks at the
-// edges (not measured apart yet).
+// (192 rows, two stages: 1.15-1.24x the 128-row tiles in one sweep of the same batch on H100, 1.11-1.12x on H200;
+// bench/results/tune_varlen_d64_causal_m192_*_2026-11-26.csv). A sliding window
+// takes the causal mask's tiles (packed ones too): its query blocks too see key ranges of their own, with masked
+// blocks at the edges (not measured apart yet).
 std::vector<Sm90Tile> sm90_preferences(int tile_dim, MaskKind mask, bool varlen) {
   if (tile_dim == 64) {
     const Sm90Tile m256{256, 64, 3, true, false};

@@ -101,17 +101,17 @@ void read_pass_id(const std::string& text, ProblemKey& key) {
   if (text == "fwd" || text == "fwd_varlen") {
     key.pass = Pass::kForward, key.dq = DqStrategy::kAtomic, key.varlen = text == "fwd_varlen";
   } else if (text.compare(0, paged_prefill.size(), paged_prefill) == 0) {
-    // The page size as pass_id spells it: a positive multiple of 16, no leading zero.
+    // The page size as pass_id spells it: a positive multiple of 16 up to 2^30 (the calls' bound), no leading zero.
     const std::string digits = text.substr(paged_prefill.size());
-    const bool spelt = !digits.empty() && digits.size() <= 9 && digits[0] != '0' &&
+    const bool spelt = !digits.empty() && digits.size() <= 10 && digits[0] != '0' &&
                        digits.find_first_not_of("0123456789") == std::string::npos;
-    const int page_size = spelt ? std::stoi(digits) : 0;
-    if (page_size <= 0 || page_size % 16 != 0) {
+    const long long page_size = spelt ? std::stoll(digits) : 0;
+    if (page_size <= 0 || page_size % 16 != 0 || page_size > (1LL << 30)) {
       fail(Status::kInvalidArgument, "problem pass '" + text + "': a paged packed forward's page size (" +
-                                         paged_prefill + "N) must be a positive multiple of 16");
+                                         paged_prefill + "N) must be a positive multiple of 16 up to 2^30");
     }
     key.pass = Pass::kForward, key.dq = DqStrategy::kAtomic, key.varlen = true;
-    key.paged = true, key.page_size = page_size;
+    key.paged = true, key.page_size = static_cast<int>(page_size);
   } else if (text == "dec" || text == "dec_paged") {
     key.pass = Pass::kForward, key.dq = DqStrategy::kAtomic, key.varlen = false;
     key.kv_cache = true, key.paged = text == "dec_paged";
@@ -254,6 +254,9 @@ ProblemKey problem_key(const AttentionProblem& problem) {
   key.kv_cache = problem.kv_cache;  // seqlen_q: the new tokens per sequence; seqlen_k: the cache's capacity
   key.paged = (problem.kv_cache || problem.varlen) && problem.paged;
   key.page_size = problem.varlen && problem.paged ? problem.page_size : 0;
+  FLASHGEN_REQUIRE(!problem.varlen || !problem.paged || (problem.page_size > 0 && problem.page_size % 16 == 0),
+                   "a packed problem over a paged cache needs its page_size, a positive multiple of 16, got " +
+                       std::to_string(problem.page_size));
   key.user_tag = user_key_tag(problem);
   return key;
 }

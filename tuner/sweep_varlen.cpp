@@ -159,7 +159,11 @@ SweepResult sweep_driver::sweep_forward_packed(const AttentionProblem& problem,
 
   std::mt19937_64 rng(options.seed);
   const AttentionShape& s = problem.shape;
-  const int64_t set_bytes = 2 * (2 * problem.total_q * s.heads_q + 2 * problem.total_k * s.heads_kv) * s.head_dim;
+  // Key rows per set: the packed ones, or over pages every sequence's whole pages.
+  const int64_t key_rows =
+      problem.paged ? s.batch * ((s.seqlen_k + problem.page_size - 1) / problem.page_size) * problem.page_size
+                    : problem.total_k;
+  const int64_t set_bytes = 2 * (2 * problem.total_q * s.heads_q + 2 * key_rows * s.heads_kv) * s.head_dim;
   const int sets = input_sets(scope.device(), set_bytes);
   std::vector<std::unique_ptr<PackedSet>> inputs;
   for (int i = 0; i < sets; ++i) inputs.push_back(std::make_unique<PackedSet>(problem, rng, stream, arch));

@@ -262,18 +262,25 @@ TEST_CASE("a packed forward over pages takes its page size's winner, else its co
   builtin.paged = true;
   CHECK(borrowed.config == builtin);
 
-  // Its page size's own winner; another page size's is not its data.
-  const auto narrow = flashgen::KernelConfig::from_name("fwd_sm90_bf16_d128_m128_n128_s2_ovl_pp_varlen_paged");
-  record(pages256, narrow);
+  // Its page size's own winner (not the built-in tile); another page size's is not its data.
+  const auto own_tile = flashgen::KernelConfig::from_name("fwd_sm90_bf16_d128_m128_n160_s2_ovl_pp_varlen_paged");
+  REQUIRE(own_tile != builtin);
+  record(pages256, own_tile);
   const auto own = flashgen::choose_forward_config(device, pages256, 90, &store);
   INFO(own.reason);
-  CHECK(own.config == narrow);
+  CHECK(own.config == own_tile);
   CHECK(own.exact_bucket);
   const auto other = flashgen::choose_forward_config(device, pages64, 90, &store);
   CHECK(other.reason.find("no data for fwd_varlen_paged64") != std::string::npos);
   CHECK(other.config == builtin);
-  // The contiguous class never takes a paged winner.
+  // A paged config is not of the contiguous class, nor a contiguous one of a paged class: the store refuses both.
+  CHECK_THROWS_WITH(record(contiguous, own_tile), Catch::Contains("is not one of problem fwd_varlen|"));
+  CHECK_THROWS_WITH(record(pages64, wide), Catch::Contains("is not one of problem fwd_varlen_paged64|"));
   CHECK(flashgen::choose_forward_config(device, contiguous, 90, &store).config == wide);
+  // Read through pages takes packed configs only.
+  flashgen::ForwardChoice dense;
+  dense.config = flashgen::KernelConfig::from_name("fwd_sm90_bf16_d128_m128_n128_s2_ovl_pp");
+  CHECK_THROWS_WITH(flashgen::read_through_pages(dense, 90), Catch::Contains("is not a packed-batch (varlen) config"));
 }
 
 TEST_CASE("a user variant takes the base class's next tiles where the chosen ones spill much with its functions",

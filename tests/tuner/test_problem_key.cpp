@@ -111,6 +111,8 @@ TEST_CASE("a problem's key: its pass and dQ strategy, its mask kind, its group r
   CHECK(flashgen::problem_key(packed).id() == "fwd_varlen_paged256|bf16|d96|causal|g4|q1024|k4096|bh128");
   packed.page_size = 16;
   CHECK(flashgen::problem_key(packed).class_id() == "fwd_varlen_paged16|bf16|d96|causal|g4");
+  packed.page_size = 0;  // paged without its page size: no class of the contiguous one's name
+  CHECK_THROWS_WITH(flashgen::problem_key(packed), Catch::Matchers::Contains("needs its page_size"));
 
   // A KV-cache call: bucketed by the new tokens, the cache's capacity and batch * heads_q; paged is its own class.
   flashgen::AttentionProblem decode = forward;
@@ -123,8 +125,8 @@ TEST_CASE("a problem's key: its pass and dQ strategy, its mask kind, its group r
 }
 
 TEST_CASE("pass ids read back into the key's pass and dQ strategy", "[tuner][problem_key]") {
-  for (const char* text : {"fwd", "fwd_varlen", "fwd_varlen_paged16", "fwd_varlen_paged256", "bwd", "bwd_det",
-                           "bwd_varlen", "bwd_det_varlen", "dec", "dec_paged"}) {
+  for (const char* text : {"fwd", "fwd_varlen", "fwd_varlen_paged16", "fwd_varlen_paged256", "fwd_varlen_paged1073741824",
+                           "bwd", "bwd_det", "bwd_varlen", "bwd_det_varlen", "dec", "dec_paged"}) {
     flashgen::ProblemKey key;
     flashgen::read_pass_id(text, key);
     CHECK(key.pass_id() == text);
@@ -136,7 +138,8 @@ TEST_CASE("pass ids read back into the key's pass and dQ strategy", "[tuner][pro
   CHECK((key.varlen && key.paged && key.page_size == 48 && !key.kv_cache && key.pass == flashgen::Pass::kForward));
   // Only pass_id's spelling of a positive multiple of 16.
   for (const char* text : {"fwd_varlen_paged", "fwd_varlen_paged0", "fwd_varlen_paged24", "fwd_varlen_paged064",
-                           "fwd_varlen_paged16x", "fwd_varlen_paged-16"}) {
+                           "fwd_varlen_paged16x", "fwd_varlen_paged-16", "fwd_varlen_paged1073741840",
+                           "fwd_varlen_paged99999999984"}) {
     INFO(text);
     CHECK_THROWS_WITH(flashgen::read_pass_id(text, key), Catch::Matchers::Contains("must be a positive multiple of 16"));
   }
