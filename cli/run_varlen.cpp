@@ -33,27 +33,6 @@ struct PackedTensors {
   int64_t max_pages = 0;
 };
 
-// --page-size: sequence b's key j in row j % page_size of page table[b * max_pages + j / page_size], the pages of
-// all sequences in a shuffled order; every row no sequence owns holds NaN, which no result may read.
-struct PagedPrefill {
-  int64_t page_size = 0, max_pages = 0, num_pages = 0;
-  std::vector<int32_t> table;
-
-  PagedPrefill(const PackedBatch& batch, int64_t page_size, std::mt19937& rng) : page_size(page_size) {
-    const int64_t longest = *std::max_element(batch.len_k.begin(), batch.len_k.end());
-    max_pages = std::max<int64_t>(1, (longest + page_size - 1) / page_size);
-    num_pages = int64_t(batch.len_k.size()) * max_pages;
-    table = shuffled_pages(num_pages, rng());
-  }
-
-  // The packed rows of t ([1, total_k, heads, head_dim]) moved into the pages.
-  std::vector<uint16_t> cache_of(const HostTensor& t, const PackedBatch& batch) const {
-    const std::vector<int64_t> first(batch.cu_k.begin(), batch.cu_k.end() - 1);
-    constexpr uint16_t kNaN = 0x7fff;  // in fp16 and bf16 alike
-    return into_pages(t.bits, t.view.shape[2] * t.view.shape[3], first, batch.len_k, table, max_pages, page_size, kNaN);
-  }
-};
-
 flashgen_varlen_forward_args forward_args(const RunOptions& o, const PackedTensors& t) {
   const AttentionShape& s = o.problem.shape;
   flashgen_varlen_forward_args args{};
@@ -120,14 +99,14 @@ RunReport run_varlen(const RunOptions& o, const ScopedContext& context, RunRepor
   DeviceBuffer sinks_dev;
   t.sinks = upload_sinks(o, sinks_dev);
   std::mt19937 rng(o.seed);
-  std::optional<PagedPrefill> pages;
+  std::optional<PagedBatch> pages;
   DeviceBuffer k_cache_dev, v_cache_dev, table_dev;
   if (o.prefill_page_size > 0) {
-    pages.emplace(batch, o.prefill_page_size, rng);
-    const size_t cache_bytes = size_t(pages->num_pages * o.prefill_page_size * s.heads_kv * s.head_dim) * 2;
+    pages.emplace(batch, o.prefill_page_size, rng());
+    const size_t cache_bytes = size_t(pages->num_pages() * o.prefill_page_size * s.heads_kv * s.head_dim) * 2;
     k_cache_dev = buffer(cache_bytes), v_cache_dev = buffer(cache_bytes), table_dev = buffer(pages->table.size() * 4);
-    t.k_cache = bshd_tensor(k_cache_dev.data(), dtype, pages->num_pages, o.prefill_page_size, s.heads_kv, s.head_dim);
-    t.v_cache = bshd_tensor(v_cache_dev.data(), dtype, pages->num_pages, o.prefill_page_size, s.heads_kv, s.head_dim);
+    t.k_cache = bshd_tensor(k_cache_dev.data(), dtype, pages->num_pages(), o.prefill_page_size, s.heads_kv, s.head_dim);
+    t.v_cache = bshd_tensor(v_cache_dev.data(), dtype, pages->num_pages(), o.prefill_page_size, s.heads_kv, s.head_dim);
     t.table = static_cast<const int32_t*>(table_dev.data());
     t.max_pages = pages->max_pages;
   }
@@ -141,7 +120,8 @@ RunReport run_varlen(const RunOptions& o, const ScopedContext& context, RunRepor
   fill_normal(v, rng);
   q_dev.upload(q.bits), k_dev.upload(k.bits), v_dev.upload(v.bits);
   if (pages) {
-    k_cache_dev.upload(pages->cache_of(k, batch)), v_cache_dev.upload(pages->cache_of(v, batch));
+    const int64_t row = s.heads_kv * s.head_dim;
+    k_cache_dev.upload(pages->cache_of(k.bits, row, batch)), v_cache_dev.upload(pages->cache_of(v.bits, row, batch));
     table_dev.upload(pages->table);
   }
   cu_q_dev.upload(batch.cu_q), cu_k_dev.upload(batch.cu_k);

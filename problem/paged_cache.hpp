@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "problem/attention_problem.hpp"
+
 namespace flashgen {
 
 // A paged cache of `rows` (row-major, `row` elements each): sequence b's rows [first[b], first[b] + count[b]) as
@@ -16,5 +18,18 @@ std::vector<uint16_t> into_pages(const std::vector<uint16_t>& rows, int64_t row,
 
 // A block table of `pages` page indices in an order shuffled by `seed`.
 std::vector<int32_t> shuffled_pages(int64_t pages, uint64_t seed);
+
+// A packed batch's keys in pages of page_size: max_pages per sequence, enough for its longest (shape.seqlen_k,
+// the calls' max_seqlen_k), every sequence's pages in one table shuffled by `seed`.
+struct PagedBatch {
+  int64_t page_size = 0, max_pages = 0;
+  std::vector<int32_t> table;  // [sequences, max_pages]
+
+  PagedBatch(const PackedBatch& batch, int64_t page_size, uint64_t seed);
+  int64_t num_pages() const { return static_cast<int64_t>(table.size()); }
+  // The batch's packed key rows (`row` elements each) moved into the pages; every row no sequence owns holds NaN,
+  // which no result may read.
+  std::vector<uint16_t> cache_of(const std::vector<uint16_t>& rows, int64_t row, const PackedBatch& batch) const;
+};
 
 }  // namespace flashgen

@@ -55,19 +55,14 @@ struct PackedSet {
     args.size = sizeof(args);
     args.q = tensor(dq_in, false);
     if (problem.paged) {
-      const int64_t page_size = problem.page_size;
-      args.max_pages = std::max<int64_t>(1, (s.seqlen_k + page_size - 1) / page_size);
-      const int64_t pages = s.batch * args.max_pages;
-      const std::vector<int32_t> table = shuffled_pages(pages, rng());
-      const std::vector<int64_t> first(batch.cu_k.begin(), batch.cu_k.end() - 1);
-      constexpr uint16_t kNaN = 0x7fff;  // in fp16 and bf16 alike
+      const PagedBatch pages(batch, problem.page_size, rng());
       auto cache = [&](const std::vector<uint16_t>& rows, DeviceBuffer& into) {
-        into = device_copy(into_pages(rows, s.heads_kv * s.head_dim, first, batch.len_k, table, args.max_pages,
-                                      page_size, kNaN));
-        return bshd_tensor(into.data(), dtype, pages, page_size, s.heads_kv, s.head_dim);
+        into = device_copy(pages.cache_of(rows, s.heads_kv * s.head_dim, batch));
+        return bshd_tensor(into.data(), dtype, pages.num_pages(), pages.page_size, s.heads_kv, s.head_dim);
       };
       args.k = cache(k, dk_in), args.v = cache(v, dv_in);
-      dtable = device_copy(table);
+      args.max_pages = pages.max_pages;
+      dtable = device_copy(pages.table);
       args.block_table = static_cast<const int32_t*>(dtable.data());
     } else {
       dk_in = device_copy(k), dv_in = device_copy(v);
