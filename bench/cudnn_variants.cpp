@@ -1,0 +1,639 @@
+// Attention variants against cuDNN's fused attention, in one process on the same random inputs: flashgen
+// through its C ABI, cuDNN through its graph API (the cudnn_frontend headers, given to CMake as
+// FLASHGEN_CUDNN_FRONTEND_DIR). SDPA reaches cuDNN without any of these variants, so this is the only way to
+// put the two side by side. Variants, each on top of the causal mask (sq == sk, so both alignments agree; cuDNN
+// takes the top-left one, the one it serves with ALiBi and skips blocks under), bf16 by default:
+//   causal        the plain call the variants are measured against (none: the plain call without a mask);
+//   window<W>     a sliding window of W keys before the diagonal (flashgen window_size (W, 0), W + 1 keys a
+//                 row; cuDNN's left bound is exclusive, so W + 1);
+//   softcap<C>    C · tanh(s / C) on the scaled scores (cuDNN: its Softcap score modifier, forward and bprop;
+//                 a score modifier turns cuDNN's own masks off, so the causal mask joins the modifier);
+//   alibi         the standard slopes 2^(-8 (h + 1) / heads) (cuDNN computes the same ones itself);
+//   <variant>-nomask  softcap<C> or alibi without the causal mask;
+//   sinks         one learnable logit per head in each row's softmax denominator (cuDNN's sink token).
+// Forward and backward are timed apart (the backward from each library's own forward outputs), each sample
+// after a 256 MB write that flushes the L2, the two libraries interleaved sample by sample; the median
+// counts. TFLOP/s are over the unmasked score pairs (4 · d per pair forward, 2.5 times that backward). Each
+// case also compares the two libraries' outputs (O; dQ, dK, dV) as the largest difference relative to the
+// largest magnitude, so that a row says both computed the same function. CSV rows (device, date, versions)
+// go to stdout or --csv.
+//   flashgen_bench_cudnn_variants [--variants causal,none,window1024,window4096,softcap50,alibi,sinks]
+//       [--head-dims 64,128] [--seqlens 4096,16384] [--tokens 16384] [--width 2048] [--dtype bf16|fp16]
+//       [--samples 20] [--passes fwd,bwd] [--csv FILE]
+#include <cuda_runtime_api.h>
+#include <cudnn_frontend.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "flashgen/flashgen.h"
+
+namespace fe = cudnn_frontend;
+
+namespace {
+
+[[noreturn]] void fail(const std::string& what) {
+  std::fprintf(stderr, "cudnn_variants: %s\n", what.c_str());
+  std::exit(1);
+}
+
+void cuda_check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) fail(std::string(what) + ": " + cudaGetErrorString(status));
+}
+
+void flashgen_check(int status, const char* what) {
+  if (status != FLASHGEN_SUCCESS) fail(std::string(what) + ": " + flashgen_last_error());
+}
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> parts;
+  std::stringstream in(text);
+  for (std::string part; std::getline(in, part, ',');) {
+    if (!part.empty()) parts.push_back(part);
+  }
+  return parts;
+}
+
+std::vector<int> split_ints(const std::string& text, const char* flag) {
+  std::vector<int> values;
+  for (const std::string& part : split(text)) {
+    char* end = nullptr;
+    const long value = std::strtol(part.c_str(), &end, 10);
+    if (*end != '\0' || value <= 0) fail(std::string(flag) + ": not a positive integer: " + part);
+    values.push_back(static_cast<int>(value));
+  }
+  return values;
+}
+
+// One variant, on top of the causal mask unless `causal` is false.
+struct Variant {
+  std::string name;
+  bool causal = true;
+  int window = -1;      // keys before the diagonal; -1: unbounded
+  float softcap = 0.f;  // 0: none
+  bool alibi = false;
+  bool sinks = false;
+};
+
+Variant parse_variant(const std::string& full_name) {
+  Variant v;
+  v.name = full_name;
+  std::string name = full_name;
+  const std::string nomask = "-nomask";
+  if (name.size() > nomask.size() && name.compare(name.size() - nomask.size(), nomask.size(), nomask) == 0) {
+    name.resize(name.size() - nomask.size());
+    v.causal = false;
+    if (name.rfind("softcap", 0) != 0 && name != "alibi") fail("--variants: only softcap<C> and alibi take -nomask");
+  }
+  auto number_after = [&](const char* prefix) {
+    const std::string rest = name.substr(std::strlen(prefix));
+    char* end = nullptr;
+    const double value = std::strtod(rest.c_str(), &end);
+    if (rest.empty() || *end != '\0' || !(value > 0)) fail("--variants: " + name + " needs a positive number after " + prefix);
+    return value;
+  };
+  if (name == "causal") {
+  } else if (name == "none") {
+    v.causal = false;
+  } else if (name.rfind("window", 0) == 0) {
+    v.window = static_cast<int>(number_after("window"));
+  } else if (name.rfind("softcap", 0) == 0) {
+    v.softcap = static_cast<float>(number_after("softcap"));
+  } else if (name == "alibi") {
+    v.alibi = true;
+  } else if (name == "sinks") {
+    v.sinks = true;
+  } else {
+    fail("--variants: unknown variant " + full_name + " (causal, none, window<W>, softcap<C>, alibi, sinks)");
+  }
+  return v;
+}
+
+// Score pairs the rows see, summed: every pair without a mask, else under a causal window of `window` keys
+// before the diagonal (-1: plain causal).
+double visible_pairs(int64_t seqlen, bool causal, int window) {
+  if (!causal) return double(seqlen) * double(seqlen);
+  if (window < 0 || window + 1 >= seqlen) return double(seqlen) * double(seqlen + 1) / 2;
+  return double(window + 1) * double(seqlen) - double(window) * double(window + 1) / 2;
+}
+
+struct Shape {
+  int64_t batch, seqlen, heads, head_dim;
+  int64_t elements() const { return batch * seqlen * heads * head_dim; }
+  int64_t rows() const { return batch * heads * seqlen; }
+};
+
+// Random normal 16-bit values (splitmix64 and Box-Muller), as bit patterns.
+uint16_t to_half_bits(float x, bool bf16) {
+  uint32_t bits = 0;
+  std::memcpy(&bits, &x, 4);
+  if (bf16) return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+  const uint32_t sign = (bits >> 16) & 0x8000u;
+  const float a = std::fabs(x);
+  if (a < 6.1035156e-05f) return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::lrint(a / 5.9604645e-08f)));
+  int exponent = 0;
+  const float mantissa = std::frexp(a, &exponent);  // a = mantissa · 2^exponent, mantissa in [0.5, 1)
+  uint32_t m = static_cast<uint32_t>(std::lrint((mantissa * 2.f - 1.f) * 1024.f));
+  int e = exponent - 1 + 15;
+  if (m == 1024) {
+    m = 0;
+    ++e;
+  }
+  if (e >= 31) return static_cast<uint16_t>(sign | 0x7c00u);
+  return static_cast<uint16_t>(sign | (static_cast<uint32_t>(e) << 10) | m);
+}
+
+float from_half_bits(uint16_t h, bool bf16) {
+  if (bf16) {
+    const uint32_t bits = static_cast<uint32_t>(h) << 16;
+    float x;
+    std::memcpy(&x, &bits, 4);
+    return x;
+  }
+  const float sign = (h & 0x8000u) ? -1.f : 1.f;
+  const int e = (h >> 10) & 31;
+  const int m = h & 1023;
+  if (e == 0) return sign * std::ldexp(float(m), -24);
+  if (e == 31) return m ? NAN : sign * INFINITY;
+  return sign * std::ldexp(1.f + float(m) / 1024.f, e - 15);
+}
+
+std::vector<uint16_t> random_halves(int64_t count, uint64_t seed, bool bf16) {
+  std::vector<uint16_t> out(static_cast<size_t>(count));
+  uint64_t state = seed;
+  auto next = [&] {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (static_cast<double>((z ^ (z >> 31)) >> 11) + 0.5) * 0x1.0p-53;
+  };
+  for (int64_t i = 0; i + 1 < count; i += 2) {
+    const double r = std::sqrt(-2.0 * std::log(next())), angle = 6.283185307179586 * next();
+    out[i] = to_half_bits(static_cast<float>(r * std::cos(angle)), bf16);
+    out[i + 1] = to_half_bits(static_cast<float>(r * std::sin(angle)), bf16);
+  }
+  return out;
+}
+
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  explicit DeviceBuffer(size_t bytes) { cuda_check(cudaMalloc(&ptr, std::max<size_t>(bytes, 256)), "cudaMalloc"); }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr);
+  }
+};
+
+// The largest |a - b| over the largest |b| of two 16-bit device tensors (b: cuDNN's).
+double relative_difference(const void* a, const void* b, int64_t count, bool bf16) {
+  std::vector<uint16_t> ha(static_cast<size_t>(count)), hb(static_cast<size_t>(count));
+  cuda_check(cudaMemcpy(ha.data(), a, count * 2, cudaMemcpyDeviceToHost), "copy back");
+  cuda_check(cudaMemcpy(hb.data(), b, count * 2, cudaMemcpyDeviceToHost), "copy back");
+  double diff = 0, scale = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const double x = from_half_bits(ha[i], bf16), y = from_half_bits(hb[i], bf16);
+    if (!std::isfinite(x) || !std::isfinite(y)) return INFINITY;
+    diff = std::max(diff, std::fabs(x - y));
+    scale = std::max(scale, std::fabs(y));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+// The tensors of one problem, [batch, seqlen, heads, head_dim] in memory for both libraries, and every
+// output poisoned (NaN) before the libraries write it.
+struct Problem {
+  Shape shape;
+  bool bf16;
+  DeviceBuffer q, k, v, dout, out_fg, out_cd, dq_fg, dk_fg, dv_fg, dq_cd, dk_cd, dv_cd, lse_fg, lse_cd, slopes,
+      sinks, dsinks_fg, dsinks_cd;
+
+  Problem(const Shape& s, bool is_bf16, const std::vector<const std::vector<uint16_t>*>& inputs)
+      : shape(s), bf16(is_bf16), q(bytes()), k(bytes()), v(bytes()), dout(bytes()), out_fg(bytes()), out_cd(bytes()),
+        dq_fg(bytes()), dk_fg(bytes()), dv_fg(bytes()), dq_cd(bytes()), dk_cd(bytes()), dv_cd(bytes()),
+        lse_fg(s.rows() * 4), lse_cd(s.rows() * 4), slopes(s.heads * 4), sinks(s.heads * 4), dsinks_fg(s.heads * 4),
+        dsinks_cd(s.heads * 4) {
+    const DeviceBuffer* targets[] = {&q, &k, &v, &dout};
+    for (int i = 0; i < 4; ++i) {
+      cuda_check(cudaMemcpy(targets[i]->ptr, inputs[i]->data(), bytes(), cudaMemcpyHostToDevice), "upload");
+    }
+    for (const DeviceBuffer* output : {&out_fg, &out_cd, &dq_fg, &dk_fg, &dv_fg, &dq_cd, &dk_cd, &dv_cd}) {
+      cuda_check(cudaMemset(output->ptr, 0xff, bytes()), "poison");  // 0xffff: NaN in fp16 and bf16
+    }
+    std::vector<float> host_slopes(static_cast<size_t>(s.heads)), host_sinks(static_cast<size_t>(s.heads));
+    for (int64_t h = 0; h < s.heads; ++h) {
+      host_slopes[h] = std::exp2(-8.f * float(h + 1) / float(s.heads));
+      host_sinks[h] = 2.f + 0.25f * float(h % 8);  // about the rows' log-sum-exp of random scores
+    }
+    cuda_check(cudaMemcpy(slopes.ptr, host_slopes.data(), s.heads * 4, cudaMemcpyHostToDevice), "upload");
+    cuda_check(cudaMemcpy(sinks.ptr, host_sinks.data(), s.heads * 4, cudaMemcpyHostToDevice), "upload");
+  }
+  size_t bytes() const { return static_cast<size_t>(shape.elements()) * 2; }
+};
+
+flashgen_tensor tensor_of(const Problem& p, const DeviceBuffer& buffer) {
+  const Shape& s = p.shape;
+  flashgen_tensor t{};
+  t.data = buffer.ptr;
+  t.dtype = p.bf16 ? FLASHGEN_BFLOAT16 : FLASHGEN_FLOAT16;
+  const int64_t shape[4] = {s.batch, s.seqlen, s.heads, s.head_dim};
+  const int64_t stride[4] = {s.seqlen * s.heads * s.head_dim, s.heads * s.head_dim, s.head_dim, 1};
+  std::copy(shape, shape + 4, t.shape);
+  std::copy(stride, stride + 4, t.stride);
+  return t;
+}
+
+flashgen_attention_options options_of(const Problem& p, const Variant& v, bool backward) {
+  flashgen_attention_options o{};
+  o.softmax_scale = 1.f / std::sqrt(float(p.shape.head_dim));
+  o.mask = v.causal ? FLASHGEN_MASK_CAUSAL : FLASHGEN_MASK_NONE;
+  if (v.window >= 0) {
+    o.mask = FLASHGEN_MASK_SLIDING_WINDOW;
+    o.window_left = v.window;
+    o.window_right = 0;
+  }
+  o.softcap = v.softcap;
+  if (v.alibi) o.alibi_slopes = p.slopes.as<float>();
+  if (v.sinks) {
+    o.sinks = p.sinks.as<float>();
+    if (backward) o.dsinks = p.dsinks_fg.as<float>();
+  }
+  return o;
+}
+
+// cuDNN's graphs for one problem and variant. The tensors are [batch, heads, seqlen, head_dim] logically,
+// [batch, seqlen, heads, head_dim] in memory, as flashgen's.
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDo, kDq, kDk, kDv, kSink, kDsink };
+
+std::shared_ptr<fe::graph::Tensor_attributes> bshd(fe::graph::Graph& graph, const char* name, int64_t uid,
+                                                   const Shape& s) {
+  return graph.tensor(fe::graph::Tensor_attributes()
+                          .set_name(name)
+                          .set_uid(uid)
+                          .set_dim({s.batch, s.heads, s.seqlen, s.head_dim})
+                          .set_stride({s.seqlen * s.heads * s.head_dim, s.head_dim, s.heads * s.head_dim, 1}));
+}
+
+void set_output_bshd(const std::shared_ptr<fe::graph::Tensor_attributes>& t, int64_t uid, const Shape& s) {
+  t->set_output(true)
+      .set_uid(uid)
+      .set_dim({s.batch, s.heads, s.seqlen, s.head_dim})
+      .set_stride({s.seqlen * s.heads * s.head_dim, s.head_dim, s.heads * s.head_dim, 1});
+}
+
+std::shared_ptr<fe::graph::Tensor_attributes> stats_tensor(fe::graph::Graph& graph, const Shape& s) {
+  return graph.tensor(fe::graph::Tensor_attributes()
+                          .set_name("stats")
+                          .set_uid(kStats)
+                          .set_dim({s.batch, s.heads, s.seqlen, 1})
+                          .set_stride({s.heads * s.seqlen, s.seqlen, 1, 1})
+                          .set_data_type(fe::DataType_t::FLOAT));
+}
+
+std::shared_ptr<fe::graph::Tensor_attributes> per_head_tensor(fe::graph::Graph& graph, const char* name, int64_t uid,
+                                                              const Shape& s) {
+  return graph.tensor(fe::graph::Tensor_attributes()
+                          .set_name(name)
+                          .set_uid(uid)
+                          .set_dim({1, s.heads, 1, 1})
+                          .set_stride({s.heads, 1, 1, 1})
+                          .set_data_type(fe::DataType_t::FLOAT));
+}
+
+// The mask and variant of either pass's attributes (both classes have the same setters). With a score modifier
+// (the soft cap) cuDNN applies none of its own masks: the causal mask is part of the modifier (forward_scores).
+template <class Attributes>
+void apply_variant(Attributes& a, const Variant& v, const Shape& s) {
+  a.set_attn_scale(1.f / std::sqrt(float(s.head_dim)));
+  if (v.causal && v.softcap == 0) {
+    a.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+  }
+  if (v.window >= 0) a.set_diagonal_band_left_bound(v.window + 1);  // exclusive: W + 1 keys, as flashgen's (W, 0)
+  if (v.alibi) a.set_alibi_mask(true);
+}
+
+// The soft cap's score modifier, with the causal mask after it where the variant has one.
+using ScoreModifier = std::function<std::shared_ptr<fe::graph::Tensor_attributes>(
+    std::shared_ptr<fe::graph::Graph>, std::shared_ptr<fe::graph::Tensor_attributes>)>;
+
+ScoreModifier forward_scores(const Variant& v, std::shared_ptr<fe::graph::attn::score_modifiers::Softcap> softcap,
+                             std::shared_ptr<fe::graph::Tensor_attributes> cap) {
+  const bool causal = v.causal;
+  return [softcap, cap, causal](std::shared_ptr<fe::graph::Graph> graph,
+                                std::shared_ptr<fe::graph::Tensor_attributes> score) {
+    auto capped = softcap->forward(graph, score, cap);
+    return causal ? fe::graph::attn::score_modifiers::causal_mask(graph, capped) : capped;
+  };
+}
+
+struct CudnnGraph {
+  std::shared_ptr<fe::graph::Graph> graph;
+  std::shared_ptr<fe::graph::attn::score_modifiers::Softcap> softcap;  // kept alive for the bprop's closure
+  int64_t workspace = 0;
+  std::string error;  // not empty: cuDNN does not support this graph here
+};
+
+void finish(CudnnGraph& g, cudnnHandle_t handle) {
+  fe::error_t status = g.graph->build(handle, {fe::HeurMode_t::A});
+  if (!status.is_good()) {
+    g.error = status.get_message();
+    return;
+  }
+  if (!g.graph->get_workspace_size(g.workspace).is_good()) g.error = "no workspace size";
+}
+
+// An empty graph of 16-bit tensors with fp32 math, and the soft cap's modifier where the variant has one.
+CudnnGraph new_graph(bool bf16, const Variant& v) {
+  CudnnGraph g;
+  g.graph = std::make_shared<fe::graph::Graph>();
+  g.graph->set_io_data_type(bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  if (v.softcap > 0) g.softcap = std::make_shared<fe::graph::attn::score_modifiers::Softcap>();
+  return g;
+}
+
+CudnnGraph cudnn_forward(cudnnHandle_t handle, const Shape& s, bool bf16, const Variant& v) {
+  CudnnGraph g = new_graph(bf16, v);
+  fe::graph::Graph& graph = *g.graph;
+  auto q = bshd(graph, "q", kQ, s), k = bshd(graph, "k", kK, s), vv = bshd(graph, "v", kV, s);
+  auto attributes = fe::graph::SDPA_attributes().set_name("forward").set_generate_stats(true);
+  apply_variant(attributes, v, s);
+  if (v.softcap > 0) {
+    auto cap = graph.tensor(v.softcap, fe::graph::ScalarType::RUNTIME_PARAM);
+    attributes.set_score_mod(forward_scores(v, g.softcap, cap));
+  }
+  if (v.sinks) attributes.set_sink_token(per_head_tensor(graph, "sink", kSink, s));
+  auto [o, stats] = graph.sdpa(q, k, vv, attributes);
+  set_output_bshd(o, kO, s);
+  stats->set_output(true).set_data_type(fe::DataType_t::FLOAT).set_uid(kStats);
+  finish(g, handle);
+  return g;
+}
+
+CudnnGraph cudnn_backward(cudnnHandle_t handle, const Shape& s, bool bf16, const Variant& v) {
+  CudnnGraph g = new_graph(bf16, v);
+  fe::graph::Graph& graph = *g.graph;
+  auto q = bshd(graph, "q", kQ, s), k = bshd(graph, "k", kK, s), vv = bshd(graph, "v", kV, s);
+  auto o = bshd(graph, "o", kO, s), dout = bshd(graph, "do", kDo, s);
+  auto stats = stats_tensor(graph, s);
+  auto attributes = fe::graph::SDPA_backward_attributes().set_name("backward");
+  apply_variant(attributes, v, s);
+  if (v.softcap > 0) {
+    auto cap = graph.tensor(v.softcap, fe::graph::ScalarType::RUNTIME_PARAM);
+    auto softcap = g.softcap;
+    attributes.set_score_mod(forward_scores(v, softcap, cap));
+    attributes.set_score_mod_bprop([softcap, cap](std::shared_ptr<fe::graph::Graph> gr,
+                                                  std::shared_ptr<fe::graph::Tensor_attributes> grad) {
+      return softcap->backward(gr, grad, cap);
+    });
+  }
+  if (v.sinks) {
+    attributes.set_sink_token(per_head_tensor(graph, "sink", kSink, s));
+    attributes.set_dsink_token(per_head_tensor(graph, "dsink", kDsink, s));
+  }
+  auto [dq, dk, dv] = graph.sdpa_backward(q, k, vv, o, dout, stats, attributes);
+  set_output_bshd(dq, kDq, s);
+  set_output_bshd(dk, kDk, s);
+  set_output_bshd(dv, kDv, s);
+  finish(g, handle);
+  return g;
+}
+
+// Median milliseconds of each of two calls, interleaved sample by sample, each after an L2 flush.
+struct Timer {
+  cudaStream_t stream;
+  DeviceBuffer flush{256u << 20};
+  cudaEvent_t start{}, stop{};
+  explicit Timer(cudaStream_t s) : stream(s) {
+    cuda_check(cudaEventCreate(&start), "event");
+    cuda_check(cudaEventCreate(&stop), "event");
+  }
+  ~Timer() {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+  double once(const std::function<void()>& call) {
+    cuda_check(cudaMemsetAsync(flush.ptr, 0, 256u << 20, stream), "flush");
+    cuda_check(cudaEventRecord(start, stream), "event");
+    call();
+    cuda_check(cudaEventRecord(stop, stream), "event");
+    cuda_check(cudaEventSynchronize(stop), "event");
+    float ms = 0;
+    cuda_check(cudaEventElapsedTime(&ms, start, stop), "event");
+    return ms;
+  }
+  std::pair<double, double> medians(int samples, const std::function<void()>& a, const std::function<void()>& b) {
+    for (int i = 0; i < 3; ++i) {  // warm-up
+      once(a);
+      if (b) once(b);
+    }
+    std::vector<double> ta, tb;
+    for (int i = 0; i < samples; ++i) {
+      ta.push_back(once(a));
+      if (b) tb.push_back(once(b));
+    }
+    auto median = [](std::vector<double> t) {
+      if (t.empty()) return double(NAN);
+      std::sort(t.begin(), t.end());
+      return t[t.size() / 2];
+    };
+    return {median(ta), median(tb)};
+  }
+};
+
+std::string today() {
+  const std::time_t now = std::time(nullptr);
+  char text[16];
+  std::strftime(text, sizeof text, "%Y-%m-%d", std::gmtime(&now));
+  return text;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> variant_names = {"causal",    "none",  "window1024",        "window4096",
+                                            "softcap50", "alibi", "softcap50-nomask", "alibi-nomask", "sinks"};
+  std::vector<int> head_dims = {64, 128}, seqlens = {4096, 16384};
+  int tokens = 16384, width = 2048, samples = 20;
+  bool bf16 = true, forward = true, backward = true;
+  std::string csv;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) fail(arg + " needs a value");
+      return argv[++i];
+    };
+    if (arg == "--variants") {
+      variant_names = split(value());
+    } else if (arg == "--head-dims") {
+      head_dims = split_ints(value(), "--head-dims");
+    } else if (arg == "--seqlens") {
+      seqlens = split_ints(value(), "--seqlens");
+    } else if (arg == "--tokens") {
+      tokens = split_ints(value(), "--tokens").at(0);
+    } else if (arg == "--width") {
+      width = split_ints(value(), "--width").at(0);
+    } else if (arg == "--samples") {
+      samples = split_ints(value(), "--samples").at(0);
+    } else if (arg == "--dtype") {
+      const std::string d = value();
+      if (d != "bf16" && d != "fp16") fail("--dtype: bf16 or fp16, not " + d);
+      bf16 = d == "bf16";
+    } else if (arg == "--passes") {
+      const std::vector<std::string> passes = split(value());
+      forward = std::find(passes.begin(), passes.end(), "fwd") != passes.end();
+      backward = std::find(passes.begin(), passes.end(), "bwd") != passes.end();
+      if (!forward && !backward) fail("--passes: fwd, bwd or both");
+    } else if (arg == "--csv") {
+      csv = value();
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--variants causal,none,window1024,window4096,softcap50,alibi,sinks,softcap50-nomask,...]\n"
+                   "       [--head-dims 64,128]\n"
+                   "       [--seqlens 4096,16384] [--tokens 16384] [--width 2048] [--dtype bf16|fp16] [--samples 20]\n"
+                   "       [--passes fwd,bwd] [--csv FILE]\n",
+                   argv[0]);
+      return arg == "-h" || arg == "--help" ? 0 : 2;
+    }
+  }
+  std::vector<Variant> variants;
+  for (const std::string& name : variant_names) variants.push_back(parse_variant(name));
+
+  int device_count = 0;
+  if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
+    std::fprintf(stderr, "no GPU\n");
+    return 77;
+  }
+  cudaDeviceProp prop{};
+  cuda_check(cudaGetDeviceProperties(&prop, 0), "device properties");
+  cudaStream_t stream = nullptr;
+  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  cudnnHandle_t handle = nullptr;
+  if (cudnnCreate(&handle) != CUDNN_STATUS_SUCCESS) fail("cudnnCreate");
+  cudnnSetStream(handle, stream);
+  Timer timer(stream);
+
+  // Every problem of the grid has tokens · width elements per tensor: one set of random inputs serves all.
+  const int64_t elements = int64_t(tokens) * width;
+  const std::vector<uint16_t> hq = random_halves(elements, 1, bf16), hk = random_halves(elements, 2, bf16),
+                              hv = random_halves(elements, 3, bf16), hdo = random_halves(elements, 4, bf16);
+
+  std::ofstream file;
+  if (!csv.empty()) {
+    file.open(csv);
+    if (!file) fail("--csv: cannot write " + csv);
+  }
+  std::ostream& out = csv.empty() ? std::cout : file;
+  const std::string device = prop.name, date = today();
+  char cudnn_version[32];
+  std::snprintf(cudnn_version, sizeof cudnn_version, "%zu", cudnnGetVersion());
+  out << "device,date,flashgen,cudnn,dtype,head_dim,seqlen,batch,heads,variant,pass,flashgen_ms,cudnn_ms,"
+         "flashgen_tflops,cudnn_tflops,flashgen_over_cudnn,relative_difference,note\n";
+
+  for (int head_dim : head_dims) {
+    for (int seqlen : seqlens) {
+      if (tokens % seqlen != 0 || width % head_dim != 0) fail("--tokens / --width must divide by seqlen / head_dim");
+      const Shape shape{tokens / seqlen, seqlen, width / head_dim, head_dim};
+      Problem p(shape, bf16, {&hq, &hk, &hv, &hdo});
+      for (const Variant& v : variants) {
+        const double pairs = double(shape.batch) * double(shape.heads) * visible_pairs(shape.seqlen, v.causal, v.window);
+        const double fwd_flops = 4.0 * double(head_dim) * pairs;
+        const flashgen_tensor q = tensor_of(p, p.q), k = tensor_of(p, p.k), vv = tensor_of(p, p.v),
+                              o_fg = tensor_of(p, p.out_fg), dout = tensor_of(p, p.dout), dq = tensor_of(p, p.dq_fg),
+                              dk = tensor_of(p, p.dk_fg), dv = tensor_of(p, p.dv_fg);
+        const flashgen_attention_options fwd_opts = options_of(p, v, false), bwd_opts = options_of(p, v, true);
+        auto flashgen_forward = [&] {
+          flashgen_check(flashgen_attention_forward(&q, &k, &vv, &o_fg, p.lse_fg.as<float>(), &fwd_opts, stream),
+                         "flashgen_attention_forward");
+        };
+        auto flashgen_backward = [&] {
+          flashgen_check(flashgen_attention_backward(&q, &k, &vv, &o_fg, &dout, p.lse_fg.as<float>(), &dq, &dk, &dv,
+                                                     &bwd_opts, stream),
+                         "flashgen_attention_backward");
+        };
+        CudnnGraph cf = cudnn_forward(handle, shape, bf16, v);
+        std::unique_ptr<DeviceBuffer> cf_ws = cf.error.empty() ? std::make_unique<DeviceBuffer>(cf.workspace) : nullptr;
+        std::unordered_map<fe::graph::Tensor_attributes::uid_t, void*> fwd_pack = {
+            {kQ, p.q.ptr}, {kK, p.k.ptr}, {kV, p.v.ptr}, {kO, p.out_cd.ptr}, {kStats, p.lse_cd.ptr}};
+        if (v.sinks) fwd_pack[kSink] = p.sinks.ptr;
+        auto cudnn_fwd = [&] {
+          if (!cf.graph->execute(handle, fwd_pack, cf_ws->ptr).is_good()) fail("cuDNN forward failed");
+        };
+
+        auto row = [&](const char* pass, double flops, std::pair<double, double> ms, double difference,
+                       const std::string& note) {
+          char line[512];
+          std::snprintf(line, sizeof line, "%s,%s,%s,%s,%s,%d,%d,%lld,%lld,%s,%s,%.4f,%.4f,%.1f,%.1f,%.3f,%.2e,%s\n",
+                        device.c_str(), date.c_str(), flashgen_version(), cudnn_version, bf16 ? "bf16" : "fp16",
+                        head_dim, seqlen, static_cast<long long>(shape.batch), static_cast<long long>(shape.heads),
+                        v.name.c_str(), pass, ms.first, ms.second, flops / ms.first * 1e-9, flops / ms.second * 1e-9,
+                        ms.second / ms.first, difference, note.c_str());
+          out << line;
+          out.flush();
+          if (!csv.empty()) std::fputs(line, stderr);
+        };
+        auto sanitized = [](std::string text) {
+          std::replace(text.begin(), text.end(), ',', ';');
+          std::replace(text.begin(), text.end(), '\n', ' ');
+          return text.substr(0, 200);
+        };
+
+        flashgen_forward();  // each library's outputs for the backward, and the first comparison
+        if (cf.error.empty()) cudnn_fwd();
+        cuda_check(cudaStreamSynchronize(stream), "forward");
+        const double fwd_difference =
+            cf.error.empty() ? relative_difference(p.out_fg.ptr, p.out_cd.ptr, shape.elements(), bf16) : NAN;
+        if (forward) {
+          const auto ms = timer.medians(samples, flashgen_forward, cf.error.empty() ? std::function<void()>(cudnn_fwd)
+                                                                                   : std::function<void()>());
+          row("fwd", fwd_flops, ms, fwd_difference, cf.error.empty() ? "" : "cudnn: " + sanitized(cf.error));
+        }
+        if (!backward) continue;
+        CudnnGraph cb = cf.error.empty() ? cudnn_backward(handle, shape, bf16, v) : CudnnGraph{};
+        if (!cf.error.empty()) cb.error = "no forward";
+        std::unique_ptr<DeviceBuffer> cb_ws = cb.error.empty() ? std::make_unique<DeviceBuffer>(cb.workspace) : nullptr;
+        std::unordered_map<fe::graph::Tensor_attributes::uid_t, void*> bwd_pack = {
+            {kQ, p.q.ptr},     {kK, p.k.ptr},   {kV, p.v.ptr},   {kO, p.out_cd.ptr}, {kStats, p.lse_cd.ptr},
+            {kDo, p.dout.ptr}, {kDq, p.dq_cd.ptr}, {kDk, p.dk_cd.ptr}, {kDv, p.dv_cd.ptr}};
+        if (v.sinks) {
+          bwd_pack[kSink] = p.sinks.ptr;
+          bwd_pack[kDsink] = p.dsinks_cd.ptr;
+        }
+        auto cudnn_bwd = [&] {
+          if (!cb.graph->execute(handle, bwd_pack, cb_ws->ptr).is_good()) fail("cuDNN backward failed");
+        };
+        flashgen_backward();
+        if (cb.error.empty()) cudnn_bwd();
+        cuda_check(cudaStreamSynchronize(stream), "backward");
+        double bwd_difference = NAN;
+        if (cb.error.empty()) {
+          bwd_difference = std::max({relative_difference(p.dq_fg.ptr, p.dq_cd.ptr, shape.elements(), bf16),
+                                     relative_difference(p.dk_fg.ptr, p.dk_cd.ptr, shape.elements(), bf16),
+                                     relative_difference(p.dv_fg.ptr, p.dv_cd.ptr, shape.elements(), bf16)});
+        }
+        const auto ms = timer.medians(samples, flashgen_backward, cb.error.empty() ? std::function<void()>(cudnn_bwd)
+                                                                                  : std::function<void()>());
+        row("bwd", 2.5 * fwd_flops, ms, bwd_difference, cb.error.empty() ? "" : "cudnn: " + sanitized(cb.error));
+      }
+    }
+  }
+  cudnnDestroy(handle);
+  cudaStreamDestroy(stream);
+  return 0;
+}
