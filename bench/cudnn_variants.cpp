@@ -13,7 +13,7 @@
 //   sinks         one learnable logit per head in each row's softmax denominator (cuDNN's sink token).
 // Forward and backward are timed apart (the backward from each library's own forward outputs), each sample
 // after a 256 MB write that flushes the L2, the two libraries interleaved sample by sample; the median
-// counts. TFLOP/s are over the unmasked score pairs (4 · d per pair forward, 2.5 times that backward). Each
+// counts. TFLOP/s are over the unmasked score pairs (check/reference.hpp's forward_flops and backward_flops). Each
 // case also compares the two libraries' outputs (O; dQ, dK, dV) as the largest difference relative to the
 // largest magnitude, so that a row says both computed the same function. CSV rows (device, date, versions)
 // go to stdout or --csv.
@@ -34,11 +34,13 @@
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "check/reference.hpp"
 #include "flashgen/flashgen.h"
 
 namespace fe = cudnn_frontend;
@@ -102,7 +104,9 @@ Variant parse_variant(const std::string& full_name) {
     const std::string rest = name.substr(std::strlen(prefix));
     char* end = nullptr;
     const double value = std::strtod(rest.c_str(), &end);
-    if (rest.empty() || *end != '\0' || !(value > 0)) fail("--variants: " + name + " needs a positive number after " + prefix);
+    if (rest.empty() || *end != '\0' || !(value > 0)) {
+      fail("--variants: " + name + " needs a positive number after " + prefix);
+    }
     return value;
   };
   if (name == "causal") {
@@ -122,69 +126,18 @@ Variant parse_variant(const std::string& full_name) {
   return v;
 }
 
-// Score pairs the rows see, summed: every pair without a mask, else under a causal window of `window` keys
-// before the diagonal (-1: plain causal).
-double visible_pairs(int64_t seqlen, bool causal, int window) {
-  if (!causal) return double(seqlen) * double(seqlen);
-  if (window < 0 || window + 1 >= seqlen) return double(seqlen) * double(seqlen + 1) / 2;
-  return double(window + 1) * double(seqlen) - double(window) * double(window + 1) / 2;
-}
-
 struct Shape {
   int64_t batch, seqlen, heads, head_dim;
   int64_t elements() const { return batch * seqlen * heads * head_dim; }
   int64_t rows() const { return batch * heads * seqlen; }
 };
 
-// Random normal 16-bit values (splitmix64 and Box-Muller), as bit patterns.
-uint16_t to_half_bits(float x, bool bf16) {
-  uint32_t bits = 0;
-  std::memcpy(&bits, &x, 4);
-  if (bf16) return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-  const uint32_t sign = (bits >> 16) & 0x8000u;
-  const float a = std::fabs(x);
-  if (a < 6.1035156e-05f) return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::lrint(a / 5.9604645e-08f)));
-  int exponent = 0;
-  const float mantissa = std::frexp(a, &exponent);  // a = mantissa · 2^exponent, mantissa in [0.5, 1)
-  uint32_t m = static_cast<uint32_t>(std::lrint((mantissa * 2.f - 1.f) * 1024.f));
-  int e = exponent - 1 + 15;
-  if (m == 1024) {
-    m = 0;
-    ++e;
-  }
-  if (e >= 31) return static_cast<uint16_t>(sign | 0x7c00u);
-  return static_cast<uint16_t>(sign | (static_cast<uint32_t>(e) << 10) | m);
-}
-
-float from_half_bits(uint16_t h, bool bf16) {
-  if (bf16) {
-    const uint32_t bits = static_cast<uint32_t>(h) << 16;
-    float x;
-    std::memcpy(&x, &bits, 4);
-    return x;
-  }
-  const float sign = (h & 0x8000u) ? -1.f : 1.f;
-  const int e = (h >> 10) & 31;
-  const int m = h & 1023;
-  if (e == 0) return sign * std::ldexp(float(m), -24);
-  if (e == 31) return m ? NAN : sign * INFINITY;
-  return sign * std::ldexp(1.f + float(m) / 1024.f, e - 15);
-}
-
-std::vector<uint16_t> random_halves(int64_t count, uint64_t seed, bool bf16) {
+// Random normal values rounded to the dtype, as its bit patterns.
+std::vector<uint16_t> random_normal(int64_t count, uint64_t seed, flashgen_dtype dtype) {
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::normal_distribution<float> normal(0.f, 1.f);
   std::vector<uint16_t> out(static_cast<size_t>(count));
-  uint64_t state = seed;
-  auto next = [&] {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return (static_cast<double>((z ^ (z >> 31)) >> 11) + 0.5) * 0x1.0p-53;
-  };
-  for (int64_t i = 0; i + 1 < count; i += 2) {
-    const double r = std::sqrt(-2.0 * std::log(next())), angle = 6.283185307179586 * next();
-    out[i] = to_half_bits(static_cast<float>(r * std::cos(angle)), bf16);
-    out[i + 1] = to_half_bits(static_cast<float>(r * std::sin(angle)), bf16);
-  }
+  for (uint16_t& value : out) value = flashgen::float_to_dtype_bits(normal(rng), dtype);
   return out;
 }
 
@@ -201,13 +154,13 @@ struct DeviceBuffer {
 };
 
 // The largest |a - b| over the largest |b| of two 16-bit device tensors (b: cuDNN's).
-double relative_difference(const void* a, const void* b, int64_t count, bool bf16) {
+double relative_difference(const void* a, const void* b, int64_t count, flashgen_dtype dtype) {
   std::vector<uint16_t> ha(static_cast<size_t>(count)), hb(static_cast<size_t>(count));
   cuda_check(cudaMemcpy(ha.data(), a, count * 2, cudaMemcpyDeviceToHost), "copy back");
   cuda_check(cudaMemcpy(hb.data(), b, count * 2, cudaMemcpyDeviceToHost), "copy back");
   double diff = 0, scale = 0;
   for (int64_t i = 0; i < count; ++i) {
-    const double x = from_half_bits(ha[i], bf16), y = from_half_bits(hb[i], bf16);
+    const double x = flashgen::dtype_bits_to_float(ha[i], dtype), y = flashgen::dtype_bits_to_float(hb[i], dtype);
     if (!std::isfinite(x) || !std::isfinite(y)) return INFINITY;
     diff = std::max(diff, std::fabs(x - y));
     scale = std::max(scale, std::fabs(y));
@@ -280,20 +233,20 @@ flashgen_attention_options options_of(const Problem& p, const Variant& v, bool b
 // [batch, seqlen, heads, head_dim] in memory, as flashgen's.
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDo, kDq, kDk, kDv, kSink, kDsink };
 
+fe::graph::Tensor_attributes& lay_out_bshd(fe::graph::Tensor_attributes& t, int64_t uid, const Shape& s) {
+  return t.set_uid(uid)
+      .set_dim({s.batch, s.heads, s.seqlen, s.head_dim})
+      .set_stride({s.seqlen * s.heads * s.head_dim, s.head_dim, s.heads * s.head_dim, 1});
+}
+
 std::shared_ptr<fe::graph::Tensor_attributes> bshd(fe::graph::Graph& graph, const char* name, int64_t uid,
                                                    const Shape& s) {
-  return graph.tensor(fe::graph::Tensor_attributes()
-                          .set_name(name)
-                          .set_uid(uid)
-                          .set_dim({s.batch, s.heads, s.seqlen, s.head_dim})
-                          .set_stride({s.seqlen * s.heads * s.head_dim, s.head_dim, s.heads * s.head_dim, 1}));
+  fe::graph::Tensor_attributes t;
+  return graph.tensor(lay_out_bshd(t.set_name(name), uid, s));
 }
 
 void set_output_bshd(const std::shared_ptr<fe::graph::Tensor_attributes>& t, int64_t uid, const Shape& s) {
-  t->set_output(true)
-      .set_uid(uid)
-      .set_dim({s.batch, s.heads, s.seqlen, s.head_dim})
-      .set_stride({s.seqlen * s.heads * s.head_dim, s.head_dim, s.heads * s.head_dim, 1});
+  lay_out_bshd(t->set_output(true), uid, s);
 }
 
 std::shared_ptr<fe::graph::Tensor_attributes> stats_tensor(fe::graph::Graph& graph, const Shape& s) {
@@ -504,7 +457,8 @@ int main(int argc, char** argv) {
       csv = value();
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--variants causal,none,window1024,window4096,softcap50,alibi,sinks,softcap50-nomask,...]\n"
+                   "usage: %s [--variants causal,none,window1024,window4096,softcap50,alibi,sinks,\n"
+                   "                   softcap50-nomask,alibi-nomask]\n"
                    "       [--head-dims 64,128]\n"
                    "       [--seqlens 4096,16384] [--tokens 16384] [--width 2048] [--dtype bf16|fp16] [--samples 20]\n"
                    "       [--passes fwd,bwd] [--csv FILE]\n",
@@ -531,8 +485,9 @@ int main(int argc, char** argv) {
 
   // Every problem of the grid has tokens · width elements per tensor: one set of random inputs serves all.
   const int64_t elements = int64_t(tokens) * width;
-  const std::vector<uint16_t> hq = random_halves(elements, 1, bf16), hk = random_halves(elements, 2, bf16),
-                              hv = random_halves(elements, 3, bf16), hdo = random_halves(elements, 4, bf16);
+  const flashgen_dtype dtype = bf16 ? FLASHGEN_BFLOAT16 : FLASHGEN_FLOAT16;
+  const std::vector<uint16_t> hq = random_normal(elements, 1, dtype), hk = random_normal(elements, 2, dtype),
+                              hv = random_normal(elements, 3, dtype), hdo = random_normal(elements, 4, dtype);
 
   std::ofstream file;
   if (!csv.empty()) {
@@ -552,12 +507,18 @@ int main(int argc, char** argv) {
       const Shape shape{tokens / seqlen, seqlen, width / head_dim, head_dim};
       Problem p(shape, bf16, {&hq, &hk, &hv, &hdo});
       for (const Variant& v : variants) {
-        const double pairs = double(shape.batch) * double(shape.heads) * visible_pairs(shape.seqlen, v.causal, v.window);
-        const double fwd_flops = 4.0 * double(head_dim) * pairs;
+        const flashgen_attention_options fwd_opts = options_of(p, v, false), bwd_opts = options_of(p, v, true);
+        flashgen::AttentionShape counted;  // for the FLOPs over the unmasked pairs
+        counted.batch = shape.batch;
+        counted.seqlen_q = counted.seqlen_k = shape.seqlen;
+        counted.heads_q = counted.heads_kv = shape.heads;
+        counted.head_dim = shape.head_dim;
+        const flashgen::ReferenceWindow window{fwd_opts.window_left, fwd_opts.window_right, 0};
+        const double fwd_flops = flashgen::forward_flops(counted, fwd_opts.mask, window);
+        const double bwd_flops = flashgen::backward_flops(counted, bwd_opts.mask, window);
         const flashgen_tensor q = tensor_of(p, p.q), k = tensor_of(p, p.k), vv = tensor_of(p, p.v),
                               o_fg = tensor_of(p, p.out_fg), dout = tensor_of(p, p.dout), dq = tensor_of(p, p.dq_fg),
                               dk = tensor_of(p, p.dk_fg), dv = tensor_of(p, p.dv_fg);
-        const flashgen_attention_options fwd_opts = options_of(p, v, false), bwd_opts = options_of(p, v, true);
         auto flashgen_forward = [&] {
           flashgen_check(flashgen_attention_forward(&q, &k, &vv, &o_fg, p.lse_fg.as<float>(), &fwd_opts, stream),
                          "flashgen_attention_forward");
@@ -598,7 +559,7 @@ int main(int argc, char** argv) {
         if (cf.error.empty()) cudnn_fwd();
         cuda_check(cudaStreamSynchronize(stream), "forward");
         const double fwd_difference =
-            cf.error.empty() ? relative_difference(p.out_fg.ptr, p.out_cd.ptr, shape.elements(), bf16) : NAN;
+            cf.error.empty() ? relative_difference(p.out_fg.ptr, p.out_cd.ptr, shape.elements(), dtype) : NAN;
         if (forward) {
           const auto ms = timer.medians(samples, flashgen_forward, cf.error.empty() ? std::function<void()>(cudnn_fwd)
                                                                                    : std::function<void()>());
@@ -623,13 +584,13 @@ int main(int argc, char** argv) {
         cuda_check(cudaStreamSynchronize(stream), "backward");
         double bwd_difference = NAN;
         if (cb.error.empty()) {
-          bwd_difference = std::max({relative_difference(p.dq_fg.ptr, p.dq_cd.ptr, shape.elements(), bf16),
-                                     relative_difference(p.dk_fg.ptr, p.dk_cd.ptr, shape.elements(), bf16),
-                                     relative_difference(p.dv_fg.ptr, p.dv_cd.ptr, shape.elements(), bf16)});
+          bwd_difference = std::max({relative_difference(p.dq_fg.ptr, p.dq_cd.ptr, shape.elements(), dtype),
+                                     relative_difference(p.dk_fg.ptr, p.dk_cd.ptr, shape.elements(), dtype),
+                                     relative_difference(p.dv_fg.ptr, p.dv_cd.ptr, shape.elements(), dtype)});
         }
         const auto ms = timer.medians(samples, flashgen_backward, cb.error.empty() ? std::function<void()>(cudnn_bwd)
                                                                                   : std::function<void()>());
-        row("bwd", 2.5 * fwd_flops, ms, bwd_difference, cb.error.empty() ? "" : "cudnn: " + sanitized(cb.error));
+        row("bwd", bwd_flops, ms, bwd_difference, cb.error.empty() ? "" : "cudnn: " + sanitized(cb.error));
       }
     }
   }
