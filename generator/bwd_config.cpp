@@ -110,7 +110,13 @@ BwdDqTraits BwdConfig::dq_traits() const {
 
 BwdSm90Traits BwdConfig::sm90_traits() const {
   if (sm90() == nullptr) fail(Status::kInternal, "config " + name() + " has no sm90-family traits");
-  return bwd_sm90_traits(head_dim, block_m, block_n, stages);
+  return bwd_sm90_traits(head_dim, block_m, block_n, stages, sm90_lock_step());
+}
+
+bool BwdConfig::sm90_lock_step() const {
+  // The variant's kGradReadsScore || kEveryBlockPartial (variant.cuh): the soft cap, a user's score_mod or mask.
+  const bool per_score_work = mods.softcap || (user != nullptr && (!user->score_mod.empty() || user->masks()));
+  return bwd_sm90_lock_step(deterministic, per_score_work);
 }
 
 DqAccum BwdConfig::dq_accum() const {

@@ -90,6 +90,9 @@ struct BwdConfig {
   BwdDkdvTraits dkdv_traits() const;
   BwdDqTraits dq_traits() const;
   BwdSm90Traits sm90_traits() const;
+  // The sm90 family: whether the dkdv kernel's consumers step together rather than take turns (bwd_sm90_lock_step;
+  // rendered into the config header, where the kernel checks it against its variant).
+  bool sm90_lock_step() const;
   // Whether the module has the dq kernel (the sm80 family's deterministic strategy), else a convert kernel.
   bool has_dq_kernel() const { return deterministic && family() == KernelFamily::kSm80; }
   // Where the module accumulates dQ in fp32 (bwd_traits.cuh).

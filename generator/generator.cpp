@@ -185,8 +185,9 @@ std::string render_config_header(const BwdConfig& c) {
         << "  static constexpr int kDqWarps = " << c.dq_warps << ";\n"
         << "  static constexpr int kDqStages = " << c.dq_stages << ";\n";
   }
-  out << "  static constexpr int kPadRows = " << c.pad_rows() << ";\n"
-      << "};\n\n"
+  out << "  static constexpr int kPadRows = " << c.pad_rows() << ";\n";
+  if (c.sm90()) out << "  static constexpr bool kLockStep = " << (c.sm90_lock_step() ? "true" : "false") << ";\n";
+  out << "};\n\n"
       << "}  // namespace flashgen_generated\n";
   return out.str();
 }

@@ -17,19 +17,22 @@
 // the accumulator: dq_first_add_stores) and hands the buffer back; the consumers never wait on a global
 // reduction. The deterministic strategy makes those adds take turns in a fixed order of key blocks (a
 // semaphore per query block), so repeated runs sum in the same order; the atomic one counts them there, so
-// the convert kernel can run beside this one's last blocks. dK and dV leave through the K and V tiles and TMA stores. On 64-column tiles a step adds
-// the previous step's dQ, so the consumers meet at no barrier of a step (defer_dq). Tiles hold head_dim
-// rounded up to whole 64-column chunks (sm90_tile_dim, fwd_traits.cuh): TMA zero-fills the columns past it
-// on load and clips them on store, and the dQ accumulator's rows are as wide as the tiles'. Tiles of 192
-// and 256 columns keep 64 keys per block and give its dK to consumer 0 and its dV to consumer 1 instead
-// (dK and dV of 256 columns would take 256 registers per thread): consumer 1 computes dPᵀ and passes it
-// to consumer 0 through an exchange tile; consumer 0 computes Sᵀ, Pᵀ and dSᵀ, adds dK += dSᵀ Q and passes Pᵀ's fragments back for
-// dV += Pᵀ dO; dQ's chunks are shared (at 192: two for consumer 0, one for consumer 1; the other way round
-// ptxas spills). Where the staged dQ tile does not fit (256 with two stages, 192 with three) each consumer
-// adds its dQ columns with vector reductions in the accumulator's order (in turns, for the deterministic
-// strategy). Tiles of 128 columns on 64-key blocks split the steps instead (the query split): both consumers
-// see the block's 64 keys, consumer c computes steps c, c + 2, ... whole into a dQ tile of its own, with no
-// barrier between the consumers, and at the end consumer 0 sums and stores dK and consumer 1 dV.
+// the convert kernel can run beside this one's last blocks. dK and dV leave through the K and V tiles and
+// TMA stores. On 64-column tiles a step adds the previous step's dQ, so the consumers meet at no barrier of
+// a step (defer_dq); on 128-column tiles with two stages the atomic strategy's consumers also take turns
+// issuing their products, one computing its softmax while the other's products run (ping_pong). Tiles hold
+// head_dim rounded up to whole 64-column chunks (sm90_tile_dim, fwd_traits.cuh): TMA zero-fills the columns
+// past it on load and clips them on store, and the dQ accumulator's rows are as wide as the tiles'. Tiles of
+// 192 and 256 columns keep 64 keys per block and give its dK to consumer 0 and its dV to consumer 1 instead
+// (dK and dV of 256 columns would take 256 registers per thread): consumer 1 computes dPᵀ and passes it to
+// consumer 0 through an exchange tile; consumer 0 computes Sᵀ, Pᵀ and dSᵀ, adds dK += dSᵀ Q and passes Pᵀ's
+// fragments back for dV += Pᵀ dO; dQ's chunks are shared (at 192: two for consumer 0, one for consumer 1;
+// the other way round ptxas spills). Where the staged dQ tile does not fit (256 with two stages, 192 with
+// three) each consumer adds its dQ columns with vector reductions in the accumulator's order (in turns, for
+// the deterministic strategy). Tiles of 128 columns on 64-key blocks split the steps instead (the query
+// split): both consumers see the block's 64 keys, consumer c computes steps c, c + 2, ... whole into a dQ tile
+// of its own, with no barrier between the consumers, and at the end consumer 0 sums and stores dK and
+// consumer 1 dV.
 // Validity rules in bwd_sm90_traits() (bwd_traits.cuh). Masking and scores go through the config's
 // Variant (variant.cuh, block_range.cuh).
 #pragma once
@@ -53,7 +56,12 @@ struct BwdDkdvSm90 {
   using u64 = sm90::u64;
 
   static constexpr bool kDeterministic = !Cfg::kAtomicDq;
-  static constexpr BwdSm90Traits kTraits = bwd_sm90_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages);
+  // The generator decides lock_step from the config (BwdConfig::sm90_lock_step), as the host's sizes follow it.
+  static_assert(Cfg::kLockStep == bwd_sm90_lock_step(kDeterministic, Cfg::Variant::kGradReadsScore ||
+                                                                         Cfg::Variant::kEveryBlockPartial),
+                "the config's kLockStep disagrees with its strategy and variant (bwd_sm90_lock_step)");
+  static constexpr BwdSm90Traits kTraits =
+      bwd_sm90_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kLockStep);
   static_assert(kTraits.error == nullptr, "invalid sm90 backward config: see bwd_sm90_traits() in bwd_traits.cuh");
   static_assert(Cfg::kPadRows == kBwdSm90PadRows, "the sm90 family reads whole query blocks of the workspace");
   static_assert(Cfg::kDqAccum == DqAccum::kTiles, "the sm90 family adds dQ tiles in accumulator order");
@@ -83,16 +91,21 @@ struct BwdDkdvSm90 {
   static constexpr bool kDqStaged = kTraits.dq_staged;
   // 64-column tiles: each step adds the previous step's dQ (see consume).
   static constexpr bool kDeferDq = kTraits.defer_dq;
+  // 128-column tiles on 128-key blocks with 2 stages: the consumers take turns issuing their products (see
+  // consume), over kDsTiles dSᵀ tiles.
+  static constexpr bool kPingPong = kTraits.ping_pong;
+  static constexpr int kDsTiles = kTraits.ds_tiles;
   // Nothing zeroes the dQ accumulator: a query block's first add stores (write_dq).
-  static constexpr bool kFirstAddStores = dq_first_add_stores(DqAccum::kTiles, Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN,
-                                                              Cfg::kStages, kDeterministic, Variant::kHidesKeys);
+  static constexpr bool kFirstAddStores = dq_first_add_stores(DqAccum::kTiles, Cfg::kHeadDim, Cfg::kBlockM,
+                                                              Cfg::kBlockN, Cfg::kStages, kDeterministic,
+                                                              Variant::kHidesKeys);
 
   // Tiles are stored as 64-column chunks of 128-byte rows, chunk after chunk, swizzled in 1024-byte
   // atoms of 8 rows (what TMA writes with 128-byte swizzling and wgmma descriptors read), as in
   // fwd_sm90.cuh. dSᵀ is stored keys x queries: its chunks are 64 queries wide.
   static constexpr u32 kRowBytes = 128;
   static constexpr int kChunks = kTileDim / 64;
-  // Layout: K | V | kStages x [Q | dO] | 2 x dSᵀ | dQ | exchange | kStages x [LSE | D] | barriers. Every
+  // Layout: K | V | kStages x [Q | dO] | kDsTiles x dSᵀ | dQ | exchange | kStages x [LSE | D] | barriers. Every
   // tile starts on a 1024-byte boundary (all tile sizes are multiples of 1024): TMA, wgmma and the swizzled
   // stores below all derive the swizzle from address bits, relative to the atom.
   static constexpr u32 kKvTileBytes = kBlockN * kTileDim * 2;  // K or V
@@ -110,7 +123,7 @@ struct BwdDkdvSm90 {
   static constexpr u32 kVOffset = kKvTileBytes;
   static constexpr u32 kStageOffset = 2 * kKvTileBytes;
   static constexpr u32 kDsOffset = kStageOffset + kStages * kStageBytes;
-  static constexpr u32 kDqOffset = kDsOffset + 2 * kDsTileBytes;
+  static constexpr u32 kDqOffset = kDsOffset + kDsTiles * kDsTileBytes;
   static constexpr u32 kExchangeOffset = kDqOffset + kDqTiles * kDqTileBytes;
   static constexpr u32 kRowStatsOffset = kExchangeOffset + kExchangeBytes;
   static constexpr u32 kBarrierOffset = kRowStatsOffset + kStages * kRowStatsBytes;
@@ -118,6 +131,10 @@ struct BwdDkdvSm90 {
                 "tiles must keep 1024-byte alignment");
   static_assert(kDqTiles * kDqTileBytes == kTraits.smem_dq_bytes, "dQ tile and traits disagree");
   static_assert(!kQuerySplit || (kDqStaged && !kDkdvSplit && kStages >= 2), "the query split stages dQ");
+  static_assert(!kPingPong || (kDeferDq && kDqStaged && !kDkdvSplit && !kQuerySplit && kTraits.dq_row_tiles == 1 &&
+                               kTraits.dq_passes == 1 && kTraits.consumers == 2),
+                "the consumers' turns take one dQ pass of 64 rows each, deferred a step");
+  static_assert(kPingPong || kDsTiles == 2, "steps alternate between two dSᵀ tiles");
   static_assert(kBarrierOffset + kTraits.mbarriers * 8 + 1024 == kTraits.smem_bytes, "layout and traits disagree");
 
   static constexpr int kSGroups = kBlockM / 8;   // accumulator groups of Sᵀ, dPᵀ: (16 keys, 8 queries) per warp
@@ -131,7 +148,8 @@ struct BwdDkdvSm90 {
   static constexpr int kDqColParts = kDkdvSplit ? 2 : kTileDim / kDqCols;  // consumers sharing a 64-row tile of dQ
 
   // Hardware barriers: 0 is __syncthreads, 1 all consumers (dSᵀ staged; K and V free), 2 + c consumer c,
-  // and per consumer c with the dQ writer warp: 4 + c its share of the dQ tile stored, 6 + c the tile free.
+  // and per consumer c with the dQ writer warp: 4 + c its share of the dQ tile stored, 6 + c the tile free;
+  // with kPingPong, 8 + c consumer c's turn to issue its products (the other consumer arrives).
   // The dK/dV split's consumers also meet at 1 when dPᵀ is in the exchange tile and when Pᵀ's fragments
   // are (both sides wait, which costs little as the other side is there or nearly; with a bar.arrive on
   // one side compute-sanitizer's racecheck reported the exchange tile's accesses as racing).
@@ -142,6 +160,7 @@ struct BwdDkdvSm90 {
   static constexpr unsigned kDqWriterThreads = 128 + 32;
   static __device__ unsigned dq_full_barrier(int consumer) { return 4 + consumer; }
   static __device__ unsigned dq_empty_barrier(int consumer) { return 6 + consumer; }
+  static __device__ unsigned turn_barrier(int consumer) { return 8 + consumer; }
   // Every consumer at barrier 1: from different instructions where the consumers run different code.
   static __device__ void consumers_sync() {
     if constexpr (kDkdvSplit) {
@@ -153,13 +172,13 @@ struct BwdDkdvSm90 {
   static constexpr int kDqWriterWarp = 1;  // of the producer warpgroup; thread 0 of warp 0 loads tiles
 
   struct Barriers {
-    u32 base;  // kv_full, then full[kStages], empty[kStages], then with kDeferDq ds_full[2], ds_empty[2]
+    u32 base;  // kv_full, then full[kStages], empty[kStages], then with kDeferDq ds_full[kDsTiles], ds_empty[kDsTiles]
     __device__ u32 kv_full() const { return base; }
     __device__ u32 full(int s) const { return base + 8 * (1 + s); }
     __device__ u32 empty(int s) const { return base + 8 * (1 + kStages + s); }
     // dSᵀ tile b holds every consumer's dSᵀ of a step / has been read by every consumer's dQ product.
     __device__ u32 ds_full(int b) const { return base + 8 * (1 + 2 * kStages + b); }
-    __device__ u32 ds_empty(int b) const { return base + 8 * (3 + 2 * kStages + b); }
+    __device__ u32 ds_empty(int b) const { return base + 8 * (1 + 2 * kStages + kDsTiles + b); }
   };
 
   // This block's key block n_block of batch entry (or packed sequence) `batch` and kv head; where the TMA
@@ -281,7 +300,7 @@ struct BwdDkdvSm90 {
         sm90::mbarrier_init(bars.empty(s), (kQuerySplit ? 1 : kConsumers) * 128);
       }
       if constexpr (kDeferDq) {
-        for (int b = 0; b < 2; ++b) {
+        for (int b = 0; b < kDsTiles; ++b) {
           sm90::mbarrier_init(bars.ds_full(b), kConsumers * 128);
           sm90::mbarrier_init(bars.ds_empty(b), kConsumers * 128);
         }
@@ -504,261 +523,453 @@ struct BwdDkdvSm90 {
       }
     };
 
-    // With kDeferDq a step adds the previous step's dQ (after issuing its own dV and dK), and one more
-    // iteration adds the last step's: the consumers meet at no barrier of a step, each waiting only for the
-    // other's dSᵀ of the step before (staged a step ago) and, before storing dSᵀ into a tile, for the other's
-    // dQ product that read it two steps ago.
-    for (int it = kQuerySplit ? consumer : 0; it < w.iterations + (kDeferDq ? 1 : 0); it += kStepConsumers) {
-      const int head = head_of(p, w, it);
-      const int m_block = m_block_of(w, it);
-      const int m_start = m_block * kBlockM;
-      const int s = it % kStages;
-      const u32 sq = smem + kStageOffset + s * kStageBytes;
-      const u32 sdo = sq + kQTileBytes;
-      const u32 s_lse = smem + kRowStatsOffset + s * kRowStatsBytes;
-      const u32 s_dsum = s_lse + kBlockM * 4;
-      const u32 sds = smem + kDsOffset + (it % 2) * kDsTileBytes;
-      if (!kDeferDq || it < w.iterations) {  // with kDeferDq the last iteration only adds dQ
-        sm90::mbarrier_wait(bars.full(s), ring_phase(it));
-        const u64 desc_k_rows = sm90::smem_desc_sw128(sk_rows, 16, 1024);
-        const u64 desc_v_rows = sm90::smem_desc_sw128(sv_rows, 16, 1024);
-        const u64 desc_q = sm90::smem_desc_sw128(sq, 16, 1024);
-        const u64 desc_do = sm90::smem_desc_sw128(sdo, 16, 1024);
-
-        // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for this consumer's keys: (64, kBlockM), k-steps along head_dim. With the
-        // dK/dV split consumer 0 computes Sᵀ and consumer 1 dPᵀ.
-        float acc_s[kSGroups][4];
-        float acc_dp[kSGroups][4];
-        // acc = A Bᵀ over head_dim: A the consumer's 64 rows of K or V, B the stage's Q or dO.
-        auto transposed_product = [&](float(&acc)[kSGroups][4], u64 desc_a, u64 desc_b) {
-#pragma unroll
-          for (int kk = 0; kk < kDSteps; ++kk) {
-            const u32 offset = (kk / 4) * kBlockN * kRowBytes + (kk % 4) * 32;
-            const u32 q_offset = (kk / 4) * kBlockM * kRowBytes + (kk % 4) * 32;
-            sm90::WgmmaSS<kBlockM>::template run<kElem>(acc, sm90::smem_desc_advance(desc_a, offset),
-                                                        sm90::smem_desc_advance(desc_b, q_offset), kk > 0 ? 1 : 0);
-          }
-          sm90::wgmma_commit();
-        };
+    if constexpr (kPingPong) {
+      // The consumers take turns issuing their products, so that one computes Pᵀ and dSᵀ while the other's
+      // products run (the lock-step loop below runs both consumers' softmax at once, with the tensor cores idle).
+      // A step's work: Sᵀ and dPᵀ (scores), Pᵀ and dSᵀ (softmax), dV and dK (grads), and one step later its dQ
+      // (defer_dq: the other consumer's dSᵀ of the step before is staged by then). Consumer c's turn at step it
+      // issues step it's grads, step it - 1's dQ and step it + 1's scores back to back, hands the turn over
+      // (barrier turn_barrier(1 - c)) and computes step it + 1's softmax. Consumer 0 takes the first turn.
+      // Within a turn the grads are waited for before Sᵀ is issued and dQ is staged before dPᵀ is, so at most
+      // two accumulators besides dK and dV are in flight (three spill at the 240-register budget); issuing Sᵀ
+      // behind dQ keeps the tensor cores fed (issued only after the grads and dQ were done, it lost 0-10%).
+      // The first and last turns are compile-time instances (run-time conditions inside one turn kept the
+      // scores' accumulators live across iterations: 300-650 bytes of spills). Three dSᵀ tiles: a consumer
+      // stores step it's while the other's dQ product of step it - 2 may still read its tile.
+      u32 p_frag[kMSteps][4];   // Pᵀ of the step whose grads are next, as 16-bit A fragments
+      u32 ds_frag[kMSteps][4];  // its dSᵀ
+      const u64 desc_k_rows = sm90::smem_desc_sw128(sk_rows, 16, 1024);
+      const u64 desc_v_rows = sm90::smem_desc_sw128(sv_rows, 16, 1024);
+      const u64 desc_k_mn = sm90::smem_desc_sw128(sk, kBlockN * kRowBytes, 1024);
+      const u32 thread_in_group = threadIdx.x % 128;
+      auto stage_q = [&](int it) { return smem + kStageOffset + (it % kStages) * kStageBytes; };
+      auto ds_tile = [&](int it) { return smem + kDsOffset + (it % kDsTiles) * kDsTileBytes; };
+      auto ds_phase = [&](int it) { return static_cast<u32>((it / kDsTiles) & 1); };
+      // Sᵀ = K Qᵀ or dPᵀ = V dOᵀ of this consumer's keys, (64, kBlockM), k-steps along head_dim.
+      auto issue_scores = [&](float(&acc)[kSGroups][4], u64 desc_a, u32 tile) {
+        const u64 desc_b = sm90::smem_desc_sw128(tile, 16, 1024);
         sm90::wgmma_fence();
-        if constexpr (kPart != Part::kGrads) transposed_product(acc_s, desc_k_rows, desc_q);
-        if constexpr (kPart != Part::kScores) transposed_product(acc_dp, desc_v_rows, desc_do);
-
-        // Pᵀ and dSᵀ as 16-bit A fragments (groups 2j, 2j+1 are k-step j's A fragment).
-        u32 p_frag[kMSteps][4];
-        u32 ds_frag[kMSteps][4];
-        // The exchange tile's slot of this thread's accumulator group (or fragment) i.
-        const u32 exchange = smem + kExchangeOffset + (threadIdx.x % 128) * 16;
-        auto exchange_slot = [&](int i) { return exchange + static_cast<u32>(i) * 128 * 16; };
-        if constexpr (kPart == Part::kGrads) {
-          // dPᵀ to consumer 0; back come Pᵀ's fragments (written over this thread's own slots, whose dPᵀ
-          // consumer 0's same thread has read).
-          sm90::wgmma_wait<0>();
-          sm90::pin_registers(acc_dp);
 #pragma unroll
-          for (int i = 0; i < kSGroups; ++i) {
-            sm90::st_shared_f32x4(exchange_slot(i), acc_dp[i][0], acc_dp[i][1], acc_dp[i][2], acc_dp[i][3]);
-          }
-          consumers_sync();  // dPᵀ stored
-          consumers_sync();  // Pᵀ's fragments stored
-#pragma unroll
-          for (int j = 0; j < kMSteps; ++j) sm90::ld_shared_u32x4(exchange_slot(j), p_frag[j]);
+        for (int kk = 0; kk < kDSteps; ++kk) {
+          const u32 offset = (kk / 4) * kBlockN * kRowBytes + (kk % 4) * 32;
+          const u32 q_offset = (kk / 4) * kBlockM * kRowBytes + (kk % 4) * 32;
+          sm90::WgmmaSS<kBlockM>::template run<kElem>(acc, sm90::smem_desc_advance(desc_a, offset),
+                                                      sm90::smem_desc_advance(desc_b, q_offset), kk > 0 ? 1 : 0);
+        }
+        sm90::wgmma_commit();
+      };
+      // Step it's Pᵀ and dSᵀ from its Sᵀ and dPᵀ (the two newest wgmma groups), into p_frag and ds_frag, and
+      // dSᵀ into its tile once both consumers' dQ products of kDsTiles steps ago have read it.
+      auto softmax = [&](int it, float(&acc_s)[kSGroups][4], float(&acc_dp)[kSGroups][4]) {
+        const int head = head_of(p, w, it);
+        const int m_block = m_block_of(w, it);
+        const int m_start = m_block * kBlockM;
+        const u32 s_lse = smem + kRowStatsOffset + (it % kStages) * kRowStatsBytes;
+        const u32 s_dsum = s_lse + kBlockM * 4;
+        sm90::wgmma_wait<1>();
+        sm90::pin_registers(acc_s);
+        if (m_block < w.m_interior || m_block >= w.m_interior_end) {
+          probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<true>{});
         } else {
-          sm90::wgmma_wait<kPart == Part::kBoth ? 1 : 0>();
-          sm90::pin_registers(acc_s);
-          if (m_block < w.m_interior || m_block >= w.m_interior_end) {
-            probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<true>{});
-          } else {
-            probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<false>{});
-          }
-          if constexpr (kPart == Part::kBoth) {
-            sm90::wgmma_wait<0>();
-            sm90::pin_registers(acc_dp);
-          } else {
-            consumers_sync();  // dPᵀ stored
-          }
-          // dSᵀ = Pᵀ ∘ (dPᵀ - D), with respect to q·k (the dK/dV split's consumer 0 reads dPᵀ group by group).
+          probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<false>{});
+        }
+        sm90::wgmma_wait<0>();
+        sm90::pin_registers(acc_dp);
 #pragma unroll
-          for (int i = 0; i < kSGroups; ++i) {
-            if constexpr (kPart == Part::kScores) {
-              sm90::ld_shared_f32x4(exchange_slot(i), acc_dp[i][0], acc_dp[i][1], acc_dp[i][2], acc_dp[i][3]);
-            }
-            float dsum[2];
-            sm90::ld_shared_f32x2(s_dsum + (8 * i + 2 * t) * 4, dsum[0], dsum[1]);
-            // A variant whose gradient reads its score gets it back from P and the row's LSE, x = log2 P + lse2
-            // (keeping Sᵀ for it would cost a second accumulator's registers); an entry of P = 0 has dS = 0
-            // whatever it gets, so it gets 0 rather than -inf.
-            float lse2[2] = {0.f, 0.f};
+        for (int i = 0; i < kSGroups; ++i) {
+          float dsum[2];
+          sm90::ld_shared_f32x2(s_dsum + (8 * i + 2 * t) * 4, dsum[0], dsum[1]);
+          float lse2[2] = {0.f, 0.f};
+          if constexpr (Variant::kGradReadsScore) sm90::ld_shared_f32x2(s_lse + (8 * i + 2 * t) * 4, lse2[0], lse2[1]);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float ds = acc_s[i][e] * (acc_dp[i][e] - dsum[e % 2]);
+            float x = 0.f;  // the score, for a gradient that reads it (as in the loop below)
             if constexpr (Variant::kGradReadsScore) {
-              sm90::ld_shared_f32x2(s_lse + (8 * i + 2 * t) * 4, lse2[0], lse2[1]);
+              const float prob = acc_s[i][e];
+              x = prob > 0.f ? sm80::log2_approx(prob) + lse2[e % 2] : 0.f;
             }
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const float ds = acc_s[i][e] * (acc_dp[i][e] - dsum[e % 2]);
-              float x = 0.f;
-              if constexpr (Variant::kGradReadsScore) {
-                const float prob = acc_s[i][e];
-                x = prob > 0.f ? sm80::log2_approx(prob) + lse2[e % 2] : 0.f;
-              }
-              acc_dp[i][e] = Variant::score_grad(p, score_at(head, m_start, i, e / 2, e % 2), x, ds);
-            }
-          }
-#pragma unroll
-          for (int j = 0; j < kMSteps; ++j) {
-            sm80::pack_a<kElem>(p_frag[j], acc_s[2 * j], acc_s[2 * j + 1]);
-            sm80::pack_a<kElem>(ds_frag[j], acc_dp[2 * j], acc_dp[2 * j + 1]);
-          }
-          // dSᵀ into shared memory for the dQ product (kDeferDq: once every consumer's dQ product of two steps
-          // ago has read the tile); Pᵀ's fragments to consumer 1.
-          if constexpr (kDeferDq) {
-            if (it >= 2) sm90::mbarrier_wait(bars.ds_empty(it % 2), ((it / 2) & 1) ^ 1);
-          }
-#pragma unroll
-          for (int i = 0; i < kSGroups; ++i)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const u32 word = ds_frag[i / 2][2 * (i % 2) + h];
-              sm90::st_shared_u32(sds + swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t), word);
-            }
-          sm90::fence_proxy_async_smem();
-          if constexpr (kDeferDq) sm90::mbarrier_arrive(bars.ds_full(it % 2));
-          if constexpr (kPart == Part::kScores) {
-#pragma unroll
-            for (int j = 0; j < kMSteps; ++j) sm90::st_shared_u32x4(exchange_slot(j), p_frag[j]);
-            consumers_sync();  // Pᵀ's fragments stored
+            acc_dp[i][e] = Variant::score_grad(p, score_at(head, m_start, i, e / 2, e % 2), x, ds);
           }
         }
-
-        // dV += Pᵀ dO and dK += dSᵀ Q (the dK/dV split: the consumer's one of them): queries are the k
-        // dimension; dO and Q are read MN-major.
+#pragma unroll
+        for (int j = 0; j < kMSteps; ++j) {
+          sm80::pack_a<kElem>(p_frag[j], acc_s[2 * j], acc_s[2 * j + 1]);
+          sm80::pack_a<kElem>(ds_frag[j], acc_dp[2 * j], acc_dp[2 * j + 1]);
+        }
+        if (it >= kDsTiles) sm90::mbarrier_wait(bars.ds_empty(it % kDsTiles), ds_phase(it) ^ 1);
+        const u32 sds = ds_tile(it);
+#pragma unroll
+        for (int i = 0; i < kSGroups; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const u32 word = ds_frag[i / 2][2 * (i % 2) + h];
+            sm90::st_shared_u32(sds + swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t), word);
+          }
+        sm90::fence_proxy_async_smem();
+        sm90::mbarrier_arrive(bars.ds_full(it % kDsTiles));
+      };
+      // dQ = dS K of step it (this consumer's 64 columns), once both consumers' dSᵀ of it are staged.
+      auto issue_dq = [&](int it, float(&acc_dq)[kDqGroups][4]) {
+        sm90::mbarrier_wait(bars.ds_full(it % kDsTiles), ds_phase(it));
+        sm90::wgmma_fence();
+        const u64 desc_ds_mn = sm90::smem_desc_sw128(ds_tile(it), kBlockN * kRowBytes, 1024);
+#pragma unroll
+        for (int j = 0; j < kNSteps; ++j) {
+          const u32 step = j * 16 * kRowBytes;
+          const u64 desc_k = sm90::smem_desc_advance(desc_k_mn, (dq_col0 / 64) * kBlockN * kRowBytes + step);
+          sm90::WgmmaSSMN<kDqCols>::template run<kElem>(acc_dq, sm90::smem_desc_advance(desc_ds_mn, step), desc_k,
+                                                        j > 0 ? 1 : 0);
+        }
+        sm90::wgmma_commit();
+      };
+      // Step it's dQ, complete, into the shared tile for the writer (in accumulator order, as below).
+      auto stage_dq = [&](int it, float(&acc_dq)[kDqGroups][4]) {
+        sm90::pin_registers(acc_dq);
+        sm90::mbarrier_arrive(bars.ds_empty(it % kDsTiles));
+        if (it >= 1) sm90::named_barrier_sync(dq_empty_barrier(consumer), kDqWriterThreads);
+#pragma unroll
+        for (int i = 0; i < kDqGroups; ++i) {
+          const int chunk = dq_col0 / 64 + i / 8;
+          const int offset = chunk * (kDqChunkBytes / 4) + ((i % 8) * 128 + static_cast<int>(thread_in_group)) * 4;
+          sm90::st_shared_f32x4(sdq + offset * 4, acc_dq[i][0], acc_dq[i][1], acc_dq[i][2], acc_dq[i][3]);
+        }
+        sm90::fence_proxy_async_smem();
+        sm90::named_barrier_arrive(dq_full_barrier(consumer), kDqWriterThreads);
+      };
+      // Consumer c's turn at step it (kPrev: it > 0, kNext: it + 1 < iterations).
+      auto turn = [&](int it, auto prev, auto next) {
+        constexpr bool kPrev = decltype(prev)::value;
+        constexpr bool kNext = decltype(next)::value;
+        const u32 sq = stage_q(it);
+        const u32 sdo = sq + kQTileBytes;
+        // dV and dK settle in their registers first: the first turn's zeros would otherwise be moved in after
+        // the wgmma fence, where ptxas must fence again (and serializes every wgmma when that is under a branch).
+        sm90::pin_registers(acc_dv);
+        sm90::pin_registers(acc_dk);
+        sm90::named_barrier_sync(turn_barrier(consumer), 256);
+        // dV += Pᵀ dO and dK += dSᵀ Q: queries are the k dimension; dO and Q are read MN-major.
         const u64 desc_do_mn = sm90::smem_desc_sw128(sdo, kBlockM * kRowBytes, 1024);
         const u64 desc_q_mn = sm90::smem_desc_sw128(sq, kBlockM * kRowBytes, 1024);
         sm90::wgmma_fence();
-        if constexpr (kHasDv) {
 #pragma unroll
-          for (int j = 0; j < kMSteps; ++j) {
-            const u64 desc_do_j = sm90::smem_desc_advance(desc_do_mn, j * 16 * kRowBytes);
-            sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dv, p_frag[j], desc_do_j, 1);
-          }
+        for (int j = 0; j < kMSteps; ++j) {
+          sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dv, p_frag[j],
+                                                       sm90::smem_desc_advance(desc_do_mn, j * 16 * kRowBytes), 1);
         }
-        if constexpr (kHasDk) {
 #pragma unroll
-          for (int j = 0; j < kMSteps; ++j) {
-            const u64 desc_q_j = sm90::smem_desc_advance(desc_q_mn, j * 16 * kRowBytes);
-            sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dk, ds_frag[j], desc_q_j, 1);
-          }
+        for (int j = 0; j < kMSteps; ++j) {
+          sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dk, ds_frag[j],
+                                                       sm90::smem_desc_advance(desc_q_mn, j * 16 * kRowBytes), 1);
         }
         sm90::wgmma_commit();
-      }
-
-      // dQ = dS K of step dq_it (this step's, or with kDeferDq the previous one's) once every consumer's dSᵀ
-      // of it is staged: A = dSᵀ and B = K, both read MN-major; keys are the k dimension. The dSᵀ tiles
-      // alternate, so without kDeferDq the next step's stores need no barrier of their own.
-      const int dq_it = kDeferDq ? it - 1 : it;
-      if (kDeferDq && dq_it < 0) {  // no dQ yet: done with the stage once dV and dK are
-        sm90::wgmma_wait<0>();
+        float acc_dq[kDqGroups][4];  // (64, kDqCols) of step it - 1's query block
+        if constexpr (kPrev) {
+          issue_dq(it - 1, acc_dq);
+          sm90::wgmma_wait<1>();
+        } else {
+          sm90::wgmma_wait<0>();
+        }
         sm90::pin_registers(acc_dv);
         sm90::pin_registers(acc_dk);
-        sm90::mbarrier_arrive(bars.empty(s));
-        continue;
-      }
-      if constexpr (kDeferDq) {
-        sm90::mbarrier_wait(bars.ds_full(dq_it % 2), (dq_it / 2) & 1);
-      } else if constexpr (kQuerySplit) {
-        sm90::named_barrier_sync(2 + consumer, 128);  // its own dSᵀ, in its own tile (it % 2 == consumer)
-      } else {
-        consumers_sync();
-      }
-      const int dq_head = kDeferDq ? head_of(p, w, dq_it) : head;
-      const int dq_m_start = kDeferDq ? m_block_of(w, dq_it) * kBlockM : m_start;
-      const u32 dq_sds = kDeferDq ? smem + kDsOffset + (dq_it % 2) * kDsTileBytes : sds;
-      const u64 desc_ds_mn = sm90::smem_desc_sw128(dq_sds, kBlockN * kRowBytes, 1024);
-      const u64 desc_k_mn = sm90::smem_desc_sw128(sk, kBlockN * kRowBytes, 1024);
-      const u32 thread_in_group = threadIdx.x % 128;
-      const long long dq_row0 = workspace_row(p, w, dq_head, dq_m_start);  // the query block's first accumulator row
-#pragma unroll
-      for (int pass = 0; pass < kPasses; ++pass) {
-        const int col0 = dq_col0 + pass * kDqCols;
-        float acc_dq[kDqRowTiles][kDqGroups][4];  // (kDqRowTiles x 64, kDqCols) of the query block
-        if (pass > 0) sm90::wgmma_fence();  // the previous pass's reductions read these registers
-#pragma unroll
-        for (int r = 0; r < kDqRowTiles; ++r) {
-#pragma unroll
-          for (int j = 0; j < kNSteps; ++j) {
-            const u32 step = j * 16 * kRowBytes;
-            const u64 desc_ds = sm90::smem_desc_advance(desc_ds_mn, (dq_tile0 + r) * kBlockN * kRowBytes + step);
-            const u64 desc_k = sm90::smem_desc_advance(desc_k_mn, (col0 / 64) * kBlockN * kRowBytes + step);
-            sm90::WgmmaSSMN<kDqCols>::template run<kElem>(acc_dq[r], desc_ds, desc_k, j > 0 ? 1 : 0);
-          }
+        // Done with the stage: its Q and dO read by step it's products, its LSE and D by its softmax (every
+        // consumer thread arrives, as in the loop below).
+        sm90::mbarrier_arrive(bars.empty(it % kStages));
+        float acc_s[kSGroups][4];   // (64 keys, kBlockM queries) of step it + 1
+        float acc_dp[kSGroups][4];
+        if constexpr (kNext) {
+          sm90::mbarrier_wait(bars.full((it + 1) % kStages), ring_phase(it + 1));
+          issue_scores(acc_s, desc_k_rows, stage_q(it + 1));
         }
-        sm90::wgmma_commit();
-        sm90::wgmma_wait<0>();
-        if (pass == 0) {
-          if constexpr (kHasDv) sm90::pin_registers(acc_dv);
-          if constexpr (kHasDk) sm90::pin_registers(acc_dk);
+        if constexpr (kPrev) {
+          sm90::wgmma_wait<kNext ? 1 : 0>();
+          stage_dq(it - 1, acc_dq);
         }
-#pragma unroll
-        for (int r = 0; r < kDqRowTiles; ++r) sm90::pin_registers(acc_dq[r]);
-        // This thread is done with the stage (its wgmma have read Q and dO). Every consumer thread arrives,
-        // for its own loads of LSE and D where it has any (one lane arriving for its warp after the bar.sync
-        // is as correct, but compute-sanitizer's racecheck follows an mbarrier's order only from the threads
-        // that arrive, and reports the producer's bulk copies of the stage's next use against the other
-        // lanes' loads).
-        if (pass == 0 && (!kDeferDq || it < w.iterations)) sm90::mbarrier_arrive(bars.empty(s));
-        if constexpr (kDeferDq) {
-          if (pass + 1 == kPasses) sm90::mbarrier_arrive(bars.ds_empty(dq_it % 2));  // this dSᵀ tile read
-        }
+        if constexpr (kNext) issue_scores(acc_dp, desc_v_rows, stage_q(it + 1) + kQTileBytes);
+        if (consumer == 0 || kNext) sm90::named_barrier_arrive(turn_barrier(1 - consumer), 256);
+        if constexpr (kNext) softmax(it + 1, acc_s, acc_dp);
+      };
 
-        // This consumer's share of the query block's dQ in accumulator order: each 64 x 64 chunk holds this
-        // thread's four values of 8-column group i at 16 * (128 * i + its index in the warpgroup), so a
-        // warp's 16-byte accesses are 512 consecutive bytes. Rows past seqlen_q exist in the padded
-        // accumulator and receive zeros.
-        auto chunk_offset = [&](int r, int i) {  // in floats
-          const int chunk = (dq_tile0 + r) * kChunks + col0 / 64 + i / 8;
-          return chunk * (kDqChunkBytes / 4) + ((i % 8) * 128 + static_cast<int>(thread_in_group)) * 4;
-        };
-        if constexpr (kDqStaged) {
-          // Into the shared dQ tile, once the writer has added the previous step's and handed it back.
-          if (dq_it >= kStepConsumers && pass == 0) {
-            sm90::named_barrier_sync(dq_empty_barrier(consumer), kDqWriterThreads);
-          }
-#pragma unroll
-          for (int r = 0; r < kDqRowTiles; ++r)
-#pragma unroll
-            for (int i = 0; i < kDqGroups; ++i) {
-              sm90::st_shared_f32x4(sdq + chunk_offset(r, i) * 4, acc_dq[r][i][0], acc_dq[r][i][1], acc_dq[r][i][2],
-                                    acc_dq[r][i][3]);
-            }
-          if (pass + 1 == kPasses) {
-            sm90::fence_proxy_async_smem();  // the writer's bulk reduce-add reads through the async proxy
-            sm90::named_barrier_arrive(dq_full_barrier(consumer), kDqWriterThreads);
-          }
+      if (w.iterations > 0) {
+        if (consumer == 1) sm90::named_barrier_arrive(turn_barrier(0), 256);
+        {
+          float acc_s[kSGroups][4];
+          float acc_dp[kSGroups][4];
+          sm90::mbarrier_wait(bars.full(0), ring_phase(0));
+          issue_scores(acc_s, desc_k_rows, stage_q(0));
+          issue_scores(acc_dp, desc_v_rows, stage_q(0) + kQTileBytes);
+          softmax(0, acc_s, acc_dp);
+        }
+        const int last = w.iterations - 1;
+        if (last == 0) {
+          turn(0, sm80::BoolConstant<false>{}, sm80::BoolConstant<false>{});
         } else {
-          // Straight into the accumulator with vector reductions; the deterministic strategy first waits for
-          // this block's turn (write_dq says which), which passes on after the last pass.
-          if (kDeterministic && pass == 0) {
-            if (consumer == 0 && thread_in_group == 0) {
-              const int turn = dq_turn(p, w, dq_m_start);
-              while (sm90::ld_acquire_gpu(dq_semaphore(p, dq_row0)) != turn) {
+          turn(0, sm80::BoolConstant<false>{}, sm80::BoolConstant<true>{});
+          for (int it = 1; it < last; ++it) turn(it, sm80::BoolConstant<true>{}, sm80::BoolConstant<true>{});
+          turn(last, sm80::BoolConstant<true>{}, sm80::BoolConstant<false>{});
+        }
+        float acc_dq[kDqGroups][4];
+        issue_dq(last, acc_dq);
+        sm90::wgmma_wait<0>();
+        stage_dq(last, acc_dq);
+      }
+    } else {
+      // With kDeferDq a step adds the previous step's dQ (after issuing its own dV and dK), and one more
+      // iteration adds the last step's: the consumers meet at no barrier of a step, each waiting only for the
+      // other's dSᵀ of the step before (staged a step ago) and, before storing dSᵀ into a tile, for the other's
+      // dQ product that read it two steps ago.
+      for (int it = kQuerySplit ? consumer : 0; it < w.iterations + (kDeferDq ? 1 : 0); it += kStepConsumers) {
+        const int head = head_of(p, w, it);
+        const int m_block = m_block_of(w, it);
+        const int m_start = m_block * kBlockM;
+        const int s = it % kStages;
+        const u32 sq = smem + kStageOffset + s * kStageBytes;
+        const u32 sdo = sq + kQTileBytes;
+        const u32 s_lse = smem + kRowStatsOffset + s * kRowStatsBytes;
+        const u32 s_dsum = s_lse + kBlockM * 4;
+        const u32 sds = smem + kDsOffset + (it % 2) * kDsTileBytes;
+        if (!kDeferDq || it < w.iterations) {  // with kDeferDq the last iteration only adds dQ
+          sm90::mbarrier_wait(bars.full(s), ring_phase(it));
+          const u64 desc_k_rows = sm90::smem_desc_sw128(sk_rows, 16, 1024);
+          const u64 desc_v_rows = sm90::smem_desc_sw128(sv_rows, 16, 1024);
+          const u64 desc_q = sm90::smem_desc_sw128(sq, 16, 1024);
+          const u64 desc_do = sm90::smem_desc_sw128(sdo, 16, 1024);
+
+          // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for this consumer's keys: (64, kBlockM), k-steps along head_dim. With the
+          // dK/dV split consumer 0 computes Sᵀ and consumer 1 dPᵀ.
+          float acc_s[kSGroups][4];
+          float acc_dp[kSGroups][4];
+          // acc = A Bᵀ over head_dim: A the consumer's 64 rows of K or V, B the stage's Q or dO.
+          auto transposed_product = [&](float(&acc)[kSGroups][4], u64 desc_a, u64 desc_b) {
+#pragma unroll
+            for (int kk = 0; kk < kDSteps; ++kk) {
+              const u32 offset = (kk / 4) * kBlockN * kRowBytes + (kk % 4) * 32;
+              const u32 q_offset = (kk / 4) * kBlockM * kRowBytes + (kk % 4) * 32;
+              sm90::WgmmaSS<kBlockM>::template run<kElem>(acc, sm90::smem_desc_advance(desc_a, offset),
+                                                          sm90::smem_desc_advance(desc_b, q_offset), kk > 0 ? 1 : 0);
+            }
+            sm90::wgmma_commit();
+          };
+          sm90::wgmma_fence();
+          if constexpr (kPart != Part::kGrads) transposed_product(acc_s, desc_k_rows, desc_q);
+          if constexpr (kPart != Part::kScores) transposed_product(acc_dp, desc_v_rows, desc_do);
+
+          // Pᵀ and dSᵀ as 16-bit A fragments (groups 2j, 2j+1 are k-step j's A fragment).
+          u32 p_frag[kMSteps][4];
+          u32 ds_frag[kMSteps][4];
+          // The exchange tile's slot of this thread's accumulator group (or fragment) i.
+          const u32 exchange = smem + kExchangeOffset + (threadIdx.x % 128) * 16;
+          auto exchange_slot = [&](int i) { return exchange + static_cast<u32>(i) * 128 * 16; };
+          if constexpr (kPart == Part::kGrads) {
+            // dPᵀ to consumer 0; back come Pᵀ's fragments (written over this thread's own slots, whose dPᵀ
+            // consumer 0's same thread has read).
+            sm90::wgmma_wait<0>();
+            sm90::pin_registers(acc_dp);
+#pragma unroll
+            for (int i = 0; i < kSGroups; ++i) {
+              sm90::st_shared_f32x4(exchange_slot(i), acc_dp[i][0], acc_dp[i][1], acc_dp[i][2], acc_dp[i][3]);
+            }
+            consumers_sync();  // dPᵀ stored
+            consumers_sync();  // Pᵀ's fragments stored
+#pragma unroll
+            for (int j = 0; j < kMSteps; ++j) sm90::ld_shared_u32x4(exchange_slot(j), p_frag[j]);
+          } else {
+            sm90::wgmma_wait<kPart == Part::kBoth ? 1 : 0>();
+            sm90::pin_registers(acc_s);
+            if (m_block < w.m_interior || m_block >= w.m_interior_end) {
+              probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<true>{});
+            } else {
+              probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<false>{});
+            }
+            if constexpr (kPart == Part::kBoth) {
+              sm90::wgmma_wait<0>();
+              sm90::pin_registers(acc_dp);
+            } else {
+              consumers_sync();  // dPᵀ stored
+            }
+            // dSᵀ = Pᵀ ∘ (dPᵀ - D), with respect to q·k (the dK/dV split's consumer 0 reads dPᵀ group by group).
+#pragma unroll
+            for (int i = 0; i < kSGroups; ++i) {
+              if constexpr (kPart == Part::kScores) {
+                sm90::ld_shared_f32x4(exchange_slot(i), acc_dp[i][0], acc_dp[i][1], acc_dp[i][2], acc_dp[i][3]);
+              }
+              float dsum[2];
+              sm90::ld_shared_f32x2(s_dsum + (8 * i + 2 * t) * 4, dsum[0], dsum[1]);
+              // A variant whose gradient reads its score gets it back from P and the row's LSE, x = log2 P + lse2
+              // (keeping Sᵀ for it would cost a second accumulator's registers); an entry of P = 0 has dS = 0
+              // whatever it gets, so it gets 0 rather than -inf.
+              float lse2[2] = {0.f, 0.f};
+              if constexpr (Variant::kGradReadsScore) {
+                sm90::ld_shared_f32x2(s_lse + (8 * i + 2 * t) * 4, lse2[0], lse2[1]);
+              }
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const float ds = acc_s[i][e] * (acc_dp[i][e] - dsum[e % 2]);
+                float x = 0.f;
+                if constexpr (Variant::kGradReadsScore) {
+                  const float prob = acc_s[i][e];
+                  x = prob > 0.f ? sm80::log2_approx(prob) + lse2[e % 2] : 0.f;
+                }
+                acc_dp[i][e] = Variant::score_grad(p, score_at(head, m_start, i, e / 2, e % 2), x, ds);
               }
             }
-            consumers_sync();
-          }
-          float* dq_tile = p.dq_accum + dq_row0 * kTileDim;
 #pragma unroll
-          for (int r = 0; r < kDqRowTiles; ++r)
-#pragma unroll
-            for (int i = 0; i < kDqGroups; ++i) {
-              sm90::red_add_f32x4(dq_tile + chunk_offset(r, i), acc_dq[r][i][0], acc_dq[r][i][1], acc_dq[r][i][2],
-                                  acc_dq[r][i][3]);
+            for (int j = 0; j < kMSteps; ++j) {
+              sm80::pack_a<kElem>(p_frag[j], acc_s[2 * j], acc_s[2 * j + 1]);
+              sm80::pack_a<kElem>(ds_frag[j], acc_dp[2 * j], acc_dp[2 * j + 1]);
             }
+            // dSᵀ into shared memory for the dQ product (kDeferDq: once every consumer's dQ product of two steps
+            // ago has read the tile); Pᵀ's fragments to consumer 1.
+            if constexpr (kDeferDq) {
+              if (it >= 2) sm90::mbarrier_wait(bars.ds_empty(it % 2), ((it / 2) & 1) ^ 1);
+            }
+#pragma unroll
+            for (int i = 0; i < kSGroups; ++i)
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const u32 word = ds_frag[i / 2][2 * (i % 2) + h];
+                sm90::st_shared_u32(sds + swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t), word);
+              }
+            sm90::fence_proxy_async_smem();
+            if constexpr (kDeferDq) sm90::mbarrier_arrive(bars.ds_full(it % 2));
+            if constexpr (kPart == Part::kScores) {
+#pragma unroll
+              for (int j = 0; j < kMSteps; ++j) sm90::st_shared_u32x4(exchange_slot(j), p_frag[j]);
+              consumers_sync();  // Pᵀ's fragments stored
+            }
+          }
+
+          // dV += Pᵀ dO and dK += dSᵀ Q (the dK/dV split: the consumer's one of them): queries are the k
+          // dimension; dO and Q are read MN-major.
+          const u64 desc_do_mn = sm90::smem_desc_sw128(sdo, kBlockM * kRowBytes, 1024);
+          const u64 desc_q_mn = sm90::smem_desc_sw128(sq, kBlockM * kRowBytes, 1024);
+          sm90::wgmma_fence();
+          if constexpr (kHasDv) {
+#pragma unroll
+            for (int j = 0; j < kMSteps; ++j) {
+              const u64 desc_do_j = sm90::smem_desc_advance(desc_do_mn, j * 16 * kRowBytes);
+              sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dv, p_frag[j], desc_do_j, 1);
+            }
+          }
+          if constexpr (kHasDk) {
+#pragma unroll
+            for (int j = 0; j < kMSteps; ++j) {
+              const u64 desc_q_j = sm90::smem_desc_advance(desc_q_mn, j * 16 * kRowBytes);
+              sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dk, ds_frag[j], desc_q_j, 1);
+            }
+          }
+          sm90::wgmma_commit();
         }
-      }
-      if constexpr (!kDqStaged && kDeterministic) {
-        __threadfence();  // every thread's adds done before the turn passes on
-        consumers_sync();
-        if (consumer == 0 && thread_in_group == 0) {
-          sm90::st_release_gpu(dq_semaphore(p, dq_row0), dq_turn(p, w, dq_m_start) + 1);
+
+        // dQ = dS K of step dq_it (this step's, or with kDeferDq the previous one's) once every consumer's dSᵀ
+        // of it is staged: A = dSᵀ and B = K, both read MN-major; keys are the k dimension. The dSᵀ tiles
+        // alternate, so without kDeferDq the next step's stores need no barrier of their own.
+        const int dq_it = kDeferDq ? it - 1 : it;
+        if (kDeferDq && dq_it < 0) {  // no dQ yet: done with the stage once dV and dK are
+          sm90::wgmma_wait<0>();
+          sm90::pin_registers(acc_dv);
+          sm90::pin_registers(acc_dk);
+          sm90::mbarrier_arrive(bars.empty(s));
+          continue;
+        }
+        if constexpr (kDeferDq) {
+          sm90::mbarrier_wait(bars.ds_full(dq_it % 2), (dq_it / 2) & 1);
+        } else if constexpr (kQuerySplit) {
+          sm90::named_barrier_sync(2 + consumer, 128);  // its own dSᵀ, in its own tile (it % 2 == consumer)
+        } else {
+          consumers_sync();
+        }
+        const int dq_head = kDeferDq ? head_of(p, w, dq_it) : head;
+        const int dq_m_start = kDeferDq ? m_block_of(w, dq_it) * kBlockM : m_start;
+        const u32 dq_sds = kDeferDq ? smem + kDsOffset + (dq_it % 2) * kDsTileBytes : sds;
+        const u64 desc_ds_mn = sm90::smem_desc_sw128(dq_sds, kBlockN * kRowBytes, 1024);
+        const u64 desc_k_mn = sm90::smem_desc_sw128(sk, kBlockN * kRowBytes, 1024);
+        const u32 thread_in_group = threadIdx.x % 128;
+        const long long dq_row0 = workspace_row(p, w, dq_head, dq_m_start);  // the query block's first accumulator row
+#pragma unroll
+        for (int pass = 0; pass < kPasses; ++pass) {
+          const int col0 = dq_col0 + pass * kDqCols;
+          float acc_dq[kDqRowTiles][kDqGroups][4];  // (kDqRowTiles x 64, kDqCols) of the query block
+          if (pass > 0) sm90::wgmma_fence();  // the previous pass's reductions read these registers
+#pragma unroll
+          for (int r = 0; r < kDqRowTiles; ++r) {
+#pragma unroll
+            for (int j = 0; j < kNSteps; ++j) {
+              const u32 step = j * 16 * kRowBytes;
+              const u64 desc_ds = sm90::smem_desc_advance(desc_ds_mn, (dq_tile0 + r) * kBlockN * kRowBytes + step);
+              const u64 desc_k = sm90::smem_desc_advance(desc_k_mn, (col0 / 64) * kBlockN * kRowBytes + step);
+              sm90::WgmmaSSMN<kDqCols>::template run<kElem>(acc_dq[r], desc_ds, desc_k, j > 0 ? 1 : 0);
+            }
+          }
+          sm90::wgmma_commit();
+          sm90::wgmma_wait<0>();
+          if (pass == 0) {
+            if constexpr (kHasDv) sm90::pin_registers(acc_dv);
+            if constexpr (kHasDk) sm90::pin_registers(acc_dk);
+          }
+#pragma unroll
+          for (int r = 0; r < kDqRowTiles; ++r) sm90::pin_registers(acc_dq[r]);
+          // This thread is done with the stage (its wgmma have read Q and dO). Every consumer thread arrives,
+          // for its own loads of LSE and D where it has any (one lane arriving for its warp after the bar.sync
+          // is as correct, but compute-sanitizer's racecheck follows an mbarrier's order only from the threads
+          // that arrive, and reports the producer's bulk copies of the stage's next use against the other
+          // lanes' loads).
+          if (pass == 0 && (!kDeferDq || it < w.iterations)) sm90::mbarrier_arrive(bars.empty(s));
+          if constexpr (kDeferDq) {
+            if (pass + 1 == kPasses) sm90::mbarrier_arrive(bars.ds_empty(dq_it % 2));  // this dSᵀ tile read
+          }
+
+          // This consumer's share of the query block's dQ in accumulator order: each 64 x 64 chunk holds this
+          // thread's four values of 8-column group i at 16 * (128 * i + its index in the warpgroup), so a
+          // warp's 16-byte accesses are 512 consecutive bytes. Rows past seqlen_q exist in the padded
+          // accumulator and receive zeros.
+          auto chunk_offset = [&](int r, int i) {  // in floats
+            const int chunk = (dq_tile0 + r) * kChunks + col0 / 64 + i / 8;
+            return chunk * (kDqChunkBytes / 4) + ((i % 8) * 128 + static_cast<int>(thread_in_group)) * 4;
+          };
+          if constexpr (kDqStaged) {
+            // Into the shared dQ tile, once the writer has added the previous step's and handed it back.
+            if (dq_it >= kStepConsumers && pass == 0) {
+              sm90::named_barrier_sync(dq_empty_barrier(consumer), kDqWriterThreads);
+            }
+#pragma unroll
+            for (int r = 0; r < kDqRowTiles; ++r)
+#pragma unroll
+              for (int i = 0; i < kDqGroups; ++i) {
+                sm90::st_shared_f32x4(sdq + chunk_offset(r, i) * 4, acc_dq[r][i][0], acc_dq[r][i][1], acc_dq[r][i][2],
+                                      acc_dq[r][i][3]);
+              }
+            if (pass + 1 == kPasses) {
+              sm90::fence_proxy_async_smem();  // the writer's bulk reduce-add reads through the async proxy
+              sm90::named_barrier_arrive(dq_full_barrier(consumer), kDqWriterThreads);
+            }
+          } else {
+            // Straight into the accumulator with vector reductions; the deterministic strategy first waits for
+            // this block's turn (write_dq says which), which passes on after the last pass.
+            if (kDeterministic && pass == 0) {
+              if (consumer == 0 && thread_in_group == 0) {
+                const int turn = dq_turn(p, w, dq_m_start);
+                while (sm90::ld_acquire_gpu(dq_semaphore(p, dq_row0)) != turn) {
+                }
+              }
+              consumers_sync();
+            }
+            float* dq_tile = p.dq_accum + dq_row0 * kTileDim;
+#pragma unroll
+            for (int r = 0; r < kDqRowTiles; ++r)
+#pragma unroll
+              for (int i = 0; i < kDqGroups; ++i) {
+                sm90::red_add_f32x4(dq_tile + chunk_offset(r, i), acc_dq[r][i][0], acc_dq[r][i][1], acc_dq[r][i][2],
+                                    acc_dq[r][i][3]);
+              }
+          }
+        }
+        if constexpr (!kDqStaged && kDeterministic) {
+          __threadfence();  // every thread's adds done before the turn passes on
+          consumers_sync();
+          if (consumer == 0 && thread_in_group == 0) {
+            sm90::st_release_gpu(dq_semaphore(p, dq_row0), dq_turn(p, w, dq_m_start) + 1);
+          }
         }
       }
     }
@@ -780,7 +991,9 @@ struct BwdDkdvSm90 {
       // (Branches rather than a reference chosen at run time, which would put the accumulators in local memory.)
       auto give = [&](int tensor, const float(&acc)[kDGroups][4]) {
 #pragma unroll
-        for (int i = 0; i < kDGroups; ++i) sm90::st_shared_f32x4(slot(tensor, i), acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+        for (int i = 0; i < kDGroups; ++i) {
+          sm90::st_shared_f32x4(slot(tensor, i), acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+        }
       };
       auto take = [&](int tensor, float(&acc)[kDGroups][4]) {
 #pragma unroll
@@ -873,6 +1086,7 @@ struct FlashgenDefaultBwdSm90Config {
   static constexpr bool kAtomicDq = true;
   static constexpr flashgen::DqAccum kDqAccum = flashgen::DqAccum::kTiles;
   static constexpr int kPadRows = flashgen::kBwdSm90PadRows;
+  static constexpr bool kLockStep = false;
 };
 
 extern "C" __global__ void __launch_bounds__(flashgen::kBwdRowKernelThreads)

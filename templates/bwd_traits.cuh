@@ -189,12 +189,21 @@ struct BwdSm90Traits {
                         // does not fit: tile_dim 256 with 2 stages, 192 with 3)
   int smem_kv_bytes;    // K and V: (tile_dim / 64 chunks, block_n, 64) each
   int smem_stage_bytes; // one ring stage: Q, dO (tile_dim / 64 chunks, block_m, 64), LSE and D
-  int smem_ds_bytes;    // two dSᵀ tiles (block_m / 64 chunks, block_n, 64), alternating per step
+  int ds_tiles;         // dSᵀ tiles, one per step in turn: 2, or 3 with ping_pong (the other consumer's dQ product
+                        // of two steps ago may still read one while a consumer stores its next)
+  int smem_ds_bytes;    // ds_tiles dSᵀ tiles (block_m / 64 chunks, block_n, 64)
   int smem_exchange_bytes;  // the dK/dV split: dPᵀ in fp32 from consumer 1, then Pᵀ's fragments from consumer 0
   bool defer_dq;        // a step adds the previous step's dQ, so the consumers meet at no barrier of a step
-                        // (bwd_sm90.cuh): 64-column tiles (H100 A/B: 0.92-0.96x the time from 2k tokens);
-                        // with 128 columns it measured no gain, and the dK/dV split trades within a step
-  int mbarriers;        // K/V full, the ring's full and empty, and with defer_dq dSᵀ's full and empty (2 each)
+                        // (bwd_sm90.cuh): 64-column tiles (H100 A/B: 0.92-0.96x the time from 2k tokens), and
+                        // ping_pong; alone on 128 columns it measured no gain, and the dK/dV split trades within
+                        // a step
+  bool ping_pong;       // 128-column tiles on 128-key blocks with 2 stages, unless lock_step (below): the consumers
+                        // take turns issuing their products (one turn: dV and dK of a step, dQ of the step before,
+                        // Sᵀ and dPᵀ of the next), each computing its next step's Pᵀ and dSᵀ while the other's
+                        // products run (bench/notes_bwd_sm90.md, v20: 0.90-0.96x the time from 2k tokens without
+                        // a mask)
+  int mbarriers;        // K/V full, the ring's full and empty, and with defer_dq dSᵀ's full and empty (one each
+                        // per dSᵀ tile)
   int smem_dq_bytes;    // the query block's dQ in fp32, laid out as its tiles of the accumulator (kTiles)
                         // (bwd_sm90.cuh lays the stages' LSE and D out after the tiles: 1024-byte alignment)
   int smem_bytes;
@@ -202,7 +211,13 @@ struct BwdSm90Traits {
   const char* error;
 };
 
-constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, int stages) {
+// Whether a config's consumers step together rather than take turns (ping_pong): the deterministic strategy, whose
+// turns gained nothing (its writer holds the staged dQ tile through a consumer's turn), and variants with per-score
+// work of their own, a gradient that re-derives the score (the soft cap, a user's score_mod) or a user's mask (with
+// them the turns' tile spills 8-60 bytes; in lock step it does not).
+constexpr bool bwd_sm90_lock_step(bool deterministic, bool per_score_work) { return deterministic || per_score_work; }
+
+constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, int stages, bool lock_step) {
   BwdSm90Traits t{};
   t.tile_dim = sm90_tile_dim(head_dim);
   t.dkdv_split = t.tile_dim > 128;
@@ -223,10 +238,12 @@ constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, 
   t.dq_tiles = t.query_split ? 2 : 1;
   t.smem_kv_bytes = 2 * block_n * t.tile_dim * 2;
   t.smem_stage_bytes = 2 * block_m * t.tile_dim * 2 + 2 * block_m * 4;
-  t.smem_ds_bytes = 2 * block_n * block_m * 2;
+  t.ping_pong = !lock_step && t.tile_dim == 128 && block_m == 64 && block_n == 128 && stages == 2;
+  t.defer_dq = t.tile_dim == 64 || t.ping_pong;
+  t.ds_tiles = t.ping_pong ? 3 : 2;
+  t.smem_ds_bytes = t.ds_tiles * block_n * block_m * 2;
   t.smem_exchange_bytes = t.dkdv_split ? block_n * block_m * 4 : 0;
-  t.defer_dq = t.tile_dim == 64;
-  t.mbarriers = 1 + 2 * stages + (t.defer_dq ? 4 : 0);
+  t.mbarriers = 1 + 2 * stages + (t.defer_dq ? 2 * t.ds_tiles : 0);
   const int smem_rest = t.smem_kv_bytes + stages * t.smem_stage_bytes + t.smem_ds_bytes + t.smem_exchange_bytes +
                         t.mbarriers * 8 + 1024;
   t.dq_staged = !t.dkdv_split || smem_rest + block_m * t.tile_dim * 4 <= max_smem_per_block(90);
@@ -263,7 +280,8 @@ constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, 
 // added by the writer warp), so that the convert kernel can start while the dkdv kernel's last blocks run
 // and wait for each query block's adds instead (bwd_rows.cuh, bwd_sm90.cuh's write_dq).
 constexpr bool dq_adds_counted(DqAccum accum, int head_dim, int block_m, int block_n, int stages) {
-  return accum == DqAccum::kTiles && bwd_sm90_traits(head_dim, block_m, block_n, stages).dq_staged;
+  // (Whether dQ is staged does not depend on lock_step.)
+  return accum == DqAccum::kTiles && bwd_sm90_traits(head_dim, block_m, block_n, stages, false).dq_staged;
 }
 
 // Whether the dkdv kernel writes the dQ accumulator before adding to it, so that nothing need zero it: a

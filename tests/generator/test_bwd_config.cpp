@@ -108,7 +108,18 @@ TEST_CASE("sm90 backward validity follows bwd_sm90_traits", "[generator][backwar
   BwdConfig det = c;
   det.deterministic = true;  // the same kernel: dQ adds in a fixed order
   CHECK_FALSE(det.invalid_reason(90).has_value());
-  CHECK(det.smem_bytes(BwdKernel::kDkdv) == c.smem_bytes(BwdKernel::kDkdv));
+  // Its consumers step together (bwd_sm90_lock_step): two dSᵀ tiles and no dSᵀ barriers, where the atomic
+  // strategy's consumers take turns over three.
+  CHECK(c.sm90_traits().ping_pong);
+  CHECK_FALSE(det.sm90_traits().ping_pong);
+  CHECK(c.smem_bytes(BwdKernel::kDkdv) - det.smem_bytes(BwdKernel::kDkdv) == 128 * 64 * 2 + 6 * 8);
+  BwdConfig capped = c;
+  capped.mods.softcap = true;  // a gradient that re-derives the score: in lock step too
+  CHECK(capped.sm90_lock_step());
+  CHECK_FALSE(capped.sm90_traits().ping_pong);
+  BwdConfig three_stages = c;
+  three_stages.stages = 3;  // the turns' three dSᵀ tiles fit beside two stages only
+  CHECK_FALSE(three_stages.sm90_traits().ping_pong);
   CHECK(det.dq_accum() == flashgen::DqAccum::kTiles);
   det.dq_block_m = 48;  // the sm80 family's dq tiles: no dq kernel here
   CHECK_FALSE(det.invalid_reason(90).has_value());
@@ -237,8 +248,8 @@ TEST_CASE("sm90 backward validity follows bwd_sm90_traits", "[generator][backwar
   CHECK(c.sm90_traits().smem_exchange_bytes == 0);
   CHECK(c.sm90_traits().dq_staged);
 
-  // K and V, a ring of Q, dO, LSE and D, two dSᵀ tiles, the fp32 dQ tile, the barriers and the 1024-byte
-  // alignment slack.
+  // K and V, a ring of Q, dO, LSE and D, three dSᵀ tiles (the consumers' turns), the fp32 dQ tile, the
+  // barriers (K/V, the ring's full and empty, each dSᵀ tile's full and empty) and the 1024-byte alignment slack.
   const flashgen::BwdSm90Traits t = c.sm90_traits();
   CHECK(t.consumers == 2);
   CHECK(t.threads == 384);
@@ -246,7 +257,7 @@ TEST_CASE("sm90 backward validity follows bwd_sm90_traits", "[generator][backwar
   CHECK(t.dq_row_tiles == 1);
   CHECK(t.smem_dq_bytes == 64 * 128 * 4);
   CHECK(t.smem_bytes ==
-        2 * 128 * 128 * 2 + 2 * (2 * 64 * 128 * 2 + 2 * 64 * 4) + 2 * 128 * 64 * 2 + 64 * 128 * 4 + 5 * 8 + 1024);
+        2 * 128 * 128 * 2 + 2 * (2 * 64 * 128 * 2 + 2 * 64 * 4) + 3 * 128 * 64 * 2 + 64 * 128 * 4 + 11 * 8 + 1024);
   CHECK(c.smem_bytes(BwdKernel::kDkdv) == t.smem_bytes);
   CHECK(c.dkdv_threads() == 384);
   CHECK(c.pad_rows() == flashgen::kBwdSm90PadRows);

@@ -16,6 +16,7 @@ struct BwdConfig {
   static constexpr bool kAtomicDq = true;
   static constexpr flashgen::DqAccum kDqAccum = flashgen::DqAccum::kTiles;
   static constexpr int kPadRows = 128;
+  static constexpr bool kLockStep = false;
 };
 
 }  // namespace flashgen_generated
