@@ -106,7 +106,7 @@ TEST_CASE("sm90 backward validity follows bwd_sm90_traits", "[generator][backwar
   CHECK(c.invalid_reason(80)->find("sm_90") != std::string::npos);
   CHECK(c.invalid_reason(100)->find("sm_90") != std::string::npos);
   BwdConfig det = c;
-  det.deterministic = true;  // the same kernel: dQ adds in a fixed order
+  det.deterministic = true;  // the same family and tiles: dQ adds in a fixed order
   CHECK_FALSE(det.invalid_reason(90).has_value());
   // Its consumers step together (bwd_sm90_lock_step): two dSᵀ tiles and no dSᵀ barriers, where the atomic
   // strategy's consumers take turns over three.
