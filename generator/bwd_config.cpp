@@ -114,9 +114,10 @@ BwdSm90Traits BwdConfig::sm90_traits() const {
 }
 
 bool BwdConfig::sm90_lock_step() const {
-  // The variant's kGradReadsScore || kEveryBlockPartial (variant.cuh): the soft cap, a user's score_mod or mask.
-  const bool per_score_work = mods.softcap || (user != nullptr && (!user->score_mod.empty() || user->masks()));
-  return bwd_sm90_lock_step(deterministic, per_score_work);
+  // The variant's kWideScoreWork (variant.cuh): a user's score_mod or mask, or the soft cap under ALiBi.
+  const bool wide_score_work =
+      (mods.softcap && mods.alibi) || (user != nullptr && (!user->score_mod.empty() || user->masks()));
+  return bwd_sm90_lock_step(deterministic, wide_score_work);
 }
 
 DqAccum BwdConfig::dq_accum() const {

@@ -37,6 +37,7 @@ problems=(
   "bwd_sm90_fp16_d64_m128_n128_s2_causal|64|bottom-right|--batch 1 --backward"
   "bwd_sm90_fp16_d64_m128_n128_s2_causal_varlen_det|64|bottom-right|--backward --deterministic --varlen --batch 3"
   "bwd_sm90_fp16_d96_m64_n128_s2_causal|96|bottom-right|--batch 1 --backward"
+  "bwd_sm90_fp16_d128_m64_n128_s2_causal_softcap|128|bottom-right|--batch 1 --backward --softcap 30"
   "fwd_sm90_fp16_d96_m128_n128_s2_causal_ovl_pp_pst|96|bottom-right|--batch 1"
   "fwd_sm90_fp16_d128_m128_n128_s2_causal_ovl_pp_varlen_paged|128|bottom-right|--varlen --batch 3 --page-size 16"
   "fwd_sm90_fp16_d128_m128_n160_s2_ovl_pp_varlen_paged|128|none|--varlen --batch 3 --page-size 256"

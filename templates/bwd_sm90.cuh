@@ -57,8 +57,7 @@ struct BwdDkdvSm90 {
 
   static constexpr bool kDeterministic = !Cfg::kAtomicDq;
   // The generator decides lock_step from the config (BwdConfig::sm90_lock_step), as the host's sizes follow it.
-  static_assert(Cfg::kLockStep == bwd_sm90_lock_step(kDeterministic, Cfg::Variant::kGradReadsScore ||
-                                                                         Cfg::Variant::kEveryBlockPartial),
+  static_assert(Cfg::kLockStep == bwd_sm90_lock_step(kDeterministic, Cfg::Variant::kWideScoreWork),
                 "the config's kLockStep disagrees with its strategy and variant (bwd_sm90_lock_step)");
   static constexpr BwdSm90Traits kTraits =
       bwd_sm90_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kLockStep);
@@ -536,8 +535,11 @@ struct BwdDkdvSm90 {
       // The first and last turns are compile-time instances (run-time conditions inside one turn kept the
       // scores' accumulators live across iterations: 300-650 bytes of spills). Three dSᵀ tiles: a consumer
       // stores step it's while the other's dQ product of step it - 2 may still read its tile.
-      u32 p_frag[kMSteps][4];   // Pᵀ of the step whose grads are next, as 16-bit A fragments
-      u32 ds_frag[kMSteps][4];  // its dSᵀ
+      // dK += dSᵀ Q reads dSᵀ from its shared tile where the gradient re-derives the score (the soft cap): its
+      // fragments then live only within the softmax, whose longer work would otherwise spill 16-24 bytes.
+      constexpr bool kDkFromTile = Variant::kGradReadsScore;
+      u32 p_frag[kMSteps][4];                       // Pᵀ of the step whose grads are next, as 16-bit A fragments
+      u32 ds_kept[kDkFromTile ? 1 : kMSteps][4];  // its dSᵀ
       const u64 desc_k_rows = sm90::smem_desc_sw128(sk_rows, 16, 1024);
       const u64 desc_v_rows = sm90::smem_desc_sw128(sv_rows, 16, 1024);
       const u64 desc_k_mn = sm90::smem_desc_sw128(sk, kBlockN * kRowBytes, 1024);
@@ -558,7 +560,7 @@ struct BwdDkdvSm90 {
         }
         sm90::wgmma_commit();
       };
-      // Step it's Pᵀ and dSᵀ from its Sᵀ and dPᵀ (the two newest wgmma groups), into p_frag and ds_frag, and
+      // Step it's Pᵀ and dSᵀ from its Sᵀ and dPᵀ (the two newest wgmma groups), into p_frag and ds_kept, and
       // dSᵀ into its tile once both consumers' dQ products of kDsTiles steps ago have read it.
       auto softmax = [&](int it, float(&acc_s)[kSGroups][4], float(&acc_dp)[kSGroups][4]) {
         const int head = head_of(p, w, it);
@@ -592,6 +594,14 @@ struct BwdDkdvSm90 {
             acc_dp[i][e] = Variant::score_grad(p, score_at(head, m_start, i, e / 2, e % 2), x, ds);
           }
         }
+        u32 ds_local[kDkFromTile ? kMSteps : 1][4];
+        auto& ds_frag = *[&] {
+          if constexpr (kDkFromTile) {
+            return &ds_local;
+          } else {
+            return &ds_kept;
+          }
+        }();
 #pragma unroll
         for (int j = 0; j < kMSteps; ++j) {
           sm80::pack_a<kElem>(p_frag[j], acc_s[2 * j], acc_s[2 * j + 1]);
@@ -657,10 +667,21 @@ struct BwdDkdvSm90 {
           sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dv, p_frag[j],
                                                        sm90::smem_desc_advance(desc_do_mn, j * 16 * kRowBytes), 1);
         }
+        if constexpr (kDkFromTile) {
+          // This consumer's keys of step it's dSᵀ tile, stored by its own threads before the turn's barrier.
+          const u64 desc_ds_rows = sm90::smem_desc_sw128(ds_tile(it) + key_consumer * 64 * kRowBytes, 16, 1024);
 #pragma unroll
-        for (int j = 0; j < kMSteps; ++j) {
-          sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dk, ds_frag[j],
-                                                       sm90::smem_desc_advance(desc_q_mn, j * 16 * kRowBytes), 1);
+          for (int j = 0; j < kMSteps; ++j) {
+            const u32 offset = (j / 4) * kBlockN * kRowBytes + (j % 4) * 32;
+            sm90::WgmmaSSKMN<kTileDim>::template run<kElem>(acc_dk, sm90::smem_desc_advance(desc_ds_rows, offset),
+                                                           sm90::smem_desc_advance(desc_q_mn, j * 16 * kRowBytes), 1);
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < kMSteps; ++j) {
+            sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dk, ds_kept[j],
+                                                         sm90::smem_desc_advance(desc_q_mn, j * 16 * kRowBytes), 1);
+          }
         }
         sm90::wgmma_commit();
         float acc_dq[kDqGroups][4];  // (64, kDqCols) of step it - 1's query block

@@ -212,10 +212,10 @@ struct BwdSm90Traits {
 };
 
 // Whether a config's consumers step together rather than take turns (ping_pong): the deterministic strategy, whose
-// turns gained nothing (its writer holds the staged dQ tile through a consumer's turn), and variants with per-score
-// work of their own, a gradient that re-derives the score (the soft cap, a user's score_mod) or a user's mask (with
-// them the turns' tile spills 8-60 bytes; in lock step it does not).
-constexpr bool bwd_sm90_lock_step(bool deterministic, bool per_score_work) { return deterministic || per_score_work; }
+// turns gained nothing (its writer holds the staged dQ tile through a consumer's turn), and variants whose per-score
+// work needs more registers than the turns leave (variant.cuh's kWideScoreWork: a user's mask or score_mod, or the
+// soft cap under ALiBi; with them the turns' tile spills 4-60 bytes, in lock step it does not).
+constexpr bool bwd_sm90_lock_step(bool deterministic, bool wide_score_work) { return deterministic || wide_score_work; }
 
 constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, int stages, bool lock_step) {
   BwdSm90Traits t{};

@@ -86,6 +86,10 @@ struct UnchangedScores {
   // Whether no key block can be known to need no per-element mask (a user's mask, whose hidden keys no formula
   // places): block_range.cuh then makes every block of a walk partial.
   static constexpr bool kEveryBlockPartial = false;
+  // Whether its per-score work in the backward needs more registers than the Hopper backward's turns leave (a
+  // user's mask or score_mod, or the soft cap under ALiBi): that config's consumers step together
+  // (bwd_sm90_lock_step).
+  static constexpr bool kWideScoreWork = false;
 
   struct Row {
     __host__ __device__ __forceinline__ float score(float s, int /*offset*/) const { return s; }
@@ -301,6 +305,7 @@ struct SoftCap : Mask {
 template <class Base>
 struct Alibi : Base {
   static constexpr bool kGradReadsScore = Base::kGradReadsScore;
+  static constexpr bool kWideScoreWork = Base::kWideScoreWork || Base::kGradReadsScore;
 
   // The bias of (at.q, at.k) in q·k units.
   template <class Params>
@@ -364,6 +369,7 @@ struct UserVariant : Base {
   static constexpr bool kHidesEarlyKeys = Base::kHidesEarlyKeys || User::kMasks;
   static constexpr bool kEveryBlockPartial = User::kMasks;
   static constexpr bool kGradReadsScore = User::kScore == UserScore::kMod || Base::kGradReadsScore;
+  static constexpr bool kWideScoreWork = User::kScore == UserScore::kMod || User::kMasks || Base::kWideScoreWork;
 
   // The user's functions see query rows inside the problem: a tile's rows past seqlen_q (padding, whose results no
   // one keeps) ask as its last row, so that a buffer of seqlen_q entries is never read past its end.

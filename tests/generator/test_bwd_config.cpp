@@ -114,9 +114,16 @@ TEST_CASE("sm90 backward validity follows bwd_sm90_traits", "[generator][backwar
   CHECK_FALSE(det.sm90_traits().ping_pong);
   CHECK(c.smem_bytes(BwdKernel::kDkdv) - det.smem_bytes(BwdKernel::kDkdv) == 128 * 64 * 2 + 6 * 8);
   BwdConfig capped = c;
-  capped.mods.softcap = true;  // a gradient that re-derives the score: in lock step too
-  CHECK(capped.sm90_lock_step());
-  CHECK_FALSE(capped.sm90_traits().ping_pong);
+  capped.mods.softcap = true;  // takes turns too (its dK reads dSᵀ from the staged tile)
+  CHECK_FALSE(capped.sm90_lock_step());
+  CHECK(capped.sm90_traits().ping_pong);
+  BwdConfig capped_alibi = capped;
+  capped_alibi.mods.alibi = true;  // the soft cap under ALiBi needs more registers than the turns leave
+  CHECK(capped_alibi.sm90_lock_step());
+  CHECK_FALSE(capped_alibi.sm90_traits().ping_pong);
+  BwdConfig biased = c;
+  biased.mods.alibi = true;  // ALiBi alone takes turns
+  CHECK_FALSE(biased.sm90_lock_step());
   BwdConfig three_stages = c;
   three_stages.stages = 3;  // the turns' three dSᵀ tiles fit beside two stages only
   CHECK_FALSE(three_stages.sm90_traits().ping_pong);
