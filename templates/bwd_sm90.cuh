@@ -538,7 +538,7 @@ struct BwdDkdvSm90 {
       // dK += dSᵀ Q reads dSᵀ from its shared tile where the gradient re-derives the score (the soft cap): its
       // fragments then live only within the softmax, whose longer work would otherwise spill 16-24 bytes.
       constexpr bool kDkFromTile = Variant::kGradReadsScore;
-      u32 p_frag[kMSteps][4];                       // Pᵀ of the step whose grads are next, as 16-bit A fragments
+      u32 p_frag[kMSteps][4];                     // Pᵀ of the step whose grads are next, as 16-bit A fragments
       u32 ds_kept[kDkFromTile ? 1 : kMSteps][4];  // its dSᵀ
       const u64 desc_k_rows = sm90::smem_desc_sw128(sk_rows, 16, 1024);
       const u64 desc_v_rows = sm90::smem_desc_sw128(sv_rows, 16, 1024);
@@ -594,6 +594,7 @@ struct BwdDkdvSm90 {
             acc_dp[i][e] = Variant::score_grad(p, score_at(head, m_start, i, e / 2, e % 2), x, ds);
           }
         }
+        // dSᵀ's fragments: kept for the next turn's dK, or (kDkFromTile) only until they are stored in the tile.
         u32 ds_local[kDkFromTile ? kMSteps : 1][4];
         auto& ds_frag = *[&] {
           if constexpr (kDkFromTile) {
