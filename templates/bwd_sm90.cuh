@@ -457,6 +457,19 @@ struct BwdDkdvSm90 {
     return (col / 64) * rows * kRowBytes + row * kRowBytes + ((((col % 64) / 8) ^ (row % 8)) * 16) + (col % 8) * 2;
   }
 
+  // acc = A Bᵀ over head_dim as one wgmma group (Sᵀ = K Qᵀ or dPᵀ = V dOᵀ): A the consumer's 64 rows of K or V, B the
+  // stage's Q or dO, both K-major.
+  static __device__ __forceinline__ void transposed_product(float (&acc)[kSGroups][4], u64 desc_a, u64 desc_b) {
+#pragma unroll
+    for (int kk = 0; kk < kDSteps; ++kk) {
+      const u32 offset = (kk / 4) * kBlockN * kRowBytes + (kk % 4) * 32;
+      const u32 q_offset = (kk / 4) * kBlockM * kRowBytes + (kk % 4) * 32;
+      sm90::WgmmaSS<kBlockM>::template run<kElem>(acc, sm90::smem_desc_advance(desc_a, offset),
+                                                  sm90::smem_desc_advance(desc_b, q_offset), kk > 0 ? 1 : 0);
+    }
+    sm90::wgmma_commit();
+  }
+
   // kPasses: this consumer's dQ passes (kDqCols columns each); kPart: what else it computes.
   template <int kPasses, Part kPart>
   static __device__ void consume(const AttnBwdSm90Params& params, const AttnBwdParams& p, const Work& w, u32 smem,
@@ -551,14 +564,7 @@ struct BwdDkdvSm90 {
       auto issue_scores = [&](float(&acc)[kSGroups][4], u64 desc_a, u32 tile) {
         const u64 desc_b = sm90::smem_desc_sw128(tile, 16, 1024);
         sm90::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kDSteps; ++kk) {
-          const u32 offset = (kk / 4) * kBlockN * kRowBytes + (kk % 4) * 32;
-          const u32 q_offset = (kk / 4) * kBlockM * kRowBytes + (kk % 4) * 32;
-          sm90::WgmmaSS<kBlockM>::template run<kElem>(acc, sm90::smem_desc_advance(desc_a, offset),
-                                                      sm90::smem_desc_advance(desc_b, q_offset), kk > 0 ? 1 : 0);
-        }
-        sm90::wgmma_commit();
+        transposed_product(acc, desc_a, desc_b);
       };
       // Step it's Pᵀ and dSᵀ from its Sᵀ and dPᵀ (the two newest wgmma groups), into p_frag and ds_kept, and
       // dSᵀ into its tile once both consumers' dQ products of kDsTiles steps ago have read it.
@@ -761,17 +767,6 @@ struct BwdDkdvSm90 {
           // dK/dV split consumer 0 computes Sᵀ and consumer 1 dPᵀ.
           float acc_s[kSGroups][4];
           float acc_dp[kSGroups][4];
-          // acc = A Bᵀ over head_dim: A the consumer's 64 rows of K or V, B the stage's Q or dO.
-          auto transposed_product = [&](float(&acc)[kSGroups][4], u64 desc_a, u64 desc_b) {
-#pragma unroll
-            for (int kk = 0; kk < kDSteps; ++kk) {
-              const u32 offset = (kk / 4) * kBlockN * kRowBytes + (kk % 4) * 32;
-              const u32 q_offset = (kk / 4) * kBlockM * kRowBytes + (kk % 4) * 32;
-              sm90::WgmmaSS<kBlockM>::template run<kElem>(acc, sm90::smem_desc_advance(desc_a, offset),
-                                                          sm90::smem_desc_advance(desc_b, q_offset), kk > 0 ? 1 : 0);
-            }
-            sm90::wgmma_commit();
-          };
           sm90::wgmma_fence();
           if constexpr (kPart != Part::kGrads) transposed_product(acc_s, desc_k_rows, desc_q);
           if constexpr (kPart != Part::kScores) transposed_product(acc_dp, desc_v_rows, desc_do);
