@@ -194,7 +194,7 @@ struct BwdDkdvSm90 {
   // Which key block of which kv head and batch entry (or packed sequence) this block is: the grid is
   // (key blocks, kv heads, batch), and blocks launch in the order of x, then y, then z. The deterministic
   // strategy takes key blocks last first (see write_dq), so a block waits only on blocks launched before
-  // it. On 128-key blocks it launches them kLaunchGroup key blocks of every (kv head, batch) at a time: a
+  // it. On 128-key blocks it launches them launch_group() key blocks of every (kv head, batch) at a time: a
   // query block's turns then chain the few key blocks of its head that run together rather than all of
   // them, so a late step holds back fewer blocks (H200, non-causal: 0.87-0.95x the time at 2k-8k tokens).
   // The 64-key blocks of the dK/dV split keep whole heads together: their single stage waits for each Q
@@ -202,22 +202,33 @@ struct BwdDkdvSm90 {
   struct Place {
     int n_block, kv_head, batch;
   };
-  static constexpr int kLaunchGroup = kDkdvSplit ? 0 : 8;  // 0: whole heads
+  // Key blocks per launch group: 8, or on 64-column tiles without a mask, whose key blocks all reach query block 0
+  // in the same step and whose steps are short, chains of 2 where a head has at most 8 key blocks and of 4 where it
+  // has at most 32 (bench/notes_bwd_sm90.md, v23: against 8, chains of 2 took 0.90x the time at 1k tokens and
+  // 1.02-1.04x at 4k-8k on an H200, chains of 4 0.95-0.98x at 2k-4k and 1.01-1.02x at 8k-16k on an H100).
+  static __device__ int launch_group(int n_blocks) {
+    if constexpr (kTileDim == 64 && !Variant::kHidesKeys) {
+      return n_blocks <= 8 ? 2 : n_blocks <= 32 ? 4 : 8;
+    } else {
+      return 8;
+    }
+  }
   static __device__ Place place_of_this_block() {
     const int n_blocks = gridDim.x;
     if constexpr (!kDeterministic) {
       return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
-    } else if constexpr (kLaunchGroup == 0) {
+    } else if constexpr (kDkdvSplit) {
       return {n_blocks - 1 - static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
     } else {
+      const int launch = launch_group(n_blocks);
       const int heads = gridDim.y, pairs = gridDim.y * gridDim.z;
       const int linear = blockIdx.x + n_blocks * (blockIdx.y + heads * blockIdx.z);
-      const int whole_groups = n_blocks / kLaunchGroup;
-      const int group = min(linear / (kLaunchGroup * pairs), whole_groups);  // the last takes what remains
-      const int size = group < whole_groups ? kLaunchGroup : n_blocks - whole_groups * kLaunchGroup;
-      const int within = linear - group * kLaunchGroup * pairs;
+      const int whole_groups = n_blocks / launch;
+      const int group = min(linear / (launch * pairs), whole_groups);  // the last takes what remains
+      const int size = group < whole_groups ? launch : n_blocks - whole_groups * launch;
+      const int within = linear - group * launch * pairs;
       const int pair = within / size;
-      return {n_blocks - 1 - (group * kLaunchGroup + within % size), pair % heads, pair / heads};
+      return {n_blocks - 1 - (group * launch + within % size), pair % heads, pair / heads};
     }
   }
 
