@@ -7,6 +7,7 @@ flex_attention; its block mask made once per shape, outside the timing, as a cal
             flashgen's built-in way is varlen_attention over the documents.
   relative_bias: causal attention with a bias slope * (kv_idx - q_idx) per score (slope a scalar); the built-in
             comparison is the plain causal call (the bias's cost).
+  relative_bias_dense: the same bias without a mask, against the plain unmasked call.
 Forward and backward (the backward alone, on a retained graph). TFLOP/s count the unmasked pairs only. Grid: batch *
 seqlen = 16384 tokens, heads * head_dim = 2048, bf16. Writes a CSV with device, date and versions.
 
@@ -34,7 +35,8 @@ def main():
     parser = variant_grid.parser(__doc__)
     parser.set_defaults(seqlens=[4096, 16384])
     parser.add_argument("--flex", action="store_true", help="add FlexAttention (see above)")
-    parser.add_argument("--cases", nargs="+", default=["document", "relative_bias"])
+    parser.add_argument("--cases", nargs="+", default=["document", "relative_bias"],
+                        choices=["document", "relative_bias", "relative_bias_dense"])
     args = parser.parse_args()
 
     flashgen, fgt = bench_fwd.import_flashgen_torch(args.lib)
@@ -44,7 +46,8 @@ def main():
     rows = []
     for case in args.cases:
         for pt in variant_grid.points(torch, flashgen, args):
-            if not pt.causal:
+            causal = case != "relative_bias_dense"
+            if pt.causal != causal:
                 continue
             n, batch = pt.seqlen, pt.batch
             j = torch.arange(n, device="cuda")[None, :]
@@ -68,15 +71,15 @@ def main():
                         lambda b, h, qi, ki: (qi >= ki) & (doc[b, qi] == doc[b, ki]), batch, None, n, n)
                     calls["flex"] = flex.call(block_mask=block_mask)
             else:
-                pairs = batch * n * (n + 1) // 2
+                pairs = batch * n * (n + 1) // 2 if causal else batch * n * n
                 calls = {
                     "flashgen": lambda q, k, v: fgt.attention(
-                        q, k, v, causal=True, score_bias="return slope * float(kv_idx - q_idx);",
+                        q, k, v, causal=causal, score_bias="return slope * float(kv_idx - q_idx);",
                         variant_args={"slope": slope}),
-                    "flashgen_builtin": lambda q, k, v: fgt.attention(q, k, v, causal=True),
+                    "flashgen_builtin": lambda q, k, v: fgt.attention(q, k, v, causal=causal),
                 }
                 if flex is not None:
-                    block_mask = flex.block_mask(lambda b, h, qi, ki: qi >= ki, n)
+                    block_mask = flex.block_mask(lambda b, h, qi, ki: qi >= ki, n) if causal else None
                     calls["flex"] = flex.call(score_mod=lambda s, b, h, qi, ki: s + slope * (ki - qi).float(),
                                               block_mask=block_mask)
             flops = 4.0 * pt.heads * pairs * pt.head_dim
@@ -85,7 +88,7 @@ def main():
             # Each output on 64 rows against an fp32 reference of the same function.
             rows_at = torch.linspace(0, n - 1, 64, device="cuda").long()
             scores = torch.einsum("bqhd,bkhd->bhqk", pt.q[:, rows_at].float(), pt.k.float()) / pt.head_dim ** 0.5
-            visible = (j <= rows_at[:, None])[None, None]
+            visible = (j <= rows_at[:, None] if causal else j >= 0)[None, None]
             if case == "document":
                 visible = visible & (doc[:, rows_at][:, :, None] == doc[:, None, :])[:, None]
             else:
