@@ -59,7 +59,8 @@ nlohmann::json kernel_json(const std::string& symbol, const ResourceUsage& usage
   return {{"symbol", symbol},
           {"registers", usage.registers},
           {"spill_store_bytes", usage.spill_store_bytes},
-          {"spill_load_bytes", usage.spill_load_bytes}};
+          {"spill_load_bytes", usage.spill_load_bytes},
+          {"ptxas_notes", usage.ptxas_notes}};
 }
 
 nlohmann::json grid_json(const unsigned (&grid)[3]) { return {grid[0], grid[1], grid[2]}; }

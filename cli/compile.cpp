@@ -29,7 +29,9 @@ namespace flashgen::cli {
 Command compile_command() {
   return Command("compile",
                  "Compiles kernels with NVRTC (through the on-disk cache unless --no-cache) and prints\n"
-                 "registers, shared memory, spills, stack and compile time. Needs no GPU. With --cubin-dir it\n"
+                 "registers, shared memory, spills, stack, ptxas's notes and compile time. Needs no GPU. A note (a\n"
+                 "ptxas warning or performance loss, e.g. C7520: wgmma serialized) means the kernel runs slower\n"
+                 "than its source was written to; each is printed whole after the table. With --cubin-dir it\n"
                  "also writes each kernel's cubin; with --sass it prints each kernel's SASS (cuobjdump).",
                  "[<config-name>...] [--all-defaults] [--variant FILE] [--arch SM]... [--json] [--no-cache]\n"
                  "       [--jobs N] [--cubin-dir DIR] [--sass]",
@@ -87,6 +89,18 @@ CompileOutcome compile_one(const CompileJob& job, bool use_cache) {
   return outcome;
 }
 
+// The codes of ptxas's notes ("C7519 C7520"; a warning without a code counts as "W"), or "-" for none.
+std::string note_codes(const std::vector<std::string>& notes) {
+  if (notes.empty()) return "-";
+  std::string codes;
+  for (const std::string& note : notes) {
+    const size_t close = note.find(')');
+    const bool coded = note.rfind("(C", 0) == 0 && close != std::string::npos;
+    codes += (codes.empty() ? "" : " ") + (coded ? note.substr(1, close - 1) : std::string("W"));
+  }
+  return codes;
+}
+
 Json compile_outcomes_json(const std::vector<CompileOutcome>& outcomes) {
   Json array = Json::array();
   for (const CompileOutcome& o : outcomes) {
@@ -100,6 +114,7 @@ Json compile_outcomes_json(const std::vector<CompileOutcome>& outcomes) {
       j["spill_store_bytes"] = reported(o.usage.spill_store_bytes);
       j["spill_load_bytes"] = reported(o.usage.spill_load_bytes);
       j["stack_bytes"] = reported(o.usage.stack_bytes);
+      j["ptxas_notes"] = o.usage.ptxas_notes;
       j["compile_ms"] = o.compile_ms;
       j["wall_ms"] = o.wall_ms;
       j["cached"] = o.cached;
@@ -143,10 +158,11 @@ std::vector<CompileOutcome> compile_jobs(const std::vector<CompileJob>& jobs, bo
 }
 
 void print_compile_table(const std::vector<CompileOutcome>& outcomes, std::ostream& os) {
-  Table table({"config", "arch", "regs", "static smem", "dyn smem", "spill st/ld", "stack", "compile ms", "cached"});
+  Table table({"config", "arch", "regs", "static smem", "dyn smem", "spill st/ld", "stack", "ptxas notes", "compile ms",
+               "cached"});
   for (const CompileOutcome& o : outcomes) {
     if (!o.ok) {
-      table.add({o.name, arch_label(o.arch), "FAILED", "-", "-", "-", "-", "-", "-"});
+      table.add({o.name, arch_label(o.arch), "FAILED", "-", "-", "-", "-", "-", "-", "-"});
       continue;
     }
     // registers < 0: ptxas's report was missing from NVRTC's log, so nothing of it is known.
@@ -155,8 +171,8 @@ void print_compile_table(const std::vector<CompileOutcome>& outcomes, std::ostre
     table.add({o.name, arch_label(o.arch), reported(o.usage.registers), reported(o.usage.static_smem_bytes),
                std::to_string(o.dynamic_smem_bytes),
                reported(o.usage.spill_store_bytes) + "/" + reported(o.usage.spill_load_bytes),
-               reported(o.usage.stack_bytes), o.cached ? "-" : format("%.0f", o.compile_ms),
-               o.cached ? "yes" : "no"});
+               reported(o.usage.stack_bytes), note_codes(o.usage.ptxas_notes),
+               o.cached ? "-" : format("%.0f", o.compile_ms), o.cached ? "yes" : "no"});
   }
   table.print(os);
 }
@@ -174,6 +190,15 @@ size_t report_compile_summary(const std::vector<CompileOutcome>& outcomes, doubl
   if (std::any_of(outcomes.begin(), outcomes.end(), [](const CompileOutcome& o) { return o.ok && o.usage.registers < 0; }))
     std::cerr << "? : this NVRTC's log carries no ptxas report (--ptxas-options=-v), so registers, static shared "
                  "memory, spills and stack are unknown; --sass shows the code (LDL/STL are local memory)\n";
+  if (std::any_of(outcomes.begin(), outcomes.end(),
+                  [](const CompileOutcome& o) { return o.ok && !o.usage.ptxas_notes.empty(); })) {
+    std::cout << "\nptxas notes (each kernel below runs slower than its source was written to):\n";
+    for (const CompileOutcome& o : outcomes) {
+      if (!o.ok) continue;
+      for (const std::string& note : o.usage.ptxas_notes)
+        std::cout << "  " << o.name << " for " << arch_label(o.arch) << ": " << note << '\n';
+    }
+  }
   if (failed) {
     std::cerr << "\nfailed:\n";
     for (const CompileOutcome& o : outcomes)

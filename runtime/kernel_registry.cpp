@@ -81,6 +81,7 @@ std::optional<CompiledKernel> deserialize(const std::string& payload, const std:
     kernel.usage.stack_bytes = usage.at("stack_bytes").get<int>();
     kernel.usage.spill_store_bytes = usage.at("spill_store_bytes").get<int>();
     kernel.usage.spill_load_bytes = usage.at("spill_load_bytes").get<int>();
+    kernel.usage.ptxas_notes = parse_ptxas_log(kernel.log).ptxas_notes;  // kept in the log, not the payload
     return kernel;
   } catch (const nlohmann::json::exception&) {
     return std::nullopt;

@@ -102,6 +102,30 @@ std::string name_after(const std::string& line, const std::string& marker) {
   return first == std::string::npos ? std::string() : rest.substr(first, last - first + 1);
 }
 
+// ptxas's warnings and performance-loss notes about `entry` ("ptxas info    : (C7520) Potential Performance Loss:
+// ... in the function 'k'", "ptxas warning : ..."), without their prefix: those that name it in quotes or name no
+// function (every one when entry is empty). NVRTC 13 prints them before the entry functions' blocks. Other coded
+// notes are not kept: C7519 (an arrive injected before a wgmma reads registers) accompanies a serialization but is
+// also printed for kernels whose wgmma run as written.
+std::vector<std::string> ptxas_notes(const std::string& log, const std::string& entry) {
+  std::vector<std::string> notes;
+  std::istringstream lines(log);
+  std::string line;
+  while (std::getline(lines, line)) {
+    const size_t colon = line.find(": ");
+    if (line.rfind("ptxas", 0) != 0 || colon == std::string::npos) continue;
+    std::string text = line.substr(colon + 2);
+    const bool warning = line.substr(0, colon).find("warning") != std::string::npos;
+    const bool loss = text.find("Performance Loss") != std::string::npos;
+    if (!warning && !loss) continue;
+    while (!text.empty() && (text.back() == '\r' || text.back() == ' ')) text.pop_back();
+    const bool names_a_function = text.find("function '") != std::string::npos;
+    if (!entry.empty() && names_a_function && text.find("'" + entry + "'") == std::string::npos) continue;
+    notes.push_back(text);
+  }
+  return notes;
+}
+
 }  // namespace
 
 std::string arch_flag(int arch) {
@@ -139,15 +163,17 @@ ResourceUsage parse_ptxas_log(const std::string& log, const std::string& entry_n
   // Older toolkits: "Used 168 registers, 400 bytes cmem[0], 16 bytes smem". Non-inlined device
   // functions get their own "Function properties" block, which is not the kernel's and is skipped.
   ResourceUsage usage;
-  std::string entry;       // the kernel being compiled, once a "Compiling entry function" line named it
-  std::string properties;  // the function the current "Function properties" block describes
-  bool skipping = false;   // inside another entry function's block
+  std::string first_entry;  // the first kernel the log names, which an empty entry_name asks for
+  std::string entry;        // the kernel being compiled, once a "Compiling entry function" line named it
+  std::string properties;   // the function the current "Function properties" block describes
+  bool skipping = false;    // inside another entry function's block
   std::istringstream lines(log);
   std::string line;
   while (std::getline(lines, line)) {
     if (line.find("Compiling entry function") != std::string::npos) {
       if (usage.registers >= 0) break;  // the wanted kernel is complete; the next one is not ours
       entry = name_after(line, "Compiling entry function");
+      if (first_entry.empty()) first_entry = entry;
       skipping = !entry_name.empty() && entry != entry_name;
       continue;
     }
@@ -171,10 +197,13 @@ ResourceUsage parse_ptxas_log(const std::string& log, const std::string& entry_n
       if (entry.empty()) break;  // no entry-function markers: the first "Used" line is the kernel's
     }
   }
+  usage.ptxas_notes = ptxas_notes(log, entry_name.empty() ? first_entry : entry_name);
   return usage;
 }
 
 ResourceUsage CompiledKernel::usage_of(const std::string& symbol) const { return parse_ptxas_log(log, symbol); }
+
+std::vector<std::string> CompiledKernel::ptxas_notes() const { return flashgen::ptxas_notes(log, ""); }
 
 CompiledKernel compile_nvrtc(const GeneratedSource& source, int arch) {
   CompiledKernel kernel;

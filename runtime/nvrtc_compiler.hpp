@@ -16,6 +16,10 @@ struct ResourceUsage {
   int stack_bytes = 0;
   int spill_store_bytes = 0;
   int spill_load_bytes = 0;
+  // ptxas's warnings and performance-loss notes about the kernel, as it words them without the "ptxas info : "
+  // prefix, e.g. "(C7520) Potential Performance Loss: wgmma.mma_async instructions are serialized ...": each says
+  // the kernel runs slower than its source was written to (a kernel compiled as intended has none).
+  std::vector<std::string> ptxas_notes;
 };
 
 struct CompiledKernel {
@@ -30,6 +34,9 @@ struct CompiledKernel {
 
   // ptxas's report for one entry function of a module holding several (backward).
   ResourceUsage usage_of(const std::string& symbol) const;
+  // ptxas's notes about every entry function of the module (ResourceUsage::ptxas_notes): none for a module
+  // compiled as intended.
+  std::vector<std::string> ptxas_notes() const;
 };
 
 // "-arch=sm_90a" on Hopper (wgmma/setmaxnreg need the a-suffix), "-arch=sm_<arch>" otherwise.
@@ -41,8 +48,9 @@ std::vector<std::string> nvrtc_options(int arch);
 // "13.0"
 std::string nvrtc_version();
 
-// Parses registers, shared memory, stack and spill bytes out of a ptxas -v log: for the entry function
-// named entry_name, or the first one when entry_name is empty (default-constructed usage when absent).
+// Parses registers, shared memory, stack, spill bytes and notes out of a ptxas -v log: for the entry function
+// named entry_name, or the first one when entry_name is empty (default-constructed usage when absent). A note
+// belongs to the entry function it names, and to every one when it names none.
 ResourceUsage parse_ptxas_log(const std::string& log, const std::string& entry_name = "");
 
 // Compiles with NVRTC. On failure throws Error(kCompile) whose message holds the log and the path

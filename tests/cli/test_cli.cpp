@@ -194,7 +194,7 @@ TEST_CASE("cli: --arch takes every target NVRTC lists and nothing below sm_80", 
   CHECK(old_arch.err.find("got 75") != std::string::npos);
 }
 
-TEST_CASE("cli: compile --json reports registers and no spills", "[cli][nvrtc]") {
+TEST_CASE("cli: compile --json reports registers, no spills and no ptxas notes", "[cli][nvrtc]") {
   const TempDir dir{"flashgen-cli-test"};
   const CliResult result = run_cli({"compile", kConfigName, "--arch", "80", "--json"}, dir);
   CHECK(result.exit_code == 0);
@@ -209,6 +209,7 @@ TEST_CASE("cli: compile --json reports registers and no spills", "[cli][nvrtc]")
   CHECK(entry["registers"].get<int>() > 0);
   CHECK(entry["spill_store_bytes"] == 0);
   CHECK(entry["spill_load_bytes"] == 0);
+  CHECK(entry["ptxas_notes"] == Json::array());  // no ptxas warning or performance loss
   CHECK(entry["cached"] == false);
 }
 

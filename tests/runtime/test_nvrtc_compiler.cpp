@@ -89,6 +89,42 @@ TEST_CASE("parse_ptxas_log reads NVRTC 13 ptxas -v output", "[nvrtc]") {
   CHECK(usage.spill_load_bytes == 12);
 }
 
+TEST_CASE("parse_ptxas_log gives each entry function the notes ptxas printed about it", "[nvrtc]") {
+  // NVRTC 13.0's log of a backward module whose dkdv kernel had its wgmma serialized (the notes come first), with a
+  // warning that names no function, which belongs to every one.
+  const std::string log =
+      "ptxas info    : (C7519) warpgroup.arrive is injected in around line 2676 by compiler to allow use of "
+      "registers in GMMA in function 'bwd_dkdv'\n"
+      "ptxas info    : (C7520) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+      "program dependence on compiler-inserted WG.AR in divergent path in the function 'bwd_dkdv'\n"
+      "ptxas warning : a warning about no function\n"
+      "ptxas info    : 422 bytes gmem\n"
+      "ptxas info    : Compiling entry function 'bwd_convert' for 'sm_90a'\n"
+      "ptxas info    : Function properties for bwd_convert\n"
+      "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+      "ptxas info    : Used 32 registers, used 1 barriers\n"
+      "ptxas info    : Compile time = 7.307 ms\n"
+      "ptxas info    : Compiling entry function 'bwd_dkdv' for 'sm_90a'\n"
+      "ptxas info    : Function properties for bwd_dkdv\n"
+      "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+      "ptxas info    : Used 168 registers, used 16 barriers\n";
+  const flashgen::ResourceUsage dkdv = flashgen::parse_ptxas_log(log, "bwd_dkdv");
+  CHECK(dkdv.registers == 168);
+  REQUIRE(dkdv.ptxas_notes.size() == 2);  // C7519 alone is printed for kernels that run as written too
+  CHECK(dkdv.ptxas_notes[0].rfind("(C7520) Potential Performance Loss: wgmma.mma_async", 0) == 0);
+  CHECK(dkdv.ptxas_notes[0].find("'bwd_dkdv'") != std::string::npos);
+  CHECK(dkdv.ptxas_notes[1] == "a warning about no function");
+  // The first entry function, asked for by no name, gets only the warning that names none.
+  const flashgen::ResourceUsage first = flashgen::parse_ptxas_log(log);
+  CHECK(first.registers == 32);
+  CHECK(first.ptxas_notes == std::vector<std::string>{"a warning about no function"});
+  // The module's: both.
+  flashgen::CompiledKernel module;
+  module.log = log;
+  CHECK(module.ptxas_notes().size() == 2);
+  CHECK(flashgen::parse_ptxas_log("ptxas info    : Used 8 registers\n").ptxas_notes.empty());
+}
+
 TEST_CASE("parse_ptxas_log reads the older ptxas formats", "[nvrtc]") {
   SECTION("no smem, barriers listed") {
     flashgen::ResourceUsage usage = flashgen::parse_ptxas_log(
