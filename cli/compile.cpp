@@ -89,7 +89,7 @@ CompileOutcome compile_one(const CompileJob& job, bool use_cache) {
   return outcome;
 }
 
-// The codes of ptxas's notes ("C7519 C7520"; a warning without a code counts as "W"), or "-" for none.
+// The codes of ptxas's notes ("C7520"; a warning without a code counts as "W"), space-separated, or "-" for none.
 std::string note_codes(const std::vector<std::string>& notes) {
   if (notes.empty()) return "-";
   std::string codes;
