@@ -523,13 +523,15 @@ struct BwdDkdvSm90 {
     auto score_at = [&](int head, int m_start, int i, int h, int e) {
       return ScoreAt{w.batch, head, m_start + 8 * i + 2 * t + e, w.n_start + key_row0 + 8 * h};
     };
-    // Pᵀ = exp2(s * scale_log2 - lse2) with hidden entries at 0 (s: the variant's score); queries past
-    // seqlen_q have lse2 = +inf in the padded workspace, so only keys need masking.
+    // Pᵀ = exp2(x - lse2) with x = s * scale_log2 (s: the variant's score) and hidden entries at 0; queries past
+    // seqlen_q have lse2 = +inf in the padded workspace, so only keys need masking. A variant whose gradient
+    // reads its score (kGradReadsScore) keeps x here (-inf where hidden) and takes Pᵀ from it with dSᵀ
+    // (gradients below), once dPᵀ is in: then x needs no register of its own, nor a log2 to rebuild it from P.
     auto probabilities = [&](float (&acc_s)[kSGroups][4], u32 s_lse, int head, int m_start, auto masked) {
 #pragma unroll
       for (int i = 0; i < kSGroups; ++i) {
         float lse2[2];
-        sm90::ld_shared_f32x2(s_lse + (8 * i + 2 * t) * 4, lse2[0], lse2[1]);
+        if constexpr (!Variant::kGradReadsScore) sm90::ld_shared_f32x2(s_lse + (8 * i + 2 * t) * 4, lse2[0], lse2[1]);
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -541,8 +543,36 @@ struct BwdDkdvSm90 {
               if constexpr (Variant::kHidesKeys) hidden |= !Variant::visible(p, at);
               if (hidden) s = neg_inf();
             }
-            acc_s[i][2 * h + e] = sm80::exp2_approx(s - lse2[e]);
+            if constexpr (Variant::kGradReadsScore) {
+              acc_s[i][2 * h + e] = s;
+            } else {
+              acc_s[i][2 * h + e] = sm80::exp2_approx(s - lse2[e]);
+            }
           }
+      }
+    };
+    // Group i's dSᵀ = Pᵀ ∘ (dPᵀ - D) into acc_dp, with respect to q·k (the variant's score_grad), and, where
+    // acc_s still holds the score x (kGradReadsScore), Pᵀ into acc_s. A hidden entry (x = -inf, P = 0) gets
+    // dS = 0 by a select; its gradient is evaluated at x = 0 meanwhile (the soft cap's at -inf is NaN). With
+    // either select alone ptxas spills more at the d64 and d256 tiles' register bound.
+    auto gradients = [&](float (&acc_s)[kSGroups][4], float (&acc_dp)[kSGroups][4], int i, u32 s_lse, u32 s_dsum,
+                         int head, int m_start) {
+      float dsum[2];
+      sm90::ld_shared_f32x2(s_dsum + (8 * i + 2 * t) * 4, dsum[0], dsum[1]);
+      float lse2[2];
+      if constexpr (Variant::kGradReadsScore) sm90::ld_shared_f32x2(s_lse + (8 * i + 2 * t) * 4, lse2[0], lse2[1]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const ScoreAt at = score_at(head, m_start, i, e / 2, e % 2);
+        if constexpr (Variant::kGradReadsScore) {
+          const float x = acc_s[i][e];
+          const bool hidden = x == neg_inf();
+          acc_s[i][e] = sm80::exp2_approx(x - lse2[e % 2]);
+          const float grad = Variant::score_grad(p, at, hidden ? 0.f : x, acc_s[i][e] * (acc_dp[i][e] - dsum[e % 2]));
+          acc_dp[i][e] = hidden ? 0.f : grad;
+        } else {
+          acc_dp[i][e] = Variant::score_grad(p, at, 0.f, acc_s[i][e] * (acc_dp[i][e] - dsum[e % 2]));
+        }
       }
     };
 
@@ -559,7 +589,7 @@ struct BwdDkdvSm90 {
       // The first and last turns are compile-time instances (run-time conditions inside one turn kept the
       // scores' accumulators live across iterations: 300-650 bytes of spills). Three dSᵀ tiles: a consumer
       // stores step it's while the other's dQ product of step it - 2 may still read its tile.
-      // dK += dSᵀ Q reads dSᵀ from its shared tile where the gradient re-derives the score (the soft cap): its
+      // dK += dSᵀ Q reads dSᵀ from its shared tile where the gradient reads the score (the soft cap): its
       // fragments then live only within the softmax, whose longer work would otherwise spill 16-24 bytes.
       constexpr bool kDkFromTile = Variant::kGradReadsScore;
       u32 p_frag[kMSteps][4];                     // Pᵀ of the step whose grads are next, as 16-bit A fragments
@@ -595,22 +625,7 @@ struct BwdDkdvSm90 {
         sm90::wgmma_wait<0>();
         sm90::pin_registers(acc_dp);
 #pragma unroll
-        for (int i = 0; i < kSGroups; ++i) {
-          float dsum[2];
-          sm90::ld_shared_f32x2(s_dsum + (8 * i + 2 * t) * 4, dsum[0], dsum[1]);
-          float lse2[2] = {0.f, 0.f};
-          if constexpr (Variant::kGradReadsScore) sm90::ld_shared_f32x2(s_lse + (8 * i + 2 * t) * 4, lse2[0], lse2[1]);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float ds = acc_s[i][e] * (acc_dp[i][e] - dsum[e % 2]);
-            float x = 0.f;  // the score, for a gradient that reads it (as in the loop below)
-            if constexpr (Variant::kGradReadsScore) {
-              const float prob = acc_s[i][e];
-              x = prob > 0.f ? sm80::log2_approx(prob) + lse2[e % 2] : 0.f;
-            }
-            acc_dp[i][e] = Variant::score_grad(p, score_at(head, m_start, i, e / 2, e % 2), x, ds);
-          }
-        }
+        for (int i = 0; i < kSGroups; ++i) gradients(acc_s, acc_dp, i, s_lse, s_dsum, head, m_start);
         // dSᵀ's fragments: kept for the next turn's dK, or (kDkFromTile) only until they are stored in the tile.
         u32 ds_local[kDkFromTile ? kMSteps : 1][4];
         auto& ds_frag = *[&] {
@@ -821,25 +836,7 @@ struct BwdDkdvSm90 {
               if constexpr (kPart == Part::kScores) {
                 sm90::ld_shared_f32x4(exchange_slot(i), acc_dp[i][0], acc_dp[i][1], acc_dp[i][2], acc_dp[i][3]);
               }
-              float dsum[2];
-              sm90::ld_shared_f32x2(s_dsum + (8 * i + 2 * t) * 4, dsum[0], dsum[1]);
-              // A variant whose gradient reads its score gets it back from P and the row's LSE, x = log2 P + lse2
-              // (keeping Sᵀ for it would cost a second accumulator's registers); an entry of P = 0 has dS = 0
-              // whatever it gets, so it gets 0 rather than -inf.
-              float lse2[2] = {0.f, 0.f};
-              if constexpr (Variant::kGradReadsScore) {
-                sm90::ld_shared_f32x2(s_lse + (8 * i + 2 * t) * 4, lse2[0], lse2[1]);
-              }
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                const float ds = acc_s[i][e] * (acc_dp[i][e] - dsum[e % 2]);
-                float x = 0.f;
-                if constexpr (Variant::kGradReadsScore) {
-                  const float prob = acc_s[i][e];
-                  x = prob > 0.f ? sm80::log2_approx(prob) + lse2[e % 2] : 0.f;
-                }
-                acc_dp[i][e] = Variant::score_grad(p, score_at(head, m_start, i, e / 2, e % 2), x, ds);
-              }
+              gradients(acc_s, acc_dp, i, s_lse, s_dsum, head, m_start);
             }
 #pragma unroll
             for (int j = 0; j < kMSteps; ++j) {

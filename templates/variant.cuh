@@ -33,10 +33,10 @@
 //                              the masks below; SoftCap<Mask> caps it, Alibi<Base> adds a bias.
 //   score_grad(p, at, x, ds)   the backward's counterpart: from ds, the gradient with respect to score(p, at, s),
 //                              the gradient with respect to s, given x = score(p, at, s) · p.scale_log2 (the
-//                              transformed score in the units the kernels exponentiate, which a kernel may
-//                              rebuild from P and the row's LSE, x = log2 P + lse2, rather than keep s).
+//                              transformed score in the units the kernels exponentiate, which they compute
+//                              before the softmax; a hidden key's, whose ds is 0, may come as 0 instead).
 //                              Identity in the masks. kGradReadsScore: whether score_grad reads x (a kernel
-//                              that would rebuild x skips that when not).
+//                              keeps x to dS's computation only when it does).
 //   row_scores(p, at)          score for one row and consecutive keys, in the form a kernel applies once per
 //                              score: the score of key at.k + o is .score(s, o) · score_unit(p) (o a fragment's
 //                              constant column offset after unrolling), what score() gives, with the row's share

@@ -259,13 +259,14 @@ TEST_CASE("soft-capped run-time choices compile without spills or serialized wgm
     const ChoiceCase& k = cases[i];
     const CompiledChoice& c = choices[i];
     INFO(c.name << ": " << c.reason << "\n" << c.compiled->log);
-    // The Hopper family everywhere. Its d64 backward tiles (128 queries per step) sit at the register bound: without
-    // a mask the cap's derivative makes the first spill 32 bytes, which cost less than the sm80 family's spill-free
-    // tile (H100: 1.43-1.53x faster, bench/notes_variants.md), so the heuristic keeps it and says so.
+    // The Hopper family everywhere. Its d64 backward tiles (128 queries per step) sit at the register bound, where
+    // the cap's work may make the first spill a few bytes (16 under the causal mask since the soft cap's v8), which
+    // cost less than any spill-free tile (bench/notes_variants.md: the sm80 family's ran 1.43-1.53x longer), so the
+    // heuristic keeps it and says so.
     CHECK(c.family == flashgen::KernelFamily::kSm90);
     CHECK(c.name.find("_softcap") != std::string::npos);
     const int spilled = c.usage.spill_store_bytes + c.usage.spill_load_bytes;
-    if (k.backward && k.head_dim == 64 && k.mask == MaskKind::kNone) {
+    if (k.backward && k.head_dim == 64) {
       CHECK(spilled <= 64);
       CHECK((spilled == 0 || c.reason.find("bytes, within the 64") != std::string::npos));
     } else {
