@@ -377,11 +377,18 @@ struct UserVariant : Base {
   static __device__ __forceinline__ int user_row(const Params& p, int row) {
     return min(row, p.seqlen_q - 1);
   }
+  // Keys likewise where a kernel asks for every key of a tile before masking (the backward's visible, score and
+  // score_grad): a key past seqlen_k, hidden whatever the user's function says, asks as the last key. The row forms
+  // (row_keys, row_scores) need no clamp: they ask only for keys that Base shows, all inside seqlen_k.
+  template <class Params>
+  static __device__ __forceinline__ int user_key(const Params& p, int key) {
+    return min(key, p.seqlen_k - 1);
+  }
 
   template <class Params>
   static __device__ __forceinline__ bool visible(const Params& p, const ScoreAt& at) {
     if constexpr (User::kMasks) {
-      if (!User::of(p).mask_mod(at.batch, at.head, user_row(p, at.q), at.k)) return false;
+      if (!User::of(p).mask_mod(at.batch, at.head, user_row(p, at.q), user_key(p, at.k))) return false;
     }
     return Base::visible(p, at);
   }
@@ -436,9 +443,10 @@ struct UserVariant : Base {
   static __device__ __forceinline__ float score(const Params& p, const ScoreAt& at, float s) {
     const float base = Base::score(p, at, s);
     if constexpr (User::kScore == UserScore::kMod) {
-      return User::of(p).score_mod(base * p.scale, at.batch, at.head, user_row(p, at.q), at.k) * p.inv_scale;
+      return User::of(p).score_mod(base * p.scale, at.batch, at.head, user_row(p, at.q), user_key(p, at.k)) *
+             p.inv_scale;
     } else if constexpr (User::kScore == UserScore::kBias) {
-      return base + User::of(p).score_bias(at.batch, at.head, user_row(p, at.q), at.k) * p.inv_scale;
+      return base + User::of(p).score_bias(at.batch, at.head, user_row(p, at.q), user_key(p, at.k)) * p.inv_scale;
     } else {
       return base;
     }
@@ -447,7 +455,7 @@ struct UserVariant : Base {
   static __device__ __forceinline__ float score_grad(const Params& p, const ScoreAt& at, float x, float ds) {
     if constexpr (User::kScore == UserScore::kMod) {
       constexpr float kLn2 = 0.693147180559945309f;
-      return ds * User::of(p).score_grad(x * kLn2, at.batch, at.head, user_row(p, at.q), at.k);
+      return ds * User::of(p).score_grad(x * kLn2, at.batch, at.head, user_row(p, at.q), user_key(p, at.k));
     } else if constexpr (User::kScore == UserScore::kBias) {
       return ds;
     } else {
