@@ -73,6 +73,7 @@ def main():
     parser.add_argument("--dtypes", default="fp16,bf16", help="comma-separated (default: %(default)s)")
     parser.add_argument("--deterministic", action="store_true", help="the backward's deterministic dQ strategy")
     parser.add_argument("--softcap", type=float, default=0.0, help="> 0: soft-capped scores (options.softcap)")
+    parser.add_argument("--masks", default="none,causal", help="comma-separated, of none and causal (default: %(default)s)")
     parser.add_argument("--out")
     args = parser.parse_args()
     passes = args.passes.split(",")
@@ -87,7 +88,7 @@ def main():
     torch.manual_seed(0)
     for dtype, code in dtypes:
         for head_dim in head_dims:
-            for causal in (False, True):
+            for causal in [name == "causal" for name in args.masks.split(",")]:
                 for seqlen in seqlens:
                     batch, heads = 16384 // seqlen, 2048 // head_dim
                     q, k, v, dout = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=dtype)

@@ -234,6 +234,17 @@ inline constexpr int kBwdSm90SemaphoreRows = 64;
 inline constexpr int kBwdSm90SemaphoreInts = 2;
 inline constexpr int kBwdSm90DqStored = 1 << 30;
 
+// The deterministic strategy's turn at a query block's semaphore (the Hopper family, without a mask), where the
+// key blocks of a launch group rotate their walks (bwd_sm90.cuh's dq_turn): the block at place `index` of the
+// group's launch order, `size` blocks, starts its walk at query block size - 1 - index; `first` is the turn of the
+// group's first add, `m` the query block. The group's blocks that reach m without wrapping add first, in launch
+// order (they arrive so, one step apart); then those that reach it after wrapping, at the ends of their walks.
+FLASHGEN_HOST_DEVICE constexpr int rotated_dq_turn(int first, int index, int size, int m) {
+  const int arriving = m + 1 < size ? m + 1 : size;  // the group's blocks that reach m without wrapping
+  const int first_arriving = size - arriving;        // the place of the first of them
+  return index >= first_arriving ? first + index - first_arriving : first + arriving + index;
+}
+
 // The backward's per-row workspace arrays (D, the base-2 LSE, the dQ accumulator, the semaphores) of a packed
 // batch hold rows_per_head = packed_workspace_rows(total_q, batch, pad) rows per head. Unpadded (pad 1, the sm80
 // family) sequence i's rows start at its first query row. With pad rows (the Hopper family, 128) they start at

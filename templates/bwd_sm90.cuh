@@ -194,9 +194,10 @@ struct BwdDkdvSm90 {
   // Which key block of which kv head and batch entry (or packed sequence) this block is: the grid is
   // (key blocks, kv heads, batch), and blocks launch in the order of x, then y, then z. The deterministic
   // strategy takes key blocks last first (see write_dq), so a block waits only on blocks launched before
-  // it. On 128-key blocks it launches them launch_group() key blocks of every (kv head, batch) at a time: a
-  // query block's turns then chain the few key blocks of its head that run together rather than all of
-  // them, so a late step holds back fewer blocks (H200, non-causal: 0.87-0.95x the time at 2k-8k tokens).
+  // it, or without a mask on blocks of its own launch group (dq_turn). On 128-key blocks it launches them
+  // launch_group() key blocks of every (kv head, batch) at a time: a query block's turns then chain the few
+  // key blocks of its head that run together rather than all of them, so a late step holds back fewer
+  // blocks (H200, non-causal: 0.87-0.95x the time at 2k-8k tokens).
   // The 64-key blocks of the dK/dV split keep whole heads together: their single stage waits for each Q
   // tile, which a whole head's blocks find in L2 (grouped, they ran up to 1.07x slower).
   struct Place {
@@ -232,6 +233,31 @@ struct BwdDkdvSm90 {
     }
   }
 
+  // The deterministic strategy's turns without a mask (dq_turn): key block n_block's launch group (launch_group key
+  // blocks, the last group what remains) and its place in the group's launch order; whether the walks rotate. They
+  // do where every head's walk is as long as a group (no two blocks of a group start at the same query block) and
+  // one launch group of every (batch, kv head) pair fills the SMs with a group to spare: a group then starts once
+  // the group before it of its pair has finished, instead of waiting on that group's last adds, which a rotated
+  // walk makes at its end (bench/notes_bwd_sm90.md, v26).
+  static constexpr bool kRotatedTurns = kDeterministic && !Variant::kHidesKeys && !kDkdvSplit && !kVarlen;
+  struct RotatedTurns {
+    int n_blocks, launch, groups_before, index, size;
+    bool rotate;
+  };
+  static __device__ RotatedTurns rotated_turns(const Work& w) {
+    RotatedTurns t;
+    t.n_blocks = gridDim.x;
+    t.launch = launch_group(t.n_blocks);
+    const int order = t.n_blocks - 1 - w.n_block;  // launch order in the head
+    t.groups_before = order / t.launch;
+    t.index = order % t.launch;
+    const int whole_groups = t.n_blocks / t.launch;
+    t.size = t.groups_before < whole_groups ? t.launch : t.n_blocks - whole_groups * t.launch;
+    t.rotate = w.per_head >= t.launch &&
+               static_cast<long long>(gridDim.y) * gridDim.z * t.launch >= sm90::multiprocessors() + t.launch;
+    return t;
+  }
+
   // p: params.base, or with a packed batch the sequence's own (bind_sequence), whose rows are `rows`.
   static __device__ Work work_of(const AttnBwdParams& p, const SequenceRows& rows) {
     const Place place = place_of_this_block();
@@ -256,6 +282,12 @@ struct BwdDkdvSm90 {
     // its own instead. Causal key blocks reach a query block one or two steps apart from the diagonal on,
     // and the deterministic turns follow that order.
     w.rotation = !kDeterministic && kFirstAddStores && w.m_first == 0 && w.per_head > 0 ? w.n_block % w.per_head : 0;
+    if constexpr (kRotatedTurns) {
+      // The block's launch group and place in it (place_of_this_block): the group's blocks start their walks one
+      // query block apart, the first launched furthest on (dq_turn).
+      const RotatedTurns t = rotated_turns(w);
+      if (t.rotate) w.rotation = t.size - 1 - t.index;
+    }
     return w;
   }
 
@@ -275,8 +307,21 @@ struct BwdDkdvSm90 {
   // order).
   static __device__ int* dq_semaphore(const AttnBwdParams& p, long long row0) { return bwd::dq_semaphore(p, row0); }
   static __device__ int dq_turn(const AttnBwdParams& p, const Work& w, int m_start) {
-    // (A user mask's classes are per kv head: any query head of the group reads them.)
-    return KeyBlocks<Variant, kBlockN>(p, w.batch, m_start, kBlockM, w.kv_head * p.group_size).end - 1 - w.n_block;
+    if constexpr (kRotatedTurns) {
+      // Without a mask every key block reaches every query block. The blocks of a launch group start their walks at
+      // query blocks size - 1 - index (index: the place in the group's launch order), so at query block m those that
+      // started at or before it arrive in launch order, one step apart, and those that wrap around to it arrive
+      // last, at the end of their walks, again in launch order. The turns follow, group by group in launch order:
+      // a group's blocks that arrive without wrapping, then those that wrap. A block waits on blocks launched before
+      // it, or on blocks of its own group, which are resident together once the groups launched before it have
+      // finished (a group is far smaller than the blocks resident at once).
+      const RotatedTurns t = rotated_turns(w);
+      const int first = t.groups_before * t.launch;
+      return t.rotate ? rotated_dq_turn(first, t.index, t.size, m_start / kBlockM) : first + t.index;
+    } else {
+      // (A user mask's classes are per kv head: any query head of the group reads them.)
+      return KeyBlocks<Variant, kBlockN>(p, w.batch, m_start, kBlockM, w.kv_head * p.group_size).end - 1 - w.n_block;
+    }
   }
 
   // A packed batch's block first binds its sequence (sequence.cuh): lengths, causal offset, the tensors'
@@ -386,8 +431,10 @@ struct BwdDkdvSm90 {
   // first turn stores), and passes the turn on once its adds are done. Turns go from the query block's
   // last key block down to key block 0: the order in which the key blocks reach a query block when each
   // walks its query blocks upward from its diagonal (causal), and for blocks that all start at query
-  // block 0, an order that costs one add per block of lag. A key block visits a query block exactly when
-  // the query block's key range (KeyBlocks over its kBlockM rows, as QueryBlocks counts them) holds it.
+  // block 0, an order that costs one add per block of lag; without a mask the blocks of a launch group
+  // start their walks one query block apart instead and take their turns in the order they arrive
+  // (dq_turn). A key block visits a query block exactly when the query block's key range (KeyBlocks over
+  // its kBlockM rows, as QueryBlocks counts them) holds it.
   // Under a mask, the atomic strategy takes a ticket from the semaphore's first counter: the first stores
   // and adds kBwdSm90DqStored to it once the store is done; the others add once they see that (key blocks
   // reach a query block at different steps: work_of). Without one it adds into the zeroed accumulator.

@@ -180,6 +180,13 @@ __device__ __forceinline__ void red_add_f32x4(float* addr, float a, float b, flo
 // Orders this thread's async-proxy global accesses (bulk copies it has waited for) with its ordinary ones.
 __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 
+// The number of SMs on the device (%nsmid: an upper bound of %smid + 1, the SM count on a whole GPU).
+__device__ __forceinline__ int multiprocessors() {
+  int count;
+  asm("mov.u32 %0, %%nsmid;" : "=r"(count));
+  return count;
+}
+
 // A flag in global memory read with acquire and written with release semantics at GPU scope: what the
 // writer did before the release is visible to a reader after an acquire that sees the value.
 __device__ __forceinline__ int ld_acquire_gpu(const int* flag) {

@@ -3,6 +3,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "catch.hpp"
 #include "flashgen/error.hpp"
@@ -295,6 +296,40 @@ TEST_CASE("sm90 backward: which configs count their dQ adds and which leave the 
   }
   CHECK(dq_first_add_stores(DqAccum::kTiles, 64, 128, 128, 2, /*deterministic=*/false, /*hides_keys=*/true));
   CHECK_FALSE(dq_first_add_stores(DqAccum::kTiles, 64, 128, 128, 2, /*deterministic=*/false, /*hides_keys=*/false));
+}
+
+// The Hopper family's deterministic turns without a mask, where a launch group's walks rotate: at every query block
+// the turns number the key blocks 0 .. n - 1, group by group in launch order, and within a group in the order the
+// blocks arrive (each starting its walk at query block size - 1 - index, with equal steps), so that no block waits
+// on a later group or on a block of its own group that arrives after it.
+TEST_CASE("sm90 backward: rotated deterministic turns follow the order of arrival", "[generator][backward][sm90]") {
+  for (int launch : {2, 4, 8}) {
+    for (int n_blocks = 1; n_blocks <= 3 * launch + 1; ++n_blocks) {
+      for (int walk = launch; walk <= 3 * launch; walk += launch - 1) {
+        for (int m = 0; m < walk; ++m) {
+          std::vector<int> block_of_turn(n_blocks, -1);
+          std::vector<int> arrival(n_blocks), group(n_blocks);
+          for (int order = 0; order < n_blocks; ++order) {  // the place in the head's launch order
+            const int g = order / launch, index = order % launch;
+            const int size = g < n_blocks / launch ? launch : n_blocks % launch;
+            const int turn = flashgen::rotated_dq_turn(g * launch, index, size, m);
+            REQUIRE(turn >= 0);
+            REQUIRE(turn < n_blocks);
+            REQUIRE(block_of_turn[turn] == -1);
+            block_of_turn[turn] = order;
+            group[order] = g;
+            arrival[order] = (m - (size - 1 - index) + walk) % walk;  // the step of the block's walk that reaches m
+          }
+          for (int turn = 1; turn < n_blocks; ++turn) {
+            const int before = block_of_turn[turn - 1], after = block_of_turn[turn];
+            INFO("launch " << launch << ", " << n_blocks << " key blocks, walk " << walk << ", query block " << m);
+            CHECK(group[before] <= group[after]);
+            if (group[before] == group[after]) CHECK(arrival[before] < arrival[after]);
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("backward config validity follows the shared traits", "[generator][backward]") {
