@@ -203,13 +203,12 @@ struct BwdDkdvSm90 {
   struct Place {
     int n_block, kv_head, batch;
   };
-  // Key blocks per launch group: 8, or on 64-column tiles without a mask, whose key blocks all reach query block 0
-  // in the same step and whose steps are short, chains of 2 where a head has at most 8 key blocks and of 4 where it
-  // has at most 32 (bench/notes_bwd_sm90.md, v23: against 8, chains of 2 took 0.90x the time at 1k tokens and
-  // 1.02-1.04x at 4k-8k on an H200, chains of 4 0.96-0.98x at 2k-4k there and 1.01-1.02x at 8k-16k on an H100).
+  // Key blocks per launch group: 8, or on 64-column tiles without a mask, whose steps are short, 2 where a head has
+  // fewer than 8 key blocks: its walk is then too short for a group of 8 to rotate (dq_turn), and an unrotated
+  // group's blocks all reach query block 0 in the same step (bench/notes_bwd_sm90.md, v23 and v26).
   static __device__ int launch_group(int n_blocks) {
     if constexpr (kTileDim == 64 && !Variant::kHidesKeys) {
-      return n_blocks <= 8 ? 2 : n_blocks <= 32 ? 4 : 8;
+      return n_blocks < 8 ? 2 : 8;
     } else {
       return 8;
     }
