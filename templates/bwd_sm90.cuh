@@ -235,9 +235,9 @@ struct BwdDkdvSm90 {
   // The deterministic strategy's turns without a mask (dq_turn): key block n_block's launch group (launch_group key
   // blocks, the last group what remains) and its place in the group's launch order; whether the walks rotate. They
   // do where every head's walk is as long as a group (no two blocks of a group start at the same query block) and
-  // one launch group of every (batch, kv head) pair fills the SMs with a group to spare: a group then starts once
-  // the group before it of its pair has finished, instead of waiting on that group's last adds, which a rotated
-  // walk makes at its end (bench/notes_bwd_sm90.md, v26).
+  // one launch group of every (batch, kv head) pair fills the SMs (counted by sm_count_bound) with a group to spare:
+  // a group then starts once the group before it of its pair has finished, instead of waiting on that group's last
+  // adds, which a rotated walk makes at its end (bench/notes_bwd_sm90.md, v26).
   static constexpr bool kRotatedTurns = kDeterministic && !Variant::kHidesKeys && !kDkdvSplit && !kVarlen;
   struct RotatedTurns {
     int n_blocks, launch, groups_before, index, size;
@@ -253,7 +253,7 @@ struct BwdDkdvSm90 {
     const int whole_groups = t.n_blocks / t.launch;
     t.size = t.groups_before < whole_groups ? t.launch : t.n_blocks - whole_groups * t.launch;
     t.rotate = w.per_head >= t.launch &&
-               static_cast<long long>(gridDim.y) * gridDim.z * t.launch >= sm90::multiprocessors() + t.launch;
+               static_cast<long long>(gridDim.y) * gridDim.z * t.launch >= sm90::sm_count_bound() + t.launch;
     return t;
   }
 

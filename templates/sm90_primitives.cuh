@@ -180,8 +180,8 @@ __device__ __forceinline__ void red_add_f32x4(float* addr, float a, float b, flo
 // Orders this thread's async-proxy global accesses (bulk copies it has waited for) with its ordinary ones.
 __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 
-// The number of SMs on the device (%nsmid: an upper bound of %smid + 1, the SM count on a whole GPU).
-__device__ __forceinline__ int multiprocessors() {
+// At least the number of SMs on the device: %nsmid, one past the highest SM id, which may leave gaps.
+__device__ __forceinline__ int sm_count_bound() {
   int count;
   asm("mov.u32 %0, %%nsmid;" : "=r"(count));
   return count;
