@@ -313,7 +313,8 @@ struct BwdDkdvSm90 {
       // last, at the end of their walks, again in launch order. The turns follow, group by group in launch order:
       // a group's blocks that arrive without wrapping, then those that wrap. A block waits on blocks launched before
       // it, or on blocks of its own group, which are resident together once the groups launched before it have
-      // finished (a group is far smaller than the blocks resident at once).
+      // finished, provided the process may use as many SMs as a group has blocks (at most 8): fewer, as under an MPS
+      // thread percentage or a green context of fewer SMs, which %nsmid does not show, could hang here.
       const RotatedTurns t = rotated_turns(w);
       const int first = t.groups_before * t.launch;
       return t.rotate ? rotated_dq_turn(first, t.index, t.size, m_start / kBlockM) : first + t.index;
