@@ -59,6 +59,14 @@ problems=(
   printf '%-66s %-10s %-4s %s\n' config tool rc "sanitizer summary | output check"
 } > "$summary"
 failed=0
+# Appends a run's log to $logs and its line to $summary: report NAME TOOL RC LOG CHECK (CHECK: PASS, FAIL or empty).
+report() {
+  local name=$1 tool=$2 rc=$3 log=$4 check=$5 sanitizer
+  { echo "######## $name: $tool (rc $rc)"; head -n 200 "$log"; } >> "$logs"
+  sanitizer=$(grep -Eo '(RACECHECK|ERROR) SUMMARY: [^(]*' "$log" | tail -1)
+  printf '%-66s %-10s %-4s %s | %s\n' "${name:0:66}" "$tool" "$rc" "${sanitizer:-no summary}" "${check:-no check}" >> "$summary"
+  [ "$rc" = 0 ] && [ "$check" = PASS ] || failed=1
+}
 for spec in "${problems[@]}"; do
   IFS='|' read -r cfg hd mask extra sizes <<< "$spec"
   sizes=${sizes:---heads-q 2 --heads-kv 2 --seqlen-q 512 --seqlen-k 512}
@@ -69,11 +77,7 @@ for spec in "${problems[@]}"; do
     timeout 240 "$cs" --tool "$tool" --error-exitcode 9 "$build/flashgen" run --config "$cfg" $extra $sizes \
       --head-dim "$hd" --dtype fp16 --causal "$mask" --iters 1 --warmup 0 --check-rows 8 > "$log" 2>&1
     rc=$?
-    { echo "######## $cfg: $tool (rc $rc)"; head -n 200 "$log"; } >> "$logs"
-    sanitizer=$(grep -Eo '(RACECHECK|ERROR) SUMMARY: [^(]*' "$log" | tail -1)
-    check=$(grep -Eo 'check:.*(PASS|FAIL)' "$log" | grep -Eo 'PASS|FAIL' | tail -1)
-    printf '%-66s %-10s %-4s %s | %s\n' "$cfg" "$tool" "$rc" "${sanitizer:-no summary}" "${check:-no check}" >> "$summary"
-    [ "$rc" = 0 ] && [ "${check:-}" = PASS ] || failed=1
+    report "$cfg" "$tool" "$rc" "$log" "$(grep -Eo 'check:.*(PASS|FAIL)' "$log" | grep -Eo 'PASS|FAIL' | tail -1)"
   done
 done
 # GPU test cases under memcheck, for what `flashgen run` cannot set up: a user's variant whose functions read a
@@ -86,11 +90,7 @@ for name in "${test_cases[@]}"; do
   log=$work/test.memcheck.log
   timeout 240 "$cs" --tool memcheck --error-exitcode 9 "$build/tests/flashgen_tests" "$name" > "$log" 2>&1
   rc=$?
-  { echo "######## $name: memcheck (rc $rc)"; head -n 200 "$log"; } >> "$logs"
-  sanitizer=$(grep -Eo 'ERROR SUMMARY: [^(]*' "$log" | tail -1)
-  check=$(grep -q 'All tests passed' "$log" && echo PASS || echo FAIL)
-  printf '%-66s %-10s %-4s %s | %s\n' "${name:0:66}" memcheck "$rc" "${sanitizer:-no summary}" "$check" >> "$summary"
-  [ "$rc" = 0 ] && [ "$check" = PASS ] || failed=1
+  report "$name" memcheck "$rc" "$log" "$(grep -q 'All tests passed' "$log" && echo PASS || echo FAIL)"
 done
 cat "$summary"
 rm -rf "$work"

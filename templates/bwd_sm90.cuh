@@ -240,18 +240,18 @@ struct BwdDkdvSm90 {
   // adds, which a rotated walk makes at its end (bench/notes_bwd_sm90.md, v26).
   static constexpr bool kRotatedTurns = kDeterministic && !Variant::kHidesKeys && !kDkdvSplit && !kVarlen;
   struct RotatedTurns {
-    int n_blocks, launch, groups_before, index, size;
+    int launch, groups_before, index, size;
     bool rotate;
   };
   static __device__ RotatedTurns rotated_turns(const Work& w) {
     RotatedTurns t;
-    t.n_blocks = gridDim.x;
-    t.launch = launch_group(t.n_blocks);
-    const int order = t.n_blocks - 1 - w.n_block;  // launch order in the head
+    const int n_blocks = gridDim.x;
+    t.launch = launch_group(n_blocks);
+    const int order = n_blocks - 1 - w.n_block;  // launch order in the head
     t.groups_before = order / t.launch;
     t.index = order % t.launch;
-    const int whole_groups = t.n_blocks / t.launch;
-    t.size = t.groups_before < whole_groups ? t.launch : t.n_blocks - whole_groups * t.launch;
+    const int whole_groups = n_blocks / t.launch;
+    t.size = t.groups_before < whole_groups ? t.launch : n_blocks - whole_groups * t.launch;
     t.rotate = w.per_head >= t.launch &&
                static_cast<long long>(gridDim.y) * gridDim.z * t.launch >= sm90::sm_count_bound() + t.launch;
     return t;
