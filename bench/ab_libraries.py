@@ -6,6 +6,9 @@ times A against itself, the run-to-run noise the A/B difference is read against.
 
     python3 bench/ab_libraries.py --a old/libflashgen.so --b new/libflashgen.so [--quick] [--out FILE]
         [--passes forward,backward] [--head-dims 64,128,256] [--dtypes fp16,bf16] [--deterministic] [--softcap C]
+
+With --b-deterministic only B runs the deterministic strategy: --a and --b naming the same build then time the
+atomic strategy against the deterministic one.
 """
 
 import argparse
@@ -72,6 +75,8 @@ def main():
     parser.add_argument("--head-dims", default="64,128,256", help="comma-separated (default: %(default)s)")
     parser.add_argument("--dtypes", default="fp16,bf16", help="comma-separated (default: %(default)s)")
     parser.add_argument("--deterministic", action="store_true", help="the backward's deterministic dQ strategy")
+    parser.add_argument("--b-deterministic", action="store_true",
+                        help="B alone takes the deterministic dQ strategy, A the atomic one")
     parser.add_argument("--softcap", type=float, default=0.0, help="> 0: soft-capped scores (options.softcap)")
     parser.add_argument("--masks", default="none,causal", help="comma-separated, of none and causal (default: %(default)s)")
     parser.add_argument("--out")
@@ -98,7 +103,8 @@ def main():
                     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
                     views = [view(t, code) for t in (q, k, v, out)]
                     grads = [view(t, code) for t in (dout, dq, dk, dv)]
-                    opts = {lib: lib.options(causal, args.deterministic, args.softcap) for lib in (a, b)}
+                    opts = {lib: lib.options(causal, args.deterministic or (lib is b and args.b_deterministic),
+                                             args.softcap) for lib in (a, b)}
 
                     def forward(lib):
                         lib.check(lib.lib.flashgen_attention_forward(
@@ -138,7 +144,8 @@ def main():
     date = datetime.date.today().isoformat()
     header = ("device,date,torch,pass,deterministic,softcap,dtype,head_dim,causal,seqlen,a_ms,b_ms,a_again_ms,"
               "b_over_a,a_again_over_a")
-    lines = [header] + [f"{device},{date},{torch.__version__},{r[0]},{int(args.deterministic)},{args.softcap:g},{r[1]},{r[2]},{int(r[3])},{r[4]},{r[5]:.4f},"
+    strategy = "b" if args.b_deterministic and not args.deterministic else int(args.deterministic)
+    lines = [header] + [f"{device},{date},{torch.__version__},{r[0]},{strategy},{args.softcap:g},{r[1]},{r[2]},{int(r[3])},{r[4]},{r[5]:.4f},"
                         f"{r[6]:.4f},{r[7]:.4f},{r[8]:.4f},{r[9]:.4f}" for r in rows]
     if args.out:
         open(args.out, "w").write("\n".join(lines) + "\n")

@@ -117,7 +117,7 @@ bool BwdConfig::sm90_lock_step() const {
   // The variant's kWideScoreWork (variant.cuh): a user's score_mod or mask, or the soft cap under ALiBi.
   const bool wide_score_work =
       (mods.softcap && mods.alibi) || (user != nullptr && (!user->score_mod.empty() || user->masks()));
-  return bwd_sm90_lock_step(deterministic, wide_score_work);
+  return bwd_sm90_lock_step(wide_score_work);
 }
 
 DqAccum BwdConfig::dq_accum() const {

@@ -19,8 +19,8 @@
 // semaphore per query block), so repeated runs sum in the same order; the atomic one counts them there, so
 // the convert kernel can run beside this one's last blocks. dK and dV leave through the K and V tiles and
 // TMA stores. On 64-column tiles a step adds the previous step's dQ, so the consumers meet at no barrier of
-// a step (defer_dq); on 128-column tiles with two stages the atomic strategy's consumers also take turns
-// issuing their products, one computing its softmax while the other's products run (ping_pong). Tiles hold
+// a step (defer_dq); on 128-column tiles with two stages the consumers also take turns issuing their
+// products, one computing its softmax while the other's products run (ping_pong). Tiles hold
 // head_dim rounded up to whole 64-column chunks (sm90_tile_dim, fwd_traits.cuh): TMA zero-fills the columns
 // past it on load and clips them on store, and the dQ accumulator's rows are as wide as the tiles'. Tiles of
 // 192 and 256 columns keep 64 keys per block and give its dK to consumer 0 and its dV to consumer 1 instead
@@ -57,8 +57,8 @@ struct BwdDkdvSm90 {
 
   static constexpr bool kDeterministic = !Cfg::kAtomicDq;
   // The generator decides lock_step from the config (BwdConfig::sm90_lock_step), as the host's sizes follow it.
-  static_assert(Cfg::kLockStep == bwd_sm90_lock_step(kDeterministic, Cfg::Variant::kWideScoreWork),
-                "the config's kLockStep disagrees with its strategy and variant (bwd_sm90_lock_step)");
+  static_assert(Cfg::kLockStep == bwd_sm90_lock_step(Cfg::Variant::kWideScoreWork),
+                "the config's kLockStep disagrees with its variant (bwd_sm90_lock_step)");
   static constexpr BwdSm90Traits kTraits =
       bwd_sm90_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kLockStep);
   static_assert(kTraits.error == nullptr, "invalid sm90 backward config: see bwd_sm90_traits() in bwd_traits.cuh");
@@ -169,15 +169,26 @@ struct BwdDkdvSm90 {
     }
   }
   static constexpr int kDqWriterWarp = 1;  // of the producer warpgroup; thread 0 of warp 0 loads tiles
+  static constexpr int kTurnWarp = 2;       // passes the deterministic strategy's turns on (pass_turns)
+  static constexpr int kTurnWatchWarp = 3;  // watches for them to come (watch_turns)
 
   struct Barriers {
-    u32 base;  // kv_full, then full[kStages], empty[kStages], then with kDeferDq ds_full[kDsTiles], ds_empty[kDsTiles]
+    u32 base;  // kv_full, full[kStages], empty[kStages], with kDeferDq ds_full[kDsTiles] and ds_empty[kDsTiles], then
+               // turn_ready[2] and turn_free[2]
     __device__ u32 kv_full() const { return base; }
     __device__ u32 full(int s) const { return base + 8 * (1 + s); }
     __device__ u32 empty(int s) const { return base + 8 * (1 + kStages + s); }
     // dSᵀ tile b holds every consumer's dSᵀ of a step / has been read by every consumer's dQ product.
     __device__ u32 ds_full(int b) const { return base + 8 * (1 + 2 * kStages + b); }
     __device__ u32 ds_empty(int b) const { return base + 8 * (1 + 2 * kStages + kDsTiles + b); }
+    // The deterministic strategy's ring from the dQ writer to the turn passer (pass_turns): slot b holds an add
+    // whose writes are done / has had its turn passed on.
+    __device__ u32 turn_ready(int b) const { return base + 8 * (kTurnBarrier0 + b); }
+    __device__ u32 turn_free(int b) const { return base + 8 * (kTurnBarrier0 + 2 + b); }
+    // The ring from the turn watcher to the dQ writer (watch_turns): slot b's turn has come / has been taken.
+    __device__ u32 turn_seen(int b) const { return base + 8 * (kTurnBarrier0 + 4 + b); }
+    __device__ u32 turn_taken(int b) const { return base + 8 * (kTurnBarrier0 + 6 + b); }
+    static constexpr int kTurnBarrier0 = 1 + 2 * kStages + (kDeferDq ? 2 * kDsTiles : 0);
   };
 
   // This block's key block n_block of batch entry (or packed sequence) `batch` and kv head; where the TMA
@@ -295,6 +306,7 @@ struct BwdDkdvSm90 {
   }
   static __device__ int m_block_of(const Work& w, int it) { return w.m_first + (it + w.rotation) % w.per_head; }
   static __device__ u32 ring_phase(int it) { return static_cast<u32>((it / kStages) & 1); }
+  static __device__ u32 turn_ring_phase(int it) { return static_cast<u32>((it / 2) & 1); }  // the two-slot rings
 
   // The first row of a query block of `head` in the workspace arrays (padded: whole blocks are read and added).
   static __device__ long long workspace_row(const AttnBwdParams& p, const Work& w, int head, int m_start) {
@@ -360,6 +372,14 @@ struct BwdDkdvSm90 {
           sm90::mbarrier_init(bars.ds_empty(b), kConsumers * 128);
         }
       }
+      if constexpr (kDeterministic && kDqStaged) {
+        for (int b = 0; b < 2; ++b) {
+          sm90::mbarrier_init(bars.turn_ready(b), 1);
+          sm90::mbarrier_init(bars.turn_free(b), 1);
+          sm90::mbarrier_init(bars.turn_seen(b), 1);
+          sm90::mbarrier_init(bars.turn_taken(b), 1);
+        }
+      }
       sm90::fence_mbarrier_init();
     }
     __syncthreads();
@@ -369,7 +389,11 @@ struct BwdDkdvSm90 {
       if (threadIdx.x == 0) {
         produce(params, p, w, smem, bars);
       } else if (kDqStaged && threadIdx.x / 32 == kDqWriterWarp) {
-        write_dq(p, w, smem);
+        write_dq(p, w, smem, bars);
+      } else if (kDqStaged && kDeterministic && threadIdx.x == 32 * kTurnWarp) {
+        pass_turns(p, w, bars);
+      } else if (kDqStaged && kDeterministic && threadIdx.x == 32 * kTurnWatchWarp) {
+        watch_turns(p, w, bars);
       }
     } else {
       sm90::setmaxnreg_inc<kTraits.consumer_regs>();
@@ -427,20 +451,20 @@ struct BwdDkdvSm90 {
   // with one bulk reduce-add: the tile in shared memory is laid out as its rows of the accumulator are
   // (DqAccum::kTiles), so it is one contiguous range. Where nothing zeroes the accumulator
   // (kFirstAddStores), a query block's first add is a bulk store, which the others wait for.
-  // The deterministic strategy waits for the query block's semaphore to count this block's turn (the
-  // first turn stores), and passes the turn on once its adds are done. Turns go from the query block's
-  // last key block down to key block 0: the order in which the key blocks reach a query block when each
-  // walks its query blocks upward from its diagonal (causal), and for blocks that all start at query
-  // block 0, an order that costs one add per block of lag; without a mask the blocks of a launch group
-  // start their walks one query block apart instead and take their turns in the order they arrive
-  // (dq_turn). A key block visits a query block exactly when the query block's key range (KeyBlocks over
-  // its kBlockM rows, as QueryBlocks counts them) holds it.
+  // The deterministic strategy adds once the query block's semaphore counts this block's turn (the first
+  // turn stores), which watch_turns sees, and once the add's writes are done pass_turns passes the turn on.
+  // Turns go from the query block's last key block down to key block 0: the order in which the key blocks
+  // reach a query block when each walks its query blocks upward from its diagonal (causal), and for blocks
+  // that all start at query block 0, an order that costs one add per block of lag; without a mask the
+  // blocks of a launch group start their walks one query block apart instead and take their turns in the
+  // order they arrive (dq_turn). A key block visits a query block exactly when the query block's key range
+  // (KeyBlocks over its kBlockM rows, as QueryBlocks counts them) holds it.
   // Under a mask, the atomic strategy takes a ticket from the semaphore's first counter: the first stores
   // and adds kBwdSm90DqStored to it once the store is done; the others add once they see that (key blocks
   // reach a query block at different steps: work_of). Without one it adds into the zeroed accumulator.
   // Either way a block counts its adds done in the second counter, for the convert kernel (bwd_rows.cuh),
   // once all of them are (waiting on each would hold the next).
-  static __device__ void write_dq(const AttnBwdParams& p, const Work& w, u32 smem) {
+  static __device__ void write_dq(const AttnBwdParams& p, const Work& w, u32 smem, const Barriers& bars) {
     const bool leader = threadIdx.x % 32 == 0;
     for (int it = 0; it < w.iterations; ++it) {
       const int m_start = m_block_of(w, it) * kBlockM;
@@ -457,7 +481,7 @@ struct BwdDkdvSm90 {
       if (leader) {
         if constexpr (kDeterministic) {
           first = turn == 0;
-          ready = sm90::ld_acquire_gpu(semaphore) == turn;
+          ready = true;  // watch_turns says when
         } else if constexpr (kFirstAddStores) {
           const int ticket = sm90::atom_add_acquire_gpu(semaphore, 1);
           first = (ticket & ~kBwdSm90DqStored) == 0;
@@ -469,9 +493,13 @@ struct BwdDkdvSm90 {
 #pragma unroll
       for (int c = tile; c < fillers_end; ++c) sm90::named_barrier_sync(dq_full_barrier(c), kDqWriterThreads);
       if (leader) {
+        if constexpr (kDeterministic) {
+          sm90::mbarrier_wait(bars.turn_seen(it % 2), turn_ring_phase(it));  // acquire (CTA scope)
+          sm90::mbarrier_arrive(bars.turn_taken(it % 2));
+        }
         while (!ready) {
           const int count = sm90::ld_acquire_gpu(semaphore);
-          ready = kDeterministic ? count == turn : (count & kBwdSm90DqStored) != 0;
+          ready = (count & kBwdSm90DqStored) != 0;
         }
         if (first) {
           sm90::bulk_store(p.dq_accum + row0 * kTileDim, sdq, kDqTileBytes);
@@ -493,7 +521,9 @@ struct BwdDkdvSm90 {
         sm90::tma_store_wait_all();
         sm90::fence_proxy_async_global();
         if constexpr (kDeterministic) {
-          sm90::st_release_gpu(semaphore, turn + 1);
+          const int slot = it % 2;
+          sm90::mbarrier_wait(bars.turn_free(slot), turn_ring_phase(it) ^ 1);
+          sm90::mbarrier_arrive(bars.turn_ready(slot));  // release (CTA scope): the writes above are done
         } else {
           sm90::red_add_release_gpu(semaphore, kBwdSm90DqStored);
         }
@@ -507,6 +537,41 @@ struct BwdDkdvSm90 {
         const long long row0 = workspace_row(p, w, head_of(p, w, it), m_block_of(w, it) * kBlockM);
         sm90::red_add_relaxed_gpu(dq_semaphore(p, row0) + 1, 1);
       }
+    }
+  }
+
+  // The deterministic strategy's turns, in write_dq's order of adds, watched for and passed on by one thread each of
+  // two other producer warps: watch_turns polls the query block's semaphore until it counts this block's turn and
+  // tells the writer through the turn_seen ring; pass_turns, told through the turn_ready ring that an add's writes
+  // are done, releases the next turn. The writer's loop, on which the consumers' turns wait for the staged dQ tile,
+  // then holds neither the polls' round trips nor the release's fence (MEMBAR.GPU): with both in it, the consumers'
+  // turns ran at 1.03-1.06x the time of lock step (H100, head_dim 128; bench/notes_bwd_sm90.md, v27). The ordering
+  // carries from the semaphore's GPU-scope acquire and release through the rings' CTA-scope arrivals and waits.
+  struct TurnSite {
+    int* semaphore;
+    int turn;
+  };
+  static __device__ TurnSite turn_site(const AttnBwdParams& p, const Work& w, int it) {
+    const int m_start = m_block_of(w, it) * kBlockM;
+    return {dq_semaphore(p, workspace_row(p, w, head_of(p, w, it), m_start)), dq_turn(p, w, m_start)};
+  }
+  static __device__ void watch_turns(const AttnBwdParams& p, const Work& w, const Barriers& bars) {
+    for (int it = 0; it < w.iterations; ++it) {
+      const TurnSite site = turn_site(p, w, it);
+      if (site.turn > 0) {
+        while (sm90::ld_acquire_gpu(site.semaphore) != site.turn) {
+        }
+      }
+      sm90::mbarrier_wait(bars.turn_taken(it % 2), turn_ring_phase(it) ^ 1);
+      sm90::mbarrier_arrive(bars.turn_seen(it % 2));  // release (CTA scope): what the turn's release made visible
+    }
+  }
+  static __device__ void pass_turns(const AttnBwdParams& p, const Work& w, const Barriers& bars) {
+    for (int it = 0; it < w.iterations; ++it) {
+      const TurnSite site = turn_site(p, w, it);
+      sm90::mbarrier_wait(bars.turn_ready(it % 2), turn_ring_phase(it));  // acquire (CTA scope)
+      sm90::st_release_gpu(site.semaphore, site.turn + 1);  // cumulative: the writer's adds come first
+      sm90::mbarrier_arrive(bars.turn_free(it % 2));
     }
   }
 

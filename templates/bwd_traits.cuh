@@ -202,8 +202,10 @@ struct BwdSm90Traits {
                         // Sᵀ and dPᵀ of the next), each computing its next step's Pᵀ and dSᵀ while the other's
                         // products run (bench/notes_bwd_sm90.md, v20: 0.90-0.96x the time from 2k tokens without
                         // a mask)
-  int mbarriers;        // K/V full, the ring's full and empty, and with defer_dq dSᵀ's full and empty (one each
-                        // per dSᵀ tile)
+  int mbarriers;        // K/V full, the ring's full and empty, with defer_dq dSᵀ's full and empty (one each per
+                        // dSᵀ tile), and the deterministic strategy's two-slot rings between the dQ writer and the
+                        // warps that watch for its turns and pass them on (reserved for the atomic strategy too:
+                        // 64 bytes)
   int smem_dq_bytes;    // the query block's dQ in fp32, laid out as its tiles of the accumulator (kTiles)
                         // (bwd_sm90.cuh lays the stages' LSE and D out after the tiles: 1024-byte alignment)
   int smem_bytes;
@@ -211,11 +213,12 @@ struct BwdSm90Traits {
   const char* error;
 };
 
-// Whether a config's consumers step together rather than take turns (ping_pong): the deterministic strategy, whose
-// turns gained nothing (its writer holds the staged dQ tile through a consumer's turn), and variants whose per-score
-// work needs more registers than the turns leave (variant.cuh's kWideScoreWork: a user's mask or score_mod, or the
-// soft cap under ALiBi; with them the turns' tile spills 4-60 bytes, in lock step it does not).
-constexpr bool bwd_sm90_lock_step(bool deterministic, bool wide_score_work) { return deterministic || wide_score_work; }
+// Whether a config's consumers step together rather than take turns (ping_pong): variants whose per-score work needs
+// more registers than the turns leave (variant.cuh's kWideScoreWork: a user's mask or score_mod, or the soft cap under
+// ALiBi; with them the turns' tile spills 4-60 bytes, in lock step it does not). Both dQ strategies take turns
+// otherwise (the deterministic one since its turns are watched for and passed on by warps of their own: bwd_sm90.cuh,
+// write_dq).
+constexpr bool bwd_sm90_lock_step(bool wide_score_work) { return wide_score_work; }
 
 constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, int stages, bool lock_step) {
   BwdSm90Traits t{};
@@ -243,7 +246,7 @@ constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, 
   t.ds_tiles = t.ping_pong ? 3 : 2;
   t.smem_ds_bytes = t.ds_tiles * block_n * block_m * 2;
   t.smem_exchange_bytes = t.dkdv_split ? block_n * block_m * 4 : 0;
-  t.mbarriers = 1 + 2 * stages + (t.defer_dq ? 2 * t.ds_tiles : 0);
+  t.mbarriers = 1 + 2 * stages + (t.defer_dq ? 2 * t.ds_tiles : 0) + 8;
   const int smem_rest = t.smem_kv_bytes + stages * t.smem_stage_bytes + t.smem_ds_bytes + t.smem_exchange_bytes +
                         t.mbarriers * 8 + 1024;
   t.dq_staged = !t.dkdv_split || smem_rest + block_m * t.tile_dim * 4 <= max_smem_per_block(90);

@@ -109,11 +109,12 @@ TEST_CASE("sm90 backward validity follows bwd_sm90_traits", "[generator][backwar
   BwdConfig det = c;
   det.deterministic = true;  // the same family and tiles: dQ adds in a fixed order
   CHECK_FALSE(det.invalid_reason(90).has_value());
-  // Its consumers step together (bwd_sm90_lock_step): two dSᵀ tiles and no dSᵀ barriers, where the atomic
-  // strategy's consumers take turns over three.
+  // Its consumers take turns as the atomic strategy's do (three dSᵀ tiles and their barriers); its own turns at the
+  // dQ semaphores are watched for and passed on by producer warps through mbarriers that every config reserves.
   CHECK(c.sm90_traits().ping_pong);
-  CHECK_FALSE(det.sm90_traits().ping_pong);
-  CHECK(c.smem_bytes(BwdKernel::kDkdv) - det.smem_bytes(BwdKernel::kDkdv) == 128 * 64 * 2 + 6 * 8);
+  CHECK(det.sm90_traits().ping_pong);
+  CHECK_FALSE(det.sm90_lock_step());
+  CHECK(c.smem_bytes(BwdKernel::kDkdv) == det.smem_bytes(BwdKernel::kDkdv));
   BwdConfig capped = c;
   capped.mods.softcap = true;  // takes turns too (its dK reads dSᵀ from the staged tile)
   CHECK_FALSE(capped.sm90_lock_step());
@@ -195,8 +196,9 @@ TEST_CASE("sm90 backward validity follows bwd_sm90_traits", "[generator][backwar
   CHECK_FALSE(w.dq_staged);
   CHECK(w.smem_dq_bytes == 0);
   CHECK(w.smem_exchange_bytes == 64 * 64 * 4);
+  // mbarriers: K/V, the stages' full and empty, and the deterministic turns' two rings of two (8)
   CHECK(w.smem_bytes ==
-        2 * 64 * 256 * 2 + 2 * (2 * 64 * 256 * 2 + 2 * 64 * 4) + 2 * 64 * 64 * 2 + 64 * 64 * 4 + 5 * 8 + 1024);
+        2 * 64 * 256 * 2 + 2 * (2 * 64 * 256 * 2 + 2 * 64 * 4) + 2 * 64 * 64 * 2 + 64 * 64 * 4 + (5 + 8) * 8 + 1024);
   wide.stages = 3;
   CHECK(wide.invalid_reason(90)->find("shared memory") != std::string::npos);
   wide.stages = 1;  // one stage leaves room for the staged dQ tile: the writer warp adds it
@@ -219,7 +221,7 @@ TEST_CASE("sm90 backward validity follows bwd_sm90_traits", "[generator][backwar
   CHECK(t192.dq_passes_last == 1);
   CHECK(t192.dq_staged);
   CHECK(t192.smem_bytes == 2 * 64 * 192 * 2 + 2 * (2 * 64 * 192 * 2 + 2 * 64 * 4) + 2 * 64 * 64 * 2 + 64 * 192 * 4 +
-                               64 * 64 * 4 + 5 * 8 + 1024);
+                               64 * 64 * 4 + (5 + 8) * 8 + 1024);
   d192.stages = 3;  // three stages leave no room for the tile: dQ added from registers
   CHECK_FALSE(d192.invalid_reason(90).has_value());
   CHECK_FALSE(d192.sm90_traits().dq_staged);
@@ -265,7 +267,8 @@ TEST_CASE("sm90 backward validity follows bwd_sm90_traits", "[generator][backwar
   CHECK(t.dq_row_tiles == 1);
   CHECK(t.smem_dq_bytes == 64 * 128 * 4);
   CHECK(t.smem_bytes ==
-        2 * 128 * 128 * 2 + 2 * (2 * 64 * 128 * 2 + 2 * 64 * 4) + 3 * 128 * 64 * 2 + 64 * 128 * 4 + 11 * 8 + 1024);
+        2 * 128 * 128 * 2 + 2 * (2 * 64 * 128 * 2 + 2 * 64 * 4) + 3 * 128 * 64 * 2 + 64 * 128 * 4 + (11 + 8) * 8 +
+            1024);
   CHECK(c.smem_bytes(BwdKernel::kDkdv) == t.smem_bytes);
   CHECK(c.dkdv_threads() == 384);
   CHECK(c.pad_rows() == flashgen::kBwdSm90PadRows);
