@@ -174,7 +174,7 @@ struct BwdDkdvSm90 {
 
   struct Barriers {
     u32 base;  // kv_full, full[kStages], empty[kStages], with kDeferDq ds_full[kDsTiles] and ds_empty[kDsTiles], then
-               // turn_ready[2] and turn_free[2]
+               // turn_ready[2], turn_free[2], turn_seen[2] and turn_taken[2]
     __device__ u32 kv_full() const { return base; }
     __device__ u32 full(int s) const { return base + 8 * (1 + s); }
     __device__ u32 empty(int s) const { return base + 8 * (1 + kStages + s); }
