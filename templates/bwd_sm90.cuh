@@ -335,6 +335,18 @@ struct BwdDkdvSm90 {
       return KeyBlocks<Variant, kBlockN>(p, w.batch, m_start, kBlockM, w.kv_head * p.group_size).end - 1 - w.n_block;
     }
   }
+  // Step it's query block as the dQ writer and the turn warps see it: its first workspace row, its semaphore and,
+  // under the deterministic strategy, this block's turn there.
+  struct DqSite {
+    long long row0;
+    int* semaphore;
+    int turn;
+  };
+  static __device__ DqSite dq_site(const AttnBwdParams& p, const Work& w, int it) {
+    const int m_start = m_block_of(w, it) * kBlockM;
+    const long long row0 = workspace_row(p, w, head_of(p, w, it), m_start);
+    return {row0, dq_semaphore(p, row0), kDeterministic ? dq_turn(p, w, m_start) : 0};
+  }
 
   // A packed batch's block first binds its sequence (sequence.cuh): lengths, causal offset, the tensors'
   // and the workspace's rows; a block past the sequence's last key has nothing to do.
@@ -467,10 +479,7 @@ struct BwdDkdvSm90 {
   static __device__ void write_dq(const AttnBwdParams& p, const Work& w, u32 smem, const Barriers& bars) {
     const bool leader = threadIdx.x % 32 == 0;
     for (int it = 0; it < w.iterations; ++it) {
-      const int m_start = m_block_of(w, it) * kBlockM;
-      const long long row0 = workspace_row(p, w, head_of(p, w, it), m_start);
-      int* semaphore = dq_semaphore(p, row0);
-      const int turn = kDeterministic ? dq_turn(p, w, m_start) : 0;
+      const auto [row0, semaphore, turn] = dq_site(p, w, it);
       // The tile and the consumers that fill it: every consumer, or with the query split the step's own.
       const int tile = kQuerySplit ? it % 2 : 0;
       const int fillers_end = tile + kConsumers / kStepConsumers;
@@ -547,17 +556,9 @@ struct BwdDkdvSm90 {
   // then holds neither the polls' round trips nor the release's fence (MEMBAR.GPU): with both in it, the consumers'
   // turns ran at 1.03-1.06x the time of lock step (H100, head_dim 128; bench/notes_bwd_sm90.md, v27). The ordering
   // carries from the semaphore's GPU-scope acquire and release through the rings' CTA-scope arrivals and waits.
-  struct TurnSite {
-    int* semaphore;
-    int turn;
-  };
-  static __device__ TurnSite turn_site(const AttnBwdParams& p, const Work& w, int it) {
-    const int m_start = m_block_of(w, it) * kBlockM;
-    return {dq_semaphore(p, workspace_row(p, w, head_of(p, w, it), m_start)), dq_turn(p, w, m_start)};
-  }
   static __device__ void watch_turns(const AttnBwdParams& p, const Work& w, const Barriers& bars) {
     for (int it = 0; it < w.iterations; ++it) {
-      const TurnSite site = turn_site(p, w, it);
+      const DqSite site = dq_site(p, w, it);
       if (site.turn > 0) {
         while (sm90::ld_acquire_gpu(site.semaphore) != site.turn) {
         }
@@ -568,7 +569,7 @@ struct BwdDkdvSm90 {
   }
   static __device__ void pass_turns(const AttnBwdParams& p, const Work& w, const Barriers& bars) {
     for (int it = 0; it < w.iterations; ++it) {
-      const TurnSite site = turn_site(p, w, it);
+      const DqSite site = dq_site(p, w, it);
       sm90::mbarrier_wait(bars.turn_ready(it % 2), turn_ring_phase(it));  // acquire (CTA scope)
       sm90::st_release_gpu(site.semaphore, site.turn + 1);  // cumulative: the writer's adds come first
       sm90::mbarrier_arrive(bars.turn_free(it % 2));
