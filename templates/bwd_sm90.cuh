@@ -114,6 +114,11 @@ struct BwdDkdvSm90 {
   // fp32, (kBlockM / 64, kChunks) chunks of 64 x 64
   static constexpr u32 kDqTileBytes = kDqStaged ? kBlockM * kTileDim * 4 : 0;  // one query block's
   static constexpr int kDqTiles = kTraits.dq_tiles;  // one per consumer with the query split
+  // With the turns (kPingPong) consumer c fills the tile's contiguous half c (its 64 columns) half a step after
+  // the other, so the writer adds and hands back each half on its own; in lock step both halves are ready
+  // together and one add costs less.
+  static constexpr int kDqParts = kPingPong ? 2 : 1;
+  static constexpr u32 kDqPartBytes = kDqTileBytes / kDqParts;
   static constexpr u32 kDqChunkBytes = 64 * 64 * 4;
   // The dK/dV split's exchange tile: (64 keys, kBlockM) fp32 values, a thread's accumulator group i at
   // 16 * (128 * i + its index in the warpgroup), so each warp's 16-byte accesses are 512 consecutive bytes.
@@ -145,6 +150,8 @@ struct BwdDkdvSm90 {
   static constexpr int kDqGroups = kDqCols / 8;
   static constexpr int kDqPasses = kTraits.dq_passes;  // a consumer's dQ columns, kDqCols at a time (the most)
   static constexpr int kDqColParts = kDkdvSplit ? 2 : kTileDim / kDqCols;  // consumers sharing a 64-row tile of dQ
+  static_assert(kDqParts == 1 || (!kQuerySplit && kTraits.dq_row_tiles == 1 && kDqColParts == kDqParts),
+                "a part of the dQ tile is one consumer's 64-column chunk");
 
   // Hardware barriers: 0 is __syncthreads, 1 all consumers (dSᵀ staged; K and V free), 2 + c consumer c,
   // and per consumer c with the dQ writer warp: 4 + c its share of the dQ tile stored, 6 + c the tile free;
@@ -460,9 +467,9 @@ struct BwdDkdvSm90 {
   }
 
   // Adds each query block's dQ tile, once its consumers have stored their shares, to the accumulator
-  // with one bulk reduce-add: the tile in shared memory is laid out as its rows of the accumulator are
-  // (DqAccum::kTiles), so it is one contiguous range. Where nothing zeroes the accumulator
-  // (kFirstAddStores), a query block's first add is a bulk store, which the others wait for.
+  // with one bulk reduce-add (with the turns, one per consumer's half: kDqParts): the tile in shared memory is
+  // laid out as its rows of the accumulator are (DqAccum::kTiles), so it is one contiguous range. Where nothing
+  // zeroes the accumulator (kFirstAddStores), a query block's first add is a bulk store, which the others wait for.
   // The deterministic strategy adds once the query block's semaphore counts this block's turn (the first
   // turn stores), which watch_turns sees, and once the add's writes are done pass_turns passes the turn on.
   // Turns go from the query block's last key block down to key block 0: the order in which the key blocks
@@ -477,6 +484,19 @@ struct BwdDkdvSm90 {
   // Either way a block counts its adds done in the second counter, for the convert kernel (bwd_rows.cuh),
   // once all of them are (waiting on each would hold the next).
   static __device__ void write_dq(const AttnBwdParams& p, const Work& w, u32 smem, const Barriers& bars) {
+    // One part of a staged tile to the accumulator: a query block's first add stores. The fillers may write
+    // the part again once this returns (its reads are done).
+    auto add_dq = [](float* accum, u32 sdq_part, bool first) {
+      if (first) {
+        sm90::bulk_store(accum, sdq_part, kDqPartBytes);
+      } else {
+        // The adds below follow the store and the previous turns' adds (into a zeroed accumulator, nothing).
+        if constexpr (kDeterministic || kFirstAddStores) sm90::fence_proxy_async_global();
+        sm90::bulk_reduce_add_f32(accum, sdq_part, kDqPartBytes);
+      }
+      sm90::tma_store_commit();
+      sm90::tma_store_wait_read();
+    };
     const bool leader = threadIdx.x % 32 == 0;
     for (int it = 0; it < w.iterations; ++it) {
       const auto [row0, semaphore, turn] = dq_site(p, w, it);
@@ -499,9 +519,8 @@ struct BwdDkdvSm90 {
           ready = true;
         }
       }
-#pragma unroll
-      for (int c = tile; c < fillers_end; ++c) sm90::named_barrier_sync(dq_full_barrier(c), kDqWriterThreads);
-      if (leader) {
+      // The leader's wait before the tile's first part: for this block's turn, or for the first store (the ticket).
+      auto wait_turn = [&, semaphore = semaphore] {  // (C++17 lambdas capture no structured binding)
         if constexpr (kDeterministic) {
           sm90::mbarrier_wait(bars.turn_seen(it % 2), turn_ring_phase(it));  // acquire (CTA scope)
           sm90::mbarrier_arrive(bars.turn_taken(it % 2));
@@ -510,20 +529,30 @@ struct BwdDkdvSm90 {
           const int count = sm90::ld_acquire_gpu(semaphore);
           ready = (count & kBwdSm90DqStored) != 0;
         }
-        if (first) {
-          sm90::bulk_store(p.dq_accum + row0 * kTileDim, sdq, kDqTileBytes);
-        } else {
-          // The adds below follow the store and the previous turns' adds (into a zeroed accumulator, nothing).
-          if constexpr (kDeterministic || kFirstAddStores) sm90::fence_proxy_async_global();
-          sm90::bulk_reduce_add_f32(p.dq_accum + row0 * kTileDim, sdq, kDqTileBytes);
-        }
-        sm90::tma_store_commit();
-        sm90::tma_store_wait_read();  // the consumers may write the tile again
-      }
-      __syncwarp();
-      if (it + kStepConsumers < w.iterations) {  // the tile's consumers have another step
+      };
+      if constexpr (kDqParts == 1) {
 #pragma unroll
-        for (int c = tile; c < fillers_end; ++c) sm90::named_barrier_arrive(dq_empty_barrier(c), kDqWriterThreads);
+        for (int c = tile; c < fillers_end; ++c) sm90::named_barrier_sync(dq_full_barrier(c), kDqWriterThreads);
+        if (leader) {
+          wait_turn();
+          add_dq(p.dq_accum + row0 * kTileDim, sdq, first);
+        }
+        __syncwarp();
+        if (it + kStepConsumers < w.iterations) {  // the tile's consumers have another step
+#pragma unroll
+          for (int c = tile; c < fillers_end; ++c) sm90::named_barrier_arrive(dq_empty_barrier(c), kDqWriterThreads);
+        }
+      } else {
+#pragma unroll
+        for (int part = 0; part < kDqParts; ++part) {  // consumer `part`'s half
+          sm90::named_barrier_sync(dq_full_barrier(part), kDqWriterThreads);
+          if (leader) {
+            if (part == 0) wait_turn();
+            add_dq(p.dq_accum + row0 * kTileDim + part * (kDqPartBytes / 4), sdq + part * kDqPartBytes, first);
+          }
+          __syncwarp();
+          if (it + kStepConsumers < w.iterations) sm90::named_barrier_arrive(dq_empty_barrier(part), kDqWriterThreads);
+        }
       }
       // The turn passes on, or the store is announced, once the writes are done, while the consumers go on.
       if (leader && (kDeterministic || first)) {
