@@ -13,9 +13,9 @@
 // dV += Pᵀ dO and dK += dSᵀ Q with those as register A operands, and stages dSᵀ in shared memory; once
 // every consumer has, each computes its share of dQ = dS K (dSᵀ and K read MN-major) and stores it to the
 // dQ tile in shared memory, in the accumulator's own order (DqAccum::kTiles, bwd_traits.cuh). The writer
-// adds the whole tile with one bulk reduce-add, or where the consumers take turns each one's half with one
-// (kDqParts; a query block's first add a bulk store where nothing zeroes the accumulator:
-// dq_first_add_stores), and hands the buffer back; the consumers never wait on a global
+// adds the tile with one bulk reduce-add (where the consumers take turns, one per consumer's half: kDqParts;
+// a query block's first add is a bulk store where nothing zeroes the accumulator: dq_first_add_stores) and
+// hands the buffer back; the consumers never wait on a global
 // reduction. The deterministic strategy makes those adds take turns in a fixed order of key blocks (a
 // semaphore per query block), so repeated runs sum in the same order; the atomic one counts them there, so
 // the convert kernel can run beside this one's last blocks. dK and dV leave through the K and V tiles and
