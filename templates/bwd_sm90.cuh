@@ -531,6 +531,8 @@ struct BwdDkdvSm90 {
           ready = (count & kBwdSm90DqStored) != 0;
         }
       };
+      // Two branches, not one loop over the parts: in the producer warps' 24 registers the loop (or a lambda for a
+      // part) spilled 4-8 bytes in some tiles of either kind (bench/notes_bwd_sm90.md, v28).
       if constexpr (kDqParts == 1) {
 #pragma unroll
         for (int c = tile; c < fillers_end; ++c) sm90::named_barrier_sync(dq_full_barrier(c), kDqWriterThreads);
