@@ -17,6 +17,7 @@
 #include "problem/user_variant.hpp"
 #include "runtime/kernel_registry.hpp"
 #include "runtime/cuda_driver.hpp"
+#include "runtime/stream_memory.hpp"
 #include "tuner/store.hpp"
 
 namespace {
@@ -220,7 +221,7 @@ extern "C" int flashgen_attention_backward_with_workspace(
   return guarded([&] {
     const flashgen_attention_options& options = checked_options(opts);
     FLASHGEN_REQUIRE(workspace != nullptr,
-                     "workspace: null pointer (flashgen_attention_backward takes its workspace from the stream's pool)");
+                     "workspace: null pointer (flashgen_attention_backward takes its workspace from flashgen's pool)");
     flashgen::attention_backward(required(q, "q"), required(k, "k"), required(v, "v"), required(out, "out"),
                                  required(dout, "dout"), lse, required(dq, "dq"), required(dk, "dk"),
                                  required(dv, "dv"), options, static_cast<CUstream>(cuda_stream),
@@ -295,6 +296,10 @@ extern "C" int flashgen_block_mask_create(flashgen_block_mask** mask) {
 }
 
 extern "C" void flashgen_block_mask_destroy(flashgen_block_mask* mask) { delete mask; }
+
+extern "C" int flashgen_release_cached_memory(void) {
+  return guarded([] { flashgen::release_cached_stream_memory(); });
+}
 
 extern "C" void flashgen_set_tune_on_first_use(int enabled) { flashgen::set_tune_on_first_use(enabled != 0); }
 

@@ -13,13 +13,15 @@
 //   sinks         one learnable logit per head in each row's softmax denominator (cuDNN's sink token).
 // Forward and backward are timed apart (the backward from each library's own forward outputs), each sample
 // after a 256 MB write that flushes the L2, the two libraries interleaved sample by sample; the median
-// counts. TFLOP/s are over the unmasked score pairs (check/reference.hpp's forward_flops and backward_flops). Each
+// counts. Each library's backward runs on a workspace allocated once, as cuDNN's graph takes its own (--workspace
+// pool times flashgen_attention_backward taking it from the stream's memory pool on every call instead: with the
+// default pool's release threshold of 0, every sample maps that memory again). TFLOP/s are over the unmasked score pairs (check/reference.hpp's forward_flops and backward_flops). Each
 // case also compares the two libraries' outputs (O; dQ, dK, dV) as the largest difference relative to the
 // largest magnitude, so that a row says both computed the same function. CSV rows (device, date, versions)
 // go to stdout or --csv.
 //   flashgen_bench_cudnn_variants [--variants causal,none,window1024,window4096,softcap50,alibi,sinks]
 //       [--head-dims 64,128] [--seqlens 4096,16384] [--tokens 16384] [--width 2048] [--dtype bf16|fp16]
-//       [--samples 20] [--passes fwd,bwd] [--csv FILE]
+//       [--samples 20] [--passes fwd,bwd] [--workspace own|pool] [--csv FILE]
 #include <cuda_runtime_api.h>
 #include <cudnn_frontend.h>
 
@@ -424,7 +426,7 @@ int main(int argc, char** argv) {
                                             "softcap50", "alibi", "softcap50-nomask", "alibi-nomask", "sinks"};
   std::vector<int> head_dims = {64, 128}, seqlens = {4096, 16384};
   int tokens = 16384, width = 2048, samples = 20;
-  bool bf16 = true, forward = true, backward = true;
+  bool bf16 = true, forward = true, backward = true, own_workspace = true;
   std::string csv;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -453,6 +455,10 @@ int main(int argc, char** argv) {
       forward = std::find(passes.begin(), passes.end(), "fwd") != passes.end();
       backward = std::find(passes.begin(), passes.end(), "bwd") != passes.end();
       if (!forward && !backward) fail("--passes: fwd, bwd or both");
+    } else if (arg == "--workspace") {
+      const std::string w = value();
+      if (w != "own" && w != "pool") fail("--workspace: own or pool, not " + w);
+      own_workspace = w == "own";
     } else if (arg == "--csv") {
       csv = value();
     } else {
@@ -461,7 +467,7 @@ int main(int argc, char** argv) {
                    "                   softcap50-nomask,alibi-nomask]\n"
                    "       [--head-dims 64,128]\n"
                    "       [--seqlens 4096,16384] [--tokens 16384] [--width 2048] [--dtype bf16|fp16] [--samples 20]\n"
-                   "       [--passes fwd,bwd] [--csv FILE]\n",
+                   "       [--passes fwd,bwd] [--workspace own|pool] [--csv FILE]\n",
                    argv[0]);
       return arg == "-h" || arg == "--help" ? 0 : 2;
     }
@@ -523,10 +529,25 @@ int main(int argc, char** argv) {
           flashgen_check(flashgen_attention_forward(&q, &k, &vv, &o_fg, p.lse_fg.as<float>(), &fwd_opts, stream),
                          "flashgen_attention_forward");
         };
+        std::unique_ptr<DeviceBuffer> fg_ws;  // the backward's own workspace, sized on first use
+        size_t fg_ws_bytes = 0;
         auto flashgen_backward = [&] {
-          flashgen_check(flashgen_attention_backward(&q, &k, &vv, &o_fg, &dout, p.lse_fg.as<float>(), &dq, &dk, &dv,
-                                                     &bwd_opts, stream),
-                         "flashgen_attention_backward");
+          if (!own_workspace) {
+            flashgen_check(flashgen_attention_backward(&q, &k, &vv, &o_fg, &dout, p.lse_fg.as<float>(), &dq, &dk,
+                                                       &dv, &bwd_opts, stream),
+                           "flashgen_attention_backward");
+            return;
+          }
+          if (!fg_ws) {
+            flashgen_check(flashgen_attention_backward_workspace_size(&q, &k, &vv, &o_fg, &dout, p.lse_fg.as<float>(),
+                                                                      &dq, &dk, &dv, &bwd_opts, stream, &fg_ws_bytes),
+                           "flashgen_attention_backward_workspace_size");
+            fg_ws = std::make_unique<DeviceBuffer>(fg_ws_bytes);
+          }
+          flashgen_check(flashgen_attention_backward_with_workspace(&q, &k, &vv, &o_fg, &dout, p.lse_fg.as<float>(),
+                                                                    &dq, &dk, &dv, &bwd_opts, fg_ws->ptr,
+                                                                    fg_ws_bytes, stream),
+                         "flashgen_attention_backward_with_workspace");
         };
         CudnnGraph cf = cudnn_forward(handle, shape, bf16, v);
         std::unique_ptr<DeviceBuffer> cf_ws = cf.error.empty() ? std::make_unique<DeviceBuffer>(cf.workspace) : nullptr;
@@ -590,7 +611,9 @@ int main(int argc, char** argv) {
         }
         const auto ms = timer.medians(samples, flashgen_backward, cb.error.empty() ? std::function<void()>(cudnn_bwd)
                                                                                   : std::function<void()>());
-        row("bwd", bwd_flops, ms, bwd_difference, cb.error.empty() ? "" : "cudnn: " + sanitized(cb.error));
+        std::string note = own_workspace ? "" : "flashgen workspace from the pool";
+        if (!cb.error.empty()) note += (note.empty() ? "" : "; ") + ("cudnn: " + sanitized(cb.error));
+        row("bwd", bwd_flops, ms, bwd_difference, note);
       }
     }
   }

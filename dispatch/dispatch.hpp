@@ -74,11 +74,11 @@ struct BackwardPlan {
 BackwardPlan plan_backward(const BackwardCall& call, CUstream stream);
 
 // plan_backward, then the kernels, with the caller's workspace (launch_prepared_backward's rules) or, with
-// workspace == 0, one from the stream's memory pool.
+// workspace == 0, one from flashgen's memory pool (runtime/stream_memory.hpp).
 BackwardLaunch attention_backward(const BackwardCall& call, CUstream stream, CUdeviceptr workspace = 0,
                                   size_t workspace_bytes = 0);
 
-// make_varlen_backward_call + attention_backward (a workspace from the stream's pool): the entry point behind
+// make_varlen_backward_call + attention_backward (a workspace from flashgen's pool): the entry point behind
 // flashgen_attention_varlen_backward.
 BackwardLaunch attention_backward(const flashgen_varlen_backward_args& args, CUstream stream);
 
@@ -109,7 +109,7 @@ struct KvCachePlan {
 };
 KvCachePlan plan_kvcache(const KvCacheCall& call, CUstream stream);
 
-// make_kvcache_call + plan_kvcache + the launch (the caller's workspace, or one from the stream's pool): the
+// make_kvcache_call + plan_kvcache + the launch (the caller's workspace, or one from flashgen's pool): the
 // entry point behind flashgen_attention_kvcache. A warm call re-uses the prepared launch of its problem class.
 KvCacheLaunch attention_kvcache(const flashgen_kvcache_args& args, CUstream stream);
 

@@ -17,6 +17,7 @@
 #include "launch/tma.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/kernel_registry.hpp"
+#include "runtime/stream_memory.hpp"
 
 namespace flashgen {
 
@@ -389,21 +390,15 @@ void PreparedForward::operator()(CUstream stream) const {
     return;
   }
   // The user mask's classes in stream order.
-  CUdeviceptr classes = 0;
-  FLASHGEN_CU_CHECK(cuMemAllocAsync(&classes, user_blocks.bytes(), stream));
-  try {
-    AttnFwdParams with_classes = params;
-    with_classes.user_classes = user_blocks.at(classes);
-    void* args[] = {&with_classes};
-    user_blocks.launch(stream, args);
-    AttnFwdSm90Params sm90 = sm90_params;
-    sm90.base = with_classes;
-    launch_attention(stream, with_classes, sm90);
-  } catch (...) {
-    driver().cuMemFreeAsync(classes, stream);
-    throw;
-  }
-  FLASHGEN_CU_CHECK(cuMemFreeAsync(classes, stream));
+  StreamAllocation classes(user_blocks.bytes(), stream);
+  AttnFwdParams with_classes = params;
+  with_classes.user_classes = user_blocks.at(classes.ptr());
+  void* args[] = {&with_classes};
+  user_blocks.launch(stream, args);
+  AttnFwdSm90Params sm90 = sm90_params;
+  sm90.base = with_classes;
+  launch_attention(stream, with_classes, sm90);
+  classes.release();
 }
 
 void PreparedForward::launch_attention(CUstream stream, const AttnFwdParams& plain,
@@ -424,17 +419,11 @@ void PreparedForward::launch_attention(CUstream stream, const AttnFwdParams& pla
     return;
   }
   // A counter of this launch's own, zeroed in stream order (and captured with it into a graph).
-  CUdeviceptr owned = 0;
-  FLASHGEN_CU_CHECK(cuMemAllocAsync(&owned, sizeof(int), stream));
-  with_counter.tile_counter = reinterpret_cast<int*>(owned);
-  try {
-    FLASHGEN_CU_CHECK(cuMemsetD32Async(owned, 0, 1, stream));
-    launch(&with_counter);
-  } catch (...) {
-    driver().cuMemFreeAsync(owned, stream);
-    throw;
-  }
-  FLASHGEN_CU_CHECK(cuMemFreeAsync(owned, stream));
+  StreamAllocation owned(sizeof(int), stream);
+  with_counter.tile_counter = reinterpret_cast<int*>(owned.ptr());
+  FLASHGEN_CU_CHECK(cuMemsetD32Async(owned.ptr(), 0, 1, stream));
+  launch(&with_counter);
+  owned.release();
 }
 
 void launch_forward(const ForwardCall& call, CUstream stream, const KernelConfig& config) {

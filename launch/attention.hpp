@@ -89,7 +89,8 @@ struct PreparedForward {
   void rebind(const ForwardCall& call, int device);
 
   // cuLaunchKernel; with uses_tile_counter, with the stream's tile counter (tile_counters.hpp) or, where
-  // it has none, one taken from the stream's pool, zeroed before and given back after the launch.
+  // it has none, one taken from flashgen's pool (StreamAllocation), zeroed before and given back after
+  // the launch.
   void operator()(CUstream stream) const;
 
  private:

@@ -15,6 +15,7 @@
 #include "launch/tma.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/kernel_registry.hpp"
+#include "runtime/stream_memory.hpp"
 
 namespace flashgen {
 
@@ -383,16 +384,10 @@ void launch_prepared_backward(PreparedBackward& prepared, CUstream stream, int d
     prepared(stream);
     return;
   }
-  CUdeviceptr owned = 0;
-  FLASHGEN_CU_CHECK(cuMemAllocAsync(&owned, prepared.workspace_bytes, stream));
-  prepared.bind_workspace(owned);
-  try {
-    prepared(stream);
-  } catch (...) {
-    driver().cuMemFreeAsync(owned, stream);
-    throw;
-  }
-  FLASHGEN_CU_CHECK(cuMemFreeAsync(owned, stream));
+  StreamAllocation owned(prepared.workspace_bytes, stream);
+  prepared.bind_workspace(owned.ptr());
+  prepared(stream);
+  owned.release();
 }
 
 void launch_backward(const BackwardCall& call, CUstream stream, const BwdConfig& config, CUdeviceptr workspace,

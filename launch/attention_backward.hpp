@@ -95,11 +95,11 @@ void check_workspace_alignment(CUdeviceptr workspace);
 // separately.
 PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, const BwdConfig& config);
 
-// Launches prepared's kernels on stream. With workspace == 0 the workspace is taken from the device's
-// current stream-ordered memory pool on stream and given back on it after the last kernel (cuMemAllocAsync
-// / cuMemFreeAsync: no synchronization; the pool's release threshold decides whether it keeps the memory
-// for the next call); otherwise workspace must be device memory of device (the launch's), aligned to
-// kBackwardWorkspaceAlignment, hold workspace_bytes bytes and stay untouched until the kernels have run.
+// Launches prepared's kernels on stream. With workspace == 0 the workspace is taken in stream order from
+// flashgen's memory pool of the device and given back after the last kernel (StreamAllocation: no
+// synchronization, and the pool keeps the memory for the next call); otherwise workspace must be device
+// memory of device (the launch's), aligned to kBackwardWorkspaceAlignment, hold workspace_bytes bytes and
+// stay untouched until the kernels have run.
 void launch_prepared_backward(PreparedBackward& prepared, CUstream stream, int device, CUdeviceptr workspace = 0,
                               size_t workspace_bytes = 0);
 

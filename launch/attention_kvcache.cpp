@@ -12,6 +12,7 @@
 #include "launch/tensor_checks.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/kernel_registry.hpp"
+#include "runtime/stream_memory.hpp"
 
 namespace flashgen {
 
@@ -297,15 +298,9 @@ void launch_prepared_kvcache(const PreparedKvCache& prepared, const KvCacheCall&
     prepared(stream, call.workspace);
     return;
   }
-  CUdeviceptr owned = 0;
-  FLASHGEN_CU_CHECK(cuMemAllocAsync(&owned, prepared.workspace_bytes, stream));
-  try {
-    prepared(stream, owned);
-  } catch (...) {
-    driver().cuMemFreeAsync(owned, stream);
-    throw;
-  }
-  FLASHGEN_CU_CHECK(cuMemFreeAsync(owned, stream));
+  StreamAllocation owned(prepared.workspace_bytes, stream);
+  prepared(stream, owned.ptr());
+  owned.release();
 }
 
 }  // namespace flashgen

@@ -65,7 +65,7 @@ struct PreparedKvCache {
 // there, then loads the kernels and computes the grids. Needs the stream's (or current) context.
 PreparedKvCache prepare_kvcache(const KvCacheCall& call, CUstream stream, const DecodeConfig& config, int splits);
 
-// The prepared kernels with the call's workspace, or one from the stream's memory pool when the call gave none.
+// The prepared kernels with the call's workspace, or one from flashgen's memory pool when the call gave none.
 void launch_prepared_kvcache(const PreparedKvCache& prepared, const KvCacheCall& call, CUstream stream, int device);
 
 }  // namespace flashgen

@@ -1,7 +1,7 @@
 // A user mask's block classes for one launch (templates/user_blocks.cuh): the kernels that compute them before the
-// attention kernels, their grids, and the memory they take. The forward takes the memory from the stream's pool for
-// the call, the backward holds it in its workspace, and a caller's block mask (flashgen.h's flashgen_block_mask)
-// keeps it across calls.
+// attention kernels, their grids, and the memory they take. The forward takes the memory for the call in stream
+// order (StreamAllocation), the backward holds it in its workspace, and a caller's block mask (flashgen.h's
+// flashgen_block_mask) keeps it across calls.
 #pragma once
 
 #include <cuda.h>

@@ -52,6 +52,11 @@ namespace flashgen {
   X(cuMemFree)                       \
   X(cuMemAllocAsync)                 \
   X(cuMemFreeAsync)                  \
+  X(cuMemPoolCreate)                 \
+  X(cuMemPoolSetAttribute)           \
+  X(cuMemPoolGetAttribute)           \
+  X(cuMemPoolTrimTo)                 \
+  X(cuMemAllocFromPoolAsync)         \
   X(cuMemcpyHtoD)                    \
   X(cuMemcpyDtoH)                    \
   X(cuMemcpyDtoD)                    \

@@ -127,9 +127,10 @@ enum {
  * Runs on cuda_stream (a CUstream / cudaStream_t; NULL is the legacy default stream) in the stream's
  * context, else the caller's current CUDA context, else the primary context of the device q is on.
  * Asynchronous: the call returns once the kernel is queued (the first call for a problem class may first
- * compile or load its kernel). Nothing is allocated per call, except a 4-byte tile counter taken from the
- * stream's memory pool and given back (stream-ordered) by the persistent causal and windowed sm90 kernels on
- * the per-thread default stream, on a stream that is capturing a graph, or past 1024 streams in a context. */
+ * compile or load its kernel). Nothing is allocated per call, except a 4-byte tile counter taken from
+ * flashgen's memory pool (see flashgen_attention_backward) and given back, stream-ordered, by the persistent
+ * causal and windowed sm90 kernels on the per-thread default stream, on a stream that is capturing a graph
+ * (there a graph memory node), or past 1024 streams in a context. */
 int flashgen_attention_forward(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
                                const flashgen_tensor* out, float* lse /* may be NULL */,
                                const flashgen_attention_options* opts, void* cuda_stream);
@@ -143,10 +144,11 @@ int flashgen_attention_forward(const flashgen_tensor* q, const flashgen_tensor* 
  * Workspace: fp32 row values (4 * batch * heads_q * rows bytes, twice for the sm90 kernels) plus, when
  * not deterministic, the fp32 dq accumulator (4 * batch * heads_q * rows * head_dim bytes), rows being
  * seqlen_q (rounded up to 128 for the sm90 kernels; see flashgen_attention_backward_workspace_size),
- * taken from the device's current stream-ordered memory pool on cuda_stream and given back on it
- * (cuMemAllocAsync / cuMemFreeAsync: no synchronization; whether the pool keeps the memory for the next
- * call is its release threshold's choice). flashgen_attention_backward_with_workspace takes a
- * caller-provided workspace instead.
+ * taken in cuda_stream's order from flashgen's own memory pool of the device and given back after the
+ * kernels (cuMemAllocFromPoolAsync / cuMemFreeAsync: no synchronization). The pool keeps that memory
+ * between calls, so a call of a size seen before maps none; flashgen_release_cached_memory() gives it back
+ * to the driver. While cuda_stream captures a graph, the workspace is a graph memory node instead.
+ * flashgen_attention_backward_with_workspace takes a caller-provided workspace.
  * Stream, context and error semantics as for the forward. */
 int flashgen_attention_backward(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
                                 const flashgen_tensor* out, const flashgen_tensor* dout, const float* lse,
@@ -254,8 +256,8 @@ typedef struct {
 
 /* Gradients of flashgen_attention_varlen_forward, each sequence's as flashgen_attention_backward computes
  * them (keys no query of their sequence sees get zero dk and dv). The workspace (4 * heads_q * total_q bytes,
- * plus 4 * heads_q * total_q * head_dim without deterministic) comes from the device's stream-ordered memory
- * pool on cuda_stream, as for flashgen_attention_backward. Offsets as for the forward (clamped on the
+ * plus 4 * heads_q * total_q * head_dim without deterministic) comes from flashgen's memory pool in
+ * cuda_stream's order, as for flashgen_attention_backward. Offsets as for the forward (clamped on the
  * device). */
 int flashgen_attention_varlen_backward(const flashgen_varlen_backward_args* args, void* cuda_stream);
 
@@ -286,7 +288,7 @@ typedef struct {
                                 under a window those of window_left + seqlen_q keys); 1 gives batch-invariant
                                 results */
   void* workspace;           /* device memory for the ranges' partial results (splits > 1), 256-byte aligned, at least
-                                flashgen_attention_kvcache_workspace_size() bytes; NULL: taken from the stream's pool */
+                                flashgen_attention_kvcache_workspace_size() bytes; NULL: from flashgen's pool */
   size_t workspace_bytes;
   flashgen_attention_options options; /* FLASHGEN_MASK_CAUSAL aligns each sequence's queries with its last keys:
                                          new query i of n sees cache_seqlens[b] + seqlen_new - n + i + 1 keys.
@@ -422,6 +424,12 @@ int flashgen_tune_forward(const flashgen_forward_problem* problem, void* cuda_st
  * tiles with the functions compiled in, checked against the functions evaluated with the call's own
  * variant_buffers and variant_scalars, which must stay valid for the call as they always must. */
 void flashgen_set_tune_on_first_use(int enabled);
+
+/* Gives the device memory flashgen's pools keep between calls (the workspaces of calls that took none from
+ * the caller) back to the driver, on every device; memory of calls still queued stays theirs until they
+ * have run. The next such call maps its workspace again. Without a GPU, or before any such call, it does
+ * nothing. */
+int flashgen_release_cached_memory(void);
 
 /* Thread-local text of the last failure on this thread ("" if none). */
 const char* flashgen_last_error(void);
