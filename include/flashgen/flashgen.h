@@ -169,7 +169,7 @@ int flashgen_attention_backward_workspace_size(const flashgen_tensor* q, const f
                                                const flashgen_tensor* dv, const flashgen_attention_options* opts,
                                                void* cuda_stream, size_t* workspace_bytes);
 
-/* flashgen_attention_backward with a caller-provided workspace instead of the stream-ordered pool: device
+/* flashgen_attention_backward with a caller-provided workspace instead of flashgen's pool: device
  * memory of the launch's device, 256-byte aligned, at least flashgen_attention_backward_workspace_size()
  * bytes, not touched by anything else until the kernels queued on cuda_stream have run (no need to clear
  * it). Allocates nothing and never synchronizes, so it can be captured into a CUDA graph once its kernels

@@ -6,9 +6,10 @@ build/libflashgen.so, then the system loader (see `flashgen._lib.library_candida
 `flashgen` command line tool (flashgen/bin/, run by the `flashgen` entry point).
 """
 
-from ._lib import FlashgenArgumentError, FlashgenError, library_path, set_tune_on_first_use, version
+from ._lib import (FlashgenArgumentError, FlashgenError, library_path, release_cached_memory, set_tune_on_first_use,
+                   version)
 
 __version__ = "0.1.0"  # the library's version (flashgen_version()), the CLI's and the wheel's: one number, tested
 
-__all__ = ["FlashgenArgumentError", "FlashgenError", "library_path", "set_tune_on_first_use", "version",
-           "__version__"]
+__all__ = ["FlashgenArgumentError", "FlashgenError", "library_path", "release_cached_memory", "set_tune_on_first_use",
+           "version", "__version__"]

@@ -162,7 +162,7 @@ class KvCacheArgs(ctypes.Structure):
         ("block_table", ctypes.c_void_p),    # device int32 [batch, max_pages] or NULL
         ("max_pages", ctypes.c_int64),
         ("num_splits", ctypes.c_int64),      # 0: chosen
-        ("workspace", ctypes.c_void_p),      # NULL: the stream's pool
+        ("workspace", ctypes.c_void_p),      # NULL: flashgen's pool
         ("workspace_bytes", ctypes.c_size_t),
         ("options", AttentionOptions),
     ]
@@ -209,6 +209,7 @@ _SIGNATURES = {
         ctypes.c_int, [_tensor_p] * 5 + [_void_p] + [_tensor_p] * 3 + [_options_p, _void_p] + _json_out),
     "flashgen_tune_forward": (ctypes.c_int, [ctypes.POINTER(ForwardProblem), _void_p] + _json_out),
     "flashgen_set_tune_on_first_use": (None, [ctypes.c_int]),
+    "flashgen_release_cached_memory": (ctypes.c_int, []),
     "flashgen_variant_create": (ctypes.c_int, [ctypes.POINTER(VariantDesc), ctypes.POINTER(ctypes.c_void_p)]),
     "flashgen_variant_destroy": (None, [_void_p]),
     "flashgen_variant_tag": (ctypes.c_char_p, [_void_p]),
@@ -349,6 +350,13 @@ def call_json(name, *args):
 def version():
     """The library's version, e.g. "0.1.0"."""
     return function("flashgen_version")().decode()
+
+
+def release_cached_memory():
+    """Gives the device memory flashgen's own pools keep between calls back to the driver, on every device: the
+    workspaces of calls that take none from torch (the packed backward, KV-cache calls without one). Memory of calls
+    still queued stays theirs; the next such call maps its workspace again."""
+    check(function("flashgen_release_cached_memory")(), "flashgen_release_cached_memory")
 
 
 def set_tune_on_first_use(enabled):

@@ -482,8 +482,9 @@ def _varlen_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Ten
                                sinks: Optional[torch.Tensor] = None, attention_chunk: int = 0
                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dsinks) of a packed batch given dout and the forward's out and lse; dsinks is fp32 [heads_q]
-    with sinks (summed over every sequence), else empty [0]. The kernels' workspace comes from the stream's memory
-    pool, outside the caching allocator."""
+    with sinks (summed over every sequence), else empty [0]. The kernels' workspace comes from flashgen's own
+    memory pool (kept between calls; flashgen.release_cached_memory() returns it), outside the caching
+    allocator."""
     return _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
                             mask, deterministic, softcap, (window_left, window_right), alibi_slopes, sinks,
                             attention_chunk)
@@ -566,7 +567,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     (summed over every sequence and row); deterministic: the backward's dQ summed in a fixed order, bitwise
     repeatable (also on under torch.use_deterministic_algorithms(True)). Runs on the current CUDA stream of q's
     device; the custom ops flashgen::varlen_attention_forward and flashgen::varlen_attention_backward serve
-    torch.compile and CUDA graphs (the backward's workspace comes from the stream's memory pool).
+    torch.compile and CUDA graphs (the backward's workspace comes from flashgen's memory pool, a graph's own while
+    captured).
     Offsets are read on the device only and clamped into the tensors: wrong offsets give wrong rows, never an
     access outside the tensors.
     """

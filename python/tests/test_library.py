@@ -308,3 +308,15 @@ def test_tune_on_first_use_switch_reaches_the_library():
         _lib.function = real
     assert calls == [("flashgen_set_tune_on_first_use", (1,)), ("flashgen_set_tune_on_first_use", (0,))]
     flashgen.set_tune_on_first_use(False)  # the real switch, declared and callable
+
+
+def test_release_cached_memory_reaches_the_library():
+    calls = []
+    real = _lib.function
+    _lib.function = lambda name: (lambda *args: calls.append((name, args)) or 0)
+    try:
+        flashgen.release_cached_memory()
+    finally:
+        _lib.function = real
+    assert calls == [("flashgen_release_cached_memory", ())]
+    flashgen.release_cached_memory()  # the real call: nothing to give back, with or without a GPU
