@@ -14,8 +14,8 @@
 // Forward and backward are timed apart (the backward from each library's own forward outputs), each sample
 // after a 256 MB write that flushes the L2, the two libraries interleaved sample by sample; the median
 // counts. Each library's backward runs on a workspace allocated once, as cuDNN's graph takes its own (--workspace
-// pool times flashgen_attention_backward taking it from the stream's memory pool on every call instead: with the
-// default pool's release threshold of 0, every sample maps that memory again). TFLOP/s are over the unmasked score pairs (check/reference.hpp's forward_flops and backward_flops). Each
+// pool times flashgen_attention_backward taking it from flashgen's memory pool on every call instead, the C ABI's
+// default). TFLOP/s are over the unmasked score pairs (check/reference.hpp's forward_flops and backward_flops). Each
 // case also compares the two libraries' outputs (O; dQ, dK, dV) as the largest difference relative to the
 // largest magnitude, so that a row says both computed the same function. CSV rows (device, date, versions)
 // go to stdout or --csv.
