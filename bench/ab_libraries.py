@@ -27,10 +27,12 @@ class Tensor(ctypes.Structure):
 
 # flashgen_attention_options' leading fields in the two layouts a build may have: since the options carry their size,
 # (size_t size, float softmax_scale, int mask, int deterministic, float softcap); before, the same without size.
-# Either build reads the rest (up to 104 bytes) as zeros: no window, ALiBi, sinks, chunk or variant.
+# Either build reads the rest (up to 104 bytes) as zeros: no ALiBi, sinks, chunk or variant; a sized build's window
+# fields follow the soft cap.
 class SizedOptions(ctypes.Structure):
     _fields_ = [("size", ctypes.c_size_t), ("softmax_scale", ctypes.c_float), ("mask", ctypes.c_int),
-                ("deterministic", ctypes.c_int), ("softcap", ctypes.c_float), ("rest", ctypes.c_byte * 80)]
+                ("deterministic", ctypes.c_int), ("softcap", ctypes.c_float), ("window_left", ctypes.c_int32),
+                ("window_right", ctypes.c_int32), ("rest", ctypes.c_byte * 72)]
 
 
 class LegacyOptions(ctypes.Structure):
@@ -52,13 +54,15 @@ class Library:
         self.lib.flashgen_attention_forward(None, None, None, None, None, ctypes.byref(probe), None)
         self.sized = self.lib.flashgen_last_error().decode().startswith("opts.size")
 
-    def options(self, causal, deterministic, softcap):
+    # mask: none, causal or window (window_left keys before the diagonal, none after).
+    def options(self, mask, deterministic, softcap, window_left):
+        code = {"none": 0, "causal": 1, "window": 3}[mask]
         if self.sized:
-            return SizedOptions(ctypes.sizeof(SizedOptions), 0.0, 1 if causal else 0, 1 if deterministic else 0,
-                                softcap)
-        if softcap > 0:
-            raise RuntimeError(f"{self.path}: a build whose options carry no size takes no --softcap here")
-        return LegacyOptions(0.0, 1 if causal else 0, 1 if deterministic else 0)
+            return SizedOptions(ctypes.sizeof(SizedOptions), 0.0, code, 1 if deterministic else 0, softcap,
+                                window_left, 0)
+        if softcap > 0 or mask == "window":
+            raise RuntimeError(f"{self.path}: a build whose options carry no size takes no --softcap or window here")
+        return LegacyOptions(0.0, code, 1 if deterministic else 0)
 
     def check(self, status, what):
         if status != 0:
@@ -78,7 +82,9 @@ def main():
     parser.add_argument("--b-deterministic", action="store_true",
                         help="B alone takes the deterministic dQ strategy, A the atomic one")
     parser.add_argument("--softcap", type=float, default=0.0, help="> 0: soft-capped scores (options.softcap)")
-    parser.add_argument("--masks", default="none,causal", help="comma-separated, of none and causal (default: %(default)s)")
+    parser.add_argument("--masks", default="none,causal",
+                        help="comma-separated, of none, causal and window (default: %(default)s)")
+    parser.add_argument("--window", type=int, default=1024, help="the window mask's keys before the diagonal")
     parser.add_argument("--out")
     args = parser.parse_args()
     passes = args.passes.split(",")
@@ -93,7 +99,7 @@ def main():
     torch.manual_seed(0)
     for dtype, code in dtypes:
         for head_dim in head_dims:
-            for causal in [name == "causal" for name in args.masks.split(",")]:
+            for mask in args.masks.split(","):
                 for seqlen in seqlens:
                     batch, heads = 16384 // seqlen, 2048 // head_dim
                     q, k, v, dout = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=dtype)
@@ -103,8 +109,8 @@ def main():
                     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
                     views = [view(t, code) for t in (q, k, v, out)]
                     grads = [view(t, code) for t in (dout, dq, dk, dv)]
-                    opts = {lib: lib.options(causal, args.deterministic or (lib is b and args.b_deterministic),
-                                             args.softcap) for lib in (a, b)}
+                    opts = {lib: lib.options(mask, args.deterministic or (lib is b and args.b_deterministic),
+                                             args.softcap, args.window) for lib in (a, b)}
 
                     def forward(lib):
                         lib.check(lib.lib.flashgen_attention_forward(
@@ -135,17 +141,18 @@ def main():
                                 end.synchronize()
                                 times[key].append(start.elapsed_time(end))
                         med = {key: statistics.median(values) for key, values in times.items()}
-                        rows.append((name, str(dtype).split(".")[-1], head_dim, causal, seqlen, med["a"], med["b"],
+                        mask_name = f"window{args.window}" if mask == "window" else mask
+                        rows.append((name, str(dtype).split(".")[-1], head_dim, mask_name, seqlen, med["a"], med["b"],
                                      med["a2"], med["b"] / med["a"], med["a2"] / med["a"]))
-                        print(f"{name:8s} {rows[-1][1]:8s} d{head_dim:<3d} {'causal' if causal else 'none':6s} "
+                        print(f"{name:8s} {rows[-1][1]:8s} d{head_dim:<3d} {mask_name:6s} "
                               f"{seqlen:5d}: a {med['a']:.3f} ms  b {med['b']:.3f} ms  b/a {rows[-1][8]:.3f}  "
                               f"a2/a {rows[-1][9]:.3f}", flush=True)
     device = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
-    header = ("device,date,torch,pass,deterministic,softcap,dtype,head_dim,causal,seqlen,a_ms,b_ms,a_again_ms,"
+    header = ("device,date,torch,pass,deterministic,softcap,dtype,head_dim,mask,seqlen,a_ms,b_ms,a_again_ms,"
               "b_over_a,a_again_over_a")
     strategy = "b" if args.b_deterministic and not args.deterministic else int(args.deterministic)
-    lines = [header] + [f"{device},{date},{torch.__version__},{r[0]},{strategy},{args.softcap:g},{r[1]},{r[2]},{int(r[3])},{r[4]},{r[5]:.4f},"
+    lines = [header] + [f"{device},{date},{torch.__version__},{r[0]},{strategy},{args.softcap:g},{r[1]},{r[2]},{r[3]},{r[4]},{r[5]:.4f},"
                         f"{r[6]:.4f},{r[7]:.4f},{r[8]:.4f},{r[9]:.4f}" for r in rows]
     if args.out:
         open(args.out, "w").write("\n".join(lines) + "\n")
