@@ -69,6 +69,34 @@ class Library:
             raise RuntimeError(f"{self.path}: {what}: {self.lib.flashgen_last_error().decode()}")
 
 
+class Problem:
+    """One problem of the standard grid (batch * seqlen = 16384, heads * head_dim = 2048) on random tensors, called
+    through a library's C ABI on stream with that library's options (Library.options)."""
+
+    def __init__(self, dtype, code, head_dim, seqlen, stream):
+        batch, heads = 16384 // seqlen, 2048 // head_dim
+        self.inputs = [torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=dtype) for _ in range(4)]
+        q, k, v, dout = self.inputs
+        out = torch.empty_like(q)
+        self.lse = torch.empty(batch, heads, seqlen, device="cuda", dtype=torch.float32)
+        self.grads_out = [torch.empty_like(t) for t in (q, k, v)]
+        self.views = [view(t, code) for t in (q, k, v, out)]
+        self.grads = [view(t, code) for t in [dout] + self.grads_out]
+        self.out = out  # the tensors stay alive while their views are in use
+        self.stream = stream
+
+    def forward(self, lib, opts):
+        lib.check(lib.lib.flashgen_attention_forward(
+            *(ctypes.byref(x) for x in self.views), ctypes.c_void_p(self.lse.data_ptr()), ctypes.byref(opts),
+            self.stream), "forward")
+
+    def backward(self, lib, opts):
+        refs = [ctypes.byref(x) for x in self.views] + [ctypes.byref(self.grads[0])]
+        lib.check(lib.lib.flashgen_attention_backward(
+            *refs, ctypes.c_void_p(self.lse.data_ptr()), *(ctypes.byref(x) for x in self.grads[1:]),
+            ctypes.byref(opts), self.stream), "backward")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--a", required=True, help="libflashgen.so of the build before")
@@ -101,27 +129,15 @@ def main():
         for head_dim in head_dims:
             for mask in args.masks.split(","):
                 for seqlen in seqlens:
-                    batch, heads = 16384 // seqlen, 2048 // head_dim
-                    q, k, v, dout = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=dtype)
-                                     for _ in range(4))
-                    out = torch.empty_like(q)
-                    lse = torch.empty(batch, heads, seqlen, device="cuda", dtype=torch.float32)
-                    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-                    views = [view(t, code) for t in (q, k, v, out)]
-                    grads = [view(t, code) for t in (dout, dq, dk, dv)]
+                    problem = Problem(dtype, code, head_dim, seqlen, stream)
                     opts = {lib: lib.options(mask, args.deterministic or (lib is b and args.b_deterministic),
                                              args.softcap, args.window) for lib in (a, b)}
 
                     def forward(lib):
-                        lib.check(lib.lib.flashgen_attention_forward(
-                            *(ctypes.byref(x) for x in views), ctypes.c_void_p(lse.data_ptr()), ctypes.byref(opts[lib]),
-                            stream), "forward")
+                        problem.forward(lib, opts[lib])
 
                     def backward(lib):
-                        refs = [ctypes.byref(x) for x in views] + [ctypes.byref(grads[0])]
-                        lib.check(lib.lib.flashgen_attention_backward(
-                            *refs, ctypes.c_void_p(lse.data_ptr()), *(ctypes.byref(x) for x in grads[1:]),
-                            ctypes.byref(opts[lib]), stream), "backward")
+                        problem.backward(lib, opts[lib])
 
                     for name, call in (("forward", forward), ("backward", backward)):
                         if name not in passes:

@@ -18,7 +18,7 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from ab_libraries import Library, view
+from ab_libraries import Library, Problem
 
 CASES = [(128, "none", 1024), (128, "none", 4096), (128, "none", 16384), (128, "causal", 1024),
          (128, "causal", 16384), (128, "window", 4096), (128, "window", 16384), (64, "none", 1024),
@@ -43,23 +43,12 @@ def main():
     torch.manual_seed(0)
     for head_dim, mask, seqlen in CASES:
         batch, heads = 16384 // seqlen, 2048 // head_dim
-        q, k, v, dout = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16)
-                         for _ in range(4))
-        out = torch.empty_like(q)
-        lse = torch.empty(batch, heads, seqlen, device="cuda", dtype=torch.float32)
-        dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-        views = [view(t, 1) for t in (q, k, v, out)]
-        grads = [view(t, 1) for t in (dout, dq, dk, dv)]
+        problem = Problem(torch.bfloat16, 1, head_dim, seqlen, stream)
         opts = lib.options(mask, False, 0.0, args.window)
-        lib.check(lib.lib.flashgen_attention_forward(*(ctypes.byref(x) for x in views),
-                                                     ctypes.c_void_p(lse.data_ptr()), ctypes.byref(opts), stream),
-                  "forward")
+        problem.forward(lib, opts)
 
         def backward():
-            refs = [ctypes.byref(x) for x in views] + [ctypes.byref(grads[0])]
-            lib.check(lib.lib.flashgen_attention_backward(*refs, ctypes.c_void_p(lse.data_ptr()),
-                                                          *(ctypes.byref(x) for x in grads[1:]), ctypes.byref(opts),
-                                                          stream), "backward")
+            problem.backward(lib, opts)
 
         for _ in range(3):  # compile or load, choose
             backward()
