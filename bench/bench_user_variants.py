@@ -8,11 +8,15 @@ flex_attention; its block mask made once per shape, outside the timing, as a cal
   relative_bias: causal attention with a bias slope * (kv_idx - q_idx) per score (slope a scalar); the built-in
             comparison is the plain causal call (the bias's cost).
   relative_bias_dense: the same bias without a mask, against the plain unmasked call.
+With --block-mask the document mask's flashgen call passes a flashgen.torch.BlockMask made once per shape (its block
+classes kept across the timed calls, as FlexAttention's block mask is); without it each call classifies its blocks.
+With --tune flashgen tunes each call's problem on its first use (the user variants as problems of their own, with the
+call's own tensors), before the timing.
 Forward and backward (the backward alone, on a retained graph). TFLOP/s count the unmasked pairs only. Grid: batch *
 seqlen = 16384 tokens, heads * head_dim = 2048, bf16. Writes a CSV with device, date and versions.
 
     python3 bench/bench_user_variants.py [--lib build/libflashgen.so] [--seqlens 4096 16384] [--head-dims 64 128]
-                                         [--flex] [--out FILE]
+                                         [--flex] [--block-mask] [--tune] [--out FILE]
 """
 
 import bench_fwd  # the L2-flushed timing of the forward benchmark
@@ -37,9 +41,13 @@ def main():
     parser.add_argument("--flex", action="store_true", help="add FlexAttention (see above)")
     parser.add_argument("--cases", nargs="+", default=["document", "relative_bias"],
                         choices=["document", "relative_bias", "relative_bias_dense"])
+    parser.add_argument("--block-mask", action="store_true",
+                        help="the document mask's classes kept across calls in a flashgen.torch.BlockMask")
+    parser.add_argument("--tune", action="store_true", help="tune-on-first-use for flashgen's calls")
     args = parser.parse_args()
 
     flashgen, fgt = bench_fwd.import_flashgen_torch(args.lib)
+    flashgen.set_tune_on_first_use(args.tune)
     import torch
     bench = bench_fwd.Bench(args, torch)
     flex = Flex(torch) if args.flex else None
@@ -58,10 +66,11 @@ def main():
                 lens = [int(c) for b in range(batch) for c in torch.bincount(doc[b]).tolist()]
                 cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
                 pairs = sum(m * (m + 1) // 2 for m in lens)
+                kept = fgt.BlockMask() if args.block_mask else None
                 calls = {
                     "flashgen": lambda q, k, v: fgt.attention(
                         q, k, v, causal=True, mask_mod="return doc[batch * n + q_idx] == doc[batch * n + kv_idx];",
-                        variant_args={"doc": flat, "n": n}, mask_same_for_heads=True),
+                        variant_args={"doc": flat, "n": n}, mask_same_for_heads=True, block_mask=kept),
                     "flashgen_builtin": lambda q, k, v: fgt.varlen_attention(
                         q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu, cu, max(lens), max(lens),
                         causal=True).view(q.shape),
@@ -83,7 +92,9 @@ def main():
                     calls["flex"] = flex.call(score_mod=lambda s, b, h, qi, ki: s + slope * (ki - qi).float(),
                                               block_mask=block_mask)
             flops = 4.0 * pt.heads * pairs * pt.head_dim
-            result = dict(pt.result, case=case, unmasked_pairs=pairs)
+            result = dict(pt.result, case=case, block_mask=int(args.block_mask and case == "document"),
+                          tuned=int(args.tune),
+                          unmasked_pairs=pairs)
             time_calls(bench, torch, calls, pt.q, pt.k, pt.v, pt.dout, flops, result, f"{case} {pt.label}")
             # Each output on 64 rows against an fp32 reference of the same function.
             rows_at = torch.linspace(0, n - 1, 64, device="cuda").long()

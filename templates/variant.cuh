@@ -379,7 +379,8 @@ struct UserVariant : Base {
   }
   // Keys likewise where a kernel asks for every key of a tile before masking (the backward's visible, score and
   // score_grad): a key past seqlen_k, hidden whatever the user's function says, asks as the last key. The row forms
-  // (row_keys, row_scores) need no clamp: they ask only for keys that Base shows, all inside seqlen_k.
+  // need no clamp of their own: row_keys clamps its keys to its last bound, and row_scores asks only for keys that
+  // Base shows, all inside seqlen_k.
   template <class Params>
   static __device__ __forceinline__ int user_key(const Params& p, int key) {
     return min(key, p.seqlen_k - 1);
@@ -393,14 +394,19 @@ struct UserVariant : Base {
     return Base::visible(p, at);
   }
 
-  // One row's keys: Base's, and the user's mask per key.
+  // One row's keys: Base's, and the user's mask per key. The mask is asked for every key, Base's hidden ones too
+  // (keys past last_bound as the last one), so that its reads do not wait on Base's answer and what it reads for
+  // the row alone is read once, not once per key.
   template <class BaseKeys>
   struct Keys {
     BaseKeys base;
     User user;
-    int batch, head, row, key_base;
+    int batch, head, row, key_base, last_bound;
     __device__ __forceinline__ bool hidden(int offset) const {
-      if constexpr (User::kMasks) return base.hidden(offset) || !user.mask_mod(batch, head, row, key_base + offset);
+      if constexpr (User::kMasks) {
+        const bool user_hides = !user.mask_mod(batch, head, row, min(key_base + offset, last_bound));
+        return base.hidden(offset) | user_hides;
+      }
       return base.hidden(offset);
     }
   };
@@ -409,7 +415,7 @@ struct UserVariant : Base {
                                                   int key_base) {
     using BaseKeys = decltype(Base::row_keys(p, batch, head, row, last_bound, key_base));
     return Keys<BaseKeys>{Base::row_keys(p, batch, head, row, last_bound, key_base), User::of(p), batch, head,
-                          user_row(p, row), key_base};
+                          user_row(p, row), key_base, last_bound};
   }
 
   // The range questions: Base's where it hides keys, else every key of every row (its own mask bounds nothing).
