@@ -333,7 +333,8 @@ typedef struct {
  * its body (statements ending in a return), compiled as a __device__ member function that sees the declared
  * buffers and scalars by name, and anything `helpers` defines (device functions, constants, at namespace
  * scope). Positions are sequence indices: q_idx of the query in [0, seqlen_q), kv_idx of the key in
- * [0, seqlen_k), batch the batch entry (a packed call's sequence), head the query head. At least one of
+ * [0, seqlen_k), batch the batch entry (a packed call's sequence), head the query head. The functions may be
+ * asked about any such position, those that the built-in mask (causal, window, chunk) hides too. At least one of
  * mask_mod, score_mod and score_bias must be given; score_mod and score_bias not both. size is
  * sizeof(flashgen_variant_desc) as the caller compiled it. */
 typedef struct {

@@ -285,7 +285,8 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
 
     A user-defined variant, FlexAttention's mask_mod and score_mod as C++ device code compiled into the kernels
     (flashgen.h's flashgen_variant_desc): each a string holding a function body that ends in a return, seeing
-    batch, head (the query head), q_idx, kv_idx (positions in the sequence), and the names of variant_args.
+    batch, head (the query head), q_idx, kv_idx (positions in the sequence, any in [0, seqlen_q) x [0, seqlen_k), those
+    that causal, window_size or attention_chunk hide too), and the names of variant_args.
     mask_mod: `bool mask_mod(batch, head, q_idx, kv_idx)`, false hides the key, on top of causal, window_size and
     attention_chunk (a row that sees no key gets out 0, lse -inf). score_mod: `float score_mod(float score, batch,
     head, q_idx, kv_idx)` on the scaled score; its backward needs score_grad, `float score_grad(float modified, batch,
