@@ -83,7 +83,7 @@ for spec in "${problems[@]}"; do
   done
 done
 # GPU test cases under memcheck, for what `flashgen run` cannot set up: a user's variant whose functions read a
-# buffer (the backward asks them for every key of a tile, and must not index past seqlen_k).
+# buffer (both passes ask them for every key of a partial tile, keys past seqlen_k clamped inside it).
 test_cases=(
   "a user's document mask matches the float64 reference*"
 )
