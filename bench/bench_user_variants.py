@@ -25,7 +25,7 @@ from bench_bwd import Flex, time_calls
 
 
 def document_ids(torch, gen, batch, seqlen, documents):
-    """int32 [batch, seqlen]: `documents` runs of random lengths (at least seqlen / (4 documents)) in each row."""
+    """int32 [batch, seqlen]: `documents` runs in each row, their boundaries at distinct random multiples of 64."""
     ids = []
     for _ in range(batch):
         cuts = torch.randperm(seqlen // 64 - 1, generator=gen, device="cuda")[:documents - 1].sort().values + 1
@@ -93,8 +93,7 @@ def main():
                                               block_mask=block_mask)
             flops = 4.0 * pt.heads * pairs * pt.head_dim
             result = dict(pt.result, case=case, block_mask=int(args.block_mask and case == "document"),
-                          tuned=int(args.tune),
-                          unmasked_pairs=pairs)
+                          tuned=int(args.tune), unmasked_pairs=pairs)
             time_calls(bench, torch, calls, pt.q, pt.k, pt.v, pt.dout, flops, result, f"{case} {pt.label}")
             # Each output on 64 rows against an fp32 reference of the same function.
             rows_at = torch.linspace(0, n - 1, 64, device="cuda").long()
