@@ -69,6 +69,11 @@ class Library:
             raise RuntimeError(f"{self.path}: {what}: {self.lib.flashgen_last_error().decode()}")
 
 
+def mask_label(mask, window):
+    """The name a mask's rows and CSV lines carry: the window's with its keys before the diagonal (window1024)."""
+    return f"window{window}" if mask == "window" else mask
+
+
 class Problem:
     """One problem of the standard grid (batch * seqlen = 16384, heads * head_dim = 2048) on random tensors, called
     through a library's C ABI on stream with that library's options (Library.options)."""
@@ -157,7 +162,7 @@ def main():
                                 end.synchronize()
                                 times[key].append(start.elapsed_time(end))
                         med = {key: statistics.median(values) for key, values in times.items()}
-                        mask_name = f"window{args.window}" if mask == "window" else mask
+                        mask_name = mask_label(mask, args.window)
                         rows.append((name, str(dtype).split(".")[-1], head_dim, mask_name, seqlen, med["a"], med["b"],
                                      med["a2"], med["b"] / med["a"], med["a2"] / med["a"]))
                         print(f"{name:8s} {rows[-1][1]:8s} d{head_dim:<3d} {mask_name:6s} "

@@ -18,7 +18,7 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from ab_libraries import Library, Problem
+from ab_libraries import Library, Problem, mask_label
 
 CASES = [(128, "none", 1024), (128, "none", 4096), (128, "none", 16384), (128, "causal", 1024),
          (128, "causal", 16384), (128, "window", 4096), (128, "window", 16384), (64, "none", 1024),
@@ -78,7 +78,7 @@ def main():
         if not rows:
             raise RuntimeError(f"no call's three kernels found among {sorted({e.name for e in kernels})}")
         span, pre, gap, dkdv, convert, past = (statistics.median(r[i] for r in rows) for i in range(6))
-        name = f"window{args.window}" if mask == "window" else mask
+        name = mask_label(mask, args.window)
         print(f"{head_dim} {name} {seqlen}: {span:.1f} | {pre:.1f} {gap:.1f} {dkdv:.1f} {convert:.1f} {past:.1f}",
               flush=True)
         lines.append(f"{device},{date},{torch.__version__},bf16,{head_dim},{name},{batch},{seqlen},{heads},{span:.1f},"
