@@ -27,7 +27,6 @@ def main():
 
     flashgen, fgt = bench_fwd.import_flashgen_torch(args.lib)
     import torch
-    import torch.nn.functional as F
     bench = bench_fwd.Bench(args, torch)
     flex = Flex(torch) if args.flex else None
 
@@ -50,13 +49,7 @@ def main():
             bias = -slopes[:, None, None] * (i[:, None] - i[None, :]).abs()
             if causal:
                 bias = bias.masked_fill(i[None, :] > i[:, None], float("-inf"))
-            bias = bias[None].to(torch.bfloat16)
-
-            def sdpa_call(q, k, v, bias=bias):
-                return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                      attn_mask=bias).transpose(1, 2)
-
-            calls["sdpa_bias"] = sdpa_call
+            calls["sdpa_bias"] = variant_grid.sdpa(torch, bias[None].to(torch.bfloat16))
         result = pt.result
         q, k, v = pt.q, pt.k, pt.v
         time_calls(bench, torch, calls, q, k, v, pt.dout, pt.flops, result, pt.label)

@@ -10,13 +10,15 @@ flex_attention; its block mask made once per shape, outside the timing, as a cal
   relative_bias_dense: the same bias without a mask, against the plain unmasked call.
 With --block-mask the document mask's flashgen call passes a flashgen.torch.BlockMask made once per shape (its block
 classes kept across the timed calls, as FlexAttention's block mask is); without it each call classifies its blocks.
+With --sdpa, scaled_dot_product_attention too (its memory-efficient backend), with the mask or the bias materialized as
+its attn_mask ([batch, 1, seqlen, seqlen] bool for the documents, [1, 1, seqlen, seqlen] bf16 for the bias).
 With --tune flashgen tunes each call's problem on its first use (the user variants as problems of their own, with the
 call's own tensors), before the timing.
 Forward and backward (the backward alone, on a retained graph). TFLOP/s count the unmasked pairs only. Grid: batch *
 seqlen = 16384 tokens, heads * head_dim = 2048, bf16. Writes a CSV with device, date and versions.
 
     python3 bench/bench_user_variants.py [--lib build/libflashgen.so] [--seqlens 4096 16384] [--head-dims 64 128]
-                                         [--flex] [--block-mask] [--tune] [--out FILE]
+                                         [--flex] [--sdpa] [--block-mask] [--tune] [--out FILE]
 """
 
 import bench_fwd  # the L2-flushed timing of the forward benchmark
@@ -39,6 +41,7 @@ def main():
     parser = variant_grid.parser(__doc__)
     parser.set_defaults(seqlens=[4096, 16384])
     parser.add_argument("--flex", action="store_true", help="add FlexAttention (see above)")
+    parser.add_argument("--sdpa", action="store_true", help="add SDPA with the mask or bias materialized (see above)")
     parser.add_argument("--cases", nargs="+", default=["document", "relative_bias"],
                         choices=["document", "relative_bias", "relative_bias_dense"])
     parser.add_argument("--block-mask", action="store_true",
@@ -79,6 +82,10 @@ def main():
                     block_mask = flex.create_block_mask(
                         lambda b, h, qi, ki: (qi >= ki) & (doc[b, qi] == doc[b, ki]), batch, None, n, n)
                     calls["flex"] = flex.call(block_mask=block_mask)
+                if args.sdpa:
+                    i = torch.arange(n, device="cuda")
+                    calls["sdpa_mask"] = variant_grid.sdpa(
+                        torch, ((i[:, None] >= i[None, :]) & (doc[:, :, None] == doc[:, None, :]))[:, None])
             else:
                 pairs = batch * n * (n + 1) // 2 if causal else batch * n * n
                 calls = {
@@ -91,6 +98,12 @@ def main():
                     block_mask = flex.block_mask(lambda b, h, qi, ki: qi >= ki, n) if causal else None
                     calls["flex"] = flex.call(score_mod=lambda s, b, h, qi, ki: s + slope * (ki - qi).float(),
                                               block_mask=block_mask)
+                if args.sdpa:
+                    i = torch.arange(n, device="cuda")
+                    bias = slope * (i[None, :] - i[:, None]).float()
+                    if causal:
+                        bias = bias.masked_fill(i[None, :] > i[:, None], float("-inf"))
+                    calls["sdpa_mask"] = variant_grid.sdpa(torch, bias[None, None].to(torch.bfloat16))
             flops = 4.0 * pt.heads * pairs * pt.head_dim
             result = dict(pt.result, case=case, block_mask=int(args.block_mask and case == "document"),
                           tuned=int(args.tune), unmasked_pairs=pairs)
@@ -106,7 +119,7 @@ def main():
             want = torch.einsum("bhqk,bkhd->bqhd", scores.masked_fill(~visible, float("-inf")).softmax(-1),
                                 pt.v.float())
             variant_grid.add_errors(torch, result, calls, pt, rows_at, want, skip=())
-            variant_grid.add_ratios(result, "flashgen_builtin", ["flex"])
+            variant_grid.add_ratios(result, "flashgen_builtin", ["flex", "sdpa_mask"])
             rows.append(result)
             print(result, flush=True)
     variant_grid.write(rows, "user_variants", args.out)

@@ -2,9 +2,10 @@
 """Sliding-window attention (a causal window of W keys before the diagonal, FlashAttention's window_size=(W, 0)):
 flashgen.torch.attention(window_size=...) against flashgen's own plain causal call (per unmasked FLOP: the goal is
 the window within 5% of it) and FlexAttention (torch.compile'd flex_attention with the window as its block mask,
-the peer that expresses it; SDPA's backends do not), in one process, on the same random tensors, forward and
-backward (the backward timed alone on a retained graph). Each output is also checked on 64 rows against an fp32
-reference (max_abs_err). Grid: one sequence of 16384 tokens by default, heads * head_dim = 2048, bf16.
+the peer that expresses it as a block mask; with --sdpa also scaled_dot_product_attention's memory-efficient backend
+with the window materialized as a [1, 1, seqlen, seqlen] bool attn_mask), in one process, on the same random tensors,
+forward and backward (the backward timed alone on a retained graph). Each output is also checked on 64 rows against
+an fp32 reference (max_abs_err). Grid: one sequence of 16384 tokens by default, heads * head_dim = 2048, bf16.
 With --chunks, chunked causal attention too (Llama 4's attention_chunk: each query sees the keys of its own chunk
 up to itself; flashgen.torch.attention(causal=True, attention_chunk=C), FlexAttention with the chunk as its block
 mask), and flashgen's causal call on the chunks as a batch of their own (the same unmasked pairs: what the chunk's
@@ -12,7 +13,7 @@ kernels would ideally match). Reports TFLOP/s over the unmasked score pairs (a w
 row's) and the ratios; writes a CSV with device, date and versions.
 
     python3 bench/bench_window.py [--lib build/libflashgen.so] [--seqlens 16384] [--windows 1024 4096]
-                                  [--chunks 4096 8192] [--head-dims 64 128] [--no-flex] [--out FILE]
+                                  [--chunks 4096 8192] [--head-dims 64 128] [--no-flex] [--sdpa] [--out FILE]
 """
 
 import argparse
@@ -20,6 +21,7 @@ import datetime
 import os
 
 import bench_fwd  # the L2-flushed timing of the forward benchmark
+import variant_grid
 from bench_bwd import Flex, retained_backward, time_calls
 
 
@@ -61,6 +63,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--flush-mb", type=int, default=256)
     parser.add_argument("--no-flex", action="store_true", help="leave FlexAttention out")
+    parser.add_argument("--sdpa", action="store_true", help="add SDPA with a materialized mask (see above)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
@@ -99,6 +102,11 @@ def main():
                         return (qi >= ki) & (qi // chunk == ki // chunk)
 
                     calls["flex"] = flex.call(block_mask=flex.block_mask(in_chunk if chunk > 0 else in_window, seqlen))
+                if args.sdpa:
+                    i = torch.arange(seqlen, device="cuda")
+                    visible = (i[:, None] >= i[None, :]) & ((i[:, None] // chunk == i[None, :] // chunk) if chunk > 0
+                                                            else (i[:, None] - i[None, :] <= window))
+                    calls["sdpa_mask"] = variant_grid.sdpa(torch, visible[None, None])
                 result = {"device": device, "date": date, "torch": torch.__version__, "flashgen": flashgen.version(),
                           "dtype": "bf16", "head_dim": head_dim, "batch": batch, "seqlen": seqlen, "heads": heads,
                           "window": window, "chunk": chunk,
@@ -115,8 +123,9 @@ def main():
                 for p in ("fwd", "bwd"):
                     mine = result[f"flashgen_{p}_tflops"]
                     result[f"{p}_vs_causal_per_flop"] = round(mine / result[f"causal_{p}_tflops"], 3)
-                    if flex is not None:
-                        result[f"{p}_vs_flex"] = round(mine / result[f"flex_{p}_tflops"], 3)
+                    for peer in ("flex", "sdpa_mask"):
+                        if f"{peer}_{p}_tflops" in result:
+                            result[f"{p}_vs_{peer}"] = round(mine / result[f"{peer}_{p}_tflops"], 3)
                     if f"flashgen_chunks_as_batch_{p}_tflops" in result:
                         result[f"{p}_vs_chunks_as_batch"] = round(mine / result[f"flashgen_chunks_as_batch_{p}_tflops"],
                                                                   3)

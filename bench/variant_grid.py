@@ -49,6 +49,21 @@ def points(torch, flashgen, args):
                 yield Point(torch, flashgen, head_dim, seqlen, causal)
 
 
+def sdpa(torch, attn_mask):
+    """scaled_dot_product_attention on [batch, seqlen, heads, head_dim] tensors with a materialized attn_mask (bool, or
+    a float bias; [batch or 1, heads or 1, seqlen, seqlen]), on the memory-efficient backend, SDPA's backend for an
+    arbitrary mask."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def call(q, k, v):
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+            return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                  attn_mask=attn_mask).transpose(1, 2)
+
+    return call
+
+
 def add_errors(torch, result, calls, pt, rows_at, want, skip):
     """<name>_max_error: each call's output on rows_at (query rows) against want ([batch, rows, heads, head_dim],
     fp32), but the calls in skip and those that could not run."""

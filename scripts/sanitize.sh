@@ -36,6 +36,10 @@ problems=(
   # enough (batch, head) pairs for the unmasked deterministic walks to rotate (bwd_sm90.cuh, rotated_turns)
   "bwd_sm90_fp16_d128_m64_n128_s2_det|128|none|--batch 2 --backward --deterministic|--heads-q 16 --heads-kv 16 --seqlen-q 512 --seqlen-k 512"
   "bwd_sm90_fp16_d128_m64_n128_s2|128|none|--batch 1 --backward"
+  # the query split (two consumers taking whole steps of 64 keys) and the lock-step loop (three stages)
+  "bwd_sm90_fp16_d128_m64_n64_s2|128|none|--batch 1 --backward"
+  "bwd_sm90_fp16_d128_m64_n64_s2_causal_det|128|bottom-right|--batch 1 --backward --deterministic"
+  "bwd_sm90_fp16_d128_m64_n128_s3_causal|128|bottom-right|--batch 1 --backward"
   "bwd_sm90_fp16_d64_m128_n128_s2_det|64|none|--batch 1 --backward --deterministic"
   "bwd_sm90_fp16_d64_m128_n128_s2_causal|64|bottom-right|--batch 1 --backward"
   "bwd_sm90_fp16_d64_m128_n128_s2_causal_varlen_det|64|bottom-right|--backward --deterministic --varlen --batch 3"

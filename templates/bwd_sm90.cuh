@@ -182,7 +182,7 @@ struct BwdDkdvSm90 {
 
   struct Barriers {
     u32 base;  // kv_full, full[kStages], empty[kStages], with kDeferDq ds_full[kDsTiles] and ds_empty[kDsTiles], then
-               // turn_ready[2], turn_free[2], turn_seen[2] and turn_taken[2]
+               // turn_ready[2], turn_free[2], turn_seen[2] and turn_taken[2], with the query split partials
     __device__ u32 kv_full() const { return base; }
     __device__ u32 full(int s) const { return base + 8 * (1 + s); }
     __device__ u32 empty(int s) const { return base + 8 * (1 + kStages + s); }
@@ -196,6 +196,8 @@ struct BwdDkdvSm90 {
     // The ring from the turn watcher to the dQ writer (watch_turns): slot b's turn has come / has been taken.
     __device__ u32 turn_seen(int b) const { return base + 8 * (kTurnBarrier0 + 4 + b); }
     __device__ u32 turn_taken(int b) const { return base + 8 * (kTurnBarrier0 + 6 + b); }
+    // With the query split: both consumers' partial dK and dV are in the ring's stages (the epilogue).
+    __device__ u32 partials() const { return base + 8 * (kTurnBarrier0 + 8); }
     static constexpr int kTurnBarrier0 = 1 + 2 * kStages + (kDeferDq ? 2 * kDsTiles : 0);
   };
 
@@ -392,6 +394,7 @@ struct BwdDkdvSm90 {
           sm90::mbarrier_init(bars.ds_empty(b), kConsumers * 128);
         }
       }
+      if constexpr (kQuerySplit) sm90::mbarrier_init(bars.partials(), kConsumers * 128);
       if constexpr (kDeterministic && kDqStaged) {
         for (int b = 0; b < 2; ++b) {
           sm90::mbarrier_init(bars.turn_ready(b), 1);
@@ -1148,7 +1151,9 @@ struct BwdDkdvSm90 {
     // in this consumer's rows of the K and V tiles (the dK/dV split: its one of them, all 64 rows), then
     // TMA-store them (rows past seqlen_k are clipped). With the query split, consumer 0 first adds consumer
     // 1's dK to its own and stores dK, consumer 1 dV, the partial sums passing through the ring's stages
-    // (both consumers are done with them, and the producer loads nothing more), in accumulator order.
+    // (both consumers are done with them, and the producer loads nothing more), in accumulator order, handed
+    // over by an mbarrier. (Across barrier 1 instead, compute-sanitizer's racecheck reported the reads as racing
+    // the writes in blocks whose consumers took unequal shares of a short walk; bench/notes_bwd_sm90.md, v34.)
     consumers_sync();
     const bool stores_dk = kHasDk && (!kQuerySplit || consumer == 0);
     const bool stores_dv = kHasDv && (!kQuerySplit || consumer == 1);
@@ -1179,7 +1184,8 @@ struct BwdDkdvSm90 {
       } else {
         give(0, acc_dk);
       }
-      consumers_sync();
+      sm90::mbarrier_arrive(bars.partials());
+      sm90::mbarrier_wait(bars.partials(), 0);
       if (consumer == 0) {
         take(0, acc_dk);
       } else {

@@ -205,7 +205,7 @@ struct BwdSm90Traits {
   int mbarriers;        // K/V full, the ring's full and empty, with defer_dq dSᵀ's full and empty (one each per
                         // dSᵀ tile), and the deterministic strategy's two-slot rings between the dQ writer and the
                         // warps that watch for its turns and pass them on (reserved for the atomic strategy too:
-                        // 64 bytes)
+                        // 64 bytes); with the query split, one more for the epilogue's partial dK and dV
   int smem_dq_bytes;    // the query block's dQ in fp32, laid out as its tiles of the accumulator (kTiles)
                         // (bwd_sm90.cuh lays the stages' LSE and D out after the tiles: 1024-byte alignment)
   int smem_bytes;
@@ -246,7 +246,7 @@ constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, 
   t.ds_tiles = t.ping_pong ? 3 : 2;
   t.smem_ds_bytes = t.ds_tiles * block_n * block_m * 2;
   t.smem_exchange_bytes = t.dkdv_split ? block_n * block_m * 4 : 0;
-  t.mbarriers = 1 + 2 * stages + (t.defer_dq ? 2 * t.ds_tiles : 0) + 8;
+  t.mbarriers = 1 + 2 * stages + (t.defer_dq ? 2 * t.ds_tiles : 0) + 8 + (t.query_split ? 1 : 0);
   const int smem_rest = t.smem_kv_bytes + stages * t.smem_stage_bytes + t.smem_ds_bytes + t.smem_exchange_bytes +
                         t.mbarriers * 8 + 1024;
   t.dq_staged = !t.dkdv_split || smem_rest + block_m * t.tile_dim * 4 <= max_smem_per_block(90);

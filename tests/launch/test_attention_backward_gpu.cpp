@@ -61,6 +61,7 @@ struct Problem {
   float softmax_scale = 0.0f;
   Layout layout = Layout::kBSHD;
   bool deterministic = false;
+  bool q_shared = false;  // q broadcast over the batch (batch stride 0): valid, but no TMA descriptor steps by 0
   uint32_t seed = 1;
 
   std::string describe() const {
@@ -68,7 +69,8 @@ struct Problem {
     s << "b=" << shape.batch << " sq=" << shape.seqlen_q << " sk=" << shape.seqlen_k << " hq=" << shape.heads_q
       << " hkv=" << shape.heads_kv << " d=" << shape.head_dim << " " << flashgen::test::dtype_label(dtype)
       << " mask=" << flashgen::test::mask_label(mask) << " scale=" << softmax_scale
-      << " layout=" << layout_label(layout) << " deterministic=" << deterministic << " seed=" << seed;
+      << " layout=" << layout_label(layout) << " deterministic=" << deterministic << " q_shared=" << q_shared
+      << " seed=" << seed;
     return s.str();
   }
 };
@@ -97,6 +99,10 @@ Inputs make_inputs(const Problem& p) {
   Rng rng(p.seed);
   Inputs in;
   in.q = flashgen::test::normal_values(rng, s.batch * s.seqlen_q * s.heads_q * s.head_dim, p.dtype);
+  if (p.q_shared) {  // every batch entry reads the first one's q
+    const size_t one = static_cast<size_t>(s.seqlen_q * s.heads_q * s.head_dim);
+    for (size_t i = one; i < in.q.size(); ++i) in.q[i] = in.q[i % one];
+  }
   in.k = flashgen::test::normal_values(rng, s.batch * s.seqlen_k * s.heads_kv * s.head_dim, p.dtype);
   in.v = flashgen::test::normal_values(rng, s.batch * s.seqlen_k * s.heads_kv * s.head_dim, p.dtype);
   in.dout = flashgen::test::normal_values(rng, s.batch * s.seqlen_q * s.heads_q * s.head_dim, p.dtype);
@@ -106,7 +112,8 @@ Inputs make_inputs(const Problem& p) {
 // What one problem's runs left in the gradient buffers.
 struct Outputs {
   std::vector<uint16_t> dq, dk, dv;  // whole buffers, poisoned before each backward
-  StridedView q_view, kv_view;
+  StridedView q_view, kv_view;       // dq's and dk's, dv's
+  std::string choice;                // without a config: what the dispatch layer chose and why
 };
 
 // Uploads inputs, runs the forward, then `repeats` backwards (re-poisoning the gradients before each)
@@ -116,10 +123,13 @@ std::vector<Outputs> run_problem(const Problem& p, const Inputs& in, int repeats
                                  const flashgen::BwdConfig* config = nullptr) {
   const AttentionShape& s = p.shape;
   flashgen::ScopedContext scope;
-  DeviceTensor q(make_view(p.layout, s.batch, s.seqlen_q, s.heads_q, s.head_dim));
+  const StridedView q_view = make_view(p.layout, s.batch, s.seqlen_q, s.heads_q, s.head_dim);
+  StridedView q_read = q_view;
+  if (p.q_shared) q_read.stride[0] = 0;
+  DeviceTensor q(q_read);
   DeviceTensor k(make_view(p.layout, s.batch, s.seqlen_k, s.heads_kv, s.head_dim));
   DeviceTensor v(make_view(p.layout, s.batch, s.seqlen_k, s.heads_kv, s.head_dim));
-  DeviceTensor out(q.view), dout(q.view), dq(q.view), dk(k.view), dv(k.view);
+  DeviceTensor out(q_view), dout(q_view), dq(q_view), dk(k.view), dv(k.view);
   DeviceBuffer lse(static_cast<size_t>(s.batch * s.heads_q * s.seqlen_q) * sizeof(float));
   q.upload(in.q, p.dtype);
   k.upload(in.k, p.dtype);
@@ -141,6 +151,13 @@ std::vector<Outputs> run_problem(const Problem& p, const Inputs& in, int repeats
     INFO(flashgen_last_error());
     REQUIRE(status == FLASHGEN_SUCCESS);
   }
+  std::string choice;
+  if (config == nullptr) {
+    const flashgen::BackwardLaunch launch = flashgen::plan_backward(
+        flashgen::make_backward_call(&tq, &tk, &tv, &tout, &tdout, lse_ptr, &tdq, &tdk, &tdv, &opts), nullptr)
+                                                .launch;
+    choice = launch.config.name() + ": " + launch.reason;
+  }
   std::vector<Outputs> runs;
   for (int r = 0; r < repeats; ++r) {
     dq.buffer.fill_bytes(0xFF);
@@ -161,12 +178,13 @@ std::vector<Outputs> run_problem(const Problem& p, const Inputs& in, int repeats
       REQUIRE(status == FLASHGEN_SUCCESS);
     }
     FLASHGEN_CU_CHECK(cuCtxSynchronize());
-    runs.push_back(Outputs{dq.raw(), dk.raw(), dv.raw(), q.view, k.view});
+    runs.push_back(Outputs{dq.raw(), dk.raw(), dv.raw(), dq.view, dk.view, choice});
   }
   return runs;
 }
 
-void check_problem(const Problem& p, int repeats = 1, const flashgen::BwdConfig* config = nullptr) {
+// Returns the dispatch layer's choice and its reason (without a config).
+std::string check_problem(const Problem& p, int repeats = 1, const flashgen::BwdConfig* config = nullptr) {
   INFO(p.describe());
   INFO((config != nullptr ? "config " + config->name() : std::string("the C ABI's choice")));
   const AttentionShape& s = p.shape;
@@ -213,6 +231,7 @@ void check_problem(const Problem& p, int repeats = 1, const flashgen::BwdConfig*
     CHECK(runs[r].dk == first.dk);
     CHECK(runs[r].dv == first.dv);
   }
+  return first.choice;
 }
 
 // The randomized matrix: every feature crossed with a few odd shapes, the same on every machine.
@@ -315,31 +334,33 @@ TEST_CASE("backward, sm90 family: every config of both strategies over the matri
     flashgen::ScopedContext context;
     FLASHGEN_REQUIRE_SM90(context);
   }
-  // Every head_dim of the matrix (32 to 256; tiles of 64 to 256 columns, zero-padded past head_dim), both dQ
-  // strategies.
+  // Every head_dim of the matrix (32 to 256; tiles of 64 to 256 columns, zero-padded past head_dim); each tile
+  // width in both dtypes, both dQ strategies and both kinds of mask (the configs the tuner may pick).
   std::vector<Problem> problems = backward_matrix();
   for (flashgen_dtype dtype : {FLASHGEN_FLOAT16, FLASHGEN_BFLOAT16}) {
     for (int64_t head_dim : {64, 96, 128, 160, 192, 256}) {
-      Problem p;
-      p.dtype = dtype;
-      p.shape.head_dim = head_dim;
-      p.layout = dtype == FLASHGEN_FLOAT16 ? Layout::kBHSD : Layout::kPadded;
-      p.deterministic = (dtype == FLASHGEN_FLOAT16) == (head_dim == 64);
-      p.mask = FLASHGEN_MASK_CAUSAL;  // the first rows see no key
-      p.shape.seqlen_q = 300, p.shape.seqlen_k = 77;
-      problems.push_back(p);
-      p.mask = FLASHGEN_MASK_CAUSAL_TOP_LEFT;  // keys past the last query are seen by nobody
-      p.shape.seqlen_q = 70, p.shape.seqlen_k = 333;
-      problems.push_back(p);
-      p.mask = FLASHGEN_MASK_NONE;  // several blocks both ways, GQA
-      p.shape.seqlen_q = 385, p.shape.seqlen_k = 257;
-      p.shape.heads_q = 4, p.shape.heads_kv = 2;
-      problems.push_back(p);
-      p.mask = FLASHGEN_MASK_CAUSAL;
-      p.shape.seqlen_q = p.shape.seqlen_k = 513;
-      p.shape.heads_q = 3, p.shape.heads_kv = 1;
-      p.softmax_scale = 0.3f;
-      problems.push_back(p);
+      for (bool deterministic : {false, true}) {
+        Problem p;
+        p.dtype = dtype;
+        p.shape.head_dim = head_dim;
+        p.layout = (dtype == FLASHGEN_FLOAT16) == deterministic ? Layout::kBHSD : Layout::kPadded;
+        p.deterministic = deterministic;
+        p.mask = FLASHGEN_MASK_CAUSAL;  // the first rows see no key
+        p.shape.seqlen_q = 300, p.shape.seqlen_k = 77;
+        problems.push_back(p);
+        p.mask = FLASHGEN_MASK_CAUSAL_TOP_LEFT;  // keys past the last query are seen by nobody
+        p.shape.seqlen_q = 70, p.shape.seqlen_k = 333;
+        problems.push_back(p);
+        p.mask = FLASHGEN_MASK_NONE;  // several blocks both ways, GQA
+        p.shape.seqlen_q = 385, p.shape.seqlen_k = 257;
+        p.shape.heads_q = 4, p.shape.heads_kv = 2;
+        problems.push_back(p);
+        p.mask = FLASHGEN_MASK_CAUSAL;
+        p.shape.seqlen_q = p.shape.seqlen_k = 513;
+        p.shape.heads_q = 3, p.shape.heads_kv = 1;
+        p.softmax_scale = 0.3f;
+        problems.push_back(p);
+      }
     }
   }
   flashgen::testing::compile_all(problems, sm90_backward_configs, 90);  // on every core at once
@@ -354,6 +375,25 @@ TEST_CASE("backward, sm90 family: every config of both strategies over the matri
   }
   CHECK(ran > 50);
   CHECK(deterministic > 0);
+}
+
+TEST_CASE("backward, sm90 family: inputs TMA cannot describe run on the sm80 family", "[gpu][backward][sm90]") {
+  FLASHGEN_REQUIRE_GPU();
+  {
+    flashgen::ScopedContext context;
+    FLASHGEN_REQUIRE_SM90(context);
+  }
+  for (bool deterministic : {false, true}) {
+    Problem p;
+    p.shape = {2, 100, 130, 4, 2, 128};
+    p.mask = FLASHGEN_MASK_CAUSAL;
+    p.deterministic = deterministic;
+    p.q_shared = true;
+    const std::string choice = check_problem(p);
+    INFO(choice);
+    CHECK(choice.rfind("bwd_sm80_", 0) == 0);
+    CHECK(choice.find("TMA cannot describe q") != std::string::npos);
+  }
 }
 
 TEST_CASE("backward: deterministic mode gives identical bits on repeated runs", "[gpu][backward]") {

@@ -279,6 +279,11 @@ TEST_CASE("packed variable-length batches match each sequence's float64 referenc
        0, 0.f, 70, 0},
       {"fp16 d64 window (33, 20) paged 16", FLASHGEN_FLOAT16, 64, 4, 1, FLASHGEN_MASK_SLIDING_WINDOW, {1, 77, 300},
        {1, 200, 513}, {}, {}, 16, 0.f, 33, 20},
+      {"bf16 d128 window (70, 0) GQA 2 softcap 2", FLASHGEN_BFLOAT16, 128, 4, 2, FLASHGEN_MASK_SLIDING_WINDOW,
+       {257, 1, 0, 300}, {300, 40, 7, 129}, {},
+       {"fwd_sm80_bf16_d128_m64_n64_w4_s2_window_softcap_varlen",
+        "fwd_sm90_bf16_d128_m128_n128_s2_window_softcap_ovl_pp_varlen"},
+       0, 2.f, 70, 0},
       // ALiBi with slopes per sequence and head, each sequence's bias about its own diagonal: both families, a
       // soft cap under it, a paged cache.
       {"bf16 d128 bottom-right GQA 2 ALiBi", FLASHGEN_BFLOAT16, 128, 4, 2, FLASHGEN_MASK_CAUSAL, {257, 1, 0, 190},
@@ -477,6 +482,8 @@ TEST_CASE("packed variable-length backward matches each sequence's float64 gradi
        {300, 9, 77, 450}, {}, {}, 0, 0.f, 90, 0},
       {"fp16 d64 window (40, 17) softcap 3", FLASHGEN_FLOAT16, 64, 2, 1, FLASHGEN_MASK_SLIDING_WINDOW, {65, 190},
        {100, 129}, {}, {}, 0, 3.f, 40, 17},
+      {"bf16 d128 window (90, 0) GQA 2 softcap 2", FLASHGEN_BFLOAT16, 128, 4, 2, FLASHGEN_MASK_SLIDING_WINDOW,
+       {330, 0, 77, 200}, {300, 9, 77, 450}, {}, {}, 0, 2.f, 90, 0},
       {"bf16 d128 bottom-right ALiBi", FLASHGEN_BFLOAT16, 128, 4, 2, FLASHGEN_MASK_CAUSAL, {130, 0, 77},
        {200, 9, 77}, {}, {}, 0, 0.f, -1, -1, true},
       {"fp16 d64 top-left ALiBi softcap 3", FLASHGEN_FLOAT16, 64, 2, 1, FLASHGEN_MASK_CAUSAL_TOP_LEFT, {65, 190},

@@ -2,7 +2,7 @@
 // gradients against the float64 reference with the window, through the C ABI (the run-time choice) and on
 // named configs of every kernel family (sm80 and sm90 forward: one and two consumers, overlapped, ping-pong,
 // persistent; sm80 and sm90 backward, both dQ strategies), so that each family's walk meets windows partial
-// at both ends, windows narrower than a block, rows that see no key, sq != sk and a soft cap on top. The
+// at both ends, windows narrower than a block, rows that see no key, sq != sk and a soft cap on top (with GQA under a causal window too). The
 // packed batches' windowed cases are in test_attention_varlen_gpu.cpp.
 #include <cstdint>
 #include <string>
@@ -62,6 +62,16 @@ TEST_CASE("windowed attention matches the float64 reference, forward and backwar
       {"bf16 d64 window (5, 3)", FLASHGEN_BFLOAT16, {1, 300, 300, 2, 2, 64}, 5, 3, 0.f, {}, {}},
       // sq > sk: rows before 200 see no key (0 and -inf), the rest a window of 11.
       {"fp16 d128 window (10, 0), 300 x 100", FLASHGEN_FLOAT16, {1, 300, 100, 2, 2, 128}, 10, 0, 0.f, {}, {}},
+      // The combination models run (Gemma 2: a causal window, a soft cap, grouped heads), sq < sk, with a cap
+      // of 2 that bends most scores; the choices and named configs of both families, both dQ strategies.
+      {"bf16 d128 window (80, 0) capped at 2, GQA 2, 190 x 301",
+       FLASHGEN_BFLOAT16,
+       {2, 190, 301, 4, 2, 128},
+       80,
+       0,
+       2.f,
+       {"fwd_sm80_bf16_d128_m128_n64_w4_s2_window_softcap", "fwd_sm90_bf16_d128_m128_n128_s2_window_softcap_ovl_pp"},
+       {"bwd_sm90_bf16_d128_m64_n128_s2_window_softcap", "bwd_sm90_bf16_d128_m64_n128_s2_window_softcap_det"}},
       // Unbounded on the left, past the diagonal on the right; a soft cap on top.
       {"fp16 d96 window (-1, 50) capped at 3", FLASHGEN_FLOAT16, {1, 257, 257, 2, 1, 96}, -1, 50, 3.f, {}, {}},
   };
