@@ -100,9 +100,11 @@ def main():
                                               block_mask=block_mask)
                 if args.sdpa:
                     i = torch.arange(n, device="cuda")
-                    bias = slope * (i[None, :] - i[:, None]).float()
                     if causal:
-                        bias = bias.masked_fill(i[None, :] > i[:, None], float("-inf"))
+                        bias = (slope * (i[None, :] - i[:, None]).float()).masked_fill(i[None, :] > i[:, None],
+                                                                                         float("-inf"))
+                    else:  # less slope * (n - 1 - q_idx), constant per row: the largest biases near 0, held by bf16
+                        bias = slope * (i[None, :] - (n - 1)).float()[None, :].expand(n, n)
                     calls["sdpa_mask"] = variant_grid.sdpa(torch, bias[None, None].to(torch.bfloat16))
             flops = 4.0 * pt.heads * pairs * pt.head_dim
             result = dict(pt.result, case=case, block_mask=int(args.block_mask and case == "document"),

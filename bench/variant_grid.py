@@ -51,7 +51,7 @@ def points(torch, flashgen, args):
 
 def sdpa(torch, attn_mask):
     """scaled_dot_product_attention on [batch, seqlen, heads, head_dim] tensors with a materialized attn_mask (bool, or
-    a float bias; [batch or 1, heads or 1, seqlen, seqlen]), on the memory-efficient backend, SDPA's backend for an
+    a float bias; [batch or 1, heads or 1, seqlen, seqlen]), on the memory-efficient backend, one that takes an
     arbitrary mask."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel

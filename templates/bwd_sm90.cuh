@@ -200,6 +200,8 @@ struct BwdDkdvSm90 {
     __device__ u32 partials() const { return base + 8 * (kTurnBarrier0 + 8); }
     static constexpr int kTurnBarrier0 = 1 + 2 * kStages + (kDeferDq ? 2 * kDsTiles : 0);
   };
+  static_assert(kTraits.mbarriers == Barriers::kTurnBarrier0 + 8 + (kQuerySplit ? 1 : 0),
+                "the barriers and the traits disagree");
 
   // This block's key block n_block of batch entry (or packed sequence) `batch` and kv head; where the TMA
   // maps hold its rows (a packed batch is one entry of total rows: its sequence starts at q_row0, k_row0);
@@ -1152,8 +1154,8 @@ struct BwdDkdvSm90 {
     // TMA-store them (rows past seqlen_k are clipped). With the query split, consumer 0 first adds consumer
     // 1's dK to its own and stores dK, consumer 1 dV, the partial sums passing through the ring's stages
     // (both consumers are done with them, and the producer loads nothing more), in accumulator order, handed
-    // over by an mbarrier. (Across barrier 1 instead, compute-sanitizer's racecheck reported the reads as racing
-    // the writes in blocks whose consumers took unequal shares of a short walk; bench/notes_bwd_sm90.md, v34.)
+    // over by an mbarrier rather than barrier 1: compute-sanitizer's racecheck follows this hand-off only through
+    // the mbarrier (bench/notes_bwd_sm90.md, v34).
     consumers_sync();
     const bool stores_dk = kHasDk && (!kQuerySplit || consumer == 0);
     const bool stores_dv = kHasDv && (!kQuerySplit || consumer == 1);

@@ -158,6 +158,10 @@ TEST_CASE("sm90 backward validity follows bwd_sm90_traits", "[generator][backwar
   CHECK(q.dq_staged);
   CHECK(q.smem_dq_bytes == 2 * 64 * 128 * 4);
   CHECK(q.smem_ds_bytes == 2 * 64 * 64 * 2);
+  // mbarriers: K/V, the stages' full and empty, the deterministic turns' rings (8) and the epilogue's partials
+  CHECK(q.mbarriers == 1 + 2 * 2 + 8 + 1);
+  CHECK(q.smem_bytes == 2 * 64 * 128 * 2 + 2 * (2 * 64 * 128 * 2 + 2 * 64 * 4) + q.smem_ds_bytes + q.mbarriers * 8 +
+                            1024 + q.smem_dq_bytes);
   split.stages = 3;
   CHECK_FALSE(split.invalid_reason(90).has_value());
   split.block_m = 128;

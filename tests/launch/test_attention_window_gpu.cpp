@@ -2,7 +2,8 @@
 // gradients against the float64 reference with the window, through the C ABI (the run-time choice) and on
 // named configs of every kernel family (sm80 and sm90 forward: one and two consumers, overlapped, ping-pong,
 // persistent; sm80 and sm90 backward, both dQ strategies), so that each family's walk meets windows partial
-// at both ends, windows narrower than a block, rows that see no key, sq != sk and a soft cap on top (with GQA under a causal window too). The
+// at both ends, windows narrower than a block, rows that see no key, sq != sk, a soft cap on top, and a causal window,
+// a soft cap and GQA together. The
 // packed batches' windowed cases are in test_attention_varlen_gpu.cpp.
 #include <cstdint>
 #include <string>
