@@ -61,7 +61,8 @@ def main():
             if pt.causal != causal:
                 continue
             n, batch = pt.seqlen, pt.batch
-            j = torch.arange(n, device="cuda")[None, :]
+            i = torch.arange(n, device="cuda")  # positions; j: the keys' as a row
+            j = i[None, :]
             slope = 0.01
             if case == "document":
                 doc = document_ids(torch, pt.gen, batch, n, 8)
@@ -83,7 +84,6 @@ def main():
                         lambda b, h, qi, ki: (qi >= ki) & (doc[b, qi] == doc[b, ki]), batch, None, n, n)
                     calls["flex"] = flex.call(block_mask=block_mask)
                 if args.sdpa:
-                    i = torch.arange(n, device="cuda")
                     calls["sdpa_mask"] = variant_grid.sdpa(
                         torch, ((i[:, None] >= i[None, :]) & (doc[:, :, None] == doc[:, None, :]))[:, None])
             else:
@@ -99,7 +99,6 @@ def main():
                     calls["flex"] = flex.call(score_mod=lambda s, b, h, qi, ki: s + slope * (ki - qi).float(),
                                               block_mask=block_mask)
                 if args.sdpa:
-                    i = torch.arange(n, device="cuda")
                     if causal:
                         bias = (slope * (i[None, :] - i[:, None]).float()).masked_fill(i[None, :] > i[:, None],
                                                                                          float("-inf"))
