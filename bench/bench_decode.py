@@ -9,8 +9,13 @@ HBM bandwidth. The paged runs scatter each sequence's pages over the cache in a 
 tensors are fresh allocations (a cache in reused blocks can lose the GPU's large TLB pages). Writes a CSV with
 device, date and versions.
 
+With --window L, every query sees its last L + 1 keys (window_size=(L, 0), gpt-oss's and Mistral's decode): the
+SDPA backends take no window and are left out, the bytes counted are those of the window's keys, and as many copies
+are made as put them past the L2 cache. --splits times flashgen with these key ranges per sequence (0: its own
+choice) side by side.
+
     python3 bench/bench_decode.py [--batch 1 8 32 64] [--keys 512 2048 8192 32768 131072] [--heads-kv 8]
-                                  [--head-dim 128] [--pages 0 16 256] [--out FILE]
+                                  [--head-dim 128] [--pages 0 16 256] [--window L] [--splits 0 1 3] [--out FILE]
 """
 import argparse
 import datetime
@@ -83,8 +88,13 @@ def main():
     parser.add_argument("--pages", type=int, nargs="+", default=[0, 16, 256], help="0: contiguous cache")
     parser.add_argument("--max-tokens", type=int, default=1 << 21, help="skip batch * keys above this")
     parser.add_argument("--peers", default="flash,cudnn")
+    parser.add_argument("--window", type=int, default=-1, help="keys before the new token each query sees (-1: all)")
+    parser.add_argument("--splits", type=int, nargs="+", default=[0], help="flashgen's num_splits (0: its choice)")
     parser.add_argument("--out")
     args = parser.parse_args()
+    if args.window >= 0:
+        args.peers = ""  # SDPA's backends take no window
+    window = (args.window, 0) if args.window >= 0 else (-1, -1)
 
     device = torch.cuda.get_device_name()
     peak = hbm_peak(device)
@@ -100,8 +110,9 @@ def main():
                 for keys in args.keys:
                     if batch * keys > args.max_tokens:
                         continue
-                    kv_bytes = 2 * batch * keys * hkv * d * 2
-                    copies = max(1, min(16, math.ceil(L2_WALK_BYTES / kv_bytes)))
+                    visited = keys if args.window < 0 else min(keys, args.window + 1)
+                    kv_bytes = 2 * batch * visited * hkv * d * 2
+                    copies = max(1, min(16 if args.window < 0 else 256, math.ceil(L2_WALK_BYTES / kv_bytes)))
                     gen = torch.Generator(device="cuda").manual_seed(batch * 131 + keys)
                     qs = [torch.randn(batch, 1, args.heads_q, d, device="cuda", dtype=dtype, generator=gen)
                           for _ in range(copies)]
@@ -110,8 +121,8 @@ def main():
                     vs = [torch.randn(batch, keys, hkv, d, device="cuda", dtype=dtype, generator=gen)
                           for _ in range(copies)]
                     lens = torch.full((batch,), keys, dtype=torch.int32, device="cuda")
-                    point = {"device": device, "batch": batch, "keys": keys, "heads_q": args.heads_q, "heads_kv": hkv,
-                             "head_dim": d, "kv_bytes": kv_bytes}
+                    point = {"device": device, "batch": batch, "keys": keys, "window": args.window,
+                             "heads_q": args.heads_q, "heads_kv": hkv, "head_dim": d, "kv_bytes": kv_bytes}
                     times = {}
                     for page in args.pages:
                         if page and keys % page:
@@ -128,17 +139,19 @@ def main():
                                 kp[order] = k.reshape(batch * pages_per_seq, page, hkv, d)
                                 vp[order] = v.reshape(batch * pages_per_seq, page, hkv, d)
                                 caches.append((kp, vp))
-                            calls = [lambda q=q, c=c: fg.attention_with_kvcache(q, c[0], c[1], cache_seqlens=lens,
-                                                                                 block_table=table, causal=True)
-                                     for q, c in zip(qs, caches)]
+                            cached = [(q, c[0], c[1], table) for q, c in zip(qs, caches)]
                             name = f"flashgen_paged{page}"
                         else:
-                            calls = [lambda q=q, k=k, v=v: fg.attention_with_kvcache(q, k, v, cache_seqlens=lens,
-                                                                                     causal=True)
-                                     for q, k, v in zip(qs, ks, vs)]
+                            cached = [(q, k, v, None) for q, k, v in zip(qs, ks, vs)]
                             name = "flashgen"
-                        with torch.no_grad():
-                            times[name] = (graph_us(calls), "")
+                        for splits in args.splits:
+                            calls = [lambda c=c: fg.attention_with_kvcache(c[0], c[1], c[2], cache_seqlens=lens,
+                                                                           block_table=c[3], causal=True,
+                                                                           window_size=window, num_splits=splits)
+                                     for c in cached]
+                            with torch.no_grad():
+                                times[name + (f"_splits{splits}" if splits else "")] = (graph_us(calls), "")
+                        del cached
                         if page:
                             del caches
                         # Each variant's tensors in fresh allocations: a cache that reuses freed blocks of the

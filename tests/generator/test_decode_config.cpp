@@ -138,6 +138,21 @@ TEST_CASE("a window's split count reasons about the key blocks it visits, not th
   flashgen::AttentionProblem causal = problem;
   causal.set_mask(FLASHGEN_MASK_CAUSAL);
   CHECK(flashgen::heuristic_decode_choice(causal, 90, 132).splits * 8 >= 100);
+  // gpt-oss's 128-key window at head_dim 64 (batch 8, GQA 64/8, pages of 16): its 3 blocks fit the module's
+  // pipeline, so one range, though 64 blocks leave half the SMs idle (more ranges would only add partials and a
+  // merge); a 1024-key window's 17 blocks are more than its stages hold, and split.
+  flashgen::AttentionProblem oss = flashgen::forward_problem(
+      flashgen::DType::kBFloat16, {8, 1, 32768, 64, 8, 64}, FLASHGEN_MASK_SLIDING_WINDOW, 127, 0);
+  oss.kv_cache = true;
+  oss.paged = true;
+  const flashgen::DecodeChoice oss_choice = flashgen::heuristic_decode_choice(oss, 90, 132);
+  REQUIRE(flashgen::max_decode_blocks(oss, oss_choice.config) == 3);
+  REQUIRE(oss_choice.config.stages >= 3);
+  CHECK(oss_choice.splits == 1);
+  oss.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, 1023, 0);
+  const flashgen::DecodeChoice wide = flashgen::heuristic_decode_choice(oss, 90, 132);
+  REQUIRE(flashgen::max_decode_blocks(oss, wide.config) > wide.config.stages);
+  CHECK(wide.splits > 1);
   // New tokens widen the window's reach (4 rows: 256 + 4 keys), the right side does not (no key lies past the
   // last new token's diagonal), and a window longer than the cache is the capacity's.
   problem.shape.seqlen_q = 4;
