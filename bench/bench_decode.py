@@ -145,10 +145,9 @@ def main():
                             cached = [(q, k, v, None) for q, k, v in zip(qs, ks, vs)]
                             name = "flashgen"
                         for splits in args.splits:
-                            calls = [lambda c=c: fg.attention_with_kvcache(c[0], c[1], c[2], cache_seqlens=lens,
-                                                                           block_table=c[3], causal=True,
-                                                                           window_size=window, num_splits=splits)
-                                     for c in cached]
+                            calls = [lambda c=c, n=splits: fg.attention_with_kvcache(
+                                c[0], c[1], c[2], cache_seqlens=lens, block_table=c[3], causal=True,
+                                window_size=window, num_splits=n) for c in cached]
                             with torch.no_grad():
                                 times[name + (f"_splits{splits}" if splits else "")] = (graph_us(calls), "")
                         del cached
