@@ -64,11 +64,16 @@ def sdpa(torch, attn_mask):
     return call
 
 
+def ran(result, name):
+    """Whether call `name` ran: time_calls records NaN for a call that could not run (NaN != NaN)."""
+    return result.get(f"{name}_fwd_ms") == result.get(f"{name}_fwd_ms")
+
+
 def add_errors(torch, result, calls, pt, rows_at, want, skip):
     """<name>_max_error: each call's output on rows_at (query rows) against want ([batch, rows, heads, head_dim],
     fp32), but the calls in skip and those that could not run."""
     for name, call in calls.items():
-        if name in skip or result.get(f"{name}_fwd_ms") != result.get(f"{name}_fwd_ms"):
+        if name in skip or not ran(result, name):
             continue
         with torch.no_grad():
             got = call(pt.q, pt.k, pt.v)[:, rows_at].float()

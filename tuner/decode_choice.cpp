@@ -28,12 +28,12 @@ int heuristic_decode_splits(const AttentionProblem& problem, const DecodeConfig&
   const int per_sm = problem.paged && 2 * smem <= max_smem_per_block(arch) + 1024 ? 2 : 1;
   const long long slots = static_cast<long long>(multiprocessors) * per_sm;
   const int most = max_decode_splits(problem, config);
-  // A walk that one block's pipeline holds whole (no more key blocks than its stages: every load is in flight at
-  // once) is one trip to memory however it is split, and each more range only adds its partials and the merge
-  // (H100, gpt-oss's 128-key window: 3 blocks of a paged cache, batch 8, d64 at 6 stages: one range 9.2 µs, the
-  // three that fill the SMs 11.3-14.1).
+  // A walk that one block's pipeline holds whole (no more key blocks than its stages, a single block among them:
+  // every load is in flight at once) is one trip to memory however it is split, and each more range only adds
+  // its partials and the merge (H100, gpt-oss's 128-key window: 3 blocks of a paged cache, batch 8, d64 at 6
+  // stages: one range 9.2 µs, the three that fill the SMs 11.3-14.1).
   const long long blocks = max_decode_blocks(problem, config);
-  if (base >= slots || most == 1 || blocks <= config.stages) return 1;
+  if (base >= slots || blocks <= config.stages) return 1;
   auto efficiency = [&](int splits) {
     const double waves = static_cast<double>(base * splits) / static_cast<double>(slots);
     return waves / std::ceil(waves);
