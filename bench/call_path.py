@@ -77,7 +77,8 @@ def main():
     fg.attention(q, k, v, causal=True)
     out = torch.empty_like(q)
     lse = torch.empty(1, 1, 128, device="cuda", dtype=torch.float32)
-    views = [fg._view(t, "bshd") for t in (q, k, v, out)]
+    from flashgen.torch._calls import _view
+    views = [_view(t, "bshd") for t in (q, k, v, out)]
     import ctypes
     options = _lib.AttentionOptions(0.0, _lib.MASK_CAUSAL, 0)
     forward = _lib.function("flashgen_attention_forward")

@@ -6,6 +6,8 @@ flashgen/bin (the CLI finds the library beside it through its RPATH, $ORIGIN/../
 
 Environment:
     CUDA_HOME                  the CUDA toolkit (default: /usr/local/cuda)
+    FLASHGEN_TORCH_OPS         0: no libflashgen_torch.so; 1: it must be built (default: built when torch >= 2.10 is
+                               importable at build time, as with pip's --no-build-isolation)
     FLASHGEN_CMAKE_BUILD_DIR   build in (or reuse) this CMake build folder instead of a fresh one under build/
     FLASHGEN_CMAKE_ARGS        extra CMake configure arguments
     FLASHGEN_BUILD_JOBS        parallel build jobs (default: the CPU count)
@@ -64,6 +66,27 @@ def build_native(package_dir, build_temp):
         (package_dir / folder).mkdir(parents=True)
     shutil.copy2(libraries[0], package_dir / "lib" / soname)
     shutil.copy2(stage / "bin" / "flashgen", package_dir / "bin" / "flashgen")
+    build_torch_ops_beside(package_dir / "lib" / soname)
+
+
+def build_torch_ops_beside(library):
+    """libflashgen_torch.so (flashgen's PyTorch ops in C++, build_torch_ops.py) beside the packaged library, when a
+    torch >= 2.10 with its headers is importable here; without one the wheel's flashgen.torch runs its ops through
+    ctypes. FLASHGEN_TORCH_OPS=0 skips it, =1 makes a missing torch an error."""
+    wanted = os.environ.get("FLASHGEN_TORCH_OPS", "")
+    if wanted == "0":
+        return
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    import build_torch_ops
+    found = build_torch_ops.torch_dirs()
+    if found is None:
+        message = "no torch >= 2.10 with its headers is importable"
+        if wanted == "1":
+            sys.exit(f"flashgen: FLASHGEN_TORCH_OPS=1 but {message}")
+        print(f"flashgen build: {message}: not building {build_torch_ops.LIBRARY_NAME} (flashgen.torch runs its ops "
+              "through ctypes)", flush=True)
+        return
+    build_torch_ops.build(library, library.parent / build_torch_ops.LIBRARY_NAME, *found)
 
 
 class BuildPy(build_py):

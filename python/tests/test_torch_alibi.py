@@ -17,6 +17,7 @@ import torch  # noqa: E402
 
 import flashgen  # noqa: E402
 import flashgen.torch as fgt  # noqa: E402
+from flashgen.torch import _calls as fg_calls, _dense as fg_dense  # noqa: E402
 
 _assert_close = testsupport.assert_close_to_float64
 
@@ -80,19 +81,21 @@ def test_a_warm_call_reads_its_own_slopes_and_sinks(monkeypatch):
     """A second inference call of a signature with ALiBi slopes and bf16 sinks skips the argument checks through its
     plan and reads the call's own slopes and sinks: its output and lse are bitwise those of the same call made
     cold."""
+    if fgt.backend() == "native":
+        pytest.skip("the op library serves the call: no ctypes plans")
     generator = torch.Generator(device="cuda").manual_seed(41)
     q, k, v = (torch.randn(1, 100, 4, 64, device="cuda", generator=generator).to(torch.bfloat16) for _ in range(3))
     calls = [(_slopes(1, 4, False) * (i + 1), torch.randn(4, device="cuda", generator=generator).to(torch.bfloat16))
              for i in range(2)]
     checked = []
-    real_check = fgt._check_inputs
-    monkeypatch.setattr(fgt, "_check_inputs", lambda *a: checked.append(1) or real_check(*a))
+    real_check = fg_dense._check_inputs
+    monkeypatch.setattr(fg_dense, "_check_inputs", lambda *a: checked.append(1) or real_check(*a))
     with torch.no_grad():
         fgt.attention(q, k, v, causal=True, alibi_slopes=calls[0][0], sinks=calls[0][1])
         checked.clear()
         warm = fgt.attention(q, k, v, causal=True, alibi_slopes=calls[1][0], sinks=calls[1][1], return_lse=True)
         assert not checked, "the warm call took the checked path, not its plan"
-        fgt._plans.forward.clear()
+        fg_calls._plans.forward.clear()
         cold = fgt.attention(q, k, v, causal=True, alibi_slopes=calls[1][0], sinks=calls[1][1], return_lse=True)
         assert checked
     assert torch.equal(warm[0], cold[0]) and torch.equal(warm[1], cold[1])

@@ -20,6 +20,7 @@ import torch  # noqa: E402
 
 import flashgen  # noqa: E402
 import flashgen.torch as fgt  # noqa: E402
+from flashgen.torch import _checks as fg_checks  # noqa: E402
 
 
 def _meta(*shape, dtype=torch.bfloat16):
@@ -65,10 +66,10 @@ class _Index:
 
 
 def test_the_chunk_is_taken_as_an_int_of_the_c_abis_range():
-    assert fgt._check_chunk(0, "top_left") == 0
-    assert fgt._check_chunk(96, "bottom_right") == 96
-    assert fgt._check_chunk(2 ** 31 - 1, "none") == 2 ** 31 - 1
-    chunk = fgt._check_chunk(_Index(), "window")
+    assert fg_checks._check_chunk(0, "top_left") == 0
+    assert fg_checks._check_chunk(96, "bottom_right") == 96
+    assert fg_checks._check_chunk(2 ** 31 - 1, "none") == 2 ** 31 - 1
+    chunk = fg_checks._check_chunk(_Index(), "window")
     assert chunk == 64 and type(chunk) is int
 
 

@@ -21,6 +21,7 @@ import torch  # noqa: E402
 
 import flashgen  # noqa: E402
 import flashgen.torch as fgt  # noqa: E402
+from flashgen.torch import _calls as fg_calls  # noqa: E402
 
 # lse = log Σ exp(scores) in fp32 from exact fp16/bf16 products accumulated in fp32 (error ≈ head_dim · 2^-24 ·
 # |q||k| ≈ 1e-5) and exp2.approx (2^-22 relative): 1e-3 leaves margin yet catches a key wrongly masked or
@@ -153,13 +154,43 @@ def test_inputs_are_read_in_place_when_strides_allow():
     in_place = [t[:, :, 0], t[:, :, 1].transpose(1, 2), torch.randn(2, 50, 4, 72, device="cuda").half()[..., :64],
                 torch.randn(1, 50, 4, 64, device="cuda").half().expand(3, 50, 4, 64)]
     for x in in_place:
-        assert fgt._readable(x) is x, (x.shape, x.stride())
+        assert fg_calls._readable(x) is x, (x.shape, x.stride())
     copied = [torch.randn(2, 50, 64, 4, device="cuda").half().transpose(-1, -2),   # head_dim not unit-stride
               torch.randn(1 + 2 * 50 * 4 * 64, device="cuda").half()[1:].view(2, 50, 4, 64),  # misaligned
               torch.randn(2, 50, 4, 68, device="cuda").half()[..., :64]]  # row stride 68 not a multiple of 8
     for x in copied:
-        y = fgt._readable(x)
+        y = fg_calls._readable(x)
         assert y is not x and y.is_contiguous() and y.data_ptr() % 16 == 0 and torch.equal(x, y)
+
+
+def test_warm_backward_runs_through_its_plan(monkeypatch):
+    """A second backward of one signature skips the argument checks through its kept arguments (_BackwardPlan),
+    re-pointed at the call's own tensors: its gradients match the float64 reference and are bitwise those of the same
+    call made cold (deterministic). A call whose data is not 16-byte aligned takes the full path (a copy). The plans
+    are the ctypes backend's (with the op library the C++ kernel takes the call)."""
+    if fgt.backend() == "native":
+        pytest.skip("the op library serves the backward: no ctypes plans")
+    generator = torch.Generator(device="cuda").manual_seed(11)
+    shape = (2, 96, 4, 64)
+    first, second = ([_randn(*shape, dtype=torch.bfloat16, generator=generator) for _ in range(4)] for _ in range(2))
+    check_against_reference(*first, "bottom_right", "bshd", deterministic=True)
+    checked = []
+    real_check = fg_calls._check_inputs
+    monkeypatch.setattr(fg_calls, "_check_inputs", lambda *a: checked.append(1) or real_check(*a))
+    _, _, *warm = check_against_reference(*second, "bottom_right", "bshd", deterministic=True)
+    assert not checked, "the warm backward took the checked path, not its plan"
+    # The plans are kept per thread, the autograd engine's device thread's here: the cold run is told to have none.
+    monkeypatch.setattr(fg_calls, "_planned_backward", lambda *a: None)
+    _, _, *cold = run_flashgen(*second, "bottom_right", "bshd", None, True)
+    assert checked
+    monkeypatch.undo()
+    monkeypatch.setattr(fg_calls, "_check_inputs", lambda *a: checked.append(1) or real_check(*a))
+    assert all(torch.equal(w, c) for w, c in zip(warm, cold))
+    checked.clear()
+    flat = _randn(4 + 2 * 96 * 4 * 64, dtype=torch.bfloat16, generator=generator)
+    misaligned = flat[4:].view(shape)  # 8 bytes past an aligned address
+    check_against_reference(misaligned, *second[1:], "bottom_right", "bshd", deterministic=True)
+    assert checked, "a misaligned call must take the full path"
 
 
 def test_no_grad_and_return_lse():

@@ -142,3 +142,23 @@ def test_user_errors_come_back_by_name():
     out = fgt.attention(leaf, q, q, score_mod="return score * 0.5f;")  # no score_grad: forward only
     with pytest.raises(flashgen.FlashgenArgumentError, match="has a score_mod but no score_grad"):
         out.sum().backward()
+
+
+def test_torch_compile_runs_a_user_variant_outside_its_graph():
+    """Under torch.compile a call with a mask_mod leaves the graph (its functions and tensors are no op arguments) and
+    runs eagerly, giving eager's outputs and gradients bit for bit (deterministic backward)."""
+    torch._dynamo.reset()
+    q, k, v, dout = _inputs(1, 300, 300, 4, 2, 64, torch.bfloat16, 31)
+    doc = (torch.arange(300, device="cuda") // 97).to(torch.int32)
+
+    def run(q, k, v):
+        out = fgt.attention(q, k, v, causal=True, deterministic=True, mask_mod="return doc[q_idx] == doc[kv_idx];",
+                            variant_args={"doc": doc})
+        return out * 2
+
+    eager = run(q, k, v)
+    eager_grads = torch.autograd.grad(eager, (q, k, v), dout)
+    compiled = torch.compile(run)(q, k, v)
+    compiled_grads = torch.autograd.grad(compiled, (q, k, v), dout)
+    assert torch.equal(compiled, eager)
+    assert all(torch.equal(a, b) for a, b in zip(compiled_grads, eager_grads))

@@ -19,6 +19,7 @@ import torch  # noqa: E402
 
 import flashgen  # noqa: E402
 import flashgen.torch as fgt  # noqa: E402
+from flashgen.torch import _checks as fg_checks  # noqa: E402
 
 
 def _meta(*shape):
@@ -46,12 +47,12 @@ def test_a_window_is_aligned_bottom_right():
 
 
 def test_causal_makes_the_window_causal_as_flashattention_does():
-    assert fgt._mask_and_window(False, "bottom_right", (-1, -1)) == ("none", (-1, -1))
-    assert fgt._mask_and_window(True, "bottom_right", (-1, -1)) == ("bottom_right", (-1, -1))
-    assert fgt._mask_and_window(True, "top_left", [-1, -1]) == ("top_left", (-1, -1))
-    assert fgt._mask_and_window(False, "bottom_right", (128, 4)) == ("window", (128, 4))
-    assert fgt._mask_and_window(True, "bottom_right", (128, 4)) == ("window", (128, 0))
-    assert fgt._mask_and_window(True, "bottom_right", (-1, 4)) == ("window", (-1, 0))
+    assert fg_checks._mask_and_window(False, "bottom_right", (-1, -1)) == ("none", (-1, -1))
+    assert fg_checks._mask_and_window(True, "bottom_right", (-1, -1)) == ("bottom_right", (-1, -1))
+    assert fg_checks._mask_and_window(True, "top_left", [-1, -1]) == ("top_left", (-1, -1))
+    assert fg_checks._mask_and_window(False, "bottom_right", (128, 4)) == ("window", (128, 4))
+    assert fg_checks._mask_and_window(True, "bottom_right", (128, 4)) == ("window", (128, 0))
+    assert fg_checks._mask_and_window(True, "bottom_right", (-1, 4)) == ("window", (-1, 0))
 
 
 def test_meta_tensors_take_a_window_through_the_ops():

@@ -30,7 +30,7 @@ FLASHGEN_CMAKE_BUILD_DIR=$build_dir "$python" -m pip wheel --no-build-isolation 
 wheel=$(find "$work/dist" -name "flashgen-${version}-py3-none-linux_*.whl")
 [[ -n $wheel ]] || fail "no flashgen-${version}-py3-none-linux_*.whl in $work/dist: $(ls "$work/dist")"
 contents=$("$python" -m zipfile -l "$wheel")
-for member in flashgen/lib/libflashgen.so.${version%.*} flashgen/bin/flashgen flashgen/torch.py; do
+for member in flashgen/lib/libflashgen.so.${version%.*} flashgen/bin/flashgen flashgen/torch/__init__.py flashgen/torch/_ops.py; do
   grep -q " *$member " <<< "$contents" || fail "$member is not in $(basename "$wheel")"
 done
 

@@ -11,8 +11,8 @@ import threading
 
 import torch
 
-from . import _lib
-from ._lib import FlashgenArgumentError
+from .. import _lib
+from .._lib import FlashgenArgumentError
 
 # A buffer's element type from its tensor's dtype; a scalar's from its Python type.
 _BUFFER_TYPES = {torch.float32: _lib.ARG_FLOAT32, torch.int32: _lib.ARG_INT32, torch.int64: _lib.ARG_INT64,

@@ -7,7 +7,7 @@ through torch.library directly. A call flashgen cannot serve (dropout, a debug m
 does not take, or an error of the library) runs torch's own kernel, captured before the override; sdpa_stats()
 counts both. Only SDPA calls that choose the flash backend reach these ops: enable() puts that backend first in
 SDPA's priority order while it is on (torch 2.11 prefers cuDNN on Hopper), and calls with an attn_mask go to
-other backends as before. Used through flashgen.torch (enable, disable, sdpa_stats, reset_sdpa_stats).
+other backends as before. flashgen.torch exports enable, disable, sdpa_stats and reset_sdpa_stats.
 """
 
 import collections
@@ -16,8 +16,8 @@ import threading
 
 import torch
 
-from . import _lib
-from . import _calls
+from .. import _lib
+from . import _calls, _checks
 
 IMPLEMENTATION_NAME = "flashgen"  # the name in torch.nn.attention's registry
 
@@ -108,7 +108,7 @@ def _forward_kernel(query, key, value, dropout_p=0.0, is_causal=False, return_de
     if dropout_p == 0.0 and not return_debug_mask:  # a signature served before has its plan: no checks needed
         try:
             planned = _calls._planned_forward(query, key, value, scale_value, mask, "bhsd", 0.0,
-                                              _calls._NO_WINDOW, 0, True, create=False)
+                                              _checks._NO_WINDOW, 0, True, create=False)
         except _lib.FlashgenError as failure:
             error = str(failure)
     if planned is None and error is None:
@@ -118,7 +118,7 @@ def _forward_kernel(query, key, value, dropout_p=0.0, is_causal=False, return_de
                               return_debug_mask, scale=scale)
         try:
             planned = _calls._planned_forward(query, key, value, scale_value, mask, "bhsd", 0.0,
-                                              _calls._NO_WINDOW, 0, True)
+                                              _checks._NO_WINDOW, 0, True)
         except _lib.FlashgenError as failure:
             error = str(failure)
     if planned is None and error is None:  # inputs the kernels cannot read in place: the full path copies them
@@ -182,7 +182,7 @@ def _flash_mask(is_causal, window_size_left, window_size_right):
     a window (left, right) with None or -1 for no bound on a side, causal making the right side 0)."""
     window = (-1 if window_size_left is None else int(window_size_left),
               -1 if window_size_right is None else int(window_size_right))
-    return _calls._mask_and_window(bool(is_causal), "bottom_right", window)
+    return _checks._mask_and_window(bool(is_causal), "bottom_right", window)
 
 
 def _flash_unservable(query, key, value, cum_seq_q, dropout_p, lse=None):
@@ -354,6 +354,29 @@ class _Enabled:
 
 
 def enable():
+    """Makes torch.nn.functional.scaled_dot_product_attention run flashgen's kernels, forward and backward, for every
+    call that reaches its flash-attention backend and that flashgen can serve; the others run torch's own kernels
+    (sdpa_stats() counts both, with the reasons). Works in eager mode, under torch.compile and in CUDA graphs
+    (captured after a warm-up call, as any kernel that compiles on first use).
+
+    Which calls: SDPA picks a backend per call; while flashgen is on, the flash backend comes first in SDPA's
+    priority order, so every call the flash backend takes comes here: CUDA fp16/bf16 inputs without attn_mask,
+    head_dim up to 256, with or without is_causal (aligned top-left, as SDPA's), grouped-query (enable_gqa) or not.
+    Of these flashgen falls back for dropout_p > 0 and for errors of the library (the last message is in
+    sdpa_stats()["last_error"]). Calls with an attn_mask never reach the flash backend and run as before.
+
+    The FlashAttention-2 ops below SDPA's (aten::_flash_attention_forward/backward: torch's varlen_attn, nested
+    tensors) run flashgen too, dense or packed, causal (bottom-right) or windowed; with ALiBi or seqused_k they
+    fall back (their backward op takes neither).
+
+    Through torch.nn.attention's registry under the name "flashgen" where torch has one (>= 2.10:
+    torch.nn.attention.activate_flash_attention_impl("flashgen") is then the same), else by overriding the aten
+    ops' CUDA kernels; needs torch >= 2.9. Returns a handle that is also a context manager:
+
+        flashgen.torch.enable()                  # on for the rest of the process (disable() turns it off)
+        with flashgen.torch.enable():            # on inside the block only
+            model(batch)
+    """
     with _State.lock:
         if is_enabled():
             return _Enabled(False)
@@ -372,6 +395,7 @@ def enable():
 
 
 def disable():
+    """Undoes enable(): scaled_dot_product_attention runs torch's kernels and SDPA's backend order is as before."""
     with _State.lock:
         if _State.through_registry:
             registry = _registry()
@@ -387,6 +411,10 @@ def disable():
 
 
 def sdpa_stats():
+    """What scaled_dot_product_attention's flash-attention calls ran since the process started (or
+    reset_sdpa_stats()): {"enabled": bool, "forward": {"flashgen": n, "fallback: <reason>": n, ...}, "backward": {...},
+    "last_error": the library's message of the last call that fell back on an error, or None}. A CUDA graph's
+    replays are not calls: only its capture counts."""
     with _State.lock:
         return {
             "enabled": is_enabled(),
@@ -397,6 +425,7 @@ def sdpa_stats():
 
 
 def reset_sdpa_stats():
+    """Sets sdpa_stats()'s counts to zero."""
     with _State.lock:
         for counter in _State.counts.values():
             counter.clear()

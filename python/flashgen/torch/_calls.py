@@ -1,183 +1,18 @@
-"""The C calls of flashgen.torch over torch tensors: argument checks that the library cannot make (types, devices,
-ranks, dtypes, how the shapes agree; naming the caller's argument), the flashgen_tensor views and options of a call,
-the warm calls' kept ctypes arguments (_ForwardPlan), and the forward, backward and packed calls themselves.
-flashgen.torch builds its custom ops, autograd and public functions on these, and flashgen._sdpa its overrides of
-PyTorch's flash-attention kernels; this module imports neither.
+"""The C calls of flashgen.torch over torch tensors (dense and packed, forward and backward): the flashgen_tensor
+views and options of a call, the warm calls' kept ctypes arguments (_ForwardPlan), and the calls themselves. Tensors
+are passed by pointer and strides, never copied, unless the kernels cannot read them in place (head_dim not
+unit-stride, other strides not multiples of 8 elements, data not 16-byte aligned). The custom ops, autograd and
+public functions are built on these, and _sdpa's overrides of PyTorch's flash-attention kernels.
 """
 
 import ctypes
-import operator
 import threading
 
 import torch
 
-from . import _lib
-from ._lib import FlashgenArgumentError
-
-_DTYPE_CODES = {torch.float16: _lib.FLOAT16, torch.bfloat16: _lib.BFLOAT16}
-_MASK_CODES = {"none": _lib.MASK_NONE, "bottom_right": _lib.MASK_CAUSAL, "top_left": _lib.MASK_CAUSAL_TOP_LEFT,
-               "window": _lib.MASK_SLIDING_WINDOW}
-_NO_WINDOW = (-1, -1)
-# Position of [batch, seqlen, heads, head_dim] in a tensor of each layout.
-_BSHD_DIMS = {"bshd": (0, 1, 2, 3), "bhsd": (0, 2, 1, 3)}
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Argument checks: types, devices, ranks, dtypes and how the shapes agree here (on fake tensors too, so
-# torch.compile reports them while tracing, and naming the caller's dims in either layout); sizes, strides and
-# alignment in the library.
-
-def _mask(causal, causal_align):
-    if causal_align not in ("bottom_right", "top_left"):
-        raise FlashgenArgumentError(f"causal_align must be 'bottom_right' or 'top_left', got {causal_align!r}",
-                                    _lib.ERROR_INVALID_ARGUMENT)
-    return causal_align if causal else "none"
-
-
-def _bshd_shape(t, layout):
-    """t's (batch, seqlen, heads, head_dim)."""
-    return tuple(t.shape[i] for i in _BSHD_DIMS[layout])
-
-
-def _bad(message):
-    raise FlashgenArgumentError(message, _lib.ERROR_INVALID_ARGUMENT)
-
-
-def _check_qkv(q, k, v, rank, expected, kv_rank=None, kv_expected=None):
-    """q, k and v: torch tensors of `rank` dims (`expected` describes them in the message; k and v kv_rank dims,
-    kv_expected, where those are given), float16 or bfloat16, on one CUDA (or meta) device, of one dtype;
-    FlashgenArgumentError naming the argument otherwise."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            _bad(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        want, text = (rank, expected) if name == "q" or kv_rank is None else (kv_rank, kv_expected)
-        if t.dim() != want:
-            _bad(f"{name}: expected a {text}, got shape {tuple(t.shape)}")
-        if t.dtype not in (torch.float16, torch.bfloat16):
-            _bad(f"{name}.dtype is {t.dtype}; flashgen runs torch.float16 and torch.bfloat16")
-        if t.device.type not in ("cuda", "meta"):  # meta: shapes only, through the fake kernels
-            _bad(f"{name} is on {t.device}; flashgen runs on CUDA devices")
-    for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype:
-            _bad(f"{name}.dtype is {t.dtype} but q.dtype is {q.dtype}")
-        if t.device != q.device:
-            _bad(f"{name} is on {t.device} but q is on {q.device}")
-
-
-def _check_inputs(q, k, v, layout):
-    """Raises FlashgenArgumentError naming the argument for what the library cannot see (types, devices, ranks,
-    dtypes)."""
-    if layout not in ("bshd", "bhsd"):
-        _bad(f"layout must be 'bshd' ([batch, seqlen, heads, head_dim]) or 'bhsd' ([batch, heads, seqlen, "
-            f"head_dim]), got {layout!r}")
-    order = "[batch, seqlen, heads, head_dim]" if layout == "bshd" else "[batch, heads, seqlen, head_dim]"
-    _check_qkv(q, k, v, 4, f"4-d tensor {order} (layout {layout!r})")
-    roles = ("batch", "seqlen", "heads", "head_dim")
-
-    def dim(name, i):
-        return f"{name}.shape[{_BSHD_DIMS[layout][i]}] ({roles[i]})"
-
-    shapes = {name: _bshd_shape(t, layout) for name, t in (("q", q), ("k", k), ("v", v))}
-    for name, other, i in (("k", "q", 0), ("k", "q", 3), ("v", "q", 0), ("v", "q", 3), ("v", "k", 1), ("v", "k", 2)):
-        if shapes[name][i] != shapes[other][i]:
-            _bad(f"{dim(name, i)} is {shapes[name][i]} but {dim(other, i)} is {shapes[other][i]}")
-    if shapes["k"][2] > 0 and shapes["q"][2] % shapes["k"][2] != 0:
-        _bad(f"{dim('q', 2)} = {shapes['q'][2]} must be a multiple of {dim('k', 2)} = {shapes['k'][2]}")
-
-
-def _check_mask(mask):
-    if mask not in _MASK_CODES:
-        raise FlashgenArgumentError(f"mask must be one of {sorted(_MASK_CODES)}, got {mask!r}",
-                                    _lib.ERROR_INVALID_ARGUMENT)
-
-
-def _check_scale(scale):
-    """The scale argument as the ops take it: 0.0 for the default 1/sqrt(head_dim)."""
-    if scale is None:
-        return 0.0
-    scale = float(scale)
-    if not 0.0 < scale < float("inf"):
-        raise FlashgenArgumentError(f"scale must be a positive finite number or None (1/sqrt(head_dim)), got {scale}",
-                                    _lib.ERROR_INVALID_ARGUMENT)
-    return scale
-
-
-def _check_window(window_size):
-    """window_size as the ops take it: a (left, right) pair of ints, each >= 0 or -1 for no bound on that side (and
-    below 2^31: the C ABI's fields are int32)."""
-    try:
-        left, right = window_size
-        window = (operator.index(left), operator.index(right))
-    except (TypeError, ValueError):
-        window = None
-    if (window is None or isinstance(left, bool) or isinstance(right, bool) or min(window) < -1
-            or max(window) >= 2 ** 31):
-        _bad(f"window_size must be a (left, right) pair of ints, each >= 0 or -1 for no bound on that side, got "
-             f"{window_size!r}")
-    return window
-
-
-def _mask_and_window(causal, causal_align, window_size):
-    """(mask, window) as the ops take them, with FlashAttention's window_size semantics: (-1, -1) is no window, and
-    causal=True makes a window's right side 0 (the library runs the window (-1, 0) as the bottom-right causal
-    mask). A window is aligned bottom-right: it does not take causal_align="top_left"."""
-    mask = _mask(causal, causal_align)
-    window = _check_window(window_size)
-    if window == _NO_WINDOW:
-        return mask, window
-    if mask == "top_left":
-        _bad("window_size is aligned bottom-right, as FlashAttention's: it does not take causal_align='top_left'")
-    return "window", (window[0], 0) if causal else window
-
-
-def _check_chunk(attention_chunk, mask):
-    """attention_chunk as the ops take it: an int >= 0 (0: none; below 2^31: the C ABI's field is int32). Chunks lie
-    about the bottom-right diagonal, as Llama 4's and FlashAttention's: a chunk does not take the top-left causal
-    mask."""
-    try:
-        chunk = operator.index(attention_chunk)
-    except TypeError:
-        chunk = None
-    if chunk is None or isinstance(attention_chunk, bool) or not 0 <= chunk < 2 ** 31:
-        _bad(f"attention_chunk must be an int >= 0 (keys per chunk; 0 for none), got {attention_chunk!r}")
-    if chunk > 0 and mask == "top_left":
-        _bad("attention_chunk: chunks are aligned bottom-right, as Llama 4's and FlashAttention's: they do not take "
-             "causal_align='top_left'")
-    return chunk
-
-
-def _check_alibi(alibi_slopes, device, batch, heads_q):
-    """alibi_slopes as the ops take them: None, or a CUDA float32 tensor [heads_q] or [batch, heads_q] on q's device
-    (FlashAttention's alibi_slopes), returned with its last dimension contiguous."""
-    if alibi_slopes is None:
-        return None
-    if not isinstance(alibi_slopes, torch.Tensor):
-        _bad(f"alibi_slopes must be a torch.Tensor or None, got {type(alibi_slopes).__name__}")
-    shapes = ((heads_q,), (batch, heads_q))
-    if alibi_slopes.dtype != torch.float32 or tuple(alibi_slopes.shape) not in shapes:
-        _bad(f"alibi_slopes must be float32 [heads_q] = [{heads_q}] or [batch, heads_q] = [{batch}, {heads_q}], got "
-             f"{alibi_slopes.dtype} {list(alibi_slopes.shape)}")
-    if alibi_slopes.device != device:
-        _bad(f"alibi_slopes must be on {device} (q's device), got {alibi_slopes.device}")
-    if alibi_slopes.stride(-1) != 1 or (alibi_slopes.dim() == 2 and alibi_slopes.stride(0) < heads_q):
-        alibi_slopes = alibi_slopes.contiguous()
-    return alibi_slopes
-
-
-def _check_sinks(sinks, device, heads_q):
-    """sinks as the ops take them: None, or a CUDA float32 tensor [heads_q] on q's device (gpt-oss's attention sinks,
-    one logit per query head), contiguous. gpt-oss keeps them in the model's dtype: bfloat16 and float16 sinks are
-    converted by .float(), through which autograd takes their gradient back to the caller's dtype."""
-    if sinks is None:
-        return None
-    if not isinstance(sinks, torch.Tensor):
-        _bad(f"sinks must be a torch.Tensor or None, got {type(sinks).__name__}")
-    if sinks.dtype not in (torch.float32, torch.bfloat16, torch.float16) or tuple(sinks.shape) != (heads_q,):
-        _bad(f"sinks must be float32 (or bfloat16, float16: converted) [heads_q] = [{heads_q}], got {sinks.dtype} "
-             f"{list(sinks.shape)}")
-    if sinks.device != device:
-        _bad(f"sinks must be on {device} (q's device), got {sinks.device}")
-    return sinks.float().contiguous()
+from .. import _lib
+from ._checks import (_BSHD_DIMS, _DTYPE_CODES, _MASK_CODES, _NO_WINDOW, _check_alibi, _check_inputs,
+                      _check_lse, _check_mask, _check_sinks, _lse_shape)
 
 
 def _options(scale, mask, deterministic, softcap, window, alibi_slopes, sinks=None, dsinks=None, attention_chunk=0,
@@ -198,22 +33,10 @@ def _options(scale, mask, deterministic, softcap, window, alibi_slopes, sinks=No
     return options
 
 
-def _check_softcap(softcap):
-    """The softcap argument as the ops take it: 0.0 for none."""
-    softcap = float(softcap) if softcap is not None else 0.0
-    if not 0.0 <= softcap < float("inf"):
-        raise FlashgenArgumentError(f"softcap must be 0.0 (none) or a positive finite cap, got {softcap}",
-                                    _lib.ERROR_INVALID_ARGUMENT)
-    return softcap
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The C calls. Tensors are passed by pointer and strides, never copied, unless the kernels cannot read them in
-# place (head_dim not unit-stride, other strides not multiples of 8 elements, data not 16-byte aligned).
-
 def _strides_readable(t):
     """Whether the kernels can read t through its strides: head_dim contiguous, the other strides multiples of 8."""
-    return t.stride(-1) == 1 and all(size == 1 or stride % 8 == 0 for size, stride in zip(t.shape[:-1], t.stride()[:-1]))
+    return t.stride(-1) == 1 and all(size == 1 or stride % 8 == 0
+                                     for size, stride in zip(t.shape[:-1], t.stride()[:-1]))
 
 
 def _readable(t):
@@ -229,11 +52,6 @@ def _view(t, layout):
     shape, stride = t.shape, t.stride()
     return _lib.Tensor(t.data_ptr(), _DTYPE_CODES[t.dtype], tuple(shape[i] for i in dims),
                        tuple(stride[i] for i in dims))
-
-
-def _lse_shape(q, layout):
-    batch, seqlen_q, heads_q, _ = _bshd_shape(q, layout)
-    return (batch, heads_q, seqlen_q)
 
 
 def _stream(device):
@@ -301,14 +119,15 @@ class _ForwardPlan:
 
 
 class _Plans(threading.local):
-    """Each thread's _ForwardPlans by signature (per thread: a call stores its pointers into the plan's views, and
-    ctypes releases the GIL while the library reads them). Bounded: a process that keeps making new signatures
-    starts over."""
+    """Each thread's plans (_ForwardPlan, _BackwardPlan, _KvCachePlan) by signature (per thread: a call stores its
+    pointers into the plan's views, and ctypes releases the GIL while the library reads them). Bounded: a process that
+    keeps making new signatures starts over."""
 
     limit = 256
 
     def __init__(self):
         self.forward = {}
+        self.backward = {}
         self.kvcache = {}
 
 
@@ -416,14 +235,6 @@ def _dsinks(q, heads_q, sinks):
     return q.new_empty((heads_q if sinks is not None else 0,), dtype=torch.float32)
 
 
-def _check_lse(lse, q, layout):
-    expected = _lse_shape(q, layout)
-    if lse.dtype != torch.float32 or tuple(lse.shape) != tuple(expected) or lse.device != q.device:
-        raise FlashgenArgumentError(
-            f"lse: expected float32 {list(expected)} on {q.device} as the forward returned it, got {lse.dtype} "
-            f"{list(lse.shape)} on {lse.device}", _lib.ERROR_INVALID_ARGUMENT)
-
-
 def _forward(q, k, v, scale, mask, layout, checked=False, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None,
              sinks=None, attention_chunk=0, user=None):
     """(out, lse): the forward op's implementation, also called directly by eager calls (checked: attention()
@@ -444,11 +255,80 @@ def _forward(q, k, v, scale, mask, layout, checked=False, softcap=0.0, window=_N
     return call.out, call.lse
 
 
+class _BackwardPlan:
+    """The ctypes arguments of flashgen_attention_backward_with_workspace for one call signature, built once (with the
+    workspace size the library asks for) and re-pointed at each call's tensors, as _ForwardPlan is for the forward."""
+
+    __slots__ = ("views", "refs", "options", "options_ref", "workspace_bytes", "function", "heads_q", "sinks")
+
+    def __init__(self, call, workspace_bytes):
+        self.views, self.options = call.views, call.options
+        self.refs = tuple(ctypes.byref(view) for view in self.views)
+        self.options_ref = ctypes.byref(self.options)
+        self.workspace_bytes = workspace_bytes
+        self.function = _lib.function("flashgen_attention_backward_with_workspace")
+        self.heads_q = call.dsinks.shape[0]
+        self.sinks = call.sinks is not None
+
+
+def _backward_plan_key(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap, window, alibi_slopes,
+                       sinks, attention_chunk):
+    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), out.stride(), dout.shape, dout.stride(),
+            dout.dtype, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, lse.shape, lse.stride(), lse.dtype,
+            lse.device, scale, mask, layout, bool(deterministic), softcap, window, attention_chunk,
+            _layout_key(alibi_slopes), _layout_key(sinks))
+
+
+def _planned_backward(key, dout, q, k, v, out, lse, alibi_slopes, sinks):
+    """(dq, dk, dv, dsinks) through the plan of key, or None where the call takes the full path: no plan yet, data
+    not 16-byte aligned, or a legacy default stream on another device."""
+    plan = _plans.backward.get(key)
+    if plan is None:
+        return None
+    pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr())
+    if (pointers[0] | pointers[1] | pointers[2] | pointers[3] | pointers[4]) & 15:
+        return None
+    device = q.device
+    stream = _stream_handle(device)
+    if stream == 0 and device.index != _current_device():
+        return None
+    dq = torch.empty(q.shape, dtype=q.dtype, device=device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=device)
+    dsinks = q.new_empty((plan.heads_q,), dtype=torch.float32)
+    # The caching allocator hands out 512-byte aligned blocks; the library asks for 256.
+    workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=device)
+    views = plan.views
+    for view, pointer in zip(views, pointers):
+        view.data = pointer
+    views[5].data, views[6].data, views[7].data = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
+    options = plan.options
+    if alibi_slopes is not None:
+        options.alibi_slopes = alibi_slopes.data_ptr()
+    if plan.sinks:
+        options.sinks, options.dsinks = sinks.data_ptr(), dsinks.data_ptr()
+    refs = plan.refs
+    status = plan.function(*refs[:5], lse.data_ptr(), *refs[5:], plan.options_ref, workspace.data_ptr(),
+                           plan.workspace_bytes, stream)
+    if status != _lib.SUCCESS:
+        _plans.backward.pop(key, None)  # a choice made since may want another workspace: the full path asks again
+        return None
+    return dq, dk, dv, dsinks
+
+
 def _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0, window=_NO_WINDOW,
                       alibi_slopes=None, sinks=None, attention_chunk=0, user=None):
     """(dq, dk, dv, dsinks): the backward op's implementation, also called directly by eager calls
     (_EagerAttention). The kernels' workspace is a torch allocation, so nothing is allocated behind the caching
-    allocator (or a CUDA graph's pool)."""
+    allocator (or a CUDA graph's pool). A call without a user variant whose signature was served before goes through
+    its _BackwardPlan: that signature passed the checks below."""
+    key = None
+    if user is None:
+        key = _backward_plan_key(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap, window,
+                                 alibi_slopes, sinks, attention_chunk)
+        planned = _planned_backward(key, dout, q, k, v, out, lse, alibi_slopes, sinks)
+        if planned is not None:
+            return planned
     _check_inputs(q, k, v, layout)
     _check_mask(mask)
     _check_lse(lse, q, layout)
@@ -464,7 +344,18 @@ def _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministi
         _lib.check(_lib.function("flashgen_attention_backward_with_workspace")(
             *call.arguments(), ctypes.c_void_p(workspace.data_ptr()), workspace_bytes.value, stream),
             "flashgen_attention_backward_with_workspace")
+    if key is not None and _plannable_backward(call, dout, q, k, v, out, lse, alibi_slopes, sinks):
+        if len(_plans.backward) >= _Plans.limit:
+            _plans.backward.clear()
+        _plans.backward[key] = _BackwardPlan(call, workspace_bytes.value)
     return call.dq, call.dk, call.dv, call.dsinks
+
+
+def _plannable_backward(call, dout, q, k, v, out, lse, alibi_slopes, sinks):
+    """Whether the full path read the caller's own tensors (nothing copied or converted): only then may a plan hold
+    their layout and be re-pointed at later calls' tensors."""
+    return (call.dout is dout and call.q is q and call.k is k and call.v is v and call.out is out and call.lse is lse
+            and call.alibi_slopes is alibi_slopes and (sinks is None or call.sinks is sinks))
 
 
 def _packed_view(t):

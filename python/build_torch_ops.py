@@ -1,0 +1,91 @@
+"""Builds libflashgen_torch.so, flashgen's PyTorch ops in C++ on torch's stable ABI (python/csrc/), beside a built
+libflashgen: the wheel's build runs it when torch >= 2.10 with its headers is importable (setup.py), and by hand
+
+    python3 python/build_torch_ops.py --flashgen-library build/libflashgen.so [--out build/libflashgen_torch.so]
+
+The library targets torch's stable ABI of 2.10 (TORCH_TARGET_VERSION), so one build serves every later torch. It
+links libflashgen by its SONAME (found beside it through RPATH $ORIGIN) and torch's libtorch_cpu and libtorch_cuda by
+name, as torch's own extensions do: the copies the process has loaded with torch satisfy them.
+--torch-include/--torch-lib build against another torch's headers and libraries than the importable one.
+"""
+
+import argparse
+import concurrent.futures
+import os
+import pathlib
+import shlex
+import subprocess
+import sys
+import tempfile
+
+HERE = pathlib.Path(__file__).resolve().parent
+SOURCE_TREE = HERE.parent
+SOURCES = sorted((HERE / "csrc").glob("*.cpp"))
+LIBRARY_NAME = "libflashgen_torch.so"
+# torch 2.10: the stable ABI's str arguments, new_empty with a dtype, to() and contiguous() start there.
+TARGET_VERSION = "0x020a000000000000"
+
+
+def torch_dirs():
+    """(include, lib) folders of the importable torch, or None when there is none, or it has no stable ABI headers."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    base = pathlib.Path(torch.__file__).resolve().parent
+    include, lib = base / "include", base / "lib"
+    if not (include / "torch" / "csrc" / "stable" / "library.h").is_file():
+        return None
+    return include, lib
+
+
+def _run(command):
+    print("flashgen build:", " ".join(shlex.quote(str(part)) for part in command), flush=True)
+    subprocess.run([str(part) for part in command], check=True)
+
+
+def build(flashgen_library, out, torch_include, torch_lib, cxx="g++", jobs=None):
+    """Compiles python/csrc/*.cpp and links them into out."""
+    flashgen_library = pathlib.Path(flashgen_library).resolve()
+    out = pathlib.Path(out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    flags = ["-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra",
+             f"-DTORCH_TARGET_VERSION={TARGET_VERSION}", "-isystem", torch_include, "-I", SOURCE_TREE / "include"]
+    with tempfile.TemporaryDirectory(prefix="flashgen-torch-ops-") as objects:
+        def compile_one(source):
+            target = pathlib.Path(objects) / (source.stem + ".o")
+            _run([cxx, *flags, "-c", source, "-o", target])
+            return target
+
+        with concurrent.futures.ThreadPoolExecutor(jobs or os.cpu_count() or 1) as pool:
+            targets = list(pool.map(compile_one, SOURCES))
+        # --no-as-needed: torch's libraries are named for the loader's sake (Python loads torch._C with
+        # RTLD_LOCAL, so libtorch's symbols are found through this library's own dependencies), not for symbols
+        # the link needs resolved.
+        _run([cxx, "-shared", "-o", out, *targets, "-L", flashgen_library.parent,
+              "-l:" + flashgen_library.name, "-Wl,-rpath,$ORIGIN", "-Wl,--no-as-needed", "-L", torch_lib,
+              "-ltorch_cpu", "-ltorch_cuda", "-Wl,--as-needed"])
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--flashgen-library", required=True, help="the built libflashgen.so to link")
+    parser.add_argument("--out", help="where to write the library (default: beside --flashgen-library)")
+    parser.add_argument("--torch-include", help="torch's include folder (default: the importable torch's)")
+    parser.add_argument("--torch-lib", help="the folder of torch's libtorch_cpu.so (default: the importable torch's)")
+    parser.add_argument("--cxx", default=os.environ.get("CXX", "g++"))
+    args = parser.parse_args()
+    if args.torch_include is None or args.torch_lib is None:
+        found = torch_dirs()
+        if found is None:
+            sys.exit("flashgen: no torch with the stable ABI's headers (torch >= 2.10) is importable; pass "
+                     "--torch-include and --torch-lib")
+        args.torch_include = args.torch_include or found[0]
+        args.torch_lib = args.torch_lib or found[1]
+    out = args.out or pathlib.Path(args.flashgen_library).resolve().parent / LIBRARY_NAME
+    print(build(args.flashgen_library, out, args.torch_include, args.torch_lib, args.cxx))
+
+
+if __name__ == "__main__":
+    main()

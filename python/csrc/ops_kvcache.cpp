@@ -1,0 +1,85 @@
+// flashgen::attention_kvcache: new queries against a KV cache, contiguous or paged; the new tokens' keys and values,
+// when given, are written into the caches in place first.
+#include "ops.hpp"
+
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/headeronly/core/ScalarType.h>
+#include <torch/headeronly/util/Exception.h>
+
+namespace flashgen::torch_ops {
+
+using torch::headeronly::ScalarType;
+
+namespace {
+
+constexpr LayoutDims kBshd = {0, 1, 2, 3};
+
+std::optional<Tensor> int32_array(const std::optional<Tensor>& t, const Tensor& q, int64_t rank, const char* name) {
+  if (!t.has_value()) return std::nullopt;
+  STD_TORCH_CHECK(t->scalar_type() == ScalarType::Int && t->dim() == rank && t->is_cuda() &&
+                      t->get_device_index() == q.get_device_index() && t->size(0) == q.size(0),
+                  name, ": expected a ", rank, "-d torch.int32 tensor on q's device with q.shape[0] rows");
+  return torch::stable::contiguous(*t);
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor> attention_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, std::optional<Tensor> k,
+                                             std::optional<Tensor> v, std::optional<Tensor> cache_seqlens,
+                                             std::optional<Tensor> block_table, double scale, std::string mask,
+                                             int64_t num_splits, int64_t window_left, int64_t window_right,
+                                             std::optional<Tensor> sinks, int64_t attention_chunk, double softcap,
+                                             std::optional<Tensor> alibi_slopes) {
+  // The caches are written in place: they are read as they are, never copied (the library checks their strides).
+  check_qkv(q, k_cache, v_cache, 4, 4);
+  STD_TORCH_CHECK(k.has_value() == v.has_value(), "k and v: give both (the new tokens to append) or neither");
+  const int32_t device = q.get_device_index();
+  torch::stable::accelerator::DeviceGuard guard(device);
+  q = readable(q);
+  if (k.has_value()) {
+    check_qkv(q, *k, *v, 4, 4);
+    k = readable(*k);
+    v = readable(*v);
+  }
+  const std::optional<Tensor> seqlens = int32_array(cache_seqlens, q, 1, "cache_seqlens");
+  const std::optional<Tensor> table = int32_array(block_table, q, 2, "block_table");
+  const int64_t batch = q.size(0), seqlen_q = q.size(1), heads_q = q.size(2);
+  const Extras extras = check_extras(q, batch, heads_q, alibi_slopes, sinks);
+  Tensor out = empty_like_contiguous(q);
+  Tensor lse = torch::stable::new_empty(q, {batch, heads_q, seqlen_q}, ScalarType::Float);
+
+  flashgen_kvcache_args args{};
+  args.size = sizeof(args);
+  args.q = view(q, kBshd);
+  args.k_cache = view(k_cache, kBshd);
+  args.v_cache = view(v_cache, kBshd);
+  if (k.has_value()) {
+    args.k_new = view(*k, kBshd);
+    args.v_new = view(*v, kBshd);
+  }
+  args.out = view(out, kBshd);
+  args.lse = static_cast<float*>(lse.data_ptr());
+  args.cache_seqlens = seqlens.has_value() ? static_cast<const int32_t*>(seqlens->data_ptr()) : nullptr;
+  if (table.has_value()) {
+    args.block_table = static_cast<const int32_t*>(table->data_ptr());
+    args.max_pages = table->size(1);
+  }
+  args.num_splits = num_splits;
+  args.options = options(scale, mask, false, softcap, window_left, window_right, attention_chunk, extras);
+  void* stream = current_stream(device);
+  size_t workspace_bytes = 0;
+  check_status(flashgen_attention_kvcache_workspace_size(&args, stream, &workspace_bytes),
+               "flashgen_attention_kvcache_workspace_size");
+  // The split workspace from torch's allocator: captured with the call into a CUDA graph's pool.
+  std::optional<Tensor> workspace;
+  if (workspace_bytes > 0) {
+    workspace = workspace_like(q, workspace_bytes);
+    args.workspace = workspace->data_ptr();
+    args.workspace_bytes = workspace_bytes;
+  }
+  check_status(flashgen_attention_kvcache(&args, stream), "flashgen_attention_kvcache");
+  return {out, lse};
+}
+
+}  // namespace flashgen::torch_ops

@@ -1,0 +1,262 @@
+"""Argument checks of flashgen.torch's calls: what the library cannot see (types, devices, ranks, dtypes, how the
+shapes agree), each failure naming the caller's argument in the caller's layout; sizes, strides and alignment are the
+library's to check. They run on fake tensors too, so torch.compile reports them while tracing.
+"""
+
+import operator
+
+import torch
+
+from .. import _lib
+from .._lib import FlashgenArgumentError
+
+_DTYPE_CODES = {torch.float16: _lib.FLOAT16, torch.bfloat16: _lib.BFLOAT16}
+_MASK_CODES = {"none": _lib.MASK_NONE, "bottom_right": _lib.MASK_CAUSAL, "top_left": _lib.MASK_CAUSAL_TOP_LEFT,
+               "window": _lib.MASK_SLIDING_WINDOW}
+_NO_WINDOW = (-1, -1)
+# Position of [batch, seqlen, heads, head_dim] in a tensor of each layout.
+_BSHD_DIMS = {"bshd": (0, 1, 2, 3), "bhsd": (0, 2, 1, 3)}
+
+
+def _mask(causal, causal_align):
+    if causal_align not in ("bottom_right", "top_left"):
+        raise FlashgenArgumentError(f"causal_align must be 'bottom_right' or 'top_left', got {causal_align!r}",
+                                    _lib.ERROR_INVALID_ARGUMENT)
+    return causal_align if causal else "none"
+
+
+def _bshd_shape(t, layout):
+    """t's (batch, seqlen, heads, head_dim)."""
+    return tuple(t.shape[i] for i in _BSHD_DIMS[layout])
+
+
+def _bad(message):
+    raise FlashgenArgumentError(message, _lib.ERROR_INVALID_ARGUMENT)
+
+
+def _lse_shape(q, layout):
+    batch, seqlen_q, heads_q, _ = _bshd_shape(q, layout)
+    return (batch, heads_q, seqlen_q)
+
+
+def _check_qkv(q, k, v, rank, expected, kv_rank=None, kv_expected=None):
+    """q, k and v: torch tensors of `rank` dims (`expected` describes them in the message; k and v kv_rank dims,
+    kv_expected, where those are given), float16 or bfloat16, on one CUDA (or meta) device, of one dtype;
+    FlashgenArgumentError naming the argument otherwise."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            _bad(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        want, text = (rank, expected) if name == "q" or kv_rank is None else (kv_rank, kv_expected)
+        if t.dim() != want:
+            _bad(f"{name}: expected a {text}, got shape {tuple(t.shape)}")
+        if t.dtype not in (torch.float16, torch.bfloat16):
+            _bad(f"{name}.dtype is {t.dtype}; flashgen runs torch.float16 and torch.bfloat16")
+        if t.device.type not in ("cuda", "meta"):  # meta: shapes only, through the fake kernels
+            _bad(f"{name} is on {t.device}; flashgen runs on CUDA devices")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            _bad(f"{name}.dtype is {t.dtype} but q.dtype is {q.dtype}")
+        if t.device != q.device:
+            _bad(f"{name} is on {t.device} but q is on {q.device}")
+
+
+def _check_inputs(q, k, v, layout):
+    """Raises FlashgenArgumentError naming the argument for what the library cannot see (types, devices, ranks,
+    dtypes)."""
+    if layout not in ("bshd", "bhsd"):
+        _bad(f"layout must be 'bshd' ([batch, seqlen, heads, head_dim]) or 'bhsd' ([batch, heads, seqlen, "
+            f"head_dim]), got {layout!r}")
+    order = "[batch, seqlen, heads, head_dim]" if layout == "bshd" else "[batch, heads, seqlen, head_dim]"
+    _check_qkv(q, k, v, 4, f"4-d tensor {order} (layout {layout!r})")
+    roles = ("batch", "seqlen", "heads", "head_dim")
+
+    def dim(name, i):
+        return f"{name}.shape[{_BSHD_DIMS[layout][i]}] ({roles[i]})"
+
+    shapes = {name: _bshd_shape(t, layout) for name, t in (("q", q), ("k", k), ("v", v))}
+    for name, other, i in (("k", "q", 0), ("k", "q", 3), ("v", "q", 0), ("v", "q", 3), ("v", "k", 1), ("v", "k", 2)):
+        if shapes[name][i] != shapes[other][i]:
+            _bad(f"{dim(name, i)} is {shapes[name][i]} but {dim(other, i)} is {shapes[other][i]}")
+    if shapes["k"][2] > 0 and shapes["q"][2] % shapes["k"][2] != 0:
+        _bad(f"{dim('q', 2)} = {shapes['q'][2]} must be a multiple of {dim('k', 2)} = {shapes['k'][2]}")
+
+
+def _check_mask(mask):
+    if mask not in _MASK_CODES:
+        raise FlashgenArgumentError(f"mask must be one of {sorted(_MASK_CODES)}, got {mask!r}",
+                                    _lib.ERROR_INVALID_ARGUMENT)
+
+
+def _check_scale(scale):
+    """The scale argument as the ops take it: 0.0 for the default 1/sqrt(head_dim)."""
+    if scale is None:
+        return 0.0
+    scale = float(scale)
+    if not 0.0 < scale < float("inf"):
+        raise FlashgenArgumentError(f"scale must be a positive finite number or None (1/sqrt(head_dim)), got {scale}",
+                                    _lib.ERROR_INVALID_ARGUMENT)
+    return scale
+
+
+def _check_window(window_size):
+    """window_size as the ops take it: a (left, right) pair of ints, each >= 0 or -1 for no bound on that side (and
+    below 2^31: the C ABI's fields are int32)."""
+    try:
+        left, right = window_size
+        window = (operator.index(left), operator.index(right))
+    except (TypeError, ValueError):
+        window = None
+    if (window is None or isinstance(left, bool) or isinstance(right, bool) or min(window) < -1
+            or max(window) >= 2 ** 31):
+        _bad(f"window_size must be a (left, right) pair of ints, each >= 0 or -1 for no bound on that side, got "
+             f"{window_size!r}")
+    return window
+
+
+def _mask_and_window(causal, causal_align, window_size):
+    """(mask, window) as the ops take them, with FlashAttention's window_size semantics: (-1, -1) is no window, and
+    causal=True makes a window's right side 0 (the library runs the window (-1, 0) as the bottom-right causal
+    mask). A window is aligned bottom-right: it does not take causal_align="top_left"."""
+    mask = _mask(causal, causal_align)
+    window = _check_window(window_size)
+    if window == _NO_WINDOW:
+        return mask, window
+    if mask == "top_left":
+        _bad("window_size is aligned bottom-right, as FlashAttention's: it does not take causal_align='top_left'")
+    return "window", (window[0], 0) if causal else window
+
+
+def _check_chunk(attention_chunk, mask):
+    """attention_chunk as the ops take it: an int >= 0 (0: none; below 2^31: the C ABI's field is int32). Chunks lie
+    about the bottom-right diagonal, as Llama 4's and FlashAttention's: a chunk does not take the top-left causal
+    mask."""
+    try:
+        chunk = operator.index(attention_chunk)
+    except TypeError:
+        chunk = None
+    if chunk is None or isinstance(attention_chunk, bool) or not 0 <= chunk < 2 ** 31:
+        _bad(f"attention_chunk must be an int >= 0 (keys per chunk; 0 for none), got {attention_chunk!r}")
+    if chunk > 0 and mask == "top_left":
+        _bad("attention_chunk: chunks are aligned bottom-right, as Llama 4's and FlashAttention's: they do not take "
+             "causal_align='top_left'")
+    return chunk
+
+
+def _check_alibi(alibi_slopes, device, batch, heads_q):
+    """alibi_slopes as the ops take them: None, or a CUDA float32 tensor [heads_q] or [batch, heads_q] on q's device
+    (FlashAttention's alibi_slopes), returned with its last dimension contiguous."""
+    if alibi_slopes is None:
+        return None
+    if not isinstance(alibi_slopes, torch.Tensor):
+        _bad(f"alibi_slopes must be a torch.Tensor or None, got {type(alibi_slopes).__name__}")
+    shapes = ((heads_q,), (batch, heads_q))
+    if alibi_slopes.dtype != torch.float32 or tuple(alibi_slopes.shape) not in shapes:
+        _bad(f"alibi_slopes must be float32 [heads_q] = [{heads_q}] or [batch, heads_q] = [{batch}, {heads_q}], got "
+             f"{alibi_slopes.dtype} {list(alibi_slopes.shape)}")
+    if alibi_slopes.device != device:
+        _bad(f"alibi_slopes must be on {device} (q's device), got {alibi_slopes.device}")
+    if alibi_slopes.stride(-1) != 1 or (alibi_slopes.dim() == 2 and alibi_slopes.stride(0) < heads_q):
+        alibi_slopes = alibi_slopes.contiguous()
+    return alibi_slopes
+
+
+def _check_sinks(sinks, device, heads_q):
+    """sinks as the ops take them: None, or a CUDA float32 tensor [heads_q] on q's device (gpt-oss's attention sinks,
+    one logit per query head), contiguous. gpt-oss keeps them in the model's dtype: bfloat16 and float16 sinks are
+    converted by .float(), through which autograd takes their gradient back to the caller's dtype."""
+    if sinks is None:
+        return None
+    if not isinstance(sinks, torch.Tensor):
+        _bad(f"sinks must be a torch.Tensor or None, got {type(sinks).__name__}")
+    if sinks.dtype not in (torch.float32, torch.bfloat16, torch.float16) or tuple(sinks.shape) != (heads_q,):
+        _bad(f"sinks must be float32 (or bfloat16, float16: converted) [heads_q] = [{heads_q}], got {sinks.dtype} "
+             f"{list(sinks.shape)}")
+    if sinks.device != device:
+        _bad(f"sinks must be on {device} (q's device), got {sinks.device}")
+    return sinks.float().contiguous()
+
+
+def _check_softcap(softcap):
+    """The softcap argument as the ops take it: 0.0 for none."""
+    softcap = float(softcap) if softcap is not None else 0.0
+    if not 0.0 <= softcap < float("inf"):
+        raise FlashgenArgumentError(f"softcap must be 0.0 (none) or a positive finite cap, got {softcap}",
+                                    _lib.ERROR_INVALID_ARGUMENT)
+    return softcap
+
+
+def _check_lse(lse, q, layout):
+    expected = _lse_shape(q, layout)
+    if lse.dtype != torch.float32 or tuple(lse.shape) != tuple(expected) or lse.device != q.device:
+        raise FlashgenArgumentError(
+            f"lse: expected float32 {list(expected)} on {q.device} as the forward returned it, got {lse.dtype} "
+            f"{list(lse.shape)} on {lse.device}", _lib.ERROR_INVALID_ARGUMENT)
+
+
+def _autocast(q, k, v):
+    """Under torch.autocast on CUDA, inputs of another floating dtype than autocast's (float32 say) are cast to
+    it, as scaled_dot_product_attention's are; outside it the inputs as given (float32 is then refused)."""
+    try:
+        enabled, dtype = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
+    except (TypeError, AttributeError):  # torch 2.4's older spellings
+        enabled, dtype = torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()
+    if not enabled or dtype not in _DTYPE_CODES:
+        return q, k, v
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.device.type == "cuda" and t.is_floating_point()
+                 and t.dtype != dtype else t for t in (q, k, v))
+
+
+def _deterministic(deterministic):
+    """The backward's strategy: deterministic when asked for, or while torch.use_deterministic_algorithms(True)."""
+    return bool(deterministic) or torch.are_deterministic_algorithms_enabled()
+
+
+def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                         block_table=None):
+    """Raises FlashgenArgumentError naming the argument for what the library cannot see (types, devices, ranks,
+    dtypes, the offsets' length); sizes, strides and the packing's ranges are the library's to check."""
+    if block_table is None:
+        _check_qkv(q, k, v, 3, "3-d packed tensor [total, heads, head_dim]")
+    else:
+        _check_qkv(q, k, v, 3, "3-d packed tensor [total, heads, head_dim]", 4,
+                   "4-d paged cache [num_pages, page_size, heads_kv, head_dim] (with a block_table)")
+        if (not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2
+                or block_table.device != q.device):
+            _bad(f"block_table: expected a 2-d torch.int32 tensor [batch, max_pages] on {q.device}")
+        if block_table.shape[0] != cu_seqlens_q.shape[0] - 1:
+            _bad(f"block_table.shape[0] is {block_table.shape[0]} but there are {cu_seqlens_q.shape[0] - 1} sequences")
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k)):
+        if t is None and name == "seqused_k":
+            continue
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1 or t.device != q.device:
+            _bad(f"{name}: expected a 1-d torch.int32 tensor on {q.device}, got "
+                f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}"
+                f"{' ' + str(list(t.shape)) + ' on ' + str(t.device) if isinstance(t, torch.Tensor) else ''}")
+    if cu_seqlens_q.shape[0] < 2 or cu_seqlens_k.shape[0] != cu_seqlens_q.shape[0]:
+        _bad(f"cu_seqlens_q and cu_seqlens_k must both hold batch + 1 >= 2 offsets, got {cu_seqlens_q.shape[0]} and "
+            f"{cu_seqlens_k.shape[0]}")
+    if seqused_k is not None and seqused_k.shape[0] != cu_seqlens_q.shape[0] - 1:
+        _bad(f"seqused_k must hold batch = {cu_seqlens_q.shape[0] - 1} lengths, got {seqused_k.shape[0]}")
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            _bad(f"{name}: expected an int, got {type(value).__name__}")
+
+
+def _check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table):
+    """Raises FlashgenArgumentError naming the argument for what the library cannot see (types, devices, ranks,
+    dtypes of the int32 tensors); sizes, strides and the cache's shape are the library's to check."""
+    _check_qkv(q, k_cache, v_cache, 4, "4-d tensor (q: [batch, seqlen_q, heads_q, head_dim]; k_cache, v_cache: "
+               "[batch, capacity, heads_kv, head_dim] or [num_pages, page_size, heads_kv, head_dim])")
+    if (k is None) != (v is None):
+        _bad("k and v: give both (the new tokens to append) or neither")
+    if k is not None:
+        _check_qkv(q, k, v, 4, "4-d tensor [batch, seqlen_new, heads_kv, head_dim]")
+    for name, t, rank in (("cache_seqlens", cache_seqlens, 1), ("block_table", block_table, 2)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != rank or t.device != q.device:
+            _bad(f"{name}: expected a {rank}-d torch.int32 tensor on {q.device}, got "
+                f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}"
+                f"{' ' + str(list(t.shape)) + ' on ' + str(t.device) if isinstance(t, torch.Tensor) else ''}")
+        if t.shape[0] != q.shape[0]:
+            _bad(f"{name}.shape[0] is {t.shape[0]} but q.shape[0] (batch) is {q.shape[0]}")

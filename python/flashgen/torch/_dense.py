@@ -1,0 +1,203 @@
+"""attention(), explain() and tune(): dense batches, [batch, seqlen, heads, head_dim] or SDPA's layout."""
+
+import ctypes
+
+import torch
+
+from .. import _lib
+from . import _native
+from ._autograd import _EagerAttention, _Empty, _eager_call, _user_variant_call, forward_kernels
+from ._calls import _BackwardCall, _ForwardCall, _backward_kernels, _forward, _planned_forward, _stream, _warm_sinks
+from ._checks import (_DTYPE_CODES, _MASK_CODES, _autocast, _bshd_shape, _check_alibi, _check_chunk, _check_inputs,
+                      _check_scale, _check_sinks, _check_softcap, _deterministic, _lse_shape, _mask, _mask_and_window)
+from ._variants import user_variant
+
+
+# Signatures of plain eager calls (no variant, slopes or sinks) whose arguments passed the checks: everything the
+# checks look at, so that a later call of one goes straight to the kernels. Bounded: cleared at 4096.
+_CHECKED = set()
+
+
+def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, layout="bshd", deterministic=False,
+              return_lse=False, softcap=0.0, window_size=(-1, -1), attention_chunk=0, alibi_slopes=None, sinks=None,
+              mask_mod=None, score_mod=None, score_grad=None, score_bias=None, variant_helpers=None,
+              variant_args=None, mask_same_for_heads=False, block_mask=None):
+    """softmax(q kᵀ · scale [causal mask]) v on CUDA float16 / bfloat16 tensors, differentiable in q, k and v (and
+    the attention sinks).
+
+    q: [batch, seqlen_q, heads_q, head_dim] ("bshd") or [batch, heads_q, seqlen_q, head_dim] ("bhsd", the layout
+    of torch's scaled_dot_product_attention). k, v: the same with seqlen_k and heads_kv; heads_q must be a
+    multiple of heads_kv (grouped-query attention: query head h reads key/value head h // (heads_q // heads_kv)).
+    head_dim a multiple of 8 up to 256. Any strides work without a copy as long as head_dim is contiguous, the
+    other strides are multiples of 8 elements and the data 16-byte aligned; other inputs are copied first.
+
+    causal: mask future keys. causal_align: "bottom_right" (key j visible to query i iff j <= i + seqlen_k -
+    seqlen_q; the last query sees every key, as in decoding with a KV cache) or "top_left" (iff j <= i, what
+    scaled_dot_product_attention's is_causal means). They differ only when seqlen_q != seqlen_k. A query row
+    that sees no key (bottom_right with seqlen_q > seqlen_k) gets output 0, lse -inf (its head's sink, with sinks)
+    and zero gradients.
+    scale: the softmax scale, default 1/sqrt(head_dim). deterministic: the backward computes dq without
+    atomics, giving bitwise-identical gradients on repeated runs (somewhat slower); also on while
+    torch.use_deterministic_algorithms(True) is in effect. Empty inputs (a size 0) give empty or zero outputs,
+    lse -inf and zero gradients. Under torch.autocast("cuda"), inputs of another floating dtype (float32) are
+    cast to autocast's float16 or bfloat16 first, as scaled_dot_product_attention's are. softcap > 0 caps each
+    score s = q·k · scale to softcap · tanh(s / softcap) before the softmax (Gemma 2's attention logit soft cap,
+    FlashAttention's softcap), its derivative included in the backward; 0.0 (the default) leaves scores as they are.
+    window_size=(left, right): a sliding window, FlashAttention's: query i sees keys i + seqlen_k - seqlen_q - left
+    to i + seqlen_k - seqlen_q + right (aligned bottom-right), -1 for no bound on a side; with causal=True the right
+    side is 0 (a causal window, Mistral's); (-1, -1), the default, is no window. Rows whose window holds no key get
+    output 0, lse -inf and zero gradients. A window does not take causal_align="top_left". attention_chunk=C > 0:
+    chunked attention (Llama 4's attention_chunk, FlashAttention-3's): query i sees only the keys j of its own chunk
+    of C positions, j // C == (i + seqlen_k - seqlen_q) // C (floor division, aligned bottom-right: the rows
+    i < seqlen_q - seqlen_k see no key), on top of the mask: with causal=True chunked causal attention (Llama 4's),
+    without it bidirectional attention within each chunk, or a window_size window within it; 0, the default, is
+    none. A chunk does not take causal_align="top_left". alibi_slopes: ALiBi (BLOOM, MPT), FlashAttention's: a
+    float32 tensor [heads_q] or [batch, heads_q] on q's device, and the score of query i and key j (after the soft
+    cap) gains -slope · |i + seqlen_k - seqlen_q - j| (|i - j| under causal_align="top_left"); no gradient flows to
+    the slopes. sinks: attention sinks (gpt-oss), a tensor [heads_q] on q's device, float32 (bfloat16 and float16 ones,
+    gpt-oss's parameter, are converted and their gradient flows back in their dtype): one logit per query head, in the
+    units of the scaled scores, that joins every row's softmax denominator with no value, out_i = Σ_j e^(s_ij) v_j /
+    (e^sink + Σ_j e^(s_ij)); lse includes it, a row that sees no key gets out 0 and lse = sink, and -inf for a head is
+    no sink there. Sinks that require grad get their gradient, summed over the batch and every row.
+
+    A user-defined variant, FlexAttention's mask_mod and score_mod as C++ device code compiled into the kernels
+    (flashgen.h's flashgen_variant_desc): each a string holding a function body that ends in a return, seeing
+    batch, head (the query head), q_idx, kv_idx (positions in the sequence, any in [0, seqlen_q) x [0, seqlen_k), those
+    that causal, window_size or attention_chunk hide too), and the names of variant_args.
+    mask_mod: `bool mask_mod(batch, head, q_idx, kv_idx)`, false hides the key, on top of causal, window_size and
+    attention_chunk (a row that sees no key gets out 0, lse -inf). score_mod: `float score_mod(float score, batch,
+    head, q_idx, kv_idx)` on the scaled score; its backward needs score_grad, `float score_grad(float modified, batch,
+    head, q_idx, kv_idx)`, d score_mod / d score in terms of score_mod's value. score_bias: `float score_bias(batch,
+    head, q_idx, kv_idx)` added to the score (its gradient derived). Not score_mod with score_bias, nor either with
+    softcap or alibi_slopes (write those into it). variant_helpers: C++ at namespace scope the bodies may call.
+    variant_args: {name: value}, a tensor on q's device (float32, int32, int64, uint8 or bool: `const float* name`,
+    `const int*`, `const long long*`, `const unsigned char*`) or a Python int (int32) or float (float32). Each
+    distinct set of bodies and argument names and types compiles once per process (a C++ error raises FlashgenError
+    with NVRTC's messages at the body's own lines); the tensors and numbers may change from call to call. Such
+    calls run eagerly (torch.compile leaves them out of its graphs). Each pass classifies the mask's blocks first
+    (small kernels per call) and skips those with no visible key: per head, or once per batch entry with
+    mask_same_for_heads=True, which a mask_mod that ignores head may set (the backward skips fewer for a mask whose
+    visible blocks do not grow with the row). block_mask=flashgen.torch.BlockMask(): classes kept across calls, as
+    FlexAttention's block mask: the calls of one step that share it (a model's layers, with the same mask_mod and
+    variant_args) classify once per shape and pass; make a new one when variant_args' tensors change contents.
+
+        doc = torch.tensor(document_ids, dtype=torch.int32, device="cuda")
+        out = flashgen.torch.attention(q, k, v, causal=True, mask_mod="return doc[q_idx] == doc[kv_idx];",
+                                       variant_args={"doc": doc})
+
+    Returns out, shaped and laid out like q (a new contiguous tensor), or (out, lse) with return_lse, lse being
+    the natural-log log-sum-exp of each row's scaled scores (and its sink), float32 [batch, heads_q, seqlen_q]; lse
+    carries no gradient. Runs on the current CUDA stream of q's device. Bad arguments raise FlashgenArgumentError (a
+    ValueError), other failures FlashgenError (a RuntimeError), carrying the library's message.
+    """
+    mask, window = _mask_and_window(causal, causal_align, window_size)
+    chunk = _check_chunk(attention_chunk, mask)
+    q, k, v = _autocast(q, k, v)
+    scale = _check_scale(scale)
+    softcap = _check_softcap(softcap)
+    if (mask_mod is None and score_mod is None and score_bias is None and not _native.loaded() and _eager_call(q, k, v)
+            and all(t is None or isinstance(t, torch.Tensor) for t in (alibi_slopes, sinks))
+            and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks)))):
+        # The warm call of a signature seen before: its plan's key holds all that _check_inputs looks at (and the
+        # slopes' and sinks' layout).
+        planned = _planned_forward(q, k, v, scale, mask, layout, softcap, window, chunk, False, create=False,
+                                   want_lse=return_lse, alibi_slopes=alibi_slopes, sinks=_warm_sinks(sinks))
+        if planned is not None:
+            return planned if return_lse else planned[0]
+    plain = (mask_mod is None and score_mod is None and score_bias is None and alibi_slopes is None and sinks is None
+             and _eager_call(q, k, v))
+    if plain:
+        signature = (layout, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device)
+        if signature in _CHECKED:  # passed the checks below before: straight to the kernels
+            args = (q, k, v, scale, mask, layout, _deterministic(deterministic), softcap, *window, None, None, chunk)
+            if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+                out, lse = _EagerAttention.apply(*args)
+            else:
+                out, lse = forward_kernels(q, k, v, scale, mask, layout, softcap, *window, None, None, chunk)
+            return (out, lse) if return_lse else out
+    _check_inputs(q, k, v, layout)
+    batch, heads_q, _ = _lse_shape(q, layout)
+    alibi_slopes = _check_alibi(alibi_slopes, q.device, batch, heads_q)
+    sinks = _check_sinks(sinks, q.device, heads_q)  # float32 here, so autograd converts the gradient back
+    user = user_variant(q.device, mask_mod, score_mod, score_grad, score_bias, variant_helpers, variant_args,
+                        mask_same_for_heads, block_mask)
+    if user is not None and q.numel() != 0 and k.numel() != 0:
+        deterministic = _deterministic(deterministic)
+        out, lse = _user_variant_call(
+            lambda q, k, v, sinks: _forward(q, k, v, scale, mask, layout, checked=True, softcap=softcap,
+                                            window=window, alibi_slopes=alibi_slopes, sinks=sinks,
+                                            attention_chunk=chunk, user=user),
+            lambda dout, q, k, v, out, lse, sinks: _backward_kernels(
+                dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap, window, alibi_slopes, sinks,
+                chunk, user=user),
+            q, k, v, sinks)
+        return (out, lse) if return_lse else out
+    if q.numel() == 0 or k.numel() == 0:
+        out, lse = _Empty.apply(q, k, v, _lse_shape(q, layout), sinks)
+    else:
+        if plain:
+            if len(_CHECKED) >= 4096:
+                _CHECKED.clear()
+            _CHECKED.add(signature)
+        args = (q, k, v, scale, mask, layout, _deterministic(deterministic), softcap, *window, alibi_slopes, sinks,
+                chunk)
+        if not _eager_call(q, k, v):
+            out, lse = torch.ops.flashgen.attention_forward(*args)
+        elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks)):
+            out, lse = _EagerAttention.apply(*args)
+        else:  # nothing to differentiate: no autograd node at all
+            out, lse = forward_kernels(q, k, v, scale, mask, layout, softcap, *window, alibi_slopes, sinks, chunk)
+    return (out, lse) if return_lse else out
+
+
+def explain(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, layout="bshd", deterministic=False,
+            backward=True, softcap=0.0, window_size=(-1, -1), attention_chunk=0, alibi_slopes=None, sinks=None):
+    """Which kernels attention(q, k, v, ...) with these arguments runs, and why, as a dict:
+    {"library": path, "version": ..., "forward": {...}, "backward": {...}}. Each pass has "config" (the kernel
+    config's canonical name), "source" ("tuning database", "tuned on first use", "shipped defaults" or
+    "heuristic"), "reason" (the chooser's full explanation), "arch", "source_path" (the generated CUDA source,
+    written into the kernel cache; compile it with nvcc as is), the launch grid, threads, shared memory and each
+    kernel's registers and spills; the backward also has "workspace_bytes". Compiles or loads the kernels like a
+    first call (and with tune-on-first-use on, tunes an untuned problem first) but runs nothing. Allocates what
+    the call would (out, lse and, with backward, dout and the gradients) for as long as it runs. With sinks (as
+    attention() takes them) the backward lists the kernel of the sinks' gradient too. With attention_chunk (as
+    attention() takes it) both passes run the chunked kernels (configs named ..._chunk).
+    """
+    mask, window = _mask_and_window(causal, causal_align, window_size)
+    chunk = _check_chunk(attention_chunk, mask)
+    q, k, v = _autocast(q, k, v)
+    _check_inputs(q, k, v, layout)
+    scale = _check_scale(scale)
+    softcap = _check_softcap(softcap)
+    deterministic = _deterministic(deterministic)
+    answer = {"library": _lib.library_path(), "version": _lib.version()}
+    with torch.no_grad(), torch.cuda.device(q.device):
+        stream = _stream(q.device)
+        forward = _ForwardCall(q, k, v, scale, mask, layout, softcap, window, alibi_slopes, sinks, chunk)
+        answer["forward"] = _lib.call_json("flashgen_explain_forward", *forward.arguments(), stream)
+        if backward:
+            call = _BackwardCall(torch.empty_like(forward.out), q, k, v, forward.out, forward.lse, scale, mask,
+                                 layout, deterministic, softcap, window, alibi_slopes, forward.sinks, chunk)
+            answer["backward"] = _lib.call_json("flashgen_explain_backward", *call.arguments(), stream)
+    return answer
+
+
+def tune(q, k, v, *, causal=False, causal_align="bottom_right", layout="bshd"):
+    """Tunes the forward kernel for the size bucket of attention(q, k, v, ...) on q's GPU, now: sweeps 16 candidate
+    configs (compiled in parallel, each checked against a float64 reference and timed on inputs of its own;
+    seconds), stores every timing and the winner in the user's tuning database ($FLASHGEN_TUNING_DB, else
+    ~/.local/share/flashgen/tuning.sqlite) and makes the winner this process's choice; later processes read it
+    from the database. Only the tensors' shapes, dtype and device matter. Returns {"problem": bucket id, "config":
+    winner, "reason": ..., "db": path}. The backward is tuned by set_tune_on_first_use(True) on its first call, or
+    ahead of time with `flashgen tune --backward`. The problem is the plain one (no window, chunk, soft cap or
+    ALiBi): a variant's problem class is tuned by `flashgen tune --window/--chunk/--softcap/--alibi` or on its first
+    call.
+    """
+    mask = _mask(causal, causal_align)
+    _check_inputs(q, k, v, layout)
+    batch, seqlen_q, heads_q, head_dim = _bshd_shape(q, layout)
+    _, seqlen_k, heads_kv, _ = _bshd_shape(k, layout)
+    problem = _lib.ForwardProblem(_DTYPE_CODES[q.dtype], _MASK_CODES[mask], batch, seqlen_q, seqlen_k, heads_q,
+                                  heads_kv, head_dim)
+    with torch.cuda.device(q.device):
+        return _lib.call_json("flashgen_tune_forward", ctypes.byref(problem), _stream(q.device))

@@ -1,0 +1,100 @@
+"""attention_with_kvcache(): decoding against a KV cache, contiguous or paged, with FlashAttention's
+flash_attn_with_kvcache arguments."""
+
+import torch
+
+from .. import _lib
+from .._lib import FlashgenArgumentError
+from . import _native
+from ._autograd import _eager_call
+from ._calls import _warm_sinks
+from ._checks import (_bad, _check_alibi, _check_chunk, _check_kvcache_inputs, _check_scale, _check_sinks,
+                      _check_softcap, _mask_and_window)
+from ._kvcache_calls import _kvcache, _kvcache_with_user, _planned_kvcache
+from ._variants import user_variant
+
+
+def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
+                           cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None,
+                           causal=False, window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
+                           alibi_slopes=None, num_splits=0, return_softmax_lse=False, *, causal_align="bottom_right",
+                           sinks=None, attention_chunk=0, mask_mod=None, score_mod=None, score_grad=None,
+                           score_bias=None, variant_helpers=None, variant_args=None, mask_same_for_heads=False):
+    """Attention of a few new query tokens per sequence against its KV cache (decoding), with FlashAttention's
+    flash_attn_with_kvcache arguments: q [batch, seqlen_q, heads_q, head_dim]; k_cache and v_cache [batch,
+    capacity, heads_kv, head_dim], or with block_table (int32 [batch, max_pages]) paged caches [num_pages,
+    page_size, heads_kv, head_dim] (page_size a multiple of 16), sequence b's key j living in row j % page_size of
+    page block_table[b, j // page_size]; cache_seqlens: int32 [batch] (or an int for every sequence) keys in each
+    cache, None for full caches. k and v [batch, seqlen_new, heads_kv, head_dim] (optional): the new tokens' keys and
+    values, written into the caches in place at rows cache_seqlens[b]... before attending (cache_seqlens itself is
+    not updated). Each sequence attends to its first cache_seqlens[b] + seqlen_new keys; causal=True aligns its
+    queries with its last keys ("bottom_right", FlashAttention's) or, with causal_align="top_left", its first.
+    window_size=(left, right): FlashAttention's sliding window about the same bottom-right diagonal (new query i of
+    n sees keys cache_seqlens[b] + seqlen_new - n + i - left to ... + right; -1 for no bound on a side; with
+    causal=True the right side is 0; (-1, -1) for none). attention_chunk=C > 0 (keyword only): chunked attention
+    (Llama 4's) about the same diagonal, as attention() takes it: new query i sees only the keys j of its own chunk,
+    j // C == (cache_seqlens[b] + seqlen_new - n + i) // C, on top of the mask or window (a decode step past a chunk
+    boundary sees only the new chunk's keys); 0 for none. GQA/MQA as for attention(). num_splits: key ranges per
+    sequence merged by LSE, 0 lets flashgen choose for the GPU and problem (a short window over a long cache gets
+    few: only the blocks it visits are split), 1 gives batch-invariant results. sinks: attention sinks (gpt-oss),
+    [heads_q] on q's device, as attention() takes them: one logit per query head that joins every row's softmax
+    denominator with no value, out_i = Σ_j e^(s_ij) v_j / (e^sink + Σ_j e^(s_ij)), lse including it (a row that
+    sees no key gets out 0 and lse = sink; -inf for a head is no sink there); with splits it joins once, where the
+    ranges are merged. softcap and alibi_slopes as attention() takes them (slopes [heads_q] or [batch, heads_q], the
+    bias about each sequence's last key). mask_mod, score_mod, score_bias, variant_helpers and variant_args (keyword
+    only): a user-defined variant as attention() takes it, compiled into the KV-cache kernels; its functions see the
+    new tokens as q_idx 0 .. seqlen_q - 1 and the keys by their position in the sequence (the new tokens' keys
+    last), as a call with fewer queries than keys does: pass cache_seqlens among variant_args to find the new tokens'
+    keys. Every key block is evaluated with the mask (decoding reads each key once, so there are no block classes to
+    skip with; score_grad and mask_same_for_heads are accepted and unused). Such calls run eagerly (torch.compile
+    leaves them out of its graphs). rotary embeddings, cache_batch_idx and cache_leftpad are not supported yet (a
+    value other than the default is refused).
+
+    Returns out [batch, seqlen_q, heads_q, head_dim] (a new tensor), or (out, lse) with return_softmax_lse, lse
+    being fp32 [batch, heads_q, seqlen_q]. Not differentiable (a sinks parameter that requires grad is read
+    detached). Runs on the current CUDA stream of q's device as the
+    custom op flashgen::attention_kvcache (torch.compile keeps it; its split workspace comes from torch's
+    allocator, so a CUDA graph captures it). cache_seqlens and block_table are read on the device only and clamped
+    into the caches: wrong values give wrong rows, never an access outside them.
+    """
+    unsupported = {"rotary_cos": rotary_cos is not None, "rotary_sin": rotary_sin is not None,
+                   "cache_batch_idx": cache_batch_idx is not None, "cache_leftpad": cache_leftpad is not None}
+    for name, given in unsupported.items():
+        if given:
+            raise FlashgenArgumentError(f"{name}: not supported by flashgen.torch.attention_with_kvcache yet",
+                                        _lib.ERROR_UNSUPPORTED)
+    mask, window = _mask_and_window(causal, causal_align, window_size)
+    chunk = _check_chunk(attention_chunk, mask)
+    scale = _check_scale(softmax_scale)
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int):
+        _bad(f"num_splits: expected an int, got {type(num_splits).__name__}")
+    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
+    softcap = _check_softcap(softcap)
+    if (mask_mod is None and score_mod is None and score_bias is None and not _native.loaded()
+            and _eager_call(q, k_cache, v_cache)
+            and all(t is None or isinstance(t, torch.Tensor) for t in (k, v, cache_seqlens, block_table, sinks,
+                                                                        alibi_slopes))):
+        # The warm call of a signature seen before: its plan's key holds all that the checks below look at.
+        planned = _planned_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits,
+                                   window, _warm_sinks(sinks), chunk, softcap, alibi_slopes, create=False)
+        if planned is not None:
+            return planned if return_softmax_lse else planned[0]
+    _check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table)
+    sinks = _check_sinks(sinks, q.device, q.shape[2])
+    if sinks is not None:  # no autograd node for a model's sinks parameter: the op has no backward
+        sinks = sinks.detach()
+    alibi_slopes = _check_alibi(alibi_slopes, q.device, q.shape[0], q.shape[2])
+    user = user_variant(q.device, mask_mod, score_mod, score_grad, score_bias, variant_helpers, variant_args,
+                        mask_same_for_heads)
+    args = (q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits)
+    if user is not None:
+        out, lse = _kvcache_with_user(*args, window, sinks, chunk, softcap, alibi_slopes, user=user)
+    elif _eager_call(q, k_cache, v_cache) and _native.loaded():
+        out, lse = _native.call(torch.ops.flashgen.attention_kvcache.default, *args, *window, sinks, chunk, softcap,
+                                alibi_slopes)
+    elif _eager_call(q, k_cache, v_cache):
+        out, lse = _kvcache(*args, window, sinks, chunk, softcap, alibi_slopes)
+    else:
+        out, lse = torch.ops.flashgen.attention_kvcache(*args, *window, sinks, chunk, softcap, alibi_slopes)
+    return (out, lse) if return_softmax_lse else out

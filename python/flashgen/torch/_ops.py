@@ -1,0 +1,111 @@
+"""flashgen's custom ops (torch.ops.flashgen.*), with fake implementations and autograd, so that torch.compile keeps
+them in its graphs and torch.export records them. The ops are defined by libflashgen_torch.so where it loads
+(_native.py: C++ kernels on torch's stable ABI), else here in Python over the C ABI (_calls.py), from one set of
+schemas (_schemas.py); the fakes and the autograd formulas are registered here in both cases. The Python kernels
+pass the window as a (left, right) pair.
+"""
+
+import torch
+
+from . import _native
+from ._autograd import _backward, _setup_context, _varlen_backward_formula, _varlen_setup_context
+from ._calls import _backward_kernels, _dsinks, _forward, _varlen_backward, _varlen_forward
+from ._checks import _check_inputs, _lse_shape
+from ._kvcache_calls import _kvcache
+from ._schemas import MUTATES, SCHEMAS
+
+
+# The Python kernels, for a process without the op library.
+
+def _attention_forward(q, k, v, scale, mask, layout, deterministic, softcap=0.0, window_left=-1, window_right=-1,
+                       alibi_slopes=None, sinks=None, attention_chunk=0):
+    return _forward(q, k, v, scale, mask, layout, softcap=softcap, window=(window_left, window_right),
+                    alibi_slopes=alibi_slopes, sinks=sinks, attention_chunk=attention_chunk)
+
+
+def _attention_backward(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0, window_left=-1,
+                        window_right=-1, alibi_slopes=None, sinks=None, attention_chunk=0):
+    return _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap,
+                             (window_left, window_right), alibi_slopes, sinks, attention_chunk)
+
+
+def _varlen_attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask,
+                              deterministic, block_table=None, softcap=0.0, window_left=-1, window_right=-1,
+                              alibi_slopes=None, sinks=None, attention_chunk=0):
+    return _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask,
+                           block_table, softcap, (window_left, window_right), alibi_slopes, sinks, attention_chunk)
+
+
+def _varlen_attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
+                               mask, deterministic, softcap=0.0, window_left=-1, window_right=-1, alibi_slopes=None,
+                               sinks=None, attention_chunk=0):
+    return _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
+                            mask, deterministic, softcap, (window_left, window_right), alibi_slopes, sinks,
+                            attention_chunk)
+
+
+def _attention_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits, window_left=-1,
+                       window_right=-1, sinks=None, attention_chunk=0, softcap=0.0, alibi_slopes=None):
+    return _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits,
+                    (window_left, window_right), sinks, attention_chunk, softcap, alibi_slopes)
+
+
+_PYTHON_KERNELS = {"attention_forward": _attention_forward, "attention_backward": _attention_backward,
+                   "varlen_attention_forward": _varlen_attention_forward,
+                   "varlen_attention_backward": _varlen_attention_backward, "attention_kvcache": _attention_kvcache}
+
+
+# The fake kernels: output shapes and dtypes, and the checks that name the caller's arguments while tracing.
+
+def _attention_forward_fake(q, k, v, scale, mask, layout, deterministic, softcap=0.0, window_left=-1,
+                            window_right=-1, alibi_slopes=None, sinks=None, attention_chunk=0):
+    _check_inputs(q, k, v, layout)
+    return q.new_empty(q.shape), q.new_empty(_lse_shape(q, layout), dtype=torch.float32)
+
+
+def _attention_backward_fake(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0,
+                             window_left=-1, window_right=-1, alibi_slopes=None, sinks=None, attention_chunk=0):
+    _check_inputs(q, k, v, layout)
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            _dsinks(q, _lse_shape(q, layout)[1], sinks))
+
+
+def _varlen_attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale,
+                                   mask, deterministic, block_table=None, softcap=0.0, window_left=-1,
+                                   window_right=-1, alibi_slopes=None, sinks=None, attention_chunk=0):
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+def _varlen_attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    scale, mask, deterministic, softcap=0.0, window_left=-1, window_right=-1,
+                                    alibi_slopes=None, sinks=None, attention_chunk=0):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), _dsinks(q, q.shape[1], sinks)
+
+
+def _attention_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits,
+                            window_left=-1, window_right=-1, sinks=None, attention_chunk=0, softcap=0.0,
+                            alibi_slopes=None):
+    return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+
+
+_FAKE_KERNELS = {"attention_forward": _attention_forward_fake, "attention_backward": _attention_backward_fake,
+                 "varlen_attention_forward": _varlen_attention_forward_fake,
+                 "varlen_attention_backward": _varlen_attention_backward_fake,
+                 "attention_kvcache": _attention_kvcache_fake}
+
+
+def _define():
+    """Defines the ops (unless the op library did) and registers their fakes and autograd."""
+    native = _native.load() is not None
+    for name, schema in SCHEMAS.items():
+        qualified = f"flashgen::{name}"
+        if not native:
+            torch.library.custom_op(qualified, _PYTHON_KERNELS[name], mutates_args=MUTATES.get(name, ()),
+                                    schema=schema)
+        torch.library.register_fake(qualified, _FAKE_KERNELS[name])
+    torch.library.register_autograd("flashgen::attention_forward", _backward, setup_context=_setup_context)
+    torch.library.register_autograd("flashgen::varlen_attention_forward", _varlen_backward_formula,
+                                    setup_context=_varlen_setup_context)
+
+
+_define()

@@ -1,0 +1,38 @@
+"""The schemas of flashgen's custom ops, one text for both ways they are defined: by libflashgen_torch.so in C++
+(python/csrc/ops_library.cpp writes the same text) or, without it, by _ops.py in Python. scale 0.0 means
+1/sqrt(head_dim); mask is "none", "bottom_right", "top_left" or "window"; layout is "bshd" or "bhsd"; softcap 0.0 means
+no soft cap; window_left and window_right are the window's sides (mask "window" only; -1 for no bound); alibi_slopes
+None or the ALiBi slopes; sinks None or the attention sinks (fp32 [heads_q]); attention_chunk 0 or the chunk's length
+(any mask but "top_left"). Each newer argument was added last with a default, so that older calls still bind.
+Outputs are new contiguous tensors in the inputs' layout; lse is fp32 [batch, heads_q, seqlen_q] in either layout
+([heads_q, total_q] packed); the backward ops' fourth output is dsinks, fp32 [heads_q] with sinks, else empty [0].
+"""
+
+SCHEMAS = {
+    "attention_forward": (
+        "(Tensor q, Tensor k, Tensor v, float scale, str mask, str layout, bool deterministic, float softcap=0., "
+        "int window_left=-1, int window_right=-1, Tensor? alibi_slopes=None, Tensor? sinks=None, "
+        "int attention_chunk=0) -> (Tensor, Tensor)"),
+    "attention_backward": (
+        "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, float scale, str mask, str layout, "
+        "bool deterministic, float softcap=0., int window_left=-1, int window_right=-1, Tensor? alibi_slopes=None, "
+        "Tensor? sinks=None, int attention_chunk=0) -> (Tensor, Tensor, Tensor, Tensor)"),
+    "varlen_attention_forward": (
+        "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, "
+        "int max_seqlen_q, int max_seqlen_k, float scale, str mask, bool deterministic, Tensor? block_table=None, "
+        "float softcap=0., int window_left=-1, int window_right=-1, Tensor? alibi_slopes=None, Tensor? sinks=None, "
+        "int attention_chunk=0) -> (Tensor, Tensor)"),
+    "varlen_attention_backward": (
+        "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, "
+        "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, str mask, bool deterministic, "
+        "float softcap=0., int window_left=-1, int window_right=-1, Tensor? alibi_slopes=None, Tensor? sinks=None, "
+        "int attention_chunk=0) -> (Tensor, Tensor, Tensor, Tensor)"),
+    "attention_kvcache": (
+        "(Tensor q, Tensor(a1!) k_cache, Tensor(a2!) v_cache, Tensor? k, Tensor? v, Tensor? cache_seqlens, "
+        "Tensor? block_table, float scale, str mask, int num_splits, int window_left=-1, int window_right=-1, "
+        "Tensor? sinks=None, int attention_chunk=0, float softcap=0., Tensor? alibi_slopes=None) "
+        "-> (Tensor, Tensor)"),
+}
+
+# The arguments each op writes in place.
+MUTATES = {"attention_kvcache": ("k_cache", "v_cache")}

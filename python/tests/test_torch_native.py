@@ -1,0 +1,97 @@
+"""flashgen.torch's ops as torch sees them, on the GPU, in whichever backend loaded (backend(): the C++ op library or
+ctypes; FLASHGEN_EXPECT_BACKEND=native|ctypes makes the run insist on one): their schemas are the shared text;
+importing flashgen.torch pulls in none of torch.compile's machinery; a library error raises FlashgenArgumentError in
+either backend; a small model with dense and packed attention exports (torch.export), and its AOTInductor package
+runs and matches eager.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import testsupport
+
+_missing = testsupport.gpu_missing()
+if _missing:
+    pytest.skip(f"GPU tests skipped: {_missing}", allow_module_level=True)
+
+import torch  # noqa: E402
+
+import flashgen  # noqa: E402
+import flashgen.torch as fgt  # noqa: E402
+from flashgen.torch import _schemas  # noqa: E402
+
+
+def _randn(*shape, seed, dtype=torch.bfloat16):
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(*shape, device="cuda", generator=generator).to(dtype)
+
+
+def test_backend_says_which_path_runs():
+    detail = fgt.backend(detail=True)
+    assert detail["backend"] == fgt.backend() and fgt.backend() in ("native", "ctypes")
+    if fgt.backend() == "native":
+        assert os.path.isfile(detail["library"])
+    else:
+        assert detail["reason"]
+    expected = os.environ.get("FLASHGEN_EXPECT_BACKEND")
+    if expected:
+        assert fgt.backend() == expected, detail
+
+
+def test_op_schemas_are_the_shared_text():
+    for name, schema in _schemas.SCHEMAS.items():
+        op = getattr(torch.ops.flashgen, name).default
+        assert op._schema == torch._C.parse_schema(f"flashgen::{name}{schema}"), (name, str(op._schema))
+
+
+def test_import_pulls_in_no_compiler_machinery():
+    code = ("import sys, torch; import flashgen.torch; "
+            "print(sorted(m for m in ('torch._dynamo', 'torch._inductor', 'sympy') if m in sys.modules))")
+    env = dict(os.environ, PYTHONPATH=str(testsupport.PYTHON_DIR) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_library_errors_raise_flashgen_argument_error():
+    q = _randn(1, 16, 2, 100, seed=1, dtype=torch.float16)
+    with pytest.raises(flashgen.FlashgenArgumentError, match=r"head_dim\) = 100 is unsupported") as caught:
+        fgt.attention(q, q, q)
+    assert caught.value.status == 2 and "flashgen_attention_forward" in str(caught.value)
+
+
+class _Attention(torch.nn.Module):
+    """A projection, dense causal attention over the batch, then packed attention over its sequences."""
+
+    def __init__(self, width, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(width, 3 * width, bias=False)
+
+    def forward(self, x, cu_seqlens):
+        batch, seqlen, width = x.shape
+        q, k, v = self.qkv(x).view(batch, seqlen, 3, self.heads, width // self.heads).unbind(2)
+        dense = fgt.attention(q, k, v, causal=True)
+        # max_seqlen: at least the longest sequence (a bound, not a length; rows past it are not computed).
+        packed = fgt.varlen_attention(*(t.reshape(batch * seqlen, self.heads, -1) for t in (q, k, v)), cu_seqlens,
+                                      cu_seqlens, batch * seqlen, batch * seqlen, causal=True)
+        return dense + packed.view(batch, seqlen, self.heads, -1)
+
+
+def test_export_and_aoti_package_match_eager(tmp_path):
+    model = _Attention(256, 4).cuda().to(torch.bfloat16)
+    x = _randn(2, 128, 256, seed=2)
+    cu_seqlens = torch.tensor([0, 100, 256], dtype=torch.int32, device="cuda")
+    with torch.no_grad():
+        eager = model(x, cu_seqlens)
+        exported = torch.export.export(model, (x, cu_seqlens))
+        names = {str(node.target) for node in exported.graph.nodes if node.op == "call_function"}
+        assert {"flashgen.attention_forward.default", "flashgen.varlen_attention_forward.default"} <= names, names
+        torch.testing.assert_close(exported.module()(x, cu_seqlens), eager, rtol=1e-2, atol=1e-2)
+        package = torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp_path / "model.pt2"))
+        loaded = torch._inductor.aoti_load_package(package)
+        x2 = _randn(2, 128, 256, seed=3)
+        # Inductor may pick other GEMM kernels for the projection: equal up to bf16 rounding.
+        torch.testing.assert_close(loaded(x2, cu_seqlens), model(x2, cu_seqlens), rtol=2e-2, atol=2e-2)
