@@ -38,6 +38,10 @@ Command tune_command() {
                  "each against a float64 reference, times them and stores every row and the winner in the\n"
                  "tuning database. A problem whose bucket the database already holds for this GPU is skipped\n"
                  "unless --force, so an interrupted sweep can simply be run again.\n"
+                 "A new winner never regresses: the incumbent (what would run without it: the database's winner\n"
+                 "of the bucket or the nearest one, else the shipped defaults' for this GPU, else the built-in\n"
+                 "choice) is swept and re-timed with the fastest,\n"
+                 "and stays the winner unless beaten beyond the measured noise; the decision is stored with it.\n"
                  "\n"
                  "Across machines: --shard i/N (by default from SLURM_PROCID/SLURM_NTASKS, else\n"
                  "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE) tunes the spec's problems i, i+N, i+2N, ...\n"
@@ -468,7 +472,8 @@ Json tune_one(const AttentionProblem& problem, TuningStore& store, const fs::pat
                           builtin->median_ms, builtin->median_ms / result.winner_ms);
     else
       std::cout << "built-in:  " << heuristic << ": " << builtin_status << '\n';
-    std::cout << "decision:  " << result.decision << '\n'
+    std::cout << "incumbent: " << result.incumbent.incumbent << " (" << result.incumbent.incumbent_source << ")\n"
+              << "decision:  " << result.decision << '\n'
               << "stored:    " << result.key.id() << " for " << device.id() << " in " << db_path.string() << '\n';
   }
   const SpaceCounts& space = result.plan.space;
@@ -484,6 +489,9 @@ Json tune_one(const AttentionProblem& problem, TuningStore& store, const fs::pat
           {"heuristic_ms", builtin_timed ? Json(builtin->median_ms) : Json(nullptr)},
           {"heuristic_status", builtin_status},
           {"decision", result.decision},
+          {"incumbent", result.incumbent.incumbent},
+          {"incumbent_source", result.incumbent.incumbent_source},
+          {"margin", result.incumbent.margin},
           {"sweep_s", sweep_s},
           {"compile_s", compile_s},
           {"check_and_timing_s", sweep_s - compile_s},

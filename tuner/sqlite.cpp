@@ -72,6 +72,8 @@ int64_t Statement::integer(int column) const { return sqlite3_column_int64(stmt_
 
 double Statement::real(int column) const { return sqlite3_column_double(stmt_, column); }
 
+bool Statement::is_null(int column) const { return sqlite3_column_type(stmt_, column) == SQLITE_NULL; }
+
 void exec(sqlite3* db, const std::string& sql) {
   const int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr);
   if (rc != SQLITE_OK)

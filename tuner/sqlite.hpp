@@ -47,6 +47,7 @@ class Statement {
   std::string text(int column) const;
   int64_t integer(int column) const;
   double real(int column) const;
+  bool is_null(int column) const;  // the column holds SQL NULL
 
  private:
   sqlite3* db_;

@@ -110,6 +110,28 @@ void upsert_winner(Statement& statement, const std::string& device_id, const std
   statement.run();
 }
 
+// The pair's decision row: written with its winner, removed with a winner recorded without one (a decision
+// describes the winner it came with).
+void set_decision(sqlite3* db, const std::string& device_id, const std::string& problem_id,
+                  const std::optional<WinnerDecision>& decision, int64_t updated_at) {
+  if (!decision) {
+    Statement statement(db, "DELETE FROM decisions WHERE device_id = ?1 AND problem_id = ?2");
+    statement.bind_text(1, device_id).bind_text(2, problem_id);
+    statement.run();
+    return;
+  }
+  Statement statement(db, R"sql(
+    INSERT INTO decisions (device_id, problem_id, incumbent, incumbent_source, decision, margin, updated_at)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+    ON CONFLICT (device_id, problem_id) DO UPDATE SET incumbent = excluded.incumbent,
+      incumbent_source = excluded.incumbent_source, decision = excluded.decision, margin = excluded.margin,
+      updated_at = excluded.updated_at)sql");
+  statement.bind_text(1, device_id).bind_text(2, problem_id).bind_text(3, decision->incumbent);
+  statement.bind_text(4, decision->incumbent_source).bind_text(5, decision->decision).bind_real(6, decision->margin);
+  statement.bind_int(7, updated_at);
+  statement.run();
+}
+
 
 // Column lists and readers shared by the winner queries: w = winners, d = devices, p = problems.
 constexpr const char* kWinnerColumns = R"sql(
@@ -185,7 +207,7 @@ TuningStore::TuningStore(std::filesystem::path path, bool read_only)
       const int version = sqlite::user_version(db.get());
       if (version > kSchemaVersion) throw_newer_version(path_, version);
       if (version == 0) return;  // empty: a new file
-      if (version < kSchemaVersion) {
+      if (version < kOldestReadableVersion) {
         unreadable_ = "schema version " + std::to_string(version) + ", older than " +
                       std::to_string(kSchemaVersion) + " (open it read-write once to migrate it)";
         std::fprintf(stderr,
@@ -194,6 +216,7 @@ TuningStore::TuningStore(std::filesystem::path path, bool read_only)
                      path_.c_str(), version, kSchemaVersion);
         return;
       }
+      version_ = version;
       db_ = db.release();
     } catch (const Error& e) {
       if (e.status() == Status::kUnsupported) throw;
@@ -252,7 +275,7 @@ std::filesystem::path TuningStore::default_path() {
 
 void TuningStore::record(const DeviceFingerprint& device, const ProblemKey& problem,
                          const std::vector<CandidateResult>& candidates, const TunedConfig& winner,
-                         double winner_ms) {
+                         double winner_ms, const std::optional<WinnerDecision>& decision) {
   FLASHGEN_REQUIRE(!read_only_, "tuning database " + path_.string() + " is open read-only");
   // What import_json would refuse is not written either: an export of this file must import.
   FLASHGEN_REQUIRE(std::isfinite(winner_ms) && winner_ms > 0,
@@ -274,7 +297,17 @@ void TuningStore::record(const DeviceFingerprint& device, const ProblemKey& prob
   for (const CandidateResult& c : candidates) upsert_candidate(candidate, device_id, problem_id, c, now);
   Statement statement(db, kUpsertWinner);
   upsert_winner(statement, device_id, problem_id, winner, winner_ms, now);
+  set_decision(db, device_id, problem_id, decision, now);
   transaction.commit();
+}
+
+std::optional<WinnerDecision> TuningStore::decision(const DeviceFingerprint& device, const ProblemKey& problem) const {
+  if (db_ == nullptr || version_ < 2) return std::nullopt;
+  Statement statement(connection(db_), "SELECT incumbent, incumbent_source, decision, margin FROM decisions "
+                                       "WHERE device_id = ?1 AND problem_id = ?2");
+  statement.bind_text(1, device.id()).bind_text(2, problem.id());
+  if (!statement.step()) return std::nullopt;
+  return WinnerDecision{statement.text(0), statement.text(1), statement.text(2), statement.real(3)};
 }
 
 std::optional<StoredChoice> TuningStore::lookup_exact(const DeviceFingerprint& device,
@@ -342,7 +375,7 @@ int TuningStore::prune(const std::string& device_id, const std::string& problem_
   sqlite3* db = connection(db_);
   Transaction transaction(db);
   int removed = 0;
-  for (const char* table : {"winners", "candidates"}) {
+  for (const char* table : {"winners", "candidates", "decisions"}) {
     const std::string sql = std::string("DELETE FROM ") + table +
                             " WHERE (?1 = '' OR device_id = ?1) AND (?2 = '' OR problem_id IN "
                             "(SELECT id FROM problems WHERE class_id = ?2))";
@@ -382,11 +415,19 @@ nlohmann::json TuningStore::export_json() const {
           candidate_json(s.text(0), s.text(1), s.text(2), read_candidate(s, 3), s.integer(9)));
   }
   {
-    Statement s(db, "SELECT device_id, problem_id, config_name, config_json, median_ms, updated_at "
-                    "FROM winners ORDER BY device_id, problem_id");
-    while (s.step())
-      out["winners"].push_back(
-          winner_json(s.text(0), s.text(1), s.text(2), parse_config(s.text(3)), s.real(4), s.integer(5)));
+    // With the winner's decision where its sweep recorded one (a file of version 1 has none).
+    const std::string decisions = version_ >= 2 ? "e.incumbent, e.incumbent_source, e.decision, e.margin"
+                                                : "NULL, NULL, NULL, NULL";
+    const std::string join = version_ >= 2 ? " LEFT JOIN decisions e ON e.device_id = w.device_id AND "
+                                             "e.problem_id = w.problem_id"
+                                           : "";
+    Statement s(db, "SELECT w.device_id, w.problem_id, w.config_name, w.config_json, w.median_ms, w.updated_at, " +
+                        decisions + " FROM winners w" + join + " ORDER BY w.device_id, w.problem_id");
+    while (s.step()) {
+      json row = winner_json(s.text(0), s.text(1), s.text(2), parse_config(s.text(3)), s.real(4), s.integer(5));
+      if (!s.is_null(6)) row["decision"] = decision_json({s.text(6), s.text(7), s.text(8), s.real(9)});
+      out["winners"].push_back(std::move(row));
+    }
   }
   return out;
 }
@@ -407,7 +448,9 @@ int TuningStore::import_json(const nlohmann::json& data) {
   int changed = 0;
   for (const ImportedWinner& w : rows.winners) {
     upsert_winner(winner, w.device_id, w.problem_id, w.config, w.median_ms, w.updated_at);
-    changed += sqlite3_changes(db);
+    const int added = sqlite3_changes(db);
+    if (added > 0) set_decision(db, w.device_id, w.problem_id, w.decision, w.updated_at);
+    changed += added;
   }
   transaction.commit();
   return changed;

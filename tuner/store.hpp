@@ -42,6 +42,16 @@ struct CandidateResult {
   std::string detail;         // error text or note
 };
 
+// How a sweep's winner was decided against the incumbent it would replace (tune()): the incumbent's config name
+// and where it came from, the decision in words, and the margin, the winner's gain over the incumbent's time
+// (incumbent_ms / winner_ms - 1; 0 when the incumbent stayed).
+struct WinnerDecision {
+  std::string incumbent;
+  std::string incumbent_source;
+  std::string decision;
+  double margin = 0;
+};
+
 // The stored winner of one (device, problem) pair.
 struct StoredChoice {
   DeviceFingerprint device;
@@ -65,7 +75,9 @@ class TuningStore {
   // $HOME/.local/share/flashgen/tuning.sqlite.
   static std::filesystem::path default_path();
 
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;
+  // Read-only stores read files from this version on: the tables lookups read are unchanged since.
+  static constexpr int kOldestReadableVersion = 1;
 
   const std::filesystem::path& path() const { return path_; }
 
@@ -83,7 +95,11 @@ class TuningStore {
   // IMMEDIATE transaction. Throws Error(kInvalidArgument) for a winner import_json would refuse (a time
   // that is not positive, a config not of the problem).
   void record(const DeviceFingerprint& device, const ProblemKey& problem,
-              const std::vector<CandidateResult>& candidates, const TunedConfig& winner, double winner_ms);
+              const std::vector<CandidateResult>& candidates, const TunedConfig& winner, double winner_ms,
+              const std::optional<WinnerDecision>& decision = std::nullopt);
+
+  // How the stored winner of (device, problem) was decided, when its sweep recorded it.
+  std::optional<WinnerDecision> decision(const DeviceFingerprint& device, const ProblemKey& problem) const;
 
   // Winner stored for exactly this device and problem key.
   std::optional<StoredChoice> lookup_exact(const DeviceFingerprint& device, const ProblemKey& problem) const;
@@ -110,6 +126,7 @@ class TuningStore {
   std::filesystem::path path_;
   void* db_ = nullptr;  // sqlite3*
   bool read_only_ = false;
+  int version_ = kSchemaVersion;  // the file's schema version (a read-only store may read an older one)
   std::optional<std::string> unreadable_;
 };
 

@@ -193,6 +193,13 @@ json winner_json(const std::string& device_id, const std::string& problem_id, co
           {"updated_at", updated_at}};
 }
 
+json decision_json(const WinnerDecision& decision) {
+  return {{"incumbent", decision.incumbent},
+          {"incumbent_source", decision.incumbent_source},
+          {"decision", decision.decision},
+          {"margin", decision.margin}};
+}
+
 // ---- Reading an export --------------------------------------------------------------------------
 
 ImportedRows parse_import(const json& data) {
@@ -262,6 +269,11 @@ ImportedRows parse_import(const json& data) {
                        "a second winner of problem " + w.problem_id + " on device " + w.device_id);
       w.median_ms = median_from_json(row);
       w.updated_at = row.value("updated_at", now);
+      if (row.contains("decision")) {  // exports of schema 1 and the shipped defaults have none
+        const json& d = row["decision"];
+        w.decision = WinnerDecision{d.at("incumbent").get<std::string>(), d.at("incumbent_source").get<std::string>(),
+                                    d.at("decision").get<std::string>(), d.at("margin").get<double>()};
+      }
       rows.winners.push_back(std::move(w));
     }
   } catch (const json::exception& e) {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,8 @@ nlohmann::json candidate_json(const std::string& device_id, const std::string& p
 nlohmann::json winner_json(const std::string& device_id, const std::string& problem_id,
                            const std::string& config_name, const TunedConfig& config, double median_ms,
                            int64_t updated_at);
+// A winner row's "decision": how tune() decided it against the incumbent (store.hpp's WinnerDecision).
+nlohmann::json decision_json(const WinnerDecision& decision);
 
 // ---- Reading an export --------------------------------------------------------------------------
 
@@ -57,6 +60,7 @@ struct ImportedWinner {
   TunedConfig config;
   double median_ms;
   int64_t updated_at;
+  std::optional<WinnerDecision> decision;  // the row's "decision", when it has one
 };
 struct ImportedRows {
   std::map<std::string, DeviceFingerprint> devices;  // by this flashgen's id()

@@ -1,4 +1,4 @@
-// The tuning database's file format (see store_schema.hpp): schema version 1, the migrations that bring
+// The tuning database's file format (see store_schema.hpp): schema version 2, the migrations that bring
 // an older file to it, WAL and the damaged-or-foreign checks run before TuningStore touches a file.
 #include "tuner/store_schema.hpp"
 
@@ -74,12 +74,29 @@ CREATE TABLE winners (
 );
 )sql";
 
+// Version 2: how each winner was decided against the incumbent it would replace (tune()'s never-regress rule), in a
+// table of its own so that the tables lookups read keep version 1's columns (a read-only store of version 1 still
+// answers lookups).
+constexpr const char* kSchemaV2 = R"sql(
+CREATE TABLE decisions (
+  device_id TEXT NOT NULL REFERENCES devices (id),
+  problem_id TEXT NOT NULL REFERENCES problems (id),
+  incumbent TEXT NOT NULL,
+  incumbent_source TEXT NOT NULL,
+  decision TEXT NOT NULL,
+  margin REAL NOT NULL,
+  updated_at INTEGER NOT NULL,
+  PRIMARY KEY (device_id, problem_id)
+);
+)sql";
+
 void migrate_0_to_1(sqlite3* db) { exec(db, kSchemaV1); }
+void migrate_1_to_2(sqlite3* db) { exec(db, kSchemaV2); }
 
 // kMigrations[v] upgrades a database at user_version v to v + 1; a new schema version appends a step
 // (e.g. migrate_1_to_2 running ALTER TABLE) and bumps TuningStore::kSchemaVersion.
 using Migration = void (*)(sqlite3*);
-constexpr Migration kMigrations[] = {migrate_0_to_1};
+constexpr Migration kMigrations[] = {migrate_0_to_1, migrate_1_to_2};
 static_assert(std::size(kMigrations) == TuningStore::kSchemaVersion, "one migration step per schema version");
 
 // Whether the file holds any table (a version-0 file that does is another program's database).

@@ -3,6 +3,7 @@
 #include "tuner/tune.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <utility>
 
 #include "flashgen/error.hpp"
@@ -82,7 +83,81 @@ SweepResult sweep_on_own_stream(const AttentionProblem& problem, const std::vect
   return sweep_forward(problem, configs_as<KernelConfig>(candidates), own.stream, options);
 }
 
+// The choice a sweep's winner would replace: what the run-time choice runs for the problem on this device without
+// the sweep's row. The store's exact bucket (a forced re-tune) or nearest one, else the shipped defaults' (exact or
+// nearest bucket), else the built-in choice; a stored config that cannot serve the problem on sm_<arch> is passed over, as the
+// run-time choice passes it over.
+struct Incumbent {
+  TunedConfig config;
+  std::string source;
+};
+
+Incumbent incumbent_of(const TuningStore& store, const DeviceFingerprint& device, int arch, const TunePlan& plan,
+                       const TuneOptions& options) {
+  auto usable = [&](const std::optional<StoredChoice>& stored) {
+    return stored && stored->config.index() == plan.builtin.index() && of_problem(stored->config, plan.key) &&
+           !invalid_reason(stored->config, arch);
+  };
+  try {
+    if (const std::optional<StoredChoice> exact = store.lookup_exact(device, plan.key); usable(exact))
+      return {exact->config, "tuning database " + store.path().string()};
+    if (const std::optional<StoredChoice> nearest = store.lookup_nearest(device, plan.key); usable(nearest))
+      return {nearest->config, "tuning database " + store.path().string() + ", nearest bucket " +
+                                   nearest->problem.id()};
+  } catch (const std::exception&) {  // a row this flashgen cannot read back: passed over, as the run-time choice does
+  }
+  const ShippedDefaults& shipped = options.shipped != nullptr ? *options.shipped : ShippedDefaults::instance();
+  if (const std::optional<StoredChoice> stored = shipped.lookup(device, plan.key); usable(stored))
+    return {stored->config, stored->source};
+  return {plan.builtin, "built-in choice"};
+}
+
+std::string percent(double fraction) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f%%", fraction * 100);
+  return text;
+}
+
 }  // namespace
+
+void keep_or_replace(SweepResult& swept, const std::string& incumbent_name, double tie_tolerance,
+                     WinnerDecision& decision) {
+  const CandidateResult* incumbent = nullptr;
+  const CandidateResult* fastest = nullptr;
+  for (const CandidateResult& c : swept.candidates) {
+    if (config_name(c.config) == incumbent_name) incumbent = &c;
+    if (config_name(c.config) == config_name(swept.winner)) fastest = &c;
+  }
+  const std::string named = "the incumbent (" + decision.incumbent_source + ", " + incumbent_name + ")";
+  decision.margin = 0;
+  if (incumbent == nullptr || incumbent->status != CandidateStatus::kOk || !(incumbent->median_ms > 0)) {
+    std::string why = "was not timed";
+    if (incumbent == nullptr) {
+      why = "was not swept";
+    } else if (incumbent->status != CandidateStatus::kOk) {
+      why = std::string("failed: ") + candidate_status_name(incumbent->status);
+      if (!incumbent->detail.empty()) why += " (" + incumbent->detail + ")";
+    }
+    decision.decision = swept.decision + "; " + named + " " + why;
+  } else if (fastest == incumbent || fastest == nullptr) {
+    decision.decision = swept.decision + "; " + named + " is the fastest";
+  } else {
+    const double gain = incumbent->median_ms / fastest->median_ms - 1;
+    const double noise = std::max(tie_tolerance, (incumbent->spread + fastest->spread) / 2);
+    decision.margin = gain;
+    if (gain > noise) {
+      decision.decision = swept.decision + "; " + percent(gain) + " faster than " + named + ", beyond the noise (" +
+                          percent(noise) + ")";
+    } else {
+      decision.decision = "kept " + named + ": the fastest, " + config_name(swept.winner) + ", was " +
+                          percent(gain) + " faster, within the noise (" + percent(noise) + ")";
+      decision.margin = 0;
+      swept.winner = incumbent->config;
+      swept.winner_ms = incumbent->median_ms;
+    }
+  }
+  swept.decision = decision.decision;
+}
 
 std::vector<TunedConfig> configs_of_problem(const std::vector<std::string>& names, const ProblemKey& key) {
   // The pass a name's prefix says, "" for no known prefix (the problem's parser then says what is wrong).
@@ -176,12 +251,23 @@ TuneResult tune(const AttentionProblem& problem, TuningStore& store, const Devic
     }
   }
   result.plan = plan_tune(problem, arch, options);
+  // The incumbent is swept with the candidates (added when the plan lacks it) and re-timed with the fastest.
+  const Incumbent incumbent = incumbent_of(store, device, arch, result.plan, options);
+  const std::string incumbent_name = config_name(incumbent.config);
+  if (std::none_of(result.plan.candidates.begin(), result.plan.candidates.end(),
+                   [&](const TunedConfig& c) { return config_name(c) == incumbent_name; }))
+    result.plan.candidates.push_back(incumbent.config);
   if (options.on_plan) options.on_plan(result.plan);
   SweepOptions sweep = options.sweep;
   sweep.always_retime.push_back(swept_name(result.plan.builtin, problem));
+  if (swept_name(incumbent.config, problem) != sweep.always_retime.back())
+    sweep.always_retime.push_back(swept_name(incumbent.config, problem));
   SweepResult swept = options.run_sweep ? options.run_sweep(problem, result.plan.candidates, sweep)
                                         : sweep_on_own_stream(problem, result.plan.candidates, sweep);
-  store.record(device, result.key, swept.candidates, swept.winner, swept.winner_ms);
+  result.incumbent.incumbent = incumbent_name;
+  result.incumbent.incumbent_source = incumbent.source;
+  keep_or_replace(swept, incumbent_name, sweep.tie_tolerance, result.incumbent);
+  store.record(device, result.key, swept.candidates, swept.winner, swept.winner_ms, result.incumbent);
   result.candidates = std::move(swept.candidates);
   result.winner = std::move(swept.winner);
   result.winner_ms = swept.winner_ms;

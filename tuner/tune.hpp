@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tuner/problem_key.hpp"
+#include "tuner/shipped.hpp"
 #include "tuner/store.hpp"
 #include "tuner/sweep.hpp"
 #include "tuner/tuned_config.hpp"
@@ -54,10 +55,14 @@ struct TuneOptions {
   // KV-cache problems: the SMs their split counts are planned for; 0 for the current context's device.
   int multiprocessors = 0;
   // Timing, re-timing, crash isolation and the per-candidate progress callback. tune adds the built-in
-  // choice to always_retime, so its time rests on the same interleaved timings as the winner's.
+  // choice and the incumbent to always_retime, so their times rest on the same interleaved timings as the
+  // winner's.
   SweepOptions sweep;
   std::function<void(const TunePlan&)> on_plan;  // called with the plan once it is made, before the sweep
   SweepRunner run_sweep;                         // empty: the real sweep of the pass
+  // Where the incumbent may come from besides the store and the built-in choice; null: the embedded shipped
+  // defaults (ShippedDefaults::instance()).
+  const ShippedDefaults* shipped = nullptr;
 };
 
 struct TuneResult {
@@ -70,6 +75,11 @@ struct TuneResult {
   TunedConfig winner;
   double winner_ms = 0;
   std::string decision;  // how the winner was named ("stored winner" when it came from the store)
+  // The choice the sweep's winner would replace (what the run-time choice ran before it: the store's exact
+  // bucket on a forced re-tune or its nearest one, the shipped defaults, else the built-in choice), swept and
+  // re-timed with the fastest; the winner replaces it only when faster beyond the measured noise. Stored with
+  // the winner.
+  WinnerDecision incumbent;
 
   bool from_store() const { return stored.has_value(); }
   // The built-in choice's row, or null when it was not among the candidates (or nothing was swept).
@@ -82,9 +92,18 @@ struct TuneResult {
 TunePlan plan_tune(const AttentionProblem& problem, int arch, const TuneOptions& options);
 
 // Looks problem's exact bucket up in store for device unless options.force; otherwise plans on sm_<arch>,
-// sweeps, and records every row and the winner in store. Throws what the sweep or the store throws
-// (Error(kInvalidArgument) when no candidate passes), storing nothing then.
+// sweeps the candidates and the incumbent, keeps the incumbent unless the fastest beats it beyond the noise
+// (keep_or_replace), and records every row, the winner and the decision in store. Throws what the sweep or the
+// store throws (Error(kInvalidArgument) when no candidate passes), storing nothing then.
 TuneResult tune(const AttentionProblem& problem, TuningStore& store, const DeviceFingerprint& device, int arch,
                 const TuneOptions& options);
+
+// The never-regress rule on a finished sweep: the fastest row (swept.winner) replaces the incumbent's row only
+// when incumbent_ms / winner_ms - 1 exceeds the noise, the larger of tie_tolerance and the two rows' mean spread;
+// otherwise the incumbent stays the winner. An incumbent that failed or was not timed loses to the fastest.
+// Updates swept's winner and decision and fills decision's text and margin (incumbent and its source are the
+// caller's).
+void keep_or_replace(SweepResult& swept, const std::string& incumbent_name, double tie_tolerance,
+                     WinnerDecision& decision);
 
 }  // namespace flashgen

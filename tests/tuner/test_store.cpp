@@ -151,16 +151,76 @@ class ScopedEnv {
 
 }  // namespace
 
-TEST_CASE("a new store has schema version 1 and the four tables", "[tuner][store]") {
+TEST_CASE("a new store has schema version 2 and the five tables", "[tuner][store]") {
   TempDir dir("flashgen-store");
   const fs::path path = dir.path() / "nested" / "tuning.sqlite";  // parent folders are created
   { TuningStore store(path); }
   REQUIRE(fs::exists(path));
   RawSqlite raw(path);
-  CHECK(raw.column("PRAGMA user_version") == std::vector<std::string>{"1"});
+  CHECK(raw.column("PRAGMA user_version") == std::vector<std::string>{"2"});
   CHECK(raw.column("PRAGMA journal_mode") == std::vector<std::string>{"wal"});
   const auto tables = raw.column("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name");
-  CHECK(tables == std::vector<std::string>{"candidates", "devices", "problems", "winners"});
+  CHECK(tables == std::vector<std::string>{"candidates", "decisions", "devices", "problems", "winners"});
+}
+
+TEST_CASE("a winner's decision is stored with it, exported, imported, and dropped with a winner without one",
+          "[tuner][store]") {
+  TempDir dir("flashgen-store");
+  TuningStore store(dir.path() / "a.sqlite");
+  const flashgen::WinnerDecision decision{config(128, 64).name(), "shipped defaults h200.json",
+                                          "kept the incumbent: the fastest was 0.5% faster, within the noise (1.5%)",
+                                          0.0};
+  store.record(device(), problem(1024, 1024), {candidate(config(128, 64), 0.5)}, config(128, 64), 0.5, decision);
+  const auto read = store.decision(device(), problem(1024, 1024));
+  REQUIRE(read.has_value());
+  CHECK(read->incumbent == decision.incumbent);
+  CHECK(read->incumbent_source == decision.incumbent_source);
+  CHECK(read->decision == decision.decision);
+  CHECK_FALSE(store.decision(device(), problem(2048, 2048)).has_value());
+
+  const nlohmann::json exported = store.export_json();
+  REQUIRE(exported["winners"].size() == 1);
+  CHECK(exported["winners"][0]["decision"]["decision"] == decision.decision);
+  TuningStore copy(dir.path() / "b.sqlite");
+  CHECK(copy.import_json(exported) == 1);
+  const auto imported = copy.decision(device(), problem(1024, 1024));
+  REQUIRE(imported.has_value());
+  CHECK(imported->decision == decision.decision);
+  CHECK(imported->margin == decision.margin);
+
+  // A winner recorded without a decision (an older tool, a hand-made row) carries none.
+  store.record(device(), problem(1024, 1024), {candidate(config(64, 64), 0.4)}, config(64, 64), 0.4);
+  CHECK_FALSE(store.decision(device(), problem(1024, 1024)).has_value());
+}
+
+TEST_CASE("a version-1 file answers lookups read-only and is migrated read-write", "[tuner][store]") {
+  TempDir dir("flashgen-store");
+  const fs::path path = dir.path() / "v1.sqlite";
+  {
+    TuningStore store(path);
+    store.record(device(), problem(1024, 1024), {candidate(config(128, 64), 0.5)}, config(128, 64), 0.5);
+  }
+  {
+    RawSqlite raw(path);  // as schema version 1 left it
+    raw.exec("DROP TABLE decisions; PRAGMA user_version = 1;");
+  }
+  {
+    const TuningStore read_only(path, /*read_only=*/true);
+    CHECK_FALSE(read_only.unreadable().has_value());
+    const auto found = read_only.lookup_exact(device(), problem(1024, 1024));
+    REQUIRE(found.has_value());
+    CHECK(found->config == config(128, 64));
+    CHECK_FALSE(read_only.decision(device(), problem(1024, 1024)).has_value());
+    CHECK(read_only.export_json()["winners"].size() == 1);
+  }
+  {
+    TuningStore store(path);
+    store.record(device(), problem(1024, 1024), {candidate(config(128, 64), 0.5)}, config(128, 64), 0.5,
+                 flashgen::WinnerDecision{config(128, 64).name(), "built-in choice", "the incumbent is the fastest", 0});
+    CHECK(store.decision(device(), problem(1024, 1024)).has_value());
+  }
+  RawSqlite raw(path);
+  CHECK(raw.column("PRAGMA user_version") == std::vector<std::string>{"2"});
 }
 
 TEST_CASE("record then lookup_exact returns the winner and every candidate", "[tuner][store]") {
@@ -609,7 +669,7 @@ TEST_CASE("version-0 files are migrated; foreign databases are moved aside", "[t
       CHECK(store.winners().size() == 1);
     }
     RawSqlite raw(path);
-    CHECK(raw.column("PRAGMA user_version") == std::vector<std::string>{"1"});
+    CHECK(raw.column("PRAGMA user_version") == std::vector<std::string>{std::to_string(TuningStore::kSchemaVersion)});
     CHECK(raw.column("SELECT count(*) FROM winners") == std::vector<std::string>{"1"});
   }
   CHECK(damaged_files(dir.path()).empty());

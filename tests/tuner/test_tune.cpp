@@ -1,6 +1,9 @@
 // Tests for tuner/tune: the store look-up before any sweep, the plan around the one built-in choice, the
 // record of a sweep's rows and winner, named candidates, and progress as events or lines. A fake sweep
 // (support/fake_sweep.hpp) stands in for the GPU; the built-in choice compiles for sm_80 through the kernel cache (no device).
+#include <algorithm>
+#include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -11,6 +14,7 @@
 #include "support/fake_sweep.hpp"
 #include "support/temp_dir.hpp"
 #include "tuner/choice.hpp"
+#include "tuner/shipped.hpp"
 #include "tuner/space.hpp"
 #include "tuner/store.hpp"
 #include "tuner/sweep.hpp"
@@ -71,7 +75,11 @@ TEST_CASE("tune sweeps a bucket the store lacks, records it, then finds it there
   CHECK(swept.key == flashgen::problem_key(problem));
   CHECK(swept.winner == sweep.calls[0].back());
   CHECK(swept.winner_ms == 0.25);
-  CHECK(swept.decision == "fastest (fake)");
+  // The built-in choice is the incumbent here (no stored or shipped winner): the fastest beats it beyond the noise.
+  CHECK(swept.decision == "fastest (fake); 300.0% faster than the incumbent (built-in choice, " + builtin.name() +
+                              "), beyond the noise (1.0%)");
+  CHECK(swept.incumbent.incumbent == builtin.name());
+  CHECK(swept.incumbent.margin == Approx(3.0));
   CHECK(swept.candidates.size() == 4);
   REQUIRE(swept.builtin_row() != nullptr);
   CHECK(swept.builtin_row()->median_ms == 1.0);
@@ -81,6 +89,10 @@ TEST_CASE("tune sweeps a bucket the store lacks, records it, then finds it there
   REQUIRE(stored.has_value());
   CHECK(stored->config == swept.winner);
   CHECK(store.candidates(device, swept.key).size() == 4);
+  const auto decided = store.decision(device, swept.key);
+  REQUIRE(decided.has_value());
+  CHECK(decided->decision == swept.decision);
+  CHECK(decided->incumbent_source == "built-in choice");
 
   // Again: the store answers, nothing is planned or swept.
   const TuneResult found = flashgen::tune(problem, store, device, 80, options);
@@ -139,8 +151,13 @@ TEST_CASE("named candidates are swept as given, and must be configs of the probl
   FakeSweep sweep;
   options.run_sweep = sweep.runner();
   const TuneResult result = flashgen::tune(problem, store, flashgen::fingerprint_for_arch(80), 80, options);
-  CHECK(result.builtin_row() == nullptr);  // not named, not swept
-  CHECK(flashgen::config_name(result.winner) == names[0]);
+  // Swept as given, with the incumbent (here the built-in choice) added last: a named sweep re-times it too.
+  REQUIRE(sweep.calls[0].size() == 3);
+  CHECK(flashgen::config_name(sweep.calls[0][0]) == names[1]);
+  CHECK(flashgen::config_name(sweep.calls[0][1]) == names[0]);
+  CHECK(sweep.calls[0][2] == builtin);
+  CHECK(result.builtin_row() != nullptr);
+  CHECK(result.winner == builtin);  // the fake's last candidate is its fastest
 
   using Catch::Contains;
   CHECK_THROWS_WITH(flashgen::configs_of_problem({"fwd_sm80_fp16_d64_m128_n64_w4_s2"}, key),
@@ -325,4 +342,172 @@ TEST_CASE("a window problem is tuned per window bucket, its sweep running the pr
   CHECK_FALSE(two_sided.from_store());
   CHECK(two_sided.key.id() == "fwd|fp16|d64|window|g4|q1024|k1024|bh16|w256");
   CHECK(swept_windows.back() == std::pair<int, int>{127, 128});
+}
+
+
+namespace {
+
+// A sweep of given times and spreads by config name (every other candidate at 10 ms), the fastest named its winner;
+// statuses by name make a candidate fail.
+flashgen::SweepRunner timed_sweep(std::map<std::string, std::pair<double, double>> times,
+                                  std::map<std::string, flashgen::CandidateStatus> statuses,
+                                  std::vector<std::vector<TunedConfig>>& calls, std::vector<std::string>& retimed) {
+  return [=, &calls, &retimed](const AttentionProblem& p, const std::vector<TunedConfig>& candidates,
+                                 const SweepOptions& options) {
+    calls.push_back(candidates);
+    retimed = options.always_retime;
+    SweepResult result;
+    result.problem = flashgen::problem_key(p);
+    const CandidateResult* fastest = nullptr;
+    for (const TunedConfig& c : candidates) {
+      CandidateResult row;
+      row.config = c;
+      const std::string name = flashgen::config_name(c);
+      const auto status = statuses.find(name);
+      if (status != statuses.end()) {
+        row.status = status->second;
+        row.detail = "max abs error 0.5";
+      } else {
+        const auto time = times.find(name);
+        row.median_ms = time != times.end() ? time->second.first : 10.0;
+        row.spread = time != times.end() ? time->second.second : 0.01;
+        row.samples = 20;
+      }
+      result.candidates.push_back(row);
+    }
+    for (const CandidateResult& row : result.candidates)
+      if (row.status == flashgen::CandidateStatus::kOk && (fastest == nullptr || row.median_ms < fastest->median_ms))
+        fastest = &row;
+    result.winner = fastest->config;
+    result.winner_ms = fastest->median_ms;
+    result.decision = "fastest";
+    return result;
+  };
+}
+
+}  // namespace
+
+TEST_CASE("the fastest replaces the incumbent only when faster beyond the measured noise", "[tuner][tune][nvrtc]") {
+  const AttentionProblem problem = backward_problem();
+  const BwdConfig builtin = builtin_of(problem);
+  TuneOptions options;
+  options.max_candidates = 4;
+  const flashgen::TunePlan plan = flashgen::plan_tune(problem, 80, options);
+  const std::string other = flashgen::config_name(plan.candidates.back());
+  REQUIRE(other != builtin.name());
+  const flashgen::DeviceFingerprint device = flashgen::fingerprint_for_arch(80);
+  std::vector<std::vector<TunedConfig>> calls;
+  std::vector<std::string> retimed;
+
+  SECTION("within the noise: the incumbent stays") {
+    const flashgen::testing::TempDir dir("flashgen-tune-test");
+    flashgen::TuningStore store(dir.path() / "tuning.sqlite");
+    // 2% faster with spreads of 3% and 5%: within their mean spread (4%).
+    options.run_sweep = timed_sweep({{builtin.name(), {1.0, 0.03}}, {other, {1.0 / 1.02, 0.05}}}, {}, calls, retimed);
+    const TuneResult result = flashgen::tune(problem, store, device, 80, options);
+    CHECK(result.winner == builtin);
+    CHECK(result.winner_ms == 1.0);
+    CHECK(result.incumbent.margin == 0);
+    CHECK(result.decision == "kept the incumbent (built-in choice, " + builtin.name() + "): the fastest, " + other +
+                                 ", was 2.0% faster, within the noise (4.0%)");
+    CHECK(store.lookup_exact(device, result.key)->config == builtin);
+    CHECK(store.decision(device, result.key)->decision == result.decision);
+    CHECK(retimed == std::vector<std::string>{builtin.name()});
+  }
+  SECTION("beyond the noise: the fastest replaces it, the margin stored") {
+    const flashgen::testing::TempDir dir("flashgen-tune-test");
+    flashgen::TuningStore store(dir.path() / "tuning.sqlite");
+    options.run_sweep = timed_sweep({{builtin.name(), {1.0, 0.01}}, {other, {0.8, 0.01}}}, {}, calls, retimed);
+    const TuneResult result = flashgen::tune(problem, store, device, 80, options);
+    CHECK(flashgen::config_name(result.winner) == other);
+    CHECK(result.incumbent.margin == Approx(0.25));
+    CHECK(store.decision(device, result.key)->margin == Approx(0.25));
+    CHECK_THAT(result.decision, Catch::Contains("25.0% faster than the incumbent (built-in choice"));
+  }
+  SECTION("an incumbent that fails its check loses to the fastest") {
+    const flashgen::testing::TempDir dir("flashgen-tune-test");
+    flashgen::TuningStore store(dir.path() / "tuning.sqlite");
+    options.run_sweep = timed_sweep({{other, {0.99, 0.01}}}, {{builtin.name(), flashgen::CandidateStatus::kWrongResult}},
+                                    calls, retimed);
+    const TuneResult result = flashgen::tune(problem, store, device, 80, options);
+    CHECK(flashgen::config_name(result.winner) == other);
+    CHECK_THAT(result.decision, Catch::Contains("the incumbent (built-in choice, " + builtin.name() + ") failed"));
+  }
+}
+
+TEST_CASE("the incumbent is the stored winner on a forced re-tune, else the shipped defaults'", "[tuner][tune][nvrtc]") {
+  const AttentionProblem problem = backward_problem();
+  const BwdConfig builtin = builtin_of(problem);
+  TuneOptions options;
+  options.max_candidates = 2;
+  const flashgen::TunePlan plan = flashgen::plan_tune(problem, 80, options);
+  // A valid config of the problem outside the capped plan.
+  const flashgen::BackwardSpaceReport space =
+      flashgen::backward_space(DType::kFloat16, 64, MaskKind::kNone, false, 80);
+  std::optional<BwdConfig> outside;
+  for (const BwdConfig& c : space.valid)
+    if (std::none_of(plan.candidates.begin(), plan.candidates.end(), [&](const TunedConfig& t) { return t == c; }))
+      outside = c;
+  REQUIRE(outside.has_value());
+  const flashgen::DeviceFingerprint device = flashgen::fingerprint_for_arch(80);
+  const flashgen::ProblemKey key = flashgen::problem_key(problem);
+  std::vector<std::vector<TunedConfig>> calls;
+  std::vector<std::string> retimed;
+  // The stored or shipped winner is as fast as the plan's fastest within the noise: it stays.
+  options.run_sweep = timed_sweep({{outside->name(), {1.0, 0.01}}, {flashgen::config_name(plan.candidates.back()),
+                                                                     {0.995, 0.01}}}, {}, calls, retimed);
+
+  SECTION("a forced re-tune: the store's exact bucket") {
+    const flashgen::testing::TempDir dir("flashgen-tune-test");
+    flashgen::TuningStore store(dir.path() / "tuning.sqlite");
+    CandidateResult row;
+    row.config = *outside;
+    row.median_ms = 1.0;
+    store.record(device, key, {row}, *outside, 1.0);
+    options.force = true;
+    const TuneResult result = flashgen::tune(problem, store, device, 80, options);
+    REQUIRE(calls.size() == 1);
+    CHECK(calls[0].size() == plan.candidates.size() + 1);
+    CHECK(calls[0].back() == *outside);
+    CHECK(retimed == std::vector<std::string>{builtin.name(), outside->name()});
+    CHECK(result.incumbent.incumbent_source == "tuning database " + store.path().string());
+    CHECK(result.winner == *outside);
+  }
+  SECTION("a new bucket: the store's nearest bucket of the class") {
+    const flashgen::testing::TempDir dir("flashgen-tune-test");
+    flashgen::TuningStore store(dir.path() / "tuning.sqlite");
+    AttentionProblem longer = problem;
+    longer.shape.seqlen_q = longer.shape.seqlen_k = 8192;
+    const flashgen::ProblemKey longer_key = flashgen::problem_key(longer);
+    REQUIRE(longer_key.id() != key.id());
+    CandidateResult row;
+    row.config = *outside;
+    row.median_ms = 1.0;
+    store.record(device, longer_key, {row}, *outside, 1.0);
+    const TuneResult result = flashgen::tune(problem, store, device, 80, options);
+    CHECK(calls[0].back() == *outside);
+    CHECK(result.incumbent.incumbent_source ==
+          "tuning database " + store.path().string() + ", nearest bucket " + longer_key.id());
+    CHECK(result.winner == *outside);
+  }
+  SECTION("the shipped defaults' winner for this GPU") {
+    const flashgen::testing::TempDir dir("flashgen-tune-test");
+    std::string shipped_text;
+    {
+      flashgen::TuningStore source(dir.path() / "shipped.sqlite");
+      CandidateResult row;
+      row.config = *outside;
+      row.median_ms = 1.0;
+      source.record(device, key, {row}, *outside, 1.0);
+      shipped_text = source.export_json().dump();
+    }
+    const flashgen::ShippedDefaults shipped = flashgen::ShippedDefaults::from_files({{"test.json", shipped_text}});
+    options.shipped = &shipped;
+    flashgen::TuningStore store(dir.path() / "tuning.sqlite");
+    const TuneResult result = flashgen::tune(problem, store, device, 80, options);
+    CHECK(calls[0].back() == *outside);
+    CHECK(result.incumbent.incumbent_source == "shipped defaults test.json");
+    CHECK(result.winner == *outside);
+    CHECK_THAT(result.decision, Catch::StartsWith("kept the incumbent (shipped defaults test.json"));
+  }
 }
