@@ -5,8 +5,7 @@ import ctypes
 import torch
 
 from .. import _lib
-from . import _native
-from ._autograd import _EagerAttention, _Empty, _eager_call, _user_variant_call, forward_kernels
+from ._autograd import _EagerAttention, _Empty, _eager_call, _user_variant_call
 from ._calls import _BackwardCall, _ForwardCall, _backward_kernels, _forward, _planned_forward, _stream, _warm_sinks
 from ._checks import (_DTYPE_CODES, _MASK_CODES, _autocast, _bshd_shape, _check_alibi, _check_chunk, _check_inputs,
                       _check_scale, _check_sinks, _check_softcap, _deterministic, _lse_shape, _mask, _mask_and_window)
@@ -95,7 +94,9 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     q, k, v = _autocast(q, k, v)
     scale = _check_scale(scale)
     softcap = _check_softcap(softcap)
-    if (mask_mod is None and score_mod is None and score_bias is None and not _native.loaded() and _eager_call(q, k, v)
+    # Without autograd a warm call's kept ctypes arguments are the cheapest path in either backend (bench/notes_torch.md
+    # §3: about 2/3 of the C++ op's host time); with autograd the op library's kernels are.
+    if (mask_mod is None and score_mod is None and score_bias is None and _eager_call(q, k, v)
             and all(t is None or isinstance(t, torch.Tensor) for t in (alibi_slopes, sinks))
             and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks)))):
         # The warm call of a signature seen before: its plan's key holds all that _check_inputs looks at (and the
@@ -113,7 +114,8 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
             if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
                 out, lse = _EagerAttention.apply(*args)
             else:
-                out, lse = forward_kernels(q, k, v, scale, mask, layout, softcap, *window, None, None, chunk)
+                out, lse = _forward(q, k, v, scale, mask, layout, checked=True, softcap=softcap, window=window,
+                                    attention_chunk=chunk)
             return (out, lse) if return_lse else out
     _check_inputs(q, k, v, layout)
     batch, heads_q, _ = _lse_shape(q, layout)
@@ -145,8 +147,9 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
             out, lse = torch.ops.flashgen.attention_forward(*args)
         elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks)):
             out, lse = _EagerAttention.apply(*args)
-        else:  # nothing to differentiate: no autograd node at all
-            out, lse = forward_kernels(q, k, v, scale, mask, layout, softcap, *window, alibi_slopes, sinks, chunk)
+        else:  # nothing to differentiate: no autograd node at all, and the kept ctypes arguments of the signature
+            out, lse = _forward(q, k, v, scale, mask, layout, checked=True, softcap=softcap, window=window,
+                                alibi_slopes=alibi_slopes, sinks=sinks, attention_chunk=chunk)
     return (out, lse) if return_lse else out
 
 

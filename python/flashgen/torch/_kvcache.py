@@ -5,7 +5,6 @@ import torch
 
 from .. import _lib
 from .._lib import FlashgenArgumentError
-from . import _native
 from ._autograd import _eager_call
 from ._calls import _warm_sinks
 from ._checks import (_bad, _check_alibi, _check_chunk, _check_kvcache_inputs, _check_scale, _check_sinks,
@@ -71,8 +70,9 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
     softcap = _check_softcap(softcap)
-    if (mask_mod is None and score_mod is None and score_bias is None and not _native.loaded()
-            and _eager_call(q, k_cache, v_cache)
+    # Eager calls take the kept ctypes arguments in either backend: the KV-cache op asks the library for its split
+    # workspace at every call, a plan only when the cache's capacity or strides change (bench/notes_torch.md §4).
+    if (mask_mod is None and score_mod is None and score_bias is None and _eager_call(q, k_cache, v_cache)
             and all(t is None or isinstance(t, torch.Tensor) for t in (k, v, cache_seqlens, block_table, sinks,
                                                                         alibi_slopes))):
         # The warm call of a signature seen before: its plan's key holds all that the checks below look at.
@@ -90,9 +90,6 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     args = (q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits)
     if user is not None:
         out, lse = _kvcache_with_user(*args, window, sinks, chunk, softcap, alibi_slopes, user=user)
-    elif _eager_call(q, k_cache, v_cache) and _native.loaded():
-        out, lse = _native.call(torch.ops.flashgen.attention_kvcache.default, *args, *window, sinks, chunk, softcap,
-                                alibi_slopes)
     elif _eager_call(q, k_cache, v_cache):
         out, lse = _kvcache(*args, window, sinks, chunk, softcap, alibi_slopes)
     else:
