@@ -3,6 +3,7 @@
 #include "cli/common.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -14,6 +15,7 @@
 
 #include <dlfcn.h>
 #include <nvrtc.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include "flashgen/error.hpp"
@@ -114,7 +116,12 @@ std::optional<std::string> env(const char* name) {
   return std::string(value);
 }
 
-int default_jobs() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+int default_jobs() {
+  // The cores this process may run on (a Slurm task's, or taskset's), which can be fewer than the machine's.
+  cpu_set_t allowed;
+  if (::sched_getaffinity(0, sizeof(allowed), &allowed) == 0 && CPU_COUNT(&allowed) > 0) return CPU_COUNT(&allowed);
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
 
 // libflashgen links libnvrtc privately, so the CLI cannot link NVRTC's calls; the library that is already
 // loaded is asked through dlsym instead.
@@ -168,7 +175,13 @@ std::vector<int> parse_archs(const Args& args, const std::vector<int>& fallback)
     std::stringstream list(value);
     std::string item;
     while (std::getline(list, item, ',')) {
-      const int arch = static_cast<int>(args.parse_int("arch", item, 0, 1000));
+      // "90", or its target's name as NVRTC spells it ("sm_90a", "sm_80"; "sm_90" too).
+      const bool named = item.rfind("sm_", 0) == 0;
+      std::string number = named ? item.substr(3) : item;
+      if (named && !number.empty() && std::isalpha(static_cast<unsigned char>(number.back()))) number.pop_back();
+      const int arch = static_cast<int>(args.parse_int("arch", number, 0, 1000));
+      if (named && item != "sm_" + number && item != arch_label(arch))
+        throw UsageError("--arch expects one of " + accepted_archs_text() + ", got " + item, args.usage());
       if (!arch_accepted(arch))
         throw UsageError("--arch expects one of " + accepted_archs_text() + ", got " + item, args.usage());
       if (std::find(archs.begin(), archs.end(), arch) == archs.end()) archs.push_back(arch);

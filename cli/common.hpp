@@ -56,7 +56,8 @@ std::string first_line(const std::string& text);
 // The value of an environment variable, or nullopt when unset or empty.
 std::optional<std::string> env(const char* name);
 
-// The number of cores: how many kernels compile, or reference rows are computed, at a time by default.
+// The cores this process may run on (its CPU affinity, as Slurm or taskset set it): how many kernels compile, or
+// reference rows are computed, at a time by default.
 int default_jobs();
 
 // The sm numbers >= sm_80 that the NVRTC in this process can target, ascending; nullopt when it cannot
@@ -69,7 +70,8 @@ std::string accepted_archs_text();
 // The help paragraph on SM values, shared by emit and compile.
 std::string arch_help();
 
-// --arch values (repeatable, or comma-separated: --arch 80,90), each one NVRTC targets.
+// --arch values (repeatable, or comma-separated: --arch 80,90; a target's name such as sm_90a or sm_80 too), each
+// one NVRTC targets.
 std::vector<int> parse_archs(const Args& args, const std::vector<int>& fallback);
 
 // The spellings of the masks in --causal, specs and reports: "none", "bottom-right", "top-left" (and "window" in

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <mutex>
@@ -32,23 +33,51 @@ Command compile_command() {
                  "registers, shared memory, spills, stack, ptxas's notes and compile time. Needs no GPU. A note (a\n"
                  "ptxas warning or performance loss, e.g. C7520: wgmma serialized) means the kernel runs slower\n"
                  "than its source was written to; each is printed whole after the table. With --cubin-dir it\n"
-                 "also writes each kernel's cubin; with --sass it prints each kernel's SASS (cuobjdump).",
+                 "also writes each kernel's cubin; with --sass it prints each kernel's SASS (cuobjdump).\n"
+                 "\n"
+                 "With --spec, a sweep's compile phase: compiles every kernel `flashgen tune --spec FILE` would\n"
+                 "compile on a GPU of --arch (each problem's candidates as tune plans them, the built-in choices the\n"
+                 "plan weighs, a backward's forward, and the shipped defaults' winners of the problem's class on GPUs\n"
+                 "of the arch: the incumbents tune sweeps too) into the kernel cache, so that a tune on GPU nodes\n"
+                 "reading the same cache compiles nothing. Kernels already cached are read, not compiled again: a task killed\n"
+                 "and run again redoes nothing finished. Tasks share the spec's problems as tune's do (--shard,\n"
+                 "else SLURM_PROCID/SLURM_NTASKS, within a job array SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT,\n"
+                 "else Open MPI's rank and size). The cache may be on a shared filesystem (NFS): entries are\n"
+                 "checksummed, written whole and renamed into place, and file locks are used only where they work.\n"
+                 "A kernel that fails to compile or to be stored makes the exit status 1.\n"
+                 "  sbatch --array=0-15 --wrap 'flashgen compile --spec sweep.json --arch sm_90a --cache-dir /shared/k'\n"
+                 "  then, on GPU nodes: FLASHGEN_CACHE_DIR=/shared/k flashgen tune --spec sweep.json\n"
+                 "A failed or killed array task is rerun with `scontrol requeue JOBID_INDEX`, which keeps its shard;\n"
+                 "a job after the rerun depends on the tasks by id (afterok:JOBID_0:JOBID_1:...), as Slurm holds\n"
+                 "afterok on the whole array failed once a task was.",
                  "[<config-name>...] [--all-defaults] [--variant FILE] [--arch SM]... [--json] [--no-cache]\n"
-                 "       [--jobs N] [--cubin-dir DIR] [--sass]",
+                 "       [--jobs N] [--cubin-dir DIR] [--sass] [--cache-dir DIR]\n"
+                 "   or: flashgen compile --spec FILE [--arch SM] [--shard I/N] [--max-candidates N] [--sms N]\n"
+                 "       [--variant FILE] [--jobs N] [--cache-dir DIR] [--json]",
                  -1,
                  "<config-name>: canonical config names, e.g. fwd_sm80_fp16_d128_m128_n32_w4_s3, or backward modules\n"
                  "               such as bwd_sm90_fp16_d128_m64_n128_s2 (reported by their dkdv kernel), or KV-cache\n"
                  "               modules such as dec_sm80_bf16_d128_r16_n64_w4_s3_causal (their attention kernel)\n" +
-                     arch_help())
-      .option("arch", "SM", "target sm_<SM> (default 80 and 90; 90 only for sm90-family configs)", true)
+                     arch_help() + " (or its target's name, e.g. sm_90a)")
+      .option("arch", "SM", "target sm_<SM> (default 80 and 90; 90 only for sm90-family configs; with --spec one "
+                            "arch, that of the GPUs that will tune, default 90)", true)
       .flag("all-defaults", "add the heuristic's first forward choices of each arch (a few dozen kernels per arch; "
                             "`flashgen tune --dry-run --json --arch SM` lists every candidate of a problem)")
       .option("variant", "FILE", kVariantHelp)
       .flag("no-cache", "compile with NVRTC directly, bypassing the memory and disk caches")
-      .option("jobs", "N", "compile N kernels at a time (default: the number of cores)", false, 'j')
+      .option("jobs", "N", "compile N kernels at a time (default: the cores this process may use)", false, 'j')
       .option("cubin-dir", "DIR", "write each kernel's cubin to DIR/<config>.<target>.cubin (DIR is created)")
       .flag("sass", "print each kernel's SASS after the table (JSON: a \"sass\" field); needs cuobjdump")
-      .flag("json", "print a JSON array instead of the table");
+      .option("cache-dir", "DIR", "the kernel cache to fill and read (default: FLASHGEN_CACHE_DIR, else "
+                                  "$XDG_CACHE_HOME/flashgen or ~/.cache/flashgen); tune reads FLASHGEN_CACHE_DIR")
+      .option("spec", "FILE", "compile what `flashgen tune --spec FILE` would on a GPU of --arch (tune's spec format: "
+                              "`flashgen tune --help`; omitted fields take tune's flag defaults)")
+      .option("shard", "I/N", "with --spec: only problems I, I+N, ... (default: the Slurm or Open MPI task's, as tune's)")
+      .option("max-candidates", "N", "with --spec: as tune's --max-candidates, in place of the spec's max_candidates")
+      .option("sms", "N", "with --spec: the SMs KV-cache problems' split counts are planned for, as the tuning GPU "
+                          "has (default 132, an H100 or H200)")
+      .flag("json", "print a JSON array instead of the table; with --spec one object: each problem's candidates and "
+                    "kernels, each kernel's status (compiled, cached or failed), the counts and the seconds taken");
 }
 
 namespace {
@@ -132,24 +161,33 @@ Json compile_outcomes_json(const std::vector<CompileOutcome>& outcomes) {
 
 std::vector<CompileOutcome> compile_jobs(const std::vector<CompileJob>& jobs, bool use_cache, int threads) {
   std::vector<CompileOutcome> outcomes(jobs.size());
+  const size_t thread_count = std::clamp<size_t>(static_cast<size_t>(threads), 1, std::max<size_t>(jobs.size(), 1));
   std::atomic<size_t> next{0};
   std::mutex log_mutex;
+  size_t done = 0;           // under log_mutex, as the two below
+  size_t compiled = 0;       // kernels NVRTC built in this process
+  double compiled_ms = 0;    // their NVRTC time, which paces the estimate (a cached kernel takes milliseconds)
   auto worker = [&] {
     for (size_t i = next++; i < jobs.size(); i = next++) {
-      const std::string counter = format("[%zu/%zu] ", i + 1, jobs.size());
-      const std::string what = jobs[i].name() + " for " + arch_label(jobs[i].arch);
-      {
-        std::lock_guard<std::mutex> lock(log_mutex);
-        std::cerr << counter << "compiling " << what << '\n';
-      }
       outcomes[i] = compile_one(jobs[i], use_cache);
-      if (!outcomes[i].ok) {
-        std::lock_guard<std::mutex> lock(log_mutex);
-        std::cerr << counter << "FAILED " << what << ": " << outcomes[i].error << '\n';
+      const CompileOutcome& o = outcomes[i];
+      std::lock_guard<std::mutex> lock(log_mutex);
+      const std::string counter = format("[%zu/%zu] ", ++done, jobs.size());
+      const std::string what = jobs[i].name() + " for " + arch_label(jobs[i].arch);
+      if (!o.ok) {
+        std::cerr << counter << "FAILED " << what << ": " << o.error << '\n';
+      } else if (o.cached) {
+        std::cerr << counter << what << ": cached\n";
+      } else {
+        ++compiled;
+        compiled_ms += o.compile_ms;
+        const double eta_s = compiled_ms / 1000 / static_cast<double>(compiled) *
+                             static_cast<double>(jobs.size() - done) / static_cast<double>(thread_count);
+        std::cerr << counter << what << format(": compiled in %.1f s  (eta %.0f s)", o.compile_ms / 1000, eta_s)
+                  << '\n';
       }
     }
   };
-  const size_t thread_count = std::clamp<size_t>(static_cast<size_t>(threads), 1, std::max<size_t>(jobs.size(), 1));
   std::vector<std::thread> pool;
   for (size_t t = 1; t < thread_count; ++t) pool.emplace_back(worker);
   worker();
@@ -215,6 +253,16 @@ std::vector<CompileJob> default_jobs_for(const std::vector<int>& archs) {
 }
 
 int command_compile(const Args& args) {
+  if (args.has("cache-dir")) {
+    // KernelRegistry::instance() takes its directory from here on first use, which is still to come.
+    const fs::path dir = fs::absolute(args.string_or("cache-dir", ""));
+    ::setenv("FLASHGEN_CACHE_DIR", dir.c_str(), 1);
+  }
+  if (args.has("spec")) return command_compile_spec(args);
+  for (const char* spec_only : {"shard", "max-candidates", "sms"}) {
+    if (args.has(spec_only))
+      throw UsageError(std::string("--") + spec_only + " applies to --spec", args.usage());
+  }
   if (args.positionals.empty() && !args.has("all-defaults"))
     throw UsageError("nothing to compile: name configs or pass --all-defaults", args.usage());
   const std::vector<int> archs = parse_archs(args, kDefaultArchs);

@@ -1,5 +1,6 @@
 // What `flashgen compile` shares with `flashgen demo`, which compiles the default candidates when there
-// is no GPU: compile jobs on a pool of threads, and their table and summary.
+// is no GPU, and with its --spec mode (cli/compile_spec.cpp): compile jobs on a pool of threads, and their table
+// and summary.
 #pragma once
 
 #include <cstddef>
@@ -9,6 +10,7 @@
 #include <variant>
 #include <vector>
 
+#include "cli/args.hpp"
 #include "generator/bwd_config.hpp"
 #include "generator/decode_config.hpp"
 #include "generator/kernel_config.hpp"
@@ -45,8 +47,8 @@ struct CompileOutcome {
   std::string sass;        // with --sass
 };
 
-// Compiles every job on `threads` threads, printing progress and each failure to stderr as it happens.
-// Outcomes come back in the order of jobs.
+// Compiles every job on `threads` threads, printing each to stderr as it is done (compiled, with an estimate of
+// the time left; cached; or FAILED and why). Outcomes come back in the order of jobs.
 std::vector<CompileOutcome> compile_jobs(const std::vector<CompileJob>& jobs, bool use_cache, int threads);
 
 void print_compile_table(const std::vector<CompileOutcome>& outcomes, std::ostream& os);
@@ -56,5 +58,8 @@ size_t report_compile_summary(const std::vector<CompileOutcome>& outcomes, doubl
 
 // The default candidates of each arch, in arch order.
 std::vector<CompileJob> default_jobs_for(const std::vector<int>& archs);
+
+// `flashgen compile --spec`: a sweep's compile phase into the kernel cache (the command's help says what it does).
+int command_compile_spec(const Args& args);
 
 }  // namespace flashgen::cli

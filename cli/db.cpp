@@ -1,5 +1,6 @@
-// `flashgen db`: reads and edits the tuning database (list, show, export, import, merge, prune), refusing a
-// damaged file or another program's database instead of reading it as empty or replacing it.
+// `flashgen db`: reads and edits the tuning database (list, show, export, import, merge, prune) and writes a
+// sweep report of it (report), refusing a damaged file or another program's database instead of reading it as
+// empty or replacing it.
 #include <algorithm>
 #include <filesystem>
 #include <iostream>
@@ -16,6 +17,7 @@
 #include "cli/common.hpp"
 #include "cli/table.hpp"
 #include "flashgen/error.hpp"
+#include "tuner/report.hpp"
 #include "tuner/store.hpp"
 #include "tuner/tuned_config.hpp"
 
@@ -24,8 +26,8 @@ namespace flashgen::cli {
 Command db_command() {
   return Command("db",
                  "Reads and edits the tuning database: every candidate's timing per (device, problem) and the\n"
-                 "winner that the run-time choice uses.",
-                 "<list|show|export|import|merge|prune> [arguments] [options]", -1,
+                 "winner that the run-time choice uses; writes a report of its sweeps to look at.",
+                 "<list|show|export|import|merge|prune|report> [arguments] [options]", -1,
                  "actions:\n"
                  "  list                    one line per stored winner: device, problem, config, median ms\n"
                  "  show <problem-text>     the winners whose problem id contains the text, with every\n"
@@ -33,13 +35,21 @@ Command db_command() {
                  "  export [-o FILE]        every row as JSON, to stdout or FILE\n"
                  "  import FILE             merges a JSON export (FILE may be -) into the database\n"
                  "  merge OUT IN1 [IN2...]  merges database files (each read-only) into the database file OUT\n"
-                 "  prune                   removes the rows of --device and/or --problem-class (or --all)")
+                 "  prune                   removes the rows of --device and/or --problem-class (or --all)\n"
+                 "  report --html FILE      one self-contained HTML page (inline SVG, no script or network):\n"
+                 "                          per problem, every candidate's time against each knob with the\n"
+                 "                          winner and the built-in choice marked, the winner against the\n"
+                 "                          GPU's datasheet peak, and the problem across the database's GPUs")
       .option("db", "PATH", "the database (default: " + TuningStore::default_path().string() + ")")
       .option("output", "FILE", "export: write to FILE (replaced whole) instead of stdout; - is stdout", false, 'o')
       .option("device", "ID", "prune: only rows of this device id (as `db list` prints it)")
       .option("problem-class", "CLASS", "prune: only rows of this problem class, e.g. fwd|bf16|d128|causal|g1")
       .flag("all", "prune: allow removing every row when no filter is given")
-      .flag("json", "print JSON (list, show, import, merge, prune)");
+      .option("html", "FILE", "report: write the page to FILE (replaced whole; - is stdout)")
+      .option("problem", "TEXT", "report: only problems whose id contains TEXT (any of several)", true)
+      .option("gpu", "TEXT", "report: only GPUs whose name or device id contains TEXT, any case", true)
+      .option("arch", "SM", "report: only devices of this sm, e.g. 90", true)
+      .flag("json", "print JSON (list, show, import, merge, prune, report)");
 }
 
 namespace {
@@ -79,7 +89,7 @@ void print_winners(const std::vector<StoredChoice>& winners, std::ostream& os) {
 
 int command_db(const Args& args) {
   if (args.positionals.empty())
-    throw UsageError("db needs an action: list, show, export, import, merge or prune", args.usage());
+    throw UsageError("db needs an action: list, show, export, import, merge, prune or report", args.usage());
   const std::string action = args.positionals[0];
   const std::vector<std::string> operands(args.positionals.begin() + 1, args.positionals.end());
   const bool json = args.has("json");
@@ -87,7 +97,7 @@ int command_db(const Args& args) {
 
   // Each option belongs to one action; anything else is a mistake worth reporting.
   auto allow = [&](const std::vector<std::string>& options) {
-    for (const char* name : {"output", "device", "problem-class", "all"})
+    for (const char* name : {"output", "device", "problem-class", "all", "html", "problem", "gpu", "arch"})
       if (args.has(name) && std::find(options.begin(), options.end(), name) == options.end())
         throw UsageError("--" + std::string(name) + " does not apply to 'db " + action + "'", args.usage());
   };
@@ -199,6 +209,41 @@ int command_db(const Args& args) {
     } else {
       std::cout << "merged " << operands.size() - 1 << " files into " << operands[0] << ": " << changed
                 << " winners added or replaced\n";
+    }
+    return 0;
+  }
+  if (action == "report") {
+    allow({"html", "problem", "gpu", "arch"});
+    operand_count(0, 0, "no arguments (choose rows with --problem, --gpu and --arch)");
+    if (!args.has("html")) throw UsageError("'db report' needs --html FILE, the page to write", args.usage());
+    const std::string output = args.string_or("html", "");
+    if (output == "-" && json) throw UsageError("--json and --html - would both write to stdout", args.usage());
+    std::error_code error;
+    if (fs::equivalent(output, db_path, error))
+      fail(Status::kInvalidArgument, "--html '" + output + "' is the database being reported");
+    ReportFilter filter;
+    filter.problems = args.values("problem");
+    filter.gpus = args.values("gpu");
+    for (const std::string& sm : args.values("arch"))
+      filter.archs.push_back(static_cast<int>(args.parse_int("arch", sm, 10, 999)));
+    const ReportData data = read_report(*readable(), filter);
+    const bool filtered = !filter.problems.empty() || !filter.gpus.empty() || !filter.archs.empty();
+    // A filter that matches nothing is a mistyped id or name, not a report worth writing.
+    if (filtered && data.problems.empty())
+      fail(Status::kInvalidArgument, "no stored sweep in " + db_path.string() + " matches the --problem, --gpu and "
+                                     "--arch filters (`flashgen db list` shows the problems and devices)");
+    write_file(output, render_report_html(data));
+    size_t sweeps = 0, candidates = 0;
+    for (const ReportProblem& p : data.problems) {
+      sweeps += p.sweeps.size();
+      for (const ReportSweep& s : p.sweeps) candidates += s.candidates.size();
+    }
+    if (json) {
+      print_json({{"db", db_path.string()}, {"html", output}, {"problems", data.problems.size()},
+                  {"sweeps", sweeps}, {"candidates", candidates}});
+    } else if (output != "-") {
+      std::cout << "wrote " << output << ": " << data.problems.size() << " problems, " << sweeps << " sweeps, "
+                << candidates << " candidates\n";
     }
     return 0;
   }

@@ -41,7 +41,7 @@ std::string top_usage() {
       {"run", "run, check and time one attention problem on the GPU"},
       {"demo", "the main job: run the default problem, or compile the defaults without a GPU"},
       {"tune", "sweep the forward or backward configs of problems on the GPU and store the winners"},
-      {"db", "list, show, export, import, merge or prune the tuning database"},
+      {"db", "list, show, export, import, merge, prune or report on the tuning database"},
       {"help", "this list; `flashgen help <command>` or `flashgen <command> --help` for one command"},
   };
   for (const auto& row : rows) text += "  " + row.first + std::string(10 - row.first.size(), ' ') + row.second + "\n";

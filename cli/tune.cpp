@@ -43,9 +43,11 @@ Command tune_command() {
                  "choice) is swept and re-timed with the fastest,\n"
                  "and stays the winner unless beaten beyond the measured noise; the decision is stored with it.\n"
                  "\n"
-                 "Across machines: --shard i/N (by default from SLURM_PROCID/SLURM_NTASKS, else\n"
-                 "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE) tunes the spec's problems i, i+N, i+2N, ...\n"
-                 "into its own file, .shard<i>-of-<N> put before the database's extension; `flashgen db merge` joins the files.\n"
+                 "Across machines: --shard i/N (by default the Slurm task's: SLURM_PROCID/SLURM_NTASKS, within a\n"
+                 "job array SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT; else OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE)\n"
+                 "tunes the spec's problems i, i+N, i+2N, ... into its own file, .shard<i>-of-<N> put before the\n"
+                 "database's extension; `flashgen db merge` joins the files. `flashgen compile --spec` compiles the\n"
+                 "same candidates ahead, on machines without a GPU, into the kernel cache this command reads.\n"
                  "\n"
                  "Spec: {\"max_candidates\": 32, \"problems\": [{\"pass\": \"backward\", \"deterministic\": false,\n"
                  "\"dtype\": \"bf16\", \"head_dim\": 128,\n"
@@ -90,7 +92,8 @@ Command tune_command() {
                                 "pages tunes the paged kernels, keyed by N (fwd_varlen_paged<N>)")
       .option("variant", "FILE", kTuneVariantHelp)
       .option("spec", "FILE", "tune every problem of this JSON spec instead of the one the flags describe")
-      .option("shard", "I/N", "tune only problems I, I+N, ... of the spec, into their own database file")
+      .option("shard", "I/N", "tune only problems I, I+N, ... of the spec, into their own database file (default: "
+                              "the Slurm or Open MPI task's, as above)")
       .option("devices", "LIST", "all, or GPU ordinals like 0,1: one worker process per GPU, each tuning its share; a "
                                  "worker that crashes is restarted without the candidate it was running (a worker "
                                  "killed before it ran one is restarted as it was)")
@@ -157,7 +160,8 @@ std::optional<std::string> untunable(const AttentionProblem& p) {
   return std::nullopt;
 }
 
-// The problem the flags describe (every flag has a default).
+}  // namespace
+
 AttentionProblem problem_from_flags(const Args& args) {
   constexpr long long kIntMax = std::numeric_limits<int>::max();
   AttentionProblem problem;
@@ -193,12 +197,6 @@ AttentionProblem problem_from_flags(const Args& args) {
   return problem;
 }
 
-struct TuneSpec {
-  std::vector<AttentionProblem> problems;
-  std::optional<size_t> max_candidates;
-};
-
-// A JSON spec; every error names the file and the field. Omitted problem fields take `defaults`.
 TuneSpec read_tune_spec(const std::string& path, const AttentionProblem& defaults) {
   const Json j = read_json_file(path);
   auto bad = [&](const std::string& what) { fail(Status::kInvalidArgument, "tune spec " + path + ": " + what); };
@@ -328,11 +326,7 @@ TuneSpec read_tune_spec(const std::string& path, const AttentionProblem& default
   return spec;
 }
 
-struct Shard {
-  int index = 0;
-  int count = 1;
-  std::string source;  // "--shard", "SLURM_PROCID/SLURM_NTASKS", ... or "" when not sharded
-};
+namespace {
 
 // "i/N" with 0 <= i < N.
 std::optional<Shard> parse_shard(const std::string& text) {
@@ -344,8 +338,54 @@ std::optional<Shard> parse_shard(const std::string& text) {
   return Shard{index, count, ""};
 }
 
-// --shard, else the Slurm or Open MPI rank and size, else the whole sweep. Only a --spec's problems are
-// sharded: a single problem given by flags is tuned whole, in whichever task runs it.
+// A scheduler variable's integer value; nullopt when unset, an error naming it when it is not an integer.
+std::optional<int> env_int(const char* name) {
+  const std::optional<std::string> text = env(name);
+  if (!text) return std::nullopt;
+  int value = 0;
+  char extra = 0;
+  if (std::sscanf(text->c_str(), "%d %c", &value, &extra) != 1)
+    fail(Status::kInvalidArgument, std::string(name) + "=" + *text + " is not an integer");
+  return value;
+}
+
+// The shard of a Slurm task, or nullopt outside Slurm. A task of a job array is the array index's share
+// (SLURM_ARRAY_TASK_ID counted from SLURM_ARRAY_TASK_MIN in steps of SLURM_ARRAY_TASK_STEP, among
+// SLURM_ARRAY_TASK_COUNT); a job step of several tasks splits its share by SLURM_PROCID among SLURM_NTASKS. A batch
+// script sets SLURM_PROCID alone (rank 0 of a job whose task count it does not know): that adds no split.
+std::optional<Shard> slurm_shard() {
+  std::optional<Shard> rank;
+  if (const std::optional<std::string> r = env("SLURM_PROCID"), n = env("SLURM_NTASKS"); r && n) {
+    rank = parse_shard(*r + "/" + *n);
+    if (!rank) fail(Status::kInvalidArgument, "SLURM_PROCID=" + *r + " and SLURM_NTASKS=" + *n +
+                                                  " do not name a shard (need 0 <= rank < size)");
+  }
+  const std::optional<int> task = env_int("SLURM_ARRAY_TASK_ID");
+  if (!task) {
+    if (rank) rank->source = "SLURM_PROCID/SLURM_NTASKS";
+    return rank;
+  }
+  const std::optional<int> count = env_int("SLURM_ARRAY_TASK_COUNT");
+  const int first = env_int("SLURM_ARRAY_TASK_MIN").value_or(0), step = env_int("SLURM_ARRAY_TASK_STEP").value_or(1);
+  const int offset = *task - first;
+  if (!count || step < 1 || offset < 0 || offset % step != 0 || offset / step >= *count) {
+    fail(Status::kInvalidArgument,
+         "SLURM_ARRAY_TASK_ID=" + std::to_string(*task) + " is not one of SLURM_ARRAY_TASK_COUNT=" +
+             (count ? std::to_string(*count) : "(unset)") + " indices from SLURM_ARRAY_TASK_MIN=" +
+             std::to_string(first) + " in steps of " + std::to_string(step) +
+             ": an array of a range (--array=0-7) takes its shards from the index; otherwise pass --shard I/N");
+  }
+  Shard shard{offset / step, *count, "SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT"};
+  if (rank && rank->count > 1) {
+    shard.index = shard.index * rank->count + rank->index;
+    shard.count *= rank->count;
+    shard.source += " and SLURM_PROCID/SLURM_NTASKS";
+  }
+  return shard;
+}
+
+}  // namespace
+
 Shard shard_of(const Args& args) {
   if (args.has("shard")) {
     const std::string text = args.string_or("shard", "");
@@ -356,18 +396,37 @@ Shard shard_of(const Args& args) {
     return *shard;
   }
   if (!args.has("spec")) return Shard{};
-  for (const auto& [rank, size] : {std::pair{"SLURM_PROCID", "SLURM_NTASKS"},
-                                   std::pair{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}}) {
-    const std::optional<std::string> r = env(rank), n = env(size);
-    if (!r || !n) continue;
-    std::optional<Shard> shard = parse_shard(*r + "/" + *n);
-    if (!shard) fail(Status::kInvalidArgument, std::string(rank) + "=" + *r + " and " + size + "=" + *n +
-                                                   " do not name a shard (need 0 <= rank < size)");
-    shard->source = std::string(rank) + "/" + size;
-    return *shard;
-  }
-  return Shard{};
+  if (std::optional<Shard> shard = slurm_shard()) return *shard;
+  const std::optional<std::string> r = env("OMPI_COMM_WORLD_RANK"), n = env("OMPI_COMM_WORLD_SIZE");
+  if (!r || !n) return Shard{};
+  std::optional<Shard> shard = parse_shard(*r + "/" + *n);
+  if (!shard) fail(Status::kInvalidArgument, "OMPI_COMM_WORLD_RANK=" + *r + " and OMPI_COMM_WORLD_SIZE=" + *n +
+                                                 " do not name a shard (need 0 <= rank < size)");
+  shard->source = "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE";
+  return *shard;
 }
+
+void attach_variant_to(std::vector<AttentionProblem>& problems, const std::shared_ptr<const UserVariant>& user,
+                       const Args& args) {
+  if (!user) return;
+  for (AttentionProblem& p : problems) {
+    if (p.varlen || p.kv_cache) {
+      throw UsageError("--variant tunes dense problems, not the " + problem_line(p), args.usage());
+    }
+    if (user->modifies_scores() && (p.softcapped() || p.alibi)) {
+      throw UsageError("--variant " + user->tag + " modifies the scores: its function takes the place of --softcap "
+                       "and --alibi (write them into it)",
+                       args.usage());
+    }
+    if (p.backward() && !user->has_gradient()) {
+      throw UsageError("--variant " + user->tag + " has a score_mod but no score_grad: its backward cannot be tuned",
+                       args.usage());
+    }
+    p.user = user;
+  }
+}
+
+namespace {
 
 // <db> for a whole sweep; <stem>.shard<i>-of-<N><extension> next to it for one shard of several.
 fs::path shard_db_path(const fs::path& db, const Shard& shard) {
@@ -592,24 +651,8 @@ int command_tune(const Args& args) {
   }
   // --variant: every problem's user variant, dense problems only (packed and KV-cache sweeps take none).
   const std::shared_ptr<const UserVariant> user = variant_of(args);
-  if (user) {
-    if (args.has("devices")) throw UsageError("--variant does not go with --devices", args.usage());
-    for (AttentionProblem& p : spec.problems) {
-      if (p.varlen || p.kv_cache) {
-        throw UsageError("--variant tunes dense problems, not the " + problem_line(p), args.usage());
-      }
-      if (user->modifies_scores() && (p.softcapped() || p.alibi)) {
-        throw UsageError("--variant " + user->tag + " modifies the scores: its function takes the place of --softcap "
-                         "and --alibi (write them into it)",
-                         args.usage());
-      }
-      if (p.backward() && !user->has_gradient()) {
-        throw UsageError("--variant " + user->tag + " has a score_mod but no score_grad: its backward cannot be tuned",
-                         args.usage());
-      }
-      p.user = user;
-    }
-  }
+  if (user && args.has("devices")) throw UsageError("--variant does not go with --devices", args.usage());
+  attach_variant_to(spec.problems, user, args);
   const Shard shard = shard_of(args);
   std::vector<AttentionProblem> mine;
   for (size_t i = static_cast<size_t>(shard.index); i < spec.problems.size(); i += static_cast<size_t>(shard.count))

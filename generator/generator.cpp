@@ -179,11 +179,14 @@ std::string render_config_header(const BwdConfig& c) {
   out << "  static constexpr bool kAtomicDq = " << (c.deterministic ? "false" : "true") << ";\n"
       << "  static constexpr flashgen::DqAccum kDqAccum = " << dq_accum_enum(c.dq_accum()) << ";\n";
   if (c.varlen) out << "  static constexpr bool kVarlen = true;\n";  // dense headers leave it out (sequence.cuh)
-  if (sm80) {  // the dq kernel's tiles (read when the module has one)
-    out << "  static constexpr int kDqBlockM = " << c.dq_block_m << ";\n"
-        << "  static constexpr int kDqBlockN = " << c.dq_block_n << ";\n"
-        << "  static constexpr int kDqWarps = " << c.dq_warps << ";\n"
-        << "  static constexpr int kDqStages = " << c.dq_stages << ";\n";
+  if (sm80) {
+    // The dq kernel's tiles, read when the module has one; otherwise the defaults, as its name (which leaves them
+    // out) reads back, so the source and its cache key depend on nothing the name does not say.
+    const BwdConfig dq = c.has_dq_kernel() ? c : BwdConfig{};
+    out << "  static constexpr int kDqBlockM = " << dq.dq_block_m << ";\n"
+        << "  static constexpr int kDqBlockN = " << dq.dq_block_n << ";\n"
+        << "  static constexpr int kDqWarps = " << dq.dq_warps << ";\n"
+        << "  static constexpr int kDqStages = " << dq.dq_stages << ";\n";
   }
   out << "  static constexpr int kPadRows = " << c.pad_rows() << ";\n";
   if (c.sm90()) out << "  static constexpr bool kLockStep = " << (c.sm90_lock_step() ? "true" : "false") << ";\n";

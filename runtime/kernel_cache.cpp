@@ -1,5 +1,6 @@
 // On-disk kernel cache: checksummed entries written with temp file + fsync + rename, and a flock per key
-// so concurrent processes (and threads) produce each entry once. Every I/O failure degrades to a miss.
+// so concurrent processes (and threads) produce each entry once where locks work. Every I/O failure degrades to a
+// miss; a lock that cannot be had (NFS without a lock daemon) only costs duplicate compiles, never a torn entry.
 #include "runtime/kernel_cache.hpp"
 
 #include <fcntl.h>
@@ -134,10 +135,11 @@ EntryRead read_entry(const std::filesystem::path& path) {
   return entry;
 }
 
-// Holds an exclusive flock on "<entry>.lock" for its lifetime; locked() is false when the lock file
-// cannot be opened (read-only or missing directory) or another holder keeps it past kLockWait (a stopped or
-// hung process), in which case the caller just does not cache. A lock file another user made (mode 0644)
-// is opened read-only: flock works on any descriptor.
+// Holds an exclusive flock on "<entry>.lock" for its lifetime; locked() is false when there is no lock to be had:
+// the lock file cannot be opened (read-only or missing directory), the filesystem refuses flock (ENOLCK on NFS
+// without a lock daemon, ENOSYS or EOPNOTSUPP on Lustre and some FUSE mounts), or another holder keeps it past
+// kLockWait (a stopped or hung process). A lock file another user made (mode 0644) is opened read-only: flock works
+// on any descriptor.
 class EntryLock {
  public:
   static constexpr std::chrono::seconds kLockWait{300};
@@ -150,7 +152,7 @@ class EntryLock {
     while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
       if ((errno != EWOULDBLOCK && errno != EINTR) || std::chrono::steady_clock::now() > deadline) {
         if (errno == EWOULDBLOCK) {
-          std::fprintf(stderr, "flashgen: warning: %s held for over %lld s; compiling without the cache\n",
+          std::fprintf(stderr, "flashgen: warning: %s held for over %lld s; compiling without waiting for it\n",
                        lock_path.c_str(), static_cast<long long>(kLockWait.count()));
         }
         ::close(fd_);
@@ -261,7 +263,13 @@ std::string KernelCache::get_or_create(const std::string& key, const std::functi
   std::error_code ignored;
   std::filesystem::create_directories(dir_, ignored);
   EntryLock lock(path_for(key).string() + ".lock");
-  if (!lock.locked()) return produce();  // cannot coordinate (read-only cache): work uncached
+  if (!lock.locked()) {
+    // No coordination: another process may be producing the same entry, and each stores its own whole copy
+    // (rename replaces the path atomically, a damaged entry included). In a read-only cache the store just fails.
+    std::string bytes = produce();
+    store(key, bytes);
+    return bytes;
+  }
 
   // Whoever held the lock before us may have just stored the entry.
   const std::filesystem::path path = path_for(key);

@@ -1,6 +1,6 @@
-// On-disk store of compiled kernels, shared by every process of a user. Entries are written atomically
-// (temp file + rename), carry a checksum so truncation or corruption is detected and rebuilt, and a
-// per-entry file lock makes concurrent processes compile one kernel once.
+// On-disk store of compiled kernels, shared by every process of a user or, on a shared filesystem, of a cluster.
+// Entries are written atomically (temp file + rename), carry a checksum so truncation or corruption is detected and
+// rebuilt, and a per-entry file lock makes concurrent processes compile one kernel once where flock works.
 #pragma once
 
 #include <filesystem>
@@ -29,7 +29,9 @@ class KernelCache {
   void store(const std::string& key, const std::string& bytes) const;
 
   // Cached bytes for key, or produce() run while holding an exclusive lock on the key so another
-  // process asking for the same key waits and then reads the stored result. *hit says which.
+  // process asking for the same key waits and then reads the stored result. *hit says which. Where no lock
+  // can be had (a filesystem without flock, such as NFS without a lock daemon) produce() runs unlocked and
+  // its result is stored all the same: racing processes may each produce it, and the entry is one whole copy.
   std::string get_or_create(const std::string& key, const std::function<std::string()>& produce,
                             bool* hit = nullptr) const;
 

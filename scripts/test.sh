@@ -18,7 +18,8 @@ read -r -a extra_cmake_args <<< "${FLASHGEN_CMAKE_ARGS:-}"
 scripts/setup.sh
 
 # What only the tests need: pytest (the default python3's if it has one, else Debian's, for /usr/bin/python3),
-# pkg-config (the install test) and Debian's setuptools, wheel, venv and pip (the wheel test).
+# pkg-config (the install test), Debian's setuptools, wheel, venv and pip (the wheel test), and munge and Slurm's
+# daemons and client (the Slurm test's one-node cluster).
 python=python3
 python3 -c 'import pytest' 2> /dev/null || python=/usr/bin/python3
 test_packages=()
@@ -26,6 +27,12 @@ test_packages=()
 command -v pkg-config > /dev/null || test_packages+=(pkg-config)
 /usr/bin/python3 -c 'import setuptools, wheel, venv, pip, ensurepip' 2> /dev/null ||
   test_packages+=(python3-setuptools python3-wheel python3-venv python3-pip)
+if [[ $(id -u) -eq 0 ]]; then  # the Slurm test runs slurmd, which needs root, and skips without it
+  command -v munged > /dev/null || test_packages+=(munge)
+  command -v slurmctld > /dev/null || test_packages+=(slurmctld)
+  command -v slurmd > /dev/null || test_packages+=(slurmd)
+  command -v sbatch > /dev/null || test_packages+=(slurm-client)
+fi
 if ((${#test_packages[@]} > 0)); then
   if [[ $(id -u) -eq 0 ]]; then as_root=(); elif command -v sudo > /dev/null; then as_root=(sudo); else
     printf 'test.sh: error: %s missing and there is neither root nor sudo to install them\n' "${test_packages[*]}" >&2

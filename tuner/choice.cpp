@@ -26,15 +26,6 @@ void keep_sm80_family(std::vector<Config>& configs) {
                 configs.end());
 }
 
-// The local-memory bytes (spill stores + loads) a config may spill and still be chosen where the rule allows it:
-// measured on Hopper, spills this small cost less than the next tile of the list.
-// - H200 (bench/notes_variants.md, "Tuning user variants"): the sm80 family's d128 backward tile spilling 12 bytes
-//   with a document mask and a bias ran 1.72x faster than the first spill-free tile of the list; the forward's
-//   128x64 tile spilling 436 bytes ran 1.04x slower than the spill-free 64x32 one.
-// - H100 (bench/notes_variants.md, "Soft cap", v3): the Hopper family's d64 backward tile spilling 32 bytes with
-//   the soft cap's derivative ran 1.43-1.53x faster than the sm80 family's spill-free tile, 1k to 16k tokens.
-constexpr int kCheapSpillBytes = 64;
-
 // The first of configs whose kernels compile for arch spilling at most cheap_bytes (none by default), with the
 // reason "built-in heuristic ..." naming what was passed over and what it spills; the first config when all of
 // them spill more.
@@ -93,7 +84,7 @@ ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arc
   std::vector<KernelConfig> configs = heuristic_forward_configs(dtype, head_dim, mask, arch, varlen);
   if (sm80_only) keep_sm80_family(configs);
   for (KernelConfig& c : configs) c.mods = mods;
-  auto [config, reason] = first_spilling_at_most(configs, arch);
+  auto [config, reason] = first_spilling_at_most(configs, arch, builtin_spill_allowance(Pass::kForward, arch));
   std::lock_guard<std::mutex> lock(mutex);
   return chosen.emplace(key, ForwardChoice{std::move(config), std::move(reason)}).first->second;
 }
@@ -115,7 +106,7 @@ BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mas
   for (BwdConfig& c : configs) c.varlen = varlen, c.mods = mods;
   // On sm_90 the Hopper family's tiles come first, and a few bytes of spill there (a soft cap's derivative at 64
   // columns) cost less than the sm80 family's tiles after them.
-  auto [config, reason] = first_spilling_at_most(configs, arch, arch == 90 ? kCheapSpillBytes : 0);
+  auto [config, reason] = first_spilling_at_most(configs, arch, builtin_spill_allowance(Pass::kBackward, arch));
   std::lock_guard<std::mutex> lock(mutex);
   return chosen.emplace(key, BackwardChoice{std::move(config), std::move(reason)}).first->second;
 }

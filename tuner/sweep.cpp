@@ -13,6 +13,7 @@
 #include "runtime/device_buffer.hpp"
 #include "tuner/choice.hpp"
 #include "tuner/sweep_driver.hpp"
+#include "tuner/tune_modules.hpp"
 #include "tuner/user_reference.hpp"
 
 namespace flashgen {
@@ -204,10 +205,7 @@ struct BackwardSet {
     float* lse_ptr = static_cast<float*>(lse.data());
     // The forward by its built-in config (not the run-time choice: no tune-on-first-use inside a sweep).
     const ForwardCall forward = make_forward_call(&tq, &tk, &tv, &tout, lse_ptr, &opts);
-    ForwardChoice fwd = heuristic_choice(problem.dtype, problem.head_dim(), problem.mask_kind(), arch, false,
-                                         problem.varlen, problem.score_mods());
-    if (problem.user) attach_user_variant(fwd, problem.user, arch);
-    launch_forward(forward, stream, fwd.config);
+    launch_forward(forward, stream, backward_sweep_forward(problem, arch));
     call = make_backward_call(&tq, &tk, &tv, &tout, &tdout, lse_ptr, &tdq, &tdk, &tdv, &opts);
   }
 

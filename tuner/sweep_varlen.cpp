@@ -10,6 +10,7 @@
 #include "runtime/device_buffer.hpp"
 #include "tuner/choice.hpp"
 #include "tuner/sweep_driver.hpp"
+#include "tuner/tune_modules.hpp"
 
 namespace flashgen {
 
@@ -84,11 +85,7 @@ struct PackedSet {
     dq = DeviceBuffer(std::max<size_t>(1, q_elems * 2));
     dk = DeviceBuffer(std::max<size_t>(1, kv_elems * 2)), dv = DeviceBuffer(std::max<size_t>(1, kv_elems * 2));
     // The forward by its built-in config (not the run-time choice: no tune-on-first-use inside a sweep).
-    const KernelConfig fwd =
-        heuristic_choice(problem.dtype, problem.head_dim(), problem.mask_kind(), arch, false, /*varlen=*/true,
-                         problem.score_mods())
-            .config;
-    launch_forward(forward, stream, fwd);
+    launch_forward(forward, stream, backward_sweep_forward(problem, arch));
     flashgen_varlen_backward_args b{};
     b.size = sizeof(b);
     b.q = args.q, b.k = args.k, b.v = args.v, b.out = args.out;

@@ -17,32 +17,13 @@
 #include "tuner/heuristic.hpp"
 #include "tuner/store.hpp"
 
+using flashgen::testing::NoSchedulerEnv;
 using flashgen::testing::parse_json;
 using flashgen::testing::run_cli;
 using flashgen::testing::TempDir;
+using flashgen::testing::write_spec;
 
 namespace {
-
-// Scheduler variables of the test process, cleared for the scope (popen passes them on to the CLI).
-class NoSchedulerEnv {
- public:
-  NoSchedulerEnv() {
-    for (const char* name : kNames) ::unsetenv(name);
-  }
-  ~NoSchedulerEnv() {
-    for (const char* name : kNames) ::unsetenv(name);
-  }
-
- private:
-  static constexpr const char* kNames[] = {"SLURM_PROCID", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK",
-                                           "OMPI_COMM_WORLD_SIZE"};
-};
-
-std::string write_spec(const TempDir& dir, const std::string& text) {
-  const std::string path = (dir.path() / "spec.json").string();
-  std::ofstream(path) << text;
-  return path;
-}
 
 // The problems a dry run lists, each listed entry (its candidates dropped) written back as a spec and listed
 // again: a spec's entries must read back as the same problems.
@@ -207,6 +188,29 @@ TEST_CASE("cli: tune shards a spec by --shard and by the scheduler's rank", "[cl
   // --shard wins over the environment.
   const nlohmann::json flag = parse_json(run_cli({"tune", "--spec", spec, "--shard", "0/1", "--dry-run", "--json"}, dir));
   CHECK(flag["problems"].size() == 5);
+
+  // A task of a job array: its index among the array's (a batch script's SLURM_PROCID=0 alone splits nothing), split
+  // again by its rank when the job step has several tasks. A dry run without --json plans nothing.
+  ::unsetenv("SLURM_NTASKS");
+  ::setenv("SLURM_PROCID", "0", 1);
+  ::setenv("SLURM_ARRAY_TASK_ID", "7", 1);
+  ::setenv("SLURM_ARRAY_TASK_MIN", "3", 1);
+  ::setenv("SLURM_ARRAY_TASK_STEP", "2", 1);
+  ::setenv("SLURM_ARRAY_TASK_COUNT", "4", 1);
+  const auto array = run_cli({"tune", "--spec", spec, "--db", db, "--dry-run"}, dir);
+  CHECK(array.out.find("shard 2 of 4 (from SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT): 1 of 5 problems into " +
+                       (dir.path() / "sweep.shard2-of-4.sqlite").string()) == 0);
+  ::setenv("SLURM_NTASKS", "2", 1);
+  ::setenv("SLURM_PROCID", "1", 1);
+  const auto steps = run_cli({"tune", "--spec", spec, "--dry-run"}, dir);
+  CHECK(steps.out.find("shard 5 of 8 (from SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT and SLURM_PROCID/SLURM_NTASKS)") ==
+        0);
+  ::setenv("SLURM_ARRAY_TASK_ID", "8", 1);  // not on the array's steps: no shard to guess
+  const auto off_step = run_cli({"tune", "--spec", spec, "--dry-run"}, dir);
+  CHECK(off_step.exit_code == 2);
+  CHECK(off_step.err.find("SLURM_ARRAY_TASK_ID=8 is not one of") != std::string::npos);
+  for (const char* name : {"SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_STEP", "SLURM_ARRAY_TASK_COUNT"})
+    ::unsetenv(name);
 
   ::unsetenv("SLURM_PROCID");
   ::unsetenv("SLURM_NTASKS");

@@ -57,6 +57,21 @@ TEST_CASE("backward config names round-trip and are canonical", "[generator][bac
   CHECK_THROWS_AS(BwdConfig::from_name("fwd_sm80_fp16_d128_m64_n64_w4_s2"), flashgen::Error);
 }
 
+TEST_CASE("a backward module without a dq kernel generates what its name reads back as", "[generator][backward]") {
+  // Its name leaves the dq tiles out, and the name and source make the cache key: a config built with other dq tiles
+  // (the heuristic's) must not make a module its name, read back from a database, would not find.
+  BwdConfig c;
+  c.head_dim = 64;
+  c.dq_block_n = 64;
+  REQUIRE_FALSE(c.has_dq_kernel());
+  const BwdConfig back = BwdConfig::from_name(c.name());
+  CHECK(back.dq_block_n != c.dq_block_n);
+  const flashgen::GeneratedSource made = flashgen::generate(c), read = flashgen::generate(back);
+  CHECK(made.translation_unit == read.translation_unit);
+  REQUIRE(made.headers.size() == read.headers.size());
+  for (size_t i = 0; i < made.headers.size(); ++i) CHECK(made.headers[i].contents == read.headers[i].contents);
+}
+
 TEST_CASE("sm90 backward config names round-trip", "[generator][backward][sm90]") {
   BwdConfig c;
   c.knobs = flashgen::BwdSm90Knobs{};

@@ -1,10 +1,13 @@
-// Tests for runtime/kernel_cache: round trip, damaged entries, read-only directories and several
-// processes racing for one key (exactly one produces, all read the same bytes).
+// Tests for runtime/kernel_cache: round trip, damaged entries, read-only directories, several
+// processes racing for one key (exactly one produces, all read the same bytes), and the same race where flock
+// fails as on NFS without a lock daemon (each may produce; every entry read is one whole copy).
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -21,9 +24,40 @@
 #include "runtime/kernel_cache.hpp"
 #include "support/temp_dir.hpp"
 
+// Whether flock fails with ENOLCK, as on an NFS mount without a lock daemon (FailingLocks sets it), and how many
+// calls it refused.
+std::atomic<bool> g_flock_fails{false};
+std::atomic<int> g_flock_refused{0};
+
+// flock as this test program sees it: the C library's, or ENOLCK while g_flock_fails. Defined in the program, it
+// takes the C library's place for libflashgen too, whose kernel cache is what the failing case tests.
+extern "C" int flock(int fd, int operation) {
+  using Flock = int (*)(int, int);
+  static const Flock next = reinterpret_cast<Flock>(::dlsym(RTLD_NEXT, "flock"));
+  if (g_flock_fails.load()) {
+    ++g_flock_refused;
+    errno = ENOLCK;
+    return -1;
+  }
+  return next(fd, operation);
+}
+
 namespace {
 
 using flashgen::testing::TempDir;
+
+// flock fails for the scope (and in processes forked within it).
+class FailingLocks {
+ public:
+  FailingLocks() {
+    g_flock_refused = 0;
+    g_flock_fails = true;
+  }
+  ~FailingLocks() { g_flock_fails = false; }
+  int refused() const { return g_flock_refused.load(); }
+  FailingLocks(const FailingLocks&) = delete;
+  FailingLocks& operator=(const FailingLocks&) = delete;
+};
 
 namespace fs = std::filesystem;
 
@@ -252,4 +286,75 @@ TEST_CASE("kernel cache: concurrent processes produce one entry once", "[kernel_
   const std::string producer_pid = lines.substr(lines.rfind(' ') + 1, lines.size() - lines.rfind(' ') - 2);
   flashgen::KernelCache cache(temp.path() / "cache");
   CHECK(cache.load(key) == std::optional<std::string>("cubin from " + producer_pid));
+}
+
+TEST_CASE("kernel cache without file locks stores whole entries and never loads a torn one", "[kernel_cache]") {
+  TempDir temp{"flashgen-cache-test"};
+  const FailingLocks no_locks;
+  const fs::path dir = temp.path() / "cache";
+  const std::string key = "fwd_sm80_fp16_d128_m128_n64_w4_s2-sm80-nolock";
+  {
+    // The lock is refused (the cache did ask for it), yet the entry is stored: the next call reads it.
+    flashgen::KernelCache cache(dir);
+    int produced = 0;
+    bool hit = true;
+    CHECK(cache.get_or_create(key, [&] { return std::to_string(++produced); }, &hit) == "1");
+    CHECK_FALSE(hit);
+    REQUIRE(no_locks.refused() > 0);
+    CHECK(cache.get_or_create(key, [&] { return std::to_string(++produced); }, &hit) == "1");
+    CHECK(hit);
+    // A damaged entry is replaced whole, by rename, without the lock that guards its removal.
+    write_file(cache.path_for(key), "garbage");
+    CHECK(cache.get_or_create(key, [&] { return std::to_string(++produced); }, &hit) == "2");
+    CHECK_FALSE(hit);
+    CHECK(cache.load(key) == std::optional<std::string>("2"));
+  }
+
+  // Processes racing for a fresh key, each payload large enough that an unatomic write would be seen half done:
+  // any may produce, and what each reads back is one producer's whole payload.
+  const std::string race_key = key + "-race";
+  constexpr int kChildren = 4;
+  constexpr size_t kPayloadBytes = size_t{4} << 20;
+  constexpr int kWhole = 10;
+  int start[2];
+  REQUIRE(::pipe(start) == 0);
+  std::vector<pid_t> children;
+  for (int i = 0; i < kChildren; ++i) {
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::close(start[1]);
+      char go = 0;
+      while (::read(start[0], &go, 1) < 0 && errno == EINTR) {
+      }
+      int status = 1;
+      try {
+        flashgen::KernelCache cache(dir);
+        const std::string mine(kPayloadBytes, static_cast<char>('a' + i));
+        const std::string got = cache.get_or_create(race_key, [&] { return mine; });
+        const std::optional<std::string> stored = cache.load(race_key);
+        auto whole = [&](const std::string& bytes) {
+          return bytes.size() == kPayloadBytes && bytes.find_first_not_of(bytes.front()) == std::string::npos;
+        };
+        if (whole(got) && stored && whole(*stored)) status = kWhole;
+      } catch (...) {
+      }
+      ::_exit(status);
+    }
+    children.push_back(pid);
+  }
+  ::close(start[0]);
+  ::close(start[1]);
+  for (pid_t pid : children) {
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == kWhole);
+  }
+  flashgen::KernelCache cache(dir);
+  const std::optional<std::string> entry = cache.load(race_key);
+  REQUIRE(entry.has_value());
+  CHECK(entry->size() == kPayloadBytes);
+  for (const auto& file : fs::directory_iterator(dir))
+    CHECK(file.path().filename().string().find(".tmp.") == std::string::npos);
 }

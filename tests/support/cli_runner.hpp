@@ -1,7 +1,9 @@
 // Runs the built `flashgen` CLI (FLASHGEN_CLI_PATH) for the [cli] tests, isolated from the user's own
-// kernel cache and tuning database: both point inside the test's temporary directory.
+// kernel cache and tuning database (both point inside the test's temporary directory) and, where a test asks, from
+// the scheduler it may run under.
 #pragma once
 
+#include <stdlib.h>
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -22,6 +24,24 @@ struct CliResult {
   int exit_code = -1;  // -1 when the CLI did not exit normally (a signal)
   std::string out;
   std::string err;
+};
+
+// The scheduler variables that pick a shard (Slurm's and Open MPI's), cleared for the scope and again at its end,
+// whatever the test set in between (popen passes the test process's environment on to the CLI).
+class NoSchedulerEnv {
+ public:
+  NoSchedulerEnv() { clear(); }
+  ~NoSchedulerEnv() { clear(); }
+  NoSchedulerEnv(const NoSchedulerEnv&) = delete;
+  NoSchedulerEnv& operator=(const NoSchedulerEnv&) = delete;
+
+ private:
+  static void clear() {
+    for (const char* name : {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT",
+                             "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_STEP", "OMPI_COMM_WORLD_RANK",
+                             "OMPI_COMM_WORLD_SIZE"})
+      ::unsetenv(name);
+  }
 };
 
 // The word quoted for /bin/sh.
@@ -59,6 +79,13 @@ inline nlohmann::json parse_json(const CliResult& result) {
   nlohmann::json j;
   REQUIRE_NOTHROW(j = nlohmann::json::parse(result.out));
   return j;
+}
+
+// A tune spec's JSON text written to dir/spec.json; returns the path.
+inline std::string write_spec(const TempDir& dir, const std::string& text) {
+  const std::string path = (dir.path() / "spec.json").string();
+  std::ofstream(path) << text;
+  return path;
 }
 
 }  // namespace flashgen::testing
