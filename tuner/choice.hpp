@@ -47,12 +47,8 @@ struct DecodeChoice {
 };
 
 // The local-memory bytes (spill stores + loads) a config may spill and still be chosen where the rule allows it:
-// measured on Hopper, spills this small cost less than the next tile of the list.
-// - H200 (bench/notes_variants.md, "Tuning user variants"): the sm80 family's d128 backward tile spilling 12 bytes
-//   with a document mask and a bias ran 1.72x faster than the first spill-free tile of the list; the forward's
-//   128x64 tile spilling 436 bytes ran 1.04x slower than the spill-free 64x32 one.
-// - H100 (bench/notes_variants.md, "Soft cap", v3): the Hopper family's d64 backward tile spilling 32 bytes with
-//   the soft cap's derivative ran 1.43-1.53x faster than the sm80 family's spill-free tile, 1k to 16k tokens.
+// on Hopper, spills this small cost less than the next tile of the list (bench/notes_variants.md, "Soft cap" and
+// "Tuning user variants").
 constexpr int kCheapSpillBytes = 64;
 
 // The bytes the built-in choice of a pass on sm_<arch> lets its config spill: kCheapSpillBytes for the backward on

@@ -122,11 +122,13 @@ std::string percent(double fraction) {
 
 void keep_or_replace(SweepResult& swept, const std::string& incumbent_name, double tie_tolerance,
                      WinnerDecision& decision) {
+  const std::string fastest_name = config_name(swept.winner);
   const CandidateResult* incumbent = nullptr;
   const CandidateResult* fastest = nullptr;
   for (const CandidateResult& c : swept.candidates) {
-    if (config_name(c.config) == incumbent_name) incumbent = &c;
-    if (config_name(c.config) == config_name(swept.winner)) fastest = &c;
+    const std::string name = config_name(c.config);
+    if (name == incumbent_name) incumbent = &c;
+    if (name == fastest_name) fastest = &c;
   }
   const std::string named = "the incumbent (" + decision.incumbent_source + ", " + incumbent_name + ")";
   decision.margin = 0;
@@ -149,7 +151,7 @@ void keep_or_replace(SweepResult& swept, const std::string& incumbent_name, doub
       decision.decision = swept.decision + "; " + percent(gain) + " faster than " + named + ", beyond the noise (" +
                           percent(noise) + ")";
     } else {
-      decision.decision = "kept " + named + ": the fastest, " + config_name(swept.winner) + ", was " +
+      decision.decision = "kept " + named + ": the fastest, " + fastest_name + ", was " +
                           percent(gain) + " faster, within the noise (" + percent(noise) + ")";
       decision.margin = 0;
       swept.winner = incumbent->config;
