@@ -1,6 +1,6 @@
 """Greedy generation of a randomly initialised Llama-shaped transformers model (no download) with
 attn_implementation="fg_attention" (flashgen.transformers) against "sdpa" in the same process: the prefill's time
-and the time per generated token, CUDA events around model.generate, median of repeats.
+and the time per generated token, CUDA events around model.generate, median of repeats taken in turns.
     FLASHGEN_LIBRARY=build/libflashgen.so PYTHONPATH=python python bench/bench_transformers_generate.py [--csv FILE]
 """
 import argparse
@@ -15,25 +15,33 @@ import flashgen
 import flashgen.transformers as fg_transformers
 
 
-def timed_generate(model, ids, new_tokens, repeats):
-    """Median milliseconds of model.generate(ids) producing new_tokens tokens (greedy, no stopping)."""
+def generate_ms(model, ids, new_tokens):
+    """Milliseconds of one model.generate(ids) producing new_tokens tokens (greedy, no stopping), CUDA events."""
     settings = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
-    model.generate(input_ids=ids, **settings)  # warm-up: kernels compiled or loaded, allocator filled
-    samples = []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    model.generate(input_ids=ids, **settings)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end)
+
+
+def interleaved_medians(models, ids, new_tokens, repeats):
+    """{implementation: median ms of generate}, the implementations taking turns in each repeat (after a warm-up
+    each: kernels compiled or loaded, allocator filled), so that a drift of the host's speed meets both alike."""
+    for model in models.values():
+        generate_ms(model, ids, new_tokens)
+    samples = {implementation: [] for implementation in models}
     for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        model.generate(input_ids=ids, **settings)
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end))
-    return statistics.median(samples)
+        for implementation, model in models.items():
+            samples[implementation].append(generate_ms(model, ids, new_tokens))
+    return {implementation: statistics.median(times) for implementation, times in samples.items()}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--csv")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args()
     name = fg_transformers.register()
     config = transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=8,
@@ -52,13 +60,13 @@ def main():
     with torch.no_grad():
         for batch, prompt in ((1, 1024), (1, 16384), (8, 4096)):
             ids = torch.randint(1, 32000, (batch, prompt), device="cuda")
-            for implementation, model in models.items():
-                prefill = timed_generate(model, ids, 1, args.repeats)
-                total = timed_generate(model, ids, 65, args.repeats)
-                per_token = (total - prefill) / 64
+            prefill = interleaved_medians(models, ids, 1, args.repeats)
+            total = interleaved_medians(models, ids, 65, args.repeats)
+            for implementation in models:
+                per_token = (total[implementation] - prefill[implementation]) / 64
                 lines.append(f"{torch.cuda.get_device_name()},{datetime.date.today().isoformat()},{torch.__version__},"
                              f"{transformers.__version__},{flashgen.version()},{batch},{prompt},{implementation},"
-                             f"{prefill:.2f},{per_token:.3f}")
+                             f"{prefill[implementation]:.2f},{per_token:.3f}")
                 print(lines[-1], flush=True)  # the header and every row, as they come
     if args.csv:
         with open(args.csv, "w") as out:

@@ -143,8 +143,9 @@ def main():
     profile_out = open(args.profile, "w") if args.profile else None
     device = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
-    header = ("device,date,torch,cudnn,flashgen,backend,dtype,batch,seqlen,heads,head_dim,causal,impl,fwd_host_us,"
-              "bwd_host_us,fwd_busy_us,bwd_busy_us,bwd_wall_us,fwd_kernel_us,bwd_kernel_us")
+    autograd = fg.backend(detail=True)["autograd"]
+    header = ("device,date,torch,cudnn,flashgen,backend,autograd,dtype,batch,seqlen,heads,head_dim,causal,impl,"
+              "fwd_host_us,bwd_host_us,fwd_busy_us,bwd_busy_us,bwd_wall_us,fwd_kernel_us,bwd_kernel_us")
     lines = [header]
     print(header, flush=True)
     for batch, seqlen in shapes:
@@ -167,8 +168,8 @@ def main():
                 for case in cases:
                     row = rows[case.name]
                     line = (f"{device},{date},{torch.__version__},{torch.backends.cudnn.version()},"
-                            f"{flashgen.version()},{fg.backend()},{args.dtype},{batch},{seqlen},{args.heads},"
-                            f"{head_dim},{int(causal)},{case.name},{row['fwd_host_us']:.1f},"
+                            f"{flashgen.version()},{fg.backend()},{autograd},{args.dtype},{batch},{seqlen},"
+                            f"{args.heads},{head_dim},{int(causal)},{case.name},{row['fwd_host_us']:.1f},"
                             f"{row['bwd_host_us']:.1f},{row['fwd_busy_us']:.1f},{row['bwd_busy_us']:.1f},"
                             f"{row['bwd_wall_us']:.1f},{row['fwd_kernel_us']:.1f},{row['bwd_kernel_us']:.1f}")
                     lines.append(line)

@@ -1,11 +1,15 @@
-"""Builds libflashgen_torch.so, flashgen's PyTorch ops in C++ on torch's stable ABI (python/csrc/), beside a built
+"""Builds libflashgen_torch.so, flashgen's PyTorch ops in C++ on torch's stable ABI (python/csrc/), and beside it
+libflashgen_torch_autograd-<torch version>.so, their autograd in C++ (python/csrc/autograd/), beside a built
 libflashgen: the wheel's build runs it when torch >= 2.10 with its headers is importable (setup.py), and by hand
 
     python3 python/build_torch_ops.py --flashgen-library build/libflashgen.so [--out build/libflashgen_torch.so]
 
-The library targets torch's stable ABI of 2.10 (TORCH_TARGET_VERSION), so one build serves every later torch. It
+The op library targets torch's stable ABI of 2.10 (TORCH_TARGET_VERSION), so one build serves every later torch. It
 links libflashgen by its SONAME (found beside it through RPATH $ORIGIN) and torch's libtorch_cpu and libtorch_cuda by
-name, as torch's own extensions do: the copies the process has loaded with torch satisfy them.
+name, as torch's own extensions do: the copies the process has loaded with torch satisfy them. The autograd library
+uses torch's C++ API, which the stable ABI lacks, so it serves only the torch release whose headers built it (its
+name says which; flashgen.torch loads it under that release only, and runs autograd in Python under any other);
+it is optional: a build that fails to compile it warns and keeps the op library.
 --torch-include/--torch-lib build against another torch's headers and libraries than the importable one.
 """
 
@@ -13,6 +17,7 @@ import argparse
 import concurrent.futures
 import os
 import pathlib
+import re
 import shlex
 import subprocess
 import sys
@@ -21,7 +26,9 @@ import tempfile
 HERE = pathlib.Path(__file__).resolve().parent
 SOURCE_TREE = HERE.parent
 SOURCES = sorted((HERE / "csrc").glob("*.cpp"))
+AUTOGRAD_SOURCES = sorted((HERE / "csrc" / "autograd").glob("*.cpp"))
 LIBRARY_NAME = "libflashgen_torch.so"
+AUTOGRAD_LIBRARY_PREFIX = "libflashgen_torch_autograd-"
 # torch 2.10: the stable ABI's str arguments, new_empty with a dtype, to() and contiguous() start there.
 TARGET_VERSION = "0x020a000000000000"
 
@@ -39,18 +46,30 @@ def torch_dirs():
     return include, lib
 
 
+def autograd_library_name(torch_version):
+    """The autograd library's file name for a torch release ("2.11.0", or torch.__version__ with its local tag)."""
+    return f"{AUTOGRAD_LIBRARY_PREFIX}{torch_version.split('+')[0]}.so"
+
+
+def headers_version(torch_include):
+    """The torch release of an include folder, "2.11.0", from torch/headeronly/version.h."""
+    text = (pathlib.Path(torch_include) / "torch" / "headeronly" / "version.h").read_text()
+    parts = [re.search(rf"#define TORCH_VERSION_{part} (\d+)", text) for part in ("MAJOR", "MINOR", "PATCH")]
+    if not all(parts):
+        raise ValueError(f"{torch_include}: torch/headeronly/version.h names no release")
+    return ".".join(match.group(1) for match in parts)
+
+
 def _run(command):
     print("flashgen build:", " ".join(shlex.quote(str(part)) for part in command), flush=True)
     subprocess.run([str(part) for part in command], check=True)
 
 
-def build(flashgen_library, out, torch_include, torch_lib, cxx="g++", jobs=None):
-    """Compiles python/csrc/*.cpp and links them into out."""
-    flashgen_library = pathlib.Path(flashgen_library).resolve()
-    out = pathlib.Path(out).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    flags = ["-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra",
-             f"-DTORCH_TARGET_VERSION={TARGET_VERSION}", "-isystem", torch_include, "-I", SOURCE_TREE / "include"]
+_FLAGS = ["-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra"]
+
+
+def _link(cxx, sources, flags, out, link_flags, jobs):
+    """Compiles sources in parallel and links them into the shared library out."""
     with tempfile.TemporaryDirectory(prefix="flashgen-torch-ops-") as objects:
         def compile_one(source):
             target = pathlib.Path(objects) / (source.stem + ".o")
@@ -58,13 +77,35 @@ def build(flashgen_library, out, torch_include, torch_lib, cxx="g++", jobs=None)
             return target
 
         with concurrent.futures.ThreadPoolExecutor(jobs or os.cpu_count() or 1) as pool:
-            targets = list(pool.map(compile_one, SOURCES))
+            targets = list(pool.map(compile_one, sources))
         # --no-as-needed: torch's libraries are named for the loader's sake (Python loads torch._C with
         # RTLD_LOCAL, so libtorch's symbols are found through this library's own dependencies), not for symbols
         # the link needs resolved.
-        _run([cxx, "-shared", "-o", out, *targets, "-L", flashgen_library.parent,
-              "-l:" + flashgen_library.name, "-Wl,-rpath,$ORIGIN", "-Wl,--no-as-needed", "-L", torch_lib,
-              "-ltorch_cpu", "-ltorch_cuda", "-Wl,--as-needed"])
+        _run([cxx, "-shared", "-o", out, *targets, *link_flags])
+
+
+def build(flashgen_library, out, torch_include, torch_lib, cxx="g++", jobs=None):
+    """Compiles python/csrc/*.cpp into out and python/csrc/autograd/*.cpp into the autograd library beside it (a
+    failure there is reported, not raised); returns out."""
+    flashgen_library = pathlib.Path(flashgen_library).resolve()
+    out = pathlib.Path(out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def torch_libraries(*names):
+        return ["-Wl,--no-as-needed", "-L", torch_lib, *(f"-l{name}" for name in names), "-Wl,--as-needed"]
+
+    _link(cxx, SOURCES, [*_FLAGS, f"-DTORCH_TARGET_VERSION={TARGET_VERSION}", "-isystem", torch_include, "-I",
+                         SOURCE_TREE / "include"], out,
+          ["-L", flashgen_library.parent, "-l:" + flashgen_library.name, "-Wl,-rpath,$ORIGIN",
+           *torch_libraries("torch_cpu", "torch_cuda")], jobs)
+    try:
+        autograd = out.parent / autograd_library_name(headers_version(torch_include))
+        _link(cxx, AUTOGRAD_SOURCES, [*_FLAGS, "-isystem", torch_include, "-isystem",
+                                      pathlib.Path(torch_include) / "torch" / "csrc" / "api" / "include"],
+              autograd, torch_libraries("c10", "torch_cpu"), jobs)
+    except (OSError, ValueError, subprocess.CalledProcessError) as error:
+        print(f"flashgen build: the autograd library was not built ({error}); flashgen.torch runs autograd in "
+              "Python", flush=True)
     return out
 
 

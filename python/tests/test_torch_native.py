@@ -39,6 +39,50 @@ def test_backend_says_which_path_runs():
     expected = os.environ.get("FLASHGEN_EXPECT_BACKEND")
     if expected:
         assert fgt.backend() == expected, detail
+    assert detail["autograd"] in ("native", "python")
+    if detail["autograd"] == "native":
+        assert os.path.isfile(detail["autograd_library"]) and fgt.backend() == "native"
+    else:
+        assert detail["autograd_reason"]
+    expected = os.environ.get("FLASHGEN_EXPECT_AUTOGRAD")
+    if expected:
+        assert detail["autograd"] == expected, detail
+
+
+def test_cpp_autograd_matches_the_python_formulas():
+    """Where the autograd library is loaded, eager calls record its C++ nodes, whose gradients equal (bitwise, with
+    deterministic=True) those of the Python formulas (_EagerAttention) over the same kernels: dense with grouped heads,
+    a window and sinks, and packed."""
+    from flashgen.torch import _autograd
+    if fgt.backend(detail=True)["autograd"] != "native":
+        pytest.skip("the autograd library is not loaded: " + fgt.backend(detail=True)["autograd_reason"])
+    q = _randn(2, 192, 4, 64, seed=4).requires_grad_()
+    k, v = (_randn(2, 160, 2, 64, seed=seed).requires_grad_() for seed in (5, 6))
+    sinks = _randn(4, seed=7, dtype=torch.float32).requires_grad_()
+    dout = _randn(2, 192, 4, 64, seed=8)
+    out = fgt.attention(q, k, v, causal=True, window_size=(48, 0), sinks=sinks, deterministic=True)
+    assert "DenseAttention" in out.grad_fn.name(), out.grad_fn.name()
+    cpp = torch.autograd.grad(out, (q, k, v, sinks), dout)
+    python_out, _ = _autograd._EagerAttention.apply(q, k, v, 0.0, "window", "bshd", True, 0.0, 48, 0, None, sinks,
+                                                    0)
+    assert torch.equal(out, python_out)
+    for name, a, b in zip(("dq", "dk", "dv", "dsinks"), cpp, torch.autograd.grad(python_out, (q, k, v, sinks), dout)):
+        assert torch.equal(a, b), name
+
+    packed = [t.detach().reshape(-1, t.shape[2], 64).requires_grad_() for t in (q, k, v)]
+    cu_q = torch.tensor([0, 100, 384], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 70, 320], dtype=torch.int32, device="cuda")
+    out = fgt.varlen_attention(*packed, cu_q, cu_k, 284, 250, causal=True, deterministic=True)
+    assert "VarlenAttention" in out.grad_fn.name(), out.grad_fn.name()
+    grads = torch.autograd.grad(out, packed, dout.reshape(-1, 4, 64))
+    for i, (start_q, end_q, start_k, end_k) in enumerate(((0, 100, 0, 70), (100, 384, 70, 320))):
+        one = fgt.attention(*(t[None, a:b] for t, (a, b) in zip(packed, ((start_q, end_q), (start_k, end_k),
+                                                                         (start_k, end_k)))),
+                            causal=True, deterministic=True)
+        expected = torch.autograd.grad(one, packed, dout.reshape(-1, 4, 64)[None, start_q:end_q])
+        torch.testing.assert_close(grads[0][start_q:end_q], expected[0][start_q:end_q], rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(grads[1][start_k:end_k], expected[1][start_k:end_k], rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(grads[2][start_k:end_k], expected[2][start_k:end_k], rtol=2e-2, atol=2e-2)
 
 
 def test_op_schemas_are_the_shared_text():

@@ -44,9 +44,17 @@ __all__ = ["attention", "varlen_attention", "attention_with_kvcache", "explain",
 def backend(detail=False):
     """How flashgen.torch's ops run: "native" (libflashgen_torch.so, C++ kernels registered with torch's dispatcher on
     its stable ABI) or "ctypes" (the ops defined in Python, calling libflashgen's C ABI through ctypes). detail=True
-    gives {"backend": ..., "library": the op library's path} or {"backend": "ctypes", "reason": why not native}."""
+    gives {"backend": ..., "library": the op library's path} or {"backend": "ctypes", "reason": why not native}, and
+    "autograd": "native" (the autograd library built for this torch release, libflashgen_torch_autograd-*.so:
+    "autograd_library" its path) or "python" ("autograd_reason" why)."""
     name = "native" if _native.loaded() else "ctypes"
     if not detail:
         return name
-    return {"backend": name, "library": _native._State.path} if name == "native" else {
+    answer = {"backend": name, "library": _native._State.path} if name == "native" else {
         "backend": name, "reason": _native._State.reason}
+    if _native.autograd_loaded():
+        answer.update(autograd="native", autograd_library=_native._State.autograd_path)
+    else:
+        answer.update(autograd="python",
+                      autograd_reason=_native._State.autograd_reason or "the op library is not loaded")
+    return answer

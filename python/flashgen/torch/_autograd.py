@@ -90,6 +90,14 @@ class _EagerAttention(torch.autograd.Function):
         return (dq, dk, dv) + (None,) * 8 + (dsinks if sinks is not None else None, None)
 
 
+def differentiable_forward(*args):
+    """(out, lse) of an eager dense call that records autograd, args as attention_forward takes them: through the op
+    and its C++ autograd where the autograd library is loaded (neither pass enters Python), else _EagerAttention."""
+    if _native.autograd_loaded():
+        return _native.call_with_autograd(torch.ops.flashgen.attention_forward.default, *args)
+    return _EagerAttention.apply(*args)
+
+
 def forward_kernels(q, k, v, scale, mask, layout, softcap, window_left, window_right, alibi_slopes, sinks,
                     attention_chunk):
     """(out, lse) of an eager forward whose arguments attention() checked: the op library's kernel where it is

@@ -5,7 +5,7 @@ import ctypes
 import torch
 
 from .. import _lib
-from ._autograd import _EagerAttention, _Empty, _eager_call, _user_variant_call
+from ._autograd import _Empty, _eager_call, _user_variant_call, differentiable_forward
 from ._calls import _BackwardCall, _ForwardCall, _backward_kernels, _forward, _planned_forward, _stream, _warm_sinks
 from ._checks import (_DTYPE_CODES, _MASK_CODES, _autocast, _bshd_shape, _check_alibi, _check_chunk, _check_inputs,
                       _check_scale, _check_sinks, _check_softcap, _deterministic, _lse_shape, _mask, _mask_and_window)
@@ -112,7 +112,7 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
         if signature in _CHECKED:  # passed the checks below before: straight to the kernels
             args = (q, k, v, scale, mask, layout, _deterministic(deterministic), softcap, *window, None, None, chunk)
             if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-                out, lse = _EagerAttention.apply(*args)
+                out, lse = differentiable_forward(*args)
             else:
                 out, lse = _forward(q, k, v, scale, mask, layout, checked=True, softcap=softcap, window=window,
                                     attention_chunk=chunk)
@@ -146,7 +146,7 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
         if not _eager_call(q, k, v):
             out, lse = torch.ops.flashgen.attention_forward(*args)
         elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks)):
-            out, lse = _EagerAttention.apply(*args)
+            out, lse = differentiable_forward(*args)
         else:  # nothing to differentiate: no autograd node at all, and the kept ctypes arguments of the signature
             out, lse = _forward(q, k, v, scale, mask, layout, checked=True, softcap=softcap, window=window,
                                 alibi_slopes=alibi_slopes, sinks=sinks, attention_chunk=chunk)

@@ -2,8 +2,13 @@
 libflashgen (or at $FLASHGEN_TORCH_OPS_LIBRARY) and loaded with torch.ops.load_library, which registers the ops with
 torch's dispatcher. Without it (not built: torch's headers were missing when the wheel was built; a torch older than
 2.10; FLASHGEN_NATIVE_OPS=0) _ops.py defines the same ops in Python over the C ABI through ctypes.
+
+Beside it, libflashgen_torch_autograd-<release>.so registers the dense and packed forward ops' autograd in C++
+(python/csrc/autograd/): built against one torch release's C++ API, it is loaded only by that release (and not with
+FLASHGEN_NATIVE_AUTOGRAD=0); otherwise _ops.py registers the same formulas from Python.
 """
 
+import glob
 import os
 
 import torch
@@ -11,11 +16,14 @@ import torch
 from .. import _lib
 
 LIBRARY_NAME = "libflashgen_torch.so"
+AUTOGRAD_LIBRARY_PREFIX = "libflashgen_torch_autograd-"  # + torch's release, "2.11.0", + ".so"
 
 
 class _State:
     path = None    # the loaded op library, or None
     reason = None  # why it is not loaded
+    autograd_path = None    # the loaded autograd library, or None
+    autograd_reason = None  # why it is not loaded
 
 
 def library_path():
@@ -48,12 +56,39 @@ def load():
         _State.reason = f"{path} does not load ({error}); it needs torch >= 2.10"
         return None
     _State.path = path
+    _load_autograd(path)
     return path
+
+
+def _load_autograd(op_library):
+    """Loads the autograd library built for this torch release, found beside the op library."""
+    if os.environ.get("FLASHGEN_NATIVE_AUTOGRAD", "1") == "0":
+        _State.autograd_reason = "FLASHGEN_NATIVE_AUTOGRAD=0"
+        return
+    release = torch.__version__.split("+")[0]
+    folder = os.path.dirname(op_library)
+    path = os.path.join(folder, f"{AUTOGRAD_LIBRARY_PREFIX}{release}.so")
+    if not os.path.exists(path):
+        built = sorted(os.path.basename(p) for p in glob.glob(os.path.join(folder, AUTOGRAD_LIBRARY_PREFIX + "*.so")))
+        _State.autograd_reason = (f"{path}: no such file" + (f" (built for other releases: {', '.join(built)})"
+                                                              if built else ""))
+        return
+    try:
+        torch.ops.load_library(path)
+    except (OSError, RuntimeError) as error:
+        _State.autograd_reason = f"{path} does not load ({error})"
+        return
+    _State.autograd_path = path
 
 
 def loaded():
     """Whether the ops run in C++ (the op library is loaded)."""
     return _State.path is not None
+
+
+def autograd_loaded():
+    """Whether the forward ops' autograd runs in C++ (the autograd library is loaded)."""
+    return _State.autograd_path is not None
 
 
 _below_autograd = getattr(torch._C, "_AutoDispatchBelowAutograd", None)
@@ -63,14 +98,28 @@ _STATUS_NAMES = {name: status for status, name in _lib.STATUS_NAMES.items()}
 def call(op, *args):
     """op(*args) of an eager call, straight to its CUDA kernel (the caller's autograd, if any, is its own), a failure
     of the library raised as flashgen._lib.check raises it: the kernels word their message "call: message [status]"."""
+    if _below_autograd is None:
+        return call_with_autograd(op, *args)
+    with _below_autograd():
+        return call_with_autograd(op, *args)
+
+
+def call_with_autograd(op, *args):
+    """op(*args) through the whole dispatcher, its autograd included (the autograd library's C++ formulas), a failure
+    of the library raised as call() raises it."""
     try:
-        if _below_autograd is None:
-            return op(*args)
-        with _below_autograd():
-            return op(*args)
+        return op(*args)
     except RuntimeError as error:
-        message = str(error)
-        for name, status in _STATUS_NAMES.items():
-            if f"[{name}]" in message:
-                raise _lib.error_for(status, message.splitlines()[0]) from None
-        raise
+        translated = _library_error(error)
+        if translated is None:
+            raise
+        raise translated from None
+
+
+def _library_error(error):
+    """The FlashgenError of a kernel's RuntimeError worded "call: message [status]", or None for another error."""
+    message = str(error)
+    for name, status in _STATUS_NAMES.items():
+        if f"[{name}]" in message:
+            return _lib.error_for(status, message.splitlines()[0])
+    return None

@@ -95,7 +95,8 @@ _FAKE_KERNELS = {"attention_forward": _attention_forward_fake, "attention_backwa
 
 
 def _define():
-    """Defines the ops (unless the op library did) and registers their fakes and autograd."""
+    """Defines the ops (unless the op library did) and registers their fakes and autograd (unless the autograd
+    library did)."""
     native = _native.load() is not None
     for name, schema in SCHEMAS.items():
         qualified = f"flashgen::{name}"
@@ -103,6 +104,8 @@ def _define():
             torch.library.custom_op(qualified, _PYTHON_KERNELS[name], mutates_args=MUTATES.get(name, ()),
                                     schema=schema)
         torch.library.register_fake(qualified, _FAKE_KERNELS[name])
+    if _native.autograd_loaded():  # the autograd library registered the same formulas in C++
+        return
     torch.library.register_autograd("flashgen::attention_forward", _backward, setup_context=_setup_context)
     torch.library.register_autograd("flashgen::varlen_attention_forward", _varlen_backward_formula,
                                     setup_context=_varlen_setup_context)

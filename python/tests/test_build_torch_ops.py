@@ -1,0 +1,41 @@
+"""The op libraries' build script, with no torch needed: the autograd library is named for the torch release whose
+headers built it, and flashgen.torch looks for it under the same name."""
+
+import ast
+import sys
+
+import pytest
+
+import testsupport
+
+sys.path.insert(0, str(testsupport.PYTHON_DIR))
+import build_torch_ops  # noqa: E402
+
+
+def _version_header(folder, text):
+    header = folder / "torch" / "headeronly" / "version.h"
+    header.parent.mkdir(parents=True)
+    header.write_text(text)
+    return folder
+
+
+def test_autograd_library_is_named_for_the_headers_release(tmp_path):
+    include = _version_header(tmp_path, "#pragma once\n#define TORCH_VERSION_MAJOR 2\n#define TORCH_VERSION_MINOR 11\n"
+                                        "#define TORCH_VERSION_PATCH 0\n#define TORCH_VERSION_ABI_TAG 0\n")
+    assert build_torch_ops.headers_version(include) == "2.11.0"
+    assert build_torch_ops.autograd_library_name("2.11.0") == "libflashgen_torch_autograd-2.11.0.so"
+    # torch.__version__'s local tag (the CUDA build) is not part of the name: the headers do not carry it.
+    assert build_torch_ops.autograd_library_name("2.11.0+cu130") == "libflashgen_torch_autograd-2.11.0.so"
+
+
+def test_headers_without_a_release_are_refused(tmp_path):
+    include = _version_header(tmp_path, "#pragma once\n#define TORCH_VERSION \"2.11.0\"\n")
+    with pytest.raises(ValueError, match="names no release"):
+        build_torch_ops.headers_version(include)
+
+
+def test_flashgen_torch_looks_for_the_same_name():
+    tree = ast.parse((testsupport.PYTHON_DIR / "flashgen" / "torch" / "_native.py").read_text())
+    prefixes = [ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                and getattr(node.targets[0], "id", None) == "AUTOGRAD_LIBRARY_PREFIX"]
+    assert prefixes == [build_torch_ops.AUTOGRAD_LIBRARY_PREFIX]
