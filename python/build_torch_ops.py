@@ -1,12 +1,12 @@
 """Builds libflashgen_torch.so, flashgen's PyTorch ops in C++ on torch's stable ABI (python/csrc/), and beside it
-libflashgen_torch_autograd-<torch version>.so, their autograd in C++ (python/csrc/autograd/), beside a built
+libflashgen_torch-<torch version>.so, their autograd in C++ (python/csrc/release/), beside a built
 libflashgen: the wheel's build runs it when torch >= 2.10 with its headers is importable (setup.py), and by hand
 
     python3 python/build_torch_ops.py --flashgen-library build/libflashgen.so [--out build/libflashgen_torch.so]
 
 The op library targets torch's stable ABI of 2.10 (TORCH_TARGET_VERSION), so one build serves every later torch. It
 links libflashgen by its SONAME (found beside it through RPATH $ORIGIN) and torch's libtorch_cpu and libtorch_cuda by
-name, as torch's own extensions do: the copies the process has loaded with torch satisfy them. The autograd library
+name, as torch's own extensions do: the copies the process has loaded with torch satisfy them. The release library
 uses torch's C++ API, which the stable ABI lacks, so it serves only the torch release whose headers built it (its
 name says which; flashgen.torch loads it under that release only, and runs autograd in Python under any other);
 it is optional: a build that fails to compile it warns and keeps the op library.
@@ -26,9 +26,9 @@ import tempfile
 HERE = pathlib.Path(__file__).resolve().parent
 SOURCE_TREE = HERE.parent
 SOURCES = sorted((HERE / "csrc").glob("*.cpp"))
-AUTOGRAD_SOURCES = sorted((HERE / "csrc" / "autograd").glob("*.cpp"))
+RELEASE_SOURCES = sorted((HERE / "csrc" / "release").glob("*.cpp"))
 LIBRARY_NAME = "libflashgen_torch.so"
-AUTOGRAD_LIBRARY_PREFIX = "libflashgen_torch_autograd-"
+RELEASE_LIBRARY_PREFIX = "libflashgen_torch-"
 # torch 2.10: the stable ABI's str arguments, new_empty with a dtype, to() and contiguous() start there.
 TARGET_VERSION = "0x020a000000000000"
 
@@ -46,9 +46,9 @@ def torch_dirs():
     return include, lib
 
 
-def autograd_library_name(torch_version):
-    """The autograd library's file name for a torch release ("2.11.0", or torch.__version__ with its local tag)."""
-    return f"{AUTOGRAD_LIBRARY_PREFIX}{torch_version.split('+')[0]}.so"
+def release_library_name(torch_version):
+    """The release library's file name for a torch release ("2.11.0", or torch.__version__ with its local tag)."""
+    return f"{RELEASE_LIBRARY_PREFIX}{torch_version.split('+')[0]}.so"
 
 
 def headers_version(torch_include):
@@ -70,6 +70,8 @@ _FLAGS = ["-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra
 
 def _link(cxx, sources, flags, out, link_flags, jobs):
     """Compiles sources in parallel and links them into the shared library out."""
+    if not sources:
+        raise ValueError(f"no sources for {out.name}")
     with tempfile.TemporaryDirectory(prefix="flashgen-torch-ops-") as objects:
         def compile_one(source):
             target = pathlib.Path(objects) / (source.stem + ".o")
@@ -85,7 +87,7 @@ def _link(cxx, sources, flags, out, link_flags, jobs):
 
 
 def build(flashgen_library, out, torch_include, torch_lib, cxx="g++", jobs=None):
-    """Compiles python/csrc/*.cpp into out and python/csrc/autograd/*.cpp into the autograd library beside it (a
+    """Compiles python/csrc/*.cpp into out and python/csrc/release/*.cpp into the release library beside it (a
     failure there is reported, not raised); returns out."""
     flashgen_library = pathlib.Path(flashgen_library).resolve()
     out = pathlib.Path(out).resolve()
@@ -94,18 +96,18 @@ def build(flashgen_library, out, torch_include, torch_lib, cxx="g++", jobs=None)
     def torch_libraries(*names):
         return ["-Wl,--no-as-needed", "-L", torch_lib, *(f"-l{name}" for name in names), "-Wl,--as-needed"]
 
-    _link(cxx, SOURCES, [*_FLAGS, f"-DTORCH_TARGET_VERSION={TARGET_VERSION}", "-isystem", torch_include, "-I",
-                         SOURCE_TREE / "include"], out,
-          ["-L", flashgen_library.parent, "-l:" + flashgen_library.name, "-Wl,-rpath,$ORIGIN",
-           *torch_libraries("torch_cpu", "torch_cuda")], jobs)
+    flashgen_link = ["-L", flashgen_library.parent, "-l:" + flashgen_library.name, "-Wl,-rpath,$ORIGIN"]
+    includes = ["-isystem", torch_include, "-I", SOURCE_TREE / "include"]
+    _link(cxx, SOURCES, [*_FLAGS, f"-DTORCH_TARGET_VERSION={TARGET_VERSION}", *includes], out,
+          flashgen_link + torch_libraries("torch_cpu", "torch_cuda"), jobs)
     try:
-        autograd = out.parent / autograd_library_name(headers_version(torch_include))
-        _link(cxx, AUTOGRAD_SOURCES, [*_FLAGS, "-isystem", torch_include, "-isystem",
-                                      pathlib.Path(torch_include) / "torch" / "csrc" / "api" / "include"],
-              autograd, torch_libraries("c10", "torch_cpu"), jobs)
+        release = out.parent / release_library_name(headers_version(torch_include))
+        api = pathlib.Path(torch_include) / "torch" / "csrc" / "api" / "include"
+        _link(cxx, RELEASE_SOURCES, [*_FLAGS, *includes, "-isystem", api], release,
+              flashgen_link + torch_libraries("c10", "torch_cpu", "torch_cuda"), jobs)
     except (OSError, ValueError, subprocess.CalledProcessError) as error:
-        print(f"flashgen build: the autograd library was not built ({error}); flashgen.torch runs autograd in "
-              "Python", flush=True)
+        print(f"flashgen build: the release library was not built ({error}); flashgen.torch runs autograd and the "
+              "SDPA overrides in Python", flush=True)
     return out
 
 

@@ -70,7 +70,7 @@ def build_native(package_dir, build_temp):
 
 
 def build_torch_ops_beside(library):
-    """libflashgen_torch.so (flashgen's PyTorch ops in C++, build_torch_ops.py) and its autograd library beside the
+    """libflashgen_torch.so (flashgen's PyTorch ops in C++, build_torch_ops.py) and its release library beside the
     packaged library, when a torch >= 2.10 with its headers is importable here; without one the wheel's
     flashgen.torch runs its ops through ctypes. FLASHGEN_TORCH_OPS=0 skips it, =1 makes a missing torch an error."""
     wanted = os.environ.get("FLASHGEN_TORCH_OPS", "")

@@ -1,4 +1,4 @@
-"""The op libraries' build script, with no torch needed: the autograd library is named for the torch release whose
+"""The op libraries' build script, with no torch needed: the release library is named for the torch release whose
 headers built it, and flashgen.torch looks for it under the same name."""
 
 import ast
@@ -23,9 +23,9 @@ def test_autograd_library_is_named_for_the_headers_release(tmp_path):
     include = _version_header(tmp_path, "#pragma once\n#define TORCH_VERSION_MAJOR 2\n#define TORCH_VERSION_MINOR 11\n"
                                         "#define TORCH_VERSION_PATCH 0\n#define TORCH_VERSION_ABI_TAG 0\n")
     assert build_torch_ops.headers_version(include) == "2.11.0"
-    assert build_torch_ops.autograd_library_name("2.11.0") == "libflashgen_torch_autograd-2.11.0.so"
+    assert build_torch_ops.release_library_name("2.11.0") == "libflashgen_torch-2.11.0.so"
     # torch.__version__'s local tag (the CUDA build) is not part of the name: the headers do not carry it.
-    assert build_torch_ops.autograd_library_name("2.11.0+cu130") == "libflashgen_torch_autograd-2.11.0.so"
+    assert build_torch_ops.release_library_name("2.11.0+cu130") == "libflashgen_torch-2.11.0.so"
 
 
 def test_headers_without_a_release_are_refused(tmp_path):
@@ -37,5 +37,11 @@ def test_headers_without_a_release_are_refused(tmp_path):
 def test_flashgen_torch_looks_for_the_same_name():
     tree = ast.parse((testsupport.PYTHON_DIR / "flashgen" / "torch" / "_native.py").read_text())
     prefixes = [ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
-                and getattr(node.targets[0], "id", None) == "AUTOGRAD_LIBRARY_PREFIX"]
-    assert prefixes == [build_torch_ops.AUTOGRAD_LIBRARY_PREFIX]
+                and getattr(node.targets[0], "id", None) == "RELEASE_LIBRARY_PREFIX"]
+    assert prefixes == [build_torch_ops.RELEASE_LIBRARY_PREFIX]
+
+
+def test_each_library_has_its_sources():
+    assert {source.name for source in build_torch_ops.RELEASE_SOURCES} >= {"autograd.cpp", "sdpa.cpp"}
+    assert "ops_library.cpp" in {source.name for source in build_torch_ops.SOURCES}
+    assert not set(build_torch_ops.SOURCES) & set(build_torch_ops.RELEASE_SOURCES)

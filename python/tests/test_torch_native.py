@@ -41,21 +41,21 @@ def test_backend_says_which_path_runs():
         assert fgt.backend() == expected, detail
     assert detail["autograd"] in ("native", "python")
     if detail["autograd"] == "native":
-        assert os.path.isfile(detail["autograd_library"]) and fgt.backend() == "native"
+        assert os.path.isfile(detail["release_library"]) and fgt.backend() == "native"
     else:
-        assert detail["autograd_reason"]
+        assert detail["release_reason"]
     expected = os.environ.get("FLASHGEN_EXPECT_AUTOGRAD")
     if expected:
         assert detail["autograd"] == expected, detail
 
 
 def test_cpp_autograd_matches_the_python_formulas():
-    """Where the autograd library is loaded, eager calls record its C++ nodes, whose gradients equal (bitwise, with
+    """Where the release library is loaded, eager calls record its C++ nodes, whose gradients equal (bitwise, with
     deterministic=True) those of the Python formulas (_EagerAttention) over the same kernels: dense with grouped heads,
     a window and sinks, and packed."""
     from flashgen.torch import _autograd
     if fgt.backend(detail=True)["autograd"] != "native":
-        pytest.skip("the autograd library is not loaded: " + fgt.backend(detail=True)["autograd_reason"])
+        pytest.skip("the release library is not loaded: " + fgt.backend(detail=True)["release_reason"])
     q = _randn(2, 192, 4, 64, seed=4).requires_grad_()
     k, v = (_randn(2, 160, 2, 64, seed=seed).requires_grad_() for seed in (5, 6))
     sinks = _randn(4, seed=7, dtype=torch.float32).requires_grad_()

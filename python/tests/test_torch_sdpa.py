@@ -172,3 +172,22 @@ def test_the_flashattention2_ops_below_sdpa_run_flashgen():
     visible = testsupport.window_keys(150, 150, (32, 0), "cuda")
     want, _, _ = testsupport.float64_bshd_attention(q, k, v, torch.zeros_like(q), 64 ** -0.5, visible)
     testsupport.assert_close_to_float64("windowed out", out, want, torch.float16)
+
+
+def test_sdpa_overrides_run_in_cpp_where_the_release_library_loads():
+    """With the release library loaded, SDPA's flash pair is served by its C++ kernels (python/csrc/release/sdpa.cpp,
+    as torch's dispatcher records them) while enabled, and by torch's own once disabled; else by the Python ones."""
+    def registrations():
+        return torch._C._dispatch_dump("aten::_scaled_dot_product_flash_attention")
+
+    native = fgt.backend(detail=True)["sdpa"] == "native"
+    with fgt.enable():
+        assert ("sdpa.cpp" in registrations()) == native, registrations()
+        generator = torch.Generator(device="cuda").manual_seed(6)
+        q, k, v = (_model_layout(2, 96, 4, 64, torch.bfloat16, generator, True) for _ in range(3))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # torch's kernel returns out with query's strides: a model's transpose back is then a free view.
+        assert out.stride() == q.stride()
+        out.sum().backward()
+        assert _served("forward") == 1 and _served("backward") == 1
+    assert "sdpa.cpp" not in registrations()

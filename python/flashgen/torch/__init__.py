@@ -45,16 +45,17 @@ def backend(detail=False):
     """How flashgen.torch's ops run: "native" (libflashgen_torch.so, C++ kernels registered with torch's dispatcher on
     its stable ABI) or "ctypes" (the ops defined in Python, calling libflashgen's C ABI through ctypes). detail=True
     gives {"backend": ..., "library": the op library's path} or {"backend": "ctypes", "reason": why not native}, and
-    "autograd": "native" (the autograd library built for this torch release, libflashgen_torch_autograd-*.so:
-    "autograd_library" its path) or "python" ("autograd_reason" why)."""
+    where autograd and enable()'s SDPA overrides run: "autograd" and "sdpa" are "native" where the release library
+    built for this torch release is loaded (libflashgen_torch-<release>.so, "release_library" its path), else
+    "python" ("release_reason" why)."""
     name = "native" if _native.loaded() else "ctypes"
     if not detail:
         return name
     answer = {"backend": name, "library": _native._State.path} if name == "native" else {
         "backend": name, "reason": _native._State.reason}
-    if _native.autograd_loaded():
-        answer.update(autograd="native", autograd_library=_native._State.autograd_path)
+    if _native.release_loaded():
+        answer.update(autograd="native", sdpa="native", release_library=_native._State.release_path)
     else:
-        answer.update(autograd="python",
-                      autograd_reason=_native._State.autograd_reason or "the op library is not loaded")
+        answer.update(autograd="python", sdpa="python",
+                      release_reason=_native._State.release_reason or "the op library is not loaded")
     return answer

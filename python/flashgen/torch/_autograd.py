@@ -92,8 +92,8 @@ class _EagerAttention(torch.autograd.Function):
 
 def differentiable_forward(*args):
     """(out, lse) of an eager dense call that records autograd, args as attention_forward takes them: through the op
-    and its C++ autograd where the autograd library is loaded (neither pass enters Python), else _EagerAttention."""
-    if _native.autograd_loaded():
+    and its C++ autograd where the release library is loaded (neither pass enters Python), else _EagerAttention."""
+    if _native.release_loaded():
         return _native.call_with_autograd(torch.ops.flashgen.attention_forward.default, *args)
     return _EagerAttention.apply(*args)
 

@@ -3,11 +3,13 @@ libflashgen (or at $FLASHGEN_TORCH_OPS_LIBRARY) and loaded with torch.ops.load_l
 torch's dispatcher. Without it (not built: torch's headers were missing when the wheel was built; a torch older than
 2.10; FLASHGEN_NATIVE_OPS=0) _ops.py defines the same ops in Python over the C ABI through ctypes.
 
-Beside it, libflashgen_torch_autograd-<release>.so registers the dense and packed forward ops' autograd in C++
-(python/csrc/autograd/): built against one torch release's C++ API, it is loaded only by that release (and not with
-FLASHGEN_NATIVE_AUTOGRAD=0); otherwise _ops.py registers the same formulas from Python.
+Beside it, libflashgen_torch-<release>.so registers the dense and packed forward ops' autograd in C++ and holds
+enable()'s SDPA overrides (python/csrc/release/): built against one torch release's C++ API, it is loaded only by
+that release (and not with FLASHGEN_RELEASE_LIBRARY=0); otherwise _ops.py registers the same formulas from Python
+and _sdpa.py the overrides.
 """
 
+import ctypes
 import glob
 import os
 
@@ -16,14 +18,15 @@ import torch
 from .. import _lib
 
 LIBRARY_NAME = "libflashgen_torch.so"
-AUTOGRAD_LIBRARY_PREFIX = "libflashgen_torch_autograd-"  # + torch's release, "2.11.0", + ".so"
+RELEASE_LIBRARY_PREFIX = "libflashgen_torch-"  # + torch's release, "2.11.0", + ".so"
 
 
 class _State:
     path = None    # the loaded op library, or None
     reason = None  # why it is not loaded
-    autograd_path = None    # the loaded autograd library, or None
-    autograd_reason = None  # why it is not loaded
+    release_path = None    # the loaded autograd library, or None
+    release_reason = None  # why it is not loaded
+    release_cdll = None    # the release library through ctypes, once asked for
 
 
 def library_path():
@@ -56,29 +59,34 @@ def load():
         _State.reason = f"{path} does not load ({error}); it needs torch >= 2.10"
         return None
     _State.path = path
-    _load_autograd(path)
+    _load_release(path)
     return path
 
 
-def _load_autograd(op_library):
-    """Loads the autograd library built for this torch release, found beside the op library."""
-    if os.environ.get("FLASHGEN_NATIVE_AUTOGRAD", "1") == "0":
-        _State.autograd_reason = "FLASHGEN_NATIVE_AUTOGRAD=0"
+def _load_release(op_library):
+    """Loads the release library built for this torch release, found beside the op library."""
+    if os.environ.get("FLASHGEN_RELEASE_LIBRARY", "1") == "0":
+        _State.release_reason = "FLASHGEN_RELEASE_LIBRARY=0"
         return
     release = torch.__version__.split("+")[0]
     folder = os.path.dirname(op_library)
-    path = os.path.join(folder, f"{AUTOGRAD_LIBRARY_PREFIX}{release}.so")
+    path = os.path.join(folder, f"{RELEASE_LIBRARY_PREFIX}{release}.so")
     if not os.path.exists(path):
-        built = sorted(os.path.basename(p) for p in glob.glob(os.path.join(folder, AUTOGRAD_LIBRARY_PREFIX + "*.so")))
-        _State.autograd_reason = (f"{path}: no such file" + (f" (built for other releases: {', '.join(built)})"
+        built = sorted(os.path.basename(p) for p in glob.glob(os.path.join(folder, RELEASE_LIBRARY_PREFIX + "*.so")))
+        _State.release_reason = (f"{path}: no such file" + (f" (built for other releases: {', '.join(built)})"
                                                               if built else ""))
         return
     try:
         torch.ops.load_library(path)
     except (OSError, RuntimeError) as error:
-        _State.autograd_reason = f"{path} does not load ({error})"
+        _State.release_reason = f"{path} does not load ({error})"
         return
-    _State.autograd_path = path
+    registered = getattr(torch._C, "_dispatch_has_kernel_for_dispatch_key", None)
+    if registered is not None and not registered("flashgen::attention_forward", "Autograd"):
+        # A library that loads but registers nothing would leave the ops without autograd: the Python formulas serve.
+        _State.release_reason = f"{path} loaded but registered no autograd for flashgen::attention_forward"
+        return
+    _State.release_path = path
 
 
 def loaded():
@@ -86,9 +94,19 @@ def loaded():
     return _State.path is not None
 
 
-def autograd_loaded():
-    """Whether the forward ops' autograd runs in C++ (the autograd library is loaded)."""
-    return _State.autograd_path is not None
+def release_library():
+    """The loaded release library as a ctypes.CDLL (its extern "C" functions: the SDPA overrides' registration and
+    counts), or None."""
+    if _State.release_path is None:
+        return None
+    if _State.release_cdll is None:
+        _State.release_cdll = ctypes.CDLL(_State.release_path)
+    return _State.release_cdll
+
+
+def release_loaded():
+    """Whether the forward ops' autograd runs in C++ (the release library is loaded)."""
+    return _State.release_path is not None
 
 
 _below_autograd = getattr(torch._C, "_AutoDispatchBelowAutograd", None)
@@ -105,7 +123,7 @@ def call(op, *args):
 
 
 def call_with_autograd(op, *args):
-    """op(*args) through the whole dispatcher, its autograd included (the autograd library's C++ formulas), a failure
+    """op(*args) through the whole dispatcher, its autograd included (the release library's C++ formulas), a failure
     of the library raised as call() raises it."""
     try:
         return op(*args)

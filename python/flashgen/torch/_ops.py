@@ -104,7 +104,7 @@ def _define():
             torch.library.custom_op(qualified, _PYTHON_KERNELS[name], mutates_args=MUTATES.get(name, ()),
                                     schema=schema)
         torch.library.register_fake(qualified, _FAKE_KERNELS[name])
-    if _native.autograd_loaded():  # the autograd library registered the same formulas in C++
+    if _native.release_loaded():  # the release library registered the same formulas in C++
         return
     torch.library.register_autograd("flashgen::attention_forward", _backward, setup_context=_setup_context)
     torch.library.register_autograd("flashgen::varlen_attention_forward", _varlen_backward_formula,

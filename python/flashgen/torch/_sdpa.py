@@ -1,6 +1,7 @@
 """flashgen behind torch.nn.functional.scaled_dot_product_attention, for programs that are not edited: enable()
 replaces the CUDA kernels of the two aten ops SDPA's flash-attention backend calls
-(aten::_scaled_dot_product_flash_attention and its backward), and of the FlashAttention-2 pair below them
+(aten::_scaled_dot_product_flash_attention and its backward: C++ kernels of the release library where it is loaded,
+python/csrc/release/sdpa.cpp, else the Python ones here), and of the FlashAttention-2 pair below them
 (aten::_flash_attention_forward/backward: torch's varlen_attn, nested tensors), with flashgen's, through
 torch.nn.attention's registry of flash-attention implementations where this torch has one (torch >= 2.10), else
 through torch.library directly. A call flashgen cannot serve (dropout, a debug mask, a dtype, GPU or shape it
@@ -17,7 +18,7 @@ import threading
 import torch
 
 from .. import _lib
-from . import _calls, _checks
+from . import _calls, _checks, _native
 
 IMPLEMENTATION_NAME = "flashgen"  # the name in torch.nn.attention's registry
 
@@ -84,7 +85,7 @@ def _fall_back(direction, reason, op, *args, **kwargs):
     """Runs torch's own kernel of op, counting the call under reason. Torch's SDPA kernel calls the
     FlashAttention-2 op below it, which flashgen also overrides: inside a fallback that runs torch's kernel too,
     uncounted (one call, one count)."""
-    if getattr(_falling_back, "active", False):
+    if _inside_fallback():
         return _State.originals[op].call_boxed(_State.cuda_keys, *args, **kwargs)
     _count(direction, "fallback: " + reason)
     _falling_back.active = True
@@ -95,7 +96,12 @@ def _fall_back(direction, reason, op, *args, **kwargs):
 
 
 def _inside_fallback():
-    return getattr(_falling_back, "active", False)
+    """Whether this thread runs one of torch's kernels for a call that fell back, here or in the release library's
+    overrides."""
+    if getattr(_falling_back, "active", False):
+        return True
+    native = _native.release_library()
+    return native is not None and native.flashgen_torch_sdpa_falling_back() != 0
 
 
 def _forward_kernel(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
@@ -270,13 +276,38 @@ def _flash_backward_kernel(grad_out, query, key, value, out, logsumexp, cum_seq_
     return tuple(grads)
 
 
+def _native_sdpa():
+    """The release library with its SDPA functions' signatures set (python/csrc/release/sdpa.cpp), or None."""
+    native = _native.release_library()
+    if native is not None and native.flashgen_torch_sdpa_counts.restype is not ctypes.c_char_p:
+        native.flashgen_torch_sdpa_override.argtypes = (ctypes.c_int, ctypes.c_uint64)
+        for name in ("flashgen_torch_sdpa_message", "flashgen_torch_sdpa_counts", "flashgen_torch_sdpa_last_error"):
+            getattr(native, name).restype = ctypes.c_char_p
+        native.flashgen_torch_sdpa_counts.argtypes = native.flashgen_torch_sdpa_last_error.argtypes = (ctypes.c_int,)
+    return native
+
+
+def _sm80_devices():
+    """Bit d set where CUDA device d is sm_80 or newer (the release library's overrides serve those)."""
+    return sum(1 << d for d in range(min(torch.cuda.device_count(), 64))
+               if torch.cuda.get_device_capability(d) >= (8, 0))
+
+
 class _Registration:
-    """The overrides while they are registered; remove() unregisters them (torch.nn.attention's handle protocol)."""
+    """The overrides while they are registered; remove() unregisters them (torch.nn.attention's handle protocol).
+    SDPA's pair runs as the release library's C++ kernels where it is loaded, else as the Python kernels above; the
+    FlashAttention-2 pair below it always as the Python ones."""
 
     def __init__(self):
         library = torch.library.Library("aten", "IMPL")  # noqa: TOR901 (an override of aten's CUDA kernels)
-        library.impl(_FORWARD_OP, _forward_kernel, "CUDA")
-        library.impl(_BACKWARD_OP, _backward_kernel, "CUDA")
+        self.native = _native_sdpa()
+        if self.native is not None:
+            if self.native.flashgen_torch_sdpa_override(1, _sm80_devices()) != 0:
+                raise _lib.FlashgenError("flashgen.torch.enable(): "
+                                         + self.native.flashgen_torch_sdpa_message().decode(), _lib.ERROR_INTERNAL)
+        else:
+            library.impl(_FORWARD_OP, _forward_kernel, "CUDA")
+            library.impl(_BACKWARD_OP, _backward_kernel, "CUDA")
         library.impl("_flash_attention_forward", _flash_forward_kernel, "CUDA")
         library.impl("_flash_attention_backward", _flash_backward_kernel, "CUDA")
         self.library = library
@@ -285,6 +316,9 @@ class _Registration:
         if self.library is not None:
             self.library._destroy()
             self.library = None
+        if self.native is not None:
+            self.native.flashgen_torch_sdpa_override(0, 0)
+            self.native = None
 
 
 def _capture_originals():
@@ -415,18 +449,30 @@ def sdpa_stats():
     reset_sdpa_stats()): {"enabled": bool, "forward": {"flashgen": n, "fallback: <reason>": n, ...}, "backward": {...},
     "last_error": the library's message of the last call that fell back on an error, or None}. A CUDA graph's
     replays are not calls: only its capture counts."""
+    native = _native_sdpa()
     with _State.lock:
+        counts = {direction: collections.Counter(counter) for direction, counter in _State.counts.items()}
+        last_error = _State.last_error
+        if native is not None:  # what the C++ overrides counted
+            for line in native.flashgen_torch_sdpa_counts(0).decode().splitlines():
+                direction, outcome, calls = line.split("\t")
+                counts[direction][outcome] += int(calls)
+            last_error = native.flashgen_torch_sdpa_last_error(0).decode() or last_error
         return {
             "enabled": is_enabled(),
-            "forward": dict(_State.counts["forward"]),
-            "backward": dict(_State.counts["backward"]),
-            "last_error": _State.last_error,
+            "forward": dict(counts["forward"]),
+            "backward": dict(counts["backward"]),
+            "last_error": last_error,
         }
 
 
 def reset_sdpa_stats():
     """Sets sdpa_stats()'s counts to zero."""
+    native = _native_sdpa()
     with _State.lock:
         for counter in _State.counts.values():
             counter.clear()
         _State.last_error = None
+        if native is not None:
+            native.flashgen_torch_sdpa_counts(1)
+            native.flashgen_torch_sdpa_last_error(1)

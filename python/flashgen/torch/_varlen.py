@@ -88,7 +88,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                                     softcap, *window, alibi_slopes, sinks, chunk)
         else:
             out, lse = _varlen_forward(*args, block_table, softcap, window, alibi_slopes, sinks, chunk)
-    elif _eager_call(q, k, v) and _native.autograd_loaded():  # the C++ autograd: neither pass enters Python
+    elif _eager_call(q, k, v) and _native.release_loaded():  # the C++ autograd: neither pass enters Python
         out, lse = _native.call_with_autograd(torch.ops.flashgen.varlen_attention_forward.default, *args,
                                               _deterministic(deterministic), block_table, softcap, *window,
                                               alibi_slopes, sinks, chunk)

@@ -1,4 +1,4 @@
-// The autograd of flashgen's dense and packed ops in C++ (libflashgen_torch_autograd-<torch version>.so): each forward
+// The autograd of flashgen's dense and packed ops in C++ (libflashgen_torch-<torch version>.so): each forward
 // op gets an Autograd kernel that runs its CUDA kernel below autograd and records a C++ node whose backward calls
 // the backward op, so that neither pass of an eager call with gradients enters Python. torch's stable ABI has no
 // autograd, so this library is built against the C++ API of one torch release and loaded only by that release
