@@ -50,6 +50,8 @@ _DECODE_MAX_QUERIES = 16
 
 # The attribute of the mask function's padding mask that holds its MaskFacts.
 _FACTS = "_flashgen_mask_facts"
+# The attribute of an attention module that keeps (its config, its chunk length): _layer_chunk.
+_CHUNK = "_flashgen_chunk"
 
 _counts = collections.Counter()
 _counts_lock = threading.Lock()
@@ -175,7 +177,18 @@ class _Placement(NamedTuple):
 
 def _layer_chunk(module):
     """The layer's chunk length: config.attention_chunk_size on a layer that config.layer_types marks
-    "chunked_attention" (Llama 4's three layers in four), 0 for the others."""
+    "chunked_attention" (Llama 4's three layers in four), 0 for the others; read once per module (a config's
+    attributes are slow to read) and kept in its __dict__."""
+    attributes = getattr(module, "__dict__", None)
+    if attributes is None:  # a module with __slots__ only
+        return _config_chunk(module)
+    kept = attributes.get(_CHUNK)
+    if kept is None or kept[0] is not getattr(module, "config", None):
+        kept = attributes[_CHUNK] = (getattr(module, "config", None), _config_chunk(module))
+    return kept[1]
+
+
+def _config_chunk(module):
     config = getattr(module, "config", None)
     chunk = getattr(config, "attention_chunk_size", None)
     if not chunk:
@@ -341,8 +354,9 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     common = dict(softmax_scale=scaling, causal=causal, softcap=softcap or 0.0,
                   window_size=_window(sliding_window, keys), sinks=kwargs.get("s_aux"))
     # [batch, seqlen, heads, head_dim] views of the caller's tensors: the library reads them through their strides.
-    q = query.transpose(1, 2)
-    k, v = (t.transpose(1, 2)[:, start:place.rows] for t in (key, value))
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    if start != 0 or place.rows != kv_len:
+        k, v = k[:, start:place.rows], v[:, start:place.rows]
 
     if place.keep is not None:
         _count("padded")

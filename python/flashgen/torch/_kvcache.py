@@ -56,12 +56,12 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     allocator, so a CUDA graph captures it). cache_seqlens and block_table are read on the device only and clamped
     into the caches: wrong values give wrong rows, never an access outside them.
     """
-    unsupported = {"rotary_cos": rotary_cos is not None, "rotary_sin": rotary_sin is not None,
-                   "cache_batch_idx": cache_batch_idx is not None, "cache_leftpad": cache_leftpad is not None}
-    for name, given in unsupported.items():
-        if given:
-            raise FlashgenArgumentError(f"{name}: not supported by flashgen.torch.attention_with_kvcache yet",
-                                        _lib.ERROR_UNSUPPORTED)
+    if rotary_cos is not None or rotary_sin is not None or cache_batch_idx is not None or cache_leftpad is not None:
+        unsupported = {"rotary_cos": rotary_cos, "rotary_sin": rotary_sin, "cache_batch_idx": cache_batch_idx,
+                       "cache_leftpad": cache_leftpad}
+        name = next(name for name, given in unsupported.items() if given is not None)
+        raise FlashgenArgumentError(f"{name}: not supported by flashgen.torch.attention_with_kvcache yet",
+                                    _lib.ERROR_UNSUPPORTED)
     mask, window = _mask_and_window(causal, causal_align, window_size)
     chunk = _check_chunk(attention_chunk, mask)
     scale = _check_scale(softmax_scale)
@@ -71,13 +71,14 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
     softcap = _check_softcap(softcap)
     # Eager calls take the kept ctypes arguments in either backend: the KV-cache op asks the library for its split
-    # workspace at every call, a plan only when the cache's capacity or strides change (bench/notes_torch.md §4).
+    # workspace at every call, a plan only when the cache's capacity or strides change (bench/notes_torch.md §7).
     if (mask_mod is None and score_mod is None and score_bias is None and _eager_call(q, k_cache, v_cache)
             and all(t is None or isinstance(t, torch.Tensor) for t in (k, v, cache_seqlens, block_table, sinks,
                                                                         alibi_slopes))):
         # The warm call of a signature seen before: its plan's key holds all that the checks below look at.
         planned = _planned_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits,
-                                   window, _warm_sinks(sinks), chunk, softcap, alibi_slopes, create=False)
+                                   window, _warm_sinks(sinks), chunk, softcap, alibi_slopes, create=False,
+                                   want_lse=return_softmax_lse)
         if planned is not None:
             return planned if return_softmax_lse else planned[0]
     _check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table)

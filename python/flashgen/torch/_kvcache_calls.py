@@ -75,11 +75,12 @@ def _kvcache_plan_key(q, k_cache, v_cache, k, v, cache_seqlens, block_table, sca
 
 
 def _planned_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits, window, sinks,
-                     attention_chunk, softcap, alibi_slopes, create):
+                     attention_chunk, softcap, alibi_slopes, create, want_lse=True):
     """(out, lse) of a KV-cache call through its signature's _KvCachePlan (see there for which calls), or None where
     the call takes the full path: q, k or v not readable in place, a block table that is not contiguous, sinks that
     are not float32, a legacy default stream on another device, or (create=False) no plan yet. A plan exists only
-    for a signature whose arguments passed the checks; the optional tensors must be tensors (or None)."""
+    for a signature whose arguments passed the checks; the optional tensors must be tensors (or None). With
+    want_lse=False the kernels write no lse and the call returns (out, None)."""
     key = _kvcache_plan_key(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits, window,
                             sinks, attention_chunk, softcap, alibi_slopes)
     plans = _plans.kvcache
@@ -105,9 +106,10 @@ def _planned_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scal
         plan = plans[key] = _KvCachePlan(q, k_cache, v_cache, k, v, out, lse, cache_seqlens, block_table, scale, mask,
                                          num_splits, window, sinks, attention_chunk, softcap, alibi_slopes)
     else:
-        lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=device)
+        lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=device) if want_lse else None
     args = plan.args
-    args.q.data, args.out.data, args.lse = q.data_ptr(), out.data_ptr(), lse.data_ptr()
+    args.q.data, args.out.data = q.data_ptr(), out.data_ptr()
+    args.lse = None if lse is None else lse.data_ptr()
     for view, cache in ((args.k_cache, k_cache), (args.v_cache, v_cache)):
         view.data = cache.data_ptr()
         view.shape[1] = cache.shape[1]
