@@ -11,8 +11,6 @@ import cProfile
 import datetime
 import io
 import pstats
-import statistics
-import time
 import types
 
 import torch
@@ -22,20 +20,7 @@ from transformers.masking_utils import causal_mask_function
 
 import flashgen
 import flashgen.transformers as fg_transformers
-
-
-def per_call_us(fn, calls):
-    fn()
-    torch.cuda.synchronize()
-    samples = []
-    for i in range(calls):
-        if i % 200 == 0:
-            torch.cuda.synchronize()
-        start = time.perf_counter_ns()
-        fn()
-        samples.append((time.perf_counter_ns() - start) / 1e3)
-    torch.cuda.synchronize()
-    return statistics.median(samples)
+from host_breakdown import per_call_us  # this folder's: the median of back-to-back calls
 
 
 def main():
