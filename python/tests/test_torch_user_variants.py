@@ -3,7 +3,8 @@ machine with torch and the library, bad variant_args refused by name; on the GPU
 outputs and gradients against a float64 reference of the same functions written with torch (a document mask, a
 prefix-LM mask with rows that see no key, a relative-position bias table, a soft cap as a score function), a
 BlockMask's kept classes giving the same bits as classes per call, a C++ error coming back with NVRTC's message at
-the body's line, and a score_mod without score_grad refusing its backward.
+the body's line, a score_mod without score_grad refusing its backward, and torch.compile(fullgraph=True) keeping
+dense and packed calls with a user variant in its graph as the variant ops, bit for bit as eager.
 """
 
 import pytest
@@ -144,21 +145,28 @@ def test_user_errors_come_back_by_name():
         out.sum().backward()
 
 
-def test_torch_compile_runs_a_user_variant_outside_its_graph():
-    """Under torch.compile a call with a mask_mod leaves the graph (its functions and tensors are no op arguments) and
-    runs eagerly, giving eager's outputs and gradients bit for bit (deterministic backward)."""
+def test_torch_compile_keeps_a_user_variant_in_its_graph():
+    """Under torch.compile(fullgraph=True) calls with a user variant go into the graph as the variant ops (a graph
+    break would raise), dense and packed, with a tensor and a number among variant_args, giving eager's outputs and
+    gradients bit for bit (deterministic backward)."""
     torch._dynamo.reset()
     q, k, v, dout = _inputs(1, 300, 300, 4, 2, 64, torch.bfloat16, 31)
     doc = (torch.arange(300, device="cuda") // 97).to(torch.int32)
+    cu = torch.tensor([0, 120, 300], dtype=torch.int32, device="cuda")
 
-    def run(q, k, v):
+    def dense(q, k, v):
         out = fgt.attention(q, k, v, causal=True, deterministic=True, mask_mod="return doc[q_idx] == doc[kv_idx];",
                             variant_args={"doc": doc})
         return out * 2
 
-    eager = run(q, k, v)
-    eager_grads = torch.autograd.grad(eager, (q, k, v), dout)
-    compiled = torch.compile(run)(q, k, v)
-    compiled_grads = torch.autograd.grad(compiled, (q, k, v), dout)
-    assert torch.equal(compiled, eager)
-    assert all(torch.equal(a, b) for a, b in zip(compiled_grads, eager_grads))
+    def packed(q, k, v):
+        return fgt.varlen_attention(q[0], k[0], v[0], cu, cu, 180, 180, causal=True, deterministic=True,
+                                    score_bias="return -slope * (float)(q_idx - kv_idx);", variant_args={"slope": 0.25})
+
+    for run, grad_out in ((dense, dout), (packed, dout[0])):
+        eager = run(q, k, v)
+        eager_grads = torch.autograd.grad(eager, (q, k, v), grad_out)
+        compiled = torch.compile(run, fullgraph=True)(q, k, v)
+        compiled_grads = torch.autograd.grad(compiled, (q, k, v), grad_out)
+        assert torch.equal(compiled, eager), run.__name__
+        assert all(torch.equal(a, b) for a, b in zip(compiled_grads, eager_grads)), run.__name__

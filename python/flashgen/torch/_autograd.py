@@ -1,6 +1,6 @@
-"""flashgen.torch's autograd: the custom ops' setup_context and backward formulas, the same work for eager calls
-without the dispatcher (_EagerAttention), empty inputs (_Empty), and calls with a user variant
-(_UserVariantAttention), which run outside torch.compile's graphs.
+"""flashgen.torch's autograd: the custom ops' setup_context and backward formulas (the variant ops' too), the same
+work for eager calls without the dispatcher (_EagerAttention), empty inputs (_Empty), and eager calls with a user
+variant (_UserVariantAttention; traced ones take the variant ops).
 """
 
 import functools
@@ -32,11 +32,12 @@ def _outside_graphs(fn):
     return call
 
 
-def _setup_context(ctx, inputs, output):
+def _setup_context(ctx, inputs, output, kept=()):
+    """kept: more tensors the backward reads (a user variant's), saved after the others."""
     q, k, v, scale, mask, layout, deterministic = inputs[:7]
     out, lse = output
     # With the ALiBi slopes and the sinks (the backward reads both).
-    ctx.save_for_backward(q, k, v, out, lse, *(inputs[i] if len(inputs) > i else None for i in (10, 11)))
+    ctx.save_for_backward(q, k, v, out, lse, *(inputs[i] if len(inputs) > i else None for i in (10, 11)), *kept)
     ctx.scale, ctx.mask, ctx.layout, ctx.deterministic = scale, mask, layout, deterministic
     ctx.softcap = inputs[7] if len(inputs) > 7 else 0.0
     ctx.window = tuple(inputs[8:10]) if len(inputs) > 9 else _NO_WINDOW
@@ -148,7 +149,7 @@ class _Empty(torch.autograd.Function):
 class _UserVariantAttention(torch.autograd.Function):
     """A call with a user variant (_variants.py): run_forward(q, k, v, sinks) gives (out, lse), run_backward(dout, q, k,
     v, out, lse, sinks) the gradients (dq, dk, dv, dsinks), each a closure over the call's other arguments and its
-    variant (whose buffers it keeps alive). Eager only: torch.compile leaves these calls out of its graphs."""
+    variant (whose buffers it keeps alive). Eager calls only: traced ones take the variant ops."""
 
     @staticmethod
     def forward(ctx, run_forward, run_backward, q, k, v, sinks):
@@ -168,20 +169,65 @@ class _UserVariantAttention(torch.autograd.Function):
         return None, None, dq, dk, dv, dsinks if sinks is not None else None
 
 
-@_outside_graphs
 def _user_variant_call(run_forward, run_backward, q, k, v, sinks):
-    """(out, lse) of a call with a user variant, through autograd when a gradient is wanted."""
+    """(out, lse) of an eager call with a user variant, through autograd when a gradient is wanted."""
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks)):
         return _UserVariantAttention.apply(run_forward, run_backward, q, k, v, sinks)
     return run_forward(q, k, v, sinks)
 
 
-def _varlen_setup_context(ctx, inputs, output):
+def _variant_setup_context(ctx, inputs, output):
+    """flashgen::variant_attention_forward's: attention_forward's context, and the variant's arguments (its tensors
+    saved with the others)."""
+    _setup_context(ctx, inputs[:13], output, kept=inputs[14])
+    ctx.variant, ctx.variant_numbers = inputs[13], inputs[15]
+
+
+def _no_grads(values):
+    """The gradient of a list argument as torch.library's autograd expects it: one None per tensor of a list of
+    tensors (the empty list included), a single None for a list of numbers."""
+    return [None] * len(values) if all(isinstance(t, torch.Tensor) for t in values) else None
+
+
+def _variant_backward(ctx, dout, dlse):
+    q, k, v, out, lse, alibi_slopes, sinks, *variant_tensors = ctx.saved_tensors
+    variant = (None, None, _no_grads(variant_tensors), _no_grads(ctx.variant_numbers))  # chunk, description, args
+    if dout is None:
+        return (None,) * 12 + variant
+    dq, dk, dv, dsinks = torch.ops.flashgen.variant_attention_backward(
+        dout, q, k, v, out, lse, ctx.scale, ctx.mask, ctx.layout, ctx.deterministic, ctx.softcap, *ctx.window,
+        alibi_slopes, sinks, ctx.attention_chunk, ctx.variant, variant_tensors, ctx.variant_numbers)
+    return (dq, dk, dv) + (None,) * 8 + (dsinks if sinks is not None else None,) + variant
+
+
+def _variant_varlen_setup_context(ctx, inputs, output):
+    """flashgen::variant_varlen_attention_forward's: varlen_attention_forward's context, and the variant's
+    arguments."""
+    _varlen_setup_context(ctx, inputs[:18], output, kept=inputs[19])
+    ctx.variant, ctx.variant_numbers = inputs[18], inputs[20]
+
+
+def _variant_varlen_backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, *variant_tensors = ctx.saved_tensors
+    variant = (None, None, _no_grads(variant_tensors), _no_grads(ctx.variant_numbers))  # chunk, description, args
+    if dout is None:
+        return (None,) * 17 + variant
+    if ctx.has_seqused_k:
+        raise NotImplementedError("flashgen.torch.varlen_attention: no backward with seqused_k or a block_table")
+    max_seqlen_q, max_seqlen_k, scale, mask = ctx.sizes
+    dq, dk, dv, dsinks = torch.ops.flashgen.variant_varlen_attention_backward(
+        dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, mask,
+        ctx.deterministic, ctx.softcap, *ctx.window, alibi_slopes, sinks, ctx.attention_chunk, ctx.variant,
+        variant_tensors, ctx.variant_numbers)
+    return (dq, dk, dv) + (None,) * 13 + (dsinks if sinks is not None else None,) + variant
+
+
+def _varlen_setup_context(ctx, inputs, output, kept=()):
     q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask, deterministic = inputs[:11]
     out, lse = output
-    # With the ALiBi slopes and the sinks (the backward reads both).
+    # With the ALiBi slopes and the sinks (the backward reads both), and kept: a user variant's tensors.
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                          *(inputs[i] if len(inputs) > i else None for i in (15, 16)))
+                          *(inputs[i] if len(inputs) > i else None for i in (15, 16)), *kept)
     ctx.sizes = (max_seqlen_q, max_seqlen_k, scale, mask)
     ctx.has_seqused_k = seqused_k is not None or (len(inputs) > 11 and inputs[11] is not None)
     ctx.deterministic = deterministic

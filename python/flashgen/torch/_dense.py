@@ -9,7 +9,7 @@ from ._autograd import _Empty, _eager_call, _user_variant_call, differentiable_f
 from ._calls import _BackwardCall, _ForwardCall, _backward_kernels, _forward, _planned_forward, _stream, _warm_sinks
 from ._checks import (_DTYPE_CODES, _MASK_CODES, _autocast, _bshd_shape, _check_alibi, _check_chunk, _check_inputs,
                       _check_scale, _check_sinks, _check_softcap, _deterministic, _lse_shape, _mask, _mask_and_window)
-from ._variants import user_variant
+from ._variants import user_variant, variant_op_arguments
 
 
 # Signatures of plain eager calls (no variant, slopes or sinks) whose arguments passed the checks: everything the
@@ -72,9 +72,10 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     variant_args: {name: value}, a tensor on q's device (float32, int32, int64, uint8 or bool: `const float* name`,
     `const int*`, `const long long*`, `const unsigned char*`) or a Python int (int32) or float (float32). Each
     distinct set of bodies and argument names and types compiles once per process (a C++ error raises FlashgenError
-    with NVRTC's messages at the body's own lines); the tensors and numbers may change from call to call. Such
-    calls run eagerly (torch.compile leaves them out of its graphs). Each pass classifies the mask's blocks first
-    (small kernels per call) and skips those with no visible key: per head, or once per batch entry with
+    with NVRTC's messages at the body's own lines); the tensors and numbers may change from call to call. Under
+    torch.compile (fullgraph included) and torch.export such calls go into the graph as flashgen::variant_attention_*
+    ops, the description a constant of the graph (a block_mask is not used there). Each pass classifies the mask's
+    blocks first (small kernels per call) and skips those with no visible key: per head, or once per batch entry with
     mask_same_for_heads=True, which a mask_mod that ignores head may set (the backward skips fewer for a mask whose
     visible blocks do not grow with the row). block_mask=flashgen.torch.BlockMask(): classes kept across calls, as
     FlexAttention's block mask: the calls of one step that share it (a model's layers, with the same mask_mod and
@@ -121,6 +122,15 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     batch, heads_q, _ = _lse_shape(q, layout)
     alibi_slopes = _check_alibi(alibi_slopes, q.device, batch, heads_q)
     sinks = _check_sinks(sinks, q.device, heads_q)  # float32 here, so autograd converts the gradient back
+    if not _eager_call(q, k, v) and q.numel() != 0 and k.numel() != 0:
+        # Traced (torch.compile, torch.export, a dispatch mode): a user variant goes into the graph as the variant op.
+        variant = variant_op_arguments(q.device, mask_mod, score_mod, score_grad, score_bias, variant_helpers,
+                                       variant_args, mask_same_for_heads, block_mask)
+        if variant is not None:
+            out, lse = torch.ops.flashgen.variant_attention_forward(
+                q, k, v, scale, mask, layout, _deterministic(deterministic), softcap, *window, alibi_slopes, sinks,
+                chunk, *variant)
+            return (out, lse) if return_lse else out
     user = user_variant(q.device, mask_mod, score_mod, score_grad, score_bias, variant_helpers, variant_args,
                         mask_same_for_heads, block_mask)
     if user is not None and q.numel() != 0 and k.numel() != 0:

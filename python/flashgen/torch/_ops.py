@@ -8,11 +8,14 @@ pass the window as a (left, right) pair.
 import torch
 
 from . import _native
-from ._autograd import _backward, _setup_context, _varlen_backward_formula, _varlen_setup_context
+from ._autograd import (_backward, _setup_context, _variant_backward, _variant_setup_context,
+                        _variant_varlen_backward, _variant_varlen_setup_context, _varlen_backward_formula,
+                        _varlen_setup_context)
 from ._calls import _backward_kernels, _dsinks, _forward, _varlen_backward, _varlen_forward
 from ._checks import _check_inputs, _lse_shape
 from ._kvcache_calls import _kvcache
-from ._schemas import MUTATES, SCHEMAS
+from ._schemas import MUTATES, SCHEMAS, VARIANT_SCHEMAS
+from ._variants import from_op_arguments
 
 
 # The Python kernels, for a process without the op library.
@@ -48,6 +51,46 @@ def _attention_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, sc
                        window_right=-1, sinks=None, attention_chunk=0, softcap=0.0, alibi_slopes=None):
     return _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits,
                     (window_left, window_right), sinks, attention_chunk, softcap, alibi_slopes)
+
+
+# The variant ops' kernels: the description compiled (once per process) and bound to the call's tensors and numbers.
+
+def _variant_attention_forward(q, k, v, scale, mask, layout, deterministic, softcap, window_left, window_right,
+                               alibi_slopes, sinks, attention_chunk, variant, variant_tensors, variant_numbers):
+    return _forward(q, k, v, scale, mask, layout, softcap=softcap, window=(window_left, window_right),
+                    alibi_slopes=alibi_slopes, sinks=sinks, attention_chunk=attention_chunk,
+                    user=from_op_arguments(variant, variant_tensors, variant_numbers))
+
+
+def _variant_attention_backward(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap, window_left,
+                                window_right, alibi_slopes, sinks, attention_chunk, variant, variant_tensors,
+                                variant_numbers):
+    return _backward_kernels(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap,
+                             (window_left, window_right), alibi_slopes, sinks, attention_chunk,
+                             user=from_op_arguments(variant, variant_tensors, variant_numbers))
+
+
+def _variant_varlen_attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                                      scale, mask, deterministic, block_table, softcap, window_left, window_right,
+                                      alibi_slopes, sinks, attention_chunk, variant, variant_tensors, variant_numbers):
+    return _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask,
+                           block_table, softcap, (window_left, window_right), alibi_slopes, sinks, attention_chunk,
+                           user=from_op_arguments(variant, variant_tensors, variant_numbers))
+
+
+def _variant_varlen_attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                       max_seqlen_k, scale, mask, deterministic, softcap, window_left, window_right,
+                                       alibi_slopes, sinks, attention_chunk, variant, variant_tensors,
+                                       variant_numbers):
+    return _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
+                            mask, deterministic, softcap, (window_left, window_right), alibi_slopes, sinks,
+                            attention_chunk, user=from_op_arguments(variant, variant_tensors, variant_numbers))
+
+
+_VARIANT_KERNELS = {"variant_attention_forward": _variant_attention_forward,
+                    "variant_attention_backward": _variant_attention_backward,
+                    "variant_varlen_attention_forward": _variant_varlen_attention_forward,
+                    "variant_varlen_attention_backward": _variant_varlen_attention_backward}
 
 
 _PYTHON_KERNELS = {"attention_forward": _attention_forward, "attention_backward": _attention_backward,
@@ -88,10 +131,41 @@ def _attention_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, block_tabl
     return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
 
+def _variant_attention_forward_fake(q, k, v, scale, mask, layout, deterministic, softcap, window_left, window_right,
+                                    alibi_slopes, sinks, attention_chunk, variant, variant_tensors, variant_numbers):
+    return _attention_forward_fake(q, k, v, scale, mask, layout, deterministic)
+
+
+def _variant_attention_backward_fake(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap,
+                                     window_left, window_right, alibi_slopes, sinks, attention_chunk, variant,
+                                     variant_tensors, variant_numbers):
+    return _attention_backward_fake(dout, q, k, v, out, lse, scale, mask, layout, deterministic, sinks=sinks)
+
+
+def _variant_varlen_attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                                           max_seqlen_k, scale, mask, deterministic, block_table, softcap,
+                                           window_left, window_right, alibi_slopes, sinks, attention_chunk, variant,
+                                           variant_tensors, variant_numbers):
+    return _varlen_attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                                          scale, mask, deterministic)
+
+
+def _variant_varlen_attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                            max_seqlen_k, scale, mask, deterministic, softcap, window_left,
+                                            window_right, alibi_slopes, sinks, attention_chunk, variant,
+                                            variant_tensors, variant_numbers):
+    return _varlen_attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                           max_seqlen_k, scale, mask, deterministic, sinks=sinks)
+
+
 _FAKE_KERNELS = {"attention_forward": _attention_forward_fake, "attention_backward": _attention_backward_fake,
                  "varlen_attention_forward": _varlen_attention_forward_fake,
                  "varlen_attention_backward": _varlen_attention_backward_fake,
-                 "attention_kvcache": _attention_kvcache_fake}
+                 "attention_kvcache": _attention_kvcache_fake,
+                 "variant_attention_forward": _variant_attention_forward_fake,
+                 "variant_attention_backward": _variant_attention_backward_fake,
+                 "variant_varlen_attention_forward": _variant_varlen_attention_forward_fake,
+                 "variant_varlen_attention_backward": _variant_varlen_attention_backward_fake}
 
 
 def _define():
@@ -104,6 +178,14 @@ def _define():
             torch.library.custom_op(qualified, _PYTHON_KERNELS[name], mutates_args=MUTATES.get(name, ()),
                                     schema=schema)
         torch.library.register_fake(qualified, _FAKE_KERNELS[name])
+    for name, schema in VARIANT_SCHEMAS.items():  # Python in both backends: the description is compiled from here
+        qualified = f"flashgen::{name}"
+        torch.library.custom_op(qualified, _VARIANT_KERNELS[name], mutates_args=(), schema=schema)
+        torch.library.register_fake(qualified, _FAKE_KERNELS[name])
+    torch.library.register_autograd("flashgen::variant_attention_forward", _variant_backward,
+                                    setup_context=_variant_setup_context)
+    torch.library.register_autograd("flashgen::variant_varlen_attention_forward", _variant_varlen_backward,
+                                    setup_context=_variant_varlen_setup_context)
     if _native.release_loaded():  # the release library registered the same formulas in C++
         return
     torch.library.register_autograd("flashgen::attention_forward", _backward, setup_context=_setup_context)

@@ -36,3 +36,29 @@ SCHEMAS = {
 
 # The arguments each op writes in place.
 MUTATES = {"attention_kvcache": ("k_cache", "v_cache")}
+
+# The ops of calls with a user variant (mask_mod, score_mod, score_bias), defined by _ops.py in Python in both
+# backends: variant is _variants.variant_op_arguments' description (a text of the bodies and the arguments' names and
+# types), variant_tensors and variant_numbers its arguments in that order. The rest as attention_forward and
+# attention_backward, and as varlen_attention_forward and varlen_attention_backward.
+VARIANT_SCHEMAS = {
+    "variant_attention_forward": (
+        "(Tensor q, Tensor k, Tensor v, float scale, str mask, str layout, bool deterministic, float softcap, "
+        "int window_left, int window_right, Tensor? alibi_slopes, Tensor? sinks, int attention_chunk, str variant, "
+        "Tensor[] variant_tensors, float[] variant_numbers) -> (Tensor, Tensor)"),
+    "variant_attention_backward": (
+        "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, float scale, str mask, str layout, "
+        "bool deterministic, float softcap, int window_left, int window_right, Tensor? alibi_slopes, Tensor? sinks, "
+        "int attention_chunk, str variant, Tensor[] variant_tensors, float[] variant_numbers) "
+        "-> (Tensor, Tensor, Tensor, Tensor)"),
+    "variant_varlen_attention_forward": (
+        "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, "
+        "int max_seqlen_q, int max_seqlen_k, float scale, str mask, bool deterministic, Tensor? block_table, "
+        "float softcap, int window_left, int window_right, Tensor? alibi_slopes, Tensor? sinks, int attention_chunk, "
+        "str variant, Tensor[] variant_tensors, float[] variant_numbers) -> (Tensor, Tensor)"),
+    "variant_varlen_attention_backward": (
+        "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, "
+        "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, str mask, bool deterministic, "
+        "float softcap, int window_left, int window_right, Tensor? alibi_slopes, Tensor? sinks, int attention_chunk, "
+        "str variant, Tensor[] variant_tensors, float[] variant_numbers) -> (Tensor, Tensor, Tensor, Tensor)"),
+}

@@ -5,7 +5,9 @@ A call names the bodies and a dict of arguments; each distinct description is cr
 kept for the process's life, as compiled kernels are) and each call passes its tensors' pointers and its numbers'
 bits in the options."""
 
+import ast
 import ctypes
+import functools
 import struct
 import threading
 
@@ -98,13 +100,9 @@ class UserVariant:
         options.block_mask = self.block_mask.handle if self.block_mask is not None else None
 
 
-def user_variant(device, mask_mod=None, score_mod=None, score_grad=None, score_bias=None, helpers=None,
-                 variant_args=None, mask_same_for_heads=False, block_mask=None):
-    """The UserVariant of a call's arguments, or None when it names no function. variant_args: a dict from the names
-    the bodies use to tensors on device (buffers: float32, int32, int64, uint8 or bool, read as const float*, int*,
-    long long*, unsigned char*) or Python numbers (scalars: int as int32, float as float32). mask_same_for_heads: the
-    mask ignores head, so the kernels classify its blocks once per batch entry. block_mask: a BlockMask keeping the
-    classes across calls, or None."""
+def _checked_arguments(device, mask_mod, score_mod, score_grad, score_bias, helpers, variant_args, block_mask):
+    """(buffers, buffer_types, scalars, scalar_types) of a call's variant_args, checked, or None when it names no
+    function: buffers the tensors as passed, scalars the Python numbers."""
     if block_mask is not None:
         if not isinstance(block_mask, BlockMask):
             _bad(f"block_mask must be a flashgen.torch.BlockMask, got {type(block_mask).__name__}")
@@ -118,31 +116,88 @@ def user_variant(device, mask_mod=None, score_mod=None, score_grad=None, score_b
                        ("score_bias", score_bias), ("helpers", helpers)):
         if body is not None and not isinstance(body, str):
             _bad(f"{name} must be a string of C++ (a function body), got {type(body).__name__}")
-    buffers, buffer_types, scalar_bits, scalar_types = [], [], [], []
+    buffers, buffer_types, scalars, scalar_types = [], [], [], []
     for name, value in (variant_args or {}).items():
         if isinstance(value, torch.Tensor):
             if value.dtype not in _BUFFER_TYPES:
                 _bad(f"variant_args[{name!r}] must be float32, int32, int64, uint8 or bool, got {value.dtype}")
             if value.device != device:
                 _bad(f"variant_args[{name!r}] must be on {device} (q's device), got {value.device}")
-            value = value.contiguous()
-            if value.dtype == torch.bool:
-                value = value.view(torch.uint8)
             buffers.append(value)
             buffer_types.append((name, _BUFFER_TYPES[value.dtype]))
         elif isinstance(value, bool) or not isinstance(value, (int, float)):
             _bad(f"variant_args[{name!r}] must be a tensor, an int or a float, got {type(value).__name__}")
-        elif isinstance(value, int):
-            if not -2**31 <= value < 2**31:
-                _bad(f"variant_args[{name!r}] = {value} does not fit an int32 scalar")
-            scalar_bits.append(value & 0xffffffff)
-            scalar_types.append((name, _lib.ARG_INT32))
         else:
-            scalar_bits.append(struct.unpack("<I", struct.pack("<f", value))[0])
-            scalar_types.append((name, _lib.ARG_FLOAT32))
+            if isinstance(value, int) and not -2**31 <= value < 2**31:
+                _bad(f"variant_args[{name!r}] = {value} does not fit an int32 scalar")
+            scalars.append(value)
+            scalar_types.append((name, _lib.ARG_INT32 if isinstance(value, int) else _lib.ARG_FLOAT32))
+    return buffers, buffer_types, scalars, scalar_types
+
+
+def _bits(value, kind):
+    """A scalar's 32 bits as the kernels read them: int32, or float32."""
+    if kind == _lib.ARG_INT32:
+        return int(value) & 0xffffffff
+    return struct.unpack("<I", struct.pack("<f", value))[0]
+
+
+def _readable_buffer(t):
+    """A buffer as the kernels read it: contiguous, bool as uint8."""
+    t = t.contiguous()
+    return t.view(torch.uint8) if t.dtype == torch.bool else t
+
+
+def user_variant(device, mask_mod=None, score_mod=None, score_grad=None, score_bias=None, helpers=None,
+                 variant_args=None, mask_same_for_heads=False, block_mask=None):
+    """The UserVariant of a call's arguments, or None when it names no function. variant_args: a dict from the names
+    the bodies use to tensors on device (buffers: float32, int32, int64, uint8 or bool, read as const float*, int*,
+    long long*, unsigned char*) or Python numbers (scalars: int as int32, float as float32). mask_same_for_heads: the
+    mask ignores head, so the kernels classify its blocks once per batch entry. block_mask: a BlockMask keeping the
+    classes across calls, or None."""
+    checked = _checked_arguments(device, mask_mod, score_mod, score_grad, score_bias, helpers, variant_args,
+                                 block_mask)
+    if checked is None:
+        return None
+    buffers, buffer_types, scalars, scalar_types = checked
     description = (mask_mod, score_mod, score_grad, score_bias, helpers, tuple(buffer_types), tuple(scalar_types),
                    bool(mask_same_for_heads))
-    return UserVariant(_handle(description), buffers, scalar_bits, block_mask)
+    return UserVariant(_handle(description), [_readable_buffer(t) for t in buffers],
+                       [_bits(value, kind) for value, (_, kind) in zip(scalars, scalar_types)], block_mask)
+
+
+def variant_op_arguments(device, mask_mod=None, score_mod=None, score_grad=None, score_bias=None, helpers=None,
+                         variant_args=None, mask_same_for_heads=False, block_mask=None):
+    """A call's user variant as the variant ops take it: (description, tensors, numbers), the description a text of
+    the bodies and the arguments' names and types (a constant of a compiled graph), the tensors and numbers in its
+    order; or None when the call names no function. The ops compile the description once per process, as
+    user_variant does. A block_mask is checked and not used: the ops classify the mask's blocks at each call."""
+    checked = _checked_arguments(device, mask_mod, score_mod, score_grad, score_bias, helpers, variant_args,
+                                 block_mask)
+    if checked is None:
+        return None
+    buffers, buffer_types, scalars, scalar_types = checked
+    # repr of constants: torch.compile folds it into a constant of the graph (json.dumps would break the graph).
+    description = repr((mask_mod, score_mod, score_grad, score_bias, helpers, tuple(buffer_types),
+                        tuple(scalar_types), bool(mask_same_for_heads)))
+    return description, buffers, [float(value) for value in scalars]
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed(description):
+    """The description tuple (user_variant's) of variant_op_arguments' text."""
+    return ast.literal_eval(description)
+
+
+def from_op_arguments(description, tensors, numbers):
+    """The UserVariant of a variant op's arguments (variant_op_arguments' description, tensors and numbers)."""
+    parsed = _parsed(description)
+    scalar_types = parsed[6]
+    if len(tensors) != len(parsed[5]) or len(numbers) != len(scalar_types):
+        _bad(f"the variant names {len(parsed[5])} tensors and {len(scalar_types)} numbers, the call passes "
+             f"{len(tensors)} and {len(numbers)}")
+    return UserVariant(_handle(parsed), [_readable_buffer(t) for t in tensors],
+                       [_bits(value, kind) for value, (_, kind) in zip(numbers, scalar_types)])
 
 
 def variant_tag(variant):

@@ -10,7 +10,7 @@ from ._autograd import _eager_call, _user_variant_call
 from ._calls import _varlen_backward, _varlen_forward
 from ._checks import (_check_alibi, _check_chunk, _check_scale, _check_sinks, _check_softcap, _check_varlen_inputs,
                       _deterministic, _mask_and_window)
-from ._variants import user_variant
+from ._variants import user_variant, variant_op_arguments
 
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
@@ -70,6 +70,15 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         raise NotImplementedError("flashgen.torch.varlen_attention: no backward with seqused_k or a block_table; "
                                   "call it under torch.no_grad() or on inputs without gradients")
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask)
+    if not _eager_call(q, k, v):
+        # Traced (torch.compile, torch.export, a dispatch mode): a user variant goes into the graph as the variant op.
+        variant = variant_op_arguments(q.device, mask_mod, score_mod, score_grad, score_bias, variant_helpers,
+                                       variant_args, mask_same_for_heads, block_mask)
+        if variant is not None:
+            out, lse = torch.ops.flashgen.variant_varlen_attention_forward(
+                *args, _deterministic(deterministic), block_table, softcap, *window, alibi_slopes, sinks, chunk,
+                *variant)
+            return (out, lse, None) if return_attn_probs else out
     user = user_variant(q.device, mask_mod, score_mod, score_grad, score_bias, variant_helpers, variant_args,
                         mask_same_for_heads, block_mask)
     if user is not None:
