@@ -12,8 +12,8 @@ namespace flashgen {
 // stream (cuMemAllocFromPoolAsync; no synchronization) and given back in its order after the work queued
 // in between. The pool keeps what it holds across calls and synchronizations, so a call of the same size
 // allocates no physical memory; the device's default pool would, with its release threshold of 0, give the
-// memory back to the driver at every synchronization and map it again on the next call (150-250 us of an
-// H100 backward call). While stream is being captured the allocation is a graph memory node instead
+// memory back to the driver at every synchronization and map it again on the next call (bench/notes_variants.md,
+// "Against cuDNN (2026-11-26)"). While stream is being captured the allocation is a graph memory node instead
 // (cuMemAllocAsync), owned by the graph.
 class StreamAllocation {
  public:

@@ -194,14 +194,12 @@ struct BwdSm90Traits {
   int smem_ds_bytes;    // ds_tiles dSᵀ tiles (block_m / 64 chunks, block_n, 64)
   int smem_exchange_bytes;  // the dK/dV split: dPᵀ in fp32 from consumer 1, then Pᵀ's fragments from consumer 0
   bool defer_dq;        // a step adds the previous step's dQ, so the consumers meet at no barrier of a step
-                        // (bwd_sm90.cuh): 64-column tiles (H100 A/B: 0.92-0.96x the time from 2k tokens), and
-                        // ping_pong; alone on 128 columns it measured no gain, and the dK/dV split trades within
-                        // a step
+                        // (bwd_sm90.cuh): 64-column tiles (bench/notes_bwd_sm90.md, v11), and ping_pong; alone on
+                        // 128 columns it measured no gain, and the dK/dV split trades within a step
   bool ping_pong;       // 128-column tiles on 128-key blocks with 2 stages, unless lock_step (below): the consumers
                         // take turns issuing their products (one turn: dV and dK of a step, dQ of the step before,
                         // Sᵀ and dPᵀ of the next), each computing its next step's Pᵀ and dSᵀ while the other's
-                        // products run (bench/notes_bwd_sm90.md, v20: 0.90-0.96x the time from 2k tokens without
-                        // a mask)
+                        // products run (bench/notes_bwd_sm90.md, v20)
   int mbarriers;        // K/V full, the ring's full and empty, with defer_dq dSᵀ's full and empty (one each per
                         // dSᵀ tile), and the deterministic strategy's two-slot rings between the dQ writer and the
                         // warps that watch for its turns and pass them on (reserved for the atomic strategy too:

@@ -194,8 +194,8 @@ struct FwdSm80 {
       sm80::qk_product<kElem, kKSteps, kRow>(acc_s, load_a, sk, k_lane);
 
       // Refill the slot tile n_block - 1 used. Issued after the S product, not right after the barrier,
-      // so the first ldmatrix goes sooner (+3% at 1k tokens on H200); past the last block every copy
-      // is a zero-fill, which spares a branch (+2%).
+      // so the first ldmatrix goes sooner; past the last block every copy is a zero-fill, which spares a
+      // branch (bench/notes_fwd_sm80.md, "Choices in the kernel").
       load_kv(n_block + kStages - 1);
       sm80::cp_async_commit();
 

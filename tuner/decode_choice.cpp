@@ -21,17 +21,16 @@ long long base_blocks(const AttentionProblem& problem, const DecodeConfig& confi
 int heuristic_decode_splits(const AttentionProblem& problem, const DecodeConfig& config, int arch, int multiprocessors) {
   const long long base = base_blocks(problem, config);
   // One block per SM for a contiguous cache: a second one on the same SM adds no bandwidth (each already keeps
-  // stages - 1 tiles in flight), while each range's prologue, epilogue and merge cost more (H100: 16 ranges of
-  // 2k keys per kv head beat 29 of 1.1k by 9%). Two for a paged cache where they fit: its rows' scattered pages
-  // take longer to reach, and a second block hides that (H100, pages of 16: +8% at 8 x 32k keys).
+  // stages - 1 tiles in flight), while each range's prologue, epilogue and merge cost more. Two for a paged cache
+  // where they fit: its rows' scattered pages take longer to reach, and a second block hides that
+  // (bench/notes_decode.md, v2 and v6; "The split count").
   const int smem = config.smem_bytes(DecodeKernel::kAttend) + 1024;  // the driver reserves 1 KB per block
   const int per_sm = problem.paged && 2 * smem <= max_smem_per_block(arch) + 1024 ? 2 : 1;
   const long long slots = static_cast<long long>(multiprocessors) * per_sm;
   const int most = max_decode_splits(problem, config);
   // A walk that one block's pipeline holds whole (no more key blocks than its stages, a single block among them:
   // every load is in flight at once) is one trip to memory however it is split, and each more range only adds
-  // its partials and the merge (H100, gpt-oss's 128-key window: 3 blocks of a paged cache, batch 8, d64 at 6
-  // stages: one range 9.2 µs, the three that fill the SMs 11.3-14.1).
+  // its partials and the merge (bench/notes_decode.md, "A window that one block's pipeline holds").
   const long long blocks = max_decode_blocks(problem, config);
   if (base >= slots || blocks <= config.stages) return 1;
   auto efficiency = [&](int splits) {
@@ -48,8 +47,7 @@ int heuristic_decode_splits(const AttentionProblem& problem, const DecodeConfig&
     }
   }
   // A range's time follows its key blocks, and the longest range sets the call's: within the chosen count's waves,
-  // the fewest ranges that give the fewest blocks per range (H100, one sequence of 32k keys over 8 kv heads: 16
-  // ranges of 32 blocks 1-2% ahead of 15 of up to 35; over 4 kv heads 32 ranges of 16 blocks 3-4% ahead of 33).
+  // the fewest ranges that give the fewest blocks per range (bench/notes_decode.md, "The split count").
   const auto waves = [&](int splits) { return ceil_div(base * splits, slots); };
   int fewest = chosen;
   for (int splits = chosen + 1; splits <= most && waves(splits) == waves(chosen); ++splits) {

@@ -45,24 +45,15 @@ struct Sm90Tile {
   int groups = 1;
 };
 
-// The Hopper family ahead of the sm80 family, by tile width (sm90_tile_dim: head_dim rounded up to whole
-// 64-column chunks; on padded tiles it runs 1.05-2.5x the sm80 family's speed from head_dim 32 to 160,
-// H100, bench/results/padded_head_dims_sm90_vs_sm80_*). Measured on
-// H200 (bench/notes_fwd_sm90.md, fp16, 1k-16k tokens per sequence): overlap wins everywhere (+5-20%),
-// ping-pong on top of it for two consumers (+2-5% at d128); d64 keeps three consumers (192 rows), whose
-// registers leave no room for ping-pong, or better four (256 rows) with 64-key blocks: more warps per
-// scheduler hide more of the softmax's latency (+11% at 1k without a mask, +3-7% under a causal one,
-// equal from 4k without); d256 takes 64-key blocks (equal to 80 without a mask, +1-3% with one). The key
-// block shrinks as O grows so O, S and P fit a consumer's registers. Under a causal mask d64 takes two
-// groups of 128-row tiles in one block instead (+3-11% at 1k-4k: less masked work per tile with the same
-// four consumers), and in fp16 the rows' sums from the tensor cores (+5-8% at every d64 length; they lose
-// 1-3% at d128 and d256, whose tensor cores are the busier; v19 and v20). Packed batches have no groups: under
-// a causal mask their d64 tiles take 128 keys (tuning sweep of 64 sequences of 128-8k tokens, H100: +17% bf16,
-// +32% fp16 over 64 keys; bench/results/tune_varlen_nvidia-h100-80gb-hbm3_2026-11-24.csv) and three consumers
-// (192 rows, two stages: 1.15-1.24x the 128-row tiles in one sweep of the same batch on H100, 1.11-1.12x on H200;
-// bench/results/tune_varlen_d64_causal_m192_*_2026-11-26.csv). A sliding window
-// takes the causal mask's tiles (packed ones too): its query blocks too see key ranges of their own, with masked
-// blocks at the edges (not measured apart yet).
+// The Hopper family ahead of the sm80 family, by tile width (sm90_tile_dim: head_dim rounded up to whole 64-column
+// chunks; padded tiles still outrun the sm80 family). Overlap everywhere, ping-pong on top of it for two consumers;
+// d64 three consumers (192 rows, no registers left for ping-pong) or four (256 rows, 64-key blocks: more warps per
+// scheduler hide the softmax's latency), under a causal mask two groups of 128-row tiles in one block (less masked
+// work per tile), and in fp16 the rows' sums from the tensor cores (d64 only: wider tiles' tensor cores are the
+// busier); d256 64-key blocks. The key block shrinks as O grows so that O, S and P fit a consumer's registers.
+// Packed batches have no groups: under a causal mask their d64 tiles take 128 keys and three consumers (192 rows).
+// A sliding window takes the causal mask's tiles, its query blocks seeing key ranges of their own. The measurements
+// behind each: bench/notes_fwd_sm90.md, "The built-in choice".
 std::vector<Sm90Tile> sm90_preferences(int tile_dim, MaskKind mask, bool varlen) {
   if (tile_dim == 64) {
     const Sm90Tile m256{256, 64, 3, true, false};
@@ -95,9 +86,8 @@ std::vector<KernelConfig> heuristic_forward_configs(DType dtype, int head_dim, M
       Sm90Knobs& k = c.knobs.emplace<Sm90Knobs>();
       k.overlap = tile.overlap, k.pingpong = tile.pingpong, k.groups = tile.groups;
       k.tensor_sum = tile_dim == 64 && dtype == DType::kFloat16;
-      // Persistent blocks win without a mask (+3-15%, most at 1k tokens and d128 16k), and under a causal
-      // mask since its tiles are claimed longest first from L2-sized sections (d128 +3-12% at 1k-16k,
-      // d256 +0-6% at 1k-4k; bench/notes_fwd_sm90.md, v5-v6 and v14); a window's tiles are claimed so too.
+      // Persistent blocks win without a mask, and under a causal mask since its tiles are claimed longest first
+      // from L2-sized sections (bench/notes_fwd_sm90.md, v5-v6 and v14); a window's tiles are claimed so too.
       k.persistent = true;
       // Packed batches: one block per tile (sequence.cuh binds a block to its sequence).
       if (varlen) c.varlen = true, k.persistent = false, k.groups = 1, k.cluster = 1;
@@ -160,9 +150,8 @@ struct BwdTile {
 // Each warp of the dkdv kernel holds dK and dV for 16 keys x its head_dim slice in registers (128
 // registers at a 128-wide slice), next to Sᵀ and dPᵀ of a whole query block, so wide heads take two
 // slices. 128-key blocks of 8 warps halve the atomic dQ traffic per FLOP and share each Q/dO tile among
-// more keys: measured on H200 (bench/notes_bwd_sm80.md) they win for the atomic strategy (d128: 245
-// TFLOP/s with 64-query steps, 225 with 32, 192 for 64-key blocks), while the deterministic strategy
-// prefers 4-warp 64-key blocks next to its dq kernel. The first entries need Hopper's shared memory; the
+// more keys: they win for the atomic strategy, while the deterministic strategy prefers 4-warp 64-key
+// blocks next to its dq kernel (bench/notes_bwd_sm80.md, "Versions"). The first entries need Hopper's shared memory; the
 // next ones fit sm_80's 163 KB and the last sm_86/sm_89's 99 KB. Checked spill-free by
 // tests/tuner/test_heuristic.cpp.
 std::vector<BwdTile> backward_preferences(int head_dim, bool deterministic) {
@@ -189,13 +178,12 @@ std::vector<BwdConfig> heuristic_backward_configs(DType dtype, int head_dim, Mas
                                                   int arch) {
   std::vector<BwdConfig> configs;
   std::string last_reason = "no candidate";
-  // On sm_90 the Hopper family comes first, by tile width (head_dim rounded up to whole 64-column chunks:
-  // on padded tiles it runs 1.3-2.2x the sm80 family's speed from head_dim 32 to 160, H100, 4k tokens,
-  // bench/results/padded_head_dims_sm90_vs_sm80_*): 128 keys in two consumer warpgroups, with 64-query
-  // steps on 128-column tiles (dK, dV and Sᵀ fill the registers) and 128-query steps on 64; on 192 and
-  // 256, 64 keys and 64 queries, the two consumers splitting the work between dK and dV, with the staged
-  // dQ tile: on 192 beside two stages, on 256 beside one (H200, 4k tokens: +7-16% over two stages with dQ
-  // added from registers, +30-44% deterministic; bench/results/bwd_sm90_d256_stages_*).
+  // On sm_90 the Hopper family comes first, by tile width (head_dim rounded up to whole 64-column chunks: on
+  // padded tiles it outruns the sm80 family, bench/notes_bwd_sm90.md, v10): 128 keys in two consumer warpgroups,
+  // with 64-query steps on 128-column tiles (dK, dV and Sᵀ fill the registers) and 128-query steps on 64; on 192
+  // and 256, 64 keys and 64 queries, the two consumers splitting the work between dK and dV, with the staged dQ
+  // tile: on 192 beside two stages, on 256 beside one (faster than two stages with dQ added from registers,
+  // bench/notes_bwd_sm90.md, v7).
   // Both dQ strategies run on its one dkdv kernel.
   if (arch == 90) {
     BwdConfig c;
