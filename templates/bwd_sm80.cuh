@@ -9,6 +9,7 @@
 #include "attn_params.cuh"
 #include "block_range.cuh"
 #include "bwd_rows.cuh"
+#include "bwd_scores.cuh"
 #include "bwd_traits.cuh"
 #include "sm80_primitives.cuh"
 #include "softmax.cuh"
@@ -321,19 +322,13 @@ struct BwdDkdvSm80 {
             for (int h = 0; h < 2; ++h) {
               const float qk = acc_s[kt][qt][2 * h + e];
               const float scale_log2 = p.scale_log2;
-              const int key = n_start + warp_key0 + kt * 16 + g + h * 8;
-              const ScoreAt at{batch, head, m_start + col, key};
-              const float x = Variant::score(p, at, qk) * scale_log2;
+              const ScoreAt at{batch, head, m_start + col, n_start + warp_key0 + kt * 16 + g + h * 8};
+              const float x = bwd::scaled_score<Variant>(p, at, qk, scale_log2);
               float s = x;
-              if constexpr (kMasked) {
-                bool hidden = key >= p.seqlen_k;
-                if constexpr (Variant::kHidesKeys) hidden |= !Variant::visible(p, at);
-                if (hidden) s = neg_inf();
-              }
-              const float pr = sm80::exp2_approx(s - lse2);
+              if constexpr (kMasked) bwd::hide_score<Variant>(p, at, s);
+              const float pr = bwd::probability(s, lse2);
               acc_s[kt][qt][2 * h + e] = pr;
-              acc_dp[kt][qt][2 * h + e] =
-                  Variant::score_grad(p, at, x, pr * (acc_dp[kt][qt][2 * h + e] - dsum));
+              acc_dp[kt][qt][2 * h + e] = bwd::score_gradient<Variant>(p, at, x, pr, acc_dp[kt][qt][2 * h + e], dsum);
             }
         }
 
@@ -589,12 +584,12 @@ struct BwdDqSm80 {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const ScoreAt at{batch, head, row, n_start + 2 * t + nt * 8 + e};
-              const float x = Variant::score(p, at, acc_s[mt][nt][2 * h + e]) * p.scale_log2;
+              const float x = bwd::scaled_score<Variant>(p, at, acc_s[mt][nt][2 * h + e]);
               float s = x;
               if (kMasked && keys.hidden(nt * 8 + e)) s = neg_inf();
-              const float pr = sm80::exp2_approx(s - lse2[mt][h]);
-              const float ds = pr * (acc_dp[mt][nt][2 * h + e] - dsum[mt][h]);
-              acc_dp[mt][nt][2 * h + e] = Variant::score_grad(p, at, x, ds);
+              const float pr = bwd::probability(s, lse2[mt][h]);
+              acc_dp[mt][nt][2 * h + e] =
+                  bwd::score_gradient<Variant>(p, at, x, pr, acc_dp[mt][nt][2 * h + e], dsum[mt][h]);
             }
         }
         sm80::pack_a_steps<kElem, kNTiles / 2>(ds_frag[mt], acc_dp[mt]);

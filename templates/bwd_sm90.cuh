@@ -41,6 +41,7 @@
 #include "attn_params.cuh"
 #include "block_range.cuh"
 #include "bwd_rows.cuh"
+#include "bwd_scores.cuh"
 #include "bwd_traits.cuh"
 #include "sm80_primitives.cuh"
 #include "sequence.cuh"
@@ -220,9 +221,9 @@ struct BwdDkdvSm90 {
   // it, or without a mask on blocks of its own launch group (dq_turn). On 128-key blocks it launches them
   // launch_group() key blocks of every (kv head, batch) at a time: a query block's turns then chain the few
   // key blocks of its head that run together rather than all of them, so a late step holds back fewer
-  // blocks (H200, non-causal: 0.87-0.95x the time at 2k-8k tokens).
+  // blocks (bench/notes_bwd_sm90.md, v15).
   // The 64-key blocks of the dK/dV split keep whole heads together: their single stage waits for each Q
-  // tile, which a whole head's blocks find in L2 (grouped, they ran up to 1.07x slower).
+  // tile, which a whole head's blocks find in L2 (grouped, they ran slower: v15).
   struct Place {
     int n_block, kv_head, batch;
   };
@@ -537,7 +538,7 @@ struct BwdDkdvSm90 {
         }
       };
       // Two branches, not one loop over the parts: in the producer warps' 24 registers the loop (or a lambda for a
-      // part) spilled 4-8 bytes in some tiles of either kind (bench/notes_bwd_sm90.md, v28).
+      // part) spilled in some tiles of either kind (bench/notes_bwd_sm90.md, v28).
       if constexpr (kDqParts == 1) {
 #pragma unroll
         for (int c = tile; c < fillers_end; ++c) sm90::named_barrier_sync(dq_full_barrier(c), kDqWriterThreads);
@@ -591,7 +592,7 @@ struct BwdDkdvSm90 {
   // tells the writer through the turn_seen ring; pass_turns, told through the turn_ready ring that an add's writes
   // are done, releases the next turn. The writer's loop, on which the consumers' turns wait for the staged dQ tile,
   // then holds neither the polls' round trips nor the release's fence (MEMBAR.GPU): with both in it, the consumers'
-  // turns ran at 1.03-1.06x the time of lock step (H100, head_dim 128; bench/notes_bwd_sm90.md, v27). The ordering
+  // turns ran slower than lock step (bench/notes_bwd_sm90.md, v27). The ordering
   // carries from the semaphore's GPU-scope acquire and release through the rings' CTA-scope arrivals and waits.
   static __device__ void watch_turns(const AttnBwdParams& p, const Work& w, const Barriers& bars) {
     for (int it = 0; it < w.iterations; ++it) {
@@ -687,16 +688,12 @@ struct BwdDkdvSm90 {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const ScoreAt at = score_at(head, m_start, i, h, e);
-            float s = Variant::score(p, at, acc_s[i][2 * h + e]) * p.scale_log2;
-            if constexpr (decltype(masked)::value) {
-              bool hidden = at.k >= p.seqlen_k;
-              if constexpr (Variant::kHidesKeys) hidden |= !Variant::visible(p, at);
-              if (hidden) s = neg_inf();
-            }
+            float s = bwd::scaled_score<Variant>(p, at, acc_s[i][2 * h + e]);
+            if constexpr (decltype(masked)::value) bwd::hide_score<Variant>(p, at, s);
             if constexpr (Variant::kGradReadsScore) {
               acc_s[i][2 * h + e] = s;
             } else {
-              acc_s[i][2 * h + e] = sm80::exp2_approx(s - lse2[e]);
+              acc_s[i][2 * h + e] = bwd::probability(s, lse2[e]);
             }
           }
       }
@@ -717,11 +714,12 @@ struct BwdDkdvSm90 {
         if constexpr (Variant::kGradReadsScore) {
           const float x = acc_s[i][e];
           const bool hidden = x == neg_inf();
-          acc_s[i][e] = sm80::exp2_approx(x - lse2[e % 2]);
-          const float grad = Variant::score_grad(p, at, hidden ? 0.f : x, acc_s[i][e] * (acc_dp[i][e] - dsum[e % 2]));
+          acc_s[i][e] = bwd::probability(x, lse2[e % 2]);
+          const float grad =
+              bwd::score_gradient<Variant>(p, at, hidden ? 0.f : x, acc_s[i][e], acc_dp[i][e], dsum[e % 2]);
           acc_dp[i][e] = hidden ? 0.f : grad;
         } else {
-          acc_dp[i][e] = Variant::score_grad(p, at, 0.f, acc_s[i][e] * (acc_dp[i][e] - dsum[e % 2]));
+          acc_dp[i][e] = bwd::score_gradient<Variant>(p, at, 0.f, acc_s[i][e], acc_dp[i][e], dsum[e % 2]);
         }
       }
     };
@@ -735,7 +733,8 @@ struct BwdDkdvSm90 {
       // (barrier turn_barrier(1 - c)) and computes step it + 1's softmax. Consumer 0 takes the first turn.
       // Within a turn the grads are waited for before Sᵀ is issued and dQ is staged before dPᵀ is, so at most
       // two accumulators besides dK and dV are in flight (three spill at the 240-register budget); issuing Sᵀ
-      // behind dQ keeps the tensor cores fed (issued only after the grads and dQ were done, it lost 0-10%).
+      // behind dQ keeps the tensor cores fed (issued only after the grads and dQ were done, it lost time:
+      // bench/notes_bwd_sm90.md, v20).
       // The first and last turns are compile-time instances (run-time conditions inside one turn kept the
       // scores' accumulators live across iterations: 300-650 bytes of spills). Three dSᵀ tiles: a consumer
       // stores step it's while the other's dQ product of step it - 2 may still read its tile.

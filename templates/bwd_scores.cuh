@@ -1,0 +1,46 @@
+// The backward's scoring step, one score at a time, as every backward family takes it (bwd_sm80.cuh's dkdv and dq
+// kernels, bwd_sm90.cuh's consumers), in either accumulator layout: a score's value x in log2 units (the variant's
+// score of q·k times scale_log2), whether a partial block hides it, its probability P = exp2(x - lse2) (0 where
+// hidden), and dS = P ∘ (dP - D) through the variant's gradient, so that dS is with respect to q·k.
+#pragma once
+
+#include "sm80_primitives.cuh"
+#include "softmax.cuh"
+#include "variant.cuh"
+
+namespace flashgen {
+namespace bwd {
+
+// x: the variant's score of q·k at `at`, in log2 units (scale_log2: p.scale_log2, read by the caller).
+template <class Variant, class Params>
+__device__ __forceinline__ float scaled_score(const Params& p, const ScoreAt& at, float qk, float scale_log2) {
+  return Variant::score(p, at, qk) * scale_log2;
+}
+
+// The same, reading p.scale_log2 after the variant's score.
+template <class Variant, class Params>
+__device__ __forceinline__ float scaled_score(const Params& p, const ScoreAt& at, float qk) {
+  return Variant::score(p, at, qk) * p.scale_log2;
+}
+
+// In a partial block, s becomes -inf where the score at `at` is hidden: its key lies past seqlen_k, or the variant
+// hides it.
+template <class Variant, class Params>
+__device__ __forceinline__ void hide_score(const Params& p, const ScoreAt& at, float& s) {
+  bool hidden = at.k >= p.seqlen_k;
+  if constexpr (Variant::kHidesKeys) hidden |= !Variant::visible(p, at);
+  if (hidden) s = neg_inf();
+}
+
+// P = exp2(x - lse2): 0 for a hidden score (x = -inf) and for a query row past seqlen_q (lse2 = +inf).
+__device__ __forceinline__ float probability(float x, float lse2) { return sm80::exp2_approx(x - lse2); }
+
+// dS at `at` with respect to q·k: the variant's gradient at x of P ∘ (dP - D).
+template <class Variant, class Params>
+__device__ __forceinline__ float score_gradient(const Params& p, const ScoreAt& at, float x, float pr, float dp,
+                                                float dsum) {
+  return Variant::score_grad(p, at, x, pr * (dp - dsum));
+}
+
+}  // namespace bwd
+}  // namespace flashgen
