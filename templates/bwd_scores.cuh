@@ -44,3 +44,20 @@ __device__ __forceinline__ float score_gradient(const Params& p, const ScoreAt& 
 
 }  // namespace bwd
 }  // namespace flashgen
+
+#ifdef FLASHGEN_STANDALONE
+// Lets `nvcc -DFLASHGEN_STANDALONE -c` check this header on its own: one score of a causal tile, its P and dS.
+struct FlashgenBwdScoresCheckParams {
+  int seqlen_q, seqlen_k, causal_offset;
+  float scale_log2;
+};
+__global__ void flashgen_bwd_scores_check(const FlashgenBwdScoresCheckParams p, const float* in, float* out) {
+  using Variant = flashgen::CausalMask;
+  const flashgen::ScoreAt at{0, 0, static_cast<int>(threadIdx.x), static_cast<int>(threadIdx.y)};
+  const float x = flashgen::bwd::scaled_score<Variant>(p, at, in[threadIdx.x]);
+  float s = x;
+  flashgen::bwd::hide_score<Variant>(p, at, s);
+  const float pr = flashgen::bwd::probability(s, in[threadIdx.y]);
+  out[threadIdx.x] = flashgen::bwd::score_gradient<Variant>(p, at, x, pr, in[threadIdx.x + 1], in[threadIdx.y + 1]);
+}
+#endif

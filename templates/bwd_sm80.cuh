@@ -11,6 +11,7 @@
 #include "bwd_rows.cuh"
 #include "bwd_scores.cuh"
 #include "bwd_traits.cuh"
+#include "sm80_attend.cuh"
 #include "sm80_primitives.cuh"
 #include "softmax.cuh"
 #include "tile_copy.cuh"
@@ -191,28 +192,8 @@ struct BwdDkdvSm80 {
 
     // Sᵀ-shaped product for this warp's keys: acc = X Yᵀ with X = K or V rows (A), Y = Q or dO (B).
     auto product_t = [&](float (&acc)[kKeyTiles][kQTiles][4], u32 x_lane, u32 y_tile) {
-#pragma unroll
-      for (int kt = 0; kt < kKeyTiles; ++kt)
-#pragma unroll
-        for (int qt = 0; qt < kQTiles; ++qt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[kt][qt][e] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < kKSteps; ++kk) {
-        u32 a[kKeyTiles][4];
-#pragma unroll
-        for (int kt = 0; kt < kKeyTiles; ++kt) sm80::ldmatrix_x4(a[kt], x_lane + (kt * 16 * kRow + kk * 16) * 2);
-#pragma unroll
-        for (int qp = 0; qp < kQTiles / 2; ++qp) {
-          u32 b[4];
-          sm80::ldmatrix_x4(b, y_tile + b_lane + (qp * 16 * kRow + kk * 16) * 2);
-#pragma unroll
-          for (int kt = 0; kt < kKeyTiles; ++kt) {
-            sm80::mma_16816<kElem>(acc[kt][2 * qp], a[kt], b[0], b[1]);
-            sm80::mma_16816<kElem>(acc[kt][2 * qp + 1], a[kt], b[2], b[3]);
-          }
-        }
-      }
+      auto load_x = [&](int kt, int kk, u32(&a)[4]) { sm80::ldmatrix_x4(a, x_lane + (kt * 16 * kRow + kk * 16) * 2); };
+      sm80::qk_product<kElem, kKSteps, kRow>(acc, load_x, y_tile, b_lane);
     };
 
     // acc (keys, slice) += frag (keys, queries) · Y (queries, slice), Y = dO or Q read transposed.
@@ -520,28 +501,8 @@ struct BwdDqSm80 {
 
     // acc (rows, keys) = X Yᵀ: X = Q or dO (A, this warp's rows), Y = K or V (B).
     auto product = [&](float (&acc)[kMTiles][kNTiles][4], u32 x_lane, u32 y_tile) {
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < kKSteps; ++kk) {
-        u32 a[kMTiles][4];
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) sm80::ldmatrix_x4(a[mt], x_lane + (mt * 16 * kRow + kk * 16) * 2);
-#pragma unroll
-        for (int np = 0; np < kNTiles / 2; ++np) {
-          u32 b[4];
-          sm80::ldmatrix_x4(b, y_tile + b_lane + (np * 16 * kRow + kk * 16) * 2);
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) {
-            sm80::mma_16816<kElem>(acc[mt][2 * np], a[mt], b[0], b[1]);
-            sm80::mma_16816<kElem>(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
-          }
-        }
-      }
+      auto load_x = [&](int mt, int kk, u32(&a)[4]) { sm80::ldmatrix_x4(a, x_lane + (mt * 16 * kRow + kk * 16) * 2); };
+      sm80::qk_product<kElem, kKSteps, kRow>(acc, load_x, y_tile, b_lane);
     };
 
     auto step = [&](int n_block, auto masked) {

@@ -1,7 +1,8 @@
 // One warp's steps over one K/V tile of the sm80 families' forward attention (fwd_sm80.cuh, decode_sm80.cuh):
 // S = Q Kᵀ on mma.sync m16n8k16, the online softmax's update (softmax.cuh), and O += P V, on kMTiles 16-row
 // tiles of queries and kNTiles 8-key column tiles of S in the accumulator layout. The kernels keep the order
-// of the steps and what goes between them (the next tile's copies, the variant's scores).
+// of the steps and what goes between them (the next tile's copies, the variant's scores). The sm80 backward
+// (bwd_sm80.cuh) takes the tile product for its S, dP, Sᵀ and dPᵀ.
 #pragma once
 
 #include "sm80_primitives.cuh"
