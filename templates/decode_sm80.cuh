@@ -324,8 +324,7 @@ struct DecodeSm80 {
       float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) {
-        const float m_w = red_max[w * kRows + r];
-        const float f = m_w == neg_inf() ? 0.f : sm80::exp2_approx(m_w - m);
+        const float f = softmax::part_weight(red_max[w * kRows + r], m);
         sum += f * red_sum[w * kRows + r];
         const float4 o_w = *reinterpret_cast<const float4*>(red_o + (w * kRows + r) * kPitch + c);
         acc.x += f * o_w.x, acc.y += f * o_w.y, acc.z += f * o_w.z, acc.w += f * o_w.w;
@@ -391,18 +390,12 @@ struct DecodeCombine {
     float m = lse_first;
     for (int s = 32 + lane; s < p.splits; s += 32) m = fmaxf(m, lse_of(s));
     m = warp_max(m);
-    float sum = lse_first == neg_inf() ? 0.f : __expf(lse_first - m);
-    for (int s = 32 + lane; s < p.splits; s += 32) {
-      const float lse_s = lse_of(s);
-      sum += lse_s == neg_inf() ? 0.f : __expf(lse_s - m);
-    }
+    float sum = softmax::lse_part_weight(lse_first, m);
+    for (int s = 32 + lane; s < p.splits; s += 32) sum += softmax::lse_part_weight(lse_of(s), m);
     sum = warp_sum(sum);
     float lse = sum > 0.f ? m + __logf(sum) : neg_inf();
 
-    if (sink != neg_inf()) {  // lse = log(exp(lse) + exp(sink))
-      const float high = lse > sink ? lse : sink, low = lse > sink ? sink : lse;  // a NaN sink gives NaN
-      lse = high + log1pf(__expf(low - high));
-    }
+    if (sink != neg_inf()) lse = softmax::lse_with_sink(lse, sink);
 
     // O = sum over ranges of w_s * O_s, in range order. A range that saw no key (lse -inf) has weight 0 and a part
     // that is not a number: it is selected away, not multiplied.
@@ -412,7 +405,7 @@ struct DecodeCombine {
     const float* o_part = p.o_partial + row * kHeadDim + lane * 4;  // range s at s * rows * kHeadDim
     for (int s0 = 0; s0 < p.splits; s0 += 32) {
       const float lse_s = s0 == 0 ? lse_first : lse_of(s0 + lane);
-      const float weight = lse_s == neg_inf() ? 0.f : __expf(lse_s - lse);
+      const float weight = softmax::lse_part_weight(lse_s, lse);
       const int n = min(32, p.splits - s0);
       for (int j0 = 0; j0 < n; j0 += kUnroll) {
         float4 part[kUnroll][kPasses];

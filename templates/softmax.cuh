@@ -111,6 +111,23 @@ __device__ __forceinline__ float row_end_factor(const float* sinks, int head, fl
   return correction * inverse_sum(sum);
 }
 
+// A part's weight where a row's parts (its softmax over some of the keys: a warp's, a key range's) merge at max m,
+// the parts' maxima in log2 units: 0 for a part that saw no key (max -inf), else exp2 of its distance from m.
+__device__ __forceinline__ float part_weight(float part_max, float m) {
+  return part_max == neg_inf() ? 0.f : sm80::exp2_approx(part_max - m);
+}
+
+// The same for parts that carry a natural-log LSE.
+__device__ __forceinline__ float lse_part_weight(float part_lse, float m) {
+  return part_lse == neg_inf() ? 0.f : __expf(part_lse - m);
+}
+
+// A natural-log LSE with a sink (in the same units) joined: log(exp(lse) + exp(sink)); a NaN sink gives NaN.
+__device__ __forceinline__ float lse_with_sink(float lse, float sink) {
+  const float high = lse > sink ? lse : sink, low = lse > sink ? sink : lse;
+  return high + log1pf(__expf(low - high));
+}
+
 // The row's log-sum-exp in natural log from its max (log2 units) and sum; -inf for a fully masked row.
 __device__ __forceinline__ float lse(float row_max, float sum) {
   constexpr float kLn2 = 0.6931471805599453f;
