@@ -619,6 +619,30 @@ struct BwdDkdvSm90 {
     return (col / 64) * rows * kRowBytes + row * kRowBytes + ((((col % 64) / 8) ^ (row % 8)) * 16) + (col % 8) * 2;
   }
 
+  // Pᵀ's and dSᵀ's 16-bit A fragments (of dV += Pᵀ dO and dK += dSᵀ Q) from their fp32 accumulators.
+  template <int kFrags>
+  static __device__ __forceinline__ void pack_fragments(u32 (&p_frag)[kMSteps][4], u32 (&ds_frag)[kFrags][4],
+                                                        const float (&acc_s)[kSGroups][4],
+                                                        const float (&acc_dp)[kSGroups][4]) {
+#pragma unroll
+    for (int j = 0; j < kMSteps; ++j) {
+      sm80::pack_a<kElem>(p_frag[j], acc_s[2 * j], acc_s[2 * j + 1]);
+      sm80::pack_a<kElem>(ds_frag[j], acc_dp[2 * j], acc_dp[2 * j + 1]);
+    }
+  }
+
+  // A consumer's dSᵀ fragments into the swizzled dSᵀ tile at sds (its keys from key_row0), for the dQ product.
+  template <int kFrags>
+  static __device__ __forceinline__ void store_ds(u32 sds, const u32 (&ds_frag)[kFrags][4], int key_row0, int t) {
+#pragma unroll
+    for (int i = 0; i < kSGroups; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const u32 word = ds_frag[i / 2][2 * (i % 2) + h];
+        sm90::st_shared_u32(sds + swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t), word);
+      }
+  }
+
   // acc = A Bᵀ over head_dim as one wgmma group (Sᵀ = K Qᵀ or dPᵀ = V dOᵀ): A the consumer's 64 rows of K or V, B the
   // stage's Q or dO, both K-major.
   static __device__ __forceinline__ void transposed_product(float (&acc)[kSGroups][4], u64 desc_a, u64 desc_b) {
@@ -784,20 +808,9 @@ struct BwdDkdvSm90 {
             return &ds_kept;
           }
         }();
-#pragma unroll
-        for (int j = 0; j < kMSteps; ++j) {
-          sm80::pack_a<kElem>(p_frag[j], acc_s[2 * j], acc_s[2 * j + 1]);
-          sm80::pack_a<kElem>(ds_frag[j], acc_dp[2 * j], acc_dp[2 * j + 1]);
-        }
+        pack_fragments(p_frag, ds_frag, acc_s, acc_dp);
         if (it >= kDsTiles) sm90::mbarrier_wait(bars.ds_empty(it % kDsTiles), ds_phase(it) ^ 1);
-        const u32 sds = ds_tile(it);
-#pragma unroll
-        for (int i = 0; i < kSGroups; ++i)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const u32 word = ds_frag[i / 2][2 * (i % 2) + h];
-            sm90::st_shared_u32(sds + swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t), word);
-          }
+        store_ds(ds_tile(it), ds_frag, key_row0, t);
         sm90::fence_proxy_async_smem();
         sm90::mbarrier_arrive(bars.ds_full(it % kDsTiles));
       };
@@ -987,23 +1000,13 @@ struct BwdDkdvSm90 {
               }
               gradients(acc_s, acc_dp, i, s_lse, s_dsum, head, m_start);
             }
-#pragma unroll
-            for (int j = 0; j < kMSteps; ++j) {
-              sm80::pack_a<kElem>(p_frag[j], acc_s[2 * j], acc_s[2 * j + 1]);
-              sm80::pack_a<kElem>(ds_frag[j], acc_dp[2 * j], acc_dp[2 * j + 1]);
-            }
+            pack_fragments(p_frag, ds_frag, acc_s, acc_dp);
             // dSᵀ into shared memory for the dQ product (kDeferDq: once every consumer's dQ product of two steps
             // ago has read the tile); Pᵀ's fragments to consumer 1.
             if constexpr (kDeferDq) {
               if (it >= 2) sm90::mbarrier_wait(bars.ds_empty(it % 2), ((it / 2) & 1) ^ 1);
             }
-#pragma unroll
-            for (int i = 0; i < kSGroups; ++i)
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                const u32 word = ds_frag[i / 2][2 * (i % 2) + h];
-                sm90::st_shared_u32(sds + swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t), word);
-              }
+            store_ds(sds, ds_frag, key_row0, t);
             sm90::fence_proxy_async_smem();
             if constexpr (kDeferDq) sm90::mbarrier_arrive(bars.ds_full(it % 2));
             if constexpr (kPart == Part::kScores) {
