@@ -275,7 +275,7 @@ void PreparedKvCache::operator()(CUstream stream, CUdeviceptr workspace) const {
   // (the append kernel, or whatever came before; the attention kernel), their launch hidden behind its end; neither
   // reads anything before that kernel is done and its memory visible (griddepcontrol.wait). The attention kernel lets
   // its combine kernel start at once; the combine kernel lets no dependent start early: a next call's attention
-  // blocks placed beside its blocks ran slower (bench/notes_decode.md, v10).
+  // blocks placed beside its blocks ran slower (bench/notes_decode.md, Versions: the dependent launch).
   const bool dependent_launch = arch >= 90;
   if (append != nullptr) launch_kernel(append, {append_grid[0], append_grid[1], 1}, row_threads, 0, stream, args);
   launch_kernel(attend, attend_grid, attend_threads, attend_smem_bytes, stream, args, dependent_launch);

@@ -221,15 +221,16 @@ struct BwdDkdvSm90 {
   // it, or without a mask on blocks of its own launch group (dq_turn). On 128-key blocks it launches them
   // launch_group() key blocks of every (kv head, batch) at a time: a query block's turns then chain the few
   // key blocks of its head that run together rather than all of them, so a late step holds back fewer
-  // blocks (bench/notes_bwd_sm90.md, v15).
+  // blocks (bench/notes_bwd_sm90.md, Versions: launch groups).
   // The 64-key blocks of the dK/dV split keep whole heads together: their single stage waits for each Q
-  // tile, which a whole head's blocks find in L2 (grouped, they ran slower: v15).
+  // tile, which a whole head's blocks find in L2 (grouped, they ran slower).
   struct Place {
     int n_block, kv_head, batch;
   };
   // Key blocks per launch group: 8, or on 64-column tiles without a mask, whose steps are short, 2 where a head has
   // fewer than 8 key blocks: its walk is then too short for a group of 8 to rotate (dq_turn), and an unrotated
-  // group's blocks all reach query block 0 in the same step (bench/notes_bwd_sm90.md, v23 and v26).
+  // group's blocks all reach query block 0 in the same step (bench/notes_bwd_sm90.md, Versions: launch groups,
+  // rotated walks).
   static __device__ int launch_group(int n_blocks) {
     if constexpr (kTileDim == 64 && !Variant::kHidesKeys) {
       return n_blocks < 8 ? 2 : 8;
@@ -261,7 +262,7 @@ struct BwdDkdvSm90 {
   // do where every head's walk is as long as a group (no two blocks of a group start at the same query block) and
   // one launch group of every (batch, kv head) pair fills the SMs (counted by sm_count_bound) with a group to spare:
   // a group then starts once the group before it of its pair has finished, instead of waiting on that group's last
-  // adds, which a rotated walk makes at its end (bench/notes_bwd_sm90.md, v26).
+  // adds, which a rotated walk makes at its end (bench/notes_bwd_sm90.md, Versions: rotated walks).
   static constexpr bool kRotatedTurns = kDeterministic && !Variant::kHidesKeys && !kDkdvSplit && !kVarlen;
   struct RotatedTurns {
     int launch, groups_before, index, size;
@@ -538,7 +539,7 @@ struct BwdDkdvSm90 {
         }
       };
       // Two branches, not one loop over the parts: in the producer warps' 24 registers the loop (or a lambda for a
-      // part) spilled in some tiles of either kind (bench/notes_bwd_sm90.md, v28).
+      // part) spilled in some tiles of either kind (bench/notes_bwd_sm90.md, Versions: dQ halves).
       if constexpr (kDqParts == 1) {
 #pragma unroll
         for (int c = tile; c < fillers_end; ++c) sm90::named_barrier_sync(dq_full_barrier(c), kDqWriterThreads);
@@ -592,7 +593,7 @@ struct BwdDkdvSm90 {
   // tells the writer through the turn_seen ring; pass_turns, told through the turn_ready ring that an add's writes
   // are done, releases the next turn. The writer's loop, on which the consumers' turns wait for the staged dQ tile,
   // then holds neither the polls' round trips nor the release's fence (MEMBAR.GPU): with both in it, the consumers'
-  // turns ran slower than lock step (bench/notes_bwd_sm90.md, v27). The ordering
+  // turns ran slower than lock step (bench/notes_bwd_sm90.md, Versions: turn warps). The ordering
   // carries from the semaphore's GPU-scope acquire and release through the rings' CTA-scope arrivals and waits.
   static __device__ void watch_turns(const AttnBwdParams& p, const Work& w, const Barriers& bars) {
     for (int it = 0; it < w.iterations; ++it) {
@@ -758,7 +759,7 @@ struct BwdDkdvSm90 {
       // Within a turn the grads are waited for before Sᵀ is issued and dQ is staged before dPᵀ is, so at most
       // two accumulators besides dK and dV are in flight (three spill at the 240-register budget); issuing Sᵀ
       // behind dQ keeps the tensor cores fed (issued only after the grads and dQ were done, it lost time:
-      // bench/notes_bwd_sm90.md, v20).
+      // bench/notes_bwd_sm90.md, Versions: ping-pong).
       // The first and last turns are compile-time instances (run-time conditions inside one turn kept the
       // scores' accumulators live across iterations: 300-650 bytes of spills). Three dSᵀ tiles: a consumer
       // stores step it's while the other's dQ product of step it - 2 may still read its tile.
@@ -1157,7 +1158,7 @@ struct BwdDkdvSm90 {
     // 1's dK to its own and stores dK, consumer 1 dV, the partial sums passing through the ring's stages
     // (both consumers are done with them, and the producer loads nothing more), in accumulator order, handed
     // over by an mbarrier rather than barrier 1: compute-sanitizer's racecheck follows this hand-off only through
-    // the mbarrier (bench/notes_bwd_sm90.md, v34).
+    // the mbarrier (bench/notes_bwd_sm90.md, Versions: the query split's hand-off).
     consumers_sync();
     const bool stores_dk = kHasDk && (!kQuerySplit || consumer == 0);
     const bool stores_dv = kHasDv && (!kQuerySplit || consumer == 1);

@@ -194,12 +194,13 @@ struct BwdSm90Traits {
   int smem_ds_bytes;    // ds_tiles dSᵀ tiles (block_m / 64 chunks, block_n, 64)
   int smem_exchange_bytes;  // the dK/dV split: dPᵀ in fp32 from consumer 1, then Pᵀ's fragments from consumer 0
   bool defer_dq;        // a step adds the previous step's dQ, so the consumers meet at no barrier of a step
-                        // (bwd_sm90.cuh): 64-column tiles (bench/notes_bwd_sm90.md, v11), and ping_pong; alone on
-                        // 128 columns it measured no gain, and the dK/dV split trades within a step
+                        // (bwd_sm90.cuh): 64-column tiles (bench/notes_bwd_sm90.md, Versions: deferred dQ), and
+                        // ping_pong; alone on 128 columns it measured no gain, and the dK/dV split trades within a
+                        // step
   bool ping_pong;       // 128-column tiles on 128-key blocks with 2 stages, unless lock_step (below): the consumers
                         // take turns issuing their products (one turn: dV and dK of a step, dQ of the step before,
                         // Sᵀ and dPᵀ of the next), each computing its next step's Pᵀ and dSᵀ while the other's
-                        // products run (bench/notes_bwd_sm90.md, v20)
+                        // products run (bench/notes_bwd_sm90.md, Versions: ping-pong)
   int mbarriers;        // K/V full, the ring's full and empty, with defer_dq dSᵀ's full and empty (one each per
                         // dSᵀ tile), and the deterministic strategy's two-slot rings between the dQ writer and the
                         // warps that watch for its turns and pass them on (reserved for the atomic strategy too:
@@ -288,9 +289,9 @@ constexpr bool dq_adds_counted(DqAccum accum, int head_dim, int block_m, int blo
 // Whether the dkdv kernel writes the dQ accumulator before adding to it, so that nothing need zero it: a
 // query block's first add (the deterministic strategy's first turn, or under a mask that hides keys the
 // atomic strategy's first ticket) stores the tile instead. The atomic strategy without a mask zeroes and
-// adds: its tickets cost more than the zeroing saved (bench/notes_bwd_sm90.md, v13). Where the first add
-// stores, a query block whose semaphore counts no add has an unwritten accumulator, and the convert kernel
-// writes zeros for it.
+// adds: its tickets cost more than the zeroing saved (bench/notes_bwd_sm90.md, Versions: first add stores).
+// Where the first add stores, a query block whose semaphore counts no add has an unwritten accumulator, and the
+// convert kernel writes zeros for it.
 constexpr bool dq_first_add_stores(DqAccum accum, int head_dim, int block_m, int block_n, int stages,
                                    bool deterministic, bool hides_keys) {
   return dq_adds_counted(accum, head_dim, block_m, block_n, stages) && (deterministic || hides_keys);

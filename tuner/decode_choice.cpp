@@ -23,7 +23,7 @@ int heuristic_decode_splits(const AttentionProblem& problem, const DecodeConfig&
   // One block per SM for a contiguous cache: a second one on the same SM adds no bandwidth (each already keeps
   // stages - 1 tiles in flight), while each range's prologue, epilogue and merge cost more. Two for a paged cache
   // where they fit: its rows' scattered pages take longer to reach, and a second block hides that
-  // (bench/notes_decode.md, v2 and v6; "The split count").
+  // (bench/notes_decode.md, "The split count").
   const int smem = config.smem_bytes(DecodeKernel::kAttend) + 1024;  // the driver reserves 1 KB per block
   const int per_sm = problem.paged && 2 * smem <= max_smem_per_block(arch) + 1024 ? 2 : 1;
   const long long slots = static_cast<long long>(multiprocessors) * per_sm;

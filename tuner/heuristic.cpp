@@ -87,7 +87,7 @@ std::vector<KernelConfig> heuristic_forward_configs(DType dtype, int head_dim, M
       k.overlap = tile.overlap, k.pingpong = tile.pingpong, k.groups = tile.groups;
       k.tensor_sum = tile_dim == 64 && dtype == DType::kFloat16;
       // Persistent blocks win without a mask, and under a causal mask since its tiles are claimed longest first
-      // from L2-sized sections (bench/notes_fwd_sm90.md, v5-v6 and v14); a window's tiles are claimed so too.
+      // from L2-sized sections (bench/notes_fwd_sm90.md, "The built-in choice"); a window's tiles are claimed so too.
       k.persistent = true;
       // Packed batches: one block per tile (sequence.cuh binds a block to its sequence).
       if (varlen) c.varlen = true, k.persistent = false, k.groups = 1, k.cluster = 1;
@@ -179,11 +179,11 @@ std::vector<BwdConfig> heuristic_backward_configs(DType dtype, int head_dim, Mas
   std::vector<BwdConfig> configs;
   std::string last_reason = "no candidate";
   // On sm_90 the Hopper family comes first, by tile width (head_dim rounded up to whole 64-column chunks: on
-  // padded tiles it outruns the sm80 family, bench/notes_bwd_sm90.md, v10): 128 keys in two consumer warpgroups,
-  // with 64-query steps on 128-column tiles (dK, dV and Sᵀ fill the registers) and 128-query steps on 64; on 192
-  // and 256, 64 keys and 64 queries, the two consumers splitting the work between dK and dV, with the staged dQ
-  // tile: on 192 beside two stages, on 256 beside one (faster than two stages with dQ added from registers,
-  // bench/notes_bwd_sm90.md, v7).
+  // padded tiles it outruns the sm80 family, bench/notes_bwd_sm90.md, Versions: every head_dim): 128 keys in two
+  // consumer warpgroups, with 64-query steps on 128-column tiles (dK, dV and Sᵀ fill the registers) and 128-query
+  // steps on 64; on 192 and 256, 64 keys and 64 queries, the two consumers splitting the work between dK and dV,
+  // with the staged dQ tile: on 192 beside two stages, on 256 beside one (faster than two stages with dQ added from
+  // registers, bench/notes_bwd_sm90.md, Versions: head_dim 256 with one stage).
   // Both dQ strategies run on its one dkdv kernel.
   if (arch == 90) {
     BwdConfig c;
