@@ -1,10 +1,10 @@
 // flashgen's PyTorch operators on torch's stable ABI (libflashgen_torch.so): the ops' kernels (ops_dense.cpp,
 // ops_varlen.cpp, ops_kvcache.cpp) and the helpers they share (ops_common.cpp); ops_library.cpp registers them.
-// Each kernel takes torch tensors, checks what the library cannot see, and calls libflashgen's C ABI on the
-// caller's current stream with outputs and workspaces from torch's allocator.
+// Each kernel takes torch tensors, checks what the library cannot see (op_arguments.hpp), and calls libflashgen's C
+// ABI on the caller's current stream with outputs and workspaces from torch's allocator.
 #pragma once
 
-#include "flashgen/flashgen.h"
+#include "op_arguments.hpp"
 
 #include <torch/csrc/stable/tensor.h>
 
@@ -17,21 +17,6 @@
 namespace flashgen::torch_ops {
 
 using torch::stable::Tensor;
-
-// Position of [batch, seqlen, heads, head_dim] in a tensor of each layout ("bshd", or SDPA's "bhsd").
-using LayoutDims = std::array<int64_t, 4>;
-LayoutDims layout_dims(const std::string& layout);
-
-// Raises (RuntimeError in Python) with the library's message when a call failed, worded as flashgen._lib.check
-// words it: "call: message [status name]", so that flashgen.torch can raise FlashgenArgumentError for the statuses
-// of bad arguments.
-void check_status(int status, const char* call);
-
-flashgen_mask mask_code(const std::string& mask);
-flashgen_dtype dtype_code(const Tensor& t, const char* name);
-
-// q, k and v: `rank` dims, float16 or bfloat16, one dtype, on one CUDA device.
-void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, int64_t rank, int64_t kv_rank);
 
 // t itself when the kernels read it in place (16-byte aligned, head_dim unit-stride, the other strides multiples
 // of 8 elements), else a fresh contiguous copy.
@@ -47,11 +32,6 @@ struct BackwardTensors {
 };
 BackwardTensors backward_tensors(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                  const Tensor& out, const Tensor& lse);
-
-// flashgen_tensor over t, read as [batch, seqlen, heads, head_dim] through its own strides.
-flashgen_tensor view(const Tensor& t, const LayoutDims& dims);
-// flashgen_tensor over a packed [total, heads, head_dim] tensor, as the one batch entry [1, total, heads, head_dim].
-flashgen_tensor packed_view(const Tensor& t);
 
 // The fp32 extras of a call (ALiBi slopes, sinks), checked, and held until the call is queued: a converted copy
 // freed before that could be handed to the next allocation and overwritten before the kernels read it.

@@ -13,8 +13,6 @@ using torch::headeronly::ScalarType;
 
 namespace {
 
-constexpr LayoutDims kBshd = {0, 1, 2, 3};
-
 std::optional<Tensor> int32_array(const std::optional<Tensor>& t, const Tensor& q, int64_t rank, const char* name) {
   if (!t.has_value()) return std::nullopt;
   STD_TORCH_CHECK(t->scalar_type() == ScalarType::Int && t->dim() == rank && t->is_cuda() &&

@@ -15,15 +15,9 @@ namespace {
 
 // An int32 tensor of `rank` dims on q's device, contiguous (the library reads it as a plain array).
 Tensor int32_array(const Tensor& t, const Tensor& q, int64_t rank, const char* name) {
-  STD_TORCH_CHECK(t.scalar_type() == ScalarType::Int && t.dim() == rank && t.is_cuda() &&
-                      t.get_device_index() == q.get_device_index(),
-                  name, ": expected a ", rank, "-d torch.int32 tensor on q's device");
+  check_int32_array(t, q, rank, name);
   return torch::stable::contiguous(t);
 }
-
-const int32_t* int32_data(const Tensor& t) { return static_cast<const int32_t*>(t.data_ptr()); }
-
-constexpr LayoutDims kBshd = {0, 1, 2, 3};
 
 }  // namespace
 
@@ -52,25 +46,11 @@ std::tuple<Tensor, Tensor> varlen_attention_forward(
   Tensor lse = torch::stable::new_empty(q, {heads_q, total_q}, ScalarType::Float);
   const Extras extras = check_extras(q, batch, heads_q, alibi_slopes, sinks);
 
-  flashgen_varlen_forward_args args{};
-  args.size = sizeof(args);
-  args.q = packed_view(q);
-  args.out = packed_view(out);
-  // Paged caches [num_pages, page_size, heads_kv, head_dim] are read as they are.
-  args.k = paged ? view(k, kBshd) : packed_view(k);
-  args.v = paged ? view(v, kBshd) : packed_view(v);
+  flashgen_varlen_forward_args args =
+      varlen_forward_args(q, k, v, out, cu_seqlens_q, cu_seqlens_k, used.has_value() ? &*used : nullptr,
+                          table.has_value() ? &*table : nullptr, max_seqlen_q, max_seqlen_k);
   args.lse = static_cast<float*>(lse.data_ptr());
-  args.cu_seqlens_q = int32_data(cu_seqlens_q);
-  args.cu_seqlens_k = int32_data(cu_seqlens_k);
-  args.seqused_k = used.has_value() ? int32_data(*used) : nullptr;
-  args.batch = batch;
-  args.max_seqlen_q = max_seqlen_q;
-  args.max_seqlen_k = max_seqlen_k;
   args.options = options(scale, mask, false, softcap, window_left, window_right, attention_chunk, extras);
-  if (table.has_value()) {
-    args.block_table = int32_data(*table);
-    args.max_pages = table->size(1);
-  }
   check_status(flashgen_attention_varlen_forward(&args, current_stream(device)), "flashgen_attention_varlen_forward");
   return {out, lse};
 }
@@ -90,22 +70,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> varlen_attention_backward(
   const Extras extras = check_extras(t.q, batch, heads_q, alibi_slopes, sinks);
   Tensor dsinks = dsinks_for(t.q, heads_q, extras);
 
-  flashgen_varlen_backward_args args{};
-  args.size = sizeof(args);
-  args.q = packed_view(t.q);
-  args.k = packed_view(t.k);
-  args.v = packed_view(t.v);
-  args.out = packed_view(t.out);
-  args.dout = packed_view(t.dout);
-  args.dq = packed_view(t.dq);
-  args.dk = packed_view(t.dk);
-  args.dv = packed_view(t.dv);
+  flashgen_varlen_backward_args args = varlen_backward_args(t.dout, t.q, t.k, t.v, t.out, t.dq, t.dk, t.dv,
+                                                            cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   args.lse = static_cast<const float*>(t.lse.data_ptr());
-  args.cu_seqlens_q = int32_data(cu_seqlens_q);
-  args.cu_seqlens_k = int32_data(cu_seqlens_k);
-  args.batch = batch;
-  args.max_seqlen_q = max_seqlen_q;
-  args.max_seqlen_k = max_seqlen_k;
   args.options = options(scale, mask, deterministic, softcap, window_left, window_right, attention_chunk, extras);
   if (extras.sinks.has_value()) args.options.dsinks = static_cast<float*>(dsinks.data_ptr());
   // The workspace comes from flashgen's own pool (this C call takes none from the caller), a graph's own while

@@ -85,6 +85,53 @@ def test_cpp_autograd_matches_the_python_formulas():
         torch.testing.assert_close(grads[2][start_k:end_k], expected[2][start_k:end_k], rtol=2e-2, atol=2e-2)
 
 
+def test_cpp_nodes_direct_calls_equal_the_ops_kernels():
+    """Where the release library is loaded, eager calls run the ops' CUDA kernels directly (ATen, no boxing) and a
+    call under a dispatch mode goes through the ops: both give the same bits, with ALiBi slopes whose rows are strided
+    and bfloat16 sinks (each converted), dense and packed, and the profiler names the op either way."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    if fgt.backend(detail=True)["autograd"] != "native":
+        pytest.skip("the release library is not loaded: " + fgt.backend(detail=True)["release_reason"])
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.add(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    q = _randn(2, 192, 4, 64, seed=30).requires_grad_()
+    k, v = (_randn(2, 160, 2, 64, seed=seed).requires_grad_() for seed in (31, 32))
+    slopes = torch.rand(2, 8, device="cuda")[:, ::2]
+    sinks = _randn(4, seed=33).requires_grad_()
+    dout = _randn(2, 192, 4, 64, seed=34)
+
+    def dense():
+        out = fgt.attention(q, k, v, causal=True, alibi_slopes=slopes, sinks=sinks, deterministic=True)
+        return (out, *torch.autograd.grad(out, (q, k, v, sinks), dout))
+
+    packed = [t.detach().reshape(-1, t.shape[2], 64).requires_grad_() for t in (q, k, v)]
+    cu_q = torch.tensor([0, 100, 384], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 70, 320], dtype=torch.int32, device="cuda")
+
+    def varlen():
+        out = fgt.varlen_attention(*packed, cu_q, cu_k, 284, 250, causal=True, sinks=sinks, deterministic=True)
+        return (out, *torch.autograd.grad(out, (*packed, sinks), dout.reshape(-1, 4, 64)))
+
+    for name, run in (("attention", dense), ("varlen_attention", varlen)):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            direct = run()
+        events = {event.name for event in profile.events()}
+        assert {f"flashgen::{name}_forward", f"flashgen::{name}_backward"} <= events, sorted(events)
+        with Seen() as seen:
+            through_ops = run()
+        assert {f"flashgen.{name}_forward", f"flashgen.{name}_backward"} <= seen.ops, seen.ops
+        for what, a, b in zip(("out", "dq", "dk", "dv", "dsinks"), direct, through_ops):
+            assert torch.equal(a, b), f"{name}: {what}"
+
+
 def test_op_schemas_are_the_shared_text():
     for name, schema in {**_schemas.SCHEMAS, **_schemas.VARIANT_SCHEMAS}.items():
         op = getattr(torch.ops.flashgen, name).default
@@ -100,10 +147,13 @@ def test_import_pulls_in_no_compiler_machinery():
 
 
 def test_library_errors_raise_flashgen_argument_error():
+    """Without and with autograd (the kept ctypes arguments, the op's kernel or the release library's direct call):
+    the library's message, worded "call: message [status]" with no C++ source place before it."""
     q = _randn(1, 16, 2, 100, seed=1, dtype=torch.float16)
-    with pytest.raises(flashgen.FlashgenArgumentError, match=r"head_dim\) = 100 is unsupported") as caught:
-        fgt.attention(q, q, q)
-    assert caught.value.status == 2 and "flashgen_attention_forward" in str(caught.value)
+    for grad in (False, True):
+        with pytest.raises(flashgen.FlashgenArgumentError, match=r"head_dim\) = 100 is unsupported") as caught:
+            fgt.attention(q.requires_grad_(grad), q, q)
+        assert caught.value.status == 2 and str(caught.value).startswith("flashgen_attention_forward: "), caught.value
 
 
 class _Attention(torch.nn.Module):

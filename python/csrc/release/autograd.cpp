@@ -1,8 +1,12 @@
 // The autograd of flashgen's dense and packed ops in C++ (libflashgen_torch-<torch version>.so): each forward
-// op gets an Autograd kernel that runs its CUDA kernel below autograd and records a C++ node whose backward calls
-// the backward op, so that neither pass of an eager call with gradients enters Python. torch's stable ABI has no
-// autograd, so this library is built against the C++ API of one torch release and loaded only by that release
-// (flashgen/torch/_native.py); the ops and their kernels are libflashgen_torch.so's.
+// op gets an Autograd kernel that runs its CUDA kernel below autograd and records a C++ node whose backward runs
+// the backward op's, so that neither pass of an eager call with gradients enters Python. Where the call would reach
+// the CUDA kernel next, both passes call native.cpp's ATen version of it directly; traced calls (fake or functional
+// tensors, a dispatch mode) go through the ops. torch's stable ABI has no autograd, so this library is built against
+// the C++ API of one torch release and loaded only by that release (flashgen/torch/_native.py); the ops are
+// libflashgen_torch.so's.
+#include "native.hpp"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -16,6 +20,7 @@ using at::Tensor;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using OptionalTensor = std::optional<Tensor>;
+namespace native = flashgen::torch_ops::native;
 
 using ForwardSignature = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, double,
                                                     c10::string_view, c10::string_view, bool, double, int64_t,
@@ -72,8 +77,13 @@ struct DenseAttention : torch::autograd::Function<DenseAttention> {
                                const OptionalTensor& sinks, int64_t attention_chunk) {
     static const auto forward_op = find_op<ForwardSignature>("flashgen::attention_forward");
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [out, lse] = forward_op.call(q, k, v, scale, mask, layout, deterministic, softcap, window_left, window_right,
-                                      alibi_slopes, sinks, attention_chunk);
+    const auto keys =
+        q.key_set() | k.key_set() | v.key_set() | native::keys_of(alibi_slopes) | native::keys_of(sinks);
+    auto [out, lse] = native::reaches_cuda_kernel(forward_op, keys)
+                          ? native::attention_forward(q, k, v, scale, mask, layout, softcap, window_left, window_right,
+                                                      alibi_slopes, sinks, attention_chunk)
+                          : forward_op.call(q, k, v, scale, mask, layout, deterministic, softcap, window_left,
+                                            window_right, alibi_slopes, sinks, attention_chunk);
     ctx->save_for_backward({q, k, v, out, lse, defined_or_none(alibi_slopes), defined_or_none(sinks)});
     keep(ctx, {scale, softcap, std::string(mask), deterministic, window_left, window_right, attention_chunk});
     ctx->saved_data["layout"] = std::string(layout);
@@ -89,11 +99,19 @@ struct DenseAttention : torch::autograd::Function<DenseAttention> {
     const variable_list saved = ctx->get_saved_variables();
     const Options o = kept(ctx);
     const OptionalTensor sinks = none_if_undefined(saved[6]);
+    const OptionalTensor slopes = none_if_undefined(saved[5]);
+    const std::string& layout = ctx->saved_data["layout"].toStringRef();
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [dq, dk, dv, dsinks] = backward_op.call(
-        grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], o.scale, o.mask,
-        ctx->saved_data["layout"].toStringRef(), o.deterministic, o.softcap, o.window_left, o.window_right,
-        none_if_undefined(saved[5]), sinks, o.attention_chunk);
+    const auto keys = grads[0].key_set() | saved[0].key_set() | saved[1].key_set() | saved[2].key_set() |
+                      saved[3].key_set() | saved[4].key_set() | native::keys_of(slopes) | native::keys_of(sinks);
+    auto [dq, dk, dv, dsinks] =
+        native::reaches_cuda_kernel(backward_op, keys)
+            ? native::attention_backward(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], o.scale, o.mask,
+                                         layout, o.deterministic, o.softcap, o.window_left, o.window_right, slopes,
+                                         sinks, o.attention_chunk)
+            : backward_op.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], o.scale, o.mask, layout,
+                               o.deterministic, o.softcap, o.window_left, o.window_right, slopes, sinks,
+                               o.attention_chunk);
     result[0] = dq;
     result[1] = dk;
     result[2] = dv;
@@ -112,9 +130,17 @@ struct VarlenAttention : torch::autograd::Function<VarlenAttention> {
                                const OptionalTensor& sinks, int64_t attention_chunk) {
     static const auto forward_op = find_op<VarlenForwardSignature>("flashgen::varlen_attention_forward");
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [out, lse] = forward_op.call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                                      scale, mask, deterministic, block_table, softcap, window_left, window_right,
-                                      alibi_slopes, sinks, attention_chunk);
+    const auto keys = q.key_set() | k.key_set() | v.key_set() | cu_seqlens_q.key_set() | cu_seqlens_k.key_set() |
+                      native::keys_of(seqused_k) | native::keys_of(block_table) | native::keys_of(alibi_slopes) |
+                      native::keys_of(sinks);
+    auto [out, lse] =
+        native::reaches_cuda_kernel(forward_op, keys)
+            ? native::varlen_attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                                               max_seqlen_k, scale, mask, block_table, softcap, window_left,
+                                               window_right, alibi_slopes, sinks, attention_chunk)
+            : forward_op.call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask,
+                              deterministic, block_table, softcap, window_left, window_right, alibi_slopes, sinks,
+                              attention_chunk);
     ctx->save_for_backward({q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, defined_or_none(alibi_slopes),
                             defined_or_none(sinks)});
     keep(ctx, {scale, softcap, std::string(mask), deterministic, window_left, window_right, attention_chunk});
@@ -134,12 +160,19 @@ struct VarlenAttention : torch::autograd::Function<VarlenAttention> {
     const variable_list saved = ctx->get_saved_variables();
     const Options o = kept(ctx);
     const auto max_seqlens = ctx->saved_data["max_seqlens"].toIntVector();
-    const OptionalTensor sinks = none_if_undefined(saved[8]);
+    const OptionalTensor slopes = none_if_undefined(saved[7]), sinks = none_if_undefined(saved[8]);
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [dq, dk, dv, dsinks] = backward_op.call(
-        grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], saved[6], max_seqlens[0],
-        max_seqlens[1], o.scale, o.mask, o.deterministic, o.softcap, o.window_left, o.window_right,
-        none_if_undefined(saved[7]), sinks, o.attention_chunk);
+    c10::DispatchKeySet keys = grads[0].key_set() | native::keys_of(slopes) | native::keys_of(sinks);
+    for (int i = 0; i < 7; ++i) keys = keys | saved[i].key_set();
+    auto [dq, dk, dv, dsinks] =
+        native::reaches_cuda_kernel(backward_op, keys)
+            ? native::varlen_attention_backward(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], saved[5],
+                                                saved[6], max_seqlens[0], max_seqlens[1], o.scale, o.mask,
+                                                o.deterministic, o.softcap, o.window_left, o.window_right, slopes,
+                                                sinks, o.attention_chunk)
+            : backward_op.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], saved[6],
+                               max_seqlens[0], max_seqlens[1], o.scale, o.mask, o.deterministic, o.softcap,
+                               o.window_left, o.window_right, slopes, sinks, o.attention_chunk);
     result[0] = dq;
     result[1] = dk;
     result[2] = dv;

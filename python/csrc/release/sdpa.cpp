@@ -3,7 +3,7 @@
 // the library's launch, no Python and no boxing. A call flashgen cannot serve, or one whose library call fails, runs
 // torch's own kernel, captured before the override. flashgen/torch/_sdpa.py drives them through the extern "C"
 // functions at the end (registration, counts, the last error); the FlashAttention-2 pair below stays in Python.
-#include "flashgen/flashgen.h"
+#include "native.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -19,12 +19,13 @@
 #include <string>
 #include <tuple>
 
-// torch's CUDA build exports it (the stable ABI's shim); declared here to need no CUDA headers.
-extern "C" int32_t aoti_torch_get_current_cuda_stream(int32_t device_index, void** ret_stream);
-
 namespace {
 
 using at::Tensor;
+using flashgen::torch_ops::kBhsd;
+using flashgen::torch_ops::readable_in_place;
+using flashgen::torch_ops::native::current_stream;
+using flashgen::torch_ops::native::readable;
 
 constexpr const char* kForwardOp = "aten::_scaled_dot_product_flash_attention";
 constexpr const char* kBackwardOp = "aten::_scaled_dot_product_flash_attention_backward";
@@ -73,29 +74,8 @@ const char* unservable(const Tensor& q, const Tensor& k, const Tensor& v, double
   return nullptr;
 }
 
-// The kernels read t in place when it is 16-byte aligned, head_dim unit-stride and its other strides multiples of 8.
-bool readable_in_place(const Tensor& t) {
-  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0 || t.stride(-1) != 1) return false;
-  for (int64_t i = 0; i + 1 < t.dim(); ++i) {
-    if (t.size(i) != 1 && t.stride(i) % 8 != 0) return false;
-  }
-  return true;
-}
-
-Tensor readable(const Tensor& t) { return readable_in_place(t) ? t : t.contiguous(); }
-
 // A [batch, heads, seqlen, head_dim] tensor as the library's [batch, seqlen, heads, head_dim] view.
-flashgen_tensor view(const Tensor& t) {
-  flashgen_tensor result{};
-  result.data = t.data_ptr();
-  result.dtype = t.scalar_type() == at::kHalf ? FLASHGEN_FLOAT16 : FLASHGEN_BFLOAT16;
-  constexpr int kBhsd[4] = {0, 2, 1, 3};
-  for (int i = 0; i < 4; ++i) {
-    result.shape[i] = t.size(kBhsd[i]);
-    result.stride[i] = t.stride(kBhsd[i]);
-  }
-  return result;
-}
+flashgen_tensor view(const Tensor& t) { return flashgen::torch_ops::view(t, kBhsd); }
 
 flashgen_attention_options options(bool is_causal, std::optional<double> scale, bool deterministic) {
   flashgen_attention_options result{};
@@ -105,12 +85,6 @@ flashgen_attention_options options(bool is_causal, std::optional<double> scale, 
   result.deterministic = deterministic ? 1 : 0;
   result.window_left = result.window_right = -1;
   return result;
-}
-
-void* current_stream(const Tensor& t) {
-  void* stream = nullptr;
-  TORCH_CHECK(aoti_torch_get_current_cuda_stream(t.get_device(), &stream) == 0, "no current CUDA stream");
-  return stream;
 }
 
 // Runs torch's own kernel for a call flashgen does not serve; calls made inside it are torch's too, uncounted.
@@ -157,7 +131,7 @@ ForwardResult forward_kernel(const Tensor& query, const Tensor& key, const Tenso
   const flashgen_tensor views[] = {view(q), view(k), view(v), view(out)};
   const flashgen_attention_options opts = options(is_causal, scale, false);
   if (flashgen_attention_forward(&views[0], &views[1], &views[2], &views[3], lse.data_ptr<float>(), &opts,
-                                 current_stream(q)) != FLASHGEN_SUCCESS) {
+                                 current_stream(q.get_device())) != FLASHGEN_SUCCESS) {
     library_failed("flashgen_attention_forward");
     return forward_fallback("library error", query, key, value, dropout_p, is_causal, return_debug_mask, scale);
   }
@@ -196,7 +170,7 @@ BackwardResult backward_kernel(const Tensor& grad_out, const Tensor& query, cons
   const flashgen_tensor views[] = {view(q), view(k), view(v), view(o), view(dout), view(dq), view(dk), view(dv)};
   const flashgen_attention_options opts =
       options(is_causal, scale, at::globalContext().deterministicAlgorithms());
-  void* stream = current_stream(q);
+  void* stream = current_stream(q.get_device());
   size_t bytes = 0;
   if (flashgen_attention_backward_workspace_size(&views[0], &views[1], &views[2], &views[3], &views[4],
                                                  lse.data_ptr<float>(), &views[5], &views[6], &views[7], &opts,

@@ -12,6 +12,7 @@ and _sdpa.py the overrides.
 import ctypes
 import glob
 import os
+import re
 
 import torch
 
@@ -139,5 +140,9 @@ def _library_error(error):
     message = str(error)
     for name, status in _STATUS_NAMES.items():
         if f"[{name}]" in message:
-            return _lib.error_for(status, message.splitlines()[0])
+            return _lib.error_for(status, _CHECK_PLACE.sub("", message.splitlines()[0]))
     return None
+
+
+# Where torch's STD_TORCH_CHECK says it raised, before the message: "function, file:line, ".
+_CHECK_PLACE = re.compile(r"^\w+, \S+:\d+, ")
