@@ -40,6 +40,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from . import torch as _flashgen_torch
+from .torch._kvcache import decode_step as _decode_step
 from ._lib import ERROR_INVALID_ARGUMENT, ERROR_UNSUPPORTED, FlashgenArgumentError
 
 NAME = "fg_attention"
@@ -301,11 +302,25 @@ def _offsets(lengths):
     return offsets, int(lengths.max().item())
 
 
+# The last position_ids _packed_offsets read, its version and its answer: every layer of a forward passes the same
+# tensor, and reading it waits for the GPU (torch.nonzero), so it is read once per forward.
+_LAST_POSITIONS = threading.local()
+
+
 def _packed_offsets(position_ids):
     """(offsets, longest) of the sequences packed in one row whose position_ids restart at 0 at each sequence, or
     None when position_ids is not such a row (absent, a batch of several rows, or one sequence)."""
     if position_ids is None or position_ids.dim() != 2 or position_ids.shape[0] != 1:
         return None
+    last = getattr(_LAST_POSITIONS, "read", None)
+    if last is not None and last[0] is position_ids and last[1] == position_ids._version:
+        return last[2]
+    found = _read_packed_offsets(position_ids)
+    _LAST_POSITIONS.read = (position_ids, position_ids._version, found)
+    return found
+
+
+def _read_packed_offsets(position_ids):
     positions = position_ids[0]
     starts = torch.nonzero(positions == 0).flatten()
     if starts.numel() <= 1 or starts[0].item() != 0:  # one sequence (or none starting at 0): a dense call
@@ -353,6 +368,20 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     keys = place.rows - start
     common = dict(softmax_scale=scaling, causal=causal, softcap=softcap or 0.0,
                   window_size=_window(sliding_window, keys), sinks=kwargs.get("s_aux"))
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if (place.keep is None and q_len <= _DECODE_MAX_QUERIES and keys > q_len
+            and not (cu_q is not None and cu_k is not None and batch == 1)
+            and not (torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad))):
+        # Generation's steps: a few new queries against the cache. The decode kernels split each sequence's keys
+        # across SMs (the dense kernels would give a 128-row tile to each head's few rows); transformers' q and
+        # cache are [batch, heads, seqlen, head_dim], read in place as they are.
+        _count("decode")
+        if start != 0 or place.rows != kv_len:
+            key, value = key[:, :, start:place.rows], value[:, :, start:place.rows]
+        out = _decode_step(query, key, value, scaling, causal, common["window_size"], common["softcap"],
+                           common["sinks"], chunk)
+        return out, None
+
     # [batch, seqlen, heads, head_dim] views of the caller's tensors: the library reads them through their strides.
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     if start != 0 or place.rows != kv_len:
@@ -395,7 +424,6 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
                                                offsets, offsets, longest, longest, **common)
         return out.view(batch, q_len, heads_q, head_dim), None
 
-    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     packed = None
     if cu_q is not None and cu_k is not None and batch == 1:
         if start != 0:
@@ -417,17 +445,6 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         _count("packed")
         out = _flashgen_torch.varlen_attention(q[0], k[0], v[0], *packed, attention_chunk=chunk, **common)
         return out.unsqueeze(0), None
-
-    if q_len <= _DECODE_MAX_QUERIES and keys > q_len and not (
-            torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)):
-        # Generation's steps: a few new queries against the cache. The decode kernels split each sequence's keys
-        # across SMs (the dense kernels would give a 128-row tile to each head's few rows); transformers' cache is
-        # [batch, heads, seqlen, head_dim], read in place through the transposed views.
-        _count("decode")
-        out = _flashgen_torch.attention_with_kvcache(q, k, v, softmax_scale=scaling, causal=causal,
-                                                     window_size=common["window_size"], softcap=common["softcap"],
-                                                     sinks=common["sinks"], attention_chunk=chunk)
-        return out, None
 
     _count("dense")
     out = _flashgen_torch.attention(q, k, v, causal=causal, scale=scaling, softcap=common["softcap"],

@@ -170,6 +170,76 @@ def test_a_warm_call_repoints_every_tensor_of_its_plan(monkeypatch):
     assert torch.equal(second["k_cache"], cold["k_cache"]) and torch.equal(second["v_cache"], cold["v_cache"])
 
 
+def test_a_growing_cache_through_one_plan_and_the_decode_step():
+    """transformers' decode steps (decode_step): q and the cache [batch, heads, seqlen, head_dim] read in place, the
+    cache one key longer at each call (a view of a larger buffer, its capacity and strides new each time), sinks in
+    the model's dtype. Warm calls through the plan the first call made (split workspace from flashgen's pool, or
+    inside a CUDA graph capture from torch's allocator) give the bits of a cold call at every length, and without
+    sinks the float64 reference's output."""
+    batch, hq, hkv, d = 2, 8, 2, 128
+    q = _randn(batch, hq, 1, d, seed=50)
+    k_rows, v_rows = (_randn(batch, hkv, 3000, d, seed=s) for s in (51, 52))
+    sinks = _randn(hq, seed=53)
+
+    def step(n, call, with_sinks=sinks):
+        return call(q, k_rows[:, :, :n], v_rows[:, :, :n], None, True, (-1, -1), 0.0, with_sinks, 0)
+
+    def cold(*args):
+        fg_calls._plans.kvcache.clear()
+        fg_kvcache._DECODE_ARGUMENTS.clear()
+        return fg_kvcache.decode_step(*args)
+
+    step(2000, fg_kvcache.decode_step)
+    for n in (2001, 2002, 2500, 2999, 17):
+        plans = len(fg_calls._plans.kvcache)
+        warm = step(n, fg_kvcache.decode_step)
+        assert warm.shape == (batch, 1, hq, d)
+        assert len(fg_kvcache._DECODE_ARGUMENTS) == 1 and len(fg_calls._plans.kvcache) == plans
+        assert torch.equal(warm, step(n, cold)), n
+        no_sinks = step(n, fg_kvcache.decode_step, with_sinks=None)
+        want, *_ = testsupport.float64_bshd_attention(q.transpose(1, 2), k_rows[:, :, :n].transpose(1, 2),
+                                                      v_rows[:, :, :n].transpose(1, 2), q.transpose(1, 2), d ** -0.5)
+        testsupport.assert_close_to_float64(f"{n} keys", no_sinks, want, torch.bfloat16)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step(2998, fg_kvcache.decode_step)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = step(2999, fg_kvcache.decode_step)
+    got.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(got, step(2999, cold))
+
+
+def test_torch_compile_keeps_a_decode_user_variant_in_its_graph():
+    """Under torch.compile(fullgraph=True) a KV-cache call with a user variant (a mask_mod over a tensor argument, a
+    score_bias over a number) is the op flashgen::variant_attention_kvcache in the graph (a graph break would raise):
+    out, lse and the caches the new tokens were appended to equal eager's bit for bit."""
+    torch._dynamo.reset()
+    batch, capacity, hq, hkv, d, new = 2, 256, 8, 2, 64, 2
+    q, k_new, v_new = (_randn(batch, new, heads, d, seed=s) for heads, s in ((hq, 60), (hkv, 61), (hkv, 62)))
+    k_cache, v_cache = (_randn(batch, capacity, hkv, d, seed=s) for s in (63, 64))
+    lens = torch.tensor([100, 37], dtype=torch.int32, device="cuda")
+    allowed = (torch.arange(capacity, device="cuda") % 3 != 0).to(torch.uint8)
+
+    def step(q, k_cache, v_cache, k, v):
+        return fgt.attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens, causal=True, num_splits=2,
+                                          return_softmax_lse=True, mask_mod="return allowed[kv_idx] != 0;",
+                                          score_bias="return -slope * (float)(kv_idx % 7);",
+                                          variant_args={"allowed": allowed, "slope": 0.125})
+
+    eager_caches = (k_cache.clone(), v_cache.clone())
+    eager = step(q, *eager_caches, k_new, v_new)
+    compiled_caches = (k_cache.clone(), v_cache.clone())
+    compiled = torch.compile(step, fullgraph=True)(q, *compiled_caches, k_new, v_new)
+    assert torch.equal(compiled[0], eager[0]) and torch.equal(compiled[1], eager[1])
+    assert torch.equal(compiled_caches[0], eager_caches[0]) and torch.equal(compiled_caches[1], eager_caches[1])
+    assert not torch.equal(eager_caches[0], k_cache)  # the new tokens were appended
+
+
 def test_an_int_cache_length_and_full_caches():
     q, k, v = _randn(2, 1, 4, 64, dtype=torch.float16, seed=6), *(_randn(2, 80, 4, 64, dtype=torch.float16, seed=s)
                                                                     for s in (7, 8))

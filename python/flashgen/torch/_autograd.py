@@ -115,7 +115,10 @@ def _eager_call(*tensors):
     tracing and any dispatch mode."""
     if torch.compiler.is_compiling() or _current_dispatch_mode() is not None:
         return False
-    return all(type(t) is torch.Tensor and t.is_cuda for t in tensors)
+    for t in tensors:
+        if type(t) is not torch.Tensor or not t.is_cuda:
+            return False
+    return True
 
 
 def _current_dispatch_mode():

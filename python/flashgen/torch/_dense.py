@@ -9,7 +9,7 @@ from ._autograd import _Empty, _eager_call, _user_variant_call, differentiable_f
 from ._calls import _BackwardCall, _ForwardCall, _backward_kernels, _forward, _planned_forward, _stream, _warm_sinks
 from ._checks import (_DTYPE_CODES, _MASK_CODES, _autocast, _bshd_shape, _check_alibi, _check_chunk, _check_inputs,
                       _check_scale, _check_sinks, _check_softcap, _deterministic, _lse_shape, _mask, _mask_and_window)
-from ._variants import user_variant, variant_op_arguments
+from ._variants import no_variant, user_variant, variant_op_arguments
 
 
 # Signatures of plain eager calls (no variant, slopes or sinks) whose arguments passed the checks: everything the
@@ -97,7 +97,8 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     softcap = _check_softcap(softcap)
     # Without autograd a warm call's kept ctypes arguments are the cheapest path in either backend (bench/notes_torch.md
     # §3: about 2/3 of the C++ op's host time); with autograd the op library's kernels are.
-    if (mask_mod is None and score_mod is None and score_bias is None and _eager_call(q, k, v)
+    named_none = no_variant(mask_mod, score_mod, score_grad, score_bias, variant_helpers, variant_args, block_mask)
+    if (named_none and _eager_call(q, k, v)
             and all(t is None or isinstance(t, torch.Tensor) for t in (alibi_slopes, sinks))
             and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks)))):
         # The warm call of a signature seen before: its plan's key holds all that _check_inputs looks at (and the
@@ -106,8 +107,7 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
                                    want_lse=return_lse, alibi_slopes=alibi_slopes, sinks=_warm_sinks(sinks))
         if planned is not None:
             return planned if return_lse else planned[0]
-    plain = (mask_mod is None and score_mod is None and score_bias is None and alibi_slopes is None and sinks is None
-             and _eager_call(q, k, v))
+    plain = named_none and alibi_slopes is None and sinks is None and _eager_call(q, k, v)
     if plain:
         signature = (layout, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device)
         if signature in _CHECKED:  # passed the checks below before: straight to the kernels

@@ -9,8 +9,8 @@ from ._autograd import _eager_call
 from ._calls import _warm_sinks
 from ._checks import (_bad, _check_alibi, _check_chunk, _check_kvcache_inputs, _check_scale, _check_sinks,
                       _check_softcap, _mask_and_window)
-from ._kvcache_calls import _kvcache, _kvcache_with_user, _planned_kvcache
-from ._variants import user_variant
+from ._kvcache_calls import _kvcache, _planned_kvcache
+from ._variants import no_variant, user_variant, variant_op_arguments
 
 
 def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
@@ -45,8 +45,8 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     new tokens as q_idx 0 .. seqlen_q - 1 and the keys by their position in the sequence (the new tokens' keys
     last), as a call with fewer queries than keys does: pass cache_seqlens among variant_args to find the new tokens'
     keys. Every key block is evaluated with the mask (decoding reads each key once, so there are no block classes to
-    skip with; score_grad and mask_same_for_heads are accepted and unused). Such calls run eagerly (torch.compile
-    leaves them out of its graphs). rotary embeddings, cache_batch_idx and cache_leftpad are not supported yet (a
+    skip with; score_grad and mask_same_for_heads are accepted and unused); traced, they are the op
+    flashgen::variant_attention_kvcache (torch.compile keeps them in its graph). rotary embeddings, cache_batch_idx and cache_leftpad are not supported yet (a
     value other than the default is refused).
 
     Returns out [batch, seqlen_q, heads_q, head_dim] (a new tensor), or (out, lse) with return_softmax_lse, lse
@@ -71,8 +71,9 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
     softcap = _check_softcap(softcap)
     # Eager calls take the kept ctypes arguments in either backend: the KV-cache op asks the library for its split
-    # workspace at every call, a plan only when the cache's capacity or strides change (bench/notes_torch.md §7).
-    if (mask_mod is None and score_mod is None and score_bias is None and _eager_call(q, k_cache, v_cache)
+    # workspace at every call, a plan takes it from flashgen's pool (bench/notes_torch.md §7, §12).
+    if (no_variant(mask_mod, score_mod, score_grad, score_bias, variant_helpers, variant_args)
+            and _eager_call(q, k_cache, v_cache)
             and all(t is None or isinstance(t, torch.Tensor) for t in (k, v, cache_seqlens, block_table, sinks,
                                                                         alibi_slopes))):
         # The warm call of a signature seen before: its plan's key holds all that the checks below look at.
@@ -86,13 +87,52 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     if sinks is not None:  # no autograd node for a model's sinks parameter: the op has no backward
         sinks = sinks.detach()
     alibi_slopes = _check_alibi(alibi_slopes, q.device, q.shape[0], q.shape[2])
-    user = user_variant(q.device, mask_mod, score_mod, score_grad, score_bias, variant_helpers, variant_args,
-                        mask_same_for_heads)
     args = (q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits)
-    if user is not None:
-        out, lse = _kvcache_with_user(*args, window, sinks, chunk, softcap, alibi_slopes, user=user)
-    elif _eager_call(q, k_cache, v_cache):
-        out, lse = _kvcache(*args, window, sinks, chunk, softcap, alibi_slopes)
-    else:
-        out, lse = torch.ops.flashgen.attention_kvcache(*args, *window, sinks, chunk, softcap, alibi_slopes)
+    if _eager_call(q, k_cache, v_cache):
+        user = user_variant(q.device, mask_mod, score_mod, score_grad, score_bias, variant_helpers, variant_args,
+                            mask_same_for_heads)
+        out, lse = _kvcache(*args, window, sinks, chunk, softcap, alibi_slopes, user=user)
+    else:  # traced (torch.compile, torch.export, a dispatch mode): the ops, a user variant's included
+        variant = variant_op_arguments(q.device, mask_mod, score_mod, score_grad, score_bias, variant_helpers,
+                                       variant_args, mask_same_for_heads)
+        if variant is not None:
+            out, lse = torch.ops.flashgen.variant_attention_kvcache(*args, *window, sinks, chunk, softcap,
+                                                                    alibi_slopes, *variant)
+        else:
+            out, lse = torch.ops.flashgen.attention_kvcache(*args, *window, sinks, chunk, softcap, alibi_slopes)
     return (out, lse) if return_softmax_lse else out
+
+
+# The checked (mask, window, chunk, scale, softcap) of decode_step's argument values, each set checked once.
+_DECODE_ARGUMENTS = {}
+
+
+def decode_step(q, k_cache, v_cache, softmax_scale, causal, window_size, softcap, sinks, attention_chunk):
+    """An integration's decode step (transformers'): attention_with_kvcache(q, k_cache, v_cache, softmax_scale=...,
+    causal=..., window_size=..., softcap=..., sinks=..., attention_chunk=...) over q [batch, heads_q, seqlen_q,
+    head_dim] and caches [batch, heads_kv, keys, head_dim] read in place, giving out [batch, seqlen_q, heads_q,
+    head_dim]. The numbers are checked once per set of values and the tensors once per signature, as
+    attention_with_kvcache checks them; a warm call goes straight to its signature's plan."""
+    given = (softmax_scale, causal, window_size, softcap, attention_chunk)
+    checked = _DECODE_ARGUMENTS.get(given)
+    if checked is None:
+        mask, window = _mask_and_window(causal, "bottom_right", window_size)
+        checked = (mask, window, _check_chunk(attention_chunk, mask), _check_scale(softmax_scale),
+                   _check_softcap(softcap))
+        if len(_DECODE_ARGUMENTS) >= 256:
+            _DECODE_ARGUMENTS.clear()
+        _DECODE_ARGUMENTS[given] = checked
+    mask, window, chunk, scale, cap = checked
+    if _eager_call(q, k_cache, v_cache) and (sinks is None or isinstance(sinks, torch.Tensor)):
+        planned_sinks = _warm_sinks(sinks)
+        args = (q, k_cache, v_cache, None, None, None, None, scale, mask, 0, window, planned_sinks, chunk, cap, None)
+        planned = _planned_kvcache(*args, create=False, want_lse=False, layout="bhsd")
+        if planned is None:  # a new signature: checked as attention_with_kvcache checks its tensors, then planned
+            _check_kvcache_inputs(*(t.transpose(1, 2) for t in (q, k_cache, v_cache)), None, None, None, None)
+            _check_sinks(sinks, q.device, q.shape[1])
+            planned = _planned_kvcache(*args, create=True, want_lse=False, layout="bhsd")
+        if planned is not None:
+            return planned[0]
+    return attention_with_kvcache(*(t.transpose(1, 2) for t in (q, k_cache, v_cache)), softmax_scale=softmax_scale,
+                                  causal=causal, window_size=window_size, softcap=softcap, sinks=sinks,
+                                  attention_chunk=attention_chunk)

@@ -1,5 +1,5 @@
 """The KV-cache call over torch tensors: its flashgen_kvcache_args, the warm calls' kept arguments (_KvCachePlan), the
-split workspace taken from torch's allocator, and the call itself.
+split workspace (torch's allocator's, or for a warm call outside a graph capture flashgen's pool), and the call itself.
 """
 
 import ctypes
@@ -7,19 +7,20 @@ import ctypes
 import torch
 
 from .. import _lib
-from ._autograd import _outside_graphs
 from ._calls import (_Plans, _current_device, _layout_key, _options, _plannable_extras, _plans, _readable, _stream,
                      _stream_handle, _strides_readable, _view)
-from ._checks import _NO_WINDOW, _check_alibi, _check_sinks
+from ._checks import _BSHD_DIMS, _NO_WINDOW, _check_alibi, _check_sinks
 
 
 def _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, scale, mask, num_splits, window,
-                  sinks, attention_chunk=0, softcap=0.0, alibi_slopes=None, user=None):
+                  sinks, attention_chunk=0, softcap=0.0, alibi_slopes=None, user=None, layout="bshd"):
     """flashgen_kvcache_args over the tensors (each readable in place: the caches are written in place when k and
-    v are given, so they are never copied); sinks and alibi_slopes checked; user: a _variants.UserVariant or None."""
+    v are given, so they are never copied); sinks and alibi_slopes checked; user: a _variants.UserVariant or None;
+    layout: q's and the contiguous caches' ("bhsd": [batch, heads, seqlen, head_dim]), out and k, v being bshd."""
     args = _lib.KvCacheArgs()
     args.size = ctypes.sizeof(args)
-    args.q, args.k_cache, args.v_cache, args.out = (_view(t, "bshd") for t in (q, k_cache, v_cache, out))
+    args.q, args.k_cache, args.v_cache = (_view(t, layout) for t in (q, k_cache, v_cache))
+    args.out = _view(out, "bshd")
     if k is not None:
         args.k_new, args.v_new = _view(k, "bshd"), _view(v, "bshd")
     args.lse = lse.data_ptr()
@@ -46,43 +47,97 @@ def _kvcache_class(q, k_cache, v_cache, k, cache_seqlens, block_table, scale, ma
             None if user is None else user.handle)
 
 
+def _word(field, subfield=None, index=0):
+    """The index of a field of flashgen_kvcache_args in the struct read as int64 words (every field a warm call
+    re-points is an 8-byte pointer or count, 8-byte aligned)."""
+    offset = getattr(_lib.KvCacheArgs, field).offset
+    if subfield is not None:
+        kind = _lib.Tensor if field != "options" else _lib.AttentionOptions
+        offset += getattr(kind, subfield).offset + 8 * index
+    assert offset % 8 == 0
+    return offset // 8
+
+
+# The words a warm call writes: data pointers, and a cache's capacity and strides (its shape[1] and stride[0..2]).
+_Q, _OUT, _LSE = _word("q", "data"), _word("out", "data"), _word("lse")
+_CACHES = tuple((_word(name, "data"), _word(name, "shape", 1), _word(name, "stride", 0))
+                for name in ("k_cache", "v_cache"))
+_K_NEW, _V_NEW = _word("k_new", "data"), _word("v_new", "data")
+_CACHE_SEQLENS, _BLOCK_TABLE = _word("cache_seqlens"), _word("block_table")
+_WORKSPACE, _WORKSPACE_BYTES = _word("workspace"), _word("workspace_bytes")
+_SINKS, _ALIBI_SLOPES = _word("options", "sinks"), _word("options", "alibi_slopes")
+
+try:  # whether the current device's current stream captures a CUDA graph, without building a torch.cuda.Stream
+    _capturing = torch._C._cuda_isCurrentStreamCapturing
+except AttributeError:
+    _capturing = torch.cuda.is_current_stream_capturing
+
+
 class _KvCachePlan:
     """The KvCacheArgs of one KV-cache call signature without a user variant, built once and re-pointed at each
-    call's tensors (as _ForwardPlan): q, out, lse, the caches, and where the call has them the appended tokens, the
-    block table, the sinks and the ALiBi slopes. The caches' capacity and strides are not part of the signature:
-    transformers' cache grows by a token per generated token, so they change at every step; the plan rewrites them,
-    and asks the library for the split workspace again when they change."""
+    call's tensors (as _ForwardPlan) through `words`, the struct as int64 words: q, out, lse, the caches, and where
+    the call has them the appended tokens, the block table, the sinks and the ALiBi slopes. The caches' capacity and
+    strides are not part of the signature: transformers' cache grows by a token per generated token, so they change
+    at every step, and the plan rewrites them. The split workspace comes from flashgen's pool, which needs no size
+    query when the cache grew; while a CUDA graph is captured (or q is on another than the current device, where
+    capture cannot be asked cheaply) it comes from torch's allocator, the size asked again when the caches' layout
+    changed. layout: q's and the caches' (out is [batch, seqlen_q, heads_q, head_dim] either way)."""
 
-    __slots__ = ("args", "args_ref", "lse_shape", "workspace_for", "workspace_bytes")
+    __slots__ = ("args", "args_ref", "words", "dims", "out_shape", "lse_shape", "workspace_for", "workspace_bytes",
+                 "call", "size_call")
 
     def __init__(self, q, k_cache, v_cache, k, v, out, lse, cache_seqlens, block_table, scale, mask, num_splits,
-                 window, sinks, attention_chunk, softcap, alibi_slopes):
+                 window, sinks, attention_chunk, softcap, alibi_slopes, layout):
         self.args = _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, scale, mask,
-                                  num_splits, window, sinks, attention_chunk, softcap, alibi_slopes)
+                                  num_splits, window, sinks, attention_chunk, softcap, alibi_slopes, layout=layout)
         self.args_ref = ctypes.byref(self.args)
-        self.lse_shape = tuple(lse.shape)
+        self.words = (ctypes.c_int64 * (ctypes.sizeof(self.args) // 8)).from_buffer(self.args)
+        self.dims = _BSHD_DIMS[layout]
+        self.out_shape, self.lse_shape = tuple(out.shape), tuple(lse.shape)
         self.workspace_for = None  # the (capacity, strides) workspace_bytes was asked for
         self.workspace_bytes = 0
+        self.call = _lib.function("flashgen_attention_kvcache")
+        self.size_call = _lib.function("flashgen_attention_kvcache_workspace_size")
+
+    def torch_workspace(self, k_cache, v_cache, stream, device):
+        """The split workspace from torch's allocator (a CUDA graph's pool while one is captured), or None for none;
+        its pointer and size written into the arguments."""
+        words = self.words
+        words[_WORKSPACE] = words[_WORKSPACE_BYTES] = 0
+        layout = (k_cache.shape, k_cache.stride(), v_cache.stride())
+        if self.workspace_for != layout:
+            size = ctypes.c_size_t(0)
+            _lib.check(self.size_call(self.args_ref, stream, ctypes.byref(size)),
+                       "flashgen_attention_kvcache_workspace_size")
+            self.workspace_for, self.workspace_bytes = layout, size.value
+        if self.workspace_bytes == 0:
+            return None
+        workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=device)
+        words[_WORKSPACE], words[_WORKSPACE_BYTES] = workspace.data_ptr(), self.workspace_bytes
+        return workspace
 
 
 def _kvcache_plan_key(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits, window, sinks,
-                      attention_chunk, softcap, alibi_slopes):
-    return (q.shape, q.stride(), q.dtype, q.device, k_cache.shape[0], k_cache.shape[2:], k_cache.dtype,
-            k_cache.device, v_cache.shape[0], v_cache.shape[2:], v_cache.dtype, v_cache.device,
+                      attention_chunk, softcap, alibi_slopes, layout):
+    capacity = _BSHD_DIMS[layout][1]  # the one size of the caches a plan rewrites
+    return (layout, q.shape, q.stride(), q.dtype, q.device, k_cache.shape[:capacity], k_cache.shape[capacity + 1:],
+            k_cache.dtype, k_cache.device, v_cache.shape[:capacity], v_cache.shape[capacity + 1:], v_cache.dtype,
+            v_cache.device,
             None if cache_seqlens is None else (cache_seqlens.shape, cache_seqlens.dtype, cache_seqlens.device), scale,
             mask, num_splits, window, attention_chunk, softcap, _layout_key(k), _layout_key(v),
             _layout_key(block_table), _layout_key(sinks), _layout_key(alibi_slopes))
 
 
 def _planned_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits, window, sinks,
-                     attention_chunk, softcap, alibi_slopes, create, want_lse=True):
+                     attention_chunk, softcap, alibi_slopes, create, want_lse=True, layout="bshd"):
     """(out, lse) of a KV-cache call through its signature's _KvCachePlan (see there for which calls), or None where
     the call takes the full path: q, k or v not readable in place, a block table that is not contiguous, sinks that
     are not float32, a legacy default stream on another device, or (create=False) no plan yet. A plan exists only
     for a signature whose arguments passed the checks; the optional tensors must be tensors (or None). With
-    want_lse=False the kernels write no lse and the call returns (out, None)."""
+    want_lse=False the kernels write no lse and the call returns (out, None). layout "bhsd": q and contiguous caches
+    [batch, heads, seqlen, head_dim] (no k, v or block table); out is [batch, seqlen_q, heads_q, head_dim]."""
     key = _kvcache_plan_key(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits, window,
-                            sinks, attention_chunk, softcap, alibi_slopes)
+                            sinks, attention_chunk, softcap, alibi_slopes, layout)
     plans = _plans.kvcache
     plan = plans.get(key)
     if plan is None and not create:
@@ -92,54 +147,51 @@ def _planned_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scal
     aligned = q.data_ptr() | (0 if k is None else k.data_ptr() | v.data_ptr())
     if (aligned & 15) or (stream == 0 and device.index != _current_device()):
         return None
-    out = torch.empty(q.shape, dtype=q.dtype, device=device)
     if plan is None:
         if not all(_strides_readable(t) for t in (q, k, v) if t is not None):
             return None
         if block_table is not None and not block_table.is_contiguous():
             return None
-        if not _plannable_extras(alibi_slopes, sinks, device, q.shape[0], q.shape[2]):
+        batch, seqlen_q, heads_q, head_dim = (q.shape[i] for i in _BSHD_DIMS[layout])
+        if not _plannable_extras(alibi_slopes, sinks, device, batch, heads_q):
             return None
-        lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=device)
+        out = q.new_empty((batch, seqlen_q, heads_q, head_dim))
+        lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=device)
         if len(plans) >= _Plans.limit:
             plans.clear()
         plan = plans[key] = _KvCachePlan(q, k_cache, v_cache, k, v, out, lse, cache_seqlens, block_table, scale, mask,
-                                         num_splits, window, sinks, attention_chunk, softcap, alibi_slopes)
+                                         num_splits, window, sinks, attention_chunk, softcap, alibi_slopes, layout)
     else:
+        out = q.new_empty(plan.out_shape)
         lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=device) if want_lse else None
-    args = plan.args
-    args.q.data, args.out.data = q.data_ptr(), out.data_ptr()
-    args.lse = None if lse is None else lse.data_ptr()
-    for view, cache in ((args.k_cache, k_cache), (args.v_cache, v_cache)):
-        view.data = cache.data_ptr()
-        view.shape[1] = cache.shape[1]
-        view.stride[0], view.stride[1], view.stride[2] = cache.stride()[:3]
+    words = plan.words
+    words[_Q], words[_OUT] = q.data_ptr(), out.data_ptr()
+    words[_LSE] = 0 if lse is None else lse.data_ptr()
+    row, seq, head, _ = plan.dims
+    for (data, capacity, strides), cache in zip(_CACHES, (k_cache, v_cache)):
+        stride = cache.stride()
+        words[data], words[capacity] = cache.data_ptr(), cache.shape[seq]
+        words[strides], words[strides + 1], words[strides + 2] = stride[row], stride[seq], stride[head]
     if cache_seqlens is not None:
-        args.cache_seqlens = cache_seqlens.data_ptr()
+        words[_CACHE_SEQLENS] = cache_seqlens.data_ptr()
     if k is not None:
-        args.k_new.data, args.v_new.data = k.data_ptr(), v.data_ptr()
+        words[_K_NEW], words[_V_NEW] = k.data_ptr(), v.data_ptr()
     if block_table is not None:
-        args.block_table = block_table.data_ptr()
+        words[_BLOCK_TABLE] = block_table.data_ptr()
     if sinks is not None:
-        args.options.sinks = sinks.data_ptr()
+        words[_SINKS] = sinks.data_ptr()
     if alibi_slopes is not None:
-        args.options.alibi_slopes = alibi_slopes.data_ptr()
-    layout = (k_cache.shape[1], k_cache.stride(), v_cache.stride())
-    if plan.workspace_for != layout:
-        size = ctypes.c_size_t(0)
-        args.workspace, args.workspace_bytes = None, 0
-        _lib.check(_lib.function("flashgen_attention_kvcache_workspace_size")(plan.args_ref, stream,
-                                                                            ctypes.byref(size)),
-                   "flashgen_attention_kvcache_workspace_size")
-        plan.workspace_for, plan.workspace_bytes = layout, size.value
+        words[_ALIBI_SLOPES] = alibi_slopes.data_ptr()
     workspace = None
-    if plan.workspace_bytes > 0:  # from torch's allocator: captured with the call into a CUDA graph's pool
-        workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=device)
-        args.workspace, args.workspace_bytes = workspace.data_ptr(), plan.workspace_bytes
-    status = _lib.function("flashgen_attention_kvcache")(plan.args_ref, stream)
+    if device.index == _current_device() and not _capturing():
+        words[_WORKSPACE] = words[_WORKSPACE_BYTES] = 0  # flashgen's pool
+    else:
+        workspace = plan.torch_workspace(k_cache, v_cache, stream, device)
+    status = plan.call(plan.args_ref, stream)
     if status != _lib.SUCCESS:
         plan.workspace_for = None  # a choice made since may want another workspace: ask again next time
         _lib.check(status, "flashgen_attention_kvcache")
+    del workspace  # held until the call is queued
     return out, lse
 
 
@@ -183,9 +235,3 @@ def _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask,
             _KVCACHE_WORKSPACE.pop(key, None)  # a choice made since may want another workspace: ask again next time
         _lib.check(status, "flashgen_attention_kvcache")
     return out, lse
-
-
-@_outside_graphs
-def _kvcache_with_user(*args, user):
-    """_kvcache of a call with a user variant, run eagerly (its functions and tensors are no op's arguments)."""
-    return _kvcache(*args, user=user)

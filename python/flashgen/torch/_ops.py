@@ -87,10 +87,19 @@ def _variant_varlen_attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu
                             attention_chunk, user=from_op_arguments(variant, variant_tensors, variant_numbers))
 
 
+def _variant_attention_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits,
+                               window_left, window_right, sinks, attention_chunk, softcap, alibi_slopes, variant,
+                               variant_tensors, variant_numbers):
+    return _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits,
+                    (window_left, window_right), sinks, attention_chunk, softcap, alibi_slopes,
+                    user=from_op_arguments(variant, variant_tensors, variant_numbers))
+
+
 _VARIANT_KERNELS = {"variant_attention_forward": _variant_attention_forward,
                     "variant_attention_backward": _variant_attention_backward,
                     "variant_varlen_attention_forward": _variant_varlen_attention_forward,
-                    "variant_varlen_attention_backward": _variant_varlen_attention_backward}
+                    "variant_varlen_attention_backward": _variant_varlen_attention_backward,
+                    "variant_attention_kvcache": _variant_attention_kvcache}
 
 
 _PYTHON_KERNELS = {"attention_forward": _attention_forward, "attention_backward": _attention_backward,
@@ -158,6 +167,12 @@ def _variant_varlen_attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens_
                                            max_seqlen_k, scale, mask, deterministic, sinks=sinks)
 
 
+def _variant_attention_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits,
+                                    window_left, window_right, sinks, attention_chunk, softcap, alibi_slopes, variant,
+                                    variant_tensors, variant_numbers):
+    return _attention_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits)
+
+
 _FAKE_KERNELS = {"attention_forward": _attention_forward_fake, "attention_backward": _attention_backward_fake,
                  "varlen_attention_forward": _varlen_attention_forward_fake,
                  "varlen_attention_backward": _varlen_attention_backward_fake,
@@ -165,7 +180,8 @@ _FAKE_KERNELS = {"attention_forward": _attention_forward_fake, "attention_backwa
                  "variant_attention_forward": _variant_attention_forward_fake,
                  "variant_attention_backward": _variant_attention_backward_fake,
                  "variant_varlen_attention_forward": _variant_varlen_attention_forward_fake,
-                 "variant_varlen_attention_backward": _variant_varlen_attention_backward_fake}
+                 "variant_varlen_attention_backward": _variant_varlen_attention_backward_fake,
+                 "variant_attention_kvcache": _variant_attention_kvcache_fake}
 
 
 def _define():
@@ -180,7 +196,7 @@ def _define():
         torch.library.register_fake(qualified, _FAKE_KERNELS[name])
     for name, schema in VARIANT_SCHEMAS.items():  # Python in both backends: the description is compiled from here
         qualified = f"flashgen::{name}"
-        torch.library.custom_op(qualified, _VARIANT_KERNELS[name], mutates_args=(), schema=schema)
+        torch.library.custom_op(qualified, _VARIANT_KERNELS[name], mutates_args=MUTATES.get(name, ()), schema=schema)
         torch.library.register_fake(qualified, _FAKE_KERNELS[name])
     torch.library.register_autograd("flashgen::variant_attention_forward", _variant_backward,
                                     setup_context=_variant_setup_context)

@@ -35,12 +35,12 @@ SCHEMAS = {
 }
 
 # The arguments each op writes in place.
-MUTATES = {"attention_kvcache": ("k_cache", "v_cache")}
+MUTATES = {"attention_kvcache": ("k_cache", "v_cache"), "variant_attention_kvcache": ("k_cache", "v_cache")}
 
 # The ops of calls with a user variant (mask_mod, score_mod, score_bias), defined by _ops.py in Python in both
 # backends: variant is _variants.variant_op_arguments' description (a text of the bodies and the arguments' names and
 # types), variant_tensors and variant_numbers its arguments in that order. The rest as attention_forward and
-# attention_backward, and as varlen_attention_forward and varlen_attention_backward.
+# attention_backward, as varlen_attention_forward and varlen_attention_backward, and as attention_kvcache.
 VARIANT_SCHEMAS = {
     "variant_attention_forward": (
         "(Tensor q, Tensor k, Tensor v, float scale, str mask, str layout, bool deterministic, float softcap, "
@@ -61,4 +61,9 @@ VARIANT_SCHEMAS = {
         "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, str mask, bool deterministic, "
         "float softcap, int window_left, int window_right, Tensor? alibi_slopes, Tensor? sinks, int attention_chunk, "
         "str variant, Tensor[] variant_tensors, float[] variant_numbers) -> (Tensor, Tensor, Tensor, Tensor)"),
+    "variant_attention_kvcache": (
+        "(Tensor q, Tensor(a1!) k_cache, Tensor(a2!) v_cache, Tensor? k, Tensor? v, Tensor? cache_seqlens, "
+        "Tensor? block_table, float scale, str mask, int num_splits, int window_left, int window_right, "
+        "Tensor? sinks, int attention_chunk, float softcap, Tensor? alibi_slopes, str variant, "
+        "Tensor[] variant_tensors, float[] variant_numbers) -> (Tensor, Tensor)"),
 }

@@ -100,6 +100,13 @@ class UserVariant:
         options.block_mask = self.block_mask.handle if self.block_mask is not None else None
 
 
+def no_variant(mask_mod, score_mod, score_grad, score_bias, helpers, variant_args, block_mask=None):
+    """Whether a call names no user variant at all: the fast paths of warm calls take only those (any of these
+    arguments given goes through the checks, which refuse a score_grad or variant_args without a function)."""
+    return (mask_mod is None and score_mod is None and score_grad is None and score_bias is None and helpers is None
+            and not variant_args and block_mask is None)
+
+
 def _checked_arguments(device, mask_mod, score_mod, score_grad, score_bias, helpers, variant_args, block_mask):
     """(buffers, buffer_types, scalars, scalar_types) of a call's variant_args, checked, or None when it names no
     function: buffers the tensors as passed, scalars the Python numbers."""
