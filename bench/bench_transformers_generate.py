@@ -5,7 +5,10 @@ and the time per generated token, CUDA events around model.generate, median of r
 """
 import argparse
 import copy
+import cProfile
 import datetime
+import io
+import pstats
 import statistics
 
 import torch
@@ -42,6 +45,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--csv")
     parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--profile", action="store_true",
+                        help="also print a cProfile table (by own time) of each implementation's 32-token generation at "
+                             "batch 1 x 1k")
     args = parser.parse_args()
     name = fg_transformers.register()
     config = transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=8,
@@ -68,6 +74,16 @@ def main():
                              f"{transformers.__version__},{flashgen.version()},{batch},{prompt},{implementation},"
                              f"{prefill[implementation]:.2f},{per_token:.3f}")
                 print(lines[-1], flush=True)  # the header and every row, as they come
+        if args.profile:
+            ids = torch.randint(1, 32000, (1, 1024), device="cuda")
+            for implementation, model in models.items():
+                profiler = cProfile.Profile()
+                profiler.enable()
+                generate_ms(model, ids, 33)
+                profiler.disable()
+                text = io.StringIO()
+                pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(18)
+                print(f"# profile of {implementation}\n" + text.getvalue(), flush=True)
     if args.csv:
         with open(args.csv, "w") as out:
             out.writelines(line + "\n" for line in lines)
