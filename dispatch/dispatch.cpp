@@ -17,6 +17,7 @@
 #include "flashgen/error.hpp"
 #include "launch/tensor_checks.hpp"
 #include "runtime/cuda_driver.hpp"
+#include "tuner/decode_choice.hpp"
 
 namespace flashgen {
 
@@ -413,17 +414,13 @@ KvCachePlan plan_kvcache(const KvCacheCall& call, CUstream stream) {
     choice.config.user = call.problem.user;
     choice.reason += "; with the user variant " + call.problem.user->tag + " compiled in";
   }
+  if (call.num_splits > 0) choice = with_requested_splits(std::move(choice), call.problem, call.num_splits);
   KvCachePlan plan;
   plan.launch.config = choice.config;
   plan.launch.arch = arch;
   plan.launch.reason = choice.reason;
   plan.launch.source = choice.source;
-  int splits = choice.splits;
-  if (call.num_splits > 0) {
-    splits = call.num_splits;
-    plan.launch.reason += "; " + std::to_string(splits) + " key range" + (splits == 1 ? "" : "s") + " as requested";
-  }
-  plan.prepared = prepare_kvcache(call, stream, choice.config, splits);
+  plan.prepared = prepare_kvcache(call, stream, choice.config, choice.splits);
   plan.launch.splits = plan.prepared.splits;
   plan.launch.workspace_bytes = plan.prepared.workspace_bytes;
   return plan;

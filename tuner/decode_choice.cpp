@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 namespace flashgen {
 
@@ -106,6 +107,16 @@ DecodeChoice heuristic_decode_choice(const AttentionProblem& problem, int arch, 
   choice.reason = "built-in heuristic: " + std::to_string(c.rows) + " packed query rows per block, " +
                   std::to_string(c.stages) + " stages; " + std::to_string(choice.splits) + " key range" +
                   (choice.splits == 1 ? "" : "s") + " per sequence for " + std::to_string(multiprocessors) + " SMs";
+  return choice;
+}
+
+DecodeChoice with_requested_splits(DecodeChoice choice, const AttentionProblem& problem, int requested) {
+  const auto ranges = [](int n) { return std::to_string(n) + " key range" + (n == 1 ? "" : "s"); };
+  choice.splits = std::min(requested, max_decode_splits(problem, choice.config));
+  choice.reason += "; " + ranges(requested) + " as requested";
+  if (choice.splits < requested) {
+    choice.reason += ", run as " + ranges(choice.splits) + " (the key blocks a sequence's rows visit)";
+  }
   return choice;
 }
 

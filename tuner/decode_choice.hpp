@@ -26,4 +26,8 @@ int heuristic_decode_splits(const AttentionProblem& problem, const DecodeConfig&
 std::vector<int> decode_split_counts(const AttentionProblem& problem, const DecodeConfig& config, int arch,
                                      int multiprocessors);
 
+// choice with a caller's split count (requested >= 1) in place of its own: at most max_decode_splits (a range past
+// the key blocks the rows visit would be empty), the reason saying what was asked and, where capped, what runs.
+DecodeChoice with_requested_splits(DecodeChoice choice, const AttentionProblem& problem, int requested);
+
 }  // namespace flashgen

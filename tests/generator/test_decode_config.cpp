@@ -119,13 +119,22 @@ TEST_CASE("the decode heuristic packs a kv head's rows and splits short batches 
   CHECK(choice.splits <= 8);  // 512 keys hold 8 tiles of 64
 }
 
-TEST_CASE("a window's split count reasons about the key blocks it visits, not the capacity",
-          "[tuner][decode][window]") {
-  // One new token of 8 kv heads against caches of 32k keys: 8 blocks leave most of 132 SMs idle.
+namespace {
+
+// One new token of 8 kv heads against caches of 32k keys, a 256-key window: 8 blocks leave most of 132 SMs idle.
+flashgen::AttentionProblem window_decode_problem() {
   flashgen::AttentionProblem problem =
       flashgen::forward_problem(flashgen::DType::kBFloat16, {1, 1, 32768, 32, 8, 128}, FLASHGEN_MASK_SLIDING_WINDOW,
                                 256, 0);
   problem.kv_cache = true;
+  return problem;
+}
+
+}  // namespace
+
+TEST_CASE("a window's split count reasons about the key blocks it visits, not the capacity",
+          "[tuner][decode][window]") {
+  flashgen::AttentionProblem problem = window_decode_problem();
   const flashgen::DecodeChoice choice = flashgen::heuristic_decode_choice(problem, 90, 132);
   REQUIRE(choice.config.block_n == 64);
   CHECK(choice.config.mask == flashgen::MaskKind::kWindow);
@@ -171,6 +180,23 @@ TEST_CASE("a window's split count reasons about the key blocks it visits, not th
   CHECK(flashgen::max_decode_splits(problem, choice.config) == 5);
   problem.shape.seqlen_k = 32768;
   CHECK(flashgen::max_decode_splits(problem, choice.config) == 128);
+}
+
+TEST_CASE("a requested split count past the visited key blocks runs capped and the reason says so",
+          "[tuner][decode][window]") {
+  // A 256-key window over a 32k cache visits at most 5 key blocks of 64.
+  const flashgen::AttentionProblem problem = window_decode_problem();
+  const flashgen::DecodeChoice choice = flashgen::heuristic_decode_choice(problem, 90, 132);
+  REQUIRE(flashgen::max_decode_splits(problem, choice.config) == 5);
+  const flashgen::DecodeChoice capped = flashgen::with_requested_splits(choice, problem, 16);
+  CHECK(capped.splits == 5);
+  CHECK(capped.reason == choice.reason + "; 16 key ranges as requested, run as 5 key ranges (the key blocks a "
+                                         "sequence's rows visit)");
+  CHECK(capped.config.name() == choice.config.name());
+  const flashgen::DecodeChoice one = flashgen::with_requested_splits(choice, problem, 1);
+  CHECK(one.splits == 1);
+  CHECK(one.reason == choice.reason + "; 1 key range as requested");
+  CHECK(flashgen::with_requested_splits(choice, problem, 5).reason == choice.reason + "; 5 key ranges as requested");
 }
 
 TEST_CASE("the decode heuristic's configs compile without spills", "[tuner][decode][nvrtc]") {
