@@ -143,7 +143,7 @@ flashgen::AttentionProblem forward_problem_of(const flashgen_forward_problem* pr
 
   const flashgen::AttentionShape shape{problem->batch,   problem->seqlen_q, problem->seqlen_k,
                                       problem->heads_q, problem->heads_kv, problem->head_dim};
-  return flashgen::forward_problem(flashgen::to_dtype(problem->dtype), shape, problem->mask);
+  return flashgen::forward_problem(flashgen::to_dtype(problem->dtype), shape, flashgen::internal_mask(problem->mask));
 }
 
 }  // namespace

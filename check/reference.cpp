@@ -58,10 +58,10 @@ void require_reference_variant(const AttentionShape& shape, const ReferenceVaria
 }
 
 // ALiBi's bias of (query i, key j) in (batch b, query head h): 0 without slopes.
-double alibi_bias(const ReferenceVariant& variant, flashgen_mask mask, const AttentionShape& shape, int64_t b,
+double alibi_bias(const ReferenceVariant& variant, Mask mask, const AttentionShape& shape, int64_t b,
                   int64_t h, int64_t i, int64_t j) {
   if (variant.alibi_slopes.empty()) return 0.0;
-  const int64_t diagonal = mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT ? i : i + shape.seqlen_k - shape.seqlen_q;
+  const int64_t diagonal = mask == Mask::kCausalTopLeft ? i : i + shape.seqlen_k - shape.seqlen_q;
   const double slope = variant.alibi_slopes.at(static_cast<size_t>(b * variant.alibi_batch_stride + h));
   return -slope * static_cast<double>(std::llabs(diagonal - j));
 }
@@ -75,7 +75,7 @@ double sink_of(const ReferenceVariant& variant, int64_t h) {
 // Query row i of (batch b, head h) in float64 into out_row (head_dim values) and *lse. A fully masked row
 // leaves out_row as the caller set it (0), and *lse too (-inf) unless the head has a sink (lse = the sink).
 void reference_row_f64(const AttentionShape& shape, const HostInput& q, const HostInput& k, const HostInput& v,
-                       double scale, flashgen_mask mask, const ReferenceVariant& variant, int64_t b, int64_t h,
+                       double scale, Mask mask, const ReferenceVariant& variant, int64_t b, int64_t h,
                        int64_t i, RowScratch& scratch, double* out_row, double* lse) {
   const int64_t d_count = shape.head_dim;
   const int64_t hk = shape.kv_head(h);
@@ -212,16 +212,16 @@ double effective_softmax_scale(float softmax_scale, int64_t head_dim) {
                               : 1.0 / std::sqrt(static_cast<double>(head_dim));
 }
 
-KeyRange visible_keys(flashgen_mask mask, int64_t i, int64_t seqlen_q, int64_t seqlen_k, ReferenceWindow window) {
+KeyRange visible_keys(Mask mask, int64_t i, int64_t seqlen_q, int64_t seqlen_k, ReferenceWindow window) {
   const int64_t diagonal = i + seqlen_k - seqlen_q;  // the bottom-right alignment's
   int64_t first = 0, last = seqlen_k - 1;            // the first and last visible keys
-  if (mask == FLASHGEN_MASK_CAUSAL) last = diagonal;
-  if (mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT) last = i;
-  if (mask == FLASHGEN_MASK_SLIDING_WINDOW) {
+  if (mask == Mask::kCausal) last = diagonal;
+  if (mask == Mask::kCausalTopLeft) last = i;
+  if (mask == Mask::kSlidingWindow) {
     if (window.left >= 0) first = diagonal - window.left;
     if (window.right >= 0) last = diagonal + window.right;
   }
-  if (window.chunk > 0 && mask != FLASHGEN_MASK_CAUSAL_TOP_LEFT) {
+  if (window.chunk > 0 && mask != Mask::kCausalTopLeft) {
     const int64_t chunk_first = (diagonal >= 0 ? diagonal : diagonal - window.chunk + 1) / window.chunk * window.chunk;
     first = std::max(first, chunk_first);
     last = std::min(last, chunk_first + window.chunk - 1);
@@ -232,7 +232,7 @@ KeyRange visible_keys(flashgen_mask mask, int64_t i, int64_t seqlen_q, int64_t s
   return keys;
 }
 
-int64_t visible_pairs(flashgen_mask mask, int64_t seqlen_q, int64_t seqlen_k, ReferenceWindow window) {
+int64_t visible_pairs(Mask mask, int64_t seqlen_q, int64_t seqlen_k, ReferenceWindow window) {
   int64_t pairs = 0;
   for (int64_t i = 0; i < seqlen_q; ++i) pairs += visible_key_count(mask, i, seqlen_q, seqlen_k, window);
   return pairs;
@@ -252,7 +252,7 @@ ReferenceVariant variant_of(const AttentionProblem& problem) {
   return variant;
 }
 
-double forward_flops(const AttentionShape& shape, flashgen_mask mask, ReferenceWindow window) {
+double forward_flops(const AttentionShape& shape, Mask mask, ReferenceWindow window) {
   return 4.0 * static_cast<double>(shape.batch * shape.heads_q * shape.head_dim) *
          static_cast<double>(visible_pairs(mask, shape.seqlen_q, shape.seqlen_k, window));
 }
@@ -311,7 +311,7 @@ void require_reference_inputs(const AttentionShape& shape, const HostInput& q, c
 }
 
 AttentionResult attention_reference_f64(const AttentionShape& shape, const HostInput& q, const HostInput& k,
-                                        const HostInput& v, double scale, flashgen_mask mask,
+                                        const HostInput& v, double scale, Mask mask,
                                         const ReferenceVariant& variant) {
   require_reference_inputs(shape, q, k, v);
   require_reference_variant(shape, variant);
@@ -334,7 +334,7 @@ AttentionResult attention_reference_f64(const AttentionShape& shape, const HostI
 }
 
 ReferenceRow attention_reference_row(const AttentionShape& shape, const HostInput& q, const HostInput& k,
-                                     const HostInput& v, double scale, flashgen_mask mask, int64_t batch,
+                                     const HostInput& v, double scale, Mask mask, int64_t batch,
                                      int64_t head, int64_t row, const ReferenceVariant& variant) {
   require_reference_inputs(shape, q, k, v);
   require_reference_variant(shape, variant);
@@ -352,7 +352,7 @@ ReferenceRow attention_reference_row(const AttentionShape& shape, const HostInpu
 
 std::vector<ReferenceRow> attention_reference_rows(const AttentionShape& shape, const HostInput& q,
                                                    const HostInput& k, const HostInput& v, double scale,
-                                                   flashgen_mask mask, const std::vector<RowSample>& rows,
+                                                   Mask mask, const std::vector<RowSample>& rows,
                                                    int threads, const ReferenceVariant& variant) {
   // Checked here, so that no worker thread throws.
   require_reference_inputs(shape, q, k, v);
@@ -378,7 +378,7 @@ std::vector<ReferenceRow> attention_reference_rows(const AttentionShape& shape, 
 
 AttentionGradients attention_backward_reference_f64(const AttentionShape& shape, const HostInput& q,
                                                     const HostInput& k, const HostInput& v, const HostInput& dout,
-                                                    double scale, flashgen_mask mask,
+                                                    double scale, Mask mask,
                                                     const ReferenceVariant& variant) {
   require_reference_inputs(shape, q, k, v);
   require_reference_variant(shape, variant);
@@ -462,7 +462,7 @@ AttentionGradients attention_backward_reference_f64(const AttentionShape& shape,
   return grads;
 }
 
-double backward_flops(const AttentionShape& shape, flashgen_mask mask, ReferenceWindow window) {
+double backward_flops(const AttentionShape& shape, Mask mask, ReferenceWindow window) {
   return 2.5 * forward_flops(shape, mask, window);
 }
 

@@ -47,7 +47,7 @@ struct StridedView {
 // The scale the library applies: softmax_scale when > 0, else 1/sqrt(head_dim).
 double effective_softmax_scale(float softmax_scale, int64_t head_dim);
 
-// The sides of FLASHGEN_MASK_SLIDING_WINDOW (flashgen_attention_options' window_left and window_right): the keys
+// The sides of Mask::kSlidingWindow (flashgen_attention_options' window_left and window_right): the keys
 // before and after the bottom-right diagonal a query sees, -1 for no bound. Read under that mask only. And the
 // chunk (options.attention_chunk), read under every mask but the top-left causal one: > 0 keeps only the keys j
 // of the row's own chunk, floor(j / chunk) == floor((i + seqlen_k - seqlen_q) / chunk); 0 none.
@@ -63,7 +63,7 @@ inline ReferenceWindow window_of(const AttentionProblem& problem) {
 }
 
 // What the references apply besides the mask (flashgen_attention_options' variant fields): a soft cap (> 0),
-// the window's sides (read under FLASHGEN_MASK_SLIDING_WINDOW only), ALiBi's slopes, the slope of (batch b,
+// the window's sides (read under Mask::kSlidingWindow only), ALiBi's slopes, the slope of (batch b,
 // query head h) at b * alibi_batch_stride + h (empty: no ALiBi), and the sinks, one logit per query head (empty:
 // none). A score s = q·k · scale becomes softcap · tanh(s / softcap) - slope · |i + seqlen_k - seqlen_q - j|
 // (about i - j under the top-left causal mask), and head h's sink joins each row's softmax with no value, as
@@ -101,27 +101,27 @@ struct KeyRange {
   int64_t end = 0;
   int64_t count() const { return end - first; }
 };
-KeyRange visible_keys(flashgen_mask mask, int64_t i, int64_t seqlen_q, int64_t seqlen_k, ReferenceWindow window = {});
+KeyRange visible_keys(Mask mask, int64_t i, int64_t seqlen_q, int64_t seqlen_k, ReferenceWindow window = {});
 
 // Whether key j is visible to query i.
-inline bool key_visible(flashgen_mask mask, int64_t i, int64_t j, int64_t seqlen_q, int64_t seqlen_k,
+inline bool key_visible(Mask mask, int64_t i, int64_t j, int64_t seqlen_q, int64_t seqlen_k,
                         ReferenceWindow window = {}) {
   const KeyRange keys = visible_keys(mask, i, seqlen_q, seqlen_k, window);
   return j >= keys.first && j < keys.end;
 }
 
 // How many keys query i sees, in [0, seqlen_k].
-inline int64_t visible_key_count(flashgen_mask mask, int64_t i, int64_t seqlen_q, int64_t seqlen_k,
+inline int64_t visible_key_count(Mask mask, int64_t i, int64_t seqlen_q, int64_t seqlen_k,
                                  ReferenceWindow window = {}) {
   return visible_keys(mask, i, seqlen_q, seqlen_k, window).count();
 }
 
 // Visible (query, key) pairs of one head, counted exactly.
-int64_t visible_pairs(flashgen_mask mask, int64_t seqlen_q, int64_t seqlen_k, ReferenceWindow window = {});
+int64_t visible_pairs(Mask mask, int64_t seqlen_q, int64_t seqlen_k, ReferenceWindow window = {});
 
 // FLOPs of one forward pass: 2 * head_dim for QKᵀ and 2 * head_dim for PV per visible pair of every
 // (batch, query head), the count FlashAttention's benchmarks report (softmax not counted).
-double forward_flops(const AttentionShape& shape, flashgen_mask mask, ReferenceWindow window = {});
+double forward_flops(const AttentionShape& shape, Mask mask, ReferenceWindow window = {});
 
 // ---------------------------------------------------------------------------------------------------
 // References.
@@ -163,7 +163,7 @@ struct AttentionResult {
 // masked row gives out 0 and lse -inf, as flashgen.h specifies. variant: a soft cap, a window's sides and ALiBi
 // slopes (ReferenceVariant).
 AttentionResult attention_reference_f64(const AttentionShape& shape, const HostInput& q, const HostInput& k,
-                                        const HostInput& v, double scale, flashgen_mask mask,
+                                        const HostInput& v, double scale, Mask mask,
                                         const ReferenceVariant& variant = {});
 
 struct ReferenceRow {
@@ -174,7 +174,7 @@ struct ReferenceRow {
 // One query row of attention_reference_f64, bit for bit: for checking samples of problems too large to
 // compute whole. Rows are independent, so callers may compute several on different threads.
 ReferenceRow attention_reference_row(const AttentionShape& shape, const HostInput& q, const HostInput& k,
-                                     const HostInput& v, double scale, flashgen_mask mask, int64_t batch,
+                                     const HostInput& v, double scale, Mask mask, int64_t batch,
                                      int64_t head, int64_t row, const ReferenceVariant& variant = {});
 
 // A query row of a problem: what the sampled checks of large problems compute and compare.
@@ -187,7 +187,7 @@ struct RowSample {
 // attention_reference_row of each sample, computed on up to `threads` threads (the rows are independent).
 std::vector<ReferenceRow> attention_reference_rows(const AttentionShape& shape, const HostInput& q,
                                                    const HostInput& k, const HostInput& v, double scale,
-                                                   flashgen_mask mask, const std::vector<RowSample>& rows,
+                                                   Mask mask, const std::vector<RowSample>& rows,
                                                    int threads, const ReferenceVariant& variant = {});
 
 // ---------------------------------------------------------------------------------------------------
@@ -209,11 +209,11 @@ struct AttentionGradients {
 // variant as in the forward.
 AttentionGradients attention_backward_reference_f64(const AttentionShape& shape, const HostInput& q,
                                                     const HostInput& k, const HostInput& v, const HostInput& dout,
-                                                    double scale, flashgen_mask mask,
+                                                    double scale, Mask mask,
                                                     const ReferenceVariant& variant = {});
 
 // FLOPs of one backward pass: 2.5x the forward's (five products of the forward's size, QKᵀ recomputed),
 // the count FlashAttention's benchmarks report.
-double backward_flops(const AttentionShape& shape, flashgen_mask mask, ReferenceWindow window = {});
+double backward_flops(const AttentionShape& shape, Mask mask, ReferenceWindow window = {});
 
 }  // namespace flashgen

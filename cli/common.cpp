@@ -190,18 +190,18 @@ std::vector<int> parse_archs(const Args& args, const std::vector<int>& fallback)
   return archs.empty() ? fallback : archs;
 }
 
-std::string causal_text(flashgen_mask mask) {
+std::string causal_text(Mask mask) {
   switch (mask) {
-    case FLASHGEN_MASK_CAUSAL: return "bottom-right";
-    case FLASHGEN_MASK_CAUSAL_TOP_LEFT: return "top-left";
-    case FLASHGEN_MASK_SLIDING_WINDOW: return "window";
+    case Mask::kCausal: return "bottom-right";
+    case Mask::kCausalTopLeft: return "top-left";
+    case Mask::kSlidingWindow: return "window";
     default: return "none";
   }
 }
 
-flashgen_mask mask_from_text(const std::string& text) {
-  return text == "bottom-right" ? FLASHGEN_MASK_CAUSAL : text == "top-left" ? FLASHGEN_MASK_CAUSAL_TOP_LEFT
-                                                                           : FLASHGEN_MASK_NONE;
+Mask mask_from_text(const std::string& text) {
+  return text == "bottom-right" ? Mask::kCausal : text == "top-left" ? Mask::kCausalTopLeft
+                                                                           : Mask::kNone;
 }
 
 std::string mask_description(const AttentionProblem& problem) {
@@ -211,9 +211,9 @@ std::string mask_description(const AttentionProblem& problem) {
 }
 
 void mask_from_flags(const Args& args, AttentionProblem& problem) {
-  const flashgen_mask causal = mask_from_text(args.choice_or("causal", "none", {"none", "bottom-right", "top-left"}));
+  const Mask causal = mask_from_text(args.choice_or("causal", "none", {"none", "bottom-right", "top-left"}));
   const int chunk = static_cast<int>(args.int_or("chunk", 0, 1, INT32_MAX));
-  if (chunk > 0 && causal == FLASHGEN_MASK_CAUSAL_TOP_LEFT) {
+  if (chunk > 0 && causal == Mask::kCausalTopLeft) {
     throw UsageError("--chunk is aligned bottom-right (Llama 4's attention_chunk): it takes --causal bottom-right or "
                      "none, not top-left",
                      args.usage());
@@ -230,13 +230,13 @@ void mask_from_flags(const Args& args, AttentionProblem& problem) {
   }
   const int left = static_cast<int>(args.parse_int("window", text.substr(0, comma), -1, INT32_MAX));
   int right = static_cast<int>(args.parse_int("window", text.substr(comma + 1), -1, INT32_MAX));
-  if (causal == FLASHGEN_MASK_CAUSAL_TOP_LEFT) {
+  if (causal == Mask::kCausalTopLeft) {
     throw UsageError("--window is aligned bottom-right (FlashAttention's window_size): it takes --causal bottom-right "
                      "or none, not top-left",
                      args.usage());
   }
-  if (causal == FLASHGEN_MASK_CAUSAL) right = 0;  // FlashAttention's causal window
-  problem.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, left, right, chunk);
+  if (causal == Mask::kCausal) right = 0;  // FlashAttention's causal window
+  problem.set_mask(Mask::kSlidingWindow, left, right, chunk);
 }
 
 const char* pass_text(const AttentionProblem& problem) {

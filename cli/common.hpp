@@ -76,8 +76,8 @@ std::vector<int> parse_archs(const Args& args, const std::vector<int>& fallback)
 
 // The spellings of the masks in --causal, specs and reports: "none", "bottom-right", "top-left" (and "window" in
 // reports of a windowed problem).
-std::string causal_text(flashgen_mask mask);
-flashgen_mask mask_from_text(const std::string& text);  // one of --causal's spellings
+std::string causal_text(Mask mask);
+Mask mask_from_text(const std::string& text);  // one of --causal's spellings
 
 // A problem's mask as reports print it: causal_text, with a window's sides: "window (128, 0)".
 std::string mask_description(const AttentionProblem& problem);

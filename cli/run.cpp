@@ -217,7 +217,7 @@ void run_backward(const RunOptions& o, const HostTensor& q, const HostTensor& k,
     dk_dev.download(dk.bits.data(), dk.bytes());
     dv_dev.download(dv.bits.data(), dv.bytes());
     const AttentionGradients ref = attention_backward_reference_f64(shape, q.input(), k.input(), v.input(),
-                                                                    dout.input(), report.scale, options.mask,
+                                                                    dout.input(), report.scale, p.mask,
                                                                     run_variant(o));
     for (const auto& [name, got, want] : {std::tuple{"dq", &dq, &ref.dq}, std::tuple{"dk", &dk, &ref.dk},
                                            std::tuple{"dv", &dv, &ref.dv}}) {
@@ -232,7 +232,7 @@ void run_backward(const RunOptions& o, const HostTensor& q, const HostTensor& k,
     report.check.rows = static_cast<size_t>(shape.batch * shape.heads_q * shape.seqlen_q);
   }
   report.times_ms = time_launches(launch, o.warmup, o.iters, stream);
-  report.flops = backward_flops(shape, options.mask, window_of(p));
+  report.flops = backward_flops(shape, p.mask, window_of(p));
 }
 
 }  // namespace
@@ -305,7 +305,7 @@ RunReport run_problem(const RunOptions& o) {
   report.check = check_sampled_rows(shape, q.input(), k.input(), v.input(), out.input(), lse.data(),
                                     abi_dtype(p.dtype),
                                     sample_rows(shape.batch, shape.heads_q, shape.seqlen_q, o.check_rows),
-                                    report.scale, options.mask, run_variant(o));
+                                    report.scale, p.mask, run_variant(o));
   if (p.backward()) {
     options.deterministic = p.deterministic() ? 1 : 0;
     run_backward(o, q, k, v, q_view, k_view, v_view, out_view, lse_ptr, options, stream.get(), rng, report);
@@ -313,7 +313,7 @@ RunReport run_problem(const RunOptions& o) {
   }
 
   report.times_ms = time_launches([&] { launch(); }, o.warmup, o.iters, stream.get());
-  report.flops = forward_flops(shape, options.mask, window_of(p));
+  report.flops = forward_flops(shape, p.mask, window_of(p));
   return report;
 }
 

@@ -18,7 +18,7 @@ namespace flashgen::cli {
 struct RunOptions {
   // batch 4, seqlen 4096/4096, heads 16/16, head_dim 128, fp16, no mask, forward
   AttentionProblem problem = forward_problem(DType::kFloat16, AttentionShape{4, 4096, 4096, 16, 16, 128},
-                                             FLASHGEN_MASK_NONE);
+                                             Mask::kNone);
   float scale = 0;              // <= 0: 1/sqrt(head_dim)
   std::string layout = "bshd";  // bshd | bhsd
   std::optional<std::string> config_name;

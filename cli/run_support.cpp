@@ -103,7 +103,7 @@ void add_mismatches(const CheckReport& report, CheckResult& result) {
 
 CheckResult check_sampled_rows(const AttentionShape& shape, const HostInput& q, const HostInput& k, const HostInput& v,
                                const HostInput& out, const float* lse, flashgen_dtype dtype,
-                               const std::vector<RowSample>& rows, double scale, flashgen_mask mask,
+                               const std::vector<RowSample>& rows, double scale, Mask mask,
                                const ReferenceVariant& variant) {
   // The float64 reference is the slow part for long sequences: rows are independent, so use every core.
   const std::vector<ReferenceRow> reference =

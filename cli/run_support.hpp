@@ -52,7 +52,7 @@ void add_mismatches(const CheckReport& report, CheckResult& result);
 // The kernel's out and lse ([batch, heads_q, seqlen_q] floats) at rows against the float64 reference.
 CheckResult check_sampled_rows(const AttentionShape& shape, const HostInput& q, const HostInput& k, const HostInput& v,
                                const HostInput& out, const float* lse, flashgen_dtype dtype,
-                               const std::vector<RowSample>& rows, double scale, flashgen_mask mask,
+                               const std::vector<RowSample>& rows, double scale, Mask mask,
                                const ReferenceVariant& variant = {});
 
 // Where a run's ALiBi slopes live: p's standard slopes (variant_of) uploaded into slopes; null without ALiBi.

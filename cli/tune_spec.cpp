@@ -105,7 +105,7 @@ TuneSpec read_tune_spec(const std::string& path, const AttentionProblem& default
     std::optional<int64_t> total_q, total_k;  // a packed problem's own; else the default spread of its sizes
     // The entry's mask and window, applied once every field is read (the window's right side depends on
     // "causal"): the defaults' unless the entry names them.
-    flashgen_mask causal = defaults.windowed() ? (defaults.window_right == 0 ? FLASHGEN_MASK_CAUSAL : FLASHGEN_MASK_NONE)
+    Mask causal = defaults.windowed() ? (defaults.window_right == 0 ? Mask::kCausal : Mask::kNone)
                                                : defaults.mask;
     std::optional<std::pair<int, int>> window;
     if (defaults.windowed() && !(defaults.attention_chunk > 0 && defaults.window_left == -1 && defaults.window_right <= 0)) {
@@ -177,13 +177,13 @@ TuneSpec read_tune_spec(const std::string& path, const AttentionProblem& default
         bad(where + ": unknown field \"" + key + "\"");
       }
     }
-    if ((window || chunk > 0) && causal == FLASHGEN_MASK_CAUSAL_TOP_LEFT) {
+    if ((window || chunk > 0) && causal == Mask::kCausalTopLeft) {
       bad(where + (window ? ".window" : ".chunk") + " is aligned bottom-right (FlashAttention's window_size, Llama 4's "
                   "attention_chunk): it takes \"causal\": \"bottom-right\" or \"none\", not \"top-left\"");
     } else if (!window) {
       p.set_mask(causal, -1, -1, chunk);
     } else {  // FlashAttention's causal window: the right side 0
-      p.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, window->first, causal == FLASHGEN_MASK_CAUSAL ? 0 : window->second,
+      p.set_mask(Mask::kSlidingWindow, window->first, causal == Mask::kCausal ? 0 : window->second,
                  chunk);
     }
     if (p.shape.heads_q % p.shape.heads_kv != 0) bad(where + ": heads_q must be a multiple of heads_kv");

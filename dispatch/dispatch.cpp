@@ -221,8 +221,9 @@ ClassKey class_key(const ScopedContext& scope, const AttentionProblem& problem, 
   std::memcpy(&scale_bits, &p.scale, sizeof scale_bits);
   std::memcpy(&softcap_bits, &problem.softcap, sizeof softcap_bits);
   const AttentionShape& s = problem.shape;
-  const int64_t head[] = {static_cast<int64_t>(problem.dtype), s.head_dim, problem.mask, problem.deterministic(),
-                          s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, scale_bits, problem.varlen,
+  const int64_t head[] = {static_cast<int64_t>(problem.dtype), s.head_dim, static_cast<int64_t>(problem.mask),
+                          problem.deterministic(), s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv,
+                          scale_bits, problem.varlen,
                           problem.total_q, problem.total_k, softcap_bits, problem.window_left, problem.window_right,
                           problem.attention_chunk, problem.alibi,
                           static_cast<int64_t>(reinterpret_cast<std::intptr_t>(problem.user.get()))};

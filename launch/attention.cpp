@@ -52,9 +52,8 @@ ForwardCall make_forward_call(const flashgen_tensor* q, const flashgen_tensor* k
                    "q: batch and heads must each be at most 65535 (grid limits)");
 
   ForwardCall call;
-  call.problem =
-      forward_problem(to_dtype(q->dtype), shape_of(q, k), opts->mask, opts->window_left, opts->window_right,
-                      opts->attention_chunk);
+  call.problem = forward_problem(to_dtype(q->dtype), shape_of(q, k), internal_mask(opts->mask), opts->window_left,
+                                 opts->window_right, opts->attention_chunk);
   call.problem.softcap = opts->softcap;
   call.problem.alibi = opts->alibi_slopes != nullptr;
 

@@ -124,8 +124,9 @@ BackwardCall make_backward_call(const flashgen_tensor* q, const flashgen_tensor*
                    "q: batch must be at most 32767 and heads at most 65535 (grid limits)");
 
   BackwardCall call;
-  call.problem = backward_problem(to_dtype(q->dtype), shape_of(q, k), opts->mask, opts->deterministic != 0,
-                                  opts->window_left, opts->window_right, opts->attention_chunk);
+  call.problem =
+      backward_problem(to_dtype(q->dtype), shape_of(q, k), internal_mask(opts->mask), opts->deterministic != 0,
+                       opts->window_left, opts->window_right, opts->attention_chunk);
   call.problem.softcap = opts->softcap;
   call.problem.alibi = opts->alibi_slopes != nullptr;
 

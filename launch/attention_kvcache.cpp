@@ -122,7 +122,7 @@ KvCacheCall make_kvcache_call(const flashgen_kvcache_args& args) {
   AttentionShape shape;
   shape.batch = batch, shape.seqlen_q = q.shape[1], shape.seqlen_k = capacity;
   shape.heads_q = q.shape[2], shape.heads_kv = kc.shape[2], shape.head_dim = q.shape[3];
-  call.problem = forward_problem(to_dtype(q.dtype), shape, args.options.mask, args.options.window_left,
+  call.problem = forward_problem(to_dtype(q.dtype), shape, internal_mask(args.options.mask), args.options.window_left,
                                  args.options.window_right, args.options.attention_chunk);
   call.problem.kv_cache = true;
   call.problem.paged = paged;

@@ -111,10 +111,10 @@ inline void set_window(AttnDecodeParams& p, const AttentionProblem& problem) {
   set_window_sides(p, problem, p.capacity, p.seqlen_q);
 }
 
-// Whether a problem's diagonal is aligned bottom-right (every mask but FLASHGEN_MASK_CAUSAL_TOP_LEFT): the
+// Whether a problem's diagonal is aligned bottom-right (every mask but Mask::kCausalTopLeft): the
 // causal mask's, a window's and ALiBi's distances lie about it.
 inline bool aligned_bottom_right(const AttentionProblem& problem) {
-  return problem.mask != FLASHGEN_MASK_CAUSAL_TOP_LEFT;
+  return problem.mask != Mask::kCausalTopLeft;
 }
 
 // A checked packing into a call's problem (varlen, its totals, batch and longest lengths) and params (the

@@ -14,26 +14,26 @@ namespace flashgen {
 
 const char* dtype_name(DType dtype) { return dtype == DType::kBFloat16 ? "bf16" : "fp16"; }
 
-void AttentionProblem::set_mask(flashgen_mask caller_mask, int caller_window_left, int caller_window_right,
+void AttentionProblem::set_mask(Mask caller_mask, int caller_window_left, int caller_window_right,
                                 int caller_attention_chunk) {
   mask = caller_mask;
   window_left = window_right = -1;
   attention_chunk = 0;
-  if (caller_attention_chunk > 0 && caller_mask != FLASHGEN_MASK_CAUSAL_TOP_LEFT) {
-    mask = FLASHGEN_MASK_SLIDING_WINDOW;
+  if (caller_attention_chunk > 0 && caller_mask != Mask::kCausalTopLeft) {
+    mask = Mask::kSlidingWindow;
     attention_chunk = caller_attention_chunk;
-    if (caller_mask == FLASHGEN_MASK_SLIDING_WINDOW) {
+    if (caller_mask == Mask::kSlidingWindow) {
       window_left = caller_window_left, window_right = caller_window_right;
     } else {
-      window_right = caller_mask == FLASHGEN_MASK_CAUSAL ? 0 : -1;
+      window_right = caller_mask == Mask::kCausal ? 0 : -1;
     }
     return;
   }
-  if (caller_mask != FLASHGEN_MASK_SLIDING_WINDOW) return;
+  if (caller_mask != Mask::kSlidingWindow) return;
   if (caller_window_left == -1 && caller_window_right == -1) {
-    mask = FLASHGEN_MASK_NONE;
+    mask = Mask::kNone;
   } else if (caller_window_left == -1 && caller_window_right == 0) {
-    mask = FLASHGEN_MASK_CAUSAL;
+    mask = Mask::kCausal;
   } else {
     window_left = caller_window_left, window_right = caller_window_right;
   }
@@ -42,7 +42,7 @@ void AttentionProblem::set_mask(flashgen_mask caller_mask, int caller_window_lef
 flashgen_attention_options options_of(const AttentionProblem& problem, float softmax_scale) {
   flashgen_attention_options options{};
   options.softmax_scale = softmax_scale;
-  options.mask = problem.mask;
+  options.mask = static_cast<flashgen_mask>(problem.mask);  // the same values
   options.deterministic = problem.deterministic() ? 1 : 0;
   options.softcap = problem.softcap;
   options.window_left = problem.window_left;
@@ -51,7 +51,7 @@ flashgen_attention_options options_of(const AttentionProblem& problem, float sof
   return options;
 }
 
-AttentionProblem forward_problem(DType dtype, const AttentionShape& shape, flashgen_mask mask, int window_left,
+AttentionProblem forward_problem(DType dtype, const AttentionShape& shape, Mask mask, int window_left,
                                  int window_right, int attention_chunk) {
   AttentionProblem problem;
   problem.dtype = dtype;
@@ -60,7 +60,7 @@ AttentionProblem forward_problem(DType dtype, const AttentionShape& shape, flash
   return problem;
 }
 
-AttentionProblem backward_problem(DType dtype, const AttentionShape& shape, flashgen_mask mask, bool deterministic,
+AttentionProblem backward_problem(DType dtype, const AttentionShape& shape, Mask mask, bool deterministic,
                                   int window_left, int window_right, int attention_chunk) {
   AttentionProblem problem = forward_problem(dtype, shape, mask, window_left, window_right, attention_chunk);
   problem.pass = Pass::kBackward;

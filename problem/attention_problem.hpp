@@ -56,11 +56,17 @@ struct ScoreMods {
   bool operator!=(const ScoreMods& o) const { return !(*this == o); }
 };
 
+// The caller's mask as the layers below api/ name it: none, causal with the diagonal aligned bottom-right (the
+// last query sees the last key) or top-left (query i sees keys 0..i), or a window about the bottom-right diagonal
+// (window_left, window_right; attention_chunk). The values are flashgen.h's flashgen_mask's (internal_mask translates);
+// kernel class keys hold them.
+enum class Mask : int { kNone = 0, kCausal = 1, kCausalTopLeft = 2, kSlidingWindow = 3 };
+
 struct AttentionProblem {
   Pass pass = Pass::kForward;
   DType dtype = DType::kFloat16;
   AttentionShape shape;
-  flashgen_mask mask = FLASHGEN_MASK_NONE;  // the caller's, causal alignment included (a window's: set_mask)
+  Mask mask = Mask::kNone;  // the caller's, causal alignment included (a window's: set_mask)
   DqStrategy dq = DqStrategy::kAtomic;     // the backward's; the forward ignores it
   // A packed batch of sequences of different lengths: shape.batch sequences of at most shape.seqlen_q
   // queries and shape.seqlen_k keys (the longest ones'), total_q and total_k rows in all.
@@ -78,12 +84,12 @@ struct AttentionProblem {
   // ALiBi slopes come with the call (options.alibi_slopes, a device array like the tensors): its scores gain
   // -slope · |distance to the diagonal|.
   bool alibi = false;
-  // With mask FLASHGEN_MASK_SLIDING_WINDOW: the keys before and after the bottom-right diagonal a query sees
+  // With mask Mask::kSlidingWindow: the keys before and after the bottom-right diagonal a query sees
   // (options.window_left / window_right), -1 for no bound on that side; -1 under the other masks.
   int window_left = -1;
   int window_right = -1;
   // Chunked attention (options.attention_chunk, Llama 4): > 0 hides every key outside the chunk of that many
-  // positions that holds a row's bottom-right diagonal. Only with mask FLASHGEN_MASK_SLIDING_WINDOW (the
+  // positions that holds a row's bottom-right diagonal. Only with mask Mask::kSlidingWindow (the
   // chunked window's kernels, MaskKind::kChunk): set_mask turns a chunked call of no mask or the causal mask into
   // the window of those.
   int attention_chunk = 0;
@@ -91,21 +97,21 @@ struct AttentionProblem {
   // base mask's (and score modifiers') with the user's functions compiled in. Null: none.
   std::shared_ptr<const UserVariant> user;
 
-  // Sets mask, window and chunk from a caller's (flashgen.h), the one place a window is normalized: without a
+  // Sets mask, window and chunk from a caller's, the one place a window is normalized: without a
   // chunk a window unbounded on both sides runs as no mask, and one unbounded on the left and 0 on the right as
   // the bottom-right causal mask (whose kernels need no first key per row); any other window keeps its sides.
   // With a chunk (> 0) no mask and the causal mask become the windows (-1, -1) and (-1, 0) and keep it; the
   // top-left causal mask takes none (the launchers refuse it first).
-  void set_mask(flashgen_mask caller_mask, int caller_window_left = -1, int caller_window_right = -1,
+  void set_mask(Mask caller_mask, int caller_window_left = -1, int caller_window_right = -1,
                 int caller_attention_chunk = 0);
 
   // The kernels' mask kind: both causal alignments run the causal kernels (the offset is a parameter).
   MaskKind mask_kind() const {
-    if (mask == FLASHGEN_MASK_NONE) return MaskKind::kNone;
+    if (mask == Mask::kNone) return MaskKind::kNone;
     if (!windowed()) return MaskKind::kCausal;
     return attention_chunk > 0 ? MaskKind::kChunk : MaskKind::kWindow;
   }
-  bool windowed() const { return mask == FLASHGEN_MASK_SLIDING_WINDOW; }
+  bool windowed() const { return mask == Mask::kSlidingWindow; }
   bool backward() const { return pass == Pass::kBackward; }
   bool deterministic() const { return backward() && dq == DqStrategy::kDeterministic; }
   bool softcapped() const { return softcap > 0.f; }
@@ -117,11 +123,19 @@ struct AttentionProblem {
 // with softmax_scale (<= 0: 1/sqrt(head_dim)).
 flashgen_attention_options options_of(const AttentionProblem& problem, float softmax_scale = 0.f);
 
+// flashgen.h's mask as AttentionProblem's (the launchers' and a C ABI caller's way in): the same values.
+inline Mask internal_mask(flashgen_mask mask) { return static_cast<Mask>(mask); }
+static_assert(static_cast<int>(Mask::kNone) == FLASHGEN_MASK_NONE &&
+                  static_cast<int>(Mask::kCausal) == FLASHGEN_MASK_CAUSAL &&
+                  static_cast<int>(Mask::kCausalTopLeft) == FLASHGEN_MASK_CAUSAL_TOP_LEFT &&
+                  static_cast<int>(Mask::kSlidingWindow) == FLASHGEN_MASK_SLIDING_WINDOW,
+              "Mask takes flashgen_mask's values");
+
 // A problem of the given pass over shape, its mask, window and chunk set by set_mask; the backward's dQ strategy from
 // deterministic.
-AttentionProblem forward_problem(DType dtype, const AttentionShape& shape, flashgen_mask mask, int window_left = -1,
+AttentionProblem forward_problem(DType dtype, const AttentionShape& shape, Mask mask, int window_left = -1,
                                  int window_right = -1, int attention_chunk = 0);
-AttentionProblem backward_problem(DType dtype, const AttentionShape& shape, flashgen_mask mask, bool deterministic,
+AttentionProblem backward_problem(DType dtype, const AttentionShape& shape, Mask mask, bool deterministic,
                                   int window_left = -1, int window_right = -1, int attention_chunk = 0);
 
 // The sequence lengths a packed batch is run with where only its sizes are known (a tuning sweep of a varlen

@@ -57,20 +57,20 @@ const std::vector<PeakEntry>& peak_table() {
 // ---- Work ---------------------------------------------------------------------------------------
 
 // The mask and window the references count a key's visible pairs under (report.hpp says how a window is read).
-std::pair<flashgen_mask, ReferenceWindow> mask_of(const ProblemKey& key) {
+std::pair<Mask, ReferenceWindow> mask_of(const ProblemKey& key) {
   const int64_t span = std::max<int64_t>(key.window_bucket, 1);
   switch (key.mask) {
     case MaskKind::kNone:
-      return {FLASHGEN_MASK_NONE, {}};
+      return {Mask::kNone, {}};
     case MaskKind::kCausal:
-      return {FLASHGEN_MASK_CAUSAL, {}};
+      return {Mask::kCausal, {}};
     case MaskKind::kWindow:
-      if (key.window_causal) return {FLASHGEN_MASK_SLIDING_WINDOW, {span - 1, 0, 0}};
-      return {FLASHGEN_MASK_SLIDING_WINDOW, {span / 2, span - span / 2 - 1, 0}};
+      if (key.window_causal) return {Mask::kSlidingWindow, {span - 1, 0, 0}};
+      return {Mask::kSlidingWindow, {span / 2, span - span / 2 - 1, 0}};
     case MaskKind::kChunk:
-      return {FLASHGEN_MASK_SLIDING_WINDOW, {-1, key.window_causal ? 0 : -1, span}};
+      return {Mask::kSlidingWindow, {-1, key.window_causal ? 0 : -1, span}};
   }
-  return {FLASHGEN_MASK_NONE, {}};
+  return {Mask::kNone, {}};
 }
 
 // Keys one row of a decode problem reads at most: the window's span, else the whole cache.
@@ -119,15 +119,15 @@ std::string decode_builtin(const ProblemKey& key, const DeviceFingerprint& devic
                        heads_q,
                        std::max<int64_t>(1, heads_q / std::max(key.gqa_ratio, 1)),
                        key.head_dim};
-  flashgen_mask mask = key.mask == MaskKind::kNone ? FLASHGEN_MASK_NONE : FLASHGEN_MASK_CAUSAL;
+  Mask mask = key.mask == MaskKind::kNone ? Mask::kNone : Mask::kCausal;
   int left = -1, right = -1, chunk = 0;
   const int span = static_cast<int>(std::max<int64_t>(key.window_bucket, 1));
   if (key.mask == MaskKind::kWindow) {
-    mask = FLASHGEN_MASK_SLIDING_WINDOW;
+    mask = Mask::kSlidingWindow;
     left = key.window_causal ? span - 1 : span / 2;
     right = key.window_causal ? 0 : span - span / 2 - 1;
   } else if (key.mask == MaskKind::kChunk) {
-    mask = key.window_causal ? FLASHGEN_MASK_CAUSAL : FLASHGEN_MASK_NONE;
+    mask = key.window_causal ? Mask::kCausal : Mask::kNone;
     chunk = span;
   }
   AttentionProblem problem = forward_problem(key.dtype, shape, mask, left, right, chunk);

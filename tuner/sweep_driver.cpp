@@ -60,7 +60,7 @@ AttentionProblem with_check_window(AttentionProblem small, const AttentionProble
     const double ratio = double(small.shape.seqlen_k) / double(problem.shape.seqlen_k);
     return static_cast<int>(std::max<int64_t>(1, std::llround(side * std::min(1.0, ratio))));
   };
-  small.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, scaled(problem.window_left), scaled(problem.window_right),
+  small.set_mask(Mask::kSlidingWindow, scaled(problem.window_left), scaled(problem.window_right),
                  scaled(problem.attention_chunk));
   return small;
 }

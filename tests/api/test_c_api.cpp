@@ -445,15 +445,15 @@ TEST_CASE("C ABI reads the window fields under the window mask only, and normali
   // Under the other masks the fields are not read: garbage there is no error and no window.
   for (flashgen_mask mask : {FLASHGEN_MASK_NONE, FLASHGEN_MASK_CAUSAL, FLASHGEN_MASK_CAUSAL_TOP_LEFT}) {
     const flashgen::ForwardCall call = problem_of(mask, -1000, 12345);
-    CHECK(call.problem.mask == mask);
+    CHECK(call.problem.mask == flashgen::internal_mask(mask));
     CHECK_FALSE(call.problem.windowed());
     CHECK(call.params.window_left == 0);
     CHECK(call.params.window_right == 0);
   }
   // No bound on either side is no mask; none on the left and 0 on the right the bottom-right causal mask.
-  CHECK(problem_of(FLASHGEN_MASK_SLIDING_WINDOW, -1, -1).problem.mask == FLASHGEN_MASK_NONE);
+  CHECK(problem_of(FLASHGEN_MASK_SLIDING_WINDOW, -1, -1).problem.mask == flashgen::Mask::kNone);
   const flashgen::ForwardCall causal = problem_of(FLASHGEN_MASK_SLIDING_WINDOW, -1, 0);
-  CHECK(causal.problem.mask == FLASHGEN_MASK_CAUSAL);
+  CHECK(causal.problem.mask == flashgen::Mask::kCausal);
   CHECK(causal.params.causal_offset == 75 - 100);
   // A window keeps its sides: the kernels' diagonal is bottom-right, an unbounded side the least that reaches
   // every key from every row (seqlen_k = 75 on the left, seqlen_q = 100 on the right), and a side past every key

@@ -113,7 +113,7 @@ TEST_CASE("check_rows compares sampled rows of a strided output and their LSE", 
   for (size_t i = 0; i < kv.size(); ++i) kv[i] = std::cos(0.3 * static_cast<double>(i));
   const HostInput q_in = HostInput::float64(q.data(), StridedView::contiguous(2, 5, 2, 8));
   const HostInput kv_in = HostInput::float64(kv.data(), StridedView::contiguous(2, 4, 1, 8));
-  const AttentionResult whole = attention_reference_f64(shape, q_in, kv_in, kv_in, 0.5, FLASHGEN_MASK_CAUSAL);
+  const AttentionResult whole = attention_reference_f64(shape, q_in, kv_in, kv_in, 0.5, flashgen::Mask::kCausal);
 
   // The kernel's output as [b, h, s, d] memory, and its lse as floats.
   StridedView bhsd = StridedView::contiguous(2, 5, 2, 8);
@@ -129,7 +129,7 @@ TEST_CASE("check_rows compares sampled rows of a strided output and their LSE", 
 
   const std::vector<RowSample> rows = {{0, 0, 0}, {0, 1, 3}, {1, 1, 4}};
   const std::vector<ReferenceRow> reference =
-      attention_reference_rows(shape, q_in, kv_in, kv_in, 0.5, FLASHGEN_MASK_CAUSAL, rows, 2);
+      attention_reference_rows(shape, q_in, kv_in, kv_in, 0.5, flashgen::Mask::kCausal, rows, 2);
   const HostInput out_in = HostInput::float64(out.data(), bhsd);
   RowsCheck check = check_rows(shape, rows, reference, out_in, lse.data(), FLASHGEN_FLOAT16);
   INFO(check.out.text << "\n" << check.lse.text);

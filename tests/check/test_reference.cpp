@@ -30,7 +30,7 @@ struct SmallProblem {
   HostInput in(const std::vector<double>& data, int64_t seqlen, int64_t heads) const {
     return HostInput::float64(data.data(), StridedView::contiguous(shape.batch, seqlen, heads, shape.head_dim));
   }
-  AttentionResult run(double scale, flashgen_mask mask, ReferenceWindow window = {}) const {
+  AttentionResult run(double scale, flashgen::Mask mask, ReferenceWindow window = {}) const {
     return attention_reference_f64(shape, in(q, shape.seqlen_q, shape.heads_q), in(k, shape.seqlen_k, shape.heads_kv),
                                    in(v, shape.seqlen_k, shape.heads_kv), scale, mask, {0.0, window});
   }
@@ -88,13 +88,13 @@ TEST_CASE("float64 reference matches a hand-computed softmax", "[reference]") {
   p.q = {1.0};
   p.k = {0.0, 1.0};
   p.v = {1.0, 3.0};
-  const AttentionResult r = p.run(1.0, FLASHGEN_MASK_NONE);
+  const AttentionResult r = p.run(1.0, flashgen::Mask::kNone);
   const double e = std::exp(1.0);
   CHECK(near(r.out[0], (1.0 + 3.0 * e) / (1.0 + e)));
   CHECK(near(r.lse[0], std::log(1.0 + e)));
 
   // A scale of 2 doubles the logits.
-  const AttentionResult scaled = p.run(2.0, FLASHGEN_MASK_NONE);
+  const AttentionResult scaled = p.run(2.0, flashgen::Mask::kNone);
   const double e2 = std::exp(2.0);
   CHECK(near(scaled.out[0], (1.0 + 3.0 * e2) / (1.0 + e2)));
   CHECK(effective_softmax_scale(0.0f, 64) == 0.125);
@@ -112,7 +112,7 @@ TEST_CASE("float64 reference aligns causal masks bottom-right and top-left", "[r
   p.v = {2.0, 4.0};
   const double inf = std::numeric_limits<double>::infinity();
 
-  const AttentionResult br = p.run(1.0, FLASHGEN_MASK_CAUSAL);  // row i sees j <= i - 1
+  const AttentionResult br = p.run(1.0, flashgen::Mask::kCausal);  // row i sees j <= i - 1
   CHECK(br.out[0] == 0.0);
   CHECK(br.lse[0] == -inf);
   CHECK(br.out[1] == 2.0);
@@ -120,19 +120,19 @@ TEST_CASE("float64 reference aligns causal masks bottom-right and top-left", "[r
   CHECK(near(br.out[2], 3.0));
   CHECK(near(br.lse[2], std::log(2.0)));
 
-  const AttentionResult tl = p.run(1.0, FLASHGEN_MASK_CAUSAL_TOP_LEFT);  // row i sees j <= i
+  const AttentionResult tl = p.run(1.0, flashgen::Mask::kCausalTopLeft);  // row i sees j <= i
   CHECK(tl.out[0] == 2.0);
   CHECK(near(tl.out[1], 3.0));
   CHECK(near(tl.out[2], 3.0));
 
-  const AttentionResult none = p.run(1.0, FLASHGEN_MASK_NONE);
+  const AttentionResult none = p.run(1.0, flashgen::Mask::kNone);
   for (int i = 0; i < 3; ++i) CHECK(near(none.out[i], 3.0));
 
   // seqlen_q < seqlen_k: bottom-right lets row 0 see seqlen_k - seqlen_q + 1 keys.
-  CHECK(key_visible(FLASHGEN_MASK_CAUSAL, 0, 5, 2, 7));
-  CHECK_FALSE(key_visible(FLASHGEN_MASK_CAUSAL, 0, 6, 2, 7));
-  CHECK_FALSE(key_visible(FLASHGEN_MASK_CAUSAL_TOP_LEFT, 0, 1, 2, 7));
-  CHECK(key_visible(FLASHGEN_MASK_NONE, 0, 6, 2, 7));
+  CHECK(key_visible(flashgen::Mask::kCausal, 0, 5, 2, 7));
+  CHECK_FALSE(key_visible(flashgen::Mask::kCausal, 0, 6, 2, 7));
+  CHECK_FALSE(key_visible(flashgen::Mask::kCausalTopLeft, 0, 1, 2, 7));
+  CHECK(key_visible(flashgen::Mask::kNone, 0, 6, 2, 7));
 }
 
 TEST_CASE("float64 reference applies a sliding window about the bottom-right diagonal", "[reference][window]") {
@@ -143,7 +143,7 @@ TEST_CASE("float64 reference applies a sliding window about the bottom-right dia
   p.k = {0.0, 1.0, 2.0};
   p.v = {10.0, 20.0, 30.0};
   const double e = std::exp(1.0);
-  const AttentionResult banded = p.run(1.0, FLASHGEN_MASK_SLIDING_WINDOW, {1, 0});
+  const AttentionResult banded = p.run(1.0, flashgen::Mask::kSlidingWindow, {1, 0});
   CHECK(near(banded.out[0], 10.0));
   CHECK(near(banded.lse[0], 0.0));
   CHECK(near(banded.out[1], (10.0 + 20.0 * e) / (1.0 + e)));
@@ -151,27 +151,27 @@ TEST_CASE("float64 reference applies a sliding window about the bottom-right dia
   CHECK(near(banded.out[2], (20.0 + 30.0 * e) / (1.0 + e)));
   CHECK(near(banded.lse[2], 1.0 + std::log(1.0 + e)));
   // The window (0, 1): row i sees keys i and i + 1.
-  const AttentionResult ahead = p.run(1.0, FLASHGEN_MASK_SLIDING_WINDOW, {0, 1});
+  const AttentionResult ahead = p.run(1.0, flashgen::Mask::kSlidingWindow, {0, 1});
   CHECK(near(ahead.out[0], (10.0 + 20.0 * e) / (1.0 + e)));
   CHECK(near(ahead.out[2], 30.0));
   // Unbounded sides: (-1, -1) is no mask, (-1, 0) the bottom-right causal one; the window is unread under the
   // other masks.
-  CHECK(p.run(1.0, FLASHGEN_MASK_SLIDING_WINDOW, {-1, -1}).out == p.run(1.0, FLASHGEN_MASK_NONE).out);
-  CHECK(p.run(1.0, FLASHGEN_MASK_SLIDING_WINDOW, {-1, 0}).out == p.run(1.0, FLASHGEN_MASK_CAUSAL).out);
-  CHECK(p.run(1.0, FLASHGEN_MASK_CAUSAL, {0, 0}).out == p.run(1.0, FLASHGEN_MASK_CAUSAL).out);
+  CHECK(p.run(1.0, flashgen::Mask::kSlidingWindow, {-1, -1}).out == p.run(1.0, flashgen::Mask::kNone).out);
+  CHECK(p.run(1.0, flashgen::Mask::kSlidingWindow, {-1, 0}).out == p.run(1.0, flashgen::Mask::kCausal).out);
+  CHECK(p.run(1.0, flashgen::Mask::kCausal, {0, 0}).out == p.run(1.0, flashgen::Mask::kCausal).out);
 
   // seqlen_q > seqlen_k: the diagonal is j = i - 1, so under the window (0, 0) row 0 sees no key (0 and -inf).
   p.shape = AttentionShape{1, 3, 2, 1, 1, 1};
   p.k = {0.0, 1.0};
   p.v = {10.0, 20.0};
-  const AttentionResult diagonal = p.run(1.0, FLASHGEN_MASK_SLIDING_WINDOW, {0, 0});
+  const AttentionResult diagonal = p.run(1.0, flashgen::Mask::kSlidingWindow, {0, 0});
   CHECK(diagonal.out == std::vector<double>{0.0, 10.0, 20.0});
   CHECK(diagonal.lse[0] == -std::numeric_limits<double>::infinity());
   CHECK(near(diagonal.lse[2], 1.0));
   // The row reference agrees with the whole one.
   const ReferenceRow row =
       attention_reference_row(p.shape, p.in(p.q, 3, 1), p.in(p.k, 2, 1), p.in(p.v, 2, 1), 1.0,
-                              FLASHGEN_MASK_SLIDING_WINDOW, 0, 0, 2, {0.0, {0, 0}});
+                              flashgen::Mask::kSlidingWindow, 0, 0, 2, {0.0, {0, 0}});
   CHECK(row.out == std::vector<double>{20.0});
 }
 
@@ -182,14 +182,14 @@ TEST_CASE("float64 reference maps query heads to their key/value group", "[refer
   p.q = {1.0, 1.0, 1.0, 1.0};
   p.k = {0.0, 0.0};
   p.v = {10.0, 20.0};
-  const AttentionResult r = p.run(1.0, FLASHGEN_MASK_NONE);
+  const AttentionResult r = p.run(1.0, flashgen::Mask::kNone);
   CHECK(r.out == std::vector<double>{10.0, 10.0, 20.0, 20.0});
 }
 
 
 TEST_CASE("visible pairs and FLOPs are counted exactly", "[reference]") {
   // The prefix count agrees with the per-pair rule of flashgen.h on every (i, j) of a few shapes.
-  for (flashgen_mask mask : {FLASHGEN_MASK_NONE, FLASHGEN_MASK_CAUSAL, FLASHGEN_MASK_CAUSAL_TOP_LEFT}) {
+  for (flashgen::Mask mask : {flashgen::Mask::kNone, flashgen::Mask::kCausal, flashgen::Mask::kCausalTopLeft}) {
     for (const auto& [seqlen_q, seqlen_k] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {3, 2}, {2, 7}, {9, 9}}) {
       int64_t pairs = 0;
       for (int64_t i = 0; i < seqlen_q; ++i) {
@@ -201,15 +201,15 @@ TEST_CASE("visible pairs and FLOPs are counted exactly", "[reference]") {
       CHECK(visible_pairs(mask, seqlen_q, seqlen_k) == pairs);
     }
   }
-  CHECK(visible_pairs(FLASHGEN_MASK_NONE, 3, 2) == 6);
-  CHECK(visible_pairs(FLASHGEN_MASK_CAUSAL, 3, 2) == 0 + 1 + 2);           // bottom-right: row 0 sees nothing
-  CHECK(visible_pairs(FLASHGEN_MASK_CAUSAL_TOP_LEFT, 3, 2) == 1 + 2 + 2);  // top-left
-  CHECK(visible_pairs(FLASHGEN_MASK_CAUSAL, 2, 7) == 6 + 7);
-  CHECK(visible_pairs(FLASHGEN_MASK_CAUSAL, 4096, 4096) == 4096 * 4097 / 2);
+  CHECK(visible_pairs(flashgen::Mask::kNone, 3, 2) == 6);
+  CHECK(visible_pairs(flashgen::Mask::kCausal, 3, 2) == 0 + 1 + 2);           // bottom-right: row 0 sees nothing
+  CHECK(visible_pairs(flashgen::Mask::kCausalTopLeft, 3, 2) == 1 + 2 + 2);  // top-left
+  CHECK(visible_pairs(flashgen::Mask::kCausal, 2, 7) == 6 + 7);
+  CHECK(visible_pairs(flashgen::Mask::kCausal, 4096, 4096) == 4096 * 4097 / 2);
 
   const AttentionShape shape{2, 3, 2, 4, 2, 64};
-  CHECK(forward_flops(shape, FLASHGEN_MASK_NONE) == 4.0 * 2 * 4 * 64 * 6);
-  CHECK(forward_flops(shape, FLASHGEN_MASK_CAUSAL) == 4.0 * 2 * 4 * 64 * 3);
+  CHECK(forward_flops(shape, flashgen::Mask::kNone) == 4.0 * 2 * 4 * 64 * 6);
+  CHECK(forward_flops(shape, flashgen::Mask::kCausal) == 4.0 * 2 * 4 * 64 * 3);
 }
 
 TEST_CASE("a window's visible keys are a range about the diagonal, counted exactly", "[reference][window]") {
@@ -224,37 +224,38 @@ TEST_CASE("a window's visible keys are a range about the diagonal, counted exact
         for (int64_t j = 0; j < seqlen_k; ++j) {
           // flashgen.h's definition, pair by pair.
           const bool visible = (w.left < 0 || j >= diagonal - w.left) && (w.right < 0 || j <= diagonal + w.right);
-          CHECK(key_visible(FLASHGEN_MASK_SLIDING_WINDOW, i, j, seqlen_q, seqlen_k, w) == visible);
+          CHECK(key_visible(flashgen::Mask::kSlidingWindow, i, j, seqlen_q, seqlen_k, w) == visible);
           row += visible;
         }
-        CHECK(visible_key_count(FLASHGEN_MASK_SLIDING_WINDOW, i, seqlen_q, seqlen_k, w) == row);
+        CHECK(visible_key_count(flashgen::Mask::kSlidingWindow, i, seqlen_q, seqlen_k, w) == row);
         pairs += row;
       }
-      CHECK(visible_pairs(FLASHGEN_MASK_SLIDING_WINDOW, seqlen_q, seqlen_k, w) == pairs);
+      CHECK(visible_pairs(flashgen::Mask::kSlidingWindow, seqlen_q, seqlen_k, w) == pairs);
     }
   }
   // Row i of 4096 sees min(i, 127) + 1 keys under the causal window (127, 0).
-  CHECK(visible_pairs(FLASHGEN_MASK_SLIDING_WINDOW, 4096, 4096, {127, 0}) == 128 * 129 / 2 + (4096 - 128) * 128);
-  CHECK(forward_flops(AttentionShape{1, 3, 3, 2, 2, 8}, FLASHGEN_MASK_SLIDING_WINDOW, {1, 0}) == 4.0 * 2 * 8 * 5);
-  CHECK(backward_flops(AttentionShape{1, 3, 3, 2, 2, 8}, FLASHGEN_MASK_SLIDING_WINDOW, {1, 0}) == 2.5 * 4 * 2 * 8 * 5);
+  CHECK(visible_pairs(flashgen::Mask::kSlidingWindow, 4096, 4096, {127, 0}) == 128 * 129 / 2 + (4096 - 128) * 128);
+  CHECK(forward_flops(AttentionShape{1, 3, 3, 2, 2, 8}, flashgen::Mask::kSlidingWindow, {1, 0}) == 4.0 * 2 * 8 * 5);
+  CHECK(backward_flops(AttentionShape{1, 3, 3, 2, 2, 8}, flashgen::Mask::kSlidingWindow, {1, 0}) ==
+        2.5 * 4 * 2 * 8 * 5);
 }
 
 TEST_CASE("a chunk keeps the keys of the diagonal's chunk under no mask, the causal mask and a window",
           "[reference][chunk]") {
   // Floor division by the chunk, negative diagonals included (sq > sk: those rows see nothing).
   auto chunk_of = [](int64_t x, int64_t c) { return (x >= 0 ? x : x - c + 1) / c; };
-  for (const flashgen_mask mask : {FLASHGEN_MASK_NONE, FLASHGEN_MASK_CAUSAL, FLASHGEN_MASK_SLIDING_WINDOW}) {
+  for (const flashgen::Mask mask : {flashgen::Mask::kNone, flashgen::Mask::kCausal, flashgen::Mask::kSlidingWindow}) {
     for (const int64_t chunk : {1, 3, 4, 64}) {
       for (const auto& [seqlen_q, seqlen_k] : std::vector<std::pair<int64_t, int64_t>>{{9, 9}, {12, 5}, {3, 10}}) {
-        const ReferenceWindow w{mask == FLASHGEN_MASK_SLIDING_WINDOW ? 2 : -1,
-                                mask == FLASHGEN_MASK_SLIDING_WINDOW ? 1 : -1, chunk};
-        INFO("mask " << mask << ", chunk " << chunk << ", " << seqlen_q << " x " << seqlen_k);
+        const ReferenceWindow w{mask == flashgen::Mask::kSlidingWindow ? 2 : -1,
+                                mask == flashgen::Mask::kSlidingWindow ? 1 : -1, chunk};
+        INFO("mask " << static_cast<int>(mask) << ", chunk " << chunk << ", " << seqlen_q << " x " << seqlen_k);
         int64_t pairs = 0;
         for (int64_t i = 0; i < seqlen_q; ++i) {
           const int64_t diagonal = i + seqlen_k - seqlen_q;
           for (int64_t j = 0; j < seqlen_k; ++j) {
-            const bool masked = mask == FLASHGEN_MASK_CAUSAL               ? j > diagonal
-                                : mask == FLASHGEN_MASK_SLIDING_WINDOW ? j < diagonal - 2 || j > diagonal + 1
+            const bool masked = mask == flashgen::Mask::kCausal               ? j > diagonal
+                                : mask == flashgen::Mask::kSlidingWindow ? j < diagonal - 2 || j > diagonal + 1
                                                                        : false;
             const bool visible = !masked && chunk_of(j, chunk) == chunk_of(diagonal, chunk);
             CHECK(key_visible(mask, i, j, seqlen_q, seqlen_k, w) == visible);
@@ -266,9 +267,9 @@ TEST_CASE("a chunk keeps the keys of the diagonal's chunk under no mask, the cau
     }
   }
   // Chunked causal over 4096 keys in chunks of 1024: each chunk a causal triangle.
-  CHECK(visible_pairs(FLASHGEN_MASK_CAUSAL, 4096, 4096, {-1, -1, 1024}) == 4 * (1024 * 1025 / 2));
+  CHECK(visible_pairs(flashgen::Mask::kCausal, 4096, 4096, {-1, -1, 1024}) == 4 * (1024 * 1025 / 2));
   // The top-left causal mask takes no chunk.
-  CHECK(visible_pairs(FLASHGEN_MASK_CAUSAL_TOP_LEFT, 9, 9, {-1, -1, 2}) == 45);
+  CHECK(visible_pairs(flashgen::Mask::kCausalTopLeft, 9, 9, {-1, -1, 2}) == 45);
 }
 
 TEST_CASE("row reference and 16-bit inputs agree with the float64 reference bit for bit", "[reference]") {
@@ -313,7 +314,7 @@ TEST_CASE("row reference and 16-bit inputs agree with the float64 reference bit 
     auto as_bits = [&](const Tensor& t) { return HostInput::bits16(t.bits.data(), dtype, t.bhsd); };
     CHECK(as_bits(k).at(1, 5, 1, 23) == as_f64(k).at(1, 5, 1, 23));
 
-    for (flashgen_mask mask : {FLASHGEN_MASK_NONE, FLASHGEN_MASK_CAUSAL, FLASHGEN_MASK_CAUSAL_TOP_LEFT}) {
+    for (flashgen::Mask mask : {flashgen::Mask::kNone, flashgen::Mask::kCausal, flashgen::Mask::kCausalTopLeft}) {
       const AttentionResult whole = attention_reference_f64(shape, as_f64(q), as_f64(k), as_f64(v), 0.2, mask);
       const AttentionResult from_bits = attention_reference_f64(shape, as_bits(q), as_bits(k), as_bits(v), 0.2, mask);
       CHECK(from_bits.out == whole.out);
@@ -341,10 +342,10 @@ TEST_CASE("row reference and 16-bit inputs agree with the float64 reference bit 
   const std::vector<double> zeros(static_cast<size_t>(shape.batch * shape.seqlen_q * shape.heads_q * shape.head_dim));
   const HostInput q_in = HostInput::float64(zeros.data(), StridedView::contiguous(2, 11, 4, 24));
   const HostInput kv_in = HostInput::float64(zeros.data(), StridedView::contiguous(2, 6, 2, 24));
-  const ReferenceRow masked = attention_reference_row(shape, q_in, kv_in, kv_in, 1.0, FLASHGEN_MASK_CAUSAL, 0, 0, 0);
+  const ReferenceRow masked = attention_reference_row(shape, q_in, kv_in, kv_in, 1.0, flashgen::Mask::kCausal, 0, 0, 0);
   CHECK(masked.lse == -std::numeric_limits<double>::infinity());
   CHECK(masked.out == std::vector<double>(24, 0.0));
-  CHECK_THROWS(attention_reference_row(shape, q_in, kv_in, kv_in, 1.0, FLASHGEN_MASK_NONE, 0, 4, 0));
-  CHECK_THROWS(attention_reference_rows(shape, q_in, kv_in, kv_in, 1.0, FLASHGEN_MASK_NONE, {{0, 4, 0}}, 2));
-  CHECK_THROWS(attention_reference_f64(shape, kv_in, kv_in, kv_in, 1.0, FLASHGEN_MASK_NONE));
+  CHECK_THROWS(attention_reference_row(shape, q_in, kv_in, kv_in, 1.0, flashgen::Mask::kNone, 0, 4, 0));
+  CHECK_THROWS(attention_reference_rows(shape, q_in, kv_in, kv_in, 1.0, flashgen::Mask::kNone, {{0, 4, 0}}, 2));
+  CHECK_THROWS(attention_reference_f64(shape, kv_in, kv_in, kv_in, 1.0, flashgen::Mask::kNone));
 }

@@ -18,13 +18,13 @@ TEST_CASE("backward reference matches central differences of the forward", "[ref
   // Every mask, and windows (their sides unread under the other masks): with seqlen_q > seqlen_k the diagonal is
   // j = i - 2, so (0, 1) shows row 0 no key; (2, 0) is causal-shaped, (1, 2) two-sided.
   using flashgen::ReferenceWindow;
-  const std::pair<flashgen_mask, ReferenceWindow> masks[] = {
-      {FLASHGEN_MASK_NONE, {}},
-      {FLASHGEN_MASK_CAUSAL, {}},
-      {FLASHGEN_MASK_CAUSAL_TOP_LEFT, {}},
-      {FLASHGEN_MASK_SLIDING_WINDOW, {0, 1}},
-      {FLASHGEN_MASK_SLIDING_WINDOW, {2, 0}},
-      {FLASHGEN_MASK_SLIDING_WINDOW, {1, 2}}};
+  const std::pair<flashgen::Mask, ReferenceWindow> masks[] = {
+      {flashgen::Mask::kNone, {}},
+      {flashgen::Mask::kCausal, {}},
+      {flashgen::Mask::kCausalTopLeft, {}},
+      {flashgen::Mask::kSlidingWindow, {0, 1}},
+      {flashgen::Mask::kSlidingWindow, {2, 0}},
+      {flashgen::Mask::kSlidingWindow, {1, 2}}};
   for (const auto& [mask, window] : masks) {
     AttentionShape s;
     s.batch = 2, s.seqlen_q = 6, s.seqlen_k = 4, s.heads_q = 4, s.heads_kv = 2, s.head_dim = 8;
@@ -71,10 +71,10 @@ TEST_CASE("backward reference matches central differences of the forward", "[ref
     check(v, g.dv, "dv");
     // Bottom-right causal with seqlen_q > seqlen_k: query rows 0 and 1 see no key, so their dq is 0; so does row 0
     // under the window (0, 1).
-    if (mask == FLASHGEN_MASK_CAUSAL || (mask == FLASHGEN_MASK_SLIDING_WINDOW && window.left == 0)) {
+    if (mask == flashgen::Mask::kCausal || (mask == flashgen::Mask::kSlidingWindow && window.left == 0)) {
       for (int64_t d = 0; d < s.head_dim; ++d) CHECK(g.dq[static_cast<size_t>(qv.offset(0, 0, 0, d))] == 0.0);
     }
-    if (mask == FLASHGEN_MASK_SLIDING_WINDOW) continue;  // the naive backward below takes no window
+    if (mask == flashgen::Mask::kSlidingWindow) continue;  // the naive backward below takes no window
 
     // The naive fp16 backward lands within a few ulps of the gradients' magnitude.
     std::vector<double> q16 = q, k16 = k, v16 = v, do16 = dout;

@@ -289,7 +289,7 @@ TEST_CASE("cli: tune --kv-cache lists decode modules with their split counts", "
   REQUIRE(p["candidates"].size() == 6);
   // The built-in choice first, planned for the 66 SMs asked for.
   flashgen::AttentionProblem problem = flashgen::forward_problem(
-      flashgen::DType::kBFloat16, flashgen::AttentionShape{2, 1, 8192, 32, 8, 128}, FLASHGEN_MASK_NONE);
+      flashgen::DType::kBFloat16, flashgen::AttentionShape{2, 1, 8192, 32, 8, 128}, flashgen::Mask::kNone);
   problem.kv_cache = problem.paged = true;
   problem.page_size = 32;
   const flashgen::DecodeChoice builtin = flashgen::heuristic_decode_choice(problem, 90, 66);

@@ -93,7 +93,7 @@ TEST_CASE("the decode heuristic packs a kv head's rows and splits short batches 
   flashgen::AttentionProblem problem;
   problem.kv_cache = true;
   problem.dtype = flashgen::DType::kBFloat16;
-  problem.mask = FLASHGEN_MASK_CAUSAL;
+  problem.mask = flashgen::Mask::kCausal;
   problem.shape = {1, 1, 32768, 32, 8, 128};
   flashgen::DecodeChoice choice = flashgen::heuristic_decode_choice(problem, 90, 132);
   CHECK(choice.config.rows == 16);
@@ -124,7 +124,7 @@ namespace {
 // One new token of 8 kv heads against caches of 32k keys, a 256-key window: 8 blocks leave most of 132 SMs idle.
 flashgen::AttentionProblem window_decode_problem() {
   flashgen::AttentionProblem problem =
-      flashgen::forward_problem(flashgen::DType::kBFloat16, {1, 1, 32768, 32, 8, 128}, FLASHGEN_MASK_SLIDING_WINDOW,
+      flashgen::forward_problem(flashgen::DType::kBFloat16, {1, 1, 32768, 32, 8, 128}, flashgen::Mask::kSlidingWindow,
                                 256, 0);
   problem.kv_cache = true;
   return problem;
@@ -145,20 +145,20 @@ TEST_CASE("a window's split count reasons about the key blocks it visits, not th
   CHECK(counts.back() == 5);
   // The causal problem of the same sizes splits its 512 blocks much more finely.
   flashgen::AttentionProblem causal = problem;
-  causal.set_mask(FLASHGEN_MASK_CAUSAL);
+  causal.set_mask(flashgen::Mask::kCausal);
   CHECK(flashgen::heuristic_decode_choice(causal, 90, 132).splits * 8 >= 100);
   // gpt-oss's 128-key window at head_dim 64 (batch 8, GQA 64/8, pages of 16): its 3 blocks fit the module's
   // pipeline, so one range, though 64 blocks leave half the SMs idle (more ranges would only add partials and a
   // merge); a 1024-key window's 17 blocks are more than its stages hold, and split.
   flashgen::AttentionProblem oss = flashgen::forward_problem(
-      flashgen::DType::kBFloat16, {8, 1, 32768, 64, 8, 64}, FLASHGEN_MASK_SLIDING_WINDOW, 127, 0);
+      flashgen::DType::kBFloat16, {8, 1, 32768, 64, 8, 64}, flashgen::Mask::kSlidingWindow, 127, 0);
   oss.kv_cache = true;
   oss.paged = true;
   const flashgen::DecodeChoice oss_choice = flashgen::heuristic_decode_choice(oss, 90, 132);
   REQUIRE(flashgen::max_decode_blocks(oss, oss_choice.config) == 3);
   REQUIRE(oss_choice.config.stages >= 3);
   CHECK(oss_choice.splits == 1);
-  oss.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, 1023, 0);
+  oss.set_mask(flashgen::Mask::kSlidingWindow, 1023, 0);
   const flashgen::DecodeChoice wide = flashgen::heuristic_decode_choice(oss, 90, 132);
   REQUIRE(flashgen::max_decode_blocks(oss, wide.config) > wide.config.stages);
   CHECK(wide.splits > 1);
@@ -166,17 +166,17 @@ TEST_CASE("a window's split count reasons about the key blocks it visits, not th
   // last new token's diagonal), and a window longer than the cache is the capacity's.
   problem.shape.seqlen_q = 4;
   CHECK(flashgen::max_decode_splits(problem, choice.config) == 6);
-  problem.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, 256, 1000);
+  problem.set_mask(flashgen::Mask::kSlidingWindow, 256, 1000);
   CHECK(flashgen::max_decode_splits(problem, choice.config) == 6);
-  problem.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, 0, 0);
+  problem.set_mask(flashgen::Mask::kSlidingWindow, 0, 0);
   problem.shape.seqlen_q = 1;
   CHECK(flashgen::max_decode_splits(problem, choice.config) == 1);
-  problem.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, 1 << 20, 0);
+  problem.set_mask(flashgen::Mask::kSlidingWindow, 1 << 20, 0);
   CHECK(flashgen::max_decode_splits(problem, choice.config) == 128);  // kMaxDecodeSplits of the capacity's 512
   problem.shape.seqlen_k = 300;
   CHECK(flashgen::max_decode_splits(problem, choice.config) == 5);
   // Unbounded on the left: every key of the cache may be visited.
-  problem.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, -1, 8);
+  problem.set_mask(flashgen::Mask::kSlidingWindow, -1, 8);
   CHECK(flashgen::max_decode_splits(problem, choice.config) == 5);
   problem.shape.seqlen_k = 32768;
   CHECK(flashgen::max_decode_splits(problem, choice.config) == 128);
@@ -204,7 +204,7 @@ TEST_CASE("the decode heuristic's configs compile without spills", "[tuner][deco
   flashgen::AttentionProblem problem;
   problem.kv_cache = true;
   problem.dtype = flashgen::DType::kBFloat16;
-  problem.mask = FLASHGEN_MASK_CAUSAL;
+  problem.mask = flashgen::Mask::kCausal;
   for (int arch : {80, 90})
     for (int d : {64, 128, 256})
       for (bool paged : {false, true}) {
@@ -223,7 +223,7 @@ TEST_CASE("the window's decode modules compile without spills", "[tuner][decode]
   // The window's first key per row and its masked blocks at both ends of a range add to the causal kernel.
   auto& registry = flashgen::KernelRegistry::instance();
   flashgen::AttentionProblem problem = flashgen::forward_problem(
-      flashgen::DType::kBFloat16, {4, 1, 8192, 32, 8, 128}, FLASHGEN_MASK_SLIDING_WINDOW, 1024, 0);
+      flashgen::DType::kBFloat16, {4, 1, 8192, 32, 8, 128}, flashgen::Mask::kSlidingWindow, 1024, 0);
   problem.kv_cache = true;
   for (auto [d, paged] : {std::pair{64, false}, std::pair{128, false}, std::pair{256, false}, std::pair{128, true}}) {
     problem.shape.head_dim = d;

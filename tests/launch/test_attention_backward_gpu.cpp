@@ -196,9 +196,11 @@ std::string check_problem(const Problem& p, int repeats = 1, const flashgen::Bwd
   const HostInput q64 = HostInput::float64(in.q.data(), qc), k64 = HostInput::float64(in.k.data(), kc);
   const HostInput v64 = HostInput::float64(in.v.data(), kc), do64 = HostInput::float64(in.dout.data(), qc);
   const double scale = flashgen::effective_softmax_scale(p.softmax_scale, s.head_dim);
-  const AttentionGradients ref = flashgen::attention_backward_reference_f64(s, q64, k64, v64, do64, scale, p.mask);
+  const AttentionGradients ref =
+      flashgen::attention_backward_reference_f64(s, q64, k64, v64, do64, scale, flashgen::internal_mask(p.mask));
   const AttentionGradients naive =
-      flashgen::test::attention_backward_naive(s, q64, k64, v64, do64, scale, p.mask, p.dtype);
+      flashgen::test::attention_backward_naive(s, q64, k64, v64, do64, scale, flashgen::internal_mask(p.mask),
+                                               p.dtype);
 
   const Outputs& first = runs.front();
   const std::vector<int64_t> q_dims = {s.batch, s.seqlen_q, s.heads_q, s.head_dim};
@@ -440,7 +442,7 @@ TEST_CASE("backward: gradients are the derivative of the forward", "[gpu][backwa
     for (size_t i = 0; i < k.size(); ++i) k[i] += t * ek[i], v[i] += t * ev[i];
     const flashgen::AttentionResult r = flashgen::attention_reference_f64(
         s, HostInput::float64(q.data(), qc), HostInput::float64(k.data(), kc), HostInput::float64(v.data(), kc),
-        scale, p.mask);
+        scale, flashgen::internal_mask(p.mask));
     double sum = 0;
     for (size_t i = 0; i < r.out.size(); ++i) sum += in.dout[i] * r.out[i];
     return sum;

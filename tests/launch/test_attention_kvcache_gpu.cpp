@@ -198,7 +198,7 @@ void check_outputs(const KvCase& c, const KvBatch& kv, const std::string& label)
       const flashgen::AttentionResult ref = flashgen::attention_reference_f64(
           shape, flashgen::HostInput::bits16(kv.q.data() + b * sq * hq * d, c.dtype, q_view),
           flashgen::HostInput::bits16(k.data(), c.dtype, kv_view), flashgen::HostInput::bits16(v.data(), c.dtype, kv_view),
-          scale, c.mask, variant);
+          scale, flashgen::internal_mask(c.mask), variant);
       want_out = ref.out, want_lse = ref.lse;
     }
     std::vector<double> got_out(want_out.size()), got_lse(want_lse.size());

@@ -202,8 +202,8 @@ void run_and_check(const VarlenCase& c, const std::string& config) {
       const flashgen::AttentionResult ref = flashgen::attention_reference_f64(
           shape, flashgen::HostInput::bits16(packed.q.data() + packed.cu_q[b] * hq * d, c.dtype, q_view),
           flashgen::HostInput::bits16(packed.k.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view),
-          flashgen::HostInput::bits16(packed.v.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view), scale, c.mask,
-          c.variant(b));
+          flashgen::HostInput::bits16(packed.v.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view), scale,
+          flashgen::internal_mask(c.mask), c.variant(b));
       want_out = ref.out, want_lse = ref.lse;
     } else if (c.sinks) {  // no key: the softmax is the sink's alone
       for (int64_t h = 0; h < hq; ++h) std::fill_n(want_lse.begin() + h * sq, sq, double(c.sink_logits()[size_t(h)]));
@@ -433,8 +433,8 @@ void run_and_check_backward(const VarlenCase& c, bool deterministic,
           shape, flashgen::HostInput::bits16(packed.q.data() + packed.cu_q[b] * hq * d, c.dtype, q_view),
           flashgen::HostInput::bits16(packed.k.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view),
           flashgen::HostInput::bits16(packed.v.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view),
-          flashgen::HostInput::bits16(dout.data() + packed.cu_q[b] * hq * d, c.dtype, q_view), scale, c.mask,
-          c.variant(b));
+          flashgen::HostInput::bits16(dout.data() + packed.cu_q[b] * hq * d, c.dtype, q_view), scale,
+          flashgen::internal_mask(c.mask), c.variant(b));
       for (size_t h = 0; h < want.dsinks.size(); ++h) want_dsinks[h] += want.dsinks[h];
     }
     const struct {

@@ -15,51 +15,52 @@ using flashgen::DType;
 TEST_CASE("forward and backward problems carry their pass, mask and dQ strategy", "[problem]") {
   const AttentionShape shape{/*batch=*/2, /*seqlen_q=*/100, /*seqlen_k=*/300, /*heads_q=*/12, /*heads_kv=*/4,
                              /*head_dim=*/80};
-  const AttentionProblem forward = flashgen::forward_problem(DType::kBFloat16, shape, FLASHGEN_MASK_CAUSAL_TOP_LEFT);
+  const AttentionProblem forward = flashgen::forward_problem(DType::kBFloat16, shape, flashgen::Mask::kCausalTopLeft);
   CHECK(forward.pass == flashgen::Pass::kForward);
   CHECK_FALSE(forward.backward());
   CHECK(forward.dtype == DType::kBFloat16);
   CHECK(forward.head_dim() == 80);
-  CHECK(forward.mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT);
+  CHECK(forward.mask == flashgen::Mask::kCausalTopLeft);
   // Both causal alignments run the causal kernels; the alignment stays in the problem.
   CHECK(forward.mask_kind() == flashgen::MaskKind::kCausal);
-  CHECK(flashgen::forward_problem(DType::kFloat16, shape, FLASHGEN_MASK_NONE).mask_kind() == flashgen::MaskKind::kNone);
+  CHECK(flashgen::forward_problem(DType::kFloat16, shape, flashgen::Mask::kNone).mask_kind() ==
+        flashgen::MaskKind::kNone);
 
   // A forward problem has no dQ strategy, whatever the field holds.
   AttentionProblem odd = forward;
   odd.dq = flashgen::DqStrategy::kDeterministic;
   CHECK_FALSE(odd.deterministic());
 
-  const AttentionProblem det = flashgen::backward_problem(DType::kFloat16, shape, FLASHGEN_MASK_CAUSAL, true);
+  const AttentionProblem det = flashgen::backward_problem(DType::kFloat16, shape, flashgen::Mask::kCausal, true);
   CHECK(det.backward());
   CHECK(det.deterministic());
   CHECK(det.dq == flashgen::DqStrategy::kDeterministic);
-  CHECK_FALSE(flashgen::backward_problem(DType::kFloat16, shape, FLASHGEN_MASK_CAUSAL, false).deterministic());
+  CHECK_FALSE(flashgen::backward_problem(DType::kFloat16, shape, flashgen::Mask::kCausal, false).deterministic());
 }
 
 TEST_CASE("a window is normalized in one place: unbounded windows run as the plain masks", "[problem][window]") {
   const AttentionShape shape{1, 100, 300, 4, 4, 64};
-  auto masked = [&](flashgen_mask mask, int left, int right) {
+  auto masked = [&](flashgen::Mask mask, int left, int right) {
     return flashgen::backward_problem(DType::kFloat16, shape, mask, /*deterministic=*/true, left, right);
   };
-  const AttentionProblem window = masked(FLASHGEN_MASK_SLIDING_WINDOW, 128, 0);
+  const AttentionProblem window = masked(flashgen::Mask::kSlidingWindow, 128, 0);
   CHECK(window.windowed());
   CHECK(window.mask_kind() == flashgen::MaskKind::kWindow);
   CHECK((window.window_left == 128 && window.window_right == 0));
-  const AttentionProblem open_left = masked(FLASHGEN_MASK_SLIDING_WINDOW, -1, 5);
+  const AttentionProblem open_left = masked(flashgen::Mask::kSlidingWindow, -1, 5);
   CHECK((open_left.windowed() && open_left.window_left == -1 && open_left.window_right == 5));
   // No bound on either side: no mask; none on the left and nothing past the diagonal: the bottom-right causal mask.
-  const AttentionProblem none = masked(FLASHGEN_MASK_SLIDING_WINDOW, -1, -1);
-  CHECK(none.mask == FLASHGEN_MASK_NONE);
+  const AttentionProblem none = masked(flashgen::Mask::kSlidingWindow, -1, -1);
+  CHECK(none.mask == flashgen::Mask::kNone);
   CHECK(none.mask_kind() == flashgen::MaskKind::kNone);
-  const AttentionProblem causal = masked(FLASHGEN_MASK_SLIDING_WINDOW, -1, 0);
-  CHECK(causal.mask == FLASHGEN_MASK_CAUSAL);
+  const AttentionProblem causal = masked(flashgen::Mask::kSlidingWindow, -1, 0);
+  CHECK(causal.mask == flashgen::Mask::kCausal);
   CHECK_FALSE(causal.windowed());
   CHECK((causal.window_left == -1 && causal.window_right == -1));
   // The other masks take no window; set_mask drops one the problem held.
   AttentionProblem reused = window;
-  reused.set_mask(FLASHGEN_MASK_CAUSAL_TOP_LEFT, 7, 7);
-  CHECK((reused.mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT && reused.window_left == -1 && reused.window_right == -1));
+  reused.set_mask(flashgen::Mask::kCausalTopLeft, 7, 7);
+  CHECK((reused.mask == flashgen::Mask::kCausalTopLeft && reused.window_left == -1 && reused.window_right == -1));
   // A call's options give the problem back.
   AttentionProblem capped = window;
   capped.softcap = 30.f;
@@ -69,8 +70,8 @@ TEST_CASE("a window is normalized in one place: unbounded windows run as the pla
   CHECK((options.window_left == 128 && options.window_right == 0));
   CHECK(options.softcap == 30.f);
   CHECK(options.deterministic == 1);
-  const AttentionProblem back = flashgen::backward_problem(DType::kFloat16, shape, options.mask, true,
-                                                           options.window_left, options.window_right);
+  const AttentionProblem back = flashgen::backward_problem(
+      DType::kFloat16, shape, flashgen::internal_mask(options.mask), true, options.window_left, options.window_right);
   CHECK((back.mask == window.mask && back.window_left == 128 && back.window_right == 0));
 }
 

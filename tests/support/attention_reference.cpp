@@ -52,25 +52,26 @@ void store_values(const std::vector<double>& values, const StridedView& view, in
 
 const char* dtype_label(flashgen_dtype dtype) { return dtype == FLASHGEN_BFLOAT16 ? "bf16" : "fp16"; }
 
-const char* mask_label(flashgen_mask mask) {
+const char* mask_label(Mask mask) {
   switch (mask) {
-    case FLASHGEN_MASK_CAUSAL:
+    case Mask::kCausal:
       return "causal";
-    case FLASHGEN_MASK_CAUSAL_TOP_LEFT:
+    case Mask::kCausalTopLeft:
       return "causal_top_left";
-    case FLASHGEN_MASK_SLIDING_WINDOW:
+    case Mask::kSlidingWindow:
       return "window";
     default:
       return "none";
   }
 }
 
+const char* mask_label(flashgen_mask mask) { return mask_label(internal_mask(mask)); }
 
 // ---------------------------------------------------------------------------------------------------
 // Naive same-dtype reference.
 
 AttentionResult attention_reference_naive(const AttentionShape& shape, const HostInput& q, const HostInput& k,
-                                          const HostInput& v, double scale, flashgen_mask mask,
+                                          const HostInput& v, double scale, Mask mask,
                                           flashgen_dtype dtype) {
   require_reference_inputs(shape, q, k, v);
   const int64_t d_count = shape.head_dim;
@@ -210,8 +211,8 @@ ForwardReference forward_reference(const AttentionShape& shape, const std::vecto
   ForwardReference reference;
   reference.shape = shape;
   reference.dtype = dtype;
-  reference.ref64 = attention_reference_f64(shape, q_in, k_in, v_in, scale, mask);
-  reference.naive = attention_reference_naive(shape, q_in, k_in, v_in, scale, mask, dtype);
+  reference.ref64 = attention_reference_f64(shape, q_in, k_in, v_in, scale, internal_mask(mask));
+  reference.naive = attention_reference_naive(shape, q_in, k_in, v_in, scale, internal_mask(mask), dtype);
   return reference;
 }
 

@@ -16,7 +16,8 @@
 namespace flashgen::test {
 
 const char* dtype_label(flashgen_dtype dtype);  // "fp16", "bf16"
-const char* mask_label(flashgen_mask mask);     // "none", "causal", "causal_top_left", "window"
+const char* mask_label(Mask mask);              // "none", "causal", "causal_top_left", "window"
+const char* mask_label(flashgen_mask mask);     // the same of the C ABI's mask
 
 // Every byte 0xFF: a NaN in fp16, bf16 and fp32 alike; the poison written before a kernel runs.
 constexpr uint16_t kPoison16 = 0xFFFF;
@@ -55,7 +56,7 @@ void store_values(const std::vector<double>& values, const StridedView& view, in
 // P rounded to dtype, P·V accumulated in float32, output rounded to dtype (lse stays float32). Its
 // distance to the float64 reference is the error budget the tolerance rule scales.
 AttentionResult attention_reference_naive(const AttentionShape& shape, const HostInput& q, const HostInput& k,
-                                          const HostInput& v, double scale, flashgen_mask mask,
+                                          const HostInput& v, double scale, Mask mask,
                                           flashgen_dtype dtype);
 
 // ---------------------------------------------------------------------------------------------------

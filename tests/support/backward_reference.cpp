@@ -10,7 +10,7 @@ namespace flashgen::test {
 
 AttentionGradients attention_backward_naive(const AttentionShape& shape, const HostInput& q, const HostInput& k,
                                             const HostInput& v, const HostInput& dout, double scale,
-                                            flashgen_mask mask, flashgen_dtype dtype) {
+                                            Mask mask, flashgen_dtype dtype) {
   require_reference_inputs(shape, q, k, v);
   const int64_t d = shape.head_dim;
   const float scale_f = static_cast<float>(scale);

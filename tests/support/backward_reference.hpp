@@ -17,7 +17,7 @@ namespace flashgen::test {
 // products accumulated in float32, each gradient rounded to dtype at the end.
 AttentionGradients attention_backward_naive(const AttentionShape& shape, const HostInput& q, const HostInput& k,
                                             const HostInput& v, const HostInput& dout, double scale,
-                                            flashgen_mask mask, flashgen_dtype dtype);
+                                            Mask mask, flashgen_dtype dtype);
 
 // got: contiguous over dims ([b, s, h, d]) like ref64; check_within_budget with gradient_budget_floor of
 // max|ref64| as floor.

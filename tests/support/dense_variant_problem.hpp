@@ -84,14 +84,13 @@ struct DenseVariantProblem {
                              std::move(slopes), slopes_batch_stride);
     variant.sinks = std::move(sinks);
     if (user_reference) user_reference(variant);  // a user variant's functions (options.variant)
-    ref = attention_reference_f64(s, HostInput::bits16(q.data(), dtype, q_view),
-                                  HostInput::bits16(k.data(), dtype, kv_view),
-                                  HostInput::bits16(v.data(), dtype, kv_view), scale, opts.mask, variant);
-    grads = attention_backward_reference_f64(s, HostInput::bits16(q.data(), dtype, q_view),
-                                             HostInput::bits16(k.data(), dtype, kv_view),
-                                             HostInput::bits16(v.data(), dtype, kv_view),
-                                             HostInput::bits16(dout.data(), dtype, q_view), scale, opts.mask,
-                                             variant);
+    ref = attention_reference_f64(
+        s, HostInput::bits16(q.data(), dtype, q_view), HostInput::bits16(k.data(), dtype, kv_view),
+        HostInput::bits16(v.data(), dtype, kv_view), scale, flashgen::internal_mask(opts.mask), variant);
+    grads = attention_backward_reference_f64(
+        s, HostInput::bits16(q.data(), dtype, q_view), HostInput::bits16(k.data(), dtype, kv_view),
+        HostInput::bits16(v.data(), dtype, kv_view), HostInput::bits16(dout.data(), dtype, q_view), scale,
+        flashgen::internal_mask(opts.mask), variant);
   }
 
   std::vector<double> values(const DeviceBuffer& b) const {

@@ -60,7 +60,7 @@ TEST_CASE("references read strided inputs and the naive one stays near float64",
       HostInput::float64(k_c.data(), StridedView::contiguous(shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim));
   const HostInput v =
       HostInput::float64(v_c.data(), StridedView::contiguous(shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim));
-  for (flashgen_mask mask : {FLASHGEN_MASK_NONE, FLASHGEN_MASK_CAUSAL, FLASHGEN_MASK_CAUSAL_TOP_LEFT}) {
+  for (flashgen::Mask mask : {flashgen::Mask::kNone, flashgen::Mask::kCausal, flashgen::Mask::kCausalTopLeft}) {
     INFO("mask " << mask_label(mask));
     const AttentionResult contiguous = attention_reference_f64(shape, q, k, v, 0.3, mask);
     const AttentionResult strided =

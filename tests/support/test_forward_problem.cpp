@@ -49,7 +49,7 @@ std::vector<RunningMaxStats> running_max_stats(const Problem& p, const HostProbl
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads_q; ++h)
       for (int64_t i = 0; i < s.seqlen_q; ++i) {
-        const int64_t visible = flashgen::visible_key_count(p.mask, i, s.seqlen_q, s.seqlen_k);
+        const int64_t visible = flashgen::visible_key_count(flashgen::internal_mask(p.mask), i, s.seqlen_q, s.seqlen_k);
         if (visible == 0) continue;
         const double* q_row = host.q.data() + ((b * s.seqlen_q + i) * s.heads_q + h) * s.head_dim;
         for (int64_t j = 0; j < visible; ++j) {

@@ -84,7 +84,7 @@ TEST_CASE("a problem's key: its pass and dQ strategy, its mask kind, its group r
   const flashgen::AttentionShape shape{/*batch=*/3, /*seqlen_q=*/1000, /*seqlen_k=*/3000, /*heads_q=*/32,
                                       /*heads_kv=*/8, /*head_dim=*/96};
   const flashgen::AttentionProblem forward =
-      flashgen::forward_problem(DType::kBFloat16, shape, FLASHGEN_MASK_CAUSAL_TOP_LEFT);
+      flashgen::forward_problem(DType::kBFloat16, shape, flashgen::Mask::kCausalTopLeft);
   CHECK(flashgen::problem_key(forward) ==
         flashgen::forward_problem_key(DType::kBFloat16, 96, MaskKind::kCausal, 4, 1000, 3000, 96));
   CHECK(flashgen::problem_key(forward).id() == "fwd|bf16|d96|causal|g4|q1024|k4096|bh128");
@@ -94,8 +94,10 @@ TEST_CASE("a problem's key: its pass and dQ strategy, its mask kind, its group r
   odd.dq = flashgen::DqStrategy::kDeterministic;
   CHECK(flashgen::problem_key(odd) == flashgen::problem_key(forward));
 
-  const flashgen::AttentionProblem atomic = flashgen::backward_problem(DType::kFloat16, shape, FLASHGEN_MASK_NONE, false);
-  const flashgen::AttentionProblem det = flashgen::backward_problem(DType::kFloat16, shape, FLASHGEN_MASK_NONE, true);
+  const flashgen::AttentionProblem atomic =
+      flashgen::backward_problem(DType::kFloat16, shape, flashgen::Mask::kNone, false);
+  const flashgen::AttentionProblem det =
+      flashgen::backward_problem(DType::kFloat16, shape, flashgen::Mask::kNone, true);
   CHECK(flashgen::problem_key(atomic).class_id() == "bwd|fp16|d96|none|g4");
   CHECK(flashgen::problem_key(det).class_id() == "bwd_det|fp16|d96|none|g4");
   CHECK(flashgen::problem_key(det) ==
@@ -225,7 +227,7 @@ TEST_CASE("current_device_fingerprint needs a driver", "[tuner][problem_key]") {
 
 TEST_CASE("a soft-capped problem is a class of its own; its mask text reads back", "[tuner][problem_key]") {
   flashgen::AttentionProblem problem = flashgen::forward_problem(
-      flashgen::DType::kBFloat16, flashgen::AttentionShape{2, 1024, 1024, 16, 4, 128}, FLASHGEN_MASK_CAUSAL);
+      flashgen::DType::kBFloat16, flashgen::AttentionShape{2, 1024, 1024, 16, 4, 128}, flashgen::Mask::kCausal);
   const flashgen::ProblemKey plain = flashgen::problem_key(problem);
   problem.softcap = 30.f;
   const flashgen::ProblemKey capped = flashgen::problem_key(problem);
@@ -260,7 +262,7 @@ TEST_CASE("a windowed problem is a class of its own, bucketed by the keys a row 
     flashgen::AttentionShape s = shape;
     s.seqlen_k = seqlen_k;
     return flashgen::problem_key(
-        flashgen::forward_problem(DType::kBFloat16, s, FLASHGEN_MASK_SLIDING_WINDOW, left, right));
+        flashgen::forward_problem(DType::kBFloat16, s, flashgen::Mask::kSlidingWindow, left, right));
   };
   // A causal window of 1024 keys (Mistral's 4096-token one would bucket 4096): 1023 + 0 + 1.
   const flashgen::ProblemKey causal = key_of(1023, 0);
@@ -284,7 +286,7 @@ TEST_CASE("a windowed problem is a class of its own, bucketed by the keys a row 
   CHECK(key_of(-1, -1).id() == "fwd|bf16|d128|none|g4|q4096|k4096|bh32");
   // Soft-capped, backward, packed: the same bucket after their own pass and variant.
   flashgen::AttentionProblem problem =
-      flashgen::backward_problem(DType::kBFloat16, shape, FLASHGEN_MASK_SLIDING_WINDOW, true, 1023, 0);
+      flashgen::backward_problem(DType::kBFloat16, shape, flashgen::Mask::kSlidingWindow, true, 1023, 0);
   problem.softcap = 30.f;
   const flashgen::ProblemKey capped = flashgen::problem_key(problem);
   CHECK(capped.id() == "bwd_det|bf16|d128|window_softcap|g4|q4096|k4096|bh32|w1024c");
@@ -294,19 +296,19 @@ TEST_CASE("a windowed problem is a class of its own, bucketed by the keys a row 
 TEST_CASE("a KV-cache window key is bucketed by its window as a forward one is", "[tuner][problem_key][window]") {
   // One new token of 8 sequences against caches of 32k keys, a causal window of 4096 keys (4095 + 0 + 1).
   flashgen::AttentionProblem decode = flashgen::forward_problem(DType::kBFloat16, {8, 1, 32768, 32, 8, 128},
-                                                                FLASHGEN_MASK_SLIDING_WINDOW, 4095, 0);
+                                                                flashgen::Mask::kSlidingWindow, 4095, 0);
   decode.kv_cache = true;
   const flashgen::ProblemKey key = flashgen::problem_key(decode);
   CHECK(key.id() == "dec|bf16|d128|window|g4|q1|k32768|bh256|w4096c");
   CHECK(flashgen::mask_text(key) == "window4096c");
   decode.paged = true, decode.page_size = 16;
-  decode.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, 100, 20);  // two-sided: 121 keys
+  decode.set_mask(flashgen::Mask::kSlidingWindow, 100, 20);  // two-sided: 121 keys
   CHECK(flashgen::problem_key(decode).id() == "dec_paged|bf16|d128|window|g4|q1|k32768|bh256|w128");
   // A window longer than the cache is bucketed by the capacity; the normalized windows are the plain masks' keys.
   decode.shape.seqlen_k = 1000;
-  decode.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, 5000, 0);
+  decode.set_mask(flashgen::Mask::kSlidingWindow, 5000, 0);
   CHECK(flashgen::problem_key(decode).id() == "dec_paged|bf16|d128|window|g4|q1|k1024|bh256|w1024c");
-  decode.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, -1, 0);
+  decode.set_mask(flashgen::Mask::kSlidingWindow, -1, 0);
   CHECK(flashgen::problem_key(decode).id() == "dec_paged|bf16|d128|causal|g4|q1|k1024|bh256");
   // Window keys of the decode class read back from a row's pass and mask text.
   flashgen::ProblemKey read;
@@ -362,7 +364,7 @@ TEST_CASE("a user variant's dense problems are a class of their own, keyed by it
   desc.mask_mod = "return kv_idx <= q_idx + 7;";
   const auto user = flashgen::make_user_variant(desc);
   const flashgen::AttentionShape shape{2, 1000, 1000, 16, 4, 128};
-  flashgen::AttentionProblem forward = flashgen::forward_problem(DType::kFloat16, shape, FLASHGEN_MASK_CAUSAL);
+  flashgen::AttentionProblem forward = flashgen::forward_problem(DType::kFloat16, shape, flashgen::Mask::kCausal);
   forward.softcap = 30.f;
   const flashgen::ProblemKey base = flashgen::problem_key(forward);
   forward.user = user;
@@ -384,7 +386,7 @@ TEST_CASE("a user variant's dense problems are a class of their own, keyed by it
   packed_key.varlen = true;
   CHECK_THROWS_WITH(flashgen::read_mask_text(flashgen::mask_text(key), packed_key),
                     Catch::Matchers::Contains("unknown mask"));  // no packed or KV-cache key carries a tag
-  flashgen::AttentionProblem backward = flashgen::backward_problem(DType::kFloat16, shape, FLASHGEN_MASK_NONE, true);
+  flashgen::AttentionProblem backward = flashgen::backward_problem(DType::kFloat16, shape, flashgen::Mask::kNone, true);
   backward.user = user;
   CHECK(flashgen::problem_key(backward).class_id() == "bwd_det|fp16|d128|none_" + user->tag + "|g4");
   // Packed and KV-cache calls run their base class's data (their sweeps take no user variant).

@@ -134,7 +134,8 @@ ProblemKey backward_key() {
 }
 // Decoding one token over a 32k cache, 32 query heads on 8 kv heads, batch 1.
 AttentionProblem decode_problem() {
-  AttentionProblem p = forward_problem(DType::kBFloat16, AttentionShape{1, 1, 32768, 32, 8, 128}, FLASHGEN_MASK_CAUSAL);
+  AttentionProblem p =
+      forward_problem(DType::kBFloat16, AttentionShape{1, 1, 32768, 32, 8, 128}, flashgen::Mask::kCausal);
   p.kv_cache = true;
   return p;
 }

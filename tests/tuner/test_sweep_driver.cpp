@@ -11,7 +11,7 @@ namespace {
 AttentionProblem sized(int64_t seqlen_q, int64_t seqlen_k, int left, int right) {
   flashgen::AttentionShape shape;
   shape.seqlen_q = seqlen_q, shape.seqlen_k = seqlen_k;
-  return flashgen::forward_problem(flashgen::DType::kBFloat16, shape, FLASHGEN_MASK_SLIDING_WINDOW, left, right);
+  return flashgen::forward_problem(flashgen::DType::kBFloat16, shape, flashgen::Mask::kSlidingWindow, left, right);
 }
 
 }  // namespace
@@ -32,7 +32,7 @@ TEST_CASE("a shrunk check problem's window is scaled to its lengths and stays a 
   // A check as long as the sweep keeps the window; a problem without one is left as it is.
   CHECK(flashgen::sweep_driver::with_check_window(sized(100, 100, 7, 2), sized(100, 100, 7, 2)).window_left == 7);
   flashgen::AttentionShape shape;
-  const AttentionProblem causal = flashgen::forward_problem(flashgen::DType::kFloat16, shape, FLASHGEN_MASK_CAUSAL);
-  CHECK(flashgen::sweep_driver::with_check_window(causal, causal).mask == FLASHGEN_MASK_CAUSAL);
+  const AttentionProblem causal = flashgen::forward_problem(flashgen::DType::kFloat16, shape, flashgen::Mask::kCausal);
+  CHECK(flashgen::sweep_driver::with_check_window(causal, causal).mask == flashgen::Mask::kCausal);
   CHECK_FALSE(flashgen::sweep_driver::with_check_window(causal, causal).windowed());
 }

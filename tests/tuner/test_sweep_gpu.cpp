@@ -21,7 +21,7 @@ TEST_CASE("a small forward sweep names, stores and finds a winner", "[gpu][tuner
   const flashgen::AttentionShape shape{/*batch=*/2, /*seqlen_q=*/777, /*seqlen_k=*/1024, /*heads_q=*/8, /*heads_kv=*/2,
                                       /*head_dim=*/64};
   const flashgen::AttentionProblem problem =
-      flashgen::forward_problem(flashgen::DType::kFloat16, shape, FLASHGEN_MASK_CAUSAL);
+      flashgen::forward_problem(flashgen::DType::kFloat16, shape, flashgen::Mask::kCausal);
 
   std::vector<flashgen::KernelConfig> candidates;
   for (auto [m, n, w, s] : {std::array{128, 64, 4, 3}, {128, 32, 4, 2}, {64, 64, 4, 2}, {128, 64, 8, 2}}) {
@@ -84,7 +84,7 @@ TEST_CASE("a small backward sweep names, stores and finds a winner, and the back
   const flashgen::AttentionShape shape{/*batch=*/2, /*seqlen_q=*/777, /*seqlen_k=*/1024, /*heads_q=*/8, /*heads_kv=*/2,
                                       /*head_dim=*/64};
   const flashgen::AttentionProblem problem =
-      flashgen::backward_problem(flashgen::DType::kFloat16, shape, FLASHGEN_MASK_CAUSAL, false);
+      flashgen::backward_problem(flashgen::DType::kFloat16, shape, flashgen::Mask::kCausal, false);
   const flashgen::BackwardSpaceReport space =
       flashgen::backward_space(flashgen::DType::kFloat16, 64, flashgen::MaskKind::kCausal, false, arch);
   const flashgen::BwdConfig builtin =
@@ -131,7 +131,8 @@ TEST_CASE("a small KV-cache sweep checks every split count, and the decode choic
   // full), GQA 4, causal: the float64 check runs two of the sequences.
   const flashgen::AttentionShape shape{/*batch=*/3, /*seqlen_q=*/2, /*seqlen_k=*/1000, /*heads_q=*/8, /*heads_kv=*/2,
                                       /*head_dim=*/64};
-  flashgen::AttentionProblem problem = flashgen::forward_problem(flashgen::DType::kBFloat16, shape, FLASHGEN_MASK_CAUSAL);
+  flashgen::AttentionProblem problem =
+      flashgen::forward_problem(flashgen::DType::kBFloat16, shape, flashgen::Mask::kCausal);
   problem.kv_cache = problem.paged = true;
   problem.page_size = 16;
   const flashgen::DecodeChoice builtin = flashgen::heuristic_decode_choice(problem, arch, sms);
@@ -182,7 +183,7 @@ TEST_CASE("a KV-cache sweep of a window problem checks its candidates against th
   const flashgen::AttentionShape shape{/*batch=*/2, /*seqlen_q=*/2, /*seqlen_k=*/1000, /*heads_q=*/8, /*heads_kv=*/2,
                                       /*head_dim=*/64};
   flashgen::AttentionProblem problem =
-      flashgen::forward_problem(flashgen::DType::kBFloat16, shape, FLASHGEN_MASK_SLIDING_WINDOW, 100, 10);
+      flashgen::forward_problem(flashgen::DType::kBFloat16, shape, flashgen::Mask::kSlidingWindow, 100, 10);
   problem.kv_cache = true;
   const flashgen::DecodeConfig builtin = flashgen::heuristic_decode_choice(problem, arch, sms).config;
   flashgen::SweepOptions options;
@@ -205,7 +206,8 @@ TEST_CASE("small packed-batch sweeps check sequences of every length and name a 
   // Nine sequences of at most 600 queries and keys, 2,000 tokens in all (some of them empty), GQA 2, causal.
   const flashgen::AttentionShape shape{/*batch=*/9, /*seqlen_q=*/600, /*seqlen_k=*/600, /*heads_q=*/4, /*heads_kv=*/2,
                                       /*head_dim=*/64};
-  flashgen::AttentionProblem forward = flashgen::forward_problem(flashgen::DType::kFloat16, shape, FLASHGEN_MASK_CAUSAL);
+  flashgen::AttentionProblem forward =
+      flashgen::forward_problem(flashgen::DType::kFloat16, shape, flashgen::Mask::kCausal);
   forward.varlen = true;
   forward.total_q = forward.total_k = 2000;
   flashgen::SweepOptions options;

@@ -39,7 +39,7 @@ namespace {
 AttentionProblem backward_problem() {
   const flashgen::AttentionShape shape{/*batch=*/2, /*seqlen_q=*/1024, /*seqlen_k=*/1024, /*heads_q=*/8,
                                       /*heads_kv=*/2, /*head_dim=*/64};
-  return flashgen::backward_problem(flashgen::DType::kFloat16, shape, FLASHGEN_MASK_NONE, /*deterministic=*/false);
+  return flashgen::backward_problem(flashgen::DType::kFloat16, shape, flashgen::Mask::kNone, /*deterministic=*/false);
 }
 
 BwdConfig builtin_of(const AttentionProblem& p) {
@@ -315,7 +315,7 @@ TEST_CASE("a window problem is tuned per window bucket, its sweep running the pr
   const flashgen::DeviceFingerprint device = flashgen::fingerprint_for_arch(80);
   AttentionProblem problem = backward_problem();
   problem.pass = flashgen::Pass::kForward;
-  problem.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, 255, 0);
+  problem.set_mask(flashgen::Mask::kSlidingWindow, 255, 0);
   std::vector<std::pair<int, int>> swept_windows;
   TuneOptions options;
   options.max_candidates = 3;
@@ -335,9 +335,9 @@ TEST_CASE("a window problem is tuned per window bucket, its sweep running the pr
   }
   CHECK(std::get<flashgen::KernelConfig>(swept.plan.builtin).mask == MaskKind::kWindow);
   // Another window of the same bucket and shape is the stored one; a two-sided one is a bucket of its own.
-  problem.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, 200, 0);
+  problem.set_mask(flashgen::Mask::kSlidingWindow, 200, 0);
   CHECK(flashgen::tune(problem, store, device, 80, options).from_store());
-  problem.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, 127, 128);
+  problem.set_mask(flashgen::Mask::kSlidingWindow, 127, 128);
   const TuneResult two_sided = flashgen::tune(problem, store, device, 80, options);
   CHECK_FALSE(two_sided.from_store());
   CHECK(two_sided.key.id() == "fwd|fp16|d64|window|g4|q1024|k1024|bh16|w256");

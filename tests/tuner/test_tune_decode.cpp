@@ -31,7 +31,7 @@ namespace {
 AttentionProblem decode_problem(int64_t batch, int64_t capacity, bool paged) {
   const flashgen::AttentionShape shape{batch, /*seqlen_q=*/1, capacity, /*heads_q=*/32, /*heads_kv=*/8,
                                       /*head_dim=*/128};
-  AttentionProblem p = flashgen::forward_problem(flashgen::DType::kBFloat16, shape, FLASHGEN_MASK_CAUSAL);
+  AttentionProblem p = flashgen::forward_problem(flashgen::DType::kBFloat16, shape, flashgen::Mask::kCausal);
   p.kv_cache = true;
   p.paged = paged;
   p.page_size = paged ? 16 : 0;
@@ -239,7 +239,7 @@ TEST_CASE("a KV-cache window problem is tuned and chosen per window bucket, its 
   flashgen::TuningStore store(dir.path() / "tuning.sqlite");
   const flashgen::DeviceFingerprint device = flashgen::fingerprint_for_arch(90);
   AttentionProblem problem = decode_problem(1, 32768, false);
-  problem.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, 1023, 0);
+  problem.set_mask(flashgen::Mask::kSlidingWindow, 1023, 0);
   std::vector<std::pair<int, int>> swept_windows;
   flashgen::testing::FakeSweep sweep;
   flashgen::TuneOptions options;
@@ -274,7 +274,7 @@ TEST_CASE("a KV-cache window problem is tuned and chosen per window bucket, its 
   // A window of another bucket: the nearest stored one's module, split as the heuristic splits it for this
   // window (64 keys: fewer blocks to split); the causal mask is another class.
   AttentionProblem shorter = problem;
-  shorter.set_mask(FLASHGEN_MASK_SLIDING_WINDOW, 63, 0);
+  shorter.set_mask(flashgen::Mask::kSlidingWindow, 63, 0);
   const flashgen::DecodeChoice nearest = flashgen::choose_decode_config(device, shorter, 90, 132, &store);
   CHECK(nearest.config == winner.config);
   CHECK_FALSE(nearest.exact_bucket);
@@ -282,7 +282,7 @@ TEST_CASE("a KV-cache window problem is tuned and chosen per window bucket, its 
   CHECK(nearest.splits <= flashgen::max_decode_splits(shorter, winner.config));
   CHECK(flashgen::max_decode_splits(shorter, winner.config) < flashgen::max_decode_splits(problem, winner.config));
   AttentionProblem causal = problem;
-  causal.set_mask(FLASHGEN_MASK_CAUSAL);
+  causal.set_mask(flashgen::Mask::kCausal);
   CHECK(flashgen::choose_decode_config(device, causal, 90, 132, &store).source ==
         flashgen::ChoiceSource::kHeuristic);
 }

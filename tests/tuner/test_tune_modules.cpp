@@ -28,7 +28,7 @@ const flashgen::AttentionShape kShape{/*batch=*/2, /*seqlen_q=*/1024, /*seqlen_k
 }  // namespace
 
 TEST_CASE("tune_modules: one module per KV-cache config whatever its split counts", "[tuner]") {
-  AttentionProblem problem = flashgen::forward_problem(flashgen::DType::kBFloat16, kShape, FLASHGEN_MASK_NONE);
+  AttentionProblem problem = flashgen::forward_problem(flashgen::DType::kBFloat16, kShape, flashgen::Mask::kNone);
   problem.kv_cache = true;
   flashgen::TunePlan plan;
   for (const char* name : {"dec_sm80_bf16_d64_r16_n64_w4_s6_split1", "dec_sm80_bf16_d64_r16_n64_w4_s6_split8",
@@ -39,7 +39,7 @@ TEST_CASE("tune_modules: one module per KV-cache config whatever its split count
 }
 
 TEST_CASE("tune_modules: a candidate the arch cannot run is left out, as the sweep skips it", "[tuner]") {
-  const AttentionProblem problem = flashgen::forward_problem(flashgen::DType::kFloat16, kShape, FLASHGEN_MASK_NONE);
+  const AttentionProblem problem = flashgen::forward_problem(flashgen::DType::kFloat16, kShape, flashgen::Mask::kNone);
   flashgen::TunePlan plan;
   plan.candidates = {flashgen::KernelConfig::from_name("fwd_sm90_fp16_d64_m128_n64_s3_ovl_pst_tsum"),
                      flashgen::KernelConfig::from_name("fwd_sm80_fp16_d64_m128_n64_w4_s2")};
@@ -50,7 +50,7 @@ TEST_CASE("tune_modules: a candidate the arch cannot run is left out, as the swe
 
 TEST_CASE("tune_modules: a backward's modules end with the forward its sweep runs first", "[tuner][nvrtc]") {
   const AttentionProblem problem =
-      flashgen::backward_problem(flashgen::DType::kFloat16, kShape, FLASHGEN_MASK_NONE, /*deterministic=*/false);
+      flashgen::backward_problem(flashgen::DType::kFloat16, kShape, flashgen::Mask::kNone, /*deterministic=*/false);
   const flashgen::TunePlan plan = flashgen::plan_tune(problem, 80, [] {
     flashgen::TuneOptions options;
     options.max_candidates = 2;
@@ -66,7 +66,7 @@ TEST_CASE("tune_modules: a backward's modules end with the forward its sweep run
 }
 
 TEST_CASE("shipped_incumbent_modules: the shipped winners of the class on the arch that the plan lacks", "[tuner]") {
-  const AttentionProblem problem = flashgen::forward_problem(flashgen::DType::kFloat16, kShape, FLASHGEN_MASK_NONE);
+  const AttentionProblem problem = flashgen::forward_problem(flashgen::DType::kFloat16, kShape, flashgen::Mask::kNone);
   const flashgen::ProblemKey key = flashgen::problem_key(problem);
   flashgen::TunePlan plan;
   plan.key = key;
@@ -77,7 +77,7 @@ TEST_CASE("shipped_incumbent_modules: the shipped winners of the class on the ar
   const std::string outside = "fwd_sm80_fp16_d64_m64_n64_w4_s2";
   AttentionProblem longer = problem;
   longer.shape.seqlen_q = longer.shape.seqlen_k = 8192;
-  AttentionProblem causal = flashgen::forward_problem(flashgen::DType::kFloat16, kShape, FLASHGEN_MASK_CAUSAL);
+  AttentionProblem causal = flashgen::forward_problem(flashgen::DType::kFloat16, kShape, flashgen::Mask::kCausal);
   const flashgen::testing::TempDir dir("flashgen-tune-modules");
   std::string text;
   {
