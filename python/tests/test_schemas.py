@@ -11,13 +11,19 @@ CPP = testsupport.PYTHON_DIR / "csrc" / "ops_library.cpp"
 SCHEMAS_PY = testsupport.PYTHON_DIR / "flashgen" / "torch" / "_schemas.py"
 
 
-def _python_schemas():
-    """_schemas.SCHEMAS and MUTATES read without importing flashgen.torch (which needs torch)."""
+def _schema_values():
+    """The constants of _schemas.py (SCHEMAS, MUTATES, VARIANT_SCHEMAS), read without importing flashgen.torch (which
+    needs torch)."""
     tree = ast.parse(SCHEMAS_PY.read_text())
     values = {}
     for node in tree.body:
         if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
             values[node.targets[0].id] = ast.literal_eval(node.value)
+    return values
+
+
+def _python_schemas():
+    values = _schema_values()
     return values["SCHEMAS"], values["MUTATES"]
 
 
@@ -46,3 +52,15 @@ def test_every_cpp_op_has_a_kernel_and_mutations_match_the_schema():
     for name, schema in python.items():
         written = set(re.findall(r"Tensor\(\w+!\) (\w+)", schema))
         assert written == set(mutates.get(name, ())), name
+
+
+def test_the_variant_ops_mutate_what_their_schemas_write():
+    """The Python-defined variant ops: the arguments each schema marks written (the KV-cache one's caches) are
+    exactly MUTATES' (torch.library.custom_op is given them), and no other op is listed there."""
+    values = _schema_values()
+    variants, mutates = values["VARIANT_SCHEMAS"], values["MUTATES"]
+    assert set(mutates) <= set(values["SCHEMAS"]) | set(variants)
+    for name, schema in variants.items():
+        written = set(re.findall(r"Tensor\(\w+!\) (\w+)", schema))
+        assert written == set(mutates.get(name, ())), name
+    assert mutates["variant_attention_kvcache"] == ("k_cache", "v_cache")
