@@ -94,7 +94,7 @@ class _KvCachePlan:
         self.words = (ctypes.c_int64 * (ctypes.sizeof(self.args) // 8)).from_buffer(self.args)
         self.dims = _BSHD_DIMS[layout]
         self.out_shape, self.lse_shape = tuple(out.shape), tuple(lse.shape)
-        self.workspace_for = None  # the (capacity, strides) workspace_bytes was asked for
+        self.workspace_for = None  # the caches' (shape, strides) workspace_bytes was asked for
         self.workspace_bytes = 0
         self.call = _lib.function("flashgen_attention_kvcache")
         self.size_call = _lib.function("flashgen_attention_kvcache_workspace_size")
