@@ -223,6 +223,36 @@ def test_varlen_attention_sinks_match_each_sequence_empty_ones_included():
     _assert_close("dsinks", sinks.grad, want_dsinks, torch.bfloat16)
 
 
+def _sinks_formula(sinks, lse, out, dout):
+    """-Σ_rows exp(sink - lse) · rowsum(dout ∘ out) per head in float64, over lse [heads, rows] and out and dout
+    [rows, heads, head_dim] (rows of lse -inf, which see no key and no sink, adding nothing)."""
+    lse = lse.double().T
+    share = torch.where(torch.isfinite(lse), torch.exp(sinks.detach().double()[None, :] - lse), 0.0)
+    return -(share * (dout.double() * out.detach().double()).sum(-1)).sum(0)
+
+
+def test_the_sinks_gradient_is_its_formula_over_the_calls_own_out_and_lse():
+    """dsinks is -Σ_rows P_sink · D, D = rowsum(dO ∘ out), summed in fp32 over every row of every sequence (those of
+    no key and rows that see none included) from the call's own out and lse: equal to that sum in float64 up to fp32
+    rounding. Its distance from the float64 reference is that of out (bench/notes_variants.md, "Attention sinks")."""
+    _gpu()
+    q_lens, k_lens = [3, 0, 130, 64, 9, 250], [5, 20, 200, 40, 0, 260]
+    q, k, v, dout, cu_q, cu_k = testsupport.packed_gqa_batch(q_lens, k_lens, 43)
+    sinks = torch.tensor(_SINKS, device="cuda", requires_grad=True)
+    out, lse, _ = fgt.varlen_attention(q, k, v, cu_q, cu_k, max(q_lens), max(k_lens), causal=True, sinks=sinks,
+                                       return_attn_probs=True)
+    out.backward(dout)
+    want = _sinks_formula(sinks, lse, out, dout)
+    assert (sinks.grad.double() - want).abs().max() <= 1e-5 * want.abs().max() + 1e-6, (sinks.grad, want)
+    dense_q = q.detach()[None, :256].requires_grad_(True)
+    dense_k = k.detach()[None, :200].requires_grad_(True)
+    sinks.grad = None
+    out, lse = fgt.attention(dense_q, dense_k, dense_k, causal=True, sinks=sinks, return_lse=True)
+    out.backward(dout[None, :256])
+    want = _sinks_formula(sinks, lse[0], out[0], dout[:256])
+    assert (sinks.grad.double() - want).abs().max() <= 1e-5 * want.abs().max() + 1e-6, (sinks.grad, want)
+
+
 @pytest.mark.parametrize("num_splits", [1, 4, 0])
 def test_decode_with_sinks_matches_the_reference(num_splits):
     """A cache with no key (out 0, lse = sink), a short and a long one; the sink joins each row once however many
