@@ -1,0 +1,712 @@
+// The Hopper backward's consumer (bwd_sm90.cuh): one warpgroup of 64 keys (with the dK/dV split, its part of the
+// block's 64) walks the block's query blocks: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ on wgmma from shared memory, Pᵀ and dSᵀ
+// in registers (bwd_scores.cuh), dV += Pᵀ dO and dK += dSᵀ Q, dSᵀ staged for dQ = dS K, whose share it stores
+// to the dQ tile (or adds to the accumulator). Then the epilogue stores dK and dV.
+#pragma once
+
+#include "attn_params.cuh"
+#include "bwd_scores.cuh"
+#include "bwd_sm90_layout.cuh"
+#include "bwd_sm90_scheduler.cuh"
+#include "sm80_primitives.cuh"
+#include "sm90_primitives.cuh"
+#include "sm90_wgmma.cuh"
+#include "variant.cuh"
+
+namespace flashgen {
+
+template <class Cfg>
+struct BwdSm90Consumer : BwdSm90Layout<Cfg> {
+  using L = BwdSm90Layout<Cfg>;
+  using Scheduler = BwdSm90Scheduler<Cfg>;
+  using Work = typename Scheduler::Work;
+  using typename L::Barriers;
+  using typename L::Part;
+  using typename L::u32;
+  using typename L::u64;
+  using typename L::Variant;
+  using L::kBlockM;
+  using L::kBlockN;
+  using L::kChunks;
+  using L::kDSteps;
+  using L::kDeferDq;
+  using L::kDeterministic;
+  using L::kDkdvSplit;
+  using L::kDqChunkBytes;
+  using L::kDqColParts;
+  using L::kDqCols;
+  using L::kDqGroups;
+  using L::kDqOffset;
+  using L::kDqPasses;
+  using L::kDqRowTiles;
+  using L::kDqStaged;
+  using L::kDqTileBytes;
+  using L::kDqWriterThreads;
+  using L::kDsOffset;
+  using L::kDsTileBytes;
+  using L::kDsTiles;
+  using L::kElem;
+  using L::kExchangeOffset;
+  using L::kHeadDim;
+  using L::kMSteps;
+  using L::kNSteps;
+  using L::kPingPong;
+  using L::kQTileBytes;
+  using L::kQuerySplit;
+  using L::kRowBytes;
+  using L::kRowStatsBytes;
+  using L::kRowStatsOffset;
+  using L::kSGroups;
+  using L::kStageBytes;
+  using L::kStageOffset;
+  using L::kStages;
+  using L::kStepConsumers;
+  using L::kTileDim;
+  using L::kTraits;
+  using L::kVOffset;
+  using L::kVarlen;
+  using L::consumers_sync;
+  using L::dq_empty_barrier;
+  using L::dq_full_barrier;
+  using L::ring_phase;
+  using L::swizzled;
+  using L::turn_barrier;
+
+  // Pᵀ's and dSᵀ's 16-bit A fragments (of dV += Pᵀ dO and dK += dSᵀ Q) from their fp32 accumulators.
+  template <int kFrags>
+  static __device__ __forceinline__ void pack_fragments(u32 (&p_frag)[kMSteps][4], u32 (&ds_frag)[kFrags][4],
+                                                        const float (&acc_s)[kSGroups][4],
+                                                        const float (&acc_dp)[kSGroups][4]) {
+#pragma unroll
+    for (int j = 0; j < kMSteps; ++j) {
+      sm80::pack_a<kElem>(p_frag[j], acc_s[2 * j], acc_s[2 * j + 1]);
+      sm80::pack_a<kElem>(ds_frag[j], acc_dp[2 * j], acc_dp[2 * j + 1]);
+    }
+  }
+
+  // A consumer's dSᵀ fragments into the swizzled dSᵀ tile at sds (its keys from key_row0), for the dQ product.
+  template <int kFrags>
+  static __device__ __forceinline__ void store_ds(u32 sds, const u32 (&ds_frag)[kFrags][4], int key_row0, int t) {
+#pragma unroll
+    for (int i = 0; i < kSGroups; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const u32 word = ds_frag[i / 2][2 * (i % 2) + h];
+        sm90::st_shared_u32(sds + swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t), word);
+      }
+  }
+
+  // acc = A Bᵀ over head_dim as one wgmma group (Sᵀ = K Qᵀ or dPᵀ = V dOᵀ): A the consumer's 64 rows of K or V, B the
+  // stage's Q or dO, both K-major.
+  static __device__ __forceinline__ void transposed_product(float (&acc)[kSGroups][4], u64 desc_a, u64 desc_b) {
+#pragma unroll
+    for (int kk = 0; kk < kDSteps; ++kk) {
+      const u32 offset = (kk / 4) * kBlockN * kRowBytes + (kk % 4) * 32;
+      const u32 q_offset = (kk / 4) * kBlockM * kRowBytes + (kk % 4) * 32;
+      sm90::WgmmaSS<kBlockM>::template run<kElem>(acc, sm90::smem_desc_advance(desc_a, offset),
+                                                  sm90::smem_desc_advance(desc_b, q_offset), kk > 0 ? 1 : 0);
+    }
+    sm90::wgmma_commit();
+  }
+
+  // kPasses: this consumer's dQ passes (kDqCols columns each); kPart: what else it computes.
+  template <int kPasses, Part kPart>
+  static __device__ void consume(const AttnBwdSm90Params& params, const AttnBwdParams& p, const Work& w, u32 smem,
+                                 const Barriers& bars) {
+    const int consumer = threadIdx.x / 128 - 1;
+    const int warp = (threadIdx.x / 32) % 4;
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4;  // accumulator row within an 8-row group
+    const int t = lane % 4;  // accumulator column pair
+    const int key_consumer = kTraits.key_consumers == 1 ? 0 : consumer;  // which 64 keys of the block are its
+    const int key_row0 = key_consumer * 64 + warp * 16 + g;  // this thread's keys: key_row0 and + 8, block-relative
+    constexpr bool kHasDk = kPart != Part::kGrads;
+    constexpr bool kHasDv = kPart != Part::kScores;
+    constexpr int kDGroups = kTileDim / 8;  // accumulator groups of dK and dV
+    const u32 sk = smem;
+    const u32 sv = smem + kVOffset;
+    const u32 sk_rows = sk + key_consumer * 64 * kRowBytes;  // this consumer's 64 keys in chunk 0
+    const u32 sv_rows = sv + key_consumer * 64 * kRowBytes;
+    const u32 sdq = smem + kDqOffset + (kQuerySplit ? consumer : 0) * kDqTileBytes;
+
+    // This consumer's share of dQ: 64-row tiles of the query block and a range of columns (the dK/dV split:
+    // consumer 0 takes the first two chunks).
+    // With the query split, all of its own query block's dQ.
+    constexpr bool kSplitRows = kDqColParts == 1;
+    const int dq_tile0 = kQuerySplit ? 0 : kSplitRows ? consumer * kDqRowTiles : consumer / kDqColParts;
+    const int dq_col0 = kQuerySplit || kSplitRows ? 0
+                        : kDkdvSplit              ? (consumer % kDqColParts) * kDqPasses * kDqCols
+                                                  : (consumer % kDqColParts) * kDqCols;
+
+    float acc_dk[kDGroups][4];
+    float acc_dv[kDGroups][4];
+#pragma unroll
+    for (int i = 0; i < kDGroups; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_dk[i][e] = acc_dv[i][e] = 0.f;
+
+    sm90::mbarrier_wait(bars.kv_full(), 0);
+
+    // Where entry (i, 2h + e) of this thread's Sᵀ lies: key key_row0 + 8h, query 8i + 2t + e.
+    auto score_at = [&](int head, int m_start, int i, int h, int e) {
+      return ScoreAt{w.batch, head, m_start + 8 * i + 2 * t + e, w.n_start + key_row0 + 8 * h};
+    };
+    // Pᵀ = exp2(x - lse2) with x = s * scale_log2 (s: the variant's score) and hidden entries at 0; queries past
+    // seqlen_q have lse2 = +inf in the padded workspace, so only keys need masking. A variant whose gradient
+    // reads its score (kGradReadsScore) keeps x here (-inf where hidden) and takes Pᵀ from it with dSᵀ
+    // (gradients below), once dPᵀ is in: then x needs no register of its own, nor a log2 to rebuild it from P.
+    auto probabilities = [&](float (&acc_s)[kSGroups][4], u32 s_lse, int head, int m_start, auto masked) {
+#pragma unroll
+      for (int i = 0; i < kSGroups; ++i) {
+        float lse2[2];
+        if constexpr (!Variant::kGradReadsScore) sm90::ld_shared_f32x2(s_lse + (8 * i + 2 * t) * 4, lse2[0], lse2[1]);
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const ScoreAt at = score_at(head, m_start, i, h, e);
+            float s = bwd::scaled_score<Variant>(p, at, acc_s[i][2 * h + e]);
+            if constexpr (decltype(masked)::value) bwd::hide_score<Variant>(p, at, s);
+            if constexpr (Variant::kGradReadsScore) {
+              acc_s[i][2 * h + e] = s;
+            } else {
+              acc_s[i][2 * h + e] = bwd::probability(s, lse2[e]);
+            }
+          }
+      }
+    };
+    // Group i's dSᵀ = Pᵀ ∘ (dPᵀ - D) into acc_dp, with respect to q·k (the variant's score_grad), and, where
+    // acc_s still holds the score x (kGradReadsScore), Pᵀ into acc_s. A hidden entry (x = -inf, P = 0) gets
+    // dS = 0 by a select; its gradient is evaluated at x = 0 meanwhile (the soft cap's at -inf is NaN). With
+    // either select alone ptxas spills more at the d64 and d256 tiles' register bound.
+    auto gradients = [&](float (&acc_s)[kSGroups][4], float (&acc_dp)[kSGroups][4], int i, u32 s_lse, u32 s_dsum,
+                         int head, int m_start) {
+      float dsum[2];
+      sm90::ld_shared_f32x2(s_dsum + (8 * i + 2 * t) * 4, dsum[0], dsum[1]);
+      float lse2[2];
+      if constexpr (Variant::kGradReadsScore) sm90::ld_shared_f32x2(s_lse + (8 * i + 2 * t) * 4, lse2[0], lse2[1]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const ScoreAt at = score_at(head, m_start, i, e / 2, e % 2);
+        if constexpr (Variant::kGradReadsScore) {
+          const float x = acc_s[i][e];
+          const bool hidden = x == neg_inf();
+          acc_s[i][e] = bwd::probability(x, lse2[e % 2]);
+          const float grad =
+              bwd::score_gradient<Variant>(p, at, hidden ? 0.f : x, acc_s[i][e], acc_dp[i][e], dsum[e % 2]);
+          acc_dp[i][e] = hidden ? 0.f : grad;
+        } else {
+          acc_dp[i][e] = bwd::score_gradient<Variant>(p, at, 0.f, acc_s[i][e], acc_dp[i][e], dsum[e % 2]);
+        }
+      }
+    };
+
+    if constexpr (kPingPong) {
+      // The consumers take turns issuing their products, so that one computes Pᵀ and dSᵀ while the other's
+      // products run (the lock-step loop below runs both consumers' softmax at once, with the tensor cores idle).
+      // A step's work: Sᵀ and dPᵀ (scores), Pᵀ and dSᵀ (softmax), dV and dK (grads), and one step later its dQ
+      // (defer_dq: the other consumer's dSᵀ of the step before is staged by then). Consumer c's turn at step it
+      // issues step it's grads, step it - 1's dQ and step it + 1's scores back to back, hands the turn over
+      // (barrier turn_barrier(1 - c)) and computes step it + 1's softmax. Consumer 0 takes the first turn.
+      // Within a turn the grads are waited for before Sᵀ is issued and dQ is staged before dPᵀ is, so at most
+      // two accumulators besides dK and dV are in flight (three spill at the 240-register budget); issuing Sᵀ
+      // behind dQ keeps the tensor cores fed (issued only after the grads and dQ were done, it lost time:
+      // bench/notes_bwd_sm90.md, Versions: ping-pong).
+      // The first and last turns are compile-time instances (run-time conditions inside one turn kept the
+      // scores' accumulators live across iterations: 300-650 bytes of spills). Three dSᵀ tiles: a consumer
+      // stores step it's while the other's dQ product of step it - 2 may still read its tile.
+      // dK += dSᵀ Q reads dSᵀ from its shared tile where the gradient reads the score (the soft cap): its
+      // fragments then live only within the softmax, whose longer work would otherwise spill 16-24 bytes.
+      constexpr bool kDkFromTile = Variant::kGradReadsScore;
+      u32 p_frag[kMSteps][4];                     // Pᵀ of the step whose grads are next, as 16-bit A fragments
+      u32 ds_kept[kDkFromTile ? 1 : kMSteps][4];  // its dSᵀ
+      const u64 desc_k_rows = sm90::smem_desc_sw128(sk_rows, 16, 1024);
+      const u64 desc_v_rows = sm90::smem_desc_sw128(sv_rows, 16, 1024);
+      const u64 desc_k_mn = sm90::smem_desc_sw128(sk, kBlockN * kRowBytes, 1024);
+      const u32 thread_in_group = threadIdx.x % 128;
+      auto stage_q = [&](int it) { return smem + kStageOffset + (it % kStages) * kStageBytes; };
+      auto ds_tile = [&](int it) { return smem + kDsOffset + (it % kDsTiles) * kDsTileBytes; };
+      auto ds_phase = [&](int it) { return static_cast<u32>((it / kDsTiles) & 1); };
+      // Sᵀ = K Qᵀ or dPᵀ = V dOᵀ of this consumer's keys, (64, kBlockM), k-steps along head_dim.
+      auto issue_scores = [&](float(&acc)[kSGroups][4], u64 desc_a, u32 tile) {
+        const u64 desc_b = sm90::smem_desc_sw128(tile, 16, 1024);
+        sm90::wgmma_fence();
+        transposed_product(acc, desc_a, desc_b);
+      };
+      // Step it's Pᵀ and dSᵀ from its Sᵀ and dPᵀ (the two newest wgmma groups), into p_frag and ds_kept, and
+      // dSᵀ into its tile once both consumers' dQ products of kDsTiles steps ago have read it.
+      auto softmax = [&](int it, float(&acc_s)[kSGroups][4], float(&acc_dp)[kSGroups][4]) {
+        const int head = Scheduler::head_of(p, w, it);
+        const int m_block = Scheduler::m_block_of(w, it);
+        const int m_start = m_block * kBlockM;
+        const u32 s_lse = smem + kRowStatsOffset + (it % kStages) * kRowStatsBytes;
+        const u32 s_dsum = s_lse + kBlockM * 4;
+        sm90::wgmma_wait<1>();
+        sm90::pin_registers(acc_s);
+        if (m_block < w.m_interior || m_block >= w.m_interior_end) {
+          probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<true>{});
+        } else {
+          probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<false>{});
+        }
+        sm90::wgmma_wait<0>();
+        sm90::pin_registers(acc_dp);
+#pragma unroll
+        for (int i = 0; i < kSGroups; ++i) gradients(acc_s, acc_dp, i, s_lse, s_dsum, head, m_start);
+        // dSᵀ's fragments: kept for the next turn's dK, or (kDkFromTile) only until they are stored in the tile.
+        u32 ds_local[kDkFromTile ? kMSteps : 1][4];
+        auto& ds_frag = *[&] {
+          if constexpr (kDkFromTile) {
+            return &ds_local;
+          } else {
+            return &ds_kept;
+          }
+        }();
+        pack_fragments(p_frag, ds_frag, acc_s, acc_dp);
+        if (it >= kDsTiles) sm90::mbarrier_wait(bars.ds_empty(it % kDsTiles), ds_phase(it) ^ 1);
+        store_ds(ds_tile(it), ds_frag, key_row0, t);
+        sm90::fence_proxy_async_smem();
+        sm90::mbarrier_arrive(bars.ds_full(it % kDsTiles));
+      };
+      // dQ = dS K of step it (this consumer's 64 columns), once both consumers' dSᵀ of it are staged.
+      auto issue_dq = [&](int it, float(&acc_dq)[kDqGroups][4]) {
+        sm90::mbarrier_wait(bars.ds_full(it % kDsTiles), ds_phase(it));
+        sm90::wgmma_fence();
+        const u64 desc_ds_mn = sm90::smem_desc_sw128(ds_tile(it), kBlockN * kRowBytes, 1024);
+#pragma unroll
+        for (int j = 0; j < kNSteps; ++j) {
+          const u32 step = j * 16 * kRowBytes;
+          const u64 desc_k = sm90::smem_desc_advance(desc_k_mn, (dq_col0 / 64) * kBlockN * kRowBytes + step);
+          sm90::WgmmaSSMN<kDqCols>::template run<kElem>(acc_dq, sm90::smem_desc_advance(desc_ds_mn, step), desc_k,
+                                                        j > 0 ? 1 : 0);
+        }
+        sm90::wgmma_commit();
+      };
+      // Step it's dQ, complete, into the shared tile for the writer (in accumulator order, as below).
+      auto stage_dq = [&](int it, float(&acc_dq)[kDqGroups][4]) {
+        sm90::pin_registers(acc_dq);
+        sm90::mbarrier_arrive(bars.ds_empty(it % kDsTiles));
+        if (it >= 1) sm90::named_barrier_sync(dq_empty_barrier(consumer), kDqWriterThreads);
+#pragma unroll
+        for (int i = 0; i < kDqGroups; ++i) {
+          const int chunk = dq_col0 / 64 + i / 8;
+          const int offset = chunk * (kDqChunkBytes / 4) + ((i % 8) * 128 + static_cast<int>(thread_in_group)) * 4;
+          sm90::st_shared_f32x4(sdq + offset * 4, acc_dq[i][0], acc_dq[i][1], acc_dq[i][2], acc_dq[i][3]);
+        }
+        sm90::fence_proxy_async_smem();
+        sm90::named_barrier_arrive(dq_full_barrier(consumer), kDqWriterThreads);
+      };
+      // Consumer c's turn at step it (kPrev: it > 0, kNext: it + 1 < iterations).
+      auto turn = [&](int it, auto prev, auto next) {
+        constexpr bool kPrev = decltype(prev)::value;
+        constexpr bool kNext = decltype(next)::value;
+        const u32 sq = stage_q(it);
+        const u32 sdo = sq + kQTileBytes;
+        // dV and dK settle in their registers first: the first turn's zeros would otherwise be moved in after
+        // the wgmma fence, where ptxas must fence again (and serializes every wgmma when that is under a branch).
+        sm90::pin_registers(acc_dv);
+        sm90::pin_registers(acc_dk);
+        sm90::named_barrier_sync(turn_barrier(consumer), 256);
+        // dV += Pᵀ dO and dK += dSᵀ Q: queries are the k dimension; dO and Q are read MN-major.
+        const u64 desc_do_mn = sm90::smem_desc_sw128(sdo, kBlockM * kRowBytes, 1024);
+        const u64 desc_q_mn = sm90::smem_desc_sw128(sq, kBlockM * kRowBytes, 1024);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < kMSteps; ++j) {
+          sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dv, p_frag[j],
+                                                       sm90::smem_desc_advance(desc_do_mn, j * 16 * kRowBytes), 1);
+        }
+        if constexpr (kDkFromTile) {
+          // This consumer's keys of step it's dSᵀ tile, stored by its own threads before the turn's barrier.
+          const u64 desc_ds_rows = sm90::smem_desc_sw128(ds_tile(it) + key_consumer * 64 * kRowBytes, 16, 1024);
+#pragma unroll
+          for (int j = 0; j < kMSteps; ++j) {
+            const u32 offset = (j / 4) * kBlockN * kRowBytes + (j % 4) * 32;
+            sm90::WgmmaSSKMN<kTileDim>::template run<kElem>(acc_dk, sm90::smem_desc_advance(desc_ds_rows, offset),
+                                                           sm90::smem_desc_advance(desc_q_mn, j * 16 * kRowBytes), 1);
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < kMSteps; ++j) {
+            sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dk, ds_kept[j],
+                                                         sm90::smem_desc_advance(desc_q_mn, j * 16 * kRowBytes), 1);
+          }
+        }
+        sm90::wgmma_commit();
+        float acc_dq[kDqGroups][4];  // (64, kDqCols) of step it - 1's query block
+        if constexpr (kPrev) {
+          issue_dq(it - 1, acc_dq);
+          sm90::wgmma_wait<1>();
+        } else {
+          sm90::wgmma_wait<0>();
+        }
+        sm90::pin_registers(acc_dv);
+        sm90::pin_registers(acc_dk);
+        // Done with the stage: its Q and dO read by step it's products, its LSE and D by its softmax (every
+        // consumer thread arrives, as in the loop below).
+        sm90::mbarrier_arrive(bars.empty(it % kStages));
+        float acc_s[kSGroups][4];   // (64 keys, kBlockM queries) of step it + 1
+        float acc_dp[kSGroups][4];
+        if constexpr (kNext) {
+          sm90::mbarrier_wait(bars.full((it + 1) % kStages), ring_phase(it + 1));
+          issue_scores(acc_s, desc_k_rows, stage_q(it + 1));
+        }
+        if constexpr (kPrev) {
+          sm90::wgmma_wait<kNext ? 1 : 0>();
+          stage_dq(it - 1, acc_dq);
+        }
+        if constexpr (kNext) issue_scores(acc_dp, desc_v_rows, stage_q(it + 1) + kQTileBytes);
+        if (consumer == 0 || kNext) sm90::named_barrier_arrive(turn_barrier(1 - consumer), 256);
+        if constexpr (kNext) softmax(it + 1, acc_s, acc_dp);
+      };
+
+      if (w.iterations > 0) {
+        if (consumer == 1) sm90::named_barrier_arrive(turn_barrier(0), 256);
+        {
+          float acc_s[kSGroups][4];
+          float acc_dp[kSGroups][4];
+          sm90::mbarrier_wait(bars.full(0), ring_phase(0));
+          issue_scores(acc_s, desc_k_rows, stage_q(0));
+          issue_scores(acc_dp, desc_v_rows, stage_q(0) + kQTileBytes);
+          softmax(0, acc_s, acc_dp);
+        }
+        const int last = w.iterations - 1;
+        if (last == 0) {
+          turn(0, sm80::BoolConstant<false>{}, sm80::BoolConstant<false>{});
+        } else {
+          turn(0, sm80::BoolConstant<false>{}, sm80::BoolConstant<true>{});
+          for (int it = 1; it < last; ++it) turn(it, sm80::BoolConstant<true>{}, sm80::BoolConstant<true>{});
+          turn(last, sm80::BoolConstant<true>{}, sm80::BoolConstant<false>{});
+        }
+        float acc_dq[kDqGroups][4];
+        issue_dq(last, acc_dq);
+        sm90::wgmma_wait<0>();
+        stage_dq(last, acc_dq);
+      }
+    } else {
+      // With kDeferDq a step adds the previous step's dQ (after issuing its own dV and dK), and one more
+      // iteration adds the last step's: the consumers meet at no barrier of a step, each waiting only for the
+      // other's dSᵀ of the step before (staged a step ago) and, before storing dSᵀ into a tile, for the other's
+      // dQ product that read it two steps ago.
+      for (int it = kQuerySplit ? consumer : 0; it < w.iterations + (kDeferDq ? 1 : 0); it += kStepConsumers) {
+        const int head = Scheduler::head_of(p, w, it);
+        const int m_block = Scheduler::m_block_of(w, it);
+        const int m_start = m_block * kBlockM;
+        const int s = it % kStages;
+        const u32 sq = smem + kStageOffset + s * kStageBytes;
+        const u32 sdo = sq + kQTileBytes;
+        const u32 s_lse = smem + kRowStatsOffset + s * kRowStatsBytes;
+        const u32 s_dsum = s_lse + kBlockM * 4;
+        const u32 sds = smem + kDsOffset + (it % 2) * kDsTileBytes;
+        if (!kDeferDq || it < w.iterations) {  // with kDeferDq the last iteration only adds dQ
+          sm90::mbarrier_wait(bars.full(s), ring_phase(it));
+          const u64 desc_k_rows = sm90::smem_desc_sw128(sk_rows, 16, 1024);
+          const u64 desc_v_rows = sm90::smem_desc_sw128(sv_rows, 16, 1024);
+          const u64 desc_q = sm90::smem_desc_sw128(sq, 16, 1024);
+          const u64 desc_do = sm90::smem_desc_sw128(sdo, 16, 1024);
+
+          // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for this consumer's keys: (64, kBlockM), k-steps along head_dim. With the
+          // dK/dV split consumer 0 computes Sᵀ and consumer 1 dPᵀ.
+          float acc_s[kSGroups][4];
+          float acc_dp[kSGroups][4];
+          sm90::wgmma_fence();
+          if constexpr (kPart != Part::kGrads) transposed_product(acc_s, desc_k_rows, desc_q);
+          if constexpr (kPart != Part::kScores) transposed_product(acc_dp, desc_v_rows, desc_do);
+
+          // Pᵀ and dSᵀ as 16-bit A fragments (groups 2j, 2j+1 are k-step j's A fragment).
+          u32 p_frag[kMSteps][4];
+          u32 ds_frag[kMSteps][4];
+          // The exchange tile's slot of this thread's accumulator group (or fragment) i.
+          const u32 exchange = smem + kExchangeOffset + (threadIdx.x % 128) * 16;
+          auto exchange_slot = [&](int i) { return exchange + static_cast<u32>(i) * 128 * 16; };
+          if constexpr (kPart == Part::kGrads) {
+            // dPᵀ to consumer 0; back come Pᵀ's fragments (written over this thread's own slots, whose dPᵀ
+            // consumer 0's same thread has read).
+            sm90::wgmma_wait<0>();
+            sm90::pin_registers(acc_dp);
+#pragma unroll
+            for (int i = 0; i < kSGroups; ++i) {
+              sm90::st_shared_f32x4(exchange_slot(i), acc_dp[i][0], acc_dp[i][1], acc_dp[i][2], acc_dp[i][3]);
+            }
+            consumers_sync();  // dPᵀ stored
+            consumers_sync();  // Pᵀ's fragments stored
+#pragma unroll
+            for (int j = 0; j < kMSteps; ++j) sm90::ld_shared_u32x4(exchange_slot(j), p_frag[j]);
+          } else {
+            sm90::wgmma_wait<kPart == Part::kBoth ? 1 : 0>();
+            sm90::pin_registers(acc_s);
+            if (m_block < w.m_interior || m_block >= w.m_interior_end) {
+              probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<true>{});
+            } else {
+              probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<false>{});
+            }
+            if constexpr (kPart == Part::kBoth) {
+              sm90::wgmma_wait<0>();
+              sm90::pin_registers(acc_dp);
+            } else {
+              consumers_sync();  // dPᵀ stored
+            }
+            // dSᵀ = Pᵀ ∘ (dPᵀ - D), with respect to q·k (the dK/dV split's consumer 0 reads dPᵀ group by group).
+#pragma unroll
+            for (int i = 0; i < kSGroups; ++i) {
+              if constexpr (kPart == Part::kScores) {
+                sm90::ld_shared_f32x4(exchange_slot(i), acc_dp[i][0], acc_dp[i][1], acc_dp[i][2], acc_dp[i][3]);
+              }
+              gradients(acc_s, acc_dp, i, s_lse, s_dsum, head, m_start);
+            }
+            pack_fragments(p_frag, ds_frag, acc_s, acc_dp);
+            // dSᵀ into shared memory for the dQ product (kDeferDq: once every consumer's dQ product of two steps
+            // ago has read the tile); Pᵀ's fragments to consumer 1.
+            if constexpr (kDeferDq) {
+              if (it >= 2) sm90::mbarrier_wait(bars.ds_empty(it % 2), ((it / 2) & 1) ^ 1);
+            }
+            store_ds(sds, ds_frag, key_row0, t);
+            sm90::fence_proxy_async_smem();
+            if constexpr (kDeferDq) sm90::mbarrier_arrive(bars.ds_full(it % 2));
+            if constexpr (kPart == Part::kScores) {
+#pragma unroll
+              for (int j = 0; j < kMSteps; ++j) sm90::st_shared_u32x4(exchange_slot(j), p_frag[j]);
+              consumers_sync();  // Pᵀ's fragments stored
+            }
+          }
+
+          // dV += Pᵀ dO and dK += dSᵀ Q (the dK/dV split: the consumer's one of them): queries are the k
+          // dimension; dO and Q are read MN-major.
+          const u64 desc_do_mn = sm90::smem_desc_sw128(sdo, kBlockM * kRowBytes, 1024);
+          const u64 desc_q_mn = sm90::smem_desc_sw128(sq, kBlockM * kRowBytes, 1024);
+          sm90::wgmma_fence();
+          if constexpr (kHasDv) {
+#pragma unroll
+            for (int j = 0; j < kMSteps; ++j) {
+              const u64 desc_do_j = sm90::smem_desc_advance(desc_do_mn, j * 16 * kRowBytes);
+              sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dv, p_frag[j], desc_do_j, 1);
+            }
+          }
+          if constexpr (kHasDk) {
+#pragma unroll
+            for (int j = 0; j < kMSteps; ++j) {
+              const u64 desc_q_j = sm90::smem_desc_advance(desc_q_mn, j * 16 * kRowBytes);
+              sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dk, ds_frag[j], desc_q_j, 1);
+            }
+          }
+          sm90::wgmma_commit();
+        }
+
+        // dQ = dS K of step dq_it (this step's, or with kDeferDq the previous one's) once every consumer's dSᵀ
+        // of it is staged: A = dSᵀ and B = K, both read MN-major; keys are the k dimension. The dSᵀ tiles
+        // alternate, so without kDeferDq the next step's stores need no barrier of their own.
+        const int dq_it = kDeferDq ? it - 1 : it;
+        if (kDeferDq && dq_it < 0) {  // no dQ yet: done with the stage once dV and dK are
+          sm90::wgmma_wait<0>();
+          sm90::pin_registers(acc_dv);
+          sm90::pin_registers(acc_dk);
+          sm90::mbarrier_arrive(bars.empty(s));
+          continue;
+        }
+        if constexpr (kDeferDq) {
+          sm90::mbarrier_wait(bars.ds_full(dq_it % 2), (dq_it / 2) & 1);
+        } else if constexpr (kQuerySplit) {
+          sm90::named_barrier_sync(2 + consumer, 128);  // its own dSᵀ, in its own tile (it % 2 == consumer)
+        } else {
+          consumers_sync();
+        }
+        const int dq_head = kDeferDq ? Scheduler::head_of(p, w, dq_it) : head;
+        const int dq_m_start = kDeferDq ? Scheduler::m_block_of(w, dq_it) * kBlockM : m_start;
+        const u32 dq_sds = kDeferDq ? smem + kDsOffset + (dq_it % 2) * kDsTileBytes : sds;
+        const u64 desc_ds_mn = sm90::smem_desc_sw128(dq_sds, kBlockN * kRowBytes, 1024);
+        const u64 desc_k_mn = sm90::smem_desc_sw128(sk, kBlockN * kRowBytes, 1024);
+        const u32 thread_in_group = threadIdx.x % 128;
+        const long long dq_row0 = Scheduler::workspace_row(p, w, dq_head, dq_m_start);  // the query block's first accumulator row
+#pragma unroll
+        for (int pass = 0; pass < kPasses; ++pass) {
+          const int col0 = dq_col0 + pass * kDqCols;
+          float acc_dq[kDqRowTiles][kDqGroups][4];  // (kDqRowTiles x 64, kDqCols) of the query block
+          if (pass > 0) sm90::wgmma_fence();  // the previous pass's reductions read these registers
+#pragma unroll
+          for (int r = 0; r < kDqRowTiles; ++r) {
+#pragma unroll
+            for (int j = 0; j < kNSteps; ++j) {
+              const u32 step = j * 16 * kRowBytes;
+              const u64 desc_ds = sm90::smem_desc_advance(desc_ds_mn, (dq_tile0 + r) * kBlockN * kRowBytes + step);
+              const u64 desc_k = sm90::smem_desc_advance(desc_k_mn, (col0 / 64) * kBlockN * kRowBytes + step);
+              sm90::WgmmaSSMN<kDqCols>::template run<kElem>(acc_dq[r], desc_ds, desc_k, j > 0 ? 1 : 0);
+            }
+          }
+          sm90::wgmma_commit();
+          sm90::wgmma_wait<0>();
+          if (pass == 0) {
+            if constexpr (kHasDv) sm90::pin_registers(acc_dv);
+            if constexpr (kHasDk) sm90::pin_registers(acc_dk);
+          }
+#pragma unroll
+          for (int r = 0; r < kDqRowTiles; ++r) sm90::pin_registers(acc_dq[r]);
+          // This thread is done with the stage (its wgmma have read Q and dO). Every consumer thread arrives,
+          // for its own loads of LSE and D where it has any (one lane arriving for its warp after the bar.sync
+          // is as correct, but compute-sanitizer's racecheck follows an mbarrier's order only from the threads
+          // that arrive, and reports the producer's bulk copies of the stage's next use against the other
+          // lanes' loads).
+          if (pass == 0 && (!kDeferDq || it < w.iterations)) sm90::mbarrier_arrive(bars.empty(s));
+          if constexpr (kDeferDq) {
+            if (pass + 1 == kPasses) sm90::mbarrier_arrive(bars.ds_empty(dq_it % 2));  // this dSᵀ tile read
+          }
+
+          // This consumer's share of the query block's dQ in accumulator order: each 64 x 64 chunk holds this
+          // thread's four values of 8-column group i at 16 * (128 * i + its index in the warpgroup), so a
+          // warp's 16-byte accesses are 512 consecutive bytes. Rows past seqlen_q exist in the padded
+          // accumulator and receive zeros.
+          auto chunk_offset = [&](int r, int i) {  // in floats
+            const int chunk = (dq_tile0 + r) * kChunks + col0 / 64 + i / 8;
+            return chunk * (kDqChunkBytes / 4) + ((i % 8) * 128 + static_cast<int>(thread_in_group)) * 4;
+          };
+          if constexpr (kDqStaged) {
+            // Into the shared dQ tile, once the writer has added the previous step's and handed it back.
+            if (dq_it >= kStepConsumers && pass == 0) {
+              sm90::named_barrier_sync(dq_empty_barrier(consumer), kDqWriterThreads);
+            }
+#pragma unroll
+            for (int r = 0; r < kDqRowTiles; ++r)
+#pragma unroll
+              for (int i = 0; i < kDqGroups; ++i) {
+                sm90::st_shared_f32x4(sdq + chunk_offset(r, i) * 4, acc_dq[r][i][0], acc_dq[r][i][1], acc_dq[r][i][2],
+                                      acc_dq[r][i][3]);
+              }
+            if (pass + 1 == kPasses) {
+              sm90::fence_proxy_async_smem();  // the writer's bulk reduce-add reads through the async proxy
+              sm90::named_barrier_arrive(dq_full_barrier(consumer), kDqWriterThreads);
+            }
+          } else {
+            // Straight into the accumulator with vector reductions; the deterministic strategy first waits for
+            // this block's turn (write_dq says which), which passes on after the last pass.
+            if (kDeterministic && pass == 0) {
+              if (consumer == 0 && thread_in_group == 0) {
+                const int turn = Scheduler::dq_turn(p, w, dq_m_start);
+                while (sm90::ld_acquire_gpu(Scheduler::dq_semaphore(p, dq_row0)) != turn) {
+                }
+              }
+              consumers_sync();
+            }
+            float* dq_tile = p.dq_accum + dq_row0 * kTileDim;
+#pragma unroll
+            for (int r = 0; r < kDqRowTiles; ++r)
+#pragma unroll
+              for (int i = 0; i < kDqGroups; ++i) {
+                sm90::red_add_f32x4(dq_tile + chunk_offset(r, i), acc_dq[r][i][0], acc_dq[r][i][1], acc_dq[r][i][2],
+                                    acc_dq[r][i][3]);
+              }
+          }
+        }
+        if constexpr (!kDqStaged && kDeterministic) {
+          __threadfence();  // every thread's adds done before the turn passes on
+          consumers_sync();
+          if (consumer == 0 && thread_in_group == 0) {
+            sm90::st_release_gpu(Scheduler::dq_semaphore(p, dq_row0), Scheduler::dq_turn(p, w, dq_m_start) + 1);
+          }
+        }
+      }
+    }
+
+    // Epilogue: every consumer is done with K and V (dQ read all keys); stage dK = scale · acc_dk and dV
+    // in this consumer's rows of the K and V tiles (the dK/dV split: its one of them, all 64 rows), then
+    // TMA-store them (rows past seqlen_k are clipped). With the query split, consumer 0 first adds consumer
+    // 1's dK to its own and stores dK, consumer 1 dV, the partial sums passing through the ring's stages
+    // (both consumers are done with them, and the producer loads nothing more), in accumulator order, handed
+    // over by an mbarrier rather than barrier 1: compute-sanitizer's racecheck follows this hand-off only through
+    // the mbarrier (bench/notes_bwd_sm90.md, Versions: the query split's hand-off).
+    consumers_sync();
+    const bool stores_dk = kHasDk && (!kQuerySplit || consumer == 0);
+    const bool stores_dv = kHasDv && (!kQuerySplit || consumer == 1);
+    if constexpr (kQuerySplit) {
+      static_assert(2 * kDGroups * 128 * 16 <= kStages * kStageBytes, "the partial dK and dV fit the stages");
+      const u32 partial = smem + kStageOffset + (threadIdx.x % 128) * 16;
+      auto slot = [&](int tensor, int i) {  // tensor 0: dK, 1: dV
+        return partial + static_cast<u32>(tensor * kDGroups + i) * 128 * 16;
+      };
+      // (Branches rather than a reference chosen at run time, which would put the accumulators in local memory.)
+      auto give = [&](int tensor, const float(&acc)[kDGroups][4]) {
+#pragma unroll
+        for (int i = 0; i < kDGroups; ++i) {
+          sm90::st_shared_f32x4(slot(tensor, i), acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+        }
+      };
+      auto take = [&](int tensor, float(&acc)[kDGroups][4]) {
+#pragma unroll
+        for (int i = 0; i < kDGroups; ++i) {
+          float other[4];
+          sm90::ld_shared_f32x4(slot(tensor, i), other[0], other[1], other[2], other[3]);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[i][e] += other[e];
+        }
+      };
+      if (consumer == 0) {
+        give(1, acc_dv);
+      } else {
+        give(0, acc_dk);
+      }
+      sm90::mbarrier_arrive(bars.partials());
+      sm90::mbarrier_wait(bars.partials(), 0);
+      if (consumer == 0) {
+        take(0, acc_dk);
+      } else {
+        take(1, acc_dv);
+      }
+    }
+    if constexpr (kVarlen) {
+      // A packed sequence's last keys: a 64-row box would run into the next sequence's rows, so this
+      // consumer writes the keys of its sequence from registers (rows key_row0 and + 8, columns 8i + 2t, + 1;
+      // the groups past head_dim are the tiles' zero padding).
+      if (w.n_start + key_consumer * 64 + 64 > p.seqlen_k) {
+        using u16 = sm80::u16;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int key = w.n_start + key_row0 + 8 * h;
+          if (key >= p.seqlen_k) continue;
+          u16* dk = static_cast<u16*>(p.dk) + key * p.dk_row_stride + w.kv_head * p.dk_head_stride + 2 * t;
+          u16* dv = static_cast<u16*>(p.dv) + key * p.dv_row_stride + w.kv_head * p.dv_head_stride + 2 * t;
+#pragma unroll
+          for (int i = 0; i < kHeadDim / 8; ++i) {
+            if (stores_dk) {
+              *reinterpret_cast<u32*>(dk + 8 * i) =
+                  sm80::pack2<kElem>(acc_dk[i][2 * h] * p.scale, acc_dk[i][2 * h + 1] * p.scale);
+            }
+            if (stores_dv) {
+              *reinterpret_cast<u32*>(dv + 8 * i) = sm80::pack2<kElem>(acc_dv[i][2 * h], acc_dv[i][2 * h + 1]);
+            }
+          }
+        }
+        return;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kDGroups; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const u32 offset = swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t);
+        if (stores_dk) {
+          sm90::st_shared_u32(sk + offset,
+                              sm80::pack2<kElem>(acc_dk[i][2 * h] * p.scale, acc_dk[i][2 * h + 1] * p.scale));
+        }
+        if (stores_dv) {
+          sm90::st_shared_u32(sv + offset, sm80::pack2<kElem>(acc_dv[i][2 * h], acc_dv[i][2 * h + 1]));
+        }
+      }
+    sm90::fence_proxy_async_smem();
+    sm90::named_barrier_sync(2 + consumer, 128);
+    if (threadIdx.x % 128 == 0) {
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const u32 rows = c * kBlockN * kRowBytes + key_consumer * 64 * kRowBytes;
+        const int k_row = w.k_row0 + w.n_start + key_consumer * 64;
+        if (stores_dk) sm90::tma_store_4d(&params.dk_map, sk + rows, c * 64, k_row, w.kv_head, w.tma_batch);
+        if (stores_dv) sm90::tma_store_4d(&params.dv_map, sv + rows, c * 64, k_row, w.kv_head, w.tma_batch);
+      }
+      sm90::tma_store_commit();
+      sm90::tma_store_wait_all();
+    }
+  }
+};
+
+}  // namespace flashgen
+
+#ifdef FLASHGEN_STANDALONE
+// Lets `nvcc -DFLASHGEN_STANDALONE -gencode=arch=compute_90a,code=sm_90a -c` compile this file on its own.
+template struct flashgen::BwdSm90Consumer<FlashgenDefaultBwdSm90Config>;
+#endif
