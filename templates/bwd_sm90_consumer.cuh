@@ -1,7 +1,8 @@
-// The Hopper backward's consumer (bwd_sm90.cuh): one warpgroup of 64 keys (with the dK/dV split, its part of the
-// block's 64) walks the block's query blocks: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ on wgmma from shared memory, Pᵀ and dSᵀ
-// in registers (bwd_scores.cuh), dV += Pᵀ dO and dK += dSᵀ Q, dSᵀ staged for dQ = dS K, whose share it stores
-// to the dQ tile (or adds to the accumulator). Then the epilogue stores dK and dV.
+// The Hopper backward's consumer (bwd_sm90.cuh): one warpgroup of 64 keys (with the dK/dV split, its part of
+// the block's 64) walks the block's query blocks: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ on wgmma from shared memory, Pᵀ
+// and dSᵀ in registers (bwd_scores.cuh), dV += Pᵀ dO and dK += dSᵀ Q, dSᵀ staged for dQ = dS K, whose share it
+// stores to the dQ tile (or adds to the accumulator). Two main loops: the consumers' turns (ping_pong) and lock
+// step (the dK/dV split and the query split among them). Then it stores dK and dV.
 #pragma once
 
 #include "attn_params.cuh"
@@ -29,6 +30,7 @@ struct BwdSm90Consumer : BwdSm90Layout<Cfg> {
   using L::kBlockN;
   using L::kChunks;
   using L::kDSteps;
+  using L::kDGroups;
   using L::kDeferDq;
   using L::kDeterministic;
   using L::kDkdvSplit;
@@ -72,21 +74,24 @@ struct BwdSm90Consumer : BwdSm90Layout<Cfg> {
   using L::swizzled;
   using L::turn_barrier;
 
-  // Pᵀ's and dSᵀ's 16-bit A fragments (of dV += Pᵀ dO and dK += dSᵀ Q) from their fp32 accumulators.
-  template <int kFrags>
-  static __device__ __forceinline__ void pack_fragments(u32 (&p_frag)[kMSteps][4], u32 (&ds_frag)[kFrags][4],
-                                                        const float (&acc_s)[kSGroups][4],
-                                                        const float (&acc_dp)[kSGroups][4]) {
+  // Step it's Pᵀ and dSᵀ as 16-bit A fragments (of dV += Pᵀ dO and dK += dSᵀ Q; accumulator groups 2j and
+  // 2j + 1 are k-step j's fragment), and dSᵀ into step it's swizzled dSᵀ tile, at ds_tile(it), for the dQ product
+  // (this thread's keys from key_row0); with kDeferDq once every consumer's dQ product of kDsTiles steps ago has
+  // read the tile, announced on its ds_full barrier.
+  template <int kFrags, class DsTile>
+  static __device__ __forceinline__ void stage_ds(u32 (&p_frag)[kMSteps][4], u32 (&ds_frag)[kFrags][4],
+                                                  const float (&acc_s)[kSGroups][4], const float (&acc_dp)[kSGroups][4],
+                                                  const DsTile& ds_tile, const Barriers& bars, int it, int key_row0,
+                                                  int t) {
 #pragma unroll
     for (int j = 0; j < kMSteps; ++j) {
       sm80::pack_a<kElem>(p_frag[j], acc_s[2 * j], acc_s[2 * j + 1]);
       sm80::pack_a<kElem>(ds_frag[j], acc_dp[2 * j], acc_dp[2 * j + 1]);
     }
-  }
-
-  // A consumer's dSᵀ fragments into the swizzled dSᵀ tile at sds (its keys from key_row0), for the dQ product.
-  template <int kFrags>
-  static __device__ __forceinline__ void store_ds(u32 sds, const u32 (&ds_frag)[kFrags][4], int key_row0, int t) {
+    if constexpr (kDeferDq) {
+      if (it >= kDsTiles) sm90::mbarrier_wait(bars.ds_empty(it % kDsTiles), ((it / kDsTiles) & 1) ^ 1);
+    }
+    const u32 sds = ds_tile(it);
 #pragma unroll
     for (int i = 0; i < kSGroups; ++i)
 #pragma unroll
@@ -94,6 +99,8 @@ struct BwdSm90Consumer : BwdSm90Layout<Cfg> {
         const u32 word = ds_frag[i / 2][2 * (i % 2) + h];
         sm90::st_shared_u32(sds + swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t), word);
       }
+    sm90::fence_proxy_async_smem();
+    if constexpr (kDeferDq) sm90::mbarrier_arrive(bars.ds_full(it % kDsTiles));
   }
 
   // acc = A Bᵀ over head_dim as one wgmma group (Sᵀ = K Qᵀ or dPᵀ = V dOᵀ): A the consumer's 64 rows of K or V, B the
@@ -109,6 +116,206 @@ struct BwdSm90Consumer : BwdSm90Layout<Cfg> {
     sm90::wgmma_commit();
   }
 
+  // A consumer thread's place (consume): its consumer, which 64 keys of the block are its (key_consumer) and its
+  // accumulators' rows key_row0 and + 8 and column pair t; its share of dQ (dq_tile0, dq_col0); the K and V tiles,
+  // its 64 rows of them and its dQ tile in shared memory.
+  struct ThreadPlace {
+    int consumer, key_consumer, key_row0, t, dq_tile0, dq_col0;
+    u32 sk, sv, sk_rows, sv_rows, sdq;
+  };
+
+  // The consumers take turns issuing their products, so that one computes Pᵀ and dSᵀ while the other's
+  // products run (the lock-step loop below runs both consumers' softmax at once, with the tensor cores idle).
+  // A step's work: Sᵀ and dPᵀ (scores), Pᵀ and dSᵀ (softmax), dV and dK (grads), and one step later its dQ
+  // (defer_dq: the other consumer's dSᵀ of the step before is staged by then). Consumer c's turn at step it
+  // issues step it's grads, step it - 1's dQ and step it + 1's scores back to back, hands the turn over
+  // (barrier turn_barrier(1 - c)) and computes step it + 1's softmax. Consumer 0 takes the first turn.
+  // Within a turn the grads are waited for before Sᵀ is issued and dQ is staged before dPᵀ is, so at most
+  // two accumulators besides dK and dV are in flight (three spill at the 240-register budget); issuing Sᵀ
+  // behind dQ keeps the tensor cores fed (issued only after the grads and dQ were done, it lost time:
+  // bench/notes_bwd_sm90.md, Versions: ping-pong).
+  // The first and last turns are compile-time instances (run-time conditions inside one turn kept the
+  // scores' accumulators live across iterations: 300-650 bytes of spills). Three dSᵀ tiles: a consumer
+  // stores step it's while the other's dQ product of step it - 2 may still read its tile.
+  // dK += dSᵀ Q reads dSᵀ from its shared tile where the gradient reads the score (the soft cap): its
+  // fragments then live only within the softmax, whose longer work would otherwise spill 16-24 bytes.
+  template <class Probabilities, class Gradients>
+  static __device__ void ping_pong(const AttnBwdParams& p, const Work& w, u32 smem, const Barriers& bars,
+                                   const ThreadPlace& place, float (&acc_dk)[kDGroups][4],
+                                   float (&acc_dv)[kDGroups][4], const Probabilities& probabilities,
+                                   const Gradients& gradients) {
+    const int consumer = place.consumer;
+    const int key_consumer = place.key_consumer;
+    const int key_row0 = place.key_row0;
+    const int t = place.t;
+    const int dq_col0 = place.dq_col0;
+    const u32 sk = place.sk;
+    const u32 sk_rows = place.sk_rows;
+    const u32 sv_rows = place.sv_rows;
+    const u32 sdq = place.sdq;
+    constexpr bool kDkFromTile = Variant::kGradReadsScore;
+    u32 p_frag[kMSteps][4];                     // Pᵀ of the step whose grads are next, as 16-bit A fragments
+    u32 ds_kept[kDkFromTile ? 1 : kMSteps][4];  // its dSᵀ
+    const u64 desc_k_rows = sm90::smem_desc_sw128(sk_rows, 16, 1024);
+    const u64 desc_v_rows = sm90::smem_desc_sw128(sv_rows, 16, 1024);
+    const u64 desc_k_mn = sm90::smem_desc_sw128(sk, kBlockN * kRowBytes, 1024);
+    const u32 thread_in_group = threadIdx.x % 128;
+    auto stage_q = [&](int it) { return smem + kStageOffset + (it % kStages) * kStageBytes; };
+    auto ds_tile = [&](int it) { return smem + kDsOffset + (it % kDsTiles) * kDsTileBytes; };
+    auto ds_phase = [&](int it) { return static_cast<u32>((it / kDsTiles) & 1); };
+    // Sᵀ = K Qᵀ or dPᵀ = V dOᵀ of this consumer's keys, (64, kBlockM), k-steps along head_dim.
+    auto issue_scores = [&](float(&acc)[kSGroups][4], u64 desc_a, u32 tile) {
+      const u64 desc_b = sm90::smem_desc_sw128(tile, 16, 1024);
+      sm90::wgmma_fence();
+      transposed_product(acc, desc_a, desc_b);
+    };
+    // Step it's Pᵀ and dSᵀ from its Sᵀ and dPᵀ (the two newest wgmma groups), into p_frag and ds_kept, and
+    // dSᵀ into its tile once both consumers' dQ products of kDsTiles steps ago have read it.
+    auto softmax = [&](int it, float(&acc_s)[kSGroups][4], float(&acc_dp)[kSGroups][4]) {
+      const int head = Scheduler::head_of(p, w, it);
+      const int m_block = Scheduler::m_block_of(w, it);
+      const int m_start = m_block * kBlockM;
+      const u32 s_lse = smem + kRowStatsOffset + (it % kStages) * kRowStatsBytes;
+      const u32 s_dsum = s_lse + kBlockM * 4;
+      sm90::wgmma_wait<1>();
+      sm90::pin_registers(acc_s);
+      if (m_block < w.m_interior || m_block >= w.m_interior_end) {
+        probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<true>{});
+      } else {
+        probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<false>{});
+      }
+      sm90::wgmma_wait<0>();
+      sm90::pin_registers(acc_dp);
+#pragma unroll
+      for (int i = 0; i < kSGroups; ++i) gradients(acc_s, acc_dp, i, s_lse, s_dsum, head, m_start);
+      // dSᵀ's fragments: kept for the next turn's dK, or (kDkFromTile) only until they are stored in the tile.
+      u32 ds_local[kDkFromTile ? kMSteps : 1][4];
+      auto& ds_frag = *[&] {
+        if constexpr (kDkFromTile) {
+          return &ds_local;
+        } else {
+          return &ds_kept;
+        }
+      }();
+      stage_ds(p_frag, ds_frag, acc_s, acc_dp, ds_tile, bars, it, key_row0, t);
+    };
+    // dQ = dS K of step it (this consumer's 64 columns), once both consumers' dSᵀ of it are staged.
+    auto issue_dq = [&](int it, float(&acc_dq)[kDqGroups][4]) {
+      sm90::mbarrier_wait(bars.ds_full(it % kDsTiles), ds_phase(it));
+      sm90::wgmma_fence();
+      const u64 desc_ds_mn = sm90::smem_desc_sw128(ds_tile(it), kBlockN * kRowBytes, 1024);
+#pragma unroll
+      for (int j = 0; j < kNSteps; ++j) {
+        const u32 step = j * 16 * kRowBytes;
+        const u64 desc_k = sm90::smem_desc_advance(desc_k_mn, (dq_col0 / 64) * kBlockN * kRowBytes + step);
+        sm90::WgmmaSSMN<kDqCols>::template run<kElem>(acc_dq, sm90::smem_desc_advance(desc_ds_mn, step), desc_k,
+                                                      j > 0 ? 1 : 0);
+      }
+      sm90::wgmma_commit();
+    };
+    // Step it's dQ, complete, into the shared tile for the writer (in accumulator order, as below).
+    auto stage_dq = [&](int it, float(&acc_dq)[kDqGroups][4]) {
+      sm90::pin_registers(acc_dq);
+      sm90::mbarrier_arrive(bars.ds_empty(it % kDsTiles));
+      if (it >= 1) sm90::named_barrier_sync(dq_empty_barrier(consumer), kDqWriterThreads);
+#pragma unroll
+      for (int i = 0; i < kDqGroups; ++i) {
+        const int chunk = dq_col0 / 64 + i / 8;
+        const int offset = chunk * (kDqChunkBytes / 4) + ((i % 8) * 128 + static_cast<int>(thread_in_group)) * 4;
+        sm90::st_shared_f32x4(sdq + offset * 4, acc_dq[i][0], acc_dq[i][1], acc_dq[i][2], acc_dq[i][3]);
+      }
+      sm90::fence_proxy_async_smem();
+      sm90::named_barrier_arrive(dq_full_barrier(consumer), kDqWriterThreads);
+    };
+    // Consumer c's turn at step it (kPrev: it > 0, kNext: it + 1 < iterations).
+    auto turn = [&](int it, auto prev, auto next) {
+      constexpr bool kPrev = decltype(prev)::value;
+      constexpr bool kNext = decltype(next)::value;
+      const u32 sq = stage_q(it);
+      const u32 sdo = sq + kQTileBytes;
+      // dV and dK settle in their registers first: the first turn's zeros would otherwise be moved in after
+      // the wgmma fence, where ptxas must fence again (and serializes every wgmma when that is under a branch).
+      sm90::pin_registers(acc_dv);
+      sm90::pin_registers(acc_dk);
+      sm90::named_barrier_sync(turn_barrier(consumer), 256);
+      // dV += Pᵀ dO and dK += dSᵀ Q: queries are the k dimension; dO and Q are read MN-major.
+      const u64 desc_do_mn = sm90::smem_desc_sw128(sdo, kBlockM * kRowBytes, 1024);
+      const u64 desc_q_mn = sm90::smem_desc_sw128(sq, kBlockM * kRowBytes, 1024);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < kMSteps; ++j) {
+        sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dv, p_frag[j],
+                                                     sm90::smem_desc_advance(desc_do_mn, j * 16 * kRowBytes), 1);
+      }
+      if constexpr (kDkFromTile) {
+        // This consumer's keys of step it's dSᵀ tile, stored by its own threads before the turn's barrier.
+        const u64 desc_ds_rows = sm90::smem_desc_sw128(ds_tile(it) + key_consumer * 64 * kRowBytes, 16, 1024);
+#pragma unroll
+        for (int j = 0; j < kMSteps; ++j) {
+          const u32 offset = (j / 4) * kBlockN * kRowBytes + (j % 4) * 32;
+          sm90::WgmmaSSKMN<kTileDim>::template run<kElem>(acc_dk, sm90::smem_desc_advance(desc_ds_rows, offset),
+                                                         sm90::smem_desc_advance(desc_q_mn, j * 16 * kRowBytes), 1);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kMSteps; ++j) {
+          sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dk, ds_kept[j],
+                                                       sm90::smem_desc_advance(desc_q_mn, j * 16 * kRowBytes), 1);
+        }
+      }
+      sm90::wgmma_commit();
+      float acc_dq[kDqGroups][4];  // (64, kDqCols) of step it - 1's query block
+      if constexpr (kPrev) {
+        issue_dq(it - 1, acc_dq);
+        sm90::wgmma_wait<1>();
+      } else {
+        sm90::wgmma_wait<0>();
+      }
+      sm90::pin_registers(acc_dv);
+      sm90::pin_registers(acc_dk);
+      // Done with the stage: its Q and dO read by step it's products, its LSE and D by its softmax (every
+      // consumer thread arrives, as in the loop below).
+      sm90::mbarrier_arrive(bars.empty(it % kStages));
+      float acc_s[kSGroups][4];   // (64 keys, kBlockM queries) of step it + 1
+      float acc_dp[kSGroups][4];
+      if constexpr (kNext) {
+        sm90::mbarrier_wait(bars.full((it + 1) % kStages), ring_phase(it + 1));
+        issue_scores(acc_s, desc_k_rows, stage_q(it + 1));
+      }
+      if constexpr (kPrev) {
+        sm90::wgmma_wait<kNext ? 1 : 0>();
+        stage_dq(it - 1, acc_dq);
+      }
+      if constexpr (kNext) issue_scores(acc_dp, desc_v_rows, stage_q(it + 1) + kQTileBytes);
+      if (consumer == 0 || kNext) sm90::named_barrier_arrive(turn_barrier(1 - consumer), 256);
+      if constexpr (kNext) softmax(it + 1, acc_s, acc_dp);
+    };
+
+    if (w.iterations > 0) {
+      if (consumer == 1) sm90::named_barrier_arrive(turn_barrier(0), 256);
+      {
+        float acc_s[kSGroups][4];
+        float acc_dp[kSGroups][4];
+        sm90::mbarrier_wait(bars.full(0), ring_phase(0));
+        issue_scores(acc_s, desc_k_rows, stage_q(0));
+        issue_scores(acc_dp, desc_v_rows, stage_q(0) + kQTileBytes);
+        softmax(0, acc_s, acc_dp);
+      }
+      const int last = w.iterations - 1;
+      if (last == 0) {
+        turn(0, sm80::BoolConstant<false>{}, sm80::BoolConstant<false>{});
+      } else {
+        turn(0, sm80::BoolConstant<false>{}, sm80::BoolConstant<true>{});
+        for (int it = 1; it < last; ++it) turn(it, sm80::BoolConstant<true>{}, sm80::BoolConstant<true>{});
+        turn(last, sm80::BoolConstant<true>{}, sm80::BoolConstant<false>{});
+      }
+      float acc_dq[kDqGroups][4];
+      issue_dq(last, acc_dq);
+      sm90::wgmma_wait<0>();
+      stage_dq(last, acc_dq);
+    }
+  }
+
   // kPasses: this consumer's dQ passes (kDqCols columns each); kPart: what else it computes.
   template <int kPasses, Part kPart>
   static __device__ void consume(const AttnBwdSm90Params& params, const AttnBwdParams& p, const Work& w, u32 smem,
@@ -122,7 +329,6 @@ struct BwdSm90Consumer : BwdSm90Layout<Cfg> {
     const int key_row0 = key_consumer * 64 + warp * 16 + g;  // this thread's keys: key_row0 and + 8, block-relative
     constexpr bool kHasDk = kPart != Part::kGrads;
     constexpr bool kHasDv = kPart != Part::kScores;
-    constexpr int kDGroups = kTileDim / 8;  // accumulator groups of dK and dV
     const u32 sk = smem;
     const u32 sv = smem + kVOffset;
     const u32 sk_rows = sk + key_consumer * 64 * kRowBytes;  // this consumer's 64 keys in chunk 0
@@ -201,187 +407,9 @@ struct BwdSm90Consumer : BwdSm90Layout<Cfg> {
       }
     };
 
+    const ThreadPlace place{consumer, key_consumer, key_row0, t, dq_tile0, dq_col0, sk, sv, sk_rows, sv_rows, sdq};
     if constexpr (kPingPong) {
-      // The consumers take turns issuing their products, so that one computes Pᵀ and dSᵀ while the other's
-      // products run (the lock-step loop below runs both consumers' softmax at once, with the tensor cores idle).
-      // A step's work: Sᵀ and dPᵀ (scores), Pᵀ and dSᵀ (softmax), dV and dK (grads), and one step later its dQ
-      // (defer_dq: the other consumer's dSᵀ of the step before is staged by then). Consumer c's turn at step it
-      // issues step it's grads, step it - 1's dQ and step it + 1's scores back to back, hands the turn over
-      // (barrier turn_barrier(1 - c)) and computes step it + 1's softmax. Consumer 0 takes the first turn.
-      // Within a turn the grads are waited for before Sᵀ is issued and dQ is staged before dPᵀ is, so at most
-      // two accumulators besides dK and dV are in flight (three spill at the 240-register budget); issuing Sᵀ
-      // behind dQ keeps the tensor cores fed (issued only after the grads and dQ were done, it lost time:
-      // bench/notes_bwd_sm90.md, Versions: ping-pong).
-      // The first and last turns are compile-time instances (run-time conditions inside one turn kept the
-      // scores' accumulators live across iterations: 300-650 bytes of spills). Three dSᵀ tiles: a consumer
-      // stores step it's while the other's dQ product of step it - 2 may still read its tile.
-      // dK += dSᵀ Q reads dSᵀ from its shared tile where the gradient reads the score (the soft cap): its
-      // fragments then live only within the softmax, whose longer work would otherwise spill 16-24 bytes.
-      constexpr bool kDkFromTile = Variant::kGradReadsScore;
-      u32 p_frag[kMSteps][4];                     // Pᵀ of the step whose grads are next, as 16-bit A fragments
-      u32 ds_kept[kDkFromTile ? 1 : kMSteps][4];  // its dSᵀ
-      const u64 desc_k_rows = sm90::smem_desc_sw128(sk_rows, 16, 1024);
-      const u64 desc_v_rows = sm90::smem_desc_sw128(sv_rows, 16, 1024);
-      const u64 desc_k_mn = sm90::smem_desc_sw128(sk, kBlockN * kRowBytes, 1024);
-      const u32 thread_in_group = threadIdx.x % 128;
-      auto stage_q = [&](int it) { return smem + kStageOffset + (it % kStages) * kStageBytes; };
-      auto ds_tile = [&](int it) { return smem + kDsOffset + (it % kDsTiles) * kDsTileBytes; };
-      auto ds_phase = [&](int it) { return static_cast<u32>((it / kDsTiles) & 1); };
-      // Sᵀ = K Qᵀ or dPᵀ = V dOᵀ of this consumer's keys, (64, kBlockM), k-steps along head_dim.
-      auto issue_scores = [&](float(&acc)[kSGroups][4], u64 desc_a, u32 tile) {
-        const u64 desc_b = sm90::smem_desc_sw128(tile, 16, 1024);
-        sm90::wgmma_fence();
-        transposed_product(acc, desc_a, desc_b);
-      };
-      // Step it's Pᵀ and dSᵀ from its Sᵀ and dPᵀ (the two newest wgmma groups), into p_frag and ds_kept, and
-      // dSᵀ into its tile once both consumers' dQ products of kDsTiles steps ago have read it.
-      auto softmax = [&](int it, float(&acc_s)[kSGroups][4], float(&acc_dp)[kSGroups][4]) {
-        const int head = Scheduler::head_of(p, w, it);
-        const int m_block = Scheduler::m_block_of(w, it);
-        const int m_start = m_block * kBlockM;
-        const u32 s_lse = smem + kRowStatsOffset + (it % kStages) * kRowStatsBytes;
-        const u32 s_dsum = s_lse + kBlockM * 4;
-        sm90::wgmma_wait<1>();
-        sm90::pin_registers(acc_s);
-        if (m_block < w.m_interior || m_block >= w.m_interior_end) {
-          probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<true>{});
-        } else {
-          probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<false>{});
-        }
-        sm90::wgmma_wait<0>();
-        sm90::pin_registers(acc_dp);
-#pragma unroll
-        for (int i = 0; i < kSGroups; ++i) gradients(acc_s, acc_dp, i, s_lse, s_dsum, head, m_start);
-        // dSᵀ's fragments: kept for the next turn's dK, or (kDkFromTile) only until they are stored in the tile.
-        u32 ds_local[kDkFromTile ? kMSteps : 1][4];
-        auto& ds_frag = *[&] {
-          if constexpr (kDkFromTile) {
-            return &ds_local;
-          } else {
-            return &ds_kept;
-          }
-        }();
-        pack_fragments(p_frag, ds_frag, acc_s, acc_dp);
-        if (it >= kDsTiles) sm90::mbarrier_wait(bars.ds_empty(it % kDsTiles), ds_phase(it) ^ 1);
-        store_ds(ds_tile(it), ds_frag, key_row0, t);
-        sm90::fence_proxy_async_smem();
-        sm90::mbarrier_arrive(bars.ds_full(it % kDsTiles));
-      };
-      // dQ = dS K of step it (this consumer's 64 columns), once both consumers' dSᵀ of it are staged.
-      auto issue_dq = [&](int it, float(&acc_dq)[kDqGroups][4]) {
-        sm90::mbarrier_wait(bars.ds_full(it % kDsTiles), ds_phase(it));
-        sm90::wgmma_fence();
-        const u64 desc_ds_mn = sm90::smem_desc_sw128(ds_tile(it), kBlockN * kRowBytes, 1024);
-#pragma unroll
-        for (int j = 0; j < kNSteps; ++j) {
-          const u32 step = j * 16 * kRowBytes;
-          const u64 desc_k = sm90::smem_desc_advance(desc_k_mn, (dq_col0 / 64) * kBlockN * kRowBytes + step);
-          sm90::WgmmaSSMN<kDqCols>::template run<kElem>(acc_dq, sm90::smem_desc_advance(desc_ds_mn, step), desc_k,
-                                                        j > 0 ? 1 : 0);
-        }
-        sm90::wgmma_commit();
-      };
-      // Step it's dQ, complete, into the shared tile for the writer (in accumulator order, as below).
-      auto stage_dq = [&](int it, float(&acc_dq)[kDqGroups][4]) {
-        sm90::pin_registers(acc_dq);
-        sm90::mbarrier_arrive(bars.ds_empty(it % kDsTiles));
-        if (it >= 1) sm90::named_barrier_sync(dq_empty_barrier(consumer), kDqWriterThreads);
-#pragma unroll
-        for (int i = 0; i < kDqGroups; ++i) {
-          const int chunk = dq_col0 / 64 + i / 8;
-          const int offset = chunk * (kDqChunkBytes / 4) + ((i % 8) * 128 + static_cast<int>(thread_in_group)) * 4;
-          sm90::st_shared_f32x4(sdq + offset * 4, acc_dq[i][0], acc_dq[i][1], acc_dq[i][2], acc_dq[i][3]);
-        }
-        sm90::fence_proxy_async_smem();
-        sm90::named_barrier_arrive(dq_full_barrier(consumer), kDqWriterThreads);
-      };
-      // Consumer c's turn at step it (kPrev: it > 0, kNext: it + 1 < iterations).
-      auto turn = [&](int it, auto prev, auto next) {
-        constexpr bool kPrev = decltype(prev)::value;
-        constexpr bool kNext = decltype(next)::value;
-        const u32 sq = stage_q(it);
-        const u32 sdo = sq + kQTileBytes;
-        // dV and dK settle in their registers first: the first turn's zeros would otherwise be moved in after
-        // the wgmma fence, where ptxas must fence again (and serializes every wgmma when that is under a branch).
-        sm90::pin_registers(acc_dv);
-        sm90::pin_registers(acc_dk);
-        sm90::named_barrier_sync(turn_barrier(consumer), 256);
-        // dV += Pᵀ dO and dK += dSᵀ Q: queries are the k dimension; dO and Q are read MN-major.
-        const u64 desc_do_mn = sm90::smem_desc_sw128(sdo, kBlockM * kRowBytes, 1024);
-        const u64 desc_q_mn = sm90::smem_desc_sw128(sq, kBlockM * kRowBytes, 1024);
-        sm90::wgmma_fence();
-#pragma unroll
-        for (int j = 0; j < kMSteps; ++j) {
-          sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dv, p_frag[j],
-                                                       sm90::smem_desc_advance(desc_do_mn, j * 16 * kRowBytes), 1);
-        }
-        if constexpr (kDkFromTile) {
-          // This consumer's keys of step it's dSᵀ tile, stored by its own threads before the turn's barrier.
-          const u64 desc_ds_rows = sm90::smem_desc_sw128(ds_tile(it) + key_consumer * 64 * kRowBytes, 16, 1024);
-#pragma unroll
-          for (int j = 0; j < kMSteps; ++j) {
-            const u32 offset = (j / 4) * kBlockN * kRowBytes + (j % 4) * 32;
-            sm90::WgmmaSSKMN<kTileDim>::template run<kElem>(acc_dk, sm90::smem_desc_advance(desc_ds_rows, offset),
-                                                           sm90::smem_desc_advance(desc_q_mn, j * 16 * kRowBytes), 1);
-          }
-        } else {
-#pragma unroll
-          for (int j = 0; j < kMSteps; ++j) {
-            sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dk, ds_kept[j],
-                                                         sm90::smem_desc_advance(desc_q_mn, j * 16 * kRowBytes), 1);
-          }
-        }
-        sm90::wgmma_commit();
-        float acc_dq[kDqGroups][4];  // (64, kDqCols) of step it - 1's query block
-        if constexpr (kPrev) {
-          issue_dq(it - 1, acc_dq);
-          sm90::wgmma_wait<1>();
-        } else {
-          sm90::wgmma_wait<0>();
-        }
-        sm90::pin_registers(acc_dv);
-        sm90::pin_registers(acc_dk);
-        // Done with the stage: its Q and dO read by step it's products, its LSE and D by its softmax (every
-        // consumer thread arrives, as in the loop below).
-        sm90::mbarrier_arrive(bars.empty(it % kStages));
-        float acc_s[kSGroups][4];   // (64 keys, kBlockM queries) of step it + 1
-        float acc_dp[kSGroups][4];
-        if constexpr (kNext) {
-          sm90::mbarrier_wait(bars.full((it + 1) % kStages), ring_phase(it + 1));
-          issue_scores(acc_s, desc_k_rows, stage_q(it + 1));
-        }
-        if constexpr (kPrev) {
-          sm90::wgmma_wait<kNext ? 1 : 0>();
-          stage_dq(it - 1, acc_dq);
-        }
-        if constexpr (kNext) issue_scores(acc_dp, desc_v_rows, stage_q(it + 1) + kQTileBytes);
-        if (consumer == 0 || kNext) sm90::named_barrier_arrive(turn_barrier(1 - consumer), 256);
-        if constexpr (kNext) softmax(it + 1, acc_s, acc_dp);
-      };
-
-      if (w.iterations > 0) {
-        if (consumer == 1) sm90::named_barrier_arrive(turn_barrier(0), 256);
-        {
-          float acc_s[kSGroups][4];
-          float acc_dp[kSGroups][4];
-          sm90::mbarrier_wait(bars.full(0), ring_phase(0));
-          issue_scores(acc_s, desc_k_rows, stage_q(0));
-          issue_scores(acc_dp, desc_v_rows, stage_q(0) + kQTileBytes);
-          softmax(0, acc_s, acc_dp);
-        }
-        const int last = w.iterations - 1;
-        if (last == 0) {
-          turn(0, sm80::BoolConstant<false>{}, sm80::BoolConstant<false>{});
-        } else {
-          turn(0, sm80::BoolConstant<false>{}, sm80::BoolConstant<true>{});
-          for (int it = 1; it < last; ++it) turn(it, sm80::BoolConstant<true>{}, sm80::BoolConstant<true>{});
-          turn(last, sm80::BoolConstant<true>{}, sm80::BoolConstant<false>{});
-        }
-        float acc_dq[kDqGroups][4];
-        issue_dq(last, acc_dq);
-        sm90::wgmma_wait<0>();
-        stage_dq(last, acc_dq);
-      }
+      ping_pong(p, w, smem, bars, place, acc_dk, acc_dv, probabilities, gradients);
     } else {
       // With kDeferDq a step adds the previous step's dQ (after issuing its own dV and dK), and one more
       // iteration adds the last step's: the consumers meet at no barrier of a step, each waiting only for the
@@ -453,15 +481,8 @@ struct BwdSm90Consumer : BwdSm90Layout<Cfg> {
               }
               gradients(acc_s, acc_dp, i, s_lse, s_dsum, head, m_start);
             }
-            pack_fragments(p_frag, ds_frag, acc_s, acc_dp);
-            // dSᵀ into shared memory for the dQ product (kDeferDq: once every consumer's dQ product of two steps
-            // ago has read the tile); Pᵀ's fragments to consumer 1.
-            if constexpr (kDeferDq) {
-              if (it >= 2) sm90::mbarrier_wait(bars.ds_empty(it % 2), ((it / 2) & 1) ^ 1);
-            }
-            store_ds(sds, ds_frag, key_row0, t);
-            sm90::fence_proxy_async_smem();
-            if constexpr (kDeferDq) sm90::mbarrier_arrive(bars.ds_full(it % 2));
+            // dSᵀ into shared memory for the dQ product; Pᵀ's fragments to consumer 1.
+            stage_ds(p_frag, ds_frag, acc_s, acc_dp, [&](int) { return sds; }, bars, it, key_row0, t);
             if constexpr (kPart == Part::kScores) {
 #pragma unroll
               for (int j = 0; j < kMSteps; ++j) sm90::st_shared_u32x4(exchange_slot(j), p_frag[j]);
@@ -515,7 +536,8 @@ struct BwdSm90Consumer : BwdSm90Layout<Cfg> {
         const u64 desc_ds_mn = sm90::smem_desc_sw128(dq_sds, kBlockN * kRowBytes, 1024);
         const u64 desc_k_mn = sm90::smem_desc_sw128(sk, kBlockN * kRowBytes, 1024);
         const u32 thread_in_group = threadIdx.x % 128;
-        const long long dq_row0 = Scheduler::workspace_row(p, w, dq_head, dq_m_start);  // the query block's first accumulator row
+        // the query block's first accumulator row
+        const long long dq_row0 = Scheduler::workspace_row(p, w, dq_head, dq_m_start);
 #pragma unroll
         for (int pass = 0; pass < kPasses; ++pass) {
           const int col0 = dq_col0 + pass * kDqCols;

@@ -106,6 +106,7 @@ struct BwdSm90Layout {
   static constexpr int kMSteps = kBlockM / 16;   // k-steps of dV += Pᵀ dO and dK += dSᵀ Q
   static constexpr int kDSteps = kTileDim / 16;  // k-steps of Sᵀ and dPᵀ
   static constexpr int kNSteps = kBlockN / 16;   // k-steps of dQ = dS K
+  static constexpr int kDGroups = kTileDim / 8;  // accumulator groups of dK and dV
   static constexpr int kDqRowTiles = kTraits.dq_row_tiles;
   static constexpr int kDqCols = kTraits.dq_cols;
   static constexpr int kDqGroups = kDqCols / 8;
