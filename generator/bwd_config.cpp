@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "flashgen/error.hpp"
+#include "templates/attn_params.cuh"
 
 namespace flashgen {
 
@@ -125,7 +126,19 @@ DqAccum BwdConfig::dq_accum() const {
   return deterministic ? DqAccum::kNone : DqAccum::kRows;
 }
 
-int BwdConfig::dkdv_threads() const { return sm90() ? sm90_traits().threads : dkdv_traits().threads; }
+int BwdConfig::threads(BwdKernel kernel) const {
+  switch (kernel) {
+    case BwdKernel::kDkdv: return sm90() ? sm90_traits().threads : dkdv_traits().threads;
+    case BwdKernel::kDq: return dq_traits().threads;
+    case BwdKernel::kPreprocess:
+    case BwdKernel::kConvert:
+    case BwdKernel::kSinkGrad: return kBwdRowKernelThreads;
+    case BwdKernel::kUserBlockTiles:
+    case BwdKernel::kUserBlockBands: return kUserBlockThreads;
+    case BwdKernel::kUserBlockRanges: return kUserBlockRangesThreads;
+  }
+  fail(Status::kInternal, "unknown backward kernel");
+}
 
 int BwdConfig::pad_rows() const { return sm90() ? kBwdSm90PadRows : 1; }
 
@@ -133,6 +146,11 @@ int BwdConfig::smem_bytes(BwdKernel kernel) const {
   if (kernel == BwdKernel::kDkdv) return sm90() ? sm90_traits().smem_bytes : dkdv_traits().smem_bytes;
   if (kernel == BwdKernel::kDq) return dq_traits().smem_bytes;
   return 0;
+}
+
+std::vector<BwdKernel> BwdConfig::spill_checked_kernels() const {
+  if (has_dq_kernel()) return {BwdKernel::kDkdv, BwdKernel::kDq};
+  return {BwdKernel::kDkdv};
 }
 
 std::optional<std::string> BwdConfig::invalid_reason(int arch) const {

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "generator/kernel_config.hpp"
 #include "templates/bwd_traits.cuh"
@@ -39,8 +40,9 @@ struct BwdSm90Knobs {
   bool operator!=(const BwdSm90Knobs&) const { return false; }
 };
 
-// The fields both families share, then the knobs of one of them.
+// The fields both families share, then the knobs of one of them. A kernel module (generator/kernel_module.hpp).
 struct BwdConfig {
+  using Kernel = BwdKernel;
   DType dtype = DType::kFloat16;
   int head_dim = 128;
   MaskKind mask = MaskKind::kNone;
@@ -97,12 +99,14 @@ struct BwdConfig {
   bool has_dq_kernel() const { return deterministic && family() == KernelFamily::kSm80; }
   // Where the module accumulates dQ in fp32 (bwd_traits.cuh).
   DqAccum dq_accum() const;
-  // Block size of the dkdv kernel.
-  int dkdv_threads() const;
+  // Block size of one kernel.
+  int threads(BwdKernel kernel) const;
   // Workspace rows per (batch, head) are seqlen_q rounded up to this (bwd_rows.cuh).
   int pad_rows() const;
   // Dynamic shared memory of one kernel (0 for the row kernels).
   int smem_bytes(BwdKernel kernel) const;
+  // The kernels whose spills decide whether the config is worth running: dkdv, and the dq kernel where there is one.
+  std::vector<BwdKernel> spill_checked_kernels() const;
   // Why this config cannot run on sm_<arch>, or nullopt when it can.
   std::optional<std::string> invalid_reason(int arch) const;
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "problem/attention_problem.hpp"
 #include "templates/decode_traits.cuh"
@@ -25,7 +26,9 @@ const char* decode_kernel_suffix(DecodeKernel kernel);  // "append", "attend", "
 // Most key ranges one sequence is split into (a call's split workspace grows with it).
 constexpr int kMaxDecodeSplits = 128;
 
+// A kernel module (generator/kernel_module.hpp).
 struct DecodeConfig {
+  using Kernel = DecodeKernel;
   DType dtype = DType::kFloat16;
   int head_dim = 128;
   MaskKind mask = MaskKind::kNone;
@@ -51,6 +54,9 @@ struct DecodeConfig {
   DecodeTraits traits() const;
   int threads(DecodeKernel kernel) const;
   int smem_bytes(DecodeKernel kernel) const;  // 0 for the append and combine kernels
+  // The kernels whose spills decide whether the config is worth running: the attention kernel (append and combine
+  // are tiny).
+  std::vector<DecodeKernel> spill_checked_kernels() const { return {DecodeKernel::kAttend}; }
   // Why this config cannot run on sm_<arch>, or nullopt when it can.
   std::optional<std::string> invalid_reason(int arch) const;
 

@@ -146,11 +146,11 @@ std::string render_translation_unit(const KernelConfig& c) {
   if (has_user_block_classes(c)) {  // the user mask's block classes, launched before the attention kernel
     out << "\n#include \"user_blocks.cuh\"\n\n"
         << "extern \"C\" __global__ void __launch_bounds__(flashgen::kUserBlockThreads)\n"
-        << user_blocks_symbol(c) << "(const __grid_constant__ flashgen::AttnFwdParams params) {\n"
+        << c.symbol(FwdKernel::kUserBlockTiles) << "(const __grid_constant__ flashgen::AttnFwdParams params) {\n"
         << "  flashgen::UserBlockTiles<flashgen_generated::Config>::run(params);\n"
         << "}\n\n"
-        << "extern \"C\" __global__ void __launch_bounds__(32)\n"
-        << user_blocks_symbol(c) << "_ranges(const __grid_constant__ flashgen::AttnFwdParams params) {\n"
+        << "extern \"C\" __global__ void __launch_bounds__(flashgen::kUserBlockRangesThreads)\n"
+        << c.symbol(FwdKernel::kUserBlockRanges) << "(const __grid_constant__ flashgen::AttnFwdParams params) {\n"
         << "  flashgen::UserBlockRanges::run(params);\n"
         << "}\n";
   }
@@ -227,7 +227,7 @@ std::string render_translation_unit(const BwdConfig& c) {
   if (has_user_block_classes(c)) {  // the user mask's block classes, launched before the preprocess
     out << "\n#include \"user_blocks.cuh\"\n";
     entry(BwdKernel::kUserBlockTiles, "UserBlockTiles", "flashgen::kUserBlockThreads");
-    out << "\nextern \"C\" __global__ void __launch_bounds__(32, 1)\n"
+    out << "\nextern \"C\" __global__ void __launch_bounds__(flashgen::kUserBlockRangesThreads, 1)\n"
         << c.symbol(BwdKernel::kUserBlockRanges) << "(const __grid_constant__ flashgen::AttnBwdParams params) {\n"
         << "  flashgen::UserBlockRanges::run(params);\n"
         << "}\n";

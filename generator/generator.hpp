@@ -39,14 +39,13 @@ GeneratedSource generate(const BwdConfig& config);
 GeneratedSource generate(const DecodeConfig& config);
 
 // Whether a config's module holds the kernels that classify a user mask's blocks (templates/user_blocks.cuh): a config
-// with a user mask, but for a paged cache's. A forward module's two are user_blocks_symbol(config) (each tile's class) and that +
-// "_ranges" (each query block's walk); a backward module's three are its symbols of BwdKernel::kUserBlockTiles,
+// with a user mask, but for a paged cache's. A forward module's two are FwdKernel::kUserBlockTiles (each tile's class)
+// and kUserBlockRanges (each query block's walk); a backward module's three are BwdKernel::kUserBlockTiles,
 // kUserBlockRanges and kUserBlockBands.
 inline bool has_user_block_classes(const KernelConfig& config) {
   return config.user && config.user->masks() && !config.paged;
 }
 inline bool has_user_block_classes(const BwdConfig& config) { return config.user && config.user->masks(); }
-inline std::string user_blocks_symbol(const KernelConfig& config) { return config.name() + "_blocks"; }
 
 // A user variant's functions as the struct templates/variant.cuh's UserVariant calls (flashgen_user::Functions),
 // each caller's body under #line directives naming its function, for the config headers of its kernels.

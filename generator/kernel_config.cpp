@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "flashgen/error.hpp"
+#include "templates/attn_params.cuh"
 
 namespace flashgen {
 
@@ -187,9 +188,28 @@ FwdSm90Traits KernelConfig::sm90_traits() const {
                          k->groups, k->tensor_sum, dtype, paged);
 }
 
-int KernelConfig::threads() const { return sm90() ? sm90_traits().threads : traits().threads; }
+std::string KernelConfig::symbol(FwdKernel kernel) const {
+  switch (kernel) {
+    case FwdKernel::kAttend: return name();
+    case FwdKernel::kUserBlockTiles: return name() + "_blocks";
+    case FwdKernel::kUserBlockRanges: return name() + "_blocks_ranges";
+  }
+  fail(Status::kInternal, "unknown forward kernel");
+}
 
-int KernelConfig::smem_bytes() const { return sm90() ? sm90_traits().smem_bytes : traits().smem_bytes; }
+int KernelConfig::threads(FwdKernel kernel) const {
+  switch (kernel) {
+    case FwdKernel::kAttend: return sm90() ? sm90_traits().threads : traits().threads;
+    case FwdKernel::kUserBlockTiles: return kUserBlockThreads;
+    case FwdKernel::kUserBlockRanges: return kUserBlockRangesThreads;
+  }
+  fail(Status::kInternal, "unknown forward kernel");
+}
+
+int KernelConfig::smem_bytes(FwdKernel kernel) const {
+  if (kernel != FwdKernel::kAttend) return 0;
+  return sm90() ? sm90_traits().smem_bytes : traits().smem_bytes;
+}
 
 const char* KernelConfig::shape_error() const { return sm90() ? sm90_traits().error : traits().error; }
 

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "problem/attention_problem.hpp"
 #include "templates/fwd_traits.cuh"
@@ -44,8 +45,14 @@ struct Sm90Knobs {
   bool operator!=(const Sm90Knobs& o) const { return !(*this == o); }
 };
 
-// The fields both families share, then the knobs of one of them.
+// The kernels of one forward module: the attention kernel, and with a user mask (generator.hpp's
+// has_user_block_classes) the two that classify its blocks before it (templates/user_blocks.cuh).
+enum class FwdKernel { kAttend, kUserBlockTiles, kUserBlockRanges };
+
+// The fields both families share, then the knobs of one of them. A kernel module (generator/kernel_module.hpp).
 struct KernelConfig {
+  using Kernel = FwdKernel;
+
   DType dtype = DType::kFloat16;
   int head_dim = 128;
   MaskKind mask = MaskKind::kNone;
@@ -90,9 +97,14 @@ struct KernelConfig {
   // The family's sizes; each throws Error(kInternal) for a config of the other family.
   FwdTraits traits() const;
   FwdSm90Traits sm90_traits() const;
-  // The family's block size, dynamic shared memory, and shape error (nullptr when valid somewhere).
-  int threads() const;
-  int smem_bytes() const;
+  // A kernel's symbol (the attention kernel's is name(), the classes' name() + "_blocks" and "_blocks_ranges"),
+  // block size and dynamic shared memory (0 for the classes'), by default the attention kernel's.
+  std::string symbol(FwdKernel kernel = FwdKernel::kAttend) const;
+  int threads(FwdKernel kernel = FwdKernel::kAttend) const;
+  int smem_bytes(FwdKernel kernel = FwdKernel::kAttend) const;
+  // The kernels whose spills decide whether the config is worth running: the attention kernel.
+  std::vector<FwdKernel> spill_checked_kernels() const { return {FwdKernel::kAttend}; }
+  // The family's shape error (nullptr when valid somewhere).
   const char* shape_error() const;
   // Why this config cannot run on sm_<arch>, or nullopt when it can.
   std::optional<std::string> invalid_reason(int arch) const;

@@ -317,7 +317,7 @@ PreparedForward prepare_forward(const ForwardCall& call, CUstream stream, const 
     prepared.sm90_params.base = p;
     ForwardTmaTensors(call, config).encode(prepared.sm90_params);
   }
-  prepared.function = KernelRegistry::instance().function(config, scope.context(), arch);
+  prepared.function = KernelRegistry::instance().function(config, FwdKernel::kAttend, scope.context(), arch);
   prepared.threads = static_cast<unsigned>(config.threads());
   prepared.smem_bytes = static_cast<unsigned>(config.smem_bytes());
   // A cluster of two takes pairs of query blocks: the grid's x is a multiple of 2, its last block
@@ -348,8 +348,10 @@ PreparedForward prepare_forward(const ForwardCall& call, CUstream stream, const 
         UserBlockLaunch::plan(config.block_m, config.block_n, static_cast<int>(std::min<int64_t>(m_blocks, INT32_MAX)),
                               (p.seqlen_k + config.block_n - 1) / config.block_n, class_heads, 1, p.batch, false);
     if (prepared.user_blocks) {
-      prepared.user_blocks.tiles = KernelRegistry::instance().user_blocks_function(config, false, scope.context(), arch);
-      prepared.user_blocks.ranges = KernelRegistry::instance().user_blocks_function(config, true, scope.context(), arch);
+      prepared.user_blocks.tiles =
+          KernelRegistry::instance().function(config, FwdKernel::kUserBlockTiles, scope.context(), arch);
+      prepared.user_blocks.ranges =
+          KernelRegistry::instance().function(config, FwdKernel::kUserBlockRanges, scope.context(), arch);
     }
   }
   return prepared;

@@ -284,7 +284,7 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
   // The sm80 family's head_dim slices take blocks of their own; the sm90 family keeps the whole head_dim.
   const BwdSm80Knobs* sm80 = c.sm80();
   prepared.dkdv_grid[2] = static_cast<unsigned>(sm80 ? p.batch * sm80->d_split : p.batch);
-  prepared.dkdv_threads = static_cast<unsigned>(c.dkdv_threads());
+  prepared.dkdv_threads = static_cast<unsigned>(c.threads(BwdKernel::kDkdv));
   prepared.dkdv_smem = static_cast<unsigned>(c.smem_bytes(BwdKernel::kDkdv));
   if (c.has_dq_kernel()) {
     const BwdDqTraits dq = c.dq_traits();

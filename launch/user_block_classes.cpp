@@ -79,7 +79,7 @@ UserBlockClasses UserBlockLaunch::at(CUdeviceptr memory) const {
 
 void UserBlockLaunch::launch(CUstream stream, void** args) const {
   launch_kernel(tiles, tiles_grid, kUserBlockThreads, 0, stream, args);
-  launch_kernel(ranges, ranges_grid, 32, 0, stream, args);
+  launch_kernel(ranges, ranges_grid, kUserBlockRangesThreads, 0, stream, args);
   if (backward) launch_kernel(bands, bands_grid, kUserBlockThreads, 0, stream, args);
 }
 

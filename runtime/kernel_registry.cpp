@@ -155,40 +155,6 @@ KernelRegistry& KernelRegistry::instance() {
 
 KernelRegistry::KernelRegistry(std::filesystem::path cache_dir) : cache_(std::move(cache_dir)) {}
 
-std::shared_ptr<const CompiledKernel> KernelRegistry::compiled(const KernelConfig& config, int arch) {
-  return compiled_module(ModuleId{config.name(), arch}, [&] { return generate(config); });
-}
-
-std::shared_ptr<const CompiledKernel> KernelRegistry::compiled(const BwdConfig& config, int arch) {
-  return compiled_module(ModuleId{config.name(), arch}, [&] { return generate(config); });
-}
-
-std::shared_ptr<const CompiledKernel> KernelRegistry::compiled(const DecodeConfig& config, int arch) {
-  return compiled_module(ModuleId{config.name(), arch}, [&] { return generate(config); });
-}
-
-int KernelRegistry::spilled_bytes(const KernelConfig& config, int arch) {
-  // By name: a user mask's module holds its block classes' kernels too.
-  const ResourceUsage usage = compiled(config, arch)->usage_of(config.name());
-  return usage.spill_store_bytes + usage.spill_load_bytes;
-}
-
-int KernelRegistry::spilled_bytes(const BwdConfig& config, int arch) {
-  const std::shared_ptr<const CompiledKernel> module = compiled(config, arch);
-  int spilled = 0;
-  for (BwdKernel kernel : {BwdKernel::kDkdv, BwdKernel::kDq}) {
-    if (kernel == BwdKernel::kDq && !config.deterministic) continue;
-    const ResourceUsage usage = module->usage_of(config.symbol(kernel));
-    spilled += usage.spill_store_bytes + usage.spill_load_bytes;
-  }
-  return spilled;
-}
-
-int KernelRegistry::spilled_bytes(const DecodeConfig& config, int arch) {
-  const ResourceUsage usage = compiled(config, arch)->usage_of(config.symbol(DecodeKernel::kAttend));
-  return usage.spill_store_bytes + usage.spill_load_bytes;
-}
-
 std::shared_ptr<const CompiledKernel> KernelRegistry::compiled_module(const ModuleId& id,
                                                                       const Generate& generate_source) {
   {
@@ -227,29 +193,6 @@ std::shared_ptr<const CompiledKernel> KernelRegistry::compiled_module(const Modu
   auto shared = std::make_shared<const CompiledKernel>(std::move(*kernel));
   std::lock_guard<std::mutex> lock(mutex_);
   return compiled_.emplace(id, std::move(shared)).first->second;  // a racing thread's copy wins
-}
-
-CUfunction KernelRegistry::function(const KernelConfig& config, CUcontext ctx, int arch) {
-  const std::string name = config.name();
-  return load(ModuleId{name, arch}, name, config.smem_bytes(), ctx, [&] { return generate(config); });
-}
-
-CUfunction KernelRegistry::user_blocks_function(const KernelConfig& config, bool ranges, CUcontext ctx, int arch) {
-  return load(ModuleId{config.name(), arch}, user_blocks_symbol(config) + (ranges ? "_ranges" : ""), 0, ctx,
-              [&] { return generate(config); });
-}
-
-CUfunction KernelRegistry::function(const BwdConfig& config, BwdKernel kernel, CUcontext ctx, int arch) {
-  std::string name = config.name();
-  std::string symbol = name + "_" + bwd_kernel_suffix(kernel);
-  return load(ModuleId{std::move(name), arch}, symbol, config.smem_bytes(kernel), ctx, [&] { return generate(config); });
-}
-
-CUfunction KernelRegistry::function(const DecodeConfig& config, DecodeKernel kernel, CUcontext ctx, int arch) {
-  std::string name = config.name();
-  std::string symbol = config.symbol(kernel);
-  return load(ModuleId{std::move(name), arch}, symbol, config.smem_bytes(kernel), ctx,
-              [&] { return generate(config); });
 }
 
 CUfunction KernelRegistry::load(const ModuleId& id, const std::string& symbol, int smem_bytes, CUcontext ctx,

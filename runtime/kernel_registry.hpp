@@ -1,5 +1,5 @@
-// Loader stage: KernelConfig / BwdConfig -> loaded CUfunction. Compiles through the in-memory map, then the disk
-// cache, then NVRTC; loads each cubin once per CUDA context.
+// Loader stage: a kernel module's config (KernelConfig, BwdConfig, DecodeConfig) -> loaded CUfunction. Compiles
+// through the in-memory map, then the disk cache, then NVRTC; loads each cubin once per CUDA context.
 #pragma once
 
 #include <cuda.h>
@@ -12,9 +12,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "generator/bwd_config.hpp"
-#include "generator/decode_config.hpp"
-#include "generator/kernel_config.hpp"
+#include "generator/kernel_module.hpp"
 #include "runtime/kernel_cache.hpp"
 #include "runtime/nvrtc_compiler.hpp"
 
@@ -36,27 +34,37 @@ class KernelRegistry {
 
   explicit KernelRegistry(std::filesystem::path cache_dir);
 
-  // Compiled module for (config, arch): memory, then disk cache, then NVRTC. Thread-safe.
-  std::shared_ptr<const CompiledKernel> compiled(const KernelConfig& config, int arch);
-  std::shared_ptr<const CompiledKernel> compiled(const BwdConfig& config, int arch);
-  std::shared_ptr<const CompiledKernel> compiled(const DecodeConfig& config, int arch);
+  // Compiled module for (config, arch): memory, then disk cache, then NVRTC. Thread-safe. Config: any kernel
+  // module (generator/kernel_module.hpp).
+  template <class Config>
+  std::shared_ptr<const CompiledKernel> compiled(const Config& config, int arch) {
+    static_assert(IsKernelModule<Config>::value, "a config type of a generated module");
+    return compiled_module(ModuleId{config.name(), arch}, [&] { return generate(config); });
+  }
 
-  // Local-memory bytes (spill stores + loads) ptxas reported for the kernels a config launches,
-  // compiling them first if needed: the backward's dkdv kernel, plus its dq kernel when deterministic.
-  int spilled_bytes(const KernelConfig& config, int arch);
-  int spilled_bytes(const BwdConfig& config, int arch);
-  int spilled_bytes(const DecodeConfig& config, int arch);  // its attention kernel (append and combine are tiny)
+  // Local-memory bytes (spill stores + loads) ptxas reported for the config's spill_checked_kernels(), compiling
+  // them first if needed.
+  template <class Config>
+  int spilled_bytes(const Config& config, int arch) {
+    const std::shared_ptr<const CompiledKernel> module = compiled(config, arch);
+    int spilled = 0;
+    for (const typename Config::Kernel kernel : config.spill_checked_kernels()) {
+      const ResourceUsage usage = module->usage_of(config.symbol(kernel));
+      spilled += usage.spill_store_bytes + usage.spill_load_bytes;
+    }
+    return spilled;
+  }
 
-  // The kernel loaded into ctx (current on this thread) with its dynamic shared-memory limit raised.
-  // Modules and functions are remembered per context by the driver's unique context id (cuCtxGetId),
-  // so a context created at a destroyed one's address, or a reset primary context, loads afresh. Once
-  // loaded, a call costs one cuCtxGetId and a hash lookup.
-  CUfunction function(const KernelConfig& config, CUcontext ctx, int arch);
-  // A kernel of a forward config's user mask's block classes (generator.hpp's has_user_block_classes): the tiles'
-  // classes, or with ranges each query block's walk.
-  CUfunction user_blocks_function(const KernelConfig& config, bool ranges, CUcontext ctx, int arch);
-  CUfunction function(const BwdConfig& config, BwdKernel kernel, CUcontext ctx, int arch);
-  CUfunction function(const DecodeConfig& config, DecodeKernel kernel, CUcontext ctx, int arch);
+  // One kernel of the config's module loaded into ctx (current on this thread), its dynamic shared-memory limit
+  // raised to what it uses. Modules and functions are remembered per context by the driver's unique context id
+  // (cuCtxGetId), so a context created at a destroyed one's address, or a reset primary context, loads afresh.
+  // Once loaded, a call costs one cuCtxGetId and a hash lookup.
+  template <class Config>
+  CUfunction function(const Config& config, typename Config::Kernel kernel, CUcontext ctx, int arch) {
+    static_assert(IsKernelModule<Config>::value, "a config type of a generated module");
+    return load(ModuleId{config.name(), arch}, config.symbol(kernel), config.smem_bytes(kernel), ctx,
+                [&] { return generate(config); });
+  }
 
   const KernelCache& disk_cache() const { return cache_; }
 

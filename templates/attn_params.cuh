@@ -14,8 +14,10 @@ namespace flashgen {
 // The buffers and scalars a user-defined variant's functions may read (flashgen_variant_desc).
 inline constexpr int kMaxUserBuffers = 8;
 inline constexpr int kMaxUserScalars = 8;
-// Threads of the kernel that classifies a user mask's blocks (user_blocks.cuh).
+// Threads of the kernels that classify a user mask's blocks (user_blocks.cuh): the tiles' (and the bands'), and the
+// query blocks' walks (one warp, whose lane 0 walks).
 inline constexpr int kUserBlockThreads = 128;
+inline constexpr int kUserBlockRangesThreads = 32;
 
 // A user mask's block classes (user_blocks.cuh writes them; block_range.cuh's KeyBlocks and QueryBlocks read them)
 // for tiles of block_m query rows and block_n keys, in groups of one batch entry and `heads` class heads: class head

@@ -289,7 +289,7 @@ TEST_CASE("sm90 backward validity follows bwd_sm90_traits", "[generator][backwar
         2 * 128 * 128 * 2 + 2 * (2 * 64 * 128 * 2 + 2 * 64 * 4) + 3 * 128 * 64 * 2 + 64 * 128 * 4 + (11 + 8) * 8 +
             1024);
   CHECK(c.smem_bytes(BwdKernel::kDkdv) == t.smem_bytes);
-  CHECK(c.dkdv_threads() == 384);
+  CHECK(c.threads(flashgen::BwdKernel::kDkdv) == 384);
   CHECK(c.pad_rows() == flashgen::kBwdSm90PadRows);
   CHECK(BwdConfig().pad_rows() == 1);
 }

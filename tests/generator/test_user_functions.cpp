@@ -71,7 +71,7 @@ TEST_CASE("a user variant's kernels compile on both families, both passes, the H
     const flashgen::CompiledKernel k = flashgen::compile_nvrtc(flashgen::generate(*c), c->sm90() ? 90 : 80);
     CHECK(k.usage.registers > 0);
     if (c->sm90()) CHECK(k.usage.spill_store_bytes == 0);
-    CHECK(k.usage_of(flashgen::user_blocks_symbol(*c)).registers > 0);  // the block classes' kernel
+    CHECK(k.usage_of(c->symbol(flashgen::FwdKernel::kUserBlockTiles)).registers > 0);  // the block classes' kernel
   }
   bwd90.user = user;
   REQUIRE(flashgen::has_user_block_classes(bwd90));

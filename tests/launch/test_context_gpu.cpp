@@ -250,13 +250,13 @@ TEST_CASE("KernelRegistry loads afresh into a context created after another was 
 
     const flashgen::ForwardLaunch launch = run_tiny_forward(1000 + round);
     // The function the forward pass used, asked for directly: loaded into this context and usable.
-    CUfunction function = registry.function(launch.config, context.get(), launch.arch);
+    CUfunction function = registry.function(launch.config, flashgen::FwdKernel::kAttend, context.get(), launch.arch);
     REQUIRE(function != nullptr);
     int max_threads = 0;
     FLASHGEN_CU_CHECK(cuFuncGetAttribute(&max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, function));
     CHECK(max_threads >= launch.config.threads());
     // Remembered for this context: the same handle again.
-    CHECK(registry.function(launch.config, context.get(), launch.arch) == function);
+    CHECK(registry.function(launch.config, flashgen::FwdKernel::kAttend, context.get(), launch.arch) == function);
 
     // A second forward pass in the same context goes through the remembered function.
     CHECK(run_tiny_forward(2000 + round).config == launch.config);
