@@ -316,6 +316,232 @@ struct BwdSm90Consumer : BwdSm90Layout<Cfg> {
     }
   }
 
+  // The consumers in lock step (every tiling without ping_pong: the dK/dV split and the query split among
+  // them): each step's Sᵀ and dPᵀ, Pᵀ and dSᵀ, dV and dK, then its dQ share (kPasses passes of kDqCols
+  // columns), the dK/dV split's consumers passing dPᵀ and Pᵀ's fragments through the exchange tile.
+  // With kDeferDq a step adds the previous step's dQ (after issuing its own dV and dK), and one more
+  // iteration adds the last step's: the consumers meet at no barrier of a step, each waiting only for the
+  // other's dSᵀ of the step before (staged a step ago) and, before storing dSᵀ into a tile, for the other's
+  // dQ product that read it two steps ago.
+  template <int kPasses, Part kPart, class Probabilities, class Gradients>
+  static __device__ void lock_step(const AttnBwdParams& p, const Work& w, u32 smem, const Barriers& bars,
+                                   const ThreadPlace& place, float (&acc_dk)[kDGroups][4],
+                                   float (&acc_dv)[kDGroups][4], const Probabilities& probabilities,
+                                   const Gradients& gradients) {
+    const int consumer = place.consumer;
+    constexpr bool kHasDk = kPart != Part::kGrads;
+    constexpr bool kHasDv = kPart != Part::kScores;
+    for (int it = kQuerySplit ? consumer : 0; it < w.iterations + (kDeferDq ? 1 : 0); it += kStepConsumers) {
+      const int head = Scheduler::head_of(p, w, it);
+      const int m_block = Scheduler::m_block_of(w, it);
+      const int m_start = m_block * kBlockM;
+      const int s = it % kStages;
+      const u32 sq = smem + kStageOffset + s * kStageBytes;
+      const u32 sdo = sq + kQTileBytes;
+      const u32 s_lse = smem + kRowStatsOffset + s * kRowStatsBytes;
+      const u32 s_dsum = s_lse + kBlockM * 4;
+      const u32 sds = smem + kDsOffset + (it % 2) * kDsTileBytes;
+      if (!kDeferDq || it < w.iterations) {  // with kDeferDq the last iteration only adds dQ
+        sm90::mbarrier_wait(bars.full(s), ring_phase(it));
+        const u64 desc_k_rows = sm90::smem_desc_sw128(place.sk_rows, 16, 1024);
+        const u64 desc_v_rows = sm90::smem_desc_sw128(place.sv_rows, 16, 1024);
+        const u64 desc_q = sm90::smem_desc_sw128(sq, 16, 1024);
+        const u64 desc_do = sm90::smem_desc_sw128(sdo, 16, 1024);
+
+        // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for this consumer's keys: (64, kBlockM), k-steps along head_dim. With the
+        // dK/dV split consumer 0 computes Sᵀ and consumer 1 dPᵀ.
+        float acc_s[kSGroups][4];
+        float acc_dp[kSGroups][4];
+        sm90::wgmma_fence();
+        if constexpr (kPart != Part::kGrads) transposed_product(acc_s, desc_k_rows, desc_q);
+        if constexpr (kPart != Part::kScores) transposed_product(acc_dp, desc_v_rows, desc_do);
+
+        // Pᵀ and dSᵀ as 16-bit A fragments (groups 2j, 2j+1 are k-step j's A fragment).
+        u32 p_frag[kMSteps][4];
+        u32 ds_frag[kMSteps][4];
+        // The exchange tile's slot of this thread's accumulator group (or fragment) i.
+        const u32 exchange = smem + kExchangeOffset + (threadIdx.x % 128) * 16;
+        auto exchange_slot = [&](int i) { return exchange + static_cast<u32>(i) * 128 * 16; };
+        if constexpr (kPart == Part::kGrads) {
+          // dPᵀ to consumer 0; back come Pᵀ's fragments (written over this thread's own slots, whose dPᵀ
+          // consumer 0's same thread has read).
+          sm90::wgmma_wait<0>();
+          sm90::pin_registers(acc_dp);
+#pragma unroll
+          for (int i = 0; i < kSGroups; ++i) {
+            sm90::st_shared_f32x4(exchange_slot(i), acc_dp[i][0], acc_dp[i][1], acc_dp[i][2], acc_dp[i][3]);
+          }
+          consumers_sync();  // dPᵀ stored
+          consumers_sync();  // Pᵀ's fragments stored
+#pragma unroll
+          for (int j = 0; j < kMSteps; ++j) sm90::ld_shared_u32x4(exchange_slot(j), p_frag[j]);
+        } else {
+          sm90::wgmma_wait<kPart == Part::kBoth ? 1 : 0>();
+          sm90::pin_registers(acc_s);
+          if (m_block < w.m_interior || m_block >= w.m_interior_end) {
+            probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<true>{});
+          } else {
+            probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<false>{});
+          }
+          if constexpr (kPart == Part::kBoth) {
+            sm90::wgmma_wait<0>();
+            sm90::pin_registers(acc_dp);
+          } else {
+            consumers_sync();  // dPᵀ stored
+          }
+          // dSᵀ = Pᵀ ∘ (dPᵀ - D), with respect to q·k (the dK/dV split's consumer 0 reads dPᵀ group by group).
+#pragma unroll
+          for (int i = 0; i < kSGroups; ++i) {
+            if constexpr (kPart == Part::kScores) {
+              sm90::ld_shared_f32x4(exchange_slot(i), acc_dp[i][0], acc_dp[i][1], acc_dp[i][2], acc_dp[i][3]);
+            }
+            gradients(acc_s, acc_dp, i, s_lse, s_dsum, head, m_start);
+          }
+          // dSᵀ into shared memory for the dQ product; Pᵀ's fragments to consumer 1.
+          stage_ds(p_frag, ds_frag, acc_s, acc_dp, [&](int) { return sds; }, bars, it, place.key_row0, place.t);
+          if constexpr (kPart == Part::kScores) {
+#pragma unroll
+            for (int j = 0; j < kMSteps; ++j) sm90::st_shared_u32x4(exchange_slot(j), p_frag[j]);
+            consumers_sync();  // Pᵀ's fragments stored
+          }
+        }
+
+        // dV += Pᵀ dO and dK += dSᵀ Q (the dK/dV split: the consumer's one of them): queries are the k
+        // dimension; dO and Q are read MN-major.
+        const u64 desc_do_mn = sm90::smem_desc_sw128(sdo, kBlockM * kRowBytes, 1024);
+        const u64 desc_q_mn = sm90::smem_desc_sw128(sq, kBlockM * kRowBytes, 1024);
+        sm90::wgmma_fence();
+        if constexpr (kHasDv) {
+#pragma unroll
+          for (int j = 0; j < kMSteps; ++j) {
+            const u64 desc_do_j = sm90::smem_desc_advance(desc_do_mn, j * 16 * kRowBytes);
+            sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dv, p_frag[j], desc_do_j, 1);
+          }
+        }
+        if constexpr (kHasDk) {
+#pragma unroll
+          for (int j = 0; j < kMSteps; ++j) {
+            const u64 desc_q_j = sm90::smem_desc_advance(desc_q_mn, j * 16 * kRowBytes);
+            sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dk, ds_frag[j], desc_q_j, 1);
+          }
+        }
+        sm90::wgmma_commit();
+      }
+
+      // dQ = dS K of step dq_it (this step's, or with kDeferDq the previous one's) once every consumer's dSᵀ
+      // of it is staged: A = dSᵀ and B = K, both read MN-major; keys are the k dimension. The dSᵀ tiles
+      // alternate, so without kDeferDq the next step's stores need no barrier of their own.
+      const int dq_it = kDeferDq ? it - 1 : it;
+      if (kDeferDq && dq_it < 0) {  // no dQ yet: done with the stage once dV and dK are
+        sm90::wgmma_wait<0>();
+        sm90::pin_registers(acc_dv);
+        sm90::pin_registers(acc_dk);
+        sm90::mbarrier_arrive(bars.empty(s));
+        continue;
+      }
+      if constexpr (kDeferDq) {
+        sm90::mbarrier_wait(bars.ds_full(dq_it % 2), (dq_it / 2) & 1);
+      } else if constexpr (kQuerySplit) {
+        sm90::named_barrier_sync(2 + consumer, 128);  // its own dSᵀ, in its own tile (it % 2 == consumer)
+      } else {
+        consumers_sync();
+      }
+      const int dq_head = kDeferDq ? Scheduler::head_of(p, w, dq_it) : head;
+      const int dq_m_start = kDeferDq ? Scheduler::m_block_of(w, dq_it) * kBlockM : m_start;
+      const u32 dq_sds = kDeferDq ? smem + kDsOffset + (dq_it % 2) * kDsTileBytes : sds;
+      const u64 desc_ds_mn = sm90::smem_desc_sw128(dq_sds, kBlockN * kRowBytes, 1024);
+      const u64 desc_k_mn = sm90::smem_desc_sw128(place.sk, kBlockN * kRowBytes, 1024);
+      const u32 thread_in_group = threadIdx.x % 128;
+      // the query block's first accumulator row
+      const long long dq_row0 = Scheduler::workspace_row(p, w, dq_head, dq_m_start);
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const int col0 = place.dq_col0 + pass * kDqCols;
+        float acc_dq[kDqRowTiles][kDqGroups][4];  // (kDqRowTiles x 64, kDqCols) of the query block
+        if (pass > 0) sm90::wgmma_fence();  // the previous pass's reductions read these registers
+#pragma unroll
+        for (int r = 0; r < kDqRowTiles; ++r) {
+#pragma unroll
+          for (int j = 0; j < kNSteps; ++j) {
+            const u32 step = j * 16 * kRowBytes;
+            const u64 desc_ds = sm90::smem_desc_advance(desc_ds_mn, (place.dq_tile0 + r) * kBlockN * kRowBytes + step);
+            const u64 desc_k = sm90::smem_desc_advance(desc_k_mn, (col0 / 64) * kBlockN * kRowBytes + step);
+            sm90::WgmmaSSMN<kDqCols>::template run<kElem>(acc_dq[r], desc_ds, desc_k, j > 0 ? 1 : 0);
+          }
+        }
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
+        if (pass == 0) {
+          if constexpr (kHasDv) sm90::pin_registers(acc_dv);
+          if constexpr (kHasDk) sm90::pin_registers(acc_dk);
+        }
+#pragma unroll
+        for (int r = 0; r < kDqRowTiles; ++r) sm90::pin_registers(acc_dq[r]);
+        // This thread is done with the stage (its wgmma have read Q and dO). Every consumer thread arrives,
+        // for its own loads of LSE and D where it has any (one lane arriving for its warp after the bar.sync
+        // is as correct, but compute-sanitizer's racecheck follows an mbarrier's order only from the threads
+        // that arrive, and reports the producer's bulk copies of the stage's next use against the other
+        // lanes' loads).
+        if (pass == 0 && (!kDeferDq || it < w.iterations)) sm90::mbarrier_arrive(bars.empty(s));
+        if constexpr (kDeferDq) {
+          if (pass + 1 == kPasses) sm90::mbarrier_arrive(bars.ds_empty(dq_it % 2));  // this dSᵀ tile read
+        }
+
+        // This consumer's share of the query block's dQ in accumulator order: each 64 x 64 chunk holds this
+        // thread's four values of 8-column group i at 16 * (128 * i + its index in the warpgroup), so a
+        // warp's 16-byte accesses are 512 consecutive bytes. Rows past seqlen_q exist in the padded
+        // accumulator and receive zeros.
+        auto chunk_offset = [&](int r, int i) {  // in floats
+          const int chunk = (place.dq_tile0 + r) * kChunks + col0 / 64 + i / 8;
+          return chunk * (kDqChunkBytes / 4) + ((i % 8) * 128 + static_cast<int>(thread_in_group)) * 4;
+        };
+        if constexpr (kDqStaged) {
+          // Into the shared dQ tile, once the writer has added the previous step's and handed it back.
+          if (dq_it >= kStepConsumers && pass == 0) {
+            sm90::named_barrier_sync(dq_empty_barrier(consumer), kDqWriterThreads);
+          }
+#pragma unroll
+          for (int r = 0; r < kDqRowTiles; ++r)
+#pragma unroll
+            for (int i = 0; i < kDqGroups; ++i) {
+              sm90::st_shared_f32x4(place.sdq + chunk_offset(r, i) * 4, acc_dq[r][i][0], acc_dq[r][i][1],
+                                    acc_dq[r][i][2], acc_dq[r][i][3]);
+            }
+          if (pass + 1 == kPasses) {
+            sm90::fence_proxy_async_smem();  // the writer's bulk reduce-add reads through the async proxy
+            sm90::named_barrier_arrive(dq_full_barrier(consumer), kDqWriterThreads);
+          }
+        } else {
+          // Straight into the accumulator with vector reductions; the deterministic strategy first waits for
+          // this block's turn (write_dq says which), which passes on after the last pass.
+          if (kDeterministic && pass == 0) {
+            if (consumer == 0 && thread_in_group == 0) {
+              const int turn = Scheduler::dq_turn(p, w, dq_m_start);
+              while (sm90::ld_acquire_gpu(Scheduler::dq_semaphore(p, dq_row0)) != turn) {
+              }
+            }
+            consumers_sync();
+          }
+          float* dq_tile = p.dq_accum + dq_row0 * kTileDim;
+#pragma unroll
+          for (int r = 0; r < kDqRowTiles; ++r)
+#pragma unroll
+            for (int i = 0; i < kDqGroups; ++i) {
+              sm90::red_add_f32x4(dq_tile + chunk_offset(r, i), acc_dq[r][i][0], acc_dq[r][i][1], acc_dq[r][i][2],
+                                  acc_dq[r][i][3]);
+            }
+        }
+      }
+      if constexpr (!kDqStaged && kDeterministic) {
+        __threadfence();  // every thread's adds done before the turn passes on
+        consumers_sync();
+        if (consumer == 0 && thread_in_group == 0) {
+          sm90::st_release_gpu(Scheduler::dq_semaphore(p, dq_row0), Scheduler::dq_turn(p, w, dq_m_start) + 1);
+        }
+      }
+    }
+  }
+
   // kPasses: this consumer's dQ passes (kDqCols columns each); kPart: what else it computes.
   template <int kPasses, Part kPart>
   static __device__ void consume(const AttnBwdSm90Params& params, const AttnBwdParams& p, const Work& w, u32 smem,
@@ -411,219 +637,7 @@ struct BwdSm90Consumer : BwdSm90Layout<Cfg> {
     if constexpr (kPingPong) {
       ping_pong(p, w, smem, bars, place, acc_dk, acc_dv, probabilities, gradients);
     } else {
-      // With kDeferDq a step adds the previous step's dQ (after issuing its own dV and dK), and one more
-      // iteration adds the last step's: the consumers meet at no barrier of a step, each waiting only for the
-      // other's dSᵀ of the step before (staged a step ago) and, before storing dSᵀ into a tile, for the other's
-      // dQ product that read it two steps ago.
-      for (int it = kQuerySplit ? consumer : 0; it < w.iterations + (kDeferDq ? 1 : 0); it += kStepConsumers) {
-        const int head = Scheduler::head_of(p, w, it);
-        const int m_block = Scheduler::m_block_of(w, it);
-        const int m_start = m_block * kBlockM;
-        const int s = it % kStages;
-        const u32 sq = smem + kStageOffset + s * kStageBytes;
-        const u32 sdo = sq + kQTileBytes;
-        const u32 s_lse = smem + kRowStatsOffset + s * kRowStatsBytes;
-        const u32 s_dsum = s_lse + kBlockM * 4;
-        const u32 sds = smem + kDsOffset + (it % 2) * kDsTileBytes;
-        if (!kDeferDq || it < w.iterations) {  // with kDeferDq the last iteration only adds dQ
-          sm90::mbarrier_wait(bars.full(s), ring_phase(it));
-          const u64 desc_k_rows = sm90::smem_desc_sw128(sk_rows, 16, 1024);
-          const u64 desc_v_rows = sm90::smem_desc_sw128(sv_rows, 16, 1024);
-          const u64 desc_q = sm90::smem_desc_sw128(sq, 16, 1024);
-          const u64 desc_do = sm90::smem_desc_sw128(sdo, 16, 1024);
-
-          // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for this consumer's keys: (64, kBlockM), k-steps along head_dim. With the
-          // dK/dV split consumer 0 computes Sᵀ and consumer 1 dPᵀ.
-          float acc_s[kSGroups][4];
-          float acc_dp[kSGroups][4];
-          sm90::wgmma_fence();
-          if constexpr (kPart != Part::kGrads) transposed_product(acc_s, desc_k_rows, desc_q);
-          if constexpr (kPart != Part::kScores) transposed_product(acc_dp, desc_v_rows, desc_do);
-
-          // Pᵀ and dSᵀ as 16-bit A fragments (groups 2j, 2j+1 are k-step j's A fragment).
-          u32 p_frag[kMSteps][4];
-          u32 ds_frag[kMSteps][4];
-          // The exchange tile's slot of this thread's accumulator group (or fragment) i.
-          const u32 exchange = smem + kExchangeOffset + (threadIdx.x % 128) * 16;
-          auto exchange_slot = [&](int i) { return exchange + static_cast<u32>(i) * 128 * 16; };
-          if constexpr (kPart == Part::kGrads) {
-            // dPᵀ to consumer 0; back come Pᵀ's fragments (written over this thread's own slots, whose dPᵀ
-            // consumer 0's same thread has read).
-            sm90::wgmma_wait<0>();
-            sm90::pin_registers(acc_dp);
-#pragma unroll
-            for (int i = 0; i < kSGroups; ++i) {
-              sm90::st_shared_f32x4(exchange_slot(i), acc_dp[i][0], acc_dp[i][1], acc_dp[i][2], acc_dp[i][3]);
-            }
-            consumers_sync();  // dPᵀ stored
-            consumers_sync();  // Pᵀ's fragments stored
-#pragma unroll
-            for (int j = 0; j < kMSteps; ++j) sm90::ld_shared_u32x4(exchange_slot(j), p_frag[j]);
-          } else {
-            sm90::wgmma_wait<kPart == Part::kBoth ? 1 : 0>();
-            sm90::pin_registers(acc_s);
-            if (m_block < w.m_interior || m_block >= w.m_interior_end) {
-              probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<true>{});
-            } else {
-              probabilities(acc_s, s_lse, head, m_start, sm80::BoolConstant<false>{});
-            }
-            if constexpr (kPart == Part::kBoth) {
-              sm90::wgmma_wait<0>();
-              sm90::pin_registers(acc_dp);
-            } else {
-              consumers_sync();  // dPᵀ stored
-            }
-            // dSᵀ = Pᵀ ∘ (dPᵀ - D), with respect to q·k (the dK/dV split's consumer 0 reads dPᵀ group by group).
-#pragma unroll
-            for (int i = 0; i < kSGroups; ++i) {
-              if constexpr (kPart == Part::kScores) {
-                sm90::ld_shared_f32x4(exchange_slot(i), acc_dp[i][0], acc_dp[i][1], acc_dp[i][2], acc_dp[i][3]);
-              }
-              gradients(acc_s, acc_dp, i, s_lse, s_dsum, head, m_start);
-            }
-            // dSᵀ into shared memory for the dQ product; Pᵀ's fragments to consumer 1.
-            stage_ds(p_frag, ds_frag, acc_s, acc_dp, [&](int) { return sds; }, bars, it, key_row0, t);
-            if constexpr (kPart == Part::kScores) {
-#pragma unroll
-              for (int j = 0; j < kMSteps; ++j) sm90::st_shared_u32x4(exchange_slot(j), p_frag[j]);
-              consumers_sync();  // Pᵀ's fragments stored
-            }
-          }
-
-          // dV += Pᵀ dO and dK += dSᵀ Q (the dK/dV split: the consumer's one of them): queries are the k
-          // dimension; dO and Q are read MN-major.
-          const u64 desc_do_mn = sm90::smem_desc_sw128(sdo, kBlockM * kRowBytes, 1024);
-          const u64 desc_q_mn = sm90::smem_desc_sw128(sq, kBlockM * kRowBytes, 1024);
-          sm90::wgmma_fence();
-          if constexpr (kHasDv) {
-#pragma unroll
-            for (int j = 0; j < kMSteps; ++j) {
-              const u64 desc_do_j = sm90::smem_desc_advance(desc_do_mn, j * 16 * kRowBytes);
-              sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dv, p_frag[j], desc_do_j, 1);
-            }
-          }
-          if constexpr (kHasDk) {
-#pragma unroll
-            for (int j = 0; j < kMSteps; ++j) {
-              const u64 desc_q_j = sm90::smem_desc_advance(desc_q_mn, j * 16 * kRowBytes);
-              sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dk, ds_frag[j], desc_q_j, 1);
-            }
-          }
-          sm90::wgmma_commit();
-        }
-
-        // dQ = dS K of step dq_it (this step's, or with kDeferDq the previous one's) once every consumer's dSᵀ
-        // of it is staged: A = dSᵀ and B = K, both read MN-major; keys are the k dimension. The dSᵀ tiles
-        // alternate, so without kDeferDq the next step's stores need no barrier of their own.
-        const int dq_it = kDeferDq ? it - 1 : it;
-        if (kDeferDq && dq_it < 0) {  // no dQ yet: done with the stage once dV and dK are
-          sm90::wgmma_wait<0>();
-          sm90::pin_registers(acc_dv);
-          sm90::pin_registers(acc_dk);
-          sm90::mbarrier_arrive(bars.empty(s));
-          continue;
-        }
-        if constexpr (kDeferDq) {
-          sm90::mbarrier_wait(bars.ds_full(dq_it % 2), (dq_it / 2) & 1);
-        } else if constexpr (kQuerySplit) {
-          sm90::named_barrier_sync(2 + consumer, 128);  // its own dSᵀ, in its own tile (it % 2 == consumer)
-        } else {
-          consumers_sync();
-        }
-        const int dq_head = kDeferDq ? Scheduler::head_of(p, w, dq_it) : head;
-        const int dq_m_start = kDeferDq ? Scheduler::m_block_of(w, dq_it) * kBlockM : m_start;
-        const u32 dq_sds = kDeferDq ? smem + kDsOffset + (dq_it % 2) * kDsTileBytes : sds;
-        const u64 desc_ds_mn = sm90::smem_desc_sw128(dq_sds, kBlockN * kRowBytes, 1024);
-        const u64 desc_k_mn = sm90::smem_desc_sw128(sk, kBlockN * kRowBytes, 1024);
-        const u32 thread_in_group = threadIdx.x % 128;
-        // the query block's first accumulator row
-        const long long dq_row0 = Scheduler::workspace_row(p, w, dq_head, dq_m_start);
-#pragma unroll
-        for (int pass = 0; pass < kPasses; ++pass) {
-          const int col0 = dq_col0 + pass * kDqCols;
-          float acc_dq[kDqRowTiles][kDqGroups][4];  // (kDqRowTiles x 64, kDqCols) of the query block
-          if (pass > 0) sm90::wgmma_fence();  // the previous pass's reductions read these registers
-#pragma unroll
-          for (int r = 0; r < kDqRowTiles; ++r) {
-#pragma unroll
-            for (int j = 0; j < kNSteps; ++j) {
-              const u32 step = j * 16 * kRowBytes;
-              const u64 desc_ds = sm90::smem_desc_advance(desc_ds_mn, (dq_tile0 + r) * kBlockN * kRowBytes + step);
-              const u64 desc_k = sm90::smem_desc_advance(desc_k_mn, (col0 / 64) * kBlockN * kRowBytes + step);
-              sm90::WgmmaSSMN<kDqCols>::template run<kElem>(acc_dq[r], desc_ds, desc_k, j > 0 ? 1 : 0);
-            }
-          }
-          sm90::wgmma_commit();
-          sm90::wgmma_wait<0>();
-          if (pass == 0) {
-            if constexpr (kHasDv) sm90::pin_registers(acc_dv);
-            if constexpr (kHasDk) sm90::pin_registers(acc_dk);
-          }
-#pragma unroll
-          for (int r = 0; r < kDqRowTiles; ++r) sm90::pin_registers(acc_dq[r]);
-          // This thread is done with the stage (its wgmma have read Q and dO). Every consumer thread arrives,
-          // for its own loads of LSE and D where it has any (one lane arriving for its warp after the bar.sync
-          // is as correct, but compute-sanitizer's racecheck follows an mbarrier's order only from the threads
-          // that arrive, and reports the producer's bulk copies of the stage's next use against the other
-          // lanes' loads).
-          if (pass == 0 && (!kDeferDq || it < w.iterations)) sm90::mbarrier_arrive(bars.empty(s));
-          if constexpr (kDeferDq) {
-            if (pass + 1 == kPasses) sm90::mbarrier_arrive(bars.ds_empty(dq_it % 2));  // this dSᵀ tile read
-          }
-
-          // This consumer's share of the query block's dQ in accumulator order: each 64 x 64 chunk holds this
-          // thread's four values of 8-column group i at 16 * (128 * i + its index in the warpgroup), so a
-          // warp's 16-byte accesses are 512 consecutive bytes. Rows past seqlen_q exist in the padded
-          // accumulator and receive zeros.
-          auto chunk_offset = [&](int r, int i) {  // in floats
-            const int chunk = (dq_tile0 + r) * kChunks + col0 / 64 + i / 8;
-            return chunk * (kDqChunkBytes / 4) + ((i % 8) * 128 + static_cast<int>(thread_in_group)) * 4;
-          };
-          if constexpr (kDqStaged) {
-            // Into the shared dQ tile, once the writer has added the previous step's and handed it back.
-            if (dq_it >= kStepConsumers && pass == 0) {
-              sm90::named_barrier_sync(dq_empty_barrier(consumer), kDqWriterThreads);
-            }
-#pragma unroll
-            for (int r = 0; r < kDqRowTiles; ++r)
-#pragma unroll
-              for (int i = 0; i < kDqGroups; ++i) {
-                sm90::st_shared_f32x4(sdq + chunk_offset(r, i) * 4, acc_dq[r][i][0], acc_dq[r][i][1], acc_dq[r][i][2],
-                                      acc_dq[r][i][3]);
-              }
-            if (pass + 1 == kPasses) {
-              sm90::fence_proxy_async_smem();  // the writer's bulk reduce-add reads through the async proxy
-              sm90::named_barrier_arrive(dq_full_barrier(consumer), kDqWriterThreads);
-            }
-          } else {
-            // Straight into the accumulator with vector reductions; the deterministic strategy first waits for
-            // this block's turn (write_dq says which), which passes on after the last pass.
-            if (kDeterministic && pass == 0) {
-              if (consumer == 0 && thread_in_group == 0) {
-                const int turn = Scheduler::dq_turn(p, w, dq_m_start);
-                while (sm90::ld_acquire_gpu(Scheduler::dq_semaphore(p, dq_row0)) != turn) {
-                }
-              }
-              consumers_sync();
-            }
-            float* dq_tile = p.dq_accum + dq_row0 * kTileDim;
-#pragma unroll
-            for (int r = 0; r < kDqRowTiles; ++r)
-#pragma unroll
-              for (int i = 0; i < kDqGroups; ++i) {
-                sm90::red_add_f32x4(dq_tile + chunk_offset(r, i), acc_dq[r][i][0], acc_dq[r][i][1], acc_dq[r][i][2],
-                                    acc_dq[r][i][3]);
-              }
-          }
-        }
-        if constexpr (!kDqStaged && kDeterministic) {
-          __threadfence();  // every thread's adds done before the turn passes on
-          consumers_sync();
-          if (consumer == 0 && thread_in_group == 0) {
-            sm90::st_release_gpu(Scheduler::dq_semaphore(p, dq_row0), Scheduler::dq_turn(p, w, dq_m_start) + 1);
-          }
-        }
-      }
+      lock_step<kPasses, kPart>(p, w, smem, bars, place, acc_dk, acc_dv, probabilities, gradients);
     }
 
     // Epilogue: every consumer is done with K and V (dQ read all keys); stage dK = scale · acc_dk and dV
