@@ -2,11 +2,12 @@
 // the block's 64) walks the block's query blocks: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ on wgmma from shared memory, Pᵀ
 // and dSᵀ in registers (bwd_scores.cuh), dV += Pᵀ dO and dK += dSᵀ Q, dSᵀ staged for dQ = dS K, whose share it
 // stores to the dQ tile (or adds to the accumulator). Two main loops: the consumers' turns (ping_pong) and lock
-// step (the dK/dV split and the query split among them). Then it stores dK and dV.
+// step (the dK/dV split and the query split among them). Then the epilogue (bwd_sm90_epilogue.cuh) stores dK and dV.
 #pragma once
 
 #include "attn_params.cuh"
 #include "bwd_scores.cuh"
+#include "bwd_sm90_epilogue.cuh"
 #include "bwd_sm90_layout.cuh"
 #include "bwd_sm90_scheduler.cuh"
 #include "sm80_primitives.cuh"
@@ -19,6 +20,7 @@ namespace flashgen {
 template <class Cfg>
 struct BwdSm90Consumer : BwdSm90Layout<Cfg> {
   using L = BwdSm90Layout<Cfg>;
+  using Epilogue = BwdSm90Epilogue<Cfg>;
   using Scheduler = BwdSm90Scheduler<Cfg>;
   using Work = typename Scheduler::Work;
   using typename L::Barriers;
@@ -49,7 +51,6 @@ struct BwdSm90Consumer : BwdSm90Layout<Cfg> {
   using L::kDsTiles;
   using L::kElem;
   using L::kExchangeOffset;
-  using L::kHeadDim;
   using L::kMSteps;
   using L::kNSteps;
   using L::kPingPong;
@@ -66,7 +67,6 @@ struct BwdSm90Consumer : BwdSm90Layout<Cfg> {
   using L::kTileDim;
   using L::kTraits;
   using L::kVOffset;
-  using L::kVarlen;
   using L::consumers_sync;
   using L::dq_empty_barrier;
   using L::dq_full_barrier;
@@ -117,11 +117,11 @@ struct BwdSm90Consumer : BwdSm90Layout<Cfg> {
   }
 
   // A consumer thread's place (consume): its consumer, which 64 keys of the block are its (key_consumer) and its
-  // accumulators' rows key_row0 and + 8 and column pair t; its share of dQ (dq_tile0, dq_col0); the K and V tiles,
-  // its 64 rows of them and its dQ tile in shared memory.
+  // accumulators' rows key_row0 and + 8 and column pair t; its share of dQ (dq_tile0, dq_col0); the K tile, its
+  // 64 rows of K and of V and its dQ tile in shared memory.
   struct ThreadPlace {
     int consumer, key_consumer, key_row0, t, dq_tile0, dq_col0;
-    u32 sk, sv, sk_rows, sv_rows, sdq;
+    u32 sk, sk_rows, sv_rows, sdq;
   };
 
   // The consumers take turns issuing their products, so that one computes Pᵀ and dSᵀ while the other's
@@ -553,8 +553,6 @@ struct BwdSm90Consumer : BwdSm90Layout<Cfg> {
     const int t = lane % 4;  // accumulator column pair
     const int key_consumer = kTraits.key_consumers == 1 ? 0 : consumer;  // which 64 keys of the block are its
     const int key_row0 = key_consumer * 64 + warp * 16 + g;  // this thread's keys: key_row0 and + 8, block-relative
-    constexpr bool kHasDk = kPart != Part::kGrads;
-    constexpr bool kHasDv = kPart != Part::kScores;
     const u32 sk = smem;
     const u32 sv = smem + kVOffset;
     const u32 sk_rows = sk + key_consumer * 64 * kRowBytes;  // this consumer's 64 keys in chunk 0
@@ -633,110 +631,14 @@ struct BwdSm90Consumer : BwdSm90Layout<Cfg> {
       }
     };
 
-    const ThreadPlace place{consumer, key_consumer, key_row0, t, dq_tile0, dq_col0, sk, sv, sk_rows, sv_rows, sdq};
+    const ThreadPlace place{consumer, key_consumer, key_row0, t, dq_tile0, dq_col0, sk, sk_rows, sv_rows, sdq};
     if constexpr (kPingPong) {
       ping_pong(p, w, smem, bars, place, acc_dk, acc_dv, probabilities, gradients);
     } else {
       lock_step<kPasses, kPart>(p, w, smem, bars, place, acc_dk, acc_dv, probabilities, gradients);
     }
 
-    // Epilogue: every consumer is done with K and V (dQ read all keys); stage dK = scale · acc_dk and dV
-    // in this consumer's rows of the K and V tiles (the dK/dV split: its one of them, all 64 rows), then
-    // TMA-store them (rows past seqlen_k are clipped). With the query split, consumer 0 first adds consumer
-    // 1's dK to its own and stores dK, consumer 1 dV, the partial sums passing through the ring's stages
-    // (both consumers are done with them, and the producer loads nothing more), in accumulator order, handed
-    // over by an mbarrier rather than barrier 1: compute-sanitizer's racecheck follows this hand-off only through
-    // the mbarrier (bench/notes_bwd_sm90.md, Versions: the query split's hand-off).
-    consumers_sync();
-    const bool stores_dk = kHasDk && (!kQuerySplit || consumer == 0);
-    const bool stores_dv = kHasDv && (!kQuerySplit || consumer == 1);
-    if constexpr (kQuerySplit) {
-      static_assert(2 * kDGroups * 128 * 16 <= kStages * kStageBytes, "the partial dK and dV fit the stages");
-      const u32 partial = smem + kStageOffset + (threadIdx.x % 128) * 16;
-      auto slot = [&](int tensor, int i) {  // tensor 0: dK, 1: dV
-        return partial + static_cast<u32>(tensor * kDGroups + i) * 128 * 16;
-      };
-      // (Branches rather than a reference chosen at run time, which would put the accumulators in local memory.)
-      auto give = [&](int tensor, const float(&acc)[kDGroups][4]) {
-#pragma unroll
-        for (int i = 0; i < kDGroups; ++i) {
-          sm90::st_shared_f32x4(slot(tensor, i), acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
-        }
-      };
-      auto take = [&](int tensor, float(&acc)[kDGroups][4]) {
-#pragma unroll
-        for (int i = 0; i < kDGroups; ++i) {
-          float other[4];
-          sm90::ld_shared_f32x4(slot(tensor, i), other[0], other[1], other[2], other[3]);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[i][e] += other[e];
-        }
-      };
-      if (consumer == 0) {
-        give(1, acc_dv);
-      } else {
-        give(0, acc_dk);
-      }
-      sm90::mbarrier_arrive(bars.partials());
-      sm90::mbarrier_wait(bars.partials(), 0);
-      if (consumer == 0) {
-        take(0, acc_dk);
-      } else {
-        take(1, acc_dv);
-      }
-    }
-    if constexpr (kVarlen) {
-      // A packed sequence's last keys: a 64-row box would run into the next sequence's rows, so this
-      // consumer writes the keys of its sequence from registers (rows key_row0 and + 8, columns 8i + 2t, + 1;
-      // the groups past head_dim are the tiles' zero padding).
-      if (w.n_start + key_consumer * 64 + 64 > p.seqlen_k) {
-        using u16 = sm80::u16;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int key = w.n_start + key_row0 + 8 * h;
-          if (key >= p.seqlen_k) continue;
-          u16* dk = static_cast<u16*>(p.dk) + key * p.dk_row_stride + w.kv_head * p.dk_head_stride + 2 * t;
-          u16* dv = static_cast<u16*>(p.dv) + key * p.dv_row_stride + w.kv_head * p.dv_head_stride + 2 * t;
-#pragma unroll
-          for (int i = 0; i < kHeadDim / 8; ++i) {
-            if (stores_dk) {
-              *reinterpret_cast<u32*>(dk + 8 * i) =
-                  sm80::pack2<kElem>(acc_dk[i][2 * h] * p.scale, acc_dk[i][2 * h + 1] * p.scale);
-            }
-            if (stores_dv) {
-              *reinterpret_cast<u32*>(dv + 8 * i) = sm80::pack2<kElem>(acc_dv[i][2 * h], acc_dv[i][2 * h + 1]);
-            }
-          }
-        }
-        return;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kDGroups; ++i)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const u32 offset = swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t);
-        if (stores_dk) {
-          sm90::st_shared_u32(sk + offset,
-                              sm80::pack2<kElem>(acc_dk[i][2 * h] * p.scale, acc_dk[i][2 * h + 1] * p.scale));
-        }
-        if (stores_dv) {
-          sm90::st_shared_u32(sv + offset, sm80::pack2<kElem>(acc_dv[i][2 * h], acc_dv[i][2 * h + 1]));
-        }
-      }
-    sm90::fence_proxy_async_smem();
-    sm90::named_barrier_sync(2 + consumer, 128);
-    if (threadIdx.x % 128 == 0) {
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        const u32 rows = c * kBlockN * kRowBytes + key_consumer * 64 * kRowBytes;
-        const int k_row = w.k_row0 + w.n_start + key_consumer * 64;
-        if (stores_dk) sm90::tma_store_4d(&params.dk_map, sk + rows, c * 64, k_row, w.kv_head, w.tma_batch);
-        if (stores_dv) sm90::tma_store_4d(&params.dv_map, sv + rows, c * 64, k_row, w.kv_head, w.tma_batch);
-      }
-      sm90::tma_store_commit();
-      sm90::tma_store_wait_all();
-    }
+    Epilogue::template store<kPart>(params, p, w, smem, bars, consumer, key_consumer, key_row0, t, acc_dk, acc_dv);
   }
 };
 
