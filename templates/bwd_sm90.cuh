@@ -41,7 +41,8 @@
 //   bwd_sm90_scheduler.cuh  which key block a block computes, and its walk over the query blocks
 //   bwd_sm90_producer.cuh   the TMA loads of K, V and every step's Q, dO, LSE and D
 //   bwd_sm90_dq_writer.cuh  the adds of the staged dQ tiles, and the deterministic strategy's turns
-//   bwd_sm90_consumer.cuh   one consumer warpgroup's main loop over the query blocks
+//   bwd_sm90_consumer.cuh   one consumer warpgroup: its place, dK and dV, the scores' Pᵀ and dSᵀ
+//   bwd_sm90_mainloops.cuh  its walk over the query blocks: the consumers' turns, or lock step
 //   bwd_sm90_epilogue.cuh   its dK and dV: the query split's sum, the TMA stores
 // This file ties them: barrier setup and the split into producer warps and consumers.
 #pragma once
