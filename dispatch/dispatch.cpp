@@ -1,5 +1,6 @@
-// Dispatch of both passes and of KV-cache calls: the run-time choice, tune-on-first-use, the fallbacks in one
-// order, and the per-process store of prepared launches that keeps a warm call to a few driver calls.
+// Dispatch of both passes and of KV-cache calls: the planner's sources (the process's choice, tune-on-first-use, the
+// kernel registry's spill reports, the launcher's can_implement), and the per-process store of prepared launches that
+// keeps a warm call to a few driver calls.
 #include "dispatch/dispatch.hpp"
 
 #include <array>
@@ -10,80 +11,31 @@
 #include <mutex>
 #include <string>
 #include <tuple>
-#include <type_traits>
 #include <utility>
+#include <vector>
 
+#include "dispatch/planner.hpp"
 #include "dispatch/select.hpp"
 #include "flashgen/error.hpp"
 #include "launch/tensor_checks.hpp"
 #include "runtime/cuda_driver.hpp"
-#include "tuner/decode_choice.hpp"
 
 namespace flashgen {
 
 namespace {
 
-// The sm80 family's built-in choice, for problems the chosen family cannot implement.
-ForwardChoice sm80_fallback(const ForwardCall& call, int arch) {
+// The sm80 family's candidates, for problems the chosen family cannot implement.
+std::vector<KernelConfig> sm80_candidates(const ForwardCall& call, int arch) {
   const AttentionProblem& p = call.problem;
-  return heuristic_choice(p.dtype, p.head_dim(), p.mask_kind(), arch, /*sm80_only=*/true, p.varlen, p.score_mods());
+  return heuristic_candidates(p.dtype, p.head_dim(), p.mask_kind(), arch, /*sm80_only=*/true, p.varlen,
+                              p.score_mods());
 }
 
-BackwardChoice sm80_fallback(const BackwardCall& call, int arch) {
+std::vector<BwdConfig> sm80_candidates(const BackwardCall& call, int arch) {
   const AttentionProblem& p = call.problem;
-  return heuristic_backward_choice(p.dtype, p.head_dim(), p.mask_kind(), p.deterministic(), arch, /*sm80_only=*/true,
-                                   p.varlen, p.score_mods());
+  return heuristic_backward_candidates(p.dtype, p.head_dim(), p.mask_kind(), p.deterministic(), arch,
+                                       /*sm80_only=*/true, p.varlen, p.score_mods());
 }
-
-// The kTileCount fallback: the same tiles, one block each instead of a persistent walk (groups walk a
-// persistent list too). Only the sm90 family has persistent kernels; the backward has none.
-void without_persistence(KernelConfig& config) {
-  Sm90Knobs* k = config.sm90();
-  if (k == nullptr) {
-    fail(Status::kInternal, "config " + config.name() + " reported too many tiles for a persistent walk");
-  }
-  k->persistent = false;
-  k->groups = 1;
-}
-
-void without_persistence(BwdConfig& config) {
-  fail(Status::kInternal, "backward config " + config.name() + " reported too many tiles for a persistent walk");
-}
-
-// Step (3) of both passes: until the choice's family can implement the problem, take the fallback for what
-// it lacks, saying so in the reason.
-template <class Call, class Choice>
-void apply_fallbacks(const Call& call, Choice& choice, int arch, const DeviceTraits& device) {
-  // Each fallback removes its shortfall for good (the sm80 family uses no TMA and is never persistent).
-  for (int step = 0; step < 3; ++step) {
-    const Implementability answer = can_implement(call, choice.config, device);
-    switch (answer.shortfall) {
-      case Shortfall::kNone:
-        return;
-      case Shortfall::kTmaLayout: {
-        Choice fallback = sm80_fallback(call, arch);
-        choice.reason += "; TMA cannot describe " + answer.reason + ", so the sm80 family's " + fallback.reason;
-        choice.config = std::move(fallback.config);
-        choice.source = fallback.source;
-        break;
-      }
-      case Shortfall::kTileCount:
-        without_persistence(choice.config);
-        choice.reason += "; not persistent: too many tiles";
-        break;
-    }
-  }
-  fail(Status::kInternal, "no fallback lets a kernel family implement the problem with " + choice.config.name());
-}
-
-// A packed batch over a paged cache reads keys and values through the block table: its paged class's tuned
-// config as it is, or the contiguous class's (or a fallback's) made paged, where it can be (tuner/choice.hpp's
-// read_through_pages). The backward has no paged kernels.
-void read_through_pages(const ForwardCall& call, ForwardChoice& choice, int arch) {
-  if (call.problem.paged) choice = flashgen::read_through_pages(std::move(choice), arch);
-}
-
-void read_through_pages(const BackwardCall&, BackwardChoice&, int) {}
 
 // The call's arguments of its user variant, from its params (the variant's counts of them).
 template <class Params>
@@ -103,98 +55,46 @@ UserVariantArgs first_use_args(const Call& call, CUstream stream) {
   return user_args_of(call.problem, call.params);
 }
 
-std::optional<ForwardChoice> tune_on_first_use_of(const ForwardCall& call, CUstream stream, int device, int arch,
-                                                  std::string* failure) {
-  const UserVariantArgs args = first_use_args(call, stream);
-  return tune_forward_on_first_use(call.problem, device, arch, failure, false, &args);
+// The planner's sources that differ by pass: the process's choice, the first-use sweep, the kernel registry's spill
+// reports, the paged step's read_through_pages.
+PlanSources<ForwardChoice> pass_sources(const ForwardCall& call, CUstream stream, int device, int arch) {
+  PlanSources<ForwardChoice> sources;
+  sources.choose = [device, arch](const ProblemKey& key) { return choose_forward_config(device, key, arch); };
+  sources.tune = [&call, stream, device, arch](std::string* failure) {
+    const UserVariantArgs args = first_use_args(call, stream);
+    return tune_forward_on_first_use(call.problem, device, arch, failure, false, &args);
+  };
+  sources.spilled_bytes = compiled_spills(arch);
+  sources.read_through_pages = [arch](ForwardChoice choice) { return read_through_pages(std::move(choice), arch); };
+  return sources;
 }
 
-std::optional<BackwardChoice> tune_on_first_use_of(const BackwardCall& call, CUstream stream, int device, int arch,
-                                                   std::string* failure) {
-  const UserVariantArgs args = first_use_args(call, stream);
-  return tune_backward_on_first_use(call.problem, device, arch, failure, &args);
+PlanSources<BackwardChoice> pass_sources(const BackwardCall& call, CUstream stream, int device, int arch) {
+  PlanSources<BackwardChoice> sources;
+  sources.choose = [device, arch](const ProblemKey& key) { return choose_backward_config(device, key, arch); };
+  sources.tune = [&call, stream, device, arch](std::string* failure) {
+    const UserVariantArgs args = first_use_args(call, stream);
+    return tune_backward_on_first_use(call.problem, device, arch, failure, &args);
+  };
+  sources.spilled_bytes = compiled_backward_spills(arch);
+  return sources;
 }
 
-// The process's choice for a key of the call's pass.
-ForwardChoice choice_for_key(int device, const ProblemKey& key, int arch, const ForwardCall*) {
-  return choose_forward_config(device, key, arch);
-}
-
-BackwardChoice choice_for_key(int device, const ProblemKey& key, int arch, const BackwardCall*) {
-  return choose_backward_config(device, key, arch);
-}
-
-bool tuned(ChoiceSource source) {
-  return source == ChoiceSource::kTuningDatabase || source == ChoiceSource::kTunedOnFirstUse;
-}
-
-// The process's choice for a call. A dense call with a user variant takes the variant's own tuning data (its key
-// carries the variant's tag; *variant_data is set), else its base class's choice, which is not the variant's own
-// bucket (so tune-on-first-use still tunes the variant).
+// The planner (planner.hpp) of a call in scope's context on sm_<arch>, with the process's sources: no first-use sweep
+// while the switch is off, none but a plan that is not final while the stream captures a graph.
 template <class Call>
-auto process_choice(const Call& call, int device, int arch, bool* variant_data) {
-  ProblemKey key = problem_key(call.problem);
-  auto choice = choice_for_key(device, key, arch, &call);
-  *variant_data = !key.user_tag.empty() && tuned(choice.source);
-  if (key.user_tag.empty() || *variant_data) return choice;
-  key.user_tag.clear();
-  choice = choice_for_key(device, key, arch, &call);
-  // Not the variant's own data, whatever the base class's was: tune-on-first-use still tunes the variant.
-  choice.exact_bucket = false;
-  if (choice.source == ChoiceSource::kTunedOnFirstUse) choice.source = ChoiceSource::kTuningDatabase;
-  choice.reason = "its base class's choice: " + choice.reason;
-  return choice;
-}
-
-// A user variant's functions join the tiles chosen for it: as they are where they were timed with them (the
-// variant's own data), else through attach_user_variant (the base class's tiles, or others of the base class
-// where those spill with the functions).
-template <class Choice>
-void with_user_variant(const AttentionProblem& problem, Choice& choice, int arch, bool variant_data) {
-  if (!problem.user) return;
-  if (!variant_data) return attach_user_variant(choice, problem.user, arch);
-  choice.config.user = problem.user;
-  choice.reason += "; with the user variant " + problem.user->tag + " compiled in";
-}
-
-// Steps (1) to (3) for a problem in scope's context. final is false when tune-on-first-use had to be skipped
-// (the stream captures a graph): such a plan serves this call but is not kept for the next.
-template <class Choice>
-struct Plan {
-  Choice choice;
-  int arch = 0;
-  bool final = true;
-};
-
-template <class Call>
-auto plan_in_scope(const Call& call, const ScopedContext& scope, CUstream stream) {
-  const int device = static_cast<int>(scope.device());
-  const int arch = launch_arch(scope.device());
-  bool variant_data = false;
-  Plan<decltype(process_choice(call, device, arch, &variant_data))> plan{
-      process_choice(call, device, arch, &variant_data), arch};
-  // A packed or KV-cache call with a user variant runs its base class's choice: their sweeps do not take one.
-  if (call.problem.user == nullptr || !user_key_tag(call.problem).empty()) {
-    if (tune_on_first_use() && stream_capturing(stream)) {
-      plan.final = false;
-    } else {
-      apply_tune_on_first_use(plan.choice, [&](std::string* failure) {
-        auto swept = tune_on_first_use_of(call, stream, device, arch, failure);
-        variant_data = variant_data || (swept && call.problem.user != nullptr);
-        return swept;
-      });
-    }
+auto plan_in_scope(const Call& call, const ScopedContext& scope, CUstream stream, int arch) {
+  auto sources = pass_sources(call, stream, static_cast<int>(scope.device()), arch);
+  sources.arch = arch;
+  if (!tune_on_first_use()) {
+    sources.tune = nullptr;
+  } else {
+    sources.tuning_deferred = stream_capturing(stream);
   }
-  apply_fallbacks(call, plan.choice, arch, device_traits(scope.device()));
-  read_through_pages(call, plan.choice, arch);
-  with_user_variant(call.problem, plan.choice, plan.arch, variant_data);
-  if (call.problem.user) {
-    // Tiles taken for the variant's spills come from the heuristic's list: what the fallbacks removed (a persistent
-    // walk past the tile counters) is removed from them again, in place, the variant kept.
-    apply_fallbacks(call, plan.choice, arch, device_traits(scope.device()));
-    plan.choice.config.user = call.problem.user;
-  }
-  return plan;
+  const DeviceTraits& device = device_traits(scope.device());
+  sources.can_implement = [&call, &device](const auto& config) { return can_implement(call, config, device); };
+  sources.sm80_candidates = [&call, arch] { return sm80_candidates(call, arch); };
+  return plan_call(call, sources);
 }
 
 // A problem class: everything of a call but its data pointers, in one context. Two calls of one class
@@ -331,12 +231,13 @@ std::shared_ptr<const Entry> launch_of(const Call& call, const ScopedContext& sc
   if (auto found = kept.find(key)) return found;
   // Read before planning: a tuning result stored while this call plans leaves the entry stale, not lost.
   const uint64_t generation = choice_generation();
-  auto [choice, arch, final] = plan_in_scope(call, scope, stream);
+  const int arch = launch_arch(scope.device());
+  auto plan = plan_in_scope(call, scope, stream, arch);
   auto entry = std::make_shared<Entry>();
-  entry->prepared = prepare(call, stream, choice.config);
-  entry->launch = report_of(std::move(choice), arch, entry->prepared);
+  entry->prepared = prepare(call, stream, plan.choice.config);
+  entry->launch = report_of(std::move(plan.choice), arch, entry->prepared);
   entry->generation = generation;
-  if (final) kept.keep(key, entry);
+  if (plan.final) kept.keep(key, entry);
   return entry;
 }
 
@@ -409,13 +310,9 @@ KvCachePlan plan_kvcache(const KvCacheCall& call, CUstream stream) {
   const ScopedContext scope(stream, call.params.q);
   const int arch = launch_arch(scope.device());
   const DeviceTraits& device = device_traits(scope.device());
-  DecodeChoice choice = choose_decode_config(static_cast<int>(scope.device()), call.problem, arch,
-                                             device.multiprocessors);
-  if (call.problem.user) {  // the base class's choice, with the user's functions compiled in
-    choice.config.user = call.problem.user;
-    choice.reason += "; with the user variant " + call.problem.user->tag + " compiled in";
-  }
-  if (call.num_splits > 0) choice = with_requested_splits(std::move(choice), call.problem, call.num_splits);
+  const DecodeChoice choice = plan_call(call, [&] {
+    return choose_decode_config(static_cast<int>(scope.device()), call.problem, arch, device.multiprocessors);
+  });
   KvCachePlan plan;
   plan.launch.config = choice.config;
   plan.launch.arch = arch;

@@ -1,9 +1,9 @@
-// Dispatch: from a checked problem to a launch, for both passes in one order. (1) The process-wide choice
-// (select.hpp: the user's database, the shipped defaults, the built-in heuristic); (2) tune-on-first-use,
-// unless the stream captures a graph; (3) while the chosen config's kernel family cannot implement the
-// problem (the launcher's can_implement): where TMA cannot describe a tensor, the sm80 family's built-in
-// choice; where a persistent kernel would index too many tiles, the config without persistence. Then the
-// launcher launches that config. The C ABI, explain and the CLI call this layer; launchers never choose.
+// Dispatch: from a checked problem to a launch, for both passes and KV-cache calls. The planner (planner.hpp) refines
+// the process-wide choice (select.hpp: the user's database, the shipped defaults, the built-in heuristic) in one
+// order: tune-on-first-use (unless the stream captures a graph), a paged cache, a user variant, then while the
+// chosen config's kernel family cannot implement the problem (the launcher's can_implement) the fallback for what it
+// lacks. Then the launcher launches that config. The C ABI, explain and the CLI call this layer; launchers never
+// choose.
 //
 // A warm call is cheap: the prepared launch of a problem class (the same sizes, strides, dtype, mask and
 // options, in the same context) is kept, and the next call of the class only checks its pointers, points

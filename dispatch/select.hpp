@@ -28,24 +28,6 @@ void set_tune_on_first_use(bool enabled);
 // or the tune-on-first-use switch was set. Launches dispatch keeps from before are prepared afresh.
 uint64_t choice_generation();
 
-// A call's tune-on-first-use step, given its run-time choice: when the switch is on and neither the user's
-// database holds the problem's own bucket (a neighbour's winner is only a stand-in) nor this process has
-// tuned it, tune(&failure) sweeps it; its winner replaces the choice, or the choice is kept with the
-// failure's cause at the end of its reason. The caller skips this while its stream captures a graph.
-template <class Choice, class Tune>
-void apply_tune_on_first_use(Choice& choice, Tune&& tune) {
-  if (!tune_on_first_use() || choice.source == ChoiceSource::kTunedOnFirstUse ||
-      (choice.source == ChoiceSource::kTuningDatabase && choice.exact_bucket)) {
-    return;
-  }
-  std::string failure;
-  if (auto tuned = tune(&failure)) {
-    choice = std::move(*tuned);
-  } else {
-    choice.reason += "; tuning on first use failed: " + failure;
-  }
-}
-
 // Candidates a first-use sweep times (capped_candidates: the built-in choice, its neighbours, the rest
 // spread evenly).
 constexpr int kFirstUseCandidates = 16;

@@ -26,30 +26,30 @@ void keep_sm80_family(std::vector<Config>& configs) {
                 configs.end());
 }
 
-// The first of configs whose kernels compile for arch spilling at most cheap_bytes (none by default), with the
-// reason "built-in heuristic ..." naming what was passed over and what it spills; the first config when all of
-// them spill more.
-template <class Config>
-std::pair<Config, std::string> first_spilling_at_most(const std::vector<Config>& configs, int arch,
-                                                      int cheap_bytes = 0) {
-  std::pair<Config, std::string> choice{configs.front(), "built-in heuristic (no tuning data)"};
+// The first of ranked whose kernels spill at most cheap_bytes by spilled, with the reason "built-in heuristic ..."
+// naming what was passed over and what it spills; the first config when all of them spill more.
+template <class Choice, class Config>
+Choice first_spilling_at_most(const std::vector<Config>& ranked, const SpilledBytes<Config>& spilled,
+                              int cheap_bytes) {
+  FLASHGEN_REQUIRE(!ranked.empty(), "the built-in choice: no candidates");
+  Choice choice{ranked.front(), "built-in heuristic (no tuning data)"};
   std::string spilling;
   bool clean = false;
-  for (const Config& config : configs) {
-    const int spilled = KernelRegistry::instance().spilled_bytes(config, arch);
-    if (spilled <= cheap_bytes) {
-      choice.first = config;
+  for (const Config& config : ranked) {
+    const int bytes = spilled(config);
+    if (bytes <= cheap_bytes) {
+      choice.config = config;
       clean = true;
-      if (spilled > 0) {
-        choice.second += "; " + config.name() + " spills " + std::to_string(spilled) + " bytes, within the " +
+      if (bytes > 0) {
+        choice.reason += "; " + config.name() + " spills " + std::to_string(bytes) + " bytes, within the " +
                          std::to_string(cheap_bytes) + " that cost less than another tile";
       }
       break;
     }
-    spilling += (spilling.empty() ? "" : ", ") + config.name() + " spills " + std::to_string(spilled) + " bytes";
+    spilling += (spilling.empty() ? "" : ", ") + config.name() + " spills " + std::to_string(bytes) + " bytes";
   }
   if (!spilling.empty()) {
-    choice.second += clean ? "; passed over " + spilling
+    choice.reason += clean ? "; passed over " + spilling
                            : "; every candidate spills (" + spilling + "), using the first";
   }
   return choice;
@@ -68,6 +68,33 @@ const char* choice_source_name(ChoiceSource source) {
   return "heuristic";
 }
 
+std::vector<KernelConfig> heuristic_candidates(DType dtype, int head_dim, MaskKind mask, int arch, bool sm80_only,
+                                               bool varlen, ScoreMods mods) {
+  std::vector<KernelConfig> configs = heuristic_forward_configs(dtype, head_dim, mask, arch, varlen);
+  if (sm80_only) keep_sm80_family(configs);
+  for (KernelConfig& c : configs) c.mods = mods;
+  return configs;
+}
+
+std::vector<BwdConfig> heuristic_backward_candidates(DType dtype, int head_dim, MaskKind mask, bool deterministic,
+                                                     int arch, bool sm80_only, bool varlen, ScoreMods mods) {
+  std::vector<BwdConfig> configs = heuristic_backward_configs(dtype, head_dim, mask, deterministic, arch);
+  if (sm80_only) keep_sm80_family(configs);
+  for (BwdConfig& c : configs) c.varlen = varlen, c.mods = mods;
+  return configs;
+}
+
+ForwardChoice builtin_choice(const std::vector<KernelConfig>& ranked, const SpilledBytes<KernelConfig>& spilled,
+                             int arch) {
+  return first_spilling_at_most<ForwardChoice>(ranked, spilled, builtin_spill_allowance(Pass::kForward, arch));
+}
+
+BackwardChoice builtin_choice(const std::vector<BwdConfig>& ranked, const SpilledBytes<BwdConfig>& spilled, int arch) {
+  // On sm_90 the Hopper family's tiles come first, and a few bytes of spill there (a soft cap's derivative at 64
+  // columns) cost less than the sm80 family's tiles after them.
+  return first_spilling_at_most<BackwardChoice>(ranked, spilled, builtin_spill_allowance(Pass::kBackward, arch));
+}
+
 ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arch, bool sm80_only, bool varlen,
                                ScoreMods mods) {
   using Key = std::tuple<int, int, int, int, bool, bool, bool, bool>;
@@ -81,12 +108,10 @@ ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arc
   }
 
   // Compiled outside the lock: two threads may both compile a first choice, the registry keeps one.
-  std::vector<KernelConfig> configs = heuristic_forward_configs(dtype, head_dim, mask, arch, varlen);
-  if (sm80_only) keep_sm80_family(configs);
-  for (KernelConfig& c : configs) c.mods = mods;
-  auto [config, reason] = first_spilling_at_most(configs, arch, builtin_spill_allowance(Pass::kForward, arch));
+  ForwardChoice choice = builtin_choice(heuristic_candidates(dtype, head_dim, mask, arch, sm80_only, varlen, mods),
+                                        compiled_spills(arch), arch);
   std::lock_guard<std::mutex> lock(mutex);
-  return chosen.emplace(key, ForwardChoice{std::move(config), std::move(reason)}).first->second;
+  return chosen.emplace(key, std::move(choice)).first->second;
 }
 
 BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch,
@@ -101,35 +126,46 @@ BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mas
     if (auto found = chosen.find(key); found != chosen.end()) return found->second;
   }
 
-  std::vector<BwdConfig> configs = heuristic_backward_configs(dtype, head_dim, mask, deterministic, arch);
-  if (sm80_only) keep_sm80_family(configs);
-  for (BwdConfig& c : configs) c.varlen = varlen, c.mods = mods;
-  // On sm_90 the Hopper family's tiles come first, and a few bytes of spill there (a soft cap's derivative at 64
-  // columns) cost less than the sm80 family's tiles after them.
-  auto [config, reason] = first_spilling_at_most(configs, arch, builtin_spill_allowance(Pass::kBackward, arch));
+  BackwardChoice choice = builtin_choice(
+      heuristic_backward_candidates(dtype, head_dim, mask, deterministic, arch, sm80_only, varlen, mods),
+      compiled_backward_spills(arch), arch);
   std::lock_guard<std::mutex> lock(mutex);
-  return chosen.emplace(key, BackwardChoice{std::move(config), std::move(reason)}).first->second;
+  return chosen.emplace(key, std::move(choice)).first->second;
+}
+
+SpilledBytes<KernelConfig> compiled_spills(int arch) {
+  return [arch](const KernelConfig& config) { return KernelRegistry::instance().spilled_bytes(config, arch); };
+}
+
+SpilledBytes<BwdConfig> compiled_backward_spills(int arch) {
+  return [arch](const BwdConfig& config) { return KernelRegistry::instance().spilled_bytes(config, arch); };
 }
 
 namespace {
 
-// Compiles user into choice's config, or into the first of `list` (the base class's heuristic configs, already
-// carrying the config's modifiers and layout) that spills at most kCheapSpillBytes with it where the chosen one
-// spills more.
+// user compiled into choice's config, and `list` (the base class's heuristic configs, already carrying the config's
+// modifiers and layout) with it, less the configs of other families and the chosen one.
 template <class Choice, class Config>
-void attach_spill_free(Choice& choice, const std::shared_ptr<const UserVariant>& user, int arch,
-                       std::vector<Config> list) {
-  choice.config.user = user;
-  choice.reason += "; with the user variant " + user->tag + " compiled in";
-  const int spilled = KernelRegistry::instance().spilled_bytes(choice.config, arch);
-  if (spilled <= kCheapSpillBytes) return;
-  std::string passed_over = choice.config.name() + " spills " + std::to_string(spilled) + " bytes";
+std::vector<Config> variant_alternates(Choice& choice, const std::shared_ptr<const UserVariant>& user,
+                                       std::vector<Config> list) {
+  compile_in_variant(choice, user);
+  std::vector<Config> alternates;
   for (Config& c : list) {
     c.user = user;
-    if (c.family() != choice.config.family() || c == choice.config) continue;
-    const int bytes = KernelRegistry::instance().spilled_bytes(c, arch);
+    if (c.family() == choice.config.family() && c != choice.config) alternates.push_back(std::move(c));
+  }
+  return alternates;
+}
+
+template <class Choice, class Config>
+void keep_first_spill_free(Choice& choice, const std::vector<Config>& alternates, const SpilledBytes<Config>& spilled) {
+  const int chosen = spilled(choice.config);
+  if (chosen <= kCheapSpillBytes) return;
+  std::string passed_over = choice.config.name() + " spills " + std::to_string(chosen) + " bytes";
+  for (const Config& c : alternates) {
+    const int bytes = spilled(c);
     if (bytes <= kCheapSpillBytes) {
-      choice.config = std::move(c);
+      choice.config = c;
       choice.reason += "; with it " + passed_over + ", so the heuristic's " + choice.config.name();
       return;
     }
@@ -140,7 +176,8 @@ void attach_spill_free(Choice& choice, const std::shared_ptr<const UserVariant>&
 
 }  // namespace
 
-void attach_user_variant(ForwardChoice& choice, const std::shared_ptr<const UserVariant>& user, int arch) {
+std::vector<KernelConfig> with_variant_candidates(ForwardChoice& choice, const std::shared_ptr<const UserVariant>& user,
+                                                  int arch) {
   KernelConfig& chosen = choice.config;
   Sm90Knobs* k = chosen.sm90();
   if (k != nullptr && k->cluster != 1 && user->masks()) {
@@ -154,15 +191,36 @@ void attach_user_variant(ForwardChoice& choice, const std::shared_ptr<const User
     c.mods = chosen.mods;
     if (Sm90Knobs* knobs = c.sm90(); knobs != nullptr && user->masks()) knobs->cluster = 1;
   }
-  attach_spill_free(choice, user, arch, std::move(list));
+  return variant_alternates(choice, user, std::move(list));
 }
 
-void attach_user_variant(BackwardChoice& choice, const std::shared_ptr<const UserVariant>& user, int arch) {
+std::vector<BwdConfig> with_variant_candidates(BackwardChoice& choice, const std::shared_ptr<const UserVariant>& user,
+                                               int arch) {
   const BwdConfig& chosen = choice.config;
   std::vector<BwdConfig> list =
       heuristic_backward_configs(chosen.dtype, chosen.head_dim, chosen.mask, chosen.deterministic, arch);
   for (BwdConfig& c : list) c.varlen = chosen.varlen, c.mods = chosen.mods;
-  attach_spill_free(choice, user, arch, std::move(list));
+  return variant_alternates(choice, user, std::move(list));
+}
+
+void keep_spill_free(ForwardChoice& choice, const std::vector<KernelConfig>& alternates,
+                     const SpilledBytes<KernelConfig>& spilled) {
+  keep_first_spill_free(choice, alternates, spilled);
+}
+
+void keep_spill_free(BackwardChoice& choice, const std::vector<BwdConfig>& alternates,
+                     const SpilledBytes<BwdConfig>& spilled) {
+  keep_first_spill_free(choice, alternates, spilled);
+}
+
+void attach_user_variant(ForwardChoice& choice, const std::shared_ptr<const UserVariant>& user, int arch) {
+  const std::vector<KernelConfig> alternates = with_variant_candidates(choice, user, arch);
+  keep_spill_free(choice, alternates, compiled_spills(arch));
+}
+
+void attach_user_variant(BackwardChoice& choice, const std::shared_ptr<const UserVariant>& user, int arch) {
+  const std::vector<BwdConfig> alternates = with_variant_candidates(choice, user, arch);
+  keep_spill_free(choice, alternates, compiled_backward_spills(arch));
 }
 
 namespace {

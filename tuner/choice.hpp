@@ -4,8 +4,11 @@
 // choice never fails for lack of tuning data. dispatch/ memoizes it per process and adds tune-on-first-use.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "generator/bwd_config.hpp"
 #include "generator/decode_config.hpp"
@@ -57,26 +60,65 @@ constexpr int builtin_spill_allowance(Pass pass, int arch) {
   return pass == Pass::kBackward && arch == 90 ? kCheapSpillBytes : 0;
 }
 
-// The first heuristic config whose compiled kernel does not spill (compiling through the kernel
-// registry's caches); the first one when all of them spill, saying so in the reason. With sm80_only,
-// only the sm80 family is considered (dispatch's fallback when TMA cannot describe a problem); with
-// varlen, the configs are the packed-batch kernels of the sm80 family; with score modifiers, their kernels with
-// those compiled in. Memoized.
+// The bytes a config's kernels spill (spill stores + loads, as ptxas reports them) on the arch it is asked for.
+template <class Config>
+using SpilledBytes = std::function<int(const Config&)>;
+
+// The kernel registry's spill report on sm_<arch>: compiles the config through its caches.
+SpilledBytes<KernelConfig> compiled_spills(int arch);
+SpilledBytes<BwdConfig> compiled_backward_spills(int arch);
+
+// The heuristic's ranked candidates for a problem class on sm_<arch>, best first (tuner/heuristic.hpp's lists).
+// With sm80_only, only the sm80 family is considered (dispatch's fallback when TMA cannot describe a problem); with
+// varlen, the configs are the packed-batch kernels; with score modifiers, their kernels with those compiled in.
+// Compiles nothing.
+std::vector<KernelConfig> heuristic_candidates(DType dtype, int head_dim, MaskKind mask, int arch,
+                                               bool sm80_only = false, bool varlen = false, ScoreMods mods = {});
+std::vector<BwdConfig> heuristic_backward_candidates(DType dtype, int head_dim, MaskKind mask, bool deterministic,
+                                                     int arch, bool sm80_only = false, bool varlen = false,
+                                                     ScoreMods mods = {});
+
+// The built-in choice among ranked candidates for sm_<arch>: the first spilling at most builtin_spill_allowance by
+// spilled, the reason ("built-in heuristic ...") naming what was passed over; the first when all spill more.
+ForwardChoice builtin_choice(const std::vector<KernelConfig>& ranked, const SpilledBytes<KernelConfig>& spilled,
+                             int arch);
+BackwardChoice builtin_choice(const std::vector<BwdConfig>& ranked, const SpilledBytes<BwdConfig>& spilled, int arch);
+
+// builtin_choice of heuristic_candidates with the kernel registry's spill reports. Memoized.
 ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arch, bool sm80_only = false,
                                bool varlen = false, ScoreMods mods = {});
 
-// The first built-in backward config for the problem class whose kernels (dkdv, and dq when
-// deterministic) compile without spills; the first one when all spill, saying so. Memoized.
-// With sm80_only, only the sm80 family's configs are considered (when TMA cannot describe the tensors).
+// The same for the backward (its kernels' spills: dkdv, and dq when deterministic). Memoized.
 BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch,
                                          bool sm80_only = false, bool varlen = false, ScoreMods mods = {});
 
-// A user variant compiled into the choice for its base class (the built-in mask and modifiers under it). The
-// choice keeps its tiles when they compile for sm_<arch> with the variant's functions spilling at most 64 bytes (a
-// small spill costs less than a smaller tile, as measured); otherwise it takes the first of the heuristic's list for
-// the base class, in the chosen config's family, that does (the reason names what spilled); when none does, the
-// chosen tiles. A user mask takes no cluster: the sm90 family's
-// clusters share each key block between two tiles, which the mask may hide from one of them.
+// choice's config with user's functions compiled in as it is, the reason saying so.
+template <class Choice>
+void compile_in_variant(Choice& choice, const std::shared_ptr<const UserVariant>& user) {
+  choice.config.user = user;
+  choice.reason += "; with the user variant " + user->tag + " compiled in";
+}
+
+// A user variant compiled into the choice for its base class (the built-in mask and modifiers under it), and the
+// configs it may take instead, best first: the rest of the heuristic's list for the base class on sm_<arch> in the
+// chosen config's family, with the variant and the config's modifiers and layout. A user mask takes no cluster: the
+// sm90 family's clusters share each key block between two tiles, which the mask may hide from one of them. Compiles
+// nothing.
+std::vector<KernelConfig> with_variant_candidates(ForwardChoice& choice, const std::shared_ptr<const UserVariant>& user,
+                                                  int arch);
+std::vector<BwdConfig> with_variant_candidates(BackwardChoice& choice, const std::shared_ptr<const UserVariant>& user,
+                                               int arch);
+
+// Keeps choice's config where it spills at most kCheapSpillBytes by spilled (a small spill costs less than a smaller
+// tile, as measured), else takes the first of alternates that does, the reason naming what spilled; when none does,
+// the chosen config.
+void keep_spill_free(ForwardChoice& choice, const std::vector<KernelConfig>& alternates,
+                     const SpilledBytes<KernelConfig>& spilled);
+void keep_spill_free(BackwardChoice& choice, const std::vector<BwdConfig>& alternates,
+                     const SpilledBytes<BwdConfig>& spilled);
+
+// with_variant_candidates, then keep_spill_free with the kernel registry's spill reports on sm_<arch>: the choice the
+// tuner plans a user variant's sweep around.
 void attach_user_variant(ForwardChoice& choice, const std::shared_ptr<const UserVariant>& user, int arch);
 void attach_user_variant(BackwardChoice& choice, const std::shared_ptr<const UserVariant>& user, int arch);
 

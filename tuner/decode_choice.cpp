@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 
 namespace flashgen {
 
@@ -110,14 +111,31 @@ DecodeChoice heuristic_decode_choice(const AttentionProblem& problem, int arch, 
   return choice;
 }
 
-DecodeChoice with_requested_splits(DecodeChoice choice, const AttentionProblem& problem, int requested) {
-  const auto ranges = [](int n) { return std::to_string(n) + " key range" + (n == 1 ? "" : "s"); };
-  choice.splits = std::min(requested, max_decode_splits(problem, choice.config));
-  choice.reason += "; " + ranges(requested) + " as requested";
-  if (choice.splits < requested) {
-    choice.reason += ", run as " + ranges(choice.splits) + " (the key blocks a sequence's rows visit)";
+namespace {
+
+std::string key_ranges(int n) { return std::to_string(n) + " key range" + (n == 1 ? "" : "s"); }
+
+// choice run with at most max_decode_splits of `wanted` ranges, the reason saying so where capped.
+DecodeChoice capped_to_visited(DecodeChoice choice, const AttentionProblem& problem, int wanted) {
+  choice.splits = std::clamp(wanted, 1, max_decode_splits(problem, choice.config));
+  if (choice.splits != wanted) {
+    choice.reason += ", run as " + key_ranges(choice.splits) + " (the key blocks a sequence's rows visit)";
   }
   return choice;
+}
+
+}  // namespace
+
+DecodeChoice with_requested_splits(DecodeChoice choice, const AttentionProblem& problem, int requested) {
+  choice.reason += "; " + key_ranges(requested) + " as requested";
+  return capped_to_visited(std::move(choice), problem, requested);
+}
+
+DecodeChoice with_visited_splits(DecodeChoice choice, const AttentionProblem& problem) {
+  const int wanted = choice.splits;
+  if (wanted >= 1 && wanted <= max_decode_splits(problem, choice.config)) return choice;
+  choice.reason += "; " + key_ranges(wanted) + " chosen";
+  return capped_to_visited(std::move(choice), problem, wanted);
 }
 
 }  // namespace flashgen

@@ -30,4 +30,8 @@ std::vector<int> decode_split_counts(const AttentionProblem& problem, const Deco
 // the key blocks the rows visit would be empty), the reason saying what was asked and, where capped, what runs.
 DecodeChoice with_requested_splits(DecodeChoice choice, const AttentionProblem& problem, int requested);
 
+// choice with its own split count at most max_decode_splits (a stored count timed at other sizes of the bucket may
+// pass the key blocks this problem's rows visit), the reason saying what runs where capped.
+DecodeChoice with_visited_splits(DecodeChoice choice, const AttentionProblem& problem);
+
 }  // namespace flashgen

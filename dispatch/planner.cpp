@@ -1,0 +1,153 @@
+// The planner's steps (planner.hpp), each a function that runs once per plan and appends its reason; plan_call runs
+// them top to bottom.
+#include "dispatch/planner.hpp"
+
+#include <utility>
+
+#include "flashgen/error.hpp"
+#include "tuner/decode_choice.hpp"
+
+namespace flashgen {
+
+namespace {
+
+bool tuned(ChoiceSource source) {
+  return source == ChoiceSource::kTuningDatabase || source == ChoiceSource::kTunedOnFirstUse;
+}
+
+// Step 1. A call with a user variant takes the variant's own tuning data (its key carries the variant's tag), else
+// its base class's choice, which is not the variant's own bucket (so tune-on-first-use still tunes the variant).
+template <class Choice>
+Plan<Choice> stored_or_builtin(const AttentionProblem& problem, const PlanSources<Choice>& sources) {
+  ProblemKey key = problem_key(problem);
+  Plan<Choice> plan{sources.choose(key)};
+  plan.variant_timed = !key.user_tag.empty() && tuned(plan.choice.source);
+  if (key.user_tag.empty() || plan.variant_timed) return plan;
+  key.user_tag.clear();
+  Choice& choice = plan.choice = sources.choose(key);
+  choice.exact_bucket = false;
+  if (choice.source == ChoiceSource::kTunedOnFirstUse) choice.source = ChoiceSource::kTuningDatabase;
+  choice.reason = "its base class's choice: " + choice.reason;
+  return plan;
+}
+
+// Step 2. Where tune-on-first-use is on and neither the user's database holds the problem's own bucket (a
+// neighbour's winner is only a stand-in) nor this process has tuned it, the sweep's winner replaces the choice, or
+// the choice is kept with the failure's cause in its reason. A packed or KV-cache call with a user variant keeps its
+// base class's choice: their sweeps do not take one.
+template <class Choice>
+void first_use_tune(const AttentionProblem& problem, const PlanSources<Choice>& sources, Plan<Choice>& plan) {
+  if (!sources.tune || (problem.user != nullptr && user_key_tag(problem).empty())) return;
+  if (sources.tuning_deferred) {
+    plan.final = false;
+    return;
+  }
+  const Choice& choice = plan.choice;
+  if (choice.source == ChoiceSource::kTunedOnFirstUse ||
+      (choice.source == ChoiceSource::kTuningDatabase && choice.exact_bucket)) {
+    return;
+  }
+  std::string failure;
+  if (std::optional<Choice> swept = sources.tune(&failure)) {
+    plan.choice = std::move(*swept);
+    plan.variant_timed = plan.variant_timed || problem.user != nullptr;
+  } else {
+    plan.choice.reason += "; tuning on first use failed: " + failure;
+  }
+}
+
+// Step 3. A packed forward over a paged cache reads keys and values through the block table: a paged config as it
+// is, a contiguous one made paged where it can be (tuner/choice.hpp's read_through_pages).
+template <class Call, class Choice>
+void paged(const Call& call, const PlanSources<Choice>& sources, Choice& choice) {
+  if (call.problem.paged && sources.read_through_pages) choice = sources.read_through_pages(std::move(choice));
+}
+
+// Step 4. A user variant's functions join the chosen tiles: as they are where they were timed with them, else the
+// chosen tiles or, where those spill with the functions, the next of the base class's list that does not.
+template <class Choice>
+void with_user_variant(const AttentionProblem& problem, const PlanSources<Choice>& sources, bool variant_timed,
+                       Choice& choice) {
+  if (!problem.user) return;
+  if (variant_timed) return compile_in_variant(choice, problem.user);
+  const auto alternates = with_variant_candidates(choice, problem.user, sources.arch);
+  keep_spill_free(choice, alternates, sources.spilled_bytes);
+}
+
+// The kTileCount fallback: the same tiles, one block each instead of a persistent walk (groups walk a persistent
+// list too). Only the sm90 family has persistent kernels; the backward has none.
+void without_persistence(KernelConfig& config) {
+  Sm90Knobs* k = config.sm90();
+  if (k == nullptr) {
+    fail(Status::kInternal, "config " + config.name() + " reported too many tiles for a persistent walk");
+  }
+  k->persistent = false;
+  k->groups = 1;
+}
+
+void without_persistence(BwdConfig& config) {
+  fail(Status::kInternal, "backward config " + config.name() + " reported too many tiles for a persistent walk");
+}
+
+// Step 5. Until the chosen family can implement the call, the fallback for what it lacks. Where TMA cannot describe
+// a tensor, the sm80 family's built-in choice (its first candidate that does not spill), fitted to the call as steps
+// 3 and 4 fitted the choice: it uses no TMA and is never persistent, so each fallback removes its shortfall for good.
+template <class Call, class Choice>
+void fallbacks(const Call& call, const PlanSources<Choice>& sources, bool variant_timed, Choice& choice) {
+  for (int step = 0; step < 3; ++step) {
+    const Implementability answer = sources.can_implement(choice.config);
+    switch (answer.shortfall) {
+      case Shortfall::kNone:
+        return;
+      case Shortfall::kTmaLayout: {
+        Choice fallback = builtin_choice(sources.sm80_candidates(), sources.spilled_bytes, sources.arch);
+        paged(call, sources, fallback);
+        with_user_variant(call.problem, sources, variant_timed, fallback);
+        choice.reason += "; TMA cannot describe " + answer.reason + ", so the sm80 family's " + fallback.reason;
+        choice.config = std::move(fallback.config);
+        choice.source = fallback.source;
+        break;
+      }
+      case Shortfall::kTileCount:
+        without_persistence(choice.config);
+        choice.reason += "; not persistent: too many tiles";
+        break;
+    }
+  }
+  fail(Status::kInternal, "no fallback lets a kernel family implement the problem with " + choice.config.name());
+}
+
+template <class Call, class Choice>
+Plan<Choice> plan_pass(const Call& call, const PlanSources<Choice>& sources) {
+  Plan<Choice> plan = stored_or_builtin(call.problem, sources);
+  first_use_tune(call.problem, sources, plan);
+  paged(call, sources, plan.choice);
+  with_user_variant(call.problem, sources, plan.variant_timed, plan.choice);
+  fallbacks(call, sources, plan.variant_timed, plan.choice);
+  return plan;
+}
+
+// KV-cache step 3: the call's requested split count, else the chosen one, each at most the key blocks its rows
+// visit, so the reason names the count that runs.
+DecodeChoice split_count(const KvCacheCall& call, DecodeChoice choice) {
+  if (call.num_splits > 0) return with_requested_splits(std::move(choice), call.problem, call.num_splits);
+  return with_visited_splits(std::move(choice), call.problem);
+}
+
+}  // namespace
+
+Plan<ForwardChoice> plan_call(const ForwardCall& call, const PlanSources<ForwardChoice>& sources) {
+  return plan_pass(call, sources);
+}
+
+Plan<BackwardChoice> plan_call(const BackwardCall& call, const PlanSources<BackwardChoice>& sources) {
+  return plan_pass(call, sources);
+}
+
+DecodeChoice plan_call(const KvCacheCall& call, const std::function<DecodeChoice()>& choose) {
+  DecodeChoice choice = choose();
+  if (call.problem.user) compile_in_variant(choice, call.problem.user);  // the base class's choice, as it is
+  return split_count(call, std::move(choice));
+}
+
+}  // namespace flashgen
