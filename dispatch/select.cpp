@@ -9,9 +9,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <variant>
 
 #include "flashgen/error.hpp"
 #include "tuner/shipped.hpp"
@@ -59,28 +61,40 @@ std::mutex& store_mutex() {
   return mutex;
 }
 
-// The process-wide memo of one pass's choices, by (device ordinal, problem id).
-template <class Choice>
-struct ChoiceMemo {
-  std::mutex mutex;
-  std::map<std::pair<int, std::string>, Choice> chosen;
+// A problem key's memoized run-time answer (a pass's choice, or for a KV-cache key what the data sources hold) and,
+// where this process's first-use sweep of it failed, the cause.
+struct Memoized {
+  std::variant<std::monostate, ForwardChoice, BackwardChoice, DecodeStoredAnswer> answer;
+  std::optional<std::string> sweep_failure;
 };
 
-template <class Choice>
-ChoiceMemo<Choice>& choice_memo() {
-  static ChoiceMemo<Choice> memo;
+// The process's one memo of run-time choices, by (device ordinal, problem key id): a key's id names its pass.
+struct ChoiceMemo {
+  std::mutex mutex;
+  std::map<std::pair<int, std::string>, Memoized> entries;
+};
+
+ChoiceMemo& choice_memo() {
+  static ChoiceMemo memo;
   return memo;
+}
+
+// The memoized answer of type Answer for (device, id), if there is one; memo.mutex held.
+template <class Answer>
+const Answer* memoized(ChoiceMemo& memo, int device, const std::string& id) {
+  auto found = memo.entries.find({device, id});
+  return found == memo.entries.end() ? nullptr : std::get_if<Answer>(&found->second.answer);
 }
 
 // The memoized process-wide choice: choose(fingerprint, user store, shipped defaults) on the first call
 // for (device, problem), with the device fingerprint read only when there is any data to match.
 template <class Choice, class Choose>
 Choice memoized_choice(int device, const ProblemKey& problem, Choose choose) {
-  ChoiceMemo<Choice>& memo = choice_memo<Choice>();
-  const std::pair<int, std::string> key{device, problem.id()};
+  ChoiceMemo& memo = choice_memo();
+  const std::string id = problem.id();
   {
     std::lock_guard<std::mutex> lock(memo.mutex);
-    if (auto found = memo.chosen.find(key); found != memo.chosen.end()) return found->second;
+    if (const Choice* found = memoized<Choice>(memo, device, id)) return *found;
   }
   const TuningStore* store = user_store();
   Choice choice;
@@ -91,7 +105,10 @@ Choice memoized_choice(int device, const ProblemKey& problem, Choose choose) {
     choice = choose(any_data ? fingerprint_of(device) : DeviceFingerprint{}, store, &shipped);
   }
   std::lock_guard<std::mutex> lock(memo.mutex);
-  return memo.chosen.emplace(key, choice).first->second;
+  // A choice memoized meanwhile (another thread's, or a first-use sweep's winner) stays.
+  if (const Choice* found = memoized<Choice>(memo, device, id)) return *found;
+  memo.entries[{device, id}].answer = choice;
+  return choice;
 }
 
 std::atomic<uint64_t>& generation() {
@@ -122,19 +139,20 @@ std::optional<Choice> first_use_tune(const AttentionProblem& problem, int device
   // One first-use sweep at a time in a process, of either pass (two would disturb each other's timings):
   // a second thread asking for the same problem waits and then finds the memoized winner.
   std::lock_guard<std::mutex> sweep_lock(first_use_mutex());
-  ChoiceMemo<Choice>& memo = choice_memo<Choice>();
+  ChoiceMemo& memo = choice_memo();
+  const std::string id = key.id();
   {
     std::lock_guard<std::mutex> lock(memo.mutex);
-    auto found = memo.chosen.find({device, key.id()});
-    if (found != memo.chosen.end() && found->second.source == ChoiceSource::kTunedOnFirstUse) return found->second;
-  }
-  // A bucket whose sweep failed is not swept again by this process (the warning was given once); its
-  // cause is kept for the callers' reasons.
-  static std::map<std::pair<int, std::string>, std::string> failed;  // guarded by first_use_mutex()
-  if (explicit_request) failed.erase({device, key.id()});
-  if (auto found = failed.find({device, key.id()}); found != failed.end()) {
-    if (failure != nullptr) *failure = found->second;
-    return std::nullopt;
+    const Choice* found = memoized<Choice>(memo, device, id);
+    if (found != nullptr && found->source == ChoiceSource::kTunedOnFirstUse) return *found;
+    // A bucket whose sweep failed is not swept again by this process (the warning was given once); its
+    // cause is kept for the callers' reasons.
+    Memoized& entry = memo.entries[{device, id}];
+    if (explicit_request) entry.sweep_failure.reset();
+    if (entry.sweep_failure) {
+      if (failure != nullptr) *failure = *entry.sweep_failure;
+      return std::nullopt;
+    }
   }
   const std::filesystem::path path = TuningStore::default_path();
   try {
@@ -161,11 +179,14 @@ std::optional<Choice> first_use_tune(const AttentionProblem& problem, int device
                          " candidates (" + result.decision + "), stored in " + path.string(),
                      ChoiceSource::kTunedOnFirstUse};
     std::lock_guard<std::mutex> lock(memo.mutex);
-    memo.chosen[{device, key.id()}] = choice;
+    memo.entries[{device, id}].answer = choice;
     ++generation();
     return choice;
   } catch (const std::exception& e) {
-    failed.emplace(std::make_pair(device, key.id()), e.what());
+    {
+      std::lock_guard<std::mutex> lock(memo.mutex);
+      memo.entries[{device, id}].sweep_failure = e.what();
+    }
     if (failure != nullptr) *failure = e.what();
     if (explicit_request) {  // the caller's error, with the cause's status (a CUDA or compile failure, a bad path)
       const auto* error = dynamic_cast<const Error*>(&e);
