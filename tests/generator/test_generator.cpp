@@ -139,6 +139,23 @@ TEST_CASE("a generated unit carries only the templates it includes", "[generator
     CHECK(has(sm80_headers, shared));
     CHECK(has(sm90_headers, shared));
   }
+  // The Hopper backward's parts, in its module only; the backward's scoring step in both families'.
+  flashgen::BwdConfig bwd80;
+  flashgen::BwdConfig bwd90 = bwd80;
+  bwd90.knobs = flashgen::BwdSm90Knobs{};
+  bwd90.block_n = 128;
+  const std::vector<std::string> bwd80_headers = names(flashgen::generate(bwd80));
+  const std::vector<std::string> bwd90_headers = names(flashgen::generate(bwd90));
+  for (const char* part : {"bwd_sm90.cuh", "bwd_sm90_layout.cuh", "bwd_sm90_scheduler.cuh", "bwd_sm90_producer.cuh",
+                           "bwd_sm90_dq_writer.cuh", "bwd_sm90_consumer.cuh", "bwd_sm90_mainloops.cuh",
+                           "bwd_sm90_epilogue.cuh"}) {
+    INFO(part);
+    CHECK(has(bwd90_headers, part));
+    CHECK_FALSE(has(bwd80_headers, part));
+    CHECK_FALSE(has(sm90_headers, part));
+  }
+  CHECK(has(bwd80_headers, "bwd_scores.cuh"));
+  CHECK(has(bwd90_headers, "bwd_scores.cuh"));
 }
 
 TEST_CASE("the config header names the variant policy of the mask", "[generator]") {
