@@ -23,16 +23,14 @@
 #include "runtime/cuda_driver.hpp"
 #include "runtime/device_buffer.hpp"
 #include "support/attention_reference.hpp"
+#include "support/c_api_call.hpp"
 #include "support/fake_pointer.hpp"
 #include "support/mask_options.hpp"
 
 namespace {
 
+using flashgen::test::bshd;
 using flashgen::test::fake_pointer;
-
-flashgen_tensor bshd(void* data, int64_t b, int64_t s, int64_t h, int64_t d) {
-  return flashgen::bshd_tensor(data, FLASHGEN_FLOAT16, b, s, h, d);
-}
 
 // Arguments of one backward-shaped call (q, out, dout, dq [2, 100, 8, 64]; k, v, dk, dv [2, 75, 4, 64]).
 struct Arguments {

@@ -145,7 +145,8 @@ def _planned_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scal
     device = q.device
     stream = _stream_handle(device)
     aligned = q.data_ptr() | (0 if k is None else k.data_ptr() | v.data_ptr())
-    if (aligned & 15) or (stream == 0 and device.index != _current_device()):
+    on_current_device = device.index == _current_device()
+    if (aligned & 15) or (stream == 0 and not on_current_device):
         return None
     if plan is None:
         if not all(_strides_readable(t) for t in (q, k, v) if t is not None):
@@ -183,7 +184,7 @@ def _planned_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scal
     if alibi_slopes is not None:
         words[_ALIBI_SLOPES] = alibi_slopes.data_ptr()
     workspace = None
-    if device.index == _current_device() and not _capturing():
+    if on_current_device and not _capturing():
         words[_WORKSPACE] = words[_WORKSPACE_BYTES] = 0  # flashgen's pool
     else:
         workspace = plan.torch_workspace(k_cache, v_cache, stream, device)
