@@ -65,7 +65,9 @@ PlanSources<ForwardChoice> pass_sources(const ForwardCall& call, CUstream stream
     return tune_forward_on_first_use(call.problem, device, arch, failure, false, &args);
   };
   sources.spilled_bytes = compiled_spills(arch);
-  sources.read_through_pages = [arch](ForwardChoice choice) { return read_through_pages(std::move(choice), arch); };
+  sources.read_through_pages = [arch](ForwardChoice choice) {
+    return read_through_pages(std::move(choice), arch, compiled_spills(arch));
+  };
   return sources;
 }
 

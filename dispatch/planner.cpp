@@ -15,16 +15,19 @@ bool tuned(ChoiceSource source) {
   return source == ChoiceSource::kTuningDatabase || source == ChoiceSource::kTunedOnFirstUse;
 }
 
-// Step 1. A call with a user variant takes the variant's own tuning data (its key carries the variant's tag), else
-// its base class's choice, which is not the variant's own bucket (so tune-on-first-use still tunes the variant).
+// Step 1. The data sources' stored winner for the call's key, else the built-in choice: the heuristic's first
+// candidate spilling at most what the rule allows. A call with a user variant takes the variant's own tuning data
+// (its key carries the variant's tag), else its base class's choice, which is not the variant's own bucket (so
+// tune-on-first-use still tunes the variant).
 template <class Choice>
 Plan<Choice> stored_or_builtin(const AttentionProblem& problem, const PlanSources<Choice>& sources) {
   ProblemKey key = problem_key(problem);
-  Plan<Choice> plan{sources.choose(key)};
+  auto choose = [&] { return resolve(sources.choose(key), sources.spilled_bytes, sources.arch); };
+  Plan<Choice> plan{choose()};
   plan.variant_timed = !key.user_tag.empty() && tuned(plan.choice.source);
   if (key.user_tag.empty() || plan.variant_timed) return plan;
   key.user_tag.clear();
-  Choice& choice = plan.choice = sources.choose(key);
+  Choice& choice = plan.choice = choose();
   choice.exact_bucket = false;
   if (choice.source == ChoiceSource::kTunedOnFirstUse) choice.source = ChoiceSource::kTuningDatabase;
   choice.reason = "its base class's choice: " + choice.reason;

@@ -22,8 +22,9 @@ template <class Choice>
 struct PlanSources {
   using Config = decltype(Choice::config);
   int arch = 0;
-  // The process's choice for a problem key: the user's database, the shipped defaults, the built-in heuristic.
-  std::function<Choice(const ProblemKey&)> choose;
+  // The process's data sources' answer for a problem key: the user's database, the shipped defaults, else the
+  // heuristic's ranked candidates (resolved by spilled_bytes).
+  std::function<SourcesAnswer<Choice>(const ProblemKey&)> choose;
   // The first-use sweep of the call's problem (its winner, or nullopt with *failure set); empty while
   // tune-on-first-use is off.
   std::function<std::optional<Choice>(std::string* failure)> tune;
@@ -44,14 +45,15 @@ struct Plan {
 };
 
 // The config a forward or backward call runs, in this order:
-//   1. stored_or_builtin: the process's choice for the call's key (a user variant's own data, else its base class's);
+//   1. stored_or_builtin: the stored winner for the call's key (a user variant's own data, else its base class's), or
+//      the heuristic's first candidate that does not spill;
 //   2. first_use_tune: tune-on-first-use's winner where the database lacks the problem's own bucket;
 //   3. paged: a packed forward over a block table reads through its pages;
 //   4. with_user_variant: the variant's functions compiled in (other tiles of the list where the chosen ones spill);
 //   5. fallbacks: while the launcher's can_implement says the family cannot run the call, the fallback for what it
 //      lacks (the first of the sm80 family's candidates that does not spill, fitted by steps 3 and 4; or no
 //      persistent walk).
-// Every compile result a step needs (spills) comes from sources.spilled_bytes; the data sources' choices come whole.
+// Every compile result a step needs (spills) comes from sources.spilled_bytes; the data sources compile nothing.
 Plan<ForwardChoice> plan_call(const ForwardCall& call, const PlanSources<ForwardChoice>& sources);
 Plan<BackwardChoice> plan_call(const BackwardCall& call, const PlanSources<BackwardChoice>& sources);
 

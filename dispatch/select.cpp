@@ -61,10 +61,11 @@ std::mutex& store_mutex() {
   return mutex;
 }
 
-// A problem key's memoized run-time answer (a pass's choice, or for a KV-cache key what the data sources hold) and,
+// A problem key's memoized run-time answer (what the data sources hold, or this process's first-use winner) and,
 // where this process's first-use sweep of it failed, the cause.
 struct Memoized {
-  std::variant<std::monostate, ForwardChoice, BackwardChoice, DecodeStoredAnswer> answer;
+  std::variant<std::monostate, SourcesAnswer<ForwardChoice>, SourcesAnswer<BackwardChoice>, DecodeStoredAnswer>
+      answer;
   std::optional<std::string> sweep_failure;
 };
 
@@ -86,18 +87,18 @@ const Answer* memoized(ChoiceMemo& memo, int device, const std::string& id) {
   return found == memo.entries.end() ? nullptr : std::get_if<Answer>(&found->second.answer);
 }
 
-// The memoized process-wide choice: choose(fingerprint, user store, shipped defaults) on the first call
+// The memoized process-wide answer: choose(fingerprint, user store, shipped defaults) on the first call
 // for (device, problem), with the device fingerprint read only when there is any data to match.
-template <class Choice, class Choose>
-Choice memoized_choice(int device, const ProblemKey& problem, Choose choose) {
+template <class Answer, class Choose>
+Answer memoized_choice(int device, const ProblemKey& problem, Choose choose) {
   ChoiceMemo& memo = choice_memo();
   const std::string id = problem.id();
   {
     std::lock_guard<std::mutex> lock(memo.mutex);
-    if (const Choice* found = memoized<Choice>(memo, device, id)) return *found;
+    if (const Answer* found = memoized<Answer>(memo, device, id)) return *found;
   }
   const TuningStore* store = user_store();
-  Choice choice;
+  Answer choice;
   {
     std::lock_guard<std::mutex> lock(store_mutex());
     const ShippedDefaults& shipped = ShippedDefaults::instance();
@@ -105,8 +106,8 @@ Choice memoized_choice(int device, const ProblemKey& problem, Choose choose) {
     choice = choose(any_data ? fingerprint_of(device) : DeviceFingerprint{}, store, &shipped);
   }
   std::lock_guard<std::mutex> lock(memo.mutex);
-  // A choice memoized meanwhile (another thread's, or a first-use sweep's winner) stays.
-  if (const Choice* found = memoized<Choice>(memo, device, id)) return *found;
+  // An answer memoized meanwhile (another thread's, or a first-use sweep's winner) stays.
+  if (const Answer* found = memoized<Answer>(memo, device, id)) return *found;
   memo.entries[{device, id}].answer = choice;
   return choice;
 }
@@ -143,8 +144,10 @@ std::optional<Choice> first_use_tune(const AttentionProblem& problem, int device
   const std::string id = key.id();
   {
     std::lock_guard<std::mutex> lock(memo.mutex);
-    const Choice* found = memoized<Choice>(memo, device, id);
-    if (found != nullptr && found->source == ChoiceSource::kTunedOnFirstUse) return *found;
+    const SourcesAnswer<Choice>* found = memoized<SourcesAnswer<Choice>>(memo, device, id);
+    if (found != nullptr && found->stored && found->stored->source == ChoiceSource::kTunedOnFirstUse) {
+      return found->stored;
+    }
     // A bucket whose sweep failed is not swept again by this process (the warning was given once); its
     // cause is kept for the callers' reasons.
     Memoized& entry = memo.entries[{device, id}];
@@ -179,7 +182,9 @@ std::optional<Choice> first_use_tune(const AttentionProblem& problem, int device
                          " candidates (" + result.decision + "), stored in " + path.string(),
                      ChoiceSource::kTunedOnFirstUse};
     std::lock_guard<std::mutex> lock(memo.mutex);
-    memo.entries[{device, id}].answer = choice;
+    SourcesAnswer<Choice> answer;
+    answer.stored = choice;
+    memo.entries[{device, id}].answer = std::move(answer);
     ++generation();
     return choice;
   } catch (const std::exception& e) {
@@ -200,8 +205,8 @@ std::optional<Choice> first_use_tune(const AttentionProblem& problem, int device
 
 }  // namespace
 
-ForwardChoice choose_forward_config(int device, const ProblemKey& problem, int arch) {
-  return memoized_choice<ForwardChoice>(
+SourcesAnswer<ForwardChoice> choose_forward_config(int device, const ProblemKey& problem, int arch) {
+  return memoized_choice<SourcesAnswer<ForwardChoice>>(
       device, problem, [&](const DeviceFingerprint& fingerprint, const TuningStore* store,
                            const ShippedDefaults* shipped) {
         return choose_forward_config(fingerprint, problem, arch, store, shipped);
@@ -237,8 +242,8 @@ std::optional<BackwardChoice> tune_backward_on_first_use(const AttentionProblem&
   return first_use_tune<BackwardChoice>(problem, device, arch, failure, false, user_args);
 }
 
-BackwardChoice choose_backward_config(int device, const ProblemKey& problem, int arch) {
-  return memoized_choice<BackwardChoice>(
+SourcesAnswer<BackwardChoice> choose_backward_config(int device, const ProblemKey& problem, int arch) {
+  return memoized_choice<SourcesAnswer<BackwardChoice>>(
       device, problem, [&](const DeviceFingerprint& fingerprint, const TuningStore* store,
                            const ShippedDefaults* shipped) {
         return choose_backward_config(fingerprint, problem, arch, store, shipped);

@@ -12,10 +12,11 @@
 
 namespace flashgen {
 
-// Process-wide choice for device (a CUDA device ordinal): the user's database at
+// What the process's data sources answer for device (a CUDA device ordinal): the user's database at
 // TuningStore::default_path(), opened read-only on first use (a missing file means no tuning data), then
-// ShippedDefaults::instance(), memoized per (device, problem key). Thread-safe; microseconds after the first call for a key.
-ForwardChoice choose_forward_config(int device, const ProblemKey& problem, int arch);
+// ShippedDefaults::instance(), else the heuristic's candidates; memoized per (device, problem key), a first-use
+// sweep's winner replacing it. Compiles nothing. Thread-safe; microseconds after the first call for a key.
+SourcesAnswer<ForwardChoice> choose_forward_config(int device, const ProblemKey& problem, int arch);
 
 // Tune-on-first-use: when on, a forward or backward call whose problem bucket the user's database does
 // not hold for this GPU first runs a short sweep (tune_forward_on_first_use, tune_backward_on_first_use)
@@ -48,9 +49,9 @@ std::optional<ForwardChoice> tune_forward_on_first_use(const AttentionProblem& p
                                                        std::string* failure = nullptr, bool explicit_request = false,
                                                        const UserVariantArgs* user_args = nullptr);
 
-// Process-wide backward choice for device (a CUDA device ordinal), as the forward's: the user's
-// database, then the shipped defaults, then the heuristic; memoized per (device, problem key).
-BackwardChoice choose_backward_config(int device, const ProblemKey& problem, int arch);
+// The same for the backward: the user's database, then the shipped defaults, then the heuristic's candidates;
+// memoized per (device, problem key).
+SourcesAnswer<BackwardChoice> choose_backward_config(int device, const ProblemKey& problem, int arch);
 
 // tune_forward_on_first_use for a backward problem (its dQ strategy's candidates; checked in full
 // against float64 on a small problem of the same class, then timed at the problem's sizes).

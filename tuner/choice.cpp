@@ -1,11 +1,8 @@
 // The run-time choice from explicit data sources: the user's tuning database (exact bucket, then the
-// nearest), the shipped defaults, then the built-in heuristic filtered by ptxas's spill report.
+// nearest), the shipped defaults, then the built-in heuristic's candidates, resolved by ptxas's spill report.
 #include "tuner/choice.hpp"
 
 #include <algorithm>
-#include <map>
-#include <mutex>
-#include <tuple>
 
 #include "flashgen/error.hpp"
 #include "runtime/kernel_registry.hpp"
@@ -97,40 +94,37 @@ BackwardChoice builtin_choice(const std::vector<BwdConfig>& ranked, const Spille
 
 ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arch, bool sm80_only, bool varlen,
                                ScoreMods mods) {
-  using Key = std::tuple<int, int, int, int, bool, bool, bool, bool>;
-  static std::mutex mutex;
-  static std::map<Key, ForwardChoice> chosen;
-  const Key key{static_cast<int>(dtype), head_dim, static_cast<int>(mask), arch, sm80_only, varlen, mods.softcap,
-                mods.alibi};
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (auto found = chosen.find(key); found != chosen.end()) return found->second;
-  }
-
-  // Compiled outside the lock: two threads may both compile a first choice, the registry keeps one.
-  ForwardChoice choice = builtin_choice(heuristic_candidates(dtype, head_dim, mask, arch, sm80_only, varlen, mods),
-                                        compiled_spills(arch), arch);
-  std::lock_guard<std::mutex> lock(mutex);
-  return chosen.emplace(key, std::move(choice)).first->second;
+  return builtin_choice(heuristic_candidates(dtype, head_dim, mask, arch, sm80_only, varlen, mods),
+                        compiled_spills(arch), arch);
 }
 
 BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch,
                                          bool sm80_only, bool varlen, ScoreMods mods) {
-  using Key = std::tuple<int, int, int, bool, int, bool, bool, bool, bool>;
-  static std::mutex mutex;
-  static std::map<Key, BackwardChoice> chosen;
-  const Key key{static_cast<int>(dtype), head_dim, static_cast<int>(mask), deterministic, arch, sm80_only, varlen,
-                mods.softcap, mods.alibi};
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (auto found = chosen.find(key); found != chosen.end()) return found->second;
-  }
-
-  BackwardChoice choice = builtin_choice(
+  return builtin_choice(
       heuristic_backward_candidates(dtype, head_dim, mask, deterministic, arch, sm80_only, varlen, mods),
       compiled_backward_spills(arch), arch);
-  std::lock_guard<std::mutex> lock(mutex);
-  return chosen.emplace(key, std::move(choice)).first->second;
+}
+
+namespace {
+
+template <class Choice, class Config>
+Choice resolved(const SourcesAnswer<Choice>& answer, const SpilledBytes<Config>& spilled, int arch) {
+  if (answer.stored) return *answer.stored;
+  Choice choice = builtin_choice(answer.ranked, spilled, arch);
+  choice.reason = answer.lead + choice.reason + answer.passed_over;
+  return choice;
+}
+
+}  // namespace
+
+ForwardChoice resolve(const SourcesAnswer<ForwardChoice>& answer, const SpilledBytes<KernelConfig>& spilled,
+                      int arch) {
+  return resolved(answer, spilled, arch);
+}
+
+BackwardChoice resolve(const SourcesAnswer<BackwardChoice>& answer, const SpilledBytes<BwdConfig>& spilled,
+                       int arch) {
+  return resolved(answer, spilled, arch);
 }
 
 SpilledBytes<KernelConfig> compiled_spills(int arch) {
@@ -290,20 +284,21 @@ std::optional<StoredUse<Config>> stored_choice(const DeviceFingerprint& device, 
 
 }  // namespace
 
-ForwardChoice read_through_pages(ForwardChoice choice, int arch) {
+ForwardChoice read_through_pages(ForwardChoice choice, int arch, const SpilledBytes<KernelConfig>& spilled) {
   KernelConfig& chosen = choice.config;
   FLASHGEN_REQUIRE(chosen.varlen, "read_through_pages: " + chosen.name() + " is not a packed-batch (varlen) config");
   if (chosen.paged) return choice;
   chosen.paged = true;
   if (const auto why = chosen.invalid_reason(arch)) {
-    ForwardChoice builtin = heuristic_choice(chosen.dtype, chosen.head_dim, chosen.mask, arch, /*sm80_only=*/false,
-                                             /*varlen=*/true, chosen.mods);
-    builtin.config.paged = true;
-    if (builtin.config.invalid_reason(arch)) {
-      builtin = heuristic_choice(chosen.dtype, chosen.head_dim, chosen.mask, arch, /*sm80_only=*/true,
-                                 /*varlen=*/true, chosen.mods);
-      builtin.config.paged = true;
-    }
+    auto paged_builtin = [&](bool sm80_only) {
+      std::vector<KernelConfig> ranked =
+          heuristic_candidates(chosen.dtype, chosen.head_dim, chosen.mask, arch, sm80_only, /*varlen=*/true,
+                               chosen.mods);
+      for (KernelConfig& c : ranked) c.paged = true;
+      return builtin_choice(ranked, spilled, arch);
+    };
+    ForwardChoice builtin = paged_builtin(/*sm80_only=*/false);
+    if (builtin.config.invalid_reason(arch)) builtin = paged_builtin(/*sm80_only=*/true);
     choice.reason += "; paged, " + *why + ", so " + builtin.reason;
     choice.config = std::move(builtin.config);
     choice.source = builtin.source;
@@ -312,37 +307,60 @@ ForwardChoice read_through_pages(ForwardChoice choice, int arch) {
   return choice;
 }
 
-ForwardChoice choose_forward_config(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
-                                    const TuningStore* user_db, const ShippedDefaults* shipped) {
-  std::string passed_over;
-  if (auto stored = stored_choice<KernelConfig>(device, problem, arch, user_db, shipped, passed_over)) {
-    return {stored->config, stored->reason, stored->source, stored->exact_bucket};
+namespace {
+
+// The sources' answer for problem: its stored winner, else the heuristic's candidates for its class.
+template <class Choice>
+SourcesAnswer<Choice> sources_answer(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
+                                     const TuningStore* user_db, const ShippedDefaults* shipped,
+                                     std::vector<decltype(Choice::config)> (*candidates)(const ProblemKey&, int)) {
+  using Config = decltype(Choice::config);
+  SourcesAnswer<Choice> answer;
+  if (auto stored = stored_choice<Config>(device, problem, arch, user_db, shipped, answer.passed_over)) {
+    answer.stored = Choice{stored->config, stored->reason, stored->source, stored->exact_bucket};
+    answer.passed_over.clear();
+    return answer;
   }
-  if (problem.page_size > 0) {
-    ProblemKey contiguous = problem;
-    contiguous.paged = false, contiguous.page_size = 0;
-    ForwardChoice choice = choose_forward_config(device, contiguous, arch, user_db, shipped);
-    choice.exact_bucket = false;  // not the paged class's own data: tune-on-first-use still tunes it
-    choice.reason = "no data for " + problem.class_id() + passed_over + ", so its contiguous class's " + choice.reason;
-    return read_through_pages(std::move(choice), arch);
-  }
-  ForwardChoice choice =
-      heuristic_choice(problem.dtype, problem.head_dim, problem.mask, arch, false, problem.varlen, problem.mods);
-  choice.reason += passed_over;
-  return choice;
+  answer.ranked = candidates(problem, arch);
+  return answer;
 }
 
-BackwardChoice choose_backward_config(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
-                                      const TuningStore* user_db, const ShippedDefaults* shipped) {
-  std::string passed_over;
-  if (auto stored = stored_choice<BwdConfig>(device, problem, arch, user_db, shipped, passed_over)) {
-    return {stored->config, stored->reason, stored->source, stored->exact_bucket};
+std::vector<KernelConfig> forward_candidates(const ProblemKey& problem, int arch) {
+  return heuristic_candidates(problem.dtype, problem.head_dim, problem.mask, arch, false, problem.varlen,
+                              problem.mods);
+}
+
+std::vector<BwdConfig> backward_candidates(const ProblemKey& problem, int arch) {
+  return heuristic_backward_candidates(problem.dtype, problem.head_dim, problem.mask,
+                                       problem.dq == DqStrategy::kDeterministic, arch, false, problem.varlen,
+                                       problem.mods);
+}
+
+}  // namespace
+
+SourcesAnswer<ForwardChoice> choose_forward_config(const DeviceFingerprint& device, const ProblemKey& problem,
+                                                   int arch, const TuningStore* user_db,
+                                                   const ShippedDefaults* shipped) {
+  SourcesAnswer<ForwardChoice> answer =
+      sources_answer<ForwardChoice>(device, problem, arch, user_db, shipped, forward_candidates);
+  if (answer.stored || problem.page_size == 0) return answer;
+  ProblemKey contiguous = problem;
+  contiguous.paged = false, contiguous.page_size = 0;
+  const std::string lead = "no data for " + problem.class_id() + answer.passed_over + ", so its contiguous class's ";
+  answer = choose_forward_config(device, contiguous, arch, user_db, shipped);
+  if (answer.stored) {
+    answer.stored->exact_bucket = false;  // not the paged class's own data: tune-on-first-use still tunes it
+    answer.stored->reason = lead + answer.stored->reason;
+  } else {
+    answer.lead = lead + answer.lead;
   }
-  BackwardChoice choice =
-      heuristic_backward_choice(problem.dtype, problem.head_dim, problem.mask, problem.dq == DqStrategy::kDeterministic,
-                                arch, false, problem.varlen, problem.mods);
-  choice.reason += passed_over;
-  return choice;
+  return answer;
+}
+
+SourcesAnswer<BackwardChoice> choose_backward_config(const DeviceFingerprint& device, const ProblemKey& problem,
+                                                     int arch, const TuningStore* user_db,
+                                                     const ShippedDefaults* shipped) {
+  return sources_answer<BackwardChoice>(device, problem, arch, user_db, shipped, backward_candidates);
 }
 
 DecodeStoredAnswer decode_stored_answer(const DeviceFingerprint& device, const AttentionProblem& problem, int arch,

@@ -1,7 +1,8 @@
 // The run-time choice of a config from explicit data sources, in one order for both passes: the user's
 // tuning database (exact size bucket, then the nearest bucket of the same device and problem class), the
-// shipped defaults, then the built-in heuristic's preference list checked against what ptxas reports. A
-// choice never fails for lack of tuning data. dispatch/ memoizes it per process and adds tune-on-first-use.
+// shipped defaults, then the built-in heuristic's ranked candidates, which a caller resolves against what ptxas
+// reports (builtin_choice). A choice never fails for lack of tuning data. dispatch/ memoizes the sources' answers
+// per process and plans a call's config from them.
 #pragma once
 
 #include <functional>
@@ -84,13 +85,29 @@ ForwardChoice builtin_choice(const std::vector<KernelConfig>& ranked, const Spil
                              int arch);
 BackwardChoice builtin_choice(const std::vector<BwdConfig>& ranked, const SpilledBytes<BwdConfig>& spilled, int arch);
 
-// builtin_choice of heuristic_candidates with the kernel registry's spill reports. Memoized.
+// builtin_choice of heuristic_candidates with the kernel registry's spill reports (compiling the candidates it
+// checks): the tuner's built-in choice, which its sweeps time as the incumbent.
 ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arch, bool sm80_only = false,
                                bool varlen = false, ScoreMods mods = {});
 
-// The same for the backward (its kernels' spills: dkdv, and dq when deterministic). Memoized.
+// The same for the backward (its kernels' spills: dkdv, and dq when deterministic).
 BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch,
                                          bool sm80_only = false, bool varlen = false, ScoreMods mods = {});
+
+// What the data sources answer for a problem key, compiling nothing: a stored winner, whole, or the heuristic's
+// ranked candidates, which resolve() turns into the built-in choice by their spills (dispatch's planner does).
+template <class Choice>
+struct SourcesAnswer {
+  using Config = decltype(Choice::config);
+  std::optional<Choice> stored;
+  std::vector<Config> ranked;  // without a stored winner: the heuristic's, best first
+  std::string lead;            // the reason before the built-in choice's (a paged class borrowing its contiguous one's)
+  std::string passed_over;     // what the sources held but could not use, after it
+};
+
+// The answer's choice on sm_<arch>: the stored winner, else builtin_choice of the ranked candidates by spilled.
+ForwardChoice resolve(const SourcesAnswer<ForwardChoice>& answer, const SpilledBytes<KernelConfig>& spilled, int arch);
+BackwardChoice resolve(const SourcesAnswer<BackwardChoice>& answer, const SpilledBytes<BwdConfig>& spilled, int arch);
 
 // choice's config with user's functions compiled in as it is, the reason saying so.
 template <class Choice>
@@ -124,23 +141,24 @@ void attach_user_variant(BackwardChoice& choice, const std::shared_ptr<const Use
 
 // A packed forward's choice reading keys and values through a block table: its config with paged set, where that
 // is valid on sm_<arch>; otherwise (the sm90 family's widest tiles, whose consumers the paged producer leaves too
-// few registers) the built-in Hopper tile, else the sm80 family's. A paged config is kept as it is; a dense one
-// throws Error(kInvalidArgument).
-ForwardChoice read_through_pages(ForwardChoice choice, int arch);
+// few registers) the built-in Hopper tile, else the sm80 family's, by spilled. A paged config is kept as it is; a
+// dense one throws Error(kInvalidArgument).
+ForwardChoice read_through_pages(ForwardChoice choice, int arch, const SpilledBytes<KernelConfig>& spilled);
 
-// The choice from explicit data sources (either may be null): user_db exact bucket, user_db nearest
-// bucket, the shipped defaults (exact, then nearest bucket, for a GPU of the same kind), then
-// heuristic_choice. A stored config that cannot run on sm_<arch> is passed over, and the reason says so.
-// A paged packed forward's class (its page size) without data of its own takes its contiguous class's
-// choice, through read_through_pages.
+// What the data sources (either may be null) answer: user_db exact bucket, user_db nearest bucket, the shipped
+// defaults (exact, then nearest bucket, for a GPU of the same kind), else the heuristic's candidates. A stored
+// config that cannot run on sm_<arch> is passed over, and the reason says so. A paged packed forward's class (its
+// page size) without data of its own takes its contiguous class's answer, which the caller reads through the pages.
 // Not memoized: dispatch/select.hpp's process-wide form is.
-ForwardChoice choose_forward_config(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
-                                    const TuningStore* user_db, const ShippedDefaults* shipped = nullptr);
+SourcesAnswer<ForwardChoice> choose_forward_config(const DeviceFingerprint& device, const ProblemKey& problem,
+                                                   int arch, const TuningStore* user_db,
+                                                   const ShippedDefaults* shipped = nullptr);
 
-// The backward's choice from explicit data sources, in choose_forward_config's order. problem is a
+// The backward's answer from explicit data sources, in choose_forward_config's order. problem is a
 // backward key (backward_problem_key: family "bwd" or "bwd_det").
-BackwardChoice choose_backward_config(const DeviceFingerprint& device, const ProblemKey& problem, int arch,
-                                      const TuningStore* user_db, const ShippedDefaults* shipped = nullptr);
+SourcesAnswer<BackwardChoice> choose_backward_config(const DeviceFingerprint& device, const ProblemKey& problem,
+                                                     int arch, const TuningStore* user_db,
+                                                     const ShippedDefaults* shipped = nullptr);
 
 // The KV-cache choice for problem (problem.kv_cache) on a GPU of `multiprocessors` SMs, in choose_forward_config's
 // order. A stored winner's split count serves the problem's own bucket (the user's database or the shipped

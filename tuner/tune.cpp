@@ -230,7 +230,7 @@ TunePlan plan_tune(const AttentionProblem& problem, int arch, const TuneOptions&
     with_score_mods(space, key.mods);
     if (problem.user && problem.user->masks()) without_clusters(space);
     ForwardChoice choice = heuristic_choice(key.dtype, key.head_dim, key.mask, arch, false, key.varlen, key.mods);
-    if (key.paged) choice = read_through_pages(std::move(choice), arch);
+    if (key.paged) choice = read_through_pages(std::move(choice), arch, compiled_spills(arch));
     const KernelConfig builtin = as_user_choice(choice, problem, arch).config;
     plan.builtin = builtin;
     plan.space = counts_of(space);

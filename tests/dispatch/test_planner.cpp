@@ -38,10 +38,12 @@ flashgen::AttentionProblem causal_problem() {
 bool persistent(const KernelConfig& c) { return c.sm90() != nullptr && c.sm90()->persistent; }
 
 // The planner's sources as fakes that log each question in order: stored choices by key id (a key without one gets
-// the built-in heuristic's reason), spills by config name (0 unless listed), and can_implement: TMA cannot describe
-// q for the sm90 family where tma_fails, and a persistent walk has too many tiles where tiles_fail.
+// the heuristic's ranked candidates where there are any, else `builtin` whole), spills by config name (0 unless
+// listed), and can_implement: TMA cannot describe q for the sm90 family where tma_fails, and a persistent walk has
+// too many tiles where tiles_fail.
 struct FakeWorld {
   std::map<std::string, ForwardChoice> stored;
+  std::vector<KernelConfig> ranked;
   ForwardChoice builtin;
   std::vector<KernelConfig> sm80{KernelConfig::from_name("fwd_sm80_bf16_d128_m128_n64_w4_s2_causal"),
                                  KernelConfig::from_name("fwd_sm80_bf16_d128_m128_n32_w4_s2_causal")};
@@ -55,7 +57,16 @@ struct FakeWorld {
     s.choose = [this](const flashgen::ProblemKey& key) {
       log.push_back("choose " + key.id());
       auto found = stored.find(key.id());
-      return found == stored.end() ? builtin : found->second;
+      flashgen::SourcesAnswer<ForwardChoice> answer;
+      if (found != stored.end()) {
+        answer.stored = found->second;
+      } else if (!ranked.empty()) {
+        answer.ranked = ranked;
+        answer.passed_over = "; stored x passed over";
+      } else {
+        answer.stored = builtin;
+      }
+      return answer;
     };
     s.spilled_bytes = [this](const KernelConfig& c) {
       log.push_back("spills " + c.name());
@@ -89,17 +100,21 @@ flashgen::ForwardCall call_of(const flashgen::AttentionProblem& problem) {
 
 }  // namespace
 
-TEST_CASE("planner: a call without data takes the built-in choice, checked once by can_implement",
-          "[dispatch][planner]") {
+TEST_CASE("planner: a call without data takes the heuristic's first candidate that does not spill, asked after the "
+          "sources answer, checked once by can_implement", "[dispatch][planner]") {
   FakeWorld world;
-  world.builtin = {flashgen::heuristic_forward_configs(flashgen::DType::kBFloat16, 128, flashgen::MaskKind::kCausal,
-                                                       90).front(), "built-in heuristic", ChoiceSource::kHeuristic};
+  world.ranked = flashgen::heuristic_forward_configs(flashgen::DType::kBFloat16, 128, flashgen::MaskKind::kCausal, 90);
+  REQUIRE(world.ranked.size() >= 2);
+  world.spills[world.ranked[0].name()] = 200;
   const auto plan = flashgen::plan_call(call_of(causal_problem()), world.sources());
-  CHECK(plan.choice.config == world.builtin.config);
-  CHECK(plan.choice.reason == "built-in heuristic");
+  CHECK(plan.choice.config == world.ranked[1]);
+  CHECK(plan.choice.source == ChoiceSource::kHeuristic);
+  CHECK(plan.choice.reason == "built-in heuristic (no tuning data); passed over " + world.ranked[0].name() +
+                              " spills 200 bytes; stored x passed over");
   CHECK(plan.final);
   CHECK(world.log == std::vector<std::string>{"choose " + flashgen::problem_key(causal_problem()).id(),
-                                              "can_implement " + world.builtin.config.name()});
+                                              "spills " + world.ranked[0].name(), "spills " + world.ranked[1].name(),
+                                              "can_implement " + world.ranked[1].name()});
 }
 
 TEST_CASE("planner: steps run in order, each once, and the reason ends with what runs", "[dispatch][planner]") {
@@ -352,7 +367,9 @@ TEST_CASE("planner: the backward falls back to the sm80 family, and has no persi
   flashgen::PlanSources<flashgen::BackwardChoice> sources;
   sources.arch = 90;
   sources.choose = [&](const flashgen::ProblemKey&) {
-    return flashgen::BackwardChoice{*sm90, "built-in heuristic", ChoiceSource::kHeuristic};
+    flashgen::SourcesAnswer<flashgen::BackwardChoice> answer;
+    answer.ranked = {*sm90};
+    return answer;
   };
   sources.sm80_candidates = [&] { return std::vector<flashgen::BwdConfig>{*sm80}; };
   sources.spilled_bytes = [](const flashgen::BwdConfig&) { return 0; };
@@ -365,8 +382,8 @@ TEST_CASE("planner: the backward falls back to the sm80 family, and has no persi
     };
     const auto plan = flashgen::plan_call(call, sources);
     CHECK(plan.choice.config == *sm80);
-    CHECK(plan.choice.reason == "built-in heuristic; TMA cannot describe dq: a stride, so the sm80 family's "
-                                "built-in heuristic (no tuning data)");
+    CHECK(plan.choice.reason == "built-in heuristic (no tuning data); TMA cannot describe dq: a stride, so the sm80 "
+                                "family's built-in heuristic (no tuning data)");
   }
   SECTION("a tile count no backward kernel reports") {
     sources.can_implement = [](const flashgen::BwdConfig&) {

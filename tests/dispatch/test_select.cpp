@@ -9,10 +9,14 @@
 #include "problem/user_variant.hpp"
 #include "runtime/kernel_registry.hpp"
 #include "support/raw_sqlite.hpp"
+#include "support/resolved_choice.hpp"
 #include "support/temp_dir.hpp"
 #include "tuner/choice.hpp"
 #include "tuner/heuristic.hpp"
 #include "tuner/store.hpp"
+
+using flashgen::testing::resolved;
+using flashgen::testing::resolved_paged;
 
 using flashgen::DType;
 using flashgen::MaskKind;
@@ -81,23 +85,23 @@ TEST_CASE("stored winners come first: exact bucket, then nearest, then the heuri
   row.samples = 10;
   store.record(device, key, {row}, stored, 1.5);
 
-  const auto exact = flashgen::choose_forward_config(device, key, 90, &store);
+  const auto exact = resolved(flashgen::choose_forward_config(device, key, 90, &store), 90);
   CHECK(exact.config == stored);
   CHECK(exact.reason.find("exact bucket") != std::string::npos);
 
   const flashgen::ProblemKey longer =
       flashgen::forward_problem_key(DType::kFloat16, 64, MaskKind::kNone, 1, 16384, 16384, 64);
-  const auto nearest = flashgen::choose_forward_config(device, longer, 90, &store);
+  const auto nearest = resolved(flashgen::choose_forward_config(device, longer, 90, &store), 90);
   CHECK(nearest.config == stored);
   CHECK(nearest.reason.find("nearest bucket") != std::string::npos);
 
   const flashgen::ProblemKey other_class =
       flashgen::forward_problem_key(DType::kFloat16, 128, MaskKind::kNone, 1, 4096, 4096, 64);
-  const auto fallback = flashgen::choose_forward_config(device, other_class, 90, &store);
+  const auto fallback = resolved(flashgen::choose_forward_config(device, other_class, 90, &store), 90);
   CHECK(fallback.reason.rfind("built-in heuristic", 0) == 0);
   CHECK(fallback.config == flashgen::heuristic_choice(DType::kFloat16, 128, MaskKind::kNone, 90).config);
 
-  const auto no_store = flashgen::choose_forward_config(device, key, 90, nullptr);
+  const auto no_store = resolved(flashgen::choose_forward_config(device, key, 90, nullptr), 90);
   CHECK(no_store.reason.rfind("built-in heuristic", 0) == 0);
 }
 
@@ -127,18 +131,18 @@ TEST_CASE("backward choice: stored winners of its own pass and strategy, then th
   row.samples = 10;
   store.record(device, key, {row}, stored, 2.5);
 
-  const flashgen::BackwardChoice exact = flashgen::choose_backward_config(device, key, 90, &store);
+  const flashgen::BackwardChoice exact = resolved(flashgen::choose_backward_config(device, key, 90, &store), 90);
   CHECK(exact.config == stored);
   CHECK(exact.source == flashgen::ChoiceSource::kTuningDatabase);
   CHECK(exact.reason.find("exact bucket") != std::string::npos);
-  const flashgen::BackwardChoice nearest = flashgen::choose_backward_config(
+  const flashgen::BackwardChoice nearest = resolved(flashgen::choose_backward_config(
       device, flashgen::backward_problem_key(DType::kFloat16, 128, MaskKind::kCausal, false, 1, 1024, 1024, 64), 90,
-      &store);
+      &store), 90);
   CHECK(nearest.config == stored);
   CHECK(nearest.reason.find("nearest bucket") != std::string::npos);
 
   // The deterministic strategy and the forward have their own data: nothing stored for them here.
-  const flashgen::BackwardChoice det = flashgen::choose_backward_config(device, det_key, 90, &store);
+  const flashgen::BackwardChoice det = resolved(flashgen::choose_backward_config(device, det_key, 90, &store), 90);
   CHECK(det.source == flashgen::ChoiceSource::kHeuristic);
   CHECK(det.config.deterministic);
   const flashgen::ProblemKey fwd_key =
@@ -146,7 +150,7 @@ TEST_CASE("backward choice: stored winners of its own pass and strategy, then th
   CHECK_FALSE(store.lookup_nearest(device, fwd_key).has_value());
   // On an arch the stored config cannot run on, it is passed over with the reason said.
   const flashgen::BackwardChoice on80 =
-      flashgen::choose_backward_config(flashgen::fingerprint_for_arch(90), key, 80, &store);
+      resolved(flashgen::choose_backward_config(flashgen::fingerprint_for_arch(90), key, 80, &store), 80);
   CHECK(on80.source == flashgen::ChoiceSource::kHeuristic);
   CHECK(on80.reason.find("passed over") != std::string::npos);
 }
@@ -170,7 +174,7 @@ TEST_CASE("a stored winner that cannot run on this arch is passed over", "[tuner
   row.median_ms = 2.0;
   store.record(device, key, {row}, hopper_only, 2.0);
 
-  const auto choice = flashgen::choose_forward_config(device, key, 80, &store);
+  const auto choice = resolved(flashgen::choose_forward_config(device, key, 80, &store), 80);
   CHECK(choice.config != hopper_only);
   CHECK_FALSE(choice.config.invalid_reason(80).has_value());
   CHECK(choice.reason.find("passed over") != std::string::npos);
@@ -192,7 +196,7 @@ TEST_CASE("a stored row the database cannot read back is passed over, not thrown
   flashgen::testing::RawSqlite(dir.path() / "tuning.sqlite")
       .exec("UPDATE winners SET config_json = '{\"family\": \"fwd_sm90\", \"mask\": \"sliding\"}'");
   flashgen::TuningStore store(dir.path() / "tuning.sqlite");
-  const auto choice = flashgen::choose_forward_config(device, key, 90, &store);
+  const auto choice = resolved(flashgen::choose_forward_config(device, key, 90, &store), 90);
   CHECK(choice.config == flashgen::heuristic_choice(DType::kFloat16, 64, MaskKind::kNone, 90).config);
   CHECK(choice.reason.find("passed over") != std::string::npos);
   CHECK(choice.reason.find("mask") != std::string::npos);
@@ -250,7 +254,7 @@ TEST_CASE("a packed forward over pages takes its page size's winner, else its co
   record(contiguous, wide);
 
   // No data of its own: the contiguous class's winner, made paged where it can be, else the built-in paged tile.
-  const auto borrowed = flashgen::choose_forward_config(device, pages256, 90, &store);
+  const auto borrowed = resolved_paged(flashgen::choose_forward_config(device, pages256, 90, &store), 90);
   INFO(borrowed.reason);
   CHECK(borrowed.reason.find("no data for fwd_varlen_paged256|bf16|d128|none|g1") != std::string::npos);
   CHECK(borrowed.reason.find("paged, ") != std::string::npos);
@@ -266,21 +270,22 @@ TEST_CASE("a packed forward over pages takes its page size's winner, else its co
   const auto own_tile = flashgen::KernelConfig::from_name("fwd_sm90_bf16_d128_m128_n160_s2_ovl_pp_varlen_paged");
   REQUIRE(own_tile != builtin);
   record(pages256, own_tile);
-  const auto own = flashgen::choose_forward_config(device, pages256, 90, &store);
+  const auto own = resolved_paged(flashgen::choose_forward_config(device, pages256, 90, &store), 90);
   INFO(own.reason);
   CHECK(own.config == own_tile);
   CHECK(own.exact_bucket);
-  const auto other = flashgen::choose_forward_config(device, pages64, 90, &store);
+  const auto other = resolved_paged(flashgen::choose_forward_config(device, pages64, 90, &store), 90);
   CHECK(other.reason.find("no data for fwd_varlen_paged64") != std::string::npos);
   CHECK(other.config == builtin);
   // A paged config is not of the contiguous class, nor a contiguous one of a paged class: the store refuses both.
   CHECK_THROWS_WITH(record(contiguous, own_tile), Catch::Contains("is not one of problem fwd_varlen|"));
   CHECK_THROWS_WITH(record(pages64, wide), Catch::Contains("is not one of problem fwd_varlen_paged64|"));
-  CHECK(flashgen::choose_forward_config(device, contiguous, 90, &store).config == wide);
+  CHECK(resolved(flashgen::choose_forward_config(device, contiguous, 90, &store), 90).config == wide);
   // Read through pages takes packed configs only.
   flashgen::ForwardChoice dense;
   dense.config = flashgen::KernelConfig::from_name("fwd_sm90_bf16_d128_m128_n128_s2_ovl_pp");
-  CHECK_THROWS_WITH(flashgen::read_through_pages(dense, 90), Catch::Contains("is not a packed-batch (varlen) config"));
+  CHECK_THROWS_WITH(flashgen::read_through_pages(dense, 90, flashgen::compiled_spills(90)),
+                    Catch::Contains("is not a packed-batch (varlen) config"));
 }
 
 TEST_CASE("a user variant takes the base class's next tiles where the chosen ones spill much with its functions",

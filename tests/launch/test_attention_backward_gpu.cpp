@@ -24,6 +24,7 @@
 #include "support/backward_reference.hpp"
 #include "support/first_use_scope.hpp"
 #include "support/parallel.hpp"
+#include "support/resolved_choice.hpp"
 #include "support/strided_tensors.hpp"
 #include "support/temp_dir.hpp"
 #include "tuner/heuristic.hpp"
@@ -473,7 +474,8 @@ TEST_CASE("backward: tune-on-first-use sweeps a new problem, stores it and the c
   const int arch = flashgen::device_sm(scope.device());
   const flashgen::ProblemKey key = flashgen::backward_problem_key(flashgen::DType::kFloat16, 64,
                                                                   flashgen::MaskKind::kCausal, false, 2, 555, 555, 2);
-  const flashgen::BackwardChoice choice = flashgen::choose_backward_config(static_cast<int>(scope.device()), key, arch);
+  const flashgen::BackwardChoice choice =
+      flashgen::testing::resolved(flashgen::choose_backward_config(static_cast<int>(scope.device()), key, arch), arch);
   INFO(choice.config.name() << ": " << choice.reason);
   CHECK(choice.source == flashgen::ChoiceSource::kTunedOnFirstUse);
   CHECK(choice.reason.find(db) != std::string::npos);

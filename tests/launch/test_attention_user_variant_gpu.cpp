@@ -4,7 +4,8 @@
 // mask over the causal mask (document ids in a buffer), a prefix-LM mask whose some rows see no key (a scalar), a
 // mask whose visible blocks do not grow with the row (the backward's block classes widen them to bands), a
 // relative-position bias table under a window (score_bias), and a soft cap written as a score function with its
-// derivative; odd lengths, sq != sk, GQA. And a user variant tuned on first use, stored under its own key.
+// derivative; odd lengths, sq != sk, GQA; a user mask on inputs TMA cannot describe (the sm80 family's fallback with
+// the functions). And a user variant tuned on first use, stored under its own key.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -142,6 +143,43 @@ TEST_CASE("a user's prefix-LM mask with rows that see no key matches the float64
         };
       });
   run_everywhere(p, scope);
+}
+
+TEST_CASE("a user variant on inputs TMA cannot describe runs on the sm80 family with its functions, forward and "
+          "backward", "[gpu][user_variant][sm90]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext scope;
+  FLASHGEN_REQUIRE_SM90(scope);
+  const flashgen::AttentionShape shape{2, 190, 257, 4, 2, 128};
+  const flashgen_variant_arg scalars[] = {{"stride", FLASHGEN_ARG_INT32}};
+  flashgen_variant_desc desc{};
+  desc.size = sizeof desc;
+  desc.mask_mod = "return (q_idx / stride) % 2 == 0 || kv_idx % 3 != 0;";
+  desc.scalars = scalars, desc.num_scalars = 1;
+  const Handle handle(desc);
+  const int32_t stride = 16;
+  flashgen_attention_options opts{};
+  opts.mask = FLASHGEN_MASK_CAUSAL;
+  opts.variant = handle.variant, opts.variant_scalars = &stride;
+  flashgen::test::DenseVariantProblem p(
+      "bf16 d128 causal, every third key hidden from alternate row bands, q shared by the batch", FLASHGEN_BFLOAT16,
+      shape, opts, 0x7a1, {}, 0, {}, [&](flashgen::ReferenceVariant& v) {
+        v.user_mask = [&](int64_t, int64_t, int64_t i, int64_t j) { return (i / stride) % 2 == 0 || j % 3 != 0; };
+      });
+  p.share_q_across_batch();
+  const flashgen::ForwardLaunch fwd = flashgen::plan_forward(p.forward_call(), nullptr).launch;
+  INFO(fwd.config.name() << ": " << fwd.reason);
+  CHECK(fwd.config.family() == flashgen::KernelFamily::kSm80);
+  CHECK(fwd.config.user != nullptr);
+  CHECK(fwd.reason.find("TMA cannot describe q") != std::string::npos);
+  for (bool deterministic : {false, true}) {
+    const flashgen::BackwardLaunch bwd = flashgen::plan_backward(p.backward_call(deterministic), nullptr).launch;
+    INFO(bwd.config.name() << ": " << bwd.reason);
+    CHECK(bwd.config.family() == flashgen::KernelFamily::kSm80);
+    CHECK(bwd.config.user != nullptr);
+    CHECK(bwd.reason.find("TMA cannot describe q") != std::string::npos);
+  }
+  p.run_choice();  // out, lse and the gradients against float64, both dQ strategies
 }
 
 // The backward's block classes widen each query block's blocks to a band whose ends grow with the row: a mask whose

@@ -30,6 +30,7 @@ struct DenseVariantProblem {
   DeviceBuffer dq_in, dk_in, dv_in, ddout, dout_buf, dlse, dq, dk, dv, dslopes, dsink_logits, dsinks;
   flashgen_tensor tq{}, tk{}, tv{}, tout{}, tdout{}, tdq{}, tdk{}, tdv{};
   flashgen_attention_options opts;
+  ReferenceVariant variant;  // what the references apply besides the mask
   AttentionResult ref;
   AttentionGradients grads;
 
@@ -77,13 +78,27 @@ struct DenseVariantProblem {
     tdq = bshd(dq, dtype, s.batch, s.seqlen_q, s.heads_q, s.head_dim);
     tdk = bshd(dk, dtype, s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
     tdv = bshd(dv, dtype, s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
+    variant = ReferenceVariant(opts.softcap, {opts.window_left, opts.window_right, opts.attention_chunk},
+                               std::move(slopes), slopes_batch_stride);
+    variant.sinks = std::move(sinks);
+    if (user_reference) user_reference(variant);  // a user variant's functions (options.variant)
+    compute_references();
+  }
+
+  // q read by every batch entry from the first one's rows (batch stride 0): a valid layout that no TMA descriptor
+  // describes. The references follow.
+  void share_q_across_batch() {
+    const size_t one = size_t(s.seqlen_q * s.heads_q * s.head_dim);
+    for (size_t i = one; i < q.size(); ++i) q[i] = q[i % one];
+    dq_in.upload(q);
+    tq.stride[0] = 0;
+    compute_references();
+  }
+
+  void compute_references() {
     const double scale = effective_softmax_scale(opts.softmax_scale, s.head_dim);
     const auto q_view = StridedView::contiguous(s.batch, s.seqlen_q, s.heads_q, s.head_dim);
     const auto kv_view = StridedView::contiguous(s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
-    ReferenceVariant variant(opts.softcap, {opts.window_left, opts.window_right, opts.attention_chunk},
-                             std::move(slopes), slopes_batch_stride);
-    variant.sinks = std::move(sinks);
-    if (user_reference) user_reference(variant);  // a user variant's functions (options.variant)
     ref = attention_reference_f64(
         s, HostInput::bits16(q.data(), dtype, q_view), HostInput::bits16(k.data(), dtype, kv_view),
         HostInput::bits16(v.data(), dtype, kv_view), scale, flashgen::internal_mask(opts.mask), variant);

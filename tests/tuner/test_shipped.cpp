@@ -12,9 +12,12 @@
 #include "generator/generator.hpp"
 #include "runtime/kernel_registry.hpp"
 #include "support/parallel.hpp"
+#include "support/resolved_choice.hpp"
 #include "support/temp_dir.hpp"
 #include "tuner/shipped.hpp"
 #include "tuner/store.hpp"
+
+using flashgen::testing::resolved;
 
 using flashgen::DType;
 using flashgen::MaskKind;
@@ -98,7 +101,7 @@ TEST_CASE("shipped defaults sit between the user's database and the heuristic", 
   const flashgen::ShippedDefaults shipped =
       flashgen::ShippedDefaults::from_files({{"h200.json", export_text(h200(13000), {{key, shipped_config}})}});
 
-  const auto from_shipped = flashgen::choose_forward_config(h200(13000), key, 90, nullptr, &shipped);
+  const auto from_shipped = resolved(flashgen::choose_forward_config(h200(13000), key, 90, nullptr, &shipped), 90);
   CHECK(from_shipped.config == shipped_config);
   CHECK(from_shipped.source == flashgen::ChoiceSource::kShippedDefaults);
   CHECK(from_shipped.reason.find("shipped defaults h200.json, exact bucket") != std::string::npos);
@@ -109,7 +112,7 @@ TEST_CASE("shipped defaults sit between the user's database and the heuristic", 
   row.config = user;
   row.median_ms = 2.0;
   store.record(h200(13000), key, {row}, user, 2.0);
-  const auto from_user = flashgen::choose_forward_config(h200(13000), key, 90, &store, &shipped);
+  const auto from_user = resolved(flashgen::choose_forward_config(h200(13000), key, 90, &store, &shipped), 90);
   CHECK(from_user.config == user);
   CHECK(from_user.source == flashgen::ChoiceSource::kTuningDatabase);
   CHECK(from_user.reason.find("tuning database") != std::string::npos);
@@ -120,7 +123,7 @@ TEST_CASE("shipped defaults sit between the user's database and the heuristic", 
   a100.gpu_name = "NVIDIA A100-SXM4-80GB", a100.sm = 80, a100.sm_count = 108;
   const flashgen::ShippedDefaults hopper_only = flashgen::ShippedDefaults::from_files(
       {{"a100.json", export_text(a100, {{wide, tile(256, 128, 64, 8, 2)}})}});
-  const auto passed = flashgen::choose_forward_config(a100, wide, 80, nullptr, &hopper_only);
+  const auto passed = resolved(flashgen::choose_forward_config(a100, wide, 80, nullptr, &hopper_only), 80);
   CHECK(passed.reason.rfind("built-in heuristic", 0) == 0);
   CHECK(passed.source == flashgen::ChoiceSource::kHeuristic);
   CHECK(passed.reason.find("passed over") != std::string::npos);

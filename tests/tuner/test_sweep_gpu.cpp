@@ -6,6 +6,7 @@
 #include "dispatch/select.hpp"
 #include "gpu.hpp"
 #include "runtime/cuda_driver.hpp"
+#include "support/resolved_choice.hpp"
 #include "support/temp_dir.hpp"
 #include "tuner/decode_choice.hpp"
 #include "tuner/heuristic.hpp"
@@ -70,7 +71,8 @@ TEST_CASE("a small forward sweep names, stores and finds a winner", "[gpu][tuner
   CHECK(store.candidates(device, result.problem).size() == candidates.size());
 
   // The run-time choice takes the stored winner for this problem and its bucket neighbours.
-  const flashgen::ForwardChoice choice = flashgen::choose_forward_config(device, result.problem, arch, &store);
+  const flashgen::ForwardChoice choice =
+      flashgen::testing::resolved(flashgen::choose_forward_config(device, result.problem, arch, &store), arch);
   CHECK(choice.config == result.winner);
   CHECK(choice.reason.find("exact bucket") != std::string::npos);
 }
@@ -110,7 +112,8 @@ TEST_CASE("a small backward sweep names, stores and finds a winner, and the back
   flashgen::TuningStore store(dir.path() / "tuning.sqlite");
   const flashgen::DeviceFingerprint device = flashgen::current_device_fingerprint(scope.device());
   store.record(device, result.problem, result.candidates, result.winner, result.winner_ms);
-  const flashgen::BackwardChoice choice = flashgen::choose_backward_config(device, result.problem, arch, &store);
+  const flashgen::BackwardChoice choice =
+      flashgen::testing::resolved(flashgen::choose_backward_config(device, result.problem, arch, &store), arch);
   CHECK(choice.config == result.winner);
   CHECK(choice.source == flashgen::ChoiceSource::kTuningDatabase);
 
