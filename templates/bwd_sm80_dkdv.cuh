@@ -74,6 +74,137 @@ struct BwdDkdvSm80 {
     }
   }
 
+  // One run_block() call's key block and this thread's place in it, with the pieces of a step and the epilogue
+  // that need no more: dV and dK's products, the scores' Pᵀ and dSᵀ, the atomic strategy's dQ update, the stores.
+  struct KeyBlock {
+    const AttnBwdParams& p;
+    u32 sk_addr;   // K (kBlockN, kRow)
+    u32 sds_addr;  // 2 x dSᵀ (kBlockN, kDsRow), atomic strategy only
+    int warp, lane, g, t;
+    int n_start, kv_head, batch;
+    int slice_tile0;  // first 16-column tile of the slice
+    int warp_key0;    // this warp's first key, relative to n_start
+    u32 bt_lane;
+
+    // acc (keys, slice) += frag (keys, queries) · Y (queries, slice), Y = dO or Q read transposed.
+    __device__ __forceinline__ void accumulate_slice(float (&acc)[kKeyTiles][kSliceTiles * 2][4],
+                                                     const u32 (&frag)[kKeyTiles][kQTiles / 2][4],
+                                                     u32 y_tile) const {
+#pragma unroll
+      for (int j = 0; j < kQTiles / 2; ++j)
+#pragma unroll
+        for (int dp = 0; dp < kSliceTiles; ++dp) {
+          if (!tile_exists(slice_tile0 + dp)) continue;
+          u32 b[4];
+          sm80::ldmatrix_x4_trans(b, y_tile + bt_lane + (j * 16 * kRow + (slice_tile0 + dp) * 16) * 2);
+#pragma unroll
+          for (int kt = 0; kt < kKeyTiles; ++kt) {
+            sm80::mma_16816<kElem>(acc[kt][2 * dp], frag[kt][j], b[0], b[1]);
+            sm80::mma_16816<kElem>(acc[kt][2 * dp + 1], frag[kt][j], b[2], b[3]);
+          }
+        }
+    }
+
+    // dQ (queries, slice) += dS K for step `it`, whose dSᵀ every warp stored before a barrier since,
+    // added to the fp32 accumulator with reductions. Runs at the start of step it + 1 (after its
+    // barrier) or after the loop: the dSᵀ tiles alternate, so no barrier of its own is needed.
+    __device__ __forceinline__ void dq_update(int it, int head, int m_start) const {
+      const u32 sds_step = sds_addr + (it % 2) * kBlockN * kDsRow * 2;
+      const long long flat = row_base<kVarlen>(p, batch, head, p.seqlen_q);
+#pragma unroll
+      for (int item_i = 0; item_i < kDqItems; ++item_i) {
+        const int item = warp + item_i * kWarps;
+        const int mi = item % kDqMTiles;
+        const int part_tile0 = slice_tile0 + (item / kDqMTiles) * kDqPartTiles;
+        const int part_end = min(slice_tile0 + kSliceTiles, kTiles16);
+        float acc_dq[kDqPartTiles * 2][4];
+#pragma unroll
+        for (int c = 0; c < kDqPartTiles * 2; ++c)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_dq[c][e] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < kBlockN / 16; ++ks) {
+          u32 a[4];
+          sm80::ldmatrix_x4_trans(a, sds_step + bwd::Lanes<kDsRow>::a_trans(lane) + (ks * 16 * kDsRow + mi * 16) * 2);
+#pragma unroll
+          for (int c = 0; c < kDqPartTiles; ++c) {
+            if (part_tile0 + c >= part_end) continue;
+            u32 b[4];
+            sm80::ldmatrix_x4_trans(b, sk_addr + bt_lane + (ks * 16 * kRow + (part_tile0 + c) * 16) * 2);
+            sm80::mma_16816<kElem>(acc_dq[2 * c], a, b[0], b[1]);
+            sm80::mma_16816<kElem>(acc_dq[2 * c + 1], a, b[2], b[3]);
+          }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = m_start + mi * 16 + g + h * 8;
+          if (row >= p.seqlen_q) continue;
+          float* dst = p.dq_accum + (flat + row) * kHeadDim;
+#pragma unroll
+          for (int c = 0; c < kDqPartTiles * 2; ++c) {
+            const int col = (part_tile0 * 2 + c) * 8 + 2 * t;
+            if (part_tile0 + c / 2 >= part_end || col >= kHeadDim) continue;
+            sm80::atomic_add_f32x2(dst + col, acc_dq[c][2 * h], acc_dq[c][2 * h + 1]);
+          }
+        }
+      }
+    }
+
+    // Pᵀ = exp2(s * scale_log2 - lse2) with hidden entries at 0 (s: the variant's score), in place of Sᵀ;
+    // dSᵀ = Pᵀ ∘ (dPᵀ - D), with respect to q·k, in place of dPᵀ. s_lse, s_dsum: the stage's LSE and D.
+    template <class Masked>
+    __device__ __forceinline__ void scores(float (&acc_s)[kKeyTiles][kQTiles][4],
+                                           float (&acc_dp)[kKeyTiles][kQTiles][4], const float* s_lse,
+                                           const float* s_dsum, int head, int m_start, Masked masked) const {
+      constexpr bool kMasked = decltype(masked)::value;
+#pragma unroll
+      for (int qt = 0; qt < kQTiles; ++qt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = qt * 8 + 2 * t + e;
+          const float lse2 = bwd::lse_to_log2(s_lse[col]);
+          const float dsum = s_dsum[col];
+#pragma unroll
+          for (int kt = 0; kt < kKeyTiles; ++kt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const float qk = acc_s[kt][qt][2 * h + e];
+              const float scale_log2 = p.scale_log2;
+              const ScoreAt at{batch, head, m_start + col, n_start + warp_key0 + kt * 16 + g + h * 8};
+              const float x = bwd::scaled_score<Variant>(p, at, qk, scale_log2);
+              float s = x;
+              if constexpr (kMasked) bwd::hide_score<Variant>(p, at, s);
+              const float pr = bwd::probability(s, lse2);
+              acc_s[kt][qt][2 * h + e] = pr;
+              acc_dp[kt][qt][2 * h + e] = bwd::score_gradient<Variant>(p, at, x, pr, acc_dp[kt][qt][2 * h + e], dsum);
+            }
+        }
+    }
+
+    // Epilogue: dK = scale * acc_dk; keys no query sees get zeros.
+    __device__ __forceinline__ void store_dkdv(const float (&acc_dk)[kKeyTiles][kSliceTiles * 2][4],
+                                               const float (&acc_dv)[kKeyTiles][kSliceTiles * 2][4]) const {
+      u16* dk = static_cast<u16*>(p.dk) + batch * p.dk_batch_stride + kv_head * p.dk_head_stride;
+      u16* dv = static_cast<u16*>(p.dv) + batch * p.dv_batch_stride + kv_head * p.dv_head_stride;
+#pragma unroll
+      for (int kt = 0; kt < kKeyTiles; ++kt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = n_start + warp_key0 + kt * 16 + g + h * 8;
+          if (row >= p.seqlen_k) continue;
+#pragma unroll
+          for (int dt = 0; dt < kSliceTiles * 2; ++dt) {
+            const int col = (slice_tile0 * 2 + dt) * 8 + 2 * t;
+            if (col >= kHeadDim) continue;
+            *reinterpret_cast<u32*>(dk + row * p.dk_row_stride + col) =
+                sm80::pack2<kElem>(acc_dk[kt][dt][2 * h] * p.scale, acc_dk[kt][dt][2 * h + 1] * p.scale);
+            *reinterpret_cast<u32*>(dv + row * p.dv_row_stride + col) =
+                sm80::pack2<kElem>(acc_dv[kt][dt][2 * h], acc_dv[kt][dt][2 * h + 1]);
+          }
+        }
+    }
+  };
+
   static __device__ void run_block(const AttnBwdParams& p) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     // K (kBlockN, kRow) | V (kBlockN, kRow) | kStages x [Q (kBlockM, kRow) | dO | LSE (kBlockM) | D (kBlockM)]
@@ -157,6 +288,8 @@ struct BwdDkdvSm80 {
     const u32 v_lane = sv_addr + warp_key0 * kRow * 2 + L::a(lane);
     const u32 b_lane = L::b(lane);
     const u32 bt_lane = L::b_trans(lane);
+    const KeyBlock block{p, sk_addr, sds_addr, warp, lane, g, t, n_start, kv_head, batch, slice_tile0,
+                         warp_key0, bt_lane};
 
     // Sᵀ-shaped product for this warp's keys: acc = X Yᵀ with X = K or V rows (A), Y = Q or dO (B).
     auto product_t = [&](float (&acc)[kKeyTiles][kQTiles][4], u32 x_lane, u32 y_tile) {
@@ -164,79 +297,16 @@ struct BwdDkdvSm80 {
       sm80::qk_product<kElem, kKSteps, kRow>(acc, load_x, y_tile, b_lane);
     };
 
-    // acc (keys, slice) += frag (keys, queries) · Y (queries, slice), Y = dO or Q read transposed.
-    auto accumulate_slice = [&](float (&acc)[kKeyTiles][kSliceTiles * 2][4],
-                                const u32 (&frag)[kKeyTiles][kQTiles / 2][4], u32 y_tile) {
-#pragma unroll
-      for (int j = 0; j < kQTiles / 2; ++j)
-#pragma unroll
-        for (int dp = 0; dp < kSliceTiles; ++dp) {
-          if (!tile_exists(slice_tile0 + dp)) continue;
-          u32 b[4];
-          sm80::ldmatrix_x4_trans(b, y_tile + bt_lane + (j * 16 * kRow + (slice_tile0 + dp) * 16) * 2);
-#pragma unroll
-          for (int kt = 0; kt < kKeyTiles; ++kt) {
-            sm80::mma_16816<kElem>(acc[kt][2 * dp], frag[kt][j], b[0], b[1]);
-            sm80::mma_16816<kElem>(acc[kt][2 * dp + 1], frag[kt][j], b[2], b[3]);
-          }
-        }
-    };
-
-    // dQ (queries, slice) += dS K for step `it`, whose dSᵀ every warp stored before a barrier since,
-    // added to the fp32 accumulator with reductions. Runs at the start of step it + 1 (after its
-    // barrier) or after the loop: the dSᵀ tiles alternate, so no barrier of its own is needed.
-    auto dq_update = [&](int it, int head, int m_start) {
-      const u32 sds_step = sds_addr + (it % 2) * kBlockN * kDsRow * 2;
-      const long long flat = row_base<kVarlen>(p, batch, head, p.seqlen_q);
-#pragma unroll
-      for (int item_i = 0; item_i < kDqItems; ++item_i) {
-        const int item = warp + item_i * kWarps;
-        const int mi = item % kDqMTiles;
-        const int part_tile0 = slice_tile0 + (item / kDqMTiles) * kDqPartTiles;
-        const int part_end = min(slice_tile0 + kSliceTiles, kTiles16);
-        float acc_dq[kDqPartTiles * 2][4];
-#pragma unroll
-        for (int c = 0; c < kDqPartTiles * 2; ++c)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc_dq[c][e] = 0.f;
-#pragma unroll
-        for (int ks = 0; ks < kBlockN / 16; ++ks) {
-          u32 a[4];
-          sm80::ldmatrix_x4_trans(a, sds_step + bwd::Lanes<kDsRow>::a_trans(lane) + (ks * 16 * kDsRow + mi * 16) * 2);
-#pragma unroll
-          for (int c = 0; c < kDqPartTiles; ++c) {
-            if (part_tile0 + c >= part_end) continue;
-            u32 b[4];
-            sm80::ldmatrix_x4_trans(b, sk_addr + bt_lane + (ks * 16 * kRow + (part_tile0 + c) * 16) * 2);
-            sm80::mma_16816<kElem>(acc_dq[2 * c], a, b[0], b[1]);
-            sm80::mma_16816<kElem>(acc_dq[2 * c + 1], a, b[2], b[3]);
-          }
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = m_start + mi * 16 + g + h * 8;
-          if (row >= p.seqlen_q) continue;
-          float* dst = p.dq_accum + (flat + row) * kHeadDim;
-#pragma unroll
-          for (int c = 0; c < kDqPartTiles * 2; ++c) {
-            const int col = (part_tile0 * 2 + c) * 8 + 2 * t;
-            if (part_tile0 + c / 2 >= part_end || col >= kHeadDim) continue;
-            sm80::atomic_add_f32x2(dst + col, acc_dq[c][2 * h], acc_dq[c][2 * h + 1]);
-          }
-        }
-      }
-    };
     int prev_head = 0;     // head and first query of the previous step, whose dQ update is pending
     int prev_m_start = 0;
 
     // One query block of one query head.
     auto step = [&](int it, int head, int m_start, auto masked) {
-      constexpr bool kMasked = decltype(masked)::value;
       sm80::cp_async_wait<kStages - 2>();  // this iteration's stage has landed
       __syncthreads();                     // ... for every thread; the previous stage is free and its dSᵀ
                                            // stored
       if constexpr (kAtomicDq) {
-        if (it > 0) dq_update(it - 1, prev_head, prev_m_start);
+        if (it > 0) block.dq_update(it - 1, prev_head, prev_m_start);
         prev_head = head;
         prev_m_start = m_start;
       }
@@ -256,30 +326,7 @@ struct BwdDkdvSm80 {
       float acc_dp[kKeyTiles][kQTiles][4];  // dPᵀ, then dSᵀ
       product_t(acc_dp, v_lane, sdo_tile);
 
-      // Pᵀ = exp2(s * scale_log2 - lse2) with hidden entries at 0 (s: the variant's score);
-      // dSᵀ = Pᵀ ∘ (dPᵀ - D), with respect to q·k.
-#pragma unroll
-      for (int qt = 0; qt < kQTiles; ++qt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int col = qt * 8 + 2 * t + e;
-          const float lse2 = bwd::lse_to_log2(s_lse[col]);
-          const float dsum = s_dsum[col];
-#pragma unroll
-          for (int kt = 0; kt < kKeyTiles; ++kt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const float qk = acc_s[kt][qt][2 * h + e];
-              const float scale_log2 = p.scale_log2;
-              const ScoreAt at{batch, head, m_start + col, n_start + warp_key0 + kt * 16 + g + h * 8};
-              const float x = bwd::scaled_score<Variant>(p, at, qk, scale_log2);
-              float s = x;
-              if constexpr (kMasked) bwd::hide_score<Variant>(p, at, s);
-              const float pr = bwd::probability(s, lse2);
-              acc_s[kt][qt][2 * h + e] = pr;
-              acc_dp[kt][qt][2 * h + e] = bwd::score_gradient<Variant>(p, at, x, pr, acc_dp[kt][qt][2 * h + e], dsum);
-            }
-        }
+      block.scores(acc_s, acc_dp, s_lse, s_dsum, head, m_start, masked);
 
       u32 p_frag[kKeyTiles][kQTiles / 2][4];
       u32 ds_frag[kKeyTiles][kQTiles / 2][4];
@@ -291,8 +338,8 @@ struct BwdDkdvSm80 {
           sm80::pack_a<kElem>(ds_frag[kt][j], acc_dp[kt][2 * j], acc_dp[kt][2 * j + 1]);
         }
 
-      accumulate_slice(acc_dv, p_frag, sdo_tile);
-      accumulate_slice(acc_dk, ds_frag, sq_tile);
+      block.accumulate_slice(acc_dv, p_frag, sdo_tile);
+      block.accumulate_slice(acc_dk, ds_frag, sq_tile);
 
       if constexpr (kAtomicDq) {
         // dSᵀ to shared memory (keys x queries) for the next step's dQ update (dq_update).
@@ -322,29 +369,11 @@ struct BwdDkdvSm80 {
     if constexpr (kAtomicDq) {
       if (it > 0) {
         __syncthreads();  // the last step's dSᵀ is stored
-        dq_update(it - 1, prev_head, prev_m_start);
+        block.dq_update(it - 1, prev_head, prev_m_start);
       }
     }
 
-    // Epilogue: dK = scale * acc_dk; keys no query sees get zeros.
-    u16* dk = static_cast<u16*>(p.dk) + batch * p.dk_batch_stride + kv_head * p.dk_head_stride;
-    u16* dv = static_cast<u16*>(p.dv) + batch * p.dv_batch_stride + kv_head * p.dv_head_stride;
-#pragma unroll
-    for (int kt = 0; kt < kKeyTiles; ++kt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = n_start + warp_key0 + kt * 16 + g + h * 8;
-        if (row >= p.seqlen_k) continue;
-#pragma unroll
-        for (int dt = 0; dt < kSliceTiles * 2; ++dt) {
-          const int col = (slice_tile0 * 2 + dt) * 8 + 2 * t;
-          if (col >= kHeadDim) continue;
-          *reinterpret_cast<u32*>(dk + row * p.dk_row_stride + col) =
-              sm80::pack2<kElem>(acc_dk[kt][dt][2 * h] * p.scale, acc_dk[kt][dt][2 * h + 1] * p.scale);
-          *reinterpret_cast<u32*>(dv + row * p.dv_row_stride + col) =
-              sm80::pack2<kElem>(acc_dv[kt][dt][2 * h], acc_dv[kt][dt][2 * h + 1]);
-        }
-      }
+    block.store_dkdv(acc_dk, acc_dv);
   }
 };
 
