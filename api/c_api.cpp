@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "api/explain.hpp"
+#include "api/from_c.hpp"
 #include "dispatch/dispatch.hpp"
 #include "dispatch/select.hpp"
 #include "flashgen/error.hpp"
@@ -276,7 +277,7 @@ extern "C" int flashgen_variant_create(const flashgen_variant_desc* desc, flashg
   return guarded([&] {
     FLASHGEN_REQUIRE(variant != nullptr, "variant: null pointer");
     *variant = nullptr;
-    std::shared_ptr<const flashgen::UserVariant> user = flashgen::make_user_variant(required(desc, "desc"));
+    std::shared_ptr<const flashgen::UserVariant> user = flashgen::make_user_variant(flashgen::from_c(required(desc, "desc")));
     check_desc_compiles(*user);
     *variant = new flashgen_variant{std::move(user)};
   });

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <deque>
 #include <iterator>
 #include <map>
 #include <optional>
@@ -58,26 +57,25 @@ std::shared_ptr<const UserVariant> read_variant_json(const std::string& path) {
   const Json& j = variant_json(path);
   FLASHGEN_REQUIRE(j.is_object(), where + ": expected an object");
   static const char* const kBodies[] = {"mask_mod", "score_mod", "score_grad", "score_bias", "helpers"};
-  static const std::pair<const char*, flashgen_arg_type> kTypes[] = {{"float32", FLASHGEN_ARG_FLOAT32},
-                                                                      {"int32", FLASHGEN_ARG_INT32},
-                                                                      {"int64", FLASHGEN_ARG_INT64},
-                                                                      {"uint8", FLASHGEN_ARG_UINT8}};
+  static const std::pair<const char*, UserArgType> kTypes[] = {{"float32", UserArgType::kFloat32},
+                                                                {"int32", UserArgType::kInt32},
+                                                                {"int64", UserArgType::kInt64},
+                                                                {"uint8", UserArgType::kUint8}};
   for (const auto& [key, value] : j.items()) {
     const bool known = key == "buffers" || key == "scalars" || key == "mask_same_for_heads" ||
                        std::find(std::begin(kBodies), std::end(kBodies), key) != std::end(kBodies);
     FLASHGEN_REQUIRE(known, where + ": unknown field '" + key + "'");
   }
-  std::deque<std::string> strings;  // the desc points into these (a deque keeps them in place as it grows)
-  flashgen_variant_desc desc{};
-  desc.size = sizeof desc;
-  const char** fields[] = {&desc.mask_mod, &desc.score_mod, &desc.score_grad, &desc.score_bias, &desc.helpers};
+  UserVariantDesc desc;
+  std::optional<std::string>* fields[] = {&desc.mask_mod, &desc.score_mod, &desc.score_grad, &desc.score_bias,
+                                          &desc.helpers};
   for (size_t i = 0; i < std::size(kBodies); ++i) {
     if (!j.contains(kBodies[i])) continue;
     FLASHGEN_REQUIRE(j[kBodies[i]].is_string(), where + ": '" + kBodies[i] + "' must be a string of C++");
-    *fields[i] = strings.emplace_back(j[kBodies[i]].get<std::string>()).c_str();
+    *fields[i] = j[kBodies[i]].get<std::string>();
   }
   auto arguments = [&](const char* key) {
-    std::vector<flashgen_variant_arg> args;
+    std::vector<UserArg> args;
     if (!j.contains(key)) return args;
     FLASHGEN_REQUIRE(j[key].is_array(), where + ": '" + key + "' must be a list of {\"name\", \"type\"}");
     for (const Json& arg : j[key]) {
@@ -88,19 +86,15 @@ std::shared_ptr<const UserVariant> read_variant_json(const std::string& path) {
       const auto found = std::find_if(std::begin(kTypes), std::end(kTypes), [&](const auto& t) { return type == t.first; });
       FLASHGEN_REQUIRE(found != std::end(kTypes),
                        where + ": '" + key + "' type '" + type + "' is not float32, int32, int64 or uint8");
-      args.push_back({strings.emplace_back(arg["name"].get<std::string>()).c_str(), found->second});
+      args.push_back({arg["name"].get<std::string>(), found->second});
     }
     return args;
   };
-  const std::vector<flashgen_variant_arg> buffers = arguments("buffers");
-  const std::vector<flashgen_variant_arg> scalars = arguments("scalars");
-  desc.buffers = buffers.empty() ? nullptr : buffers.data();
-  desc.num_buffers = static_cast<int32_t>(buffers.size());
-  desc.scalars = scalars.empty() ? nullptr : scalars.data();
-  desc.num_scalars = static_cast<int32_t>(scalars.size());
+  desc.buffers = arguments("buffers");
+  desc.scalars = arguments("scalars");
   if (j.contains("mask_same_for_heads")) {
     FLASHGEN_REQUIRE(j["mask_same_for_heads"].is_boolean(), where + ": 'mask_same_for_heads' must be true or false");
-    desc.mask_same_for_heads = j["mask_same_for_heads"].get<bool>() ? 1 : 0;
+    desc.mask_same_for_heads = j["mask_same_for_heads"].get<bool>();
   }
   try {
     std::shared_ptr<const UserVariant> user = make_user_variant(desc);

@@ -30,27 +30,21 @@ bool is_identifier(const std::string& name) {
   return name.rfind("__", 0) != 0;  // reserved for the implementation
 }
 
-// The body of one function: empty when NULL; a given body must hold something.
-std::string body_of(const char* text, const char* field) {
-  if (text == nullptr) return {};
-  const std::string body(text);
-  FLASHGEN_REQUIRE(body.find_first_not_of(" \t\r\n") != std::string::npos,
+// The body of one function: empty when not given; a given body must hold something.
+std::string body_of(const std::optional<std::string>& text, const char* field) {
+  if (!text) return {};
+  FLASHGEN_REQUIRE(text->find_first_not_of(" \t\r\n") != std::string::npos,
                    std::string("desc.") + field + " must be NULL (none) or a function body, got an empty string");
-  return body;
+  return *text;
 }
 
-std::vector<UserArg> args_of(const flashgen_variant_arg* args, int32_t count, const char* field, bool scalars,
-                             std::set<std::string>& seen) {
+std::vector<UserArg> args_of(const std::vector<UserArg>& args, const char* field, std::set<std::string>& seen) {
   const std::string what = std::string("desc.") + field;
-  const int limit = scalars ? kMaxUserScalars : kMaxUserBuffers;
-  FLASHGEN_REQUIRE(count >= 0 && count <= limit, what + ": num_" + field + " must be 0 to " + std::to_string(limit) +
-                                                     ", got " + std::to_string(count));
-  FLASHGEN_REQUIRE(count == 0 || args != nullptr, what + " is NULL but num_" + field + " is " + std::to_string(count));
-  std::vector<UserArg> out;
-  for (int32_t i = 0; i < count; ++i) {
+  const bool scalars = std::string(field) == "scalars";
+  check_user_arg_count(static_cast<int64_t>(args.size()), field);
+  for (size_t i = 0; i < args.size(); ++i) {
     const std::string at = what + "[" + std::to_string(i) + "]";
-    FLASHGEN_REQUIRE(args[i].name != nullptr, at + ".name is NULL");
-    const std::string name(args[i].name);
+    const std::string& name = args[i].name;
     FLASHGEN_REQUIRE(is_identifier(name), at + ".name '" + name + "' is not a C++ identifier (letters, digits, _)");
     FLASHGEN_REQUIRE(reserved_names().count(name) == 0,
                      at + ".name '" + name + "' is taken by the functions' parameters or the generated code");
@@ -61,9 +55,8 @@ std::vector<UserArg> args_of(const flashgen_variant_arg* args, int32_t count, co
                      at + ".type must be " +
                          (scalars ? "FLASHGEN_ARG_FLOAT32 or FLASHGEN_ARG_INT32" : "a flashgen_arg_type value") +
                          ", got " + std::to_string(type));
-    out.push_back({name, static_cast<UserArgType>(type)});
   }
-  return out;
+  return args;
 }
 
 uint64_t fnv1a(const std::string& bytes, uint64_t hash) {
@@ -104,10 +97,13 @@ const char* user_arg_ctype(UserArgType type) {
   return "float";
 }
 
-std::shared_ptr<const UserVariant> make_user_variant(const flashgen_variant_desc& desc) {
-  FLASHGEN_REQUIRE(desc.size == sizeof(flashgen_variant_desc),
-                   "desc.size must be sizeof(flashgen_variant_desc) = " + std::to_string(sizeof(flashgen_variant_desc)) +
-                       " (the flashgen.h this library was built with), got " + std::to_string(desc.size));
+void check_user_arg_count(int64_t count, const char* field) {
+  const int64_t limit = std::string(field) == "scalars" ? kMaxUserScalars : kMaxUserBuffers;
+  FLASHGEN_REQUIRE(count >= 0 && count <= limit, std::string("desc.") + field + ": num_" + field + " must be 0 to " +
+                                                     std::to_string(limit) + ", got " + std::to_string(count));
+}
+
+std::shared_ptr<const UserVariant> make_user_variant(const UserVariantDesc& desc) {
   auto v = std::make_shared<UserVariant>();
   v->mask_mod = body_of(desc.mask_mod, "mask_mod");
   v->score_mod = body_of(desc.score_mod, "score_mod");
@@ -121,9 +117,9 @@ std::shared_ptr<const UserVariant> make_user_variant(const flashgen_variant_desc
   FLASHGEN_REQUIRE(v->score_grad.empty() || !v->score_mod.empty(),
                    "desc.score_grad is the derivative of score_mod, which is not given");
   std::set<std::string> seen;
-  v->buffers = args_of(desc.buffers, desc.num_buffers, "buffers", false, seen);
-  v->scalars = args_of(desc.scalars, desc.num_scalars, "scalars", true, seen);
-  v->mask_same_for_heads = desc.mask_same_for_heads != 0;
+  v->buffers = args_of(desc.buffers, "buffers", seen);
+  v->scalars = args_of(desc.scalars, "scalars", seen);
+  v->mask_same_for_heads = desc.mask_same_for_heads;
   v->tag = tag_of(*v);
   return v;
 }

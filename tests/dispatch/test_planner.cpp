@@ -22,12 +22,10 @@ using flashgen::Shortfall;
 namespace {
 
 std::shared_ptr<const flashgen::UserVariant> relative_bias(bool masks) {
-  static const flashgen_variant_arg buffers[] = {{"rel", FLASHGEN_ARG_FLOAT32}};
-  flashgen_variant_desc desc{};
-  desc.size = sizeof desc;
+  flashgen::UserVariantDesc desc;
   desc.score_bias = "return rel[min(max(kv_idx - q_idx, -64), 64) + 64];";
   if (masks) desc.mask_mod = "return kv_idx <= q_idx + 64;";
-  desc.buffers = buffers, desc.num_buffers = 1;
+  desc.buffers = {{"rel", flashgen::UserArgType::kFloat32}};
   return flashgen::make_user_variant(desc);
 }
 

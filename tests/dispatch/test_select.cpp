@@ -26,14 +26,11 @@ namespace {
 // A document mask (ids per position in a buffer) with a relative-position bias per head (a table of 129 distances):
 // two buffer loads per score beside the tile's accumulators.
 std::shared_ptr<const flashgen::UserVariant> documents_with_relative_bias() {
-  static const flashgen_variant_arg buffers[] = {{"doc", FLASHGEN_ARG_INT32}, {"rel", FLASHGEN_ARG_FLOAT32}};
-  static const flashgen_variant_arg scalars[] = {{"seqlen", FLASHGEN_ARG_INT32}};
-  flashgen_variant_desc desc{};
-  desc.size = sizeof desc;
+  flashgen::UserVariantDesc desc;
   desc.mask_mod = "return doc[batch * seqlen + q_idx] == doc[batch * seqlen + kv_idx];";
   desc.score_bias = "return rel[head * 129 + min(max(kv_idx - q_idx, -64), 64) + 64];";
-  desc.buffers = buffers, desc.num_buffers = 2;
-  desc.scalars = scalars, desc.num_scalars = 1;
+  desc.buffers = {{"doc", flashgen::UserArgType::kInt32}, {"rel", flashgen::UserArgType::kFloat32}};
+  desc.scalars = {{"seqlen", flashgen::UserArgType::kInt32}};
   return flashgen::make_user_variant(desc);
 }
 

@@ -4,7 +4,6 @@
 #include <string>
 
 #include "catch.hpp"
-#include "flashgen/flashgen.h"
 #include "generator/generator.hpp"
 #include "problem/user_variant.hpp"
 #include "runtime/nvrtc_compiler.hpp"
@@ -13,14 +12,11 @@ namespace {
 
 // A prefix-LM mask (the first `prefix` keys seen by every query, causal after them) and a per-head bias table.
 std::shared_ptr<const flashgen::UserVariant> prefix_lm_with_bias() {
-  static const flashgen_variant_arg buffers[] = {{"head_bias", FLASHGEN_ARG_FLOAT32}};
-  static const flashgen_variant_arg scalars[] = {{"prefix", FLASHGEN_ARG_INT32}};
-  flashgen_variant_desc desc{};
-  desc.size = sizeof desc;
+  flashgen::UserVariantDesc desc;
   desc.mask_mod = "return kv_idx < prefix || kv_idx <= q_idx;";
   desc.score_bias = "return head_bias[head];";
-  desc.buffers = buffers, desc.num_buffers = 1;
-  desc.scalars = scalars, desc.num_scalars = 1;
+  desc.buffers = {{"head_bias", flashgen::UserArgType::kFloat32}};
+  desc.scalars = {{"prefix", flashgen::UserArgType::kInt32}};
   return flashgen::make_user_variant(desc);
 }
 

@@ -359,8 +359,7 @@ TEST_CASE("bucket_distance between window keys counts their window buckets and s
 
 TEST_CASE("a user variant's dense problems are a class of their own, keyed by its tag; packed and KV-cache ones are not",
           "[tuner][problem_key][user_variant]") {
-  flashgen_variant_desc desc{};
-  desc.size = sizeof desc;
+  flashgen::UserVariantDesc desc;
   desc.mask_mod = "return kv_idx <= q_idx + 7;";
   const auto user = flashgen::make_user_variant(desc);
   const flashgen::AttentionShape shape{2, 1000, 1000, 16, 4, 128};
