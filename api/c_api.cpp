@@ -14,7 +14,6 @@
 #include "flashgen/error.hpp"
 #include "flashgen/flashgen.h"
 #include "launch/tensor_checks.hpp"
-#include "launch/user_block_classes.hpp"
 #include "problem/user_variant.hpp"
 #include "runtime/kernel_registry.hpp"
 #include "runtime/cuda_driver.hpp"
@@ -60,6 +59,11 @@ template <class T>
 const T& required(const T* argument, const char* name) {
   FLASHGEN_REQUIRE(argument != nullptr, std::string(name) + ": null pointer");
   return *argument;
+}
+
+// A tensor argument as the library takes it, after the null check the launcher would make.
+flashgen::TensorView view(const flashgen_tensor* tensor, const char* name) {
+  return flashgen::from_c(required(tensor, name));
 }
 
 // A size-prefixed struct's size (`field`, e.g. "args.size") against this library's struct of `expected` bytes
@@ -144,7 +148,7 @@ flashgen::AttentionProblem forward_problem_of(const flashgen_forward_problem* pr
 
   const flashgen::AttentionShape shape{problem->batch,   problem->seqlen_q, problem->seqlen_k,
                                       problem->heads_q, problem->heads_kv, problem->head_dim};
-  return flashgen::forward_problem(flashgen::to_dtype(problem->dtype), shape, flashgen::internal_mask(problem->mask));
+  return flashgen::forward_problem(flashgen::from_c(problem->dtype), shape, flashgen::from_c(problem->mask));
 }
 
 }  // namespace
@@ -154,29 +158,29 @@ extern "C" int flashgen_attention_forward(const flashgen_tensor* q, const flashg
                                           const flashgen_attention_options* opts, void* cuda_stream) {
   return guarded([&] {
     const flashgen_attention_options& options = checked_options(opts);
-    flashgen::attention_forward(required(q, "q"), required(k, "k"), required(v, "v"), required(out, "out"), lse,
-                                options, static_cast<CUstream>(cuda_stream));
+    flashgen::attention_forward(view(q, "q"), view(k, "k"), view(v, "v"), view(out, "out"), lse,
+                                flashgen::from_c(options), static_cast<CUstream>(cuda_stream));
   });
 }
 
 extern "C" int flashgen_attention_varlen_forward(const flashgen_varlen_forward_args* args, void* cuda_stream) {
   return guarded([&] {
     const flashgen_varlen_forward_args& checked = checked_args(args);
-    flashgen::attention_forward(checked, static_cast<CUstream>(cuda_stream));
+    flashgen::attention_forward(flashgen::from_c(checked), static_cast<CUstream>(cuda_stream));
   });
 }
 
 extern "C" int flashgen_attention_varlen_backward(const flashgen_varlen_backward_args* args, void* cuda_stream) {
   return guarded([&] {
     const flashgen_varlen_backward_args& checked = checked_args(args);
-    flashgen::attention_backward(checked, static_cast<CUstream>(cuda_stream));
+    flashgen::attention_backward(flashgen::from_c(checked), static_cast<CUstream>(cuda_stream));
   });
 }
 
 extern "C" int flashgen_attention_kvcache(const flashgen_kvcache_args* args, void* cuda_stream) {
   return guarded([&] {
     const flashgen_kvcache_args& checked = checked_args(args);
-    flashgen::attention_kvcache(checked, static_cast<CUstream>(cuda_stream));
+    flashgen::attention_kvcache(flashgen::from_c(checked), static_cast<CUstream>(cuda_stream));
   });
 }
 
@@ -185,7 +189,7 @@ extern "C" int flashgen_attention_kvcache_workspace_size(const flashgen_kvcache_
   return guarded([&] {
     const flashgen_kvcache_args& checked = checked_args(args);
     FLASHGEN_REQUIRE(workspace_bytes != nullptr, "workspace_bytes: null pointer");
-    *workspace_bytes = flashgen::kvcache_workspace_size(checked, static_cast<CUstream>(cuda_stream));
+    *workspace_bytes = flashgen::kvcache_workspace_size(flashgen::from_c(checked), static_cast<CUstream>(cuda_stream));
   });
 }
 
@@ -196,9 +200,9 @@ extern "C" int flashgen_attention_backward(const flashgen_tensor* q, const flash
                                            const flashgen_attention_options* opts, void* cuda_stream) {
   return guarded([&] {
     const flashgen_attention_options& options = checked_options(opts);
-    flashgen::attention_backward(required(q, "q"), required(k, "k"), required(v, "v"), required(out, "out"),
-                                 required(dout, "dout"), lse, required(dq, "dq"), required(dk, "dk"),
-                                 required(dv, "dv"), options, static_cast<CUstream>(cuda_stream));
+    flashgen::attention_backward(view(q, "q"), view(k, "k"), view(v, "v"), view(out, "out"), view(dout, "dout"), lse,
+                                 view(dq, "dq"), view(dk, "dk"), view(dv, "dv"), flashgen::from_c(options),
+                                 static_cast<CUstream>(cuda_stream));
   });
 }
 
@@ -223,9 +227,9 @@ extern "C" int flashgen_attention_backward_with_workspace(
     const flashgen_attention_options& options = checked_options(opts);
     FLASHGEN_REQUIRE(workspace != nullptr,
                      "workspace: null pointer (flashgen_attention_backward takes its workspace from flashgen's pool)");
-    flashgen::attention_backward(required(q, "q"), required(k, "k"), required(v, "v"), required(out, "out"),
-                                 required(dout, "dout"), lse, required(dq, "dq"), required(dk, "dk"),
-                                 required(dv, "dv"), options, static_cast<CUstream>(cuda_stream),
+    flashgen::attention_backward(view(q, "q"), view(k, "k"), view(v, "v"), view(out, "out"), view(dout, "dout"), lse,
+                                 view(dq, "dq"), view(dk, "dk"), view(dv, "dv"), flashgen::from_c(options),
+                                 static_cast<CUstream>(cuda_stream),
                                  reinterpret_cast<CUdeviceptr>(workspace), workspace_bytes);
   });
 }

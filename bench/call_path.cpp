@@ -20,10 +20,10 @@
 #include <string>
 #include <vector>
 
+#include "api/from_c.hpp"
 #include "check/reference.hpp"
 #include "dispatch/dispatch.hpp"
 #include "flashgen/flashgen.h"
-#include "launch/attention.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/device_buffer.hpp"
 
@@ -91,10 +91,11 @@ struct TinyProblem {
       b->upload(host);
     }
     lse = flashgen::DeviceBuffer(sizeof(float) * kSeq * kHeads);
-    tq = flashgen::bshd_tensor(q.data(), FLASHGEN_FLOAT16, 1, kSeq, kHeads, kDim);
-    tk = flashgen::bshd_tensor(k.data(), FLASHGEN_FLOAT16, 1, kSeq, kHeads, kDim);
-    tv = flashgen::bshd_tensor(v.data(), FLASHGEN_FLOAT16, 1, kSeq, kHeads, kDim);
-    tout = flashgen::bshd_tensor(out.data(), FLASHGEN_FLOAT16, 1, kSeq, kHeads, kDim);
+    auto bshd = [](void* data) {
+      return flashgen_tensor{data, FLASHGEN_FLOAT16, {1, kSeq, kHeads, kDim},
+                             {kSeq * kHeads * kDim, kHeads * kDim, kDim, 1}};
+    };
+    tq = bshd(q.data()), tk = bshd(k.data()), tv = bshd(v.data()), tout = bshd(out.data());
     opts.mask = FLASHGEN_MASK_CAUSAL;
   }
 

@@ -42,6 +42,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "api/from_c.hpp"
 #include "check/reference.hpp"
 #include "flashgen/flashgen.h"
 
@@ -139,7 +140,7 @@ std::vector<uint16_t> random_normal(int64_t count, uint64_t seed, flashgen_dtype
   std::mt19937 rng(static_cast<uint32_t>(seed));
   std::normal_distribution<float> normal(0.f, 1.f);
   std::vector<uint16_t> out(static_cast<size_t>(count));
-  for (uint16_t& value : out) value = flashgen::float_to_dtype_bits(normal(rng), dtype);
+  for (uint16_t& value : out) value = flashgen::float_to_dtype_bits(normal(rng), flashgen::from_c(dtype));
   return out;
 }
 
@@ -160,9 +161,10 @@ double relative_difference(const void* a, const void* b, int64_t count, flashgen
   std::vector<uint16_t> ha(static_cast<size_t>(count)), hb(static_cast<size_t>(count));
   cuda_check(cudaMemcpy(ha.data(), a, count * 2, cudaMemcpyDeviceToHost), "copy back");
   cuda_check(cudaMemcpy(hb.data(), b, count * 2, cudaMemcpyDeviceToHost), "copy back");
+  const flashgen::DType elem = flashgen::from_c(dtype);
   double diff = 0, scale = 0;
   for (int64_t i = 0; i < count; ++i) {
-    const double x = flashgen::dtype_bits_to_float(ha[i], dtype), y = flashgen::dtype_bits_to_float(hb[i], dtype);
+    const double x = flashgen::dtype_bits_to_float(ha[i], elem), y = flashgen::dtype_bits_to_float(hb[i], elem);
     if (!std::isfinite(x) || !std::isfinite(y)) return INFINITY;
     diff = std::max(diff, std::fabs(x - y));
     scale = std::max(scale, std::fabs(y));

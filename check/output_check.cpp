@@ -79,8 +79,8 @@ std::string format_number(double value) {
   return s.str();
 }
 
-const DtypeTolerances& tolerances(flashgen_dtype dtype) {
-  return dtype == FLASHGEN_BFLOAT16 ? kBFloat16Tolerances : kFloat16Tolerances;
+const DtypeTolerances& tolerances(DType dtype) {
+  return dtype == DType::kBFloat16 ? kBFloat16Tolerances : kFloat16Tolerances;
 }
 
 bool within_tolerance(double got, double want, Tolerance tolerance) {
@@ -89,7 +89,7 @@ bool within_tolerance(double got, double want, Tolerance tolerance) {
   return std::isfinite(got) && std::fabs(got - want) <= tolerance.abs + tolerance.rel * std::fabs(want);
 }
 
-Tolerance gradient_tolerance(flashgen_dtype dtype, double magnitude) {
+Tolerance gradient_tolerance(DType dtype, double magnitude) {
   return Tolerance{tolerances(dtype).gradient * std::max(magnitude, kGradientMagnitudeFloor), 0.0};
 }
 
@@ -97,7 +97,7 @@ Tolerance naive_budget_tolerance(double naive_error, double floor) {
   return Tolerance{kNaiveErrorFactor * naive_error + floor, 0.0};
 }
 
-double gradient_budget_floor(flashgen_dtype dtype, double magnitude) {
+double gradient_budget_floor(DType dtype, double magnitude) {
   return std::max(tolerances(dtype).ulp * magnitude, kGradientBudgetFloor);
 }
 
@@ -124,7 +124,7 @@ CheckReport check_elements(const std::string& name, const std::vector<int64_t>& 
 
 RowsCheck check_rows(const AttentionShape& shape, const std::vector<RowSample>& rows,
                      const std::vector<ReferenceRow>& reference, const HostInput& out, const float* lse,
-                     flashgen_dtype dtype) {
+                     DType dtype) {
   FLASHGEN_REQUIRE(reference.size() == rows.size(), "check_rows: one reference row per sample");
   const int64_t want_shape[4] = {shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim};
   for (int i = 0; i < 4; ++i) {

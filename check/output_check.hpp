@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "check/reference.hpp"
-#include "flashgen/flashgen.h"
 
 namespace flashgen {
 
@@ -44,7 +43,7 @@ struct DtypeTolerances {
 inline constexpr DtypeTolerances kFloat16Tolerances{{1e-3, 4e-3}, {1e-3, 0.0}, 1e-2, 0x1p-10};
 inline constexpr DtypeTolerances kBFloat16Tolerances{{8e-3, 3e-2}, {1e-3, 0.0}, 3e-2, 0x1p-7};
 
-const DtypeTolerances& tolerances(flashgen_dtype dtype);
+const DtypeTolerances& tolerances(DType dtype);
 
 // A gradient's largest element counts as at least this: where the exact gradient is 0 by cancellation
 // (a single visible key gives dS = P (dP - D) = 0 in float64), the kernel's fp32 dP - D leaves ~1e-7.
@@ -63,7 +62,7 @@ constexpr double kGradientBudgetFloor = 0x1p-14;
 bool within_tolerance(double got, double want, Tolerance tolerance);
 
 // gradient * max(magnitude, kGradientMagnitudeFloor), absolute; magnitude is max|ref64| of the gradient.
-Tolerance gradient_tolerance(flashgen_dtype dtype, double magnitude);
+Tolerance gradient_tolerance(DType dtype, double magnitude);
 
 // The tests' whole-tensor bound, absolute: kNaiveErrorFactor * naive_error + floor, naive_error being
 // max|naive - ref64|. The floor passes one rounding on the other side of a tie where the naive error
@@ -72,7 +71,7 @@ Tolerance gradient_tolerance(flashgen_dtype dtype, double magnitude);
 Tolerance naive_budget_tolerance(double naive_error, double floor);
 
 // max(ulp * magnitude, kGradientBudgetFloor): one rounding of a gradient's largest element, magnitude.
-double gradient_budget_floor(flashgen_dtype dtype, double magnitude);
+double gradient_budget_floor(DType dtype, double magnitude);
 
 // max|x| over values (0 for none).
 double max_magnitude(const std::vector<double>& values);
@@ -117,6 +116,6 @@ struct RowsCheck {
 // view ([b, sq, hq, d]), lse the [b, hq, sq] floats the kernel wrote.
 RowsCheck check_rows(const AttentionShape& shape, const std::vector<RowSample>& rows,
                      const std::vector<ReferenceRow>& reference, const HostInput& out, const float* lse,
-                     flashgen_dtype dtype);
+                     DType dtype);
 
 }  // namespace flashgen

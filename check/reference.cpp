@@ -172,15 +172,15 @@ uint16_t float_to_bf16_bits(float value) {
 
 float bf16_bits_to_float(uint16_t bits) { return bits_float(static_cast<uint32_t>(bits) << 16); }
 
-uint16_t float_to_dtype_bits(float value, flashgen_dtype dtype) {
-  return dtype == FLASHGEN_BFLOAT16 ? float_to_bf16_bits(value) : float_to_half_bits(value);
+uint16_t float_to_dtype_bits(float value, DType dtype) {
+  return dtype == DType::kBFloat16 ? float_to_bf16_bits(value) : float_to_half_bits(value);
 }
 
-float dtype_bits_to_float(uint16_t bits, flashgen_dtype dtype) {
-  return dtype == FLASHGEN_BFLOAT16 ? bf16_bits_to_float(bits) : half_bits_to_float(bits);
+float dtype_bits_to_float(uint16_t bits, DType dtype) {
+  return dtype == DType::kBFloat16 ? bf16_bits_to_float(bits) : half_bits_to_float(bits);
 }
 
-float round_to_dtype(float value, flashgen_dtype dtype) {
+float round_to_dtype(float value, DType dtype) {
   return dtype_bits_to_float(float_to_dtype_bits(value, dtype), dtype);
 }
 

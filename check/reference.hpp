@@ -8,7 +8,6 @@
 #include <utility>
 #include <vector>
 
-#include "flashgen/flashgen.h"
 #include "problem/attention_problem.hpp"
 
 namespace flashgen {
@@ -22,10 +21,10 @@ float half_bits_to_float(uint16_t bits);
 uint16_t float_to_bf16_bits(float value);
 float bf16_bits_to_float(uint16_t bits);
 
-uint16_t float_to_dtype_bits(float value, flashgen_dtype dtype);
-float dtype_bits_to_float(uint16_t bits, flashgen_dtype dtype);
+uint16_t float_to_dtype_bits(float value, DType dtype);
+float dtype_bits_to_float(uint16_t bits, DType dtype);
 // value rounded to the dtype and read back: what a 16-bit store of value holds.
-float round_to_dtype(float value, flashgen_dtype dtype);
+float round_to_dtype(float value, DType dtype);
 
 // ---------------------------------------------------------------------------------------------------
 // Problems and their masks.
@@ -139,8 +138,8 @@ struct HostInput {
   static HostInput float64(const double* values, const StridedView& view) {
     return HostInput{values, Element::kFloat64, view};
   }
-  static HostInput bits16(const uint16_t* bits, flashgen_dtype dtype, const StridedView& view) {
-    return HostInput{bits, dtype == FLASHGEN_BFLOAT16 ? Element::kBFloat16 : Element::kFloat16, view};
+  static HostInput bits16(const uint16_t* bits, DType dtype, const StridedView& view) {
+    return HostInput{bits, dtype == DType::kBFloat16 ? Element::kBFloat16 : Element::kFloat16, view};
   }
   // Element (b, s, h, d); 16-bit values convert exactly.
   double at(int64_t b, int64_t s, int64_t h, int64_t d) const;

@@ -13,7 +13,6 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/args.hpp"
-#include "flashgen/flashgen.h"
 #include "generator/bwd_config.hpp"
 #include "generator/decode_config.hpp"
 #include "generator/kernel_config.hpp"

@@ -26,7 +26,6 @@
 #include "cli/table.hpp"
 #include "dispatch/dispatch.hpp"
 #include "flashgen/error.hpp"
-#include "flashgen/flashgen.h"
 #include "generator/bwd_config.hpp"
 #include "launch/attention.hpp"
 #include "launch/attention_backward.hpp"
@@ -159,8 +158,8 @@ std::string problem_text(const RunOptions& o, double scale) {
 // The backward half of `run --backward`: random dout, one checked backward (against the whole float64
 // reference when the problem is small enough), then timing with a workspace allocated once.
 void run_backward(const RunOptions& o, const HostTensor& q, const HostTensor& k, const HostTensor& v,
-                  const flashgen_tensor& q_view, const flashgen_tensor& k_view, const flashgen_tensor& v_view,
-                  const flashgen_tensor& out_view, const float* lse, const flashgen_attention_options& options,
+                  const TensorView& q_view, const TensorView& k_view, const TensorView& v_view,
+                  const TensorView& out_view, const float* lse, const CallOptions& options,
                   CUstream stream, std::mt19937& rng, RunReport& report) {
   const AttentionProblem& p = o.problem;
   const AttentionShape& shape = p.shape;
@@ -173,14 +172,14 @@ void run_backward(const RunOptions& o, const HostTensor& q, const HostTensor& k,
   DeviceBuffer dout_dev(dout.bytes()), dq_dev(dq.bytes()), dk_dev(dk.bytes()), dv_dev(dv.bytes());
   dout_dev.upload(dout.bits);
   for (DeviceBuffer* b : {&dq_dev, &dk_dev, &dv_dev}) b->fill_bytes(0xFF, stream);
-  flashgen_attention_options backward_options = options;
+  CallOptions backward_options = options;
   DeviceBuffer dsinks_dev;
   if (backward_options.sinks != nullptr) {  // the sinks' gradient, poisoned as the others
     dsinks_dev = DeviceBuffer(static_cast<size_t>(shape.heads_q) * sizeof(float));
     dsinks_dev.fill_bytes(0xFF, stream);
     backward_options.dsinks = static_cast<float*>(dsinks_dev.data());
   }
-  const flashgen_tensor dout_view = tensor_view(dout, dout_dev), dq_view = tensor_view(dq, dq_dev),
+  const TensorView dout_view = tensor_view(dout, dout_dev), dq_view = tensor_view(dq, dq_dev),
                         dk_view = tensor_view(dk, dk_dev), dv_view = tensor_view(dv, dv_dev);
   const BackwardCall problem =
       make_backward_call(&q_view, &k_view, &v_view, &out_view, &dout_view, lse, &dq_view, &dk_view, &dv_view,
@@ -221,13 +220,13 @@ void run_backward(const RunOptions& o, const HostTensor& q, const HostTensor& k,
                                                                     run_variant(o));
     for (const auto& [name, got, want] : {std::tuple{"dq", &dq, &ref.dq}, std::tuple{"dk", &dk, &ref.dk},
                                            std::tuple{"dv", &dv, &ref.dv}}) {
-      check_gradient(name, got->input(), *want, abi_dtype(p.dtype), report.check);
+      check_gradient(name, got->input(), *want, p.dtype, report.check);
     }
     if (backward_options.dsinks != nullptr) {  // fp32 [heads_q], as a [1, 1, heads_q, 1] tensor of floats
       const std::vector<float> got_f = dsinks_dev.download_all<float>();
       const std::vector<double> got(got_f.begin(), got_f.end());
       check_gradient("dsinks", HostInput::float64(got.data(), StridedView::contiguous(1, 1, shape.heads_q, 1)),
-                     ref.dsinks, abi_dtype(p.dtype), report.check);
+                     ref.dsinks, p.dtype, report.check);
     }
     report.check.rows = static_cast<size_t>(shape.batch * shape.heads_q * shape.seqlen_q);
   }
@@ -262,11 +261,11 @@ RunReport run_problem(const RunOptions& o) {
 
   DeviceBuffer q_dev(q.bytes()), k_dev(k.bytes()), v_dev(v.bytes()), out_dev(out.bytes());
   DeviceBuffer lse_dev(lse.size() * sizeof(float));
-  const flashgen_tensor q_view = tensor_view(q, q_dev), k_view = tensor_view(k, k_dev), v_view = tensor_view(v, v_dev),
+  const TensorView q_view = tensor_view(q, q_dev), k_view = tensor_view(k, k_dev), v_view = tensor_view(v, v_dev),
                         out_view = tensor_view(out, out_dev);
   float* lse_ptr = static_cast<float*>(lse_dev.data());
-  flashgen_attention_options options = options_of(p, o.scale);
-  options.deterministic = 0;  // the backward's, set for it below
+  CallOptions options = call_options(p, o.scale);
+  options.deterministic = false;  // the backward's, set for it below
   DeviceBuffer slopes_dev;
   options.alibi_slopes = upload_alibi_slopes(p, slopes_dev);
   DeviceBuffer sinks_dev;
@@ -302,12 +301,11 @@ RunReport run_problem(const RunOptions& o) {
 
   out_dev.download(out.bits.data(), out.bytes());
   lse_dev.download(lse.data(), lse_dev.bytes());
-  report.check = check_sampled_rows(shape, q.input(), k.input(), v.input(), out.input(), lse.data(),
-                                    abi_dtype(p.dtype),
+  report.check = check_sampled_rows(shape, q.input(), k.input(), v.input(), out.input(), lse.data(), p.dtype,
                                     sample_rows(shape.batch, shape.heads_q, shape.seqlen_q, o.check_rows),
                                     report.scale, p.mask, run_variant(o));
   if (p.backward()) {
-    options.deterministic = p.deterministic() ? 1 : 0;
+    options.deterministic = p.deterministic();
     run_backward(o, q, k, v, q_view, k_view, v_view, out_view, lse_ptr, options, stream.get(), rng, report);
     return report;
   }
@@ -321,7 +319,7 @@ std::string tflops_text(double tflops) { return format(tflops >= 1 ? "%.1f TFLOP
 
 void print_run_report(const RunReport& r, std::ostream& os) {
   const AttentionProblem& p = r.options.problem;
-  const DtypeTolerances& tol = tolerances(abi_dtype(p.dtype));
+  const DtypeTolerances& tol = tolerances(p.dtype);
   os << "device:   " << r.device_name << " (sm_" << r.device_sm << ")\n"
      << "problem:  " << problem_text(r.options, r.scale) << '\n'
      << "pass:     " << pass_text(p) << '\n'
@@ -427,19 +425,19 @@ void check_dense_config(const Config& config, const AttentionProblem& problem) {
 void check_run_problem(const RunOptions& o) {
   const AttentionProblem& p = o.problem;
   const AttentionShape& s = p.shape;
-  const flashgen_dtype dtype = abi_dtype(p.dtype);
+  const DType dtype = p.dtype;
   auto placeholder = [&](int n, int64_t seqlen, int64_t heads) {
-    return bshd_tensor(reinterpret_cast<void*>(uintptr_t{1} << (20 + n)), dtype, s.batch, seqlen, heads, s.head_dim);
+    return bshd_view(reinterpret_cast<void*>(uintptr_t{1} << (20 + n)), dtype, s.batch, seqlen, heads, s.head_dim);
   };
-  const flashgen_tensor q = placeholder(0, s.seqlen_q, s.heads_q), k = placeholder(1, s.seqlen_k, s.heads_kv),
+  const TensorView q = placeholder(0, s.seqlen_q, s.heads_q), k = placeholder(1, s.seqlen_k, s.heads_kv),
                         v = placeholder(2, s.seqlen_k, s.heads_kv), out = placeholder(3, s.seqlen_q, s.heads_q);
-  flashgen_attention_options options = options_of(p, o.scale);
+  CallOptions options = call_options(p, o.scale);
   options.alibi_slopes = placeholder_alibi_slopes(p);
   if (o.sink) options.sinks = reinterpret_cast<const float*>(uintptr_t{1} << 33);  // a stand-in: nothing launches
   if (p.kv_cache) return check_kvcache_problem(o);
   if (p.varlen) return check_varlen_problem(o);
   if (p.backward()) {
-    const flashgen_tensor dout = placeholder(4, s.seqlen_q, s.heads_q), dq = placeholder(5, s.seqlen_q, s.heads_q),
+    const TensorView dout = placeholder(4, s.seqlen_q, s.heads_q), dq = placeholder(5, s.seqlen_q, s.heads_q),
                           dk = placeholder(6, s.seqlen_k, s.heads_kv), dv = placeholder(7, s.seqlen_k, s.heads_kv);
     const float* lse = reinterpret_cast<const float*>(uintptr_t{1} << 28);
     const BackwardCall call = make_backward_call(&q, &k, &v, &out, &dout, lse, &dq, &dk, &dv, &options);

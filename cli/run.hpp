@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "flashgen/flashgen.h"
 #include "problem/attention_problem.hpp"
 
 namespace flashgen::cli {
@@ -31,7 +30,7 @@ struct RunOptions {
   // ranges (0: chosen).
   int splits = 0;
   // --varlen --page-size (forward): the packed batch's keys and values read from a paged cache of such pages,
-  // shuffled, through a block table (flashgen_varlen_forward_args.block_table); 0: contiguous.
+  // shuffled, through a block table (VarlenForwardArgs::block_table); 0: contiguous.
   int prefill_page_size = 0;
   // --sink: every query head's attention-sink logit (options.sinks; no change of kernel, so not part of the
   // problem class); with --backward the dense call also takes the sinks' gradient and checks it.

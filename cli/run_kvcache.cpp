@@ -22,31 +22,29 @@ int64_t pages_per_sequence(const RunOptions& o) {
   return o.problem.paged ? (o.problem.shape.seqlen_k + page_size - 1) / page_size : 0;
 }
 
-// flashgen_kvcache_args of a --kv-cache run: q and out, the caches (paged through table, else contiguous), every
+// The KvCacheArgs of a --kv-cache run: q and out, the caches (paged through table, else contiguous), every
 // sequence's cache holding lens[b] = seqlen_k keys.
-flashgen_kvcache_args kvcache_args(const RunOptions& o, const flashgen_tensor& q, const flashgen_tensor& k_cache,
-                                   const flashgen_tensor& v_cache, const flashgen_tensor& out, float* lse,
-                                   const int32_t* lens, const int32_t* table) {
-  flashgen_kvcache_args args{};
-  args.size = sizeof(args);
+KvCacheArgs kvcache_args(const RunOptions& o, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                         const TensorView& out, float* lse, const int32_t* lens, const int32_t* table) {
+  KvCacheArgs args;
   args.q = q, args.k_cache = k_cache, args.v_cache = v_cache, args.out = out;
   args.lse = lse;
   args.cache_seqlens = lens;
   args.block_table = o.problem.paged ? table : nullptr;
   args.max_pages = pages_per_sequence(o);
   args.num_splits = o.splits;
-  args.options = options_of(o.problem, o.scale);
+  args.options = call_options(o.problem, o.scale);
   args.options.alibi_slopes = placeholder_alibi_slopes(o.problem);  // the run's own are uploaded before it launches
   return args;
 }
 
 // The shape of a --kv-cache run's k_cache or v_cache: [batch * pages, page_size, ...] paged, else [batch, seqlen_k, ...].
-flashgen_tensor cache_tensor(const RunOptions& o, void* data) {
+TensorView cache_tensor(const RunOptions& o, void* data) {
   const AttentionShape& s = o.problem.shape;
   const int64_t pages = pages_per_sequence(o);
-  return o.problem.paged ? bshd_tensor(data, abi_dtype(o.problem.dtype), s.batch * pages, o.problem.page_size, s.heads_kv,
-                                       s.head_dim)
-                         : bshd_tensor(data, abi_dtype(o.problem.dtype), s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
+  const DType dtype = o.problem.dtype;
+  return o.problem.paged ? bshd_view(data, dtype, s.batch * pages, o.problem.page_size, s.heads_kv, s.head_dim)
+                         : bshd_view(data, dtype, s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
 }
 
 }  // namespace
@@ -84,7 +82,7 @@ RunReport run_kvcache(const RunOptions& o, const ScopedContext& context, RunRepo
   lens_dev.upload(std::vector<int32_t>(static_cast<size_t>(s.batch), static_cast<int32_t>(s.seqlen_k)));
   out_dev.fill_bytes(0xFF);
   lse_dev.fill_bytes(0xFF);
-  flashgen_kvcache_args args =
+  KvCacheArgs args =
       kvcache_args(o, tensor_view(q, q_dev), cache_tensor(o, k_dev.data()), cache_tensor(o, v_dev.data()),
                    tensor_view(out, out_dev), static_cast<float*>(lse_dev.data()),
                    static_cast<const int32_t*>(lens_dev.data()), static_cast<const int32_t*>(table_dev.data()));
@@ -125,7 +123,7 @@ RunReport run_kvcache(const RunOptions& o, const ScopedContext& context, RunRepo
   report.scale = call.params.scale;
   out_dev.download(out.bits.data(), out.bytes());
   lse_dev.download(lse.data(), lse_dev.bytes());
-  report.check = check_sampled_rows(s, q.input(), k.input(), v.input(), out.input(), lse.data(), abi_dtype(p.dtype),
+  report.check = check_sampled_rows(s, q.input(), k.input(), v.input(), out.input(), lse.data(), p.dtype,
                                     sample_rows(s.batch, s.heads_q, s.seqlen_q, o.check_rows),
                                     report.scale, p.mask, run_variant(o));
   report.times_ms = time_launches([&] { launch(); }, o.warmup, o.iters, stream.get());
@@ -138,10 +136,10 @@ void check_kvcache_problem(const RunOptions& o) {
   const AttentionProblem& p = o.problem;
   const AttentionShape& s = p.shape;
   auto address = [](int n) { return reinterpret_cast<void*>(uintptr_t{1} << (20 + n)); };
-  const flashgen_dtype dtype = abi_dtype(p.dtype);
-  const flashgen_tensor q = bshd_tensor(address(0), dtype, s.batch, s.seqlen_q, s.heads_q, s.head_dim);
-  const flashgen_tensor out = bshd_tensor(address(3), dtype, s.batch, s.seqlen_q, s.heads_q, s.head_dim);
-  const flashgen_kvcache_args args =
+  const DType dtype = p.dtype;
+  const TensorView q = bshd_view(address(0), dtype, s.batch, s.seqlen_q, s.heads_q, s.head_dim);
+  const TensorView out = bshd_view(address(3), dtype, s.batch, s.seqlen_q, s.heads_q, s.head_dim);
+  const KvCacheArgs args =
       kvcache_args(o, q, cache_tensor(o, address(1)), cache_tensor(o, address(2)), out, nullptr,
                    static_cast<const int32_t*>(address(4)), static_cast<const int32_t*>(address(5)));
   const KvCacheCall call = make_kvcache_call(args);

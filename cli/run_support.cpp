@@ -50,13 +50,13 @@ HostTensor make_host_tensor(DType dtype, int64_t batch, int64_t seqlen, int64_t 
 // Random normal values rounded to the tensor's type, in memory order.
 void fill_normal(HostTensor& t, std::mt19937& rng) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (uint16_t& bits : t.bits) bits = float_to_dtype_bits(normal(rng), abi_dtype(t.dtype));
+  for (uint16_t& bits : t.bits) bits = float_to_dtype_bits(normal(rng), t.dtype);
 }
 
-flashgen_tensor tensor_view(const HostTensor& host, const DeviceBuffer& device) {
-  flashgen_tensor view{};
+TensorView tensor_view(const HostTensor& host, const DeviceBuffer& device) {
+  TensorView view;
   view.data = device.data();
-  view.dtype = abi_dtype(host.dtype);
+  view.dtype = host.dtype;
   for (int i = 0; i < 4; ++i) {
     view.shape[i] = host.view.shape[i];
     view.stride[i] = host.view.stride[i];
@@ -102,7 +102,7 @@ void add_mismatches(const CheckReport& report, CheckResult& result) {
 }
 
 CheckResult check_sampled_rows(const AttentionShape& shape, const HostInput& q, const HostInput& k, const HostInput& v,
-                               const HostInput& out, const float* lse, flashgen_dtype dtype,
+                               const HostInput& out, const float* lse, DType dtype,
                                const std::vector<RowSample>& rows, double scale, Mask mask,
                                const ReferenceVariant& variant) {
   // The float64 reference is the slow part for long sequences: rows are independent, so use every core.
@@ -129,7 +129,7 @@ void add_check(const CheckResult& part, CheckResult& result) {
   }
 }
 
-void check_gradient(const char* name, const HostInput& got, const std::vector<double>& want, flashgen_dtype dtype,
+void check_gradient(const char* name, const HostInput& got, const std::vector<double>& want, DType dtype,
                     CheckResult& result) {
   const StridedView& view = got.view;
   std::vector<double> values;  // contiguous [b, s, h, d], as the reference

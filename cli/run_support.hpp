@@ -13,14 +13,12 @@
 #include "check/output_check.hpp"
 #include "check/reference.hpp"
 #include "cli/run.hpp"
-#include "flashgen/flashgen.h"
 #include "problem/paged_cache.hpp"
+#include "problem/tensor_view.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/device_buffer.hpp"
 
 namespace flashgen::cli {
-
-inline flashgen_dtype abi_dtype(DType dtype) { return dtype == DType::kFloat16 ? FLASHGEN_FLOAT16 : FLASHGEN_BFLOAT16; }
 
 // Host copy of one 16-bit tensor: the raw elements in memory order plus the view the library is given
 // (shape [batch, seqlen, heads, head_dim], strides in elements).
@@ -29,7 +27,7 @@ struct HostTensor {
   StridedView view;
   std::vector<uint16_t> bits;
 
-  HostInput input() const { return HostInput::bits16(bits.data(), abi_dtype(dtype), view); }
+  HostInput input() const { return HostInput::bits16(bits.data(), dtype, view); }
   size_t bytes() const { return bits.size() * sizeof(uint16_t); }
 };
 
@@ -41,7 +39,7 @@ HostTensor make_host_tensor(DType dtype, int64_t batch, int64_t seqlen, int64_t 
 void fill_normal(HostTensor& t, std::mt19937& rng);
 
 // The library's view of host's layout over device's memory.
-flashgen_tensor tensor_view(const HostTensor& host, const DeviceBuffer& device);
+TensorView tensor_view(const HostTensor& host, const DeviceBuffer& device);
 
 // `count` rows spread evenly over all (batch, head, query) rows, plus the very last query row.
 std::vector<RowSample> sample_rows(int64_t batch, int64_t heads, int64_t seqlen_q, int64_t count);
@@ -51,7 +49,7 @@ void add_mismatches(const CheckReport& report, CheckResult& result);
 
 // The kernel's out and lse ([batch, heads_q, seqlen_q] floats) at rows against the float64 reference.
 CheckResult check_sampled_rows(const AttentionShape& shape, const HostInput& q, const HostInput& k, const HostInput& v,
-                               const HostInput& out, const float* lse, flashgen_dtype dtype,
+                               const HostInput& out, const float* lse, DType dtype,
                                const std::vector<RowSample>& rows, double scale, Mask mask,
                                const ReferenceVariant& variant = {});
 
@@ -70,7 +68,7 @@ void add_check(const CheckResult& part, CheckResult& result);
 
 // One gradient, every element, against its float64 reference (contiguous [b, s, h, d]); the error relative to
 // the reference's magnitude goes to result.max_error_out.
-void check_gradient(const char* name, const HostInput& got, const std::vector<double>& want, flashgen_dtype dtype,
+void check_gradient(const char* name, const HostInput& got, const std::vector<double>& want, DType dtype,
                     CheckResult& result);
 
 // Largest problem whose backward `run --backward` checks against the whole float64 reference

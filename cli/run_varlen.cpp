@@ -20,7 +20,7 @@ namespace {
 
 // The device side of a packed run: offsets, and the tensors as the library sees them ([1, total, heads, head_dim]).
 struct PackedTensors {
-  flashgen_tensor q, k, v, out, dout, dq, dk, dv;
+  TensorView q, k, v, out, dout, dq, dk, dv;
   float* lse = nullptr;
   const int32_t* cu_q = nullptr;
   const int32_t* cu_k = nullptr;
@@ -28,21 +28,20 @@ struct PackedTensors {
   const float* sinks = nullptr;
   // --page-size: k and v as paged caches [num_pages, page_size, heads_kv, head_dim] read through table
   // [batch, max_pages] (null: contiguous).
-  flashgen_tensor k_cache, v_cache;
+  TensorView k_cache, v_cache;
   const int32_t* table = nullptr;
   int64_t max_pages = 0;
 };
 
-flashgen_varlen_forward_args forward_args(const RunOptions& o, const PackedTensors& t) {
+VarlenForwardArgs forward_args(const RunOptions& o, const PackedTensors& t) {
   const AttentionShape& s = o.problem.shape;
-  flashgen_varlen_forward_args args{};
-  args.size = sizeof(args);
+  VarlenForwardArgs args;
   args.q = t.q, args.k = t.k, args.v = t.v, args.out = t.out;
   args.lse = t.lse;
   args.cu_seqlens_q = t.cu_q, args.cu_seqlens_k = t.cu_k;
   args.batch = s.batch;
   args.max_seqlen_q = s.seqlen_q, args.max_seqlen_k = s.seqlen_k;
-  args.options = options_of(o.problem, o.scale);
+  args.options = call_options(o.problem, o.scale);
   args.options.alibi_slopes = t.alibi_slopes;
   args.options.sinks = t.sinks;
   if (o.prefill_page_size > 0) {
@@ -53,10 +52,9 @@ flashgen_varlen_forward_args forward_args(const RunOptions& o, const PackedTenso
   return args;
 }
 
-flashgen_varlen_backward_args backward_args(const RunOptions& o, const PackedTensors& t) {
-  const flashgen_varlen_forward_args f = forward_args(o, t);
-  flashgen_varlen_backward_args args{};
-  args.size = sizeof(args);
+VarlenBackwardArgs backward_args(const RunOptions& o, const PackedTensors& t) {
+  const VarlenForwardArgs f = forward_args(o, t);
+  VarlenBackwardArgs args;
   args.q = t.q, args.k = t.k, args.v = t.v, args.out = t.out, args.dout = t.dout;
   args.dq = t.dq, args.dk = t.dk, args.dv = t.dv;
   args.lse = t.lse;
@@ -69,7 +67,7 @@ flashgen_varlen_backward_args backward_args(const RunOptions& o, const PackedTen
 // Sequence b's rows of a packed host tensor ([1, total, heads, head_dim]) as a batch-1 input.
 HostInput sequence_rows(const HostTensor& t, const std::vector<int32_t>& cu, size_t b) {
   const int64_t heads = t.view.shape[2], head_dim = t.view.shape[3];
-  return HostInput::bits16(t.bits.data() + int64_t(cu[b]) * heads * head_dim, abi_dtype(t.dtype),
+  return HostInput::bits16(t.bits.data() + int64_t(cu[b]) * heads * head_dim, t.dtype,
                            StridedView::contiguous(1, cu[b + 1] - cu[b], heads, head_dim));
 }
 
@@ -80,7 +78,7 @@ RunReport run_varlen(const RunOptions& o, const ScopedContext& context, RunRepor
   const AttentionProblem& p = o.problem;
   const AttentionShape& s = p.shape;
   const PackedBatch batch = packed_batch(p);
-  const flashgen_dtype dtype = abi_dtype(p.dtype);
+  const DType dtype = p.dtype;
   HostTensor q = make_host_tensor(p.dtype, 1, batch.total_q(), s.heads_q, s.head_dim, false);
   HostTensor k = make_host_tensor(p.dtype, 1, batch.total_k(), s.heads_kv, s.head_dim, false);
   HostTensor v = make_host_tensor(p.dtype, 1, batch.total_k(), s.heads_kv, s.head_dim, false);
@@ -105,12 +103,12 @@ RunReport run_varlen(const RunOptions& o, const ScopedContext& context, RunRepor
     pages.emplace(batch, o.prefill_page_size, rng());
     const size_t cache_bytes = size_t(pages->num_pages() * o.prefill_page_size * s.heads_kv * s.head_dim) * 2;
     k_cache_dev = buffer(cache_bytes), v_cache_dev = buffer(cache_bytes), table_dev = buffer(pages->table.size() * 4);
-    t.k_cache = bshd_tensor(k_cache_dev.data(), dtype, pages->num_pages(), o.prefill_page_size, s.heads_kv, s.head_dim);
-    t.v_cache = bshd_tensor(v_cache_dev.data(), dtype, pages->num_pages(), o.prefill_page_size, s.heads_kv, s.head_dim);
+    t.k_cache = bshd_view(k_cache_dev.data(), dtype, pages->num_pages(), o.prefill_page_size, s.heads_kv, s.head_dim);
+    t.v_cache = bshd_view(v_cache_dev.data(), dtype, pages->num_pages(), o.prefill_page_size, s.heads_kv, s.head_dim);
     t.table = static_cast<const int32_t*>(table_dev.data());
     t.max_pages = pages->max_pages;
   }
-  const flashgen_varlen_forward_args args = forward_args(o, t);
+  const VarlenForwardArgs args = forward_args(o, t);
   // Validate before the slow part (host data): a bad shape fails here with the library's own message.
   const ForwardCall call = make_varlen_forward_call(args);
   report.scale = call.params.scale;
@@ -234,24 +232,25 @@ RunReport run_varlen(const RunOptions& o, const ScopedContext& context, RunRepor
 void check_varlen_problem(const RunOptions& o) {
   const AttentionProblem& p = o.problem;
   const AttentionShape& s = p.shape;
-  const flashgen_dtype dtype = abi_dtype(p.dtype);
+  const DType dtype = p.dtype;
   auto address = [](int n) { return reinterpret_cast<void*>(uintptr_t{1} << (20 + n)); };
   PackedTensors t{};
-  t.q = bshd_tensor(address(0), dtype, 1, p.total_q, s.heads_q, s.head_dim);
-  t.k = bshd_tensor(address(1), dtype, 1, p.total_k, s.heads_kv, s.head_dim);
-  t.v = bshd_tensor(address(2), dtype, 1, p.total_k, s.heads_kv, s.head_dim);
-  t.out = bshd_tensor(address(3), dtype, 1, p.total_q, s.heads_q, s.head_dim);
-  t.dout = bshd_tensor(address(4), dtype, 1, p.total_q, s.heads_q, s.head_dim);
-  t.dq = bshd_tensor(address(5), dtype, 1, p.total_q, s.heads_q, s.head_dim);
-  t.dk = bshd_tensor(address(6), dtype, 1, p.total_k, s.heads_kv, s.head_dim);
-  t.dv = bshd_tensor(address(7), dtype, 1, p.total_k, s.heads_kv, s.head_dim);
+  t.q = bshd_view(address(0), dtype, 1, p.total_q, s.heads_q, s.head_dim);
+  t.k = bshd_view(address(1), dtype, 1, p.total_k, s.heads_kv, s.head_dim);
+  t.v = bshd_view(address(2), dtype, 1, p.total_k, s.heads_kv, s.head_dim);
+  t.out = bshd_view(address(3), dtype, 1, p.total_q, s.heads_q, s.head_dim);
+  t.dout = bshd_view(address(4), dtype, 1, p.total_q, s.heads_q, s.head_dim);
+  t.dq = bshd_view(address(5), dtype, 1, p.total_q, s.heads_q, s.head_dim);
+  t.dk = bshd_view(address(6), dtype, 1, p.total_k, s.heads_kv, s.head_dim);
+  t.dv = bshd_view(address(7), dtype, 1, p.total_k, s.heads_kv, s.head_dim);
   t.lse = static_cast<float*>(address(8));
   t.cu_q = static_cast<const int32_t*>(address(9)), t.cu_k = static_cast<const int32_t*>(address(10));
   t.alibi_slopes = placeholder_alibi_slopes(p);
   if (o.prefill_page_size > 0) {  // a cache of as many pages as the packed keys fill, one sequence's worth per entry
     const int64_t pages_per_sequence = (s.seqlen_k + o.prefill_page_size - 1) / o.prefill_page_size;
-    t.k_cache = bshd_tensor(address(11), dtype, s.batch * pages_per_sequence, o.prefill_page_size, s.heads_kv, s.head_dim);
-    t.v_cache = bshd_tensor(address(12), dtype, s.batch * pages_per_sequence, o.prefill_page_size, s.heads_kv, s.head_dim);
+    const int64_t pages = s.batch * pages_per_sequence;
+    t.k_cache = bshd_view(address(11), dtype, pages, o.prefill_page_size, s.heads_kv, s.head_dim);
+    t.v_cache = bshd_view(address(12), dtype, pages, o.prefill_page_size, s.heads_kv, s.head_dim);
     t.table = static_cast<const int32_t*>(address(13));
     t.max_pages = pages_per_sequence;
   }

@@ -22,7 +22,6 @@
 #include "cli/table.hpp"
 #include "cli/user_variant.hpp"
 #include "flashgen/error.hpp"
-#include "flashgen/flashgen.h"
 #include "runtime/cuda_driver.hpp"
 #include "tuner/store.hpp"
 #include "tuner/tune.hpp"

@@ -267,13 +267,12 @@ ForwardLaunch attention_forward(const ForwardCall& call, CUstream stream, const 
   return {requested, prepared.arch, "requested by the caller", ChoiceSource::kRequested};
 }
 
-ForwardLaunch attention_forward(const flashgen_tensor& q, const flashgen_tensor& k, const flashgen_tensor& v,
-                                const flashgen_tensor& out, float* lse, const flashgen_attention_options& opts,
-                                CUstream stream) {
+ForwardLaunch attention_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                                float* lse, const CallOptions& opts, CUstream stream) {
   return attention_forward(make_forward_call(&q, &k, &v, &out, lse, &opts), stream);
 }
 
-ForwardLaunch attention_forward(const flashgen_varlen_forward_args& args, CUstream stream) {
+ForwardLaunch attention_forward(const VarlenForwardArgs& args, CUstream stream) {
   return attention_forward(make_varlen_forward_call(args), stream);
 }
 
@@ -295,16 +294,15 @@ BackwardLaunch attention_backward(const BackwardCall& call, CUstream stream, CUd
   return kept->launch;
 }
 
-BackwardLaunch attention_backward(const flashgen_tensor& q, const flashgen_tensor& k, const flashgen_tensor& v,
-                                  const flashgen_tensor& out, const flashgen_tensor& dout, const float* lse,
-                                  const flashgen_tensor& dq, const flashgen_tensor& dk, const flashgen_tensor& dv,
-                                  const flashgen_attention_options& opts, CUstream stream, CUdeviceptr workspace,
-                                  size_t workspace_bytes) {
+BackwardLaunch attention_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                                  const TensorView& dout, const float* lse, const TensorView& dq, const TensorView& dk,
+                                  const TensorView& dv, const CallOptions& opts, CUstream stream,
+                                  CUdeviceptr workspace, size_t workspace_bytes) {
   return attention_backward(make_backward_call(&q, &k, &v, &out, &dout, lse, &dq, &dk, &dv, &opts), stream, workspace,
                             workspace_bytes);
 }
 
-BackwardLaunch attention_backward(const flashgen_varlen_backward_args& args, CUstream stream) {
+BackwardLaunch attention_backward(const VarlenBackwardArgs& args, CUstream stream) {
   return attention_backward(make_varlen_backward_call(args), stream);
 }
 
@@ -345,13 +343,13 @@ std::shared_ptr<const KeptKvCache> kept_kvcache(const KvCacheCall& call, const S
 
 }  // namespace
 
-size_t kvcache_workspace_size(const flashgen_kvcache_args& args, CUstream stream) {
+size_t kvcache_workspace_size(const KvCacheArgs& args, CUstream stream) {
   const KvCacheCall call = make_kvcache_call(args);
   const ScopedContext scope(stream, call.params.q);
   return kept_kvcache(call, scope, stream)->launch.workspace_bytes;
 }
 
-KvCacheLaunch attention_kvcache(const flashgen_kvcache_args& args, CUstream stream) {
+KvCacheLaunch attention_kvcache(const KvCacheArgs& args, CUstream stream) {
   const KvCacheCall call = make_kvcache_call(args);
   const ScopedContext scope(stream, call.params.q);
   const int device = static_cast<int>(scope.device());

@@ -16,7 +16,6 @@
 #include <cstddef>
 #include <string>
 
-#include "flashgen/flashgen.h"
 #include "launch/attention.hpp"
 #include "launch/attention_backward.hpp"
 #include "launch/attention_kvcache.hpp"
@@ -50,12 +49,11 @@ ForwardLaunch attention_forward(const ForwardCall& call, CUstream stream);
 ForwardLaunch attention_forward(const ForwardCall& call, CUstream stream, const KernelConfig& requested);
 
 // make_forward_call + attention_forward: the entry point behind flashgen_attention_forward.
-ForwardLaunch attention_forward(const flashgen_tensor& q, const flashgen_tensor& k, const flashgen_tensor& v,
-                                const flashgen_tensor& out, float* lse, const flashgen_attention_options& opts,
-                                CUstream stream);
+ForwardLaunch attention_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                                float* lse, const CallOptions& opts, CUstream stream);
 
 // make_varlen_forward_call + attention_forward: the entry point behind flashgen_attention_varlen_forward.
-ForwardLaunch attention_forward(const flashgen_varlen_forward_args& args, CUstream stream);
+ForwardLaunch attention_forward(const VarlenForwardArgs& args, CUstream stream);
 
 // What a backward call runs and why, with the workspace it needs.
 struct BackwardLaunch {
@@ -80,15 +78,14 @@ BackwardLaunch attention_backward(const BackwardCall& call, CUstream stream, CUd
 
 // make_varlen_backward_call + attention_backward (a workspace from flashgen's pool): the entry point behind
 // flashgen_attention_varlen_backward.
-BackwardLaunch attention_backward(const flashgen_varlen_backward_args& args, CUstream stream);
+BackwardLaunch attention_backward(const VarlenBackwardArgs& args, CUstream stream);
 
 // make_backward_call + attention_backward: the entry point behind flashgen_attention_backward and
 // flashgen_attention_backward_with_workspace.
-BackwardLaunch attention_backward(const flashgen_tensor& q, const flashgen_tensor& k, const flashgen_tensor& v,
-                                  const flashgen_tensor& out, const flashgen_tensor& dout, const float* lse,
-                                  const flashgen_tensor& dq, const flashgen_tensor& dk, const flashgen_tensor& dv,
-                                  const flashgen_attention_options& opts, CUstream stream, CUdeviceptr workspace = 0,
-                                  size_t workspace_bytes = 0);
+BackwardLaunch attention_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                                  const TensorView& dout, const float* lse, const TensorView& dq, const TensorView& dk,
+                                  const TensorView& dv, const CallOptions& opts, CUstream stream,
+                                  CUdeviceptr workspace = 0, size_t workspace_bytes = 0);
 
 // What a KV-cache call runs and why: its config, key ranges per sequence and workspace.
 struct KvCacheLaunch {
@@ -111,10 +108,10 @@ KvCachePlan plan_kvcache(const KvCacheCall& call, CUstream stream);
 
 // make_kvcache_call + plan_kvcache + the launch (the caller's workspace, or one from flashgen's pool): the
 // entry point behind flashgen_attention_kvcache. A warm call re-uses the prepared launch of its problem class.
-KvCacheLaunch attention_kvcache(const flashgen_kvcache_args& args, CUstream stream);
+KvCacheLaunch attention_kvcache(const KvCacheArgs& args, CUstream stream);
 
 // The workspace attention_kvcache needs for args (its kept launch's, planned now when there is none): the entry
 // point behind flashgen_attention_kvcache_workspace_size.
-size_t kvcache_workspace_size(const flashgen_kvcache_args& args, CUstream stream);
+size_t kvcache_workspace_size(const KvCacheArgs& args, CUstream stream);
 
 }  // namespace flashgen

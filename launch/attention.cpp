@@ -1,4 +1,4 @@
-// Forward launcher: validates flashgen_tensor arguments into AttnFwdParams (no GPU needed); for a config it
+// Forward launcher: validates tensor views and options into AttnFwdParams (no GPU needed); for a config it
 // is given, checks the pointers against the launch context and what the kernel family can implement,
 // computes the grid and launches on the caller's stream. Any bad input is reported before anything runs.
 #include "launch/attention.hpp"
@@ -21,16 +21,15 @@
 
 namespace flashgen {
 
-ForwardCall make_forward_call(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
-                                    const flashgen_tensor* out, float* lse, const flashgen_attention_options* opts) {
+ForwardCall make_forward_call(const TensorView* q, const TensorView* k, const TensorView* v, const TensorView* out,
+                              float* lse, const CallOptions* opts) {
   check_tensor(q, "q");
   check_tensor(k, "k");
   check_tensor(v, "v");
   check_tensor(out, "out");
   FLASHGEN_REQUIRE(opts != nullptr, "opts: null pointer");
   for (const auto& [t, name] : {std::pair{k, "k"}, std::pair{v, "v"}, std::pair{out, "out"}}) {
-    FLASHGEN_REQUIRE(t->dtype == q->dtype, std::string(name) + ".dtype is " + dtype_name(to_dtype(t->dtype)) +
-                                               " but q.dtype is " + dtype_name(to_dtype(q->dtype)));
+    require_same_dtype(t, name, q);
   }
   require_same_dim(k, "k", q, "q", 0);
   require_same_dim(v, "v", q, "q", 0);
@@ -52,8 +51,8 @@ ForwardCall make_forward_call(const flashgen_tensor* q, const flashgen_tensor* k
                    "q: batch and heads must each be at most 65535 (grid limits)");
 
   ForwardCall call;
-  call.problem = forward_problem(to_dtype(q->dtype), shape_of(q, k), internal_mask(opts->mask), opts->window_left,
-                                 opts->window_right, opts->attention_chunk);
+  call.problem = forward_problem(q->dtype, shape_of(q, k), opts->mask, opts->window_left, opts->window_right,
+                                 opts->attention_chunk);
   call.problem.softcap = opts->softcap;
   call.problem.alibi = opts->alibi_slopes != nullptr;
 
@@ -90,13 +89,13 @@ namespace {
 // A paged cache's k or v [num_pages, page_size, heads_kv, head_dim] checked as a tensor of its own, and seen as
 // one batch entry of num_pages * page_size rows (the view the dense checks and the packing's take; the pages'
 // own stride goes to the params).
-flashgen_tensor paged_as_one_entry(const flashgen_tensor& t, const char* name) {
+TensorView paged_as_one_entry(const TensorView& t, const char* name) {
   check_tensor(&t, name);
   check_layout(&t, name);
   FLASHGEN_REQUIRE(t.shape[1] % 16 == 0, std::string(name) + ".shape[1] (page_size) must be a multiple of 16 with a "
                                          "block_table, got " + std::to_string(t.shape[1]));
   FLASHGEN_REQUIRE(t.shape[0] <= INT32_MAX, std::string(name) + ".shape[0] (num_pages) must be at most 2^31 - 1");
-  flashgen_tensor one = t;
+  TensorView one = t;
   one.shape[0] = 1;
   one.shape[1] = std::min<int64_t>(t.shape[0] * t.shape[1], kMaxExtent);
   one.stride[0] = 0;
@@ -105,9 +104,9 @@ flashgen_tensor paged_as_one_entry(const flashgen_tensor& t, const char* name) {
 
 }  // namespace
 
-ForwardCall make_varlen_forward_call(const flashgen_varlen_forward_args& args) {
+ForwardCall make_varlen_forward_call(const VarlenForwardArgs& args) {
   const bool paged = args.block_table != nullptr;
-  flashgen_tensor k = args.k, v = args.v;
+  TensorView k = args.k, v = args.v;
   if (paged) {
     k = paged_as_one_entry(args.k, "k");
     v = paged_as_one_entry(args.v, "v");

@@ -1,4 +1,4 @@
-// Launcher stage for the forward pass: checks a call given as flashgen_tensor views into AttnFwdParams,
+// Launcher stage for the forward pass: checks a call given as tensor views and options into AttnFwdParams,
 // answers whether a kernel family can implement it, and launches a config it is given (dispatch/ chooses
 // which) on the caller's stream.
 #pragma once
@@ -7,45 +7,34 @@
 
 #include <string>
 
-#include "flashgen/flashgen.h"
 #include "generator/kernel_config.hpp"
 #include "launch/user_block_classes.hpp"
 #include "problem/attention_problem.hpp"
+#include "problem/call.hpp"
+#include "problem/tensor_view.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "templates/attn_params.cuh"
 
 namespace flashgen {
 
-// A flashgen_tensor over a contiguous [batch, seqlen, heads, head_dim] buffer (BSHD).
-inline flashgen_tensor bshd_tensor(void* data, flashgen_dtype dtype, int64_t batch, int64_t seqlen, int64_t heads,
-                                   int64_t head_dim) {
-  flashgen_tensor t{};
-  t.data = data;
-  t.dtype = dtype;
-  t.shape[0] = batch, t.shape[1] = seqlen, t.shape[2] = heads, t.shape[3] = head_dim;
-  t.stride[0] = seqlen * heads * head_dim, t.stride[1] = heads * head_dim, t.stride[2] = head_dim, t.stride[3] = 1;
-  return t;
-}
-
 // A checked forward call: its problem, and the kernel parameters bound to the caller's tensors.
 struct ForwardCall {
   AttentionProblem problem;
   AttnFwdParams params{};
-  flashgen_block_mask* block_mask = nullptr;  // opts.block_mask (a user mask's classes kept across calls), or null
+  KeptBlockClasses* block_mask = nullptr;  // opts.block_mask (a user mask's classes kept across calls), or null
 };
 
 // Validates every argument (null pointers, shapes, dtypes, head_dim, heads_q % heads_kv, alignment of
 // pointers and strides) and throws Error(kInvalidArgument / kUnsupported) naming the argument.
 // Touches no GPU.
-ForwardCall make_forward_call(const flashgen_tensor* q, const flashgen_tensor* k,
-                                    const flashgen_tensor* v, const flashgen_tensor* out, float* lse,
-                                    const flashgen_attention_options* opts);
+ForwardCall make_forward_call(const TensorView* q, const TensorView* k, const TensorView* v, const TensorView* out,
+                              float* lse, const CallOptions* opts);
 
-// make_forward_call for a packed variable-length batch (flashgen.h's flashgen_varlen_forward_args): the
+// make_forward_call for a packed variable-length batch (problem/call.hpp's VarlenForwardArgs): the
 // tensors checked as the dense call checks them, then what the host can see of the packing (one batch
 // entry, offsets given and aligned, the sequence count and longest lengths in range), each error naming
 // the argument. The call's problem is varlen: shape.batch sequences of at most max_seqlen_q and max_seqlen_k.
-ForwardCall make_varlen_forward_call(const flashgen_varlen_forward_args& args);
+ForwardCall make_varlen_forward_call(const VarlenForwardArgs& args);
 
 // Why a kernel family cannot run a config on a call, as dispatch needs it to pick a fallback.
 enum class Shortfall {
@@ -82,7 +71,7 @@ struct PreparedForward {
   // A user mask's block classes (templates/user_blocks.cuh), computed before each launch into stream-ordered memory;
   // empty for other configs.
   UserBlockLaunch user_blocks;
-  flashgen_block_mask* block_mask = nullptr;  // the call's: where the classes are kept, or null (per call)
+  KeptBlockClasses* block_mask = nullptr;  // the call's: where the classes are kept, or null (per call)
 
   // Points the launch at call's tensors after checking they are memory of device (the launch
   // context's): call must differ from the prepared one in its data pointers only.

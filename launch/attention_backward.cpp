@@ -1,4 +1,4 @@
-// Backward launcher: validates flashgen_tensor arguments into AttnBwdParams (no GPU needed); for a config it
+// Backward launcher: validates tensor views and options into AttnBwdParams (no GPU needed); for a config it
 // is given, checks the pointers against the launch context and what the kernel family can implement,
 // binds the workspace and launches the module's kernels in order on the caller's stream. Bad input is
 // reported before anything is launched.
@@ -90,19 +90,15 @@ unsigned ceil_div(long long a, long long b) { return static_cast<unsigned>((a + 
 
 }  // namespace
 
-BackwardCall make_backward_call(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
-                                      const flashgen_tensor* out, const flashgen_tensor* dout, const float* lse,
-                                      const flashgen_tensor* dq, const flashgen_tensor* dk, const flashgen_tensor* dv,
-                                      const flashgen_attention_options* opts) {
-  const std::pair<const flashgen_tensor*, const char*> tensors[] = {
+BackwardCall make_backward_call(const TensorView* q, const TensorView* k, const TensorView* v, const TensorView* out,
+                                const TensorView* dout, const float* lse, const TensorView* dq, const TensorView* dk,
+                                const TensorView* dv, const CallOptions* opts) {
+  const std::pair<const TensorView*, const char*> tensors[] = {
       {q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {dout, "dout"}, {dq, "dq"}, {dk, "dk"}, {dv, "dv"}};
   for (const auto& [t, name] : tensors) check_tensor(t, name);
   FLASHGEN_REQUIRE(lse != nullptr, "lse: null pointer (pass what flashgen_attention_forward wrote)");
   FLASHGEN_REQUIRE(opts != nullptr, "opts: null pointer");
-  for (const auto& [t, name] : tensors) {
-    FLASHGEN_REQUIRE(t->dtype == q->dtype, std::string(name) + ".dtype is " + dtype_name(to_dtype(t->dtype)) +
-                                               " but q.dtype is " + dtype_name(to_dtype(q->dtype)));
-  }
+  for (const auto& [t, name] : tensors) require_same_dtype(t, name, q);
   require_same_dim(k, "k", q, "q", 0);
   require_same_dim(k, "k", q, "q", 3);
   for (int i = 0; i < 4; ++i) {
@@ -125,15 +121,15 @@ BackwardCall make_backward_call(const flashgen_tensor* q, const flashgen_tensor*
 
   BackwardCall call;
   call.problem =
-      backward_problem(to_dtype(q->dtype), shape_of(q, k), internal_mask(opts->mask), opts->deterministic != 0,
-                       opts->window_left, opts->window_right, opts->attention_chunk);
+      backward_problem(q->dtype, shape_of(q, k), opts->mask, opts->deterministic, opts->window_left,
+                       opts->window_right, opts->attention_chunk);
   call.problem.softcap = opts->softcap;
   call.problem.alibi = opts->alibi_slopes != nullptr;
 
   AttnBwdParams& p = call.params;
   p.q = q->data, p.k = k->data, p.v = v->data, p.o = out->data, p.dout = dout->data, p.lse = lse;
   p.dq = dq->data, p.dk = dk->data, p.dv = dv->data;
-  auto strides = [](const flashgen_tensor* t, long long& batch, long long& row, long long& head) {
+  auto strides = [](const TensorView* t, long long& batch, long long& row, long long& head) {
     batch = t->stride[0], row = t->stride[1], head = t->stride[2];
   };
   strides(q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
@@ -165,7 +161,7 @@ BackwardCall make_backward_call(const flashgen_tensor* q, const flashgen_tensor*
   return call;
 }
 
-BackwardCall make_varlen_backward_call(const flashgen_varlen_backward_args& args) {
+BackwardCall make_varlen_backward_call(const VarlenBackwardArgs& args) {
   BackwardCall call = make_backward_call(&args.q, &args.k, &args.v, &args.out, &args.dout, args.lse, &args.dq, &args.dk,
                                          &args.dv, &args.options);
   const Packing packing{args.cu_seqlens_q, args.cu_seqlens_k, nullptr,

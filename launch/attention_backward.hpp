@@ -1,4 +1,4 @@
-// Launcher stage for the backward pass: checks a call given as flashgen_tensor views into AttnBwdParams,
+// Launcher stage for the backward pass: checks a call given as tensor views and options into AttnBwdParams,
 // answers whether a kernel family can implement it, and launches the kernels of a config it is given
 // (preprocess, dkdv, then dq or convert, and with the sinks' gradient wanted its kernel) on the caller's
 // stream.
@@ -9,7 +9,6 @@
 #include <cstddef>
 #include <string>
 
-#include "flashgen/flashgen.h"
 #include "generator/bwd_config.hpp"
 #include "launch/attention.hpp"
 #include "launch/user_block_classes.hpp"
@@ -22,20 +21,19 @@ namespace flashgen {
 struct BackwardCall {
   AttentionProblem problem;
   AttnBwdParams params{};  // workspace pointers (dsum, dq_accum) are filled in at launch
-  flashgen_block_mask* block_mask = nullptr;  // opts.block_mask (a user mask's classes kept across calls), or null
+  KeptBlockClasses* block_mask = nullptr;  // opts.block_mask (a user mask's classes kept across calls), or null
 };
 
 // Validates every argument as make_forward_call does, for the forward's tensors plus dout, lse and
 // the three gradients (dq, dout and out shaped like q; dk, dv like k), and throws Error(kInvalidArgument /
 // kUnsupported) naming the argument. Touches no GPU.
-BackwardCall make_backward_call(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
-                                      const flashgen_tensor* out, const flashgen_tensor* dout, const float* lse,
-                                      const flashgen_tensor* dq, const flashgen_tensor* dk, const flashgen_tensor* dv,
-                                      const flashgen_attention_options* opts);
+BackwardCall make_backward_call(const TensorView* q, const TensorView* k, const TensorView* v, const TensorView* out,
+                                const TensorView* dout, const float* lse, const TensorView* dq, const TensorView* dk,
+                                const TensorView* dv, const CallOptions* opts);
 
-// make_backward_call for a packed variable-length batch (flashgen.h's flashgen_varlen_backward_args): the
+// make_backward_call for a packed variable-length batch (problem/call.hpp's VarlenBackwardArgs): the
 // tensors checked as the dense backward checks them, then the packing as make_varlen_forward_call checks it.
-BackwardCall make_varlen_backward_call(const flashgen_varlen_backward_args& args);
+BackwardCall make_varlen_backward_call(const VarlenBackwardArgs& args);
 
 // Device workspace a config needs for a call, in bytes: D = rowsum(dO ∘ O) in fp32 for every
 // (batch, head, query), the LSE in base 2 likewise for the sm90 family, plus the fp32 dQ accumulator
@@ -73,7 +71,7 @@ struct PreparedBackward {
   bool finish_overlaps_dkdv = false;     // dq_adds_counted: the convert kernel may start before dkdv ends
   AttnBwdSm90Params sm90_params{};       // params plus TMA descriptors; base follows params at bind time
   UserBlockLaunch user_blocks;           // a user mask's block classes, in the workspace; empty for other configs
-  flashgen_block_mask* block_mask = nullptr;  // the call's: the classes kept there rather than in the workspace
+  KeptBlockClasses* block_mask = nullptr;     // the call's: the classes kept there rather than in the workspace
 
   // Points the launch at call's tensors after checking they are memory of device (the launch
   // context's): call must differ from the prepared one in its data pointers only.

@@ -1,4 +1,4 @@
-// KV-cache launcher: validates flashgen_kvcache_args into AttnDecodeParams (no GPU needed); for a config and
+// KV-cache launcher: validates KvCacheArgs into AttnDecodeParams (no GPU needed); for a config and
 // split count it is given, checks the pointers against the launch context, computes the grids and queues the
 // append, attention and combine kernels on the caller's stream. Bad input is reported before anything runs.
 #include "launch/attention_kvcache.hpp"
@@ -20,28 +20,23 @@ namespace {
 
 long long ceil_div(long long a, long long b) { return (a + b - 1) / b; }
 
-void require_same_dtype(const flashgen_tensor& t, const char* name, const flashgen_tensor& q) {
-  FLASHGEN_REQUIRE(t.dtype == q.dtype, std::string(name) + ".dtype is " + dtype_name(to_dtype(t.dtype)) +
-                                           " but q.dtype is " + dtype_name(to_dtype(q.dtype)));
-}
-
 // Output rows of one (split, row) of the workspace: its o_partial floats, then one lse_partial float.
 size_t partial_rows(const AttnDecodeParams& p) { return size_t(p.batch) * p.heads_q * p.seqlen_q; }
 
 }  // namespace
 
-KvCacheCall make_kvcache_call(const flashgen_kvcache_args& args) {
-  const flashgen_tensor& q = args.q;
-  const flashgen_tensor& kc = args.k_cache;
-  const flashgen_tensor& vc = args.v_cache;
+KvCacheCall make_kvcache_call(const KvCacheArgs& args) {
+  const TensorView& q = args.q;
+  const TensorView& kc = args.k_cache;
+  const TensorView& vc = args.v_cache;
   check_tensor(&q, "q");
   check_tensor(&kc, "k_cache");
   check_tensor(&vc, "v_cache");
   check_tensor(&args.out, "out");
   check_options(&args.options, q.shape[2]);
-  require_same_dtype(kc, "k_cache", q);
-  require_same_dtype(vc, "v_cache", q);
-  require_same_dtype(args.out, "out", q);
+  require_same_dtype(&kc, "k_cache", &q);
+  require_same_dtype(&vc, "v_cache", &q);
+  require_same_dtype(&args.out, "out", &q);
   for (int i = 0; i < 4; ++i) {
     require_same_dim(&args.out, "out", &q, "q", i);
     require_same_dim(&vc, "v_cache", &kc, "k_cache", i);
@@ -91,8 +86,8 @@ KvCacheCall make_kvcache_call(const flashgen_kvcache_args& args) {
   if (appends) {
     check_tensor(&args.k_new, "k_new");
     check_tensor(&args.v_new, "v_new");
-    require_same_dtype(args.k_new, "k_new", q);
-    require_same_dtype(args.v_new, "v_new", q);
+    require_same_dtype(&args.k_new, "k_new", &q);
+    require_same_dtype(&args.v_new, "v_new", &q);
     require_same_dim(&args.k_new, "k_new", &q, "q", 0);
     require_same_dim(&args.k_new, "k_new", &kc, "k_cache", 2);
     require_same_dim(&args.k_new, "k_new", &kc, "k_cache", 3);
@@ -122,7 +117,7 @@ KvCacheCall make_kvcache_call(const flashgen_kvcache_args& args) {
   AttentionShape shape;
   shape.batch = batch, shape.seqlen_q = q.shape[1], shape.seqlen_k = capacity;
   shape.heads_q = q.shape[2], shape.heads_kv = kc.shape[2], shape.head_dim = q.shape[3];
-  call.problem = forward_problem(to_dtype(q.dtype), shape, internal_mask(args.options.mask), args.options.window_left,
+  call.problem = forward_problem(q.dtype, shape, args.options.mask, args.options.window_left,
                                  args.options.window_right, args.options.attention_chunk);
   call.problem.kv_cache = true;
   call.problem.paged = paged;
@@ -146,8 +141,8 @@ KvCacheCall make_kvcache_call(const flashgen_kvcache_args& args) {
   p.v_batch_stride = vc.stride[0], p.v_row_stride = vc.stride[1], p.v_head_stride = vc.stride[2];
   p.o_batch_stride = args.out.stride[0], p.o_row_stride = args.out.stride[1], p.o_head_stride = args.out.stride[2];
   if (appends) {
-    const flashgen_tensor& kn = args.k_new;
-    const flashgen_tensor& vn = args.v_new;
+    const TensorView& kn = args.k_new;
+    const TensorView& vn = args.v_new;
     p.k_new = kn.data;
     p.v_new = vn.data;
     p.kn_batch_stride = kn.stride[0], p.kn_row_stride = kn.stride[1], p.kn_head_stride = kn.stride[2];

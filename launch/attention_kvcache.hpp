@@ -1,5 +1,5 @@
 // Launcher stage for attention against a KV cache (decoding; templates/decode_sm80.cuh): checks a
-// flashgen_kvcache_args call into AttnDecodeParams, and launches a config and split count it is given
+// KvCacheArgs call into AttnDecodeParams, and launches a config and split count it is given
 // (dispatch/ chooses them) on the caller's stream: the append kernel when there are new tokens, the
 // attention, and the combine kernel when the keys are split into more than one range.
 #pragma once
@@ -8,9 +8,9 @@
 
 #include <cstddef>
 
-#include "flashgen/flashgen.h"
 #include "generator/decode_config.hpp"
 #include "problem/attention_problem.hpp"
+#include "problem/call.hpp"
 #include "templates/attn_params.cuh"
 
 namespace flashgen {
@@ -28,7 +28,7 @@ struct KvCacheCall {
 // Validates every argument (sizes, dtypes, layouts, the cache's and block table's shapes, the new tokens, the
 // split count and workspace) and throws Error(kInvalidArgument / kUnsupported) naming the argument. Touches
 // no GPU.
-KvCacheCall make_kvcache_call(const flashgen_kvcache_args& args);
+KvCacheCall make_kvcache_call(const KvCacheArgs& args);
 
 // Key ranges a call with this config and a requested count uses: 1 to max_decode_splits (the key blocks its
 // rows can visit: the capacity's, or a window's).

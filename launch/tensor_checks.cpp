@@ -22,11 +22,11 @@ std::string dim(const char* tensor, int i) {
 }
 
 // Presence, dtype and shape ranges of one tensor argument.
-void check_tensor(const flashgen_tensor* t, const char* name) {
+void check_tensor(const TensorView* t, const char* name) {
   FLASHGEN_REQUIRE(t != nullptr, std::string(name) + ": null pointer");
   FLASHGEN_REQUIRE(t->data != nullptr, std::string(name) + ".data: null pointer");
-  const int dtype = raw_enum(t->dtype);
-  FLASHGEN_REQUIRE(dtype == FLASHGEN_FLOAT16 || dtype == FLASHGEN_BFLOAT16,
+  const int dtype = static_cast<int>(t->dtype);  // any value a caller gave (DType is int-sized)
+  FLASHGEN_REQUIRE(t->dtype == DType::kFloat16 || t->dtype == DType::kBFloat16,
                    std::string(name) + ".dtype: unknown value " + std::to_string(dtype));
   for (int i = 0; i < 4; ++i) {
     FLASHGEN_REQUIRE(t->shape[i] >= 1 && t->shape[i] <= kMaxExtent,
@@ -35,7 +35,7 @@ void check_tensor(const flashgen_tensor* t, const char* name) {
 }
 
 // Memory layout the kernels can read with 16-byte copies: unit head_dim stride, aligned rows.
-void check_layout(const flashgen_tensor* t, const char* name) {
+void check_layout(const TensorView* t, const char* name) {
   FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(t->data) % 16 == 0,
                    std::string(name) + ".data: pointer must be 16-byte aligned");
   FLASHGEN_REQUIRE(t->stride[3] == 1, std::string(name) + ".stride[3] must be 1 (head_dim contiguous), got " +
@@ -61,7 +61,7 @@ void check_layout(const flashgen_tensor* t, const char* name) {
 
 // The output is written by many blocks at once: no two of its elements may share memory. Taken by
 // increasing stride, each dimension must step past everything the smaller ones span.
-void check_output_strides(const flashgen_tensor* out, const char* name) {
+void check_output_strides(const TensorView* out, const char* name) {
   for (int i = 0; i < 3; ++i) {
     FLASHGEN_REQUIRE(out->shape[i] == 1 || out->stride[i] != 0,
                      std::string(name) + ".stride[" + std::to_string(i) + "] is 0 for a dimension of size " +
@@ -90,15 +90,18 @@ void check_device_pointer(const void* ptr, const char* name, int device) {
                                               " (the stream's or the current context's)");
 }
 
-void require_same_dim(const flashgen_tensor* a, const char* a_name, const flashgen_tensor* b, const char* b_name,
+void require_same_dim(const TensorView* a, const char* a_name, const TensorView* b, const char* b_name,
                       int i) {
   FLASHGEN_REQUIRE(a->shape[i] == b->shape[i], dim(a_name, i) + " is " + std::to_string(a->shape[i]) + " but " +
                                                    dim(b_name, i) + " is " + std::to_string(b->shape[i]));
 }
 
-DType to_dtype(flashgen_dtype d) { return d == FLASHGEN_BFLOAT16 ? DType::kBFloat16 : DType::kFloat16; }
+void require_same_dtype(const TensorView* t, const char* name, const TensorView* q) {
+  FLASHGEN_REQUIRE(t->dtype == q->dtype, std::string(name) + ".dtype is " + dtype_name(t->dtype) + " but q.dtype is " +
+                                             dtype_name(q->dtype));
+}
 
-void check_packing(const flashgen_tensor& q, const flashgen_tensor& k, const Packing& packing) {
+void check_packing(const TensorView& q, const TensorView& k, const Packing& packing) {
   for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}}) {
     FLASHGEN_REQUIRE(t->shape[0] == 1, std::string(name) + ".shape[0] is " + std::to_string(t->shape[0]) +
                                            ": a packed batch is one entry [1, total, heads, head_dim]");
@@ -126,12 +129,12 @@ void check_packing(const flashgen_tensor& q, const flashgen_tensor& k, const Pac
                        std::to_string(packing.max_seqlen_k));
 }
 
-AttentionShape shape_of(const flashgen_tensor* q, const flashgen_tensor* k) {
+AttentionShape shape_of(const TensorView* q, const TensorView* k) {
   return AttentionShape{q->shape[0], q->shape[1], k->shape[1], q->shape[2], k->shape[2], q->shape[3]};
 }
 
 
-void check_head_dim_and_groups(const flashgen_tensor* q, const flashgen_tensor* k) {
+void check_head_dim_and_groups(const TensorView* q, const TensorView* k) {
   const int64_t head_dim = q->shape[3];
   if (head_dim % 8 != 0 || head_dim > 256) {
     fail(Status::kUnsupported, dim("q", 3) + " = " + std::to_string(head_dim) +
@@ -142,7 +145,7 @@ void check_head_dim_and_groups(const flashgen_tensor* q, const flashgen_tensor* 
                        " = " + std::to_string(k->shape[2]));
 }
 
-void check_user_variant(const flashgen_attention_options& opts, const AttentionProblem& problem) {
+void check_user_variant(const CallOptions& opts, const AttentionProblem& problem) {
   const UserVariant& user = *problem.user;
   FLASHGEN_REQUIRE(!user.modifies_scores() || (opts.softcap == 0.f && opts.alibi_slopes == nullptr),
                    "opts.variant " + user.tag + " modifies scores (score_mod or score_bias), which takes the place of "
@@ -161,7 +164,7 @@ void check_user_variant(const flashgen_attention_options& opts, const AttentionP
                        " scalar(s)");
 }
 
-flashgen_block_mask* user_block_mask(const flashgen_attention_options& opts, const AttentionProblem& problem) {
+KeptBlockClasses* user_block_mask(const CallOptions& opts, const AttentionProblem& problem) {
   if (opts.block_mask == nullptr) return nullptr;
   FLASHGEN_REQUIRE(problem.user && problem.user->masks(),
                    "opts.block_mask: given without a variant that has a mask_mod (there are no block classes to keep)");
@@ -173,12 +176,12 @@ flashgen_block_mask* user_block_mask(const flashgen_attention_options& opts, con
   return opts.block_mask;
 }
 
-void check_options(const flashgen_attention_options* opts, int64_t heads_q) {
-  const int mask = raw_enum(opts->mask);
-  FLASHGEN_REQUIRE(mask == FLASHGEN_MASK_NONE || mask == FLASHGEN_MASK_CAUSAL ||
-                       mask == FLASHGEN_MASK_CAUSAL_TOP_LEFT || mask == FLASHGEN_MASK_SLIDING_WINDOW,
-                   "opts.mask: unknown value " + std::to_string(mask));
-  if (mask == FLASHGEN_MASK_SLIDING_WINDOW) {
+void check_options(const CallOptions* opts, int64_t heads_q) {
+  const Mask mask = opts->mask;  // any value a caller gave (Mask is int-sized)
+  FLASHGEN_REQUIRE(mask == Mask::kNone || mask == Mask::kCausal || mask == Mask::kCausalTopLeft ||
+                       mask == Mask::kSlidingWindow,
+                   "opts.mask: unknown value " + std::to_string(static_cast<int>(mask)));
+  if (mask == Mask::kSlidingWindow) {
     for (const auto& [side, name] : {std::pair{opts->window_left, "opts.window_left"},
                                      std::pair{opts->window_right, "opts.window_right"}}) {
       FLASHGEN_REQUIRE(side >= -1, std::string(name) + " must be >= 0, or -1 for no bound on that side, got " +
@@ -187,7 +190,7 @@ void check_options(const flashgen_attention_options* opts, int64_t heads_q) {
   }
   FLASHGEN_REQUIRE(opts->attention_chunk >= 0,
                    "opts.attention_chunk must be >= 0 (0: none), got " + std::to_string(opts->attention_chunk));
-  FLASHGEN_REQUIRE(opts->attention_chunk == 0 || mask != FLASHGEN_MASK_CAUSAL_TOP_LEFT,
+  FLASHGEN_REQUIRE(opts->attention_chunk == 0 || mask != Mask::kCausalTopLeft,
                    "opts.attention_chunk: chunks lie about the bottom-right diagonal; not with "
                    "FLASHGEN_MASK_CAUSAL_TOP_LEFT (use FLASHGEN_MASK_CAUSAL)");
   // The kernels scale by softmax_scale * log2(e): that product must be finite too.
@@ -223,7 +226,7 @@ void check_options(const flashgen_attention_options* opts, int64_t heads_q) {
   }
 }
 
-float softmax_scale(const flashgen_attention_options& opts, int64_t head_dim) {
+float softmax_scale(const CallOptions& opts, int64_t head_dim) {
   return opts.softmax_scale > 0 ? opts.softmax_scale : static_cast<float>(1.0 / std::sqrt(double(head_dim)));
 }
 

@@ -1,6 +1,6 @@
-// Argument checks shared by the forward and backward launchers: presence, dtype, shape ranges and
-// memory layout of flashgen_tensor views, and where device pointers live. Every failure throws
-// Error(kInvalidArgument / kUnsupported) naming the argument.
+// Argument checks shared by the launchers: presence, dtype, shape ranges and memory layout of tensor views, the
+// options, and where device pointers live. Every failure throws Error(kInvalidArgument / kUnsupported) naming the
+// argument as the C ABI names it ("q.stride[3]", "opts.softcap").
 #pragma once
 
 #include <cuda.h>
@@ -12,11 +12,12 @@
 #include <string>
 
 #include "flashgen/error.hpp"
-#include "flashgen/flashgen.h"
 #include "generator/bwd_config.hpp"
 #include "generator/decode_config.hpp"
 #include "generator/kernel_config.hpp"
 #include "problem/attention_problem.hpp"
+#include "problem/call.hpp"
+#include "problem/tensor_view.hpp"
 #include "templates/attn_params.cuh"
 
 namespace flashgen {
@@ -27,24 +28,14 @@ constexpr int64_t kMaxExtent = int64_t(1) << 30;
 // "q.shape[3] (head_dim)"
 std::string dim(const char* tensor, int i);
 
-// The integer a C caller stored in an enum field. Read through memcpy: loading a value outside the
-// enumerators through the enum type is undefined behaviour in C++, and C callers can pass anything.
-template <class Enum>
-int raw_enum(const Enum& value) {
-  static_assert(sizeof(Enum) == sizeof(int), "C enums are int-sized on supported ABIs");
-  int raw;
-  std::memcpy(&raw, &value, sizeof raw);
-  return raw;
-}
-
 // Presence, dtype and shape ranges of one tensor argument.
-void check_tensor(const flashgen_tensor* t, const char* name);
+void check_tensor(const TensorView* t, const char* name);
 
 // Memory layout the kernels can read with 16-byte copies: unit head_dim stride, aligned rows.
-void check_layout(const flashgen_tensor* t, const char* name);
+void check_layout(const TensorView* t, const char* name);
 
 // An output is written by many blocks at once: no two of its rows may share memory.
-void check_output_strides(const flashgen_tensor* out, const char* name);
+void check_output_strides(const TensorView* out, const char* name);
 
 // Device memory of the context's device, or an error naming the argument.
 void check_device_pointer(const void* ptr, const char* name, int device);
@@ -58,12 +49,13 @@ void check_user_buffers(const Params& p, int device) {
   }
 }
 
-void require_same_dim(const flashgen_tensor* a, const char* a_name, const flashgen_tensor* b, const char* b_name,
+void require_same_dim(const TensorView* a, const char* a_name, const TensorView* b, const char* b_name,
                       int i);
 
-DType to_dtype(flashgen_dtype d);
+// t's dtype that of q: an error naming both otherwise.
+void require_same_dtype(const TensorView* t, const char* name, const TensorView* q);
 
-// The packing of a variable-length batch (flashgen.h's varlen arguments): device offsets of its sequences'
+// The packing of a variable-length batch (VarlenForwardArgs, VarlenBackwardArgs): device offsets of its sequences'
 // rows, and the sizes the host is told.
 struct Packing {
   const int32_t* cu_seqlens_q;
@@ -77,7 +69,7 @@ struct Packing {
 // What the host can see of a packing over checked tensors q and k: one batch entry each, offsets given and
 // 4-byte aligned, batch in [1, 65535], the longest lengths in [1, total]. Error(kInvalidArgument) naming the
 // argument otherwise.
-void check_packing(const flashgen_tensor& q, const flashgen_tensor& k, const Packing& packing);
+void check_packing(const TensorView& q, const TensorView& k, const Packing& packing);
 
 // A window problem's sides in p, given the bounds that reach past every key of every row on each side: an
 // unbounded side becomes its bound, and so does any larger side, which is clamped to it. The kernels add a
@@ -121,7 +113,7 @@ inline bool aligned_bottom_right(const AttentionProblem& problem) {
 // offsets, totals, sizes, the causal alignment the kernels apply per sequence, and the window's sides for the
 // longest lengths). The caller zeroes the tensors' batch strides: every sequence lives in batch entry 0.
 template <class Params>
-void bind_packing(const Packing& packing, const flashgen_tensor& q, const flashgen_tensor& k,
+void bind_packing(const Packing& packing, const TensorView& q, const TensorView& k,
                   AttentionProblem& problem, Params& p) {
   problem.varlen = true;
   problem.total_q = q.shape[1], problem.total_k = k.shape[1];
@@ -137,19 +129,19 @@ void bind_packing(const Packing& packing, const flashgen_tensor& q, const flashg
 }
 
 // The sizes of checked tensors q [batch, seqlen_q, heads_q, head_dim] and k [batch, seqlen_k, heads_kv, head_dim].
-AttentionShape shape_of(const flashgen_tensor* q, const flashgen_tensor* k);
+AttentionShape shape_of(const TensorView* q, const TensorView* k);
 
 // q's head_dim a multiple of 8 up to 256 (kUnsupported otherwise), and q's heads a multiple of k's.
-void check_head_dim_and_groups(const flashgen_tensor* q, const flashgen_tensor* k);
+void check_head_dim_and_groups(const TensorView* q, const TensorView* k);
 
-// opts.mask one of flashgen_mask's values, opts.softmax_scale finite, opts.softcap none or a usable cap, under
+// opts.mask one of Mask's values, opts.softmax_scale finite, opts.softcap none or a usable cap, under
 // the window mask each of opts.window_left and opts.window_right >= -1, ALiBi slopes (when given) 4-byte
 // aligned with a batch stride of 0 or at least heads_q, and the sinks and their gradient 4-byte aligned.
-void check_options(const flashgen_attention_options* opts, int64_t heads_q);
+void check_options(const CallOptions* opts, int64_t heads_q);
 
 // ALiBi's slopes in p (AttnFwdParams or AttnBwdParams), from p.scale already set: null without them.
 template <class Params>
-void set_alibi(Params& p, const flashgen_attention_options& opts) {
+void set_alibi(Params& p, const CallOptions& opts) {
   p.alibi_slopes = opts.alibi_slopes;
   p.alibi_batch_stride = opts.alibi_slopes != nullptr ? opts.alibi_batch_stride : 0;
   p.inv_scale = 1.f / p.scale;
@@ -158,11 +150,11 @@ void set_alibi(Params& p, const flashgen_attention_options& opts) {
 // A user variant of opts into problem.user, and its buffers and scalars into p (AttnFwdParams, AttnBwdParams or
 // AttnDecodeParams): each declared buffer a non-null device pointer, each scalar's 32 bits. Refuses a score function
 // beside a soft cap or ALiBi (it takes their place), and in a backward call one without the derivative it needs.
-void check_user_variant(const flashgen_attention_options& opts, const AttentionProblem& problem);
+void check_user_variant(const CallOptions& opts, const AttentionProblem& problem);
 template <class Params>
-void set_user_variant(AttentionProblem& problem, Params& p, const flashgen_attention_options& opts) {
+void set_user_variant(AttentionProblem& problem, Params& p, const CallOptions& opts) {
   if (opts.variant == nullptr) return;
-  problem.user = opts.variant->user;
+  problem.user = opts.variant;
   check_user_variant(opts, problem);
   const UserVariant& user = *problem.user;
   for (size_t i = 0; i < user.buffers.size(); ++i) p.user_buffers[i] = opts.variant_buffers[i];
@@ -173,7 +165,7 @@ void set_user_variant(AttentionProblem& problem, Params& p, const flashgen_atten
 
 // opts.block_mask, where a call can keep its classes there: with a variant that has a mask_mod, not over a KV cache
 // (dense or paged: decoding keeps no classes). Error naming it otherwise.
-flashgen_block_mask* user_block_mask(const flashgen_attention_options& opts, const AttentionProblem& problem);
+KeptBlockClasses* user_block_mask(const CallOptions& opts, const AttentionProblem& problem);
 
 // The soft cap's two factors in p (AttnFwdParams or AttnBwdParams), from p.scale already set: 0 without a cap.
 template <class Params>
@@ -184,7 +176,7 @@ void set_softcap(Params& p, float cap) {
 }
 
 // The scale the kernels apply: opts.softmax_scale when > 0, else 1/sqrt(head_dim).
-float softmax_scale(const flashgen_attention_options& opts, int64_t head_dim);
+float softmax_scale(const CallOptions& opts, int64_t head_dim);
 
 // A dense problem's diagonal: key j is visible to query i iff j <= i + causal_offset under a causal mask
 // (flashgen.h's alignments), and a window and ALiBi's distances lie about j = i + causal_offset: seqlen_k -

@@ -1,3 +1,4 @@
+// A user mask's block classes: planning their launch, their kernels, and the classes kept across calls.
 #include "launch/user_block_classes.hpp"
 
 #include <cstdint>
@@ -7,12 +8,14 @@
 #include "launch/tensor_checks.hpp"
 #include "runtime/cuda_driver.hpp"
 
-flashgen_block_mask::~flashgen_block_mask() {
+namespace flashgen {
+
+KeptBlockClasses::~KeptBlockClasses() {
   // Each in its own context, which may be gone by now (then its memory went with it; a handle that now names another
   // context has another id). Calls still queued may read the classes (Python frees a mask when it is collected), so
   // the context's work finishes first; where it cannot be waited for, the memory is left rather than freed under it.
   if (kept.empty()) return;  // (nothing was computed: perhaps no driver at all, which driver() would throw for)
-  const flashgen::DriverApi& cu = flashgen::driver();
+  const DriverApi& cu = driver();
   for (const auto& [key, classes] : kept) {
     if (cu.cuCtxPushCurrent(classes.context) != CUDA_SUCCESS) continue;
     unsigned long long id = 0;
@@ -25,8 +28,6 @@ flashgen_block_mask::~flashgen_block_mask() {
     cu.cuCtxPopCurrent(&popped);
   }
 }
-
-namespace flashgen {
 
 namespace {
 
@@ -83,9 +84,9 @@ void UserBlockLaunch::launch(CUstream stream, void** args) const {
   if (backward) launch_kernel(bands, bands_grid, kUserBlockThreads, 0, stream, args);
 }
 
-void UserBlockLaunch::launch_kept(flashgen_block_mask& mask, const std::string& launch_key, UserBlockClasses& classes,
+void UserBlockLaunch::launch_kept(KeptBlockClasses& mask, const std::string& launch_key, UserBlockClasses& classes,
                                   CUstream stream, void** args) const {
-  flashgen_block_mask::Classes kept;
+  KeptBlockClasses::Classes kept;
   FLASHGEN_CU_CHECK(cuCtxGetCurrent(&kept.context));
   FLASHGEN_CU_CHECK(cuCtxGetId(kept.context, &kept.context_id));
   const std::string key = launch_key + " context " + std::to_string(kept.context_id);

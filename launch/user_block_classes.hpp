@@ -1,7 +1,7 @@
 // A user mask's block classes for one launch (templates/user_blocks.cuh): the kernels that compute them before the
 // attention kernels, their grids, and the memory they take. The forward takes the memory for the call in stream
-// order (StreamAllocation), the backward holds it in its workspace, and a caller's block mask (flashgen.h's
-// flashgen_block_mask) keeps it across calls.
+// order (StreamAllocation), the backward holds it in its workspace, and a caller's block mask (KeptBlockClasses;
+// the C ABI's flashgen_block_mask holds one) keeps it across calls.
 #pragma once
 
 #include <cuda.h>
@@ -12,12 +12,13 @@
 #include <mutex>
 #include <string>
 
-#include "flashgen/flashgen.h"
 #include "templates/attn_params.cuh"
 
-// flashgen_block_mask: classes kept across calls, per launch key (block_mask_key), each in device memory of its own
-// (cuMemAlloc in the context of the call that computed them), freed with the mask.
-struct flashgen_block_mask {
+namespace flashgen {
+
+// A user mask's classes kept across calls (CallOptions::block_mask), per launch key (block_mask_key), each in device
+// memory of its own (cuMemAlloc in the context of the call that computed them), freed with the mask.
+struct KeptBlockClasses {
   struct Classes {
     CUdeviceptr memory = 0;
     CUcontext context = nullptr;
@@ -27,13 +28,11 @@ struct flashgen_block_mask {
   std::mutex mutex;
   std::map<std::string, Classes> kept;
 
-  flashgen_block_mask() = default;
-  flashgen_block_mask(const flashgen_block_mask&) = delete;
-  flashgen_block_mask& operator=(const flashgen_block_mask&) = delete;
-  ~flashgen_block_mask();
+  KeptBlockClasses() = default;
+  KeptBlockClasses(const KeptBlockClasses&) = delete;
+  KeptBlockClasses& operator=(const KeptBlockClasses&) = delete;
+  ~KeptBlockClasses();
 };
-
-namespace flashgen {
 
 // What decides a launch's classes besides the variant's buffers' contents (the caller's promise): the config (tiles,
 // masks, the variant's functions), the shapes and the base mask's arguments and alignment, a packed batch's offsets
@@ -86,7 +85,7 @@ struct UserBlockLaunch {
   // waits for the kernels that filled them; where not, memory is allocated and kept for them and the kernels launched
   // to fill it (args: p as cuLaunchKernel takes it), which a stream capturing a CUDA graph cannot do (Error naming
   // opts.block_mask). key: block_mask_key of the launch, in the current context.
-  void launch_kept(flashgen_block_mask& mask, const std::string& launch_key, UserBlockClasses& classes,
+  void launch_kept(KeptBlockClasses& mask, const std::string& launch_key, UserBlockClasses& classes,
                    CUstream stream, void** args) const;
 };
 

@@ -39,18 +39,6 @@ void AttentionProblem::set_mask(Mask caller_mask, int caller_window_left, int ca
   }
 }
 
-flashgen_attention_options options_of(const AttentionProblem& problem, float softmax_scale) {
-  flashgen_attention_options options{};
-  options.softmax_scale = softmax_scale;
-  options.mask = static_cast<flashgen_mask>(problem.mask);  // the same values
-  options.deterministic = problem.deterministic() ? 1 : 0;
-  options.softcap = problem.softcap;
-  options.window_left = problem.window_left;
-  options.window_right = problem.window_right;
-  options.attention_chunk = problem.attention_chunk;
-  return options;
-}
-
 AttentionProblem forward_problem(DType dtype, const AttentionShape& shape, Mask mask, int window_left,
                                  int window_right, int attention_chunk) {
   AttentionProblem problem;

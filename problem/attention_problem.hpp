@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "flashgen/flashgen.h"
 #include "problem/user_variant.hpp"
 #include "templates/fwd_traits.cuh"
 
@@ -58,7 +57,7 @@ struct ScoreMods {
 
 // The caller's mask as the layers below api/ name it: none, causal with the diagonal aligned bottom-right (the
 // last query sees the last key) or top-left (query i sees keys 0..i), or a window about the bottom-right diagonal
-// (window_left, window_right; attention_chunk). The values are flashgen.h's flashgen_mask's (internal_mask translates);
+// (window_left, window_right; attention_chunk). The values are flashgen.h's flashgen_mask's (api/ translates);
 // kernel class keys hold them.
 enum class Mask : int { kNone = 0, kCausal = 1, kCausalTopLeft = 2, kSlidingWindow = 3 };
 
@@ -118,18 +117,6 @@ struct AttentionProblem {
   ScoreMods score_mods() const { return {softcapped(), alibi}; }
   int head_dim() const { return static_cast<int>(shape.head_dim); }
 };
-
-// The options a call of problem passes (flashgen.h): its mask and window, soft cap and (backward) dQ strategy,
-// with softmax_scale (<= 0: 1/sqrt(head_dim)).
-flashgen_attention_options options_of(const AttentionProblem& problem, float softmax_scale = 0.f);
-
-// flashgen.h's mask as AttentionProblem's (the launchers' and a C ABI caller's way in): the same values.
-inline Mask internal_mask(flashgen_mask mask) { return static_cast<Mask>(mask); }
-static_assert(static_cast<int>(Mask::kNone) == FLASHGEN_MASK_NONE &&
-                  static_cast<int>(Mask::kCausal) == FLASHGEN_MASK_CAUSAL &&
-                  static_cast<int>(Mask::kCausalTopLeft) == FLASHGEN_MASK_CAUSAL_TOP_LEFT &&
-                  static_cast<int>(Mask::kSlidingWindow) == FLASHGEN_MASK_SLIDING_WINDOW,
-              "Mask takes flashgen_mask's values");
 
 // A problem of the given pass over shape, its mask, window and chunk set by set_mask; the backward's dQ strategy from
 // deterministic.

@@ -10,8 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "flashgen/flashgen.h"
-
 namespace flashgen {
 
 // The type of a buffer's elements or of a scalar (flashgen.h's flashgen_arg_type values; int-sized so that a
@@ -64,8 +62,3 @@ std::shared_ptr<const UserVariant> make_user_variant(const UserVariantDesc& desc
 void check_user_arg_count(int64_t count, const char* field);
 
 }  // namespace flashgen
-
-// The C ABI's handle (flashgen.h's opaque flashgen_variant): one shared copy of the checked variant.
-struct flashgen_variant {
-  std::shared_ptr<const flashgen::UserVariant> user;
-};

@@ -22,7 +22,7 @@ class DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
   CUdeviceptr ptr() const { return ptr_; }
-  // A typed address byte_offset bytes in, for flashgen_tensor::data and kernel arguments.
+  // A typed address byte_offset bytes in, for a tensor's data and kernel arguments.
   void* data(size_t byte_offset = 0) const { return reinterpret_cast<void*>(ptr_ + byte_offset); }
   size_t bytes() const { return bytes_; }
 

@@ -64,7 +64,7 @@ SweepResult sweep_forward(const AttentionProblem& problem, const std::vector<Ker
   FLASHGEN_REQUIRE(problem.pass == Pass::kForward, "sweep_forward: the problem is not a forward one");
   ScopedContext scope(stream);
   const int arch = device_sm(scope.device());
-  const flashgen_dtype dtype = to_c_dtype(problem.dtype);
+  const DType dtype = problem.dtype;
   const AttentionShape& shape = problem.shape;
 
   SweepResult result;
@@ -96,17 +96,13 @@ SweepResult sweep_forward(const AttentionProblem& problem, const std::vector<Ker
     set.dv.upload(set.v);
   }
   DeviceBuffer slopes;
-  flashgen_variant handle;
-  const flashgen_attention_options opts = sweep_options(problem, slopes, &handle, &options.user_args);
+  const CallOptions opts = sweep_options(problem, slopes, &options.user_args);
   auto make_call = [&](const InputSet& set) {
-    const flashgen_tensor q =
-        bshd_tensor(set.dq.data(), dtype, shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim);
-    const flashgen_tensor k =
-        bshd_tensor(set.dk.data(), dtype, shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim);
-    const flashgen_tensor v =
-        bshd_tensor(set.dv.data(), dtype, shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim);
-    const flashgen_tensor out =
-        bshd_tensor(set.dout.data(), dtype, shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim);
+    const TensorView q = bshd_view(set.dq.data(), dtype, shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim);
+    const TensorView k = bshd_view(set.dk.data(), dtype, shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim);
+    const TensorView v = bshd_view(set.dv.data(), dtype, shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim);
+    const TensorView out =
+        bshd_view(set.dout.data(), dtype, shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim);
     return make_forward_call(&q, &k, &v, &out, static_cast<float*>(set.dlse.data()), &opts);
   };
   std::vector<ForwardCall> calls;
@@ -177,7 +173,7 @@ struct BackwardSet {
               int arch)
       : problem(of) {
     const AttentionShape& p = problem.shape;
-    const flashgen_dtype dtype = to_c_dtype(problem.dtype);
+    const DType dtype = problem.dtype;
     const size_t q_elems = size_t(p.batch * p.seqlen_q * p.heads_q * p.head_dim);
     const size_t kv_elems = size_t(p.batch * p.seqlen_k * p.heads_kv * p.head_dim);
     q = random_bits(q_elems, dtype, rng);
@@ -193,15 +189,14 @@ struct BackwardSet {
     out = DeviceBuffer(q_elems * 2);
     lse = DeviceBuffer(sizeof(float) * size_t(p.batch * p.heads_q * p.seqlen_q));
     dq = DeviceBuffer(q_elems * 2), dk = DeviceBuffer(kv_elems * 2), dv = DeviceBuffer(kv_elems * 2);
-    flashgen_variant handle;
-    const flashgen_attention_options opts = sweep_options(problem, slopes, &handle, &user_args);
+    const CallOptions opts = sweep_options(problem, slopes, &user_args);
     auto tensor = [&](DeviceBuffer& b, bool kv) {
-      return bshd_tensor(b.data(), dtype, p.batch, kv ? p.seqlen_k : p.seqlen_q, kv ? p.heads_kv : p.heads_q,
-                         p.head_dim);
+      return bshd_view(b.data(), dtype, p.batch, kv ? p.seqlen_k : p.seqlen_q, kv ? p.heads_kv : p.heads_q,
+                       p.head_dim);
     };
-    const flashgen_tensor tq = tensor(dq_in, false), tk = tensor(dk_in, true), tv = tensor(dv_in, true);
-    const flashgen_tensor tout = tensor(out, false), tdout = tensor(ddout, false);
-    const flashgen_tensor tdq = tensor(dq, false), tdk = tensor(dk, true), tdv = tensor(dv, true);
+    const TensorView tq = tensor(dq_in, false), tk = tensor(dk_in, true), tv = tensor(dv_in, true);
+    const TensorView tout = tensor(out, false), tdout = tensor(ddout, false);
+    const TensorView tdq = tensor(dq, false), tdk = tensor(dk, true), tdv = tensor(dv, true);
     float* lse_ptr = static_cast<float*>(lse.data());
     // The forward by its built-in config (not the run-time choice: no tune-on-first-use inside a sweep).
     const ForwardCall forward = make_forward_call(&tq, &tk, &tv, &tout, lse_ptr, &opts);
@@ -215,7 +210,7 @@ struct BackwardSet {
     dq.fill_bytes(0xff, stream), dk.fill_bytes(0xff, stream), dv.fill_bytes(0xff, stream);
     launch_backward(call, stream, config);
     FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
-    const flashgen_dtype dtype = to_c_dtype(problem.dtype);
+    const DType dtype = problem.dtype;
     const AttentionShape& shape = problem.shape;
     const std::vector<int64_t> q_dims = {shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim};
     const std::vector<int64_t> kv_dims = {shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim};
@@ -263,7 +258,7 @@ SweepResult sweep_backward(const AttentionProblem& problem, const std::vector<Bw
   BackwardSet check(small, options.user_args, rng, stream, arch);
   FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
   const AttentionShape& cp = small.shape;
-  const flashgen_dtype dtype = to_c_dtype(problem.dtype);
+  const DType dtype = problem.dtype;
   const StridedView q_view = StridedView::contiguous(cp.batch, cp.seqlen_q, cp.heads_q, cp.head_dim);
   const StridedView kv_view = StridedView::contiguous(cp.batch, cp.seqlen_k, cp.heads_kv, cp.head_dim);
   AttentionGradients reference;

@@ -14,7 +14,6 @@
 #include <utility>
 #include <vector>
 
-#include "flashgen/flashgen.h"
 #include "tuner/problem_key.hpp"
 #include "tuner/store.hpp"
 #include "tuner/timing.hpp"

@@ -32,7 +32,7 @@ struct DecodeSet {
       : shape(problem.shape), page_size(problem.paged ? problem.page_size : 0) {
     shape.batch = batch;
     const AttentionShape& s = shape;
-    const flashgen_dtype dtype = to_c_dtype(problem.dtype);
+    const DType dtype = problem.dtype;
     const int64_t row = s.heads_kv * s.head_dim, q_elems = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
     pages = page_size > 0 ? (s.seqlen_k + page_size - 1) / page_size : 0;
     const int64_t cache_rows = page_size > 0 ? s.batch * pages * page_size : s.batch * s.seqlen_k;
@@ -78,14 +78,13 @@ struct DecodeSet {
     dtable = DeviceBuffer(table.size() * 4);
     dtable.upload(table);
 
-    flashgen_kvcache_args args{};
-    args.size = sizeof(args);
-    args.q = bshd_tensor(dq.data(), dtype, s.batch, s.seqlen_q, s.heads_q, s.head_dim);
-    args.out = bshd_tensor(dout.data(), dtype, s.batch, s.seqlen_q, s.heads_q, s.head_dim);
+    KvCacheArgs args;
+    args.q = bshd_view(dq.data(), dtype, s.batch, s.seqlen_q, s.heads_q, s.head_dim);
+    args.out = bshd_view(dout.data(), dtype, s.batch, s.seqlen_q, s.heads_q, s.head_dim);
     const int64_t cache_batch = page_size > 0 ? s.batch * pages : s.batch;
     const int64_t cache_len = page_size > 0 ? page_size : s.seqlen_k;
-    args.k_cache = bshd_tensor(dk.data(), dtype, cache_batch, cache_len, s.heads_kv, s.head_dim);
-    args.v_cache = bshd_tensor(dv.data(), dtype, cache_batch, cache_len, s.heads_kv, s.head_dim);
+    args.k_cache = bshd_view(dk.data(), dtype, cache_batch, cache_len, s.heads_kv, s.head_dim);
+    args.v_cache = bshd_view(dv.data(), dtype, cache_batch, cache_len, s.heads_kv, s.head_dim);
     args.lse = static_cast<float*>(dlse.data());
     args.cache_seqlens = static_cast<const int32_t*>(dlens.data());
     args.block_table = page_size > 0 ? static_cast<const int32_t*>(dtable.data()) : nullptr;
@@ -111,7 +110,7 @@ SweepResult sweep_decode(const AttentionProblem& problem, const std::vector<Deco
                        std::to_string(problem.page_size));
   ScopedContext scope(stream);
   const int arch = device_sm(scope.device());
-  const flashgen_dtype dtype = to_c_dtype(problem.dtype);
+  const DType dtype = problem.dtype;
 
   SweepResult result;
   result.problem = problem_key(problem);

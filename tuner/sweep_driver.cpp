@@ -8,7 +8,7 @@
 
 namespace flashgen::sweep_driver {
 
-std::vector<uint16_t> random_bits(size_t count, flashgen_dtype dtype, std::mt19937_64& rng) {
+std::vector<uint16_t> random_bits(size_t count, DType dtype, std::mt19937_64& rng) {
   // Normal samples cost ~25 ns each: a sweep's gigabyte-sized inputs take a pool of 2^20 of them, picked by a
   // xorshift stream seeded from rng (random values all the same, never a pattern a kernel could cache).
   constexpr size_t kPool = size_t{1} << 20;
@@ -65,9 +65,8 @@ AttentionProblem with_check_window(AttentionProblem small, const AttentionProble
   return small;
 }
 
-flashgen_attention_options sweep_options(const AttentionProblem& problem, DeviceBuffer& slopes,
-                                         flashgen_variant* handle, const UserVariantArgs* user_args) {
-  flashgen_attention_options options = options_of(problem);
+CallOptions sweep_options(const AttentionProblem& problem, DeviceBuffer& slopes, const UserVariantArgs* user_args) {
+  CallOptions options = call_options(problem);
   if (problem.alibi) {
     const std::vector<float> host = variant_of(problem).alibi_slopes;
     slopes = DeviceBuffer(host.size() * sizeof(float));
@@ -75,7 +74,7 @@ flashgen_attention_options sweep_options(const AttentionProblem& problem, Device
     options.alibi_slopes = static_cast<const float*>(slopes.data());
   }
   if (problem.user) {
-    FLASHGEN_REQUIRE(handle != nullptr && user_args != nullptr,
+    FLASHGEN_REQUIRE(user_args != nullptr,
                      "a sweep of a user variant needs the call's buffers and scalars of it");
     FLASHGEN_REQUIRE(user_args->buffers.size() == problem.user->buffers.size() &&
                          user_args->scalars.size() == problem.user->scalars.size(),
@@ -84,8 +83,7 @@ flashgen_attention_options sweep_options(const AttentionProblem& problem, Device
                          std::to_string(user_args->scalars.size()) + " scalars; it declares " +
                          std::to_string(problem.user->buffers.size()) + " and " +
                          std::to_string(problem.user->scalars.size()));
-    handle->user = problem.user;
-    options.variant = handle;
+    options.variant = problem.user;
     options.variant_buffers = user_args->buffers.empty() ? nullptr : user_args->buffers.data();
     options.variant_scalars = user_args->scalars.empty() ? nullptr : user_args->scalars.data();
   }

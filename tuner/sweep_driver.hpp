@@ -27,10 +27,8 @@
 
 namespace flashgen::sweep_driver {
 
-inline flashgen_dtype to_c_dtype(DType dtype) { return dtype == DType::kBFloat16 ? FLASHGEN_BFLOAT16 : FLASHGEN_FLOAT16; }
-
 // count random 16-bit values of dtype, normally distributed.
-std::vector<uint16_t> random_bits(size_t count, flashgen_dtype dtype, std::mt19937_64& rng);
+std::vector<uint16_t> random_bits(size_t count, DType dtype, std::mt19937_64& rng);
 
 // Rows checked against the reference: spread over (batch, head, position), always the last row.
 std::vector<RowSample> sample_rows(const AttentionShape& p, int count);
@@ -46,11 +44,11 @@ int input_sets(CUdevice device, int64_t set_bytes);
 // the window's kernels as if causal. A bounded side stays >= 1 when it was, so the check stays a window.
 AttentionProblem with_check_window(AttentionProblem small, const AttentionProblem& problem);
 
-// A sweep's call options for problem (options_of), an ALiBi problem's with its standard slopes (variant_of)
-// uploaded into slopes, which the calls read: it must outlive them. A problem with a user variant takes it through
-// handle, with the call's arguments of it (both must outlive the calls made with the options).
-flashgen_attention_options sweep_options(const AttentionProblem& problem, DeviceBuffer& slopes,
-                                         flashgen_variant* handle = nullptr, const UserVariantArgs* user_args = nullptr);
+// A sweep's call options for problem (call_options), an ALiBi problem's with its standard slopes (variant_of)
+// uploaded into slopes, which the calls read: it must outlive them. A problem with a user variant takes it with the
+// call's arguments of it (user_args, which must outlive the calls made with the options).
+CallOptions sweep_options(const AttentionProblem& problem, DeviceBuffer& slopes,
+                          const UserVariantArgs* user_args = nullptr);
 
 // A dense sweep's candidates with the problem's user variant compiled in (as given without one), and the result's
 // rows and winner without it again: a user variant's tuning data holds its base class's configs, keyed by the

@@ -33,7 +33,7 @@ struct PackedSet {
   PackedSet(const AttentionProblem& of, std::mt19937_64& rng, CUstream stream, int arch)
       : problem(of), batch(packed_batch(of)) {
     const AttentionShape& s = problem.shape;
-    const flashgen_dtype dtype = to_c_dtype(problem.dtype);
+    const DType dtype = problem.dtype;
     const size_t q_elems = size_t(problem.total_q * s.heads_q * s.head_dim);
     const size_t kv_elems = size_t(problem.total_k * s.heads_kv * s.head_dim);
     q = random_bits(q_elems, dtype, rng);
@@ -49,17 +49,16 @@ struct PackedSet {
     out = DeviceBuffer(std::max<size_t>(1, q_elems * 2));
     lse = DeviceBuffer(sizeof(float) * std::max<size_t>(1, size_t(s.heads_q * problem.total_q)));
     auto tensor = [&](const DeviceBuffer& b, bool kv) {
-      return bshd_tensor(b.data(), dtype, 1, kv ? problem.total_k : problem.total_q, kv ? s.heads_kv : s.heads_q,
-                         s.head_dim);
+      return bshd_view(b.data(), dtype, 1, kv ? problem.total_k : problem.total_q, kv ? s.heads_kv : s.heads_q,
+                       s.head_dim);
     };
-    flashgen_varlen_forward_args args{};
-    args.size = sizeof(args);
+    VarlenForwardArgs args;
     args.q = tensor(dq_in, false);
     if (problem.paged) {
       const PagedBatch pages(batch, problem.page_size, rng());
       auto cache = [&](const std::vector<uint16_t>& rows, DeviceBuffer& into) {
         into = device_copy(pages.cache_of(rows, s.heads_kv * s.head_dim, batch));
-        return bshd_tensor(into.data(), dtype, pages.num_pages(), pages.page_size, s.heads_kv, s.head_dim);
+        return bshd_view(into.data(), dtype, pages.num_pages(), pages.page_size, s.heads_kv, s.head_dim);
       };
       args.k = cache(k, dk_in), args.v = cache(v, dv_in);
       args.max_pages = pages.max_pages;
@@ -86,8 +85,7 @@ struct PackedSet {
     dk = DeviceBuffer(std::max<size_t>(1, kv_elems * 2)), dv = DeviceBuffer(std::max<size_t>(1, kv_elems * 2));
     // The forward by its built-in config (not the run-time choice: no tune-on-first-use inside a sweep).
     launch_forward(forward, stream, backward_sweep_forward(problem, arch));
-    flashgen_varlen_backward_args b{};
-    b.size = sizeof(b);
+    VarlenBackwardArgs b;
     b.q = args.q, b.k = args.k, b.v = args.v, b.out = args.out;
     b.dout = tensor(ddout, false), b.dq = tensor(dq, false), b.dk = tensor(dk, true), b.dv = tensor(dv, true);
     b.lse = args.lse;
@@ -102,7 +100,7 @@ struct PackedSet {
     const AttentionShape one = batch.sequence(b);
     const int64_t heads = kv ? one.heads_kv : one.heads_q;
     const int64_t first = kv ? batch.cu_k[b] : batch.cu_q[b];
-    return HostInput::bits16(bits.data() + first * heads * one.head_dim, to_c_dtype(problem.dtype),
+    return HostInput::bits16(bits.data() + first * heads * one.head_dim, problem.dtype,
                              StridedView::contiguous(1, kv ? one.seqlen_k : one.seqlen_q, heads, one.head_dim));
   }
 };
@@ -181,7 +179,7 @@ SweepResult sweep_driver::sweep_forward_packed(const AttentionProblem& problem,
     sequences.push_back({b, std::move(rows), std::move(reference)});
   }
 
-  const flashgen_dtype dtype = to_c_dtype(problem.dtype);
+  const DType dtype = problem.dtype;
   PassHooks<KernelConfig> hooks;
   hooks.check = [&](const KernelConfig& c) -> std::string {
     PackedSet& set = *inputs[0];
@@ -248,7 +246,7 @@ SweepResult sweep_driver::sweep_backward_packed(const AttentionProblem& problem,
   for (int i = 0; i < sets; ++i) timed_sets.push_back(std::make_unique<PackedSet>(problem, rng, stream, arch));
   FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
 
-  const flashgen_dtype dtype = to_c_dtype(problem.dtype);
+  const DType dtype = problem.dtype;
   PassHooks<BwdConfig> hooks;
   hooks.check = [&](const BwdConfig& c) -> std::string {
     check.dq.fill_bytes(0xff, stream), check.dk.fill_bytes(0xff, stream), check.dv.fill_bytes(0xff, stream);

@@ -295,7 +295,7 @@ TEST_CASE("C ABI reads the window fields under the window mask only, and normali
   // Under the other masks the fields are not read: garbage there is no error and no window.
   for (flashgen_mask mask : {FLASHGEN_MASK_NONE, FLASHGEN_MASK_CAUSAL, FLASHGEN_MASK_CAUSAL_TOP_LEFT}) {
     const flashgen::ForwardCall call = problem_of(mask, -1000, 12345);
-    CHECK(call.problem.mask == flashgen::internal_mask(mask));
+    CHECK(call.problem.mask == flashgen::from_c(mask));
     CHECK_FALSE(call.problem.windowed());
     CHECK(call.params.window_left == 0);
     CHECK(call.params.window_right == 0);

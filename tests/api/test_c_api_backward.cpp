@@ -10,6 +10,7 @@
 #include "gpu.hpp"
 #include "launch/attention.hpp"
 #include "runtime/cuda_driver.hpp"
+#include "support/c_api_call.hpp"
 #include "support/fake_pointer.hpp"
 #include "support/mask_options.hpp"
 
@@ -18,7 +19,7 @@ namespace {
 using flashgen::test::fake_pointer;
 
 flashgen_tensor bshd(void* data, int64_t b, int64_t s, int64_t h, int64_t d) {
-  return flashgen::bshd_tensor(data, FLASHGEN_BFLOAT16, b, s, h, d);
+  return flashgen::test::bshd_tensor(data, FLASHGEN_BFLOAT16, b, s, h, d);
 }
 
 struct BackwardCall {

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "api/from_c.hpp"
 #include "catch.hpp"
 #include "flashgen/flashgen.h"
 #include "gpu.hpp"

@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "api/from_c.hpp"
 #include "catch.hpp"
 #include "flashgen/flashgen.h"
 #include "launch/attention_kvcache.hpp"

@@ -5,6 +5,7 @@
 #include <functional>
 #include <string>
 
+#include "api/from_c.hpp"
 #include "catch.hpp"
 #include "flashgen/flashgen.h"
 #include "gpu.hpp"

@@ -40,8 +40,8 @@ TEST_CASE("within_tolerance: abs + rel * |want|, NaN never, infinite want exactl
 }
 
 TEST_CASE("the tolerance table: bf16 allows more than fp16, LSE the same for both", "[output_check]") {
-  const DtypeTolerances& f16 = tolerances(FLASHGEN_FLOAT16);
-  const DtypeTolerances& bf16 = tolerances(FLASHGEN_BFLOAT16);
+  const DtypeTolerances& f16 = tolerances(DType::kFloat16);
+  const DtypeTolerances& bf16 = tolerances(DType::kBFloat16);
   CHECK(f16.out.abs == 1e-3);
   CHECK(f16.out.rel == 4e-3);
   CHECK(bf16.out.abs == 8e-3);
@@ -55,17 +55,17 @@ TEST_CASE("the tolerance table: bf16 allows more than fp16, LSE the same for bot
   // The output floor is half an ulp in [2, 4), which is one ulp at 1.
   CHECK(f16.ulp == std::ldexp(1.0, -10));
   CHECK(bf16.ulp == std::ldexp(1.0, -7));
-  CHECK(round_to_dtype(1.0f + static_cast<float>(f16.ulp), FLASHGEN_FLOAT16) == 1.0f + static_cast<float>(f16.ulp));
-  CHECK(round_to_dtype(1.0f + static_cast<float>(f16.ulp) / 4, FLASHGEN_FLOAT16) == 1.0f);
-  CHECK(round_to_dtype(1.0f + static_cast<float>(bf16.ulp) / 4, FLASHGEN_BFLOAT16) == 1.0f);
+  CHECK(round_to_dtype(1.0f + static_cast<float>(f16.ulp), DType::kFloat16) == 1.0f + static_cast<float>(f16.ulp));
+  CHECK(round_to_dtype(1.0f + static_cast<float>(f16.ulp) / 4, DType::kFloat16) == 1.0f);
+  CHECK(round_to_dtype(1.0f + static_cast<float>(bf16.ulp) / 4, DType::kBFloat16) == 1.0f);
 
   // Gradients: relative to the largest element, at least kGradientMagnitudeFloor of it.
-  CHECK(gradient_tolerance(FLASHGEN_FLOAT16, 2.0).abs == 2e-2);
-  CHECK(gradient_tolerance(FLASHGEN_BFLOAT16, 0.0).abs == 3e-2 * kGradientMagnitudeFloor);
+  CHECK(gradient_tolerance(DType::kFloat16, 2.0).abs == 2e-2);
+  CHECK(gradient_tolerance(DType::kBFloat16, 0.0).abs == 3e-2 * kGradientMagnitudeFloor);
   // The tests' budget: twice the naive error plus a floor; a gradient's floor is one ulp of its largest element.
   CHECK(naive_budget_tolerance(0.01, 1e-3).abs == 2 * 0.01 + 1e-3);
-  CHECK(gradient_budget_floor(FLASHGEN_FLOAT16, 4.0) == 4.0 * f16.ulp);
-  CHECK(gradient_budget_floor(FLASHGEN_BFLOAT16, 0.0) == kGradientBudgetFloor);
+  CHECK(gradient_budget_floor(DType::kFloat16, 4.0) == 4.0 * f16.ulp);
+  CHECK(gradient_budget_floor(DType::kBFloat16, 0.0) == kGradientBudgetFloor);
   CHECK(max_magnitude({0.5, -3.0, 2.0}) == 3.0);
   CHECK(max_magnitude({}) == 0.0);
 }
@@ -131,7 +131,7 @@ TEST_CASE("check_rows compares sampled rows of a strided output and their LSE", 
   const std::vector<ReferenceRow> reference =
       attention_reference_rows(shape, q_in, kv_in, kv_in, 0.5, flashgen::Mask::kCausal, rows, 2);
   const HostInput out_in = HostInput::float64(out.data(), bhsd);
-  RowsCheck check = check_rows(shape, rows, reference, out_in, lse.data(), FLASHGEN_FLOAT16);
+  RowsCheck check = check_rows(shape, rows, reference, out_in, lse.data(), DType::kFloat16);
   INFO(check.out.text << "\n" << check.lse.text);
   CHECK(check.ok());
   CHECK(check.out.checked == 3 * 8);
@@ -143,7 +143,7 @@ TEST_CASE("check_rows compares sampled rows of a strided output and their LSE", 
   out[static_cast<size_t>(bhsd.offset(0, 3, 1, 6))] += 6.5e-3;  // out[0, 3, 1, 6]
   lse[static_cast<size_t>((1 * 2 + 1) * 5 + 4)] += 2e-3f;      // lse[1, 1, 4]
   lse[0] = 0.0f;                                                // lse[0, 0, 0], whose row sees no key: -inf
-  check = check_rows(shape, rows, reference, out_in, lse.data(), FLASHGEN_FLOAT16);
+  check = check_rows(shape, rows, reference, out_in, lse.data(), DType::kFloat16);
   CHECK_FALSE(check.ok());
   CHECK(check.out.mismatches == 1);
   CHECK(lists(check.out, "out[0, 3, 1, 6]"));
@@ -151,7 +151,7 @@ TEST_CASE("check_rows compares sampled rows of a strided output and their LSE", 
   CHECK(lists(check.lse, "lse[0, 0, 0]: got 0, want -inf"));
   CHECK(lists(check.lse, "lse[1, 1, 4]"));
   // bf16 allows the output error, not the LSE's.
-  check = check_rows(shape, rows, reference, out_in, lse.data(), FLASHGEN_BFLOAT16);
+  check = check_rows(shape, rows, reference, out_in, lse.data(), DType::kBFloat16);
   CHECK(check.out.ok);
   CHECK(check.lse.mismatches == 2);
 }

@@ -78,8 +78,8 @@ TEST_CASE("bf16 conversion rounds to nearest even and keeps specials", "[referen
   const uint16_t nan = float_to_bf16_bits(float_of_bits(0x7F800001u));  // NaN with only low payload bits
   CHECK((nan & 0x7F80) == 0x7F80);
   CHECK((nan & 0x007F) != 0);
-  CHECK(round_to_dtype(3.14159f, FLASHGEN_BFLOAT16) == 3.140625f);
-  CHECK(round_to_dtype(3.14159f, FLASHGEN_FLOAT16) == 3.140625f);
+  CHECK(round_to_dtype(3.14159f, DType::kBFloat16) == 3.140625f);
+  CHECK(round_to_dtype(3.14159f, DType::kFloat16) == 3.140625f);
 }
 
 TEST_CASE("float64 reference matches a hand-computed softmax", "[reference]") {
@@ -286,7 +286,7 @@ TEST_CASE("row reference and 16-bit inputs agree with the float64 reference bit 
     std::vector<uint16_t> bits;
     std::vector<double> values;
   };
-  for (flashgen_dtype dtype : {FLASHGEN_FLOAT16, FLASHGEN_BFLOAT16}) {
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
     auto make = [&](int64_t seqlen, int64_t heads) {
       Tensor t;
       t.bhsd = StridedView::contiguous(shape.batch, seqlen, heads, shape.head_dim);

@@ -79,7 +79,7 @@ TEST_CASE("backward reference matches central differences of the forward", "[ref
     // The naive fp16 backward lands within a few ulps of the gradients' magnitude.
     std::vector<double> q16 = q, k16 = k, v16 = v, do16 = dout;
     for (auto* x : {&q16, &k16, &v16, &do16})
-      for (double& e : *x) e = flashgen::round_to_dtype(static_cast<float>(e), FLASHGEN_FLOAT16);
+      for (double& e : *x) e = flashgen::round_to_dtype(static_cast<float>(e), flashgen::DType::kFloat16);
     const HostInput q16in = HostInput::float64(q16.data(), qv), k16in = HostInput::float64(k16.data(), kv);
     const HostInput v16in = HostInput::float64(v16.data(), kv), do16in = HostInput::float64(do16.data(), qv);
     const flashgen::AttentionGradients exact =

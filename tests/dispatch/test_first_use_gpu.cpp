@@ -19,7 +19,6 @@
 #include "support/attention_reference.hpp"
 #include "support/check_reports.hpp"
 #include "support/first_use_scope.hpp"
-#include "support/mask_options.hpp"
 #include "support/temp_dir.hpp"
 #include "tuner/heuristic.hpp"
 #include "tuner/problem_key.hpp"
@@ -78,11 +77,12 @@ TEST_CASE("tune-on-first-use sweeps a new problem, stores it and runs the winner
   const auto kv = flashgen::StridedView::contiguous(1, 777, 1, 40);
   flashgen::DeviceBuffer qd = upload(q, qv), kd = upload(k, kv), vd = upload(v, kv);
   flashgen::DeviceBuffer out(static_cast<size_t>(qv.span()) * 2);
-  flashgen_attention_options opts = flashgen::test::mask_options(FLASHGEN_MASK_CAUSAL_TOP_LEFT);
-  const flashgen_tensor tq = flashgen::bshd_tensor(qd.data(), FLASHGEN_FLOAT16, 1, 777, 2, 40);
-  const flashgen_tensor tk = flashgen::bshd_tensor(kd.data(), FLASHGEN_FLOAT16, 1, 777, 1, 40);
-  const flashgen_tensor tv = flashgen::bshd_tensor(vd.data(), FLASHGEN_FLOAT16, 1, 777, 1, 40);
-  const flashgen_tensor to = flashgen::bshd_tensor(out.data(), FLASHGEN_FLOAT16, 1, 777, 2, 40);
+  flashgen::CallOptions opts;
+  opts.mask = flashgen::Mask::kCausalTopLeft;
+  const flashgen::TensorView tq = flashgen::bshd_view(qd.data(), flashgen::DType::kFloat16, 1, 777, 2, 40);
+  const flashgen::TensorView tk = flashgen::bshd_view(kd.data(), flashgen::DType::kFloat16, 1, 777, 1, 40);
+  const flashgen::TensorView tv = flashgen::bshd_view(vd.data(), flashgen::DType::kFloat16, 1, 777, 1, 40);
+  const flashgen::TensorView to = flashgen::bshd_view(out.data(), flashgen::DType::kFloat16, 1, 777, 2, 40);
 
   for (int call = 0; call < 2; ++call) {
     out.fill_bytes(0xFF);
@@ -113,11 +113,11 @@ TEST_CASE("a first-use sweep that cannot store its winner says why, at every cal
   const int64_t seqlen = 333, heads = 3, head_dim = 24;  // a bucket nothing else in the suite uses
   flashgen::DeviceBuffer q(size_t(seqlen * heads * head_dim) * 2), k(q.bytes()), v(q.bytes()), out(q.bytes());
   for (flashgen::DeviceBuffer* b : {&q, &k, &v}) b->fill_bytes(0x3C);  // fp16 ~1.06: values, not zeros
-  flashgen_attention_options opts = flashgen::test::mask_options(FLASHGEN_MASK_NONE);
-  const flashgen_tensor tq = flashgen::bshd_tensor(q.data(), FLASHGEN_FLOAT16, 1, seqlen, heads, head_dim);
-  const flashgen_tensor tk = flashgen::bshd_tensor(k.data(), FLASHGEN_FLOAT16, 1, seqlen, heads, head_dim);
-  const flashgen_tensor tv = flashgen::bshd_tensor(v.data(), FLASHGEN_FLOAT16, 1, seqlen, heads, head_dim);
-  const flashgen_tensor to = flashgen::bshd_tensor(out.data(), FLASHGEN_FLOAT16, 1, seqlen, heads, head_dim);
+  const flashgen::CallOptions opts;  // no mask
+  auto view = [&](flashgen::DeviceBuffer& b) {
+    return flashgen::bshd_view(b.data(), flashgen::DType::kFloat16, 1, seqlen, heads, head_dim);
+  };
+  const flashgen::TensorView tq = view(q), tk = view(k), tv = view(v), to = view(out);
   for (int call = 0; call < 2; ++call) {  // the second call does not sweep again but keeps the cause
     const flashgen::ForwardLaunch launch = flashgen::attention_forward(tq, tk, tv, to, nullptr, opts, nullptr);
     FLASHGEN_CU_CHECK(cuCtxSynchronize());
@@ -168,11 +168,11 @@ TEST_CASE("tune-on-first-use sweeps a bucket whose neighbour alone is stored", "
   const flashgen::testing::FirstUseScope first_use(db);
   flashgen::DeviceBuffer q(size_t(seqlen * heads * head_dim) * 2), k(q.bytes()), v(q.bytes()), out(q.bytes());
   for (flashgen::DeviceBuffer* b : {&q, &k, &v}) b->fill_bytes(0x3C);  // fp16 ~1.06: values, not zeros
-  flashgen_attention_options opts = flashgen::test::mask_options(FLASHGEN_MASK_NONE);
+  const flashgen::CallOptions opts;  // no mask
   auto view = [&](flashgen::DeviceBuffer& b) {
-    return flashgen::bshd_tensor(b.data(), FLASHGEN_FLOAT16, 1, seqlen, heads, head_dim);
+    return flashgen::bshd_view(b.data(), flashgen::DType::kFloat16, 1, seqlen, heads, head_dim);
   };
-  const flashgen_tensor tq = view(q), tk = view(k), tv = view(v), to = view(out);
+  const flashgen::TensorView tq = view(q), tk = view(k), tv = view(v), to = view(out);
   const flashgen::ForwardLaunch launch = flashgen::attention_forward(tq, tk, tv, to, nullptr, opts, nullptr);
   FLASHGEN_CU_CHECK(cuCtxSynchronize());
   INFO(launch.reason);

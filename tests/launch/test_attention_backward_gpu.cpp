@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "api/from_c.hpp"
 #include "catch.hpp"
 #include "check/reference.hpp"
 #include "dispatch/dispatch.hpp"
@@ -198,9 +199,9 @@ std::string check_problem(const Problem& p, int repeats = 1, const flashgen::Bwd
   const HostInput v64 = HostInput::float64(in.v.data(), kc), do64 = HostInput::float64(in.dout.data(), qc);
   const double scale = flashgen::effective_softmax_scale(p.softmax_scale, s.head_dim);
   const AttentionGradients ref =
-      flashgen::attention_backward_reference_f64(s, q64, k64, v64, do64, scale, flashgen::internal_mask(p.mask));
+      flashgen::attention_backward_reference_f64(s, q64, k64, v64, do64, scale, flashgen::from_c(p.mask));
   const AttentionGradients naive =
-      flashgen::test::attention_backward_naive(s, q64, k64, v64, do64, scale, flashgen::internal_mask(p.mask),
+      flashgen::test::attention_backward_naive(s, q64, k64, v64, do64, scale, flashgen::from_c(p.mask),
                                                p.dtype);
 
   const Outputs& first = runs.front();
@@ -443,7 +444,7 @@ TEST_CASE("backward: gradients are the derivative of the forward", "[gpu][backwa
     for (size_t i = 0; i < k.size(); ++i) k[i] += t * ek[i], v[i] += t * ev[i];
     const flashgen::AttentionResult r = flashgen::attention_reference_f64(
         s, HostInput::float64(q.data(), qc), HostInput::float64(k.data(), kc), HostInput::float64(v.data(), kc),
-        scale, flashgen::internal_mask(p.mask));
+        scale, flashgen::from_c(p.mask));
     double sum = 0;
     for (size_t i = 0; i < r.out.size(); ++i) sum += in.dout[i] * r.out[i];
     return sum;

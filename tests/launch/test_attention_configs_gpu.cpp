@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "api/from_c.hpp"
 #include "catch.hpp"
 #include "check/reference.hpp"
 #include "dispatch/dispatch.hpp"

@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "api/from_c.hpp"
 #include "catch.hpp"
 #include "check/output_check.hpp"
 #include "check/reference.hpp"
@@ -176,7 +177,8 @@ void check_outputs(const KvCase& c, const KvBatch& kv, const std::string& label)
   const std::vector<uint16_t> out = kv.dout.download_all<uint16_t>();
   const std::vector<float> lse = kv.dlse.download_all<float>();
   const double scale = flashgen::effective_softmax_scale(0.f, d);
-  const flashgen::DtypeTolerances& tol = flashgen::tolerances(c.dtype);
+  const flashgen::DType dtype = flashgen::from_c(c.dtype);
+  const flashgen::DtypeTolerances& tol = flashgen::tolerances(dtype);
   for (int64_t b = 0; b < kv.batch; ++b) {
     const int64_t sk = c.cache_lens[size_t(b)] + c.seqlen_new;
     INFO(c.name << " " << label << ": sequence " << b << " of " << sk << " keys");
@@ -196,14 +198,14 @@ void check_outputs(const KvCase& c, const KvBatch& kv, const std::string& label)
       variant.sinks = c.sinks;
       if (c.user_reference) c.user_reference(variant, b);
       const flashgen::AttentionResult ref = flashgen::attention_reference_f64(
-          shape, flashgen::HostInput::bits16(kv.q.data() + b * sq * hq * d, c.dtype, q_view),
-          flashgen::HostInput::bits16(k.data(), c.dtype, kv_view), flashgen::HostInput::bits16(v.data(), c.dtype, kv_view),
-          scale, flashgen::internal_mask(c.mask), variant);
+          shape, flashgen::HostInput::bits16(kv.q.data() + b * sq * hq * d, dtype, q_view),
+          flashgen::HostInput::bits16(k.data(), dtype, kv_view), flashgen::HostInput::bits16(v.data(), dtype, kv_view),
+          scale, flashgen::from_c(c.mask), variant);
       want_out = ref.out, want_lse = ref.lse;
     }
     std::vector<double> got_out(want_out.size()), got_lse(want_lse.size());
     for (size_t i = 0; i < got_out.size(); ++i) {
-      got_out[i] = flashgen::dtype_bits_to_float(out[size_t(b * sq * hq * d) + i], c.dtype);
+      got_out[i] = flashgen::dtype_bits_to_float(out[size_t(b * sq * hq * d) + i], dtype);
     }
     for (size_t i = 0; i < got_lse.size(); ++i) got_lse[i] = lse[size_t(b * hq * sq) + i];
     const flashgen::CheckReport out_check = flashgen::check_elements("out", {sq, hq, d}, got_out, want_out, tol.out);

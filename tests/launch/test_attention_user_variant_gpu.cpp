@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "api/from_c.hpp"
 #include "catch.hpp"
 #include "dispatch/dispatch.hpp"
 #include "flashgen/flashgen.h"
@@ -111,9 +112,9 @@ TEST_CASE("a user's document mask matches the float64 reference, forward and bac
   REQUIRE(flashgen_block_mask_create(&kept) == FLASHGEN_SUCCESS);
   p.opts.block_mask = kept;
   p.run_choice();
-  CHECK(kept->kept.size() == 3);
+  CHECK(kept->classes.kept.size() == 3);
   p.run_choice();
-  CHECK(kept->kept.size() == 3);
+  CHECK(kept->classes.kept.size() == 3);
   flashgen_block_mask_destroy(kept);
   // The same problem class without it again: the backward's workspace holds the classes once more (its own plan).
   p.opts.block_mask = nullptr;

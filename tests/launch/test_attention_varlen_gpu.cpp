@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "api/from_c.hpp"
 #include "catch.hpp"
 #include "check/output_check.hpp"
 #include "check/reference.hpp"
@@ -188,7 +189,8 @@ void run_and_check(const VarlenCase& c, const std::string& config) {
   const std::vector<float> lse = packed.dlse.download_all<float>();
 
   const double scale = flashgen::effective_softmax_scale(0.f, d);
-  const flashgen::DtypeTolerances& tol = flashgen::tolerances(c.dtype);
+  const flashgen::DType dtype = flashgen::from_c(c.dtype);
+  const flashgen::DtypeTolerances& tol = flashgen::tolerances(dtype);
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t sq = c.q_lens[b], sk = c.used_k.empty() ? c.k_lens[b] : c.used_k[b];
     if (sq == 0) continue;
@@ -200,17 +202,17 @@ void run_and_check(const VarlenCase& c, const std::string& config) {
       const auto q_view = flashgen::StridedView::contiguous(1, sq, hq, d);
       const auto kv_view = flashgen::StridedView::contiguous(1, sk, hkv, d);
       const flashgen::AttentionResult ref = flashgen::attention_reference_f64(
-          shape, flashgen::HostInput::bits16(packed.q.data() + packed.cu_q[b] * hq * d, c.dtype, q_view),
-          flashgen::HostInput::bits16(packed.k.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view),
-          flashgen::HostInput::bits16(packed.v.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view), scale,
-          flashgen::internal_mask(c.mask), c.variant(b));
+          shape, flashgen::HostInput::bits16(packed.q.data() + packed.cu_q[b] * hq * d, dtype, q_view),
+          flashgen::HostInput::bits16(packed.k.data() + packed.cu_k[b] * hkv * d, dtype, kv_view),
+          flashgen::HostInput::bits16(packed.v.data() + packed.cu_k[b] * hkv * d, dtype, kv_view), scale,
+          flashgen::from_c(c.mask), c.variant(b));
       want_out = ref.out, want_lse = ref.lse;
     } else if (c.sinks) {  // no key: the softmax is the sink's alone
       for (int64_t h = 0; h < hq; ++h) std::fill_n(want_lse.begin() + h * sq, sq, double(c.sink_logits()[size_t(h)]));
     }
     std::vector<double> got_out(want_out.size()), got_lse(want_lse.size());
     for (size_t i = 0; i < got_out.size(); ++i) {
-      got_out[i] = flashgen::dtype_bits_to_float(out[size_t(packed.cu_q[b] * hq * d) + i], c.dtype);
+      got_out[i] = flashgen::dtype_bits_to_float(out[size_t(packed.cu_q[b] * hq * d) + i], dtype);
     }
     for (int64_t h = 0; h < hq; ++h)
       for (int64_t r = 0; r < sq; ++r) got_lse[size_t(h * sq + r)] = lse[size_t(h * total_q + packed.cu_q[b] + r)];
@@ -411,9 +413,12 @@ void run_and_check_backward(const VarlenCase& c, bool deterministic,
   }
 
   const double scale = flashgen::effective_softmax_scale(0.f, d);
+  const flashgen::DType dtype = flashgen::from_c(c.dtype);
   auto to_double = [&](const std::vector<uint16_t>& bits, int64_t first, int64_t count) {
     std::vector<double> values(static_cast<size_t>(count));
-    for (int64_t i = 0; i < count; ++i) values[size_t(i)] = flashgen::dtype_bits_to_float(bits[size_t(first + i)], c.dtype);
+    for (int64_t i = 0; i < count; ++i) {
+      values[size_t(i)] = flashgen::dtype_bits_to_float(bits[size_t(first + i)], dtype);
+    }
     return values;
   };
   std::vector<double> want_dsinks(size_t(hq), 0.0);  // summed over the sequences
@@ -430,11 +435,11 @@ void run_and_check_backward(const VarlenCase& c, bool deterministic,
       const auto q_view = flashgen::StridedView::contiguous(1, sq, hq, d);
       const auto kv_view = flashgen::StridedView::contiguous(1, sk, hkv, d);
       want = flashgen::attention_backward_reference_f64(
-          shape, flashgen::HostInput::bits16(packed.q.data() + packed.cu_q[b] * hq * d, c.dtype, q_view),
-          flashgen::HostInput::bits16(packed.k.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view),
-          flashgen::HostInput::bits16(packed.v.data() + packed.cu_k[b] * hkv * d, c.dtype, kv_view),
-          flashgen::HostInput::bits16(dout.data() + packed.cu_q[b] * hq * d, c.dtype, q_view), scale,
-          flashgen::internal_mask(c.mask), c.variant(b));
+          shape, flashgen::HostInput::bits16(packed.q.data() + packed.cu_q[b] * hq * d, dtype, q_view),
+          flashgen::HostInput::bits16(packed.k.data() + packed.cu_k[b] * hkv * d, dtype, kv_view),
+          flashgen::HostInput::bits16(packed.v.data() + packed.cu_k[b] * hkv * d, dtype, kv_view),
+          flashgen::HostInput::bits16(dout.data() + packed.cu_q[b] * hq * d, dtype, q_view), scale,
+          flashgen::from_c(c.mask), c.variant(b));
       for (size_t h = 0; h < want.dsinks.size(); ++h) want_dsinks[h] += want.dsinks[h];
     }
     const struct {
@@ -447,7 +452,7 @@ void run_and_check_backward(const VarlenCase& c, bool deterministic,
                  {"dv", to_double(got_dv, packed.cu_k[b] * hkv * d, sk * hkv * d), want.dv, {sk, hkv, d}}};
     for (const auto& g : grads) {
       const flashgen::CheckReport check = flashgen::check_elements(
-          g.name, g.dims, g.got, g.want, flashgen::gradient_tolerance(c.dtype, flashgen::max_magnitude(g.want)));
+          g.name, g.dims, g.got, g.want, flashgen::gradient_tolerance(dtype, flashgen::max_magnitude(g.want)));
       INFO(check.text);
       CHECK(check.ok);
     }
@@ -456,7 +461,7 @@ void run_and_check_backward(const VarlenCase& c, bool deterministic,
     INFO(c.name << (deterministic ? " deterministic" : " atomic") << (config ? " " + config->name() : std::string()));
     const flashgen::CheckReport check =
         flashgen::check_elements("dsinks", {hq}, std::vector<double>(got_dsinks.begin(), got_dsinks.end()), want_dsinks,
-                                 flashgen::gradient_tolerance(c.dtype, flashgen::max_magnitude(want_dsinks)));
+                                 flashgen::gradient_tolerance(dtype, flashgen::max_magnitude(want_dsinks)));
     INFO(check.text);
     CHECK(check.ok);
   }

@@ -100,12 +100,12 @@ flashgen::ForwardLaunch run_tiny_forward(uint32_t seed) {
   DeviceBuffer out(kElements * sizeof(uint16_t));
   out.fill_bytes(0xFF);  // NaN everywhere: an element the kernel does not write shows up below
 
-  const flashgen_tensor q = flashgen::bshd_tensor(inputs[0].data(), FLASHGEN_FLOAT16, kBatch, kSeqlen, kHeads, kHeadDim);
-  const flashgen_tensor k = flashgen::bshd_tensor(inputs[1].data(), FLASHGEN_FLOAT16, kBatch, kSeqlen, kHeads, kHeadDim);
-  const flashgen_tensor v = flashgen::bshd_tensor(inputs[2].data(), FLASHGEN_FLOAT16, kBatch, kSeqlen, kHeads, kHeadDim);
-  const flashgen_tensor o = flashgen::bshd_tensor(out.data(), FLASHGEN_FLOAT16, kBatch, kSeqlen, kHeads, kHeadDim);
-  flashgen_attention_options options{};
-  options.mask = FLASHGEN_MASK_NONE;
+  auto view = [](DeviceBuffer& b) {
+    return flashgen::bshd_view(b.data(), flashgen::DType::kFloat16, kBatch, kSeqlen, kHeads, kHeadDim);
+  };
+  const flashgen::TensorView q = view(inputs[0]), k = view(inputs[1]), v = view(inputs[2]), o = view(out);
+  flashgen::CallOptions options;
+  options.mask = flashgen::Mask::kNone;
   const flashgen::ForwardLaunch launch = flashgen::attention_forward(q, k, v, o, nullptr, options, nullptr);
   INFO("ran " << launch.config.name() << " on sm_" << launch.arch);
   FLASHGEN_CU_CHECK(cuCtxSynchronize());

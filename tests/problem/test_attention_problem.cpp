@@ -7,6 +7,7 @@
 
 #include "catch.hpp"
 #include "problem/attention_problem.hpp"
+#include "problem/call.hpp"
 
 using flashgen::AttentionProblem;
 using flashgen::AttentionShape;
@@ -64,14 +65,14 @@ TEST_CASE("a window is normalized in one place: unbounded windows run as the pla
   // A call's options give the problem back.
   AttentionProblem capped = window;
   capped.softcap = 30.f;
-  const flashgen_attention_options options = flashgen::options_of(capped, 0.125f);
+  const flashgen::CallOptions options = flashgen::call_options(capped, 0.125f);
   CHECK(options.softmax_scale == 0.125f);
-  CHECK(options.mask == FLASHGEN_MASK_SLIDING_WINDOW);
+  CHECK(options.mask == flashgen::Mask::kSlidingWindow);
   CHECK((options.window_left == 128 && options.window_right == 0));
   CHECK(options.softcap == 30.f);
-  CHECK(options.deterministic == 1);
-  const AttentionProblem back = flashgen::backward_problem(
-      DType::kFloat16, shape, flashgen::internal_mask(options.mask), true, options.window_left, options.window_right);
+  CHECK(options.deterministic);
+  const AttentionProblem back = flashgen::backward_problem(DType::kFloat16, shape, options.mask, options.deterministic,
+                                                           options.window_left, options.window_right);
   CHECK((back.mask == window.mask && back.window_left == 128 && back.window_right == 0));
 }
 

@@ -8,6 +8,7 @@
 #include <limits>
 #include <sstream>
 
+#include "api/from_c.hpp"
 #include "flashgen/error.hpp"
 
 namespace flashgen::test {
@@ -23,7 +24,7 @@ double Rng::normal() {
 
 std::vector<double> normal_values(Rng& rng, int64_t count, flashgen_dtype dtype) {
   std::vector<double> values(static_cast<size_t>(count));
-  for (double& value : values) value = round_to_dtype(static_cast<float>(rng.normal()), dtype);
+  for (double& value : values) value = round_to_dtype(static_cast<float>(rng.normal()), from_c(dtype));
   return values;
 }
 
@@ -40,8 +41,8 @@ void store_values(const std::vector<double>& values, const StridedView& view, in
       for (int64_t h = 0; h < view.shape[2]; ++h)
         for (int64_t d = 0; d < view.shape[3]; ++d) {
           const double value = values[index++];
-          const uint16_t bits = float_to_dtype_bits(static_cast<float>(value), dtype);
-          FLASHGEN_REQUIRE(static_cast<double>(dtype_bits_to_float(bits, dtype)) == value,
+          const uint16_t bits = float_to_dtype_bits(static_cast<float>(value), from_c(dtype));
+          FLASHGEN_REQUIRE(static_cast<double>(dtype_bits_to_float(bits, from_c(dtype))) == value,
                            "store_values: " + format_number(value) + " is not a " + dtype_label(dtype) + " value");
           storage[static_cast<size_t>(base + view.offset(b, s, h, d))] = bits;
         }
@@ -65,7 +66,7 @@ const char* mask_label(Mask mask) {
   }
 }
 
-const char* mask_label(flashgen_mask mask) { return mask_label(internal_mask(mask)); }
+const char* mask_label(flashgen_mask mask) { return mask_label(from_c(mask)); }
 
 // ---------------------------------------------------------------------------------------------------
 // Naive same-dtype reference.
@@ -111,12 +112,12 @@ AttentionResult attention_reference_naive(const AttentionShape& shape, const Hos
         }
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (int64_t j = 0; j < visible; ++j) {
-          const float p = round_to_dtype(scores[j] / row_sum, dtype);
+          const float p = round_to_dtype(scores[j] / row_sum, from_c(dtype));
           const double* v_row = v.row(b, j, hk, row64.data());
           for (int64_t d = 0; d < d_count; ++d) acc[d] += p * static_cast<float>(v_row[d]);
         }
         double* out_row = result.out.data() + ((b * shape.seqlen_q + i) * shape.heads_q + h) * d_count;
-        for (int64_t d = 0; d < d_count; ++d) out_row[d] = round_to_dtype(acc[d], dtype);
+        for (int64_t d = 0; d < d_count; ++d) out_row[d] = round_to_dtype(acc[d], from_c(dtype));
         result.lse[lse_index] = static_cast<double>(row_max + std::log(row_sum));
       }
     }
@@ -144,7 +145,7 @@ CheckReport check_within_budget(const std::string& name, const std::vector<int64
 CheckReport check_output(const AttentionShape& shape, const std::vector<double>& got,
                          const AttentionResult& ref64, const AttentionResult& naive, flashgen_dtype dtype) {
   return check_within_budget("out", {shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim}, got, ref64.out,
-                             naive.out, tolerances(dtype).out.abs);
+                             naive.out, tolerances(from_c(dtype)).out.abs);
 }
 
 CheckReport check_lse(const AttentionShape& shape, const std::vector<float>& got, const AttentionResult& ref64,
@@ -152,7 +153,7 @@ CheckReport check_lse(const AttentionShape& shape, const std::vector<float>& got
   const size_t count = std::min(got.size(), ref64.lse.size());  // check_elements reports a short got
   return check_elements("lse", {shape.batch, shape.heads_q, shape.seqlen_q},
                         std::vector<double>(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(count)), ref64.lse,
-                        tolerances(dtype).lse);
+                        tolerances(from_c(dtype)).lse);
 }
 
 std::vector<double> gather_output(const std::vector<uint16_t>& storage, const StridedView& view,
@@ -164,7 +165,7 @@ std::vector<double> gather_output(const std::vector<uint16_t>& storage, const St
     for (int64_t s = 0; s < view.shape[1]; ++s)
       for (int64_t h = 0; h < view.shape[2]; ++h)
         for (int64_t d = 0; d < view.shape[3]; ++d)
-          out[index++] = dtype_bits_to_float(storage[static_cast<size_t>(view.offset(b, s, h, d))], dtype);
+          out[index++] = dtype_bits_to_float(storage[static_cast<size_t>(view.offset(b, s, h, d))], from_c(dtype));
   return out;
 }
 
@@ -211,8 +212,8 @@ ForwardReference forward_reference(const AttentionShape& shape, const std::vecto
   ForwardReference reference;
   reference.shape = shape;
   reference.dtype = dtype;
-  reference.ref64 = attention_reference_f64(shape, q_in, k_in, v_in, scale, internal_mask(mask));
-  reference.naive = attention_reference_naive(shape, q_in, k_in, v_in, scale, internal_mask(mask), dtype);
+  reference.ref64 = attention_reference_f64(shape, q_in, k_in, v_in, scale, from_c(mask));
+  reference.naive = attention_reference_naive(shape, q_in, k_in, v_in, scale, from_c(mask), dtype);
   return reference;
 }
 

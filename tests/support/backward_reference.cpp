@@ -6,6 +6,8 @@
 #include <cmath>
 #include <limits>
 
+#include "api/from_c.hpp"
+
 namespace flashgen::test {
 
 AttentionGradients attention_backward_naive(const AttentionShape& shape, const HostInput& q, const HostInput& k,
@@ -47,18 +49,18 @@ AttentionGradients attention_backward_naive(const AttentionShape& shape, const H
         for (int64_t j = 0; j < visible; ++j) {
           p[j] /= sum;
           const double* vj = v.row(b, j, hk, scratch.data());
-          const float p16 = round_to_dtype(p[j], dtype);
+          const float p16 = round_to_dtype(p[j], from_c(dtype));
           for (int64_t x = 0; x < d; ++x) out[x] += p16 * static_cast<float>(vj[x]);
         }
         float dsum = 0.0f;
-        for (int64_t x = 0; x < d; ++x) dsum += doi[x] * round_to_dtype(out[x], dtype);
+        for (int64_t x = 0; x < d; ++x) dsum += doi[x] * round_to_dtype(out[x], from_c(dtype));
         float* dqi = &dq[static_cast<size_t>(q_out.offset(b, i, h, 0))];
         for (int64_t j = 0; j < visible; ++j) {
           const double* vj = v.row(b, j, hk, scratch.data());
           float dp = 0.0f;
           for (int64_t x = 0; x < d; ++x) dp += doi[x] * static_cast<float>(vj[x]);
-          const float p16 = round_to_dtype(p[j], dtype);
-          const float ds16 = round_to_dtype(p[j] * (dp - dsum), dtype);
+          const float p16 = round_to_dtype(p[j], from_c(dtype));
+          const float ds16 = round_to_dtype(p[j] * (dp - dsum), from_c(dtype));
           const double* kj = k.row(b, j, hk, scratch.data());
           float* dkj = &dk[static_cast<size_t>(kv_out.offset(b, j, hk, 0))];
           float* dvj = &dv[static_cast<size_t>(kv_out.offset(b, j, hk, 0))];
@@ -73,7 +75,7 @@ AttentionGradients attention_backward_naive(const AttentionShape& shape, const H
   AttentionGradients grads;
   auto finish = [&](const std::vector<float>& acc, float factor) {
     std::vector<double> rounded(acc.size());
-    for (size_t i = 0; i < acc.size(); ++i) rounded[i] = round_to_dtype(acc[i] * factor, dtype);
+    for (size_t i = 0; i < acc.size(); ++i) rounded[i] = round_to_dtype(acc[i] * factor, from_c(dtype));
     return rounded;
   };
   grads.dq = finish(dq, scale_f);
@@ -84,7 +86,7 @@ AttentionGradients attention_backward_naive(const AttentionShape& shape, const H
 
 CheckReport check_gradient(const char* name, const std::vector<int64_t>& dims, const std::vector<double>& got,
                            const std::vector<double>& ref64, const std::vector<double>& naive, flashgen_dtype dtype) {
-  return check_within_budget(name, dims, got, ref64, naive, gradient_budget_floor(dtype, max_magnitude(ref64)));
+  return check_within_budget(name, dims, got, ref64, naive, gradient_budget_floor(from_c(dtype), max_magnitude(ref64)));
 }
 
 }  // namespace flashgen::test

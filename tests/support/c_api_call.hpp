@@ -4,15 +4,20 @@
 
 #include <cstdint>
 
+#include "api/from_c.hpp"
 #include "flashgen/flashgen.h"
-#include "launch/attention.hpp"
 #include "support/fake_pointer.hpp"
 #include "support/mask_options.hpp"
 
 namespace flashgen::test {
 
+// A flashgen_tensor over a contiguous [batch, seqlen, heads, head_dim] buffer (BSHD).
+inline flashgen_tensor bshd_tensor(void* data, flashgen_dtype dtype, int64_t b, int64_t s, int64_t h, int64_t d) {
+  return flashgen_tensor{data, dtype, {b, s, h, d}, {s * h * d, h * d, d, 1}};
+}
+
 inline flashgen_tensor bshd(void* data, int64_t b, int64_t s, int64_t h, int64_t d) {
-  return flashgen::bshd_tensor(data, FLASHGEN_FLOAT16, b, s, h, d);
+  return bshd_tensor(data, FLASHGEN_FLOAT16, b, s, h, d);
 }
 
 struct Call {

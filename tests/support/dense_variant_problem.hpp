@@ -99,25 +99,26 @@ struct DenseVariantProblem {
     const double scale = effective_softmax_scale(opts.softmax_scale, s.head_dim);
     const auto q_view = StridedView::contiguous(s.batch, s.seqlen_q, s.heads_q, s.head_dim);
     const auto kv_view = StridedView::contiguous(s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
+    const DType elem = from_c(dtype);
     ref = attention_reference_f64(
-        s, HostInput::bits16(q.data(), dtype, q_view), HostInput::bits16(k.data(), dtype, kv_view),
-        HostInput::bits16(v.data(), dtype, kv_view), scale, flashgen::internal_mask(opts.mask), variant);
+        s, HostInput::bits16(q.data(), elem, q_view), HostInput::bits16(k.data(), elem, kv_view),
+        HostInput::bits16(v.data(), elem, kv_view), scale, from_c(opts.mask), variant);
     grads = attention_backward_reference_f64(
-        s, HostInput::bits16(q.data(), dtype, q_view), HostInput::bits16(k.data(), dtype, kv_view),
-        HostInput::bits16(v.data(), dtype, kv_view), HostInput::bits16(dout.data(), dtype, q_view), scale,
-        flashgen::internal_mask(opts.mask), variant);
+        s, HostInput::bits16(q.data(), elem, q_view), HostInput::bits16(k.data(), elem, kv_view),
+        HostInput::bits16(v.data(), elem, kv_view), HostInput::bits16(dout.data(), elem, q_view), scale,
+        from_c(opts.mask), variant);
   }
 
   std::vector<double> values(const DeviceBuffer& b) const {
     const std::vector<uint16_t> bits = b.download_all<uint16_t>();
     std::vector<double> out(bits.size());
-    for (size_t i = 0; i < bits.size(); ++i) out[i] = dtype_bits_to_float(bits[i], dtype);
+    for (size_t i = 0; i < bits.size(); ++i) out[i] = dtype_bits_to_float(bits[i], from_c(dtype));
     return out;
   }
 
   void check_forward(const std::string& label) const {
     INFO(name << ", " << label);
-    const DtypeTolerances& tol = tolerances(dtype);
+    const DtypeTolerances& tol = tolerances(from_c(dtype));
     const std::vector<float> lse_f = dlse.download_all<float>();
     const std::vector<double> lse(lse_f.begin(), lse_f.end());
     const auto out_check =
@@ -140,14 +141,14 @@ struct DenseVariantProblem {
                   {"dv", dv, grads.dv, {s.batch, s.seqlen_k, s.heads_kv, s.head_dim}}};
     for (const auto& g : checks) {
       const auto report = check_elements(g.name, g.dims, values(g.got), g.want,
-                                         gradient_tolerance(dtype, max_magnitude(g.want)));
+                                         gradient_tolerance(from_c(dtype), max_magnitude(g.want)));
       INFO(report.text);
       CHECK(report.ok);
     }
     if (opts.dsinks != nullptr) {  // fp32 sums over every row of a head: the dtype's gradient tolerance
       const std::vector<float> got_f = dsinks.download_all<float>();
       const auto report = check_elements("dsinks", {s.heads_q}, std::vector<double>(got_f.begin(), got_f.end()),
-                                         grads.dsinks, gradient_tolerance(dtype, max_magnitude(grads.dsinks)));
+                                         grads.dsinks, gradient_tolerance(from_c(dtype), max_magnitude(grads.dsinks)));
       INFO(report.text);
       CHECK(report.ok);
     }

@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "api/from_c.hpp"
 #include "check/reference.hpp"
 #include "flashgen/flashgen.h"
 #include "runtime/device_buffer.hpp"
@@ -16,7 +17,7 @@ namespace flashgen::test {
 inline std::vector<uint16_t> random_bits(size_t count, flashgen_dtype dtype, std::mt19937_64& rng) {
   std::normal_distribution<float> normal(0.f, 1.f);
   std::vector<uint16_t> bits(count);
-  for (uint16_t& b : bits) b = float_to_dtype_bits(normal(rng), dtype);
+  for (uint16_t& b : bits) b = float_to_dtype_bits(normal(rng), from_c(dtype));
   return bits;
 }
 

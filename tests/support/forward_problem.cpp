@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "catch.hpp"
-#include "launch/attention.hpp"
+#include "api/from_c.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "support/attention_reference.hpp"
 #include "support/check_reports.hpp"
@@ -115,7 +115,7 @@ void make_shaped_inputs(const Problem& p, Rng& rng, std::vector<double>& q, std:
     return u[static_cast<size_t>((b * s.heads_kv + hk) * d_count + d)];
   };
   auto rounded = [&](double value) {
-    return static_cast<double>(flashgen::round_to_dtype(static_cast<float>(value), p.dtype));
+    return static_cast<double>(flashgen::round_to_dtype(static_cast<float>(value), flashgen::from_c(p.dtype)));
   };
 
   q.clear();

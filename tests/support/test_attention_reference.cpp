@@ -29,7 +29,7 @@ TEST_CASE("references read strided inputs and the naive one stays near float64",
   auto next = [&state]() {  // small deterministic values, rounded to fp16
     state = state * 1664525u + 1013904223u;
     return static_cast<double>(round_to_dtype(static_cast<float>((state >> 8) % 2001) / 500.0f - 2.0f,
-                                              FLASHGEN_FLOAT16));
+                                              DType::kFloat16));
   };
   for (int64_t i = 0; i < shape.batch * shape.seqlen_q * shape.heads_q * shape.head_dim; ++i) q_c.push_back(next());
   for (int64_t i = 0; i < shape.batch * shape.seqlen_k * shape.heads_kv * shape.head_dim; ++i) k_c.push_back(next());

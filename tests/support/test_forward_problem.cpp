@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "api/from_c.hpp"
 #include "catch.hpp"
 #include "check/reference.hpp"
 #include "support/attention_reference.hpp"
@@ -49,7 +50,7 @@ std::vector<RunningMaxStats> running_max_stats(const Problem& p, const HostProbl
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads_q; ++h)
       for (int64_t i = 0; i < s.seqlen_q; ++i) {
-        const int64_t visible = flashgen::visible_key_count(flashgen::internal_mask(p.mask), i, s.seqlen_q, s.seqlen_k);
+        const int64_t visible = flashgen::visible_key_count(flashgen::from_c(p.mask), i, s.seqlen_q, s.seqlen_k);
         if (visible == 0) continue;
         const double* q_row = host.q.data() + ((b * s.seqlen_q + i) * s.heads_q + h) * s.head_dim;
         for (int64_t j = 0; j < visible; ++j) {
@@ -164,7 +165,8 @@ TEST_CASE("check_forward passes an exact output and flags each kind of damage", 
     // What an exact kernel leaves in poisoned buffers: the float64 result rounded to the dtype, lse as float.
     std::vector<uint16_t> out_storage(static_cast<size_t>(host.layout.out_elements), flashgen::test::kPoison16);
     std::vector<double> exact_out = reference.ref64.out;
-    for (double& value : exact_out) value = flashgen::round_to_dtype(static_cast<float>(value), p.dtype);
+    const flashgen::DType dtype = flashgen::from_c(p.dtype);
+    for (double& value : exact_out) value = flashgen::round_to_dtype(static_cast<float>(value), dtype);
     flashgen::test::store_values(exact_out, host.layout.out, 0, p.dtype, out_storage);
     float poison = 0.0f;
     std::memcpy(&poison, &flashgen::test::kPoison32, sizeof(poison));

@@ -8,9 +8,9 @@
 
 int main() {
   alignas(16) static unsigned char storage[64];  // never read: the call is refused while checking shapes
-  flashgen_tensor q{storage, FLASHGEN_FLOAT16, {1, 16, 2, 64}, {2048, 128, 64, 1}};
-  flashgen_tensor k{storage, FLASHGEN_FLOAT16, {1, 16, 2, 128}, {4096, 256, 128, 1}};
-  flashgen_attention_options options{};
+  const flashgen::TensorView q = flashgen::bshd_view(storage, flashgen::DType::kFloat16, 1, 16, 2, 64);
+  const flashgen::TensorView k = flashgen::bshd_view(storage, flashgen::DType::kFloat16, 1, 16, 2, 128);
+  const flashgen::CallOptions options;
   try {
     (void)flashgen::make_forward_call(&q, &k, &k, &q, nullptr, &options);
     std::fprintf(stderr, "a head_dim mismatch was accepted\n");
