@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-"""Writes templates/sm90_wgmma.cuh: one inline-PTX wrapper per wgmma shape the sm_90a kernels use.
+"""Writes the sm_90a kernels' inline-PTX wgmma wrappers, one per shape they use, in two headers by where A
+comes from: templates/sm90_wgmma_ss.cuh (A and B from shared memory) and templates/sm90_wgmma_rs.cuh (A from
+registers).
 
 PTX takes a wgmma's accumulators as one brace list of registers, so each N needs its own asm statement;
 this script writes them out instead of a person. Rerun after changing the shape lists below:
-    python3 scripts/gen_sm90_wgmma.py > templates/sm90_wgmma.cuh
+    python3 scripts/gen_sm90_wgmma.py templates
 """
+import os
+import sys
 
 # N of S = Q Kᵀ (the key block, A and B from shared memory) and of O += P V (head_dim, A from registers,
 # or from shared memory K-major with B MN-major; 8 for the row sums of P); N of the backward's dQ = dS K
@@ -64,31 +68,48 @@ def wrapper(form, n):
     return "".join(out)
 
 
+# D's layout, which every wrapper of both headers shares.
+ACCUMULATORS = """// D(64 x N) (+)= A(64 x 16) B(16 x N). The first N/8 groups of four of d hold this thread's accumulators:
+// d[i][0..1] at (row lane/4, columns 8i + 2(lane%4) + {0,1}) of its warp's 16 rows, d[i][2..3] at
+// row lane/4 + 8. accumulate = 0 overwrites D.
+"""
+
+
+def header(what, declarations, wrappers):
+    out = [f"// wgmma.mma_async m64nNk16 (fp32 accumulators, fp16/bf16 inputs), {what}: one per N the kernels use.\n"
+           "// Written by scripts/gen_sm90_wgmma.py (PTX needs one asm statement per accumulator count); do not edit.\n",
+           "#pragma once\n\n",
+           '#include "sm90_primitives.cuh"\n\n',
+           "namespace flashgen {\nnamespace sm90 {\n\n",
+           ACCUMULATORS]
+    for name, comment in declarations:
+        out.append(f"template <int N>\nstruct {name};  // {comment}\n")
+    out.append("\n")
+    out.extend(w + "\n" for w in wrappers)
+    out.append("}  // namespace sm90\n}  // namespace flashgen\n")
+    return "".join(out)
+
+
+def shared_memory_header():
+    return header("A and B in shared memory", [
+        ("WgmmaSS", "both K-major (S = Q Kᵀ)"),
+        ("WgmmaSSKMN", "A K-major and B MN-major (O += P V with P staged in shared memory)"),
+        ("WgmmaSSMN", "both MN-major (dQ = dS K from dSᵀ and K)"),
+    ], [wrapper("ss", n) for n in SS_N] + [wrapper("sskmn", n) for n in SSKMN_N] + [wrapper("ssmn", n) for n in SSMN_N])
+
+
+def register_header():
+    return header("A in registers", [
+        ("WgmmaRS", "A the m16n8k16 A fragment of the warp's 16 rows, B MN-major (O += P V)"),
+    ], [wrapper("rs", n) for n in RS_N])
+
+
 def main():
-    print("// wgmma.mma_async m64nNk16 with fp32 accumulators, fp16/bf16 inputs, for every N the sm_90a kernels use.")
-    print("// Written by scripts/gen_sm90_wgmma.py (PTX needs one asm statement per accumulator count); do not edit.")
-    print("#pragma once\n")
-    print('#include "sm90_primitives.cuh"\n')
-    print("namespace flashgen {\nnamespace sm90 {\n")
-    print("// D(64 x N) (+)= A(64 x 16) B(16 x N). The first N/8 groups of four of d hold this thread's accumulators:")
-    print("// d[i][0..1] at (row lane/4, columns 8i + 2(lane%4) + {0,1}) of its warp's 16 rows, d[i][2..3] at")
-    print("// row lane/4 + 8. accumulate = 0 overwrites D.")
-    print("template <int N>\nstruct WgmmaSS;  // A and B from shared-memory descriptors, both K-major (S = Q Kᵀ)")
-    print("template <int N>")
-    print("struct WgmmaRS;  // A from registers (the m16n8k16 A fragment of the warp's 16 rows), B MN-major (O += P V)")
-    print("template <int N>")
-    print("struct WgmmaSSKMN;  // A K-major and B MN-major, both from shared memory (O += P V with P staged there)")
-    print("template <int N>")
-    print("struct WgmmaSSMN;  // A and B from shared-memory descriptors, both MN-major (dQ = dS K from dSᵀ and K)\n")
-    for n in SS_N:
-        print(wrapper("ss", n))
-    for n in RS_N:
-        print(wrapper("rs", n))
-    for n in SSKMN_N:
-        print(wrapper("sskmn", n))
-    for n in SSMN_N:
-        print(wrapper("ssmn", n))
-    print("}  // namespace sm90\n}  // namespace flashgen")
+    if len(sys.argv) != 2:
+        sys.exit("usage: gen_sm90_wgmma.py TEMPLATE_DIR")
+    for name, text in (("sm90_wgmma_ss.cuh", shared_memory_header()), ("sm90_wgmma_rs.cuh", register_header())):
+        with open(os.path.join(sys.argv[1], name), "w") as f:
+            f.write(text)
 
 
 if __name__ == "__main__":

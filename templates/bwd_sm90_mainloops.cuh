@@ -8,7 +8,8 @@
 #include "bwd_sm90_scheduler.cuh"
 #include "sm80_primitives.cuh"
 #include "sm90_primitives.cuh"
-#include "sm90_wgmma.cuh"
+#include "sm90_wgmma_rs.cuh"
+#include "sm90_wgmma_ss.cuh"
 #include "variant.cuh"
 
 namespace flashgen {

@@ -14,7 +14,8 @@
 #include "fwd_sm90_scheduler.cuh"
 #include "sm80_primitives.cuh"
 #include "sm90_primitives.cuh"
-#include "sm90_wgmma.cuh"
+#include "sm90_wgmma_rs.cuh"
+#include "sm90_wgmma_ss.cuh"
 #include "softmax.cuh"
 #include "variant.cuh"
 

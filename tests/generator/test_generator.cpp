@@ -120,10 +120,12 @@ TEST_CASE("a generated unit carries only the templates it includes", "[generator
   CHECK(has(sm80_headers, "fwd_sm80.cuh"));
   CHECK(has(sm80_headers, "sm80_primitives.cuh"));
   CHECK_FALSE(has(sm80_headers, "fwd_sm90.cuh"));
-  CHECK_FALSE(has(sm80_headers, "sm90_wgmma.cuh"));
+  CHECK_FALSE(has(sm80_headers, "sm90_wgmma_ss.cuh"));
+  CHECK_FALSE(has(sm80_headers, "sm90_wgmma_rs.cuh"));
   CHECK_FALSE(has(sm80_headers, "bwd_sm80.cuh"));
   CHECK(has(sm90_headers, "fwd_sm90.cuh"));
-  CHECK(has(sm90_headers, "sm90_wgmma.cuh"));
+  CHECK(has(sm90_headers, "sm90_wgmma_ss.cuh"));
+  CHECK(has(sm90_headers, "sm90_wgmma_rs.cuh"));
   CHECK(has(sm90_headers, "sm90_primitives.cuh"));
   CHECK(has(sm90_headers, "sm80_primitives.cuh"));  // its softmax helpers
   CHECK_FALSE(has(sm90_headers, "fwd_sm80.cuh"));
