@@ -22,12 +22,16 @@ bool tuned(ChoiceSource source) {
 template <class Choice>
 Plan<Choice> stored_or_builtin(const AttentionProblem& problem, const PlanSources<Choice>& sources) {
   ProblemKey key = problem_key(problem);
-  auto choose = [&] { return resolve(sources.choose(key), sources.spilled_bytes, sources.arch); };
-  Plan<Choice> plan{choose()};
-  plan.variant_timed = !key.user_tag.empty() && tuned(plan.choice.source);
-  if (key.user_tag.empty() || plan.variant_timed) return plan;
-  key.user_tag.clear();
-  Choice& choice = plan.choice = choose();
+  SourcesAnswer<Choice> answer = sources.choose(key);
+  const bool variant_timed = !key.user_tag.empty() && answer.stored && tuned(answer.stored->source);
+  if (key.user_tag.empty() || variant_timed) {
+    Plan<Choice> plan{resolve(answer, sources.spilled_bytes, sources.arch)};
+    plan.variant_timed = variant_timed;
+    return plan;
+  }
+  key.user_tag.clear();  // resolved once, for the base class: the variant's own answer holds no tuned winner
+  Plan<Choice> plan{resolve(sources.choose(key), sources.spilled_bytes, sources.arch)};
+  Choice& choice = plan.choice;
   choice.exact_bucket = false;
   if (choice.source == ChoiceSource::kTunedOnFirstUse) choice.source = ChoiceSource::kTuningDatabase;
   choice.reason = "its base class's choice: " + choice.reason;
