@@ -272,7 +272,7 @@ RunReport run_problem(const RunOptions& o) {
   options.sinks = upload_sinks(o, sinks_dev);
   // Validate before the slow part (host data): a bad shape fails here with the library's own message.
   const ForwardCall problem = make_forward_call(&q_view, &k_view, &v_view, &out_view, lse_ptr, &options);
-  report.scale = problem.params.scale;
+  report.scale = problem.params.variant.scale;
 
   std::mt19937 rng(o.seed);
   fill_normal(q, rng);

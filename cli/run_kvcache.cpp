@@ -120,7 +120,7 @@ RunReport run_kvcache(const RunOptions& o, const ScopedContext& context, RunRepo
     report.reason = chosen.reason;
     report.arch = chosen.arch;
   }
-  report.scale = call.params.scale;
+  report.scale = call.params.variant.scale;
   out_dev.download(out.bits.data(), out.bytes());
   lse_dev.download(lse.data(), lse_dev.bytes());
   report.check = check_sampled_rows(s, q.input(), k.input(), v.input(), out.input(), lse.data(), p.dtype,

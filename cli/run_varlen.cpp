@@ -111,7 +111,7 @@ RunReport run_varlen(const RunOptions& o, const ScopedContext& context, RunRepor
   const VarlenForwardArgs args = forward_args(o, t);
   // Validate before the slow part (host data): a bad shape fails here with the library's own message.
   const ForwardCall call = make_varlen_forward_call(args);
-  report.scale = call.params.scale;
+  report.scale = call.params.variant.scale;
 
   fill_normal(q, rng);
   fill_normal(k, rng);

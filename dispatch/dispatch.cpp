@@ -37,12 +37,11 @@ std::vector<BwdConfig> sm80_candidates(const BackwardCall& call, int arch) {
                                        /*sm80_only=*/true, p.varlen, p.score_mods());
 }
 
-// The call's arguments of its user variant, from its params (the variant's counts of them).
-template <class Params>
-UserVariantArgs user_args_of(const AttentionProblem& problem, const Params& p) {
+// The call's arguments of its user variant, from its params' variant arguments (the variant's counts of them).
+UserVariantArgs user_args_of(const AttentionProblem& problem, const VariantArgs& v) {
   UserVariantArgs args;
-  args.buffers.assign(p.user_buffers, p.user_buffers + problem.user->buffers.size());
-  args.scalars.assign(p.user_scalars, p.user_scalars + problem.user->scalars.size());
+  args.buffers.assign(v.user_buffers, v.user_buffers + problem.user->buffers.size());
+  args.scalars.assign(v.user_scalars, v.user_scalars + problem.user->scalars.size());
   return args;
 }
 
@@ -52,7 +51,7 @@ template <class Call>
 UserVariantArgs first_use_args(const Call& call, CUstream stream) {
   if (!call.problem.user) return {};
   FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
-  return user_args_of(call.problem, call.params);
+  return user_args_of(call.problem, call.params.variant);
 }
 
 // The planner's sources that differ by pass: the process's choice, the first-use sweep, the kernel registry's spill
@@ -120,7 +119,7 @@ ClassKey class_key(const ScopedContext& scope, const AttentionProblem& problem, 
   ClassKey key;
   FLASHGEN_CU_CHECK(cuCtxGetId(scope.context(), &key.context_id));
   int32_t scale_bits = 0, softcap_bits = 0;
-  std::memcpy(&scale_bits, &p.scale, sizeof scale_bits);
+  std::memcpy(&scale_bits, &p.variant.scale, sizeof scale_bits);
   std::memcpy(&softcap_bits, &problem.softcap, sizeof softcap_bits);
   const AttentionShape& s = problem.shape;
   const int64_t head[] = {static_cast<int64_t>(problem.dtype), s.head_dim, static_cast<int64_t>(problem.mask),

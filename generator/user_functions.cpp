@@ -41,9 +41,9 @@ std::string render_user_functions(const UserVariant& user) {
       << "  static constexpr flashgen::UserScore kScore = " << score << ";\n";
   for (const UserArg& b : user.buffers) out << "  const " << user_arg_ctype(b.type) << "* __restrict__ " << b.name << ";\n";
   for (const UserArg& s : user.scalars) out << "  " << user_arg_ctype(s.type) << " " << s.name << ";\n";
-  out << "\n  // The buffers and scalars of a call, from its params' user_buffers and user_scalars.\n"
-      << "  template <class Params>\n"
-      << "  static __device__ __forceinline__ Functions of(const Params& p) {\n"
+  out << "\n  // The buffers and scalars of a call: its VariantArgs' (or a probe's) user_buffers and user_scalars.\n"
+      << "  template <class Args>\n"
+      << "  static __device__ __forceinline__ Functions of(const Args& p) {\n"
       << "    Functions f;\n";
   for (size_t i = 0; i < user.buffers.size(); ++i) {
     out << "    f." << user.buffers[i].name << " = static_cast<const " << user_arg_ctype(user.buffers[i].type)

@@ -72,15 +72,9 @@ ForwardCall make_forward_call(const TensorView* q, const TensorView* k, const Te
   p.seqlen_k = static_cast<int>(k->shape[1]);
   p.heads_kv = static_cast<int>(k->shape[2]);
   p.group_size = p.heads_q / p.heads_kv;
-  p.causal_offset = causal_offset(call.problem, p.seqlen_q, p.seqlen_k);
-  p.scale = softmax_scale(*opts, call.problem.head_dim());
-  p.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
-  set_softcap(p, opts->softcap);
-  set_alibi(p, *opts);
-  set_window(p, call.problem);
-  set_user_variant(call.problem, p, *opts);
+  set_user_variant(call.problem, *opts);
+  p.variant = variant_args(call.problem, *opts, p.seqlen_q, p.seqlen_k);
   call.block_mask = user_block_mask(*opts, call.problem);
-  p.sinks = opts->sinks;
   return call;
 }
 
@@ -266,9 +260,9 @@ void check_device_pointers(const AttnFwdParams& p, int device) {
   }
   if (p.seqused_k != nullptr) check_device_pointer(p.seqused_k, "seqused_k", device);
   if (p.block_table != nullptr) check_device_pointer(p.block_table, "block_table", device);
-  if (p.alibi_slopes != nullptr) check_device_pointer(p.alibi_slopes, "opts.alibi_slopes", device);
-  if (p.sinks != nullptr) check_device_pointer(p.sinks, "opts.sinks", device);
-  check_user_buffers(p, device);
+  if (p.variant.alibi_slopes != nullptr) check_device_pointer(p.variant.alibi_slopes, "opts.alibi_slopes", device);
+  if (p.variant.sinks != nullptr) check_device_pointer(p.variant.sinks, "opts.sinks", device);
+  check_user_buffers(p.variant, device);
 }
 
 }  // namespace

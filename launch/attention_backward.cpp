@@ -127,7 +127,8 @@ BackwardCall make_backward_call(const TensorView* q, const TensorView* k, const 
   call.problem.alibi = opts->alibi_slopes != nullptr;
 
   AttnBwdParams& p = call.params;
-  p.q = q->data, p.k = k->data, p.v = v->data, p.o = out->data, p.dout = dout->data, p.lse = lse;
+  p.q = q->data, p.k = k->data, p.v = v->data, p.o = out->data, p.dout = dout->data;
+  p.lse = const_cast<float*>(lse);  // the forward's output, which the backward only reads
   p.dq = dq->data, p.dk = dk->data, p.dv = dv->data;
   auto strides = [](const TensorView* t, long long& batch, long long& row, long long& head) {
     batch = t->stride[0], row = t->stride[1], head = t->stride[2];
@@ -146,17 +147,11 @@ BackwardCall make_backward_call(const TensorView* q, const TensorView* k, const 
   p.seqlen_k = static_cast<int>(k->shape[1]);
   p.heads_kv = static_cast<int>(k->shape[2]);
   p.group_size = p.heads_q / p.heads_kv;
-  p.causal_offset = causal_offset(call.problem, p.seqlen_q, p.seqlen_k);
-  p.scale = softmax_scale(*opts, call.problem.head_dim());
-  p.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
-  set_softcap(p, opts->softcap);
-  set_alibi(p, *opts);
-  set_window(p, call.problem);
-  set_user_variant(call.problem, p, *opts);
+  set_user_variant(call.problem, *opts);
+  p.variant = variant_args(call.problem, *opts, p.seqlen_q, p.seqlen_k);
   call.block_mask = user_block_mask(*opts, call.problem);
   FLASHGEN_REQUIRE(opts->dsinks == nullptr || opts->sinks != nullptr,
                    "opts.dsinks: given without opts.sinks (there is no sink to take a gradient)");
-  p.sinks = opts->sinks;
   p.dsinks = opts->dsinks;
   return call;
 }
@@ -239,9 +234,9 @@ void check_device_pointers(const AttnBwdParams& p, int device) {
     check_device_pointer(p.cu_seqlens_q, "cu_seqlens_q", device);
     check_device_pointer(p.cu_seqlens_k, "cu_seqlens_k", device);
   }
-  if (p.alibi_slopes != nullptr) check_device_pointer(p.alibi_slopes, "opts.alibi_slopes", device);
-  if (p.sinks != nullptr) check_device_pointer(p.sinks, "opts.sinks", device);
-  check_user_buffers(p, device);
+  if (p.variant.alibi_slopes != nullptr) check_device_pointer(p.variant.alibi_slopes, "opts.alibi_slopes", device);
+  if (p.variant.sinks != nullptr) check_device_pointer(p.variant.sinks, "opts.sinks", device);
+  check_user_buffers(p.variant, device);
   if (p.dsinks != nullptr) check_device_pointer(p.dsinks, "opts.dsinks", device);
 }
 

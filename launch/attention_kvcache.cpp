@@ -160,13 +160,8 @@ KvCacheCall make_kvcache_call(const KvCacheArgs& args) {
   p.num_pages = paged ? static_cast<int>(kc.shape[0]) : 0;
   // A window is aligned bottom-right, as the bottom-right causal mask is (and (-1, 0) runs as that mask).
   p.causal_bottom_right = aligned_bottom_right(call.problem) ? 1 : 0;
-  set_window(p, call.problem);
-  p.scale = softmax_scale(args.options, call.problem.head_dim());
-  p.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
-  set_softcap(p, args.options.softcap);
-  set_alibi(p, args.options);
-  p.sinks = args.options.sinks;
-  set_user_variant(call.problem, p, args.options);
+  set_user_variant(call.problem, args.options);
+  p.variant = variant_args(call.problem, args.options, p.seqlen_q, p.capacity);
   user_block_mask(args.options, call.problem);  // refused: decoding keeps no classes
   FLASHGEN_REQUIRE(int64_t(p.group_size) * p.seqlen_q <= kMaxExtent,
                    "q: heads_q / heads_kv * seqlen_q query rows per kv head must be at most 2^30");
@@ -193,9 +188,9 @@ void check_device_pointers(const AttnDecodeParams& p, int device) {
   if (p.lse != nullptr) check_device_pointer(p.lse, "lse", device);
   if (p.cache_seqlens != nullptr) check_device_pointer(p.cache_seqlens, "cache_seqlens", device);
   if (p.block_table != nullptr) check_device_pointer(p.block_table, "block_table", device);
-  if (p.sinks != nullptr) check_device_pointer(p.sinks, "options.sinks", device);
-  if (p.alibi_slopes != nullptr) check_device_pointer(p.alibi_slopes, "options.alibi_slopes", device);
-  check_user_buffers(p, device);
+  if (p.variant.sinks != nullptr) check_device_pointer(p.variant.sinks, "options.sinks", device);
+  if (p.variant.alibi_slopes != nullptr) check_device_pointer(p.variant.alibi_slopes, "options.alibi_slopes", device);
+  check_user_buffers(p.variant, device);
   if (p.k_new != nullptr) {
     check_device_pointer(p.k_new, "k_new.data", device);
     check_device_pointer(p.v_new, "v_new.data", device);

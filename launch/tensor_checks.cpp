@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <iterator>
 #include <utility>
 
@@ -145,7 +146,9 @@ void check_head_dim_and_groups(const TensorView* q, const TensorView* k) {
                        " = " + std::to_string(k->shape[2]));
 }
 
-void check_user_variant(const CallOptions& opts, const AttentionProblem& problem) {
+void set_user_variant(AttentionProblem& problem, const CallOptions& opts) {
+  if (opts.variant == nullptr) return;
+  problem.user = opts.variant;
   const UserVariant& user = *problem.user;
   FLASHGEN_REQUIRE(!user.modifies_scores() || (opts.softcap == 0.f && opts.alibi_slopes == nullptr),
                    "opts.variant " + user.tag + " modifies scores (score_mod or score_bias), which takes the place of "
@@ -224,6 +227,42 @@ void check_options(const CallOptions* opts, int64_t heads_q) {
     FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(pointer) % alignof(float) == 0,
                      std::string(name) + ": pointer must be 4-byte aligned (an fp32 array)");
   }
+}
+
+void set_window_sides(VariantArgs& v, const AttentionProblem& problem, int64_t left_bound, int64_t right_bound) {
+  v.window_left = v.window_right = v.attention_chunk = 0;
+  if (!problem.windowed()) return;
+  auto side = [](int given, int64_t bound) {
+    return static_cast<int>(given < 0 || given > bound ? std::min<int64_t>(bound, INT32_MAX) : given);
+  };
+  v.window_left = side(problem.window_left, left_bound);
+  v.window_right = side(problem.window_right, right_bound);
+  // A chunk of at least left_bound keys holds every key from position 0: its bound keeps chunk ends in range.
+  if (problem.attention_chunk > 0) v.attention_chunk = side(problem.attention_chunk, std::max<int64_t>(left_bound, 1));
+}
+
+VariantArgs variant_args(const AttentionProblem& problem, const CallOptions& opts, int seqlen_q,
+                         int seqlen_k) {
+  VariantArgs v{};
+  v.causal_offset = causal_offset(problem, seqlen_q, seqlen_k);
+  v.scale = softmax_scale(opts, problem.head_dim());
+  v.scale_log2 = static_cast<float>(v.scale * 1.4426950408889634);
+  const float cap = opts.softcap;
+  v.softcap_in = cap > 0.f ? v.scale / cap : 0.f;
+  v.softcap_out = cap > 0.f ? cap / v.scale : 0.f;
+  v.softcap_grad = cap > 0.f ? static_cast<float>(1.0 / (double(cap) * 1.4426950408889634)) : 0.f;
+  set_window_sides(v, problem, seqlen_k, seqlen_q);
+  v.alibi_slopes = opts.alibi_slopes;
+  v.alibi_batch_stride = opts.alibi_slopes != nullptr ? opts.alibi_batch_stride : 0;
+  v.inv_scale = 1.f / v.scale;
+  v.sinks = opts.sinks;
+  if (problem.user) {
+    for (size_t i = 0; i < problem.user->buffers.size(); ++i) v.user_buffers[i] = opts.variant_buffers[i];
+    for (size_t i = 0; i < problem.user->scalars.size(); ++i) {
+      std::memcpy(&v.user_scalars[i], static_cast<const char*>(opts.variant_scalars) + 4 * i, 4);
+    }
+  }
+  return v;
 }
 
 float softmax_scale(const CallOptions& opts, int64_t head_dim) {

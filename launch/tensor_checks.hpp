@@ -40,12 +40,10 @@ void check_output_strides(const TensorView* out, const char* name);
 // Device memory of the context's device, or an error naming the argument.
 void check_device_pointer(const void* ptr, const char* name, int device);
 
-// A user variant's buffers in p (AttnFwdParams, AttnBwdParams or AttnDecodeParams), each on device (null entries:
-// none declared).
-template <class Params>
-void check_user_buffers(const Params& p, int device) {
-  for (int i = 0; i < kMaxUserBuffers && p.user_buffers[i] != nullptr; ++i) {
-    check_device_pointer(p.user_buffers[i], ("opts.variant_buffers[" + std::to_string(i) + "]").c_str(), device);
+// A user variant's buffers in v, each on device (null entries: none declared).
+inline void check_user_buffers(const VariantArgs& v, int device) {
+  for (int i = 0; i < kMaxUserBuffers && v.user_buffers[i] != nullptr; ++i) {
+    check_device_pointer(v.user_buffers[i], ("opts.variant_buffers[" + std::to_string(i) + "]").c_str(), device);
   }
 }
 
@@ -71,37 +69,12 @@ struct Packing {
 // argument otherwise.
 void check_packing(const TensorView& q, const TensorView& k, const Packing& packing);
 
-// A window problem's sides in p, given the bounds that reach past every key of every row on each side: an
+// A window problem's sides in v, given the bounds that reach past every key of every row on each side: an
 // unbounded side becomes its bound, and so does any larger side, which is clamped to it. The kernels add a
 // side to a row's diagonal, so the bounds are the least that reach (no sum passes seqlen_q + seqlen_k plus a
 // block). The chunk (0: none) is bounded by left_bound: one such chunk already holds every key. All three 0 for
 // the other masks, whose kernels never read them.
-template <class Params>
-void set_window_sides(Params& p, const AttentionProblem& problem, int64_t left_bound, int64_t right_bound) {
-  p.window_left = p.window_right = p.attention_chunk = 0;
-  if (!problem.windowed()) return;
-  auto side = [](int given, int64_t bound) {
-    return static_cast<int>(given < 0 || given > bound ? std::min<int64_t>(bound, INT32_MAX) : given);
-  };
-  p.window_left = side(problem.window_left, left_bound);
-  p.window_right = side(problem.window_right, right_bound);
-  // A chunk of at least left_bound keys holds every key from position 0: its bound keeps chunk ends in range.
-  if (problem.attention_chunk > 0) p.attention_chunk = side(problem.attention_chunk, std::max<int64_t>(left_bound, 1));
-}
-
-// set_window_sides for AttnFwdParams or AttnBwdParams, p.seqlen_q and p.seqlen_k set (a packed batch's longest
-// sequences). A row's diagonal is row + seqlen_k - seqlen_q, in [seqlen_k - seqlen_q, seqlen_k) (of its own
-// sequence in a packed batch): seqlen_k keys before it reach key 0 from every row, and seqlen_q keys after it
-// the last key.
-template <class Params>
-void set_window(Params& p, const AttentionProblem& problem) {
-  set_window_sides(p, problem, p.seqlen_k, p.seqlen_q);
-}
-
-// The same for AttnDecodeParams, p.seqlen_q and p.capacity set: no sequence holds more than capacity keys.
-inline void set_window(AttnDecodeParams& p, const AttentionProblem& problem) {
-  set_window_sides(p, problem, p.capacity, p.seqlen_q);
-}
+void set_window_sides(VariantArgs& v, const AttentionProblem& problem, int64_t left_bound, int64_t right_bound);
 
 // Whether a problem's diagonal is aligned bottom-right (every mask but Mask::kCausalTopLeft): the
 // causal mask's, a window's and ALiBi's distances lie about it.
@@ -123,9 +96,9 @@ void bind_packing(const Packing& packing, const TensorView& q, const TensorView&
   p.seqlen_q = static_cast<int>(packing.max_seqlen_q), p.seqlen_k = static_cast<int>(packing.max_seqlen_k);
   p.cu_seqlens_q = packing.cu_seqlens_q, p.cu_seqlens_k = packing.cu_seqlens_k, p.seqused_k = packing.seqused_k;
   p.total_q = static_cast<int>(q.shape[1]), p.total_k = static_cast<int>(k.shape[1]);
-  p.causal_offset = 0;  // each sequence's own, set in the kernels
+  p.variant.causal_offset = 0;  // each sequence's own, set in the kernels
   p.causal_bottom_right = aligned_bottom_right(problem) ? 1 : 0;
-  set_window(p, problem);
+  set_window_sides(p.variant, problem, p.seqlen_k, p.seqlen_q);  // as variant_args bounds them
 }
 
 // The sizes of checked tensors q [batch, seqlen_q, heads_q, head_dim] and k [batch, seqlen_k, heads_kv, head_dim].
@@ -139,41 +112,23 @@ void check_head_dim_and_groups(const TensorView* q, const TensorView* k);
 // aligned with a batch stride of 0 or at least heads_q, and the sinks and their gradient 4-byte aligned.
 void check_options(const CallOptions* opts, int64_t heads_q);
 
-// ALiBi's slopes in p (AttnFwdParams or AttnBwdParams), from p.scale already set: null without them.
-template <class Params>
-void set_alibi(Params& p, const CallOptions& opts) {
-  p.alibi_slopes = opts.alibi_slopes;
-  p.alibi_batch_stride = opts.alibi_slopes != nullptr ? opts.alibi_batch_stride : 0;
-  p.inv_scale = 1.f / p.scale;
-}
+// A user variant of opts into problem.user (none without one), checked: each declared buffer non-null and the scalars
+// given; refuses a score function beside a soft cap or ALiBi (it takes their place), and in a backward call one
+// without the derivative it needs.
+void set_user_variant(AttentionProblem& problem, const CallOptions& opts);
 
-// A user variant of opts into problem.user, and its buffers and scalars into p (AttnFwdParams, AttnBwdParams or
-// AttnDecodeParams): each declared buffer a non-null device pointer, each scalar's 32 bits. Refuses a score function
-// beside a soft cap or ALiBi (it takes their place), and in a backward call one without the derivative it needs.
-void check_user_variant(const CallOptions& opts, const AttentionProblem& problem);
-template <class Params>
-void set_user_variant(AttentionProblem& problem, Params& p, const CallOptions& opts) {
-  if (opts.variant == nullptr) return;
-  problem.user = opts.variant;
-  check_user_variant(opts, problem);
-  const UserVariant& user = *problem.user;
-  for (size_t i = 0; i < user.buffers.size(); ++i) p.user_buffers[i] = opts.variant_buffers[i];
-  for (size_t i = 0; i < user.scalars.size(); ++i) {
-    std::memcpy(&p.user_scalars[i], static_cast<const char*>(opts.variant_scalars) + 4 * i, 4);
-  }
-}
+// A call's variant arguments (attn_params.cuh's VariantArgs) from opts and its problem, problem.user already set:
+// the causal offset of seqlen_q queries over seqlen_k keys, the softmax scale, the soft cap's factors (0 without a
+// cap), ALiBi's slopes (null without them), the sinks, each declared user buffer and scalar's 32 bits, and a window's
+// sides bounded by (seqlen_k, seqlen_q) (set_window_sides). A row's diagonal is row + seqlen_k - seqlen_q, in
+// [seqlen_k - seqlen_q, seqlen_k) (of its own sequence in a packed batch): seqlen_k keys before it reach key 0 from
+// every row, and seqlen_q keys after it the last key. A KV-cache call gives its capacity as seqlen_k.
+VariantArgs variant_args(const AttentionProblem& problem, const CallOptions& opts, int seqlen_q,
+                         int seqlen_k);
 
 // opts.block_mask, where a call can keep its classes there: with a variant that has a mask_mod, not over a KV cache
 // (dense or paged: decoding keeps no classes). Error naming it otherwise.
 KeptBlockClasses* user_block_mask(const CallOptions& opts, const AttentionProblem& problem);
-
-// The soft cap's two factors in p (AttnFwdParams or AttnBwdParams), from p.scale already set: 0 without a cap.
-template <class Params>
-void set_softcap(Params& p, float cap) {
-  p.softcap_in = cap > 0.f ? p.scale / cap : 0.f;
-  p.softcap_out = cap > 0.f ? cap / p.scale : 0.f;
-  p.softcap_grad = cap > 0.f ? static_cast<float>(1.0 / (double(cap) * 1.4426950408889634)) : 0.f;
-}
 
 // The scale the kernels apply: opts.softmax_scale when > 0, else 1/sqrt(head_dim).
 float softmax_scale(const CallOptions& opts, int64_t head_dim);

@@ -42,16 +42,18 @@ std::string block_mask_key(const std::string& config, const Params& p) {
   std::string key = config;
   auto add = [&](long long value) { key += ' ' + std::to_string(value); };
   for (long long value : {(long long)p.batch, (long long)p.heads_q, (long long)p.heads_kv, (long long)p.seqlen_q,
-                          (long long)p.seqlen_k, (long long)p.causal_offset, (long long)p.window_left,
-                          (long long)p.window_right, (long long)p.attention_chunk, (long long)p.total_q,
+                          (long long)p.seqlen_k, (long long)p.variant.causal_offset, (long long)p.variant.window_left,
+                          (long long)p.variant.window_right, (long long)p.variant.attention_chunk, (long long)p.total_q,
                           (long long)p.total_k, (long long)p.causal_bottom_right}) {
     add(value);
   }
   for (const int* offsets : {p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k}) {
     add(static_cast<long long>(reinterpret_cast<std::uintptr_t>(offsets)));
   }
-  for (const void* buffer : p.user_buffers) add(static_cast<long long>(reinterpret_cast<std::uintptr_t>(buffer)));
-  for (unsigned scalar : p.user_scalars) add(scalar);
+  for (const void* buffer : p.variant.user_buffers) {
+    add(static_cast<long long>(reinterpret_cast<std::uintptr_t>(buffer)));
+  }
+  for (unsigned scalar : p.variant.user_scalars) add(scalar);
   return key;
 }
 

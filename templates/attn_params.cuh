@@ -42,31 +42,14 @@ struct UserBlockClasses {
   int head_group;
 };
 
-// All strides are in elements; head_dim has unit stride. A row is one (batch, seq, head) vector.
-struct AttnFwdParams {
-  const void* q;   // (batch, seqlen_q, heads_q, head_dim)
-  const void* k;   // (batch, seqlen_k, heads_kv, head_dim)
-  const void* v;   // (batch, seqlen_k, heads_kv, head_dim)
-  void* o;         // (batch, seqlen_q, heads_q, head_dim)
-  float* lse;      // (batch, heads_q, seqlen_q) contiguous, natural log; may be null
-
-  long long q_batch_stride, q_row_stride, q_head_stride;
-  long long k_batch_stride, k_row_stride, k_head_stride;
-  long long v_batch_stride, v_row_stride, v_head_stride;
-  long long o_batch_stride, o_row_stride, o_head_stride;
-
-  int batch;
-  int heads_q;
-  int heads_kv;
-  int group_size;     // heads_q / heads_kv: query heads sharing one key/value head
-  int seqlen_q;
-  int seqlen_k;
-
+// A variant's run-time arguments: what variant.cuh's hooks read besides a sequence's lengths, for every params
+// struct alike; the launchers fill it in one call (launch/tensor_checks.hpp's variant_args).
+// causal_offset belongs here (every mask, window and ALiBi reads it); causal_bottom_right stays with the packing.
+struct VariantArgs {
   // Causal configs: key j is visible to query i iff j <= i + causal_offset. Bottom-right alignment (every
   // mask but the top-left causal one, whose diagonal ALiBi's bias also follows) uses seqlen_k - seqlen_q,
-  // top-left uses 0.
+  // top-left uses 0. The kernels of a packed batch or a KV cache set each sequence's from causal_bottom_right.
   int causal_offset;
-
   float scale;        // softmax scale applied to q·k
   float scale_log2;   // scale * log2(e): the kernels exponentiate in base 2
   // Soft-capped configs (variant.cuh's SoftCap): a score becomes cap · tanh(q·k · scale / cap); softcap_in is
@@ -101,6 +84,29 @@ struct AttnFwdParams {
   // them); inv_scale is set with them. Null and 0 otherwise.
   const void* user_buffers[kMaxUserBuffers];
   unsigned user_scalars[kMaxUserScalars];
+};
+
+// All strides are in elements; head_dim has unit stride. A row is one (batch, seq, head) vector.
+struct AttnFwdParams {
+  const void* q;   // (batch, seqlen_q, heads_q, head_dim)
+  const void* k;   // (batch, seqlen_k, heads_kv, head_dim)
+  const void* v;   // (batch, seqlen_k, heads_kv, head_dim)
+  void* o;         // (batch, seqlen_q, heads_q, head_dim)
+  float* lse;      // (batch, heads_q, seqlen_q) contiguous, natural log; may be null
+
+  long long q_batch_stride, q_row_stride, q_head_stride;
+  long long k_batch_stride, k_row_stride, k_head_stride;
+  long long v_batch_stride, v_row_stride, v_head_stride;
+  long long o_batch_stride, o_row_stride, o_head_stride;
+
+  int batch;
+  int heads_q;
+  int heads_kv;
+  int group_size;     // heads_q / heads_kv: query heads sharing one key/value head
+  int seqlen_q;
+  int seqlen_k;
+
+  VariantArgs variant;
   // A user mask's block classes at the config's tiles (rows null without them).
   UserBlockClasses user_classes;
 
@@ -181,25 +187,13 @@ struct AttnDecodeParams {
   int row_blocks;     // blocks over one kv head's packed rows (group_size * seqlen_q)
   int splits;         // key ranges per sequence (gridDim.x of the attention kernel)
   int causal_bottom_right;  // causal configs: 1 aligns the queries with the last keys, 0 with the first
-  // Windowed configs: as in AttnFwdParams, about each sequence's bottom-right diagonal (causal_bottom_right 1),
-  // an unbounded side bounded by capacity on the left and seqlen_q on the right, the chunk by capacity. 0
-  // otherwise.
-  int window_left;
-  int window_right;
-  int attention_chunk;
-  float scale;
-  float scale_log2;
-  float softcap_in;   // soft-capped configs: as in AttnFwdParams (softcap_grad unread: no backward)
-  float softcap_out;
-  float softcap_grad;
-  const float* alibi_slopes;  // ALiBi configs: as in AttnFwdParams, about each sequence's own diagonal
-  long long alibi_batch_stride;
-  float inv_scale;
-  const float* sinks;  // as in AttnFwdParams: applied where a row's ranges meet (the combine kernel with splits)
-  // A user-defined variant's buffers and scalars, as in AttnFwdParams: its functions see the new tokens as query
-  // rows 0 .. seqlen_q - 1 and the cache's keys by their position, as a dense call with fewer queries than keys.
-  const void* user_buffers[kMaxUserBuffers];
-  unsigned user_scalars[kMaxUserScalars];
+  // As in AttnFwdParams, about each sequence's own diagonal (the kernels set its causal_offset from
+  // causal_bottom_right): a window's unbounded side bounded by capacity on the left and seqlen_q on the right, the
+  // chunk by capacity; the sinks
+  // applied where a row's ranges meet (the combine kernel with splits); softcap_grad unread (no backward). A user
+  // variant's functions see the new tokens as query rows 0 .. seqlen_q - 1 and the cache's keys by their position,
+  // as a dense call with fewer queries than keys.
+  VariantArgs variant;
 };
 
 // A CUtensorMap (cuda.h) by another name, so NVRTC needs no toolkit header: 128 opaque bytes that the
@@ -260,14 +254,12 @@ FLASHGEN_HOST_DEVICE constexpr long long packed_workspace_first_row(int q_begin,
   return pad == 1 ? q_begin : (q_begin + static_cast<long long>(pad) * sequence) / pad * pad;
 }
 
-// Backward pass: the forward's tensors, dO, the forward's LSE and the gradients, plus fp32 workspace.
-struct AttnBwdParams {
-  const void* q;     // (batch, seqlen_q, heads_q, head_dim)
-  const void* k;     // (batch, seqlen_k, heads_kv, head_dim)
-  const void* v;     // (batch, seqlen_k, heads_kv, head_dim)
-  const void* o;     // (batch, seqlen_q, heads_q, head_dim): the forward's output
+// Backward pass: the forward's params (o its output, read here; lse as it wrote it; the paged cache's fields unused,
+// zero), dO and the gradients, plus fp32 workspace. Packed batches as in AttnFwdParams (seqused_k unused: null); lse,
+// the workspace's D and the dQ accumulator are then (heads_q, total_q[, head_dim]) rows. user_classes holds classes
+// per kv head (head_group = group_size) with cols.
+struct AttnBwdParams : AttnFwdParams {
   const void* dout;  // (batch, seqlen_q, heads_q, head_dim)
-  const float* lse;  // (batch, heads_q, seqlen_q) contiguous, natural log, as the forward wrote it
   void* dq;          // like q
   void* dk;          // like k
   void* dv;          // like v
@@ -278,50 +270,14 @@ struct AttnBwdParams {
   int* dq_semaphore; // workspace (batch, heads_q, rows / 64, 2), the Hopper family only (else null): the adds
                      // a query block's dQ has begun and (atomic strategy) done
 
-  long long q_batch_stride, q_row_stride, q_head_stride;
-  long long k_batch_stride, k_row_stride, k_head_stride;
-  long long v_batch_stride, v_row_stride, v_head_stride;
-  long long o_batch_stride, o_row_stride, o_head_stride;
   long long do_batch_stride, do_row_stride, do_head_stride;
   long long dq_batch_stride, dq_row_stride, dq_head_stride;
   long long dk_batch_stride, dk_row_stride, dk_head_stride;
   long long dv_batch_stride, dv_row_stride, dv_head_stride;
 
-  int batch;
-  int heads_q;
-  int heads_kv;
-  int group_size;
-  int seqlen_q;
-  int seqlen_k;
-  int causal_offset;  // as in AttnFwdParams
-  float scale;
-  float scale_log2;
-  float softcap_in;   // as in AttnFwdParams
-  float softcap_out;
-  float softcap_grad;
-  int window_left;    // as in AttnFwdParams
-  int window_right;
-  int attention_chunk;
-  const float* alibi_slopes;  // as in AttnFwdParams
-  long long alibi_batch_stride;
-  float inv_scale;
-  // Attention sinks: the forward's (AttnFwdParams), which its LSE already includes, so only their gradient needs
-  // them: dsinks (heads_q, fp32) receives it from BwdSinkGrad (bwd_rows.cuh). Both null without sinks; dsinks
-  // may be null with them (no gradient wanted).
-  const float* sinks;
+  // The gradient of the forward's sinks (variant.sinks, which its LSE already includes): dsinks (heads_q, fp32)
+  // receives it from BwdSinkGrad (bwd_rows.cuh). Null without sinks, and may be null with them (none wanted).
   float* dsinks;
-  const void* user_buffers[kMaxUserBuffers];  // as in AttnFwdParams
-  unsigned user_scalars[kMaxUserScalars];
-  UserBlockClasses user_classes;  // as in AttnFwdParams, classes per kv head (head_group = group_size) with cols
-
-  // Packed variable-length batches, as in AttnFwdParams (seqused_k unused: null). lse, the workspace's D and
-  // the dQ accumulator are (heads_q, total_q[, head_dim]) rows.
-  const int* cu_seqlens_q;
-  const int* cu_seqlens_k;
-  const int* seqused_k;
-  int total_q;
-  int total_k;
-  int causal_bottom_right;
 };
 
 // The Hopper backward family (bwd_sm90.cuh) takes TMA descriptors besides the plain parameters, each

@@ -253,7 +253,8 @@ __device__ __forceinline__ void variant_scores(const Params& p, float (&acc)[kGr
 #ifdef FLASHGEN_STANDALONE
 // Lets `nvcc -DFLASHGEN_STANDALONE -c` check this header on its own: a causal tile's ranges and mask.
 struct FlashgenBlockRangeCheckParams {
-  int seqlen_q, seqlen_k, causal_offset;
+  int seqlen_q, seqlen_k;
+  flashgen::VariantArgs variant;
 };
 __global__ void flashgen_block_range_check(const FlashgenBlockRangeCheckParams p, float* out) {
   using Variant = flashgen::CausalMask;

@@ -206,7 +206,7 @@ struct BwdConvertDq {
     const float4* src = reinterpret_cast<const float4*>(p.dq_accum + flat_row * kHeadDim + chunk * 8);
     const float4 a = src[0];
     const float4 b = src[1];
-    const float s = p.scale;
+    const float s = p.variant.scale;
     uint4 out;
     out.x = sm80::pack2<Cfg::kElem>(a.x * s, a.y * s);
     out.y = sm80::pack2<Cfg::kElem>(a.z * s, a.w * s);
@@ -243,7 +243,7 @@ struct BwdConvertDq {
     float4 v[4];  // thread t's values
 #pragma unroll
     for (int t = 0; t < 4; ++t) v[t] = written ? src[t] : make_float4(0.f, 0.f, 0.f, 0.f);
-    const float s = p.scale;
+    const float s = p.variant.scale;
     u16* dq = static_cast<u16*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride + row * p.dq_row_stride +
               chunk * 64 + 8 * i;
     uint4 out;
@@ -273,7 +273,7 @@ struct BwdSinkGrad {
 
   static __device__ void run(const AttnBwdParams& p) {
     const int head = blockIdx.x;
-    const float sink = p.sinks[head];
+    const float sink = p.variant.sinks[head];
     float sum = 0.f;
     for (int batch = 0; batch < p.batch; ++batch) {
       // The sequence's rows in the forward's LSE and in the workspace (bind_sequence's, without a params copy).

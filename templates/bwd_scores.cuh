@@ -11,16 +11,16 @@
 namespace flashgen {
 namespace bwd {
 
-// x: the variant's score of q·k at `at`, in log2 units (scale_log2: p.scale_log2, read by the caller).
+// x: the variant's score of q·k at `at`, in log2 units (scale_log2: p.variant.scale_log2, read by the caller).
 template <class Variant, class Params>
 __device__ __forceinline__ float scaled_score(const Params& p, const ScoreAt& at, float qk, float scale_log2) {
   return Variant::score(p, at, qk) * scale_log2;
 }
 
-// The same, reading p.scale_log2 after the variant's score.
+// The same, reading p.variant.scale_log2 after the variant's score.
 template <class Variant, class Params>
 __device__ __forceinline__ float scaled_score(const Params& p, const ScoreAt& at, float qk) {
-  return Variant::score(p, at, qk) * p.scale_log2;
+  return Variant::score(p, at, qk) * p.variant.scale_log2;
 }
 
 // In a partial block, s becomes -inf where the score at `at` is hidden: its key lies past seqlen_k, or the variant
@@ -48,8 +48,11 @@ __device__ __forceinline__ float score_gradient(const Params& p, const ScoreAt& 
 #ifdef FLASHGEN_STANDALONE
 // Lets `nvcc -DFLASHGEN_STANDALONE -c` check this header on its own: one score of a causal tile, its P and dS.
 struct FlashgenBwdScoresCheckParams {
-  int seqlen_q, seqlen_k, causal_offset;
-  float scale_log2;
+  int seqlen_q, seqlen_k;
+  struct {
+    int causal_offset;
+    float scale_log2;
+  } variant;  // what the causal mask and the score read of VariantArgs
 };
 __global__ void flashgen_bwd_scores_check(const FlashgenBwdScoresCheckParams p, const float* in, float* out) {
   using Variant = flashgen::CausalMask;

@@ -169,7 +169,7 @@ struct BwdDkdvSm80 {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
               const float qk = acc_s[kt][qt][2 * h + e];
-              const float scale_log2 = p.scale_log2;
+              const float scale_log2 = p.variant.scale_log2;
               const ScoreAt at{batch, head, m_start + col, n_start + warp_key0 + kt * 16 + g + h * 8};
               const float x = bwd::scaled_score<Variant>(p, at, qk, scale_log2);
               float s = x;
@@ -197,7 +197,7 @@ struct BwdDkdvSm80 {
             const int col = (slice_tile0 * 2 + dt) * 8 + 2 * t;
             if (col >= kHeadDim) continue;
             *reinterpret_cast<u32*>(dk + row * p.dk_row_stride + col) =
-                sm80::pack2<kElem>(acc_dk[kt][dt][2 * h] * p.scale, acc_dk[kt][dt][2 * h + 1] * p.scale);
+                sm80::pack2<kElem>(acc_dk[kt][dt][2 * h] * p.variant.scale, acc_dk[kt][dt][2 * h + 1] * p.variant.scale);
             *reinterpret_cast<u32*>(dv + row * p.dv_row_stride + col) =
                 sm80::pack2<kElem>(acc_dv[kt][dt][2 * h], acc_dv[kt][dt][2 * h + 1]);
           }

@@ -222,7 +222,7 @@ struct BwdDqSm80 {
           const int col = dt * 8 + 2 * t;
           if (col >= kHeadDim) continue;
           *reinterpret_cast<u32*>(dq + row * p.dq_row_stride + col) =
-              sm80::pack2<kElem>(acc_dq[mt][dt][2 * h] * p.scale, acc_dq[mt][dt][2 * h + 1] * p.scale);
+              sm80::pack2<kElem>(acc_dq[mt][dt][2 * h] * p.variant.scale, acc_dq[mt][dt][2 * h + 1] * p.variant.scale);
         }
       }
   }

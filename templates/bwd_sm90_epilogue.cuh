@@ -105,7 +105,7 @@ struct BwdSm90Epilogue : BwdSm90Layout<Cfg> {
           for (int i = 0; i < kHeadDim / 8; ++i) {
             if (stores_dk) {
               *reinterpret_cast<u32*>(dk + 8 * i) =
-                  sm80::pack2<kElem>(acc_dk[i][2 * h] * p.scale, acc_dk[i][2 * h + 1] * p.scale);
+                  sm80::pack2<kElem>(acc_dk[i][2 * h] * p.variant.scale, acc_dk[i][2 * h + 1] * p.variant.scale);
             }
             if (stores_dv) {
               *reinterpret_cast<u32*>(dv + 8 * i) = sm80::pack2<kElem>(acc_dv[i][2 * h], acc_dv[i][2 * h + 1]);
@@ -121,8 +121,8 @@ struct BwdSm90Epilogue : BwdSm90Layout<Cfg> {
       for (int h = 0; h < 2; ++h) {
         const u32 offset = swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t);
         if (stores_dk) {
-          sm90::st_shared_u32(sk + offset,
-                              sm80::pack2<kElem>(acc_dk[i][2 * h] * p.scale, acc_dk[i][2 * h + 1] * p.scale));
+          sm90::st_shared_u32(sk + offset, sm80::pack2<kElem>(acc_dk[i][2 * h] * p.variant.scale,
+                                                             acc_dk[i][2 * h + 1] * p.variant.scale));
         }
         if (stores_dv) {
           sm90::st_shared_u32(sv + offset, sm80::pack2<kElem>(acc_dv[i][2 * h], acc_dv[i][2 * h + 1]));

@@ -22,24 +22,24 @@
 namespace flashgen {
 
 // One sequence as the variant policies see it (variant.cuh): its new queries, its keys (the cache's and the
-// new tokens'), the causal offset of its alignment, a window's sides and chunk, the softmax scale, and the score
-// modifiers' and a user variant's arguments (AttnDecodeParams', the user's read in the kernel's parameters).
+// new tokens'), and the variant's arguments with the causal offset of the sequence's alignment.
 struct DecodeSequence {
   int seqlen_q;
   int seqlen_k;
-  int causal_offset;
-  int window_left;
-  int window_right;
-  int attention_chunk;
-  float scale;
-  float softcap_in;
-  float softcap_out;
-  const float* alibi_slopes;
-  long long alibi_batch_stride;
-  float inv_scale;
-  const void* const* user_buffers;
-  const unsigned* user_scalars;
+  VariantArgs variant;
 };
+
+// The kernel's variant arguments v at a sequence's causal offset. A copy of v alone would have the compiler read
+// each field from the parameters again wherever a hook uses it; the scalars the hooks read in every tile are read
+// into registers here, once, and a user variant's buffers and scalars where its functions use them.
+__device__ __forceinline__ VariantArgs sequence_variant(const VariantArgs& v, int causal_offset) {
+  VariantArgs s = v;
+  s.causal_offset = causal_offset;
+  s.window_left = v.window_left, s.window_right = v.window_right, s.attention_chunk = v.attention_chunk;
+  s.scale = v.scale, s.softcap_in = v.softcap_in, s.softcap_out = v.softcap_out;
+  s.alibi_slopes = v.alibi_slopes, s.alibi_batch_stride = v.alibi_batch_stride, s.inv_scale = v.inv_scale;
+  return s;
+}
 
 // Keys in sequence batch's cache before the new tokens: cache_seqlens[batch] clamped so that the new tokens
 // still fit (garbage lengths give wrong rows, never an access outside the cache).
@@ -120,14 +120,11 @@ struct DecodeSm80 {
     sm80::launch_dependents();
     sm80::wait_for_primary();
     const int n_keys = decode_cache_len(p, batch) + p.seqlen_new;
-    const DecodeSequence seq{p.seqlen_q,     n_keys,          p.causal_bottom_right ? n_keys - p.seqlen_q : 0,
-                             p.window_left, p.window_right, p.attention_chunk,
-                             p.scale,       p.softcap_in,   p.softcap_out,
-                             p.alibi_slopes, p.alibi_batch_stride, p.inv_scale,
-                             p.user_buffers,  p.user_scalars};
+    const DecodeSequence seq{p.seqlen_q, n_keys,
+                             sequence_variant(p.variant, p.causal_bottom_right ? n_keys - p.seqlen_q : 0)};
     // The softmax's scale for the variant's row scores (block_range.cuh).
     float folded_scale;
-    const float& scale_log2 = row_scale_log2<Variant>(p.scale_log2, seq, folded_scale);
+    const float& scale_log2 = row_scale_log2<Variant>(p.variant.scale_log2, seq, folded_scale);
     const int q_first = row0 / p.group_size;
     const int q_last = (min(row0 + kRows, packed_rows) - 1) / p.group_size;
     const KeyBlocks<Variant, kBlockN> blocks(seq, batch, q_first, q_last - q_first + 1);
@@ -332,7 +329,7 @@ struct DecodeSm80 {
       const int tok = packed / p.group_size;
       const int hq = kv_head * p.group_size + packed % p.group_size;
       // The sink joins the row once: here with one range, else where the combine kernel merges the ranges.
-      const float inv = softmax::row_end_factor(p.splits > 1 ? nullptr : p.sinks, hq, m, sum);
+      const float inv = softmax::row_end_factor(p.splits > 1 ? nullptr : p.variant.sinks, hq, m, sum);
       acc.x *= inv, acc.y *= inv, acc.z *= inv, acc.w *= inv;
       const float lse = softmax::lse(m, sum);
       const long long row = (static_cast<long long>(batch) * p.heads_q + hq) * p.seqlen_q + tok;
@@ -381,7 +378,7 @@ struct DecodeCombine {
     if (row >= rows) return;
     const int tok = static_cast<int>(row % p.seqlen_q);
     const int hq = static_cast<int>(row / p.seqlen_q % p.heads_q);
-    const float sink = p.sinks != nullptr ? p.sinks[hq] : neg_inf();  // loaded beside the ranges' LSE
+    const float sink = p.variant.sinks != nullptr ? p.variant.sinks[hq] : neg_inf();  // loaded beside the ranges' LSE
     const float* lse_part = p.lse_partial + row;  // range s at s * rows
     auto lse_of = [&](int s) { return s < p.splits ? lse_part[s * rows] : neg_inf(); };
 

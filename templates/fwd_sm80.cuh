@@ -169,7 +169,7 @@ struct FwdSm80 {
 
     // The softmax's scale for the variant's row scores (block_range.cuh).
     float folded_scale;
-    const float& scale_log2 = row_scale_log2<Variant>(p.scale_log2, p, folded_scale);
+    const float& scale_log2 = row_scale_log2<Variant>(p.variant.scale_log2, p, folded_scale);
 
     // One key block: S = Q Kᵀ, (masking,) online softmax, O += P V. Instantiated twice so the loop over
     // interior blocks carries no masking code and no branch for it.
@@ -228,7 +228,7 @@ struct FwdSm80 {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float sum = sm80::quad_sum(row_sum[mt][h]);
-        softmax::scale_row(acc_o[mt], h, softmax::row_end_factor(p.sinks, head, row_max[mt][h], sum));
+        softmax::scale_row(acc_o[mt], h, softmax::row_end_factor(p.variant.sinks, head, row_max[mt][h], sum));
         const int row = warp_row0 + mt * 16 + g + h * 8;
         if (p.lse != nullptr && t == 0 && row < p.seqlen_q) {
           p.lse[lse_index<kVarlen>(p, batch, head, row)] =

@@ -311,7 +311,7 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
     const u64 desc_ones = sm90::smem_desc_plain(smem + kOnesOffset, 128, 256);
     // The softmax's scale for the variant's row scores (block_range.cuh).
     float folded_scale;
-    const float& scale_log2 = row_scale_log2<Variant>(p.scale_log2, p, folded_scale);
+    const float& scale_log2 = row_scale_log2<Variant>(p.variant.scale_log2, p, folded_scale);
     const Walk walk{p, tile, bars, smem, first_block, warpgroup, consumer, group, lane, t, row0, desc_q0, sp_rows,
                     desc_p0, desc_ones, scale_log2, n_masked, interior_end, acc_o, acc_l, row_max, row_sum};
 

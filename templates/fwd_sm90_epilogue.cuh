@@ -43,7 +43,7 @@ struct FwdSm90Epilogue : FwdSm90Layout<Cfg> {
     for (int h = 0; h < 2; ++h) {
       float sum = kTensorSum ? acc_l[0][2 * h] : sm80::quad_sum(row_sum[h]);
       float m = row_max[h];
-      softmax::scale_row(acc_o, h, softmax::row_end_factor(p.sinks, tile.head, m, sum));
+      softmax::scale_row(acc_o, h, softmax::row_end_factor(p.variant.sinks, tile.head, m, sum));
       const int row = row0 + 8 * h;
       if (p.lse != nullptr && t == 0 && row < p.seqlen_q) {
         p.lse[lse_index<L::kVarlen>(p, tile.batch, tile.head, row)] = softmax::lse(m, sum);

@@ -61,7 +61,7 @@ __device__ inline SequenceRows sequence_rows(const Params& p, int sequence, bool
 __device__ inline bool bind_sequence(AttnFwdParams& p, int sequence, const SequenceRows& s, int m_start) {
   p.seqlen_q = s.seqlen_q, p.seqlen_k = s.seqlen_k;
   if (m_start >= p.seqlen_q) return false;
-  p.causal_offset = p.causal_bottom_right ? p.seqlen_k - p.seqlen_q : 0;
+  p.variant.causal_offset = p.causal_bottom_right ? p.seqlen_k - p.seqlen_q : 0;
   using u16 = unsigned short;
   p.q = static_cast<const u16*>(p.q) + s.q_begin * p.q_row_stride;
   p.o = static_cast<u16*>(p.o) + s.q_begin * p.o_row_stride;
@@ -82,10 +82,10 @@ __device__ inline bool bind_sequence(AttnFwdParams& p, int sequence, int m_start
 // caller decides from p.seqlen_q and p.seqlen_k whether its block has work.
 __device__ inline void bind_sequence(AttnBwdParams& p, int sequence, const SequenceRows& s, int head_dim, int pad) {
   p.seqlen_q = s.seqlen_q, p.seqlen_k = s.seqlen_k;
-  p.causal_offset = p.causal_bottom_right ? p.seqlen_k - p.seqlen_q : 0;
+  p.variant.causal_offset = p.causal_bottom_right ? p.seqlen_k - p.seqlen_q : 0;
   using u16 = unsigned short;
   p.q = static_cast<const u16*>(p.q) + s.q_begin * p.q_row_stride;
-  p.o = static_cast<const u16*>(p.o) + s.q_begin * p.o_row_stride;
+  p.o = static_cast<u16*>(p.o) + s.q_begin * p.o_row_stride;
   p.dout = static_cast<const u16*>(p.dout) + s.q_begin * p.do_row_stride;
   p.dq = static_cast<u16*>(p.dq) + s.q_begin * p.dq_row_stride;
   p.k = static_cast<const u16*>(p.k) + s.k_begin * p.k_row_stride;

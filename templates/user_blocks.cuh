@@ -50,7 +50,7 @@ struct UserBlockTiles {
       Params p = params;
       const SequenceRows s = sequence_rows(p, static_cast<int>(blockIdx.z) / p.user_classes.heads);
       p.seqlen_q = s.seqlen_q, p.seqlen_k = s.seqlen_k;
-      p.causal_offset = p.causal_bottom_right ? p.seqlen_k - p.seqlen_q : 0;
+      p.variant.causal_offset = p.causal_bottom_right ? p.seqlen_k - p.seqlen_q : 0;
       classify(p);
     } else {
       classify(params);

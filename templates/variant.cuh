@@ -5,11 +5,11 @@
 // mask; whether one score is visible; each score's transform before the softmax max, and its derivative
 // on dS. A new variant (a user's mask) is one more policy here.
 //
-// A policy is a struct of static members. Params is AttnFwdParams or AttnBwdParams (attn_params.cuh),
-// which both carry seqlen_q, seqlen_k, causal_offset and scale; a variant's run-time arguments (a window,
-// a cap, per-head slopes behind a pointer) join both structs and are read here. Positions are sequence
-// indices: query row q in [0, seqlen_q), key k in [0, seqlen_k); head is the query head. Keys past
-// seqlen_k are hidden by the kernels for every variant; a policy speaks of the keys inside.
+// A policy is a struct of static members. Params is AttnFwdParams or AttnBwdParams (attn_params.cuh), or the
+// decode kernel's DecodeSequence, which all carry seqlen_q, seqlen_k and `variant`, the variant's run-time
+// arguments (VariantArgs: the causal offset, the scale, a window, a cap, per-head slopes behind a pointer).
+// Positions are sequence indices: query row q in [0, seqlen_q), key k in [0, seqlen_k); head is the query
+// head. Keys past seqlen_k are hidden by the kernels for every variant; a policy speaks of the keys inside.
 //
 //   kHidesKeys                 compile time: some key inside seqlen_k may be hidden from some row. When
 //                              false the three range questions are never asked (every row sees every key)
@@ -32,7 +32,7 @@
 //                              same units: the kernels scale it, take the max and exponentiate. Identity in
 //                              the masks below; SoftCap<Mask> caps it, Alibi<Base> adds a bias.
 //   score_grad(p, at, x, ds)   the backward's counterpart: from ds, the gradient with respect to score(p, at, s),
-//                              the gradient with respect to s, given x = score(p, at, s) · p.scale_log2 (the
+//                              the gradient with respect to s, given x = score(p, at, s) · scale_log2 (the
 //                              transformed score in the units the kernels exponentiate, which they compute
 //                              before the softmax; a hidden key's, whose ds is 0, may come as 0 instead).
 //                              Identity in the masks. kGradReadsScore: whether score_grad reads x (a kernel
@@ -129,7 +129,7 @@ struct NoMask : UnchangedScores {
   }
 };
 
-// Key k is visible to query q iff k <= q + p.causal_offset: one policy for both alignments, the launcher
+// Key k is visible to query q iff k <= q + causal_offset (p.variant's): one policy for both alignments, the launcher
 // sets the offset (seqlen_k - seqlen_q bottom-right, 0 top-left). Scores unchanged.
 struct CausalMask : UnchangedScores {
   static constexpr bool kHidesKeys = true;
@@ -137,25 +137,25 @@ struct CausalMask : UnchangedScores {
 
   template <class Params>
   static __host__ __device__ __forceinline__ bool visible(const Params& p, const ScoreAt& at) {
-    return at.k <= at.q + p.causal_offset;
+    return at.k <= at.q + p.variant.causal_offset;
   }
   template <class Params>
   static __host__ __device__ __forceinline__ KeysUpTo row_keys(const Params& p, int /*batch*/, int /*head*/, int row,
                                                                 int last_bound, int key_base) {
-    const int last = min(last_bound, row + p.causal_offset);
+    const int last = min(last_bound, row + p.variant.causal_offset);
     return {last - key_base};
   }
   template <class Params>
   static __host__ __device__ __forceinline__ int last_key(const Params& p, int /*batch*/, int row) {
-    return row + p.causal_offset;
+    return row + p.variant.causal_offset;
   }
   template <class Params>
   static __host__ __device__ __forceinline__ int key_end(const Params& p, int /*batch*/, int row_end) {
-    return row_end + p.causal_offset;
+    return row_end + p.variant.causal_offset;
   }
   template <class Params>
   static __host__ __device__ __forceinline__ int first_query(const Params& p, int /*batch*/, int key) {
-    return key - p.causal_offset;
+    return key - p.variant.causal_offset;
   }
 };
 
@@ -163,11 +163,11 @@ struct CausalMask : UnchangedScores {
 __host__ __device__ __forceinline__ int floor_div(int x, int d) { return (x >= 0 ? x : x - d + 1) / d; }
 
 // A sliding window about the diagonal: key k is visible to query q iff
-// q + p.causal_offset - p.window_left <= k <= q + p.causal_offset + p.window_right, the offset being the
+// q + causal_offset - window_left <= k <= q + causal_offset + window_right (p.variant's), the offset being the
 // bottom-right alignment's (seqlen_k - seqlen_q; FlashAttention's window_size) and both sides >= 0 (the
 // launcher bounds an unbounded left side by seqlen_k and right side by seqlen_q, so no sum below passes
 // seqlen_q + seqlen_k plus a block). A causal window has window_right 0. kChunked (ChunkedWindow, Llama 4's
-// chunked attention): k must also lie in the chunk of p.attention_chunk = C > 0 positions that holds the row's
+// chunked attention): k must also lie in the chunk of attention_chunk = C > 0 positions that holds the row's
 // diagonal (the launcher bounds C by seqlen_k); each end of a row's run is clamped to its chunk, so both still
 // grow with the row (chunked causal attention is the window (seqlen_k, 0) with a chunk). A policy of its own:
 // the chunk's division per row costs the plain window's register-bound tiles a spill. Scores unchanged.
@@ -179,28 +179,29 @@ struct WindowMask : UnchangedScores {
   // The first and last positions of the chunk that holds position x (chunked only).
   template <class Params>
   static __host__ __device__ __forceinline__ int chunk_first(const Params& p, int x) {
-    return floor_div(x, p.attention_chunk) * p.attention_chunk;
+    return floor_div(x, p.variant.attention_chunk) * p.variant.attention_chunk;
   }
   // The first position of a key's chunk: keys are never negative, so one unsigned division (visible() asks it per
   // score, the backward's walks per key block; floor_div's signed form there cost the d64 Hopper backward a spill).
   template <class Params>
   static __host__ __device__ __forceinline__ int key_chunk_first(const Params& p, int key) {
-    return static_cast<int>(static_cast<unsigned>(key) / static_cast<unsigned>(p.attention_chunk)) * p.attention_chunk;
+    return static_cast<int>(static_cast<unsigned>(key) / static_cast<unsigned>(p.variant.attention_chunk)) *
+           p.variant.attention_chunk;
   }
   template <class Params>
   static __host__ __device__ __forceinline__ int chunk_last(const Params& p, int x) {
-    return chunk_first(p, x) + p.attention_chunk - 1;
+    return chunk_first(p, x) + p.variant.attention_chunk - 1;
   }
 
   template <class Params>
   static __host__ __device__ __forceinline__ bool visible(const Params& p, const ScoreAt& at) {
-    const int diagonal = at.q + p.causal_offset;
-    const bool in_window = at.k >= diagonal - p.window_left && at.k <= diagonal + p.window_right;
+    const int diagonal = at.q + p.variant.causal_offset;
+    const bool in_window = at.k >= diagonal - p.variant.window_left && at.k <= diagonal + p.variant.window_right;
     if constexpr (kChunked) {
       // The diagonal in the key's chunk: one division, by the key, which a kernel testing a key's scores across its
       // tile shares.
       const int first = key_chunk_first(p, at.k);
-      return in_window && diagonal >= first && diagonal - first < p.attention_chunk;
+      return in_window && diagonal >= first && diagonal - first < p.variant.attention_chunk;
     } else {
       return in_window;
     }
@@ -211,37 +212,40 @@ struct WindowMask : UnchangedScores {
     if constexpr (kChunked) {
       return {first_key(p, batch, row) - key_base, min(last_bound, last_key(p, batch, row)) - key_base};
     } else {
-      const int diagonal = row + p.causal_offset;
-      return {diagonal - p.window_left - key_base, min(last_bound, diagonal + p.window_right) - key_base};
+      const int diagonal = row + p.variant.causal_offset;
+      return {diagonal - p.variant.window_left - key_base,
+              min(last_bound, diagonal + p.variant.window_right) - key_base};
     }
   }
   template <class Params>
   static __host__ __device__ __forceinline__ int last_key(const Params& p, int /*batch*/, int row) {
-    const int diagonal = row + p.causal_offset;
-    if constexpr (kChunked) return min(diagonal + p.window_right, chunk_last(p, diagonal));
-    return diagonal + p.window_right;
+    const int diagonal = row + p.variant.causal_offset;
+    if constexpr (kChunked) return min(diagonal + p.variant.window_right, chunk_last(p, diagonal));
+    return diagonal + p.variant.window_right;
   }
   template <class Params>
   static __host__ __device__ __forceinline__ int key_end(const Params& p, int batch, int row_end) {
     if constexpr (kChunked) return last_key(p, batch, row_end - 1) + 1;
-    return row_end + p.causal_offset + p.window_right;
+    return row_end + p.variant.causal_offset + p.variant.window_right;
   }
   template <class Params>
   static __host__ __device__ __forceinline__ int first_query(const Params& p, int /*batch*/, int key) {
-    const int first = key - p.causal_offset - p.window_right;
-    if constexpr (kChunked) return max(first, key_chunk_first(p, key) - p.causal_offset);
+    const int first = key - p.variant.causal_offset - p.variant.window_right;
+    if constexpr (kChunked) return max(first, key_chunk_first(p, key) - p.variant.causal_offset);
     return first;
   }
   template <class Params>
   static __host__ __device__ __forceinline__ int first_key(const Params& p, int /*batch*/, int row) {
-    const int diagonal = row + p.causal_offset;
-    if constexpr (kChunked) return max(diagonal - p.window_left, chunk_first(p, diagonal));
-    return diagonal - p.window_left;
+    const int diagonal = row + p.variant.causal_offset;
+    if constexpr (kChunked) return max(diagonal - p.variant.window_left, chunk_first(p, diagonal));
+    return diagonal - p.variant.window_left;
   }
   template <class Params>
   static __host__ __device__ __forceinline__ int last_query(const Params& p, int /*batch*/, int key) {
-    const int last = key - p.causal_offset + p.window_left;
-    if constexpr (kChunked) return min(last, key_chunk_first(p, key) + p.attention_chunk - 1 - p.causal_offset);
+    const int last = key - p.variant.causal_offset + p.variant.window_left;
+    if constexpr (kChunked) {
+      return min(last, key_chunk_first(p, key) + p.variant.attention_chunk - 1 - p.variant.causal_offset);
+    }
     return last;
   }
 };
@@ -262,10 +266,10 @@ __host__ __device__ __forceinline__ float score_tanh(float x) {
 }
 
 // A soft cap on Mask's scores: cap · tanh(score · scale / cap) before the softmax (Gemma 2, Grok), in q·k
-// units as the hooks speak: (cap / scale) · tanh(s · scale / cap) with p.softcap_in = scale / cap and
-// p.softcap_out = cap / scale. Its derivative with respect to s is 1 - tanh², tanh being x · p.softcap_grad
-// (x = cap · tanh · log2(e), p.softcap_grad = 1 / (cap · log2(e))). The row form gives tanh alone, in units of
-// p.softcap_out. Mask decides visibility.
+// units as the hooks speak: (cap / scale) · tanh(s · scale / cap) with p.variant's softcap_in = scale / cap and
+// softcap_out = cap / scale. Its derivative with respect to s is 1 - tanh², tanh being x · softcap_grad
+// (x = cap · tanh · log2(e), softcap_grad = 1 / (cap · log2(e))). The row form gives tanh alone, in units of
+// softcap_out. Mask decides visibility.
 template <class Mask>
 struct SoftCap : Mask {
   static constexpr bool kGradReadsScore = true;
@@ -273,32 +277,32 @@ struct SoftCap : Mask {
 
   template <class Params>
   static __host__ __device__ __forceinline__ float score(const Params& p, const ScoreAt&, float s) {
-    return p.softcap_out * score_tanh(s * p.softcap_in);
+    return p.variant.softcap_out * score_tanh(s * p.variant.softcap_in);
   }
   template <class Params>
   static __host__ __device__ __forceinline__ float score_grad(const Params& p, const ScoreAt&, float x, float ds) {
-    const float t = x * p.softcap_grad;
+    const float t = x * p.variant.softcap_grad;
     return ds * (1.f - t * t);
   }
 
   struct Row {
-    float in;  // p.softcap_in
+    float in;  // softcap_in
     __host__ __device__ __forceinline__ float score(float s, int /*offset*/) const { return score_tanh(s * in); }
   };
   template <class Params>
   static __host__ __device__ __forceinline__ Row row_scores(const Params& p, const ScoreAt&) {
-    return {p.softcap_in};
+    return {p.variant.softcap_in};
   }
   template <class Params>
   static __host__ __device__ __forceinline__ float score_unit(const Params& p) {
-    return p.softcap_out;
+    return p.variant.softcap_out;
   }
 };
 
 // ALiBi on Base's scores (a mask, or a soft cap of one): score - slope · |q + causal_offset - k| / scale,
 // FlashAttention's bias -slope · |i + seqlen_k - seqlen_q - j| in the softmax's units (about the top-left
 // diagonal under the top-left causal mask), one slope per query head or per sequence and query head
-// (p.alibi_slopes, p.alibi_batch_stride), added after Base's transform as FlashAttention adds it after the
+// (p.variant's alibi_slopes and alibi_batch_stride), added after Base's transform as FlashAttention adds it after the
 // soft cap. The bias does not depend on s, so the gradient is Base's, given Base's own score in log2 units:
 // x less the bias. The slope is a load per score that a kernel's unrolled loop reads once per row (its
 // address depends on the row's head only); Base decides visibility.
@@ -310,8 +314,8 @@ struct Alibi : Base {
   // The bias of (at.q, at.k) in q·k units.
   template <class Params>
   static __host__ __device__ __forceinline__ float bias(const Params& p, const ScoreAt& at) {
-    const float slope = p.alibi_slopes[at.batch * p.alibi_batch_stride + at.head];
-    return -slope * p.inv_scale * fabsf(static_cast<float>(at.q + p.causal_offset - at.k));
+    const float slope = p.variant.alibi_slopes[at.batch * p.variant.alibi_batch_stride + at.head];
+    return -slope * p.variant.inv_scale * fabsf(static_cast<float>(at.q + p.variant.causal_offset - at.k));
   }
   template <class Params>
   static __host__ __device__ __forceinline__ float score(const Params& p, const ScoreAt& at, float s) {
@@ -319,7 +323,7 @@ struct Alibi : Base {
   }
   template <class Params>
   static __host__ __device__ __forceinline__ float score_grad(const Params& p, const ScoreAt& at, float x, float ds) {
-    if constexpr (Base::kGradReadsScore) return Base::score_grad(p, at, x - bias(p, at) * p.scale_log2, ds);
+    if constexpr (Base::kGradReadsScore) return Base::score_grad(p, at, x - bias(p, at) * p.variant.scale_log2, ds);
     return Base::score_grad(p, at, x, ds);
   }
 
@@ -338,15 +342,16 @@ struct Alibi : Base {
   template <class Params>
   static __host__ __device__ __forceinline__ auto row_scores(const Params& p, const ScoreAt& at) {
     using BaseRow = decltype(Base::row_scores(p, at));
-    const float slope = p.alibi_slopes[at.batch * p.alibi_batch_stride + at.head] * (p.inv_scale / Base::score_unit(p));
-    return Row<BaseRow>{Base::row_scores(p, at), slope, static_cast<float>(at.q + p.causal_offset - at.k)};
+    const float slope = p.variant.alibi_slopes[at.batch * p.variant.alibi_batch_stride + at.head] *
+                        (p.variant.inv_scale / Base::score_unit(p));
+    return Row<BaseRow>{Base::row_scores(p, at), slope, static_cast<float>(at.q + p.variant.causal_offset - at.k)};
   }
 };
 
 // A user-defined variant (flashgen_variant_create) around Base, a built-in mask (and its soft cap or ALiBi when
 // User modifies no score). User is the generated flashgen_user::Functions: the caller's mask_mod, score_mod,
 // score_grad and score_bias as const member functions of an object that holds the buffers and scalars they read
-// (User::of(p) loads them from p.user_buffers and p.user_scalars), with compile-time flags kMasks and kScore.
+// (User::of(p.variant) loads them from its user_buffers and user_scalars), with compile-time flags kMasks and kScore.
 // A key is visible when Base's mask and the user's both show it. The user's functions speak in the softmax's
 // units (scores times the scale), the hooks in q·k units: score_mod(s · scale) / scale. Base's ranges still
 // bound every walk (a user mask only hides more), but no block is known to be full: kEveryBlockPartial.
@@ -389,7 +394,7 @@ struct UserVariant : Base {
   template <class Params>
   static __device__ __forceinline__ bool visible(const Params& p, const ScoreAt& at) {
     if constexpr (User::kMasks) {
-      if (!User::of(p).mask_mod(at.batch, at.head, user_row(p, at.q), user_key(p, at.k))) return false;
+      if (!User::of(p.variant).mask_mod(at.batch, at.head, user_row(p, at.q), user_key(p, at.k))) return false;
     }
     return Base::visible(p, at);
   }
@@ -414,7 +419,7 @@ struct UserVariant : Base {
   static __device__ __forceinline__ auto row_keys(const Params& p, int batch, int head, int row, int last_bound,
                                                   int key_base) {
     using BaseKeys = decltype(Base::row_keys(p, batch, head, row, last_bound, key_base));
-    return Keys<BaseKeys>{Base::row_keys(p, batch, head, row, last_bound, key_base), User::of(p), batch, head,
+    return Keys<BaseKeys>{Base::row_keys(p, batch, head, row, last_bound, key_base), User::of(p.variant), batch, head,
                           user_row(p, row), key_base, last_bound};
   }
 
@@ -449,10 +454,12 @@ struct UserVariant : Base {
   static __device__ __forceinline__ float score(const Params& p, const ScoreAt& at, float s) {
     const float base = Base::score(p, at, s);
     if constexpr (User::kScore == UserScore::kMod) {
-      return User::of(p).score_mod(base * p.scale, at.batch, at.head, user_row(p, at.q), user_key(p, at.k)) *
-             p.inv_scale;
+      return User::of(p.variant).score_mod(base * p.variant.scale, at.batch, at.head, user_row(p, at.q),
+                                           user_key(p, at.k)) *
+             p.variant.inv_scale;
     } else if constexpr (User::kScore == UserScore::kBias) {
-      return base + User::of(p).score_bias(at.batch, at.head, user_row(p, at.q), user_key(p, at.k)) * p.inv_scale;
+      return base + User::of(p.variant).score_bias(at.batch, at.head, user_row(p, at.q), user_key(p, at.k)) *
+                        p.variant.inv_scale;
     } else {
       return base;
     }
@@ -461,7 +468,7 @@ struct UserVariant : Base {
   static __device__ __forceinline__ float score_grad(const Params& p, const ScoreAt& at, float x, float ds) {
     if constexpr (User::kScore == UserScore::kMod) {
       constexpr float kLn2 = 0.693147180559945309f;
-      return ds * User::of(p).score_grad(x * kLn2, at.batch, at.head, user_row(p, at.q), user_key(p, at.k));
+      return ds * User::of(p.variant).score_grad(x * kLn2, at.batch, at.head, user_row(p, at.q), user_key(p, at.k));
     } else if constexpr (User::kScore == UserScore::kBias) {
       return ds;
     } else {
@@ -490,8 +497,8 @@ struct UserVariant : Base {
   template <class Params>
   static __device__ __forceinline__ auto row_scores(const Params& p, const ScoreAt& at) {
     using BaseRow = decltype(Base::row_scores(p, at));
-    return Row<BaseRow>{Base::row_scores(p, at), User::of(p), at.batch, at.head, user_row(p, at.q), at.k, p.scale,
-                        p.inv_scale};
+    return Row<BaseRow>{Base::row_scores(p, at), User::of(p.variant), at.batch, at.head, user_row(p, at.q), at.k,
+                        p.variant.scale, p.variant.inv_scale};
   }
 };
 
@@ -500,7 +507,10 @@ struct UserVariant : Base {
 #ifdef FLASHGEN_STANDALONE
 // Lets `nvcc -DFLASHGEN_STANDALONE -c` check this header on its own.
 struct FlashgenVariantCheckParams {
-  int seqlen_q, seqlen_k, causal_offset;
+  int seqlen_q, seqlen_k;
+  struct {
+    int causal_offset;
+  } variant;  // what the masks below read of VariantArgs
 };
 __global__ void flashgen_variant_check(const FlashgenVariantCheckParams p, int* out) {
   const flashgen::ScoreAt at{0, 0, static_cast<int>(threadIdx.x), static_cast<int>(blockIdx.x)};

@@ -129,8 +129,8 @@ SweepResult sweep_decode(const AttentionProblem& problem, const std::vector<Deco
   const std::vector<RowSample> rows = sample_rows(cs, options.check_rows);
   const std::vector<ReferenceRow> reference = attention_reference_rows(
       cs, HostInput::bits16(check.q.data(), dtype, q_view), HostInput::bits16(check.k.data(), dtype, kv_view),
-      HostInput::bits16(check.v.data(), dtype, kv_view), check.call.params.scale, problem.mask, rows, /*threads=*/1,
-      variant_of(problem));
+      HostInput::bits16(check.v.data(), dtype, kv_view), check.call.params.variant.scale, problem.mask, rows,
+      /*threads=*/1, variant_of(problem));
   const AttentionShape& shape = problem.shape;
   const int64_t kv_bytes = 2 * shape.batch * shape.seqlen_k * shape.heads_kv * shape.head_dim * 2;
   const int sets = input_sets(scope.device(), kv_bytes);

@@ -218,15 +218,15 @@ TEST_CASE("C ABI runs a chunked call on the chunked window's kernels, the chunk 
   Call c;  // q [2, 100, 8, 64], k and v [2, 75, 4, 64]
   const flashgen::ForwardCall causal = flashgen::make_forward_call(&c.q, &c.k, &c.v, &c.out, c.lse, &c.opts);
   CHECK(causal.problem.mask_kind() == flashgen::MaskKind::kCausal);
-  CHECK(causal.params.attention_chunk == 0);
+  CHECK(causal.params.variant.attention_chunk == 0);
   // Chunked causal: the window (-1, 0) with the chunk, the left side bounded by seqlen_k as a window's.
   c.opts.attention_chunk = 32;
   const flashgen::ForwardCall chunked = flashgen::make_forward_call(&c.q, &c.k, &c.v, &c.out, c.lse, &c.opts);
   CHECK(chunked.problem.mask_kind() == flashgen::MaskKind::kChunk);
   CHECK(chunked.problem.attention_chunk == 32);
-  CHECK(chunked.params.window_left == 75);
-  CHECK(chunked.params.window_right == 0);
-  CHECK(chunked.params.attention_chunk == 32);
+  CHECK(chunked.params.variant.window_left == 75);
+  CHECK(chunked.params.variant.window_right == 0);
+  CHECK(chunked.params.variant.attention_chunk == 32);
   // Keyed by the chunk's width as a window by its span, causal-shaped.
   const flashgen::ProblemKey key = flashgen::problem_key(chunked.problem);
   CHECK(key.mask == flashgen::MaskKind::kChunk);
@@ -237,16 +237,16 @@ TEST_CASE("C ABI runs a chunked call on the chunked window's kernels, the chunk 
   c.opts.mask = FLASHGEN_MASK_NONE, c.opts.attention_chunk = 1 << 30;
   const flashgen::ForwardCall bidirectional = flashgen::make_forward_call(&c.q, &c.k, &c.v, &c.out, c.lse, &c.opts);
   CHECK(bidirectional.problem.mask_kind() == flashgen::MaskKind::kChunk);
-  CHECK(bidirectional.params.window_left == 75);
-  CHECK(bidirectional.params.window_right == 100);
-  CHECK(bidirectional.params.attention_chunk == 75);
+  CHECK(bidirectional.params.variant.window_left == 75);
+  CHECK(bidirectional.params.variant.window_right == 100);
+  CHECK(bidirectional.params.variant.attention_chunk == 75);
   // A window keeps its own sides under a chunk.
   c.opts.mask = FLASHGEN_MASK_SLIDING_WINDOW, c.opts.window_left = 20, c.opts.window_right = 3;
   c.opts.attention_chunk = 16;
   const flashgen::ForwardCall windowed = flashgen::make_forward_call(&c.q, &c.k, &c.v, &c.out, c.lse, &c.opts);
-  CHECK(windowed.params.window_left == 20);
-  CHECK(windowed.params.window_right == 3);
-  CHECK(windowed.params.attention_chunk == 16);
+  CHECK(windowed.params.variant.window_left == 20);
+  CHECK(windowed.params.variant.window_right == 3);
+  CHECK(windowed.params.variant.attention_chunk == 16);
   CHECK(flashgen::problem_key(windowed.problem).window_bucket == 16);
 }
 
@@ -255,11 +255,11 @@ TEST_CASE("C ABI passes the sinks to the kernels as a run-time argument of any c
   static const float sinks[8] = {};
   static float sink_grads[8];
   const flashgen::ForwardCall plain = flashgen::make_forward_call(&c.q, &c.k, &c.v, &c.out, c.lse, &c.opts);
-  CHECK(plain.params.sinks == nullptr);
+  CHECK(plain.params.variant.sinks == nullptr);
   c.opts.sinks = sinks;
   c.opts.dsinks = sink_grads;  // a forward call ignores it
   const flashgen::ForwardCall with_sinks = flashgen::make_forward_call(&c.q, &c.k, &c.v, &c.out, c.lse, &c.opts);
-  CHECK(with_sinks.params.sinks == sinks);
+  CHECK(with_sinks.params.variant.sinks == sinks);
   // The sinks change no kernel: the problem class, and with it the tuned and chosen config, is the plain one's.
   CHECK(flashgen::problem_key(with_sinks.problem).class_id() == flashgen::problem_key(plain.problem).class_id());
 }
@@ -269,19 +269,19 @@ TEST_CASE("C ABI passes ALiBi's slopes to the kernels and keys the problem apart
   static const float slopes[16] = {};
   const flashgen::ForwardCall plain = flashgen::make_forward_call(&c.q, &c.k, &c.v, &c.out, c.lse, &c.opts);
   CHECK_FALSE(plain.problem.alibi);
-  CHECK(plain.params.alibi_slopes == nullptr);
+  CHECK(plain.params.variant.alibi_slopes == nullptr);
   c.opts.alibi_slopes = slopes, c.opts.alibi_batch_stride = 0, c.opts.softmax_scale = 0.25f;
   const flashgen::ForwardCall biased = flashgen::make_forward_call(&c.q, &c.k, &c.v, &c.out, c.lse, &c.opts);
   CHECK(biased.problem.alibi);
   CHECK(biased.problem.score_mods() == flashgen::ScoreMods{false, true});
-  CHECK(biased.params.alibi_slopes == slopes);
-  CHECK(biased.params.inv_scale == 4.f);
+  CHECK(biased.params.variant.alibi_slopes == slopes);
+  CHECK(biased.params.variant.inv_scale == 4.f);
   CHECK(flashgen::problem_key(biased.problem).class_id() != flashgen::problem_key(plain.problem).class_id());
   // The bias lies about the causal mask's diagonal: bottom-right but under the top-left mask, and with no mask.
   for (const auto& [mask, offset] : {std::pair{FLASHGEN_MASK_NONE, 75 - 100}, std::pair{FLASHGEN_MASK_CAUSAL, 75 - 100},
                                      std::pair{FLASHGEN_MASK_CAUSAL_TOP_LEFT, 0}}) {
     c.opts.mask = mask;
-    CHECK(flashgen::make_forward_call(&c.q, &c.k, &c.v, &c.out, c.lse, &c.opts).params.causal_offset == offset);
+    CHECK(flashgen::make_forward_call(&c.q, &c.k, &c.v, &c.out, c.lse, &c.opts).params.variant.causal_offset == offset);
   }
 }
 
@@ -297,14 +297,14 @@ TEST_CASE("C ABI reads the window fields under the window mask only, and normali
     const flashgen::ForwardCall call = problem_of(mask, -1000, 12345);
     CHECK(call.problem.mask == flashgen::from_c(mask));
     CHECK_FALSE(call.problem.windowed());
-    CHECK(call.params.window_left == 0);
-    CHECK(call.params.window_right == 0);
+    CHECK(call.params.variant.window_left == 0);
+    CHECK(call.params.variant.window_right == 0);
   }
   // No bound on either side is no mask; none on the left and 0 on the right the bottom-right causal mask.
   CHECK(problem_of(FLASHGEN_MASK_SLIDING_WINDOW, -1, -1).problem.mask == flashgen::Mask::kNone);
   const flashgen::ForwardCall causal = problem_of(FLASHGEN_MASK_SLIDING_WINDOW, -1, 0);
   CHECK(causal.problem.mask == flashgen::Mask::kCausal);
-  CHECK(causal.params.causal_offset == 75 - 100);
+  CHECK(causal.params.variant.causal_offset == 75 - 100);
   // A window keeps its sides: the kernels' diagonal is bottom-right, an unbounded side the least that reaches
   // every key from every row (seqlen_k = 75 on the left, seqlen_q = 100 on the right), and a side past every key
   // clamped to it.
@@ -312,13 +312,13 @@ TEST_CASE("C ABI reads the window fields under the window mask only, and normali
   CHECK(window.problem.mask_kind() == flashgen::MaskKind::kWindow);
   CHECK(window.problem.window_left == 8);
   CHECK(window.problem.window_right == -1);
-  CHECK(window.params.causal_offset == 75 - 100);
-  CHECK(window.params.window_left == 8);
-  CHECK(window.params.window_right == 100);
+  CHECK(window.params.variant.causal_offset == 75 - 100);
+  CHECK(window.params.variant.window_left == 8);
+  CHECK(window.params.variant.window_right == 100);
   const flashgen::ForwardCall wide = problem_of(FLASHGEN_MASK_SLIDING_WINDOW, 0, 100000);
-  CHECK(wide.params.window_left == 0);
-  CHECK(wide.params.window_right == 100);
-  CHECK(problem_of(FLASHGEN_MASK_SLIDING_WINDOW, 100000, 3).params.window_left == 75);
+  CHECK(wide.params.variant.window_left == 0);
+  CHECK(wide.params.variant.window_right == 100);
+  CHECK(problem_of(FLASHGEN_MASK_SLIDING_WINDOW, 100000, 3).params.variant.window_left == 75);
   // A window that shows some rows no key at all is allowed (those rows give 0 and lse -inf).
   CHECK(problem_of(FLASHGEN_MASK_SLIDING_WINDOW, 0, 0).problem.windowed());
 }

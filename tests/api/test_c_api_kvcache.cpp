@@ -131,8 +131,8 @@ TEST_CASE("a KV-cache call binds its cache, pages and new tokens as the kernels 
   CHECK(dense.params.capacity == 300);
   CHECK(dense.params.seqlen_new == 0);
   CHECK(dense.params.k_new == nullptr);
-  CHECK(dense.params.window_left == 0);
-  CHECK(dense.params.window_right == 0);
+  CHECK(dense.params.variant.window_left == 0);
+  CHECK(dense.params.variant.window_right == 0);
 }
 
 TEST_CASE("a KV-cache call takes a soft cap and ALiBi into its module and its problem class",
@@ -144,12 +144,12 @@ TEST_CASE("a KV-cache call takes a soft cap and ALiBi into its module and its pr
   args.options.alibi_slopes = slopes;
   const flashgen::KvCacheCall modified = flashgen::make_kvcache_call(args);
   CHECK(modified.problem.score_mods() == flashgen::ScoreMods{true, true});
-  CHECK(modified.params.softcap_in == modified.params.scale / 30.f);
-  CHECK(modified.params.softcap_out == 30.f / modified.params.scale);
-  CHECK(modified.params.alibi_slopes == slopes);
-  CHECK(modified.params.inv_scale == 1.f / modified.params.scale);
-  CHECK(plain.params.alibi_slopes == nullptr);
-  CHECK(plain.params.softcap_in == 0.f);
+  CHECK(modified.params.variant.softcap_in == modified.params.variant.scale / 30.f);
+  CHECK(modified.params.variant.softcap_out == 30.f / modified.params.variant.scale);
+  CHECK(modified.params.variant.alibi_slopes == slopes);
+  CHECK(modified.params.variant.inv_scale == 1.f / modified.params.variant.scale);
+  CHECK(plain.params.variant.alibi_slopes == nullptr);
+  CHECK(plain.params.variant.softcap_in == 0.f);
   // Keyed apart from the plain problem, and served by modules that compile the modifiers in.
   CHECK(flashgen::problem_key(modified.problem).class_id() != flashgen::problem_key(plain.problem).class_id());
   const flashgen::DecodeChoice choice = flashgen::heuristic_decode_choice(modified.problem, 90, 132);
@@ -175,24 +175,24 @@ TEST_CASE("a KV-cache call takes a sliding window about each sequence's last key
   CHECK(window.problem.mask_kind() == flashgen::MaskKind::kWindow);
   CHECK(window.problem.kv_cache);
   CHECK(window.params.causal_bottom_right == 1);
-  CHECK(window.params.window_left == 256);
-  CHECK(window.params.window_right == 0);
+  CHECK(window.params.variant.window_left == 256);
+  CHECK(window.params.variant.window_right == 0);
   // An unbounded side, or one past every key, is the least that reaches every key from every new row: capacity
   // (1024) on the left, seqlen_q (1) on the right.
   const flashgen::KvCacheCall open_right = call_with(16, -1);
-  CHECK(open_right.params.window_left == 16);
-  CHECK(open_right.params.window_right == 1);
-  CHECK(call_with(1 << 30, 3).params.window_left == 1024);
+  CHECK(open_right.params.variant.window_left == 16);
+  CHECK(open_right.params.variant.window_right == 1);
+  CHECK(call_with(1 << 30, 3).params.variant.window_left == 1024);
   // Normalized as dense calls are: (-1, 0) runs the bottom-right causal mask, (-1, -1) no mask.
   const flashgen::KvCacheCall causal = call_with(-1, 0);
   CHECK(causal.problem.mask_kind() == flashgen::MaskKind::kCausal);
   CHECK(causal.params.causal_bottom_right == 1);
-  CHECK(causal.params.window_left == 0);
+  CHECK(causal.params.variant.window_left == 0);
   const flashgen::KvCacheCall none = call_with(-1, -1);
   CHECK(none.problem.mask_kind() == flashgen::MaskKind::kNone);
   CHECK(none.params.causal_bottom_right == 1);  // unread without a mask
   // The window fields are read under the window mask only.
-  CHECK(call_with(-7, 5, FLASHGEN_MASK_CAUSAL).params.window_left == 0);
+  CHECK(call_with(-7, 5, FLASHGEN_MASK_CAUSAL).params.variant.window_left == 0);
   // A config must be of the window: the causal module is refused for it, and the window's for the causal mask.
   flashgen::DecodeConfig config;
   config.dtype = flashgen::DType::kBFloat16;
@@ -234,9 +234,9 @@ TEST_CASE("a KV-cache call takes a user variant, its buffers and scalars bound a
   const flashgen::KvCacheCall call = flashgen::make_kvcache_call(args);
   REQUIRE(call.problem.user != nullptr);
   CHECK(call.problem.user->tag == flashgen_variant_tag(variant));
-  CHECK(call.params.user_buffers[0] == pointers[0]);
-  CHECK(call.params.user_buffers[1] == nullptr);
-  CHECK(call.params.user_scalars[0] == 5u);
+  CHECK(call.params.variant.user_buffers[0] == pointers[0]);
+  CHECK(call.params.variant.user_buffers[1] == nullptr);
+  CHECK(call.params.variant.user_scalars[0] == 5u);
   // Decoding keeps no block classes, so a block mask is refused by name.
   flashgen_block_mask* kept = nullptr;
   REQUIRE(flashgen_block_mask_create(&kept) == FLASHGEN_SUCCESS);

@@ -16,15 +16,19 @@
 
 namespace {
 
-// What the policies read of AttnFwdParams / AttnBwdParams.
+// What the policies read of AttnFwdParams / AttnBwdParams: the lengths and the variant's arguments, here a causal
+// offset and ALiBi's slopes (no window, cap or user variant unless a check sets them).
 struct Params {
-  int seqlen_q, seqlen_k, causal_offset;
-  int window_left = 0, window_right = 0, attention_chunk = 0;
-  float softcap_in = 0.f, softcap_out = 0.f, softcap_grad = 0.f, scale_log2 = 0.f;
-  const float* alibi_slopes = kSlopes;
-  long long alibi_batch_stride = 2;
-  float inv_scale = 8.f;
   static constexpr float kSlopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f};  // (batch 2, heads 2)
+  int seqlen_q, seqlen_k;
+  flashgen::VariantArgs variant{};
+
+  Params(int queries, int keys, int causal_offset) : seqlen_q(queries), seqlen_k(keys) {
+    variant.causal_offset = causal_offset;
+    variant.alibi_slopes = kSlopes;
+    variant.alibi_batch_stride = 2;
+    variant.inv_scale = 8.f;
+  }
 };
 
 int failures = 0;
@@ -32,7 +36,8 @@ int failures = 0;
 void fail(const char* policy, const char* what, const Params& p, int a, int b) {
   if (++failures <= 20) {
     std::printf("%s: %s (seqlen_q %d, seqlen_k %d, offset %d, window %d %d, chunk %d; %d, %d)\n", policy, what,
-                p.seqlen_q, p.seqlen_k, p.causal_offset, p.window_left, p.window_right, p.attention_chunk, a, b);
+                p.seqlen_q, p.seqlen_k, p.variant.causal_offset, p.variant.window_left, p.variant.window_right,
+                p.variant.attention_chunk, a, b);
   }
 }
 
@@ -186,7 +191,7 @@ void check_window(const char* name) {
         for (int right : {0, 3, 20, 147})
           for (int offset = -20; offset <= 20 + seqlen_k; offset += 7) {
             Params p{seqlen_q, seqlen_k, offset};
-            p.window_left = left, p.window_right = right;
+            p.variant.window_left = left, p.variant.window_right = right;
             check_params<Variant>(name, p, 11);
           }
 }
@@ -203,10 +208,11 @@ void check_chunk(const char* name) {
         for (int chunk : {1, 3, 16, 40, 77})
           for (int offset = -20; offset <= 20 + seqlen_k; offset += 5) {
             Params p{seqlen_q, seqlen_k, offset};
-            p.window_left = left, p.window_right = right, p.attention_chunk = chunk < seqlen_k ? chunk : seqlen_k;
+            p.variant.window_left = left, p.variant.window_right = right;
+            p.variant.attention_chunk = chunk < seqlen_k ? chunk : seqlen_k;
             // visible() against the chunk's own definition: in the window, and in the diagonal's chunk.
             const auto chunk_of = [&](int x) {  // floor(x / C), x of either sign
-              return x >= 0 ? x / p.attention_chunk : -((-x - 1) / p.attention_chunk) - 1;
+              return x >= 0 ? x / p.variant.attention_chunk : -((-x - 1) / p.variant.attention_chunk) - 1;
             };
             for (int q = 0; q < seqlen_q; ++q)
               for (int k = 0; k < seqlen_k; ++k) {
@@ -224,8 +230,9 @@ void check_chunk(const char* name) {
 void check_softcap() {
   const float scale = 0.125f, cap = 5.f;
   Params p{4, 4, 0};
-  p.softcap_in = scale / cap, p.softcap_out = cap / scale;
-  p.softcap_grad = float(1 / (cap * 1.4426950408889634)), p.scale_log2 = float(scale * 1.4426950408889634);
+  p.variant.softcap_in = scale / cap, p.variant.softcap_out = cap / scale;
+  p.variant.softcap_grad = float(1 / (cap * 1.4426950408889634));
+  p.variant.scale_log2 = float(scale * 1.4426950408889634);
   using Capped = flashgen::SoftCap<flashgen::CausalMask>;
   for (float s = -400.f; s <= 400.f; s += 12.5f) {
     const flashgen::ScoreAt at{0, 0, 1, 1};
@@ -233,7 +240,7 @@ void check_softcap() {
     if (std::fabs(Capped::score(p, at, s) * scale - want) > 1e-4 * cap) fail("SoftCap", "score", p, int(s), 0);
     const double h = 1e-2;
     const double slope = (Capped::score(p, at, float(s + h)) - Capped::score(p, at, float(s - h))) / (2 * h);
-    const float x = Capped::score(p, at, s) * p.scale_log2;
+    const float x = Capped::score(p, at, s) * p.variant.scale_log2;
     if (std::fabs(Capped::score_grad(p, at, x, 1.f) - slope) > 1e-2) fail("SoftCap", "score_grad", p, int(s), 0);
     // The row form, in units of score_unit (the forward kernels fold the unit into their softmax scale).
     if (Capped::row_scores(p, at).score(s, 3) * Capped::score_unit(p) != Capped::score(p, at, s)) {
@@ -248,9 +255,10 @@ void check_softcap() {
 void check_alibi() {
   const float scale = 0.125f, cap = 5.f;
   Params p{9, 13, 4};
-  p.inv_scale = 1 / scale;
-  p.softcap_in = scale / cap, p.softcap_out = cap / scale;
-  p.softcap_grad = float(1 / (cap * 1.4426950408889634)), p.scale_log2 = float(scale * 1.4426950408889634);
+  p.variant.inv_scale = 1 / scale;
+  p.variant.softcap_in = scale / cap, p.variant.softcap_out = cap / scale;
+  p.variant.softcap_grad = float(1 / (cap * 1.4426950408889634));
+  p.variant.scale_log2 = float(scale * 1.4426950408889634);
   using Biased = flashgen::Alibi<flashgen::CausalMask>;
   using CappedBiased = flashgen::Alibi<flashgen::SoftCap<flashgen::CausalMask>>;
   for (int batch = 0; batch < 2; ++batch)
@@ -259,7 +267,7 @@ void check_alibi() {
         for (int k = 0; k < p.seqlen_k; ++k) {
           const flashgen::ScoreAt at{batch, head, q, k};
           const double slope = Params::kSlopes[batch * 2 + head], s = 3.0 * q - 2.0 * k;
-          const double bias = -slope * std::abs(q + p.causal_offset - k);
+          const double bias = -slope * std::abs(q + p.variant.causal_offset - k);
           if (std::fabs(Biased::score(p, at, float(s)) * scale - (s * scale + bias)) > 1e-5) {
             fail("Alibi", "score", p, q, k);
           }
@@ -283,7 +291,7 @@ void check_alibi() {
           }
           const double h = 1e-2;
           const double d = (CappedBiased::score(p, at, float(s + h)) - CappedBiased::score(p, at, float(s - h))) / (2 * h);
-          const float x = CappedBiased::score(p, at, float(s)) * p.scale_log2;
+          const float x = CappedBiased::score(p, at, float(s)) * p.variant.scale_log2;
           if (std::fabs(CappedBiased::score_grad(p, at, x, 1.f) - d) > 1e-2) fail("Alibi<SoftCap>", "score_grad", p, q, k);
         }
 }
