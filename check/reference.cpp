@@ -30,15 +30,15 @@ float bits_float(uint32_t bits) {
 // Buffers of one row's computation, kept across the rows of a problem.
 struct RowScratch {
   std::vector<double> q_row;   // (head_dim), when converted
-  std::vector<double> kv_row;  // (head_dim): the key or value row in use, when converted
+  std::vector<double> kv_row;  // (the larger head dim): the key or value row in use, when converted
   std::vector<double> scores;  // (seqlen_k)
-  std::vector<double> acc;     // (head_dim)
+  std::vector<double> acc;     // (value_dim)
 
-  explicit RowScratch(const AttentionShape& shape)
+  RowScratch(const AttentionShape& shape, int64_t value_dim)
       : q_row(static_cast<size_t>(shape.head_dim)),
-        kv_row(static_cast<size_t>(shape.head_dim)),
+        kv_row(static_cast<size_t>(std::max(shape.head_dim, value_dim))),
         scores(static_cast<size_t>(shape.seqlen_k)),
-        acc(static_cast<size_t>(shape.head_dim)) {}
+        acc(static_cast<size_t>(value_dim)) {}
 };
 
 // A score s = q·k · scale as the softmax takes it: capped to softcap · tanh(s / softcap) when softcap > 0.
@@ -72,12 +72,13 @@ double sink_of(const ReferenceVariant& variant, int64_t h) {
                                : static_cast<double>(variant.sinks.at(static_cast<size_t>(h)));
 }
 
-// Query row i of (batch b, head h) in float64 into out_row (head_dim values) and *lse. A fully masked row
+// Query row i of (batch b, head h) in float64 into out_row (v's head dim of values) and *lse. A fully masked row
 // leaves out_row as the caller set it (0), and *lse too (-inf) unless the head has a sink (lse = the sink).
 void reference_row_f64(const AttentionShape& shape, const HostInput& q, const HostInput& k, const HostInput& v,
                        double scale, Mask mask, const ReferenceVariant& variant, int64_t b, int64_t h,
                        int64_t i, RowScratch& scratch, double* out_row, double* lse) {
   const int64_t d_count = shape.head_dim;
+  const int64_t dv_count = v.view.shape[3];
   const int64_t hk = shape.kv_head(h);
   const KeyRange keys = visible_keys(mask, i, shape.seqlen_q, shape.seqlen_k, variant.window);
   const double sink = sink_of(variant, h);
@@ -105,14 +106,14 @@ void reference_row_f64(const AttentionShape& shape, const HostInput& q, const Ho
   row_max = std::max(row_max, sink);
   if (row_max == -std::numeric_limits<double>::infinity()) return;  // a user mask hid every key, and no sink
   double row_sum = std::exp(sink - row_max);  // 0 without a sink
-  std::fill(acc, acc + d_count, 0.0);
+  std::fill(acc, acc + dv_count, 0.0);
   for (int64_t j = keys.first; j < keys.end; ++j) {
     const double p = std::exp(scores[j] - row_max);
     row_sum += p;
     const double* v_row = v.row(b, j, hk, scratch.kv_row.data());
-    for (int64_t d = 0; d < d_count; ++d) acc[d] += p * v_row[d];
+    for (int64_t d = 0; d < dv_count; ++d) acc[d] += p * v_row[d];
   }
-  for (int64_t d = 0; d < d_count; ++d) out_row[d] = acc[d] / row_sum;
+  for (int64_t d = 0; d < dv_count; ++d) out_row[d] = acc[d] / row_sum;
   *lse = row_max + std::log(row_sum);
 }
 
@@ -306,7 +307,8 @@ void require_reference_inputs(const AttentionShape& shape, const HostInput& q, c
   for (int i = 0; i < 4; ++i) {
     FLASHGEN_REQUIRE(q.view.shape[i] == want_q[i], "reference: q view does not match the problem shape");
     FLASHGEN_REQUIRE(k.view.shape[i] == want_kv[i], "reference: k view does not match the problem shape");
-    FLASHGEN_REQUIRE(v.view.shape[i] == want_kv[i], "reference: v view does not match the problem shape");
+    FLASHGEN_REQUIRE(v.view.shape[i] == want_kv[i] || (i == 3 && v.view.shape[3] > 0),
+                     "reference: v view does not match the problem shape");
   }
 }
 
@@ -315,12 +317,12 @@ AttentionResult attention_reference_f64(const AttentionShape& shape, const HostI
                                         const ReferenceVariant& variant) {
   require_reference_inputs(shape, q, k, v);
   require_reference_variant(shape, variant);
-  const int64_t d_count = shape.head_dim;
+  const int64_t d_count = v.view.shape[3];
   AttentionResult result;
   result.out.assign(static_cast<size_t>(shape.batch * shape.seqlen_q * shape.heads_q * d_count), 0.0);
   result.lse.assign(static_cast<size_t>(shape.batch * shape.heads_q * shape.seqlen_q),
                     -std::numeric_limits<double>::infinity());
-  RowScratch scratch(shape);
+  RowScratch scratch(shape, d_count);
   for (int64_t b = 0; b < shape.batch; ++b) {
     for (int64_t h = 0; h < shape.heads_q; ++h) {
       for (int64_t i = 0; i < shape.seqlen_q; ++i) {
@@ -342,9 +344,9 @@ ReferenceRow attention_reference_row(const AttentionShape& shape, const HostInpu
                        row < shape.seqlen_q,
                    "reference: (batch, head, row) outside the problem");
   ReferenceRow result;
-  result.out.assign(static_cast<size_t>(shape.head_dim), 0.0);
+  result.out.assign(static_cast<size_t>(v.view.shape[3]), 0.0);
   result.lse = -std::numeric_limits<double>::infinity();
-  RowScratch scratch(shape);
+  RowScratch scratch(shape, v.view.shape[3]);
   reference_row_f64(shape, q, k, v, scale, mask, variant, batch, head, row, scratch, result.out.data(),
                     &result.lse);
   return result;
@@ -382,19 +384,21 @@ AttentionGradients attention_backward_reference_f64(const AttentionShape& shape,
                                                     const ReferenceVariant& variant) {
   require_reference_inputs(shape, q, k, v);
   require_reference_variant(shape, variant);
-  FLASHGEN_REQUIRE(dout.view.shape[0] == shape.batch && dout.view.shape[1] == shape.seqlen_q &&
-                       dout.view.shape[2] == shape.heads_q && dout.view.shape[3] == shape.head_dim,
-                   "dout: shape must be [batch, seqlen_q, heads_q, head_dim]");
   const int64_t d = shape.head_dim;
+  const int64_t dv = v.view.shape[3];
+  FLASHGEN_REQUIRE(dout.view.shape[0] == shape.batch && dout.view.shape[1] == shape.seqlen_q &&
+                       dout.view.shape[2] == shape.heads_q && dout.view.shape[3] == dv,
+                   "dout: shape must be [batch, seqlen_q, heads_q, v's head dim]");
   AttentionGradients grads;
   grads.dq.assign(static_cast<size_t>(shape.batch * shape.seqlen_q * shape.heads_q * d), 0.0);
   grads.dk.assign(static_cast<size_t>(shape.batch * shape.seqlen_k * shape.heads_kv * d), 0.0);
-  grads.dv.assign(grads.dk.size(), 0.0);
+  grads.dv.assign(static_cast<size_t>(shape.batch * shape.seqlen_k * shape.heads_kv * dv), 0.0);
   if (!variant.sinks.empty()) grads.dsinks.assign(static_cast<size_t>(shape.heads_q), 0.0);
   const StridedView q_out = StridedView::contiguous(shape.batch, shape.seqlen_q, shape.heads_q, d);
   const StridedView kv_out = StridedView::contiguous(shape.batch, shape.seqlen_k, shape.heads_kv, d);
+  const StridedView v_out = StridedView::contiguous(shape.batch, shape.seqlen_k, shape.heads_kv, dv);
 
-  std::vector<double> q_scratch(d), k_scratch(d), v_scratch(d), do_scratch(d), out(d), p, cap_slope;
+  std::vector<double> q_scratch(d), k_scratch(d), v_scratch(dv), do_scratch(dv), out(dv), p, cap_slope;
   for (int64_t b = 0; b < shape.batch; ++b)
     for (int64_t h = 0; h < shape.heads_q; ++h) {
       const int64_t hk = shape.kv_head(h);
@@ -436,10 +440,10 @@ AttentionGradients attention_backward_reference_f64(const AttentionShape& shape,
           const size_t at = static_cast<size_t>(j - keys.first);
           p[at] /= sum;
           const double* vj = v.row(b, j, hk, v_scratch.data());
-          for (int64_t x = 0; x < d; ++x) out[x] += p[at] * vj[x];
+          for (int64_t x = 0; x < dv; ++x) out[x] += p[at] * vj[x];
         }
         double dsum = 0;  // D = rowsum(dO ∘ O)
-        for (int64_t x = 0; x < d; ++x) dsum += doi[x] * out[x];
+        for (int64_t x = 0; x < dv; ++x) dsum += doi[x] * out[x];
         if (!grads.dsinks.empty()) grads.dsinks[static_cast<size_t>(h)] -= std::exp(sink - row_max) / sum * dsum;
         double* dqi = &grads.dq[static_cast<size_t>(q_out.offset(b, i, h, 0))];
         for (int64_t j = keys.first; j < keys.end; ++j) {
@@ -447,15 +451,15 @@ AttentionGradients attention_backward_reference_f64(const AttentionShape& shape,
           const double* kj = k.row(b, j, hk, k_scratch.data());
           const double* vj = v.row(b, j, hk, v_scratch.data());
           double dp = 0;
-          for (int64_t x = 0; x < d; ++x) dp += doi[x] * vj[x];
+          for (int64_t x = 0; x < dv; ++x) dp += doi[x] * vj[x];
           const double ds = p[at] * (dp - dsum) * cap_slope[at];
           double* dkj = &grads.dk[static_cast<size_t>(kv_out.offset(b, j, hk, 0))];
-          double* dvj = &grads.dv[static_cast<size_t>(kv_out.offset(b, j, hk, 0))];
+          double* dvj = &grads.dv[static_cast<size_t>(v_out.offset(b, j, hk, 0))];
           for (int64_t x = 0; x < d; ++x) {
             dqi[x] += scale * ds * kj[x];
             dkj[x] += scale * ds * qi[x];
-            dvj[x] += p[at] * doi[x];
           }
+          for (int64_t x = 0; x < dv; ++x) dvj[x] += p[at] * doi[x];
         }
       }
     }

@@ -149,12 +149,14 @@ struct HostInput {
 };
 
 // Throws Error(kInvalidArgument) unless heads_q is a positive multiple of heads_kv and each view's shape is
-// the problem's ([b, sq, hq, d] for q, [b, sk, hkv, d] for k and v). Every reference checks this first.
+// the problem's ([b, sq, hq, d] for q, [b, sk, hkv, d] for k, [b, sk, hkv, d_v] for v, whose head dim d_v > 0 is its
+// own: the values', hence the output's and dO's, when they differ from the keys', as in MLA). Every reference checks
+// this first.
 void require_reference_inputs(const AttentionShape& shape, const HostInput& q, const HostInput& k,
                               const HostInput& v);
 
 struct AttentionResult {
-  std::vector<double> out;  // [batch, seqlen_q, heads_q, head_dim] contiguous
+  std::vector<double> out;  // [batch, seqlen_q, heads_q, d_v] contiguous
   std::vector<double> lse;  // [batch, heads_q, seqlen_q] contiguous, natural log; -inf for a fully masked row
 };
 
@@ -166,7 +168,7 @@ AttentionResult attention_reference_f64(const AttentionShape& shape, const HostI
                                         const ReferenceVariant& variant = {});
 
 struct ReferenceRow {
-  std::vector<double> out;  // (head_dim)
+  std::vector<double> out;  // (d_v)
   double lse = 0;           // natural log; -inf for a fully masked row
 };
 
@@ -195,11 +197,11 @@ std::vector<ReferenceRow> attention_reference_rows(const AttentionShape& shape, 
 struct AttentionGradients {
   std::vector<double> dq;      // [batch, seqlen_q, heads_q, head_dim] contiguous
   std::vector<double> dk;      // [batch, seqlen_k, heads_kv, head_dim] contiguous
-  std::vector<double> dv;      // like dk
+  std::vector<double> dv;      // [batch, seqlen_k, heads_kv, d_v] contiguous
   std::vector<double> dsinks;  // [heads_q] with sinks, else empty
 };
 
-// Exact float64 gradients of attention_reference_f64's out for the upstream gradient dout ([b, sq, hq, d]):
+// Exact float64 gradients of attention_reference_f64's out for the upstream gradient dout ([b, sq, hq, d_v]):
 // P = softmax(scale · q kᵀ, masked), dV = Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP − rowsum(dO ∘ O)), dQ = scale · dS K,
 // dK = scale · dSᵀ Q, with dK and dV summed over the query heads sharing a key/value head. Fully masked
 // rows contribute nothing. With a soft cap the scores are capped as in the forward and dS is multiplied by the

@@ -1,6 +1,7 @@
 // The float64 backward reference is the gradient of the float64 forward: checked against central
 // differences on tiny problems (GQA, every mask and windows, fully masked rows), and the naive 16-bit backward
 // stays close to it.
+#include <algorithm>
 #include <cmath>
 #include <utility>
 #include <vector>
@@ -92,4 +93,107 @@ TEST_CASE("backward reference matches central differences of the forward", "[ref
     CHECK(worst > 0);
     CHECK(worst < 2e-2);
   }
+}
+
+TEST_CASE("the references take a value head dim of its own, as MLA's", "[reference][backward]") {
+  // q and k of d = 24, v of d_v = 16: the same as v padded with zero columns to 24, whose output's and dv's first 16
+  // columns are this call's, its last 8 zero, whatever dO holds there. GQA, a causal mask that hides rows 0 and 1,
+  // a soft cap and sinks.
+  AttentionShape s;
+  s.batch = 2, s.seqlen_q = 7, s.seqlen_k = 5, s.heads_q = 4, s.heads_kv = 2, s.head_dim = 24;
+  const int64_t dv = 16;
+  flashgen::test::Rng rng(57);
+  auto normals = [&](int64_t n) {
+    std::vector<double> x(static_cast<size_t>(n));
+    for (double& e : x) e = rng.normal();
+    return x;
+  };
+  const StridedView qv = StridedView::contiguous(s.batch, s.seqlen_q, s.heads_q, s.head_dim);
+  const StridedView kv = StridedView::contiguous(s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
+  const StridedView vv = StridedView::contiguous(s.batch, s.seqlen_k, s.heads_kv, dv);
+  const StridedView ov = StridedView::contiguous(s.batch, s.seqlen_q, s.heads_q, dv);
+  const std::vector<double> q = normals(qv.elements()), k = normals(kv.elements()), v = normals(vv.elements());
+  const std::vector<double> dout = normals(ov.elements());
+  std::vector<double> v_pad(static_cast<size_t>(kv.elements()), 0.0), dout_pad = normals(qv.elements());
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t j = 0; j < s.seqlen_k; ++j)
+      for (int64_t h = 0; h < s.heads_kv; ++h)
+        for (int64_t d = 0; d < dv; ++d) {
+          v_pad[size_t(kv.offset(b, j, h, d))] = v[size_t(vv.offset(b, j, h, d))];
+        }
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t i = 0; i < s.seqlen_q; ++i)
+      for (int64_t h = 0; h < s.heads_q; ++h)
+        for (int64_t d = 0; d < dv; ++d) {
+          dout_pad[size_t(qv.offset(b, i, h, d))] = dout[size_t(ov.offset(b, i, h, d))];
+        }
+  flashgen::ReferenceVariant variant(3.0);
+  variant.sinks = {0.5f, -1.f, 2.f, 0.f};
+  const double scale = 0.3;
+  const HostInput hq = HostInput::float64(q.data(), qv), hk = HostInput::float64(k.data(), kv);
+  const flashgen::Mask mask = flashgen::Mask::kCausal;
+
+  const flashgen::AttentionResult r =
+      flashgen::attention_reference_f64(s, hq, hk, HostInput::float64(v.data(), vv), scale, mask, variant);
+  const flashgen::AttentionResult r_pad =
+      flashgen::attention_reference_f64(s, hq, hk, HostInput::float64(v_pad.data(), kv), scale, mask, variant);
+  REQUIRE(r.out.size() == size_t(ov.elements()));
+  CHECK(r.lse == r_pad.lse);
+  double out_gap = 0, pad_out = 0;
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t i = 0; i < s.seqlen_q; ++i)
+      for (int64_t h = 0; h < s.heads_q; ++h)
+        for (int64_t d = 0; d < s.head_dim; ++d) {
+          const double padded = r_pad.out[size_t(qv.offset(b, i, h, d))];
+          if (d < dv) out_gap = std::max(out_gap, std::fabs(padded - r.out[size_t(ov.offset(b, i, h, d))]));
+          else pad_out = std::max(pad_out, std::fabs(padded));
+        }
+  CHECK(out_gap <= 1e-15);
+  CHECK(pad_out == 0.0);
+
+  const flashgen::AttentionGradients g = flashgen::attention_backward_reference_f64(
+      s, hq, hk, HostInput::float64(v.data(), vv), HostInput::float64(dout.data(), ov), scale, mask, variant);
+  const flashgen::AttentionGradients g_pad = flashgen::attention_backward_reference_f64(
+      s, hq, hk, HostInput::float64(v_pad.data(), kv), HostInput::float64(dout_pad.data(), qv), scale, mask, variant);
+  REQUIRE(g.dv.size() == size_t(vv.elements()));
+  auto gap = [](const std::vector<double>& a, const std::vector<double>& b) {
+    double worst = 0;
+    for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
+    return worst;
+  };
+  CHECK(gap(g.dq, g_pad.dq) <= 1e-14);
+  CHECK(gap(g.dk, g_pad.dk) <= 1e-14);
+  CHECK(gap(g.dsinks, g_pad.dsinks) <= 1e-14);
+  double dv_gap = 0;
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t j = 0; j < s.seqlen_k; ++j)
+      for (int64_t h = 0; h < s.heads_kv; ++h)
+        for (int64_t d = 0; d < dv; ++d) {
+          const double got = g.dv[size_t(vv.offset(b, j, h, d))], padded = g_pad.dv[size_t(kv.offset(b, j, h, d))];
+          dv_gap = std::max(dv_gap, std::fabs(got - padded));
+        }
+  CHECK(dv_gap <= 1e-14);
+
+  // MLA's values are the keys' first d_v columns, read in place: a view of k with k's strides gives what a
+  // contiguous copy of those columns gives.
+  StridedView latent = kv;
+  latent.shape[3] = dv;
+  std::vector<double> k_cols(static_cast<size_t>(vv.elements()));
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t j = 0; j < s.seqlen_k; ++j)
+      for (int64_t h = 0; h < s.heads_kv; ++h)
+        for (int64_t d = 0; d < dv; ++d) {
+          k_cols[size_t(vv.offset(b, j, h, d))] = k[size_t(kv.offset(b, j, h, d))];
+        }
+  const flashgen::AttentionResult in_place =
+      flashgen::attention_reference_f64(s, hq, hk, HostInput::float64(k.data(), latent), scale, mask, variant);
+  const flashgen::AttentionResult copied =
+      flashgen::attention_reference_f64(s, hq, hk, HostInput::float64(k_cols.data(), vv), scale, mask, variant);
+  CHECK(in_place.out == copied.out);
+  CHECK(in_place.lse == copied.lse);
+  // A v whose other dims differ from k's is still refused.
+  StridedView wrong = vv;
+  wrong.shape[1] = s.seqlen_k + 1;
+  CHECK_THROWS_WITH(flashgen::attention_reference_f64(s, hq, hk, HostInput::float64(v.data(), wrong), scale, mask),
+                    "reference: v view does not match the problem shape");
 }
