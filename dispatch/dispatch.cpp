@@ -1,5 +1,5 @@
 // Dispatch of both passes and of KV-cache calls: the planner's sources (the process's choice, tune-on-first-use, the
-// kernel registry's spill reports, the launcher's can_implement), and the per-process store of prepared launches that
+// kernel registry's spill reports, the config's can_implement), and the per-process store of prepared launches that
 // keeps a warm call to a few driver calls.
 #include "dispatch/dispatch.hpp"
 
@@ -93,7 +93,9 @@ auto plan_in_scope(const Call& call, const ScopedContext& scope, CUstream stream
     sources.tuning_deferred = stream_capturing(stream);
   }
   const DeviceTraits& device = device_traits(scope.device());
-  sources.can_implement = [&call, &device](const auto& config) { return can_implement(call, config, device); };
+  sources.can_implement = [&call, &device](const auto& config) {
+    return config.can_implement(call.problem, call.params, device);
+  };
   sources.sm80_candidates = [&call, arch] { return sm80_candidates(call, arch); };
   return plan_call(call, sources);
 }

@@ -1,7 +1,7 @@
 // Dispatch: from a checked problem to a launch, for both passes and KV-cache calls. The planner (planner.hpp) refines
 // the process-wide choice (select.hpp: the user's database, the shipped defaults, the built-in heuristic) in one
 // order: tune-on-first-use (unless the stream captures a graph), a paged cache, a user variant, then while the
-// chosen config's kernel family cannot implement the problem (the launcher's can_implement) the fallback for what it
+// chosen config's kernel family cannot implement the problem (the config's can_implement) the fallback for what it
 // lacks. Then the launcher launches that config. The C ABI, explain and the CLI call this layer; launchers never
 // choose.
 //

@@ -105,7 +105,10 @@ void fallbacks(const Call& call, const PlanSources<Choice>& sources, bool varian
     const Implementability answer = sources.can_implement(choice.config);
     switch (answer.shortfall) {
       case Shortfall::kNone:
-        return;
+      case Shortfall::kProblem:
+      case Shortfall::kArch:
+      case Shortfall::kGridLimit:
+        return;  // none left, or none a fallback removes: the launcher reports it
       case Shortfall::kTmaLayout: {
         Choice fallback = builtin_choice(sources.sm80_candidates(), sources.spilled_bytes, sources.arch);
         paged(call, sources, fallback);

@@ -1,6 +1,6 @@
 // Dispatch's planner: the refinements that turn a call into the config it runs, in one order, each a named step that
 // appends its reason, so the reason explain reports names what runs. What the steps read from outside (data sources,
-// sweeps, ptxas's spill reports, the launcher's can_implement) comes in PlanSources: dispatch.cpp gives the process's,
+// sweeps, ptxas's spill reports, the config's can_implement) comes in PlanSources: dispatch.cpp gives the process's,
 // tests/dispatch/test_planner.cpp fakes.
 #pragma once
 
@@ -30,7 +30,7 @@ struct PlanSources {
   std::function<std::optional<Choice>(std::string* failure)> tune;
   bool tuning_deferred = false;  // tune-on-first-use is on but the stream captures a graph: no sweep may run
   SpilledBytes<Config> spilled_bytes;  // on sm_<arch>
-  std::function<Implementability(const Config&)> can_implement;  // the launcher's, for the call on its device
+  std::function<Implementability(const Config&)> can_implement;  // the config's, for the call on its device
   std::function<std::vector<Config>()> sm80_candidates;  // the heuristic's sm80 family for the call's class, ranked
   // A packed forward's choice read through a block table (tuner/choice.hpp's read_through_pages); the forward's only.
   std::function<Choice(Choice)> read_through_pages;
@@ -50,9 +50,10 @@ struct Plan {
 //   2. first_use_tune: tune-on-first-use's winner where the database lacks the problem's own bucket;
 //   3. paged: a packed forward over a block table reads through its pages;
 //   4. with_user_variant: the variant's functions compiled in (other tiles of the list where the chosen ones spill);
-//   5. fallbacks: while the launcher's can_implement says the family cannot run the call, the fallback for what it
+//   5. fallbacks: while the config's can_implement says the family cannot run the call, the fallback for what it
 //      lacks (the first of the sm80 family's candidates that does not spill, fitted by steps 3 and 4; or no
-//      persistent walk).
+//      persistent walk); a shortfall no fallback removes (another problem, the arch, the grid) is left to the
+//      launcher, which reports it.
 // Every compile result a step needs (spills) comes from sources.spilled_bytes; the data sources compile nothing.
 Plan<ForwardChoice> plan_call(const ForwardCall& call, const PlanSources<ForwardChoice>& sources);
 Plan<BackwardChoice> plan_call(const BackwardCall& call, const PlanSources<BackwardChoice>& sources);

@@ -1,10 +1,12 @@
-// BwdConfig naming, validation and JSON round-trip.
+// BwdConfig naming, validation, its answers of a call (can_implement, TMA, workspace) and JSON round-trip.
 #include "generator/bwd_config.hpp"
 
 #include <sstream>
+#include <tuple>
 #include <vector>
 
 #include "flashgen/error.hpp"
+#include "generator/kernel_module.hpp"
 #include "templates/attn_params.cuh"
 
 namespace flashgen {
@@ -175,6 +177,66 @@ std::optional<std::string> BwdConfig::invalid_reason(int arch) const {
       return "dq kernel needs " + std::to_string(dq.smem_bytes) + " bytes of shared memory; sm_" +
              std::to_string(arch) + " allows " + std::to_string(limit) + " per block";
     }
+  }
+  return std::nullopt;
+}
+
+size_t BwdConfig::workspace_rows(const AttnBwdParams& p) const {
+  const size_t pad = static_cast<size_t>(pad_rows());
+  return (static_cast<size_t>(p.seqlen_q) + pad - 1) / pad * pad;
+}
+
+Implementability BwdConfig::can_implement(const AttentionProblem& problem, const AttnBwdParams& params,
+                                          const DeviceTraits& device) const {
+  if (Implementability fit = problem_fit(*this, problem, device.sm); !fit) return fit;
+  if (family() == KernelFamily::kSm90) {
+    if (auto why = BwdTmaTensors(problem, params, *this).unsupported_reason()) return {Shortfall::kTmaLayout, *why};
+  }
+  return {};
+}
+
+BwdWorkspace BwdConfig::workspace(const AttnBwdParams& p, size_t user_classes_bytes) const {
+  // Rows over every (batch, head); a packed batch's per head as packed_workspace_rows gives them (total_q, or with
+  // padded rows room for each sequence's padding).
+  const size_t rows = p.cu_seqlens_q != nullptr
+                          ? size_t(p.heads_q) * size_t(packed_workspace_rows(p.total_q, p.batch, pad_rows()))
+                          : size_t(p.batch) * size_t(p.heads_q) * workspace_rows(p);
+  BwdWorkspace w;
+  w.dsum = w.append(sizeof(float) * rows);
+  if (family() == KernelFamily::kSm90) w.lse_log2 = w.append(sizeof(float) * rows);
+  if (dq_accum() != DqAccum::kNone) {
+    w.dq_accum = w.append(sizeof(float) * rows * size_t(dq_accum_cols(dq_accum(), head_dim)));
+  }
+  if (dq_accum() == DqAccum::kTiles) {
+    w.dq_semaphore = w.append(sizeof(int) * kBwdSm90SemaphoreInts * (rows / kBwdSm90SemaphoreRows));
+  }
+  if (user_classes_bytes > 0) w.user_classes = w.append(user_classes_bytes);
+  return w;
+}
+
+BwdTmaTensors::BwdTmaTensors(const AttentionProblem& problem, const AttnBwdParams& p, const BwdConfig& config) {
+  // A packed batch is one entry of total_q query and total_k key rows; the kernels find each sequence's.
+  const bool packed = problem.varlen;
+  const int64_t batch = packed ? 1 : p.batch;
+  const int rows_q = packed ? p.total_q : p.seqlen_q, rows_k = packed ? p.total_k : p.seqlen_k;
+  auto tensor = [&](const void* data, int seqlen, int heads, long long bs, long long rs, long long hs) {
+    return TmaTensor{data, problem.dtype, batch, seqlen, heads, problem.head_dim(), bs, rs, hs};
+  };
+  q = tensor(p.q, rows_q, p.heads_q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+  dout = tensor(p.dout, rows_q, p.heads_q, p.do_batch_stride, p.do_row_stride, p.do_head_stride);
+  k = tensor(p.k, rows_k, p.heads_kv, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+  v = tensor(p.v, rows_k, p.heads_kv, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  dk = tensor(p.dk, rows_k, p.heads_kv, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+  dv = tensor(p.dv, rows_k, p.heads_kv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+  q_rows = config.block_m;
+  kv_rows = config.block_n;
+}
+
+std::optional<std::string> BwdTmaTensors::unsupported_reason() const {
+  for (const auto& [t, rows, name] :
+       {std::tuple{&q, q_rows, "q"}, std::tuple{&dout, q_rows, "dout"}, std::tuple{&k, kv_rows, "k"},
+        std::tuple{&v, kv_rows, "v"}, std::tuple{&dk, kGradRows, "dk"}, std::tuple{&dv, kGradRows, "dv"}}) {
+    if (auto why = tma_unsupported_reason(*t, rows)) return std::string(name) + ": " + *why;
   }
   return std::nullopt;
 }

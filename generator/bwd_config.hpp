@@ -10,7 +10,10 @@
 #include <variant>
 #include <vector>
 
+#include "generator/implementability.hpp"
 #include "generator/kernel_config.hpp"
+#include "generator/tma_layout.hpp"
+#include "templates/attn_params.cuh"
 #include "templates/bwd_traits.cuh"
 
 namespace flashgen {
@@ -40,9 +43,17 @@ struct BwdSm90Knobs {
   bool operator!=(const BwdSm90Knobs&) const { return false; }
 };
 
+// A backward call's workspace, its parts in order: D = rowsum(dO ∘ O) per row, the sm90 family's LSE in base 2, the
+// fp32 dQ accumulator, the sm90 family's semaphores (one per 64-row tile, counting a query block's dQ adds:
+// attn_params.cuh), a user mask's block classes; each an offset into the workspace, kAbsent where not needed.
+struct BwdWorkspace : Workspace {
+  size_t dsum = 0, lse_log2 = kAbsent, dq_accum = kAbsent, dq_semaphore = kAbsent, user_classes = kAbsent;
+};
+
 // The fields both families share, then the knobs of one of them. A kernel module (generator/kernel_module.hpp).
 struct BwdConfig {
   using Kernel = BwdKernel;
+  using Params = AttnBwdParams;
   DType dtype = DType::kFloat16;
   int head_dim = 128;
   MaskKind mask = MaskKind::kNone;
@@ -103,6 +114,8 @@ struct BwdConfig {
   int threads(BwdKernel kernel) const;
   // Workspace rows per (batch, head) are seqlen_q rounded up to this (bwd_rows.cuh).
   int pad_rows() const;
+  // Workspace rows of one (batch, head) of a call of params: seqlen_q rounded up to pad_rows.
+  size_t workspace_rows(const AttnBwdParams& params) const;
   // Dynamic shared memory of one kernel (0 for the row kernels).
   int smem_bytes(BwdKernel kernel) const;
   // The kernels whose spills decide whether the config is worth running: dkdv, and the dq kernel where there is one.
@@ -110,8 +123,29 @@ struct BwdConfig {
   // Why this config cannot run on sm_<arch>, or nullopt when it can.
   std::optional<std::string> invalid_reason(int arch) const;
 
+  // Whether the config can run a call (problem, params) on device: the config is for the problem (dtype, head_dim,
+  // mask, modifiers, variant) and the device's sm, and TMA can describe the tensors (the sm90 family).
+  Implementability can_implement(const AttentionProblem& problem, const AttnBwdParams& params,
+                                 const DeviceTraits& device) const;
+  // The workspace of a call of params: the fp32 row values (D, and the base-2 LSE for the sm90 family) of batch ·
+  // heads_q · workspace_rows rows (a packed batch: heads_q times attn_params.cuh's packed_workspace_rows), the dQ
+  // accumulator and semaphores of its strategy, and user_classes_bytes of a user mask's block classes (as the
+  // launcher plans them; 0 where there are none or a block mask keeps them).
+  BwdWorkspace workspace(const AttnBwdParams& params, size_t user_classes_bytes = 0) const;
+
   bool operator==(const BwdConfig& other) const { return name() == other.name(); }
   bool operator!=(const BwdConfig& other) const { return !(*this == other); }
+};
+
+// The tensors of a backward call as TMA sees them, with the box rows of the sm90 dkdv kernel's copies.
+struct BwdTmaTensors {
+  TmaTensor q, dout, k, v, dk, dv;
+  int q_rows = 0, kv_rows = 0;
+  static constexpr int kGradRows = 64;  // each consumer warpgroup stores its own 64 keys
+
+  BwdTmaTensors(const AttentionProblem& problem, const AttnBwdParams& p, const BwdConfig& config);
+  // Why TMA cannot describe one of them ("dq: ..."), or nullopt when it can describe all.
+  std::optional<std::string> unsupported_reason() const;
 };
 
 void to_json(nlohmann::json& j, const BwdConfig& config);

@@ -1,5 +1,5 @@
-// DecodeConfig naming, validation and JSON round-trip. Validity itself lives in templates/decode_traits.cuh,
-// shared with the kernel's static_asserts.
+// DecodeConfig naming, validation, its answers of a call (can_implement, workspace) and JSON round-trip. Validity
+// itself lives in templates/decode_traits.cuh, shared with the kernel's static_asserts.
 #include "generator/decode_config.hpp"
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 
 #include "flashgen/error.hpp"
 #include "generator/kernel_config.hpp"
+#include "generator/kernel_module.hpp"
 
 namespace flashgen {
 
@@ -84,6 +85,33 @@ std::optional<std::string> DecodeConfig::invalid_reason(int arch) const {
            std::to_string(max_smem_per_block(arch)) + " per block";
   }
   return std::nullopt;
+}
+
+int64_t DecodeConfig::row_blocks(const AttnDecodeParams& p) const {
+  return (static_cast<int64_t>(p.group_size) * p.seqlen_q + rows - 1) / rows;
+}
+
+Implementability DecodeConfig::can_implement(const AttentionProblem& problem, const AttnDecodeParams& params,
+                                             const DeviceTraits& device) const {
+  if (Implementability fit = problem_fit(*this, problem, device.sm); !fit) return fit;
+  if (paged != problem.paged) {
+    return {Shortfall::kProblem, paged ? "reads a paged cache, but no block_table is given"
+                                       : "reads a contiguous cache, but a block_table is given"};
+  }
+  if (row_blocks(params) * params.heads_kv > 65535) {
+    return {Shortfall::kGridLimit, "q: heads_kv * ceil(heads_q / heads_kv * seqlen_q / " + std::to_string(rows) +
+                                       ") blocks must be at most 65535 (grid limits)"};
+  }
+  return {};
+}
+
+DecodeWorkspace DecodeConfig::workspace(const AttnDecodeParams& p) const {
+  DecodeWorkspace w;
+  if (p.splits <= 1) return w;
+  const size_t rows = size_t(p.splits) * size_t(p.batch) * size_t(p.heads_q) * size_t(p.seqlen_q);
+  w.o_partial = w.append(sizeof(float) * rows * size_t(head_dim));
+  w.lse_partial = w.append(sizeof(float) * rows);
+  return w;
 }
 
 int64_t max_decode_blocks(const AttentionProblem& problem, const DecodeConfig& config) {

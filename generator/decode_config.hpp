@@ -12,7 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "generator/implementability.hpp"
 #include "problem/attention_problem.hpp"
+#include "templates/attn_params.cuh"
 #include "templates/decode_traits.cuh"
 
 namespace flashgen {
@@ -26,9 +28,16 @@ const char* decode_kernel_suffix(DecodeKernel kernel);  // "append", "attend", "
 // Most key ranges one sequence is split into (a call's split workspace grows with it).
 constexpr int kMaxDecodeSplits = 128;
 
+// A KV-cache call's workspace where its keys are split into more than one range: each range's fp32 output rows
+// (head_dim floats each), then their LSEs; each an offset into the workspace, kAbsent with one range.
+struct DecodeWorkspace : Workspace {
+  size_t o_partial = kAbsent, lse_partial = kAbsent;
+};
+
 // A kernel module (generator/kernel_module.hpp).
 struct DecodeConfig {
   using Kernel = DecodeKernel;
+  using Params = AttnDecodeParams;
   DType dtype = DType::kFloat16;
   int head_dim = 128;
   MaskKind mask = MaskKind::kNone;
@@ -59,6 +68,16 @@ struct DecodeConfig {
   std::vector<DecodeKernel> spill_checked_kernels() const { return {DecodeKernel::kAttend}; }
   // Why this config cannot run on sm_<arch>, or nullopt when it can.
   std::optional<std::string> invalid_reason(int arch) const;
+
+  // Blocks of packed query rows (query heads of a kv head x new tokens) per kv head of a call of params.
+  int64_t row_blocks(const AttnDecodeParams& params) const;
+  // Whether the config can run a call (problem, params) on device: the config is for the problem (dtype, head_dim,
+  // mask, modifiers, variant, a paged or contiguous cache) and the device's sm, and its grid fits the device's.
+  Implementability can_implement(const AttentionProblem& problem, const AttnDecodeParams& params,
+                                 const DeviceTraits& device) const;
+  // The workspace of a call of params split into params.splits key ranges: none for one range, else each range's
+  // partial output and LSE for every (batch, head, query) row.
+  DecodeWorkspace workspace(const AttnDecodeParams& params) const;
 
   bool operator==(const DecodeConfig& other) const { return name() == other.name(); }
   bool operator!=(const DecodeConfig& other) const { return !(*this == other); }

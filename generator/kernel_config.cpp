@@ -1,5 +1,5 @@
-// KernelConfig naming, validation and JSON round-trip. Validity itself lives in templates/fwd_traits.cuh,
-// shared with the kernel's static_asserts.
+// KernelConfig naming, validation, its answers of a call (can_implement, TMA) and JSON round-trip. Validity itself
+// lives in templates/fwd_traits.cuh, shared with the kernel's static_asserts.
 #include "generator/kernel_config.hpp"
 
 #include <algorithm>
@@ -8,8 +8,10 @@
 #include <iterator>
 #include <limits>
 #include <sstream>
+#include <tuple>
 
 #include "flashgen/error.hpp"
+#include "generator/kernel_module.hpp"
 #include "templates/attn_params.cuh"
 
 namespace flashgen {
@@ -231,6 +233,72 @@ std::optional<std::string> KernelConfig::invalid_reason(int arch) const {
   if (smem_bytes() > max_smem_per_block(arch)) {
     return "needs " + std::to_string(smem_bytes()) + " bytes of shared memory; sm_" + std::to_string(arch) +
            " allows " + std::to_string(max_smem_per_block(arch)) + " per block";
+  }
+  return std::nullopt;
+}
+
+int KernelConfig::cluster_size() const { return sm90() != nullptr ? sm90()->cluster : 1; }
+
+bool KernelConfig::persistent() const { return sm90() != nullptr && sm90()->persistent; }
+
+int64_t KernelConfig::query_blocks(const AttnFwdParams& p) const { return (p.seqlen_q + block_m - 1) / block_m; }
+
+int64_t KernelConfig::persistent_tiles(const AttnFwdParams& p) const {
+  const int cluster = cluster_size();
+  return (query_blocks(p) + cluster - 1) / cluster * p.heads_q * p.batch;
+}
+
+Implementability KernelConfig::can_implement(const AttentionProblem& problem, const AttnFwdParams& params,
+                                             const DeviceTraits& device) const {
+  if (Implementability fit = problem_fit(*this, problem, device.sm); !fit) return fit;
+  if (varlen != problem.varlen || paged != problem.paged) {
+    const char* config_batch =
+        varlen ? (paged ? "packed batches over a paged cache" : "packed batches") : "dense batches";
+    const char* call_batch =
+        problem.varlen ? (problem.paged ? "packed batch over a paged cache" : "packed batch") : "dense batch";
+    return {Shortfall::kProblem, std::string("is for ") + config_batch + ", not for this call's " + call_batch};
+  }
+  if (family() == KernelFamily::kSm90) {
+    if (auto why = FwdTmaTensors(problem, params, *this).unsupported_reason()) return {Shortfall::kTmaLayout, *why};
+  }
+  // The kernel walks the tile list with int indices, up to a walker count past its end.
+  const int64_t tiles = persistent_tiles(params);
+  if (persistent() && tiles > INT32_MAX - 2 * int64_t(device.multiprocessors)) {
+    return {Shortfall::kTileCount, std::to_string(tiles) + " tiles are more than a persistent kernel indexes"};
+  }
+  return {};
+}
+
+FwdTmaTensors::FwdTmaTensors(const AttentionProblem& problem, const AttnFwdParams& p, const KernelConfig& config) {
+  // A packed batch is one entry of total_q query and total_k key rows; the kernels find each sequence's.
+  const bool packed = problem.varlen;
+  const int64_t batch = packed ? 1 : p.batch;
+  const int rows_q = packed ? p.total_q : p.seqlen_q, rows_k = packed ? p.total_k : p.seqlen_k;
+  auto tensor = [&](const void* data, int seqlen, int heads, long long bs, long long rs, long long hs) {
+    return TmaTensor{data, problem.dtype, batch, seqlen, heads, problem.head_dim(), bs, rs, hs};
+  };
+  q = tensor(p.q, rows_q, p.heads_q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+  k = tensor(p.k, rows_k, p.heads_kv, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+  v = tensor(p.v, rows_k, p.heads_kv, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  o = tensor(p.o, rows_q, p.heads_q, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
+  q_rows = config.block_m;
+  kv_rows = config.block_n;
+  paged = problem.paged;
+  if (paged) {
+    auto pages = [&](const void* data, long long page_stride, long long rs, long long hs) {
+      return TmaTensor{data, problem.dtype, p.num_pages, p.page_size, p.heads_kv, problem.head_dim(), page_stride, rs,
+                       hs};
+    };
+    k = pages(p.k, p.k_page_stride, p.k_row_stride, p.k_head_stride);
+    v = pages(p.v, p.v_page_stride, p.v_row_stride, p.v_head_stride);
+    kv_rows = paged_box_rows(p.page_size, config.block_n);
+  }
+}
+
+std::optional<std::string> FwdTmaTensors::unsupported_reason() const {
+  for (const auto& [t, rows, name] : {std::tuple{&q, q_rows, "q"}, std::tuple{&k, kv_rows, "k"},
+                                      std::tuple{&v, kv_rows, "v"}, std::tuple{&o, kORows, "out"}}) {
+    if (auto why = tma_unsupported_reason(*t, rows)) return std::string(name) + ": " + *why;
   }
   return std::nullopt;
 }

@@ -9,7 +9,10 @@
 #include <variant>
 #include <vector>
 
+#include "generator/implementability.hpp"
+#include "generator/tma_layout.hpp"
 #include "problem/attention_problem.hpp"
+#include "templates/attn_params.cuh"
 #include "templates/fwd_traits.cuh"
 
 namespace flashgen {
@@ -52,6 +55,7 @@ enum class FwdKernel { kAttend, kUserBlockTiles, kUserBlockRanges };
 // The fields both families share, then the knobs of one of them. A kernel module (generator/kernel_module.hpp).
 struct KernelConfig {
   using Kernel = FwdKernel;
+  using Params = AttnFwdParams;
 
   DType dtype = DType::kFloat16;
   int head_dim = 128;
@@ -109,8 +113,40 @@ struct KernelConfig {
   // Why this config cannot run on sm_<arch>, or nullopt when it can.
   std::optional<std::string> invalid_reason(int arch) const;
 
+  // Blocks per cluster (the sm90 family's knob; 1 for the sm80 family), and whether the kernel walks a persistent
+  // tile list (the sm90 family's knob).
+  int cluster_size() const;
+  bool persistent() const;
+  // Query blocks of a call of params, and the tiles a persistent kernel walks: cluster-wide query blocks of every
+  // head and batch entry.
+  int64_t query_blocks(const AttnFwdParams& params) const;
+  int64_t persistent_tiles(const AttnFwdParams& params) const;
+
+  // Whether the config can run a call (problem, params) on device: the config is for the problem (its dtype,
+  // head_dim, mask, modifiers, variant, and a dense or packed batch, paged or not) and the device's sm, TMA can
+  // describe the tensors (the sm90 family), and a persistent walk's tiles fit its int indices.
+  Implementability can_implement(const AttentionProblem& problem, const AttnFwdParams& params,
+                                 const DeviceTraits& device) const;
+  // The forward's kernels take no caller workspace (a user mask's classes and a tile counter are per launch).
+  Workspace workspace(const AttnFwdParams&) const { return {}; }
+
   bool operator==(const KernelConfig& other) const;
   bool operator!=(const KernelConfig& other) const { return !(*this == other); }
+};
+
+// The four tensors of a forward call as TMA sees them, with the box rows of the sm90 kernel's copies. Over a
+// paged cache, k and v are (num_pages, page_size, heads_kv, head_dim), copied in boxes that lie in one page, and
+// v also in boxes of 16 rows (the fine map: the rows about a sequence's last key).
+struct FwdTmaTensors {
+  TmaTensor q, k, v, o;
+  int q_rows = 0, kv_rows = 0;
+  bool paged = false;
+  static constexpr int kORows = 64;  // each consumer warpgroup stores its own 64 rows
+  static constexpr int kFineRows = 16;
+
+  FwdTmaTensors(const AttentionProblem& problem, const AttnFwdParams& p, const KernelConfig& config);
+  // Why TMA cannot describe one of them ("q: ..."), or nullopt when it can describe all.
+  std::optional<std::string> unsupported_reason() const;
 };
 
 // Reads "<prefix><int>" from one '_'-separated field of the config name `name` (e.g. "d128" with prefix

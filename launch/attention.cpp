@@ -7,8 +7,6 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
-#include <optional>
-#include <tuple>
 
 #include "flashgen/error.hpp"
 #include "generator/generator.hpp"
@@ -140,59 +138,14 @@ ForwardCall make_varlen_forward_call(const VarlenForwardArgs& args) {
 
 namespace {
 
-// The four tensors of a forward call as TMA sees them, with the box rows of the sm90 kernel's copies. Over a
-// paged cache, k and v are (num_pages, page_size, heads_kv, head_dim), copied in boxes that lie in one page, and
-// v also in boxes of 16 rows (the fine map: the rows about a sequence's last key).
-struct ForwardTmaTensors {
-  TmaTensor q, k, v, o;
-  int q_rows = 0, kv_rows = 0;
-  bool paged = false;
-  static constexpr int kORows = 64;  // each consumer warpgroup stores its own 64 rows
-  static constexpr int kFineRows = 16;
-
-  ForwardTmaTensors(const ForwardCall& call, const KernelConfig& config) {
-    const AttnFwdParams& p = call.params;
-    // A packed batch is one entry of total_q query and total_k key rows; the kernels find each sequence's.
-    const bool packed = call.problem.varlen;
-    const int64_t batch = packed ? 1 : p.batch;
-    const int rows_q = packed ? p.total_q : p.seqlen_q, rows_k = packed ? p.total_k : p.seqlen_k;
-    auto tensor = [&](const void* data, int seqlen, int heads, long long bs, long long rs, long long hs) {
-      return TmaTensor{data, call.problem.dtype, batch, seqlen, heads, call.problem.head_dim(), bs, rs, hs};
-    };
-    q = tensor(p.q, rows_q, p.heads_q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
-    k = tensor(p.k, rows_k, p.heads_kv, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
-    v = tensor(p.v, rows_k, p.heads_kv, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
-    o = tensor(p.o, rows_q, p.heads_q, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
-    q_rows = config.block_m;
-    kv_rows = config.block_n;
-    paged = call.problem.paged;
-    if (paged) {
-      auto pages = [&](const void* data, long long page_stride, long long rs, long long hs) {
-        return TmaTensor{data, call.problem.dtype, p.num_pages, p.page_size, p.heads_kv, call.problem.head_dim(),
-                         page_stride, rs, hs};
-      };
-      k = pages(p.k, p.k_page_stride, p.k_row_stride, p.k_head_stride);
-      v = pages(p.v, p.v_page_stride, p.v_row_stride, p.v_head_stride);
-      kv_rows = paged_box_rows(p.page_size, config.block_n);
-    }
-  }
-
-  std::optional<std::string> unsupported_reason() const {
-    for (const auto& [t, rows, name] : {std::tuple{&q, q_rows, "q"}, std::tuple{&k, kv_rows, "k"},
-                                        std::tuple{&v, kv_rows, "v"}, std::tuple{&o, kORows, "out"}}) {
-      if (auto why = tma_unsupported_reason(*t, rows)) return std::string(name) + ": " + *why;
-    }
-    return std::nullopt;
-  }
-
-  void encode(AttnFwdSm90Params& params) const {
-    encode_tma_map(&params.q_map, q, q_rows);
-    encode_tma_map(&params.k_map, k, kv_rows);
-    encode_tma_map(&params.v_map, v, kv_rows);
-    encode_tma_map(&params.o_map, o, kORows);
-    if (paged) encode_tma_map(&params.v_fine_map, v, kFineRows);
-  }
-};
+// Encodes the TMA maps of a forward call's tensors into params.
+void encode_tma_maps(const FwdTmaTensors& t, AttnFwdSm90Params& params) {
+  encode_tma_map(&params.q_map, t.q, t.q_rows);
+  encode_tma_map(&params.k_map, t.k, t.kv_rows);
+  encode_tma_map(&params.v_map, t.v, t.kv_rows);
+  encode_tma_map(&params.o_map, t.o, FwdTmaTensors::kORows);
+  if (t.paged) encode_tma_map(&params.v_fine_map, t.v, FwdTmaTensors::kFineRows);
+}
 
 // (batch, head) pairs per section of the tile list of a persistent kernel whose mask hides keys. As many as
 // have their K and V (shared by the query heads of a group) in half the L2 cache, but enough for two tiles per
@@ -224,30 +177,6 @@ int max_active_clusters(const PreparedForward& prepared, const DeviceTraits& dev
   return clusters;
 }
 
-// Blocks per cluster, and whether the kernel walks a persistent tile list: sm90-family knobs; an sm80
-// kernel has one block per query block and no clusters.
-int cluster_size(const KernelConfig& config) {
-  const Sm90Knobs* k = config.sm90();
-  return k != nullptr ? k->cluster : 1;
-}
-
-bool is_persistent(const KernelConfig& config) {
-  const Sm90Knobs* k = config.sm90();
-  return k != nullptr && k->persistent;
-}
-
-// Query blocks of the call under config, and the tiles (cluster-wide query blocks of every head and
-// batch) a persistent kernel walks.
-int64_t query_blocks(const ForwardCall& call, const KernelConfig& config) {
-  return (call.params.seqlen_q + config.block_m - 1) / config.block_m;
-}
-
-int64_t persistent_tiles(const ForwardCall& call, const KernelConfig& config) {
-  const AttnFwdParams& p = call.params;
-  const int cluster = cluster_size(config);
-  return (query_blocks(call, config) + cluster - 1) / cluster * p.heads_q * p.batch;
-}
-
 void check_device_pointers(const AttnFwdParams& p, int device) {
   check_device_pointer(p.q, "q.data", device);
   check_device_pointer(p.k, "k.data", device);
@@ -267,37 +196,14 @@ void check_device_pointers(const AttnFwdParams& p, int device) {
 
 }  // namespace
 
-Implementability can_implement(const ForwardCall& call, const KernelConfig& config, const DeviceTraits& device) {
-  if (config.family() == KernelFamily::kSm90) {
-    if (auto why = ForwardTmaTensors(call, config).unsupported_reason()) return {Shortfall::kTmaLayout, *why};
-  }
-  // The kernel walks the tile list with int indices, up to a walker count past its end.
-  const int64_t tiles = persistent_tiles(call, config);
-  if (is_persistent(config) && tiles > INT32_MAX - 2 * int64_t(device.multiprocessors)) {
-    return {Shortfall::kTileCount, std::to_string(tiles) + " tiles are more than a persistent kernel indexes"};
-  }
-  return {};
-}
-
 PreparedForward prepare_forward(const ForwardCall& call, CUstream stream, const KernelConfig& config) {
   const AttnFwdParams& p = call.params;
   const ScopedContext scope(stream, p.q);
   check_device_pointers(p, scope.device());
   const int arch = launch_arch(scope.device());
-  check_requested_config(config, call.problem, arch);
-  FLASHGEN_REQUIRE(config.varlen == call.problem.varlen && config.paged == call.problem.paged,
-                   "config " + config.name() + " is for " +
-                       (config.varlen ? (config.paged ? "packed batches over a paged cache" : "packed batches")
-                                      : "dense batches") +
-                       ", not for this call's " +
-                       (call.problem.varlen ? (call.problem.paged ? "packed batch over a paged cache" : "packed batch")
-                                            : "dense batch"));
   const DeviceTraits& device = device_traits(scope.device());
-  if (const Implementability answer = can_implement(call, config, device); !answer) {
-    if (answer.shortfall == Shortfall::kTmaLayout) {
-      fail(Status::kUnsupported, "config " + config.name() + " needs TMA, which cannot describe " + answer.reason);
-    }
-    fail(Status::kInvalidArgument, "config " + config.name() + ": " + answer.reason);
+  if (const Implementability answer = config.can_implement(call.problem, p, device); !answer) {
+    fail_unimplementable(config.name(), answer);
   }
 
   PreparedForward prepared;
@@ -308,18 +214,18 @@ PreparedForward prepare_forward(const ForwardCall& call, CUstream stream, const 
   if (config.family() == KernelFamily::kSm90) {
     prepared.uses_tma = true;
     prepared.sm90_params.base = p;
-    ForwardTmaTensors(call, config).encode(prepared.sm90_params);
+    encode_tma_maps(FwdTmaTensors(call.problem, p, config), prepared.sm90_params);
   }
   prepared.function = KernelRegistry::instance().function(config, FwdKernel::kAttend, scope.context(), arch);
   prepared.threads = static_cast<unsigned>(config.threads());
   prepared.smem_bytes = static_cast<unsigned>(config.smem_bytes());
   // A cluster of two takes pairs of query blocks: the grid's x is a multiple of 2, its last block
   // possibly past the end.
-  const int cluster = cluster_size(config);
-  const int64_t m_blocks = query_blocks(call, config);
-  if (is_persistent(config)) {  // one block per SM (one cluster per SM pair) walks the tiles
+  const int cluster = config.cluster_size();
+  const int64_t m_blocks = config.query_blocks(p);
+  if (config.persistent()) {  // one block per SM (one cluster per SM pair) walks the tiles
     const int64_t resident = cluster > 1 ? max_active_clusters(prepared, device) : device.multiprocessors;
-    prepared.grid[0] = static_cast<unsigned>(std::min<int64_t>(persistent_tiles(call, config), resident) * cluster);
+    prepared.grid[0] = static_cast<unsigned>(std::min<int64_t>(config.persistent_tiles(p), resident) * cluster);
   } else {
     prepared.grid[0] = static_cast<unsigned>((m_blocks + cluster - 1) / cluster * cluster);
     prepared.grid[1] = static_cast<unsigned>(p.heads_q);
@@ -329,7 +235,7 @@ PreparedForward prepare_forward(const ForwardCall& call, CUstream stream, const 
   // claim tiles from a counter and walk a sectioned tile list; the others never read l2_section.
   // Walkers of a persistent kernel's tile list: its blocks, or their groups of consumers.
   const bool hides_keys = call.problem.mask_kind() != MaskKind::kNone || (config.user && config.user->masks());
-  prepared.uses_tile_counter = is_persistent(config) && hides_keys;
+  prepared.uses_tile_counter = config.persistent() && hides_keys;
   if (prepared.uses_tile_counter) {
     prepared.sm90_params.l2_section =
         l2_section(p, call.problem.head_dim(), m_blocks, int64_t(prepared.grid[0]) * config.sm90()->groups, device);
@@ -358,7 +264,7 @@ void PreparedForward::rebind(const ForwardCall& call, int device) {
   if (!uses_tma) return;
   sm90_params.base = p;
   if (!tma_maps_retargetable()) {
-    ForwardTmaTensors(call, config).encode(sm90_params);
+    encode_tma_maps(FwdTmaTensors(call.problem, p, config), sm90_params);
     return;
   }
   retarget_tma_map(&sm90_params.q_map, p.q);

@@ -1,6 +1,6 @@
-// Launcher stage for the forward pass: checks a call given as tensor views and options into AttnFwdParams,
-// answers whether a kernel family can implement it, and launches a config it is given (dispatch/ chooses
-// which) on the caller's stream.
+// Launcher stage for the forward pass: checks a call given as tensor views and options into AttnFwdParams, and
+// launches a config it is given (dispatch/ chooses which; the config answers whether it can implement the call) on
+// the caller's stream.
 #pragma once
 
 #include <cuda.h>
@@ -35,23 +35,6 @@ ForwardCall make_forward_call(const TensorView* q, const TensorView* k, const Te
 // entry, offsets given and aligned, the sequence count and longest lengths in range), each error naming
 // the argument. The call's problem is varlen: shape.batch sequences of at most max_seqlen_q and max_seqlen_k.
 ForwardCall make_varlen_forward_call(const VarlenForwardArgs& args);
-
-// Why a kernel family cannot run a config on a call, as dispatch needs it to pick a fallback.
-enum class Shortfall {
-  kNone,
-  kTmaLayout,  // the sm90 family: TMA cannot describe one of the tensors (dispatch: the sm80 family)
-  kTileCount,  // a persistent kernel: more tiles than its int indices reach (dispatch: not persistent)
-};
-
-struct Implementability {
-  Shortfall shortfall = Shortfall::kNone;
-  std::string reason;  // e.g. "q: the base address is not 16-byte aligned"; empty when it can
-  explicit operator bool() const { return shortfall == Shortfall::kNone; }
-};
-
-// Whether config's kernel family can run the call on a device of these traits, and if not why. The
-// config itself must be one for the call that can run on the device (check_requested_config).
-Implementability can_implement(const ForwardCall& call, const KernelConfig& config, const DeviceTraits& device);
 
 // A checked, resolved launch of one config for one call: relaunched as is by the tuner's timing
 // loops, so host-side checks stay out of the timed region, and kept by dispatch for the next call of the
@@ -88,9 +71,8 @@ struct PreparedForward {
 };
 
 // Everything a launch does before cuLaunchKernel, for a config the caller chose: checks that the pointers
-// are memory of the launch's device, that the config is one for the call and can run there, and that
-// its family can implement the call (Error naming why otherwise), then loads the kernel and computes
-// the grid. Needs the stream's (or current) context.
+// are memory of the launch's device and that the config can implement the call there (KernelConfig::can_implement;
+// Error naming why otherwise), then loads the kernel and computes the grid. Needs the stream's (or current) context.
 PreparedForward prepare_forward(const ForwardCall& call, CUstream stream, const KernelConfig& config);
 
 // prepare_forward, then the launch.

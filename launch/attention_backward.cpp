@@ -5,8 +5,6 @@
 #include "launch/attention_backward.hpp"
 
 #include <cstdint>
-#include <optional>
-#include <tuple>
 #include <utility>
 
 #include "flashgen/error.hpp"
@@ -21,70 +19,15 @@ namespace flashgen {
 
 namespace {
 
-// Workspace rows of one (batch, head): seqlen_q rounded up to the config's padding (bwd_rows.cuh).
-size_t workspace_rows(const AttnBwdParams& p, const BwdConfig& config) {
-  const size_t pad = static_cast<size_t>(config.pad_rows());
-  return (static_cast<size_t>(p.seqlen_q) + pad - 1) / pad * pad;
+// Encodes the TMA maps of a backward call's tensors into params.
+void encode_tma_maps(const BwdTmaTensors& t, AttnBwdSm90Params& params) {
+  encode_tma_map(&params.q_map, t.q, t.q_rows);
+  encode_tma_map(&params.do_map, t.dout, t.q_rows);
+  encode_tma_map(&params.k_map, t.k, t.kv_rows);
+  encode_tma_map(&params.v_map, t.v, t.kv_rows);
+  encode_tma_map(&params.dk_map, t.dk, BwdTmaTensors::kGradRows);
+  encode_tma_map(&params.dv_map, t.dv, BwdTmaTensors::kGradRows);
 }
-
-// Workspace rows over every (batch, head): batch · heads_q · workspace_rows for a dense batch; for a packed
-// one heads_q times the rows attn_params.cuh's packed_workspace_rows gives a head (total_q, or with padded
-// rows room for each sequence's padding).
-size_t all_workspace_rows(const AttnBwdParams& p, const BwdConfig& config) {
-  if (p.cu_seqlens_q != nullptr) {
-    return size_t(p.heads_q) * size_t(packed_workspace_rows(p.total_q, p.batch, config.pad_rows()));
-  }
-  return size_t(p.batch) * size_t(p.heads_q) * workspace_rows(p, config);
-}
-
-// One fp32 value per workspace row: D, and the base-2 LSE of the sm90 family.
-size_t row_array_bytes(const AttnBwdParams& p, const BwdConfig& config) {
-  return align_workspace_part(sizeof(float) * all_workspace_rows(p, config));
-}
-
-// The tensors of a backward call as TMA sees them, with the box rows of the sm90 dkdv kernel's copies.
-struct BackwardTmaTensors {
-  TmaTensor q, dout, k, v, dk, dv;
-  int q_rows = 0, kv_rows = 0;
-  static constexpr int kGradRows = 64;  // each consumer warpgroup stores its own 64 keys
-
-  BackwardTmaTensors(const BackwardCall& call, const BwdConfig& config) {
-    const AttnBwdParams& p = call.params;
-    // A packed batch is one entry of total_q query and total_k key rows; the kernels find each sequence's.
-    const bool packed = call.problem.varlen;
-    const int64_t batch = packed ? 1 : p.batch;
-    const int rows_q = packed ? p.total_q : p.seqlen_q, rows_k = packed ? p.total_k : p.seqlen_k;
-    auto tensor = [&](const void* data, int seqlen, int heads, long long bs, long long rs, long long hs) {
-      return TmaTensor{data, call.problem.dtype, batch, seqlen, heads, call.problem.head_dim(), bs, rs, hs};
-    };
-    q = tensor(p.q, rows_q, p.heads_q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
-    dout = tensor(p.dout, rows_q, p.heads_q, p.do_batch_stride, p.do_row_stride, p.do_head_stride);
-    k = tensor(p.k, rows_k, p.heads_kv, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
-    v = tensor(p.v, rows_k, p.heads_kv, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
-    dk = tensor(p.dk, rows_k, p.heads_kv, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
-    dv = tensor(p.dv, rows_k, p.heads_kv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
-    q_rows = config.block_m;
-    kv_rows = config.block_n;
-  }
-
-  std::optional<std::string> unsupported_reason() const {
-    for (const auto& [t, rows, name] :
-         {std::tuple{&q, q_rows, "q"}, std::tuple{&dout, q_rows, "dout"}, std::tuple{&k, kv_rows, "k"},
-          std::tuple{&v, kv_rows, "v"}, std::tuple{&dk, kGradRows, "dk"}, std::tuple{&dv, kGradRows, "dv"}}) {
-      if (auto why = tma_unsupported_reason(*t, rows)) return std::string(name) + ": " + *why;
-    }
-    return std::nullopt;
-  }
-
-  void encode(AttnBwdSm90Params& params) const {
-    encode_tma_map(&params.q_map, q, q_rows);
-    encode_tma_map(&params.do_map, dout, q_rows);
-    encode_tma_map(&params.k_map, k, kv_rows);
-    encode_tma_map(&params.v_map, v, kv_rows);
-    encode_tma_map(&params.dk_map, dk, kGradRows);
-    encode_tma_map(&params.dv_map, dv, kGradRows);
-  }
-};
 
 unsigned ceil_div(long long a, long long b) { return static_cast<unsigned>((a + b - 1) / b); }
 
@@ -181,46 +124,11 @@ UserBlockLaunch plan_user_blocks(const AttnBwdParams& p, const BwdConfig& config
                                config.user->mask_same_for_heads ? 1 : p.group_size, p.batch, true);
 }
 
-// The workspace in order: D, the sm90 family's LSE in base 2, the fp32 dQ accumulator, the sm90
-// family's semaphores (one per 64-row tile, counting a query block's dQ adds: attn_params.cuh), a user mask's block
-// classes unless a block mask keeps them; absent parts take no bytes.
-struct WorkspaceLayout {
-  static constexpr size_t kAbsent = SIZE_MAX;
-  size_t lse_log2 = kAbsent, dq_accum = kAbsent, dq_semaphore = kAbsent, user_classes = kAbsent, bytes = 0;
-
-  WorkspaceLayout(const AttnBwdParams& p, const BwdConfig& config, int head_dim, bool block_mask) {
-    const size_t rows = all_workspace_rows(p, config);
-    bytes = row_array_bytes(p, config);
-    if (config.family() == KernelFamily::kSm90) {
-      lse_log2 = bytes;
-      bytes += row_array_bytes(p, config);
-    }
-    if (config.dq_accum() != DqAccum::kNone) {
-      dq_accum = bytes;
-      bytes += align_workspace_part(sizeof(float) * rows * size_t(dq_accum_cols(config.dq_accum(), head_dim)));
-    }
-    if (config.dq_accum() == DqAccum::kTiles) {
-      dq_semaphore = bytes;
-      bytes += align_workspace_part(sizeof(int) * kBwdSm90SemaphoreInts * (rows / kBwdSm90SemaphoreRows));
-    }
-    if (const UserBlockLaunch classes = plan_user_blocks(p, config); classes && !block_mask) {
-      user_classes = bytes;
-      bytes += classes.bytes();
-    }
-  }
-};
-
 }  // namespace
 
 size_t backward_workspace_bytes(const BackwardCall& call, const BwdConfig& config) {
-  return WorkspaceLayout(call.params, config, call.problem.head_dim(), call.block_mask != nullptr).bytes;
-}
-
-Implementability can_implement(const BackwardCall& call, const BwdConfig& config, const DeviceTraits&) {
-  if (config.family() == KernelFamily::kSm90) {
-    if (auto why = BackwardTmaTensors(call, config).unsupported_reason()) return {Shortfall::kTmaLayout, *why};
-  }
-  return {};
+  const UserBlockLaunch classes = plan_user_blocks(call.params, config);
+  return config.workspace(call.params, classes && call.block_mask == nullptr ? classes.bytes() : 0).bytes;
 }
 
 namespace {
@@ -247,9 +155,8 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
   const ScopedContext scope(stream, p.q);
   check_device_pointers(p, scope.device());
   const int arch = launch_arch(scope.device());
-  check_requested_config(c, call.problem, arch);
-  if (const Implementability answer = can_implement(call, c, device_traits(scope.device())); !answer) {
-    fail(Status::kUnsupported, "config " + c.name() + " needs TMA, which cannot describe " + answer.reason);
+  if (const Implementability answer = c.can_implement(call.problem, p, device_traits(scope.device())); !answer) {
+    fail_unimplementable(c.name(), answer);
   }
 
   PreparedBackward prepared;
@@ -257,7 +164,7 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
   prepared.arch = arch;
   if (c.family() == KernelFamily::kSm90) {
     prepared.uses_tma = true;
-    BackwardTmaTensors(call, c).encode(prepared.sm90_params);
+    encode_tma_maps(BwdTmaTensors(call.problem, p, c), prepared.sm90_params);
   }
   KernelRegistry& registry = KernelRegistry::instance();
   prepared.preprocess = registry.function(c, BwdKernel::kPreprocess, scope.context(), arch);
@@ -267,7 +174,7 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
   prepared.sink_grad = registry.function(c, BwdKernel::kSinkGrad, scope.context(), arch);
 
   const int rows_per_block = bwd_preprocess_rows_per_block(call.problem.head_dim());
-  prepared.preprocess_grid[0] = ceil_div(static_cast<long long>(workspace_rows(p, c)), rows_per_block);
+  prepared.preprocess_grid[0] = ceil_div(static_cast<long long>(c.workspace_rows(p)), rows_per_block);
   prepared.preprocess_grid[1] = static_cast<unsigned>(p.heads_q);
   prepared.preprocess_grid[2] = static_cast<unsigned>(p.batch);
   prepared.dkdv_grid[0] = ceil_div(p.seqlen_k, c.block_n);
@@ -300,7 +207,6 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
     prepared.user_blocks.bands = registry.function(c, BwdKernel::kUserBlockBands, scope.context(), arch);
   }
   prepared.workspace_bytes = backward_workspace_bytes(call, c);
-  prepared.head_dim = call.problem.head_dim();
   prepared.params = p;
   prepared.block_mask = call.block_mask;
   return prepared;
@@ -312,7 +218,7 @@ void PreparedBackward::rebind(const BackwardCall& call, int device) {
   block_mask = call.block_mask;
   if (!uses_tma) return;
   if (!tma_maps_retargetable()) {
-    BackwardTmaTensors(call, config).encode(sm90_params);
+    encode_tma_maps(BwdTmaTensors(call.problem, call.params, config), sm90_params);
     return;
   }
   const AttnBwdParams& p = call.params;
@@ -325,13 +231,12 @@ void PreparedBackward::rebind(const BackwardCall& call, int device) {
 }
 
 void PreparedBackward::bind_workspace(CUdeviceptr workspace) {
-  const WorkspaceLayout layout(params, config, head_dim, block_mask != nullptr);
-  auto part = [&](size_t offset) { return offset == WorkspaceLayout::kAbsent ? 0 : workspace + offset; };
-  params.dsum = reinterpret_cast<float*>(workspace);
-  params.lse_log2 = reinterpret_cast<float*>(part(layout.lse_log2));
-  params.dq_accum = reinterpret_cast<float*>(part(layout.dq_accum));
-  params.dq_semaphore = reinterpret_cast<int*>(part(layout.dq_semaphore));
-  if (user_blocks && block_mask == nullptr) params.user_classes = user_blocks.at(workspace + layout.user_classes);
+  const BwdWorkspace layout = config.workspace(params, user_blocks && block_mask == nullptr ? user_blocks.bytes() : 0);
+  params.dsum = reinterpret_cast<float*>(workspace_part(workspace, layout.dsum));
+  params.lse_log2 = reinterpret_cast<float*>(workspace_part(workspace, layout.lse_log2));
+  params.dq_accum = reinterpret_cast<float*>(workspace_part(workspace, layout.dq_accum));
+  params.dq_semaphore = reinterpret_cast<int*>(workspace_part(workspace, layout.dq_semaphore));
+  if (layout.user_classes != Workspace::kAbsent) params.user_classes = user_blocks.at(workspace + layout.user_classes);
   sm90_params.base = params;
 }
 

@@ -1,7 +1,6 @@
-// Launcher stage for the backward pass: checks a call given as tensor views and options into AttnBwdParams,
-// answers whether a kernel family can implement it, and launches the kernels of a config it is given
-// (preprocess, dkdv, then dq or convert, and with the sinks' gradient wanted its kernel) on the caller's
-// stream.
+// Launcher stage for the backward pass: checks a call given as tensor views and options into AttnBwdParams, and
+// launches the kernels of a config it is given (preprocess, dkdv, then dq or convert, and with the sinks' gradient
+// wanted its kernel) on the caller's stream; the config answers whether it can implement the call and its workspace.
 #pragma once
 
 #include <cuda.h>
@@ -35,16 +34,10 @@ BackwardCall make_backward_call(const TensorView* q, const TensorView* k, const 
 // tensors checked as the dense backward checks them, then the packing as make_varlen_forward_call checks it.
 BackwardCall make_varlen_backward_call(const VarlenBackwardArgs& args);
 
-// Device workspace a config needs for a call, in bytes: D = rowsum(dO ∘ O) in fp32 for every
-// (batch, head, query), the LSE in base 2 likewise for the sm90 family, plus the fp32 dQ accumulator
-// (batch · heads_q · rows · head_dim floats) for the atomic strategy, the sm90 family's dQ counters, and a user
-// mask's block classes. rows is seqlen_q for the sm80 family and seqlen_q rounded up to 128 for the sm90 one: at most
-// 4 · batch · heads_q · rows · (head_dim + 2.2) bytes plus alignment and the classes.
+// Device workspace a config needs for a call, in bytes: BwdConfig::workspace, with a user mask's block classes
+// where the call does not keep them in a block mask. At most 4 · batch · heads_q · rows · (head_dim + 2.2) bytes plus
+// alignment and the classes; rows is seqlen_q for the sm80 family and seqlen_q rounded up to 128 for the sm90 one.
 size_t backward_workspace_bytes(const BackwardCall& call, const BwdConfig& config);
-
-// Whether config's kernel family can run the call (attention.hpp's Implementability; the backward's only
-// shortfall is kTmaLayout). The config must be one for the call that can run on the device.
-Implementability can_implement(const BackwardCall& call, const BwdConfig& config, const DeviceTraits& device);
 
 // A checked, resolved backward launch: relaunched as is by benchmarks, so host-side checks stay out of
 // the timed region, and kept by dispatch for the next call of the same problem class (rebind). Valid while
@@ -65,7 +58,6 @@ struct PreparedBackward {
   unsigned dkdv_smem = 0;
   unsigned finish_smem = 0;
   size_t workspace_bytes = 0;
-  int head_dim = 0;                      // the workspace's layout needs it
   AttnBwdParams params{};
   bool uses_tma = false;                 // the sm90 family: its dkdv kernel takes sm90_params
   bool finish_overlaps_dkdv = false;     // dq_adds_counted: the convert kernel may start before dkdv ends
@@ -89,7 +81,7 @@ inline constexpr CUdeviceptr kBackwardWorkspaceAlignment = 256;
 void check_workspace_alignment(CUdeviceptr workspace);
 
 // Everything a launch does before the kernels run, for a config the caller chose: the checks of
-// prepare_forward (pointers, config, can_implement), the kernels loaded, the grids; the workspace is bound
+// prepare_forward (pointers, the config's can_implement), the kernels loaded, the grids; the workspace is bound
 // separately.
 PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, const BwdConfig& config);
 

@@ -20,9 +20,6 @@ namespace {
 
 long long ceil_div(long long a, long long b) { return (a + b - 1) / b; }
 
-// Output rows of one (split, row) of the workspace: its o_partial floats, then one lse_partial float.
-size_t partial_rows(const AttnDecodeParams& p) { return size_t(p.batch) * p.heads_q * p.seqlen_q; }
-
 }  // namespace
 
 KvCacheCall make_kvcache_call(const KvCacheArgs& args) {
@@ -172,10 +169,10 @@ int clamp_splits(const KvCacheCall& call, const DecodeConfig& config, int splits
   return std::clamp(splits, 1, max_decode_splits(call.problem, config));
 }
 
-size_t kvcache_workspace_bytes(const KvCacheCall& call, int splits) {
-  if (splits <= 1) return 0;
-  const size_t rows = size_t(splits) * partial_rows(call.params);
-  return align_workspace_part(sizeof(float) * rows * size_t(call.problem.head_dim())) + align_workspace_part(sizeof(float) * rows);
+size_t kvcache_workspace_bytes(const KvCacheCall& call, const DecodeConfig& config, int splits) {
+  AttnDecodeParams split = call.params;
+  split.splits = splits;
+  return config.workspace(split).bytes;
 }
 
 namespace {
@@ -205,10 +202,9 @@ PreparedKvCache prepare_kvcache(const KvCacheCall& call, CUstream stream, const 
   const int device = scope.device();
   check_device_pointers(p, device);
   const int arch = launch_arch(device);
-  check_requested_config(config, call.problem, arch);
-  FLASHGEN_REQUIRE(config.paged == call.problem.paged,
-                   "config " + config.name() + (config.paged ? " reads a paged cache, but no block_table is given"
-                                                             : " reads a contiguous cache, but a block_table is given"));
+  if (const Implementability answer = config.can_implement(call.problem, p, device_traits(device)); !answer) {
+    fail_unimplementable(config.name(), answer);
+  }
 
   PreparedKvCache prepared;
   prepared.config = config;
@@ -216,12 +212,8 @@ PreparedKvCache prepare_kvcache(const KvCacheCall& call, CUstream stream, const 
   prepared.splits = clamp_splits(call, config, splits);
   prepared.params = p;
   prepared.params.splits = prepared.splits;
-  const long long packed_rows = static_cast<long long>(p.group_size) * p.seqlen_q;
-  prepared.params.row_blocks = static_cast<int>(ceil_div(packed_rows, config.rows));
-  FLASHGEN_REQUIRE(static_cast<long long>(prepared.params.row_blocks) * p.heads_kv <= 65535,
-                   "q: heads_kv * ceil(heads_q / heads_kv * seqlen_q / " + std::to_string(config.rows) +
-                       ") blocks must be at most 65535 (grid limits)");
-  prepared.workspace_bytes = kvcache_workspace_bytes(call, prepared.splits);
+  prepared.params.row_blocks = static_cast<int>(config.row_blocks(p));
+  prepared.workspace_bytes = config.workspace(prepared.params).bytes;
 
   KernelRegistry& registry = KernelRegistry::instance();
   const CUcontext ctx = scope.context();
@@ -239,8 +231,8 @@ PreparedKvCache prepare_kvcache(const KvCacheCall& call, CUstream stream, const 
   }
   if (prepared.splits > 1) {
     prepared.combine = registry.function(config, DecodeKernel::kCombine, ctx, arch);
-    prepared.combine_grid =
-        static_cast<unsigned>(ceil_div(static_cast<long long>(partial_rows(p)), kDecodeRowKernelThreads / 32));
+    const long long rows = static_cast<long long>(p.batch) * p.heads_q * p.seqlen_q;  // each combines its ranges
+    prepared.combine_grid = static_cast<unsigned>(ceil_div(rows, kDecodeRowKernelThreads / 32));
   }
   return prepared;
 }
@@ -255,9 +247,9 @@ void PreparedKvCache::rebind(const KvCacheCall& call, int device) {
 void PreparedKvCache::operator()(CUstream stream, CUdeviceptr workspace) const {
   AttnDecodeParams bound = params;
   if (splits > 1) {
-    const size_t rows = size_t(splits) * partial_rows(params);
-    bound.o_partial = reinterpret_cast<float*>(workspace);
-    bound.lse_partial = reinterpret_cast<float*>(workspace + align_workspace_part(sizeof(float) * rows * size_t(config.head_dim)));
+    const DecodeWorkspace layout = config.workspace(params);
+    bound.o_partial = reinterpret_cast<float*>(workspace_part(workspace, layout.o_partial));
+    bound.lse_partial = reinterpret_cast<float*>(workspace_part(workspace, layout.lse_partial));
   }
   void* args[] = {&bound};
   const unsigned row_threads = kDecodeRowKernelThreads;

@@ -34,8 +34,8 @@ KvCacheCall make_kvcache_call(const KvCacheArgs& args);
 // rows can visit: the capacity's, or a window's).
 int clamp_splits(const KvCacheCall& call, const DecodeConfig& config, int splits);
 
-// Device workspace of a call split into `splits` key ranges (0 for one range).
-size_t kvcache_workspace_bytes(const KvCacheCall& call, int splits);
+// Device workspace of a call with config split into `splits` key ranges (DecodeConfig::workspace; 0 for one range).
+size_t kvcache_workspace_bytes(const KvCacheCall& call, const DecodeConfig& config, int splits);
 
 // A checked, resolved launch of one config and split count for one call.
 struct PreparedKvCache {
@@ -61,8 +61,9 @@ struct PreparedKvCache {
   void operator()(CUstream stream, CUdeviceptr workspace) const;
 };
 
-// Checks that the pointers are memory of the launch's device and that config is one for the call and can run
-// there, then loads the kernels and computes the grids. Needs the stream's (or current) context.
+// Checks that the pointers are memory of the launch's device and that config can implement the call there
+// (DecodeConfig::can_implement), then loads the kernels and computes the grids. Needs the stream's (or current)
+// context.
 PreparedKvCache prepare_kvcache(const KvCacheCall& call, CUstream stream, const DecodeConfig& config, int splits);
 
 // The prepared kernels with the call's workspace, or one from flashgen's memory pool when the call gave none.

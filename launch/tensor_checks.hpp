@@ -15,6 +15,7 @@
 #include "generator/bwd_config.hpp"
 #include "generator/decode_config.hpp"
 #include "generator/kernel_config.hpp"
+#include "generator/kernel_module.hpp"
 #include "problem/attention_problem.hpp"
 #include "problem/call.hpp"
 #include "problem/tensor_view.hpp"
@@ -141,25 +142,11 @@ int causal_offset(const AttentionProblem& problem, int seqlen_q, int seqlen_k);
 // The sm number of the launch's device; kUnsupported below sm_80.
 int launch_arch(CUdevice device);
 
-// The parts of a launch's workspace start a multiple of 256 bytes apart (as cuMemAlloc and the pools align memory),
-// which the kernels' vector accesses rely on: a part's bytes rounded up to that.
-inline constexpr size_t kWorkspacePartAlignment = 256;
-inline constexpr size_t align_workspace_part(size_t bytes) {
-  return (bytes + kWorkspacePartAlignment - 1) / kWorkspacePartAlignment * kWorkspacePartAlignment;
-}
-
-// A config the caller asked for: it must match the problem and be able to run on sm_<arch>.
+// A config the caller asked for, without a call's tensors: it must match the problem and be able to run on sm_<arch>
+// (generator/kernel_module.hpp's problem_fit, the first of its can_implement's checks).
 template <class Config>
 void check_requested_config(const Config& config, const AttentionProblem& problem, int arch) {
-  FLASHGEN_REQUIRE(config.dtype == problem.dtype && config.head_dim == problem.head_dim() &&
-                       config.mask == problem.mask_kind() && config.mods == problem.score_mods(),
-                   "config " + config.name() + " does not match the problem (dtype, head_dim, mask, soft cap, ALiBi)");
-  FLASHGEN_REQUIRE(same_user_variant(config.user, problem.user),
-                   "config " + config.name() + " does not carry the problem's user variant (" +
-                       (problem.user ? problem.user->tag : std::string("none")) + ")");
-  if (auto why = config.invalid_reason(arch)) {
-    fail(Status::kInvalidArgument, "config " + config.name() + " cannot run here: " + *why);
-  }
+  if (const Implementability fit = problem_fit(config, problem, arch); !fit) fail_unimplementable(config.name(), fit);
 }
 
 }  // namespace flashgen

@@ -1,27 +1,12 @@
-// TMA descriptors for the sm90 kernel family: describes one attention tensor (batch, seqlen, heads,
-// head_dim; unit head_dim stride) as a 4-D tiled tensor map with 128-byte swizzling, through the
+// TMA descriptors for the sm90 kernel family: encodes one attention tensor (generator/tma_layout.hpp's TmaTensor,
+// which says what TMA can describe) as a 4-D tiled tensor map with 128-byte swizzling, through the
 // driver's cuTensorMapEncodeTiled.
 #pragma once
 
-#include <cstdint>
-#include <optional>
-#include <string>
-
-#include "generator/kernel_config.hpp"
+#include "generator/tma_layout.hpp"
 #include "templates/attn_params.cuh"
 
 namespace flashgen {
-
-struct TmaTensor {
-  const void* data = nullptr;
-  DType dtype = DType::kFloat16;
-  int64_t batch = 0, seqlen = 0, heads = 0, head_dim = 0;
-  int64_t batch_stride = 0, row_stride = 0, head_stride = 0;  // elements
-};
-
-// Why TMA cannot describe t with boxes of (64 columns, box_rows rows), or nullopt when it can (then the
-// launcher uses the sm90 family; otherwise it falls back to the sm80 one). Needs no GPU.
-std::optional<std::string> tma_unsupported_reason(const TmaTensor& t, int box_rows);
 
 // Fills *map for boxes of (64 columns, box_rows rows); a box reaching past head_dim (the tiles' padding,
 // sm90_tile_dim) is zero-filled on load and clipped on store. Throws Error(kCuda) when the driver refuses a

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "flashgen/error.hpp"
+#include "generator/implementability.hpp"
 
 namespace flashgen {
 
@@ -128,13 +129,8 @@ class ScopedContext {
 // Compute capability of a device as an sm number: 80, 86, 89, 90, ...
 int device_sm(CUdevice device);
 
-// What the launchers ask of a device: read from the driver once per device and process, so no driver
-// query stays on a warm call's path.
-struct DeviceTraits {
-  int sm = 0;               // as device_sm
-  int multiprocessors = 0;  // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
-  int l2_bytes = 0;         // CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE
-};
+// What the launchers and the configs' can_implement ask of a device (generator/implementability.hpp): read from the
+// driver once per device and process, so no driver query stays on a warm call's path.
 const DeviceTraits& device_traits(CUdevice device);
 
 // Whether stream is capturing a CUDA graph (nothing but the captured work may run into it).

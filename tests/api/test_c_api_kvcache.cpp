@@ -117,9 +117,10 @@ TEST_CASE("a KV-cache call binds its cache, pages and new tokens as the kernels 
   CHECK(p.seqlen_new == 1);
   CHECK(p.k_batch_stride == 64 * 8 * 128);
   CHECK(p.causal_bottom_right == 1);
-  CHECK(flashgen::kvcache_workspace_bytes(call, 1) == 0);
+  const flashgen::DecodeConfig module;  // head_dim 128, as the call's
+  CHECK(flashgen::kvcache_workspace_bytes(call, module, 1) == 0);
   // 3 ranges x 4 sequences x 32 heads x 1 token: 384 rows of 128 floats and 384 LSEs, each part 256-aligned.
-  CHECK(flashgen::kvcache_workspace_bytes(call, 3) == 384 * 128 * 4 + 1536);
+  CHECK(flashgen::kvcache_workspace_bytes(call, module, 3) == 384 * 128 * 4 + 1536);
 
   flashgen_kvcache_args contiguous = valid_args();
   contiguous.block_table = nullptr;
@@ -207,7 +208,7 @@ TEST_CASE("a KV-cache call takes a sliding window about each sequence's last key
   // and 640 LSEs (each part 256-aligned already).
   CHECK(flashgen::clamp_splits(window, config, 64) == 5);
   CHECK(flashgen::clamp_splits(causal, config, 64) == 16);
-  CHECK(flashgen::kvcache_workspace_bytes(window, flashgen::clamp_splits(window, config, 64)) ==
+  CHECK(flashgen::kvcache_workspace_bytes(window, config, flashgen::clamp_splits(window, config, 64)) ==
         640 * 128 * 4 + 640 * 4);
 }
 

@@ -413,10 +413,11 @@ TEST_CASE("KV-cache attention within a sliding window matches each sequence's fl
   KvBatch kv(c, 0x3d0f);
   kv.args.num_splits = 64;
   const flashgen::KvCacheCall call = flashgen::make_kvcache_call(kv.args);
-  REQUIRE(flashgen::heuristic_decode_choice(call.problem, 80, 132).config.block_n == 64);
+  const flashgen::DecodeConfig builtin = flashgen::heuristic_decode_choice(call.problem, 80, 132).config;
+  REQUIRE(builtin.block_n == 64);
   size_t bytes = 0;
   REQUIRE(flashgen_attention_kvcache_workspace_size(&kv.args, nullptr, &bytes) == FLASHGEN_SUCCESS);
-  CHECK(bytes == flashgen::kvcache_workspace_bytes(call, 5));
+  CHECK(bytes == flashgen::kvcache_workspace_bytes(call, builtin, 5));
   DeviceBuffer workspace(bytes);
   kv.args.workspace = workspace.data();
   kv.args.workspace_bytes = bytes;

@@ -1,10 +1,10 @@
-// TMA descriptors: which tensors the sm90 family can describe (the rest fall back to the sm80 family).
+// TMA layouts: which tensors the sm90 family can describe (the rest fall back to the sm80 family).
 // Encoding itself needs the driver and runs in the [gpu] forward tests.
 #include <cstdint>
 #include <string>
 
 #include "catch.hpp"
-#include "launch/tma.hpp"
+#include "generator/tma_layout.hpp"
 
 namespace {
 
@@ -24,7 +24,7 @@ std::string reason(const flashgen::TmaTensor& t, int box_rows = 128) {
 
 }  // namespace
 
-TEST_CASE("TMA describes the layouts the sm90 family serves", "[runtime][tma]") {
+TEST_CASE("TMA describes the layouts the sm90 family serves", "[generator][tma]") {
   CHECK(reason(contiguous()).empty());
   flashgen::TmaTensor bhsd = contiguous();  // [b, h, s, d] memory order
   bhsd.head_stride = 300 * 128, bhsd.row_stride = 128;
@@ -38,7 +38,7 @@ TEST_CASE("TMA describes the layouts the sm90 family serves", "[runtime][tma]") 
   CHECK(reason(contiguous(), 256).empty());
 }
 
-TEST_CASE("TMA refuses what it cannot describe, saying why", "[runtime][tma]") {
+TEST_CASE("TMA refuses what it cannot describe, saying why", "[generator][tma]") {
   flashgen::TmaTensor t = contiguous();
   t.data = reinterpret_cast<const void*>(std::uintptr_t{0x10008});
   CHECK(reason(t).find("16-byte aligned") != std::string::npos);
