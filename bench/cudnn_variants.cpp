@@ -367,8 +367,8 @@ int main(int argc, char** argv) {
         counted.heads_q = counted.heads_kv = shape.heads;
         counted.head_dim = shape.head_dim;
         const flashgen::ReferenceWindow window{fwd_opts.window_left, fwd_opts.window_right, 0};
-        const double fwd_flops = flashgen::forward_flops(counted, fwd_opts.mask, window);
-        const double bwd_flops = flashgen::backward_flops(counted, bwd_opts.mask, window);
+        const double fwd_flops = flashgen::forward_flops(counted, flashgen::from_c(fwd_opts.mask), window);
+        const double bwd_flops = flashgen::backward_flops(counted, flashgen::from_c(bwd_opts.mask), window);
         const flashgen_tensor q = tensor_of(p, p.q), k = tensor_of(p, p.k), vv = tensor_of(p, p.v),
                               o_fg = tensor_of(p, p.out_fg), dout = tensor_of(p, p.dout), dq = tensor_of(p, p.dq_fg),
                               dk = tensor_of(p, p.dk_fg), dv = tensor_of(p, p.dv_fg);
