@@ -215,19 +215,13 @@ BwdWorkspace BwdConfig::workspace(const AttnBwdParams& p, size_t user_classes_by
 }
 
 BwdTmaTensors::BwdTmaTensors(const AttentionProblem& problem, const AttnBwdParams& p, const BwdConfig& config) {
-  // A packed batch is one entry of total_q query and total_k key rows; the kernels find each sequence's.
-  const bool packed = problem.varlen;
-  const int64_t batch = packed ? 1 : p.batch;
-  const int rows_q = packed ? p.total_q : p.seqlen_q, rows_k = packed ? p.total_k : p.seqlen_k;
-  auto tensor = [&](const void* data, int seqlen, int heads, long long bs, long long rs, long long hs) {
-    return TmaTensor{data, problem.dtype, batch, seqlen, heads, problem.head_dim(), bs, rs, hs};
-  };
-  q = tensor(p.q, rows_q, p.heads_q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
-  dout = tensor(p.dout, rows_q, p.heads_q, p.do_batch_stride, p.do_row_stride, p.do_head_stride);
-  k = tensor(p.k, rows_k, p.heads_kv, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
-  v = tensor(p.v, rows_k, p.heads_kv, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
-  dk = tensor(p.dk, rows_k, p.heads_kv, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
-  dv = tensor(p.dv, rows_k, p.heads_kv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+  const TmaCallLayout layout(problem, p);
+  q = layout.queries(p.q, p.heads_q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+  dout = layout.queries(p.dout, p.heads_q, p.do_batch_stride, p.do_row_stride, p.do_head_stride);
+  k = layout.keys(p.k, p.heads_kv, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+  v = layout.keys(p.v, p.heads_kv, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  dk = layout.keys(p.dk, p.heads_kv, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+  dv = layout.keys(p.dv, p.heads_kv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
   q_rows = config.block_m;
   kv_rows = config.block_n;
 }

@@ -231,7 +231,8 @@ PreparedKvCache prepare_kvcache(const KvCacheCall& call, CUstream stream, const 
   }
   if (prepared.splits > 1) {
     prepared.combine = registry.function(config, DecodeKernel::kCombine, ctx, arch);
-    const long long rows = static_cast<long long>(p.batch) * p.heads_q * p.seqlen_q;  // each combines its ranges
+    // Every (batch, head, query) row combines its ranges' partials.
+    const long long rows = static_cast<long long>(p.batch) * p.heads_q * p.seqlen_q;
     prepared.combine_grid = static_cast<unsigned>(ceil_div(rows, kDecodeRowKernelThreads / 32));
   }
   return prepared;
