@@ -15,6 +15,17 @@ using flashgen::AttentionShape;
 using flashgen::HostInput;
 using flashgen::StridedView;
 
+namespace {
+
+// n standard normals drawn in order, in float64 (unrounded).
+std::vector<double> normals(flashgen::test::Rng& rng, int64_t n) {
+  std::vector<double> x(static_cast<size_t>(n));
+  for (double& e : x) e = rng.normal();
+  return x;
+}
+
+}  // namespace
+
 TEST_CASE("backward reference matches central differences of the forward", "[reference][backward]") {
   // Every mask, and windows (their sides unread under the other masks): with seqlen_q > seqlen_k the diagonal is
   // j = i - 2, so (0, 1) shows row 0 no key; (2, 0) is causal-shaped, (1, 2) two-sided.
@@ -30,15 +41,11 @@ TEST_CASE("backward reference matches central differences of the forward", "[ref
     AttentionShape s;
     s.batch = 2, s.seqlen_q = 6, s.seqlen_k = 4, s.heads_q = 4, s.heads_kv = 2, s.head_dim = 8;
     flashgen::test::Rng rng(31 + static_cast<int>(mask) + 5 * static_cast<int>(window.left));
-    auto normals = [&](int64_t n) {
-      std::vector<double> x(static_cast<size_t>(n));
-      for (double& e : x) e = rng.normal();
-      return x;
-    };
     const StridedView qv = StridedView::contiguous(s.batch, s.seqlen_q, s.heads_q, s.head_dim);
     const StridedView kv = StridedView::contiguous(s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
-    std::vector<double> q = normals(qv.elements()), k = normals(kv.elements()), v = normals(kv.elements());
-    const std::vector<double> dout = normals(qv.elements());
+    std::vector<double> q = normals(rng, qv.elements()), k = normals(rng, kv.elements());
+    std::vector<double> v = normals(rng, kv.elements());
+    const std::vector<double> dout = normals(rng, qv.elements());
     const double scale = 0.4;
     const flashgen::AttentionGradients g = flashgen::attention_backward_reference_f64(
         s, HostInput::float64(q.data(), qv), HostInput::float64(k.data(), kv), HostInput::float64(v.data(), kv),
@@ -103,18 +110,14 @@ TEST_CASE("the references take a value head dim of its own, as MLA's", "[referen
   s.batch = 2, s.seqlen_q = 7, s.seqlen_k = 5, s.heads_q = 4, s.heads_kv = 2, s.head_dim = 24;
   const int64_t dv = 16;
   flashgen::test::Rng rng(57);
-  auto normals = [&](int64_t n) {
-    std::vector<double> x(static_cast<size_t>(n));
-    for (double& e : x) e = rng.normal();
-    return x;
-  };
   const StridedView qv = StridedView::contiguous(s.batch, s.seqlen_q, s.heads_q, s.head_dim);
   const StridedView kv = StridedView::contiguous(s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
   const StridedView vv = StridedView::contiguous(s.batch, s.seqlen_k, s.heads_kv, dv);
   const StridedView ov = StridedView::contiguous(s.batch, s.seqlen_q, s.heads_q, dv);
-  const std::vector<double> q = normals(qv.elements()), k = normals(kv.elements()), v = normals(vv.elements());
-  const std::vector<double> dout = normals(ov.elements());
-  std::vector<double> v_pad(static_cast<size_t>(kv.elements()), 0.0), dout_pad = normals(qv.elements());
+  const std::vector<double> q = normals(rng, qv.elements()), k = normals(rng, kv.elements());
+  const std::vector<double> v = normals(rng, vv.elements());
+  const std::vector<double> dout = normals(rng, ov.elements());
+  std::vector<double> v_pad(static_cast<size_t>(kv.elements()), 0.0), dout_pad = normals(rng, qv.elements());
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t j = 0; j < s.seqlen_k; ++j)
       for (int64_t h = 0; h < s.heads_kv; ++h)
