@@ -128,7 +128,7 @@ ClassKey class_key(const ScopedContext& scope, const AttentionProblem& problem, 
                           problem.deterministic(), s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv,
                           scale_bits, problem.varlen,
                           problem.total_q, problem.total_k, softcap_bits, problem.window_left, problem.window_right,
-                          problem.attention_chunk, problem.alibi,
+                          problem.attention_chunk, problem.alibi, problem.sink_grad,
                           static_cast<int64_t>(reinterpret_cast<std::intptr_t>(problem.user.get()))};
   size_t i = 0;
   for (int64_t v : head) key.values[i++] = v;

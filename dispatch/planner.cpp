@@ -150,8 +150,15 @@ Plan<ForwardChoice> plan_call(const ForwardCall& call, const PlanSources<Forward
   return plan_pass(call, sources);
 }
 
+// Backward step 6. A call that wants its sinks' gradient sums it over the chosen tiles' scores (never tuned over: the
+// tiles are the class's without it).
 Plan<BackwardChoice> plan_call(const BackwardCall& call, const PlanSources<BackwardChoice>& sources) {
-  return plan_pass(call, sources);
+  Plan<BackwardChoice> plan = plan_pass(call, sources);
+  if (call.problem.sink_grad) {
+    plan.choice.config.sink_grad = true;
+    plan.choice.reason += "; the sinks' gradient summed over its scores";
+  }
+  return plan;
 }
 
 DecodeChoice plan_call(const KvCacheCall& call, const std::function<DecodeChoice()>& choose) {

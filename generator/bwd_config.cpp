@@ -39,6 +39,7 @@ std::string BwdConfig::name() const {
            to_string(k.d_split);
   }
   name += mask_suffix(mask) + score_mods_suffix(mods);
+  if (sink_grad) name += "_dsink";
   if (varlen) name += "_varlen";
   if (deterministic) name += "_det";
   if (has_dq_kernel()) {
@@ -58,9 +59,10 @@ BwdConfig BwdConfig::from_name(const std::string& name) {
   FLASHGEN_REQUIRE(sm90 || (fields.size() >= 9 && fields[0] == "bwd" && fields[1] == "sm80"),
                    "config name '" + name +
                        "': expected bwd_sm80_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_w<warps>_s<stages>"
-                       "_x<d_split>[_causal|_window][_softcap][_alibi][_varlen][_det_qm<m>_qn<n>_qw<warps>_qs<stages>] "
+                       "_x<d_split>[_causal|_window][_softcap][_alibi][_dsink][_varlen]"
+                       "[_det_qm<m>_qn<n>_qw<warps>_qs<stages>] "
                        "or bwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal|_window]"
-                       "[_softcap][_alibi][_varlen][_det]");
+                       "[_softcap][_alibi][_dsink][_varlen][_det]");
   BwdConfig c;
   if (sm90) c.knobs = BwdSm90Knobs{};
   BwdSm80Knobs* k80 = c.sm80();
@@ -74,6 +76,10 @@ BwdConfig BwdConfig::from_name(const std::string& name) {
   if (k80) k80->d_split = parse_name_field(fields[i++], "x", name);
   if (i < fields.size() && read_mask_suffix(fields[i], c.mask)) ++i;
   while (i < fields.size() && read_score_mod_suffix(fields[i], c.mods)) ++i;
+  if (i < fields.size() && fields[i] == "dsink") {
+    c.sink_grad = true;
+    ++i;
+  }
   if (i < fields.size() && fields[i] == "varlen") {
     c.varlen = true;
     ++i;
@@ -144,6 +150,8 @@ int BwdConfig::threads(BwdKernel kernel) const {
 
 int BwdConfig::pad_rows() const { return sm90() ? kBwdSm90PadRows : 1; }
 
+int BwdConfig::sink_partial_warps() const { return sm90() ? sm90_traits().consumers * 4 : sm80()->warps; }
+
 int BwdConfig::smem_bytes(BwdKernel kernel) const {
   if (kernel == BwdKernel::kDkdv) return sm90() ? sm90_traits().smem_bytes : dkdv_traits().smem_bytes;
   if (kernel == BwdKernel::kDq) return dq_traits().smem_bytes;
@@ -198,11 +206,15 @@ Implementability BwdConfig::can_implement(const AttentionProblem& problem, const
 BwdWorkspace BwdConfig::workspace(const AttnBwdParams& p, size_t user_classes_bytes) const {
   // Rows over every (batch, head); a packed batch's per head as packed_workspace_rows gives them (total_q, or with
   // padded rows room for each sequence's padding).
-  const size_t rows = p.cu_seqlens_q != nullptr
-                          ? size_t(p.heads_q) * size_t(packed_workspace_rows(p.total_q, p.batch, pad_rows()))
-                          : size_t(p.batch) * size_t(p.heads_q) * workspace_rows(p);
+  const size_t rows = size_t(
+      bwd_workspace_rows(p.cu_seqlens_q != nullptr, p.total_q, p.batch, p.heads_q, p.seqlen_q, pad_rows()));
   BwdWorkspace w;
   w.dsum = w.append(sizeof(float) * rows);
+  if (sink_grad) {
+    const int key_blocks = (p.seqlen_k + block_n - 1) / block_n;
+    w.sink_partials = w.append(
+        sizeof(float) * size_t(bwd_sink_partials_count(p.heads_q, p.batch, key_blocks, sink_partial_warps())));
+  }
   if (family() == KernelFamily::kSm90) w.lse_log2 = w.append(sizeof(float) * rows);
   if (dq_accum() != DqAccum::kNone) {
     w.dq_accum = w.append(sizeof(float) * rows * size_t(dq_accum_cols(dq_accum(), head_dim)));
@@ -260,6 +272,7 @@ void to_json(nlohmann::json& j, const BwdConfig& c) {
   }
   if (c.varlen) j["varlen"] = true;  // absent: dense kernels, as every config before it had
   score_mods_to_json(j, c.mods);
+  if (c.sink_grad) j["sink_grad"] = true;  // absent: today's formula, as every config before it had
   if (c.has_dq_kernel()) {
     j["dq_block_m"] = c.dq_block_m;
     j["dq_block_n"] = c.dq_block_n;
@@ -311,6 +324,10 @@ void from_json(const nlohmann::json& j, BwdConfig& c) {
     config.varlen = j["varlen"].get<bool>();
   }
   read_score_mods(j, "backward config JSON", config.mods);
+  if (j.contains("sink_grad")) {
+    FLASHGEN_REQUIRE(j["sink_grad"].is_boolean(), "backward config JSON: 'sink_grad' must be true or false");
+    config.sink_grad = j["sink_grad"].get<bool>();
+  }
   if (!config.has_dq_kernel()) {  // dq tiles of a module without a dq kernel (an older sm90 record) mean nothing
     const BwdConfig defaults;
     config.dq_block_m = defaults.dq_block_m, config.dq_block_n = defaults.dq_block_n;

@@ -43,11 +43,13 @@ struct BwdSm90Knobs {
   bool operator!=(const BwdSm90Knobs&) const { return false; }
 };
 
-// A backward call's workspace, its parts in order: D = rowsum(dO ∘ O) per row, the sm90 family's LSE in base 2, the
-// fp32 dQ accumulator, the sm90 family's semaphores (one per 64-row tile, counting a query block's dQ adds:
-// attn_params.cuh), a user mask's block classes; each an offset into the workspace, kAbsent where not needed.
+// A backward call's workspace, its parts in order: D = rowsum(dO ∘ O) per row, the sinks' gradient's partials
+// (sink_grad configs, at D's aligned end where the kernels find them: attn_params.cuh), the sm90 family's LSE in
+// base 2, the fp32 dQ accumulator, the sm90 family's semaphores (one per 64-row tile, counting a query block's dQ
+// adds: attn_params.cuh), a user mask's block classes; each an offset into the workspace, kAbsent where not needed.
 struct BwdWorkspace : Workspace {
-  size_t dsum = 0, lse_log2 = kAbsent, dq_accum = kAbsent, dq_semaphore = kAbsent, user_classes = kAbsent;
+  size_t dsum = 0, sink_partials = kAbsent, lse_log2 = kAbsent, dq_accum = kAbsent, dq_semaphore = kAbsent,
+         user_classes = kAbsent;
 };
 
 // The fields both families share, then the knobs of one of them. A kernel module (generator/kernel_module.hpp).
@@ -77,6 +79,10 @@ struct BwdConfig {
   bool varlen = false;
   // The score modifiers (KernelConfig::mods), suffixes _softcap, _alibi after the mask's (_causal or _window).
   ScoreMods mods = {};
+  // The sinks' gradient summed in fp32 over the dkdv kernel's scores (bwd_rows.cuh's BwdSinkGrad), suffix _dsink after
+  // the score modifiers'. Set by dispatch for a call with sinks that wants their gradient, never tuned over: no
+  // tuning data holds it.
+  bool sink_grad = false;
   // A user-defined variant (KernelConfig::user): suffix _u<hash> at the end of the name, before a kernel's symbol
   // suffix.
   std::shared_ptr<const UserVariant> user = nullptr;
@@ -91,7 +97,7 @@ struct BwdConfig {
   BwdSm90Knobs* sm90() { return std::get_if<BwdSm90Knobs>(&knobs); }
 
   // e.g. bwd_sm80_bf16_d128_m64_n64_w4_s2_x1_causal, or ..._det_qm64_qn32_qw4_qs2 when deterministic;
-  // bwd_sm90_fp16_d128_m64_n128_s2[_causal|_window][_softcap][_alibi][_det]; _varlen before _det for packed batches.
+  // bwd_sm90_fp16_d128_m64_n128_s2[_causal|_window][_softcap][_alibi][_dsink][_det]; _varlen before _det for packed batches.
   std::string name() const;
   static BwdConfig from_name(const std::string& name);  // throws Error(kInvalidArgument)
 
@@ -116,6 +122,9 @@ struct BwdConfig {
   int pad_rows() const;
   // Workspace rows of one (batch, head) of a call of params: seqlen_q rounded up to pad_rows.
   size_t workspace_rows(const AttnBwdParams& params) const;
+  // The sinks' gradient's partials per dkdv block and query head (with sink_grad): one per warp (the sm90 family:
+  // per consumer warp).
+  int sink_partial_warps() const;
   // Dynamic shared memory of one kernel (0 for the row kernels).
   int smem_bytes(BwdKernel kernel) const;
   // The kernels whose spills decide whether the config is worth running: dkdv, and the dq kernel where there is one.

@@ -190,6 +190,10 @@ std::string render_config_header(const BwdConfig& c) {
   }
   out << "  static constexpr int kPadRows = " << c.pad_rows() << ";\n";
   if (c.sm90()) out << "  static constexpr bool kLockStep = " << (c.sm90_lock_step() ? "true" : "false") << ";\n";
+  if (c.sink_grad) {  // other headers leave both out (bwd_traits.cuh's ConfigSinkGrad)
+    out << "  static constexpr bool kSinkGrad = true;\n"
+        << "  static constexpr int kSinkPartialWarps = " << c.sink_partial_warps() << ";\n";
+  }
   out << "};\n\n"
       << "}  // namespace flashgen_generated\n";
   return out.str();

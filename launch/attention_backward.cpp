@@ -96,6 +96,7 @@ BackwardCall make_backward_call(const TensorView* q, const TensorView* k, const 
   FLASHGEN_REQUIRE(opts->dsinks == nullptr || opts->sinks != nullptr,
                    "opts.dsinks: given without opts.sinks (there is no sink to take a gradient)");
   p.dsinks = opts->dsinks;
+  call.problem.sink_grad = opts->dsinks != nullptr;
   return call;
 }
 
@@ -159,6 +160,9 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
     fail_unimplementable(c.name(), answer);
   }
 
+  // The kernels of a _dsink module read the sinks and write partials only the sinks' gradient kernel reads.
+  FLASHGEN_REQUIRE(!c.sink_grad || p.dsinks != nullptr,
+                   "config " + c.name() + " sums the sinks' gradient: the call must have sinks and opts.dsinks");
   PreparedBackward prepared;
   prepared.config = c;
   prepared.arch = arch;

@@ -92,6 +92,9 @@ struct AttentionProblem {
   // chunked window's kernels, MaskKind::kChunk): set_mask turns a chunked call of no mask or the causal mask into
   // the window of those.
   int attention_chunk = 0;
+  // The backward of a call with sinks that wants their gradient (options.dsinks): its kernels sum that gradient over
+  // their scores (BwdConfig::sink_grad). Not part of a problem class's tuning key: the tiles are the call's without it.
+  bool sink_grad = false;
   // A user-defined variant (options.variant), its buffers and scalars coming with the call: its kernels are the
   // base mask's (and score modifiers') with the user's functions compiled in. Null: none.
   std::shared_ptr<const UserVariant> user;

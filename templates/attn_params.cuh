@@ -254,6 +254,24 @@ FLASHGEN_HOST_DEVICE constexpr long long packed_workspace_first_row(int q_begin,
   return pad == 1 ? q_begin : (q_begin + static_cast<long long>(pad) * sequence) / pad * pad;
 }
 
+// Rows of the backward's per-row workspace arrays (D; the Hopper family's base-2 LSE) over every (batch, head):
+// heads_q · packed_workspace_rows for a packed batch, else batch · heads_q · seqlen_q rounded up to pad.
+FLASHGEN_HOST_DEVICE constexpr long long bwd_workspace_rows(bool packed, long long total_q, int batch, int heads_q,
+                                                            int seqlen_q, int pad) {
+  return packed ? heads_q * packed_workspace_rows(total_q, batch, pad)
+                : static_cast<long long>(batch) * heads_q * ((seqlen_q + pad - 1) / pad * pad);
+}
+
+// The sinks' gradient's partials (configs with kSinkGrad, bwd_rows.cuh) follow D in the workspace at D's 256-byte
+// aligned end, so the kernels find them at dsum + this offset without a params field of their own: (heads_q, batch,
+// key blocks, warps) fp32, one per warp of each dkdv block and query head, each block's written once.
+FLASHGEN_HOST_DEVICE constexpr long long bwd_sink_partials_offset(long long workspace_rows) {
+  return (workspace_rows + 63) / 64 * 64;
+}
+FLASHGEN_HOST_DEVICE constexpr long long bwd_sink_partials_count(int heads_q, int batch, int key_blocks, int warps) {
+  return static_cast<long long>(heads_q) * batch * key_blocks * warps;
+}
+
 // Backward pass: the forward's params (o its output, read here; lse as it wrote it; the paged cache's fields unused,
 // zero), dO and the gradients, plus fp32 workspace. Packed batches as in AttnFwdParams (seqused_k unused: null); lse,
 // the workspace's D and the dQ accumulator are then (heads_q, total_q[, head_dim]) rows. user_classes holds classes

@@ -47,6 +47,19 @@ __device__ __forceinline__ int* dq_semaphore(const AttnBwdParams& p, long long r
   return p.dq_semaphore + row0 / kBwdSm90SemaphoreRows * kBwdSm90SemaphoreInts;
 }
 
+// The sinks' gradient's partial of one warp of a dkdv block (ConfigSinkGrad): slot ((head · batch entries + batch) ·
+// key blocks + key_block) · warps + warp after D (attn_params.cuh's bwd_sink_partials_offset). `unbound`: the
+// call's params, a packed batch's before bind_sequence (its D and sizes are the whole batch's).
+template <class Cfg>
+__device__ __forceinline__ float* sink_partial(const AttnBwdParams& unbound, int head, int batch, int key_block,
+                                               int warp) {
+  const long long rows = bwd_workspace_rows(ConfigVarlen<Cfg>::value, unbound.total_q, unbound.batch, unbound.heads_q,
+                                            unbound.seqlen_q, Cfg::kPadRows);
+  const int key_blocks = (unbound.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  const long long block = (static_cast<long long>(head) * unbound.batch + batch) * key_blocks + key_block;
+  return unbound.dsum + bwd_sink_partials_offset(rows) + block * ConfigSinkGrad<Cfg>::partial_warps + warp;
+}
+
 }  // namespace bwd
 
 // D = rowsum(dO ∘ O) for every (batch, head, query) row of the padded workspace, kRowLanes lanes per row
@@ -263,9 +276,11 @@ struct BwdConvertDq {
 
 // The sinks' gradient (p.dsinks; attn_params.cuh), after the preprocess: a sink has no value, so its score's
 // gradient in row i is P_sink · (0 - D_i), P_sink = exp(sink - LSE_i) its share of the row's softmax (the
-// forward's LSE includes it) and D_i = rowsum(dO ∘ O) from the workspace; dsink of head h sums that over every
-// row of head h in every sequence. One block per query head sums its rows in a fixed order: the same bits on
-// every run, without atomics.
+// forward's LSE includes it) and D_i = Σ_j P_ij dP_ij; dsink of head h sums that over every row of head h in every
+// sequence. Without ConfigSinkGrad, D_i is the workspace's rowsum(dO ∘ O) over the stored (rounded) output; with it,
+// the dkdv kernel has summed P_sink · P_ij · dP_ij over its scores in fp32 into one partial per warp and query head
+// (bwd::sink_partial), and this kernel adds the head's partials (bench/notes_variants.md, "The sinks' gradient's
+// error"). One block per query head sums in a fixed order: the same bits on every run, without atomics.
 template <class Cfg>
 struct BwdSinkGrad {
   static constexpr int kThreads = kBwdRowKernelThreads;
@@ -273,26 +288,31 @@ struct BwdSinkGrad {
 
   static __device__ void run(const AttnBwdParams& p) {
     const int head = blockIdx.x;
-    const float sink = p.variant.sinks[head];
-    float sum = 0.f;
-    for (int batch = 0; batch < p.batch; ++batch) {
-      // The sequence's rows in the forward's LSE and in the workspace (bind_sequence's, without a params copy).
-      long long lse_row0, workspace_row0;
-      int rows;
-      if constexpr (kVarlen) {
-        const SequenceRows s = sequence_rows(p, batch);
-        rows = s.seqlen_q;
-        lse_row0 = static_cast<long long>(head) * p.total_q + s.q_begin;
-        workspace_row0 = head * packed_workspace_rows(p.total_q, p.batch, Cfg::kPadRows) +
-                         packed_workspace_first_row(s.q_begin, batch, Cfg::kPadRows);
-      } else {
-        rows = p.seqlen_q;
-        lse_row0 = row_base<false>(p, batch, head, p.seqlen_q);
-        workspace_row0 = bwd::workspace_row0<Cfg>(p, batch, head);
-      }
-      for (int row = threadIdx.x; row < rows; row += kThreads) {
-        const float lse = p.lse[lse_row0 + row];  // -inf only without a sink (a -inf one) in a row of no key
-        if (lse != neg_inf()) sum += expf(sink - lse) * p.dsum[workspace_row0 + row];
+    float sum;
+    if constexpr (ConfigSinkGrad<Cfg>::value) {
+      sum = partials_sum(p, head);
+    } else {
+      const float sink = p.variant.sinks[head];
+      sum = 0.f;
+      for (int batch = 0; batch < p.batch; ++batch) {
+        // The sequence's rows in the forward's LSE and in the workspace (bind_sequence's, without a params copy).
+        long long lse_row0, workspace_row0;
+        int rows;
+        if constexpr (kVarlen) {
+          const SequenceRows s = sequence_rows(p, batch);
+          rows = s.seqlen_q;
+          lse_row0 = static_cast<long long>(head) * p.total_q + s.q_begin;
+          workspace_row0 = head * packed_workspace_rows(p.total_q, p.batch, Cfg::kPadRows) +
+                           packed_workspace_first_row(s.q_begin, batch, Cfg::kPadRows);
+        } else {
+          rows = p.seqlen_q;
+          lse_row0 = row_base<false>(p, batch, head, p.seqlen_q);
+          workspace_row0 = bwd::workspace_row0<Cfg>(p, batch, head);
+        }
+        for (int row = threadIdx.x; row < rows; row += kThreads) {
+          const float lse = p.lse[lse_row0 + row];  // -inf only without a sink (a -inf one) in a row of no key
+          if (lse != neg_inf()) sum += expf(sink - lse) * p.dsum[workspace_row0 + row];
+        }
       }
     }
 #pragma unroll
@@ -305,6 +325,21 @@ struct BwdSinkGrad {
       for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
       p.dsinks[head] = -total;
     }
+  }
+
+  // This thread's share of the head's partials (ConfigSinkGrad): each batch entry's key blocks, a packed sequence's
+  // own (the blocks past its keys return at once and write none).
+  static __device__ __forceinline__ float partials_sum(const AttnBwdParams& p, int head) {
+    const int key_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
+    float sum = 0.f;
+    for (int batch = 0; batch < p.batch; ++batch) {
+      const int seqlen_k = kVarlen ? min(sequence_rows(p, batch).seqlen_k, p.seqlen_k) : p.seqlen_k;
+      const int blocks = min((seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, key_blocks);
+      const int count = blocks * ConfigSinkGrad<Cfg>::partial_warps;
+      const float* partials = bwd::sink_partial<Cfg>(p, head, batch, 0, 0);
+      for (int i = threadIdx.x; i < count; i += kThreads) sum += partials[i];
+    }
+    return sum;
   }
 };
 

@@ -35,6 +35,12 @@ __device__ __forceinline__ void hide_score(const Params& p, const ScoreAt& at, f
 // P = exp2(x - lse2): 0 for a hidden score (x = -inf) and for a query row past seqlen_q (lse2 = +inf).
 __device__ __forceinline__ float probability(float x, float lse2) { return sm80::exp2_approx(x - lse2); }
 
+// P_sink = exp2(sink · log2 e - lse2): the sink's share of a query row's softmax, whose gradient is
+// -P_sink · Σ_j P_ij dP_ij (0 for a row past seqlen_q, lse2 = +inf).
+__device__ __forceinline__ float sink_probability(float sink_log2, float lse2) {
+  return sm80::exp2_approx(sink_log2 - lse2);
+}
+
 // dS at `at` with respect to q·k: the variant's gradient at x of P ∘ (dP - D).
 template <class Variant, class Params>
 __device__ __forceinline__ float score_gradient(const Params& p, const ScoreAt& at, float x, float pr, float dp,

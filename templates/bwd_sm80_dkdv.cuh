@@ -31,6 +31,8 @@ struct BwdDkdvSm80 {
   static_assert(kTraits.error == nullptr, "invalid backward config: see bwd_dkdv_traits() in bwd_traits.cuh");
   static_assert(Cfg::kPadRows == 1, "the sm80 family indexes LSE and D by seqlen_q: its workspace is unpadded");
   static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;  // packed sequences (sequence.cuh)
+  // The sinks' gradient summed over this kernel's scores, which see each (query, key) pair once (bwd_rows.cuh).
+  static constexpr bool kSinkGrad = ConfigSinkGrad<Cfg>::value;
 
   static constexpr ElemType kElem = Cfg::kElem;
   using Variant = typename Cfg::Variant;
@@ -68,9 +70,9 @@ struct BwdDkdvSm80 {
       AttnBwdParams p = params;
       bind_sequence(p, blockIdx.z / kDSplit, Cfg::kHeadDim, Cfg::kPadRows);
       if (static_cast<int>(blockIdx.x) * kBlockN >= p.seqlen_k) return;  // past the sequence's keys
-      run_block(p);
+      run_block(p, params);
     } else {
-      run_block(params);
+      run_block(params, params);
     }
   }
 
@@ -155,8 +157,11 @@ struct BwdDkdvSm80 {
     template <class Masked>
     __device__ __forceinline__ void scores(float (&acc_s)[kKeyTiles][kQTiles][4],
                                            float (&acc_dp)[kKeyTiles][kQTiles][4], const float* s_lse,
-                                           const float* s_dsum, int head, int m_start, Masked masked) const {
+                                           const float* s_dsum, int head, int m_start, Masked masked,
+                                           float& sink_sum) const {
       constexpr bool kMasked = decltype(masked)::value;
+      [[maybe_unused]] float sink_log2 = 0.f;  // the head's sink in base-2 units (kSinkGrad)
+      if constexpr (kSinkGrad) sink_log2 = p.variant.sinks[head] * 1.4426950408889634f;
 #pragma unroll
       for (int qt = 0; qt < kQTiles; ++qt)
 #pragma unroll
@@ -164,6 +169,7 @@ struct BwdDkdvSm80 {
           const int col = qt * 8 + 2 * t + e;
           const float lse2 = bwd::lse_to_log2(s_lse[col]);
           const float dsum = s_dsum[col];
+          [[maybe_unused]] float row_sum = 0.f;  // Σ P · dP over this thread's keys of query col (kSinkGrad)
 #pragma unroll
           for (int kt = 0; kt < kKeyTiles; ++kt)
 #pragma unroll
@@ -176,8 +182,11 @@ struct BwdDkdvSm80 {
               if constexpr (kMasked) bwd::hide_score<Variant>(p, at, s);
               const float pr = bwd::probability(s, lse2);
               acc_s[kt][qt][2 * h + e] = pr;
-              acc_dp[kt][qt][2 * h + e] = bwd::score_gradient<Variant>(p, at, x, pr, acc_dp[kt][qt][2 * h + e], dsum);
+              const float dp = acc_dp[kt][qt][2 * h + e];
+              if constexpr (kSinkGrad) row_sum += pr * dp;
+              acc_dp[kt][qt][2 * h + e] = bwd::score_gradient<Variant>(p, at, x, pr, dp, dsum);
             }
+          if constexpr (kSinkGrad) sink_sum += bwd::sink_probability(sink_log2, lse2) * row_sum;
         }
     }
 
@@ -205,7 +214,8 @@ struct BwdDkdvSm80 {
     }
   };
 
-  static __device__ void run_block(const AttnBwdParams& p) {
+  // p: the block's sequence's params; unbound: the call's (the same for a dense batch).
+  static __device__ void run_block(const AttnBwdParams& p, const AttnBwdParams& unbound) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     // K (kBlockN, kRow) | V (kBlockN, kRow) | kStages x [Q (kBlockM, kRow) | dO | LSE (kBlockM) | D (kBlockM)]
     // | 2 x dSᵀ (kBlockN, kDsRow), keys x queries, atomic strategy only.
@@ -298,6 +308,7 @@ struct BwdDkdvSm80 {
     };
 
     int prev_head = 0;     // head and first query of the previous step, whose dQ update is pending
+    float sink_sum = 0.f;  // this thread's Σ P_sink · P · dP over the current head's steps (kSinkGrad)
     int prev_m_start = 0;
 
     // One query block of one query head.
@@ -326,7 +337,7 @@ struct BwdDkdvSm80 {
       float acc_dp[kKeyTiles][kQTiles][4];  // dPᵀ, then dSᵀ
       product_t(acc_dp, v_lane, sdo_tile);
 
-      block.scores(acc_s, acc_dp, s_lse, s_dsum, head, m_start, masked);
+      block.scores(acc_s, acc_dp, s_lse, s_dsum, head, m_start, masked, sink_sum);
 
       u32 p_frag[kKeyTiles][kQTiles / 2][4];
       u32 ds_frag[kKeyTiles][kQTiles / 2][4];
@@ -364,6 +375,17 @@ struct BwdDkdvSm80 {
         step(it, head, mb * kBlockM, sm80::BoolConstant<false>{});
       }
       for (int mb = m_interior_end; mb < m_blocks; ++mb, ++it) step(it, head, mb * kBlockM, sm80::BoolConstant<true>{});
+      // The warp's partial for this head (0 where it saw no score), written by the first head_dim slice alone: every
+      // slice computes the same scores.
+      if constexpr (kSinkGrad) {
+        static_assert(ConfigSinkGrad<Cfg>::partial_warps == kWarps, "one sinks' gradient partial per warp");
+#pragma unroll
+        for (int offset = 16; offset > 0; offset /= 2) sink_sum += __shfl_xor_sync(0xffffffffu, sink_sum, offset);
+        if (lane == 0 && blockIdx.z % kDSplit == 0) {
+          *bwd::sink_partial<Cfg>(unbound, head, batch, blockIdx.x, warp) = sink_sum;
+        }
+        sink_sum = 0.f;
+      }
     }
     sm80::cp_async_wait<0>();
     if constexpr (kAtomicDq) {

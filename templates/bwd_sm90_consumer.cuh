@@ -43,6 +43,7 @@ struct BwdSm90Consumer : BwdSm90Layout<Cfg> {
   using L::kSGroups;
   using L::kTraits;
   using L::kVOffset;
+  static constexpr bool kSinkGrad = ConfigSinkGrad<Cfg>::value;  // the sinks' gradient summed over the scores
 
   // kPasses: this consumer's dQ passes (kDqCols columns each); kPart: what else it computes.
   template <int kPasses, Part kPart>
@@ -76,6 +77,29 @@ struct BwdSm90Consumer : BwdSm90Layout<Cfg> {
     for (int i = 0; i < kDGroups; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_dk[i][e] = acc_dv[i][e] = 0.f;
+
+    // The sinks' gradient (ConfigSinkGrad): this warp's Σ P_sink · P · dP over the scores of query head sink_head,
+    // added to its partial (bwd_rows.cuh) when the walk moves to another head and at its end. The partials start at
+    // 0, so a warp that sees no score of a head (a consumer that only computes dPᵀ: the dK/dV split) leaves 0.
+    float sink_sum = 0.f;
+    int sink_head = -1;
+    [[maybe_unused]] auto sink_partial = [&](int head) {
+      return bwd::sink_partial<Cfg>(params.base, head, w.batch, w.n_block, consumer * 4 + warp);
+    };
+    [[maybe_unused]] auto flush_sink_sum = [&] {
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) sink_sum += __shfl_xor_sync(0xffffffffu, sink_sum, offset);
+      if (lane == 0 && sink_head >= 0) *sink_partial(sink_head) += sink_sum;
+      sink_sum = 0.f;
+    };
+    if constexpr (kSinkGrad) {
+      static_assert(ConfigSinkGrad<Cfg>::partial_warps == kTraits.consumers * 4, "one partial per consumer warp");
+      if (lane == 0) {
+        for (int head = w.kv_head * p.group_size; head < (w.kv_head + 1) * p.group_size; ++head) {
+          *sink_partial(head) = 0.f;
+        }
+      }
+    }
 
     sm90::mbarrier_wait(bars.kv_full(), 0);
 
@@ -116,20 +140,37 @@ struct BwdSm90Consumer : BwdSm90Layout<Cfg> {
       float dsum[2];
       sm90::ld_shared_f32x2(s_dsum + (8 * i + 2 * t) * 4, dsum[0], dsum[1]);
       float lse2[2];
-      if constexpr (Variant::kGradReadsScore) sm90::ld_shared_f32x2(s_lse + (8 * i + 2 * t) * 4, lse2[0], lse2[1]);
+      if constexpr (Variant::kGradReadsScore || kSinkGrad) {
+        sm90::ld_shared_f32x2(s_lse + (8 * i + 2 * t) * 4, lse2[0], lse2[1]);
+      }
+      if constexpr (kSinkGrad) {
+        if (head != sink_head) {
+          flush_sink_sum();
+          sink_head = head;
+        }
+      }
+      // Σ P · dP over this thread's two keys of queries 8i + 2t and + 1 (kSinkGrad).
+      [[maybe_unused]] float row_sum[2] = {0.f, 0.f};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const ScoreAt at = score_at(head, m_start, i, e / 2, e % 2);
+        if constexpr (kSinkGrad && !Variant::kGradReadsScore) row_sum[e % 2] += acc_s[i][e] * acc_dp[i][e];
         if constexpr (Variant::kGradReadsScore) {
           const float x = acc_s[i][e];
           const bool hidden = x == neg_inf();
           acc_s[i][e] = bwd::probability(x, lse2[e % 2]);
+          if constexpr (kSinkGrad) row_sum[e % 2] += acc_s[i][e] * acc_dp[i][e];
           const float grad =
               bwd::score_gradient<Variant>(p, at, hidden ? 0.f : x, acc_s[i][e], acc_dp[i][e], dsum[e % 2]);
           acc_dp[i][e] = hidden ? 0.f : grad;
         } else {
           acc_dp[i][e] = bwd::score_gradient<Variant>(p, at, 0.f, acc_s[i][e], acc_dp[i][e], dsum[e % 2]);
         }
+      }
+      if constexpr (kSinkGrad) {
+        const float sink_log2 = p.variant.sinks[head] * 1.4426950408889634f;
+        sink_sum += bwd::sink_probability(sink_log2, lse2[0]) * row_sum[0] +
+                    bwd::sink_probability(sink_log2, lse2[1]) * row_sum[1];
       }
     };
 
@@ -140,6 +181,7 @@ struct BwdSm90Consumer : BwdSm90Layout<Cfg> {
       Mainloops::template lock_step<kPasses, kPart>(p, w, smem, bars, place, acc_dk, acc_dv, probabilities, gradients);
     }
 
+    if constexpr (kSinkGrad) flush_sink_sum();
     Epilogue::template store<kPart>(params, p, w, smem, bars, consumer, key_consumer, key_row0, t, acc_dk, acc_dv);
   }
 };
