@@ -391,6 +391,48 @@ TEST_CASE("planner: the backward falls back to the sm80 family, and has no persi
   }
 }
 
+TEST_CASE("planner: a backward call that wants its sinks' gradient sums it in the chosen tiles, no other call",
+          "[dispatch][planner][sinks]") {
+  const flashgen::AttentionProblem problem = flashgen::backward_problem(
+      flashgen::DType::kBFloat16, {2, 1024, 1024, 8, 2, 64}, flashgen::Mask::kCausal, false);
+  const std::vector<flashgen::BwdConfig> list =
+      flashgen::heuristic_backward_configs(problem.dtype, 64, flashgen::MaskKind::kCausal, false, 90);
+  auto sm90 = std::find_if(list.begin(), list.end(), [](const auto& c) { return c.family() == KernelFamily::kSm90; });
+  auto sm80 = std::find_if(list.begin(), list.end(), [](const auto& c) { return c.family() == KernelFamily::kSm80; });
+  REQUIRE(sm90 != list.end());
+  REQUIRE(sm80 != list.end());
+  flashgen::BwdConfig ranked = *sm80;
+  flashgen::PlanSources<flashgen::BackwardChoice> sources;
+  sources.arch = 90;
+  std::vector<std::string> keys;
+  sources.choose = [&](const flashgen::ProblemKey& key) {
+    keys.push_back(key.id());
+    flashgen::SourcesAnswer<flashgen::BackwardChoice> answer;
+    answer.ranked = {ranked};
+    return answer;
+  };
+  sources.sm80_candidates = [&] { return std::vector<flashgen::BwdConfig>{*sm80}; };
+  sources.spilled_bytes = [](const flashgen::BwdConfig&) { return 0; };
+  sources.can_implement = [](const flashgen::BwdConfig&) { return flashgen::Implementability{}; };
+  flashgen::BackwardCall call;
+  call.problem = problem;
+  const auto without = flashgen::plan_call(call, sources);
+  CHECK(without.choice.config == *sm80);
+  CHECK_FALSE(without.choice.config.sink_grad);
+  call.problem.sink_grad = true;
+  const auto with = flashgen::plan_call(call, sources);
+  CHECK(with.choice.config.sink_grad);
+  CHECK(with.choice.config.name() == sm80->name() + "_dsink");
+  CHECK(with.choice.reason == without.choice.reason + "; the sinks' gradient summed over its scores");
+  // The same problem key asked both times: the knob is not tuned over.
+  REQUIRE(keys.size() == 2);
+  CHECK(keys[0] == keys[1]);
+  // The Hopper family's tiles alike.
+  ranked = *sm90;
+  const auto hopper = flashgen::plan_call(call, sources);
+  CHECK(hopper.choice.config.name() == sm90->name() + "_dsink");
+}
+
 namespace {
 
 flashgen::KvCacheCall window_kvcache_call(int num_splits) {

@@ -558,3 +558,52 @@ TEST_CASE("window backward configs: _window in the mask's place, both families",
   CHECK_THROWS_WITH(BwdConfig::from_name("bwd_sm90_bf16_d128_m64_n128_s2_causal_window"),
                     Catch::Matchers::Contains("unknown suffix 'window'"));
 }
+
+TEST_CASE("sinks' gradient backward configs: _dsink after the score modifiers, both families",
+          "[generator][backward][sinks]") {
+  const BwdConfig c =
+      BwdConfig::from_name("bwd_sm80_bf16_d128_m64_n64_w4_s2_x1_causal_alibi_dsink_varlen_det_qm64_qn32_qw4_qs2");
+  CHECK(c.sink_grad);
+  CHECK(c.mods.alibi);
+  CHECK(c.varlen);
+  CHECK(c.deterministic);
+  CHECK_FALSE(c.invalid_reason(80).has_value());
+  CHECK(c.sink_partial_warps() == 4);
+  BwdConfig plain = c;
+  plain.sink_grad = false;
+  CHECK_FALSE(plain == c);
+  CHECK(plain.name() == "bwd_sm80_bf16_d128_m64_n64_w4_s2_x1_causal_alibi_varlen_det_qm64_qn32_qw4_qs2");
+  const nlohmann::json j = c;
+  CHECK(j.at("sink_grad") == true);
+  CHECK(j.get<BwdConfig>() == c);
+  CHECK_FALSE(nlohmann::json(plain).contains("sink_grad"));
+  // The knob's two constants are in its header alone: a config without it generates what it did before.
+  const std::string header = flashgen::generate(c).headers.front().contents;
+  CHECK(header.find("kSinkGrad = true") != std::string::npos);
+  CHECK(header.find("kSinkPartialWarps = 4") != std::string::npos);
+  const std::string plain_header = flashgen::generate(plain).headers.front().contents;
+  CHECK(plain_header.find("kSinkGrad") == std::string::npos);
+  CHECK(plain_header.find("kSinkPartialWarps") == std::string::npos);
+  // _dsink sits after the modifiers and before _varlen; anywhere else it is an unknown suffix.
+  CHECK_THROWS_AS(BwdConfig::from_name("bwd_sm80_bf16_d128_m64_n64_w4_s2_x1_dsink_causal"), flashgen::Error);
+  CHECK_THROWS_AS(BwdConfig::from_name("bwd_sm80_bf16_d128_m64_n64_w4_s2_x1_varlen_dsink"), flashgen::Error);
+  CHECK(BwdConfig::from_name("bwd_sm80_fp16_d64_m64_n64_w4_s2_x1_dsink").sink_grad);
+  // The Hopper family: one partial per consumer warp.
+  const BwdConfig sm90 = BwdConfig::from_name("bwd_sm90_fp16_d128_m64_n128_s2_causal_dsink_det");
+  CHECK(sm90.sink_grad);
+  CHECK_FALSE(sm90.invalid_reason(90).has_value());
+  CHECK(sm90.sink_partial_warps() == 4 * sm90.sm90_traits().consumers);
+  CHECK(flashgen::generate(sm90).headers.front().contents.find("kSinkGrad = true") != std::string::npos);
+}
+
+TEST_CASE("the sinks' gradient's partials follow D in the workspace at a 256-byte boundary", "[generator][backward]") {
+  // Dense: batch · heads_q · seqlen_q rounded to the pad; packed: heads_q · packed_workspace_rows.
+  CHECK(flashgen::bwd_workspace_rows(false, 0, 2, 3, 100, 1) == 600);
+  CHECK(flashgen::bwd_workspace_rows(false, 0, 2, 3, 100, 128) == 768);
+  CHECK(flashgen::bwd_workspace_rows(true, 1000, 3, 2, 500, 1) == 2000);
+  CHECK(flashgen::bwd_workspace_rows(true, 1000, 3, 2, 500, 128) == 2 * 1408);
+  CHECK(flashgen::bwd_sink_partials_offset(600) == 640);
+  CHECK(flashgen::bwd_sink_partials_offset(640) == 640);
+  CHECK(flashgen::bwd_sink_partials_offset(0) == 0);
+  CHECK(flashgen::bwd_sink_partials_count(8, 3, 5, 4) == 480);
+}

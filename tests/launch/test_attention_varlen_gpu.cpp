@@ -357,9 +357,11 @@ namespace {
 
 // The varlen forward then backward of c (seqused_k aside), gradients poisoned first; every sequence's dq, dk
 // and dv against its float64 gradients. With a config, the backward runs that config (its strategy), twice
-// when deterministic: the second run's gradients must be the first's bits.
+// when deterministic: the second run's gradients must be the first's bits. sink_grad_bound > 0: dsinks within that
+// fraction of the largest |dsink| (the _dsink modules'), else the dtype's gradient tolerance.
 void run_and_check_backward(const VarlenCase& c, bool deterministic,
-                            const std::optional<flashgen::BwdConfig>& config = std::nullopt) {
+                            const std::optional<flashgen::BwdConfig>& config = std::nullopt,
+                            double sink_grad_bound = 0.0) {
   PackedBatch packed(c, 0xbac0);
   const flashgen_varlen_forward_args& fwd = packed.args;
   const int64_t batch = fwd.batch, total_q = packed.total_q, total_k = packed.total_k;
@@ -459,9 +461,11 @@ void run_and_check_backward(const VarlenCase& c, bool deterministic,
   }
   if (c.sinks) {
     INFO(c.name << (deterministic ? " deterministic" : " atomic") << (config ? " " + config->name() : std::string()));
-    const flashgen::CheckReport check =
-        flashgen::check_elements("dsinks", {hq}, std::vector<double>(got_dsinks.begin(), got_dsinks.end()), want_dsinks,
-                                 flashgen::gradient_tolerance(dtype, flashgen::max_magnitude(want_dsinks)));
+    const flashgen::Tolerance tolerance =
+        sink_grad_bound > 0.0 ? flashgen::Tolerance{sink_grad_bound * flashgen::max_magnitude(want_dsinks), 0.0}
+                              : flashgen::gradient_tolerance(dtype, flashgen::max_magnitude(want_dsinks));
+    const flashgen::CheckReport check = flashgen::check_elements(
+        "dsinks", {hq}, std::vector<double>(got_dsinks.begin(), got_dsinks.end()), want_dsinks, tolerance);
     INFO(check.text);
     CHECK(check.ok);
   }
@@ -515,6 +519,36 @@ TEST_CASE("packed variable-length backward matches each sequence's float64 gradi
                                                                    deterministic, 80, true, true,
                                                                    {c.softcap > 0.f, c.alibi})
                                    .config);
+      }
+    }
+  }
+}
+
+TEST_CASE("the sinks' gradient of a packed batch lies within fp32 rounding of the float64 softmax's",
+          "[gpu][varlen][sinks]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext scope;
+  const int arch = flashgen::device_sm(scope.device());
+  // An empty sequence, one whose rows see no key, GQA 2; both dtypes (test_attention_sinks_gpu.cpp's dense bound).
+  constexpr double kSinkGradRelative = 5e-5;
+  const VarlenCase cases[] = {
+      {"fp16 d64 bottom-right GQA 2 sinks", FLASHGEN_FLOAT16, 64, 4, 2, FLASHGEN_MASK_CAUSAL, {257, 0, 40, 190},
+       {300, 7, 0, 190}, {}, {}, 0, 0.f, -1, -1, false, true},
+      {"bf16 d128 no mask GQA 2 sinks", FLASHGEN_BFLOAT16, 128, 4, 2, FLASHGEN_MASK_NONE, {130, 0, 77, 64},
+       {200, 9, 0, 333}, {}, {}, 0, 0.f, -1, -1, false, true},
+  };
+  for (const VarlenCase& c : cases) {
+    const auto dtype = c.dtype == FLASHGEN_BFLOAT16 ? flashgen::DType::kBFloat16 : flashgen::DType::kFloat16;
+    const auto mask = c.mask == FLASHGEN_MASK_NONE ? flashgen::MaskKind::kNone : flashgen::MaskKind::kCausal;
+    for (bool deterministic : {false, true}) {
+      run_and_check_backward(c, deterministic, std::nullopt, kSinkGradRelative);  // the run-time choice
+      for (bool sm80_only : {true, false}) {
+        if (!sm80_only && arch != 90) continue;
+        flashgen::BwdConfig config = flashgen::heuristic_backward_choice(dtype, static_cast<int>(c.head_dim), mask,
+                                                                         deterministic, arch, sm80_only, true)
+                                         .config;
+        config.sink_grad = true;
+        run_and_check_backward(c, deterministic, config, kSinkGradRelative);
       }
     }
   }
