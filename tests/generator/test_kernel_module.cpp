@@ -180,6 +180,16 @@ TEST_CASE("a backward config answers can_implement, and lays out its workspace b
   CHECK(tiles.dq_semaphore == 8192 + 1024 * 128 * 4);
   CHECK(tiles.bytes == tiles.dq_semaphore + 256);
 
+  // With the sinks' gradient: its partials (heads_q x batch x key blocks x warps) sit where the kernels find them,
+  // D's end rounded to 64 rows (attn_params.cuh's bwd_sink_partials_offset), and the rest moves past them.
+  flashgen::BwdConfig sinks = atomic;
+  sinks.sink_grad = true;
+  const flashgen::BwdWorkspace with_sinks = sinks.workspace(p);
+  CHECK(with_sinks.sink_partials == size_t(4 * flashgen::bwd_sink_partials_offset(800)));
+  CHECK(with_sinks.sink_partials == 3328);
+  CHECK(with_sinks.dq_accum == 3328 + 4 * size_t(4 * 2 * 2 * sinks.sink_partial_warps()));
+  CHECK(rows.sink_partials == Workspace::kAbsent);
+
   CHECK(atomic.can_implement(problem, p, kSm80));
   CHECK(sm90.can_implement(problem, p, kSm90));
   CHECK(sm90.can_implement(problem, p, kSm80).reason ==
