@@ -151,12 +151,12 @@ Plan<ForwardChoice> plan_call(const ForwardCall& call, const PlanSources<Forward
 }
 
 // Backward step 6. A call that wants its sinks' gradient sums it over the chosen tiles' scores (never tuned over: the
-// tiles are the class's without it).
+// tiles are the class's without it), or, where those spill with it, over the next of the class's tiles that does not.
 Plan<BackwardChoice> plan_call(const BackwardCall& call, const PlanSources<BackwardChoice>& sources) {
   Plan<BackwardChoice> plan = plan_pass(call, sources);
   if (call.problem.sink_grad) {
-    plan.choice.config.sink_grad = true;
-    plan.choice.reason += "; the sinks' gradient summed over its scores";
+    const std::vector<BwdConfig> alternates = with_sink_grad_candidates(plan.choice, sources.arch);
+    keep_spill_free(plan.choice, alternates, sources.spilled_bytes);
   }
   return plan;
 }

@@ -49,10 +49,10 @@ __device__ __forceinline__ int* dq_semaphore(const AttnBwdParams& p, long long r
 
 // The sinks' gradient's partial of one warp of a dkdv block (ConfigSinkGrad): slot ((head · batch entries + batch) ·
 // key blocks + key_block) · warps + warp after D (attn_params.cuh's bwd_sink_partials_offset). `unbound`: the
-// call's params, a packed batch's before bind_sequence (its D and sizes are the whole batch's); a volatile one is
-// read where the address is taken, so that nothing of it is held in registers across a walk.
-template <class Cfg, class Params>
-__device__ __forceinline__ float* sink_partial(const Params& unbound, int head, int batch, int key_block, int warp) {
+// call's params, a packed batch's before bind_sequence (its D and sizes are the whole batch's).
+template <class Cfg>
+__device__ __forceinline__ float* sink_partial(const AttnBwdParams& unbound, int head, int batch, int key_block,
+                                               int warp) {
   const long long rows = bwd_workspace_rows(ConfigVarlen<Cfg>::value, unbound.total_q, unbound.batch, unbound.heads_q,
                                             unbound.seqlen_q, Cfg::kPadRows);
   const int key_blocks = (unbound.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;

@@ -83,11 +83,8 @@ struct BwdSm90Consumer : BwdSm90Layout<Cfg> {
     // 0, so a warp that sees no score of a head (a consumer that only computes dPᵀ: the dK/dV split) leaves 0.
     float sink_sum = 0.f;
     int sink_head = -1;
-    // The call's sizes read at each use (a volatile reference): the address's parts held across the walk spilled
-    // 8 bytes at d128.
     [[maybe_unused]] auto sink_partial = [&](int head) {
-      const volatile AttnBwdParams& unbound = params.base;
-      return bwd::sink_partial<Cfg>(unbound, head, w.batch, w.n_block, consumer * 4 + warp);
+      return bwd::sink_partial<Cfg>(params.base, head, w.batch, w.n_block, consumer * 4 + warp);
     };
     [[maybe_unused]] auto flush_sink_sum = [&] {
 #pragma unroll

@@ -120,7 +120,6 @@ constexpr BwdDqTraits bwd_dq_traits(int head_dim, int block_m, int block_n, int 
   return t;
 }
 
-// Rows of (batch, head, query) the preprocess and convert kernels give one block.
 // Cfg::kSinkGrad and kSinkPartialWarps where the generated config header names them (only configs that take the
 // sinks' gradient through their main kernels do: bwd_rows.cuh's BwdSinkGrad), else false and 0.
 template <class Cfg, class = void>
@@ -134,6 +133,7 @@ struct ConfigSinkGrad<Cfg, decltype(void(Cfg::kSinkGrad))> {
   static constexpr int partial_warps = Cfg::kSinkPartialWarps;
 };
 
+// Rows of (batch, head, query) the preprocess and convert kernels give one block.
 inline constexpr int kBwdRowKernelThreads = 256;
 
 // The preprocess gives each row a group of lanes, one per 16-byte chunk of it, rounded up to a power of two

@@ -197,6 +197,19 @@ std::vector<BwdConfig> with_variant_candidates(BackwardChoice& choice, const std
   return variant_alternates(choice, user, std::move(list));
 }
 
+std::vector<BwdConfig> with_sink_grad_candidates(BackwardChoice& choice, int arch) {
+  BwdConfig& chosen = choice.config;
+  chosen.sink_grad = true;
+  choice.reason += "; the sinks' gradient summed over its scores";
+  std::vector<BwdConfig> alternates;
+  for (BwdConfig& c :
+       heuristic_backward_configs(chosen.dtype, chosen.head_dim, chosen.mask, chosen.deterministic, arch)) {
+    c.varlen = chosen.varlen, c.mods = chosen.mods, c.user = chosen.user, c.sink_grad = true;
+    if (c.family() == chosen.family() && c != chosen) alternates.push_back(std::move(c));
+  }
+  return alternates;
+}
+
 void keep_spill_free(ForwardChoice& choice, const std::vector<KernelConfig>& alternates,
                      const SpilledBytes<KernelConfig>& spilled) {
   keep_first_spill_free(choice, alternates, spilled);

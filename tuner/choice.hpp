@@ -126,6 +126,11 @@ std::vector<KernelConfig> with_variant_candidates(ForwardChoice& choice, const s
 std::vector<BwdConfig> with_variant_candidates(BackwardChoice& choice, const std::shared_ptr<const UserVariant>& user,
                                                int arch);
 
+// The sinks' gradient summed in the chosen config's kernels (BwdConfig::sink_grad), and the configs it may take
+// instead where those spill with it, best first: the rest of the heuristic's list for the class on sm_<arch> in the
+// chosen config's family, with the config's modifiers, layout and variant. Compiles nothing.
+std::vector<BwdConfig> with_sink_grad_candidates(BackwardChoice& choice, int arch);
+
 // Keeps choice's config where it spills at most kCheapSpillBytes by spilled (a small spill costs less than a smaller
 // tile, as measured), else takes the first of alternates that does, the reason naming what spilled; when none does,
 // the chosen config.

@@ -2,6 +2,7 @@
 // and that the reason a plan ends with names what runs. No GPU, no compile: spills, can_implement, the data
 // sources and the first-use sweep are the fakes'.
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -431,6 +432,17 @@ TEST_CASE("planner: a backward call that wants its sinks' gradient sums it in th
   ranked = *sm90;
   const auto hopper = flashgen::plan_call(call, sources);
   CHECK(hopper.choice.config.name() == sm90->name() + "_dsink");
+  // Where the chosen tiles spill with it, the next of the class's Hopper tiles that does not.
+  auto next_sm90 = std::find_if(std::next(sm90), list.end(),
+                                [](const auto& c) { return c.family() == KernelFamily::kSm90; });
+  REQUIRE(next_sm90 != list.end());
+  const std::string spilling = sm90->name() + "_dsink";
+  sources.spilled_bytes = [&](const flashgen::BwdConfig& c) {
+    return c.name() == spilling ? flashgen::kCheapSpillBytes + 4 : 0;
+  };
+  CHECK(flashgen::plan_call(call, sources).choice.config.name() == next_sm90->name() + "_dsink");
+  call.problem.sink_grad = false;
+  CHECK(flashgen::plan_call(call, sources).choice.config == *sm90);
 }
 
 namespace {
