@@ -1,7 +1,8 @@
 // The backward's scoring step, one score at a time, as every backward family takes it (bwd_sm80.cuh's dkdv and dq
 // kernels, bwd_sm90.cuh's consumers), in either accumulator layout: a score's value x in log2 units (the variant's
-// score of q·k times scale_log2), whether a partial block hides it, its probability P = exp2(x - lse2) (0 where
-// hidden), and dS = P ∘ (dP - D) through the variant's gradient, so that dS is with respect to q·k.
+// score of q·k times scale_log2), which scores a partial block hides (S: the variant's row_keys per query row; Sᵀ:
+// key_queries below per key row), its probability P = exp2(x - lse2) (0 where hidden), and dS = P ∘ (dP - D)
+// through the variant's gradient, so that dS is with respect to q·k.
 #pragma once
 
 #include "sm80_primitives.cuh"
@@ -23,13 +24,13 @@ __device__ __forceinline__ float scaled_score(const Params& p, const ScoreAt& at
   return Variant::score(p, at, qk) * p.variant.scale_log2;
 }
 
-// In a partial block, s becomes -inf where the score at `at` is hidden: its key lies past seqlen_k, or the variant
-// hides it.
+// The queries a partial block of Sᵀ (a key per row) hides from key, in the form tested once per score: query
+// query_base + o is hidden iff .hidden(o); every query where the key lies past seqlen_k.
 template <class Variant, class Params>
-__device__ __forceinline__ void hide_score(const Params& p, const ScoreAt& at, float& s) {
-  bool hidden = at.k >= p.seqlen_k;
-  if constexpr (Variant::kHidesKeys) hidden |= !Variant::visible(p, at);
-  if (hidden) s = neg_inf();
+__device__ __forceinline__ auto key_queries(const Params& p, int batch, int head, int key, int query_base) {
+  auto queries = Variant::key_queries(p, batch, head, key, query_base);
+  if (key >= p.seqlen_k) queries.hide_every_query();
+  return queries;
 }
 
 // P = exp2(x - lse2): 0 for a hidden score (x = -inf) and for a query row past seqlen_q (lse2 = +inf).
@@ -64,8 +65,7 @@ __global__ void flashgen_bwd_scores_check(const FlashgenBwdScoresCheckParams p, 
   using Variant = flashgen::CausalMask;
   const flashgen::ScoreAt at{0, 0, static_cast<int>(threadIdx.x), static_cast<int>(threadIdx.y)};
   const float x = flashgen::bwd::scaled_score<Variant>(p, at, in[threadIdx.x]);
-  float s = x;
-  flashgen::bwd::hide_score<Variant>(p, at, s);
+  const float s = flashgen::bwd::key_queries<Variant>(p, 0, 0, at.k, 0).hidden(at.q) ? flashgen::neg_inf() : x;
   const float pr = flashgen::bwd::probability(s, in[threadIdx.y]);
   out[threadIdx.x] = flashgen::bwd::score_gradient<Variant>(p, at, x, pr, in[threadIdx.x + 1], in[threadIdx.y + 1]);
 }

@@ -162,6 +162,17 @@ struct BwdDkdvSm80 {
       constexpr bool kMasked = decltype(masked)::value;
       [[maybe_unused]] float sink_log2 = 0.f;  // the head's sink in base-2 units (kSinkGrad)
       if constexpr (kSinkGrad) sink_log2 = p.variant.sinks[head] * 1.4426950408889634f;
+      // Key row (kt, h)'s hidden queries, at offsets from the thread's first column m_start + 2t.
+      using Queries = decltype(bwd::key_queries<Variant>(p, batch, head, 0, 0));
+      Queries queries[kKeyTiles][2];
+      if constexpr (kMasked) {
+#pragma unroll
+        for (int kt = 0; kt < kKeyTiles; ++kt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            queries[kt][h] = bwd::key_queries<Variant>(p, batch, head, n_start + warp_key0 + kt * 16 + g + h * 8,
+                                                       m_start + 2 * t);
+      }
 #pragma unroll
       for (int qt = 0; qt < kQTiles; ++qt)
 #pragma unroll
@@ -178,8 +189,7 @@ struct BwdDkdvSm80 {
               const float scale_log2 = p.variant.scale_log2;
               const ScoreAt at{batch, head, m_start + col, n_start + warp_key0 + kt * 16 + g + h * 8};
               const float x = bwd::scaled_score<Variant>(p, at, qk, scale_log2);
-              float s = x;
-              if constexpr (kMasked) bwd::hide_score<Variant>(p, at, s);
+              const float s = kMasked && queries[kt][h].hidden(qt * 8 + e) ? neg_inf() : x;
               const float pr = bwd::probability(s, lse2);
               acc_s[kt][qt][2 * h + e] = pr;
               const float dp = acc_dp[kt][qt][2 * h + e];

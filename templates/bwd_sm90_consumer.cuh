@@ -112,6 +112,15 @@ struct BwdSm90Consumer : BwdSm90Layout<Cfg> {
     // reads its score (kGradReadsScore) keeps x here (-inf where hidden) and takes Pᵀ from it with dSᵀ
     // (gradients below), once dPᵀ is in: then x needs no register of its own, nor a log2 to rebuild it from P.
     auto probabilities = [&](float (&acc_s)[kSGroups][4], u32 s_lse, int head, int m_start, auto masked) {
+      // Key row h's hidden queries, at offsets from the thread's first column m_start + 2t.
+      using Queries = decltype(bwd::key_queries<Variant>(p, w.batch, head, 0, 0));
+      Queries queries[2];
+      if constexpr (decltype(masked)::value) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          queries[h] = bwd::key_queries<Variant>(p, w.batch, head, w.n_start + key_row0 + 8 * h, m_start + 2 * t);
+        }
+      }
 #pragma unroll
       for (int i = 0; i < kSGroups; ++i) {
         float lse2[2];
@@ -122,7 +131,7 @@ struct BwdSm90Consumer : BwdSm90Layout<Cfg> {
           for (int e = 0; e < 2; ++e) {
             const ScoreAt at = score_at(head, m_start, i, h, e);
             float s = bwd::scaled_score<Variant>(p, at, acc_s[i][2 * h + e]);
-            if constexpr (decltype(masked)::value) bwd::hide_score<Variant>(p, at, s);
+            if (decltype(masked)::value && queries[h].hidden(8 * i + e)) s = neg_inf();
             if constexpr (Variant::kGradReadsScore) {
               acc_s[i][2 * h + e] = s;
             } else {

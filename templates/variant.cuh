@@ -24,6 +24,10 @@
 //   key_end(p, batch, row_end) one past the last key any row before row_end sees: key_end(r + 1) ==
 //                              last_key(r) + 1, both given in the form the kernels use them.
 //   first_query(p, batch, key) the first query that sees key.
+//   key_queries(p, batch, head, key, query_base)
+//                              the column form of the same for the transposed layout (the backward's Sᵀ, a key
+//                              per row): query query_base + o is hidden from key iff .hidden(o), for a key
+//                              inside seqlen_k; .hide_every_query() makes it hide them all (a key past it).
 //   kHidesEarlyKeys            compile time: a row may also not see keys before some first one (a window).
 //                              When true two more questions are asked:
 //   first_key(p, batch, row)   the first key row sees (may lie outside [0, seqlen_k)).
@@ -79,6 +83,22 @@ struct KeysBetween {
   __host__ __device__ __forceinline__ bool hidden(int offset) const { return offset < first || offset > last; }
 };
 
+// A key's visible queries as a kernel of the transposed layout (Sᵀ: a key per row) tests them: query base + o is
+// hidden iff o < first (o >= 0, a fragment's constant column offset: one compare per score).
+struct QueriesFrom {
+  int first;  // the first visible query, relative to the base
+  __host__ __device__ __forceinline__ bool hidden(int offset) const { return offset < first; }
+  __host__ __device__ __forceinline__ void hide_every_query() { first = 1 << 30; }
+};
+
+// The same for a run of queries that also ends: query base + o is hidden iff o < first or o > last.
+struct QueriesBetween {
+  int first;  // the first visible query, relative to the base
+  int last;
+  __host__ __device__ __forceinline__ bool hidden(int offset) const { return offset < first || offset > last; }
+  __host__ __device__ __forceinline__ void hide_every_query() { first = 1 << 30; }
+};
+
 // The score hooks of a variant that leaves scores as they are: a base of the masks below.
 struct UnchangedScores {
   static constexpr bool kGradReadsScore = false;
@@ -127,6 +147,11 @@ struct NoMask : UnchangedScores {
                                                                 int /*row*/, int last_bound, int key_base) {
     return {last_bound - key_base};
   }
+  template <class Params>
+  static __host__ __device__ __forceinline__ QueriesFrom key_queries(const Params&, int /*batch*/, int /*head*/,
+                                                                      int /*key*/, int /*query_base*/) {
+    return {0};
+  }
 };
 
 // Key k is visible to query q iff k <= q + causal_offset (p.variant's): one policy for both alignments, the launcher
@@ -156,6 +181,12 @@ struct CausalMask : UnchangedScores {
   template <class Params>
   static __host__ __device__ __forceinline__ int first_query(const Params& p, int /*batch*/, int key) {
     return key - p.variant.causal_offset;
+  }
+  template <class Params>
+  static __host__ __device__ __forceinline__ QueriesFrom key_queries(const Params& p, int batch, int /*head*/, int key,
+                                                                      int query_base) {
+    const int first = first_query(p, batch, key);
+    return {first - query_base};
   }
 };
 
@@ -247,6 +278,12 @@ struct WindowMask : UnchangedScores {
       return min(last, key_chunk_first(p, key) + p.variant.attention_chunk - 1 - p.variant.causal_offset);
     }
     return last;
+  }
+  template <class Params>
+  static __host__ __device__ __forceinline__ QueriesBetween key_queries(const Params& p, int batch, int /*head*/,
+                                                                         int key, int query_base) {
+    const int first = first_query(p, batch, key), last = last_query(p, batch, key);
+    return {first - query_base, last - query_base};
   }
 };
 
@@ -421,6 +458,29 @@ struct UserVariant : Base {
     using BaseKeys = decltype(Base::row_keys(p, batch, head, row, last_bound, key_base));
     return Keys<BaseKeys>{Base::row_keys(p, batch, head, row, last_bound, key_base), User::of(p.variant), batch, head,
                           user_row(p, row), key_base, last_bound};
+  }
+
+  // One key's queries (the transposed layout): Base's, and the user's mask per query, asked for every query as
+  // row_keys asks for every key (queries past seqlen_q as the last one).
+  template <class BaseQueries>
+  struct Queries {
+    BaseQueries base;
+    User user;
+    int batch, head, key, query_base, last_row;
+    __device__ __forceinline__ bool hidden(int offset) const {
+      if constexpr (User::kMasks) {
+        const bool user_hides = !user.mask_mod(batch, head, min(query_base + offset, last_row), key);
+        return base.hidden(offset) | user_hides;
+      }
+      return base.hidden(offset);
+    }
+    __device__ __forceinline__ void hide_every_query() { base.hide_every_query(); }
+  };
+  template <class Params>
+  static __device__ __forceinline__ auto key_queries(const Params& p, int batch, int head, int key, int query_base) {
+    using BaseQueries = decltype(Base::key_queries(p, batch, head, key, query_base));
+    return Queries<BaseQueries>{Base::key_queries(p, batch, head, key, query_base), User::of(p.variant), batch, head,
+                                user_key(p, key), query_base, p.seqlen_q - 1};
   }
 
   // The range questions: Base's where it hides keys, else every key of every row (its own mask bounds nothing).

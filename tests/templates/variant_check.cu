@@ -52,8 +52,9 @@ bool visible(const Params& p, int q, int k) {
   return k < p.seqlen_k && Variant::visible(p, flashgen::ScoreAt{0, 0, q, k});
 }
 
-// The per-row forms: row_keys for every row and key base, and (variants that hide keys) last_key,
-// key_end and first_query, and (variants that hide early keys) first_key and last_query.
+// The per-row forms: row_keys for every row and key base, key_queries for every key and query base, and
+// (variants that hide keys) last_key, key_end and first_query, and (variants that hide early keys) first_key and
+// last_query.
 template <class Variant>
 void check_rows(const char* name, const Params& p, int base_step) {
   for (int q = 0; q < p.seqlen_q; ++q) {
@@ -71,6 +72,19 @@ void check_rows(const char* name, const Params& p, int base_step) {
       }
       if (last >= 0 && last < p.seqlen_k && !visible<Variant>(p, q, last)) {
         fail(name, "last_key hidden", p, q, last);
+      }
+    }
+  }
+  for (int k = 0; k < p.seqlen_k; ++k) {
+    for (int base = 0; base < p.seqlen_q; base += base_step) {
+      const auto queries = Variant::key_queries(p, 0, 0, k, base);
+      for (int q = base; q < p.seqlen_q; ++q) {
+        if (queries.hidden(q - base) == visible<Variant>(p, q, k)) fail(name, "key_queries disagrees", p, q, k);
+      }
+      auto none = queries;
+      none.hide_every_query();
+      for (int q = base; q < p.seqlen_q + 8; ++q) {
+        if (!none.hidden(q - base)) fail(name, "hide_every_query leaves a query", p, q, k);
       }
     }
   }
