@@ -9,30 +9,13 @@
 #include "flashgen/error.hpp"
 #include "generator/bwd_config.hpp"
 #include "generator/generator.hpp"
+#include "support/golden.hpp"
 #include "templates/attn_params.cuh"
 
 using flashgen::BwdConfig;
 using flashgen::BwdKernel;
 
-namespace {
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-void check_golden(const std::string& name, const std::string& actual) {
-  const std::string path = std::string(FLASHGEN_SOURCE_DIR) + "/tests/generator/golden/" + name;
-  if (const char* update = std::getenv("FLASHGEN_UPDATE_GOLDEN"); update != nullptr && std::string(update) == "1") {
-    std::ofstream(path, std::ios::binary) << actual;
-  }
-  INFO("golden file " << path << " (set FLASHGEN_UPDATE_GOLDEN=1 to regenerate after an intended change)");
-  CHECK(read_file(path) == actual);
-}
-
-}  // namespace
+using flashgen::test::check_golden;
 
 TEST_CASE("backward config names round-trip and are canonical", "[generator][backward]") {
   BwdConfig c;
