@@ -100,8 +100,10 @@ std::string render_config_header(const KernelConfig& c) {
       << "namespace flashgen_generated {\n\n"
       << "struct Config {\n"
       << "  static constexpr flashgen::ElemType kElem = " << elem_enum(c.dtype) << ";\n"
-      << "  static constexpr int kHeadDim = " << c.head_dim << ";\n"
-      << "  static constexpr flashgen::MaskKind kMask = " << mask_enum(c.mask) << ";\n"
+      << "  static constexpr int kHeadDim = " << c.head_dim << ";\n";
+  // The values' own head dim only where it differs: every other header, and so its cache key, stays as it was.
+  if (c.value_dim() != c.head_dim) out << "  static constexpr int kHeadDimV = " << c.value_dim() << ";\n";
+  out << "  static constexpr flashgen::MaskKind kMask = " << mask_enum(c.mask) << ";\n"
       << "  using Variant = " << variant_policy(c.mask, c.mods, c.user) << ";\n"
       << "  static constexpr int kBlockM = " << c.block_m << ";\n"
       << "  static constexpr int kBlockN = " << c.block_n << ";\n";

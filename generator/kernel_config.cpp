@@ -74,12 +74,22 @@ void read_score_mods(const nlohmann::json& j, const char* what, ScoreMods& mods)
   }
 }
 
+namespace {
+
+// "_v<dim>" for a config whose values have a head dim of their own, else nothing.
+std::string value_dim_suffix(const KernelConfig& c) {
+  return c.value_dim() != c.head_dim ? "_v" + std::to_string(c.value_dim()) : std::string();
+}
+
+}  // namespace
+
 std::string KernelConfig::name() const {
   // Built on every launch (it keys the loaded kernels): appends, no stream.
   using std::to_string;
   if (const Sm90Knobs* k = sm90()) {
-    std::string name = std::string("fwd_sm90_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_m" +
-                       to_string(block_m) + "_n" + to_string(block_n) + "_s" + to_string(stages);
+    std::string name = std::string("fwd_sm90_") + dtype_name(dtype) + "_d" + to_string(head_dim) +
+                       value_dim_suffix(*this) + "_m" + to_string(block_m) + "_n" + to_string(block_n) + "_s" +
+                       to_string(stages);
     name += mask_suffix(mask) + score_mods_suffix(mods);
     if (k->overlap) name += "_ovl";
     if (k->pingpong) name += "_pp";
@@ -93,8 +103,8 @@ std::string KernelConfig::name() const {
     return name + user_variant_suffix(user);
   }
   const Sm80Knobs& k = std::get<Sm80Knobs>(knobs);
-  std::string name = std::string("fwd_sm80_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_m" +
-                     to_string(block_m) + "_n" + to_string(block_n) + "_w" + to_string(k.warps) + "_s" +
+  std::string name = std::string("fwd_sm80_") + dtype_name(dtype) + "_d" + to_string(head_dim) + value_dim_suffix(*this) +
+                     "_m" + to_string(block_m) + "_n" + to_string(block_n) + "_w" + to_string(k.warps) + "_s" +
                      to_string(stages);
   name += mask_suffix(mask) + score_mods_suffix(mods);
   if (k.q_in_regs) name += "_qreg";
@@ -128,9 +138,9 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
   const bool sm90 = fields.size() >= 7 && fields[0] == "fwd" && fields[1] == "sm90";
   FLASHGEN_REQUIRE(sm90 || (fields.size() >= 8 && fields[0] == "fwd" && fields[1] == "sm80"),
                    "config name '" + name +
-                       "': expected fwd_sm80_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_w<warps>_s<stages>"
+                       "': expected fwd_sm80_<fp16|bf16>_d<head_dim>[_v<head_dim_v>]_m<block_m>_n<block_n>_w<warps>_s<stages>"
                        "[_causal|_window|_chunk][_softcap][_alibi][_qreg][_varlen[_paged]] or "
-                       "fwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal|_window|_chunk][_softcap]"
+                       "fwd_sm90_<fp16|bf16>_d<head_dim>[_v<head_dim_v>]_m<block_m>_n<block_n>_s<stages>[_causal|_window|_chunk][_softcap]"
                        "[_alibi]"
                        "[_ovl][_pp][_pst][_psm][_c2][_g2][_tsum]");
   KernelConfig config;
@@ -139,9 +149,11 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
   Sm90Knobs* k90 = config.sm90();
   config.dtype = parse_dtype_field(fields[2], name);
   config.head_dim = parse_name_field(fields[3], "d", name);
-  config.block_m = parse_name_field(fields[4], "m", name);
-  config.block_n = parse_name_field(fields[5], "n", name);
-  size_t next = 6;
+  size_t next = 4;
+  if (fields[next].size() > 1 && fields[next][0] == 'v') config.head_dim_v = parse_name_field(fields[next++], "v", name);
+  FLASHGEN_REQUIRE(fields.size() >= next + (k80 ? 4 : 3), "config name '" + name + "': too few fields");
+  config.block_m = parse_name_field(fields[next++], "m", name);
+  config.block_n = parse_name_field(fields[next++], "n", name);
   if (k80) k80->warps = parse_name_field(fields[next++], "w", name);
   config.stages = parse_name_field(fields[next++], "s", name);
   for (size_t i = next; i < fields.size(); ++i) {
@@ -180,7 +192,7 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
 FwdTraits KernelConfig::traits() const {
   const Sm80Knobs* k = sm80();
   if (k == nullptr) fail(Status::kInternal, "config " + name() + " has no sm80-family traits");
-  return fwd_traits(head_dim, block_m, block_n, k->warps, stages, k->q_in_regs);
+  return fwd_traits(head_dim, block_m, block_n, k->warps, stages, k->q_in_regs, value_dim());
 }
 
 FwdSm90Traits KernelConfig::sm90_traits() const {
@@ -218,6 +230,7 @@ const char* KernelConfig::shape_error() const { return sm90() ? sm90_traits().er
 std::optional<std::string> KernelConfig::invalid_reason(int arch) const {
   if (sm90()) {
     if (arch != 90) return "the sm90 kernel family needs sm_90a (wgmma, TMA, setmaxnreg)";
+    if (value_dim() != head_dim) return "the sm90 kernel family's values have the queries' and keys' head dim";
     if (user && user->masks() && sm90()->cluster != 1) {
       return "a user mask hides keys, and the sm90 family's clusters share every key block between their tiles";
     }
@@ -251,6 +264,10 @@ int64_t KernelConfig::persistent_tiles(const AttnFwdParams& p) const {
 Implementability KernelConfig::can_implement(const AttentionProblem& problem, const AttnFwdParams& params,
                                              const DeviceTraits& device) const {
   if (Implementability fit = problem_fit(*this, problem, device.sm); !fit) return fit;
+  if (value_dim() != problem.head_dim()) {
+    return {Shortfall::kProblem, "has values of head dim " + std::to_string(value_dim()) + ", the call's have " +
+                                     std::to_string(problem.head_dim())};
+  }
   if (varlen != problem.varlen || paged != problem.paged) {
     const char* config_batch =
         varlen ? (paged ? "packed batches over a paged cache" : "packed batches") : "dense batches";
@@ -299,7 +316,8 @@ std::optional<std::string> FwdTmaTensors::unsupported_reason() const {
 
 bool KernelConfig::operator==(const KernelConfig& o) const {
   // Configs that share a name are equal: the same family, and the same knobs of it.
-  return dtype == o.dtype && head_dim == o.head_dim && mask == o.mask && block_m == o.block_m &&
+  return dtype == o.dtype && head_dim == o.head_dim && value_dim() == o.value_dim() && mask == o.mask &&
+         block_m == o.block_m &&
          block_n == o.block_n && stages == o.stages && knobs == o.knobs && varlen == o.varlen && paged == o.paged &&
          mods == o.mods && same_user_variant(user, o.user);
 }
@@ -311,6 +329,7 @@ void to_json(nlohmann::json& j, const KernelConfig& c) {
                        {"stages", c.stages},          {"overlap", k->overlap},     {"pingpong", k->pingpong},
                        {"persistent", k->persistent}, {"p_smem", k->p_smem},     {"cluster", k->cluster},
                        {"groups", k->groups},         {"tensor_sum", k->tensor_sum}};
+    if (c.value_dim() != c.head_dim) j["head_dim_v"] = c.value_dim();  // absent: the values' head dim is head_dim
     if (c.varlen) j["varlen"] = true;  // absent: a dense kernel, as every config before it had
     if (c.paged) j["paged"] = true;
     score_mods_to_json(j, c.mods);
@@ -320,6 +339,7 @@ void to_json(nlohmann::json& j, const KernelConfig& c) {
   j = nlohmann::json{{"family", "fwd_sm80"},    {"dtype", dtype_name(c.dtype)}, {"head_dim", c.head_dim},
                      {"mask", mask_name(c.mask)}, {"block_m", c.block_m},      {"block_n", c.block_n},
                      {"warps", k.warps},          {"stages", c.stages},        {"q_in_regs", k.q_in_regs}};
+  if (c.value_dim() != c.head_dim) j["head_dim_v"] = c.value_dim();  // absent: the values' head dim is head_dim
   if (c.varlen) j["varlen"] = true;
   if (c.paged) j["paged"] = true;
   score_mods_to_json(j, c.mods);
@@ -356,7 +376,7 @@ void from_json(const nlohmann::json& j, KernelConfig& c) {
   static const char* const kKeys[] = {"family", "dtype",      "head_dim",  "mask",       "block_m", "block_n",
                                       "warps",  "stages",     "q_in_regs", "overlap",    "pingpong", "persistent",
                                       "p_smem", "cluster",    "groups",    "tensor_sum", "varlen", "paged",
-                                      "softcap", "alibi"};
+                                      "softcap", "alibi", "head_dim_v"};
   for (const auto& item : j.items()) {
     FLASHGEN_REQUIRE(std::find(std::begin(kKeys), std::end(kKeys), item.key()) != std::end(kKeys),
                      "kernel config JSON: unknown field \"" + item.key() + "\"");
@@ -381,6 +401,7 @@ void from_json(const nlohmann::json& j, KernelConfig& c) {
   }
   read_dtype_and_mask(j, "kernel config JSON", config.dtype, config.mask);
   get_int("head_dim", config.head_dim);
+  get_int("head_dim_v", config.head_dim_v);
   get_int("block_m", config.block_m);
   get_int("block_n", config.block_n);
   get_int("stages", config.stages);

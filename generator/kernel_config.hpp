@@ -78,7 +78,12 @@ struct KernelConfig {
   // A user-defined variant compiled in around the mask (templates/variant.cuh's UserVariant): suffix _u<hash> at
   // the end of the name. Set by dispatch on the choice for the base class; no tuning data or JSON holds one.
   std::shared_ptr<const UserVariant> user = nullptr;
+  // The values' and the output's head dim where it differs from the queries' and keys' (MLA's 192 and 128): suffix
+  // _v<dim> after _d<head_dim>, JSON field head_dim_v; 0: head_dim. The sm80 family's kernels take one.
+  int head_dim_v = 0;
 
+  // The values' head dim: head_dim_v, or head_dim where the config has none of its own.
+  int value_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
   KernelFamily family() const {
     return std::holds_alternative<Sm90Knobs>(knobs) ? KernelFamily::kSm90 : KernelFamily::kSm80;
   }
@@ -88,7 +93,8 @@ struct KernelConfig {
   const Sm90Knobs* sm90() const { return std::get_if<Sm90Knobs>(&knobs); }
   Sm90Knobs* sm90() { return std::get_if<Sm90Knobs>(&knobs); }
 
-  // Canonical name, e.g. fwd_sm80_bf16_d128_m128_n32_w4_s3_causal (_window for a sliding window; then _softcap, _alibi;
+  // Canonical name, e.g. fwd_sm80_bf16_d128_m128_n32_w4_s3_causal or, with values of their own head dim,
+  // fwd_sm80_bf16_d192_v128_m64_n32_w4_s2_causal (_window for a sliding window; then _softcap, _alibi;
   // suffix _qreg when q_in_regs,
   // _varlen for packed batches, then _paged for their paged caches) or
   // fwd_sm90_fp16_d128_m128_n128_s2_causal (suffixes _ovl, _pp, _pst, _psm, _c2, _g2, _tsum for overlap,

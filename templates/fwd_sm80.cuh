@@ -24,7 +24,8 @@ struct FwdSm80 {
   using u32 = sm80::u32;
 
   static constexpr FwdTraits kTraits =
-      fwd_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarps, Cfg::kStages, Cfg::kQInRegs);
+      fwd_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarps, Cfg::kStages, Cfg::kQInRegs,
+                 ConfigHeadDimV<Cfg>::value);
   static_assert(kTraits.error == nullptr, "invalid forward config: see fwd_traits() in fwd_traits.cuh");
 
   static constexpr ElemType kElem = Cfg::kElem;
@@ -44,17 +45,28 @@ struct FwdSm80 {
   static constexpr int kWarpRows = kTraits.rows_per_warp;
   static constexpr int kMTiles = kTraits.m_tiles;      // 16-row tiles per warp
   static constexpr int kNTiles = kBlockN / 8;          // 8-key column tiles of S
-  static constexpr int kDTiles = kHeadDimPad / 8;      // 8-wide column tiles of O
   static constexpr int kKSteps = kHeadDimPad / 16;     // k-steps of S = Q Kᵀ
   static constexpr int kChunks = kHeadDimPad / 8;      // 16-byte chunks per smem row
   static constexpr int kValidChunks = kHeadDim / 8;    // chunks that hold data; the rest are zero-filled
-  static constexpr int kTileElems = kBlockN * kRow;    // one K or V tile in smem
+  // The values' and the output's columns: head_dim's, or the config's own (MLA's d_v), with their own pitch.
+  static constexpr int kHeadDimV = ConfigHeadDimV<Cfg>::value;
+  static constexpr int kRowV = kTraits.smem_row_elems_v;
+  static constexpr int kDTiles = kTraits.head_dim_v_pad / 8;  // 8-wide column tiles of O
+  static constexpr int kChunksV = kTraits.head_dim_v_pad / 8;
+  static constexpr int kValidChunksV = kHeadDimV / 8;
+  static constexpr u32 kKTileBytes = kBlockN * kRow * 2;      // one K tile in smem
+  static constexpr u32 kStageBytes = kTraits.smem_kv_stage_bytes;  // K tile, then V tile (kBlockN, kRowV)
 
   template <int kRows>
   static __device__ __forceinline__ void load_tile(u32 smem_tile, const u16* gmem, long long row_stride,
                                                    int rows_valid, const u16* inside, int tid) {
     sm80::TileCopy<kThreads, kRow, kChunks, kValidChunks>::template load<kRows>(smem_tile, gmem, row_stride,
                                                                               rows_valid, inside, tid);
+  }
+  static __device__ __forceinline__ void load_v_tile(u32 smem_tile, const u16* gmem, long long row_stride,
+                                                     int rows_valid, const u16* inside, int tid) {
+    sm80::TileCopy<kThreads, kRowV, kChunksV, kValidChunksV>::template load<kBlockN>(smem_tile, gmem, row_stride,
+                                                                                   rows_valid, inside, tid);
   }
 
   // A fragments (16 rows x 16 k) of this warp's Q tile mt for k-step kk; q_lane is the lane's address.
@@ -77,10 +89,9 @@ struct FwdSm80 {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     // Shared memory is addressed with 32-bit byte offsets so ptxas folds the constant parts of every
     // ldmatrix address into the instruction.
-    u16* sq = reinterpret_cast<u16*>(smem_raw);           // (kBlockM, kRow); reused for the output tile
+    u16* sq = reinterpret_cast<u16*>(smem_raw);           // (kBlockM, kRow); reused for the (kBlockM, kRowV) output
     const u32 sq_addr = sm80::smem_addr(smem_raw);
-    const u32 skv_addr = sq_addr + kBlockM * kRow * 2;    // kStages x [K (kBlockN, kRow), V (kBlockN, kRow)]
-    constexpr u32 kTileBytes = kTileElems * 2;
+    const u32 skv_addr = sq_addr + kBlockM * kRow * 2;    // kStages x [K (kBlockN, kRow), V (kBlockN, kRowV)]
 
     const int tid = threadIdx.x;
     const int warp = tid / 32;
@@ -107,18 +118,19 @@ struct FwdSm80 {
 
     // Keys at or past n_end are hidden from every row, so they are zero-filled rather than read.
     auto load_kv = [&](int n_block) {
-      const u32 sk = skv_addr + (n_block % kStages) * 2 * kTileBytes;
+      const u32 sk = skv_addr + (n_block % kStages) * kStageBytes;
       const int n_start = n_block * kBlockN;
       const int rows_valid = min(kBlockN, n_end - n_start);
       if constexpr (kPaged) {
-        using Copy = sm80::TileCopy<kThreads, kRow, kChunks, kValidChunks>;
-        Copy::template load_paged<kBlockN>(sk, k, p.k_page_stride, p.k_row_stride, p.block_table, p.page_size,
-                                           p.num_pages, n_start, rows_valid, tid);
-        Copy::template load_paged<kBlockN>(sk + kTileBytes, v, p.v_page_stride, p.v_row_stride, p.block_table,
-                                           p.page_size, p.num_pages, n_start, rows_valid, tid);
+        using CopyK = sm80::TileCopy<kThreads, kRow, kChunks, kValidChunks>;
+        using CopyV = sm80::TileCopy<kThreads, kRowV, kChunksV, kValidChunksV>;
+        CopyK::template load_paged<kBlockN>(sk, k, p.k_page_stride, p.k_row_stride, p.block_table, p.page_size,
+                                            p.num_pages, n_start, rows_valid, tid);
+        CopyV::template load_paged<kBlockN>(sk + kKTileBytes, v, p.v_page_stride, p.v_row_stride, p.block_table,
+                                            p.page_size, p.num_pages, n_start, rows_valid, tid);
       } else {
         load_tile<kBlockN>(sk, k + n_start * p.k_row_stride, p.k_row_stride, rows_valid, k, tid);
-        load_tile<kBlockN>(sk + kTileBytes, v + n_start * p.v_row_stride, p.v_row_stride, rows_valid, v, tid);
+        load_v_tile(sk + kKTileBytes, v + n_start * p.v_row_stride, p.v_row_stride, rows_valid, v, tid);
       }
     };
 
@@ -138,7 +150,7 @@ struct FwdSm80 {
     // K (B operand of S): (keys 0-7, k 0-7), (keys 0-7, k 8-15), (keys 8-15, k 0-7), (keys 8-15, k 8-15).
     const u32 k_lane = ((lane & 7) + ((lane >> 4) << 3)) * kRow * 2 + ((lane >> 3) & 1) * 16;
     // V (B operand of O, transposed): (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15).
-    const u32 v_lane = ((lane & 7) + ((lane >> 3) & 1) * 8) * kRow * 2 + (lane >> 4) * 16;
+    const u32 v_lane = ((lane & 7) + ((lane >> 3) & 1) * 8) * kRowV * 2 + (lane >> 4) * 16;
     u32 q_frag[kQInRegs ? kMTiles : 1][kQInRegs ? kKSteps : 1][4];  // (kMTiles, kKSteps) A fragments, 16x16 each
     if constexpr (kQInRegs) {
       sm80::cp_async_wait<kStages - 1>();
@@ -149,7 +161,7 @@ struct FwdSm80 {
         for (int kk = 0; kk < kKSteps; ++kk) load_q_frag(q_frag[mt][kk], q_lane, mt, kk);
     }
 
-    float acc_o[kMTiles][kDTiles][4];  // (kWarpRows, kHeadDimPad) fp32 output, (16, 8) accumulator tiles
+    float acc_o[kMTiles][kDTiles][4];  // (kWarpRows, head_dim_v_pad) fp32 output, (16, 8) accumulator tiles
     float row_max[kMTiles][2];         // running max (log2 units) of rows g and g + 8 of each tile
     float row_sum[kMTiles][2];         // running sum of exp2, this thread's columns only
 #pragma unroll
@@ -178,8 +190,8 @@ struct FwdSm80 {
       sm80::cp_async_wait<kStages - 2>();  // Q and tile n_block have landed
       __syncthreads();                     // ... for every thread, and tile n_block - 1 is no longer read
 
-      const u32 sk = skv_addr + (n_block % kStages) * 2 * kTileBytes;  // (kBlockN, kRow) K tile
-      const u32 sv = sk + kTileBytes;                                   // (kBlockN, kRow) V tile
+      const u32 sk = skv_addr + (n_block % kStages) * kStageBytes;  // (kBlockN, kRow) K tile
+      const u32 sv = sk + kKTileBytes;                               // (kBlockN, kRowV) V tile
 
       // S = Q Kᵀ for this warp, with Q's fragments from registers or shared memory.
       float acc_s[kMTiles][kNTiles][4];  // (kWarpRows, kBlockN) in (16, 8) accumulator tiles
@@ -208,7 +220,7 @@ struct FwdSm80 {
       // Online softmax (sm80_attend.cuh), then O += P V with the V tile read transposed.
       u32 p_frag[kMTiles][kNTiles / 2][4];  // (kMTiles, kBlockN / 16) A fragments of P, 16x16 each
       sm80::softmax_update<kElem>(acc_s, row_max, row_sum, acc_o, p_frag, scale_log2);
-      sm80::pv_product<kElem, kRow>(acc_o, p_frag, sv, v_lane);
+      sm80::pv_product<kElem, kRowV>(acc_o, p_frag, sv, v_lane);
     };
 
     // Blocks [full_begin, full_end) need no mask for any row of this block (block_range.cuh).
@@ -237,7 +249,9 @@ struct FwdSm80 {
       }
     }
 
-    u16* so_warp = sq + warp * kWarpRows * kRow;  // (kWarpRows, kRow): only this warp ever read these rows
+    // (kWarpRows, kRowV): past the barrier above no thread reads Q or K/V again, so a warp's output rows may cover
+    // another warp's Q rows (and, with values wider than the keys, the first stages).
+    u16* so_warp = sq + warp * kWarpRows * kRowV;
     __syncwarp();
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
@@ -247,20 +261,20 @@ struct FwdSm80 {
         for (int h = 0; h < 2; ++h) {
           const int row = mt * 16 + g + h * 8;
           const int col = dt * 8 + 2 * t;
-          *reinterpret_cast<u32*>(so_warp + row * kRow + col) =
+          *reinterpret_cast<u32*>(so_warp + row * kRowV + col) =
               sm80::pack2<kElem>(acc_o[mt][dt][2 * h], acc_o[mt][dt][2 * h + 1]);
         }
     __syncwarp();
     const int warp_first_row = warp * kWarpRows;  // relative to m_start
-    constexpr int kOutChunks = kWarpRows * kValidChunks;
+    constexpr int kOutChunks = kWarpRows * kValidChunksV;
 #pragma unroll
     for (int i0 = 0; i0 < kOutChunks; i0 += 32) {
       const int i = i0 + lane;
       if (kOutChunks % 32 == 0 || i < kOutChunks) {
-        const int row = i / kValidChunks;
-        const int chunk = i % kValidChunks;
+        const int row = i / kValidChunksV;
+        const int chunk = i % kValidChunksV;
         if (m_start + warp_first_row + row < p.seqlen_q) {
-          const uint4 value = *reinterpret_cast<const uint4*>(so_warp + row * kRow + chunk * 8);
+          const uint4 value = *reinterpret_cast<const uint4*>(so_warp + row * kRowV + chunk * 8);
           *reinterpret_cast<uint4*>(o + (warp_first_row + row) * p.o_row_stride + chunk * 8) = value;
         }
       }

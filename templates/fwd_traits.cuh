@@ -14,10 +14,12 @@ struct FwdTraits {
   int threads;             // warps * 32
   int head_dim_pad;        // head_dim rounded up to the mma k-step (16)
   int smem_row_elems;      // shared-memory row pitch: head_dim_pad + 8 elements, so ldmatrix rows hit distinct banks
+  int head_dim_v_pad;      // the values' head dim (head_dim unless the config has its own), rounded up likewise
+  int smem_row_elems_v;    // the V tile's and the output tile's row pitch: head_dim_v_pad + 8
   int rows_per_warp;       // block_m / warps
   int m_tiles;             // 16-row mma tiles per warp
-  int smem_q_bytes;        // (block_m, smem_row_elems) Q tile; reused for the output tile
-  int smem_kv_stage_bytes; // (block_n, smem_row_elems) K tile + V tile
+  int smem_q_bytes;        // (block_m, smem_row_elems) Q tile; its rows, and past them the K/V stages', hold the output
+  int smem_kv_stage_bytes; // (block_n, smem_row_elems) K tile + (block_n, smem_row_elems_v) V tile
   int smem_bytes;          // whole dynamic shared memory of one block
   int accum_regs;          // registers per thread for O, S, P (and Q) fragments: the bulk of the budget
   const char* error;       // nullptr when the shape is valid on some GPU
@@ -29,23 +31,33 @@ struct FwdTraits {
 // the final word, and whoever compiles a config drops it when it spills.
 constexpr int kMaxAccumRegs = 232;
 
-constexpr FwdTraits fwd_traits(int head_dim, int block_m, int block_n, int warps, int stages, bool q_in_regs) {
+// head_dim_v: the values' (and the output's) head dim where it differs from the queries' and keys' (MLA's 192 and
+// 128); 0: head_dim.
+constexpr FwdTraits fwd_traits(int head_dim, int block_m, int block_n, int warps, int stages, bool q_in_regs,
+                               int head_dim_v = 0) {
   FwdTraits t{};
+  const int dim_v = head_dim_v > 0 ? head_dim_v : head_dim;
   t.threads = warps * 32;
   t.head_dim_pad = (head_dim + 15) / 16 * 16;
   t.smem_row_elems = t.head_dim_pad + 8;
+  t.head_dim_v_pad = (dim_v + 15) / 16 * 16;
+  t.smem_row_elems_v = t.head_dim_v_pad + 8;
   t.rows_per_warp = warps > 0 ? block_m / warps : 0;
   t.m_tiles = t.rows_per_warp / 16;
   t.smem_q_bytes = block_m * t.smem_row_elems * 2;
-  t.smem_kv_stage_bytes = 2 * block_n * t.smem_row_elems * 2;
+  t.smem_kv_stage_bytes = block_n * (t.smem_row_elems + t.smem_row_elems_v) * 2;
   t.smem_bytes = t.smem_q_bytes + stages * t.smem_kv_stage_bytes;
-  t.accum_regs = t.m_tiles * (t.head_dim_pad / 8) * 4       // O, fp32
+  const int smem_o_bytes = block_m * t.smem_row_elems_v * 2;  // the output tile, staged over Q and the stages
+  if (smem_o_bytes > t.smem_bytes) t.smem_bytes = smem_o_bytes;
+  t.accum_regs = t.m_tiles * (t.head_dim_v_pad / 8) * 4     // O, fp32
                  + t.m_tiles * (block_n / 8) * 4             // S, fp32
                  + t.m_tiles * (block_n / 16) * 4            // P, packed 16-bit pairs
                  + (q_in_regs ? t.m_tiles * (t.head_dim_pad / 16) * 4 : 0);
   t.error = nullptr;
   if (head_dim < 8 || head_dim > 256 || head_dim % 8 != 0) {
     t.error = "head_dim must be a multiple of 8 in [8, 256]";
+  } else if (dim_v < 8 || dim_v > 512 || dim_v % 8 != 0) {
+    t.error = "head_dim_v must be a multiple of 8 in [8, 512]";
   } else if (warps < 1 || warps > 16) {
     t.error = "warps must be in [1, 16]";
   } else if (block_m % (16 * warps) != 0) {
@@ -59,6 +71,17 @@ constexpr FwdTraits fwd_traits(int head_dim, int block_m, int block_n, int warps
   }
   return t;
 }
+
+// Cfg::kHeadDimV where the generated config header names it (a config whose values have a head dim of their own),
+// else Cfg::kHeadDim.
+template <class Cfg, class = void>
+struct ConfigHeadDimV {
+  static constexpr int value = Cfg::kHeadDim;
+};
+template <class Cfg>
+struct ConfigHeadDimV<Cfg, decltype(void(Cfg::kHeadDimV))> {
+  static constexpr int value = Cfg::kHeadDimV;
+};
 
 // Largest dynamic shared memory one block may opt into on an architecture (sm number: 80, 86, 89, 90,
 // 100, 120); 0 below sm_80, which the tensor-core path does not support.

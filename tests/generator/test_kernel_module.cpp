@@ -116,6 +116,9 @@ TEST_CASE("a forward config answers whether it can implement a call, and why not
   flashgen::KernelConfig packed = sm80;
   packed.varlen = true;
   CHECK(packed.can_implement(problem, p, kSm80).reason == "is for packed batches, not for this call's dense batch");
+  flashgen::KernelConfig narrow_values = sm80;
+  narrow_values.head_dim_v = 64;
+  CHECK(narrow_values.can_implement(problem, p, kSm80).reason == "has values of head dim 64, the call's have 128");
 
   // The arch: the sm90 family on sm_80.
   const Implementability arch = sm90.can_implement(problem, p, kSm80);

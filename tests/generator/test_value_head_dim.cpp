@@ -1,0 +1,75 @@
+// Forward configs whose values have a head dim of their own (KernelConfig::head_dim_v, MLA's 192 and 128): the name,
+// JSON, traits and generated header, and the families that take one.
+#include <string>
+
+#include "catch.hpp"
+#include "flashgen/error.hpp"
+#include "generator/generator.hpp"
+#include "generator/kernel_config.hpp"
+
+using flashgen::KernelConfig;
+
+TEST_CASE("a values' head dim of its own: _v after _d in the name, a JSON field, kHeadDimV in the header",
+          "[generator][config]") {
+  const KernelConfig c = KernelConfig::from_name("fwd_sm80_bf16_d192_v128_m64_n32_w4_s2_causal");
+  CHECK(c.head_dim == 192);
+  CHECK(c.value_dim() == 128);
+  CHECK(c.block_m == 64);
+  CHECK(c.sm80()->warps == 4);
+  CHECK(c.name() == "fwd_sm80_bf16_d192_v128_m64_n32_w4_s2_causal");
+  CHECK_FALSE(c.invalid_reason(80).has_value());
+
+  const nlohmann::json j = c;
+  CHECK(j.at("head_dim_v") == 128);
+  CHECK(j.get<KernelConfig>() == c);
+  KernelConfig same = c;
+  same.head_dim_v = 0;
+  CHECK_FALSE(same == c);
+  CHECK_FALSE(nlohmann::json(same).contains("head_dim_v"));
+  // Equal dims are the config without one: the same name and key.
+  same.head_dim_v = 192;
+  CHECK(same.name() == "fwd_sm80_bf16_d192_m64_n32_w4_s2_causal");
+  CHECK(same == KernelConfig::from_name(same.name()));
+  CHECK_THROWS_AS(KernelConfig::from_name("fwd_sm80_bf16_d192_v192_m64_n32_w4_s2"), flashgen::Error);
+  CHECK_THROWS_AS(KernelConfig::from_name("fwd_sm80_bf16_d192_v_m64_n32_w4_s2"), flashgen::Error);
+  CHECK_THROWS_AS(KernelConfig::from_name("fwd_sm80_bf16_d192_v128_m64_n32_w4"), flashgen::Error);
+
+  const std::string header = flashgen::generate(c).headers.front().contents;
+  CHECK(header.find("kHeadDimV = 128;") != std::string::npos);
+  CHECK(flashgen::generate(same).headers.front().contents.find("kHeadDimV") == std::string::npos);
+}
+
+TEST_CASE("the sm80 forward's sizes follow both head dims", "[generator][config]") {
+  // 192 / 128: K rows of 200 elements, V and output rows of 136.
+  const auto mla = flashgen::fwd_traits(192, 64, 32, 4, 2, false, 128);
+  REQUIRE(mla.error == nullptr);
+  CHECK(mla.smem_row_elems == 200);
+  CHECK(mla.smem_row_elems_v == 136);
+  CHECK(mla.smem_kv_stage_bytes == 32 * (200 + 136) * 2);
+  CHECK(mla.smem_bytes == 64 * 200 * 2 + 2 * 32 * (200 + 136) * 2);
+  CHECK(mla.accum_regs == 1 * (128 / 8) * 4 + 1 * (32 / 8) * 4 + 1 * (32 / 16) * 4);
+  // Values wider than the keys: the output tile outgrows Q and the stages, and shared memory is the output's.
+  const auto wide = flashgen::fwd_traits(64, 64, 16, 4, 2, false, 384);
+  REQUIRE(wide.error == nullptr);
+  CHECK(wide.smem_row_elems_v == 392);
+  CHECK(64 * 72 * 2 + 2 * 16 * (72 + 392) * 2 < 64 * 392 * 2);
+  CHECK(wide.smem_bytes == 64 * 392 * 2);
+  // 0 or head_dim itself: the equal-dims sizes.
+  const auto plain = flashgen::fwd_traits(128, 128, 32, 4, 3, false);
+  CHECK(flashgen::fwd_traits(128, 128, 32, 4, 3, false, 128).smem_bytes == plain.smem_bytes);
+  CHECK(plain.smem_bytes == 128 * 136 * 2 + 3 * 2 * 32 * 136 * 2);
+  CHECK(std::string(flashgen::fwd_traits(128, 64, 32, 4, 2, false, 520).error) ==
+        "head_dim_v must be a multiple of 8 in [8, 512]");
+  CHECK(std::string(flashgen::fwd_traits(128, 64, 32, 4, 2, false, 100).error) ==
+        "head_dim_v must be a multiple of 8 in [8, 512]");
+  // A warp's 16 rows of 512 fp32 output columns: 256 registers a thread, more than it has.
+  CHECK(std::string(flashgen::fwd_traits(64, 64, 16, 4, 2, false, 512).error).find("registers") != std::string::npos);
+}
+
+TEST_CASE("the sm90 forward family takes no values' head dim of its own", "[generator][config]") {
+  KernelConfig c = KernelConfig::from_name("fwd_sm90_bf16_d128_m128_n128_s2_causal");
+  c.head_dim_v = 64;
+  CHECK(c.name() == "fwd_sm90_bf16_d128_v64_m128_n128_s2_causal");
+  CHECK(KernelConfig::from_name(c.name()) == c);
+  CHECK(c.invalid_reason(90) == std::string("the sm90 kernel family's values have the queries' and keys' head dim"));
+}
