@@ -126,18 +126,18 @@ RowsCheck check_rows(const AttentionShape& shape, const std::vector<RowSample>& 
                      const std::vector<ReferenceRow>& reference, const HostInput& out, const float* lse,
                      DType dtype) {
   FLASHGEN_REQUIRE(reference.size() == rows.size(), "check_rows: one reference row per sample");
-  const int64_t want_shape[4] = {shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim};
+  const int64_t dim_v = shape.value_dim();
+  const int64_t want_shape[4] = {shape.batch, shape.seqlen_q, shape.heads_q, dim_v};
   for (int i = 0; i < 4; ++i) {
     FLASHGEN_REQUIRE(out.view.shape[i] == want_shape[i], "check_rows: out view does not match the problem shape");
   }
   const DtypeTolerances& tol = tolerances(dtype);
-  ElementCheck out_check("out", {shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim}, tol.out,
-                         kListedMismatches);
+  ElementCheck out_check("out", {shape.batch, shape.seqlen_q, shape.heads_q, dim_v}, tol.out, kListedMismatches);
   ElementCheck lse_check("lse", {shape.batch, shape.heads_q, shape.seqlen_q}, tol.lse, kListedMismatches);
   for (size_t r = 0; r < rows.size(); ++r) {
     const RowSample& at = rows[r];
-    for (int64_t d = 0; d < shape.head_dim; ++d) {
-      const int64_t flat = ((at.batch * shape.seqlen_q + at.row) * shape.heads_q + at.head) * shape.head_dim + d;
+    for (int64_t d = 0; d < dim_v; ++d) {
+      const int64_t flat = ((at.batch * shape.seqlen_q + at.row) * shape.heads_q + at.head) * dim_v + d;
       out_check.compare(flat, out.at(at.batch, at.row, at.head, d), reference[r].out[static_cast<size_t>(d)]);
     }
     const int64_t flat = (at.batch * shape.heads_q + at.head) * shape.seqlen_q + at.row;

@@ -254,7 +254,8 @@ ReferenceVariant variant_of(const AttentionProblem& problem) {
 }
 
 double forward_flops(const AttentionShape& shape, Mask mask, ReferenceWindow window) {
-  return 4.0 * static_cast<double>(shape.batch * shape.heads_q * shape.head_dim) *
+  // QKᵀ over the keys' head dim and PV over the values', 2 FLOPs a multiply-add each.
+  return 2.0 * static_cast<double>(shape.batch * shape.heads_q * (shape.head_dim + shape.value_dim())) *
          static_cast<double>(visible_pairs(mask, shape.seqlen_q, shape.seqlen_k, window));
 }
 

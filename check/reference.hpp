@@ -118,7 +118,7 @@ inline int64_t visible_key_count(Mask mask, int64_t i, int64_t seqlen_q, int64_t
 // Visible (query, key) pairs of one head, counted exactly.
 int64_t visible_pairs(Mask mask, int64_t seqlen_q, int64_t seqlen_k, ReferenceWindow window = {});
 
-// FLOPs of one forward pass: 2 * head_dim for QKᵀ and 2 * head_dim for PV per visible pair of every
+// FLOPs of one forward pass: 2 * head_dim for QKᵀ and 2 * the values' head dim for PV per visible pair of every
 // (batch, query head), the count FlashAttention's benchmarks report (softmax not counted).
 double forward_flops(const AttentionShape& shape, Mask mask, ReferenceWindow window = {});
 

@@ -49,6 +49,8 @@ Command run_command() {
       .option("heads-q", "H", "query heads (default 16)")
       .option("heads-kv", "H", "key/value heads; heads-q must be a multiple (default 16)")
       .option("head-dim", "D", "head dimension (default 128)")
+      .option("head-dim-v", "D", "the values' (and the output's) head dimension where it is not --head-dim, as MLA's "
+                                 "prefill (--head-dim 192 --head-dim-v 128); the forward, dense or --varlen")
       .option("dtype", "T", "fp16 or bf16 (default fp16)")
       .option("causal", "MODE", "none, bottom-right or top-left (default none)")
       .option("scale", "S", "softmax scale; <= 0 means 1/sqrt(head_dim) (default 0)")
@@ -99,6 +101,8 @@ RunOptions parse_run_options(const Args& args) {
   s.heads_q = args.int_or("heads-q", s.heads_q, 1, kSizeMax);
   s.heads_kv = args.int_or("heads-kv", s.heads_kv, 1, kSizeMax);
   s.head_dim = args.int_or("head-dim", s.head_dim, 1, 4096);
+  s.head_dim_v = args.int_or("head-dim-v", s.head_dim, 1, 4096);
+  if (s.head_dim_v == s.head_dim) s.head_dim_v = 0;
   p.dtype = args.choice_or("dtype", "fp16", {"fp16", "bf16"}) == "fp16" ? DType::kFloat16 : DType::kBFloat16;
   mask_from_flags(args, p);
   o.scale = static_cast<float>(args.double_or("scale", o.scale));
@@ -138,6 +142,11 @@ RunOptions parse_run_options(const Args& args) {
   return o;
 }
 
+// "128", or "192/128" where the values have a head dim of their own.
+std::string head_dims_text(const AttentionShape& s) {
+  return std::to_string(s.head_dim) + (s.value_dim() != s.head_dim ? "/" + std::to_string(s.value_dim()) : "");
+}
+
 std::string problem_text(const RunOptions& o, double scale) {
   const AttentionShape& s = o.problem.shape;
   const std::string packed =
@@ -147,11 +156,11 @@ std::string problem_text(const RunOptions& o, double scale) {
   const std::string cap = (o.problem.softcapped() ? format(", softcap %.6g", o.problem.softcap) : std::string()) +
                           (o.problem.alibi ? ", ALiBi" : "") +
                           (o.sink ? format(", sink %.6g", *o.sink) : std::string());
-  return packed + format("batch %lld, seqlen_q %lld, seqlen_k %lld, heads %lld/%lld, head_dim %lld, %s, mask %s, scale %.6g%s, "
+  return packed + format("batch %lld, seqlen_q %lld, seqlen_k %lld, heads %lld/%lld, head_dim %s, %s, mask %s, scale %.6g%s, "
                 "layout %s",
                 static_cast<long long>(s.batch), static_cast<long long>(s.seqlen_q), static_cast<long long>(s.seqlen_k),
                 static_cast<long long>(s.heads_q), static_cast<long long>(s.heads_kv),
-                static_cast<long long>(s.head_dim), dtype_name(o.problem.dtype), mask_description(o.problem).c_str(),
+                head_dims_text(s).c_str(), dtype_name(o.problem.dtype), mask_description(o.problem).c_str(),
                 scale, cap.c_str(), o.layout.c_str());
 }
 
@@ -255,8 +264,8 @@ RunReport run_problem(const RunOptions& o) {
   const bool bhsd = o.layout == "bhsd";
   HostTensor q = make_host_tensor(p.dtype, shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim, bhsd);
   HostTensor k = make_host_tensor(p.dtype, shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim, bhsd);
-  HostTensor v = make_host_tensor(p.dtype, shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim, bhsd);
-  HostTensor out = make_host_tensor(p.dtype, shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim, bhsd);
+  HostTensor v = make_host_tensor(p.dtype, shape.batch, shape.seqlen_k, shape.heads_kv, shape.value_dim(), bhsd);
+  HostTensor out = make_host_tensor(p.dtype, shape.batch, shape.seqlen_q, shape.heads_q, shape.value_dim(), bhsd);
   std::vector<float> lse(static_cast<size_t>(shape.batch * shape.heads_q * shape.seqlen_q));
 
   DeviceBuffer q_dev(q.bytes()), k_dev(k.bytes()), v_dev(v.bytes()), out_dev(out.bytes());
@@ -364,7 +373,8 @@ Json run_report_json(const RunReport& r) {
       {"device", {{"name", r.device_name}, {"sm", r.device_sm}}},
       {"problem",
        {{"batch", s.batch}, {"seqlen_q", s.seqlen_q}, {"seqlen_k", s.seqlen_k}, {"heads_q", s.heads_q},
-        {"heads_kv", s.heads_kv}, {"head_dim", s.head_dim}, {"dtype", dtype_name(p.dtype)},
+        {"heads_kv", s.heads_kv}, {"head_dim", s.head_dim}, {"head_dim_v", s.value_dim()},
+        {"dtype", dtype_name(p.dtype)},
         {"causal", causal_text(p.mask)},
         {"window", p.windowed() ? Json::array({p.window_left, p.window_right}) : Json(nullptr)},
         {"scale", r.scale}, {"softcap", p.softcap}, {"alibi", p.alibi},
@@ -396,8 +406,10 @@ Json run_report_json(const RunReport& r) {
 // killed for it.
 void check_host_memory(const RunOptions& o) {
   const AttentionShape& s = o.problem.shape;
-  const double q_elements = double(s.batch) * s.seqlen_q * s.heads_q * s.head_dim;
-  const double kv_elements = double(s.batch) * s.seqlen_k * s.heads_kv * s.head_dim;
+  // Each pair of q and out, k and v: one of each head dim.
+  const double dims = (s.head_dim + s.value_dim()) / 2.0;
+  const double q_elements = double(s.batch) * s.seqlen_q * s.heads_q * dims;
+  const double kv_elements = double(s.batch) * s.seqlen_k * s.heads_kv * dims;
   const double host_bytes =
       2 * (o.problem.backward() ? 4 : 2) * (q_elements + kv_elements) + 4.0 * s.batch * s.heads_q * s.seqlen_q;
   const double memory_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
@@ -426,19 +438,23 @@ void check_run_problem(const RunOptions& o) {
   const AttentionProblem& p = o.problem;
   const AttentionShape& s = p.shape;
   const DType dtype = p.dtype;
-  auto placeholder = [&](int n, int64_t seqlen, int64_t heads) {
-    return bshd_view(reinterpret_cast<void*>(uintptr_t{1} << (20 + n)), dtype, s.batch, seqlen, heads, s.head_dim);
+  auto placeholder = [&](int n, int64_t seqlen, int64_t heads, int64_t head_dim) {
+    return bshd_view(reinterpret_cast<void*>(uintptr_t{1} << (20 + n)), dtype, s.batch, seqlen, heads, head_dim);
   };
-  const TensorView q = placeholder(0, s.seqlen_q, s.heads_q), k = placeholder(1, s.seqlen_k, s.heads_kv),
-                        v = placeholder(2, s.seqlen_k, s.heads_kv), out = placeholder(3, s.seqlen_q, s.heads_q);
+  const TensorView q = placeholder(0, s.seqlen_q, s.heads_q, s.head_dim),
+                   k = placeholder(1, s.seqlen_k, s.heads_kv, s.head_dim),
+                   v = placeholder(2, s.seqlen_k, s.heads_kv, s.value_dim()),
+                   out = placeholder(3, s.seqlen_q, s.heads_q, s.value_dim());
   CallOptions options = call_options(p, o.scale);
   options.alibi_slopes = placeholder_alibi_slopes(p);
   if (o.sink) options.sinks = reinterpret_cast<const float*>(uintptr_t{1} << 33);  // a stand-in: nothing launches
   if (p.kv_cache) return check_kvcache_problem(o);
   if (p.varlen) return check_varlen_problem(o);
   if (p.backward()) {
-    const TensorView dout = placeholder(4, s.seqlen_q, s.heads_q), dq = placeholder(5, s.seqlen_q, s.heads_q),
-                          dk = placeholder(6, s.seqlen_k, s.heads_kv), dv = placeholder(7, s.seqlen_k, s.heads_kv);
+    const TensorView dout = placeholder(4, s.seqlen_q, s.heads_q, s.value_dim()),
+                     dq = placeholder(5, s.seqlen_q, s.heads_q, s.head_dim),
+                     dk = placeholder(6, s.seqlen_k, s.heads_kv, s.head_dim),
+                     dv = placeholder(7, s.seqlen_k, s.heads_kv, s.value_dim());
     const float* lse = reinterpret_cast<const float*>(uintptr_t{1} << 28);
     const BackwardCall call = make_backward_call(&q, &k, &v, &out, &dout, lse, &dq, &dk, &dv, &options);
     if (o.config_name) check_dense_config(BwdConfig::from_name(*o.config_name), call.problem);
@@ -457,6 +473,7 @@ std::string with_flag(const std::string& message) {
       {"q.shape[0]", "--batch"},          {"q.shape[1]", "--seqlen-q"},       {"k.shape[1] (page_size)", "--page-size"},
       {"k.shape[1]", "--seqlen-k"},
       {"q.shape[2]", "--heads-q"},        {"k.shape[2]", "--heads-kv"},       {"q.shape[3]", "--head-dim"},
+      {"v.shape[3]", "--head-dim-v"},     {"head_dim_v", "--head-dim-v"},
       {"k_cache.shape[1]", "--page-size"}, {"opts.softmax_scale", "--scale"}, {"opts.softcap", "--softcap"},
       {"opts.window_", "--window"},       {"opts.attention_chunk", "--chunk"}, {"num_splits", "--splits"},
       {"total_q", "--total-q"},           {"total_k", "--total-k"}};

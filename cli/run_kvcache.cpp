@@ -135,6 +135,7 @@ RunReport run_kvcache(const RunOptions& o, const ScopedContext& context, RunRepo
 void check_kvcache_problem(const RunOptions& o) {
   const AttentionProblem& p = o.problem;
   const AttentionShape& s = p.shape;
+  FLASHGEN_REQUIRE(s.value_dim() == s.head_dim, "KV-cache calls take values of the keys' head dim (head_dim_v)");
   auto address = [](int n) { return reinterpret_cast<void*>(uintptr_t{1} << (20 + n)); };
   const DType dtype = p.dtype;
   const TensorView q = bshd_view(address(0), dtype, s.batch, s.seqlen_q, s.heads_q, s.head_dim);

@@ -81,8 +81,8 @@ RunReport run_varlen(const RunOptions& o, const ScopedContext& context, RunRepor
   const DType dtype = p.dtype;
   HostTensor q = make_host_tensor(p.dtype, 1, batch.total_q(), s.heads_q, s.head_dim, false);
   HostTensor k = make_host_tensor(p.dtype, 1, batch.total_k(), s.heads_kv, s.head_dim, false);
-  HostTensor v = make_host_tensor(p.dtype, 1, batch.total_k(), s.heads_kv, s.head_dim, false);
-  HostTensor out = make_host_tensor(p.dtype, 1, batch.total_q(), s.heads_q, s.head_dim, false);
+  HostTensor v = make_host_tensor(p.dtype, 1, batch.total_k(), s.heads_kv, s.value_dim(), false);
+  HostTensor out = make_host_tensor(p.dtype, 1, batch.total_q(), s.heads_q, s.value_dim(), false);
   std::vector<float> lse(static_cast<size_t>(s.heads_q * batch.total_q()));
   auto buffer = [](size_t bytes) { return DeviceBuffer(std::max<size_t>(bytes, 1)); };
   DeviceBuffer q_dev = buffer(q.bytes()), k_dev = buffer(k.bytes()), v_dev = buffer(v.bytes()),
@@ -101,10 +101,12 @@ RunReport run_varlen(const RunOptions& o, const ScopedContext& context, RunRepor
   DeviceBuffer k_cache_dev, v_cache_dev, table_dev;
   if (o.prefill_page_size > 0) {
     pages.emplace(batch, o.prefill_page_size, rng());
-    const size_t cache_bytes = size_t(pages->num_pages() * o.prefill_page_size * s.heads_kv * s.head_dim) * 2;
-    k_cache_dev = buffer(cache_bytes), v_cache_dev = buffer(cache_bytes), table_dev = buffer(pages->table.size() * 4);
+    const size_t page_rows = size_t(pages->num_pages() * o.prefill_page_size * s.heads_kv);
+    k_cache_dev = buffer(page_rows * s.head_dim * 2), v_cache_dev = buffer(page_rows * s.value_dim() * 2);
+    table_dev = buffer(pages->table.size() * 4);
     t.k_cache = bshd_view(k_cache_dev.data(), dtype, pages->num_pages(), o.prefill_page_size, s.heads_kv, s.head_dim);
-    t.v_cache = bshd_view(v_cache_dev.data(), dtype, pages->num_pages(), o.prefill_page_size, s.heads_kv, s.head_dim);
+    t.v_cache =
+        bshd_view(v_cache_dev.data(), dtype, pages->num_pages(), o.prefill_page_size, s.heads_kv, s.value_dim());
     t.table = static_cast<const int32_t*>(table_dev.data());
     t.max_pages = pages->max_pages;
   }
@@ -118,8 +120,8 @@ RunReport run_varlen(const RunOptions& o, const ScopedContext& context, RunRepor
   fill_normal(v, rng);
   q_dev.upload(q.bits), k_dev.upload(k.bits), v_dev.upload(v.bits);
   if (pages) {
-    const int64_t row = s.heads_kv * s.head_dim;
-    k_cache_dev.upload(pages->cache_of(k.bits, row, batch)), v_cache_dev.upload(pages->cache_of(v.bits, row, batch));
+    k_cache_dev.upload(pages->cache_of(k.bits, s.heads_kv * s.head_dim, batch));
+    v_cache_dev.upload(pages->cache_of(v.bits, s.heads_kv * s.value_dim(), batch));
     table_dev.upload(pages->table);
   }
   cu_q_dev.upload(batch.cu_q), cu_k_dev.upload(batch.cu_k);
@@ -237,12 +239,12 @@ void check_varlen_problem(const RunOptions& o) {
   PackedTensors t{};
   t.q = bshd_view(address(0), dtype, 1, p.total_q, s.heads_q, s.head_dim);
   t.k = bshd_view(address(1), dtype, 1, p.total_k, s.heads_kv, s.head_dim);
-  t.v = bshd_view(address(2), dtype, 1, p.total_k, s.heads_kv, s.head_dim);
-  t.out = bshd_view(address(3), dtype, 1, p.total_q, s.heads_q, s.head_dim);
-  t.dout = bshd_view(address(4), dtype, 1, p.total_q, s.heads_q, s.head_dim);
+  t.v = bshd_view(address(2), dtype, 1, p.total_k, s.heads_kv, s.value_dim());
+  t.out = bshd_view(address(3), dtype, 1, p.total_q, s.heads_q, s.value_dim());
+  t.dout = bshd_view(address(4), dtype, 1, p.total_q, s.heads_q, s.value_dim());
   t.dq = bshd_view(address(5), dtype, 1, p.total_q, s.heads_q, s.head_dim);
   t.dk = bshd_view(address(6), dtype, 1, p.total_k, s.heads_kv, s.head_dim);
-  t.dv = bshd_view(address(7), dtype, 1, p.total_k, s.heads_kv, s.head_dim);
+  t.dv = bshd_view(address(7), dtype, 1, p.total_k, s.heads_kv, s.value_dim());
   t.lse = static_cast<float*>(address(8));
   t.cu_q = static_cast<const int32_t*>(address(9)), t.cu_k = static_cast<const int32_t*>(address(10));
   t.alibi_slopes = placeholder_alibi_slopes(p);
@@ -250,7 +252,7 @@ void check_varlen_problem(const RunOptions& o) {
     const int64_t pages_per_sequence = (s.seqlen_k + o.prefill_page_size - 1) / o.prefill_page_size;
     const int64_t pages = s.batch * pages_per_sequence;
     t.k_cache = bshd_view(address(11), dtype, pages, o.prefill_page_size, s.heads_kv, s.head_dim);
-    t.v_cache = bshd_view(address(12), dtype, pages, o.prefill_page_size, s.heads_kv, s.head_dim);
+    t.v_cache = bshd_view(address(12), dtype, pages, o.prefill_page_size, s.heads_kv, s.value_dim());
     t.table = static_cast<const int32_t*>(address(13));
     t.max_pages = pages_per_sequence;
   }

@@ -62,6 +62,8 @@ Command tune_command() {
       .flag("deterministic", "with --backward: the deterministic dQ strategy (bitwise repeatable)")
       .option("dtype", "T", "fp16 or bf16 (default fp16)")
       .option("head-dim", "D", "head dimension (default 128)")
+      .option("head-dim-v", "D", "the values' head dimension where it is not --head-dim (MLA's prefill: --head-dim "
+                                 "192 --head-dim-v 128); the forward; a class of its own (d192v128)")
       .option("causal", "MODE", "none, bottom-right or top-left (default none)")
       .option("softcap", "C", "soft cap: scores s become C * tanh(s / C) before the softmax (default 0: none)")
       .flag("alibi", "ALiBi (per-head slopes, a bias linear in the distance to the diagonal): its own kernels, "
@@ -269,8 +271,10 @@ Json tune_one(const AttentionProblem& problem, TuningStore& store, const fs::pat
 
 std::string problem_line(const AttentionProblem& p) {
   const AttentionShape& s = p.shape;
-  return format("%s %s d%d causal=%s batch %lld heads %lld/%lld seqlen %lld/%lld", pass_text(p), dtype_name(p.dtype),
-                p.head_dim(), mask_description(p).c_str(), (long long)s.batch, (long long)s.heads_q,
+  const std::string dims = std::to_string(p.head_dim()) +
+                           (p.value_dim() != p.head_dim() ? "v" + std::to_string(p.value_dim()) : std::string());
+  return format("%s %s d%s causal=%s batch %lld heads %lld/%lld seqlen %lld/%lld", pass_text(p), dtype_name(p.dtype),
+                dims.c_str(), mask_description(p).c_str(), (long long)s.batch, (long long)s.heads_q,
                 (long long)s.heads_kv, (long long)s.seqlen_q, (long long)s.seqlen_k) +
          (p.softcapped() ? format(" softcap %g", p.softcap) : std::string()) + (p.alibi ? " ALiBi" : "") +
          (p.paged ? format(" pages of %d", p.page_size) : std::string()) +
@@ -285,6 +289,7 @@ Json problem_json(const AttentionProblem& p) {
             {"batch", s.batch}, {"heads_q", s.heads_q}, {"heads_kv", s.heads_kv},
             {"seqlen_q", s.seqlen_q}, {"seqlen_k", s.seqlen_k}, {"kv_cache", p.kv_cache}, {"page_size", p.page_size},
             {"varlen", p.varlen}};
+  if (p.value_dim() != p.head_dim()) j["head_dim_v"] = p.value_dim();
   if (p.varlen) j["total_q"] = p.total_q, j["total_k"] = p.total_k;  // a spec entry as read_tune_spec takes it
   if (p.windowed()) j["causal"] = "none", j["window"] = Json::array({p.window_left, p.window_right});
   if (p.attention_chunk > 0) j["chunk"] = p.attention_chunk;

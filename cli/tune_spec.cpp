@@ -37,7 +37,7 @@ std::optional<std::string> untunable(const AttentionProblem& p) {
     } else if (p.backward()) {
       heuristic_backward_configs(p.dtype, p.head_dim(), p.mask_kind(), p.deterministic(), 80);
     } else {
-      heuristic_forward_configs(p.dtype, p.head_dim(), p.mask_kind(), 80);
+      heuristic_forward_configs(p.dtype, p.head_dim(), p.mask_kind(), 80, false, p.value_dim());
     }
     check_run_problem(as_run);
   } catch (const Error& e) {
@@ -60,6 +60,8 @@ AttentionProblem problem_from_flags(const Args& args) {
   problem.alibi = args.has("alibi");
   AttentionShape& s = problem.shape;
   s.head_dim = args.int_or("head-dim", 128, 1, 4096);
+  s.head_dim_v = args.int_or("head-dim-v", s.head_dim, 1, 4096);
+  if (s.head_dim_v == s.head_dim) s.head_dim_v = 0;
   s.batch = args.int_or("batch", 4, 1, kIntMax);
   s.heads_q = args.int_or("heads-q", 16, 1, kIntMax);
   s.heads_kv = args.int_or("heads-kv", 16, 1, kIntMax);
@@ -149,6 +151,8 @@ TuneSpec read_tune_spec(const std::string& path, const AttentionProblem& default
         p.alibi = value.get<bool>();
       } else if (key == "head_dim") {
         positive(p.shape.head_dim);
+      } else if (key == "head_dim_v") {
+        positive(p.shape.head_dim_v);
       } else if (key == "batch") {
         positive(p.shape.batch);
       } else if (key == "heads_q") {
@@ -186,6 +190,7 @@ TuneSpec read_tune_spec(const std::string& path, const AttentionProblem& default
       p.set_mask(Mask::kSlidingWindow, window->first, causal == Mask::kCausal ? 0 : window->second,
                  chunk);
     }
+    if (p.shape.head_dim_v == p.shape.head_dim) p.shape.head_dim_v = 0;
     if (p.shape.heads_q % p.shape.heads_kv != 0) bad(where + ": heads_q must be a multiple of heads_kv");
     if (deterministic_forward(p)) bad(where + ": deterministic needs \"pass\": \"backward\"");
     if (p.kv_cache && p.backward()) bad(where + ": kv_cache tunes a forward, not \"pass\": \"backward\"");

@@ -28,7 +28,7 @@ namespace {
 std::vector<KernelConfig> sm80_candidates(const ForwardCall& call, int arch) {
   const AttentionProblem& p = call.problem;
   return heuristic_candidates(p.dtype, p.head_dim(), p.mask_kind(), arch, /*sm80_only=*/true, p.varlen,
-                              p.score_mods());
+                              p.score_mods(), p.value_dim());
 }
 
 std::vector<BwdConfig> sm80_candidates(const BackwardCall& call, int arch) {
@@ -104,7 +104,7 @@ auto plan_in_scope(const Call& call, const ScopedContext& scope, CUstream stream
 // make the same choice, the same checks pass for both, and they launch the same kernel on the same grid.
 struct ClassKey {
   unsigned long long context_id = 0;
-  std::array<int64_t, 48> values{};
+  std::array<int64_t, 56> values{};
 
   bool operator<(const ClassKey& other) const {
     return std::tie(context_id, values) < std::tie(other.context_id, other.values);
@@ -124,7 +124,8 @@ ClassKey class_key(const ScopedContext& scope, const AttentionProblem& problem, 
   std::memcpy(&scale_bits, &p.variant.scale, sizeof scale_bits);
   std::memcpy(&softcap_bits, &problem.softcap, sizeof softcap_bits);
   const AttentionShape& s = problem.shape;
-  const int64_t head[] = {static_cast<int64_t>(problem.dtype), s.head_dim, static_cast<int64_t>(problem.mask),
+  const int64_t head[] = {static_cast<int64_t>(problem.dtype), s.head_dim, s.value_dim(),
+                          static_cast<int64_t>(problem.mask),
                           problem.deterministic(), s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv,
                           scale_bits, problem.varlen,
                           problem.total_q, problem.total_k, softcap_bits, problem.window_left, problem.window_right,

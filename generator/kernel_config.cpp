@@ -199,7 +199,7 @@ FwdSm90Traits KernelConfig::sm90_traits() const {
   const Sm90Knobs* k = sm90();
   if (k == nullptr) fail(Status::kInternal, "config " + name() + " has no sm90-family traits");
   return fwd_sm90_traits(head_dim, block_m, block_n, stages, k->pingpong, k->persistent, k->p_smem, k->cluster, mask,
-                         k->groups, k->tensor_sum, dtype, paged);
+                         k->groups, k->tensor_sum, dtype, paged, value_dim());
 }
 
 std::string KernelConfig::symbol(FwdKernel kernel) const {
@@ -230,7 +230,6 @@ const char* KernelConfig::shape_error() const { return sm90() ? sm90_traits().er
 std::optional<std::string> KernelConfig::invalid_reason(int arch) const {
   if (sm90()) {
     if (arch != 90) return "the sm90 kernel family needs sm_90a (wgmma, TMA, setmaxnreg)";
-    if (value_dim() != head_dim) return "the sm90 kernel family's values have the queries' and keys' head dim";
     if (user && user->masks() && sm90()->cluster != 1) {
       return "a user mask hides keys, and the sm90 family's clusters share every key block between their tiles";
     }
@@ -264,9 +263,9 @@ int64_t KernelConfig::persistent_tiles(const AttnFwdParams& p) const {
 Implementability KernelConfig::can_implement(const AttentionProblem& problem, const AttnFwdParams& params,
                                              const DeviceTraits& device) const {
   if (Implementability fit = problem_fit(*this, problem, device.sm); !fit) return fit;
-  if (value_dim() != problem.head_dim()) {
+  if (value_dim() != problem.value_dim()) {
     return {Shortfall::kProblem, "has values of head dim " + std::to_string(value_dim()) + ", the call's have " +
-                                     std::to_string(problem.head_dim())};
+                                     std::to_string(problem.value_dim())};
   }
   if (varlen != problem.varlen || paged != problem.paged) {
     const char* config_batch =
@@ -290,18 +289,17 @@ FwdTmaTensors::FwdTmaTensors(const AttentionProblem& problem, const AttnFwdParam
   const TmaCallLayout layout(problem, p);
   q = layout.queries(p.q, p.heads_q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
   k = layout.keys(p.k, p.heads_kv, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
-  v = layout.keys(p.v, p.heads_kv, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
-  o = layout.queries(p.o, p.heads_q, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
+  v = layout.keys(p.v, p.heads_kv, p.v_batch_stride, p.v_row_stride, p.v_head_stride, problem.value_dim());
+  o = layout.queries(p.o, p.heads_q, p.o_batch_stride, p.o_row_stride, p.o_head_stride, problem.value_dim());
   q_rows = config.block_m;
   kv_rows = config.block_n;
   paged = problem.paged;
   if (paged) {
-    auto pages = [&](const void* data, long long page_stride, long long rs, long long hs) {
-      return TmaTensor{data, problem.dtype, p.num_pages, p.page_size, p.heads_kv, problem.head_dim(), page_stride, rs,
-                       hs};
+    auto pages = [&](const void* data, int dim, long long page_stride, long long rs, long long hs) {
+      return TmaTensor{data, problem.dtype, p.num_pages, p.page_size, p.heads_kv, dim, page_stride, rs, hs};
     };
-    k = pages(p.k, p.k_page_stride, p.k_row_stride, p.k_head_stride);
-    v = pages(p.v, p.v_page_stride, p.v_row_stride, p.v_head_stride);
+    k = pages(p.k, problem.head_dim(), p.k_page_stride, p.k_row_stride, p.k_head_stride);
+    v = pages(p.v, problem.value_dim(), p.v_page_stride, p.v_row_stride, p.v_head_stride);
     kv_rows = paged_box_rows(p.page_size, config.block_n);
   }
 }

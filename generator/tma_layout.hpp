@@ -31,14 +31,15 @@ struct TmaCallLayout {
         rows_q(problem.varlen ? p.total_q : p.seqlen_q),
         rows_k(problem.varlen ? p.total_k : p.seqlen_k) {}
 
-  // A tensor of the call's query rows (q, out, dout) or key rows (k, v, dk, dv), with its strides in elements.
-  TmaTensor queries(const void* data, int64_t heads, int64_t batch_stride, int64_t row_stride,
-                    int64_t head_stride) const {
-    return {data, dtype, batch, rows_q, heads, head_dim, batch_stride, row_stride, head_stride};
+  // A tensor of the call's query rows (q, out, dout) or key rows (k, v, dk, dv), with its strides in elements, of
+  // the problem's head_dim or of dim (> 0: the values' own, for v and out).
+  TmaTensor queries(const void* data, int64_t heads, int64_t batch_stride, int64_t row_stride, int64_t head_stride,
+                    int64_t dim = 0) const {
+    return {data, dtype, batch, rows_q, heads, dim > 0 ? dim : head_dim, batch_stride, row_stride, head_stride};
   }
-  TmaTensor keys(const void* data, int64_t heads, int64_t batch_stride, int64_t row_stride,
-                 int64_t head_stride) const {
-    return {data, dtype, batch, rows_k, heads, head_dim, batch_stride, row_stride, head_stride};
+  TmaTensor keys(const void* data, int64_t heads, int64_t batch_stride, int64_t row_stride, int64_t head_stride,
+                 int64_t dim = 0) const {
+    return {data, dtype, batch, rows_k, heads, dim > 0 ? dim : head_dim, batch_stride, row_stride, head_stride};
   }
 };
 

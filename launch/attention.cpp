@@ -32,12 +32,12 @@ ForwardCall make_forward_call(const TensorView* q, const TensorView* k, const Te
   require_same_dim(k, "k", q, "q", 0);
   require_same_dim(v, "v", q, "q", 0);
   require_same_dim(k, "k", q, "q", 3);
-  require_same_dim(v, "v", q, "q", 3);
   require_same_dim(v, "v", k, "k", 1);
   require_same_dim(v, "v", k, "k", 2);
-  for (int i = 0; i < 4; ++i) require_same_dim(out, "out", q, "q", i);
+  for (int i = 0; i < 3; ++i) require_same_dim(out, "out", q, "q", i);
 
   check_head_dim_and_groups(q, k);
+  check_value_dim(v, "v", out, "out", q, /*own_dim_taken=*/true);
   for (const auto& [t, name] : {std::pair{q, "q"}, std::pair{k, "k"}, std::pair{v, "v"}, std::pair{out, "out"}}) {
     check_layout(t, name);
   }
@@ -49,7 +49,7 @@ ForwardCall make_forward_call(const TensorView* q, const TensorView* k, const Te
                    "q: batch and heads must each be at most 65535 (grid limits)");
 
   ForwardCall call;
-  call.problem = forward_problem(q->dtype, shape_of(q, k), opts->mask, opts->window_left, opts->window_right,
+  call.problem = forward_problem(q->dtype, shape_of(q, k, v), opts->mask, opts->window_left, opts->window_right,
                                  opts->attention_chunk);
   call.problem.softcap = opts->softcap;
   call.problem.alibi = opts->alibi_slopes != nullptr;

@@ -44,6 +44,7 @@ BackwardCall make_backward_call(const TensorView* q, const TensorView* k, const 
   for (const auto& [t, name] : tensors) require_same_dtype(t, name, q);
   require_same_dim(k, "k", q, "q", 0);
   require_same_dim(k, "k", q, "q", 3);
+  check_value_dim(v, "v", out, "out", q, /*own_dim_taken=*/false);
   for (int i = 0; i < 4; ++i) {
     require_same_dim(v, "v", k, "k", i);
     require_same_dim(out, "out", q, "q", i);
@@ -64,7 +65,7 @@ BackwardCall make_backward_call(const TensorView* q, const TensorView* k, const 
 
   BackwardCall call;
   call.problem =
-      backward_problem(q->dtype, shape_of(q, k), opts->mask, opts->deterministic, opts->window_left,
+      backward_problem(q->dtype, shape_of(q, k, v), opts->mask, opts->deterministic, opts->window_left,
                        opts->window_right, opts->attention_chunk);
   call.problem.softcap = opts->softcap;
   call.problem.alibi = opts->alibi_slopes != nullptr;

@@ -34,11 +34,12 @@ KvCacheCall make_kvcache_call(const KvCacheArgs& args) {
   require_same_dtype(&kc, "k_cache", &q);
   require_same_dtype(&vc, "v_cache", &q);
   require_same_dtype(&args.out, "out", &q);
+  require_same_dim(&kc, "k_cache", &q, "q", 3);
+  check_value_dim(&vc, "v_cache", &args.out, "out", &q, /*own_dim_taken=*/false);
   for (int i = 0; i < 4; ++i) {
     require_same_dim(&args.out, "out", &q, "q", i);
     require_same_dim(&vc, "v_cache", &kc, "k_cache", i);
   }
-  require_same_dim(&kc, "k_cache", &q, "q", 3);
   check_head_dim_and_groups(&q, &kc);
   for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&kc, "k_cache"}, std::pair{&vc, "v_cache"},
                                 std::pair{&args.out, "out"}}) {

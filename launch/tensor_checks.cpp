@@ -130,8 +130,9 @@ void check_packing(const TensorView& q, const TensorView& k, const Packing& pack
                        std::to_string(packing.max_seqlen_k));
 }
 
-AttentionShape shape_of(const TensorView* q, const TensorView* k) {
-  return AttentionShape{q->shape[0], q->shape[1], k->shape[1], q->shape[2], k->shape[2], q->shape[3]};
+AttentionShape shape_of(const TensorView* q, const TensorView* k, const TensorView* v) {
+  const int64_t head_dim_v = v->shape[3] != q->shape[3] ? v->shape[3] : 0;
+  return AttentionShape{q->shape[0], q->shape[1], k->shape[1], q->shape[2], k->shape[2], q->shape[3], head_dim_v};
 }
 
 
@@ -144,6 +145,24 @@ void check_head_dim_and_groups(const TensorView* q, const TensorView* k) {
   FLASHGEN_REQUIRE(q->shape[2] % k->shape[2] == 0,
                    dim("q", 2) + " = " + std::to_string(q->shape[2]) + " must be a multiple of " + dim("k", 2) +
                        " = " + std::to_string(k->shape[2]));
+}
+
+void check_value_dim(const TensorView* v, const char* v_name, const TensorView* out, const char* out_name,
+                     const TensorView* q, bool own_dim_taken) {
+  const int64_t dim_v = v->shape[3];
+  if (dim_v != q->shape[3]) {
+    FLASHGEN_REQUIRE(own_dim_taken, dim(v_name, 3) + " is " + std::to_string(dim_v) + " but " + dim("q", 3) + " is " +
+                                        std::to_string(q->shape[3]) +
+                                        ": this call takes values of the queries' head dim (a head dim of their own "
+                                        "is the forward's)");
+    if (dim_v % 8 != 0 || dim_v > 512) {
+      fail(Status::kUnsupported, dim(v_name, 3) + " = " + std::to_string(dim_v) +
+                                     " is unsupported: a values' head dim of its own must be a multiple of 8 up to 512");
+    }
+  }
+  FLASHGEN_REQUIRE(out->shape[3] == dim_v, dim(out_name, 3) + " is " + std::to_string(out->shape[3]) + " but " +
+                                               dim(v_name, 3) + " is " + std::to_string(dim_v) +
+                                               ": the output has the values' head dim");
 }
 
 void set_user_variant(AttentionProblem& problem, const CallOptions& opts) {

@@ -102,11 +102,18 @@ void bind_packing(const Packing& packing, const TensorView& q, const TensorView&
   set_window_sides(p.variant, problem, p.seqlen_k, p.seqlen_q);  // as variant_args bounds them
 }
 
-// The sizes of checked tensors q [batch, seqlen_q, heads_q, head_dim] and k [batch, seqlen_k, heads_kv, head_dim].
-AttentionShape shape_of(const TensorView* q, const TensorView* k);
+// The sizes of checked tensors q [batch, seqlen_q, heads_q, head_dim], k [batch, seqlen_k, heads_kv, head_dim] and
+// v [batch, seqlen_k, heads_kv, head_dim_v]: head_dim_v 0 where v's head dim is q's.
+AttentionShape shape_of(const TensorView* q, const TensorView* k, const TensorView* v);
 
 // q's head_dim a multiple of 8 up to 256 (kUnsupported otherwise), and q's heads a multiple of k's.
 void check_head_dim_and_groups(const TensorView* q, const TensorView* k);
+
+// v's head dim (and the output's, v_out: out's, which must equal it): q's, or one of its own that a multiple of 8 up
+// to 512 where the call takes one (the forward's, dense and packed); kUnsupported for a dim no kernel family takes,
+// kInvalidArgument where the call takes none (naming what it takes).
+void check_value_dim(const TensorView* v, const char* v_name, const TensorView* out, const char* out_name,
+                     const TensorView* q, bool own_dim_taken);
 
 // opts.mask one of Mask's values, opts.softmax_scale finite, opts.softcap none or a usable cap, under
 // the window mask each of opts.window_left and opts.window_right >= -1, ALiBi slopes (when given) 4-byte

@@ -3,6 +3,7 @@
 // buckets it); the references and the CLI take it too. Tensors are not part of it: launch/ binds them.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -24,8 +25,8 @@ enum class Pass { kForward, kBackward };
 // bits. Each strategy has its own kernels, so its own tuning data.
 enum class DqStrategy { kAtomic, kDeterministic };
 
-// The sizes of a dense problem: q is [batch, seqlen_q, heads_q, head_dim], k and v [batch, seqlen_k,
-// heads_kv, head_dim].
+// The sizes of a dense problem: q is [batch, seqlen_q, heads_q, head_dim], k [batch, seqlen_k, heads_kv,
+// head_dim], v [batch, seqlen_k, heads_kv, value_dim()] and the output [batch, seqlen_q, heads_q, value_dim()].
 struct AttentionShape {
   int64_t batch = 1;
   int64_t seqlen_q = 1;
@@ -33,14 +34,18 @@ struct AttentionShape {
   int64_t heads_q = 1;
   int64_t heads_kv = 1;
   int64_t head_dim = 64;
+  // The values' (and the output's) head dim where it is not head_dim (MLA's 192 and 128); 0: head_dim.
+  int64_t head_dim_v = 0;
+
+  int64_t value_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
 
   // Query heads per key/value head (GQA/MQA; 1 for multi-head attention).
   int64_t group_size() const { return heads_q / heads_kv; }
   // The key/value head query head head_q reads: head_q / group_size().
   int64_t kv_head(int64_t head_q) const { return head_q / group_size(); }
-  // Multiply-adds of one reference pass (QKᵀ and PV each cost this much): bounds the CPU time.
+  // Multiply-adds of one reference pass (QKᵀ and PV each cost about this much): bounds the CPU time.
   double reference_cost() const {
-    return static_cast<double>(batch) * heads_q * seqlen_q * seqlen_k * head_dim;
+    return static_cast<double>(batch) * heads_q * seqlen_q * seqlen_k * std::max(head_dim, value_dim());
   }
 };
 
@@ -119,6 +124,7 @@ struct AttentionProblem {
   bool softcapped() const { return softcap > 0.f; }
   ScoreMods score_mods() const { return {softcapped(), alibi}; }
   int head_dim() const { return static_cast<int>(shape.head_dim); }
+  int value_dim() const { return static_cast<int>(shape.value_dim()); }
 };
 
 // A problem of the given pass over shape, its mask, window and chunk set by set_mask; the backward's dQ strategy from

@@ -51,7 +51,8 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
   using L::kSGroups;
   using L::kTensorSum;
   using L::kTileBytes;
-  using L::kTileDim;
+  using L::kTileBytesV;
+  using L::kTileDimV;
   using L::kVOffset;
   using L::ring_phase;
   using L::ring_slot;
@@ -96,7 +97,7 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
     u64 desc_p0, desc_ones;  // issue_pv's P rows (kPSmem) and ones (kTensorSum)
     const float& scale_log2;  // the softmax's scale for the variant's row scores (block_range.cuh)
     int n_masked, interior_end;
-    float (&acc_o)[kOGroups][4];  // (64, kTileDim) fp32 per warpgroup
+    float (&acc_o)[kOGroups][4];  // (64, kTileDimV) fp32 per warpgroup
     float (&acc_l)[1][4];         // kTensorSum: (64, 8) fp32 per warpgroup, every column its row's running sum
     float (&row_max)[2];          // running max (log2 units) of rows row0, row0 + 8
     float (&row_sum)[2];          // running sum of exp2, this thread's columns only
@@ -131,12 +132,12 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
     }
 
     // Issues O += P V of block it over its first 8 * width keys: keys are the k dimension; V is read
-    // MN-major (head_dim contiguous), its 64-column chunks kBlockN rows apart. P comes from p_frag, or
+    // MN-major (the values' head dim contiguous), its 64-column chunks kBlockN rows apart. P comes from p_frag, or
     // with kPSmem from this consumer's P rows, read K-major like Q.
     template <class Width>
     __device__ __forceinline__ void issue_pv(int it, const u32 (&p_frag)[kPSteps][4], Width width) const {
       constexpr int kSteps = decltype(width)::value / 2;
-      const u64 desc_v0 = sm90::smem_desc_sw128(smem + kVOffset + slot(it) * kTileBytes, kBlockN * kRowBytes, 1024);
+      const u64 desc_v0 = sm90::smem_desc_sw128(smem + kVOffset + slot(it) * kTileBytesV, kBlockN * kRowBytes, 1024);
       sm90::mbarrier_wait(bars.v_full(slot(it)), phase(it));
       sm90::wgmma_fence();
 #pragma unroll
@@ -144,9 +145,9 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
         const u64 desc_v = sm90::smem_desc_advance(desc_v0, j * 16 * kRowBytes);
         if constexpr (kPSmem) {
           const u64 desc_p = sm90::smem_desc_advance(desc_p0, (j / 4) * 64 * kRowBytes + (j % 4) * 32);
-          sm90::WgmmaSSKMN<kTileDim>::template run<kElem>(acc_o, desc_p, desc_v, 1);
+          sm90::WgmmaSSKMN<kTileDimV>::template run<kElem>(acc_o, desc_p, desc_v, 1);
         } else {
-          sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_o, p_frag[j], desc_v, 1);
+          sm90::WgmmaRS<kTileDimV>::template run<kElem>(acc_o, p_frag[j], desc_v, 1);
         }
       }
       if constexpr (kTensorSum) {
@@ -271,7 +272,7 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
     const u64 desc_q0 = sm90::smem_desc_sw128(sq_rows, 16, 1024);
     const int row0 = tile.m_start + consumer * 64 + warp * 16 + g;  // query rows row0 and row0 + 8
 
-    float acc_o[kOGroups][4];  // (64, kTileDim) fp32 per warpgroup: this thread's (2 rows, 2 cols) groups
+    float acc_o[kOGroups][4];  // (64, kTileDimV) fp32 per warpgroup: this thread's (2 rows, 2 cols) groups
     float row_max[2] = {neg_inf(), neg_inf()};  // running max (log2 units) of rows row0, row0 + 8
     float row_sum[2] = {0.f, 0.f};              // running sum of exp2, this thread's columns only
     // kTensorSum: (64, 8) fp32 per warpgroup, P times ones: every column holds its row's running sum.

@@ -20,9 +20,9 @@ struct FwdSm90Epilogue : FwdSm90Layout<Cfg> {
   using typename L::Barriers;
   using typename L::u32;
   using L::kBlockM;
-  using L::kChunks;
+  using L::kChunksV;
   using L::kElem;
-  using L::kHeadDim;
+  using L::kHeadDimV;
   using L::kOGroups;
   using L::kOOffset;
   using L::kOwnO;
@@ -31,7 +31,7 @@ struct FwdSm90Epilogue : FwdSm90Layout<Cfg> {
   using L::store_swizzled;
 
   // Consumer `consumer` of the group (warpgroup among the block's consumers) holds, per thread, rows row0
-  // and row0 + 8 of the tile: acc_o (64, kTileDim) fp32 unnormalised, row_max (log2 units) and row_sum
+  // and row0 + 8 of the tile: acc_o (64, kTileDimV) fp32 unnormalised, row_max (log2 units) and row_sum
   // (this thread's columns), or with kTensorSum the rows' sums in every column of acc_l (64, 8).
   // p: params.base, or with a packed batch the tile's sequence's own (its o and lse at the sequence's rows).
   static __device__ void store(const AttnFwdSm90Params& params, const AttnFwdParams& p, const Tile& tile, u32 smem,
@@ -52,7 +52,8 @@ struct FwdSm90Epilogue : FwdSm90Layout<Cfg> {
 
     // A packed sequence's last rows: TMA would store the whole 64-row box, into the next sequence's rows, so
     // this consumer writes the rows of its sequence from registers instead (the accumulator layout: rows row0
-    // and row0 + 8, columns 8i + 2t and + 1 of group i; the groups past head_dim are the tiles' zero padding).
+    // and row0 + 8, columns 8i + 2t and + 1 of group i; the groups past the values' head dim are the tiles' zero
+    // padding).
     if constexpr (L::kVarlen) {
       if (tile.m_start + consumer * 64 + 64 > p.seqlen_q) {
         using u16 = sm80::u16;
@@ -62,7 +63,7 @@ struct FwdSm90Epilogue : FwdSm90Layout<Cfg> {
           if (row >= p.seqlen_q) continue;
           u16* o = static_cast<u16*>(p.o) + row * p.o_row_stride + tile.head * p.o_head_stride + 2 * t;
 #pragma unroll
-          for (int i = 0; i < kHeadDim / 8; ++i) {
+          for (int i = 0; i < kHeadDimV / 8; ++i) {
             *reinterpret_cast<u32*>(o + 8 * i) = sm80::pack2<kElem>(acc_o[i][2 * h], acc_o[i][2 * h + 1]);
           }
         }
@@ -88,7 +89,7 @@ struct FwdSm90Epilogue : FwdSm90Layout<Cfg> {
     sm90::named_barrier_sync(barrier_id, 128);
     if (threadIdx.x % 128 == 0) {
 #pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
+      for (int c = 0; c < kChunksV; ++c) {
         sm90::tma_store_4d(&params.o_map, so_rows + c * kBlockM * kRowBytes, c * 64, tile.q_row + consumer * 64,
                            tile.head, tile.tma_batch);
       }

@@ -20,7 +20,7 @@ struct FwdSm90Layout {
   static constexpr FwdSm90Traits kTraits =
       fwd_sm90_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kPingPong, Cfg::kPersistent,
                       Cfg::kPSmem, Cfg::kCluster, Cfg::kMask, Cfg::kGroups, Cfg::kTensorSum, Cfg::kElem,
-                      ConfigPaged<Cfg>::value);
+                      ConfigPaged<Cfg>::value, ConfigHeadDimV<Cfg>::value);
   static_assert(kTraits.error == nullptr, "invalid sm90 forward config: see fwd_sm90_traits() in fwd_traits.cuh");
   // The two blocks of a cluster load each K and V tile once for both: they must visit the same key blocks.
   static_assert(Cfg::kCluster == 1 || !Cfg::Variant::kHidesKeys, "clusters take variants that hide no key");
@@ -29,6 +29,8 @@ struct FwdSm90Layout {
   static constexpr ElemType kElem = Cfg::kElem;
   static constexpr int kHeadDim = Cfg::kHeadDim;      // the problem's: columns past it are never stored
   static constexpr int kTileDim = kTraits.tile_dim;  // the tiles': whole 64-column chunks (fwd_traits.cuh)
+  static constexpr int kHeadDimV = ConfigHeadDimV<Cfg>::value;  // the values' and the output's
+  static constexpr int kTileDimV = kTraits.tile_dim_v;          // the V tiles' and the output's columns
   static constexpr int kBlockM = Cfg::kBlockM;
   static constexpr int kBlockN = Cfg::kBlockN;
   static constexpr int kStages = Cfg::kStages;
@@ -47,21 +49,24 @@ struct FwdSm90Layout {
   static constexpr int kConsumers = kTraits.consumers;  // per group
   static constexpr int kThreads = kTraits.threads;
 
-  // Every tile is stored as kChunks column chunks of 64 elements (128-byte rows), chunk after chunk,
-  // each swizzled in 1024-byte atoms of 8 rows: the layout TMA writes with 128-byte swizzling and the
-  // one wgmma descriptors read.
+  // Every tile is stored as kChunks (V and the output: kChunksV) column chunks of 64 elements (128-byte rows),
+  // chunk after chunk, each swizzled in 1024-byte atoms of 8 rows: the layout TMA writes with 128-byte swizzling
+  // and the one wgmma descriptors read.
   static constexpr int kChunks = kTileDim / 64;
+  static constexpr int kChunksV = kTileDimV / 64;
   static constexpr u32 kRowBytes = 128;
-  static constexpr u32 kQBytes = kBlockM * kTileDim * 2;     // (kChunks, kBlockM, 64)
-  static constexpr u32 kTileBytes = kBlockN * kTileDim * 2;  // one K or V tile: (kChunks, kBlockN, 64)
+  static constexpr u32 kQBytes = kBlockM * kTileDim * 2;       // (kChunks, kBlockM, 64)
+  static constexpr u32 kTileBytes = kBlockN * kTileDim * 2;    // one K tile: (kChunks, kBlockN, 64)
+  static constexpr u32 kTileBytesV = kBlockN * kTileDimV * 2;  // one V tile: (kChunksV, kBlockN, 64)
   static constexpr u32 kKOffset = kQBytes;
   static constexpr u32 kVOffset = kKOffset + kStages * kTileBytes;
   // kPSmem: consumer c's P, (kPChunks, 64, 64), at kPOffset + c * kPBytes.
   static constexpr int kPChunks = (kBlockN + 63) / 64;
   static constexpr u32 kPBytes = kPChunks * 64 * kRowBytes;
-  static constexpr u32 kPOffset = kVOffset + kStages * kTileBytes;
-  static constexpr bool kOwnO = kTraits.smem_o_bytes > 0;  // output staging rows apart from Q's
-  static constexpr u32 kOOffset = kPOffset + kTraits.smem_p_bytes;  // (kChunks, kBlockM, 64) when kOwnO
+  static constexpr u32 kPOffset = kVOffset + kStages * kTileBytesV;
+  // Output staging rows apart from Q's: where there is room, and always where the output is wider than Q.
+  static constexpr bool kOwnO = kTraits.smem_o_bytes > 0;
+  static constexpr u32 kOOffset = kPOffset + kTraits.smem_p_bytes;  // (kChunksV, kBlockM, 64) when kOwnO
   // kTensorSum: 1024 bytes of ones (16-bit), B of the rows' sums P (64, kBlockN) x ones (kBlockN, 8).
   static constexpr u32 kOnesOffset = kOOffset + kTraits.smem_o_bytes;
   static constexpr u32 kBarrierOffset = kOnesOffset + kTraits.smem_ones_bytes;
@@ -74,7 +79,7 @@ struct FwdSm90Layout {
                 "layout and traits disagree");
 
   static constexpr int kSGroups = kBlockN / 8;   // accumulator groups of S: (16 rows, 8 keys) per warp
-  static constexpr int kOGroups = kTileDim / 8;  // accumulator groups of O
+  static constexpr int kOGroups = kTileDimV / 8;  // accumulator groups of O
   static constexpr int kPSteps = kBlockN / 16;   // k-steps of O += P V
   static constexpr int kQkSteps = kTileDim / 16; // k-steps of S = Q Kᵀ
 

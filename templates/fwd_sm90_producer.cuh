@@ -21,20 +21,24 @@ struct FwdSm90Producer : FwdSm90Layout<Cfg> {
   using L::kBlockM;
   using L::kBlockN;
   using L::kChunks;
+  using L::kChunksV;
   using L::kCluster;
   using L::kKOffset;
   using L::kQBytes;
   using L::kRowBytes;
   using L::kTileBytes;
+  using L::kTileBytesV;
   using L::kVOffset;
   using L::ring_phase;
   using L::ring_slot;
   static constexpr bool kDynamic = Scheduler::kDynamic;
 
-  // Copies the K or V tile of keys key0.. into dst, chunk by chunk; in a cluster, into both blocks.
+  // Copies the K or V tile of keys key0.. (kTileChunks column chunks) into dst, chunk by chunk; in a cluster, into
+  // both blocks.
+  template <int kTileChunks>
   static __device__ void load_tile(u32 dst, const void* map, u32 full_barrier, int key0, const Tile& tile) {
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
+    for (int c = 0; c < kTileChunks; ++c) {
       const u32 chunk = dst + c * kBlockN * kRowBytes;
       if constexpr (kCluster > 1) {
         sm90::tma_load_4d_multicast(chunk, map, full_barrier, c * 64, tile.k_row + key0, tile.kv_head,
@@ -47,10 +51,11 @@ struct FwdSm90Producer : FwdSm90Layout<Cfg> {
 
   // kPaged: sequence b's key j lies in row j % page_size of page block_table[b, j / page_size] (attn_params.cuh).
   // Each copy takes box = paged_box_rows(page_size, kBlockN) rows, which lie in one page, and one 64-column chunk:
-  // a tile is (kBlockN / box) · kChunks copies. The producer warpgroup's four warps share them, since a warp issues
-  // its lanes' copies one after another: thread t issues copy paged_copy() = 4 · lane + warp (box paged_copy() /
-  // kChunks, chunk paged_copy() % kChunks). Each thread holds its box's page and row in it (PageBox), looked up a
-  // key block ahead, so that the table's read runs while the warps wait for the ring's slots.
+  // a tile is (kBlockN / box) · kChunks copies (a V tile's chunks: kChunksV). The producer warpgroup's four warps
+  // share them, since a warp issues its lanes' copies one after another: thread t issues copy paged_copy() = 4 · lane
+  // + warp (box paged_copy() / kPageChunks, chunk paged_copy() % kPageChunks; a chunk past the tile's is no copy), so
+  // its box is the same in K and V. Each thread holds its box's page and row in it (PageBox), looked up a key block
+  // ahead, so that the table's read runs while the warps wait for the ring's slots.
   struct PageBox {
     int page, row;  // a page past the cache for a box past the sequence's last key: TMA fills it with zeros
   };
@@ -71,8 +76,10 @@ struct FwdSm90Producer : FwdSm90Layout<Cfg> {
     return {min(max(pages.table[key / base.page_size], 0), base.num_pages - 1), key % base.page_size};
   }
 
+  static constexpr int kPageChunks = kChunks > kChunksV ? kChunks : kChunksV;
+
   static __device__ PageBox page_box(const AttnFwdParams& base, const Pages& pages, int key0) {
-    return page_of(base, pages, key0, paged_copy() / kChunks * paged_box_rows(base.page_size, kBlockN));
+    return page_of(base, pages, key0, paged_copy() / kPageChunks * paged_box_rows(base.page_size, kBlockN));
   }
 
   // One K or V tile of keys key0.. from the boxes of `at`. Rows past the last key in the box that holds it are
@@ -81,6 +88,8 @@ struct FwdSm90Producer : FwdSm90Layout<Cfg> {
   // map, and its lanes the 16-row group holding the last key, by cp.async, rows past the end as zeros. Thread 0
   // raises the bytes the full barrier awaits first and arrives last, after warp 0's copies; the other warps'
   // copies may land before or after.
+  // kTileChunks, kBytes, kDim: the tile's column chunks and bytes and its tensor's head dim (K's or V's).
+  template <int kTileChunks, u32 kBytes, int kDim>
   static __device__ void load_paged_tile(u32 dst, const void* map, const void* fine_map, u32 full_barrier, int key0,
                                          const Tile& tile, const AttnFwdParams& base, const Pages& pages,
                                          const PageBox& at, bool zero_past_end) {
@@ -90,10 +99,10 @@ struct FwdSm90Producer : FwdSm90Layout<Cfg> {
     const int by_hand = split >= 0 && end % 16 != 0 ? end / 16 : -1;  // the 16-row group warp 0 copies by hand
     const bool warp0 = threadIdx.x < 32;
     if (threadIdx.x == 0) {
-      sm90::mbarrier_expect_tx(full_barrier, kTileBytes - (by_hand >= 0 ? kChunks * 16 * kRowBytes : 0));
+      sm90::mbarrier_expect_tx(full_barrier, kBytes - (by_hand >= 0 ? kTileChunks * 16 * kRowBytes : 0));
     }
-    const int copy = paged_copy(), b = copy / kChunks, c = copy % kChunks;
-    if (b < kBlockN / box && b != split) {
+    const int copy = paged_copy(), b = copy / kPageChunks, c = copy % kPageChunks;
+    if (b < kBlockN / box && b != split && c < kTileChunks) {
       sm90::tma_load_4d(dst + c * kBlockN * kRowBytes + b * box * kRowBytes, map, full_barrier, c * 64, at.row,
                         tile.kv_head, at.page);
     }
@@ -103,7 +112,7 @@ struct FwdSm90Producer : FwdSm90Layout<Cfg> {
       if (lane < box / 16 && group != by_hand) {
         const bool inside = group * 16 < end;
 #pragma unroll
-        for (int chunk = 0; chunk < kChunks; ++chunk) {
+        for (int chunk = 0; chunk < kTileChunks; ++chunk) {
           sm90::tma_load_4d(dst + chunk * kBlockN * kRowBytes + group * 16 * kRowBytes, fine_map, full_barrier,
                             chunk * 64, inside ? head.row + lane * 16 : 0, tile.kv_head,
                             inside ? head.page : base.num_pages);
@@ -115,11 +124,11 @@ struct FwdSm90Producer : FwdSm90Layout<Cfg> {
         // 16-byte unit u of row r of chunk c, swizzled in 8-row atoms as TMA writes it (fwd_sm90_layout.cuh), by
         // cp.async (zeros past the end or past head_dim): one round trip for all of them, and no registers held.
 #pragma unroll 1
-        for (int i = lane; i < kChunks * 16 * 8; i += 32) {
+        for (int i = lane; i < kTileChunks * 16 * 8; i += 32) {
           const int u = i % 8, r = i / 8 % 16, chunk = i / 128;
           const int row = by_hand * 16 + r, col = chunk * 64 + u * 8;
           sm80::cp_async_16(dst + chunk * kBlockN * kRowBytes + row * kRowBytes + ((u ^ (row % 8)) * 16),
-                            v + r * base.v_row_stride + col, row < end && col < Cfg::kHeadDim);
+                            v + r * base.v_row_stride + col, row < end && col < kDim);
         }
         sm80::cp_async_commit();
         sm80::cp_async_wait<0>();
@@ -164,21 +173,23 @@ struct FwdSm90Producer : FwdSm90Layout<Cfg> {
       const int s = ring_slot(first_block + it);
       const u32 phase = ring_phase(first_block + it);
       const u32 sk = smem + kKOffset + s * kTileBytes;
-      const u32 sv = smem + kVOffset + s * kTileBytes;
+      const u32 sv = smem + kVOffset + s * kTileBytesV;
       if constexpr (L::kPaged) {
         const PageBox at = next;
         if (it + 1 < tile.n_blocks) next = page_box(base, pages, key0_of(it + 1));  // read while slots are awaited
         sm90::mbarrier_wait(bars.k_empty(s), phase ^ 1);
-        load_paged_tile(sk, &params.k_map, nullptr, bars.k_full(s), key0, tile, base, pages, at, false);
+        load_paged_tile<kChunks, kTileBytes, L::kHeadDim>(sk, &params.k_map, nullptr, bars.k_full(s), key0, tile,
+                                                           base, pages, at, false);
         sm90::mbarrier_wait(bars.v_empty(s), phase ^ 1);
-        load_paged_tile(sv, &params.v_map, &params.v_fine_map, bars.v_full(s), key0, tile, base, pages, at, true);
+        load_paged_tile<kChunksV, kTileBytesV, L::kHeadDimV>(sv, &params.v_map, &params.v_fine_map, bars.v_full(s),
+                                                              key0, tile, base, pages, at, true);
       } else {
         sm90::mbarrier_wait(bars.k_empty(s), phase ^ 1);
         sm90::mbarrier_arrive_expect_tx(bars.k_full(s), kTileBytes);
-        if (kCluster == 1 || rank == 0) load_tile(sk, &params.k_map, bars.k_full(s), key0, tile);
+        if (kCluster == 1 || rank == 0) load_tile<kChunks>(sk, &params.k_map, bars.k_full(s), key0, tile);
         sm90::mbarrier_wait(bars.v_empty(s), phase ^ 1);
-        sm90::mbarrier_arrive_expect_tx(bars.v_full(s), kTileBytes);
-        if (kCluster == 1 || rank == 1) load_tile(sv, &params.v_map, bars.v_full(s), key0, tile);
+        sm90::mbarrier_arrive_expect_tx(bars.v_full(s), kTileBytesV);
+        if (kCluster == 1 || rank == 1) load_tile<kChunksV>(sv, &params.v_map, bars.v_full(s), key0, tile);
       }
       if (it == 0 && leader) load_q();
     }

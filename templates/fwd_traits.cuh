@@ -100,15 +100,16 @@ constexpr int sm90_tile_dim(int head_dim) { return (head_dim + 63) / 64 * 64; }
 // The Hopper family (fwd_sm90.cuh): one producer warpgroup issuing TMA loads and block_m / 64 consumer
 // warpgroups issuing wgmma, each owning 64 query rows.
 struct FwdSm90Traits {
-  int tile_dim;             // sm90_tile_dim(head_dim): the tiles' columns
+  int tile_dim;             // sm90_tile_dim(head_dim): the Q and K tiles' columns
+  int tile_dim_v;           // sm90_tile_dim of the values' head dim: the V tiles' and the output's columns
   int consumers;            // consumer warpgroups of a group: block_m / 64
   int threads;              // 128 * (groups * consumers + 1)
   int producer_regs;        // setmaxnreg targets: the producer gives registers to the consumers
   int consumer_regs;
   int smem_q_bytes;         // (block_m, tile_dim) Q tile
-  int smem_kv_stage_bytes;  // (block_n, tile_dim) K tile + V tile
+  int smem_kv_stage_bytes;  // (block_n, tile_dim) K tile + (block_n, tile_dim_v) V tile
   int smem_p_bytes;         // p_smem: P of each consumer, (64, block_n) in 64-column chunks; else 0
-  int smem_o_bytes;         // (block_m, tile_dim) output staging, or 0: the output is staged in the Q rows
+  int smem_o_bytes;         // (block_m, tile_dim_v) output staging, or 0: the output is staged in the Q rows
   int smem_ones_bytes;      // tensor_sum: a block of ones, whose product with P is the rows' sums; else 0
   int smem_group_bytes;     // one group's tiles, mbarriers and two tile indices
   int smem_group_stride;    // from one group's tiles to the next's: smem_group_bytes rounded up to 1024
@@ -146,18 +147,21 @@ constexpr int sm90_consumer_regs(int consumers, int producer_regs = kSm90Produce
   return share > 240 ? 240 : share;
 }
 
+// head_dim_v: the values' (and the output's) head dim where it differs from the queries' and keys'; 0: head_dim.
 constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, int stages, bool pingpong,
                                         bool persistent, bool p_smem, int cluster, MaskKind mask, int groups = 1,
                                         bool tensor_sum = false, ElemType elem = ElemType::kFloat16,
-                                        bool paged = false) {
+                                        bool paged = false, int head_dim_v = 0) {
   FwdSm90Traits t{};
+  const int dim_v = head_dim_v > 0 ? head_dim_v : head_dim;
   t.tile_dim = sm90_tile_dim(head_dim);
+  t.tile_dim_v = sm90_tile_dim(dim_v);
   t.consumers = block_m / 64;
   t.threads = 128 * (groups * t.consumers + 1);
   t.producer_regs = cluster > 1 || groups > 1 || paged ? kSm90WideProducerRegs : kSm90ProducerRegs;
   t.consumer_regs = sm90_consumer_regs(groups * t.consumers, t.producer_regs);
   t.smem_q_bytes = block_m * t.tile_dim * 2;
-  t.smem_kv_stage_bytes = 2 * block_n * t.tile_dim * 2;
+  t.smem_kv_stage_bytes = block_n * (t.tile_dim + t.tile_dim_v) * 2;
   t.smem_p_bytes = p_smem ? t.consumers * ((block_n + 63) / 64) * 64 * 128 : 0;
   t.smem_ones_bytes = tensor_sum ? 1024 : 0;
   t.smem_group_bytes =
@@ -165,8 +169,13 @@ constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, 
   const auto total = [&](int group_bytes) {
     return groups > 0 ? (groups - 1) * ((group_bytes + 1023) / 1024 * 1024) + group_bytes + 1024 : 0;
   };
+  // Rows of its own where the output is wider than the Q rows it would be staged in, or where a persistent block
+  // has room for them.
+  const int o_bytes = block_m * t.tile_dim_v * 2;
   t.smem_o_bytes =
-      persistent && total(t.smem_group_bytes + t.smem_q_bytes) <= max_smem_per_block(90) ? t.smem_q_bytes : 0;
+      t.tile_dim_v > t.tile_dim || (persistent && total(t.smem_group_bytes + o_bytes) <= max_smem_per_block(90))
+          ? o_bytes
+          : 0;
   t.smem_group_bytes += t.smem_o_bytes;
   t.smem_group_stride = (t.smem_group_bytes + 1023) / 1024 * 1024;
   t.smem_bytes = total(t.smem_group_bytes);
@@ -174,10 +183,12 @@ constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, 
   // ptxas needed to keep three consumers' persistent kernels free of spills.
   // (tensor_sum's four accumulators of the sums take the place of the two running sums and the adds'
   // temporaries.)
-  t.accum_regs = t.tile_dim / 2 + block_n / 2 + (p_smem ? 24 : block_n / 4);
+  t.accum_regs = t.tile_dim_v / 2 + block_n / 2 + (p_smem ? 24 : block_n / 4);
   t.error = nullptr;
   if (head_dim < 8 || head_dim > 256 || head_dim % 8 != 0) {
     t.error = "head_dim must be a multiple of 8 in [8, 256] (16-byte rows for TMA; O in registers)";
+  } else if (dim_v < 8 || dim_v > 256 || dim_v % 8 != 0) {
+    t.error = "head_dim_v must be a multiple of 8 in [8, 256] (O in one consumer's registers)";
   } else if (block_m != 64 && block_m != 128 && block_m != 192 && block_m != 256) {
     t.error = "block_m must be 64, 128, 192 or 256 (64 rows per consumer warpgroup, at most 4)";
   } else if (block_n < 64 || block_n > 192 || block_n % 16 != 0) {

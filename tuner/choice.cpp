@@ -66,8 +66,8 @@ const char* choice_source_name(ChoiceSource source) {
 }
 
 std::vector<KernelConfig> heuristic_candidates(DType dtype, int head_dim, MaskKind mask, int arch, bool sm80_only,
-                                               bool varlen, ScoreMods mods) {
-  std::vector<KernelConfig> configs = heuristic_forward_configs(dtype, head_dim, mask, arch, varlen);
+                                               bool varlen, ScoreMods mods, int head_dim_v) {
+  std::vector<KernelConfig> configs = heuristic_forward_configs(dtype, head_dim, mask, arch, varlen, head_dim_v);
   if (sm80_only) keep_sm80_family(configs);
   for (KernelConfig& c : configs) c.mods = mods;
   return configs;
@@ -93,8 +93,8 @@ BackwardChoice builtin_choice(const std::vector<BwdConfig>& ranked, const Spille
 }
 
 ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arch, bool sm80_only, bool varlen,
-                               ScoreMods mods) {
-  return builtin_choice(heuristic_candidates(dtype, head_dim, mask, arch, sm80_only, varlen, mods),
+                               ScoreMods mods, int head_dim_v) {
+  return builtin_choice(heuristic_candidates(dtype, head_dim, mask, arch, sm80_only, varlen, mods, head_dim_v),
                         compiled_spills(arch), arch);
 }
 
@@ -179,7 +179,7 @@ std::vector<KernelConfig> with_variant_candidates(ForwardChoice& choice, const s
     choice.reason += "; no cluster: a user mask hides keys";
   }
   std::vector<KernelConfig> list =
-      heuristic_forward_configs(chosen.dtype, chosen.head_dim, chosen.mask, arch, chosen.varlen);
+      heuristic_forward_configs(chosen.dtype, chosen.head_dim, chosen.mask, arch, chosen.varlen, chosen.head_dim_v);
   for (KernelConfig& c : list) {
     c.paged = chosen.paged;
     c.mods = chosen.mods;
@@ -306,7 +306,7 @@ ForwardChoice read_through_pages(ForwardChoice choice, int arch, const SpilledBy
     auto paged_builtin = [&](bool sm80_only) {
       std::vector<KernelConfig> ranked =
           heuristic_candidates(chosen.dtype, chosen.head_dim, chosen.mask, arch, sm80_only, /*varlen=*/true,
-                               chosen.mods);
+                               chosen.mods, chosen.head_dim_v);
       for (KernelConfig& c : ranked) c.paged = true;
       return builtin_choice(ranked, spilled, arch);
     };
@@ -340,7 +340,7 @@ SourcesAnswer<Choice> sources_answer(const DeviceFingerprint& device, const Prob
 
 std::vector<KernelConfig> forward_candidates(const ProblemKey& problem, int arch) {
   return heuristic_candidates(problem.dtype, problem.head_dim, problem.mask, arch, false, problem.varlen,
-                              problem.mods);
+                              problem.mods, problem.head_dim_v);
 }
 
 std::vector<BwdConfig> backward_candidates(const ProblemKey& problem, int arch) {

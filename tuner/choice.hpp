@@ -71,10 +71,11 @@ SpilledBytes<BwdConfig> compiled_backward_spills(int arch);
 
 // The heuristic's ranked candidates for a problem class on sm_<arch>, best first (tuner/heuristic.hpp's lists).
 // With sm80_only, only the sm80 family is considered (dispatch's fallback when TMA cannot describe a problem); with
-// varlen, the configs are the packed-batch kernels; with score modifiers, their kernels with those compiled in.
-// Compiles nothing.
+// varlen, the configs are the packed-batch kernels; with score modifiers, their kernels with those compiled in; with
+// head_dim_v, those whose values have that head dim. Compiles nothing.
 std::vector<KernelConfig> heuristic_candidates(DType dtype, int head_dim, MaskKind mask, int arch,
-                                               bool sm80_only = false, bool varlen = false, ScoreMods mods = {});
+                                               bool sm80_only = false, bool varlen = false, ScoreMods mods = {},
+                                               int head_dim_v = 0);
 std::vector<BwdConfig> heuristic_backward_candidates(DType dtype, int head_dim, MaskKind mask, bool deterministic,
                                                      int arch, bool sm80_only = false, bool varlen = false,
                                                      ScoreMods mods = {});
@@ -88,7 +89,7 @@ BackwardChoice builtin_choice(const std::vector<BwdConfig>& ranked, const Spille
 // builtin_choice of heuristic_candidates with the kernel registry's spill reports (compiling the candidates it
 // checks): the tuner's built-in choice, which its sweeps time as the incumbent.
 ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arch, bool sm80_only = false,
-                               bool varlen = false, ScoreMods mods = {});
+                               bool varlen = false, ScoreMods mods = {}, int head_dim_v = 0);
 
 // The same for the backward (its kernels' spills: dkdv, and dq when deterministic).
 BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch,

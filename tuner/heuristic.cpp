@@ -2,6 +2,7 @@
 // Chosen so every default candidate compiles without spills (see tests/tuner/test_heuristic.cpp).
 #include "tuner/heuristic.hpp"
 
+#include <algorithm>
 #include <set>
 
 #include "flashgen/error.hpp"
@@ -74,14 +75,16 @@ std::vector<Sm90Tile> sm90_preferences(int tile_dim, MaskKind mask, bool varlen)
 }  // namespace
 
 std::vector<KernelConfig> heuristic_forward_configs(DType dtype, int head_dim, MaskKind mask, int arch,
-                                                    bool varlen) {
+                                                    bool varlen, int head_dim_v) {
   std::vector<KernelConfig> configs;
   std::string last_reason = "no candidate";
+  if (head_dim_v == head_dim) head_dim_v = 0;  // one name per config
   if (arch == 90) {
-    const int tile_dim = sm90_tile_dim(head_dim);
+    // The wider of the two dims picks the tiles, as for the sm80 family below.
+    const int tile_dim = sm90_tile_dim(std::max(head_dim, head_dim_v));
     for (const Sm90Tile& tile : sm90_preferences(tile_dim, mask, varlen)) {
       KernelConfig c;
-      c.dtype = dtype, c.head_dim = head_dim, c.mask = mask;
+      c.dtype = dtype, c.head_dim = head_dim, c.mask = mask, c.head_dim_v = head_dim_v;
       c.block_m = tile.block_m, c.block_n = tile.block_n, c.stages = tile.stages;
       Sm90Knobs& k = c.knobs.emplace<Sm90Knobs>();
       k.overlap = tile.overlap, k.pingpong = tile.pingpong, k.groups = tile.groups;
@@ -94,9 +97,11 @@ std::vector<KernelConfig> heuristic_forward_configs(DType dtype, int head_dim, M
       if (!c.invalid_reason(arch)) configs.push_back(c);
     }
   }
-  for (const Tile& tile : preferences(head_dim)) {
+  // The wider of the two dims sizes the sm80 tiles: O's columns are the values', Q's and K's the keys'.
+  for (const Tile& tile : preferences(std::max(head_dim, head_dim_v))) {
     KernelConfig c = with_tile(dtype, head_dim, mask, tile);
     c.varlen = varlen;
+    c.head_dim_v = head_dim_v;
     if (auto why = c.invalid_reason(arch)) {
       last_reason = *why;
     } else {
@@ -104,7 +109,8 @@ std::vector<KernelConfig> heuristic_forward_configs(DType dtype, int head_dim, M
     }
   }
   if (configs.empty()) {
-    fail(Status::kUnsupported, "no forward config for head_dim " + std::to_string(head_dim) + " on sm_" +
+    const std::string values = head_dim_v > 0 ? " with values of head dim " + std::to_string(head_dim_v) : "";
+    fail(Status::kUnsupported, "no forward config for head_dim " + std::to_string(head_dim) + values + " on sm_" +
                                    std::to_string(arch) + ": " + last_reason);
   }
   return configs;

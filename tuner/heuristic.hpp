@@ -13,9 +13,10 @@ namespace flashgen {
 // Configs for (dtype, head_dim, mask) on sm_<arch> without tuning data, best first; every one is valid
 // for arch (invalid_reason is empty) and the list is never empty for a supported head_dim. On sm_90 the
 // sm90 family comes first where it applies, then the sm80 family (for problems TMA cannot describe). With
-// varlen, the packed-batch kernels: one block per tile (no persistence, clusters or groups).
+// varlen, the packed-batch kernels: one block per tile (no persistence, clusters or groups). With head_dim_v
+// (> 0, not head_dim), the configs whose values have that head dim: the families that take one.
 std::vector<KernelConfig> heuristic_forward_configs(DType dtype, int head_dim, MaskKind mask, int arch,
-                                                    bool varlen = false);
+                                                    bool varlen = false, int head_dim_v = 0);
 
 // The first of heuristic_forward_configs: what the runtime runs unless ptxas reports that it spills
 // (see select.hpp).

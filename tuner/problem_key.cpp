@@ -191,7 +191,8 @@ void read_mask_text(const std::string& text, ProblemKey& key) {
 }
 
 std::string ProblemKey::class_id() const {
-  return pass_id() + "|" + dtype_name(dtype) + "|d" + std::to_string(head_dim) + "|" +
+  const std::string value_dim_text = head_dim_v > 0 ? "v" + std::to_string(head_dim_v) : "";
+  return pass_id() + "|" + dtype_name(dtype) + "|d" + std::to_string(head_dim) + value_dim_text + "|" +
          variant_text(mask, mods, user_tag) + "|g" + std::to_string(gqa_ratio);
 }
 
@@ -236,10 +237,12 @@ std::string user_key_tag(const AttentionProblem& problem) {
 ProblemKey problem_key(const AttentionProblem& problem) {
   const AttentionShape& s = problem.shape;
   const int group_size = static_cast<int>(s.group_size());
+  const int head_dim_v = problem.value_dim() != problem.head_dim() ? problem.value_dim() : 0;
   if (problem.backward()) {
     ProblemKey key = backward_problem_key(problem.dtype, problem.head_dim(), problem.mask_kind(),
                                           problem.deterministic(), group_size, s.seqlen_q, s.seqlen_k,
                                           s.batch * s.heads_q);
+    key.head_dim_v = head_dim_v;
     key.varlen = problem.varlen;
     key.mods = problem.score_mods();
     set_key_window(problem, key);
@@ -248,6 +251,7 @@ ProblemKey problem_key(const AttentionProblem& problem) {
   }
   ProblemKey key = forward_problem_key(problem.dtype, problem.head_dim(), problem.mask_kind(), group_size, s.seqlen_q,
                                        s.seqlen_k, s.batch * s.heads_q);
+  key.head_dim_v = head_dim_v;
   key.varlen = problem.varlen;
   key.mods = problem.score_mods();
   set_key_window(problem, key);

@@ -48,6 +48,9 @@ struct ProblemKey {
   int page_size = 0;
   DType dtype = DType::kFloat16;
   int head_dim = 128;
+  // The values' head dim where it is not head_dim ("d192v128" in ids), 0 where it is: part of the class, as its
+  // kernels are their own.
+  int head_dim_v = 0;
   MaskKind mask = MaskKind::kNone;
   ScoreMods mods = {};              // soft cap, ALiBi: kernels of their own ("causal_softcap_alibi" in ids)
   int gqa_ratio = 1;                // heads_q / heads_kv
@@ -70,12 +73,15 @@ struct ProblemKey {
   // forward over a paged cache, and "dec" or "dec_paged" for KV-cache calls (bucketed by the new tokens per
   // sequence, the cache's capacity and batch * heads_q).
   std::string pass_id() const;
-  // Exact problem class without the size buckets, e.g. "fwd|bf16|d128|causal|g4".
+  // Exact problem class without the size buckets, e.g. "fwd|bf16|d128|causal|g4" ("d192v128" for values of a head dim
+  // of their own).
   std::string class_id() const;
   // class_id plus buckets, e.g. "fwd|bf16|d128|causal|g4|q4096|k4096|bh64"; a window key's ends in its window
   // bucket, "c" when causal-shaped: "fwd|bf16|d128|window|g4|q4096|k4096|bh64|w1024c".
   std::string id() const;
   bool operator==(const ProblemKey& other) const { return id() == other.id(); }
+  // head_dim_v, or head_dim where the values have the queries' head dim.
+  int value_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
 };
 
 // Sets key's pass, dQ strategy, varlen, kv_cache, paged and page_size from their text in ids (pass_id()); throws

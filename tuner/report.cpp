@@ -101,7 +101,7 @@ std::pair<std::vector<std::string>, int> preference_list(const ProblemKey& key, 
     }
     return {names, builtin_spill_allowance(Pass::kBackward, arch)};
   }
-  for (KernelConfig c : heuristic_forward_configs(key.dtype, key.head_dim, key.mask, arch, key.varlen)) {
+  for (KernelConfig c : heuristic_forward_configs(key.dtype, key.head_dim, key.mask, arch, key.varlen, key.head_dim_v)) {
     c.mods = key.mods;
     c.paged = key.paged;
     if (key.paged && c.invalid_reason(arch)) continue;  // read_through_pages passes over tiles a paged kernel lacks

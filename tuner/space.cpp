@@ -9,11 +9,13 @@
 
 namespace flashgen {
 
-SpaceReport forward_space(DType dtype, int head_dim, MaskKind mask, int arch, const ForwardKnobs& knobs) {
+SpaceReport forward_space(DType dtype, int head_dim, MaskKind mask, int arch, const ForwardKnobs& knobs,
+                          int head_dim_v) {
   SpaceReport report;
   KernelConfig c;
   c.dtype = dtype;
   c.head_dim = head_dim;
+  c.head_dim_v = head_dim_v != head_dim ? head_dim_v : 0;
   c.mask = mask;
   // Each family's own product, in a fixed nesting (block_m outermost, its last knob innermost) so the
   // valid list, and every sweep that walks it, comes out in the same order on every run.

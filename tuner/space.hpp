@@ -82,8 +82,10 @@ using BackwardSpaceReport = BasicSpaceReport<BwdConfig>;
 using DecodeSpaceReport = BasicSpaceReport<DecodeSplitConfig>;
 
 // Every forward config for (dtype, head_dim, mask) over knobs, split into valid-on-sm_<arch> and
-// pruned (with reasons): the sm80 family's product, then on sm_90 the sm90 family's. Compiles nothing.
-SpaceReport forward_space(DType dtype, int head_dim, MaskKind mask, int arch, const ForwardKnobs& knobs = {});
+// pruned (with reasons): the sm80 family's product, then on sm_90 the sm90 family's. With head_dim_v (> 0, not
+// head_dim), the configs whose values have that head dim. Compiles nothing.
+SpaceReport forward_space(DType dtype, int head_dim, MaskKind mask, int arch, const ForwardKnobs& knobs = {},
+                          int head_dim_v = 0);
 
 // At most max_count candidates of a space for a capped sweep: the built-in choice, then its neighbours
 // (valid configs of its family that differ from it in one knob; measured, the best config is usually one or two knob

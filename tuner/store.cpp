@@ -68,15 +68,17 @@ void upsert_device(sqlite3* db, const std::string& id, const DeviceFingerprint& 
 void upsert_problem(sqlite3* db, const std::string& id, const ProblemKey& p) {
   Statement statement(db, R"sql(
     INSERT INTO problems (id, class_id, family, dtype, head_dim, mask, gqa_ratio, seqlen_q_bucket,
-                          seqlen_k_bucket, batch_heads_bucket)
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+                          seqlen_k_bucket, batch_heads_bucket, head_dim_v)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
     ON CONFLICT (id) DO UPDATE SET class_id = excluded.class_id, family = excluded.family,
       dtype = excluded.dtype, head_dim = excluded.head_dim, mask = excluded.mask,
       gqa_ratio = excluded.gqa_ratio, seqlen_q_bucket = excluded.seqlen_q_bucket,
-      seqlen_k_bucket = excluded.seqlen_k_bucket, batch_heads_bucket = excluded.batch_heads_bucket)sql");
+      seqlen_k_bucket = excluded.seqlen_k_bucket, batch_heads_bucket = excluded.batch_heads_bucket,
+      head_dim_v = excluded.head_dim_v)sql");
   statement.bind_text(1, id).bind_text(2, p.class_id()).bind_text(3, p.pass_id()).bind_text(4, dtype_name(p.dtype));
   statement.bind_int(5, p.head_dim).bind_text(6, mask_text(p)).bind_int(7, p.gqa_ratio);
   statement.bind_int(8, p.seqlen_q_bucket).bind_int(9, p.seqlen_k_bucket).bind_int(10, p.batch_heads_bucket);
+  statement.bind_int(11, p.head_dim_v);
   statement.run();
 }
 
@@ -133,12 +135,24 @@ void set_decision(sqlite3* db, const std::string& device_id, const std::string& 
 }
 
 
-// Column lists and readers shared by the winner queries: w = winners, d = devices, p = problems.
-constexpr const char* kWinnerColumns = R"sql(
-  SELECT d.gpu_name, d.sm, d.sm_count, d.driver_version, d.nvrtc_version, d.generator_version,
-         p.family, p.dtype, p.head_dim, p.mask, p.gqa_ratio, p.seqlen_q_bucket, p.seqlen_k_bucket,
-         p.batch_heads_bucket, w.config_json, w.median_ms, w.device_id, w.problem_id
-  FROM winners w JOIN devices d ON d.id = w.device_id JOIN problems p ON p.id = w.problem_id )sql";
+// The problem columns read_problem reads, p. before each where prefixed: a file of schema version 2 or older has no
+// head_dim_v and reads 0 in its place.
+std::string problem_columns(int version, const char* prefix = "") {
+  std::string columns;
+  for (const char* name : {"family", "dtype", "head_dim", "mask", "gqa_ratio", "seqlen_q_bucket", "seqlen_k_bucket",
+                           "batch_heads_bucket"}) {
+    columns += std::string(prefix) + name + ", ";
+  }
+  return columns + (version >= 3 ? std::string(prefix) + "head_dim_v" : std::string("0"));
+}
+
+// The column list shared by the winner queries: w = winners, d = devices, p = problems.
+std::string winner_columns(int version) {
+  return "SELECT d.gpu_name, d.sm, d.sm_count, d.driver_version, d.nvrtc_version, d.generator_version, " +
+         problem_columns(version, "p.") +
+         ", w.config_json, w.median_ms, w.device_id, w.problem_id "
+         "FROM winners w JOIN devices d ON d.id = w.device_id JOIN problems p ON p.id = w.problem_id ";
+}
 
 DeviceFingerprint read_device(const Statement& s, int first) {
   DeviceFingerprint d;
@@ -161,6 +175,7 @@ ProblemKey read_problem(const Statement& s, int first) {
   p.seqlen_q_bucket = s.integer(first + 5);
   p.seqlen_k_bucket = s.integer(first + 6);
   p.batch_heads_bucket = s.integer(first + 7);
+  p.head_dim_v = static_cast<int>(s.integer(first + 8));
   return p;
 }
 
@@ -168,8 +183,8 @@ StoredChoice read_winner(const Statement& s, const fs::path& source) {
   StoredChoice choice;
   choice.device = read_device(s, 0);
   choice.problem = read_problem(s, 6);
-  choice.config = parse_config(s.text(14));
-  choice.median_ms = s.real(15);
+  choice.config = parse_config(s.text(15));
+  choice.median_ms = s.real(16);
   choice.source = source.string();
   return choice;
 }
@@ -313,7 +328,7 @@ std::optional<WinnerDecision> TuningStore::decision(const DeviceFingerprint& dev
 std::optional<StoredChoice> TuningStore::lookup_exact(const DeviceFingerprint& device,
                                                       const ProblemKey& problem) const {
   if (db_ == nullptr) return std::nullopt;
-  Statement statement(connection(db_), std::string(kWinnerColumns) + "WHERE w.device_id = ?1 AND w.problem_id = ?2");
+  Statement statement(connection(db_), winner_columns(version_) + "WHERE w.device_id = ?1 AND w.problem_id = ?2");
   statement.bind_text(1, device.id()).bind_text(2, problem.id());
   if (!statement.step()) return std::nullopt;
   return read_winner(statement, path_);
@@ -322,7 +337,7 @@ std::optional<StoredChoice> TuningStore::lookup_exact(const DeviceFingerprint& d
 std::optional<StoredChoice> TuningStore::lookup_nearest(const DeviceFingerprint& device,
                                                         const ProblemKey& problem) const {
   if (db_ == nullptr) return std::nullopt;
-  Statement statement(connection(db_), std::string(kWinnerColumns) +
+  Statement statement(connection(db_), winner_columns(version_) +
                                            "WHERE w.device_id = ?1 AND p.class_id = ?2 ORDER BY w.problem_id");
   statement.bind_text(1, device.id()).bind_text(2, problem.class_id());
   std::optional<StoredChoice> best;
@@ -350,7 +365,7 @@ bool TuningStore::has(const DeviceFingerprint& device, const ProblemKey& problem
 std::vector<StoredChoice> TuningStore::winners() const {
   std::vector<StoredChoice> result;
   if (db_ == nullptr) return result;
-  Statement statement(connection(db_), std::string(kWinnerColumns) + "ORDER BY w.device_id, w.problem_id");
+  Statement statement(connection(db_), winner_columns(version_) + "ORDER BY w.device_id, w.problem_id");
   while (statement.step()) result.push_back(read_winner(statement, path_));
   return result;
 }
@@ -403,9 +418,8 @@ nlohmann::json TuningStore::export_json() const {
     while (s.step()) out["devices"].push_back(device_json(s.text(6), read_device(s, 0)));
   }
   {
-    Statement s(db, "SELECT family, dtype, head_dim, mask, gqa_ratio, seqlen_q_bucket, seqlen_k_bucket, "
-                    "batch_heads_bucket, id FROM problems ORDER BY id");
-    while (s.step()) out["problems"].push_back(problem_json(s.text(8), read_problem(s, 0)));
+    Statement s(db, "SELECT " + problem_columns(version_) + ", id FROM problems ORDER BY id");
+    while (s.step()) out["problems"].push_back(problem_json(s.text(9), read_problem(s, 0)));
   }
   {
     Statement s(db, "SELECT device_id, problem_id, config_name, config_json, status, median_ms, spread, samples, "

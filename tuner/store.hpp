@@ -75,8 +75,9 @@ class TuningStore {
   // $HOME/.local/share/flashgen/tuning.sqlite.
   static std::filesystem::path default_path();
 
-  static constexpr int kSchemaVersion = 2;
-  // Read-only stores read files from this version on: the tables lookups read are unchanged since.
+  static constexpr int kSchemaVersion = 3;
+  // Read-only stores read files from this version on: lookups read their columns, an older file's missing ones as
+  // their defaults (no decisions before 2, head_dim_v 0 before 3).
   static constexpr int kOldestReadableVersion = 1;
 
   const std::filesystem::path& path() const { return path_; }

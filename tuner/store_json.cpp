@@ -59,6 +59,12 @@ ProblemKey problem_from_json(const json& j) {
   p.dtype = parse_dtype(j.at("dtype").get<std::string>());
   p.head_dim = int_field(j, "head_dim", 8, 256);
   FLASHGEN_REQUIRE(p.head_dim % 8 == 0, "problem head_dim must be a multiple of 8, got " + std::to_string(p.head_dim));
+  if (j.contains("head_dim_v")) {  // absent: the values have head_dim
+    p.head_dim_v = int_field(j, "head_dim_v", 8, 512);
+    FLASHGEN_REQUIRE(p.head_dim_v % 8 == 0 && p.head_dim_v != p.head_dim,
+                     "problem head_dim_v must be a multiple of 8 other than head_dim (absent where it is head_dim), "
+                     "got " + std::to_string(p.head_dim_v));
+  }
   read_mask_text(j.at("mask").get<std::string>(), p);
   p.gqa_ratio = int_field(j, "gqa_ratio", 1, std::numeric_limits<int>::max());
   p.seqlen_q_bucket = j.at("seqlen_q_bucket").get<int64_t>();
@@ -157,16 +163,18 @@ json device_json(const std::string& id, const DeviceFingerprint& d) {
 }
 
 json problem_json(const std::string& id, const ProblemKey& p) {
-  return {{"id", id},
-          {"class_id", p.class_id()},
-          {"family", p.pass_id()},
-          {"dtype", dtype_name(p.dtype)},
-          {"head_dim", p.head_dim},
-          {"mask", mask_text(p)},
-          {"gqa_ratio", p.gqa_ratio},
-          {"seqlen_q_bucket", p.seqlen_q_bucket},
-          {"seqlen_k_bucket", p.seqlen_k_bucket},
-          {"batch_heads_bucket", p.batch_heads_bucket}};
+  json row = {{"id", id},
+              {"class_id", p.class_id()},
+              {"family", p.pass_id()},
+              {"dtype", dtype_name(p.dtype)},
+              {"head_dim", p.head_dim},
+              {"mask", mask_text(p)},
+              {"gqa_ratio", p.gqa_ratio},
+              {"seqlen_q_bucket", p.seqlen_q_bucket},
+              {"seqlen_k_bucket", p.seqlen_k_bucket},
+              {"batch_heads_bucket", p.batch_heads_bucket}};
+  if (p.head_dim_v > 0) row["head_dim_v"] = p.head_dim_v;  // absent: the values have head_dim
+  return row;
 }
 
 json candidate_json(const std::string& device_id, const std::string& problem_id, const std::string& config_name,

@@ -1,4 +1,4 @@
-// The tuning database's file format (see store_schema.hpp): schema version 2, the migrations that bring
+// The tuning database's file format (see store_schema.hpp): schema version 3, the migrations that bring
 // an older file to it, WAL and the damaged-or-foreign checks run before TuningStore touches a file.
 #include "tuner/store_schema.hpp"
 
@@ -90,13 +90,20 @@ CREATE TABLE decisions (
 );
 )sql";
 
+// Version 3: the values' head dim of a problem whose values have one of their own (ProblemKey::head_dim_v), 0 for the
+// rest, as every row written before it is. Lookups of an older file read 0 in its place.
+constexpr const char* kSchemaV3 = R"sql(
+ALTER TABLE problems ADD COLUMN head_dim_v INTEGER NOT NULL DEFAULT 0;
+)sql";
+
 void migrate_0_to_1(sqlite3* db) { exec(db, kSchemaV1); }
 void migrate_1_to_2(sqlite3* db) { exec(db, kSchemaV2); }
+void migrate_2_to_3(sqlite3* db) { exec(db, kSchemaV3); }
 
 // kMigrations[v] upgrades a database at user_version v to v + 1; a new schema version appends a step
 // (e.g. migrate_1_to_2 running ALTER TABLE) and bumps TuningStore::kSchemaVersion.
 using Migration = void (*)(sqlite3*);
-constexpr Migration kMigrations[] = {migrate_0_to_1, migrate_1_to_2};
+constexpr Migration kMigrations[] = {migrate_0_to_1, migrate_1_to_2, migrate_2_to_3};
 static_assert(std::size(kMigrations) == TuningStore::kSchemaVersion, "one migration step per schema version");
 
 // Whether the file holds any table (a version-0 file that does is another program's database).

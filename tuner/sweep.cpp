@@ -70,26 +70,29 @@ SweepResult sweep_forward(const AttentionProblem& problem, const std::vector<Ker
   SweepResult result;
   result.problem = problem_key(problem);
   for (const KernelConfig& c : candidates) {
-    FLASHGEN_REQUIRE(c.dtype == problem.dtype && c.head_dim == problem.head_dim() && c.mask == problem.mask_kind(),
+    FLASHGEN_REQUIRE(c.dtype == problem.dtype && c.head_dim == problem.head_dim() &&
+                         c.value_dim() == problem.value_dim() && c.mask == problem.mask_kind(),
                      "candidate " + c.name() + " does not match the sweep's problem");
   }
   if (problem.varlen) return sweep_forward_packed(problem, candidates, stream, options);
 
-  // Inputs.
+  // Inputs: q and k of head_dim, v and out of the values' head dim.
   const int64_t q_elems = shape.batch * shape.seqlen_q * shape.heads_q * shape.head_dim;
   const int64_t kv_elems = shape.batch * shape.seqlen_k * shape.heads_kv * shape.head_dim;
-  const int sets = input_sets(scope.device(), 2 * (2 * q_elems + 2 * kv_elems));
+  const int64_t v_elems = shape.batch * shape.seqlen_k * shape.heads_kv * shape.value_dim();
+  const int64_t out_elems = shape.batch * shape.seqlen_q * shape.heads_q * shape.value_dim();
+  const int sets = input_sets(scope.device(), 2 * (q_elems + out_elems + kv_elems + v_elems));
   std::mt19937_64 rng(options.seed);
   std::vector<InputSet> inputs(sets);
   const size_t lse_bytes = sizeof(float) * size_t(shape.batch * shape.heads_q * shape.seqlen_q);
   for (InputSet& set : inputs) {
     set.q = random_bits(size_t(q_elems), dtype, rng);
     set.k = random_bits(size_t(kv_elems), dtype, rng);
-    set.v = random_bits(size_t(kv_elems), dtype, rng);
+    set.v = random_bits(size_t(v_elems), dtype, rng);
     set.dq = DeviceBuffer(set.q.size() * 2);
     set.dk = DeviceBuffer(set.k.size() * 2);
     set.dv = DeviceBuffer(set.v.size() * 2);
-    set.dout = DeviceBuffer(size_t(q_elems) * 2);
+    set.dout = DeviceBuffer(size_t(out_elems) * 2);
     set.dlse = DeviceBuffer(lse_bytes);
     set.dq.upload(set.q);
     set.dk.upload(set.k);
@@ -100,9 +103,10 @@ SweepResult sweep_forward(const AttentionProblem& problem, const std::vector<Ker
   auto make_call = [&](const InputSet& set) {
     const TensorView q = bshd_view(set.dq.data(), dtype, shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim);
     const TensorView k = bshd_view(set.dk.data(), dtype, shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim);
-    const TensorView v = bshd_view(set.dv.data(), dtype, shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim);
+    const TensorView v =
+        bshd_view(set.dv.data(), dtype, shape.batch, shape.seqlen_k, shape.heads_kv, shape.value_dim());
     const TensorView out =
-        bshd_view(set.dout.data(), dtype, shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim);
+        bshd_view(set.dout.data(), dtype, shape.batch, shape.seqlen_q, shape.heads_q, shape.value_dim());
     return make_forward_call(&q, &k, &v, &out, static_cast<float*>(set.dlse.data()), &opts);
   };
   std::vector<ForwardCall> calls;
@@ -111,9 +115,11 @@ SweepResult sweep_forward(const AttentionProblem& problem, const std::vector<Ker
   // Reference rows of set 0, computed once.
   const StridedView q_view = StridedView::contiguous(shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim);
   const StridedView kv_view = StridedView::contiguous(shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim);
+  const StridedView v_view = StridedView::contiguous(shape.batch, shape.seqlen_k, shape.heads_kv, shape.value_dim());
+  const StridedView out_view = StridedView::contiguous(shape.batch, shape.seqlen_q, shape.heads_q, shape.value_dim());
   const HostInput hq = HostInput::bits16(inputs[0].q.data(), dtype, q_view);
   const HostInput hk = HostInput::bits16(inputs[0].k.data(), dtype, kv_view);
-  const HostInput hv = HostInput::bits16(inputs[0].v.data(), dtype, kv_view);
+  const HostInput hv = HostInput::bits16(inputs[0].v.data(), dtype, v_view);
   const double scale = effective_softmax_scale(0.f, shape.head_dim);
   const std::vector<RowSample> rows = sample_rows(shape, options.check_rows);
   std::vector<ReferenceRow> reference;
@@ -127,12 +133,12 @@ SweepResult sweep_forward(const AttentionProblem& problem, const std::vector<Ker
     inputs[0].dlse.fill_bytes(0xff, stream);
     launch_forward(calls[0], stream, c);
     FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
-    std::vector<uint16_t> out(static_cast<size_t>(q_elems));
+    std::vector<uint16_t> out(static_cast<size_t>(out_elems));
     std::vector<float> lse(lse_bytes / sizeof(float));
     inputs[0].dout.download(out.data(), out.size() * 2);
     inputs[0].dlse.download(lse.data(), lse_bytes);
     const RowsCheck check =
-        check_rows(shape, rows, reference, HostInput::bits16(out.data(), dtype, q_view), lse.data(), dtype);
+        check_rows(shape, rows, reference, HostInput::bits16(out.data(), dtype, out_view), lse.data(), dtype);
     return failures({&check.out, &check.lse});
   };
   hooks.prepare = [&](const KernelConfig& c) -> std::function<void(int)> {

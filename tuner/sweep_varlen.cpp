@@ -36,9 +36,11 @@ struct PackedSet {
     const DType dtype = problem.dtype;
     const size_t q_elems = size_t(problem.total_q * s.heads_q * s.head_dim);
     const size_t kv_elems = size_t(problem.total_k * s.heads_kv * s.head_dim);
+    const size_t v_elems = size_t(problem.total_k * s.heads_kv * s.value_dim());
+    const size_t out_elems = size_t(problem.total_q * s.heads_q * s.value_dim());
     q = random_bits(q_elems, dtype, rng);
     k = random_bits(kv_elems, dtype, rng);
-    v = random_bits(kv_elems, dtype, rng);
+    v = random_bits(v_elems, dtype, rng);
     auto device_copy = [](const auto& host) {
       DeviceBuffer buffer(std::max<size_t>(1, host.size() * sizeof(host[0])));
       buffer.upload(host);
@@ -46,29 +48,28 @@ struct PackedSet {
     };
     dq_in = device_copy(q);
     dcu_q = device_copy(batch.cu_q), dcu_k = device_copy(batch.cu_k);
-    out = DeviceBuffer(std::max<size_t>(1, q_elems * 2));
+    out = DeviceBuffer(std::max<size_t>(1, out_elems * 2));
     lse = DeviceBuffer(sizeof(float) * std::max<size_t>(1, size_t(s.heads_q * problem.total_q)));
-    auto tensor = [&](const DeviceBuffer& b, bool kv) {
-      return bshd_view(b.data(), dtype, 1, kv ? problem.total_k : problem.total_q, kv ? s.heads_kv : s.heads_q,
-                       s.head_dim);
+    auto tensor = [&](const DeviceBuffer& b, bool kv, int64_t dim) {
+      return bshd_view(b.data(), dtype, 1, kv ? problem.total_k : problem.total_q, kv ? s.heads_kv : s.heads_q, dim);
     };
     VarlenForwardArgs args;
-    args.q = tensor(dq_in, false);
+    args.q = tensor(dq_in, false, s.head_dim);
     if (problem.paged) {
       const PagedBatch pages(batch, problem.page_size, rng());
-      auto cache = [&](const std::vector<uint16_t>& rows, DeviceBuffer& into) {
-        into = device_copy(pages.cache_of(rows, s.heads_kv * s.head_dim, batch));
-        return bshd_view(into.data(), dtype, pages.num_pages(), pages.page_size, s.heads_kv, s.head_dim);
+      auto cache = [&](const std::vector<uint16_t>& rows, DeviceBuffer& into, int64_t dim) {
+        into = device_copy(pages.cache_of(rows, s.heads_kv * dim, batch));
+        return bshd_view(into.data(), dtype, pages.num_pages(), pages.page_size, s.heads_kv, dim);
       };
-      args.k = cache(k, dk_in), args.v = cache(v, dv_in);
+      args.k = cache(k, dk_in, s.head_dim), args.v = cache(v, dv_in, s.value_dim());
       args.max_pages = pages.max_pages;
       dtable = device_copy(pages.table);
       args.block_table = static_cast<const int32_t*>(dtable.data());
     } else {
       dk_in = device_copy(k), dv_in = device_copy(v);
-      args.k = tensor(dk_in, true), args.v = tensor(dv_in, true);
+      args.k = tensor(dk_in, true, s.head_dim), args.v = tensor(dv_in, true, s.value_dim());
     }
-    args.out = tensor(out, false);
+    args.out = tensor(out, false, s.value_dim());
     args.lse = static_cast<float*>(lse.data());
     args.cu_seqlens_q = static_cast<const int32_t*>(dcu_q.data());
     args.cu_seqlens_k = static_cast<const int32_t*>(dcu_k.data());
@@ -87,7 +88,8 @@ struct PackedSet {
     launch_forward(forward, stream, backward_sweep_forward(problem, arch));
     VarlenBackwardArgs b;
     b.q = args.q, b.k = args.k, b.v = args.v, b.out = args.out;
-    b.dout = tensor(ddout, false), b.dq = tensor(dq, false), b.dk = tensor(dk, true), b.dv = tensor(dv, true);
+    b.dout = tensor(ddout, false, s.head_dim), b.dq = tensor(dq, false, s.head_dim);
+    b.dk = tensor(dk, true, s.head_dim), b.dv = tensor(dv, true, s.head_dim);
     b.lse = args.lse;
     b.cu_seqlens_q = args.cu_seqlens_q, b.cu_seqlens_k = args.cu_seqlens_k;
     b.batch = args.batch, b.max_seqlen_q = args.max_seqlen_q, b.max_seqlen_k = args.max_seqlen_k;
@@ -95,13 +97,15 @@ struct PackedSet {
     backward = make_varlen_backward_call(b);
   }
 
-  // Sequence b's rows of a packed [total, heads, head_dim] tensor's host bits.
-  HostInput rows_of(const std::vector<uint16_t>& bits, size_t b, bool kv) const {
+  // Sequence b's rows of a packed [total, heads, head_dim] tensor's host bits: q and k of head_dim, v and out of the
+  // values' (values).
+  HostInput rows_of(const std::vector<uint16_t>& bits, size_t b, bool kv, bool values = false) const {
     const AttentionShape one = batch.sequence(b);
     const int64_t heads = kv ? one.heads_kv : one.heads_q;
     const int64_t first = kv ? batch.cu_k[b] : batch.cu_q[b];
-    return HostInput::bits16(bits.data() + first * heads * one.head_dim, problem.dtype,
-                             StridedView::contiguous(1, kv ? one.seqlen_k : one.seqlen_q, heads, one.head_dim));
+    const int64_t dim = values ? one.value_dim() : one.head_dim;
+    return HostInput::bits16(bits.data() + first * heads * dim, problem.dtype,
+                             StridedView::contiguous(1, kv ? one.seqlen_k : one.seqlen_q, heads, dim));
   }
 };
 
@@ -153,7 +157,8 @@ SweepResult sweep_driver::sweep_forward_packed(const AttentionProblem& problem,
   const int64_t key_rows =
       problem.paged ? s.batch * ((s.seqlen_k + problem.page_size - 1) / problem.page_size) * problem.page_size
                     : problem.total_k;
-  const int64_t set_bytes = 2 * (2 * problem.total_q * s.heads_q + 2 * key_rows * s.heads_kv) * s.head_dim;
+  const int64_t set_bytes =
+      2 * (problem.total_q * s.heads_q + key_rows * s.heads_kv) * (s.head_dim + s.value_dim());
   const int sets = input_sets(scope.device(), set_bytes);
   std::vector<std::unique_ptr<PackedSet>> inputs;
   for (int i = 0; i < sets; ++i) inputs.push_back(std::make_unique<PackedSet>(problem, rng, stream, arch));
@@ -174,7 +179,7 @@ SweepResult sweep_driver::sweep_forward_packed(const AttentionProblem& problem,
     std::vector<RowSample> rows = sample_rows(one, per_sequence);
     std::vector<ReferenceRow> reference =
         attention_reference_rows(one, checked.rows_of(checked.q, b, false), checked.rows_of(checked.k, b, true),
-                                 checked.rows_of(checked.v, b, true), scale, problem.mask, rows, /*threads=*/1,
+                                 checked.rows_of(checked.v, b, true, true), scale, problem.mask, rows, /*threads=*/1,
                                  variant_of(problem));
     sequences.push_back({b, std::move(rows), std::move(reference)});
   }
@@ -187,7 +192,7 @@ SweepResult sweep_driver::sweep_forward_packed(const AttentionProblem& problem,
     set.lse.fill_bytes(0xff, stream);
     launch_forward(set.forward, stream, c);
     FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
-    std::vector<uint16_t> out(set.q.size());
+    std::vector<uint16_t> out(size_t(problem.total_q * s.heads_q * s.value_dim()));
     std::vector<float> lse(size_t(s.heads_q * problem.total_q));
     set.out.download(out.data(), out.size() * 2);
     set.lse.download(lse.data(), lse.size() * sizeof(float));
@@ -200,7 +205,7 @@ SweepResult sweep_driver::sweep_forward_packed(const AttentionProblem& problem,
       for (int64_t h = 0; h < one.heads_q; ++h)
         for (int64_t r = 0; r < one.seqlen_q; ++r)
           one_lse[size_t(h * one.seqlen_q + r)] = lse[size_t(h * problem.total_q + set.batch.cu_q[b] + r)];
-      const RowsCheck check = check_rows(one, sequence.rows, sequence.reference, set.rows_of(out, b, false),
+      const RowsCheck check = check_rows(one, sequence.rows, sequence.reference, set.rows_of(out, b, false, true),
                                          one_lse.data(), dtype);
       const std::string text = failures({&check.out, &check.lse});
       if (!text.empty()) wrong += (wrong.empty() ? "" : "\n") + ("sequence " + std::to_string(b) + ": " + text);

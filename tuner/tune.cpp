@@ -224,12 +224,13 @@ TunePlan plan_tune(const AttentionProblem& problem, int arch, const TuneOptions&
     plan.space = counts_of(space);
     plan.candidates = pass_candidates(space, builtin, options);
   } else {
-    SpaceReport space = forward_space(key.dtype, key.head_dim, key.mask, arch);
+    SpaceReport space = forward_space(key.dtype, key.head_dim, key.mask, arch, {}, key.head_dim_v);
     if (key.varlen) space = packed_space(space, arch);
     if (key.paged) space = paged_space(space, arch);
     with_score_mods(space, key.mods);
     if (problem.user && problem.user->masks()) without_clusters(space);
-    ForwardChoice choice = heuristic_choice(key.dtype, key.head_dim, key.mask, arch, false, key.varlen, key.mods);
+    ForwardChoice choice =
+        heuristic_choice(key.dtype, key.head_dim, key.mask, arch, false, key.varlen, key.mods, key.head_dim_v);
     if (key.paged) choice = read_through_pages(std::move(choice), arch, compiled_spills(arch));
     const KernelConfig builtin = as_user_choice(choice, problem, arch).config;
     plan.builtin = builtin;

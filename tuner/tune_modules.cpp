@@ -11,7 +11,7 @@ namespace flashgen {
 
 KernelConfig backward_sweep_forward(const AttentionProblem& problem, int arch) {
   ForwardChoice choice = heuristic_choice(problem.dtype, problem.head_dim(), problem.mask_kind(), arch, false,
-                                          problem.varlen, problem.score_mods());
+                                          problem.varlen, problem.score_mods(), problem.value_dim());
   if (problem.user) attach_user_variant(choice, problem.user, arch);
   return choice.config;
 }

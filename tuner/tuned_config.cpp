@@ -67,12 +67,20 @@ bool same_pass(const DecodeSplitConfig& config, const ProblemKey& problem) {
   return problem.kv_cache && config.config.paged == problem.paged;
 }
 
+// The values' head dim of a config: a forward config's own, the queries' in the families that take no other.
+int value_dim_of(const KernelConfig& config) { return config.value_dim(); }
+template <class Config>
+int value_dim_of(const Config& config) {
+  return config.head_dim;
+}
+
 bool of_problem(const TunedConfig& config, const ProblemKey& problem) {
   return std::visit(
       [&](const auto& c) {
         const auto& module = kernel_config_of(c);
         return same_pass(c, problem) && module.dtype == problem.dtype && module.head_dim == problem.head_dim &&
-               module.mask == problem.mask && module.mods == problem.mods;
+               value_dim_of(module) == problem.value_dim() && module.mask == problem.mask &&
+               module.mods == problem.mods;
       },
       config);
 }

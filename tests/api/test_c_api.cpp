@@ -14,6 +14,7 @@
 #include "catch.hpp"
 #include "flashgen/flashgen.h"
 #include "support/c_api_call.hpp"
+#include "tuner/choice.hpp"
 #include "tuner/problem_key.hpp"
 
 using flashgen::test::bshd;
@@ -82,6 +83,20 @@ TEST_CASE("C ABI rejects each bad argument with a message naming it", "[c_api]")
     };
     check_rejected(set_d(100), FLASHGEN_ERROR_UNSUPPORTED, "q.shape[3] (head_dim) = 100 is unsupported");
     check_rejected(set_d(264), FLASHGEN_ERROR_UNSUPPORTED, "q.shape[3] (head_dim) = 264 is unsupported");
+  }
+  SECTION("a values' head dim of its own") {
+    auto set_dv = [](int64_t dv, int64_t out_dv) {
+      return [dv, out_dv](Call& c) {
+        c.v = bshd(c.v.data, 2, 75, 4, dv);
+        c.out = bshd(c.out.data, 2, 100, 8, out_dv);
+      };
+    };
+    check_rejected(set_dv(32, 64), kInvalid,
+                   "out.shape[3] (head_dim) is 64 but v.shape[3] (head_dim) is 32: the output has the values' head dim");
+    check_rejected(set_dv(100, 100), FLASHGEN_ERROR_UNSUPPORTED,
+                   "v.shape[3] (head_dim) = 100 is unsupported: a values' head dim of its own must be a multiple of 8 "
+                   "up to 512");
+    check_rejected(set_dv(520, 520), FLASHGEN_ERROR_UNSUPPORTED, "v.shape[3] (head_dim) = 520 is unsupported");
   }
   SECTION("strides and alignment") {
     check_rejected([](Call& c) { c.q.stride[3] = 2; }, kInvalid, "q.stride[3] must be 1");
@@ -248,6 +263,37 @@ TEST_CASE("C ABI runs a chunked call on the chunked window's kernels, the chunk 
   CHECK(windowed.params.variant.window_right == 3);
   CHECK(windowed.params.variant.attention_chunk == 16);
   CHECK(flashgen::problem_key(windowed.problem).window_bucket == 16);
+}
+
+TEST_CASE("C ABI takes values of a head dim of their own into the problem, its key and its choice",
+          "[c_api][value_dim]") {
+  Call c;  // q [2, 100, 8, 64], k [2, 75, 4, 64]
+  c.q = bshd(c.q.data, 2, 100, 8, 192), c.k = bshd(c.k.data, 2, 75, 4, 192);
+  c.v = bshd(c.v.data, 2, 75, 4, 128), c.out = bshd(c.out.data, 2, 100, 8, 128);
+  const flashgen::ForwardCall call = flashgen::make_forward_call(&c.q, &c.k, &c.v, &c.out, c.lse, &c.opts);
+  CHECK(call.problem.head_dim() == 192);
+  CHECK(call.problem.value_dim() == 128);
+  CHECK(call.params.v_row_stride == 4 * 128);
+  CHECK(call.params.o_row_stride == 8 * 128);
+  const flashgen::ProblemKey key = flashgen::problem_key(call.problem);
+  CHECK(key.head_dim_v == 128);
+  CHECK(key.id() == "fwd|fp16|d192v128|causal|g2|q128|k128|bh16");
+  // Values of the queries' head dim keep their key as it was.
+  Call same;
+  CHECK(flashgen::problem_key(flashgen::make_forward_call(&same.q, &same.k, &same.v, &same.out, same.lse, &same.opts)
+                                  .problem)
+            .id() == "fwd|fp16|d64|causal|g2|q128|k128|bh16");
+  // The heuristic's candidates for the class each have such values; a config of the queries' dims is refused.
+  for (int arch : {80, 90}) {
+    const std::vector<flashgen::KernelConfig> candidates =
+        flashgen::heuristic_candidates(key.dtype, key.head_dim, key.mask, arch, false, false, key.mods, key.head_dim_v);
+    REQUIRE_FALSE(candidates.empty());
+    for (const flashgen::KernelConfig& config : candidates) {
+      INFO(config.name());
+      CHECK(config.value_dim() == 128);
+      CHECK_FALSE(config.invalid_reason(arch));
+    }
+  }
 }
 
 TEST_CASE("C ABI passes the sinks to the kernels as a run-time argument of any config", "[c_api][sinks]") {

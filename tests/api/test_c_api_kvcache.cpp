@@ -70,6 +70,9 @@ TEST_CASE("KV-cache attention rejects each bad argument with a message naming it
                  "opts.window_right must be >= 0");
   check_rejected([](auto& a) { a.v_cache.dtype = FLASHGEN_FLOAT16; }, kInvalid, "v_cache.dtype is fp16 but q.dtype");
   check_rejected([](auto& a) { a.k_cache.shape[3] = 64; }, kInvalid, "k_cache.shape[3] (head_dim) is 64");
+  check_rejected([](auto& a) { a.v_cache.shape[3] = 64; }, kInvalid,
+                 "v_cache.shape[3] (head_dim) is 64 but q.shape[3] (head_dim) is 128: this call takes values of the "
+                 "queries' head dim");
   check_rejected([](auto& a) { a.v_cache.shape[0] = 99; }, kInvalid, "v_cache.shape[0]");
   check_rejected([](auto& a) { a.q.shape[2] = 12; a.out.shape[2] = 12; }, kInvalid, "multiple");
   check_rejected([](auto& a) { a.out.shape[1] = 2; }, kInvalid, "out.shape[1]");

@@ -119,6 +119,11 @@ TEST_CASE("a forward config answers whether it can implement a call, and why not
   flashgen::KernelConfig narrow_values = sm80;
   narrow_values.head_dim_v = 64;
   CHECK(narrow_values.can_implement(problem, p, kSm80).reason == "has values of head dim 64, the call's have 128");
+  AttentionShape narrow_shape = shape;
+  narrow_shape.head_dim_v = 64;
+  const AttentionProblem narrow = forward_problem(DType::kBFloat16, narrow_shape, Mask::kCausal);
+  CHECK(narrow_values.can_implement(narrow, p, kSm80));
+  CHECK(sm80.can_implement(narrow, p, kSm80).reason == "has values of head dim 128, the call's have 64");
 
   // The arch: the sm90 family on sm_80.
   const Implementability arch = sm90.can_implement(problem, p, kSm80);

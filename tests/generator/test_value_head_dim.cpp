@@ -66,10 +66,27 @@ TEST_CASE("the sm80 forward's sizes follow both head dims", "[generator][config]
   CHECK(std::string(flashgen::fwd_traits(64, 64, 16, 4, 2, false, 512).error).find("registers") != std::string::npos);
 }
 
-TEST_CASE("the sm90 forward family takes no values' head dim of its own", "[generator][config]") {
-  KernelConfig c = KernelConfig::from_name("fwd_sm90_bf16_d128_m128_n128_s2_causal");
-  c.head_dim_v = 64;
-  CHECK(c.name() == "fwd_sm90_bf16_d128_v64_m128_n128_s2_causal");
+TEST_CASE("the sm90 forward's sizes follow both head dims", "[generator][config]") {
+  KernelConfig c = KernelConfig::from_name("fwd_sm90_bf16_d192_m128_n112_s2_causal_ovl_pp");
+  c.head_dim_v = 128;
+  CHECK(c.name() == "fwd_sm90_bf16_d192_v128_m128_n112_s2_causal_ovl_pp");
   CHECK(KernelConfig::from_name(c.name()) == c);
-  CHECK(c.invalid_reason(90) == std::string("the sm90 kernel family's values have the queries' and keys' head dim"));
+  CHECK_FALSE(c.invalid_reason(90).has_value());
+  // K tiles of 192 columns, V tiles and the output of 128; O takes 64 registers a consumer thread, not 96.
+  const flashgen::FwdSm90Traits mla = c.sm90_traits();
+  const flashgen::FwdSm90Traits keys_wide = KernelConfig::from_name("fwd_sm90_bf16_d192_m128_n112_s2_causal_ovl_pp")
+                                                .sm90_traits();
+  CHECK(mla.tile_dim == 192);
+  CHECK(mla.tile_dim_v == 128);
+  CHECK(mla.smem_kv_stage_bytes == 112 * (192 + 128) * 2);
+  CHECK(keys_wide.accum_regs - mla.accum_regs == (192 - 128) / 2);
+  // Values wider than the keys: the output is staged in rows of its own, never in the narrower Q rows.
+  const auto wide = flashgen::fwd_sm90_traits(64, 128, 64, 2, true, false, false, 1, flashgen::MaskKind::kCausal, 1,
+                                              false, flashgen::ElemType::kBFloat16, false, 256);
+  REQUIRE(wide.error == nullptr);
+  CHECK(wide.smem_o_bytes == 128 * 256 * 2);
+  // O of 512 columns does not fit one consumer's registers.
+  c.head_dim_v = 512;
+  REQUIRE(c.invalid_reason(90).has_value());
+  CHECK(c.invalid_reason(90)->find("head_dim_v must be a multiple of 8 in [8, 256]") != std::string::npos);
 }

@@ -44,6 +44,9 @@ struct VarlenCase {
   bool alibi = false;                       // ALiBi with a slope per sequence and query head (alibi_slopes())
   bool sinks = false;                       // options.sinks: sink_logits(), one per query head
   int chunk = 0;                            // options.attention_chunk (0: none)
+  int64_t head_dim_v = 0;                   // > 0: the values' (and the output's) head dim, of their own
+
+  int64_t value_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
 
   // Sinks below, about and above the rows' LSE (near 5 over a few hundred keys), head 1 none (-inf).
   std::vector<float> sink_logits() const {
@@ -91,20 +94,21 @@ struct PackedBatch {
 
   PackedBatch(const VarlenCase& c, uint64_t seed)
       : cu_q(offsets(c.q_lens)), cu_k(offsets(c.k_lens)), total_q(cu_q.back()), total_k(cu_k.back()) {
-    const int64_t hq = c.heads_q, hkv = c.heads_kv, d = c.head_dim;
+    const int64_t hq = c.heads_q, hkv = c.heads_kv, d = c.head_dim, d_v = c.value_dim();
     std::mt19937_64 rng(seed + total_q * 31 + total_k);
     q = random_bits(size_t(total_q * hq * d), c.dtype, rng);
     k = random_bits(size_t(total_k * hkv * d), c.dtype, rng);
-    v = random_bits(size_t(total_k * hkv * d), c.dtype, rng);
+    v = random_bits(size_t(total_k * hkv * d_v), c.dtype, rng);
     dq = DeviceBuffer(q.size() * 2), dk = DeviceBuffer(k.size() * 2), dv = DeviceBuffer(v.size() * 2);
-    dout = DeviceBuffer(q.size() * 2), dlse = DeviceBuffer(size_t(hq * total_q) * sizeof(float));
+    dout = DeviceBuffer(size_t(total_q * hq * d_v) * 2), dlse = DeviceBuffer(size_t(hq * total_q) * sizeof(float));
     dq.upload(q), dk.upload(k), dv.upload(v);
     dout.fill_bytes(0xff), dlse.fill_bytes(0xff);
     dcu_q = upload(cu_q), dcu_k = upload(cu_k);
     dused = upload(c.used_k.empty() ? std::vector<int32_t>{0} : c.used_k);
     args.size = sizeof(args);
-    args.q = packed(c, dq, total_q, hq), args.k = packed(c, dk, total_k, hkv), args.v = packed(c, dv, total_k, hkv);
-    args.out = packed(c, dout, total_q, hq);
+    args.q = packed(c, dq, total_q, hq, d), args.k = packed(c, dk, total_k, hkv, d);
+    args.v = packed(c, dv, total_k, hkv, d_v);
+    args.out = packed(c, dout, total_q, hq, d_v);
     args.lse = static_cast<float*>(dlse.data());
     args.cu_seqlens_q = static_cast<const int32_t*>(dcu_q.data());
     args.cu_seqlens_k = static_cast<const int32_t*>(dcu_k.data());
@@ -127,9 +131,8 @@ struct PackedBatch {
     }
   }
 
-  // [1, total, heads, head_dim] over buffer b.
-  static flashgen_tensor packed(const VarlenCase& c, const DeviceBuffer& b, int64_t total, int64_t heads) {
-    const int64_t d = c.head_dim;
+  // [1, total, heads, d] over buffer b.
+  static flashgen_tensor packed(const VarlenCase& c, const DeviceBuffer& b, int64_t total, int64_t heads, int64_t d) {
     return flashgen_tensor{b.data(), c.dtype, {1, total, heads, d}, {total * heads * d, heads * d, d, 1}};
   }
 };
@@ -142,7 +145,8 @@ struct PagedCache {
   DeviceBuffer dk, dv, dtable;
 
   PagedCache(const VarlenCase& c, PackedBatch& packed) {
-    const int64_t page = c.page_size, row = c.heads_kv * c.head_dim, batch = packed.args.batch;
+    const int64_t page = c.page_size, batch = packed.args.batch;
+    const int64_t row = c.heads_kv * c.head_dim, row_v = c.heads_kv * c.value_dim();
     const int64_t max_pages = (*std::max_element(c.k_lens.begin(), c.k_lens.end()) + page - 1) / page + 1;
     const int64_t num_pages = batch * max_pages + 3;
     std::mt19937_64 rng(0x9a6e);
@@ -150,20 +154,20 @@ struct PagedCache {
     std::iota(order.begin(), order.end(), 0);
     std::shuffle(order.begin(), order.end(), rng);
     constexpr uint16_t kNaN = 0x7fff;  // in fp16 and bf16 alike
-    std::vector<uint16_t> k(size_t(num_pages * page * row), kNaN), v(k.size(), kNaN);
+    std::vector<uint16_t> k(size_t(num_pages * page * row), kNaN), v(size_t(num_pages * page * row_v), kNaN);
     for (int64_t b = 0; b < batch; ++b)
       for (int64_t j = 0; j < c.k_lens[size_t(b)]; ++j) {
         const int64_t at = order[size_t(b * max_pages + j / page)] * page + j % page;
         std::copy_n(packed.k.begin() + (packed.cu_k[size_t(b)] + j) * row, row, k.begin() + at * row);
-        std::copy_n(packed.v.begin() + (packed.cu_k[size_t(b)] + j) * row, row, v.begin() + at * row);
+        std::copy_n(packed.v.begin() + (packed.cu_k[size_t(b)] + j) * row_v, row_v, v.begin() + at * row_v);
       }
     dk = DeviceBuffer(k.size() * 2), dv = DeviceBuffer(v.size() * 2);
     dk.upload(k), dv.upload(v);
     dtable = upload(std::vector<int32_t>(order.begin(), order.begin() + batch * max_pages));
     flashgen_varlen_forward_args& args = packed.args;
     args.k = flashgen_tensor{dk.data(), c.dtype, {num_pages, page, c.heads_kv, c.head_dim}, {page * row, row, c.head_dim, 1}};
-    args.v = args.k;
-    args.v.data = dv.data();
+    args.v = flashgen_tensor{dv.data(), c.dtype, {num_pages, page, c.heads_kv, c.value_dim()},
+                             {page * row_v, row_v, c.value_dim(), 1}};
     args.block_table = static_cast<const int32_t*>(dtable.data());
     args.max_pages = max_pages;
   }
@@ -177,7 +181,7 @@ void run_and_check(const VarlenCase& c, const std::string& config) {
   if (c.page_size > 0) paged.emplace(c, packed);
   const flashgen_varlen_forward_args& args = packed.args;
   const int64_t batch = args.batch, total_q = packed.total_q;
-  const int64_t hq = c.heads_q, hkv = c.heads_kv, d = c.head_dim;
+  const int64_t hq = c.heads_q, hkv = c.heads_kv, d = c.head_dim, d_v = c.value_dim();
   if (config.empty()) {
     REQUIRE(flashgen_attention_varlen_forward(&args, nullptr) == FLASHGEN_SUCCESS);
   } else {
@@ -196,15 +200,16 @@ void run_and_check(const VarlenCase& c, const std::string& config) {
     if (sq == 0) continue;
     INFO(c.name << (config.empty() ? "" : " " + config) << ": sequence " << b << " of " << sq << " queries, " << sk
                 << " keys");
-    std::vector<double> want_out(size_t(sq * hq * d), 0.0), want_lse(size_t(hq * sq), -INFINITY);
+    std::vector<double> want_out(size_t(sq * hq * d_v), 0.0), want_lse(size_t(hq * sq), -INFINITY);
     if (sk > 0) {
-      const flashgen::AttentionShape shape{1, sq, sk, hq, hkv, d};
+      const flashgen::AttentionShape shape{1, sq, sk, hq, hkv, d, c.head_dim_v};
       const auto q_view = flashgen::StridedView::contiguous(1, sq, hq, d);
-      const auto kv_view = flashgen::StridedView::contiguous(1, sk, hkv, d);
+      const auto k_view = flashgen::StridedView::contiguous(1, sk, hkv, d);
+      const auto v_view = flashgen::StridedView::contiguous(1, sk, hkv, d_v);
       const flashgen::AttentionResult ref = flashgen::attention_reference_f64(
           shape, flashgen::HostInput::bits16(packed.q.data() + packed.cu_q[b] * hq * d, dtype, q_view),
-          flashgen::HostInput::bits16(packed.k.data() + packed.cu_k[b] * hkv * d, dtype, kv_view),
-          flashgen::HostInput::bits16(packed.v.data() + packed.cu_k[b] * hkv * d, dtype, kv_view), scale,
+          flashgen::HostInput::bits16(packed.k.data() + packed.cu_k[b] * hkv * d, dtype, k_view),
+          flashgen::HostInput::bits16(packed.v.data() + packed.cu_k[b] * hkv * d_v, dtype, v_view), scale,
           flashgen::from_c(c.mask), c.variant(b));
       want_out = ref.out, want_lse = ref.lse;
     } else if (c.sinks) {  // no key: the softmax is the sink's alone
@@ -212,11 +217,11 @@ void run_and_check(const VarlenCase& c, const std::string& config) {
     }
     std::vector<double> got_out(want_out.size()), got_lse(want_lse.size());
     for (size_t i = 0; i < got_out.size(); ++i) {
-      got_out[i] = flashgen::dtype_bits_to_float(out[size_t(packed.cu_q[b] * hq * d) + i], dtype);
+      got_out[i] = flashgen::dtype_bits_to_float(out[size_t(packed.cu_q[b] * hq * d_v) + i], dtype);
     }
     for (int64_t h = 0; h < hq; ++h)
       for (int64_t r = 0; r < sq; ++r) got_lse[size_t(h * sq + r)] = lse[size_t(h * total_q + packed.cu_q[b] + r)];
-    const flashgen::CheckReport out_check = flashgen::check_elements("out", {sq, hq, d}, got_out, want_out, tol.out);
+    const flashgen::CheckReport out_check = flashgen::check_elements("out", {sq, hq, d_v}, got_out, want_out, tol.out);
     const flashgen::CheckReport lse_check = flashgen::check_elements("lse", {hq, sq}, got_lse, want_lse, tol.lse);
     INFO(out_check.text << "\n" << lse_check.text);
     CHECK(out_check.ok);
@@ -322,6 +327,50 @@ TEST_CASE("packed variable-length batches match each sequence's float64 referenc
   }
 }
 
+TEST_CASE("packed batches whose values have a head dim of their own match each sequence's float64 reference",
+          "[gpu][varlen][value_dim]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext scope;
+  auto with_values = [](VarlenCase c, int64_t head_dim_v, int64_t page_size = 0) {
+    c.head_dim_v = head_dim_v, c.page_size = page_size;
+    return c;
+  };
+  const std::vector<VarlenCase> cases = {
+      // MLA prefill (192, 128): an empty sequence, rows that see no key, one long sequence among short ones.
+      with_values({"bf16 d192 v128 bottom-right GQA 2", FLASHGEN_BFLOAT16, 192, 4, 2, FLASHGEN_MASK_CAUSAL,
+                   {1, 0, 77, 300, 5}, {1, 3, 77, 513, 0}, {},
+                   {"fwd_sm80_bf16_d192_v128_m64_n32_w4_s2_causal_varlen",
+                    "fwd_sm80_bf16_d192_v128_m128_n64_w8_s2_causal_varlen",
+                    "fwd_sm90_bf16_d192_v128_m128_n112_s2_causal_ovl_pp_varlen"}},
+                  128),
+      with_values({"fp16 d128 v64 no mask MQA seqused_k", FLASHGEN_FLOAT16, 128, 4, 1, FLASHGEN_MASK_NONE,
+                   {33, 129, 2}, {17, 200, 255}, {17, 150, 0}, {}},
+                  64),
+      // Read through a paged cache of 16- and 64-row pages, the values' pages of their own width.
+      with_values({"bf16 d192 v128 bottom-right paged 16", FLASHGEN_BFLOAT16, 192, 4, 2, FLASHGEN_MASK_CAUSAL,
+                   {1, 77, 300}, {1, 77, 513}, {},
+                   {"fwd_sm80_bf16_d192_v128_m64_n64_w4_s2_causal_varlen_paged",
+                    "fwd_sm90_bf16_d192_v128_m128_n112_s2_causal_ovl_pp_varlen_paged",
+                    "fwd_sm90_bf16_d192_v128_m128_n128_s2_causal_ovl_pp_varlen_paged"}},
+                  128, 16),
+      with_values({"fp16 d64 v256 top-left paged 64", FLASHGEN_FLOAT16, 64, 2, 2, FLASHGEN_MASK_CAUSAL_TOP_LEFT,
+                   {64, 3, 200}, {100, 50, 250}, {}, {"fwd_sm90_fp16_d64_v256_m128_n64_s2_causal_ovl_pp_varlen_paged"}},
+                  256, 64),
+      // Pages of 48 rows: V's 16-row boxes, and the 16-row group copied by hand past a sequence's last key.
+      with_values({"bf16 d128 v64 bottom-right paged 48 seqused_k", FLASHGEN_BFLOAT16, 128, 4, 2, FLASHGEN_MASK_CAUSAL,
+                   {64, 3, 200}, {100, 50, 250}, {90, 50, 0},
+                   {"fwd_sm90_bf16_d128_v64_m128_n128_s2_causal_ovl_pp_varlen_paged"}},
+                  64, 48),
+  };
+  const bool sm90 = flashgen::device_sm(scope.device()) == 90;
+  for (const VarlenCase& c : cases) {
+    run_and_check(c, "");
+    for (const std::string& config : c.configs) {
+      if (sm90 || config.rfind("fwd_sm90", 0) != 0) run_and_check(c, config);
+    }
+  }
+}
+
 TEST_CASE("a packed batch runs its own kernels, chosen for packed batches", "[gpu][varlen]") {
   FLASHGEN_REQUIRE_GPU();
   flashgen::ScopedContext scope;
@@ -378,9 +427,10 @@ void run_and_check_backward(const VarlenCase& c, bool deterministic,
   flashgen_varlen_backward_args bwd{};
   bwd.size = sizeof(bwd);
   bwd.q = fwd.q, bwd.k = fwd.k, bwd.v = fwd.v, bwd.out = fwd.out;
-  bwd.dout = PackedBatch::packed(c, ddout, total_q, hq);
-  bwd.dq = PackedBatch::packed(c, dq, total_q, hq), bwd.dk = PackedBatch::packed(c, dk, total_k, hkv);
-  bwd.dv = PackedBatch::packed(c, dv, total_k, hkv);
+  bwd.dout = PackedBatch::packed(c, ddout, total_q, hq, c.head_dim);
+  bwd.dq = PackedBatch::packed(c, dq, total_q, hq, c.head_dim);
+  bwd.dk = PackedBatch::packed(c, dk, total_k, hkv, c.head_dim);
+  bwd.dv = PackedBatch::packed(c, dv, total_k, hkv, c.head_dim);
   bwd.lse = fwd.lse;
   bwd.cu_seqlens_q = fwd.cu_seqlens_q, bwd.cu_seqlens_k = fwd.cu_seqlens_k;
   bwd.batch = batch, bwd.max_seqlen_q = fwd.max_seqlen_q, bwd.max_seqlen_k = fwd.max_seqlen_k;

@@ -76,16 +76,17 @@ AttentionResult attention_reference_naive(const AttentionShape& shape, const Hos
                                           flashgen_dtype dtype) {
   require_reference_inputs(shape, q, k, v);
   const int64_t d_count = shape.head_dim;
+  const int64_t dv_count = v.view.shape[3];
   const float scale_f = static_cast<float>(scale);
   AttentionResult result;
-  result.out.assign(static_cast<size_t>(shape.batch * shape.seqlen_q * shape.heads_q * d_count), 0.0);
+  result.out.assign(static_cast<size_t>(shape.batch * shape.seqlen_q * shape.heads_q * dv_count), 0.0);
   result.lse.assign(static_cast<size_t>(shape.batch * shape.heads_q * shape.seqlen_q),
                     -std::numeric_limits<double>::infinity());
 
   std::vector<float> q_row(static_cast<size_t>(d_count));
-  std::vector<double> row64(static_cast<size_t>(d_count));  // an input row converted to double
+  std::vector<double> row64(static_cast<size_t>(std::max(d_count, dv_count)));  // an input row converted to double
   std::vector<float> scores(static_cast<size_t>(shape.seqlen_k));
-  std::vector<float> acc(static_cast<size_t>(d_count));
+  std::vector<float> acc(static_cast<size_t>(dv_count));
   for (int64_t b = 0; b < shape.batch; ++b) {
     for (int64_t h = 0; h < shape.heads_q; ++h) {
       const int64_t hk = shape.kv_head(h);
@@ -114,10 +115,10 @@ AttentionResult attention_reference_naive(const AttentionShape& shape, const Hos
         for (int64_t j = 0; j < visible; ++j) {
           const float p = round_to_dtype(scores[j] / row_sum, from_c(dtype));
           const double* v_row = v.row(b, j, hk, row64.data());
-          for (int64_t d = 0; d < d_count; ++d) acc[d] += p * static_cast<float>(v_row[d]);
+          for (int64_t d = 0; d < dv_count; ++d) acc[d] += p * static_cast<float>(v_row[d]);
         }
-        double* out_row = result.out.data() + ((b * shape.seqlen_q + i) * shape.heads_q + h) * d_count;
-        for (int64_t d = 0; d < d_count; ++d) out_row[d] = round_to_dtype(acc[d], from_c(dtype));
+        double* out_row = result.out.data() + ((b * shape.seqlen_q + i) * shape.heads_q + h) * dv_count;
+        for (int64_t d = 0; d < dv_count; ++d) out_row[d] = round_to_dtype(acc[d], from_c(dtype));
         result.lse[lse_index] = static_cast<double>(row_max + std::log(row_sum));
       }
     }
@@ -144,7 +145,7 @@ CheckReport check_within_budget(const std::string& name, const std::vector<int64
 
 CheckReport check_output(const AttentionShape& shape, const std::vector<double>& got,
                          const AttentionResult& ref64, const AttentionResult& naive, flashgen_dtype dtype) {
-  return check_within_budget("out", {shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim}, got, ref64.out,
+  return check_within_budget("out", {shape.batch, shape.seqlen_q, shape.heads_q, shape.value_dim()}, got, ref64.out,
                              naive.out, tolerances(from_c(dtype)).out.abs);
 }
 
@@ -204,7 +205,7 @@ ForwardReference forward_reference(const AttentionShape& shape, const std::vecto
   const HostInput k_in = HostInput::float64(
       k.data(), StridedView::contiguous(shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim));
   const HostInput v_in = HostInput::float64(
-      v.data(), StridedView::contiguous(shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim));
+      v.data(), StridedView::contiguous(shape.batch, shape.seqlen_k, shape.heads_kv, shape.value_dim()));
   FLASHGEN_REQUIRE(static_cast<int64_t>(q.size()) == q_in.view.elements() &&
                        static_cast<int64_t>(k.size()) == k_in.view.elements() &&
                        static_cast<int64_t>(v.size()) == v_in.view.elements(),

@@ -48,8 +48,8 @@ ProblemLayout make_layout(const Problem& p) {
   auto separate = [&](StridedView (*make)(int64_t, int64_t, int64_t, int64_t)) {
     layout.q = Placement{0, 0, make(s.batch, s.seqlen_q, s.heads_q, s.head_dim)};
     layout.k = Placement{1, 0, make(s.batch, s.seqlen_k, s.heads_kv, s.head_dim)};
-    layout.v = Placement{2, 0, make(s.batch, s.seqlen_k, s.heads_kv, s.head_dim)};
-    layout.out = make(s.batch, s.seqlen_q, s.heads_q, s.head_dim);
+    layout.v = Placement{2, 0, make(s.batch, s.seqlen_k, s.heads_kv, s.value_dim())};
+    layout.out = make(s.batch, s.seqlen_q, s.heads_q, s.value_dim());
     layout.input_elements = {layout.q.view.span() + kGuardElements, layout.k.view.span() + kGuardElements,
                              layout.v.view.span() + kGuardElements};
   };
@@ -65,6 +65,7 @@ ProblemLayout make_layout(const Problem& p) {
       break;
     case Layout::kPackedQKV: {
       REQUIRE(s.seqlen_q == s.seqlen_k);
+      REQUIRE(s.value_dim() == s.head_dim);
       const int64_t width = (s.heads_q + 2 * s.heads_kv) * s.head_dim;  // one packed row
       auto slice = [&](int64_t heads) {
         StridedView view = StridedView::contiguous(s.batch, s.seqlen_q, heads, s.head_dim);
@@ -132,7 +133,7 @@ void make_shaped_inputs(const Problem& p, Rng& rng, std::vector<double>& q, std:
       for (int64_t hk = 0; hk < s.heads_kv; ++hk)
         for (int64_t d = 0; d < d_count; ++d) k.push_back(rounded(beta * sign(b, hk, d) + nu * rng.normal()));
     }
-  v = flashgen::test::normal_values(rng, s.batch * s.seqlen_k * s.heads_kv * d_count, p.dtype);
+  v = flashgen::test::normal_values(rng, s.batch * s.seqlen_k * s.heads_kv * s.value_dim(), p.dtype);
 }
 
 constexpr int kMqa = 0;  // group code for heads_kv = 1 with several query heads
@@ -142,7 +143,9 @@ constexpr int kMqa = 0;  // group code for heads_kv = 1 with several query heads
 std::string Problem::describe() const {
   std::ostringstream s;
   s << "b=" << shape.batch << " sq=" << shape.seqlen_q << " sk=" << shape.seqlen_k << " hq=" << shape.heads_q
-    << " hkv=" << shape.heads_kv << " d=" << shape.head_dim << " " << flashgen::test::dtype_label(dtype)
+    << " hkv=" << shape.heads_kv << " d=" << shape.head_dim;
+  if (shape.value_dim() != shape.head_dim) s << " dv=" << shape.value_dim();
+  s << " " << flashgen::test::dtype_label(dtype)
     << " mask=" << flashgen::test::mask_label(mask) << " scale=";
   if (softmax_scale > 0.0f) {
     s << softmax_scale;
@@ -165,7 +168,7 @@ HostProblem make_host_problem(const Problem& p) {
   if (p.logits == Logits::kNormal) {
     host.q = flashgen::test::normal_values(rng, s.batch * s.seqlen_q * s.heads_q * s.head_dim, p.dtype);
     host.k = flashgen::test::normal_values(rng, s.batch * s.seqlen_k * s.heads_kv * s.head_dim, p.dtype);
-    host.v = flashgen::test::normal_values(rng, s.batch * s.seqlen_k * s.heads_kv * s.head_dim, p.dtype);
+    host.v = flashgen::test::normal_values(rng, s.batch * s.seqlen_k * s.heads_kv * s.value_dim(), p.dtype);
   } else {
     make_shaped_inputs(p, rng, host.q, host.k, host.v);
   }

@@ -53,9 +53,11 @@ inline CandidateResult candidate(const KernelConfig& c, double median_ms,
 // Records a small sweep whose winner is the first (fastest) candidate.
 inline void record_sweep(TuningStore& store, const DeviceFingerprint& d, const ProblemKey& p, double best_ms,
                          const KernelConfig& best = config(128, 64)) {
-  // The other candidates are of the winner's problem class too (its mask and cap), as an import requires.
+  // The other candidates are of the winner's problem class too (its head dims, mask and cap), as an import requires.
   KernelConfig slower = config(64, 64, 4, 2, best.dtype), failed = config(128, 128, 8, 3, best.dtype);
-  for (KernelConfig* c : {&slower, &failed}) c->mask = best.mask, c->mods = best.mods;
+  for (KernelConfig* c : {&slower, &failed}) {
+    c->head_dim = best.head_dim, c->head_dim_v = best.head_dim_v, c->mask = best.mask, c->mods = best.mods;
+  }
   std::vector<CandidateResult> results = {candidate(best, best_ms), candidate(slower, best_ms * 1.3),
                                           candidate(failed, 0, CandidateStatus::kCompileError)};
   store.record(d, p, results, best, best_ms);

@@ -97,6 +97,49 @@ TEST_CASE("heuristic config is valid for every head_dim, dtype, mask and arch", 
         }
 }
 
+TEST_CASE("values of a head dim of their own take the tiles of the wider dim", "[tuner][heuristic]") {
+  for (int arch : {80, 86, 90})
+    for (auto [d, dv] : {std::pair{192, 128}, std::pair{128, 64}, std::pair{64, 256}, std::pair{64, 40}}) {
+      const auto configs = flashgen::heuristic_forward_configs(DType::kBFloat16, d, MaskKind::kCausal, arch, false, dv);
+      REQUIRE_FALSE(configs.empty());
+      // On sm_90 the Hopper family first, as for equal dims.
+      CHECK((configs.front().family() == flashgen::KernelFamily::kSm90) == (arch == 90));
+      for (const auto& c : configs) {
+        INFO("sm_" << arch << " " << c.name());
+        CHECK(c.head_dim == d);
+        CHECK(c.value_dim() == dv);
+        CHECK_FALSE(c.invalid_reason(arch).has_value());
+      }
+    }
+  // The queries' own head dim as the values' is no dim of their own: the plain configs, by their plain names.
+  CHECK(flashgen::heuristic_forward_config(DType::kFloat16, 128, MaskKind::kNone, 90).name() ==
+        flashgen::heuristic_forward_configs(DType::kFloat16, 128, MaskKind::kNone, 90, false, 128).front().name());
+  // 512 columns of fp32 output take more registers than a warp's rows have.
+  CHECK_THROWS_WITH(flashgen::heuristic_forward_configs(DType::kBFloat16, 64, MaskKind::kNone, 90, false, 512),
+                    Catch::Contains("no forward config for head_dim 64 with values of head dim 512 on sm_90"));
+}
+
+TEST_CASE("values of a head dim of their own: the run-time choices compile without spills",
+          "[tuner][heuristic][nvrtc][value_dim]") {
+  struct Case {
+    int head_dim, head_dim_v;
+    MaskKind mask;
+  };
+  const std::vector<Case> cases = {{192, 128, MaskKind::kCausal}, {128, 64, MaskKind::kNone}, {64, 256, MaskKind::kCausal}};
+  std::vector<flashgen::ForwardChoice> choices(cases.size());
+  flashgen::testing::parallel_for(cases.size(), [&](size_t i) {
+    const Case& k = cases[i];
+    choices[i] = flashgen::heuristic_choice(DType::kBFloat16, k.head_dim, k.mask, 90, false, false, {}, k.head_dim_v);
+  });
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto compiled = flashgen::KernelRegistry::instance().compiled(choices[i].config, 90);
+    INFO(choices[i].config.name() << ": " << choices[i].reason << "\n" << compiled->log);
+    CHECK(choices[i].config.value_dim() == cases[i].head_dim_v);
+    CHECK(compiled->usage.spill_store_bytes == 0);
+    CHECK(compiled->usage.spill_load_bytes == 0);
+  }
+}
+
 TEST_CASE("every default candidate compiles for sm_80 and sm_90a with zero spills", "[tuner][heuristic][nvrtc]") {
   // An empty cache of its own, so every candidate really goes through NVRTC and ptxas.
   const TempDir cache_dir{"flashgen-heuristic-test"};

@@ -76,7 +76,16 @@ TEST_CASE("GQA ratio, mask, dtype and head_dim are part of the problem class", "
   CHECK(causal.class_id() == "fwd|fp16|d128|causal|g1");
   CHECK(bf16.class_id() == "fwd|bf16|d128|none|g1");
   CHECK(d64.class_id() == "fwd|fp16|d64|none|g1");
-  for (const auto* other : {&gqa, &causal, &bf16, &d64}) CHECK_FALSE(*other == base);
+  const auto narrow_values = [&] {
+    auto key = base;
+    key.head_dim_v = 64;
+    return key;
+  }();
+  CHECK(narrow_values.class_id() == "fwd|fp16|d128v64|none|g1");
+  CHECK(narrow_values.value_dim() == 64);
+  CHECK(base.value_dim() == 128);
+  for (const auto* other : {&gqa, &causal, &bf16, &d64, &narrow_values}) CHECK_FALSE(*other == base);
+  CHECK_THROWS_WITH(flashgen::bucket_distance(base, narrow_values), Catch::Contains("keys of different classes"));
 }
 
 TEST_CASE("a problem's key: its pass and dQ strategy, its mask kind, its group ratio and buckets",

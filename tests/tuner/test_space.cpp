@@ -318,6 +318,24 @@ TEST_CASE("backward space: both families on sm_90, the sm80 one elsewhere, dq ti
   CHECK(capped == flashgen::capped_candidates(atomic90, builtin, 6));
 }
 
+TEST_CASE("a values' head dim space: every family's configs with the values' dim", "[tuner][space][value_dim]") {
+  for (int arch : {80, 90}) {
+    const flashgen::SpaceReport keys_wide = flashgen::forward_space(DType::kBFloat16, 192, MaskKind::kCausal, arch);
+    const flashgen::SpaceReport values = flashgen::forward_space(DType::kBFloat16, 192, MaskKind::kCausal, arch, {}, 128);
+    CHECK(values.total == keys_wide.total);
+    CHECK(values.pruned == values.total - static_cast<int>(values.valid.size()));
+    REQUIRE_FALSE(values.valid.empty());
+    size_t sm90 = 0;
+    for (const flashgen::KernelConfig& c : values.valid) {
+      CHECK(c.value_dim() == 128);
+      sm90 += c.family() == flashgen::KernelFamily::kSm90;
+    }
+    CHECK((sm90 > 0) == (arch == 90));
+    // The narrower output takes fewer registers: every tile of the 192-column space, and more.
+    CHECK(values.valid.size() > keys_wide.valid.size());
+  }
+}
+
 TEST_CASE("a packed space: every valid config as a varlen kernel, the dense prunes counted", "[tuner][space][varlen]") {
   for (int arch : {80, 90}) {
     const flashgen::SpaceReport dense = flashgen::forward_space(DType::kBFloat16, 128, MaskKind::kCausal, arch);

@@ -461,6 +461,47 @@ TEST_CASE("a soft-capped problem keeps its class through the database and its JS
   CHECK(found->config == c);
 }
 
+TEST_CASE("a problem whose values have a head dim of their own keeps it through the database and its JSON",
+          "[tuner][store][value_dim]") {
+  TempDir dir("flashgen-store");
+  TuningStore store(dir.path() / "values.sqlite");
+  ProblemKey mla = problem(1024, 1024);
+  mla.head_dim = 192, mla.head_dim_v = 128;
+  KernelConfig c = config(64, 32);
+  c.head_dim = 192, c.head_dim_v = 128;
+  record_sweep(store, device(), mla, 0.5, c);
+  ProblemKey plain = problem(1024, 1024);
+  plain.head_dim = 192;
+  KernelConfig plain_config = config(64, 32);
+  plain_config.head_dim = 192;
+  record_sweep(store, device(), plain, 0.25, plain_config);
+  const auto found = store.lookup_exact(device(), mla);
+  REQUIRE(found.has_value());
+  CHECK(found->problem.head_dim_v == 128);
+  CHECK(found->config == c);
+  // Another class: the nearest bucket of the plain 192 problem is not it.
+  ProblemKey other_bucket = mla;
+  other_bucket.seqlen_k_bucket = 4096;
+  const auto nearest = store.lookup_nearest(device(), other_bucket);
+  REQUIRE(nearest.has_value());
+  CHECK(nearest->config == c);
+  // A winner not of the class is refused, as import refuses it.
+  CHECK_THROWS_WITH(record_sweep(store, device(), mla, 0.5, plain_config),
+                    Catch::Contains("is not one of problem fwd|fp16|d192v128"));
+  const nlohmann::json exported = store.export_json();
+  std::set<std::string> dims;
+  for (const auto& p : exported["problems"]) dims.insert(p.value("head_dim_v", 0) ? "v" : "-");
+  CHECK(dims == std::set<std::string>{"v", "-"});
+  TuningStore copy(dir.path() / "copy.sqlite");
+  CHECK(copy.import_json(nlohmann::json::parse(exported.dump())) == 2);
+  CHECK(copy.export_json() == exported);
+  // An import that names the queries' head dim as the values' own is refused.
+  nlohmann::json same_dim = exported;
+  for (auto& p : same_dim["problems"]) p["head_dim_v"] = p["head_dim"];
+  TuningStore refused(dir.path() / "refused.sqlite");
+  CHECK_THROWS_WITH(refused.import_json(same_dim), Catch::Contains("head_dim_v must be a multiple of 8 other than"));
+}
+
 TEST_CASE("a window key keeps its bucket and shape through the database and its JSON", "[tuner][store][window]") {
   TempDir dir("flashgen-store");
   TuningStore store(dir.path() / "window.sqlite");

@@ -70,13 +70,13 @@ class ScopedEnv {
 
 }  // namespace
 
-TEST_CASE("a new store has schema version 2 and the five tables", "[tuner][store]") {
+TEST_CASE("a new store has schema version 3 and the five tables", "[tuner][store]") {
   TempDir dir("flashgen-store");
   const fs::path path = dir.path() / "nested" / "tuning.sqlite";  // parent folders are created
   { TuningStore store(path); }
   REQUIRE(fs::exists(path));
   RawSqlite raw(path);
-  CHECK(raw.column("PRAGMA user_version") == std::vector<std::string>{"2"});
+  CHECK(raw.column("PRAGMA user_version") == std::vector<std::string>{"3"});
   CHECK(raw.column("PRAGMA journal_mode") == std::vector<std::string>{"wal"});
   const auto tables = raw.column("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name");
   CHECK(tables == std::vector<std::string>{"candidates", "decisions", "devices", "problems", "winners"});
@@ -91,7 +91,7 @@ TEST_CASE("a version-1 file answers lookups read-only and is migrated read-write
   }
   {
     RawSqlite raw(path);  // as schema version 1 left it
-    raw.exec("DROP TABLE decisions; PRAGMA user_version = 1;");
+    raw.exec("DROP TABLE decisions; ALTER TABLE problems DROP COLUMN head_dim_v; PRAGMA user_version = 1;");
   }
   {
     const TuningStore read_only(path, /*read_only=*/true);
@@ -109,7 +109,8 @@ TEST_CASE("a version-1 file answers lookups read-only and is migrated read-write
     CHECK(store.decision(device(), problem(1024, 1024)).has_value());
   }
   RawSqlite raw(path);
-  CHECK(raw.column("PRAGMA user_version") == std::vector<std::string>{"2"});
+  CHECK(raw.column("PRAGMA user_version") == std::vector<std::string>{"3"});
+  CHECK(raw.column("SELECT head_dim_v FROM problems") == std::vector<std::string>{"0"});
 }
 
 TEST_CASE("a file of garbage bytes is moved aside and replaced", "[tuner][store]") {

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""MLA prefill forward benchmark: queries and keys of head dim 192, values of 128 (DeepSeek-V3's "MHA mode"), flashgen
+(its C ABI through ctypes, on the torch tensors) against PyTorch SDPA's cuDNN and memory-efficient backends, in one
+process, on the same random tensors. Writes a CSV and prints a markdown table (the last thing printed).
+
+Run on a GPU machine:  python3 bench/bench_mla_prefill.py [--lib build/libflashgen.so] [--quick]
+"""
+
+import argparse
+import ctypes
+import datetime
+import math
+import os
+import re
+import sys
+
+REPO_ROOT = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, REPO_ROOT)  # bench_fwd's timing and CSV helpers
+
+from bench_fwd import Bench, fmt, slug, write_csv  # noqa: E402
+
+CSV_COLUMNS = [
+    "device", "date", "torch_version", "cuda_version", "cudnn_version", "flashgen_version",
+    "dtype", "causal", "head_dim", "head_dim_v", "batch", "seqlen", "heads",
+    "flashgen_ms", "flashgen_ms_p10", "flashgen_ms_p90", "flashgen_tflops", "flashgen_config",
+    "cudnn_ms", "cudnn_tflops", "efficient_ms", "efficient_tflops",
+    "ratio_vs_cudnn", "ratio_vs_efficient", "max_abs_diff", "error",
+]
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="Each point: batch = --tokens / seqlen; one checked flashgen call (its "
+                                            "output against an fp32 slice of the reference: batch 0, heads 0-1), "
+                                            "then --warmup untimed and --samples timed calls per implementation, "
+                                            "L2 flushed before each (bench_fwd.py's Bench). FLOPs = 2 * batch * "
+                                            "heads * seqlen^2 * (head_dim + head_dim_v), halved when causal. A peer "
+                                            "that raises for a point leaves its cells empty.")
+    parser.add_argument("--lib", default=None, help="libflashgen.so (default: the package's own search)")
+    parser.add_argument("--out", default=None,
+                        help="CSV path (default: bench/results/mla_prefill_<device-slug>_<YYYY-MM-DD>.csv)")
+    parser.add_argument("--dtype", default="bf16", choices=["fp16", "bf16"])
+    parser.add_argument("--head-dim", type=int, default=192)
+    parser.add_argument("--head-dim-v", type=int, default=128)
+    parser.add_argument("--heads", default="16,128", help="comma-separated query (= key) heads (default: %(default)s)")
+    parser.add_argument("--seqlens", default="1024,2048,4096,8192,16384")
+    parser.add_argument("--tokens", type=int, default=16384, help="batch * seqlen of every point (default: %(default)s)")
+    parser.add_argument("--causal", default="off,on")
+    parser.add_argument("--quick", action="store_true", help="seqlens 2048 and 8192 only")
+    parser.add_argument("--samples", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--flush-mb", type=int, default=256)
+    parser.add_argument("--tol", type=float, default=None, help="max |flashgen - fp32 slice| (default: 2e-2 fp16, 5e-2 bf16)")
+    args = parser.parse_args()
+    args.heads = [int(h) for h in args.heads.split(",")]
+    args.seqlens = [2048, 8192] if args.quick else [int(s) for s in args.seqlens.split(",")]
+    args.causal = [c.strip() == "on" for c in args.causal.split(",")]
+    return args
+
+
+def main():
+    args = parse_args()
+    if args.lib is not None:
+        os.environ["FLASHGEN_LIBRARY"] = os.path.abspath(args.lib)
+    sys.path.insert(0, os.path.join(os.path.dirname(REPO_ROOT), "python"))
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from flashgen import _lib
+
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    code = {"fp16": 0, "bf16": 1}[args.dtype]
+    tol = args.tol if args.tol is not None else {"fp16": 2e-2, "bf16": 5e-2}[args.dtype]
+    forward = _lib.function("flashgen_attention_forward")
+    bench = Bench(args, torch)
+    device = torch.cuda.get_device_name()
+    date = datetime.date.today().isoformat()
+    versions = {"device": device, "date": date, "torch_version": torch.__version__,
+                "cuda_version": torch.version.cuda, "cudnn_version": str(torch.backends.cudnn.version()),
+                "flashgen_version": _lib.version()}
+
+    def view(t):  # a BSHD torch tensor as flashgen_tensor
+        return _lib.Tensor(t.data_ptr(), code, (ctypes.c_int64 * 4)(*t.shape), (ctypes.c_int64 * 4)(*t.stride()))
+
+    rows = []
+    for heads in args.heads:
+        for seqlen in args.seqlens:
+            batch = max(1, args.tokens // seqlen)
+            for causal in args.causal:
+                row = dict(versions, dtype=args.dtype, causal=int(causal), head_dim=args.head_dim,
+                           head_dim_v=args.head_dim_v, batch=batch, seqlen=seqlen, heads=heads)
+                torch.manual_seed(seqlen * 131 + heads)
+                q = torch.randn(batch, seqlen, heads, args.head_dim, dtype=dtype, device="cuda")
+                k = torch.randn(batch, seqlen, heads, args.head_dim, dtype=dtype, device="cuda")
+                v = torch.randn(batch, seqlen, heads, args.head_dim_v, dtype=dtype, device="cuda")
+                out = torch.empty(batch, seqlen, heads, args.head_dim_v, dtype=dtype, device="cuda")
+                lse = torch.empty(batch, heads, seqlen, dtype=torch.float32, device="cuda")
+                options = _lib.AttentionOptions()
+                options.mask = 1 if causal else 0
+                views = [view(t) for t in (q, k, v, out)]
+                stream = torch.cuda.current_stream().cuda_stream
+
+                def run_flashgen():
+                    status = forward(*(ctypes.byref(x) for x in views), ctypes.c_void_p(lse.data_ptr()),
+                                     ctypes.byref(options), ctypes.c_void_p(stream))
+                    if status != 0:
+                        raise RuntimeError(_lib.last_error())
+
+                flops = 2.0 * batch * heads * seqlen * seqlen * (args.head_dim + args.head_dim_v) / (2 if causal else 1)
+                try:
+                    out.fill_(float("nan"))
+                    run_flashgen()
+                    torch.cuda.synchronize()
+                    qs, ks, vs = (t[:1, :, :2].transpose(1, 2).float() for t in (q, k, v))
+                    scores = (qs @ ks.transpose(-1, -2)) / math.sqrt(args.head_dim)
+                    if causal:
+                        hide = torch.ones(seqlen, seqlen, dtype=torch.bool, device="cuda").triu(1)
+                        scores.masked_fill_(hide, float("-inf"))
+                    want = (torch.softmax(scores, dim=-1) @ vs).transpose(1, 2)
+                    diff = (out[:1, :, :2].float() - want).abs().max().item()
+                    row["max_abs_diff"] = diff
+                    if not diff <= tol:
+                        raise RuntimeError(f"max |flashgen - reference| = {diff:.3g} > {tol:g}")
+                    median, p10, p90 = bench.time_ms(run_flashgen)
+                    row.update(flashgen_ms=median, flashgen_ms_p10=p10, flashgen_ms_p90=p90,
+                               flashgen_tflops=flops / median / 1e9)
+                    row["flashgen_config"] = _lib.call_json(
+                        "flashgen_explain_forward", *(ctypes.byref(x) for x in views), ctypes.c_void_p(lse.data_ptr()),
+                        ctypes.byref(options), ctypes.c_void_p(stream))["config"]
+                except Exception as e:  # noqa: BLE001 (a failed point is reported in its row)
+                    row["error"] = str(e).splitlines()[0][:200]
+                qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+                for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION),
+                                      ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+                    try:
+                        with sdpa_kernel(backend):
+                            F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+
+                            def run_peer():
+                                F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+
+                            median, _, _ = bench.time_ms(run_peer)
+                        row[f"{name}_ms"] = median
+                        row[f"{name}_tflops"] = flops / median / 1e9
+                        if row.get("flashgen_ms"):
+                            row[f"ratio_vs_{name}"] = median / row["flashgen_ms"]
+                    except Exception as e:  # noqa: BLE001
+                        print(f"# {name} at heads {heads} seqlen {seqlen} causal {causal}: "
+                              f"{str(e).splitlines()[0][:160]}", file=sys.stderr)
+                del q, k, v, out, lse
+                torch.cuda.empty_cache()
+                rows.append(row)
+                print(f"# heads {heads} seqlen {seqlen} causal {int(causal)}: flashgen {fmt(row.get('flashgen_tflops'))} "
+                      f"cudnn {fmt(row.get('cudnn_tflops'))} efficient {fmt(row.get('efficient_tflops'))} TFLOP/s "
+                      f"{row.get('error', '')}", flush=True)
+
+    out_path = args.out or os.path.join(REPO_ROOT, "results", f"mla_prefill_{slug(device)}_{date}.csv")
+    write_csv(out_path, CSV_COLUMNS, rows)
+    print(f"wrote {out_path}\n")
+    print(f"{device}, {args.dtype}, head_dim {args.head_dim}/{args.head_dim_v}, TFLOP/s (ratio = peer ms / flashgen ms)\n")
+    print("| heads | seqlen | causal | flashgen | cuDNN | efficient | vs cuDNN | config |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['heads']} | {r['seqlen']} | {'yes' if r['causal'] else 'no'} | {fmt(r.get('flashgen_tflops'))} | "
+              f"{fmt(r.get('cudnn_tflops'))} | {fmt(r.get('efficient_tflops'))} | {fmt(r.get('ratio_vs_cudnn'), 3)} | "
+              f"{r.get('flashgen_config', r.get('error', ''))} |")
+    return 1 if any(r.get("error") for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+// [gpu] The forward of values with a head dim of their own (v and out [b, s, h, d_v] beside q and k of head_dim):
+// MLA's prefill shapes (192, 128) and (128, 64), wider values than keys, a d_v off the 16-column mma step, through the
+// C ABI's own choice and each family's tiles (the Hopper family's on sm_90), against the float64 reference.
+#include <string>
+#include <vector>
+
+#include "catch.hpp"
+#include "gpu.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "support/forward_problem.hpp"
+
+using namespace flashgen::test;
+
+namespace {
+
+Problem with_value_dim(Problem p, int64_t head_dim_v) {
+  p.shape.head_dim_v = head_dim_v;
+  return p;
+}
+
+std::vector<flashgen::KernelConfig> configs_named(const std::vector<const char*>& names) {
+  std::vector<flashgen::KernelConfig> configs;
+  for (const char* name : names) configs.push_back(flashgen::KernelConfig::from_name(name));
+  return configs;
+}
+
+}  // namespace
+
+TEST_CASE("attention forward: values of a head dim of their own, the C ABI's choice", "[gpu][attention][value_dim]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext context;
+  const flashgen_mask none = FLASHGEN_MASK_NONE, br = FLASHGEN_MASK_CAUSAL, tl = FLASHGEN_MASK_CAUSAL_TOP_LEFT;
+  std::vector<Problem> problems = {
+      // MLA prefill: 192/128, causal, GQA; rows 0..200 of the second see no key.
+      with_value_dim(make_problem(2, 300, 300, 4, 2, 192, FLASHGEN_BFLOAT16, br, 1101), 128),
+      with_value_dim(make_problem(1, 333, 130, 2, 1, 192, FLASHGEN_FLOAT16, br, 1102), 128),
+      with_value_dim(make_problem(1, 257, 515, 3, 3, 192, FLASHGEN_BFLOAT16, none, 1103), 128),
+      // Narrower and wider values than keys, and a d_v off the 16-column step (padded, with NaN past each head).
+      with_value_dim(make_problem(2, 200, 333, 4, 1, 128, FLASHGEN_FLOAT16, tl, 1104), 64),
+      with_value_dim(make_problem(1, 129, 129, 2, 2, 64, FLASHGEN_BFLOAT16, br, 1105), 256),
+      with_value_dim(make_problem(1, 100, 77, 2, 1, 64, FLASHGEN_FLOAT16, none, 1106), 40),
+      with_value_dim(make_problem(1, 64, 190, 2, 2, 96, FLASHGEN_BFLOAT16, br, 1107), 384),
+  };
+  problems[2].layout = Layout::kBHSD;
+  problems[5].layout = Layout::kPadded;
+  problems[6].with_lse = false;
+  for (const Problem& p : problems) {
+    INFO(p.describe());
+    run_and_check(p);
+  }
+}
+
+TEST_CASE("attention forward: values of a head dim of their own, each sm80 tile", "[gpu][attention][value_dim]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext context;
+  const struct {
+    Problem problem;
+    std::vector<const char*> configs;
+  } cases[] = {
+      {with_value_dim(make_problem(1, 300, 411, 4, 2, 192, FLASHGEN_BFLOAT16, FLASHGEN_MASK_CAUSAL, 1201), 128),
+       {"fwd_sm80_bf16_d192_v128_m64_n32_w4_s2_causal", "fwd_sm80_bf16_d192_v128_m64_n64_w4_s2_causal",
+        "fwd_sm80_bf16_d192_v128_m128_n64_w8_s2_causal", "fwd_sm80_bf16_d192_v128_m128_n32_w8_s3_causal"}},
+      {with_value_dim(make_problem(2, 200, 200, 4, 4, 128, FLASHGEN_FLOAT16, FLASHGEN_MASK_NONE, 1202), 64),
+       {"fwd_sm80_fp16_d128_v64_m128_n64_w4_s2", "fwd_sm80_fp16_d128_v64_m128_n32_w4_s3",
+        "fwd_sm80_fp16_d128_v64_m64_n64_w4_s2"}},
+      {with_value_dim(make_problem(1, 150, 260, 2, 1, 64, FLASHGEN_BFLOAT16, FLASHGEN_MASK_CAUSAL, 1203), 256),
+       {"fwd_sm80_bf16_d64_v256_m64_n32_w4_s2_causal", "fwd_sm80_bf16_d64_v256_m128_n48_w8_s2_causal"}},
+  };
+  for (const auto& [problem, names] : cases) {
+    INFO(problem.describe());
+    run_and_check(problem, nullptr, configs_named(names));
+  }
+}
+
+TEST_CASE("attention forward: values of a head dim of their own, each sm90 tile", "[gpu][attention][value_dim][sm90]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext context;
+  FLASHGEN_REQUIRE_SM90(context);
+  const flashgen_dtype f16 = FLASHGEN_FLOAT16, bf16 = FLASHGEN_BFLOAT16;
+  const struct {
+    Problem problem;
+    std::vector<const char*> configs;
+  } cases[] = {
+      // MLA's prefill: persistent and not, ping-pong and three consumers, P through shared memory; rows of no key.
+      {with_value_dim(make_problem(2, 300, 411, 4, 2, 192, bf16, FLASHGEN_MASK_CAUSAL, 1301), 128),
+       {"fwd_sm90_bf16_d192_v128_m128_n112_s2_causal_ovl_pp_pst", "fwd_sm90_bf16_d192_v128_m128_n128_s2_causal_ovl_pp",
+        "fwd_sm90_bf16_d192_v128_m64_n64_s2_causal", "fwd_sm90_bf16_d192_v128_m192_n64_s2_causal_ovl_pst_psm"}},
+      {with_value_dim(make_problem(1, 517, 333, 2, 2, 192, f16, FLASHGEN_MASK_NONE, 1302), 128),
+       {"fwd_sm90_fp16_d192_v128_m128_n112_s2_ovl_pp_pst", "fwd_sm90_fp16_d192_v128_m128_n128_s2_ovl_pp_c2"}},
+      // Narrower and wider values than keys: staged in the Q rows, and in rows of their own.
+      {with_value_dim(make_problem(2, 200, 260, 4, 1, 128, f16, FLASHGEN_MASK_CAUSAL_TOP_LEFT, 1303), 64),
+       {"fwd_sm90_fp16_d128_v64_m128_n128_s2_causal_ovl_pp_pst", "fwd_sm90_fp16_d128_v64_m128_n128_s2_causal_ovl_pp"}},
+      {with_value_dim(make_problem(1, 150, 260, 2, 1, 64, bf16, FLASHGEN_MASK_CAUSAL, 1304), 256),
+       {"fwd_sm90_bf16_d64_v256_m128_n64_s2_causal_ovl_pp", "fwd_sm90_bf16_d64_v256_m64_n64_s2_causal"}},
+      // A values' dim off the 64-column chunk: TMA fills the V tile's padding with zeros and clips the output's.
+      {with_value_dim(make_problem(1, 190, 190, 2, 2, 128, bf16, FLASHGEN_MASK_NONE, 1305), 72),
+       {"fwd_sm90_bf16_d128_v72_m128_n128_s2_ovl_pp"}},
+  };
+  for (const auto& [problem, names] : cases) {
+    INFO(problem.describe());
+    run_and_check(problem, nullptr, configs_named(names));
+  }
+}
