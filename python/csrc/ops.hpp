@@ -23,6 +23,8 @@ using torch::stable::Tensor;
 Tensor readable(const Tensor& t);
 // A new contiguous tensor of t's shape and dtype on t's device.
 Tensor empty_like_contiguous(const Tensor& t);
+// The forward's output: a new contiguous tensor of q's shape, its last dim (head_dim) v's, of q's dtype on q's device.
+Tensor empty_output(const Tensor& q, const Tensor& v);
 
 // A backward call's tensors: its inputs each readable in place (or a contiguous copy), held until the call is
 // queued, and fresh contiguous gradients shaped like the caller's q, k and v.

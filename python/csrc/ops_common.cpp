@@ -9,6 +9,7 @@
 #include <torch/headeronly/util/Exception.h>
 
 #include <utility>
+#include <vector>
 
 // The shim declares it under USE_CUDA only (a libtorch build flag); every CUDA build of torch exports it.
 extern "C" AOTITorchError aoti_torch_get_current_cuda_stream(int32_t device_index, void** ret_stream);
@@ -25,6 +26,14 @@ Tensor readable(const Tensor& t) {
 }
 
 Tensor empty_like_contiguous(const Tensor& t) { return torch::stable::new_empty(t, t.sizes()); }
+
+Tensor empty_output(const Tensor& q, const Tensor& v) {
+  const int64_t last = q.dim() - 1;
+  if (q.size(last) == v.size(v.dim() - 1)) return empty_like_contiguous(q);
+  std::vector<int64_t> sizes(q.sizes().begin(), q.sizes().end());
+  sizes.back() = v.size(v.dim() - 1);
+  return torch::stable::new_empty(q, sizes);
+}
 
 BackwardTensors backward_tensors(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                  const Tensor& out, const Tensor& lse) {

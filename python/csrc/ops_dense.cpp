@@ -25,7 +25,7 @@ std::tuple<Tensor, Tensor> attention_forward(Tensor q, Tensor k, Tensor v, doubl
   v = readable(v);
   const int64_t batch = q.size(dims[0]), seqlen_q = q.size(dims[1]), heads_q = q.size(dims[2]);
   const Extras extras = check_extras(q, batch, heads_q, alibi_slopes, sinks);
-  Tensor out = empty_like_contiguous(q);
+  Tensor out = empty_output(q, v);
   Tensor lse = torch::stable::new_empty(q, {batch, heads_q, seqlen_q}, ScalarType::Float);
   const flashgen_tensor views[] = {view(q, dims), view(k, dims), view(v, dims), view(out, dims)};
   const flashgen_attention_options opts =

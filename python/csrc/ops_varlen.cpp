@@ -42,7 +42,7 @@ std::tuple<Tensor, Tensor> varlen_attention_forward(
   std::optional<Tensor> table =
       paged ? std::optional<Tensor>(int32_array(*block_table, q, 2, "block_table")) : std::nullopt;
   const int64_t total_q = q.size(0), heads_q = q.size(1), batch = cu_seqlens_q.size(0) - 1;
-  Tensor out = empty_like_contiguous(q);
+  Tensor out = empty_output(q, v);
   Tensor lse = torch::stable::new_empty(q, {heads_q, total_q}, ScalarType::Float);
   const Extras extras = check_extras(q, batch, heads_q, alibi_slopes, sinks);
 

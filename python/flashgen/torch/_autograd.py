@@ -9,7 +9,7 @@ import torch
 
 from . import _native
 from ._calls import _backward_kernels, _forward
-from ._checks import _NO_WINDOW
+from ._checks import _NO_WINDOW, _out_shape
 
 try:  # read once here, not at every call
     from torch.utils._python_dispatch import _get_current_dispatch_mode
@@ -141,7 +141,7 @@ class _Empty(torch.autograd.Function):
         else:  # [heads_q] broadcast over batch and rows
             lse.copy_(sinks[None, :, None])
         ctx.mark_non_differentiable(lse)
-        return torch.zeros(q.shape, dtype=q.dtype, device=q.device), lse
+        return torch.zeros(_out_shape(q, v), dtype=q.dtype, device=q.device), lse
 
     @staticmethod
     def backward(ctx, dout, dlse):

@@ -11,8 +11,8 @@ import threading
 import torch
 
 from .. import _lib
-from ._checks import (_BSHD_DIMS, _DTYPE_CODES, _MASK_CODES, _NO_WINDOW, _check_alibi, _check_inputs,
-                      _check_lse, _check_mask, _check_sinks, _lse_shape)
+from ._checks import (_BSHD_DIMS, _DTYPE_CODES, _MASK_CODES, _NO_WINDOW, _check_alibi, _check_inputs, _check_lse,
+                      _check_mask, _check_sinks, _lse_shape, _out_shape)
 
 
 def _options(scale, mask, deterministic, softcap, window, alibi_slopes, sinks=None, dsinks=None, attention_chunk=0,
@@ -80,8 +80,11 @@ class _ForwardCall:
     def __init__(self, q, k, v, scale, mask, layout, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None, sinks=None,
                  attention_chunk=0, out_like_q=False, user=None):
         self.q, self.k, self.v = (_readable(t) for t in (q, k, v))
-        # out_like_q: out takes q's strides (torch.empty_like), as aten's flash-attention ops promise their callers.
-        self.out = torch.empty_like(q) if out_like_q else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        # out_like_q: out takes q's strides (torch.empty_like), as aten's flash-attention ops promise their callers;
+        # values of a head dim of their own give out that head_dim (contiguous).
+        same_dims = v.shape[-1] == q.shape[-1]
+        self.out = (torch.empty_like(q) if out_like_q and same_dims
+                    else torch.empty(_out_shape(q, v), dtype=q.dtype, device=q.device))
         self.lse = torch.empty(_lse_shape(q, layout), dtype=torch.float32, device=q.device)
         self.views = [_view(t, layout) for t in (self.q, self.k, self.v, self.out)]
         batch, heads_q, _ = _lse_shape(q, layout)
@@ -102,14 +105,15 @@ class _ForwardPlan:
     call's tensors: a model calls attention with the same signature again and again, and building the views and
     options is most of a call's Python cost."""
 
-    __slots__ = ("views", "tensor_refs", "options", "options_ref", "lse_shape", "function", "out_like_q")
+    __slots__ = ("views", "tensor_refs", "options", "options_ref", "lse_shape", "function", "out_like_q", "out_shape")
 
     def __init__(self, q, k, v, out, scale, mask, layout, softcap, window, attention_chunk, alibi_slopes=None,
                  sinks=None):
         self.views = [_view(t, layout) for t in (q, k, v, out)]
-        # out is q's shape, contiguous (or like q, for aten's ops): empty_like(q) allocates it the cheapest way
-        # wherever that gives the same strides.
-        self.out_like_q = out.stride() == q.stride()
+        # out is q's shape (its head_dim v's), contiguous (or like q, for aten's ops): empty_like(q) allocates it the
+        # cheapest way wherever that gives the same shape and strides.
+        self.out_like_q = out.shape == q.shape and out.stride() == q.stride()
+        self.out_shape = out.shape
         self.tensor_refs = tuple(ctypes.byref(view) for view in self.views)
         self.options = _options(scale, mask, False, softcap, window, alibi_slopes, sinks,
                                 attention_chunk=attention_chunk)
@@ -180,7 +184,8 @@ def _planned_forward(q, k, v, scale, mask, layout, softcap, window, attention_ch
             return None
         if not _plannable_extras(alibi_slopes, sinks, device, *_lse_shape(q, layout)[:2]):
             return None
-        out = torch.empty_like(q) if out_like_q else torch.empty(q.shape, dtype=q.dtype, device=device)
+        out = (torch.empty_like(q) if out_like_q and v.shape[-1] == q.shape[-1]
+               else torch.empty(_out_shape(q, v), dtype=q.dtype, device=device))
         if len(plans) >= _Plans.limit:
             plans.clear()
         plan = plans[key] = _ForwardPlan(q, k, v, out, scale, mask, layout, softcap, window, attention_chunk,
@@ -188,7 +193,7 @@ def _planned_forward(q, k, v, scale, mask, layout, softcap, window, attention_ch
     elif plan.out_like_q:
         out = torch.empty_like(q)
     else:
-        out = torch.empty(q.shape, dtype=q.dtype, device=device)
+        out = torch.empty(plan.out_shape, dtype=q.dtype, device=device)
     if alibi_slopes is not None:
         plan.options.alibi_slopes = alibi_slopes.data_ptr()
     if sinks is not None:
@@ -372,7 +377,7 @@ def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q
         block_table = block_table.contiguous() if block_table is not None else None
         cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
         seqused_k = seqused_k.contiguous() if seqused_k is not None else None
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        out = torch.empty(_out_shape(q, v), dtype=q.dtype, device=q.device)
         lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
         args = _lib.VarlenForwardArgs()
         args.size = ctypes.sizeof(args)

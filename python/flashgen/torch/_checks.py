@@ -34,6 +34,20 @@ def _bad(message):
     raise FlashgenArgumentError(message, _lib.ERROR_INVALID_ARGUMENT)
 
 
+def _out_shape(q, v):
+    """The forward's output shape: q's, its head_dim (the last dim in either layout) v's."""
+    return q.shape if v.shape[-1] == q.shape[-1] else (*q.shape[:-1], v.shape[-1])
+
+
+def _check_value_dim_grad(q, v, tensors):
+    """Refuses, before the forward runs, a call that would need the backward of values of a head dim of their own
+    (the library's backward takes none yet), naming the dims."""
+    if v.shape[-1] != q.shape[-1] and torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in tensors):
+        _bad(f"v's head_dim is {v.shape[-1]} but q's is {q.shape[-1]}: values of a head dim of their own run the "
+             f"forward only (no backward yet); call under torch.no_grad() or with tensors that do not require grad")
+
+
 def _lse_shape(q, layout):
     batch, seqlen_q, heads_q, _ = _bshd_shape(q, layout)
     return (batch, heads_q, seqlen_q)
@@ -74,7 +88,8 @@ def _check_inputs(q, k, v, layout):
         return f"{name}.shape[{_BSHD_DIMS[layout][i]}] ({roles[i]})"
 
     shapes = {name: _bshd_shape(t, layout) for name, t in (("q", q), ("k", k), ("v", v))}
-    for name, other, i in (("k", "q", 0), ("k", "q", 3), ("v", "q", 0), ("v", "q", 3), ("v", "k", 1), ("v", "k", 2)):
+    # v's head_dim may be its own (the library says which calls take one): the output takes it.
+    for name, other, i in (("k", "q", 0), ("k", "q", 3), ("v", "q", 0), ("v", "k", 1), ("v", "k", 2)):
         if shapes[name][i] != shapes[other][i]:
             _bad(f"{dim(name, i)} is {shapes[name][i]} but {dim(other, i)} is {shapes[other][i]}")
     if shapes["k"][2] > 0 and shapes["q"][2] % shapes["k"][2] != 0:

@@ -12,7 +12,7 @@ from ._autograd import (_backward, _setup_context, _variant_backward, _variant_s
                         _variant_varlen_backward, _variant_varlen_setup_context, _varlen_backward_formula,
                         _varlen_setup_context)
 from ._calls import _backward_kernels, _dsinks, _forward, _varlen_backward, _varlen_forward
-from ._checks import _check_inputs, _lse_shape
+from ._checks import _check_inputs, _lse_shape, _out_shape
 from ._kvcache_calls import _kvcache
 from ._schemas import MUTATES, SCHEMAS, VARIANT_SCHEMAS
 from ._variants import from_op_arguments
@@ -112,7 +112,7 @@ _PYTHON_KERNELS = {"attention_forward": _attention_forward, "attention_backward"
 def _attention_forward_fake(q, k, v, scale, mask, layout, deterministic, softcap=0.0, window_left=-1,
                             window_right=-1, alibi_slopes=None, sinks=None, attention_chunk=0):
     _check_inputs(q, k, v, layout)
-    return q.new_empty(q.shape), q.new_empty(_lse_shape(q, layout), dtype=torch.float32)
+    return q.new_empty(_out_shape(q, v)), q.new_empty(_lse_shape(q, layout), dtype=torch.float32)
 
 
 def _attention_backward_fake(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0,
@@ -125,7 +125,7 @@ def _attention_backward_fake(dout, q, k, v, out, lse, scale, mask, layout, deter
 def _varlen_attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale,
                                    mask, deterministic, block_table=None, softcap=0.0, window_left=-1,
                                    window_right=-1, alibi_slopes=None, sinks=None, attention_chunk=0):
-    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    return q.new_empty(_out_shape(q, v)), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
 def _varlen_attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
