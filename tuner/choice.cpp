@@ -188,26 +188,32 @@ std::vector<KernelConfig> with_variant_candidates(ForwardChoice& choice, const s
   return variant_alternates(choice, user, std::move(list));
 }
 
-std::vector<BwdConfig> with_variant_candidates(BackwardChoice& choice, const std::shared_ptr<const UserVariant>& user,
-                                               int arch) {
-  const BwdConfig& chosen = choice.config;
-  std::vector<BwdConfig> list =
-      heuristic_backward_configs(chosen.dtype, chosen.head_dim, chosen.mask, chosen.deterministic, arch);
-  for (BwdConfig& c : list) c.varlen = chosen.varlen, c.mods = chosen.mods;
-  return variant_alternates(choice, user, std::move(list));
-}
+namespace {
 
-std::vector<BwdConfig> with_sink_grad_candidates(BackwardChoice& choice, int arch) {
-  BwdConfig& chosen = choice.config;
-  chosen.sink_grad = true;
-  choice.reason += "; the sinks' gradient summed over its scores";
+// The rest of the heuristic's backward list for chosen's class on sm_<arch> in chosen's family, best first, each with
+// what chosen compiles in beside its tiles: its layout, score modifiers, user variant and the sinks' gradient.
+std::vector<BwdConfig> class_alternates(const BwdConfig& chosen, int arch) {
   std::vector<BwdConfig> alternates;
   for (BwdConfig& c :
        heuristic_backward_configs(chosen.dtype, chosen.head_dim, chosen.mask, chosen.deterministic, arch)) {
-    c.varlen = chosen.varlen, c.mods = chosen.mods, c.user = chosen.user, c.sink_grad = true;
+    c.varlen = chosen.varlen, c.mods = chosen.mods, c.user = chosen.user, c.sink_grad = chosen.sink_grad;
     if (c.family() == chosen.family() && c != chosen) alternates.push_back(std::move(c));
   }
   return alternates;
+}
+
+}  // namespace
+
+std::vector<BwdConfig> with_variant_candidates(BackwardChoice& choice, const std::shared_ptr<const UserVariant>& user,
+                                               int arch) {
+  compile_in_variant(choice, user);
+  return class_alternates(choice.config, arch);
+}
+
+std::vector<BwdConfig> with_sink_grad_candidates(BackwardChoice& choice, int arch) {
+  choice.config.sink_grad = true;
+  choice.reason += "; the sinks' gradient summed over its scores";
+  return class_alternates(choice.config, arch);
 }
 
 void keep_spill_free(ForwardChoice& choice, const std::vector<KernelConfig>& alternates,
