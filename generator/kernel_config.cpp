@@ -263,10 +263,6 @@ int64_t KernelConfig::persistent_tiles(const AttnFwdParams& p) const {
 Implementability KernelConfig::can_implement(const AttentionProblem& problem, const AttnFwdParams& params,
                                              const DeviceTraits& device) const {
   if (Implementability fit = problem_fit(*this, problem, device.sm); !fit) return fit;
-  if (value_dim() != problem.value_dim()) {
-    return {Shortfall::kProblem, "has values of head dim " + std::to_string(value_dim()) + ", the call's have " +
-                                     std::to_string(problem.value_dim())};
-  }
   if (varlen != problem.varlen || paged != problem.paged) {
     const char* config_batch =
         varlen ? (paged ? "packed batches over a paged cache" : "packed batches") : "dense batches";

@@ -49,13 +49,24 @@ struct IsKernelModule<
 static_assert(IsKernelModule<KernelConfig>::value && IsKernelModule<BwdConfig>::value &&
               IsKernelModule<DecodeConfig>::value);
 
-// The checks every family's can_implement starts with: the config is for the problem (its dtype, head_dim, mask,
+// The values' head dim a config's kernels take: a forward config's own, the queries' in the families that take no other.
+inline int value_dim_of(const KernelConfig& config) { return config.value_dim(); }
+template <class C>
+int value_dim_of(const C& config) {
+  return config.head_dim;
+}
+
+// The checks every family's can_implement starts with: the config is for the problem (its dtype, head dims, mask,
 // score modifiers and user variant) and can run on sm_<arch> (its invalid_reason).
 template <class C>
 Implementability problem_fit(const C& config, const AttentionProblem& problem, int arch) {
   if (!(config.dtype == problem.dtype && config.head_dim == problem.head_dim() &&
         config.mask == problem.mask_kind() && config.mods == problem.score_mods())) {
     return {Shortfall::kProblem, "does not match the problem (dtype, head_dim, mask, soft cap, ALiBi)"};
+  }
+  if (value_dim_of(config) != problem.value_dim()) {
+    return {Shortfall::kProblem, "has values of head dim " + std::to_string(value_dim_of(config)) +
+                                     ", the call's have " + std::to_string(problem.value_dim())};
   }
   if (!same_user_variant(config.user, problem.user)) {
     return {Shortfall::kProblem, "does not carry the problem's user variant (" +

@@ -2,6 +2,7 @@
 #include "tuner/tuned_config.hpp"
 
 #include "flashgen/error.hpp"
+#include "generator/kernel_module.hpp"
 
 namespace flashgen {
 
@@ -65,13 +66,6 @@ bool same_pass(const BwdConfig& config, const ProblemKey& problem) {
 }
 bool same_pass(const DecodeSplitConfig& config, const ProblemKey& problem) {
   return problem.kv_cache && config.config.paged == problem.paged;
-}
-
-// The values' head dim of a config: a forward config's own, the queries' in the families that take no other.
-int value_dim_of(const KernelConfig& config) { return config.value_dim(); }
-template <class Config>
-int value_dim_of(const Config& config) {
-  return config.head_dim;
 }
 
 bool of_problem(const TunedConfig& config, const ProblemKey& problem) {

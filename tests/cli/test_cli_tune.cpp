@@ -164,6 +164,35 @@ TEST_CASE("cli: tune takes chunks from flags and specs, on the chunked window's 
             .find("problems[0].chunk is aligned bottom-right") != std::string::npos);
 }
 
+TEST_CASE("cli: tune takes a values' head dim of its own from flags and specs", "[cli][tune][value_dim]") {
+  const NoSchedulerEnv no_scheduler;
+  const TempDir dir("flashgen-cli-tune");
+  const nlohmann::json flags = parse_json(run_cli(
+      {"tune", "--head-dim", "192", "--head-dim-v", "128", "--dtype", "bf16", "--dry-run", "--json", "--max-candidates",
+       "3"},
+      dir));
+  REQUIRE(flags["problems"].size() == 1);
+  const nlohmann::json& flagged = flags["problems"][0];
+  CHECK(flagged["head_dim"] == 192);
+  CHECK(flagged["head_dim_v"] == 128);
+  REQUIRE(!flagged["candidates"].empty());
+  for (const auto& name : flagged["candidates"]) CHECK(name.get<std::string>().find("_d192_v128_") != std::string::npos);
+  // A spec's entry reads back as the same problem; the queries' own dim as the values' is no dim of their own.
+  const nlohmann::json listed = parse_json(run_cli(
+      {"tune", "--spec", write_spec(dir, R"({"problems": [{"head_dim": 192, "head_dim_v": 128}, {"head_dim_v": 128}]})"),
+       "--dry-run", "--json"},
+      dir));
+  REQUIRE(listed["problems"].size() == 2);
+  CHECK(listed["problems"][0]["head_dim_v"] == 128);
+  CHECK_FALSE(listed["problems"][1].contains("head_dim_v"));
+  CHECK(relist(dir, listed)["problems"] == listed["problems"]);
+  // The backward and KV-cache calls take none.
+  CHECK(refused_tune(dir, {"--head-dim", "192", "--head-dim-v", "128", "--backward"})
+            .find("this call takes values of the queries' head dim") != std::string::npos);
+  CHECK(refused_tune(dir, {"--head-dim-v", "64", "--kv-cache"})
+            .find("KV-cache calls take values of the keys' head dim") != std::string::npos);
+}
+
 TEST_CASE("cli: tune shards a spec by --shard and by the scheduler's rank", "[cli][tune]") {
   const NoSchedulerEnv no_scheduler;
   const TempDir dir("flashgen-cli-tune");
