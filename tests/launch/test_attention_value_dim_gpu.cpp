@@ -18,10 +18,19 @@ Problem with_value_dim(Problem p, int64_t head_dim_v) {
   return p;
 }
 
-std::vector<flashgen::KernelConfig> configs_named(const std::vector<const char*>& names) {
-  std::vector<flashgen::KernelConfig> configs;
-  for (const char* name : names) configs.push_back(flashgen::KernelConfig::from_name(name));
-  return configs;
+// A problem and the configs it runs through launch_forward.
+struct ConfigCase {
+  Problem problem;
+  std::vector<const char*> configs;
+};
+
+void run_each(const std::vector<ConfigCase>& cases) {
+  for (const auto& [problem, names] : cases) {
+    INFO(problem.describe());
+    std::vector<flashgen::KernelConfig> configs;
+    for (const char* name : names) configs.push_back(flashgen::KernelConfig::from_name(name));
+    run_and_check(problem, nullptr, configs);
+  }
 }
 
 }  // namespace
@@ -53,10 +62,7 @@ TEST_CASE("attention forward: values of a head dim of their own, the C ABI's cho
 TEST_CASE("attention forward: values of a head dim of their own, each sm80 tile", "[gpu][attention][value_dim]") {
   FLASHGEN_REQUIRE_GPU();
   flashgen::ScopedContext context;
-  const struct {
-    Problem problem;
-    std::vector<const char*> configs;
-  } cases[] = {
+  const std::vector<ConfigCase> cases = {
       {with_value_dim(make_problem(1, 300, 411, 4, 2, 192, FLASHGEN_BFLOAT16, FLASHGEN_MASK_CAUSAL, 1201), 128),
        {"fwd_sm80_bf16_d192_v128_m64_n32_w4_s2_causal", "fwd_sm80_bf16_d192_v128_m64_n64_w4_s2_causal",
         "fwd_sm80_bf16_d192_v128_m128_n64_w8_s2_causal", "fwd_sm80_bf16_d192_v128_m128_n32_w8_s3_causal"}},
@@ -66,10 +72,7 @@ TEST_CASE("attention forward: values of a head dim of their own, each sm80 tile"
       {with_value_dim(make_problem(1, 150, 260, 2, 1, 64, FLASHGEN_BFLOAT16, FLASHGEN_MASK_CAUSAL, 1203), 256),
        {"fwd_sm80_bf16_d64_v256_m64_n32_w4_s2_causal", "fwd_sm80_bf16_d64_v256_m128_n48_w8_s2_causal"}},
   };
-  for (const auto& [problem, names] : cases) {
-    INFO(problem.describe());
-    run_and_check(problem, nullptr, configs_named(names));
-  }
+  run_each(cases);
 }
 
 TEST_CASE("attention forward: values of a head dim of their own, each sm90 tile", "[gpu][attention][value_dim][sm90]") {
@@ -77,10 +80,7 @@ TEST_CASE("attention forward: values of a head dim of their own, each sm90 tile"
   flashgen::ScopedContext context;
   FLASHGEN_REQUIRE_SM90(context);
   const flashgen_dtype f16 = FLASHGEN_FLOAT16, bf16 = FLASHGEN_BFLOAT16;
-  const struct {
-    Problem problem;
-    std::vector<const char*> configs;
-  } cases[] = {
+  const std::vector<ConfigCase> cases = {
       // MLA's prefill: persistent and not, ping-pong and three consumers, P through shared memory; rows of no key.
       {with_value_dim(make_problem(2, 300, 411, 4, 2, 192, bf16, FLASHGEN_MASK_CAUSAL, 1301), 128),
        {"fwd_sm90_bf16_d192_v128_m128_n112_s2_causal_ovl_pp_pst", "fwd_sm90_bf16_d192_v128_m128_n128_s2_causal_ovl_pp",
@@ -96,8 +96,5 @@ TEST_CASE("attention forward: values of a head dim of their own, each sm90 tile"
       {with_value_dim(make_problem(1, 190, 190, 2, 2, 128, bf16, FLASHGEN_MASK_NONE, 1305), 72),
        {"fwd_sm90_bf16_d128_v72_m128_n128_s2_ovl_pp"}},
   };
-  for (const auto& [problem, names] : cases) {
-    INFO(problem.describe());
-    run_and_check(problem, nullptr, configs_named(names));
-  }
+  run_each(cases);
 }

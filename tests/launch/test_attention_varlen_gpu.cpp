@@ -229,6 +229,16 @@ void run_and_check(const VarlenCase& c, const std::string& config) {
   }
 }
 
+// Each case through the C ABI's choice, then through each of its configs the GPU of sm_<arch> runs.
+void run_each(const std::vector<VarlenCase>& cases, int arch) {
+  for (const VarlenCase& c : cases) {
+    run_and_check(c, "");
+    for (const std::string& config : c.configs) {
+      if (arch == 90 || config.rfind("fwd_sm90", 0) != 0) run_and_check(c, config);
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("packed variable-length batches match each sequence's float64 reference", "[gpu][varlen]") {
@@ -318,13 +328,7 @@ TEST_CASE("packed variable-length batches match each sequence's float64 referenc
       {"fp16 d64 no mask chunks of 37 paged 16", FLASHGEN_FLOAT16, 64, 4, 1, FLASHGEN_MASK_NONE, {1, 77, 300},
        {1, 200, 513}, {}, {}, 16, 0.f, -1, -1, false, false, 37},
   };
-  const bool sm90 = flashgen::device_sm(scope.device()) == 90;
-  for (const VarlenCase& c : cases) {
-    run_and_check(c, "");
-    for (const std::string& config : c.configs) {
-      if (sm90 || config.rfind("fwd_sm90", 0) != 0) run_and_check(c, config);
-    }
-  }
+  run_each(cases, flashgen::device_sm(scope.device()));
 }
 
 TEST_CASE("packed batches whose values have a head dim of their own match each sequence's float64 reference",
@@ -362,13 +366,7 @@ TEST_CASE("packed batches whose values have a head dim of their own match each s
                    {"fwd_sm90_bf16_d128_v64_m128_n128_s2_causal_ovl_pp_varlen_paged"}},
                   64, 48),
   };
-  const bool sm90 = flashgen::device_sm(scope.device()) == 90;
-  for (const VarlenCase& c : cases) {
-    run_and_check(c, "");
-    for (const std::string& config : c.configs) {
-      if (sm90 || config.rfind("fwd_sm90", 0) != 0) run_and_check(c, config);
-    }
-  }
+  run_each(cases, flashgen::device_sm(scope.device()));
 }
 
 TEST_CASE("a packed batch runs its own kernels, chosen for packed batches", "[gpu][varlen]") {
