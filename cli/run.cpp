@@ -50,7 +50,7 @@ Command run_command() {
       .option("heads-kv", "H", "key/value heads; heads-q must be a multiple (default 16)")
       .option("head-dim", "D", "head dimension (default 128)")
       .option("head-dim-v", "D", "the values' (and the output's) head dimension where it is not --head-dim, as MLA's "
-                                 "prefill (--head-dim 192 --head-dim-v 128); the forward, dense or --varlen")
+                                 "prefill (--head-dim 192 --head-dim-v 128); dense or --varlen, forward or --backward")
       .option("dtype", "T", "fp16 or bf16 (default fp16)")
       .option("causal", "MODE", "none, bottom-right or top-left (default none)")
       .option("scale", "S", "softmax scale; <= 0 means 1/sqrt(head_dim) (default 0)")
@@ -173,10 +173,10 @@ void run_backward(const RunOptions& o, const HostTensor& q, const HostTensor& k,
   const AttentionProblem& p = o.problem;
   const AttentionShape& shape = p.shape;
   const bool bhsd = o.layout == "bhsd";
-  HostTensor dout = make_host_tensor(p.dtype, shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim, bhsd);
+  HostTensor dout = make_host_tensor(p.dtype, shape.batch, shape.seqlen_q, shape.heads_q, shape.value_dim(), bhsd);
   HostTensor dq = make_host_tensor(p.dtype, shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim, bhsd);
   HostTensor dk = make_host_tensor(p.dtype, shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim, bhsd);
-  HostTensor dv = make_host_tensor(p.dtype, shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim, bhsd);
+  HostTensor dv = make_host_tensor(p.dtype, shape.batch, shape.seqlen_k, shape.heads_kv, shape.value_dim(), bhsd);
   fill_normal(dout, rng);
   DeviceBuffer dout_dev(dout.bytes()), dq_dev(dq.bytes()), dk_dev(dk.bytes()), dv_dev(dv.bytes());
   dout_dev.upload(dout.bits);

@@ -175,10 +175,10 @@ RunReport run_varlen(const RunOptions& o, const ScopedContext& context, RunRepor
 
   // The backward: random dout, poisoned gradients, the choice a library call makes (or --config), one checked
   // call (the whole gradients of every sequence when the float64 reference is small enough), then timing.
-  HostTensor dout = make_host_tensor(p.dtype, 1, batch.total_q(), s.heads_q, s.head_dim, false);
+  HostTensor dout = make_host_tensor(p.dtype, 1, batch.total_q(), s.heads_q, s.value_dim(), false);
   HostTensor dq = make_host_tensor(p.dtype, 1, batch.total_q(), s.heads_q, s.head_dim, false);
   HostTensor dk = make_host_tensor(p.dtype, 1, batch.total_k(), s.heads_kv, s.head_dim, false);
-  HostTensor dv = make_host_tensor(p.dtype, 1, batch.total_k(), s.heads_kv, s.head_dim, false);
+  HostTensor dv = make_host_tensor(p.dtype, 1, batch.total_k(), s.heads_kv, s.value_dim(), false);
   fill_normal(dout, rng);
   DeviceBuffer dout_dev = buffer(dout.bytes()), dq_dev = buffer(dq.bytes()), dk_dev = buffer(dk.bytes()),
                dv_dev = buffer(dv.bytes());

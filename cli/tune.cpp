@@ -63,7 +63,7 @@ Command tune_command() {
       .option("dtype", "T", "fp16 or bf16 (default fp16)")
       .option("head-dim", "D", "head dimension (default 128)")
       .option("head-dim-v", "D", "the values' head dimension where it is not --head-dim (MLA's prefill: --head-dim "
-                                 "192 --head-dim-v 128); the forward; a class of its own (d192v128)")
+                                 "192 --head-dim-v 128); forward or --backward; a class of its own (d192v128)")
       .option("causal", "MODE", "none, bottom-right or top-left (default none)")
       .option("softcap", "C", "soft cap: scores s become C * tanh(s / C) before the softmax (default 0: none)")
       .flag("alibi", "ALiBi (per-head slopes, a bias linear in the distance to the diagonal): its own kernels, "

@@ -35,7 +35,7 @@ std::optional<std::string> untunable(const AttentionProblem& p) {
     if (p.kv_cache) {
       // check_run_problem checks the KV-cache call's arguments, page_size among them.
     } else if (p.backward()) {
-      heuristic_backward_configs(p.dtype, p.head_dim(), p.mask_kind(), p.deterministic(), 80);
+      heuristic_backward_configs(p.dtype, p.head_dim(), p.mask_kind(), p.deterministic(), 80, p.value_dim());
     } else {
       heuristic_forward_configs(p.dtype, p.head_dim(), p.mask_kind(), 80, false, p.value_dim());
     }

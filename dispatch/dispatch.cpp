@@ -34,7 +34,7 @@ std::vector<KernelConfig> sm80_candidates(const ForwardCall& call, int arch) {
 std::vector<BwdConfig> sm80_candidates(const BackwardCall& call, int arch) {
   const AttentionProblem& p = call.problem;
   return heuristic_backward_candidates(p.dtype, p.head_dim(), p.mask_kind(), p.deterministic(), arch,
-                                       /*sm80_only=*/true, p.varlen, p.score_mods());
+                                       /*sm80_only=*/true, p.varlen, p.score_mods(), p.value_dim());
 }
 
 // The call's arguments of its user variant, from its params' variant arguments (the variant's counts of them).

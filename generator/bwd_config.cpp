@@ -29,12 +29,15 @@ std::string BwdConfig::name() const {
   // Built on every launch (it keys the loaded kernels): appends, no stream.
   using std::to_string;
   std::string name;
+  const std::string value_suffix = value_dim() != head_dim ? "_v" + to_string(value_dim()) : std::string();
   if (sm90()) {
-    name = std::string("bwd_sm90_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_m" + to_string(block_m) +
+    name = std::string("bwd_sm90_") + dtype_name(dtype) + "_d" + to_string(head_dim) + value_suffix + "_m" +
+           to_string(block_m) +
            "_n" + to_string(block_n) + "_s" + to_string(stages);
   } else {
     const BwdSm80Knobs& k = std::get<BwdSm80Knobs>(knobs);
-    name = std::string("bwd_sm80_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_m" + to_string(block_m) +
+    name = std::string("bwd_sm80_") + dtype_name(dtype) + "_d" + to_string(head_dim) + value_suffix + "_m" +
+           to_string(block_m) +
            "_n" + to_string(block_n) + "_w" + to_string(k.warps) + "_s" + to_string(stages) + "_x" +
            to_string(k.d_split);
   }
@@ -55,22 +58,25 @@ BwdConfig BwdConfig::from_name(const std::string& name) {
   std::vector<std::string> fields;
   std::istringstream in(name);
   for (std::string field; std::getline(in, field, '_');) fields.push_back(field);
-  const bool sm90 = fields.size() >= 7 && fields[0] == "bwd" && fields[1] == "sm90";
-  FLASHGEN_REQUIRE(sm90 || (fields.size() >= 9 && fields[0] == "bwd" && fields[1] == "sm80"),
+  // _v<head_dim_v> after _d<head_dim>: one field more.
+  const size_t value_field = fields.size() > 4 && fields[4].size() > 1 && fields[4][0] == 'v' ? 1 : 0;
+  const bool sm90 = fields.size() >= 7 + value_field && fields[0] == "bwd" && fields[1] == "sm90";
+  FLASHGEN_REQUIRE(sm90 || (fields.size() >= 9 + value_field && fields[0] == "bwd" && fields[1] == "sm80"),
                    "config name '" + name +
-                       "': expected bwd_sm80_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_w<warps>_s<stages>"
+                       "': expected bwd_sm80_<fp16|bf16>_d<head_dim>[_v<head_dim_v>]_m<block_m>_n<block_n>_w<warps>_s<stages>"
                        "_x<d_split>[_causal|_window][_softcap][_alibi][_dsink][_varlen]"
                        "[_det_qm<m>_qn<n>_qw<warps>_qs<stages>] "
-                       "or bwd_sm90_<fp16|bf16>_d<head_dim>_m<block_m>_n<block_n>_s<stages>[_causal|_window]"
+                       "or bwd_sm90_<fp16|bf16>_d<head_dim>[_v<head_dim_v>]_m<block_m>_n<block_n>_s<stages>[_causal|_window]"
                        "[_softcap][_alibi][_dsink][_varlen][_det]");
   BwdConfig c;
   if (sm90) c.knobs = BwdSm90Knobs{};
   BwdSm80Knobs* k80 = c.sm80();
   c.dtype = parse_dtype_field(fields[2], name);
   c.head_dim = parse_name_field(fields[3], "d", name);
-  c.block_m = parse_name_field(fields[4], "m", name);
-  c.block_n = parse_name_field(fields[5], "n", name);
-  size_t i = 6;
+  if (value_field) c.head_dim_v = parse_name_field(fields[4], "v", name);
+  c.block_m = parse_name_field(fields[4 + value_field], "m", name);
+  c.block_n = parse_name_field(fields[5 + value_field], "n", name);
+  size_t i = 6 + value_field;
   if (k80) k80->warps = parse_name_field(fields[i++], "w", name);
   c.stages = parse_name_field(fields[i++], "s", name);
   if (k80) k80->d_split = parse_name_field(fields[i++], "x", name);
@@ -110,16 +116,16 @@ BwdConfig BwdConfig::from_name(const std::string& name) {
 BwdDkdvTraits BwdConfig::dkdv_traits() const {
   const BwdSm80Knobs* k = sm80();
   if (k == nullptr) fail(Status::kInternal, "config " + name() + " has no sm80-family dkdv traits");
-  return bwd_dkdv_traits(head_dim, block_m, block_n, k->warps, stages, k->d_split, !deterministic);
+  return bwd_dkdv_traits(head_dim, block_m, block_n, k->warps, stages, k->d_split, !deterministic, value_dim());
 }
 
 BwdDqTraits BwdConfig::dq_traits() const {
-  return bwd_dq_traits(head_dim, dq_block_m, dq_block_n, dq_warps, dq_stages);
+  return bwd_dq_traits(head_dim, dq_block_m, dq_block_n, dq_warps, dq_stages, value_dim());
 }
 
 BwdSm90Traits BwdConfig::sm90_traits() const {
   if (sm90() == nullptr) fail(Status::kInternal, "config " + name() + " has no sm90-family traits");
-  return bwd_sm90_traits(head_dim, block_m, block_n, stages, sm90_lock_step());
+  return bwd_sm90_traits(head_dim, block_m, block_n, stages, sm90_lock_step(), value_dim());
 }
 
 bool BwdConfig::sm90_lock_step() const {
@@ -229,11 +235,11 @@ BwdWorkspace BwdConfig::workspace(const AttnBwdParams& p, size_t user_classes_by
 BwdTmaTensors::BwdTmaTensors(const AttentionProblem& problem, const AttnBwdParams& p, const BwdConfig& config) {
   const TmaCallLayout layout(problem, p);
   q = layout.queries(p.q, p.heads_q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
-  dout = layout.queries(p.dout, p.heads_q, p.do_batch_stride, p.do_row_stride, p.do_head_stride);
+  dout = layout.queries(p.dout, p.heads_q, p.do_batch_stride, p.do_row_stride, p.do_head_stride, problem.value_dim());
   k = layout.keys(p.k, p.heads_kv, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
-  v = layout.keys(p.v, p.heads_kv, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  v = layout.keys(p.v, p.heads_kv, p.v_batch_stride, p.v_row_stride, p.v_head_stride, problem.value_dim());
   dk = layout.keys(p.dk, p.heads_kv, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
-  dv = layout.keys(p.dv, p.heads_kv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+  dv = layout.keys(p.dv, p.heads_kv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, problem.value_dim());
   q_rows = config.block_m;
   kv_rows = config.block_n;
 }
@@ -270,6 +276,7 @@ void to_json(nlohmann::json& j, const BwdConfig& c) {
                        {"d_split", k.d_split},
                        {"deterministic", c.deterministic}};
   }
+  if (c.value_dim() != c.head_dim) j["head_dim_v"] = c.value_dim();  // absent: the values' head dim is head_dim
   if (c.varlen) j["varlen"] = true;  // absent: dense kernels, as every config before it had
   score_mods_to_json(j, c.mods);
   if (c.sink_grad) j["sink_grad"] = true;  // absent: today's formula, as every config before it had
@@ -298,6 +305,7 @@ void from_json(const nlohmann::json& j, BwdConfig& c) {
     out = j[key].get<int>();
   };
   get_int("head_dim", config.head_dim);
+  get_int("head_dim_v", config.head_dim_v);
   get_int("block_m", config.block_m);
   get_int("block_n", config.block_n);
   get_int("stages", config.stages);

@@ -58,6 +58,9 @@ struct BwdConfig {
   using Params = AttnBwdParams;
   DType dtype = DType::kFloat16;
   int head_dim = 128;
+  // The values' (v, out, dout, dv) head dim where it differs from head_dim (MLA's 192/128): _v<dim> after _d<head_dim>,
+  // JSON field head_dim_v; 0: head_dim.
+  int head_dim_v = 0;
   MaskKind mask = MaskKind::kNone;
   // dkdv kernel: block_n keys per block, block_m queries per step.
   int block_m = 64;
@@ -87,6 +90,9 @@ struct BwdConfig {
   // suffix.
   std::shared_ptr<const UserVariant> user = nullptr;
 
+  // The values' head dim: head_dim_v, or head_dim where the config has none of its own.
+  int value_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
+
   KernelFamily family() const {
     return std::holds_alternative<BwdSm90Knobs>(knobs) ? KernelFamily::kSm90 : KernelFamily::kSm80;
   }
@@ -96,7 +102,8 @@ struct BwdConfig {
   const BwdSm90Knobs* sm90() const { return std::get_if<BwdSm90Knobs>(&knobs); }
   BwdSm90Knobs* sm90() { return std::get_if<BwdSm90Knobs>(&knobs); }
 
-  // e.g. bwd_sm80_bf16_d128_m64_n64_w4_s2_x1_causal, or ..._det_qm64_qn32_qw4_qs2 when deterministic;
+  // e.g. bwd_sm80_bf16_d128_m64_n64_w4_s2_x1_causal, or ..._det_qm64_qn32_qw4_qs2 when deterministic; _v<dim>
+  // after _d<head_dim> for values of a head dim of their own;
   // bwd_sm90_fp16_d128_m64_n128_s2[_causal|_window][_softcap][_alibi][_dsink][_det]; _varlen before _det for packed batches.
   std::string name() const;
   static BwdConfig from_name(const std::string& name);  // throws Error(kInvalidArgument)

@@ -169,8 +169,9 @@ std::string render_config_header(const BwdConfig& c) {
       << "namespace flashgen_generated {\n\n"
       << "struct BwdConfig {\n"
       << "  static constexpr flashgen::ElemType kElem = " << elem_enum(c.dtype) << ";\n"
-      << "  static constexpr int kHeadDim = " << c.head_dim << ";\n"
-      << "  static constexpr flashgen::MaskKind kMask = " << mask_enum(c.mask) << ";\n"
+      << "  static constexpr int kHeadDim = " << c.head_dim << ";\n";
+  if (c.value_dim() != c.head_dim) out << "  static constexpr int kHeadDimV = " << c.value_dim() << ";\n";
+  out << "  static constexpr flashgen::MaskKind kMask = " << mask_enum(c.mask) << ";\n"
       << "  using Variant = " << variant_policy(c.mask, c.mods, c.user) << ";\n"
       << "  static constexpr int kBlockM = " << c.block_m << ";\n"
       << "  static constexpr int kBlockN = " << c.block_n << ";\n";

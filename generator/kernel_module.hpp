@@ -49,11 +49,15 @@ struct IsKernelModule<
 static_assert(IsKernelModule<KernelConfig>::value && IsKernelModule<BwdConfig>::value &&
               IsKernelModule<DecodeConfig>::value);
 
-// The values' head dim a config's kernels take: a forward config's own, the queries' in the families that take no other.
-inline int value_dim_of(const KernelConfig& config) { return config.value_dim(); }
+// The values' head dim a config's kernels take: a forward or backward config's own, the queries' in the families that
+// take no other.
 template <class C>
 int value_dim_of(const C& config) {
-  return config.head_dim;
+  if constexpr (std::is_same_v<C, KernelConfig> || std::is_same_v<C, BwdConfig>) {
+    return config.value_dim();
+  } else {
+    return config.head_dim;
+  }
 }
 
 // The checks every family's can_implement starts with: the config is for the problem (its dtype, head dims, mask,

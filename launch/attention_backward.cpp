@@ -44,14 +44,14 @@ BackwardCall make_backward_call(const TensorView* q, const TensorView* k, const 
   for (const auto& [t, name] : tensors) require_same_dtype(t, name, q);
   require_same_dim(k, "k", q, "q", 0);
   require_same_dim(k, "k", q, "q", 3);
-  check_value_dim(v, "v", out, "out", q, /*own_dim_taken=*/false);
+  check_value_dim(v, "v", out, "out", q, /*own_dim_taken=*/true);
   for (int i = 0; i < 4; ++i) {
-    require_same_dim(v, "v", k, "k", i);
-    require_same_dim(out, "out", q, "q", i);
-    require_same_dim(dout, "dout", q, "q", i);
+    if (i < 3) require_same_dim(v, "v", k, "k", i);
+    if (i < 3) require_same_dim(out, "out", q, "q", i);
+    require_same_dim(dout, "dout", out, "out", i);
     require_same_dim(dq, "dq", q, "q", i);
     require_same_dim(dk, "dk", k, "k", i);
-    require_same_dim(dv, "dv", k, "k", i);
+    require_same_dim(dv, "dv", v, "v", i);
   }
   check_head_dim_and_groups(q, k);
   for (const auto& [t, name] : tensors) check_layout(t, name);
@@ -178,7 +178,7 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
   prepared.finish = registry.function(c, finish, scope.context(), arch);
   prepared.sink_grad = registry.function(c, BwdKernel::kSinkGrad, scope.context(), arch);
 
-  const int rows_per_block = bwd_preprocess_rows_per_block(call.problem.head_dim());
+  const int rows_per_block = bwd_preprocess_rows_per_block(call.problem.value_dim());
   prepared.preprocess_grid[0] = ceil_div(static_cast<long long>(c.workspace_rows(p)), rows_per_block);
   prepared.preprocess_grid[1] = static_cast<unsigned>(p.heads_q);
   prepared.preprocess_grid[2] = static_cast<unsigned>(p.batch);
@@ -198,7 +198,8 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
     const int chunks = dq_accum_cols(DqAccum::kTiles, call.problem.head_dim()) / 64;
     prepared.finish_grid[0] = ceil_div(p.seqlen_q, 64) * static_cast<unsigned>(chunks);
     prepared.finish_threads = kBwdRowKernelThreads;
-    prepared.finish_overlaps_dkdv = dq_adds_counted(DqAccum::kTiles, c.head_dim, c.block_m, c.block_n, c.stages);
+    prepared.finish_overlaps_dkdv = dq_adds_counted(DqAccum::kTiles, c.head_dim, c.block_m, c.block_n, c.stages,
+                                                     c.value_dim());
   } else {
     prepared.finish_grid[0] = ceil_div(static_cast<long long>(p.seqlen_q) * (call.problem.head_dim() / 8), kBwdRowKernelThreads);
     prepared.finish_threads = kBwdRowKernelThreads;

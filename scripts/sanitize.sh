@@ -55,6 +55,10 @@ problems=(
   "bwd_sm90_fp16_d192_m64_n64_s2_causal|192|bottom-right|--batch 1 --backward"
   "bwd_sm90_fp16_d192_m64_n64_s3_det|192|none|--batch 1 --backward --deterministic"
   "bwd_sm90_fp16_d192_m64_n64_s2_causal_varlen_det|192|bottom-right|--backward --deterministic --varlen --batch 3"
+  # values of a head dim of their own (MLA's prefill): the dK/dV split and the ping-pong tile, and the sm80 family
+  "bwd_sm90_fp16_d192_v128_m64_n64_s2_causal|192|bottom-right|--batch 1 --backward --head-dim-v 128"
+  "bwd_sm90_fp16_d128_v64_m64_n128_s2_det|128|none|--batch 1 --backward --deterministic --head-dim-v 64"
+  "bwd_sm80_fp16_d192_v128_m32_n64_w4_s2_x2_causal|192|bottom-right|--batch 1 --backward --head-dim-v 128"
   # KV-cache decoding: 3 ranges of 6 key blocks over 1040 keys, so a range ends in a partial tile
   "dec_sm80_fp16_d40_r16_n64_w4_s3|40|none|--kv-cache --splits 2 --batch 2|--heads-q 4 --heads-kv 2 --seqlen-q 1 --seqlen-k 1000"
   "dec_sm80_fp16_d128_r16_n64_w4_s3_causal_paged|128|bottom-right|--kv-cache --page-size 16 --splits 3 --batch 2|--heads-q 8 --heads-kv 2 --seqlen-q 2 --seqlen-k 1040"

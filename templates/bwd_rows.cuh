@@ -74,14 +74,17 @@ struct BwdPreprocess {
   using u32 = sm80::u32;
   static constexpr int kThreads = kBwdRowKernelThreads;
   static constexpr int kHeadDim = Cfg::kHeadDim;
-  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row, at most 32
-  static constexpr int kRowLanes = bwd_preprocess_row_lanes(kHeadDim);
-  static constexpr int kRowsPerBlock = bwd_preprocess_rows_per_block(kHeadDim);
+  static constexpr int kValueDim = ConfigHeadDimV<Cfg>::value;  // O's and dO's columns
+  static constexpr int kChunks = kValueDim / 8;                  // 16-byte chunks per row
+  static constexpr int kRowLanes = bwd_preprocess_row_lanes(kValueDim);
+  static constexpr int kLaneChunks = (kChunks + kRowLanes - 1) / kRowLanes;  // a lane's chunks of its row
+  static constexpr int kRowsPerBlock = bwd_preprocess_rows_per_block(kValueDim);
   static constexpr int kAccumCols = dq_accum_cols(Cfg::kDqAccum, kHeadDim);
   static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;
   static constexpr bool kZeroAccum =
-      Cfg::kDqAccum != DqAccum::kNone && !dq_first_add_stores(Cfg::kDqAccum, kHeadDim, Cfg::kBlockM, Cfg::kBlockN,
-                                                              Cfg::kStages, !Cfg::kAtomicDq, Cfg::Variant::kHidesKeys);
+      Cfg::kDqAccum != DqAccum::kNone &&
+      !dq_first_add_stores(Cfg::kDqAccum, kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, !Cfg::kAtomicDq,
+                           Cfg::Variant::kHidesKeys, kValueDim);
 
   static __device__ void run(const AttnBwdParams& params) {
     if constexpr (kVarlen) {  // a packed sequence's rows, padded as the config's workspace is
@@ -105,21 +108,25 @@ struct BwdPreprocess {
     const bool valid = row < p.seqlen_q;
 
     float sum = 0.f;
-    if (valid && lane < kChunks) {
-      const u16* o = static_cast<const u16*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
-                     row * p.o_row_stride + lane * 8;
-      const u16* d = static_cast<const u16*>(p.dout) + batch * p.do_batch_stride + head * p.do_head_stride +
-                     row * p.do_row_stride + lane * 8;
-      const uint4 ov = *reinterpret_cast<const uint4*>(o);
-      const uint4 dv = *reinterpret_cast<const uint4*>(d);
-      const u32 ow[4] = {ov.x, ov.y, ov.z, ov.w};
-      const u32 dw[4] = {dv.x, dv.y, dv.z, dv.w};
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        float o_lo, o_hi, d_lo, d_hi;
-        sm80::unpack2<Cfg::kElem>(ow[i], o_lo, o_hi);
-        sm80::unpack2<Cfg::kElem>(dw[i], d_lo, d_hi);
-        sum += o_lo * d_lo + o_hi * d_hi;
+    for (int c = 0; c < kLaneChunks; ++c) {
+      const int chunk = lane + c * kRowLanes;
+      if (valid && chunk < kChunks) {
+        const u16* o = static_cast<const u16*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
+                       row * p.o_row_stride + chunk * 8;
+        const u16* d = static_cast<const u16*>(p.dout) + batch * p.do_batch_stride + head * p.do_head_stride +
+                       row * p.do_row_stride + chunk * 8;
+        const uint4 ov = *reinterpret_cast<const uint4*>(o);
+        const uint4 dv = *reinterpret_cast<const uint4*>(d);
+        const u32 ow[4] = {ov.x, ov.y, ov.z, ov.w};
+        const u32 dw[4] = {dv.x, dv.y, dv.z, dv.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float o_lo, o_hi, d_lo, d_hi;
+          sm80::unpack2<Cfg::kElem>(ow[i], o_lo, o_hi);
+          sm80::unpack2<Cfg::kElem>(dw[i], d_lo, d_hi);
+          sum += o_lo * d_lo + o_hi * d_hi;
+        }
       }
     }
 #pragma unroll
@@ -167,7 +174,8 @@ struct BwdConvertDq {
   static constexpr int kChunks = kHeadDim / 8;
   static constexpr int kAccumCols = dq_accum_cols(Cfg::kDqAccum, kHeadDim);
   static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;
-  static constexpr bool kCounted = dq_adds_counted(Cfg::kDqAccum, kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages);
+  static constexpr bool kCounted =
+      dq_adds_counted(Cfg::kDqAccum, kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, ConfigHeadDimV<Cfg>::value);
   static_assert(Cfg::kDqAccum != DqAccum::kNone, "nothing to convert without a dQ accumulator");
 
   static __device__ void run(const AttnBwdParams& params) {

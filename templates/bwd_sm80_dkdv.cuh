@@ -19,7 +19,8 @@ namespace flashgen {
 // kv head, over every query block of every query head in the head's group. Each warp owns 16 *
 // kKeyTiles keys: it computes Sᵀ and dPᵀ for them against the whole query block, so Pᵀ and dSᵀ stay in
 // registers as the A operands of dV += Pᵀ dO and dK += dSᵀ Q. With kDSplit > 1, blockIdx.z also picks
-// which head_dim slice of dK, dV (and dQ) this block accumulates; Sᵀ and dPᵀ are recomputed per slice.
+// which slice of dK's and dQ's head_dim columns and of dV's head_dim_v columns this block accumulates; Sᵀ and
+// dPᵀ are recomputed per slice.
 template <class Cfg>
 struct BwdDkdvSm80 {
   using u16 = sm80::u16;
@@ -27,7 +28,8 @@ struct BwdDkdvSm80 {
 
   static constexpr bool kAtomicDq = Cfg::kAtomicDq;
   static constexpr BwdDkdvTraits kTraits = bwd_dkdv_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarps,
-                                                           Cfg::kStages, Cfg::kDSplit, kAtomicDq);
+                                                           Cfg::kStages, Cfg::kDSplit, kAtomicDq,
+                                                           ConfigHeadDimV<Cfg>::value);
   static_assert(kTraits.error == nullptr, "invalid backward config: see bwd_dkdv_traits() in bwd_traits.cuh");
   static_assert(Cfg::kPadRows == 1, "the sm80 family indexes LSE and D by seqlen_q: its workspace is unpadded");
   static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;  // packed sequences (sequence.cuh)
@@ -51,18 +53,34 @@ struct BwdDkdvSm80 {
   static constexpr int kQTiles = kBlockM / 8;             // 8-query column tiles of Sᵀ
   static constexpr int kKSteps = kHeadDimPad / 16;        // k-steps of Sᵀ = K Qᵀ
   static constexpr int kTiles16 = kHeadDimPad / 16;       // 16-column tiles of a head
-  static constexpr int kSliceTiles = kTraits.slice_tiles; // 16-column tiles of this block's dK/dV slice
+  static constexpr int kSliceTiles = kTraits.slice_tiles; // 16-column tiles of this block's dK slice
+  // The values' (V, dO, dV) columns: head_dim's, or the config's own (MLA's d_v), with their own pitch.
+  static constexpr int kHeadDimV = ConfigHeadDimV<Cfg>::value;
+  static constexpr int kHeadDimVPad = kTraits.head_dim_v_pad;
+  static constexpr int kRowV = kTraits.smem_row_elems_v;
+  static constexpr int kKStepsV = kHeadDimVPad / 16;          // k-steps of dPᵀ = V dOᵀ
+  static constexpr int kTiles16V = kHeadDimVPad / 16;
+  static constexpr int kSliceTilesV = kTraits.slice_tiles_v;  // 16-column tiles of this block's dV slice
   static constexpr int kDqMTiles = kBlockM / 16;
   static constexpr int kDqItems = kTraits.dq_items;
   static constexpr int kDqPartTiles = kTraits.dq_part_tiles;
-  static constexpr u32 kKvTileBytes = kBlockN * kRow * 2;
+  static constexpr u32 kKTileBytes = kBlockN * kRow * 2;
+  static constexpr u32 kVTileBytes = kBlockN * kRowV * 2;
   static constexpr u32 kQTileBytes = kBlockM * kRow * 2;
+  static constexpr u32 kDoTileBytes = kBlockM * kRowV * 2;
+  static constexpr u32 kQRowsBytes = kQTileBytes + kDoTileBytes;  // a stage's Q and dO tiles, before its LSE and D
   static constexpr u32 kStageBytes = kTraits.smem_stage_bytes;
   using Copy = sm80::TileCopy<kThreads, kRow, kHeadDimPad / 8, kHeadDim / 8>;
+  using CopyV = sm80::TileCopy<kThreads, kRowV, kHeadDimVPad / 8, kHeadDimV / 8>;
   using L = bwd::Lanes<kRow>;
+  using LV = bwd::Lanes<kRowV>;
 
-  // Whether 16-column tile `tile` of the head exists: slices round up, so the last one may run short.
-  static __device__ __forceinline__ bool tile_exists(int tile) { return kDSplit == 1 || tile < kTiles16; }
+  // Whether 16-column tile `tile` of the head (kValues: of the values) exists: slices round up, so the last one
+  // may run short.
+  template <bool kValues = false>
+  static __device__ __forceinline__ bool tile_exists(int tile) {
+    return kDSplit == 1 || tile < (kValues ? kTiles16V : kTiles16);
+  }
 
   // blockIdx: (key block; key/value head; batch entry or packed sequence, times the head_dim slices).
   static __device__ void run(const AttnBwdParams& params) {
@@ -84,21 +102,28 @@ struct BwdDkdvSm80 {
     u32 sds_addr;  // 2 x dSᵀ (kBlockN, kDsRow), atomic strategy only
     int warp, lane, g, t;
     int n_start, kv_head, batch;
-    int slice_tile0;  // first 16-column tile of the slice
-    int warp_key0;    // this warp's first key, relative to n_start
+    int slice_tile0;    // first 16-column tile of the slice
+    int slice_tile0_v;  // ... of the values' slice
+    int warp_key0;      // this warp's first key, relative to n_start
     u32 bt_lane;
+    u32 bt_lane_v;      // bt_lane in the values' pitch
 
-    // acc (keys, slice) += frag (keys, queries) · Y (queries, slice), Y = dO or Q read transposed.
-    __device__ __forceinline__ void accumulate_slice(float (&acc)[kKeyTiles][kSliceTiles * 2][4],
-                                                     const u32 (&frag)[kKeyTiles][kQTiles / 2][4],
-                                                     u32 y_tile) const {
+    // acc (keys, slice) += frag (keys, queries) · Y (queries, slice), Y = dO (kValues) or Q read transposed.
+    template <bool kValues>
+    __device__ __forceinline__ void accumulate_slice(
+        float (&acc)[kKeyTiles][(kValues ? kSliceTilesV : kSliceTiles) * 2][4],
+        const u32 (&frag)[kKeyTiles][kQTiles / 2][4], u32 y_tile) const {
+      constexpr int kSlice = kValues ? kSliceTilesV : kSliceTiles;
+      constexpr int kPitch = kValues ? kRowV : kRow;
+      const int tile0 = kValues ? slice_tile0_v : slice_tile0;
+      const u32 y_lane = kValues ? bt_lane_v : bt_lane;
 #pragma unroll
       for (int j = 0; j < kQTiles / 2; ++j)
 #pragma unroll
-        for (int dp = 0; dp < kSliceTiles; ++dp) {
-          if (!tile_exists(slice_tile0 + dp)) continue;
+        for (int dp = 0; dp < kSlice; ++dp) {
+          if (!tile_exists<kValues>(tile0 + dp)) continue;
           u32 b[4];
-          sm80::ldmatrix_x4_trans(b, y_tile + bt_lane + (j * 16 * kRow + (slice_tile0 + dp) * 16) * 2);
+          sm80::ldmatrix_x4_trans(b, y_tile + y_lane + (j * 16 * kPitch + (tile0 + dp) * 16) * 2);
 #pragma unroll
           for (int kt = 0; kt < kKeyTiles; ++kt) {
             sm80::mma_16816<kElem>(acc[kt][2 * dp], frag[kt][j], b[0], b[1]);
@@ -200,9 +225,9 @@ struct BwdDkdvSm80 {
         }
     }
 
-    // Epilogue: dK = scale * acc_dk; keys no query sees get zeros.
+    // Epilogue: dK = scale * acc_dk over head_dim's slice, dV over head_dim_v's; keys no query sees get zeros.
     __device__ __forceinline__ void store_dkdv(const float (&acc_dk)[kKeyTiles][kSliceTiles * 2][4],
-                                               const float (&acc_dv)[kKeyTiles][kSliceTiles * 2][4]) const {
+                                               const float (&acc_dv)[kKeyTiles][kSliceTilesV * 2][4]) const {
       u16* dk = static_cast<u16*>(p.dk) + batch * p.dk_batch_stride + kv_head * p.dk_head_stride;
       u16* dv = static_cast<u16*>(p.dv) + batch * p.dv_batch_stride + kv_head * p.dv_head_stride;
 #pragma unroll
@@ -212,13 +237,17 @@ struct BwdDkdvSm80 {
           const int row = n_start + warp_key0 + kt * 16 + g + h * 8;
           if (row >= p.seqlen_k) continue;
 #pragma unroll
-          for (int dt = 0; dt < kSliceTiles * 2; ++dt) {
+          for (int dt = 0; dt < (kSliceTiles > kSliceTilesV ? kSliceTiles : kSliceTilesV) * 2; ++dt) {
             const int col = (slice_tile0 * 2 + dt) * 8 + 2 * t;
-            if (col >= kHeadDim) continue;
-            *reinterpret_cast<u32*>(dk + row * p.dk_row_stride + col) =
-                sm80::pack2<kElem>(acc_dk[kt][dt][2 * h] * p.variant.scale, acc_dk[kt][dt][2 * h + 1] * p.variant.scale);
-            *reinterpret_cast<u32*>(dv + row * p.dv_row_stride + col) =
-                sm80::pack2<kElem>(acc_dv[kt][dt][2 * h], acc_dv[kt][dt][2 * h + 1]);
+            const int col_v = (slice_tile0_v * 2 + dt) * 8 + 2 * t;
+            if (dt < kSliceTiles * 2 && col < kHeadDim) {
+              *reinterpret_cast<u32*>(dk + row * p.dk_row_stride + col) = sm80::pack2<kElem>(
+                  acc_dk[kt][dt][2 * h] * p.variant.scale, acc_dk[kt][dt][2 * h + 1] * p.variant.scale);
+            }
+            if (dt < kSliceTilesV * 2 && col_v < kHeadDimV) {
+              *reinterpret_cast<u32*>(dv + row * p.dv_row_stride + col_v) =
+                  sm80::pack2<kElem>(acc_dv[kt][dt][2 * h], acc_dv[kt][dt][2 * h + 1]);
+            }
           }
         }
     }
@@ -227,13 +256,13 @@ struct BwdDkdvSm80 {
   // p: the block's sequence's params; unbound: the call's (the same for a dense batch).
   static __device__ void run_block(const AttnBwdParams& p, const AttnBwdParams& unbound) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    // K (kBlockN, kRow) | V (kBlockN, kRow) | kStages x [Q (kBlockM, kRow) | dO | LSE (kBlockM) | D (kBlockM)]
-    // | 2 x dSᵀ (kBlockN, kDsRow), keys x queries, atomic strategy only.
+    // K (kBlockN, kRow) | V (kBlockN, kRowV) | kStages x [Q (kBlockM, kRow) | dO (kBlockM, kRowV) | LSE (kBlockM)
+    // | D (kBlockM)] | 2 x dSᵀ (kBlockN, kDsRow), keys x queries, atomic strategy only.
     const u32 sk_addr = sm80::smem_addr(smem_raw);
-    const u32 sv_addr = sk_addr + kKvTileBytes;
-    const u32 stage_addr = sv_addr + kKvTileBytes;
+    const u32 sv_addr = sk_addr + kKTileBytes;
+    const u32 stage_addr = sv_addr + kVTileBytes;
     const u32 sds_addr = stage_addr + kStages * kStageBytes;
-    u16* sds = reinterpret_cast<u16*>(smem_raw + 2 * kKvTileBytes + kStages * kStageBytes);
+    u16* sds = reinterpret_cast<u16*>(smem_raw + kKTileBytes + kVTileBytes + kStages * kStageBytes);
 
     const int tid = threadIdx.x;
     const int warp = tid / 32;
@@ -243,7 +272,8 @@ struct BwdDkdvSm80 {
     const int n_start = blockIdx.x * kBlockN;
     const int kv_head = blockIdx.y;
     const int batch = blockIdx.z / kDSplit;
-    const int slice_tile0 = (blockIdx.z % kDSplit) * kSliceTiles;  // first 16-column tile of the slice
+    const int slice_tile0 = (blockIdx.z % kDSplit) * kSliceTiles;     // first 16-column tile of the slice
+    const int slice_tile0_v = (blockIdx.z % kDSplit) * kSliceTilesV;  // ... of the values' slice
 
     const u16* k = static_cast<const u16*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
     const u16* v = static_cast<const u16*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
@@ -271,21 +301,21 @@ struct BwdDkdvSm80 {
       const u16* q = q_batch + head * p.q_head_stride;
       const u16* dout = do_batch + head * p.do_head_stride;
       Copy::template load<kBlockM>(st, q + m_start * p.q_row_stride, p.q_row_stride, rows_valid, q, tid);
-      Copy::template load<kBlockM>(st + kQTileBytes, dout + m_start * p.do_row_stride, p.do_row_stride, rows_valid,
-                                   dout, tid);
+      CopyV::template load<kBlockM>(st + kQTileBytes, dout + m_start * p.do_row_stride, p.do_row_stride, rows_valid,
+                                    dout, tid);
       const long long flat = row_base<kVarlen>(p, batch, head, p.seqlen_q);
       for (int i = tid; i < kBlockM; i += kThreads) {
         const bool valid = i < rows_valid;
         const long long row = valid ? flat + m_start + i : flat;
-        sm80::cp_async_4(st + 2 * kQTileBytes + i * 4, p.lse + row, valid);
-        sm80::cp_async_4(st + 2 * kQTileBytes + (kBlockM + i) * 4, p.dsum + row, valid);
+        sm80::cp_async_4(st + kQRowsBytes + i * 4, p.lse + row, valid);
+        sm80::cp_async_4(st + kQRowsBytes + (kBlockM + i) * 4, p.dsum + row, valid);
       }
     };
 
     // Prologue: K, V and the first stage in one group, then kStages - 2 more stages (empty groups keep
     // the count uniform so the wait in the loop is a constant).
     Copy::template load<kBlockN>(sk_addr, k + n_start * p.k_row_stride, p.k_row_stride, rows_k, k, tid);
-    Copy::template load<kBlockN>(sv_addr, v + n_start * p.v_row_stride, p.v_row_stride, rows_k, v, tid);
+    CopyV::template load<kBlockN>(sv_addr, v + n_start * p.v_row_stride, p.v_row_stride, rows_k, v, tid);
     load_stage(0);
     sm80::cp_async_commit();
 #pragma unroll
@@ -295,26 +325,38 @@ struct BwdDkdvSm80 {
     }
 
     float acc_dk[kKeyTiles][kSliceTiles * 2][4];  // (kWarpKeys, slice) fp32 in (16, 8) accumulator tiles
-    float acc_dv[kKeyTiles][kSliceTiles * 2][4];
+    float acc_dv[kKeyTiles][kSliceTilesV * 2][4];
 #pragma unroll
-    for (int kt = 0; kt < kKeyTiles; ++kt)
+    for (int kt = 0; kt < kKeyTiles; ++kt) {
 #pragma unroll
       for (int dt = 0; dt < kSliceTiles * 2; ++dt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc_dk[kt][dt][e] = acc_dv[kt][dt][e] = 0.f;
+        for (int e = 0; e < 4; ++e) acc_dk[kt][dt][e] = 0.f;
+#pragma unroll
+      for (int dt = 0; dt < kSliceTilesV * 2; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_dv[kt][dt][e] = 0.f;
+    }
 
     const int warp_key0 = warp * kWarpKeys;  // relative to n_start
     const u32 k_lane = sk_addr + warp_key0 * kRow * 2 + L::a(lane);
-    const u32 v_lane = sv_addr + warp_key0 * kRow * 2 + L::a(lane);
+    const u32 v_lane = sv_addr + warp_key0 * kRowV * 2 + LV::a(lane);
     const u32 b_lane = L::b(lane);
+    const u32 b_lane_v = LV::b(lane);
     const u32 bt_lane = L::b_trans(lane);
+    const u32 bt_lane_v = LV::b_trans(lane);
     const KeyBlock block{p, sk_addr, sds_addr, warp, lane, g, t, n_start, kv_head, batch, slice_tile0,
-                         warp_key0, bt_lane};
+                         slice_tile0_v, warp_key0, bt_lane, bt_lane_v};
 
-    // Sᵀ-shaped product for this warp's keys: acc = X Yᵀ with X = K or V rows (A), Y = Q or dO (B).
-    auto product_t = [&](float (&acc)[kKeyTiles][kQTiles][4], u32 x_lane, u32 y_tile) {
-      auto load_x = [&](int kt, int kk, u32(&a)[4]) { sm80::ldmatrix_x4(a, x_lane + (kt * 16 * kRow + kk * 16) * 2); };
-      sm80::qk_product<kElem, kKSteps, kRow>(acc, load_x, y_tile, b_lane);
+    // Sᵀ-shaped product for this warp's keys: acc = X Yᵀ with X = K or V rows (A), Y = Q or dO (B), of k-steps
+    // and pitch those of head_dim or (values) head_dim_v.
+    auto product_t = [&](float (&acc)[kKeyTiles][kQTiles][4], u32 x_lane, u32 y_tile, auto values) {
+      constexpr bool kValues = decltype(values)::value;
+      constexpr int kPitch = kValues ? kRowV : kRow;
+      auto load_x = [&](int kt, int kk, u32(&a)[4]) {
+        sm80::ldmatrix_x4(a, x_lane + (kt * 16 * kPitch + kk * 16) * 2);
+      };
+      sm80::qk_product<kElem, kValues ? kKStepsV : kKSteps, kPitch>(acc, load_x, y_tile, kValues ? b_lane_v : b_lane);
     };
 
     int prev_head = 0;     // head and first query of the previous step, whose dQ update is pending
@@ -335,17 +377,17 @@ struct BwdDkdvSm80 {
       const u32 st = stage_addr + (it % kStages) * kStageBytes;
       const u32 sq_tile = st;
       const u32 sdo_tile = st + kQTileBytes;
-      const float* s_lse = reinterpret_cast<const float*>(smem_raw + (st - sk_addr) + 2 * kQTileBytes);
+      const float* s_lse = reinterpret_cast<const float*>(smem_raw + (st - sk_addr) + kQRowsBytes);
       const float* s_dsum = s_lse + kBlockM;
 
       float acc_s[kKeyTiles][kQTiles][4];  // Sᵀ, then Pᵀ
-      product_t(acc_s, k_lane, sq_tile);
+      product_t(acc_s, k_lane, sq_tile, sm80::BoolConstant<false>{});
 
       load_stage(it + kStages - 1);  // refills the slot the previous iteration read
       sm80::cp_async_commit();
 
       float acc_dp[kKeyTiles][kQTiles][4];  // dPᵀ, then dSᵀ
-      product_t(acc_dp, v_lane, sdo_tile);
+      product_t(acc_dp, v_lane, sdo_tile, sm80::BoolConstant<true>{});
 
       block.scores(acc_s, acc_dp, s_lse, s_dsum, head, m_start, masked, sink_sum);
 
@@ -359,8 +401,8 @@ struct BwdDkdvSm80 {
           sm80::pack_a<kElem>(ds_frag[kt][j], acc_dp[kt][2 * j], acc_dp[kt][2 * j + 1]);
         }
 
-      block.accumulate_slice(acc_dv, p_frag, sdo_tile);
-      block.accumulate_slice(acc_dk, ds_frag, sq_tile);
+      block.template accumulate_slice<true>(acc_dv, p_frag, sdo_tile);
+      block.template accumulate_slice<false>(acc_dk, ds_frag, sq_tile);
 
       if constexpr (kAtomicDq) {
         // dSᵀ to shared memory (keys x queries) for the next step's dQ update (dq_update).

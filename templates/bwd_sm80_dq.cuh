@@ -25,7 +25,8 @@ struct BwdDqSm80 {
   using u32 = sm80::u32;
 
   static constexpr BwdDqTraits kTraits =
-      bwd_dq_traits(Cfg::kHeadDim, Cfg::kDqBlockM, Cfg::kDqBlockN, Cfg::kDqWarps, Cfg::kDqStages);
+      bwd_dq_traits(Cfg::kHeadDim, Cfg::kDqBlockM, Cfg::kDqBlockN, Cfg::kDqWarps, Cfg::kDqStages,
+                    ConfigHeadDimV<Cfg>::value);
   static_assert(kTraits.error == nullptr, "invalid backward dq config: see bwd_dq_traits() in bwd_traits.cuh");
 
   static constexpr ElemType kElem = Cfg::kElem;
@@ -42,10 +43,19 @@ struct BwdDqSm80 {
   static constexpr int kNTiles = kBlockN / 8;
   static constexpr int kDTiles = kHeadDimPad / 8;
   static constexpr int kKSteps = kHeadDimPad / 16;
+  // The values' (V, dO) columns: head_dim's, or the config's own (MLA's d_v), with their own pitch.
+  static constexpr int kHeadDimV = ConfigHeadDimV<Cfg>::value;
+  static constexpr int kHeadDimVPad = kTraits.head_dim_v_pad;
+  static constexpr int kRowV = kTraits.smem_row_elems_v;
+  static constexpr int kKStepsV = kHeadDimVPad / 16;  // k-steps of dP = dO Vᵀ
   static constexpr u32 kQTileBytes = kBlockM * kRow * 2;
-  static constexpr u32 kKvTileBytes = kBlockN * kRow * 2;
+  static constexpr u32 kDoTileBytes = kBlockM * kRowV * 2;
+  static constexpr u32 kKTileBytes = kBlockN * kRow * 2;
+  static constexpr u32 kKvStageBytes = kTraits.smem_kv_stage_bytes;  // K tile, then V tile (kBlockN, kRowV)
   using Copy = sm80::TileCopy<kThreads, kRow, kHeadDimPad / 8, kHeadDim / 8>;
+  using CopyV = sm80::TileCopy<kThreads, kRowV, kHeadDimVPad / 8, kHeadDimV / 8>;
   using L = bwd::Lanes<kRow>;
+  using LV = bwd::Lanes<kRowV>;
   static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;  // packed sequences (sequence.cuh)
 
   // blockIdx: (query block, highest first; query head; batch entry or packed sequence).
@@ -62,12 +72,13 @@ struct BwdDqSm80 {
 
   static __device__ void run_block(const AttnBwdParams& p) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    // Q (kBlockM, kRow) | dO (kBlockM, kRow) | LSE (kBlockM) | D (kBlockM) | kStages x [K | V (kBlockN, kRow)]
+    // Q (kBlockM, kRow) | dO (kBlockM, kRowV) | LSE (kBlockM) | D (kBlockM)
+    // | kStages x [K (kBlockN, kRow) | V (kBlockN, kRowV)]
     const u32 sq_addr = sm80::smem_addr(smem_raw);
     const u32 sdo_addr = sq_addr + kQTileBytes;
-    const u32 lse_addr = sdo_addr + kQTileBytes;
+    const u32 lse_addr = sdo_addr + kDoTileBytes;
     const u32 skv_addr = lse_addr + 2 * kBlockM * 4;
-    const float* s_lse = reinterpret_cast<const float*>(smem_raw + 2 * kQTileBytes);
+    const float* s_lse = reinterpret_cast<const float*>(smem_raw + (kQTileBytes + kDoTileBytes));
     const float* s_dsum = s_lse + kBlockM;
 
     const int tid = threadIdx.x;
@@ -94,16 +105,16 @@ struct BwdDqSm80 {
     const int n_blocks = blocks.end;
 
     auto load_kv = [&](int n_block) {
-      const u32 sk = skv_addr + (n_block % kStages) * 2 * kKvTileBytes;
+      const u32 sk = skv_addr + (n_block % kStages) * kKvStageBytes;
       const int n_start = n_block * kBlockN;
       const int rows_valid = min(kBlockN, n_end - n_start);
       Copy::template load<kBlockN>(sk, k + n_start * p.k_row_stride, p.k_row_stride, rows_valid, k, tid);
-      Copy::template load<kBlockN>(sk + kKvTileBytes, v + n_start * p.v_row_stride, p.v_row_stride, rows_valid, v,
-                                   tid);
+      CopyV::template load<kBlockN>(sk + kKTileBytes, v + n_start * p.v_row_stride, p.v_row_stride, rows_valid, v,
+                                    tid);
     };
 
     Copy::template load<kBlockM>(sq_addr, q + m_start * p.q_row_stride, p.q_row_stride, rows_q, q, tid);
-    Copy::template load<kBlockM>(sdo_addr, dout + m_start * p.do_row_stride, p.do_row_stride, rows_q, dout, tid);
+    CopyV::template load<kBlockM>(sdo_addr, dout + m_start * p.do_row_stride, p.do_row_stride, rows_q, dout, tid);
     for (int i = tid; i < kBlockM; i += kThreads) {
       const bool valid = i < rows_q;
       const int row = valid ? m_start + i : 0;
@@ -127,17 +138,23 @@ struct BwdDqSm80 {
 
     const int warp_row0 = warp * kWarpRows;  // relative to m_start
     const u32 q_lane = sq_addr + warp_row0 * kRow * 2 + L::a(lane);
-    const u32 do_lane = sdo_addr + warp_row0 * kRow * 2 + L::a(lane);
+    const u32 do_lane = sdo_addr + warp_row0 * kRowV * 2 + LV::a(lane);
     const u32 b_lane = L::b(lane);
+    const u32 b_lane_v = LV::b(lane);
     const u32 bt_lane = L::b_trans(lane);
     float lse2[kMTiles][2];  // loaded once the first wait has landed Q's group
     float dsum[kMTiles][2];
     bool row_state_loaded = false;
 
-    // acc (rows, keys) = X Yᵀ: X = Q or dO (A, this warp's rows), Y = K or V (B).
-    auto product = [&](float (&acc)[kMTiles][kNTiles][4], u32 x_lane, u32 y_tile) {
-      auto load_x = [&](int mt, int kk, u32(&a)[4]) { sm80::ldmatrix_x4(a, x_lane + (mt * 16 * kRow + kk * 16) * 2); };
-      sm80::qk_product<kElem, kKSteps, kRow>(acc, load_x, y_tile, b_lane);
+    // acc (rows, keys) = X Yᵀ: X = Q or dO (A, this warp's rows), Y = K or V (B), of k-steps and pitch those of
+    // head_dim or (values) head_dim_v.
+    auto product = [&](float (&acc)[kMTiles][kNTiles][4], u32 x_lane, u32 y_tile, auto values) {
+      constexpr bool kValues = decltype(values)::value;
+      constexpr int kPitch = kValues ? kRowV : kRow;
+      auto load_x = [&](int mt, int kk, u32(&a)[4]) {
+        sm80::ldmatrix_x4(a, x_lane + (mt * 16 * kPitch + kk * 16) * 2);
+      };
+      sm80::qk_product<kElem, kValues ? kKStepsV : kKSteps, kPitch>(acc, load_x, y_tile, kValues ? b_lane_v : b_lane);
     };
 
     auto step = [&](int n_block, auto masked) {
@@ -156,16 +173,16 @@ struct BwdDqSm80 {
         row_state_loaded = true;
       }
 
-      const u32 sk = skv_addr + (n_block % kStages) * 2 * kKvTileBytes;
-      const u32 sv = sk + kKvTileBytes;
+      const u32 sk = skv_addr + (n_block % kStages) * kKvStageBytes;
+      const u32 sv = sk + kKTileBytes;
       float acc_s[kMTiles][kNTiles][4];
-      product(acc_s, q_lane, sk);
+      product(acc_s, q_lane, sk, sm80::BoolConstant<false>{});
 
       load_kv(n_block + kStages - 1);
       sm80::cp_async_commit();
 
       float acc_dp[kMTiles][kNTiles][4];
-      product(acc_dp, do_lane, sv);
+      product(acc_dp, do_lane, sv, sm80::BoolConstant<true>{});
 
       const int n_start = n_block * kBlockN;
       u32 ds_frag[kMTiles][kNTiles / 2][4];

@@ -30,6 +30,7 @@ struct BwdSm90Consumer : BwdSm90Layout<Cfg> {
   using typename L::u32;
   using typename L::Variant;
   using L::kDGroups;
+  using L::kDGroupsV;
   using L::kDkdvSplit;
   using L::kDqColParts;
   using L::kDqCols;
@@ -72,11 +73,14 @@ struct BwdSm90Consumer : BwdSm90Layout<Cfg> {
                                                   : (consumer % kDqColParts) * kDqCols;
 
     float acc_dk[kDGroups][4];
-    float acc_dv[kDGroups][4];
+    float acc_dv[kDGroupsV][4];
 #pragma unroll
-    for (int i = 0; i < kDGroups; ++i)
+    for (int i = 0; i < (kDGroups > kDGroupsV ? kDGroups : kDGroupsV); ++i)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc_dk[i][e] = acc_dv[i][e] = 0.f;
+      for (int e = 0; e < 4; ++e) {
+        if (i < kDGroups) acc_dk[i][e] = 0.f;
+        if (i < kDGroupsV) acc_dv[i][e] = 0.f;
+      }
 
     // The sinks' gradient (ConfigSinkGrad): this warp's Σ P_sink · P · dP over the scores of query head sink_head,
     // added to its partial (bwd_rows.cuh) when the walk moves to another head and at its end. The partials start at

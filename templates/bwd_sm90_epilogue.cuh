@@ -21,9 +21,12 @@ struct BwdSm90Epilogue : BwdSm90Layout<Cfg> {
   using typename L::u32;
   using L::kBlockN;
   using L::kChunks;
+  using L::kChunksV;
   using L::kDGroups;
+  using L::kDGroupsV;
   using L::kElem;
   using L::kHeadDim;
+  using L::kHeadDimV;
   using L::kQuerySplit;
   using L::kRowBytes;
   using L::kStageBytes;
@@ -35,7 +38,8 @@ struct BwdSm90Epilogue : BwdSm90Layout<Cfg> {
   using L::swizzled;
 
   // Consumer `consumer` (its keys: the block's 64 from key_consumer * 64; this thread's rows key_row0 and + 8,
-  // column pair t) holds acc_dk and acc_dv (64, kTileDim) fp32, dK unscaled; kPart: which of them it has.
+  // column pair t) holds acc_dk (64, kTileDim) and acc_dv (64, kTileDimV) fp32, dK unscaled; kPart: which of them it
+  // has.
   // Every consumer being done with K and V (dQ read all keys), it stages dK = scale · acc_dk and dV in its
   // rows of the K and V tiles (the dK/dV split: its one of them, all 64 rows), then TMA-stores them (rows
   // past seqlen_k are clipped). With the query split, consumer 0 first adds consumer 1's dK to its own and
@@ -46,7 +50,7 @@ struct BwdSm90Epilogue : BwdSm90Layout<Cfg> {
   template <Part kPart>
   static __device__ void store(const AttnBwdSm90Params& params, const AttnBwdParams& p, const Work& w, u32 smem,
                                const Barriers& bars, int consumer, int key_consumer, int key_row0, int t,
-                               float (&acc_dk)[kDGroups][4], float (&acc_dv)[kDGroups][4]) {
+                               float (&acc_dk)[kDGroups][4], float (&acc_dv)[kDGroupsV][4]) {
     constexpr bool kHasDk = kPart != Part::kGrads;
     constexpr bool kHasDv = kPart != Part::kScores;
     const u32 sk = smem;
@@ -55,21 +59,23 @@ struct BwdSm90Epilogue : BwdSm90Layout<Cfg> {
     const bool stores_dk = kHasDk && (!kQuerySplit || consumer == 0);
     const bool stores_dv = kHasDv && (!kQuerySplit || consumer == 1);
     if constexpr (kQuerySplit) {
-      static_assert(2 * kDGroups * 128 * 16 <= kStages * kStageBytes, "the partial dK and dV fit the stages");
+      static_assert((kDGroups + kDGroupsV) * 128 * 16 <= kStages * kStageBytes, "the partial dK and dV fit the stages");
       const u32 partial = smem + kStageOffset + (threadIdx.x % 128) * 16;
-      auto slot = [&](int tensor, int i) {  // tensor 0: dK, 1: dV
+      auto slot = [&](int tensor, int i) {  // tensor 0: dK, 1: dV (after dK's groups)
         return partial + static_cast<u32>(tensor * kDGroups + i) * 128 * 16;
       };
       // (Branches rather than a reference chosen at run time, which would put the accumulators in local memory.)
-      auto give = [&](int tensor, const float(&acc)[kDGroups][4]) {
+      auto give = [&](int tensor, const auto& acc) {
+        constexpr int kGroups = sizeof(acc) / sizeof(acc[0]);
 #pragma unroll
-        for (int i = 0; i < kDGroups; ++i) {
+        for (int i = 0; i < kGroups; ++i) {
           sm90::st_shared_f32x4(slot(tensor, i), acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
         }
       };
-      auto take = [&](int tensor, float(&acc)[kDGroups][4]) {
+      auto take = [&](int tensor, auto& acc) {
+        constexpr int kGroups = sizeof(acc) / sizeof(acc[0]);
 #pragma unroll
-        for (int i = 0; i < kDGroups; ++i) {
+        for (int i = 0; i < kGroups; ++i) {
           float other[4];
           sm90::ld_shared_f32x4(slot(tensor, i), other[0], other[1], other[2], other[3]);
 #pragma unroll
@@ -102,12 +108,12 @@ struct BwdSm90Epilogue : BwdSm90Layout<Cfg> {
           u16* dk = static_cast<u16*>(p.dk) + key * p.dk_row_stride + w.kv_head * p.dk_head_stride + 2 * t;
           u16* dv = static_cast<u16*>(p.dv) + key * p.dv_row_stride + w.kv_head * p.dv_head_stride + 2 * t;
 #pragma unroll
-          for (int i = 0; i < kHeadDim / 8; ++i) {
-            if (stores_dk) {
+          for (int i = 0; i < (kHeadDim > kHeadDimV ? kHeadDim : kHeadDimV) / 8; ++i) {
+            if (stores_dk && i < kHeadDim / 8) {
               *reinterpret_cast<u32*>(dk + 8 * i) =
                   sm80::pack2<kElem>(acc_dk[i][2 * h] * p.variant.scale, acc_dk[i][2 * h + 1] * p.variant.scale);
             }
-            if (stores_dv) {
+            if (stores_dv && i < kHeadDimV / 8) {
               *reinterpret_cast<u32*>(dv + 8 * i) = sm80::pack2<kElem>(acc_dv[i][2 * h], acc_dv[i][2 * h + 1]);
             }
           }
@@ -116,15 +122,15 @@ struct BwdSm90Epilogue : BwdSm90Layout<Cfg> {
       }
     }
 #pragma unroll
-    for (int i = 0; i < kDGroups; ++i)
+    for (int i = 0; i < (kDGroups > kDGroupsV ? kDGroups : kDGroupsV); ++i)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const u32 offset = swizzled(kBlockN, key_row0 + 8 * h, 8 * i + 2 * t);
-        if (stores_dk) {
+        if (stores_dk && i < kDGroups) {
           sm90::st_shared_u32(sk + offset, sm80::pack2<kElem>(acc_dk[i][2 * h] * p.variant.scale,
                                                              acc_dk[i][2 * h + 1] * p.variant.scale));
         }
-        if (stores_dv) {
+        if (stores_dv && i < kDGroupsV) {
           sm90::st_shared_u32(sv + offset, sm80::pack2<kElem>(acc_dv[i][2 * h], acc_dv[i][2 * h + 1]));
         }
       }
@@ -132,11 +138,15 @@ struct BwdSm90Epilogue : BwdSm90Layout<Cfg> {
     sm90::named_barrier_sync(2 + consumer, 128);
     if (threadIdx.x % 128 == 0) {
 #pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
+      for (int c = 0; c < (kChunks > kChunksV ? kChunks : kChunksV); ++c) {
         const u32 rows = c * kBlockN * kRowBytes + key_consumer * 64 * kRowBytes;
         const int k_row = w.k_row0 + w.n_start + key_consumer * 64;
-        if (stores_dk) sm90::tma_store_4d(&params.dk_map, sk + rows, c * 64, k_row, w.kv_head, w.tma_batch);
-        if (stores_dv) sm90::tma_store_4d(&params.dv_map, sv + rows, c * 64, k_row, w.kv_head, w.tma_batch);
+        if (stores_dk && c < kChunks) {
+          sm90::tma_store_4d(&params.dk_map, sk + rows, c * 64, k_row, w.kv_head, w.tma_batch);
+        }
+        if (stores_dv && c < kChunksV) {
+          sm90::tma_store_4d(&params.dv_map, sv + rows, c * 64, k_row, w.kv_head, w.tma_batch);
+        }
       }
       sm90::tma_store_commit();
       sm90::tma_store_wait_all();

@@ -21,7 +21,8 @@ struct BwdSm90Layout {
   static_assert(Cfg::kLockStep == bwd_sm90_lock_step(Cfg::Variant::kWideScoreWork),
                 "the config's kLockStep disagrees with its variant (bwd_sm90_lock_step)");
   static constexpr BwdSm90Traits kTraits =
-      bwd_sm90_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kLockStep);
+      bwd_sm90_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kLockStep,
+                      ConfigHeadDimV<Cfg>::value);
   static_assert(kTraits.error == nullptr, "invalid sm90 backward config: see bwd_sm90_traits() in bwd_traits.cuh");
   static_assert(Cfg::kPadRows == kBwdSm90PadRows, "the sm90 family reads whole query blocks of the workspace");
   static_assert(Cfg::kDqAccum == DqAccum::kTiles, "the sm90 family adds dQ tiles in accumulator order");
@@ -35,6 +36,8 @@ struct BwdSm90Layout {
   using Variant = typename Cfg::Variant;
   static constexpr int kHeadDim = Cfg::kHeadDim;      // the problem's: columns past it are never stored
   static constexpr int kTileDim = kTraits.tile_dim;  // the tiles' and the dQ accumulator's (whole 64-column chunks)
+  static constexpr int kHeadDimV = ConfigHeadDimV<Cfg>::value;  // the values' (v, dO, dV): kHeadDim unless their own
+  static constexpr int kTileDimV = kTraits.tile_dim_v;          // the V and dO tiles' and dV's
   static constexpr int kBlockM = Cfg::kBlockM;
   static constexpr int kBlockN = Cfg::kBlockN;
   static constexpr int kStages = Cfg::kStages;
@@ -58,19 +61,22 @@ struct BwdSm90Layout {
   // Nothing zeroes the dQ accumulator: a query block's first add stores (write_dq).
   static constexpr bool kFirstAddStores = dq_first_add_stores(DqAccum::kTiles, Cfg::kHeadDim, Cfg::kBlockM,
                                                               Cfg::kBlockN, Cfg::kStages, kDeterministic,
-                                                              Variant::kHidesKeys);
+                                                              Variant::kHidesKeys, kHeadDimV);
 
   // Tiles are stored as 64-column chunks of 128-byte rows, chunk after chunk, swizzled in 1024-byte
   // atoms of 8 rows (what TMA writes with 128-byte swizzling and wgmma descriptors read), as in
   // fwd_sm90.cuh. dSᵀ is stored keys x queries: its chunks are 64 queries wide.
   static constexpr u32 kRowBytes = 128;
   static constexpr int kChunks = kTileDim / 64;
+  static constexpr int kChunksV = kTileDimV / 64;
   // Layout: K | V | kStages x [Q | dO] | kDsTiles x dSᵀ | dQ | exchange | kStages x [LSE | D] | barriers. Every
   // tile starts on a 1024-byte boundary (all tile sizes are multiples of 1024): TMA, wgmma and the swizzled
   // stores below all derive the swizzle from address bits, relative to the atom.
-  static constexpr u32 kKvTileBytes = kBlockN * kTileDim * 2;  // K or V
-  static constexpr u32 kQTileBytes = kBlockM * kTileDim * 2;   // Q or dO
-  static constexpr u32 kStageBytes = 2 * kQTileBytes;
+  static constexpr u32 kKTileBytes = kBlockN * kTileDim * 2;
+  static constexpr u32 kVTileBytes = kBlockN * kTileDimV * 2;
+  static constexpr u32 kQTileBytes = kBlockM * kTileDim * 2;
+  static constexpr u32 kDoTileBytes = kBlockM * kTileDimV * 2;
+  static constexpr u32 kStageBytes = kQTileBytes + kDoTileBytes;
   static constexpr u32 kDsTileBytes = kBlockN * kBlockM * 2;
   // fp32, (kBlockM / 64, kChunks) chunks of 64 x 64
   static constexpr u32 kDqTileBytes = kDqStaged ? kBlockM * kTileDim * 4 : 0;  // one query block's
@@ -85,14 +91,15 @@ struct BwdSm90Layout {
   // 16 * (128 * i + its index in the warpgroup), so each warp's 16-byte accesses are 512 consecutive bytes.
   static constexpr u32 kExchangeBytes = kTraits.smem_exchange_bytes;
   static constexpr u32 kRowStatsBytes = 2 * kBlockM * 4;      // LSE and D of one stage
-  static constexpr u32 kVOffset = kKvTileBytes;
-  static constexpr u32 kStageOffset = 2 * kKvTileBytes;
+  static constexpr u32 kVOffset = kKTileBytes;
+  static constexpr u32 kStageOffset = kKTileBytes + kVTileBytes;
   static constexpr u32 kDsOffset = kStageOffset + kStages * kStageBytes;
   static constexpr u32 kDqOffset = kDsOffset + kDsTiles * kDsTileBytes;
   static constexpr u32 kExchangeOffset = kDqOffset + kDqTiles * kDqTileBytes;
   static constexpr u32 kRowStatsOffset = kExchangeOffset + kExchangeBytes;
   static constexpr u32 kBarrierOffset = kRowStatsOffset + kStages * kRowStatsBytes;
-  static_assert(kKvTileBytes % 1024 == 0 && kQTileBytes % 1024 == 0 && kDsTileBytes % 1024 == 0,
+  static_assert(kKTileBytes % 1024 == 0 && kVTileBytes % 1024 == 0 && kQTileBytes % 1024 == 0 &&
+                    kDoTileBytes % 1024 == 0 && kDsTileBytes % 1024 == 0,
                 "tiles must keep 1024-byte alignment");
   static_assert(kDqTiles * kDqTileBytes == kTraits.smem_dq_bytes, "dQ tile and traits disagree");
   static_assert(!kQuerySplit || (kDqStaged && !kDkdvSplit && kStages >= 2), "the query split stages dQ");
@@ -104,9 +111,11 @@ struct BwdSm90Layout {
 
   static constexpr int kSGroups = kBlockM / 8;   // accumulator groups of Sᵀ, dPᵀ: (16 keys, 8 queries) per warp
   static constexpr int kMSteps = kBlockM / 16;   // k-steps of dV += Pᵀ dO and dK += dSᵀ Q
-  static constexpr int kDSteps = kTileDim / 16;  // k-steps of Sᵀ and dPᵀ
+  static constexpr int kDSteps = kTileDim / 16;   // k-steps of Sᵀ
+  static constexpr int kDStepsV = kTileDimV / 16; // k-steps of dPᵀ
   static constexpr int kNSteps = kBlockN / 16;   // k-steps of dQ = dS K
-  static constexpr int kDGroups = kTileDim / 8;  // accumulator groups of dK and dV
+  static constexpr int kDGroups = kTileDim / 8;    // accumulator groups of dK
+  static constexpr int kDGroupsV = kTileDimV / 8;  // and of dV
   static constexpr int kDqRowTiles = kTraits.dq_row_tiles;
   static constexpr int kDqCols = kTraits.dq_cols;
   static constexpr int kDqGroups = kDqCols / 8;

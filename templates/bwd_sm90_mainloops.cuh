@@ -27,8 +27,10 @@ struct BwdSm90Mainloops : BwdSm90Layout<Cfg> {
   using L::kBlockM;
   using L::kBlockN;
   using L::kChunks;
-  using L::kDSteps;
   using L::kDGroups;
+  using L::kDGroupsV;
+  using L::kDSteps;
+  using L::kDStepsV;
   using L::kDeferDq;
   using L::kDeterministic;
   using L::kDqChunkBytes;
@@ -55,6 +57,7 @@ struct BwdSm90Mainloops : BwdSm90Layout<Cfg> {
   using L::kStages;
   using L::kStepConsumers;
   using L::kTileDim;
+  using L::kTileDimV;
   using L::consumers_sync;
   using L::dq_empty_barrier;
   using L::dq_full_barrier;
@@ -91,11 +94,12 @@ struct BwdSm90Mainloops : BwdSm90Layout<Cfg> {
     if constexpr (kDeferDq) sm90::mbarrier_arrive(bars.ds_full(it % kDsTiles));
   }
 
-  // acc = A Bᵀ over head_dim as one wgmma group (Sᵀ = K Qᵀ or dPᵀ = V dOᵀ): A the consumer's 64 rows of K or V, B the
-  // stage's Q or dO, both K-major.
+  // acc = A Bᵀ over kSteps k-steps of a head dim as one wgmma group (Sᵀ = K Qᵀ over head_dim, or dPᵀ = V dOᵀ over
+  // the values'): A the consumer's 64 rows of K or V, B the stage's Q or dO, both K-major.
+  template <int kSteps>
   static __device__ __forceinline__ void transposed_product(float (&acc)[kSGroups][4], u64 desc_a, u64 desc_b) {
 #pragma unroll
-    for (int kk = 0; kk < kDSteps; ++kk) {
+    for (int kk = 0; kk < kSteps; ++kk) {
       const u32 offset = (kk / 4) * kBlockN * kRowBytes + (kk % 4) * 32;
       const u32 q_offset = (kk / 4) * kBlockM * kRowBytes + (kk % 4) * 32;
       sm90::WgmmaSS<kBlockM>::template run<kElem>(acc, sm90::smem_desc_advance(desc_a, offset),
@@ -130,7 +134,7 @@ struct BwdSm90Mainloops : BwdSm90Layout<Cfg> {
   template <class Probabilities, class Gradients>
   static __device__ void ping_pong(const AttnBwdParams& p, const Work& w, u32 smem, const Barriers& bars,
                                    const ThreadPlace& place, float (&acc_dk)[kDGroups][4],
-                                   float (&acc_dv)[kDGroups][4], const Probabilities& probabilities,
+                                   float (&acc_dv)[kDGroupsV][4], const Probabilities& probabilities,
                                    const Gradients& gradients) {
     const int consumer = place.consumer;
     const int key_consumer = place.key_consumer;
@@ -151,12 +155,14 @@ struct BwdSm90Mainloops : BwdSm90Layout<Cfg> {
     auto stage_q = [&](int it) { return smem + kStageOffset + (it % kStages) * kStageBytes; };
     auto ds_tile = [&](int it) { return smem + kDsOffset + (it % kDsTiles) * kDsTileBytes; };
     auto ds_phase = [&](int it) { return static_cast<u32>((it / kDsTiles) & 1); };
-    // Sᵀ = K Qᵀ or dPᵀ = V dOᵀ of this consumer's keys, (64, kBlockM), k-steps along head_dim.
-    auto issue_scores = [&](float(&acc)[kSGroups][4], u64 desc_a, u32 tile) {
+    // Sᵀ = K Qᵀ or dPᵀ = V dOᵀ of this consumer's keys, (64, kBlockM), kSteps k-steps along head_dim or the values'.
+    auto issue_scores = [&](float(&acc)[kSGroups][4], u64 desc_a, u32 tile, auto steps) {
       const u64 desc_b = sm90::smem_desc_sw128(tile, 16, 1024);
       sm90::wgmma_fence();
-      transposed_product(acc, desc_a, desc_b);
+      transposed_product<decltype(steps)::value>(acc, desc_a, desc_b);
     };
+    using ScoreSteps = sm80::IntConstant<kDSteps>;
+    using ValueSteps = sm80::IntConstant<kDStepsV>;
     // Step it's Pᵀ and dSᵀ from its Sᵀ and dPᵀ (the two newest wgmma groups), into p_frag and ds_kept, and
     // dSᵀ into its tile once both consumers' dQ products of kDsTiles steps ago have read it.
     auto softmax = [&](int it, float(&acc_s)[kSGroups][4], float(&acc_dp)[kSGroups][4]) {
@@ -232,7 +238,7 @@ struct BwdSm90Mainloops : BwdSm90Layout<Cfg> {
       sm90::wgmma_fence();
 #pragma unroll
       for (int j = 0; j < kMSteps; ++j) {
-        sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dv, p_frag[j],
+        sm90::WgmmaRS<kTileDimV>::template run<kElem>(acc_dv, p_frag[j],
                                                      sm90::smem_desc_advance(desc_do_mn, j * 16 * kRowBytes), 1);
       }
       if constexpr (kDkFromTile) {
@@ -268,13 +274,13 @@ struct BwdSm90Mainloops : BwdSm90Layout<Cfg> {
       float acc_dp[kSGroups][4];
       if constexpr (kNext) {
         sm90::mbarrier_wait(bars.full((it + 1) % kStages), ring_phase(it + 1));
-        issue_scores(acc_s, desc_k_rows, stage_q(it + 1));
+        issue_scores(acc_s, desc_k_rows, stage_q(it + 1), ScoreSteps{});
       }
       if constexpr (kPrev) {
         sm90::wgmma_wait<kNext ? 1 : 0>();
         stage_dq(it - 1, acc_dq);
       }
-      if constexpr (kNext) issue_scores(acc_dp, desc_v_rows, stage_q(it + 1) + kQTileBytes);
+      if constexpr (kNext) issue_scores(acc_dp, desc_v_rows, stage_q(it + 1) + kQTileBytes, ValueSteps{});
       if (consumer == 0 || kNext) sm90::named_barrier_arrive(turn_barrier(1 - consumer), 256);
       if constexpr (kNext) softmax(it + 1, acc_s, acc_dp);
     };
@@ -285,8 +291,8 @@ struct BwdSm90Mainloops : BwdSm90Layout<Cfg> {
         float acc_s[kSGroups][4];
         float acc_dp[kSGroups][4];
         sm90::mbarrier_wait(bars.full(0), ring_phase(0));
-        issue_scores(acc_s, desc_k_rows, stage_q(0));
-        issue_scores(acc_dp, desc_v_rows, stage_q(0) + kQTileBytes);
+        issue_scores(acc_s, desc_k_rows, stage_q(0), ScoreSteps{});
+        issue_scores(acc_dp, desc_v_rows, stage_q(0) + kQTileBytes, ValueSteps{});
         softmax(0, acc_s, acc_dp);
       }
       const int last = w.iterations - 1;
@@ -314,7 +320,7 @@ struct BwdSm90Mainloops : BwdSm90Layout<Cfg> {
   template <int kPasses, Part kPart, class Probabilities, class Gradients>
   static __device__ void lock_step(const AttnBwdParams& p, const Work& w, u32 smem, const Barriers& bars,
                                    const ThreadPlace& place, float (&acc_dk)[kDGroups][4],
-                                   float (&acc_dv)[kDGroups][4], const Probabilities& probabilities,
+                                   float (&acc_dv)[kDGroupsV][4], const Probabilities& probabilities,
                                    const Gradients& gradients) {
     const int consumer = place.consumer;
     constexpr bool kHasDk = kPart != Part::kGrads;
@@ -336,13 +342,13 @@ struct BwdSm90Mainloops : BwdSm90Layout<Cfg> {
         const u64 desc_q = sm90::smem_desc_sw128(sq, 16, 1024);
         const u64 desc_do = sm90::smem_desc_sw128(sdo, 16, 1024);
 
-        // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for this consumer's keys: (64, kBlockM), k-steps along head_dim. With the
+        // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for this consumer's keys: (64, kBlockM), k-steps along the head dims. With the
         // dK/dV split consumer 0 computes Sᵀ and consumer 1 dPᵀ.
         float acc_s[kSGroups][4];
         float acc_dp[kSGroups][4];
         sm90::wgmma_fence();
-        if constexpr (kPart != Part::kGrads) transposed_product(acc_s, desc_k_rows, desc_q);
-        if constexpr (kPart != Part::kScores) transposed_product(acc_dp, desc_v_rows, desc_do);
+        if constexpr (kPart != Part::kGrads) transposed_product<kDSteps>(acc_s, desc_k_rows, desc_q);
+        if constexpr (kPart != Part::kScores) transposed_product<kDStepsV>(acc_dp, desc_v_rows, desc_do);
 
         // Pᵀ and dSᵀ as 16-bit A fragments (groups 2j, 2j+1 are k-step j's A fragment).
         u32 p_frag[kMSteps][4];
@@ -403,7 +409,7 @@ struct BwdSm90Mainloops : BwdSm90Layout<Cfg> {
 #pragma unroll
           for (int j = 0; j < kMSteps; ++j) {
             const u64 desc_do_j = sm90::smem_desc_advance(desc_do_mn, j * 16 * kRowBytes);
-            sm90::WgmmaRS<kTileDim>::template run<kElem>(acc_dv, p_frag[j], desc_do_j, 1);
+            sm90::WgmmaRS<kTileDimV>::template run<kElem>(acc_dv, p_frag[j], desc_do_j, 1);
           }
         }
         if constexpr (kHasDk) {

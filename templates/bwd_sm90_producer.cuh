@@ -21,7 +21,9 @@ struct BwdSm90Producer : BwdSm90Layout<Cfg> {
   using L::kBlockM;
   using L::kBlockN;
   using L::kChunks;
-  using L::kKvTileBytes;
+  using L::kChunksV;
+  using L::kKTileBytes;
+  using L::kVTileBytes;
   using L::kQTileBytes;
   using L::kRowBytes;
   using L::kRowStatsBytes;
@@ -36,14 +38,19 @@ struct BwdSm90Producer : BwdSm90Layout<Cfg> {
   // keys past seqlen_k are masked, and its queries past seqlen_q have LSE2 = +inf in the padded workspace.
   static __device__ void produce(const AttnBwdSm90Params& params, const AttnBwdParams& p, const Work& w, u32 smem,
                                  const Barriers& bars) {
-    sm90::mbarrier_arrive_expect_tx(bars.kv_full(), 2 * kKvTileBytes);
+    sm90::mbarrier_arrive_expect_tx(bars.kv_full(), kKTileBytes + kVTileBytes);
     const int k_row = w.k_row0 + w.n_start;
+    // K's and V's chunks in turn (the values' own head dim may give them fewer or more).
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      sm90::tma_load_4d(smem + c * kBlockN * kRowBytes, &params.k_map, bars.kv_full(), c * 64, k_row, w.kv_head,
-                        w.tma_batch);
-      sm90::tma_load_4d(smem + kVOffset + c * kBlockN * kRowBytes, &params.v_map, bars.kv_full(), c * 64, k_row,
-                        w.kv_head, w.tma_batch);
+    for (int c = 0; c < (kChunks > kChunksV ? kChunks : kChunksV); ++c) {
+      if (c < kChunks) {
+        sm90::tma_load_4d(smem + c * kBlockN * kRowBytes, &params.k_map, bars.kv_full(), c * 64, k_row, w.kv_head,
+                          w.tma_batch);
+      }
+      if (c < kChunksV) {
+        sm90::tma_load_4d(smem + kVOffset + c * kBlockN * kRowBytes, &params.v_map, bars.kv_full(), c * 64, k_row,
+                          w.kv_head, w.tma_batch);
+      }
     }
     for (int it = 0; it < w.iterations; ++it) {
       const int head = Scheduler::head_of(p, w, it);
@@ -53,11 +60,15 @@ struct BwdSm90Producer : BwdSm90Layout<Cfg> {
       sm90::mbarrier_wait(bars.empty(s), ring_phase(it) ^ 1);
       sm90::mbarrier_arrive_expect_tx(bars.full(s), kStageBytes + kRowStatsBytes);
 #pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        sm90::tma_load_4d(st + c * kBlockM * kRowBytes, &params.q_map, bars.full(s), c * 64, w.q_row0 + m_start, head,
-                          w.tma_batch);
-        sm90::tma_load_4d(st + kQTileBytes + c * kBlockM * kRowBytes, &params.do_map, bars.full(s), c * 64,
-                          w.q_row0 + m_start, head, w.tma_batch);
+      for (int c = 0; c < (kChunks > kChunksV ? kChunks : kChunksV); ++c) {
+        if (c < kChunks) {
+          sm90::tma_load_4d(st + c * kBlockM * kRowBytes, &params.q_map, bars.full(s), c * 64, w.q_row0 + m_start,
+                            head, w.tma_batch);
+        }
+        if (c < kChunksV) {
+          sm90::tma_load_4d(st + kQTileBytes + c * kBlockM * kRowBytes, &params.do_map, bars.full(s), c * 64,
+                            w.q_row0 + m_start, head, w.tma_batch);
+        }
       }
       const long long flat = Scheduler::workspace_row(p, w, head, m_start);
       const u32 stats = smem + kRowStatsOffset + s * kRowStatsBytes;

@@ -19,9 +19,12 @@ namespace flashgen {
 struct BwdDkdvTraits {
   int threads;             // warps * 32
   int head_dim_pad;        // head_dim rounded up to 16
-  int smem_row_elems;      // Q/K/V/dO tile pitch: head_dim_pad + 8
+  int smem_row_elems;      // Q/K tile pitch: head_dim_pad + 8
+  int head_dim_v_pad;      // the values' head dim (head_dim unless the config has its own) rounded up to 16
+  int smem_row_elems_v;    // V/dO tile pitch: head_dim_v_pad + 8
   int key_tiles;           // 16-key mma tiles per warp: block_n / (16 * warps)
-  int slice_tiles;         // 16-column tiles of dK/dV each block owns: ceil(head_dim_pad / 16 / d_split)
+  int slice_tiles;         // 16-column tiles of dK each block owns: ceil(head_dim_pad / 16 / d_split)
+  int slice_tiles_v;       // ... of dV: ceil(head_dim_v_pad / 16 / d_split); a block takes slice z of both
   int ds_row_elems;        // dS tile pitch (keys x queries): block_m + 8
   int dq_items;            // (16-row, column part) dQ work items per warp in the atomic strategy
   int dq_part_tiles;       // 16-column tiles per dQ column part
@@ -38,29 +41,37 @@ struct BwdDkdvTraits {
 // final word is its report, and configs that spill are dropped by whoever compiles them).
 inline constexpr int kMaxBwdAccumRegs = 200;
 
+// head_dim_v: the values' (v, dout, dv) head dim where it differs from the queries' and keys'; 0: head_dim.
 constexpr BwdDkdvTraits bwd_dkdv_traits(int head_dim, int block_m, int block_n, int warps, int stages, int d_split,
-                                        bool atomic_dq) {
+                                        bool atomic_dq, int head_dim_v = 0) {
   BwdDkdvTraits t{};
+  const int dim_v = head_dim_v > 0 ? head_dim_v : head_dim;
   t.threads = warps * 32;
   t.head_dim_pad = (head_dim + 15) / 16 * 16;
   t.smem_row_elems = t.head_dim_pad + 8;
+  t.head_dim_v_pad = (dim_v + 15) / 16 * 16;
+  t.smem_row_elems_v = t.head_dim_v_pad + 8;
   t.key_tiles = warps > 0 ? block_n / (16 * warps) : 0;
   const int tiles16 = t.head_dim_pad / 16;
+  const int tiles16_v = t.head_dim_v_pad / 16;
   t.slice_tiles = d_split > 0 ? (tiles16 + d_split - 1) / d_split : 0;
+  t.slice_tiles_v = d_split > 0 ? (tiles16_v + d_split - 1) / d_split : 0;
   t.ds_row_elems = block_m + 8;
   const int m_tiles = block_m / 16;
   const int parts = (warps > m_tiles && m_tiles > 0) ? warps / m_tiles : 1;
   t.dq_items = warps > 0 ? m_tiles * parts / warps : 0;
   t.dq_part_tiles = (t.slice_tiles + parts - 1) / parts;
-  t.smem_kv_bytes = 2 * block_n * t.smem_row_elems * 2;
-  t.smem_stage_bytes = 2 * block_m * t.smem_row_elems * 2 + 2 * block_m * 4;
+  t.smem_kv_bytes = block_n * (t.smem_row_elems + t.smem_row_elems_v) * 2;
+  t.smem_stage_bytes = block_m * (t.smem_row_elems + t.smem_row_elems_v) * 2 + 2 * block_m * 4;
   t.smem_ds_bytes = atomic_dq ? 2 * block_n * t.ds_row_elems * 2 : 0;
   t.smem_bytes = t.smem_kv_bytes + stages * t.smem_stage_bytes + t.smem_ds_bytes;
-  t.accum_regs = t.key_tiles * t.slice_tiles * 2 * 4 * 2   // dK, dV: (16 keys, 16 columns) = 2 tiles of 4
-                 + t.key_tiles * (block_m / 8) * 4 * 2;    // S and dP: (16 keys, 8 queries) tiles
+  t.accum_regs = t.key_tiles * (t.slice_tiles + t.slice_tiles_v) * 2 * 4  // dK, dV: (16 keys, 16 columns), 2 tiles of 4
+                 + t.key_tiles * (block_m / 8) * 4 * 2;                   // S and dP: (16 keys, 8 queries) tiles
   t.error = nullptr;
   if (head_dim < 8 || head_dim > 256 || head_dim % 8 != 0) {
     t.error = "head_dim must be a multiple of 8 in [8, 256]";
+  } else if (dim_v < 8 || dim_v > 512 || dim_v % 8 != 0) {
+    t.error = "head_dim_v must be a multiple of 8 in [8, 512]";
   } else if (warps < 1 || warps > 16) {
     t.error = "warps must be in [1, 16]";
   } else if (block_n % (16 * warps) != 0 || block_n > 256) {
@@ -71,6 +82,8 @@ constexpr BwdDkdvTraits bwd_dkdv_traits(int head_dim, int block_m, int block_n, 
     t.error = "stages must be 2 or 3";
   } else if (d_split < 1 || d_split > tiles16) {
     t.error = "d_split must be in [1, head_dim_pad / 16]";
+  } else if (d_split > tiles16_v) {
+    t.error = "d_split must be at most head_dim_v_pad / 16 (dV's slices are of its 16-column tiles)";
   } else if (atomic_dq && m_tiles % warps != 0 && warps % m_tiles != 0) {
     t.error = "block_m / 16 and warps must divide one another (dQ work is split evenly across warps)";
   } else if (t.accum_regs > kMaxBwdAccumRegs) {
@@ -82,7 +95,9 @@ constexpr BwdDkdvTraits bwd_dkdv_traits(int head_dim, int block_m, int block_n, 
 struct BwdDqTraits {
   int threads;
   int head_dim_pad;
-  int smem_row_elems;
+  int smem_row_elems;      // Q/K tile pitch
+  int head_dim_v_pad;      // the values' head dim rounded up to 16: dP's k-steps
+  int smem_row_elems_v;    // dO/V tile pitch: head_dim_v_pad + 8
   int m_tiles;             // 16-row tiles per warp
   int smem_q_bytes;        // Q and dO tiles, LSE and D
   int smem_kv_stage_bytes; // one K tile + one V tile
@@ -93,19 +108,25 @@ struct BwdDqTraits {
 
 inline constexpr int kMaxBwdDqAccumRegs = 200;
 
-constexpr BwdDqTraits bwd_dq_traits(int head_dim, int block_m, int block_n, int warps, int stages) {
+// head_dim_v as in bwd_dkdv_traits.
+constexpr BwdDqTraits bwd_dq_traits(int head_dim, int block_m, int block_n, int warps, int stages, int head_dim_v = 0) {
   BwdDqTraits t{};
+  const int dim_v = head_dim_v > 0 ? head_dim_v : head_dim;
   t.threads = warps * 32;
   t.head_dim_pad = (head_dim + 15) / 16 * 16;
   t.smem_row_elems = t.head_dim_pad + 8;
+  t.head_dim_v_pad = (dim_v + 15) / 16 * 16;
+  t.smem_row_elems_v = t.head_dim_v_pad + 8;
   t.m_tiles = warps > 0 ? block_m / (16 * warps) : 0;
-  t.smem_q_bytes = 2 * block_m * t.smem_row_elems * 2 + 2 * block_m * 4;
-  t.smem_kv_stage_bytes = 2 * block_n * t.smem_row_elems * 2;
+  t.smem_q_bytes = block_m * (t.smem_row_elems + t.smem_row_elems_v) * 2 + 2 * block_m * 4;
+  t.smem_kv_stage_bytes = block_n * (t.smem_row_elems + t.smem_row_elems_v) * 2;
   t.smem_bytes = t.smem_q_bytes + stages * t.smem_kv_stage_bytes;
   t.accum_regs = t.m_tiles * (t.head_dim_pad / 8) * 4 + 2 * t.m_tiles * (block_n / 8) * 4;
   t.error = nullptr;
   if (head_dim < 8 || head_dim > 256 || head_dim % 8 != 0) {
     t.error = "head_dim must be a multiple of 8 in [8, 256]";
+  } else if (dim_v < 8 || dim_v > 512 || dim_v % 8 != 0) {
+    t.error = "head_dim_v must be a multiple of 8 in [8, 512]";
   } else if (warps < 1 || warps > 16) {
     t.error = "dq warps must be in [1, 16]";
   } else if (block_m % (16 * warps) != 0 || block_m > 256) {
@@ -136,16 +157,16 @@ struct ConfigSinkGrad<Cfg, decltype(void(Cfg::kSinkGrad))> {
 // Rows of (batch, head, query) the preprocess and convert kernels give one block.
 inline constexpr int kBwdRowKernelThreads = 256;
 
-// The preprocess gives each row a group of lanes, one per 16-byte chunk of it, rounded up to a power of two
-// (so a row's sum stays within its lanes' shuffles): head_dim 64 takes 8 lanes and 4 rows per warp, 128 two
-// rows per warp, 256 one.
-constexpr int bwd_preprocess_row_lanes(int head_dim) {
+// The preprocess gives each row of O and dO (value_dim columns) a group of lanes, one per 16-byte chunk of it,
+// rounded up to a power of two (so a row's sum stays within its lanes' shuffles), at most a warp: value_dim 64 takes
+// 8 lanes and 4 rows per warp, 128 two rows per warp, 256 one, 512 one with two chunks a lane.
+constexpr int bwd_preprocess_row_lanes(int value_dim) {
   int lanes = 1;
-  while (lanes < head_dim / 8) lanes *= 2;
+  while (lanes < value_dim / 8 && lanes < 32) lanes *= 2;
   return lanes;
 }
-constexpr int bwd_preprocess_rows_per_block(int head_dim) {
-  return kBwdRowKernelThreads / bwd_preprocess_row_lanes(head_dim);
+constexpr int bwd_preprocess_rows_per_block(int value_dim) {
+  return kBwdRowKernelThreads / bwd_preprocess_row_lanes(value_dim);
 }
 
 // Where dQ is accumulated in fp32 before the convert kernel rounds it (or none: the sm80 family's
@@ -176,7 +197,8 @@ constexpr int dq_accum_cols(DqAccum accum, int head_dim) {
 inline constexpr int kBwdSm90PadRows = 128;
 
 struct BwdSm90Traits {
-  int tile_dim;         // sm90_tile_dim(head_dim): the tiles' columns (fwd_traits.cuh)
+  int tile_dim;         // sm90_tile_dim(head_dim): the Q, K and dQ tiles' columns (fwd_traits.cuh)
+  int tile_dim_v;       // sm90_tile_dim of the values' head dim: the V and dO tiles' columns, dV's
   int consumers;        // consumer warpgroups: block_n / 64, or 2 splitting dK and dV above tile_dim 128
   bool dkdv_split;      // tile_dim 192 and 256: both consumers see the block's 64 keys; consumer 0 computes Sᵀ,
                         // Pᵀ, dSᵀ and holds dK, consumer 1 computes dPᵀ and holds dV (dK and dV together would
@@ -187,7 +209,8 @@ struct BwdSm90Traits {
                         // steps with no barrier between them and its own query block's dQ tile (a staged tile
                         // each); their dK and dV are summed once at the end
   int key_consumers;    // consumers that split the keys: consumers, or 1 with the dK/dV or query split
-  int dkv_regs;         // fp32 registers of a consumer's dK and dV: tile_dim, or tile_dim / 2 with the split
+  int dkv_regs;         // fp32 registers of a consumer's dK and dV: (tile_dim + tile_dim_v) / 2, or with the split
+                        // the wider of its one
   int threads;          // 128 * (consumers + 1)
   int producer_regs;
   int consumer_regs;
@@ -200,8 +223,8 @@ struct BwdSm90Traits {
   bool dq_staged;       // dQ stored to a shared fp32 tile and added by the writer warp; else each consumer
                         // thread adds its values with vector reductions (the dK/dV split where the tile
                         // does not fit: tile_dim 256 with 2 stages, 192 with 3)
-  int smem_kv_bytes;    // K and V: (tile_dim / 64 chunks, block_n, 64) each
-  int smem_stage_bytes; // one ring stage: Q, dO (tile_dim / 64 chunks, block_m, 64), LSE and D
+  int smem_kv_bytes;    // K and V: (tile_dim / 64 and tile_dim_v / 64 chunks, block_n, 64)
+  int smem_stage_bytes; // one ring stage: Q, dO (tile_dim / 64 and tile_dim_v / 64 chunks, block_m, 64), LSE and D
   int ds_tiles;         // dSᵀ tiles, one per step in turn: 2, or 3 with ping_pong (the other consumer's dQ product
                         // of two steps ago may still read one while a consumer stores its next)
   int smem_ds_bytes;    // ds_tiles dSᵀ tiles (block_m / 64 chunks, block_n, 64)
@@ -232,15 +255,20 @@ struct BwdSm90Traits {
 // write_dq).
 constexpr bool bwd_sm90_lock_step(bool wide_score_work) { return wide_score_work; }
 
-constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, int stages, bool lock_step) {
+// head_dim_v: the values' (v, dout, dv) head dim where it differs from the queries' and keys'; 0: head_dim.
+constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, int stages, bool lock_step,
+                                        int head_dim_v = 0) {
   BwdSm90Traits t{};
+  const int dim_v = head_dim_v > 0 ? head_dim_v : head_dim;
   t.tile_dim = sm90_tile_dim(head_dim);
+  t.tile_dim_v = sm90_tile_dim(dim_v);
   t.dkdv_split = t.tile_dim > 128;
   t.query_split = t.tile_dim == 128 && block_n == 64;
   const bool shared_keys = t.dkdv_split || t.query_split;
   t.consumers = shared_keys ? 2 : block_n / 64;
   t.key_consumers = shared_keys ? 1 : t.consumers;
-  t.dkv_regs = t.dkdv_split ? t.tile_dim / 2 : t.tile_dim;
+  t.dkv_regs = t.dkdv_split ? (t.tile_dim > t.tile_dim_v ? t.tile_dim : t.tile_dim_v) / 2
+                             : (t.tile_dim + t.tile_dim_v) / 2;
   t.threads = 128 * (t.consumers + 1);
   t.producer_regs = kSm90ProducerRegs;
   t.consumer_regs = sm90_consumer_regs(t.consumers);
@@ -251,8 +279,8 @@ constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, 
   t.dq_passes_last = t.dkdv_split ? t.tile_dim / 64 - 2 : t.dq_passes;
   t.dq_cols = shared_keys ? 64 : t.tile_dim / col_parts;
   t.dq_tiles = t.query_split ? 2 : 1;
-  t.smem_kv_bytes = 2 * block_n * t.tile_dim * 2;
-  t.smem_stage_bytes = 2 * block_m * t.tile_dim * 2 + 2 * block_m * 4;
+  t.smem_kv_bytes = block_n * (t.tile_dim + t.tile_dim_v) * 2;
+  t.smem_stage_bytes = block_m * (t.tile_dim + t.tile_dim_v) * 2 + 2 * block_m * 4;
   t.ping_pong = !lock_step && t.tile_dim == 128 && block_m == 64 && block_n == 128 && stages == 2;
   t.defer_dq = t.tile_dim == 64 || t.ping_pong;
   t.ds_tiles = t.ping_pong ? 3 : 2;
@@ -272,6 +300,9 @@ constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, 
   t.error = nullptr;
   if (head_dim < 8 || head_dim > 256 || head_dim % 8 != 0) {
     t.error = "head_dim must be a multiple of 8 in [8, 256] (16-byte rows for TMA; dK and dV stay in registers)";
+  } else if (dim_v < 8 || dim_v % 8 != 0 || dim_v > (t.dkdv_split ? 256 : 128)) {
+    t.error = "head_dim_v must be a multiple of 8, at most 128 beside a head_dim up to 128 and at most 256 beside a "
+              "wider one (dV in registers: one consumer's with the dK/dV split)";
   } else if (block_n != 64 && block_n != 128) {
     t.error = "block_n must be 64 or 128 (64 keys per consumer warpgroup, at most 2)";
   } else if (t.dkdv_split && (block_n != 64 || block_m != 64)) {
@@ -293,10 +324,12 @@ constexpr BwdSm90Traits bwd_sm90_traits(int head_dim, int block_m, int block_n, 
 
 // Whether the Hopper family's dkdv kernel counts each query block's dQ adds on its semaphore (staged dQ,
 // added by the writer warp), so that the convert kernel can start while the dkdv kernel's last blocks run
-// and wait for each query block's adds instead (bwd_rows.cuh, bwd_sm90.cuh's write_dq).
-constexpr bool dq_adds_counted(DqAccum accum, int head_dim, int block_m, int block_n, int stages) {
+// and wait for each query block's adds instead (bwd_rows.cuh, bwd_sm90.cuh's write_dq). head_dim_v as in
+// bwd_sm90_traits (the values' tiles take shared memory the dQ tile might have had).
+constexpr bool dq_adds_counted(DqAccum accum, int head_dim, int block_m, int block_n, int stages, int head_dim_v = 0) {
   // (Whether dQ is staged does not depend on lock_step.)
-  return accum == DqAccum::kTiles && bwd_sm90_traits(head_dim, block_m, block_n, stages, false).dq_staged;
+  return accum == DqAccum::kTiles &&
+         bwd_sm90_traits(head_dim, block_m, block_n, stages, false, head_dim_v).dq_staged;
 }
 
 // Whether the dkdv kernel writes the dQ accumulator before adding to it, so that nothing need zero it: a
@@ -306,8 +339,8 @@ constexpr bool dq_adds_counted(DqAccum accum, int head_dim, int block_m, int blo
 // Where the first add stores, a query block whose semaphore counts no add has an unwritten accumulator, and the
 // convert kernel writes zeros for it.
 constexpr bool dq_first_add_stores(DqAccum accum, int head_dim, int block_m, int block_n, int stages,
-                                   bool deterministic, bool hides_keys) {
-  return dq_adds_counted(accum, head_dim, block_m, block_n, stages) && (deterministic || hides_keys);
+                                   bool deterministic, bool hides_keys, int head_dim_v = 0) {
+  return dq_adds_counted(accum, head_dim, block_m, block_n, stages, head_dim_v) && (deterministic || hides_keys);
 }
 
 }  // namespace flashgen

@@ -74,8 +74,9 @@ std::vector<KernelConfig> heuristic_candidates(DType dtype, int head_dim, MaskKi
 }
 
 std::vector<BwdConfig> heuristic_backward_candidates(DType dtype, int head_dim, MaskKind mask, bool deterministic,
-                                                     int arch, bool sm80_only, bool varlen, ScoreMods mods) {
-  std::vector<BwdConfig> configs = heuristic_backward_configs(dtype, head_dim, mask, deterministic, arch);
+                                                     int arch, bool sm80_only, bool varlen, ScoreMods mods,
+                                                     int head_dim_v) {
+  std::vector<BwdConfig> configs = heuristic_backward_configs(dtype, head_dim, mask, deterministic, arch, head_dim_v);
   if (sm80_only) keep_sm80_family(configs);
   for (BwdConfig& c : configs) c.varlen = varlen, c.mods = mods;
   return configs;
@@ -99,9 +100,9 @@ ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arc
 }
 
 BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch,
-                                         bool sm80_only, bool varlen, ScoreMods mods) {
+                                         bool sm80_only, bool varlen, ScoreMods mods, int head_dim_v) {
   return builtin_choice(
-      heuristic_backward_candidates(dtype, head_dim, mask, deterministic, arch, sm80_only, varlen, mods),
+      heuristic_backward_candidates(dtype, head_dim, mask, deterministic, arch, sm80_only, varlen, mods, head_dim_v),
       compiled_backward_spills(arch), arch);
 }
 
@@ -195,7 +196,8 @@ namespace {
 std::vector<BwdConfig> class_alternates(const BwdConfig& chosen, int arch) {
   std::vector<BwdConfig> alternates;
   for (BwdConfig& c :
-       heuristic_backward_configs(chosen.dtype, chosen.head_dim, chosen.mask, chosen.deterministic, arch)) {
+       heuristic_backward_configs(chosen.dtype, chosen.head_dim, chosen.mask, chosen.deterministic, arch,
+                                  chosen.head_dim_v)) {
     c.varlen = chosen.varlen, c.mods = chosen.mods, c.user = chosen.user, c.sink_grad = chosen.sink_grad;
     if (c.family() == chosen.family() && c != chosen) alternates.push_back(std::move(c));
   }
@@ -352,7 +354,7 @@ std::vector<KernelConfig> forward_candidates(const ProblemKey& problem, int arch
 std::vector<BwdConfig> backward_candidates(const ProblemKey& problem, int arch) {
   return heuristic_backward_candidates(problem.dtype, problem.head_dim, problem.mask,
                                        problem.dq == DqStrategy::kDeterministic, arch, false, problem.varlen,
-                                       problem.mods);
+                                       problem.mods, problem.head_dim_v);
 }
 
 }  // namespace

@@ -78,7 +78,7 @@ std::vector<KernelConfig> heuristic_candidates(DType dtype, int head_dim, MaskKi
                                                int head_dim_v = 0);
 std::vector<BwdConfig> heuristic_backward_candidates(DType dtype, int head_dim, MaskKind mask, bool deterministic,
                                                      int arch, bool sm80_only = false, bool varlen = false,
-                                                     ScoreMods mods = {});
+                                                     ScoreMods mods = {}, int head_dim_v = 0);
 
 // The built-in choice among ranked candidates for sm_<arch>: the first spilling at most builtin_spill_allowance by
 // spilled, the reason ("built-in heuristic ...") naming what was passed over; the first when all spill more.
@@ -93,7 +93,8 @@ ForwardChoice heuristic_choice(DType dtype, int head_dim, MaskKind mask, int arc
 
 // The same for the backward (its kernels' spills: dkdv, and dq when deterministic).
 BackwardChoice heuristic_backward_choice(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch,
-                                         bool sm80_only = false, bool varlen = false, ScoreMods mods = {});
+                                         bool sm80_only = false, bool varlen = false, ScoreMods mods = {},
+                                         int head_dim_v = 0);
 
 // What the data sources answer for a problem key, compiling nothing: a stored winner, whole, or the heuristic's
 // ranked candidates, which resolve() turns into the built-in choice by their spills (dispatch's planner does).

@@ -161,7 +161,7 @@ struct BwdTile {
 // next ones fit sm_80's 163 KB and the last sm_86/sm_89's 99 KB. Checked spill-free by
 // tests/tuner/test_heuristic.cpp.
 std::vector<BwdTile> backward_preferences(int head_dim, bool deterministic) {
-  const int split = head_dim <= 128 ? 1 : 2;
+  const int split = head_dim <= 128 ? 1 : head_dim <= 256 ? 2 : 4;
   const BwdTile small = {16, 32, 2, 2, split, 32, 16, 2, 2};
   if (head_dim <= 64) {
     if (deterministic) return {{64, 64, 4, 2, 1, 64, 64, 4, 2}, {32, 64, 4, 2, 1, 64, 32, 4, 2}, small};
@@ -181,8 +181,11 @@ std::vector<BwdTile> backward_preferences(int head_dim, bool deterministic) {
 }  // namespace
 
 std::vector<BwdConfig> heuristic_backward_configs(DType dtype, int head_dim, MaskKind mask, bool deterministic,
-                                                  int arch) {
+                                                  int arch, int head_dim_v) {
   std::vector<BwdConfig> configs;
+  const int value_dim = head_dim_v > 0 ? head_dim_v : head_dim;
+  const int own_value_dim = value_dim != head_dim ? value_dim : 0;
+  const int wide = std::max(head_dim, value_dim);
   std::string last_reason = "no candidate";
   // On sm_90 the Hopper family comes first, by tile width (head_dim rounded up to whole 64-column chunks: on
   // padded tiles it outruns the sm80 family, bench/notes_bwd_sm90.md, Versions: every head_dim): 128 keys in two
@@ -196,9 +199,10 @@ std::vector<BwdConfig> heuristic_backward_configs(DType dtype, int head_dim, Mas
     c.knobs = BwdSm90Knobs{};
     c.dtype = dtype;
     c.head_dim = head_dim;
+    c.head_dim_v = own_value_dim;
     c.mask = mask;
     c.deterministic = deterministic;
-    const int tile_dim = sm90_tile_dim(head_dim);
+    const int tile_dim = sm90_tile_dim(wide);
     c.block_m = tile_dim == 64 ? 128 : 64;
     c.block_n = tile_dim <= 128 ? 128 : 64;
     c.stages = tile_dim == 256 ? 1 : 2;
@@ -213,10 +217,11 @@ std::vector<BwdConfig> heuristic_backward_configs(DType dtype, int head_dim, Mas
     }
     if (!c.invalid_reason(arch)) configs.push_back(c);
   }
-  for (const BwdTile& tile : backward_preferences(head_dim, deterministic)) {
+  for (const BwdTile& tile : backward_preferences(wide, deterministic)) {
     BwdConfig c;
     c.dtype = dtype;
     c.head_dim = head_dim;
+    c.head_dim_v = own_value_dim;
     c.mask = mask;
     c.deterministic = deterministic;
     c.block_m = tile.block_m, c.block_n = tile.block_n, c.stages = tile.stages;
@@ -230,14 +235,16 @@ std::vector<BwdConfig> heuristic_backward_configs(DType dtype, int head_dim, Mas
     }
   }
   if (configs.empty()) {
-    fail(Status::kUnsupported, "no backward config for head_dim " + std::to_string(head_dim) + " on sm_" +
+    fail(Status::kUnsupported, "no backward config for head_dim " + std::to_string(head_dim) +
+                                   (own_value_dim ? " with values of " + std::to_string(value_dim) : "") + " on sm_" +
                                    std::to_string(arch) + ": " + last_reason);
   }
   return configs;
 }
 
-BwdConfig heuristic_backward_config(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch) {
-  return heuristic_backward_configs(dtype, head_dim, mask, deterministic, arch).front();
+BwdConfig heuristic_backward_config(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch,
+                                    int head_dim_v) {
+  return heuristic_backward_configs(dtype, head_dim, mask, deterministic, arch, head_dim_v).front();
 }
 
 }  // namespace flashgen

@@ -29,9 +29,11 @@ std::vector<KernelConfig> default_forward_candidates(int arch);
 
 // Backward configs for (dtype, head_dim, mask, strategy) on sm_<arch> without tuning data, best first;
 // every one is valid for arch and the list is never empty for a supported head_dim. The run-time choice
-// (heuristic_backward_choice in select.hpp) takes the first that compiles without spills.
+// (heuristic_backward_choice in select.hpp) takes the first that compiles without spills. head_dim_v: the values'
+// head dim where it differs (0: head_dim); the tiles are chosen by the wider of the two.
 std::vector<BwdConfig> heuristic_backward_configs(DType dtype, int head_dim, MaskKind mask, bool deterministic,
-                                                  int arch);
-BwdConfig heuristic_backward_config(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch);
+                                                  int arch, int head_dim_v = 0);
+BwdConfig heuristic_backward_config(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch,
+                                    int head_dim_v = 0);
 
 }  // namespace flashgen

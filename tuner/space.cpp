@@ -190,11 +190,12 @@ DecodeSpaceReport decode_space(const AttentionProblem& problem, int arch, int mu
 }
 
 BackwardSpaceReport backward_space(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch,
-                                   const BackwardKnobs& knobs) {
+                                   const BackwardKnobs& knobs, int head_dim_v) {
   BackwardSpaceReport report;
   BwdConfig c;
   c.dtype = dtype;
   c.head_dim = head_dim;
+  c.head_dim_v = head_dim_v != head_dim ? head_dim_v : 0;
   c.mask = mask;
   c.deterministic = deterministic;
   // The sm80 family's deterministic strategy: its dq tiles multiply each dkdv config; the atomic strategy

@@ -93,9 +93,9 @@ SpaceReport forward_space(DType dtype, int head_dim, MaskKind mask, int arch, co
 // config is from space.valid except the built-in, which is always first.
 std::vector<KernelConfig> capped_candidates(const SpaceReport& space, const KernelConfig& builtin, size_t max_count);
 
-// Every backward config for (dtype, head_dim, mask, dQ strategy) over knobs, as forward_space does.
+// Every backward config for (dtype, head_dim, mask, dQ strategy) over knobs, as forward_space does (head_dim_v too).
 BackwardSpaceReport backward_space(DType dtype, int head_dim, MaskKind mask, bool deterministic, int arch,
-                                   const BackwardKnobs& knobs = {});
+                                   const BackwardKnobs& knobs = {}, int head_dim_v = 0);
 std::vector<BwdConfig> capped_candidates(const BackwardSpaceReport& space, const BwdConfig& builtin,
                                          size_t max_count);
 

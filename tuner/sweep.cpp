@@ -182,27 +182,31 @@ struct BackwardSet {
     const DType dtype = problem.dtype;
     const size_t q_elems = size_t(p.batch * p.seqlen_q * p.heads_q * p.head_dim);
     const size_t kv_elems = size_t(p.batch * p.seqlen_k * p.heads_kv * p.head_dim);
+    const size_t v_elems = size_t(p.batch * p.seqlen_k * p.heads_kv * p.value_dim());
+    const size_t out_elems = size_t(p.batch * p.seqlen_q * p.heads_q * p.value_dim());
     q = random_bits(q_elems, dtype, rng);
     k = random_bits(kv_elems, dtype, rng);
-    v = random_bits(kv_elems, dtype, rng);
-    dout = random_bits(q_elems, dtype, rng);
+    v = random_bits(v_elems, dtype, rng);
+    dout = random_bits(out_elems, dtype, rng);
     auto device_copy = [](const std::vector<uint16_t>& bits) {
       DeviceBuffer buffer(bits.size() * 2);
       buffer.upload(bits);
       return buffer;
     };
     dq_in = device_copy(q), dk_in = device_copy(k), dv_in = device_copy(v), ddout = device_copy(dout);
-    out = DeviceBuffer(q_elems * 2);
+    out = DeviceBuffer(out_elems * 2);
     lse = DeviceBuffer(sizeof(float) * size_t(p.batch * p.heads_q * p.seqlen_q));
-    dq = DeviceBuffer(q_elems * 2), dk = DeviceBuffer(kv_elems * 2), dv = DeviceBuffer(kv_elems * 2);
+    dq = DeviceBuffer(q_elems * 2), dk = DeviceBuffer(kv_elems * 2), dv = DeviceBuffer(v_elems * 2);
     const CallOptions opts = sweep_options(problem, slopes, &user_args);
-    auto tensor = [&](DeviceBuffer& b, bool kv) {
+    // q, k, dq, dk of head_dim; v, out, dout, dv of the values'.
+    auto tensor = [&](DeviceBuffer& b, bool kv, bool values) {
       return bshd_view(b.data(), dtype, p.batch, kv ? p.seqlen_k : p.seqlen_q, kv ? p.heads_kv : p.heads_q,
-                       p.head_dim);
+                       values ? p.value_dim() : p.head_dim);
     };
-    const TensorView tq = tensor(dq_in, false), tk = tensor(dk_in, true), tv = tensor(dv_in, true);
-    const TensorView tout = tensor(out, false), tdout = tensor(ddout, false);
-    const TensorView tdq = tensor(dq, false), tdk = tensor(dk, true), tdv = tensor(dv, true);
+    const TensorView tq = tensor(dq_in, false, false), tk = tensor(dk_in, true, false);
+    const TensorView tv = tensor(dv_in, true, true);
+    const TensorView tout = tensor(out, false, true), tdout = tensor(ddout, false, true);
+    const TensorView tdq = tensor(dq, false, false), tdk = tensor(dk, true, false), tdv = tensor(dv, true, true);
     float* lse_ptr = static_cast<float*>(lse.data());
     // The forward by its built-in config (not the run-time choice: no tune-on-first-use inside a sweep).
     const ForwardCall forward = make_forward_call(&tq, &tk, &tv, &tout, lse_ptr, &opts);
@@ -220,12 +224,13 @@ struct BackwardSet {
     const AttentionShape& shape = problem.shape;
     const std::vector<int64_t> q_dims = {shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim};
     const std::vector<int64_t> kv_dims = {shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim};
+    const std::vector<int64_t> v_dims = {shape.batch, shape.seqlen_k, shape.heads_kv, shape.value_dim()};
     const struct {
       const char* name;
       const DeviceBuffer& got;
       const std::vector<double>& want;
       const std::vector<int64_t>& dims;
-    } grads[] = {{"dq", dq, ref.dq, q_dims}, {"dk", dk, ref.dk, kv_dims}, {"dv", dv, ref.dv, kv_dims}};
+    } grads[] = {{"dq", dq, ref.dq, q_dims}, {"dk", dk, ref.dk, kv_dims}, {"dv", dv, ref.dv, v_dims}};
     for (const auto& g : grads) {
       std::vector<uint16_t> bits(g.want.size());
       g.got.download(bits.data(), bits.size() * 2);
@@ -250,7 +255,8 @@ SweepResult sweep_backward(const AttentionProblem& problem, const std::vector<Bw
   SweepResult result;
   result.problem = problem_key(problem);
   for (const BwdConfig& c : candidates) {
-    FLASHGEN_REQUIRE(c.dtype == problem.dtype && c.head_dim == problem.head_dim() && c.mask == problem.mask_kind() &&
+    FLASHGEN_REQUIRE(c.dtype == problem.dtype && c.head_dim == problem.head_dim() &&
+                         c.value_dim() == problem.value_dim() && c.mask == problem.mask_kind() &&
                          c.deterministic == problem.deterministic(),
                      "candidate " + c.name() + " does not match the sweep's problem");
   }
@@ -267,18 +273,22 @@ SweepResult sweep_backward(const AttentionProblem& problem, const std::vector<Bw
   const DType dtype = problem.dtype;
   const StridedView q_view = StridedView::contiguous(cp.batch, cp.seqlen_q, cp.heads_q, cp.head_dim);
   const StridedView kv_view = StridedView::contiguous(cp.batch, cp.seqlen_k, cp.heads_kv, cp.head_dim);
+  const StridedView v_view = StridedView::contiguous(cp.batch, cp.seqlen_k, cp.heads_kv, cp.value_dim());
+  const StridedView out_view = StridedView::contiguous(cp.batch, cp.seqlen_q, cp.heads_q, cp.value_dim());
   AttentionGradients reference;
   with_variant_of(small, options, stream, [&](const ReferenceVariant& variant) {
     reference = attention_backward_reference_f64(
         cp, HostInput::bits16(check.q.data(), dtype, q_view), HostInput::bits16(check.k.data(), dtype, kv_view),
-        HostInput::bits16(check.v.data(), dtype, kv_view), HostInput::bits16(check.dout.data(), dtype, q_view),
+        HostInput::bits16(check.v.data(), dtype, v_view), HostInput::bits16(check.dout.data(), dtype, out_view),
         effective_softmax_scale(0.f, cp.head_dim), small.mask, variant);
   });
 
   const AttentionShape& shape = problem.shape;
   const int64_t q_bytes = shape.batch * shape.seqlen_q * shape.heads_q * shape.head_dim * 2;
   const int64_t kv_bytes = shape.batch * shape.seqlen_k * shape.heads_kv * shape.head_dim * 2;
-  const int sets = input_sets(scope.device(), 4 * q_bytes + 4 * kv_bytes);
+  const int64_t v_bytes = shape.batch * shape.seqlen_k * shape.heads_kv * shape.value_dim() * 2;
+  const int64_t out_bytes = shape.batch * shape.seqlen_q * shape.heads_q * shape.value_dim() * 2;
+  const int sets = input_sets(scope.device(), 2 * (q_bytes + out_bytes + kv_bytes + v_bytes));
   std::vector<std::unique_ptr<BackwardSet>> timed_sets;
   for (int i = 0; i < sets; ++i) {
     timed_sets.push_back(std::make_unique<BackwardSet>(problem, options.user_args, rng, stream, arch));

@@ -80,16 +80,16 @@ struct PackedSet {
     if (!problem.backward()) return;
     FLASHGEN_REQUIRE(!problem.paged, "a packed backward has no paged kernels: its keys and values are contiguous");
 
-    dout = random_bits(q_elems, dtype, rng);
+    dout = random_bits(out_elems, dtype, rng);
     ddout = device_copy(dout);
     dq = DeviceBuffer(std::max<size_t>(1, q_elems * 2));
-    dk = DeviceBuffer(std::max<size_t>(1, kv_elems * 2)), dv = DeviceBuffer(std::max<size_t>(1, kv_elems * 2));
+    dk = DeviceBuffer(std::max<size_t>(1, kv_elems * 2)), dv = DeviceBuffer(std::max<size_t>(1, v_elems * 2));
     // The forward by its built-in config (not the run-time choice: no tune-on-first-use inside a sweep).
     launch_forward(forward, stream, backward_sweep_forward(problem, arch));
     VarlenBackwardArgs b;
     b.q = args.q, b.k = args.k, b.v = args.v, b.out = args.out;
-    b.dout = tensor(ddout, false, s.head_dim), b.dq = tensor(dq, false, s.head_dim);
-    b.dk = tensor(dk, true, s.head_dim), b.dv = tensor(dv, true, s.head_dim);
+    b.dout = tensor(ddout, false, s.value_dim()), b.dq = tensor(dq, false, s.head_dim);
+    b.dk = tensor(dk, true, s.head_dim), b.dv = tensor(dv, true, s.value_dim());
     b.lse = args.lse;
     b.cu_seqlens_q = args.cu_seqlens_q, b.cu_seqlens_k = args.cu_seqlens_k;
     b.batch = args.batch, b.max_seqlen_q = args.max_seqlen_q, b.max_seqlen_k = args.max_seqlen_k;
@@ -240,12 +240,13 @@ SweepResult sweep_driver::sweep_backward_packed(const AttentionProblem& problem,
   for (size_t b = 0; b < check.batch.len_q.size(); ++b) {
     reference.push_back(attention_backward_reference_f64(
         check.batch.sequence(b), check.rows_of(check.q, b, false), check.rows_of(check.k, b, true),
-        check.rows_of(check.v, b, true), check.rows_of(check.dout, b, false), scale, small.mask,
+        check.rows_of(check.v, b, true, true), check.rows_of(check.dout, b, false, true), scale, small.mask,
         variant_of(small)));
   }
 
   const AttentionShape& s = problem.shape;
-  const int64_t set_bytes = 2 * (4 * problem.total_q * s.heads_q + 4 * problem.total_k * s.heads_kv) * s.head_dim;
+  const int64_t set_bytes =
+      4 * (problem.total_q * s.heads_q + problem.total_k * s.heads_kv) * (s.head_dim + s.value_dim());
   const int sets = input_sets(scope.device(), set_bytes);
   std::vector<std::unique_ptr<PackedSet>> timed_sets;
   for (int i = 0; i < sets; ++i) timed_sets.push_back(std::make_unique<PackedSet>(problem, rng, stream, arch));
@@ -261,22 +262,23 @@ SweepResult sweep_driver::sweep_backward_packed(const AttentionProblem& problem,
       const char* name;
       const DeviceBuffer& got;
       const std::vector<int32_t>& cu;
-      int64_t heads;
+      int64_t heads, dim;
       std::vector<double> AttentionGradients::*want;
-    } grads[] = {{"dq", check.dq, check.batch.cu_q, check.problem.shape.heads_q, &AttentionGradients::dq},
-                 {"dk", check.dk, check.batch.cu_k, check.problem.shape.heads_kv, &AttentionGradients::dk},
-                 {"dv", check.dv, check.batch.cu_k, check.problem.shape.heads_kv, &AttentionGradients::dv}};
+    } grads[] = {{"dq", check.dq, check.batch.cu_q, check.problem.shape.heads_q, s.head_dim, &AttentionGradients::dq},
+                 {"dk", check.dk, check.batch.cu_k, check.problem.shape.heads_kv, s.head_dim, &AttentionGradients::dk},
+                 {"dv", check.dv, check.batch.cu_k, check.problem.shape.heads_kv, s.value_dim(),
+                  &AttentionGradients::dv}};
     for (const auto& g : grads) {
       std::vector<uint16_t> bits(g.got.bytes() / 2);
       g.got.download(bits.data(), bits.size() * 2);
       for (size_t b = 0; b < reference.size(); ++b) {
         const std::vector<double>& want = reference[b].*g.want;
-        const int64_t first = g.cu[b] * g.heads * s.head_dim;
+        const int64_t first = g.cu[b] * g.heads * g.dim;
         std::vector<double> got(want.size());
         for (size_t i = 0; i < got.size(); ++i) got[i] = dtype_bits_to_float(bits[size_t(first) + i], dtype);
-        const int64_t rows = static_cast<int64_t>(want.size()) / (g.heads * s.head_dim);
+        const int64_t rows = static_cast<int64_t>(want.size()) / (g.heads * g.dim);
         const CheckReport report = check_elements("sequence " + std::to_string(b) + " " + g.name,
-                                                  {1, rows, g.heads, s.head_dim}, got, want,
+                                                  {1, rows, g.heads, g.dim}, got, want,
                                                   gradient_tolerance(dtype, max_magnitude(want)));
         if (!report.ok) return report.text;
       }

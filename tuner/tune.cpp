@@ -214,11 +214,12 @@ TunePlan plan_tune(const AttentionProblem& problem, int arch, const TuneOptions&
     plan.space = counts_of(space);
     plan.candidates = pass_candidates(space, builtin, options);
   } else if (problem.backward()) {
-    BackwardSpaceReport space = backward_space(key.dtype, key.head_dim, key.mask, problem.deterministic(), arch);
+    BackwardSpaceReport space =
+        backward_space(key.dtype, key.head_dim, key.mask, problem.deterministic(), arch, {}, key.head_dim_v);
     if (key.varlen) space = packed_space(space, arch);
     with_score_mods(space, key.mods);
     BackwardChoice choice = heuristic_backward_choice(key.dtype, key.head_dim, key.mask, problem.deterministic(),
-                                                      arch, false, key.varlen, key.mods);
+                                                      arch, false, key.varlen, key.mods, key.head_dim_v);
     const BwdConfig builtin = as_user_choice(choice, problem, arch).config;
     plan.builtin = builtin;
     plan.space = counts_of(space);

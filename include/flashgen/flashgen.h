@@ -138,8 +138,8 @@ int flashgen_attention_forward(const flashgen_tensor* q, const flashgen_tensor* 
                                const flashgen_attention_options* opts, void* cuda_stream);
 
 /* Gradients of flashgen_attention_forward: given dout = dL/d(out), writes dq, dk, dv (shaped and typed
- * like q, k, v, each with its own strides). out and lse are exactly what the forward wrote for the same
- * q, k, v and opts. With grouped heads (heads_q a multiple of heads_kv), dk and dv sum over each kv
+ * like q, k, v, each with its own strides; dout like out, of v's head dim where v has one of its own). out and
+ * lse are exactly what the forward wrote for the same q, k, v and opts. With grouped heads (heads_q a multiple of heads_kv), dk and dv sum over each kv
  * head's group of query heads. Rows that saw no key get zero gradients, never NaN.
  * opts->deterministic != 0 computes dq in a separate pass that owns each element, so repeated runs give
  * identical bits; otherwise dq is accumulated with fp32 atomics (faster, last-bit nondeterministic).

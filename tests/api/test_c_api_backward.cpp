@@ -83,13 +83,25 @@ TEST_CASE("C ABI backward rejects each bad argument with a message naming it", "
         for (flashgen_tensor* t : {&c.k, &c.v, &c.dk, &c.dv}) *t = bshd(t->data, 2, 75, 4, 100);
       },
       FLASHGEN_ERROR_UNSUPPORTED, "q.shape[3] (head_dim) = 100 is unsupported");
-  // Values of a head dim of their own are the forward's.
+  // Values of a head dim of their own: dout and dv take it, and a dim off the 8-column step is no kernel's.
   check_rejected(
       [](BackwardCall& c) {
         c.v = bshd(c.v.data, 2, 75, 4, 32);
         c.out = bshd(c.out.data, 2, 100, 8, 32);
       },
-      kInvalid, "this call takes values of the queries' head dim (a head dim of their own is the forward's)");
+      kInvalid, "dout.shape[3] (head_dim) is 64 but out.shape[3] (head_dim) is 32");
+  check_rejected(
+      [](BackwardCall& c) {
+        c.v = bshd(c.v.data, 2, 75, 4, 32);
+        c.out = c.dout = bshd(c.out.data, 2, 100, 8, 32);
+      },
+      kInvalid, "dv.shape[3] (head_dim) is 64 but v.shape[3] (head_dim) is 32");
+  check_rejected(
+      [](BackwardCall& c) {
+        c.v = c.dv = bshd(c.v.data, 2, 75, 4, 36);
+        c.out = c.dout = bshd(c.out.data, 2, 100, 8, 36);
+      },
+      FLASHGEN_ERROR_UNSUPPORTED, "v.shape[3] (head_dim) = 36 is unsupported");
   static float sink_grads[8];
   check_rejected([](BackwardCall& c) { c.opts.dsinks = sink_grads; }, kInvalid,
                  "opts.dsinks: given without opts.sinks");

@@ -368,12 +368,13 @@ TEST_CASE("cli: failures under --json print one JSON error object", "[cli]") {
           {{"run", "--varlen", "--page-size", "40"}, "--page-size: k.shape[1] (page_size) must be a multiple of 16"},
           {{"run", "--varlen", "--page-size", "16", "--config", "fwd_sm90_fp16_d128_m128_n128_s2_varlen"},
            "with --page-size the packed batch takes a ..._varlen_paged one"},
-          // Values of a head dim of their own: the forward's, a dim some family takes, not a KV-cache call's.
+          // Values of a head dim of their own: forward and backward, a dim some family takes, not a KV-cache call's.
           {{"run", "--head-dim", "192", "--head-dim-v", "100"},
            "--head-dim-v: v.shape[3] (head_dim) = 100 is unsupported"},
-          {{"run", "--head-dim", "192", "--head-dim-v", "128", "--backward"},
-           "--head-dim-v: v.shape[3] (head_dim) is 128 but q.shape[3] (head_dim) is 192: this call takes values of "
-           "the queries' head dim"},
+          {{"run", "--head-dim", "192", "--head-dim-v", "100", "--backward"},
+           "--head-dim-v: v.shape[3] (head_dim) = 100 is unsupported"},
+          {{"run", "--head-dim", "192", "--head-dim-v", "128", "--backward", "--config", "bwd_sm90_fp16_d192_m64_n64_s2"},
+           "config bwd_sm90_fp16_d192_m64_n64_s2 has values of head dim 192, the call's have 128"},
           {{"run", "--head-dim-v", "64", "--kv-cache"},
            "--head-dim-v: KV-cache calls take values of the keys' head dim (head_dim_v)"},
           {{"run", "--head-dim", "192", "--head-dim-v", "128", "--config", "fwd_sm90_fp16_d192_m128_n112_s2_ovl_pp"},

@@ -186,9 +186,16 @@ TEST_CASE("cli: tune takes a values' head dim of its own from flags and specs", 
   CHECK(listed["problems"][0]["head_dim_v"] == 128);
   CHECK_FALSE(listed["problems"][1].contains("head_dim_v"));
   CHECK(relist(dir, listed)["problems"] == listed["problems"]);
-  // The backward and KV-cache calls take none.
-  CHECK(refused_tune(dir, {"--head-dim", "192", "--head-dim-v", "128", "--backward"})
-            .find("this call takes values of the queries' head dim") != std::string::npos);
+  // The backward's candidates take both dims; the KV-cache calls take none.
+  const nlohmann::json backward = parse_json(run_cli(
+      {"tune", "--head-dim", "192", "--head-dim-v", "128", "--backward", "--dry-run", "--json", "--max-candidates",
+       "3"},
+      dir));
+  REQUIRE(!backward["problems"][0]["candidates"].empty());
+  for (const auto& name : backward["problems"][0]["candidates"]) {
+    CHECK(name.get<std::string>().rfind("bwd_", 0) == 0);
+    CHECK(name.get<std::string>().find("_d192_v128_") != std::string::npos);
+  }
   CHECK(refused_tune(dir, {"--head-dim-v", "64", "--kv-cache"})
             .find("KV-cache calls take values of the keys' head dim") != std::string::npos);
 }

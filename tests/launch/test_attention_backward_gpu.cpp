@@ -69,7 +69,8 @@ struct Problem {
   std::string describe() const {
     std::ostringstream s;
     s << "b=" << shape.batch << " sq=" << shape.seqlen_q << " sk=" << shape.seqlen_k << " hq=" << shape.heads_q
-      << " hkv=" << shape.heads_kv << " d=" << shape.head_dim << " " << flashgen::test::dtype_label(dtype)
+      << " hkv=" << shape.heads_kv << " d=" << shape.head_dim << " d_v=" << shape.value_dim() << " "
+      << flashgen::test::dtype_label(dtype)
       << " mask=" << flashgen::test::mask_label(mask) << " scale=" << softmax_scale
       << " layout=" << layout_label(layout) << " deterministic=" << deterministic << " q_shared=" << q_shared
       << " seed=" << seed;
@@ -93,7 +94,7 @@ struct DeviceTensor {
 };
 
 struct Inputs {
-  std::vector<double> q, k, v, dout;  // contiguous [b, s, h, d], values of dtype
+  std::vector<double> q, k, v, dout;  // contiguous [b, s, h, d] (v and dout: d_v), values of dtype
 };
 
 Inputs make_inputs(const Problem& p) {
@@ -106,15 +107,15 @@ Inputs make_inputs(const Problem& p) {
     for (size_t i = one; i < in.q.size(); ++i) in.q[i] = in.q[i % one];
   }
   in.k = flashgen::test::normal_values(rng, s.batch * s.seqlen_k * s.heads_kv * s.head_dim, p.dtype);
-  in.v = flashgen::test::normal_values(rng, s.batch * s.seqlen_k * s.heads_kv * s.head_dim, p.dtype);
-  in.dout = flashgen::test::normal_values(rng, s.batch * s.seqlen_q * s.heads_q * s.head_dim, p.dtype);
+  in.v = flashgen::test::normal_values(rng, s.batch * s.seqlen_k * s.heads_kv * s.value_dim(), p.dtype);
+  in.dout = flashgen::test::normal_values(rng, s.batch * s.seqlen_q * s.heads_q * s.value_dim(), p.dtype);
   return in;
 }
 
 // What one problem's runs left in the gradient buffers.
 struct Outputs {
-  std::vector<uint16_t> dq, dk, dv;  // whole buffers, poisoned before each backward
-  StridedView dq_view, dkv_view;     // dq's; dk's and dv's
+  std::vector<uint16_t> dq, dk, dv;      // whole buffers, poisoned before each backward
+  StridedView dq_view, dk_view, dv_view;
   std::string choice;                // without a config: what the dispatch layer chose and why
 };
 
@@ -130,8 +131,9 @@ std::vector<Outputs> run_problem(const Problem& p, const Inputs& in, int repeats
   if (p.q_shared) q_read.stride[0] = 0;
   DeviceTensor q(q_read);
   DeviceTensor k(make_view(p.layout, s.batch, s.seqlen_k, s.heads_kv, s.head_dim));
-  DeviceTensor v(make_view(p.layout, s.batch, s.seqlen_k, s.heads_kv, s.head_dim));
-  DeviceTensor out(q_view), dout(q_view), dq(q_view), dk(k.view), dv(k.view);
+  DeviceTensor v(make_view(p.layout, s.batch, s.seqlen_k, s.heads_kv, s.value_dim()));
+  const StridedView out_view = make_view(p.layout, s.batch, s.seqlen_q, s.heads_q, s.value_dim());
+  DeviceTensor out(out_view), dout(out_view), dq(q_view), dk(k.view), dv(v.view);
   DeviceBuffer lse(static_cast<size_t>(s.batch * s.heads_q * s.seqlen_q) * sizeof(float));
   q.upload(in.q, p.dtype);
   k.upload(in.k, p.dtype);
@@ -180,7 +182,7 @@ std::vector<Outputs> run_problem(const Problem& p, const Inputs& in, int repeats
       REQUIRE(status == FLASHGEN_SUCCESS);
     }
     FLASHGEN_CU_CHECK(cuCtxSynchronize());
-    runs.push_back(Outputs{dq.raw(), dk.raw(), dv.raw(), dq.view, dk.view, choice});
+    runs.push_back(Outputs{dq.raw(), dk.raw(), dv.raw(), dq.view, dk.view, dv.view, choice});
   }
   return runs;
 }
@@ -195,8 +197,10 @@ std::string check_problem(const Problem& p, int repeats = 1, const flashgen::Bwd
 
   const StridedView qc = StridedView::contiguous(s.batch, s.seqlen_q, s.heads_q, s.head_dim);
   const StridedView kc = StridedView::contiguous(s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
+  const StridedView vc = StridedView::contiguous(s.batch, s.seqlen_k, s.heads_kv, s.value_dim());
+  const StridedView oc = StridedView::contiguous(s.batch, s.seqlen_q, s.heads_q, s.value_dim());
   const HostInput q64 = HostInput::float64(in.q.data(), qc), k64 = HostInput::float64(in.k.data(), kc);
-  const HostInput v64 = HostInput::float64(in.v.data(), kc), do64 = HostInput::float64(in.dout.data(), qc);
+  const HostInput v64 = HostInput::float64(in.v.data(), vc), do64 = HostInput::float64(in.dout.data(), oc);
   const double scale = flashgen::effective_softmax_scale(p.softmax_scale, s.head_dim);
   const AttentionGradients ref =
       flashgen::attention_backward_reference_f64(s, q64, k64, v64, do64, scale, flashgen::from_c(p.mask));
@@ -207,6 +211,7 @@ std::string check_problem(const Problem& p, int repeats = 1, const flashgen::Bwd
   const Outputs& first = runs.front();
   const std::vector<int64_t> q_dims = {s.batch, s.seqlen_q, s.heads_q, s.head_dim};
   const std::vector<int64_t> kv_dims = {s.batch, s.seqlen_k, s.heads_kv, s.head_dim};
+  const std::vector<int64_t> v_dims = {s.batch, s.seqlen_k, s.heads_kv, s.value_dim()};
   const struct {
     const char* name;
     const std::vector<uint16_t>& raw;
@@ -215,8 +220,8 @@ std::string check_problem(const Problem& p, int repeats = 1, const flashgen::Bwd
     const std::vector<double>& naive;
     const std::vector<int64_t>& dims;
   } grads[] = {{"dq", first.dq, first.dq_view, ref.dq, naive.dq, q_dims},
-               {"dk", first.dk, first.dkv_view, ref.dk, naive.dk, kv_dims},
-               {"dv", first.dv, first.dkv_view, ref.dv, naive.dv, kv_dims}};
+               {"dk", first.dk, first.dk_view, ref.dk, naive.dk, kv_dims},
+               {"dv", first.dv, first.dv_view, ref.dv, naive.dv, v_dims}};
   for (const auto& g : grads) {
     const flashgen::test::CheckReport report = flashgen::test::check_gradient(
         g.name, g.dims, flashgen::test::gather_output(g.raw, g.view, p.dtype), g.ref, g.naive, p.dtype);
@@ -317,18 +322,23 @@ TEST_CASE("backward: masking edge cases and longer sequences", "[gpu][backward]"
   }
 }
 
-// Every valid config of the sm90 family for a problem's dtype, head_dim, mask and dQ strategy, as the
-// tuner's backward space enumerates them (empty when the family does not take the head_dim).
-std::vector<flashgen::BwdConfig> sm90_backward_configs(const Problem& p) {
+// Every valid config of one family for a problem's dtype, head dims, mask and dQ strategy, as the tuner's backward
+// space enumerates them for sm_<arch> (empty when the family does not take the head dims).
+std::vector<flashgen::BwdConfig> family_backward_configs(const Problem& p, flashgen::KernelFamily family, int arch) {
   std::vector<flashgen::BwdConfig> configs;
   const flashgen::BackwardSpaceReport space = flashgen::backward_space(
       p.dtype == FLASHGEN_BFLOAT16 ? flashgen::DType::kBFloat16 : flashgen::DType::kFloat16,
       static_cast<int>(p.shape.head_dim),
-      p.mask == FLASHGEN_MASK_NONE ? flashgen::MaskKind::kNone : flashgen::MaskKind::kCausal, p.deterministic, 90);
+      p.mask == FLASHGEN_MASK_NONE ? flashgen::MaskKind::kNone : flashgen::MaskKind::kCausal, p.deterministic, arch,
+      {}, static_cast<int>(p.shape.value_dim()));
   for (const flashgen::BwdConfig& c : space.valid) {
-    if (c.family() == flashgen::KernelFamily::kSm90) configs.push_back(c);
+    if (c.family() == family) configs.push_back(c);
   }
   return configs;
+}
+
+std::vector<flashgen::BwdConfig> sm90_backward_configs(const Problem& p) {
+  return family_backward_configs(p, flashgen::KernelFamily::kSm90, 90);
 }
 
 TEST_CASE("backward, sm90 family: every config of both strategies over the matrix and the masking edge cases",
@@ -400,6 +410,87 @@ TEST_CASE("backward, sm90 family: inputs TMA cannot describe run on the sm80 fam
   }
 }
 
+namespace {
+
+Problem value_dim_problem(int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q, int64_t heads_kv, int64_t head_dim,
+                          int64_t head_dim_v, flashgen_dtype dtype, flashgen_mask mask, uint32_t seed) {
+  Problem p;
+  p.shape = {1, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, head_dim_v};
+  p.dtype = dtype;
+  p.mask = mask;
+  p.seed = seed;
+  return p;
+}
+
+// The sm80 family's heuristic tiles for a problem's class on sm_80.
+std::vector<flashgen::BwdConfig> sm80_heuristic_configs(const Problem& p) {
+  return flashgen::heuristic_backward_configs(
+      p.dtype == FLASHGEN_BFLOAT16 ? flashgen::DType::kBFloat16 : flashgen::DType::kFloat16,
+      static_cast<int>(p.shape.head_dim),
+      p.mask == FLASHGEN_MASK_NONE ? flashgen::MaskKind::kNone : flashgen::MaskKind::kCausal, p.deterministic, 80,
+      static_cast<int>(p.shape.value_dim()));
+}
+
+// MLA's prefill (192/128) with GQA and rows that see no key, both layouts' strides; narrower and wider values; d_v
+// off the 16-column step: the first four run every tile of both families, all six the C ABI's choice.
+std::vector<Problem> value_dim_problems(bool deterministic) {
+  const flashgen_mask none = FLASHGEN_MASK_NONE, br = FLASHGEN_MASK_CAUSAL, tl = FLASHGEN_MASK_CAUSAL_TOP_LEFT;
+  std::vector<Problem> problems = {
+      value_dim_problem(300, 77, 4, 2, 192, 128, FLASHGEN_BFLOAT16, br, 3101),
+      value_dim_problem(385, 257, 4, 1, 192, 128, FLASHGEN_FLOAT16, none, 3102),
+      value_dim_problem(70, 333, 2, 2, 128, 64, FLASHGEN_FLOAT16, tl, 3103),
+      value_dim_problem(129, 129, 3, 1, 64, 128, FLASHGEN_BFLOAT16, br, 3104),
+      value_dim_problem(200, 150, 2, 1, 256, 128, FLASHGEN_BFLOAT16, br, 3105),
+      value_dim_problem(100, 77, 2, 1, 96, 40, FLASHGEN_FLOAT16, none, 3106),
+  };
+  problems[1].shape.batch = 2;
+  problems[1].layout = Layout::kBHSD;
+  problems[5].layout = Layout::kPadded;
+  for (Problem& p : problems) p.deterministic = deterministic;
+  return problems;
+}
+
+}  // namespace
+
+TEST_CASE("backward: values of a head dim of their own, the C ABI's choice", "[gpu][backward][value_dim]") {
+  FLASHGEN_REQUIRE_GPU();
+  for (bool deterministic : {false, true}) {
+    for (const Problem& p : value_dim_problems(deterministic)) {
+      check_problem(p, deterministic ? 2 : 1);  // deterministic: bitwise equal on a second run
+    }
+  }
+}
+
+TEST_CASE("backward: values of a head dim of their own, each family's tiles", "[gpu][backward][value_dim]") {
+  FLASHGEN_REQUIRE_GPU();
+  bool sm90 = false;
+  {
+    flashgen::ScopedContext context;
+    sm90 = flashgen::device_sm(context.device()) == 90;
+  }
+  std::vector<Problem> problems;
+  for (bool deterministic : {false, true}) {
+    const std::vector<Problem> all = value_dim_problems(deterministic);
+    problems.insert(problems.end(), all.begin(), all.begin() + 4);
+  }
+  auto configs_of = [&](const Problem& p) {
+    std::vector<flashgen::BwdConfig> configs = sm80_heuristic_configs(p);
+    if (sm90) {
+      for (flashgen::BwdConfig& c : sm90_backward_configs(p)) configs.push_back(std::move(c));
+    }
+    return configs;
+  };
+  flashgen::testing::compile_all(problems, configs_of, sm90 ? 90 : 80);
+  int ran = 0;
+  for (const Problem& p : problems) {
+    for (const flashgen::BwdConfig& c : configs_of(p)) {
+      check_problem(p, c.deterministic ? 2 : 1, &c);
+      ++ran;
+    }
+  }
+  CHECK(ran >= 16);
+}
+
 TEST_CASE("backward: deterministic mode gives identical bits on repeated runs", "[gpu][backward]") {
   FLASHGEN_REQUIRE_GPU();
   for (int64_t head_dim : {64, 96, 128, 192, 256}) {
@@ -425,8 +516,8 @@ TEST_CASE("backward: gradients are the derivative of the forward", "[gpu][backwa
   const Inputs in = make_inputs(p);
   const Outputs run = run_problem(p, in, 1).front();
   const std::vector<double> dq = flashgen::test::gather_output(run.dq, run.dq_view, p.dtype);
-  const std::vector<double> dk = flashgen::test::gather_output(run.dk, run.dkv_view, p.dtype);
-  const std::vector<double> dv = flashgen::test::gather_output(run.dv, run.dkv_view, p.dtype);
+  const std::vector<double> dk = flashgen::test::gather_output(run.dk, run.dk_view, p.dtype);
+  const std::vector<double> dv = flashgen::test::gather_output(run.dv, run.dv_view, p.dtype);
 
   Rng rng(7);
   auto direction = [&](size_t n) {

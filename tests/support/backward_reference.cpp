@@ -15,15 +15,17 @@ AttentionGradients attention_backward_naive(const AttentionShape& shape, const H
                                             Mask mask, flashgen_dtype dtype) {
   require_reference_inputs(shape, q, k, v);
   const int64_t d = shape.head_dim;
+  const int64_t dv_dim = v.view.shape[3];  // the values' (and dout's) head dim
   const float scale_f = static_cast<float>(scale);
   std::vector<float> dq(static_cast<size_t>(shape.batch * shape.seqlen_q * shape.heads_q * d), 0.0f);
   std::vector<float> dk(static_cast<size_t>(shape.batch * shape.seqlen_k * shape.heads_kv * d), 0.0f);
-  std::vector<float> dv(dk.size(), 0.0f);
+  std::vector<float> dv(static_cast<size_t>(shape.batch * shape.seqlen_k * shape.heads_kv * dv_dim), 0.0f);
   const StridedView q_out = StridedView::contiguous(shape.batch, shape.seqlen_q, shape.heads_q, d);
   const StridedView kv_out = StridedView::contiguous(shape.batch, shape.seqlen_k, shape.heads_kv, d);
+  const StridedView v_out = StridedView::contiguous(shape.batch, shape.seqlen_k, shape.heads_kv, dv_dim);
 
-  std::vector<double> scratch(static_cast<size_t>(d));
-  std::vector<float> qi(d), doi(d), out(d), p;
+  std::vector<double> scratch(static_cast<size_t>(std::max(d, dv_dim)));
+  std::vector<float> qi(d), doi(dv_dim), out(dv_dim), p;
   for (int64_t b = 0; b < shape.batch; ++b)
     for (int64_t h = 0; h < shape.heads_q; ++h) {
       const int64_t hk = shape.kv_head(h);
@@ -33,7 +35,7 @@ AttentionGradients attention_backward_naive(const AttentionShape& shape, const H
         const double* q64 = q.row(b, i, h, scratch.data());
         for (int64_t x = 0; x < d; ++x) qi[x] = static_cast<float>(q64[x]);
         const double* do64 = dout.row(b, i, h, scratch.data());
-        for (int64_t x = 0; x < d; ++x) doi[x] = static_cast<float>(do64[x]);
+        for (int64_t x = 0; x < dv_dim; ++x) doi[x] = static_cast<float>(do64[x]);
         p.assign(static_cast<size_t>(visible), 0.0f);
         float row_max = -std::numeric_limits<float>::infinity();
         for (int64_t j = 0; j < visible; ++j) {
@@ -50,25 +52,25 @@ AttentionGradients attention_backward_naive(const AttentionShape& shape, const H
           p[j] /= sum;
           const double* vj = v.row(b, j, hk, scratch.data());
           const float p16 = round_to_dtype(p[j], from_c(dtype));
-          for (int64_t x = 0; x < d; ++x) out[x] += p16 * static_cast<float>(vj[x]);
+          for (int64_t x = 0; x < dv_dim; ++x) out[x] += p16 * static_cast<float>(vj[x]);
         }
         float dsum = 0.0f;
-        for (int64_t x = 0; x < d; ++x) dsum += doi[x] * round_to_dtype(out[x], from_c(dtype));
+        for (int64_t x = 0; x < dv_dim; ++x) dsum += doi[x] * round_to_dtype(out[x], from_c(dtype));
         float* dqi = &dq[static_cast<size_t>(q_out.offset(b, i, h, 0))];
         for (int64_t j = 0; j < visible; ++j) {
           const double* vj = v.row(b, j, hk, scratch.data());
           float dp = 0.0f;
-          for (int64_t x = 0; x < d; ++x) dp += doi[x] * static_cast<float>(vj[x]);
+          for (int64_t x = 0; x < dv_dim; ++x) dp += doi[x] * static_cast<float>(vj[x]);
           const float p16 = round_to_dtype(p[j], from_c(dtype));
           const float ds16 = round_to_dtype(p[j] * (dp - dsum), from_c(dtype));
           const double* kj = k.row(b, j, hk, scratch.data());
           float* dkj = &dk[static_cast<size_t>(kv_out.offset(b, j, hk, 0))];
-          float* dvj = &dv[static_cast<size_t>(kv_out.offset(b, j, hk, 0))];
+          float* dvj = &dv[static_cast<size_t>(v_out.offset(b, j, hk, 0))];
           for (int64_t x = 0; x < d; ++x) {
             dqi[x] += ds16 * static_cast<float>(kj[x]);
             dkj[x] += ds16 * qi[x];
-            dvj[x] += p16 * doi[x];
           }
+          for (int64_t x = 0; x < dv_dim; ++x) dvj[x] += p16 * doi[x];
         }
       }
     }
