@@ -1,7 +1,7 @@
 """flashgen.torch with values of a head dim of their own (MLA's prefill: q and k of 192, v of 128): on any machine with
-torch, the output's shape through the ops' fake kernels (meta tensors, both layouts, packed batches) and a call that
-would need gradients refused by name; on the GPU, attention() and varlen_attention() outputs and lse against a float64
-reference, the Hopper or sm80 config explain() names, and torch.compile.
+torch, the output's and the gradients' shapes through the ops' fake kernels (meta tensors, both layouts, packed
+batches); on the GPU, attention() and varlen_attention() outputs, lse and gradients against a float64 reference, the
+Hopper or sm80 config explain() names, and torch.compile.
 """
 
 import math
@@ -36,15 +36,14 @@ def test_the_output_takes_the_values_head_dim_through_the_fake_kernels():
     assert fgt.varlen_attention(packed_q, packed_k, packed_v, cu_q, cu_k, 200, 200).shape == (300, 4, 128)
 
 
-def test_a_call_that_needs_gradients_is_refused_naming_the_dims():
-    q, k, v = (_meta(1, 64, 2, 192).requires_grad_(True), _meta(1, 64, 2, 192), _meta(1, 64, 2, 128))
-    with pytest.raises(flashgen.FlashgenArgumentError, match="v's head_dim is 128 but q's is 192: .* forward only"):
-        fgt.attention(q, k, v)
+def test_gradients_take_each_inputs_head_dim_through_the_fake_kernels():
+    q, k, v = (_meta(1, 64, 2, d).requires_grad_(True) for d in (192, 192, 128))
+    fgt.attention(q, k, v, causal=True).sum().backward()
+    assert (q.grad.shape, k.grad.shape, v.grad.shape) == (q.shape, k.shape, v.shape)
     cu = torch.tensor([0, 64], dtype=torch.int32, device="meta")
-    with pytest.raises(flashgen.FlashgenArgumentError, match="v's head_dim is 128 but q's is 192"):
-        fgt.varlen_attention(q[0], k[0], v[0], cu, cu, 64, 64)
-    with torch.no_grad():
-        assert fgt.attention(q, k, v).shape == (1, 64, 2, 128)
+    packed = [t[0].detach().requires_grad_(True) for t in (q, k, v)]
+    fgt.varlen_attention(*packed, cu, cu, 64, 64).sum().backward()
+    assert [t.grad.shape for t in packed] == [t.shape for t in packed]
 
 
 _gpu_missing = testsupport.gpu_missing()
@@ -82,6 +81,23 @@ def test_attention_matches_float64(dtype, d, d_v, mask):
         finite = torch.isfinite(want_lse)
         assert torch.equal(torch.isfinite(lse), finite)
         assert (lse[finite].double() - want_lse[finite]).abs().max().item() < 1e-3
+
+
+@gpu
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("d,d_v", [(192, 128), (128, 64), (64, 128)])
+def test_gradients_match_float64(d, d_v, deterministic):
+    # bottom-right causal with seqlen_q > seqlen_k: the first rows see no key and give no gradient.
+    q, k, v = (t.requires_grad_(True) for t in _inputs(2, 150, 120, 4, 2, d, d_v, torch.bfloat16, seed=d * d_v))
+    dout = torch.randn(2, 150, 4, d_v, device="cuda", dtype=torch.bfloat16)
+    out = fgt.attention(q, k, v, causal=True, deterministic=deterministic)
+    out.backward(dout)
+    visible = testsupport.visible_keys(150, 120, "bottom_right", q.device)
+    want, _, grads = testsupport.float64_bshd_attention(q, k, v, dout, 1.0 / math.sqrt(d), visible)
+    testsupport.assert_close_to_float64("out", out, want, torch.bfloat16)
+    for name, got, want_grad in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), grads):
+        assert got.shape == want_grad.shape
+        testsupport.assert_close_to_float64(name, got, want_grad, torch.bfloat16)
 
 
 @gpu

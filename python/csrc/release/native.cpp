@@ -34,6 +34,13 @@ Extras extras(const Tensor& q, int64_t batch, int64_t heads_q, const OptionalTen
 
 Tensor empty_like_contiguous(const Tensor& t) { return at::empty(t.sizes(), t.options()); }
 
+// The forward's output: q's shape, its last dim (head_dim in either layout) v's.
+Tensor empty_output(const Tensor& q, const Tensor& v) {
+  std::vector<int64_t> sizes(q.sizes().begin(), q.sizes().end());
+  sizes.back() = v.size(v.dim() - 1);
+  return at::empty(sizes, q.options());
+}
+
 Tensor int32_array(const Tensor& t, const Tensor& q, int64_t rank, const char* name) {
   check_int32_array(t, q, rank, name);
   return t.contiguous();
@@ -73,7 +80,7 @@ std::tuple<Tensor, Tensor> attention_forward(const Tensor& query, const Tensor& 
   const Tensor q = readable(query), k = readable(key), v = readable(value);
   const int64_t batch = q.size(dims[0]), seqlen_q = q.size(dims[1]), heads_q = q.size(dims[2]);
   const Extras e = extras(q, batch, heads_q, alibi_slopes, sinks);
-  Tensor out = empty_like_contiguous(q);
+  Tensor out = empty_output(q, v);
   Tensor lse = at::empty({batch, heads_q, seqlen_q}, q.options().dtype(at::kFloat));
   const flashgen_tensor views[] = {view(q, dims), view(k, dims), view(v, dims), view(out, dims)};
   const flashgen_attention_options opts =
@@ -144,7 +151,7 @@ std::tuple<Tensor, Tensor> varlen_attention_forward(
   const Tensor used = seqused_k.has_value() ? int32_array(*seqused_k, q, 1, "seqused_k") : Tensor();
   const Tensor table = paged ? int32_array(*block_table, q, 2, "block_table") : Tensor();
   const int64_t total_q = q.size(0), heads_q = q.size(1), batch = offsets_q.size(0) - 1;
-  Tensor out = empty_like_contiguous(q);
+  Tensor out = empty_output(q, v);
   Tensor lse = at::empty({heads_q, total_q}, q.options().dtype(at::kFloat));
   const Extras e = extras(q, batch, heads_q, alibi_slopes, sinks);
 

@@ -39,15 +39,6 @@ def _out_shape(q, v):
     return q.shape if v.shape[-1] == q.shape[-1] else (*q.shape[:-1], v.shape[-1])
 
 
-def _check_value_dim_grad(q, v, tensors):
-    """Refuses, before the forward runs, a call that would need the backward of values of a head dim of their own
-    (the library's backward takes none yet), naming the dims."""
-    if v.shape[-1] != q.shape[-1] and torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in tensors):
-        _bad(f"v's head_dim is {v.shape[-1]} but q's is {q.shape[-1]}: values of a head dim of their own run the "
-             f"forward only (no backward yet); call under torch.no_grad() or with tensors that do not require grad")
-
-
 def _lse_shape(q, layout):
     batch, seqlen_q, heads_q, _ = _bshd_shape(q, layout)
     return (batch, heads_q, seqlen_q)

@@ -8,7 +8,7 @@ from .. import _lib
 from ._autograd import _Empty, _eager_call, _user_variant_call, differentiable_forward
 from ._calls import _BackwardCall, _ForwardCall, _backward_kernels, _forward, _planned_forward, _stream, _warm_sinks
 from ._checks import (_DTYPE_CODES, _MASK_CODES, _autocast, _bshd_shape, _check_alibi, _check_chunk, _check_inputs,
-                      _check_scale, _check_sinks, _check_softcap, _check_value_dim_grad, _deterministic, _lse_shape,
+                      _check_scale, _check_sinks, _check_softcap, _deterministic, _lse_shape,
                       _mask, _mask_and_window)
 from ._variants import no_variant, user_variant, variant_op_arguments
 
@@ -29,8 +29,8 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     of torch's scaled_dot_product_attention). k, v: the same with seqlen_k and heads_kv; heads_q must be a
     multiple of heads_kv (grouped-query attention: query head h reads key/value head h // (heads_q // heads_kv)).
     head_dim a multiple of 8 up to 256. v may have a head_dim of its own, a multiple of 8 (MLA's prefill: q and k of
-    192, v of 128; up to 256 on Hopper's kernels, wider on the sm80 family's), and out then has it; such calls run the
-    forward only (no gradients yet). Any strides work without a copy as long as head_dim is contiguous, the
+    192, v of 128; up to 256 on Hopper's kernels, wider on the sm80 family's), and out then has it, forward and
+    backward. Any strides work without a copy as long as head_dim is contiguous, the
     other strides are multiples of 8 elements and the data 16-byte aligned; other inputs are copied first.
 
     causal: mask future keys. causal_align: "bottom_right" (key j visible to query i iff j <= i + seqlen_k -
@@ -116,7 +116,6 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
         if signature in _CHECKED:  # passed the checks below before: straight to the kernels
             args = (q, k, v, scale, mask, layout, _deterministic(deterministic), softcap, *window, None, None, chunk)
             if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-                _check_value_dim_grad(q, v, (q, k, v))
                 out, lse = differentiable_forward(*args)
             else:
                 out, lse = _forward(q, k, v, scale, mask, layout, checked=True, softcap=softcap, window=window,
@@ -126,7 +125,6 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     batch, heads_q, _ = _lse_shape(q, layout)
     alibi_slopes = _check_alibi(alibi_slopes, q.device, batch, heads_q)
     sinks = _check_sinks(sinks, q.device, heads_q)  # float32 here, so autograd converts the gradient back
-    _check_value_dim_grad(q, v, (q, k, v, sinks))
     if not _eager_call(q, k, v) and q.numel() != 0 and k.numel() != 0:
         # Traced (torch.compile, torch.export, a dispatch mode): a user variant goes into the graph as the variant op.
         variant = variant_op_arguments(q.device, mask_mod, score_mod, score_grad, score_bias, variant_helpers,

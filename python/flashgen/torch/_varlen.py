@@ -8,7 +8,7 @@ from .._lib import FlashgenArgumentError
 from . import _native
 from ._autograd import _eager_call, _user_variant_call
 from ._calls import _varlen_backward, _varlen_forward
-from ._checks import (_check_alibi, _check_chunk, _check_scale, _check_sinks, _check_softcap, _check_value_dim_grad,
+from ._checks import (_check_alibi, _check_chunk, _check_scale, _check_sinks, _check_softcap,
                       _check_varlen_inputs, _deterministic, _mask_and_window)
 from ._variants import user_variant, variant_op_arguments
 
@@ -21,7 +21,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                      block_mask=None):
     """Attention over a packed batch of sequences of different lengths, with FlashAttention's
     flash_attn_varlen_func arguments: q [total_q, heads_q, head_dim], k and v [total_k, heads_kv, head_dim] (CUDA
-    float16 or bfloat16; v, and the output, may have a head_dim of their own, MLA's 128 beside 192, forward only); cu_seqlens_q and cu_seqlens_k int32 [batch + 1] offsets on q's device (sequence b owns
+    float16 or bfloat16; v, and the output, may have a head_dim of their own, MLA's 128 beside 192); cu_seqlens_q and cu_seqlens_k int32 [batch + 1] offsets on q's device (sequence b owns
     rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q and the output, cu_seqlens_k[b]:cu_seqlens_k[b + 1] of k and v);
     max_seqlen_q and max_seqlen_k at least every sequence's lengths (ints, as FlashAttention takes them: no
     device-to-host copy here). Each sequence is its own problem: causal masks within it, aligned
@@ -65,7 +65,6 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, block_table)
     alibi_slopes = _check_alibi(alibi_slopes, q.device, cu_seqlens_q.shape[0] - 1, q.shape[1])
     sinks = _check_sinks(sinks, q.device, q.shape[1])
-    _check_value_dim_grad(q, v, (q, k, v, sinks))
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks))
     if needs_grad and (seqused_k is not None or block_table is not None):
         raise NotImplementedError("flashgen.torch.varlen_attention: no backward with seqused_k or a block_table; "
