@@ -337,8 +337,9 @@ def _lost_keys(position, needed, first_kept, chunk):
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
                       softcap=None, **kwargs):
     """transformers' attention function: query [batch, heads_q, q_len, head_dim], key and value [batch, heads_kv,
-    kv_len, head_dim] (the cache's rows included), attention_mask what register()'s mask function returned (or None,
-    or a 2-d [batch, kv_len] padding mask); returns (out [batch, q_len, heads_q, head_dim], None)."""
+    kv_len, head_dim] (the cache's rows included; value's head_dim may be its own, MLA's 128 beside 192),
+    attention_mask what register()'s mask function returned (or None, or a 2-d [batch, kv_len] padding mask); returns
+    (out [batch, q_len, heads_q, value's head_dim], None)."""
     if dropout and module.training:
         _refuse(f"flashgen has no attention dropout (this call asks for {dropout}): set the model config's "
                 "attention_dropout to 0.0, or use another attn_implementation for training with dropout",
@@ -347,6 +348,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         _refuse("flashgen does not return attention weights (output_attentions=True)", ERROR_INVALID_ARGUMENT)
     batch, heads_q, q_len, head_dim = query.shape
     kv_len = key.shape[2]
+    value_dim = value.shape[-1]
     causal = kwargs.get("is_causal")
     if causal is None:
         causal = getattr(module, "is_causal", True)
@@ -369,7 +371,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     common = dict(softmax_scale=scaling, causal=causal, softcap=softcap or 0.0,
                   window_size=_window(sliding_window, keys), sinks=kwargs.get("s_aux"))
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
-    if (place.keep is None and q_len <= _DECODE_MAX_QUERIES and keys > q_len
+    # (The decode kernels take values of the keys' head dim; other values run the dense path's bottom-right mask.)
+    if (place.keep is None and q_len <= _DECODE_MAX_QUERIES and keys > q_len and value_dim == head_dim
             and not (cu_q is not None and cu_k is not None and batch == 1)
             and not (torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad))):
         # Generation's steps: a few new queries against the cache. The decode kernels split each sequence's keys
@@ -408,21 +411,21 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         cu_q, max_q = _offsets(keep_q.sum(1, dtype=torch.int32))
         rows_k = torch.nonzero(keep_k.flatten()).flatten()
         rows_q = torch.nonzero(keep_q.flatten()).flatten()
-        k_packed, v_packed = (t.reshape(batch * keys, -1, head_dim).index_select(0, rows_k) for t in (k, v))
+        k_packed, v_packed = (t.reshape(batch * keys, -1, t.shape[-1]).index_select(0, rows_k) for t in (k, v))
         q_packed = q.reshape(batch * q_len, heads_q, head_dim).index_select(0, rows_q)
         out_packed = _flashgen_torch.varlen_attention(q_packed, k_packed, v_packed, cu_q, cu_k, max_q, max_k,
                                                       attention_chunk=chunk, **common)
-        out = out_packed.new_zeros(batch * q_len, heads_q, head_dim).index_copy(0, rows_q, out_packed)
-        return out.view(batch, q_len, heads_q, head_dim), None
+        out = out_packed.new_zeros(batch * q_len, heads_q, value_dim).index_copy(0, rows_q, out_packed)
+        return out.view(batch, q_len, heads_q, value_dim), None
 
     if facts is not None and facts.segments is not None and keys == q_len:
         # Packed sequences as transformers found them (no cache): one causal run of positions each. In a chunked
         # layer transformers' chunks split the runs (counted from the row's start), so no chunk is passed on.
         _count("packed")
         offsets, longest = facts.segments
-        out = _flashgen_torch.varlen_attention(*(t.reshape(batch * q_len, -1, head_dim) for t in (q, k, v)),
+        out = _flashgen_torch.varlen_attention(*(t.reshape(batch * q_len, -1, t.shape[-1]) for t in (q, k, v)),
                                                offsets, offsets, longest, longest, **common)
-        return out.view(batch, q_len, heads_q, head_dim), None
+        return out.view(batch, q_len, heads_q, value_dim), None
 
     packed = None
     if cu_q is not None and cu_k is not None and batch == 1:

@@ -4,7 +4,8 @@ batch (unpadded into a packed call), of packed sequences (position_ids restartin
 model; greedy generation with the KV cache; a training step's gradients; an unchanged SDPA model running flashgen
 under flashgen.torch.enable(). Llama 4 (chunked attention on three layers in four) and gpt-oss (sliding windows,
 attention sinks) against SDPA or eager attention in float32: prefill, left- and right-padded batches, packed
-sequences, each greedy step's logits with dynamic and static caches, gradients. Skips without transformers or a GPU.
+sequences, each greedy step's logits with dynamic and static caches, gradients; DeepSeek-V3 (values of a head dim of
+their own): a padded batch, greedy steps and gradients. Skips without transformers or a GPU.
 """
 
 import copy
@@ -385,3 +386,47 @@ def test_gpt_oss_window_and_sinks_match_eager():
         got, want = _generation_against_reference(fg_model, reference, ids, mask, 12)
     _assert_close("each step's logits", got, want, 3e-2)
     assert fg_transformers.stats().get("decode", 0) > 0, fg_transformers.stats()
+
+
+# -------------------------------------------------------------------------------------------------------------
+# DeepSeek-V3's multi-head latent attention: queries and keys of 48 columns (32 + 16 rotary), values of 32, which
+# transformers hands to the attention function as they are (it pads values only for FlashAttention).
+
+def _deepseek_pair():
+    # Dense MLP layers only (first_k_dense_replace covers both layers): no router choice to flip between dtypes.
+    config_class = getattr(transformers, "DeepseekV3Config", None)
+    if config_class is None:
+        pytest.skip(f"transformers {transformers.__version__} has no DeepseekV3Config")
+    config = config_class(
+        vocab_size=512, hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=64, q_lora_rank=None, qk_nope_head_dim=32,
+        qk_rope_head_dim=16, v_head_dim=32, first_k_dense_replace=2, n_routed_experts=4, num_experts_per_tok=2,
+        n_group=1, topk_group=1, max_position_embeddings=512, attention_dropout=0.0, pad_token_id=0, eos_token_id=2)
+    return _fg_and_reference(config, transformers.DeepseekV3ForCausalLM, "sdpa")
+
+
+def test_deepseek_padded_batch_and_generation_match_sdpa():
+    fg_model, reference = _deepseek_pair()
+    generator = torch.Generator(device="cuda").manual_seed(21)
+    ids, mask = _padded_batch(generator, 70, [0, 13, 41], "left")
+    fg_transformers.reset_stats()
+    with torch.no_grad():
+        got = fg_model(input_ids=ids, attention_mask=mask).logits
+        want = reference(input_ids=ids, attention_mask=mask).logits
+    assert fg_transformers.stats() == {"padded": 2}
+    keep = mask.bool()
+    _assert_close("logits", got[keep], want[keep], 3e-2)
+    # Greedy steps: values of their own head dim take the dense path's bottom-right mask, not the decode kernels.
+    ids, mask = _padded_batch(generator, 50, [0, 0], "left")
+    fg_transformers.reset_stats()
+    with torch.no_grad():
+        got, want = _generation_against_reference(fg_model, reference, ids, mask, 12)
+    _assert_close("each step's logits", got, want, 3e-2)
+    assert "decode" not in fg_transformers.stats() and fg_transformers.stats().get("dense", 0) > 0
+
+
+def test_deepseek_training_step_gradients_match_sdpa():
+    fg_model, reference = _deepseek_pair()
+    generator = torch.Generator(device="cuda").manual_seed(22)
+    ids, mask = _padded_batch(generator, 70, [0, 13, 41], "left")
+    _assert_training_gradients_close(fg_model, reference, ids, mask, 5e-2)
