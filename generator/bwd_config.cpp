@@ -29,7 +29,7 @@ std::string BwdConfig::name() const {
   // Built on every launch (it keys the loaded kernels): appends, no stream.
   using std::to_string;
   std::string name;
-  const std::string value_suffix = value_dim() != head_dim ? "_v" + to_string(value_dim()) : std::string();
+  const std::string value_suffix = value_dim_suffix(head_dim, value_dim());
   if (sm90()) {
     name = std::string("bwd_sm90_") + dtype_name(dtype) + "_d" + to_string(head_dim) + value_suffix + "_m" +
            to_string(block_m) +

@@ -74,21 +74,16 @@ void read_score_mods(const nlohmann::json& j, const char* what, ScoreMods& mods)
   }
 }
 
-namespace {
-
-// "_v<dim>" for a config whose values have a head dim of their own, else nothing.
-std::string value_dim_suffix(const KernelConfig& c) {
-  return c.value_dim() != c.head_dim ? "_v" + std::to_string(c.value_dim()) : std::string();
+std::string value_dim_suffix(int head_dim, int value_dim) {
+  return value_dim != head_dim ? "_v" + std::to_string(value_dim) : std::string();
 }
-
-}  // namespace
 
 std::string KernelConfig::name() const {
   // Built on every launch (it keys the loaded kernels): appends, no stream.
   using std::to_string;
   if (const Sm90Knobs* k = sm90()) {
     std::string name = std::string("fwd_sm90_") + dtype_name(dtype) + "_d" + to_string(head_dim) +
-                       value_dim_suffix(*this) + "_m" + to_string(block_m) + "_n" + to_string(block_n) + "_s" +
+                       value_dim_suffix(head_dim, value_dim()) + "_m" + to_string(block_m) + "_n" + to_string(block_n) + "_s" +
                        to_string(stages);
     name += mask_suffix(mask) + score_mods_suffix(mods);
     if (k->overlap) name += "_ovl";
@@ -103,7 +98,7 @@ std::string KernelConfig::name() const {
     return name + user_variant_suffix(user);
   }
   const Sm80Knobs& k = std::get<Sm80Knobs>(knobs);
-  std::string name = std::string("fwd_sm80_") + dtype_name(dtype) + "_d" + to_string(head_dim) + value_dim_suffix(*this) +
+  std::string name = std::string("fwd_sm80_") + dtype_name(dtype) + "_d" + to_string(head_dim) + value_dim_suffix(head_dim, value_dim()) +
                      "_m" + to_string(block_m) + "_n" + to_string(block_n) + "_w" + to_string(k.warps) + "_s" +
                      to_string(stages);
   name += mask_suffix(mask) + score_mods_suffix(mods);

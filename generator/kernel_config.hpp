@@ -178,6 +178,10 @@ std::string mask_suffix(MaskKind mask);
 // Reads a name's field as a mask suffix into mask (still kNone: a name has at most one); false for any other field.
 bool read_mask_suffix(const std::string& field, MaskKind& mask);
 
+// "_v<value_dim>", after "_d<head_dim>" in a forward or backward config's name, where the values have a head dim of
+// their own; else nothing.
+std::string value_dim_suffix(int head_dim, int value_dim);
+
 // A user variant's name suffix: "_" and its tag, or nothing without one.
 std::string user_variant_suffix(const std::shared_ptr<const UserVariant>& user);
 // Whether two configs' user variants are the same functions (both none, or the same tag).

@@ -153,8 +153,8 @@ void check_value_dim(const TensorView* v, const char* v_name, const TensorView* 
   if (dim_v != q->shape[3]) {
     FLASHGEN_REQUIRE(own_dim_taken, dim(v_name, 3) + " is " + std::to_string(dim_v) + " but " + dim("q", 3) + " is " +
                                         std::to_string(q->shape[3]) +
-                                        ": this call takes values of the queries' head dim (a head dim of their own "
-                                        "is the forward's)");
+                                        ": this call takes values of the queries' head dim (the forward and the "
+                                        "backward take one of their own)");
     if (dim_v % 8 != 0 || dim_v > 512) {
       fail(Status::kUnsupported, dim(v_name, 3) + " = " + std::to_string(dim_v) +
                                      " is unsupported: a values' head dim of its own must be a multiple of 8 up to 512");

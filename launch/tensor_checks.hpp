@@ -109,8 +109,8 @@ AttentionShape shape_of(const TensorView* q, const TensorView* k, const TensorVi
 // q's head_dim a multiple of 8 up to 256 (kUnsupported otherwise), and q's heads a multiple of k's.
 void check_head_dim_and_groups(const TensorView* q, const TensorView* k);
 
-// v's head dim, which out's must equal: q's, or where own_dim_taken (the forward's calls, dense and packed) one of its
-// own, a multiple of 8 up to 512; kUnsupported for a dim no kernel family takes, kInvalidArgument where the call takes
+// v's head dim, which out's must equal: q's, or where own_dim_taken (the forward's and the backward's calls, dense
+// and packed) one of its own, a multiple of 8 up to 512; kUnsupported for a dim no kernel family takes, kInvalidArgument where the call takes
 // none (saying which calls do).
 void check_value_dim(const TensorView* v, const char* v_name, const TensorView* out, const char* out_name,
                      const TensorView* q, bool own_dim_taken);

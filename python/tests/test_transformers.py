@@ -368,10 +368,11 @@ def test_llama4_refuses_a_prebuilt_4d_mask():
         fg_model(input_ids=ids, attention_mask=mask)
 
 
-def test_gpt_oss_window_and_sinks_match_eager():
-    fg_model, reference = _gpt_oss_pair()
-    generator = torch.Generator(device="cuda").manual_seed(16)
-    ids, mask = _padded_batch(generator, 100, [0, 13, 41], "left")
+def _assert_padded_and_greedy_close(fg_model, reference, seed, padded_length, greedy_length):
+    """A left-padded batch of padded_length tokens (each of the two layers' calls packed) against the reference's
+    logits, then 12 greedy steps after an unpadded prompt of greedy_length; returns the greedy steps' call counts."""
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    ids, mask = _padded_batch(generator, padded_length, [0, 13, 41], "left")
     fg_transformers.reset_stats()
     with torch.no_grad():
         got = fg_model(input_ids=ids, attention_mask=mask).logits
@@ -379,13 +380,19 @@ def test_gpt_oss_window_and_sinks_match_eager():
     assert fg_transformers.stats() == {"padded": 2}
     keep = mask.bool()
     _assert_close("padded logits", got[keep], want[keep], 3e-2)
-    # Greedy steps past the window (32) with the sliding layer's cache of 31 keys, on the decode kernels.
-    ids, mask = _padded_batch(generator, 60, [0, 0], "left")
+    ids, mask = _padded_batch(generator, greedy_length, [0, 0], "left")
     fg_transformers.reset_stats()
     with torch.no_grad():
         got, want = _generation_against_reference(fg_model, reference, ids, mask, 12)
     _assert_close("each step's logits", got, want, 3e-2)
-    assert fg_transformers.stats().get("decode", 0) > 0, fg_transformers.stats()
+    return fg_transformers.stats()
+
+
+def test_gpt_oss_window_and_sinks_match_eager():
+    fg_model, reference = _gpt_oss_pair()
+    # Greedy steps past the window (32) with the sliding layer's cache of 31 keys, on the decode kernels.
+    stats = _assert_padded_and_greedy_close(fg_model, reference, 16, 100, 60)
+    assert stats.get("decode", 0) > 0, stats
 
 
 # -------------------------------------------------------------------------------------------------------------
@@ -407,22 +414,9 @@ def _deepseek_pair():
 
 def test_deepseek_padded_batch_and_generation_match_sdpa():
     fg_model, reference = _deepseek_pair()
-    generator = torch.Generator(device="cuda").manual_seed(21)
-    ids, mask = _padded_batch(generator, 70, [0, 13, 41], "left")
-    fg_transformers.reset_stats()
-    with torch.no_grad():
-        got = fg_model(input_ids=ids, attention_mask=mask).logits
-        want = reference(input_ids=ids, attention_mask=mask).logits
-    assert fg_transformers.stats() == {"padded": 2}
-    keep = mask.bool()
-    _assert_close("logits", got[keep], want[keep], 3e-2)
     # Greedy steps: values of their own head dim take the dense path's bottom-right mask, not the decode kernels.
-    ids, mask = _padded_batch(generator, 50, [0, 0], "left")
-    fg_transformers.reset_stats()
-    with torch.no_grad():
-        got, want = _generation_against_reference(fg_model, reference, ids, mask, 12)
-    _assert_close("each step's logits", got, want, 3e-2)
-    assert "decode" not in fg_transformers.stats() and fg_transformers.stats().get("dense", 0) > 0
+    stats = _assert_padded_and_greedy_close(fg_model, reference, 21, 70, 50)
+    assert "decode" not in stats and stats.get("dense", 0) > 0, stats
 
 
 def test_deepseek_training_step_gradients_match_sdpa():
