@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """MLA prefill benchmark, forward or (--backward) backward: queries and keys of head dim 192, values of 128
-(DeepSeek-V3's "MHA mode"), flashgen (its C ABI through ctypes, on the torch tensors) against PyTorch SDPA's cuDNN and
-memory-efficient backends, in one process, on the same random tensors. Writes a CSV and prints a markdown table (the
-last thing printed).
+(DeepSeek-V3's "MHA mode"; any other pair with --head-dim and --head-dim-v, such as FA3's 64 / 512), flashgen (its C
+ABI through ctypes, on the torch tensors) against PyTorch SDPA's cuDNN and memory-efficient backends and, with
+--flex, FlexAttention (torch.compile'd), in one process, on the same random tensors. Writes a CSV and prints a
+markdown table (the last thing printed).
 
 Run on a GPU machine:  python3 bench/bench_mla_prefill.py [--lib build/libflashgen.so] [--quick] [--backward]
+    python3 bench/bench_mla_prefill.py --head-dim 64 --head-dim-v 512 --heads 16 --flex --out FILE.csv
 """
 
 import argparse
@@ -24,8 +26,8 @@ CSV_COLUMNS = [
     "device", "date", "torch_version", "cuda_version", "cudnn_version", "flashgen_version",
     "pass", "dtype", "causal", "head_dim", "head_dim_v", "batch", "seqlen", "heads",
     "flashgen_ms", "flashgen_ms_p10", "flashgen_ms_p90", "flashgen_tflops", "flashgen_config",
-    "cudnn_ms", "cudnn_tflops", "efficient_ms", "efficient_tflops",
-    "ratio_vs_cudnn", "ratio_vs_efficient", "max_abs_diff", "error",
+    "cudnn_ms", "cudnn_tflops", "efficient_ms", "efficient_tflops", "flex_ms", "flex_tflops",
+    "ratio_vs_cudnn", "ratio_vs_efficient", "ratio_vs_flex", "max_abs_diff", "error",
 ]
 
 
@@ -52,6 +54,7 @@ def parse_args():
     parser.add_argument("--quick", action="store_true", help="seqlens 2048 and 8192 only")
     parser.add_argument("--backward", action="store_true", help="time the backward (dq, dk, dv) instead")
     parser.add_argument("--deterministic", action="store_true", help="with --backward: flashgen's deterministic dQ")
+    parser.add_argument("--flex", action="store_true", help="time FlexAttention too (compiled once per shape)")
     parser.add_argument("--samples", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--flush-mb", type=int, default=256)
@@ -71,6 +74,9 @@ def main():
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
+    if args.flex:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        flex = torch.compile(flex_attention, dynamic=False)
     from flashgen import _lib
 
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
@@ -162,21 +168,32 @@ def main():
                 except Exception as e:  # noqa: BLE001 (a failed point is reported in its row)
                     row["error"] = str(e).splitlines()[0][:200]
                 qt, kt, vt = (t.transpose(1, 2).detach().requires_grad_(args.backward) for t in (q, k, v))
-                for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION),
-                                      ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+                peers = [("cudnn", SDPBackend.CUDNN_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
+                if args.flex:
+                    peers.append(("flex", None))
+                for name, backend in peers:
                     try:
-                        with sdpa_kernel(backend):
-                            peer_out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-                            peer_dout = dout.transpose(1, 2)
+                        if backend is None:
+                            block_mask = (create_block_mask(lambda b, h, i, j: i >= j, None, None, seqlen, seqlen)
+                                          if causal else None)
 
-                            def run_peer():
-                                if args.backward:
-                                    torch.autograd.grad(peer_out, (qt, kt, vt), peer_dout, retain_graph=True)
-                                else:
-                                    F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                            def attend():
+                                return flex(qt, kt, vt, block_mask=block_mask)
+                        else:
+                            def attend():
+                                with sdpa_kernel(backend):
+                                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                        peer_out = attend()
+                        peer_dout = dout.transpose(1, 2)
 
-                            median, _, _ = bench.time_ms(run_peer)
-                            del peer_out
+                        def run_peer():
+                            if args.backward:
+                                torch.autograd.grad(peer_out, (qt, kt, vt), peer_dout, retain_graph=True)
+                            else:
+                                attend()
+
+                        median, _, _ = bench.time_ms(run_peer)
+                        del peer_out
                         row[f"{name}_ms"] = median
                         row[f"{name}_tflops"] = flops / median / 1e9
                         if row.get("flashgen_ms"):
@@ -188,7 +205,8 @@ def main():
                 torch.cuda.empty_cache()
                 rows.append(row)
                 print(f"# heads {heads} seqlen {seqlen} causal {int(causal)}: flashgen {fmt(row.get('flashgen_tflops'))} "
-                      f"cudnn {fmt(row.get('cudnn_tflops'))} efficient {fmt(row.get('efficient_tflops'))} TFLOP/s "
+                      f"cudnn {fmt(row.get('cudnn_tflops'))} efficient {fmt(row.get('efficient_tflops'))} "
+                      f"flex {fmt(row.get('flex_tflops'))} TFLOP/s "
                       f"{row.get('error', '')}", flush=True)
 
     kind = "mla_prefill_bwd" if args.backward else "mla_prefill"
@@ -197,12 +215,13 @@ def main():
     print(f"wrote {out_path}\n")
     print(f"{device}, {args.dtype}, head_dim {args.head_dim}/{args.head_dim_v}, {'backward' if args.backward else 'forward'}"
           f", TFLOP/s (ratio = peer ms / flashgen ms)\n")
-    print("| heads | seqlen | causal | flashgen | cuDNN | efficient | vs cuDNN | config |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| heads | seqlen | causal | flashgen | cuDNN | efficient | flex | vs cuDNN | vs efficient | vs flex | config |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['heads']} | {r['seqlen']} | {'yes' if r['causal'] else 'no'} | {fmt(r.get('flashgen_tflops'))} | "
-              f"{fmt(r.get('cudnn_tflops'))} | {fmt(r.get('efficient_tflops'))} | {fmt(r.get('ratio_vs_cudnn'), 3)} | "
-              f"{r.get('flashgen_config', r.get('error', ''))} |")
+              f"{fmt(r.get('cudnn_tflops'))} | {fmt(r.get('efficient_tflops'))} | {fmt(r.get('flex_tflops'))} | "
+              f"{fmt(r.get('ratio_vs_cudnn'), 3)} | {fmt(r.get('ratio_vs_efficient'), 3)} | "
+              f"{fmt(r.get('ratio_vs_flex'), 3)} | {r.get('flashgen_config', r.get('error', ''))} |")
     return 1 if any(r.get("error") for r in rows) else 0
 
 

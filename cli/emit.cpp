@@ -32,9 +32,10 @@ Command emit_command() {
                  "dec_sm80_bf16_d128_r16_n64_w4_s3_causal_paged\n" + arch_help())
       .option("config-json", "FILE",
               "read a forward config as JSON from FILE ('-' for stdin) instead of a name; fields: family (fwd_sm80 or "
-              "fwd_sm90), dtype, head_dim, mask (none, causal, window or chunk), block_m, block_n, stages, the sm80 "
-              "family's warps and q_in_regs, the sm90 family's overlap, pingpong, persistent, p_smem, cluster, "
-              "groups, tensor_sum, and varlen, paged, softcap, alibi; omitted ones take the defaults, the other "
+              "fwd_sm90), dtype, head_dim, head_dim_v, mask (none, causal, window or chunk), block_m, block_n, stages, the "
+              "sm80 family's warps and q_in_regs, the sm90 family's overlap, pingpong, persistent, p_smem, cluster, "
+              "groups, tensor_sum, value_split, and varlen, paged, softcap, alibi; omitted ones take the defaults, "
+              "the other "
               "family's may appear at their defaults only")
       .option("variant", "FILE", kVariantHelp)
       .option("arch", "SM", "check the config is valid for sm_<SM> (default 90)")

@@ -110,7 +110,12 @@ void fallbacks(const Call& call, const PlanSources<Choice>& sources, bool varian
       case Shortfall::kGridLimit:
         return;  // none left, or none a fallback removes: the launcher reports it
       case Shortfall::kTmaLayout: {
-        Choice fallback = builtin_choice(sources.sm80_candidates(), sources.spilled_bytes, sources.arch);
+        const auto candidates = sources.sm80_candidates();
+        if (candidates.empty()) {  // the Hopper family's problems only (values of 512 columns)
+          fail(Status::kUnsupported, "TMA cannot describe " + answer.reason + ", which " + choice.config.name() +
+                                         " needs, and no sm80-family kernel takes the problem");
+        }
+        Choice fallback = builtin_choice(candidates, sources.spilled_bytes, sources.arch);
         paged(call, sources, fallback);
         with_user_variant(call.problem, sources, variant_timed, fallback);
         choice.reason += "; TMA cannot describe " + answer.reason + ", so the sm80 family's " + fallback.reason;

@@ -123,6 +123,8 @@ std::string render_config_header(const KernelConfig& c) {
     out << "  static constexpr int kCluster = " << k.cluster << ";\n";
     out << "  static constexpr int kGroups = " << k.groups << ";\n";
     out << "  static constexpr bool kTensorSum = " << (k.tensor_sum ? "true" : "false") << ";\n";
+    // Only where it splits: every other header, and so its cache key, stays as it was.
+    if (k.value_split != 1) out << "  static constexpr int kValueSplit = " << k.value_split << ";\n";
   }
   out << "};\n\n"
       << "}  // namespace flashgen_generated\n";

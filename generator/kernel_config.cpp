@@ -93,6 +93,7 @@ std::string KernelConfig::name() const {
     if (k->cluster != 1) name += "_c" + to_string(k->cluster);
     if (k->groups != 1) name += "_g" + to_string(k->groups);
     if (k->tensor_sum) name += "_tsum";
+    if (k->value_split != 1) name += "_vs" + to_string(k->value_split);
     if (varlen) name += "_varlen";
     if (paged) name += "_paged";
     return name + user_variant_suffix(user);
@@ -137,7 +138,7 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
                        "[_causal|_window|_chunk][_softcap][_alibi][_qreg][_varlen[_paged]] or "
                        "fwd_sm90_<fp16|bf16>_d<head_dim>[_v<head_dim_v>]_m<block_m>_n<block_n>_s<stages>[_causal|_window|_chunk][_softcap]"
                        "[_alibi]"
-                       "[_ovl][_pp][_pst][_psm][_c2][_g2][_tsum]");
+                       "[_ovl][_pp][_pst][_psm][_c2][_g2][_tsum][_vs2]");
   KernelConfig config;
   if (sm90) config.knobs = Sm90Knobs{};
   Sm80Knobs* k80 = config.sm80();  // exactly one of the two is set
@@ -170,6 +171,8 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
       k90->groups = parse_name_field(fields[i], "g", name);
     } else if (fields[i] == "tsum" && k90 && !k90->tensor_sum) {
       k90->tensor_sum = true;
+    } else if (fields[i].size() > 2 && fields[i].compare(0, 2, "vs") == 0 && k90 && k90->value_split == 1) {
+      k90->value_split = parse_name_field(fields[i], "vs", name);
     } else if (fields[i] == "varlen" && !config.varlen) {
       config.varlen = true;
     } else if (fields[i] == "paged" && config.varlen && !config.paged) {
@@ -194,7 +197,7 @@ FwdSm90Traits KernelConfig::sm90_traits() const {
   const Sm90Knobs* k = sm90();
   if (k == nullptr) fail(Status::kInternal, "config " + name() + " has no sm90-family traits");
   return fwd_sm90_traits(head_dim, block_m, block_n, stages, k->pingpong, k->persistent, k->p_smem, k->cluster, mask,
-                         k->groups, k->tensor_sum, dtype, paged, value_dim());
+                         k->groups, k->tensor_sum, dtype, paged, value_dim(), k->value_split);
 }
 
 std::string KernelConfig::symbol(FwdKernel kernel) const {
@@ -319,6 +322,7 @@ void to_json(nlohmann::json& j, const KernelConfig& c) {
                        {"persistent", k->persistent}, {"p_smem", k->p_smem},     {"cluster", k->cluster},
                        {"groups", k->groups},         {"tensor_sum", k->tensor_sum}};
     if (c.value_dim() != c.head_dim) j["head_dim_v"] = c.value_dim();  // absent: the values' head dim is head_dim
+    if (k->value_split != 1) j["value_split"] = k->value_split;        // absent: 1, as every config before it had
     if (c.varlen) j["varlen"] = true;  // absent: a dense kernel, as every config before it had
     if (c.paged) j["paged"] = true;
     score_mods_to_json(j, c.mods);
@@ -365,7 +369,7 @@ void from_json(const nlohmann::json& j, KernelConfig& c) {
   static const char* const kKeys[] = {"family", "dtype",      "head_dim",  "mask",       "block_m", "block_n",
                                       "warps",  "stages",     "q_in_regs", "overlap",    "pingpong", "persistent",
                                       "p_smem", "cluster",    "groups",    "tensor_sum", "varlen", "paged",
-                                      "softcap", "alibi", "head_dim_v"};
+                                      "softcap", "alibi", "head_dim_v", "value_split"};
   for (const auto& item : j.items()) {
     FLASHGEN_REQUIRE(std::find(std::begin(kKeys), std::end(kKeys), item.key()) != std::end(kKeys),
                      "kernel config JSON: unknown field \"" + item.key() + "\"");
@@ -401,6 +405,7 @@ void from_json(const nlohmann::json& j, KernelConfig& c) {
   get_int("cluster", sm90_knobs.cluster);
   get_int("groups", sm90_knobs.groups);
   get_bool("tensor_sum", sm90_knobs.tensor_sum);
+  get_int("value_split", sm90_knobs.value_split);
   get_bool("overlap", sm90_knobs.overlap);
   get_bool("pingpong", sm90_knobs.pingpong);
   get_bool("persistent", sm90_knobs.persistent);
@@ -414,8 +419,8 @@ void from_json(const nlohmann::json& j, KernelConfig& c) {
     config.knobs = sm90_knobs;
   } else {
     FLASHGEN_REQUIRE(sm90_knobs == Sm90Knobs{},
-                     "kernel config JSON: overlap, pingpong, persistent, p_smem, cluster, groups and tensor_sum are "
-                     "sm90-family knobs");
+                     "kernel config JSON: overlap, pingpong, persistent, p_smem, cluster, groups, tensor_sum and "
+                     "value_split are sm90-family knobs");
     config.knobs = sm80_knobs;
   }
   c = config;

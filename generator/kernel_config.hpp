@@ -40,10 +40,11 @@ struct Sm90Knobs {
   int cluster = 1;          // 2: two blocks of a cluster share each K/V tile by TMA multicast
   int groups = 1;           // 2: two groups of consumers in one persistent block, each on tiles of its own
   bool tensor_sum = false;  // the rows' sums of P from the tensor cores (P times ones) instead of adds
+  int value_split = 1;      // 2: two consumers for each 64 query rows, each holding half of O's columns
 
   bool operator==(const Sm90Knobs& o) const {
     return overlap == o.overlap && pingpong == o.pingpong && persistent == o.persistent && p_smem == o.p_smem &&
-           cluster == o.cluster && groups == o.groups && tensor_sum == o.tensor_sum;
+           cluster == o.cluster && groups == o.groups && tensor_sum == o.tensor_sum && value_split == o.value_split;
   }
   bool operator!=(const Sm90Knobs& o) const { return !(*this == o); }
 };
@@ -97,8 +98,8 @@ struct KernelConfig {
   // fwd_sm80_bf16_d192_v128_m64_n32_w4_s2_causal (_window for a sliding window; then _softcap, _alibi;
   // suffix _qreg when q_in_regs,
   // _varlen for packed batches, then _paged for their paged caches) or
-  // fwd_sm90_fp16_d128_m128_n128_s2_causal (suffixes _ovl, _pp, _pst, _psm, _c2, _g2, _tsum for overlap,
-  // pingpong, persistent, p_smem, cluster 2, groups 2, tensor_sum). It is the kernel's symbol, its file name in dumps and part of its
+  // fwd_sm90_fp16_d128_m128_n128_s2_causal (suffixes _ovl, _pp, _pst, _psm, _c2, _g2, _tsum, _vs2 for overlap,
+  // pingpong, persistent, p_smem, cluster 2, groups 2, tensor_sum, value_split 2). It is the kernel's symbol, its file name in dumps and part of its
   // cache key.
   std::string name() const;
   // Inverse of name(); throws Error(kInvalidArgument) naming what it could not read.

@@ -53,7 +53,7 @@ BackwardCall make_backward_call(const TensorView* q, const TensorView* k, const 
     require_same_dim(dk, "dk", k, "k", i);
     require_same_dim(dv, "dv", v, "v", i);
   }
-  check_head_dim_and_groups(q, k);
+  check_head_dim_and_groups(q, k, /*forward=*/false);
   for (const auto& [t, name] : tensors) check_layout(t, name);
   check_output_strides(dq, "dq");
   check_output_strides(dk, "dk");

@@ -40,7 +40,7 @@ KvCacheCall make_kvcache_call(const KvCacheArgs& args) {
     require_same_dim(&args.out, "out", &q, "q", i);
     require_same_dim(&vc, "v_cache", &kc, "k_cache", i);
   }
-  check_head_dim_and_groups(&q, &kc);
+  check_head_dim_and_groups(&q, &kc, /*forward=*/false);
   for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&kc, "k_cache"}, std::pair{&vc, "v_cache"},
                                 std::pair{&args.out, "out"}}) {
     check_layout(t, name);

@@ -59,6 +59,11 @@ problems=(
   "bwd_sm90_fp16_d192_v128_m64_n64_s2_causal|192|bottom-right|--batch 1 --backward --head-dim-v 128"
   "bwd_sm90_fp16_d128_v64_m64_n128_s2_det|128|none|--batch 1 --backward --deterministic --head-dim-v 64"
   "bwd_sm80_fp16_d192_v128_m32_n64_w4_s2_x2_causal|192|bottom-right|--batch 1 --backward --head-dim-v 128"
+  # values wider than one consumer's registers: two consumers for each 64 rows, each with half of O's columns
+  "fwd_sm90_fp16_d64_v512_m64_n64_s2_causal_ovl_pp_pst_vs2|64|bottom-right|--batch 1 --head-dim-v 512"
+  "fwd_sm90_fp16_d128_v320_m64_n48_s2_causal_ovl_pp_vs2_varlen_paged|128|bottom-right|--varlen --batch 3 --page-size 64 --head-dim-v 320"
+  # keys of 512: the two consumers' output staged in the Q rows they share
+  "fwd_sm90_fp16_d512_m64_n32_s2_causal_ovl_pp_pst_vs2|512|bottom-right|--batch 1"
   # KV-cache decoding: 3 ranges of 6 key blocks over 1040 keys, so a range ends in a partial tile
   "dec_sm80_fp16_d40_r16_n64_w4_s3|40|none|--kv-cache --splits 2 --batch 2|--heads-q 4 --heads-kv 2 --seqlen-q 1 --seqlen-k 1000"
   "dec_sm80_fp16_d128_r16_n64_w4_s3_causal_paged|128|bottom-right|--kv-cache --page-size 16 --splits 3 --batch 2|--heads-q 8 --heads-kv 2 --seqlen-q 2 --seqlen-k 1040"

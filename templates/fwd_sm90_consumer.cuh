@@ -1,7 +1,8 @@
 // The Hopper forward's consumer main loop (fwd_sm90.cuh): one warpgroup of 64 query rows walks a tile's
 // key blocks, last first: S = Q Kᵀ on wgmma from shared memory, the variant's transform and mask
 // (block_range.cuh), the online softmax (softmax.cuh) on the accumulators, then O += P V with P from
-// registers (or, kPSmem, shared memory). With kOverlap the softmax of one block runs while the tensor
+// registers (or, kPSmem, shared memory); with kValueSplit 2 two consumers walk the same rows, each computing
+// P V of its half of V's columns. With kOverlap the softmax of one block runs while the tensor
 // cores compute P V of the one before; with kPingPong the two consumers take turns at issuing products.
 // Where the variant hides keys, a consumer computes of each block only what its rows see: all of it, the
 // first kHalfN keys, or nothing. The epilogue (fwd_sm90_epilogue.cuh) stores the tile's O and LSE.
@@ -32,6 +33,7 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
   using typename L::Variant;
   using L::kBlockM;
   using L::kBlockN;
+  using L::kChunksPart;
   using L::kCluster;
   using L::kConsumers;
   using L::kElem;
@@ -41,6 +43,7 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
   using L::kOnesOffset;
   using L::kOverlap;
   using L::kOwnO;
+  using L::kPartDimV;
   using L::kPBytes;
   using L::kPingPong;
   using L::kPOffset;
@@ -52,19 +55,20 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
   using L::kTensorSum;
   using L::kTileBytes;
   using L::kTileBytesV;
-  using L::kTileDimV;
   using L::kVOffset;
   using L::ring_phase;
   using L::ring_slot;
+  using L::row_slice;
   using L::store_swizzled;
   using L::turn_barrier;
 
   // Where the variant hides keys, a key block may show one consumer's 64 rows no key from kHalfN on (the
   // upper half of a diagonal block, to the first consumer under a causal mask) or no key at all. That
   // consumer then computes S, softmax and P V of the first kHalfN keys only, or nothing of the block.
-  // kHalfN keeps whole 16-key steps of P V; 0 where kBlockN cannot be halved so. Where every row sees
-  // every key only a ragged last block could be narrowed, and the kernel keeps a single path.
-  static constexpr int kHalfN = Variant::kHidesKeys && kBlockN % 32 == 0 ? kBlockN / 2 : 0;
+  // kHalfN keeps whole 16-key steps of P V and S of at least 32 keys (the narrowest wgmma of S); 0 where kBlockN
+  // cannot be halved so. Where every row sees every key only a ragged last block could be narrowed, and the kernel
+  // keeps a single path.
+  static constexpr int kHalfN = Variant::kHidesKeys && kBlockN % 32 == 0 && kBlockN >= 64 ? kBlockN / 2 : 0;
 
   // One warp's arrival on the Q rows' empty barrier (it counts kConsumers * 4 arrivals, or kConsumers).
   static __device__ __forceinline__ void release(int lane, u32 empty_barrier) {
@@ -92,12 +96,13 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
     u32 smem;
     int first_block;  // the ring index of block 0
     int warpgroup, consumer, group, lane, t, row0;
+    u32 v_columns;           // the byte offset of this consumer's part of V's columns (kValueSplit) in a V tile
     u64 desc_q0;             // this consumer's 64 Q rows
     u32 sp_rows;             // this consumer's P rows (kPSmem)
     u64 desc_p0, desc_ones;  // issue_pv's P rows (kPSmem) and ones (kTensorSum)
     const float& scale_log2;  // the softmax's scale for the variant's row scores (block_range.cuh)
     int n_masked, interior_end;
-    float (&acc_o)[kOGroups][4];  // (64, kTileDimV) fp32 per warpgroup
+    float (&acc_o)[kOGroups][4];  // (64, kPartDimV) fp32 per warpgroup
     float (&acc_l)[1][4];         // kTensorSum: (64, 8) fp32 per warpgroup, every column its row's running sum
     float (&row_max)[2];          // running max (log2 units) of rows row0, row0 + 8
     float (&row_sum)[2];          // running sum of exp2, this thread's columns only
@@ -132,12 +137,14 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
     }
 
     // Issues O += P V of block it over its first 8 * width keys: keys are the k dimension; V is read
-    // MN-major (the values' head dim contiguous), its 64-column chunks kBlockN rows apart. P comes from p_frag, or
+    // MN-major (the values' head dim contiguous), its 64-column chunks kBlockN rows apart, from this consumer's
+    // first chunk on. P comes from p_frag, or
     // with kPSmem from this consumer's P rows, read K-major like Q.
     template <class Width>
     __device__ __forceinline__ void issue_pv(int it, const u32 (&p_frag)[kPSteps][4], Width width) const {
       constexpr int kSteps = decltype(width)::value / 2;
-      const u64 desc_v0 = sm90::smem_desc_sw128(smem + kVOffset + slot(it) * kTileBytesV, kBlockN * kRowBytes, 1024);
+      const u64 desc_v0 =
+          sm90::smem_desc_sw128(smem + kVOffset + slot(it) * kTileBytesV + v_columns, kBlockN * kRowBytes, 1024);
       sm90::mbarrier_wait(bars.v_full(slot(it)), phase(it));
       sm90::wgmma_fence();
 #pragma unroll
@@ -145,9 +152,9 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
         const u64 desc_v = sm90::smem_desc_advance(desc_v0, j * 16 * kRowBytes);
         if constexpr (kPSmem) {
           const u64 desc_p = sm90::smem_desc_advance(desc_p0, (j / 4) * 64 * kRowBytes + (j % 4) * 32);
-          sm90::WgmmaSSKMN<kTileDimV>::template run<kElem>(acc_o, desc_p, desc_v, 1);
+          sm90::WgmmaSSKMN<kPartDimV>::template run<kElem>(acc_o, desc_p, desc_v, 1);
         } else {
-          sm90::WgmmaRS<kTileDimV>::template run<kElem>(acc_o, p_frag[j], desc_v, 1);
+          sm90::WgmmaRS<kPartDimV>::template run<kElem>(acc_o, p_frag[j], desc_v, 1);
         }
       }
       if constexpr (kTensorSum) {
@@ -268,11 +275,13 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
     const int lane = threadIdx.x % 32;
     const int g = lane / 4;  // accumulator row within an 8-row group
     const int t = lane % 4;  // accumulator column pair
-    const u32 sq_rows = smem + consumer * 64 * kRowBytes;  // this consumer's 64 Q rows in chunk 0
+    const int slice = row_slice(consumer);  // this consumer's 64 query rows of the tile
+    const u32 v_columns = L::value_part(consumer) * kChunksPart * kBlockN * kRowBytes;
+    const u32 sq_rows = smem + slice * 64 * kRowBytes;  // this consumer's 64 Q rows in chunk 0
     const u64 desc_q0 = sm90::smem_desc_sw128(sq_rows, 16, 1024);
-    const int row0 = tile.m_start + consumer * 64 + warp * 16 + g;  // query rows row0 and row0 + 8
+    const int row0 = tile.m_start + slice * 64 + warp * 16 + g;  // query rows row0 and row0 + 8
 
-    float acc_o[kOGroups][4];  // (64, kTileDimV) fp32 per warpgroup: this thread's (2 rows, 2 cols) groups
+    float acc_o[kOGroups][4];  // (64, kPartDimV) fp32 per warpgroup: this thread's (2 rows, 2 cols) groups
     float row_max[2] = {neg_inf(), neg_inf()};  // running max (log2 units) of rows row0, row0 + 8
     float row_sum[2] = {0.f, 0.f};              // running sum of exp2, this thread's columns only
     // kTensorSum: (64, 8) fp32 per warpgroup, P times ones: every column holds its row's running sum.
@@ -298,7 +307,7 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
     bool half_first = false;
     if constexpr (Variant::kHidesKeys) {
       // The last key any of its 64 rows sees: its last row's.
-      const int last_key = min(p.seqlen_k - 1, Variant::last_key(p, tile.batch, tile.m_start + consumer * 64 + 63));
+      const int last_key = min(p.seqlen_k - 1, Variant::last_key(p, tile.batch, tile.m_start + slice * 64 + 63));
       const int n_last = tile.n_begin + tile.n_blocks - 1;  // the walk's first block
       first = last_key < 0 ? tile.n_blocks : min(tile.n_blocks, max(0, n_last - last_key / kBlockN));
       half_first = kHalfN > 0 && first < tile.n_blocks && last_key + 1 - (n_last - first) * kBlockN <= kHalfN;
@@ -313,7 +322,7 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
     // The softmax's scale for the variant's row scores (block_range.cuh).
     float folded_scale;
     const float& scale_log2 = row_scale_log2<Variant>(p.variant.scale_log2, p, folded_scale);
-    const Walk walk{p, tile, bars, smem, first_block, warpgroup, consumer, group, lane, t, row0, desc_q0, sp_rows,
+    const Walk walk{p, tile, bars, smem, first_block, warpgroup, consumer, group, lane, t, row0, v_columns, desc_q0, sp_rows,
                     desc_p0, desc_ones, scale_log2, n_masked, interior_end, acc_o, acc_l, row_max, row_sum};
 
     for (int it = 0; it < first; ++it) walk.pass_block(it);

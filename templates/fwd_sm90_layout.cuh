@@ -20,7 +20,7 @@ struct FwdSm90Layout {
   static constexpr FwdSm90Traits kTraits =
       fwd_sm90_traits(Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kPingPong, Cfg::kPersistent,
                       Cfg::kPSmem, Cfg::kCluster, Cfg::kMask, Cfg::kGroups, Cfg::kTensorSum, Cfg::kElem,
-                      ConfigPaged<Cfg>::value, ConfigHeadDimV<Cfg>::value);
+                      ConfigPaged<Cfg>::value, ConfigHeadDimV<Cfg>::value, ConfigValueSplit<Cfg>::value);
   static_assert(kTraits.error == nullptr, "invalid sm90 forward config: see fwd_sm90_traits() in fwd_traits.cuh");
   // The two blocks of a cluster load each K and V tile once for both: they must visit the same key blocks.
   static_assert(Cfg::kCluster == 1 || !Cfg::Variant::kHidesKeys, "clusters take variants that hide no key");
@@ -47,6 +47,10 @@ struct FwdSm90Layout {
   static constexpr bool kPaged = ConfigPaged<Cfg>::value;  // their keys and values in a paged cache
   static_assert(!kPaged || kVarlen, "a paged cache holds the keys of packed batches");
   static constexpr int kConsumers = kTraits.consumers;  // per group
+  // Consumers per 64 query rows: consumer c computes rows 64 * (c / kValueSplit) on, and O's columns
+  // kPartDimV * (c % kValueSplit) on.
+  static constexpr int kValueSplit = ConfigValueSplit<Cfg>::value;
+  static constexpr int kPartDimV = kTraits.part_dim_v;
   static constexpr int kThreads = kTraits.threads;
 
   // Every tile is stored as kChunks (V and the output: kChunksV) column chunks of 64 elements (128-byte rows),
@@ -54,6 +58,7 @@ struct FwdSm90Layout {
   // and the one wgmma descriptors read.
   static constexpr int kChunks = kTileDim / 64;
   static constexpr int kChunksV = kTileDimV / 64;
+  static constexpr int kChunksPart = kPartDimV / 64;  // of one consumer's O columns
   static constexpr u32 kRowBytes = 128;
   static constexpr u32 kQBytes = kBlockM * kTileDim * 2;       // (kChunks, kBlockM, 64)
   static constexpr u32 kTileBytes = kBlockN * kTileDim * 2;    // one K tile: (kChunks, kBlockN, 64)
@@ -79,14 +84,21 @@ struct FwdSm90Layout {
                 "layout and traits disagree");
 
   static constexpr int kSGroups = kBlockN / 8;   // accumulator groups of S: (16 rows, 8 keys) per warp
-  static constexpr int kOGroups = kTileDimV / 8;  // accumulator groups of O
+  static constexpr int kOGroups = kPartDimV / 8;  // accumulator groups of a consumer's O columns
   static constexpr int kPSteps = kBlockN / 16;   // k-steps of O += P V
   static constexpr int kQkSteps = kTileDim / 16; // k-steps of S = Q Kᵀ
 
   // Hardware barriers: 0 is __syncthreads, 1 + w consumer warpgroup w's own (P staging, epilogue; w counts
-  // the block's consumers), kTurnBarrier + 2 * g + c the ping-pong turn of consumer c of group g.
+  // the block's consumers), kTurnBarrier + 2 * g + c the ping-pong turn of consumer c of group g, then with
+  // kValueSplit kSliceBarrier + s the consumers of 64-row slice s (of group 0: the split takes no groups).
   static constexpr unsigned kTurnBarrier = 5;
-  static_assert(kGroups * kConsumers < kTurnBarrier && kTurnBarrier + 2 * kGroups <= 16, "hardware barrier ids");
+  static constexpr unsigned kSliceBarrier = kTurnBarrier + 2 * kGroups;
+  static_assert(kGroups * kConsumers < kTurnBarrier && kSliceBarrier + kConsumers / kValueSplit <= 16,
+                "hardware barrier ids");
+
+  // A consumer's 64 query rows (as 64-row slices of the tile) and its part of O's columns.
+  static __device__ __forceinline__ int row_slice(int consumer) { return consumer / kValueSplit; }
+  static __device__ __forceinline__ int value_part(int consumer) { return consumer % kValueSplit; }
 
   // The ping-pong turn of consumer c of group g: synced by c, arrived at by the other consumer.
   static __device__ unsigned turn_barrier(int group, int consumer) {

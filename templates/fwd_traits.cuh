@@ -72,6 +72,17 @@ constexpr FwdTraits fwd_traits(int head_dim, int block_m, int block_n, int warps
   return t;
 }
 
+// Cfg::kValueSplit where the generated config header names it (a Hopper config whose consumers split O's columns),
+// else 1.
+template <class Cfg, class = void>
+struct ConfigValueSplit {
+  static constexpr int value = 1;
+};
+template <class Cfg>
+struct ConfigValueSplit<Cfg, decltype(void(Cfg::kValueSplit))> {
+  static constexpr int value = Cfg::kValueSplit;
+};
+
 // Cfg::kHeadDimV where the generated config header names it (a config whose values have a head dim of their own),
 // else Cfg::kHeadDim.
 template <class Cfg, class = void>
@@ -101,8 +112,10 @@ constexpr int sm90_tile_dim(int head_dim) { return (head_dim + 63) / 64 * 64; }
 // warpgroups issuing wgmma, each owning 64 query rows.
 struct FwdSm90Traits {
   int tile_dim;             // sm90_tile_dim(head_dim): the Q and K tiles' columns
-  int tile_dim_v;           // sm90_tile_dim of the values' head dim: the V tiles' and the output's columns
-  int consumers;            // consumer warpgroups of a group: block_m / 64
+  int tile_dim_v;           // the V tiles' and the output's columns: the values' head dim in whole 64-column
+                            // chunks, value_split parts of them
+  int part_dim_v;           // the output columns one consumer holds: tile_dim_v / value_split
+  int consumers;            // consumer warpgroups of a group: block_m / 64 * value_split
   int threads;              // 128 * (groups * consumers + 1)
   int producer_regs;        // setmaxnreg targets: the producer gives registers to the consumers
   int consumer_regs;
@@ -128,6 +141,10 @@ struct FwdSm90Traits {
 // tensor_sum: the rows' running sums of P come from the tensor cores (P times a block of ones in shared
 // memory, 8 more columns of P V) instead of one add per score; they add P as rounded to fp16 (as P V
 // does), which moves the LSE by up to 2^-11 (1.6e-4 measured).
+// value_split: 1, or 2 consumers for each 64 query rows, each holding half of O's columns (values wider than
+// one consumer's registers, 512): both compute the rows' S and softmax, and P V of their half of V's columns.
+// Their output is staged in rows of its own where values are wider than keys, else in the Q rows once both are
+// done with them (keys of 512 leave no room for rows of its own).
 // p_smem: P goes through shared memory (wgmma reads both operands of P V there), freeing the registers
 // of its packed fragments. cluster: 1 or 2 blocks of adjacent query tiles of one head share every K and
 // V tile (each loads half and multicasts it to both); under a causal mask the two would see different
@@ -151,12 +168,13 @@ constexpr int sm90_consumer_regs(int consumers, int producer_regs = kSm90Produce
 constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, int stages, bool pingpong,
                                         bool persistent, bool p_smem, int cluster, MaskKind mask, int groups = 1,
                                         bool tensor_sum = false, ElemType elem = ElemType::kFloat16,
-                                        bool paged = false, int head_dim_v = 0) {
+                                        bool paged = false, int head_dim_v = 0, int value_split = 1) {
   FwdSm90Traits t{};
   const int dim_v = head_dim_v > 0 ? head_dim_v : head_dim;
   t.tile_dim = sm90_tile_dim(head_dim);
-  t.tile_dim_v = sm90_tile_dim(dim_v);
-  t.consumers = block_m / 64;
+  t.part_dim_v = value_split > 0 ? sm90_tile_dim((dim_v + value_split - 1) / value_split) : 0;
+  t.tile_dim_v = t.part_dim_v * value_split;
+  t.consumers = block_m / 64 * value_split;
   t.threads = 128 * (groups * t.consumers + 1);
   t.producer_regs = cluster > 1 || groups > 1 || paged ? kSm90WideProducerRegs : kSm90ProducerRegs;
   t.consumer_regs = sm90_consumer_regs(groups * t.consumers, t.producer_regs);
@@ -183,20 +201,27 @@ constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, 
   // ptxas needed to keep three consumers' persistent kernels free of spills.
   // (tensor_sum's four accumulators of the sums take the place of the two running sums and the adds'
   // temporaries.)
-  t.accum_regs = t.tile_dim_v / 2 + block_n / 2 + (p_smem ? 24 : block_n / 4);
+  t.accum_regs = t.part_dim_v / 2 + block_n / 2 + (p_smem ? 24 : block_n / 4);
   t.error = nullptr;
-  if (head_dim < 8 || head_dim > 256 || head_dim % 8 != 0) {
-    t.error = "head_dim must be a multiple of 8 in [8, 256] (16-byte rows for TMA; O in registers)";
-  } else if (dim_v < 8 || dim_v > 256 || dim_v % 8 != 0) {
-    t.error = "head_dim_v must be a multiple of 8 in [8, 256] (O in one consumer's registers)";
+  if (head_dim < 8 || head_dim > 512 || head_dim % 8 != 0) {
+    t.error = "head_dim must be a multiple of 8 in [8, 512] (16-byte rows for TMA)";
+  } else if (dim_v < 8 || dim_v > 512 || dim_v % 8 != 0) {
+    t.error = "head_dim_v must be a multiple of 8 in [8, 512]";
+  } else if (value_split != 1 && value_split != 2) {
+    t.error = "value_split must be 1 or 2 (consumers sharing 64 query rows, each with part of O's columns)";
+  } else if (t.part_dim_v > 256) {
+    t.error = "head_dim_v above 256 takes value_split 2: O's columns in one consumer's registers are at most 256";
   } else if (block_m != 64 && block_m != 128 && block_m != 192 && block_m != 256) {
-    t.error = "block_m must be 64, 128, 192 or 256 (64 rows per consumer warpgroup, at most 4)";
-  } else if (block_n < 64 || block_n > 192 || block_n % 16 != 0) {
-    t.error = "block_n must be a multiple of 16 in [64, 192] (wgmma N of S; k-steps of P V)";
+    t.error = "block_m must be 64, 128, 192 or 256 (64 rows per consumer warpgroup)";
+  } else if (t.consumers > 4) {
+    t.error = "block_m / 64 * value_split must be at most 4 consumer warpgroups";
+  } else if (block_n < (t.tile_dim > 256 || t.tile_dim_v > 256 ? 32 : 64) || block_n > 192 || block_n % 16 != 0) {
+    t.error = "block_n must be a multiple of 16 in [64, 192] ([32, 192] beside K or V tiles wider than 256, which "
+              "leave room for fewer keys) (wgmma N of S; k-steps of P V)";
   } else if (stages < 2 || stages > 4) {
     t.error = "stages must be in [2, 4]";
   } else if (pingpong && t.consumers != 2) {
-    t.error = "pingpong takes turns between exactly two consumer warpgroups (block_m 128)";
+    t.error = "pingpong takes turns between exactly two consumer warpgroups (block_m 128, or 64 with value_split 2)";
   } else if (groups != 1 && groups != 2) {
     t.error = "groups must be 1 or 2 (groups of consumers walking tiles of their own)";
   } else if (groups * t.consumers > 4) {

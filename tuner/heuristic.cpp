@@ -72,6 +72,16 @@ std::vector<Sm90Tile> sm90_preferences(int tile_dim, MaskKind mask, bool varlen)
   return {};
 }
 
+// Keys or values wider than 256 columns: 64 query rows a block; values that wide take two consumers for them, each
+// holding half of O's columns (value_split 2), taking turns at issuing their products (both compute the rows' S:
+// turns keep their softmaxes apart). The key block is what two stages of wide K and V tiles, Q and O's staging rows
+// leave room for in 227 KB: 64 keys beside values of 512 and keys of up to 64 columns, 32 beside keys of 512. Keys
+// that wide beside values of up to 256 take one consumer, which has no one to take turns with: the last three.
+std::vector<Sm90Tile> sm90_wide_preferences() {
+  return {{64, 64, 2, true, true},  {64, 48, 2, true, true},  {64, 32, 2, true, true},
+          {64, 64, 2, true, false}, {64, 48, 2, true, false}, {64, 32, 2, true, false}};
+}
+
 }  // namespace
 
 std::vector<KernelConfig> heuristic_forward_configs(DType dtype, int head_dim, MaskKind mask, int arch,
@@ -82,12 +92,14 @@ std::vector<KernelConfig> heuristic_forward_configs(DType dtype, int head_dim, M
   if (arch == 90) {
     // The wider of the two dims picks the tiles, as for the sm80 family below.
     const int tile_dim = sm90_tile_dim(std::max(head_dim, head_dim_v));
-    for (const Sm90Tile& tile : sm90_preferences(tile_dim, mask, varlen)) {
+    const int value_split = sm90_tile_dim(head_dim_v > 0 ? head_dim_v : head_dim) > 256 ? 2 : 1;
+    for (const Sm90Tile& tile : tile_dim > 256 ? sm90_wide_preferences() : sm90_preferences(tile_dim, mask, varlen)) {
       KernelConfig c;
       c.dtype = dtype, c.head_dim = head_dim, c.mask = mask, c.head_dim_v = head_dim_v;
       c.block_m = tile.block_m, c.block_n = tile.block_n, c.stages = tile.stages;
       Sm90Knobs& k = c.knobs.emplace<Sm90Knobs>();
       k.overlap = tile.overlap, k.pingpong = tile.pingpong, k.groups = tile.groups;
+      k.value_split = value_split;
       k.tensor_sum = tile_dim == 64 && dtype == DType::kFloat16;
       // Persistent blocks win without a mask, and under a causal mask since its tiles are claimed longest first
       // from L2-sized sections (bench/notes_fwd_sm90.md, "The built-in choice"); a window's tiles are claimed so too.

@@ -32,8 +32,13 @@ SpaceReport forward_space(DType dtype, int head_dim, MaskKind mask, int arch, co
           }
   if (arch == 90) {
     Sm90Knobs sm90;
+    sm90.value_split = sm90_tile_dim(c.value_dim()) > 256 ? 2 : 1;
+    std::vector<int> block_ns = knobs.sm90_block_n;
+    if (sm90_tile_dim(std::max(head_dim, c.value_dim())) > 256) {
+      block_ns.insert(block_ns.begin(), knobs.sm90_split_block_n.begin(), knobs.sm90_split_block_n.end());
+    }
     for (int block_m : knobs.sm90_block_m)
-      for (int block_n : knobs.sm90_block_n)
+      for (int block_n : block_ns)
         for (int stages : knobs.sm90_stages)
           for (bool overlap : knobs.sm90_overlap)
             for (bool pingpong : knobs.sm90_pingpong)
@@ -69,7 +74,7 @@ int knob_differences(const KernelConfig& a, const KernelConfig& b) {
     const Sm90Knobs& y = *b.sm90();
     return shared + (x->overlap != y.overlap) + (x->pingpong != y.pingpong) + (x->persistent != y.persistent) +
            (x->p_smem != y.p_smem) + (x->cluster != y.cluster) + (x->groups != y.groups) +
-           (x->tensor_sum != y.tensor_sum);
+           (x->tensor_sum != y.tensor_sum) + (x->value_split != y.value_split);
   }
   const Sm80Knobs& x = *a.sm80();
   const Sm80Knobs& y = *b.sm80();

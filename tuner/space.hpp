@@ -31,6 +31,9 @@ struct ForwardKnobs {
   std::vector<int> sm90_cluster{1, 2};  // 2: unmasked problems only
   std::vector<int> sm90_groups{1, 2};   // 2: persistent, at most four consumer warpgroups in all
   std::vector<bool> sm90_tensor_sum{false, true};  // true: fp16 only
+  // Values wider than one consumer's registers (above 256) take value_split 2 (the only split of the space, and
+  // only there); K or V tiles of over 256 columns leave room for fewer keys, so block_n also ranges over these there.
+  std::vector<int> sm90_split_block_n{32, 48};
 };
 
 // Values each backward knob ranges over. sm80 family: the dkdv kernel's tiles, warps, stages and

@@ -62,7 +62,7 @@ def _inputs(batch, seqlen_q, seqlen_k, heads_q, heads_kv, d, d_v, dtype, seed):
 
 @gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("d,d_v", [(192, 128), (128, 64), (64, 256), (96, 40)])
+@pytest.mark.parametrize("d,d_v", [(192, 128), (128, 64), (64, 256), (96, 40), (64, 512)])
 @pytest.mark.parametrize("mask", ["none", "bottom_right"])
 def test_attention_matches_float64(dtype, d, d_v, mask):
     # seqlen_q > seqlen_k: under the bottom-right causal mask the first rows see no key.
@@ -85,7 +85,7 @@ def test_attention_matches_float64(dtype, d, d_v, mask):
 
 @gpu
 @pytest.mark.parametrize("deterministic", [False, True])
-@pytest.mark.parametrize("d,d_v", [(192, 128), (128, 64), (64, 128)])
+@pytest.mark.parametrize("d,d_v", [(192, 128), (128, 64), (64, 128), (64, 512)])
 def test_gradients_match_float64(d, d_v, deterministic):
     # bottom-right causal with seqlen_q > seqlen_k: the first rows see no key and give no gradient.
     q, k, v = (t.requires_grad_(True) for t in _inputs(2, 150, 120, 4, 2, d, d_v, torch.bfloat16, seed=d * d_v))
@@ -131,3 +131,25 @@ def test_explain_names_a_config_of_both_dims_and_compile_runs_it():
     compiled = torch.compile(lambda q, k, v: fgt.attention(q, k, v, causal=True), fullgraph=True)(q, k, v)
     assert compiled.shape == (1, 256, 4, 128)
     assert torch.equal(compiled, eager)
+
+
+@gpu
+def test_keys_of_512_forward_matches_float64_and_the_backward_says_it_is_not_served():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("keys of 512 run on the Hopper family only")
+    q, k, v = _inputs(2, 150, 120, 4, 1, 512, 512, torch.bfloat16, seed=512)
+    out, lse = fgt.attention(q, k, v, causal=True, return_lse=True)
+    visible = testsupport.visible_keys(150, 120, "bottom_right", q.device)
+    want, want_lse, _ = testsupport.float64_bshd_attention(q, k, v, torch.zeros(out.shape, device="cuda"),
+                                                         1.0 / math.sqrt(512), visible)
+    testsupport.assert_close_to_float64("out", out, want, torch.bfloat16)
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert (lse[finite].double() - want_lse[finite]).abs().max().item() < 1e-3
+    # The forward runs under autograd too; the backward (from the autograd engine: a RuntimeError, FlashgenError's
+    # base) names the argument and what takes it.
+    q.requires_grad_(True)
+    out = fgt.attention(q, k, v, causal=True)
+    refusal = r"q.shape\[3\] \(head_dim\) = 512 is unsupported.*the forward takes up to 512"
+    with pytest.raises(RuntimeError, match=refusal):
+        out.sum().backward()

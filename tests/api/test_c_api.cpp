@@ -82,7 +82,8 @@ TEST_CASE("C ABI rejects each bad argument with a message naming it", "[c_api]")
       };
     };
     check_rejected(set_d(100), FLASHGEN_ERROR_UNSUPPORTED, "q.shape[3] (head_dim) = 100 is unsupported");
-    check_rejected(set_d(264), FLASHGEN_ERROR_UNSUPPORTED, "q.shape[3] (head_dim) = 264 is unsupported");
+    check_rejected(set_d(520), FLASHGEN_ERROR_UNSUPPORTED,
+                   "q.shape[3] (head_dim) = 520 is unsupported: head_dim must be a multiple of 8 up to 512");
   }
   SECTION("a values' head dim of its own") {
     auto set_dv = [](int64_t dv, int64_t out_dv) {

@@ -159,6 +159,25 @@ TEST_CASE("planner: steps run in order, each once, and the reason ends with what
                                               "can_implement " + sm80.name()});
 }
 
+TEST_CASE("planner: where TMA cannot describe a tensor and no sm80-family kernel takes the problem, the call is "
+          "refused naming both", "[dispatch][planner]") {
+  // Values of 512 columns: the Hopper family's value split only (an sm80 warp cannot hold O's columns).
+  FakeWorld world;
+  world.builtin = {KernelConfig::from_name("fwd_sm90_bf16_d64_v512_m64_n64_s2_causal_ovl_pp_pst_vs2"),
+                   "built-in heuristic", ChoiceSource::kHeuristic};
+  world.tma_fails = true;
+  world.sm80.clear();
+  try {
+    flashgen::plan_call(call_of(causal_problem()), world.sources());
+    FAIL("planned a call no family can run");
+  } catch (const flashgen::Error& e) {
+    CHECK(e.status() == flashgen::Status::kUnsupported);
+    CHECK(std::string(e.what()) == "TMA cannot describe q: a stride, which " + world.builtin.config.name() +
+                                       " needs, and no sm80-family kernel takes the problem");
+  }
+  CHECK(world.count("sm80_candidates") == 1);
+}
+
 TEST_CASE("planner: tiles a variant spills with are replaced from the list, and the fallbacks apply to those",
           "[dispatch][planner]") {
   FakeWorld world;

@@ -87,10 +87,88 @@ TEST_CASE("the sm90 forward's sizes follow both head dims", "[generator][config]
                                               false, flashgen::ElemType::kBFloat16, false, 256);
   REQUIRE(wide.error == nullptr);
   CHECK(wide.smem_o_bytes == 128 * 256 * 2);
-  // O of 512 columns does not fit one consumer's registers.
+  // O of 512 columns does not fit one consumer's registers: it takes two (value_split 2).
   c.head_dim_v = 512;
   REQUIRE(c.invalid_reason(90).has_value());
-  CHECK(c.invalid_reason(90)->find("head_dim_v must be a multiple of 8 in [8, 256]") != std::string::npos);
+  CHECK(c.invalid_reason(90)->find("head_dim_v above 256 takes value_split 2") != std::string::npos);
+}
+
+TEST_CASE("values wider than 256: two consumers for each 64 rows split O's columns (value_split)",
+          "[generator][config]") {
+  const KernelConfig c = KernelConfig::from_name("fwd_sm90_bf16_d64_v512_m64_n64_s2_causal_ovl_pp_pst_vs2");
+  CHECK(c.sm90()->value_split == 2);
+  CHECK(c.name() == "fwd_sm90_bf16_d64_v512_m64_n64_s2_causal_ovl_pp_pst_vs2");
+  CHECK_FALSE(c.invalid_reason(90).has_value());
+  const nlohmann::json j = c;
+  CHECK(j.at("value_split") == 2);
+  CHECK(j.get<KernelConfig>() == c);
+  KernelConfig whole = c;
+  whole.sm90()->value_split = 1;
+  CHECK_FALSE(whole == c);
+  CHECK_FALSE(nlohmann::json(whole).contains("value_split"));
+  CHECK(whole.name().find("_vs") == std::string::npos);
+  CHECK(flashgen::generate(c).headers.front().contents.find("kValueSplit = 2;") != std::string::npos);
+  // A config without the split renders the header it had before the knob (and keeps its cache key).
+  whole.head_dim_v = 256;
+  whole.block_m = 128;
+  CHECK(flashgen::generate(whole).headers.front().contents.find("kValueSplit") == std::string::npos);
+  CHECK_THROWS_AS(KernelConfig::from_name("fwd_sm90_bf16_d64_v512_m64_n64_s2_vs"), flashgen::Error);
+  CHECK_THROWS_AS(KernelConfig::from_name("fwd_sm90_bf16_d64_v512_m64_n64_s2_vs2_vs2"), flashgen::Error);
+
+  // Two consumers of 64 rows, 256 of O's columns each (128 registers); the output in rows of its own; Q, two
+  // stages of 64 keys of 64 + 512 columns and O's staging rows in 227 KB.
+  const flashgen::FwdSm90Traits t = c.sm90_traits();
+  REQUIRE(t.error == nullptr);
+  CHECK(t.consumers == 2);
+  CHECK(t.threads == 384);
+  CHECK(t.tile_dim_v == 512);
+  CHECK(t.part_dim_v == 256);
+  CHECK(t.accum_regs == 256 / 2 + 64 / 2 + 64 / 4);
+  CHECK(t.smem_o_bytes == 64 * 512 * 2);
+  CHECK(t.smem_group_bytes == 64 * 64 * 2 + 2 * 64 * (64 + 512) * 2 + 64 * 512 * 2 + (3 + 4 * 2) * 8);
+  // Keys of 128 columns leave room for 48 keys a stage (block_n 32 and 48 beside wide tiles only).
+  KernelConfig keys128 = KernelConfig::from_name("fwd_sm90_bf16_d128_v512_m64_n48_s2_ovl_pp_vs2");
+  CHECK_FALSE(keys128.invalid_reason(90).has_value());
+  keys128.block_n = 64;
+  REQUIRE(keys128.invalid_reason(90).has_value());
+  CHECK(keys128.invalid_reason(90)->find("shared memory") != std::string::npos);
+  CHECK(std::string(KernelConfig::from_name("fwd_sm90_bf16_d128_m128_n48_s2").sm90_traits().error)
+            .find("block_n must be a multiple of 16 in [64, 192]") == 0);
+  // Four consumers at most; a split of values of 256 or fewer columns is valid (each consumer 128 of them).
+  CHECK(std::string(KernelConfig::from_name("fwd_sm90_bf16_d64_v512_m192_n64_s2_vs2").sm90_traits().error)
+            .find("block_m / 64 * value_split must be at most 4") == 0);
+  CHECK(KernelConfig::from_name("fwd_sm90_bf16_d128_m64_n64_s2_vs2").sm90_traits().part_dim_v == 64);
+  // Each part is whole 64-column chunks: 320 and 384 take two of 192, 448 two of 256 (TMA fills the columns past
+  // the values' head dim with zeros and clips them from the stores).
+  CHECK(KernelConfig::from_name("fwd_sm90_bf16_d64_v320_m64_n64_s2_vs2").sm90_traits().tile_dim_v == 384);
+  CHECK(KernelConfig::from_name("fwd_sm90_bf16_d64_v320_m64_n64_s2_vs2").sm90_traits().part_dim_v == 192);
+  CHECK(KernelConfig::from_name("fwd_sm90_bf16_d64_v448_m64_n64_s2_vs2").sm90_traits().tile_dim_v == 512);
+  CHECK(KernelConfig::from_name("fwd_sm90_bf16_d64_v448_m64_n64_s2_vs2").sm90_traits().error == nullptr);
+}
+
+TEST_CASE("keys of 512 on the Hopper forward: 32 keys a stage, the output staged in the Q rows",
+          "[generator][config]") {
+  // Q (64 KB) and two stages of 32 keys of 512 + 512 columns (64 KB each) fill 192 KB: no room for output rows of
+  // their own, so both consumers of the rows stage their halves of O in the Q rows once both are done with them.
+  const KernelConfig c = KernelConfig::from_name("fwd_sm90_bf16_d512_m64_n32_s2_causal_ovl_pp_pst_vs2");
+  REQUIRE_FALSE(c.invalid_reason(90).has_value());
+  const flashgen::FwdSm90Traits t = c.sm90_traits();
+  CHECK(t.tile_dim == 512);
+  CHECK(t.part_dim_v == 256);
+  CHECK(t.smem_o_bytes == 0);
+  CHECK(t.smem_group_bytes == 64 * 512 * 2 + 2 * 32 * (512 + 512) * 2 + (3 + 4 * 2) * 8);
+  KernelConfig wider = c;
+  wider.block_n = 48;
+  REQUIRE(wider.invalid_reason(90).has_value());
+  CHECK(wider.invalid_reason(90)->find("shared memory") != std::string::npos);
+  // Narrower values need no split: one consumer, O of 128 columns.
+  const KernelConfig narrow = KernelConfig::from_name("fwd_sm90_bf16_d512_v128_m64_n32_s2_causal_ovl_pst");
+  CHECK_FALSE(narrow.invalid_reason(90).has_value());
+  CHECK(narrow.sm90_traits().consumers == 1);
+  CHECK(std::string(flashgen::fwd_sm90_traits(520, 64, 32, 2, false, false, false, 1, flashgen::MaskKind::kNone)
+                        .error) == "head_dim must be a multiple of 8 in [8, 512] (16-byte rows for TMA)");
+  // The sm80 family's warps take keys of up to 256.
+  CHECK(KernelConfig::from_name("fwd_sm80_bf16_d512_m64_n16_w4_s2").invalid_reason(80).has_value());
 }
 
 TEST_CASE("a backward config's values' head dim: _v in the name, a JSON field, kHeadDimV in the header",

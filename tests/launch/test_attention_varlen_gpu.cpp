@@ -365,6 +365,25 @@ TEST_CASE("packed batches whose values have a head dim of their own match each s
                    {64, 3, 200}, {100, 50, 250}, {90, 50, 0},
                    {"fwd_sm90_bf16_d128_v64_m128_n128_s2_causal_ovl_pp_varlen_paged"}},
                   64, 48),
+      // Values of 512 and 320 columns, each 64 rows' two consumers holding half of O's columns (value_split 2):
+      // a packed sequence's tail rows written from registers, each consumer its own columns.
+      with_values({"bf16 d64 v512 bottom-right GQA 4", FLASHGEN_BFLOAT16, 64, 4, 1, FLASHGEN_MASK_CAUSAL,
+                   {1, 0, 77, 300, 5}, {1, 3, 77, 513, 0}, {},
+                   {"fwd_sm90_bf16_d64_v512_m64_n64_s2_causal_ovl_pp_vs2_varlen",
+                    "fwd_sm90_bf16_d64_v512_m64_n32_s2_causal_ovl_vs2_varlen"}},
+                  512),
+      with_values({"fp16 d128 v320 top-left paged 64", FLASHGEN_FLOAT16, 128, 2, 2, FLASHGEN_MASK_CAUSAL_TOP_LEFT,
+                   {64, 3, 200}, {100, 50, 250}, {},
+                   {"fwd_sm90_fp16_d128_v320_m64_n48_s2_causal_ovl_pp_vs2_varlen_paged"}},
+                  320, 64),
+      // Keys and values of 512: the output staged in the Q rows; through a paged cache of 64-row pages.
+      with_values({"bf16 d512 bottom-right MQA paged 64", FLASHGEN_BFLOAT16, 512, 4, 1, FLASHGEN_MASK_CAUSAL,
+                   {1, 77, 200}, {1, 77, 250}, {},
+                   {"fwd_sm90_bf16_d512_m64_n32_s2_causal_ovl_pp_vs2_varlen_paged"}},
+                  0, 64),
+      with_values({"fp16 d512 no mask", FLASHGEN_FLOAT16, 512, 2, 2, FLASHGEN_MASK_NONE, {1, 0, 77, 130}, {3, 5, 77, 100},
+                   {}, {"fwd_sm90_fp16_d512_m64_n32_s2_ovl_pp_vs2_varlen"}},
+                  0),
   };
   run_each(cases, flashgen::device_sm(scope.device()));
 }

@@ -114,9 +114,31 @@ TEST_CASE("values of a head dim of their own take the tiles of the wider dim", "
   // The queries' own head dim as the values' is no dim of their own: the plain configs, by their plain names.
   CHECK(flashgen::heuristic_forward_config(DType::kFloat16, 128, MaskKind::kNone, 90).name() ==
         flashgen::heuristic_forward_configs(DType::kFloat16, 128, MaskKind::kNone, 90, false, 128).front().name());
-  // 512 columns of fp32 output take more registers than a warp's rows have.
-  CHECK_THROWS_WITH(flashgen::heuristic_forward_configs(DType::kBFloat16, 64, MaskKind::kNone, 90, false, 512),
-                    Catch::Contains("no forward config for head_dim 64 with values of head dim 512 on sm_90"));
+  // Values of up to 512 columns (FA3's 64 / 512): on sm_90 two consumers for each 64 rows split O's columns; the
+  // sm80 family's warps cannot hold 512 columns of fp32 output.
+  for (int dv : {320, 512}) {
+    const auto wide = flashgen::heuristic_forward_configs(DType::kBFloat16, 64, MaskKind::kCausal, 90, false, dv);
+    REQUIRE_FALSE(wide.empty());
+    for (const auto& c : wide) {
+      INFO(c.name());
+      CHECK(c.value_dim() == dv);
+      if (c.sm90() == nullptr) continue;  // the sm80 family's tiles after the Hopper family's, where warps hold them
+      CHECK(c.sm90()->value_split == 2);
+      CHECK(c.block_m == 64);
+    }
+    CHECK(wide.front().name() == "fwd_sm90_bf16_d64_v" + std::to_string(dv) + "_m64_n64_s2_causal_ovl_pp_pst_vs2");
+  }
+  CHECK(flashgen::heuristic_forward_configs(DType::kBFloat16, 128, MaskKind::kNone, 90, false, 512).front().block_n ==
+        48);
+  // Keys of 512 (Gemma 4's global layers, DeepSeek-V4): 32 keys a stage; narrower values without the split.
+  CHECK(flashgen::heuristic_forward_configs(DType::kBFloat16, 512, MaskKind::kCausal, 90).front().name() ==
+        "fwd_sm90_bf16_d512_m64_n32_s2_causal_ovl_pp_pst_vs2");
+  CHECK(flashgen::heuristic_forward_configs(DType::kBFloat16, 512, MaskKind::kNone, 90, false, 128).front().name() ==
+        "fwd_sm90_bf16_d512_v128_m64_n64_s2_ovl_pst");
+  CHECK_THROWS_WITH(flashgen::heuristic_forward_configs(DType::kBFloat16, 512, MaskKind::kNone, 80),
+                    Catch::Contains("no forward config for head_dim 512 on sm_80"));
+  CHECK_THROWS_WITH(flashgen::heuristic_forward_configs(DType::kBFloat16, 64, MaskKind::kNone, 80, false, 512),
+                    Catch::Contains("no forward config for head_dim 64 with values of head dim 512 on sm_80"));
 }
 
 TEST_CASE("values of a head dim of their own: the run-time choices compile without spills",
@@ -125,7 +147,9 @@ TEST_CASE("values of a head dim of their own: the run-time choices compile witho
     int head_dim, head_dim_v;
     MaskKind mask;
   };
-  const std::vector<Case> cases = {{192, 128, MaskKind::kCausal}, {128, 64, MaskKind::kNone}, {64, 256, MaskKind::kCausal}};
+  const std::vector<Case> cases = {{192, 128, MaskKind::kCausal}, {128, 64, MaskKind::kNone}, {64, 256, MaskKind::kCausal},
+                                   {64, 512, MaskKind::kCausal}, {256, 512, MaskKind::kNone},
+                                   {512, 512, MaskKind::kCausal}, {512, 128, MaskKind::kNone}};
   std::vector<flashgen::ForwardChoice> choices(cases.size());
   flashgen::testing::parallel_for(cases.size(), [&](size_t i) {
     const Case& k = cases[i];
@@ -137,6 +161,7 @@ TEST_CASE("values of a head dim of their own: the run-time choices compile witho
     CHECK(choices[i].config.value_dim() == cases[i].head_dim_v);
     CHECK(compiled->usage.spill_store_bytes == 0);
     CHECK(compiled->usage.spill_load_bytes == 0);
+    CHECK(compiled->ptxas_notes().empty());
   }
 }
 
