@@ -25,19 +25,26 @@ bool deterministic_forward(const AttentionProblem& p) {
 }
 
 // Why the library refuses the problem (its sizes, as `run` checks them) or no kernel family takes its
-// head_dim (checked against the sm80 family, which every supported GPU runs), or nullopt: a sweep would
-// stop at such a problem, so the dry run says it too.
+// head_dims (checked against the sm80 family, which every supported GPU runs, then the Hopper families, which take
+// wider ones), or nullopt: a sweep would stop at such a problem, so the dry run says it too.
 std::optional<std::string> untunable(const AttentionProblem& p) {
   RunOptions as_run;
   as_run.problem = p;
   if (p.varlen && p.paged) as_run.prefill_page_size = p.page_size;  // run's packed call over a block table
-  try {
+  auto family_takes = [&p](int arch) {
     if (p.kv_cache) {
       // check_run_problem checks the KV-cache call's arguments, page_size among them.
     } else if (p.backward()) {
-      heuristic_backward_configs(p.dtype, p.head_dim(), p.mask_kind(), p.deterministic(), 80, p.value_dim());
+      heuristic_backward_configs(p.dtype, p.head_dim(), p.mask_kind(), p.deterministic(), arch, p.value_dim());
     } else {
-      heuristic_forward_configs(p.dtype, p.head_dim(), p.mask_kind(), 80, false, p.value_dim());
+      heuristic_forward_configs(p.dtype, p.head_dim(), p.mask_kind(), arch, false, p.value_dim());
+    }
+  };
+  try {
+    try {
+      family_takes(80);
+    } catch (const Error&) {
+      family_takes(90);  // its message is the one reported when neither takes the problem
     }
     check_run_problem(as_run);
   } catch (const Error& e) {

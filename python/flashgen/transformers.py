@@ -371,8 +371,9 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     common = dict(softmax_scale=scaling, causal=causal, softcap=softcap or 0.0,
                   window_size=_window(sliding_window, keys), sinks=kwargs.get("s_aux"))
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
-    # (The decode kernels take values of the keys' head dim; other values run the dense path's bottom-right mask.)
-    if (place.keep is None and q_len <= _DECODE_MAX_QUERIES and keys > q_len and value_dim == head_dim
+    # (The decode kernels take values of the keys' head dim, up to 256; other shapes run the dense path's bottom-right
+    # mask.)
+    if (place.keep is None and q_len <= _DECODE_MAX_QUERIES and keys > q_len and value_dim == head_dim <= 256
             and not (cu_q is not None and cu_k is not None and batch == 1)
             and not (torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad))):
         # Generation's steps: a few new queries against the cache. The decode kernels split each sequence's keys

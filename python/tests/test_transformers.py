@@ -419,6 +419,20 @@ def test_deepseek_padded_batch_and_generation_match_sdpa():
     assert "decode" not in stats and stats.get("dense", 0) > 0, stats
 
 
+def test_head_dim_512_padded_batch_and_generation_match_sdpa():
+    # Gemma 4's global layers' head dim in a Llama model: the Hopper forward's value split; greedy steps on the dense
+    # path (the decode kernels take head dims up to 256).
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("head_dim 512 runs on the Hopper family only")
+    config = transformers.LlamaConfig(
+        vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=512, max_position_embeddings=512, attention_dropout=0.0, pad_token_id=0,
+        eos_token_id=2)
+    fg_model, reference = _fg_and_reference(config, transformers.LlamaForCausalLM, "sdpa")
+    stats = _assert_padded_and_greedy_close(fg_model, reference, 23, 70, 50)
+    assert "decode" not in stats and stats.get("dense", 0) > 0, stats
+
+
 def test_deepseek_training_step_gradients_match_sdpa():
     fg_model, reference = _deepseek_pair()
     generator = torch.Generator(device="cuda").manual_seed(22)

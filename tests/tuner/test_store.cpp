@@ -355,7 +355,7 @@ TEST_CASE("import rejects documents that are not flashgen tuning exports", "[tun
   };
   const int64_t huge = int64_t{1} << 40;
   refused("sm", [&](nlohmann::json& d) { d["devices"][0]["sm"] = huge; }, "devices[0]: sm must be from 10 to 999");
-  refused("head_dim", [](nlohmann::json& d) { d["problems"][0]["head_dim"] = -128; }, "head_dim must be from 8 to 256");
+  refused("head_dim", [](nlohmann::json& d) { d["problems"][0]["head_dim"] = -128; }, "head_dim must be from 8 to 512");
   refused("head_dim", [](nlohmann::json& d) { d["problems"][0]["head_dim"] = 100; }, "multiple of 8");
   refused("ok time", [](nlohmann::json& d) { d["candidates"][0]["median_ms"] = -5.0; }, "candidates[0]: median_ms");
   refused("spread", [](nlohmann::json& d) { d["candidates"][0]["spread"] = -1.0; }, "candidates[0]: spread");
