@@ -128,9 +128,9 @@ flashgen::AttentionProblem forward_problem_of(const flashgen_forward_problem* pr
     FLASHGEN_REQUIRE(size >= 1 && size <= flashgen::kMaxExtent,
                      std::string("problem.") + name + " must be in [1, 2^30], got " + std::to_string(size));
   }
-  if (problem->head_dim % 8 != 0 || problem->head_dim > 256) {
+  if (problem->head_dim % 8 != 0 || problem->head_dim > 512) {  // above 256: the Hopper family's forward
     flashgen::fail(flashgen::Status::kUnsupported, "problem.head_dim = " + std::to_string(problem->head_dim) +
-                                                       " is unsupported: head_dim must be a multiple of 8 up to 256");
+                                                       " is unsupported: head_dim must be a multiple of 8 up to 512");
   }
   FLASHGEN_REQUIRE(problem->heads_q % problem->heads_kv == 0,
                    "problem.heads_q = " + std::to_string(problem->heads_q) + " must be a multiple of problem.heads_kv = " +

@@ -96,12 +96,17 @@ struct FwdSm90Epilogue : FwdSm90Layout<Cfg> {
     } else {
       sm90::named_barrier_sync(barrier_id, 128);
     }
-    store_swizzled(so_rows, kBlockM * kRowBytes, acc_o);
+    // The part's chunks that hold values: a split's last part may end in a chunk of padding, never staged.
+    const int chunks = min(kChunksPart, L::kChunksOut - part * kChunksPart);
+    store_swizzled<(L::kValueSplit > 1)>(so_rows, kBlockM * kRowBytes, acc_o, chunks);
     sm90::fence_proxy_async_smem();
     sm90::named_barrier_sync(barrier_id, 128);
     if (threadIdx.x % 128 == 0) {
 #pragma unroll
       for (int c = 0; c < kChunksPart; ++c) {
+        if constexpr (L::kValueSplit > 1) {
+          if (c >= chunks) break;
+        }
         sm90::tma_store_4d(&params.o_map, so_rows + c * kBlockM * kRowBytes, (part * kChunksPart + c) * 64,
                            tile.q_row + slice * 64, tile.head, tile.tma_batch);
       }

@@ -59,6 +59,7 @@ struct FwdSm90Layout {
   static constexpr int kChunks = kTileDim / 64;
   static constexpr int kChunksV = kTileDimV / 64;
   static constexpr int kChunksPart = kPartDimV / 64;  // of one consumer's O columns
+  static constexpr int kChunksOut = kTraits.out_dim_v / 64;  // of the output's staged columns (kChunksV or one less)
   static constexpr u32 kRowBytes = 128;
   static constexpr u32 kQBytes = kBlockM * kTileDim * 2;       // (kChunks, kBlockM, 64)
   static constexpr u32 kTileBytes = kBlockN * kTileDim * 2;    // one K tile: (kChunks, kBlockN, 64)
@@ -71,7 +72,7 @@ struct FwdSm90Layout {
   static constexpr u32 kPOffset = kVOffset + kStages * kTileBytesV;
   // Output staging rows apart from Q's: where there is room, and always where the output is wider than Q.
   static constexpr bool kOwnO = kTraits.smem_o_bytes > 0;
-  static constexpr u32 kOOffset = kPOffset + kTraits.smem_p_bytes;  // (kChunksV, kBlockM, 64) when kOwnO
+  static constexpr u32 kOOffset = kPOffset + kTraits.smem_p_bytes;  // (kChunksOut, kBlockM, 64) when kOwnO
   // kTensorSum: 1024 bytes of ones (16-bit), B of the rows' sums P (64, kBlockN) x ones (kBlockN, 8).
   static constexpr u32 kOnesOffset = kOOffset + kTraits.smem_o_bytes;
   static constexpr u32 kBarrierOffset = kOnesOffset + kTraits.smem_ones_bytes;
@@ -126,10 +127,10 @@ struct FwdSm90Layout {
 
   // Stores one warpgroup's (64, 8 * kColumnGroups) fp32 accumulator as 16-bit pairs into rows laid out
   // like the tiles (64-column chunks chunk_bytes apart, 128-byte rows swizzled in 8-row atoms): column
-  // 8i + 2t of row r lies in chunk i / 8, 16-byte unit i % 8 ^ r % 8.
-  template <int kColumnGroups>
+  // 8i + 2t of row r lies in chunk i / 8, 16-byte unit i % 8 ^ r % 8. With kLimited only its first `chunks` chunks.
+  template <bool kLimited = false, int kColumnGroups>
   static __device__ __forceinline__ void store_swizzled(u32 rows, u32 chunk_bytes,
-                                                       const float (&acc)[kColumnGroups][4]) {
+                                                       const float (&acc)[kColumnGroups][4], int chunks = 0) {
     const int warp = (threadIdx.x / 32) % 4;
     const int g = threadIdx.x % 32 / 4;
     const int t = threadIdx.x % 4;
@@ -137,6 +138,9 @@ struct FwdSm90Layout {
     for (int i = 0; i < kColumnGroups; ++i)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
+        if constexpr (kLimited) {
+          if (i / 8 >= chunks) break;
+        }
         const int row = warp * 16 + g + 8 * h;  // within the warpgroup's 64 rows
         const u32 addr = rows + (i / 8) * chunk_bytes + static_cast<u32>(row) * kRowBytes +
                          static_cast<u32>(((i % 8) ^ (row % 8)) * 16) + 4 * t;

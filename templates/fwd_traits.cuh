@@ -111,10 +111,13 @@ constexpr int sm90_tile_dim(int head_dim) { return (head_dim + 63) / 64 * 64; }
 // The Hopper family (fwd_sm90.cuh): one producer warpgroup issuing TMA loads and block_m / 64 consumer
 // warpgroups issuing wgmma, each owning 64 query rows.
 struct FwdSm90Traits {
-  int tile_dim;             // sm90_tile_dim(head_dim): the Q and K tiles' columns
+  int tile_dim;             // sm90_tile_dim(head_dim) (or the output's, where the split pads keys above 256): the Q
+                            // and K tiles' columns
   int tile_dim_v;           // the V tiles' and the output's columns: the values' head dim in whole 64-column
                             // chunks, value_split parts of them
   int part_dim_v;           // the output columns one consumer holds: tile_dim_v / value_split
+  int out_dim_v;            // the output's staged columns: the values' head dim in whole chunks (the split's
+                            // padding chunk past it, zeros, is never staged)
   int consumers;            // consumer warpgroups of a group: block_m / 64 * value_split
   int threads;              // 128 * (groups * consumers + 1)
   int producer_regs;        // setmaxnreg targets: the producer gives registers to the consumers
@@ -122,7 +125,7 @@ struct FwdSm90Traits {
   int smem_q_bytes;         // (block_m, tile_dim) Q tile
   int smem_kv_stage_bytes;  // (block_n, tile_dim) K tile + (block_n, tile_dim_v) V tile
   int smem_p_bytes;         // p_smem: P of each consumer, (64, block_n) in 64-column chunks; else 0
-  int smem_o_bytes;         // (block_m, tile_dim_v) output staging, or 0: the output is staged in the Q rows
+  int smem_o_bytes;         // (block_m, out_dim_v) output staging, or 0: the output is staged in the Q rows
   int smem_ones_bytes;      // tensor_sum: a block of ones, whose product with P is the rows' sums; else 0
   int smem_group_bytes;     // one group's tiles, mbarriers and two tile indices
   int smem_group_stride;    // from one group's tiles to the next's: smem_group_bytes rounded up to 1024
@@ -174,6 +177,10 @@ constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, 
   t.tile_dim = sm90_tile_dim(head_dim);
   t.part_dim_v = value_split > 0 ? sm90_tile_dim((dim_v + value_split - 1) / value_split) : 0;
   t.tile_dim_v = t.part_dim_v * value_split;
+  t.out_dim_v = sm90_tile_dim(dim_v);
+  // Keys wider than 256 beside wider values (448 and 512): rows of its own for the output would not fit beside them,
+  // so the Q and K tiles take the output's chunks (TMA zero-fills the keys' padding) and the output goes in the Q rows.
+  if (value_split > 1 && t.tile_dim > 256 && t.out_dim_v > t.tile_dim) t.tile_dim = t.out_dim_v;
   t.consumers = block_m / 64 * value_split;
   t.threads = 128 * (groups * t.consumers + 1);
   t.producer_regs = cluster > 1 || groups > 1 || paged ? kSm90WideProducerRegs : kSm90ProducerRegs;
@@ -189,9 +196,9 @@ constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, 
   };
   // Rows of its own where the output is wider than the Q rows it would be staged in, or where a persistent block
   // has room for them.
-  const int o_bytes = block_m * t.tile_dim_v * 2;
+  const int o_bytes = block_m * t.out_dim_v * 2;
   t.smem_o_bytes =
-      t.tile_dim_v > t.tile_dim || (persistent && total(t.smem_group_bytes + o_bytes) <= max_smem_per_block(90))
+      t.out_dim_v > t.tile_dim || (persistent && total(t.smem_group_bytes + o_bytes) <= max_smem_per_block(90))
           ? o_bytes
           : 0;
   t.smem_group_bytes += t.smem_o_bytes;
@@ -226,6 +233,8 @@ constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, 
     t.error = "groups must be 1 or 2 (groups of consumers walking tiles of their own)";
   } else if (groups * t.consumers > 4) {
     t.error = "groups * block_m / 64 must be at most 4 consumer warpgroups";
+  } else if (groups > 1 && value_split > 1) {
+    t.error = "groups 2 takes no value_split (the consumers of a group's rows meet at barriers of their own)";
   } else if (groups > 1 && (!persistent || cluster != 1)) {
     t.error = "groups 2 takes persistent blocks without clusters (each group walks the tile list)";
   } else if (tensor_sum && elem != ElemType::kFloat16) {

@@ -106,7 +106,11 @@ std::vector<KernelConfig> heuristic_forward_configs(DType dtype, int head_dim, M
       k.persistent = true;
       // Packed batches: one block per tile (sequence.cuh binds a block to its sequence).
       if (varlen) c.varlen = true, k.persistent = false, k.groups = 1, k.cluster = 1;
-      if (!c.invalid_reason(arch)) configs.push_back(c);
+      if (auto why = c.invalid_reason(arch)) {
+        if (tile_dim > 256 && last_reason == "no candidate") last_reason = *why;  // the sm80 family takes none
+      } else {
+        configs.push_back(c);
+      }
     }
   }
   // The wider of the two dims sizes the sm80 tiles: O's columns are the values', Q's and K's the keys'.
@@ -115,7 +119,7 @@ std::vector<KernelConfig> heuristic_forward_configs(DType dtype, int head_dim, M
     c.varlen = varlen;
     c.head_dim_v = head_dim_v;
     if (auto why = c.invalid_reason(arch)) {
-      last_reason = *why;
+      if (std::max(head_dim, head_dim_v) <= 256 || last_reason == "no candidate") last_reason = *why;
     } else {
       configs.push_back(c);
     }
@@ -241,7 +245,7 @@ std::vector<BwdConfig> heuristic_backward_configs(DType dtype, int head_dim, Mas
     c.dq_block_m = tile.dq_block_m, c.dq_block_n = tile.dq_block_n, c.dq_warps = tile.dq_warps;
     c.dq_stages = tile.dq_stages;
     if (auto why = c.invalid_reason(arch)) {
-      last_reason = *why;
+      if (std::max(head_dim, head_dim_v) <= 256 || last_reason == "no candidate") last_reason = *why;
     } else {
       configs.push_back(c);
     }

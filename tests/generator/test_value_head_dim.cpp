@@ -144,6 +144,12 @@ TEST_CASE("values wider than 256: two consumers for each 64 rows split O's colum
   CHECK(KernelConfig::from_name("fwd_sm90_bf16_d64_v320_m64_n64_s2_vs2").sm90_traits().part_dim_v == 192);
   CHECK(KernelConfig::from_name("fwd_sm90_bf16_d64_v448_m64_n64_s2_vs2").sm90_traits().tile_dim_v == 512);
   CHECK(KernelConfig::from_name("fwd_sm90_bf16_d64_v448_m64_n64_s2_vs2").sm90_traits().error == nullptr);
+  // The output stages the values' chunks only (448: seven), not the split's padding chunk.
+  CHECK(KernelConfig::from_name("fwd_sm90_bf16_d64_v448_m64_n64_s2_vs2").sm90_traits().out_dim_v == 448);
+  CHECK(KernelConfig::from_name("fwd_sm90_bf16_d64_v448_m64_n64_s2_vs2").sm90_traits().smem_o_bytes == 64 * 448 * 2);
+  // Two groups of consumers take no split.
+  CHECK(std::string(KernelConfig::from_name("fwd_sm90_fp16_d128_m64_n64_s3_pst_g2_vs2").sm90_traits().error)
+            .find("groups 2 takes no value_split") == 0);
 }
 
 TEST_CASE("keys of 512 on the Hopper forward: 32 keys a stage, the output staged in the Q rows",
@@ -161,6 +167,13 @@ TEST_CASE("keys of 512 on the Hopper forward: 32 keys a stage, the output staged
   wider.block_n = 48;
   REQUIRE(wider.invalid_reason(90).has_value());
   CHECK(wider.invalid_reason(90)->find("shared memory") != std::string::npos);
+  // Keys and values of 448: the output's seven chunks staged in the Q rows (the split's eighth is padding).
+  const flashgen::FwdSm90Traits t448 =
+      KernelConfig::from_name("fwd_sm90_bf16_d448_m64_n32_s2_causal_ovl_pp_pst_vs2").sm90_traits();
+  REQUIRE(t448.error == nullptr);
+  CHECK(t448.tile_dim_v == 512);
+  CHECK(t448.out_dim_v == 448);
+  CHECK(t448.smem_o_bytes == 0);
   // Narrower values need no split: one consumer, O of 128 columns.
   const KernelConfig narrow = KernelConfig::from_name("fwd_sm90_bf16_d512_v128_m64_n32_s2_causal_ovl_pst");
   CHECK_FALSE(narrow.invalid_reason(90).has_value());

@@ -137,6 +137,14 @@ TEST_CASE("attention forward: keys of 512 (and 320, 384) on the Hopper family", 
        {"fwd_sm90_bf16_d384_m64_n48_s2_causal_ovl_pp_pst_vs2"}},
       {make_problem(1, 150, 140, 2, 1, 320, f16, FLASHGEN_MASK_NONE, 1405),
        {"fwd_sm90_fp16_d320_m64_n32_s2_ovl_pp_pst_vs2"}},
+      // 448: each consumer 256 of O's columns, the second's last chunk padding that is never staged or stored.
+      {make_problem(1, 170, 170, 2, 2, 448, bf16, FLASHGEN_MASK_CAUSAL, 1407),
+       {"fwd_sm90_bf16_d448_m64_n32_s2_causal_ovl_pp_pst_vs2"}},
+      {with_value_dim(make_problem(1, 130, 150, 2, 1, 64, bf16, FLASHGEN_MASK_NONE, 1408), 448),
+       {"fwd_sm90_bf16_d64_v448_m64_n64_s2_ovl_pp_pst_vs2"}},
+      // Keys of 440 beside values of 480: Q and K tiles padded to the output's eight chunks, O staged in the Q rows.
+      {with_value_dim(make_problem(1, 160, 150, 2, 1, 440, f16, FLASHGEN_MASK_CAUSAL, 1409), 480),
+       {"fwd_sm90_fp16_d440_v480_m64_n32_s2_causal_ovl_pp_pst_vs2"}},
   };
   run_each(cases);
   // The C ABI's own choice, and what the backward says of the shape.

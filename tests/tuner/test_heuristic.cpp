@@ -137,6 +137,19 @@ TEST_CASE("values of a head dim of their own take the tiles of the wider dim", "
         "fwd_sm90_bf16_d512_v128_m64_n64_s2_ovl_pst");
   CHECK_THROWS_WITH(flashgen::heuristic_forward_configs(DType::kBFloat16, 512, MaskKind::kNone, 80),
                     Catch::Contains("no forward config for head_dim 512 on sm_80"));
+  // Every pair of dims the forward takes has a Hopper config, dense and packed.
+  int pairs = 0;
+  for (int d = 8; d <= 512; d += 8)
+    for (int dv = 8; dv <= 512; dv += 8)
+      for (bool varlen : {false, true}) {
+        INFO("head_dim " << d << " head_dim_v " << dv << (varlen ? " varlen" : ""));
+        const auto configs =
+            flashgen::heuristic_forward_configs(DType::kBFloat16, d, MaskKind::kCausal, 90, varlen, dv);
+        REQUIRE_FALSE(configs.empty());
+        CHECK(configs.front().family() == flashgen::KernelFamily::kSm90);
+        ++pairs;
+      }
+  CHECK(pairs == 64 * 64 * 2);
   CHECK_THROWS_WITH(flashgen::heuristic_forward_configs(DType::kBFloat16, 64, MaskKind::kNone, 80, false, 512),
                     Catch::Contains("no forward config for head_dim 64 with values of head dim 512 on sm_80"));
 }
