@@ -28,6 +28,12 @@ const char* decode_kernel_suffix(DecodeKernel kernel) {
 
 std::string DecodeConfig::name() const {
   using std::to_string;
+  if (latent) {
+    std::string name = std::string("dec_sm90_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_v" +
+                       to_string(head_dim_v) + "_s" + to_string(stages) + mask_suffix(mask) + score_mods_suffix(mods);
+    if (paged) name += "_paged";
+    return name + user_variant_suffix(user);
+  }
   std::string name = std::string("dec_sm80_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_r" +
                      to_string(rows) + "_n" + to_string(block_n) + "_w" + to_string(warps) + "_s" + to_string(stages);
   name += mask_suffix(mask) + score_mods_suffix(mods);
@@ -39,18 +45,27 @@ DecodeConfig DecodeConfig::from_name(const std::string& name) {
   std::vector<std::string> fields;
   std::istringstream in(name);
   for (std::string field; std::getline(in, field, '_');) fields.push_back(field);
-  FLASHGEN_REQUIRE(fields.size() >= 8 && fields[0] == "dec" && fields[1] == "sm80",
+  const bool latent = fields.size() >= 6 && fields[0] == "dec" && fields[1] == "sm90";
+  FLASHGEN_REQUIRE(latent || (fields.size() >= 8 && fields[0] == "dec" && fields[1] == "sm80"),
                    "config name '" + name +
                        "': expected dec_sm80_<fp16|bf16>_d<head_dim>_r<rows>_n<block_n>_w<warps>_s<stages>"
-                       "[_causal|_window|_chunk][_softcap][_alibi][_paged]");
+                       "[_causal|_window|_chunk][_softcap][_alibi][_paged], or dec_sm90_<fp16|bf16>_d<head_dim>"
+                       "_v<head_dim_v>_s<stages>[...] (the latent kernel)");
   DecodeConfig config;
   config.dtype = parse_dtype_field(fields[2], name);
   config.head_dim = parse_name_field(fields[3], "d", name);
-  config.rows = parse_name_field(fields[4], "r", name);
-  config.block_n = parse_name_field(fields[5], "n", name);
-  config.warps = parse_name_field(fields[6], "w", name);
-  config.stages = parse_name_field(fields[7], "s", name);
-  for (size_t i = 8; i < fields.size(); ++i) {
+  size_t first_suffix = 8;
+  if (latent) {
+    config = latent_decode_config(config.dtype, config.head_dim, parse_name_field(fields[4], "v", name));
+    config.stages = parse_name_field(fields[5], "s", name);
+    first_suffix = 6;
+  } else {
+    config.rows = parse_name_field(fields[4], "r", name);
+    config.block_n = parse_name_field(fields[5], "n", name);
+    config.warps = parse_name_field(fields[6], "w", name);
+    config.stages = parse_name_field(fields[7], "s", name);
+  }
+  for (size_t i = first_suffix; i < fields.size(); ++i) {
     if (read_mask_suffix(fields[i], config.mask) || read_score_mod_suffix(fields[i], config.mods)) {
       continue;
     } else if (fields[i] == "paged" && !config.paged) {
@@ -66,19 +81,39 @@ DecodeConfig DecodeConfig::from_name(const std::string& name) {
 
 std::string DecodeConfig::symbol(DecodeKernel kernel) const { return name() + "_" + decode_kernel_suffix(kernel); }
 
+DecodeConfig latent_decode_config(DType dtype, int head_dim, int head_dim_v) {
+  DecodeConfig config;
+  config.dtype = dtype;
+  config.latent = true;
+  config.head_dim = head_dim;
+  config.head_dim_v = head_dim_v;
+  config.rows = kDecodeSm90Rows;
+  config.block_n = kDecodeSm90BlockN;
+  config.warps = 12;
+  config.stages = 2;
+  return config;
+}
+
 DecodeTraits DecodeConfig::traits() const { return decode_traits(head_dim, rows, block_n, warps, stages, paged); }
 
+DecodeSm90Traits DecodeConfig::latent_traits() const { return decode_sm90_traits(head_dim, head_dim_v, stages); }
+
+const char* DecodeConfig::traits_error() const { return latent ? latent_traits().error : traits().error; }
+
 int DecodeConfig::threads(DecodeKernel kernel) const {
-  return kernel == DecodeKernel::kAttend ? traits().threads : kDecodeRowKernelThreads;
+  if (kernel != DecodeKernel::kAttend) return kDecodeRowKernelThreads;
+  return latent ? latent_traits().threads : traits().threads;
 }
 
 int DecodeConfig::smem_bytes(DecodeKernel kernel) const {
-  return kernel == DecodeKernel::kAttend ? traits().smem_bytes : 0;
+  if (kernel != DecodeKernel::kAttend) return 0;
+  return latent ? latent_traits().smem_bytes : traits().smem_bytes;
 }
 
 std::optional<std::string> DecodeConfig::invalid_reason(int arch) const {
   if (arch < 80) return "the decode kernels need sm_80 or newer (mma.sync m16n8k16 bf16, cp.async)";
-  if (const char* error = traits().error) return std::string(error);
+  if (latent && arch != 90) return "the latent decode kernel needs sm_90 (wgmma, setmaxnreg)";
+  if (const char* error = traits_error()) return std::string(error);
   const int smem = smem_bytes(DecodeKernel::kAttend);
   if (smem > max_smem_per_block(arch)) {
     return "needs " + std::to_string(smem) + " bytes of shared memory; sm_" + std::to_string(arch) + " allows " +
@@ -109,7 +144,7 @@ DecodeWorkspace DecodeConfig::workspace(const AttnDecodeParams& p) const {
   DecodeWorkspace w;
   if (p.splits <= 1) return w;
   const size_t rows = size_t(p.splits) * size_t(p.batch) * size_t(p.heads_q) * size_t(p.seqlen_q);
-  w.o_partial = w.append(sizeof(float) * rows * size_t(head_dim));
+  w.o_partial = w.append(sizeof(float) * rows * size_t(value_dim()));
   w.lse_partial = w.append(sizeof(float) * rows);
   return w;
 }
@@ -136,6 +171,13 @@ int max_decode_splits(const AttentionProblem& problem, const DecodeConfig& confi
 }
 
 void to_json(nlohmann::json& j, const DecodeConfig& c) {
+  if (c.latent) {
+    j = nlohmann::json{{"family", "dec_sm90"},   {"dtype", dtype_name(c.dtype)}, {"head_dim", c.head_dim},
+                       {"head_dim_v", c.head_dim_v}, {"mask", mask_name(c.mask)},   {"stages", c.stages},
+                       {"paged", c.paged}};
+    score_mods_to_json(j, c.mods);
+    return;
+  }
   j = nlohmann::json{{"family", "dec_sm80"},  {"dtype", dtype_name(c.dtype)},
                      {"head_dim", c.head_dim}, {"mask", mask_name(c.mask)},
                      {"rows", c.rows},         {"block_n", c.block_n},
@@ -146,20 +188,27 @@ void to_json(nlohmann::json& j, const DecodeConfig& c) {
 
 void from_json(const nlohmann::json& j, DecodeConfig& c) {
   FLASHGEN_REQUIRE(j.is_object(), "decode config JSON must be an object");
+  FLASHGEN_REQUIRE(!j.contains("family") || j["family"] == "dec_sm80" || j["family"] == "dec_sm90",
+                   "decode config JSON: unknown family " + (j.contains("family") ? j["family"].dump() : ""));
+  const bool latent = j.contains("family") && j["family"] == "dec_sm90";
   static const char* const kKeys[] = {"family", "dtype", "head_dim", "mask",    "rows",   "block_n",
                                       "warps",  "stages", "paged",   "softcap", "alibi"};
+  static const char* const kLatentKeys[] = {"family", "dtype", "head_dim", "head_dim_v", "mask",
+                                            "stages", "paged", "softcap",  "alibi"};
   for (const auto& item : j.items()) {
-    FLASHGEN_REQUIRE(std::find(std::begin(kKeys), std::end(kKeys), item.key()) != std::end(kKeys),
-                     "decode config JSON: unknown field \"" + item.key() + "\"");
+    const bool known = latent ? std::find(std::begin(kLatentKeys), std::end(kLatentKeys), item.key()) !=
+                                    std::end(kLatentKeys)
+                              : std::find(std::begin(kKeys), std::end(kKeys), item.key()) != std::end(kKeys);
+    FLASHGEN_REQUIRE(known, "decode config JSON: unknown field \"" + item.key() + "\"" +
+                                (latent ? " for family dec_sm90" : ""));
   }
-  FLASHGEN_REQUIRE(!j.contains("family") || j["family"] == "dec_sm80",
-                   "decode config JSON: unknown family " + (j.contains("family") ? j["family"].dump() : ""));
   DecodeConfig config;
+  if (latent) config = latent_decode_config(DType::kBFloat16, 576, 512);
   read_dtype_and_mask(j, "decode config JSON", config.dtype, config.mask);
   read_score_mods(j, "decode config JSON", config.mods);
   for (const auto& [key, field] : {std::pair{"head_dim", &config.head_dim}, std::pair{"rows", &config.rows},
                                    std::pair{"block_n", &config.block_n}, std::pair{"warps", &config.warps},
-                                   std::pair{"stages", &config.stages}}) {
+                                   std::pair{"stages", &config.stages}, std::pair{"head_dim_v", &config.head_dim_v}}) {
     if (!j.contains(key)) continue;
     FLASHGEN_REQUIRE(is_int_field(j[key]),
                      std::string("decode config JSON: '") + key + "' must be an integer, got " + j[key].dump());

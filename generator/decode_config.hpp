@@ -46,6 +46,10 @@ struct DecodeConfig {
   int warps = 4;
   int stages = 4;    // K/V tiles in flight
   bool paged = false;  // the cache is read through a block table
+  // The Hopper latent kernel (decode_sm90.cuh, MLA): the values are the keys' first head_dim_v columns, one copy in
+  // the cache; rows, block_n and warps are that kernel's own (64, 64, 12), stages its ring of K tiles.
+  bool latent = false;
+  int head_dim_v = 0;  // latent only: the values' head dim (0 elsewhere: the keys')
   // The score modifiers compiled in (soft cap, ALiBi), named after the mask as the other families' configs name
   // them.
   ScoreMods mods = {};
@@ -53,14 +57,17 @@ struct DecodeConfig {
   // Set by dispatch on the choice for the base class; no tuning data or JSON holds one.
   std::shared_ptr<const UserVariant> user = nullptr;
 
-  // e.g. dec_sm80_bf16_d128_r16_n64_w4_s4[_causal|_window|_chunk][_softcap][_alibi][_paged][_u<hash>]: the module's
-  // name, its file name in dumps and part of its cache key; each kernel's symbol is name() + "_" +
-  // decode_kernel_suffix(kernel).
+  // e.g. dec_sm80_bf16_d128_r16_n64_w4_s4[_causal|_window|_chunk][_softcap][_alibi][_paged][_u<hash>], or for the
+  // latent kernel dec_sm90_bf16_d576_v512_s2[...]: the module's name, its file name in dumps and part of its cache
+  // key; each kernel's symbol is name() + "_" + decode_kernel_suffix(kernel).
   std::string name() const;
   static DecodeConfig from_name(const std::string& name);  // throws Error(kInvalidArgument)
   std::string symbol(DecodeKernel kernel) const;
 
-  DecodeTraits traits() const;
+  int value_dim() const { return latent ? head_dim_v : head_dim; }
+  DecodeTraits traits() const;                // the sm80 kernel's
+  DecodeSm90Traits latent_traits() const;     // the latent kernel's
+  const char* traits_error() const;           // the config's own kernel's traits' error
   int threads(DecodeKernel kernel) const;
   int smem_bytes(DecodeKernel kernel) const;  // 0 for the append and combine kernels
   // The kernels whose spills decide whether the config is worth running: the attention kernel (append and combine
@@ -82,6 +89,9 @@ struct DecodeConfig {
   bool operator==(const DecodeConfig& other) const { return name() == other.name(); }
   bool operator!=(const DecodeConfig& other) const { return !(*this == other); }
 };
+
+// The latent kernel's config for (dtype, head_dim, head_dim_v): two stages, no mask, a contiguous cache.
+DecodeConfig latent_decode_config(DType dtype, int head_dim, int head_dim_v);
 
 // The key blocks of config one sequence of a KV-cache problem can visit: the capacity's (shape.seqlen_k), or under a
 // window bounded on the left (or a chunk) only those holding its left side (or the rows' chunks) and the new rows

@@ -49,17 +49,6 @@ struct IsKernelModule<
 static_assert(IsKernelModule<KernelConfig>::value && IsKernelModule<BwdConfig>::value &&
               IsKernelModule<DecodeConfig>::value);
 
-// The values' head dim a config's kernels take: a forward or backward config's own, the queries' in the families that
-// take no other.
-template <class C>
-int value_dim_of(const C& config) {
-  if constexpr (std::is_same_v<C, KernelConfig> || std::is_same_v<C, BwdConfig>) {
-    return config.value_dim();
-  } else {
-    return config.head_dim;
-  }
-}
-
 // The checks every family's can_implement starts with: the config is for the problem (its dtype, head dims, mask,
 // score modifiers and user variant) and can run on sm_<arch> (its invalid_reason).
 template <class C>
@@ -68,8 +57,8 @@ Implementability problem_fit(const C& config, const AttentionProblem& problem, i
         config.mask == problem.mask_kind() && config.mods == problem.score_mods())) {
     return {Shortfall::kProblem, "does not match the problem (dtype, head_dim, mask, soft cap, ALiBi)"};
   }
-  if (value_dim_of(config) != problem.value_dim()) {
-    return {Shortfall::kProblem, "has values of head dim " + std::to_string(value_dim_of(config)) +
+  if (config.value_dim() != problem.value_dim()) {
+    return {Shortfall::kProblem, "has values of head dim " + std::to_string(config.value_dim()) +
                                      ", the call's have " + std::to_string(problem.value_dim())};
   }
   if (!same_user_variant(config.user, problem.user)) {

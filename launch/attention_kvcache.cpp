@@ -20,6 +20,32 @@ namespace {
 
 long long ceil_div(long long a, long long b) { return (a + b - 1) / b; }
 
+// A latent cache (MLA): v_cache is a view of k_cache's first columns, whose dims the latent kernel takes.
+void check_latent_values(const TensorView& q, const TensorView& vc, const TensorView& kc) {
+  const int64_t head_dim = kc.shape[3], dim_v = vc.shape[3];
+  const bool view = vc.data == kc.data && vc.stride[0] == kc.stride[0] && vc.stride[1] == kc.stride[1] &&
+                    vc.stride[2] == kc.stride[2] && vc.shape[0] == kc.shape[0] && vc.shape[1] == kc.shape[1] &&
+                    vc.shape[2] == kc.shape[2];
+  FLASHGEN_REQUIRE(view, dim("v_cache", 3) + " is " + std::to_string(dim_v) + " but " + dim("k_cache", 3) + " is " +
+                             std::to_string(head_dim) +
+                             ": values of a head dim of their own are read as the first columns of the keys (a "
+                             "latent cache, as MLA's): v_cache must be a view of k_cache's first " +
+                             std::to_string(dim_v) + " columns (same data and strides)");
+  if (head_dim % 64 != 0 || head_dim < 128 || head_dim > 576) {
+    fail(Status::kUnsupported, dim("k_cache", 3) + " = " + std::to_string(head_dim) +
+                                   " is unsupported for a latent cache: keys must be a multiple of 64 in [128, 576]");
+  }
+  if (dim_v % 128 != 0 || dim_v > 512 || dim_v + 64 > head_dim) {
+    fail(Status::kUnsupported, dim("v_cache", 3) + " = " + std::to_string(dim_v) +
+                                   " is unsupported for a latent cache: the values must be a multiple of 128 up to "
+                                   "512 and leave the keys 64 columns of their own at least (" +
+                                   dim("k_cache", 3) + " = " + std::to_string(head_dim) + ")");
+  }
+  FLASHGEN_REQUIRE(q.shape[2] % kc.shape[2] == 0, dim("q", 2) + " = " + std::to_string(q.shape[2]) +
+                                                      " must be a multiple of " + dim("k_cache", 2) + " = " +
+                                                      std::to_string(kc.shape[2]));
+}
+
 }  // namespace
 
 KvCacheCall make_kvcache_call(const KvCacheArgs& args) {
@@ -35,12 +61,22 @@ KvCacheCall make_kvcache_call(const KvCacheArgs& args) {
   require_same_dtype(&vc, "v_cache", &q);
   require_same_dtype(&args.out, "out", &q);
   require_same_dim(&kc, "k_cache", &q, "q", 3);
-  check_value_dim(&vc, "v_cache", &args.out, "out", &q, /*own_dim_taken=*/false);
-  for (int i = 0; i < 4; ++i) {
-    require_same_dim(&args.out, "out", &q, "q", i);
-    require_same_dim(&vc, "v_cache", &kc, "k_cache", i);
+  // Values of a head dim of their own are a latent cache's (MLA): the keys' first columns, v_cache a view of k_cache.
+  const bool latent = vc.shape[3] != kc.shape[3];
+  if (latent) {
+    check_latent_values(q, vc, kc);
+    FLASHGEN_REQUIRE(args.out.shape[3] == vc.shape[3], dim("out", 3) + " is " + std::to_string(args.out.shape[3]) +
+                                                           " but " + dim("v_cache", 3) + " is " +
+                                                           std::to_string(vc.shape[3]) +
+                                                           ": the output has the values' head dim");
+  } else {
+    check_value_dim(&vc, "v_cache", &args.out, "out", &q, /*own_dim_taken=*/false);
+    check_head_dim_and_groups(&q, &kc, /*forward=*/false);
   }
-  check_head_dim_and_groups(&q, &kc, /*forward=*/false);
+  for (int i = 0; i < 4; ++i) {
+    if (i < 3 || !latent) require_same_dim(&args.out, "out", &q, "q", i);
+    if (i < 3) require_same_dim(&vc, "v_cache", &kc, "k_cache", i);
+  }
   for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&kc, "k_cache"}, std::pair{&vc, "v_cache"},
                                 std::pair{&args.out, "out"}}) {
     check_layout(t, name);
@@ -68,7 +104,7 @@ KvCacheCall make_kvcache_call(const KvCacheArgs& args) {
     // Pages written by the append must not share memory.
     if (args.k_new.data != nullptr) {
       check_output_strides(&kc, "k_cache");
-      check_output_strides(&vc, "v_cache");
+      if (!latent) check_output_strides(&vc, "v_cache");
     }
   } else {
     FLASHGEN_REQUIRE(kc.shape[0] == batch, "k_cache.shape[0] (batch) is " + std::to_string(kc.shape[0]) +
@@ -78,23 +114,30 @@ KvCacheCall make_kvcache_call(const KvCacheArgs& args) {
 
   int64_t seqlen_new = 0;
   const bool appends = args.k_new.data != nullptr;
-  FLASHGEN_REQUIRE(appends == (args.v_new.data != nullptr),
-                   appends ? "v_new.data: null pointer, but k_new is given (append both or neither)"
-                           : "k_new.data: null pointer, but v_new is given (append both or neither)");
+  if (latent) {
+    FLASHGEN_REQUIRE(args.v_new.data == nullptr, "v_new: a latent cache's new values are k_new's first " +
+                                                     std::to_string(vc.shape[3]) + " columns; pass k_new alone");
+  } else {
+    FLASHGEN_REQUIRE(appends == (args.v_new.data != nullptr),
+                     appends ? "v_new.data: null pointer, but k_new is given (append both or neither)"
+                             : "k_new.data: null pointer, but v_new is given (append both or neither)");
+  }
   if (appends) {
     check_tensor(&args.k_new, "k_new");
-    check_tensor(&args.v_new, "v_new");
     require_same_dtype(&args.k_new, "k_new", &q);
-    require_same_dtype(&args.v_new, "v_new", &q);
     require_same_dim(&args.k_new, "k_new", &q, "q", 0);
     require_same_dim(&args.k_new, "k_new", &kc, "k_cache", 2);
     require_same_dim(&args.k_new, "k_new", &kc, "k_cache", 3);
-    for (int i = 0; i < 4; ++i) require_same_dim(&args.v_new, "v_new", &args.k_new, "k_new", i);
     check_layout(&args.k_new, "k_new");
-    check_layout(&args.v_new, "v_new");
+    if (!latent) {
+      check_tensor(&args.v_new, "v_new");
+      require_same_dtype(&args.v_new, "v_new", &q);
+      for (int i = 0; i < 4; ++i) require_same_dim(&args.v_new, "v_new", &args.k_new, "k_new", i);
+      check_layout(&args.v_new, "v_new");
+    }
     if (!paged) {
       check_output_strides(&kc, "k_cache");
-      check_output_strides(&vc, "v_cache");
+      if (!latent) check_output_strides(&vc, "v_cache");
     }
     seqlen_new = args.k_new.shape[1];
     FLASHGEN_REQUIRE(args.cache_seqlens != nullptr,
@@ -115,6 +158,7 @@ KvCacheCall make_kvcache_call(const KvCacheArgs& args) {
   AttentionShape shape;
   shape.batch = batch, shape.seqlen_q = q.shape[1], shape.seqlen_k = capacity;
   shape.heads_q = q.shape[2], shape.heads_kv = kc.shape[2], shape.head_dim = q.shape[3];
+  if (latent) shape.head_dim_v = vc.shape[3];
   call.problem = forward_problem(q.dtype, shape, args.options.mask, args.options.window_left,
                                  args.options.window_right, args.options.attention_chunk);
   call.problem.kv_cache = true;
@@ -140,11 +184,13 @@ KvCacheCall make_kvcache_call(const KvCacheArgs& args) {
   p.o_batch_stride = args.out.stride[0], p.o_row_stride = args.out.stride[1], p.o_head_stride = args.out.stride[2];
   if (appends) {
     const TensorView& kn = args.k_new;
-    const TensorView& vn = args.v_new;
     p.k_new = kn.data;
-    p.v_new = vn.data;
     p.kn_batch_stride = kn.stride[0], p.kn_row_stride = kn.stride[1], p.kn_head_stride = kn.stride[2];
-    p.vn_batch_stride = vn.stride[0], p.vn_row_stride = vn.stride[1], p.vn_head_stride = vn.stride[2];
+    if (!latent) {
+      const TensorView& vn = args.v_new;
+      p.v_new = vn.data;
+      p.vn_batch_stride = vn.stride[0], p.vn_row_stride = vn.stride[1], p.vn_head_stride = vn.stride[2];
+    }
   }
   p.block_table_stride = paged ? args.max_pages : 0;
   p.batch = static_cast<int>(batch);
@@ -191,7 +237,7 @@ void check_device_pointers(const AttnDecodeParams& p, int device) {
   check_user_buffers(p.variant, device);
   if (p.k_new != nullptr) {
     check_device_pointer(p.k_new, "k_new.data", device);
-    check_device_pointer(p.v_new, "v_new.data", device);
+    if (p.v_new != nullptr) check_device_pointer(p.v_new, "v_new.data", device);
   }
 }
 
@@ -226,7 +272,7 @@ PreparedKvCache prepare_kvcache(const KvCacheCall& call, CUstream stream, const 
   prepared.attend_smem_bytes = static_cast<unsigned>(config.smem_bytes(DecodeKernel::kAttend));
   if (p.seqlen_new > 0) {
     prepared.append = registry.function(config, DecodeKernel::kAppend, ctx, arch);
-    const long long items = static_cast<long long>(p.seqlen_new) * p.heads_kv * (config.head_dim / 8);
+    const long long items = static_cast<long long>(p.seqlen_new) * p.heads_kv * (config.head_dim / 8);  // 16 B each
     prepared.append_grid[0] = static_cast<unsigned>(ceil_div(items, kDecodeRowKernelThreads));
     prepared.append_grid[1] = static_cast<unsigned>(p.batch);
   }

@@ -66,6 +66,28 @@ __device__ __forceinline__ CacheRow cache_row(const AttnDecodeParams& p, const i
   }
 }
 
+// One block's share of a sequence's keys: key blocks [n_begin, n_end), an even share of those the packed rows
+// row0 .. row0 + rows - 1 visit split into p.splits ranges; [full_begin, full_end) among them need no mask; keys
+// from key_end on lie past the sequence.
+template <class Variant, int kBlockN>
+struct DecodeRange {
+  int n_begin, n_end, full_begin, full_end, key_end;
+
+  __device__ __forceinline__ DecodeRange(const AttnDecodeParams& p, const DecodeSequence& seq, int batch, int row0,
+                                         int rows, int split) {
+    const int q_first = row0 / p.group_size;
+    const int q_last = (min(row0 + rows, p.group_size * p.seqlen_q) - 1) / p.group_size;
+    const KeyBlocks<Variant, kBlockN> blocks(seq, batch, q_first, q_last - q_first + 1);
+    const int per_split = (blocks.count() + p.splits - 1) / p.splits;
+    n_begin = min(blocks.begin + split * per_split, blocks.end);
+    n_end = min(n_begin + per_split, blocks.end);
+    const int all_full_end = blocks.full_end(seq, batch, q_first);
+    full_end = min(max(all_full_end, n_begin), n_end);
+    full_begin = min(max(blocks.full_begin(seq, batch, q_last, all_full_end), n_begin), full_end);
+    key_end = blocks.key_end;
+  }
+};
+
 template <class Cfg>
 struct DecodeSm80 {
   using u16 = sm80::u16;
@@ -125,16 +147,8 @@ struct DecodeSm80 {
     // The softmax's scale for the variant's row scores (block_range.cuh).
     float folded_scale;
     const float& scale_log2 = row_scale_log2<Variant>(p.variant.scale_log2, seq, folded_scale);
-    const int q_first = row0 / p.group_size;
-    const int q_last = (min(row0 + kRows, packed_rows) - 1) / p.group_size;
-    const KeyBlocks<Variant, kBlockN> blocks(seq, batch, q_first, q_last - q_first + 1);
-    // This block's even share of the key blocks the sequence's rows visit; [full_begin, full_end) need no mask.
-    const int per_split = (blocks.count() + p.splits - 1) / p.splits;
-    const int n_begin = min(blocks.begin + split * per_split, blocks.end);
-    const int n_end = min(n_begin + per_split, blocks.end);
-    const int all_full_end = blocks.full_end(seq, batch, q_first);
-    const int full_end = min(max(all_full_end, n_begin), n_end);
-    const int full_begin = min(max(blocks.full_begin(seq, batch, q_last, all_full_end), n_begin), full_end);
+    const DecodeRange<Variant, kBlockN> range(p, seq, batch, row0, kRows, split);
+    const int n_begin = range.n_begin, n_end = range.n_end, full_begin = range.full_begin, full_end = range.full_end;
 
     // Q: packed row r is token (row0 + r) / group of query head kv_head * group + (row0 + r) % group.
     const u16* q = static_cast<const u16*>(p.q) + batch * p.q_batch_stride;
@@ -170,7 +184,7 @@ struct DecodeSm80 {
         long long* rows = s_rows + (n_block % 2) * 2 * kBlockN;
         for (int r = tid; r < kBlockN; r += kThreads) {
           const int key = n_block * kBlockN + r;
-          if (key < blocks.key_end) {
+          if (key < range.key_end) {
             const CacheRow at = cache_row<true>(p, pages, batch, key);
             rows[r] = at.page * p.k_batch_stride + at.row * p.k_row_stride;
             rows[kBlockN + r] = at.page * p.v_batch_stride + at.row * p.v_row_stride;
@@ -181,7 +195,7 @@ struct DecodeSm80 {
     auto load_kv = [&](int n_block, bool staged) {
       const u32 sk = skv_addr + (n_block % kStages) * 2 * kTileBytes;
       const int n_start = n_block * kBlockN;
-      const int rows_valid = n_block < n_end ? min(kBlockN, blocks.key_end - n_start) : 0;
+      const int rows_valid = n_block < n_end ? min(kBlockN, range.key_end - n_start) : 0;
       const long long* rows = s_rows + (n_block % 2) * 2 * kBlockN;
       constexpr int kTotal = kBlockN * kChunks;
       // Partly unrolled: every copy of a pass holds two 64-bit addresses, and head_dim 256 fully unrolled
@@ -354,7 +368,7 @@ struct DecodeSm80 {
 template <class Cfg>
 struct DecodeCombine {
   using u16 = sm80::u16;
-  static constexpr int kHeadDim = Cfg::kHeadDim;
+  static constexpr int kHeadDim = ConfigHeadDimV<Cfg>::value;  // the output rows' head dim: the values'
   static constexpr ElemType kElem = Cfg::kElem;
   static constexpr int kPasses = (kHeadDim + 127) / 128;  // 4 columns per lane and pass
   static constexpr int kUnroll = 8;
@@ -445,7 +459,8 @@ struct DecodeCombine {
 };
 
 // Appends the new tokens' keys and values at rows [cache_len, cache_len + seqlen_new) of their sequences'
-// caches, one 16-byte chunk per thread. blockIdx: (chunk block, sequence).
+// caches, one 16-byte chunk per thread; a latent cache (values of a head dim of their own: the keys' first
+// columns) takes the keys alone. blockIdx: (chunk block, sequence).
 template <class Cfg>
 struct DecodeAppend {
   using u16 = sm80::u16;
@@ -463,14 +478,16 @@ struct DecodeAppend {
     const CacheRow at = cache_row<Cfg::kPaged>(p, pages, batch, decode_cache_len(p, batch) + token);
     const u16* k_src = static_cast<const u16*>(p.k_new) + batch * p.kn_batch_stride + token * p.kn_row_stride +
                        head * p.kn_head_stride + chunk * 8;
-    const u16* v_src = static_cast<const u16*>(p.v_new) + batch * p.vn_batch_stride + token * p.vn_row_stride +
-                       head * p.vn_head_stride + chunk * 8;
     u16* k_dst = static_cast<u16*>(const_cast<void*>(p.k_cache)) + at.page * p.k_batch_stride +
                  at.row * p.k_row_stride + head * p.k_head_stride + chunk * 8;
-    u16* v_dst = static_cast<u16*>(const_cast<void*>(p.v_cache)) + at.page * p.v_batch_stride +
-                 at.row * p.v_row_stride + head * p.v_head_stride + chunk * 8;
     *reinterpret_cast<uint4*>(k_dst) = *reinterpret_cast<const uint4*>(k_src);
-    *reinterpret_cast<uint4*>(v_dst) = *reinterpret_cast<const uint4*>(v_src);
+    if constexpr (ConfigHeadDimV<Cfg>::value == Cfg::kHeadDim) {
+      const u16* v_src = static_cast<const u16*>(p.v_new) + batch * p.vn_batch_stride + token * p.vn_row_stride +
+                         head * p.vn_head_stride + chunk * 8;
+      u16* v_dst = static_cast<u16*>(const_cast<void*>(p.v_cache)) + at.page * p.v_batch_stride +
+                   at.row * p.v_row_stride + head * p.v_head_stride + chunk * 8;
+      *reinterpret_cast<uint4*>(v_dst) = *reinterpret_cast<const uint4*>(v_src);
+    }
   }
 };
 

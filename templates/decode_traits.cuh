@@ -59,6 +59,54 @@ constexpr DecodeTraits decode_traits(int head_dim, int rows, int block_n, int wa
   return t;
 }
 
+// The Hopper latent decode (decode_sm90.cuh): keys of head_dim columns whose first head_dim_v columns are the values
+// (MLA's latent cache, read once), 64 packed query rows and 64 keys per tile, in 64-column chunks swizzled as wgmma
+// reads them. Three warpgroups: a producer and two consumers, each holding half of O's columns.
+inline constexpr int kDecodeSm90Rows = 64;
+inline constexpr int kDecodeSm90BlockN = 64;
+
+struct DecodeSm90Traits {
+  int threads;         // 3 warpgroups
+  int chunks;          // 64-column chunks of a Q row or K row: head_dim / 64
+  int chunks_v;        // the chunks holding values: head_dim_v / 64
+  int q_bytes;         // (64, head_dim) Q rows, chunk after chunk
+  int tile_bytes;      // (64, head_dim) one K tile; V is its first chunks_v chunks, P (64 x 64) the next chunk
+  int k_offset;        // the K ring, stages tiles
+  int stats_offset;    // per block parity: the rows' running max and correction; per consumer: its row sums
+  int barrier_offset;  // each stage's full and empty mbarriers
+  int smem_bytes;      // dynamic shared memory, with 1 KB for aligning the base to a swizzle atom
+  int producer_regs;   // setmaxnreg of the producer and of the consumers
+  int consumer_regs;
+  const char* error;   // nullptr when the shape is valid on some GPU
+};
+
+constexpr DecodeSm90Traits decode_sm90_traits(int head_dim, int head_dim_v, int stages) {
+  DecodeSm90Traits t{};
+  t.threads = 384;
+  t.chunks = head_dim / 64;
+  t.chunks_v = head_dim_v / 64;
+  t.q_bytes = kDecodeSm90Rows * head_dim * 2;
+  t.tile_bytes = kDecodeSm90BlockN * head_dim * 2;
+  t.k_offset = t.q_bytes;
+  t.stats_offset = t.k_offset + stages * t.tile_bytes;
+  t.barrier_offset = t.stats_offset + 6 * kDecodeSm90Rows * 4;
+  t.smem_bytes = t.barrier_offset + 2 * stages * 8 + 1024;
+  t.producer_regs = 40;
+  t.consumer_regs = 232;
+  t.error = nullptr;
+  if (head_dim % 64 != 0 || head_dim < 128 || head_dim > 576) {
+    t.error = "head_dim must be a multiple of 64 in [128, 576] (keys in whole 64-column chunks)";
+  } else if (head_dim_v % 128 != 0 || head_dim_v > 512) {
+    t.error = "head_dim_v must be a multiple of 128 up to 512 (each consumer holds half of O's columns in registers)";
+  } else if (head_dim_v + 64 > head_dim) {
+    t.error = "head_dim must exceed head_dim_v by 64 at least (P takes the place of the keys' first chunk past the "
+              "values)";
+  } else if (stages < 2 || stages > 8) {
+    t.error = "stages must be in [2, 8]";
+  }
+  return t;
+}
+
 // Threads of the combine and append kernels (decode_sm80.cuh): four warps, one row each per step.
 constexpr int kDecodeRowKernelThreads = 128;
 

@@ -73,7 +73,34 @@ std::vector<int> decode_split_counts(const AttentionProblem& problem, const Deco
   return counts;
 }
 
+namespace {
+
+// A latent cache's (values the keys' first columns): the Hopper latent kernel, with as deep a ring of K tiles as one
+// block per SM holds, up to four.
+DecodeChoice latent_choice(const AttentionProblem& problem, int arch, int multiprocessors) {
+  DecodeChoice choice;
+  DecodeConfig& c = choice.config;
+  c = latent_decode_config(problem.dtype, problem.head_dim(), problem.value_dim());
+  c.mask = problem.mask_kind();
+  c.mods = problem.score_mods();
+  c.paged = problem.paged;
+  for (int stages = 3; stages <= 4; ++stages) {
+    DecodeConfig deeper = c;
+    deeper.stages = stages;
+    if (deeper.smem_bytes(DecodeKernel::kAttend) > max_smem_per_block(arch)) break;
+    c.stages = stages;
+  }
+  choice.splits = heuristic_decode_splits(problem, c, arch, multiprocessors);
+  choice.reason = "built-in heuristic: the latent kernel, " + std::to_string(c.stages) + " stages; " +
+                  std::to_string(choice.splits) + " key range" + (choice.splits == 1 ? "" : "s") +
+                  " per sequence for " + std::to_string(multiprocessors) + " SMs";
+  return choice;
+}
+
+}  // namespace
+
 DecodeChoice heuristic_decode_choice(const AttentionProblem& problem, int arch, int multiprocessors) {
+  if (problem.value_dim() != problem.head_dim()) return latent_choice(problem, arch, multiprocessors);
   DecodeChoice choice;
   DecodeConfig& c = choice.config;
   c.dtype = problem.dtype;

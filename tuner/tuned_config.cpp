@@ -73,7 +73,7 @@ bool of_problem(const TunedConfig& config, const ProblemKey& problem) {
       [&](const auto& c) {
         const auto& module = kernel_config_of(c);
         return same_pass(c, problem) && module.dtype == problem.dtype && module.head_dim == problem.head_dim &&
-               value_dim_of(module) == problem.value_dim() && module.mask == problem.mask &&
+               module.value_dim() == problem.value_dim() && module.mask == problem.mask &&
                module.mods == problem.mods;
       },
       config);

@@ -42,8 +42,10 @@ flashgen_kvcache_args valid_args() {
   return args;
 }
 
-void check_rejected(const std::function<void(flashgen_kvcache_args&)>& edit, int status, const std::string& message) {
-  flashgen_kvcache_args args = valid_args();
+// base (valid_args() by default) edited is refused with status and an error holding message.
+void check_rejected(const std::function<void(flashgen_kvcache_args&)>& edit, int status, const std::string& message,
+                    const flashgen_kvcache_args& base = valid_args()) {
+  flashgen_kvcache_args args = base;
   edit(args);
   INFO("expected: " << message);
   CHECK(flashgen_attention_kvcache(&args, nullptr) == status);
@@ -71,8 +73,8 @@ TEST_CASE("KV-cache attention rejects each bad argument with a message naming it
   check_rejected([](auto& a) { a.v_cache.dtype = FLASHGEN_FLOAT16; }, kInvalid, "v_cache.dtype is fp16 but q.dtype");
   check_rejected([](auto& a) { a.k_cache.shape[3] = 64; }, kInvalid, "k_cache.shape[3] (head_dim) is 64");
   check_rejected([](auto& a) { a.v_cache.shape[3] = 64; }, kInvalid,
-                 "v_cache.shape[3] (head_dim) is 64 but q.shape[3] (head_dim) is 128: this call takes values of the "
-                 "queries' head dim");
+                 "v_cache.shape[3] (head_dim) is 64 but k_cache.shape[3] (head_dim) is 128: values of a head dim of "
+                 "their own are read as the first columns of the keys (a latent cache, as MLA's)");
   check_rejected([](auto& a) { a.v_cache.shape[0] = 99; }, kInvalid, "v_cache.shape[0]");
   check_rejected([](auto& a) { a.q.shape[2] = 12; a.out.shape[2] = 12; }, kInvalid, "multiple");
   check_rejected([](auto& a) { a.out.shape[1] = 2; }, kInvalid, "out.shape[1]");
@@ -254,4 +256,55 @@ TEST_CASE("a KV-cache call takes a user variant, its buffers and scalars bound a
   flashgen_kvcache_args plain = valid_args();
   CHECK(flashgen::problem_key(call.problem) == flashgen::problem_key(flashgen::make_kvcache_call(plain).problem));
   flashgen_variant_destroy(variant);
+}
+
+// One sequence's MLA decode: 128 query heads over one latent kv head of 576 columns, v_cache its first 512.
+TEST_CASE("a latent cache's call reads the values as the keys' first columns and refuses every other layout",
+          "[c_api][kvcache][latent]") {
+  auto latent_args = [] {
+    flashgen_kvcache_args args = valid_args();
+    args.q = bshd(fake_pointer(1), 4, 1, 128, 576);
+    args.k_cache = bshd(fake_pointer(2), 100, 64, 1, 576);
+    args.v_cache = args.k_cache;
+    args.v_cache.shape[3] = 512;
+    args.k_new = bshd(fake_pointer(4), 4, 1, 1, 576);
+    args.v_new = flashgen_tensor{};
+    args.out = bshd(fake_pointer(6), 4, 1, 128, 512);
+    return args;
+  };
+  const flashgen::KvCacheCall call = flashgen::make_kvcache_call(latent_args());
+  CHECK(call.problem.head_dim() == 576);
+  CHECK(call.problem.value_dim() == 512);
+  CHECK(call.params.v_cache == call.params.k_cache);
+  CHECK(call.params.v_new == nullptr);
+  CHECK(flashgen::heuristic_decode_choice(call.problem, 90, 132).config.latent);
+  // Workspace rows of the values' 512 floats: 3 ranges x 4 sequences x 128 heads.
+  const flashgen::DecodeConfig module = flashgen::heuristic_decode_choice(call.problem, 90, 132).config;
+  CHECK(flashgen::kvcache_workspace_bytes(call, module, 3) == 1536 * 512 * 4 + 1536 * 4);
+
+  auto rejected = [&](const std::function<void(flashgen_kvcache_args&)>& edit, int status, const std::string& message) {
+    check_rejected(edit, status, message, latent_args());
+  };
+  const int kInvalid = FLASHGEN_ERROR_INVALID_ARGUMENT, kUnsupported = FLASHGEN_ERROR_UNSUPPORTED;
+  rejected([](auto& a) { a.v_cache.data = fake_pointer(3); }, kInvalid,
+           "v_cache.shape[3] (head_dim) is 512 but k_cache.shape[3] (head_dim) is 576: values of a head dim of their "
+           "own are read as the first columns of the keys");
+  rejected([](auto& a) { a.v_cache.stride[1] = 512; }, kInvalid, "v_cache must be a view of k_cache's first 512");
+  rejected([](auto& a) { a.v_cache.shape[3] = a.out.shape[3] = 544; }, kUnsupported,
+           "v_cache.shape[3] (head_dim) = 544 is unsupported for a latent cache");
+  rejected([](auto& a) { a.v_cache.shape[3] = a.out.shape[3] = 576; a.k_cache.shape[3] = 640; }, kInvalid,
+           "k_cache.shape[3]");
+  rejected(
+      [](auto& a) {
+        a.q = bshd(fake_pointer(1), 4, 1, 128, 600);
+        a.k_cache = a.v_cache = bshd(fake_pointer(2), 100, 64, 1, 600);
+        a.v_cache.shape[3] = 512;
+        a.k_new = flashgen_tensor{};
+      },
+      kUnsupported,
+           "k_cache.shape[3] (head_dim) = 600 is unsupported for a latent cache");
+  rejected([](auto& a) { a.out.shape[3] = 576; }, kInvalid, "out.shape[3] (head_dim) is 576 but v_cache.shape[3]");
+  rejected([](auto& a) { a.v_new = a.k_new; }, kInvalid, "v_new: a latent cache's new values are k_new's first 512");
+  rejected([](auto& a) { a.k_cache.shape[1] = a.v_cache.shape[1] = 40; }, kInvalid,
+           "k_cache.shape[1] (page_size) must be a multiple of 16");
 }

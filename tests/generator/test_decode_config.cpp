@@ -236,3 +236,71 @@ TEST_CASE("the window's decode modules compile without spills", "[tuner][decode]
     CHECK(usage.spill_store_bytes + usage.spill_load_bytes == 0);
   }
 }
+
+TEST_CASE("a latent decode config is named, read back, validated and generated over the Hopper template",
+          "[generator][decode][latent]") {
+  DecodeConfig c = flashgen::latent_decode_config(flashgen::DType::kBFloat16, 576, 512);
+  c.mask = flashgen::MaskKind::kCausal;
+  c.paged = true;
+  CHECK(c.name() == "dec_sm90_bf16_d576_v512_s2_causal_paged");
+  CHECK(DecodeConfig::from_name(c.name()) == c);
+  CHECK(c.value_dim() == 512);
+  CHECK(c.threads(DecodeKernel::kAttend) == 384);
+  CHECK(c.smem_bytes(DecodeKernel::kAttend) <= 232448);
+  nlohmann::json j = c;
+  CHECK(j["family"] == "dec_sm90");
+  CHECK(j.get<DecodeConfig>() == c);
+  CHECK_THROWS_WITH(nlohmann::json({{"family", "dec_sm90"}, {"rows", 64}}).get<DecodeConfig>(),
+                    Catch::Matchers::Contains("unknown field \"rows\" for family dec_sm90"));
+  CHECK_THROWS_WITH(DecodeConfig::from_name("dec_sm90_bf16_d576_v0512_s2"), Catch::Matchers::Contains("not canonical"));
+
+  CHECK_FALSE(c.invalid_reason(90));
+  CHECK(c.invalid_reason(80).value().find("needs sm_90") != std::string::npos);
+  CHECK(c.invalid_reason(100).value().find("needs sm_90") != std::string::npos);
+  c.stages = 3;  // Q and three 72 KB tiles
+  CHECK(c.invalid_reason(90).value().find("shared memory") != std::string::npos);
+  DecodeConfig narrow = flashgen::latent_decode_config(flashgen::DType::kBFloat16, 512, 512);
+  CHECK(std::string(narrow.traits_error()).find("exceed head_dim_v by 64") != std::string::npos);
+  narrow.head_dim_v = 192;
+  CHECK(std::string(narrow.traits_error()).find("multiple of 128") != std::string::npos);
+  CHECK_THROWS_WITH(flashgen::generate(narrow), Catch::Matchers::Contains("invalid decode config"));
+
+  const flashgen::GeneratedSource source = flashgen::generate(flashgen::latent_decode_config(
+      flashgen::DType::kFloat16, 192, 128));
+  CHECK(source.translation_unit.find("#include \"decode_sm90.cuh\"") != std::string::npos);
+  CHECK(source.translation_unit.find("flashgen::DecodeSm90<flashgen_generated::DecodeConfig>::run") !=
+        std::string::npos);
+  REQUIRE_FALSE(source.headers.empty());
+  CHECK(source.headers.front().contents.find("kHeadDimV = 128") != std::string::npos);
+}
+
+TEST_CASE("a latent cache's problem takes the latent kernel, two stages at 576 and its split count",
+          "[tuner][decode][latent]") {
+  flashgen::AttentionProblem problem;
+  problem.kv_cache = true;
+  problem.paged = true;
+  problem.dtype = flashgen::DType::kBFloat16;
+  problem.mask = flashgen::Mask::kCausal;
+  problem.shape = {4, 1, 8192, 128, 1, 576};
+  problem.shape.head_dim_v = 512;
+  const flashgen::DecodeChoice choice = flashgen::heuristic_decode_choice(problem, 90, 132);
+  CHECK(choice.config.name() == "dec_sm90_bf16_d576_v512_s2_causal_paged");
+  // 4 sequences x 2 row blocks of 64 heads: 8 blocks for 132 SMs, split into ranges of the 128 key blocks.
+  CHECK(choice.splits > 1);
+  problem.shape.head_dim = 192, problem.shape.head_dim_v = 128;
+  CHECK(flashgen::heuristic_decode_choice(problem, 90, 132).config.stages == 4);
+}
+
+TEST_CASE("the latent decode kernel compiles without spills or serialized wgmma", "[tuner][decode][nvrtc][latent]") {
+  auto& registry = flashgen::KernelRegistry::instance();
+  for (auto [d, dv] : {std::pair{576, 512}, std::pair{192, 128}}) {
+    DecodeConfig c = flashgen::latent_decode_config(flashgen::DType::kBFloat16, d, dv);
+    c.paged = true;
+    c.mask = flashgen::MaskKind::kCausal;
+    INFO(c.name());
+    const auto kernel = registry.compiled(c, 90);
+    const auto usage = kernel->usage_of(c.symbol(DecodeKernel::kAttend));
+    CHECK(usage.spill_store_bytes + usage.spill_load_bytes == 0);
+    CHECK(kernel->ptxas_notes().empty());
+  }
+}
