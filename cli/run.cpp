@@ -50,7 +50,9 @@ Command run_command() {
       .option("heads-kv", "H", "key/value heads; heads-q must be a multiple (default 16)")
       .option("head-dim", "D", "head dimension (default 128)")
       .option("head-dim-v", "D", "the values' (and the output's) head dimension where it is not --head-dim, as MLA's "
-                                 "prefill (--head-dim 192 --head-dim-v 128); dense or --varlen, forward or --backward")
+                                 "prefill (--head-dim 192 --head-dim-v 128); dense or --varlen, forward or --backward; "
+                                 "with --kv-cache a latent cache, the values being the keys' first D columns (MLA's "
+                                 "decode: --head-dim 576 --head-dim-v 512; sm_90)")
       .option("dtype", "T", "fp16 or bf16 (default fp16)")
       .option("causal", "MODE", "none, bottom-right or top-left (default none)")
       .option("scale", "S", "softmax scale; <= 0 means 1/sqrt(head_dim) (default 0)")
@@ -474,6 +476,7 @@ std::string with_flag(const std::string& message) {
       {"k.shape[1]", "--seqlen-k"},
       {"q.shape[2]", "--heads-q"},        {"k.shape[2]", "--heads-kv"},       {"q.shape[3]", "--head-dim"},
       {"v.shape[3]", "--head-dim-v"},     {"head_dim_v", "--head-dim-v"},
+      {"k_cache.shape[3]", "--head-dim"}, {"v_cache.shape[3]", "--head-dim-v"},
       {"k_cache.shape[1]", "--page-size"}, {"opts.softmax_scale", "--scale"}, {"opts.softcap", "--softcap"},
       {"opts.window_", "--window"},       {"opts.attention_chunk", "--chunk"}, {"num_splits", "--splits"},
       {"total_q", "--total-q"},           {"total_k", "--total-k"}};

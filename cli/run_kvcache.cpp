@@ -47,22 +47,50 @@ TensorView cache_tensor(const RunOptions& o, void* data) {
                          : bshd_view(data, dtype, s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
 }
 
+// --head-dim-v with --kv-cache: a latent cache (MLA's), whose values are the keys' first head_dim_v columns.
+bool latent_cache(const RunOptions& o) { return o.problem.shape.value_dim() != o.problem.shape.head_dim; }
+
+// A latent cache's v_cache: a view of k_cache's first head_dim_v columns (same data and strides), as MLA reads it.
+TensorView latent_values_view(const RunOptions& o, const TensorView& k_cache) {
+  TensorView values = k_cache;
+  values.shape[3] = o.problem.shape.value_dim();
+  return values;
+}
+
+// The values a latent cache's keys hold, as the float64 reference reads them: [batch, seqlen_k, heads_kv,
+// head_dim_v], each row the first head_dim_v columns of k's.
+HostTensor latent_values(const HostTensor& k, int64_t head_dim_v) {
+  const int64_t batch = k.view.shape[0], seqlen = k.view.shape[1], heads = k.view.shape[2], d = k.view.shape[3];
+  HostTensor v = make_host_tensor(k.dtype, batch, seqlen, heads, head_dim_v, false);
+  for (int64_t r = 0; r < batch * seqlen * heads; ++r) {
+    std::copy_n(k.bits.begin() + r * d, head_dim_v, v.bits.begin() + r * head_dim_v);
+  }
+  return v;
+}
+
 }  // namespace
 
 // `run --kv-cache`: random q and caches (k and v as the reference sees them, scattered into shuffled pages
-// when paged), one checked call, then timing.
+// when paged), one checked call, then timing. With --head-dim-v the cache is latent: k alone is stored, v_cache is
+// a view of its first head_dim_v columns, and the reference reads those columns as the values.
 RunReport run_kvcache(const RunOptions& o, const ScopedContext& context, RunReport report) {
   const AttentionProblem& p = o.problem;
   const AttentionShape& s = p.shape;
+  const bool latent = latent_cache(o);
   HostTensor q = make_host_tensor(p.dtype, s.batch, s.seqlen_q, s.heads_q, s.head_dim, false);
   HostTensor k = make_host_tensor(p.dtype, s.batch, s.seqlen_k, s.heads_kv, s.head_dim, false);
-  HostTensor v = make_host_tensor(p.dtype, s.batch, s.seqlen_k, s.heads_kv, s.head_dim, false);
-  HostTensor out = make_host_tensor(p.dtype, s.batch, s.seqlen_q, s.heads_q, s.head_dim, false);
+  HostTensor out = make_host_tensor(p.dtype, s.batch, s.seqlen_q, s.heads_q, s.value_dim(), false);
   std::vector<float> lse(static_cast<size_t>(s.batch * s.heads_q * s.seqlen_q));
   std::mt19937 rng(o.seed);
   fill_normal(q, rng);
   fill_normal(k, rng);
-  fill_normal(v, rng);
+  HostTensor v;
+  if (latent) {
+    v = latent_values(k, s.value_dim());
+  } else {
+    v = make_host_tensor(p.dtype, s.batch, s.seqlen_k, s.heads_kv, s.head_dim, false);
+    fill_normal(v, rng);
+  }
 
   // The caches as the kernels read them: sequence b's key j in row j % page_size of page table[b][j / page_size].
   // Every page is full, so no row holds the fill.
@@ -72,20 +100,24 @@ RunReport run_kvcache(const RunOptions& o, const ScopedContext& context, RunRepo
   for (int64_t b = 0; b < s.batch; ++b) starts[size_t(b)] = b * s.seqlen_k;
   const std::vector<uint16_t> k_cache = p.paged ? into_pages(k.bits, row, starts, keys, table, pages, p.page_size, 0)
                                                 : k.bits;
-  const std::vector<uint16_t> v_cache = p.paged ? into_pages(v.bits, row, starts, keys, table, pages, p.page_size, 0)
-                                                : v.bits;
+  std::vector<uint16_t> v_cache;  // a latent cache has none of its own
+  if (!latent) v_cache = p.paged ? into_pages(v.bits, row, starts, keys, table, pages, p.page_size, 0) : v.bits;
 
   DeviceBuffer q_dev(q.bytes()), out_dev(out.bytes()), lse_dev(lse.size() * sizeof(float));
-  DeviceBuffer k_dev(k_cache.size() * 2), v_dev(v_cache.size() * 2), table_dev(table.size() * 4);
+  DeviceBuffer k_dev(k_cache.size() * 2), table_dev(table.size() * 4);
+  DeviceBuffer v_dev = latent ? DeviceBuffer() : DeviceBuffer(v_cache.size() * 2);
   DeviceBuffer lens_dev(static_cast<size_t>(s.batch) * 4);
-  q_dev.upload(q.bits), k_dev.upload(k_cache), v_dev.upload(v_cache), table_dev.upload(table);
+  q_dev.upload(q.bits), k_dev.upload(k_cache), table_dev.upload(table);
+  if (!latent) v_dev.upload(v_cache);
   lens_dev.upload(std::vector<int32_t>(static_cast<size_t>(s.batch), static_cast<int32_t>(s.seqlen_k)));
   out_dev.fill_bytes(0xFF);
   lse_dev.fill_bytes(0xFF);
+  const TensorView k_view = cache_tensor(o, k_dev.data());
+  const TensorView v_view = latent ? latent_values_view(o, k_view) : cache_tensor(o, v_dev.data());
   KvCacheArgs args =
-      kvcache_args(o, tensor_view(q, q_dev), cache_tensor(o, k_dev.data()), cache_tensor(o, v_dev.data()),
-                   tensor_view(out, out_dev), static_cast<float*>(lse_dev.data()),
-                   static_cast<const int32_t*>(lens_dev.data()), static_cast<const int32_t*>(table_dev.data()));
+      kvcache_args(o, tensor_view(q, q_dev), k_view, v_view, tensor_view(out, out_dev),
+                   static_cast<float*>(lse_dev.data()), static_cast<const int32_t*>(lens_dev.data()),
+                   static_cast<const int32_t*>(table_dev.data()));
   DeviceBuffer sinks_dev, slopes_dev;
   args.options.sinks = upload_sinks(o, sinks_dev);
   args.options.alibi_slopes = upload_alibi_slopes(p, slopes_dev);
@@ -128,21 +160,22 @@ RunReport run_kvcache(const RunOptions& o, const ScopedContext& context, RunRepo
                                     report.scale, p.mask, run_variant(o));
   report.times_ms = time_launches([&] { launch(); }, o.warmup, o.iters, stream.get());
   report.flops = forward_flops(s, p.mask, window_of(p));
-  report.kv_bytes = 2.0 * s.batch * s.seqlen_k * s.heads_kv * s.head_dim * 2;
+  // A latent cache is read once: its values are columns of the keys.
+  report.kv_bytes = (latent ? 1.0 : 2.0) * s.batch * s.seqlen_k * s.heads_kv * s.head_dim * 2;
   return report;
 }
 
 void check_kvcache_problem(const RunOptions& o) {
   const AttentionProblem& p = o.problem;
   const AttentionShape& s = p.shape;
-  FLASHGEN_REQUIRE(s.value_dim() == s.head_dim, "KV-cache calls take values of the keys' head dim (head_dim_v)");
   auto address = [](int n) { return reinterpret_cast<void*>(uintptr_t{1} << (20 + n)); };
   const DType dtype = p.dtype;
   const TensorView q = bshd_view(address(0), dtype, s.batch, s.seqlen_q, s.heads_q, s.head_dim);
-  const TensorView out = bshd_view(address(3), dtype, s.batch, s.seqlen_q, s.heads_q, s.head_dim);
-  const KvCacheArgs args =
-      kvcache_args(o, q, cache_tensor(o, address(1)), cache_tensor(o, address(2)), out, nullptr,
-                   static_cast<const int32_t*>(address(4)), static_cast<const int32_t*>(address(5)));
+  const TensorView out = bshd_view(address(3), dtype, s.batch, s.seqlen_q, s.heads_q, s.value_dim());
+  const TensorView k_cache = cache_tensor(o, address(1));
+  const TensorView v_cache = latent_cache(o) ? latent_values_view(o, k_cache) : cache_tensor(o, address(2));
+  const KvCacheArgs args = kvcache_args(o, q, k_cache, v_cache, out, nullptr, static_cast<const int32_t*>(address(4)),
+                                        static_cast<const int32_t*>(address(5)));
   const KvCacheCall call = make_kvcache_call(args);
   if (o.config_name) {
     const DecodeConfig config = DecodeConfig::from_name(*o.config_name);

@@ -4,12 +4,12 @@
 // (AttnDecodeParams; the append and combine kernels are decode_sm80.cuh's).
 //
 // Warpgroup 0 copies K tiles of 64 keys into a ring (cp.async, one looked-up row per thread pair, rows past the
-// sequence zero-filled). Warpgroups 1 and 2 each hold half of O's columns (64 x head_dim_v / 2 fp32) and take turns
+// sequence zero-filled, each 64-column chunk on a barrier of its own). Warpgroups 1 and 2 each hold half of O's columns (64 x head_dim_v / 2 fp32) and take turns
 // at the key blocks: the block's owner computes S = Q Kᵀ over every column on wgmma, the variant's scores and the
 // online softmax from the running max the other left, writes P into the tile's first chunk past the values (S no
 // longer reads it) and the rows' max and correction beside it, and adds P V of its half from registers; the other
-// rescales its half by the correction and adds P V from shared memory. S is computed once per block, and the next
-// block's S runs while the other warpgroup's softmax does.
+// rescales its half by the correction and adds P V from shared memory, then issues S of the next block, its own.
+// S is computed once per block (bench/notes_decode.md, "The latent kernel").
 #pragma once
 
 #include "attn_params.cuh"
@@ -57,8 +57,11 @@ struct DecodeSm90 {
 
   // Byte offsets into the aligned shared memory.
   static __device__ __forceinline__ u32 tile(int slot) { return kTraits.k_offset + slot * kTraits.tile_bytes; }
-  static __device__ __forceinline__ u32 full(int slot) { return kTraits.barrier_offset + slot * 8; }
-  static __device__ __forceinline__ u32 empty(int slot) { return kTraits.barrier_offset + (kStages + slot) * 8; }
+  static __device__ __forceinline__ u32 empty(int slot) { return kTraits.barrier_offset + slot * 8; }
+  // Chunk `chunk` of the tile in `slot` has landed: S over it may start before the rest of the tile is there.
+  static __device__ __forceinline__ u32 full(int slot, int chunk) {
+    return kTraits.barrier_offset + (kStages + slot * kTraits.chunks + chunk) * 8;
+  }
   // (2 parities, 64 rows) running max after the block; (2, 64) its correction of O; (2 consumers, 64) row sums.
   static constexpr u32 kMaxOffset = kTraits.stats_offset;
   static constexpr u32 kCorrectionOffset = kMaxOffset + 2 * kRows * 4;
@@ -80,8 +83,10 @@ struct DecodeSm90 {
 
     if (threadIdx.x == 0) {
       for (int s = 0; s < kStages; ++s) {
-        sm90::mbarrier_init(smem + full(s), 128);  // every producer thread, once its copies have landed
-        sm90::mbarrier_init(smem + empty(s), 8);   // every consumer warp, once its P V is done
+        sm90::mbarrier_init(smem + empty(s), 8);  // every consumer warp, once its P V is done
+        for (int c = 0; c < kTraits.chunks; ++c) {
+          sm90::mbarrier_init(smem + full(s, c), 128);  // every producer thread, once its copies of the chunk landed
+        }
       }
       sm90::fence_mbarrier_init();
     }
@@ -106,8 +111,8 @@ struct DecodeSm90 {
   }
 
   // Two threads a key row, each copying every other 16-byte unit of it; keys from key_end on are zero-filled. Each
-  // thread's copies of a tile arrive on the tile's full barrier as they land (cp.async's mbarrier arrival), so the
-  // producer never waits for a load, only for a slot.
+  // thread's copies of a chunk arrive on the chunk's full barrier as they land (cp.async's mbarrier arrival), so the
+  // producer never waits for a load, only for a slot, and S starts on a tile's first chunks while the rest land.
   static __device__ void produce(const AttnDecodeParams& p, u32 smem, const u16* k, int batch, int key_end,
                                  int n_begin, int n_end) {
     const int row = threadIdx.x / 2;
@@ -129,8 +134,8 @@ struct DecodeSm90 {
         const int unit = 2 * j + half;
         sm80::cp_async_16_stream(dst + (unit / 8) * kChunkBytes + ((unit % 8) ^ (row % 8)) * 16, src + unit * 8,
                                  valid);
+        if (j % 4 == 3) sm90::cp_async_mbarrier_arrive(smem + full(slot, j / 4));  // the chunk's four units
       }
-      sm90::cp_async_mbarrier_arrive(smem + full(slot));
     }
     sm80::cp_async_commit();
     sm80::cp_async_wait<0>();  // no copy outlives its thread
@@ -192,17 +197,20 @@ struct DecodeSm90 {
     const u32 v_columns = consumer * (kHalfV / 64) * kChunkBytes;
     auto slot_of = [](int it) { return it % kStages; };
     auto phase_of = [](int it) { return static_cast<u32>((it / kStages) & 1); };
-    // Tile it has landed: its copies, generic-proxy writes, are then ordered before this thread's wgmma reads.
-    auto wait_tile = [&](int it) {
-      sm90::mbarrier_wait(smem + full(slot_of(it)), phase_of(it));
+    // Chunk c of tile it has landed: its copies, generic-proxy writes, are then ordered before this thread's wgmma
+    // reads.
+    auto wait_chunk = [&](int it, int c) {
+      sm90::mbarrier_wait(smem + full(slot_of(it), c), phase_of(it));
       sm90::fence_proxy_async_smem();
     };
     auto issue_qk = [&](int it) {
       const u64 desc_k0 = sm90::smem_desc_sw128(smem + tile(slot_of(it)), 16, 1024);
-      wait_tile(it);
-      sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kQkSteps; ++kk) {
+        if (kk % 4 == 0) {  // each chunk's k-steps once it has landed, behind a fence of the wait's registers
+          wait_chunk(it, kk / 4);
+          sm90::wgmma_fence();
+        }
         const u32 offset = (kk / 4) * kChunkBytes + (kk % 4) * 32;
         sm90::WgmmaSS<kBlockN>::template run<kElem>(acc_s, sm90::smem_desc_advance(desc_q0, offset),
                                                      sm90::smem_desc_advance(desc_k0, offset), kk > 0 ? 1 : 0);
@@ -222,12 +230,12 @@ struct DecodeSm90 {
       }
     };
 
-    // A block the other consumer owns: with_next issues S of the next block (this consumer's) first, so that it
-    // runs while the owner finishes the softmax; then, once the owner has published P and the rows' statistics,
-    // O's rescaling and P V of this consumer's half, P read from shared memory. Each branch holds whole wgmma
-    // stages (ptxas serializes every wgmma of a kernel that issues one under a branch inside a stage).
+    // A block the other consumer owns: once the owner has published P and the rows' statistics, O's rescaling and
+    // P V of this consumer's half, P read from shared memory; with_next then issues S of the next block (this
+    // consumer's) behind it, and the tile is released as soon as P V is done, so that the producer refills it while
+    // S runs. Each branch holds whole wgmma stages (ptxas serializes every wgmma of a kernel that issues one under a
+    // branch inside a stage).
     auto other_block = [&](int it, auto with_next) {
-      if constexpr (decltype(with_next)::value) issue_qk(it + 1);
       const u32 stats = (it % 2) * kRows * 4;
       sm90::named_barrier_sync(kPublished + it % 2, 256);
       float correction[2];
@@ -237,7 +245,7 @@ struct DecodeSm90 {
         correction[h] = __uint_as_float(sm90::ld_shared_u32(smem + kCorrectionOffset + stats + 4 * r[h]));
         row_sum[h] *= correction[h];
       }
-      wait_tile(it);
+      for (int c = 0; c < kTraits.chunks_v; ++c) wait_chunk(it, c);
       rescale(correction);
       const u64 desc_p0 = sm90::smem_desc_sw128(smem + tile(slot_of(it)) + kPChunk * kChunkBytes, 16, 1024);
       sm90::wgmma_fence();
@@ -247,10 +255,16 @@ struct DecodeSm90 {
                                                       1);
       }
       sm90::wgmma_commit();
-      sm90::wgmma_wait<0>();
+      if constexpr (decltype(with_next)::value) {
+        issue_qk(it + 1);
+        sm90::wgmma_wait<1>();  // P V is done, the next S may still run
+      } else {
+        sm90::wgmma_wait<0>();
+      }
       sm90::pin_registers(acc_o);
-      sm90::pin_registers(acc_s);
       release(it);
+      sm90::wgmma_wait<0>();
+      sm90::pin_registers(acc_s);
     };
 
     const int n_blocks = n_end - n_begin;

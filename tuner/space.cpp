@@ -170,26 +170,39 @@ std::vector<DecodeSplitConfig> capped_candidates(const DecodeSpaceReport& space,
 DecodeSpaceReport decode_space(const AttentionProblem& problem, int arch, int multiprocessors,
                                const DecodeKnobs& knobs) {
   DecodeSpaceReport report;
+  // A module with each of its split counts (one entry, refused, where it cannot run on sm_<arch>).
+  auto add_with_splits = [&](DecodeSplitConfig c) {
+    if (c.config.invalid_reason(arch)) {
+      c.splits = 1;
+      report.add(c, arch);
+      return;
+    }
+    for (int splits : decode_split_counts(problem, c.config, arch, multiprocessors)) {
+      c.splits = splits;
+      report.add(c, arch);
+    }
+  };
   DecodeSplitConfig c;
+  const bool latent = problem.value_dim() != problem.head_dim();  // the latent kernel: its stages alone
+  if (latent) c.config = latent_decode_config(problem.dtype, problem.head_dim(), problem.value_dim());
   c.config.dtype = problem.dtype;
   c.config.head_dim = problem.head_dim();
   c.config.mask = problem.mask_kind();
   c.config.mods = problem.score_mods();
   c.config.paged = problem.paged;
+  if (latent) {
+    for (int stages : knobs.stages) {
+      c.config.stages = stages;
+      add_with_splits(c);
+    }
+    return report;
+  }
   for (int rows : knobs.rows)
     for (int block_n : knobs.block_n)
       for (int warps : knobs.warps)
         for (int stages : knobs.stages) {
           c.config.rows = rows, c.config.block_n = block_n, c.config.warps = warps, c.config.stages = stages;
-          if (c.config.invalid_reason(arch)) {
-            c.splits = 1;
-            report.add(c, arch);
-            continue;
-          }
-          for (int splits : decode_split_counts(problem, c.config, arch, multiprocessors)) {
-            c.splits = splits;
-            report.add(c, arch);
-          }
+          add_with_splits(c);
         }
   return report;
 }

@@ -16,14 +16,15 @@ using namespace sweep_driver;
 namespace {
 
 // One KV-cache problem's device tensors (q, out, lse and contiguous or paged caches, every sequence's cache full)
-// and its checked call. fill_from: null to fill q and the caches with random values kept on the host (the
+// and its checked call. A latent cache (values of a head dim of their own) stores the keys alone: v_cache is a view
+// of their first head_dim_v columns, and v on the host holds those columns for the reference. fill_from: null to fill q and the caches with random values kept on the host (the
 // float64 check's set), else a set whose values are repeated over this one's sequences (timed sets: random
 // data, without generating gigabytes on the host).
 struct DecodeSet {
   AttentionShape shape;
   int page_size = 0;                 // 0: contiguous
   int64_t pages = 0;                 // pages per sequence
-  std::vector<uint16_t> q, k, v;     // host bits of a random set, k and v as [batch, seqlen_k, heads_kv, head_dim]
+  std::vector<uint16_t> q, k, v;     // host bits of a random set, k and v as [batch, seqlen_k, heads_kv, dim]
   std::vector<int32_t> table;        // paged: key j of sequence b in page table[b * pages + j / page_size]
   DeviceBuffer dq, dk, dv, dout, dlse, dlens, dtable, slopes;  // slopes: ALiBi's standard ones, with ALiBi
   KvCacheCall call;
@@ -33,26 +34,38 @@ struct DecodeSet {
     shape.batch = batch;
     const AttentionShape& s = shape;
     const DType dtype = problem.dtype;
+    const bool latent = s.value_dim() != s.head_dim;
     const int64_t row = s.heads_kv * s.head_dim, q_elems = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
+    const int64_t out_elems = s.batch * s.seqlen_q * s.heads_q * s.value_dim();
     pages = page_size > 0 ? (s.seqlen_k + page_size - 1) / page_size : 0;
     const int64_t cache_rows = page_size > 0 ? s.batch * pages * page_size : s.batch * s.seqlen_k;
     table = std::vector<int32_t>(static_cast<size_t>(std::max<int64_t>(1, s.batch * pages)));
     std::iota(table.begin(), table.end(), 0);
     std::shuffle(table.begin(), table.end(), rng);
     dq = DeviceBuffer(size_t(q_elems) * 2);
-    dk = DeviceBuffer(size_t(cache_rows * row) * 2), dv = DeviceBuffer(size_t(cache_rows * row) * 2);
+    dk = DeviceBuffer(size_t(cache_rows * row) * 2);
+    if (!latent) dv = DeviceBuffer(size_t(cache_rows * row) * 2);
     if (fill_from == nullptr) {
       q = random_bits(size_t(q_elems), dtype, rng);
       k = random_bits(size_t(s.batch * s.seqlen_k * row), dtype, rng);
-      v = random_bits(k.size(), dtype, rng);
+      if (latent) {
+        for (int64_t r = 0; r < s.batch * s.seqlen_k * s.heads_kv; ++r) {
+          v.insert(v.end(), k.begin() + r * s.head_dim, k.begin() + r * s.head_dim + s.value_dim());
+        }
+      } else {
+        v = random_bits(k.size(), dtype, rng);
+      }
       dq.upload(q);
-      std::vector<uint16_t> k_cache(size_t(cache_rows * row)), v_cache(k_cache.size());
+      std::vector<uint16_t> k_cache(size_t(cache_rows * row)), v_cache(latent ? 0 : k_cache.size());
       for (int64_t b = 0; b < s.batch; ++b)
         for (int64_t j = 0; j < s.seqlen_k; ++j) {
           std::copy_n(k.begin() + (b * s.seqlen_k + j) * row, row, k_cache.begin() + cache_row_of(b, j) * row);
-          std::copy_n(v.begin() + (b * s.seqlen_k + j) * row, row, v_cache.begin() + cache_row_of(b, j) * row);
+          if (!latent) {
+            std::copy_n(v.begin() + (b * s.seqlen_k + j) * row, row, v_cache.begin() + cache_row_of(b, j) * row);
+          }
         }
-      dk.upload(k_cache), dv.upload(v_cache);
+      dk.upload(k_cache);
+      if (!latent) dv.upload(v_cache);
     } else {
       // Sequence b's keys are fill_from's sequence b % its batch, copied on the device one (page of) rows at a time.
       const DecodeSet& from = *fill_from;
@@ -63,7 +76,7 @@ struct DecodeSet {
           const size_t bytes = size_t(std::min(run, s.seqlen_k - j) * row) * 2;
           const size_t to = size_t(cache_row_of(b, j) * row) * 2, at = size_t(from.cache_row_of(source, j) * row) * 2;
           dk.copy_from(from.dk, bytes, to, at);
-          dv.copy_from(from.dv, bytes, to, at);
+          if (!latent) dv.copy_from(from.dv, bytes, to, at);
         }
       }
       const size_t q_bytes = size_t(q_elems) * 2;
@@ -71,7 +84,7 @@ struct DecodeSet {
         dq.copy_from(from.dq, std::min(from.dq.bytes(), q_bytes - at), at);
       }
     }
-    dout = DeviceBuffer(size_t(q_elems) * 2);
+    dout = DeviceBuffer(size_t(out_elems) * 2);
     dlse = DeviceBuffer(sizeof(float) * size_t(s.batch * s.heads_q * s.seqlen_q));
     dlens = DeviceBuffer(size_t(s.batch) * 4);
     dlens.upload(std::vector<int32_t>(size_t(s.batch), static_cast<int32_t>(s.seqlen_k)));
@@ -80,11 +93,16 @@ struct DecodeSet {
 
     KvCacheArgs args;
     args.q = bshd_view(dq.data(), dtype, s.batch, s.seqlen_q, s.heads_q, s.head_dim);
-    args.out = bshd_view(dout.data(), dtype, s.batch, s.seqlen_q, s.heads_q, s.head_dim);
+    args.out = bshd_view(dout.data(), dtype, s.batch, s.seqlen_q, s.heads_q, s.value_dim());
     const int64_t cache_batch = page_size > 0 ? s.batch * pages : s.batch;
     const int64_t cache_len = page_size > 0 ? page_size : s.seqlen_k;
     args.k_cache = bshd_view(dk.data(), dtype, cache_batch, cache_len, s.heads_kv, s.head_dim);
-    args.v_cache = bshd_view(dv.data(), dtype, cache_batch, cache_len, s.heads_kv, s.head_dim);
+    args.v_cache = args.k_cache;
+    if (latent) {
+      args.v_cache.shape[3] = s.value_dim();
+    } else {
+      args.v_cache.data = dv.data();
+    }
     args.lse = static_cast<float*>(dlse.data());
     args.cache_seqlens = static_cast<const int32_t*>(dlens.data());
     args.block_table = page_size > 0 ? static_cast<const int32_t*>(dtable.data()) : nullptr;
@@ -126,13 +144,16 @@ SweepResult sweep_decode(const AttentionProblem& problem, const std::vector<Deco
   const AttentionShape& cs = check.shape;
   const StridedView q_view = StridedView::contiguous(cs.batch, cs.seqlen_q, cs.heads_q, cs.head_dim);
   const StridedView kv_view = StridedView::contiguous(cs.batch, cs.seqlen_k, cs.heads_kv, cs.head_dim);
+  const StridedView v_view = StridedView::contiguous(cs.batch, cs.seqlen_k, cs.heads_kv, cs.value_dim());
+  const StridedView out_view = StridedView::contiguous(cs.batch, cs.seqlen_q, cs.heads_q, cs.value_dim());
   const std::vector<RowSample> rows = sample_rows(cs, options.check_rows);
   const std::vector<ReferenceRow> reference = attention_reference_rows(
       cs, HostInput::bits16(check.q.data(), dtype, q_view), HostInput::bits16(check.k.data(), dtype, kv_view),
-      HostInput::bits16(check.v.data(), dtype, kv_view), check.call.params.variant.scale, problem.mask, rows,
+      HostInput::bits16(check.v.data(), dtype, v_view), check.call.params.variant.scale, problem.mask, rows,
       /*threads=*/1, variant_of(problem));
   const AttentionShape& shape = problem.shape;
-  const int64_t kv_bytes = 2 * shape.batch * shape.seqlen_k * shape.heads_kv * shape.head_dim * 2;
+  const int64_t kv_bytes = (shape.value_dim() != shape.head_dim ? 1 : 2) * shape.batch * shape.seqlen_k *
+                           shape.heads_kv * shape.head_dim * 2;  // a latent cache once
   const int sets = input_sets(scope.device(), kv_bytes);
   std::vector<std::unique_ptr<DecodeSet>> timed_sets;
   for (int i = 0; i < sets; ++i) timed_sets.push_back(std::make_unique<DecodeSet>(problem, shape.batch, rng, &check));
@@ -161,7 +182,7 @@ SweepResult sweep_decode(const AttentionProblem& problem, const std::vector<Deco
     check.dout.download(out.data(), check.dout.bytes());
     check.dlse.download(lse.data(), check.dlse.bytes());
     const RowsCheck checked =
-        check_rows(cs, rows, reference, HostInput::bits16(out.data(), dtype, q_view), lse.data(), dtype);
+        check_rows(cs, rows, reference, HostInput::bits16(out.data(), dtype, out_view), lse.data(), dtype);
     return failures({&checked.out, &checked.lse});
   };
   hooks.prepare = [&](const DecodeSplitConfig& c) -> std::function<void(int)> {

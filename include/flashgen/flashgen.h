@@ -273,11 +273,14 @@ typedef struct {
   flashgen_tensor k_cache;   /* contiguous: [batch, capacity, heads_kv, head_dim];
                                 paged (block_table given): [num_pages, page_size, heads_kv, head_dim],
                                 page_size a multiple of 16 */
-  flashgen_tensor v_cache;   /* shaped like k_cache, with its own strides */
+  flashgen_tensor v_cache;   /* shaped like k_cache, with its own strides; or a latent cache's (MLA's decode, sm_90):
+                                k_cache's first head_dim_v columns (same data and strides, shape[3] = head_dim_v, a
+                                multiple of 128 up to 512 and 64 below k_cache's, a multiple of 64 up to 576) */
   flashgen_tensor k_new;     /* [batch, seqlen_new, heads_kv, head_dim] appended to the cache before attending, or
                                 data NULL (and the rest ignored) to append nothing */
-  flashgen_tensor v_new;     /* like k_new; given exactly when k_new is */
-  flashgen_tensor out;       /* like q */
+  flashgen_tensor v_new;     /* like k_new; given exactly when k_new is (never with a latent cache: its values are
+                                k_new's first columns) */
+  flashgen_tensor out;       /* like q, with v_cache's head dim */
   float* lse;                /* fp32 [batch, heads_q, seqlen_q] contiguous (natural log), or NULL */
   const int32_t* cache_seqlens; /* device, batch: keys in sequence b's cache before this call's new ones (the
                                    new tokens go to rows cache_seqlens[b] ...); NULL: every cache holds capacity

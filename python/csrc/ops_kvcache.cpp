@@ -1,5 +1,6 @@
-// flashgen::attention_kvcache: new queries against a KV cache, contiguous or paged; the new tokens' keys and values,
-// when given, are written into the caches in place first.
+// flashgen::attention_kvcache: new queries against a KV cache, contiguous or paged, or a latent one (MLA's: v_cache a
+// view of k_cache's first columns); the new tokens' keys and values, when given, are written into the caches in place
+// first (a latent cache's as k alone).
 #include "ops.hpp"
 
 #include <torch/csrc/stable/accelerator.h>
@@ -31,20 +32,27 @@ std::tuple<Tensor, Tensor> attention_kvcache(Tensor q, Tensor k_cache, Tensor v_
                                              std::optional<Tensor> alibi_slopes) {
   // The caches are written in place: they are read as they are, never copied (the library checks their strides).
   check_qkv(q, k_cache, v_cache, 4, 4);
-  STD_TORCH_CHECK(k.has_value() == v.has_value(), "k and v: give both (the new tokens to append) or neither");
+  // A latent cache's values are narrower than its keys (the library checks that v_cache is a view of k_cache).
+  const bool latent = v_cache.size(3) != k_cache.size(3);
+  if (latent) {
+    STD_TORCH_CHECK(!v.has_value(), "v: a latent cache's new values are k's first ", v_cache.size(3),
+                    " columns (v_cache is a view of k_cache's); pass k alone");
+  } else {
+    STD_TORCH_CHECK(k.has_value() == v.has_value(), "k and v: give both (the new tokens to append) or neither");
+  }
   const int32_t device = q.get_device_index();
   torch::stable::accelerator::DeviceGuard guard(device);
   q = readable(q);
   if (k.has_value()) {
-    check_qkv(q, *k, *v, 4, 4);
+    check_qkv(q, *k, v.has_value() ? *v : *k, 4, 4);
     k = readable(*k);
-    v = readable(*v);
+    if (v.has_value()) v = readable(*v);
   }
   const std::optional<Tensor> seqlens = int32_array(cache_seqlens, q, 1, "cache_seqlens");
   const std::optional<Tensor> table = int32_array(block_table, q, 2, "block_table");
   const int64_t batch = q.size(0), seqlen_q = q.size(1), heads_q = q.size(2);
   const Extras extras = check_extras(q, batch, heads_q, alibi_slopes, sinks);
-  Tensor out = empty_like_contiguous(q);
+  Tensor out = empty_output(q, v_cache);
   Tensor lse = torch::stable::new_empty(q, {batch, heads_q, seqlen_q}, ScalarType::Float);
 
   flashgen_kvcache_args args{};
@@ -52,10 +60,8 @@ std::tuple<Tensor, Tensor> attention_kvcache(Tensor q, Tensor k_cache, Tensor v_
   args.q = view(q, kBshd);
   args.k_cache = view(k_cache, kBshd);
   args.v_cache = view(v_cache, kBshd);
-  if (k.has_value()) {
-    args.k_new = view(*k, kBshd);
-    args.v_new = view(*v, kBshd);
-  }
+  if (k.has_value()) args.k_new = view(*k, kBshd);
+  if (v.has_value()) args.v_new = view(*v, kBshd);
   args.out = view(out, kBshd);
   args.lse = static_cast<float*>(lse.data_ptr());
   args.cache_seqlens = seqlens.has_value() ? static_cast<const int32_t*>(seqlens->data_ptr()) : nullptr;

@@ -375,14 +375,29 @@ TEST_CASE("cli: failures under --json print one JSON error object", "[cli]") {
            "--head-dim-v: v.shape[3] (head_dim) = 100 is unsupported"},
           {{"run", "--head-dim", "192", "--head-dim-v", "128", "--backward", "--config", "bwd_sm90_fp16_d192_m64_n64_s2"},
            "config bwd_sm90_fp16_d192_m64_n64_s2 has values of head dim 192, the call's have 128"},
+          // A latent cache (--kv-cache with --head-dim-v): the values are the keys' first columns, of dims the
+          // latent kernel takes.
           {{"run", "--head-dim-v", "64", "--kv-cache"},
-           "--head-dim-v: KV-cache calls take values of the keys' head dim (head_dim_v)"},
+           "--head-dim-v: v_cache.shape[3] (head_dim) = 64 is unsupported for a latent cache"},
+          {{"run", "--head-dim", "600", "--head-dim-v", "512", "--kv-cache"},
+           "--head-dim: k_cache.shape[3] (head_dim) = 600 is unsupported for a latent cache"},
+          {{"run", "--head-dim", "576", "--head-dim-v", "512", "--kv-cache", "--page-size", "40"},
+           "--page-size: k_cache.shape[1] (page_size) must be a multiple of 16"},
           {{"run", "--head-dim", "192", "--head-dim-v", "128", "--config", "fwd_sm90_fp16_d192_m128_n112_s2_ovl_pp"},
            "config fwd_sm90_fp16_d192_m128_n112_s2_ovl_pp has values of head dim 192, the call's have 128"}}) {
       const CliResult result = run_cli(words, dir);
       INFO(result.err);
       CHECK(result.exit_code == 2);
       CHECK(result.err.find(message) != std::string::npos);
+    }
+    // DeepSeek's decode over a paged latent cache passes every check and gets as far as the GPU.
+    if (!flashgen::driver_available()) {
+      const CliResult latent = run_cli({"run", "--kv-cache", "--head-dim", "576", "--head-dim-v", "512", "--heads-q",
+                                        "128", "--heads-kv", "1", "--page-size", "64", "--causal", "bottom-right",
+                                        "--dtype", "bf16"},
+                                       dir);
+      INFO(latent.err);
+      CHECK(latent.exit_code == 3);
     }
   }
   SECTION("run reads --window as FlashAttention's window_size and checks it before looking for a GPU") {

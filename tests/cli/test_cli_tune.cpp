@@ -186,7 +186,7 @@ TEST_CASE("cli: tune takes a values' head dim of its own from flags and specs", 
   CHECK(listed["problems"][0]["head_dim_v"] == 128);
   CHECK_FALSE(listed["problems"][1].contains("head_dim_v"));
   CHECK(relist(dir, listed)["problems"] == listed["problems"]);
-  // The backward's candidates take both dims; the KV-cache calls take none.
+  // The backward's candidates take both dims.
   const nlohmann::json backward = parse_json(run_cli(
       {"tune", "--head-dim", "192", "--head-dim-v", "128", "--backward", "--dry-run", "--json", "--max-candidates",
        "3"},
@@ -196,8 +196,15 @@ TEST_CASE("cli: tune takes a values' head dim of its own from flags and specs", 
     CHECK(name.get<std::string>().rfind("bwd_", 0) == 0);
     CHECK(name.get<std::string>().find("_d192_v128_") != std::string::npos);
   }
-  CHECK(refused_tune(dir, {"--head-dim-v", "64", "--kv-cache"})
-            .find("KV-cache calls take values of the keys' head dim") != std::string::npos);
+  // A latent cache (MLA's decode) tunes the latent kernel's stages and split counts.
+  const nlohmann::json latent = parse_json(run_cli(
+      {"tune", "--head-dim", "576", "--head-dim-v", "512", "--kv-cache", "--page-size", "64", "--heads-q", "128",
+       "--heads-kv", "1", "--dtype", "bf16", "--dry-run", "--json", "--max-candidates", "3"},
+      dir));
+  REQUIRE(!latent["problems"][0]["candidates"].empty());
+  for (const auto& name : latent["problems"][0]["candidates"]) {
+    CHECK(name.get<std::string>().rfind("dec_sm90_bf16_d576_v512_", 0) == 0);
+  }
 }
 
 TEST_CASE("cli: tune shards a spec by --shard and by the scheduler's rank", "[cli][tune]") {

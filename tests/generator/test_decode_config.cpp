@@ -12,6 +12,7 @@
 #include "generator/generator.hpp"
 #include "runtime/kernel_registry.hpp"
 #include "tuner/decode_choice.hpp"
+#include "tuner/space.hpp"
 
 using flashgen::DecodeConfig;
 using flashgen::DecodeKernel;
@@ -303,4 +304,24 @@ TEST_CASE("the latent decode kernel compiles without spills or serialized wgmma"
     CHECK(usage.spill_store_bytes + usage.spill_load_bytes == 0);
     CHECK(kernel->ptxas_notes().empty());
   }
+}
+
+TEST_CASE("a latent cache's tuning space holds the latent kernel's stages and split counts",
+          "[tuner][decode][latent]") {
+  flashgen::AttentionProblem problem;
+  problem.kv_cache = true;
+  problem.paged = true;
+  problem.page_size = 64;
+  problem.dtype = flashgen::DType::kBFloat16;
+  problem.mask = flashgen::Mask::kCausal;
+  problem.shape = {16, 1, 4096, 128, 1, 576};
+  problem.shape.head_dim_v = 512;
+  const flashgen::DecodeSpaceReport space = flashgen::decode_space(problem, 90, 132);
+  REQUIRE_FALSE(space.valid.empty());
+  for (const flashgen::DecodeSplitConfig& c : space.valid) {
+    CHECK(c.config.latent);
+    CHECK(c.config.stages == 2);  // three 72 KB tiles beside Q do not fit
+  }
+  CHECK(space.valid.size() == flashgen::decode_split_counts(problem, space.valid.front().config, 90, 132).size());
+  CHECK(flashgen::decode_space(problem, 80, 132).valid.empty());  // the latent kernel needs sm_90
 }

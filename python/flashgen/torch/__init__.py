@@ -1,10 +1,11 @@
 """flashgen for PyTorch: `attention(q, k, v, ...)`, softmax attention on CUDA fp16/bf16 tensors like
 scaled_dot_product_attention, with autograd, grouped-query heads and both causal alignments; `varlen_attention` for
-packed batches and `attention_with_kvcache` for decoding (FlashAttention's arguments); `explain` says which kernels a
-call runs and why; `tune` sweeps the forward's configs for a problem; `enable()` makes unchanged
-torch.nn.functional.scaled_dot_product_attention calls run flashgen. Two defaults differ from SDPA's: the layout is
-[batch, seqlen, heads, head_dim] (pass layout="bhsd" for SDPA's [batch, heads, seqlen, head_dim]), and causal=True
-aligns the mask bottom-right (pass causal_align="top_left" for SDPA's is_causal when seqlen_q != seqlen_k).
+packed batches and `attention_with_kvcache` for decoding (FlashAttention's arguments), `mla_decode_with_kvcache` for
+MLA decoding over a latent cache (FlashMLA's arguments); `explain` says which kernels a call runs and why; `tune`
+sweeps the forward's configs for a problem; `enable()` makes unchanged torch.nn.functional.scaled_dot_product_attention
+calls run flashgen. Two defaults differ from SDPA's: the layout is [batch, seqlen, heads, head_dim] (pass
+layout="bhsd" for SDPA's [batch, heads, seqlen, head_dim]), and causal=True aligns the mask bottom-right (pass
+causal_align="top_left" for SDPA's is_causal when seqlen_q != seqlen_k).
 
     import torch, flashgen.torch
     q, k, v = (torch.randn(2, 1024, 8, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -32,13 +33,14 @@ if not (hasattr(torch.library, "custom_op") and hasattr(torch.library, "register
 from .._lib import FlashgenArgumentError, FlashgenError  # noqa: E402
 from . import _native, _ops  # noqa: E402,F401  (_ops defines the custom ops)
 from ._dense import attention, explain, tune  # noqa: E402
-from ._kvcache import attention_with_kvcache  # noqa: E402
+from ._kvcache import attention_with_kvcache, mla_decode_with_kvcache  # noqa: E402
 from ._sdpa import disable, enable, reset_sdpa_stats, sdpa_stats  # noqa: E402
 from ._variants import BlockMask  # noqa: E402
 from ._varlen import varlen_attention  # noqa: E402
 
-__all__ = ["attention", "varlen_attention", "attention_with_kvcache", "explain", "tune", "enable", "disable",
-           "sdpa_stats", "reset_sdpa_stats", "backend", "BlockMask", "FlashgenError", "FlashgenArgumentError"]
+__all__ = ["attention", "varlen_attention", "attention_with_kvcache", "mla_decode_with_kvcache", "explain", "tune",
+           "enable", "disable", "sdpa_stats", "reset_sdpa_stats", "backend", "BlockMask", "FlashgenError",
+           "FlashgenArgumentError"]
 
 
 def backend(detail=False):

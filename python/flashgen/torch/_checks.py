@@ -248,15 +248,26 @@ def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
             _bad(f"{name}: expected an int, got {type(value).__name__}")
 
 
+def _latent_cache(k_cache, v_cache):
+    """Whether the caches are a latent one (MLA's): values of a head dim of their own, which the library reads as
+    the keys' first columns (v_cache a view of k_cache, as it checks)."""
+    return v_cache.shape[-1] != k_cache.shape[-1]
+
+
 def _check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table):
     """Raises FlashgenArgumentError naming the argument for what the library cannot see (types, devices, ranks,
-    dtypes of the int32 tensors); sizes, strides and the cache's shape are the library's to check."""
+    dtypes of the int32 tensors); sizes, strides and the cache's shape are the library's to check. A latent cache
+    takes its new tokens as k alone (their values are k's first columns)."""
     _check_qkv(q, k_cache, v_cache, 4, "4-d tensor (q: [batch, seqlen_q, heads_q, head_dim]; k_cache, v_cache: "
                "[batch, capacity, heads_kv, head_dim] or [num_pages, page_size, heads_kv, head_dim])")
-    if (k is None) != (v is None):
+    if _latent_cache(k_cache, v_cache):
+        if v is not None:
+            _bad(f"v: a latent cache's new values are k's first {v_cache.shape[-1]} columns (v_cache is a view of "
+                 f"k_cache's); pass k alone")
+    elif (k is None) != (v is None):
         _bad("k and v: give both (the new tokens to append) or neither")
     if k is not None:
-        _check_qkv(q, k, v, 4, "4-d tensor [batch, seqlen_new, heads_kv, head_dim]")
+        _check_qkv(q, k, k if v is None else v, 4, "4-d tensor [batch, seqlen_new, heads_kv, head_dim]")
     for name, t, rank in (("cache_seqlens", cache_seqlens, 1), ("block_table", block_table, 2)):
         if t is None:
             continue

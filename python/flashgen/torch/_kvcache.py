@@ -1,5 +1,8 @@
 """attention_with_kvcache(): decoding against a KV cache, contiguous or paged, with FlashAttention's
-flash_attn_with_kvcache arguments."""
+flash_attn_with_kvcache arguments; mla_decode_with_kvcache(): MLA decoding over a latent cache, with FlashMLA's
+flash_mla_with_kvcache arguments."""
+
+import operator
 
 import torch
 
@@ -49,10 +52,16 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     flashgen::variant_attention_kvcache (torch.compile keeps them in its graph). rotary embeddings, cache_batch_idx and cache_leftpad are not supported yet (a
     value other than the default is refused).
 
-    Returns out [batch, seqlen_q, heads_q, head_dim] (a new tensor), or (out, lse) with return_softmax_lse, lse
-    being fp32 [batch, heads_q, seqlen_q]. Not differentiable (a sinks parameter that requires grad is read
-    detached). Runs on the current CUDA stream of q's device as the
-    custom op flashgen::attention_kvcache (torch.compile keeps it; its split workspace comes from torch's
+    A latent cache (MLA's, DeepSeek's 576 = 512 + 64 rope columns; mla_decode_with_kvcache takes FlashMLA's
+    arguments for it): v_cache a view k_cache[..., :head_dim_v] of the keys' first columns (same data and strides),
+    head_dim_v a multiple of 128 up to 512 and at least 64 below the keys' (a multiple of 64 in [128, 576]); out then
+    has head_dim_v columns, and new tokens are appended as k alone (v=None: their values are k's first columns).
+    Hopper (sm_90) only.
+
+    Returns out [batch, seqlen_q, heads_q, head_dim_v] (a new tensor; head_dim_v is v_cache's head dim, head_dim
+    but for a latent cache), or (out, lse) with return_softmax_lse, lse being fp32 [batch, heads_q, seqlen_q]. Not
+    differentiable (a sinks parameter that requires grad is read detached). Runs on the current CUDA stream of q's
+    device as the custom op flashgen::attention_kvcache (torch.compile keeps it; its split workspace comes from torch's
     allocator, so a CUDA graph captures it). cache_seqlens and block_table are read on the device only and clamped
     into the caches: wrong values give wrong rows, never an access outside them.
     """
@@ -136,3 +145,66 @@ def decode_step(q, k_cache, v_cache, softmax_scale, causal, window_size, softcap
     return attention_with_kvcache(*(t.transpose(1, 2) for t in (q, k_cache, v_cache)), softmax_scale=softmax_scale,
                                   causal=causal, window_size=window_size, softcap=softcap, sinks=sinks,
                                   attention_chunk=attention_chunk)
+
+
+def mla_decode_with_kvcache(q, kv_cache, block_table, cache_seqlens, head_dim_v=512, softmax_scale=None, causal=False,
+                            num_splits=0, return_softmax_lse=True, *, q_pe=None):
+    """MLA decoding (DeepSeek's) over a latent KV cache with FlashMLA's flash_mla_with_kvcache arguments: q [batch,
+    seqlen_q, heads_q, head_dim] (head_dim = 576: the 512 latent columns absorbed, then the 64 rope columns), or with
+    q_pe (keyword only) q as q_nope [batch, seqlen_q, heads_q, head_dim_v] and q_pe [batch, seqlen_q, heads_q,
+    head_dim - head_dim_v], joined into one contiguous q before the call; kv_cache [num_pages, page_size, heads_kv,
+    head_dim] read through block_table (int32 [batch, max_pages]; page_size a multiple of 16, FlashMLA's 64 among
+    them), or with block_table=None a contiguous cache [batch, capacity, heads_kv, head_dim]; cache_seqlens: int32
+    [batch] keys in each sequence's cache, the new tokens' included (FlashMLA's meaning: they are in the cache
+    already). The keys are kv_cache's rows, the values their first head_dim_v columns (read in place, never copied).
+    causal=True aligns each sequence's queries with its last keys (FlashMLA's and FlashAttention's alignment);
+    softmax_scale None for 1/sqrt(head_dim). FlashMLA's tile_scheduler_metadata and num_splits (get_mla_metadata's)
+    are not needed: flashgen plans the key ranges itself; num_splits here is attention_with_kvcache's (0: chosen for
+    the GPU and problem, 1: batch-invariant results). One or more kv heads (query heads are packed per kv head).
+
+    Returns (out [batch, seqlen_q, heads_q, head_dim_v], lse fp32 [batch, heads_q, seqlen_q]) as FlashMLA does, or
+    out alone with return_softmax_lse=False. The call is attention_with_kvcache(q, kv_cache, kv_cache[...,
+    :head_dim_v], cache_seqlens=cache_seqlens, block_table=block_table, ...), and runs as it does (the custom op
+    flashgen::attention_kvcache, CUDA graphs, torch.compile). Hopper (sm_90) only: elsewhere the library refuses
+    the call, saying that the latent kernel needs sm_90.
+    """
+    if not isinstance(kv_cache, torch.Tensor) or kv_cache.dim() != 4:
+        got = f"shape {tuple(kv_cache.shape)}" if isinstance(kv_cache, torch.Tensor) else type(kv_cache).__name__
+        _bad(f"kv_cache: expected a 4-d tensor [num_pages, page_size, heads_kv, head_dim] (with a block_table) or "
+             f"[batch, capacity, heads_kv, head_dim], got {got}")
+    head_dim = kv_cache.shape[3]
+    try:
+        dim_v = operator.index(head_dim_v)
+    except TypeError:
+        dim_v = None
+    if dim_v is None or isinstance(head_dim_v, bool):
+        _bad(f"head_dim_v: expected an int, got {type(head_dim_v).__name__}")
+    if not 0 < dim_v < head_dim:
+        _bad(f"head_dim_v = {dim_v} must be below kv_cache.shape[3] (head_dim) = {head_dim}: the values are the "
+             f"latent's first head_dim_v columns, the keys all {head_dim}")
+    if q_pe is not None:
+        q = _joined_query(q, q_pe, head_dim, dim_v)
+    return attention_with_kvcache(q, kv_cache, kv_cache[..., :dim_v], cache_seqlens=cache_seqlens,
+                                  block_table=block_table, softmax_scale=softmax_scale, causal=causal,
+                                  num_splits=num_splits, return_softmax_lse=return_softmax_lse)
+
+
+def _joined_query(q_nope, q_pe, head_dim, head_dim_v):
+    """mla_decode_with_kvcache's q from q_nope [..., head_dim_v] and q_pe [..., head_dim - head_dim_v]: one
+    contiguous [batch, seqlen_q, heads_q, head_dim] tensor, its columns q_nope's then q_pe's."""
+    def got(t):
+        return f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+
+    if not isinstance(q_nope, torch.Tensor) or q_nope.dim() != 4 or q_nope.shape[3] != head_dim_v:
+        _bad(f"q: with q_pe given, q is q_nope [batch, seqlen_q, heads_q, head_dim_v = {head_dim_v}], got "
+             f"{got(q_nope)}")
+    rope = head_dim - head_dim_v
+    if not isinstance(q_pe, torch.Tensor) or q_pe.dim() != 4 or q_pe.shape[3] != rope:
+        _bad(f"q_pe: expected [batch, seqlen_q, heads_q, head_dim - head_dim_v = {rope}] (kv_cache's head_dim "
+             f"{head_dim}), got {got(q_pe)}")
+    if q_pe.shape[:3] != q_nope.shape[:3]:
+        _bad(f"q_pe: its [batch, seqlen_q, heads_q] are {list(q_pe.shape[:3])} but q's (q_nope's) are "
+             f"{list(q_nope.shape[:3])}")
+    if q_pe.dtype != q_nope.dtype or q_pe.device != q_nope.device:
+        _bad(f"q_pe is {q_pe.dtype} on {q_pe.device} but q (q_nope) is {q_nope.dtype} on {q_nope.device}")
+    return torch.cat((q_nope, q_pe), dim=-1)

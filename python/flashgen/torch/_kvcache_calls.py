@@ -16,13 +16,16 @@ def _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, ls
                   sinks, attention_chunk=0, softcap=0.0, alibi_slopes=None, user=None, layout="bshd"):
     """flashgen_kvcache_args over the tensors (each readable in place: the caches are written in place when k and
     v are given, so they are never copied); sinks and alibi_slopes checked; user: a _variants.UserVariant or None;
-    layout: q's and the contiguous caches' ("bhsd": [batch, heads, seqlen, head_dim]), out and k, v being bshd."""
+    layout: q's and the contiguous caches' ("bhsd": [batch, heads, seqlen, head_dim]), out and k, v being bshd. v is
+    None where k is appended to a latent cache (its values are k's first columns)."""
     args = _lib.KvCacheArgs()
     args.size = ctypes.sizeof(args)
     args.q, args.k_cache, args.v_cache = (_view(t, layout) for t in (q, k_cache, v_cache))
     args.out = _view(out, "bshd")
     if k is not None:
-        args.k_new, args.v_new = _view(k, "bshd"), _view(v, "bshd")
+        args.k_new = _view(k, "bshd")
+    if v is not None:
+        args.v_new = _view(v, "bshd")
     args.lse = lse.data_ptr()
     args.cache_seqlens = cache_seqlens.data_ptr() if cache_seqlens is not None else None
     if block_table is not None:
@@ -40,7 +43,8 @@ _KVCACHE_WORKSPACE = {}
 
 def _kvcache_class(q, k_cache, v_cache, k, cache_seqlens, block_table, scale, mask, num_splits, window, sinks,
                    attention_chunk=0, softcap=0.0, alibi_slopes=None, user=None):
-    return (q.device, q.dtype, tuple(q.shape), q.stride(), tuple(k_cache.shape), k_cache.stride(), v_cache.stride(),
+    return (q.device, q.dtype, tuple(q.shape), q.stride(), tuple(k_cache.shape), k_cache.stride(),
+            tuple(v_cache.shape), v_cache.stride(),
             None if k is None else (tuple(k.shape), k.stride()),
             None if block_table is None else tuple(block_table.shape), cache_seqlens is None, scale, mask, num_splits,
             window, sinks is None, attention_chunk, softcap, alibi_slopes is None,
@@ -81,7 +85,8 @@ class _KvCachePlan:
     at every step, and the plan rewrites them. The split workspace comes from flashgen's pool, which needs no size
     query when the cache grew; while a CUDA graph is captured (or q is on another than the current device, where
     capture cannot be asked cheaply) it comes from torch's allocator, the size asked again when the caches' layout
-    changed. layout: q's and the caches' (out is [batch, seqlen_q, heads_q, head_dim] either way)."""
+    changed. layout: q's and the caches' (out is [batch, seqlen_q, heads_q, head_dim_v] either way, head_dim_v being
+    v_cache's last dim)."""
 
     __slots__ = ("args", "args_ref", "words", "dims", "out_shape", "lse_shape", "workspace_for", "workspace_bytes",
                  "call", "size_call")
@@ -135,7 +140,8 @@ def _planned_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scal
     are not float32, a legacy default stream on another device, or (create=False) no plan yet. A plan exists only
     for a signature whose arguments passed the checks; the optional tensors must be tensors (or None). With
     want_lse=False the kernels write no lse and the call returns (out, None). layout "bhsd": q and contiguous caches
-    [batch, heads, seqlen, head_dim] (no k, v or block table); out is [batch, seqlen_q, heads_q, head_dim]."""
+    [batch, heads, seqlen, head_dim] (no k, v or block table); out is [batch, seqlen_q, heads_q, head_dim_v], its
+    head dim v_cache's (a latent cache's values are narrower than its keys)."""
     key = _kvcache_plan_key(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits, window,
                             sinks, attention_chunk, softcap, alibi_slopes, layout)
     plans = _plans.kvcache
@@ -144,7 +150,7 @@ def _planned_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scal
         return None
     device = q.device
     stream = _stream_handle(device)
-    aligned = q.data_ptr() | (0 if k is None else k.data_ptr() | v.data_ptr())
+    aligned = q.data_ptr() | (0 if k is None else k.data_ptr()) | (0 if v is None else v.data_ptr())
     on_current_device = device.index == _current_device()
     if (aligned & 15) or (stream == 0 and not on_current_device):
         return None
@@ -153,10 +159,10 @@ def _planned_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scal
             return None
         if block_table is not None and not block_table.is_contiguous():
             return None
-        batch, seqlen_q, heads_q, head_dim = (q.shape[i] for i in _BSHD_DIMS[layout])
+        batch, seqlen_q, heads_q, _ = (q.shape[i] for i in _BSHD_DIMS[layout])
         if not _plannable_extras(alibi_slopes, sinks, device, batch, heads_q):
             return None
-        out = q.new_empty((batch, seqlen_q, heads_q, head_dim))
+        out = q.new_empty((batch, seqlen_q, heads_q, v_cache.shape[-1]))
         lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=device)
         if len(plans) >= _Plans.limit:
             plans.clear()
@@ -176,7 +182,9 @@ def _planned_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scal
     if cache_seqlens is not None:
         words[_CACHE_SEQLENS] = cache_seqlens.data_ptr()
     if k is not None:
-        words[_K_NEW], words[_V_NEW] = k.data_ptr(), v.data_ptr()
+        words[_K_NEW] = k.data_ptr()
+    if v is not None:
+        words[_V_NEW] = v.data_ptr()
     if block_table is not None:
         words[_BLOCK_TABLE] = block_table.data_ptr()
     if sinks is not None:
@@ -207,10 +215,9 @@ def _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask,
         sinks = _check_sinks(sinks, q.device, q.shape[2])
         alibi_slopes = _check_alibi(alibi_slopes, q.device, q.shape[0], q.shape[2])
         q = _readable(q)
-        if k is not None:
-            k, v = _readable(k), _readable(v)
+        k, v = (None if t is None else _readable(t) for t in (k, v))
         block_table = block_table.contiguous() if block_table is not None else None
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        out = torch.empty((*q.shape[:-1], v_cache.shape[-1]), dtype=q.dtype, device=q.device)
         lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
         args = _kvcache_args(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, scale, mask, num_splits,
                              window, sinks, attention_chunk, softcap, alibi_slopes, user)

@@ -137,7 +137,7 @@ def _varlen_attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_se
 def _attention_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits,
                             window_left=-1, window_right=-1, sinks=None, attention_chunk=0, softcap=0.0,
                             alibi_slopes=None):
-    return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    return q.new_empty(_out_shape(q, v_cache)), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
 
 def _variant_attention_forward_fake(q, k, v, scale, mask, layout, deterministic, softcap, window_left, window_right,
