@@ -110,31 +110,39 @@ struct DecodeSm90 {
     }
   }
 
-  // Two threads a key row, each copying every other 16-byte unit of it; keys from key_end on are zero-filled. Each
-  // thread's copies of a chunk arrive on the chunk's full barrier as they land (cp.async's mbarrier arrival), so the
-  // producer never waits for a load, only for a slot, and S starts on a tile's first chunks while the rest land.
+  // A tile chunk by chunk: eight threads a row's 128 bytes of the chunk, each thread the same four rows (16 apart) of
+  // every chunk, located once per tile; keys from key_end on are zero-filled. Each thread's copies of a chunk arrive
+  // on the chunk's full barrier as they land (cp.async's mbarrier arrival), so the producer never waits for a load,
+  // only for a slot, and S starts on a tile's first chunks while the rest land.
   static __device__ void produce(const AttnDecodeParams& p, u32 smem, const u16* k, int batch, int key_end,
                                  int n_begin, int n_end) {
-    const int row = threadIdx.x / 2;
-    const int half = threadIdx.x % 2;
+    constexpr int kRowsPerThread = kBlockN * 8 / 128;
+    const int unit = threadIdx.x % 8;
     const int* pages = kPaged ? p.block_table + batch * p.block_table_stride : nullptr;
     for (int it = 0; it < n_end - n_begin; ++it) {
       const int slot = it % kStages;
       sm90::mbarrier_wait(smem + empty(slot), ((it / kStages) & 1) ^ 1);
-      const int key = (n_begin + it) * kBlockN + row;
-      const bool valid = key < key_end;
-      const u16* src = k;
-      if (valid) {
-        const CacheRow at = cache_row<kPaged>(p, pages, batch, key);
-        src = k + at.page * p.k_batch_stride + at.row * p.k_row_stride;
-      }
-      const u32 dst = smem + tile(slot) + row * kRowBytes;
+      const u16* src[kRowsPerThread];
+      bool valid[kRowsPerThread];
 #pragma unroll
-      for (int j = 0; j < kUnits / 2; ++j) {
-        const int unit = 2 * j + half;
-        sm80::cp_async_16_stream(dst + (unit / 8) * kChunkBytes + ((unit % 8) ^ (row % 8)) * 16, src + unit * 8,
-                                 valid);
-        if (j % 4 == 3) sm90::cp_async_mbarrier_arrive(smem + full(slot, j / 4));  // the chunk's four units
+      for (int n = 0; n < kRowsPerThread; ++n) {
+        const int key = (n_begin + it) * kBlockN + threadIdx.x / 8 + 16 * n;
+        valid[n] = key < key_end;
+        src[n] = k + unit * 8;
+        if (valid[n]) {
+          const CacheRow at = cache_row<kPaged>(p, pages, batch, key);
+          src[n] += at.page * p.k_batch_stride + at.row * p.k_row_stride;
+        }
+      }
+      const u32 dst = smem + tile(slot);
+#pragma unroll
+      for (int c = 0; c < kTraits.chunks; ++c) {
+#pragma unroll
+        for (int n = 0; n < kRowsPerThread; ++n) {
+          const int row = threadIdx.x / 8 + 16 * n;
+          sm80::cp_async_16_stream(dst + c * kChunkBytes + swizzled(row, unit), src[n] + c * 64, valid[n]);
+        }
+        sm90::cp_async_mbarrier_arrive(smem + full(slot, c));
       }
     }
     sm80::cp_async_commit();
