@@ -281,7 +281,7 @@ int command_compile(const Args& args) {
     const bool sm90_only = std::visit(
         [](const auto& c) {
           if constexpr (std::is_same_v<std::decay_t<decltype(c)>, DecodeConfig>) {
-            return false;  // the decode kernels run from sm_80 up
+            return c.latent;  // the sm80 decode kernels run from sm_80 up, the latent one on sm_90
           } else {
             return c.family() == KernelFamily::kSm90;
           }

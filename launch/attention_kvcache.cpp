@@ -31,9 +31,9 @@ void check_latent_values(const TensorView& q, const TensorView& vc, const Tensor
                              ": values of a head dim of their own are read as the first columns of the keys (a "
                              "latent cache, as MLA's): v_cache must be a view of k_cache's first " +
                              std::to_string(dim_v) + " columns (same data and strides)");
-  if (head_dim % 64 != 0 || head_dim < 128 || head_dim > 576) {
+  if (head_dim % 64 != 0 || head_dim < 192 || head_dim > 576) {
     fail(Status::kUnsupported, dim("k_cache", 3) + " = " + std::to_string(head_dim) +
-                                   " is unsupported for a latent cache: keys must be a multiple of 64 in [128, 576]");
+                                   " is unsupported for a latent cache: keys must be a multiple of 64 in [192, 576]");
   }
   if (dim_v % 128 != 0 || dim_v > 512 || dim_v + 64 > head_dim) {
     fail(Status::kUnsupported, dim("v_cache", 3) + " = " + std::to_string(dim_v) +

@@ -67,6 +67,10 @@ problems=(
   # KV-cache decoding: 3 ranges of 6 key blocks over 1040 keys, so a range ends in a partial tile
   "dec_sm80_fp16_d40_r16_n64_w4_s3|40|none|--kv-cache --splits 2 --batch 2|--heads-q 4 --heads-kv 2 --seqlen-q 1 --seqlen-k 1000"
   "dec_sm80_fp16_d128_r16_n64_w4_s3_causal_paged|128|bottom-right|--kv-cache --page-size 16 --splits 3 --batch 2|--heads-q 8 --heads-kv 2 --seqlen-q 2 --seqlen-k 1040"
+  # the latent decode (MLA's): 64 heads x 2 tokens (two row blocks), pages of 64, split ranges of odd and even
+  # block counts; a small latent of four stages, contiguous
+  "dec_sm90_fp16_d576_v512_s2_causal_paged|576|bottom-right|--kv-cache --page-size 64 --splits 3 --batch 2 --head-dim-v 512|--heads-q 64 --heads-kv 1 --seqlen-q 2 --seqlen-k 1088"
+  "dec_sm90_fp16_d192_v128_s4|192|none|--kv-cache --splits 2 --batch 2 --head-dim-v 128|--heads-q 32 --heads-kv 2 --seqlen-q 1 --seqlen-k 1000"
 )
 {
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

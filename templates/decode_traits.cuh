@@ -94,9 +94,9 @@ constexpr DecodeSm90Traits decode_sm90_traits(int head_dim, int head_dim_v, int 
   t.producer_regs = 40;
   t.consumer_regs = 232;
   t.error = nullptr;
-  if (head_dim % 64 != 0 || head_dim < 128 || head_dim > 576) {
-    t.error = "head_dim must be a multiple of 64 in [128, 576] (keys in whole 64-column chunks)";
-  } else if (head_dim_v % 128 != 0 || head_dim_v > 512) {
+  if (head_dim % 64 != 0 || head_dim < 192 || head_dim > 576) {
+    t.error = "head_dim must be a multiple of 64 in [192, 576] (keys in whole 64-column chunks)";
+  } else if (head_dim_v % 128 != 0 || head_dim_v < 128 || head_dim_v > 512) {
     t.error = "head_dim_v must be a multiple of 128 up to 512 (each consumer holds half of O's columns in registers)";
   } else if (head_dim_v + 64 > head_dim) {
     t.error = "head_dim must exceed head_dim_v by 64 at least (P takes the place of the keys' first chunk past the "

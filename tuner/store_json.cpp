@@ -57,7 +57,8 @@ ProblemKey problem_from_json(const json& j) {
   ProblemKey p;
   read_pass_id(j.at("family").get<std::string>(), p);
   p.dtype = parse_dtype(j.at("dtype").get<std::string>());
-  p.head_dim = int_field(j, "head_dim", 8, 512);  // above 256: the Hopper forward's only
+  // Above 256 the Hopper forward's, and a latent cache's keys (MLA's decode) up to 576.
+  p.head_dim = int_field(j, "head_dim", 8, p.kv_cache ? 576 : 512);
   FLASHGEN_REQUIRE(p.head_dim % 8 == 0, "problem head_dim must be a multiple of 8, got " + std::to_string(p.head_dim));
   if (j.contains("head_dim_v")) {  // absent: the values have head_dim
     p.head_dim_v = int_field(j, "head_dim_v", 8, 512);

@@ -377,7 +377,7 @@ TEST_CASE("cli: failures under --json print one JSON error object", "[cli]") {
            "config bwd_sm90_fp16_d192_m64_n64_s2 has values of head dim 192, the call's have 128"},
           // A latent cache (--kv-cache with --head-dim-v): the values are the keys' first columns, of dims the
           // latent kernel takes.
-          {{"run", "--head-dim-v", "64", "--kv-cache"},
+          {{"run", "--head-dim", "192", "--head-dim-v", "64", "--kv-cache"},
            "--head-dim-v: v_cache.shape[3] (head_dim) = 64 is unsupported for a latent cache"},
           {{"run", "--head-dim", "600", "--head-dim-v", "512", "--kv-cache"},
            "--head-dim: k_cache.shape[3] (head_dim) = 600 is unsupported for a latent cache"},

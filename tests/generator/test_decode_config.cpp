@@ -262,8 +262,12 @@ TEST_CASE("a latent decode config is named, read back, validated and generated o
   CHECK(c.invalid_reason(90).value().find("shared memory") != std::string::npos);
   DecodeConfig narrow = flashgen::latent_decode_config(flashgen::DType::kBFloat16, 512, 512);
   CHECK(std::string(narrow.traits_error()).find("exceed head_dim_v by 64") != std::string::npos);
-  narrow.head_dim_v = 192;
-  CHECK(std::string(narrow.traits_error()).find("multiple of 128") != std::string::npos);
+  for (int dim_v : {192, 0, -128}) {
+    narrow.head_dim_v = dim_v;
+    CHECK(std::string(narrow.traits_error()).find("multiple of 128") != std::string::npos);
+  }
+  CHECK(std::string(flashgen::latent_decode_config(flashgen::DType::kBFloat16, 128, 64).traits_error())
+            .find("[192, 576]") != std::string::npos);
   CHECK_THROWS_WITH(flashgen::generate(narrow), Catch::Matchers::Contains("invalid decode config"));
 
   const flashgen::GeneratedSource source = flashgen::generate(flashgen::latent_decode_config(

@@ -286,3 +286,29 @@ TEST_CASE("a KV-cache window problem is tuned and chosen per window bucket, its 
   CHECK(flashgen::choose_decode_config(device, causal, 90, 132, &store).source ==
         flashgen::ChoiceSource::kHeuristic);
 }
+
+TEST_CASE("a latent cache's tuned module and split count go through the store, its JSON and shipped defaults",
+          "[tuner][decode][latent]") {
+  const flashgen::testing::TempDir dir("flashgen-latent-store-test");
+  flashgen::TuningStore store(dir.path() / "tuning.sqlite");
+  const flashgen::DeviceFingerprint device = flashgen::fingerprint_for_arch(90);
+  AttentionProblem latent = decode_problem(16, 4096, true);
+  latent.shape.heads_q = 128, latent.shape.heads_kv = 1;
+  latent.shape.head_dim = 576, latent.shape.head_dim_v = 512;
+  const DecodeSplitConfig winner{flashgen::heuristic_decode_choice(latent, 90, 132).config, 4};
+  REQUIRE(winner.config.latent);
+  flashgen::CandidateResult row;
+  row.config = winner;
+  row.median_ms = 0.07;
+  row.samples = 10;
+  store.record(device, flashgen::problem_key(latent), {row}, winner, 0.07);
+  // An export imports (keys of 576 columns included) and serves the class as shipped defaults.
+  flashgen::TuningStore copy(dir.path() / "copy.sqlite");
+  CHECK(copy.import_json(nlohmann::json::parse(store.export_json().dump())) == 1);
+  const flashgen::ShippedDefaults shipped =
+      flashgen::ShippedDefaults::from_files({{"latent.json", copy.export_json().dump()}});
+  const flashgen::DecodeChoice chosen = flashgen::choose_decode_config(device, latent, 90, 132, nullptr, &shipped);
+  CHECK(chosen.source == flashgen::ChoiceSource::kShippedDefaults);
+  CHECK(chosen.config == winner.config);
+  CHECK(chosen.splits == 4);
+}

@@ -54,7 +54,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
 
     A latent cache (MLA's, DeepSeek's 576 = 512 + 64 rope columns; mla_decode_with_kvcache takes FlashMLA's
     arguments for it): v_cache a view k_cache[..., :head_dim_v] of the keys' first columns (same data and strides),
-    head_dim_v a multiple of 128 up to 512 and at least 64 below the keys' (a multiple of 64 in [128, 576]); out then
+    head_dim_v a multiple of 128 up to 512 and at least 64 below the keys' (a multiple of 64 in [192, 576]); out then
     has head_dim_v columns, and new tokens are appended as k alone (v=None: their values are k's first columns).
     Hopper (sm_90) only.
 
