@@ -229,7 +229,10 @@ struct DecodeSm90 {
       return sm90::smem_desc_advance(sm90::smem_desc_sw128(smem + tile(slot_of(it)) + v_columns, kChunkBytes, 1024),
                                      j * 16 * kRowBytes);
     };
+    // The warp's arrival on the tile's empty barrier: lane 0's, once every lane's writes to the tile (P) are ordered
+    // before it, so the producer's refill comes after them.
     auto release = [&](int it) {
+      __syncwarp();
       if (lane == 0) sm90::mbarrier_arrive(smem + empty(slot_of(it)));
     };
     auto rescale = [&](const float (&correction)[2]) {
