@@ -36,7 +36,7 @@ ForwardCall make_forward_call(const TensorView* q, const TensorView* k, const Te
   require_same_dim(v, "v", k, "k", 2);
   for (int i = 0; i < 3; ++i) require_same_dim(out, "out", q, "q", i);
 
-  check_head_dim_and_groups(q, k, /*forward=*/true);
+  check_head_dim_and_groups(q, k, /*max_head_dim=*/512);
   check_value_dim(v, "v", out, "out", q, /*own_dim_taken=*/true);
   for (const auto& [t, name] : {std::pair{q, "q"}, std::pair{k, "k"}, std::pair{v, "v"}, std::pair{out, "out"}}) {
     check_layout(t, name);

@@ -53,7 +53,7 @@ BackwardCall make_backward_call(const TensorView* q, const TensorView* k, const 
     require_same_dim(dk, "dk", k, "k", i);
     require_same_dim(dv, "dv", v, "v", i);
   }
-  check_head_dim_and_groups(q, k, /*forward=*/false);
+  check_head_dim_and_groups(q, k, /*max_head_dim=*/512);
   for (const auto& [t, name] : tensors) check_layout(t, name);
   check_output_strides(dq, "dq");
   check_output_strides(dk, "dk");
@@ -206,7 +206,8 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
   }
   prepared.sink_grad_grid[0] = static_cast<unsigned>(p.heads_q);  // a block per query head (bwd_rows.cuh)
   prepared.finish_grid[1] = static_cast<unsigned>(p.heads_q);
-  prepared.finish_grid[2] = static_cast<unsigned>(p.batch);
+  // The dq kernel's column slices take blocks of their own, as the dkdv kernel's head_dim slices do.
+  prepared.finish_grid[2] = static_cast<unsigned>(c.has_dq_kernel() ? p.batch * c.dq_traits().slices : p.batch);
   if ((prepared.user_blocks = plan_user_blocks(p, c))) {
     prepared.user_blocks.tiles = registry.function(c, BwdKernel::kUserBlockTiles, scope.context(), arch);
     prepared.user_blocks.ranges = registry.function(c, BwdKernel::kUserBlockRanges, scope.context(), arch);

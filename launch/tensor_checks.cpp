@@ -136,13 +136,12 @@ AttentionShape shape_of(const TensorView* q, const TensorView* k, const TensorVi
 }
 
 
-void check_head_dim_and_groups(const TensorView* q, const TensorView* k, bool forward) {
+void check_head_dim_and_groups(const TensorView* q, const TensorView* k, int max_head_dim) {
   const int64_t head_dim = q->shape[3];
-  const int64_t max_head_dim = forward ? 512 : 256;  // above 256 the Hopper forward's value split only
   if (head_dim % 8 != 0 || head_dim > max_head_dim) {
     fail(Status::kUnsupported, dim("q", 3) + " = " + std::to_string(head_dim) +
                                    " is unsupported: head_dim must be a multiple of 8 up to " +
-                                   std::to_string(max_head_dim) + (forward ? "" : " (the forward takes up to 512)"));
+                                   std::to_string(max_head_dim));
   }
   FLASHGEN_REQUIRE(q->shape[2] % k->shape[2] == 0,
                    dim("q", 2) + " = " + std::to_string(q->shape[2]) + " must be a multiple of " + dim("k", 2) +

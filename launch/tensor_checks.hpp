@@ -106,9 +106,8 @@ void bind_packing(const Packing& packing, const TensorView& q, const TensorView&
 // v [batch, seqlen_k, heads_kv, head_dim_v]: head_dim_v 0 where v's head dim is q's.
 AttentionShape shape_of(const TensorView* q, const TensorView* k, const TensorView* v);
 
-// q's head_dim a multiple of 8 up to 256, or for a forward call 512 (kUnsupported otherwise), and q's heads a
-// multiple of k's.
-void check_head_dim_and_groups(const TensorView* q, const TensorView* k, bool forward);
+// q's head_dim a multiple of 8 up to max_head_dim (kUnsupported otherwise), and q's heads a multiple of k's.
+void check_head_dim_and_groups(const TensorView* q, const TensorView* k, int max_head_dim);
 
 // v's head dim, which out's must equal: q's, or where own_dim_taken (the forward's and the backward's calls, dense
 // and packed) one of its own, a multiple of 8 up to 512; kUnsupported for a dim no kernel family takes, kInvalidArgument where the call takes

@@ -64,6 +64,9 @@ problems=(
   "fwd_sm90_fp16_d128_v320_m64_n48_s2_causal_ovl_pp_vs2_varlen_paged|128|bottom-right|--varlen --batch 3 --page-size 64 --head-dim-v 320"
   # keys of 512: the two consumers' output staged in the Q rows they share
   "fwd_sm90_fp16_d512_m64_n32_s2_causal_ovl_pp_pst_vs2|512|bottom-right|--batch 1"
+  # keys of 512 backward: the sm80 family's four column slices of dK and dV, the dq kernel's two of dQ
+  "bwd_sm80_fp16_d512_m16_n64_w4_s2_x4_causal|512|bottom-right|--batch 1 --backward|--heads-q 2 --heads-kv 1 --seqlen-q 200 --seqlen-k 150"
+  "bwd_sm80_fp16_d512_m16_n64_w4_s2_x4_det_qm32_qn16_qw2_qs2|512|none|--batch 1 --backward --deterministic|--heads-q 2 --heads-kv 1 --seqlen-q 130 --seqlen-k 150"
   # KV-cache decoding: 3 ranges of 6 key blocks over 1040 keys, so a range ends in a partial tile
   "dec_sm80_fp16_d40_r16_n64_w4_s3|40|none|--kv-cache --splits 2 --batch 2|--heads-q 4 --heads-kv 2 --seqlen-q 1 --seqlen-k 1000"
   "dec_sm80_fp16_d128_r16_n64_w4_s3_causal_paged|128|bottom-right|--kv-cache --page-size 16 --splits 3 --batch 2|--heads-q 8 --heads-kv 2 --seqlen-q 2 --seqlen-k 1040"

@@ -17,8 +17,8 @@ namespace flashgen {
 
 // dQ of one block of kBlockM queries of one head, deterministic: the block walks the visible key
 // blocks through a K/V ring (as the forward does), recomputes P and dP, and accumulates dQ = dS K in
-// registers; nothing is added atomically, so repeated runs give identical bits. Also the dq kernel of
-// the sm90 family's deterministic strategy, whose workspace rows are padded (bwd_rows.cuh).
+// registers; nothing is added atomically, so repeated runs give identical bits. Heads too wide for dQ's
+// accumulators split its columns over blocks (kSlices, blockIdx.z), each recomputing S and dP.
 template <class Cfg>
 struct BwdDqSm80 {
   using u16 = sm80::u16;
@@ -41,7 +41,9 @@ struct BwdDqSm80 {
   static constexpr int kMTiles = kTraits.m_tiles;
   static constexpr int kWarpRows = 16 * kMTiles;
   static constexpr int kNTiles = kBlockN / 8;
-  static constexpr int kDTiles = kHeadDimPad / 8;
+  static constexpr int kSlices = kTraits.slices;
+  static constexpr int kSliceTiles = kTraits.slice_tiles;  // 16-column tiles of this block's dQ slice
+  static constexpr int kTiles16 = kHeadDimPad / 16;
   static constexpr int kKSteps = kHeadDimPad / 16;
   // The values' (V, dO) columns: head_dim's, or the config's own (MLA's d_v), with their own pitch.
   static constexpr int kHeadDimV = ConfigHeadDimV<Cfg>::value;
@@ -58,11 +60,11 @@ struct BwdDqSm80 {
   using LV = bwd::Lanes<kRowV>;
   static constexpr bool kVarlen = ConfigVarlen<Cfg>::value;  // packed sequences (sequence.cuh)
 
-  // blockIdx: (query block, highest first; query head; batch entry or packed sequence).
+  // blockIdx: (query block, highest first; query head; batch entry or packed sequence, times the dQ slices).
   static __device__ void run(const AttnBwdParams& params) {
     if constexpr (kVarlen) {
       AttnBwdParams p = params;
-      bind_sequence(p, blockIdx.z, kHeadDim, Cfg::kPadRows);
+      bind_sequence(p, blockIdx.z / kSlices, kHeadDim, Cfg::kPadRows);
       if (static_cast<int>(gridDim.x - 1 - blockIdx.x) * kBlockM >= p.seqlen_q) return;  // past its queries
       run_block(p);
     } else {
@@ -88,7 +90,8 @@ struct BwdDqSm80 {
     const int t = lane % 4;
     const int m_start = (gridDim.x - 1 - blockIdx.x) * kBlockM;  // longest causal blocks first
     const int head = blockIdx.y;
-    const int batch = blockIdx.z;
+    const int batch = blockIdx.z / kSlices;
+    const int slice_tile0 = (blockIdx.z % kSlices) * kSliceTiles;  // first 16-column tile of the slice
     const int kv_head = head / p.group_size;
 
     const u16* q = static_cast<const u16*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
@@ -128,11 +131,11 @@ struct BwdDqSm80 {
       sm80::cp_async_commit();
     }
 
-    float acc_dq[kMTiles][kDTiles][4];
+    float acc_dq[kMTiles][kSliceTiles * 2][4];
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt)
+      for (int dt = 0; dt < kSliceTiles * 2; ++dt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc_dq[mt][dt][e] = 0.f;
 
@@ -208,13 +211,14 @@ struct BwdDqSm80 {
         sm80::pack_a_steps<kElem, kNTiles / 2>(ds_frag[mt], acc_dp[mt]);
       }
 
-      // dQ += dS K: keys are the k dimension; K tiles are read transposed.
+      // dQ += dS K over the slice: keys are the k dimension; K tiles are read transposed.
 #pragma unroll
       for (int j = 0; j < kNTiles / 2; ++j)
 #pragma unroll
-        for (int dp = 0; dp < kDTiles / 2; ++dp) {
+        for (int dp = 0; dp < kSliceTiles; ++dp) {
+          if (kSlices > 1 && slice_tile0 + dp >= kTiles16) continue;  // the last slice may run short
           u32 b[4];
-          sm80::ldmatrix_x4_trans(b, sk + bt_lane + (j * 16 * kRow + dp * 16) * 2);
+          sm80::ldmatrix_x4_trans(b, sk + bt_lane + (j * 16 * kRow + (slice_tile0 + dp) * 16) * 2);
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {
             sm80::mma_16816<kElem>(acc_dq[mt][2 * dp], ds_frag[mt][j], b[0], b[1]);
@@ -235,8 +239,8 @@ struct BwdDqSm80 {
         const int row = m_start + warp_row0 + mt * 16 + g + h * 8;
         if (row >= p.seqlen_q) continue;
 #pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          const int col = dt * 8 + 2 * t;
+        for (int dt = 0; dt < kSliceTiles * 2; ++dt) {
+          const int col = (slice_tile0 * 2 + dt) * 8 + 2 * t;
           if (col >= kHeadDim) continue;
           *reinterpret_cast<u32*>(dq + row * p.dq_row_stride + col) =
               sm80::pack2<kElem>(acc_dq[mt][dt][2 * h] * p.variant.scale, acc_dq[mt][dt][2 * h + 1] * p.variant.scale);

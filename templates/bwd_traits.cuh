@@ -68,8 +68,8 @@ constexpr BwdDkdvTraits bwd_dkdv_traits(int head_dim, int block_m, int block_n, 
   t.accum_regs = t.key_tiles * (t.slice_tiles + t.slice_tiles_v) * 2 * 4  // dK, dV: (16 keys, 16 columns), 2 tiles of 4
                  + t.key_tiles * (block_m / 8) * 4 * 2;                   // S and dP: (16 keys, 8 queries) tiles
   t.error = nullptr;
-  if (head_dim < 8 || head_dim > 256 || head_dim % 8 != 0) {
-    t.error = "head_dim must be a multiple of 8 in [8, 256]";
+  if (head_dim < 8 || head_dim > 512 || head_dim % 8 != 0) {
+    t.error = "head_dim must be a multiple of 8 in [8, 512]";
   } else if (dim_v < 8 || dim_v > 512 || dim_v % 8 != 0) {
     t.error = "head_dim_v must be a multiple of 8 in [8, 512]";
   } else if (warps < 1 || warps > 16) {
@@ -99,6 +99,8 @@ struct BwdDqTraits {
   int head_dim_v_pad;      // the values' head dim rounded up to 16: dP's k-steps
   int smem_row_elems_v;    // dO/V tile pitch: head_dim_v_pad + 8
   int m_tiles;             // 16-row tiles per warp
+  int slices;              // column slices of dQ, a block each (blockIdx.z): 256 columns at most
+  int slice_tiles;         // 16-column tiles of dQ a block owns: ceil(head_dim_pad / 16 / slices)
   int smem_q_bytes;        // Q and dO tiles, LSE and D
   int smem_kv_stage_bytes; // one K tile + one V tile
   int smem_bytes;
@@ -121,10 +123,15 @@ constexpr BwdDqTraits bwd_dq_traits(int head_dim, int block_m, int block_n, int 
   t.smem_q_bytes = block_m * (t.smem_row_elems + t.smem_row_elems_v) * 2 + 2 * block_m * 4;
   t.smem_kv_stage_bytes = block_n * (t.smem_row_elems + t.smem_row_elems_v) * 2;
   t.smem_bytes = t.smem_q_bytes + stages * t.smem_kv_stage_bytes;
-  t.accum_regs = t.m_tiles * (t.head_dim_pad / 8) * 4 + 2 * t.m_tiles * (block_n / 8) * 4;
+  // dQ (16 rows, 16 columns) tiles, 2 of 4 registers, next to S and dP (16 rows, 8 keys) tiles. Heads wider than
+  // 256 (the widest dQ row measured free of spills) take column slices of at most 256, each recomputing S and dP.
+  const int tiles16 = t.head_dim_pad / 16;
+  t.slices = (tiles16 + 15) / 16;
+  t.slice_tiles = t.slices > 0 ? (tiles16 + t.slices - 1) / t.slices : 0;
+  t.accum_regs = t.m_tiles * t.slice_tiles * 8 + 2 * t.m_tiles * (block_n / 8) * 4;
   t.error = nullptr;
-  if (head_dim < 8 || head_dim > 256 || head_dim % 8 != 0) {
-    t.error = "head_dim must be a multiple of 8 in [8, 256]";
+  if (head_dim < 8 || head_dim > 512 || head_dim % 8 != 0) {
+    t.error = "head_dim must be a multiple of 8 in [8, 512]";
   } else if (dim_v < 8 || dim_v > 512 || dim_v % 8 != 0) {
     t.error = "head_dim_v must be a multiple of 8 in [8, 512]";
   } else if (warps < 1 || warps > 16) {

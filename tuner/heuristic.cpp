@@ -174,11 +174,14 @@ struct BwdTile {
 // slices. 128-key blocks of 8 warps halve the atomic dQ traffic per FLOP and share each Q/dO tile among
 // more keys: they win for the atomic strategy, while the deterministic strategy prefers 4-warp 64-key
 // blocks next to its dq kernel (bench/notes_bwd_sm80.md, "Versions"). The first entries need Hopper's shared memory; the
-// next ones fit sm_80's 163 KB and the last sm_86/sm_89's 99 KB. Checked spill-free by
+// next ones fit sm_80's 163 KB and the last sm_86/sm_89's 99 KB. Keys wider than 256 (head_dim 512) keep K and V
+// of 64 keys resident (32 where the shared memory is sm_80's) and take four 128-column slices, beside 16 query
+// rows a stage; their dq kernel's 32 rows in two warps keep ptxas within the registers. Checked spill-free by
 // tests/tuner/test_heuristic.cpp.
-std::vector<BwdTile> backward_preferences(int head_dim, bool deterministic) {
+std::vector<BwdTile> backward_preferences(int head_dim, int keys_dim, bool deterministic) {
   const int split = head_dim <= 128 ? 1 : head_dim <= 256 ? 2 : 4;
   const BwdTile small = {16, 32, 2, 2, split, 32, 16, 2, 2};
+  if (keys_dim > 256) return {{16, 64, 4, 2, 4, 32, 16, 2, 2}, {16, 64, 4, 2, 4, 64, 16, 4, 2}, small};
   if (head_dim <= 64) {
     if (deterministic) return {{64, 64, 4, 2, 1, 64, 64, 4, 2}, {32, 64, 4, 2, 1, 64, 32, 4, 2}, small};
     return {{64, 128, 8, 2, 1, 64, 64, 4, 2}, {64, 64, 4, 2, 1, 64, 64, 4, 2}, small};
@@ -233,7 +236,7 @@ std::vector<BwdConfig> heuristic_backward_configs(DType dtype, int head_dim, Mas
     }
     if (!c.invalid_reason(arch)) configs.push_back(c);
   }
-  for (const BwdTile& tile : backward_preferences(wide, deterministic)) {
+  for (const BwdTile& tile : backward_preferences(wide, head_dim, deterministic)) {
     BwdConfig c;
     c.dtype = dtype;
     c.head_dim = head_dim;

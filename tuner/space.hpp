@@ -44,7 +44,7 @@ struct BackwardKnobs {
   std::vector<int> block_n{32, 64, 128};
   std::vector<int> warps{2, 4, 8};
   std::vector<int> stages{2, 3};
-  std::vector<int> d_split{1, 2};
+  std::vector<int> d_split{1, 2, 4};
   std::vector<int> dq_block_m{32, 64, 128};
   std::vector<int> dq_block_n{16, 32, 64};
   std::vector<int> dq_warps{2, 4};

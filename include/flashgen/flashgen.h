@@ -122,7 +122,7 @@ enum {
 
 /* out = softmax(q kᵀ · scale [masked]) v, and lse = log-sum-exp of each row (natural log, fp32,
  * [batch, heads_q, seqlen_q] contiguous) when lse is not NULL. head_dim is a multiple of 8 up to 256, or up to 512
- * on the Hopper family (the backward takes up to 256). heads_q must be a multiple of heads_kv
+ * on the Hopper family (the backward then runs the sm80 family's column slices). heads_q must be a multiple of heads_kv
  * (query head h reads key/value head h / (heads_q / heads_kv)). v and out may have a head dim of their own
  * (v.shape[3] == out.shape[3], a multiple of 8 up to 512; MLA's prefill: q and k of 192, v and out of 128),
  * as far as a kernel family takes it (FLASHGEN_ERROR_UNSUPPORTED otherwise). A row that sees no key (bottom-right

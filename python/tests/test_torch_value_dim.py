@@ -134,22 +134,20 @@ def test_explain_names_a_config_of_both_dims_and_compile_runs_it():
 
 
 @gpu
-def test_keys_of_512_forward_matches_float64_and_the_backward_says_it_is_not_served():
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_keys_of_512_forward_and_gradients_match_float64(deterministic):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("keys of 512 run on the Hopper family only")
-    q, k, v = _inputs(2, 150, 120, 4, 1, 512, 512, torch.bfloat16, seed=512)
-    out, lse = fgt.attention(q, k, v, causal=True, return_lse=True)
+    q, k, v = (t.requires_grad_(True) for t in _inputs(2, 150, 120, 4, 1, 512, 512, torch.bfloat16, seed=512))
+    dout = torch.randn(2, 150, 4, 512, device="cuda", dtype=torch.bfloat16)
+    out, lse = fgt.attention(q, k, v, causal=True, return_lse=True, deterministic=deterministic)
+    out.backward(dout)
     visible = testsupport.visible_keys(150, 120, "bottom_right", q.device)
-    want, want_lse, _ = testsupport.float64_bshd_attention(q, k, v, torch.zeros(out.shape, device="cuda"),
-                                                         1.0 / math.sqrt(512), visible)
+    want, want_lse, grads = testsupport.float64_bshd_attention(q, k, v, dout, 1.0 / math.sqrt(512), visible)
     testsupport.assert_close_to_float64("out", out, want, torch.bfloat16)
     finite = torch.isfinite(want_lse)
     assert torch.equal(torch.isfinite(lse), finite)
     assert (lse[finite].double() - want_lse[finite]).abs().max().item() < 1e-3
-    # The forward runs under autograd too; the backward (from the autograd engine: a RuntimeError, FlashgenError's
-    # base) names the argument and what takes it.
-    q.requires_grad_(True)
-    out = fgt.attention(q, k, v, causal=True)
-    refusal = r"q.shape\[3\] \(head_dim\) = 512 is unsupported.*the forward takes up to 512"
-    with pytest.raises(RuntimeError, match=refusal):
-        out.sum().backward()
+    for name, got, want_grad in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), grads):
+        testsupport.assert_close_to_float64(name, got, want_grad, torch.bfloat16)
+    assert "bwd_sm80_bf16_d512_" in fgt.explain(q, k, v, causal=True, deterministic=deterministic)["backward"]["config"]

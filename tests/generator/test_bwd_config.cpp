@@ -369,6 +369,29 @@ TEST_CASE("backward config validity follows the shared traits", "[generator][bac
   CHECK(c.smem_bytes(BwdKernel::kPreprocess) == 0);
 }
 
+TEST_CASE("keys of 512: the dkdv kernel's four column slices, the dq kernel's two", "[generator][backward]") {
+  const BwdConfig wide = BwdConfig::from_name("bwd_sm80_bf16_d512_m16_n64_w4_s2_x4_causal_det_qm32_qn16_qw2_qs2");
+  CHECK_FALSE(wide.invalid_reason(90).has_value());
+  CHECK(wide.dkdv_traits().slice_tiles == 8);  // 128 of dK's and dV's columns a block
+  CHECK(wide.smem_bytes(BwdKernel::kDkdv) == 64 * 520 * 2 * 2 + 2 * (16 * 520 * 2 * 2 + 2 * 16 * 4));
+  const flashgen::BwdDqTraits dq = wide.dq_traits();
+  CHECK(dq.slices == 2);
+  CHECK(dq.slice_tiles == 16);
+  CHECK(dq.accum_regs == 16 * 8 + 2 * 2 * 4);
+  // K and V of 64 keys at 512 exceed sm_80's 163 KB; at 1 or 2 slices dK and dV exceed the registers.
+  CHECK(wide.invalid_reason(80)->find("shared memory") != std::string::npos);
+  BwdConfig fewer = wide;
+  fewer.sm80()->d_split = 2;
+  CHECK(fewer.invalid_reason(90)->find("registers") != std::string::npos);
+  // Slices of 256 columns at most: one up to 256 (every narrower config as before), two above, the last short.
+  CHECK(flashgen::bwd_dq_traits(256, 64, 16, 4, 2).slices == 1);
+  const flashgen::BwdDqTraits d320 = flashgen::bwd_dq_traits(320, 32, 16, 2, 2);
+  CHECK(d320.error == nullptr);
+  CHECK(d320.slices == 2);
+  CHECK(d320.slice_tiles == 10);
+  CHECK(std::string(flashgen::bwd_dq_traits(520, 32, 16, 2, 2).error) == "head_dim must be a multiple of 8 in [8, 512]");
+}
+
 TEST_CASE("backward config JSON round-trips", "[generator][backward]") {
   BwdConfig c;
   c.head_dim = 96;

@@ -491,6 +491,53 @@ TEST_CASE("backward: values of a head dim of their own, each family's tiles", "[
   CHECK(ran >= 16);
 }
 
+TEST_CASE("backward: keys of 512, 448 and 320 on the sm80 family's column slices", "[gpu][backward][value_dim]") {
+  FLASHGEN_REQUIRE_GPU();
+  {
+    flashgen::ScopedContext context;
+    if (flashgen::device_sm(context.device()) != 90) {
+      WARN("skipped: the forward of keys above 256 runs on the Hopper family only");
+      return;
+    }
+  }
+  const flashgen_mask none = FLASHGEN_MASK_NONE, br = FLASHGEN_MASK_CAUSAL, tl = FLASHGEN_MASK_CAUSAL_TOP_LEFT;
+  // Gemma 4's global layers (GQA) with rows that see no key, a batch in BHSD strides, head dims whose column slices
+  // run short (320: 20 tiles in slices of 5; 448 beside values of 128).
+  std::vector<Problem> problems;
+  for (bool deterministic : {false, true}) {
+    std::vector<Problem> these = {
+        value_dim_problem(150, 120, 4, 2, 512, 0, FLASHGEN_BFLOAT16, br, 5121),
+        value_dim_problem(97, 200, 2, 1, 512, 0, FLASHGEN_FLOAT16, none, 5122),
+        value_dim_problem(130, 130, 2, 2, 320, 0, FLASHGEN_BFLOAT16, tl, 5123),
+        value_dim_problem(100, 140, 2, 1, 448, 128, FLASHGEN_BFLOAT16, br, 5124),
+    };
+    these[1].shape.batch = 2;
+    these[1].layout = Layout::kBHSD;
+    these[2].layout = Layout::kPadded;
+    for (Problem& p : these) p.deterministic = deterministic;
+    problems.insert(problems.end(), these.begin(), these.end());
+  }
+  auto configs_of = [](const Problem& p) {
+    return flashgen::heuristic_backward_configs(
+        p.dtype == FLASHGEN_BFLOAT16 ? flashgen::DType::kBFloat16 : flashgen::DType::kFloat16,
+        static_cast<int>(p.shape.head_dim),
+        p.mask == FLASHGEN_MASK_NONE ? flashgen::MaskKind::kNone : flashgen::MaskKind::kCausal, p.deterministic, 90,
+        static_cast<int>(p.shape.value_dim()));
+  };
+  flashgen::testing::compile_all(problems, configs_of, 90);
+  int ran = 0;
+  for (const Problem& p : problems) {
+    const std::string choice = check_problem(p, p.deterministic ? 2 : 1);
+    INFO(choice);
+    CHECK(choice.rfind("bwd_sm80_", 0) == 0);
+    for (const flashgen::BwdConfig& c : configs_of(p)) {
+      check_problem(p, c.deterministic ? 2 : 1, &c);
+      ++ran;
+    }
+  }
+  CHECK(ran >= 16);
+}
+
 TEST_CASE("backward: deterministic mode gives identical bits on repeated runs", "[gpu][backward]") {
   FLASHGEN_REQUIRE_GPU();
   for (int64_t head_dim : {64, 96, 128, 192, 256}) {

@@ -28,7 +28,7 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     q: [batch, seqlen_q, heads_q, head_dim] ("bshd") or [batch, heads_q, seqlen_q, head_dim] ("bhsd", the layout
     of torch's scaled_dot_product_attention). k, v: the same with seqlen_k and heads_kv; heads_q must be a
     multiple of heads_kv (grouped-query attention: query head h reads key/value head h // (heads_q // heads_kv)).
-    head_dim a multiple of 8 up to 256 (up to 512 on Hopper GPUs, forward only). v may have a head_dim of its own, a
+    head_dim a multiple of 8 up to 256 (up to 512 on Hopper GPUs). v may have a head_dim of its own, a
     multiple of 8 up to 512 (MLA's prefill: q and k of 192, v of 128; FA3's 64 and 512, the widest on Hopper GPUs
     only), and out then has it, forward and backward. Any strides work without a copy as long as head_dim is contiguous, the other strides are multiples of 8
     elements and the data 16-byte aligned; other inputs are copied first.
