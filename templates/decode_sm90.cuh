@@ -53,7 +53,6 @@ struct DecodeSm90 {
   static constexpr int kOGroups = kHalfV / 8;
   static constexpr u32 kPChunk = kTraits.chunks_v;           // P's place in a K tile: the first chunk past the values
   static constexpr u32 kQReady = 1, kSumsReady = 2;           // named barriers of the two consumers
-  static constexpr u32 kPublished = 3;                        // + block parity: a block's P and row statistics
 
   // Byte offsets into the aligned shared memory.
   static __device__ __forceinline__ u32 tile(int slot) { return kTraits.k_offset + slot * kTraits.tile_bytes; }
@@ -61,6 +60,10 @@ struct DecodeSm90 {
   // Chunk `chunk` of the tile in `slot` has landed: S over it may start before the rest of the tile is there.
   static __device__ __forceinline__ u32 full(int slot, int chunk) {
     return kTraits.barrier_offset + (kStages + slot * kTraits.chunks + chunk) * 8;
+  }
+  // The owner of the blocks of this parity has published a block's P and its rows' statistics (max, correction).
+  static __device__ __forceinline__ u32 published(int parity) {
+    return kTraits.barrier_offset + (kStages * (1 + kTraits.chunks) + parity) * 8;
   }
   // (2 parities, 64 rows) running max after the block; (2, 64) its correction of O; (2 consumers, 64) row sums.
   static constexpr u32 kMaxOffset = kTraits.stats_offset;
@@ -83,11 +86,15 @@ struct DecodeSm90 {
 
     if (threadIdx.x == 0) {
       for (int s = 0; s < kStages; ++s) {
-        sm90::mbarrier_init(smem + empty(s), 8);  // every consumer warp, once its P V is done
+        sm90::mbarrier_init(smem + empty(s), 256);  // every consumer thread, once its P V is done
         for (int c = 0; c < kTraits.chunks; ++c) {
           sm90::mbarrier_init(smem + full(s, c), 128);  // every producer thread, once its copies of the chunk landed
         }
       }
+      // Every thread of the owning consumer, once its P and statistics are written. An owner is never a phase ahead
+      // of the other's wait: it publishes block it + 2 only after the other has published it + 1, which follows
+      // the other's wait for block it.
+      for (int parity = 0; parity < 2; ++parity) sm90::mbarrier_init(smem + published(parity), 128);
       sm90::fence_mbarrier_init();
     }
     __syncthreads();
@@ -229,12 +236,9 @@ struct DecodeSm90 {
       return sm90::smem_desc_advance(sm90::smem_desc_sw128(smem + tile(slot_of(it)) + v_columns, kChunkBytes, 1024),
                                      j * 16 * kRowBytes);
     };
-    // The warp's arrival on the tile's empty barrier: lane 0's, once every lane's writes to the tile (P) are ordered
-    // before it, so the producer's refill comes after them.
-    auto release = [&](int it) {
-      __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive(smem + empty(slot_of(it)));
-    };
+    // This thread's arrival on the tile's empty barrier, after its P V (and, in the owner, its writes of P): the
+    // producer's refill comes after every consumer thread's.
+    auto release = [&](int it) { sm90::mbarrier_arrive(smem + empty(slot_of(it))); };
     auto rescale = [&](const float (&correction)[2]) {
       if (__any_sync(0xffffffffu, correction[0] != 1.f || correction[1] != 1.f)) {
         softmax::scale_rows(acc_o, correction);
@@ -248,7 +252,7 @@ struct DecodeSm90 {
     // branch inside a stage).
     auto other_block = [&](int it, auto with_next) {
       const u32 stats = (it % 2) * kRows * 4;
-      sm90::named_barrier_sync(kPublished + it % 2, 256);
+      sm90::mbarrier_wait(smem + published(it % 2), static_cast<u32>((it / 2) & 1));
       float correction[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -325,7 +329,7 @@ struct DecodeSm90 {
           }
         }
         sm90::fence_proxy_async_smem();
-        sm90::named_barrier_arrive(kPublished + it % 2, 256);
+        sm90::mbarrier_arrive(smem + published(it % 2));
         sm80::pack_a_steps<kElem, kPvSteps>(p_frag, acc_s);
         rescale(correction);
         sm90::wgmma_fence();

@@ -73,7 +73,7 @@ struct DecodeSm90Traits {
   int tile_bytes;      // (64, head_dim) one K tile; V is its first chunks_v chunks, P (64 x 64) the next chunk
   int k_offset;        // the K ring, stages tiles
   int stats_offset;    // per block parity: the rows' running max and correction; per consumer: its row sums
-  int barrier_offset;  // each stage's empty mbarrier, then a full mbarrier per chunk of each stage
+  int barrier_offset;  // each stage's empty mbarrier, a full mbarrier per chunk of each stage, two published ones
   int smem_bytes;      // dynamic shared memory, with 1 KB for aligning the base to a swizzle atom
   int producer_regs;   // setmaxnreg of the producer and of the consumers
   int consumer_regs;
@@ -90,7 +90,7 @@ constexpr DecodeSm90Traits decode_sm90_traits(int head_dim, int head_dim_v, int 
   t.k_offset = t.q_bytes;
   t.stats_offset = t.k_offset + stages * t.tile_bytes;
   t.barrier_offset = t.stats_offset + 6 * kDecodeSm90Rows * 4;
-  t.smem_bytes = t.barrier_offset + stages * (1 + t.chunks) * 8 + 1024;
+  t.smem_bytes = t.barrier_offset + (stages * (1 + t.chunks) + 2) * 8 + 1024;
   t.producer_regs = 40;
   t.consumer_regs = 232;
   t.error = nullptr;
