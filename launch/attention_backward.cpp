@@ -4,7 +4,9 @@
 // reported before anything is launched.
 #include "launch/attention_backward.hpp"
 
+#include <algorithm>
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include "flashgen/error.hpp"
@@ -208,6 +210,11 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
   prepared.finish_grid[1] = static_cast<unsigned>(p.heads_q);
   // The dq kernel's column slices take blocks of their own, as the dkdv kernel's head_dim slices do.
   prepared.finish_grid[2] = static_cast<unsigned>(c.has_dq_kernel() ? p.batch * c.dq_traits().slices : p.batch);
+  const unsigned slices = std::max(prepared.dkdv_grid[2], prepared.finish_grid[2]) / static_cast<unsigned>(p.batch);
+  FLASHGEN_REQUIRE(static_cast<long long>(p.batch) * slices <= 65535,
+                   "batch is " + std::to_string(p.batch) + " but config " + c.name() + " gives each batch entry " +
+                       std::to_string(slices) + " column slices of blocks (grid limit 65535): at most " +
+                       std::to_string(65535 / slices));
   if ((prepared.user_blocks = plan_user_blocks(p, c))) {
     prepared.user_blocks.tiles = registry.function(c, BwdKernel::kUserBlockTiles, scope.context(), arch);
     prepared.user_blocks.ranges = registry.function(c, BwdKernel::kUserBlockRanges, scope.context(), arch);

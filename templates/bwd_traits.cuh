@@ -7,8 +7,8 @@
 //               the saved LSE for every query block of every query head of its group and accumulates
 //               dK, dV in registers; it also adds dQ = dS K into the fp32 accumulator, except in the sm80
 //               family's deterministic strategy;
-//   dq          that strategy only: one block per (query block, head, batch) recomputes P and dP and
-//               accumulates dQ in registers, so no two blocks write the same element;
+//   dq          that strategy only: one block per (query block, head, batch[, dQ column slice]) recomputes P and
+//               dP and accumulates dQ in registers, so no two blocks write the same element;
 //   convert     otherwise: dQ = scale * accumulator, rounded to the 16-bit type.
 #pragma once
 
@@ -84,6 +84,8 @@ constexpr BwdDkdvTraits bwd_dkdv_traits(int head_dim, int block_m, int block_n, 
     t.error = "d_split must be in [1, head_dim_pad / 16]";
   } else if (d_split > tiles16_v) {
     t.error = "d_split must be at most head_dim_v_pad / 16 (dV's slices are of its 16-column tiles)";
+  } else if ((d_split - 1) * t.slice_tiles >= tiles16 && (d_split - 1) * t.slice_tiles_v >= tiles16_v) {
+    t.error = "d_split leaves its last slice without columns of dK or dV (it would recompute the scores for nothing)";
   } else if (atomic_dq && m_tiles % warps != 0 && warps % m_tiles != 0) {
     t.error = "block_m / 16 and warps must divide one another (dQ work is split evenly across warps)";
   } else if (t.accum_regs > kMaxBwdAccumRegs) {

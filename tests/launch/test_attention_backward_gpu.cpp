@@ -5,6 +5,7 @@
 // directional-derivative check of the whole forward + backward; tune-on-first-use of a backward bucket.
 #include <cuda.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <sstream>
@@ -491,7 +492,7 @@ TEST_CASE("backward: values of a head dim of their own, each family's tiles", "[
   CHECK(ran >= 16);
 }
 
-TEST_CASE("backward: keys of 512, 448 and 320 on the sm80 family's column slices", "[gpu][backward][value_dim]") {
+TEST_CASE("backward: keys of 512, 448 and 328 on the sm80 family's column slices", "[gpu][backward][value_dim]") {
   FLASHGEN_REQUIRE_GPU();
   {
     flashgen::ScopedContext context;
@@ -501,14 +502,15 @@ TEST_CASE("backward: keys of 512, 448 and 320 on the sm80 family's column slices
     }
   }
   const flashgen_mask none = FLASHGEN_MASK_NONE, br = FLASHGEN_MASK_CAUSAL, tl = FLASHGEN_MASK_CAUSAL_TOP_LEFT;
-  // Gemma 4's global layers (GQA) with rows that see no key, a batch in BHSD strides, head dims whose column slices
-  // run short (320: 20 tiles in slices of 5; 448 beside values of 128).
+  // Gemma 4's global layers (GQA) with rows that see no key, a batch in BHSD strides, a head dim whose last column
+  // slices run short and end inside a tile (328: 21 tiles, dK's and dV's slices 6, 6, 6 and 3, dQ's 11 and 10), 448
+  // beside values of 128.
   std::vector<Problem> problems;
   for (bool deterministic : {false, true}) {
     std::vector<Problem> these = {
         value_dim_problem(150, 120, 4, 2, 512, 0, FLASHGEN_BFLOAT16, br, 5121),
         value_dim_problem(97, 200, 2, 1, 512, 0, FLASHGEN_FLOAT16, none, 5122),
-        value_dim_problem(130, 130, 2, 2, 320, 0, FLASHGEN_BFLOAT16, tl, 5123),
+        value_dim_problem(130, 130, 2, 2, 328, 0, FLASHGEN_BFLOAT16, tl, 5123),
         value_dim_problem(100, 140, 2, 1, 448, 128, FLASHGEN_BFLOAT16, br, 5124),
     };
     these[1].shape.batch = 2;
@@ -536,6 +538,37 @@ TEST_CASE("backward: keys of 512, 448 and 320 on the sm80 family's column slices
     }
   }
   CHECK(ran >= 16);
+}
+
+TEST_CASE("backward: a batch whose column slices pass the grid's limit is refused naming it, nothing launched",
+          "[gpu][backward][value_dim]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext scope;
+  if (flashgen::device_sm(scope.device()) < 90) {
+    WARN("skipped: the run-time choice of keys of 512 needs Hopper's shared memory");
+    return;
+  }
+  // 16384 entries of one row: the dkdv kernel's four column slices would take 65536 blocks along z.
+  const StridedView view = StridedView::contiguous(16384, 1, 1, 512);
+  DeviceTensor q(view), k(view), v(view), out(view), dout(view), dq(view), dk(view), dv(view);
+  DeviceBuffer lse(16384 * sizeof(float));
+  for (DeviceTensor* t : {&q, &k, &v, &out, &dout}) t->buffer.fill_bytes(0x3C);  // 16-bit values near 1
+  lse.fill_bytes(0);
+  for (DeviceTensor* t : {&dq, &dk, &dv}) t->buffer.fill_bytes(0xFF);
+  flashgen_attention_options opts{};
+  const flashgen_tensor tq = q.tensor(FLASHGEN_BFLOAT16), tk = k.tensor(FLASHGEN_BFLOAT16),
+                        tv = v.tensor(FLASHGEN_BFLOAT16), tout = out.tensor(FLASHGEN_BFLOAT16),
+                        tdout = dout.tensor(FLASHGEN_BFLOAT16), tdq = dq.tensor(FLASHGEN_BFLOAT16),
+                        tdk = dk.tensor(FLASHGEN_BFLOAT16), tdv = dv.tensor(FLASHGEN_BFLOAT16);
+  const int status = flashgen_attention_backward(&tq, &tk, &tv, &tout, &tdout, static_cast<const float*>(lse.data()),
+                                                 &tdq, &tdk, &tdv, &opts, nullptr);
+  CHECK(status == FLASHGEN_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(flashgen_last_error(), Catch::Contains("batch is 16384") && Catch::Contains("at most 16383"));
+  FLASHGEN_CU_CHECK(cuCtxSynchronize());
+  for (DeviceTensor* t : {&dq, &dk, &dv}) {
+    const std::vector<uint16_t> raw = t->raw();
+    CHECK(std::all_of(raw.begin(), raw.end(), [](uint16_t x) { return x == 0xFFFF; }));
+  }
 }
 
 TEST_CASE("backward: deterministic mode gives identical bits on repeated runs", "[gpu][backward]") {
