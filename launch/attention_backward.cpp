@@ -162,6 +162,16 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
   if (const Implementability answer = c.can_implement(call.problem, p, device_traits(scope.device())); !answer) {
     fail_unimplementable(c.name(), answer);
   }
+  // The sm80 family's head_dim slices and its dq kernel's column slices take blocks of their own along the grid's z,
+  // beside the batch; the sm90 family keeps the whole head_dim.
+  const BwdSm80Knobs* sm80 = c.sm80();
+  const int dkdv_slices = sm80 ? sm80->d_split : 1;
+  const int dq_slices = c.has_dq_kernel() ? c.dq_traits().slices : 1;
+  const int slices = std::max(dkdv_slices, dq_slices);
+  FLASHGEN_REQUIRE(static_cast<long long>(p.batch) * slices <= 65535,
+                   "batch is " + std::to_string(p.batch) + " but config " + c.name() + " gives each batch entry " +
+                       std::to_string(slices) + " column slices of blocks (grid limit 65535): at most " +
+                       std::to_string(65535 / slices));
 
   // The kernels of a _dsink module read the sinks and write partials only the sinks' gradient kernel reads.
   FLASHGEN_REQUIRE(!c.sink_grad || p.dsinks != nullptr,
@@ -186,9 +196,7 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
   prepared.preprocess_grid[2] = static_cast<unsigned>(p.batch);
   prepared.dkdv_grid[0] = ceil_div(p.seqlen_k, c.block_n);
   prepared.dkdv_grid[1] = static_cast<unsigned>(p.heads_kv);
-  // The sm80 family's head_dim slices take blocks of their own; the sm90 family keeps the whole head_dim.
-  const BwdSm80Knobs* sm80 = c.sm80();
-  prepared.dkdv_grid[2] = static_cast<unsigned>(sm80 ? p.batch * sm80->d_split : p.batch);
+  prepared.dkdv_grid[2] = static_cast<unsigned>(p.batch * dkdv_slices);
   prepared.dkdv_threads = static_cast<unsigned>(c.threads(BwdKernel::kDkdv));
   prepared.dkdv_smem = static_cast<unsigned>(c.smem_bytes(BwdKernel::kDkdv));
   if (c.has_dq_kernel()) {
@@ -208,13 +216,7 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
   }
   prepared.sink_grad_grid[0] = static_cast<unsigned>(p.heads_q);  // a block per query head (bwd_rows.cuh)
   prepared.finish_grid[1] = static_cast<unsigned>(p.heads_q);
-  // The dq kernel's column slices take blocks of their own, as the dkdv kernel's head_dim slices do.
-  prepared.finish_grid[2] = static_cast<unsigned>(c.has_dq_kernel() ? p.batch * c.dq_traits().slices : p.batch);
-  const unsigned slices = std::max(prepared.dkdv_grid[2], prepared.finish_grid[2]) / static_cast<unsigned>(p.batch);
-  FLASHGEN_REQUIRE(static_cast<long long>(p.batch) * slices <= 65535,
-                   "batch is " + std::to_string(p.batch) + " but config " + c.name() + " gives each batch entry " +
-                       std::to_string(slices) + " column slices of blocks (grid limit 65535): at most " +
-                       std::to_string(65535 / slices));
+  prepared.finish_grid[2] = static_cast<unsigned>(p.batch * dq_slices);
   if ((prepared.user_blocks = plan_user_blocks(p, c))) {
     prepared.user_blocks.tiles = registry.function(c, BwdKernel::kUserBlockTiles, scope.context(), arch);
     prepared.user_blocks.ranges = registry.function(c, BwdKernel::kUserBlockRanges, scope.context(), arch);
