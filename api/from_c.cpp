@@ -11,7 +11,9 @@
 namespace flashgen {
 
 static_assert(static_cast<int>(DType::kFloat16) == FLASHGEN_FLOAT16 &&
-                  static_cast<int>(DType::kBFloat16) == FLASHGEN_BFLOAT16,
+                  static_cast<int>(DType::kBFloat16) == FLASHGEN_BFLOAT16 &&
+                  static_cast<int>(DType::kFloat8E4M3) == FLASHGEN_FLOAT8_E4M3 &&
+                  static_cast<int>(DType::kFloat8E5M2) == FLASHGEN_FLOAT8_E5M2,
               "DType takes flashgen_dtype's values");
 static_assert(static_cast<int>(Mask::kNone) == FLASHGEN_MASK_NONE &&
                   static_cast<int>(Mask::kCausal) == FLASHGEN_MASK_CAUSAL &&
@@ -126,6 +128,8 @@ KvCacheArgs from_c(const flashgen_kvcache_args& args) {
   out.workspace = args.workspace;
   out.workspace_bytes = args.workspace_bytes;
   out.options = from_c(args.options);
+  out.k_scale = args.k_scale, out.v_scale = args.v_scale;
+  for (int i = 0; i < 2; ++i) out.k_scale_stride[i] = args.k_scale_stride[i], out.v_scale_stride[i] = args.v_scale_stride[i];
   return out;
 }
 

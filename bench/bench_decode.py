@@ -12,10 +12,13 @@ device, date and versions.
 With --window L, every query sees its last L + 1 keys (window_size=(L, 0), gpt-oss's and Mistral's decode): the
 SDPA backends take no window and are left out, the bytes counted are those of the window's keys, and as many copies
 are made as put them past the L2 cache. --splits times flashgen with these key ranges per sequence (0: its own
-choice) side by side.
+choice) side by side. --cache-dtype e4m3 (or e5m2) times flashgen over FP8 caches too, quantized from the bf16 ones
+with a scale per kv head: their rows count the FP8 bytes, and vs_bf16_cache gives the speed-up over flashgen's bf16
+cache at the same point.
 
     python3 bench/bench_decode.py [--batch 1 8 32 64] [--keys 512 2048 8192 32768 131072] [--heads-kv 8]
-                                  [--head-dim 128] [--pages 0 16 256] [--window L] [--splits 0 1 3] [--out FILE]
+                                  [--head-dim 128] [--pages 0 16 256] [--window L] [--splits 0 1 3]
+                                  [--cache-dtype bf16 e4m3 e5m2] [--out FILE]
 """
 import argparse
 import datetime
@@ -63,6 +66,27 @@ def graph_us(calls, replays=5):
     return start.elapsed_time(stop) * 1000.0 / (replays * len(calls))
 
 
+FP8_TYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+
+
+def quantized(ks, vs, cache_dtype):
+    """The copies' caches in cache_dtype with (k_scale, v_scale), a scale per kv head; bf16: as they are, None."""
+    if cache_dtype == "bf16":
+        return ks, vs, None
+    fp8 = FP8_TYPES[cache_dtype]
+    largest = torch.finfo(fp8).max
+
+    def scale_of(t):
+        return (t.abs().amax(dim=(0, 1, 3)).float() / largest).clamp_min(1e-12)
+
+    scales = (scale_of(ks[0]), scale_of(vs[0]))
+
+    def cast(t, s):
+        return (t.float() / s[None, None, :, None]).clamp(-largest, largest).to(fp8)
+
+    return [cast(k, scales[0]) for k in ks], [cast(v, scales[1]) for v in vs], scales
+
+
 def sdpa_call(backend, q, k, v, group):
     """SDPA on one copy ([batch, heads, seq, head_dim] views of the bshd tensors), with its grouped heads if the
     backend takes them (enable_gqa), else on K and V expanded to every query head (read once per query head)."""
@@ -90,6 +114,8 @@ def main():
     parser.add_argument("--peers", default="flash,cudnn")
     parser.add_argument("--window", type=int, default=-1, help="keys before the new token each query sees (-1: all)")
     parser.add_argument("--splits", type=int, nargs="+", default=[0], help="flashgen's num_splits (0: its choice)")
+    parser.add_argument("--cache-dtype", nargs="+", default=["bf16"], choices=["bf16", "e4m3", "e5m2"],
+                        help="flashgen's cache types (the peers read bf16)")
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.window >= 0:
@@ -124,17 +150,18 @@ def main():
                     point = {"device": device, "batch": batch, "keys": keys, "window": args.window,
                              "heads_q": args.heads_q, "heads_kv": hkv, "head_dim": d, "kv_bytes": kv_bytes}
                     times = {}
-                    for page in args.pages:
+                    for page, cache_dtype in [(p, c) for p in args.pages for c in args.cache_dtype]:
                         if page and keys % page:
                             continue
+                        cache_ks, cache_vs, scales = quantized(ks, vs, cache_dtype)
                         if page:
                             # Each copy's cache as pages of `page` keys scattered in a shuffled order.
                             pages_per_seq = keys // page
                             order = torch.randperm(batch * pages_per_seq, device="cuda", generator=gen)
                             table = order.view(batch, pages_per_seq).to(torch.int32)
                             caches = []
-                            for k, v in zip(ks, vs):
-                                kp, vp = (torch.empty(batch * pages_per_seq, page, hkv, d, device="cuda", dtype=dtype)
+                            for k, v in zip(cache_ks, cache_vs):
+                                kp, vp = (torch.empty(batch * pages_per_seq, page, hkv, d, device="cuda", dtype=k.dtype)
                                           for _ in range(2))
                                 kp[order] = k.reshape(batch * pages_per_seq, page, hkv, d)
                                 vp[order] = v.reshape(batch * pages_per_seq, page, hkv, d)
@@ -142,15 +169,19 @@ def main():
                             cached = [(q, c[0], c[1], table) for q, c in zip(qs, caches)]
                             name = f"flashgen_paged{page}"
                         else:
-                            cached = [(q, k, v, None) for q, k, v in zip(qs, ks, vs)]
+                            cached = [(q, k, v, None) for q, k, v in zip(qs, cache_ks, cache_vs)]
                             name = "flashgen"
+                        if cache_dtype != "bf16":
+                            name += f"_{cache_dtype}"
+                        scale_args = {} if scales is None else {"k_scale": scales[0], "v_scale": scales[1]}
                         for splits in args.splits:
                             calls = [lambda c=c, n=splits: fg.attention_with_kvcache(
                                 c[0], c[1], c[2], cache_seqlens=lens, block_table=c[3], causal=True,
-                                window_size=window, num_splits=n) for c in cached]
+                                window_size=window, num_splits=n, **scale_args) for c in cached]
                             with torch.no_grad():
-                                times[name + (f"_splits{splits}" if splits else "")] = (graph_us(calls), "")
-                        del cached
+                                times[name + (f"_splits{splits}" if splits else "")] = (
+                                    graph_us(calls), "", kv_bytes // (1 if cache_dtype == "bf16" else 2))
+                        del cached, cache_ks, cache_vs
                         if page:
                             del caches
                         # Each variant's tensors in fresh allocations: a cache that reuses freed blocks of the
@@ -160,16 +191,19 @@ def main():
                         try:
                             with sdpa_kernel(backends[peer]), torch.no_grad():
                                 made = [sdpa_call(backends[peer], q, k, v, group) for q, k, v in zip(qs, ks, vs)]
-                                times[f"sdpa_{peer}"] = (graph_us([m[0] for m in made]), made[0][1])
+                                times[f"sdpa_{peer}"] = (graph_us([m[0] for m in made]), made[0][1], kv_bytes)
                         except RuntimeError as error:
                             print(f"  sdpa_{peer} failed: {str(error).splitlines()[0]}")
-                    best_peer = min((t for n, (t, _) in times.items() if n.startswith("sdpa")), default=float("nan"))
+                    best_peer = min((t[0] for n, t in times.items() if n.startswith("sdpa")), default=float("nan"))
                     line = [f"b{batch:<3} k{keys:<6} gqa{group} d{d}:"]
-                    for name, (us, how) in times.items():
-                        gbs = kv_bytes / (us * 1e-6) / 1e9
-                        rows.append({**point, "impl": name, "peer_heads": how, "us": f"{us:.2f}", "GBps": f"{gbs:.0f}",
-                                     "hbm_fraction": f"{gbs * 1e9 / peak:.3f}",
-                                     "vs_best_peer": f"{best_peer / us:.2f}" if name.startswith("flashgen") else ""})
+                    for name, (us, how, nbytes) in times.items():
+                        gbs = nbytes / (us * 1e-6) / 1e9
+                        bf16_twin = name.replace("_e4m3", "").replace("_e5m2", "")
+                        rows.append({**point, "kv_bytes": nbytes, "impl": name, "peer_heads": how, "us": f"{us:.2f}",
+                                     "GBps": f"{gbs:.0f}", "hbm_fraction": f"{gbs * 1e9 / peak:.3f}",
+                                     "vs_best_peer": f"{best_peer / us:.2f}" if name.startswith("flashgen") else "",
+                                     "vs_bf16_cache": f"{times[bf16_twin][0] / us:.2f}"
+                                     if name != bf16_twin and bf16_twin in times else ""})
                         line.append(f"{name} {us:.1f}us {gbs:.0f}GB/s")
                     print("  ".join(line), flush=True)
                     del qs, ks, vs

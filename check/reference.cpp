@@ -185,6 +185,53 @@ float round_to_dtype(float value, DType dtype) {
   return dtype_bits_to_float(float_to_dtype_bits(value, dtype), dtype);
 }
 
+namespace {
+
+// An FP8 format's fields: mantissa bits, exponent bias, largest finite value and its code.
+struct Fp8Format {
+  int mantissa_bits, bias;
+  double largest;
+  uint8_t largest_code, nan_code;
+};
+
+Fp8Format fp8_format(DType fp8) {
+  FLASHGEN_REQUIRE(fp8 == DType::kFloat8E4M3 || fp8 == DType::kFloat8E5M2,
+                   std::string("an FP8 type is e4m3 or e5m2, got ") + dtype_name(fp8));
+  if (fp8 == DType::kFloat8E4M3) return {3, 7, 448.0, 0x7E, 0x7F};
+  return {2, 15, 57344.0, 0x7B, 0x7F};
+}
+
+}  // namespace
+
+uint8_t float_to_fp8_bits(float value, DType fp8) {
+  const Fp8Format f = fp8_format(fp8);
+  const uint8_t sign = std::signbit(value) ? 0x80 : 0;
+  if (std::isnan(value)) return f.nan_code;
+  const double a = std::fabs(static_cast<double>(value));
+  if (a >= f.largest) return sign | f.largest_code;
+  const int min_exponent = 1 - f.bias;  // of the normal values
+  int exponent = a > 0 ? std::ilogb(a) : min_exponent;
+  exponent = std::max(exponent, min_exponent);
+  const double quantum = std::ldexp(1.0, exponent - f.mantissa_bits);
+  const double rounded = std::nearbyint(a / quantum) * quantum;  // ties to even (the default rounding mode)
+  if (rounded >= f.largest) return sign | f.largest_code;
+  if (rounded == 0) return sign;
+  const int e = std::max(std::ilogb(rounded), min_exponent);
+  const int mantissa = static_cast<int>(rounded / std::ldexp(1.0, e - f.mantissa_bits)) & ((1 << f.mantissa_bits) - 1);
+  const int field = rounded < std::ldexp(1.0, min_exponent) ? 0 : e + f.bias;
+  return static_cast<uint8_t>(sign | (field << f.mantissa_bits) | mantissa);
+}
+
+double fp8_bits_to_double(uint8_t bits, DType fp8) {
+  const Fp8Format f = fp8_format(fp8);
+  const double sign = (bits & 0x80) ? -1.0 : 1.0;
+  const int field = (bits & 0x7F) >> f.mantissa_bits, mantissa = bits & ((1 << f.mantissa_bits) - 1);
+  if (fp8 == DType::kFloat8E4M3 && (bits & 0x7F) == 0x7F) return std::nan("");
+  if (fp8 == DType::kFloat8E5M2 && field == 31) return mantissa == 0 ? sign * INFINITY : std::nan("");
+  if (field == 0) return sign * std::ldexp(mantissa, 1 - f.bias - f.mantissa_bits);
+  return sign * std::ldexp(1.0 + std::ldexp(mantissa, -f.mantissa_bits), field - f.bias);
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Problems and their masks.
 

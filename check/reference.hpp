@@ -26,6 +26,12 @@ float dtype_bits_to_float(uint16_t bits, DType dtype);
 // value rounded to the dtype and read back: what a 16-bit store of value holds.
 float round_to_dtype(float value, DType dtype);
 
+// FP8 (DType::kFloat8E4M3 or kFloat8E5M2) on the host, stored as uint8_t, as an FP8 cache holds it. Float -> FP8
+// rounds to nearest, ties to even, and saturates at the largest finite value (±448, ±57344), as the kernels' appends
+// do; NaN gives a NaN. FP8 -> double is exact (an e4m3 NaN, an e5m2 infinity or NaN read as such).
+uint8_t float_to_fp8_bits(float value, DType fp8);
+double fp8_bits_to_double(uint8_t bits, DType fp8);
+
 // ---------------------------------------------------------------------------------------------------
 // Problems and their masks.
 

@@ -261,6 +261,12 @@ void packed_from_flags(const Args& args, AttentionProblem& problem) {
   make_packed(problem, total("total-q"), total("total-k"), "--total-q", "--total-k");
 }
 
+void cache_dtype_from_flags(const Args& args, AttentionProblem& problem) {
+  if (!args.has("cache-dtype")) return;
+  if (!problem.kv_cache) fail(Status::kInvalidArgument, "--cache-dtype needs --kv-cache (an FP8 cache is a KV cache's)");
+  problem.cache_dtype = parse_cache_dtype(args.choice_or("cache-dtype", "e4m3", {"e4m3", "e5m2"}), "--cache-dtype");
+}
+
 void make_packed(AttentionProblem& problem, std::optional<int64_t> total_q, std::optional<int64_t> total_k,
                  const std::string& what_q, const std::string& what_k) {
   const AttentionShape& s = problem.shape;

@@ -101,6 +101,13 @@ void make_packed(AttentionProblem& problem, std::optional<int64_t> total_q, std:
 // problem, are refused.
 void packed_from_flags(const Args& args, AttentionProblem& problem);
 
+// --cache-dtype of a command (run, tune) onto a KV-cache problem: e4m3 or e5m2, an FP8 cache; refused without
+// --kv-cache.
+inline constexpr const char* kCacheDtypeHelp =
+    "with --kv-cache: e4m3 or e5m2, an FP8 cache (keys and values widened to --dtype as they are read; default: the "
+    "cache holds --dtype)";
+void cache_dtype_from_flags(const Args& args, AttentionProblem& problem);
+
 // A kernel config or module of any kind, as emit and compile take them by name.
 using AnyConfig = std::variant<KernelConfig, BwdConfig, DecodeConfig>;
 

@@ -81,6 +81,7 @@ Command run_command() {
               "with --kv-cache, or --varlen without --backward (prefill against a paged cache): the keys and values in "
               "a paged cache of N-key pages in a shuffled order, read through a block table (default 0: contiguous)")
       .option("splits", "N", "with --kv-cache: key ranges per sequence (default 0: chosen for the GPU)")
+      .option("cache-dtype", "T", kCacheDtypeHelp)
       .flag("deterministic", "with --backward: the deterministic dQ strategy (bitwise repeatable)")
       .option("iters", "N", "timed launches (default 20)")
       .option("warmup", "N", "untimed launches before timing (default 3)")
@@ -127,6 +128,7 @@ RunOptions parse_run_options(const Args& args) {
   o.check_rows = static_cast<int>(args.int_or("check-rows", o.check_rows, 0, 1000000));
   o.seed = static_cast<uint32_t>(args.int_or("seed", o.seed, 0, std::numeric_limits<uint32_t>::max()));
   if (args.has("splits") && !p.kv_cache) fail(Status::kInvalidArgument, "--splits needs --kv-cache");
+  cache_dtype_from_flags(args, p);
   if (p.kv_cache && (p.backward() || o.layout != "bshd"))
     fail(Status::kInvalidArgument, "--kv-cache runs the forward on bshd tensors: no --backward or --layout bhsd");
   packed_from_flags(args, p);
@@ -157,7 +159,9 @@ std::string problem_text(const RunOptions& o, double scale) {
                        : std::string();
   const std::string cap = (o.problem.softcapped() ? format(", softcap %.6g", o.problem.softcap) : std::string()) +
                           (o.problem.alibi ? ", ALiBi" : "") +
-                          (o.sink ? format(", sink %.6g", *o.sink) : std::string());
+                          (o.sink ? format(", sink %.6g", *o.sink) : std::string()) +
+                          (o.problem.cache_dtype ? format(", %s cache", dtype_name(*o.problem.cache_dtype))
+                                                 : std::string());
   return packed + format("batch %lld, seqlen_q %lld, seqlen_k %lld, heads %lld/%lld, head_dim %s, %s, mask %s, scale %.6g%s, "
                 "layout %s",
                 static_cast<long long>(s.batch), static_cast<long long>(s.seqlen_q), static_cast<long long>(s.seqlen_k),
@@ -382,7 +386,8 @@ Json run_report_json(const RunReport& r) {
         {"scale", r.scale}, {"softcap", p.softcap}, {"alibi", p.alibi},
         {"sink", o.sink ? Json(*o.sink) : Json(nullptr)}, {"layout", o.layout}, {"seed", o.seed}}},
       {"pass", p.backward() ? "backward" : "forward"},
-      {"kv_cache", p.kv_cache ? Json{{"page_size", p.page_size}, {"splits", o.splits}, {"kv_bytes", r.kv_bytes}}
+      {"kv_cache", p.kv_cache ? Json{{"page_size", p.page_size}, {"splits", o.splits}, {"kv_bytes", r.kv_bytes},
+                                     {"cache_dtype", dtype_name(p.kv_dtype())}}
                               : Json(nullptr)},
       {"varlen", varlen},
       {"deterministic", p.deterministic()},

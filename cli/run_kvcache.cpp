@@ -42,7 +42,7 @@ KvCacheArgs kvcache_args(const RunOptions& o, const TensorView& q, const TensorV
 TensorView cache_tensor(const RunOptions& o, void* data) {
   const AttentionShape& s = o.problem.shape;
   const int64_t pages = pages_per_sequence(o);
-  const DType dtype = o.problem.dtype;
+  const DType dtype = o.problem.kv_dtype();
   return o.problem.paged ? bshd_view(data, dtype, s.batch * pages, o.problem.page_size, s.heads_kv, s.head_dim)
                          : bshd_view(data, dtype, s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
 }
@@ -66,6 +66,26 @@ HostTensor latent_values(const HostTensor& k, int64_t head_dim_v) {
     std::copy_n(k.bits.begin() + r * d, head_dim_v, v.bits.begin() + r * head_dim_v);
   }
   return v;
+}
+
+// An FP8 cache's scale for keys and values alike (one per tensor): codes of values about 64 wide stand for values
+// about 1, a power of two so the reference's values are the codes' exactly scaled.
+constexpr float kFp8RunScale = 1.f / 64.f;
+
+// A --cache-dtype run's cache rows: t's values divided by kFp8RunScale and rounded to the FP8 type (the codes the
+// device holds), and each code's value times kFp8RunScale (what the reference reads).
+struct Fp8Rows {
+  std::vector<uint8_t> codes;
+  std::vector<double> values;
+};
+
+Fp8Rows fp8_rows(const HostTensor& t, DType fp8) {
+  Fp8Rows rows;
+  for (uint16_t bits : t.bits) {
+    rows.codes.push_back(float_to_fp8_bits(dtype_bits_to_float(bits, t.dtype) / kFp8RunScale, fp8));
+    rows.values.push_back(fp8_bits_to_double(rows.codes.back(), fp8) * double(kFp8RunScale));
+  }
+  return rows;
 }
 
 }  // namespace
@@ -98,17 +118,32 @@ RunReport run_kvcache(const RunOptions& o, const ScopedContext& context, RunRepo
   const std::vector<int32_t> table = shuffled_pages(std::max<int64_t>(1, s.batch * pages), rng());
   std::vector<int64_t> starts(static_cast<size_t>(s.batch)), keys(starts.size(), s.seqlen_k);
   for (int64_t b = 0; b < s.batch; ++b) starts[size_t(b)] = b * s.seqlen_k;
-  const std::vector<uint16_t> k_cache = p.paged ? into_pages(k.bits, row, starts, keys, table, pages, p.page_size, 0)
+  const std::vector<uint16_t> k_cache = p.paged ? into_pages(k.bits, row, starts, keys, table, pages, p.page_size, uint16_t{0})
                                                 : k.bits;
   std::vector<uint16_t> v_cache;  // a latent cache has none of its own
-  if (!latent) v_cache = p.paged ? into_pages(v.bits, row, starts, keys, table, pages, p.page_size, 0) : v.bits;
+  if (!latent) v_cache = p.paged ? into_pages(v.bits, row, starts, keys, table, pages, p.page_size, uint16_t{0}) : v.bits;
+  // An FP8 cache (--cache-dtype) holds codes of k and v scaled, and the reference reads the codes' values.
+  Fp8Rows k8, v8;
+  if (p.cache_dtype) {
+    k8 = fp8_rows(k, *p.cache_dtype), v8 = fp8_rows(v, *p.cache_dtype);
+    for (Fp8Rows* rows : {&k8, &v8}) {
+      if (p.paged) rows->codes = into_pages(rows->codes, row, starts, keys, table, pages, p.page_size, uint8_t{0});
+    }
+  }
+  const size_t cache_bytes = p.cache_dtype ? k8.codes.size() : k_cache.size() * 2;
 
   DeviceBuffer q_dev(q.bytes()), out_dev(out.bytes()), lse_dev(lse.size() * sizeof(float));
-  DeviceBuffer k_dev(k_cache.size() * 2), table_dev(table.size() * 4);
-  DeviceBuffer v_dev = latent ? DeviceBuffer() : DeviceBuffer(v_cache.size() * 2);
-  DeviceBuffer lens_dev(static_cast<size_t>(s.batch) * 4);
-  q_dev.upload(q.bits), k_dev.upload(k_cache), table_dev.upload(table);
-  if (!latent) v_dev.upload(v_cache);
+  DeviceBuffer k_dev(cache_bytes), table_dev(table.size() * 4);
+  DeviceBuffer v_dev = latent ? DeviceBuffer() : DeviceBuffer(cache_bytes);
+  DeviceBuffer lens_dev(static_cast<size_t>(s.batch) * 4), scale_dev(sizeof(float));
+  q_dev.upload(q.bits), table_dev.upload(table);
+  if (p.cache_dtype) {
+    k_dev.upload(k8.codes), v_dev.upload(v8.codes);
+    scale_dev.upload(std::vector<float>{kFp8RunScale});
+  } else {
+    k_dev.upload(k_cache);
+    if (!latent) v_dev.upload(v_cache);
+  }
   lens_dev.upload(std::vector<int32_t>(static_cast<size_t>(s.batch), static_cast<int32_t>(s.seqlen_k)));
   out_dev.fill_bytes(0xFF);
   lse_dev.fill_bytes(0xFF);
@@ -118,6 +153,7 @@ RunReport run_kvcache(const RunOptions& o, const ScopedContext& context, RunRepo
       kvcache_args(o, tensor_view(q, q_dev), k_view, v_view, tensor_view(out, out_dev),
                    static_cast<float*>(lse_dev.data()), static_cast<const int32_t*>(lens_dev.data()),
                    static_cast<const int32_t*>(table_dev.data()));
+  if (p.cache_dtype) args.k_scale = args.v_scale = static_cast<const float*>(scale_dev.data());
   DeviceBuffer sinks_dev, slopes_dev;
   args.options.sinks = upload_sinks(o, sinks_dev);
   args.options.alibi_slopes = upload_alibi_slopes(p, slopes_dev);
@@ -155,13 +191,16 @@ RunReport run_kvcache(const RunOptions& o, const ScopedContext& context, RunRepo
   report.scale = call.params.variant.scale;
   out_dev.download(out.bits.data(), out.bytes());
   lse_dev.download(lse.data(), lse_dev.bytes());
-  report.check = check_sampled_rows(s, q.input(), k.input(), v.input(), out.input(), lse.data(), p.dtype,
+  const StridedView cache_view = StridedView::contiguous(s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
+  const HostInput k_in = p.cache_dtype ? HostInput::float64(k8.values.data(), cache_view) : k.input();
+  const HostInput v_in = p.cache_dtype ? HostInput::float64(v8.values.data(), cache_view) : v.input();
+  report.check = check_sampled_rows(s, q.input(), k_in, v_in, out.input(), lse.data(), p.dtype,
                                     sample_rows(s.batch, s.heads_q, s.seqlen_q, o.check_rows),
                                     report.scale, p.mask, run_variant(o));
   report.times_ms = time_launches([&] { launch(); }, o.warmup, o.iters, stream.get());
   report.flops = forward_flops(s, p.mask, window_of(p));
   // A latent cache is read once: its values are columns of the keys.
-  report.kv_bytes = (latent ? 1.0 : 2.0) * s.batch * s.seqlen_k * s.heads_kv * s.head_dim * 2;
+  report.kv_bytes = (latent ? 1.0 : 2.0) * s.batch * s.seqlen_k * s.heads_kv * s.head_dim * elem_bytes(p.kv_dtype());
   return report;
 }
 

@@ -87,6 +87,7 @@ Command tune_command() {
       .option("total-k", "N", "with --varlen: key tokens in all (default as --total-q)")
       .flag("kv-cache", "tune decoding against a KV cache (flashgen_attention_kvcache): the decode modules and "
                         "the key ranges per sequence, timed with CUDA events on full caches")
+      .option("cache-dtype", "T", kCacheDtypeHelp)
       .option("page-size", "N", "with --kv-cache, or --varlen without --backward: a paged cache of N-key pages, a "
                                 "multiple of 16, in a shuffled order (default 0: contiguous); a packed forward over "
                                 "pages tunes the paged kernels, keyed by N (fwd_varlen_paged<N>)")
@@ -278,6 +279,7 @@ std::string problem_line(const AttentionProblem& p) {
                 (long long)s.heads_kv, (long long)s.seqlen_q, (long long)s.seqlen_k) +
          (p.softcapped() ? format(" softcap %g", p.softcap) : std::string()) + (p.alibi ? " ALiBi" : "") +
          (p.paged ? format(" pages of %d", p.page_size) : std::string()) +
+         (p.cache_dtype ? format(" %s cache", dtype_name(*p.cache_dtype)) : std::string()) +
          (p.varlen ? format(" tokens %lld/%lld", (long long)p.total_q, (long long)p.total_k) : std::string()) +
          (p.user ? " user variant " + p.user->tag : std::string());
 }
@@ -295,6 +297,7 @@ Json problem_json(const AttentionProblem& p) {
   if (p.attention_chunk > 0) j["chunk"] = p.attention_chunk;
   if (p.softcapped()) j["softcap"] = p.softcap;
   if (p.alibi) j["alibi"] = true;
+  if (p.cache_dtype) j["cache_dtype"] = dtype_name(*p.cache_dtype);
   return j;
 }
 

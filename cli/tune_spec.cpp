@@ -82,6 +82,7 @@ AttentionProblem problem_from_flags(const Args& args) {
                                    "has no paged kernels)");
   }
   if (problem.kv_cache && problem.backward()) fail(Status::kInvalidArgument, "--kv-cache tunes a forward: no --backward");
+  cache_dtype_from_flags(args, problem);
   problem.page_size = static_cast<int>(args.int_or("page-size", 0, 0, 1 << 30));
   problem.paged = problem.page_size > 0;
   if (problem.varlen && problem.page_size % 16 != 0) {
@@ -180,6 +181,13 @@ TuneSpec read_tune_spec(const std::string& path, const AttentionProblem& default
       } else if (key == "kv_cache") {
         if (!value.is_boolean()) bad(where + ".kv_cache must be true or false");
         p.kv_cache = value.get<bool>();
+      } else if (key == "cache_dtype") {
+        if (!value.is_string()) bad(where + ".cache_dtype must be \"e4m3\" or \"e5m2\"");
+        try {
+          p.cache_dtype = parse_cache_dtype(value.get<std::string>(), where + ".cache_dtype");
+        } catch (const Error& e) {
+          bad(e.what());
+        }
       } else if (key == "page_size") {
         if (!value.is_number_integer() || value.get<long long>() < 0 || value.get<long long>() > (1 << 30))
           bad(where + ".page_size must be an integer in [0, 2^30] (0: a contiguous cache)");
@@ -206,6 +214,7 @@ TuneSpec read_tune_spec(const std::string& path, const AttentionProblem& default
     if ((entry.contains("total_q") || entry.contains("total_k")) && !p.varlen)
       bad(where + ": total_q and total_k need \"varlen\": true");
     if (p.varlen && p.kv_cache) bad(where + ": varlen and kv_cache are different problems: pick one");
+    if (p.cache_dtype && !p.kv_cache) bad(where + ": cache_dtype needs \"kv_cache\": true (an FP8 cache is a KV cache's)");
     if (p.varlen) {
       try {
         make_packed(p, total_q, total_k, where + ".total_q", where + ".total_k");

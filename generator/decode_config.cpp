@@ -37,6 +37,7 @@ std::string DecodeConfig::name() const {
   std::string name = std::string("dec_sm80_") + dtype_name(dtype) + "_d" + to_string(head_dim) + "_r" +
                      to_string(rows) + "_n" + to_string(block_n) + "_w" + to_string(warps) + "_s" + to_string(stages);
   name += mask_suffix(mask) + score_mods_suffix(mods);
+  if (cache_dtype) name += std::string("_kv") + dtype_name(*cache_dtype);
   if (paged) name += "_paged";
   return name + user_variant_suffix(user);
 }
@@ -70,6 +71,8 @@ DecodeConfig DecodeConfig::from_name(const std::string& name) {
       continue;
     } else if (fields[i] == "paged" && !config.paged) {
       config.paged = true;
+    } else if (fields[i].compare(0, 2, "kv") == 0 && !config.cache_dtype) {
+      config.cache_dtype = parse_cache_dtype(fields[i].substr(2), "config name '" + name + "'");
     } else {
       fail(Status::kInvalidArgument, "config name '" + name + "': unknown suffix '" + fields[i] + "'");
     }
@@ -80,6 +83,12 @@ DecodeConfig DecodeConfig::from_name(const std::string& name) {
 }
 
 std::string DecodeConfig::symbol(DecodeKernel kernel) const { return name() + "_" + decode_kernel_suffix(kernel); }
+
+DType parse_cache_dtype(const std::string& text, const std::string& what) {
+  FLASHGEN_REQUIRE(text == "e4m3" || text == "e5m2", what + ": an FP8 cache's type must be e4m3 or e5m2, got '" +
+                                                         text + "'");
+  return text == "e4m3" ? DType::kFloat8E4M3 : DType::kFloat8E5M2;
+}
 
 DecodeConfig latent_decode_config(DType dtype, int head_dim, int head_dim_v) {
   DecodeConfig config;
@@ -94,7 +103,9 @@ DecodeConfig latent_decode_config(DType dtype, int head_dim, int head_dim_v) {
   return config;
 }
 
-DecodeTraits DecodeConfig::traits() const { return decode_traits(head_dim, rows, block_n, warps, stages, paged); }
+DecodeTraits DecodeConfig::traits() const {
+  return decode_traits(head_dim, rows, block_n, warps, stages, paged, cache_dtype.has_value());
+}
 
 DecodeSm90Traits DecodeConfig::latent_traits() const { return decode_sm90_traits(head_dim, head_dim_v, stages); }
 
@@ -113,6 +124,12 @@ int DecodeConfig::smem_bytes(DecodeKernel kernel) const {
 std::optional<std::string> DecodeConfig::invalid_reason(int arch) const {
   if (arch < 80) return "the decode kernels need sm_80 or newer (mma.sync m16n8k16 bf16, cp.async)";
   if (latent && arch != 90) return "the latent decode kernel needs sm_90 (wgmma, setmaxnreg)";
+  if (cache_dtype) {
+    if (!is_fp8(*cache_dtype)) return std::string("a cache of its own type must be FP8 (e4m3 or e5m2), got ") +
+                                      dtype_name(*cache_dtype);
+    if (latent) return "the latent kernel reads a 16-bit cache";
+    if (arch < 89) return "an FP8 cache needs sm_89 or newer (FP8 conversions)";
+  }
   if (const char* error = traits_error()) return std::string(error);
   const int smem = smem_bytes(DecodeKernel::kAttend);
   if (smem > max_smem_per_block(arch)) {
@@ -184,6 +201,7 @@ void to_json(nlohmann::json& j, const DecodeConfig& c) {
                      {"warps", c.warps},       {"stages", c.stages},
                      {"paged", c.paged}};
   score_mods_to_json(j, c.mods);
+  if (c.cache_dtype) j["cache_dtype"] = dtype_name(*c.cache_dtype);
 }
 
 void from_json(const nlohmann::json& j, DecodeConfig& c) {
@@ -191,8 +209,8 @@ void from_json(const nlohmann::json& j, DecodeConfig& c) {
   FLASHGEN_REQUIRE(!j.contains("family") || j["family"] == "dec_sm80" || j["family"] == "dec_sm90",
                    "decode config JSON: unknown family " + (j.contains("family") ? j["family"].dump() : ""));
   const bool latent = j.contains("family") && j["family"] == "dec_sm90";
-  static const char* const kKeys[] = {"family", "dtype", "head_dim", "mask",    "rows",   "block_n",
-                                      "warps",  "stages", "paged",   "softcap", "alibi"};
+  static const char* const kKeys[] = {"family", "dtype",   "head_dim", "mask",  "rows",       "block_n",
+                                      "warps",  "stages",  "paged",    "softcap", "alibi", "cache_dtype"};
   static const char* const kLatentKeys[] = {"family", "dtype", "head_dim", "head_dim_v", "mask",
                                             "stages", "paged", "softcap",  "alibi"};
   for (const auto& item : j.items()) {
@@ -217,6 +235,10 @@ void from_json(const nlohmann::json& j, DecodeConfig& c) {
   if (j.contains("paged")) {
     FLASHGEN_REQUIRE(j["paged"].is_boolean(), "decode config JSON: 'paged' must be true or false");
     config.paged = j["paged"].get<bool>();
+  }
+  if (j.contains("cache_dtype")) {
+    FLASHGEN_REQUIRE(j["cache_dtype"].is_string(), "decode config JSON: 'cache_dtype' must be \"e4m3\" or \"e5m2\"");
+    config.cache_dtype = parse_cache_dtype(j["cache_dtype"].get<std::string>(), "decode config JSON");
   }
   c = config;
 }

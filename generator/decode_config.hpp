@@ -46,6 +46,8 @@ struct DecodeConfig {
   int warps = 4;
   int stages = 4;    // K/V tiles in flight
   bool paged = false;  // the cache is read through a block table
+  // An FP8 cache's element type (e4m3 or e5m2), read as such and widened to dtype in registers; empty: dtype.
+  std::optional<DType> cache_dtype;
   // The Hopper latent kernel (decode_sm90.cuh, MLA): the values are the keys' first head_dim_v columns, one copy in
   // the cache; rows, block_n and warps are that kernel's own (64, 64, 12), stages its ring of K tiles.
   bool latent = false;
@@ -57,7 +59,8 @@ struct DecodeConfig {
   // Set by dispatch on the choice for the base class; no tuning data or JSON holds one.
   std::shared_ptr<const UserVariant> user = nullptr;
 
-  // e.g. dec_sm80_bf16_d128_r16_n64_w4_s4[_causal|_window|_chunk][_softcap][_alibi][_paged][_u<hash>], or for the
+  // e.g. dec_sm80_bf16_d128_r16_n64_w4_s4[_causal|_window|_chunk][_softcap][_alibi][_kve4m3|_kve5m2][_paged][_u<hash>],
+  // or for the
   // latent kernel dec_sm90_bf16_d576_v512_s2[...]: the module's name, its file name in dumps and part of its cache
   // key; each kernel's symbol is name() + "_" + decode_kernel_suffix(kernel).
   std::string name() const;
@@ -89,6 +92,9 @@ struct DecodeConfig {
   bool operator==(const DecodeConfig& other) const { return name() == other.name(); }
   bool operator!=(const DecodeConfig& other) const { return !(*this == other); }
 };
+
+// "e4m3" or "e5m2" as an FP8 cache's type; throws Error(kInvalidArgument) naming what otherwise.
+DType parse_cache_dtype(const std::string& text, const std::string& what);
 
 // The latent kernel's config for (dtype, head_dim, head_dim_v): two stages, no mask, a contiguous cache.
 DecodeConfig latent_decode_config(DType dtype, int head_dim, int head_dim_v);

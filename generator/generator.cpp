@@ -49,7 +49,13 @@ std::vector<SourceFile> load_templates() {
 }
 
 const char* elem_enum(DType dtype) {
-  return dtype == DType::kBFloat16 ? "flashgen::ElemType::kBFloat16" : "flashgen::ElemType::kFloat16";
+  switch (dtype) {
+    case DType::kBFloat16: return "flashgen::ElemType::kBFloat16";
+    case DType::kFloat8E4M3: return "flashgen::ElemType::kFloat8E4M3";
+    case DType::kFloat8E5M2: return "flashgen::ElemType::kFloat8E5M2";
+    case DType::kFloat16: break;
+  }
+  return "flashgen::ElemType::kFloat16";
 }
 
 const char* mask_enum(MaskKind mask) {
@@ -261,6 +267,7 @@ std::string render_config_header(const DecodeConfig& c) {
       << "  static constexpr flashgen::ElemType kElem = " << elem_enum(c.dtype) << ";\n"
       << "  static constexpr int kHeadDim = " << c.head_dim << ";\n";
   if (c.latent) out << "  static constexpr int kHeadDimV = " << c.head_dim_v << ";\n";
+  if (c.cache_dtype) out << "  static constexpr flashgen::ElemType kCacheElem = " << elem_enum(*c.cache_dtype) << ";\n";
   out << "  static constexpr flashgen::MaskKind kMask = " << mask_enum(c.mask) << ";\n"
       << "  using Variant = " << variant_policy(c.mask, c.mods, c.user) << ";\n"
       << "  static constexpr int kRows = " << c.rows << ";\n"
@@ -280,8 +287,8 @@ std::string render_translation_unit(const DecodeConfig& c) {
       << " for " << c.name() << ". Do not edit.\n"
       << "#include \"" << kConfigHeaderName << "\"\n"
       << "#include \"" << template_name << "\"\n";
-  auto entry = [&](DecodeKernel kernel, const char* type, const char* threads) {
-    out << "\nextern \"C\" __global__ void __launch_bounds__(" << threads << ", 1)\n"
+  auto entry = [&](DecodeKernel kernel, const char* type, const char* threads, const char* min_blocks = "1") {
+    out << "\nextern \"C\" __global__ void __launch_bounds__(" << threads << ", " << min_blocks << ")\n"
         << c.symbol(kernel) << "(const __grid_constant__ flashgen::AttnDecodeParams params) {\n"
         << "  flashgen::" << type << "<flashgen_generated::DecodeConfig>::run(params);\n"
         << "}\n";
@@ -290,7 +297,8 @@ std::string render_translation_unit(const DecodeConfig& c) {
   if (c.latent) {
     entry(DecodeKernel::kAttend, "DecodeSm90", "flashgen::DecodeSm90<flashgen_generated::DecodeConfig>::kThreads");
   } else {
-    entry(DecodeKernel::kAttend, "DecodeSm80", "flashgen::DecodeSm80<flashgen_generated::DecodeConfig>::kThreads");
+    entry(DecodeKernel::kAttend, "DecodeSm80", "flashgen::DecodeSm80<flashgen_generated::DecodeConfig>::kThreads",
+          "flashgen::DecodeSm80<flashgen_generated::DecodeConfig>::kMinBlocks");
   }
   entry(DecodeKernel::kCombine, "DecodeCombine", "flashgen::kDecodeRowKernelThreads");
   return out.str();

@@ -3,6 +3,7 @@
 // type, its generate(), and its answers of a call.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -49,13 +50,27 @@ struct IsKernelModule<
 static_assert(IsKernelModule<KernelConfig>::value && IsKernelModule<BwdConfig>::value &&
               IsKernelModule<DecodeConfig>::value);
 
-// The checks every family's can_implement starts with: the config is for the problem (its dtype, head dims, mask,
-// score modifiers and user variant) and can run on sm_<arch> (its invalid_reason).
+// A config's FP8 cache type: C::cache_dtype where the family reads KV caches (DecodeConfig), else none.
+template <class C, class = void>
+struct ConfigCacheDtype {
+  static std::optional<DType> of(const C&) { return std::nullopt; }
+};
+template <class C>
+struct ConfigCacheDtype<C, std::void_t<decltype(std::declval<const C&>().cache_dtype)>> {
+  static std::optional<DType> of(const C& config) { return config.cache_dtype; }
+};
+
+// The checks every family's can_implement starts with: the config is for the problem (its dtype, an FP8 cache's
+// type, head dims, mask, score modifiers and user variant) and can run on sm_<arch> (its invalid_reason).
 template <class C>
 Implementability problem_fit(const C& config, const AttentionProblem& problem, int arch) {
   if (!(config.dtype == problem.dtype && config.head_dim == problem.head_dim() &&
         config.mask == problem.mask_kind() && config.mods == problem.score_mods())) {
     return {Shortfall::kProblem, "does not match the problem (dtype, head_dim, mask, soft cap, ALiBi)"};
+  }
+  if (const std::optional<DType> cache = ConfigCacheDtype<C>::of(config); cache != problem.cache_dtype) {
+    return {Shortfall::kProblem, std::string("reads a cache of ") + dtype_name(cache.value_or(config.dtype)) +
+                                     ", the call's holds " + dtype_name(problem.kv_dtype())};
   }
   if (config.value_dim() != problem.value_dim()) {
     return {Shortfall::kProblem, "has values of head dim " + std::to_string(config.value_dim()) +

@@ -46,6 +46,34 @@ void check_latent_values(const TensorView& q, const TensorView& vc, const Tensor
                                                       std::to_string(kc.shape[2]));
 }
 
+// An FP8 cache: keys and values of one format, new tokens of q's type, a head dim its fragments serve, not latent.
+void check_fp8_cache(const TensorView& kc, const TensorView& vc, bool latent) {
+  FLASHGEN_REQUIRE(vc.dtype == kc.dtype, std::string("v_cache.dtype is ") + dtype_name(vc.dtype) +
+                                             " but k_cache.dtype is " + dtype_name(kc.dtype) +
+                                             ": an FP8 cache's keys and values share one format");
+  if (latent) {
+    fail(Status::kUnsupported, std::string("k_cache.dtype is ") + dtype_name(kc.dtype) +
+                                   ": a latent cache (values of a head dim of their own) is read in 16 bits only");
+  }
+  if (kc.shape[3] % 32 != 0) {
+    fail(Status::kUnsupported, dim("k_cache", 3) + " = " + std::to_string(kc.shape[3]) + " is unsupported for an " +
+                                   "FP8 cache: its head dim must be a multiple of 32");
+  }
+}
+
+// A cache's scales (k_scale or v_scale): only an FP8 cache's, 4-byte aligned, strides in [0, 2^40].
+void check_scales(const float* scale, const int64_t (&stride)[2], const char* name, bool fp8) {
+  if (scale == nullptr) return;
+  FLASHGEN_REQUIRE(fp8, std::string(name) + ": given for a 16-bit cache (scales are an FP8 cache's); pass NULL");
+  FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(scale) % alignof(float) == 0,
+                   std::string(name) + ": pointer must be 4-byte aligned");
+  for (int i = 0; i < 2; ++i) {
+    FLASHGEN_REQUIRE(stride[i] >= 0 && stride[i] <= (int64_t{1} << 40),
+                     std::string(name) + "_stride[" + std::to_string(i) + "] must be in [0, 2^40], got " +
+                         std::to_string(stride[i]));
+  }
+}
+
 }  // namespace
 
 KvCacheCall make_kvcache_call(const KvCacheArgs& args) {
@@ -53,16 +81,23 @@ KvCacheCall make_kvcache_call(const KvCacheArgs& args) {
   const TensorView& kc = args.k_cache;
   const TensorView& vc = args.v_cache;
   check_tensor(&q, "q");
-  check_tensor(&kc, "k_cache");
-  check_tensor(&vc, "v_cache");
+  check_tensor(&kc, "k_cache", /*fp8_taken=*/true);
+  check_tensor(&vc, "v_cache", /*fp8_taken=*/true);
   check_tensor(&args.out, "out");
   check_options(&args.options, q.shape[2]);
-  require_same_dtype(&kc, "k_cache", &q);
-  require_same_dtype(&vc, "v_cache", &q);
-  require_same_dtype(&args.out, "out", &q);
   require_same_dim(&kc, "k_cache", &q, "q", 3);
   // Values of a head dim of their own are a latent cache's (MLA): the keys' first columns, v_cache a view of k_cache.
   const bool latent = vc.shape[3] != kc.shape[3];
+  const bool fp8 = is_fp8(kc.dtype);
+  if (fp8) {
+    check_fp8_cache(kc, vc, latent);
+  } else {
+    require_same_dtype(&kc, "k_cache", &q);
+    require_same_dtype(&vc, "v_cache", &q);
+  }
+  require_same_dtype(&args.out, "out", &q);
+  check_scales(args.k_scale, args.k_scale_stride, "k_scale", fp8);
+  check_scales(args.v_scale, args.v_scale_stride, "v_scale", fp8);
   if (latent) {
     check_latent_values(q, vc, kc);
     FLASHGEN_REQUIRE(args.out.shape[3] == vc.shape[3], dim("out", 3) + " is " + std::to_string(args.out.shape[3]) +
@@ -166,6 +201,7 @@ KvCacheCall make_kvcache_call(const KvCacheArgs& args) {
   call.problem.softcap = args.options.softcap;
   call.problem.alibi = args.options.alibi_slopes != nullptr;
   call.problem.page_size = paged ? static_cast<int>(kc.shape[1]) : 0;
+  if (fp8) call.problem.cache_dtype = kc.dtype;
   call.num_splits = static_cast<int>(args.num_splits);
   call.workspace = reinterpret_cast<CUdeviceptr>(args.workspace);
   call.workspace_bytes = args.workspace == nullptr ? 0 : args.workspace_bytes;
@@ -193,6 +229,9 @@ KvCacheCall make_kvcache_call(const KvCacheArgs& args) {
     }
   }
   p.block_table_stride = paged ? args.max_pages : 0;
+  p.k_scale = args.k_scale, p.v_scale = args.v_scale;
+  p.k_scale_batch_stride = args.k_scale_stride[0], p.k_scale_head_stride = args.k_scale_stride[1];
+  p.v_scale_batch_stride = args.v_scale_stride[0], p.v_scale_head_stride = args.v_scale_stride[1];
   p.batch = static_cast<int>(batch);
   p.heads_q = static_cast<int>(q.shape[2]);
   p.heads_kv = static_cast<int>(kc.shape[2]);
@@ -234,6 +273,8 @@ void check_device_pointers(const AttnDecodeParams& p, int device) {
   if (p.block_table != nullptr) check_device_pointer(p.block_table, "block_table", device);
   if (p.variant.sinks != nullptr) check_device_pointer(p.variant.sinks, "options.sinks", device);
   if (p.variant.alibi_slopes != nullptr) check_device_pointer(p.variant.alibi_slopes, "options.alibi_slopes", device);
+  if (p.k_scale != nullptr) check_device_pointer(p.k_scale, "k_scale", device);
+  if (p.v_scale != nullptr) check_device_pointer(p.v_scale, "v_scale", device);
   check_user_buffers(p.variant, device);
   if (p.k_new != nullptr) {
     check_device_pointer(p.k_new, "k_new.data", device);
@@ -249,6 +290,11 @@ PreparedKvCache prepare_kvcache(const KvCacheCall& call, CUstream stream, const 
   const int device = scope.device();
   check_device_pointers(p, device);
   const int arch = launch_arch(device);
+  if (call.problem.cache_dtype && arch < 89) {
+    fail(Status::kUnsupported, std::string("k_cache.dtype is ") + dtype_name(*call.problem.cache_dtype) +
+                                   ": an FP8 cache needs sm_89 or newer (FP8 conversions); this GPU is sm_" +
+                                   std::to_string(arch));
+  }
   if (const Implementability answer = config.can_implement(call.problem, p, device_traits(device)); !answer) {
     fail_unimplementable(config.name(), answer);
   }

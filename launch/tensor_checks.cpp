@@ -23,12 +23,18 @@ std::string dim(const char* tensor, int i) {
 }
 
 // Presence, dtype and shape ranges of one tensor argument.
-void check_tensor(const TensorView* t, const char* name) {
+void check_tensor(const TensorView* t, const char* name, bool fp8_taken) {
   FLASHGEN_REQUIRE(t != nullptr, std::string(name) + ": null pointer");
   FLASHGEN_REQUIRE(t->data != nullptr, std::string(name) + ".data: null pointer");
   const int dtype = static_cast<int>(t->dtype);  // any value a caller gave (DType is int-sized)
-  FLASHGEN_REQUIRE(t->dtype == DType::kFloat16 || t->dtype == DType::kBFloat16,
+  const bool fp8 = t->dtype == DType::kFloat8E4M3 || t->dtype == DType::kFloat8E5M2;
+  FLASHGEN_REQUIRE(t->dtype == DType::kFloat16 || t->dtype == DType::kBFloat16 || fp8,
                    std::string(name) + ".dtype: unknown value " + std::to_string(dtype));
+  if (fp8 && !fp8_taken) {
+    fail(Status::kUnsupported, std::string(name) + ".dtype is " + dtype_name(t->dtype) +
+                                   ": FP8 is taken by a KV cache's k_cache and v_cache (flashgen_attention_kvcache); "
+                                   "attention over FP8 q, k and v is not served");
+  }
   for (int i = 0; i < 4; ++i) {
     FLASHGEN_REQUIRE(t->shape[i] >= 1 && t->shape[i] <= kMaxExtent,
                      dim(name, i) + " must be in [1, 2^30], got " + std::to_string(t->shape[i]));
@@ -37,6 +43,7 @@ void check_tensor(const TensorView* t, const char* name) {
 
 // Memory layout the kernels can read with 16-byte copies: unit head_dim stride, aligned rows.
 void check_layout(const TensorView* t, const char* name) {
+  const int64_t chunk = 16 / elem_bytes(t->dtype);  // elements of 16 bytes
   FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(t->data) % 16 == 0,
                    std::string(name) + ".data: pointer must be 16-byte aligned");
   FLASHGEN_REQUIRE(t->stride[3] == 1, std::string(name) + ".stride[3] must be 1 (head_dim contiguous), got " +
@@ -44,10 +51,9 @@ void check_layout(const TensorView* t, const char* name) {
   for (int i = 0; i < 3; ++i) {
     // A dimension of size 1 is never stepped over, so its stride does not matter.
     if (t->shape[i] == 1) continue;
-    FLASHGEN_REQUIRE(t->stride[i] >= 0 && t->stride[i] % 8 == 0,
-                     std::string(name) + ".stride[" + std::to_string(i) +
-                         "] must be a non-negative multiple of 8 elements (16 bytes), got " +
-                         std::to_string(t->stride[i]));
+    FLASHGEN_REQUIRE(t->stride[i] >= 0 && t->stride[i] % chunk == 0,
+                     std::string(name) + ".stride[" + std::to_string(i) + "] must be a non-negative multiple of " +
+                         std::to_string(chunk) + " elements (16 bytes), got " + std::to_string(t->stride[i]));
   }
   // The farthest element's offset must be addressable (and the sizes derived from it free of overflow).
   int64_t last = 0;

@@ -30,7 +30,8 @@ constexpr int64_t kMaxExtent = int64_t(1) << 30;
 std::string dim(const char* tensor, int i);
 
 // Presence, dtype and shape ranges of one tensor argument.
-void check_tensor(const TensorView* t, const char* name);
+// fp8_taken: the argument may hold FP8 (a KV cache's); elsewhere FP8 is refused (kUnsupported) naming it.
+void check_tensor(const TensorView* t, const char* name, bool fp8_taken = false);
 
 // Memory layout the kernels can read with 16-byte copies: unit head_dim stride, aligned rows.
 void check_layout(const TensorView* t, const char* name);

@@ -12,7 +12,18 @@
 
 namespace flashgen {
 
-const char* dtype_name(DType dtype) { return dtype == DType::kBFloat16 ? "bf16" : "fp16"; }
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kBFloat16:
+      return "bf16";
+    case DType::kFloat8E4M3:
+      return "e4m3";
+    case DType::kFloat8E5M2:
+      return "e5m2";
+    default:
+      return "fp16";
+  }
+}
 
 void AttentionProblem::set_mask(Mask caller_mask, int caller_window_left, int caller_window_right,
                                 int caller_attention_chunk) {

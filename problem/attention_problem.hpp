@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "problem/user_variant.hpp"
@@ -16,7 +17,7 @@ namespace flashgen {
 // device-side ElemType of templates/fwd_traits.cuh.
 using DType = ElemType;
 
-const char* dtype_name(DType dtype);  // "fp16", "bf16"
+const char* dtype_name(DType dtype);  // "fp16", "bf16", "e4m3", "e5m2"
 
 enum class Pass { kForward, kBackward };
 
@@ -83,6 +84,8 @@ struct AttentionProblem {
   bool kv_cache = false;
   bool paged = false;
   int page_size = 0;
+  // An FP8 KV cache's element type (e4m3 or e5m2, widened to dtype as the kernels read it); empty: dtype.
+  std::optional<DType> cache_dtype;
   // Scores soft-capped to cap · tanh(score / cap) before the softmax (options.softcap); 0: none.
   float softcap = 0.f;
   // ALiBi slopes come with the call (options.alibi_slopes, a device array like the tensors): its scores gain
@@ -124,6 +127,7 @@ struct AttentionProblem {
   bool softcapped() const { return softcap > 0.f; }
   ScoreMods score_mods() const { return {softcapped(), alibi}; }
   int head_dim() const { return static_cast<int>(shape.head_dim); }
+  DType kv_dtype() const { return cache_dtype.value_or(dtype); }
   int value_dim() const { return static_cast<int>(shape.value_dim()); }
 };
 

@@ -86,6 +86,11 @@ struct KvCacheArgs {
   void* workspace = nullptr;               // the ranges' partial results, or null: from flashgen's pool
   size_t workspace_bytes = 0;
   CallOptions options;
+  // An FP8 cache's scales: device fp32, sequence b's kv head h's at b * stride[0] + h * stride[1]; null: 1.
+  const float* k_scale = nullptr;
+  int64_t k_scale_stride[2] = {0, 0};
+  const float* v_scale = nullptr;
+  int64_t v_scale_stride[2] = {0, 0};
 };
 
 }  // namespace flashgen

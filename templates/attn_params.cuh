@@ -166,6 +166,11 @@ struct AttnDecodeParams {
   const int* block_table;    // (batch, block_table_stride) page indices, or null for a contiguous cache
   float* o_partial;     // workspace (splits, batch, heads_q, seqlen_q, head_dim) when splits > 1
   float* lse_partial;   // workspace (splits, batch, heads_q, seqlen_q) when splits > 1
+  // An FP8 cache's scales (fp32): a cached key stands for its value times k_scale[b * k_scale_batch_stride +
+  // h * k_scale_head_stride] for sequence b and kv head h (strides 0 share one), and an appended key is stored as
+  // k / that scale; v_scale likewise. Null: 1.
+  const float* k_scale;
+  const float* v_scale;
 
   long long q_batch_stride, q_row_stride, q_head_stride;
   long long k_batch_stride, k_row_stride, k_head_stride;  // batch stride: one page's when paged
@@ -174,6 +179,8 @@ struct AttnDecodeParams {
   long long vn_batch_stride, vn_row_stride, vn_head_stride;
   long long o_batch_stride, o_row_stride, o_head_stride;
   long long block_table_stride;
+  long long k_scale_batch_stride, k_scale_head_stride;
+  long long v_scale_batch_stride, v_scale_head_stride;
 
   int batch;
   int heads_q;

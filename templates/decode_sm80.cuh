@@ -6,7 +6,9 @@
 //                  head times every new token, packed into 16-row mma tiles, so each K/V tile is read once for
 //                  the whole group. The warps split each tile's keys, each with its own online softmax
 //                  (softmax.cuh), and merge their rows through shared memory at the end. A sequence's keys are
-//                  split evenly into gridDim.x ranges, so a short batch still fills the GPU;
+//                  split evenly into gridDim.x ranges, so a short batch still fills the GPU. An FP8 cache
+//                  (Cfg::kCacheElem) is copied as it is and widened in registers (fp8.cuh), its scales applied to
+//                  the scores and the output;
 //   DecodeCombine  with more than one range, merges the ranges' normalised outputs by their LSE.
 // Masking and scores go through the config's Variant (variant.cuh, block_range.cuh).
 #pragma once
@@ -14,6 +16,7 @@
 #include "attn_params.cuh"
 #include "block_range.cuh"
 #include "decode_traits.cuh"
+#include "fp8.cuh"
 #include "sm80_attend.cuh"
 #include "sm80_primitives.cuh"
 #include "softmax.cuh"
@@ -47,6 +50,12 @@ __device__ __forceinline__ int decode_cache_len(const AttnDecodeParams& p, int b
   const int room = p.capacity - p.seqlen_new;
   if (p.cache_seqlens == nullptr) return room;
   return min(max(p.cache_seqlens[batch], 0), room);
+}
+
+// An FP8 cache's scale for (batch, kv head): scales[batch * batch_stride + head * head_stride], 1 without scales.
+__device__ __forceinline__ float cache_scale(const float* scales, long long batch_stride, long long head_stride,
+                                             int batch, int head) {
+  return scales != nullptr ? scales[batch * batch_stride + head * head_stride] : 1.f;
 }
 
 // Where key `key` of a sequence lives: batch entry (contiguous) or page (paged, index clamped into the cache),
@@ -93,14 +102,19 @@ struct DecodeSm80 {
   using u16 = sm80::u16;
   using u32 = sm80::u32;
 
-  static constexpr DecodeTraits kTraits =
-      decode_traits(Cfg::kHeadDim, Cfg::kRows, Cfg::kBlockN, Cfg::kWarps, Cfg::kStages, Cfg::kPaged);
-  static_assert(kTraits.error == nullptr, "invalid decode config: see decode_traits() in decode_traits.cuh");
-
   static constexpr ElemType kElem = Cfg::kElem;
+  static constexpr ElemType kCacheElem = ConfigCacheElem<Cfg>::value;
+  static constexpr bool kFp8 = is_fp8(kCacheElem);
+  static constexpr float kRestore = fp8::restore_factor(kCacheElem, kElem);  // of the widened FP8 tiles
+  static constexpr DecodeTraits kTraits =
+      decode_traits(Cfg::kHeadDim, Cfg::kRows, Cfg::kBlockN, Cfg::kWarps, Cfg::kStages, Cfg::kPaged, kFp8);
+  static_assert(kTraits.error == nullptr, "invalid decode config: see decode_traits() in decode_traits.cuh");
+  static_assert(kCacheElem == kElem || kFp8, "a 16-bit cache holds the queries' type");
+
   using Variant = typename Cfg::Variant;
   static constexpr bool kPaged = Cfg::kPaged;
   static constexpr int kThreads = kTraits.threads;
+  static constexpr int kMinBlocks = kTraits.min_blocks;  // of __launch_bounds__
   static constexpr int kWarps = Cfg::kWarps;
   static constexpr int kRows = Cfg::kRows;              // packed query rows of the block
   static constexpr int kBlockN = Cfg::kBlockN;
@@ -113,9 +127,14 @@ struct DecodeSm80 {
   static constexpr int kNTiles = kWarpKeys / 8;         // 8-key column tiles of a warp's S
   static constexpr int kDTiles = kHeadDimPad / 8;
   static constexpr int kKSteps = kHeadDimPad / 16;
-  static constexpr int kChunks = kHeadDimPad / 8;       // 16-byte chunks per smem row
+  static constexpr int kChunks = kHeadDimPad / 8;       // 16-byte chunks per smem row of Q
   static constexpr int kValidChunks = kHeadDim / 8;
-  static constexpr int kTileBytes = kBlockN * kRow * 2;
+  using CacheT = typename fp8::Storage<kCacheElem>::type;
+  static constexpr int kCacheChunk = 16 / elem_bytes(kCacheElem);  // cache elements per 16-byte chunk
+  static constexpr int kCacheChunks = kHeadDimPad / kCacheChunk;   // 16-byte chunks per smem row of K or V
+  static constexpr int kCacheValidChunks = kHeadDim / kCacheChunk;
+  static constexpr int kKvRowBytes = kTraits.kv_row_bytes;
+  static constexpr int kTileBytes = kBlockN * kKvRowBytes;
   static constexpr int kPitch = kTraits.reduce_pitch;
 
   // blockIdx: (key range, kv head * row_blocks + block of its packed rows, sequence).
@@ -150,9 +169,28 @@ struct DecodeSm80 {
     const DecodeRange<Variant, kBlockN> range(p, seq, batch, row0, kRows, split);
     const int n_begin = range.n_begin, n_end = range.n_end, full_begin = range.full_begin, full_end = range.full_end;
 
-    // Q: packed row r is token (row0 + r) / group of query head kv_head * group + (row0 + r) % group.
+    // Q: packed row r is token (row0 + r) / group of query head kv_head * group + (row0 + r) % group. Over an FP8
+    // cache each k-step's columns are stored in the order its K fragments read them (fp8::permute_k_step).
     const u16* q = static_cast<const u16*>(p.q) + batch * p.q_batch_stride;
-    constexpr int kQTotal = kRows * kChunks;
+    if constexpr (kFp8) {
+      constexpr int kSteps = kHeadDim / 16;
+      for (int i = tid; i < kRows * kSteps; i += kThreads) {
+        const int r = i / kSteps;
+        const int step = i % kSteps;
+        const int packed = row0 + r;
+        uint4 lo = make_uint4(0u, 0u, 0u, 0u), hi = lo;
+        if (packed < packed_rows) {
+          const int head = kv_head * p.group_size + packed % p.group_size;
+          const uint4* src = reinterpret_cast<const uint4*>(q + (packed / p.group_size) * p.q_row_stride +
+                                                            head * p.q_head_stride + step * 16);
+          lo = src[0], hi = src[1];
+        }
+        fp8::permute_k_step(lo, hi);
+        uint4* dst = reinterpret_cast<uint4*>(smem_raw + (r * kRow + step * 16) * 2);
+        dst[0] = lo, dst[1] = hi;
+      }
+    }
+    constexpr int kQTotal = kFp8 ? 0 : kRows * kChunks;
 #pragma unroll
     for (int i0 = 0; i0 < kQTotal; i0 += kThreads) {
       const int i = i0 + tid;
@@ -177,8 +215,8 @@ struct DecodeSm80 {
     // stores the row's K and V offsets in s_rows), so neither the table's latency nor the division by
     // page_size is paid per copy. The prologue's tiles locate their rows directly.
     const int* pages = kPaged ? p.block_table + batch * p.block_table_stride : nullptr;
-    const u16* k = static_cast<const u16*>(p.k_cache) + kv_head * p.k_head_stride;
-    const u16* v = static_cast<const u16*>(p.v_cache) + kv_head * p.v_head_stride;
+    const CacheT* k = static_cast<const CacheT*>(p.k_cache) + kv_head * p.k_head_stride;
+    const CacheT* v = static_cast<const CacheT*>(p.v_cache) + kv_head * p.v_head_stride;
     auto stage_rows = [&](int n_block) {
       if constexpr (kPaged) {
         long long* rows = s_rows + (n_block % 2) * 2 * kBlockN;
@@ -197,29 +235,29 @@ struct DecodeSm80 {
       const int n_start = n_block * kBlockN;
       const int rows_valid = n_block < n_end ? min(kBlockN, range.key_end - n_start) : 0;
       const long long* rows = s_rows + (n_block % 2) * 2 * kBlockN;
-      constexpr int kTotal = kBlockN * kChunks;
+      constexpr int kTotal = kBlockN * kCacheChunks;
       // Partly unrolled: every copy of a pass holds two 64-bit addresses, and head_dim 256 fully unrolled
       // (16 passes) spills.
 #pragma unroll 8
       for (int i0 = 0; i0 < kTotal; i0 += kThreads) {
         const int i = i0 + tid;
         if (kTotal % kThreads == 0 || i < kTotal) {
-          const int row = i / kChunks;
-          const int chunk = i % kChunks;
-          const bool valid = row < rows_valid && chunk < kValidChunks;
-          const u16* k_src = k;
-          const u16* v_src = v;
+          const int row = i / kCacheChunks;
+          const int chunk = i % kCacheChunks;
+          const bool valid = row < rows_valid && chunk < kCacheValidChunks;
+          const CacheT* k_src = k;
+          const CacheT* v_src = v;
           if (valid) {
             if (kPaged && staged) {
-              k_src = k + rows[row] + chunk * 8;
-              v_src = v + rows[kBlockN + row] + chunk * 8;
+              k_src = k + rows[row] + chunk * kCacheChunk;
+              v_src = v + rows[kBlockN + row] + chunk * kCacheChunk;
             } else {
               const CacheRow at = cache_row<kPaged>(p, pages, batch, n_start + row);
-              k_src = k + at.page * p.k_batch_stride + at.row * p.k_row_stride + chunk * 8;
-              v_src = v + at.page * p.v_batch_stride + at.row * p.v_row_stride + chunk * 8;
+              k_src = k + at.page * p.k_batch_stride + at.row * p.k_row_stride + chunk * kCacheChunk;
+              v_src = v + at.page * p.v_batch_stride + at.row * p.v_row_stride + chunk * kCacheChunk;
             }
           }
-          const u32 dst = sk + (row * kRow + chunk * 8) * 2;
+          const u32 dst = sk + row * kKvRowBytes + chunk * 16;
           sm80::cp_async_16_stream(dst, k_src, valid);
           sm80::cp_async_16_stream(dst + kTileBytes, v_src, valid);
         }
@@ -232,10 +270,18 @@ struct DecodeSm80 {
     }
     stage_rows(n_begin + kStages - 1);  // read by every thread after the loop's first barrier
 
-    // ldmatrix lane offsets as in fwd_sm80.cuh; every warp reads all Q rows and its own kWarpKeys keys.
+    // ldmatrix lane offsets as in fwd_sm80.cuh (an FP8 cache's as fp8.cuh reads it); every warp reads all Q rows and
+    // its own kWarpKeys keys.
     const u32 q_lane = sq_addr + ((lane & 15) * kRow + (lane >> 4) * 8) * 2;
-    const u32 k_lane = ((warp * kWarpKeys + (lane & 7) + ((lane >> 4) << 3)) * kRow) * 2 + ((lane >> 3) & 1) * 16;
-    const u32 v_lane = ((warp * kWarpKeys + (lane & 7) + ((lane >> 3) & 1) * 8) * kRow) * 2 + (lane >> 4) * 16;
+    const u32 k_lane = kFp8 ? (warp * kWarpKeys + (lane & 7) + ((lane >> 3) & 1) * 8) * kKvRowBytes + (lane >> 4) * 16
+                            : ((warp * kWarpKeys + (lane & 7) + ((lane >> 4) << 3)) * kRow) * 2 + ((lane >> 3) & 1) * 16;
+    const u32 v_lane = (warp * kWarpKeys + (lane & 7) + ((lane >> 3) & 1) * 8) * kKvRowBytes + (lane >> 4) * 16;
+    // An FP8 cache's scales for this (sequence, kv head), each with the 2^kRebias its widened tiles leave out: the
+    // keys' multiplies the scores, the values' the output.
+    const float k_scale =
+        kFp8 ? cache_scale(p.k_scale, p.k_scale_batch_stride, p.k_scale_head_stride, batch, kv_head) * kRestore : 1.f;
+    const float v_scale =
+        kFp8 ? cache_scale(p.v_scale, p.v_scale_batch_stride, p.v_scale_head_stride, batch, kv_head) * kRestore : 1.f;
 
     float acc_o[kMTiles][kDTiles][4];  // (kRows, kHeadDimPad) fp32 partial output of this warp's keys
     float row_max[kMTiles][2];         // running max (log2 units) of rows g and g + 8 of each tile
@@ -273,7 +319,17 @@ struct DecodeSm80 {
 
       float acc_s[kMTiles][kNTiles][4];  // (kRows, kWarpKeys): S of this warp's keys
       auto load_a = [&](int mt, int kk, u32(&a)[4]) { sm80::ldmatrix_x4(a, q_lane + (mt * 16 * kRow + kk * 16) * 2); };
-      sm80::qk_product<kElem, kKSteps, kRow>(acc_s, load_a, sk, k_lane);
+      if constexpr (kFp8) {
+        fp8::qk_product<kElem, kCacheElem, kKSteps, kKvRowBytes>(acc_s, load_a, sk, k_lane);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] *= k_scale;
+      } else {
+        sm80::qk_product<kElem, kKSteps, kRow>(acc_s, load_a, sk, k_lane);
+      }
 
       // Refill the slot tile n_block - 1 used (every warp passed the barrier above after reading it), with the
       // rows staged before that barrier; stage the next tile's over the ones read an iteration ago.
@@ -289,7 +345,11 @@ struct DecodeSm80 {
 
       u32 p_frag[kMTiles][kNTiles / 2][4];  // A fragments of P, 16x16 each
       sm80::softmax_update<kElem>(acc_s, row_max, row_sum, acc_o, p_frag, scale_log2);
-      sm80::pv_product<kElem, kRow>(acc_o, p_frag, sv, v_lane);
+      if constexpr (kFp8) {
+        fp8::pv_product<kElem, kCacheElem, kKvRowBytes>(acc_o, p_frag, sv, v_lane);
+      } else {
+        sm80::pv_product<kElem, kRow>(acc_o, p_frag, sv, v_lane);
+      }
     };
     for (int n = n_begin; n < full_begin; ++n) attend(n, sm80::BoolConstant<true>{});
     for (int n = full_begin; n < full_end; ++n) attend(n, sm80::BoolConstant<false>{});
@@ -312,10 +372,18 @@ struct DecodeSm80 {
           red_max[warp * kRows + r] = row_max[mt][h];
           red_sum[warp * kRows + r] = sum;
         }
+        if constexpr (kFp8) {
 #pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          *reinterpret_cast<float2*>(red_o + (warp * kRows + r) * kPitch + dt * 8 + 2 * t) =
-              make_float2(acc_o[mt][dt][2 * h], acc_o[mt][dt][2 * h + 1]);
+          for (int c = 0; c < kDTiles / 2; ++c) {
+            *reinterpret_cast<float4*>(red_o + (warp * kRows + r) * kPitch + c * 16 + 4 * t) =
+                fp8::o_group_columns(acc_o[mt][2 * c], acc_o[mt][2 * c + 1], h);
+          }
+        } else {
+#pragma unroll
+          for (int dt = 0; dt < kDTiles; ++dt) {
+            *reinterpret_cast<float2*>(red_o + (warp * kRows + r) * kPitch + dt * 8 + 2 * t) =
+                make_float2(acc_o[mt][dt][2 * h], acc_o[mt][dt][2 * h + 1]);
+          }
         }
       }
     __syncthreads();
@@ -343,7 +411,7 @@ struct DecodeSm80 {
       const int tok = packed / p.group_size;
       const int hq = kv_head * p.group_size + packed % p.group_size;
       // The sink joins the row once: here with one range, else where the combine kernel merges the ranges.
-      const float inv = softmax::row_end_factor(p.splits > 1 ? nullptr : p.variant.sinks, hq, m, sum);
+      const float inv = softmax::row_end_factor(p.splits > 1 ? nullptr : p.variant.sinks, hq, m, sum) * v_scale;
       acc.x *= inv, acc.y *= inv, acc.z *= inv, acc.w *= inv;
       const float lse = softmax::lse(m, sum);
       const long long row = (static_cast<long long>(batch) * p.heads_q + hq) * p.seqlen_q + tok;
@@ -459,12 +527,37 @@ struct DecodeCombine {
 };
 
 // Appends the new tokens' keys and values at rows [cache_len, cache_len + seqlen_new) of their sequences'
-// caches, one 16-byte chunk per thread; a latent cache (values of a head dim of their own: the keys' first
-// columns) takes the keys alone. blockIdx: (chunk block, sequence).
+// caches, one 16-byte chunk of the new tokens per thread (rounded to 8 bytes for an FP8 cache: each value divided by
+// its scale); a latent cache (values of a head dim of their own: the keys' first columns) takes the keys alone.
+// blockIdx: (chunk block, sequence).
 template <class Cfg>
 struct DecodeAppend {
   using u16 = sm80::u16;
   static constexpr int kChunks = Cfg::kHeadDim / 8;
+  static constexpr ElemType kCacheElem = ConfigCacheElem<Cfg>::value;
+  static constexpr bool kFp8 = is_fp8(kCacheElem);
+  using CacheT = typename fp8::Storage<kCacheElem>::type;
+
+  // The 8 new values at src, as the cache stores them, to dst.
+  static __device__ void store(CacheT* dst, const u16* src, const float* scales, long long batch_stride,
+                               long long head_stride, int batch, int head) {
+    const uint4 x = *reinterpret_cast<const uint4*>(src);
+    if constexpr (kFp8) {
+      const float scale = cache_scale(scales, batch_stride, head_stride, batch, head);
+      const unsigned words[4] = {x.x, x.y, x.z, x.w};
+      unsigned short pairs[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float lo, hi;
+        sm80::unpack2<Cfg::kElem>(words[i], lo, hi);
+        pairs[i] = fp8::narrow2<kCacheElem>(__fdiv_rn(lo, scale), __fdiv_rn(hi, scale));
+      }
+      *reinterpret_cast<uint2*>(dst) = make_uint2(pairs[0] | (unsigned(pairs[1]) << 16),
+                                                  pairs[2] | (unsigned(pairs[3]) << 16));
+    } else {
+      *reinterpret_cast<uint4*>(dst) = x;
+    }
+  }
 
   static __device__ void run(const AttnDecodeParams& p) {
     const int batch = blockIdx.y;
@@ -478,15 +571,15 @@ struct DecodeAppend {
     const CacheRow at = cache_row<Cfg::kPaged>(p, pages, batch, decode_cache_len(p, batch) + token);
     const u16* k_src = static_cast<const u16*>(p.k_new) + batch * p.kn_batch_stride + token * p.kn_row_stride +
                        head * p.kn_head_stride + chunk * 8;
-    u16* k_dst = static_cast<u16*>(const_cast<void*>(p.k_cache)) + at.page * p.k_batch_stride +
-                 at.row * p.k_row_stride + head * p.k_head_stride + chunk * 8;
-    *reinterpret_cast<uint4*>(k_dst) = *reinterpret_cast<const uint4*>(k_src);
+    CacheT* k_dst = static_cast<CacheT*>(const_cast<void*>(p.k_cache)) + at.page * p.k_batch_stride +
+                    at.row * p.k_row_stride + head * p.k_head_stride + chunk * 8;
+    store(k_dst, k_src, p.k_scale, p.k_scale_batch_stride, p.k_scale_head_stride, batch, head);
     if constexpr (ConfigHeadDimV<Cfg>::value == Cfg::kHeadDim) {
       const u16* v_src = static_cast<const u16*>(p.v_new) + batch * p.vn_batch_stride + token * p.vn_row_stride +
                          head * p.vn_head_stride + chunk * 8;
-      u16* v_dst = static_cast<u16*>(const_cast<void*>(p.v_cache)) + at.page * p.v_batch_stride +
-                   at.row * p.v_row_stride + head * p.v_head_stride + chunk * 8;
-      *reinterpret_cast<uint4*>(v_dst) = *reinterpret_cast<const uint4*>(v_src);
+      CacheT* v_dst = static_cast<CacheT*>(const_cast<void*>(p.v_cache)) + at.page * p.v_batch_stride +
+                      at.row * p.v_row_stride + head * p.v_head_stride + chunk * 8;
+      store(v_dst, v_src, p.v_scale, p.v_scale_batch_stride, p.v_scale_head_stride, batch, head);
     }
   }
 };

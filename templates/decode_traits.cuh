@@ -14,18 +14,24 @@ struct DecodeTraits {
   int warp_keys;            // keys of each K/V tile one warp attends to: block_n / warps
   int smem_q_bytes;         // (rows, smem_row_elems) Q tile
   int smem_rows_bytes;      // paged caches: two tiles' K and V row offsets (int64 each), staged one tile ahead
-  int smem_kv_stage_bytes;  // (block_n, smem_row_elems) K tile + V tile
+  int kv_row_bytes;         // shared-memory row pitch of K and V in bytes: smem_row_elems' for a 16-bit cache; an FP8
+                            // cache's head_dim + 16 (an odd count of 16-byte chunks: conflict-free ldmatrix)
+  int smem_kv_stage_bytes;  // (block_n, kv_row_bytes) K tile + V tile
   int reduce_pitch;         // fp32 row pitch of the warps' partial outputs: head_dim_pad + 8 (conflict-free)
   int smem_reduce_bytes;    // the warps' partial outputs, maxima and sums, over the K/V ring once it is idle
   int smem_bytes;           // whole dynamic shared memory of one block
   int accum_regs;           // registers per thread for O, S and P fragments
+  int min_blocks;           // blocks per SM the registers are bounded for (__launch_bounds__): three over an FP8
+                            // cache, whose half-size tiles double the work per byte read and need more warps to
+                            // hide its latency; else one
   const char* error;        // nullptr when the shape is valid on some GPU
 };
 
 // rows: query rows of one block, the query heads of a kv head times the new tokens, packed (16, 32 or 64).
 // block_n: keys per K/V tile, split evenly among the warps, each taking whole 16-key mma steps. paged: the cache
-// is read through a block table.
-constexpr DecodeTraits decode_traits(int head_dim, int rows, int block_n, int warps, int stages, bool paged) {
+// is read through a block table. fp8_cache: it holds FP8 values, widened to the queries' type in registers.
+constexpr DecodeTraits decode_traits(int head_dim, int rows, int block_n, int warps, int stages, bool paged,
+                                     bool fp8_cache = false) {
   DecodeTraits t{};
   t.threads = warps * 32;
   t.head_dim_pad = (head_dim + 15) / 16 * 16;
@@ -34,7 +40,8 @@ constexpr DecodeTraits decode_traits(int head_dim, int rows, int block_n, int wa
   t.warp_keys = warps > 0 ? block_n / warps : 0;
   t.smem_q_bytes = rows * t.smem_row_elems * 2;
   t.smem_rows_bytes = paged ? 2 * block_n * 2 * 8 : 0;
-  t.smem_kv_stage_bytes = 2 * block_n * t.smem_row_elems * 2;
+  t.kv_row_bytes = fp8_cache ? head_dim + 16 : t.smem_row_elems * 2;
+  t.smem_kv_stage_bytes = 2 * block_n * t.kv_row_bytes;
   t.reduce_pitch = t.head_dim_pad + 8;
   t.smem_reduce_bytes = warps * rows * (t.reduce_pitch + 2) * 4;
   const int ring = stages * t.smem_kv_stage_bytes;
@@ -42,9 +49,12 @@ constexpr DecodeTraits decode_traits(int head_dim, int rows, int block_n, int wa
   t.accum_regs = t.m_tiles * (t.head_dim_pad / 8) * 4     // O, fp32
                  + t.m_tiles * (t.warp_keys / 8) * 4       // S, fp32
                  + t.m_tiles * (t.warp_keys / 16) * 4;     // P, packed 16-bit pairs
+  t.min_blocks = fp8_cache && t.accum_regs <= 96 ? 3 : 1;
   t.error = nullptr;
   if (head_dim < 8 || head_dim > 256 || head_dim % 8 != 0) {
     t.error = "head_dim must be a multiple of 8 in [8, 256]";
+  } else if (fp8_cache && head_dim % 32 != 0) {
+    t.error = "an FP8 cache's head_dim must be a multiple of 32 (its fragments are read two 16-column steps at once)";
   } else if (rows != 16 && rows != 32 && rows != 64) {
     t.error = "rows must be 16, 32 or 64";
   } else if (warps < 1 || warps > 8) {
@@ -58,6 +68,16 @@ constexpr DecodeTraits decode_traits(int head_dim, int rows, int block_n, int wa
   }
   return t;
 }
+
+// Cfg::kCacheElem where the generated config header names it (an FP8 cache), else Cfg::kElem.
+template <class Cfg, class = void>
+struct ConfigCacheElem {
+  static constexpr ElemType value = Cfg::kElem;
+};
+template <class Cfg>
+struct ConfigCacheElem<Cfg, decltype(void(Cfg::kCacheElem))> {
+  static constexpr ElemType value = Cfg::kCacheElem;
+};
 
 // The Hopper latent decode (decode_sm90.cuh): keys of head_dim columns whose first head_dim_v columns are the values
 // (MLA's latent cache, read once), 64 packed query rows and 64 keys per tile, in 64-column chunks swizzled as wgmma

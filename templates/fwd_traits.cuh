@@ -4,7 +4,12 @@
 
 namespace flashgen {
 
-enum class ElemType : int { kFloat16 = 0, kBFloat16 = 1 };
+// The 16-bit types attention computes in, and the 8-bit floating-point types a KV cache may hold (e4m3fn: 4
+// exponent bits, 3 mantissa, no infinity, ±448 largest; e5m2: 5 and 2, IEEE-like).
+enum class ElemType : int { kFloat16 = 0, kBFloat16 = 1, kFloat8E4M3 = 2, kFloat8E5M2 = 3 };
+
+constexpr bool is_fp8(ElemType t) { return t == ElemType::kFloat8E4M3 || t == ElemType::kFloat8E5M2; }
+constexpr int elem_bytes(ElemType t) { return is_fp8(t) ? 1 : 2; }
 // kWindow: a sliding window about the diagonal (variant.cuh's SlidingWindow); a causal window is one whose
 // right side is 0. kChunk: a window whose rows also see only their own chunk of keys (ChunkedWindow; Llama 4's
 // chunked attention, chunked causal being the window (seqlen_k, 0) in chunks).

@@ -26,19 +26,24 @@ int heuristic_decode_splits(const AttentionProblem& problem, const DecodeConfig&
   // stages - 1 tiles in flight), while each range's prologue, epilogue and merge cost more. Two for a paged cache
   // where they fit: its rows' scattered pages take longer to reach, and a second block hides that
   // (bench/notes_decode.md, "The split count").
+  // An FP8 cache's kernel is bounded for three blocks per SM (decode_traits' min_blocks), as many as fit.
   const int smem = config.smem_bytes(DecodeKernel::kAttend) + 1024;  // the driver reserves 1 KB per block
-  const int per_sm = problem.paged && 2 * smem <= max_smem_per_block(arch) + 1024 ? 2 : 1;
+  const int wanted = config.latent ? 1 : std::max(config.traits().min_blocks, problem.paged ? 2 : 1);
+  int per_sm = 1;
+  while (per_sm < wanted && (per_sm + 1) * smem <= max_smem_per_block(arch) + 1024) ++per_sm;
   const long long slots = static_cast<long long>(multiprocessors) * per_sm;
   const int most = max_decode_splits(problem, config);
   // A walk that one block's pipeline holds whole (no more key blocks than its stages, a single block among them:
   // every load is in flight at once) is one trip to memory however it is split, and each more range only adds
   // its partials and the merge (bench/notes_decode.md, "A window that one block's pipeline holds").
   const long long blocks = max_decode_blocks(problem, config);
-  if (base >= slots || blocks <= config.stages) return 1;
   auto efficiency = [&](int splits) {
     const double waves = static_cast<double>(base * splits) / static_cast<double>(slots);
     return waves / std::ceil(waves);
   };
+  // Blocks enough to fill the GPU take one range each, unless their last wave leaves most slots idle (1.3 waves of
+  // an FP8 cache's three blocks per SM at batch 64 and 8 kv heads): ranges then even the waves out.
+  if ((base >= slots && efficiency(1) >= 0.85) || blocks <= config.stages) return 1;
   double best = 0.0;
   for (int splits = 1; splits <= most; ++splits) best = std::max(best, efficiency(splits));
   int chosen = most;
@@ -110,6 +115,7 @@ DecodeChoice heuristic_decode_choice(const AttentionProblem& problem, int arch, 
   c.mask = problem.mask_kind();
   c.mods = problem.score_mods();
   c.paged = problem.paged;
+  c.cache_dtype = problem.cache_dtype;
   c.block_n = 64;
   c.warps = 4;
   // The fewest 16-row tiles that hold a kv head's packed rows, as far as the registers allow.
@@ -122,8 +128,9 @@ DecodeChoice heuristic_decode_choice(const AttentionProblem& problem, int arch, 
     if (wider.traits().error != nullptr) break;
     c.rows = rows;
   }
-  // As many stages as leave room for two blocks per SM (at least two stages, at most eight).
-  const int budget = max_smem_per_block(arch) / 2 - 1024;
+  // As many stages as leave room for two blocks per SM, or as many as the registers are bounded for (an FP8 cache's
+  // three), at least two stages, at most eight.
+  const int budget = max_smem_per_block(arch) / std::max(2, c.traits().min_blocks) - 1024;
   c.stages = 2;
   for (int stages = 3; stages <= 8; ++stages) {
     DecodeConfig deeper = c;

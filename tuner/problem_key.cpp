@@ -86,7 +86,9 @@ int64_t size_bucket(int64_t n) {
 }
 
 std::string ProblemKey::pass_id() const {
-  if (kv_cache) return paged ? "dec_paged" : "dec";
+  if (kv_cache) {
+    return std::string(paged ? "dec_paged" : "dec") + (cache_dtype ? std::string("_kv") + dtype_name(*cache_dtype) : "");
+  }
   if (pass == Pass::kForward) {
     if (page_size > 0) return std::string(kPagedPrefillPass) + std::to_string(page_size);
     return varlen ? "fwd_varlen" : "fwd";
@@ -96,7 +98,7 @@ std::string ProblemKey::pass_id() const {
 }
 
 void read_pass_id(const std::string& text, ProblemKey& key) {
-  key.kv_cache = false, key.paged = false, key.page_size = 0;
+  key.kv_cache = false, key.paged = false, key.page_size = 0, key.cache_dtype.reset();
   const std::string paged_prefill = kPagedPrefillPass;
   if (text == "fwd" || text == "fwd_varlen") {
     key.pass = Pass::kForward, key.dq = DqStrategy::kAtomic, key.varlen = text == "fwd_varlen";
@@ -112,9 +114,11 @@ void read_pass_id(const std::string& text, ProblemKey& key) {
     }
     key.pass = Pass::kForward, key.dq = DqStrategy::kAtomic, key.varlen = true;
     key.paged = true, key.page_size = static_cast<int>(page_size);
-  } else if (text == "dec" || text == "dec_paged") {
+  } else if (text == "dec" || text == "dec_paged" || text.rfind("dec_kv", 0) == 0 || text.rfind("dec_paged_kv", 0) == 0) {
     key.pass = Pass::kForward, key.dq = DqStrategy::kAtomic, key.varlen = false;
-    key.kv_cache = true, key.paged = text == "dec_paged";
+    key.kv_cache = true, key.paged = text.rfind("dec_paged", 0) == 0;
+    const size_t kv = text.find("_kv");
+    if (kv != std::string::npos) key.cache_dtype = parse_cache_dtype(text.substr(kv + 3), "problem pass '" + text + "'");
   } else if (text == "bwd" || text == "bwd_det" || text == "bwd_varlen" || text == "bwd_det_varlen") {
     key.pass = Pass::kBackward;
     key.dq = text.rfind("bwd_det", 0) == 0 ? DqStrategy::kDeterministic : DqStrategy::kAtomic;
@@ -122,7 +126,7 @@ void read_pass_id(const std::string& text, ProblemKey& key) {
   } else {
     fail(Status::kInvalidArgument,
          "problem pass must be fwd, fwd_varlen, fwd_varlen_paged<page size>, bwd, bwd_det, bwd_varlen, bwd_det_varlen, "
-         "dec or dec_paged, got '" + text + "'");
+         "dec or dec_paged (with _kve4m3 or _kve5m2 for an FP8 cache), got '" + text + "'");
   }
 }
 
@@ -256,6 +260,7 @@ ProblemKey problem_key(const AttentionProblem& problem) {
   key.mods = problem.score_mods();
   set_key_window(problem, key);
   key.kv_cache = problem.kv_cache;  // seqlen_q: the new tokens per sequence; seqlen_k: the cache's capacity
+  key.cache_dtype = problem.kv_cache ? problem.cache_dtype : std::nullopt;
   key.paged = (problem.kv_cache || problem.varlen) && problem.paged;
   key.page_size = problem.varlen && problem.paged ? problem.page_size : 0;
   FLASHGEN_REQUIRE(!problem.varlen || !problem.paged || (problem.page_size > 0 && problem.page_size % 16 == 0),

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "generator/kernel_config.hpp"
@@ -42,6 +43,7 @@ struct ProblemKey {
   DqStrategy dq = DqStrategy::kAtomic;  // backward keys: each strategy has its own kernels and tuning data
   bool varlen = false;                  // packed batches run kernels of their own, so have data of their own
   bool kv_cache = false;                // decoding against a KV cache (the decode family, with its split count)
+  std::optional<DType> cache_dtype;     // an FP8 KV cache's type ("dec_kve4m3"), kernels of their own; empty: dtype
   bool paged = false;                   // keys and values read through a block table (KV-cache or packed forward)
   // A packed forward over a paged cache: its pages' keys, part of the class ("fwd_varlen_paged256"). Its TMA boxes
   // hold gcd(page_size, block_n) rows, so the fastest tile follows the page size. 0 for every other key.

@@ -134,6 +134,7 @@ std::string decode_builtin(const ProblemKey& key, const DeviceFingerprint& devic
   problem.kv_cache = true;
   problem.paged = key.paged;
   problem.page_size = key.paged ? 16 : 0;
+  problem.cache_dtype = key.cache_dtype;
   problem.softcap = key.mods.softcap ? 30.f : 0.f;  // the cap's value is a run-time argument: any positive one
   problem.alibi = key.mods.alibi;
   const DecodeChoice choice = heuristic_decode_choice(problem, device.sm, device.sm_count);

@@ -190,6 +190,7 @@ DecodeSpaceReport decode_space(const AttentionProblem& problem, int arch, int mu
   c.config.mask = problem.mask_kind();
   c.config.mods = problem.score_mods();
   c.config.paged = problem.paged;
+  c.config.cache_dtype = problem.cache_dtype;
   if (latent) {
     for (int stages : knobs.stages) {
       c.config.stages = stages;

@@ -16,7 +16,8 @@ using namespace sweep_driver;
 namespace {
 
 // One KV-cache problem's device tensors (q, out, lse and contiguous or paged caches, every sequence's cache full)
-// and its checked call. A latent cache (values of a head dim of their own) stores the keys alone: v_cache is a view
+// and its checked call. An FP8 cache holds codes of values about 150 wide (the largest e4m3 ones saturate), read
+// with no scale; k8 and v8 keep them on the host and k64 and v64 their values for the reference. A latent cache (values of a head dim of their own) stores the keys alone: v_cache is a view
 // of their first head_dim_v columns, and v on the host holds those columns for the reference. fill_from: null to fill q and the caches with random values kept on the host (the
 // float64 check's set), else a set whose values are repeated over this one's sequences (timed sets: random
 // data, without generating gigabytes on the host).
@@ -25,6 +26,8 @@ struct DecodeSet {
   int page_size = 0;                 // 0: contiguous
   int64_t pages = 0;                 // pages per sequence
   std::vector<uint16_t> q, k, v;     // host bits of a random set, k and v as [batch, seqlen_k, heads_kv, dim]
+  std::vector<uint8_t> k8, v8;       // an FP8 cache's codes, likewise
+  std::vector<double> k64, v64;      // and their values
   std::vector<int32_t> table;        // paged: key j of sequence b in page table[b * pages + j / page_size]
   DeviceBuffer dq, dk, dv, dout, dlse, dlens, dtable, slopes;  // slopes: ALiBi's standard ones, with ALiBi
   KvCacheCall call;
@@ -33,7 +36,8 @@ struct DecodeSet {
       : shape(problem.shape), page_size(problem.paged ? problem.page_size : 0) {
     shape.batch = batch;
     const AttentionShape& s = shape;
-    const DType dtype = problem.dtype;
+    const DType dtype = problem.dtype, cache_dtype = problem.kv_dtype();
+    const size_t cache_bytes = size_t(elem_bytes(cache_dtype));
     const bool latent = s.value_dim() != s.head_dim;
     const int64_t row = s.heads_kv * s.head_dim, q_elems = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
     const int64_t out_elems = s.batch * s.seqlen_q * s.heads_q * s.value_dim();
@@ -43,9 +47,28 @@ struct DecodeSet {
     std::iota(table.begin(), table.end(), 0);
     std::shuffle(table.begin(), table.end(), rng);
     dq = DeviceBuffer(size_t(q_elems) * 2);
-    dk = DeviceBuffer(size_t(cache_rows * row) * 2);
-    if (!latent) dv = DeviceBuffer(size_t(cache_rows * row) * 2);
-    if (fill_from == nullptr) {
+    dk = DeviceBuffer(size_t(cache_rows * row) * cache_bytes);
+    if (!latent) dv = DeviceBuffer(size_t(cache_rows * row) * cache_bytes);
+    if (fill_from == nullptr && problem.cache_dtype) {
+      q = random_bits(size_t(q_elems), dtype, rng);
+      dq.upload(q);
+      std::normal_distribution<float> normal(0.f, 150.f);
+      for (auto* codes : {&k8, &v8}) {
+        codes->resize(size_t(s.batch * s.seqlen_k * row));
+        for (uint8_t& c : *codes) c = float_to_fp8_bits(normal(rng), cache_dtype);
+      }
+      for (const auto& [codes, values] : {std::pair{&k8, &k64}, std::pair{&v8, &v64}}) {
+        for (uint8_t c : *codes) values->push_back(fp8_bits_to_double(c, cache_dtype));
+      }
+      std::vector<uint8_t> k_cache(size_t(cache_rows * row)), v_cache(k_cache.size());
+      for (int64_t b = 0; b < s.batch; ++b)
+        for (int64_t j = 0; j < s.seqlen_k; ++j) {
+          std::copy_n(k8.begin() + (b * s.seqlen_k + j) * row, row, k_cache.begin() + cache_row_of(b, j) * row);
+          std::copy_n(v8.begin() + (b * s.seqlen_k + j) * row, row, v_cache.begin() + cache_row_of(b, j) * row);
+        }
+      dk.upload(k_cache);
+      dv.upload(v_cache);
+    } else if (fill_from == nullptr) {
       q = random_bits(size_t(q_elems), dtype, rng);
       k = random_bits(size_t(s.batch * s.seqlen_k * row), dtype, rng);
       if (latent) {
@@ -73,8 +96,9 @@ struct DecodeSet {
       for (int64_t b = 0; b < s.batch; ++b) {
         const int64_t source = b % from.shape.batch;
         for (int64_t j = 0; j < s.seqlen_k; j += run) {
-          const size_t bytes = size_t(std::min(run, s.seqlen_k - j) * row) * 2;
-          const size_t to = size_t(cache_row_of(b, j) * row) * 2, at = size_t(from.cache_row_of(source, j) * row) * 2;
+          const size_t bytes = size_t(std::min(run, s.seqlen_k - j) * row) * cache_bytes;
+          const size_t to = size_t(cache_row_of(b, j) * row) * cache_bytes;
+          const size_t at = size_t(from.cache_row_of(source, j) * row) * cache_bytes;
           dk.copy_from(from.dk, bytes, to, at);
           if (!latent) dv.copy_from(from.dv, bytes, to, at);
         }
@@ -96,7 +120,7 @@ struct DecodeSet {
     args.out = bshd_view(dout.data(), dtype, s.batch, s.seqlen_q, s.heads_q, s.value_dim());
     const int64_t cache_batch = page_size > 0 ? s.batch * pages : s.batch;
     const int64_t cache_len = page_size > 0 ? page_size : s.seqlen_k;
-    args.k_cache = bshd_view(dk.data(), dtype, cache_batch, cache_len, s.heads_kv, s.head_dim);
+    args.k_cache = bshd_view(dk.data(), cache_dtype, cache_batch, cache_len, s.heads_kv, s.head_dim);
     args.v_cache = args.k_cache;
     if (latent) {
       args.v_cache.shape[3] = s.value_dim();
@@ -147,13 +171,15 @@ SweepResult sweep_decode(const AttentionProblem& problem, const std::vector<Deco
   const StridedView v_view = StridedView::contiguous(cs.batch, cs.seqlen_k, cs.heads_kv, cs.value_dim());
   const StridedView out_view = StridedView::contiguous(cs.batch, cs.seqlen_q, cs.heads_q, cs.value_dim());
   const std::vector<RowSample> rows = sample_rows(cs, options.check_rows);
+  const bool fp8 = problem.cache_dtype.has_value();
   const std::vector<ReferenceRow> reference = attention_reference_rows(
-      cs, HostInput::bits16(check.q.data(), dtype, q_view), HostInput::bits16(check.k.data(), dtype, kv_view),
-      HostInput::bits16(check.v.data(), dtype, v_view), check.call.params.variant.scale, problem.mask, rows,
-      /*threads=*/1, variant_of(problem));
+      cs, HostInput::bits16(check.q.data(), dtype, q_view),
+      fp8 ? HostInput::float64(check.k64.data(), kv_view) : HostInput::bits16(check.k.data(), dtype, kv_view),
+      fp8 ? HostInput::float64(check.v64.data(), v_view) : HostInput::bits16(check.v.data(), dtype, v_view),
+      check.call.params.variant.scale, problem.mask, rows, /*threads=*/1, variant_of(problem));
   const AttentionShape& shape = problem.shape;
   const int64_t kv_bytes = (shape.value_dim() != shape.head_dim ? 1 : 2) * shape.batch * shape.seqlen_k *
-                           shape.heads_kv * shape.head_dim * 2;  // a latent cache once
+                           shape.heads_kv * shape.head_dim * elem_bytes(problem.kv_dtype());  // a latent cache once
   const int sets = input_sets(scope.device(), kv_bytes);
   std::vector<std::unique_ptr<DecodeSet>> timed_sets;
   for (int i = 0; i < sets; ++i) timed_sets.push_back(std::make_unique<DecodeSet>(problem, shape.batch, rng, &check));

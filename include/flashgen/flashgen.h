@@ -10,7 +10,12 @@
 extern "C" {
 #endif
 
-typedef enum { FLASHGEN_FLOAT16 = 0, FLASHGEN_BFLOAT16 = 1 } flashgen_dtype;
+typedef enum {
+  FLASHGEN_FLOAT16 = 0,
+  FLASHGEN_BFLOAT16 = 1,
+  FLASHGEN_FLOAT8_E4M3 = 2, /* e4m3fn (torch.float8_e4m3fn): a KV cache's k_cache and v_cache only */
+  FLASHGEN_FLOAT8_E5M2 = 3  /* e5m2 (torch.float8_e5m2): likewise */
+} flashgen_dtype;
 
 typedef enum {
   FLASHGEN_MASK_NONE = 0,
@@ -27,7 +32,8 @@ typedef struct {
   void* data;             /* device pointer, 16-byte aligned */
   flashgen_dtype dtype;
   int64_t shape[4];       /* [batch, seqlen, heads, head_dim] */
-  int64_t stride[4];      /* elements; stride[3] must be 1, the others non-negative multiples of 8 */
+  int64_t stride[4];      /* elements; stride[3] must be 1, the others non-negative multiples of 16 bytes (8
+                             16-bit elements, 16 FP8 ones) */
 } flashgen_tensor;
 
 /* A user-defined variant (flashgen_variant_create): the caller's own mask and score functions in C++ device code,
@@ -272,7 +278,9 @@ typedef struct {
   flashgen_tensor q;         /* [batch, seqlen_q, heads_q, head_dim]: the new queries */
   flashgen_tensor k_cache;   /* contiguous: [batch, capacity, heads_kv, head_dim];
                                 paged (block_table given): [num_pages, page_size, heads_kv, head_dim],
-                                page_size a multiple of 16 */
+                                page_size a multiple of 16. q's dtype, or FP8 (FLASHGEN_FLOAT8_E4M3 or _E5M2, the
+                                same in v_cache; sm_89 and newer, head_dim a multiple of 32 up to 256, not a latent
+                                cache): each key stands for its value times k_scale, widened to q's type exactly */
   flashgen_tensor v_cache;   /* shaped like k_cache, with its own strides; or a latent cache's (MLA's decode, sm_90):
                                 k_cache's first head_dim_v columns (same data and strides, shape[3] = head_dim_v, a
                                 multiple of 128 up to 512 and 64 below k_cache's, a multiple of 64 up to 576) */
@@ -301,6 +309,15 @@ typedef struct {
                                          FLASHGEN_MASK_SLIDING_WINDOW lies about the same diagonal, seqlen_k being
                                          that sequence's cache_seqlens[b] + seqlen_new: new query i of n sees keys
                                          cache_seqlens[b] + seqlen_new - n + i - window_left to ... + window_right */
+  const float* k_scale;      /* an FP8 cache's key scales (fp32, device): sequence b's keys of kv head h stand for
+                                their values times k_scale[b * k_scale_stride[0] + h * k_scale_stride[1]], and a new
+                                key k is stored as k / that scale, rounded to nearest even and saturated (±448 for
+                                e4m3). Strides 0 share one scale: {0, 0} one per tensor, {0, 1} one per kv head.
+                                NULL: 1. Must be NULL for a 16-bit cache */
+  int64_t k_scale_stride[2];
+  const float* v_scale;      /* the values' likewise */
+  int64_t v_scale_stride[2];
+  /* The scales grew the struct by 48 bytes; a size from an older flashgen.h is refused naming args.size. */
 } flashgen_kvcache_args;
 
 /* out = attention of each sequence's new queries over its cache (the first cache_seqlens[b] + seqlen_new

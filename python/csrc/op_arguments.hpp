@@ -56,12 +56,22 @@ inline void check_status(int status, const char* call) {
   STD_TORCH_CHECK(status == FLASHGEN_SUCCESS, call, ": ", flashgen_last_error(), " [", status_name(status), "]");
 }
 
+// fp8_taken: t may also be FP8 (a KV cache's k_cache or v_cache; the library checks what else such a call takes).
 template <typename Tensor>
-flashgen_dtype dtype_code(const Tensor& t, const char* name) {
+flashgen_dtype dtype_code(const Tensor& t, const char* name, bool fp8_taken = false) {
   const auto type = t.scalar_type();
+  if (fp8_taken && type == c10::ScalarType::Float8_e4m3fn) return FLASHGEN_FLOAT8_E4M3;
+  if (fp8_taken && type == c10::ScalarType::Float8_e5m2) return FLASHGEN_FLOAT8_E5M2;
   STD_TORCH_CHECK(type == c10::ScalarType::Half || type == c10::ScalarType::BFloat16, name,
-                  ": flashgen runs torch.float16 and torch.bfloat16");
+                  ": flashgen runs torch.float16 and torch.bfloat16",
+                  fp8_taken ? " (a KV cache also torch.float8_e4m3fn and torch.float8_e5m2)" : "");
   return type == c10::ScalarType::Half ? FLASHGEN_FLOAT16 : FLASHGEN_BFLOAT16;
+}
+
+template <typename Tensor>
+bool is_fp8(const Tensor& t) {
+  const auto type = t.scalar_type();
+  return type == c10::ScalarType::Float8_e4m3fn || type == c10::ScalarType::Float8_e5m2;
 }
 
 template <typename Tensor>
@@ -69,16 +79,19 @@ bool on_device_of(const Tensor& t, const Tensor& q) {
   return t.is_cuda() && t.get_device() == q.get_device();
 }
 
-// q, k and v: `rank` dims (k and v `kv_rank`), float16 or bfloat16, one dtype, on one CUDA device.
+// q, k and v: `rank` dims (k and v `kv_rank`), float16 or bfloat16, one dtype, on one CUDA device; with fp8_kv (a KV
+// cache's k_cache and v_cache) k and v may be FP8 instead (the library checks that both are of one format).
 template <typename Tensor>
-void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, int64_t rank, int64_t kv_rank) {
+void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, int64_t rank, int64_t kv_rank, bool fp8_kv = false) {
   const std::pair<const char*, const Tensor*> inputs[] = {{"q", &q}, {"k", &k}, {"v", &v}};
   for (const auto& [name, t] : inputs) {
     const int64_t want = t == &q ? rank : kv_rank;
+    const bool fp8_taken = fp8_kv && t != &q;
     STD_TORCH_CHECK(t->dim() == want, name, ": expected a ", want, "-d tensor, got ", t->dim(), " dims");
     STD_TORCH_CHECK(on_device_of(*t, q), name, " must be on q's CUDA device");
-    STD_TORCH_CHECK(t->scalar_type() == q.scalar_type(), name, ".dtype differs from q.dtype");
-    dtype_code(*t, name);
+    STD_TORCH_CHECK(t->scalar_type() == q.scalar_type() || (fp8_taken && is_fp8(*t)), name,
+                    ".dtype differs from q.dtype");
+    dtype_code(*t, name, fp8_taken);
   }
 }
 
@@ -95,12 +108,13 @@ bool readable_in_place(const Tensor& t) {
   return true;
 }
 
-// flashgen_tensor over t, read as [batch, seqlen, heads, head_dim] through its own strides.
+// flashgen_tensor over t, read as [batch, seqlen, heads, head_dim] through its own strides (fp8_taken: a KV cache's,
+// which may be FP8).
 template <typename Tensor>
-flashgen_tensor view(const Tensor& t, const LayoutDims& dims) {
+flashgen_tensor view(const Tensor& t, const LayoutDims& dims, bool fp8_taken = false) {
   flashgen_tensor result{};
   result.data = t.data_ptr();
-  result.dtype = dtype_code(t, "tensor");
+  result.dtype = dtype_code(t, "tensor", fp8_taken);
   for (size_t i = 0; i < 4; ++i) {
     result.shape[i] = t.size(dims[i]);
     result.stride[i] = t.stride(dims[i]);

@@ -88,6 +88,7 @@ std::tuple<Tensor, Tensor> attention_kvcache(Tensor q, Tensor k_cache, Tensor v_
                                              std::optional<Tensor> block_table, double scale, std::string mask,
                                              int64_t num_splits, int64_t window_left, int64_t window_right,
                                              std::optional<Tensor> sinks, int64_t attention_chunk, double softcap,
-                                             std::optional<Tensor> alibi_slopes);
+                                             std::optional<Tensor> alibi_slopes, std::optional<Tensor> k_scale,
+                                             std::optional<Tensor> v_scale);
 
 }  // namespace flashgen::torch_ops

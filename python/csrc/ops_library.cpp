@@ -23,7 +23,7 @@ STABLE_TORCH_LIBRARY(flashgen, m) {
   m.def("attention_kvcache(Tensor q, Tensor(a1!) k_cache, Tensor(a2!) v_cache, Tensor? k, Tensor? v, "
         "Tensor? cache_seqlens, Tensor? block_table, float scale, str mask, int num_splits, int window_left=-1, "
         "int window_right=-1, Tensor? sinks=None, int attention_chunk=0, float softcap=0., "
-        "Tensor? alibi_slopes=None) -> (Tensor, Tensor)");
+        "Tensor? alibi_slopes=None, Tensor? k_scale=None, Tensor? v_scale=None) -> (Tensor, Tensor)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(flashgen, CUDA, m) {

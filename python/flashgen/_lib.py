@@ -11,6 +11,8 @@ import threading
 # flashgen_dtype, flashgen_mask: C enums, int-sized on every ABI flashgen targets.
 FLOAT16 = 0
 BFLOAT16 = 1
+FLOAT8_E4M3 = 2           # e4m3fn (torch.float8_e4m3fn): a KV cache's k_cache and v_cache only
+FLOAT8_E5M2 = 3           # e5m2 (torch.float8_e5m2): likewise
 MASK_NONE = 0
 MASK_CAUSAL = 1           # bottom-right aligned: key j visible to query i iff j <= i + seqlen_k - seqlen_q
 MASK_CAUSAL_TOP_LEFT = 2  # top-left aligned: key j visible to query i iff j <= i
@@ -39,9 +41,9 @@ class Tensor(ctypes.Structure):
     """flashgen_tensor: a [batch, seqlen, heads, head_dim] view of device memory."""
     _fields_ = [
         ("data", ctypes.c_void_p),      # device pointer, 16-byte aligned
-        ("dtype", ctypes.c_int),        # FLOAT16 or BFLOAT16
+        ("dtype", ctypes.c_int),        # FLOAT16 or BFLOAT16 (a KV cache's also FLOAT8_E4M3 or FLOAT8_E5M2)
         ("shape", ctypes.c_int64 * 4),  # [batch, seqlen, heads, head_dim]
-        ("stride", ctypes.c_int64 * 4),  # elements; stride[3] == 1, the others multiples of 8
+        ("stride", ctypes.c_int64 * 4),  # elements; stride[3] == 1, the others multiples of 16 bytes
     ]
 
 
@@ -165,6 +167,10 @@ class KvCacheArgs(ctypes.Structure):
         ("workspace", ctypes.c_void_p),      # NULL: flashgen's pool
         ("workspace_bytes", ctypes.c_size_t),
         ("options", AttentionOptions),
+        ("k_scale", ctypes.c_void_p),        # FP8 cache: fp32 device key scales, or NULL (1); NULL for a 16-bit cache
+        ("k_scale_stride", ctypes.c_int64 * 2),  # sequence b, kv head h: k_scale[b * [0] + h * [1]]; 0: shared
+        ("v_scale", ctypes.c_void_p),        # the values' likewise
+        ("v_scale_stride", ctypes.c_int64 * 2),
     ]
 
 

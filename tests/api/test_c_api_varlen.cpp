@@ -147,12 +147,12 @@ TEST_CASE("the variants grew the argument structs: an older caller's size is ref
   CHECK(offsetof(flashgen_varlen_forward_args, block_table) == 488);
   CHECK(sizeof(flashgen_varlen_forward_args) == 504);
   CHECK(sizeof(flashgen_varlen_backward_args) == 800);
-  CHECK(sizeof(flashgen_kvcache_args) == 648);
+  CHECK(sizeof(flashgen_kvcache_args) == 696);  // with an FP8 cache's scales
   // The sizes callers compiled against the earlier flashgen.h files pass: the varlen forward's before the window
   // (400, and 416 whole), after it (408 before block_table, 424 whole) and after ALiBi (424 before block_table,
   // 440 whole), after the sinks and the chunk (448 before block_table, 464 whole), after the variant (472, 488) and
   // after the block mask (480, 496), the varlen backward's (712, 720, 736, 760, 784, 792), the KV-cache call's (560,
-  // 568, 584, 608, 632, 640). None is this struct's offset of block_table (488), but no size other than sizeof is read
+  // 568, 584, 608, 632, 640, and 648 before the scales). None is this struct's offset of block_table (488), but no size other than sizeof is read
   // anyway.
   for (const size_t old_size : {size_t{400}, size_t{408}, size_t{416}, size_t{424}, size_t{440}, size_t{464},
                                 size_t{472}, size_t{480}, size_t{488}, size_t{496}}) {
@@ -169,12 +169,13 @@ TEST_CASE("the variants grew the argument structs: an older caller's size is ref
     CHECK(std::string(flashgen_last_error()).find("args.size is " + std::to_string(old_size) +
                                                   "; this flashgen's argument struct has 800") != std::string::npos);
   }
-  for (const size_t old_size : {size_t{560}, size_t{568}, size_t{584}, size_t{608}, size_t{632}, size_t{640}}) {
+  for (const size_t old_size :
+       {size_t{560}, size_t{568}, size_t{584}, size_t{608}, size_t{632}, size_t{640}, size_t{648}}) {
     flashgen_kvcache_args kvcache{};
     kvcache.size = old_size;
     CHECK(flashgen_attention_kvcache(&kvcache, nullptr) == FLASHGEN_ERROR_INVALID_ARGUMENT);
     CHECK(std::string(flashgen_last_error()).find("args.size is " + std::to_string(old_size) +
-                                                  "; this flashgen's argument struct has 648") != std::string::npos);
+                                                  "; this flashgen's argument struct has 696") != std::string::npos);
   }
   // The options inside an argument struct carry their own size too.
   check_rejected([](auto& a) { a.options.size = 0; }, FLASHGEN_ERROR_INVALID_ARGUMENT,

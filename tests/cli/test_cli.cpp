@@ -383,6 +383,14 @@ TEST_CASE("cli: failures under --json print one JSON error object", "[cli]") {
            "--head-dim: k_cache.shape[3] (head_dim) = 600 is unsupported for a latent cache"},
           {{"run", "--head-dim", "576", "--head-dim-v", "512", "--kv-cache", "--page-size", "40"},
            "--page-size: k_cache.shape[1] (page_size) must be a multiple of 16"},
+          // An FP8 cache: a KV cache's, of head dims its fragments serve, in 16 bits only when latent.
+          {{"run", "--cache-dtype", "e4m3"}, "--cache-dtype needs --kv-cache"},
+          {{"run", "--kv-cache", "--cache-dtype", "e4m3", "--head-dim", "80"},
+           "k_cache.shape[3] (head_dim) = 80 is unsupported for an FP8 cache"},
+          {{"run", "--kv-cache", "--cache-dtype", "e4m3", "--head-dim", "576", "--head-dim-v", "512"},
+           "a latent cache (values of a head dim of their own) is read in 16 bits only"},
+          {{"run", "--kv-cache", "--cache-dtype", "e5m2", "--config", "dec_sm80_fp16_d128_r16_n64_w4_s3"},
+           "reads a cache of fp16, the call's holds e5m2"},
           {{"run", "--head-dim", "192", "--head-dim-v", "128", "--config", "fwd_sm90_fp16_d192_m128_n112_s2_ovl_pp"},
            "config fwd_sm90_fp16_d192_m128_n112_s2_ovl_pp has values of head dim 192, the call's have 128"}}) {
       const CliResult result = run_cli(words, dir);

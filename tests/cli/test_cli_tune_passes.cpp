@@ -93,6 +93,24 @@ TEST_CASE("cli: tune --kv-cache lists decode modules with their split counts", "
   CHECK_THAT(error_of({"tune", "--kv-cache", "--backward"}), Catch::Contains("--kv-cache tunes a forward"));
   CHECK_THAT(error_of({"tune", "--kv-cache", "--page-size", "24"}), Catch::Contains("page_size) must be a multiple of 16"));
   CHECK_THAT(error_of({"tune", "--sms", "8"}), Catch::Contains("--sms applies to --dry-run --json"));
+  CHECK_THAT(error_of({"tune", "--cache-dtype", "e4m3"}), Catch::Contains("--cache-dtype needs --kv-cache"));
+  CHECK_THAT(error_of({"tune", "--spec", write_spec(dir, R"({"problems": [{"kv_cache": true, "cache_dtype": "fp8"}]})")}),
+             Catch::Contains("problems[0].cache_dtype: an FP8 cache's type must be e4m3 or e5m2, got 'fp8'"));
+
+  // An FP8 cache's problem tunes the modules that read it, from flags and from a spec alike.
+  for (const std::vector<std::string>& source :
+       {std::vector<std::string>{"--kv-cache", "--cache-dtype", "e4m3"},
+        {"--spec", write_spec(dir, R"({"problems": [{"kv_cache": true, "cache_dtype": "e4m3"}]})")}}) {
+    std::vector<std::string> command{"tune", "--max-candidates", "3", "--dry-run", "--json", "--arch", "90"};
+    command.insert(command.end(), source.begin(), source.end());
+    const nlohmann::json fp8 = parse_json(run_cli(command, dir));
+    REQUIRE(fp8["problems"].size() == 1);
+    CHECK(fp8["problems"][0]["cache_dtype"] == "e4m3");
+    REQUIRE(fp8["problems"][0]["candidates"].size() == 3);
+    for (const auto& name : fp8["problems"][0]["candidates"]) {
+      CHECK(name.get<std::string>().find("_kve4m3") != std::string::npos);
+    }
+  }
   CHECK_THAT(error_of({"tune", "--spec", write_spec(dir, R"({"problems": [{"page_size": 16}]})")}),
              Catch::Contains("problems[0]: page_size needs \"kv_cache\": true, or \"varlen\": true with the forward"));
 }

@@ -144,7 +144,7 @@ TEST_CASE("pass ids read back into the key's pass and dQ strategy", "[tuner][pro
   }
   flashgen::ProblemKey key;
   CHECK_THROWS_WITH(flashgen::read_pass_id("bwd-det", key),
-                    Catch::Matchers::Contains("bwd_det_varlen, dec or dec_paged, got 'bwd-det'"));
+                    Catch::Matchers::Contains("bwd_det_varlen, dec or dec_paged (with _kve4m3 or _kve5m2 for an FP8 cache), got 'bwd-det'"));
   flashgen::read_pass_id("fwd_varlen_paged48", key);
   CHECK((key.varlen && key.paged && key.page_size == 48 && !key.kv_cache && key.pass == flashgen::Pass::kForward));
   // Only pass_id's spelling of a positive multiple of 16.

@@ -11,8 +11,8 @@ import threading
 import torch
 
 from .. import _lib
-from ._checks import (_BSHD_DIMS, _DTYPE_CODES, _MASK_CODES, _NO_WINDOW, _check_alibi, _check_inputs, _check_lse,
-                      _check_mask, _check_sinks, _lse_shape, _out_shape)
+from ._checks import (_BSHD_DIMS, _DTYPE_CODES, _MASK_CODES, _NO_WINDOW, _TENSOR_CODES, _check_alibi, _check_inputs,
+                      _check_lse, _check_mask, _check_sinks, _lse_shape, _out_shape)
 
 
 def _options(scale, mask, deterministic, softcap, window, alibi_slopes, sinks=None, dsinks=None, attention_chunk=0,
@@ -47,10 +47,11 @@ def _readable(t):
 
 
 def _view(t, layout):
-    """flashgen_tensor over t, read as [batch, seqlen, heads, head_dim] through t's own strides."""
+    """flashgen_tensor over t, read as [batch, seqlen, heads, head_dim] through t's own strides (an FP8 KV cache's
+    too)."""
     dims = _BSHD_DIMS[layout]
     shape, stride = t.shape, t.stride()
-    return _lib.Tensor(t.data_ptr(), _DTYPE_CODES[t.dtype], tuple(shape[i] for i in dims),
+    return _lib.Tensor(t.data_ptr(), _TENSOR_CODES[t.dtype], tuple(shape[i] for i in dims),
                        tuple(stride[i] for i in dims))
 
 

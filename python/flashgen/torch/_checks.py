@@ -11,6 +11,9 @@ from .. import _lib
 from .._lib import FlashgenArgumentError
 
 _DTYPE_CODES = {torch.float16: _lib.FLOAT16, torch.bfloat16: _lib.BFLOAT16}
+# A KV cache's k_cache and v_cache may also be FP8, each key or value standing for itself times its scale.
+_FP8_CACHE_CODES = {torch.float8_e4m3fn: _lib.FLOAT8_E4M3, torch.float8_e5m2: _lib.FLOAT8_E5M2}
+_TENSOR_CODES = {**_DTYPE_CODES, **_FP8_CACHE_CODES}  # every dtype a flashgen_tensor may carry
 _MASK_CODES = {"none": _lib.MASK_NONE, "bottom_right": _lib.MASK_CAUSAL, "top_left": _lib.MASK_CAUSAL_TOP_LEFT,
                "window": _lib.MASK_SLIDING_WINDOW}
 _NO_WINDOW = (-1, -1)
@@ -44,22 +47,24 @@ def _lse_shape(q, layout):
     return (batch, heads_q, seqlen_q)
 
 
-def _check_qkv(q, k, v, rank, expected, kv_rank=None, kv_expected=None):
-    """q, k and v: torch tensors of `rank` dims (`expected` describes them in the message; k and v kv_rank dims,
-    kv_expected, where those are given), float16 or bfloat16, on one CUDA (or meta) device, of one dtype;
-    FlashgenArgumentError naming the argument otherwise."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
+def _check_qkv(q, k, v, rank, expected, kv_rank=None, kv_expected=None, names=("q", "k", "v"), fp8_kv=False):
+    """q, k and v (called `names` in the messages): torch tensors of `rank` dims (`expected` describes them in the
+    message; k and v kv_rank dims, kv_expected, where those are given), float16 or bfloat16, on one CUDA (or meta)
+    device, of one dtype; with fp8_kv (a KV cache's k_cache and v_cache) k and v may be FP8 instead (the library checks
+    that both are of one format); FlashgenArgumentError naming the argument otherwise."""
+    for i, (name, t) in enumerate(zip(names, (q, k, v))):
         if not isinstance(t, torch.Tensor):
             _bad(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        want, text = (rank, expected) if name == "q" or kv_rank is None else (kv_rank, kv_expected)
+        want, text = (rank, expected) if i == 0 or kv_rank is None else (kv_rank, kv_expected)
         if t.dim() != want:
             _bad(f"{name}: expected a {text}, got shape {tuple(t.shape)}")
-        if t.dtype not in (torch.float16, torch.bfloat16):
-            _bad(f"{name}.dtype is {t.dtype}; flashgen runs torch.float16 and torch.bfloat16")
+        if t.dtype not in _DTYPE_CODES and not (fp8_kv and i > 0 and t.dtype in _FP8_CACHE_CODES):
+            _bad(f"{name}.dtype is {t.dtype}; flashgen runs torch.float16 and torch.bfloat16" +
+                 (" (a KV cache also torch.float8_e4m3fn and torch.float8_e5m2)" if fp8_kv and i > 0 else ""))
         if t.device.type not in ("cuda", "meta"):  # meta: shapes only, through the fake kernels
             _bad(f"{name} is on {t.device}; flashgen runs on CUDA devices")
-    for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype:
+    for name, t in zip(names[1:], (k, v)):
+        if t.dtype != q.dtype and not (fp8_kv and t.dtype in _FP8_CACHE_CODES):
             _bad(f"{name}.dtype is {t.dtype} but q.dtype is {q.dtype}")
         if t.device != q.device:
             _bad(f"{name} is on {t.device} but q is on {q.device}")
@@ -256,10 +261,12 @@ def _latent_cache(k_cache, v_cache):
 
 def _check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table):
     """Raises FlashgenArgumentError naming the argument for what the library cannot see (types, devices, ranks,
-    dtypes of the int32 tensors); sizes, strides and the cache's shape are the library's to check. A latent cache
-    takes its new tokens as k alone (their values are k's first columns)."""
+    dtypes of the int32 tensors); sizes, strides and the cache's shape are the library's to check. The caches are q's
+    dtype or FP8 (the library checks that both share the format and what an FP8 cache takes). A latent cache takes its
+    new tokens as k alone (their values are k's first columns)."""
     _check_qkv(q, k_cache, v_cache, 4, "4-d tensor (q: [batch, seqlen_q, heads_q, head_dim]; k_cache, v_cache: "
-               "[batch, capacity, heads_kv, head_dim] or [num_pages, page_size, heads_kv, head_dim])")
+               "[batch, capacity, heads_kv, head_dim] or [num_pages, page_size, heads_kv, head_dim])",
+               names=("q", "k_cache", "v_cache"), fp8_kv=True)
     if _latent_cache(k_cache, v_cache):
         if v is not None:
             _bad(f"v: a latent cache's new values are k's first {v_cache.shape[-1]} columns (v_cache is a view of "
@@ -277,3 +284,39 @@ def _check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table)
                 f"{' ' + str(list(t.shape)) + ' on ' + str(t.device) if isinstance(t, torch.Tensor) else ''}")
         if t.shape[0] != q.shape[0]:
             _bad(f"{name}.shape[0] is {t.shape[0]} but q.shape[0] (batch) is {q.shape[0]}")
+
+
+def _check_cache_scale(scale, name, cache, cache_name, device, batch, heads_kv):
+    """An FP8 cache's scale (k_scale of k_cache, v_scale of v_cache) as the ops take it: None, or a CUDA float32
+    tensor on q's device of shape () or [1] (one for the tensor), [heads_kv] (one per kv head) or [batch, heads_kv]
+    (one per sequence and kv head), returned detached (the KV-cache call has no gradient). Refused for a 16-bit
+    cache."""
+    if scale is None:
+        return None
+    if not isinstance(scale, torch.Tensor):
+        _bad(f"{name} must be a torch.Tensor or None, got {type(scale).__name__}")
+    if cache.dtype not in _FP8_CACHE_CODES:
+        _bad(f"{name}: given for a 16-bit cache ({cache_name}.dtype is {cache.dtype}); scales are an FP8 cache's "
+             "(torch.float8_e4m3fn, torch.float8_e5m2)")
+    if scale.dtype != torch.float32 or tuple(scale.shape) not in ((), (1,), (heads_kv,), (batch, heads_kv)):
+        _bad(f"{name} must be float32 of shape () or [1] (per tensor), [heads_kv] = [{heads_kv}] (per kv head) or "
+             f"[batch, heads_kv] = [{batch}, {heads_kv}] (per sequence and kv head), got {scale.dtype} "
+             f"{list(scale.shape)}")
+    if scale.device != device:
+        _bad(f"{name} must be on {device} (q's device), got {scale.device}")
+    return scale.detach()
+
+
+def _check_cache_scales(q, k_cache, v_cache, k_scale, v_scale, layout="bshd"):
+    """(k_scale, v_scale) checked by _check_cache_scale over caches that passed _check_kvcache_inputs (layout: q's and
+    the caches')."""
+    batch, heads_kv = q.shape[0], k_cache.shape[_BSHD_DIMS[layout][2]]
+    return (_check_cache_scale(k_scale, "k_scale", k_cache, "k_cache", q.device, batch, heads_kv),
+            _check_cache_scale(v_scale, "v_scale", v_cache, "v_cache", q.device, batch, heads_kv))
+
+
+def _scale_strides(scale):
+    """A checked cache scale's (sequence, kv head) strides as the C ABI takes them: 0 over a dimension it shares."""
+    if scale.dim() == 2:
+        return tuple(0 if size == 1 else stride for size, stride in zip(scale.shape, scale.stride()))
+    return (0, scale.stride(0) if scale.dim() == 1 and scale.shape[0] > 1 else 0)

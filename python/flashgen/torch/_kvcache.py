@@ -10,8 +10,8 @@ from .. import _lib
 from .._lib import FlashgenArgumentError
 from ._autograd import _eager_call
 from ._calls import _warm_sinks
-from ._checks import (_bad, _check_alibi, _check_chunk, _check_kvcache_inputs, _check_scale, _check_sinks,
-                      _check_softcap, _mask_and_window)
+from ._checks import (_bad, _check_alibi, _check_cache_scales, _check_chunk, _check_kvcache_inputs, _check_scale,
+                      _check_sinks, _check_softcap, _mask_and_window)
 from ._kvcache_calls import _kvcache, _planned_kvcache
 from ._variants import no_variant, user_variant, variant_op_arguments
 
@@ -21,7 +21,8 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
                            causal=False, window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
                            alibi_slopes=None, num_splits=0, return_softmax_lse=False, *, causal_align="bottom_right",
                            sinks=None, attention_chunk=0, mask_mod=None, score_mod=None, score_grad=None,
-                           score_bias=None, variant_helpers=None, variant_args=None, mask_same_for_heads=False):
+                           score_bias=None, variant_helpers=None, variant_args=None, mask_same_for_heads=False,
+                           k_scale=None, v_scale=None):
     """Attention of a few new query tokens per sequence against its KV cache (decoding), with FlashAttention's
     flash_attn_with_kvcache arguments: q [batch, seqlen_q, heads_q, head_dim]; k_cache and v_cache [batch,
     capacity, heads_kv, head_dim], or with block_table (int32 [batch, max_pages]) paged caches [num_pages,
@@ -51,6 +52,15 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     skip with; score_grad and mask_same_for_heads are accepted and unused); traced, they are the op
     flashgen::variant_attention_kvcache (torch.compile keeps them in its graph). rotary embeddings, cache_batch_idx and cache_leftpad are not supported yet (a
     value other than the default is refused).
+
+    An FP8 cache (vLLM's kv_cache_dtype "fp8"): k_cache and v_cache both torch.float8_e4m3fn or both
+    torch.float8_e5m2 (q, k, v and out stay float16 or bfloat16; head_dim a multiple of 32 up to 256; sm_89 and newer;
+    not a latent cache), each key standing for its value times k_scale and each value for its own times v_scale
+    (keyword only): CUDA float32 tensors on q's device of shape () or [1] (one scale for the cache), [heads_kv] (one
+    per kv head) or [batch, heads_kv] (one per sequence and kv head), None for 1. New tokens k and v are appended as
+    k / k_scale and v / v_scale rounded to the nearest FP8 value (saturated at the format's largest, ±448 for e4m3,
+    ±57344 for e5m2). The scales are read on the device at each call (a graph replay sees their current values) and
+    refused with a 16-bit cache.
 
     A latent cache (MLA's, DeepSeek's 576 = 512 + 64 rope columns; mla_decode_with_kvcache takes FlashMLA's
     arguments for it): v_cache a view k_cache[..., :head_dim_v] of the keys' first columns (same data and strides),
@@ -84,11 +94,11 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     if (no_variant(mask_mod, score_mod, score_grad, score_bias, variant_helpers, variant_args)
             and _eager_call(q, k_cache, v_cache)
             and all(t is None or isinstance(t, torch.Tensor) for t in (k, v, cache_seqlens, block_table, sinks,
-                                                                        alibi_slopes))):
+                                                                        alibi_slopes, k_scale, v_scale))):
         # The warm call of a signature seen before: its plan's key holds all that the checks below look at.
         planned = _planned_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits,
                                    window, _warm_sinks(sinks), chunk, softcap, alibi_slopes, create=False,
-                                   want_lse=return_softmax_lse)
+                                   want_lse=return_softmax_lse, k_scale=k_scale, v_scale=v_scale)
         if planned is not None:
             return planned if return_softmax_lse else planned[0]
     _check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table)
@@ -96,19 +106,22 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     if sinks is not None:  # no autograd node for a model's sinks parameter: the op has no backward
         sinks = sinks.detach()
     alibi_slopes = _check_alibi(alibi_slopes, q.device, q.shape[0], q.shape[2])
+    k_scale, v_scale = _check_cache_scales(q, k_cache, v_cache, k_scale, v_scale)
     args = (q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits)
     if _eager_call(q, k_cache, v_cache):
         user = user_variant(q.device, mask_mod, score_mod, score_grad, score_bias, variant_helpers, variant_args,
                             mask_same_for_heads)
-        out, lse = _kvcache(*args, window, sinks, chunk, softcap, alibi_slopes, user=user)
+        out, lse = _kvcache(*args, window, sinks, chunk, softcap, alibi_slopes, user=user, k_scale=k_scale,
+                            v_scale=v_scale)
     else:  # traced (torch.compile, torch.export, a dispatch mode): the ops, a user variant's included
         variant = variant_op_arguments(q.device, mask_mod, score_mod, score_grad, score_bias, variant_helpers,
                                        variant_args, mask_same_for_heads)
         if variant is not None:
             out, lse = torch.ops.flashgen.variant_attention_kvcache(*args, *window, sinks, chunk, softcap,
-                                                                    alibi_slopes, *variant)
+                                                                    alibi_slopes, *variant, k_scale, v_scale)
         else:
-            out, lse = torch.ops.flashgen.attention_kvcache(*args, *window, sinks, chunk, softcap, alibi_slopes)
+            out, lse = torch.ops.flashgen.attention_kvcache(*args, *window, sinks, chunk, softcap, alibi_slopes,
+                                                            k_scale, v_scale)
     return (out, lse) if return_softmax_lse else out
 
 

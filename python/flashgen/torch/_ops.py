@@ -48,9 +48,11 @@ def _varlen_attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens
 
 
 def _attention_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits, window_left=-1,
-                       window_right=-1, sinks=None, attention_chunk=0, softcap=0.0, alibi_slopes=None):
+                       window_right=-1, sinks=None, attention_chunk=0, softcap=0.0, alibi_slopes=None, k_scale=None,
+                       v_scale=None):
     return _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits,
-                    (window_left, window_right), sinks, attention_chunk, softcap, alibi_slopes)
+                    (window_left, window_right), sinks, attention_chunk, softcap, alibi_slopes, k_scale=k_scale,
+                    v_scale=v_scale)
 
 
 # The variant ops' kernels: the description compiled (once per process) and bound to the call's tensors and numbers.
@@ -89,10 +91,11 @@ def _variant_varlen_attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu
 
 def _variant_attention_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits,
                                window_left, window_right, sinks, attention_chunk, softcap, alibi_slopes, variant,
-                               variant_tensors, variant_numbers):
+                               variant_tensors, variant_numbers, k_scale=None, v_scale=None):
     return _kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits,
                     (window_left, window_right), sinks, attention_chunk, softcap, alibi_slopes,
-                    user=from_op_arguments(variant, variant_tensors, variant_numbers))
+                    user=from_op_arguments(variant, variant_tensors, variant_numbers), k_scale=k_scale,
+                    v_scale=v_scale)
 
 
 _VARIANT_KERNELS = {"variant_attention_forward": _variant_attention_forward,
@@ -136,7 +139,7 @@ def _varlen_attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_se
 
 def _attention_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits,
                             window_left=-1, window_right=-1, sinks=None, attention_chunk=0, softcap=0.0,
-                            alibi_slopes=None):
+                            alibi_slopes=None, k_scale=None, v_scale=None):
     return q.new_empty(_out_shape(q, v_cache)), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
 
@@ -169,7 +172,7 @@ def _variant_varlen_attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens_
 
 def _variant_attention_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits,
                                     window_left, window_right, sinks, attention_chunk, softcap, alibi_slopes, variant,
-                                    variant_tensors, variant_numbers):
+                                    variant_tensors, variant_numbers, k_scale=None, v_scale=None):
     return _attention_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, mask, num_splits)
 
 

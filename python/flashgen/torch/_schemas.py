@@ -3,7 +3,8 @@
 1/sqrt(head_dim); mask is "none", "bottom_right", "top_left" or "window"; layout is "bshd" or "bhsd"; softcap 0.0 means
 no soft cap; window_left and window_right are the window's sides (mask "window" only; -1 for no bound); alibi_slopes
 None or the ALiBi slopes; sinks None or the attention sinks (fp32 [heads_q]); attention_chunk 0 or the chunk's length
-(any mask but "top_left"). Each newer argument was added last with a default, so that older calls still bind.
+(any mask but "top_left"); k_scale and v_scale None or an FP8 cache's scales (fp32 [], [1], [heads_kv] or [batch,
+heads_kv]). Each newer argument was added last with a default, so that older calls still bind.
 Outputs are new contiguous tensors in the inputs' layout; lse is fp32 [batch, heads_q, seqlen_q] in either layout
 ([heads_q, total_q] packed); the backward ops' fourth output is dsinks, fp32 [heads_q] with sinks, else empty [0].
 """
@@ -30,8 +31,8 @@ SCHEMAS = {
     "attention_kvcache": (
         "(Tensor q, Tensor(a1!) k_cache, Tensor(a2!) v_cache, Tensor? k, Tensor? v, Tensor? cache_seqlens, "
         "Tensor? block_table, float scale, str mask, int num_splits, int window_left=-1, int window_right=-1, "
-        "Tensor? sinks=None, int attention_chunk=0, float softcap=0., Tensor? alibi_slopes=None) "
-        "-> (Tensor, Tensor)"),
+        "Tensor? sinks=None, int attention_chunk=0, float softcap=0., Tensor? alibi_slopes=None, "
+        "Tensor? k_scale=None, Tensor? v_scale=None) -> (Tensor, Tensor)"),
 }
 
 # The arguments each op writes in place.
@@ -65,5 +66,6 @@ VARIANT_SCHEMAS = {
         "(Tensor q, Tensor(a1!) k_cache, Tensor(a2!) v_cache, Tensor? k, Tensor? v, Tensor? cache_seqlens, "
         "Tensor? block_table, float scale, str mask, int num_splits, int window_left, int window_right, "
         "Tensor? sinks, int attention_chunk, float softcap, Tensor? alibi_slopes, str variant, "
-        "Tensor[] variant_tensors, float[] variant_numbers) -> (Tensor, Tensor)"),
+        "Tensor[] variant_tensors, float[] variant_numbers, Tensor? k_scale=None, Tensor? v_scale=None) "
+        "-> (Tensor, Tensor)"),
 }
