@@ -276,12 +276,12 @@ struct DecodeSm80 {
     const u32 k_lane = kFp8 ? (warp * kWarpKeys + (lane & 7) + ((lane >> 3) & 1) * 8) * kKvRowBytes + (lane >> 4) * 16
                             : ((warp * kWarpKeys + (lane & 7) + ((lane >> 4) << 3)) * kRow) * 2 + ((lane >> 3) & 1) * 16;
     const u32 v_lane = (warp * kWarpKeys + (lane & 7) + ((lane >> 3) & 1) * 8) * kKvRowBytes + (lane >> 4) * 16;
-    // An FP8 cache's scales for this (sequence, kv head), each with the 2^kRebias its widened tiles leave out: the
-    // keys' multiplies the scores, the values' the output.
-    const float k_scale =
-        kFp8 ? cache_scale(p.k_scale, p.k_scale_batch_stride, p.k_scale_head_stride, batch, kv_head) * kRestore : 1.f;
-    const float v_scale =
-        kFp8 ? cache_scale(p.v_scale, p.v_scale_batch_stride, p.v_scale_head_stride, batch, kv_head) * kRestore : 1.f;
+    // An FP8 cache's scales for this (sequence, kv head): the keys' multiplies the scores, the values' the output,
+    // each after kRestore (the 2^kRebias the widened tiles leave out; their product could pass fp32's range).
+    const float k_scale = kFp8 ? cache_scale(p.k_scale, p.k_scale_batch_stride, p.k_scale_head_stride, batch, kv_head)
+                               : 1.f;
+    const float v_scale = kFp8 ? cache_scale(p.v_scale, p.v_scale_batch_stride, p.v_scale_head_stride, batch, kv_head)
+                               : 1.f;
 
     float acc_o[kMTiles][kDTiles][4];  // (kRows, kHeadDimPad) fp32 partial output of this warp's keys
     float row_max[kMTiles][2];         // running max (log2 units) of rows g and g + 8 of each tile
@@ -326,7 +326,7 @@ struct DecodeSm80 {
 #pragma unroll
           for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] *= k_scale;
+            for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = acc_s[mt][nt][e] * kRestore * k_scale;
       } else {
         sm80::qk_product<kElem, kKSteps, kRow>(acc_s, load_a, sk, k_lane);
       }
@@ -411,8 +411,9 @@ struct DecodeSm80 {
       const int tok = packed / p.group_size;
       const int hq = kv_head * p.group_size + packed % p.group_size;
       // The sink joins the row once: here with one range, else where the combine kernel merges the ranges.
-      const float inv = softmax::row_end_factor(p.splits > 1 ? nullptr : p.variant.sinks, hq, m, sum) * v_scale;
+      const float inv = softmax::row_end_factor(p.splits > 1 ? nullptr : p.variant.sinks, hq, m, sum) * kRestore;
       acc.x *= inv, acc.y *= inv, acc.z *= inv, acc.w *= inv;
+      if constexpr (kFp8) acc.x *= v_scale, acc.y *= v_scale, acc.z *= v_scale, acc.w *= v_scale;
       const float lse = softmax::lse(m, sum);
       const long long row = (static_cast<long long>(batch) * p.heads_q + hq) * p.seqlen_q + tok;
       if (p.splits > 1) {

@@ -17,13 +17,14 @@ struct DecodeTraits {
   int kv_row_bytes;         // shared-memory row pitch of K and V in bytes: smem_row_elems' for a 16-bit cache; an FP8
                             // cache's head_dim + 16 (an odd count of 16-byte chunks: conflict-free ldmatrix)
   int smem_kv_stage_bytes;  // (block_n, kv_row_bytes) K tile + V tile
-  int reduce_pitch;         // fp32 row pitch of the warps' partial outputs: head_dim_pad + 8 (conflict-free)
+  int reduce_pitch;         // fp32 row pitch of the warps' partial outputs: head_dim_pad + 8 (conflict-free for a
+                            // 16-bit cache's float2 stores; an FP8 cache's float4 ones meet 2-way, once per block)
   int smem_reduce_bytes;    // the warps' partial outputs, maxima and sums, over the K/V ring once it is idle
   int smem_bytes;           // whole dynamic shared memory of one block
   int accum_regs;           // registers per thread for O, S and P fragments
   int min_blocks;           // blocks per SM the registers are bounded for (__launch_bounds__): three over an FP8
-                            // cache, whose half-size tiles double the work per byte read and need more warps to
-                            // hide its latency; else one
+                            // cache (half-size tiles double the work per byte read, and more warps hide its latency)
+                            // where 168 registers a thread hold its accumulators (up to 96) and four warps; else one
   const char* error;        // nullptr when the shape is valid on some GPU
 };
 
@@ -49,7 +50,7 @@ constexpr DecodeTraits decode_traits(int head_dim, int rows, int block_n, int wa
   t.accum_regs = t.m_tiles * (t.head_dim_pad / 8) * 4     // O, fp32
                  + t.m_tiles * (t.warp_keys / 8) * 4       // S, fp32
                  + t.m_tiles * (t.warp_keys / 16) * 4;     // P, packed 16-bit pairs
-  t.min_blocks = fp8_cache && t.accum_regs <= 96 ? 3 : 1;
+  t.min_blocks = fp8_cache && t.accum_regs <= 96 && warps <= 4 ? 3 : 1;
   t.error = nullptr;
   if (head_dim < 8 || head_dim > 256 || head_dim % 8 != 0) {
     t.error = "head_dim must be a multiple of 8 in [8, 256]";

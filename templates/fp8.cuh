@@ -40,7 +40,7 @@ constexpr float restore_factor(ElemType cache, ElemType elem) {
 // move down to the 16-bit type's places: each value is read exactly, scaled by 2^-kRebias (subnormals included: the
 // 16-bit type's own subnormals where the scaled value is one). The caller multiplies by 2^kRebias in fp32, where it
 // applies the cache's scales, so the widening is three integer operations a pair. An e4m3 NaN (no 16-bit twin of its
-// pattern) reads as a finite value; a cache holds none.
+// pattern), and an e5m2 infinity or NaN widened to bf16, read as finite values; a cache holds none.
 template <ElemType kCache, ElemType kElem>
 struct Widen {
   static_assert(is_fp8(kCache) && !is_fp8(kElem), "widens FP8 pairs to 16-bit pairs");

@@ -41,9 +41,10 @@ int heuristic_decode_splits(const AttentionProblem& problem, const DecodeConfig&
     const double waves = static_cast<double>(base * splits) / static_cast<double>(slots);
     return waves / std::ceil(waves);
   };
-  // Blocks enough to fill the GPU take one range each, unless their last wave leaves most slots idle (1.3 waves of
-  // an FP8 cache's three blocks per SM at batch 64 and 8 kv heads): ranges then even the waves out.
-  if ((base >= slots && efficiency(1) >= 0.85) || blocks <= config.stages) return 1;
+  // Blocks enough to fill the GPU take one range each, unless an FP8 cache's three blocks per SM leave their last
+  // wave mostly idle (1.3 waves at batch 64 and 8 kv heads): ranges then even the waves out (bench/notes_decode.md,
+  // "An FP8 cache"; measured there only).
+  if ((base >= slots && (per_sm < 3 || efficiency(1) >= 0.85)) || blocks <= config.stages) return 1;
   double best = 0.0;
   for (int splits = 1; splits <= most; ++splits) best = std::max(best, efficiency(splits));
   int chosen = most;

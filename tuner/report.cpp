@@ -271,7 +271,8 @@ const std::vector<std::string>& knob_order() {
 
 // Fields that define the problem rather than tune it: never knobs, never listed as fixed.
 bool defines_problem(const std::string& field) {
-  for (const char* name : {"dtype", "head_dim", "mask", "softcap", "alibi", "varlen", "paged", "deterministic"})
+  for (const char* name :
+       {"dtype", "head_dim", "mask", "softcap", "alibi", "varlen", "paged", "deterministic", "cache_dtype"})
     if (field == name) return true;
   return false;
 }
@@ -307,6 +308,7 @@ std::optional<GpuPeak> datasheet_peak(const std::string& gpu_name) {
 std::optional<ProblemWork> problem_work(const ProblemKey& key) {
   if (key.varlen) return std::nullopt;
   constexpr double kElementBytes = 2;  // fp16 and bf16
+  const double cache_bytes = elem_bytes(key.cache_dtype.value_or(key.dtype));  // a KV cache's: FP8 or 16-bit
   constexpr double kLseBytes = 4;      // one float per query row and head
   const double d = key.head_dim;
   const double heads_q = static_cast<double>(key.batch_heads_bucket);
@@ -319,7 +321,7 @@ std::optional<ProblemWork> problem_work(const ProblemKey& key) {
   if (key.kv_cache) {
     work.flops = forward_flops(shape, mask, window);
     // Q read and O written, and each sequence's K and V read as far as its rows look.
-    work.bytes = kElementBytes * d * (2 * q_rows + 2 * heads_kv * static_cast<double>(keys_read(key)));
+    work.bytes = kElementBytes * d * 2 * q_rows + cache_bytes * d * 2 * heads_kv * static_cast<double>(keys_read(key));
   } else if (key.pass == Pass::kForward) {
     work.flops = forward_flops(shape, mask, window);
     // Q, K, V read; O and the log-sum-exp written.
@@ -505,7 +507,8 @@ ReportData read_report(const TuningStore& store, const ReportFilter& filter) {
 std::string problem_title(const ProblemKey& key) {
   std::string pass;
   if (key.kv_cache)
-    pass = key.paged ? "decode against a paged KV cache" : "decode against a KV cache";
+    pass = std::string(key.paged ? "decode against a paged " : "decode against a ") +
+           (key.cache_dtype ? std::string(dtype_name(*key.cache_dtype)) + " " : std::string()) + "KV cache";
   else if (key.pass == Pass::kForward)
     pass = key.varlen ? "forward of a packed batch" : "forward";
   else

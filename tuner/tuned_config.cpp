@@ -65,7 +65,7 @@ bool same_pass(const BwdConfig& config, const ProblemKey& problem) {
          config.varlen == problem.varlen;
 }
 bool same_pass(const DecodeSplitConfig& config, const ProblemKey& problem) {
-  return problem.kv_cache && config.config.paged == problem.paged;
+  return problem.kv_cache && config.config.paged == problem.paged && config.config.cache_dtype == problem.cache_dtype;
 }
 
 bool of_problem(const TunedConfig& config, const ProblemKey& problem) {

@@ -39,6 +39,8 @@ struct Fp8Case {
   int64_t capacity = 0, page_size = 0, seqlen_new = 0;
   std::vector<int> splits = {0, 1, 3};
   Scales scales = Scales::kHead;
+  float scale_factor = 1.f;  // every scale times this: large ones (past 256) meet the widening's 2^120 in fp32
+  float code_width = 150.f;  // the codes' spread: about 150 reaches ±448; about 0.01 keeps them subnormal
   int window_left = -1, window_right = -1;
   float softcap = 0.f;
   std::vector<float> sinks = {};
@@ -68,7 +70,7 @@ struct Fp8Batch {
     k_new = random_bits(size_t(batch * std::max<int64_t>(c.seqlen_new, 1) * row), c.dtype, rng);
     v_new = random_bits(k_new.size(), c.dtype, rng);
     // Codes of values about 150 wide: the largest saturate at ±448 in e4m3.
-    std::normal_distribution<float> normal(0.f, 150.f);
+    std::normal_distribution<float> normal(0.f, c.code_width);
     auto codes = [&](size_t n) {
       std::vector<uint8_t> out(n);
       for (uint8_t& b : out) b = flashgen::float_to_fp8_bits(normal(rng), cache_type);
@@ -79,8 +81,8 @@ struct Fp8Batch {
     // Scales that bring the keys and values to about 1, different for every (sequence, kv head).
     for (int64_t i = 0; i < batch * c.heads_kv; ++i) {
       const int64_t at = c.scales == Scales::kTensor ? 0 : c.scales == Scales::kHead ? i % c.heads_kv : i;
-      k_scales.push_back(c.scales == Scales::kNone ? 1.f : 0.006f * (1.f + 0.125f * float(at)));
-      v_scales.push_back(c.scales == Scales::kNone ? 1.f : 0.008f / (1.f + 0.25f * float(at)));
+      k_scales.push_back(c.scales == Scales::kNone ? 1.f : 0.006f * (1.f + 0.125f * float(at)) * c.scale_factor);
+      v_scales.push_back(c.scales == Scales::kNone ? 1.f : 0.008f / (1.f + 0.25f * float(at)) * c.scale_factor);
     }
     std::vector<uint8_t> k_phys = k_logical, v_phys = v_logical;
     int64_t num_pages = 0;
@@ -237,6 +239,12 @@ std::vector<Fp8Case> fp8_cases() {
                    {5, 300, 0, 2000}, 2048, 16, 2, {0, 1, 4}, Scales::kSequenceHead};
   windowed.window_left = 100, windowed.window_right = 0, windowed.softcap = 20.f;
   windowed.sinks = {3.f, 1.f, -INFINITY, 6.f, 2.5f, 0.f, 4.f, 5.f};
+  // Codes of e4m3's subnormal range (about 0.01) with scales of about 1000: for bf16 queries the widened values are
+  // bf16 subnormals, the products below fp32's normal range, and the scales past what 2^120 can be multiplied by.
+  Fp8Case large{"bf16 e4m3 d64 GQA 2 contiguous, append 1, subnormal codes, scales of about 1000",
+                FLASHGEN_BFLOAT16, FLASHGEN_FLOAT8_E4M3, 64, 4, 2, FLASHGEN_MASK_CAUSAL, 1, {40, 0}, 64, 0, 1, {0, 2},
+                Scales::kHead};
+  large.scale_factor = 1.6e5f, large.code_width = 0.01f;
   return {
       {"bf16 e4m3 d128 GQA 4 contiguous, one token, per-head scales", FLASHGEN_BFLOAT16, FLASHGEN_FLOAT8_E4M3, 128, 8,
        2, FLASHGEN_MASK_CAUSAL, 1, {0, 1, 77, 1000, 513}, 1024, 0, 0, {0, 1, 2, 7, 16}, Scales::kHead},
@@ -253,6 +261,7 @@ std::vector<Fp8Case> fp8_cases() {
       {"fp16 e4m3 d64 GQA 2 contiguous, 2 tokens no mask", FLASHGEN_FLOAT16, FLASHGEN_FLOAT8_E4M3, 64, 4, 2,
        FLASHGEN_MASK_NONE, 2, {129, 2, 64}, 208, 0, 0, {0, 1, 3}, Scales::kHead},
       windowed,
+      large,
   };
 }
 
