@@ -123,14 +123,14 @@ RunReport run_kvcache(const RunOptions& o, const ScopedContext& context, RunRepo
   std::vector<uint16_t> v_cache;  // a latent cache has none of its own
   if (!latent) v_cache = p.paged ? into_pages(v.bits, row, starts, keys, table, pages, p.page_size, uint16_t{0}) : v.bits;
   // An FP8 cache (--cache-dtype) holds codes of k and v scaled, and the reference reads the codes' values.
-  Fp8Rows k8, v8;
+  Fp8Rows k_fp8, v_fp8;
   if (p.cache_dtype) {
-    k8 = fp8_rows(k, *p.cache_dtype), v8 = fp8_rows(v, *p.cache_dtype);
-    for (Fp8Rows* rows : {&k8, &v8}) {
+    k_fp8 = fp8_rows(k, *p.cache_dtype), v_fp8 = fp8_rows(v, *p.cache_dtype);
+    for (Fp8Rows* rows : {&k_fp8, &v_fp8}) {
       if (p.paged) rows->codes = into_pages(rows->codes, row, starts, keys, table, pages, p.page_size, uint8_t{0});
     }
   }
-  const size_t cache_bytes = p.cache_dtype ? k8.codes.size() : k_cache.size() * 2;
+  const size_t cache_bytes = p.cache_dtype ? k_fp8.codes.size() : k_cache.size() * 2;
 
   DeviceBuffer q_dev(q.bytes()), out_dev(out.bytes()), lse_dev(lse.size() * sizeof(float));
   DeviceBuffer k_dev(cache_bytes), table_dev(table.size() * 4);
@@ -138,7 +138,7 @@ RunReport run_kvcache(const RunOptions& o, const ScopedContext& context, RunRepo
   DeviceBuffer lens_dev(static_cast<size_t>(s.batch) * 4), scale_dev(sizeof(float));
   q_dev.upload(q.bits), table_dev.upload(table);
   if (p.cache_dtype) {
-    k_dev.upload(k8.codes), v_dev.upload(v8.codes);
+    k_dev.upload(k_fp8.codes), v_dev.upload(v_fp8.codes);
     scale_dev.upload(std::vector<float>{kFp8RunScale});
   } else {
     k_dev.upload(k_cache);
@@ -192,8 +192,8 @@ RunReport run_kvcache(const RunOptions& o, const ScopedContext& context, RunRepo
   out_dev.download(out.bits.data(), out.bytes());
   lse_dev.download(lse.data(), lse_dev.bytes());
   const StridedView cache_view = StridedView::contiguous(s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
-  const HostInput k_in = p.cache_dtype ? HostInput::float64(k8.values.data(), cache_view) : k.input();
-  const HostInput v_in = p.cache_dtype ? HostInput::float64(v8.values.data(), cache_view) : v.input();
+  const HostInput k_in = p.cache_dtype ? HostInput::float64(k_fp8.values.data(), cache_view) : k.input();
+  const HostInput v_in = p.cache_dtype ? HostInput::float64(v_fp8.values.data(), cache_view) : v.input();
   report.check = check_sampled_rows(s, q.input(), k_in, v_in, out.input(), lse.data(), p.dtype,
                                     sample_rows(s.batch, s.heads_q, s.seqlen_q, o.check_rows),
                                     report.scale, p.mask, run_variant(o));

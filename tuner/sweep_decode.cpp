@@ -17,17 +17,18 @@ namespace {
 
 // One KV-cache problem's device tensors (q, out, lse and contiguous or paged caches, every sequence's cache full)
 // and its checked call. An FP8 cache holds codes of values about 150 wide (the largest e4m3 ones saturate), read
-// with no scale; k8 and v8 keep them on the host and k64 and v64 their values for the reference. A latent cache (values of a head dim of their own) stores the keys alone: v_cache is a view
-// of their first head_dim_v columns, and v on the host holds those columns for the reference. fill_from: null to fill q and the caches with random values kept on the host (the
-// float64 check's set), else a set whose values are repeated over this one's sequences (timed sets: random
-// data, without generating gigabytes on the host).
+// with no scale; k_codes and v_codes keep them on the host and k_values and v_values their values for the reference.
+// A latent cache (values of a head dim of their own) stores the keys alone: v_cache is a view of their first
+// head_dim_v columns, and v on the host holds those columns for the reference. fill_from: null to fill q and the
+// caches with random values kept on the host (the float64 check's set), else a set whose values are repeated over
+// this one's sequences (timed sets: random data, without generating gigabytes on the host).
 struct DecodeSet {
   AttentionShape shape;
   int page_size = 0;                 // 0: contiguous
   int64_t pages = 0;                 // pages per sequence
   std::vector<uint16_t> q, k, v;     // host bits of a random set, k and v as [batch, seqlen_k, heads_kv, dim]
-  std::vector<uint8_t> k8, v8;       // an FP8 cache's codes, likewise
-  std::vector<double> k64, v64;      // and their values
+  std::vector<uint8_t> k_codes, v_codes;  // an FP8 cache's codes, likewise
+  std::vector<double> k_values, v_values;  // and their values
   std::vector<int32_t> table;        // paged: key j of sequence b in page table[b * pages + j / page_size]
   DeviceBuffer dq, dk, dv, dout, dlse, dlens, dtable, slopes;  // slopes: ALiBi's standard ones, with ALiBi
   KvCacheCall call;
@@ -53,18 +54,18 @@ struct DecodeSet {
       q = random_bits(size_t(q_elems), dtype, rng);
       dq.upload(q);
       std::normal_distribution<float> normal(0.f, 150.f);
-      for (auto* codes : {&k8, &v8}) {
+      for (auto* codes : {&k_codes, &v_codes}) {
         codes->resize(size_t(s.batch * s.seqlen_k * row));
         for (uint8_t& c : *codes) c = float_to_fp8_bits(normal(rng), cache_dtype);
       }
-      for (const auto& [codes, values] : {std::pair{&k8, &k64}, std::pair{&v8, &v64}}) {
+      for (const auto& [codes, values] : {std::pair{&k_codes, &k_values}, std::pair{&v_codes, &v_values}}) {
         for (uint8_t c : *codes) values->push_back(fp8_bits_to_double(c, cache_dtype));
       }
       std::vector<uint8_t> k_cache(size_t(cache_rows * row)), v_cache(k_cache.size());
       for (int64_t b = 0; b < s.batch; ++b)
         for (int64_t j = 0; j < s.seqlen_k; ++j) {
-          std::copy_n(k8.begin() + (b * s.seqlen_k + j) * row, row, k_cache.begin() + cache_row_of(b, j) * row);
-          std::copy_n(v8.begin() + (b * s.seqlen_k + j) * row, row, v_cache.begin() + cache_row_of(b, j) * row);
+          std::copy_n(k_codes.begin() + (b * s.seqlen_k + j) * row, row, k_cache.begin() + cache_row_of(b, j) * row);
+          std::copy_n(v_codes.begin() + (b * s.seqlen_k + j) * row, row, v_cache.begin() + cache_row_of(b, j) * row);
         }
       dk.upload(k_cache);
       dv.upload(v_cache);
@@ -174,8 +175,8 @@ SweepResult sweep_decode(const AttentionProblem& problem, const std::vector<Deco
   const bool fp8 = problem.cache_dtype.has_value();
   const std::vector<ReferenceRow> reference = attention_reference_rows(
       cs, HostInput::bits16(check.q.data(), dtype, q_view),
-      fp8 ? HostInput::float64(check.k64.data(), kv_view) : HostInput::bits16(check.k.data(), dtype, kv_view),
-      fp8 ? HostInput::float64(check.v64.data(), v_view) : HostInput::bits16(check.v.data(), dtype, v_view),
+      fp8 ? HostInput::float64(check.k_values.data(), kv_view) : HostInput::bits16(check.k.data(), dtype, kv_view),
+      fp8 ? HostInput::float64(check.v_values.data(), v_view) : HostInput::bits16(check.v.data(), dtype, v_view),
       check.call.params.variant.scale, problem.mask, rows, /*threads=*/1, variant_of(problem));
   const AttentionShape& shape = problem.shape;
   const int64_t kv_bytes = (shape.value_dim() != shape.head_dim ? 1 : 2) * shape.batch * shape.seqlen_k *
