@@ -90,6 +90,12 @@ CallOptions from_c(const flashgen_attention_options& options) {
   out.variant_buffers = options.variant_buffers;
   out.variant_scalars = options.variant_scalars;
   out.block_mask = options.block_mask != nullptr ? &options.block_mask->classes : nullptr;
+  out.q_descale = options.q_descale, out.k_descale = options.k_descale, out.v_descale = options.v_descale;
+  for (int i = 0; i < 2; ++i) {
+    out.q_descale_stride[i] = options.q_descale_stride[i];
+    out.k_descale_stride[i] = options.k_descale_stride[i];
+    out.v_descale_stride[i] = options.v_descale_stride[i];
+  }
   return out;
 }
 

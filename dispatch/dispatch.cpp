@@ -124,7 +124,8 @@ ClassKey class_key(const ScopedContext& scope, const AttentionProblem& problem, 
   std::memcpy(&scale_bits, &p.variant.scale, sizeof scale_bits);
   std::memcpy(&softcap_bits, &problem.softcap, sizeof softcap_bits);
   const AttentionShape& s = problem.shape;
-  const int64_t head[] = {static_cast<int64_t>(problem.dtype), static_cast<int64_t>(problem.kv_dtype()), s.head_dim,
+  const int64_t head[] = {static_cast<int64_t>(problem.dtype), static_cast<int64_t>(problem.kv_dtype()),
+                          static_cast<int64_t>(problem.output_dtype()), s.head_dim,
                           s.value_dim(),
                           static_cast<int64_t>(problem.mask),
                           problem.deterministic(), s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv,

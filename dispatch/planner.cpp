@@ -63,6 +63,13 @@ void first_use_tune(const AttentionProblem& problem, const PlanSources<Choice>& 
   }
 }
 
+// Step 2b. An FP8 forward's output type is the call's: its tiles are timed and stored for both (only the epilogue's
+// conversion differs).
+void output_type(const AttentionProblem& problem, ForwardChoice& choice) {
+  if (problem.out_dtype && is_fp8(choice.config.dtype)) choice.config.out_dtype = problem.out_dtype;
+}
+void output_type(const AttentionProblem&, BackwardChoice&) {}
+
 // Step 3. A packed forward over a paged cache reads keys and values through the block table: a paged config as it
 // is, a contiguous one made paged where it can be (tuner/choice.hpp's read_through_pages).
 template <class Call, class Choice>
@@ -136,6 +143,7 @@ template <class Call, class Choice>
 Plan<Choice> plan_pass(const Call& call, const PlanSources<Choice>& sources) {
   Plan<Choice> plan = stored_or_builtin(call.problem, sources);
   first_use_tune(call.problem, sources, plan);
+  output_type(call.problem, plan.choice);
   paged(call, sources, plan.choice);
   with_user_variant(call.problem, sources, plan.variant_timed, plan.choice);
   fallbacks(call, sources, plan.variant_timed, plan.choice);

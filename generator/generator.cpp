@@ -106,8 +106,9 @@ std::string render_config_header(const KernelConfig& c) {
       << user_part(c.user)
       << "namespace flashgen_generated {\n\n"
       << "struct Config {\n"
-      << "  static constexpr flashgen::ElemType kElem = " << elem_enum(c.dtype) << ";\n"
-      << "  static constexpr int kHeadDim = " << c.head_dim << ";\n";
+      << "  static constexpr flashgen::ElemType kElem = " << elem_enum(c.dtype) << ";\n";
+  if (c.out_dtype) out << "  static constexpr flashgen::ElemType kOutElem = " << elem_enum(*c.out_dtype) << ";\n";
+  out << "  static constexpr int kHeadDim = " << c.head_dim << ";\n";
   // The values' own head dim only where it differs: every other header, and so its cache key, stays as it was.
   if (c.value_dim() != c.head_dim) out << "  static constexpr int kHeadDimV = " << c.value_dim() << ";\n";
   out << "  static constexpr flashgen::MaskKind kMask = " << mask_enum(c.mask) << ";\n"
@@ -154,6 +155,13 @@ std::string render_translation_unit(const KernelConfig& c) {
   out << c.name() << "(const __grid_constant__ " << params << " params) {\n"
       << "  " << kernel << "::run(params);\n"
       << "}\n";
+  if (is_fp8(c.dtype)) {  // Vᵀ, launched before the attention kernel
+    out << "\n#include \"fwd_sm90_values.cuh\"\n\n"
+        << "extern \"C\" __global__ void __launch_bounds__(flashgen::kValuesThreads)\n"
+        << c.symbol(FwdKernel::kValuesT) << "(const __grid_constant__ flashgen::AttnFwdParams params) {\n"
+        << "  flashgen::FwdSm90Values<flashgen_generated::Config>::run(params);\n"
+        << "}\n";
+  }
   if (has_user_block_classes(c)) {  // the user mask's block classes, launched before the attention kernel
     out << "\n#include \"user_blocks.cuh\"\n\n"
         << "extern \"C\" __global__ void __launch_bounds__(flashgen::kUserBlockThreads)\n"

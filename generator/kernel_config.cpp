@@ -85,6 +85,7 @@ std::string KernelConfig::name() const {
     std::string name = std::string("fwd_sm90_") + dtype_name(dtype) + "_d" + to_string(head_dim) +
                        value_dim_suffix(head_dim, value_dim()) + "_m" + to_string(block_m) + "_n" + to_string(block_n) + "_s" +
                        to_string(stages);
+    if (out_dtype) name += std::string("_o") + dtype_name(*out_dtype);
     name += mask_suffix(mask) + score_mods_suffix(mods);
     if (k->overlap) name += "_ovl";
     if (k->pingpong) name += "_pp";
@@ -109,10 +110,12 @@ std::string KernelConfig::name() const {
   return name + user_variant_suffix(user);
 }
 
-DType parse_dtype_field(const std::string& field, const std::string& name) {
-  FLASHGEN_REQUIRE(field == "fp16" || field == "bf16",
-                   "config name '" + name + "': dtype must be fp16 or bf16, got '" + field + "'");
-  return field == "bf16" ? DType::kBFloat16 : DType::kFloat16;
+DType parse_dtype_field(const std::string& field, const std::string& name, bool fp8_taken) {
+  for (DType t : {DType::kFloat16, DType::kBFloat16, DType::kFloat8E4M3, DType::kFloat8E5M2}) {
+    if (field == dtype_name(t) && (fp8_taken || !is_fp8(t))) return t;
+  }
+  fail(Status::kInvalidArgument, "config name '" + name + "': dtype must be fp16 or bf16" +
+                                     (fp8_taken ? std::string(" (or e4m3, e5m2)") : "") + ", got '" + field + "'");
 }
 
 int parse_name_field(const std::string& field, const std::string& prefix, const std::string& name) {
@@ -143,7 +146,7 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
   if (sm90) config.knobs = Sm90Knobs{};
   Sm80Knobs* k80 = config.sm80();  // exactly one of the two is set
   Sm90Knobs* k90 = config.sm90();
-  config.dtype = parse_dtype_field(fields[2], name);
+  config.dtype = parse_dtype_field(fields[2], name, /*fp8_taken=*/sm90);
   config.head_dim = parse_name_field(fields[3], "d", name);
   size_t next = 4;
   if (fields[next].size() > 1 && fields[next][0] == 'v') config.head_dim_v = parse_name_field(fields[next++], "v", name);
@@ -155,6 +158,8 @@ KernelConfig KernelConfig::from_name(const std::string& name) {
   for (size_t i = next; i < fields.size(); ++i) {
     if (read_mask_suffix(fields[i], config.mask) || read_score_mod_suffix(fields[i], config.mods)) {
       continue;
+    } else if ((fields[i] == "ofp16" || fields[i] == "obf16") && k90 && !config.out_dtype) {
+      config.out_dtype = parse_dtype_field(fields[i].substr(1), name, false);
     } else if (fields[i] == "qreg" && k80 && !k80->q_in_regs) {
       k80->q_in_regs = true;
     } else if (fields[i] == "ovl" && k90 && !k90->overlap) {
@@ -205,8 +210,14 @@ std::string KernelConfig::symbol(FwdKernel kernel) const {
     case FwdKernel::kAttend: return name();
     case FwdKernel::kUserBlockTiles: return name() + "_blocks";
     case FwdKernel::kUserBlockRanges: return name() + "_blocks_ranges";
+    case FwdKernel::kValuesT: return name() + "_values_t";
   }
   fail(Status::kInternal, "unknown forward kernel");
+}
+
+size_t KernelConfig::values_t_bytes(const AttnFwdParams& p) const {
+  if (!is_fp8(dtype)) return 0;
+  return size_t(p.batch) * size_t(p.heads_kv) * size_t(head_dim) * size_t(values_t_keys(p));
 }
 
 int KernelConfig::threads(FwdKernel kernel) const {
@@ -214,6 +225,7 @@ int KernelConfig::threads(FwdKernel kernel) const {
     case FwdKernel::kAttend: return sm90() ? sm90_traits().threads : traits().threads;
     case FwdKernel::kUserBlockTiles: return kUserBlockThreads;
     case FwdKernel::kUserBlockRanges: return kUserBlockRangesThreads;
+    case FwdKernel::kValuesT: return kValuesThreads;
   }
   fail(Status::kInternal, "unknown forward kernel");
 }
@@ -226,6 +238,11 @@ int KernelConfig::smem_bytes(FwdKernel kernel) const {
 const char* KernelConfig::shape_error() const { return sm90() ? sm90_traits().error : traits().error; }
 
 std::optional<std::string> KernelConfig::invalid_reason(int arch) const {
+  if (is_fp8(dtype) && !sm90()) return "FP8 attention runs on the sm90 kernel family (8-bit wgmma) only";
+  if (out_dtype.has_value() != is_fp8(dtype) || (out_dtype && is_fp8(*out_dtype))) {
+    return "an FP8 config names its output type (bf16 or fp16), and only an FP8 config does";
+  }
+  if (is_fp8(dtype) && varlen) return "the FP8 forward takes dense batches";
   if (sm90()) {
     if (arch != 90) return "the sm90 kernel family needs sm_90a (wgmma, TMA, setmaxnreg)";
     if (user && user->masks() && sm90()->cluster != 1) {
@@ -285,8 +302,14 @@ FwdTmaTensors::FwdTmaTensors(const AttentionProblem& problem, const AttnFwdParam
   k = layout.keys(p.k, p.heads_kv, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
   v = layout.keys(p.v, p.heads_kv, p.v_batch_stride, p.v_row_stride, p.v_head_stride, problem.value_dim());
   o = layout.queries(p.o, p.heads_q, p.o_batch_stride, p.o_row_stride, p.o_head_stride, problem.value_dim());
+  o.dtype = problem.output_dtype();
   q_rows = config.block_m;
-  kv_rows = config.block_n;
+  kv_rows = v_rows = config.block_n;
+  if (is_fp8(config.dtype)) {
+    const int64_t keys = KernelConfig::values_t_keys(p), dim = problem.value_dim();
+    v = TmaTensor{p.v_t, problem.dtype, p.batch, dim, p.heads_kv, keys, p.heads_kv * dim * keys, keys, dim * keys, true};
+    v_rows = config.sm90_traits().tile_dim_v;
+  }
   paged = problem.paged;
   if (paged) {
     auto pages = [&](const void* data, int dim, long long page_stride, long long rs, long long hs) {
@@ -300,7 +323,7 @@ FwdTmaTensors::FwdTmaTensors(const AttentionProblem& problem, const AttnFwdParam
 
 std::optional<std::string> FwdTmaTensors::unsupported_reason() const {
   for (const auto& [t, rows, name] : {std::tuple{&q, q_rows, "q"}, std::tuple{&k, kv_rows, "k"},
-                                      std::tuple{&v, kv_rows, "v"}, std::tuple{&o, kORows, "out"}}) {
+                                      std::tuple{&v, v_rows, "v"}, std::tuple{&o, kORows, "out"}}) {
     if (auto why = tma_unsupported_reason(*t, rows)) return std::string(name) + ": " + *why;
   }
   return std::nullopt;
@@ -308,7 +331,7 @@ std::optional<std::string> FwdTmaTensors::unsupported_reason() const {
 
 bool KernelConfig::operator==(const KernelConfig& o) const {
   // Configs that share a name are equal: the same family, and the same knobs of it.
-  return dtype == o.dtype && head_dim == o.head_dim && value_dim() == o.value_dim() && mask == o.mask &&
+  return dtype == o.dtype && out_dtype == o.out_dtype && head_dim == o.head_dim && value_dim() == o.value_dim() && mask == o.mask &&
          block_m == o.block_m &&
          block_n == o.block_n && stages == o.stages && knobs == o.knobs && varlen == o.varlen && paged == o.paged &&
          mods == o.mods && same_user_variant(user, o.user);
@@ -323,6 +346,7 @@ void to_json(nlohmann::json& j, const KernelConfig& c) {
                        {"groups", k->groups},         {"tensor_sum", k->tensor_sum}};
     if (c.value_dim() != c.head_dim) j["head_dim_v"] = c.value_dim();  // absent: the values' head dim is head_dim
     if (k->value_split != 1) j["value_split"] = k->value_split;        // absent: 1, as every config before it had
+    if (c.out_dtype) j["out_dtype"] = dtype_name(*c.out_dtype);       // FP8 configs only
     if (c.varlen) j["varlen"] = true;  // absent: a dense kernel, as every config before it had
     if (c.paged) j["paged"] = true;
     score_mods_to_json(j, c.mods);
@@ -344,11 +368,15 @@ bool is_int_field(const nlohmann::json& value) {
   return value.is_number_integer() && value.get<int64_t>() >= kMin && value.get<int64_t>() <= kMax;
 }
 
-void read_dtype_and_mask(const nlohmann::json& j, const char* what, DType& dtype, MaskKind& mask) {
+void read_dtype_and_mask(const nlohmann::json& j, const char* what, DType& dtype, MaskKind& mask, bool fp8_taken) {
   if (j.contains("dtype")) {
     const auto& d = j["dtype"];
-    FLASHGEN_REQUIRE(d == "fp16" || d == "bf16", std::string(what) + ": dtype must be \"fp16\" or \"bf16\"");
-    dtype = d == "bf16" ? DType::kBFloat16 : DType::kFloat16;
+    bool read = false;
+    for (DType t : {DType::kFloat16, DType::kBFloat16, DType::kFloat8E4M3, DType::kFloat8E5M2}) {
+      if (d == dtype_name(t) && (fp8_taken || !is_fp8(t))) dtype = t, read = true;
+    }
+    FLASHGEN_REQUIRE(read, std::string(what) + ": dtype must be \"fp16\" or \"bf16\"" +
+                               (fp8_taken ? std::string(" (or \"e4m3\", \"e5m2\")") : ""));
   }
   if (j.contains("mask")) {
     const auto& m = j["mask"];
@@ -369,7 +397,7 @@ void from_json(const nlohmann::json& j, KernelConfig& c) {
   static const char* const kKeys[] = {"family", "dtype",      "head_dim",  "mask",       "block_m", "block_n",
                                       "warps",  "stages",     "q_in_regs", "overlap",    "pingpong", "persistent",
                                       "p_smem", "cluster",    "groups",    "tensor_sum", "varlen", "paged",
-                                      "softcap", "alibi", "head_dim_v", "value_split"};
+                                      "softcap", "alibi", "head_dim_v", "value_split", "out_dtype"};
   for (const auto& item : j.items()) {
     FLASHGEN_REQUIRE(std::find(std::begin(kKeys), std::end(kKeys), item.key()) != std::end(kKeys),
                      "kernel config JSON: unknown field \"" + item.key() + "\"");
@@ -392,7 +420,12 @@ void from_json(const nlohmann::json& j, KernelConfig& c) {
                      "kernel config JSON: unknown family " + j["family"].dump());
     sm90 = j["family"] == "fwd_sm90";
   }
-  read_dtype_and_mask(j, "kernel config JSON", config.dtype, config.mask);
+  read_dtype_and_mask(j, "kernel config JSON", config.dtype, config.mask, /*fp8_taken=*/sm90);
+  if (j.contains("out_dtype")) {
+    const auto& d = j["out_dtype"];
+    FLASHGEN_REQUIRE(d == "fp16" || d == "bf16", "kernel config JSON: out_dtype must be \"fp16\" or \"bf16\"");
+    config.out_dtype = d == "bf16" ? DType::kBFloat16 : DType::kFloat16;
+  }
   get_int("head_dim", config.head_dim);
   get_int("head_dim_v", config.head_dim_v);
   get_int("block_m", config.block_m);

@@ -51,7 +51,8 @@ struct Sm90Knobs {
 
 // The kernels of one forward module: the attention kernel, and with a user mask (generator.hpp's
 // has_user_block_classes) the two that classify its blocks before it (templates/user_blocks.cuh).
-enum class FwdKernel { kAttend, kUserBlockTiles, kUserBlockRanges };
+// An FP8 module's first kernel writes Vᵀ for it (templates/fwd_sm90_values.cuh).
+enum class FwdKernel { kAttend, kUserBlockTiles, kUserBlockRanges, kValuesT };
 
 // The fields both families share, then the knobs of one of them. A kernel module (generator/kernel_module.hpp).
 struct KernelConfig {
@@ -82,7 +83,11 @@ struct KernelConfig {
   // The values' and the output's head dim where it differs from the queries' and keys' (MLA's 192 and 128): suffix
   // _v<dim> after _d<head_dim>, JSON field head_dim_v; 0: head_dim. The sm80 family's kernels take one.
   int head_dim_v = 0;
+  // An FP8 config's output type (bf16 or fp16; suffix _o<dtype> after _s<stages>, JSON field out_dtype); the sm90
+  // family only. Empty: dtype, as every 16-bit config.
+  std::optional<DType> out_dtype = std::nullopt;
 
+  DType output_dtype() const { return out_dtype.value_or(dtype); }
   // The values' head dim: head_dim_v, or head_dim where the config has none of its own.
   int value_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
   KernelFamily family() const {
@@ -134,8 +139,13 @@ struct KernelConfig {
   // describe the tensors (the sm90 family), and a persistent walk's tiles fit its int indices.
   Implementability can_implement(const AttentionProblem& problem, const AttnFwdParams& params,
                                  const DeviceTraits& device) const;
-  // The forward's kernels take no caller workspace (a user mask's classes and a tile counter are per launch).
+  // The forward's kernels take no caller workspace (a user mask's classes, a tile counter and FP8's Vᵀ are per
+  // launch).
   Workspace workspace(const AttnFwdParams&) const { return {}; }
+  // FP8's Vᵀ (templates/fwd_sm90_values.cuh): its keys per row (seqlen_k in whole 32-key steps) and bytes; 0
+  // for a 16-bit config.
+  static int64_t values_t_keys(const AttnFwdParams& p) { return (int64_t(p.seqlen_k) + 31) / 32 * 32; }
+  size_t values_t_bytes(const AttnFwdParams& p) const;
 
   bool operator==(const KernelConfig& other) const;
   bool operator!=(const KernelConfig& other) const { return !(*this == other); }
@@ -144,9 +154,10 @@ struct KernelConfig {
 // The four tensors of a forward call as TMA sees them, with the box rows of the sm90 kernel's copies. Over a
 // paged cache, k and v are (num_pages, page_size, heads_kv, head_dim), copied in boxes that lie in one page, and
 // v also in boxes of 16 rows (the fine map: the rows about a sequence's last key).
+// An FP8 config's v is Vᵀ (templates/fwd_sm90_values.cuh) at p.v_t, in boxes of 128 keys and the values' tile rows.
 struct FwdTmaTensors {
   TmaTensor q, k, v, o;
-  int q_rows = 0, kv_rows = 0;
+  int q_rows = 0, kv_rows = 0, v_rows = 0;
   bool paged = false;
   static constexpr int kORows = 64;  // each consumer warpgroup stores its own 64 rows
   static constexpr int kFineRows = 16;
@@ -159,8 +170,9 @@ struct FwdTmaTensors {
 // Reads "<prefix><int>" from one '_'-separated field of the config name `name` (e.g. "d128" with prefix
 // "d"); throws Error(kInvalidArgument) naming the field otherwise. Shared by the config families' names.
 int parse_name_field(const std::string& field, const std::string& prefix, const std::string& name);
-// Reads the dtype field ("fp16" or "bf16") of the config name `name`; throws Error(kInvalidArgument).
-DType parse_dtype_field(const std::string& field, const std::string& name);
+// Reads the dtype field ("fp16" or "bf16", with fp8_taken also "e4m3" or "e5m2") of the config name `name`; throws
+// Error(kInvalidArgument).
+DType parse_dtype_field(const std::string& field, const std::string& name, bool fp8_taken = false);
 
 void to_json(nlohmann::json& j, const KernelConfig& config);
 void from_json(const nlohmann::json& j, KernelConfig& config);  // throws Error on bad fields
@@ -170,7 +182,8 @@ bool is_int_field(const nlohmann::json& value);
 
 // The "dtype" and "mask" fields of a config family's JSON, when present, into dtype and mask; Error
 // naming the field (after what, e.g. "kernel config JSON") otherwise.
-void read_dtype_and_mask(const nlohmann::json& j, const char* what, DType& dtype, MaskKind& mask);
+void read_dtype_and_mask(const nlohmann::json& j, const char* what, DType& dtype, MaskKind& mask,
+                         bool fp8_taken = false);
 
 // A mask kind as every config family spells it: "none", "causal" or "window" in JSON, and as a name's suffix
 // (none for kNone: "_causal", "_window").

@@ -60,8 +60,19 @@ struct ConfigCacheDtype<C, std::void_t<decltype(std::declval<const C&>().cache_d
   static std::optional<DType> of(const C& config) { return config.cache_dtype; }
 };
 
+// C::out_dtype where a family's config has one (an FP8 forward's output type), else empty.
+template <class C, class = void>
+struct ConfigOutDtype {
+  static std::optional<DType> of(const C&) { return std::nullopt; }
+};
+template <class C>
+struct ConfigOutDtype<C, std::void_t<decltype(std::declval<const C&>().out_dtype)>> {
+  static std::optional<DType> of(const C& config) { return config.out_dtype; }
+};
+
 // The checks every family's can_implement starts with: the config is for the problem (its dtype, an FP8 cache's
-// type, head dims, mask, score modifiers and user variant) and can run on sm_<arch> (its invalid_reason).
+// type, an FP8 forward's output type, head dims, mask, score modifiers and user variant) and can run on sm_<arch>
+// (its invalid_reason).
 template <class C>
 Implementability problem_fit(const C& config, const AttentionProblem& problem, int arch) {
   if (!(config.dtype == problem.dtype && config.head_dim == problem.head_dim() &&
@@ -71,6 +82,10 @@ Implementability problem_fit(const C& config, const AttentionProblem& problem, i
   if (const std::optional<DType> cache = ConfigCacheDtype<C>::of(config); cache != problem.cache_dtype) {
     return {Shortfall::kProblem, std::string("reads a cache of ") + dtype_name(cache.value_or(config.dtype)) +
                                      ", the call's holds " + dtype_name(problem.kv_dtype())};
+  }
+  if (const std::optional<DType> out = ConfigOutDtype<C>::of(config); out != problem.out_dtype) {
+    return {Shortfall::kProblem, std::string("writes an output of ") + dtype_name(out.value_or(config.dtype)) +
+                                     ", the call's is " + dtype_name(problem.output_dtype())};
   }
   if (config.value_dim() != problem.value_dim()) {
     return {Shortfall::kProblem, "has values of head dim " + std::to_string(config.value_dim()) +

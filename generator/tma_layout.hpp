@@ -1,5 +1,6 @@
 // Which attention tensors TMA can describe (the sm90 families' can_implement asks; launch/tma.hpp encodes them): one
-// tensor (batch, seqlen, heads, head_dim; unit head_dim stride) as a 4-D tiled map in boxes of 64 columns. No GPU.
+// tensor (batch, seqlen, heads, head_dim; unit head_dim stride) as a 4-D tiled map in boxes of 128-byte rows (64
+// columns of 16 bits, 128 of 8). No GPU.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,9 @@ struct TmaTensor {
   DType dtype = DType::kFloat16;
   int64_t batch = 0, seqlen = 0, heads = 0, head_dim = 0;
   int64_t batch_stride = 0, row_stride = 0, head_stride = 0;  // elements
+  // FP8's Vᵀ (batch, heads, head_dim rows, keys): its columns are keys (any multiple of 16), its rows the values'
+  // head dim.
+  bool keys_as_columns = false;
 };
 
 // A call's tensors as TMA sees them: a dense batch's entries, or a packed batch (varlen) as one entry of its total_q
@@ -43,7 +47,7 @@ struct TmaCallLayout {
   }
 };
 
-// Why TMA cannot describe t with boxes of (64 columns, box_rows rows), or nullopt when it can (then the
+// Why TMA cannot describe t with boxes of (128 bytes of columns, box_rows rows), or nullopt when it can (then the
 // launcher uses the sm90 family; otherwise it falls back to the sm80 one). The limits are the driver's documented
 // ones for cuTensorMapEncodeTiled, so a tensor it would refuse falls back instead of failing.
 std::optional<std::string> tma_unsupported_reason(const TmaTensor& t, int box_rows);

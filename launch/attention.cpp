@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <tuple>
 
 #include "flashgen/error.hpp"
 #include "generator/generator.hpp"
@@ -21,13 +22,19 @@ namespace flashgen {
 
 ForwardCall make_forward_call(const TensorView* q, const TensorView* k, const TensorView* v, const TensorView* out,
                               float* lse, const CallOptions* opts) {
-  check_tensor(q, "q");
-  check_tensor(k, "k");
-  check_tensor(v, "v");
+  // FP8 q, k and v (one format) take a 16-bit output of their own type choice, and descales.
+  check_tensor(q, "q", /*fp8_taken=*/true);
+  check_tensor(k, "k", true);
+  check_tensor(v, "v", true);
   check_tensor(out, "out");
   FLASHGEN_REQUIRE(opts != nullptr, "opts: null pointer");
-  for (const auto& [t, name] : {std::pair{k, "k"}, std::pair{v, "v"}, std::pair{out, "out"}}) {
-    require_same_dtype(t, name, q);
+  const bool fp8 = is_fp8(q->dtype);
+  for (const auto& [t, name] : {std::pair{k, "k"}, std::pair{v, "v"}}) require_same_dtype(t, name, q);
+  if (!fp8) require_same_dtype(out, "out", q);
+  for (const auto& [d, stride, name] : {std::tuple{opts->q_descale, &opts->q_descale_stride, "opts.q_descale"},
+                                        std::tuple{opts->k_descale, &opts->k_descale_stride, "opts.k_descale"},
+                                        std::tuple{opts->v_descale, &opts->v_descale_stride, "opts.v_descale"}}) {
+    check_fp8_scales(d, *stride, name, fp8, "16-bit q, k and v (descales are an FP8 forward's)");
   }
   require_same_dim(k, "k", q, "q", 0);
   require_same_dim(v, "v", q, "q", 0);
@@ -37,7 +44,11 @@ ForwardCall make_forward_call(const TensorView* q, const TensorView* k, const Te
   for (int i = 0; i < 3; ++i) require_same_dim(out, "out", q, "q", i);
 
   check_head_dim_and_groups(q, k, /*max_head_dim=*/512);
-  check_value_dim(v, "v", out, "out", q, /*own_dim_taken=*/true);
+  check_value_dim(v, "v", out, "out", q, /*own_dim_taken=*/!fp8);
+  if (fp8 && (q->shape[3] % 16 != 0 || q->shape[3] > 256)) {
+    fail(Status::kUnsupported, "q.shape[3] (head_dim) is " + std::to_string(q->shape[3]) +
+                                   ": the FP8 forward takes multiples of 16 up to 256");
+  }
   for (const auto& [t, name] : {std::pair{q, "q"}, std::pair{k, "k"}, std::pair{v, "v"}, std::pair{out, "out"}}) {
     check_layout(t, name);
   }
@@ -53,6 +64,7 @@ ForwardCall make_forward_call(const TensorView* q, const TensorView* k, const Te
                                  opts->attention_chunk);
   call.problem.softcap = opts->softcap;
   call.problem.alibi = opts->alibi_slopes != nullptr;
+  if (fp8) call.problem.out_dtype = out->dtype;
 
   AttnFwdParams& p = call.params;
   p.q = q->data;
@@ -70,6 +82,12 @@ ForwardCall make_forward_call(const TensorView* q, const TensorView* k, const Te
   p.seqlen_k = static_cast<int>(k->shape[1]);
   p.heads_kv = static_cast<int>(k->shape[2]);
   p.group_size = p.heads_q / p.heads_kv;
+  p.q_descale = opts->q_descale, p.k_descale = opts->k_descale, p.v_descale = opts->v_descale;
+  for (int i = 0; i < 2; ++i) {
+    p.q_descale_strides[i] = opts->q_descale_stride[i];
+    p.k_descale_strides[i] = opts->k_descale_stride[i];
+    p.v_descale_strides[i] = opts->v_descale_stride[i];
+  }
   set_user_variant(call.problem, *opts);
   p.variant = variant_args(call.problem, *opts, p.seqlen_q, p.seqlen_k);
   call.block_mask = user_block_mask(*opts, call.problem);
@@ -110,6 +128,10 @@ ForwardCall make_varlen_forward_call(const VarlenForwardArgs& args) {
                      "max_pages must be at least 1, and max_pages * page_size at most 2^30, got " +
                          std::to_string(args.max_pages));
   }
+  if (is_fp8(args.q.dtype)) {
+    fail(Status::kUnsupported, std::string("q.dtype is ") + dtype_name(args.q.dtype) +
+                                   ": the FP8 forward takes dense batches (flashgen_attention_forward), not packed ones");
+  }
   ForwardCall call = make_forward_call(&args.q, &k, &v, &args.out, args.lse, &args.options);
   const Packing packing{args.cu_seqlens_q, args.cu_seqlens_k, args.seqused_k,
                         args.batch,        args.max_seqlen_q, args.max_seqlen_k};
@@ -142,7 +164,7 @@ namespace {
 void encode_tma_maps(const FwdTmaTensors& t, AttnFwdSm90Params& params) {
   encode_tma_map(&params.q_map, t.q, t.q_rows);
   encode_tma_map(&params.k_map, t.k, t.kv_rows);
-  encode_tma_map(&params.v_map, t.v, t.kv_rows);
+  encode_tma_map(&params.v_map, t.v, t.v_rows);
   encode_tma_map(&params.o_map, t.o, FwdTmaTensors::kORows);
   if (t.paged) encode_tma_map(&params.v_fine_map, t.v, FwdTmaTensors::kFineRows);
 }
@@ -193,6 +215,10 @@ void check_device_pointers(const AttnFwdParams& p, int device) {
   if (p.block_table != nullptr) check_device_pointer(p.block_table, "block_table", device);
   if (p.variant.alibi_slopes != nullptr) check_device_pointer(p.variant.alibi_slopes, "opts.alibi_slopes", device);
   if (p.variant.sinks != nullptr) check_device_pointer(p.variant.sinks, "opts.sinks", device);
+  for (const auto& [d, name] : {std::pair{p.q_descale, "opts.q_descale"}, std::pair{p.k_descale, "opts.k_descale"},
+                                std::pair{p.v_descale, "opts.v_descale"}}) {
+    if (d != nullptr) check_device_pointer(d, name, device);
+  }
   check_user_buffers(p.variant, device);
 }
 
@@ -219,6 +245,13 @@ PreparedForward prepare_forward(const ForwardCall& call, CUstream stream, const 
     encode_tma_maps(FwdTmaTensors(call.problem, p, config), prepared.sm90_params);
   }
   prepared.function = KernelRegistry::instance().function(config, FwdKernel::kAttend, scope.context(), arch);
+  if (is_fp8(config.dtype)) {
+    prepared.values_t = KernelRegistry::instance().function(config, FwdKernel::kValuesT, scope.context(), arch);
+    const FwdTmaTensors tensors(call.problem, p, config);
+    prepared.values_t_tensor = tensors.v;
+    prepared.values_t_rows = tensors.v_rows;
+    prepared.params.v_t_keys = prepared.sm90_params.base.v_t_keys = KernelConfig::values_t_keys(p);
+  }
   prepared.threads = static_cast<unsigned>(config.threads());
   prepared.smem_bytes = static_cast<unsigned>(config.smem_bytes());
   // A cluster of two takes pairs of query blocks: the grid's x is a multiple of 2, its last block
@@ -272,33 +305,60 @@ void PreparedForward::rebind(const ForwardCall& call, int device) {
   }
   retarget_tma_map(&sm90_params.q_map, p.q);
   retarget_tma_map(&sm90_params.k_map, p.k);
-  retarget_tma_map(&sm90_params.v_map, p.v);
+  if (values_t == nullptr) retarget_tma_map(&sm90_params.v_map, p.v);  // else pointed at Vᵀ per launch
   retarget_tma_map(&sm90_params.o_map, p.o);
   if (call.problem.paged) retarget_tma_map(&sm90_params.v_fine_map, p.v);
 }
 
 void PreparedForward::operator()(CUstream stream) const {
+  if (values_t == nullptr) {
+    launch_with(stream, params, sm90_params);
+    return;
+  }
+  // FP8: Vᵀ in stream-ordered memory, then the attention kernel reading it through v_map.
+  StreamAllocation buffer(config.values_t_bytes(params), stream);
+  AttnFwdParams with_values = params;
+  with_values.v_t = reinterpret_cast<void*>(buffer.ptr());
+  with_values.v_t_keys = KernelConfig::values_t_keys(params);
+  void* args[] = {&with_values};
+  const unsigned blocks = static_cast<unsigned>((with_values.v_t_keys + 63) / 64);
+  FLASHGEN_CU_CHECK(cuLaunchKernel(values_t, blocks, static_cast<unsigned>(params.heads_kv),
+                                   static_cast<unsigned>(params.batch), kValuesThreads, 1, 1, 0, stream, args, nullptr));
+  AttnFwdSm90Params sm90 = sm90_params;
+  sm90.base = with_values;
+  if (tma_maps_retargetable()) {
+    retarget_tma_map(&sm90.v_map, with_values.v_t);
+  } else {
+    TmaTensor v_t = values_t_tensor;
+    v_t.data = with_values.v_t;
+    encode_tma_map(&sm90.v_map, v_t, values_t_rows);
+  }
+  launch_with(stream, with_values, sm90);
+  buffer.release();
+}
+
+void PreparedForward::launch_with(CUstream stream, const AttnFwdParams& plain, const AttnFwdSm90Params& tma) const {
   if (!user_blocks) {
-    launch_attention(stream, params, sm90_params);
+    launch_attention(stream, plain, tma);
     return;
   }
   if (block_mask != nullptr) {  // kept across calls: computed by the first
-    AttnFwdParams with_classes = params;
+    AttnFwdParams with_classes = plain;
     void* args[] = {&with_classes};
-    user_blocks.launch_kept(*block_mask, block_mask_key(config.name(), params), with_classes.user_classes, stream,
+    user_blocks.launch_kept(*block_mask, block_mask_key(config.name(), plain), with_classes.user_classes, stream,
                             args);
-    AttnFwdSm90Params sm90 = sm90_params;
+    AttnFwdSm90Params sm90 = tma;
     sm90.base = with_classes;
     launch_attention(stream, with_classes, sm90);
     return;
   }
   // The user mask's classes in stream order.
   StreamAllocation classes(user_blocks.bytes(), stream);
-  AttnFwdParams with_classes = params;
+  AttnFwdParams with_classes = plain;
   with_classes.user_classes = user_blocks.at(classes.ptr());
   void* args[] = {&with_classes};
   user_blocks.launch(stream, args);
-  AttnFwdSm90Params sm90 = sm90_params;
+  AttnFwdSm90Params sm90 = tma;
   sm90.base = with_classes;
   launch_attention(stream, with_classes, sm90);
   classes.release();

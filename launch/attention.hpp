@@ -55,6 +55,11 @@ struct PreparedForward {
   // empty for other configs.
   UserBlockLaunch user_blocks;
   KeptBlockClasses* block_mask = nullptr;  // the call's: where the classes are kept, or null (per call)
+  // An FP8 config's Vᵀ kernel (templates/fwd_sm90_values.cuh), run first into stream-ordered memory of the launch's,
+  // and Vᵀ as v_map describes it (its data set per launch); null for 16-bit configs.
+  CUfunction values_t = nullptr;
+  TmaTensor values_t_tensor;
+  int values_t_rows = 0;
 
   // Points the launch at call's tensors after checking they are memory of device (the launch
   // context's): call must differ from the prepared one in its data pointers only.
@@ -62,10 +67,12 @@ struct PreparedForward {
 
   // cuLaunchKernel; with uses_tile_counter, with the stream's tile counter (tile_counters.hpp) or, where
   // it has none, one taken from flashgen's pool (StreamAllocation), zeroed before and given back after
-  // the launch.
+  // the launch. An FP8 config's Vᵀ takes memory from that pool likewise.
   void operator()(CUstream stream) const;
 
  private:
+  // The user mask's classes (where the config has them), then the attention kernel, on plain and sm90.
+  void launch_with(CUstream stream, const AttnFwdParams& plain, const AttnFwdSm90Params& tma) const;
   // The attention kernel itself, on plain (or sm90, its TMA form), with its tile counter.
   void launch_attention(CUstream stream, const AttnFwdParams& plain, const AttnFwdSm90Params& sm90) const;
 };

@@ -61,18 +61,6 @@ void check_fp8_cache(const TensorView& kc, const TensorView& vc, bool latent) {
   }
 }
 
-// A cache's scales (k_scale or v_scale): only an FP8 cache's, 4-byte aligned, strides in [0, 2^40].
-void check_scales(const float* scale, const int64_t (&stride)[2], const char* name, bool fp8) {
-  if (scale == nullptr) return;
-  FLASHGEN_REQUIRE(fp8, std::string(name) + ": given for a 16-bit cache (scales are an FP8 cache's); pass NULL");
-  FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(scale) % alignof(float) == 0,
-                   std::string(name) + ": pointer must be 4-byte aligned");
-  for (int i = 0; i < 2; ++i) {
-    FLASHGEN_REQUIRE(stride[i] >= 0 && stride[i] <= (int64_t{1} << 40),
-                     std::string(name) + "_stride[" + std::to_string(i) + "] must be in [0, 2^40], got " +
-                         std::to_string(stride[i]));
-  }
-}
 
 }  // namespace
 
@@ -96,8 +84,8 @@ KvCacheCall make_kvcache_call(const KvCacheArgs& args) {
     require_same_dtype(&vc, "v_cache", &q);
   }
   require_same_dtype(&args.out, "out", &q);
-  check_scales(args.k_scale, args.k_scale_stride, "k_scale", fp8);
-  check_scales(args.v_scale, args.v_scale_stride, "v_scale", fp8);
+  check_fp8_scales(args.k_scale, args.k_scale_stride, "k_scale", fp8, "a 16-bit cache (scales are an FP8 cache's)");
+  check_fp8_scales(args.v_scale, args.v_scale_stride, "v_scale", fp8, "a 16-bit cache (scales are an FP8 cache's)");
   if (latent) {
     check_latent_values(q, vc, kc);
     FLASHGEN_REQUIRE(args.out.shape[3] == vc.shape[3], dim("out", 3) + " is " + std::to_string(args.out.shape[3]) +

@@ -32,8 +32,8 @@ void check_tensor(const TensorView* t, const char* name, bool fp8_taken) {
                    std::string(name) + ".dtype: unknown value " + std::to_string(dtype));
   if (fp8 && !fp8_taken) {
     fail(Status::kUnsupported, std::string(name) + ".dtype is " + dtype_name(t->dtype) +
-                                   ": FP8 is taken by a KV cache's k_cache and v_cache (flashgen_attention_kvcache); "
-                                   "attention over FP8 q, k and v is not served");
+                                   ": FP8 is taken by the dense forward's q, k and v (flashgen_attention_forward) and "
+                                   "a KV cache's k_cache and v_cache (flashgen_attention_kvcache), not here");
   }
   for (int i = 0; i < 4; ++i) {
     FLASHGEN_REQUIRE(t->shape[i] >= 1 && t->shape[i] <= kMaxExtent,
@@ -101,6 +101,19 @@ void require_same_dim(const TensorView* a, const char* a_name, const TensorView*
                       int i) {
   FLASHGEN_REQUIRE(a->shape[i] == b->shape[i], dim(a_name, i) + " is " + std::to_string(a->shape[i]) + " but " +
                                                    dim(b_name, i) + " is " + std::to_string(b->shape[i]));
+}
+
+void check_fp8_scales(const float* scale, const int64_t (&stride)[2], const char* name, bool fp8,
+                      const char* given_for) {
+  if (scale == nullptr) return;
+  FLASHGEN_REQUIRE(fp8, std::string(name) + ": given for " + given_for + "; pass NULL");
+  FLASHGEN_REQUIRE(reinterpret_cast<std::uintptr_t>(scale) % alignof(float) == 0,
+                   std::string(name) + ": pointer must be 4-byte aligned");
+  for (int i = 0; i < 2; ++i) {
+    FLASHGEN_REQUIRE(stride[i] >= 0 && stride[i] <= (int64_t{1} << 40),
+                     std::string(name) + "_stride[" + std::to_string(i) + "] must be in [0, 2^40], got " +
+                         std::to_string(stride[i]));
+  }
 }
 
 void require_same_dtype(const TensorView* t, const char* name, const TensorView* q) {

@@ -52,6 +52,12 @@ inline void check_user_buffers(const VariantArgs& v, int device) {
 void require_same_dim(const TensorView* a, const char* a_name, const TensorView* b, const char* b_name,
                       int i);
 
+// FP8 scales (a KV cache's k_scale and v_scale, the forward's descales): null, or taken only where the tensors are FP8
+// (else refused as given_for what, e.g. "a 16-bit cache (scales are an FP8 cache's)"), 4-byte aligned, strides in
+// [0, 2^40]. The values live on the device: not read here.
+void check_fp8_scales(const float* scale, const int64_t (&stride)[2], const char* name, bool fp8,
+                      const char* given_for);
+
 // t's dtype that of q: an error naming both otherwise.
 void require_same_dtype(const TensorView* t, const char* name, const TensorView* q);
 

@@ -13,12 +13,6 @@ namespace flashgen {
 // Copied bytewise; TMA itself needs the 64-byte alignment TmaDescriptor has in kernel parameter space.
 static_assert(sizeof(TmaDescriptor) == sizeof(CUtensorMap), "TmaDescriptor must have CUtensorMap's size");
 
-namespace {
-
-constexpr int64_t kElemBytes = 2;
-
-}  // namespace
-
 void encode_tma_map(TmaDescriptor* map, const TmaTensor& t, int box_rows) {
   if (auto why = tma_unsupported_reason(t, box_rows)) fail(Status::kInvalidArgument, "TMA: " + *why);
   const cuuint64_t dims[4] = {cuuint64_t(t.head_dim), cuuint64_t(t.seqlen), cuuint64_t(t.heads),
@@ -27,16 +21,18 @@ void encode_tma_map(TmaDescriptor* map, const TmaTensor& t, int box_rows) {
   // the driver accepts whatever the caller's (unused) stride was.
   cuuint64_t strides[3];
   const int64_t given[3] = {t.row_stride, t.head_stride, t.batch_stride};
-  int64_t span = t.head_dim * kElemBytes;
+  const int64_t elem = elem_bytes(t.dtype);
+  int64_t span = t.head_dim * elem;
   for (int i = 0; i < 3; ++i) {
-    const int64_t bytes = dims[i + 1] == 1 ? (span + 15) / 16 * 16 : given[i] * kElemBytes;
+    const int64_t bytes = dims[i + 1] == 1 ? (span + 15) / 16 * 16 : given[i] * elem;
     strides[i] = cuuint64_t(bytes);
     span = bytes * int64_t(dims[i + 1]);
   }
-  const cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
+  const cuuint32_t box[4] = {cuuint32_t(128 / elem), cuuint32_t(box_rows), 1, 1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  const CUtensorMapDataType type =
-      t.dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUtensorMapDataType type = is_fp8(t.dtype)                ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : t.dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                  : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   CUtensorMap encoded;
   FLASHGEN_CU_CHECK(cuTensorMapEncodeTiled(&encoded, type, 4, const_cast<void*>(t.data), dims, strides, box,
                                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,

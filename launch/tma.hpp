@@ -8,7 +8,7 @@
 
 namespace flashgen {
 
-// Fills *map for boxes of (64 columns, box_rows rows); a box reaching past head_dim (the tiles' padding,
+// Fills *map for boxes of (128 bytes of columns, box_rows rows); a box reaching past head_dim (the tiles' padding,
 // sm90_tile_dim) is zero-filled on load and clipped on store. Throws Error(kCuda) when the driver refuses a
 // tensor that tma_unsupported_reason accepted.
 void encode_tma_map(TmaDescriptor* map, const TmaTensor& t, int box_rows);

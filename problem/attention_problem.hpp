@@ -86,6 +86,8 @@ struct AttentionProblem {
   int page_size = 0;
   // An FP8 KV cache's element type (e4m3 or e5m2, widened to dtype as the kernels read it); empty: dtype.
   std::optional<DType> cache_dtype;
+  // An FP8 forward's (dtype e4m3 or e5m2) output type, bf16 or fp16; empty: dtype.
+  std::optional<DType> out_dtype;
   // Scores soft-capped to cap · tanh(score / cap) before the softmax (options.softcap); 0: none.
   float softcap = 0.f;
   // ALiBi slopes come with the call (options.alibi_slopes, a device array like the tensors): its scores gain
@@ -128,6 +130,7 @@ struct AttentionProblem {
   ScoreMods score_mods() const { return {softcapped(), alibi}; }
   int head_dim() const { return static_cast<int>(shape.head_dim); }
   DType kv_dtype() const { return cache_dtype.value_or(dtype); }
+  DType output_dtype() const { return out_dtype.value_or(dtype); }
   int value_dim() const { return static_cast<int>(shape.value_dim()); }
 };
 

@@ -35,6 +35,14 @@ struct CallOptions {
   const void* const* variant_buffers = nullptr;  // host array of the variant's buffers' device pointers
   const void* variant_scalars = nullptr;         // host array of its scalars' 4-byte values
   KeptBlockClasses* block_mask = nullptr;        // where a user mask's classes are kept across calls, or null
+  // An FP8 forward's descales (q, k and v e4m3 or e5m2): fp32 device arrays read at (batch entry, kv head) with
+  // these strides in elements ({0, 0}: one value), each tensor standing for its values times its descale; null: 1.
+  const float* q_descale = nullptr;
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
+  int64_t q_descale_stride[2] = {0, 0};
+  int64_t k_descale_stride[2] = {0, 0};
+  int64_t v_descale_stride[2] = {0, 0};
 };
 
 // The options a call of problem passes: its mask and window, soft cap and (backward) dQ strategy, with

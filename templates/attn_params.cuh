@@ -134,6 +134,17 @@ struct AttnFwdParams {
   long long k_page_stride, v_page_stride;
   int page_size;
   int num_pages;
+
+  // An FP8 call's descales (fp32; FP8 configs only): q, k and v of batch entry b and kv head h stand for their
+  // values times descale[b * strides[0] + h * strides[1]] (strides 0 share one). Null: 1.
+  const float* q_descale;
+  const float* k_descale;
+  const float* v_descale;
+  long long q_descale_strides[2], k_descale_strides[2], v_descale_strides[2];
+  // An FP8 call's Vᵀ (batch, heads_kv, head_dim, v_t_keys), keys in the order P's fragments hold them
+  // (fwd_sm90_values.cuh), written by the module's first kernel into a buffer of the launch's; null otherwise.
+  void* v_t;
+  long long v_t_keys;  // seqlen_k rounded up to whole 32-key steps
 };
 
 // The rows of each TMA copy of a paged cache's K or V tile (the Hopper forward): the largest count dividing both
@@ -213,9 +224,10 @@ struct alignas(64) TmaDescriptor {
 // parameters. Each describes its tensor as 4-D (head_dim, seqlen, heads, batch) with byte strides.
 struct AttnFwdSm90Params {
   AttnFwdParams base;
+  // The maps' boxes span 128 bytes of a row: 64 columns of 16 bits, or 128 of 8 (FP8 configs' q, k and v).
   TmaDescriptor q_map;  // box (64, block_m, 1, 1): the whole Q tile, one 64-column chunk per copy
   TmaDescriptor k_map;  // box (64, block_n, 1, 1); over a paged cache see v_fine_map
-  TmaDescriptor v_map;  // box (64, block_n, 1, 1)
+  TmaDescriptor v_map;  // box (64, block_n, 1, 1); FP8: base.v_t, box (128 keys, the values' tile rows, 1, 1)
   TmaDescriptor o_map;  // box (64, 64, 1, 1): one consumer warpgroup's rows
   // Persistent kernels under a causal mask: the tiles claimed so far past the first gridDim.x; 0 when
   // the kernel starts, and set back to 0 by its last claim. Null otherwise.

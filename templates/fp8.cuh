@@ -164,5 +164,37 @@ __device__ __forceinline__ float4 o_group_columns(const float (&even)[4], const 
   return make_float4(even[2 * half], odd[2 * half], even[2 * half + 1], odd[2 * half + 1]);
 }
 
+// An FP8 tensor's descale for batch entry b and kv head h (strides 0 share one); 1 where the call gives none.
+__device__ __forceinline__ float descale(const float* d, const long long (&strides)[2], int batch, int kv_head) {
+  return d == nullptr ? 1.f : d[batch * strides[0] + kv_head * strides[1]];
+}
+
+// The FP8 forward's P V (fwd_sm90.cuh) on 8-bit wgmma. Its A fragment gives lane (g, t) of a warp's 16 rows the k
+// indices 4t .. 4t + 3 and 16 + 4t .. + 3 of a 32-key step, where S's accumulators give it keys 8i + 2t and + 1 of
+// each 8-key group i. pack_p_steps puts the lane's own keys in its own fragment, no byte moving between lanes, so
+// k index k of a step holds key pv_key(k) of it, and Vᵀ stores its keys in that order (fwd_sm90_values.cuh).
+__host__ __device__ constexpr int pv_key(int k) { return k / 16 * 16 + k % 16 / 4 * 2 + k % 2 + k % 4 / 2 * 8; }
+
+// Four P values rounded to e4m3 (nearest even, P <= 2^8 never saturates), a in the low byte.
+__device__ __forceinline__ u32 narrow4(float a, float b, float c, float d) {
+  return static_cast<u32>(narrow2<ElemType::kFloat8E4M3>(a, b)) |
+         (static_cast<u32>(narrow2<ElemType::kFloat8E4M3>(c, d)) << 16);
+}
+
+// The first kSteps 32-key steps of a warpgroup's P (S's accumulator layout, fp32) as e4m3 A fragments.
+template <int kSteps, int kSteps16, int kGroups>
+__device__ __forceinline__ void pack_p_steps(u32 (&frag)[kSteps16][4], const float (&acc)[kGroups][4]) {
+  static_assert(kSteps <= kSteps16 && 4 * kSteps <= kGroups, "steps of four 8-key groups");
+#pragma unroll
+  for (int j = 0; j < kSteps; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // h: keys 0-15 of the step (registers 0, 1) or 16-31 (2, 3)
+      const float(&lo)[4] = acc[4 * j + 2 * h];
+      const float(&hi)[4] = acc[4 * j + 2 * h + 1];
+      frag[j][2 * h] = narrow4(lo[0], lo[1], hi[0], hi[1]);      // row g
+      frag[j][2 * h + 1] = narrow4(lo[2], lo[3], hi[2], hi[3]);  // row g + 8
+    }
+}
+
 }  // namespace fp8
 }  // namespace flashgen

@@ -161,4 +161,13 @@ extern "C" __global__ void __launch_bounds__(flashgen::FwdSm90<FlashgenDefaultFw
     fwd_sm90_standalone_default(const __grid_constant__ flashgen::AttnFwdSm90Params params) {
   flashgen::FwdSm90<FlashgenDefaultFwdSm90Config>::run(params);
 }
+// And the FP8 form of it: e4m3 q, k and v, a bf16 output.
+struct FlashgenFp8FwdSm90Config : FlashgenDefaultFwdSm90Config {
+  static constexpr flashgen::ElemType kElem = flashgen::ElemType::kFloat8E4M3;
+  static constexpr flashgen::ElemType kOutElem = flashgen::ElemType::kBFloat16;
+};
+extern "C" __global__ void __launch_bounds__(flashgen::FwdSm90<FlashgenFp8FwdSm90Config>::kThreads, 1)
+    fwd_sm90_standalone_fp8(const __grid_constant__ flashgen::AttnFwdSm90Params params) {
+  flashgen::FwdSm90<FlashgenFp8FwdSm90Config>::run(params);
+}
 #endif

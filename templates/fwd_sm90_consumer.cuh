@@ -10,11 +10,13 @@
 
 #include "attn_params.cuh"
 #include "block_range.cuh"
+#include "fp8.cuh"
 #include "fwd_sm90_epilogue.cuh"
 #include "fwd_sm90_layout.cuh"
 #include "fwd_sm90_scheduler.cuh"
 #include "sm80_primitives.cuh"
 #include "sm90_primitives.cuh"
+#include "sm90_wgmma_fp8.cuh"
 #include "sm90_wgmma_rs.cuh"
 #include "sm90_wgmma_ss.cuh"
 #include "softmax.cuh"
@@ -37,11 +39,13 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
   using L::kCluster;
   using L::kConsumers;
   using L::kElem;
+  using L::kFp8;
   using L::kGroups;
   using L::kKOffset;
   using L::kOGroups;
   using L::kOnesOffset;
   using L::kOverlap;
+  using L::kPBias;
   using L::kOwnO;
   using L::kPartDimV;
   using L::kPBytes;
@@ -53,6 +57,7 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
   using L::kRowBytes;
   using L::kSGroups;
   using L::kTensorSum;
+  using L::kTileDimV;
   using L::kTileBytes;
   using L::kTileBytesV;
   using L::kVOffset;
@@ -101,6 +106,7 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
     u32 sp_rows;             // this consumer's P rows (kPSmem)
     u64 desc_p0, desc_ones;  // issue_pv's P rows (kPSmem) and ones (kTensorSum)
     const float& scale_log2;  // the softmax's scale for the variant's row scores (block_range.cuh)
+    float qk_descale;         // FP8 whose variant transforms scores: q's and k's descales, multiplied into S first
     int n_masked, interior_end;
     float (&acc_o)[kOGroups][4];  // (64, kPartDimV) fp32 per warpgroup
     float (&acc_l)[1][4];         // kTensorSum: (64, 8) fp32 per warpgroup, every column its row's running sum
@@ -131,7 +137,11 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
         const u32 offset = (kk % 4) * 32;  // k-step within its 64-column chunk
         const u64 desc_q = sm90::smem_desc_advance(desc_q0, (kk / 4) * kBlockM * kRowBytes + offset);
         const u64 desc_k = sm90::smem_desc_advance(desc_k0, (kk / 4) * kBlockN * kRowBytes + offset);
-        sm90::WgmmaSS<8 * decltype(width)::value>::template run<kElem>(acc_s, desc_q, desc_k, kk > 0 ? 1 : 0);
+        if constexpr (kFp8) {
+          sm90::WgmmaSS8<8 * decltype(width)::value>::template run<kElem, kElem>(acc_s, desc_q, desc_k, kk > 0 ? 1 : 0);
+        } else {
+          sm90::WgmmaSS<8 * decltype(width)::value>::template run<kElem>(acc_s, desc_q, desc_k, kk > 0 ? 1 : 0);
+        }
       }
       sm90::wgmma_commit();
     }
@@ -140,9 +150,22 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
     // MN-major (the values' head dim contiguous), its 64-column chunks kBlockN rows apart, from this consumer's
     // first chunk on. P comes from p_frag, or
     // with kPSmem from this consumer's P rows, read K-major like Q.
+    // FP8: Vᵀ is read K-major like K, its 128-key chunks kTileDimV rows apart, k-steps of 32 keys.
     template <class Width>
     __device__ __forceinline__ void issue_pv(int it, const u32 (&p_frag)[kPSteps][4], Width width) const {
-      constexpr int kSteps = decltype(width)::value / 2;
+      constexpr int kSteps = decltype(width)::value * 8 / L::kKStep;
+      if constexpr (kFp8) {
+        const u64 desc_v0 = sm90::smem_desc_sw128(smem + kVOffset + slot(it) * kTileBytesV, 16, 1024);
+        sm90::mbarrier_wait(bars.v_full(slot(it)), phase(it));
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < kSteps; ++j) {
+          const u64 desc_v = sm90::smem_desc_advance(desc_v0, (j / 4) * kTileDimV * kRowBytes + (j % 4) * 32);
+          sm90::WgmmaRS8<kPartDimV>::template run<ElemType::kFloat8E4M3, kElem>(acc_o, p_frag[j], desc_v, 1);
+        }
+        sm90::wgmma_commit();
+        return;
+      }
       const u64 desc_v0 =
           sm90::smem_desc_sw128(smem + kVOffset + slot(it) * kTileBytesV + v_columns, kBlockN * kRowBytes, 1024);
       sm90::mbarrier_wait(bars.v_full(slot(it)), phase(it));
@@ -181,13 +204,17 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
                                                    bool& rescale, Masked masked, Width width) const {
       constexpr int kWidth = decltype(width)::value;
       const int key0 = (tile.n_begin + tile.n_blocks - 1 - it) * kBlockN;  // the block's first key
+      if constexpr (kFp8 && !Variant::kPlainScores) {
+        const float descale[2] = {qk_descale, qk_descale};
+        softmax::scale_rows(acc_s, descale);
+      }
       variant_scores<Variant, kWidth, decltype(masked)::value>(p, acc_s, tile.batch, tile.head, row0, key0, t);
       float block_max[2];
       bool moves[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         block_max[h] = softmax::block_max<kWidth>(acc_s, h, scale_log2);
-        moves[h] = softmax::max_moves(block_max[h], row_max[h]);
+        moves[h] = softmax::max_moves<kFp8 ? 0 : softmax::kRescaleSlack>(block_max[h], row_max[h]);
       }
       rescale = __any_sync(0xffffffffu, moves[0] || moves[1]);
 #pragma unroll
@@ -198,7 +225,7 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
           if constexpr (!kTensorSum) row_sum[h] *= correction[h];
         }
         // With kTensorSum the tensor cores add P up (issue_pv).
-        const float sum = softmax::exponentiate<kWidth, !kTensorSum>(acc_s, h, row_max[h], scale_log2);
+        const float sum = softmax::exponentiate<kWidth, !kTensorSum>(acc_s, h, row_max[h] - kPBias, scale_log2);
         if constexpr (!kTensorSum) row_sum[h] += sum;
       }
     }
@@ -231,6 +258,8 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
         store_swizzled(sp_rows, 64 * kRowBytes, acc_s);
         sm90::fence_proxy_async_smem();
         sm90::named_barrier_sync(1 + warpgroup, 128);
+      } else if constexpr (kFp8) {
+        fp8::pack_p_steps<decltype(width)::value / 4>(p_frag, acc_s);
       } else {
         sm80::pack_a_steps<kElem, decltype(width)::value / 2>(p_frag, acc_s);
       }
@@ -319,11 +348,20 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
     const u32 sp_rows = smem + kPOffset + consumer * kPBytes;
     const u64 desc_p0 = sm90::smem_desc_sw128(sp_rows, 16, 1024);
     const u64 desc_ones = sm90::smem_desc_plain(smem + kOnesOffset, 128, 256);
-    // The softmax's scale for the variant's row scores (block_range.cuh).
+    // The softmax's scale for the variant's row scores (block_range.cuh); FP8's descales of q and k go into it where
+    // the scores are q·k itself.
     float folded_scale;
     const float& scale_log2 = row_scale_log2<Variant>(p.variant.scale_log2, p, folded_scale);
+    float qk_descale = 1.f;
+    if constexpr (kFp8) {
+      const int kv_head = tile.head / p.group_size;
+      qk_descale = fp8::descale(p.q_descale, p.q_descale_strides, tile.batch, kv_head) *
+                   fp8::descale(p.k_descale, p.k_descale_strides, tile.batch, kv_head);
+      if constexpr (Variant::kPlainScores) folded_scale = scale_log2 * qk_descale;
+    }
+    const float& walk_scale = kFp8 && Variant::kPlainScores ? folded_scale : scale_log2;
     const Walk walk{p, tile, bars, smem, first_block, warpgroup, consumer, group, lane, t, row0, v_columns, desc_q0, sp_rows,
-                    desc_p0, desc_ones, scale_log2, n_masked, interior_end, acc_o, acc_l, row_max, row_sum};
+                    desc_p0, desc_ones, walk_scale, qk_descale, n_masked, interior_end, acc_o, acc_l, row_max, row_sum};
 
     for (int it = 0; it < first; ++it) walk.pass_block(it);
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "attn_params.cuh"
+#include "fp8.cuh"
 #include "fwd_sm90_layout.cuh"
 #include "fwd_sm90_scheduler.cuh"
 #include "sm80_primitives.cuh"
@@ -21,7 +22,7 @@ struct FwdSm90Epilogue : FwdSm90Layout<Cfg> {
   using typename L::u32;
   using L::kBlockM;
   using L::kChunksPart;
-  using L::kElem;
+  using L::kFp8;
   using L::kHeadDimV;
   using L::kOGroups;
   using L::kOOffset;
@@ -42,11 +43,14 @@ struct FwdSm90Epilogue : FwdSm90Layout<Cfg> {
     const int t = threadIdx.x % 32 % 4;  // accumulator column pair
     const int slice = L::row_slice(consumer);  // the consumer's 64 rows of the tile
     const int part = L::value_part(consumer);  // its part of O's columns
+    // FP8: the values' descale, and the 2^kPBias P was rounded with, which its sums carry too.
+    float v_descale = 1.f;
+    if constexpr (kFp8) v_descale = fp8::descale(p.v_descale, p.v_descale_strides, tile.batch, tile.head / p.group_size);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float sum = kTensorSum ? acc_l[0][2 * h] : sm80::quad_sum(row_sum[h]);
-      float m = row_max[h];
-      softmax::scale_row(acc_o, h, softmax::row_end_factor(p.variant.sinks, tile.head, m, sum));
+      float m = row_max[h] - L::kPBias;
+      softmax::scale_row(acc_o, h, softmax::row_end_factor(p.variant.sinks, tile.head, m, sum) * v_descale);
       const int row = row0 + 8 * h;
       if (p.lse != nullptr && part == 0 && t == 0 && row < p.seqlen_q) {
         p.lse[lse_index<L::kVarlen>(p, tile.batch, tile.head, row)] = softmax::lse(m, sum);
@@ -69,7 +73,7 @@ struct FwdSm90Epilogue : FwdSm90Layout<Cfg> {
 #pragma unroll
           for (int i = 0; i < kOGroups; ++i) {
             if (part * kPartDimV + 8 * i >= kHeadDimV) break;
-            *reinterpret_cast<u32*>(o + 8 * i) = sm80::pack2<kElem>(acc_o[i][2 * h], acc_o[i][2 * h + 1]);
+            *reinterpret_cast<u32*>(o + 8 * i) = sm80::pack2<L::kOutElem>(acc_o[i][2 * h], acc_o[i][2 * h + 1]);
           }
         }
         if constexpr (!kOwnO) {  // the Q rows may take the next tile's Q (there is none: one tile per block)

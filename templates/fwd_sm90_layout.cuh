@@ -26,7 +26,16 @@ struct FwdSm90Layout {
   static_assert(Cfg::kCluster == 1 || !Cfg::Variant::kHidesKeys, "clusters take variants that hide no key");
 
   using Variant = typename Cfg::Variant;
-  static constexpr ElemType kElem = Cfg::kElem;
+  static constexpr ElemType kElem = Cfg::kElem;            // q's, k's and v's
+  static constexpr ElemType kOutElem = ConfigOutElem<Cfg>::value;  // the output's: kElem, or 16-bit beside FP8
+  // FP8: both products on 8-bit wgmma (k-steps of 32), V read as Vᵀ, P rounded to e4m3 (fwd_traits.cuh).
+  static constexpr bool kFp8 = is_fp8(kElem);
+  static_assert(!is_fp8(kOutElem), "the output is 16-bit");
+  // FP8: P is rounded to e4m3 as P · 2^kPBias (the exponent taken off the running max, no multiply), so values down
+  // to 2^-14 keep their mantissa (e4m3's subnormals start at 2^-6); the rows' sums carry the same factor, and the
+  // epilogue takes kPBias back off the max for the LSE and the sink. The max then moves with every rise (no lazy
+  // rescaling, softmax.cuh), so P · 2^kPBias stays at most 256, below e4m3's 448.
+  static constexpr float kPBias = kFp8 ? 8.f : 0.f;
   static constexpr int kHeadDim = Cfg::kHeadDim;      // the problem's: columns past it are never stored
   static constexpr int kTileDim = kTraits.tile_dim;  // the tiles': whole 64-column chunks (fwd_traits.cuh)
   static constexpr int kHeadDimV = ConfigHeadDimV<Cfg>::value;  // the values' and the output's
@@ -53,17 +62,21 @@ struct FwdSm90Layout {
   static constexpr int kPartDimV = kTraits.part_dim_v;
   static constexpr int kThreads = kTraits.threads;
 
-  // Every tile is stored as kChunks (V and the output: kChunksV) column chunks of 64 elements (128-byte rows),
-  // chunk after chunk, each swizzled in 1024-byte atoms of 8 rows: the layout TMA writes with 128-byte swizzling
-  // and the one wgmma descriptors read.
-  static constexpr int kChunks = kTileDim / 64;
-  static constexpr int kChunksV = kTileDimV / 64;
+  // Every tile is stored as kChunks (V and the output: kChunksV) column chunks of 128-byte rows (kChunkCols
+  // elements: 64 of 16 bits, 128 of 8), chunk after chunk, each swizzled in 1024-byte atoms of 8 rows: the layout
+  // TMA writes with 128-byte swizzling and the one wgmma descriptors read. FP8's Vᵀ tile is kChunksV chunks of 128
+  // keys, each of kTileDimV rows.
+  static constexpr int kChunkCols = sm90_chunk_cols(kElem);
+  static constexpr int kChunks = kTileDim / kChunkCols;
+  static constexpr int kChunksV = kFp8 ? kBlockN / 128 : kTileDimV / 64;
   static constexpr int kChunksPart = kPartDimV / 64;  // of one consumer's O columns
   static constexpr int kChunksOut = kTraits.out_dim_v / 64;  // of the output's staged columns (kChunksV or one less)
   static constexpr u32 kRowBytes = 128;
-  static constexpr u32 kQBytes = kBlockM * kTileDim * 2;       // (kChunks, kBlockM, 64)
-  static constexpr u32 kTileBytes = kBlockN * kTileDim * 2;    // one K tile: (kChunks, kBlockN, 64)
-  static constexpr u32 kTileBytesV = kBlockN * kTileDimV * 2;  // one V tile: (kChunksV, kBlockN, 64)
+  static constexpr u32 kElemBytes = elem_bytes(kElem);
+  static constexpr u32 kQBytes = kBlockM * kTileDim * kElemBytes;     // (kChunks, kBlockM, kChunkCols)
+  static constexpr u32 kTileBytes = kBlockN * kTileDim * kElemBytes;  // one K tile: (kChunks, kBlockN, kChunkCols)
+  // One V tile: (kChunksV, kBlockN, 64), or FP8's Vᵀ (kChunksV, kTileDimV, 128)
+  static constexpr u32 kTileBytesV = kBlockN * kTileDimV * kElemBytes;
   static constexpr u32 kKOffset = kQBytes;
   static constexpr u32 kVOffset = kKOffset + kStages * kTileBytes;
   // kPSmem: consumer c's P, (kPChunks, 64, 64), at kPOffset + c * kPBytes.
@@ -86,8 +99,10 @@ struct FwdSm90Layout {
 
   static constexpr int kSGroups = kBlockN / 8;   // accumulator groups of S: (16 rows, 8 keys) per warp
   static constexpr int kOGroups = kPartDimV / 8;  // accumulator groups of a consumer's O columns
-  static constexpr int kPSteps = kBlockN / 16;   // k-steps of O += P V
-  static constexpr int kQkSteps = kTileDim / 16; // k-steps of S = Q Kᵀ
+  // k-steps of 32 bytes: 16 elements of 16 bits, 32 of 8
+  static constexpr int kKStep = 32 / kElemBytes;
+  static constexpr int kPSteps = kBlockN / kKStep;   // k-steps of O += P V
+  static constexpr int kQkSteps = kTileDim / kKStep;  // k-steps of S = Q Kᵀ
 
   // Hardware barriers: 0 is __syncthreads, 1 + w consumer warpgroup w's own (P staging, epilogue; w counts
   // the block's consumers), kTurnBarrier + 2 * g + c the ping-pong turn of consumer c of group g, then with
@@ -125,7 +140,7 @@ struct FwdSm90Layout {
   static __device__ int ring_slot(int block) { return block % kStages; }
   static __device__ u32 ring_phase(int block) { return static_cast<u32>((block / kStages) & 1); }
 
-  // Stores one warpgroup's (64, 8 * kColumnGroups) fp32 accumulator as 16-bit pairs into rows laid out
+  // Stores one warpgroup's (64, 8 * kColumnGroups) fp32 accumulator as 16-bit pairs (kOutElem) into rows laid out
   // like the tiles (64-column chunks chunk_bytes apart, 128-byte rows swizzled in 8-row atoms): column
   // 8i + 2t of row r lies in chunk i / 8, 16-byte unit i % 8 ^ r % 8. With kLimited only its first `chunks` chunks.
   template <bool kLimited = false, int kColumnGroups>
@@ -144,7 +159,7 @@ struct FwdSm90Layout {
         const int row = warp * 16 + g + 8 * h;  // within the warpgroup's 64 rows
         const u32 addr = rows + (i / 8) * chunk_bytes + static_cast<u32>(row) * kRowBytes +
                          static_cast<u32>(((i % 8) ^ (row % 8)) * 16) + 4 * t;
-        sm90::st_shared_u32(addr, sm80::pack2<kElem>(acc[i][2 * h], acc[i][2 * h + 1]));
+        sm90::st_shared_u32(addr, sm80::pack2<kOutElem>(acc[i][2 * h], acc[i][2 * h + 1]));
       }
   }
 };

@@ -34,17 +34,19 @@ struct FwdSm90Producer : FwdSm90Layout<Cfg> {
   static constexpr bool kDynamic = Scheduler::kDynamic;
 
   // Copies the K or V tile of keys key0.. (kTileChunks column chunks) into dst, chunk by chunk; in a cluster, into
-  // both blocks.
-  template <int kTileChunks>
+  // both blocks. kValuesT: FP8's Vᵀ tile, chunks of 128 keys whose rows are the values' head dim.
+  template <int kTileChunks, bool kValuesT = false>
   static __device__ void load_tile(u32 dst, const void* map, u32 full_barrier, int key0, const Tile& tile) {
 #pragma unroll
     for (int c = 0; c < kTileChunks; ++c) {
-      const u32 chunk = dst + c * kBlockN * kRowBytes;
+      const u32 chunk = dst + c * (kValuesT ? L::kTileDimV : kBlockN) * kRowBytes;
+      const int x = kValuesT ? tile.k_row + key0 + c * 128 : c * L::kChunkCols;
+      const int y = kValuesT ? 0 : tile.k_row + key0;
       if constexpr (kCluster > 1) {
-        sm90::tma_load_4d_multicast(chunk, map, full_barrier, c * 64, tile.k_row + key0, tile.kv_head,
-                                    tile.tma_batch, static_cast<sm90::u16>((1u << kCluster) - 1));
+        sm90::tma_load_4d_multicast(chunk, map, full_barrier, x, y, tile.kv_head, tile.tma_batch,
+                                    static_cast<sm90::u16>((1u << kCluster) - 1));
       } else {
-        sm90::tma_load_4d(chunk, map, full_barrier, c * 64, tile.k_row + key0, tile.kv_head, tile.tma_batch);
+        sm90::tma_load_4d(chunk, map, full_barrier, x, y, tile.kv_head, tile.tma_batch);
       }
     }
   }
@@ -154,8 +156,8 @@ struct FwdSm90Producer : FwdSm90Layout<Cfg> {
       sm90::mbarrier_arrive_expect_tx(bars.q_full(), kQBytes);
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
-        sm90::tma_load_4d(smem + c * kBlockM * kRowBytes, &params.q_map, bars.q_full(), c * 64, tile.q_row,
-                          tile.head, tile.tma_batch);
+        sm90::tma_load_4d(smem + c * kBlockM * kRowBytes, &params.q_map, bars.q_full(), c * L::kChunkCols,
+                          tile.q_row, tile.head, tile.tma_batch);
       }
     };
     if (tile.n_blocks == 0 && leader) load_q();  // a tile that sees no key still takes its turn at the Q rows
@@ -189,7 +191,7 @@ struct FwdSm90Producer : FwdSm90Layout<Cfg> {
         if (kCluster == 1 || rank == 0) load_tile<kChunks>(sk, &params.k_map, bars.k_full(s), key0, tile);
         sm90::mbarrier_wait(bars.v_empty(s), phase ^ 1);
         sm90::mbarrier_arrive_expect_tx(bars.v_full(s), kTileBytesV);
-        if (kCluster == 1 || rank == 1) load_tile<kChunksV>(sv, &params.v_map, bars.v_full(s), key0, tile);
+        if (kCluster == 1 || rank == 1) load_tile<kChunksV, L::kFp8>(sv, &params.v_map, bars.v_full(s), key0, tile);
       }
       if (it == 0 && leader) load_q();
     }

@@ -99,6 +99,19 @@ struct ConfigHeadDimV<Cfg, decltype(void(Cfg::kHeadDimV))> {
   static constexpr int value = Cfg::kHeadDimV;
 };
 
+// The threads of an FP8 module's Vᵀ kernel (fwd_sm90_values.cuh).
+constexpr int kValuesThreads = 256;
+
+// Cfg::kOutElem where the generated config header names it (an FP8 config's 16-bit output), else Cfg::kElem.
+template <class Cfg, class = void>
+struct ConfigOutElem {
+  static constexpr ElemType value = Cfg::kElem;
+};
+template <class Cfg>
+struct ConfigOutElem<Cfg, decltype(void(Cfg::kOutElem))> {
+  static constexpr ElemType value = Cfg::kOutElem;
+};
+
 // Largest dynamic shared memory one block may opt into on an architecture (sm number: 80, 86, 89, 90,
 // 100, 120); 0 below sm_80, which the tensor-core path does not support.
 constexpr int max_smem_per_block(int sm) {
@@ -108,10 +121,14 @@ constexpr int max_smem_per_block(int sm) {
   return 0;
 }
 
-// The Hopper families' tiles are 64-column chunks with 128-byte swizzling: head_dim rounded up to whole
-// chunks. TMA fills the columns past head_dim with zeros when it loads a tile and clips them when it stores
-// one, so they add nothing to any product (at 96 a quarter of the tensor-core work is spent on them).
-constexpr int sm90_tile_dim(int head_dim) { return (head_dim + 63) / 64 * 64; }
+// The Hopper families' tiles are chunks of 128-byte rows with 128-byte swizzling (64 columns of 16-bit elements,
+// 128 of 8-bit ones): head_dim rounded up to whole chunks. TMA fills the columns past head_dim with zeros when it
+// loads a tile and clips them when it stores one, so they add nothing to any product (at 96 a quarter of the
+// tensor-core work is spent on them).
+constexpr int sm90_chunk_cols(ElemType elem = ElemType::kFloat16) { return 128 / elem_bytes(elem); }
+constexpr int sm90_tile_dim(int head_dim, ElemType elem = ElemType::kFloat16) {
+  return (head_dim + sm90_chunk_cols(elem) - 1) / sm90_chunk_cols(elem) * sm90_chunk_cols(elem);
+}
 
 // The Hopper family (fwd_sm90.cuh): one producer warpgroup issuing TMA loads and block_m / 64 consumer
 // warpgroups issuing wgmma, each owning 64 query rows.
@@ -119,7 +136,7 @@ struct FwdSm90Traits {
   int tile_dim;             // sm90_tile_dim(head_dim) (or the output's, where the split pads keys above 256): the Q
                             // and K tiles' columns
   int tile_dim_v;           // the V tiles' and the output's columns: the values' head dim in whole 64-column
-                            // chunks, value_split parts of them
+                            // chunks, value_split parts of them (FP8: Vᵀ's rows, block_n keys of 8 bits each)
   int part_dim_v;           // the output columns one consumer holds: tile_dim_v / value_split
   int out_dim_v;            // the output's staged columns: the values' head dim in whole chunks (the split's
                             // padding chunk past it, zeros, is never staged)
@@ -172,6 +189,10 @@ constexpr int sm90_consumer_regs(int consumers, int producer_regs = kSm90Produce
   return share > 240 ? 240 : share;
 }
 
+// elem: q's, k's and v's type. FP8 (e4m3, e5m2) computes both products on 8-bit wgmma, whose operands are both
+// K-major: Q and K in 128-column chunks, V as Vᵀ (the values' head dim as rows of block_n keys, keys in the order
+// P's fragments hold them: fp8.cuh's pv_key), P rounded to e4m3 in registers; the output is 16-bit, in rows of its
+// own (twice Q's bytes).
 // head_dim_v: the values' (and the output's) head dim where it differs from the queries' and keys'; 0: head_dim.
 constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, int stages, bool pingpong,
                                         bool persistent, bool p_smem, int cluster, MaskKind mask, int groups = 1,
@@ -179,7 +200,9 @@ constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, 
                                         bool paged = false, int head_dim_v = 0, int value_split = 1) {
   FwdSm90Traits t{};
   const int dim_v = head_dim_v > 0 ? head_dim_v : head_dim;
-  t.tile_dim = sm90_tile_dim(head_dim);
+  const bool fp8 = is_fp8(elem);
+  const int bytes = elem_bytes(elem);
+  t.tile_dim = sm90_tile_dim(head_dim, elem);
   t.part_dim_v = value_split > 0 ? sm90_tile_dim((dim_v + value_split - 1) / value_split) : 0;
   t.tile_dim_v = t.part_dim_v * value_split;
   t.out_dim_v = sm90_tile_dim(dim_v);
@@ -190,8 +213,8 @@ constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, 
   t.threads = 128 * (groups * t.consumers + 1);
   t.producer_regs = cluster > 1 || groups > 1 || paged ? kSm90WideProducerRegs : kSm90ProducerRegs;
   t.consumer_regs = sm90_consumer_regs(groups * t.consumers, t.producer_regs);
-  t.smem_q_bytes = block_m * t.tile_dim * 2;
-  t.smem_kv_stage_bytes = block_n * (t.tile_dim + t.tile_dim_v) * 2;
+  t.smem_q_bytes = block_m * t.tile_dim * bytes;
+  t.smem_kv_stage_bytes = block_n * (t.tile_dim + t.tile_dim_v) * bytes;
   t.smem_p_bytes = p_smem ? t.consumers * ((block_n + 63) / 64) * 64 * 128 : 0;
   t.smem_ones_bytes = tensor_sum ? 1024 : 0;
   t.smem_group_bytes =
@@ -203,7 +226,7 @@ constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, 
   // has room for them.
   const int o_bytes = block_m * t.out_dim_v * 2;
   t.smem_o_bytes =
-      t.out_dim_v > t.tile_dim || (persistent && total(t.smem_group_bytes + o_bytes) <= max_smem_per_block(90))
+      o_bytes > t.smem_q_bytes || (persistent && total(t.smem_group_bytes + o_bytes) <= max_smem_per_block(90))
           ? o_bytes
           : 0;
   t.smem_group_bytes += t.smem_o_bytes;
@@ -213,7 +236,7 @@ constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, 
   // ptxas needed to keep three consumers' persistent kernels free of spills.
   // (tensor_sum's four accumulators of the sums take the place of the two running sums and the adds'
   // temporaries.)
-  t.accum_regs = t.part_dim_v / 2 + block_n / 2 + (p_smem ? 24 : block_n / 4);
+  t.accum_regs = t.part_dim_v / 2 + block_n / 2 + (p_smem ? 24 : block_n / (fp8 ? 8 : 4));
   t.error = nullptr;
   if (head_dim < 8 || head_dim > 512 || head_dim % 8 != 0) {
     t.error = "head_dim must be a multiple of 8 in [8, 512] (16-byte rows for TMA)";
@@ -249,6 +272,12 @@ constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, 
   } else if (cluster == 2 && mask != MaskKind::kNone) {
     t.error = "cluster 2 takes unmasked problems only: under a causal mask the two query blocks of a cluster "
               "would see different key ranges";
+  } else if (fp8 && (head_dim > 256 || dim_v != head_dim)) {
+    t.error = "FP8 takes head_dim up to 256, the values' the same";
+  } else if (fp8 && block_n % 128 != 0) {
+    t.error = "FP8 takes block_n 128 (Vᵀ's rows are whole 128-byte swizzle rows of keys)";
+  } else if (fp8 && (p_smem || tensor_sum || value_split != 1 || paged)) {
+    t.error = "FP8 takes P in registers, the rows' sums by adds, no value_split and no paged cache";
   } else if (t.accum_regs + 32 > t.consumer_regs) {
     t.error = "accumulators need more registers than a consumer thread has: lower block_n or block_m";
   }

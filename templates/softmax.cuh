@@ -23,8 +23,9 @@ __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000u);
 
 namespace softmax {
 
-// Largest log2 growth of the row max absorbed without rescaling O: P stays below 2^8.
-constexpr float kRescaleSlack = 8.f;
+// Largest log2 growth of the row max absorbed without rescaling O: P stays below 2^8. (The FP8 forward takes none:
+// its P is rounded to e4m3 as P · 2^8, which 2^8 more would saturate.)
+constexpr int kRescaleSlack = 8;
 
 // This block's max of row h over the first kWidth groups of acc, across the quad, in log2 units.
 template <int kWidth, int kGroups>
@@ -35,9 +36,10 @@ __device__ __forceinline__ float block_max(const float (&acc)[kGroups][4], int h
   return sm80::quad_max(mx) * scale_log2;  // -inf stays -inf: scale_log2 > 0
 }
 
-// Whether a row's running max moves for a block whose max is block_max.
+// Whether a row's running max moves for a block whose max is block_max, by more than kSlack.
+template <int kSlack = kRescaleSlack>
 __device__ __forceinline__ bool max_moves(const float& block_max, const float& row_max) {
-  return block_max > row_max + kRescaleSlack;
+  return block_max > row_max + static_cast<float>(kSlack);
 }
 
 // Moves row_max to block_max when moves; returns the factor the row's O and sum are scaled by (1 when

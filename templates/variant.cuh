@@ -101,6 +101,9 @@ struct QueriesBetween {
 
 // The score hooks of a variant that leaves scores as they are: a base of the masks below.
 struct UnchangedScores {
+  // Whether every score is q·k itself (no transform, no bias): an FP8 forward then folds its descales into the
+  // softmax's scale instead of multiplying each score.
+  static constexpr bool kPlainScores = true;
   static constexpr bool kGradReadsScore = false;
   static constexpr bool kScaledRows = false;
   // Whether no key block can be known to need no per-element mask (a user's mask, whose hidden keys no formula
@@ -309,6 +312,7 @@ __host__ __device__ __forceinline__ float score_tanh(float x) {
 // softcap_out. Mask decides visibility.
 template <class Mask>
 struct SoftCap : Mask {
+  static constexpr bool kPlainScores = false;
   static constexpr bool kGradReadsScore = true;
   static constexpr bool kScaledRows = true;
 
@@ -345,6 +349,7 @@ struct SoftCap : Mask {
 // address depends on the row's head only); Base decides visibility.
 template <class Base>
 struct Alibi : Base {
+  static constexpr bool kPlainScores = false;
   static constexpr bool kGradReadsScore = Base::kGradReadsScore;
   static constexpr bool kWideScoreWork = Base::kWideScoreWork || Base::kGradReadsScore;
 
@@ -410,6 +415,7 @@ struct UserVariant : Base {
   // (block_range.cuh), and every walk is masked at both ends.
   static constexpr bool kHidesEarlyKeys = Base::kHidesEarlyKeys || User::kMasks;
   static constexpr bool kEveryBlockPartial = User::kMasks;
+  static constexpr bool kPlainScores = User::kScore == UserScore::kNone && Base::kPlainScores;
   static constexpr bool kGradReadsScore = User::kScore == UserScore::kMod || Base::kGradReadsScore;
   static constexpr bool kWideScoreWork = User::kScore == UserScore::kMod || User::kMasks || Base::kWideScoreWork;
 

@@ -72,6 +72,11 @@ std::vector<Sm90Tile> sm90_preferences(int tile_dim, MaskKind mask, bool varlen)
   return {};
 }
 
+// FP8 (8-bit wgmma, Vᵀ in 128-key rows): 128 keys a block, two consumers taking turns, at every head dim up to 256
+// (O of 256 columns, S and P still fit 240 registers; the tiles of two stages, Q and the 16-bit output's own rows
+// fit 227 KB).
+std::vector<Sm90Tile> sm90_fp8_preferences() { return {{128, 128, 2, true, true}, {128, 128, 2, true, false}}; }
+
 // Keys or values wider than 256 columns: 64 query rows a block; values that wide take two consumers for them, each
 // holding half of O's columns (value_split 2), taking turns at issuing their products (both compute the rows' S:
 // turns keep their softmaxes apart). The key block is what two stages of wide K and V tiles, Q and O's staging rows
@@ -93,9 +98,14 @@ std::vector<KernelConfig> heuristic_forward_configs(DType dtype, int head_dim, M
     // The wider of the two dims picks the tiles, as for the sm80 family below.
     const int tile_dim = sm90_tile_dim(std::max(head_dim, head_dim_v));
     const int value_split = sm90_tile_dim(head_dim_v > 0 ? head_dim_v : head_dim) > 256 ? 2 : 1;
-    for (const Sm90Tile& tile : tile_dim > 256 ? sm90_wide_preferences() : sm90_preferences(tile_dim, mask, varlen)) {
+    const std::vector<Sm90Tile> tiles = is_fp8(dtype)    ? sm90_fp8_preferences()
+                                        : tile_dim > 256 ? sm90_wide_preferences()
+                                                         : sm90_preferences(tile_dim, mask, varlen);
+    for (const Sm90Tile& tile : tiles) {
       KernelConfig c;
       c.dtype = dtype, c.head_dim = head_dim, c.mask = mask, c.head_dim_v = head_dim_v;
+      // An FP8 call's output type is its own (the planner sets it): the tiles serve bf16 and fp16 alike.
+      if (is_fp8(dtype)) c.out_dtype = DType::kBFloat16;
       c.block_m = tile.block_m, c.block_n = tile.block_n, c.stages = tile.stages;
       Sm90Knobs& k = c.knobs.emplace<Sm90Knobs>();
       k.overlap = tile.overlap, k.pingpong = tile.pingpong, k.groups = tile.groups;
@@ -107,14 +117,17 @@ std::vector<KernelConfig> heuristic_forward_configs(DType dtype, int head_dim, M
       // Packed batches: one block per tile (sequence.cuh binds a block to its sequence).
       if (varlen) c.varlen = true, k.persistent = false, k.groups = 1, k.cluster = 1;
       if (auto why = c.invalid_reason(arch)) {
-        if (tile_dim > 256 && last_reason == "no candidate") last_reason = *why;  // the sm80 family takes none
+        // The sm80 family takes none of these.
+        if ((tile_dim > 256 || is_fp8(dtype)) && last_reason == "no candidate") last_reason = *why;
       } else {
         configs.push_back(c);
       }
     }
   }
   // The wider of the two dims sizes the sm80 tiles: O's columns are the values', Q's and K's the keys'.
-  for (const Tile& tile : preferences(std::max(head_dim, head_dim_v))) {
+  if (is_fp8(dtype) && arch != 90) last_reason = "FP8 attention needs sm_90a (8-bit wgmma); this GPU is sm_" +
+                                                  std::to_string(arch);
+  for (const Tile& tile : is_fp8(dtype) ? std::vector<Tile>{} : preferences(std::max(head_dim, head_dim_v))) {
     KernelConfig c = with_tile(dtype, head_dim, mask, tile);
     c.varlen = varlen;
     c.head_dim_v = head_dim_v;

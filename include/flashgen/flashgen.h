@@ -13,7 +13,8 @@ extern "C" {
 typedef enum {
   FLASHGEN_FLOAT16 = 0,
   FLASHGEN_BFLOAT16 = 1,
-  FLASHGEN_FLOAT8_E4M3 = 2, /* e4m3fn (torch.float8_e4m3fn): a KV cache's k_cache and v_cache only */
+  FLASHGEN_FLOAT8_E4M3 = 2, /* e4m3fn (torch.float8_e4m3fn): the dense forward's q, k and v (with a 16-bit out, on
+                               sm_90) and a KV cache's k_cache and v_cache; nowhere else */
   FLASHGEN_FLOAT8_E5M2 = 3  /* e5m2 (torch.float8_e5m2): likewise */
 } flashgen_dtype;
 
@@ -102,10 +103,21 @@ typedef struct flashgen_attention_options {
   flashgen_block_mask* block_mask; /* NULL: a call with a variant's mask_mod classifies its blocks itself. Else the
                                       classes kept across calls (flashgen_block_mask_create): computed by the first
                                       call of a config, shapes and variant arguments, reused by the later ones */
+  const float* q_descale; /* FP8 forward (q, k and v FLOAT8_E4M3 or FLOAT8_E5M2, one format; sm_90): fp32 device
+                             arrays of descales, q, k and v of batch entry b and kv head h standing for their values
+                             times descale[b * stride[0] + h * stride[1]] (FlashAttention-3's q_descale, k_descale,
+                             v_descale of shape [batch, heads_kv]; strides {0, 0}: one value for all). NULL: 1. Must
+                             be NULL for 16-bit tensors. Their values are not read on the host: zero, negative or
+                             non-finite descales are not refused */
+  const float* k_descale;
+  const float* v_descale;
+  int64_t q_descale_stride[2]; /* elements, each in [0, 2^40] */
+  int64_t k_descale_stride[2];
+  int64_t v_descale_stride[2];
   /* The window fields grew the struct from 16 to 24 bytes, the ALiBi fields to 40, the sinks and the chunk to 64,
-     the variant to 88, the block mask to 96 and size to 104. Every call refuses options whose size is not this
-     library's, naming the argument: callers compiled against an older flashgen.h, whose options began with
-     softmax_scale and mask, are refused too (those eight bytes read as 104 only for a denormal scale). */
+     the variant to 88, the block mask to 96 and size to 104, the descales to 176. Every call refuses options whose
+     size is not this library's, naming the argument: callers compiled against an older flashgen.h, whose options
+     began with softmax_scale and mask, are refused too (those eight bytes read as 176 only for a denormal scale). */
 } flashgen_attention_options;
 
 /* Options with size set and every other field 0 (designated in C, so that -Wextra sees no missing field). */

@@ -66,6 +66,12 @@ class AttentionOptions(ctypes.Structure):
         ("variant_buffers", ctypes.c_void_p),  # host array of the variant's buffers' device pointers
         ("variant_scalars", ctypes.c_void_p),  # host array of its scalars' 4-byte values
         ("block_mask", ctypes.c_void_p),    # NULL, or a flashgen_block_mask* (flashgen_block_mask_create)
+        ("q_descale", ctypes.c_void_p),     # FP8 forward: NULL, or fp32 device descales read at (batch, kv head)
+        ("k_descale", ctypes.c_void_p),
+        ("v_descale", ctypes.c_void_p),
+        ("q_descale_stride", ctypes.c_int64 * 2),  # elements; {0, 0}: one value
+        ("k_descale_stride", ctypes.c_int64 * 2),
+        ("v_descale_stride", ctypes.c_int64 * 2),
     ]
 
     def __init__(self, *args, **kwargs):

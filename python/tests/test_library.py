@@ -99,15 +99,15 @@ def test_struct_layouts_mirror_flashgen_h(tmp_path):
         ctypes_layout[(struct, "sizeof")] = ctypes.sizeof(mirror)
         ctypes_layout.update({(struct, name): getattr(mirror, name).offset for name, _ in mirror._fields_})
     assert ctypes_layout == c_layout
-    # The options grew to 104 bytes with their size; the structs that embed them with it.
-    assert c_layout[("flashgen_attention_options", "sizeof")] == 104
-    assert c_layout[("flashgen_varlen_forward_args", "sizeof")] == 504
+    # The options grew to 104 bytes with their size and to 176 with the FP8 descales; the structs that embed them with it.
+    assert c_layout[("flashgen_attention_options", "sizeof")] == 176
+    assert c_layout[("flashgen_varlen_forward_args", "sizeof")] == 576
 
 
 def test_attention_options_carry_their_size():
     assert _lib.AttentionOptions().size == ctypes.sizeof(_lib.AttentionOptions)
     options = _lib.AttentionOptions(0.5, _lib.MASK_CAUSAL, 1)
-    assert (options.size, options.softmax_scale, options.mask, options.deterministic) == (104, 0.5, 1, 1)
+    assert (options.size, options.softmax_scale, options.mask, options.deterministic) == (176, 0.5, 1, 1)
 
 
 def test_search_order():
@@ -212,7 +212,7 @@ def test_statuses_map_to_exception_types():
     (lambda c: [setattr(c.options, "mask", _lib.MASK_CAUSAL_TOP_LEFT), setattr(c.options, "attention_chunk", 64)],
      _lib.ERROR_INVALID_ARGUMENT, "opts.attention_chunk: chunks lie about the bottom-right diagonal"),
     (lambda c: setattr(c.options, "size", 96), _lib.ERROR_INVALID_ARGUMENT,
-     "opts.size is 96; this flashgen's options struct has 104 bytes"),
+     "opts.size is 96; this flashgen's options struct has 176 bytes"),
 ], ids=["null-data", "batch", "stride", "mask", "head-dim", "window-left", "window-right", "chunk", "chunk-top-left",
         "options-size"])
 def test_forward_errors_carry_the_library_message(mutate, status, message):

@@ -186,10 +186,10 @@ TEST_CASE("C ABI refuses options that do not carry this library's size, on every
   flashgen_attention_options newer = call.opts;
   newer.size += 8;
   const std::pair<const flashgen_attention_options*, std::string> cases[] = {
-      {&unsized, "opts.size is 0; this flashgen's options struct has 104 bytes (set size to sizeof"},
-      {&legacy, "opts.size is 4294967296, not this flashgen's 104 bytes: rebuild the caller against this library's "
+      {&unsized, "opts.size is 0; this flashgen's options struct has 176 bytes (set size to sizeof"},
+      {&legacy, "opts.size is 4294967296, not this flashgen's 176 bytes: rebuild the caller against this library's "
                 "flashgen.h (it was compiled against a newer one, or one whose options had no size)"},
-      {&newer, "opts.size is 112, not this flashgen's 104 bytes"}};
+      {&newer, "opts.size is 184, not this flashgen's 176 bytes"}};
   char json[64];
   size_t bytes = 0;
   for (const auto& [opts, message] : cases) {

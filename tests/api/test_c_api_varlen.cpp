@@ -59,7 +59,7 @@ TEST_CASE("varlen forward rejects each bad argument with a message naming it", "
   CHECK(flashgen_attention_varlen_forward(nullptr, nullptr) == kInvalid);
   CHECK(std::string(flashgen_last_error()).find("args: null pointer") != std::string::npos);
   check_rejected([](auto& a) { a.size = 0; }, kInvalid, "args.size is 0; this flashgen's argument struct");
-  check_rejected([](auto& a) { a.size += 8; }, kInvalid, "args.size is 512, not this flashgen's 504 bytes");
+  check_rejected([](auto& a) { a.size += 8; }, kInvalid, "args.size is 584, not this flashgen's 576 bytes");
   // The dense call's checks of the tensors and options apply.
   check_rejected([](auto& a) { a.k.shape[3] = 32; }, kInvalid, "k.shape[3] (head_dim) is 32 but q.shape[3]");
   check_rejected([](auto& a) { a.v.shape[1] = 499; }, kInvalid, "v.shape[1] (seqlen) is 499 but k.shape[1]");
@@ -132,8 +132,9 @@ TEST_CASE("varlen forward with valid arguments gets as far as the GPU", "[c_api]
 TEST_CASE("the variants grew the argument structs: an older caller's size is refused, not misread",
           "[c_api][varlen][window][alibi][sinks][chunk][user_variant]") {
   // LP64 layouts: the options 16 -> 24 bytes (the window) -> 40 (ALiBi) -> 64 (the sinks and the chunk) -> 88 (a
-  // user variant) -> 96 (a block mask) -> 104 (their own size, first), and every struct that embeds them.
-  CHECK(sizeof(flashgen_attention_options) == 104);
+  // user variant) -> 96 (a block mask) -> 104 (their own size, first) -> 176 (an FP8 forward's descales), and every
+  // struct that embeds them.
+  CHECK(sizeof(flashgen_attention_options) == 176);
   CHECK(offsetof(flashgen_attention_options, softmax_scale) == 8);
   CHECK(offsetof(flashgen_attention_options, window_left) == 24);
   CHECK(offsetof(flashgen_attention_options, alibi_slopes) == 32);
@@ -143,43 +144,46 @@ TEST_CASE("the variants grew the argument structs: an older caller's size is ref
   CHECK(offsetof(flashgen_attention_options, variant) == 72);
   CHECK(offsetof(flashgen_attention_options, variant_scalars) == 88);
   CHECK(offsetof(flashgen_attention_options, block_mask) == 96);
+  CHECK(offsetof(flashgen_attention_options, q_descale) == 104);
+  CHECK(offsetof(flashgen_attention_options, v_descale_stride) == 160);
   CHECK(offsetof(flashgen_varlen_forward_args, options) == 384);
-  CHECK(offsetof(flashgen_varlen_forward_args, block_table) == 488);
-  CHECK(sizeof(flashgen_varlen_forward_args) == 504);
-  CHECK(sizeof(flashgen_varlen_backward_args) == 800);
-  CHECK(sizeof(flashgen_kvcache_args) == 696);  // with an FP8 cache's scales
+  CHECK(offsetof(flashgen_varlen_forward_args, block_table) == 560);
+  CHECK(sizeof(flashgen_varlen_forward_args) == 576);
+  CHECK(sizeof(flashgen_varlen_backward_args) == 872);
+  CHECK(sizeof(flashgen_kvcache_args) == 768);  // with an FP8 cache's scales and the options' descales
   // The sizes callers compiled against the earlier flashgen.h files pass: the varlen forward's before the window
   // (400, and 416 whole), after it (408 before block_table, 424 whole) and after ALiBi (424 before block_table,
   // 440 whole), after the sinks and the chunk (448 before block_table, 464 whole), after the variant (472, 488) and
-  // after the block mask (480, 496), the varlen backward's (712, 720, 736, 760, 784, 792), the KV-cache call's (560,
-  // 568, 584, 608, 632, 640, and 648 before the scales). None is this struct's offset of block_table (488), but no size other than sizeof is read
-  // anyway.
+  // after the block mask (480, 496) and after the options' size (488, 504), the varlen backward's (712, 720, 736, 760,
+  // 784, 792, 800), the KV-cache call's (560, 568, 584, 608, 632, 640, 648 before the cache's scales, 696 after
+  // them). None is this struct's offset of block_table (560), but no size other than sizeof is read anyway.
   for (const size_t old_size : {size_t{400}, size_t{408}, size_t{416}, size_t{424}, size_t{440}, size_t{464},
-                                size_t{472}, size_t{480}, size_t{488}, size_t{496}}) {
+                                size_t{472}, size_t{480}, size_t{488}, size_t{496}, size_t{504}}) {
     INFO(old_size);
     check_rejected([&](auto& a) { a.size = old_size; }, FLASHGEN_ERROR_INVALID_ARGUMENT,
                    "args.size is " + std::to_string(old_size) +
-                       "; this flashgen's argument struct has 504 bytes (set size to sizeof; rebuild a caller "
+                       "; this flashgen's argument struct has 576 bytes (set size to sizeof; rebuild a caller "
                        "compiled against an older flashgen.h)");
   }
-  for (const size_t old_size : {size_t{712}, size_t{720}, size_t{736}, size_t{760}, size_t{784}, size_t{792}}) {
+  for (const size_t old_size :
+       {size_t{712}, size_t{720}, size_t{736}, size_t{760}, size_t{784}, size_t{792}, size_t{800}}) {
     flashgen_varlen_backward_args backward{};
     backward.size = old_size;
     CHECK(flashgen_attention_varlen_backward(&backward, nullptr) == FLASHGEN_ERROR_INVALID_ARGUMENT);
     CHECK(std::string(flashgen_last_error()).find("args.size is " + std::to_string(old_size) +
-                                                  "; this flashgen's argument struct has 800") != std::string::npos);
+                                                  "; this flashgen's argument struct has 872") != std::string::npos);
   }
   for (const size_t old_size :
-       {size_t{560}, size_t{568}, size_t{584}, size_t{608}, size_t{632}, size_t{640}, size_t{648}}) {
+       {size_t{560}, size_t{568}, size_t{584}, size_t{608}, size_t{632}, size_t{640}, size_t{648}, size_t{696}}) {
     flashgen_kvcache_args kvcache{};
     kvcache.size = old_size;
     CHECK(flashgen_attention_kvcache(&kvcache, nullptr) == FLASHGEN_ERROR_INVALID_ARGUMENT);
     CHECK(std::string(flashgen_last_error()).find("args.size is " + std::to_string(old_size) +
-                                                  "; this flashgen's argument struct has 696") != std::string::npos);
+                                                  "; this flashgen's argument struct has 768") != std::string::npos);
   }
   // The options inside an argument struct carry their own size too.
   check_rejected([](auto& a) { a.options.size = 0; }, FLASHGEN_ERROR_INVALID_ARGUMENT,
-                 "args.options.size is 0; this flashgen's options struct has 104 bytes");
+                 "args.options.size is 0; this flashgen's options struct has 176 bytes");
 }
 
 TEST_CASE("varlen backward rejects bad arguments with a message naming them", "[c_api][varlen]") {

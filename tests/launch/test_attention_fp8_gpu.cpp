@@ -1,0 +1,232 @@
+// [gpu] tests of the FP8 forward (e4m3 and e5m2 q, k and v on sm_90): out and lse against float64 attention over the
+// dequantized inputs (each code times its descale), judged by FlashAttention-3's rule: the output's largest error is
+// at most twice that of a float64 computation which also rounds P to e4m3 (as P · 2^8, the kernels' form), plus two
+// ulp of the output type. The LSE within 1e-3 plus what the FP8 tensor cores' accumulation of S may lose: they keep
+// about 13 bits of a k-step's sum of products (2^-11 of the row's largest sum of |q · k| products, scaled, leaves
+// four times that). Per-(batch, kv head), per-tensor and no descales, codes up to ±448, GQA and MHA, no mask,
+// both causal alignments (rows that see no key), a window with a soft cap and sinks, head dims 64, 128 and 256, bf16
+// and fp16 outputs, sequence lengths off the tiles.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "api/from_c.hpp"
+#include "catch.hpp"
+#include "check/reference.hpp"
+#include "flashgen/flashgen.h"
+#include "gpu.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "runtime/device_buffer.hpp"
+#include "support/device_inputs.hpp"
+
+namespace {
+
+using flashgen::DeviceBuffer;
+using flashgen::DType;
+
+enum class Descales { kNone, kTensor, kBatchHead };
+
+struct Fp8ForwardCase {
+  std::string name;
+  flashgen_dtype dtype = FLASHGEN_FLOAT8_E4M3;  // q's, k's and v's
+  flashgen_dtype out = FLASHGEN_BFLOAT16;
+  int64_t batch = 2, seqlen_q = 300, seqlen_k = 300, heads_q = 4, heads_kv = 2, head_dim = 128;
+  flashgen_mask mask = FLASHGEN_MASK_CAUSAL;
+  Descales descales = Descales::kBatchHead;
+  float code_width = 150.f;  // the codes' spread: about 150 reaches ±448 in e4m3
+  int window_left = -1, window_right = -1;
+  float softcap = 0.f;
+  std::vector<float> sinks = {};
+};
+
+// The codes of an FP8 tensor [b, s, h, d] and its descales per (batch entry, kv head).
+struct Fp8Tensor {
+  std::vector<uint8_t> codes;
+  std::vector<float> descale;  // [batch, heads_kv]
+  int64_t heads = 0, head_dim = 0, group = 1, heads_kv = 1;
+
+  double at(int64_t b, int64_t s, int64_t h, int64_t d, int64_t seqlen, DType type) const {
+    const uint8_t bits = codes[size_t(((b * seqlen + s) * heads + h) * head_dim + d)];
+    return flashgen::fp8_bits_to_double(bits, type) * double(descale[size_t(b * heads_kv + h / group)]);
+  }
+};
+
+struct Fp8Forward {
+  const Fp8ForwardCase& c;
+  DType type, out_type;
+  Fp8Tensor q, k, v;
+  DeviceBuffer dq, dk, dv, dout, dlse, dqd, dkd, dvd, dsinks;
+  flashgen_tensor tq{}, tk{}, tv{}, tout{};
+  flashgen_attention_options opts = FLASHGEN_ATTENTION_OPTIONS_INIT;
+
+  Fp8Forward(const Fp8ForwardCase& fp8_case, uint64_t seed)
+      : c(fp8_case), type(flashgen::from_c(c.dtype)), out_type(flashgen::from_c(c.out)) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal(0.f, c.code_width);
+    const int64_t group = c.heads_q / c.heads_kv;
+    auto make = [&](int64_t seqlen, int64_t heads, int64_t tensor) {
+      Fp8Tensor t;
+      t.heads = heads, t.head_dim = c.head_dim, t.group = heads == c.heads_q ? group : 1, t.heads_kv = c.heads_kv;
+      t.codes.resize(size_t(c.batch * seqlen * heads * c.head_dim));
+      for (uint8_t& b : t.codes) b = flashgen::float_to_fp8_bits(normal(rng), type);
+      // Descales that bring the codes to about 1, a different one for every (batch entry, kv head).
+      for (int64_t i = 0; i < c.batch * c.heads_kv; ++i) {
+        const int64_t at = c.descales == Descales::kTensor ? 0 : i;
+        t.descale.push_back(c.descales == Descales::kNone ? 1.f
+                                                          : 1.2f / c.code_width * (1.f + 0.125f * float(at + tensor)));
+      }
+      return t;
+    };
+    q = make(c.seqlen_q, c.heads_q, 0), k = make(c.seqlen_k, c.heads_kv, 1), v = make(c.seqlen_k, c.heads_kv, 2);
+    using flashgen::test::upload;
+    dq = upload(q.codes), dk = upload(k.codes), dv = upload(v.codes);
+    dqd = upload(q.descale), dkd = upload(k.descale), dvd = upload(v.descale);
+    dout = DeviceBuffer(size_t(c.batch * c.seqlen_q * c.heads_q * c.head_dim) * 2);
+    dlse = DeviceBuffer(size_t(c.batch * c.heads_q * c.seqlen_q) * sizeof(float));
+    auto view = [&](const DeviceBuffer& b, flashgen_dtype t, int64_t s, int64_t h) {
+      return flashgen_tensor{b.data(), t, {c.batch, s, h, c.head_dim}, {s * h * c.head_dim, h * c.head_dim, c.head_dim, 1}};
+    };
+    tq = view(dq, c.dtype, c.seqlen_q, c.heads_q), tk = view(dk, c.dtype, c.seqlen_k, c.heads_kv);
+    tv = view(dv, c.dtype, c.seqlen_k, c.heads_kv), tout = view(dout, c.out, c.seqlen_q, c.heads_q);
+    opts.mask = c.mask;
+    opts.window_left = c.window_left, opts.window_right = c.window_right;
+    opts.softcap = c.softcap;
+    if (!c.sinks.empty()) {
+      dsinks = upload(c.sinks);
+      opts.sinks = static_cast<const float*>(dsinks.data());
+    }
+    if (c.descales != Descales::kNone) {
+      opts.q_descale = static_cast<const float*>(dqd.data());
+      opts.k_descale = static_cast<const float*>(dkd.data());
+      opts.v_descale = static_cast<const float*>(dvd.data());
+      // The arrays hold every (batch entry, kv head); strides 0 read the first for all.
+      const int64_t batch_stride = c.descales == Descales::kBatchHead ? c.heads_kv : 0;
+      const int64_t head_stride = c.descales == Descales::kBatchHead ? 1 : 0;
+      for (int64_t* s : {opts.q_descale_stride, opts.k_descale_stride, opts.v_descale_stride}) {
+        s[0] = batch_stride, s[1] = head_stride;
+      }
+    }
+  }
+
+  // Row (b, h, i) in float64 over the dequantized inputs, P exact or (p8) rounded to e4m3 as P · 2^8 against the
+  // row's max, its sum unrounded: out, lse, and the largest sum of |q · k| products of a visible key, scaled.
+  struct Row {
+    std::vector<double> out;
+    double lse = 0, magnitude = 0;
+  };
+  Row row(int64_t b, int64_t h, int64_t i, bool p8) const {
+    const int64_t d = c.head_dim, hk = h / (c.heads_q / c.heads_kv);
+    const double scale = flashgen::effective_softmax_scale(0.f, d);
+    const flashgen::ReferenceWindow window{c.window_left, c.window_right, 0};
+    std::vector<double> s(size_t(c.seqlen_k), -INFINITY);
+    double m = c.sinks.empty() ? -INFINITY : double(c.sinks[size_t(h)]);
+    double magnitude = 0;
+    for (int64_t j = 0; j < c.seqlen_k; ++j) {
+      if (!flashgen::key_visible(flashgen::from_c(c.mask), i, j, c.seqlen_q, c.seqlen_k, window)) continue;
+      double dot = 0, size = 0;
+      for (int64_t x = 0; x < d; ++x) {
+        const double product = q.at(b, i, h, x, c.seqlen_q, type) * k.at(b, j, hk, x, c.seqlen_k, type);
+        dot += product, size += std::abs(product);
+      }
+      magnitude = std::max(magnitude, size * scale);
+      double score = dot * scale;
+      if (c.softcap > 0) score = c.softcap * std::tanh(score / c.softcap);
+      s[size_t(j)] = score;
+      m = std::max(m, score);
+    }
+    std::vector<double> out(size_t(d), 0.0);
+    if (m == -INFINITY) return {out, -INFINITY, 0.0};
+    double sum = c.sinks.empty() ? 0.0 : std::exp(double(c.sinks[size_t(h)]) - m);
+    for (int64_t j = 0; j < c.seqlen_k; ++j) {
+      if (s[size_t(j)] == -INFINITY) continue;
+      const double p = std::exp(s[size_t(j)] - m);
+      sum += p;
+      const double used =
+          p8 ? flashgen::fp8_bits_to_double(flashgen::float_to_fp8_bits(float(p * 256.0), DType::kFloat8E4M3),
+                                            DType::kFloat8E4M3) / 256.0
+             : p;
+      for (int64_t x = 0; x < d; ++x) out[size_t(x)] += used * v.at(b, j, hk, x, c.seqlen_k, type);
+    }
+    for (double& o : out) o /= sum;
+    return {out, m + std::log(sum), magnitude};
+  }
+};
+
+void check_forward(const Fp8Forward& f) {
+  const Fp8ForwardCase& c = f.c;
+  const std::vector<uint16_t> out = f.dout.download_all<uint16_t>();
+  const std::vector<float> lse = f.dlse.download_all<float>();
+  double err = 0, err_p8 = 0, largest = 0;
+  int64_t lse_outside = 0;
+  std::string lse_first;
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t h = 0; h < c.heads_q; ++h)
+      for (int64_t i = 0; i < c.seqlen_q; ++i) {
+        const Fp8Forward::Row exact = f.row(b, h, i, false), rounded = f.row(b, h, i, true);
+        for (int64_t x = 0; x < c.head_dim; ++x) {
+          const size_t at = size_t(((b * c.seqlen_q + i) * c.heads_q + h) * c.head_dim + x);
+          const double got = flashgen::dtype_bits_to_float(out[at], f.out_type);
+          err = std::max(err, std::isnan(got) ? INFINITY : std::abs(got - exact.out[size_t(x)]));
+          err_p8 = std::max(err_p8, std::abs(rounded.out[size_t(x)] - exact.out[size_t(x)]));
+          largest = std::max(largest, std::abs(exact.out[size_t(x)]));
+        }
+        const double got = lse[size_t((b * c.heads_q + h) * c.seqlen_q + i)];
+        const bool ok = exact.lse == -INFINITY
+                            ? got == -INFINITY
+                            : std::abs(got - exact.lse) <= 1e-3 + std::ldexp(exact.magnitude, -11);
+        if (!ok && lse_outside++ == 0) {
+          lse_first = "lse[" + std::to_string(b) + ", " + std::to_string(h) + ", " + std::to_string(i) + "]: got " +
+                      std::to_string(got) + ", want " + std::to_string(exact.lse) + " (|q·k| products " +
+                      std::to_string(exact.magnitude) + ")";
+        }
+      }
+  // Two ulp of the output type at the largest output.
+  const double ulp = std::ldexp(largest, f.out_type == DType::kBFloat16 ? -7 : -10);
+  INFO(c.name << ": largest error " << err << ", a float64 P rounded to e4m3's " << err_p8 << ", ulp " << ulp
+              << " at |out| " << largest);
+  CHECK(err <= 2 * err_p8 + 2 * ulp);
+  INFO(lse_outside << " LSE rows outside their bound; the first " << lse_first);
+  CHECK(lse_outside == 0);
+}
+
+std::vector<Fp8ForwardCase> fp8_forward_cases() {
+  Fp8ForwardCase windowed{"e4m3 d128 GQA 2 window (70, 9), soft cap 15, sinks, bf16 out"};
+  windowed.mask = FLASHGEN_MASK_SLIDING_WINDOW, windowed.window_left = 70, windowed.window_right = 9;
+  windowed.softcap = 15.f, windowed.sinks = {2.f, -INFINITY, 0.5f, 4.f};
+  Fp8ForwardCase plain{"e4m3 d64 MHA no mask, no descales, fp16 out", FLASHGEN_FLOAT8_E4M3, FLASHGEN_FLOAT16,
+                       1, 129, 500, 3, 3, 64, FLASHGEN_MASK_NONE, Descales::kNone};
+  plain.code_width = 1.f;
+  return {
+      {"e4m3 d128 GQA 2 causal, per-(batch, kv head) descales, codes to ±448, bf16 out"},
+      {"e5m2 d128 GQA 2 causal, one descale, fp16 out", FLASHGEN_FLOAT8_E5M2, FLASHGEN_FLOAT16, 2, 300, 300, 4, 2,
+       128, FLASHGEN_MASK_CAUSAL, Descales::kTensor},
+      plain,
+      {"e4m3 d256 MQA bottom-right causal, 300 queries over 100 keys (rows that see none)", FLASHGEN_FLOAT8_E4M3,
+       FLASHGEN_BFLOAT16, 1, 300, 100, 4, 1, 256, FLASHGEN_MASK_CAUSAL, Descales::kBatchHead},
+      {"e5m2 d256 MHA top-left causal, bf16 out", FLASHGEN_FLOAT8_E5M2, FLASHGEN_BFLOAT16, 1, 200, 333, 2, 2, 256,
+       FLASHGEN_MASK_CAUSAL_TOP_LEFT, Descales::kBatchHead},
+      windowed,
+  };
+}
+
+}  // namespace
+
+TEST_CASE("The FP8 forward matches float64 attention over its dequantized inputs by FlashAttention-3's rule",
+          "[gpu][fp8][fp8_forward]") {
+  FLASHGEN_REQUIRE_GPU();
+  flashgen::ScopedContext scope;
+  if (flashgen::device_sm(scope.device()) != 90) FLASHGEN_SKIP_TEST("the FP8 forward runs on sm_90");
+  for (const Fp8ForwardCase& c : fp8_forward_cases()) {
+    Fp8Forward f(c, 0xf8f0 + uint64_t(c.head_dim));
+    f.dout.fill_bytes(0xff);
+    f.dlse.fill_bytes(0xff);
+    INFO(c.name);
+    REQUIRE(flashgen_attention_forward(&f.tq, &f.tk, &f.tv, &f.tout, static_cast<float*>(f.dlse.data()), &f.opts,
+                                       nullptr) == FLASHGEN_SUCCESS);
+    FLASHGEN_CU_CHECK(cuCtxSynchronize());
+    check_forward(f);
+  }
+}
