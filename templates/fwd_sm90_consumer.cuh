@@ -214,7 +214,7 @@ struct FwdSm90Consumer : FwdSm90Layout<Cfg> {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         block_max[h] = softmax::block_max<kWidth>(acc_s, h, scale_log2);
-        moves[h] = softmax::max_moves<kFp8 ? 0 : softmax::kRescaleSlack>(block_max[h], row_max[h]);
+        moves[h] = softmax::max_moves<L::kRescaleSlack>(block_max[h], row_max[h]);
       }
       rescale = __any_sync(0xffffffffu, moves[0] || moves[1]);
 #pragma unroll
