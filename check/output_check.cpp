@@ -1,5 +1,5 @@
 // The output check declared in output_check.hpp: the tolerance table, the element comparison, and the
-// reports of whole tensors and of sampled rows.
+// reports of whole tensors and of sampled rows (16-bit, and an FP8 forward's by FlashAttention-3's rule).
 #include "check/output_check.hpp"
 
 #include <algorithm>
@@ -35,18 +35,23 @@ class ElementCheck {
   }
 
   // Element `flat` (an index into dims).
-  void compare(int64_t flat, double got, double want) {
+  void compare(int64_t flat, double got, double want) { compare(flat, got, want, report_.tolerance); }
+  // The same under a tolerance of its own (a row's), which the report's does not name.
+  void compare(int64_t flat, double got, double want, Tolerance tolerance) {
     ++report_.checked;
     if (std::isnan(got)) ++report_.not_written;
     if (std::isfinite(got) && std::isfinite(want))
       report_.max_error = std::max(report_.max_error, std::fabs(got - want));
-    if (within_tolerance(got, want, report_.tolerance)) return;
+    if (within_tolerance(got, want, tolerance)) return;
     ++report_.mismatches;
     if (static_cast<int>(report_.first_mismatches.size()) < max_listed_) {
       report_.first_mismatches.push_back(name_ + format_index(flat, dims_) + ": got " + format_number(got) +
                                          ", want " + format_number(want));
     }
   }
+
+  // The tolerance the summary names (the largest of those that applied, where each element had its own).
+  void set_tolerance(Tolerance tolerance) { report_.tolerance = tolerance; }
 
   CheckReport finish() {
     const Tolerance& tolerance = report_.tolerance;
@@ -144,6 +149,47 @@ RowsCheck check_rows(const AttentionShape& shape, const std::vector<RowSample>& 
     lse_check.compare(flat, lse[flat], reference[r].lse);
   }
   return RowsCheck{out_check.finish(), lse_check.finish()};
+}
+
+Fp8RowsCheck check_fp8_rows(const AttentionShape& shape, const std::vector<RowSample>& rows,
+                            const std::vector<Fp8ReferenceRow>& reference, const HostInput& out, const float* lse,
+                            DType out_dtype) {
+  FLASHGEN_REQUIRE(reference.size() == rows.size(), "check_fp8_rows: one reference row per sample");
+  FLASHGEN_REQUIRE(out_dtype == DType::kBFloat16 || out_dtype == DType::kFloat16,
+                   std::string("check_fp8_rows: the output is bf16 or fp16, got ") + dtype_name(out_dtype));
+  const int64_t dim_v = shape.value_dim();
+  const int64_t want_shape[4] = {shape.batch, shape.seqlen_q, shape.heads_q, dim_v};
+  for (int i = 0; i < 4; ++i) {
+    FLASHGEN_REQUIRE(out.view.shape[i] == want_shape[i], "check_fp8_rows: out view does not match the problem shape");
+  }
+  // The output's bound is the samples' together: the P-rounded rows' largest error and the largest |out|.
+  Fp8RowsCheck result;
+  for (const Fp8ReferenceRow& row : reference) {
+    for (size_t d = 0; d < row.exact.out.size(); ++d) {
+      result.p_rounded_error = std::max(result.p_rounded_error, std::fabs(row.out_p_rounded[d] - row.exact.out[d]));
+      result.largest = std::max(result.largest, std::fabs(row.exact.out[d]));
+    }
+  }
+  result.bound_out = kNaiveErrorFactor * result.p_rounded_error + 2 * tolerances(out_dtype).ulp * result.largest;
+  ElementCheck out_check("out", {shape.batch, shape.seqlen_q, shape.heads_q, dim_v}, Tolerance{result.bound_out, 0.0},
+                         kListedMismatches);
+  ElementCheck lse_check("lse", {shape.batch, shape.heads_q, shape.seqlen_q}, Tolerance{kFp8LseAbs, 0.0},
+                         kListedMismatches);
+  result.bound_lse = kFp8LseAbs;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const RowSample& at = rows[r];
+    for (int64_t d = 0; d < dim_v; ++d) {
+      const int64_t flat = ((at.batch * shape.seqlen_q + at.row) * shape.heads_q + at.head) * dim_v + d;
+      out_check.compare(flat, out.at(at.batch, at.row, at.head, d), reference[r].exact.out[static_cast<size_t>(d)]);
+    }
+    const Tolerance lse_bound{kFp8LseAbs + kFp8LseMagnitudeShare * reference[r].qk_magnitude, 0.0};
+    result.bound_lse = std::max(result.bound_lse, lse_bound.abs);
+    const int64_t flat = (at.batch * shape.heads_q + at.head) * shape.seqlen_q + at.row;
+    lse_check.compare(flat, lse[flat], reference[r].exact.lse, lse_bound);
+  }
+  lse_check.set_tolerance(Tolerance{result.bound_lse, 0.0});
+  result.rows = RowsCheck{out_check.finish(), lse_check.finish()};
+  return result;
 }
 
 }  // namespace flashgen

@@ -1,5 +1,6 @@
 // The one rule by which kernel outputs are checked against the float64 reference (check/reference.hpp): each
-// dtype's tolerances, the element comparison, the report. `flashgen run`, the tuner's sweeps and the tests use it.
+// dtype's tolerances, the element comparison, the report, and the FP8 forward's rule (FlashAttention-3's). `flashgen
+// run`, the tuner's sweeps and the tests use it.
 #pragma once
 
 #include <cstdint>
@@ -117,5 +118,31 @@ struct RowsCheck {
 RowsCheck check_rows(const AttentionShape& shape, const std::vector<RowSample>& rows,
                      const std::vector<ReferenceRow>& reference, const HostInput& out, const float* lse,
                      DType dtype);
+
+// ---------------------------------------------------------------------------------------------------
+// The FP8 forward, by FlashAttention-3's rule (its tests' for q, k and v in FP8): the output is within twice the
+// error of a float64 computation that rounds P as the kernels do (Fp8ReferenceRow::out_p_rounded: FP8's P·V cannot
+// be held to a 16-bit tolerance), plus two ulp of the output type at the largest |out|; each LSE (never rounded to
+// FP8) within an absolute 1e-3 plus kFp8LseMagnitudeShare of its row's largest scaled sum of |q_x k_x|.
+
+// FP8 tensor cores keep about 13 bits of a k-step's sum of products: 2^-11 of the largest sum of |q_x k_x| leaves four
+// times what a score may lose.
+inline constexpr double kFp8LseMagnitudeShare = 0x1p-11;
+inline constexpr double kFp8LseAbs = 1e-3;
+
+struct Fp8RowsCheck {
+  RowsCheck rows;               // out within bound_out of the exact rows, each lse within its own bound
+  double p_rounded_error = 0;   // max |out_p_rounded - exact out| over the sampled elements
+  double largest = 0;           // max |exact out|
+  double bound_out = 0;         // kNaiveErrorFactor · p_rounded_error + 2 ulp of the output type at largest
+  double bound_lse = 0;         // the largest of the LSE bounds that applied
+  bool ok() const { return rows.ok(); }
+};
+
+// The kernel's output (of type out_dtype, bf16 or fp16) at rows against their FP8 references
+// (attention_reference_rows_fp8): out read through its view ([b, sq, hq, d_v]), lse the [b, hq, sq] floats.
+Fp8RowsCheck check_fp8_rows(const AttentionShape& shape, const std::vector<RowSample>& rows,
+                            const std::vector<Fp8ReferenceRow>& reference, const HostInput& out, const float* lse,
+                            DType out_dtype);
 
 }  // namespace flashgen

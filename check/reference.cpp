@@ -1,8 +1,10 @@
-// The host float64 attention reference declared in reference.hpp: 16-bit conversions, mask and FLOP
-// counting, the float64 forward (whole, one query row, or sampled rows on several threads) and backward.
+// The host float64 attention reference declared in reference.hpp: 16-bit and FP8 conversions, mask and FLOP
+// counting, the float64 forward (whole, one query row, or sampled rows on several threads; an FP8 forward's rows with
+// P rounded too) and backward.
 #include "check/reference.hpp"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -33,12 +35,21 @@ struct RowScratch {
   std::vector<double> kv_row;  // (the larger head dim): the key or value row in use, when converted
   std::vector<double> scores;  // (seqlen_k)
   std::vector<double> acc;     // (value_dim)
+  std::vector<double> acc_p_rounded;  // (value_dim): an FP8 row's P·V with P rounded
 
   RowScratch(const AttentionShape& shape, int64_t value_dim)
       : q_row(static_cast<size_t>(shape.head_dim)),
         kv_row(static_cast<size_t>(std::max(shape.head_dim, value_dim))),
         scores(static_cast<size_t>(shape.seqlen_k)),
-        acc(static_cast<size_t>(value_dim)) {}
+        acc(static_cast<size_t>(value_dim)),
+        acc_p_rounded(static_cast<size_t>(value_dim)) {}
+};
+
+// What an FP8 row computes besides the exact one (Fp8ReferenceRow): out with P rounded (v's head dim of values, 0
+// as the caller set them for a row that sees no key) and the largest scaled sum of |q_x k_x|.
+struct Fp8RowParts {
+  double* out_p_rounded = nullptr;
+  double* qk_magnitude = nullptr;
 };
 
 // A score s = q·k · scale as the softmax takes it: capped to softcap · tanh(s / softcap) when softcap > 0.
@@ -57,6 +68,13 @@ void require_reference_variant(const AttentionShape& shape, const ReferenceVaria
                        "), got " + std::to_string(variant.alibi_slopes.size()));
 }
 
+// Throws Error(kInvalidArgument) unless the row is one of the problem's.
+void require_row(const AttentionShape& shape, const RowSample& r) {
+  FLASHGEN_REQUIRE(r.batch >= 0 && r.batch < shape.batch && r.head >= 0 && r.head < shape.heads_q && r.row >= 0 &&
+                       r.row < shape.seqlen_q,
+                   "reference: (batch, head, row) outside the problem");
+}
+
 // ALiBi's bias of (query i, key j) in (batch b, query head h): 0 without slopes.
 double alibi_bias(const ReferenceVariant& variant, Mask mask, const AttentionShape& shape, int64_t b,
                   int64_t h, int64_t i, int64_t j) {
@@ -73,10 +91,12 @@ double sink_of(const ReferenceVariant& variant, int64_t h) {
 }
 
 // Query row i of (batch b, head h) in float64 into out_row (v's head dim of values) and *lse. A fully masked row
-// leaves out_row as the caller set it (0), and *lse too (-inf) unless the head has a sink (lse = the sink).
+// leaves out_row as the caller set it (0), and *lse too (-inf) unless the head has a sink (lse = the sink). With fp8,
+// also its parts (the exact row's arithmetic is the same with or without them).
 void reference_row_f64(const AttentionShape& shape, const HostInput& q, const HostInput& k, const HostInput& v,
                        double scale, Mask mask, const ReferenceVariant& variant, int64_t b, int64_t h,
-                       int64_t i, RowScratch& scratch, double* out_row, double* lse) {
+                       int64_t i, RowScratch& scratch, double* out_row, double* lse,
+                       const Fp8RowParts* fp8 = nullptr) {
   const int64_t d_count = shape.head_dim;
   const int64_t dv_count = v.view.shape[3];
   const int64_t hk = shape.kv_head(h);
@@ -99,6 +119,11 @@ void reference_row_f64(const AttentionShape& shape, const HostInput& q, const Ho
     const double* k_row = k.row(b, j, hk, scratch.kv_row.data());
     double dot = 0.0;
     for (int64_t d = 0; d < d_count; ++d) dot += q_row[d] * k_row[d];
+    if (fp8 != nullptr) {
+      double size = 0.0;
+      for (int64_t d = 0; d < d_count; ++d) size += std::fabs(q_row[d] * k_row[d]);
+      *fp8->qk_magnitude = std::max(*fp8->qk_magnitude, size * scale);
+    }
     scores[j] = capped_score(dot * scale, variant.softcap) + alibi_bias(variant, mask, shape, b, h, i, j);
     if (variant.user_score) scores[j] = variant.user_score(scores[j], b, h, i, j);
     row_max = std::max(row_max, scores[j]);
@@ -107,14 +132,36 @@ void reference_row_f64(const AttentionShape& shape, const HostInput& q, const Ho
   if (row_max == -std::numeric_limits<double>::infinity()) return;  // a user mask hid every key, and no sink
   double row_sum = std::exp(sink - row_max);  // 0 without a sink
   std::fill(acc, acc + dv_count, 0.0);
+  double* acc_p_rounded = scratch.acc_p_rounded.data();
+  if (fp8 != nullptr) std::fill(acc_p_rounded, acc_p_rounded + dv_count, 0.0);
   for (int64_t j = keys.first; j < keys.end; ++j) {
     const double p = std::exp(scores[j] - row_max);
     row_sum += p;
     const double* v_row = v.row(b, j, hk, scratch.kv_row.data());
     for (int64_t d = 0; d < dv_count; ++d) acc[d] += p * v_row[d];
+    if (fp8 != nullptr) {
+      const double p_rounded = round_p_to_e4m3(p);
+      for (int64_t d = 0; d < dv_count; ++d) acc_p_rounded[d] += p_rounded * v_row[d];
+    }
   }
   for (int64_t d = 0; d < dv_count; ++d) out_row[d] = acc[d] / row_sum;
+  if (fp8 != nullptr) {
+    for (int64_t d = 0; d < dv_count; ++d) fp8->out_p_rounded[d] = acc_p_rounded[d] / row_sum;
+  }
   *lse = row_max + std::log(row_sum);
+}
+
+// fn(i) for every i in [0, count), on up to `threads` threads (the calling one among them). fn must not throw.
+template <class Fn>
+void for_each_row(size_t count, int threads, const Fn& fn) {
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i = next++; i < count; i = next++) fn(i);
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads && static_cast<size_t>(t) < count; ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& thread : pool) thread.join();
 }
 
 }  // namespace
@@ -201,13 +248,12 @@ Fp8Format fp8_format(DType fp8) {
   return {2, 15, 57344.0, 0x7B, 0x7F};
 }
 
-}  // namespace
-
-uint8_t float_to_fp8_bits(float value, DType fp8) {
+// value rounded to fp8's code: float_to_fp8_bits, from a double (one rounding).
+uint8_t fp8_bits_of(double value, DType fp8) {
   const Fp8Format f = fp8_format(fp8);
   const uint8_t sign = std::signbit(value) ? 0x80 : 0;
   if (std::isnan(value)) return f.nan_code;
-  const double a = std::fabs(static_cast<double>(value));
+  const double a = std::fabs(value);
   if (a >= f.largest) return sign | f.largest_code;
   const int min_exponent = 1 - f.bias;  // of the normal values
   int exponent = a > 0 ? std::ilogb(a) : min_exponent;
@@ -222,6 +268,10 @@ uint8_t float_to_fp8_bits(float value, DType fp8) {
   return static_cast<uint8_t>(sign | (field << f.mantissa_bits) | mantissa);
 }
 
+}  // namespace
+
+uint8_t float_to_fp8_bits(float value, DType fp8) { return fp8_bits_of(static_cast<double>(value), fp8); }
+
 double fp8_bits_to_double(uint8_t bits, DType fp8) {
   const Fp8Format f = fp8_format(fp8);
   const double sign = (bits & 0x80) ? -1.0 : 1.0;
@@ -231,6 +281,27 @@ double fp8_bits_to_double(uint8_t bits, DType fp8) {
   if (field == 0) return sign * std::ldexp(mantissa, 1 - f.bias - f.mantissa_bits);
   return sign * std::ldexp(1.0 + std::ldexp(mantissa, -f.mantissa_bits), field - f.bias);
 }
+
+double round_p_to_e4m3(double p) {
+  return fp8_bits_to_double(fp8_bits_of(p * 256.0, DType::kFloat8E4M3), DType::kFloat8E4M3) / 256.0;
+}
+
+namespace {
+
+// Every code's value (fp8_bits_to_double), for reading FP8 inputs a row at a time.
+const std::array<double, 256>& fp8_values(HostInput::Element element) {
+  static const std::array<std::array<double, 256>, 2> tables = [] {
+    std::array<std::array<double, 256>, 2> t{};
+    for (int code = 0; code < 256; ++code) {
+      t[0][size_t(code)] = fp8_bits_to_double(static_cast<uint8_t>(code), DType::kFloat8E4M3);
+      t[1][size_t(code)] = fp8_bits_to_double(static_cast<uint8_t>(code), DType::kFloat8E5M2);
+    }
+    return t;
+  }();
+  return tables[element == HostInput::Element::kFloat8E4M3 ? 0 : 1];
+}
+
+}  // namespace
 
 // ---------------------------------------------------------------------------------------------------
 // Problems and their masks.
@@ -309,6 +380,12 @@ double forward_flops(const AttentionShape& shape, Mask mask, ReferenceWindow win
 // ---------------------------------------------------------------------------------------------------
 // References.
 
+HostInput HostInput::fp8_codes(const uint8_t* codes, DType fp8, const StridedView& view, double descale) {
+  FLASHGEN_REQUIRE(is_fp8(fp8), std::string("HostInput::fp8_codes: an FP8 type is e4m3 or e5m2, got ") +
+                                    dtype_name(fp8));
+  return HostInput{codes, fp8 == DType::kFloat8E4M3 ? Element::kFloat8E4M3 : Element::kFloat8E5M2, view, descale};
+}
+
 double HostInput::at(int64_t b, int64_t s, int64_t h, int64_t d) const {
   const int64_t offset = view.offset(b, s, h, d);
   switch (element) {
@@ -316,6 +393,9 @@ double HostInput::at(int64_t b, int64_t s, int64_t h, int64_t d) const {
       return half_bits_to_float(static_cast<const uint16_t*>(data)[offset]);
     case Element::kBFloat16:
       return bf16_bits_to_float(static_cast<const uint16_t*>(data)[offset]);
+    case Element::kFloat8E4M3:
+    case Element::kFloat8E5M2:
+      return fp8_values(element)[static_cast<const uint8_t*>(data)[offset]] * descale;
     case Element::kFloat64:
       break;
   }
@@ -335,6 +415,13 @@ const double* HostInput::row(int64_t b, int64_t s, int64_t h, double* scratch) c
     case Element::kBFloat16: {
       const uint16_t* bits = static_cast<const uint16_t*>(data) + base;
       for (int64_t d = 0; d < count; ++d) scratch[d] = bf16_bits_to_float(bits[d * step]);
+      return scratch;
+    }
+    case Element::kFloat8E4M3:
+    case Element::kFloat8E5M2: {
+      const uint8_t* codes = static_cast<const uint8_t*>(data) + base;
+      const std::array<double, 256>& values = fp8_values(element);
+      for (int64_t d = 0; d < count; ++d) scratch[d] = values[codes[d * step]] * descale;
       return scratch;
     }
     case Element::kFloat64:
@@ -388,9 +475,7 @@ ReferenceRow attention_reference_row(const AttentionShape& shape, const HostInpu
                                      int64_t head, int64_t row, const ReferenceVariant& variant) {
   require_reference_inputs(shape, q, k, v);
   require_reference_variant(shape, variant);
-  FLASHGEN_REQUIRE(batch >= 0 && batch < shape.batch && head >= 0 && head < shape.heads_q && row >= 0 &&
-                       row < shape.seqlen_q,
-                   "reference: (batch, head, row) outside the problem");
+  require_row(shape, {batch, head, row});
   ReferenceRow result;
   result.out.assign(static_cast<size_t>(v.view.shape[3]), 0.0);
   result.lse = -std::numeric_limits<double>::infinity();
@@ -407,22 +492,46 @@ std::vector<ReferenceRow> attention_reference_rows(const AttentionShape& shape, 
   // Checked here, so that no worker thread throws.
   require_reference_inputs(shape, q, k, v);
   require_reference_variant(shape, variant);
-  for (const RowSample& r : rows) {
-    FLASHGEN_REQUIRE(r.batch >= 0 && r.batch < shape.batch && r.head >= 0 && r.head < shape.heads_q && r.row >= 0 &&
-                         r.row < shape.seqlen_q,
-                     "reference: (batch, head, row) outside the problem");
-  }
+  for (const RowSample& r : rows) require_row(shape, r);
   std::vector<ReferenceRow> reference(rows.size());
-  std::atomic<size_t> next{0};
-  auto worker = [&] {
-    for (size_t i = next++; i < rows.size(); i = next++)
-      reference[i] = attention_reference_row(shape, q, k, v, scale, mask, rows[i].batch, rows[i].head, rows[i].row,
-                                             variant);
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads && static_cast<size_t>(t) < rows.size(); ++t) pool.emplace_back(worker);
-  worker();
-  for (std::thread& thread : pool) thread.join();
+  for_each_row(rows.size(), threads, [&](size_t i) {
+    reference[i] = attention_reference_row(shape, q, k, v, scale, mask, rows[i].batch, rows[i].head, rows[i].row,
+                                           variant);
+  });
+  return reference;
+}
+
+Fp8ReferenceRow attention_reference_row_fp8(const AttentionShape& shape, const HostInput& q, const HostInput& k,
+                                            const HostInput& v, double scale, Mask mask, int64_t batch, int64_t head,
+                                            int64_t row, const ReferenceVariant& variant) {
+  require_reference_inputs(shape, q, k, v);
+  require_reference_variant(shape, variant);
+  require_row(shape, {batch, head, row});
+  const size_t dv_count = static_cast<size_t>(v.view.shape[3]);
+  Fp8ReferenceRow result;
+  result.exact.out.assign(dv_count, 0.0);
+  result.exact.lse = -std::numeric_limits<double>::infinity();
+  result.out_p_rounded.assign(dv_count, 0.0);
+  RowScratch scratch(shape, v.view.shape[3]);
+  const Fp8RowParts parts{result.out_p_rounded.data(), &result.qk_magnitude};
+  reference_row_f64(shape, q, k, v, scale, mask, variant, batch, head, row, scratch, result.exact.out.data(),
+                    &result.exact.lse, &parts);
+  return result;
+}
+
+std::vector<Fp8ReferenceRow> attention_reference_rows_fp8(const AttentionShape& shape, const HostInput& q,
+                                                          const HostInput& k, const HostInput& v, double scale,
+                                                          Mask mask, const std::vector<RowSample>& rows, int threads,
+                                                          const ReferenceVariant& variant) {
+  // Checked here, so that no worker thread throws.
+  require_reference_inputs(shape, q, k, v);
+  require_reference_variant(shape, variant);
+  for (const RowSample& r : rows) require_row(shape, r);
+  std::vector<Fp8ReferenceRow> reference(rows.size());
+  for_each_row(rows.size(), threads, [&](size_t i) {
+    reference[i] = attention_reference_row_fp8(shape, q, k, v, scale, mask, rows[i].batch, rows[i].head, rows[i].row,
+                                               variant);
+  });
   return reference;
 }
 

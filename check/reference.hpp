@@ -26,11 +26,18 @@ float dtype_bits_to_float(uint16_t bits, DType dtype);
 // value rounded to the dtype and read back: what a 16-bit store of value holds.
 float round_to_dtype(float value, DType dtype);
 
-// FP8 (DType::kFloat8E4M3 or kFloat8E5M2) on the host, stored as uint8_t, as an FP8 cache holds it. Float -> FP8
-// rounds to nearest, ties to even, and saturates at the largest finite value (±448, ±57344), as the kernels' appends
-// do; NaN gives a NaN. FP8 -> double is exact (an e4m3 NaN, an e5m2 infinity or NaN read as such).
+// FP8 (DType::kFloat8E4M3 or kFloat8E5M2) on the host, stored as uint8_t, as an FP8 cache and the FP8 forward's q, k
+// and v hold it. Float -> FP8 rounds to nearest, ties to even, and saturates at the largest finite value (±448,
+// ±57344), as the kernels' appends do; NaN gives a NaN. FP8 -> double is exact (an e4m3 NaN, an e5m2 infinity or NaN
+// read as such).
 uint8_t float_to_fp8_bits(float value, DType fp8);
 double fp8_bits_to_double(uint8_t bits, DType fp8);
+
+// A softmax probability p in [0, 1] rounded to e4m3 as finely as the FP8 forward's kernels ever round it for P·V: p ·
+// 2^8 (p taken against the row's max, so 1 at the max becomes 256, exact; below 2^-18 it becomes 0), divided by 2^8
+// again. The kernels round P · 2^4 against a running max at most 2^4 below the row's (fwd_sm90_layout.cuh's kPBias):
+// no finer than this.
+double round_p_to_e4m3(double p);
 
 // ---------------------------------------------------------------------------------------------------
 // Problems and their masks.
@@ -132,14 +139,15 @@ double forward_flops(const AttentionShape& shape, Mask mask, ReferenceWindow win
 // References.
 
 // An input tensor for the references, read through view (shape [b, s, h, d]): float64 values (holding
-// values rounded to the kernel's dtype, for a like-for-like check), or the raw bits of a 16-bit tensor as
-// the GPU holds it.
+// values rounded to the kernel's dtype, for a like-for-like check), the raw bits of a 16-bit tensor as
+// the GPU holds it, or the codes of an FP8 tensor with its one descale (each code stands for its value times it).
 struct HostInput {
-  enum class Element { kFloat64, kFloat16, kBFloat16 };
+  enum class Element { kFloat64, kFloat16, kBFloat16, kFloat8E4M3, kFloat8E5M2 };
 
   const void* data = nullptr;
   Element element = Element::kFloat64;
   StridedView view;
+  double descale = 1.0;  // FP8 codes only: the factor their values are read with
 
   static HostInput float64(const double* values, const StridedView& view) {
     return HostInput{values, Element::kFloat64, view};
@@ -147,7 +155,10 @@ struct HostInput {
   static HostInput bits16(const uint16_t* bits, DType dtype, const StridedView& view) {
     return HostInput{bits, dtype == DType::kBFloat16 ? Element::kBFloat16 : Element::kFloat16, view};
   }
-  // Element (b, s, h, d); 16-bit values convert exactly.
+  // fp8 is DType::kFloat8E4M3 or kFloat8E5M2; descale as an FP8 forward's per-tensor q_descale (strides {0, 0}).
+  static HostInput fp8_codes(const uint8_t* codes, DType fp8, const StridedView& view, double descale);
+  // Element (b, s, h, d); 16-bit values convert exactly, FP8 codes to their value times descale (exact in double
+  // for an fp32 descale: 4 significant bits times 24).
   double at(int64_t b, int64_t s, int64_t h, int64_t d) const;
   // The view.shape[3] (head_dim) elements of row (b, s, h): a pointer into data when they are float64 at
   // unit stride, else converted into scratch (head_dim doubles) and scratch returned.
@@ -196,6 +207,27 @@ std::vector<ReferenceRow> attention_reference_rows(const AttentionShape& shape, 
                                                    const HostInput& k, const HostInput& v, double scale,
                                                    Mask mask, const std::vector<RowSample>& rows,
                                                    int threads, const ReferenceVariant& variant = {});
+
+// One query row of an FP8 forward as FlashAttention-3's rule judges it (check/output_check.hpp's check_fp8_rows), over
+// the dequantized inputs (HostInput::fp8_codes, or float64 values of codes times descales): the exact row
+// (attention_reference_row's, bit for bit), the same row with P rounded as the kernels round it before P·V
+// (round_p_to_e4m3 of each p against the row's max; the sum of the unrounded p divides it), and the largest sum of
+// |q_x k_x| over the row's visible keys times scale, which bounds what the FP8 tensor cores' accumulation of a score
+// may lose.
+struct Fp8ReferenceRow {
+  ReferenceRow exact;
+  std::vector<double> out_p_rounded;  // (d_v); 0 for a row that sees no key, as exact.out
+  double qk_magnitude = 0;            // 0 for a row that sees no key
+};
+Fp8ReferenceRow attention_reference_row_fp8(const AttentionShape& shape, const HostInput& q, const HostInput& k,
+                                            const HostInput& v, double scale, Mask mask, int64_t batch, int64_t head,
+                                            int64_t row, const ReferenceVariant& variant = {});
+
+// attention_reference_row_fp8 of each sample, on up to `threads` threads.
+std::vector<Fp8ReferenceRow> attention_reference_rows_fp8(const AttentionShape& shape, const HostInput& q,
+                                                          const HostInput& k, const HostInput& v, double scale,
+                                                          Mask mask, const std::vector<RowSample>& rows, int threads,
+                                                          const ReferenceVariant& variant = {});
 
 // ---------------------------------------------------------------------------------------------------
 // Backward.

@@ -1,5 +1,5 @@
-// `flashgen run`: one attention problem on the GPU, forward or backward: random normal inputs, a check
-// against the float64 reference (sampled rows, or whole gradients), then timing with CUDA events.
+// `flashgen run`: one attention problem on the GPU, forward or backward (or the FP8 forward): random normal inputs, a
+// check against the float64 reference (sampled rows, or whole gradients), then timing with CUDA events.
 #include "cli/run.hpp"
 
 #include <algorithm>
@@ -53,7 +53,12 @@ Command run_command() {
                                  "prefill (--head-dim 192 --head-dim-v 128); dense or --varlen, forward or --backward; "
                                  "with --kv-cache a latent cache, the values being the keys' first D columns (MLA's "
                                  "decode: --head-dim 576 --head-dim-v 512; sm_90)")
-      .option("dtype", "T", "fp16 or bf16 (default fp16)")
+      .option("dtype", "T", "fp16 or bf16 (default fp16); or e4m3 or e5m2, the FP8 forward (sm_90, dense batches, "
+                            "forward only): q, k and v random codes (normal values of standard deviation 150 rounded "
+                            "to the format; e4m3's reach its largest, +-448), each tensor with one fp32 descale of "
+                            "about 1.2/150, the output of --out-dtype; checked by FlashAttention-3's rule (out within "
+                            "twice the error of a float64 computation that rounds P to e4m3, plus 2 ulp)")
+      .option("out-dtype", "T", "with --dtype e4m3 or e5m2: the output's type, bf16 or fp16 (default bf16)")
       .option("causal", "MODE", "none, bottom-right or top-left (default none)")
       .option("scale", "S", "softmax scale; <= 0 means 1/sqrt(head_dim) (default 0)")
       .option("softcap", "C", "soft cap: scores s become C * tanh(s / C) before the softmax (default 0: none)")
@@ -68,7 +73,8 @@ Command run_command() {
       .option("sink", "S", "attention sinks (gpt-oss): every query head's softmax gains a logit S with no value, "
                            "in the units of the scaled scores (with --backward, the sinks' gradient is checked too)")
       .option("layout", "L", "memory order of q/k/v/out: bshd or bhsd (default bshd)")
-      .option("config", "NAME", "run this config (a fwd_... name, or bwd_... with --backward) instead of the choice")
+      .option("config", "NAME", "run this config (a fwd_... name, or bwd_... with --backward; FP8 takes an "
+                                "fwd_sm90_e4m3_..._obf16 one) instead of the choice")
       .flag("backward", "time the backward pass (dq, dk, dv for a random dout) after one forward")
       .flag("varlen", "a packed batch of --batch sequences (flashgen_attention_varlen_forward, and _backward with "
                       "--backward): lengths spread evenly from --seqlen-q (--seqlen-k) down to what makes --total-q "
@@ -92,6 +98,36 @@ Command run_command() {
 
 namespace {
 
+// --dtype and --out-dtype onto problem: fp16 or bf16, or e4m3 or e5m2 with --out-dtype the output's type. FP8 is the
+// dense forward's: with --backward, --varlen or --kv-cache (whose queries are 16-bit; an FP8 cache is --cache-dtype)
+// it is refused, naming the flag.
+void dtypes_from_flags(const Args& args, AttentionProblem& p) {
+  const std::string dtype = args.choice_or("dtype", "fp16", {"fp16", "bf16", "e4m3", "e5m2"});
+  p.dtype = dtype == "fp16"   ? DType::kFloat16
+            : dtype == "bf16" ? DType::kBFloat16
+            : dtype == "e4m3" ? DType::kFloat8E4M3
+                              : DType::kFloat8E5M2;
+  if (!is_fp8(p.dtype)) {
+    if (args.has("out-dtype")) {
+      fail(Status::kInvalidArgument, "--out-dtype needs --dtype e4m3 or e5m2 (a 16-bit run's output is of --dtype)");
+    }
+    return;
+  }
+  const std::string fp8 = "--dtype " + dtype;
+  if (args.has("backward")) {
+    fail(Status::kInvalidArgument, fp8 + " runs the FP8 forward only: no --backward (FP8 has no backward)");
+  }
+  if (args.has("varlen")) {
+    fail(Status::kInvalidArgument, fp8 + " runs the FP8 forward of dense batches: no --varlen (packed batches take "
+                                         "fp16 or bf16)");
+  }
+  if (args.has("kv-cache")) {
+    fail(Status::kInvalidArgument, fp8 + " with --kv-cache: a KV-cache call's queries are fp16 or bf16 (--dtype); an "
+                                         "FP8 cache is --cache-dtype " + dtype);
+  }
+  p.out_dtype = args.choice_or("out-dtype", "bf16", {"bf16", "fp16"}) == "bf16" ? DType::kBFloat16 : DType::kFloat16;
+}
+
 RunOptions parse_run_options(const Args& args) {
   constexpr long long kSizeMax = 1ll << 30;  // the library's limit on every size
   RunOptions o;
@@ -106,7 +142,10 @@ RunOptions parse_run_options(const Args& args) {
   s.head_dim = args.int_or("head-dim", s.head_dim, 1, 4096);
   s.head_dim_v = args.int_or("head-dim-v", s.head_dim, 1, 4096);
   if (s.head_dim_v == s.head_dim) s.head_dim_v = 0;
-  p.dtype = args.choice_or("dtype", "fp16", {"fp16", "bf16"}) == "fp16" ? DType::kFloat16 : DType::kBFloat16;
+  dtypes_from_flags(args, p);
+  if (is_fp8(p.dtype) && s.head_dim_v != 0) {
+    fail(Status::kInvalidArgument, "--head-dim-v: the FP8 forward takes values of the queries' head dim (--head-dim)");
+  }
   mask_from_flags(args, p);
   o.scale = static_cast<float>(args.double_or("scale", o.scale));
   p.softcap = static_cast<float>(args.double_or("softcap", 0.0));
@@ -162,11 +201,18 @@ std::string problem_text(const RunOptions& o, double scale) {
                           (o.sink ? format(", sink %.6g", *o.sink) : std::string()) +
                           (o.problem.cache_dtype ? format(", %s cache", dtype_name(*o.problem.cache_dtype))
                                                  : std::string());
+  // An FP8 run: its codes' spread, descales and output type beside the format.
+  const std::string dtype =
+      is_fp8(o.problem.dtype)
+          ? format("%s (normal codes of std %.0f, descales q %.4g k %.4g v %.4g) to %s", dtype_name(o.problem.dtype),
+                   kFp8CodeSpread, fp8_run_descale(0), fp8_run_descale(1), fp8_run_descale(2),
+                   dtype_name(o.problem.output_dtype()))
+          : std::string(dtype_name(o.problem.dtype));
   return packed + format("batch %lld, seqlen_q %lld, seqlen_k %lld, heads %lld/%lld, head_dim %s, %s, mask %s, scale %.6g%s, "
                 "layout %s",
                 static_cast<long long>(s.batch), static_cast<long long>(s.seqlen_q), static_cast<long long>(s.seqlen_k),
                 static_cast<long long>(s.heads_q), static_cast<long long>(s.heads_kv),
-                head_dims_text(s).c_str(), dtype_name(o.problem.dtype), mask_description(o.problem).c_str(),
+                head_dims_text(s).c_str(), dtype.c_str(), mask_description(o.problem).c_str(),
                 scale, cap.c_str(), o.layout.c_str());
 }
 
@@ -261,6 +307,7 @@ RunReport run_problem(const RunOptions& o) {
   report.device_sm = device_sm(context.device());
   if (o.problem.kv_cache) return run_kvcache(o, context, report);
   if (o.problem.varlen) return run_varlen(o, context, report);
+  if (is_fp8(o.problem.dtype)) return run_fp8(o, report);
 
   const AttentionProblem& p = o.problem;
   const AttentionShape& shape = p.shape;
@@ -306,13 +353,7 @@ RunReport run_problem(const RunOptions& o) {
                   : attention_forward(q_view, k_view, v_view, out_view, lse_ptr, options, stream.get());
   };
 
-  const Clock::time_point first = Clock::now();
-  const ForwardLaunch forward_launch = launch();
-  FLASHGEN_CU_CHECK(cuStreamSynchronize(stream.get()));
-  report.first_launch_ms = ms_since(first);
-  report.config_name = flashgen::config_name(forward_launch.config);
-  report.reason = forward_launch.reason;
-  report.arch = forward_launch.arch;
+  const ForwardLaunch forward_launch = first_forward_launch(launch, stream.get(), report);
 
   out_dev.download(out.bits.data(), out.bytes());
   lse_dev.download(lse.data(), lse_dev.bytes());
@@ -341,7 +382,13 @@ void print_run_report(const RunReport& r, std::ostream& os) {
      << "config:   " << r.config_name << " for " << arch_label(r.arch) << '\n'
      << "why:      " << r.reason << '\n'
      << format("first:    %.1f ms (first launch, includes compiling or loading the kernel)\n", r.first_launch_ms);
-  if (!p.backward()) {
+  if (r.check.fp8) {
+    const CheckResult::Fp8Bounds& fp8 = *r.check.fp8;
+    os << format("check:    %zu rows by FlashAttention-3's FP8 rule, max abs error out %.3g (bound %.3g = 2 x %.3g, "
+                 "float64 with P rounded to e4m3, + 2 ulp), lse %.3g (bound 1e-3 + 2^-11 sum|q k|, at most %.3g): %s\n",
+                 r.check.rows, r.check.max_error_out, fp8.bound_out, fp8.p_rounded_error_out, r.check.max_error_lse,
+                 fp8.bound_lse, r.check.pass() ? "PASS" : "FAIL");
+  } else if (!p.backward()) {
     os << format("check:    %zu rows, max abs error out %.3g (tol %.0e + %.0e*|ref|), lse %.3g (tol %.0e): %s\n",
                  r.check.rows, r.check.max_error_out, tol.out.abs, tol.out.rel, r.check.max_error_lse, tol.lse.abs,
                  r.check.pass() ? "PASS" : "FAIL");
@@ -380,7 +427,10 @@ Json run_report_json(const RunReport& r) {
       {"problem",
        {{"batch", s.batch}, {"seqlen_q", s.seqlen_q}, {"seqlen_k", s.seqlen_k}, {"heads_q", s.heads_q},
         {"heads_kv", s.heads_kv}, {"head_dim", s.head_dim}, {"head_dim_v", s.value_dim()},
-        {"dtype", dtype_name(p.dtype)},
+        {"dtype", dtype_name(p.dtype)}, {"out_dtype", dtype_name(p.output_dtype())},
+        // An FP8 run's descales of q, k and v (one per tensor); null for 16-bit runs.
+        {"descales", is_fp8(p.dtype) ? Json::array({fp8_run_descale(0), fp8_run_descale(1), fp8_run_descale(2)})
+                                     : Json(nullptr)},
         {"causal", causal_text(p.mask)},
         {"window", p.windowed() ? Json::array({p.window_left, p.window_right}) : Json(nullptr)},
         {"scale", r.scale}, {"softcap", p.softcap}, {"alibi", p.alibi},
@@ -399,6 +449,11 @@ Json run_report_json(const RunReport& r) {
        {{"rows", r.check.rows}, {"max_abs_error_out", r.check.max_error_out},
         {"max_abs_error_lse", r.check.max_error_lse}, {"mismatches", r.check.mismatches},
         {"first_mismatches", r.check.first_mismatches},
+        // FlashAttention-3's rule for an FP8 run (null otherwise): the bounds max_abs_error_out and _lse were held to.
+        {"fp8", r.check.fp8 ? Json{{"p_rounded_error_out", r.check.fp8->p_rounded_error_out},
+                                   {"bound_out", r.check.fp8->bound_out},
+                                   {"bound_lse", r.check.fp8->bound_lse}}
+                            : Json(nullptr)},
         // A backward too large for the float64 reference is not checked: pass is null unless the forward failed.
         {"skipped", p.backward() && r.check.rows == 0},
         {"pass", p.backward() && r.check.rows == 0 && r.check.pass() ? Json(nullptr) : Json(r.check.pass())}}},
@@ -444,24 +499,27 @@ void check_dense_config(const Config& config, const AttentionProblem& problem) {
 void check_run_problem(const RunOptions& o) {
   const AttentionProblem& p = o.problem;
   const AttentionShape& s = p.shape;
-  const DType dtype = p.dtype;
-  auto placeholder = [&](int n, int64_t seqlen, int64_t heads, int64_t head_dim) {
+  auto placeholder = [&](int n, int64_t seqlen, int64_t heads, int64_t head_dim, DType dtype) {
     return bshd_view(reinterpret_cast<void*>(uintptr_t{1} << (20 + n)), dtype, s.batch, seqlen, heads, head_dim);
   };
-  const TensorView q = placeholder(0, s.seqlen_q, s.heads_q, s.head_dim),
-                   k = placeholder(1, s.seqlen_k, s.heads_kv, s.head_dim),
-                   v = placeholder(2, s.seqlen_k, s.heads_kv, s.value_dim()),
-                   out = placeholder(3, s.seqlen_q, s.heads_q, s.value_dim());
+  const TensorView q = placeholder(0, s.seqlen_q, s.heads_q, s.head_dim, p.dtype),
+                   k = placeholder(1, s.seqlen_k, s.heads_kv, s.head_dim, p.dtype),
+                   v = placeholder(2, s.seqlen_k, s.heads_kv, s.value_dim(), p.dtype),
+                   out = placeholder(3, s.seqlen_q, s.heads_q, s.value_dim(), p.output_dtype());
   CallOptions options = call_options(p, o.scale);
   options.alibi_slopes = placeholder_alibi_slopes(p);
   if (o.sink) options.sinks = reinterpret_cast<const float*>(uintptr_t{1} << 33);  // a stand-in: nothing launches
+  if (is_fp8(p.dtype)) {  // the descales' stand-ins, as run_fp8 passes one array of three
+    const float* descales = reinterpret_cast<const float*>(uintptr_t{1} << 34);
+    options.q_descale = descales, options.k_descale = descales + 1, options.v_descale = descales + 2;
+  }
   if (p.kv_cache) return check_kvcache_problem(o);
   if (p.varlen) return check_varlen_problem(o);
   if (p.backward()) {
-    const TensorView dout = placeholder(4, s.seqlen_q, s.heads_q, s.value_dim()),
-                     dq = placeholder(5, s.seqlen_q, s.heads_q, s.head_dim),
-                     dk = placeholder(6, s.seqlen_k, s.heads_kv, s.head_dim),
-                     dv = placeholder(7, s.seqlen_k, s.heads_kv, s.value_dim());
+    const TensorView dout = placeholder(4, s.seqlen_q, s.heads_q, s.value_dim(), p.dtype),
+                     dq = placeholder(5, s.seqlen_q, s.heads_q, s.head_dim, p.dtype),
+                     dk = placeholder(6, s.seqlen_k, s.heads_kv, s.head_dim, p.dtype),
+                     dv = placeholder(7, s.seqlen_k, s.heads_kv, s.value_dim(), p.dtype);
     const float* lse = reinterpret_cast<const float*>(uintptr_t{1} << 28);
     const BackwardCall call = make_backward_call(&q, &k, &v, &out, &dout, lse, &dq, &dk, &dv, &options);
     if (o.config_name) check_dense_config(BwdConfig::from_name(*o.config_name), call.problem);

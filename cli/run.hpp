@@ -13,7 +13,8 @@
 
 namespace flashgen::cli {
 
-// One problem of `run` and how it is checked and timed: its flags, each with its default.
+// One problem of `run` and how it is checked and timed: its flags, each with its default. An FP8 run (--dtype e4m3
+// or e5m2) is problem.dtype FP8 with problem.out_dtype its output's type.
 struct RunOptions {
   // batch 4, seqlen 4096/4096, heads 16/16, head_dim 128, fp16, no mask, forward
   AttentionProblem problem = forward_problem(DType::kFloat16, AttentionShape{4, 4096, 4096, 16, 16, 128},
@@ -43,6 +44,15 @@ struct CheckResult {
   double max_error_lse = 0;
   int64_t mismatches = 0;
   std::vector<std::string> first_mismatches;  // at most kShownMismatches
+  // An FP8 forward's bounds by FlashAttention-3's rule (check/output_check.hpp's check_fp8_rows), where the dtype's
+  // tolerances do not apply: the P-rounded float64 rows' error, the output's bound (twice that plus 2 ulp) and the
+  // largest LSE bound. Empty for 16-bit runs.
+  struct Fp8Bounds {
+    double p_rounded_error_out = 0;
+    double bound_out = 0;
+    double bound_lse = 0;
+  };
+  std::optional<Fp8Bounds> fp8;
   bool pass() const { return mismatches == 0; }
 };
 constexpr size_t kShownMismatches = 8;

@@ -31,19 +31,22 @@ const float* upload_floats(const std::vector<float>& host, DeviceBuffer& buffer)
 
 }  // namespace
 
-// A host tensor of shape [batch, seqlen, heads, head_dim] laid out as bshd, or as [batch, heads, seqlen,
-// head_dim] in memory for bhsd (the view's strides say so; its shape stays bshd).
+StridedView host_view(int64_t batch, int64_t seqlen, int64_t heads, int64_t head_dim, bool bhsd) {
+  StridedView view = StridedView::contiguous(batch, seqlen, heads, head_dim);
+  if (bhsd) {
+    view.stride[0] = heads * seqlen * head_dim;
+    view.stride[1] = head_dim;
+    view.stride[2] = seqlen * head_dim;
+  }
+  return view;
+}
+
 HostTensor make_host_tensor(DType dtype, int64_t batch, int64_t seqlen, int64_t heads, int64_t head_dim,
                             bool bhsd) {
   HostTensor t;
   t.dtype = dtype;
-  t.view = StridedView::contiguous(batch, seqlen, heads, head_dim);
-  if (bhsd) {
-    t.view.stride[0] = heads * seqlen * head_dim;
-    t.view.stride[1] = head_dim;
-    t.view.stride[2] = seqlen * head_dim;
-  }
-  t.bits.resize(static_cast<size_t>(batch * seqlen * heads * head_dim));
+  t.view = host_view(batch, seqlen, heads, head_dim, bhsd);
+  t.bits.resize(static_cast<size_t>(t.view.elements()));
   return t;
 }
 
@@ -54,12 +57,16 @@ void fill_normal(HostTensor& t, std::mt19937& rng) {
 }
 
 TensorView tensor_view(const HostTensor& host, const DeviceBuffer& device) {
+  return tensor_view(host.dtype, host.view, device);
+}
+
+TensorView tensor_view(DType dtype, const StridedView& host, const DeviceBuffer& device) {
   TensorView view;
   view.data = device.data();
-  view.dtype = host.dtype;
+  view.dtype = dtype;
   for (int i = 0; i < 4; ++i) {
-    view.shape[i] = host.view.shape[i];
-    view.stride[i] = host.view.stride[i];
+    view.shape[i] = host.shape[i];
+    view.stride[i] = host.stride[i];
   }
   return view;
 }
@@ -118,6 +125,25 @@ CheckResult check_sampled_rows(const AttentionShape& shape, const HostInput& q, 
   return result;
 }
 
+float fp8_run_descale(int tensor) { return 1.2f / kFp8CodeSpread * (1.f + 0.125f * static_cast<float>(tensor)); }
+
+CheckResult check_sampled_rows_fp8(const AttentionShape& shape, const HostInput& q, const HostInput& k,
+                                   const HostInput& v, const HostInput& out, const float* lse, DType out_dtype,
+                                   const std::vector<RowSample>& rows, double scale, Mask mask,
+                                   const ReferenceVariant& variant) {
+  const std::vector<Fp8ReferenceRow> reference =
+      attention_reference_rows_fp8(shape, q, k, v, scale, mask, rows, default_jobs(), variant);
+  const Fp8RowsCheck check = check_fp8_rows(shape, rows, reference, out, lse, out_dtype);
+  CheckResult result;
+  result.rows = rows.size();
+  result.max_error_out = check.rows.out.max_error;
+  result.max_error_lse = check.rows.lse.max_error;
+  result.fp8 = CheckResult::Fp8Bounds{check.p_rounded_error, check.bound_out, check.bound_lse};
+  add_mismatches(check.rows.out, result);
+  add_mismatches(check.rows.lse, result);
+  return result;
+}
+
 void add_check(const CheckResult& part, CheckResult& result) {
   result.rows += part.rows;
   result.max_error_out = std::max(result.max_error_out, part.max_error_out);
@@ -163,6 +189,17 @@ std::vector<double> time_launches(const std::function<void()>& fn, int warmup, i
   }
   std::sort(times.begin(), times.end());
   return times;
+}
+
+ForwardLaunch first_forward_launch(const std::function<ForwardLaunch()>& launch, CUstream stream, RunReport& report) {
+  const Clock::time_point first = Clock::now();
+  ForwardLaunch forward_launch = launch();
+  FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
+  report.first_launch_ms = ms_since(first);
+  report.config_name = flashgen::config_name(forward_launch.config);
+  report.reason = forward_launch.reason;
+  report.arch = forward_launch.arch;
+  return forward_launch;
 }
 
 }  // namespace flashgen::cli

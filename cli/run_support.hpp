@@ -1,6 +1,7 @@
-// What the run command's problems share (dense, packed, KV-cache): host tensors and their views, random inputs,
+// What the run command's problems share (dense, packed, KV-cache, FP8): host tensors and their views, random inputs,
 // sampled rows and whole gradients checked against float64, CUDA-event timing; and the runs and argument checks
-// of the packed and KV-cache problems (run_varlen.cpp, run_kvcache.cpp), which run.cpp dispatches to.
+// of the packed, KV-cache and FP8 problems (run_varlen.cpp, run_kvcache.cpp, run_fp8.cpp), which run.cpp dispatches
+// to.
 #pragma once
 
 #include <cuda.h>
@@ -13,6 +14,7 @@
 #include "check/output_check.hpp"
 #include "check/reference.hpp"
 #include "cli/run.hpp"
+#include "dispatch/dispatch.hpp"
 #include "problem/paged_cache.hpp"
 #include "problem/tensor_view.hpp"
 #include "runtime/cuda_driver.hpp"
@@ -31,8 +33,11 @@ struct HostTensor {
   size_t bytes() const { return bits.size() * sizeof(uint16_t); }
 };
 
-// A host tensor of shape [batch, seqlen, heads, head_dim] laid out as bshd, or as [batch, heads, seqlen,
-// head_dim] in memory for bhsd (the view's strides say so; its shape stays bshd).
+// The view of a tensor of shape [batch, seqlen, heads, head_dim] laid out as bshd, or as [batch, heads, seqlen,
+// head_dim] in memory for bhsd (the strides say so; the shape stays bshd). It spans elements() elements.
+StridedView host_view(int64_t batch, int64_t seqlen, int64_t heads, int64_t head_dim, bool bhsd);
+
+// A host tensor of host_view's layout.
 HostTensor make_host_tensor(DType dtype, int64_t batch, int64_t seqlen, int64_t heads, int64_t head_dim, bool bhsd);
 
 // Random normal values rounded to the tensor's type, in memory order.
@@ -40,6 +45,7 @@ void fill_normal(HostTensor& t, std::mt19937& rng);
 
 // The library's view of host's layout over device's memory.
 TensorView tensor_view(const HostTensor& host, const DeviceBuffer& device);
+TensorView tensor_view(DType dtype, const StridedView& view, const DeviceBuffer& device);
 
 // `count` rows spread evenly over all (batch, head, query) rows, plus the very last query row.
 std::vector<RowSample> sample_rows(int64_t batch, int64_t heads, int64_t seqlen_q, int64_t count);
@@ -63,6 +69,20 @@ ReferenceVariant run_variant(const RunOptions& o);
 // Where a run's sinks live: --sink's logit for every query head uploaded into sinks; null without --sink.
 const float* upload_sinks(const RunOptions& o, DeviceBuffer& sinks);
 
+// An FP8 run's q, k and v (--dtype e4m3 or e5m2): random normal values of spread kFp8CodeSpread rounded to the FP8
+// type (e4m3's reach its largest, ±448), and one descale per tensor (strides {0, 0}) bringing them to about 1.2 —
+// q's, k's and v's an eighth apart (fp8_run_descale), so a kernel that reads one tensor's in place of another's fails
+// the check.
+constexpr float kFp8CodeSpread = 150.f;
+float fp8_run_descale(int tensor);  // 0: q, 1: k, 2: v
+
+// The FP8 forward's out (out_dtype) and lse at rows against float64 attention over the dequantized inputs
+// (HostInput::fp8_codes), by FlashAttention-3's rule (check/output_check.hpp's check_fp8_rows).
+CheckResult check_sampled_rows_fp8(const AttentionShape& shape, const HostInput& q, const HostInput& k,
+                                   const HostInput& v, const HostInput& out, const float* lse, DType out_dtype,
+                                   const std::vector<RowSample>& rows, double scale, Mask mask,
+                                   const ReferenceVariant& variant = {});
+
 // Adds part (a sequence's, say) to result: rows, the larger errors, mismatches.
 void add_check(const CheckResult& part, CheckResult& result);
 
@@ -78,6 +98,10 @@ constexpr double kMaxBackwardCheckCost = 4e9;
 // Events around every launch of fn on stream; sorted milliseconds.
 std::vector<double> time_launches(const std::function<void()>& fn, int warmup, int iters, CUstream stream);
 
+// A run's first launch (compiling or loading its kernel): launched and waited for, its time, config, reason and arch
+// written to report.
+ForwardLaunch first_forward_launch(const std::function<ForwardLaunch()>& launch, CUstream stream, RunReport& report);
+
 // `run --kv-cache` (run_kvcache.cpp): random q and full caches (scattered into shuffled pages when paged), one
 // checked call, then timing. report holds the device fields.
 RunReport run_kvcache(const RunOptions& o, const ScopedContext& context, RunReport report);
@@ -88,5 +112,9 @@ void check_kvcache_problem(const RunOptions& o);
 // --backward its backward) checked sequence by sequence, then timing.
 RunReport run_varlen(const RunOptions& o, const ScopedContext& context, RunReport report);
 void check_varlen_problem(const RunOptions& o);
+
+// `run --dtype e4m3|e5m2` (run_fp8.cpp): the dense FP8 forward over random codes and descales, its sampled rows
+// checked by check_sampled_rows_fp8, then timing. report holds the device fields.
+RunReport run_fp8(const RunOptions& o, RunReport report);
 
 }  // namespace flashgen::cli

@@ -170,14 +170,15 @@ void encode_tma_maps(const FwdTmaTensors& t, AttnFwdSm90Params& params) {
 }
 
 // (batch, head) pairs per section of the tile list of a persistent kernel whose mask hides keys. As many as
-// have their K and V (head_dim and value_dim columns a key; shared by the query heads of a group) in half the L2
+// have their K and V (head_dim and value_dim columns of elem_bytes a key; shared by the query heads of a group) in
+// half the L2
 // cache, but enough for two tiles per walker (block or group of consumers), since the walkers running at once span
 // about one section; then widened to even out the sections, so the last is not a narrow one whose longest tiles
 // would start when the others are done.
-int l2_section(const AttnFwdParams& p, int head_dim, int value_dim, int64_t m_blocks, int64_t walkers,
+int l2_section(const AttnFwdParams& p, int head_dim, int value_dim, int elem_bytes, int64_t m_blocks, int64_t walkers,
                const DeviceTraits& device) {
   const int64_t kv_bytes_per_pair =
-      std::max<int64_t>(int64_t(p.seqlen_k) * (head_dim + value_dim) * 2 / p.group_size, 1);
+      std::max<int64_t>(int64_t(p.seqlen_k) * (head_dim + value_dim) * elem_bytes / p.group_size, 1);
   const int64_t pairs = int64_t(p.heads_q) * p.batch;
   const int64_t widest = std::clamp<int64_t>(
       std::max<int64_t>(device.l2_bytes / 2 / kv_bytes_per_pair, (2 * walkers + m_blocks - 1) / m_blocks), 1, pairs);
@@ -273,7 +274,7 @@ PreparedForward prepare_forward(const ForwardCall& call, CUstream stream, const 
   prepared.uses_tile_counter = config.persistent() && hides_keys;
   if (prepared.uses_tile_counter) {
     prepared.sm90_params.l2_section =
-        l2_section(p, call.problem.head_dim(), call.problem.value_dim(), m_blocks,
+        l2_section(p, call.problem.head_dim(), call.problem.value_dim(), elem_bytes(call.problem.dtype), m_blocks,
                    int64_t(prepared.grid[0]) * config.sm90()->groups, device);
   }
   // A user mask's block classes, where their grids fit (else every block is walked with the mask, as without them).

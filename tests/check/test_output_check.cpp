@@ -1,6 +1,8 @@
 // CPU checks of the output-check rule (check/output_check.hpp): the element comparison, the tolerance
 // table, the reports of whole tensors and of sampled rows. `flashgen run`, the sweeps and the tests rely on it.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string>
 #include <vector>
@@ -154,4 +156,71 @@ TEST_CASE("check_rows compares sampled rows of a strided output and their LSE", 
   check = check_rows(shape, rows, reference, out_in, lse.data(), DType::kBFloat16);
   CHECK(check.out.ok);
   CHECK(check.lse.mismatches == 2);
+}
+
+TEST_CASE("check_fp8_rows holds out to twice a P-rounded float64's error plus 2 ulp, each LSE to its own bound",
+          "[output_check][fp8]") {
+  // e4m3 codes with one descale per tensor; bottom-right causal with seqlen_q > seqlen_k leaves query row 0 unseen.
+  const AttentionShape shape{1, 6, 5, 2, 1, 16};
+  std::vector<uint8_t> q(6 * 2 * 16), kv(5 * 1 * 16);
+  auto code = [](double value) { return float_to_fp8_bits(static_cast<float>(value), DType::kFloat8E4M3); };
+  for (size_t i = 0; i < q.size(); ++i) q[i] = code(200 * std::sin(0.9 * double(i)));
+  for (size_t i = 0; i < kv.size(); ++i) kv[i] = code(200 * std::cos(0.4 * double(i)));
+  const HostInput q_in = HostInput::fp8_codes(q.data(), DType::kFloat8E4M3, StridedView::contiguous(1, 6, 2, 16), 0.01);
+  const HostInput kv_in =
+      HostInput::fp8_codes(kv.data(), DType::kFloat8E4M3, StridedView::contiguous(1, 5, 1, 16), 0.0075);
+  const std::vector<RowSample> rows = {{0, 0, 0}, {0, 1, 2}, {0, 0, 4}, {0, 1, 5}};
+  const std::vector<Fp8ReferenceRow> reference =
+      attention_reference_rows_fp8(shape, q_in, kv_in, kv_in, 0.25, flashgen::Mask::kCausal, rows, 2);
+
+  // A kernel's output: the P-rounded rows rounded to bf16, in [b, s, h, d] memory, and the exact LSE as floats.
+  const StridedView out_view = StridedView::contiguous(1, 6, 2, 16);
+  std::vector<double> out(static_cast<size_t>(out_view.span()), kNaN);
+  std::vector<float> lse(12, std::nanf(""));
+  double p_rounded_error = 0, largest = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    for (int64_t d = 0; d < 16; ++d) {
+      const Fp8ReferenceRow& want = reference[r];
+      out[static_cast<size_t>(out_view.offset(0, rows[r].row, rows[r].head, d))] =
+          round_to_dtype(static_cast<float>(want.out_p_rounded[size_t(d)]), DType::kBFloat16);
+      p_rounded_error = std::max(p_rounded_error, std::fabs(want.out_p_rounded[size_t(d)] - want.exact.out[size_t(d)]));
+      largest = std::max(largest, std::fabs(want.exact.out[size_t(d)]));
+    }
+    lse[static_cast<size_t>(rows[r].head * 6 + rows[r].row)] = static_cast<float>(reference[r].exact.lse);
+  }
+  REQUIRE(p_rounded_error > 0);
+  const HostInput out_in = HostInput::float64(out.data(), out_view);
+  Fp8RowsCheck check = check_fp8_rows(shape, rows, reference, out_in, lse.data(), DType::kBFloat16);
+  INFO(check.rows.out.text << "\n" << check.rows.lse.text);
+  CHECK(check.ok());
+  CHECK(check.rows.out.checked == 4 * 16);
+  CHECK(check.rows.lse.checked == 4);
+  CHECK(check.p_rounded_error == p_rounded_error);
+  CHECK(check.largest == largest);
+  CHECK(check.bound_out == 2 * p_rounded_error + 2 * 0x1p-7 * largest);
+  double largest_magnitude = 0;
+  for (const Fp8ReferenceRow& row : reference) largest_magnitude = std::max(largest_magnitude, row.qk_magnitude);
+  CHECK(check.bound_lse == 1e-3 + 0x1p-11 * largest_magnitude);
+  CHECK(reference[0].exact.lse == -kInf);  // row 0 sees no key
+
+  // An fp16 output is held to its own, smaller ulp.
+  CHECK(check_fp8_rows(shape, rows, reference, out_in, lse.data(), DType::kFloat16).bound_out ==
+        2 * p_rounded_error + 2 * 0x1p-10 * largest);
+
+  // Just outside the output's bound, an LSE outside its row's, a finite LSE where the row sees no key: all listed.
+  out[static_cast<size_t>(out_view.offset(0, 2, 1, 3))] = reference[1].exact.out[3] + 1.01 * check.bound_out;
+  const double lse_bound = 1e-3 + 0x1p-11 * reference[3].qk_magnitude;
+  lse[1 * 6 + 5] = static_cast<float>(reference[3].exact.lse + 1.5 * lse_bound);
+  lse[0] = 0.0f;
+  check = check_fp8_rows(shape, rows, reference, out_in, lse.data(), DType::kBFloat16);
+  CHECK_FALSE(check.ok());
+  CHECK(check.rows.out.mismatches == 1);
+  CHECK(lists(check.rows.out, "out[0, 2, 1, 3]"));
+  CHECK(check.rows.lse.mismatches == 2);
+  CHECK(lists(check.rows.lse, "lse[0, 0, 0]: got 0, want -inf"));
+  CHECK(lists(check.rows.lse, "lse[0, 1, 5]"));
+  // A NaN (poison the kernel did not overwrite) never passes.
+  out[static_cast<size_t>(out_view.offset(0, 4, 0, 0))] = kNaN;
+  CHECK(check_fp8_rows(shape, rows, reference, out_in, lse.data(), DType::kBFloat16).rows.out.not_written == 1);
+  CHECK_THROWS(check_fp8_rows(shape, rows, reference, out_in, lse.data(), DType::kFloat8E4M3));
 }

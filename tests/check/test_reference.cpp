@@ -349,3 +349,148 @@ TEST_CASE("row reference and 16-bit inputs agree with the float64 reference bit 
   CHECK_THROWS(attention_reference_rows(shape, q_in, kv_in, kv_in, 1.0, flashgen::Mask::kNone, {{0, 4, 0}}, 2));
   CHECK_THROWS(attention_reference_f64(shape, kv_in, kv_in, kv_in, 1.0, flashgen::Mask::kNone));
 }
+
+TEST_CASE("FP8 codes round to nearest even, saturate, and read back exactly", "[reference][fp8]") {
+  CHECK(float_to_fp8_bits(1.0f, DType::kFloat8E4M3) == 0x38);
+  CHECK(float_to_fp8_bits(-448.0f, DType::kFloat8E4M3) == 0xFE);
+  CHECK(float_to_fp8_bits(1000.0f, DType::kFloat8E4M3) == 0x7E);             // saturates at 448
+  CHECK(float_to_fp8_bits(1.0625f, DType::kFloat8E4M3) == 0x38);             // the tie 1 + 2^-4 rounds to even: 1
+  CHECK(float_to_fp8_bits(1.1875f, DType::kFloat8E4M3) == 0x3A);             // the tie 1.125 + 2^-4: 1.25
+  CHECK(float_to_fp8_bits(std::ldexp(1.0f, -9), DType::kFloat8E4M3) == 0x01);  // smallest subnormal
+  CHECK(float_to_fp8_bits(std::ldexp(1.0f, -10), DType::kFloat8E4M3) == 0x00);  // its half: a tie to 0
+  CHECK(float_to_fp8_bits(std::nanf(""), DType::kFloat8E4M3) == 0x7F);
+  CHECK(float_to_fp8_bits(1.0f, DType::kFloat8E5M2) == 0x3C);
+  CHECK(float_to_fp8_bits(1e6f, DType::kFloat8E5M2) == 0x7B);  // saturates at 57344
+  // Every finite code is its own value's code.
+  for (DType fp8 : {DType::kFloat8E4M3, DType::kFloat8E5M2}) {
+    int mismatches = 0;
+    for (int code = 0; code < 256; ++code) {
+      const double value = fp8_bits_to_double(static_cast<uint8_t>(code), fp8);
+      if (!std::isfinite(value)) continue;
+      mismatches += float_to_fp8_bits(static_cast<float>(value), fp8) != code;
+    }
+    CHECK(mismatches == 0);
+  }
+}
+
+TEST_CASE("round_p_to_e4m3 rounds P · 2^8 to e4m3, the finest the FP8 forward's kernels hand P to P·V", "[reference][fp8]") {
+  CHECK(round_p_to_e4m3(1.0) == 1.0);  // the row's max: 256, exact
+  CHECK(round_p_to_e4m3(0.0) == 0.0);
+  CHECK(round_p_to_e4m3(0.3) == 80.0 / 256);  // 76.8 in [64, 128), steps of 8
+  CHECK(round_p_to_e4m3(std::ldexp(1.0, -17)) == std::ldexp(1.0, -17));  // 2^-9, e4m3's smallest subnormal
+  CHECK(round_p_to_e4m3(std::ldexp(1.0, -18)) == 0.0);                  // half of it: a tie to 0
+  CHECK(round_p_to_e4m3(std::ldexp(1.0, -18) * 1.01) == std::ldexp(1.0, -17));
+  // The relative error of a normal e4m3 value is at most 2^-4.
+  for (double p = 1.0 / 64; p <= 1.0; p *= 1.0137) {
+    CHECK(std::fabs(round_p_to_e4m3(p) - p) <= std::ldexp(p, -4));
+  }
+}
+
+TEST_CASE("FP8 references read codes times their descale; with P exact they are the float64 rows bit for bit",
+          "[reference][fp8]") {
+  // GQA with two query heads a group, seqlen_q > seqlen_k so bottom-right causal leaves rows that see no key.
+  const AttentionShape shape{2, 9, 7, 4, 2, 32};
+  uint32_t state = 88;
+  auto next_code = [&state](DType fp8) {
+    state = state * 1664525u + 1013904223u;
+    const float value = static_cast<float>(static_cast<int>((state >> 8) % 601) - 300);  // about e4m3's range
+    return float_to_fp8_bits(value, fp8);
+  };
+  for (DType fp8 : {DType::kFloat8E4M3, DType::kFloat8E5M2}) {
+    // Codes in [b, h, s, d] memory (bhsd), and the values they stand for as contiguous [b, s, h, d] doubles.
+    struct Tensor {
+      StridedView bhsd;
+      std::vector<uint8_t> codes;
+      std::vector<double> values;
+      double descale = 0;
+    };
+    auto make = [&](int64_t seqlen, int64_t heads, double descale) {
+      Tensor t;
+      t.descale = descale;
+      t.bhsd = StridedView::contiguous(shape.batch, seqlen, heads, shape.head_dim);
+      t.bhsd.stride[0] = heads * seqlen * shape.head_dim;
+      t.bhsd.stride[1] = shape.head_dim;
+      t.bhsd.stride[2] = seqlen * shape.head_dim;
+      t.codes.resize(static_cast<size_t>(t.bhsd.span()));
+      for (int64_t b = 0; b < shape.batch; ++b)
+        for (int64_t s = 0; s < seqlen; ++s)
+          for (int64_t h = 0; h < heads; ++h)
+            for (int64_t d = 0; d < shape.head_dim; ++d) {
+              const uint8_t code = next_code(fp8);
+              t.codes[static_cast<size_t>(t.bhsd.offset(b, s, h, d))] = code;
+              t.values.push_back(fp8_bits_to_double(code, fp8) * descale);
+            }
+      return t;
+    };
+    // fp32 descales, as a call's: 4 significant bits times 24 are exact in double.
+    const Tensor q = make(shape.seqlen_q, shape.heads_q, static_cast<float>(1.2 / 150));
+    const Tensor k = make(shape.seqlen_k, shape.heads_kv, static_cast<float>(1.35 / 150));
+    const Tensor v = make(shape.seqlen_k, shape.heads_kv, static_cast<float>(1.5 / 150));
+    auto as_codes = [&](const Tensor& t) { return HostInput::fp8_codes(t.codes.data(), fp8, t.bhsd, t.descale); };
+    auto as_f64 = [&](const Tensor& t) {
+      return HostInput::float64(t.values.data(),
+                                StridedView::contiguous(shape.batch, t.bhsd.shape[1], t.bhsd.shape[2], shape.head_dim));
+    };
+    CHECK(as_codes(k).at(1, 5, 1, 23) == as_f64(k).at(1, 5, 1, 23));
+    const uint8_t code = k.codes[size_t(k.bhsd.offset(1, 5, 1, 23))];
+    CHECK(as_codes(k).at(1, 5, 1, 23) == fp8_bits_to_double(code, fp8) * k.descale);
+
+    ReferenceVariant window_cap_sinks(20.0, {3, 1, 0});
+    window_cap_sinks.sinks = {1.f, -std::numeric_limits<float>::infinity(), 0.f, 3.f};
+    const struct {
+      flashgen::Mask mask;
+      ReferenceVariant variant;
+    } cases[] = {{flashgen::Mask::kNone, {}},
+                 {flashgen::Mask::kCausal, {}},
+                 {flashgen::Mask::kCausalTopLeft, {}},
+                 {flashgen::Mask::kSlidingWindow, window_cap_sinks}};
+    for (const auto& [mask, variant] : cases) {
+      std::vector<RowSample> samples;
+      for (int64_t b = 0; b < shape.batch; ++b)
+        for (int64_t h = 0; h < shape.heads_q; ++h)
+          for (int64_t i = 0; i < shape.seqlen_q; ++i) samples.push_back({b, h, i});
+      const double scale = 1.0 / std::sqrt(32.0);
+      const std::vector<Fp8ReferenceRow> threaded =
+          attention_reference_rows_fp8(shape, as_codes(q), as_codes(k), as_codes(v), scale, mask, samples, 3, variant);
+      REQUIRE(threaded.size() == samples.size());
+      int mismatched = 0, rounded_apart = 0, outside_bound = 0, magnitude_wrong = 0;
+      for (size_t n = 0; n < samples.size(); ++n) {
+        const auto [b, h, i] = samples[n];
+        const ReferenceRow want =
+            attention_reference_row(shape, as_f64(q), as_f64(k), as_f64(v), scale, mask, b, h, i, variant);
+        const Fp8ReferenceRow row =
+            attention_reference_row_fp8(shape, as_codes(q), as_codes(k), as_codes(v), scale, mask, b, h, i, variant);
+        mismatched += row.exact.out != want.out || row.exact.lse != want.lse || threaded[n].exact.out != want.out ||
+                      threaded[n].out_p_rounded != row.out_p_rounded || threaded[n].qk_magnitude != row.qk_magnitude;
+        // P rounded to e4m3 moves each p by at most 2^-4 of it, or 2^-18 below e4m3's normal range, and the row's
+        // sum (at least the max's 1) divides the change: |out_p - out| <= (2^-4 + keys 2^-18) max |v|.
+        const KeyRange keys = visible_keys(mask, i, shape.seqlen_q, shape.seqlen_k, variant.window);
+        double max_v = 0, magnitude = 0;
+        for (int64_t j = keys.first; j < keys.end; ++j) {
+          double size = 0;
+          for (int64_t x = 0; x < shape.head_dim; ++x) {
+            max_v = std::max(max_v, std::fabs(as_f64(v).at(b, j, h / 2, x)));
+            size += std::fabs(as_f64(q).at(b, i, h, x) * as_f64(k).at(b, j, h / 2, x));
+          }
+          magnitude = std::max(magnitude, size * scale);
+        }
+        const double bound = (std::ldexp(1.0, -4) + double(keys.count()) * std::ldexp(1.0, -18)) * max_v;
+        for (size_t x = 0; x < row.out_p_rounded.size(); ++x) {
+          const double apart = std::fabs(row.out_p_rounded[x] - row.exact.out[x]);
+          rounded_apart += apart > 0;
+          outside_bound += apart > bound;
+        }
+        magnitude_wrong += std::fabs(row.qk_magnitude - magnitude) > 1e-12 * magnitude;
+        if (keys.count() == 0) {  // a row that sees no key: out 0 both ways, no magnitude
+          CHECK(row.out_p_rounded == std::vector<double>(32, 0.0));
+          CHECK(row.qk_magnitude == 0.0);
+        }
+      }
+      CHECK(mismatched == 0);
+      CHECK(outside_bound == 0);
+      CHECK(magnitude_wrong == 0);
+      CHECK(rounded_apart > 0);  // the rounding is there
+    }
+  }
+  CHECK_THROWS(HostInput::fp8_codes(nullptr, DType::kFloat16, StridedView::contiguous(1, 1, 1, 16), 1.0));
+}

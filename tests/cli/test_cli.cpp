@@ -467,3 +467,66 @@ TEST_CASE("cli: failures under --json print one JSON error object", "[cli]") {
     CHECK(result.err.find("seqlen-q") != std::string::npos);
   }
 }
+
+TEST_CASE("cli: run --dtype e4m3|e5m2 serves the dense FP8 forward and refuses the rest by flag", "[cli][fp8]") {
+  const TempDir dir{"flashgen-cli-test"};
+  const CliResult help = run_cli({"run", "--help"}, dir);
+  CHECK(help.out.find("e4m3 or e5m2, the FP8 forward") != std::string::npos);
+  CHECK(help.out.find("--out-dtype T") != std::string::npos);
+  CHECK(help.out.find("FlashAttention-3's rule") != std::string::npos);
+
+  const struct {
+    std::vector<std::string> words;
+    const char* message;
+  } refused[] = {
+      {{"run", "--dtype", "e4m3", "--backward"}, "--dtype e4m3 runs the FP8 forward only: no --backward"},
+      {{"run", "--dtype", "e5m2", "--varlen"}, "--dtype e5m2 runs the FP8 forward of dense batches: no --varlen"},
+      {{"run", "--dtype", "e4m3", "--kv-cache"}, "--dtype e4m3 with --kv-cache: a KV-cache call's queries are fp16"},
+      {{"run", "--dtype", "e4m3", "--kv-cache", "--cache-dtype", "e4m3"}, "--dtype e4m3 with --kv-cache"},
+      {{"run", "--dtype", "e4m3", "--cache-dtype", "e4m3"}, "--cache-dtype needs --kv-cache"},
+      {{"run", "--dtype", "fp8"}, "--dtype expects one of fp16|bf16|e4m3|e5m2, got 'fp8'"},
+      {{"run", "--out-dtype", "fp16"}, "--out-dtype needs --dtype e4m3 or e5m2"},
+      {{"run", "--dtype", "bf16", "--out-dtype", "bf16"}, "--out-dtype needs --dtype e4m3 or e5m2"},
+      {{"run", "--dtype", "e4m3", "--out-dtype", "e4m3"}, "--out-dtype expects one of bf16|fp16, got 'e4m3'"},
+      {{"run", "--dtype", "e4m3", "--head-dim", "192", "--head-dim-v", "128"},
+       "--head-dim-v: the FP8 forward takes values of the queries' head dim"},
+      // The library's own checks, led by the flag.
+      {{"run", "--dtype", "e4m3", "--head-dim", "72"}, "--head-dim: q.shape[3] (head_dim) is 72: the FP8 forward takes"},
+      {{"run", "--dtype", "e4m3", "--head-dim", "512"}, "the FP8 forward takes multiples of 16 up to 256"},
+      // Configs: of the format, the output type and the mask; a 16-bit config is not an FP8 problem's, nor the reverse.
+      {{"run", "--dtype", "e4m3", "--out-dtype", "fp16", "--causal", "bottom-right", "--config",
+        "fwd_sm90_e4m3_d128_m128_n128_s2_obf16_causal_ovl_pp_pst"},
+       "writes an output of bf16, the call's is fp16"},
+      {{"run", "--dtype", "e4m3", "--config", "fwd_sm90_e4m3_d128_m128_n128_s2_obf16_causal_ovl_pp_pst"},
+       "does not match the problem"},
+      {{"run", "--dtype", "e5m2", "--causal", "bottom-right", "--config",
+        "fwd_sm90_e4m3_d128_m128_n128_s2_obf16_causal_ovl_pp_pst"},
+       "does not match the problem"},
+      {{"run", "--dtype", "e4m3", "--config", "fwd_sm80_fp16_d128_m128_n64_w4_s2"}, "does not match the problem"},
+      {{"run", "--dtype", "bf16", "--causal", "bottom-right", "--config",
+        "fwd_sm90_e4m3_d128_m128_n128_s2_obf16_causal_ovl_pp_pst"},
+       "does not match the problem"},
+  };
+  for (const auto& [words, message] : refused) {
+    const CliResult result = run_cli(words, dir);
+    INFO(words[2] << " ...: " << result.err);
+    CHECK(result.exit_code == 2);
+    CHECK(result.err.find(message) != std::string::npos);
+  }
+  // Valid FP8 runs pass every check and get as far as the GPU.
+  if (!flashgen::driver_available()) {
+    for (const std::vector<std::string>& words :
+         {std::vector<std::string>{"run", "--dtype", "e4m3"},
+          {"run", "--dtype", "e5m2", "--out-dtype", "fp16", "--heads-q", "32", "--heads-kv", "8", "--head-dim", "64"},
+          {"run", "--dtype", "e4m3", "--causal", "bottom-right", "--config",
+           "fwd_sm90_e4m3_d128_m128_n128_s2_obf16_causal_ovl_pp_pst"},
+          {"run", "--dtype", "e4m3", "--layout", "bhsd", "--head-dim", "256", "--window", "128,0", "--softcap", "30",
+           "--sink", "1"},
+          {"run", "--dtype", "e4m3", "--json"}}) {
+      const CliResult result = run_cli(words, dir);
+      INFO(words[2] << " ...: " << result.err);
+      CHECK(result.exit_code == 3);
+      CHECK(result.err.find("needs a GPU") != std::string::npos);
+    }
+  }
+}

@@ -1,20 +1,22 @@
-// [gpu] tests of the FP8 forward (e4m3 and e5m2 q, k and v on sm_90): out and lse against float64 attention over the
-// dequantized inputs (each code times its descale), judged by FlashAttention-3's rule: the output's largest error is
-// at most twice that of a float64 computation which also rounds P to e4m3 (as P · 2^8, the kernels' form), plus two
-// ulp of the output type. The LSE within 1e-3 plus what the FP8 tensor cores' accumulation of S may lose: they keep
-// about 13 bits of a k-step's sum of products (2^-11 of the row's largest sum of |q · k| products, scaled, leaves
-// four times that). Per-(batch, kv head), per-tensor and no descales, codes up to ±448, GQA and MHA, no mask,
-// both causal alignments (rows that see no key), a window with a soft cap and sinks, head dims 64, 128 and 256, bf16
-// and fp16 outputs, sequence lengths off the tiles.
+// [gpu] tests of the FP8 forward (e4m3 and e5m2 q, k and v on sm_90): out and lse of every row against float64
+// attention over the dequantized inputs (each code times its descale), judged by FlashAttention-3's rule
+// (check/output_check.hpp's check_fp8_rows over attention_reference_rows_fp8, as `flashgen run --dtype e4m3` judges
+// its sampled rows): the output's largest error is at most twice that of a float64 computation which also rounds P to
+// e4m3 (as P · 2^8, the finest the kernels' rounding gets), plus two ulp of the output type; the LSE within 1e-3 plus
+// what the FP8 tensor cores' accumulation of S may lose. Per-(batch, kv head), per-tensor and no descales, codes up to ±448, GQA and MHA,
+// no mask, both causal alignments (rows that see no key), a window with a soft cap and sinks, head dims 64, 128 and
+// 256, bf16 and fp16 outputs, sequence lengths off the tiles.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "api/from_c.hpp"
 #include "catch.hpp"
+#include "check/output_check.hpp"
 #include "check/reference.hpp"
 #include "flashgen/flashgen.h"
 #include "gpu.hpp"
@@ -42,16 +44,14 @@ struct Fp8ForwardCase {
   std::vector<float> sinks = {};
 };
 
-// The codes of an FP8 tensor [b, s, h, d] and its descales per (batch entry, kv head).
+// The codes of an FP8 tensor [b, s, h, d], its descales per (batch entry, kv head), and the values they stand for.
 struct Fp8Tensor {
   std::vector<uint8_t> codes;
   std::vector<float> descale;  // [batch, heads_kv]
-  int64_t heads = 0, head_dim = 0, group = 1, heads_kv = 1;
+  std::vector<double> values;  // [b, s, h, d]: each code's value times its descale
+  flashgen::StridedView view;
 
-  double at(int64_t b, int64_t s, int64_t h, int64_t d, int64_t seqlen, DType type) const {
-    const uint8_t bits = codes[size_t(((b * seqlen + s) * heads + h) * head_dim + d)];
-    return flashgen::fp8_bits_to_double(bits, type) * double(descale[size_t(b * heads_kv + h / group)]);
-  }
+  flashgen::HostInput input() const { return flashgen::HostInput::float64(values.data(), view); }
 };
 
 struct Fp8Forward {
@@ -69,7 +69,8 @@ struct Fp8Forward {
     const int64_t group = c.heads_q / c.heads_kv;
     auto make = [&](int64_t seqlen, int64_t heads, int64_t tensor) {
       Fp8Tensor t;
-      t.heads = heads, t.head_dim = c.head_dim, t.group = heads == c.heads_q ? group : 1, t.heads_kv = c.heads_kv;
+      const int64_t heads_per_descale = heads == c.heads_q ? group : 1;
+      t.view = flashgen::StridedView::contiguous(c.batch, seqlen, heads, c.head_dim);
       t.codes.resize(size_t(c.batch * seqlen * heads * c.head_dim));
       for (uint8_t& b : t.codes) b = flashgen::float_to_fp8_bits(normal(rng), type);
       // Descales that bring the codes to about 1, a different one for every (batch entry, kv head).
@@ -78,6 +79,14 @@ struct Fp8Forward {
         t.descale.push_back(c.descales == Descales::kNone ? 1.f
                                                           : 1.2f / c.code_width * (1.f + 0.125f * float(at + tensor)));
       }
+      for (int64_t b = 0; b < c.batch; ++b)
+        for (int64_t s = 0; s < seqlen; ++s)
+          for (int64_t h = 0; h < heads; ++h)
+            for (int64_t d = 0; d < c.head_dim; ++d) {
+              const uint8_t code = t.codes[size_t(t.view.offset(b, s, h, d))];
+              const float descale = t.descale[size_t(b * c.heads_kv + h / heads_per_descale)];
+              t.values.push_back(flashgen::fp8_bits_to_double(code, type) * double(descale));
+            }
       return t;
     };
     q = make(c.seqlen_q, c.heads_q, 0), k = make(c.seqlen_k, c.heads_kv, 1), v = make(c.seqlen_k, c.heads_kv, 2);
@@ -110,86 +119,31 @@ struct Fp8Forward {
       }
     }
   }
-
-  // Row (b, h, i) in float64 over the dequantized inputs, P exact or (p8) rounded to e4m3 as P · 2^8 against the
-  // row's max, its sum unrounded: out, lse, and the largest sum of |q · k| products of a visible key, scaled.
-  struct Row {
-    std::vector<double> out;
-    double lse = 0, magnitude = 0;
-  };
-  Row row(int64_t b, int64_t h, int64_t i, bool p8) const {
-    const int64_t d = c.head_dim, hk = h / (c.heads_q / c.heads_kv);
-    const double scale = flashgen::effective_softmax_scale(0.f, d);
-    const flashgen::ReferenceWindow window{c.window_left, c.window_right, 0};
-    std::vector<double> s(size_t(c.seqlen_k), -INFINITY);
-    double m = c.sinks.empty() ? -INFINITY : double(c.sinks[size_t(h)]);
-    double magnitude = 0;
-    for (int64_t j = 0; j < c.seqlen_k; ++j) {
-      if (!flashgen::key_visible(flashgen::from_c(c.mask), i, j, c.seqlen_q, c.seqlen_k, window)) continue;
-      double dot = 0, size = 0;
-      for (int64_t x = 0; x < d; ++x) {
-        const double product = q.at(b, i, h, x, c.seqlen_q, type) * k.at(b, j, hk, x, c.seqlen_k, type);
-        dot += product, size += std::abs(product);
-      }
-      magnitude = std::max(magnitude, size * scale);
-      double score = dot * scale;
-      if (c.softcap > 0) score = c.softcap * std::tanh(score / c.softcap);
-      s[size_t(j)] = score;
-      m = std::max(m, score);
-    }
-    std::vector<double> out(size_t(d), 0.0);
-    if (m == -INFINITY) return {out, -INFINITY, 0.0};
-    double sum = c.sinks.empty() ? 0.0 : std::exp(double(c.sinks[size_t(h)]) - m);
-    for (int64_t j = 0; j < c.seqlen_k; ++j) {
-      if (s[size_t(j)] == -INFINITY) continue;
-      const double p = std::exp(s[size_t(j)] - m);
-      sum += p;
-      const double used =
-          p8 ? flashgen::fp8_bits_to_double(flashgen::float_to_fp8_bits(float(p * 256.0), DType::kFloat8E4M3),
-                                            DType::kFloat8E4M3) / 256.0
-             : p;
-      for (int64_t x = 0; x < d; ++x) out[size_t(x)] += used * v.at(b, j, hk, x, c.seqlen_k, type);
-    }
-    for (double& o : out) o /= sum;
-    return {out, m + std::log(sum), magnitude};
-  }
 };
 
+// Every row of the kernel's out and lse against float64 by FlashAttention-3's rule.
 void check_forward(const Fp8Forward& f) {
   const Fp8ForwardCase& c = f.c;
+  const flashgen::AttentionShape shape{c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.head_dim};
   const std::vector<uint16_t> out = f.dout.download_all<uint16_t>();
   const std::vector<float> lse = f.dlse.download_all<float>();
-  double err = 0, err_p8 = 0, largest = 0;
-  int64_t lse_outside = 0;
-  std::string lse_first;
+  std::vector<flashgen::RowSample> rows;
   for (int64_t b = 0; b < c.batch; ++b)
     for (int64_t h = 0; h < c.heads_q; ++h)
-      for (int64_t i = 0; i < c.seqlen_q; ++i) {
-        const Fp8Forward::Row exact = f.row(b, h, i, false), rounded = f.row(b, h, i, true);
-        for (int64_t x = 0; x < c.head_dim; ++x) {
-          const size_t at = size_t(((b * c.seqlen_q + i) * c.heads_q + h) * c.head_dim + x);
-          const double got = flashgen::dtype_bits_to_float(out[at], f.out_type);
-          err = std::max(err, std::isnan(got) ? INFINITY : std::abs(got - exact.out[size_t(x)]));
-          err_p8 = std::max(err_p8, std::abs(rounded.out[size_t(x)] - exact.out[size_t(x)]));
-          largest = std::max(largest, std::abs(exact.out[size_t(x)]));
-        }
-        const double got = lse[size_t((b * c.heads_q + h) * c.seqlen_q + i)];
-        const bool ok = exact.lse == -INFINITY
-                            ? got == -INFINITY
-                            : std::abs(got - exact.lse) <= 1e-3 + std::ldexp(exact.magnitude, -11);
-        if (!ok && lse_outside++ == 0) {
-          lse_first = "lse[" + std::to_string(b) + ", " + std::to_string(h) + ", " + std::to_string(i) + "]: got " +
-                      std::to_string(got) + ", want " + std::to_string(exact.lse) + " (|q·k| products " +
-                      std::to_string(exact.magnitude) + ")";
-        }
-      }
-  // Two ulp of the output type at the largest output.
-  const double ulp = std::ldexp(largest, f.out_type == DType::kBFloat16 ? -7 : -10);
-  INFO(c.name << ": largest error " << err << ", a float64 P rounded to e4m3's " << err_p8 << ", ulp " << ulp
-              << " at |out| " << largest);
-  CHECK(err <= 2 * err_p8 + 2 * ulp);
-  INFO(lse_outside << " LSE rows outside their bound; the first " << lse_first);
-  CHECK(lse_outside == 0);
+      for (int64_t i = 0; i < c.seqlen_q; ++i) rows.push_back({b, h, i});
+  flashgen::ReferenceVariant variant(c.softcap, {c.window_left, c.window_right, 0});
+  variant.sinks = c.sinks;
+  const std::vector<flashgen::Fp8ReferenceRow> reference = flashgen::attention_reference_rows_fp8(
+      shape, f.q.input(), f.k.input(), f.v.input(), flashgen::effective_softmax_scale(0.f, c.head_dim),
+      flashgen::from_c(c.mask), rows, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())), variant);
+  const flashgen::HostInput out_in = flashgen::HostInput::bits16(
+      out.data(), f.out_type, flashgen::StridedView::contiguous(c.batch, c.seqlen_q, c.heads_q, c.head_dim));
+  const flashgen::Fp8RowsCheck check = flashgen::check_fp8_rows(shape, rows, reference, out_in, lse.data(), f.out_type);
+  INFO(c.name << ": largest error " << check.rows.out.max_error << ", a float64 P rounded to e4m3's "
+              << check.p_rounded_error << ", bound " << check.bound_out << " at |out| " << check.largest);
+  INFO(check.rows.out.text << "\n" << check.rows.lse.text);
+  CHECK(check.rows.out.ok);
+  CHECK(check.rows.lse.ok);
 }
 
 std::vector<Fp8ForwardCase> fp8_forward_cases() {
