@@ -1,8 +1,9 @@
 // cuDNN's fused-attention graphs (cudnn_graphs.hpp): the tensors' layout, the mask and variant attributes, the soft
-// cap's score modifier, and building each pass's graph.
+// cap's score modifier, and building each pass's graph and the FP8 forward's.
 #include "bench/cudnn_graphs.hpp"
 
 #include <cmath>
+#include <exception>
 #include <functional>
 
 namespace cudnn_variants {
@@ -90,6 +91,16 @@ CudnnGraph new_graph(bool bf16, const Variant& v) {
   return g;
 }
 
+// One fp32 value ([1, 1, 1, 1]) bound by its uid: an FP8 graph's scale, descale or amax.
+fe::graph::Tensor_attributes& lay_out_scalar(fe::graph::Tensor_attributes& t, int64_t uid) {
+  return t.set_uid(uid).set_dim({1, 1, 1, 1}).set_stride({1, 1, 1, 1}).set_data_type(fe::DataType_t::FLOAT);
+}
+
+std::shared_ptr<fe::graph::Tensor_attributes> scalar_tensor(fe::graph::Graph& graph, const char* name, int64_t uid) {
+  fe::graph::Tensor_attributes t;
+  return graph.tensor(lay_out_scalar(t.set_name(name), uid));
+}
+
 }  // namespace
 
 CudnnGraph cudnn_forward(cudnnHandle_t handle, const Shape& s, bool bf16, const Variant& v) {
@@ -135,6 +146,41 @@ CudnnGraph cudnn_backward(cudnnHandle_t handle, const Shape& s, bool bf16, const
   set_output_bshd(dq, kDq, s);
   set_output_bshd(dk, kDk, s);
   set_output_bshd(dv, kDv, s);
+  finish(g, handle);
+  return g;
+}
+
+CudnnGraph cudnn_fp8_forward(cudnnHandle_t handle, const Shape& s, bool causal) {
+  CudnnGraph g;
+  g.graph = std::make_shared<fe::graph::Graph>();
+  fe::graph::Graph& graph = *g.graph;
+  graph.set_io_data_type(fe::DataType_t::FP8_E4M3)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  auto q = bshd(graph, "q", kQ, s), k = bshd(graph, "k", kK, s), v = bshd(graph, "v", kV, s);
+  auto descale_q = scalar_tensor(graph, "descale_q", kDescaleQ);
+  auto descale_k = scalar_tensor(graph, "descale_k", kDescaleK);
+  auto descale_v = scalar_tensor(graph, "descale_v", kDescaleV);
+  auto descale_s = scalar_tensor(graph, "descale_s", kDescaleS);
+  auto scale_s = scalar_tensor(graph, "scale_s", kScaleS);
+  auto scale_o = scalar_tensor(graph, "scale_o", kScaleO);
+  auto attributes = fe::graph::SDPA_fp8_attributes()
+                        .set_name("fp8_forward")
+                        .set_generate_stats(true)
+                        .set_attn_scale(1.f / std::sqrt(float(s.head_dim)));
+  if (causal) attributes.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+  try {  // the frontend throws where no SDPA implementation takes the attributes
+    auto [o, stats, amax_s, amax_o] =
+        graph.sdpa_fp8(q, k, v, descale_q, descale_k, descale_v, descale_s, scale_s, scale_o, attributes);
+    set_output_bshd(o, kO, s);
+    o->set_data_type(fe::DataType_t::FP8_E4M3);
+    stats->set_output(true).set_data_type(fe::DataType_t::FLOAT).set_uid(kStats);
+    lay_out_scalar(amax_s->set_output(true), kAmaxS);
+    lay_out_scalar(amax_o->set_output(true), kAmaxO);
+  } catch (const std::exception& e) {
+    g.error = e.what();
+    return g;
+  }
   finish(g, handle);
   return g;
 }

@@ -1,5 +1,5 @@
-// cuDNN's fused-attention graphs for bench/cudnn_variants.cpp: one variant's forward and backward graph, built
-// through the cudnn_frontend graph API over the same tensors flashgen reads.
+// cuDNN's fused-attention graphs for bench/cudnn_variants.cpp and bench/cudnn_fp8.cpp: one variant's forward and
+// backward graph, and the FP8 forward's, built through the cudnn_frontend graph API over the tensors flashgen reads.
 #pragma once
 
 #include <cudnn_frontend.h>
@@ -30,8 +30,11 @@ struct Shape {
 };
 
 // The graphs' tensors are [batch, heads, seqlen, head_dim] logically, [batch, seqlen, heads, head_dim] in memory,
-// as flashgen's; each is bound by its uid.
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDo, kDq, kDk, kDv, kSink, kDsink };
+// as flashgen's; each is bound by its uid. kDescaleQ to kAmaxO: the FP8 forward's fp32 scalars, one value each.
+enum Uid : int64_t {
+  kQ = 1, kK, kV, kO, kStats, kDo, kDq, kDk, kDv, kSink, kDsink,
+  kDescaleQ, kDescaleK, kDescaleV, kDescaleS, kScaleS, kScaleO, kAmaxS, kAmaxO
+};
 
 struct CudnnGraph {
   std::shared_ptr<fe::graph::Graph> graph;
@@ -46,5 +49,11 @@ CudnnGraph cudnn_forward(cudnnHandle_t handle, const Shape& s, bool bf16, const 
 
 // The backward graph of a variant (dQ, dK, dV; the sinks' gradient with sinks), likewise.
 CudnnGraph cudnn_backward(cudnnHandle_t handle, const Shape& s, bool bf16, const Variant& v);
+
+// The FP8 forward graph (cuDNN's sdpa_fp8): q, k and v e4m3, each with a per-tensor descale; P rounded to e4m3 as
+// P · scale_s and read back with descale_s; O written in e4m3 as O · scale_o (a 16-bit O is Blackwell-only in
+// cuDNN), with the softmax stats in fp32 and the amax of P and of O. Causal: the top-left diagonal, the only
+// alignment cuDNN's FP8 forward takes on Hopper. error set where cuDNN does not support it.
+CudnnGraph cudnn_fp8_forward(cudnnHandle_t handle, const Shape& s, bool causal);
 
 }  // namespace cudnn_variants

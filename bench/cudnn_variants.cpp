@@ -22,66 +22,30 @@
 //   flashgen_bench_cudnn_variants [--variants causal,none,window1024,window4096,softcap50,alibi,sinks]
 //       [--head-dims 64,128] [--seqlens 4096,16384] [--tokens 16384] [--width 2048] [--dtype bf16|fp16]
 //       [--samples 20] [--passes fwd,bwd] [--workspace own|pool] [--csv FILE]
-#include <cuda_runtime_api.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
-#include <fstream>
 #include <functional>
-#include <iostream>
 #include <memory>
 #include <random>
-#include <sstream>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "api/from_c.hpp"
 #include "bench/cudnn_graphs.hpp"
+#include "bench/harness.hpp"
 #include "check/reference.hpp"
 #include "flashgen/flashgen.h"
+
+const char cudnn_variants::kProgramName[] = "cudnn_variants";
 
 namespace {
 
 using namespace cudnn_variants;
-
-[[noreturn]] void fail(const std::string& what) {
-  std::fprintf(stderr, "cudnn_variants: %s\n", what.c_str());
-  std::exit(1);
-}
-
-void cuda_check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) fail(std::string(what) + ": " + cudaGetErrorString(status));
-}
-
-void flashgen_check(int status, const char* what) {
-  if (status != FLASHGEN_SUCCESS) fail(std::string(what) + ": " + flashgen_last_error());
-}
-
-std::vector<std::string> split(const std::string& text) {
-  std::vector<std::string> parts;
-  std::stringstream in(text);
-  for (std::string part; std::getline(in, part, ',');) {
-    if (!part.empty()) parts.push_back(part);
-  }
-  return parts;
-}
-
-std::vector<int> split_ints(const std::string& text, const char* flag) {
-  std::vector<int> values;
-  for (const std::string& part : split(text)) {
-    char* end = nullptr;
-    const long value = std::strtol(part.c_str(), &end, 10);
-    if (*end != '\0' || value <= 0) fail(std::string(flag) + ": not a positive integer: " + part);
-    values.push_back(static_cast<int>(value));
-  }
-  return values;
-}
 
 Variant parse_variant(const std::string& full_name) {
   Variant v;
@@ -128,32 +92,10 @@ std::vector<uint16_t> random_normal(int64_t count, uint64_t seed, flashgen_dtype
   return out;
 }
 
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  explicit DeviceBuffer(size_t bytes) { cuda_check(cudaMalloc(&ptr, std::max<size_t>(bytes, 256)), "cudaMalloc"); }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(ptr);
-  }
-};
-
 // The largest |a - b| over the largest |b| of two 16-bit device tensors (b: cuDNN's).
 double relative_difference(const void* a, const void* b, int64_t count, flashgen_dtype dtype) {
-  std::vector<uint16_t> ha(static_cast<size_t>(count)), hb(static_cast<size_t>(count));
-  cuda_check(cudaMemcpy(ha.data(), a, count * 2, cudaMemcpyDeviceToHost), "copy back");
-  cuda_check(cudaMemcpy(hb.data(), b, count * 2, cudaMemcpyDeviceToHost), "copy back");
   const flashgen::DType elem = flashgen::from_c(dtype);
-  double diff = 0, scale = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    const double x = flashgen::dtype_bits_to_float(ha[i], elem), y = flashgen::dtype_bits_to_float(hb[i], elem);
-    if (!std::isfinite(x) || !std::isfinite(y)) return INFINITY;
-    diff = std::max(diff, std::fabs(x - y));
-    scale = std::max(scale, std::fabs(y));
-  }
-  return scale > 0 ? diff / scale : diff;
+  return largest_difference(half_values(a, count, elem), half_values(b, count, elem), true);
 }
 
 // The tensors of one problem, [batch, seqlen, heads, head_dim] in memory for both libraries, and every
@@ -188,15 +130,7 @@ struct Problem {
 };
 
 flashgen_tensor tensor_of(const Problem& p, const DeviceBuffer& buffer) {
-  const Shape& s = p.shape;
-  flashgen_tensor t{};
-  t.data = buffer.ptr;
-  t.dtype = p.bf16 ? FLASHGEN_BFLOAT16 : FLASHGEN_FLOAT16;
-  const int64_t shape[4] = {s.batch, s.seqlen, s.heads, s.head_dim};
-  const int64_t stride[4] = {s.seqlen * s.heads * s.head_dim, s.heads * s.head_dim, s.head_dim, 1};
-  std::copy(shape, shape + 4, t.shape);
-  std::copy(stride, stride + 4, t.stride);
-  return t;
+  return cudnn_variants::tensor_of(p.shape, buffer, p.bf16 ? FLASHGEN_BFLOAT16 : FLASHGEN_FLOAT16);
 }
 
 flashgen_attention_options options_of(const Problem& p, const Variant& v, bool backward) {
@@ -215,55 +149,6 @@ flashgen_attention_options options_of(const Problem& p, const Variant& v, bool b
     if (backward) o.dsinks = p.dsinks_fg.as<float>();
   }
   return o;
-}
-
-// Median milliseconds of each of two calls, interleaved sample by sample, each after an L2 flush.
-struct Timer {
-  cudaStream_t stream;
-  DeviceBuffer flush{256u << 20};
-  cudaEvent_t start{}, stop{};
-  explicit Timer(cudaStream_t s) : stream(s) {
-    cuda_check(cudaEventCreate(&start), "event");
-    cuda_check(cudaEventCreate(&stop), "event");
-  }
-  ~Timer() {
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-  }
-  double once(const std::function<void()>& call) {
-    cuda_check(cudaMemsetAsync(flush.ptr, 0, 256u << 20, stream), "flush");
-    cuda_check(cudaEventRecord(start, stream), "event");
-    call();
-    cuda_check(cudaEventRecord(stop, stream), "event");
-    cuda_check(cudaEventSynchronize(stop), "event");
-    float ms = 0;
-    cuda_check(cudaEventElapsedTime(&ms, start, stop), "event");
-    return ms;
-  }
-  std::pair<double, double> medians(int samples, const std::function<void()>& a, const std::function<void()>& b) {
-    for (int i = 0; i < 3; ++i) {  // warm-up
-      once(a);
-      if (b) once(b);
-    }
-    std::vector<double> ta, tb;
-    for (int i = 0; i < samples; ++i) {
-      ta.push_back(once(a));
-      if (b) tb.push_back(once(b));
-    }
-    auto median = [](std::vector<double> t) {
-      if (t.empty()) return double(NAN);
-      std::sort(t.begin(), t.end());
-      return t[t.size() / 2];
-    };
-    return {median(ta), median(tb)};
-  }
-};
-
-std::string today() {
-  const std::time_t now = std::time(nullptr);
-  char text[16];
-  std::strftime(text, sizeof text, "%Y-%m-%d", std::gmtime(&now));
-  return text;
 }
 
 }  // namespace
@@ -322,18 +207,9 @@ int main(int argc, char** argv) {
   std::vector<Variant> variants;
   for (const std::string& name : variant_names) variants.push_back(parse_variant(name));
 
-  int device_count = 0;
-  if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
-    std::fprintf(stderr, "no GPU\n");
-    return 77;
-  }
-  cudaDeviceProp prop{};
-  cuda_check(cudaGetDeviceProperties(&prop, 0), "device properties");
-  cudaStream_t stream = nullptr;
-  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
-  cudnnHandle_t handle = nullptr;
-  if (cudnnCreate(&handle) != CUDNN_STATUS_SUCCESS) fail("cudnnCreate");
-  cudnnSetStream(handle, stream);
+  const CudnnDevice gpu = open_device();
+  cudaStream_t stream = gpu.stream;
+  cudnnHandle_t handle = gpu.handle;
   Timer timer(stream);
 
   // Every problem of the grid has tokens · width elements per tensor: one set of random inputs serves all.
@@ -342,17 +218,10 @@ int main(int argc, char** argv) {
   const std::vector<uint16_t> hq = random_normal(elements, 1, dtype), hk = random_normal(elements, 2, dtype),
                               hv = random_normal(elements, 3, dtype), hdo = random_normal(elements, 4, dtype);
 
-  std::ofstream file;
-  if (!csv.empty()) {
-    file.open(csv);
-    if (!file) fail("--csv: cannot write " + csv);
-  }
-  std::ostream& out = csv.empty() ? std::cout : file;
-  const std::string device = prop.name, date = today();
-  char cudnn_version[32];
-  std::snprintf(cudnn_version, sizeof cudnn_version, "%zu", cudnnGetVersion());
-  out << "device,date,flashgen,cudnn,dtype,head_dim,seqlen,batch,heads,variant,pass,flashgen_ms,cudnn_ms,"
-         "flashgen_tflops,cudnn_tflops,flashgen_over_cudnn,relative_difference,note\n";
+  CsvWriter out(csv,
+                "device,date,flashgen,cudnn,dtype,head_dim,seqlen,batch,heads,variant,pass,flashgen_ms,cudnn_ms,"
+                "flashgen_tflops,cudnn_tflops,flashgen_over_cudnn,relative_difference,note\n");
+  const std::string device = gpu.prop.name, date = today(), cudnn_release = cudnn_version();
 
   for (int head_dim : head_dims) {
     for (int seqlen : seqlens) {
@@ -361,11 +230,7 @@ int main(int argc, char** argv) {
       Problem p(shape, bf16, {&hq, &hk, &hv, &hdo});
       for (const Variant& v : variants) {
         const flashgen_attention_options fwd_opts = options_of(p, v, false), bwd_opts = options_of(p, v, true);
-        flashgen::AttentionShape counted;  // for the FLOPs over the unmasked pairs
-        counted.batch = shape.batch;
-        counted.seqlen_q = counted.seqlen_k = shape.seqlen;
-        counted.heads_q = counted.heads_kv = shape.heads;
-        counted.head_dim = shape.head_dim;
+        const flashgen::AttentionShape counted = counted_shape(shape);  // for the FLOPs over the unmasked pairs
         const flashgen::ReferenceWindow window{fwd_opts.window_left, fwd_opts.window_right, 0};
         const double fwd_flops = flashgen::forward_flops(counted, flashgen::from_c(fwd_opts.mask), window);
         const double bwd_flops = flashgen::backward_flops(counted, flashgen::from_c(bwd_opts.mask), window);
@@ -405,22 +270,15 @@ int main(int argc, char** argv) {
           if (!cf.graph->execute(handle, fwd_pack, cf_ws->ptr).is_good()) fail("cuDNN forward failed");
         };
 
-        auto row = [&](const char* pass, double flops, std::pair<double, double> ms, double difference,
+        auto row = [&](const char* pass, double flops, const std::vector<double>& ms, double difference,
                        const std::string& note) {
           char line[512];
           std::snprintf(line, sizeof line, "%s,%s,%s,%s,%s,%d,%d,%lld,%lld,%s,%s,%.4f,%.4f,%.1f,%.1f,%.3f,%.2e,%s\n",
-                        device.c_str(), date.c_str(), flashgen_version(), cudnn_version, bf16 ? "bf16" : "fp16",
+                        device.c_str(), date.c_str(), flashgen_version(), cudnn_release.c_str(), bf16 ? "bf16" : "fp16",
                         head_dim, seqlen, static_cast<long long>(shape.batch), static_cast<long long>(shape.heads),
-                        v.name.c_str(), pass, ms.first, ms.second, flops / ms.first * 1e-9, flops / ms.second * 1e-9,
-                        ms.second / ms.first, difference, note.c_str());
-          out << line;
-          out.flush();
-          if (!csv.empty()) std::fputs(line, stderr);
-        };
-        auto sanitized = [](std::string text) {
-          std::replace(text.begin(), text.end(), ',', ';');
-          std::replace(text.begin(), text.end(), '\n', ' ');
-          return text.substr(0, 200);
+                        v.name.c_str(), pass, ms[0], ms[1], flops / ms[0] * 1e-9, flops / ms[1] * 1e-9, ms[1] / ms[0],
+                        difference, note.c_str());
+          out.row(line);
         };
 
         flashgen_forward();  // each library's outputs for the backward, and the first comparison
@@ -429,9 +287,9 @@ int main(int argc, char** argv) {
         const double fwd_difference =
             cf.error.empty() ? relative_difference(p.out_fg.ptr, p.out_cd.ptr, shape.elements(), dtype) : NAN;
         if (forward) {
-          const auto ms = timer.medians(samples, flashgen_forward, cf.error.empty() ? std::function<void()>(cudnn_fwd)
-                                                                                   : std::function<void()>());
-          row("fwd", fwd_flops, ms, fwd_difference, cf.error.empty() ? "" : "cudnn: " + sanitized(cf.error));
+          const auto ms = timer.medians(samples, {flashgen_forward, cf.error.empty() ? std::function<void()>(cudnn_fwd)
+                                                                                     : std::function<void()>()});
+          row("fwd", fwd_flops, ms, fwd_difference, cf.error.empty() ? "" : "cudnn: " + csv_field(cf.error));
         }
         if (!backward) continue;
         CudnnGraph cb = cf.error.empty() ? cudnn_backward(handle, shape, bf16, v) : CudnnGraph{};
@@ -456,10 +314,10 @@ int main(int argc, char** argv) {
                                      relative_difference(p.dk_fg.ptr, p.dk_cd.ptr, shape.elements(), dtype),
                                      relative_difference(p.dv_fg.ptr, p.dv_cd.ptr, shape.elements(), dtype)});
         }
-        const auto ms = timer.medians(samples, flashgen_backward, cb.error.empty() ? std::function<void()>(cudnn_bwd)
-                                                                                  : std::function<void()>());
+        const auto ms = timer.medians(samples, {flashgen_backward, cb.error.empty() ? std::function<void()>(cudnn_bwd)
+                                                                                    : std::function<void()>()});
         std::string note = own_workspace ? "" : "flashgen workspace from the pool";
-        if (!cb.error.empty()) note += (note.empty() ? "" : "; ") + ("cudnn: " + sanitized(cb.error));
+        if (!cb.error.empty()) note += (note.empty() ? "" : "; ") + ("cudnn: " + csv_field(cb.error));
         row("bwd", bwd_flops, ms, bwd_difference, note);
       }
     }
