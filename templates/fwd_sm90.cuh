@@ -14,7 +14,9 @@
 // adjacent query tiles of one head form a cluster: one loads each K tile, the other each V tile, and TMA
 // multicast writes it into both. With kGroups == 2 (persistent only) the block holds two groups of
 // consumers, each with a Q tile, K/V rings, barriers and a producer thread of its own, walking the tile
-// list as two blocks would.
+// list as two blocks would. An FP8 config (e4m3 or e5m2 q, k and v, a 16-bit output) runs both products on 8-bit
+// wgmma (sm90_wgmma_fp8.cuh): V is read as Vᵀ, which the module's first kernel writes (fwd_sm90_values.cuh), and P
+// is rounded to e4m3 in registers (fp8.cuh).
 // Generic over a config type like fwd_sm80.cuh; validity rules in fwd_sm90_traits() (fwd_traits.cuh).
 // The kernel's parts, one file each:
 //   fwd_sm90_layout.cuh     sizes, shared-memory layout, barriers, the K/V rings' slots

@@ -145,13 +145,17 @@ enum {
  * (v.shape[3] == out.shape[3], a multiple of 8 up to 512; MLA's prefill: q and k of 192, v and out of 128),
  * as far as a kernel family takes it (FLASHGEN_ERROR_UNSUPPORTED otherwise). A row that sees no key (bottom-right
  * causal with seqlen_q > seqlen_k, a window that holds no key) gets output 0 and lse -inf, never NaN.
+ * FP8: q, k and v all FLOAT8_E4M3 or all FLOAT8_E5M2 with out BFLOAT16 or FLOAT16 and opts' descales, head_dim a
+ * multiple of 16 up to 256, on sm_90; V is transposed first into memory taken from flashgen's pool for the call
+ * (batch * heads_kv * head_dim * seqlen_k bytes, seqlen_k rounded up to 32), given back in stream order (a graph
+ * memory node while the stream captures).
  * Runs on cuda_stream (a CUstream / cudaStream_t; NULL is the legacy default stream) in the stream's
  * context, else the caller's current CUDA context, else the primary context of the device q is on.
  * Asynchronous: the call returns once the kernel is queued (the first call for a problem class may first
- * compile or load its kernel). Nothing is allocated per call, except a 4-byte tile counter taken from
- * flashgen's memory pool (see flashgen_attention_backward) and given back, stream-ordered, by the persistent
- * causal and windowed sm90 kernels on the per-thread default stream, on a stream that is capturing a graph
- * (there a graph memory node), or past 1024 streams in a context. */
+ * compile or load its kernel). Nothing is allocated per call, except an FP8 call's Vᵀ (above) and a 4-byte tile
+ * counter taken from flashgen's memory pool (see flashgen_attention_backward) and given back, stream-ordered, by the
+ * persistent causal and windowed sm90 kernels on the per-thread default stream, on a stream that is capturing a
+ * graph (there a graph memory node), or past 1024 streams in a context. */
 int flashgen_attention_forward(const flashgen_tensor* q, const flashgen_tensor* k, const flashgen_tensor* v,
                                const flashgen_tensor* out, float* lse /* may be NULL */,
                                const flashgen_attention_options* opts, void* cuda_stream);
