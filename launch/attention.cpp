@@ -243,16 +243,15 @@ PreparedForward prepare_forward(const ForwardCall& call, CUstream stream, const 
   if (config.family() == KernelFamily::kSm90) {
     prepared.uses_tma = true;
     prepared.sm90_params.base = p;
-    encode_tma_maps(FwdTmaTensors(call.problem, p, config), prepared.sm90_params);
+    const FwdTmaTensors tensors(call.problem, p, config);
+    encode_tma_maps(tensors, prepared.sm90_params);
+    if (is_fp8(config.dtype)) {  // Vᵀ's map, pointed at each launch's buffer (operator())
+      prepared.values_t = KernelRegistry::instance().function(config, FwdKernel::kValuesT, scope.context(), arch);
+      prepared.values_t_tensor = tensors.v;
+      prepared.values_t_rows = tensors.v_rows;
+    }
   }
   prepared.function = KernelRegistry::instance().function(config, FwdKernel::kAttend, scope.context(), arch);
-  if (is_fp8(config.dtype)) {
-    prepared.values_t = KernelRegistry::instance().function(config, FwdKernel::kValuesT, scope.context(), arch);
-    const FwdTmaTensors tensors(call.problem, p, config);
-    prepared.values_t_tensor = tensors.v;
-    prepared.values_t_rows = tensors.v_rows;
-    prepared.params.v_t_keys = prepared.sm90_params.base.v_t_keys = KernelConfig::values_t_keys(p);
-  }
   prepared.threads = static_cast<unsigned>(config.threads());
   prepared.smem_bytes = static_cast<unsigned>(config.smem_bytes());
   // A cluster of two takes pairs of query blocks: the grid's x is a multiple of 2, its last block
