@@ -66,6 +66,10 @@ def _run(command):
 
 
 _FLAGS = ["-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra"]
+# Symbols of static archives stay inside the library: a toolchain that links its libstdc++ statically would otherwise
+# export the C++ runtime, and torch.ops.load_library opens both libraries RTLD_GLOBAL, so one library's throw would
+# meet the other's exception runtime (a crash where an op refuses its arguments).
+_LINK_FLAGS = ["-Wl,--exclude-libs,ALL"]
 
 
 def _link(cxx, sources, flags, out, link_flags, jobs):
@@ -83,7 +87,7 @@ def _link(cxx, sources, flags, out, link_flags, jobs):
         # --no-as-needed: torch's libraries are named for the loader's sake (Python loads torch._C with
         # RTLD_LOCAL, so libtorch's symbols are found through this library's own dependencies), not for symbols
         # the link needs resolved.
-        _run([cxx, "-shared", "-o", out, *targets, *link_flags])
+        _run([cxx, "-shared", "-o", out, *targets, *link_flags, *_LINK_FLAGS])
 
 
 def build(flashgen_library, out, torch_include, torch_lib, cxx="g++", jobs=None):

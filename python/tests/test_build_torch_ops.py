@@ -2,6 +2,8 @@
 headers built it, and flashgen.torch looks for it under the same name."""
 
 import ast
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -45,3 +47,22 @@ def test_each_library_has_its_sources():
     assert {source.name for source in build_torch_ops.RELEASE_SOURCES} >= {"autograd.cpp", "native.cpp", "sdpa.cpp"}
     assert "ops_library.cpp" in {source.name for source in build_torch_ops.SOURCES}
     assert not set(build_torch_ops.SOURCES) & set(build_torch_ops.RELEASE_SOURCES)
+
+
+def test_static_archives_stay_inside_the_library(tmp_path):
+    # A toolchain linking its C++ runtime statically puts it in an archive like this one; were its symbols exported,
+    # the two op libraries (both loaded RTLD_GLOBAL) would bind each other's copies.
+    cxx, nm, ar = (shutil.which(tool) for tool in ("g++", "nm", "ar"))
+    if not (cxx and nm and ar):
+        pytest.skip("needs g++, nm and ar")
+    (tmp_path / "runtime.cpp").write_text('extern "C" int runtime_entry(int x) { return x + 1; }\n')
+    (tmp_path / "op.cpp").write_text('extern "C" int runtime_entry(int);\n'
+                                     '__attribute__((visibility("default"))) int op_entry(int x) '
+                                     '{ return runtime_entry(x); }\n')
+    subprocess.run([cxx, "-fPIC", "-c", tmp_path / "runtime.cpp", "-o", tmp_path / "runtime.o"], check=True)
+    subprocess.run([ar, "rcs", tmp_path / "libruntime.a", tmp_path / "runtime.o"], check=True)
+    out = tmp_path / "libop.so"
+    build_torch_ops._link(cxx, [tmp_path / "op.cpp"], build_torch_ops._FLAGS, out, [tmp_path / "libruntime.a"], 1)
+    exported = subprocess.run([nm, "-D", "--defined-only", out], check=True, capture_output=True, text=True).stdout
+    assert "op_entry" in exported
+    assert "runtime_entry" not in exported
