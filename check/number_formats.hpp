@@ -29,10 +29,9 @@ float round_to_dtype(float value, DType dtype);
 uint8_t float_to_fp8_bits(float value, DType fp8);
 double fp8_bits_to_double(uint8_t bits, DType fp8);
 
-// A softmax probability p in [0, 1] rounded to e4m3 as finely as the FP8 forward's kernels ever round it for P·V: p ·
-// 2^8 (p taken against the row's max, so 1 at the max becomes 256, exact; below 2^-18 it becomes 0), divided by 2^8
-// again. The kernels round P · 2^4 against a running max at most 2^4 below the row's (fwd_sm90_layout.cuh's kPBias):
-// no finer than this.
+// A softmax probability p in [0, 1] rounded to e4m3 as the FP8 forward's kernels round it for P·V: p · 2^8 (p taken
+// against the row's max, so 1 at the max becomes 256, exact; below 2^-18 it becomes 0), divided by 2^8 again. (The
+// kernels take p against the running max, the row's own from the block that holds it: fwd_sm90_layout.cuh's kPBias.)
 double round_p_to_e4m3(double p);
 
 }  // namespace flashgen

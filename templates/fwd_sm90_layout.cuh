@@ -34,11 +34,11 @@ struct FwdSm90Layout {
   static_assert(!is_fp8(kOutElem), "the output is 16-bit");
   // FP8: P is rounded to e4m3 as P · 2^kPBias (the exponent taken off the running max, no multiply), so values down
   // to 2^-(6 + kPBias) keep their mantissa (e4m3's subnormals start at 2^-6); the rows' sums carry the same factor,
-  // and the epilogue takes kPBias back off the max for the LSE and the sink. The max moves lazily by at most
-  // kRescaleSlack (softmax.cuh), 8 - kPBias for FP8, so P · 2^kPBias stays at most 256, below e4m3's 448. Four and
-  // four: bench/notes_fwd_sm90.md, "FP8".
-  static constexpr int kRescaleSlack = kFp8 ? 4 : softmax::kRescaleSlack;
-  static constexpr float kPBias = kFp8 ? 8.f - kRescaleSlack : 0.f;
+  // and the epilogue takes kPBias back off the max for the LSE and the sink. The max moves with every rise (no lazy
+  // slack, softmax.cuh): a row's largest P is then 2^8 exactly, where a lazy max would round the key that dominates a
+  // peaked row by up to 2^-4 (bench/notes_fwd_sm90.md, "FP8").
+  static constexpr int kRescaleSlack = kFp8 ? 0 : softmax::kRescaleSlack;
+  static constexpr float kPBias = kFp8 ? 8.f : 0.f;
   static constexpr int kHeadDim = Cfg::kHeadDim;      // the problem's: columns past it are never stored
   static constexpr int kTileDim = kTraits.tile_dim;  // the tiles': whole 64-column chunks (fwd_traits.cuh)
   static constexpr int kHeadDimV = ConfigHeadDimV<Cfg>::value;  // the values' and the output's

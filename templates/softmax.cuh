@@ -23,8 +23,8 @@ __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000u);
 
 namespace softmax {
 
-// Largest log2 growth of the row max absorbed without rescaling O: P stays below 2^8. (The FP8 forward takes less:
-// its P is rounded to e4m3 with a bias, fwd_sm90_layout.cuh's kPBias, and the two together must stay below 448.)
+// Largest log2 growth of the row max absorbed without rescaling O: P stays below 2^8. (The FP8 forward takes none:
+// it rounds P to e4m3, and keeps each row's largest P exact, fwd_sm90_layout.cuh's kPBias.)
 constexpr int kRescaleSlack = 8;
 
 // This block's max of row h over the first kWidth groups of acc, across the quad, in log2 units.

@@ -2,7 +2,7 @@
 // attention over the dequantized inputs (each code times its descale), judged by FlashAttention-3's rule
 // (check/output_check.hpp's check_fp8_rows over attention_reference_rows_fp8, as `flashgen run --dtype e4m3` judges
 // its sampled rows): the output's largest error is at most twice that of a float64 computation which also rounds P to
-// e4m3 (as P · 2^8, the finest the kernels' rounding gets), plus two ulp of the output type; the LSE within 1e-3 plus
+// e4m3 (as P · 2^8 against the row's max, as the kernels round it), plus two ulp of the output type; the LSE within 1e-3 plus
 // what the FP8 tensor cores' accumulation of S may lose. Per-(batch, kv head), per-tensor and no descales, codes up to ±448, GQA and MHA,
 // no mask, both causal alignments (rows that see no key), a window with a soft cap and sinks, head dims 64, 128 and
 // 256, bf16 and fp16 outputs, sequence lengths off the tiles.
