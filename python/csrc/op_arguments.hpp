@@ -56,7 +56,8 @@ inline void check_status(int status, const char* call) {
   STD_TORCH_CHECK(status == FLASHGEN_SUCCESS, call, ": ", flashgen_last_error(), " [", status_name(status), "]");
 }
 
-// fp8_taken: t may also be FP8 (a KV cache's k_cache or v_cache; the library checks what else such a call takes).
+// fp8_taken: t may also be FP8 (a KV cache's k_cache or v_cache, the dense forward's q, k or v; the library checks
+// what else such a call takes).
 template <typename Tensor>
 flashgen_dtype dtype_code(const Tensor& t, const char* name, bool fp8_taken = false) {
   const auto type = t.scalar_type();
@@ -64,7 +65,7 @@ flashgen_dtype dtype_code(const Tensor& t, const char* name, bool fp8_taken = fa
   if (fp8_taken && type == c10::ScalarType::Float8_e5m2) return FLASHGEN_FLOAT8_E5M2;
   STD_TORCH_CHECK(type == c10::ScalarType::Half || type == c10::ScalarType::BFloat16, name,
                   ": flashgen runs torch.float16 and torch.bfloat16",
-                  fp8_taken ? " (a KV cache also torch.float8_e4m3fn and torch.float8_e5m2)" : "");
+                  fp8_taken ? " (here also torch.float8_e4m3fn and torch.float8_e5m2)" : "");
   return type == c10::ScalarType::Half ? FLASHGEN_FLOAT16 : FLASHGEN_BFLOAT16;
 }
 
@@ -80,30 +81,34 @@ bool on_device_of(const Tensor& t, const Tensor& q) {
 }
 
 // q, k and v: `rank` dims (k and v `kv_rank`), float16 or bfloat16, one dtype, on one CUDA device; with fp8_kv (a KV
-// cache's k_cache and v_cache) k and v may be FP8 instead (the library checks that both are of one format).
+// cache's k_cache and v_cache) k and v may be FP8 instead (the library checks that both are of one format); with
+// fp8_qkv (the dense forward) q, k and v may all be FP8, of q's format.
 template <typename Tensor>
-void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, int64_t rank, int64_t kv_rank, bool fp8_kv = false) {
+void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, int64_t rank, int64_t kv_rank, bool fp8_kv = false,
+               bool fp8_qkv = false) {
   const std::pair<const char*, const Tensor*> inputs[] = {{"q", &q}, {"k", &k}, {"v", &v}};
   for (const auto& [name, t] : inputs) {
     const int64_t want = t == &q ? rank : kv_rank;
-    const bool fp8_taken = fp8_kv && t != &q;
+    const bool fp8_cache = fp8_kv && t != &q;
     STD_TORCH_CHECK(t->dim() == want, name, ": expected a ", want, "-d tensor, got ", t->dim(), " dims");
     STD_TORCH_CHECK(on_device_of(*t, q), name, " must be on q's CUDA device");
-    STD_TORCH_CHECK(t->scalar_type() == q.scalar_type() || (fp8_taken && is_fp8(*t)), name,
-                    ".dtype differs from q.dtype");
-    dtype_code(*t, name, fp8_taken);
+    STD_TORCH_CHECK(t->scalar_type() == q.scalar_type() || (fp8_cache && is_fp8(*t)), name,
+                    ".dtype differs from q.dtype",
+                    fp8_qkv && (is_fp8(q) || is_fp8(*t)) ? " (FP8 q, k and v share one format)" : "");
+    dtype_code(*t, name, fp8_cache || fp8_qkv);
   }
 }
 
-// The kernels read t in place when it is 16-byte aligned, head_dim unit-stride and its other strides multiples of 8
-// elements (dims of size 1 excepted).
+// The kernels read t in place when it is 16-byte aligned, head_dim unit-stride and its other strides multiples of 16
+// bytes (8 elements of 16 bits, 16 FP8 ones; dims of size 1 excepted).
 template <typename Tensor>
 bool readable_in_place(const Tensor& t) {
   if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
   const int64_t last = t.dim() - 1;
   if (t.stride(last) != 1) return false;
+  const int64_t step = is_fp8(t) ? 16 : 8;
   for (int64_t i = 0; i < last; ++i) {
-    if (t.size(i) != 1 && t.stride(i) % 8 != 0) return false;
+    if (t.size(i) != 1 && t.stride(i) % step != 0) return false;
   }
   return true;
 }
@@ -234,6 +239,58 @@ ExtrasAsGiven extras_as_given(const Tensor& q, int64_t batch, int64_t heads_q,
   return result;
 }
 
+// The dtype the dense forward's out_dtype names: "bfloat16", "float16", or "" for none.
+inline std::optional<c10::ScalarType> named_out_dtype(std::string_view out_dtype) {
+  if (out_dtype.empty()) return std::nullopt;
+  STD_TORCH_CHECK(out_dtype == "bfloat16" || out_dtype == "float16",
+                  "out_dtype must be 'bfloat16' or 'float16' (or '' for the default), got '", out_dtype, "'");
+  return out_dtype == "bfloat16" ? c10::ScalarType::BFloat16 : c10::ScalarType::Half;
+}
+
+// The dense forward's output dtype: out_dtype's for FP8 q, k and v, bfloat16 or float16 (none: bfloat16, as
+// FlashAttention-3 gives); 16-bit q, k and v give out of their own dtype, which out_dtype may only repeat.
+template <typename Tensor>
+c10::ScalarType output_dtype(const Tensor& q, std::string_view out_dtype) {
+  const bool fp8 = is_fp8(q);
+  const std::optional<c10::ScalarType> named = named_out_dtype(out_dtype);
+  if (!named.has_value()) return fp8 ? c10::ScalarType::BFloat16 : q.scalar_type();
+  STD_TORCH_CHECK(fp8 || *named == q.scalar_type(),
+                  "out_dtype: 16-bit q, k and v give out in their own dtype; out_dtype is an FP8 forward's");
+  return *named;
+}
+
+// An FP8 forward's descale (q_descale, k_descale or v_descale, FlashAttention-3's) as the options take it: the pointer
+// and the (batch entry, kv head) strides, 0 over a dimension it broadcasts; null for none.
+struct Descale {
+  const float* data = nullptr;
+  int64_t stride[2] = {0, 0};
+};
+
+// d: float32 on q's device, of shape [batch, heads_kv] or one that broadcasts to it (dims aligned from the right, each
+// 1 or the target's: a scalar expanded with zero strides, as vLLM passes one; [heads_kv]), read through its strides.
+// Refused for 16-bit q, k and v.
+template <typename Tensor>
+Descale descale(const std::optional<Tensor>& d, const Tensor& q, int64_t batch, int64_t heads_kv, const char* name) {
+  Descale result;
+  if (!d.has_value()) return result;
+  STD_TORCH_CHECK(is_fp8(q), name, ": given for 16-bit q, k and v; descales are an FP8 forward's "
+                  "(torch.float8_e4m3fn, torch.float8_e5m2)");
+  const int64_t target[2] = {batch, heads_kv};
+  bool shaped = d->dim() <= 2;
+  for (int64_t j = 0; shaped && j < 2; ++j) {
+    const int64_t i = d->dim() - 2 + j;  // d's dim over target dim j, or none
+    if (i < 0) continue;
+    shaped = d->size(i) == 1 || d->size(i) == target[j];
+    result.stride[j] = d->size(i) == 1 ? 0 : d->stride(i);
+  }
+  STD_TORCH_CHECK(d->scalar_type() == c10::ScalarType::Float && shaped, name,
+                  " must be float32 of shape [batch, heads_kv] = [", batch, ", ", heads_kv,
+                  "] or one that broadcasts to it (FlashAttention-3's; a scalar tensor expanded to it, say)");
+  STD_TORCH_CHECK(on_device_of(*d, q), name, " must be on q's device");
+  result.data = static_cast<const float*>(d->data_ptr());
+  return result;
+}
+
 // A call's options; the extras are the (readable) slopes and sinks or null, dsinks is the caller's to set.
 template <typename Tensor>
 flashgen_attention_options options(double scale, std::string_view mask, bool deterministic, double softcap,
@@ -254,6 +311,18 @@ flashgen_attention_options options(double scale, std::string_view mask, bool det
   }
   if (sinks.has_value()) result.sinks = static_cast<const float*>(sinks->data_ptr());
   return result;
+}
+
+// The FP8 forward's descales into a call's options, in the order q, k, v.
+inline void set_descales(flashgen_attention_options& opts, const Descale (&descales)[3]) {
+  opts.q_descale = descales[0].data;
+  opts.k_descale = descales[1].data;
+  opts.v_descale = descales[2].data;
+  for (int i = 0; i < 2; ++i) {
+    opts.q_descale_stride[i] = descales[0].stride[i];
+    opts.k_descale_stride[i] = descales[1].stride[i];
+    opts.v_descale_stride[i] = descales[2].stride[i];
+  }
 }
 
 }  // namespace flashgen::torch_ops

@@ -23,8 +23,10 @@ using torch::stable::Tensor;
 Tensor readable(const Tensor& t);
 // A new contiguous tensor of t's shape and dtype on t's device.
 Tensor empty_like_contiguous(const Tensor& t);
-// The forward's output: a new contiguous tensor of q's shape, its last dim (head_dim) v's, of q's dtype on q's device.
-Tensor empty_output(const Tensor& q, const Tensor& v);
+// The forward's output: a new contiguous tensor of q's shape, its last dim (head_dim) v's, on q's device, of dtype
+// (none: q's).
+Tensor empty_output(const Tensor& q, const Tensor& v,
+                    std::optional<torch::headeronly::ScalarType> dtype = std::nullopt);
 
 // A backward call's tensors: its inputs each readable in place (or a contiguous copy), held until the call is
 // queued, and fresh contiguous gradients shaped like the caller's q, k and v.
@@ -64,7 +66,9 @@ std::tuple<Tensor, Tensor> attention_forward(Tensor q, Tensor k, Tensor v, doubl
                                              std::string layout, bool deterministic, double softcap,
                                              int64_t window_left, int64_t window_right,
                                              std::optional<Tensor> alibi_slopes, std::optional<Tensor> sinks,
-                                             int64_t attention_chunk);
+                                             int64_t attention_chunk, std::optional<Tensor> q_descale,
+                                             std::optional<Tensor> k_descale, std::optional<Tensor> v_descale,
+                                             std::string out_dtype);
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward(
     Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, double scale, std::string mask,

@@ -27,12 +27,12 @@ Tensor readable(const Tensor& t) {
 
 Tensor empty_like_contiguous(const Tensor& t) { return torch::stable::new_empty(t, t.sizes()); }
 
-Tensor empty_output(const Tensor& q, const Tensor& v) {
+Tensor empty_output(const Tensor& q, const Tensor& v, std::optional<ScalarType> dtype) {
   const int64_t last = q.dim() - 1;
-  if (q.size(last) == v.size(v.dim() - 1)) return empty_like_contiguous(q);
+  if (!dtype.has_value() && q.size(last) == v.size(v.dim() - 1)) return empty_like_contiguous(q);
   std::vector<int64_t> sizes(q.sizes().begin(), q.sizes().end());
   sizes.back() = v.size(v.dim() - 1);
-  return torch::stable::new_empty(q, sizes);
+  return torch::stable::new_empty(q, sizes, dtype);
 }
 
 BackwardTensors backward_tensors(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,

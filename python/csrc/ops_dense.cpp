@@ -1,4 +1,5 @@
-// flashgen::attention_forward and flashgen::attention_backward: dense batches in either layout.
+// flashgen::attention_forward and flashgen::attention_backward: dense batches in either layout; the forward also over
+// FP8 q, k and v with their descales.
 #include "ops.hpp"
 
 #include <torch/csrc/stable/accelerator.h>
@@ -14,9 +15,14 @@ std::tuple<Tensor, Tensor> attention_forward(Tensor q, Tensor k, Tensor v, doubl
                                              std::string layout, bool /*deterministic: the backward's*/,
                                              double softcap, int64_t window_left, int64_t window_right,
                                              std::optional<Tensor> alibi_slopes, std::optional<Tensor> sinks,
-                                             int64_t attention_chunk) {
-  check_qkv(q, k, v, 4, 4);
+                                             int64_t attention_chunk, std::optional<Tensor> q_descale,
+                                             std::optional<Tensor> k_descale, std::optional<Tensor> v_descale,
+                                             std::string out_dtype) {
+  // FP8 q, k and v (one format) take descales and give out of out_dtype (the library checks what else they take).
+  check_qkv(q, k, v, 4, 4, /*fp8_kv=*/false, /*fp8_qkv=*/true);
   const LayoutDims dims = layout_dims(layout);
+  const bool fp8 = is_fp8(q);
+  const ScalarType out_type = output_dtype(q, out_dtype);
   const int32_t device = q.get_device_index();
   // The library takes the CUDA context from the stream, on the legacy default stream from the current device.
   torch::stable::accelerator::DeviceGuard guard(device);
@@ -24,12 +30,18 @@ std::tuple<Tensor, Tensor> attention_forward(Tensor q, Tensor k, Tensor v, doubl
   k = readable(k);
   v = readable(v);
   const int64_t batch = q.size(dims[0]), seqlen_q = q.size(dims[1]), heads_q = q.size(dims[2]);
+  const int64_t heads_kv = k.size(dims[2]);
   const Extras extras = check_extras(q, batch, heads_q, alibi_slopes, sinks);
-  Tensor out = empty_output(q, v);
+  // The caller's descales, read in place through their strides.
+  const Descale descales[3] = {descale(q_descale, q, batch, heads_kv, "q_descale"),
+                               descale(k_descale, q, batch, heads_kv, "k_descale"),
+                               descale(v_descale, q, batch, heads_kv, "v_descale")};
+  Tensor out = empty_output(q, v, fp8 ? std::optional<ScalarType>(out_type) : std::nullopt);
   Tensor lse = torch::stable::new_empty(q, {batch, heads_q, seqlen_q}, ScalarType::Float);
-  const flashgen_tensor views[] = {view(q, dims), view(k, dims), view(v, dims), view(out, dims)};
-  const flashgen_attention_options opts =
+  const flashgen_tensor views[] = {view(q, dims, fp8), view(k, dims, fp8), view(v, dims, fp8), view(out, dims)};
+  flashgen_attention_options opts =
       options(scale, mask, false, softcap, window_left, window_right, attention_chunk, extras);
+  set_descales(opts, descales);
   check_status(flashgen_attention_forward(&views[0], &views[1], &views[2], &views[3],
                                           static_cast<float*>(lse.data_ptr()), &opts, current_stream(device)),
                "flashgen_attention_forward");

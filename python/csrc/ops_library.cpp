@@ -8,7 +8,8 @@
 STABLE_TORCH_LIBRARY(flashgen, m) {
   m.def("attention_forward(Tensor q, Tensor k, Tensor v, float scale, str mask, str layout, bool deterministic, "
         "float softcap=0., int window_left=-1, int window_right=-1, Tensor? alibi_slopes=None, Tensor? sinks=None, "
-        "int attention_chunk=0) -> (Tensor, Tensor)");
+        "int attention_chunk=0, Tensor? q_descale=None, Tensor? k_descale=None, Tensor? v_descale=None, "
+        "str out_dtype=\"\") -> (Tensor, Tensor)");
   m.def("attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, float scale, "
         "str mask, str layout, bool deterministic, float softcap=0., int window_left=-1, int window_right=-1, "
         "Tensor? alibi_slopes=None, Tensor? sinks=None, int attention_chunk=0) -> (Tensor, Tensor, Tensor, Tensor)");

@@ -11,7 +11,7 @@ import threading
 # flashgen_dtype, flashgen_mask: C enums, int-sized on every ABI flashgen targets.
 FLOAT16 = 0
 BFLOAT16 = 1
-FLOAT8_E4M3 = 2           # e4m3fn (torch.float8_e4m3fn): a KV cache's k_cache and v_cache only
+FLOAT8_E4M3 = 2           # e4m3fn (torch.float8_e4m3fn): the dense forward's q, k, v and a KV cache's k_cache, v_cache
 FLOAT8_E5M2 = 3           # e5m2 (torch.float8_e5m2): likewise
 MASK_NONE = 0
 MASK_CAUSAL = 1           # bottom-right aligned: key j visible to query i iff j <= i + seqlen_k - seqlen_q
@@ -41,7 +41,7 @@ class Tensor(ctypes.Structure):
     """flashgen_tensor: a [batch, seqlen, heads, head_dim] view of device memory."""
     _fields_ = [
         ("data", ctypes.c_void_p),      # device pointer, 16-byte aligned
-        ("dtype", ctypes.c_int),        # FLOAT16 or BFLOAT16 (a KV cache's also FLOAT8_E4M3 or FLOAT8_E5M2)
+        ("dtype", ctypes.c_int),        # FLOAT16 or BFLOAT16 (FP8 where flashgen.h takes it: FLOAT8_E4M3, _E5M2)
         ("shape", ctypes.c_int64 * 4),  # [batch, seqlen, heads, head_dim]
         ("stride", ctypes.c_int64 * 4),  # elements; stride[3] == 1, the others multiples of 16 bytes
     ]

@@ -1,7 +1,8 @@
 """flashgen for PyTorch: `attention(q, k, v, ...)`, softmax attention on CUDA fp16/bf16 tensors like
-scaled_dot_product_attention, with autograd, grouped-query heads and both causal alignments; `varlen_attention` for
-packed batches and `attention_with_kvcache` for decoding (FlashAttention's arguments), `mla_decode_with_kvcache` for
-MLA decoding over a latent cache (FlashMLA's arguments); `explain` says which kernels a call runs and why; `tune`
+scaled_dot_product_attention, with autograd, grouped-query heads and both causal alignments (and on FP8 ones with
+FlashAttention-3's descales, forward only); `varlen_attention` for packed batches and `attention_with_kvcache` for
+decoding (FlashAttention's arguments), `mla_decode_with_kvcache` for MLA decoding over a latent cache (FlashMLA's
+arguments); `explain` says which kernels a call runs and why; `tune`
 sweeps the forward's configs for a problem; `enable()` makes unchanged torch.nn.functional.scaled_dot_product_attention
 calls run flashgen. Two defaults differ from SDPA's: the layout is [batch, seqlen, heads, head_dim] (pass
 layout="bhsd" for SDPA's [batch, heads, seqlen, head_dim]), and causal=True aligns the mask bottom-right (pass

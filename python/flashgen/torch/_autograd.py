@@ -9,7 +9,7 @@ import torch
 
 from . import _native
 from ._calls import _backward_kernels, _forward
-from ._checks import _NO_WINDOW, _out_shape
+from ._checks import _FP8_CODES, _FP8_NO_BACKWARD, _NO_WINDOW, _out_shape
 
 try:  # read once here, not at every call
     from torch.utils._python_dispatch import _get_current_dispatch_mode
@@ -33,8 +33,11 @@ def _outside_graphs(fn):
 
 
 def _setup_context(ctx, inputs, output, kept=()):
-    """kept: more tensors the backward reads (a user variant's), saved after the others."""
+    """kept: more tensors the backward reads (a user variant's), saved after the others. Run only for a call that
+    records autograd: one over FP8 q, k and v is refused, its forward having no backward."""
     q, k, v, scale, mask, layout, deterministic = inputs[:7]
+    if q.dtype in _FP8_CODES or k.dtype in _FP8_CODES or v.dtype in _FP8_CODES:
+        raise RuntimeError(f"flashgen::attention_forward: {_FP8_NO_BACKWARD}")
     out, lse = output
     # With the ALiBi slopes and the sinks (the backward reads both).
     ctx.save_for_backward(q, k, v, out, lse, *(inputs[i] if len(inputs) > i else None for i in (10, 11)), *kept)
@@ -48,14 +51,16 @@ def _setup_context(ctx, inputs, output, kept=()):
 
 
 def _backward(ctx, dout, dlse):
+    """flashgen::attention_forward's backward formula: a gradient for each of its 17 arguments."""
     if dout is None:  # out took no part in the loss
-        return (None,) * 13
+        return (None,) * 17
     q, k, v, out, lse, alibi_slopes, sinks = ctx.saved_tensors
     dq, dk, dv, dsinks = torch.ops.flashgen.attention_backward(dout, q, k, v, out, lse, ctx.scale, ctx.mask,
                                                                ctx.layout, ctx.deterministic, ctx.softcap,
                                                                *ctx.window, alibi_slopes, sinks, ctx.attention_chunk)
-    # None for the slopes (a fixed bias); the sinks' gradient when there are sinks; None for the chunk.
-    return (dq, dk, dv) + (None,) * 8 + (dsinks if sinks is not None else None, None)
+    # None for the slopes (a fixed bias); the sinks' gradient when there are sinks; None for the chunk, the FP8
+    # forward's descales and out_dtype (that forward records no autograd: _setup_context).
+    return (dq, dk, dv) + (None,) * 8 + (dsinks if sinks is not None else None,) + (None,) * 5
 
 
 class _EagerAttention(torch.autograd.Function):

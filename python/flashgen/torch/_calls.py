@@ -1,7 +1,7 @@
 """The C calls of flashgen.torch over torch tensors (dense and packed, forward and backward): the flashgen_tensor
 views and options of a call, the warm calls' kept ctypes arguments (_ForwardPlan), and the calls themselves. Tensors
 are passed by pointer and strides, never copied, unless the kernels cannot read them in place (head_dim not
-unit-stride, other strides not multiples of 8 elements, data not 16-byte aligned). The custom ops, autograd and
+unit-stride, other strides not multiples of 16 bytes, data not 16-byte aligned). The custom ops, autograd and
 public functions are built on these, and _sdpa's overrides of PyTorch's flash-attention kernels.
 """
 
@@ -11,14 +11,20 @@ import threading
 import torch
 
 from .. import _lib
-from ._checks import (_BSHD_DIMS, _DTYPE_CODES, _MASK_CODES, _NO_WINDOW, _TENSOR_CODES, _check_alibi, _check_inputs,
-                      _check_lse, _check_mask, _check_sinks, _lse_shape, _out_shape)
+from ._checks import (_BSHD_DIMS, _DTYPE_CODES, _FP8_CODES, _MASK_CODES, _NO_DESCALES, _NO_WINDOW, _TENSOR_CODES,
+                      _check_alibi, _check_fp8_forward, _check_inputs, _check_lse, _check_mask, _check_out_dtype,
+                      _check_sinks, _descale_strides, _lse_shape, _out_shape)
+
+# The options' fields of the FP8 forward's descales, in the order q_descale, k_descale, v_descale.
+_DESCALE_FIELDS = (("q_descale", "q_descale_stride"), ("k_descale", "k_descale_stride"),
+                   ("v_descale", "v_descale_stride"))
 
 
 def _options(scale, mask, deterministic, softcap, window, alibi_slopes, sinks=None, dsinks=None, attention_chunk=0,
-             user=None):
-    """flashgen_attention_options of a call; alibi_slopes, sinks, dsinks (checked) and user (a _variants.UserVariant)
-    must stay alive until the call is queued."""
+             user=None, descales=_NO_DESCALES):
+    """flashgen_attention_options of a call; alibi_slopes, sinks, dsinks (checked), user (a _variants.UserVariant)
+    and descales (the FP8 forward's q_descale, k_descale and v_descale, each checked or None) must stay alive until
+    the call is queued."""
     options = _lib.AttentionOptions(scale, _MASK_CODES[mask], 1 if deterministic else 0, softcap, *window)
     options.attention_chunk = attention_chunk
     if alibi_slopes is not None:
@@ -30,12 +36,26 @@ def _options(scale, mask, deterministic, softcap, window, alibi_slopes, sinks=No
         options.dsinks = dsinks.data_ptr()
     if user is not None:
         user.apply(options)
+    if descales is not _NO_DESCALES:
+        for descale, (pointer, strides) in zip(descales, _DESCALE_FIELDS):
+            if descale is not None:
+                setattr(options, pointer, descale.data_ptr())
+                setattr(options, strides, (ctypes.c_int64 * 2)(*_descale_strides(descale)))
     return options
 
 
+def _point_descales(options, descales):
+    """A warm call's descales into options whose strides were set for the same layout (_options)."""
+    for descale, (pointer, _) in zip(descales, _DESCALE_FIELDS):
+        if descale is not None:
+            setattr(options, pointer, descale.data_ptr())
+
+
 def _strides_readable(t):
-    """Whether the kernels can read t through its strides: head_dim contiguous, the other strides multiples of 8."""
-    return t.stride(-1) == 1 and all(size == 1 or stride % 8 == 0
+    """Whether the kernels can read t through its strides: head_dim contiguous, the other strides multiples of 16
+    bytes (8 elements of 16 bits, 16 FP8 ones)."""
+    step = 16 if t.dtype in _FP8_CODES else 8
+    return t.stride(-1) == 1 and all(size == 1 or stride % step == 0
                                      for size, stride in zip(t.shape[:-1], t.stride()[:-1]))
 
 
@@ -75,25 +95,28 @@ def _stream_handle(device):
 
 
 class _ForwardCall:
-    """The arguments of one flashgen_attention_forward call: readable q, k, v, a fresh out (q's shape, contiguous)
-    and lse (fp32 [batch, heads_q, seqlen_q]), their views and the options. Build it under the device's guard."""
+    """The arguments of one flashgen_attention_forward call: readable q, k, v, a fresh out (q's shape, contiguous;
+    of out_dtype, the FP8 forward's, else q's dtype) and lse (fp32 [batch, heads_q, seqlen_q]), their views and the
+    options (with the FP8 forward's checked descales). Build it under the device's guard."""
 
     def __init__(self, q, k, v, scale, mask, layout, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None, sinks=None,
-                 attention_chunk=0, out_like_q=False, user=None):
+                 attention_chunk=0, out_like_q=False, user=None, descales=_NO_DESCALES, out_dtype=None):
         self.q, self.k, self.v = (_readable(t) for t in (q, k, v))
         # out_like_q: out takes q's strides (torch.empty_like), as aten's flash-attention ops promise their callers;
         # values of a head dim of their own give out that head_dim (contiguous).
         same_dims = v.shape[-1] == q.shape[-1]
-        self.out = (torch.empty_like(q) if out_like_q and same_dims
-                    else torch.empty(_out_shape(q, v), dtype=q.dtype, device=q.device))
+        out_dtype = _check_out_dtype(out_dtype, q)
+        self.out = (torch.empty_like(q) if out_like_q and same_dims and out_dtype == q.dtype
+                    else torch.empty(_out_shape(q, v), dtype=out_dtype, device=q.device))
         self.lse = torch.empty(_lse_shape(q, layout), dtype=torch.float32, device=q.device)
         self.views = [_view(t, layout) for t in (self.q, self.k, self.v, self.out)]
         batch, heads_q, _ = _lse_shape(q, layout)
         self.alibi_slopes = _check_alibi(alibi_slopes, q.device, batch, heads_q)
         self.sinks = _check_sinks(sinks, q.device, heads_q)
         self.user = user
+        self.descales = descales
         self.options = _options(scale, mask, False, softcap, window, self.alibi_slopes, self.sinks,
-                                attention_chunk=attention_chunk, user=user)
+                                attention_chunk=attention_chunk, user=user, descales=descales)
 
     def arguments(self):
         return (*(ctypes.byref(view) for view in self.views), ctypes.c_void_p(self.lse.data_ptr()),
@@ -102,22 +125,23 @@ class _ForwardCall:
 
 class _ForwardPlan:
     """The ctypes arguments of flashgen_attention_forward for one call signature (sizes, strides, dtype, device,
-    options, and the layout of the ALiBi slopes and sinks where the call has them), built once and re-pointed at each
-    call's tensors: a model calls attention with the same signature again and again, and building the views and
-    options is most of a call's Python cost."""
+    options, and the layout of the ALiBi slopes, sinks and the FP8 forward's descales where the call has them), built
+    once and re-pointed at each call's tensors: a model calls attention with the same signature again and again, and
+    building the views and options is most of a call's Python cost."""
 
-    __slots__ = ("views", "tensor_refs", "options", "options_ref", "lse_shape", "function", "out_like_q", "out_shape")
+    __slots__ = ("views", "tensor_refs", "options", "options_ref", "lse_shape", "function", "out_like_q", "out_shape",
+                 "out_dtype")
 
     def __init__(self, q, k, v, out, scale, mask, layout, softcap, window, attention_chunk, alibi_slopes=None,
-                 sinks=None):
+                 sinks=None, descales=_NO_DESCALES):
         self.views = [_view(t, layout) for t in (q, k, v, out)]
-        # out is q's shape (its head_dim v's), contiguous (or like q, for aten's ops): empty_like(q) allocates it the
-        # cheapest way wherever that gives the same shape and strides.
-        self.out_like_q = out.shape == q.shape and out.stride() == q.stride()
-        self.out_shape = out.shape
+        # out is q's shape (its head_dim v's), contiguous (or like q, for aten's ops), of q's dtype or the FP8
+        # forward's out_dtype: empty_like(q) allocates it the cheapest way wherever that gives the same tensor.
+        self.out_like_q = out.shape == q.shape and out.stride() == q.stride() and out.dtype == q.dtype
+        self.out_shape, self.out_dtype = out.shape, out.dtype
         self.tensor_refs = tuple(ctypes.byref(view) for view in self.views)
         self.options = _options(scale, mask, False, softcap, window, alibi_slopes, sinks,
-                                attention_chunk=attention_chunk)
+                                attention_chunk=attention_chunk, descales=descales)
         self.options_ref = ctypes.byref(self.options)
         self.lse_shape = _lse_shape(q, layout)
         self.function = _lib.function("flashgen_attention_forward")
@@ -161,13 +185,17 @@ def _warm_sinks(sinks):
 
 
 def _planned_forward(q, k, v, scale, mask, layout, softcap, window, attention_chunk, out_like_q, create=True,
-                     want_lse=True, alibi_slopes=None, sinks=None):
+                     want_lse=True, alibi_slopes=None, sinks=None, descales=_NO_DESCALES, out_dtype=None):
     """(out, lse) of a forward call through its signature's _ForwardPlan, or None where the call must take the full
     path (_ForwardCall): inputs the kernels cannot read in place, slopes or sinks the full path would convert, or
     (create=False) a signature without a plan yet. A plan exists only for a signature whose arguments passed the
-    checks. Without want_lse the kernels write no lse (the C ABI's lse NULL) and lse is None."""
-    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device, scale, mask, layout,
-           softcap, window, attention_chunk, out_like_q, _layout_key(alibi_slopes), _layout_key(sinks))
+    checks. Without want_lse the kernels write no lse (the C ABI's lse NULL) and lse is None. descales: the FP8
+    forward's (q_descale, k_descale, v_descale), each None or checked, read through their own strides; out_dtype its
+    output dtype (None: q's). The key holds every input's dtype and the output's, so that calls of one shape in
+    another format (FP8 against 16-bit, e4m3 against e5m2, a bf16 against an fp16 output) never share a plan."""
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device, scale,
+           mask, layout, softcap, window, attention_chunk, out_like_q, _layout_key(alibi_slopes), _layout_key(sinks),
+           None if descales is _NO_DESCALES else tuple(_layout_key(d) for d in descales), out_dtype)
     pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr())
     if (pointers[0] | pointers[1] | pointers[2]) & 15:
         return None
@@ -185,20 +213,23 @@ def _planned_forward(q, k, v, scale, mask, layout, softcap, window, attention_ch
             return None
         if not _plannable_extras(alibi_slopes, sinks, device, *_lse_shape(q, layout)[:2]):
             return None
-        out = (torch.empty_like(q) if out_like_q and v.shape[-1] == q.shape[-1]
-               else torch.empty(_out_shape(q, v), dtype=q.dtype, device=device))
+        dtype = _check_out_dtype(out_dtype, q)
+        out = (torch.empty_like(q) if out_like_q and v.shape[-1] == q.shape[-1] and dtype == q.dtype
+               else torch.empty(_out_shape(q, v), dtype=dtype, device=device))
         if len(plans) >= _Plans.limit:
             plans.clear()
         plan = plans[key] = _ForwardPlan(q, k, v, out, scale, mask, layout, softcap, window, attention_chunk,
-                                         alibi_slopes, sinks)
+                                         alibi_slopes, sinks, descales)
     elif plan.out_like_q:
         out = torch.empty_like(q)
     else:
-        out = torch.empty(plan.out_shape, dtype=q.dtype, device=device)
+        out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=device)
     if alibi_slopes is not None:
         plan.options.alibi_slopes = alibi_slopes.data_ptr()
     if sinks is not None:
         plan.options.sinks = sinks.data_ptr()
+    if descales is not _NO_DESCALES:
+        _point_descales(plan.options, descales)
     lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=device) if want_lse else None
     views = plan.views
     views[0].data, views[1].data, views[2].data = pointers
@@ -242,20 +273,24 @@ def _dsinks(q, heads_q, sinks):
 
 
 def _forward(q, k, v, scale, mask, layout, checked=False, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None,
-             sinks=None, attention_chunk=0, user=None):
+             sinks=None, attention_chunk=0, user=None, descales=_NO_DESCALES, out_dtype=None):
     """(out, lse): the forward op's implementation, also called directly by eager calls (checked: attention()
-    has checked the arguments already)."""
+    has checked the arguments already). FP8 q, k and v (one format) take descales (q_descale, k_descale, v_descale,
+    each None for 1) and give out of out_dtype (None: bfloat16); 16-bit ones give out of their own dtype."""
     if not checked:
-        _check_inputs(q, k, v, layout)
+        _check_inputs(q, k, v, layout, True)
         _check_mask(mask)
+        descales, out_dtype = _check_fp8_forward(q, k, layout, descales, out_dtype)
+        if out_dtype == q.dtype:  # a 16-bit call's: plans key it as None, as attention() passes it
+            out_dtype = None
     if user is None:
         planned = _planned_forward(q, k, v, scale, mask, layout, softcap, window, attention_chunk, False,
-                                   alibi_slopes=alibi_slopes, sinks=sinks)
+                                   alibi_slopes=alibi_slopes, sinks=sinks, descales=descales, out_dtype=out_dtype)
         if planned is not None:
             return planned
     with torch.cuda.device(q.device):
         call = _ForwardCall(q, k, v, scale, mask, layout, softcap, window, alibi_slopes, sinks, attention_chunk,
-                            user=user)
+                            user=user, descales=descales, out_dtype=out_dtype)
         _lib.check(_lib.function("flashgen_attention_forward")(*call.arguments(), _stream(q.device)),
                    "flashgen_attention_forward")
     return call.out, call.lse

@@ -11,9 +11,10 @@ from .. import _lib
 from .._lib import FlashgenArgumentError
 
 _DTYPE_CODES = {torch.float16: _lib.FLOAT16, torch.bfloat16: _lib.BFLOAT16}
-# A KV cache's k_cache and v_cache may also be FP8, each key or value standing for itself times its scale.
-_FP8_CACHE_CODES = {torch.float8_e4m3fn: _lib.FLOAT8_E4M3, torch.float8_e5m2: _lib.FLOAT8_E5M2}
-_TENSOR_CODES = {**_DTYPE_CODES, **_FP8_CACHE_CODES}  # every dtype a flashgen_tensor may carry
+# The FP8 formats: a KV cache's k_cache and v_cache (each key or value standing for itself times its scale), and the
+# dense forward's q, k and v (each standing for itself times its descale).
+_FP8_CODES = {torch.float8_e4m3fn: _lib.FLOAT8_E4M3, torch.float8_e5m2: _lib.FLOAT8_E5M2}
+_TENSOR_CODES = {**_DTYPE_CODES, **_FP8_CODES}  # every dtype a flashgen_tensor may carry
 _MASK_CODES = {"none": _lib.MASK_NONE, "bottom_right": _lib.MASK_CAUSAL, "top_left": _lib.MASK_CAUSAL_TOP_LEFT,
                "window": _lib.MASK_SLIDING_WINDOW}
 _NO_WINDOW = (-1, -1)
@@ -47,37 +48,42 @@ def _lse_shape(q, layout):
     return (batch, heads_q, seqlen_q)
 
 
-def _check_qkv(q, k, v, rank, expected, kv_rank=None, kv_expected=None, names=("q", "k", "v"), fp8_kv=False):
+def _check_qkv(q, k, v, rank, expected, kv_rank=None, kv_expected=None, names=("q", "k", "v"), fp8_kv=False,
+               fp8_qkv=False):
     """q, k and v (called `names` in the messages): torch tensors of `rank` dims (`expected` describes them in the
     message; k and v kv_rank dims, kv_expected, where those are given), float16 or bfloat16, on one CUDA (or meta)
     device, of one dtype; with fp8_kv (a KV cache's k_cache and v_cache) k and v may be FP8 instead (the library checks
-    that both are of one format); FlashgenArgumentError naming the argument otherwise."""
+    that both are of one format); with fp8_qkv (the dense forward) q, k and v may all be FP8, of one format;
+    FlashgenArgumentError naming the argument otherwise."""
     for i, (name, t) in enumerate(zip(names, (q, k, v))):
         if not isinstance(t, torch.Tensor):
             _bad(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
         want, text = (rank, expected) if i == 0 or kv_rank is None else (kv_rank, kv_expected)
         if t.dim() != want:
             _bad(f"{name}: expected a {text}, got shape {tuple(t.shape)}")
-        if t.dtype not in _DTYPE_CODES and not (fp8_kv and i > 0 and t.dtype in _FP8_CACHE_CODES):
-            _bad(f"{name}.dtype is {t.dtype}; flashgen runs torch.float16 and torch.bfloat16" +
-                 (" (a KV cache also torch.float8_e4m3fn and torch.float8_e5m2)" if fp8_kv and i > 0 else ""))
+        if t.dtype not in _DTYPE_CODES and not ((fp8_qkv or (fp8_kv and i > 0)) and t.dtype in _FP8_CODES):
+            hint = (" (a KV cache also torch.float8_e4m3fn and torch.float8_e5m2)" if fp8_kv and i > 0 else
+                    " (the forward also FP8 q, k and v: torch.float8_e4m3fn or torch.float8_e5m2)" if fp8_qkv else "")
+            _bad(f"{name}.dtype is {t.dtype}; flashgen runs torch.float16 and torch.bfloat16{hint}")
         if t.device.type not in ("cuda", "meta"):  # meta: shapes only, through the fake kernels
             _bad(f"{name} is on {t.device}; flashgen runs on CUDA devices")
     for name, t in zip(names[1:], (k, v)):
-        if t.dtype != q.dtype and not (fp8_kv and t.dtype in _FP8_CACHE_CODES):
-            _bad(f"{name}.dtype is {t.dtype} but q.dtype is {q.dtype}")
+        if t.dtype != q.dtype and not (fp8_kv and t.dtype in _FP8_CODES):
+            fp8 = fp8_qkv and (t.dtype in _FP8_CODES or q.dtype in _FP8_CODES)
+            one_format = " (FP8 q, k and v share one format)" if fp8 else ""
+            _bad(f"{name}.dtype is {t.dtype} but q.dtype is {q.dtype}{one_format}")
         if t.device != q.device:
             _bad(f"{name} is on {t.device} but q is on {q.device}")
 
 
-def _check_inputs(q, k, v, layout):
+def _check_inputs(q, k, v, layout, fp8=False):
     """Raises FlashgenArgumentError naming the argument for what the library cannot see (types, devices, ranks,
-    dtypes)."""
+    dtypes). fp8: the forward's, which also takes FP8 q, k and v (of one format)."""
     if layout not in ("bshd", "bhsd"):
         _bad(f"layout must be 'bshd' ([batch, seqlen, heads, head_dim]) or 'bhsd' ([batch, heads, seqlen, "
             f"head_dim]), got {layout!r}")
     order = "[batch, seqlen, heads, head_dim]" if layout == "bshd" else "[batch, heads, seqlen, head_dim]"
-    _check_qkv(q, k, v, 4, f"4-d tensor {order} (layout {layout!r})")
+    _check_qkv(q, k, v, 4, f"4-d tensor {order} (layout {layout!r})", fp8_qkv=fp8)
     roles = ("batch", "seqlen", "heads", "head_dim")
 
     def dim(name, i):
@@ -206,15 +212,17 @@ def _check_lse(lse, q, layout):
 
 def _autocast(q, k, v):
     """Under torch.autocast on CUDA, inputs of another floating dtype than autocast's (float32 say) are cast to
-    it, as scaled_dot_product_attention's are; outside it the inputs as given (float32 is then refused)."""
+    it, as scaled_dot_product_attention's are (FP8 ones are not); outside it the inputs as given (float32 is then
+    refused)."""
     try:
         enabled, dtype = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
     except (TypeError, AttributeError):  # torch 2.4's older spellings
         enabled, dtype = torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()
     if not enabled or dtype not in _DTYPE_CODES:
         return q, k, v
+    # FP8 inputs stand for themselves times their descales: a cast would drop those, so they are left as they are.
     return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.device.type == "cuda" and t.is_floating_point()
-                 and t.dtype != dtype else t for t in (q, k, v))
+                 and t.dtype != dtype and t.dtype not in _FP8_CODES else t for t in (q, k, v))
 
 
 def _deterministic(deterministic):
@@ -286,18 +294,26 @@ def _check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table)
             _bad(f"{name}.shape[0] is {t.shape[0]} but q.shape[0] (batch) is {q.shape[0]}")
 
 
+def _fp8_scale_given(scale, name, scaled, scaled_name, sixteen_bit, whose):
+    """Whether a scale of FP8 values was given (not None): refused when it is not a tensor, or when scaled (the tensor
+    it scales, named scaled_name) is 16-bit, worded "name: given for <sixteen_bit> (...); <whose> (the FP8 dtypes)"."""
+    if scale is None:
+        return False
+    if not isinstance(scale, torch.Tensor):
+        _bad(f"{name} must be a torch.Tensor or None, got {type(scale).__name__}")
+    if scaled.dtype not in _FP8_CODES:
+        _bad(f"{name}: given for {sixteen_bit} ({scaled_name}.dtype is {scaled.dtype}); {whose} "
+             "(torch.float8_e4m3fn, torch.float8_e5m2)")
+    return True
+
+
 def _check_cache_scale(scale, name, cache, cache_name, device, batch, heads_kv):
     """An FP8 cache's scale (k_scale of k_cache, v_scale of v_cache) as the ops take it: None, or a CUDA float32
     tensor on q's device of shape () or [1] (one for the tensor), [heads_kv] (one per kv head) or [batch, heads_kv]
     (one per sequence and kv head), returned detached (the KV-cache call has no gradient). Refused for a 16-bit
     cache."""
-    if scale is None:
+    if not _fp8_scale_given(scale, name, cache, cache_name, "a 16-bit cache", "scales are an FP8 cache's"):
         return None
-    if not isinstance(scale, torch.Tensor):
-        _bad(f"{name} must be a torch.Tensor or None, got {type(scale).__name__}")
-    if cache.dtype not in _FP8_CACHE_CODES:
-        _bad(f"{name}: given for a 16-bit cache ({cache_name}.dtype is {cache.dtype}); scales are an FP8 cache's "
-             "(torch.float8_e4m3fn, torch.float8_e5m2)")
     if scale.dtype != torch.float32 or tuple(scale.shape) not in ((), (1,), (heads_kv,), (batch, heads_kv)):
         _bad(f"{name} must be float32 of shape () or [1] (per tensor), [heads_kv] = [{heads_kv}] (per kv head) or "
              f"[batch, heads_kv] = [{batch}, {heads_kv}] (per sequence and kv head), got {scale.dtype} "
@@ -320,3 +336,112 @@ def _scale_strides(scale):
     if scale.dim() == 2:
         return tuple(0 if size == 1 else stride for size, stride in zip(scale.shape, scale.stride()))
     return (0, scale.stride(0) if scale.dim() == 1 and scale.shape[0] > 1 else 0)
+
+
+# The FP8 forward's descales when a call gives none (each 1).
+_NO_DESCALES = (None, None, None)
+
+
+def _check_out_dtype(out_dtype, q):
+    """The output dtype of a forward over q (checked): out_dtype, torch.bfloat16 or torch.float16, for FP8 q, k and v
+    (None: torch.bfloat16, FlashAttention-3's); 16-bit q, k and v give out in their own dtype, where out_dtype must
+    be None or q.dtype."""
+    if out_dtype is not None and not (isinstance(out_dtype, torch.dtype) and out_dtype in _DTYPE_CODES):
+        _bad(f"out_dtype must be torch.bfloat16 or torch.float16 (or None), got {out_dtype!r}")
+    fp8 = q.dtype in _FP8_CODES
+    if out_dtype is not None and not fp8 and out_dtype != q.dtype:
+        _bad(f"out_dtype: 16-bit q, k and v give out in their own dtype (q.dtype is {q.dtype}), got {out_dtype}; "
+             "out_dtype is an FP8 forward's")
+    if out_dtype is not None:
+        return out_dtype
+    return torch.bfloat16 if fp8 else q.dtype
+
+
+# The op's out_dtype argument: each output dtype by name ("" for None).
+_OUT_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _out_dtype_name(out_dtype):
+    """The op's out_dtype for a checked out_dtype: its name, "" for None."""
+    return "" if out_dtype is None else _OUT_DTYPE_NAMES[out_dtype]
+
+
+def _out_dtype_of_name(name):
+    """The out_dtype an op's out_dtype argument names (None for ""); an unknown name is refused."""
+    if name == "":
+        return None
+    for dtype, dtype_name in _OUT_DTYPE_NAMES.items():
+        if name == dtype_name:
+            return dtype
+    _bad(f"out_dtype must be 'bfloat16' or 'float16' (or '' for the default), got {name!r}")
+
+
+def _broadcasts_to(shape, target):
+    """Whether a tensor of shape broadcasts to target (torch's rule: dims aligned from the right, each 1 or the
+    target's, none more than target has)."""
+    if len(shape) > len(target):
+        return False
+    for i in range(1, len(shape) + 1):
+        if shape[-i] != 1 and shape[-i] != target[-i]:
+            return False
+    return True
+
+
+def _check_descale(descale, name, q, batch, heads_kv):
+    """A descale of the FP8 forward (q_descale, k_descale or v_descale, FlashAttention-3's) as the ops take it: None,
+    or a CUDA float32 tensor on q's device of shape [batch, heads_kv] or one that broadcasts to it (a scalar tensor
+    expanded with zero strides, as vLLM and SGLang pass one; [heads_kv] per kv head; [batch, 1]), returned detached
+    (no gradient reaches it). Refused for 16-bit q, k and v."""
+    if not _fp8_scale_given(descale, name, q, "q", "16-bit q, k and v", "descales are an FP8 forward's"):
+        return None
+    if descale.dtype != torch.float32 or not _broadcasts_to(descale.shape, (batch, heads_kv)):
+        _bad(f"{name} must be float32 of shape [batch, heads_kv] = [{batch}, {heads_kv}] or one that broadcasts to it "
+             f"(FlashAttention-3's; a scalar tensor expanded to it, say), got {descale.dtype} {list(descale.shape)}")
+    if descale.device != q.device:
+        _bad(f"{name} must be on {q.device} (q's device), got {descale.device}")
+    return descale.detach()
+
+
+def _check_fp8_forward(q, k, layout, descales, out_dtype):
+    """(descales, out_dtype) of a forward whose q, k and v passed _check_inputs(..., fp8=True): the three descales
+    (q_descale, k_descale, v_descale) checked by _check_descale (_NO_DESCALES for none) and the output dtype by
+    _check_out_dtype."""
+    batch, _, heads_kv, _ = _bshd_shape(k, layout)
+    names = ("q_descale", "k_descale", "v_descale")
+    checked = tuple([_check_descale(descales[i], names[i], q, batch, heads_kv) for i in range(3)])
+    if checked[0] is None and checked[1] is None and checked[2] is None:
+        checked = _NO_DESCALES
+    return checked, _check_out_dtype(out_dtype, q)
+
+
+def _descale_strides(descale):
+    """A checked descale's (batch entry, kv head) strides as the C ABI takes them: 0 over a dimension it broadcasts
+    (absent, or of size 1), else its own (an expanded tensor's are 0 already)."""
+    shape, stride = descale.shape, descale.stride()
+    rank = len(shape)
+    return tuple(0 if i < 0 or shape[i] == 1 else stride[i] for i in (rank - 2, rank - 1))
+
+
+def _records_autograd(*tensors):
+    """Whether a call over these tensors (None for one not given) would record autograd."""
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            return True
+    return False
+
+
+def _check_fp8_no_grad(q, k, v, sinks, call):
+    """Refuses an FP8 call (q, k and v FP8) that would record autograd: its forward has no backward, so a gradient
+    through it would be wrong, not merely missing."""
+    if not torch.is_grad_enabled():
+        return
+    for name, t in (("q", q), ("k", k), ("v", v), ("sinks", sinks)):
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            _bad(f"{call}: {name} requires grad, but {_FP8_NO_BACKWARD}")
+
+
+# Why an FP8 call refuses autograd (the C++ autograd says the same, python/csrc/release/autograd.cpp).
+_FP8_NO_BACKWARD = ("the FP8 forward has no backward (FlashAttention-3's neither): pass q, k, v and sinks that do not "
+                    "require grad (detached), or call under torch.no_grad()")

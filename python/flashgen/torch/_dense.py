@@ -7,9 +7,10 @@ import torch
 from .. import _lib
 from ._autograd import _Empty, _eager_call, _user_variant_call, differentiable_forward
 from ._calls import _BackwardCall, _ForwardCall, _backward_kernels, _forward, _planned_forward, _stream, _warm_sinks
-from ._checks import (_DTYPE_CODES, _MASK_CODES, _autocast, _bshd_shape, _check_alibi, _check_chunk, _check_inputs,
-                      _check_scale, _check_sinks, _check_softcap, _deterministic, _lse_shape,
-                      _mask, _mask_and_window)
+from ._checks import (_DTYPE_CODES, _FP8_CODES, _MASK_CODES, _NO_DESCALES, _autocast, _bshd_shape, _check_alibi,
+                      _check_chunk, _check_fp8_forward, _check_fp8_no_grad, _check_inputs, _check_out_dtype,
+                      _check_scale, _check_sinks, _check_softcap, _deterministic, _lse_shape, _mask, _mask_and_window,
+                      _out_dtype_name, _out_shape, _records_autograd)
 from ._variants import no_variant, user_variant, variant_op_arguments
 
 
@@ -21,9 +22,10 @@ _CHECKED = set()
 def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, layout="bshd", deterministic=False,
               return_lse=False, softcap=0.0, window_size=(-1, -1), attention_chunk=0, alibi_slopes=None, sinks=None,
               mask_mod=None, score_mod=None, score_grad=None, score_bias=None, variant_helpers=None,
-              variant_args=None, mask_same_for_heads=False, block_mask=None):
+              variant_args=None, mask_same_for_heads=False, block_mask=None, q_descale=None, k_descale=None,
+              v_descale=None, out_dtype=None):
     """softmax(q kᵀ · scale [causal mask]) v on CUDA float16 / bfloat16 tensors, differentiable in q, k and v (and
-    the attention sinks).
+    the attention sinks); forward only, FP8 q, k and v with FlashAttention-3's descales.
 
     q: [batch, seqlen_q, heads_q, head_dim] ("bshd") or [batch, heads_q, seqlen_q, head_dim] ("bhsd", the layout
     of torch's scaled_dot_product_attention). k, v: the same with seqlen_k and heads_kv; heads_q must be a
@@ -88,6 +90,18 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
         out = flashgen.torch.attention(q, k, v, causal=True, mask_mod="return doc[q_idx] == doc[kv_idx];",
                                        variant_args={"doc": doc})
 
+    FP8 q, k and v (FlashAttention-3's FP8 forward; Hopper, sm_90): all three torch.float8_e4m3fn or all three
+    torch.float8_e5m2, head_dim a multiple of 16 up to 256 (v of q's head_dim), each standing for its codes times its
+    descale: q_descale, k_descale, v_descale (keyword only, FlashAttention-3's names), float32 tensors on q's device of
+    shape [batch, heads_kv] (entry [b, h] scales batch entry b's kv head h, and the query heads that read it), or of
+    any shape that broadcasts to it (a scalar tensor expanded to [batch, heads_kv] with zero strides, as vLLM and
+    SGLang pass one; [heads_kv]), read on the device through their own strides at each call; None for 1. out is
+    out_dtype, torch.bfloat16 (the default, FlashAttention-3's) or torch.float16. The kernels round the softmax's
+    probabilities to e4m3 before P·V, as FlashAttention-3's do. Forward only: such a call refuses q, k, v or sinks
+    that require grad (under torch.no_grad() they may), and descales with 16-bit q, k and v (whose out is of their
+    own dtype: out_dtype must then be None or q.dtype); not with a user variant. Masks, windows, chunks, the soft
+    cap, ALiBi and sinks as above. Under torch.compile it is the op flashgen::attention_forward with its descales.
+
     Returns out, shaped and laid out like q (a new contiguous tensor), or (out, lse) with return_lse, lse being
     the natural-log log-sum-exp of each row's scaled scores (and its sink), float32 [batch, heads_q, seqlen_q]; lse
     carries no gradient. Runs on the current CUDA stream of q's device. Bad arguments raise FlashgenArgumentError (a
@@ -98,9 +112,17 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     q, k, v = _autocast(q, k, v)
     scale = _check_scale(scale)
     softcap = _check_softcap(softcap)
+    named_none = no_variant(mask_mod, score_mod, score_grad, score_bias, variant_helpers, variant_args, block_mask)
+    # FP8 q, k and v take a forward-only path of their own; so do descales, which 16-bit ones refuse there by name.
+    if (isinstance(q, torch.Tensor) and q.dtype in _FP8_CODES) or not (q_descale is None and k_descale is None
+                                                                       and v_descale is None):
+        out, lse = _fp8_forward(q, k, v, scale, mask, layout, softcap, window, chunk, alibi_slopes, sinks,
+                                (q_descale, k_descale, v_descale), out_dtype, named_none, return_lse)
+        return (out, lse) if return_lse else out
+    if out_dtype is not None and isinstance(q, torch.Tensor):
+        _check_out_dtype(out_dtype, q)  # 16-bit q, k and v give out of their own dtype, the one it may name
     # Without autograd a warm call's kept ctypes arguments are the cheapest path in either backend (bench/notes_torch.md
     # §3: about 2/3 of the C++ op's host time); with autograd the op library's kernels are.
-    named_none = no_variant(mask_mod, score_mod, score_grad, score_bias, variant_helpers, variant_args, block_mask)
     if (named_none and _eager_call(q, k, v)
             and all(t is None or isinstance(t, torch.Tensor) for t in (alibi_slopes, sinks))
             and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks)))):
@@ -164,6 +186,44 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
             out, lse = _forward(q, k, v, scale, mask, layout, checked=True, softcap=softcap, window=window,
                                 alibi_slopes=alibi_slopes, sinks=sinks, attention_chunk=chunk)
     return (out, lse) if return_lse else out
+
+
+def _fp8_forward(q, k, v, scale, mask, layout, softcap, window, chunk, alibi_slopes, sinks, descales, out_dtype,
+                 named_none, want_lse):
+    """(out, lse) of attention() over FP8 q, k and v (or given descales, which 16-bit ones refuse): forward only, no
+    autograd node. A warm eager call goes straight to its plan (whose key holds the descales' layout and the output
+    dtype); want_lse=False lets it skip lse (None then)."""
+    if descales[0] is None and descales[1] is None and descales[2] is None:
+        descales = _NO_DESCALES  # as the checks give it, which the plans' keys hold
+    if (named_none and _eager_call(q, k, v) and not _records_autograd(q, k, v, sinks)
+            and all(t is None or isinstance(t, torch.Tensor) for t in (alibi_slopes, sinks, *descales))
+            and (out_dtype is None or (isinstance(out_dtype, torch.dtype) and out_dtype in _DTYPE_CODES))):
+        planned = _planned_forward(q, k, v, scale, mask, layout, softcap, window, chunk, False, create=False,
+                                   want_lse=want_lse, alibi_slopes=alibi_slopes, sinks=_warm_sinks(sinks),
+                                   descales=descales, out_dtype=out_dtype or torch.bfloat16)
+        if planned is not None:
+            return planned
+    _check_inputs(q, k, v, layout, True)
+    descales, out_dtype = _check_fp8_forward(q, k, layout, descales, out_dtype)
+    _check_fp8_no_grad(q, k, v, sinks, "flashgen.torch.attention")
+    if not named_none:
+        raise _lib.FlashgenArgumentError("flashgen.torch.attention: FP8 q, k and v do not take a user variant "
+                                         "(mask_mod, score_mod, score_bias, variant_args, block_mask) here",
+                                         _lib.ERROR_UNSUPPORTED)
+    batch, heads_q, _ = _lse_shape(q, layout)
+    alibi_slopes = _check_alibi(alibi_slopes, q.device, batch, heads_q)
+    sinks = _check_sinks(sinks, q.device, heads_q)
+    if q.numel() == 0 or k.numel() == 0:  # no kernel: out 0, lse -inf (each head's sink, with sinks)
+        lse = torch.full(_lse_shape(q, layout), float("-inf"), dtype=torch.float32, device=q.device)
+        if sinks is not None:
+            lse.copy_(sinks[None, :, None])
+        return torch.zeros(_out_shape(q, v), dtype=out_dtype, device=q.device), lse
+    if not _eager_call(q, k, v):  # traced: the op, with its fake kernel's output dtype
+        return torch.ops.flashgen.attention_forward(q, k, v, scale, mask, layout, False, softcap, *window,
+                                                    alibi_slopes, sinks, chunk, *descales, _out_dtype_name(out_dtype))
+    return _forward(q, k, v, scale, mask, layout, checked=True, softcap=softcap, window=window,
+                    alibi_slopes=alibi_slopes, sinks=sinks, attention_chunk=chunk, descales=descales,
+                    out_dtype=out_dtype)
 
 
 def explain(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, layout="bshd", deterministic=False,

@@ -12,7 +12,7 @@ from ._autograd import (_backward, _setup_context, _variant_backward, _variant_s
                         _variant_varlen_backward, _variant_varlen_setup_context, _varlen_backward_formula,
                         _varlen_setup_context)
 from ._calls import _backward_kernels, _dsinks, _forward, _varlen_backward, _varlen_forward
-from ._checks import _check_inputs, _lse_shape, _out_shape
+from ._checks import _check_fp8_forward, _check_inputs, _lse_shape, _out_dtype_of_name, _out_shape
 from ._kvcache_calls import _kvcache
 from ._schemas import MUTATES, SCHEMAS, VARIANT_SCHEMAS
 from ._variants import from_op_arguments
@@ -21,9 +21,11 @@ from ._variants import from_op_arguments
 # The Python kernels, for a process without the op library.
 
 def _attention_forward(q, k, v, scale, mask, layout, deterministic, softcap=0.0, window_left=-1, window_right=-1,
-                       alibi_slopes=None, sinks=None, attention_chunk=0):
+                       alibi_slopes=None, sinks=None, attention_chunk=0, q_descale=None, k_descale=None,
+                       v_descale=None, out_dtype=""):
     return _forward(q, k, v, scale, mask, layout, softcap=softcap, window=(window_left, window_right),
-                    alibi_slopes=alibi_slopes, sinks=sinks, attention_chunk=attention_chunk)
+                    alibi_slopes=alibi_slopes, sinks=sinks, attention_chunk=attention_chunk,
+                    descales=(q_descale, k_descale, v_descale), out_dtype=_out_dtype_of_name(out_dtype))
 
 
 def _attention_backward(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0, window_left=-1,
@@ -113,9 +115,12 @@ _PYTHON_KERNELS = {"attention_forward": _attention_forward, "attention_backward"
 # The fake kernels: output shapes and dtypes, and the checks that name the caller's arguments while tracing.
 
 def _attention_forward_fake(q, k, v, scale, mask, layout, deterministic, softcap=0.0, window_left=-1,
-                            window_right=-1, alibi_slopes=None, sinks=None, attention_chunk=0):
-    _check_inputs(q, k, v, layout)
-    return q.new_empty(_out_shape(q, v)), q.new_empty(_lse_shape(q, layout), dtype=torch.float32)
+                            window_right=-1, alibi_slopes=None, sinks=None, attention_chunk=0, q_descale=None,
+                            k_descale=None, v_descale=None, out_dtype=""):
+    # FP8 q, k and v give out of out_dtype (bfloat16 when ""), 16-bit ones of their own dtype.
+    _check_inputs(q, k, v, layout, True)
+    _, out_dtype = _check_fp8_forward(q, k, layout, (q_descale, k_descale, v_descale), _out_dtype_of_name(out_dtype))
+    return q.new_empty(_out_shape(q, v), dtype=out_dtype), q.new_empty(_lse_shape(q, layout), dtype=torch.float32)
 
 
 def _attention_backward_fake(dout, q, k, v, out, lse, scale, mask, layout, deterministic, softcap=0.0,

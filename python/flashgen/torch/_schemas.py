@@ -4,7 +4,10 @@
 no soft cap; window_left and window_right are the window's sides (mask "window" only; -1 for no bound); alibi_slopes
 None or the ALiBi slopes; sinks None or the attention sinks (fp32 [heads_q]); attention_chunk 0 or the chunk's length
 (any mask but "top_left"); k_scale and v_scale None or an FP8 cache's scales (fp32 [], [1], [heads_kv] or [batch,
-heads_kv]). Each newer argument was added last with a default, so that older calls still bind.
+heads_kv]); q_descale, k_descale and v_descale None or the FP8 forward's descales (FlashAttention-3's: fp32 [batch,
+heads_kv] or any shape that broadcasts to it, read through its strides), out_dtype "" or its output's dtype by
+name ("bfloat16" or "float16"; "": bfloat16 for FP8 q, k and v, q's dtype otherwise). Each newer argument was added
+last with a default, so that older calls still bind.
 Outputs are new contiguous tensors in the inputs' layout; lse is fp32 [batch, heads_q, seqlen_q] in either layout
 ([heads_q, total_q] packed); the backward ops' fourth output is dsinks, fp32 [heads_q] with sinks, else empty [0].
 """
@@ -13,7 +16,8 @@ SCHEMAS = {
     "attention_forward": (
         "(Tensor q, Tensor k, Tensor v, float scale, str mask, str layout, bool deterministic, float softcap=0., "
         "int window_left=-1, int window_right=-1, Tensor? alibi_slopes=None, Tensor? sinks=None, "
-        "int attention_chunk=0) -> (Tensor, Tensor)"),
+        "int attention_chunk=0, Tensor? q_descale=None, Tensor? k_descale=None, Tensor? v_descale=None, "
+        "str out_dtype=\"\") -> (Tensor, Tensor)"),
     "attention_backward": (
         "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, float scale, str mask, str layout, "
         "bool deterministic, float softcap=0., int window_left=-1, int window_right=-1, Tensor? alibi_slopes=None, "
