@@ -145,4 +145,13 @@ double round_p_to_e4m3(double p) {
   return fp8_bits_to_double(fp8_bits_of(p * 256.0, DType::kFloat8E4M3), DType::kFloat8E4M3) / 256.0;
 }
 
+float fp8_input_descale(int tensor) { return 1.2f / kFp8CodeSpread * (1.f + 0.125f * static_cast<float>(tensor)); }
+
+std::vector<uint8_t> random_fp8_codes(size_t count, DType fp8, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.f, kFp8CodeSpread);
+  std::vector<uint8_t> codes(count);
+  for (uint8_t& code : codes) code = float_to_fp8_bits(normal(rng), fp8);
+  return codes;
+}
+
 }  // namespace flashgen

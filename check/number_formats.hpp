@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <random>
+#include <vector>
 
 #include "problem/attention_problem.hpp"
 
@@ -33,5 +35,13 @@ double fp8_bits_to_double(uint8_t bits, DType fp8);
 // against the row's max, so 1 at the max becomes 256, exact; below 2^-18 it becomes 0), divided by 2^8 again. (The
 // kernels take p against the running max, the row's own from the block that holds it: fwd_sm90_layout.cuh's kPBias.)
 double round_p_to_e4m3(double p);
+
+// The FP8 forward's random inputs of `flashgen run` and the tuning sweeps: normal values of spread kFp8CodeSpread
+// rounded to the FP8 type (e4m3's reach its largest, ±448), and one descale per tensor bringing them to about 1.2 —
+// q's, k's and v's an eighth apart (fp8_input_descale), so a kernel that reads one tensor's in place of another's
+// fails the check.
+constexpr float kFp8CodeSpread = 150.f;
+float fp8_input_descale(int tensor);  // 0: q, 1: k, 2: v
+std::vector<uint8_t> random_fp8_codes(size_t count, DType fp8, std::mt19937_64& rng);
 
 }  // namespace flashgen

@@ -205,7 +205,7 @@ std::string problem_text(const RunOptions& o, double scale) {
   const std::string dtype =
       is_fp8(o.problem.dtype)
           ? format("%s (normal codes of std %.0f, descales q %.4g k %.4g v %.4g) to %s", dtype_name(o.problem.dtype),
-                   kFp8CodeSpread, fp8_run_descale(0), fp8_run_descale(1), fp8_run_descale(2),
+                   kFp8CodeSpread, fp8_input_descale(0), fp8_input_descale(1), fp8_input_descale(2),
                    dtype_name(o.problem.output_dtype()))
           : std::string(dtype_name(o.problem.dtype));
   return packed + format("batch %lld, seqlen_q %lld, seqlen_k %lld, heads %lld/%lld, head_dim %s, %s, mask %s, scale %.6g%s, "
@@ -429,7 +429,7 @@ Json run_report_json(const RunReport& r) {
         {"heads_kv", s.heads_kv}, {"head_dim", s.head_dim}, {"head_dim_v", s.value_dim()},
         {"dtype", dtype_name(p.dtype)}, {"out_dtype", dtype_name(p.output_dtype())},
         // An FP8 run's descales of q, k and v (one per tensor); null for 16-bit runs.
-        {"descales", is_fp8(p.dtype) ? Json::array({fp8_run_descale(0), fp8_run_descale(1), fp8_run_descale(2)})
+        {"descales", is_fp8(p.dtype) ? Json::array({fp8_input_descale(0), fp8_input_descale(1), fp8_input_descale(2)})
                                      : Json(nullptr)},
         {"causal", causal_text(p.mask)},
         {"window", p.windowed() ? Json::array({p.window_left, p.window_right}) : Json(nullptr)},

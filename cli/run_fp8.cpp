@@ -27,11 +27,8 @@ HostCodes make_host_codes(DType fp8, const StridedView& view, float descale) {
   return HostCodes{fp8, view, std::vector<uint8_t>(static_cast<size_t>(view.elements())), descale};
 }
 
-// Random normal values of spread kFp8CodeSpread rounded to the tensor's FP8 type, in memory order.
-void fill_codes(HostCodes& t, std::mt19937& rng) {
-  std::normal_distribution<float> normal(0.f, kFp8CodeSpread);
-  for (uint8_t& code : t.codes) code = float_to_fp8_bits(normal(rng), t.dtype);
-}
+// The tensor's codes drawn as check/number_formats.hpp's random_fp8_codes draws them, in memory order.
+void fill_codes(HostCodes& t, std::mt19937_64& rng) { t.codes = random_fp8_codes(t.codes.size(), t.dtype, rng); }
 
 }  // namespace
 
@@ -43,11 +40,11 @@ RunReport run_fp8(const RunOptions& o, RunReport report) {
 
   const bool bhsd = o.layout == "bhsd";
   HostCodes q = make_host_codes(p.dtype, host_view(shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim, bhsd),
-                                fp8_run_descale(0));
+                                fp8_input_descale(0));
   HostCodes k = make_host_codes(p.dtype, host_view(shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim, bhsd),
-                                fp8_run_descale(1));
+                                fp8_input_descale(1));
   HostCodes v = make_host_codes(
-      p.dtype, host_view(shape.batch, shape.seqlen_k, shape.heads_kv, shape.value_dim(), bhsd), fp8_run_descale(2));
+      p.dtype, host_view(shape.batch, shape.seqlen_k, shape.heads_kv, shape.value_dim(), bhsd), fp8_input_descale(2));
   HostTensor out =
       make_host_tensor(p.output_dtype(), shape.batch, shape.seqlen_q, shape.heads_q, shape.value_dim(), bhsd);
   std::vector<float> lse(static_cast<size_t>(shape.batch * shape.heads_q * shape.seqlen_q));
@@ -70,7 +67,7 @@ RunReport run_fp8(const RunOptions& o, RunReport report) {
   const ForwardCall problem = make_forward_call(&q_view, &k_view, &v_view, &out_view, lse_ptr, &options);
   report.scale = problem.params.variant.scale;
 
-  std::mt19937 rng(o.seed);
+  std::mt19937_64 rng(o.seed);
   fill_codes(q, rng);
   fill_codes(k, rng);
   fill_codes(v, rng);

@@ -125,8 +125,6 @@ CheckResult check_sampled_rows(const AttentionShape& shape, const HostInput& q, 
   return result;
 }
 
-float fp8_run_descale(int tensor) { return 1.2f / kFp8CodeSpread * (1.f + 0.125f * static_cast<float>(tensor)); }
-
 CheckResult check_sampled_rows_fp8(const AttentionShape& shape, const HostInput& q, const HostInput& k,
                                    const HostInput& v, const HostInput& out, const float* lse, DType out_dtype,
                                    const std::vector<RowSample>& rows, double scale, Mask mask,

@@ -69,13 +69,6 @@ ReferenceVariant run_variant(const RunOptions& o);
 // Where a run's sinks live: --sink's logit for every query head uploaded into sinks; null without --sink.
 const float* upload_sinks(const RunOptions& o, DeviceBuffer& sinks);
 
-// An FP8 run's q, k and v (--dtype e4m3 or e5m2): random normal values of spread kFp8CodeSpread rounded to the FP8
-// type (e4m3's reach its largest, ±448), and one descale per tensor (strides {0, 0}) bringing them to about 1.2 —
-// q's, k's and v's an eighth apart (fp8_run_descale), so a kernel that reads one tensor's in place of another's fails
-// the check.
-constexpr float kFp8CodeSpread = 150.f;
-float fp8_run_descale(int tensor);  // 0: q, 1: k, 2: v
-
 // The FP8 forward's out (out_dtype) and lse at rows against float64 attention over the dequantized inputs
 // (HostInput::fp8_codes), by FlashAttention-3's rule (check/output_check.hpp's check_fp8_rows).
 CheckResult check_sampled_rows_fp8(const AttentionShape& shape, const HostInput& q, const HostInput& k,

@@ -60,7 +60,8 @@ Command tune_command() {
                  "[options]")
       .flag("backward", "tune the backward pass (dq, dk, dv) instead of the forward")
       .flag("deterministic", "with --backward: the deterministic dQ strategy (bitwise repeatable)")
-      .option("dtype", "T", "fp16 or bf16 (default fp16)")
+      .option("dtype", "T", "fp16 or bf16 (default fp16); or e4m3 or e5m2, the FP8 forward (sm_90, dense batches; its "
+                            "tiles are timed writing bf16 and serve an fp16 output too)")
       .option("head-dim", "D", "head dimension (default 128)")
       .option("head-dim-v", "D", "the values' head dimension where it is not --head-dim (MLA's prefill: --head-dim "
                                  "192 --head-dim-v 128); forward or --backward; a class of its own (d192v128)")

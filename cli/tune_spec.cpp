@@ -24,10 +24,24 @@ bool deterministic_forward(const AttentionProblem& p) {
   return p.pass == Pass::kForward && p.dq == DqStrategy::kDeterministic;
 }
 
+// A problem's dtype by name: fp16 or bf16, or e4m3 or e5m2 (the FP8 forward's q, k and v; its tiles are timed writing
+// bf16 and serve fp16 alike, so the problem's output is bf16).
+void set_dtype(AttentionProblem& p, const std::string& name) {
+  p.dtype = name == "fp16"   ? DType::kFloat16
+            : name == "bf16" ? DType::kBFloat16
+            : name == "e4m3" ? DType::kFloat8E4M3
+                             : DType::kFloat8E5M2;
+  p.out_dtype = is_fp8(p.dtype) ? std::optional<DType>(DType::kBFloat16) : std::nullopt;
+}
+
 // Why the library refuses the problem (its sizes, as `run` checks them) or no kernel family takes its
 // head_dims (checked against the sm80 family, which every supported GPU runs, then the Hopper families, which take
 // wider ones), or nullopt: a sweep would stop at such a problem, so the dry run says it too.
 std::optional<std::string> untunable(const AttentionProblem& p) {
+  if (is_fp8(p.dtype) && (p.backward() || p.varlen || p.kv_cache)) {
+    return std::string("dtype ") + dtype_name(p.dtype) + " is the FP8 forward's, of dense batches: not with " +
+           (p.backward() ? "the backward" : p.varlen ? "a packed batch" : "a KV cache (an FP8 cache is cache_dtype)");
+  }
   RunOptions as_run;
   as_run.problem = p;
   if (p.varlen && p.paged) as_run.prefill_page_size = p.page_size;  // run's packed call over a block table
@@ -61,7 +75,7 @@ AttentionProblem problem_from_flags(const Args& args) {
   problem.pass = args.has("backward") ? Pass::kBackward : Pass::kForward;
   problem.dq = args.has("deterministic") ? DqStrategy::kDeterministic : DqStrategy::kAtomic;
   if (deterministic_forward(problem)) fail(Status::kInvalidArgument, "--deterministic needs --backward");
-  problem.dtype = args.choice_or("dtype", "fp16", {"fp16", "bf16"}) == "fp16" ? DType::kFloat16 : DType::kBFloat16;
+  set_dtype(problem, args.choice_or("dtype", "fp16", {"fp16", "bf16", "e4m3", "e5m2"}));
   mask_from_flags(args, problem);
   problem.softcap = static_cast<float>(args.double_or("softcap", 0.0));
   problem.alibi = args.has("alibi");
@@ -135,8 +149,9 @@ TuneSpec read_tune_spec(const std::string& path, const AttentionProblem& default
         if (!value.is_boolean()) bad(where + ".deterministic must be true or false");
         p.dq = value.get<bool>() ? DqStrategy::kDeterministic : DqStrategy::kAtomic;
       } else if (key == "dtype") {
-        if (value != "fp16" && value != "bf16") bad(where + ".dtype must be \"fp16\" or \"bf16\"");
-        p.dtype = value == "bf16" ? DType::kBFloat16 : DType::kFloat16;
+        if (value != "fp16" && value != "bf16" && value != "e4m3" && value != "e5m2")
+          bad(where + ".dtype must be \"fp16\", \"bf16\", \"e4m3\" or \"e5m2\"");
+        set_dtype(p, value.get<std::string>());
       } else if (key == "causal") {
         if (value != "none" && value != "bottom-right" && value != "top-left")
           bad(where + ".causal must be \"none\", \"bottom-right\" or \"top-left\"");

@@ -45,10 +45,6 @@ Plan<Choice> stored_or_builtin(const AttentionProblem& problem, const PlanSource
 template <class Choice>
 void first_use_tune(const AttentionProblem& problem, const PlanSources<Choice>& sources, Plan<Choice>& plan) {
   if (!sources.tune || (problem.user != nullptr && user_key_tag(problem).empty())) return;
-  if (is_fp8(problem.dtype)) {  // the sweeps make 16-bit inputs only (tuner/tune.cpp)
-    plan.choice.reason += "; not tuned on first use: the sweeps do not take FP8 inputs yet";
-    return;
-  }
   if (sources.tuning_deferred) {
     plan.final = false;
     return;

@@ -17,6 +17,8 @@ SpaceReport forward_space(DType dtype, int head_dim, MaskKind mask, int arch, co
   c.head_dim = head_dim;
   c.head_dim_v = head_dim_v != head_dim ? head_dim_v : 0;
   c.mask = mask;
+  // FP8 tiles are timed writing bf16 and serve fp16 alike (the planner gives a call's config its output type).
+  if (is_fp8(dtype)) c.out_dtype = DType::kBFloat16;
   // Each family's own product, in a fixed nesting (block_m outermost, its last knob innermost) so the
   // valid list, and every sweep that walks it, comes out in the same order on every run.
   for (int block_m : knobs.block_m)

@@ -75,6 +75,7 @@ SweepResult sweep_forward(const AttentionProblem& problem, const std::vector<Ker
                      "candidate " + c.name() + " does not match the sweep's problem");
   }
   if (problem.varlen) return sweep_forward_packed(problem, candidates, stream, options);
+  if (is_fp8(dtype)) return sweep_forward_fp8(problem, candidates, stream, options);
 
   // Inputs: q and k of head_dim, v and out of the values' head dim.
   const int64_t q_elems = shape.batch * shape.seqlen_q * shape.heads_q * shape.head_dim;
@@ -129,23 +130,12 @@ SweepResult sweep_forward(const AttentionProblem& problem, const std::vector<Ker
 
   PassHooks<KernelConfig> hooks;
   hooks.check = [&](const KernelConfig& c) -> std::string {
-    inputs[0].dout.fill_bytes(0xff, stream);  // NaN: an unwritten element fails the check
-    inputs[0].dlse.fill_bytes(0xff, stream);
-    launch_forward(calls[0], stream, c);
-    FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
-    std::vector<uint16_t> out(static_cast<size_t>(out_elems));
-    std::vector<float> lse(lse_bytes / sizeof(float));
-    inputs[0].dout.download(out.data(), out.size() * 2);
-    inputs[0].dlse.download(lse.data(), lse_bytes);
+    const ForwardOutputs read = checked_forward_run(calls[0], c, inputs[0].dout, inputs[0].dlse, stream);
     const RowsCheck check =
-        check_rows(shape, rows, reference, HostInput::bits16(out.data(), dtype, out_view), lse.data(), dtype);
+        check_rows(shape, rows, reference, HostInput::bits16(read.out.data(), dtype, out_view), read.lse.data(), dtype);
     return failures({&check.out, &check.lse});
   };
-  hooks.prepare = [&](const KernelConfig& c) -> std::function<void(int)> {
-    auto prepared = std::make_shared<std::vector<PreparedForward>>();
-    for (const ForwardCall& call : calls) prepared->push_back(prepare_forward(call, stream, c));
-    return [prepared, stream](int sample) { (*prepared)[size_t(sample) % prepared->size()](stream); };
-  };
+  hooks.prepare = [&](const KernelConfig& c) { return forward_launches(calls, c, stream); };
   run_sweep(with_problem_user(candidates, problem), arch, stream, options, hooks, result);
   without_user(result);
   return result;

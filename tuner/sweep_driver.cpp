@@ -95,6 +95,25 @@ void without_user(SweepResult& result) {
   set_user(result.winner, nullptr);
 }
 
+ForwardOutputs checked_forward_run(const ForwardCall& call, const KernelConfig& config, DeviceBuffer& out,
+                                   DeviceBuffer& lse, CUstream stream) {
+  out.fill_bytes(0xff, stream);
+  lse.fill_bytes(0xff, stream);
+  launch_forward(call, stream, config);
+  FLASHGEN_CU_CHECK(cuStreamSynchronize(stream));
+  ForwardOutputs read{std::vector<uint16_t>(out.bytes() / 2), std::vector<float>(lse.bytes() / sizeof(float))};
+  out.download(read.out.data(), read.out.size() * 2);
+  lse.download(read.lse.data(), read.lse.size() * sizeof(float));
+  return read;
+}
+
+std::function<void(int)> forward_launches(const std::vector<ForwardCall>& calls, const KernelConfig& config,
+                                          CUstream stream) {
+  auto prepared = std::make_shared<std::vector<PreparedForward>>();
+  for (const ForwardCall& call : calls) prepared->push_back(prepare_forward(call, stream, config));
+  return [prepared, stream](int sample) { (*prepared)[size_t(sample) % prepared->size()](stream); };
+}
+
 std::function<void(int)> backward_launches(const std::vector<const BackwardCall*>& calls, const BwdConfig& config,
                                            CUstream stream) {
   struct Prepared {

@@ -19,6 +19,7 @@
 #include "check/reference.hpp"
 #include "flashgen/error.hpp"
 #include "runtime/cuda_driver.hpp"
+#include "launch/attention.hpp"
 #include "launch/attention_backward.hpp"
 #include "runtime/device_buffer.hpp"
 #include "runtime/kernel_registry.hpp"
@@ -206,6 +207,20 @@ void run_sweep(const std::vector<Config>& candidates, int arch, CUstream stream,
                                    (top > fastest ? " and " + std::to_string(top - fastest) + " always re-timed" : "");
 }
 
+// A dense forward sweep's run of config for its check: out and lse poisoned (NaN: an unwritten element fails the
+// check), call launched, then both read back, out as its 16-bit values.
+struct ForwardOutputs {
+  std::vector<uint16_t> out;
+  std::vector<float> lse;
+};
+ForwardOutputs checked_forward_run(const ForwardCall& call, const KernelConfig& config, DeviceBuffer& out,
+                                   DeviceBuffer& lse, CUstream stream);
+
+// The prepare hook of the dense forward sweeps: config prepared on each call (a timed set's); the function launches
+// call `sample % calls.size()`.
+std::function<void(int)> forward_launches(const std::vector<ForwardCall>& calls, const KernelConfig& config,
+                                          CUstream stream);
+
 // The prepare hook of the backward sweeps: config's launch on each call (a timed set's), each with a workspace
 // of its own allocated now; the function launches call `sample % calls.size()`.
 std::function<void(int)> backward_launches(const std::vector<const BackwardCall*>& calls, const BwdConfig& config,
@@ -217,5 +232,10 @@ SweepResult sweep_forward_packed(const AttentionProblem& problem, const std::vec
                                  CUstream stream, const SweepOptions& options);
 SweepResult sweep_backward_packed(const AttentionProblem& problem, const std::vector<BwdConfig>& candidates,
                                   CUstream stream, const SweepOptions& options);
+
+// The sweep of the dense FP8 forward (sweep_fp8.cpp), behind sweep_forward: problem.dtype e4m3 or e5m2, every
+// candidate writing the same 16-bit output type.
+SweepResult sweep_forward_fp8(const AttentionProblem& problem, const std::vector<KernelConfig>& candidates,
+                              CUstream stream, const SweepOptions& options);
 
 }  // namespace flashgen::sweep_driver

@@ -146,14 +146,34 @@ TEST_CASE("FP8 forward configs name their output type and keep to the sm90 famil
   } catch (const std::exception& e) {
     CHECK(std::string(e.what()).find("FP8 attention needs sm_90a") != std::string::npos);
   }
-  // Not swept yet: its sweeps would make 16-bit inputs.
+  // The tuner's plan: the built-in choice first, then FP8 tiles only, each writing bf16 (the tiles serve both outputs)
+  // and valid on sm_90.
   Fp8Args a;
   const flashgen::ForwardCall call = flashgen::make_forward_call(&a.q, &a.k, &a.v, &a.out, nullptr, &a.opts);
-  try {
-    flashgen::plan_tune(call.problem, 90, {});
-    FAIL("an FP8 problem is not swept");
-  } catch (const flashgen::Error& e) {
-    CHECK(e.status() == flashgen::Status::kUnsupported);
-    CHECK(std::string(e.what()).find("tuning an FP8 forward (e4m3 q, k and v) is not served yet") != std::string::npos);
+  flashgen::TuneOptions options;
+  options.max_candidates = 64;
+  const flashgen::TunePlan plan = flashgen::plan_tune(call.problem, 90, options);
+  REQUIRE(plan.candidates.size() > 1);
+  CHECK(flashgen::config_name(plan.candidates.front()) == flashgen::config_name(plan.builtin));
+  for (const flashgen::TunedConfig& tuned : plan.candidates) {
+    const KernelConfig& c = std::get<KernelConfig>(tuned);
+    CHECK(c.dtype == DType::kFloat8E4M3);
+    CHECK(c.out_dtype == DType::kBFloat16);
+    CHECK(c.block_n == 128);
+    CHECK_FALSE(c.invalid_reason(90));
+  }
+  CHECK(static_cast<int>(plan.space.valid) < plan.space.total);  // the 16-bit tiles FP8 cannot take, pruned by name
+  // FP8 is the dense forward's: a packed or backward problem of it is refused by name.
+  for (const bool varlen : {true, false}) {
+    flashgen::AttentionProblem other = call.problem;
+    if (varlen) other.varlen = true;
+    else other.pass = flashgen::Pass::kBackward;
+    try {
+      flashgen::plan_tune(other, 90, {});
+      FAIL("a packed or backward FP8 problem is not swept");
+    } catch (const flashgen::Error& e) {
+      CHECK(e.status() == flashgen::Status::kUnsupported);
+      CHECK(std::string(e.what()).find("tuning e4m3 q, k and v: the dense forward only") != std::string::npos);
+    }
   }
 }

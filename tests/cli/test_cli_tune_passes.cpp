@@ -184,6 +184,80 @@ TEST_CASE("cli: tune --varlen lists packed-batch configs for a batch of the give
              Catch::Contains("problems[0].total_k must be between"));
 }
 
+TEST_CASE("cli: tune --dtype e4m3 lists the FP8 forward's tiles, each writing bf16", "[cli][tune][fp8]") {
+  const NoSchedulerEnv no_scheduler;
+  const TempDir dir("flashgen-cli-tune-fp8");
+  const std::string builtin =
+      flashgen::heuristic_forward_configs(flashgen::DType::kFloat8E4M3, 128, flashgen::MaskKind::kCausal, 90)
+          .front()
+          .name();
+  for (const std::vector<std::string>& source :
+       {std::vector<std::string>{"--dtype", "e4m3", "--causal", "bottom-right"},
+        {"--spec", write_spec(dir, R"({"problems": [{"dtype": "e4m3", "causal": "bottom-right"}]})")}}) {
+    std::vector<std::string> command{"tune", "--max-candidates", "4", "--dry-run", "--json", "--arch", "90"};
+    command.insert(command.end(), source.begin(), source.end());
+    const nlohmann::json fp8 = parse_json(run_cli(command, dir));
+    REQUIRE(fp8["problems"].size() == 1);
+    CHECK(fp8["problems"][0]["dtype"] == "e4m3");
+    const nlohmann::json& candidates = fp8["problems"][0]["candidates"];
+    REQUIRE(candidates.size() == 4);
+    CHECK(candidates[0] == builtin);
+    for (const auto& name : candidates) {
+      CHECK(name.get<std::string>().rfind("fwd_sm90_e4m3_d128_", 0) == 0);
+      CHECK(name.get<std::string>().find("_obf16") != std::string::npos);
+    }
+  }
+  auto error_of = [&](std::vector<std::string> command) {
+    command.push_back("--dry-run");
+    const auto r = run_cli(command, dir);
+    CHECK(r.exit_code == 2);
+    return r.err;
+  };
+  CHECK_THAT(error_of({"tune", "--dtype", "e5m2", "--backward"}),
+             Catch::Contains("dtype e5m2 is the FP8 forward's, of dense batches: not with the backward"));
+  CHECK_THAT(error_of({"tune", "--dtype", "e4m3", "--kv-cache"}),
+             Catch::Contains("not with a KV cache (an FP8 cache is cache_dtype)"));
+  CHECK_THAT(error_of({"tune", "--spec", write_spec(dir, R"({"problems": [{"dtype": "e4m3", "varlen": true}]})")}),
+             Catch::Contains("problems[0]: dtype e4m3 is the FP8 forward's, of dense batches: not with a packed batch"));
+  CHECK_THAT(error_of({"tune", "--spec", write_spec(dir, R"({"problems": [{"dtype": "fp8"}]})")}),
+             Catch::Contains(R"(problems[0].dtype must be "fp16", "bf16", "e4m3" or "e5m2")"));
+}
+
+TEST_CASE("cli: tune --dtype e4m3 stores a winner that run --dtype e4m3 then uses, for either output type",
+          "[gpu][cli][tune][fp8]") {
+  FLASHGEN_REQUIRE_GPU();
+  {
+    flashgen::ScopedContext scope;
+    FLASHGEN_REQUIRE_SM90(scope);
+  }
+  const NoSchedulerEnv no_scheduler;
+  const TempDir dir("flashgen-cli-tune-fp8-gpu");
+  const std::vector<std::string> problem = {"--dtype", "e4m3", "--causal", "bottom-right", "--batch", "2",
+                                            "--heads-q", "4", "--heads-kv", "2", "--seqlen-q", "1000",
+                                            "--seqlen-k", "1000"};
+  std::vector<std::string> tune = {"tune", "--max-candidates", "3", "--json"};
+  tune.insert(tune.end(), problem.begin(), problem.end());
+  const nlohmann::json tuned = parse_json(run_cli(tune, dir));
+  REQUIRE(tuned.is_object());
+  CHECK(tuned["problem"].get<std::string>().rfind("fwd|e4m3|d128|causal|g2|", 0) == 0);
+  CHECK(tuned["passed"] == 3);
+  const std::string winner = tuned["winner"].get<std::string>();
+  CHECK(winner.rfind("fwd_sm90_e4m3_d128_", 0) == 0);
+  CHECK(winner.find("_obf16") != std::string::npos);
+
+  // The stored tiles serve both outputs: an fp16 run takes the winner with its own output type.
+  for (const std::string out : {"bf16", "fp16"}) {
+    std::vector<std::string> run = {"run", "--json", "--iters", "2", "--warmup", "1", "--out-dtype", out};
+    run.insert(run.end(), problem.begin(), problem.end());
+    const nlohmann::json ran = parse_json(run_cli(run, dir));
+    std::string want = winner;
+    want.replace(want.find("_obf16"), 6, "_o" + out);
+    CHECK(ran["config"] == want);
+    CHECK(ran["reason"].get<std::string>().find("tuning database") != std::string::npos);
+    CHECK(ran["check"]["pass"] == true);
+  }
+}
+
 TEST_CASE("cli: tune --backward stores a winner that run --backward then uses", "[gpu][cli][tune][backward]") {
   FLASHGEN_REQUIRE_GPU();
   const NoSchedulerEnv no_scheduler;
