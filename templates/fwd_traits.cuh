@@ -100,7 +100,7 @@ struct ConfigHeadDimV<Cfg, decltype(void(Cfg::kHeadDimV))> {
 };
 
 // The threads of an FP8 module's Vᵀ kernel (fwd_sm90_values.cuh).
-constexpr int kValuesThreads = 256;
+inline constexpr int kValuesThreads = 256;
 
 // Cfg::kOutElem where the generated config header names it (an FP8 config's 16-bit output), else Cfg::kElem.
 template <class Cfg, class = void>
