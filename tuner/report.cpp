@@ -42,11 +42,11 @@ struct PeakEntry {
 
 const std::vector<PeakEntry>& peak_table() {
   static const std::vector<PeakEntry> table = {
-      {{"h100", "nvl"}, {"H100 NVL", 835, 3900}},
-      {{"h100", "pcie"}, {"H100 PCIe", 756, 2000}},
-      {{"h100"}, {"H100 SXM", 989, 3350}},
-      {{"h200", "nvl"}, {"H200 NVL", 835, 4800}},
-      {{"h200"}, {"H200 SXM", 989, 4800}},
+      {{"h100", "nvl"}, {"H100 NVL", 835, 3900, 1671}},
+      {{"h100", "pcie"}, {"H100 PCIe", 756, 2000, 1513}},
+      {{"h100"}, {"H100 SXM", 989, 3350, 1979}},
+      {{"h200", "nvl"}, {"H200 NVL", 835, 4800, 1671}},
+      {{"h200"}, {"H200 SXM", 989, 4800, 1979}},
       {{"a100", "80gb", "pcie"}, {"A100 PCIe 80GB", 312, 1935}},
       {{"a100", "80gb"}, {"A100 SXM 80GB", 312, 2039}},
       {{"a100"}, {"A100 40GB", 312, 1555}},
@@ -324,9 +324,11 @@ std::optional<ProblemWork> problem_work(const ProblemKey& key) {
     work.bytes = kElementBytes * d * 2 * q_rows + cache_bytes * d * 2 * heads_kv * static_cast<double>(keys_read(key));
   } else if (key.pass == Pass::kForward) {
     work.flops = forward_flops(shape, mask, window);
-    // Q, K, V read; O and the log-sum-exp written.
-    work.bytes =
-        kElementBytes * d * (2 * q_rows + 2 * heads_kv * static_cast<double>(key.seqlen_k_bucket)) + kLseBytes * q_rows;
+    work.fp8 = is_fp8(key.dtype);
+    // Q, K, V read (FP8's of a byte); O (16-bit) and the log-sum-exp written.
+    const double input_bytes = elem_bytes(key.dtype);
+    work.bytes = input_bytes * d * (q_rows + 2 * heads_kv * static_cast<double>(key.seqlen_k_bucket)) +
+                 kElementBytes * d * q_rows + kLseBytes * q_rows;
   } else {
     work.flops = backward_flops(shape, mask, window);
     // Q, O, dO read and dQ written; K, V read and dK, dV written; the log-sum-exp read.
@@ -341,10 +343,11 @@ PeakFraction peak_fraction(const ProblemWork& work, const GpuPeak& peak, double 
   const double seconds = ms * 1e-3;
   f.tflops = work.flops / seconds / 1e12;
   f.gbps = work.bytes / seconds / 1e9;
-  f.compute = peak.tflops > 0 ? f.tflops / peak.tflops : 0;
+  const double math_peak = work.fp8 ? peak.fp8_tflops : peak.tflops;
+  f.compute = math_peak > 0 ? f.tflops / math_peak : 0;
   f.memory = peak.hbm_gbps > 0 ? f.gbps / peak.hbm_gbps : 0;
   // At the peaks the math takes flops / peak_flops seconds and the traffic bytes / peak_bandwidth: the longer bounds.
-  f.memory_bound = work.bytes / (peak.hbm_gbps * 1e9) > work.flops / (peak.tflops * 1e12);
+  f.memory_bound = math_peak > 0 && work.bytes / (peak.hbm_gbps * 1e9) > work.flops / (math_peak * 1e12);
   return f;
 }
 

@@ -21,8 +21,9 @@ namespace flashgen {
 // A GPU model's datasheet peaks: dense fp16/bf16 tensor-core math and HBM bandwidth.
 struct GpuPeak {
   std::string model;    // "H100 SXM"
-  double tflops = 0;    // TFLOP/s, fp16/bf16 dense (no sparsity)
-  double hbm_gbps = 0;  // GB/s, 1e9 bytes per second
+  double tflops = 0;       // TFLOP/s, fp16/bf16 dense (no sparsity)
+  double hbm_gbps = 0;     // GB/s, 1e9 bytes per second
+  double fp8_tflops = 0;   // TFLOP/s, FP8 dense; 0 without FP8 tensor cores
 };
 
 // The peaks of the GPU a fingerprint's gpu_name names (the CUDA driver's device name: "NVIDIA H100 80GB HBM3"), from
@@ -36,6 +37,7 @@ std::optional<GpuPeak> datasheet_peak(const std::string& gpu_name);
 struct ProblemWork {
   double flops = 0;
   double bytes = 0;
+  bool fp8 = false;  // an FP8 forward's: its math runs at the FP8 peak
 };
 
 // nullopt for a packed batch, whose total tokens its key does not hold. A window key counts the window as its
@@ -47,7 +49,7 @@ std::optional<ProblemWork> problem_work(const ProblemKey& key);
 struct PeakFraction {
   double tflops = 0;  // achieved
   double gbps = 0;
-  double compute = 0;  // tflops / peak
+  double compute = 0;  // tflops / peak (the FP8 peak for FP8 work; 0 where the GPU has none)
   double memory = 0;   // gbps / peak
   bool memory_bound = false;
   double fraction() const { return memory_bound ? memory : compute; }

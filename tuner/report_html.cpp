@@ -153,8 +153,9 @@ PeakText peak_text(const ReportProblem& problem, const ReportDevice& device, dou
   }
   const GpuPeak& peak = *device.peak;
   const PeakFraction f = peak_fraction(*problem.work, peak, ms);
+  const bool fp8 = problem.work->fp8;
   const std::string compute = tflops_text(f.tflops) + ", " + percent_text(f.compute) + " of the " + peak.model + "'s " +
-                              format("%.0f", peak.tflops) + " TFLOP/s";
+                              format("%.0f", fp8 ? peak.fp8_tflops : peak.tflops) + (fp8 ? " FP8" : "") + " TFLOP/s";
   const std::string memory =
       bandwidth_text(f.gbps) + ", " + percent_text(f.memory) + " of its " + bandwidth_text(peak.hbm_gbps) + " HBM";
   if (f.memory_bound) {
@@ -463,13 +464,15 @@ std::string header(const ReportData& data) {
   html +=
       "<table class=\"devices\"><thead><tr><th>GPU</th><th>device name</th><th class=\"num\">sm</th>"
       "<th class=\"num\">SMs</th><th class=\"num\">driver</th><th>NVRTC</th><th>generator</th>"
-      "<th class=\"num\">sweeps shown</th><th>peak used (datasheet: dense fp16/bf16 tensor cores; HBM)</th>"
+      "<th class=\"num\">sweeps shown</th><th>peak used (datasheet: dense fp16/bf16 tensor cores, FP8's; HBM)</th>"
       "</tr></thead><tbody>";
   for (size_t i = 0; i < data.devices.size(); ++i) {
     const ReportDevice& d = data.devices[i];
     const DeviceFingerprint& f = d.fingerprint;
     const std::string peak =
-        d.peak ? d.peak->model + ": " + format("%.0f", d.peak->tflops) + " TFLOP/s, " + bandwidth_text(d.peak->hbm_gbps)
+        d.peak ? d.peak->model + ": " + format("%.0f", d.peak->tflops) + " TFLOP/s" +
+                     (d.peak->fp8_tflops > 0 ? format(" (FP8 %.0f)", d.peak->fp8_tflops) : std::string()) + ", " +
+                     bandwidth_text(d.peak->hbm_gbps)
                : std::string("none known");
     html += "<tr><td>" + escape(d.label) + "</td><td>" + escape(f.gpu_name) + "</td><td class=\"num\">" +
             std::to_string(f.sm) + "</td><td class=\"num\">" + std::to_string(f.sm_count) + "</td><td class=\"num\">" +
@@ -488,7 +491,7 @@ std::string header(const ReportData& data) {
       "Hover a mark for its config and time. The built-in choice is the one today's heuristic makes for the GPU "
       "without "
       "tuning data (its first preference that the rows do not report spilling). The winner's speed is set against the "
-      "GPU's datasheet peak: dense fp16/bf16 tensor-core TFLOP/s, or HBM bandwidth where moving the problem's bytes "
+      "GPU's datasheet peak: dense fp16/bf16 tensor-core TFLOP/s (FP8's for an FP8 forward), or HBM bandwidth where moving the problem's bytes "
       "at that bandwidth takes longer than its math at the compute peak (decoding, short windows); the work is counted "
       "at the size bucket's upper ends (FLOPs as flashgen run counts them; bytes: every input read and every output "
       "written once), which is what the shipped sweeps time.</p></header>";

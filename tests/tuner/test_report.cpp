@@ -473,4 +473,17 @@ TEST_CASE("report: datasheet peaks and the work of a problem", "[report]") {
   const PeakFraction f = peak_fraction(forward, *datasheet_peak("NVIDIA H100 80GB HBM3"), 1.0);
   CHECK(!f.memory_bound);
   CHECK(f.fraction() == Approx(549.755813888 / 989));
+
+  // An FP8 forward: Q, K and V of a byte, O of two; its math against the FP8 peak (twice the 16-bit one on Hopper).
+  const ProblemWork fp8 =
+      *problem_work(forward_problem_key(DType::kFloat8E4M3, 128, MaskKind::kNone, 1, 4096, 4096, 64));
+  CHECK(fp8.fp8);
+  CHECK_FALSE(forward.fp8);
+  CHECK(fp8.flops == forward.flops);
+  CHECK(fp8.bytes == 1.0 * 128 * 3 * 64 * 4096 + 2.0 * 128 * 64 * 4096 + 4.0 * 64 * 4096);
+  CHECK(datasheet_peak("NVIDIA H200")->fp8_tflops == 1979);
+  CHECK(datasheet_peak("NVIDIA A100-SXM4-40GB")->fp8_tflops == 0);
+  const PeakFraction g = peak_fraction(fp8, *datasheet_peak("NVIDIA H100 80GB HBM3"), 1.0);
+  CHECK(!g.memory_bound);
+  CHECK(g.fraction() == Approx(549.755813888 / 1979));
 }
