@@ -352,20 +352,31 @@ ReferenceRow attention_reference_row(const AttentionShape& shape, const HostInpu
   return result;
 }
 
+namespace {
+
+// row_of(sample) for each of rows on up to `threads` threads, the inputs, variant and rows checked here first so that
+// no worker thread throws.
+template <class Row, class RowOf>
+std::vector<Row> sampled_rows(const AttentionShape& shape, const HostInput& q, const HostInput& k, const HostInput& v,
+                              const std::vector<RowSample>& rows, int threads, const ReferenceVariant& variant,
+                              const RowOf& row_of) {
+  require_reference_inputs(shape, q, k, v);
+  require_reference_variant(shape, variant);
+  for (const RowSample& r : rows) require_row(shape, r);
+  std::vector<Row> reference(rows.size());
+  for_each_row(rows.size(), threads, [&](size_t i) { reference[i] = row_of(rows[i]); });
+  return reference;
+}
+
+}  // namespace
+
 std::vector<ReferenceRow> attention_reference_rows(const AttentionShape& shape, const HostInput& q,
                                                    const HostInput& k, const HostInput& v, double scale,
                                                    Mask mask, const std::vector<RowSample>& rows,
                                                    int threads, const ReferenceVariant& variant) {
-  // Checked here, so that no worker thread throws.
-  require_reference_inputs(shape, q, k, v);
-  require_reference_variant(shape, variant);
-  for (const RowSample& r : rows) require_row(shape, r);
-  std::vector<ReferenceRow> reference(rows.size());
-  for_each_row(rows.size(), threads, [&](size_t i) {
-    reference[i] = attention_reference_row(shape, q, k, v, scale, mask, rows[i].batch, rows[i].head, rows[i].row,
-                                           variant);
+  return sampled_rows<ReferenceRow>(shape, q, k, v, rows, threads, variant, [&](const RowSample& r) {
+    return attention_reference_row(shape, q, k, v, scale, mask, r.batch, r.head, r.row, variant);
   });
-  return reference;
 }
 
 Fp8ReferenceRow attention_reference_row_fp8(const AttentionShape& shape, const HostInput& q, const HostInput& k,
@@ -390,16 +401,9 @@ std::vector<Fp8ReferenceRow> attention_reference_rows_fp8(const AttentionShape& 
                                                           const HostInput& k, const HostInput& v, double scale,
                                                           Mask mask, const std::vector<RowSample>& rows, int threads,
                                                           const ReferenceVariant& variant) {
-  // Checked here, so that no worker thread throws.
-  require_reference_inputs(shape, q, k, v);
-  require_reference_variant(shape, variant);
-  for (const RowSample& r : rows) require_row(shape, r);
-  std::vector<Fp8ReferenceRow> reference(rows.size());
-  for_each_row(rows.size(), threads, [&](size_t i) {
-    reference[i] = attention_reference_row_fp8(shape, q, k, v, scale, mask, rows[i].batch, rows[i].head, rows[i].row,
-                                               variant);
+  return sampled_rows<Fp8ReferenceRow>(shape, q, k, v, rows, threads, variant, [&](const RowSample& r) {
+    return attention_reference_row_fp8(shape, q, k, v, scale, mask, r.batch, r.head, r.row, variant);
   });
-  return reference;
 }
 
 AttentionGradients attention_backward_reference_f64(const AttentionShape& shape, const HostInput& q,

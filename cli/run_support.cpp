@@ -108,6 +108,21 @@ void add_mismatches(const CheckReport& report, CheckResult& result) {
   }
 }
 
+namespace {
+
+// A run's check of `count` sampled rows: both reports' largest errors and their mismatches.
+CheckResult rows_result(const RowsCheck& check, size_t count) {
+  CheckResult result;
+  result.rows = count;
+  result.max_error_out = check.out.max_error;
+  result.max_error_lse = check.lse.max_error;
+  add_mismatches(check.out, result);
+  add_mismatches(check.lse, result);
+  return result;
+}
+
+}  // namespace
+
 CheckResult check_sampled_rows(const AttentionShape& shape, const HostInput& q, const HostInput& k, const HostInput& v,
                                const HostInput& out, const float* lse, DType dtype,
                                const std::vector<RowSample>& rows, double scale, Mask mask,
@@ -115,14 +130,7 @@ CheckResult check_sampled_rows(const AttentionShape& shape, const HostInput& q, 
   // The float64 reference is the slow part for long sequences: rows are independent, so use every core.
   const std::vector<ReferenceRow> reference =
       attention_reference_rows(shape, q, k, v, scale, mask, rows, default_jobs(), variant);
-  const RowsCheck check = check_rows(shape, rows, reference, out, lse, dtype);
-  CheckResult result;
-  result.rows = rows.size();
-  result.max_error_out = check.out.max_error;
-  result.max_error_lse = check.lse.max_error;
-  add_mismatches(check.out, result);
-  add_mismatches(check.lse, result);
-  return result;
+  return rows_result(check_rows(shape, rows, reference, out, lse, dtype), rows.size());
 }
 
 CheckResult check_sampled_rows_fp8(const AttentionShape& shape, const HostInput& q, const HostInput& k,
@@ -132,13 +140,8 @@ CheckResult check_sampled_rows_fp8(const AttentionShape& shape, const HostInput&
   const std::vector<Fp8ReferenceRow> reference =
       attention_reference_rows_fp8(shape, q, k, v, scale, mask, rows, default_jobs(), variant);
   const Fp8RowsCheck check = check_fp8_rows(shape, rows, reference, out, lse, out_dtype);
-  CheckResult result;
-  result.rows = rows.size();
-  result.max_error_out = check.rows.out.max_error;
-  result.max_error_lse = check.rows.lse.max_error;
+  CheckResult result = rows_result(check.rows, rows.size());
   result.fp8 = CheckResult::Fp8Bounds{check.p_rounded_error, check.bound_out, check.bound_lse};
-  add_mismatches(check.rows.out, result);
-  add_mismatches(check.rows.lse, result);
   return result;
 }
 

@@ -2,7 +2,6 @@
 // tensor (check/number_formats.hpp's random_fp8_codes and fp8_input_descale, as `flashgen run --dtype e4m3` makes
 // them), every candidate writing the same 16-bit output type, sampled rows judged by FlashAttention-3's rule
 // (check/output_check.hpp's check_fp8_rows).
-#include <memory>
 
 #include "launch/attention.hpp"
 #include "runtime/device_buffer.hpp"
