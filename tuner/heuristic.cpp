@@ -74,8 +74,12 @@ std::vector<Sm90Tile> sm90_preferences(int tile_dim, MaskKind mask, bool varlen)
 
 // FP8 (8-bit wgmma, Vᵀ in 128-key rows): 128 keys a block, two consumers taking turns, at every head dim up to 256
 // (O of 256 columns, S and P still fit 240 registers; the tiles of two stages, Q and the 16-bit output's own rows
-// fit 227 KB).
-std::vector<Sm90Tile> sm90_fp8_preferences() { return {{128, 128, 2, true, true}, {128, 128, 2, true, false}}; }
+// fit 227 KB); d64 three consumers (192 rows), overlapping only without a mask (bench/notes_fwd_sm90.md, "FP8").
+std::vector<Sm90Tile> sm90_fp8_preferences(int tile_dim, MaskKind mask) {
+  const std::vector<Sm90Tile> turns = {{128, 128, 2, true, true}, {128, 128, 2, true, false}};
+  if (tile_dim != 64) return turns;
+  return {{192, 128, 2, mask == MaskKind::kNone, false}, turns[0], turns[1]};
+}
 
 // Keys or values wider than 256 columns: 64 query rows a block; values that wide take two consumers for them, each
 // holding half of O's columns (value_split 2), taking turns at issuing their products (both compute the rows' S:
@@ -98,7 +102,7 @@ std::vector<KernelConfig> heuristic_forward_configs(DType dtype, int head_dim, M
     // The wider of the two dims picks the tiles, as for the sm80 family below.
     const int tile_dim = sm90_tile_dim(std::max(head_dim, head_dim_v));
     const int value_split = sm90_tile_dim(head_dim_v > 0 ? head_dim_v : head_dim) > 256 ? 2 : 1;
-    const std::vector<Sm90Tile> tiles = is_fp8(dtype)    ? sm90_fp8_preferences()
+    const std::vector<Sm90Tile> tiles = is_fp8(dtype)    ? sm90_fp8_preferences(tile_dim, mask)
                                         : tile_dim > 256 ? sm90_wide_preferences()
                                                          : sm90_preferences(tile_dim, mask, varlen);
     for (const Sm90Tile& tile : tiles) {

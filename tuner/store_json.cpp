@@ -107,8 +107,9 @@ const json& array_of(const json& data, const char* key) {
 // ---- Text forms ---------------------------------------------------------------------------------
 
 DType parse_dtype(const std::string& text) {
-  if (text == dtype_name(DType::kFloat16)) return DType::kFloat16;
-  if (text == dtype_name(DType::kBFloat16)) return DType::kBFloat16;
+  for (const DType dtype : {DType::kFloat16, DType::kBFloat16, DType::kFloat8E4M3, DType::kFloat8E5M2}) {
+    if (text == dtype_name(dtype)) return dtype;
+  }
   fail(Status::kInvalidArgument, "tuning data: unknown dtype '" + text + "'");
 }
 

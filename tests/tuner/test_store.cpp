@@ -502,6 +502,31 @@ TEST_CASE("a problem whose values have a head dim of their own keeps it through 
   CHECK_THROWS_WITH(refused.import_json(same_dim), Catch::Contains("head_dim_v must be a multiple of 8 other than"));
 }
 
+TEST_CASE("an FP8 forward's problem keeps its input format through the database and its JSON", "[tuner][store][fp8]") {
+  TempDir dir("flashgen-store");
+  TuningStore store(dir.path() / "fp8.sqlite");
+  const KernelConfig e4m3 = KernelConfig::from_name("fwd_sm90_e4m3_d128_m128_n128_s2_obf16_ovl_pp_pst");
+  const KernelConfig e5m2 = KernelConfig::from_name("fwd_sm90_e5m2_d128_m128_n128_s3_obf16_pst");
+  // The fixture's other candidates are sm80 tiles, which no FP8 problem has: each sweep here is its winner alone.
+  store.record(device(), problem(4096, 4096, 64, DType::kFloat8E4M3), {candidate(e4m3, 0.5)}, e4m3, 0.5);
+  store.record(device(), problem(4096, 4096, 64, DType::kFloat8E5M2), {candidate(e5m2, 0.25)}, e5m2, 0.25);
+  const auto winners = store.winners();  // read back from the rows: each problem's dtype parsed from its text
+  REQUIRE(winners.size() == 2);
+  std::set<DType> dtypes;
+  for (const auto& w : winners) dtypes.insert(w.problem.dtype);
+  CHECK(dtypes == std::set<DType>{DType::kFloat8E4M3, DType::kFloat8E5M2});
+  const nlohmann::json exported = store.export_json();
+  std::set<std::string> names;
+  for (const auto& p : exported["problems"]) names.insert(p["dtype"].get<std::string>());
+  CHECK(names == std::set<std::string>{"e4m3", "e5m2"});
+  TuningStore copy(dir.path() / "copy.sqlite");
+  CHECK(copy.import_json(nlohmann::json::parse(exported.dump())) == 2);
+  CHECK(copy.export_json() == exported);
+  const auto found = copy.lookup_exact(device(), problem(4096, 4096, 64, DType::kFloat8E5M2));
+  REQUIRE(found.has_value());
+  CHECK(found->config == e5m2);
+}
+
 TEST_CASE("a window key keeps its bucket and shape through the database and its JSON", "[tuner][store][window]") {
   TempDir dir("flashgen-store");
   TuningStore store(dir.path() / "window.sqlite");
