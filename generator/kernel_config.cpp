@@ -215,9 +215,18 @@ std::string KernelConfig::symbol(FwdKernel kernel) const {
   fail(Status::kInternal, "unknown forward kernel");
 }
 
+int64_t KernelConfig::values_t_keys(const AttnFwdParams& p) const {
+  return varlen ? packed_workspace_rows(p.total_k, p.batch, kFp8BlockN) : (int64_t(p.seqlen_k) + 31) / 32 * 32;
+}
+
 size_t KernelConfig::values_t_bytes(const AttnFwdParams& p) const {
   if (!is_fp8(dtype)) return 0;
-  return size_t(p.batch) * size_t(p.heads_kv) * size_t(head_dim) * size_t(values_t_keys(p));
+  return size_t(values_t_entries(p)) * size_t(p.heads_kv) * size_t(head_dim) * size_t(values_t_keys(p));
+}
+
+int64_t KernelConfig::values_t_key_blocks(const AttnFwdParams& p) const {
+  const int64_t keys = varlen ? (int64_t(p.seqlen_k) + kFp8BlockN - 1) / kFp8BlockN * kFp8BlockN : values_t_keys(p);
+  return (keys + 63) / 64;
 }
 
 int KernelConfig::threads(FwdKernel kernel) const {
@@ -242,7 +251,6 @@ std::optional<std::string> KernelConfig::invalid_reason(int arch) const {
   if (out_dtype.has_value() != is_fp8(dtype) || (out_dtype && is_fp8(*out_dtype))) {
     return "an FP8 config names its output type (bf16 or fp16), and only an FP8 config does";
   }
-  if (is_fp8(dtype) && varlen) return "the FP8 forward takes dense batches";
   if (sm90()) {
     if (arch != 90) return "the sm90 kernel family needs sm_90a (wgmma, TMA, setmaxnreg)";
     if (user && user->masks() && sm90()->cluster != 1) {
@@ -306,8 +314,9 @@ FwdTmaTensors::FwdTmaTensors(const AttentionProblem& problem, const AttnFwdParam
   q_rows = config.block_m;
   kv_rows = v_rows = config.block_n;
   if (is_fp8(config.dtype)) {
-    const int64_t keys = KernelConfig::values_t_keys(p), dim = problem.value_dim();
-    v = TmaTensor{p.v_t, problem.dtype, p.batch, dim, p.heads_kv, keys, p.heads_kv * dim * keys, keys, dim * keys, true};
+    const int64_t keys = config.values_t_keys(p), dim = problem.value_dim();
+    v = TmaTensor{p.v_t, problem.dtype, config.values_t_entries(p), dim, p.heads_kv, keys, p.heads_kv * dim * keys,
+                  keys,  dim * keys,    true};
     v_rows = config.sm90_traits().tile_dim_v;
   }
   paged = problem.paged;

@@ -142,10 +142,14 @@ struct KernelConfig {
   // The forward's kernels take no caller workspace (a user mask's classes, a tile counter and FP8's Vᵀ are per
   // launch).
   Workspace workspace(const AttnFwdParams&) const { return {}; }
-  // FP8's Vᵀ (templates/fwd_sm90_values.cuh): its keys per row (seqlen_k in whole 32-key steps) and bytes; 0
-  // for a 16-bit config.
-  static int64_t values_t_keys(const AttnFwdParams& p) { return (int64_t(p.seqlen_k) + 31) / 32 * 32; }
+  // FP8's Vᵀ (templates/fwd_sm90_values.cuh): its keys per (entry, kv head, column) row, its entries and bytes (0
+  // for a 16-bit config). Dense: an entry per batch entry, seqlen_k in whole 32-key steps; packed: one entry, each
+  // sequence from its own multiple of kFp8BlockN.
+  int64_t values_t_keys(const AttnFwdParams& p) const;
+  int64_t values_t_entries(const AttnFwdParams& p) const { return varlen ? 1 : p.batch; }
   size_t values_t_bytes(const AttnFwdParams& p) const;
+  // The Vᵀ kernel's blocks of 64 keys per (sequence or batch entry, kv head).
+  int64_t values_t_key_blocks(const AttnFwdParams& p) const;
 
   bool operator==(const KernelConfig& other) const;
   bool operator!=(const KernelConfig& other) const { return !(*this == other); }

@@ -117,6 +117,11 @@ TensorView paged_as_one_entry(const TensorView& t, const char* name) {
 ForwardCall make_varlen_forward_call(const VarlenForwardArgs& args) {
   const bool paged = args.block_table != nullptr;
   TensorView k = args.k, v = args.v;
+  if (is_fp8(args.q.dtype) && paged) {
+    fail(Status::kUnsupported, std::string("q.dtype is ") + dtype_name(args.q.dtype) +
+                                   ": the FP8 forward takes dense and packed batches, not keys in a paged cache "
+                                   "(block_table)");
+  }
   if (paged) {
     k = paged_as_one_entry(args.k, "k");
     v = paged_as_one_entry(args.v, "v");
@@ -127,10 +132,6 @@ ForwardCall make_varlen_forward_call(const VarlenForwardArgs& args) {
     FLASHGEN_REQUIRE(args.max_pages >= 1 && args.max_pages * args.k.shape[1] <= kMaxExtent,
                      "max_pages must be at least 1, and max_pages * page_size at most 2^30, got " +
                          std::to_string(args.max_pages));
-  }
-  if (is_fp8(args.q.dtype)) {
-    fail(Status::kUnsupported, std::string("q.dtype is ") + dtype_name(args.q.dtype) +
-                                   ": the FP8 forward takes dense batches (flashgen_attention_forward), not packed ones");
   }
   ForwardCall call = make_forward_call(&args.q, &k, &v, &args.out, args.lse, &args.options);
   const Packing packing{args.cu_seqlens_q, args.cu_seqlens_k, args.seqused_k,
@@ -319,9 +320,9 @@ void PreparedForward::operator()(CUstream stream) const {
   StreamAllocation buffer(config.values_t_bytes(params), stream);
   AttnFwdParams with_values = params;
   with_values.v_t = reinterpret_cast<void*>(buffer.ptr());
-  with_values.v_t_keys = KernelConfig::values_t_keys(params);
+  with_values.v_t_keys = config.values_t_keys(params);
   void* args[] = {&with_values};
-  const unsigned blocks = static_cast<unsigned>((with_values.v_t_keys + 63) / 64);
+  const unsigned blocks = static_cast<unsigned>(config.values_t_key_blocks(params));
   FLASHGEN_CU_CHECK(cuLaunchKernel(values_t, blocks, static_cast<unsigned>(params.heads_kv),
                                    static_cast<unsigned>(params.batch), kValuesThreads, 1, 1, 0, stream, args, nullptr));
   AttnFwdSm90Params sm90 = sm90_params;

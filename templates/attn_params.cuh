@@ -143,8 +143,9 @@ struct AttnFwdParams {
   long long q_descale_strides[2], k_descale_strides[2], v_descale_strides[2];
   // An FP8 call's Vᵀ (batch, heads_kv, head_dim, v_t_keys), keys in the order P's fragments hold them
   // (fwd_sm90_values.cuh), written by the module's first kernel into a buffer of the launch's; null otherwise.
+  // A packed batch's is one entry whose sequences start at multiples of kFp8BlockN (packed_workspace_first_row).
   void* v_t;
-  long long v_t_keys;  // seqlen_k rounded up to whole 32-key steps
+  long long v_t_keys;  // seqlen_k rounded up to whole 32-key steps; packed, packed_workspace_rows(total_k, ...)
 };
 
 // The rows of each TMA copy of a paged cache's K or V tile (the Hopper forward): the largest count dividing both
@@ -261,7 +262,8 @@ FLASHGEN_HOST_DEVICE constexpr int rotated_dq_turn(int first, int index, int siz
 }
 
 // The backward's per-row workspace arrays (D, the base-2 LSE, the dQ accumulator, the semaphores) of a packed
-// batch hold rows_per_head = packed_workspace_rows(total_q, batch, pad) rows per head. Unpadded (pad 1, the sm80
+// batch hold rows_per_head = packed_workspace_rows(total_q, batch, pad) rows per head (and the FP8 forward's Vᵀ
+// of a packed batch as many keys, of total_k with pad kFp8BlockN). Unpadded (pad 1, the sm80
 // family) sequence i's rows start at its first query row. With pad rows (the Hopper family, 128) they start at
 // floor((q_begin + pad·i) / pad) · pad, a multiple of pad, with room to pad the sequence's rows to one: the
 // next sequence's start is at least pad · (floor(L / pad) + 1) ≥ round_up(L, pad) rows further (L its

@@ -34,13 +34,17 @@ struct FwdSm90Producer : FwdSm90Layout<Cfg> {
   static constexpr bool kDynamic = Scheduler::kDynamic;
 
   // Copies the K or V tile of keys key0.. (kTileChunks column chunks) into dst, chunk by chunk; in a cluster, into
-  // both blocks. kValuesT: FP8's Vᵀ tile, chunks of 128 keys whose rows are the values' head dim.
+  // both blocks. kValuesT: FP8's Vᵀ tile, chunks of 128 keys whose rows are the values' head dim; a packed
+  // sequence's start at its own origin (fwd_sm90_values.cuh).
   template <int kTileChunks, bool kValuesT = false>
   static __device__ void load_tile(u32 dst, const void* map, u32 full_barrier, int key0, const Tile& tile) {
+    const int values_t0 = kValuesT && L::kVarlen
+                              ? static_cast<int>(packed_workspace_first_row(tile.k_row, tile.batch, kFp8BlockN))
+                              : tile.k_row;
 #pragma unroll
     for (int c = 0; c < kTileChunks; ++c) {
       const u32 chunk = dst + c * (kValuesT ? L::kTileDimV : kBlockN) * kRowBytes;
-      const int x = kValuesT ? tile.k_row + key0 + c * 128 : c * L::kChunkCols;
+      const int x = kValuesT ? values_t0 + key0 + c * 128 : c * L::kChunkCols;
       const int y = kValuesT ? 0 : tile.k_row + key0;
       if constexpr (kCluster > 1) {
         sm90::tma_load_4d_multicast(chunk, map, full_barrier, x, y, tile.kv_head, tile.tma_batch,

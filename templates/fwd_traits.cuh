@@ -101,6 +101,10 @@ struct ConfigHeadDimV<Cfg, decltype(void(Cfg::kHeadDimV))> {
 
 // The threads of an FP8 module's Vᵀ kernel (fwd_sm90_values.cuh).
 inline constexpr int kValuesThreads = 256;
+// An FP8 config's key block (Vᵀ's rows are whole 128-byte swizzle rows of keys), and so the pad of a packed
+// sequence's Vᵀ: each starts at a multiple of it (attn_params.cuh's packed_workspace_first_row), so that its
+// 32-key steps are its own and its last key block reads zeros, never another sequence's keys.
+inline constexpr int kFp8BlockN = 128;
 
 // Cfg::kOutElem where the generated config header names it (an FP8 config's 16-bit output), else Cfg::kElem.
 template <class Cfg, class = void>
@@ -274,7 +278,7 @@ constexpr FwdSm90Traits fwd_sm90_traits(int head_dim, int block_m, int block_n, 
               "would see different key ranges";
   } else if (fp8 && (head_dim > 256 || dim_v != head_dim)) {
     t.error = "FP8 takes head_dim up to 256, the values' the same";
-  } else if (fp8 && block_n % 128 != 0) {
+  } else if (fp8 && block_n != kFp8BlockN) {
     t.error = "FP8 takes block_n 128 (Vᵀ's rows are whole 128-byte swizzle rows of keys)";
   } else if (fp8 && (p_smem || tensor_sum || value_split != 1 || paged)) {
     t.error = "FP8 takes P in registers, the rows' sums by adds, no value_split and no paged cache";

@@ -60,7 +60,7 @@ TEST_CASE("an FP8 forward refuses each bad argument with a message naming it", "
   check_rejected([](Fp8Args& a) { a.v.dtype = FLASHGEN_FLOAT8_E5M2; }, kInvalid, "v.dtype is e5m2 but q.dtype is e4m3");
   check_rejected([](Fp8Args& a) { a.k.dtype = FLASHGEN_BFLOAT16; }, kInvalid, "k.dtype is bf16 but q.dtype is e4m3");
   check_rejected([](Fp8Args& a) { a.out.dtype = FLASHGEN_FLOAT8_E4M3; }, kUnsupported,
-                 "out.dtype is e4m3: FP8 is taken by the dense forward's q, k and v");
+                 "out.dtype is e4m3: FP8 is taken by the forward's q, k and v");
   check_rejected([](Fp8Args& a) { a.q.shape[3] = a.k.shape[3] = a.v.shape[3] = a.out.shape[3] = 72; }, kUnsupported,
                  "q.shape[3] (head_dim) is 72: the FP8 forward takes multiples of 16 up to 256");
   check_rejected([](Fp8Args& a) { a.v.shape[3] = a.out.shape[3] = 64; }, kInvalid, "v.shape[3]");
@@ -73,15 +73,17 @@ TEST_CASE("an FP8 forward refuses each bad argument with a message naming it", "
   check_rejected(
       [](Fp8Args& a) { a.q.dtype = a.k.dtype = a.v.dtype = FLASHGEN_BFLOAT16; },
       kInvalid, "opts.q_descale: given for 16-bit q, k and v (descales are an FP8 forward's); pass NULL");
-  // Packed batches and the backward take no FP8.
-  flashgen_varlen_forward_args packed{};
-  packed.size = sizeof(packed);
-  packed.options = FLASHGEN_ATTENTION_OPTIONS_INIT;
-  packed.q = bshd(fake_pointer(1), FLASHGEN_FLOAT8_E4M3, 1, 100, 4, 128);
-  packed.k = packed.v = bshd(fake_pointer(2), FLASHGEN_FLOAT8_E4M3, 1, 100, 4, 128);
-  packed.out = bshd(fake_pointer(3), FLASHGEN_BFLOAT16, 1, 100, 4, 128);
-  CHECK(flashgen_attention_varlen_forward(&packed, nullptr) == kUnsupported);
-  CHECK(std::string(flashgen_last_error()).find("the FP8 forward takes dense batches") != std::string::npos);
+  // Keys in a paged cache and the backward take no FP8.
+  flashgen_varlen_forward_args paged{};
+  paged.size = sizeof(paged);
+  paged.options = FLASHGEN_ATTENTION_OPTIONS_INIT;
+  paged.q = bshd(fake_pointer(1), FLASHGEN_FLOAT8_E4M3, 1, 100, 4, 128);
+  paged.k = paged.v = bshd(fake_pointer(2), FLASHGEN_FLOAT8_E4M3, 8, 64, 4, 128);
+  paged.out = bshd(fake_pointer(3), FLASHGEN_BFLOAT16, 1, 100, 4, 128);
+  paged.block_table = static_cast<const int32_t*>(fake_pointer(4));
+  paged.max_pages = 2;
+  CHECK(flashgen_attention_varlen_forward(&paged, nullptr) == kUnsupported);
+  CHECK(std::string(flashgen_last_error()).find("not keys in a paged cache (block_table)") != std::string::npos);
   Fp8Args a;
   const flashgen_tensor grad = bshd(fake_pointer(8), FLASHGEN_BFLOAT16, 2, 1000, 16, 128);
   CHECK(flashgen_attention_backward(&a.q, &a.k, &a.v, &a.out, &grad, nullptr, &grad, &grad, &grad, &a.opts,
