@@ -326,7 +326,7 @@ FwdTmaTensors::FwdTmaTensors(const AttentionProblem& problem, const AttnFwdParam
     };
     k = pages(p.k, problem.head_dim(), p.k_page_stride, p.k_row_stride, p.k_head_stride);
     v = pages(p.v, problem.value_dim(), p.v_page_stride, p.v_row_stride, p.v_head_stride);
-    kv_rows = paged_box_rows(p.page_size, config.block_n);
+    kv_rows = v_rows = paged_box_rows(p.page_size, config.block_n);  // each box within one page
   }
 }
 

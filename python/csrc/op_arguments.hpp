@@ -127,12 +127,13 @@ flashgen_tensor view(const Tensor& t, const LayoutDims& dims, bool fp8_taken = f
   return result;
 }
 
-// flashgen_tensor over a packed [total, heads, head_dim] tensor, as the one batch entry [1, total, heads, head_dim].
+// flashgen_tensor over a packed [total, heads, head_dim] tensor, as the one batch entry [1, total, heads, head_dim]
+// (fp8_taken: the FP8 forward's q, k or v).
 template <typename Tensor>
-flashgen_tensor packed_view(const Tensor& t) {
+flashgen_tensor packed_view(const Tensor& t, bool fp8_taken = false) {
   flashgen_tensor result{};
   result.data = t.data_ptr();
-  result.dtype = dtype_code(t, "tensor");
+  result.dtype = dtype_code(t, "tensor", fp8_taken);
   result.shape[0] = 1;
   result.stride[0] = t.stride(0) * t.size(0);
   for (int64_t i = 0; i < 3; ++i) {
@@ -164,10 +165,10 @@ flashgen_varlen_forward_args varlen_forward_args(const Tensor& q, const Tensor& 
                                                  int64_t max_seqlen_q, int64_t max_seqlen_k) {
   flashgen_varlen_forward_args args{};
   args.size = sizeof(args);
-  args.q = packed_view(q);
+  args.q = packed_view(q, true);  // FP8 q, k and v: the library refuses them with a block table, naming it
   args.out = packed_view(out);
-  args.k = block_table != nullptr ? view(k, kBshd) : packed_view(k);
-  args.v = block_table != nullptr ? view(v, kBshd) : packed_view(v);
+  args.k = block_table != nullptr ? view(k, kBshd, true) : packed_view(k, true);
+  args.v = block_table != nullptr ? view(v, kBshd, true) : packed_view(v, true);
   args.cu_seqlens_q = int32_data(cu_seqlens_q);
   args.cu_seqlens_k = int32_data(cu_seqlens_k);
   args.seqused_k = seqused_k != nullptr ? int32_data(*seqused_k) : nullptr;

@@ -79,7 +79,9 @@ std::tuple<Tensor, Tensor> varlen_attention_forward(
     Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, std::optional<Tensor> seqused_k,
     int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, std::string mask, bool deterministic,
     std::optional<Tensor> block_table, double softcap, int64_t window_left, int64_t window_right,
-    std::optional<Tensor> alibi_slopes, std::optional<Tensor> sinks, int64_t attention_chunk);
+    std::optional<Tensor> alibi_slopes, std::optional<Tensor> sinks, int64_t attention_chunk,
+    std::optional<Tensor> q_descale, std::optional<Tensor> k_descale, std::optional<Tensor> v_descale,
+    std::string out_dtype);
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> varlen_attention_backward(
     Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k,

@@ -1,5 +1,5 @@
 // flashgen::varlen_attention_forward and flashgen::varlen_attention_backward: packed batches of sequences of
-// different lengths (and prefill against a paged KV cache, forward only).
+// different lengths (and prefill against a paged KV cache, forward only); the forward also over FP8 q, k and v.
 #include "ops.hpp"
 
 #include <torch/csrc/stable/accelerator.h>
@@ -25,9 +25,14 @@ std::tuple<Tensor, Tensor> varlen_attention_forward(
     Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, std::optional<Tensor> seqused_k,
     int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, std::string mask, bool /*deterministic*/,
     std::optional<Tensor> block_table, double softcap, int64_t window_left, int64_t window_right,
-    std::optional<Tensor> alibi_slopes, std::optional<Tensor> sinks, int64_t attention_chunk) {
+    std::optional<Tensor> alibi_slopes, std::optional<Tensor> sinks, int64_t attention_chunk,
+    std::optional<Tensor> q_descale, std::optional<Tensor> k_descale, std::optional<Tensor> v_descale,
+    std::string out_dtype) {
   const bool paged = block_table.has_value();
-  check_qkv(q, k, v, 3, paged ? 4 : 3);
+  // FP8 q, k and v (one format) take descales per (sequence, kv head) and give out of out_dtype, as the dense forward.
+  check_qkv(q, k, v, 3, paged ? 4 : 3, /*fp8_kv=*/false, /*fp8_qkv=*/true);
+  const bool fp8 = is_fp8(q);
+  const ScalarType out_type = output_dtype(q, out_dtype);
   const int32_t device = q.get_device_index();
   torch::stable::accelerator::DeviceGuard guard(device);
   q = readable(q);
@@ -42,7 +47,11 @@ std::tuple<Tensor, Tensor> varlen_attention_forward(
   std::optional<Tensor> table =
       paged ? std::optional<Tensor>(int32_array(*block_table, q, 2, "block_table")) : std::nullopt;
   const int64_t total_q = q.size(0), heads_q = q.size(1), batch = cu_seqlens_q.size(0) - 1;
-  Tensor out = empty_output(q, v);
+  const int64_t heads_kv = k.size(paged ? 2 : 1);
+  const Descale descales[3] = {descale(q_descale, q, batch, heads_kv, "q_descale"),
+                               descale(k_descale, q, batch, heads_kv, "k_descale"),
+                               descale(v_descale, q, batch, heads_kv, "v_descale")};
+  Tensor out = empty_output(q, v, fp8 ? std::optional<ScalarType>(out_type) : std::nullopt);
   Tensor lse = torch::stable::new_empty(q, {heads_q, total_q}, ScalarType::Float);
   const Extras extras = check_extras(q, batch, heads_q, alibi_slopes, sinks);
 
@@ -51,6 +60,7 @@ std::tuple<Tensor, Tensor> varlen_attention_forward(
                           table.has_value() ? &*table : nullptr, max_seqlen_q, max_seqlen_k);
   args.lse = static_cast<float*>(lse.data_ptr());
   args.options = options(scale, mask, false, softcap, window_left, window_right, attention_chunk, extras);
+  set_descales(args.options, descales);
   check_status(flashgen_attention_varlen_forward(&args, current_stream(device)), "flashgen_attention_varlen_forward");
   return {out, lse};
 }

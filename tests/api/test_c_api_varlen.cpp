@@ -41,6 +41,16 @@ flashgen_varlen_forward_args valid_args() {
   return args;
 }
 
+// The keys and values in 40 pages of 32 keys, 8 pages per sequence.
+void use_pages(flashgen_varlen_forward_args& a) {
+  a.k = flashgen_tensor{fake_pointer(2), FLASHGEN_FLOAT16, {40, 32, 2, 64}, {32 * 2 * 64, 2 * 64, 64, 1}};
+  a.v = a.k;
+  a.v.data = fake_pointer(3);
+  a.block_table = static_cast<const int32_t*>(fake_pointer(12));
+  a.max_pages = 8;
+  a.max_seqlen_k = 200;
+}
+
 void check_rejected(const std::function<void(flashgen_varlen_forward_args&)>& edit, int status,
                     const std::string& message) {
   flashgen_varlen_forward_args args = valid_args();
@@ -87,15 +97,7 @@ TEST_CASE("varlen forward rejects each bad argument with a message naming it", "
 
 TEST_CASE("varlen forward over a paged cache rejects bad pages with a message naming them", "[c_api][varlen]") {
   const int kInvalid = FLASHGEN_ERROR_INVALID_ARGUMENT;
-  // 40 pages of 32 keys, 8 pages per sequence.
-  auto paged = [](flashgen_varlen_forward_args& a) {
-    a.k = flashgen_tensor{fake_pointer(2), FLASHGEN_FLOAT16, {40, 32, 2, 64}, {32 * 2 * 64, 2 * 64, 64, 1}};
-    a.v = a.k;
-    a.v.data = fake_pointer(3);
-    a.block_table = static_cast<const int32_t*>(fake_pointer(12));
-    a.max_pages = 8;
-    a.max_seqlen_k = 200;
-  };
+  auto paged = [](flashgen_varlen_forward_args& a) { use_pages(a); };
   check_rejected([&](auto& a) { paged(a), a.k.shape[1] = a.v.shape[1] = 24; }, kInvalid,
                  "k.shape[1] (page_size) must be a multiple of 16 with a block_table, got 24");
   check_rejected([&](auto& a) { paged(a), a.v.shape[0] = 39; }, kInvalid, "v.shape[0]");
@@ -215,5 +217,20 @@ TEST_CASE("varlen backward rejects bad arguments with a message naming them", "[
   rejected([](auto& a) { a.max_seqlen_k = 0; }, "max_seqlen_k must be in [1, total_k = 500], got 0");
   if (!flashgen::driver_available()) {
     CHECK(flashgen_attention_varlen_backward(&args, nullptr) == FLASHGEN_ERROR_NO_DEVICE);
+  }
+}
+
+TEST_CASE("a paged call's K and V tiles are copied in boxes that lie in one page", "[c_api][varlen][tma]") {
+  // Pages of 32 keys under 128-key tiles: every TMA box of K and of V is 32 rows (a V box of the tile's 128 rows
+  // would write past the block's shared memory).
+  flashgen_varlen_forward_args args = valid_args();
+  use_pages(args);
+  const flashgen::ForwardCall call = flashgen::make_varlen_forward_call(args);
+  for (const char* name : {"fwd_sm90_fp16_d64_m192_n128_s2_causal_ovl_varlen_paged",
+                           "fwd_sm90_fp16_d64_m128_n128_s2_causal_ovl_pp_varlen_paged"}) {
+    INFO(name);
+    const flashgen::FwdTmaTensors tensors(call.problem, call.params, flashgen::KernelConfig::from_name(name));
+    CHECK(tensors.kv_rows == 32);
+    CHECK(tensors.v_rows == 32);
   }
 }

@@ -4,8 +4,8 @@
 // the CUDA kernel next, both passes call native.cpp's ATen version of it directly; traced calls (fake or functional
 // tensors, a dispatch mode) go through the ops. torch's stable ABI has no autograd, so this library is built against
 // the C++ API of one torch release and loaded only by that release (flashgen/torch/_native.py); the ops are
-// libflashgen_torch.so's. A forward over FP8 q, k and v has no backward: it records no node, and refuses inputs that
-// would want one.
+// libflashgen_torch.so's. A forward over FP8 q, k and v (dense or packed) has no backward: it records no node, and
+// refuses inputs that would want one.
 #include "native.hpp"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -35,7 +35,8 @@ using BackwardSignature = std::tuple<Tensor, Tensor, Tensor, Tensor>(
 using VarlenForwardSignature = std::tuple<Tensor, Tensor>(
     const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const OptionalTensor&, int64_t, int64_t,
     double, c10::string_view, bool, const OptionalTensor&, double, int64_t, int64_t, const OptionalTensor&,
-    const OptionalTensor&, int64_t);
+    const OptionalTensor&, int64_t, const OptionalTensor&, const OptionalTensor&, const OptionalTensor&,
+    c10::string_view);
 using VarlenBackwardSignature = std::tuple<Tensor, Tensor, Tensor, Tensor>(
     const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
     const Tensor&, int64_t, int64_t, double, c10::string_view, bool, double, int64_t, int64_t, const OptionalTensor&,
@@ -145,7 +146,7 @@ struct VarlenAttention : torch::autograd::Function<VarlenAttention> {
                                                window_right, alibi_slopes, sinks, attention_chunk)
             : forward_op.call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask,
                               deterministic, block_table, softcap, window_left, window_right, alibi_slopes, sinks,
-                              attention_chunk);
+                              attention_chunk, std::nullopt, std::nullopt, std::nullopt, "");
     ctx->save_for_backward({q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, defined_or_none(alibi_slopes),
                             defined_or_none(sinks)});
     keep(ctx, {scale, softcap, std::string(mask), deterministic, window_left, window_right, attention_chunk});
@@ -188,6 +189,24 @@ struct VarlenAttention : torch::autograd::Function<VarlenAttention> {
 
 std::tuple<Tensor, Tensor> two(const variable_list& outputs) { return {outputs[0], outputs[1]}; }
 
+// Whether a forward is the FP8 forward (or takes arguments only it takes, which the kernel refuses otherwise): forward
+// only, no node. Its inputs may not want a gradient: one through it would be wrong, not merely missing
+// (flashgen/torch/_checks.py's _FP8_NO_BACKWARD words it the same). op: the op's name for the refusal.
+bool fp8_forward(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const OptionalTensor& sinks,
+                 const OptionalTensor& q_descale, const OptionalTensor& k_descale, const OptionalTensor& v_descale,
+                 c10::string_view out_dtype) {
+  using flashgen::torch_ops::is_fp8;
+  const bool fp8 = is_fp8(q) || is_fp8(k) || is_fp8(v);
+  const bool descaled = q_descale.has_value() || k_descale.has_value() || v_descale.has_value();
+  if (!fp8 && !descaled && flashgen::torch_ops::output_dtype(q, out_dtype) == q.scalar_type()) return false;
+  const bool wants_grad = q.requires_grad() || k.requires_grad() || v.requires_grad() ||
+                          (sinks.has_value() && sinks->requires_grad());
+  TORCH_CHECK(!(fp8 && at::GradMode::is_enabled() && wants_grad), op,
+              ": the FP8 forward has no backward (FlashAttention-3's neither): pass q, k, v and sinks that do not "
+              "require grad (detached), or call under torch.no_grad()");
+  return true;
+}
+
 std::tuple<Tensor, Tensor> attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                                              c10::string_view mask, c10::string_view layout, bool deterministic,
                                              double softcap, int64_t window_left, int64_t window_right,
@@ -195,18 +214,7 @@ std::tuple<Tensor, Tensor> attention_forward(const Tensor& q, const Tensor& k, c
                                              int64_t attention_chunk, const OptionalTensor& q_descale,
                                              const OptionalTensor& k_descale, const OptionalTensor& v_descale,
                                              c10::string_view out_dtype) {
-  using flashgen::torch_ops::is_fp8;
-  const bool fp8 = is_fp8(q) || is_fp8(k) || is_fp8(v);
-  const bool descaled = q_descale.has_value() || k_descale.has_value() || v_descale.has_value();
-  if (fp8 || descaled || flashgen::torch_ops::output_dtype(q, out_dtype) != q.scalar_type()) {
-    // The FP8 forward (or arguments only it takes, which the kernel refuses otherwise): forward only, no node. Its
-    // inputs may not want a gradient: one through it would be wrong, not merely missing (flashgen/torch/_checks.py's
-    // _FP8_NO_BACKWARD words it the same).
-    const bool wants_grad = q.requires_grad() || k.requires_grad() || v.requires_grad() ||
-                            (sinks.has_value() && sinks->requires_grad());
-    TORCH_CHECK(!(fp8 && at::GradMode::is_enabled() && wants_grad),
-                "flashgen::attention_forward: the FP8 forward has no backward (FlashAttention-3's neither): pass q, k, "
-                "v and sinks that do not require grad (detached), or call under torch.no_grad()");
+  if (fp8_forward("flashgen::attention_forward", q, k, v, sinks, q_descale, k_descale, v_descale, out_dtype)) {
     static const auto forward_op = find_op<ForwardSignature>("flashgen::attention_forward");
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return forward_op.call(q, k, v, scale, mask, layout, deterministic, softcap, window_left, window_right,
@@ -220,7 +228,16 @@ std::tuple<Tensor, Tensor> varlen_attention_forward(
     const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
     const OptionalTensor& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, c10::string_view mask,
     bool deterministic, const OptionalTensor& block_table, double softcap, int64_t window_left, int64_t window_right,
-    const OptionalTensor& alibi_slopes, const OptionalTensor& sinks, int64_t attention_chunk) {
+    const OptionalTensor& alibi_slopes, const OptionalTensor& sinks, int64_t attention_chunk,
+    const OptionalTensor& q_descale, const OptionalTensor& k_descale, const OptionalTensor& v_descale,
+    c10::string_view out_dtype) {
+  if (fp8_forward("flashgen::varlen_attention_forward", q, k, v, sinks, q_descale, k_descale, v_descale, out_dtype)) {
+    static const auto forward_op = find_op<VarlenForwardSignature>("flashgen::varlen_attention_forward");
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return forward_op.call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask,
+                           deterministic, block_table, softcap, window_left, window_right, alibi_slopes, sinks,
+                           attention_chunk, q_descale, k_descale, v_descale, out_dtype);
+  }
   return two(VarlenAttention::apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale,
                                     mask, deterministic, block_table, softcap, window_left, window_right, alibi_slopes,
                                     sinks, attention_chunk));

@@ -231,7 +231,10 @@ def _variant_varlen_backward(ctx, dout, dlse):
 
 
 def _varlen_setup_context(ctx, inputs, output, kept=()):
+    """As _setup_context, for a packed call (FP8 q, k and v refused alike)."""
     q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask, deterministic = inputs[:11]
+    if q.dtype in _FP8_CODES or k.dtype in _FP8_CODES or v.dtype in _FP8_CODES:
+        raise RuntimeError(f"flashgen::varlen_attention_forward: {_FP8_NO_BACKWARD}")
     out, lse = output
     # With the ALiBi slopes and the sinks (the backward reads both), and kept: a user variant's tensors.
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
@@ -247,8 +250,9 @@ def _varlen_setup_context(ctx, inputs, output, kept=()):
 
 
 def _varlen_backward_formula(ctx, dout, dlse):
+    """flashgen::varlen_attention_forward's backward formula: a gradient for each of its 22 arguments."""
     if dout is None:
-        return (None,) * 18
+        return (None,) * 22
     if ctx.has_seqused_k:
         raise NotImplementedError("flashgen.torch.varlen_attention: no backward with seqused_k or a block_table")
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks = ctx.saved_tensors
@@ -256,5 +260,6 @@ def _varlen_backward_formula(ctx, dout, dlse):
     dq, dk, dv, dsinks = torch.ops.flashgen.varlen_attention_backward(
         dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, mask,
         ctx.deterministic, ctx.softcap, *ctx.window, alibi_slopes, sinks, ctx.attention_chunk)
-    # None for the offsets, sizes, flags and slopes; the sinks' gradient when there are sinks; None for the chunk.
-    return (dq, dk, dv) + (None,) * 13 + (dsinks if sinks is not None else None, None)
+    # None for the offsets, sizes, flags and slopes; the sinks' gradient when there are sinks; None for the chunk, the
+    # FP8 forward's descales and out_dtype (that forward records no autograd: _varlen_setup_context).
+    return (dq, dk, dv) + (None,) * 13 + (dsinks if sinks is not None else None,) + (None,) * 5

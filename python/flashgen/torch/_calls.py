@@ -402,18 +402,19 @@ def _plannable_backward(call, dout, q, k, v, out, lse, alibi_slopes, sinks):
 def _packed_view(t):
     """flashgen_tensor over a packed [total, heads, head_dim] tensor, as the one batch entry [1, total, heads, d]."""
     total = t.shape[0]
-    return _lib.Tensor(t.data_ptr(), _DTYPE_CODES[t.dtype], (1, *t.shape), (t.stride(0) * total, *t.stride()))
+    return _lib.Tensor(t.data_ptr(), _TENSOR_CODES[t.dtype], (1, *t.shape), (t.stride(0) * total, *t.stride()))
 
 
 def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask,
                     block_table=None, softcap=0.0, window=_NO_WINDOW, alibi_slopes=None, sinks=None, attention_chunk=0,
-                    user=None):
+                    user=None, descales=_NO_DESCALES, out_dtype=None):
+    """(out, lse) of a packed forward; descales and out_dtype: the FP8 forward's, checked (_check_fp8_forward)."""
     with torch.cuda.device(q.device):
         q, k, v = (_readable(t) for t in (q, k, v))
         block_table = block_table.contiguous() if block_table is not None else None
         cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
         seqused_k = seqused_k.contiguous() if seqused_k is not None else None
-        out = torch.empty(_out_shape(q, v), dtype=q.dtype, device=q.device)
+        out = torch.empty(_out_shape(q, v), dtype=out_dtype or q.dtype, device=q.device)
         lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
         args = _lib.VarlenForwardArgs()
         args.size = ctypes.sizeof(args)
@@ -431,7 +432,7 @@ def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q
         alibi_slopes = _check_alibi(alibi_slopes, q.device, args.batch, q.shape[1])
         sinks = _check_sinks(sinks, q.device, q.shape[1])
         args.options = _options(scale, mask, False, softcap, window, alibi_slopes, sinks,
-                                attention_chunk=attention_chunk, user=user)
+                                attention_chunk=attention_chunk, user=user, descales=descales)
         _lib.check(_lib.function("flashgen_attention_varlen_forward")(ctypes.byref(args), _stream(q.device)),
                    "flashgen_attention_varlen_forward")
     return out, lse

@@ -231,14 +231,15 @@ def _deterministic(deterministic):
 
 
 def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-                         block_table=None):
+                         block_table=None, fp8=False):
     """Raises FlashgenArgumentError naming the argument for what the library cannot see (types, devices, ranks,
-    dtypes, the offsets' length); sizes, strides and the packing's ranges are the library's to check."""
+    dtypes, the offsets' length); sizes, strides and the packing's ranges are the library's to check. fp8: the
+    forward's, which also takes FP8 q, k and v (of one format)."""
     if block_table is None:
-        _check_qkv(q, k, v, 3, "3-d packed tensor [total, heads, head_dim]")
+        _check_qkv(q, k, v, 3, "3-d packed tensor [total, heads, head_dim]", fp8_qkv=fp8)
     else:
         _check_qkv(q, k, v, 3, "3-d packed tensor [total, heads, head_dim]", 4,
-                   "4-d paged cache [num_pages, page_size, heads_kv, head_dim] (with a block_table)")
+                   "4-d paged cache [num_pages, page_size, heads_kv, head_dim] (with a block_table)", fp8_qkv=fp8)
         if (not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2
                 or block_table.device != q.device):
             _bad(f"block_table: expected a 2-d torch.int32 tensor [batch, max_pages] on {q.device}")
@@ -407,6 +408,21 @@ def _check_fp8_forward(q, k, layout, descales, out_dtype):
     (q_descale, k_descale, v_descale) checked by _check_descale (_NO_DESCALES for none) and the output dtype by
     _check_out_dtype."""
     batch, _, heads_kv, _ = _bshd_shape(k, layout)
+    names = ("q_descale", "k_descale", "v_descale")
+    checked = tuple([_check_descale(descales[i], names[i], q, batch, heads_kv) for i in range(3)])
+    if checked[0] is None and checked[1] is None and checked[2] is None:
+        checked = _NO_DESCALES
+    return checked, _check_out_dtype(out_dtype, q)
+
+
+def _check_varlen_fp8(q, k, cu_seqlens_q, block_table, descales, out_dtype):
+    """As _check_fp8_forward, for a packed forward: descales per (sequence, kv head), so of shape [batch, heads_kv]
+    with batch the sequences (cu_seqlens_q's length less one) or broadcast to it. Keys in a paged cache take no FP8
+    (refused by name here, before the library would)."""
+    if q.dtype in _FP8_CODES and block_table is not None:
+        raise FlashgenArgumentError(f"q.dtype is {q.dtype}: the FP8 forward takes dense and packed batches, not keys "
+                                    "in a paged cache (block_table)", _lib.ERROR_UNSUPPORTED)
+    batch, heads_kv = cu_seqlens_q.shape[0] - 1, k.shape[-2]
     names = ("q_descale", "k_descale", "v_descale")
     checked = tuple([_check_descale(descales[i], names[i], q, batch, heads_kv) for i in range(3)])
     if checked[0] is None and checked[1] is None and checked[2] is None:

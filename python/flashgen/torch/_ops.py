@@ -12,7 +12,8 @@ from ._autograd import (_backward, _setup_context, _variant_backward, _variant_s
                         _variant_varlen_backward, _variant_varlen_setup_context, _varlen_backward_formula,
                         _varlen_setup_context)
 from ._calls import _backward_kernels, _dsinks, _forward, _varlen_backward, _varlen_forward
-from ._checks import _check_fp8_forward, _check_inputs, _lse_shape, _out_dtype_of_name, _out_shape
+from ._checks import (_check_fp8_forward, _check_inputs, _check_varlen_fp8, _lse_shape, _out_dtype_of_name,
+                      _out_shape)
 from ._kvcache_calls import _kvcache
 from ._schemas import MUTATES, SCHEMAS, VARIANT_SCHEMAS
 from ._variants import from_op_arguments
@@ -36,9 +37,13 @@ def _attention_backward(dout, q, k, v, out, lse, scale, mask, layout, determinis
 
 def _varlen_attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask,
                               deterministic, block_table=None, softcap=0.0, window_left=-1, window_right=-1,
-                              alibi_slopes=None, sinks=None, attention_chunk=0):
+                              alibi_slopes=None, sinks=None, attention_chunk=0, q_descale=None, k_descale=None,
+                              v_descale=None, out_dtype=""):
+    descales, out_dtype = _check_varlen_fp8(q, k, cu_seqlens_q, block_table, (q_descale, k_descale, v_descale),
+                                            _out_dtype_of_name(out_dtype))
     return _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask,
-                           block_table, softcap, (window_left, window_right), alibi_slopes, sinks, attention_chunk)
+                           block_table, softcap, (window_left, window_right), alibi_slopes, sinks, attention_chunk,
+                           descales=descales, out_dtype=out_dtype)
 
 
 def _varlen_attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
@@ -132,8 +137,13 @@ def _attention_backward_fake(dout, q, k, v, out, lse, scale, mask, layout, deter
 
 def _varlen_attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale,
                                    mask, deterministic, block_table=None, softcap=0.0, window_left=-1,
-                                   window_right=-1, alibi_slopes=None, sinks=None, attention_chunk=0):
-    return q.new_empty(_out_shape(q, v)), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+                                   window_right=-1, alibi_slopes=None, sinks=None, attention_chunk=0, q_descale=None,
+                                   k_descale=None, v_descale=None, out_dtype=""):
+    # FP8 q, k and v give out of out_dtype (bfloat16 when ""), 16-bit ones of their own dtype.
+    _, out_dtype = _check_varlen_fp8(q, k, cu_seqlens_q, block_table, (q_descale, k_descale, v_descale),
+                                     _out_dtype_of_name(out_dtype))
+    return (q.new_empty(_out_shape(q, v), dtype=out_dtype),
+            q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
 
 
 def _varlen_attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

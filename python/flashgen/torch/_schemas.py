@@ -26,7 +26,8 @@ SCHEMAS = {
         "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, "
         "int max_seqlen_q, int max_seqlen_k, float scale, str mask, bool deterministic, Tensor? block_table=None, "
         "float softcap=0., int window_left=-1, int window_right=-1, Tensor? alibi_slopes=None, Tensor? sinks=None, "
-        "int attention_chunk=0) -> (Tensor, Tensor)"),
+        "int attention_chunk=0, Tensor? q_descale=None, Tensor? k_descale=None, Tensor? v_descale=None, "
+        "str out_dtype=\"\") -> (Tensor, Tensor)"),
     "varlen_attention_backward": (
         "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, "
         "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float scale, str mask, bool deterministic, "

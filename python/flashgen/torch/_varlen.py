@@ -8,8 +8,9 @@ from .._lib import FlashgenArgumentError
 from . import _native
 from ._autograd import _eager_call, _user_variant_call
 from ._calls import _varlen_backward, _varlen_forward
-from ._checks import (_check_alibi, _check_chunk, _check_scale, _check_sinks, _check_softcap,
-                      _check_varlen_inputs, _deterministic, _mask_and_window)
+from ._checks import (_FP8_CODES, _check_alibi, _check_chunk, _check_fp8_no_grad, _check_scale, _check_sinks,
+                      _check_softcap, _check_varlen_fp8, _check_varlen_inputs, _deterministic, _mask_and_window,
+                      _out_dtype_name)
 from ._variants import user_variant, variant_op_arguments
 
 
@@ -18,7 +19,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                      block_table=None, deterministic=False, return_attn_probs=False, softcap=0.0, window_size=(-1, -1),
                      attention_chunk=0, alibi_slopes=None, sinks=None, mask_mod=None, score_mod=None, score_grad=None,
                      score_bias=None, variant_helpers=None, variant_args=None, mask_same_for_heads=False,
-                     block_mask=None):
+                     block_mask=None, q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
     """Attention over a packed batch of sequences of different lengths, with FlashAttention's
     flash_attn_varlen_func arguments: q [total_q, heads_q, head_dim], k and v [total_k, heads_kv, head_dim] (CUDA
     float16 or bfloat16; v, and the output, may have a head_dim of their own, MLA's 128 beside 192); cu_seqlens_q and cu_seqlens_k int32 [batch + 1] offsets on q's device (sequence b owns
@@ -54,6 +55,12 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     captured).
     Offsets are read on the device only and clamped into the tensors: wrong offsets give wrong rows, never an
     access outside the tensors.
+
+    FP8 (sm_90): q, k and v all torch.float8_e4m3fn or all torch.float8_e5m2, forward only, as attention() takes them:
+    q_descale, k_descale, v_descale (keyword only, FlashAttention-3's names) float32 tensors on q's device of shape
+    [batch, heads_kv] (batch: the sequences) or one that broadcasts to it, sequence b's kv head h standing for its
+    codes times descale[b, h]; None for 1. out_dtype torch.bfloat16 (the default) or torch.float16. Not with a
+    block_table, a user variant, or inputs that require grad.
     """
     if dropout_p != 0.0:
         raise FlashgenArgumentError(f"dropout_p must be 0.0 (flashgen has no dropout), got {dropout_p}",
@@ -62,6 +69,14 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     chunk = _check_chunk(attention_chunk, mask)
     scale = _check_scale(softmax_scale)
     softcap = _check_softcap(softcap)
+    descales = (q_descale, k_descale, v_descale)
+    if (isinstance(q, torch.Tensor) and q.dtype in _FP8_CODES) or any(d is not None for d in descales):
+        # FP8 q, k and v take a forward-only path of their own; so do descales, which 16-bit ones refuse by name.
+        user = (mask_mod, score_mod, score_grad, score_bias, variant_args, block_mask)
+        out, lse = _fp8_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                                       scale, mask, block_table, softcap, window, chunk, alibi_slopes, sinks,
+                                       descales, out_dtype, all(x is None for x in user))
+        return (out, lse, None) if return_attn_probs else out
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, block_table)
     alibi_slopes = _check_alibi(alibi_slopes, q.device, cu_seqlens_q.shape[0] - 1, q.shape[1])
     sinks = _check_sinks(sinks, q.device, q.shape[1])
@@ -105,3 +120,27 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         out, lse = torch.ops.flashgen.varlen_attention_forward(*args, _deterministic(deterministic), block_table,
                                                                softcap, *window, alibi_slopes, sinks, chunk)
     return (out, lse, None) if return_attn_probs else out
+
+
+def _fp8_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask,
+                        block_table, softcap, window, chunk, alibi_slopes, sinks, descales, out_dtype, named_none):
+    """(out, lse) of varlen_attention() over FP8 q, k and v (or given descales, which 16-bit ones refuse): forward
+    only, no autograd node."""
+    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, block_table,
+                         fp8=True)
+    descales, out_dtype = _check_varlen_fp8(q, k, cu_seqlens_q, block_table, descales, out_dtype)
+    _check_fp8_no_grad(q, k, v, sinks, "flashgen.torch.varlen_attention")
+    if not named_none:
+        raise FlashgenArgumentError("flashgen.torch.varlen_attention: FP8 q, k and v do not take a user variant "
+                                    "(mask_mod, score_mod, score_bias, variant_args, block_mask) here",
+                                    _lib.ERROR_UNSUPPORTED)
+    alibi_slopes = _check_alibi(alibi_slopes, q.device, cu_seqlens_q.shape[0] - 1, q.shape[1])
+    sinks = _check_sinks(sinks, q.device, q.shape[1])
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask, False,
+            block_table, softcap, *window, alibi_slopes, sinks, chunk, *descales, _out_dtype_name(out_dtype))
+    if not _eager_call(q, k, v):  # traced: the op, with its fake kernel's output dtype
+        return torch.ops.flashgen.varlen_attention_forward(*args)
+    if _native.loaded():
+        return _native.call(torch.ops.flashgen.varlen_attention_forward.default, *args)
+    return _varlen_forward(*args[:10], block_table, softcap, window, alibi_slopes, sinks, chunk, descales=descales,
+                           out_dtype=out_dtype)
