@@ -216,6 +216,7 @@ std::string KernelConfig::symbol(FwdKernel kernel) const {
 }
 
 int64_t KernelConfig::values_t_keys(const AttnFwdParams& p) const {
+  if (paged) return fp8_values_t_origin(true, 0, p.batch, p.seqlen_k, kFp8BlockN);  // where a next sequence would start
   return varlen ? packed_workspace_rows(p.total_k, p.batch, kFp8BlockN) : (int64_t(p.seqlen_k) + 31) / 32 * 32;
 }
 
@@ -325,8 +326,12 @@ FwdTmaTensors::FwdTmaTensors(const AttentionProblem& problem, const AttnFwdParam
       return TmaTensor{data, problem.dtype, p.num_pages, p.page_size, p.heads_kv, dim, page_stride, rs, hs};
     };
     k = pages(p.k, problem.head_dim(), p.k_page_stride, p.k_row_stride, p.k_head_stride);
-    v = pages(p.v, problem.value_dim(), p.v_page_stride, p.v_row_stride, p.v_head_stride);
-    kv_rows = v_rows = paged_box_rows(p.page_size, config.block_n);  // each box within one page
+    kv_rows = paged_box_rows(p.page_size, config.block_n);  // each box within one page
+    if (!is_fp8(config.dtype)) {  // FP8 reads Vᵀ, gathered from the pages (above)
+      v = pages(p.v, problem.value_dim(), p.v_page_stride, p.v_row_stride, p.v_head_stride);
+      v_rows = kv_rows;
+      v_fine = true;
+    }
   }
 }
 

@@ -157,12 +157,13 @@ struct KernelConfig {
 
 // The four tensors of a forward call as TMA sees them, with the box rows of the sm90 kernel's copies. Over a
 // paged cache, k and v are (num_pages, page_size, heads_kv, head_dim), copied in boxes that lie in one page, and
-// v also in boxes of 16 rows (the fine map: the rows about a sequence's last key).
-// An FP8 config's v is Vᵀ (templates/fwd_sm90_values.cuh) at p.v_t, in boxes of 128 keys and the values' tile rows.
+// v also in boxes of 16 rows (v_fine: the fine map, the rows about a sequence's last key).
+// An FP8 config's v is Vᵀ (templates/fwd_sm90_values.cuh) at p.v_t, in boxes of 128 keys and the values' tile rows,
+// over a paged cache too.
 struct FwdTmaTensors {
   TmaTensor q, k, v, o;
   int q_rows = 0, kv_rows = 0, v_rows = 0;
-  bool paged = false;
+  bool paged = false, v_fine = false;
   static constexpr int kORows = 64;  // each consumer warpgroup stores its own 64 rows
   static constexpr int kFineRows = 16;
 

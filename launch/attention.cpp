@@ -100,7 +100,7 @@ namespace {
 // one batch entry of num_pages * page_size rows (the view the dense checks and the packing's take; the pages'
 // own stride goes to the params).
 TensorView paged_as_one_entry(const TensorView& t, const char* name) {
-  check_tensor(&t, name);
+  check_tensor(&t, name, /*fp8_taken=*/true);  // the forward's checks then hold it to q's format
   check_layout(&t, name);
   FLASHGEN_REQUIRE(t.shape[1] % 16 == 0, std::string(name) + ".shape[1] (page_size) must be a multiple of 16 with a "
                                          "block_table, got " + std::to_string(t.shape[1]));
@@ -117,11 +117,6 @@ TensorView paged_as_one_entry(const TensorView& t, const char* name) {
 ForwardCall make_varlen_forward_call(const VarlenForwardArgs& args) {
   const bool paged = args.block_table != nullptr;
   TensorView k = args.k, v = args.v;
-  if (is_fp8(args.q.dtype) && paged) {
-    fail(Status::kUnsupported, std::string("q.dtype is ") + dtype_name(args.q.dtype) +
-                                   ": the FP8 forward takes dense and packed batches, not keys in a paged cache "
-                                   "(block_table)");
-  }
   if (paged) {
     k = paged_as_one_entry(args.k, "k");
     v = paged_as_one_entry(args.v, "v");
@@ -167,7 +162,7 @@ void encode_tma_maps(const FwdTmaTensors& t, AttnFwdSm90Params& params) {
   encode_tma_map(&params.k_map, t.k, t.kv_rows);
   encode_tma_map(&params.v_map, t.v, t.v_rows);
   encode_tma_map(&params.o_map, t.o, FwdTmaTensors::kORows);
-  if (t.paged) encode_tma_map(&params.v_fine_map, t.v, FwdTmaTensors::kFineRows);
+  if (t.v_fine) encode_tma_map(&params.v_fine_map, t.v, FwdTmaTensors::kFineRows);
 }
 
 // (batch, head) pairs per section of the tile list of a persistent kernel whose mask hides keys. As many as
@@ -308,7 +303,7 @@ void PreparedForward::rebind(const ForwardCall& call, int device) {
   retarget_tma_map(&sm90_params.k_map, p.k);
   if (values_t == nullptr) retarget_tma_map(&sm90_params.v_map, p.v);  // else pointed at Vᵀ per launch
   retarget_tma_map(&sm90_params.o_map, p.o);
-  if (call.problem.paged) retarget_tma_map(&sm90_params.v_fine_map, p.v);
+  if (call.problem.paged && values_t == nullptr) retarget_tma_map(&sm90_params.v_fine_map, p.v);
 }
 
 void PreparedForward::operator()(CUstream stream) const {

@@ -275,6 +275,15 @@ FLASHGEN_HOST_DEVICE constexpr long long packed_workspace_first_row(int q_begin,
   return pad == 1 ? q_begin : (q_begin + static_cast<long long>(pad) * sequence) / pad * pad;
 }
 
+// Where packed sequence `sequence` of an FP8 forward starts in Vᵀ's keys (fwd_sm90_values.cuh), each at a multiple
+// of the FP8 key block (pad, 128): from its first key row k_begin by the padded-row rule above, or over a paged cache
+// (every sequence's keys from 0) at sequence · round_up(max_keys, pad), max_keys the call's max_seqlen_k.
+FLASHGEN_HOST_DEVICE constexpr long long fp8_values_t_origin(bool paged, int k_begin, int sequence, int max_keys,
+                                                             int pad) {
+  return paged ? static_cast<long long>(sequence) * ((max_keys + pad - 1) / pad * pad)
+               : packed_workspace_first_row(k_begin, sequence, pad);
+}
+
 // Rows of the backward's per-row workspace arrays (D; the Hopper family's base-2 LSE) over every (batch, head):
 // heads_q · packed_workspace_rows for a packed batch, else batch · heads_q · seqlen_q rounded up to pad.
 FLASHGEN_HOST_DEVICE constexpr long long bwd_workspace_rows(bool packed, long long total_q, int batch, int heads_q,

@@ -34,13 +34,11 @@ struct FwdSm90Producer : FwdSm90Layout<Cfg> {
   static constexpr bool kDynamic = Scheduler::kDynamic;
 
   // Copies the K or V tile of keys key0.. (kTileChunks column chunks) into dst, chunk by chunk; in a cluster, into
-  // both blocks. kValuesT: FP8's Vᵀ tile, chunks of 128 keys whose rows are the values' head dim; a packed
-  // sequence's start at its own origin (fwd_sm90_values.cuh).
+  // both blocks. kValuesT: FP8's Vᵀ tile, chunks of 128 keys whose rows are the values' head dim, from the
+  // sequence's origin values_t0 (fwd_sm90_values.cuh).
   template <int kTileChunks, bool kValuesT = false>
-  static __device__ void load_tile(u32 dst, const void* map, u32 full_barrier, int key0, const Tile& tile) {
-    const int values_t0 = kValuesT && L::kVarlen
-                              ? static_cast<int>(packed_workspace_first_row(tile.k_row, tile.batch, kFp8BlockN))
-                              : tile.k_row;
+  static __device__ void load_tile(u32 dst, const void* map, u32 full_barrier, int key0, const Tile& tile,
+                                   int values_t0 = 0) {
 #pragma unroll
     for (int c = 0; c < kTileChunks; ++c) {
       const u32 chunk = dst + c * (kValuesT ? L::kTileDimV : kBlockN) * kRowBytes;
@@ -170,6 +168,11 @@ struct FwdSm90Producer : FwdSm90Layout<Cfg> {
     // Paged: base.v is the cache's first page (a sequence's keys start at its key 0), p.block_table its row.
     const AttnFwdParams& base = params.base;
     const Pages pages{p.block_table, p.seqlen_k};
+    // FP8: the sequence's first key in Vᵀ (a dense batch's entries are the map's own).
+    const int values_t0 =
+        L::kFp8 && L::kVarlen
+            ? static_cast<int>(fp8_values_t_origin(L::kPaged, tile.k_row, tile.batch, base.seqlen_k, kFp8BlockN))
+            : 0;
     PageBox next{};
     if constexpr (L::kPaged) {
       if (tile.n_blocks > 0) next = page_box(base, pages, key0_of(0));
@@ -187,15 +190,24 @@ struct FwdSm90Producer : FwdSm90Layout<Cfg> {
         load_paged_tile<kChunks, kTileBytes, L::kHeadDim>(sk, &params.k_map, nullptr, bars.k_full(s), key0, tile,
                                                            base, pages, at, false);
         sm90::mbarrier_wait(bars.v_empty(s), phase ^ 1);
-        load_paged_tile<kChunksV, kTileBytesV, L::kHeadDimV>(sv, &params.v_map, &params.v_fine_map, bars.v_full(s),
-                                                              key0, tile, base, pages, at, true);
+        if constexpr (L::kFp8) {  // Vᵀ, gathered from the pages by the module's first kernel
+          if (threadIdx.x == 0) {
+            sm90::mbarrier_arrive_expect_tx(bars.v_full(s), kTileBytesV);
+            load_tile<kChunksV, true>(sv, &params.v_map, bars.v_full(s), key0, tile, values_t0);
+          }
+        } else {
+          load_paged_tile<kChunksV, kTileBytesV, L::kHeadDimV>(sv, &params.v_map, &params.v_fine_map,
+                                                                bars.v_full(s), key0, tile, base, pages, at, true);
+        }
       } else {
         sm90::mbarrier_wait(bars.k_empty(s), phase ^ 1);
         sm90::mbarrier_arrive_expect_tx(bars.k_full(s), kTileBytes);
         if (kCluster == 1 || rank == 0) load_tile<kChunks>(sk, &params.k_map, bars.k_full(s), key0, tile);
         sm90::mbarrier_wait(bars.v_empty(s), phase ^ 1);
         sm90::mbarrier_arrive_expect_tx(bars.v_full(s), kTileBytesV);
-        if (kCluster == 1 || rank == 1) load_tile<kChunksV, L::kFp8>(sv, &params.v_map, bars.v_full(s), key0, tile);
+        if (kCluster == 1 || rank == 1) {
+          load_tile<kChunksV, L::kFp8>(sv, &params.v_map, bars.v_full(s), key0, tile, values_t0);
+        }
       }
       if (it == 0 && leader) load_q();
     }

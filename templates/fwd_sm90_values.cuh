@@ -2,8 +2,9 @@
 // so P V takes V as (head_dim, keys) rows with the keys contiguous, and in each 32-key step in the order P's
 // fragments hold them (fp8.cuh's pv_key). One block turns 64 keys of one (batch entry, kv head) into head_dim rows of
 // 64 bytes: v_t[b, h, c, 32s + k] = v[b, 32s + pv_key(k), h, c], zero past seqlen_k up to v_t_keys. A packed batch's
-// sequence b (blockIdx.z) goes to entry 0 from its own origin, packed_workspace_first_row(k_begin, b, kFp8BlockN),
-// zero past its keys up to its last key block's end, which the next sequence's origin never precedes.
+// sequence b (blockIdx.z) goes to entry 0 from its own origin (attn_params.cuh's fp8_values_t_origin), zero past its
+// keys up to its last key block's end, which the next sequence's origin never precedes; over a paged cache its rows
+// are read through the block table.
 #pragma once
 
 #include "attn_params.cuh"
@@ -19,6 +20,18 @@ struct FwdSm90Values {
   static constexpr int kDim = Cfg::kHeadDim;          // FP8: a multiple of 16 up to 256
   static constexpr int kPitch = kDim + 16;            // bytes per key row in shared memory
   static_assert(kDim % 16 == 0 && kDim <= 256, "FP8 head dims are whole 16-byte units");
+  static constexpr bool kVarlen = ConfigVarlen<Cfg>::value, kPaged = ConfigPaged<Cfg>::value;
+
+  // Bytes from the sequence's (or batch entry's) V rows to its key `key`: a row, or over a paged cache the row of
+  // the page the block table names (clamped into the cache, as the attention kernel reads it).
+  static __device__ long long row_offset(const AttnFwdParams& p, int sequence, int key) {
+    if constexpr (kPaged) {
+      const int page = min(max(p.block_table[sequence * p.block_table_stride + key / p.page_size], 0), p.num_pages - 1);
+      return page * p.v_page_stride + (key % p.page_size) * p.v_row_stride;
+    } else {
+      return key * p.v_row_stride;
+    }
+  }
 
   // Grid: (v_t_keys / 64 rounded up, heads_kv, batch); packed, (max_seqlen_k in whole key blocks / 64, ...).
   static __device__ void run(const AttnFwdParams& p) {
@@ -28,11 +41,11 @@ struct FwdSm90Values {
     const auto* v = static_cast<const unsigned char*>(p.v) + head * p.v_head_stride;
     int keys = p.seqlen_k, entry = batch;
     long long origin = 0, end = p.v_t_keys;  // the sequence's first Vᵀ key, and the end of what it writes
-    if constexpr (ConfigVarlen<Cfg>::value) {
-      const SequenceRows rows = sequence_rows(p, batch);
-      v += rows.k_begin * p.v_row_stride;
+    if constexpr (kVarlen) {
+      const SequenceRows rows = sequence_rows(p, batch, kPaged);
+      v += rows.k_begin * p.v_row_stride;  // 0 over a paged cache
       keys = rows.seqlen_k, entry = 0;
-      origin = packed_workspace_first_row(rows.k_begin, batch, kFp8BlockN);
+      origin = fp8_values_t_origin(kPaged, rows.k_begin, batch, p.seqlen_k, kFp8BlockN);
       end = (keys + kFp8BlockN - 1) / kFp8BlockN * kFp8BlockN;
       if (key0 >= end) return;  // the whole block: before any barrier
     } else {
@@ -42,9 +55,7 @@ struct FwdSm90Values {
     for (int i = threadIdx.x; i < kKeys * (kDim / 16); i += kValuesThreads) {
       const int key = i / (kDim / 16), unit = i % (kDim / 16);
       uint4 bytes = make_uint4(0u, 0u, 0u, 0u);
-      if (key0 + key < keys) {
-        bytes = *reinterpret_cast<const uint4*>(v + (key0 + key) * p.v_row_stride + unit * 16);
-      }
+      if (key0 + key < keys) bytes = *reinterpret_cast<const uint4*>(v + row_offset(p, batch, key0 + key) + unit * 16);
       *reinterpret_cast<uint4*>(tile + key * kPitch + unit * 16) = bytes;
     }
     __syncthreads();

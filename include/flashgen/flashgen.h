@@ -13,9 +13,8 @@ extern "C" {
 typedef enum {
   FLASHGEN_FLOAT16 = 0,
   FLASHGEN_BFLOAT16 = 1,
-  FLASHGEN_FLOAT8_E4M3 = 2, /* e4m3fn (torch.float8_e4m3fn): the forward's q, k and v, dense or packed without a
-                               block_table (with a 16-bit out, on sm_90), and a KV cache's k_cache and v_cache;
-                               nowhere else */
+  FLASHGEN_FLOAT8_E4M3 = 2, /* e4m3fn (torch.float8_e4m3fn): the forward's q, k and v, dense or packed (with a
+                               16-bit out, on sm_90), and a KV cache's k_cache and v_cache; nowhere else */
   FLASHGEN_FLOAT8_E5M2 = 3  /* e5m2 (torch.float8_e5m2): likewise */
 } flashgen_dtype;
 

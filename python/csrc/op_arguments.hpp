@@ -165,7 +165,7 @@ flashgen_varlen_forward_args varlen_forward_args(const Tensor& q, const Tensor& 
                                                  int64_t max_seqlen_q, int64_t max_seqlen_k) {
   flashgen_varlen_forward_args args{};
   args.size = sizeof(args);
-  args.q = packed_view(q, true);  // FP8 q, k and v: the library refuses them with a block table, naming it
+  args.q = packed_view(q, true);  // FP8 q, k and v too (the library checks they share one format)
   args.out = packed_view(out);
   args.k = block_table != nullptr ? view(k, kBshd, true) : packed_view(k, true);
   args.v = block_table != nullptr ? view(v, kBshd, true) : packed_view(v, true);

@@ -1,13 +1,13 @@
 """flashgen.torch.varlen_attention over FP8 q, k and v (torch.float8_e4m3fn, torch.float8_e5m2) with FlashAttention-3's
 q_descale, k_descale and v_descale, per (sequence, kv head), and a bf16 or fp16 out_dtype; forward only. On any machine
 with torch: the outputs' dtypes and shapes through the fake kernel, and the refusals, each named, through meta tensors
-(a block_table, inputs that require grad, mixed formats, descales with 16-bit inputs or not of [batch, heads_kv] with
-batch the sequences). On a GPU: the same refusals of real tensors. On sm_90: each sequence's rows of out and lse
+(inputs that require grad, mixed formats, descales with 16-bit inputs or not of [batch, heads_kv] with batch the
+sequences). On a GPU: the same refusals of real tensors. On sm_90: each sequence's rows of out and lse
 against float64 attention over that sequence's dequantized inputs (codes.double() * descale[b, kv head]) by
 FlashAttention-3's rule, test_torch_fp8_forward.py's helpers (an empty sequence, one with no key, more keys than
 queries and rows that see no key; causal both alignments and not; GQA; d64 and d128; both formats and output dtypes);
 equal-length sequences against the dense FP8 call over the same data; a 0-dim, an expanded (zero strides) and a
-per-kv-head descale; and torch.compile's graph.
+per-kv-head descale; the keys and values in a shuffled paged cache (block_table); and torch.compile's graph.
 """
 
 import pytest
@@ -66,11 +66,6 @@ def test_fp8_outputs_take_out_dtype_and_refusals_are_named_through_meta_tensors(
     with pytest.raises(FlashgenArgumentError, match=r"k.dtype is torch.float8_e5m2 but q.dtype is "
                                                     r"torch.float8_e4m3fn \(FP8 q, k and v share one format\)"):
         fgt.varlen_attention(q, _meta(total_k, heads_kv, head_dim, dtype=E5M2), k, cu_q, cu_k, 100, 150)
-    # No paged keys with FP8.
-    pages = _meta(12, 16, heads_kv, head_dim)
-    table = torch.empty(batch, 4, device="meta", dtype=torch.int32)
-    with pytest.raises(FlashgenArgumentError, match=r"block_table"):
-        fgt.varlen_attention(q, pages, pages, cu_q, cu_k, 100, 64, block_table=table)
     # Forward only: inputs that would record autograd are refused, each named; under no_grad they run.
     for name in ("q", "k", "v"):
         inputs = {"q": q, "k": k, "v": k}
@@ -253,14 +248,40 @@ def test_gpu_refusals_name_the_argument():
     lens = [40, 24]
     q8 = _packed_codes(lens, heads, head_dim, E4M3, 10.0, seed=60)
     cu = _offsets(lens)
-    # Paged keys (a block_table) with FP8: refused by name before any kernel.
-    pages = _codes((8, 16, heads, head_dim), E4M3, 10.0, seed=61)
-    table = torch.arange(8, dtype=torch.int32, device="cuda").view(2, 4)
-    with pytest.raises(FlashgenArgumentError, match="block_table"):
-        fgt.varlen_attention(q8, pages, pages, cu, cu, max(lens), max(lens), block_table=table)
     with pytest.raises(FlashgenArgumentError, match=r"k.dtype is torch.float8_e5m2 but q.dtype is "
                                                     r"torch.float8_e4m3fn \(FP8 q, k and v share one format\)"):
         fgt.varlen_attention(q8, q8.view(torch.uint8).view(E5M2), q8, cu, cu, max(lens), max(lens))
     qg = q8.clone().requires_grad_()
     with pytest.raises(FlashgenArgumentError, match="q requires grad, but the FP8 forward has no backward"):
         fgt.varlen_attention(qg, q8, q8, cu, cu, max(lens), max(lens), causal=True)
+
+
+@sm90
+def test_a_paged_cache_gives_what_the_packed_keys_give():
+    """The same sequences with their keys and values in shuffled pages of 16 rows (the pages' other rows random
+    codes): each sequence against float64 by FlashAttention-3's rule, and equal to the packed call's rows."""
+    heads_q, heads_kv, head_dim, width, page = 4, 2, 128, 150.0, 16
+    batch = len(_Q_LENS)
+    q = _packed_codes(_Q_LENS, heads_q, head_dim, E4M3, width, seed=70)
+    k = _packed_codes(_K_LENS, heads_kv, head_dim, E4M3, width, seed=71)
+    v = _packed_codes(_K_LENS, heads_kv, head_dim, E4M3, width, seed=72)
+    descales = tuple(_descale("entry", batch, heads_kv, width, which) for which in range(3))
+    max_pages = (max(_K_LENS) + page - 1) // page
+    generator = torch.Generator(device="cpu").manual_seed(73)
+    order = torch.randperm(batch * max_pages + 3, generator=generator).to("cuda")
+    table = order[:batch * max_pages].view(batch, max_pages).to(torch.int32)
+    k_cache = _codes((order.numel(), page, heads_kv, head_dim), E4M3, width, seed=74)
+    v_cache = _codes((order.numel(), page, heads_kv, head_dim), E4M3, width, seed=75)
+    testsupport.fill_pages((k_cache, v_cache), (k, v), _K_LENS, table, page)
+    cu_q, cu_k = _offsets(_Q_LENS), _offsets(_K_LENS)
+    kwargs = dict(causal=True, return_attn_probs=True, q_descale=descales[0], k_descale=descales[1],
+                  v_descale=descales[2])
+    packed, packed_lse, _ = fgt.varlen_attention(q, k, v, cu_q, cu_k, max(_Q_LENS), max(_K_LENS), **kwargs)
+    out, lse, _ = fgt.varlen_attention(q, k_cache, v_cache, cu_q, cu_k, max(_Q_LENS), max(_K_LENS),
+                                       block_table=table, **kwargs)
+    _check_each_sequence("paged e4m3 d128 causal", out, lse, q, k, v, _Q_LENS, _K_LENS, descales, "bottom_right",
+                         torch.bfloat16)
+    # The same tiles over the same Vᵀ: equal up to last-bit roundings.
+    assert (out.float() - packed.float()).abs().max() <= 1e-2 * packed.float().abs().max()
+    live = torch.isfinite(packed_lse)
+    assert torch.equal(torch.isfinite(lse), live) and (lse[live] - packed_lse[live]).abs().max() <= 1e-4

@@ -164,12 +164,7 @@ def test_prefill_over_a_paged_cache_matches_the_packed_keys():
     order = torch.randperm(len(k_lens) * max_pages + 3, device="cuda")
     table = order[:len(k_lens) * max_pages].view(len(k_lens), max_pages).to(torch.int32)
     k_cache, v_cache = (torch.randn(order.numel(), page, 2, 64, device="cuda").to(torch.bfloat16) for _ in range(2))
-    start = 0
-    for b, n in enumerate(k_lens):
-        for j in range(n):
-            k_cache[table[b, j // page], j % page] = k[start + j]
-            v_cache[table[b, j // page], j % page] = v[start + j]
-        start += n
+    testsupport.fill_pages((k_cache, v_cache), (k, v), k_lens, table, page)
     cu_q, cu_k = _offsets(q_lens), _offsets(k_lens)
     packed, packed_lse, _ = fgt.varlen_attention(q, k, v, cu_q, cu_k, max(q_lens), max(k_lens), causal=True,
                                                  return_attn_probs=True)

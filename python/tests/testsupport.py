@@ -156,6 +156,17 @@ def assert_close_to_float64(name, got, want, dtype):
     assert error <= allowed, mismatch_report(name, got, want, allowed)
 
 
+def fill_pages(caches, packed, lens, table, page_size):
+    """Writes each sequence's rows of the packed tensors (k, v, ...) into its pages of the caches [num_pages,
+    page_size, heads, head_dim]: sequence b's row j into row j % page_size of page table[b, j // page_size]."""
+    start = 0
+    for b, n in enumerate(lens):
+        for j in range(n):
+            for cache, rows in zip(caches, packed):
+                cache[table[b, j // page_size], j % page_size] = rows[start + j]
+        start += n
+
+
 def packed_offsets(lens):
     """int32 [len(lens) + 1] offsets on the GPU of packed sequences of these lengths (cu_seqlens)."""
     import torch

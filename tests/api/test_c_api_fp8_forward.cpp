@@ -11,6 +11,7 @@
 #include "flashgen/flashgen.h"
 #include "generator/generator.hpp"
 #include "generator/kernel_config.hpp"
+#include "launch/attention.hpp"
 #include "support/fake_pointer.hpp"
 #include "templates/fwd_traits.cuh"
 #include "tuner/heuristic.hpp"
@@ -73,17 +74,7 @@ TEST_CASE("an FP8 forward refuses each bad argument with a message naming it", "
   check_rejected(
       [](Fp8Args& a) { a.q.dtype = a.k.dtype = a.v.dtype = FLASHGEN_BFLOAT16; },
       kInvalid, "opts.q_descale: given for 16-bit q, k and v (descales are an FP8 forward's); pass NULL");
-  // Keys in a paged cache and the backward take no FP8.
-  flashgen_varlen_forward_args paged{};
-  paged.size = sizeof(paged);
-  paged.options = FLASHGEN_ATTENTION_OPTIONS_INIT;
-  paged.q = bshd(fake_pointer(1), FLASHGEN_FLOAT8_E4M3, 1, 100, 4, 128);
-  paged.k = paged.v = bshd(fake_pointer(2), FLASHGEN_FLOAT8_E4M3, 8, 64, 4, 128);
-  paged.out = bshd(fake_pointer(3), FLASHGEN_BFLOAT16, 1, 100, 4, 128);
-  paged.block_table = static_cast<const int32_t*>(fake_pointer(4));
-  paged.max_pages = 2;
-  CHECK(flashgen_attention_varlen_forward(&paged, nullptr) == kUnsupported);
-  CHECK(std::string(flashgen_last_error()).find("not keys in a paged cache (block_table)") != std::string::npos);
+  // The backward takes no FP8.
   Fp8Args a;
   const flashgen_tensor grad = bshd(fake_pointer(8), FLASHGEN_BFLOAT16, 2, 1000, 16, 128);
   CHECK(flashgen_attention_backward(&a.q, &a.k, &a.v, &a.out, &grad, nullptr, &grad, &grad, &grad, &a.opts,
@@ -178,4 +169,31 @@ TEST_CASE("FP8 forward configs name their output type and keep to the sm90 famil
       CHECK(std::string(e.what()).find("tuning e4m3 q, k and v: the dense forward only") != std::string::npos);
     }
   }
+}
+
+TEST_CASE("an FP8 forward over a paged cache reads Vᵀ gathered per sequence, its keys past every sequence's",
+          "[c_api][fp8][fp8_forward][varlen]") {
+  // Three sequences over 8 pages of 64 keys (2 a sequence), max_seqlen_k 100: each sequence's Vᵀ from a multiple of
+  // round_up(100, 128) = 128 keys.
+  flashgen_varlen_forward_args paged{};
+  paged.size = sizeof(paged);
+  paged.options = FLASHGEN_ATTENTION_OPTIONS_INIT;
+  paged.q = bshd(fake_pointer(1), FLASHGEN_FLOAT8_E4M3, 1, 100, 4, 128);
+  paged.k = paged.v = bshd(fake_pointer(2), FLASHGEN_FLOAT8_E4M3, 8, 64, 4, 128);
+  paged.out = bshd(fake_pointer(3), FLASHGEN_BFLOAT16, 1, 100, 4, 128);
+  paged.cu_seqlens_q = paged.cu_seqlens_k = static_cast<const int32_t*>(fake_pointer(5));
+  paged.block_table = static_cast<const int32_t*>(fake_pointer(4));
+  paged.batch = 3, paged.max_pages = 2, paged.max_seqlen_q = 100, paged.max_seqlen_k = 100;
+  const flashgen::ForwardCall call = flashgen::make_varlen_forward_call(paged);
+  CHECK(call.problem.paged);
+  const flashgen::KernelConfig config =
+      flashgen::KernelConfig::from_name("fwd_sm90_e4m3_d128_m128_n128_s2_obf16_causal_ovl_pp_varlen_paged");
+  CHECK(config.values_t_keys(call.params) == 3 * 128);
+  CHECK(config.values_t_entries(call.params) == 1);
+  CHECK(config.values_t_bytes(call.params) == size_t(4 * 128 * 3 * 128));
+  const flashgen::FwdTmaTensors tensors(call.problem, call.params, config);
+  CHECK(tensors.v.keys_as_columns);  // Vᵀ, not the pages
+  CHECK(tensors.v_rows == 128);
+  CHECK(tensors.kv_rows == 64);      // K from the pages, a box a page
+  CHECK_FALSE(tensors.v_fine);
 }

@@ -6,10 +6,12 @@
 // what the FP8 tensor cores' accumulation of S may lose. Per-(batch, kv head), per-tensor and no descales, codes up to ±448, GQA and MHA,
 // no mask, both causal alignments (rows that see no key), a window with a soft cap and sinks, head dims 64, 128 and
 // 256, bf16 and fp16 outputs, sequence lengths off the tiles; packed batches (descales per sequence, sequences
-// starting off the 32-key steps, an empty one) through the C ABI's choice and named configs.
+// starting off the 32-key steps, an empty one), also over shuffled paged caches, through the C ABI's choice and
+// named configs.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <random>
 #include <string>
 #include <thread>
@@ -189,6 +191,7 @@ struct Fp8PackedCase {
   Fp8ForwardCase c;
   std::vector<int64_t> lengths_q, lengths_k;
   std::vector<std::string> configs = {};
+  int64_t page_size = 0;  // > 0: keys and values in a paged cache of such pages, in a shuffled order
 };
 
 struct Fp8Packed {
@@ -197,7 +200,7 @@ struct Fp8Packed {
   DType type, out_type;
   std::vector<int32_t> cu_q = {0}, cu_k = {0};
   Fp8Tensor q, k, v;
-  DeviceBuffer dq, dk, dv, dout, dlse, dqd, dkd, dvd, dsinks, dcu_q, dcu_k;
+  DeviceBuffer dq, dk, dv, dout, dlse, dqd, dkd, dvd, dsinks, dcu_q, dcu_k, dtable;
   flashgen_varlen_forward_args args{};
 
   Fp8Packed(const Fp8PackedCase& packed_case, uint64_t seed)
@@ -232,6 +235,35 @@ struct Fp8Packed {
     args.cu_seqlens_k = static_cast<const int32_t*>(dcu_k.data());
     args.batch = c.batch, args.max_seqlen_q = c.seqlen_q, args.max_seqlen_k = c.seqlen_k;
     args.options = fp8_options(c, dsinks, dqd, dkd, dvd);
+    if (packed.page_size > 0) use_pages(rng);
+  }
+
+  // The keys and values moved into a paged cache: each sequence's rows in pages of a shuffled block table, the
+  // other rows of every page random codes (which no sequence may read).
+  void use_pages(std::mt19937_64& rng) {
+    const int64_t page = packed.page_size, max_pages = (c.seqlen_k + page - 1) / page;
+    const int64_t pages = c.batch * max_pages + 3, row = c.heads_kv * c.head_dim;
+    std::vector<int32_t> table(static_cast<size_t>(pages));
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), rng);
+    table.resize(size_t(c.batch * max_pages));
+    std::normal_distribution<float> normal(0.f, c.code_width);
+    auto paged = [&](const Fp8Tensor& t) {
+      std::vector<uint8_t> cache(size_t(pages * page * row));
+      for (uint8_t& b : cache) b = flashgen::float_to_fp8_bits(normal(rng), type);
+      for (int64_t b = 0; b < c.batch; ++b)
+        for (int64_t j = 0; j < cu_k[b + 1] - cu_k[b]; ++j) {
+          const int64_t at = (table[size_t(b * max_pages + j / page)] * page + j % page) * row;
+          std::copy_n(t.codes.begin() + (cu_k[b] + j) * row, row, cache.begin() + at);
+        }
+      return flashgen::test::upload(cache);
+    };
+    dk = paged(k), dv = paged(v), dtable = flashgen::test::upload(table);
+    const flashgen_tensor cache{nullptr, c.dtype, {pages, page, c.heads_kv, c.head_dim}, {page * row, row, c.head_dim, 1}};
+    args.k = cache, args.v = cache;
+    args.k.data = dk.data(), args.v.data = dv.data();
+    args.block_table = static_cast<const int32_t*>(dtable.data());
+    args.max_pages = max_pages;
   }
 };
 
@@ -301,7 +333,16 @@ std::vector<Fp8PackedCase> fp8_packed_cases() {
                           FLASHGEN_BFLOAT16, 2, 300, 100, 4, 1, 256, FLASHGEN_MASK_CAUSAL_TOP_LEFT},
                          {40, 300},
                          {100, 60}};
-  return {causal, plain, windowed, top_left};
+  // Pages of 48 and 16 keys, shuffled: boxes of 16 rows, a sequence's keys ending inside a page and inside a box.
+  Fp8PackedCase paged_causal = causal;
+  paged_causal.c.name = "paged (48-key pages) e4m3 d128 GQA 2 causal, per-(sequence, kv head) descales";
+  paged_causal.page_size = 48;
+  paged_causal.configs = {"fwd_sm90_e4m3_d128_m128_n128_s2_obf16_causal_ovl_pp_varlen_paged"};
+  Fp8PackedCase paged_plain = plain;
+  paged_plain.c.name = "paged (16-key pages) e5m2 d64 MHA no mask, one descale, fp16 out";
+  paged_plain.page_size = 16;
+  paged_plain.configs = {"fwd_sm90_e5m2_d64_m192_n128_s2_ofp16_ovl_varlen_paged"};
+  return {causal, plain, windowed, top_left, paged_causal, paged_plain};
 }
 
 }  // namespace

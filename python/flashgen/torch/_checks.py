@@ -415,13 +415,10 @@ def _check_fp8_forward(q, k, layout, descales, out_dtype):
     return checked, _check_out_dtype(out_dtype, q)
 
 
-def _check_varlen_fp8(q, k, cu_seqlens_q, block_table, descales, out_dtype):
-    """As _check_fp8_forward, for a packed forward: descales per (sequence, kv head), so of shape [batch, heads_kv]
-    with batch the sequences (cu_seqlens_q's length less one) or broadcast to it. Keys in a paged cache take no FP8
-    (refused by name here, before the library would)."""
-    if q.dtype in _FP8_CODES and block_table is not None:
-        raise FlashgenArgumentError(f"q.dtype is {q.dtype}: the FP8 forward takes dense and packed batches, not keys "
-                                    "in a paged cache (block_table)", _lib.ERROR_UNSUPPORTED)
+def _check_varlen_fp8(q, k, cu_seqlens_q, descales, out_dtype):
+    """As _check_fp8_forward, for a packed forward (k packed, or a paged cache with a block_table): descales per
+    (sequence, kv head), so of shape [batch, heads_kv] with batch the sequences (cu_seqlens_q's length less one) or
+    broadcast to it."""
     batch, heads_kv = cu_seqlens_q.shape[0] - 1, k.shape[-2]
     names = ("q_descale", "k_descale", "v_descale")
     checked = tuple([_check_descale(descales[i], names[i], q, batch, heads_kv) for i in range(3)])

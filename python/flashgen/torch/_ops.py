@@ -39,7 +39,7 @@ def _varlen_attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
                               deterministic, block_table=None, softcap=0.0, window_left=-1, window_right=-1,
                               alibi_slopes=None, sinks=None, attention_chunk=0, q_descale=None, k_descale=None,
                               v_descale=None, out_dtype=""):
-    descales, out_dtype = _check_varlen_fp8(q, k, cu_seqlens_q, block_table, (q_descale, k_descale, v_descale),
+    descales, out_dtype = _check_varlen_fp8(q, k, cu_seqlens_q, (q_descale, k_descale, v_descale),
                                             _out_dtype_of_name(out_dtype))
     return _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, mask,
                            block_table, softcap, (window_left, window_right), alibi_slopes, sinks, attention_chunk,
@@ -140,7 +140,7 @@ def _varlen_attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_
                                    window_right=-1, alibi_slopes=None, sinks=None, attention_chunk=0, q_descale=None,
                                    k_descale=None, v_descale=None, out_dtype=""):
     # FP8 q, k and v give out of out_dtype (bfloat16 when ""), 16-bit ones of their own dtype.
-    _, out_dtype = _check_varlen_fp8(q, k, cu_seqlens_q, block_table, (q_descale, k_descale, v_descale),
+    _, out_dtype = _check_varlen_fp8(q, k, cu_seqlens_q, (q_descale, k_descale, v_descale),
                                      _out_dtype_of_name(out_dtype))
     return (q.new_empty(_out_shape(q, v), dtype=out_dtype),
             q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))

@@ -59,8 +59,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     FP8 (sm_90): q, k and v all torch.float8_e4m3fn or all torch.float8_e5m2, forward only, as attention() takes them:
     q_descale, k_descale, v_descale (keyword only, FlashAttention-3's names) float32 tensors on q's device of shape
     [batch, heads_kv] (batch: the sequences) or one that broadcasts to it, sequence b's kv head h standing for its
-    codes times descale[b, h]; None for 1. out_dtype torch.bfloat16 (the default) or torch.float16. Not with a
-    block_table, a user variant, or inputs that require grad.
+    codes times descale[b, h]; None for 1. out_dtype torch.bfloat16 (the default) or torch.float16. Over a paged
+    cache too (block_table); not with a user variant, or inputs that require grad.
     """
     if dropout_p != 0.0:
         raise FlashgenArgumentError(f"dropout_p must be 0.0 (flashgen has no dropout), got {dropout_p}",
@@ -128,7 +128,7 @@ def _fp8_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seql
     only, no autograd node."""
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, block_table,
                          fp8=True)
-    descales, out_dtype = _check_varlen_fp8(q, k, cu_seqlens_q, block_table, descales, out_dtype)
+    descales, out_dtype = _check_varlen_fp8(q, k, cu_seqlens_q, descales, out_dtype)
     _check_fp8_no_grad(q, k, v, sinks, "flashgen.torch.varlen_attention")
     if not named_none:
         raise FlashgenArgumentError("flashgen.torch.varlen_attention: FP8 q, k and v do not take a user variant "
