@@ -242,6 +242,10 @@ PreparedForward prepare_forward(const ForwardCall& call, CUstream stream, const 
     const FwdTmaTensors tensors(call.problem, p, config);
     encode_tma_maps(tensors, prepared.sm90_params);
     if (is_fp8(config.dtype)) {  // Vᵀ's map, pointed at each launch's buffer (operator())
+      // TMA's coordinates are int32: a paged batch's Vᵀ holds batch · max_seqlen_k keys (rounded up to 128).
+      FLASHGEN_REQUIRE(config.values_t_keys(p) <= INT32_MAX,
+                       "batch * max_seqlen_k is " + std::to_string(config.values_t_keys(p)) +
+                           " keys of an FP8 call's Vᵀ, more than 2^31 - 1");
       prepared.values_t = KernelRegistry::instance().function(config, FwdKernel::kValuesT, scope.context(), arch);
       prepared.values_t_tensor = tensors.v;
       prepared.values_t_rows = tensors.v_rows;

@@ -143,9 +143,9 @@ struct AttnFwdParams {
   long long q_descale_strides[2], k_descale_strides[2], v_descale_strides[2];
   // An FP8 call's Vᵀ (batch, heads_kv, head_dim, v_t_keys), keys in the order P's fragments hold them
   // (fwd_sm90_values.cuh), written by the module's first kernel into a buffer of the launch's; null otherwise.
-  // A packed batch's is one entry whose sequences start at multiples of kFp8BlockN (packed_workspace_first_row).
+  // A packed batch's is one entry whose sequences start at multiples of kFp8BlockN (fp8_values_t_origin).
   void* v_t;
-  long long v_t_keys;  // seqlen_k rounded up to whole 32-key steps; packed, packed_workspace_rows(total_k, ...)
+  long long v_t_keys;  // seqlen_k rounded up to whole 32-key steps; packed or paged, past every sequence's origin
 };
 
 // The rows of each TMA copy of a paged cache's K or V tile (the Hopper forward): the largest count dividing both
@@ -237,7 +237,8 @@ struct AttnFwdSm90Params {
   // that one section's K and V fit in about half the L2 cache.
   int l2_section;
   // Packed batches over a paged cache (kPaged): k_map and v_map see the cache as (64, page_size, heads_kv,
-  // num_pages) in boxes of paged_box_rows(page_size, block_n) rows; v_fine_map the same in boxes of 16 rows.
+  // num_pages) in boxes of paged_box_rows(page_size, block_n) rows; v_fine_map the same in boxes of 16 rows. FP8
+  // reads V as Vᵀ (v_map above) and has no v_fine_map.
   TmaDescriptor v_fine_map;
 };
 

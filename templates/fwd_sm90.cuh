@@ -67,7 +67,7 @@ struct FwdSm90 : FwdSm90Layout<Cfg> {
   static __device__ void run(const AttnFwdSm90Params& params) {
     if constexpr (L::kVarlen) {
       AttnFwdParams p = params.base;
-      const SequenceRows rows = sequence_rows(p, blockIdx.z, L::kPaged);
+      const SequenceRows rows = fp8_sequence_rows<L::kFp8>(p, blockIdx.z, L::kPaged);
       if (!bind_sequence(p, blockIdx.z, rows, (gridDim.x - 1 - blockIdx.x) * L::kBlockM)) return;
       run_tiles(params, p, rows);
     } else {

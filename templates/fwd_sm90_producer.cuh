@@ -107,8 +107,8 @@ struct FwdSm90Producer : FwdSm90Layout<Cfg> {
     }
     const int copy = paged_copy(), b = copy / kPageChunks, c = copy % kPageChunks;
     if (b < kBlockN / box && b != split && c < kTileChunks) {
-      sm90::tma_load_4d(dst + c * kBlockN * kRowBytes + b * box * kRowBytes, map, full_barrier, c * 64, at.row,
-                        tile.kv_head, at.page);
+      sm90::tma_load_4d(dst + c * kBlockN * kRowBytes + b * box * kRowBytes, map, full_barrier, c * L::kChunkCols,
+                        at.row, tile.kv_head, at.page);
     }
     if (split >= 0 && warp0) {
       const int lane = static_cast<int>(threadIdx.x), group = split * box / 16 + lane;

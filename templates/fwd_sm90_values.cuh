@@ -42,7 +42,7 @@ struct FwdSm90Values {
     int keys = p.seqlen_k, entry = batch;
     long long origin = 0, end = p.v_t_keys;  // the sequence's first Vᵀ key, and the end of what it writes
     if constexpr (kVarlen) {
-      const SequenceRows rows = sequence_rows(p, batch, kPaged);
+      const SequenceRows rows = fp8_sequence_rows<true>(p, batch, kPaged);
       v += rows.k_begin * p.v_row_stride;  // 0 over a paged cache
       keys = rows.seqlen_k, entry = 0;
       origin = fp8_values_t_origin(kPaged, rows.k_begin, batch, p.seqlen_k, kFp8BlockN);

@@ -55,6 +55,15 @@ __device__ inline SequenceRows sequence_rows(const Params& p, int sequence, bool
   return {q_begin, min(q_end - q_begin, p.seqlen_q), k_begin, min(k_end - k_begin, p.seqlen_k)};
 }
 
+// sequence_rows for the FP8 forward (kFp8), whose Vᵀ holds round_up(max_seqlen_k, 128) keys of a paged sequence
+// (attn_params.cuh's fp8_values_t_origin): a paged sequence's keys past max_seqlen_k are not seen, as a packed one's.
+template <bool kFp8, class Params>
+__device__ inline SequenceRows fp8_sequence_rows(const Params& p, int sequence, bool paged) {
+  SequenceRows rows = sequence_rows(p, sequence, paged);
+  if (kFp8 && paged) rows.seqlen_k = min(rows.seqlen_k, p.seqlen_k);
+  return rows;
+}
+
 // Points p (a block's own copy of the kernel's params) at packed sequence `sequence`, whose rows are s: q, k,
 // v, o and lse at its first rows, seqlen_q and seqlen_k its lengths, causal_offset its alignment's. Returns
 // false when the block's first query row, m_start, lies past the sequence's end: the block has nothing to do.

@@ -56,7 +56,7 @@ inline void check_status(int status, const char* call) {
   STD_TORCH_CHECK(status == FLASHGEN_SUCCESS, call, ": ", flashgen_last_error(), " [", status_name(status), "]");
 }
 
-// fp8_taken: t may also be FP8 (a KV cache's k_cache or v_cache, the dense forward's q, k or v; the library checks
+// fp8_taken: t may also be FP8 (a KV cache's k_cache or v_cache, the forward's q, k or v; the library checks
 // what else such a call takes).
 template <typename Tensor>
 flashgen_dtype dtype_code(const Tensor& t, const char* name, bool fp8_taken = false) {
@@ -82,7 +82,7 @@ bool on_device_of(const Tensor& t, const Tensor& q) {
 
 // q, k and v: `rank` dims (k and v `kv_rank`), float16 or bfloat16, one dtype, on one CUDA device; with fp8_kv (a KV
 // cache's k_cache and v_cache) k and v may be FP8 instead (the library checks that both are of one format); with
-// fp8_qkv (the dense forward) q, k and v may all be FP8, of q's format.
+// fp8_qkv (the forward, dense or packed) q, k and v may all be FP8, of q's format.
 template <typename Tensor>
 void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, int64_t rank, int64_t kv_rank, bool fp8_kv = false,
                bool fp8_qkv = false) {
@@ -240,7 +240,7 @@ ExtrasAsGiven extras_as_given(const Tensor& q, int64_t batch, int64_t heads_q,
   return result;
 }
 
-// The dtype the dense forward's out_dtype names: "bfloat16", "float16", or "" for none.
+// The dtype a forward's out_dtype names: "bfloat16", "float16", or "" for none.
 inline std::optional<c10::ScalarType> named_out_dtype(std::string_view out_dtype) {
   if (out_dtype.empty()) return std::nullopt;
   STD_TORCH_CHECK(out_dtype == "bfloat16" || out_dtype == "float16",
@@ -248,7 +248,7 @@ inline std::optional<c10::ScalarType> named_out_dtype(std::string_view out_dtype
   return out_dtype == "bfloat16" ? c10::ScalarType::BFloat16 : c10::ScalarType::Half;
 }
 
-// The dense forward's output dtype: out_dtype's for FP8 q, k and v, bfloat16 or float16 (none: bfloat16, as
+// A forward's output dtype: out_dtype's for FP8 q, k and v, bfloat16 or float16 (none: bfloat16, as
 // FlashAttention-3 gives); 16-bit q, k and v give out of their own dtype, which out_dtype may only repeat.
 template <typename Tensor>
 c10::ScalarType output_dtype(const Tensor& q, std::string_view out_dtype) {

@@ -11,7 +11,7 @@ import threading
 # flashgen_dtype, flashgen_mask: C enums, int-sized on every ABI flashgen targets.
 FLOAT16 = 0
 BFLOAT16 = 1
-FLOAT8_E4M3 = 2           # e4m3fn (torch.float8_e4m3fn): the dense forward's q, k, v and a KV cache's k_cache, v_cache
+FLOAT8_E4M3 = 2           # e4m3fn (torch.float8_e4m3fn): the forward's q, k, v and a KV cache's k_cache, v_cache
 FLOAT8_E5M2 = 3           # e5m2 (torch.float8_e5m2): likewise
 MASK_NONE = 0
 MASK_CAUSAL = 1           # bottom-right aligned: key j visible to query i iff j <= i + seqlen_k - seqlen_q

@@ -342,7 +342,11 @@ std::vector<Fp8PackedCase> fp8_packed_cases() {
   paged_plain.c.name = "paged (16-key pages) e5m2 d64 MHA no mask, one descale, fp16 out";
   paged_plain.page_size = 16;
   paged_plain.configs = {"fwd_sm90_e5m2_d64_m192_n128_s2_ofp16_ovl_varlen_paged"};
-  return {causal, plain, windowed, top_left, paged_causal, paged_plain};
+  // Keys of two 128-column chunks from pages of 64 (each chunk's columns its own).
+  Fp8PackedCase paged_wide = top_left;
+  paged_wide.c.name = "paged (64-key pages) e4m3 d256 MQA top-left causal, queries past the keys";
+  paged_wide.page_size = 64;
+  return {causal, plain, windowed, top_left, paged_causal, paged_plain, paged_wide};
 }
 
 }  // namespace

@@ -12,7 +12,7 @@ from .._lib import FlashgenArgumentError
 
 _DTYPE_CODES = {torch.float16: _lib.FLOAT16, torch.bfloat16: _lib.BFLOAT16}
 # The FP8 formats: a KV cache's k_cache and v_cache (each key or value standing for itself times its scale), and the
-# dense forward's q, k and v (each standing for itself times its descale).
+# forward's q, k and v, dense or packed (each standing for itself times its descale).
 _FP8_CODES = {torch.float8_e4m3fn: _lib.FLOAT8_E4M3, torch.float8_e5m2: _lib.FLOAT8_E5M2}
 _TENSOR_CODES = {**_DTYPE_CODES, **_FP8_CODES}  # every dtype a flashgen_tensor may carry
 _MASK_CODES = {"none": _lib.MASK_NONE, "bottom_right": _lib.MASK_CAUSAL, "top_left": _lib.MASK_CAUSAL_TOP_LEFT,
@@ -53,7 +53,7 @@ def _check_qkv(q, k, v, rank, expected, kv_rank=None, kv_expected=None, names=("
     """q, k and v (called `names` in the messages): torch tensors of `rank` dims (`expected` describes them in the
     message; k and v kv_rank dims, kv_expected, where those are given), float16 or bfloat16, on one CUDA (or meta)
     device, of one dtype; with fp8_kv (a KV cache's k_cache and v_cache) k and v may be FP8 instead (the library checks
-    that both are of one format); with fp8_qkv (the dense forward) q, k and v may all be FP8, of one format;
+    that both are of one format); with fp8_qkv (the forward, dense or packed) q, k and v may all be FP8, of one format;
     FlashgenArgumentError naming the argument otherwise."""
     for i, (name, t) in enumerate(zip(names, (q, k, v))):
         if not isinstance(t, torch.Tensor):
