@@ -7,10 +7,11 @@ the padded SDPA run is charged only for those too). --backward times the backwar
 forward's FLOPs: five products instead of two), each implementation's gradients of its own forward's outputs.
 --page-sizes adds the forward over the same keys and values moved into a paged cache of each page size (prefill
 against a KV cache: the pages shuffled, read through a block table), checked against the contiguous call's output.
+--fp8 adds the FP8 forward (the same values rounded to e4m3, bf16 out) packed, paged and as a dense batch.
 Writes a CSV with device, date and versions.
 
     python3 bench/bench_varlen.py [--backward] [--sequences 64] [--min-len 128] [--max-len 8192]
-        [--page-sizes 16,64,256] [--out FILE]
+        [--page-sizes 16,64,256] [--head-dims 64,128] [--fp8] [--out FILE]
 """
 import argparse
 import datetime
@@ -70,14 +71,33 @@ def paged_cache(k, v, lens, page_size, generator):
     table = order.view(len(lens), max_pages)
     caches = []
     for t in (k, v):
-        cache = torch.zeros(num_pages * page_size, *t.shape[1:], device=t.device, dtype=t.dtype)
+        # Bytes moved as bytes: FP8 tensors take no indexed copies.
+        rows_of = t.view(torch.uint8) if t.element_size() == 1 else t
+        cache = torch.zeros(num_pages * page_size, *t.shape[1:], device=t.device, dtype=rows_of.dtype)
         start = 0
         for b, n in enumerate(lens):
             rows = torch.arange(n, device=t.device)
-            cache[table[b, rows // page_size].long() * page_size + rows % page_size] = t[start:start + n]
+            cache[table[b, rows // page_size].long() * page_size + rows % page_size] = rows_of[start:start + n]
             start += n
-        caches.append(cache.view(num_pages, page_size, *t.shape[1:]))
+        caches.append(cache.view(t.dtype).view(num_pages, page_size, *t.shape[1:]))
     return caches[0], caches[1], table
+
+
+def packed_and_paged(q, k, v, cu, lens, causal, suffix, args, flush):
+    """Milliseconds of flashgen's packed forward and of the same over paged caches of each of args.page_sizes, by
+    call name (suffix after each)."""
+    results = {}
+    call = lambda: fg.varlen_attention(q, k, v, cu, cu, max(lens), max(lens), causal=causal)
+    results["flashgen varlen" + suffix] = timed_ms(call, args.samples, flush)
+    want = call()
+    for page_size in [int(x) for x in args.page_sizes.split(",") if x]:
+        kc, vc, table = paged_cache(k, v, lens, page_size, torch.Generator().manual_seed(args.seed))
+        call = lambda: fg.varlen_attention(q, kc, vc, cu, cu, max(lens), max(lens), causal=causal, block_table=table)
+        error = (call().float() - want.float()).abs().max().item()
+        if error > 0.0:  # the same tiles give the same bits; tiles of the paged call's own differ by rounding
+            print(f"paged {page_size}{suffix}: differs from the contiguous call by up to {error}")
+        results[f"flashgen paged {page_size}{suffix}"] = timed_ms(call, args.samples, flush)
+    return results
 
 
 def main():
@@ -91,6 +111,8 @@ def main():
     parser.add_argument("--backward", action="store_true", help="time the backward pass")
     parser.add_argument("--page-sizes", default="", help="comma-separated page sizes: the forward over paged caches")
     parser.add_argument("--no-sdpa", action="store_true", help="time flashgen's calls only")
+    parser.add_argument("--head-dims", default="64,128")
+    parser.add_argument("--fp8", action="store_true", help="the FP8 forward too: packed, paged and dense, e4m3")
     parser.add_argument("--out")
     args = parser.parse_args()
 
@@ -103,7 +125,7 @@ def main():
     rows = []
     print(f"{args.sequences} sequences of {args.min_len}..{args.max_len} tokens, {total} in all")
     for dtype in (torch.bfloat16,):
-        for head_dim in (64, 128):
+        for head_dim in [int(x) for x in args.head_dims.split(",")]:
             heads = args.hidden // head_dim
             for causal in (False, True):
                 torch.manual_seed(args.seed)
@@ -123,24 +145,20 @@ def main():
                                 dout, q, k, v, out, lse, cu, cu, max(lens), max(lens), 0.0, mask, False),
                             args.samples, flush)
                     else:
-                        results["flashgen varlen"] = timed_ms(
-                            lambda: fg.varlen_attention(q, k, v, cu, cu, max(lens), max(lens), causal=causal),
-                            args.samples, flush)
-                        want = fg.varlen_attention(q, k, v, cu, cu, max(lens), max(lens), causal=causal)
-                        for page_size in [int(x) for x in args.page_sizes.split(",") if x]:
-                            kc, vc, table = paged_cache(k, v, lens, page_size,
-                                                        torch.Generator().manual_seed(args.seed))
-                            call = lambda: fg.varlen_attention(q, kc, vc, cu, cu, max(lens), max(lens), causal=causal,
-                                                               block_table=table)
-                            error = (call().float() - want.float()).abs().max().item()
-                            if error > 0.0:  # the same kernel tiles over the same keys: the same bits
-                                print(f"paged {page_size}: differs from the contiguous call by up to {error}")
-                            results[f"flashgen paged {page_size}"] = timed_ms(call, args.samples, flush)
-                            del kc, vc
+                        results.update(packed_and_paged(q, k, v, cu, lens, causal, "", args, flush))
                     # The same tokens as one dense batch of sequences of the mean length.
                     mean = total // args.sequences
                     dq, dk, dv = (t[: mean * args.sequences].view(args.sequences, mean, heads, head_dim)
                                   for t in (q, k, v))
+                    if args.fp8 and not args.backward:
+                        q8, k8, v8 = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
+                        results.update(packed_and_paged(q8, k8, v8, cu, lens, causal, " e4m3", args, flush))
+                        dq8, dk8, dv8 = (t[: mean * args.sequences].view(args.sequences, mean, heads, head_dim)
+                                         for t in (q8, k8, v8))
+                        # (milliseconds, FLOPs): the dense batch's own pairs.
+                        results["flashgen dense e4m3"] = (
+                            timed_ms(lambda: fg.attention(dq8, dk8, dv8, causal=causal), args.samples, flush),
+                            4.0 * args.sequences * visible_pairs(mean, mean, causal) * head_dim * heads)
                     dense_flops = 4.0 * factor * args.sequences * visible_pairs(mean, mean, causal) * head_dim * heads
                     if args.backward:
                         dense_out, dense_lse = torch.ops.flashgen.attention_forward(dq, dk, dv, 0.0, mask, "bshd", False)
@@ -168,8 +186,9 @@ def main():
                         except RuntimeError as error:
                             print(f"{name}: {error}".splitlines()[0])
                 dense_tflops = dense_flops / dense_ms / 1e9
-                for name, ms in results.items():
-                    tflops = flops / ms / 1e9
+                for name, timing in results.items():
+                    ms, call_flops = timing if isinstance(timing, tuple) else (timing, flops)
+                    tflops = call_flops / ms / 1e9
                     rows.append((device, datetime.date.today().isoformat(), torch.__version__, flashgen.version(),
                                  "backward" if args.backward else "forward", str(dtype).split(".")[-1], head_dim, int(causal), args.sequences, total, name,
                                  f"{ms:.4f}", f"{tflops:.1f}", f"{tflops / dense_tflops:.3f}"))

@@ -310,16 +310,31 @@ ForwardChoice read_through_pages(ForwardChoice choice, int arch, const SpilledBy
   FLASHGEN_REQUIRE(chosen.varlen, "read_through_pages: " + chosen.name() + " is not a packed-batch (varlen) config");
   if (chosen.paged) return choice;
   chosen.paged = true;
-  if (const auto why = chosen.invalid_reason(arch)) {
-    auto paged_builtin = [&](bool sm80_only) {
-      std::vector<KernelConfig> ranked =
-          heuristic_candidates(chosen.dtype, chosen.head_dim, chosen.mask, arch, sm80_only, /*varlen=*/true,
-                               chosen.mods, chosen.head_dim_v);
-      for (KernelConfig& c : ranked) c.paged = true;
-      return builtin_choice(ranked, spilled, arch);
+  // A paged producer keeps more registers, so a tile valid and spill-free over a packed batch may be neither here.
+  std::optional<std::string> why = chosen.invalid_reason(arch);
+  if (!why) {
+    if (const int bytes = spilled(chosen); bytes > builtin_spill_allowance(Pass::kForward, arch)) {
+      why = chosen.name() + " spills " + std::to_string(bytes) + " bytes";
+    }
+  }
+  if (why) {
+    // The heuristic's packed candidates that stay valid read through pages, with the call's output type.
+    auto paged_candidates = [&](bool sm80_only) {
+      std::vector<KernelConfig> ranked;
+      for (KernelConfig c : heuristic_candidates(chosen.dtype, chosen.head_dim, chosen.mask, arch, sm80_only,
+                                                 /*varlen=*/true, chosen.mods, chosen.head_dim_v)) {
+        c.paged = true, c.out_dtype = chosen.out_dtype;
+        if (!c.invalid_reason(arch)) ranked.push_back(std::move(c));
+      }
+      return ranked;
     };
-    ForwardChoice builtin = paged_builtin(/*sm80_only=*/false);
-    if (builtin.config.invalid_reason(arch)) builtin = paged_builtin(/*sm80_only=*/true);
+    std::vector<KernelConfig> ranked = paged_candidates(/*sm80_only=*/false);
+    if (ranked.empty() && !is_fp8(chosen.dtype)) ranked = paged_candidates(/*sm80_only=*/true);
+    if (ranked.empty()) {
+      fail(Status::kUnsupported, "no kernel reads this problem through a block table: " + chosen.name() +
+                                     " is invalid (" + *why + "), and so is every other tile");
+    }
+    ForwardChoice builtin = builtin_choice(ranked, spilled, arch);
     choice.reason += "; paged, " + *why + ", so " + builtin.reason;
     choice.config = std::move(builtin.config);
     choice.source = builtin.source;

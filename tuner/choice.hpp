@@ -147,9 +147,10 @@ void attach_user_variant(ForwardChoice& choice, const std::shared_ptr<const User
 void attach_user_variant(BackwardChoice& choice, const std::shared_ptr<const UserVariant>& user, int arch);
 
 // A packed forward's choice reading keys and values through a block table: its config with paged set, where that
-// is valid on sm_<arch>; otherwise (the sm90 family's widest tiles, whose consumers the paged producer leaves too
-// few registers) the built-in Hopper tile, else the sm80 family's, by spilled. A paged config is kept as it is; a
-// dense one throws Error(kInvalidArgument).
+// is valid on sm_<arch> and spills no more than the built-in choice allows; otherwise (the sm90 family's widest
+// tiles, whose consumers the paged producer leaves too few registers) the built-in Hopper tile that is valid paged,
+// else the sm80 family's (not for FP8), by spilled, keeping the output type; none throws Error(kUnsupported). A
+// paged config is kept as it is; a dense one throws Error(kInvalidArgument).
 ForwardChoice read_through_pages(ForwardChoice choice, int arch, const SpilledBytes<KernelConfig>& spilled);
 
 // What the data sources (either may be null) answer: user_db exact bucket, user_db nearest bucket, the shipped

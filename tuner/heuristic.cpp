@@ -75,8 +75,10 @@ std::vector<Sm90Tile> sm90_preferences(int tile_dim, MaskKind mask, bool varlen)
 // FP8 (8-bit wgmma, Vᵀ in 128-key rows): 128 keys a block, two consumers taking turns, at every head dim up to 256
 // (O of 256 columns, S and P still fit 240 registers; the tiles of two stages, Q and the 16-bit output's own rows
 // fit 227 KB); d64 three consumers (192 rows), overlapping only without a mask (bench/notes_fwd_sm90.md, "FP8").
+// Last, turns without overlap: read through pages (232 registers a consumer) the overlapping d256 tiles spill.
 std::vector<Sm90Tile> sm90_fp8_preferences(int tile_dim, MaskKind mask) {
-  const std::vector<Sm90Tile> turns = {{128, 128, 2, true, true}, {128, 128, 2, true, false}};
+  const std::vector<Sm90Tile> turns = {
+      {128, 128, 2, true, true}, {128, 128, 2, true, false}, {128, 128, 2, false, true}};
   if (tile_dim != 64) return turns;
   return {{192, 128, 2, mask == MaskKind::kNone, false}, turns[0], turns[1]};
 }

@@ -285,6 +285,25 @@ TEST_CASE("a packed forward over pages takes its page size's winner, else its co
                     Catch::Contains("is not a packed-batch (varlen) config"));
 }
 
+TEST_CASE("an FP8 forward over pages passes over tiles that spill when read through pages, keeping its output type",
+          "[tuner][select][varlen][fp8_forward]") {
+  // The packed d256 choice overlaps; read through pages (232 registers a consumer) it spills, as the spill report
+  // below says, so the tile without overlap is taken, with the call's fp16 output.
+  flashgen::ForwardChoice choice{
+      flashgen::KernelConfig::from_name("fwd_sm90_e4m3_d256_m128_n128_s2_ofp16_causal_ovl_pp_varlen"), "stored",
+      flashgen::ChoiceSource::kTuningDatabase};
+  const auto spills = [](const flashgen::KernelConfig& c) { return c.sm90()->overlap ? 48 : 0; };
+  const flashgen::ForwardChoice paged = flashgen::read_through_pages(choice, 90, spills);
+  INFO(paged.reason);
+  CHECK(flashgen::config_name(paged.config) == "fwd_sm90_e4m3_d256_m128_n128_s2_ofp16_causal_pp_varlen_paged");
+  CHECK(paged.reason.find("ovl_pp_varlen_paged spills 48 bytes") != std::string::npos);
+  CHECK_FALSE(paged.config.invalid_reason(90));
+  // A paged tile that spills nothing is kept as it is.
+  const auto clean = [](const flashgen::KernelConfig&) { return 0; };
+  CHECK(flashgen::config_name(flashgen::read_through_pages(choice, 90, clean).config) ==
+        "fwd_sm90_e4m3_d256_m128_n128_s2_ofp16_causal_ovl_pp_varlen_paged");
+}
+
 TEST_CASE("a user variant takes the base class's next tiles where the chosen ones spill much with its functions",
           "[tuner][select][user_variant][nvrtc]") {
   auto& registry = flashgen::KernelRegistry::instance();

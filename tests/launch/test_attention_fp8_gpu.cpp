@@ -384,7 +384,9 @@ TEST_CASE("The FP8 forward of packed batches matches each sequence's float64 att
       f.dlse.fill_bytes(0xff);
       INFO(c.c.name << " (" << config << ")");
       if (config == "the C ABI's choice") {
-        REQUIRE(flashgen_attention_varlen_forward(&f.args, nullptr) == FLASHGEN_SUCCESS);
+        const int status = flashgen_attention_varlen_forward(&f.args, nullptr);
+        INFO(flashgen_last_error());
+        REQUIRE(status == FLASHGEN_SUCCESS);
       } else {
         flashgen::launch_forward(flashgen::make_varlen_forward_call(f.args), nullptr,
                                  flashgen::KernelConfig::from_name(config));
