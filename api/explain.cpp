@@ -90,7 +90,7 @@ nlohmann::json explain_backward(const BackwardCall& call, CUstream stream) {
   const BackwardPlan plan = plan_backward(call, stream);
   const BackwardLaunch& launch = plan.launch;
   const PreparedBackward& prepared = plan.prepared;
-  const BwdConfig& config = launch.config;
+  const BwdConfig& config = prepared.config;  // an FP8 call's: the chosen config's _fp8in twin
   const std::shared_ptr<const CompiledKernel> compiled = KernelRegistry::instance().compiled(config, launch.arch);
   auto kernel = [&](BwdKernel which, const unsigned (&grid)[3], unsigned threads, unsigned smem_bytes) {
     nlohmann::json k = kernel_json(config.symbol(which), compiled->usage_of(config.symbol(which)));
@@ -106,6 +106,9 @@ nlohmann::json explain_backward(const BackwardCall& call, CUstream stream) {
              prepared.finish_threads, prepared.finish_smem)};
   if (call.params.dsinks != nullptr) {  // the call's own: a cached plan of its class may be another call's
     kernels.push_back(kernel(BwdKernel::kSinkGrad, prepared.sink_grad_grid, kBwdRowKernelThreads, 0));
+  }
+  if (prepared.widen != nullptr) {  // an FP8 call's q, k and v widened first
+    kernels.insert(kernels.begin(), kernel(BwdKernel::kWiden, prepared.widen_grid, kBwdRowKernelThreads, 0));
   }
   if (const UserBlockLaunch& classes = prepared.user_blocks) {  // launched first
     kernels.insert(kernels.begin(), {kernel(BwdKernel::kUserBlockTiles, classes.tiles_grid, kUserBlockThreads, 0),

@@ -115,7 +115,8 @@ void dtypes_from_flags(const Args& args, AttentionProblem& p) {
   }
   const std::string fp8 = "--dtype " + dtype;
   if (args.has("backward")) {
-    fail(Status::kInvalidArgument, fp8 + " runs the FP8 forward only: no --backward (FP8 has no backward)");
+    fail(Status::kInvalidArgument, fp8 + " runs the FP8 forward only: no --backward (the FP8 backward is the C "
+                                         "ABI's flashgen_attention_backward)");
   }
   if (args.has("varlen")) {
     fail(Status::kInvalidArgument, fp8 + " runs the FP8 forward of dense batches: no --varlen (packed batches take "

@@ -157,7 +157,9 @@ ClassKey class_key(const BackwardCall& call, const ScopedContext& scope) {
                     p.dq_batch_stride, p.dq_row_stride,   p.dq_head_stride,  p.dk_batch_stride, p.dk_row_stride,
                     p.dk_head_stride,  p.dv_batch_stride, p.dv_row_stride,   p.dv_head_stride,
                     // a block mask keeps the user mask's classes out of the workspace, whose size the plan holds
-                    call.block_mask != nullptr});
+                    call.block_mask != nullptr,
+                    // an FP8 call widens q, k and v first (a kernel and workspace of its own)
+                    p.fp8_format});
 }
 
 // A prepared launch kept for its problem class, with what the call reports.

@@ -18,6 +18,7 @@ const char* bwd_kernel_suffix(BwdKernel kernel) {
     case BwdKernel::kDq: return "dq";
     case BwdKernel::kConvert: return "convert";
     case BwdKernel::kSinkGrad: return "sink_grad";
+    case BwdKernel::kWiden: return "widen";
     case BwdKernel::kUserBlockTiles: return "user_tiles";
     case BwdKernel::kUserBlockRanges: return "user_ranges";
     case BwdKernel::kUserBlockBands: return "user_bands";
@@ -44,6 +45,7 @@ std::string BwdConfig::name() const {
   name += mask_suffix(mask) + score_mods_suffix(mods);
   if (sink_grad) name += "_dsink";
   if (varlen) name += "_varlen";
+  if (fp8_inputs) name += "_fp8in";
   if (deterministic) name += "_det";
   if (has_dq_kernel()) {
     name += "_qm" + to_string(dq_block_m) + "_qn" + to_string(dq_block_n) + "_qw" + to_string(dq_warps) + "_qs" +
@@ -64,10 +66,10 @@ BwdConfig BwdConfig::from_name(const std::string& name) {
   FLASHGEN_REQUIRE(sm90 || (fields.size() >= 9 + value_field && fields[0] == "bwd" && fields[1] == "sm80"),
                    "config name '" + name +
                        "': expected bwd_sm80_<fp16|bf16>_d<head_dim>[_v<head_dim_v>]_m<block_m>_n<block_n>_w<warps>_s<stages>"
-                       "_x<d_split>[_causal|_window][_softcap][_alibi][_dsink][_varlen]"
+                       "_x<d_split>[_causal|_window][_softcap][_alibi][_dsink][_varlen][_fp8in]"
                        "[_det_qm<m>_qn<n>_qw<warps>_qs<stages>] "
                        "or bwd_sm90_<fp16|bf16>_d<head_dim>[_v<head_dim_v>]_m<block_m>_n<block_n>_s<stages>[_causal|_window]"
-                       "[_softcap][_alibi][_dsink][_varlen][_det]");
+                       "[_softcap][_alibi][_dsink][_varlen][_fp8in][_det]");
   BwdConfig c;
   if (sm90) c.knobs = BwdSm90Knobs{};
   BwdSm80Knobs* k80 = c.sm80();
@@ -88,6 +90,10 @@ BwdConfig BwdConfig::from_name(const std::string& name) {
   }
   if (i < fields.size() && fields[i] == "varlen") {
     c.varlen = true;
+    ++i;
+  }
+  if (i < fields.size() && fields[i] == "fp8in") {
+    c.fp8_inputs = true;
     ++i;
   }
   if (i < fields.size() && fields[i] == "det") {
@@ -146,7 +152,8 @@ int BwdConfig::threads(BwdKernel kernel) const {
     case BwdKernel::kDq: return dq_traits().threads;
     case BwdKernel::kPreprocess:
     case BwdKernel::kConvert:
-    case BwdKernel::kSinkGrad: return kBwdRowKernelThreads;
+    case BwdKernel::kSinkGrad:
+    case BwdKernel::kWiden: return kBwdRowKernelThreads;
     case BwdKernel::kUserBlockTiles:
     case BwdKernel::kUserBlockBands: return kUserBlockThreads;
     case BwdKernel::kUserBlockRanges: return kUserBlockRangesThreads;
@@ -229,6 +236,13 @@ BwdWorkspace BwdConfig::workspace(const AttnBwdParams& p, size_t user_classes_by
     w.dq_semaphore = w.append(sizeof(int) * kBwdSm90SemaphoreInts * (rows / kBwdSm90SemaphoreRows));
   }
   if (user_classes_bytes > 0) w.user_classes = w.append(user_classes_bytes);
+  if (p.fp8_format != 0) {  // dense batches only: batch entries of seqlen rows
+    const size_t q_elems = size_t(p.batch) * size_t(p.seqlen_q) * size_t(p.heads_q) * size_t(head_dim);
+    const size_t k_elems = size_t(p.batch) * size_t(p.seqlen_k) * size_t(p.heads_kv) * size_t(head_dim);
+    w.widened[0] = w.append(2 * q_elems);
+    w.widened[1] = w.append(2 * k_elems);
+    w.widened[2] = w.append(2 * size_t(p.batch) * size_t(p.seqlen_k) * size_t(p.heads_kv) * size_t(value_dim()));
+  }
   return w;
 }
 
@@ -280,6 +294,7 @@ void to_json(nlohmann::json& j, const BwdConfig& c) {
   if (c.varlen) j["varlen"] = true;  // absent: dense kernels, as every config before it had
   score_mods_to_json(j, c.mods);
   if (c.sink_grad) j["sink_grad"] = true;  // absent: today's formula, as every config before it had
+  if (c.fp8_inputs) j["fp8_inputs"] = true;
   if (c.has_dq_kernel()) {
     j["dq_block_m"] = c.dq_block_m;
     j["dq_block_n"] = c.dq_block_n;
@@ -332,6 +347,10 @@ void from_json(const nlohmann::json& j, BwdConfig& c) {
     config.varlen = j["varlen"].get<bool>();
   }
   read_score_mods(j, "backward config JSON", config.mods);
+  if (j.contains("fp8_inputs")) {
+    FLASHGEN_REQUIRE(j["fp8_inputs"].is_boolean(), "backward config JSON: 'fp8_inputs' must be true or false");
+    config.fp8_inputs = j["fp8_inputs"].get<bool>();
+  }
   if (j.contains("sink_grad")) {
     FLASHGEN_REQUIRE(j["sink_grad"].is_boolean(), "backward config JSON: 'sink_grad' must be true or false");
     config.sink_grad = j["sink_grad"].get<bool>();

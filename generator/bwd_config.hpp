@@ -20,9 +20,19 @@ namespace flashgen {
 
 // The kernels of one backward module, in launch order (the sinks' gradient only for a call with sinks), after the
 // three of a user mask's block classes (generator.hpp's has_user_block_classes; templates/user_blocks.cuh).
-enum class BwdKernel { kPreprocess, kDkdv, kDq, kConvert, kSinkGrad, kUserBlockTiles, kUserBlockRanges, kUserBlockBands };
+enum class BwdKernel {
+  kPreprocess,
+  kDkdv,
+  kDq,
+  kConvert,
+  kSinkGrad,
+  kUserBlockTiles,
+  kUserBlockRanges,
+  kUserBlockBands,
+  kWiden,
+};
 
-// "preprocess", "dkdv", "dq", "convert", "sink_grad", "user_tiles", "user_ranges", "user_bands"
+// "preprocess", "dkdv", "dq", "convert", "sink_grad", "user_tiles", "user_ranges", "user_bands", "widen"
 const char* bwd_kernel_suffix(BwdKernel kernel);
 
 // The sm80 backward family's own knobs (templates/bwd_sm80.cuh: mma.sync; both dQ strategies).
@@ -50,6 +60,7 @@ struct BwdSm90Knobs {
 struct BwdWorkspace : Workspace {
   size_t dsum = 0, sink_partials = kAbsent, lse_log2 = kAbsent, dq_accum = kAbsent, dq_semaphore = kAbsent,
          user_classes = kAbsent;
+  size_t widened[3] = {kAbsent, kAbsent, kAbsent};  // an FP8 call's q, k and v as 16-bit values (BwdWiden)
 };
 
 // The fields both families share, then the knobs of one of them. A kernel module (generator/kernel_module.hpp).
@@ -86,6 +97,9 @@ struct BwdConfig {
   // the score modifiers'. Set by dispatch for a call with sinks that wants their gradient, never tuned over: no
   // tuning data holds it.
   bool sink_grad = false;
+  // An FP8 call's module (suffix _fp8in after _varlen): the same kernels and a first one, BwdWiden, writing its FP8
+  // q, k and v as dtype into the workspace. The planner chooses 16-bit configs; the launch takes their _fp8in twin.
+  bool fp8_inputs = false;
   // A user-defined variant (KernelConfig::user): suffix _u<hash> at the end of the name, before a kernel's symbol
   // suffix.
   std::shared_ptr<const UserVariant> user = nullptr;

@@ -248,6 +248,7 @@ std::string render_translation_unit(const BwdConfig& c) {
     entry(BwdKernel::kConvert, "BwdConvertDq", "flashgen::kBwdRowKernelThreads");
   }
   entry(BwdKernel::kSinkGrad, "BwdSinkGrad", "flashgen::kBwdRowKernelThreads");
+  if (c.fp8_inputs) entry(BwdKernel::kWiden, "BwdWiden", "flashgen::kBwdRowKernelThreads");
   if (has_user_block_classes(c)) {  // the user mask's block classes, launched before the preprocess
     out << "\n#include \"user_blocks.cuh\"\n";
     entry(BwdKernel::kUserBlockTiles, "UserBlockTiles", "flashgen::kUserBlockThreads");

@@ -33,6 +33,30 @@ void encode_tma_maps(const BwdTmaTensors& t, AttnBwdSm90Params& params) {
 
 unsigned ceil_div(long long a, long long b) { return static_cast<unsigned>((a + b - 1) / b); }
 
+// An FP8 call's q, k and v as BwdWiden's sources, with their descales; q, k and v keep the sources' pointers until
+// the workspace is bound (bind_workspace) but take the strides of the 16-bit copies there (BSHD contiguous).
+void widen_from(const TensorView* q, const TensorView* k, const TensorView* v, const CallOptions& opts,
+                AttnBwdParams& p) {
+  p.fp8_format = q->dtype == DType::kFloat8E4M3 ? 1 : 2;
+  const TensorView* sources[3] = {q, k, v};
+  for (int i = 0; i < 3; ++i) {
+    p.fp8_sources[i] = sources[i]->data;
+    for (int d = 0; d < 3; ++d) p.fp8_strides[i][d] = sources[i]->stride[d];
+  }
+  p.q_descale = opts.q_descale, p.k_descale = opts.k_descale, p.v_descale = opts.v_descale;
+  for (int i = 0; i < 2; ++i) {
+    p.q_descale_strides[i] = opts.q_descale_stride[i];
+    p.k_descale_strides[i] = opts.k_descale_stride[i];
+    p.v_descale_strides[i] = opts.v_descale_stride[i];
+  }
+  auto contiguous = [](const TensorView* t, long long& batch, long long& row, long long& head) {
+    head = t->shape[3], row = t->shape[2] * head, batch = t->shape[1] * row;
+  };
+  contiguous(q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+  contiguous(k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+  contiguous(v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+}
+
 }  // namespace
 
 BackwardCall make_backward_call(const TensorView* q, const TensorView* k, const TensorView* v, const TensorView* out,
@@ -40,10 +64,26 @@ BackwardCall make_backward_call(const TensorView* q, const TensorView* k, const 
                                 const TensorView* dv, const CallOptions* opts) {
   const std::pair<const TensorView*, const char*> tensors[] = {
       {q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {dout, "dout"}, {dq, "dq"}, {dk, "dk"}, {dv, "dv"}};
-  for (const auto& [t, name] : tensors) check_tensor(t, name);
+  // FP8 q, k and v (one format, with descales) beside a 16-bit out, dout and gradients, all of one type.
+  for (const auto& [t, name] : tensors) check_tensor(t, name, /*fp8_taken=*/t == q || t == k || t == v);
   FLASHGEN_REQUIRE(lse != nullptr, "lse: null pointer (pass what flashgen_attention_forward wrote)");
   FLASHGEN_REQUIRE(opts != nullptr, "opts: null pointer");
-  for (const auto& [t, name] : tensors) require_same_dtype(t, name, q);
+  const bool fp8 = is_fp8(q->dtype);
+  for (const auto& [t, name] : tensors) {
+    if (t == q) continue;
+    if (!fp8 || t == k || t == v) {
+      require_same_dtype(t, name, q);
+    } else if (t != out) {
+      FLASHGEN_REQUIRE(t->dtype == out->dtype, std::string(name) + ".dtype is " + dtype_name(t->dtype) +
+                                                   " but out.dtype is " + dtype_name(out->dtype) +
+                                                   " (an FP8 call's dout and gradients are of its output's type)");
+    }
+  }
+  for (const auto& [d, stride, name] : {std::tuple{opts->q_descale, &opts->q_descale_stride, "opts.q_descale"},
+                                        std::tuple{opts->k_descale, &opts->k_descale_stride, "opts.k_descale"},
+                                        std::tuple{opts->v_descale, &opts->v_descale_stride, "opts.v_descale"}}) {
+    check_fp8_scales(d, *stride, name, fp8, "16-bit q, k and v (descales are an FP8 call's)");
+  }
   require_same_dim(k, "k", q, "q", 0);
   require_same_dim(k, "k", q, "q", 3);
   check_value_dim(v, "v", out, "out", q, /*own_dim_taken=*/true);
@@ -56,6 +96,11 @@ BackwardCall make_backward_call(const TensorView* q, const TensorView* k, const 
     require_same_dim(dv, "dv", v, "v", i);
   }
   check_head_dim_and_groups(q, k, /*max_head_dim=*/512);
+  if (fp8 && (q->shape[3] % 16 != 0 || q->shape[3] > 256 || v->shape[3] != q->shape[3])) {
+    fail(Status::kUnsupported, "q.shape[3] (head_dim) is " + std::to_string(q->shape[3]) + " and v.shape[3] " +
+                                   std::to_string(v->shape[3]) +
+                                   ": the FP8 backward takes one head dim, a multiple of 16 up to 256");
+  }
   for (const auto& [t, name] : tensors) check_layout(t, name);
   check_output_strides(dq, "dq");
   check_output_strides(dk, "dk");
@@ -66,9 +111,10 @@ BackwardCall make_backward_call(const TensorView* q, const TensorView* k, const 
                    "q: batch must be at most 32767 and heads at most 65535 (grid limits)");
 
   BackwardCall call;
+  // An FP8 call runs the 16-bit backward of its output's type over q, k and v widened into the workspace.
   call.problem =
-      backward_problem(q->dtype, shape_of(q, k, v), opts->mask, opts->deterministic, opts->window_left,
-                       opts->window_right, opts->attention_chunk);
+      backward_problem(fp8 ? out->dtype : q->dtype, shape_of(q, k, v), opts->mask, opts->deterministic,
+                       opts->window_left, opts->window_right, opts->attention_chunk);
   call.problem.softcap = opts->softcap;
   call.problem.alibi = opts->alibi_slopes != nullptr;
 
@@ -100,10 +146,16 @@ BackwardCall make_backward_call(const TensorView* q, const TensorView* k, const 
                    "opts.dsinks: given without opts.sinks (there is no sink to take a gradient)");
   p.dsinks = opts->dsinks;
   call.problem.sink_grad = opts->dsinks != nullptr;
+  if (fp8) widen_from(q, k, v, *opts, p);
   return call;
 }
 
 BackwardCall make_varlen_backward_call(const VarlenBackwardArgs& args) {
+  if (is_fp8(args.q.dtype)) {
+    fail(Status::kUnsupported, std::string("q.dtype is ") + dtype_name(args.q.dtype) +
+                                   ": the FP8 backward takes dense batches (flashgen_attention_backward), not packed "
+                                   "ones");
+  }
   BackwardCall call = make_backward_call(&args.q, &args.k, &args.v, &args.out, &args.dout, args.lse, &args.dq, &args.dk,
                                          &args.dv, &args.options);
   const Packing packing{args.cu_seqlens_q, args.cu_seqlens_k, nullptr,
@@ -154,11 +206,21 @@ void check_device_pointers(const AttnBwdParams& p, int device) {
 
 }  // namespace
 
-PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, const BwdConfig& c) {
+PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, const BwdConfig& requested) {
   const AttnBwdParams& p = call.params;
+  // An FP8 call runs the chosen 16-bit config's _fp8in twin (the widening kernel first); a 16-bit call none.
+  FLASHGEN_REQUIRE(!requested.fp8_inputs || p.fp8_format != 0,
+                   "config " + requested.name() + " widens FP8 inputs, but q.dtype is " + dtype_name(call.problem.dtype));
+  BwdConfig c = requested;
+  c.fp8_inputs = p.fp8_format != 0;
   const ScopedContext scope(stream, p.q);
   check_device_pointers(p, scope.device());
   const int arch = launch_arch(scope.device());
+  if (p.fp8_format != 0 && arch < 89) {
+    fail(Status::kUnsupported, "q.dtype is " + std::string(p.fp8_format == 1 ? "e4m3" : "e5m2") +
+                                   ": FP8 needs sm_89 or newer (its conversions); this GPU is sm_" +
+                                   std::to_string(arch));
+  }
   if (const Implementability answer = c.can_implement(call.problem, p, device_traits(scope.device())); !answer) {
     fail_unimplementable(c.name(), answer);
   }
@@ -181,7 +243,9 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
   prepared.arch = arch;
   if (c.family() == KernelFamily::kSm90) {
     prepared.uses_tma = true;
-    encode_tma_maps(BwdTmaTensors(call.problem, p, c), prepared.sm90_params);
+    const BwdTmaTensors tensors(call.problem, p, c);
+    encode_tma_maps(tensors, prepared.sm90_params);
+    if (p.fp8_format != 0) prepared.widened_tma = tensors;  // q, k and v re-pointed at the workspace's copies
   }
   KernelRegistry& registry = KernelRegistry::instance();
   prepared.preprocess = registry.function(c, BwdKernel::kPreprocess, scope.context(), arch);
@@ -189,6 +253,13 @@ PreparedBackward prepare_backward(const BackwardCall& call, CUstream stream, con
   const BwdKernel finish = c.has_dq_kernel() ? BwdKernel::kDq : BwdKernel::kConvert;
   prepared.finish = registry.function(c, finish, scope.context(), arch);
   prepared.sink_grad = registry.function(c, BwdKernel::kSinkGrad, scope.context(), arch);
+  if (p.fp8_format != 0) {
+    prepared.widen = registry.function(c, BwdKernel::kWiden, scope.context(), arch);
+    const long long rows = std::max(p.seqlen_q, p.seqlen_k);
+    prepared.widen_grid[0] = ceil_div(rows * (std::max(c.head_dim, c.value_dim()) / 8), kBwdRowKernelThreads);
+    prepared.widen_grid[1] = static_cast<unsigned>(std::max(p.heads_q, p.heads_kv));
+    prepared.widen_grid[2] = static_cast<unsigned>(3 * p.batch);
+  }
 
   const int rows_per_block = bwd_preprocess_rows_per_block(call.problem.value_dim());
   prepared.preprocess_grid[0] = ceil_div(static_cast<long long>(c.workspace_rows(p)), rows_per_block);
@@ -253,6 +324,22 @@ void PreparedBackward::bind_workspace(CUdeviceptr workspace) {
   params.dq_accum = reinterpret_cast<float*>(workspace_part(workspace, layout.dq_accum));
   params.dq_semaphore = reinterpret_cast<int*>(workspace_part(workspace, layout.dq_semaphore));
   if (layout.user_classes != Workspace::kAbsent) params.user_classes = user_blocks.at(workspace + layout.user_classes);
+  if (params.fp8_format != 0) {  // the 16-bit copies BwdWiden writes
+    params.q = reinterpret_cast<void*>(workspace_part(workspace, layout.widened[0]));
+    params.k = reinterpret_cast<void*>(workspace_part(workspace, layout.widened[1]));
+    params.v = reinterpret_cast<void*>(workspace_part(workspace, layout.widened[2]));
+    if (uses_tma && tma_maps_retargetable()) {
+      retarget_tma_map(&sm90_params.q_map, params.q);
+      retarget_tma_map(&sm90_params.k_map, params.k);
+      retarget_tma_map(&sm90_params.v_map, params.v);
+    } else if (uses_tma) {
+      BwdTmaTensors tensors = *widened_tma;
+      tensors.q.data = params.q, tensors.k.data = params.k, tensors.v.data = params.v;
+      encode_tma_map(&sm90_params.q_map, tensors.q, tensors.q_rows);
+      encode_tma_map(&sm90_params.k_map, tensors.k, tensors.kv_rows);
+      encode_tma_map(&sm90_params.v_map, tensors.v, tensors.kv_rows);
+    }
+  }
   sm90_params.base = params;
 }
 
@@ -272,6 +359,7 @@ void PreparedBackward::operator()(CUstream stream) const {
   void* dkdv_args[] = {uses_tma ? static_cast<void*>(const_cast<AttnBwdSm90Params*>(&sm90_params))
                                 : static_cast<void*>(const_cast<AttnBwdParams*>(&params))};
   if (user_blocks) user_blocks.launch(stream, args);  // read by the dkdv and convert kernels
+  if (widen != nullptr) launch_kernel(widen, widen_grid, kBwdRowKernelThreads, 0, stream, args);
   launch_kernel(preprocess, preprocess_grid, kBwdRowKernelThreads, 0, stream, args);
   launch_kernel(dkdv, dkdv_grid, dkdv_threads, dkdv_smem, stream, dkdv_args);
   // Where the dkdv kernel counts each query block's dQ adds, the convert kernel runs on the SMs its last

@@ -6,6 +6,7 @@
 #include <cuda.h>
 
 #include <cstddef>
+#include <optional>
 #include <string>
 
 #include "generator/bwd_config.hpp"
@@ -49,10 +50,12 @@ struct PreparedBackward {
   CUfunction dkdv = nullptr;
   CUfunction finish = nullptr;  // dq kernel (the sm80 family's deterministic strategy) or convert kernel
   CUfunction sink_grad = nullptr;  // the sinks' gradient, launched when params.dsinks is set
+  CUfunction widen = nullptr;      // an FP8 call's: q, k and v as 16-bit copies in the workspace, first
   unsigned preprocess_grid[3] = {1, 1, 1};
   unsigned dkdv_grid[3] = {1, 1, 1};
   unsigned finish_grid[3] = {1, 1, 1};
   unsigned sink_grad_grid[3] = {1, 1, 1};
+  unsigned widen_grid[3] = {1, 1, 1};
   unsigned dkdv_threads = 0;
   unsigned finish_threads = 0;
   unsigned dkdv_smem = 0;
@@ -64,6 +67,7 @@ struct PreparedBackward {
   AttnBwdSm90Params sm90_params{};       // params plus TMA descriptors; base follows params at bind time
   UserBlockLaunch user_blocks;           // a user mask's block classes, in the workspace; empty for other configs
   KeptBlockClasses* block_mask = nullptr;     // the call's: the classes kept there rather than in the workspace
+  std::optional<BwdTmaTensors> widened_tma;   // an FP8 call's maps, whose q, k and v bind_workspace re-points
 
   // Points the launch at call's tensors after checking they are memory of device (the launch
   // context's): call must differ from the prepared one in its data pointers only.

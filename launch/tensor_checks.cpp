@@ -32,9 +32,9 @@ void check_tensor(const TensorView* t, const char* name, bool fp8_taken) {
                    std::string(name) + ".dtype: unknown value " + std::to_string(dtype));
   if (fp8 && !fp8_taken) {
     fail(Status::kUnsupported, std::string(name) + ".dtype is " + dtype_name(t->dtype) +
-                                   ": FP8 is taken by the forward's q, k and v (flashgen_attention_forward, "
-                                   "flashgen_attention_varlen_forward) and a KV cache's k_cache and v_cache "
-                                   "(flashgen_attention_kvcache), not here");
+                                   ": FP8 is taken by q, k and v (flashgen_attention_forward, "
+                                   "flashgen_attention_varlen_forward, flashgen_attention_backward) and a KV cache's "
+                                   "k_cache and v_cache (flashgen_attention_kvcache), not here");
   }
   for (int i = 0; i < 4; ++i) {
     FLASHGEN_REQUIRE(t->shape[i] >= 1 && t->shape[i] <= kMaxExtent,

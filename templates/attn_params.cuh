@@ -327,6 +327,13 @@ struct AttnBwdParams : AttnFwdParams {
   // The gradient of the forward's sinks (variant.sinks, which its LSE already includes): dsinks (heads_q, fp32)
   // receives it from BwdSinkGrad (bwd_rows.cuh). Null without sinks, and may be null with them (none wanted).
   float* dsinks;
+
+  // An FP8 call's q, k and v (fp8_format 1: e4m3, 2: e5m2; 0: a 16-bit call, the rest unused): BwdWiden
+  // (bwd_rows.cuh) writes each times its descale (q_descale, k_descale, v_descale) as the config's 16-bit type into
+  // the workspace, BSHD contiguous, where q, k and v then point. Strides in elements: batch, row, head.
+  int fp8_format;
+  const void* fp8_sources[3];
+  long long fp8_strides[3][3];
 };
 
 // The Hopper backward family (bwd_sm90.cuh) takes TMA descriptors besides the plain parameters, each

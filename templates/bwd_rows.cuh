@@ -7,6 +7,7 @@
 #pragma once
 
 #include "attn_params.cuh"
+#include "fp8.cuh"
 #include "block_range.cuh"
 #include "bwd_traits.cuh"
 #include "sequence.cuh"
@@ -348,6 +349,63 @@ struct BwdSinkGrad {
       for (int i = threadIdx.x; i < count; i += kThreads) sum += partials[i];
     }
     return sum;
+  }
+};
+
+// An FP8 backward's q, k and v as the config's 16-bit type, each value times its descale (exact before the rounding
+// to 16 bits, which a 16-bit backward's inputs carry too), into the workspace rows q, k and v point at (BSHD
+// contiguous). blockIdx.z: tensor (q, k, v) · batch + batch entry; blockIdx.y: head; a thread per 8 columns of a row.
+template <class Cfg>
+struct BwdWiden {
+  static constexpr int kThreads = kBwdRowKernelThreads;
+
+  static __device__ void run(const AttnBwdParams& p) {
+    const int tensor = blockIdx.z / p.batch, batch = blockIdx.z % p.batch, head = blockIdx.y;
+    const int heads = tensor == 0 ? p.heads_q : p.heads_kv;
+    const int dim = tensor == 2 ? ConfigHeadDimV<Cfg>::value : Cfg::kHeadDim;
+    const int rows = tensor == 0 ? p.seqlen_q : p.seqlen_k;
+    const long long chunk = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+    if (head >= heads || chunk >= static_cast<long long>(rows) * (dim / 8)) return;
+    const int row = static_cast<int>(chunk / (dim / 8)), col = static_cast<int>(chunk % (dim / 8)) * 8;
+    const long long(&stride)[3] = p.fp8_strides[tensor];
+    const unsigned char* from = static_cast<const unsigned char*>(p.fp8_sources[tensor]) + batch * stride[0] +
+                                row * stride[1] + head * stride[2] + col;
+    const float* descales = tensor == 0 ? p.q_descale : tensor == 1 ? p.k_descale : p.v_descale;
+    const long long(&descale_strides)[2] =
+        tensor == 0 ? p.q_descale_strides : tensor == 1 ? p.k_descale_strides : p.v_descale_strides;
+    const float scale = fp8::descale(descales, descale_strides, batch, tensor == 0 ? head / p.group_size : head);
+    const uint2 codes = *reinterpret_cast<const uint2*>(from);
+    const sm80::u32 words[2] = {codes.x, codes.y};
+    sm80::u32 out[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const unsigned short pair = static_cast<unsigned short>(words[i / 2] >> (16 * (i % 2)));
+      const float2 values = widen_pair(pair, p.fp8_format);
+      out[i] = sm80::pack2<Cfg::kElem>(values.x * scale, values.y * scale);
+    }
+    const void* base = tensor == 0 ? p.q : tensor == 1 ? p.k : p.v;
+    uint4* to = reinterpret_cast<uint4*>(
+        static_cast<unsigned short*>(const_cast<void*>(base)) +
+        ((static_cast<long long>(batch) * rows + row) * heads + head) * dim + col);
+    *to = make_uint4(out[0], out[1], out[2], out[3]);
+  }
+
+  // Two FP8 codes (the first in the low byte) as floats, exactly: every e4m3 and e5m2 value is an fp16 one.
+  static __device__ __forceinline__ float2 widen_pair(unsigned short pair, int format) {
+    sm80::u32 halves = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    if (format == 1) {
+      asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(halves) : "h"(pair));
+    } else {
+      asm("cvt.rn.f16x2.e5m2x2 %0, %1;\n" : "=r"(halves) : "h"(pair));
+    }
+#else
+    __trap();  // FP8 calls run on sm_89 and newer (the launcher refuses the rest)
+#endif
+    float lo, hi;
+    asm("cvt.f32.f16 %0, %1;\n" : "=f"(lo) : "h"(static_cast<unsigned short>(halves)));
+    asm("cvt.f32.f16 %0, %1;\n" : "=f"(hi) : "h"(static_cast<unsigned short>(halves >> 16)));
+    return make_float2(lo, hi);
   }
 };
 

@@ -164,6 +164,11 @@ int flashgen_attention_forward(const flashgen_tensor* q, const flashgen_tensor* 
  * like q, k, v, each with its own strides; dout like out, of v's head dim where v has one of its own). out and
  * lse are exactly what the forward wrote for the same q, k, v and opts. With grouped heads (heads_q a multiple of heads_kv), dk and dv sum over each kv
  * head's group of query heads. Rows that saw no key get zero gradients, never NaN.
+ * FP8: q, k and v of the FP8 forward (all FLOAT8_E4M3 or all FLOAT8_E5M2, opts' descales, head_dim a multiple of 16
+ * up to 256, v's the same) with out, dout, dq, dk and dv of the forward's 16-bit output type: the gradients are those
+ * of the dequantized q, k and v (each value times its descale). q, k and v are widened to the output type in the
+ * workspace (2 bytes an element more each, first) and the 16-bit backward runs over them. Dense batches only; sm_89
+ * or newer.
  * opts->deterministic != 0 computes dq in a separate pass that owns each element, so repeated runs give
  * identical bits; otherwise dq is accumulated with fp32 atomics (faster, last-bit nondeterministic).
  * Workspace: fp32 row values (4 * batch * heads_q * rows bytes, twice for the sm90 kernels) plus, when

@@ -62,7 +62,7 @@ TEST_CASE("an FP8 cache's call refuses each bad argument with a message naming i
                  "v_cache.dtype is e5m2 but k_cache.dtype is e4m3: an FP8 cache's keys and values share one format");
   check_rejected([](auto& a) { a.v_cache.dtype = FLASHGEN_BFLOAT16; }, kInvalid, "v_cache.dtype is bf16 but k_cache");
   check_rejected([](auto& a) { a.q.dtype = a.out.dtype = FLASHGEN_FLOAT8_E4M3; }, kUnsupported,
-                 "q.dtype is e4m3: FP8 is taken by the forward's q, k and v");
+                 "q.dtype is e4m3: FP8 is taken by q, k and v");
   check_rejected([](auto& a) { a.k_new.dtype = a.v_new.dtype = FLASHGEN_FLOAT8_E4M3; }, kUnsupported,
                  "k_new.dtype is e4m3");
   check_rejected([](auto& a) { a.out.dtype = FLASHGEN_FLOAT16; }, kInvalid, "out.dtype is fp16 but q.dtype is bf16");
