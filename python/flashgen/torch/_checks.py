@@ -408,23 +408,22 @@ def _check_fp8_forward(q, k, layout, descales, out_dtype):
     (q_descale, k_descale, v_descale) checked by _check_descale (_NO_DESCALES for none) and the output dtype by
     _check_out_dtype."""
     batch, _, heads_kv, _ = _bshd_shape(k, layout)
-    names = ("q_descale", "k_descale", "v_descale")
-    checked = tuple([_check_descale(descales[i], names[i], q, batch, heads_kv) for i in range(3)])
-    if checked[0] is None and checked[1] is None and checked[2] is None:
-        checked = _NO_DESCALES
-    return checked, _check_out_dtype(out_dtype, q)
+    return _checked_descales(q, descales, batch, heads_kv), _check_out_dtype(out_dtype, q)
 
 
 def _check_varlen_fp8(q, k, cu_seqlens_q, descales, out_dtype):
     """As _check_fp8_forward, for a packed forward (k packed, or a paged cache with a block_table): descales per
     (sequence, kv head), so of shape [batch, heads_kv] with batch the sequences (cu_seqlens_q's length less one) or
     broadcast to it."""
-    batch, heads_kv = cu_seqlens_q.shape[0] - 1, k.shape[-2]
+    return _checked_descales(q, descales, cu_seqlens_q.shape[0] - 1, k.shape[-2]), _check_out_dtype(out_dtype, q)
+
+
+def _checked_descales(q, descales, batch, heads_kv):
+    """The three descales (q_descale, k_descale, v_descale) each checked by _check_descale against [batch, heads_kv];
+    _NO_DESCALES for none."""
     names = ("q_descale", "k_descale", "v_descale")
     checked = tuple([_check_descale(descales[i], names[i], q, batch, heads_kv) for i in range(3)])
-    if checked[0] is None and checked[1] is None and checked[2] is None:
-        checked = _NO_DESCALES
-    return checked, _check_out_dtype(out_dtype, q)
+    return _NO_DESCALES if all(d is None for d in checked) else checked
 
 
 def _descale_strides(descale):
