@@ -101,6 +101,9 @@ BackwardCall make_backward_call(const TensorView* q, const TensorView* k, const 
                                    std::to_string(v->shape[3]) +
                                    ": the FP8 backward takes one head dim, a multiple of 16 up to 256");
   }
+  // The widening kernel's grid takes q, k and v of every batch entry along z (BwdWiden).
+  FLASHGEN_REQUIRE(!fp8 || 3 * q->shape[0] <= 65535, "q.shape[0] (batch) is " + std::to_string(q->shape[0]) +
+                                                         ": an FP8 backward takes at most 21845 (grid limits)");
   for (const auto& [t, name] : tensors) check_layout(t, name);
   check_output_strides(dq, "dq");
   check_output_strides(dk, "dk");
@@ -199,6 +202,10 @@ void check_device_pointers(const AttnBwdParams& p, int device) {
     check_device_pointer(p.cu_seqlens_k, "cu_seqlens_k", device);
   }
   if (p.variant.alibi_slopes != nullptr) check_device_pointer(p.variant.alibi_slopes, "opts.alibi_slopes", device);
+  for (const auto& [d, name] : {std::pair{p.q_descale, "opts.q_descale"}, std::pair{p.k_descale, "opts.k_descale"},
+                                std::pair{p.v_descale, "opts.v_descale"}}) {
+    if (d != nullptr) check_device_pointer(d, name, device);
+  }
   if (p.variant.sinks != nullptr) check_device_pointer(p.variant.sinks, "opts.sinks", device);
   check_user_buffers(p.variant, device);
   if (p.dsinks != nullptr) check_device_pointer(p.dsinks, "opts.dsinks", device);

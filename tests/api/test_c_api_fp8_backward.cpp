@@ -82,6 +82,11 @@ TEST_CASE("an FP8 backward refuses each bad argument with a message naming it", 
         for (flashgen_tensor* t : {&a.q, &a.k, &a.v, &a.out, &a.dout, &a.dq, &a.dk, &a.dv}) t->shape[3] = 72;
       },
       kUnsupported, "the FP8 backward takes one head dim, a multiple of 16 up to 256");
+  check_rejected(
+      [](Fp8BackwardArgs& a) {
+        for (flashgen_tensor* t : {&a.q, &a.k, &a.v, &a.out, &a.dout, &a.dq, &a.dk, &a.dv}) t->shape[0] = 21846;
+      },
+      kInvalid, "q.shape[0] (batch) is 21846: an FP8 backward takes at most 21845");
   check_rejected([](Fp8BackwardArgs& a) { a.opts.v_descale_stride[0] = -2; }, kInvalid,
                  "opts.v_descale_stride[0] must be in [0, 2^40], got -2");
   check_rejected([](Fp8BackwardArgs& a) { a.q.dtype = a.k.dtype = a.v.dtype = FLASHGEN_BFLOAT16; }, kInvalid,
