@@ -31,11 +31,7 @@ ForwardCall make_forward_call(const TensorView* q, const TensorView* k, const Te
   const bool fp8 = is_fp8(q->dtype);
   for (const auto& [t, name] : {std::pair{k, "k"}, std::pair{v, "v"}}) require_same_dtype(t, name, q);
   if (!fp8) require_same_dtype(out, "out", q);
-  for (const auto& [d, stride, name] : {std::tuple{opts->q_descale, &opts->q_descale_stride, "opts.q_descale"},
-                                        std::tuple{opts->k_descale, &opts->k_descale_stride, "opts.k_descale"},
-                                        std::tuple{opts->v_descale, &opts->v_descale_stride, "opts.v_descale"}}) {
-    check_fp8_scales(d, *stride, name, fp8, "16-bit q, k and v (descales are an FP8 forward's)");
-  }
+  check_fp8_descales(*opts, fp8, "16-bit q, k and v (descales are an FP8 forward's)");
   require_same_dim(k, "k", q, "q", 0);
   require_same_dim(v, "v", q, "q", 0);
   require_same_dim(k, "k", q, "q", 3);
@@ -82,12 +78,7 @@ ForwardCall make_forward_call(const TensorView* q, const TensorView* k, const Te
   p.seqlen_k = static_cast<int>(k->shape[1]);
   p.heads_kv = static_cast<int>(k->shape[2]);
   p.group_size = p.heads_q / p.heads_kv;
-  p.q_descale = opts->q_descale, p.k_descale = opts->k_descale, p.v_descale = opts->v_descale;
-  for (int i = 0; i < 2; ++i) {
-    p.q_descale_strides[i] = opts->q_descale_stride[i];
-    p.k_descale_strides[i] = opts->k_descale_stride[i];
-    p.v_descale_strides[i] = opts->v_descale_stride[i];
-  }
+  bind_fp8_descales(*opts, p);
   set_user_variant(call.problem, *opts);
   p.variant = variant_args(call.problem, *opts, p.seqlen_q, p.seqlen_k);
   call.block_mask = user_block_mask(*opts, call.problem);
@@ -212,10 +203,7 @@ void check_device_pointers(const AttnFwdParams& p, int device) {
   if (p.block_table != nullptr) check_device_pointer(p.block_table, "block_table", device);
   if (p.variant.alibi_slopes != nullptr) check_device_pointer(p.variant.alibi_slopes, "opts.alibi_slopes", device);
   if (p.variant.sinks != nullptr) check_device_pointer(p.variant.sinks, "opts.sinks", device);
-  for (const auto& [d, name] : {std::pair{p.q_descale, "opts.q_descale"}, std::pair{p.k_descale, "opts.k_descale"},
-                                std::pair{p.v_descale, "opts.v_descale"}}) {
-    if (d != nullptr) check_device_pointer(d, name, device);
-  }
+  check_fp8_descale_pointers(p, device);
   check_user_buffers(p.variant, device);
 }
 

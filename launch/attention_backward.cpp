@@ -43,12 +43,7 @@ void widen_from(const TensorView* q, const TensorView* k, const TensorView* v, c
     p.fp8_sources[i] = sources[i]->data;
     for (int d = 0; d < 3; ++d) p.fp8_strides[i][d] = sources[i]->stride[d];
   }
-  p.q_descale = opts.q_descale, p.k_descale = opts.k_descale, p.v_descale = opts.v_descale;
-  for (int i = 0; i < 2; ++i) {
-    p.q_descale_strides[i] = opts.q_descale_stride[i];
-    p.k_descale_strides[i] = opts.k_descale_stride[i];
-    p.v_descale_strides[i] = opts.v_descale_stride[i];
-  }
+  bind_fp8_descales(opts, p);
   auto contiguous = [](const TensorView* t, long long& batch, long long& row, long long& head) {
     head = t->shape[3], row = t->shape[2] * head, batch = t->shape[1] * row;
   };
@@ -79,11 +74,7 @@ BackwardCall make_backward_call(const TensorView* q, const TensorView* k, const 
                                                    " (an FP8 call's dout and gradients are of its output's type)");
     }
   }
-  for (const auto& [d, stride, name] : {std::tuple{opts->q_descale, &opts->q_descale_stride, "opts.q_descale"},
-                                        std::tuple{opts->k_descale, &opts->k_descale_stride, "opts.k_descale"},
-                                        std::tuple{opts->v_descale, &opts->v_descale_stride, "opts.v_descale"}}) {
-    check_fp8_scales(d, *stride, name, fp8, "16-bit q, k and v (descales are an FP8 call's)");
-  }
+  check_fp8_descales(*opts, fp8, "16-bit q, k and v (descales are an FP8 call's)");
   require_same_dim(k, "k", q, "q", 0);
   require_same_dim(k, "k", q, "q", 3);
   check_value_dim(v, "v", out, "out", q, /*own_dim_taken=*/true);
@@ -202,10 +193,7 @@ void check_device_pointers(const AttnBwdParams& p, int device) {
     check_device_pointer(p.cu_seqlens_k, "cu_seqlens_k", device);
   }
   if (p.variant.alibi_slopes != nullptr) check_device_pointer(p.variant.alibi_slopes, "opts.alibi_slopes", device);
-  for (const auto& [d, name] : {std::pair{p.q_descale, "opts.q_descale"}, std::pair{p.k_descale, "opts.k_descale"},
-                                std::pair{p.v_descale, "opts.v_descale"}}) {
-    if (d != nullptr) check_device_pointer(d, name, device);
-  }
+  check_fp8_descale_pointers(p, device);
   if (p.variant.sinks != nullptr) check_device_pointer(p.variant.sinks, "opts.sinks", device);
   check_user_buffers(p.variant, device);
   if (p.dsinks != nullptr) check_device_pointer(p.dsinks, "opts.dsinks", device);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <iterator>
+#include <tuple>
 #include <utility>
 
 #include "flashgen/error.hpp"
@@ -114,6 +115,30 @@ void check_fp8_scales(const float* scale, const int64_t (&stride)[2], const char
     FLASHGEN_REQUIRE(stride[i] >= 0 && stride[i] <= (int64_t{1} << 40),
                      std::string(name) + "_stride[" + std::to_string(i) + "] must be in [0, 2^40], got " +
                          std::to_string(stride[i]));
+  }
+}
+
+void check_fp8_descales(const CallOptions& opts, bool fp8, const char* given_for) {
+  for (const auto& [d, stride, name] : {std::tuple{opts.q_descale, &opts.q_descale_stride, "opts.q_descale"},
+                                        std::tuple{opts.k_descale, &opts.k_descale_stride, "opts.k_descale"},
+                                        std::tuple{opts.v_descale, &opts.v_descale_stride, "opts.v_descale"}}) {
+    check_fp8_scales(d, *stride, name, fp8, given_for);
+  }
+}
+
+void bind_fp8_descales(const CallOptions& opts, AttnFwdParams& p) {
+  p.q_descale = opts.q_descale, p.k_descale = opts.k_descale, p.v_descale = opts.v_descale;
+  for (int i = 0; i < 2; ++i) {
+    p.q_descale_strides[i] = opts.q_descale_stride[i];
+    p.k_descale_strides[i] = opts.k_descale_stride[i];
+    p.v_descale_strides[i] = opts.v_descale_stride[i];
+  }
+}
+
+void check_fp8_descale_pointers(const AttnFwdParams& p, int device) {
+  for (const auto& [d, name] : {std::pair{p.q_descale, "opts.q_descale"}, std::pair{p.k_descale, "opts.k_descale"},
+                                std::pair{p.v_descale, "opts.v_descale"}}) {
+    if (d != nullptr) check_device_pointer(d, name, device);
   }
 }
 

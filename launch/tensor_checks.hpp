@@ -58,6 +58,12 @@ void require_same_dim(const TensorView* a, const char* a_name, const TensorView*
 void check_fp8_scales(const float* scale, const int64_t (&stride)[2], const char* name, bool fp8,
                       const char* given_for);
 
+// An FP8 call's q_descale, k_descale and v_descale of opts, each checked by check_fp8_scales (refused as given for
+// given_for where the call is 16-bit); bound into p (pointers and strides); checked as memory of device.
+void check_fp8_descales(const CallOptions& opts, bool fp8, const char* given_for);
+void bind_fp8_descales(const CallOptions& opts, AttnFwdParams& p);
+void check_fp8_descale_pointers(const AttnFwdParams& p, int device);
+
 // t's dtype that of q: an error naming both otherwise.
 void require_same_dtype(const TensorView* t, const char* name, const TensorView* q);
 
